@@ -1,0 +1,63 @@
+"""prime-runs: track RL evaluation and training runs on the Prime platform.
+
+Every ``log_*`` call appends to a crash-safe local journal and returns; shipper
+threads upload the journal to the platform and remember what was acknowledged.
+Nothing a call accepted is lost to a crash, a flaky network or a restart.
+
+A leaf package: it imports no producer package (verifiers, pydantic, numpy);
+records are duck-typed. ``import prime_runs`` gives this same package.
+"""
+
+from __future__ import annotations
+
+from .exceptions import (
+    APIError,
+    APITimeoutError,
+    ConfigurationError,
+    EnvironmentResolutionError,
+    ForbiddenError,
+    LineFormatConflictError,
+    NotFoundError,
+    PaymentRequiredError,
+    PrimeRunsError,
+    RetryableAPIError,
+    RunFinishedError,
+    TraceTooLargeError,
+    TransportError,
+    UnauthorizedError,
+    ValidationRejectedError,
+)
+from .models import (
+    CONFIG_SOURCE_KEY,
+    ConfigSource,
+    EnvironmentRef,
+    RunKind,
+    RunStatus,
+    TrainingSpec,
+)
+
+__version__ = "0.2.0"
+
+__all__ = [
+    "CONFIG_SOURCE_KEY",
+    "APIError",
+    "APITimeoutError",
+    "ConfigSource",
+    "ConfigurationError",
+    "EnvironmentRef",
+    "EnvironmentResolutionError",
+    "ForbiddenError",
+    "LineFormatConflictError",
+    "NotFoundError",
+    "PaymentRequiredError",
+    "PrimeRunsError",
+    "RetryableAPIError",
+    "RunFinishedError",
+    "RunKind",
+    "RunStatus",
+    "TraceTooLargeError",
+    "TrainingSpec",
+    "TransportError",
+    "UnauthorizedError",
+    "ValidationRejectedError",
+]
