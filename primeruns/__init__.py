@@ -10,6 +10,7 @@ records are duck-typed. ``import prime_runs`` gives this same package.
 
 from __future__ import annotations
 
+from . import metrics, projection
 from .exceptions import (
     APIError,
     APITimeoutError,
@@ -35,11 +36,15 @@ from .models import (
     RunStatus,
     TrainingSpec,
 )
+from .platform.settings import MODE_ENV, TRACES_OPT_OUT_ENV
+from .run import Run, init
 
 __version__ = "0.2.0"
 
 __all__ = [
     "CONFIG_SOURCE_KEY",
+    "MODE_ENV",
+    "TRACES_OPT_OUT_ENV",
     "APIError",
     "APITimeoutError",
     "ConfigSource",
@@ -52,6 +57,7 @@ __all__ = [
     "PaymentRequiredError",
     "PrimeRunsError",
     "RetryableAPIError",
+    "Run",
     "RunFinishedError",
     "RunKind",
     "RunStatus",
@@ -60,4 +66,7 @@ __all__ = [
     "TransportError",
     "UnauthorizedError",
     "ValidationRejectedError",
+    "init",
+    "metrics",
+    "projection",
 ]

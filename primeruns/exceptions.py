@@ -148,7 +148,13 @@ class RetryableAPIError(APIError):
 
 
 class TransportError(APIError):
-    """No HTTP answer: connection refused or reset, TLS failure, broken stream."""
+    """No HTTP answer: connection refused or reset, TLS failure, broken stream.
+
+    ``ambiguous`` is True when the request may have reached the server (the
+    failure came on the response path), False when it surely did not.
+    """
+
+    ambiguous: bool = True
 
 
 class APITimeoutError(TransportError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +41,7 @@ MAX_CONFIG_SOURCE_BYTES = 256 * 1024
 _CONFIG_FORMATS = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 
 
-class RunStatus(str, Enum):
+class RunStatus(StrEnum):
     """Where a run stands. ``running`` is the only non-terminal value.
 
     ``cancelled`` and ``crashed`` reach the platform as failed, with the reason

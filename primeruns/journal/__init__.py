@@ -1,1 +1,36 @@
-"""Placeholder: filled in by its issue."""
+"""The run journal: a crash-safe LMDB write-ahead log of a run's records.
+
+Every ``log_*`` call appends here and returns once committed; shipper threads
+read after their own cursors and acknowledge what the platform accepted. See
+``journal.Journal`` for the concepts (entries, cursors, meta, durability,
+capacity) and ``store`` for how LMDB is opened with care.
+"""
+
+from primeruns.journal.frames import EntryKind
+from primeruns.journal.journal import DEFAULT_MAX_JOURNAL_BYTES, FORMAT_VERSION, Journal
+from primeruns.journal.listing import JournalInfo, default_runs_dir, delete_journal, list_journals
+from primeruns.journal.types import (
+    AppendResult,
+    CursorState,
+    Damage,
+    Entry,
+    InFlight,
+    ReadResult,
+)
+
+__all__ = [
+    "DEFAULT_MAX_JOURNAL_BYTES",
+    "FORMAT_VERSION",
+    "AppendResult",
+    "CursorState",
+    "Damage",
+    "Entry",
+    "EntryKind",
+    "InFlight",
+    "Journal",
+    "JournalInfo",
+    "ReadResult",
+    "default_runs_dir",
+    "delete_journal",
+    "list_journals",
+]

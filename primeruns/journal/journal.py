@@ -1,0 +1,833 @@
+"""The Journal: a run's write-ahead log of records, its cursors and its meta.
+
+Concepts:
+
+- **Entries** have dense sequence numbers from 1 (big-endian u64 keys) and are
+  framed (``frames``): a returned ``append`` is committed, so the death of the
+  process right after it loses nothing.
+- **Cursors**, one per sink: ``acked`` (every entry up to it is acknowledged)
+  and at most one **in-flight** batch, stored before the first attempt with its
+  exact body, so a resend after a restart is byte-identical.
+- **Meta**: JSON values by key (format version, local id, owner, platform
+  binding, lifecycle, loss counters), each updated in one transaction with what
+  it describes.
+- **Durability.** ``"process"`` (default): commits are not fsynced but are in
+  the OS page cache once ``append`` returns (SIGKILL-safe); a background
+  thread syncs at least once a second. ``"fsync"``: every commit is synced
+  (power-loss safe, ~0.3 ms per append).
+- **Capacity.** At the byte budget or on a full disk, ``append`` returns
+  ``dropped`` and counts the loss under sink ``"journal"``; it never raises.
+
+Thread-safety: every method may be called from any thread. One process owns a
+journal for writing (``owner=True``, an flock); read-only opens take no lock
+and work while the owner writes. A forked child cannot use an inherited
+Journal: every call raises JournalError (``store`` explains why).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import struct
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import lmdb
+
+from primeruns.exceptions import JournalCorruptError, JournalError
+from primeruns.journal.frames import (
+    EntryKind,
+    FrameError,
+    decode_frame,
+    encode_frame,
+    peek_header,
+)
+from primeruns.journal.fsinfo import warn_if_network_fs
+from primeruns.journal.lock import OwnerLock
+from primeruns.journal.store import DATA_NAME, Store, acquire_store, is_disk_full, release_store
+from primeruns.journal.types import (
+    AppendResult,
+    CursorState,
+    Damage,
+    Entry,
+    InFlight,
+    ReadResult,
+)
+
+__all__ = ["DEFAULT_MAX_JOURNAL_BYTES", "FORMAT_VERSION", "Durability", "Journal"]
+
+Durability = Literal["process", "fsync"]
+DEFAULT_MAX_JOURNAL_BYTES = 64 << 30
+FORMAT_VERSION = 1
+SYNC_INTERVAL = 1.0
+# Internal meta keys share the meta table with the callers' keys under this prefix.
+K_FORMAT = "journal.format_version"
+K_LOCAL_ID = "journal.local_id"
+K_OWNER = "journal.owner"
+K_CREATED = "journal.created_at"
+K_LOSSES = "journal.losses"
+K_FLOOR = "journal.compacted_upto"
+_MAX_REASONS = 5
+# A read examines at most this many entries, so skipping a long run of other
+# kinds never holds the lock for long; next_after says where it stopped.
+_MAX_SCAN = 50_000
+_COMPACT_CHUNK = 10_000
+_META_KIND = 0
+
+_T = TypeVar("_T")
+_KEY = struct.Struct(">Q")
+
+
+def _key(seq: int) -> bytes:
+    return _KEY.pack(seq)
+
+
+def _json(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
+
+
+def default_local_id() -> str:
+    """``<UTC yyyymmdd-HHMMSS>-<8 hex>``: unique and sortable by creation time."""
+    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
+
+
+class Journal:
+    """A run's journal directory. Thread-safe; one writer process (the owner) at a time."""
+
+    path: Path
+    local_id: str
+    durability: str
+
+    def __init__(
+        self, path: Path, store: Store, lock: OwnerLock | None, durability: Durability
+    ) -> None:
+        """Use ``create`` or ``open``."""
+        self.path = path
+        self.durability = durability
+        self._store = store
+        self._owner_lock = lock
+        self._pid = os.getpid()
+        self._lock = store.lock  # serializes transactions (see store: growth)
+        self._appended = threading.Condition(threading.Lock())
+        self._wake_gen = 0
+        self._closed = False
+        self._dirty = False
+        self._pending_drops = 0  # dropped appends not yet persisted in the loss counter
+        self._structural: list[Damage] = [Damage(None, p) for p in store.problems]
+        self._floor = 0
+        self._last_seq = self._read_last_seq()
+        local_id = self._safe_meta(K_LOCAL_ID)
+        self.local_id = local_id if isinstance(local_id, str) else path.name
+        self._stop_sync = threading.Event()
+        self._sync_thread: threading.Thread | None = None
+        if lock is not None and durability == "process":
+            self._sync_thread = threading.Thread(
+                target=self._sync_loop, name=f"primeruns-journal-sync-{path.name}", daemon=True
+            )
+            self._sync_thread.start()
+
+    # -- opening --------------------------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        runs_dir: Path,
+        *,
+        local_id: str | None = None,
+        durability: Durability = "process",
+        max_bytes: int = DEFAULT_MAX_JOURNAL_BYTES,
+        meta: Mapping[str, Any] | None = None,
+    ) -> Journal:
+        """Create ``runs_dir/<local_id>`` (0700, files 0600) and own it.
+
+        Raises JournalError if it exists or cannot be created.
+        """
+        _check_durability(durability)
+        local_id = local_id or default_local_id()
+        if not local_id or "/" in local_id or local_id in (".", ".."):
+            raise JournalError(f"invalid local run id {local_id!r}")
+        runs_dir = Path(runs_dir)
+        try:
+            runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            path = runs_dir / local_id
+            path.mkdir(mode=0o700)
+            os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
+        except FileExistsError:
+            raise JournalError(f"a run directory {path} already exists") from None
+        except OSError as exc:
+            raise JournalError(f"cannot create a journal under {runs_dir}: {exc}") from exc
+        warn_if_network_fs(path)
+        lock = OwnerLock(path)
+        try:
+            store = acquire_store(
+                path, readonly=False, create=True, sync=durability == "fsync", max_bytes=max_bytes
+            )
+        except lmdb.Error as exc:
+            lock.release()
+            raise JournalError(f"cannot create the journal at {path}: {exc}") from exc
+        for name in (DATA_NAME, "lock.mdb"):
+            with contextlib.suppress(OSError):
+                os.chmod(path / name, 0o600)
+        journal = cls(path, store, lock, durability)
+        values: dict[str, Any] = dict(meta or {})
+        values.update(
+            {
+                K_FORMAT: FORMAT_VERSION,
+                K_LOCAL_ID: local_id,
+                K_OWNER: lock.owner.to_json(),
+                K_CREATED: time.time(),
+            }
+        )
+        journal.update_meta(values)
+        journal.local_id = local_id
+        return journal
+
+    @classmethod
+    def open(
+        cls,
+        path: Path,
+        *,
+        owner: bool = True,
+        durability: Durability = "process",
+        max_bytes: int = DEFAULT_MAX_JOURNAL_BYTES,
+    ) -> Journal:
+        """Open an existing journal.
+
+        ``owner=True`` takes the owner lock (JournalLockedError naming the owner
+        while it lives); ``owner=False`` opens read-only, without a lock.
+        Raises JournalError if ``path`` is not a journal, JournalCorruptError if
+        its structure cannot be read at all; lesser damage is in ``damage()``.
+        """
+        _check_durability(durability)
+        path = Path(path)
+        if not (path / DATA_NAME).is_file():
+            raise JournalError(f"{path} is not a prime-runs journal (no {DATA_NAME})")
+        warn_if_network_fs(path)
+        lock = OwnerLock(path) if owner else None
+        try:
+            try:
+                store = acquire_store(
+                    path,
+                    readonly=not owner,
+                    create=False,
+                    sync=durability == "fsync",
+                    max_bytes=max_bytes,
+                )
+            except ValueError as exc:
+                raise JournalError(str(exc)) from None
+            except (lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.NotFoundError) as exc:
+                raise JournalError(f"{path} is not a prime-runs journal: {exc}") from None
+            except lmdb.Error as exc:
+                raise JournalCorruptError(f"journal {path} cannot be opened: {exc}") from None
+            journal = cls(path, store, lock, durability)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        version = journal._safe_meta(K_FORMAT)
+        if isinstance(version, int) and version > FORMAT_VERSION:
+            journal.close()
+            raise JournalError(
+                f"journal {path} has format {version}; this prime-runs reads up to "
+                f"{FORMAT_VERSION}: upgrade prime-runs to ship it"
+            )
+        if owner:
+            journal.set_meta(K_OWNER, lock.owner.to_json() if lock else None)
+        return journal
+
+    # -- guards and transactions --------------------------------------------------------
+
+    def _check(self) -> None:
+        if os.getpid() != self._pid or self._store.forked:
+            raise JournalError(
+                f"journal {self.path} was opened in process {self._pid} and cannot be used "
+                "in a forked child; open it anew in the child (read-only) if needed"
+            )
+        if self._closed:
+            raise JournalError(f"journal {self.path} is closed")
+
+    def _check_writable(self) -> None:
+        self._check()
+        if self._owner_lock is None:
+            raise JournalError(f"journal {self.path} is open read-only")
+
+    def _write(self, fn: Callable[[lmdb.Transaction], _T]) -> _T:
+        """Run ``fn`` in one write transaction, growing the map on MapFullError.
+
+        Raises lmdb.MapFullError at the budget and lmdb errors for a full disk.
+        """
+        with self._lock:
+            while True:
+                try:
+                    folded = self._pending_drops
+                    with self._store.begin(write=True) as txn:
+                        if folded:
+                            self._fold_drops(txn, folded)
+                        result = fn(txn)
+                    self._pending_drops -= folded
+                    self._dirty = True
+                    return result
+                except lmdb.MapFullError:
+                    if not self._store.grow():
+                        raise
+
+    def _fold_drops(self, txn: lmdb.Transaction, count: int) -> None:
+        # Drops at the budget could not be counted in their own (failed) txn;
+        # they ride along with the next write that succeeds.
+        losses = self._losses_in(txn)
+        rec = losses.setdefault("journal", {"count": 0, "reasons": []})
+        rec["count"] = int(rec.get("count", 0)) + count
+        self._put_meta(txn, K_LOSSES, losses)
+
+    @contextlib.contextmanager
+    def _read_txn(self, *, buffers: bool = False) -> Iterator[lmdb.Transaction]:
+        with self._lock, self._store.begin(buffers=buffers) as txn:
+            yield txn
+
+    # -- meta -----------------------------------------------------------------------------
+
+    def _put_meta(self, txn: lmdb.Transaction, key: str, value: Any) -> None:
+        txn.put(key.encode(), encode_frame(_META_KIND, _json(value)), db=self._store.dbs["meta"])
+
+    def _meta_in(self, txn: lmdb.Transaction, key: str) -> Any:
+        """A meta value; raises JournalCorruptError naming the key if unreadable."""
+        raw = txn.get(key.encode(), db=self._store.dbs["meta"])
+        if raw is None:
+            raise KeyError(key)
+        try:
+            return json.loads(decode_frame(raw)[1])
+        except (FrameError, ValueError) as exc:
+            raise JournalCorruptError(
+                f"meta key {key!r} of {self.path} unreadable: {exc}"
+            ) from None
+
+    def _safe_meta(self, key: str) -> Any:
+        try:
+            with self._read_txn() as txn:
+                return self._meta_in(txn, key)
+        except KeyError:
+            return None
+        except JournalCorruptError as exc:
+            self._structural.append(Damage(None, str(exc)))
+            return None
+        except lmdb.Error as exc:
+            self._structural.append(Damage(None, f"meta key {key!r} unreadable: {exc}"))
+            return None
+
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        """The JSON value stored under ``key``, or ``default``.
+
+        Raises JournalCorruptError if the stored value is damaged.
+        """
+        self._check()
+        try:
+            with self._read_txn() as txn:
+                return self._meta_in(txn, key)
+        except KeyError:
+            return default
+
+    def all_meta(self) -> dict[str, Any]:
+        """Every readable meta value by key (damaged ones are left out; see damage())."""
+        self._check()
+        out: dict[str, Any] = {}
+        with self._read_txn() as txn:
+            for key, value in txn.cursor(db=self._store.dbs["meta"]):
+                try:
+                    out[bytes(key).decode()] = json.loads(decode_frame(value)[1])
+                except (FrameError, ValueError):
+                    continue
+        return out
+
+    def set_meta(self, key: str, value: Any) -> None:
+        """Store one JSON value; committed when it returns."""
+        self.update_meta({key: value})
+
+    def update_meta(self, values: Mapping[str, Any]) -> None:
+        """Store several JSON values in one transaction."""
+        self._check_writable()
+        encoded = {k: _json(v) for k, v in values.items()}  # fail on bad JSON before writing
+
+        def put(txn: lmdb.Transaction) -> None:
+            for k, v in encoded.items():
+                txn.put(k.encode(), encode_frame(_META_KIND, v), db=self._store.dbs["meta"])
+
+        self._write(put)
+
+    # -- appending --------------------------------------------------------------------------
+
+    def _read_last_seq(self) -> int:
+        try:
+            with self._read_txn() as txn:
+                cur = txn.cursor(db=self._store.dbs["entries"])
+                last = _KEY.unpack(cur.key())[0] if cur.last() and len(cur.key()) == 8 else 0
+                floor = int(self._meta_in_default(txn, K_FLOOR, 0))
+            self._floor = max(self._floor, floor)
+            return max(last, floor)
+        except (lmdb.Error, JournalCorruptError, ValueError, TypeError) as exc:
+            self._structural.append(Damage(None, f"cannot find the last entry: {exc}"))
+            return 0
+
+    def append(self, kind: EntryKind, payloads: Sequence[bytes]) -> AppendResult:
+        """Append entries of one kind in one transaction; returns once committed.
+
+        At the byte budget or on a full disk nothing is written and
+        ``dropped=len(payloads)`` is returned (counted under sink ``"journal"``);
+        that never raises. Raises JournalError on a read-only or forked journal
+        and ValueError for a payload over the per-entry limit.
+        """
+        self._check_writable()
+        if not payloads:
+            return AppendResult(None, 0, 0)
+        frames = [encode_frame(int(kind), bytes(p)) for p in payloads]
+        db = self._store.dbs["entries"]
+
+        def put(txn: lmdb.Transaction) -> int:
+            first = self._last_seq + 1
+            for i, frame in enumerate(frames):
+                txn.put(_key(first + i), frame, db=db, append=True)
+            return first
+
+        try:
+            first = self._write(put)
+        except lmdb.Error as exc:
+            if not (isinstance(exc, lmdb.MapFullError) or is_disk_full(exc)):
+                raise JournalError(f"append to {self.path} failed: {exc}") from exc
+            with self._lock:
+                self._pending_drops += len(frames)
+            return AppendResult(None, 0, len(frames))
+        with self._appended:
+            self._last_seq = first + len(frames) - 1
+            self._appended.notify_all()
+        return AppendResult(first, len(frames), 0)
+
+    def last_seq(self) -> int:
+        """The highest sequence number written (compaction does not lower it)."""
+        self._check()
+        if self._owner_lock is None:
+            self._last_seq = max(self._last_seq, self._read_last_seq())
+        return self._last_seq
+
+    def wait_for_append(self, after_seq: int, timeout: float) -> bool:
+        """Block until ``last_seq() > after_seq``: True then; False on timeout or wake_all().
+
+        Woken by appends in this process (no polling); a read-only journal sees
+        another process's appends when the wait ends.
+        """
+        self._check()
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._appended:
+            gen = self._wake_gen
+            while self._last_seq <= after_seq and self._wake_gen == gen and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._appended.wait(left)
+        return self.last_seq() > after_seq if not self._closed else False
+
+    def wake_all(self) -> None:
+        """Wake every thread in wait_for_append (they return False unless data arrived)."""
+        with self._appended:
+            self._wake_gen += 1
+            self._appended.notify_all()
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def read(
+        self,
+        after_seq: int,
+        *,
+        kinds: Collection[EntryKind] | None = None,
+        max_entries: int = 1000,
+        max_bytes: int = 8 << 20,
+    ) -> ReadResult:
+        """Entries after ``after_seq`` of the given kinds, copied out, ascending.
+
+        Stops at ``max_entries`` or ``max_bytes`` of payload (at least one
+        matching entry is returned if any exists). Entries of other kinds are
+        skipped by their header, never decompressed. Damaged entries are
+        reported in ``damaged`` and passed over; nothing raises for damage.
+        """
+        self._check()
+        wanted = None if kinds is None else frozenset(int(k) for k in kinds)
+        raw: list[tuple[int, bytes]] = []
+        damaged: list[Damage] = []
+        next_after = after_seq
+        total = 0
+        floor = self._floor_now()
+        try:
+            with self._read_txn(buffers=True) as txn:
+                cur = txn.cursor(db=self._store.dbs["entries"])
+                expected = after_seq + 1
+                more = cur.set_range(_key(after_seq + 1))
+                examined = 0
+                while more and examined < _MAX_SCAN:
+                    key, value = cur.item()
+                    if len(key) != 8:
+                        damaged.append(Damage(None, f"malformed entry key {bytes(key).hex()}"))
+                        more = cur.next()
+                        continue
+                    seq = _KEY.unpack(key)[0]
+                    if seq > expected and expected > floor:
+                        damaged.append(_missing(expected, seq - 1))
+                    expected = seq + 1
+                    examined += 1
+                    try:
+                        head = peek_header(value)
+                    except FrameError as exc:
+                        damaged.append(Damage(seq, f"entry {seq}: {exc}"))
+                        next_after = seq
+                        more = cur.next()
+                        continue
+                    if wanted is None or head.kind in wanted:
+                        if raw and (len(raw) >= max_entries or total + head.raw_len > max_bytes):
+                            break
+                        raw.append((seq, bytes(value)))
+                        total += head.raw_len
+                    next_after = seq
+                    more = cur.next()
+        except lmdb.Error as exc:
+            damaged.append(Damage(None, f"reading after entry {next_after} failed: {exc}"))
+        entries: list[Entry] = []
+        for seq, value in raw:
+            entry, damage = _decode_entry(seq, value)
+            if entry is not None:
+                entries.append(entry)
+            if damage is not None:
+                damaged.append(damage)
+        return ReadResult(entries, next_after, damaged)
+
+    def _floor_now(self) -> int:
+        """Entries up to here were compacted away (a read-only view re-reads it)."""
+        if self._owner_lock is None:
+            value = self._safe_meta(K_FLOOR)
+            if isinstance(value, int):
+                self._floor = value
+        return self._floor
+
+    def get(self, seq: int) -> Entry | None:
+        """The entry ``seq``, or None if absent (never written or compacted).
+
+        Raises JournalCorruptError if it is damaged.
+        """
+        self._check()
+        with self._read_txn() as txn:
+            value = txn.get(_key(seq), db=self._store.dbs["entries"])
+        if value is None:
+            return None
+        entry, damage = _decode_entry(seq, value)
+        if damage is not None:
+            raise JournalCorruptError(f"{self.path}: {damage.what}")
+        return entry
+
+    # -- cursors ----------------------------------------------------------------------------
+
+    def _cursor_in(self, txn: lmdb.Transaction, sink: str) -> dict[str, Any]:
+        raw = txn.get(sink.encode(), db=self._store.dbs["cursors"])
+        if raw is None:
+            return {"acked": 0, "inflight": None}
+        try:
+            data = json.loads(decode_frame(raw)[1])
+        except (FrameError, ValueError) as exc:
+            raise JournalCorruptError(f"cursor {sink!r} of {self.path} unreadable: {exc}") from None
+        if not isinstance(data, dict):
+            raise JournalCorruptError(f"cursor {sink!r} of {self.path} is not an object")
+        return data
+
+    def _put_cursor(self, txn: lmdb.Transaction, sink: str, data: Mapping[str, Any]) -> None:
+        txn.put(sink.encode(), encode_frame(_META_KIND, _json(data)), db=self._store.dbs["cursors"])
+
+    def cursor(self, sink: str) -> CursorState:
+        """The sink's acknowledged offset and in-flight batch (acked=0 if never set).
+
+        Raises JournalCorruptError if the cursor or its in-flight body is damaged.
+        """
+        self._check()
+        with self._read_txn() as txn:
+            data = self._cursor_in(txn, sink)
+            body = txn.get(sink.encode(), db=self._store.dbs["inflight"])
+        return self._state(sink, data, body)
+
+    def _state(
+        self, sink: str, data: Mapping[str, Any], body: bytes | memoryview | None
+    ) -> CursorState:
+        info = data.get("inflight")
+        if info is None:
+            return CursorState(int(data.get("acked", 0)), None)
+        if body is None:
+            raise JournalCorruptError(f"cursor {sink!r} of {self.path}: in-flight body missing")
+        try:
+            payload = decode_frame(body)[1]
+        except FrameError as exc:
+            raise JournalCorruptError(
+                f"cursor {sink!r} of {self.path}: in-flight body {exc}"
+            ) from None
+        inflight = InFlight(
+            int(info["first_seq"]), int(info["last_seq"]), payload, dict(info.get("state") or {})
+        )
+        return CursorState(int(data.get("acked", 0)), inflight)
+
+    def cursors(self) -> dict[str, int]:
+        """Every sink's acknowledged offset."""
+        self._check()
+        out: dict[str, int] = {}
+        with self._read_txn() as txn:
+            for key, _ in txn.cursor(db=self._store.dbs["cursors"]):
+                sink = bytes(key).decode(errors="replace")
+                try:
+                    out[sink] = int(self._cursor_in(txn, sink).get("acked", 0))
+                except (JournalCorruptError, ValueError, TypeError):
+                    continue
+        return out
+
+    def set_inflight(self, sink: str, inflight: InFlight) -> None:
+        """Record the sink's in-flight batch; committed (durable) when it returns."""
+        self._check_writable()
+        if inflight.first_seq > inflight.last_seq:
+            raise ValueError("in-flight range is empty")
+        state = _json(inflight.state)  # JSON-able or fail before writing
+        body = encode_frame(_META_KIND, inflight.body)
+
+        def put(txn: lmdb.Transaction) -> None:
+            data = self._cursor_in(txn, sink)
+            data["inflight"] = {
+                "first_seq": inflight.first_seq,
+                "last_seq": inflight.last_seq,
+                "state": json.loads(state),
+            }
+            self._put_cursor(txn, sink, data)
+            txn.put(sink.encode(), body, db=self._store.dbs["inflight"])
+
+        self._write(put)
+
+    def update_inflight_state(self, sink: str, state: Mapping[str, Any]) -> None:
+        """Merge ``state`` into the in-flight batch's state; JournalError if none."""
+        self._check_writable()
+        extra = json.loads(_json(dict(state)))
+
+        def put(txn: lmdb.Transaction) -> None:
+            data = self._cursor_in(txn, sink)
+            if not data.get("inflight"):
+                raise JournalError(f"sink {sink!r} has no batch in flight")
+            data["inflight"]["state"] = {**(data["inflight"].get("state") or {}), **extra}
+            self._put_cursor(txn, sink, data)
+
+        self._write(put)
+
+    def ack(self, sink: str, upto_seq: int, *, failed: int = 0, reason: str | None = None) -> None:
+        """Atomically: acked=upto_seq, in-flight cleared, ``failed`` counted as lost.
+
+        Raises ValueError if ``upto_seq`` goes backwards or past ``last_seq()``.
+        """
+        self._check_writable()
+        if upto_seq > self._last_seq:
+            raise ValueError(f"cannot ack {upto_seq}: the last entry is {self._last_seq}")
+
+        def put(txn: lmdb.Transaction) -> None:
+            data = self._cursor_in(txn, sink)
+            if upto_seq < int(data.get("acked", 0)):
+                raise ValueError(f"sink {sink!r} already acked {data['acked']} > {upto_seq}")
+            self._put_cursor(txn, sink, {"acked": upto_seq, "inflight": None})
+            txn.delete(sink.encode(), db=self._store.dbs["inflight"])
+            if failed > 0:
+                self._add_loss(txn, sink, failed, reason)
+
+        self._write(put)
+
+    # -- losses ---------------------------------------------------------------------------
+
+    def _losses_in(self, txn: lmdb.Transaction) -> dict[str, dict[str, Any]]:
+        try:
+            value = self._meta_in(txn, K_LOSSES)
+        except KeyError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def _add_loss(self, txn: lmdb.Transaction, sink: str, count: int, reason: str | None) -> None:
+        losses = self._losses_in(txn)
+        rec = losses.setdefault(sink, {"count": 0, "reasons": []})
+        rec["count"] = int(rec.get("count", 0)) + count
+        if reason:
+            rec["reasons"] = [*rec.get("reasons", []), reason][-_MAX_REASONS:]
+        self._put_meta(txn, K_LOSSES, losses)
+
+    def record_loss(self, sink: str, count: int, reason: str) -> None:
+        """Count ``count`` records lost for ``sink`` (the last few reasons are kept)."""
+        self._check_writable()
+        self._write(lambda txn: self._add_loss(txn, sink, count, reason))
+
+    def losses(self) -> dict[str, dict[str, Any]]:
+        """``{sink: {"count": n, "reasons": [...]}}``; budget drops are under ``"journal"``."""
+        self._check()
+        with self._read_txn() as txn:
+            losses = self._losses_in(txn)
+        if self._pending_drops:
+            rec = losses.setdefault("journal", {"count": 0, "reasons": []})
+            rec["count"] = int(rec["count"]) + self._pending_drops
+        for rec in losses.values():
+            rec.setdefault("reasons", [])
+        if "journal" in losses and not losses["journal"]["reasons"]:
+            losses["journal"]["reasons"] = ["journal byte budget reached or disk full"]
+        return losses
+
+    # -- maintenance ------------------------------------------------------------------------
+
+    def size_bytes(self) -> int:
+        """Bytes of the journal's data file on disk."""
+        return self._store.file_size()
+
+    def structural_damage(self) -> list[Damage]:
+        """Damage found while opening (file, meta), without scanning entries."""
+        return list(self._structural)
+
+    def damage(self) -> list[Damage]:
+        """Structural damage plus every damaged or missing entry (a full scan)."""
+        self._check()
+        found = list(self._structural)
+        after = self._floor_now()
+        while True:
+            result = self.read(after, max_entries=10_000, max_bytes=64 << 20)
+            found.extend(result.damaged)
+            if result.next_after <= after:
+                break
+            after = result.next_after
+        for name in ("cursors", "meta"):
+            found.extend(self._scan_table(name))
+        return found
+
+    verify = damage
+
+    def _scan_table(self, name: str) -> list[Damage]:
+        out: list[Damage] = []
+        try:
+            with self._read_txn() as txn:
+                for key, value in txn.cursor(db=self._store.dbs[name]):
+                    try:
+                        decode_frame(value)
+                    except FrameError as exc:
+                        label = bytes(key).decode(errors="replace")
+                        out.append(Damage(None, f"{name} key {label!r} unreadable: {exc}"))
+        except lmdb.Error as exc:
+            out.append(Damage(None, f"{name} table unreadable: {exc}"))
+        return out
+
+    def compact(self) -> int:
+        """Delete entries acknowledged by every sink with a cursor; returns how many.
+
+        ``last_seq()`` is unchanged; a read after the removed range starts later.
+        """
+        self._check_writable()
+        acked = self.cursors()
+        if not acked:
+            return 0
+        upto = min(min(acked.values()), self._last_seq)
+        removed = 0
+        db = self._store.dbs["entries"]
+        while True:
+
+            def chunk(txn: lmdb.Transaction) -> int:
+                cur = txn.cursor(db=db)
+                n = 0
+                if cur.first():
+                    while (
+                        n < _COMPACT_CHUNK
+                        and len(cur.key()) == 8
+                        and (_KEY.unpack(cur.key())[0] <= upto)
+                    ):
+                        if not cur.delete():
+                            break
+                        n += 1
+                floor = self._meta_in_default(txn, K_FLOOR, 0)
+                if upto > floor:
+                    self._put_meta(txn, K_FLOOR, upto)
+                return n
+
+            n = self._write(chunk)
+            removed += n
+            if n < _COMPACT_CHUNK:
+                break
+        self._floor = max(self._floor, upto)
+        return removed
+
+    def _meta_in_default(self, txn: lmdb.Transaction, key: str, default: Any) -> Any:
+        try:
+            return self._meta_in(txn, key)
+        except KeyError:
+            return default
+
+    def sync(self) -> None:
+        """Flush the journal to disk (fsync)."""
+        self._check()
+        if self._owner_lock is not None:
+            self._store.sync()
+            self._dirty = False
+
+    def _sync_loop(self) -> None:
+        # Background durability for "process" mode: at least one sync per second
+        # while there is something to sync. env.sync is safe alongside txns.
+        while not self._stop_sync.wait(SYNC_INTERVAL):
+            if self._dirty:
+                self._dirty = False
+                try:
+                    self._store.sync()
+                except lmdb.Error:
+                    self._dirty = True  # try again next tick (e.g. transient EIO)
+
+    def close(self) -> None:
+        """Sync, close and release the owner lock; idempotent.
+
+        In a forked child it only marks the inherited journal closed.
+        """
+        if self._closed:
+            return
+        forked = os.getpid() != self._pid or self._store.forked
+        with self._appended:
+            self._closed = True
+            self._appended.notify_all()
+        if forked:
+            return
+        self._stop_sync.set()
+        if self._sync_thread is not None:
+            self._sync_thread.join()
+        with self._lock:
+            if self._owner_lock is not None:
+                with contextlib.suppress(lmdb.Error):
+                    self._store.sync()
+            release_store(self._store)
+        if self._owner_lock is not None:
+            self._owner_lock.release()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Journal({str(self.path)!r}, last_seq={self._last_seq})"
+
+
+def _check_durability(durability: str) -> None:
+    if durability not in ("process", "fsync"):
+        raise ValueError(f"durability must be 'process' or 'fsync', not {durability!r}")
+
+
+def _missing(first: int, last: int) -> Damage:
+    what = f"entry {first} missing" if first == last else f"entries {first}..{last} missing"
+    return Damage(first, what)
+
+
+def _decode_entry(seq: int, value: bytes | memoryview) -> tuple[Entry | None, Damage | None]:
+    try:
+        kind, payload = decode_frame(value)
+    except FrameError as exc:
+        return None, Damage(seq, f"entry {seq}: {exc}")
+    try:
+        return Entry(seq, EntryKind(kind), payload), None
+    except ValueError:
+        return None, Damage(seq, f"entry {seq}: unknown kind {kind}")

@@ -1,0 +1,116 @@
+"""Where runs live, and what the CLI's ``ls``/``rm`` need: listing and deletion.
+
+Listing takes no lock and opens each journal read-only, so it works while runs
+are live; a journal that cannot be read is listed with its damage instead of
+raising. Deletion takes the owner lock first, so a live run is never removed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from primeruns.exceptions import JournalError
+from primeruns.journal.journal import K_LOCAL_ID, Journal
+from primeruns.journal.lock import LOCK_NAME, OwnerLock, owner_alive, read_owner
+from primeruns.journal.store import DATA_NAME
+from primeruns.journal.types import Damage
+
+__all__ = ["JournalInfo", "default_runs_dir", "delete_journal", "list_journals"]
+
+
+def default_runs_dir() -> Path:
+    """``$PRIME_RUNS_DIR``, else ``$XDG_STATE_HOME/prime-runs/runs`` (``~/.local/state``)."""
+    explicit = os.environ.get("PRIME_RUNS_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state).expanduser() / "prime-runs" / "runs"
+
+
+@dataclass(frozen=True)
+class JournalInfo:
+    """One run directory's state, as read without any lock."""
+
+    path: Path
+    local_id: str
+    meta: dict[str, Any]
+    last_seq: int
+    cursors: dict[str, int]
+    losses: dict[str, dict[str, Any]]
+    size_bytes: int
+    modified: float
+    owner: str | None
+    owner_alive: bool
+    damage: list[Damage] = field(default_factory=list)
+
+
+def _info(path: Path, *, verify: bool) -> JournalInfo:
+    owner = read_owner(path)
+    try:
+        modified = (path / DATA_NAME).stat().st_mtime
+        size = (path / DATA_NAME).stat().st_size
+    except OSError:
+        modified, size = 0.0, 0
+    base: dict[str, Any] = {
+        "path": path,
+        "local_id": path.name,
+        "meta": {},
+        "last_seq": 0,
+        "cursors": {},
+        "losses": {},
+        "size_bytes": size,
+        "modified": modified,
+        "owner": owner.describe() if owner else None,
+        "owner_alive": owner_alive(owner),
+    }
+    try:
+        with Journal.open(path, owner=False) as journal:
+            meta = journal.all_meta()
+            local_id = meta.get(K_LOCAL_ID)
+            damage = journal.damage() if verify else journal.structural_damage()
+            return JournalInfo(
+                **{
+                    **base,
+                    "local_id": local_id if isinstance(local_id, str) else path.name,
+                    "meta": meta,
+                    "last_seq": journal.last_seq(),
+                    "cursors": journal.cursors(),
+                    "losses": journal.losses(),
+                    "damage": damage,
+                }
+            )
+    except Exception as exc:  # a listing never raises for one bad run
+        return JournalInfo(**base, damage=[Damage(None, f"{path.name}: {exc}")])
+
+
+def list_journals(runs_dir: Path, *, verify: bool = False) -> list[JournalInfo]:
+    """Every journal under ``runs_dir``, oldest first (ids sort by creation time).
+
+    Takes no lock; never raises for a damaged journal (its ``damage`` says
+    what is wrong). ``verify=True`` also scans every entry (slower).
+    """
+    runs_dir = Path(runs_dir)
+    try:
+        children = sorted(p for p in runs_dir.iterdir() if (p / DATA_NAME).is_file())
+    except OSError:
+        return []
+    return [_info(p, verify=verify) for p in children]
+
+
+def delete_journal(path: Path) -> None:
+    """Delete a run directory; JournalLockedError while its owner lives.
+
+    Raises JournalError if ``path`` is not a journal (nothing else is removed).
+    """
+    path = Path(path)
+    if not (path / DATA_NAME).is_file() or not (path / LOCK_NAME).exists():
+        raise JournalError(f"{path} is not a prime-runs journal; not deleting it")
+    lock = OwnerLock(path, record=False)  # raises JournalLockedError naming the owner
+    try:
+        shutil.rmtree(path)
+    finally:
+        lock.release()

@@ -1,0 +1,141 @@
+"""The owner lock: one writing process per journal, named when it refuses another.
+
+``flock(2)`` on ``owner.lock`` in the journal directory. The kernel drops it
+when the owner dies however it dies (SIGKILL, OOM), so a stale lock cannot
+exist and there is nothing to clean up. The file's content names the owner
+(pid, host, start time) for the message a refused process shows; it is only
+informative and never decides anything on its own.
+
+Fork: a child inherits the open file description, and so shares the flock.
+The child must never unlock or close it (``flock(LOCK_UN)`` in the child would
+free the parent's lock); ``release`` therefore does nothing outside the
+process that took the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from primeruns.exceptions import JournalLockedError
+
+__all__ = ["LOCK_NAME", "OwnerInfo", "OwnerLock", "owner_alive", "read_owner"]
+
+LOCK_NAME = "owner.lock"
+
+
+@dataclass(frozen=True)
+class OwnerInfo:
+    pid: int
+    host: str
+    started: float
+    proc_start: int | None  # /proc start time in ticks: tells a reused pid apart
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "host": self.host,
+            "started": self.started,
+            "proc_start": self.proc_start,
+        }
+
+
+def _proc_start(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name (field 2) may hold spaces and parentheses: split after the last ")".
+    try:
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def current_owner() -> OwnerInfo:
+    pid = os.getpid()
+    return OwnerInfo(pid, socket.gethostname(), time.time(), _proc_start(pid))
+
+
+def read_owner(directory: Path) -> OwnerInfo | None:
+    """The owner named in the lock file (informative; None if absent or unreadable)."""
+    try:
+        data = json.loads((directory / LOCK_NAME).read_bytes() or b"null")
+        if not isinstance(data, dict):
+            return None
+        return OwnerInfo(
+            int(data["pid"]),
+            str(data["host"]),
+            float(data["started"]),
+            None if data.get("proc_start") is None else int(data["proc_start"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def owner_alive(info: OwnerInfo | None) -> bool:
+    """Whether the named owner still runs (without touching the lock; for listings)."""
+    if info is None:
+        return False
+    if info.host != socket.gethostname():
+        return True  # cannot tell from here: assume alive, the safe answer for deletion
+    try:
+        os.kill(info.pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # exists, owned by someone else
+    now = _proc_start(info.pid)
+    return info.proc_start is None or now is None or now == info.proc_start
+
+
+class OwnerLock:
+    """An exclusive, non-blocking flock on ``<directory>/owner.lock``."""
+
+    def __init__(self, directory: Path, *, record: bool = True) -> None:
+        """Take the lock or raise JournalLockedError naming the live owner.
+
+        ``record`` writes this process as the owner into the lock file.
+        """
+        self.path = directory / LOCK_NAME
+        self._pid = os.getpid()
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            info = read_owner(directory)
+            who = info.describe() if info else "another process"
+            raise JournalLockedError(
+                f"journal {directory} is owned by {who}, which is still running",
+                owner=info.describe() if info else None,
+            ) from None
+        self._fd: int | None = fd
+        self.owner = current_owner()
+        if record:
+            data = json.dumps(self.owner.to_json()).encode()
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, data, 0)
+            os.fchmod(fd, 0o600)
+
+    def release(self) -> None:
+        """Release the lock; idempotent, and a no-op in a forked child (see module doc)."""
+        fd, self._fd = self._fd, None
+        if fd is None or os.getpid() != self._pid:
+            return
+        with contextlib.suppress(OSError):
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)

@@ -1,0 +1,284 @@
+"""The LMDB environment under a journal: opening with care, growth, fork safety.
+
+Three things here are easy to get wrong with LMDB, and each is handled once:
+
+- **Damaged files.** LMDB maps ``data.mdb`` and trusts it: a file truncated
+  below what its newest meta page names makes LMDB touch pages past the end of
+  the file (SIGBUS, the process dies). ``inspect_file`` reads the two meta
+  pages in Python first; a truncated file is opened as a zero-padded copy (read
+  only) or padded in place (owner), so the missing pages read as damage
+  LMDB reports (PageNotFound/Corrupted), never as a crash.
+- **Growth.** The map starts small and doubles on MapFullError up to the
+  journal's byte budget. ``set_mapsize`` needs no transaction active in this
+  process; the Journal serializes every transaction under one lock for that.
+  A reader process whose map is smaller than the writer's file sees
+  MapResizedError and adopts the new size (``begin``).
+- **Fork.** An environment must never be used across fork, and must not even
+  be *closed* in the child: ``mdb_env_close`` clears the reader slots of the
+  pid recorded at open, which is the parent's. A child therefore keeps every
+  inherited environment referenced forever (``_ORPHANS``) so it is never
+  deallocated there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import struct
+import tempfile
+import threading
+import weakref
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import lmdb
+
+__all__ = [
+    "DATA_NAME",
+    "DB_NAMES",
+    "FileReport",
+    "Store",
+    "acquire_store",
+    "inspect_file",
+    "is_disk_full",
+    "release_store",
+]
+
+DATA_NAME = "data.mdb"
+DB_NAMES = (b"entries", b"meta", b"cursors", b"inflight")
+_INITIAL_MAP = 16 << 20
+_META_MAGIC = 0xBEEFC0DE
+
+
+@dataclass(frozen=True)
+class FileReport:
+    """What the meta pages of ``data.mdb`` say, checked against the file's size."""
+
+    size: int
+    needed: int  # bytes the newest valid meta page needs
+    problems: tuple[str, ...]
+
+    @property
+    def truncated(self) -> bool:
+        return self.needed > self.size
+
+
+def inspect_file(path: Path) -> FileReport:
+    """Read ``data.mdb``'s two meta pages without LMDB; never raises on bad bytes."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            head = f.read(2 * 65536)
+    except OSError as exc:
+        return FileReport(0, 0, (f"{path.name} unreadable: {exc.strerror}",))
+    metas: list[tuple[int, int, int]] = []  # (txnid, last_pgno, psize)
+    problems: list[str] = []
+    psize = struct.unpack_from("<I", head, 40)[0] if len(head) >= 44 else 0
+    if psize not in (4096, 8192, 16384, 32768, 65536):
+        psize = 4096
+    for index in (0, 1):
+        off = index * psize + 16  # page header is 16 bytes on 64-bit builds
+        if len(head) < off + 136:
+            problems.append(f"{path.name} meta page {index} missing ({size} bytes in file)")
+            continue
+        magic, version = struct.unpack_from("<II", head, off)
+        if magic != _META_MAGIC or version != 1:
+            problems.append(f"{path.name} meta page {index} is damaged (bad magic/version)")
+            continue
+        last, txnid = struct.unpack_from("<QQ", head, off + 120)
+        metas.append((txnid, last, psize))
+    if not metas:
+        return FileReport(size, 0, (*problems, f"{path.name} has no valid meta page"))
+    _txnid, last, psize = max(metas)
+    needed = (last + 1) * psize
+    if needed > size:
+        problems.append(
+            f"{path.name} is truncated: {size} bytes, the last committed transaction "
+            f"needs {needed}; entries stored past the end are lost"
+        )
+    return FileReport(size, needed, tuple(problems))
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    """True for LMDB errors that mean the disk (or the user's quota) is full."""
+    if isinstance(exc, lmdb.DiskError):
+        return True
+    text = str(exc)
+    return any(s in text for s in ("No space left", "ENOSPC", "Disk quota exceeded"))
+
+
+_LIVE: weakref.WeakSet[Store] = weakref.WeakSet()
+_ORPHANS: list[Any] = []
+
+
+def _after_fork_in_child() -> None:
+    # Keep inherited environments alive forever in the child: see module doc.
+    for store in list(_LIVE):
+        _ORPHANS.append(store.env)
+        store.forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+_REGISTRY: dict[str, tuple[Store, int]] = {}
+_REGISTRY_LOCK = threading.Lock()
+
+
+def acquire_store(
+    directory: Path, *, readonly: bool, create: bool, sync: bool, max_bytes: int
+) -> Store:
+    """A shared Store for ``directory``: LMDB allows one environment per file per process.
+
+    A read-only journal opened in the owner's process reuses the owner's
+    environment (and its transaction lock). Raises ValueError if a writer asks
+    for a directory this process holds open read-only.
+    """
+    key = os.path.realpath(directory)
+    with _REGISTRY_LOCK:
+        found = _REGISTRY.get(key)
+        if found is not None and not found[0].forked:
+            store, refs = found
+            if store.readonly and not readonly:
+                raise ValueError(f"{directory} is open read-only in this process; close that first")
+            _REGISTRY[key] = (store, refs + 1)
+            return store
+        store = Store(directory, readonly=readonly, create=create, sync=sync, max_bytes=max_bytes)
+        _REGISTRY[key] = (store, 1)
+        return store
+
+
+def release_store(store: Store) -> None:
+    """Drop one reference; the environment closes with the last one."""
+    key = os.path.realpath(store.directory)
+    with _REGISTRY_LOCK:
+        found = _REGISTRY.get(key)
+        if found is not None and found[0] is store:
+            if found[1] > 1:
+                _REGISTRY[key] = (store, found[1] - 1)
+                return
+            del _REGISTRY[key]
+    store.close()
+
+
+class Store:
+    """One LMDB environment with the journal's named databases.
+
+    ``lock`` serializes every transaction in this process, so that ``grow``
+    (``set_mapsize``) never runs while one is open.
+    """
+
+    def __init__(
+        self, directory: Path, *, readonly: bool, create: bool, sync: bool, max_bytes: int
+    ) -> None:
+        """Open (or create) the environment; raises lmdb.Error on failure.
+
+        A truncated ``data.mdb`` is handled as the module doc says and listed
+        in ``self.problems``.
+        """
+        self.directory = directory
+        self.max_bytes = max_bytes
+        self.readonly = readonly
+        self.forked = False
+        self.lock = threading.RLock()
+        self.problems: list[str] = []
+        self._tempdir: str | None = None
+        data = directory / DATA_NAME
+        open_dir = directory
+        map_size = _INITIAL_MAP
+        if data.exists():
+            report = inspect_file(data)
+            self.problems.extend(report.problems)
+            if report.needed == 0:
+                raise lmdb.InvalidError(f"{data} is not an LMDB file")
+            if report.truncated:
+                open_dir = self._pad(data, report.needed, readonly)
+            map_size = max(map_size, report.needed, report.size)
+        map_size = min(max(map_size, _INITIAL_MAP), max(max_bytes, map_size))
+        self.env = lmdb.open(
+            str(open_dir),
+            map_size=map_size,
+            subdir=True,
+            readonly=readonly,
+            create=create,
+            max_dbs=len(DB_NAMES) + 2,
+            sync=sync,
+            metasync=sync,
+            writemap=False,  # a full disk must be an error, not a SIGBUS
+            mode=0o600,
+            lock=self._tempdir is None,  # a private padded copy needs no lock
+        )
+        try:
+            with contextlib.suppress(lmdb.Error):
+                self.env.reader_check()  # free slots of dead reader processes
+            self.dbs = {}
+            for name in DB_NAMES:
+                self.dbs[name.decode()] = self.env.open_db(name, create=not readonly)
+        except BaseException:
+            self.env.close()
+            self._drop_tempdir()
+            raise
+        _LIVE.add(self)
+
+    def _pad(self, data: Path, needed: int, readonly: bool) -> Path:
+        # Missing pages become zeros, which LMDB reports as damage instead of
+        # faulting on an unmapped page. The owner pads in place (it is the only
+        # writer); a reader pads a private copy and leaves the file untouched.
+        if not readonly:
+            with open(data, "r+b") as f:
+                f.truncate(needed)
+            return self.directory
+        self._tempdir = tempfile.mkdtemp(prefix="primeruns-journal-")
+        copy = Path(self._tempdir) / DATA_NAME
+        shutil.copyfile(data, copy)
+        with open(copy, "r+b") as f:
+            f.truncate(needed)
+        return Path(self._tempdir)
+
+    def _drop_tempdir(self) -> None:
+        if self._tempdir is not None:
+            shutil.rmtree(self._tempdir, ignore_errors=True)
+            self._tempdir = None
+
+    def begin(self, *, write: bool = False, buffers: bool = False) -> lmdb.Transaction[Any]:
+        """A transaction; adopts a map grown by another process (MapResizedError).
+
+        ``buffers=True`` yields memoryviews into the map, valid only inside it.
+        """
+        try:
+            return self._begin(write, buffers)
+        except lmdb.MapResizedError:
+            self.env.set_mapsize(0)
+            return self._begin(write, buffers)
+
+    def _begin(self, write: bool, buffers: bool) -> lmdb.Transaction[Any]:
+        if buffers:
+            return self.env.begin(write=write, buffers=True)
+        return self.env.begin(write=write)
+
+    def grow(self) -> bool:
+        """Double the map up to the budget; False when already at the budget."""
+        current = int(self.env.info()["map_size"])
+        new = min(self.max_bytes, current * 2)
+        if new <= current:
+            return False
+        self.env.set_mapsize(new)
+        return True
+
+    def file_size(self) -> int:
+        try:
+            return (self.directory / DATA_NAME).stat().st_size
+        except OSError:
+            return 0
+
+    def sync(self) -> None:
+        self.env.sync(True)
+
+    def close(self) -> None:
+        """Close the environment; in a forked child the inherited one is kept (module doc)."""
+        _LIVE.discard(self)
+        if not self.forked:
+            self.env.close()
+        self._drop_tempdir()

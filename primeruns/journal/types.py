@@ -1,0 +1,67 @@
+"""The plain values the journal hands out: entries, damage reports, cursor states.
+
+All are frozen dataclasses holding copied bytes, so none of them keeps an LMDB
+read transaction (or its memory map) alive after the call that made it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from primeruns.journal.frames import EntryKind
+
+__all__ = ["AppendResult", "CursorState", "Damage", "Entry", "InFlight", "ReadResult"]
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One journal entry, copied out of LMDB, checksum-verified and decompressed."""
+
+    seq: int
+    kind: EntryKind
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class Damage:
+    """One precise damage report: an entry (``seq``) or the structure (``seq=None``)."""
+
+    seq: int | None
+    what: str
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """A range read: matching entries, how far the scan got, damage met on the way."""
+
+    entries: list[Entry]
+    next_after: int
+    damaged: list[Damage] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """What an append did: entries written from ``first_seq``, and entries dropped."""
+
+    first_seq: int | None
+    count: int
+    dropped: int
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """A shipper's batch, recorded before its first attempt so a resend is byte-identical."""
+
+    first_seq: int
+    last_seq: int
+    body: bytes
+    state: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class CursorState:
+    """A sink's progress: every entry ``<= acked`` is acknowledged; at most one batch in flight."""
+
+    acked: int
+    inflight: InFlight | None

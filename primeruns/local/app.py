@@ -1,0 +1,96 @@
+"""The local platform as one ASGI app: routes of every API area, errors, faults.
+
+Error rendering lives here so that every failure takes one of the two wire
+dialects (``{"detail"}`` for the platform API, the ``{"error"}`` envelope for
+Prime Traces) and an unexpected exception is still a JSON 500, never a
+dropped connection.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from . import evals, hub, inspect, objects, rft, traces_reads, traces_upload
+from .context import ServerContext
+from .errors import PlatformError, TracesError
+from .faults import FaultInjector, FaultMiddleware, FaultSettings
+from .settings import ServerSettings
+from .storage import Database
+
+log = logging.getLogger("primeruns.local")
+
+_TRACES_PREFIXES = ("/api/v1/traces", "/api/v1/episodes", "/api/v1/runs")
+
+
+def _is_traces(request: Request) -> bool:
+    return request.url.path.startswith(_TRACES_PREFIXES)
+
+
+async def _platform_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, PlatformError)
+    if _is_traces(request):
+        return TracesError(exc.status, None, exc.message).response()
+    return exc.response()
+
+
+async def _traces_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, TracesError)
+    return exc.response()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    if _is_traces(request):
+        code = "trace_not_found" if exc.status_code == 404 else None
+        return TracesError(exc.status_code, code, exc.detail).response()
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    log.exception("unexpected error on %s %s", request.method, request.url.path)
+    return JSONResponse({"detail": "internal error"}, status_code=500)
+
+
+def _lifespan(db: Database) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        yield
+        db.close()
+
+    return lifespan
+
+
+def build_app(settings: ServerSettings, faults: FaultSettings | None = None) -> Starlette:
+    """The app for ``settings``; its database opens now and closes on shutdown."""
+    db = Database(settings.data_dir)
+    injector = FaultInjector(faults or FaultSettings(retry_after=settings.retry_after))
+    routes = [
+        *inspect.routes,
+        *evals.routes,
+        *hub.routes,
+        *rft.routes,
+        *objects.routes,
+        *traces_upload.routes,
+        *traces_reads.routes,
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(FaultMiddleware, injector=injector)],
+        exception_handlers={
+            PlatformError: _platform_error,
+            TracesError: _traces_error,
+            HTTPException: _http_error,
+            Exception: _unexpected,
+        },
+        lifespan=_lifespan(db),
+    )
+    app.state.ctx = ServerContext(settings, db, settings.data_dir / "objects", injector)
+    return app

@@ -1,0 +1,141 @@
+"""``primeruns serve``: run the local platform under uvicorn until SIGTERM/SIGINT.
+
+Prints ``primeruns serve: listening on http://HOST:PORT`` (flushed) once the
+socket accepts connections, so a parent that asked for ``--port 0`` can read
+the port. The API key may come from ``--api-key`` or, to keep it out of the
+process list, from ``$PRIMERUNS_LOCAL_API_KEY``; it is never printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from types import FrameType
+
+API_KEY_ENV = "PRIMERUNS_LOCAL_API_KEY"
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8765, help="port (0 picks a free one)")
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=Path("primeruns-local-data"),
+        metavar="DIR",
+        help="directory holding the SQLite database and the object store",
+    )
+    parser.add_argument(
+        "--api-key",
+        metavar="K",
+        default=None,
+        help=f"require 'Authorization: Bearer K' (or set ${API_KEY_ENV}); default: accept any",
+    )
+    parser.add_argument(
+        "--traces-disabled",
+        action="store_true",
+        help="answer Prime Traces requests with 403 service_not_enabled",
+    )
+    parser.add_argument(
+        "--train-teams",
+        metavar="A,B",
+        default=None,
+        help="teams allowed to create external training runs (default: every team)",
+    )
+    parser.add_argument(
+        "--retryable-rate",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="fraction of API requests refused with 429/503/502",
+    )
+    parser.add_argument(
+        "--ambiguous-rate",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="fraction of API requests committed, then dropped before the answer",
+    )
+    parser.add_argument(
+        "--latency-ms", type=int, default=0, metavar="N", help="delay added to every API request"
+    )
+    parser.add_argument(
+        "--fault-seed",
+        type=int,
+        default=0,
+        metavar="N",
+        help="seed of the fault RNG, so a run repeats",
+    )
+    parser.add_argument(
+        "--retry-after",
+        type=float,
+        default=0.1,
+        metavar="S",
+        help="Retry-After seconds on injected 429/503 (default 0.1)",
+    )
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    """Placeholder handler: uvicorn re-raises the stop signal after a graceful shutdown."""
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    """Serve the local Prime platform (evaluations, environments hub, external
+    training runs with their object store, and Prime Traces) on SQLite under
+    --data, with optional fault injection. Stops cleanly on SIGTERM or SIGINT;
+    restarted on the same --data it serves everything it had stored."""
+    import uvicorn
+
+    from .app import build_app
+    from .faults import FaultSettings
+    from .settings import ServerSettings
+
+    teams = None
+    if args.train_teams is not None:
+        teams = frozenset(t.strip() for t in args.train_teams.split(",") if t.strip())
+    settings = ServerSettings(
+        data_dir=Path(args.data),
+        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        traces_disabled=args.traces_disabled,
+        train_teams=teams,
+        retry_after=args.retry_after,
+    )
+    try:
+        faults = FaultSettings(
+            retryable_rate=args.retryable_rate,
+            ambiguous_rate=args.ambiguous_rate,
+            latency_ms=args.latency_ms,
+            seed=args.fault_seed,
+            retry_after=args.retry_after,
+        )
+        app = build_app(settings, faults)
+    except ValueError as exc:
+        print(f"primeruns serve: {exc}", file=sys.stderr)
+        return 2
+    sock = socket.socket(socket.AF_INET6 if ":" in args.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        print(f"primeruns serve: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
+        return 1
+    host, port = sock.getsockname()[:2]
+    shown = f"[{host}]" if ":" in host else host
+
+    class _Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            print(f"primeruns serve: listening on http://{shown}:{port}", flush=True)
+
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+    # uvicorn restores the previous handlers and re-raises the signal after its
+    # graceful shutdown; with these in place that re-raise is a no-op and the
+    # process exits 0.
+    signal.signal(signal.SIGTERM, _ignore)
+    signal.signal(signal.SIGINT, _ignore)
+    _Server(config).run(sockets=[sock])
+    return 0

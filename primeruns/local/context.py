@@ -1,0 +1,148 @@
+"""Request plumbing shared by every route module: the server context, auth, bodies.
+
+One place decides how a bearer is checked (and that the key never appears in an
+answer), how a JSON body is read under a size cap, and how ids and timestamps
+are minted, so the route modules only say what their endpoint does.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+
+from .errors import PlatformError, TracesError
+from .faults import FaultInjector
+from .settings import ServerSettings
+from .storage import Database
+
+#: Cap on a platform API JSON body. The SDK packs sample pushes to 25 MiB; a
+#: little headroom over that, and bodies above it are a 413 as on the platform.
+MAX_JSON_BODY = 26 * 1024 * 1024
+
+
+@dataclass
+class ServerContext:
+    """What every route needs: settings, the database, the object directory, faults."""
+
+    settings: ServerSettings
+    db: Database
+    objects_dir: Path
+    faults: FaultInjector
+
+
+def context_of(request: Request) -> ServerContext:
+    ctx: ServerContext = request.app.state.ctx
+    return ctx
+
+
+def now() -> float:
+    return time.time()
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:20]}"
+
+
+def _bearer(request: Request) -> str | None:
+    value = request.headers.get("authorization", "")
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def _matches(expected: str, given: str | None) -> bool:
+    return given is not None and hmac.compare_digest(expected.encode(), given.encode())
+
+
+def check_platform_auth(request: Request, *, internal: bool = False) -> None:
+    """401 unless the request carries the configured key (any key when none is set).
+
+    The internal RFT root authenticates with ``x-api-key`` (hosted launchers
+    send the same token as a bearer too, either is enough).
+    """
+    key = context_of(request).settings.api_key
+    if key is None:
+        return
+    if _matches(key, _bearer(request)):
+        return
+    if internal and _matches(key, request.headers.get("x-api-key")):
+        return
+    raise PlatformError(401, "Invalid or missing API key")
+
+
+def check_traces_auth(request: Request) -> None:
+    """The traces service's checks: credential first, then whether it is enabled."""
+    settings = context_of(request).settings
+    if settings.api_key is not None and not _matches(settings.api_key, _bearer(request)):
+        raise TracesError(401, "unauthenticated", "Invalid or missing API key")
+    if settings.traces_disabled:
+        raise TracesError(
+            403, "service_not_enabled", "Prime Traces is not enabled for this account"
+        )
+
+
+async def read_capped(request: Request, limit: int) -> bytes | None:
+    """The whole request body, or None when it is over ``limit`` bytes."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        return None
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def json_body(request: Request, *, limit: int = MAX_JSON_BODY) -> dict[str, Any]:
+    """The request's JSON object body, as the platform API (FastAPI) validates it.
+
+    An empty body is ``{}`` (the SDK omits empty dict bodies altogether). A body
+    over ``limit`` is 413; anything but a JSON object is 422.
+    """
+    body = await read_capped(request, limit)
+    if body is None:
+        raise PlatformError(413, f"Request body is over the {limit}-byte limit")
+    if not body.strip():
+        return {}
+    content_type = request.headers.get("content-type", "application/json")
+    if "json" not in content_type.split(";")[0].lower():
+        raise PlatformError(415, f"Expected application/json, got {content_type!r}")
+    try:
+        value = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise PlatformError(422, f"Body is not valid JSON: {exc}") from None
+    if not isinstance(value, dict):
+        raise PlatformError(422, "Body must be a JSON object")
+    return value
+
+
+def require_str(body: dict[str, Any], key: str, *, optional: bool = False) -> str | None:
+    """``body[key]`` as a non-empty string (422 otherwise); None if optional and absent."""
+    value = body.get(key)
+    if value is None and optional:
+        return None
+    if not isinstance(value, str) or not value:
+        raise PlatformError(422, f"Field {key!r} must be a non-empty string")
+    return value
+
+
+def optional_object(body: dict[str, Any], key: str) -> dict[str, Any] | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise PlatformError(422, f"Field {key!r} must be an object")
+    return value
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,298 @@
+"""Evaluations API and its v0 sample table (contract §2, §5.2).
+
+Decisions where the contract is silent (§8):
+
+- A created evaluation starts ``RUNNING``. ``finalize`` moves it to
+  ``COMPLETED`` and stores the given metrics; repeating it on a ``COMPLETED``
+  evaluation is a 200 (nothing changes), on ``FAILED``/``CANCELLED`` a 409.
+- The status guard: a ``PUT`` carrying ``status`` on a terminal evaluation is
+  rejected whole with 409. ``status`` may only be ``FAILED`` or ``CANCELLED``
+  (422 otherwise). A metadata/metrics-only ``PUT`` is accepted in any status,
+  so a run's config and summary land even after it was closed.
+- ``metadata`` and ``metrics`` in a ``PUT`` replace the stored documents whole
+  (the SDK always sends the whole config and summary); ``finalize`` metrics
+  are merged over the stored summary.
+- Sample rows are append-only, as on the platform: a pushed row stored twice is
+  two rows, which ``/_local/runs/{id}`` shows as ``rows > distinct``.
+- Read-back keys are snake_case with ``hasMore`` on the samples page.
+- ``error_message`` is capped at 4096 characters (422 above), like the server.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .context import (
+    check_platform_auth,
+    context_of,
+    dumps,
+    json_body,
+    new_id,
+    now,
+    optional_object,
+    require_str,
+)
+from .errors import PlatformError
+
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
+MAX_ERROR_MESSAGE = 4096
+
+
+def evaluation_view(row: sqlite3.Row, total_samples: int) -> dict[str, Any]:
+    request = json.loads(row["request"])
+    envs = request.get("environments") or []
+    return {
+        "evaluation_id": row["id"],
+        "id": row["id"],
+        "name": row["name"],
+        "status": row["status"],
+        "error_message": row["error_message"],
+        "metadata": json.loads(row["metadata"]),
+        "metrics": json.loads(row["metrics"]),
+        "model_name": request.get("model_name"),
+        "dataset": request.get("dataset"),
+        "framework": request.get("framework"),
+        "description": request.get("description"),
+        "tags": request.get("tags") or [],
+        "team_id": row["team_id"],
+        "environment_ids": [e.get("id") for e in envs if isinstance(e, dict)],
+        "environment_names": [request["dataset"]] if request.get("dataset") else [],
+        "is_hosted": False,
+        "total_samples": total_samples,
+        "created_at": row["created_at"],
+        "updated_at": row["updated_at"],
+        "finalized_at": row["finalized_at"],
+    }
+
+
+def _sample_count(conn: sqlite3.Connection, eval_id: str) -> int:
+    return int(
+        conn.execute("SELECT count(*) FROM eval_samples WHERE eval_id = ?", (eval_id,)).fetchone()[
+            0
+        ]
+    )
+
+
+def _get_row(conn: sqlite3.Connection, eval_id: str) -> sqlite3.Row:
+    row: sqlite3.Row | None = conn.execute(
+        "SELECT * FROM evaluations WHERE id = ?", (eval_id,)
+    ).fetchone()
+    if row is None:
+        raise PlatformError(404, f"Evaluation {eval_id} not found")
+    return row
+
+
+async def create_evaluation(request: Request) -> JSONResponse:
+    check_platform_auth(request)
+    body = await json_body(request)
+    name = require_str(body, "name", optional=True)
+    envs = body.get("environments")
+    if envs is not None and not (
+        isinstance(envs, list) and all(isinstance(e, dict) and e.get("id") for e in envs)
+    ):
+        raise PlatformError(422, "environments must be a list of {id, version_id?} objects")
+    if not envs and not body.get("run_id"):
+        raise PlatformError(422, "Either environments or run_id must be given")
+    tags = body.get("tags", [])
+    if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+        raise PlatformError(422, "tags must be a list of strings")
+    metadata = optional_object(body, "metadata") or {}
+    metrics = optional_object(body, "metrics") or {}
+    eval_id = new_id("eval_")
+    name = name or eval_id
+    stamp = now()
+
+    def insert(conn: sqlite3.Connection) -> None:
+        conn.execute(
+            "INSERT INTO evaluations (id, name, status, request, metadata, metrics, team_id,"
+            " created_at, updated_at) VALUES (?, ?, 'RUNNING', ?, ?, ?, ?, ?, ?)",
+            (
+                eval_id,
+                name,
+                dumps(body),
+                dumps(metadata),
+                dumps(metrics),
+                body.get("team_id"),
+                stamp,
+                stamp,
+            ),
+        )
+
+    await context_of(request).db.write(insert)
+    origin = str(request.base_url).rstrip("/")
+    return JSONResponse(
+        {
+            "evaluation_id": eval_id,
+            "name": name,
+            "status": "RUNNING",
+            "viewer_url": f"{origin}/#eval-{eval_id}",
+        },
+        status_code=201,
+    )
+
+
+async def list_evaluations(request: Request) -> JSONResponse:
+    check_platform_auth(request)
+    try:
+        skip = int(request.query_params.get("skip", "0"))
+        limit = int(request.query_params.get("limit", "50"))
+    except ValueError:
+        raise PlatformError(422, "skip and limit must be integers") from None
+    if skip < 0 or not 1 <= limit <= 1000:
+        raise PlatformError(422, "skip must be >= 0 and limit within [1, 1000]")
+    team = request.query_params.get("team_id")
+    env_name = request.query_params.get("environment_name")
+
+    def read(conn: sqlite3.Connection) -> tuple[list[dict[str, Any]], int]:
+        rows = conn.execute("SELECT * FROM evaluations ORDER BY created_at DESC, id").fetchall()
+        views = [evaluation_view(r, _sample_count(conn, r["id"])) for r in rows]
+        if team is not None:
+            views = [v for v in views if v["team_id"] == team]
+        if env_name is not None:
+            views = [v for v in views if env_name in v["environment_names"]]
+        return views[skip : skip + limit], len(views)
+
+    items, total = await context_of(request).db.read(read)
+    return JSONResponse({"evaluations": items, "total": total, "skip": skip, "limit": limit})
+
+
+async def get_evaluation(request: Request) -> JSONResponse:
+    check_platform_auth(request)
+    eval_id = request.path_params["eval_id"]
+
+    def read(conn: sqlite3.Connection) -> dict[str, Any]:
+        return evaluation_view(_get_row(conn, eval_id), _sample_count(conn, eval_id))
+
+    return JSONResponse(await context_of(request).db.read(read))
+
+
+async def update_evaluation(request: Request) -> JSONResponse:
+    check_platform_auth(request)
+    eval_id = request.path_params["eval_id"]
+    body = await json_body(request)
+    status = body.get("status")
+    if status is not None and status not in ("FAILED", "CANCELLED"):
+        raise PlatformError(422, "status may only be FAILED or CANCELLED (COMPLETED: finalize)")
+    error_message = body.get("error_message")
+    if error_message is not None and (
+        not isinstance(error_message, str) or len(error_message) > MAX_ERROR_MESSAGE
+    ):
+        raise PlatformError(422, f"error_message must be a string of <= {MAX_ERROR_MESSAGE} chars")
+    metadata = optional_object(body, "metadata")
+    metrics = optional_object(body, "metrics")
+    simple = {k: body[k] for k in ("name",) if isinstance(body.get(k), str)}
+
+    def update(conn: sqlite3.Connection) -> dict[str, Any]:
+        row = _get_row(conn, eval_id)
+        if status is not None and row["status"] in TERMINAL:
+            raise PlatformError(409, f"Evaluation {eval_id} is already {row['status']}")
+        sets: dict[str, Any] = {"updated_at": now(), **simple}
+        if metadata is not None:
+            sets["metadata"] = dumps(metadata)
+        if metrics is not None:
+            sets["metrics"] = dumps(metrics)
+        if status is not None:
+            sets["status"] = status
+            sets["error_message"] = error_message
+        assignments = ", ".join(f"{k} = ?" for k in sets)
+        conn.execute(
+            f"UPDATE evaluations SET {assignments} WHERE id = ?", (*sets.values(), eval_id)
+        )
+        return evaluation_view(_get_row(conn, eval_id), _sample_count(conn, eval_id))
+
+    return JSONResponse(await context_of(request).db.write(update))
+
+
+async def finalize_evaluation(request: Request) -> JSONResponse:
+    check_platform_auth(request)
+    eval_id = request.path_params["eval_id"]
+    body = await json_body(request)
+    metrics = optional_object(body, "metrics") or {}
+
+    def finalize(conn: sqlite3.Connection) -> dict[str, Any]:
+        row = _get_row(conn, eval_id)
+        if row["status"] == "COMPLETED":
+            return {"evaluation_id": eval_id, "status": "COMPLETED"}
+        if row["status"] in TERMINAL:
+            raise PlatformError(409, f"Evaluation {eval_id} is already {row['status']}")
+        merged = {**json.loads(row["metrics"]), **metrics}
+        stamp = now()
+        conn.execute(
+            "UPDATE evaluations SET status = 'COMPLETED', metrics = ?, finalized_at = ?,"
+            " updated_at = ? WHERE id = ?",
+            (dumps(merged), stamp, stamp, eval_id),
+        )
+        return {"evaluation_id": eval_id, "status": "COMPLETED"}
+
+    return JSONResponse(await context_of(request).db.write(finalize))
+
+
+async def push_samples(request: Request) -> JSONResponse:
+    check_platform_auth(request)
+    eval_id = request.path_params["eval_id"]
+    body = await json_body(request)
+    samples = body.get("samples")
+    if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
+        raise PlatformError(422, "samples must be a list of objects")
+    rows = [
+        (eval_id, None if s.get("sample_id") is None else str(s["sample_id"]), dumps(s))
+        for s in samples
+    ]
+
+    def append(conn: sqlite3.Connection) -> int:
+        _get_row(conn, eval_id)
+        conn.executemany(
+            "INSERT INTO eval_samples (eval_id, sample_id, body) VALUES (?, ?, ?)", rows
+        )
+        return _sample_count(conn, eval_id)
+
+    total = await context_of(request).db.write(append)
+    return JSONResponse({"evaluation_id": eval_id, "inserted": len(rows), "total": total})
+
+
+async def read_samples(request: Request) -> JSONResponse:
+    check_platform_auth(request)
+    eval_id = request.path_params["eval_id"]
+    try:
+        page = int(request.query_params.get("page", "1"))
+        limit = int(request.query_params.get("limit", "100"))
+    except ValueError:
+        raise PlatformError(422, "page and limit must be integers") from None
+    if page < 1 or not 1 <= limit <= 1000:
+        raise PlatformError(422, "page must be >= 1 and limit within [1, 1000]")
+
+    def read(conn: sqlite3.Connection) -> tuple[list[Any], int]:
+        _get_row(conn, eval_id)
+        rows = conn.execute(
+            "SELECT body FROM eval_samples WHERE eval_id = ? ORDER BY row LIMIT ? OFFSET ?",
+            (eval_id, limit, (page - 1) * limit),
+        ).fetchall()
+        return [json.loads(r["body"]) for r in rows], _sample_count(conn, eval_id)
+
+    samples, total = await context_of(request).db.read(read)
+    return JSONResponse(
+        {
+            "samples": samples,
+            "total": total,
+            "page": page,
+            "limit": limit,
+            "hasMore": page * limit < total,
+        }
+    )
+
+
+routes = [
+    Route("/api/v1/evaluations/", create_evaluation, methods=["POST"]),
+    Route("/api/v1/evaluations/", list_evaluations, methods=["GET"]),
+    Route("/api/v1/evaluations/{eval_id}", get_evaluation, methods=["GET"]),
+    Route("/api/v1/evaluations/{eval_id}", update_evaluation, methods=["PUT"]),
+    Route("/api/v1/evaluations/{eval_id}/finalize", finalize_evaluation, methods=["POST"]),
+    Route("/api/v1/evaluations/{eval_id}/samples", push_samples, methods=["POST"]),
+    Route("/api/v1/evaluations/{eval_id}/samples", read_samples, methods=["GET"]),
+]

@@ -1,0 +1,176 @@
+"""Fault injection: make the local platform fail the way a real network does.
+
+Two kinds of failure, drawn per request from one seeded RNG so that a failing
+test can be rerun with the same sequence:
+
+- *retryable*: the request is refused before it is processed, with a 429
+  carrying ``Retry-After``, a 503 carrying ``Retry-After``, or a bare-text 502
+  (a gateway's answer, no envelope). Nothing is stored.
+- *ambiguous*: the request is processed and committed, then the connection is
+  dropped after the response head and before its body. The client sees a
+  transport error (``RemoteProtocolError``) and cannot know the request landed.
+
+``latency_ms`` delays every faultable request. Faults never apply to
+``/_local/*``, ``/healthz`` or ``/`` (the control and inspection surface must
+stay reliable), but do apply to the object store's ``PUT``: from the client's
+view it is part of the API, and its retry path deserves the same exercise.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import anyio
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+Outcome = Literal["pass", "retryable", "ambiguous"]
+
+_TRACES_PREFIXES = ("/api/v1/traces", "/api/v1/episodes", "/api/v1/runs")
+
+
+@dataclass(frozen=True)
+class FaultSettings:
+    """The current fault knobs, as ``GET /_local/faults`` reports them."""
+
+    retryable_rate: float = 0.0
+    ambiguous_rate: float = 0.0
+    latency_ms: int = 0
+    seed: int = 0
+    retry_after: float = 0.1
+
+
+class FaultInjector:
+    """Thread-safe holder of the fault settings and their RNG."""
+
+    def __init__(self, settings: FaultSettings) -> None:
+        _validate(settings)
+        self._lock = threading.Lock()
+        self._settings = settings
+        self._rng = random.Random(settings.seed)
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            return asdict(self._settings)
+
+    def update(self, changes: dict[str, Any]) -> dict[str, Any]:
+        """Apply ``changes`` (any subset of the fields); a given seed restarts the RNG.
+
+        Raises ValueError (unknown key, wrong type, rate outside [0, 1], rates
+        summing over 1, negative latency); nothing changes then.
+        """
+        unknown = set(changes) - set(asdict(FaultSettings()))
+        if unknown:
+            raise ValueError(f"unknown fault settings: {sorted(unknown)}")
+        with self._lock:
+            merged = asdict(self._settings)
+            merged.update({k: v for k, v in changes.items() if v is not None})
+            new = FaultSettings(
+                retryable_rate=_number(merged["retryable_rate"], "retryable_rate"),
+                ambiguous_rate=_number(merged["ambiguous_rate"], "ambiguous_rate"),
+                latency_ms=int(_number(merged["latency_ms"], "latency_ms")),
+                seed=int(_number(merged["seed"], "seed")),
+                retry_after=_number(merged["retry_after"], "retry_after"),
+            )
+            _validate(new)
+            self._settings = new
+            if changes.get("seed") is not None:
+                self._rng = random.Random(new.seed)
+            return asdict(new)
+
+    def draw(self) -> tuple[Outcome, int, FaultSettings]:
+        """Decide one request's fate: the outcome and, if retryable, its status."""
+        with self._lock:
+            s = self._settings
+            roll = self._rng.random()
+            if roll < s.retryable_rate:
+                return "retryable", self._rng.choice((429, 503, 502)), s
+            if roll < s.retryable_rate + s.ambiguous_rate:
+                return "ambiguous", 0, s
+            return "pass", 0, s
+
+
+def _number(value: Any, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number")
+    return float(value)
+
+
+def _validate(s: FaultSettings) -> None:
+    for name in ("retryable_rate", "ambiguous_rate"):
+        if not 0.0 <= getattr(s, name) <= 1.0:
+            raise ValueError(f"{name} must be within [0, 1]")
+    if s.retryable_rate + s.ambiguous_rate > 1.0:
+        raise ValueError("retryable_rate + ambiguous_rate must not exceed 1")
+    if s.latency_ms < 0 or s.retry_after < 0:
+        raise ValueError("latency_ms and retry_after must not be negative")
+
+
+def is_exempt(path: str) -> bool:
+    return path in ("/", "/healthz") or path.startswith("/_local/") or path == "/_local"
+
+
+class FaultMiddleware:
+    """ASGI middleware applying the injector's verdict to each faultable request."""
+
+    def __init__(self, app: ASGIApp, injector: FaultInjector) -> None:
+        self.app = app
+        self.injector = injector
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or is_exempt(scope["path"]):
+            await self.app(scope, receive, send)
+            return
+        outcome, status, settings = self.injector.draw()
+        if settings.latency_ms:
+            await anyio.sleep(settings.latency_ms / 1000)
+        if outcome == "retryable":
+            await _drain(receive)
+            await _refuse(send, scope["path"], status, settings.retry_after)
+        elif outcome == "ambiguous":
+            await self._commit_then_drop(scope, receive, send)
+        else:
+            await self.app(scope, receive, send)
+
+    async def _commit_then_drop(self, scope: Scope, receive: Receive, send: Send) -> None:
+        start: Message | None = None
+
+        async def keep_head(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+
+        await self.app(scope, receive, keep_head)
+        if start is None:
+            return
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        # Announce a body that never comes: uvicorn then closes the connection
+        # and the client fails mid-response, after the commit.
+        headers.append((b"content-length", b"1"))
+        await send({**start, "headers": headers})
+
+
+async def _drain(receive: Receive) -> None:
+    while True:
+        message = await receive()
+        if message["type"] != "http.request" or not message.get("more_body", False):
+            return
+
+
+async def _refuse(send: Send, path: str, status: int, retry_after: float) -> None:
+    headers = [(b"content-type", b"application/json")]
+    if status == 502:
+        body = b"Bad Gateway"
+        headers = [(b"content-type", b"text/plain; charset=utf-8")]
+    elif path.startswith(_TRACES_PREFIXES):
+        code = b"rate_limited" if status == 429 else b"ingest_unavailable"
+        body = b'{"error":{"code":"' + code + b'","message":"injected fault"}}'
+    else:
+        body = b'{"detail":"injected fault: service temporarily unavailable"}'
+    if status != 502:
+        headers.append((b"retry-after", f"{retry_after:g}".encode()))
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

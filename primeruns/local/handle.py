@@ -1,0 +1,206 @@
+"""``LocalPlatform``: the local platform as a real child process, for tests and demos.
+
+A real process (not an in-process app) so that what callers exercise is what
+users get: a loopback socket, SIGTERM, a restart on the same data, and
+"platform down" as a refused connection. The API key reaches the child through
+its environment, never its command line. The child's output goes to
+``<data>/server.log`` (0600), which is where to look when a start fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any, NoReturn
+
+import httpx
+
+from .cli import API_KEY_ENV
+from .storage import ensure_private_dir
+
+_LISTENING = re.compile(rb"primeruns serve: listening on (http://\S+)")
+START_TIMEOUT = 20.0
+STOP_TIMEOUT = 10.0
+
+
+class LocalPlatform:
+    """Runs ``python -m primeruns.local`` (= ``primeruns serve``) in a subprocess.
+
+    ``url`` is the origin (``http://127.0.0.1:PORT``); it stays the same across
+    ``stop()``/``start()`` because the first port picked is reused. Not
+    thread-safe: drive one instance from one thread.
+    """
+
+    def __init__(
+        self,
+        data_dir: Path,
+        *,
+        api_key: str | None = None,
+        port: int = 0,
+        traces_disabled: bool = False,
+        train_teams: Sequence[str] | None = None,
+        retryable_rate: float = 0.0,
+        ambiguous_rate: float = 0.0,
+        latency_ms: int = 0,
+        fault_seed: int = 0,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self._api_key = api_key
+        self._port = port
+        self._flags: list[str] = []
+        if traces_disabled:
+            self._flags.append("--traces-disabled")
+        if train_teams is not None:
+            self._flags += ["--train-teams", ",".join(train_teams)]
+        self._flags += [
+            "--retryable-rate",
+            str(retryable_rate),
+            "--ambiguous-rate",
+            str(ambiguous_rate),
+            "--latency-ms",
+            str(latency_ms),
+            "--fault-seed",
+            str(fault_seed),
+        ]
+        self._proc: subprocess.Popen[bytes] | None = None
+        self.url = ""
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "server.log"
+
+    @property
+    def returncode(self) -> int | None:
+        """The exit code of the last stopped process (None while running)."""
+        return None if self._proc is None else self._proc.poll()
+
+    def start(self) -> LocalPlatform:
+        """Start the server; returns once ``/healthz`` answers 200.
+
+        Raises RuntimeError (with the log's tail) if it exits or does not get
+        ready within 20 s.
+        """
+        if self._proc is not None and self._proc.poll() is None:
+            return self
+        ensure_private_dir(self.data_dir)
+        env = dict(os.environ)
+        env.pop(API_KEY_ENV, None)
+        if self._api_key is not None:
+            env[API_KEY_ENV] = self._api_key
+        cmd = [
+            sys.executable,
+            "-m",
+            "primeruns.local",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self._port),
+            "--data",
+            str(self.data_dir),
+            *self._flags,
+        ]
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as log:
+            self._proc = subprocess.Popen(
+                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+            )
+        deadline = time.monotonic() + START_TIMEOUT
+        self.url = self._wait_for_url(deadline)
+        self._port = int(self.url.rsplit(":", 1)[1])
+        self._wait_healthy(deadline)
+        return self
+
+    def _wait_for_url(self, deadline: float) -> str:
+        while time.monotonic() < deadline:
+            match = _LISTENING.search(self.log_path.read_bytes())
+            if match:
+                return match.group(1).decode()
+            self._check_alive()
+            time.sleep(0.02)
+        self._fail("did not report its address in time")
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/healthz", timeout=2.0).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            self._check_alive()
+            time.sleep(0.02)
+        self._fail("did not become healthy in time")
+
+    def _check_alive(self) -> None:
+        if self._proc is not None and self._proc.poll() is not None:
+            self._fail(f"exited with code {self._proc.returncode}")
+
+    def _fail(self, what: str) -> NoReturn:
+        tail = self.log_path.read_text(errors="replace")[-2000:]
+        self.stop()
+        raise RuntimeError(f"local platform {what}; log tail:\n{tail}")
+
+    def stop(self) -> None:
+        """SIGTERM the server and wait for it (SIGKILL after 10 s)."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> LocalPlatform:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
+        response = httpx.request(method, f"{self.url}{path}", timeout=10.0, **kwargs)
+        response.raise_for_status()
+        return response.json()
+
+    def set_faults(
+        self,
+        *,
+        retryable_rate: float | None = None,
+        ambiguous_rate: float | None = None,
+        latency_ms: int | None = None,
+        seed: int | None = None,
+    ) -> dict[str, Any]:
+        """Change fault injection at runtime; returns the settings now in force."""
+        changes = {
+            "retryable_rate": retryable_rate,
+            "ambiguous_rate": ambiguous_rate,
+            "latency_ms": latency_ms,
+            "seed": seed,
+        }
+        body = {k: v for k, v in changes.items() if v is not None}
+        result: dict[str, Any] = self._request("POST", "/_local/faults", json=body)
+        return result
+
+    def run(self, run_id: str) -> dict[str, Any]:
+        """What the server stored for ``run_id`` (``GET /_local/runs/{run_id}``)."""
+        result: dict[str, Any] = self._request("GET", f"/_local/runs/{run_id}")
+        return result
+
+    def runs(self) -> list[dict[str, Any]]:
+        result: list[dict[str, Any]] = self._request("GET", "/_local/runs")["runs"]
+        return result

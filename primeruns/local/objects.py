@@ -1,0 +1,87 @@
+"""The object store behind presigned URLs: Parquet files under ``<data>/objects``.
+
+A presigned ``PUT`` carries its own credential (the ``token`` query parameter
+minted by presign); like S3 it refuses a request that also carries an
+``Authorization`` header (400) and never redirects. A repeated ``PUT`` to the
+same URL overwrites the object (idempotent, so a client may retry it). Objects
+are written to a temporary file and renamed, so a dropped upload never leaves
+a half object behind. Files are 0600.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import sqlite3
+from pathlib import Path
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from .context import context_of, now, read_capped
+from .storage import ensure_private_dir
+
+#: Largest object accepted. Training step objects are a few MiB; this bounds
+#: what a bad client can make the server hold in memory.
+MAX_OBJECT_BYTES = 512 * 1024 * 1024
+
+
+def object_path(objects_dir: Path, key: str) -> Path:
+    # Keys are minted by presign from safe characters; never trust them as paths.
+    return objects_dir / key.replace("/", "__")
+
+
+def parquet_rows(path: Path) -> int | None:
+    """The row count of a Parquet file, or None if it is missing or unreadable."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - pyarrow is part of the local extra's test deps
+        return 0 if path.exists() else None
+    try:
+        return int(pq.read_metadata(path).num_rows)
+    except Exception:  # any malformed file: pyarrow raises several unrelated types
+        return None
+
+
+async def put_object(request: Request) -> Response:
+    ctx = context_of(request)
+    key = request.path_params["key"]
+    token = request.query_params.get("token", "")
+    if "authorization" in request.headers:
+        return PlainTextResponse(
+            "InvalidArgument: a presigned request must not carry an Authorization header",
+            status_code=400,
+        )
+
+    def lookup(conn: sqlite3.Connection) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = conn.execute(
+            "SELECT * FROM objects WHERE key = ?", (key,)
+        ).fetchone()
+        return row
+
+    row = await ctx.db.read(lookup)
+    if row is None or not hmac.compare_digest(row["token"].encode(), token.encode()):
+        return PlainTextResponse("AccessDenied: bad or missing signature", status_code=403)
+    if row["expires_at"] < now():
+        return PlainTextResponse("AccessDenied: request has expired", status_code=403)
+    body = await read_capped(request, MAX_OBJECT_BYTES)
+    if body is None:
+        return PlainTextResponse("EntityTooLarge", status_code=413)
+    path = object_path(ensure_private_dir(ctx.objects_dir), key)
+    tmp = path.with_suffix(".partial")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(body)
+    tmp.replace(path)
+
+    def mark(conn: sqlite3.Connection) -> None:
+        conn.execute(
+            "UPDATE objects SET size = ?, uploaded_at = ? WHERE key = ?", (len(body), now(), key)
+        )
+
+    await ctx.db.write(mark)
+    return Response(status_code=200)
+
+
+routes = [Route("/storage/{key:path}", put_object, methods=["PUT"])]

@@ -1,0 +1,312 @@
+"""External training runs (RFT) on the public and the internal root (contract §3, §1.1).
+
+The public root ``/api/v1/rft`` has every endpoint; the internal root
+``/api/internal/rft`` (hosted runs, authenticated by ``x-api-key``) has only
+finalize, metrics and the sample presign/confirm pair, as on the platform.
+
+Decisions where the contract is silent (§8.4-8.7):
+
+- Statuses are stored uppercase: a created run is ``RUNNING``; lowercase
+  ``completed``/``failed`` from ``/status`` and ``/finalize`` become
+  ``COMPLETED``/``FAILED``. A status ``PUT`` on a terminal run is 409.
+- ``/finalize`` is compare-and-set: RUNNING becomes COMPLETED (FAILED for a
+  non-zero ``exit_code``); a repeat on COMPLETED is 200; on FAILED it is 409.
+- Metrics keep ONE row per ``(run_id, step)``: a duplicate replaces the
+  earlier row (a replayed request collapses). A row without ``step`` is kept
+  as its own row. Any JSON values are accepted inside ``metrics``.
+- The team allowlist is ``--train-teams``; a team outside it gets 403. With no
+  list every team is allowed. Hosted runs are not modelled on the public root.
+- Presign mints ``rft/<run>/step-<step>/<uuid>.parquet`` and a URL on this
+  server's own object store (see :mod:`.objects`), valid one hour.
+  ``confirm`` answers 404 for an unknown key, 400 for a key of another run or
+  step, or one not uploaded yet or not Parquet; a repeat confirm is 200.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .context import (
+    check_platform_auth,
+    context_of,
+    dumps,
+    json_body,
+    new_id,
+    now,
+    optional_object,
+    require_str,
+)
+from .errors import PlatformError
+from .objects import object_path, parquet_rows
+
+TERMINAL = frozenset({"COMPLETED", "FAILED", "STOPPED"})
+
+
+def _internal(request: Request) -> bool:
+    return request.url.path.startswith("/api/internal/")
+
+
+def _auth(request: Request) -> None:
+    check_platform_auth(request, internal=_internal(request))
+
+
+def _run(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row:
+    row: sqlite3.Row | None = conn.execute(
+        "SELECT * FROM train_runs WHERE id = ?", (run_id,)
+    ).fetchone()
+    if row is None:
+        raise PlatformError(404, f"Run {run_id} not found")
+    return row
+
+
+def _int(body: dict[str, Any], key: str, *, optional: bool = False) -> int | None:
+    value = body.get(key)
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise PlatformError(422, f"Field {key!r} must be an integer")
+    return value
+
+
+def run_view(row: sqlite3.Row) -> dict[str, Any]:
+    req = json.loads(row["request"])
+    return {
+        "id": row["id"],
+        "name": row["name"],
+        "teamId": row["team_id"],
+        "status": row["status"],
+        "kind": "EXTERNAL",
+        "baseModel": req.get("base_model"),
+        "maxSteps": req.get("max_steps"),
+        "batchSize": req.get("batch_size"),
+        "rolloutsPerExample": req.get("rollouts_per_example"),
+        "seqLen": req.get("seq_len"),
+        "environments": req.get("environments") or [],
+        "runConfig": req.get("run_config"),
+        "wandbProject": req.get("wandb_project"),
+        "wandbEntity": req.get("wandb_entity"),
+        "wandbRunName": req.get("wandb_run_name"),
+        "errorMessage": row["error_message"],
+        "createdAt": row["created_at"],
+        "updatedAt": row["updated_at"],
+        "completedAt": row["completed_at"],
+    }
+
+
+async def create_run(request: Request) -> JSONResponse:
+    _auth(request)
+    body = await json_body(request)
+    require_str(body, "base_model")
+    team = require_str(body, "team_id")
+    _int(body, "max_steps")
+    name = require_str(body, "name", optional=True)
+    envs = body.get("environments", [])
+    if not isinstance(envs, list) or not all(isinstance(e, dict) and e.get("id") for e in envs):
+        raise PlatformError(422, "environments must be a list of {id, version_id?} objects")
+    optional_object(body, "run_config")
+    allowed = context_of(request).settings.train_teams
+    if allowed is not None and team not in allowed:
+        raise PlatformError(403, "External training runs are not enabled for this team")
+    run_id = new_id("rft_")
+    stamp = now()
+
+    def insert(conn: sqlite3.Connection) -> dict[str, Any]:
+        conn.execute(
+            "INSERT INTO train_runs (id, name, team_id, status, request, created_at, updated_at)"
+            " VALUES (?, ?, ?, 'RUNNING', ?, ?, ?)",
+            (run_id, name or run_id, team, dumps(body), stamp, stamp),
+        )
+        return run_view(_run(conn, run_id))
+
+    return JSONResponse({"run": await context_of(request).db.write(insert)}, status_code=201)
+
+
+async def set_status(request: Request) -> JSONResponse:
+    _auth(request)
+    run_id = request.path_params["run_id"]
+    body = await json_body(request)
+    status = body.get("status")
+    if status not in ("completed", "failed"):
+        raise PlatformError(422, "status must be 'completed' or 'failed'")
+    message = body.get("error_message")
+    if message is not None and not isinstance(message, str):
+        raise PlatformError(422, "error_message must be a string")
+
+    def update(conn: sqlite3.Connection) -> dict[str, Any]:
+        row = _run(conn, run_id)
+        if row["status"] in TERMINAL:
+            raise PlatformError(409, f"Run {run_id} is already {row['status']}")
+        stamp = now()
+        conn.execute(
+            "UPDATE train_runs SET status = ?, error_message = ?, updated_at = ?,"
+            " completed_at = ? WHERE id = ?",
+            (str(status).upper(), message, stamp, stamp, run_id),
+        )
+        return run_view(_run(conn, run_id))
+
+    return JSONResponse({"run": await context_of(request).db.write(update)})
+
+
+async def finalize(request: Request) -> JSONResponse:
+    _auth(request)
+    body = await json_body(request)
+    run_id = require_str(body, "run_id")
+    assert run_id is not None
+    exit_code = _int(body, "exit_code", optional=True) or 0
+
+    def cas(conn: sqlite3.Connection) -> dict[str, Any]:
+        row = _run(conn, run_id)
+        if row["status"] == "COMPLETED":
+            return {"run_id": run_id, "status": "COMPLETED", "already_finalized": True}
+        if row["status"] in TERMINAL:
+            raise PlatformError(409, f"Run {run_id} is already {row['status']}")
+        status = "COMPLETED" if exit_code == 0 else "FAILED"
+        message = None if exit_code == 0 else f"exit code {exit_code}"
+        stamp = now()
+        conn.execute(
+            "UPDATE train_runs SET status = ?, error_message = ?, updated_at = ?,"
+            " completed_at = ? WHERE id = ?",
+            (status, message, stamp, stamp, run_id),
+        )
+        return {"run_id": run_id, "status": status, "already_finalized": False}
+
+    return JSONResponse(await context_of(request).db.write(cas))
+
+
+async def metrics(request: Request) -> JSONResponse:
+    _auth(request)
+    body = await json_body(request)
+    run_id = require_str(body, "run_id")
+    values = optional_object(body, "metrics")
+    if values is None:
+        raise PlatformError(422, "Field 'metrics' must be an object")
+    step = values.get("step")
+    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+        raise PlatformError(422, "metrics.step must be an integer")
+
+    def upsert(conn: sqlite3.Connection) -> None:
+        _run(conn, str(run_id))
+        # One row per (run, step): a replayed or repeated step replaces the row.
+        conn.execute(
+            "INSERT INTO train_metrics (run_id, step, body, received_at) VALUES (?, ?, ?, ?)"
+            " ON CONFLICT (run_id, step) DO UPDATE SET body = excluded.body,"
+            " received_at = excluded.received_at",
+            (run_id, step, dumps(values), now()),
+        )
+
+    await context_of(request).db.write(upsert)
+    return JSONResponse({"run_id": run_id, "step": step, "status": "ok"})
+
+
+async def presign(request: Request) -> JSONResponse:
+    _auth(request)
+    body = await json_body(request)
+    run_id = require_str(body, "run_id")
+    step = _int(body, "step")
+    if step is None or step < 0:
+        raise PlatformError(422, "step must be a non-negative integer")
+    key = f"rft/{run_id}/step-{step:08d}/{uuid.uuid4().hex}.parquet"
+    token = secrets.token_urlsafe(24)
+    ttl = context_of(request).settings.presign_ttl_seconds
+
+    def insert(conn: sqlite3.Connection) -> None:
+        _run(conn, str(run_id))
+        conn.execute(
+            "INSERT INTO objects (key, run_id, step, token, expires_at) VALUES (?, ?, ?, ?, ?)",
+            (key, run_id, step, token, now() + ttl),
+        )
+
+    await context_of(request).db.write(insert)
+    origin = str(request.base_url).rstrip("/")
+    url = f"{origin}/storage/{key}?token={token}"
+    return JSONResponse({"data": {"presignedUrl": url, "s3Key": key, "expiresIn": int(ttl)}})
+
+
+async def confirm(request: Request) -> JSONResponse:
+    _auth(request)
+    body = await json_body(request)
+    run_id = require_str(body, "run_id")
+    step = _int(body, "step")
+    key = require_str(body, "s3_key")
+    assert key is not None
+    ctx = context_of(request)
+
+    def check(conn: sqlite3.Connection) -> sqlite3.Row:
+        _run(conn, str(run_id))
+        row: sqlite3.Row | None = conn.execute(
+            "SELECT * FROM objects WHERE key = ?", (key,)
+        ).fetchone()
+        if row is None:
+            raise PlatformError(404, f"Object {key} not found")
+        if row["run_id"] != run_id or row["step"] != step:
+            raise PlatformError(400, f"Object {key} belongs to another run or step")
+        if row["uploaded_at"] is None:
+            raise PlatformError(400, f"Object {key} has not been uploaded")
+        return row
+
+    row = await ctx.db.read(check)
+    path: Path = object_path(ctx.objects_dir, key)
+    rows = parquet_rows(path)
+    if rows is None:
+        raise PlatformError(400, f"Object {key} is not a readable Parquet file")
+
+    def mark(conn: sqlite3.Connection) -> None:
+        conn.execute(
+            "UPDATE objects SET confirmed_at = coalesce(confirmed_at, ?), rows = ? WHERE key = ?",
+            (now(), rows, key),
+        )
+
+    await ctx.db.write(mark)
+    return JSONResponse(
+        {"run_id": run_id, "step": row["step"], "s3_key": key, "rows": rows, "status": "confirmed"}
+    )
+
+
+async def get_run(request: Request) -> JSONResponse:
+    _auth(request)
+    run_id = request.path_params["run_id"]
+    row = await context_of(request).db.read(lambda conn: _run(conn, run_id))
+    return JSONResponse({"run": run_view(row)})
+
+
+async def get_metrics(request: Request) -> JSONResponse:
+    _auth(request)
+    run_id = request.path_params["run_id"]
+
+    def read(conn: sqlite3.Connection) -> list[Any]:
+        _run(conn, run_id)
+        rows = conn.execute(
+            "SELECT body FROM train_metrics WHERE run_id = ? ORDER BY step, row", (run_id,)
+        ).fetchall()
+        return [json.loads(r["body"]) for r in rows]
+
+    return JSONResponse({"metrics": await context_of(request).db.read(read)})
+
+
+def _rft_routes(prefix: str, *, public: bool) -> list[Route]:
+    routes = [
+        Route(f"{prefix}/finalize", finalize, methods=["POST"]),
+        Route(f"{prefix}/metrics", metrics, methods=["POST"]),
+        Route(f"{prefix}/samples/presign", presign, methods=["POST"]),
+        Route(f"{prefix}/samples/confirm", confirm, methods=["POST"]),
+    ]
+    if public:
+        routes += [
+            Route(f"{prefix}/external-runs", create_run, methods=["POST"]),
+            Route(f"{prefix}/external-runs/{{run_id}}/status", set_status, methods=["PUT"]),
+            Route(f"{prefix}/runs/{{run_id}}", get_run, methods=["GET"]),
+            Route(f"{prefix}/runs/{{run_id}}/metrics", get_metrics, methods=["GET"]),
+        ]
+    return routes
+
+
+routes = _rft_routes("/api/v1/rft", public=True) + _rft_routes("/api/internal/rft", public=False)

@@ -1,0 +1,30 @@
+"""The local platform's settings: one frozen value built by the CLI, read by every route.
+
+Kept apart from the CLI so that the app can be built in-process by code that never
+parses arguments, and so that the API key lives in exactly one object that is
+never logged (its ``repr`` hides it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What ``primeruns serve`` was asked to be.
+
+    ``api_key`` None accepts any bearer (or none); ``train_teams`` None allows
+    every team to create external training runs.
+    """
+
+    data_dir: Path
+    api_key: str | None = field(default=None, repr=False)
+    traces_disabled: bool = False
+    train_teams: frozenset[str] | None = None
+    #: Seconds advertised in ``Retry-After`` on injected 429/503 answers. Small by
+    #: default so that tests exercising retries stay fast.
+    retry_after: float = 0.1
+    #: How long a presigned object-store URL stays valid.
+    presign_ttl_seconds: float = 3600.0

@@ -1,0 +1,194 @@
+"""SQLite storage of the local platform: one file, WAL, one writer.
+
+Everything the server stores lives in ``<data>/platform.sqlite3`` (and the
+object store's files beside it), so a server restarted on the same ``--data``
+serves everything it had committed. One connection guarded by one lock is the
+"one writer": SQLite serialises writers anyway, and a single connection keeps
+every multi-row commit (an upload's episodes and traces, say) a single
+transaction that either lands whole or not at all. WAL with
+``synchronous=NORMAL`` survives a killed server process; a power loss may drop
+the last transactions, which is acceptable for a local stand-in.
+
+Calls are synchronous; routes run them in a worker thread through
+:meth:`Database.read` / :meth:`Database.write` wrapped by ``anyio``.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import anyio.to_thread
+
+T = TypeVar("T")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS evaluations (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    status TEXT NOT NULL,
+    error_message TEXT,
+    request TEXT NOT NULL,
+    metadata TEXT NOT NULL DEFAULT '{}',
+    metrics TEXT NOT NULL DEFAULT '{}',
+    team_id TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    finalized_at REAL
+);
+CREATE TABLE IF NOT EXISTS eval_samples (
+    row INTEGER PRIMARY KEY,
+    eval_id TEXT NOT NULL,
+    sample_id TEXT,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS eval_samples_eval ON eval_samples (eval_id, row);
+CREATE TABLE IF NOT EXISTS environments (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    name TEXT NOT NULL,
+    version_id TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    UNIQUE (owner, name)
+);
+CREATE TABLE IF NOT EXISTS train_runs (
+    id TEXT PRIMARY KEY,
+    name TEXT,
+    team_id TEXT NOT NULL,
+    status TEXT NOT NULL,
+    error_message TEXT,
+    request TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    completed_at REAL
+);
+CREATE TABLE IF NOT EXISTS train_metrics (
+    row INTEGER PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    step INTEGER,
+    body TEXT NOT NULL,
+    received_at REAL NOT NULL
+);
+CREATE UNIQUE INDEX IF NOT EXISTS train_metrics_step ON train_metrics (run_id, step);
+CREATE TABLE IF NOT EXISTS objects (
+    key TEXT PRIMARY KEY,
+    run_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    token TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    size INTEGER,
+    uploaded_at REAL,
+    confirmed_at REAL,
+    rows INTEGER
+);
+CREATE TABLE IF NOT EXISTS uploads (
+    upload_id TEXT PRIMARY KEY,
+    line_format TEXT NOT NULL,
+    receipt TEXT NOT NULL,
+    context TEXT NOT NULL,
+    schema_version INTEGER NOT NULL,
+    ingested_at REAL NOT NULL,
+    replays INTEGER NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS episodes (
+    row INTEGER PRIMARY KEY,
+    episode_id TEXT NOT NULL,
+    upload_id TEXT NOT NULL,
+    run_id TEXT,
+    run_type TEXT,
+    run_name TEXT,
+    environment_id TEXT,
+    outcome TEXT,
+    has_error INTEGER NOT NULL,
+    error_type TEXT,
+    error_message TEXT,
+    schema_version INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    ingested_at REAL NOT NULL,
+    raw BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS episodes_id ON episodes (episode_id);
+CREATE INDEX IF NOT EXISTS episodes_run ON episodes (run_id);
+CREATE TABLE IF NOT EXISTS traces (
+    row INTEGER PRIMARY KEY,
+    trace_id TEXT NOT NULL,
+    upload_id TEXT NOT NULL,
+    episode_id TEXT,
+    run_id TEXT,
+    run_type TEXT,
+    run_name TEXT,
+    step INTEGER,
+    environment_id TEXT,
+    model_id TEXT,
+    model_provider TEXT,
+    task_id TEXT,
+    agent_name TEXT,
+    reward REAL,
+    outcome TEXT,
+    has_error INTEGER NOT NULL,
+    is_truncated INTEGER NOT NULL,
+    duration_ms INTEGER NOT NULL,
+    total_tokens INTEGER NOT NULL,
+    size_bytes INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    ingested_at REAL NOT NULL,
+    context TEXT NOT NULL,
+    raw BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS traces_id ON traces (trace_id);
+CREATE INDEX IF NOT EXISTS traces_run ON traces (run_id);
+CREATE INDEX IF NOT EXISTS traces_episode ON traces (episode_id);
+"""
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (0700) if needed: it holds user data."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return path
+
+
+class Database:
+    """The server's one SQLite connection; every access holds its lock."""
+
+    def __init__(self, data_dir: Path) -> None:
+        ensure_private_dir(data_dir)
+        path = data_dir / "platform.sqlite3"
+        # Create the file 0600 before SQLite does (it would honour the umask).
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        self._lock = threading.Lock()
+        # isolation_level=None: transactions are opened explicitly in write().
+        self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        self._conn.row_factory = sqlite3.Row
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(SCHEMA)
+
+    def read_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        with self._lock:
+            return fn(self._conn)
+
+    def write_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one transaction: it commits whole or not at all."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                result = fn(self._conn)
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+            return result
+
+    async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await anyio.to_thread.run_sync(self.read_sync, fn)
+
+    async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        return await anyio.to_thread.run_sync(self.write_sync, fn)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()

@@ -1,0 +1,124 @@
+"""Summary columns of one trace or episode document (contract §4.8, inferred).
+
+The service indexes a handful of columns per trace; these are this emulator's
+choices for where each comes from (§8.11):
+
+- ``run_id``/``step``: the trace's OWN ``run.id`` / ``run.work.step`` (never the
+  envelope's: that is why producers stamp member traces).
+- ``created_at``: ``timing.start``; ``duration_ms``: the latest ``end`` of any
+  timing phase minus the start.
+- ``model.id``: ``agent.config.model``; ``model.provider``:
+  ``agent.config.provider`` or the host of ``agent.config.client.base_url``.
+- ``score.reward``: sum of ``score * weight`` over non-null rewards (null when
+  none is scored); ``score.outcome``: ``stop_condition``.
+- ``execution.has_error``: ``ok`` is false or ``errors`` is non-empty;
+  ``is_truncated``: an ``is_truncated`` flag or a call with ``finish_reason`` "length".
+- ``task_id``: ``task.data.id``, else ``task.data.name``, else ``task.key``.
+- ``total_tokens``: ``num_total_tokens``; ``environment_id``: the episode's ``env.id``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+from urllib.parse import urlparse
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def is_number(value: Any) -> bool:
+    return number(value) is not None
+
+
+def number(value: Any) -> float | None:
+    """``value`` as a finite float, or None if it is not a (non-bool) finite number."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+def reward_of(doc: dict[str, Any]) -> float | None:
+    total: float | None = None
+    for entry in _obj(doc.get("rewards")).values():
+        entry = _obj(entry)
+        score = number(entry.get("score"))
+        if score is None:
+            continue
+        weight = number(entry.get("weight", 1.0))
+        total = (total or 0.0) + score * (1.0 if weight is None else weight)
+    return total
+
+
+def duration_ms(timing: dict[str, Any]) -> int:
+    start = number(timing.get("start"))
+    ends = [
+        e
+        for p in timing.values()
+        if isinstance(p, dict) and (e := number(p.get("end"))) is not None
+    ]
+    if start is None or not ends:
+        return 0
+    return max(0, round((max(ends) - start) * 1000))
+
+
+def has_error(doc: dict[str, Any]) -> bool:
+    errors = doc.get("errors")
+    return doc.get("ok") is False or (isinstance(errors, list) and len(errors) > 0)
+
+
+def first_error(doc: dict[str, Any]) -> tuple[str | None, str | None]:
+    errors = doc.get("errors")
+    if isinstance(errors, list) and errors and isinstance(errors[0], dict):
+        return _str(errors[0].get("type")), _str(errors[0].get("message"))
+    return None, None
+
+
+def step_of(run: dict[str, Any]) -> int | None:
+    step = _obj(run.get("work")).get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def trace_columns(doc: dict[str, Any], environment_id: str | None) -> dict[str, Any]:
+    """The indexed columns of one (already validated) trace document."""
+    run = _obj(doc.get("run"))
+    agent = _obj(doc.get("agent"))
+    config = _obj(agent.get("config"))
+    task = _obj(doc.get("task"))
+    data = _obj(task.get("data"))
+    timing = _obj(doc.get("timing"))
+    provider = _str(config.get("provider"))
+    base_url = _str(_obj(config.get("client")).get("base_url"))
+    if provider is None and base_url is not None:
+        provider = urlparse(base_url).hostname
+    task_id = data.get("id") or data.get("name") or task.get("key")
+    calls_value = doc.get("calls")
+    calls: list[Any] = calls_value if isinstance(calls_value, list) else []
+    truncated = doc.get("is_truncated") is True or any(
+        isinstance(c, dict) and c.get("finish_reason") == "length" for c in calls
+    )
+    tokens = doc.get("num_total_tokens")
+    return {
+        "trace_id": doc["id"],
+        "run_id": _str(run.get("id")),
+        "run_type": _str(run.get("type")),
+        "run_name": _str(run.get("name")),
+        "step": step_of(run),
+        "environment_id": environment_id,
+        "model_id": _str(config.get("model")),
+        "model_provider": provider,
+        "task_id": None if task_id is None else str(task_id),
+        "agent_name": _str(agent.get("name")),
+        "reward": reward_of(doc),
+        "outcome": _str(doc.get("stop_condition")),
+        "has_error": has_error(doc),
+        "is_truncated": truncated,
+        "duration_ms": duration_ms(timing),
+        "total_tokens": tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0,
+        "created_at": float(timing["start"]),
+    }

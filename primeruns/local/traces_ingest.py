@@ -1,0 +1,310 @@
+"""Turn one Prime Traces upload request into rows, or reject it whole (§4.1-4.5).
+
+Validation is deterministic and all-or-nothing: a request either yields every
+row it holds, or a :class:`~.errors.TracesError` with the contract's 400 code,
+and then nothing is stored. Limits the contract leaves open (§8.9), decided here:
+
+=============================  ===========================================
+metadata part                  at most 64 KiB, ``schema_version`` 1 only
+trace ids                      1-512 characters (``invalid_trace`` above)
+episode ids / ``env.id``       at most 256 characters
+traces per episode             at most 4,096
+``timing.start`` window        10 years back, 1 day ahead of the server clock
+=============================  ===========================================
+
+``duplicate_trace_id``/``duplicate_episode_id`` are scoped to one request. A
+later upload may carry an existing id again: it is stored as a new row (a
+re-upload) and reads show the newest copy; ``unknown_episode_reference`` never
+fires, as traces name no episode of their own. A member trace's raw document is
+its compact JSON re-encoding (the exact bytes exist only for bare traces).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from .errors import TracesError, rejected
+from .multipart import MultipartError, Part, boundary_of, parse_parts
+from .traces_extract import first_error, has_error, trace_columns
+from .traces_extract import number as as_number
+
+MIB = 1024 * 1024
+MAX_UPLOAD_BYTES = 256 * MIB
+MAX_LINE_BYTES = 64 * MIB
+MAX_STAGED_ROWS = 1_000_000
+MAX_TRACES_PER_EPISODE = 4096
+MAX_TRACE_ID = 512
+MAX_EPISODE_ID = 256
+MAX_ENV_ID = 256
+MAX_METADATA_BYTES = 64 * 1024
+LOOKBACK_SECONDS = 10 * 365 * 86400
+LOOKAHEAD_SECONDS = 86400
+#: Raw request cap: the uncompressed cap plus room for multipart framing.
+MAX_REQUEST_BYTES = MAX_UPLOAD_BYTES + MIB
+
+KEY_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
+
+
+@dataclass
+class Upload:
+    """A validated upload: its identity and the rows to commit."""
+
+    upload_id: str
+    line_format: str
+    schema_version: int
+    context: dict[str, str]
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    traces: list[dict[str, Any]] = field(default_factory=list)
+    lines: int = 0
+    #: The verified uncompressed JSONL bytes, until :func:`stage_rows` consumes them.
+    data: bytes = b""
+
+
+def parse_key(value: str | None) -> str:
+    match = KEY_RE.match(value or "")
+    if match is None:
+        raise rejected(
+            "invalid_idempotency_key", "Idempotency-Key must be 'sha256:' and 64 lowercase hex"
+        )
+    return match.group(1)
+
+
+def parse_line_format(value: str | None) -> str:
+    if value is None or value == "trace":
+        return "trace"
+    if value == "episode":
+        return "episode"
+    raise rejected("line_format_mismatch", f"unknown X-Prime-Line-Format {value!r}")
+
+
+def _single(parts: list[Part], name: str, code: str) -> Part:
+    found = [p for p in parts if p.name == name]
+    if len(found) != 1:
+        raise rejected(code, f"expected exactly one {name!r} part, got {len(found)}")
+    return found[0]
+
+
+def _metadata(part: Part) -> tuple[int, dict[str, str]]:
+    if len(part.data) > MAX_METADATA_BYTES:
+        raise rejected("invalid_metadata", f"metadata part is over {MAX_METADATA_BYTES} bytes")
+    try:
+        meta = json.loads(bytes(part.data))
+    except (ValueError, UnicodeDecodeError):
+        raise rejected("invalid_metadata", "metadata part is not JSON") from None
+    if not isinstance(meta, dict):
+        raise rejected("invalid_metadata", "metadata must be a JSON object")
+    version = meta.get("schema_version")
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise rejected("invalid_metadata", "metadata.schema_version must be an integer")
+    if version != 1:
+        raise rejected("unsupported_schema_version", f"schema_version {version} is not supported")
+    context = meta.get("context", {})
+    if context is None:
+        context = {}
+    if not isinstance(context, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in context.items()
+    ):
+        raise rejected("invalid_metadata", "metadata.context must map strings to strings")
+    return version, context
+
+
+def _payload(part: Part) -> bytes:
+    encoding = part.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        data = bytes(part.data)
+    elif encoding == "gzip":
+        inflater = zlib.decompressobj(wbits=31)
+        try:
+            data = inflater.decompress(bytes(part.data), MAX_UPLOAD_BYTES + 1)
+        except zlib.error as exc:
+            raise rejected("malformed_encoding", f"traces part is not valid gzip: {exc}") from None
+        if len(data) <= MAX_UPLOAD_BYTES and not inflater.eof:
+            raise rejected("malformed_encoding", "traces part is a truncated gzip stream")
+    else:
+        raise rejected("malformed_encoding", f"unsupported part Content-Encoding {encoding!r}")
+    if len(data) > MAX_UPLOAD_BYTES:
+        raise rejected("upload_too_large", f"upload is over {MAX_UPLOAD_BYTES} uncompressed bytes")
+    return data
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _decode_line(line: bytes, number: int) -> dict[str, Any]:
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        raise rejected("malformed_encoding", f"line {number} is not UTF-8") from None
+    try:
+        doc = json.loads(text, parse_constant=_reject_constant)
+    except ValueError as exc:
+        raise rejected("invalid_trace", f"line {number} is not JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise rejected("invalid_trace", f"line {number} is not a JSON object")
+    return doc
+
+
+def _check_trace(doc: Any, where: str, now: float) -> dict[str, Any]:
+    if not isinstance(doc, dict):
+        raise rejected("invalid_trace", f"{where}: a trace must be a JSON object")
+    trace_id = doc.get("id")
+    if not isinstance(trace_id, str) or not trace_id or len(trace_id) > MAX_TRACE_ID:
+        raise rejected("invalid_trace", f"{where}: trace id must be a string of 1-{MAX_TRACE_ID}")
+    version = doc.get("version")
+    if version is not None and (isinstance(version, bool) or not isinstance(version, int)):
+        raise rejected("invalid_trace", f"{where}: trace version must be an integer")
+    timing = doc.get("timing")
+    start = as_number(timing.get("start")) if isinstance(timing, dict) else None
+    if start is None:
+        raise rejected("invalid_trace", f"{where}: trace {trace_id!r} has no numeric timing.start")
+    if not now - LOOKBACK_SECONDS <= start <= now + LOOKAHEAD_SECONDS:
+        raise rejected(
+            "created_at_out_of_window", f"{where}: trace {trace_id!r} timing.start is out of window"
+        )
+    return doc
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _compact(doc: Any) -> bytes:
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _lines(data: bytes) -> list[tuple[int, bytes]]:
+    out: list[tuple[int, bytes]] = []
+    for number, line in enumerate(data.split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        if len(line) > MAX_LINE_BYTES:
+            raise rejected("trace_too_large", f"line {number} is over {MAX_LINE_BYTES} bytes")
+        out.append((number, line))
+    return out
+
+
+def verify_request(
+    *, content_type: str, body: bytes, key_header: str | None, format_header: str | None
+) -> Upload:
+    """Check the request's framing and digest; rows are staged later by :func:`stage_rows`.
+
+    Split in two so that a replay (or a 409 for another line format) is answered
+    from the key alone, before the lines are judged against the declared format.
+    """
+    upload_id = parse_key(key_header)
+    line_format = parse_line_format(format_header)
+    boundary = boundary_of(content_type)
+    if boundary is None:
+        raise TracesError(415, "invalid_metadata", "upload must be multipart/form-data")
+    try:
+        parts = parse_parts(boundary, body)
+    except MultipartError as exc:
+        raise rejected("malformed_encoding", str(exc)) from None
+    version, context = _metadata(_single(parts, "metadata", "invalid_metadata"))
+    data = _payload(_single(parts, "traces", "invalid_metadata"))
+    if hashlib.sha256(data).hexdigest() != upload_id:
+        raise rejected("digest_mismatch", "Idempotency-Key does not match the uncompressed bytes")
+    return Upload(upload_id, line_format, version, context, data=data)
+
+
+def stage_rows(upload: Upload, ingested_at: float) -> Upload:
+    """Validate every line and build the rows; raises TracesError (400) on the first fault."""
+    now = time.time()
+    stamp = ingested_at
+    line_format = upload.line_format
+    lines = _lines(upload.data)
+    upload.data = b""
+    upload.lines = len(lines)
+    staged = 0
+    seen_traces: set[str] = set()
+    seen_episodes: set[str] = set()
+
+    def add_trace(doc: dict[str, Any], raw: bytes, episode_id: str | None, env: str | None) -> None:
+        if doc["id"] in seen_traces:
+            raise rejected("duplicate_trace_id", f"trace id {doc['id']!r} repeats in this upload")
+        seen_traces.add(doc["id"])
+        row = trace_columns(doc, env)
+        row.update(episode_id=episode_id, size_bytes=len(raw), raw=raw, ingested_at=stamp)
+        upload.traces.append(row)
+
+    for number, line in lines:
+        doc = _decode_line(line, number)
+        is_episode_line = isinstance(doc.get("traces"), list)
+        if is_episode_line != (line_format == "episode"):
+            raise rejected(
+                "line_format_mismatch", f"line {number} does not match line format {line_format!r}"
+            )
+        if line_format == "trace":
+            staged += 1
+            add_trace(_check_trace(doc, f"line {number}", now), line, None, None)
+        else:
+            staged += 1 + len(doc["traces"])
+            _add_episode(upload, doc, number, now, stamp, seen_episodes, add_trace)
+        if staged > MAX_STAGED_ROWS:
+            raise rejected("too_many_traces_in_upload", f"over {MAX_STAGED_ROWS} staged rows")
+    return upload
+
+
+def _add_episode(
+    upload: Upload,
+    doc: dict[str, Any],
+    number: int,
+    now: float,
+    stamp: float,
+    seen: set[str],
+    add_trace: Any,
+) -> None:
+    episode_id = doc.get("id")
+    if not isinstance(episode_id, str) or not episode_id:
+        raise rejected("invalid_trace", f"line {number}: episode id must be a non-empty string")
+    if len(episode_id) > MAX_EPISODE_ID:
+        raise rejected("episode_id_too_long", f"line {number}: episode id over {MAX_EPISODE_ID}")
+    if episode_id in seen:
+        raise rejected("duplicate_episode_id", f"episode id {episode_id!r} repeats in this upload")
+    seen.add(episode_id)
+    env = _mapping(doc.get("env"))
+    env_id = env.get("id")
+    if env_id is not None and not isinstance(env_id, str):
+        raise rejected("invalid_trace", f"line {number}: env.id must be a string")
+    if env_id is not None and len(env_id) > MAX_ENV_ID:
+        raise rejected("environment_id_too_long", f"line {number}: env.id over {MAX_ENV_ID}")
+    members = doc["traces"]
+    if len(members) > MAX_TRACES_PER_EPISODE:
+        raise rejected(
+            "too_many_traces_in_episode", f"line {number}: over {MAX_TRACES_PER_EPISODE} traces"
+        )
+    starts: list[float] = []
+    for index, member in enumerate(members):
+        trace = _check_trace(member, f"line {number} trace {index}", now)
+        starts.append(float(trace["timing"]["start"]))
+        add_trace(trace, _compact(trace), episode_id, env_id)
+    run = _mapping(doc.get("run"))
+    error_type, error_message = first_error(doc)
+    outcome = doc.get("stop_condition")
+    if outcome is None and members:
+        outcome = members[0].get("stop_condition")
+    envelope = {**doc, "traces": [m["id"] for m in members]}
+    upload.episodes.append(
+        {
+            "episode_id": episode_id,
+            "run_id": run.get("id") if isinstance(run.get("id"), str) else None,
+            "run_type": run.get("type") if isinstance(run.get("type"), str) else None,
+            "run_name": run.get("name") if isinstance(run.get("name"), str) else None,
+            "environment_id": env_id,
+            "outcome": outcome if isinstance(outcome, str) else None,
+            "has_error": has_error(doc),
+            "error_type": error_type,
+            "error_message": error_message,
+            "schema_version": upload.schema_version,
+            "created_at": min(starts) if starts else stamp,
+            "ingested_at": stamp,
+            "raw": _compact(envelope),
+        }
+    )

@@ -1,0 +1,194 @@
+"""One HTTP client for the three peers a run talks to: the platform API, the
+Prime Traces service and the object store behind presigned URLs.
+
+A call here is exactly one attempt: it returns the decoded JSON object or
+raises from the SDK's exception family (:mod:`.errors`). Retrying, backing off
+and deciding what a failure means belong to the shippers, which know whether
+a batch may be resent; this module knows nothing of threads or journals.
+
+Thread-safe (httpx pools connections across threads). Fork-aware: a forked
+child never reuses the parent's sockets; it builds its own pool on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform as _platform
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+
+from ..exceptions import APIError
+from .errors import error_from_response, error_from_transport
+from .settings import Settings
+
+__all__ = ["PlatformClient", "json_body"]
+
+_PLATFORM_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
+_TRACES_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
+_UPLOAD_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
+
+
+def _user_agent() -> str:
+    from .. import __version__
+
+    return f"prime-runs/{__version__} python/{_platform.python_version()}"
+
+
+def json_body(value: Mapping[str, Any]) -> bytes:
+    """Compact UTF-8 JSON for a request body; NaN/Infinity refused (ValueError)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
+
+
+def _decode(response: httpx.Response) -> dict[str, Any]:
+    if not response.content:
+        return {}
+    try:
+        data = json.loads(response.content)
+    except ValueError as exc:
+        raise APIError(
+            f"HTTP {response.status_code} from {response.request.method} "
+            f"{response.request.url.path}: the body is not JSON",
+            status_code=response.status_code,
+        ) from exc
+    if isinstance(data, list):
+        return {"data": data}
+    if not isinstance(data, dict):
+        return {"data": data}
+    return data
+
+
+class PlatformClient:
+    """Single-attempt requests to the platform, traces service and object store."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._lock = threading.Lock()
+        self._pid = os.getpid()
+        self._http: httpx.Client | None = None
+        self._storage: httpx.Client | None = None
+
+    # -- connection pools -------------------------------------------------
+    def _clients(self) -> tuple[httpx.Client, httpx.Client]:
+        with self._lock:
+            if self._pid != os.getpid():
+                # Inherited across fork: the sockets are the parent's. Drop, never close.
+                self._http = self._storage = None
+                self._pid = os.getpid()
+            if self._http is None or self._storage is None:
+                self._http = httpx.Client(
+                    follow_redirects=True,
+                    timeout=_PLATFORM_TIMEOUT,
+                    headers={"User-Agent": _user_agent()},
+                )
+                # Presigned URLs carry their own credentials: no auth, no redirects.
+                self._storage = httpx.Client(follow_redirects=False, timeout=_UPLOAD_TIMEOUT)
+            return self._http, self._storage
+
+    def _auth_headers(self, *, traces: bool) -> dict[str, str]:
+        key = self.settings.api_key
+        headers: dict[str, str] = {}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+            if self.settings.internal and not traces:
+                headers["x-api-key"] = key
+        if traces and self.settings.team_id:
+            headers["X-Prime-Team-ID"] = self.settings.team_id
+        return headers
+
+    def _send(
+        self,
+        client: httpx.Client,
+        method: str,
+        url: str,
+        *,
+        content: bytes | None,
+        headers: Mapping[str, str],
+        params: Mapping[str, Any] | None,
+        timeout: httpx.Timeout,
+    ) -> httpx.Response:
+        where = f"{method} {httpx.URL(url).path}"
+        try:
+            response = client.request(
+                method, url, content=content, headers=headers, params=params, timeout=timeout
+            )
+        except httpx.TransportError as exc:
+            raise error_from_transport(exc, where) from None
+        if response.status_code >= 300:
+            raise error_from_response(response)
+        return response
+
+    # -- the three peers ----------------------------------------------------
+    def api(
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any] | bytes | None = None,
+        *,
+        params: Mapping[str, Any] | None = None,
+        timeout: httpx.Timeout = _PLATFORM_TIMEOUT,
+    ) -> dict[str, Any]:
+        """A platform API call; ``path`` is relative to the API prefix."""
+        http, _ = self._clients()
+        headers = self._auth_headers(traces=False)
+        content: bytes | None = None
+        if isinstance(body, bytes):
+            content = body
+        elif body:  # an empty mapping is not sent at all (contract §1.4)
+            content = json_body(body)
+        if content is not None:
+            headers["Content-Type"] = "application/json"
+        url = self.settings.api_root + path
+        response = self._send(
+            http, method, url, content=content, headers=headers, params=params, timeout=timeout
+        )
+        return _decode(response)
+
+    def traces(
+        self,
+        method: str,
+        path: str,
+        *,
+        content: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """A Prime Traces call; ``path`` is relative to ``/api/v1``."""
+        http, _ = self._clients()
+        all_headers = self._auth_headers(traces=True)
+        all_headers.update(headers or {})
+        url = self.settings.traces_url + "/api/v1" + path
+        response = self._send(
+            http,
+            method,
+            url,
+            content=content,
+            headers=all_headers,
+            params=params,
+            timeout=_TRACES_TIMEOUT,
+        )
+        return _decode(response)
+
+    def put_object(self, url: str, body: bytes, content_type: str) -> None:
+        """Upload to a presigned URL: no platform headers, no redirects followed."""
+        _, storage = self._clients()
+        self._send(
+            storage,
+            "PUT",
+            url,
+            content=body,
+            headers={"Content-Type": content_type},
+            params=None,
+            timeout=_UPLOAD_TIMEOUT,
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pid == os.getpid():
+                for client in (self._http, self._storage):
+                    if client is not None:
+                        client.close()
+            self._http = self._storage = None

@@ -1,0 +1,139 @@
+"""Turn an HTTP answer, or the lack of one, into the SDK's exception family.
+
+Both the platform API (FastAPI style ``{"detail": ...}``) and Prime Traces
+(``{"error": {"code", "message"}}``) are read by one mapper (contract §1.6), so
+a caller's ``except`` clauses work the same for every endpoint. Messages carry
+the server's text and the request's method and path, never a header: the API
+key cannot leak through an error.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import math
+import time
+from typing import Any
+
+import httpx
+
+from ..exceptions import (
+    APIError,
+    APITimeoutError,
+    ForbiddenError,
+    LineFormatConflictError,
+    NotFoundError,
+    PaymentRequiredError,
+    RetryableAPIError,
+    TraceNotIndexedError,
+    TransportError,
+    UnauthorizedError,
+    ValidationRejectedError,
+)
+
+__all__ = [
+    "RETRY_AFTER_CAP",
+    "error_from_response",
+    "error_from_transport",
+    "is_ambiguous",
+    "parse_retry_after",
+]
+
+#: A server's Retry-After is honoured up to this many seconds.
+RETRY_AFTER_CAP = 60.0
+
+_BY_STATUS: dict[int, type[APIError]] = {
+    400: ValidationRejectedError,
+    401: UnauthorizedError,
+    402: PaymentRequiredError,
+    403: ForbiddenError,
+    404: NotFoundError,
+}
+_RETRYABLE = frozenset({429, 502, 503, 504})
+
+# Failures after the request may have reached the server: it may have acted.
+_RESPONSE_PATH = (
+    httpx.CloseError,
+    httpx.DecodingError,
+    httpx.ReadError,
+    httpx.ReadTimeout,
+    httpx.RemoteProtocolError,
+    httpx.WriteError,
+    httpx.WriteTimeout,
+)
+
+
+def parse_retry_after(value: str | None, *, now: float | None = None) -> float | None:
+    """Seconds to wait per RFC 9110: delta-seconds (fractions allowed) or a date."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text:
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    if math.isnan(seconds):
+        return None
+    return min(max(seconds, 0.0), RETRY_AFTER_CAP)
+
+
+def _code_and_message(response: httpx.Response) -> tuple[str | None, str]:
+    try:
+        body: Any = json.loads(response.content)
+    except ValueError:
+        body = None
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict):
+            code = error.get("code")
+            return (str(code) if code else None), str(error.get("message") or "")
+        if "detail" in body:
+            return None, str(body["detail"])
+    text = response.text.strip()[:500]
+    return None, text or f"HTTP {response.status_code}"
+
+
+def error_from_response(response: httpx.Response) -> APIError:
+    """The exception for a non-2xx response."""
+    status = response.status_code
+    code, message = _code_and_message(response)
+    request = response.request
+    where = f"{request.method} {request.url.path}"
+    text = f"HTTP {status} from {where}: {message}"
+    if status in _RETRYABLE:
+        return RetryableAPIError(
+            text,
+            status_code=status,
+            code=code,
+            retry_after=parse_retry_after(response.headers.get("retry-after")),
+        )
+    if status == 409:
+        cls: type[APIError] = (
+            TraceNotIndexedError if code == "trace_not_indexed" else LineFormatConflictError
+        )
+        return cls(text, status_code=status, code=code)
+    return _BY_STATUS.get(status, APIError)(text, status_code=status, code=code)
+
+
+def error_from_transport(exc: httpx.TransportError, where: str) -> TransportError:
+    """The exception for a request that got no HTTP answer."""
+    cls = APITimeoutError if isinstance(exc, httpx.TimeoutException) else TransportError
+    error = cls(f"{where}: {type(exc).__name__}: {exc or 'no response'}")
+    error.ambiguous = isinstance(exc, _RESPONSE_PATH)
+    return error
+
+
+def is_ambiguous(exc: BaseException) -> bool:
+    """True when the server may have acted on the request although it failed:
+    a gateway 502/503/504, or a transport failure after the request was sent."""
+    if isinstance(exc, RetryableAPIError):
+        return exc.status_code in (502, 503, 504)
+    if isinstance(exc, TransportError):
+        return exc.ambiguous
+    return False

@@ -1,0 +1,528 @@
+"""Episodes onto the platform's legacy sample tables (contract §5).
+
+Two projections live here, under the vendor's public names so that
+``import prime_runs.projection`` keeps working:
+
+- the v0 evaluation sample row (``build_samples``, ``batch_samples``): one row per
+  episode, normally, posted to ``/evaluations/{id}/samples`` in 25 MiB requests;
+- the training viewer's Parquet table (``episodes_to_parquet_bytes``): one object
+  per step upload.
+
+Why this is not the vendor's code: the vendor projects verifiers *objects*
+through their computed properties. This SDK journals every record as its JSON
+mapping and ships from the journal, so the projection works on **mappings of the
+``Episode.to_record()`` shape** and re-derives those properties (``reward``,
+``branches``, ``usage``, ``last_error``, ``is_truncated``...) from the fields
+the mapping holds. Objects with ``to_record()`` are first turned into that
+mapping, so an object and its mapping give identical rows (the golden fixtures
+under ``tests/data`` hold both sides to the vendor's output).
+
+Where a hand-made mapping differs from a ``to_record()`` one: ``None``-valued
+keys are dropped at the top level of task data, messages, tool calls, content
+parts, tools and errors (``to_record()`` has none there); deeper ``None`` values
+are kept as pydantic keeps them inside free-form dicts. A trace without
+``timing`` gets ``{}``.
+
+pyarrow is imported only by the Parquet functions (the ``train`` extra).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from .records import encode_json, to_mapping
+
+if TYPE_CHECKING:
+    import pyarrow
+
+__all__ = [
+    "ENVELOPE_BYTES",
+    "MAX_SAMPLES_PAYLOAD_BYTES",
+    "batch_samples",
+    "build_samples",
+    "episode_to_samples",
+    "episodes_to_parquet_bytes",
+    "json_bytes",
+    "parquet_available",
+    "record_to_samples",
+    "summary_trace_index",
+    "trace_to_sample",
+    "train_sample_schema",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The platform's per-request ceiling on ``POST /evaluations/{id}/samples``.
+MAX_SAMPLES_PAYLOAD_BYTES = 25 * 1024 * 1024
+#: ``{"samples":[]}``: what a request costs before its first row.
+ENVELOPE_BYTES = len(b'{"samples":[]}')
+
+# Stop conditions verifiers counts as a truncation (``Trace.is_truncated``).
+_TRUNCATING_STOPS = frozenset(
+    {
+        "max_turns",
+        "max_input_tokens",
+        "max_output_tokens",
+        "max_total_tokens",
+        "compaction_failed",
+    }
+)
+
+
+def json_bytes(value: Any) -> int:
+    """Size of ``value`` as compact UTF-8 JSON (NaN refused, as on the wire)."""
+    return len(encode_json(value))
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _nullify_non_finite(value: Any) -> Any:
+    """A copy with NaN and infinity as ``None``: the tables show them as null
+    rather than losing the row they sit in (contract §6.5)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, Mapping):
+        return {key: _nullify_non_finite(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_nullify_non_finite(item) for item in value]
+    return value
+
+
+def _json_column(value: Any) -> str:
+    # The viewer's text columns: json.dumps with its default separators.
+    return json.dumps(_nullify_non_finite(value), allow_nan=False)
+
+
+def _without_none(value: Any) -> Any:
+    """A mapping's top-level ``None`` values dropped (pydantic's
+    ``exclude_none`` at the level of one model)."""
+    if not isinstance(value, Mapping):
+        return value
+    return {key: item for key, item in value.items() if item is not None}
+
+
+def _message(message: Any) -> Any:
+    """A message as ``Message.model_dump(mode="json", exclude_none=True)``."""
+    if not isinstance(message, Mapping):
+        return message
+    dumped = _without_none(message)
+    content = dumped.get("content")
+    if isinstance(content, list):
+        dumped["content"] = [_without_none(part) for part in content]
+    tool_calls = dumped.get("tool_calls")
+    if isinstance(tool_calls, list):
+        dumped["tool_calls"] = [_without_none(call) for call in tool_calls]
+    return dumped
+
+
+def _as_mapping(obj: Any, what: str) -> Mapping[str, Any]:
+    return obj if isinstance(obj, Mapping) else to_mapping(obj, what=what)
+
+
+def _traces(episode: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    members = episode.get("traces") or []
+    return [_as_mapping(trace, f"traces[{i}]") for i, trace in enumerate(members)]
+
+
+def _agent(trace: Mapping[str, Any]) -> Mapping[str, Any]:
+    agent = trace.get("agent")
+    return agent if isinstance(agent, Mapping) else {}
+
+
+def _trainable(trace: Mapping[str, Any]) -> bool:
+    # verifiers' AgentInfo.trainable defaults to True.
+    return bool(_agent(trace).get("trainable", True))
+
+
+def _task_data(trace: Mapping[str, Any]) -> Mapping[str, Any]:
+    task = trace.get("task")
+    data = task.get("data") if isinstance(task, Mapping) else None
+    return data if isinstance(data, Mapping) else {}
+
+
+def trace_reward(trace: Mapping[str, Any]) -> float:
+    """``Trace.reward``: the sum of ``score × weight`` over the non-null rewards
+    (``weight`` defaults to 1.0). No rewards gives the int ``0``, as verifiers'
+    ``sum()`` does."""
+    rewards = trace.get("rewards") or {}
+    return sum(
+        reward["score"] * reward.get("weight", 1.0)
+        for reward in rewards.values()
+        if reward is not None
+    )
+
+
+def _usages(calls: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [call["usage"] for call in calls if call.get("usage") is not None]
+
+
+def _aggregate_usage(usages: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """``Usage.aggregate`` dumped with ``exclude_none``: the optional counters
+    sum over the responses that report them and are absent when none does."""
+    if not usages:
+        return None
+    total: dict[str, Any] = {
+        "prompt_tokens": sum(usage["prompt_tokens"] for usage in usages),
+        "completion_tokens": sum(usage["completion_tokens"] for usage in usages),
+    }
+    for name in ("cached_input_tokens", "reasoning_tokens", "cost"):
+        reported = [usage[name] for usage in usages if usage.get(name) is not None]
+        if reported:
+            total[name] = sum(reported)
+    return total
+
+
+def _new_input_tokens(calls: Sequence[Mapping[str, Any]]) -> int:
+    """``Branch.num_input_tokens``: each call's prompt beyond the previous call's
+    whole sequence, clamped at zero (verifiers' ``min_new_input_tokens``)."""
+    total = 0
+    previous = 0
+    for usage in _usages(calls):
+        input_tokens = usage["prompt_tokens"] + (usage.get("cached_input_tokens") or 0)
+        total += max(0, input_tokens - previous)
+        previous = input_tokens + usage["completion_tokens"]
+    return total
+
+
+def _branches(trace: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """``Trace.branches``: one root-to-leaf path per node that is no node's
+    parent, as ``{messages, num_input_tokens, num_output_tokens}``."""
+    nodes = trace.get("nodes") or []
+    by_node = {
+        call["node"]: call for call in trace.get("calls") or [] if call.get("node") is not None
+    }
+    has_child = {node.get("parent") for node in nodes if node.get("parent") is not None}
+    branches: list[dict[str, Any]] = []
+    for leaf in range(len(nodes)):
+        if leaf in has_child:
+            continue
+        path: list[int] = []
+        current: Any = leaf
+        # A malformed parent (a cycle, an index out of range) ends the walk
+        # instead of looping or raising: the row still shows what is there.
+        while isinstance(current, int) and 0 <= current < len(nodes) and current not in path:
+            path.append(current)
+            current = nodes[current].get("parent")
+        path.reverse()
+        calls = [by_node[index] for index in path if index in by_node]
+        branches.append(
+            {
+                "messages": [_message(nodes[index].get("message")) for index in path],
+                "num_input_tokens": _new_input_tokens(calls),
+                "num_output_tokens": sum(usage["completion_tokens"] for usage in _usages(calls)),
+            }
+        )
+    return branches
+
+
+def _is_truncated(trace: Mapping[str, Any]) -> bool:
+    if trace.get("stop_condition") in _TRUNCATING_STOPS:
+        return True
+    calls = trace.get("calls") or []
+    last = next((call for call in reversed(calls) if call.get("error") is None), None)
+    return bool(last and last.get("finish_reason") == "length")
+
+
+# --------------------------------------------------------------------------- v0 rows
+
+
+def summary_trace_index(episode: Any) -> int:
+    """The first trainable trace, else 0: the trace whose projection (and
+    ``task.data.idx``) stands for the episode."""
+    traces = _traces(_as_mapping(episode, "episode"))
+    return next((index for index, trace in enumerate(traces) if _trainable(trace)), 0)
+
+
+def trace_to_sample(
+    trace: Any, rollout_number: int = 1, episode_id: str | None = None
+) -> dict[str, Any]:
+    """One trace (a mapping or a ``to_record()`` object) as a v0 sample row
+    (contract §5.1): ``completion`` is the last branch's messages,
+    ``trajectory`` one entry per branch, non-finite numbers are null."""
+    trace = _as_mapping(trace, "trace")
+    data = _without_none(_task_data(trace))
+    branches = _branches(trace)
+    tools = trace.get("tools") or []
+    errors = trace.get("errors") or []
+    info = trace.get("info") or {}
+    sample: dict[str, Any] = {
+        "sample_id": trace.get("id"),
+        "example_id": data.get("idx"),
+        "rollout_number": rollout_number,
+        "episode_id": episode_id,
+        "agent": _agent(trace).get("name", "agent"),
+        "trainable": _trainable(trace),
+        "task": data,
+        "prompt": [],
+        "completion": branches[-1]["messages"] if branches else [],
+        "answer": data.get("answer"),
+        "tool_defs": [_without_none(tool) for tool in tools] if tools else None,
+        "reward": trace_reward(trace),
+        "timing": trace.get("timing") or {},
+        "is_completed": bool(trace.get("is_completed", False)),
+        "is_truncated": _is_truncated(trace),
+        "metrics": trace.get("metrics") or {},
+        "error": _without_none(errors[-1]) if errors else None,
+        "stop_condition": trace.get("stop_condition"),
+        "trajectory": branches,
+        "token_usage": _aggregate_usage(_usages(trace.get("calls") or [])),
+        "info": dict(info) or None,
+    }
+    # v0 flattened each sub-reward to a top-level key, unless the key is taken.
+    for name, reward in (trace.get("rewards") or {}).items():
+        if reward is not None:
+            sample.setdefault(name, reward["score"])
+    result: dict[str, Any] = _nullify_non_finite(sample)
+    return result
+
+
+def episode_to_samples(episode: Any, rollout_number: int) -> list[dict[str, Any]]:
+    """An episode's v0 rows: normally one, the summary trace's projection with
+    the episode id as ``sample_id`` and the whole record in
+    ``info.native_wrapper``. An episode whose row would not fit one request
+    falls back to one row per trace, without ``native_wrapper``."""
+    record = _as_mapping(episode, "episode")
+    traces = _traces(record)
+    if not traces:
+        return []
+    summary_index = next((i for i, trace in enumerate(traces) if _trainable(trace)), 0)
+    episode_id = record.get("id")
+    sample = trace_to_sample(traces[summary_index], rollout_number, episode_id)
+    sample["sample_id"] = episode_id
+    sample["info"] = _nullify_non_finite(
+        {
+            **(sample["info"] or {}),
+            "native_wrapper": record,
+            "native_trace_index": summary_index,
+        }
+    )
+    # Read at call time so that tests can lower the ceiling.
+    if ENVELOPE_BYTES + json_bytes(sample) <= MAX_SAMPLES_PAYLOAD_BYTES:
+        return [sample]
+    logger.warning(
+        "Episode %s exceeds the platform sample limit; uploading one row per trace", episode_id
+    )
+    return [trace_to_sample(trace, rollout_number, episode_id) for trace in traces]
+
+
+def record_to_samples(
+    record: Any, rollout_numbers: dict[Any, int]
+) -> list[dict[str, Any]] | None:
+    """One record's v0 rows, numbering its rollout in ``rollout_numbers``.
+
+    A mapping holding ``sample_id`` is already a v0 row and passes through as a
+    copy; an episode (mapping or object) is projected (an episode without
+    traces gives ``[]``); anything else (a bare trace) has no projection:
+    ``None``, for the caller to count as skipped.
+    """
+    if isinstance(record, Mapping):
+        if "sample_id" in record:
+            return [dict(record)]
+        if "traces" not in record:
+            return None
+    elif not hasattr(record, "traces"):
+        return None
+    mapping = _as_mapping(record, "episode")
+    traces = _traces(mapping)
+    if not traces:
+        return []
+    summary = next((trace for trace in traces if _trainable(trace)), traces[0])
+    idx = _task_data(summary).get("idx")
+    rollout_numbers[idx] = number = rollout_numbers.get(idx, 0) + 1
+    return episode_to_samples(mapping, number)
+
+
+def build_samples(
+    episodes: Sequence[Any], rollout_numbers: dict[Any, int] | None = None
+) -> list[dict[str, Any]]:
+    """Project episodes (objects with ``to_record()`` or mappings of that shape)
+    to v0 sample rows.
+
+    ``rollout_number`` is 1-based per example, keyed by the summary trace's
+    ``task.data.idx``; a streaming caller passes the same ``rollout_numbers``
+    dict on every call so the numbering carries over. Mappings that already
+    hold ``sample_id`` pass through as rows; records with no projection (bare
+    traces) and episodes without traces give no row.
+    """
+    counts = rollout_numbers if rollout_numbers is not None else {}
+    samples: list[dict[str, Any]] = []
+    for episode in episodes:
+        samples.extend(record_to_samples(episode, counts) or ())
+    return samples
+
+
+def batch_samples(samples: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Rows packed into requests of at most 25 MiB (contract §5.2): the envelope,
+    then each row's compact JSON plus one byte for its comma.
+
+    Raises ``ValueError`` naming the row when one row cannot fit a request alone,
+    rather than dropping it silently.
+    """
+    batches: list[list[dict[str, Any]]] = []
+    batch: list[dict[str, Any]] = []
+    size = ENVELOPE_BYTES
+    for index, sample in enumerate(samples):
+        row_bytes = json_bytes(sample)
+        if ENVELOPE_BYTES + row_bytes > MAX_SAMPLES_PAYLOAD_BYTES:
+            raise ValueError(
+                f"sample {index} (sample_id {sample.get('sample_id')!r}) is too large to "
+                f"upload: {ENVELOPE_BYTES + row_bytes} > {MAX_SAMPLES_PAYLOAD_BYTES} bytes"
+            )
+        grown = size + (1 if batch else 0) + row_bytes
+        if batch and grown > MAX_SAMPLES_PAYLOAD_BYTES:
+            batches.append(batch)
+            batch = []
+            grown = ENVELOPE_BYTES + row_bytes
+        batch.append(sample)
+        size = grown
+    if batch:
+        batches.append(batch)
+    return batches
+
+
+# --------------------------------------------------------------------------- Parquet
+
+
+def parquet_available() -> bool:
+    """Whether pyarrow (the ``prime-runs[train]`` extra) can be imported."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def train_sample_schema() -> pyarrow.Schema:
+    """The training viewer's table schema (contract §5.3), column for column."""
+    import pyarrow as pa
+
+    string, int64, float64 = pa.string(), pa.int64(), pa.float64()
+    return pa.schema(
+        [
+            ("run_id", string),
+            ("step", int64),
+            ("tag", string),
+            ("problem_id", int64),
+            ("sample_id", int64),
+            ("prompt", string),
+            ("completion", string),
+            ("trajectory", string),
+            ("answer", string),
+            ("env_name", string),
+            ("task", string),
+            ("info", string),
+            ("reward", float64),
+            ("advantage", float64),
+            ("metrics", string),
+            ("timing", string),
+            ("num_input_tokens", int64),
+            ("num_output_tokens", int64),
+            ("created_at", pa.timestamp("us", tz="UTC")),
+        ]
+    )
+
+
+def _problem_id(example_id: Any, sample_id: int) -> int:
+    if example_id is None:
+        return sample_id
+    try:
+        return int(example_id)
+    except (TypeError, ValueError):
+        return sample_id
+
+
+def episodes_to_parquet_rows(
+    episodes: Sequence[Any],
+    run_id: str,
+    step: int,
+    *,
+    sample_id_offset: int = 0,
+    created_at: datetime,
+) -> list[dict[str, Any]]:
+    """The rows of ``episodes_to_parquet_bytes``, before encoding (no pyarrow)."""
+    records = [_as_mapping(episode, f"episodes[{i}]") for i, episode in enumerate(episodes)]
+    advantages: dict[Any, Any] = {}
+    env_names: dict[Any, str] = {}
+    for record in records:
+        traces = _traces(record)
+        if not traces:
+            continue
+        summary = next((trace for trace in traces if _trainable(trace)), traces[0])
+        advantages[record.get("id")] = (summary.get("info") or {}).get("advantage")
+        env = record.get("env")
+        env_id = env.get("id") if isinstance(env, Mapping) else None
+        env_names[record.get("id")] = str(env_id or "")
+
+    rows: list[dict[str, Any]] = []
+    for sample_id, sample in enumerate(build_samples(records), start=sample_id_offset):
+        # A row without a trajectory is skipped but still uses up its sample_id.
+        if not sample["trajectory"]:
+            continue
+        advantage = advantages.get(sample["episode_id"])
+        trajectory = [{**branch, "advantage": advantage} for branch in sample["trajectory"]]
+        rows.append(
+            {
+                "run_id": run_id,
+                "step": step,
+                "tag": "",
+                "problem_id": _problem_id(sample["example_id"], sample_id),
+                "sample_id": sample_id,
+                "prompt": "",
+                "completion": _json_column(sample["completion"]),
+                "trajectory": _json_column(trajectory),
+                "answer": "",
+                "env_name": env_names.get(sample["episode_id"], ""),
+                "task": _json_column(sample["task"]),
+                "info": _json_column(sample["info"]),
+                "reward": sample["reward"],
+                "advantage": advantage,
+                "metrics": _json_column(sample["metrics"]),
+                "timing": _json_column(sample["timing"]),
+                "num_input_tokens": trajectory[-1]["num_input_tokens"],
+                "num_output_tokens": trajectory[-1]["num_output_tokens"],
+                "created_at": created_at,
+            }
+        )
+    return rows
+
+
+def episodes_to_parquet_bytes(
+    episodes: Sequence[Any],
+    run_id: str,
+    step: int,
+    *,
+    sample_id_offset: int = 0,
+    created_at: datetime | None = None,
+) -> bytes | None:
+    """One training step's episodes as one Parquet object of the viewer's
+    table (contract §5.3), rows numbered from ``sample_id_offset``.
+
+    Returns ``None`` when no row has a trajectory (no object is made).
+    ``created_at`` (default: now, UTC) is shared by every row; with it fixed,
+    identical input gives byte-identical output, which is what lets an
+    in-flight upload be resent unchanged. Needs pyarrow (``ImportError``
+    otherwise).
+    """
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if created_at is None:
+        created_at = datetime.now(UTC)
+    rows = episodes_to_parquet_rows(
+        episodes, run_id, step, sample_id_offset=sample_id_offset, created_at=created_at
+    )
+    if not rows:
+        return None
+    table = pa.Table.from_pylist(rows, schema=train_sample_schema())
+    buffer = io.BytesIO()
+    pq.write_table(
+        table, buffer, compression="snappy", use_dictionary=True, write_statistics=True
+    )
+    return buffer.getvalue()

@@ -1,0 +1,941 @@
+"""``init()`` and the ``Run`` handle: the part of the SDK a producer touches.
+
+A ``log_*`` call encodes its records, appends them to the run's journal in one
+transaction and returns; that is all the producer ever waits for. Shipper
+threads (:mod:`primeruns.ship`) upload the journal, and ``finish()`` drains
+them and closes the run out on the platform. Under the default
+``on_error="warn"`` no platform failure ever reaches the producer: failures are
+recorded in ``run.errors`` and the journal keeps what was not shipped, for
+``primeruns replay``.
+
+Modes: ``online`` (journal + upload), ``offline`` (journal only, for
+``primeruns sync`` later) and ``disabled`` (nothing is written anywhere).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import random
+import secrets
+import signal
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, Literal
+
+from . import records
+from .exceptions import (
+    APIError,
+    ConfigurationError,
+    ForbiddenError,
+    JournalError,
+    PaymentRequiredError,
+    RunFinishedError,
+    UnauthorizedError,
+    is_transient,
+)
+from .journal import EntryKind, Journal, default_runs_dir
+from .models import (
+    CONFIG_SOURCE_KEY,
+    ConfigSource,
+    EnvironmentRef,
+    Mode,
+    OnError,
+    RunKind,
+    RunStatus,
+    TrainingSpec,
+)
+from .platform import MODE_ENV, PlatformClient, Settings, resolve_settings
+from .ship.lifecycle import Lifecycle
+from .ship.policy import RetryPolicy
+from .ship.shipper import Shipper
+from .sinks.base import Binding, Sink
+from .sinks.eval_samples import EvalSamplesSink
+from .sinks.traces import TracesSink
+from .sinks.train_metrics import TrainMetricsSink
+from .sinks.train_samples import TrainSamplesSink
+
+__all__ = ["MODE_ENV", "Run", "init"]
+
+log = logging.getLogger("primeruns")
+
+_MODES = ("online", "offline", "disabled")
+_DEFAULT_FINISH_TIMEOUT = 300.0
+_SIGTERM_GRACE = 20.0
+_CRASHED = "process exited without finishing the run"
+
+
+class Run:
+    """A run being tracked. Create it with :func:`init`.
+
+    Thread-safe: ``log_*`` may be called from any thread or coroutine. What
+    survives a crash: every ``log_*`` call that returned is in the journal at
+    ``journal_path`` (with the default durability, a SIGKILL right after the
+    call loses nothing; ``durability="fsync"`` also survives power loss).
+    """
+
+    def __init__(
+        self,
+        *,
+        kind: RunKind,
+        mode: Mode,
+        name: str | None,
+        config: dict[str, Any],
+        on_error: OnError,
+        finish_timeout: float,
+        attached: bool,
+        journal: Journal | None,
+        settings: Settings | None,
+        local_id: str,
+    ) -> None:
+        self._kind: RunKind = kind
+        self._mode: Mode = mode
+        self._name = name
+        self._config = config
+        self._on_error: OnError = on_error
+        self._finish_timeout = finish_timeout
+        self._attached = attached
+        self._journal = journal
+        self._settings = settings
+        self._local_id = local_id
+        self._status = RunStatus.RUNNING
+        self._summary: dict[str, Any] = {}
+        self._errors: list[str] = []
+        self._deferred: BaseException | None = None
+        self._dropped = 0
+        self._encode_failed = 0
+        self._forked_dropped = 0
+        self._lock = threading.Lock()
+        self._finish_lock = threading.Lock()
+        self._finishing = False
+        self._finished = False
+        self._pid = os.getpid()
+        self._client: PlatformClient | None = None
+        self._lifecycle: Lifecycle | None = None
+        self._shippers: list[Shipper] = []
+        self._registrar: threading.Thread | None = None
+        self._warned: set[str] = set()
+        self._bound: Binding | None = None
+        self._final_losses: dict[str, dict[str, Any]] | None = None
+        _live_runs.add(self)
+
+    # -- identity ----------------------------------------------------------
+    @property
+    def id(self) -> str:
+        """The platform's run id once registered; the local journal id before."""
+        binding = self._binding()
+        return binding.run_id if binding is not None else self._local_id
+
+    @property
+    def name(self) -> str | None:
+        return self._name
+
+    @property
+    def url(self) -> str | None:
+        """The run's dashboard page, or None until the platform registered it."""
+        binding = self._binding()
+        return binding.url if binding is not None else None
+
+    @property
+    def kind(self) -> RunKind:
+        return self._kind
+
+    @property
+    def mode(self) -> Mode:
+        return self._mode
+
+    @property
+    def status(self) -> RunStatus:
+        return self._status
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    @property
+    def attached(self) -> bool:
+        return self._attached
+
+    @property
+    def config(self) -> dict[str, Any]:
+        return dict(self._config)
+
+    @property
+    def config_source(self) -> ConfigSource | None:
+        stored = self._config.get(CONFIG_SOURCE_KEY)
+        if isinstance(stored, Mapping) and isinstance(stored.get("text"), str):
+            return ConfigSource(
+                text=stored["text"],
+                format=str(stored.get("format") or "toml"),
+                filename=stored.get("filename"),
+            )
+        return None
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        return dict(self._summary)
+
+    @property
+    def errors(self) -> list[str]:
+        return list(self._errors)
+
+    @property
+    def journal_path(self) -> Path | None:
+        """The run's journal directory (for ``primeruns replay``); None when disabled."""
+        return self._journal.path if self._journal is not None else None
+
+    @property
+    def dropped_records(self) -> int:
+        """Records never journaled: the journal's byte budget or the disk was full,
+        or a forked child logged to its parent's run."""
+        return self._dropped + self._forked_dropped
+
+    @property
+    def failed_records(self) -> dict[str, int]:
+        """Per sink, records it could not store (with reasons in ``errors``);
+        ``encode`` counts records that could not be encoded at all."""
+        out: dict[str, int] = {}
+        if self._encode_failed:
+            out["encode"] = self._encode_failed
+        for sink, loss in self._losses().items():
+            if sink != "journal" and loss.get("count"):
+                out[sink] = out.get(sink, 0) + int(loss["count"])
+        return out
+
+    def _losses(self) -> dict[str, dict[str, Any]]:
+        if self._final_losses is not None:
+            return self._final_losses
+        if self._journal is None or not self._owner_process():
+            return {}
+        try:
+            return self._journal.losses()
+        except JournalError:
+            return {}
+
+    def __repr__(self) -> str:
+        return f"<Run {self._kind} id={self.id!r} mode={self._mode} status={self._status.value}>"
+
+    # -- logging -------------------------------------------------------------
+    def log_episodes(self, episodes: Iterable[Any]) -> None:
+        """Journal finished episodes (objects with ``to_record()``, mappings,
+        pydantic/attrs/dataclass instances). Returns once they are journaled."""
+        self._log(EntryKind.EPISODE, episodes, "episodes")
+
+    def log_traces(self, traces: Iterable[Any]) -> None:
+        """Journal bare traces (episodes given here are journaled as episodes)."""
+        self._check_live("log_traces")
+        if self._journal is None or not self._owner_process():
+            self._log(EntryKind.TRACE, traces, "traces")
+            return
+        bare: list[Any] = []
+        for item in traces:
+            if _looks_like_episode(item):
+                if bare:
+                    self._log(EntryKind.TRACE, bare, "traces")
+                    bare = []
+                self._log(EntryKind.EPISODE, [item], "traces")
+            else:
+                bare.append(item)
+        if bare:
+            self._log(EntryKind.TRACE, bare, "traces")
+
+    def log_metrics(self, values: Mapping[str, Any], *, step: int | None = None) -> None:
+        """Journal one metrics row (training runs; a no-op for evaluations).
+
+        Non-finite numbers are dropped; ``step`` is sent unless ``values``
+        already has one; ``_timestamp`` is the time of this call.
+        """
+        self._check_live("log_metrics")
+        if not isinstance(values, Mapping):
+            self._bad_input(TypeError(f"log_metrics: values must be a mapping, got {type(values).__name__}"))
+            return
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            self._bad_input(TypeError(f"log_metrics: step must be an int, got {step!r}"))
+            return
+        if self._kind != "train" or self._journal is None:
+            return
+        try:
+            row = records.clean_metrics(values)
+        except (TypeError, ValueError) as exc:
+            self._bad_input(exc)
+            return
+        if step is not None and "step" not in row:
+            row["step"] = step
+        row.setdefault("_timestamp", time.time())
+        self._append(EntryKind.METRICS, [self._encode(row, "log_metrics")])
+
+    def update_summary(self, values: Mapping[str, Any]) -> None:
+        """Merge values into the run's summary (non-finite numbers dropped)."""
+        self._check_live("update_summary")
+        try:
+            cleaned = records.clean_metrics(values)
+        except (TypeError, ValueError) as exc:
+            self._bad_input(exc)
+            return
+        with self._lock:
+            self._summary.update(cleaned)
+            summary = dict(self._summary)
+        if self._journal is not None:
+            self._append(EntryKind.SUMMARY, [self._encode(summary, "update_summary")])
+
+    def _log(self, kind: EntryKind, items: Iterable[Any], what: str) -> None:
+        self._check_live(f"log_{what}")
+        if isinstance(items, Mapping) or isinstance(items, (str, bytes)):
+            self._bad_input(
+                TypeError(f"log_{what}: pass a list of records, not a single {type(items).__name__}")
+            )
+            return
+        if self._journal is None:
+            return
+        payloads: list[bytes] = []
+        for index, item in enumerate(items):
+            try:
+                payloads.append(records.encode_record(item, what=f"{what}[{index}]"))
+            except (TypeError, ValueError) as exc:
+                self._encode_failed += 1
+                self._bad_input(exc)
+        if payloads:
+            self._append(kind, payloads)
+
+    def _encode(self, value: Mapping[str, Any], what: str) -> bytes:
+        return records.encode_record(value, what=what)
+
+    def _append(self, kind: EntryKind, payloads: Sequence[bytes]) -> None:
+        journal = self._journal
+        if journal is None:
+            return
+        if not self._owner_process():
+            self._forked_dropped += len(payloads)
+            self._warn_once(
+                "fork",
+                "a forked child logged to its parent's run; its records are dropped and "
+                "counted in run.dropped_records. Log from the parent, or call pr.init() "
+                "in the child for a run of its own.",
+            )
+            return
+        try:
+            result = journal.append(kind, payloads)
+        except JournalError as exc:
+            self._dropped += len(payloads)
+            self._warn_once("journal", f"the journal refused records: {exc}")
+            return
+        if result.dropped:
+            self._dropped += result.dropped
+            self._warn_once(
+                "budget",
+                f"the journal at {journal.path} is full (byte budget or disk); records are "
+                "being dropped and counted in run.dropped_records. Free disk space or raise "
+                "the budget (PRIME_RUNS_MAX_JOURNAL_BYTES).",
+            )
+
+    # -- waiting and closing ---------------------------------------------------
+    def flush(self, timeout: float | None = 30.0) -> bool:
+        """Wait until every live sink shipped what was journaled before this call.
+
+        Returns False if the timeout passed first. Under ``on_error="raise"``
+        the first failure recorded so far is raised here.
+        """
+        done = self._drain(timeout)
+        self._raise_deferred()
+        return done
+
+    def _drain(self, timeout: float | None) -> bool:
+        if self._journal is None or not self._owner_process():
+            return True
+        target = self._journal.last_seq()
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        return all(shipper.drain(target, deadline) for shipper in self._shippers)
+
+    def finish(
+        self,
+        summary: Mapping[str, Any] | None = None,
+        *,
+        status: RunStatus | str = RunStatus.COMPLETED,
+        error: str | BaseException | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Close the run: journal the finish, drain the uploads (up to
+        ``timeout``, default ``finish_timeout``), then finalize on the platform.
+
+        Idempotent: the first call decides the status; later calls return at
+        once. What could not be shipped stays in the journal, and the warning
+        names the command that ships it.
+        """
+        try:
+            final = RunStatus(status)
+        except ValueError:
+            raise ValueError(
+                f"finish: status must be one of completed, failed, cancelled, crashed; got {status!r}"
+            ) from None
+        if final is RunStatus.RUNNING:
+            raise ValueError("finish: status 'running' is not a terminal status")
+        with self._finish_lock:
+            if self._finished or self._finishing:
+                return
+            self._finishing = True
+            try:
+                self._finish_once(summary, final, error, timeout)
+            finally:
+                self._finished = True
+        self._raise_deferred()
+
+    def _finish_once(
+        self,
+        summary: Mapping[str, Any] | None,
+        status: RunStatus,
+        error: str | BaseException | None,
+        timeout: float | None,
+    ) -> None:
+        if summary:
+            try:
+                cleaned = records.clean_metrics(summary)
+            except (TypeError, ValueError) as exc:
+                self._note("summary", exc)
+                cleaned = {}
+            with self._lock:
+                self._summary.update(cleaned)
+        self._status = status
+        message: str | None = None
+        if error is not None:
+            message = _describe(error)
+        elif status is not RunStatus.COMPLETED and self._errors:
+            message = self._errors[0]
+        journal = self._journal
+        if journal is None or not self._owner_process():
+            return
+        _unregister_exit(self)
+        budget = self._finish_timeout if timeout is None else timeout
+        deadline = time.monotonic() + budget
+        record = {"status": status.value, "error": message, "summary": self.summary, "at": time.time()}
+        self._append(EntryKind.FINISH, [records.encode_record(record, what="finish")])
+        if self._mode != "online" or self._lifecycle is None:
+            self._close_journal()
+            return
+        for shipper in self._shippers:
+            shipper.revive()  # the platform may be back: one more chance before closing
+        self._ensure_registered(deadline)
+        drained = all(shipper.drain(journal.last_seq(), deadline) for shipper in self._shippers)
+        for shipper in self._shippers:
+            shipper.stop(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+        if self._kind == "eval":
+            written = int(journal.get_meta("episodes_written", 0) or 0)
+            with self._lock:
+                prime = dict(self._summary.get("prime_runs") or {})
+                prime["traces_episodes_written"] = written
+                self._summary["prime_runs"] = prime
+        try:
+            if self._lifecycle.binding() is not None:
+                self._lifecycle.finalize(status.value, message, self.summary)
+        except Exception as exc:
+            self._note("finalize", exc)
+        pending = self._pending()
+        if not drained or pending:
+            log.warning(
+                "prime-runs: %d record(s) of run %s were not shipped (%s); they are kept in "
+                "the journal. Ship them with: primeruns replay %s",
+                sum(pending.values()),
+                self.id,
+                ", ".join(f"{k}: {v}" for k, v in pending.items()) or "finalize pending",
+                journal.path,
+            )
+        if self._client is not None:
+            self._client.close()
+        self._close_journal()
+
+    def _close_journal(self) -> None:
+        journal = self._journal
+        if journal is None:
+            return
+        self._binding()
+        self._final_losses = self._losses()
+        journal.close()
+
+    def _pending(self) -> dict[str, int]:
+        """Per sink still on, how many journal entries it has not dealt with."""
+        journal = self._journal
+        if journal is None:
+            return {}
+        last = journal.last_seq()
+        out: dict[str, int] = {}
+        for shipper in self._shippers:
+            if shipper.state.off_reason is not None:
+                continue
+            left = last - shipper.shipped_through()
+            if left > 0:
+                out[shipper.name] = left
+        return out
+
+    def fail(self, error: str | BaseException, *, timeout: float | None = None) -> None:
+        """Finish the run as failed with ``error`` as the reason."""
+        self.finish(status=RunStatus.FAILED, error=error, timeout=timeout)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        import asyncio
+
+        try:
+            if exc is None:
+                self.finish()
+            elif isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):
+                self.finish(status=RunStatus.CANCELLED, error="interrupted")
+            else:
+                self.finish(status=RunStatus.FAILED, error=exc)
+        except Exception as finish_exc:
+            if exc is None:
+                raise
+            log.warning("prime-runs: closing the run failed: %s", finish_exc)
+        return False
+
+    # -- internals -------------------------------------------------------------
+    def _binding(self) -> Binding | None:
+        # A binding never changes once made, so it is cached: the journal may be closed later.
+        if self._bound is None and self._lifecycle is not None and not self._finished:
+            try:
+                self._bound = self._lifecycle.binding()
+            except JournalError:
+                return None
+        return self._bound
+
+    def _owner_process(self) -> bool:
+        return self._pid == os.getpid()
+
+    def _check_live(self, what: str) -> None:
+        if self._finishing or self._finished:
+            raise RunFinishedError(f"{what}: the run is finished; start a new run with pr.init()")
+
+    def _bad_input(self, exc: BaseException) -> None:
+        if self._on_error == "raise":
+            raise exc
+        self._note("record", exc, warn=True)
+
+    def _note(self, what: str, exc: BaseException, *, warn: bool = True) -> None:
+        text = f"{what} failed: {type(exc).__name__}: {exc}"
+        with self._lock:
+            if len(self._errors) < 1000:
+                self._errors.append(text)
+            if self._deferred is None and self._on_error == "raise" and not isinstance(exc, (TypeError, ValueError)):
+                self._deferred = exc
+        if warn:
+            log.warning("prime-runs: %s", text)
+
+    def _on_sink_failure(self, what: str, exc: BaseException) -> None:
+        self._note(what, exc)
+
+    def _raise_deferred(self) -> None:
+        if self._on_error != "raise":
+            return
+        with self._lock:
+            exc, self._deferred = self._deferred, None
+        if exc is not None:
+            raise exc
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        log.warning("prime-runs: %s", message)
+
+    def _ensure_registered(self, deadline: float) -> None:
+        lifecycle = self._lifecycle
+        if lifecycle is None or lifecycle.binding() is not None:
+            return
+        while time.monotonic() < deadline:
+            try:
+                lifecycle.register(attempts=1)
+                break
+            except APIError as exc:
+                if not is_transient(exc):
+                    self._note("register", exc)
+                    return
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            except Exception as exc:
+                self._note("register", exc)
+                return
+        for shipper in self._shippers:
+            shipper.poke()
+
+    def _register_in_background(self) -> None:
+        """Retry registration until the platform answers (the run was started
+        while it was unreachable); shippers start shipping once it does."""
+        lifecycle = self._lifecycle
+        assert lifecycle is not None
+        rng = random.Random()
+        attempt = 0
+        while not self._finishing and self._owner_process():
+            try:
+                lifecycle.register(attempts=1)
+            except APIError as exc:
+                if not is_transient(exc):
+                    self._note("register", exc)
+                    return
+            except Exception as exc:
+                self._note("register", exc)
+                return
+            else:
+                log.info("prime-runs: run registered: %s", self.url)
+                for shipper in self._shippers:
+                    shipper.poke()
+                return
+            attempt += 1
+            time.sleep(min(30.0, 0.5 * 2 ** min(attempt, 6)) * rng.uniform(0.5, 1.5))
+
+    def _at_exit(self) -> None:
+        if self._finished or self._finishing or not self._owner_process():
+            return
+        try:
+            self.finish(status=RunStatus.CRASHED, error=_CRASHED)
+        except Exception as exc:
+            log.warning("prime-runs: closing the run at exit failed: %s", exc)
+
+    def _on_sigterm(self) -> None:
+        if self._finished or self._finishing or not self._owner_process():
+            return
+        try:
+            self.finish(
+                status=RunStatus.CANCELLED,
+                error="terminated by SIGTERM",
+                timeout=min(self._finish_timeout, _SIGTERM_GRACE),
+            )
+        except Exception as exc:
+            log.warning("prime-runs: closing the run on SIGTERM failed: %s", exc)
+
+
+# -- process-wide hooks ---------------------------------------------------------
+_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
+_exit_runs: dict[int, Run] = {}
+_previous_sigterm: Any = None
+_sigterm_installed = False
+
+
+def _at_exit_all() -> None:
+    for run in list(_exit_runs.values()):
+        run._at_exit()
+
+
+atexit.register(_at_exit_all)
+
+
+def _unregister_exit(run: Run) -> None:
+    _exit_runs.pop(id(run), None)
+
+
+def _handle_sigterm(signum: int, frame: FrameType | None) -> None:
+    for run in list(_exit_runs.values()):
+        run._on_sigterm()
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_IGN:
+        return
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _install_sigterm() -> None:
+    global _previous_sigterm, _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        _previous_sigterm = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _handle_sigterm)
+        _sigterm_installed = True
+    except (ValueError, OSError):  # not the main interpreter / no signals here
+        pass
+
+
+def _after_fork_in_child() -> None:
+    global _sigterm_installed
+    # A child never finalizes its parent's run, even from atexit.
+    _exit_runs.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# -- init -----------------------------------------------------------------------
+def _describe(error: str | BaseException) -> str:
+    if isinstance(error, BaseException):
+        text = str(error)
+        return f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return str(error)
+
+
+def _looks_like_episode(item: Any) -> bool:
+    if isinstance(item, Mapping):
+        return "traces" in item
+    return hasattr(item, "traces")
+
+
+def _check_type(name: str, value: Any, types: type | tuple[type, ...], hint: str) -> None:
+    if value is not None and not isinstance(value, types):
+        raise TypeError(f"init: {name} must be {hint}, got {type(value).__name__} ({value!r:.80})")
+
+
+def _resolve_mode(mode: str | None, api_key: str) -> Mode:
+    raw = mode if mode is not None else os.environ.get(MODE_ENV, "")
+    value = raw.strip().lower()
+    if not value:
+        if api_key:
+            return "online"
+        log.warning(
+            "prime-runs: no API key found (init(api_key=...), PRIME_API_KEY or "
+            "~/.prime/config.json); the run is disabled and nothing is recorded. Use "
+            "mode='offline' to journal it for `primeruns sync` later."
+        )
+        return "disabled"
+    if value not in _MODES:
+        source = "mode" if mode is not None else MODE_ENV
+        raise ConfigurationError(
+            f"{source}={raw!r} is not a mode; use one of online, offline, disabled."
+        )
+    if value == "online" and not api_key:
+        raise ConfigurationError(
+            "mode='online' needs an API key: pass api_key=..., set PRIME_API_KEY, or add "
+            "api_key to ~/.prime/config.json (or use mode='offline')."
+        )
+    return value  # type: ignore[return-value]
+
+
+def _normalize_config(config: Any) -> dict[str, Any]:
+    if config is None:
+        return {}
+    if isinstance(config, ConfigSource):
+        return {CONFIG_SOURCE_KEY: config.to_dict()}
+    if isinstance(config, str | os.PathLike):
+        return {CONFIG_SOURCE_KEY: ConfigSource.from_file(config).to_dict()}
+    if isinstance(config, Mapping):
+        try:
+            decoded = json.loads(records.encode_record(config, what="config"))
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"init: config could not be encoded as JSON: {exc}") from exc
+        return dict(decoded)
+    raise TypeError(
+        f"init: config must be a path to the config file, a ConfigSource or a mapping, "
+        f"got {type(config).__name__}"
+    )
+
+
+def init(
+    name: str | None = None,
+    environments: Sequence[Any] | None = None,
+    model: str | None = None,
+    framework: str | None = None,
+    description: str | None = None,
+    tags: Sequence[str] | None = None,
+    config: Any = None,
+    *,
+    mode: str | None = None,
+    team_id: str | None = None,
+    api_key: str | None = None,
+    base_url: str | None = None,
+    on_error: OnError = "warn",
+    finish_timeout: float = _DEFAULT_FINISH_TIMEOUT,
+    kind: RunKind = "eval",
+    id: str | None = None,
+    training: TrainingSpec | None = None,
+    traces_opt_out: bool | None = None,
+    runs_dir: str | os.PathLike[str] | None = None,
+    durability: Literal["process", "fsync"] = "process",
+) -> Run:
+    """Open a run and return its handle.
+
+    Online, the run is registered at once so ``run.url`` is there; if the
+    platform cannot be reached the run goes on journaling and registers when
+    it can (``run.url`` is None until then). 401/403 and an environment that
+    cannot be resolved raise here. Raises ``ConfigurationError``, ``TypeError``
+    or ``ValueError`` for bad arguments, naming the argument.
+    """
+    _check_type("name", name, str, "a string")
+    _check_type("model", model, str, "a string")
+    _check_type("framework", framework, str, "a string")
+    _check_type("description", description, str, "a string")
+    _check_type("team_id", team_id, str, "a string")
+    _check_type("api_key", api_key, str, "a string")
+    _check_type("base_url", base_url, str, "a string")
+    _check_type("id", id, str, "a string")
+    _check_type("training", training, TrainingSpec, "a pr.TrainingSpec")
+    _check_type("traces_opt_out", traces_opt_out, bool, "True or False")
+    _check_type("mode", mode, str, "'online', 'offline' or 'disabled'")
+    if kind not in ("eval", "train"):
+        raise ValueError(f"init: kind must be 'eval' or 'train', got {kind!r}")
+    if on_error not in ("warn", "raise"):
+        raise ValueError(f"init: on_error must be 'warn' or 'raise', got {on_error!r}")
+    if durability not in ("process", "fsync"):
+        raise ValueError(f"init: durability must be 'process' or 'fsync', got {durability!r}")
+    if isinstance(finish_timeout, bool) or not isinstance(finish_timeout, int | float) or finish_timeout < 0:
+        raise ValueError(f"init: finish_timeout must be a non-negative number of seconds, got {finish_timeout!r}")
+    if training is not None and kind != "train":
+        raise ValueError("init: training= is only for kind='train'")
+    if isinstance(tags, str) or (tags is not None and not all(isinstance(t, str) for t in tags)):
+        raise TypeError("init: tags must be a list of strings")
+    if isinstance(environments, str | Mapping):
+        environments = [environments]
+    envs = [EnvironmentRef.coerce(e) for e in (environments or [])]
+    config_doc = _normalize_config(config)
+
+    settings = resolve_settings(
+        api_key=api_key, base_url=base_url, team_id=team_id, traces_opt_out=traces_opt_out
+    )
+    run_mode = _resolve_mode(mode, settings.api_key)
+    if kind == "eval" and not name:
+        stem = envs[0].display_name if envs else (framework or "eval")
+        name = f"{stem}-{secrets.token_hex(4)}"
+
+    if run_mode == "disabled":
+        local = id or f"disabled-{secrets.token_hex(8)}"
+        return Run(
+            kind=kind, mode="disabled", name=name, config=config_doc, on_error=on_error,
+            finish_timeout=float(finish_timeout), attached=id is not None, journal=None,
+            settings=None, local_id=local,
+        )
+
+    if kind == "train" and id is None:
+        if not model:
+            raise ConfigurationError("init: a training run needs model= (the base model)")
+        if not settings.team_id:
+            raise ConfigurationError(
+                "init: a training run needs a team: pass team_id=... or set PRIME_TEAM_ID"
+            )
+    if kind == "train" and settings.traces_opt_out and not _parquet_available():
+        raise ConfigurationError(
+            "init: this training run opted out of Prime Traces, so its samples go to the "
+            "Parquet sample table, which needs pyarrow: pip install 'prime-runs[train]'"
+        )
+
+    spec: dict[str, Any] = {
+        "kind": kind,
+        "name": name,
+        "environments": [
+            {k: v for k, v in vars(e).items() if v is not None} for e in envs
+        ],
+        "dataset": envs[0].display_name if envs else None,
+        "model": model,
+        "framework": framework,
+        "description": description,
+        "tags": list(tags or []),
+        "config": config_doc,
+        "team_id": settings.team_id,
+        "training": (training or TrainingSpec()).to_body() if kind == "train" else None,
+        "attach_id": id,
+        "frontend_url": settings.frontend_url,
+        "origin": settings.origin,
+        "traces_opt_out": settings.traces_opt_out,
+        "mode": run_mode,
+    }
+    directory = Path(runs_dir) if runs_dir is not None else default_runs_dir()
+    journal = Journal.create(
+        directory, durability=durability, meta={"spec": spec, "state": "running"}
+    )
+    journal.append(EntryKind.RUN_OPEN, [records.encode_record(spec, what="spec")])
+    run = Run(
+        kind=kind, mode=run_mode, name=name, config=config_doc, on_error=on_error,
+        finish_timeout=float(finish_timeout), attached=id is not None, journal=journal,
+        settings=settings, local_id=journal.local_id,
+    )
+    _exit_runs[id_of(run)] = run
+    _install_sigterm()
+    if run_mode == "online":
+        try:
+            _go_online(run, journal, settings)
+        except BaseException:
+            _unregister_exit(run)
+            run._finished = True
+            journal.close()
+            raise
+    return run
+
+
+def id_of(run: Run) -> int:
+    return id(run)
+
+
+def _parquet_available() -> bool:
+    from .projection import parquet_available
+
+    return parquet_available()
+
+
+def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
+    policy = RetryPolicy.from_env()
+    client = PlatformClient(settings)
+    lifecycle = Lifecycle(journal, client, policy=policy, on_failure=run._on_sink_failure)
+    run._client, run._lifecycle = client, lifecycle
+    deferred = False
+    try:
+        lifecycle.register(attempts=2)
+    except (UnauthorizedError, ForbiddenError, PaymentRequiredError):
+        client.close()
+        raise
+    except APIError as exc:
+        if not is_transient(exc):
+            client.close()
+            raise
+        deferred = True
+        log.warning(
+            "prime-runs: the platform is unreachable (%s); the run goes on journaling and "
+            "registers when it is back. run.url is None until then.",
+            exc,
+        )
+    run._shippers = _make_shippers(run, journal, client, lifecycle, settings, policy)
+    for shipper in run._shippers:
+        shipper.start()
+    if deferred:
+        run._registrar = threading.Thread(
+            target=run._register_in_background, name="primeruns-register", daemon=True
+        )
+        run._registrar.start()
+
+
+def _make_shippers(
+    run: Run,
+    journal: Journal,
+    client: PlatformClient,
+    lifecycle: Lifecycle,
+    settings: Settings,
+    policy: RetryPolicy,
+) -> list[Shipper]:
+    spec = lifecycle.spec
+    kind = str(spec.get("kind", "eval"))
+    context = {"source": "prime-runs", "run_type": kind}
+    if spec.get("framework"):
+        context["framework"] = str(spec["framework"])
+    if spec.get("model"):
+        context["model"] = str(spec["model"])
+    sinks: list[Sink] = [
+        TracesSink(
+            None if settings.traces_opt_out else client,
+            context=context,
+            opted_out=bool(settings.traces_opt_out),
+            committed=int(journal.get_meta("traces_receipts", 0) or 0),
+        )
+    ]
+    if kind == "train":
+        sinks.append(TrainSamplesSink(client))
+        sinks.append(TrainMetricsSink(client))
+    else:
+        sinks.append(EvalSamplesSink(client))
+    return [
+        Shipper(
+            journal,
+            sink,
+            binding=lifecycle.binding,
+            training=kind == "train",
+            policy=policy,
+            on_failure=run._on_sink_failure,
+        )
+        for sink in sinks
+    ]

@@ -1,0 +1,81 @@
+"""How a shipper reacts to a failed attempt: classify, back off, strike.
+
+Failures fall in four classes (DESIGN §4):
+
+- *transient* (no answer, 429, 502/503/504): keep the batch, wait (honouring
+  Retry-After, else exponential backoff with jitter) and resend it as is;
+- *record rejection* (400, 409, 413, 422, an unencodable batch): the content
+  is at fault, so resending cannot help; the batch is counted as failed with
+  the server's reason and the sink moves on;
+- *fatal for the sink* (401, 402, 403, 404, other statuses): the sink stops;
+  its backlog stays in the journal for ``primeruns replay``;
+- *off* (:class:`~primeruns.sinks.base.SinkOff`): the sink turned itself off on
+  purpose; nothing is lost.
+
+A *strike* is a batch that still failed transiently after ``attempts_per_strike``
+attempts. Three strikes in a row retire the sink for an evaluation run and
+pause it (``pause_s``) for a training run, which may last days.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import random
+from dataclasses import dataclass
+
+from ..exceptions import is_record_rejection, is_transient
+from ..sinks.base import SinkOff
+
+__all__ = ["Failure", "RetryPolicy", "classify"]
+
+
+class Failure(enum.Enum):
+    TRANSIENT = "transient"
+    REJECTED = "rejected"
+    FATAL = "fatal"
+    OFF = "off"
+
+
+def classify(exc: BaseException) -> Failure:
+    if isinstance(exc, SinkOff):
+        return Failure.OFF
+    if is_transient(exc):
+        return Failure.TRANSIENT
+    if is_record_rejection(exc):
+        return Failure.REJECTED
+    return Failure.FATAL
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Backoff and strike settings. ``from_env`` lets a rehearsal or a test
+    shorten the waits (``PRIME_RUNS_RETRY_BASE_S``, ``PRIME_RUNS_PAUSE_S``)."""
+
+    base_delay_s: float = 0.5
+    max_delay_s: float = 30.0
+    retry_after_cap_s: float = 60.0
+    attempts_per_strike: int = 5
+    strikes_to_retire: int = 3
+    pause_s: float = 300.0
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        return cls(
+            base_delay_s=_env_float("PRIME_RUNS_RETRY_BASE_S", cls.base_delay_s),
+            pause_s=_env_float("PRIME_RUNS_PAUSE_S", cls.pause_s),
+        )
+
+    def delay(self, attempt: int, retry_after: float | None, rng: random.Random) -> float:
+        """Seconds to wait before attempt ``attempt + 1`` (attempt counts from 0)."""
+        if retry_after is not None:
+            return min(max(retry_after, 0.0), self.retry_after_cap_s)
+        backoff = min(self.max_delay_s, self.base_delay_s * 2.0**attempt)
+        return backoff * rng.uniform(0.5, 1.5)

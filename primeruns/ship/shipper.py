@@ -1,0 +1,339 @@
+"""One thread per sink that ships the journal from the sink's acknowledged offset.
+
+The loop: read the entries after the cursor, let the sink build a batch,
+record the batch in the journal (its exact body), send it, acknowledge it.
+A batch found recorded at start-up (a crash or restart mid-request) is sent
+again exactly as recorded, before anything new: so a content-addressed upload
+is replayed, never duplicated, and a sink that cannot deduplicate (the eval
+sample table) gets to check first. What queued up during one request goes out
+as the next batch, so the request rate follows the network, not the producer.
+
+The producer never waits on this thread: it only appends to the journal,
+which wakes the shipper through a condition variable (no polling).
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..exceptions import APIError, RetryableAPIError
+from ..journal import InFlight, Journal
+from ..sinks.base import Binding, Prepared, SendContext, Sink
+from .policy import Failure, RetryPolicy, classify
+
+__all__ = ["Shipper", "ShipperState"]
+
+log = logging.getLogger("primeruns.ship")
+
+
+@dataclass
+class ShipperState:
+    """A sink's standing, for ``run.failed_records``, ``flush`` and the CLI."""
+
+    active: bool = True
+    off_reason: str | None = None  # turned off on purpose: not a loss
+    retired_reason: str | None = None  # stopped on failure: backlog kept in the journal
+    paused_until: float = 0.0
+    strikes: int = 0
+    batches_sent: int = 0
+    records_sent: int = 0
+    bytes_sent: int = 0
+
+
+class Shipper:
+    """Ships one sink. Thread-safe controls: ``start``, ``drain``, ``stop``."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        sink: Sink,
+        *,
+        binding: Callable[[], Binding | None],
+        training: bool,
+        policy: RetryPolicy,
+        on_failure: Callable[[str, BaseException], None],
+        seed: int | None = None,
+    ) -> None:
+        self.journal = journal
+        self.sink = sink
+        self.name = sink.name
+        self._binding = binding
+        self._training = training
+        self._policy = policy
+        self._on_failure = on_failure
+        self._rng = random.Random(seed)
+        self.state = ShipperState()
+        self._progress = threading.Condition()
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._scanned = journal.cursor(self.name).acked
+        # What a sink carries from batch to batch (e.g. rollout numbering): the
+        # recorded batch's copy if there is one, else the last one saved.
+        cursor = journal.cursor(self.name)
+        carry = (
+            cursor.inflight.state.get("carry")
+            if cursor.inflight is not None
+            else journal.get_meta(f"carry.{self.name}")
+        )
+        restore = getattr(sink, "restore", None)
+        if isinstance(carry, dict) and restore is not None:
+            restore(carry)
+        off = journal.get_meta(f"sink_off.{self.name}")
+        if off is not None:  # turned off on purpose by an earlier process
+            self.state.active = False
+            self.state.off_reason = str(off)
+        self._thread: threading.Thread | None = None
+
+    # -- control ------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(
+                target=self._run, name=f"primeruns-ship-{self.name}", daemon=True
+            )
+            self._thread.start()
+
+    def poke(self) -> None:
+        """Wake the thread now: a binding arrived, or a pause should end early."""
+        self._wake.set()
+        self.journal.wake_all()
+
+    def revive(self) -> None:
+        """Give a sink retired or paused for transient failures another chance
+        (``finish()`` does this: the platform may be back)."""
+        with self._progress:
+            if self.state.retired_reason is not None and self.state.off_reason is None:
+                self.state.retired_reason = None
+                self.state.active = True
+            self.state.paused_until = 0.0
+            self.state.strikes = 0
+        self.poke()
+
+    def stop(self, timeout: float | None = None) -> None:
+        self._stop.set()
+        self.poke()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def shipped_through(self) -> int:
+        """Every entry up to this seq is dealt with for this sink."""
+        return max(self._scanned, self.journal.cursor(self.name).acked)
+
+    def settled(self, target: int) -> bool:
+        """Nothing more will happen for entries <= target without outside help:
+        shipped, or the sink is off, retired or paused."""
+        if self.state.off_reason is not None or self.state.retired_reason is not None:
+            return True
+        if self.state.paused_until > time.monotonic():
+            return True
+        return self.shipped_through() >= target
+
+    def drain(self, target: int, deadline: float) -> bool:
+        """Wait until entries <= target are shipped (True) or the deadline (False)."""
+        with self._progress:
+            while not self.settled(target):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._progress.wait(min(remaining, 0.5))
+        return self.shipped_through() >= target
+
+    # -- the loop ------------------------------------------------------------
+    def _notify(self) -> None:
+        with self._progress:
+            self._progress.notify_all()
+
+    def _sleep(self, seconds: float) -> None:
+        self._wake.clear()
+        if not self._stop.is_set():
+            self._wake.wait(seconds)
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if not self._step():
+                    continue
+        except Exception as exc:  # a bug must not kill the producer: retire the sink
+            log.exception("shipper %s stopped by an unexpected error", self.name)
+            self._retire(f"internal error: {type(exc).__name__}: {exc}")
+        finally:
+            self._notify()
+
+    def _step(self) -> bool:
+        """One turn of the loop; False when it only waited."""
+        st = self.state
+        if not st.active:
+            self._sleep(3600.0)
+            return False
+        if st.paused_until > time.monotonic():
+            self._sleep(st.paused_until - time.monotonic())
+            return False
+        binding = self._binding()
+        if binding is None:  # the run is not registered on the platform yet
+            self._sleep(1.0)
+            return False
+        cursor = self.journal.cursor(self.name)
+        inflight = cursor.inflight
+        if inflight is None:
+            inflight = self._next_batch(binding, max(cursor.acked, self._scanned))
+            if inflight is None:
+                return False
+        self._ship(inflight, binding)
+        return True
+
+    def _next_batch(self, binding: Binding, after: int) -> InFlight | None:
+        sink = self.sink
+        result = self.journal.read(
+            after, kinds=sink.kinds, max_entries=sink.max_entries, max_bytes=sink.max_bytes
+        )
+        if result.damaged:
+            reasons = "; ".join(d.what for d in result.damaged[:3])
+            self.journal.record_loss(self.name, len(result.damaged), f"damaged: {reasons}")
+        if not result.entries:
+            if result.next_after > self._scanned:
+                self._scanned = result.next_after
+                self._notify()
+                return None
+            self.journal.wait_for_append(result.next_after, timeout=5.0)
+            return None
+        try:
+            prepared: Prepared | None = sink.prepare(result.entries, binding)
+        except Exception as exc:
+            if classify(exc) is Failure.OFF:
+                self._turn_off(str(exc))
+                return None
+            # The content cannot be sent at all: count it, move past it.
+            last = result.entries[-1].seq
+            self._fail_records(last, len(result.entries), exc)
+            return None
+        if prepared is None:
+            last = result.next_after
+            self.journal.ack(self.name, last)
+            self._scanned = max(self._scanned, last)
+            self._notify()
+            return None
+        last_seq = int(prepared.state.get("last_seq", result.next_after))
+        state = dict(prepared.state)
+        state["last_seq"] = last_seq
+        state["records"] = prepared.records
+        inflight = InFlight(
+            first_seq=result.entries[0].seq, last_seq=last_seq, body=prepared.body, state=state
+        )
+        self.journal.set_inflight(self.name, inflight)
+        if "carry" in state:
+            self.journal.set_meta(f"carry.{self.name}", state["carry"])
+        return inflight
+
+    def _ship(self, inflight: InFlight, binding: Binding) -> None:
+        state: dict[str, Any] = dict(inflight.state)
+
+        def save_state(values: Mapping[str, Any]) -> None:
+            state.update(values)
+            self.journal.update_inflight_state(self.name, values)
+
+        def reject(count: int, exc: BaseException) -> None:
+            self.journal.record_loss(self.name, count, _describe(exc))
+            self._on_failure(self.name, exc)
+
+        ctx = SendContext(binding=binding, state=state, save_state=save_state, reject=reject)
+        last_error: BaseException | None = None
+        for attempt in range(self._policy.attempts_per_strike):
+            if self._stop.is_set():
+                return
+            try:
+                self.sink.send(inflight.body, ctx)
+            except Exception as exc:
+                kind = classify(exc)
+                if kind is Failure.TRANSIENT:
+                    last_error = exc
+                    retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None
+                    if attempt + 1 < self._policy.attempts_per_strike:
+                        self._sleep(self._policy.delay(attempt, retry_after, self._rng))
+                    continue
+                if kind is Failure.OFF:
+                    self._turn_off(str(exc))
+                elif kind is Failure.REJECTED:
+                    self._fail_records(inflight.last_seq, int(state.get("records", 0)), exc)
+                else:
+                    self._on_failure(self.name, exc)
+                    self._retire(_describe(exc))
+                return
+            else:
+                self._acked(inflight, state)
+                return
+        assert last_error is not None
+        self._strike(last_error)
+
+    # -- outcomes --------------------------------------------------------------
+    def _acked(self, inflight: InFlight, state: Mapping[str, Any]) -> None:
+        self.journal.ack(self.name, inflight.last_seq)
+        counters = state.get("counters")
+        if isinstance(counters, dict) and counters:
+            self.journal.update_meta(
+                {k: int(self.journal.get_meta(k, 0) or 0) + int(v) for k, v in counters.items()}
+            )
+        with self._progress:
+            self._scanned = max(self._scanned, inflight.last_seq)
+            st = self.state
+            st.strikes = 0
+            st.batches_sent += 1
+            st.records_sent += int(state.get("records", 0))
+            st.bytes_sent += len(inflight.body)
+            self._progress.notify_all()
+
+    def _fail_records(self, last_seq: int, records: int, exc: BaseException) -> None:
+        reason = _describe(exc)
+        self.journal.ack(self.name, last_seq, failed=records, reason=reason)
+        self._on_failure(self.name, exc)
+        with self._progress:
+            self._scanned = max(self._scanned, last_seq)
+            self._progress.notify_all()
+
+    def _strike(self, exc: BaseException) -> None:
+        st = self.state
+        st.strikes += 1
+        self._on_failure(self.name, exc)
+        if st.strikes < self._policy.strikes_to_retire:
+            return
+        if self._training:
+            log.warning(
+                "%s: %d failed batches in a row; pausing %.0f s (backlog kept in the journal)",
+                self.name,
+                st.strikes,
+                self._policy.pause_s,
+            )
+            with self._progress:
+                st.paused_until = time.monotonic() + self._policy.pause_s
+                st.strikes = 0
+                self._progress.notify_all()
+        else:
+            self._retire(f"{st.strikes} failed batches in a row: {_describe(exc)}")
+
+    def _retire(self, reason: str) -> None:
+        with self._progress:
+            self.state.active = False
+            self.state.retired_reason = reason
+            self._progress.notify_all()
+
+    def _turn_off(self, reason: str) -> None:
+        log.info("%s: off (%s); not a loss", self.name, reason)
+        self.journal.set_meta(f"sink_off.{self.name}", reason)
+        with self._progress:
+            self.state.active = False
+            self.state.off_reason = reason
+            self._progress.notify_all()
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, APIError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}"

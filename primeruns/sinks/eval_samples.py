@@ -1,0 +1,122 @@
+"""The evaluation sample table: one v0 row per episode (contract §5.1, §5.2).
+
+The endpoint appends and does not deduplicate, so a blind resend after an
+ambiguous failure (the server stored the rows, the answer was lost) would
+double them. The sink therefore marks a batch as attempted, durably, before
+each send; a batch found attempted (a lost answer, or a restart mid-request)
+is first looked for at the tail of the table, and only sent again when its
+rows are not there. This shipper is the run's only writer, so its last batch,
+if stored, is the last rows of the table.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from ..journal import Entry, EntryKind
+from ..platform import PlatformClient
+from ..projection import build_samples
+from .base import Binding, Prepared, SendContext
+
+__all__ = ["MAX_REQUEST_BYTES", "EvalSamplesSink"]
+
+#: The platform's per-request ceiling for a samples push.
+MAX_REQUEST_BYTES = 25 * 1024 * 1024
+_ENVELOPE = len(b'{"samples":[]}')
+_PAGE = 100
+
+
+class EvalSamplesSink:
+    """Pushes v0 sample rows to ``POST /evaluations/{id}/samples``."""
+
+    name = "eval_samples"
+    kinds = frozenset({EntryKind.EPISODE})
+    max_entries = 2000
+    max_bytes = 24 * 1024 * 1024
+
+    def __init__(self, client: PlatformClient) -> None:
+        self._client = client
+        # Per task index, how many rollouts were numbered so far; carried from
+        # batch to batch (and across restarts) through the journal.
+        self._rollouts: dict[Any, int] = {}
+
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared | None:
+        rows_json: list[bytes] = []
+        ids: list[str] = []
+        size = _ENVELOPE
+        last_seq = entries[0].seq
+        consumed = 0
+        rollouts = dict(self._rollouts)
+        for entry in entries:
+            record = orjson.loads(entry.payload)
+            trial = dict(rollouts)
+            rows = build_samples([record], trial)
+            encoded = [orjson.dumps(row) for row in rows]
+            add = sum(len(r) + 1 for r in encoded)
+            if rows_json and size + add > MAX_REQUEST_BYTES:
+                break
+            if _ENVELOPE + add > MAX_REQUEST_BYTES:
+                if rows_json:
+                    break
+                raise ValueError(
+                    f"episode at journal entry {entry.seq} projects to {add} bytes of sample "
+                    f"rows, over the {MAX_REQUEST_BYTES}-byte request limit"
+                )
+            rollouts = trial
+            rows_json.extend(encoded)
+            ids.extend(str(row.get("sample_id")) for row in rows)
+            size += add
+            last_seq = entry.seq
+            consumed += 1
+        self._rollouts = rollouts
+        state: dict[str, Any] = {
+            "carry": {"rollouts": {str(k): v for k, v in rollouts.items()}},
+            "sample_ids": ids,
+        }
+        if last_seq != entries[-1].seq:
+            state["last_seq"] = last_seq
+        if not rows_json:
+            return None
+        body = b'{"samples":[' + b",".join(rows_json) + b"]}"
+        return Prepared(body=body, state=state, records=consumed)
+
+    def restore(self, carry: dict[str, Any]) -> None:
+        """Continue numbering where the last recorded batch left off."""
+        saved = carry.get("rollouts")
+        if isinstance(saved, dict):
+            self._rollouts = {_key(k): int(v) for k, v in saved.items()}
+
+    def send(self, body: bytes, ctx: SendContext) -> None:
+        path = f"/evaluations/{ctx.binding.run_id}/samples"
+        if ctx.state.get("attempted") and self._already_stored(path, ctx.state["sample_ids"]):
+            return
+        ctx.save_state({"attempted": True})
+        self._client.api("POST", path, body)
+
+    def _already_stored(self, path: str, sample_ids: list[str]) -> bool:
+        wanted = set(sample_ids)
+        if not wanted:
+            return False
+        first = self._client.api("GET", path, params={"page": 1, "limit": 1})
+        total = int(first.get("total") or 0)
+        if total < len(sample_ids):
+            return False
+        start = total - len(sample_ids)  # 0-based index of the batch's first row
+        seen: set[str] = set()
+        for page in range(start // _PAGE + 1, math.ceil(total / _PAGE) + 1):
+            data = self._client.api("GET", path, params={"page": page, "limit": _PAGE})
+            for row in data.get("samples") or []:
+                if isinstance(row, dict):
+                    seen.add(str(row.get("sample_id")))
+        return wanted <= seen
+
+
+def _key(value: Any) -> Any:
+    """Task indexes are ints in records; JSON object keys come back as strings."""
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return value

@@ -1,0 +1,143 @@
+"""Prime Traces: every episode and bare trace, content addressed.
+
+A batch is JSONL of the stamped records (contract §6.1), uploaded as the
+multipart form of §4.1 with the JSONL gzip-compressed on the wire. The
+``Idempotency-Key`` is the SHA-256 of the uncompressed JSONL, and the whole
+request body (boundary included) is derived from those bytes alone, so a
+recorded batch resends byte for byte and the service answers a resend with the
+receipt it already committed: retries, ambiguous failures and restarts never
+store a record twice.
+
+An account the service is not enabled for (403 ``service_not_enabled`` before
+this run's first committed receipt) or a run opted out turns the sink off
+quietly: the other sinks still carry every episode, so it is not a loss.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import orjson
+
+from ..exceptions import ForbiddenError, TraceTooLargeError
+from ..journal import Entry, EntryKind
+from ..platform import PlatformClient
+from ..records import stamp_run
+from .base import Binding, Prepared, SendContext, SinkOff
+
+__all__ = ["MAX_LINE_BYTES", "TARGET_BATCH_BYTES", "TracesSink", "multipart_body"]
+
+#: Batches stay under a 32 MiB request cap in front of the service.
+TARGET_BATCH_BYTES = 30 * 1024 * 1024
+#: The service's per-line limit (content without the LF).
+MAX_LINE_BYTES = 64 * 1024 * 1024
+_MAX_LINES = 10_000
+# Level 1: on a fast link compression is pure CPU; JSON still shrinks ~5x.
+_GZIP_LEVEL = 1
+
+
+def multipart_body(jsonl: bytes, metadata: Mapping[str, Any]) -> tuple[bytes, str, str]:
+    """``(body, content_type, idempotency_key)`` for one upload, deterministic
+    in its inputs (gzip with mtime 0, boundary derived from the digest)."""
+    digest = hashlib.sha256(jsonl).hexdigest()
+    gz = gzip.compress(jsonl, compresslevel=_GZIP_LEVEL, mtime=0)
+    boundary = f"primeruns-{digest[:32]}"
+    while boundary.encode() in gz:  # vanishingly rare; keep the framing unambiguous
+        boundary += "x"
+    meta = orjson.dumps(dict(metadata))
+    b = boundary.encode()
+    body = b"".join(
+        [
+            b"--" + b + b"\r\n",
+            b'Content-Disposition: form-data; name="metadata"\r\n',
+            b"Content-Type: application/json\r\n\r\n",
+            meta,
+            b"\r\n--" + b + b"\r\n",
+            b'Content-Disposition: form-data; name="traces"; filename="traces.jsonl"\r\n',
+            b"Content-Type: application/x-ndjson\r\n",
+            b"Content-Encoding: gzip\r\n\r\n",
+            gz,
+            b"\r\n--" + b + b"--\r\n",
+        ]
+    )
+    return body, f"multipart/form-data; boundary={boundary}", f"sha256:{digest}"
+
+
+class TracesSink:
+    """Uploads episodes and bare traces to Prime Traces."""
+
+    name = "traces"
+    kinds = frozenset({EntryKind.EPISODE, EntryKind.TRACE})
+    max_entries = _MAX_LINES
+    max_bytes = TARGET_BATCH_BYTES
+
+    def __init__(
+        self,
+        client: PlatformClient | None,
+        *,
+        context: Mapping[str, str],
+        opted_out: bool = False,
+        committed: int = 0,
+    ) -> None:
+        self._client = client
+        self._metadata: dict[str, Any] = {"schema_version": 1}
+        if context:
+            self._metadata["context"] = dict(context)
+        self._opted_out = opted_out
+        # Receipts already committed for this run, by this or an earlier process.
+        self.committed = committed
+
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared | None:
+        if self._opted_out or self._client is None:
+            raise SinkOff("opted out of Prime Traces")
+        kind = entries[0].kind
+        lines: list[bytes] = []
+        size = 0
+        nonempty = 0
+        last_seq = entries[0].seq
+        for entry in entries:
+            if entry.kind is not kind:
+                break  # one line format per upload
+            record = orjson.loads(entry.payload)
+            line = orjson.dumps(stamp_run(record, binding.run_id, binding.kind))
+            if len(line) > MAX_LINE_BYTES:
+                if lines:
+                    break  # ship what came before; this one fails alone
+                raise TraceTooLargeError(1, len(line), MAX_LINE_BYTES)
+            if lines and size + len(line) + 1 > TARGET_BATCH_BYTES:
+                break
+            lines.append(line)
+            size += len(line) + 1
+            last_seq = entry.seq
+            if kind is EntryKind.EPISODE and record.get("traces"):
+                nonempty += 1
+        jsonl = b"\n".join(lines) + b"\n"
+        body, content_type, key = multipart_body(jsonl, self._metadata)
+        state: dict[str, Any] = {
+            "content_type": content_type,
+            "key": key,
+            "episode": kind is EntryKind.EPISODE,
+            "counters": {"episodes_written": nonempty, "traces_receipts": 1},
+        }
+        if last_seq != entries[-1].seq:
+            state["last_seq"] = last_seq
+        return Prepared(body=body, state=state, records=len(lines))
+
+    def send(self, body: bytes, ctx: SendContext) -> None:
+        if self._client is None:
+            raise SinkOff("opted out of Prime Traces")
+        headers = {"Content-Type": ctx.state["content_type"], "Idempotency-Key": ctx.state["key"]}
+        if ctx.state.get("episode"):
+            headers["X-Prime-Line-Format"] = "episode"
+        try:
+            receipt = self._client.traces("POST", "/traces", content=body, headers=headers)
+        except ForbiddenError as exc:
+            if exc.code == "service_not_enabled" and self.committed == 0:
+                raise SinkOff("Prime Traces is not enabled for this account") from exc
+            raise
+        if receipt.get("status") not in (None, "committed"):
+            raise ValueError(f"Prime Traces answered status {receipt.get('status')!r}")
+        self.committed += 1

@@ -1,0 +1,49 @@
+"""Training metrics: one row per ``log_metrics`` call, on its own shipper so a
+slow sample upload never holds a curve back (contract §3.5).
+
+Each journal entry is the finished row (values cleaned, ``step`` and
+``_timestamp`` set when it was logged), so a resend carries the same
+timestamp. The platform keeps one row per step, which makes a replay after an
+ambiguous failure harmless; rows of a batch already stored are still skipped
+on resend, because the batch records how far it got.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import orjson
+
+from ..exceptions import is_record_rejection
+from ..journal import Entry, EntryKind
+from ..platform import PlatformClient
+from .base import Binding, Prepared, SendContext
+
+__all__ = ["TrainMetricsSink"]
+
+
+class TrainMetricsSink:
+    name = "train_metrics"
+    kinds = frozenset({EntryKind.METRICS})
+    max_entries = 200
+    max_bytes = 4 * 1024 * 1024
+
+    def __init__(self, client: PlatformClient) -> None:
+        self._client = client
+
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared | None:
+        body = b"[" + b",".join(entry.payload for entry in entries) + b"]"
+        return Prepared(body=body, state={"done": 0}, records=len(entries))
+
+    def send(self, body: bytes, ctx: SendContext) -> None:
+        rows = orjson.loads(body)
+        done = int(ctx.state.get("done", 0))
+        for index in range(done, len(rows)):
+            payload = {"run_id": ctx.binding.run_id, "metrics": rows[index]}
+            try:
+                self._client.api("POST", "/rft/metrics", payload)
+            except Exception as exc:
+                if not is_record_rejection(exc):
+                    raise
+                ctx.reject(1, exc)  # this row only; the rest of the batch goes on
+            ctx.save_state({"done": index + 1})

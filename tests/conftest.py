@@ -1,0 +1,36 @@
+"""Shared fixtures: the local platform as a real subprocess on a temporary data dir."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from primeruns.local import LocalPlatform
+
+
+@pytest.fixture
+def make_local_platform(tmp_path: Path) -> Iterator[Callable[..., LocalPlatform]]:
+    """Factory: ``make_local_platform(**LocalPlatform kwargs)`` -> a started platform.
+
+    Each call gets its own data dir under ``tmp_path`` (or ``data_dir=``); all
+    are stopped at the end of the test.
+    """
+    started: list[LocalPlatform] = []
+
+    def make(data_dir: Path | None = None, **kwargs: Any) -> LocalPlatform:
+        platform = LocalPlatform(data_dir or tmp_path / f"platform-{len(started)}", **kwargs)
+        started.append(platform)
+        return platform.start()
+
+    yield make
+    for platform in started:
+        platform.stop()
+
+
+@pytest.fixture
+def local_platform(make_local_platform: Callable[..., LocalPlatform]) -> LocalPlatform:
+    """A started local platform with default settings (any key, every team)."""
+    return make_local_platform()

@@ -1,0 +1,85 @@
+"""Record builders and small HTTP helpers shared by the local platform tests."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+
+def trace(run_id: str | None = "run-1", *, step: int | None = None, reward: float = 1.0,
+          trace_id: str | None = None, start: float | None = None) -> dict[str, Any]:
+    run: dict[str, Any] | None = None
+    if run_id is not None:
+        run = {"id": run_id, "type": "train" if step is not None else "eval"}
+        if step is not None:
+            run["work"] = {"type": "train", "step": step}
+    t0 = time.time() - 60 if start is None else start
+    doc: dict[str, Any] = {
+        "version": 1,
+        "id": trace_id or uuid.uuid4().hex,
+        "task": {"data": {"id": "task-1", "idx": 0}},
+        "agent": {"name": "agent", "trainable": True, "config": {"model": "m-1"}},
+        "rewards": {"correct": {"score": reward, "weight": 1.0}},
+        "ok": True,
+        "errors": [],
+        "stop_condition": "done",
+        "timing": {"start": t0, "scoring": {"start": t0 + 1, "end": t0 + 2}},
+        "num_total_tokens": 42,
+    }
+    if run is not None:
+        doc["run"] = run
+    return doc
+
+
+def episode(run_id: str = "run-1", *, traces: int = 2, step: int | None = None,
+            episode_id: str | None = None) -> dict[str, Any]:
+    members = [trace(run_id, step=step) for _ in range(traces)]
+    return {
+        "id": episode_id or uuid.uuid4().hex,
+        "env": {"id": "gsm8k"},
+        "run": {"id": run_id, "type": "train" if step is not None else "eval"},
+        "ok": True,
+        "errors": [],
+        "traces": members,
+    }
+
+
+def jsonl(records: list[dict[str, Any]]) -> bytes:
+    return b"".join(
+        json.dumps(r, separators=(",", ":"), ensure_ascii=False).encode() + b"\n" for r in records
+    )
+
+
+def post_upload(
+    url: str,
+    body: bytes,
+    *,
+    episode_format: bool = False,
+    key: str | None = None,
+    metadata: bytes = b'{"schema_version": 1}',
+    compress: bool = True,
+    headers: dict[str, str] | None = None,
+) -> httpx.Response:
+    """A hand-built upload, for the error paths the vendor client never produces."""
+    part_headers = {"Content-Encoding": "gzip"} if compress else {}
+    payload = gzip.compress(body, mtime=0) if compress else body
+    sent = {"Idempotency-Key": key or "sha256:" + hashlib.sha256(body).hexdigest()}
+    if episode_format:
+        sent["X-Prime-Line-Format"] = "episode"
+    sent.update(headers or {})
+    files = {
+        "metadata": (None, metadata, "application/json"),
+        "traces": ("traces.jsonl", payload, "application/x-ndjson", part_headers),
+    }
+    return httpx.post(f"{url}/api/v1/traces", headers=sent, files=files, timeout=30)
+
+
+def error_code(response: httpx.Response) -> str | None:
+    code: str | None = response.json()["error"]["code"]
+    return code

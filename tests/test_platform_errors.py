@@ -1,0 +1,74 @@
+"""Error mapping: every platform answer becomes the SDK exception a caller expects."""
+
+from __future__ import annotations
+
+import email.utils
+
+import httpx
+import pytest
+
+from primeruns import exceptions as ex
+from primeruns.platform.errors import error_from_response, is_ambiguous, parse_retry_after
+
+
+def _response(status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> httpx.Response:
+    request = httpx.Request("POST", "http://127.0.0.1/api/v1/traces")
+    return httpx.Response(status, content=body, headers=headers, request=request)
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [
+        (400, ex.ValidationRejectedError),
+        (401, ex.UnauthorizedError),
+        (402, ex.PaymentRequiredError),
+        (403, ex.ForbiddenError),
+        (404, ex.NotFoundError),
+        (409, ex.LineFormatConflictError),
+        (429, ex.RetryableAPIError),
+        (502, ex.RetryableAPIError),
+        (503, ex.RetryableAPIError),
+        (504, ex.RetryableAPIError),
+        (413, ex.APIError),
+        (500, ex.APIError),
+    ],
+)
+def test_status_maps_to_exception(status: int, cls: type[ex.APIError]) -> None:
+    err = error_from_response(_response(status, b'{"error":{"code":"c","message":"m"}}'))
+    assert type(err) is cls
+    assert err.status_code == status
+    assert err.code == "c"
+    assert "m" in str(err)
+
+
+def test_fastapi_detail_and_plain_text_bodies() -> None:
+    err = error_from_response(_response(401, b'{"detail":"bad token"}'))
+    assert err.code is None and "bad token" in str(err)
+    err = error_from_response(_response(502, b"<html>gateway</html>"))
+    assert "gateway" in str(err)
+
+
+def test_trace_not_indexed_is_its_own_409() -> None:
+    err = error_from_response(_response(409, b'{"error":{"code":"trace_not_indexed","message":""}}'))
+    assert isinstance(err, ex.TraceNotIndexedError)
+
+
+def test_retry_after_parsing() -> None:
+    assert parse_retry_after("1.5") == 1.5
+    assert parse_retry_after("-3") == 0.0
+    assert parse_retry_after("999") == 60.0
+    assert parse_retry_after("soon") is None
+    assert parse_retry_after(None) is None
+    when = email.utils.format_datetime(email.utils.localtime().replace(microsecond=0), usegmt=False)
+    assert parse_retry_after(when) == 0.0  # now or in the past: retry at once
+    future = email.utils.formatdate(timeval=2_000_000_000 + 10, usegmt=True)
+    assert parse_retry_after(future, now=2_000_000_000) == 10.0
+    err = error_from_response(_response(429, b"", {"Retry-After": "2"}))
+    assert isinstance(err, ex.RetryableAPIError) and err.retry_after == 2.0
+
+
+def test_gateway_errors_are_ambiguous_but_429_is_not() -> None:
+    assert is_ambiguous(error_from_response(_response(503)))
+    assert not is_ambiguous(error_from_response(_response(429)))
+    assert ex.is_transient(error_from_response(_response(429)))
+    assert ex.is_record_rejection(error_from_response(_response(422)))

@@ -1,0 +1,206 @@
+"""The Run handle's contract that needs no platform: modes, arguments, inputs."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sdk_helpers import API_KEY, point_at
+
+import primeruns as pr
+from primeruns.journal import EntryKind, Journal
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"
+
+
+def _journal_records(path: Path, kind: EntryKind) -> list[dict[str, Any]]:
+    journal = Journal.open(path, owner=False)
+    try:
+        result = journal.read(0, kinds={kind}, max_entries=100_000, max_bytes=1 << 30)
+        return [json.loads(e.payload) for e in result.entries]
+    finally:
+        journal.close()
+
+
+def test_no_api_key_gives_a_disabled_run_that_writes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    with caplog.at_level(logging.WARNING):
+        run = pr.init(environments=["gsm8k"], runs_dir=runs)
+    assert run.mode == "disabled" and run.id.startswith("disabled-")
+    assert "no API key" in caplog.text
+    run.log_episodes([{"id": "e1", "traces": []}])
+    run.finish()
+    assert run.journal_path is None and not runs.exists()
+
+
+def test_offline_run_journals_everything_and_touches_no_network(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, _closed_port_url())
+    monkeypatch.setenv("PRIME_RUNS_MODE", "offline")
+    run = pr.init(
+        kind="train", model="m", team_id="t", base_url=_closed_port_url(), runs_dir=runs
+    )
+    run.log_metrics({"loss": 0.5, "nan": float("nan")}, step=3)
+    run.log_episodes([{"id": "e1", "traces": []}])
+    run.finish()
+    assert run.url is None and run.mode == "offline"
+    assert run.errors == []
+    assert run.journal_path is not None
+    metrics = _journal_records(run.journal_path, EntryKind.METRICS)
+    assert len(metrics) == 1
+    assert metrics[0]["loss"] == 0.5 and metrics[0]["step"] == 3 and "nan" not in metrics[0]
+    assert "_timestamp" in metrics[0]
+    finish = _journal_records(run.journal_path, EntryKind.FINISH)
+    assert finish[0]["status"] == "completed"
+
+
+def test_online_without_a_key_is_a_configuration_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    with pytest.raises(pr.ConfigurationError, match="API key"):
+        pr.init(mode="online", runs_dir=runs)
+    with pytest.raises(pr.ConfigurationError, match="not a mode"):
+        pr.init(mode="sometimes", api_key=API_KEY, runs_dir=runs)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"name": 3}, "name"),
+        ({"model": ["m"]}, "model"),
+        ({"tags": "a,b"}, "tags"),
+        ({"kind": "pretrain"}, "kind"),
+        ({"on_error": "ignore"}, "on_error"),
+        ({"durability": "maybe"}, "durability"),
+        ({"finish_timeout": -1}, "finish_timeout"),
+        ({"training": {"max_steps": 3}, "kind": "train"}, "training"),
+        ({"training": pr.TrainingSpec()}, "training"),
+        ({"environments": [3]}, "environments"),
+        ({"environments": ["a/"]}, "slug"),
+        ({"config": 3}, "config"),
+        ({"traces_opt_out": "yes"}, "traces_opt_out"),
+    ],
+)
+def test_wrong_argument_types_name_the_argument(
+    kwargs: dict[str, Any], field: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    with pytest.raises((TypeError, ValueError, pr.ConfigurationError), match=field):
+        pr.init(mode="offline", runs_dir=runs, **kwargs)
+
+
+def test_config_file_is_stored_byte_for_byte_and_bad_ones_fail_clearly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    cfg = tmp_path / "train.toml"
+    cfg.write_text("lr = 1e-4 # café\n", encoding="utf-8")
+    run = pr.init(mode="offline", config=cfg, runs_dir=runs)
+    assert run.config_source == pr.ConfigSource(
+        text="lr = 1e-4 # café\n", format="toml", filename="train.toml"
+    )
+    run.finish()
+    bad = tmp_path / "bad.yaml"
+    bad.write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(pr.ConfigurationError, match="not UTF-8"):
+        pr.init(mode="offline", config=bad, runs_dir=runs)
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (256 * 1024 + 1))
+    with pytest.raises(pr.ConfigurationError, match="limit"):
+        pr.init(mode="offline", config=big, runs_dir=runs)
+    with pytest.raises(pr.ConfigurationError, match="does not exist"):
+        pr.init(mode="offline", config=tmp_path / "missing.toml", runs_dir=runs)
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+@dataclasses.dataclass
+class Point:
+    x: int
+    y: float
+
+
+class Unencodable:
+    pass
+
+
+def test_unencodable_record_is_counted_and_named_under_warn(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(mode="offline", runs_dir=runs)
+    good = {"id": "ok", "traces": [], "info": {"color": Color.RED, "p": Point(1, 2.5), "s": {3}}}
+    bad = {"id": "bad", "traces": [], "info": {"obj": Unencodable()}}
+    with caplog.at_level(logging.WARNING):
+        run.log_episodes([good, bad])
+    assert run.failed_records == {"encode": 1}
+    assert "info.obj" in caplog.text
+    run.finish()
+    assert run.journal_path is not None
+    stored = _journal_records(run.journal_path, EntryKind.EPISODE)
+    assert [r["id"] for r in stored] == ["ok"]
+    assert stored[0]["info"] == {"color": "red", "p": {"x": 1, "y": 2.5}, "s": [3]}
+
+
+def test_unencodable_record_raises_under_raise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(mode="offline", runs_dir=runs, on_error="raise")
+    with pytest.raises(TypeError, match="info.obj"):
+        run.log_episodes([{"id": "bad", "traces": [], "info": {"obj": Unencodable()}}])
+    run.finish()
+
+
+def test_log_after_finish_raises_run_finished(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(mode="offline", runs_dir=runs)
+    run.finish()
+    run.finish()  # idempotent
+    with pytest.raises(pr.RunFinishedError):
+        run.log_episodes([])
+    with pytest.raises(pr.RunFinishedError):
+        run.log_metrics({"a": 1})
+    with pytest.raises(ValueError, match="terminal"):
+        pr.init(mode="offline", runs_dir=runs).finish(status="running")
+
+
+def test_summary_drops_non_finite_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(mode="offline", runs_dir=runs)
+    run.update_summary({"a": 1.0, "b": float("inf"), "n": {"x": float("nan")}})
+    run.finish(summary={"c": [1.0, float("nan")]})
+    assert run.summary == {"a": 1.0, "c": [1.0]}
+
+
+def test_journal_files_are_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(mode="offline", runs_dir=runs, api_key="sk-very-secret-key-999")
+    run.log_episodes([{"id": "e", "traces": []}])
+    run.finish()
+    path = run.journal_path
+    assert path is not None
+    assert path.stat().st_mode & 0o777 == 0o700
+    for child in path.iterdir():
+        assert child.stat().st_mode & 0o077 == 0, child.name
+        if child.is_file():
+            assert b"sk-very-secret-key-999" not in child.read_bytes()

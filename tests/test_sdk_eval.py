@@ -1,0 +1,188 @@
+"""Evaluation runs end to end against the local platform over loopback HTTP."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import workloads
+from sdk_helpers import API_KEY, point_at
+
+import primeruns as pr
+from primeruns.metrics import from_episodes
+
+
+def _close(a: Any, b: Any) -> bool:
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, float | int) and isinstance(b, float | int):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
+    return bool(a == b)
+
+
+def _eval(runs: Path, url: str, episodes: list[dict[str, Any]], batch: int = 25) -> pr.Run:
+    run = pr.init(
+        name="gsm8k-test",
+        environments=["gsm8k"],
+        model="Qwen/Qwen3-8B",
+        framework="verifiers",
+        api_key=API_KEY,
+        base_url=url,
+        runs_dir=runs,
+    )
+    for i in range(0, len(episodes), batch):
+        run.log_episodes(episodes[i : i + batch])
+    run.finish(summary=from_episodes(episodes), timeout=120)
+    return run
+
+
+def _assert_landed_once(stored: dict[str, Any], n: int) -> None:
+    traces = stored["traces"]
+    assert traces["episodes"] == traces["distinct_episodes"] == n
+    assert traces["traces"] == traces["distinct_traces"]
+    assert stored["samples"]["rows"] == stored["samples"]["distinct"] == n
+
+
+def test_eval_of_500_episodes_lands_once_and_completes(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    episodes = workloads.gsm8k(500)
+    run = _eval(runs, local_platform.url, episodes)
+    assert run.finished and run.status is pr.RunStatus.COMPLETED
+    assert run.url and run.id in run.url
+    assert run.dropped_records == 0 and run.failed_records == {}
+    stored = local_platform.run(run.id)
+    _assert_landed_once(stored, 500)
+    assert stored["status"] == "COMPLETED"
+    expected = dict(from_episodes(episodes))
+    summary = dict(stored["summary"])
+    assert summary.pop("prime_runs") == {"traces_episodes_written": 500}
+    assert _close(summary, expected)
+
+
+def test_eval_with_retryable_and_ambiguous_faults_has_no_loss_and_no_duplicate(
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lp = make_local_platform(retryable_rate=0.3, ambiguous_rate=0.1, fault_seed=7)
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    episodes = workloads.gsm8k(500)
+    run = _eval(runs, lp.url, episodes)
+    assert run.status is pr.RunStatus.COMPLETED
+    assert run.dropped_records == 0
+    assert run.failed_records == {}
+    lp.set_faults(retryable_rate=0.0, ambiguous_rate=0.0)
+    stored = lp.run(run.id)
+    _assert_landed_once(stored, 500)
+    assert stored["status"] == "COMPLETED"
+
+
+def test_platform_down_for_the_whole_run_then_back_before_finish(
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lp = make_local_platform()
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    lp.stop()  # connections refused from here on
+    episodes = workloads.gsm8k(120)
+    run = pr.init(
+        environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+    )
+    assert run.url is None  # not registered yet: the platform is down
+    for i in range(0, len(episodes), 10):
+        run.log_episodes(episodes[i : i + 10])  # never raises, never waits on the network
+    assert run.journal_path is not None and run.journal_path.is_dir()
+    lp.start()
+    run.finish(timeout=120)
+    assert run.url is not None
+    stored = lp.run(run.id)
+    _assert_landed_once(stored, 120)
+    assert stored["status"] == "COMPLETED"
+    assert run.failed_records == {} and run.dropped_records == 0
+
+
+def test_failed_run_reports_its_reason(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    with pytest.raises(RuntimeError, match="boom"):  # the producer's exception is kept
+        with pr.init(
+            environments=["gsm8k"], api_key=API_KEY, base_url=local_platform.url, runs_dir=runs
+        ) as run:
+            run.log_episodes(workloads.gsm8k(3))
+            raise RuntimeError("boom")
+    assert run.status is pr.RunStatus.FAILED and run.finished
+    stored = local_platform.run(run.id)
+    assert stored["status"] == "FAILED"
+    assert "RuntimeError: boom" in stored["error_message"]
+    assert stored["traces"]["distinct_episodes"] == 3
+
+
+def test_keyboard_interrupt_cancels_the_run(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    with pytest.raises(KeyboardInterrupt):
+        with pr.init(
+            environments=["gsm8k"], api_key=API_KEY, base_url=local_platform.url, runs_dir=runs
+        ) as run:
+            raise KeyboardInterrupt
+    assert run.status is pr.RunStatus.CANCELLED
+    assert local_platform.run(run.id)["status"] == "CANCELLED"
+
+
+def test_wrong_api_key_raises_from_init(
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lp = make_local_platform(api_key="the-right-key-123")
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    with pytest.raises(pr.UnauthorizedError) as info:
+        pr.init(environments=["gsm8k"], api_key="wrong-key-456", base_url=lp.url, runs_dir=runs)
+    assert "wrong-key-456" not in str(info.value)
+
+
+def test_unresolvable_environment_fails_init(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    with pytest.raises(pr.EnvironmentResolutionError, match="nobody/nothing"):
+        pr.init(
+            environments=["nobody/nothing"],
+            api_key=API_KEY,
+            base_url=local_platform.url,
+            runs_dir=runs,
+        )
+
+
+def test_verifiers_style_usage_through_the_vendor_import_name(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import prime_runs
+    from prime_runs.projection import build_samples
+
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    monkeypatch.setenv("PRIME_API_BASE_URL", local_platform.url)
+    monkeypatch.setenv("PRIME_RUNS_DIR", str(runs))
+    assert prime_runs.MODE_ENV == "PRIME_RUNS_MODE"
+    episodes = workloads.gsm8k(10)
+    assert len(build_samples(episodes)) == 10
+    run = prime_runs.init(
+        mode="online",
+        id=None,
+        name="vf-eval",
+        environments=["gsm8k"],
+        model="Qwen/Qwen3-8B",
+        framework="verifiers",
+        config={"model": "Qwen/Qwen3-8B", "num_examples": 10, "rollouts_per_example": 1},
+    )
+    assert run.url is not None and run.status is prime_runs.RunStatus.RUNNING
+    run.log_episodes(episodes)
+    summary = prime_runs.metrics.from_episodes(episodes)
+    run.finish(summary)
+    assert run.finished and run.status is prime_runs.RunStatus.COMPLETED
+    assert run.dropped_records == 0 and run.failed_records == {}
+    stored = local_platform.run(run.id)
+    assert stored["config"] == {"model": "Qwen/Qwen3-8B", "num_examples": 10, "rollouts_per_example": 1}
+    assert stored["samples"]["rows"] == 10
