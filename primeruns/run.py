@@ -40,7 +40,7 @@ from .exceptions import (
     UnauthorizedError,
     is_transient,
 )
-from .journal import EntryKind, Journal, default_runs_dir
+from .journal import EntryKind, Journal, default_runs_dir, delete_journal
 from .models import (
     CONFIG_SOURCE_KEY,
     ConfigSource,
@@ -67,6 +67,7 @@ log = logging.getLogger("primeruns")
 
 _MODES = ("online", "offline", "disabled")
 _DEFAULT_FINISH_TIMEOUT = 300.0
+_AUTH_ERRORS = (UnauthorizedError, ForbiddenError, PaymentRequiredError)
 _SIGTERM_GRACE = 20.0
 _CRASHED = "process exited without finishing the run"
 
@@ -852,9 +853,12 @@ def init(
         try:
             _go_online(run, journal, settings)
         except BaseException:
+            # The run never existed on the platform: leave no journal behind
+            # for `primeruns ls` to call crashed.
             _unregister_exit(run)
             run._finished = True
             journal.close()
+            delete_journal(journal.path)
             raise
     return run
 
@@ -877,11 +881,8 @@ def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
     deferred = False
     try:
         lifecycle.register(attempts=2)
-    except (UnauthorizedError, ForbiddenError, PaymentRequiredError):
-        client.close()
-        raise
     except APIError as exc:
-        if not is_transient(exc):
+        if not is_transient(exc) or isinstance(exc, _AUTH_ERRORS):
             client.close()
             raise
         deferred = True
@@ -890,6 +891,9 @@ def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
             "registers when it is back. run.url is None until then.",
             exc,
         )
+    except BaseException:
+        client.close()
+        raise
     run._shippers = _make_shippers(run, journal, client, lifecycle, settings, policy)
     for shipper in run._shippers:
         shipper.start()

@@ -237,8 +237,11 @@ class Journal:
                 f"journal {path} has format {version}; this prime-runs reads up to "
                 f"{FORMAT_VERSION}: upgrade prime-runs to ship it"
             )
-        if owner:
-            journal.set_meta(K_OWNER, lock.owner.to_json() if lock else None)
+        if lock is not None:
+            try:
+                journal.set_meta(K_OWNER, lock.owner.to_json())
+            except lmdb.Error as exc:
+                journal._structural.append(Damage(None, f"journal cannot be written: {exc}"))
         return journal
 
     # -- guards and transactions --------------------------------------------------------

@@ -137,5 +137,6 @@ class OwnerLock:
         if fd is None or os.getpid() != self._pid:
             return
         with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)  # no owner any more: listings show none
             fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)

@@ -4,10 +4,11 @@ Three things here are easy to get wrong with LMDB, and each is handled once:
 
 - **Damaged files.** LMDB maps ``data.mdb`` and trusts it: a file truncated
   below what its newest meta page names makes LMDB touch pages past the end of
-  the file (SIGBUS, the process dies). ``inspect_file`` reads the two meta
-  pages in Python first; a truncated file is opened as a zero-padded copy (read
-  only) or padded in place (owner), so the missing pages read as damage
-  LMDB reports (PageNotFound/Corrupted), never as a crash.
+  the file, or aborts on a page of the wrong type: the process dies.
+  ``inspect_file`` reads the two meta pages in Python first; a file they do
+  not describe correctly is never given to LMDB: ``salvage`` rebuilds a fresh
+  environment from a pure-Python page scan (a private copy for a reader, in
+  place for the owner, keeping the damaged file beside it).
 - **Growth.** The map starts small and doubles on MapFullError up to the
   journal's byte budget. ``set_mapsize`` needs no transaction active in this
   process; the Journal serializes every transaction under one lock for that.
@@ -28,12 +29,15 @@ import shutil
 import struct
 import tempfile
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import lmdb
+
+from primeruns.journal.salvage import scan_pages
 
 __all__ = [
     "DATA_NAME",
@@ -59,6 +63,7 @@ class FileReport:
     size: int
     needed: int  # bytes the newest valid meta page needs
     problems: tuple[str, ...]
+    psize: int = 4096
 
     @property
     def truncated(self) -> bool:
@@ -90,7 +95,7 @@ def inspect_file(path: Path) -> FileReport:
         last, txnid = struct.unpack_from("<QQ", head, off + 120)
         metas.append((txnid, last, psize))
     if not metas:
-        return FileReport(size, 0, (*problems, f"{path.name} has no valid meta page"))
+        return FileReport(size, 0, (*problems, f"{path.name} has no valid meta page"), psize)
     _txnid, last, psize = max(metas)
     needed = (last + 1) * psize
     if needed > size:
@@ -98,7 +103,14 @@ def inspect_file(path: Path) -> FileReport:
             f"{path.name} is truncated: {size} bytes, the last committed transaction "
             f"needs {needed}; entries stored past the end are lost"
         )
-    return FileReport(size, needed, tuple(problems))
+    return FileReport(size, needed, tuple(problems), psize)
+
+
+def report_size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def is_disk_full(exc: BaseException) -> bool:
@@ -175,8 +187,8 @@ class Store:
     ) -> None:
         """Open (or create) the environment; raises lmdb.Error on failure.
 
-        A truncated ``data.mdb`` is handled as the module doc says and listed
-        in ``self.problems``.
+        A damaged ``data.mdb`` is salvaged as the module doc says; what was
+        found wrong is listed in ``self.problems``.
         """
         self.directory = directory
         self.max_bytes = max_bytes
@@ -191,14 +203,27 @@ class Store:
         if data.exists():
             report = inspect_file(data)
             self.problems.extend(report.problems)
-            if report.needed == 0:
+            if report.needed == 0 and report.size < 2 * report.psize:
                 raise lmdb.InvalidError(f"{data} is not an LMDB file")
-            if report.truncated:
-                open_dir = self._pad(data, report.needed, readonly)
+            if report.problems:
+                open_dir = self._salvage(data, report.psize, readonly)
             map_size = max(map_size, report.needed, report.size)
-        map_size = min(max(map_size, _INITIAL_MAP), max(max_bytes, map_size))
+        # Never start above the budget, unless the file is already bigger.
+        map_size = max(min(map_size, max_bytes), report_size(data))
+        try:
+            self._open(open_dir, map_size, readonly, create, sync)
+        except (lmdb.CorruptedError, lmdb.PageNotFoundError) as exc:
+            if self._tempdir is not None or not data.exists():
+                raise
+            # The meta pages looked fine but the tree is damaged: salvage instead.
+            self.problems.append(f"{DATA_NAME} tree damaged ({exc})")
+            open_dir = self._salvage(data, inspect_file(data).psize, readonly)
+            self._open(open_dir, map_size, readonly, create, sync)
+        _LIVE.add(self)
+
+    def _open(self, where: Path, map_size: int, readonly: bool, create: bool, sync: bool) -> None:
         self.env = lmdb.open(
-            str(open_dir),
+            str(where),
             map_size=map_size,
             subdir=True,
             readonly=readonly,
@@ -208,7 +233,7 @@ class Store:
             metasync=sync,
             writemap=False,  # a full disk must be an error, not a SIGBUS
             mode=0o600,
-            lock=self._tempdir is None,  # a private padded copy needs no lock
+            lock=self._tempdir is None,  # a private salvaged copy needs no lock
         )
         try:
             with contextlib.suppress(lmdb.Error):
@@ -220,22 +245,47 @@ class Store:
             self.env.close()
             self._drop_tempdir()
             raise
-        _LIVE.add(self)
 
-    def _pad(self, data: Path, needed: int, readonly: bool) -> Path:
-        # Missing pages become zeros, which LMDB reports as damage instead of
-        # faulting on an unmapped page. The owner pads in place (it is the only
-        # writer); a reader pads a private copy and leaves the file untouched.
-        if not readonly:
-            with open(data, "r+b") as f:
-                f.truncate(needed)
-            return self.directory
-        self._tempdir = tempfile.mkdtemp(prefix="primeruns-journal-")
-        copy = Path(self._tempdir) / DATA_NAME
-        shutil.copyfile(data, copy)
-        with open(copy, "r+b") as f:
-            f.truncate(needed)
-        return Path(self._tempdir)
+    def _salvage(self, data: Path, psize: int, readonly: bool) -> Path:
+        # LMDB must not open this file (see module doc). Rebuild a fresh
+        # environment from a page scan: a reader builds a private copy and
+        # leaves the file untouched; the owner (the repair path: replay, sync)
+        # keeps the damaged file beside it as data.mdb.damaged-<time>.
+        found = scan_pages(data, psize)
+        self.problems.append(
+            f"recovered {len(found.entries)} entries, {len(found.cursors)} cursors and "
+            f"{len(found.meta)} meta values by scanning {found.pages} pages"
+        )
+        target = Path(
+            tempfile.mkdtemp(prefix="primeruns-salvage-", dir=None if readonly else self.directory)
+        )
+        env = lmdb.open(
+            str(target),
+            map_size=max(_INITIAL_MAP, 2 * data.stat().st_size),
+            max_dbs=len(DB_NAMES) + 2,
+            mode=0o600,
+            lock=False,
+        )
+        try:
+            dbs = {n: env.open_db(n) for n in DB_NAMES}
+            with env.begin(write=True) as txn:
+                for seq in sorted(found.entries):
+                    txn.put(struct.pack(">Q", seq), found.entries[seq], db=dbs[b"entries"])
+                for key, value in found.meta.items():
+                    txn.put(key, value, db=dbs[b"meta"])
+                for key, value in found.cursors.items():
+                    txn.put(key, value, db=dbs[b"cursors"])
+        finally:
+            env.close()
+        if readonly:
+            self._tempdir = str(target)
+            return target
+        os.replace(data, data.with_name(f"{DATA_NAME}.damaged-{int(time.time())}"))
+        os.replace(target / DATA_NAME, data)
+        with contextlib.suppress(OSError):
+            os.unlink(self.directory / "lock.mdb")  # describes the old file's readers
+        shutil.rmtree(target, ignore_errors=True)
+        return self.directory
 
     def _drop_tempdir(self) -> None:
         if self._tempdir is not None:

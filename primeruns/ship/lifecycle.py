@@ -22,8 +22,11 @@ from typing import Any
 from ..exceptions import (
     APIError,
     EnvironmentResolutionError,
+    ForbiddenError,
     LineFormatConflictError,
+    PaymentRequiredError,
     RetryableAPIError,
+    UnauthorizedError,
     is_transient,
 )
 from ..journal import Journal
@@ -35,6 +38,8 @@ __all__ = ["Lifecycle", "crash_reason", "status_message"]
 
 log = logging.getLogger("primeruns.lifecycle")
 
+# Authorization failures are about the key, not the environment: they surface as such.
+_AUTH_ERRORS = (UnauthorizedError, ForbiddenError, PaymentRequiredError)
 _EVAL_STATUS = {"failed": "FAILED", "cancelled": "CANCELLED", "crashed": "FAILED"}
 _ERROR_MESSAGE_CAP = 4096
 
@@ -181,7 +186,7 @@ class Lifecycle:
                     inner = data.get("data") if isinstance(data.get("data"), dict) else {}
                     env_id = inner.get("id")
             except APIError as exc:
-                if is_transient(exc):
+                if is_transient(exc) or isinstance(exc, _AUTH_ERRORS):
                     raise
                 raise EnvironmentResolutionError(
                     f"environments: could not resolve {_ref_text(ref)}: {exc}"

@@ -12,8 +12,14 @@ from typing import Any
 import httpx
 
 
-def trace(run_id: str | None = "run-1", *, step: int | None = None, reward: float = 1.0,
-          trace_id: str | None = None, start: float | None = None) -> dict[str, Any]:
+def trace(
+    run_id: str | None = "run-1",
+    *,
+    step: int | None = None,
+    reward: float = 1.0,
+    trace_id: str | None = None,
+    start: float | None = None,
+) -> dict[str, Any]:
     run: dict[str, Any] | None = None
     if run_id is not None:
         run = {"id": run_id, "type": "train" if step is not None else "eval"}
@@ -37,8 +43,13 @@ def trace(run_id: str | None = "run-1", *, step: int | None = None, reward: floa
     return doc
 
 
-def episode(run_id: str = "run-1", *, traces: int = 2, step: int | None = None,
-            episode_id: str | None = None) -> dict[str, Any]:
+def episode(
+    run_id: str = "run-1",
+    *,
+    traces: int = 2,
+    step: int | None = None,
+    episode_id: str | None = None,
+) -> dict[str, Any]:
     members = [trace(run_id, step=step) for _ in range(traces)]
     return {
         "id": episode_id or uuid.uuid4().hex,
@@ -73,7 +84,7 @@ def post_upload(
     if episode_format:
         sent["X-Prime-Line-Format"] = "episode"
     sent.update(headers or {})
-    files = {
+    files: dict[str, Any] = {
         "metadata": (None, metadata, "application/json"),
         "traces": ("traces.jsonl", payload, "application/x-ndjson", part_headers),
     }

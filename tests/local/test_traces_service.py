@@ -6,6 +6,7 @@ import json
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -32,15 +33,23 @@ def test_vendor_client_uploads_episodes_and_replay_stores_nothing(
     platform: LocalPlatform, client: TracesClient
 ) -> None:
     episodes = [episode("run-vendor", traces=2, step=s) for s in (0, 0, 1)]
-    first = client.upload_records(episodes, line_format=LineFormat.EPISODE,
-                                  context={"source": "test", "run_type": "train"})
+    first = client.upload_records(
+        episodes, line_format=LineFormat.EPISODE, context={"source": "test", "run_type": "train"}
+    )
     assert [r.status for r in first] == ["committed"]
-    again = client.upload_records(episodes, line_format=LineFormat.EPISODE,
-                                  context={"source": "test", "run_type": "train"})
+    again = client.upload_records(
+        episodes, line_format=LineFormat.EPISODE, context={"source": "test", "run_type": "train"}
+    )
     assert again == first
     stored = platform.run("run-vendor")["traces"]
-    assert stored == {"episodes": 3, "distinct_episodes": 3, "traces": 6, "distinct_traces": 6,
-                      "uploads": 1, "replayed_uploads": 1}
+    assert stored == {
+        "episodes": 3,
+        "distinct_episodes": 3,
+        "traces": 6,
+        "distinct_traces": 6,
+        "uploads": 1,
+        "replayed_uploads": 1,
+    }
     run = client.get_run("run-vendor")
     assert (run.trace_count, run.episode_count, run.step_min, run.step_max) == (6, 3, 0, 1)
     assert run.avg_reward == 1.0 and run.model_ids == ["m-1"]
@@ -122,15 +131,21 @@ GOOD = jsonl([trace("run-bad")])
         ({"body": b"\xff\xfe\n"}, "malformed_encoding"),
         ({"body": GOOD, "metadata": b'{"schema_version": 2}'}, "unsupported_schema_version"),
         ({"body": GOOD, "metadata": b"nope"}, "invalid_metadata"),
-        ({"body": GOOD, "metadata": b'{"schema_version":1,"context":{"a":1}}'},
-         "invalid_metadata"),
+        ({"body": GOOD, "metadata": b'{"schema_version":1,"context":{"a":1}}'}, "invalid_metadata"),
         ({"body": GOOD, "episode_format": True}, "line_format_mismatch"),
         ({"body": jsonl([episode()])}, "line_format_mismatch"),
         ({"body": jsonl([trace(trace_id="same"), trace(trace_id="same")])}, "duplicate_trace_id"),
-        ({"body": jsonl([episode(episode_id="e"), episode(episode_id="e")]),
-          "episode_format": True}, "duplicate_episode_id"),
-        ({"body": jsonl([episode(episode_id="e" * 300)]), "episode_format": True},
-         "episode_id_too_long"),
+        (
+            {
+                "body": jsonl([episode(episode_id="e"), episode(episode_id="e")]),
+                "episode_format": True,
+            },
+            "duplicate_episode_id",
+        ),
+        (
+            {"body": jsonl([episode(episode_id="e" * 300)]), "episode_format": True},
+            "episode_id_too_long",
+        ),
         ({"body": GOOD, "headers": {"X-Prime-Line-Format": "bogus"}}, "line_format_mismatch"),
     ],
 )
@@ -144,12 +159,17 @@ def test_rejections_are_400_with_the_contract_code(
 
 def test_bad_gzip_and_bad_multipart_are_400(platform: LocalPlatform) -> None:
     key = {"Idempotency-Key": "sha256:" + "a" * 64}
-    files = {"metadata": (None, b'{"schema_version":1}', "application/json"),
-             "traces": ("t.jsonl", b"not gzip", "application/x-ndjson", {"Content-Encoding": "gzip"})}
+    files: dict[str, Any] = {
+        "metadata": (None, b'{"schema_version":1}', "application/json"),
+        "traces": ("t.jsonl", b"not gzip", "application/x-ndjson", {"Content-Encoding": "gzip"}),
+    }
     r = httpx.post(f"{platform.url}/api/v1/traces", headers=key, files=files)
     assert r.status_code == 400 and error_code(r) == "malformed_encoding"
-    r = httpx.post(f"{platform.url}/api/v1/traces", content=b"--x\r\ngarbage",
-                   headers={**key, "Content-Type": "multipart/form-data; boundary=x"})
+    r = httpx.post(
+        f"{platform.url}/api/v1/traces",
+        content=b"--x\r\ngarbage",
+        headers={**key, "Content-Type": "multipart/form-data; boundary=x"},
+    )
     assert r.status_code == 400 and error_code(r) == "malformed_encoding"
     r = httpx.post(f"{platform.url}/api/v1/traces", json={"a": 1}, headers=key)
     assert r.status_code == 415
@@ -159,8 +179,11 @@ def test_bad_gzip_and_bad_multipart_are_400(platform: LocalPlatform) -> None:
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(
             b"POST /api/v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data;"
-            b" boundary=x\r\nIdempotency-Key: " + key["Idempotency-Key"].encode()
-            + b"\r\nContent-Length: " + str(2**29).encode() + b"\r\n\r\nx"
+            b" boundary=x\r\nIdempotency-Key: "
+            + key["Idempotency-Key"].encode()
+            + b"\r\nContent-Length: "
+            + str(2**29).encode()
+            + b"\r\n\r\nx"
         )
         answer = b""
         while b"}}" not in answer and (chunk := sock.recv(65536)):
@@ -169,8 +192,14 @@ def test_bad_gzip_and_bad_multipart_are_400(platform: LocalPlatform) -> None:
 
 
 def test_read_filters_are_validated(platform: LocalPlatform) -> None:
-    for query in ("limit=0", "limit=101", "has_error=maybe", "cursor=zzz", "reward_min=x",
-                  "created_after=yesterday"):
+    for query in (
+        "limit=0",
+        "limit=101",
+        "has_error=maybe",
+        "cursor=zzz",
+        "reward_min=x",
+        "created_after=yesterday",
+    ):
         r = httpx.get(f"{platform.url}/api/v1/traces?{query}")
         assert r.status_code == 400, query
         assert error_code(r) in ("invalid_filter", "invalid_cursor")
@@ -183,7 +212,10 @@ def test_api_key_and_disabled_service(make_local_platform: object, tmp_path: Pat
     r = post_upload(secured.url, body, headers={"Authorization": "Bearer wrong"})
     assert r.status_code == 401 and error_code(r) == "unauthenticated"
     assert "sekret" not in r.text
-    assert post_upload(secured.url, body, headers={"Authorization": "Bearer sekret"}).status_code == 201
+    assert (
+        post_upload(secured.url, body, headers={"Authorization": "Bearer sekret"}).status_code
+        == 201
+    )
     disabled = make(traces_disabled=True)  # type: ignore[operator]
     r = post_upload(disabled.url, body)
     assert r.status_code == 403 and error_code(r) == "service_not_enabled"

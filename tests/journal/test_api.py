@@ -1,0 +1,273 @@
+"""The journal's API as the SDK and the shippers use it."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import warnings
+from pathlib import Path
+
+import pytest
+
+from primeruns.exceptions import JournalError, JournalLockedError
+from primeruns.journal import (
+    EntryKind,
+    InFlight,
+    Journal,
+    default_runs_dir,
+    delete_journal,
+    list_journals,
+)
+from primeruns.journal import fsinfo
+
+
+def _rec(i: int, size: int = 20) -> bytes:
+    return json.dumps({"i": i, "pad": "x" * size}).encode()
+
+
+def test_append_read_dense_and_kind_filter(tmp_path: Path) -> None:
+    with Journal.create(tmp_path) as j:
+        assert j.append(EntryKind.METRICS, [_rec(1), _rec(2)]).first_seq == 1
+        r = j.append(EntryKind.EPISODE, [_rec(3, 50_000)])
+        assert (r.first_seq, r.count, r.dropped) == (3, 1, 0)
+        j.append(EntryKind.METRICS, [_rec(4)])
+        assert j.last_seq() == 4
+        got = j.read(0, kinds=[EntryKind.METRICS])
+        assert [e.seq for e in got.entries] == [1, 2, 4]
+        assert got.next_after == 4 and got.damaged == []
+        assert json.loads(got.entries[2].payload) == {"i": 4, "pad": "x" * 20}
+        eps = j.read(0, kinds={EntryKind.EPISODE})
+        assert [(e.seq, e.kind) for e in eps.entries] == [(3, EntryKind.EPISODE)]
+        assert eps.next_after == 4  # passed over the metrics entry after it
+        assert j.get(3) is not None and j.get(3).payload == _rec(3, 50_000)  # type: ignore[union-attr]
+        assert j.get(99) is None
+
+
+def test_read_limits_return_at_least_one(tmp_path: Path) -> None:
+    with Journal.create(tmp_path) as j:
+        j.append(EntryKind.EPISODE, [_rec(i, 1000) for i in range(10)])
+        first = j.read(0, max_entries=3)
+        assert [e.seq for e in first.entries] == [1, 2, 3] and first.next_after == 3
+        tiny = j.read(3, max_bytes=1)
+        assert [e.seq for e in tiny.entries] == [4] and tiny.next_after == 4
+
+
+def test_cursor_inflight_ack_and_losses(tmp_path: Path) -> None:
+    with Journal.create(tmp_path) as j:
+        j.append(EntryKind.EPISODE, [_rec(i) for i in range(5)])
+        assert j.cursor("traces").acked == 0 and j.cursor("traces").inflight is None
+        body = os.urandom(3000)
+        j.set_inflight("traces", InFlight(1, 3, body, {"key": "k1", "attempts": 0}))
+        j.update_inflight_state("traces", {"attempts": 1})
+    with Journal.open(j.path) as j2:  # the batch survives a restart byte-identical
+        st = j2.cursor("traces")
+        assert st.inflight is not None and st.inflight.body == body
+        assert st.inflight.state == {"key": "k1", "attempts": 1}
+        j2.ack("traces", 3, failed=2, reason="422 bad record")
+        assert j2.cursor("traces").acked == 3 and j2.cursor("traces").inflight is None
+        j2.record_loss("encode", 1, "not JSON")
+        assert j2.losses() == {
+            "traces": {"count": 2, "reasons": ["422 bad record"]},
+            "encode": {"count": 1, "reasons": ["not JSON"]},
+        }
+        with pytest.raises(ValueError):
+            j2.ack("traces", 2)  # backwards
+        with pytest.raises(JournalError):
+            j2.update_inflight_state("traces", {"x": 1})  # nothing in flight
+
+
+def test_meta_roundtrip(tmp_path: Path) -> None:
+    with Journal.create(tmp_path, local_id="run-a", meta={"spec": {"kind": "eval"}}) as j:
+        assert j.local_id == "run-a" and j.path == tmp_path / "run-a"
+        j.set_meta("state", "running")
+        j.update_meta({"platform": {"run_id": "r1"}, "state": "finished"})
+        assert j.get_meta("spec") == {"kind": "eval"}
+        assert j.get_meta("state") == "finished"
+        assert j.get_meta("missing", 7) == 7
+
+
+def test_compact_keeps_last_seq_and_density(tmp_path: Path) -> None:
+    with Journal.create(tmp_path) as j:
+        j.append(EntryKind.METRICS, [_rec(i) for i in range(10)])
+        j.ack("a", 6)
+        j.ack("b", 4)
+        assert j.compact() == 4
+        assert j.last_seq() == 10
+        assert [e.seq for e in j.read(0).entries] == [5, 6, 7, 8, 9, 10]
+        assert j.damage() == []
+    with Journal.open(j.path) as j2:
+        assert j2.last_seq() == 10
+        assert j2.append(EntryKind.METRICS, [_rec(11)]).first_seq == 11
+
+
+def test_wait_for_append_and_wake_all(tmp_path: Path) -> None:
+    with Journal.create(tmp_path) as j:
+        assert j.wait_for_append(0, 0.01) is False
+        results: list[bool] = []
+        started = threading.Event()
+
+        def waiter() -> None:
+            after = j.last_seq()
+            started.set()
+            results.append(j.wait_for_append(after, 30))
+
+        t = threading.Thread(target=waiter)
+        t.start()
+        started.wait()
+        j.append(EntryKind.METRICS, [_rec(1)])
+        t.join(30)
+        assert results == [True]
+        started.clear()
+        t2 = threading.Thread(target=waiter)
+        t2.start()
+        started.wait()
+        # wake_all may land before the waiter sleeps: repeat until it has returned.
+        while t2.is_alive():
+            j.wake_all()
+            t2.join(0.05)
+        assert results == [True, False]
+
+
+def test_permissions_private(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        with Journal.create(tmp_path / "runs") as j:
+            j.append(EntryKind.METRICS, [_rec(1)])
+            assert stat.S_IMODE(j.path.stat().st_mode) == 0o700
+            for f in j.path.iterdir():
+                assert stat.S_IMODE(f.stat().st_mode) == 0o600, f.name
+    finally:
+        os.umask(old)
+
+
+_OWNER = """
+import sys, time
+from pathlib import Path
+from primeruns.journal import EntryKind, Journal
+j = Journal.open(Path(sys.argv[1]))
+j.append(EntryKind.METRICS, [b'{"from":"child"}'])
+print("ready", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_lock_refuses_second_owner_and_allows_readers(tmp_path: Path) -> None:
+    j = Journal.create(tmp_path)
+    path = j.path
+    j.close()
+    child = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        with pytest.raises(JournalLockedError) as info:
+            Journal.open(path)
+        assert info.value.owner is not None and f"pid {child.pid} on" in info.value.owner
+        with pytest.raises(JournalLockedError):
+            delete_journal(path)
+        with Journal.open(path, owner=False) as ro:
+            assert ro.last_seq() == 1 and ro.read(0).entries[0].payload == b'{"from":"child"}'
+            with pytest.raises(JournalError):
+                ro.append(EntryKind.METRICS, [b"{}"])
+        (info_row,) = list_journals(tmp_path)
+        assert info_row.owner_alive and info_row.last_seq == 1
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(30)
+        if child.stdout is not None:
+            child.stdout.close()
+    with Journal.open(path) as j2:  # the dead owner's lock is free
+        assert j2.last_seq() == 1
+    row = list_journals(tmp_path)[0]
+    assert row.owner_alive is False and row.owner is None
+    delete_journal(path)
+    assert not path.exists()
+
+
+def test_open_non_journal_is_clear(tmp_path: Path) -> None:
+    with pytest.raises(JournalError, match="not a prime-runs journal"):
+        Journal.open(tmp_path)
+    (tmp_path / "data.mdb").write_bytes(b"hello" * 100)
+    with pytest.raises(JournalError, match="not"):
+        Journal.open(tmp_path, owner=False)
+    with pytest.raises(JournalError):
+        delete_journal(tmp_path)  # never removes what is not a journal
+    assert (tmp_path / "data.mdb").exists()
+
+
+def test_budget_drops_counted_never_raise(tmp_path: Path) -> None:
+    with Journal.create(tmp_path, max_bytes=1 << 20) as j:
+        written = dropped = 0
+        for i in range(400):
+            r = j.append(EntryKind.EPISODE, [os.urandom(8000).hex().encode()[: 8000 + i]])
+            written += r.count
+            dropped += r.dropped
+        assert written > 0 and dropped > 0
+        assert j.losses()["journal"]["count"] == dropped
+        assert j.last_seq() == written
+        assert [e.seq for e in j.read(0, max_entries=10_000, max_bytes=1 << 30).entries] == list(
+            range(1, written + 1)
+        )
+        j.ack("s", written)  # cursor writes still work (or the loss folds in later)
+        assert j.compact() == written
+        assert j.append(EntryKind.METRICS, [b"{}"]).count == 1  # space reused after compaction
+        assert j.losses()["journal"]["count"] == dropped
+
+
+_FORK = """
+import os, sys, json
+from pathlib import Path
+from primeruns.exceptions import JournalError
+from primeruns.journal import EntryKind, Journal
+j = Journal.create(Path(sys.argv[1]))
+j.append(EntryKind.METRICS, [b'{"n":1}'])
+pid = os.fork()
+if pid == 0:
+    try:
+        j.append(EntryKind.METRICS, [b'{"n":"child"}'])
+        os._exit(3)
+    except JournalError:
+        pass
+    j.close()  # must not touch the parent's environment or lock
+    ro = Journal.open(j.path, owner=False)  # a fresh read-only open works in the child
+    os._exit(0 if ro.last_seq() >= 1 else 4)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+j.append(EntryKind.METRICS, [b'{"n":2}'])
+print(json.dumps([e.payload.decode() for e in j.read(0).entries]))
+j.close()
+"""
+
+
+def test_fork_child_cannot_use_inherited_journal(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _FORK, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout) == ['{"n":1}', '{"n":2}']
+
+
+def test_network_fs_warns_once_with_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fsinfo, "network_fs_type", lambda _p: "nfs")
+    monkeypatch.delenv(fsinfo.ALLOW_ENV, raising=False)
+    with pytest.warns(fsinfo.NetworkFilesystemWarning, match="PRIME_RUNS_DIR"):
+        Journal.create(tmp_path).close()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        Journal.create(tmp_path).close()  # once per runs directory
+        monkeypatch.setenv(fsinfo.ALLOW_ENV, "1")
+        Journal.create(tmp_path / "other").close()
+
+
+def test_default_runs_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PRIME_RUNS_DIR", str(tmp_path / "r"))
+    assert default_runs_dir() == tmp_path / "r"
+    monkeypatch.delenv("PRIME_RUNS_DIR")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "s"))
+    assert default_runs_dir() == tmp_path / "s" / "prime-runs" / "runs"

@@ -1,0 +1,160 @@
+"""Fault injection, restart on the same data, SIGTERM, and hostile input."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+
+import httpx
+import pytest
+from local_helpers import episode, jsonl, post_upload, trace
+
+from primeruns.local import LocalPlatform
+
+
+def _retrying(send: Callable[[], httpx.Response], attempts: int = 40) -> httpx.Response:
+    """The smallest honest client: retry 429/502/503 and transport errors."""
+    for _ in range(attempts):
+        try:
+            response = send()
+        except httpx.TransportError:
+            continue
+        if response.status_code in (429, 502, 503):
+            time.sleep(float(response.headers.get("Retry-After", "0")))
+            continue
+        return response
+    raise AssertionError("gave up")
+
+
+def test_retryable_faults_carry_retry_after_and_store_nothing(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    p = make_local_platform(retryable_rate=1.0, fault_seed=3)
+    seen: dict[int, httpx.Response] = {}
+    for _ in range(30):
+        r = post_upload(p.url, jsonl([trace("run-refused")]))
+        seen.setdefault(r.status_code, r)
+    assert set(seen) == {429, 502, 503}
+    assert float(seen[429].headers["Retry-After"]) > 0
+    assert float(seen[503].headers["Retry-After"]) > 0
+    assert seen[429].json()["error"]["code"] == "rate_limited"
+    assert httpx.get(f"{p.url}/healthz").status_code == 200  # never faulted
+    assert p.runs() == []
+
+
+def test_thirty_percent_faults_with_retries_store_everything_once(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    p = make_local_platform(retryable_rate=0.2, ambiguous_rate=0.1, fault_seed=7)
+    assert p.set_faults(seed=7)["retryable_rate"] == 0.2
+    api = f"{p.url}/api/v1"
+    run_id = _retrying(
+        lambda: httpx.post(
+            f"{api}/rft/external-runs", json={"base_model": "m", "max_steps": 5, "team_id": "t"}
+        )
+    ).json()["run"]["id"]
+    episodes = [episode(run_id, step=i % 5) for i in range(40)]
+    for i in range(0, 40, 4):
+        body = jsonl(episodes[i : i + 4])
+        r = _retrying(lambda b=body: post_upload(p.url, b, episode_format=True))  # type: ignore[misc]
+        assert r.json()["status"] == "committed"
+    for step in range(5):
+        _retrying(
+            lambda s=step: httpx.post(
+                f"{api}/rft/metrics",
+                json={  # type: ignore[misc]
+                    "run_id": run_id,
+                    "metrics": {"step": s, "loss": 1.0 / (s + 1)},
+                },
+            )
+        )
+    _retrying(lambda: httpx.post(f"{api}/rft/finalize", json={"run_id": run_id, "exit_code": 0}))
+    report = p.run(run_id)
+    assert report["status"] == "COMPLETED"
+    assert report["traces"]["episodes"] == report["traces"]["distinct_episodes"] == 40
+    assert report["traces"]["traces"] == report["traces"]["distinct_traces"] == 80
+    assert report["train_metrics"] == {"rows": 5, "steps": 5}
+
+
+def test_ambiguous_failure_commits(make_local_platform: Callable[..., LocalPlatform]) -> None:
+    p = make_local_platform(ambiguous_rate=1.0)
+    with pytest.raises(httpx.TransportError):
+        httpx.post(f"{p.url}/api/v1/evaluations/", json={"environments": [{"id": "e"}]})
+    with pytest.raises(httpx.TransportError):
+        post_upload(p.url, jsonl([trace("run-ambiguous")]))
+    kinds = sorted((r["kind"] or "") for r in p.runs())
+    assert kinds == ["eval", "eval"]
+    assert p.run("run-ambiguous")["traces"]["traces"] == 1
+    p.set_faults(ambiguous_rate=0.0)
+    replay = post_upload(p.url, jsonl([trace("run-other")]))
+    assert replay.status_code == 201
+
+
+def test_bad_fault_settings_are_rejected(local_platform: LocalPlatform) -> None:
+    r = httpx.post(f"{local_platform.url}/_local/faults", json={"retryable_rate": 2})
+    assert r.status_code == 422
+    r = httpx.post(f"{local_platform.url}/_local/faults", json={"bogus": 1})
+    assert r.status_code == 422
+    assert httpx.get(f"{local_platform.url}/_local/faults").json()["retryable_rate"] == 0.0
+
+
+def test_restart_keeps_everything_and_sigterm_exits_zero(
+    local_platform: LocalPlatform,
+) -> None:
+    p = local_platform
+    url = p.url
+    eval_id = httpx.post(
+        f"{url}/api/v1/evaluations/", json={"environments": [{"id": "e"}], "metadata": {"k": "v"}}
+    ).json()["evaluation_id"]
+    httpx.post(f"{url}/api/v1/evaluations/{eval_id}/samples", json={"samples": [{"sample_id": 1}]})
+    ep = episode("run-restart")
+    assert post_upload(p.url, jsonl([ep]), episode_format=True).status_code == 201
+    before = (p.run(eval_id), p.run("run-restart"))
+    p.stop()
+    assert p.returncode == 0
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{url}/healthz")
+    p.start()
+    assert p.url == url
+    assert (p.run(eval_id), p.run("run-restart")) == before
+    page = httpx.get(f"{url}/api/v1/episodes", params={"run_id": "run-restart"}).json()
+    assert [e["episode_id"] for e in page["items"]] == [ep["id"]]
+    assert post_upload(p.url, jsonl([ep]), episode_format=True).status_code == 200
+    assert "run-restart" in httpx.get(f"{url}/").text
+
+
+def test_random_garbage_never_yields_500(local_platform: LocalPlatform) -> None:
+    rng = random.Random(0)
+    paths = [
+        "/api/v1/traces",
+        "/api/v1/evaluations/",
+        "/api/v1/rft/metrics",
+        "/api/v1/rft/samples/presign",
+        "/api/v1/environmentshub/resolve",
+        "/_local/faults",
+        "/api/v1/rft/external-runs",
+        "/api/internal/rft/finalize",
+    ]
+    types = [
+        "application/json",
+        "multipart/form-data; boundary=b",
+        "multipart/form-data",
+        "text/plain",
+        "application/x-ndjson",
+    ]
+    with httpx.Client(base_url=local_platform.url, timeout=10) as client:
+        for _ in range(150):
+            body = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 300)))
+            if rng.random() < 0.5:
+                body = b'--b\r\nContent-Disposition: form-data; name="traces"\r\n\r\n' + body
+            r = client.post(
+                rng.choice(paths),
+                content=body,
+                headers={
+                    "Content-Type": rng.choice(types),
+                    "Idempotency-Key": rng.choice(["sha256:" + "0" * 64, "junk"]),
+                },
+            )
+            assert r.status_code < 500, (r.status_code, r.text)
+    assert local_platform.returncode is None
