@@ -47,7 +47,7 @@ def _score(reward: Any) -> Any:
 
 def _reward(trace: Any, rewards: Mapping[str, Any]) -> Any:
     """``Trace.reward``: the object's own property when it has one, else the
-    sum of ``score × weight`` (weight 1.0 by default) over non-null rewards;
+    sum of ``score * weight`` (weight 1.0 by default) over non-null rewards;
     no rewards gives 0, as verifiers' ``sum()`` does."""
     if not isinstance(trace, Mapping):
         value = getattr(trace, "reward", _MISSING)

@@ -100,9 +100,7 @@ class EnvironmentRef:
         if self.slug is not None:
             owner, _, env_name = self.slug.partition("/")
             if not owner or not env_name or "/" in env_name:
-                raise ValueError(
-                    f"environments: slug {self.slug!r} must look like 'owner/name'"
-                )
+                raise ValueError(f"environments: slug {self.slug!r} must look like 'owner/name'")
 
     @property
     def display_name(self) -> str:

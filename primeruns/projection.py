@@ -148,15 +148,16 @@ def _task_data(trace: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def trace_reward(trace: Mapping[str, Any]) -> float:
-    """``Trace.reward``: the sum of ``score × weight`` over the non-null rewards
+    """``Trace.reward``: the sum of ``score * weight`` over the non-null rewards
     (``weight`` defaults to 1.0). No rewards gives the int ``0``, as verifiers'
     ``sum()`` does."""
     rewards = trace.get("rewards") or {}
-    return sum(
+    total: float = sum(
         reward["score"] * reward.get("weight", 1.0)
         for reward in rewards.values()
         if reward is not None
     )
+    return total
 
 
 def _usages(calls: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -312,9 +313,7 @@ def episode_to_samples(episode: Any, rollout_number: int) -> list[dict[str, Any]
     return [trace_to_sample(trace, rollout_number, episode_id) for trace in traces]
 
 
-def record_to_samples(
-    record: Any, rollout_numbers: dict[Any, int]
-) -> list[dict[str, Any]] | None:
+def record_to_samples(record: Any, rollout_numbers: dict[Any, int]) -> list[dict[str, Any]] | None:
     """One record's v0 rows, numbering its rollout in ``rollout_numbers``.
 
     A mapping holding ``sample_id`` is already a v0 row and passes through as a
@@ -522,7 +521,5 @@ def episodes_to_parquet_bytes(
         return None
     table = pa.Table.from_pylist(rows, schema=train_sample_schema())
     buffer = io.BytesIO()
-    pq.write_table(
-        table, buffer, compression="snappy", use_dictionary=True, write_statistics=True
-    )
+    pq.write_table(table, buffer, compression="snappy", use_dictionary=True, write_statistics=True)
     return buffer.getvalue()

@@ -116,13 +116,25 @@ _converter: Any = None
 
 
 def _unstructure(obj: Any) -> Any:
-    """attrs/dataclass instance to builtins through cattrs (imported on first use)."""
+    """attrs/dataclass instance to builtins through cattrs (imported on first use).
+
+    cattrs unstructures deeply and can trip on what it meets inside (a tuple
+    turned list as a dict key, say); then the instance's own fields are taken
+    one level deep, and the encoder walks (and names) whatever is inside them.
+    """
     global _converter
     if _converter is None:
         import cattrs
 
         _converter = cattrs.Converter()
-    return _converter.unstructure(obj)
+    try:
+        return _converter.unstructure(obj)
+    except Exception:
+        if _is_attrs_instance(obj):
+            names = [field.name for field in type(obj).__attrs_attrs__]
+        else:
+            names = [field.name for field in dataclasses.fields(obj)]
+        return {name: getattr(obj, name) for name in names}
 
 
 def to_mapping(obj: Any, *, what: str) -> Mapping[str, Any]:
@@ -187,13 +199,20 @@ def _sorted_if_possible(items: Any) -> list[Any]:
         return values
 
 
+def _decimal_to_float(value: Decimal) -> float:
+    if value.is_finite():
+        return float(value)
+    # float() refuses a signalling NaN; every non-finite Decimal follows the float rule.
+    return math.nan if value.is_nan() else float(value)
+
+
 def _fast_default(value: Any) -> Any:
     """orjson's hook for types it does not know; anything doubtful raises, and
     the slow path then finds and names the field."""
     if isinstance(value, set | frozenset):
         return _sorted_if_possible(value)
     if isinstance(value, Decimal):
-        return float(value)
+        return _decimal_to_float(value)
     if isinstance(value, PurePath):
         return str(value)
     if _is_numpy(value):
@@ -287,7 +306,7 @@ class _Walker:
         if isinstance(value, uuid.UUID):
             return str(value)
         if isinstance(value, Decimal):
-            return self.number(float(value), path)
+            return self.number(_decimal_to_float(value), path)
         if isinstance(value, PurePath):
             return self.text(str(value), path)
         if _is_numpy(value) and hasattr(value, "tolist"):

@@ -52,14 +52,11 @@ from .models import (
     TrainingSpec,
 )
 from .platform import MODE_ENV, PlatformClient, Settings, resolve_settings
+from .ship.factory import make_shippers
 from .ship.lifecycle import Lifecycle
 from .ship.policy import RetryPolicy
 from .ship.shipper import Shipper
-from .sinks.base import Binding, Sink
-from .sinks.eval_samples import EvalSamplesSink
-from .sinks.traces import TracesSink
-from .sinks.train_metrics import TrainMetricsSink
-from .sinks.train_samples import TrainSamplesSink
+from .sinks.base import Binding
 
 __all__ = ["MODE_ENV", "Run", "init"]
 
@@ -254,7 +251,9 @@ class Run:
         """
         self._check_live("log_metrics")
         if not isinstance(values, Mapping):
-            self._bad_input(TypeError(f"log_metrics: values must be a mapping, got {type(values).__name__}"))
+            self._bad_input(
+                TypeError(f"log_metrics: values must be a mapping, got {type(values).__name__}")
+            )
             return
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
             self._bad_input(TypeError(f"log_metrics: step must be an int, got {step!r}"))
@@ -287,9 +286,11 @@ class Run:
 
     def _log(self, kind: EntryKind, items: Iterable[Any], what: str) -> None:
         self._check_live(f"log_{what}")
-        if isinstance(items, Mapping) or isinstance(items, (str, bytes)):
+        if isinstance(items, Mapping | str | bytes):
             self._bad_input(
-                TypeError(f"log_{what}: pass a list of records, not a single {type(items).__name__}")
+                TypeError(
+                    f"log_{what}: pass a list of records, not a single {type(items).__name__}"
+                )
             )
             return
         if self._journal is None:
@@ -372,7 +373,8 @@ class Run:
             final = RunStatus(status)
         except ValueError:
             raise ValueError(
-                f"finish: status must be one of completed, failed, cancelled, crashed; got {status!r}"
+                "finish: status must be one of completed, failed, cancelled, crashed; "
+                f"got {status!r}"
             ) from None
         if final is RunStatus.RUNNING:
             raise ValueError("finish: status 'running' is not a terminal status")
@@ -413,7 +415,12 @@ class Run:
         _unregister_exit(self)
         budget = self._finish_timeout if timeout is None else timeout
         deadline = time.monotonic() + budget
-        record = {"status": status.value, "error": message, "summary": self.summary, "at": time.time()}
+        record = {
+            "status": status.value,
+            "error": message,
+            "summary": self.summary,
+            "at": time.time(),
+        }
         self._append(EntryKind.FINISH, [records.encode_record(record, what="finish")])
         if self._mode != "online" or self._lifecycle is None:
             self._close_journal()
@@ -484,7 +491,7 @@ class Run:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> Literal[False]:
         import asyncio
 
         try:
@@ -527,7 +534,11 @@ class Run:
         with self._lock:
             if len(self._errors) < 1000:
                 self._errors.append(text)
-            if self._deferred is None and self._on_error == "raise" and not isinstance(exc, (TypeError, ValueError)):
+            if (
+                self._deferred is None
+                and self._on_error == "raise"
+                and not isinstance(exc, (TypeError, ValueError))
+            ):
                 self._deferred = exc
         if warn:
             log.warning("prime-runs: %s", text)
@@ -777,8 +788,14 @@ def init(
         raise ValueError(f"init: on_error must be 'warn' or 'raise', got {on_error!r}")
     if durability not in ("process", "fsync"):
         raise ValueError(f"init: durability must be 'process' or 'fsync', got {durability!r}")
-    if isinstance(finish_timeout, bool) or not isinstance(finish_timeout, int | float) or finish_timeout < 0:
-        raise ValueError(f"init: finish_timeout must be a non-negative number of seconds, got {finish_timeout!r}")
+    if (
+        isinstance(finish_timeout, bool)
+        or not isinstance(finish_timeout, int | float)
+        or finish_timeout < 0
+    ):
+        raise ValueError(
+            f"init: finish_timeout must be a non-negative number of seconds, got {finish_timeout!r}"
+        )
     if training is not None and kind != "train":
         raise ValueError("init: training= is only for kind='train'")
     if isinstance(tags, str) or (tags is not None and not all(isinstance(t, str) for t in tags)):
@@ -799,9 +816,16 @@ def init(
     if run_mode == "disabled":
         local = id or f"disabled-{secrets.token_hex(8)}"
         return Run(
-            kind=kind, mode="disabled", name=name, config=config_doc, on_error=on_error,
-            finish_timeout=float(finish_timeout), attached=id is not None, journal=None,
-            settings=None, local_id=local,
+            kind=kind,
+            mode="disabled",
+            name=name,
+            config=config_doc,
+            on_error=on_error,
+            finish_timeout=float(finish_timeout),
+            attached=id is not None,
+            journal=None,
+            settings=None,
+            local_id=local,
         )
 
     if kind == "train" and id is None:
@@ -820,9 +844,7 @@ def init(
     spec: dict[str, Any] = {
         "kind": kind,
         "name": name,
-        "environments": [
-            {k: v for k, v in vars(e).items() if v is not None} for e in envs
-        ],
+        "environments": [{k: v for k, v in vars(e).items() if v is not None} for e in envs],
         "dataset": envs[0].display_name if envs else None,
         "model": model,
         "framework": framework,
@@ -833,7 +855,8 @@ def init(
         "training": (training or TrainingSpec()).to_body() if kind == "train" else None,
         "attach_id": id,
         "frontend_url": settings.frontend_url,
-        "origin": settings.origin,
+        "base_url": settings.api_root,
+        "traces_url": settings.traces_url,
         "traces_opt_out": settings.traces_opt_out,
         "mode": run_mode,
     }
@@ -843,9 +866,16 @@ def init(
     )
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(spec, what="spec")])
     run = Run(
-        kind=kind, mode=run_mode, name=name, config=config_doc, on_error=on_error,
-        finish_timeout=float(finish_timeout), attached=id is not None, journal=journal,
-        settings=settings, local_id=journal.local_id,
+        kind=kind,
+        mode=run_mode,
+        name=name,
+        config=config_doc,
+        on_error=on_error,
+        finish_timeout=float(finish_timeout),
+        attached=id is not None,
+        journal=journal,
+        settings=settings,
+        local_id=journal.local_id,
     )
     _exit_runs[id_of(run)] = run
     _install_sigterm()
@@ -894,7 +924,14 @@ def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
     except BaseException:
         client.close()
         raise
-    run._shippers = _make_shippers(run, journal, client, lifecycle, settings, policy)
+    run._shippers = make_shippers(
+        journal,
+        client,
+        lifecycle,
+        opted_out=settings.traces_opt_out,
+        policy=policy,
+        on_failure=run._on_sink_failure,
+    )
     for shipper in run._shippers:
         shipper.start()
     if deferred:
@@ -902,44 +939,3 @@ def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
             target=run._register_in_background, name="primeruns-register", daemon=True
         )
         run._registrar.start()
-
-
-def _make_shippers(
-    run: Run,
-    journal: Journal,
-    client: PlatformClient,
-    lifecycle: Lifecycle,
-    settings: Settings,
-    policy: RetryPolicy,
-) -> list[Shipper]:
-    spec = lifecycle.spec
-    kind = str(spec.get("kind", "eval"))
-    context = {"source": "prime-runs", "run_type": kind}
-    if spec.get("framework"):
-        context["framework"] = str(spec["framework"])
-    if spec.get("model"):
-        context["model"] = str(spec["model"])
-    sinks: list[Sink] = [
-        TracesSink(
-            None if settings.traces_opt_out else client,
-            context=context,
-            opted_out=bool(settings.traces_opt_out),
-            committed=int(journal.get_meta("traces_receipts", 0) or 0),
-        )
-    ]
-    if kind == "train":
-        sinks.append(TrainSamplesSink(client))
-        sinks.append(TrainMetricsSink(client))
-    else:
-        sinks.append(EvalSamplesSink(client))
-    return [
-        Shipper(
-            journal,
-            sink,
-            binding=lifecycle.binding,
-            training=kind == "train",
-            policy=policy,
-            on_failure=run._on_sink_failure,
-        )
-        for sink in sinks
-    ]

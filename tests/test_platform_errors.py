@@ -11,7 +11,9 @@ from primeruns import exceptions as ex
 from primeruns.platform.errors import error_from_response, is_ambiguous, parse_retry_after
 
 
-def _response(status: int, body: bytes = b"", headers: dict[str, str] | None = None) -> httpx.Response:
+def _response(
+    status: int, body: bytes = b"", headers: dict[str, str] | None = None
+) -> httpx.Response:
     request = httpx.Request("POST", "http://127.0.0.1/api/v1/traces")
     return httpx.Response(status, content=body, headers=headers, request=request)
 
@@ -49,7 +51,9 @@ def test_fastapi_detail_and_plain_text_bodies() -> None:
 
 
 def test_trace_not_indexed_is_its_own_409() -> None:
-    err = error_from_response(_response(409, b'{"error":{"code":"trace_not_indexed","message":""}}'))
+    err = error_from_response(
+        _response(409, b'{"error":{"code":"trace_not_indexed","message":""}}')
+    )
     assert isinstance(err, ex.TraceNotIndexedError)
 
 

@@ -51,9 +51,7 @@ def test_offline_run_journals_everything_and_touches_no_network(
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, _closed_port_url())
     monkeypatch.setenv("PRIME_RUNS_MODE", "offline")
-    run = pr.init(
-        kind="train", model="m", team_id="t", base_url=_closed_port_url(), runs_dir=runs
-    )
+    run = pr.init(kind="train", model="m", team_id="t", base_url=_closed_port_url(), runs_dir=runs)
     run.log_metrics({"loss": 0.5, "nan": float("nan")}, step=3)
     run.log_episodes([{"id": "e1", "traces": []}])
     run.finish()
@@ -164,7 +162,7 @@ def test_unencodable_record_raises_under_raise(
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, None)
     run = pr.init(mode="offline", runs_dir=runs, on_error="raise")
-    with pytest.raises(TypeError, match="info.obj"):
+    with pytest.raises(TypeError, match=r"info\.obj"):
         run.log_episodes([{"id": "bad", "traces": [], "info": {"obj": Unencodable()}}])
     run.finish()
 

@@ -19,7 +19,9 @@ from primeruns.journal import EntryKind, Journal
 HERE = Path(__file__).resolve().parent
 
 
-def _kill_after(args: list[str], lines_before_kill: int, env: dict[str, str]) -> tuple[Path, list[str]]:
+def _kill_after(
+    args: list[str], lines_before_kill: int, env: dict[str, str]
+) -> tuple[Path, list[str]]:
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "producer_script.py"), *args],
         stdout=subprocess.PIPE,

@@ -123,11 +123,10 @@ def test_keyboard_interrupt_cancels_the_run(
     local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
-    with pytest.raises(KeyboardInterrupt):
-        with pr.init(
-            environments=["gsm8k"], api_key=API_KEY, base_url=local_platform.url, runs_dir=runs
-        ) as run:
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), pr.init(
+        environments=["gsm8k"], api_key=API_KEY, base_url=local_platform.url, runs_dir=runs
+    ) as run:
+        raise KeyboardInterrupt
     assert run.status is pr.RunStatus.CANCELLED
     assert local_platform.run(run.id)["status"] == "CANCELLED"
 
@@ -184,5 +183,9 @@ def test_verifiers_style_usage_through_the_vendor_import_name(
     assert run.finished and run.status is prime_runs.RunStatus.COMPLETED
     assert run.dropped_records == 0 and run.failed_records == {}
     stored = local_platform.run(run.id)
-    assert stored["config"] == {"model": "Qwen/Qwen3-8B", "num_examples": 10, "rollouts_per_example": 1}
+    assert stored["config"] == {
+        "model": "Qwen/Qwen3-8B",
+        "num_examples": 10,
+        "rollouts_per_example": 1,
+    }
     assert stored["samples"]["rows"] == 10

@@ -61,7 +61,9 @@ def test_opt_out_env_values(raw: str, expected: bool) -> None:
 
 
 def test_opt_out_blank_env_falls_through_and_junk_is_an_error() -> None:
-    assert resolve_settings(environ={"PRIME_TRACES_OPT_OUT": " "}, config={"traces_opt_out": "true"}).traces_opt_out
+    assert resolve_settings(
+        environ={"PRIME_TRACES_OPT_OUT": " "}, config={"traces_opt_out": "true"}
+    ).traces_opt_out
     with pytest.raises(ConfigurationError, match="PRIME_TRACES_OPT_OUT"):
         resolve_settings(environ={"PRIME_TRACES_OPT_OUT": "maybe"}, config={})
 

@@ -65,10 +65,9 @@ def _load_vendor() -> tuple[Any, Any, Any]:
         module.__path__ = [str(path)]
         sys.modules[name] = module
     sys.modules["verifiers"].__version__ = "0.4.0"  # type: ignore[attr-defined]
-    from verifiers.v1.episode import WireEpisode
-
     import prime_runs.metrics as vendor_metrics
     import prime_runs.projection as vendor_projection
+    from verifiers.v1.episode import WireEpisode
 
     if Path(vendor_projection.__file__).resolve().is_relative_to(REPO):
         sys.exit("prime_runs resolves to this repository, not the vendor: fix PYTHONPATH")
@@ -183,7 +182,11 @@ def _variants(base: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     rec = variant(10, "nan-metric")
     metrics = rec["traces"][0]["metrics"]
-    rec["traces"][0]["metrics"] = {**metrics, "nan_metric": float("nan"), "inf_metric": float("inf")}
+    rec["traces"][0]["metrics"] = {
+        **metrics,
+        "nan_metric": float("nan"),
+        "inf_metric": float("inf"),
+    }
     return out
 
 

@@ -224,6 +224,13 @@ class Journal:
             except (lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.NotFoundError) as exc:
                 raise JournalError(f"{path} is not a prime-runs journal: {exc}") from None
             except lmdb.Error as exc:
+                if "already open" in str(exc):
+                    # py-lmdb allows one environment per file per process, and a
+                    # forked child must keep its inherited one open (see store).
+                    raise JournalError(
+                        f"{path} is already open in this process (a forked child cannot "
+                        "reopen its parent's journal)"
+                    ) from None
                 raise JournalCorruptError(f"journal {path} cannot be opened: {exc}") from None
             journal = cls(path, store, lock, durability)
         except BaseException:
@@ -397,6 +404,8 @@ class Journal:
             return first
 
         try:
+            if not self._room_for(sum(len(f) for f in frames)):
+                raise lmdb.MapFullError("journal byte budget reached")
             first = self._write(put)
         except lmdb.Error as exc:
             if not (isinstance(exc, lmdb.MapFullError) or is_disk_full(exc)):
@@ -408,6 +417,28 @@ class Journal:
             self._last_seq = first + len(frames) - 1
             self._appended.notify_all()
         return AppendResult(first, len(frames), 0)
+
+    def _room_for(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` of new entries fit the budget minus the control reserve.
+
+        Entries stop short of the budget so that cursor, ack and meta writes
+        (which free space, through compaction) always still fit.
+        """
+        env = self._store.env
+        budget = self._store.max_bytes
+        reserve = min(64 << 20, max(256 << 10, budget // 16))
+        with self._lock:
+            psize = int(env.stat()["psize"])
+            need = nbytes + nbytes // 8 + 4 * psize  # page and branch overhead
+            if (int(env.info()["last_pgno"]) + 1) * psize + need <= budget - reserve:
+                return True  # the file's high-water mark is far from the budget: fast path
+            # Near the budget: count pages in use (freed pages are reused by LMDB).
+            with self._store.begin() as txn:
+                pages = 2
+                stats = [env.stat(), *(txn.stat(db) for db in self._store.dbs.values())]
+                for st in stats:
+                    pages += int(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
+        return pages * psize + need <= budget - reserve
 
     def last_seq(self) -> int:
         """The highest sequence number written (compaction does not lower it)."""

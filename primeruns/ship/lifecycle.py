@@ -138,15 +138,13 @@ class Lifecycle:
             created = self._call(
                 "POST", "/rft/external-runs", body, replayable=False, attempts=attempts
             )
-            run = created.get("run") if isinstance(created.get("run"), dict) else {}
+            run = _as_dict(created.get("run"))
             if not run.get("id"):
                 raise APIError("the platform created a training run but returned no id")
             run_id, name, url = str(run["id"]), run.get("name") or spec.get("name"), None
         else:
             body = self._eval_body(spec)
-            created = self._call(
-                "POST", "/evaluations/", body, replayable=False, attempts=attempts
-            )
+            created = self._call("POST", "/evaluations/", body, replayable=False, attempts=attempts)
             if not created.get("evaluation_id"):
                 raise APIError("the platform created an evaluation but returned no evaluation_id")
             run_id = str(created["evaluation_id"])
@@ -162,7 +160,7 @@ class Lifecycle:
                 "kind": kind,
                 "url": url,
                 "name": name,
-                "origin": self.client.settings.origin,
+                "base_url": self.client.settings.api_root,
                 "attached": bool(attach),
             },
         )
@@ -178,12 +176,12 @@ class Lifecycle:
                 elif ref.get("slug"):
                     owner, _, name = str(ref["slug"]).partition("/")
                     data = self._call("GET", f"/environmentshub/{owner}/{name}/@latest")
-                    inner = data.get("data") if isinstance(data.get("data"), dict) else data
+                    inner = _as_dict(data.get("data")) or data
                     env_id = inner.get("id")
                 else:
                     body = {"name": ref["name"], **({"team_id": team} if team else {})}
                     data = self._call("POST", "/environmentshub/resolve", body)
-                    inner = data.get("data") if isinstance(data.get("data"), dict) else {}
+                    inner = _as_dict(data.get("data"))
                     env_id = inner.get("id")
             except APIError as exc:
                 if is_transient(exc) or isinstance(exc, _AUTH_ERRORS):
@@ -293,9 +291,7 @@ class Lifecycle:
             body["error_message"] = message[:_ERROR_MESSAGE_CAP]
         self._step("finalize", lambda: self._call("PUT", path, body))
 
-    def _finalize_train(
-        self, run_id: str, status: str, error: str | None, attached: bool
-    ) -> None:
+    def _finalize_train(self, run_id: str, status: str, error: str | None, attached: bool) -> None:
         if status == "completed":
             try:
                 self._call("POST", "/rft/finalize", {"run_id": run_id, "exit_code": 0})
@@ -308,10 +304,14 @@ class Lifecycle:
             return
         if attached:
             return
-        body = {"status": "failed", "error_message": status_message(status, error)}
+        body = {"status": "failed", "error_message": status_message(status, error) or "failed"}
         self._step(
             "finalize", lambda: self._call("PUT", f"/rft/external-runs/{run_id}/status", body)
         )
+
+
+def _as_dict(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
 
 
 def _ref_text(ref: Mapping[str, Any]) -> str:

@@ -42,7 +42,7 @@ class Prepared:
     records: int = 0
 
 
-class SinkOff(Exception):  # noqa: N818 - a signal, not an error
+class SinkOff(Exception):
     """Raised by a sink that turned itself off on purpose (opt-out, account not
     enabled, no pyarrow). Not a loss: the shipper stops the sink quietly."""
 

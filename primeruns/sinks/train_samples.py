@@ -114,9 +114,7 @@ class TrainSamplesSink:
         carry = {"ranges": {str(k): v for k, v in self._ranges.items()}}
         if not units:
             return None
-        return Prepared(
-            body=pack_units(units), state={"done": 0, "carry": carry}, records=records
-        )
+        return Prepared(body=pack_units(units), state={"done": 0, "carry": carry}, records=records)
 
     def send(self, body: bytes, ctx: SendContext) -> None:
         run_id = ctx.binding.run_id
@@ -126,7 +124,9 @@ class TrainSamplesSink:
             step = meta["step"]
             key, url = ctx.state.get("key"), ctx.state.get("url")
             if not key or not url:
-                minted = self._client.api("POST", "/rft/samples/presign", {"run_id": run_id, "step": step})
+                minted = self._client.api(
+                    "POST", "/rft/samples/presign", {"run_id": run_id, "step": step}
+                )
                 url = _field(minted, "presignedUrl", "presigned_url")
                 key = _field(minted, "s3Key", "s3_key")
                 if not url or not key:

@@ -1,0 +1,69 @@
+"""Which sinks a run has, and their shippers: one place, for a live run, a
+restarted one, ``primeruns replay`` and ``primeruns sync`` alike."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..journal import Journal
+from ..platform import PlatformClient
+from ..sinks.base import Sink
+from ..sinks.eval_samples import EvalSamplesSink
+from ..sinks.traces import TracesSink
+from ..sinks.train_metrics import TrainMetricsSink
+from ..sinks.train_samples import TrainSamplesSink
+from .lifecycle import Lifecycle
+from .policy import RetryPolicy
+from .shipper import Shipper
+
+__all__ = ["make_shippers", "sink_names"]
+
+
+def sink_names(kind: str) -> list[str]:
+    """The sinks a run of ``kind`` ships to, in the order they are started."""
+    if kind == "train":
+        return ["traces", "train_samples", "train_metrics"]
+    return ["traces", "eval_samples"]
+
+
+def make_shippers(
+    journal: Journal,
+    client: PlatformClient,
+    lifecycle: Lifecycle,
+    *,
+    opted_out: bool,
+    policy: RetryPolicy,
+    on_failure: Callable[[str, BaseException], None],
+    range_base: int = 0,
+) -> list[Shipper]:
+    spec = lifecycle.spec
+    kind = str(spec.get("kind", "eval"))
+    context = {"source": "prime-runs", "run_type": kind}
+    if spec.get("framework"):
+        context["framework"] = str(spec["framework"])
+    if spec.get("model"):
+        context["model"] = str(spec["model"])
+    sinks: list[Sink] = [
+        TracesSink(
+            None if opted_out else client,
+            context=context,
+            opted_out=opted_out,
+            committed=int(journal.get_meta("traces_receipts", 0) or 0),
+        )
+    ]
+    if kind == "train":
+        sinks.append(TrainSamplesSink(client, range_base=range_base))
+        sinks.append(TrainMetricsSink(client))
+    else:
+        sinks.append(EvalSamplesSink(client))
+    return [
+        Shipper(
+            journal,
+            sink,
+            binding=lifecycle.binding,
+            training=kind == "train",
+            policy=policy,
+            on_failure=on_failure,
+        )
+        for sink in sinks
+    ]
