@@ -49,6 +49,7 @@ class Progress:
     records: int = 0
     bytes: int = 0
     pending: dict[str, int] = field(default_factory=dict)
+    """Per sink, journal entries not yet dealt with (all kinds counted)."""
 
 
 @dataclass
@@ -124,11 +125,12 @@ def find_run_journals(runs_dir: Path, run_id: str, *, exclude: Path | None = Non
 
 
 def _pending(journal: Journal, shippers: list[Shipper]) -> dict[str, int]:
-    last = journal.last_seq()
     out: dict[str, int] = {}
     for shipper in shippers:
-        if shipper.state.off_reason is None and shipper.shipped_through() < last:
-            out[shipper.name] = last - shipper.shipped_through()
+        if shipper.state.off_reason is None:
+            left = shipper.pending_records()
+            if left:
+                out[shipper.name] = left
     return out
 
 
@@ -189,7 +191,12 @@ def ship_journal(
                         Progress(
                             records=sum(s.state.records_sent for s in shippers),
                             bytes=sum(s.state.bytes_sent for s in shippers),
-                            pending=_pending(journal, shippers),
+                            # Cheap while running: journal entries left, not records.
+                            pending={
+                                s.name: target - s.shipped_through()
+                                for s in shippers
+                                if s.shipped_through() < target
+                            },
                         )
                     )
                 if done or all(s.settled(target) for s in shippers) or time.monotonic() > deadline:

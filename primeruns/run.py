@@ -426,7 +426,7 @@ class Run:
             self._close_journal()
             return
         for shipper in self._shippers:
-            shipper.revive()  # the platform may be back: one more chance before closing
+            shipper.revive(final=True)  # the platform may be back: retry until the deadline
         self._ensure_registered(deadline)
         drained = all(shipper.drain(journal.last_seq(), deadline) for shipper in self._shippers)
         for shipper in self._shippers:
@@ -465,18 +465,13 @@ class Run:
         journal.close()
 
     def _pending(self) -> dict[str, int]:
-        """Per sink still on, how many journal entries it has not dealt with."""
-        journal = self._journal
-        if journal is None:
-            return {}
-        last = journal.last_seq()
+        """Per sink still on, how many records it has not shipped."""
         out: dict[str, int] = {}
         for shipper in self._shippers:
-            if shipper.state.off_reason is not None:
-                continue
-            left = last - shipper.shipped_through()
-            if left > 0:
-                out[shipper.name] = left
+            if shipper.state.off_reason is None:
+                left = shipper.pending_records()
+                if left:
+                    out[shipper.name] = left
         return out
 
     def fail(self, error: str | BaseException, *, timeout: float | None = None) -> None:

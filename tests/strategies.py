@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 # Text that is valid UTF-8 (no surrogate code points).
-valid_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
+valid_text = st.text(st.characters(exclude_categories=["Cs"]), max_size=20)
 finite_floats = st.floats(allow_nan=False, allow_infinity=False)
 int64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 

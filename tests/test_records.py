@@ -101,9 +101,9 @@ def test_to_mapping_wraps_a_raising_to_record() -> None:
 
 
 def test_to_mapping_takes_pydantic_attrs_and_dataclasses() -> None:
-    pydantic = pytest.importorskip("pydantic")
+    base: Any = pytest.importorskip("pydantic").BaseModel
 
-    class Model(pydantic.BaseModel):
+    class Model(base):  # type: ignore[misc]
         when: dt.date
         shade: Shade
 
@@ -171,9 +171,9 @@ def test_encode_record_encodes_what_users_log() -> None:
 
 
 def test_encode_record_encodes_nested_pydantic_models() -> None:
-    pydantic = pytest.importorskip("pydantic")
+    base: Any = pytest.importorskip("pydantic").BaseModel
 
-    class Inner(pydantic.BaseModel):
+    class Inner(base):  # type: ignore[misc]
         shade: Shade
 
     assert decode(encode_record({"inner": [Inner(shade=Shade.DARK)], "s": {1.5}})) == {

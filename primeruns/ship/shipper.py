@@ -89,6 +89,7 @@ class Shipper:
             self.state.active = False
             self.state.off_reason = str(off)
         self._thread: threading.Thread | None = None
+        self._final = False
 
     # -- control ------------------------------------------------------------
     def start(self) -> None:
@@ -103,10 +104,12 @@ class Shipper:
         self._wake.set()
         self.journal.wake_all()
 
-    def revive(self) -> None:
+    def revive(self, *, final: bool = False) -> None:
         """Give a sink retired or paused for transient failures another chance
-        (``finish()`` does this: the platform may be back)."""
+        (``finish()`` does this: the platform may be back). ``final``: the run
+        is closing; keep retrying until stopped instead of striking out."""
         with self._progress:
+            self._final = self._final or final
             if self.state.retired_reason is not None and self.state.off_reason is None:
                 self.state.retired_reason = None
                 self.state.active = True
@@ -127,6 +130,19 @@ class Shipper:
     def shipped_through(self) -> int:
         """Every entry up to this seq is dealt with for this sink."""
         return max(self._scanned, self.journal.cursor(self.name).acked)
+
+    def pending_records(self) -> int:
+        """How many journaled records this sink has not dealt with yet (reads
+        the journal: for reports, not for hot loops)."""
+        count, after = 0, self.shipped_through()
+        while True:
+            result = self.journal.read(
+                after, kinds=self.sink.kinds, max_entries=10_000, max_bytes=64 << 20
+            )
+            count += len(result.entries)
+            if result.next_after <= after:
+                return count
+            after = result.next_after
 
     def settled(self, target: int) -> bool:
         """Nothing more will happen for entries <= target without outside help:
@@ -235,8 +251,15 @@ class Shipper:
 
     def _ship(self, inflight: InFlight, binding: Binding) -> None:
         state: dict[str, Any] = dict(inflight.state)
+        progressed = False
 
         def save_state(values: Mapping[str, Any]) -> None:
+            nonlocal progressed
+            # A multi-request batch that got further is not failing: its
+            # attempts start over (a 30-row batch on a flaky link must not
+            # strike out while every attempt moves it on).
+            if int(values.get("done", 0) or 0) > int(state.get("done", 0) or 0):
+                progressed = True
             state.update(values)
             self.journal.update_inflight_state(self.name, values)
 
@@ -246,9 +269,11 @@ class Shipper:
 
         ctx = SendContext(binding=binding, state=state, save_state=save_state, reject=reject)
         last_error: BaseException | None = None
-        for attempt in range(self._policy.attempts_per_strike):
+        attempt = 0
+        while attempt < self._policy.attempts_per_strike:
             if self._stop.is_set():
                 return
+            progressed = False
             try:
                 self.sink.send(inflight.body, ctx)
             except Exception as exc:
@@ -256,8 +281,11 @@ class Shipper:
                 if kind is Failure.TRANSIENT:
                     last_error = exc
                     retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None
-                    if attempt + 1 < self._policy.attempts_per_strike:
+                    attempt = 0 if progressed else attempt + 1
+                    if attempt < self._policy.attempts_per_strike or self._final:
                         self._sleep(self._policy.delay(attempt, retry_after, self._rng))
+                    if self._final:  # finishing: keep trying until the deadline stops us
+                        attempt = min(attempt, self._policy.attempts_per_strike - 1)
                     continue
                 if kind is Failure.OFF:
                     self._turn_off(str(exc))

@@ -1,0 +1,122 @@
+"""Training runs end to end: metrics rows, the step-keyed Parquet sample table,
+Prime Traces, and restarts, against the local platform over loopback HTTP."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import workloads
+from sdk_helpers import API_KEY, point_at
+
+import primeruns as pr
+from primeruns.local.objects import object_path
+
+VENDOR_COLUMNS = {
+    "run_id": "string",
+    "step": "int64",
+    "tag": "string",
+    "problem_id": "int64",
+    "sample_id": "int64",
+    "prompt": "string",
+    "completion": "string",
+    "trajectory": "string",
+    "answer": "string",
+    "env_name": "string",
+    "task": "string",
+    "info": "string",
+    "reward": "double",
+    "advantage": "double",
+    "metrics": "string",
+    "timing": "string",
+    "num_input_tokens": "int64",
+    "num_output_tokens": "int64",
+    "created_at": "timestamp[us, tz=UTC]",
+}
+
+
+def _by_step(per_step: int) -> dict[int, list[dict[str, Any]]]:
+    steps: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for record in workloads.agentic():
+        step = record["run"]["work"]["step"]
+        if len(steps[step]) < per_step:
+            steps[step].append(record)
+    return dict(steps)
+
+
+def _train(lp: Any, runs: Path, steps: dict[int, list[dict[str, Any]]], **kw: Any) -> pr.Run:
+    run = pr.init(
+        kind="train",
+        model="Qwen/Qwen3-8B",
+        environments=["swe-lite"],
+        team_id="team-a",
+        training=pr.TrainingSpec(max_steps=30, batch_size=8),
+        api_key=API_KEY,
+        base_url=lp.url,
+        runs_dir=runs,
+        **kw,
+    )
+    for step in sorted(steps):
+        run.log_episodes(steps[step])
+        run.log_metrics({"loss": 1.0 / (step + 1), "reward": 0.1 * step}, step=step)
+    run.finish(timeout=180)
+    return run
+
+
+def _check_run(lp: Any, run: pr.Run, steps: dict[int, list[dict[str, Any]]]) -> None:
+    stored = lp.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    assert stored["train_metrics"] == {"rows": 30, "steps": 30}
+    episodes = sum(len(v) for v in steps.values())
+    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == episodes
+    objects = sorted(stored["parquet_objects"], key=lambda o: o["step"])
+    assert [(o["step"], o["rows"]) for o in objects] == [(0, 8), (10, 8), (20, 8)]
+    for obj in objects:
+        table = pq.read_table(object_path(lp.data_dir / "objects", obj["key"]))
+        assert {f.name: str(f.type) for f in table.schema} == VENDOR_COLUMNS
+        assert set(table.column("step").to_pylist()) == {obj["step"]}
+        assert table.column("run_id").to_pylist() == [run.id] * 8
+        assert table.column("sample_id").to_pylist() == list(range(8))
+
+
+def test_training_run_lands_metrics_samples_and_traces(
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lp = make_local_platform(train_teams=["team-a"])
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    steps = _by_step(8)
+    run = _train(lp, runs, steps)
+    assert run.status is pr.RunStatus.COMPLETED
+    assert run.dropped_records == 0 and run.failed_records == {}
+    _check_run(lp, run, steps)
+
+
+def test_training_run_under_faults_gives_the_same_result(
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lp = make_local_platform(
+        train_teams=["team-a"], retryable_rate=0.3, ambiguous_rate=0.1, fault_seed=11
+    )
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    steps = _by_step(8)
+    run = _train(lp, runs, steps)
+    lp.set_faults(retryable_rate=0.0, ambiguous_rate=0.0)
+    assert run.dropped_records == 0 and run.failed_records == {}
+    _check_run(lp, run, steps)
+
+
+def test_team_outside_the_allowlist_is_forbidden_at_init(
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lp = make_local_platform(train_teams=["team-a"])
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    with pytest.raises(pr.ForbiddenError):
+        pr.init(
+            kind="train", model="m", team_id="team-b", api_key=API_KEY, base_url=lp.url,
+            runs_dir=runs,
+        )
+    with pytest.raises(pr.ConfigurationError, match="team"):
+        pr.init(kind="train", model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs)

@@ -1,0 +1,48 @@
+"""Write the checked-in sample journal under tests/journal/data/ (format stability).
+
+Run ``python tools/make_sample_journal.py`` only when adding a *new* sample for
+a new format version: the existing sample must keep reading with every later
+version (tests/journal/test_sample.py), so that a format change can never
+orphan a user's unshipped runs.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from primeruns.journal import FORMAT_VERSION, EntryKind, InFlight, Journal
+
+OUT = Path(__file__).resolve().parents[1] / "tests" / "journal" / "data"
+LOCAL_ID = f"sample-v{FORMAT_VERSION}"
+
+
+def records() -> list[tuple[EntryKind, bytes]]:
+    """The sample's entries, in order (the test compares against these)."""
+    out = [(EntryKind.RUN_OPEN, json.dumps({"kind": "eval", "model": "m"}).encode())]
+    for i in range(20):
+        ep = {"example_id": i, "reward": i / 20, "completion": "answer " * (i * 10)}
+        out.append((EntryKind.EPISODE, json.dumps(ep).encode()))
+        out.append((EntryKind.METRICS, json.dumps({"step": i, "loss": 1 / (i + 1)}).encode()))
+    out.append((EntryKind.TRACE, b'{"trace":"t"}'))
+    out.append((EntryKind.SUMMARY, b'{"accuracy":0.5}'))
+    out.append((EntryKind.FINISH, b'{"status":"completed"}'))
+    return out
+
+
+def main() -> None:
+    target = OUT / LOCAL_ID
+    shutil.rmtree(target, ignore_errors=True)
+    with Journal.create(OUT, local_id=LOCAL_ID, meta={"spec": {"kind": "eval"}}) as j:
+        for kind, payload in records():
+            j.append(kind, [payload])
+        j.set_inflight("traces", InFlight(1, 3, b"exact body", {"idempotency_key": "k"}))
+        j.ack("eval_samples", 10, failed=1, reason="422 sample rejected")
+        j.sync()
+    (target / "lock.mdb").unlink(missing_ok=True)  # runtime state, not part of the format
+    print(f"wrote {target}")
+
+
+if __name__ == "__main__":
+    main()
