@@ -122,10 +122,10 @@ class Builder:
         return inner
 
     def key(self) -> str:
-        return self.fdp.ConsumeUnicodeNoSurrogates(6)
+        return str(self.fdp.ConsumeUnicodeNoSurrogates(6))
 
     def count(self) -> int:
-        return self.fdp.ConsumeIntInRange(0, 4)
+        return int(self.fdp.ConsumeIntInRange(0, 4))
 
 
 def _refuse(constant: str) -> Any:

@@ -36,6 +36,8 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+import orjson
+
 from .records import encode_json, to_mapping
 
 if TYPE_CHECKING:
@@ -76,16 +78,39 @@ _TRUNCATING_STOPS = frozenset(
 
 
 def json_bytes(value: Any) -> int:
-    """Size of ``value`` as compact UTF-8 JSON (NaN refused, as on the wire)."""
-    return len(encode_json(value))
+    """Size of ``value`` as compact UTF-8 JSON, as ``encode_json`` sends it.
+
+    Sizing runs on every row, so the common all-builtin case is measured with a
+    bare ``orjson.dumps``; anything it cannot encode takes ``encode_json``,
+    which also refuses NaN with the field named.
+    """
+    try:
+        return len(orjson.dumps(value))
+    except TypeError:
+        return len(encode_json(value))
 
 
 # --------------------------------------------------------------------------- helpers
 
 
+_LEAVES = frozenset({str, int, bool, type(None)})
+
+
 def _nullify_non_finite(value: Any) -> Any:
     """A copy with NaN and infinity as ``None``: the tables show them as null
-    rather than losing the row they sit in (contract §6.5)."""
+    rather than losing the row they sit in (contract §6.5).
+
+    It copies every row's whole native record, so plain dicts, lists and
+    leaves are taken on exact-type checks before the general ones.
+    """
+    kind = type(value)
+    if kind is dict:
+        return {
+            key: item if type(item) in _LEAVES else _nullify_non_finite(item)
+            for key, item in value.items()
+        }
+    if kind is list:
+        return [item if type(item) in _LEAVES else _nullify_non_finite(item) for item in value]
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
@@ -297,13 +322,12 @@ def episode_to_samples(episode: Any, rollout_number: int) -> list[dict[str, Any]
     episode_id = record.get("id")
     sample = trace_to_sample(traces[summary_index], rollout_number, episode_id)
     sample["sample_id"] = episode_id
-    sample["info"] = _nullify_non_finite(
-        {
-            **(sample["info"] or {}),
-            "native_wrapper": record,
-            "native_trace_index": summary_index,
-        }
-    )
+    # The trace's info is already nullified; only the record still needs it.
+    sample["info"] = {
+        **(sample["info"] or {}),
+        "native_wrapper": _nullify_non_finite(record),
+        "native_trace_index": summary_index,
+    }
     # Read at call time so that tests can lower the ceiling.
     if ENVELOPE_BYTES + json_bytes(sample) <= MAX_SAMPLES_PAYLOAD_BYTES:
         return [sample]

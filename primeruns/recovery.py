@@ -212,7 +212,9 @@ def ship_journal(
                 errors.append(f"{shipper.name} stopped: {shipper.state.retired_reason}")
         status, error, summary = terminal_state(journal)
         report.status = status
-        if lifecycle.finalized:
+        if lifecycle.finalized or journal.get_meta("continued_by"):
+            # Closed out already, or a later process of the same run carried on
+            # and owns the close-out.
             report.finalized = True
         elif finalize and not report.pending:
             if spec.get("kind") == "eval":

@@ -41,6 +41,7 @@ from .exceptions import (
     is_transient,
 )
 from .journal import EntryKind, Journal, default_runs_dir, delete_journal
+from .recovery import find_run_journals
 from .models import (
     CONFIG_SOURCE_KEY,
     ConfigSource,
@@ -118,6 +119,8 @@ class Run:
         self._lifecycle: Lifecycle | None = None
         self._shippers: list[Shipper] = []
         self._registrar: threading.Thread | None = None
+        # Journals of earlier processes of this run whose backlog we ship.
+        self._adopted: list[tuple[Journal, list[Shipper]]] = []
         self._warned: set[str] = set()
         self._bound: Binding | None = None
         self._final_losses: dict[str, dict[str, Any]] | None = None
@@ -428,9 +431,19 @@ class Run:
         for shipper in self._shippers:
             shipper.revive(final=True)  # the platform may be back: retry until the deadline
         self._ensure_registered(deadline)
+        for _, adopted in self._adopted:
+            for shipper in adopted:
+                shipper.revive(final=True)
         drained = all(shipper.drain(journal.last_seq(), deadline) for shipper in self._shippers)
-        for shipper in self._shippers:
+        for old, adopted in self._adopted:
+            last = old.last_seq()
+            drained = all(shipper.drain(last, deadline) for shipper in adopted) and drained
+        for shipper in self._shippers + [s for _, group in self._adopted for s in group]:
             shipper.stop(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+        for old, adopted in self._adopted:
+            if not any(shipper.pending_records() for shipper in adopted):
+                old.set_meta("state", "shipped")
+            old.close()
         if self._kind == "eval":
             written = int(journal.get_meta("episodes_written", 0) or 0)
             with self._lock:
@@ -898,6 +911,32 @@ def _parquet_available() -> bool:
     return parquet_available()
 
 
+def _adopt(
+    run: Run, path: Path, client: PlatformClient, settings: Settings, policy: RetryPolicy
+) -> None:
+    """Ship the backlog an earlier process of the same run left behind (a
+    preempted job requeued with the same run id), alongside the new records."""
+    try:
+        old = Journal.open(path, owner=True)
+    except JournalError as exc:  # its owner came back, or it is damaged: leave it for replay
+        log.info("prime-runs: not taking over %s: %s", path, exc)
+        return
+    old.set_meta("continued_by", run._local_id)
+    lifecycle = Lifecycle(old, client, policy=policy, on_failure=run._on_sink_failure)
+    shippers = make_shippers(
+        old,
+        client,
+        lifecycle,
+        opted_out=bool((old.get_meta("spec") or {}).get("traces_opt_out")),
+        policy=policy,
+        on_failure=run._on_sink_failure,
+    )
+    for shipper in shippers:
+        shipper.start()
+    run._adopted.append((old, shippers))
+    log.info("prime-runs: shipping the backlog of an earlier process of this run (%s)", path)
+
+
 def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
     policy = RetryPolicy.from_env()
     client = PlatformClient(settings)
@@ -919,6 +958,10 @@ def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
     except BaseException:
         client.close()
         raise
+    attach = lifecycle.spec.get("attach_id")
+    predecessors = (
+        find_run_journals(journal.path.parent, str(attach), exclude=journal.path) if attach else []
+    )
     run._shippers = make_shippers(
         journal,
         client,
@@ -926,9 +969,14 @@ def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
         opted_out=settings.traces_opt_out,
         policy=policy,
         on_failure=run._on_sink_failure,
+        # A requeued job may log a step its predecessor logged too: draw sample
+        # id ranges far from the ones it used.
+        range_base=random.randrange(1 << 20, 1 << 21) if predecessors else 0,
     )
     for shipper in run._shippers:
         shipper.start()
+    for path in predecessors:
+        _adopt(run, path, client, settings, policy)
     if deferred:
         run._registrar = threading.Thread(
             target=run._register_in_background, name="primeruns-register", daemon=True

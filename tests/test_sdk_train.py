@@ -120,3 +120,65 @@ def test_team_outside_the_allowlist_is_forbidden_at_init(
         )
     with pytest.raises(pr.ConfigurationError, match="team"):
         pr.init(kind="train", model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs)
+
+
+def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import httpx
+
+    lp = make_local_platform(train_teams=["team-a"], latency_ms=20)
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    created = httpx.post(  # the launcher registers the run
+        f"{lp.url}/api/v1/rft/external-runs",
+        json={"base_model": "m", "max_steps": 30, "environments": [], "team_id": "team-a"},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
+    run_id = created.json()["run"]["id"]
+    script = Path(__file__).resolve().parent / "train_producer.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(runs), lp.url, run_id, "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+    assert proc.stdout is not None
+    last = -1
+    while last < 15:
+        line = proc.stdout.readline()
+        assert line.startswith("step "), line
+        last = int(line.split()[1])
+    os.kill(proc.pid, signal.SIGKILL)
+    rest, _ = proc.communicate(timeout=30)
+    for line in rest.splitlines():
+        if line.startswith("step "):
+            last = int(line.split()[1])
+    # The requeued job: same run id, resumes after the last step it logged.
+    done = subprocess.run(
+        [sys.executable, str(script), str(runs), lp.url, run_id, str(last + 1)],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    stored = lp.run(run_id)
+    assert stored["status"] == "COMPLETED"
+    assert stored["train_metrics"] == {"rows": 30, "steps": 30}
+    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 240
+    objects = sorted((o["step"], o["rows"]) for o in stored["parquet_objects"])
+    assert objects == [(0, 8), (10, 8), (20, 8)]
+    from primeruns.journal import list_journals
+
+    journals = list_journals(runs)
+    assert len(journals) == 2
+    # The requeued process took over its predecessor's journal and shipped it.
+    assert [bool(j.meta.get("continued_by")) for j in sorted(journals, key=lambda j: j.local_id)] == [
+        True,
+        False,
+    ]

@@ -10,7 +10,7 @@ Layout (little-endian, 12-byte header)::
     0  u8   format version (FRAME_VERSION)
     1  u8   kind (EntryKind, or 0 for journal-internal values)
     2  u8   flags (FLAG_ZSTD: payload is one zstd frame; else stored raw)
-    3  u8   reserved, 0
+    3  u8   dictionary id (0: none; else a zstd dictionary stored in the journal)
     4  u32  raw length (decompressed payload bytes)
     8  u32  CRC32 over bytes 0..7 and the stored payload
 
@@ -27,7 +27,8 @@ import enum
 import struct
 import threading
 import zlib
-from typing import NamedTuple
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import zstandard
 
@@ -79,6 +80,7 @@ class FrameHeader(NamedTuple):
     version: int
     kind: int
     flags: int
+    dict_id: int
     raw_len: int
     crc: int
 
@@ -86,35 +88,54 @@ class FrameHeader(NamedTuple):
 _local = threading.local()
 
 
-def _compressor() -> zstandard.ZstdCompressor:
-    # A ZstdCompressor is not thread-safe but is costly to build per call: one per thread.
-    cctx: zstandard.ZstdCompressor | None = getattr(_local, "cctx", None)
-    if cctx is None:
-        cctx = zstandard.ZstdCompressor(level=_LEVEL, write_checksum=False, write_content_size=True)
-        _local.cctx = cctx
-    return cctx
+def _compressor(zdict: zstandard.ZstdCompressionDict | None) -> zstandard.ZstdCompressor:
+    # A ZstdCompressor is not thread-safe but is costly to build per call: one per
+    # thread and dictionary. The cache keys by the dictionary object's id and keeps
+    # the object itself, so an id is never reused while cached.
+    cache: dict[int, tuple[Any, zstandard.ZstdCompressor]] | None = getattr(_local, "cctx", None)
+    if cache is None:
+        cache = _local.cctx = {}
+    found = cache.get(id(zdict))
+    if found is None:
+        cctx = zstandard.ZstdCompressor(
+            level=_LEVEL, dict_data=zdict, write_checksum=False, write_content_size=True
+        )
+        found = cache[id(zdict)] = (zdict, cctx)
+    return found[1]
 
 
-def _decompressor() -> zstandard.ZstdDecompressor:
-    dctx: zstandard.ZstdDecompressor | None = getattr(_local, "dctx", None)
-    if dctx is None:
-        dctx = zstandard.ZstdDecompressor()
-        _local.dctx = dctx
-    return dctx
+def _decompressor(zdict: zstandard.ZstdCompressionDict | None) -> zstandard.ZstdDecompressor:
+    cache: dict[int, tuple[Any, zstandard.ZstdDecompressor]] | None = getattr(_local, "dctx", None)
+    if cache is None:
+        cache = _local.dctx = {}
+    found = cache.get(id(zdict))
+    if found is None:
+        found = cache[id(zdict)] = (zdict, zstandard.ZstdDecompressor(dict_data=zdict))
+    return found[1]
 
 
-def encode_frame(kind: int, payload: bytes) -> bytes:
-    """Frame ``payload`` (compressed when that helps) under ``kind``."""
+def encode_frame(
+    kind: int,
+    payload: bytes,
+    dict_id: int = 0,
+    zdict: zstandard.ZstdCompressionDict | None = None,
+) -> bytes:
+    """Frame ``payload`` (compressed when that helps) under ``kind``.
+
+    With ``zdict`` (stored in the journal under ``dict_id``) small records
+    compress several times better: they share most of their text.
+    """
     raw_len = len(payload)
     if raw_len > MAX_ENTRY_BYTES:
         raise ValueError(f"payload of {raw_len} bytes is over the {MAX_ENTRY_BYTES}-byte limit")
     flags = 0
     stored = payload
+    used_dict = 0
     if raw_len >= _COMPRESS_MIN:
-        packed = _compressor().compress(payload)
+        packed = _compressor(zdict if dict_id else None).compress(payload)
         if len(packed) < raw_len:
-            stored, flags = packed, FLAG_ZSTD
-    head = struct.pack("<BBBBI", FRAME_VERSION, kind, flags, 0, raw_len)
+            stored, flags, used_dict = packed, FLAG_ZSTD, (dict_id if zdict else 0)
+    head = struct.pack("<BBBBI", FRAME_VERSION, kind, flags, used_dict, raw_len)
     crc = zlib.crc32(stored, zlib.crc32(head))
     return head + struct.pack("<I", crc) + stored
 
@@ -123,17 +144,21 @@ def peek_header(value: bytes | memoryview) -> FrameHeader:
     """Parse the header only (no checksum, no decompression); raises FrameError."""
     if len(value) < HEADER_SIZE:
         raise FrameError(f"value of {len(value)} bytes is shorter than the frame header")
-    version, kind, flags, _reserved, raw_len, crc = _HEADER.unpack_from(value, 0)
+    version, kind, flags, dict_id, raw_len, crc = _HEADER.unpack_from(value, 0)
     if version != FRAME_VERSION:
         raise FrameError(f"unknown frame version {version}")
-    return FrameHeader(version, kind, flags, raw_len, crc)
+    return FrameHeader(version, kind, flags, dict_id, raw_len, crc)
 
 
-def decode_frame(value: bytes | memoryview) -> tuple[int, bytes]:
+def decode_frame(
+    value: bytes | memoryview,
+    dicts: Callable[[int], zstandard.ZstdCompressionDict | None] | None = None,
+) -> tuple[int, bytes]:
     """Verify and decode a frame into ``(kind, payload)``; raises FrameError.
 
-    Safe on arbitrary bytes: it never allocates more than MAX_ENTRY_BYTES and
-    never raises anything but FrameError.
+    ``dicts`` looks up a stored dictionary by id. Safe on arbitrary bytes: it
+    never allocates more than MAX_ENTRY_BYTES and never raises anything but
+    FrameError.
     """
     head = peek_header(value)
     view = memoryview(value)
@@ -145,6 +170,11 @@ def decode_frame(value: bytes | memoryview) -> tuple[int, bytes]:
     if head.raw_len > MAX_ENTRY_BYTES:
         raise FrameError(f"claims {head.raw_len} bytes, over the {MAX_ENTRY_BYTES}-byte limit")
     stored = bytes(view[HEADER_SIZE:])
+    zdict = None
+    if head.dict_id:
+        zdict = dicts(head.dict_id) if dicts is not None else None
+        if zdict is None or not head.flags & FLAG_ZSTD:
+            raise FrameError(f"needs zstd dictionary {head.dict_id}, which is not in the journal")
     if not head.flags & FLAG_ZSTD:
         if len(stored) != head.raw_len:
             raise FrameError(f"length mismatch (header {head.raw_len}, stored {len(stored)})")
@@ -158,7 +188,7 @@ def decode_frame(value: bytes | memoryview) -> tuple[int, bytes]:
     if content != head.raw_len:
         raise FrameError(f"length mismatch (header {head.raw_len}, zstd frame {content})")
     try:
-        out = _decompressor().decompress(stored, max_output_size=head.raw_len)
+        out = _decompressor(zdict).decompress(stored, max_output_size=head.raw_len)
     except zstandard.ZstdError as exc:
         raise FrameError(f"zstd decode failed ({exc})") from None
     if len(out) != head.raw_len:

@@ -39,8 +39,10 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import lmdb
+import zstandard
 
 from primeruns.exceptions import JournalCorruptError, JournalError
+from primeruns.journal import dictionary
 from primeruns.journal.frames import (
     EntryKind,
     FrameError,
@@ -73,6 +75,8 @@ K_OWNER = "journal.owner"
 K_CREATED = "journal.created_at"
 K_LOSSES = "journal.losses"
 K_FLOOR = "journal.compacted_upto"
+K_DICTS = "journal.dicts"  # {kind: dictionary id} in use for new entries
+K_DICT_PREFIX = "journal.dict."  # + id: the dictionary's bytes
 _MAX_REASONS = 5
 # A read examines at most this many entries, so skipping a long run of other
 # kinds never holds the lock for long; next_after says where it stopped.
@@ -121,14 +125,23 @@ class Journal:
         self._pending_drops = 0  # dropped appends not yet persisted in the loss counter
         self._structural: list[Damage] = [Damage(None, p) for p in store.problems]
         self._floor = 0
+        self._zdicts: dict[int, zstandard.ZstdCompressionDict] = {}
+        self._kind_counts: dict[int, int] = {}
+        self._dict_tried: set[int] = set()
         self._last_seq = self._read_last_seq()
+        active = self._safe_meta(K_DICTS)
+        self._active_dicts: dict[int, int] = (
+            {int(k): int(v) for k, v in active.items()} if isinstance(active, dict) else {}
+        )
         local_id = self._safe_meta(K_LOCAL_ID)
         self.local_id = local_id if isinstance(local_id, str) else path.name
         self._stop_sync = threading.Event()
         self._sync_thread: threading.Thread | None = None
-        if lock is not None and durability == "process":
+        if lock is not None:
             self._sync_thread = threading.Thread(
-                target=self._sync_loop, name=f"primeruns-journal-sync-{path.name}", daemon=True
+                target=self._background_loop,
+                name=f"primeruns-journal-{path.name}",
+                daemon=True,
             )
             self._sync_thread.start()
 
@@ -394,7 +407,9 @@ class Journal:
         self._check_writable()
         if not payloads:
             return AppendResult(None, 0, 0)
-        frames = [encode_frame(int(kind), bytes(p)) for p in payloads]
+        dict_id = self._active_dicts.get(int(kind), 0)
+        zdict = self._dict(dict_id) if dict_id else None
+        frames = [encode_frame(int(kind), bytes(p), dict_id, zdict) for p in payloads]
         db = self._store.dbs["entries"]
 
         def put(txn: lmdb.Transaction) -> int:
@@ -413,6 +428,7 @@ class Journal:
             with self._lock:
                 self._pending_drops += len(frames)
             return AppendResult(None, 0, len(frames))
+        self._kind_counts[int(kind)] = self._kind_counts.get(int(kind), 0) + len(frames)
         with self._appended:
             self._last_seq = first + len(frames) - 1
             self._appended.notify_all()
@@ -529,7 +545,7 @@ class Journal:
             damaged.append(Damage(None, f"reading after entry {next_after} failed: {exc}"))
         entries: list[Entry] = []
         for seq, value in raw:
-            entry, damage = _decode_entry(seq, value)
+            entry, damage = _decode_entry(seq, value, self._dict)
             if entry is not None:
                 entries.append(entry)
             if damage is not None:
@@ -554,7 +570,7 @@ class Journal:
             value = txn.get(_key(seq), db=self._store.dbs["entries"])
         if value is None:
             return None
-        entry, damage = _decode_entry(seq, value)
+        entry, damage = _decode_entry(seq, value, self._dict)
         if damage is not None:
             raise JournalCorruptError(f"{self.path}: {damage.what}")
         return entry
@@ -801,16 +817,82 @@ class Journal:
             self._store.sync()
             self._dirty = False
 
-    def _sync_loop(self) -> None:
-        # Background durability for "process" mode: at least one sync per second
-        # while there is something to sync. env.sync is safe alongside txns.
+    def _background_loop(self) -> None:
+        # Durability for "process" mode: at least one sync per second while there
+        # is something to sync (env.sync is safe alongside txns); and dictionary
+        # training, kept off the append path.
         while not self._stop_sync.wait(SYNC_INTERVAL):
-            if self._dirty:
+            if self._dirty and self.durability == "process":
                 self._dirty = False
                 try:
                     self._store.sync()
                 except lmdb.Error:
                     self._dirty = True  # try again next tick (e.g. transient EIO)
+            with contextlib.suppress(JournalError, lmdb.Error):
+                self.train_dictionaries()
+
+    def train_dictionaries(self) -> list[EntryKind]:
+        """Train a zstd dictionary for each kind with enough records and none yet.
+
+        Runs in the background thread; callable directly. Returns the kinds
+        that got one. A dictionary is stored (committed) before any entry uses it.
+        """
+        self._check_writable()
+        trained = []
+        for kind in EntryKind:
+            if kind in self._active_dicts or kind in self._dict_tried:
+                continue
+            if self._kind_counts.get(kind, 0) < dictionary.MIN_SAMPLES:
+                continue
+            self._dict_tried.add(kind)
+            got = self.read(
+                self._floor,
+                kinds=[kind],
+                max_entries=dictionary.MAX_SAMPLES,
+                max_bytes=dictionary.MAX_SAMPLE_BYTES,
+            )
+            data = dictionary.train([e.payload for e in got.entries])
+            if data is None:
+                continue
+            with self._lock:
+                new_id = max([0, *self._active_dicts.values()]) + 1
+                if new_id > 255:
+                    break
+                active = {**self._active_dicts, int(kind): new_id}
+
+                def put(
+                    txn: lmdb.Transaction,
+                    data: bytes = data,
+                    active: Any = active,
+                    new_id: int = new_id,
+                ) -> None:
+                    txn.put(
+                        f"{K_DICT_PREFIX}{new_id}".encode(),
+                        encode_frame(_META_KIND, data),
+                        db=self._store.dbs["meta"],
+                    )
+                    self._put_meta(txn, K_DICTS, {str(k): v for k, v in active.items()})
+
+                self._write(put)
+                self._zdicts[new_id] = zstandard.ZstdCompressionDict(data)
+                self._active_dicts = active
+            trained.append(kind)
+        return trained
+
+    def _dict(self, dict_id: int) -> zstandard.ZstdCompressionDict | None:
+        """A stored dictionary by id (loaded once; None if absent or damaged)."""
+        found = self._zdicts.get(dict_id)
+        if found is None:
+            try:
+                with self._read_txn() as txn:
+                    raw = txn.get(f"{K_DICT_PREFIX}{dict_id}".encode(), db=self._store.dbs["meta"])
+                if raw is None:
+                    return None
+                found = zstandard.ZstdCompressionDict(decode_frame(raw)[1])
+            except (FrameError, lmdb.Error):
+                return None
+            self._zdicts[dict_id] = found
+        return found
 
     def close(self) -> None:
         """Sync, close and release the owner lock; idempotent.
@@ -856,9 +938,13 @@ def _missing(first: int, last: int) -> Damage:
     return Damage(first, what)
 
 
-def _decode_entry(seq: int, value: bytes | memoryview) -> tuple[Entry | None, Damage | None]:
+def _decode_entry(
+    seq: int,
+    value: bytes | memoryview,
+    dicts: Callable[[int], zstandard.ZstdCompressionDict | None],
+) -> tuple[Entry | None, Damage | None]:
     try:
-        kind, payload = decode_frame(value)
+        kind, payload = decode_frame(value, dicts)
     except FrameError as exc:
         return None, Damage(seq, f"entry {seq}: {exc}")
     try:

@@ -105,6 +105,9 @@ def _classify(
 ) -> None:
     # Stale copies of small values survive in freed pages: keep the most
     # advanced cursor (acked only grows) and any readable meta value.
+    if key.startswith(b"journal.dict."):
+        found.meta.setdefault(key, value)  # a zstd dictionary later entries need
+        return
     try:
         obj: Any = json.loads(payload)
     except ValueError:

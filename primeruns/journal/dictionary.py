@@ -1,0 +1,46 @@
+"""Train a zstd dictionary on a run's first records of one kind, if it pays.
+
+A run's records share most of their text (the same prompt template, the same
+metric names), but each is compressed alone so any one entry can be read
+without its neighbours. A dictionary trained on the first records gives zstd
+that shared text: on the gsm8k eval episodes the journal shrinks from 0.38 to
+about 0.22 of the raw JSON, and a 300-byte metrics row from 0.75 to about
+0.45 (``tools/bench/journal_bench.py``). The dictionary is kept only when it
+measurably pays on the very samples it was trained on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import zstandard
+
+__all__ = ["MAX_SAMPLES", "MIN_SAMPLES", "MIN_SAMPLE_BYTES", "train"]
+
+MIN_SAMPLES = 64
+MAX_SAMPLES = 256
+MIN_SAMPLE_BYTES = 16 << 10
+MAX_SAMPLE_BYTES = 4 << 20
+_MAX_DICT = 32 << 10
+_PAYS = 0.9  # keep only when it saves at least 10%
+
+
+def train(samples: Sequence[bytes]) -> bytes | None:
+    """A dictionary for records like ``samples``, or None when it would not pay."""
+    total = sum(len(s) for s in samples)
+    if len(samples) < MIN_SAMPLES or total < MIN_SAMPLE_BYTES:
+        return None
+    size = min(_MAX_DICT, max(4 << 10, total // 8))
+    try:
+        zdict = zstandard.train_dictionary(size, list(samples))
+    except zstandard.ZstdError:
+        return None  # too few distinct samples: zstd refuses, and plain frames serve
+    plain = zstandard.ZstdCompressor(level=1)
+    with_dict = zstandard.ZstdCompressor(level=1, dict_data=zdict)
+    # Judge on the later half, so the dictionary is not scored on what it memorized alone.
+    test = samples[len(samples) // 2 :]
+    before = sum(len(plain.compress(s)) for s in test)
+    after = sum(len(with_dict.compress(s)) for s in test)
+    if after >= before * _PAYS:
+        return None
+    return bytes(zdict.as_bytes())
