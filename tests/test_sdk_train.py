@@ -182,3 +182,34 @@ def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
         True,
         False,
     ]
+
+
+def test_a_paused_sink_resumes_after_its_pause_and_ships_its_backlog(
+    make_local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    from sdk_helpers import wait_for
+
+    lp = make_local_platform(train_teams=["team-a"])
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    monkeypatch.setenv("PRIME_RUNS_PAUSE_S", "2")
+    run = pr.init(
+        kind="train", model="m", team_id="team-a", api_key=API_KEY, base_url=lp.url,
+        runs_dir=runs,
+    )
+    lp.set_faults(retryable_rate=1.0)
+    with caplog.at_level(logging.WARNING, logger="primeruns.ship"):
+        for step in range(5):
+            run.log_metrics({"loss": float(step)}, step=step)
+        wait_for(lambda: "pausing" in caplog.text, timeout=60, what="the metrics sink to pause")
+    lp.set_faults(retryable_rate=0.0)
+    # Nobody calls flush or finish: the paused sink resumes on its own.
+    wait_for(
+        lambda: lp.run(run.id)["train_metrics"]["rows"] == 5, timeout=60, what="the backlog"
+    )
+    run.finish(timeout=60)
+    assert lp.run(run.id)["status"] == "COMPLETED"
