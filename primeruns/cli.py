@@ -1,15 +1,23 @@
 """The ``primeruns`` command line: one entry point, one sub-command a job.
 
 Each sub-command lives in the module that owns its work (the local platform's
-``serve`` in :mod:`primeruns.local`); this module only parses and dispatches,
-so ``primeruns --help`` is the one place that lists them all.
+``serve`` in :mod:`primeruns.local`, the journal commands in
+:mod:`primeruns.commands`); this module only parses and dispatches, so
+``primeruns --help`` is the one place that lists them all. Errors a user can
+act on are one line on stderr with an honest exit code (see
+:mod:`primeruns.commands.common`), never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
 from collections.abc import Callable, Sequence
+
+from .commands import COMMANDS
+from .commands.common import EXIT_DAMAGED, EXIT_LOCKED, EXIT_USAGE, CommandError
+from .exceptions import ConfigurationError, JournalCorruptError, JournalError, JournalLockedError
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -29,9 +37,12 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="primeruns",
-        description="Track, inspect, recover and ship prime-runs journals.",
+        description="Track, inspect, recover and ship prime-runs journals. "
+        "Start with `primeruns demo`; `primeruns COMMAND --help` explains each command.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMANDS:
+        importlib.import_module(f".commands.{name}", __package__).add_parser(sub)
     _add_serve(sub)
     return parser
 
@@ -42,8 +53,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
         parser.print_help()
-        return 2
-    return handler(args)
+        return EXIT_USAGE
+    try:
+        return handler(args)
+    except CommandError as exc:
+        print(f"primeruns {args.command}: error: {exc}", file=sys.stderr)
+        return exc.code
+    except JournalLockedError as exc:
+        print(f"primeruns {args.command}: refused: {exc}", file=sys.stderr)
+        return EXIT_LOCKED
+    except JournalCorruptError as exc:
+        print(f"primeruns {args.command}: damaged journal: {exc}", file=sys.stderr)
+        return EXIT_DAMAGED
+    except (JournalError, ConfigurationError) as exc:
+        print(f"primeruns {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
 
 
 if __name__ == "__main__":

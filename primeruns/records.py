@@ -225,6 +225,9 @@ def _fast_default(value: Any) -> Any:
     raise TypeError(type(value).__name__)
 
 
+_SCALARS = (str, int, float, bool, type(None))
+
+
 def _field_path(path: str, key: str) -> str:
     if key.isidentifier():
         return f"{path}.{key}"
@@ -267,7 +270,9 @@ class _Walker:
         )
 
     def value(self, value: Any, path: str, depth: int) -> Any:
-        if depth > MAX_DEPTH:
+        # ``depth`` counts the containers above ``value``: orjson takes at most
+        # MAX_DEPTH of them, so a container may not start at that depth.
+        if depth > MAX_DEPTH or (depth == MAX_DEPTH and not isinstance(value, _SCALARS)):
             raise RecordEncodeError(
                 path,
                 f"nested more than {MAX_DEPTH} levels deep (or refers to itself)",

@@ -126,6 +126,8 @@ class Journal:
         self._structural: list[Damage] = [Damage(None, p) for p in store.problems]
         self._floor = 0
         self._zdicts: dict[int, zstandard.ZstdCompressionDict] = {}
+        self._psize = int(store.env.stat()["psize"])
+        self._headroom = 0  # bytes known to fit without counting again (_room_for)
         self._kind_counts: dict[int, int] = {}
         self._dict_tried: set[int] = set()
         self._last_seq = self._read_last_seq()
@@ -419,9 +421,10 @@ class Journal:
             return first
 
         try:
-            if not self._room_for(sum(len(f) for f in frames)):
-                raise lmdb.MapFullError("journal byte budget reached")
-            first = self._write(put)
+            with self._lock:
+                if not self._room_for(sum(len(f) for f in frames)):
+                    raise lmdb.MapFullError("journal byte budget reached")
+                first = self._write(put)
         except lmdb.Error as exc:
             if not (isinstance(exc, lmdb.MapFullError) or is_disk_full(exc)):
                 raise JournalError(f"append to {self.path} failed: {exc}") from exc
@@ -438,23 +441,31 @@ class Journal:
         """Whether ``nbytes`` of new entries fit the budget minus the control reserve.
 
         Entries stop short of the budget so that cursor, ack and meta writes
-        (which free space, through compaction) always still fit.
+        (which free space, through compaction) always still fit. Called under
+        the transaction lock. The exact count is costly (~3 µs), so it is only
+        taken once the room known from the last count has been used up.
         """
+        need = nbytes + nbytes // 8 + 4 * self._psize  # page and branch overhead
+        if need <= self._headroom:
+            self._headroom -= need
+            return True
         env = self._store.env
         budget = self._store.max_bytes
         reserve = min(64 << 20, max(256 << 10, budget // 16))
-        with self._lock:
-            psize = int(env.stat()["psize"])
-            need = nbytes + nbytes // 8 + 4 * psize  # page and branch overhead
-            if (int(env.info()["last_pgno"]) + 1) * psize + need <= budget - reserve:
-                return True  # the file's high-water mark is far from the budget: fast path
-            # Near the budget: count pages in use (freed pages are reused by LMDB).
+        used = (int(env.info()["last_pgno"]) + 1) * self._psize  # the file's high-water mark
+        if used + need > budget - reserve:
+            # Near the budget: count pages in use (LMDB reuses freed pages).
             with self._store.begin() as txn:
                 pages = 2
-                stats = [env.stat(), *(txn.stat(db) for db in self._store.dbs.values())]
-                for st in stats:
+                for st in [env.stat(), *(txn.stat(db) for db in self._store.dbs.values())]:
                     pages += int(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
-        return pages * psize + need <= budget - reserve
+            used = pages * self._psize
+        room = budget - reserve - used
+        if need > room:
+            return False
+        # Count again after a quarter of the room is used (or 4 MiB at most).
+        self._headroom = min((room - need) // 4, 4 << 20)
+        return True
 
     def last_seq(self) -> int:
         """The highest sequence number written (compaction does not lower it)."""

@@ -1,0 +1,51 @@
+"""A producer that ends in a chosen way, for tests of run endings.
+
+Usage: python endings_script.py RUNS_DIR BASE_URL HOW
+HOW: exit (returns without finish: atexit closes the run as crashed),
+     sigterm (prints "ready" and waits to be terminated),
+     fork (a forked child logs to the parent's run, then the parent finishes).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+
+import workloads
+
+import primeruns as pr
+
+
+def main() -> None:
+    runs_dir, base_url, how = sys.argv[1], sys.argv[2], sys.argv[3]
+    run = pr.init(
+        environments=["gsm8k"],
+        model="m",
+        api_key="test-key-0123456789",
+        base_url=base_url,
+        runs_dir=runs_dir,
+    )
+    episodes = workloads.gsm8k(6)
+    run.log_episodes(episodes[:3])
+    print(f"run {run.id}", flush=True)
+    if how == "exit":
+        return
+    if how == "sigterm":
+        print("ready", flush=True)
+        threading.Event().wait(120)
+        return
+    if how == "fork":
+        pid = os.fork()
+        if pid == 0:
+            run.log_episodes(episodes[3:])  # dropped and counted: never the parent's journal
+            print(f"child dropped {run.dropped_records}", flush=True)
+            run.finish()  # a child never closes the parent's run
+            os._exit(0)
+        os.waitpid(pid, 0)
+        run.finish(timeout=60)
+        print(f"parent {run.status.value}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

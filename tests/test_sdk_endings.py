@@ -1,0 +1,77 @@
+"""How a run ends when the producer does not say: exit, SIGTERM, fork."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sdk_helpers import point_at
+
+SCRIPT = Path(__file__).resolve().parent / "endings_script.py"
+
+
+def _start(runs: Path, url: str, how: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(runs), url, how],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+
+
+def _run_id(proc: subprocess.Popen[str]) -> str:
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("run "), line
+    return line.split()[1]
+
+
+def test_exit_without_finish_closes_the_run_as_crashed(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    proc = _start(runs, local_platform.url, "exit")
+    run_id = _run_id(proc)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    stored = local_platform.run(run_id)
+    assert stored["status"] == "FAILED"
+    assert stored["error_message"].startswith("crashed: process exited without finishing")
+    assert stored["traces"]["distinct_episodes"] == 3
+
+
+def test_sigterm_journals_a_cancelled_finish_and_drains(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    proc = _start(runs, local_platform.url, "sigterm")
+    run_id = _run_id(proc)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]  # the default handler still ran
+    stored = local_platform.run(run_id)
+    assert stored["status"] == "CANCELLED"
+    assert "SIGTERM" in stored["error_message"]
+    assert stored["samples"]["rows"] == 3
+
+
+def test_a_forked_child_never_writes_or_closes_the_parents_run(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    proc = _start(runs, local_platform.url, "fork")
+    run_id = _run_id(proc)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    assert "child dropped 3" in out
+    assert "parent completed" in out
+    stored = local_platform.run(run_id)
+    assert stored["status"] == "COMPLETED"
+    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 3
