@@ -238,8 +238,7 @@ class _Walker:
     """The slow path: a copy of a value made of JSON-native builtins only,
     with the path of every field at hand for errors and warnings."""
 
-    def __init__(self, what: str, *, finite: bool) -> None:
-        self.what = what
+    def __init__(self, *, finite: bool) -> None:
         # True: a non-finite float is an error (request bodies); False: null.
         self.finite = finite
         self.big_ints = False
@@ -376,7 +375,7 @@ def encode_record(obj: Any, *, what: str = "record") -> bytes:
         return orjson.dumps(mapping, default=_fast_default, option=_FAST_OPTIONS)
     except TypeError:
         pass
-    walker = _Walker(what, finite=False)
+    walker = _Walker(finite=False)
     return walker.dumps(walker.value(mapping, what, 0))
 
 
@@ -425,7 +424,7 @@ def encode_json(value: Any) -> bytes:
             return orjson.dumps(value)
         except TypeError:
             pass  # a big int or invalid Unicode: the walk below handles both
-    walker = _Walker("body", finite=True)
+    walker = _Walker(finite=True)
     return walker.dumps(walker.value(value, "body", 0))
 
 

@@ -115,7 +115,11 @@ def test_team_outside_the_allowlist_is_forbidden_at_init(
     runs = point_at(monkeypatch, tmp_path, lp.url)
     with pytest.raises(pr.ForbiddenError):
         pr.init(
-            kind="train", model="m", team_id="team-b", api_key=API_KEY, base_url=lp.url,
+            kind="train",
+            model="m",
+            team_id="team-b",
+            api_key=API_KEY,
+            base_url=lp.url,
             runs_dir=runs,
         )
     with pytest.raises(pr.ConfigurationError, match="team"):
@@ -158,9 +162,34 @@ def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
     for line in rest.splitlines():
         if line.startswith("step "):
             last = int(line.split()[1])
-    # The requeued job: same run id, resumes after the last step it logged.
+    # The requeued job (same run id) resumes where the killed one's journal
+    # ends: the kill may land between a step's two calls, or between a call's
+    # return and its print, and a record logged twice is the producer's duplicate.
+    import json
+
+    from primeruns.journal import EntryKind, Journal, list_journals
+
+    (first,) = list_journals(runs)
+    journal = Journal.open(first.path, owner=False)
+    try:
+        episodes = journal.read(0, kinds={EntryKind.EPISODE}, max_entries=10**6, max_bytes=1 << 34)
+        metrics = journal.read(0, kinds={EntryKind.METRICS}, max_entries=10**6, max_bytes=1 << 34)
+    finally:
+        journal.close()
+    assert len(episodes.entries) % 8 == 0  # one call per step: all of a step or none
+    next_episodes = len(episodes.entries) // 8
+    next_metrics = max((json.loads(e.payload)["step"] for e in metrics.entries), default=-1) + 1
+    assert min(next_episodes, next_metrics) >= 16
     done = subprocess.run(
-        [sys.executable, str(script), str(runs), lp.url, run_id, str(last + 1)],
+        [
+            sys.executable,
+            str(script),
+            str(runs),
+            lp.url,
+            run_id,
+            str(next_episodes),
+            str(next_metrics),
+        ],
         capture_output=True,
         text=True,
         env=dict(os.environ),
@@ -173,12 +202,12 @@ def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
     assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 240
     objects = sorted((o["step"], o["rows"]) for o in stored["parquet_objects"])
     assert objects == [(0, 8), (10, 8), (20, 8)]
-    from primeruns.journal import list_journals
-
     journals = list_journals(runs)
     assert len(journals) == 2
     # The requeued process took over its predecessor's journal and shipped it.
-    assert [bool(j.meta.get("continued_by")) for j in sorted(journals, key=lambda j: j.local_id)] == [
+    assert [
+        bool(j.meta.get("continued_by")) for j in sorted(journals, key=lambda j: j.local_id)
+    ] == [
         True,
         False,
     ]
@@ -198,7 +227,11 @@ def test_a_paused_sink_resumes_after_its_pause_and_ships_its_backlog(
     runs = point_at(monkeypatch, tmp_path, lp.url)
     monkeypatch.setenv("PRIME_RUNS_PAUSE_S", "2")
     run = pr.init(
-        kind="train", model="m", team_id="team-a", api_key=API_KEY, base_url=lp.url,
+        kind="train",
+        model="m",
+        team_id="team-a",
+        api_key=API_KEY,
+        base_url=lp.url,
         runs_dir=runs,
     )
     lp.set_faults(retryable_rate=1.0)
@@ -208,8 +241,6 @@ def test_a_paused_sink_resumes_after_its_pause_and_ships_its_backlog(
         wait_for(lambda: "pausing" in caplog.text, timeout=60, what="the metrics sink to pause")
     lp.set_faults(retryable_rate=0.0)
     # Nobody calls flush or finish: the paused sink resumes on its own.
-    wait_for(
-        lambda: lp.run(run.id)["train_metrics"]["rows"] == 5, timeout=60, what="the backlog"
-    )
+    wait_for(lambda: lp.run(run.id)["train_metrics"]["rows"] == 5, timeout=60, what="the backlog")
     run.finish(timeout=60)
     assert lp.run(run.id)["status"] == "COMPLETED"

@@ -2,7 +2,8 @@
 from START on (8 episodes and one metrics row each) and prints ``step N`` once
 both calls for step N returned.
 
-Usage: python train_producer.py RUNS_DIR BASE_URL RUN_ID START
+Usage: python train_producer.py RUNS_DIR BASE_URL RUN_ID START [START_METRICS]
+(steps before START log no episodes, steps before START_METRICS no metrics).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def steps(per_step: int = 8) -> dict[int, list[dict[str, Any]]]:
 
 def main() -> None:
     runs_dir, base_url, run_id, start = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+    start_metrics = int(sys.argv[5]) if len(sys.argv) > 5 else start
     run = pr.init(
         kind="train",
         id=run_id,
@@ -37,11 +39,12 @@ def main() -> None:
         runs_dir=runs_dir,
     )
     for step, episodes in sorted(steps().items()):
-        if step < start:
-            continue
-        run.log_episodes(episodes)
-        run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
-        print(f"step {step}", flush=True)
+        if step >= start:
+            run.log_episodes(episodes)
+        if step >= start_metrics:
+            run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+        if step >= min(start, start_metrics):
+            print(f"step {step}", flush=True)
     run.finish(timeout=120)
     print("finished", flush=True)
 

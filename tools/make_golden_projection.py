@@ -11,7 +11,7 @@ Set up (throwaway targets, never site-packages: both would clobber the
     pip install --no-deps --target /tmp/vfpkg verifiers==0.4.0 \\
         prime-pydantic-config renderers openai httpx2 anthropic opentelemetry-api \\
         jiter docstring-parser prime-sandboxes tenacity "connectrpc<0.12" \\
-        "protobuf-py==0.1.1" pyqwest aiofiles
+        "protobuf-py==0.1.1" protobuf pyqwest aiofiles
     pip install --no-deps --target /tmp/vrpkg prime-runs==0.1.4
     PYTHONPATH=/tmp/vfpkg:/tmp/vrpkg python tools/make_golden_projection.py
 
@@ -196,7 +196,7 @@ def _write(path: Path, payload: dict[str, Any]) -> None:
     text = json.dumps(payload, ensure_ascii=False).encode("utf-8")
     params = zstandard.ZstdCompressionParameters.from_level(19, enable_ldm=True, window_log=27)
     path.write_bytes(zstandard.ZstdCompressor(compression_params=params).compress(text))
-    print(f"{path.relative_to(REPO)}: {len(text)} bytes of JSON, {path.stat().st_size} on disk")
+    print(f"{path.name}: {len(text)} bytes of JSON, {path.stat().st_size} on disk")
 
 
 def main() -> None:

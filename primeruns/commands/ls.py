@@ -81,7 +81,9 @@ def run_ls(args: argparse.Namespace) -> int:
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser("ls", help="list run journals and their state", description=run_ls.__doc__)
+    parser = sub.add_parser(
+        "ls", help="list run journals and their state", description=run_ls.__doc__
+    )
     add_runs_dir(parser)
     parser.add_argument("--json", action="store_true", help="print a JSON array instead")
     parser.set_defaults(handler=run_ls)

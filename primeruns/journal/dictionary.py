@@ -21,7 +21,7 @@ MIN_SAMPLES = 64
 MAX_SAMPLES = 256
 MIN_SAMPLE_BYTES = 16 << 10
 MAX_SAMPLE_BYTES = 4 << 20
-_MAX_DICT = 32 << 10
+_MAX_DICT = 112 << 10  # zstd's own guidance: ~100 KB
 _PAYS = 0.9  # keep only when it saves at least 10%
 
 
@@ -36,7 +36,7 @@ def train(samples: Sequence[bytes]) -> bytes | None:
     except zstandard.ZstdError:
         return None  # too few distinct samples: zstd refuses, and plain frames serve
     plain = zstandard.ZstdCompressor(level=1)
-    with_dict = zstandard.ZstdCompressor(level=1, dict_data=zdict)
+    with_dict = zstandard.ZstdCompressor(level=3, dict_data=zdict)
     # Judge on the later half, so the dictionary is not scored on what it memorized alone.
     test = samples[len(samples) // 2 :]
     before = sum(len(plain.compress(s)) for s in test)

@@ -262,7 +262,7 @@ class Journal:
         if lock is not None:
             try:
                 journal.set_meta(K_OWNER, lock.owner.to_json())
-            except lmdb.Error as exc:
+            except (lmdb.Error, JournalError) as exc:
                 journal._structural.append(Damage(None, f"journal cannot be written: {exc}"))
         return journal
 
@@ -301,6 +301,10 @@ class Journal:
                 except lmdb.MapFullError:
                     if not self._store.grow():
                         raise
+                except lmdb.Error as exc:
+                    if is_disk_full(exc):
+                        raise
+                    raise JournalError(f"write to journal {self.path} failed: {exc}") from None
 
     def _fold_drops(self, txn: lmdb.Transaction, count: int) -> None:
         # Drops at the budget could not be counted in their own (failed) txn;
@@ -312,8 +316,13 @@ class Journal:
 
     @contextlib.contextmanager
     def _read_txn(self, *, buffers: bool = False) -> Iterator[lmdb.Transaction]:
-        with self._lock, self._store.begin(buffers=buffers) as txn:
-            yield txn
+        # LMDB's own errors inside a read mean a damaged tree: callers see one
+        # exception family (JournalError), never lmdb's.
+        try:
+            with self._lock, self._store.begin(buffers=buffers) as txn:
+                yield txn
+        except lmdb.Error as exc:
+            raise JournalCorruptError(f"journal {self.path} is damaged: {exc}") from None
 
     # -- meta -----------------------------------------------------------------------------
 
@@ -455,7 +464,7 @@ class Journal:
         used = (int(env.info()["last_pgno"]) + 1) * self._psize  # the file's high-water mark
         if used + need > budget - reserve:
             # Near the budget: count pages in use (LMDB reuses freed pages).
-            with self._store.begin() as txn:
+            with self._read_txn() as txn:
                 pages = 2
                 for st in [env.stat(), *(txn.stat(db) for db in self._store.dbs.values())]:
                     pages += int(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
@@ -552,7 +561,7 @@ class Journal:
                         total += head.raw_len
                     next_after = seq
                     more = cur.next()
-        except lmdb.Error as exc:
+        except (lmdb.Error, JournalCorruptError) as exc:
             damaged.append(Damage(None, f"reading after entry {next_after} failed: {exc}"))
         entries: list[Entry] = []
         for seq, value in raw:
@@ -773,7 +782,7 @@ class Journal:
                     except FrameError as exc:
                         label = bytes(key).decode(errors="replace")
                         out.append(Damage(None, f"{name} key {label!r} unreadable: {exc}"))
-        except lmdb.Error as exc:
+        except (lmdb.Error, JournalCorruptError) as exc:
             out.append(Damage(None, f"{name} table unreadable: {exc}"))
         return out
 
@@ -900,7 +909,7 @@ class Journal:
                 if raw is None:
                     return None
                 found = zstandard.ZstdCompressionDict(decode_frame(raw)[1])
-            except (FrameError, lmdb.Error):
+            except (FrameError, lmdb.Error, JournalError):
                 return None
             self._zdicts[dict_id] = found
         return found

@@ -14,13 +14,15 @@ Only LMDB 0.9's on-disk layout on 64-bit builds is read (the bundled library).
 from __future__ import annotations
 
 import json
+import mmap
+import os
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from primeruns.journal.frames import FrameError, decode_frame, encode_frame
+from primeruns.journal.frames import FrameError, decode_frame, encode_frame, verify_frame
 
 __all__ = ["Salvaged", "scan_pages"]
 
@@ -44,7 +46,7 @@ class Salvaged:
     bad_values: int = 0
 
 
-def _leaf_nodes(data: bytes, page: int, psize: int) -> Iterator[tuple[bytes, bytes]]:
+def _leaf_nodes(data: Any, page: int, psize: int) -> Iterator[tuple[bytes, bytes]]:
     base = page * psize
     flags, lower = struct.unpack_from("<HH", data, base + 10)
     if not flags & _P_LEAF or flags & _P_OVERFLOW:
@@ -69,16 +71,26 @@ def _leaf_nodes(data: bytes, page: int, psize: int) -> Iterator[tuple[bytes, byt
             start = opg * psize + _PAGE_HDR
             if opg == 0 or start + dsize > len(data):
                 continue
-            yield key, data[start : start + dsize]
+            yield bytes(key), bytes(data[start : start + dsize])
         else:
             if off + 8 + ksize + dsize > psize:
                 continue
-            yield key, data[kstart + ksize : kstart + ksize + dsize]
+            yield bytes(key), bytes(data[kstart + ksize : kstart + ksize + dsize])
 
 
 def scan_pages(path: Path, psize: int = 4096) -> Salvaged:
     """Scan every page of ``path`` for intact journal values (never raises on content)."""
-    data = path.read_bytes()
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < 3 * psize:
+            return Salvaged(pages=size // psize)
+        # A map, not a read: journals can be far larger than RAM. Python bounds-checks
+        # every access to it, so bad offsets raise (and are skipped), never fault.
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as view:
+            return _scan(view, psize)
+
+
+def _scan(data: Any, psize: int) -> Salvaged:
     found = Salvaged(pages=len(data) // psize)
     acked: dict[bytes, int] = {}
     for page in range(2, len(data) // psize):
@@ -87,14 +99,17 @@ def scan_pages(path: Path, psize: int = 4096) -> Salvaged:
             continue  # not a page header (overflow continuation, garbage, zeros)
         for key, value in _leaf_nodes(data, page, psize):
             try:
-                kind, payload = decode_frame(value)
+                # Entries are only checksummed here: one compressed with a stored
+                # dictionary decodes once that dictionary is restored too.
+                kind = verify_frame(value).kind
+                if kind != 0 and len(key) == 8:
+                    found.entries[struct.unpack(">Q", key)[0]] = value
+                    continue
+                if kind != 0:
+                    continue
+                payload = decode_frame(value)[1]
             except FrameError:
                 found.bad_values += 1
-                continue
-            if kind != 0 and len(key) == 8:
-                found.entries[struct.unpack(">Q", key)[0]] = value
-                continue
-            if kind != 0:
                 continue
             _classify(key, value, payload, found, acked)
     return found

@@ -20,9 +20,9 @@ from primeruns.journal import (
     Journal,
     default_runs_dir,
     delete_journal,
+    fsinfo,
     list_journals,
 )
-from primeruns.journal import fsinfo
 
 
 def _rec(i: int, size: int = 20) -> bytes:
@@ -161,7 +161,9 @@ def test_lock_refuses_second_owner_and_allows_readers(tmp_path: Path) -> None:
     j.close()
     child = subprocess.Popen(
         [sys.executable, "-c", _OWNER, str(path)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"

@@ -67,12 +67,18 @@ class JournalModel(RuleBasedStateMachine):
         self.j.close()
         self.j = Journal.open(self.dir / "run")
 
-    @rule(after=st.integers(0, 60), kinds=st.none() | st.sets(st.sampled_from(EntryKind), min_size=1),
-          max_entries=st.integers(1, 20))
+    @rule(
+        after=st.integers(0, 60),
+        kinds=st.none() | st.sets(st.sampled_from(EntryKind), min_size=1),
+        max_entries=st.integers(1, 20),
+    )
     def read(self, after: int, kinds: set[EntryKind] | None, max_entries: int) -> None:
         got = self.j.read(after, kinds=kinds, max_entries=max_entries)
-        want = [(s, k, p) for s, (k, p) in sorted(self.entries.items())
-                if s > after and (kinds is None or k in kinds)][:max_entries]
+        want = [
+            (s, k, p)
+            for s, (k, p) in sorted(self.entries.items())
+            if s > after and (kinds is None or k in kinds)
+        ][:max_entries]
         assert [(e.seq, e.kind, e.payload) for e in got.entries] == want
         assert got.damaged == []
         assert got.next_after >= (want[-1][0] if want else after)
@@ -82,7 +88,8 @@ class JournalModel(RuleBasedStateMachine):
         assert self.j.last_seq() == self.last
         got = self.j.read(0, max_entries=10**6)
         assert [(e.seq, e.kind, e.payload) for e in got.entries] == [
-            (s, k, p) for s, (k, p) in sorted(self.entries.items())]
+            (s, k, p) for s, (k, p) in sorted(self.entries.items())
+        ]
         # dense: from the compaction floor to the last entry
         assert [e.seq for e in got.entries] == list(range(self.floor + 1, self.last + 1))
         for sink in SINKS:

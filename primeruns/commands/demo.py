@@ -1,0 +1,374 @@
+"""``primeruns demo``: the whole story in under a minute, on this machine.
+
+Starts the embedded local platform (unless ``--base-url``), then through a
+simulated flaky network (retryable and ambiguous failures injected by the
+platform) runs a short evaluation and a short training run from the bundled
+demo data, starts a producer process and SIGKILLs it mid-run, replays its
+journal with the very code of ``primeruns replay``, and verifies on the
+platform's inspection API (``/_local/runs/{id}``) that every record landed
+exactly once with the right status. Exit 0 only if every check passed.
+
+The demo's API key is made up here; it reaches the SDK as ``init(api_key=)``
+and the producer through its environment, never a command line or output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+import primeruns as pr
+
+from ..journal import EntryKind, Journal
+from ..metrics import from_episodes
+from ..platform import resolve_settings
+from .common import EXIT_FAILED, EXIT_OK, CommandError
+from .demo_data import eval_episodes, train_episodes
+from .entries import load_rows
+from .fmt import Style
+from .replay import replay_one
+
+__all__ = ["add_parser"]
+
+RETRYABLE_RATE = 0.2
+AMBIGUOUS_RATE = 0.05
+KILL_AFTER = 12  # episodes the producer logs before it is killed
+PRODUCER_TIMEOUT_S = 60.0
+
+
+@dataclass
+class Check:
+    what: str
+    ok: bool
+    detail: str = ""
+
+
+class Demo:
+    """One demo: a platform URL, a runs directory, the checks as they pass or fail."""
+
+    def __init__(self, url: str, key: str, workdir: Path, style: Style) -> None:
+        self.url = url
+        self.key = key
+        self.workdir = workdir
+        self.runs = workdir / "runs"
+        self.style = style
+        self.checks: list[Check] = []
+        self.http = httpx.Client(base_url=url, timeout=10.0)
+
+    def check(self, what: str, ok: bool, detail: str = "") -> bool:
+        self.checks.append(Check(what, ok, detail))
+        mark = self.style.green("✓") if ok else self.style.red("✗")
+        print(f"  {mark} {what}" + (f": {detail}" if detail else ""), flush=True)
+        return ok
+
+    def stored(self, run_id: str) -> dict[str, Any]:
+        response = self.http.get(f"/_local/runs/{run_id}")
+        response.raise_for_status()
+        result: dict[str, Any] = response.json()
+        return result
+
+    def faults(self, retryable: float, ambiguous: float) -> None:
+        body = {"retryable_rate": retryable, "ambiguous_rate": ambiguous}
+        with contextlib.suppress(httpx.HTTPError):
+            self.http.post("/_local/faults", json=body)
+
+    def _landed(self, stored: dict[str, Any], n: int, label: str) -> None:
+        traces = stored["traces"]
+        self.check(
+            f"{label}: {n} episodes in Prime Traces exactly once",
+            traces["episodes"] == traces["distinct_episodes"] == n,
+            f"rows {traces['episodes']}, distinct {traces['distinct_episodes']}",
+        )
+
+    # -- the three runs -----------------------------------------------------------
+
+    def eval_run(self) -> None:
+        print(self.style.bold("1. an evaluation run (30 gsm8k episodes, flaky network)"))
+        episodes = eval_episodes()
+        run = pr.init(
+            name="demo-gsm8k",
+            environments=["gsm8k"],
+            model="Qwen/Qwen3-8B",
+            framework="verifiers",
+            mode="online",
+            api_key=self.key,
+            base_url=self.url,
+            runs_dir=self.runs,
+            traces_opt_out=False,
+        )
+        for i in range(0, len(episodes), 5):
+            run.log_episodes(episodes[i : i + 5])
+        run.finish(summary=dict(from_episodes(episodes)), timeout=60)
+        stored = self.stored(run.id)
+        self.check("eval run COMPLETED", stored["status"] == "COMPLETED", stored["status"])
+        self._landed(stored, len(episodes), "eval")
+        samples = stored["samples"]
+        self.check(
+            f"eval: {len(episodes)} samples exactly once",
+            samples["rows"] == samples["distinct"] == len(episodes),
+            f"rows {samples['rows']}, distinct {samples['distinct']}",
+        )
+
+    def train_run(self) -> None:
+        print(self.style.bold("2. a training run (4 steps x 3 agentic episodes, flaky network)"))
+        steps = train_episodes()
+        run = pr.init(
+            name="demo-train",
+            kind="train",
+            model="Qwen/Qwen3-8B",
+            team_id="demo-team",
+            mode="online",
+            api_key=self.key,
+            base_url=self.url,
+            runs_dir=self.runs,
+            traces_opt_out=False,
+        )
+        total = 0
+        for step, episodes in steps.items():
+            run.log_episodes(episodes)
+            total += len(episodes)
+            agg = from_episodes(episodes)
+            row = {
+                "reward": agg["avg_reward"],
+                "error_rate": agg["avg_error"],
+                **agg["avg_metrics"],
+            }
+            run.log_metrics(row, step=step)
+        run.finish(timeout=60)
+        stored = self.stored(run.id)
+        self.check("train run COMPLETED", stored["status"] == "COMPLETED", stored["status"])
+        self._landed(stored, total, "train")
+        metrics = stored["train_metrics"]
+        self.check(
+            f"train: {len(steps)} metric rows, one per step",
+            metrics["rows"] == metrics["steps"] == len(steps),
+            f"rows {metrics['rows']}, steps {metrics['steps']}",
+        )
+        self.train_local_id = run.journal_path.name if run.journal_path else ""
+
+    def crash_and_replay(self) -> None:
+        print(self.style.bold("3. a producer killed with SIGKILL mid-run, then primeruns replay"))
+        journal_path, run_id, acked = self._kill_producer()
+        if journal_path is None or run_id is None:
+            return
+        with Journal.open(journal_path, owner=False) as journal:
+            damage: list[Any] = []
+            rows = load_rows(journal, {EntryKind.EPISODE}, damage)
+            finished = bool(journal.read(0, kinds={EntryKind.FINISH}, max_entries=1).entries)
+        journaled = [str(r.get("id")) for r in rows]
+        self.check(
+            f"killed after {len(acked)} acknowledged log_episodes calls, before finishing",
+            bool(acked) and not finished,
+            f"{len(journaled)} episodes in the journal",
+        )
+        self.check(
+            "every acknowledged episode is in the journal",
+            set(acked) <= set(journaled) and not damage,
+        )
+        print(f"  $ primeruns replay {journal_path}", flush=True)
+        code = replay_one(journal_path, base_url=self.url, timeout=60)
+        self.check("primeruns replay exit code 0", code == 0, str(code))
+        self.faults(0.0, 0.0)  # the second replay and the checks see the truth, not faults
+        code = replay_one(journal_path, base_url=self.url, timeout=60)
+        self.check("replaying again is harmless (exit 0)", code == 0, str(code))
+        stored = self.stored(run_id)
+        self.check(
+            "killed run FAILED with a crash reason",
+            stored["status"] == "FAILED" and bool(stored.get("error_message")),
+            f"{stored['status']}: {stored.get('error_message')}",
+        )
+        self._landed(stored, len(journaled), "killed run")
+        samples = stored["samples"]
+        self.check(
+            f"killed run: {len(journaled)} samples exactly once",
+            samples["rows"] == samples["distinct"] == len(journaled),
+            f"rows {samples['rows']}, distinct {samples['distinct']}",
+        )
+        self.crashed_local_id = journal_path.name
+
+    def _kill_producer(self) -> tuple[Path | None, str | None, list[str]]:
+        log_path = self.workdir / "producer.log"
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as log:
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "primeruns.commands.demo_producer",
+                    str(self.runs),
+                    self.url,
+                ],
+                stdout=subprocess.PIPE,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                text=True,
+                env=dict(os.environ),  # carries PRIME_API_KEY: never put it on argv
+            )
+        # A watchdog: a wedged producer must not wedge the demo.
+        watchdog = threading.Timer(PRODUCER_TIMEOUT_S, proc.kill)
+        watchdog.start()
+        try:
+            assert proc.stdout is not None
+            journal_path: Path | None = None
+            run_id: str | None = None
+            acked: list[str] = []
+            while len(acked) < KILL_AFTER:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                word, _, value = line.strip().partition(" ")
+                if word == "journal":
+                    journal_path = Path(value)
+                elif word == "run":
+                    run_id = value
+                elif word == "logged":
+                    acked.append(value)
+            os.kill(proc.pid, signal.SIGKILL)
+            rest, _ = proc.communicate(timeout=30)
+        finally:
+            watchdog.cancel()
+        # Lines printed after the last one read were acknowledged too.
+        for line in rest.splitlines():
+            word, _, value = line.strip().partition(" ")
+            if word == "logged":
+                acked.append(value)
+        ok = journal_path is not None and run_id is not None and len(acked) >= KILL_AFTER
+        if not ok:
+            tail = log_path.read_text(errors="replace")[-1500:]
+            self.check("the producer ran until it was killed", False, tail)
+        return journal_path, run_id, acked
+
+
+@contextlib.contextmanager
+def _demo_environment(url: str, key: str) -> Iterator[None]:
+    """The demo's own settings, restored afterwards: quick retries, traces and
+    page links on the demo platform, the demo key, and nothing inherited that
+    would redirect or disable the runs."""
+    changes: dict[str, str | None] = {
+        "PRIME_API_KEY": key,
+        "PRIME_TRACES_URL": url,
+        "PRIME_FRONTEND_URL": url,
+        "PRIME_RUNS_RETRY_BASE_S": "0.02",
+        "PRIME_API_BASE_URL": None,
+        "PRIME_BASE_URL": None,
+        "PRIME_RUNS_MODE": None,
+        "PRIME_TRACES_OPT_OUT": None,
+        "PRIME_RUNS_DIR": None,
+    }
+    saved = {k: os.environ.get(k) for k in changes}
+    for k, v in changes.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, old in saved.items():
+            if old is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = old
+
+
+def run_demo(args: argparse.Namespace) -> int:
+    """Start the local platform on a free port (or use --base-url), run a short
+    eval and a short training run from bundled data through a flaky network,
+    SIGKILL a producer mid-run, replay it, verify every record landed exactly
+    once with the right status, and print where to look. Exit 0 if all passed."""
+    from ..local import LocalPlatform
+
+    started = time.monotonic()
+    style = Style(sys.stdout)
+    workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="primeruns-demo-"))
+    workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    platform: LocalPlatform | None = None
+    if args.base_url:
+        url = args.base_url.rstrip("/")
+        key = resolve_settings().api_key
+        if not key:
+            raise CommandError("--base-url needs the platform's API key in PRIME_API_KEY")
+    else:
+        key = f"demo-{secrets.token_urlsafe(18)}"
+        print(f"starting the local platform (data in {workdir / 'platform'}) ...", flush=True)
+        platform = LocalPlatform(workdir / "platform", api_key=key).start()
+        url = platform.url
+    try:
+        with _demo_environment(url, key):
+            demo = Demo(url, key, workdir, style)
+            print(
+                f"platform {url}; injecting faults: {RETRYABLE_RATE:.0%} retryable, "
+                f"{AMBIGUOUS_RATE:.0%} ambiguous (committed, answer lost)",
+                flush=True,
+            )
+            demo.faults(RETRYABLE_RATE, AMBIGUOUS_RATE)
+            try:
+                demo.eval_run()
+                demo.train_run()
+                demo.crash_and_replay()
+            except (httpx.HTTPError, pr.PrimeRunsError, KeyError, OSError) as exc:
+                demo.check("the demo ran to the end", False, f"{type(exc).__name__}: {exc}")
+            finally:
+                demo.faults(0.0, 0.0)
+                demo.http.close()
+        passed = all(c.ok for c in demo.checks)
+        elapsed = time.monotonic() - started
+        print()
+        verdict = style.green("all checks passed") if passed else style.red("some checks FAILED")
+        print(f"{verdict} ({sum(c.ok for c in demo.checks)}/{len(demo.checks)}, {elapsed:.1f} s)")
+        print("where to look:")
+        print(
+            f"  the platform's page:   {url}/"
+            + ("" if args.keep_serving or platform is None else "  (stopped; see --keep-serving)")
+        )
+        print(f"  the journals:          primeruns ls --runs-dir {demo.runs}")
+        crashed = getattr(demo, "crashed_local_id", None)
+        if crashed:
+            print(f"  the replayed run:      primeruns show --runs-dir {demo.runs} {crashed}")
+        train = getattr(demo, "train_local_id", None)
+        if train:
+            print(f"  the training curves:   primeruns show --runs-dir {demo.runs} {train}")
+        if args.json_report:
+            report = [{"what": c.what, "ok": c.ok, "detail": c.detail} for c in demo.checks]
+            Path(args.json_report).write_text(json.dumps(report, indent=2))
+        if args.keep_serving and platform is not None:
+            print(f"serving {url}/ until Ctrl-C ...", flush=True)
+            with contextlib.suppress(KeyboardInterrupt):
+                while platform.returncode is None:
+                    time.sleep(0.5)
+        return EXIT_OK if passed else EXIT_FAILED
+    finally:
+        if platform is not None:
+            platform.stop()
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "demo",
+        help="see it work: a local platform, a flaky network, a crash and a replay",
+        description=run_demo.__doc__,
+    )
+    parser.add_argument("--base-url", help="use this (primeruns serve) platform instead")
+    parser.add_argument(
+        "--keep-serving", action="store_true", help="keep the local platform up afterwards"
+    )
+    parser.add_argument(
+        "--dir", help="where to put the demo's runs and data (default: a new temp dir)"
+    )
+    parser.add_argument("--json-report", metavar="FILE", help=argparse.SUPPRESS)
+    parser.set_defaults(handler=run_demo)

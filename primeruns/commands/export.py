@@ -1,0 +1,88 @@
+"""``primeruns export RUN``: a journal's records as JSONL (or metrics as Parquet).
+
+No platform needed: records are read from the journal as the producer logged
+them (after the SDK's encoding), one JSON object a line, in log order. Written
+files are 0600: they hold the user's data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from contextlib import ExitStack
+from typing import BinaryIO
+
+from ..journal import Damage, Journal
+from .common import EXIT_DAMAGED, EXIT_OK, CommandError, add_runs_dir, resolve_run, runs_dir_of
+from .entries import KIND_NAMES, iter_entries, load_rows
+
+__all__ = ["add_parser"]
+
+
+def _open_private(path: str) -> BinaryIO:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    return os.fdopen(fd, "wb")
+
+
+def _write_parquet(journal: Journal, target: str, damage: list[Damage]) -> int:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise CommandError(
+            "Parquet output needs pyarrow: pip install 'prime-runs[train]' (or use .jsonl)"
+        ) from None
+    rows = load_rows(journal, KIND_NAMES["metrics"], damage)
+    table = pa.Table.from_pylist(rows)
+    with _open_private(target) as handle:
+        pq.write_table(table, handle)
+    return len(rows)
+
+
+def run_export(args: argparse.Namespace) -> int:
+    """Write a run's records (episodes, traces or metrics) as JSONL to stdout or
+    -o FILE; metrics as Parquet when FILE ends with .parquet. Damaged entries
+    are skipped and reported on stderr (exit 4)."""
+    path = resolve_run(args.run, runs_dir_of(args))
+    parquet = bool(args.output and args.output.endswith(".parquet"))
+    if parquet and args.kind != "metrics":
+        raise CommandError("only --kind metrics can be written as Parquet; use .jsonl")
+    damage: list[Damage] = []
+    with Journal.open(path, owner=False) as journal:
+        if parquet:
+            count = _write_parquet(journal, args.output, damage)
+        else:
+            with ExitStack() as stack:
+                out: BinaryIO = (
+                    stack.enter_context(_open_private(args.output))
+                    if args.output
+                    else sys.stdout.buffer
+                )
+                count = 0
+                for entry in iter_entries(journal, KIND_NAMES[args.kind], damage):
+                    out.write(entry.payload)
+                    out.write(b"\n")
+                    count += 1
+                out.flush()
+    if args.output:
+        print(f"wrote {count} {args.kind} records to {args.output}", file=sys.stderr)
+    for d in damage:
+        print(f"skipped damaged: {d.what}", file=sys.stderr)
+    return EXIT_DAMAGED if damage else EXIT_OK
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "export", help="write a run's records as JSONL or Parquet", description=run_export.__doc__
+    )
+    parser.add_argument("run", metavar="RUN", help="a journal directory or a local run id")
+    add_runs_dir(parser)
+    parser.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+    parser.add_argument(
+        "--kind",
+        choices=sorted(KIND_NAMES),
+        default="episodes",
+        help="which records (default: episodes)",
+    )
+    parser.set_defaults(handler=run_export)

@@ -1,0 +1,105 @@
+"""``primeruns gc``: delete old journals that have nothing left to give.
+
+A journal is eligible when it is older than ``--older-than`` (by its last
+write), its owner is gone, and it is fully shipped and closed out on the
+platform. ``--force`` also deletes journals with pending records (their data
+is then gone for good). A live run is never deleted: deletion takes the owner
+lock first, so even a run that started after the listing is safe.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+
+from ..exceptions import JournalError, JournalLockedError
+from ..journal import delete_journal
+from .common import EXIT_FAILED, EXIT_OK, RunStatus, add_runs_dir, runs_dir_of, statuses
+from .fmt import human_age, human_bytes
+
+__all__ = ["add_parser", "parse_duration"]
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """``"7d"``, ``"12h"``, ``"30m"``, ``"90s"``, ``"2w"`` or a number of seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", text)
+    if not match:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration; use e.g. 7d, 12h, 30m or 0")
+    return float(match.group(1)) * _UNITS[match.group(2) or "s"]
+
+
+def _verdict(status: RunStatus, older_than: float, force: bool) -> str | None:
+    """Why ``status`` is kept, or None if it may be deleted."""
+    if status.info.owner_alive:
+        return f"owner alive ({status.info.owner})"
+    if status.age_s < older_than:
+        return f"younger than the threshold ({human_age(status.age_s)})"
+    if force:
+        return None
+    if status.pending_total:
+        return f"{status.pending_total} pending entries (replay or sync it, or --force)"
+    if not status.finalized:
+        return "not closed out on the platform (replay or sync it, or --force)"
+    return None
+
+
+def run_gc(args: argparse.Namespace) -> int:
+    """Delete journals older than --older-than that are fully shipped and closed
+    out. Never one with pending records (unless --force), never a live one."""
+    runs_dir = runs_dir_of(args)
+    deleted = kept = 0
+    freed = 0
+    code = EXIT_OK
+    for status in statuses(runs_dir):
+        info = status.info
+        reason = _verdict(status, args.older_than, args.force)
+        if reason is not None:
+            kept += 1
+            if args.verbose:
+                print(f"keep    {info.local_id}: {reason}")
+            continue
+        if args.dry_run:
+            print(f"would delete {info.local_id} ({status.state}, {human_bytes(info.size_bytes)})")
+            deleted += 1
+            freed += info.size_bytes
+            continue
+        try:
+            delete_journal(info.path)
+        except JournalLockedError as exc:
+            kept += 1
+            print(f"keep    {info.local_id}: {exc}")
+            continue
+        except (JournalError, OSError) as exc:
+            print(f"failed  {info.local_id}: {exc}")
+            code = EXIT_FAILED
+            continue
+        print(f"deleted {info.local_id} ({status.state}, {human_bytes(info.size_bytes)})")
+        deleted += 1
+        freed += info.size_bytes
+    verb = "would delete" if args.dry_run else "deleted"
+    print(f"{verb} {deleted} journal(s), {human_bytes(freed)}; kept {kept}")
+    return code
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "gc", help="delete old, fully shipped journals", description=run_gc.__doc__
+    )
+    add_runs_dir(parser)
+    parser.add_argument(
+        "--older-than",
+        type=parse_duration,
+        default=parse_duration("7d"),
+        metavar="AGE",
+        help="only journals last written longer ago than this (default 7d; e.g. 12h, 0)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="list what would be deleted")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="also delete journals with pending records or never closed out (data is lost)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="say why each run is kept")
+    parser.set_defaults(handler=run_gc)

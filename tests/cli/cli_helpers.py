@@ -1,0 +1,90 @@
+"""Helpers for the CLI tests: run ``primeruns`` in-process or as a real
+subprocess, kill a producer mid-run, and damage one journal entry on disk."""
+
+from __future__ import annotations
+
+import os
+import signal
+import struct
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+
+from primeruns.cli import main
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``primeruns ARGV`` in-process: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def cli_subprocess(
+    *argv: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "primeruns", *argv],
+        capture_output=True,
+        text=True,
+        env=env or dict(os.environ),
+        timeout=120,
+    )
+
+
+def kill_producer(args: list[str], lines_before_kill: int) -> tuple[Path, list[str]]:
+    """Run tests/producer_script.py, SIGKILL it after that many acknowledged
+    lines; returns its journal and every line it printed (all acknowledged)."""
+    proc = subprocess.Popen(
+        [sys.executable, str(TESTS / "producer_script.py"), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ),
+        cwd=TESTS,
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline().strip()
+    assert first.startswith("journal "), first
+    acked: list[str] = []
+    for _ in range(lines_before_kill):
+        line = proc.stdout.readline()
+        if not line:
+            break
+        acked.append(line.strip())
+    os.kill(proc.pid, signal.SIGKILL)
+    rest, _ = proc.communicate(timeout=30)
+    acked.extend(line.strip() for line in rest.splitlines() if line.strip())
+    return Path(first.split(" ", 1)[1]), acked
+
+
+def flip_entry_bytes(journal: Path, seq: int) -> None:
+    """Corrupt entry ``seq`` in place: flip bytes inside its stored value."""
+    env = lmdb.open(str(journal), readonly=True, lock=False, max_dbs=8, subdir=True)
+    try:
+        entries = env.open_db(b"entries", create=False)
+        with env.begin(db=entries) as txn:
+            value = txn.get(struct.pack(">Q", seq))
+    finally:
+        env.close()
+    assert value is not None and len(value) > 40, "entry too small to corrupt usefully"
+    data_path = journal / "data.mdb"
+    data = bytearray(data_path.read_bytes())
+    at = data.find(value)
+    assert at >= 0 and data.find(value, at + 1) < 0, "entry value not found once on disk"
+    middle = at + len(value) // 2
+    for i in range(middle, middle + 4):
+        data[i] ^= 0xFF
+    data_path.write_bytes(bytes(data))
+
+
+def landed_once(stored: dict[str, Any], n: int) -> bool:
+    traces = stored["traces"]
+    return bool(traces["episodes"] == traces["distinct_episodes"] == n)

@@ -1,0 +1,96 @@
+"""Offline runs send nothing; ``sync`` registers and ships them exactly once;
+``ls`` says what state each is in; ``gc`` deletes only what is safe to delete."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import workloads
+from cli_helpers import cli, landed_once
+from sdk_helpers import API_KEY, point_at
+
+import primeruns as pr
+
+
+def _offline_eval(runs: Path, url: str, n: int) -> pr.Run:
+    run = pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=url, runs_dir=runs)
+    assert run.mode == "offline"
+    for episode in workloads.gsm8k(n):
+        run.log_episodes([episode])
+    run.finish()
+    return run
+
+
+def _states(capsys: pytest.CaptureFixture[str], runs: Path) -> dict[str, str]:
+    code, out, _ = cli(capsys, "ls", "--runs-dir", str(runs), "--json")
+    assert code == 0
+    return {row["local_id"]: row["state"] for row in json.loads(out)}
+
+
+def test_offline_run_sends_nothing_then_sync_ships_it_once(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.setenv("PRIME_RUNS_MODE", "offline")
+    run = _offline_eval(runs, local_platform.url, 25)
+    assert run.journal_path is not None
+    assert local_platform.runs() == []  # offline: nothing left the machine
+    assert _states(capsys, runs) == {run.journal_path.name: "offline"}
+
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    code, out, err = cli(capsys, "sync", "--runs-dir", str(runs))
+    assert code == 0, out + err
+    [listed] = local_platform.runs()
+    stored = local_platform.run(listed["id"])
+    assert stored["status"] == "COMPLETED"
+    assert landed_once(stored, 25)
+    assert stored["samples"]["rows"] == stored["samples"]["distinct"] == 25
+    assert _states(capsys, runs) == {run.journal_path.name: "shipped"}
+
+    # Syncing again finds nothing to do and duplicates nothing.
+    code, out, _ = cli(capsys, "sync", "--runs-dir", str(runs))
+    assert code == 0 and "no offline runs" in out
+    assert landed_once(local_platform.run(listed["id"]), 25)
+
+
+def test_gc_deletes_shipped_journals_and_never_pending_ones_without_force(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.setenv("PRIME_RUNS_MODE", "offline")
+    shipped = _offline_eval(runs, local_platform.url, 3).journal_path
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    assert cli(capsys, "sync", "--runs-dir", str(runs), "--all")[0] == 0
+    pending = _offline_eval(runs, local_platform.url, 3).journal_path
+    assert shipped is not None and pending is not None
+
+    # Young journals are kept by the default threshold (7 days).
+    code, out, _ = cli(capsys, "gc", "--runs-dir", str(runs))
+    assert code == 0 and shipped.exists() and pending.exists()
+
+    code, out, _ = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "--dry-run")
+    assert code == 0 and shipped.name in out and pending.name not in out
+    assert shipped.exists()
+
+    code, out, _ = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0")
+    assert code == 0
+    assert not shipped.exists()
+    assert pending.exists()  # it still has records nobody received
+
+    code, out, _ = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "--force")
+    assert code == 0 and not pending.exists()
+
+
+def test_gc_rejects_a_bad_duration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        cli(capsys, "gc", "--runs-dir", str(tmp_path), "--older-than", "soon")
+    assert exc.value.code == 2

@@ -1,0 +1,159 @@
+"""``primeruns replay``: a SIGKILLed producer's run lands complete and exactly
+once, closed as FAILED with a crash reason; a live owner is refused by pid and
+host; a second replay is harmless; a damaged journal ships what is intact."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import workloads
+from cli_helpers import cli, cli_subprocess, flip_entry_bytes, kill_producer, landed_once
+from sdk_helpers import API_KEY, point_at
+
+import primeruns as pr
+from primeruns.journal import EntryKind, Journal
+
+
+def _journaled(path: Path) -> tuple[list[str], list[int]]:
+    with Journal.open(path, owner=False) as journal:
+        eps = journal.read(0, kinds={EntryKind.EPISODE}, max_entries=10**6, max_bytes=1 << 34)
+        mets = journal.read(0, kinds={EntryKind.METRICS}, max_entries=10**6, max_bytes=1 << 34)
+        finished = journal.read(0, kinds={EntryKind.FINISH}, max_entries=1).entries
+    assert not finished, "the producer finished before it was killed"
+    ids = [json.loads(e.payload)["id"] for e in eps.entries]
+    return ids, [json.loads(e.payload)["step"] for e in mets.entries]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_replay_after_sigkill_lands_every_logged_record_once_as_failed(
+    seed: int,
+    make_local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lp = make_local_platform(latency_ms=5)
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    rng = random.Random(seed)
+    kind = "train" if seed % 2 else "eval"
+    n = 30 if kind == "train" else 120
+    path, acked = kill_producer([str(runs), kind, str(n), lp.url], rng.randrange(1, n))
+    ids, steps = _journaled(path)
+    logged = [line.split(" ", 1)[1] for line in acked if line.startswith("episode ")]
+    assert logged and set(logged) <= set(ids)
+
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    code, out, err = cli(capsys, "replay", "--runs-dir", str(runs), path.name)
+    assert code == 0, out + err
+    with Journal.open(path, owner=False) as journal:
+        run_id = journal.get_meta("platform")["run_id"]
+    stored = lp.run(run_id)
+    assert stored["status"] == "FAILED"
+    assert "crash" in (stored["error_message"] or "")
+    assert landed_once(stored, len(ids))
+    if kind == "eval":
+        assert stored["samples"]["rows"] == stored["samples"]["distinct"] == len(ids)
+    else:
+        metrics = stored["train_metrics"]
+        assert metrics["rows"] == metrics["steps"] == len(set(steps))
+
+    # Twice is harmless: exit 0, nothing duplicated, status kept.
+    code, out, err = cli(capsys, "replay", str(path))
+    assert code == 0, out + err
+    again = lp.run(run_id)
+    assert again["status"] == "FAILED" and landed_once(again, len(ids))
+    assert again["samples"] == stored["samples"]
+    assert again["train_metrics"] == stored["train_metrics"]
+
+
+_OWNER = """
+import sys
+import primeruns as pr
+run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=sys.argv[1])
+run.log_metrics({"x": 1.0})
+print(run.journal_path, flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_replay_refuses_a_live_owner_naming_pid_and_host(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    owner = subprocess.Popen(
+        [sys.executable, "-c", _OWNER, str(runs)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert owner.stdout is not None
+        path = Path(owner.stdout.readline().strip())
+        code, out, err = cli(capsys, "replay", str(path))
+        assert code == 3
+        assert f"pid {owner.pid}" in err and socket.gethostname() in err
+        code, out, _ = cli(capsys, "replay", "--dry-run", str(path))
+        assert code == 3 and f"pid {owner.pid}" in out
+        code, out, _ = cli(capsys, "ls", "--runs-dir", str(runs), "--json")
+        assert json.loads(out)[0]["state"] == "running"  # ls needs no lock
+        code, out, _ = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "--force")
+        assert code == 0 and path.exists()  # gc never deletes a live run
+    finally:
+        owner.kill()
+        owner.communicate()
+
+
+def test_replay_of_a_damaged_journal_ships_the_intact_entries_and_reports_the_rest(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = pr.init(
+        environments=["gsm8k"],
+        model="m",
+        mode="offline",
+        api_key=API_KEY,
+        base_url=local_platform.url,
+        runs_dir=runs,
+    )
+    for episode in workloads.gsm8k(10):
+        run.log_episodes([episode])
+    run.finish()
+    assert run.journal_path is not None
+    flip_entry_bytes(run.journal_path, 5)  # entry 1 is run_open: 5 is the 4th episode
+
+    env = dict(os.environ, PRIME_API_KEY=API_KEY)
+    done = cli_subprocess("sync", "--runs-dir", str(runs), env=env)
+    assert done.returncode == 4, done.stdout + done.stderr
+    assert "damaged" in done.stdout and "entry 5" in done.stdout
+    assert API_KEY not in done.stdout + done.stderr
+    [listed] = local_platform.runs()
+    stored = local_platform.run(listed["id"])
+    assert landed_once(stored, 9)
+    assert stored["samples"]["rows"] == stored["samples"]["distinct"] == 9
+    assert stored["status"] == "COMPLETED"
+
+    # show and export report the damage too, and still give what is intact.
+    shown = cli_subprocess("show", str(run.journal_path), env=env)
+    assert shown.returncode == 4 and "entry 5" in shown.stdout
+    exported = cli_subprocess("export", str(run.journal_path), env=env)
+    assert exported.returncode == 4 and "entry 5" in exported.stderr
+    assert len(exported.stdout.splitlines()) == 9
+
+
+def test_replay_of_something_that_is_not_a_run_is_a_clear_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = cli(capsys, "replay", "--runs-dir", str(tmp_path), "no-such-run")
+    assert code == 2 and "no run 'no-such-run'" in err and "Traceback" not in err
+    code, _, err = cli(capsys, "replay", str(tmp_path))
+    assert code == 2 and "not a prime-runs journal" in err

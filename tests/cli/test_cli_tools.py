@@ -1,0 +1,112 @@
+"""``show``, ``export``, ``doctor`` and ``--help``: what a user relies on."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+import workloads
+from cli_helpers import cli, cli_subprocess
+from sdk_helpers import API_KEY, point_at
+
+import primeruns as pr
+from primeruns.commands.sparkline import BLOCKS, sparkline
+
+
+def _offline_train(runs: Path) -> tuple[pr.Run, list[dict[str, Any]], list[float]]:
+    run = pr.init(kind="train", model="m", team_id="t", mode="offline", runs_dir=runs)
+    episodes = workloads.agentic(6)
+    losses = [1.0, 0.5, 0.25, 0.2, 0.1, 0.05]
+    for step, (episode, loss) in enumerate(zip(episodes, losses, strict=True)):
+        run.log_episodes([episode])
+        run.log_metrics({"loss": loss, "reward": step / 5}, step=step)
+    run.finish()
+    return run, episodes, losses
+
+
+def test_show_draws_a_sparkline_per_metric_and_the_lifecycle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    run, _, losses = _offline_train(runs)
+    assert run.journal_path is not None
+    code, out, _ = cli(capsys, "show", "--runs-dir", str(runs), run.journal_path.name)
+    assert code == 0
+    loss_line = next(line for line in out.splitlines() if line.strip().startswith("loss"))
+    assert sparkline(losses) in loss_line
+    assert sparkline(losses)[0] == BLOCKS[-1] and sparkline(losses)[-1] == BLOCKS[0]
+    assert "reward" in out and "(not registered)" in out and "offline" in out
+    assert "\x1b[" not in out  # no colour when not a terminal
+
+
+def test_sparkline_resamples_long_curves_and_leaves_gaps_for_nan() -> None:
+    line = sparkline([float(i) for i in range(1000)], width=20)
+    assert len(line) == 20 and line[0] == BLOCKS[0] and line[-1] == BLOCKS[-1]
+    assert sparkline([1.0, float("nan"), 3.0]) == BLOCKS[0] + " " + BLOCKS[-1]
+
+
+def test_export_round_trips_the_logged_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    run, episodes, losses = _offline_train(runs)
+    assert run.journal_path is not None
+    target = tmp_path / "episodes.jsonl"
+    code, _, err = cli(capsys, "export", str(run.journal_path), "-o", str(target))
+    assert code == 0 and "wrote 6 episodes" in err
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    exported = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [e["id"] for e in exported] == [e["id"] for e in episodes]
+    assert [e["task"] for e in exported] == [e["task"] for e in episodes]
+
+    code, out, _ = cli(capsys, "export", str(run.journal_path), "--kind", "metrics")
+    rows = [json.loads(line) for line in out.splitlines()]
+    assert [r["loss"] for r in rows] == losses and [r["step"] for r in rows] == list(range(6))
+
+    pq = pytest.importorskip("pyarrow.parquet")
+    parquet = tmp_path / "metrics.parquet"
+    code, _, _ = cli(
+        capsys, "export", str(run.journal_path), "--kind", "metrics", "-o", str(parquet)
+    )
+    assert code == 0
+    assert pq.read_table(parquet).column("loss").to_pylist() == losses
+
+    code, _, err = cli(capsys, "export", str(run.journal_path), "-o", str(tmp_path / "e.parquet"))
+    assert code == 2 and "only --kind metrics" in err
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_doctor_reports_settings_with_the_key_masked_and_reachability(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    monkeypatch.setenv("PRIME_API_BASE_URL", local_platform.url)
+    code, out, err = cli(capsys, "doctor", "--runs-dir", str(runs))
+    assert code == 0, out
+    assert API_KEY not in out + err
+    assert f"{API_KEY[:3]}…{API_KEY[-4:]}  (PRIME_API_KEY)" in out
+    assert "(PRIME_API_BASE_URL)" in out and "answered HTTP" in out
+
+    monkeypatch.setenv("PRIME_API_BASE_URL", f"http://127.0.0.1:{_closed_port()}")
+    code, out, _ = cli(capsys, "doctor", "--runs-dir", str(runs), "--timeout", "2")
+    assert code == 1 and "unreachable" in out
+
+
+def test_every_command_explains_itself() -> None:
+    done = cli_subprocess("--help")
+    assert done.returncode == 0
+    for command in ("ls", "show", "replay", "sync", "export", "gc", "doctor", "demo", "serve"):
+        assert command in done.stdout
+        assert cli_subprocess(command, "--help").returncode == 0

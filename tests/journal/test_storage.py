@@ -1,0 +1,99 @@
+"""Storage behaviour: dictionaries, map growth, durability modes, listing damaged runs."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+from primeruns.journal import EntryKind, Journal, list_journals
+
+
+def _episode(i: int) -> bytes:
+    rng = random.Random(i)
+    words = ["Solve", "step", "total", "answer", "apples", "each", "costs", "so"]
+    return json.dumps(
+        {
+            "task": "gsm8k",
+            "system": "You are a careful math tutor. Think step by step. " * 8,
+            "question": " ".join(rng.choice(words) for _ in range(60)),
+            "reward": rng.random(),
+        }
+    ).encode()
+
+
+def test_dictionary_trained_stored_and_used(tmp_path: Path) -> None:
+    with Journal.create(tmp_path, local_id="run") as j:
+        j.append(EntryKind.EPISODE, [_episode(i) for i in range(100)])
+        before = j.size_bytes()
+        assert j.train_dictionaries() == [EntryKind.EPISODE]
+        assert j.train_dictionaries() == []  # once per kind
+        j.append(EntryKind.EPISODE, [_episode(i) for i in range(100, 400)])
+        j.append(EntryKind.METRICS, [b'{"loss":1}'])
+        assert j.size_bytes() < before * 3  # 3x the records in well under 3x the bytes
+    # Readers (another process's view, a reopened owner) decode with the stored dictionary.
+    with Journal.open(tmp_path / "run", owner=False) as ro:
+        got = ro.read(0, max_entries=1000)
+        assert [e.payload for e in got.entries[:400]] == [_episode(i) for i in range(400)]
+        assert got.damaged == [] and ro.damage() == []
+
+
+def test_map_grows_past_initial_size(tmp_path: Path) -> None:
+    big = random.Random(0).randbytes(2 << 20)  # incompressible: stored as is
+    with Journal.create(tmp_path, local_id="run") as j:
+        for _ in range(12):  # ~24 MiB > the 16 MiB initial map
+            assert j.append(EntryKind.TRACE, [big]).count == 1
+        assert j.size_bytes() > 16 << 20
+        assert all(e.payload == big for e in j.read(0, max_bytes=1 << 30).entries)
+
+
+_GROWER = """
+import sys
+from pathlib import Path
+from primeruns.journal import EntryKind, Journal
+j = Journal.open(Path(sys.argv[1]))
+import os
+for _ in range(12):
+    j.append(EntryKind.TRACE, [os.urandom(1 << 20)])
+print(j.last_seq(), flush=True)
+j.close()
+"""
+
+
+def test_reader_follows_a_writer_that_grew_the_map(tmp_path: Path) -> None:
+    j = Journal.create(tmp_path, local_id="run")
+    j.append(EntryKind.METRICS, [b"{}"])
+    path = j.path
+    j.close()
+    with Journal.open(path, owner=False) as ro:
+        assert ro.last_seq() == 1
+        out = subprocess.run(
+            [sys.executable, "-c", _GROWER, str(path)], capture_output=True, text=True, timeout=120
+        )
+        assert out.returncode == 0, out.stderr
+        assert ro.last_seq() == 13  # the map grew past this reader's: it adopts the new size
+        assert len(ro.read(1, max_bytes=1 << 30).entries) == 12
+
+
+def test_fsync_mode_roundtrip(tmp_path: Path) -> None:
+    with Journal.create(tmp_path, local_id="run", durability="fsync") as j:
+        assert j.durability == "fsync"
+        assert j.append(EntryKind.FINISH, [b'{"status":"completed"}']).first_seq == 1
+    with Journal.open(tmp_path / "run", durability="fsync") as j2:
+        assert j2.get(1) is not None
+
+
+def test_listing_reports_damage_and_never_raises(tmp_path: Path) -> None:
+    with Journal.create(tmp_path, local_id="a-good") as j:
+        j.append(EntryKind.METRICS, [b'{"x":1}'])
+        j.ack("metrics", 1)
+    bad = tmp_path / "b-bad"
+    bad.mkdir()
+    (bad / "data.mdb").write_bytes(bytes(9000))
+    good, broken = list_journals(tmp_path)
+    assert good.local_id == "a-good" and good.last_seq == 1 and good.cursors == {"metrics": 1}
+    assert good.damage == [] and good.owner is None and not good.owner_alive
+    assert broken.path == bad and broken.last_seq == 0
+    assert any("no valid meta page" in d.what for d in broken.damage)
