@@ -40,7 +40,14 @@ from .exceptions import (
     UnauthorizedError,
     is_transient,
 )
-from .journal import EntryKind, Journal, default_runs_dir, delete_journal
+from .journal import (
+    DEFAULT_MAX_JOURNAL_BYTES,
+    EntryKind,
+    Journal,
+    default_runs_dir,
+    delete_journal,
+    list_journals,
+)
 from .recovery import find_run_journals
 from .models import (
     CONFIG_SOURCE_KEY,
@@ -770,6 +777,7 @@ def init(
     traces_opt_out: bool | None = None,
     runs_dir: str | os.PathLike[str] | None = None,
     durability: Literal["process", "fsync"] = "process",
+    max_journal_bytes: int | None = None,
 ) -> Run:
     """Open a run and return its handle.
 
@@ -869,8 +877,12 @@ def init(
         "mode": run_mode,
     }
     directory = Path(runs_dir) if runs_dir is not None else default_runs_dir()
+    budget = _journal_budget(max_journal_bytes)
     journal = Journal.create(
-        directory, durability=durability, meta={"spec": spec, "state": "running"}
+        directory,
+        durability=durability,
+        max_bytes=budget,
+        meta={"spec": spec, "state": "running"},
     )
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(spec, what="spec")])
     run = Run(
@@ -901,6 +913,27 @@ def init(
     return run
 
 
+def _journal_budget(value: int | None) -> int:
+    """The journal's byte budget: the argument, else PRIME_RUNS_MAX_JOURNAL_BYTES."""
+    source = "max_journal_bytes"
+    if value is None:
+        raw = os.environ.get("PRIME_RUNS_MAX_JOURNAL_BYTES", "").strip()
+        if not raw:
+            return DEFAULT_MAX_JOURNAL_BYTES
+        source = "PRIME_RUNS_MAX_JOURNAL_BYTES"
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigurationError(
+                f"PRIME_RUNS_MAX_JOURNAL_BYTES={raw!r} is not a whole number of bytes"
+            ) from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1 << 20:
+        raise ValueError(
+            f"init: {source} must be a number of bytes of at least 1 MiB, got {value!r}"
+        )
+    return value
+
+
 def id_of(run: Run) -> int:
     return id(run)
 
@@ -909,6 +942,34 @@ def _parquet_available() -> bool:
     from .projection import parquet_available
 
     return parquet_available()
+
+
+def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
+    """Log one line naming earlier runs that crashed before they were shipped
+    and closed out (off the init path: listing opens every journal)."""
+    try:
+        crashed = []
+        for info in list_journals(runs_dir):
+            meta = info.meta
+            if info.path in skip or info.owner_alive or meta.get("finalized"):
+                continue
+            if meta.get("state") == "shipped" or meta.get("continued_by"):
+                continue
+            if (meta.get("spec") or {}).get("mode") != "online":
+                continue
+            crashed.append(info.path.name)
+    except Exception:  # a convenience: never let it disturb the run
+        return
+    if crashed:
+        log.warning(
+            "prime-runs: %d earlier run(s) in %s crashed before they were shipped and closed "
+            "out (%s); "
+            "ship them with: primeruns replay --all --runs-dir %s",
+            len(crashed),
+            runs_dir,
+            ", ".join(crashed[:5]) + (", ..." if len(crashed) > 5 else ""),
+            runs_dir,
+        )
 
 
 def _adopt(
@@ -977,6 +1038,12 @@ def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
         shipper.start()
     for path in predecessors:
         _adopt(run, path, client, settings, policy)
+    threading.Thread(
+        target=_mention_crashed_runs,
+        args=(journal.path.parent, {journal.path, *predecessors}),
+        name="primeruns-scan",
+        daemon=True,
+    ).start()
     if deferred:
         run._registrar = threading.Thread(
             target=run._register_in_background, name="primeruns-register", daemon=True

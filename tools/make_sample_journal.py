@@ -25,6 +25,12 @@ def records() -> list[tuple[EntryKind, bytes]]:
         ep = {"example_id": i, "reward": i / 20, "completion": "answer " * (i * 10)}
         out.append((EntryKind.EPISODE, json.dumps(ep).encode()))
         out.append((EntryKind.METRICS, json.dumps({"step": i, "loss": 1 / (i + 1)}).encode()))
+    for i in range(150):  # enough similar rows to train (and pin) a zstd dictionary
+        row = {"step": i, "train/loss": 1 / (i + 1), "train/reward_mean": i % 7 / 7,
+               "train/kl_divergence": i / 1000, "train/entropy": 2 - i / 100,
+               "train/learning_rate": 3e-6, "train/grad_norm": (i * 13 % 17) / 3,
+               "train/tokens_per_second": 1000 + i, "eval/accuracy": i % 11 / 11}
+        out.append((EntryKind.METRICS, json.dumps(row).encode()))
     out.append((EntryKind.TRACE, b'{"trace":"t"}'))
     out.append((EntryKind.SUMMARY, b'{"accuracy":0.5}'))
     out.append((EntryKind.FINISH, b'{"status":"completed"}'))
@@ -35,7 +41,11 @@ def main() -> None:
     target = OUT / LOCAL_ID
     shutil.rmtree(target, ignore_errors=True)
     with Journal.create(OUT, local_id=LOCAL_ID, meta={"spec": {"kind": "eval"}}) as j:
-        for kind, payload in records():
+        for i, (kind, payload) in enumerate(records()):
+            if i == len(records()) - 13:
+                # Entries after this point use the trained dictionary: the sample
+                # then pins the dictionary format too.
+                assert j.train_dictionaries() == [EntryKind.METRICS]
             j.append(kind, [payload])
         j.set_inflight("traces", InFlight(1, 3, b"exact body", {"idempotency_key": "k"}))
         j.ack("eval_samples", 10, failed=1, reason="422 sample rejected")

@@ -212,8 +212,10 @@ class Store:
         map_size = max(min(map_size, max_bytes), report_size(data))
         try:
             self._open(open_dir, map_size, readonly, create, sync)
-        except (lmdb.CorruptedError, lmdb.PageNotFoundError) as exc:
-            if self._tempdir is not None or not data.exists():
+        except (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError) as exc:
+            # InvalidError on a file whose meta pages we could read means LMDB
+            # disliked another header field: still a journal, salvage it.
+            if self._tempdir is not None or not data.exists() or not inspect_file(data).needed:
                 raise
             # The meta pages looked fine but the tree is damaged: salvage instead.
             self.problems.append(f"{DATA_NAME} tree damaged ({exc})")

@@ -22,14 +22,13 @@ import primeruns as pr
 from primeruns.journal import EntryKind, Journal
 
 
-def _journaled(path: Path) -> tuple[list[str], list[int]]:
+def _journaled(path: Path) -> tuple[list[str], list[int], bool]:
     with Journal.open(path, owner=False) as journal:
         eps = journal.read(0, kinds={EntryKind.EPISODE}, max_entries=10**6, max_bytes=1 << 34)
         mets = journal.read(0, kinds={EntryKind.METRICS}, max_entries=10**6, max_bytes=1 << 34)
         finished = journal.read(0, kinds={EntryKind.FINISH}, max_entries=1).entries
-    assert not finished, "the producer finished before it was killed"
     ids = [json.loads(e.payload)["id"] for e in eps.entries]
-    return ids, [json.loads(e.payload)["step"] for e in mets.entries]
+    return ids, [json.loads(e.payload)["step"] for e in mets.entries], bool(finished)
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -45,8 +44,10 @@ def test_replay_after_sigkill_lands_every_logged_record_once_as_failed(
     rng = random.Random(seed)
     kind = "train" if seed % 2 else "eval"
     n = 30 if kind == "train" else 120
-    path, acked = kill_producer([str(runs), kind, str(n), lp.url], rng.randrange(1, n))
-    ids, steps = _journaled(path)
+    # Killed in the first half of the workload; a producer that still raced to
+    # its finish entry must then end COMPLETED instead (its finish is journaled).
+    path, acked = kill_producer([str(runs), kind, str(n), lp.url], rng.randrange(1, n // 2))
+    ids, steps, finished = _journaled(path)
     logged = [line.split(" ", 1)[1] for line in acked if line.startswith("episode ")]
     assert logged and set(logged) <= set(ids)
 
@@ -56,8 +57,11 @@ def test_replay_after_sigkill_lands_every_logged_record_once_as_failed(
     with Journal.open(path, owner=False) as journal:
         run_id = journal.get_meta("platform")["run_id"]
     stored = lp.run(run_id)
-    assert stored["status"] == "FAILED"
-    assert "crash" in (stored["error_message"] or "")
+    if finished:
+        assert stored["status"] == "COMPLETED"
+    else:
+        assert stored["status"] == "FAILED"
+        assert "crash" in (stored["error_message"] or "")
     assert landed_once(stored, len(ids))
     if kind == "eval":
         assert stored["samples"]["rows"] == stored["samples"]["distinct"] == len(ids)
@@ -69,7 +73,7 @@ def test_replay_after_sigkill_lands_every_logged_record_once_as_failed(
     code, out, err = cli(capsys, "replay", str(path))
     assert code == 0, out + err
     again = lp.run(run_id)
-    assert again["status"] == "FAILED" and landed_once(again, len(ids))
+    assert again["status"] == stored["status"] and landed_once(again, len(ids))
     assert again["samples"] == stored["samples"]
     assert again["train_metrics"] == stored["train_metrics"]
 

@@ -1,0 +1,142 @@
+"""Helpers for the reliability suite: what the platform holds (by identity,
+not just counts), what a journal holds, and a producer subprocess that can be
+SIGKILLed at a chosen point while reporting exactly which ``log_*`` calls
+returned.
+
+The suite's claim is "exactly the records whose log_* call returned": counts
+alone cannot prove that (one lost plus one duplicated record keeps a count
+right), so the platform's SQLite file is read directly for the episode ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from primeruns.journal import EntryKind, Journal
+
+HERE = Path(__file__).resolve().parent
+PRODUCER = HERE / "rel_producer.py"
+
+
+def platform_episode_ids(data_dir: Path, run_id: str) -> Counter[str]:
+    """Every episode id the local platform stored for ``run_id``, with multiplicity."""
+    uri = f"file:{data_dir / 'platform.sqlite3'}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True)
+    try:
+        rows = conn.execute("SELECT episode_id FROM episodes WHERE run_id = ?", (run_id,))
+        return Counter(str(r[0]) for r in rows)
+    finally:
+        conn.close()
+
+
+def platform_metric_steps(data_dir: Path, run_id: str) -> Counter[int]:
+    uri = f"file:{data_dir / 'platform.sqlite3'}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True)
+    try:
+        rows = conn.execute("SELECT step FROM train_metrics WHERE run_id = ?", (run_id,))
+        return Counter(int(r[0]) for r in rows)
+    finally:
+        conn.close()
+
+
+def journal_records(path: Path, kind: EntryKind) -> list[dict[str, Any]]:
+    """Every intact record of ``kind`` in the journal at ``path`` (read-only)."""
+    journal = Journal.open(path, owner=False)
+    try:
+        result = journal.read(0, kinds={kind}, max_entries=10**7, max_bytes=1 << 40)
+        return [json.loads(e.payload) for e in result.entries]
+    finally:
+        journal.close()
+
+
+def bound_run_id(path: Path) -> str | None:
+    """The platform run id a journal was bound to, if it ever registered."""
+    journal = Journal.open(path, owner=False)
+    try:
+        bound = journal.get_meta("platform") or {}
+        return bound.get("run_id")
+    finally:
+        journal.close()
+
+
+@dataclass
+class Killed:
+    """What a killed producer reported before it died."""
+
+    journal: Path
+    episodes: list[str] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    logged_all: bool = False
+    finished: bool = False
+
+
+def run_and_kill(
+    runs_dir: Path,
+    *,
+    kind: str,
+    n: int,
+    base_url: str | None,
+    kill_after_lines: int | None,
+    env: dict[str, str],
+    kill_delay_s: float = 0.0,
+) -> Killed:
+    """Start the producer, SIGKILL it after ``kill_after_lines`` acknowledgement
+    lines (plus ``kill_delay_s``; None: let it finish), and collect every line it
+    flushed, including those written between the last read and the kill."""
+    args = [sys.executable, str(PRODUCER), str(runs_dir), kind, str(n), base_url or ""]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
+    )
+    assert proc.stdout is not None
+    first = proc.stdout.readline().strip()
+    if not first.startswith("journal "):
+        proc.kill()
+        proc.wait()
+        raise AssertionError(f"producer did not start: {first!r}")
+    lines: list[str] = []
+    if kill_after_lines is not None:
+        for _ in range(kill_after_lines):
+            line = proc.stdout.readline()
+            if not line:
+                break
+            lines.append(line.strip())
+        if kill_delay_s:
+            # Not hiding a race: the kill point itself is what is being randomised.
+            time.sleep(kill_delay_s)
+        os.kill(proc.pid, signal.SIGKILL)
+    rest, _ = proc.communicate(timeout=300)
+    lines.extend(line.strip() for line in rest.splitlines() if line.strip())
+    out = Killed(journal=Path(first.split(" ", 1)[1]))
+    for line in lines:
+        word, _, value = line.partition(" ")
+        if word == "episode":
+            out.episodes.append(value)
+        elif word == "metrics":
+            out.steps.append(int(value))
+        elif word == "logged":
+            out.logged_all = True
+        elif word == "finished":
+            out.finished = True
+    return out
+
+
+def isolated_env(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, str]:
+    """A child environment with no PRIME_* settings of this machine and a fresh HOME."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME_")}
+    home = tmp / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    env["HOME"] = str(home)
+    env["PRIME_RUNS_RETRY_BASE_S"] = "0.02"
+    env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
+    env.update(extra or {})
+    return env
