@@ -48,7 +48,6 @@ from .journal import (
     delete_journal,
     list_journals,
 )
-from .recovery import find_run_journals
 from .models import (
     CONFIG_SOURCE_KEY,
     ConfigSource,
@@ -60,6 +59,7 @@ from .models import (
     TrainingSpec,
 )
 from .platform import MODE_ENV, PlatformClient, Settings, resolve_settings
+from .recovery import find_run_journals
 from .ship.factory import make_shippers
 from .ship.lifecycle import Lifecycle
 from .ship.policy import RetryPolicy
