@@ -1,0 +1,212 @@
+"""What every benchmark under ``tools/bench/`` shares: the workloads, an isolated
+environment pointed at a local platform, percentiles, and the result tables.
+
+Why one module: each benchmark reports figures as ratios to a reference measured
+in the same run (the machines here are shared and noisy), and they all print the
+same kind of table so ``run_all.py`` can merge them into ``RESULTS.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import platform as pyplatform
+import statistics
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import zstandard
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from primeruns.local import LocalPlatform  # noqa: E402
+
+DATA_DIR = ROOT / ".." / "shared" / "data"
+API_KEY = "bench-key-0123456789"
+TEAM = "team-bench"
+# Variables that would point a benchmark's SDK somewhere other than the local platform.
+_PRIME_VARS = (
+    "PRIME_API_KEY",
+    "PRIME_API_BASE_URL",
+    "PRIME_BASE_URL",
+    "PRIME_TEAM_ID",
+    "PRIME_TRACES_URL",
+    "PRIME_TRACES_OPT_OUT",
+    "PRIME_RUNS_MODE",
+    "PRIME_RUNS_DIR",
+    "PRIME_FRONTEND_URL",
+)
+
+
+# -- workloads ---------------------------------------------------------------------
+def raw_lines(name: str) -> list[bytes]:
+    """The workload's JSONL lines (``gsm8k-eval`` or ``agentic-train``), as stored."""
+    path = DATA_DIR / f"{name}.jsonl.zst"
+    if not path.exists():
+        raise SystemExit(f"workload {path.name} not found under {DATA_DIR.resolve()}")
+    with path.open("rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as reader:
+        return [line for line in io.BufferedReader(reader).read().splitlines() if line.strip()]
+
+
+def records(name: str, n: int | None = None) -> list[dict[str, Any]]:
+    """Fresh (mutable) copies of the workload's first ``n`` records."""
+    return [json.loads(line) for line in raw_lines(name)[:n]]
+
+
+def metrics_row(i: int) -> dict[str, float]:
+    """A 10-scalar training metrics row, different every step."""
+    base = float(i)
+    names = ("loss", "reward", "kl", "entropy", "lr", "grad_norm", "tokens", "acc", "len", "clip")
+    return {k: base * 0.001 + j * 0.37 for j, k in enumerate(names)}
+
+
+# -- environment ---------------------------------------------------------------------
+@contextlib.contextmanager
+def isolated_env(url: str | None) -> Iterator[Path]:
+    """Within: HOME is a fresh temp dir, no PRIME_* settings leak in from the
+    machine, and Prime Traces points at ``url``. Yields a scratch directory."""
+    saved = {k: os.environ.get(k) for k in (*_PRIME_VARS, "HOME", "PRIME_RUNS_RETRY_BASE_S")}
+    with tempfile.TemporaryDirectory(prefix="primeruns-bench-") as tmp:
+        scratch = Path(tmp)
+        (scratch / "home").mkdir()
+        try:
+            for k in _PRIME_VARS:
+                os.environ.pop(k, None)
+            os.environ["HOME"] = str(scratch / "home")
+            if url is not None:
+                os.environ["PRIME_TRACES_URL"] = url
+            yield scratch
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+
+@contextlib.contextmanager
+def local_platform(data_dir: Path) -> Iterator[LocalPlatform]:
+    """A started local platform (any key, every team) on loopback."""
+    server = LocalPlatform(data_dir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# -- statistics ----------------------------------------------------------------------
+def pcts(samples: Sequence[float]) -> tuple[float, float]:
+    """(p50, p99) of ``samples``."""
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
+    return statistics.median(ordered), p99
+
+
+def spread(values: Sequence[float]) -> str:
+    """How noisy repeated measurements were: ``min–max`` relative to the median."""
+    if len(values) < 2:
+        return "n=1"
+    mid = statistics.median(values)
+    if mid == 0:
+        return "-"
+    return f"±{max(abs(max(values) - mid), abs(mid - min(values))) / mid * 100:.0f}%"
+
+
+def rss_kb() -> tuple[int, int]:
+    """(VmRSS, VmHWM) of this process in KiB, from /proc/self/status."""
+    now = peak = 0
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                now = int(line.split()[1])
+            elif line.startswith("VmHWM:"):
+                peak = int(line.split()[1])
+    return now, peak
+
+
+def reset_peak_rss() -> None:
+    """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs)."""
+    with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+# -- tables ----------------------------------------------------------------------------
+@dataclass
+class Table:
+    """One result table: every figure a ratio with the absolute numbers beside it."""
+
+    title: str
+    headers: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, *cells: object) -> None:
+        self.rows.append([str(c) for c in cells])
+
+    def text(self) -> str:
+        widths = [len(h) for h in self.headers]
+        for row in self.rows:
+            widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+        line = "  ".join(h.ljust(w) for h, w in zip(self.headers, widths, strict=True))
+        out = [self.title, line, "-" * len(line)]
+        for row in self.rows:
+            out.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        out += [f"  {n}" for n in self.notes]
+        return "\n".join(out)
+
+    def markdown(self) -> str:
+        out = [f"### {self.title}", "", "| " + " | ".join(self.headers) + " |"]
+        out.append("|" + "|".join("---" for _ in self.headers) + "|")
+        out += ["| " + " | ".join(row) + " |" for row in self.rows]
+        if self.notes:
+            out.append("")
+            out += [f"- {n}" for n in self.notes]
+        return "\n".join(out)
+
+
+def verdict(value: float, limit: float, *, at_least: bool = False) -> str:
+    ok = value >= limit if at_least else value <= limit
+    return f"{'ok' if ok else 'MISS'} ({'≥' if at_least else '≤'} {limit:g})"
+
+
+def machine() -> str:
+    """``nproc``, the CPU model and the Python version: where the tables were measured."""
+    model = "unknown CPU"
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
+        for line in cpuinfo:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return (
+        f"{os.cpu_count()} CPUs ({model}), Python {pyplatform.python_version()}, "
+        f"{pyplatform.system()} {pyplatform.release()}"
+    )
+
+
+def parse_args(doc: str | None, argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=(doc or "").split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--quick", action="store_true", help="a short, CI-sized version")
+    parser.add_argument(
+        "--repeat", type=int, default=None, help="repetitions (medians are reported)"
+    )
+    return parser.parse_args(argv)
+
+
+def print_tables(tables: Sequence[Table]) -> None:
+    print(f"machine: {machine()}")
+    for table in tables:
+        print()
+        print(table.text())
