@@ -306,14 +306,20 @@ class Run:
         if self._journal is None:
             return
         payloads: list[bytes] = []
+        first_error: BaseException | None = None
         for index, item in enumerate(items):
             try:
                 payloads.append(records.encode_record(item, what=f"{what}[{index}]"))
             except (TypeError, ValueError) as exc:
-                self._encode_failed += 1
-                self._bad_input(exc)
-        if payloads:
+                with self._lock:  # counts must be exact under many threads
+                    self._encode_failed += 1
+                if self._on_error != "raise":
+                    self._note("record", exc)
+                first_error = first_error or exc
+        if payloads:  # the good records of the call are journaled either way
             self._append(kind, payloads)
+        if first_error is not None and self._on_error == "raise":
+            raise first_error
 
     def _encode(self, value: Mapping[str, Any], what: str) -> bytes:
         return records.encode_record(value, what=what)
@@ -323,7 +329,8 @@ class Run:
         if journal is None:
             return
         if not self._owner_process():
-            self._forked_dropped += len(payloads)
+            with self._lock:
+                self._forked_dropped += len(payloads)
             self._warn_once(
                 "fork",
                 "a forked child logged to its parent's run; its records are dropped and "
@@ -334,11 +341,13 @@ class Run:
         try:
             result = journal.append(kind, payloads)
         except JournalError as exc:
-            self._dropped += len(payloads)
+            with self._lock:
+                self._dropped += len(payloads)
             self._warn_once("journal", f"the journal refused records: {exc}")
             return
         if result.dropped:
-            self._dropped += result.dropped
+            with self._lock:
+                self._dropped += result.dropped
             self._warn_once(
                 "budget",
                 f"the journal at {journal.path} is full (byte budget or disk); records are "
