@@ -9,6 +9,9 @@ test can be rerun with the same sequence:
 - *ambiguous*: the request is processed and committed, then the connection is
   dropped after the response head and before its body. The client sees a
   transport error (``RemoteProtocolError``) and cannot know the request landed.
+- *slow-loris*: the request is processed and committed, then the response body
+  is trickled one byte every ``slowloris_interval_s``: each read succeeds just
+  in time, so only a client with an overall deadline gets away.
 
 ``latency_ms`` delays every faultable request. Faults never apply to
 ``/_local/*``, ``/healthz`` or ``/`` (the control and inspection surface must
@@ -26,7 +29,7 @@ from typing import Any, Literal
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-Outcome = Literal["pass", "retryable", "ambiguous"]
+Outcome = Literal["pass", "retryable", "ambiguous", "slowloris"]
 
 _TRACES_PREFIXES = ("/api/v1/traces", "/api/v1/episodes", "/api/v1/runs")
 
@@ -40,6 +43,8 @@ class FaultSettings:
     latency_ms: int = 0
     seed: int = 0
     retry_after: float = 0.1
+    slowloris_rate: float = 0.0
+    slowloris_interval_s: float = 1.0
 
 
 class FaultInjector:
@@ -50,10 +55,11 @@ class FaultInjector:
         self._lock = threading.Lock()
         self._settings = settings
         self._rng = random.Random(settings.seed)
+        self._injected = 0  # faults drawn so far, for a campaign's "faults injected" figure
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            return asdict(self._settings)
+            return {**asdict(self._settings), "injected": self._injected}
 
     def update(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply ``changes`` (any subset of the fields); a given seed restarts the RNG.
@@ -73,12 +79,16 @@ class FaultInjector:
                 latency_ms=int(_number(merged["latency_ms"], "latency_ms")),
                 seed=int(_number(merged["seed"], "seed")),
                 retry_after=_number(merged["retry_after"], "retry_after"),
+                slowloris_rate=_number(merged["slowloris_rate"], "slowloris_rate"),
+                slowloris_interval_s=_number(
+                    merged["slowloris_interval_s"], "slowloris_interval_s"
+                ),
             )
             _validate(new)
             self._settings = new
             if changes.get("seed") is not None:
                 self._rng = random.Random(new.seed)
-            return asdict(new)
+            return {**asdict(new), "injected": self._injected}
 
     def draw(self) -> tuple[Outcome, int, FaultSettings]:
         """Decide one request's fate: the outcome and, if retryable, its status."""
@@ -86,9 +96,14 @@ class FaultInjector:
             s = self._settings
             roll = self._rng.random()
             if roll < s.retryable_rate:
+                self._injected += 1
                 return "retryable", self._rng.choice((429, 503, 502)), s
             if roll < s.retryable_rate + s.ambiguous_rate:
+                self._injected += 1
                 return "ambiguous", 0, s
+            if roll < s.retryable_rate + s.ambiguous_rate + s.slowloris_rate:
+                self._injected += 1
+                return "slowloris", 0, s
             return "pass", 0, s
 
 
@@ -99,13 +114,13 @@ def _number(value: Any, name: str) -> float:
 
 
 def _validate(s: FaultSettings) -> None:
-    for name in ("retryable_rate", "ambiguous_rate"):
+    for name in ("retryable_rate", "ambiguous_rate", "slowloris_rate"):
         if not 0.0 <= getattr(s, name) <= 1.0:
             raise ValueError(f"{name} must be within [0, 1]")
-    if s.retryable_rate + s.ambiguous_rate > 1.0:
-        raise ValueError("retryable_rate + ambiguous_rate must not exceed 1")
-    if s.latency_ms < 0 or s.retry_after < 0:
-        raise ValueError("latency_ms and retry_after must not be negative")
+    if s.retryable_rate + s.ambiguous_rate + s.slowloris_rate > 1.0:
+        raise ValueError("retryable_rate + ambiguous_rate + slowloris_rate must not exceed 1")
+    if s.latency_ms < 0 or s.retry_after < 0 or s.slowloris_interval_s < 0:
+        raise ValueError("latency_ms, retry_after and slowloris_interval_s must not be negative")
 
 
 def is_exempt(path: str) -> bool:
@@ -131,6 +146,8 @@ class FaultMiddleware:
             await _refuse(send, scope["path"], status, settings.retry_after)
         elif outcome == "ambiguous":
             await self._commit_then_drop(scope, receive, send)
+        elif outcome == "slowloris":
+            await self._commit_then_trickle(scope, receive, send, settings.slowloris_interval_s)
         else:
             await self.app(scope, receive, send)
 
@@ -150,6 +167,40 @@ class FaultMiddleware:
         # and the client fails mid-response, after the commit.
         headers.append((b"content-length", b"1"))
         await send({**start, "headers": headers})
+
+    async def _commit_then_trickle(
+        self, scope: Scope, receive: Receive, send: Send, interval_s: float
+    ) -> None:
+        start: Message | None = None
+        body = bytearray()
+
+        async def keep(message: Message) -> None:
+            nonlocal start
+            if message["type"] == "http.response.start":
+                start = message
+            elif message["type"] == "http.response.body":
+                body.extend(message.get("body", b""))
+
+        await self.app(scope, receive, keep)
+        if start is None:
+            return
+        headers = [(k, v) for k, v in start.get("headers", []) if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({**start, "headers": headers})
+        # One byte per interval: every read the client makes succeeds just in
+        # time, so a per-read timeout never fires.
+        for index in range(len(body)):
+            await anyio.sleep(interval_s)
+            more = index + 1 < len(body)
+            await send(
+                {
+                    "type": "http.response.body",
+                    "body": bytes(body[index : index + 1]),
+                    "more_body": more,
+                }
+            )
+        if not body:
+            await send({"type": "http.response.body", "body": b""})
 
 
 async def _drain(receive: Receive) -> None:
