@@ -184,13 +184,20 @@ class LocalPlatform:
         ambiguous_rate: float | None = None,
         latency_ms: int | None = None,
         seed: int | None = None,
+        retry_after: float | None = None,
+        slowloris_rate: float | None = None,
+        slowloris_interval_s: float | None = None,
     ) -> dict[str, Any]:
-        """Change fault injection at runtime; returns the settings now in force."""
+        """Change fault injection at runtime; returns the settings now in force
+        (plus ``injected``: how many faults were drawn so far)."""
         changes = {
             "retryable_rate": retryable_rate,
             "ambiguous_rate": ambiguous_rate,
             "latency_ms": latency_ms,
             "seed": seed,
+            "retry_after": retry_after,
+            "slowloris_rate": slowloris_rate,
+            "slowloris_interval_s": slowloris_interval_s,
         }
         body = {k: v for k, v in changes.items() if v is not None}
         result: dict[str, Any] = self._request("POST", "/_local/faults", json=body)

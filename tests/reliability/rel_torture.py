@@ -206,7 +206,7 @@ def _kill_replay(path: Path, env: dict[str, str], rng: random.Random) -> None:
 
 
 def set_retry_after(lp: LocalPlatform, seconds: float) -> None:
-    httpx.post(f"{lp.url}/_local/faults", json={"retry_after": seconds}, timeout=10).raise_for_status()
+    lp.set_faults(retry_after=seconds)
 
 
 def chaos_trial(seed: int, work: Path, lp: LocalPlatform, n: int = 60) -> Trial:
