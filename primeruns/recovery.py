@@ -203,7 +203,9 @@ def ship_journal(
                     break
         finally:
             for shipper in shippers:
-                shipper.stop(timeout=5.0)
+                shipper.signal_stop()
+            for shipper in shippers:
+                shipper.join(timeout=5.0)
         report.records = sum(s.state.records_sent for s in shippers)
         report.bytes = sum(s.state.bytes_sent for s in shippers)
         report.pending = _pending(journal, shippers)

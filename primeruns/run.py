@@ -454,8 +454,11 @@ class Run:
         for old, adopted in self._adopted:
             last = old.last_seq()
             drained = all(shipper.drain(last, deadline) for shipper in adopted) and drained
-        for shipper in self._shippers + [s for _, group in self._adopted for s in group]:
-            shipper.stop(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+        everyone = self._shippers + [s for _, group in self._adopted for s in group]
+        for shipper in everyone:
+            shipper.signal_stop()
+        for shipper in everyone:
+            shipper.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
         for old, adopted in self._adopted:
             if not any(shipper.pending_records() for shipper in adopted):
                 old.set_meta("state", "shipped")

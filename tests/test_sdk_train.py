@@ -244,3 +244,34 @@ def test_a_paused_sink_resumes_after_its_pause_and_ships_its_backlog(
     wait_for(lambda: lp.run(run.id)["train_metrics"]["rows"] == 5, timeout=60, what="the backlog")
     run.finish(timeout=60)
     assert lp.run(run.id)["status"] == "COMPLETED"
+
+
+def test_internal_rft_root_attaches_with_the_key_as_x_api_key(
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import httpx
+
+    lp = make_local_platform(api_key=API_KEY, train_teams=["team-a"])
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    created = httpx.post(  # a hosted run's launcher registers it on the public API
+        f"{lp.url}/api/v1/rft/external-runs",
+        json={"base_model": "m", "max_steps": 2, "environments": [], "team_id": "team-a"},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
+    run_id = created.json()["run"]["id"]
+    run = pr.init(
+        kind="train",
+        id=run_id,
+        api_key=API_KEY,
+        base_url=f"{lp.url}/api/internal/rft",  # what $PRIME_API_BASE holds
+        runs_dir=runs,
+        traces_opt_out=True,
+    )
+    assert run.attached and run.id == run_id
+    run.log_metrics({"loss": 0.5}, step=0)
+    run.log_metrics({"loss": 0.25}, step=1)
+    run.finish(timeout=60)
+    assert run.failed_records == {} and run.errors == []
+    stored = lp.run(run_id)
+    assert stored["train_metrics"] == {"rows": 2, "steps": 2}
+    assert stored["status"] == "COMPLETED"

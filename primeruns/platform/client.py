@@ -16,6 +16,7 @@ import json
 import os
 import platform as _platform
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -112,14 +113,51 @@ class PlatformClient:
     ) -> httpx.Response:
         where = f"{method} {httpx.URL(url).path}"
         try:
-            response = client.request(
-                method, url, content=content, headers=headers, params=params, timeout=timeout
+            response = self._bounded(
+                client,
+                client.build_request(
+                    method, url, content=content, headers=headers, params=params, timeout=timeout
+                ),
+                timeout,
             )
         except httpx.TransportError as exc:
             raise error_from_transport(exc, where) from None
         if response.status_code >= 300:
             raise error_from_response(response)
         return response
+
+    @staticmethod
+    def _bounded(
+        client: httpx.Client, request: httpx.Request, timeout: httpx.Timeout
+    ) -> httpx.Response:
+        """Send ``request`` and read its response within one overall deadline.
+
+        httpx's read timeout is per read: a server trickling one byte just
+        inside it (a slow-loris) would hold a shipper thread, or finish(),
+        for hours. The whole response must arrive within the read timeout.
+        """
+        budget = timeout.read if timeout.read is not None else 300.0
+        deadline = time.monotonic() + budget
+        response = client.send(request, stream=True)
+        try:
+            chunks: list[bytes] = []
+            for chunk in response.iter_raw():
+                chunks.append(chunk)
+                if time.monotonic() > deadline:
+                    raise httpx.ReadTimeout(
+                        f"the response did not arrive within {budget:g} s", request=request
+                    )
+        finally:
+            response.close()
+        # Rebuilt from the raw bytes with the original headers, so that any
+        # Content-Encoding is decoded exactly once.
+        return httpx.Response(
+            response.status_code,
+            headers=response.headers,
+            content=b"".join(chunks),
+            request=request,
+            extensions=response.extensions,
+        )
 
     # -- the three peers ----------------------------------------------------
     def api(

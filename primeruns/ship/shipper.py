@@ -118,8 +118,15 @@ class Shipper:
         self.poke()
 
     def stop(self, timeout: float | None = None) -> None:
+        """Stop after the current attempt; wait up to ``timeout`` for the thread."""
+        self.signal_stop()
+        self.join(timeout)
+
+    def signal_stop(self) -> None:
         self._stop.set()
         self.poke()
+
+    def join(self, timeout: float | None = None) -> None:
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -169,9 +176,11 @@ class Shipper:
             self._progress.notify_all()
 
     def _sleep(self, seconds: float) -> None:
-        self._wake.clear()
+        # Cleared after waking, never before: a poke that lands just before
+        # the wait still ends it.
         if not self._stop.is_set():
             self._wake.wait(seconds)
+        self._wake.clear()
 
     def _run(self) -> None:
         try:
@@ -219,7 +228,10 @@ class Shipper:
                 self._scanned = result.next_after
                 self._notify()
                 return None
-            self.journal.wait_for_append(result.next_after, timeout=5.0)
+            # Bounded: a wake that lands between the stop check and the wait
+            # is missed, so the stop flag is looked at again within a second.
+            if not self._stop.is_set():
+                self.journal.wait_for_append(result.next_after, timeout=1.0)
             return None
         try:
             prepared: Prepared | None = sink.prepare(result.entries, binding)

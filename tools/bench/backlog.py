@@ -1,0 +1,139 @@
+"""Backlog: the platform is down while 20,000 episodes are logged.
+
+Run ``python tools/bench/backlog.py`` (``--quick``: 2,000 episodes) from the
+repository root. An online eval run is opened against a closed loopback port
+(the platform is down from the start, so nothing ships and every record stays
+in the journal), then the 2,000 gsm8k episodes are logged over and over with
+fresh episode ids, one ``log_episodes([episode])`` call each. Reported:
+
+- RSS growth: the peak RSS (VmHWM, reset just before the loop) minus the RSS
+  before it, in this process, where the records themselves were already
+  loaded (budget ≤ 64 MB: the backlog lives on disk, not in RAM);
+- journal bytes on disk per raw JSON byte of what was logged (budget ≤ 0.25);
+- the worst ``log_episodes`` call while the platform was down (DESIGN §7: it
+  never waits on the network; < 10 ms).
+
+``replay.py`` reuses :func:`make_backlog` and then ships the journal.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import benchlib
+import orjson
+from benchlib import API_KEY, Table
+
+import primeruns as pr
+
+_RSS_BUDGET_MB = 64.0
+_DISK_BUDGET = 0.25
+
+
+@dataclass(frozen=True)
+class Backlog:
+    journal: Path
+    port: int
+    episodes: int
+    raw_bytes: int
+    journal_bytes: int
+    rss_growth_kb: int
+    worst_call_ms: float
+    log_s: float
+
+
+def free_port() -> int:
+    """A loopback port nothing listens on (the platform, down)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def make_backlog(scratch: Path, n: int) -> Backlog:
+    """Log ``n`` episodes online with the platform down; leave them in the journal."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    base = benchlib.records("gsm8k-eval")
+    run = pr.init(
+        name="bench-backlog",
+        environments=["gsm8k"],
+        model="Qwen/Qwen3-8B",
+        framework="verifiers",
+        api_key=API_KEY,
+        base_url=url,
+        runs_dir=scratch / "runs",
+    )
+    journal = run.journal_path
+    assert journal is not None
+    raw = 0
+    worst = 0
+    rss0, _ = benchlib.rss_kb()
+    benchlib.reset_peak_rss()
+    t0 = time.perf_counter()
+    for i in range(n):
+        episode = base[i % len(base)]
+        episode["id"] = f"bench-{i:08d}"  # a fresh episode each time, same content
+        c0 = time.perf_counter_ns()
+        run.log_episodes([episode])
+        worst = max(worst, time.perf_counter_ns() - c0)
+        raw += len(orjson.dumps(episode))
+    log_s = time.perf_counter() - t0
+    _, peak = benchlib.rss_kb()
+    # Let the journal's background thread have its say (sync, dictionary), as it
+    # would in a run that goes on.
+    time.sleep(1.2)
+    size = sum(p.stat().st_size for p in journal.iterdir() if p.name == "data.mdb")
+    run.finish(timeout=1.0)  # the platform is still down: everything stays journaled
+    if run.dropped_records:
+        raise RuntimeError(f"the journal dropped {run.dropped_records} records")
+    return Backlog(journal, port, n, raw, size, peak - rss0, worst / 1e6, log_s)
+
+
+def run(quick: bool, repeat: int | None = None) -> list[Table]:
+    n = 2000 if quick else 20_000
+    with benchlib.isolated_env(None) as scratch:
+        result = make_backlog(scratch, n)
+    return [table(result)]
+
+
+def table(b: Backlog) -> Table:
+    growth_mb = b.rss_growth_kb / 1024
+    ratio = b.journal_bytes / b.raw_bytes
+    t = Table(
+        f"Backlog: {b.episodes:,} gsm8k episodes logged with the platform down",
+        ["measure", "value", "budget", "absolute"],
+    )
+    t.add(
+        "peak RSS growth",
+        f"{growth_mb:.1f} MB",
+        benchlib.verdict(growth_mb, _RSS_BUDGET_MB),
+        f"{b.raw_bytes / 1e6:.0f} MB of JSON logged",
+    )
+    t.add(
+        "journal bytes ÷ raw JSON bytes",
+        f"{ratio:.3f}",
+        benchlib.verdict(ratio, _DISK_BUDGET),
+        f"{b.journal_bytes / 1e6:.1f} MB on disk",
+    )
+    t.add(
+        "worst log_episodes call",
+        f"{b.worst_call_ms:.1f} ms",
+        benchlib.verdict(b.worst_call_ms, 10.0),
+        f"{b.episodes / b.log_s:.0f} episodes/s logged",
+    )
+    t.notes.append(
+        "RSS: VmHWM after the loop minus VmRSS before it (records preloaded); one run"
+    )
+    return t
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = benchlib.parse_args(__doc__, argv)
+    benchlib.print_tables(run(args.quick, args.repeat))
+
+
+if __name__ == "__main__":
+    main()
