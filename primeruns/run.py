@@ -23,7 +23,6 @@ import secrets
 import signal
 import threading
 import time
-import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
@@ -131,7 +130,6 @@ class Run:
         self._warned: set[str] = set()
         self._bound: Binding | None = None
         self._final_losses: dict[str, dict[str, Any]] | None = None
-        _live_runs.add(self)
 
     # -- identity ----------------------------------------------------------
     @property
@@ -278,7 +276,7 @@ class Run:
         if step is not None and "step" not in row:
             row["step"] = step
         row.setdefault("_timestamp", time.time())
-        self._append(EntryKind.METRICS, [self._encode(row, "log_metrics")])
+        self._append(EntryKind.METRICS, [records.encode_record(row, what="log_metrics")])
 
     def update_summary(self, values: Mapping[str, Any]) -> None:
         """Merge values into the run's summary (non-finite numbers dropped)."""
@@ -292,7 +290,7 @@ class Run:
             self._summary.update(cleaned)
             summary = dict(self._summary)
         if self._journal is not None:
-            self._append(EntryKind.SUMMARY, [self._encode(summary, "update_summary")])
+            self._append(EntryKind.SUMMARY, [records.encode_record(summary, what="update_summary")])
 
     def _log(self, kind: EntryKind, items: Iterable[Any], what: str) -> None:
         self._check_live(f"log_{what}")
@@ -320,9 +318,6 @@ class Run:
             self._append(kind, payloads)
         if first_error is not None and self._on_error == "raise":
             raise first_error
-
-    def _encode(self, value: Mapping[str, Any], what: str) -> bytes:
-        return records.encode_record(value, what=what)
 
     def _append(self, kind: EntryKind, payloads: Sequence[bytes]) -> None:
         journal = self._journal
@@ -653,14 +648,14 @@ class Run:
 
 
 # -- process-wide hooks ---------------------------------------------------------
-_live_runs: weakref.WeakSet[Run] = weakref.WeakSet()
-_exit_runs: dict[int, Run] = {}
+# Runs to close out at exit or on SIGTERM (a set of handles, compared by identity).
+_exit_runs: set[Run] = set()
 _previous_sigterm: Any = None
 _sigterm_installed = False
 
 
 def _at_exit_all() -> None:
-    for run in list(_exit_runs.values()):
+    for run in list(_exit_runs):
         run._at_exit()
 
 
@@ -668,11 +663,11 @@ atexit.register(_at_exit_all)
 
 
 def _unregister_exit(run: Run) -> None:
-    _exit_runs.pop(id(run), None)
+    _exit_runs.discard(run)
 
 
 def _handle_sigterm(signum: int, frame: FrameType | None) -> None:
-    for run in list(_exit_runs.values()):
+    for run in list(_exit_runs):
         run._on_sigterm()
     previous = _previous_sigterm
     if callable(previous):
@@ -697,7 +692,6 @@ def _install_sigterm() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _sigterm_installed
     # A child never finalizes its parent's run, even from atexit.
     _exit_runs.clear()
 
@@ -909,7 +903,7 @@ def init(
         settings=settings,
         local_id=journal.local_id,
     )
-    _exit_runs[id_of(run)] = run
+    _exit_runs.add(run)
     _install_sigterm()
     if run_mode == "online":
         try:
@@ -944,10 +938,6 @@ def _journal_budget(value: int | None) -> int:
             f"init: {source} must be a number of bytes of at least 1 MiB, got {value!r}"
         )
     return value
-
-
-def id_of(run: Run) -> int:
-    return id(run)
 
 
 def _parquet_available() -> bool:
