@@ -123,9 +123,12 @@ def test_keyboard_interrupt_cancels_the_run(
     local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
-    with pytest.raises(KeyboardInterrupt), pr.init(
-        environments=["gsm8k"], api_key=API_KEY, base_url=local_platform.url, runs_dir=runs
-    ) as run:
+    with (
+        pytest.raises(KeyboardInterrupt),
+        pr.init(
+            environments=["gsm8k"], api_key=API_KEY, base_url=local_platform.url, runs_dir=runs
+        ) as run,
+    ):
         raise KeyboardInterrupt
     assert run.status is pr.RunStatus.CANCELLED
     assert local_platform.run(run.id)["status"] == "CANCELLED"
@@ -189,3 +192,24 @@ def test_verifiers_style_usage_through_the_vendor_import_name(
         "rollouts_per_example": 1,
     }
     assert stored["samples"]["rows"] == 10
+
+
+def test_a_record_over_the_line_limit_fails_alone(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import primeruns.sinks.traces as traces_sink
+
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.setattr(traces_sink, "MAX_LINE_BYTES", 40_000)  # the service's is 64 MiB
+    episodes = workloads.gsm8k(6)
+    episodes[2]["info"] = {"padding": "x" * 50_000}
+    run = pr.init(
+        environments=["gsm8k"], api_key=API_KEY, base_url=local_platform.url, runs_dir=runs
+    )
+    run.log_episodes(episodes)
+    run.finish(timeout=60)
+    assert run.failed_records == {"traces": 1}
+    assert any("40000" in e for e in run.errors)
+    stored = local_platform.run(run.id)
+    assert stored["traces"]["distinct_episodes"] == 5
+    assert stored["samples"]["rows"] == 6  # the sample table still took it

@@ -239,9 +239,9 @@ class Shipper:
             if classify(exc) is Failure.OFF:
                 self._turn_off(str(exc))
                 return None
-            # The content cannot be sent at all: count it, move past it.
-            last = result.entries[-1].seq
-            self._fail_records(last, len(result.entries), exc)
+            # The first entry cannot be sent at all (a sink builds up to, not
+            # past, a bad record): count it, move past it alone.
+            self._fail_records(result.entries[0].seq, 1, exc)
             return None
         if prepared is None:
             last = result.next_after

@@ -75,7 +75,9 @@ class Sink(Protocol):
         Returns None when these entries make nothing to send (e.g. no sample
         projection): they are then acknowledged without a request. A sink may
         use only a prefix of ``entries``; ``Prepared.state["last_seq"]`` then
-        names the last entry it consumed.
+        names the last entry it consumed. It raises only when the *first* entry
+        cannot be sent at all (e.g. one line over the service's limit): that
+        entry alone is then counted as failed, and the rest come next time.
         """
         ...
 
