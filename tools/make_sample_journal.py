@@ -9,6 +9,7 @@ orphan a user's unshipped runs.
 from __future__ import annotations
 
 import json
+import random
 import shutil
 from pathlib import Path
 
@@ -18,9 +19,13 @@ OUT = Path(__file__).resolve().parents[1] / "tests" / "journal" / "data"
 LOCAL_ID = f"sample-v{FORMAT_VERSION}"
 
 
-def records() -> list[tuple[EntryKind, bytes]]:
-    """The sample's entries, in order (the test compares against these)."""
+def records(version: int = FORMAT_VERSION) -> list[tuple[EntryKind, bytes]]:
+    """The sample's entries for a format version, in order (the test compares)."""
     out = [(EntryKind.RUN_OPEN, json.dumps({"kind": "eval", "model": "m"}).encode())]
+    if version >= 2:  # entries stored in chunks: compressed sizes from ~1.5 to ~10 KB
+        for i, size in enumerate((1_500, 4_000, 20_000)):
+            noise = random.Random(i).randbytes(size).hex()
+            out.append((EntryKind.EPISODE, json.dumps({"id": i, "noise": noise}).encode()))
     for i in range(20):
         ep = {"example_id": i, "reward": i / 20, "completion": "answer " * (i * 10)}
         out.append((EntryKind.EPISODE, json.dumps(ep).encode()))

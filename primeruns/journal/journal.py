@@ -66,7 +66,9 @@ __all__ = ["DEFAULT_MAX_JOURNAL_BYTES", "FORMAT_VERSION", "Durability", "Journal
 
 Durability = Literal["process", "fsync"]
 DEFAULT_MAX_JOURNAL_BYTES = 64 << 30
-FORMAT_VERSION = 1
+# 2: entries between LMDB's in-page limit and _CHUNK_UPTO are stored as
+# chunks (see _split). Format-1 journals have none and read the same.
+FORMAT_VERSION = 2
 SYNC_INTERVAL = 1.0
 # Internal meta keys share the meta table with the callers' keys under this prefix.
 K_FORMAT = "journal.format_version"
@@ -86,10 +88,60 @@ _META_KIND = 0
 
 _T = TypeVar("_T")
 _KEY = struct.Struct(">Q")
+_CKEY = struct.Struct(">QH")
+# LMDB keeps a value of up to ~2,000 bytes inside its leaf page (4 KiB pages);
+# anything larger takes whole overflow pages of its own, and values near half
+# a page pack two to a page at best. A compressed 9 KB episode is ~1.2-2.5 KB,
+# so stored whole it would cost ~40% more disk than its bytes. Values above
+# _INPAGE_MAX, up to _CHUNK_UPTO, are therefore split into equal chunks of at
+# most _CHUNK bytes, which pack pages densely: the first under the entry's
+# 8-byte key, the rest under (seq, index) keys, which sort right after it.
+# Larger values keep overflow pages, where the waste is under one page in many.
+# Measured on the gsm8k workload: 0.28 -> 0.23 file bytes per raw JSON byte.
+_INPAGE_MAX = 1_300
+_CHUNK = 1_000
+_CHUNK_UPTO = 16 << 10
 
 
 def _key(seq: int) -> bytes:
     return _KEY.pack(seq)
+
+
+def _split(frame: bytes) -> list[bytes]:
+    """A stored frame as the values to put (one, or equal in-page chunks)."""
+    size = len(frame)
+    if size <= _INPAGE_MAX or size > _CHUNK_UPTO:
+        return [frame]
+    count = -(-size // _CHUNK)
+    step = -(-size // count)
+    return [frame[i : i + step] for i in range(0, size, step)]
+
+
+def _seq_of(key: bytes | memoryview) -> int:
+    """The entry a key belongs to (an entry key or one of its chunk keys)."""
+    return int(_KEY.unpack_from(key)[0])
+
+
+def _is_chunk_key(key: bytes | memoryview) -> bool:
+    return len(key) == _CKEY.size
+
+
+def _gather(cur: lmdb.Cursor, seq: int, first: bytes | memoryview) -> tuple[bytes, bool]:
+    """The entry's whole stored value: ``first`` plus the chunks that follow it
+    (the cursor ends on the entry's last key). The flag says the chunk keys
+    were in order; a gap makes the value fail its checksum, reported as damage."""
+    parts = [bytes(first)]
+    ordered = True
+    expected = 1
+    while cur.next():
+        key = cur.key()
+        if not _is_chunk_key(key) or _seq_of(key) != seq:
+            cur.prev()
+            break
+        ordered = ordered and _CKEY.unpack(key)[1] == expected
+        expected += 1
+        parts.append(bytes(cur.value()))
+    return b"".join(parts), ordered
 
 
 def _json(value: Any) -> bytes:
@@ -399,7 +451,7 @@ class Journal:
         try:
             with self._read_txn() as txn:
                 cur = txn.cursor(db=self._store.dbs["entries"])
-                last = _KEY.unpack(cur.key())[0] if cur.last() and len(cur.key()) == 8 else 0
+                last = _seq_of(cur.key()) if cur.last() and len(cur.key()) >= 8 else 0
                 floor = int(self._meta_in_default(txn, K_FLOOR, 0))
             self._floor = max(self._floor, floor)
             return max(last, floor)
@@ -426,7 +478,11 @@ class Journal:
         def put(txn: lmdb.Transaction) -> int:
             first = self._last_seq + 1
             for i, frame in enumerate(frames):
-                txn.put(_key(first + i), frame, db=db, append=True)
+                seq = first + i
+                head, *rest = _split(frame)
+                txn.put(_key(seq), head, db=db, append=True)
+                for index, chunk in enumerate(rest, 1):
+                    txn.put(_CKEY.pack(seq, index), chunk, db=db, append=True)
             return first
 
         try:
@@ -538,6 +594,9 @@ class Journal:
                 examined = 0
                 while more and examined < _MAX_SCAN:
                     key, value = cur.item()
+                    if _is_chunk_key(key) and _seq_of(key) < expected:
+                        more = cur.next()  # a chunk of an entry passed over
+                        continue
                     if len(key) != 8:
                         damaged.append(Damage(None, f"malformed entry key {bytes(key).hex()}"))
                         more = cur.next()
@@ -557,7 +616,8 @@ class Journal:
                     if wanted is None or head.kind in wanted:
                         if raw and (len(raw) >= max_entries or total + head.raw_len > max_bytes):
                             break
-                        raw.append((seq, bytes(value)))
+                        whole, _ = _gather(cur, seq, value)
+                        raw.append((seq, whole))
                         total += head.raw_len
                     next_after = seq
                     more = cur.next()
@@ -587,7 +647,10 @@ class Journal:
         """
         self._check()
         with self._read_txn() as txn:
-            value = txn.get(_key(seq), db=self._store.dbs["entries"])
+            cur = txn.cursor(db=self._store.dbs["entries"])
+            value = None
+            if cur.set_key(_key(seq)):
+                value, _ = _gather(cur, seq, cur.value())
         if value is None:
             return None
         entry, damage = _decode_entry(seq, value, self._dict)
@@ -800,26 +863,27 @@ class Journal:
         db = self._store.dbs["entries"]
         while True:
 
-            def chunk(txn: lmdb.Transaction) -> int:
+            def chunk(txn: lmdb.Transaction) -> tuple[int, bool]:
                 cur = txn.cursor(db=db)
-                n = 0
-                if cur.first():
-                    while (
-                        n < _COMPACT_CHUNK
-                        and len(cur.key()) == 8
-                        and (_KEY.unpack(cur.key())[0] <= upto)
-                    ):
-                        if not cur.delete():
-                            break
-                        n += 1
+                n = keys = 0
+                more = cur.first()
+                while (
+                    more
+                    and keys < _COMPACT_CHUNK
+                    and len(cur.key()) in (_KEY.size, _CKEY.size)
+                    and _seq_of(cur.key()) <= upto
+                ):
+                    n += len(cur.key()) == _KEY.size  # entries, not their chunks
+                    keys += 1
+                    more = cur.delete()
                 floor = self._meta_in_default(txn, K_FLOOR, 0)
                 if upto > floor:
                     self._put_meta(txn, K_FLOOR, upto)
-                return n
+                return n, keys >= _COMPACT_CHUNK
 
-            n = self._write(chunk)
+            n, full = self._write(chunk)
             removed += n
-            if n < _COMPACT_CHUNK:
+            if not full:
                 break
         self._floor = max(self._floor, upto)
         return removed

@@ -35,6 +35,8 @@ _F_DUPDATA = 0x04
 _NODE = struct.Struct("<HHHH")  # lo, hi (data size), flags, key size
 
 
+_CHUNK_KEY = struct.Struct(">QH")  # a chunk of a stored entry: (seq, index)
+
 @dataclass
 class Salvaged:
     """What a page scan recovered: entries by seq, and the journal's small tables."""
@@ -93,11 +95,18 @@ def scan_pages(path: Path, psize: int = 4096) -> Salvaged:
 def _scan(data: Any, psize: int) -> Salvaged:
     found = Salvaged(pages=len(data) // psize)
     acked: dict[bytes, int] = {}
+    # An entry stored in chunks (journal format 2) is its head under the
+    # 8-byte key plus (seq, index) chunks: put back together, then checked.
+    heads: dict[int, bytes] = {}
+    chunks: dict[tuple[int, int], bytes] = {}
     for page in range(2, len(data) // psize):
         (pgno,) = struct.unpack_from("<Q", data, page * psize)
         if pgno != page:
             continue  # not a page header (overflow continuation, garbage, zeros)
         for key, value in _leaf_nodes(data, page, psize):
+            if len(key) == _CHUNK_KEY.size:
+                chunks.setdefault(_CHUNK_KEY.unpack(key), value)
+                continue
             try:
                 # Entries are only checksummed here: one compressed with a stored
                 # dictionary decodes once that dictionary is restored too.
@@ -109,9 +118,25 @@ def _scan(data: Any, psize: int) -> Salvaged:
                     continue
                 payload = decode_frame(value)[1]
             except FrameError:
+                if len(key) == 8:
+                    heads.setdefault(struct.unpack(">Q", key)[0], value)
                 found.bad_values += 1
                 continue
             _classify(key, value, payload, found, acked)
+    for seq, head in heads.items():
+        if seq in found.entries:
+            continue
+        parts, index = [head], 1
+        while (seq, index) in chunks:
+            parts.append(chunks[(seq, index)])
+            index += 1
+        whole = b"".join(parts)
+        try:
+            if verify_frame(whole).kind != 0:
+                found.entries[seq] = whole
+                found.bad_values -= 1
+        except FrameError:
+            pass
     return found
 
 

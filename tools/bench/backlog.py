@@ -124,9 +124,7 @@ def table(b: Backlog) -> Table:
         benchlib.verdict(b.worst_call_ms, 10.0),
         f"{b.episodes / b.log_s:.0f} episodes/s logged",
     )
-    t.notes.append(
-        "RSS: VmHWM after the loop minus VmRSS before it (records preloaded); one run"
-    )
+    t.notes.append("RSS: VmHWM after the loop minus VmRSS before it (records preloaded); one run")
     return t
 
 

@@ -10,6 +10,8 @@ each pays its own start-up and is measured alike), take turns against the same
 - ``in-memory``: this SDK with its journal replaced by an in-memory queue
   (``memjournal.py``: same API and locking; no framing, zstd, LMDB or sync),
   so ``ours / in-memory`` is the journal's own cost;
+- ``ours + stop_repokes``: this SDK with the candidate fix of
+  ``candidates.stop_repokes`` applied (a lost shipper wake at ``finish()``);
 - ``vendor``: ``prime-runs==0.1.4`` from PyPI, installed by this script in its
   own virtual environment (``tools/bench/.venv-vendor``, git-ignored) because
   it owns the ``prime_runs`` import name. It reads PRIME_TRACES_URL like ours.
@@ -45,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 VENDOR_VENV = HERE / ".venv-vendor"
 VENDOR_PACKAGES = ("prime-runs==0.1.4", "pyarrow")
 WORKER = HERE / "e2e_worker.py"
-SDKS = ("ours", "in-memory", "vendor")
+SDKS = ("ours", "ours + stop_repokes", "in-memory", "vendor")
 
 
 @dataclass(frozen=True)
@@ -68,9 +70,7 @@ def vendor_python() -> Path:
     if not python.exists():
         print(f"creating {VENDOR_VENV} with {' '.join(VENDOR_PACKAGES)} ...", file=sys.stderr)
         venv.create(VENDOR_VENV, with_pip=True, clear=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", *VENDOR_PACKAGES], check=True
-        )
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *VENDOR_PACKAGES], check=True)
     return python
 
 
@@ -78,8 +78,8 @@ def run_worker(
     sdk: str, records_path: Path, url: str, scratch: Path, env: dict[str, str]
 ) -> dict[str, Any]:
     python = str(vendor_python()) if sdk == "vendor" else sys.executable
-    arg = "memory" if sdk == "in-memory" else sdk
-    runs_dir = scratch / "runs" / sdk
+    arg = {"in-memory": "memory", "ours + stop_repokes": "ours-fix"}.get(sdk, sdk)
+    runs_dir = scratch / "runs" / arg
     proc = subprocess.run(
         [python, str(WORKER), arg, str(records_path), url, str(runs_dir)],
         capture_output=True,
@@ -115,15 +115,13 @@ def run(quick: bool, repeat: int | None = None) -> list[Table]:
             env = dict(os.environ, PRIME_TRACES_URL=server.url)
             for round_ in range(repeats):
                 # Rotate the order so no producer always runs first (warm caches, drift).
-                order = SDKS[round_ % 3 :] + SDKS[: round_ % 3]
+                order = SDKS[round_ % len(SDKS) :] + SDKS[: round_ % len(SDKS)]
                 for sdk in order:
                     out = run_worker(sdk, records_path, server.url, scratch, env)
                     stored = check_landed(server, out["run_id"], n, sdk)
                     samples[sdk] = int((stored.get("samples") or {}).get("rows") or 0)
                     results[sdk].append(
-                        Result(
-                            sdk, n, out["wall_s"], out["cpu_s"], out["log_s"], out["finish_s"]
-                        )
+                        Result(sdk, n, out["wall_s"], out["cpu_s"], out["log_s"], out["finish_s"])
                     )
     return [_table(results, samples, n, repeats)]
 
@@ -174,7 +172,8 @@ def _table(
     vs_vendor = ours["eps"] / med["vendor"]["eps"]
     journal_cost = med["ours"]["wall"] / med["in-memory"]["wall"]
     table.notes += [
-        f"ours ÷ vendor episodes/s = {vs_vendor:.2f}: {benchlib.verdict(vs_vendor, 2.0, at_least=True)}",
+        f"ours ÷ vendor episodes/s = {vs_vendor:.2f}: "
+        f"{benchlib.verdict(vs_vendor, 2.0, at_least=True)}",
         f"journal cost = ours ÷ in-memory wall time = {journal_cost:.2f}: "
         f"{benchlib.verdict(journal_cost, 1.3)}",
         f"median of {repeats} round(s), producers in rotating order; every run verified on "

@@ -82,9 +82,7 @@ class MemoryJournal:
             return AppendResult(None, 0, 0)
         with self._appended:
             first = len(self._entries) + 1
-            self._entries.extend(
-                Entry(first + i, kind, bytes(p)) for i, p in enumerate(payloads)
-            )
+            self._entries.extend(Entry(first + i, kind, bytes(p)) for i, p in enumerate(payloads))
             self._appended.notify_all()
         return AppendResult(first, len(payloads), 0)
 
@@ -178,7 +176,10 @@ class MemoryJournal:
 
     def losses(self) -> dict[str, dict[str, Any]]:
         with self._lock:
-            return {k: {"count": v["count"], "reasons": list(v["reasons"])} for k, v in self._losses.items()}
+            return {
+                k: {"count": v["count"], "reasons": list(v["reasons"])}
+                for k, v in self._losses.items()
+            }
 
     def get_meta(self, key: str, default: Any = None) -> Any:
         with self._lock:
@@ -199,4 +200,4 @@ class MemoryJournal:
 
 def install() -> None:
     """Make ``primeruns.init`` create a :class:`MemoryJournal` in this process."""
-    run_module.Journal = MemoryJournal  # type: ignore[misc,assignment]
+    setattr(run_module, "Journal", MemoryJournal)  # noqa: B010  (a monkeypatch, on purpose)

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from pathlib import Path
 
 import benchlib
 import httpx

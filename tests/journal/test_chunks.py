@@ -1,0 +1,101 @@
+"""Entries stored in chunks (format 2): values between LMDB's in-page limit and
+16 KiB are split so they pack pages densely. They must read back exactly,
+everywhere an entry is read, and damage to one chunk must cost only its entry."""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import struct
+from pathlib import Path
+
+import lmdb
+import pytest
+from test_corruption import _probe
+
+from primeruns.journal import EntryKind, Journal
+
+# Hex of random bytes compresses to about half: stored sizes from ~0.2 to ~30 KB,
+# on both sides of every threshold.
+SIZES = [100, 1_200, 1_300, 1_400, 2_000, 2_600, 5_000, 15_000, 16_500, 30_000, 60_000]
+
+
+def _payload(i: int, size: int) -> bytes:
+    return json.dumps({"i": i, "noise": random.Random(i).randbytes(size).hex()}).encode()
+
+
+def _write(base: Path) -> list[bytes]:
+    payloads = [_payload(i, size) for i, size in enumerate(SIZES * 3)]
+    with Journal.create(base, local_id="run") as j:
+        for i, p in enumerate(payloads):
+            j.append(EntryKind.EPISODE if i % 2 else EntryKind.TRACE, [p])
+    return payloads
+
+
+def test_chunked_entries_read_back_everywhere(tmp_path: Path) -> None:
+    payloads = _write(tmp_path)
+    with Journal.open(tmp_path / "run") as j:
+        assert [
+            e.payload for e in j.read(0, max_entries=1000, max_bytes=1 << 30).entries
+        ] == payloads
+        episodes = j.read(0, kinds={EntryKind.EPISODE}, max_entries=1000, max_bytes=1 << 30)
+        assert [e.payload for e in episodes.entries] == payloads[1::2]
+        for seq in (1, 2, 6, 7, len(payloads)):
+            entry = j.get(seq)
+            assert entry is not None and entry.payload == payloads[seq - 1]
+        assert j.last_seq() == len(payloads)
+        # A read that stops early resumes on the next entry, never on a chunk.
+        first = j.read(0, max_entries=3, max_bytes=1 << 30)
+        rest = j.read(first.next_after, max_entries=1000, max_bytes=1 << 30)
+        assert [e.payload for e in first.entries + rest.entries] == payloads
+        assert j.damage() == []
+        j.ack("traces", 10)
+        j.ack("eval_samples", 12)
+        assert j.compact() == 10  # entries, not their chunks
+        assert [e.seq for e in j.read(0, max_entries=1000, max_bytes=1 << 30).entries] == list(
+            range(11, len(payloads) + 1)
+        )
+        assert j.damage() == []
+
+
+def test_damage_to_one_chunk_costs_only_its_entry(tmp_path: Path) -> None:
+    payloads = _write(tmp_path)
+    data = tmp_path / "run" / "data.mdb"
+    env = lmdb.open(str(tmp_path / "run"), max_dbs=8, readonly=True, lock=False)
+    with env.begin() as txn:  # entry 7's second chunk, as stored
+        chunk = txn.get(struct.pack(">QH", 7, 1), db=env.open_db(b"entries", txn=txn))
+    env.close()
+    assert chunk is not None and len(chunk) > 100
+    raw = bytearray(data.read_bytes())
+    at = raw.find(chunk)
+    assert at > 0
+    raw[at + len(chunk) // 2] ^= 0x04
+    data.write_bytes(bytes(raw))
+    result = _probe(tmp_path / "run", "reader")
+    entries = result["entries"]
+    assert isinstance(entries, dict)
+    assert sorted(int(s) for s in entries) == [s for s in range(1, len(payloads) + 1) if s != 7]
+    assert any(seq == 7 for seq, _ in result["damage"])  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("trial", range(6))
+def test_truncated_file_salvages_chunked_entries(tmp_path: Path, trial: int) -> None:
+    base = tmp_path / "pristine"
+    payloads = _write(base)
+    path = tmp_path / "run"
+    shutil.copytree(base / "run", path)
+    data = path / "data.mdb"
+    raw = data.read_bytes()
+    rng = random.Random(trial)
+    data.write_bytes(raw[: rng.randrange(len(raw) // 3, len(raw))])
+    result = _probe(path, "owner" if trial % 2 else "reader")
+    if "error" in result:
+        assert "journal" in str(result["error"])
+        return
+    entries = result["entries"]
+    assert isinstance(entries, dict)
+    for seq, text in entries.items():  # whatever comes back is exactly what was written
+        assert text.encode() == payloads[int(seq) - 1]
+    if len(entries) < len(payloads):
+        assert result["damage"]

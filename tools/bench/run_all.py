@@ -1,0 +1,57 @@
+"""Run every benchmark and write the combined tables to ``tools/bench/RESULTS.md``.
+
+Run ``python tools/bench/run_all.py`` (``--quick`` for a CI-sized version)
+from the repository root. Each benchmark measures its figures as ratios to a
+reference in the same run; this only runs them one after the other, prints
+the tables in Markdown and writes them, with the machine they ran on, to
+``RESULTS.md`` beside this file (``--no-write`` to only print).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import backlog
+import benchlib
+import end_to_end
+import finish_latency
+import hot_path
+import replay
+from benchlib import Table
+
+BENCHMARKS = (hot_path, end_to_end, backlog, replay, finish_latency)
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CI-sized versions")
+    parser.add_argument("--no-write", action="store_true", help=f"do not write {RESULTS.name}")
+    args = parser.parse_args(argv)
+    tables: list[Table] = []
+    timings: list[str] = []
+    for bench in BENCHMARKS:
+        t0 = time.perf_counter()
+        tables += bench.run(args.quick)
+        timings.append(f"{bench.__name__} {time.perf_counter() - t0:.0f} s")
+    doc = "\n\n".join(
+        [
+            "# Benchmark results",
+            f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on {benchlib.machine()}, "
+            f"{'quick' if args.quick else 'full'} mode (`python tools/bench/run_all.py"
+            f"{' --quick' if args.quick else ''}`); "
+            f"each figure is a ratio to a reference measured in the same run. "
+            f"Wall time per benchmark: {', '.join(timings)}.",
+            *(t.markdown() for t in tables),
+        ]
+    )
+    print(doc)
+    if not args.no_write:
+        RESULTS.write_text(doc + "\n")
+
+
+if __name__ == "__main__":
+    main()
