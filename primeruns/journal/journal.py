@@ -190,6 +190,9 @@ class Journal:
         local_id = self._safe_meta(K_LOCAL_ID)
         self.local_id = local_id if isinstance(local_id, str) else path.name
         self._stop_sync = threading.Event()
+        # Wakes the background thread early: a kind just got enough records to
+        # train its dictionary (a burst would otherwise go uncompressed by it).
+        self._bg_wake = threading.Event()
         self._sync_thread: threading.Thread | None = None
         if lock is not None:
             self._sync_thread = threading.Thread(
@@ -496,7 +499,9 @@ class Journal:
             with self._lock:
                 self._pending_drops += len(frames)
             return AppendResult(None, 0, len(frames))
-        self._kind_counts[int(kind)] = self._kind_counts.get(int(kind), 0) + len(frames)
+        count = self._kind_counts[int(kind)] = self._kind_counts.get(int(kind), 0) + len(frames)
+        if count >= dictionary.MIN_SAMPLES and not dict_id and int(kind) not in self._dict_tried:
+            self._bg_wake.set()
         with self._appended:
             self._last_seq = first + len(frames) - 1
             self._appended.notify_all()
@@ -905,7 +910,11 @@ class Journal:
         # Durability for "process" mode: at least one sync per second while there
         # is something to sync (env.sync is safe alongside txns); and dictionary
         # training, kept off the append path.
-        while not self._stop_sync.wait(SYNC_INTERVAL):
+        while not self._stop_sync.is_set():
+            self._bg_wake.wait(SYNC_INTERVAL)
+            self._bg_wake.clear()
+            if self._stop_sync.is_set():
+                break
             if self._dirty and self.durability == "process":
                 self._dirty = False
                 try:
@@ -992,6 +1001,7 @@ class Journal:
         if forked:
             return
         self._stop_sync.set()
+        self._bg_wake.set()
         if self._sync_thread is not None:
             self._sync_thread.join()
         with self._lock:

@@ -37,6 +37,7 @@ _NODE = struct.Struct("<HHHH")  # lo, hi (data size), flags, key size
 
 _CHUNK_KEY = struct.Struct(">QH")  # a chunk of a stored entry: (seq, index)
 
+
 @dataclass
 class Salvaged:
     """What a page scan recovered: entries by seq, and the journal's small tables."""
