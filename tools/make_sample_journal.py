@@ -39,22 +39,51 @@ def records(version: int = FORMAT_VERSION) -> list[tuple[EntryKind, bytes]]:
     out.append((EntryKind.TRACE, b'{"trace":"t"}'))
     out.append((EntryKind.SUMMARY, b'{"accuracy":0.5}'))
     out.append((EntryKind.FINISH, b'{"status":"completed"}'))
+    if version >= 3:  # left in the staging table, as a crash leaves them (see main)
+        for i in range(3):
+            row = {"id": f"staged-{i}", "text": f"staged episode {i} " * 200}
+            out.append((EntryKind.EPISODE, json.dumps(row).encode()))
     return out
+
+
+STAGED = 3  # the last entries of a version-3 sample stay staged
 
 
 def main() -> None:
     target = OUT / LOCAL_ID
     shutil.rmtree(target, ignore_errors=True)
+    all_records = records()
+    staged = STAGED if FORMAT_VERSION >= 3 else 0
     with Journal.create(OUT, local_id=LOCAL_ID, meta={"spec": {"kind": "eval"}}) as j:
-        for i, (kind, payload) in enumerate(records()):
-            if i == len(records()) - 13:
+        for i, (kind, payload) in enumerate(all_records[: len(all_records) - staged]):
+            if i == len(all_records) - staged - 13:
                 # Entries after this point use the trained dictionary: the sample
                 # then pins the dictionary format too.
-                assert j.train_dictionaries() == [EntryKind.METRICS]
+                j.train_dictionaries()  # (the background thread may have been first)
+                assert EntryKind.METRICS in j._active_dicts
             j.append(kind, [payload])
         j.set_inflight("traces", InFlight(1, 3, b"exact body", {"idempotency_key": "k"}))
         j.ack("eval_samples", 10, failed=1, reason="422 sample rejected")
+        if staged:
+            # Stop the background compression, stage the last entries and take
+            # the files as a crashed process leaves them (close would move them).
+            while j._move_some():
+                pass
+            j._stop_sync.set()
+            j._move_wake.set()
+            assert j._move_thread is not None
+            j._move_thread.join()
+            for kind, payload in all_records[-staged:]:
+                j.append(kind, [payload])
+            assert j._staged == staged
+            j.sync()
+            crashed = OUT / f"{LOCAL_ID}.tmp"
+            shutil.rmtree(crashed, ignore_errors=True)
+            shutil.copytree(target, crashed)
         j.sync()
+    if staged:
+        shutil.rmtree(target)
+        crashed.rename(target)
     (target / "lock.mdb").unlink(missing_ok=True)  # runtime state, not part of the format
     print(f"wrote {target}")
 

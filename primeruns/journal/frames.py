@@ -7,12 +7,19 @@ or rotted value becomes a precise, reported loss of that one value.
 
 Layout (little-endian, 12-byte header)::
 
-    0  u8   format version (FRAME_VERSION)
+    0  u8   frame version (1, or 2: the checksum also covers the entry's seq)
     1  u8   kind (EntryKind, or 0 for journal-internal values)
     2  u8   flags (FLAG_ZSTD: payload is one zstd frame; else stored raw)
     3  u8   dictionary id (0: none; else a zstd dictionary stored in the journal)
     4  u32  raw length (decompressed payload bytes)
-    8  u32  CRC32 over bytes 0..7 and the stored payload
+    8  u32  CRC32 over bytes 0..7, the stored payload and (version 2) the
+            entry's seq as 8 big-endian bytes
+
+Binding an entry's checksum to its seq (version 2, every entry written now)
+matters where values are found without their B-tree: salvaging a damaged file
+scans pages, and a stale leaf node can point at overflow pages reused since by
+another entry, whose frame is valid on its own. Meta values, cursors and
+in-flight bodies have no seq and stay version 1.
 
 The kind sits in the header so that a reader skipping other kinds (a metrics
 sink reading past 120 KB episodes) reads 12 bytes and decompresses nothing.
@@ -42,11 +49,14 @@ __all__ = [
     "FrameHeader",
     "decode_frame",
     "encode_frame",
+    "encode_frames_off_gil",
     "peek_header",
     "verify_frame",
 ]
 
-FRAME_VERSION = 1
+FRAME_VERSION = 2  # for entries (with their seq); other values are version 1
+_VERSIONS = (1, 2)
+_SEQ = struct.Struct(">Q")
 FLAG_ZSTD = 0x01
 _KNOWN_FLAGS = FLAG_ZSTD
 HEADER_SIZE = 12
@@ -127,8 +137,12 @@ def encode_frame(
     payload: bytes,
     dict_id: int = 0,
     zdict: zstandard.ZstdCompressionDict | None = None,
+    *,
+    compress: bool = True,
+    seq: int | None = None,
 ) -> bytes:
-    """Frame ``payload`` (compressed when that helps) under ``kind``.
+    """Frame ``payload`` (compressed when that helps and ``compress``) under
+    ``kind``; an entry passes its ``seq`` (version 2), other values none.
 
     With ``zdict`` (stored in the journal under ``dict_id``) small records
     compress several times better: they share most of their text.
@@ -139,13 +153,49 @@ def encode_frame(
     flags = 0
     stored = payload
     used_dict = 0
-    if raw_len >= _COMPRESS_MIN or (zdict is not None and raw_len >= 32):
+    if compress and (raw_len >= _COMPRESS_MIN or (zdict is not None and raw_len >= 32)):
         packed = _compressor(zdict if dict_id else None).compress(payload)
         if len(packed) < raw_len:
             stored, flags, used_dict = packed, FLAG_ZSTD, (dict_id if zdict else 0)
-    head = struct.pack("<BBBBI", FRAME_VERSION, kind, flags, used_dict, raw_len)
+    return _assemble(kind, flags, used_dict, raw_len, stored, seq)
+
+
+def _assemble(
+    kind: int, flags: int, dict_id: int, raw_len: int, stored: bytes, seq: int | None
+) -> bytes:
+    version = 1 if seq is None else 2
+    head = struct.pack("<BBBBI", version, kind, flags, dict_id, raw_len)
     crc = zlib.crc32(stored, zlib.crc32(head))
+    if seq is not None:
+        crc = zlib.crc32(_SEQ.pack(seq), crc)
     return head + struct.pack("<I", crc) + stored
+
+
+def encode_frames_off_gil(
+    kind: int,
+    payloads: list[bytes],
+    seqs: list[int],
+    dict_id: int = 0,
+    zdict: zstandard.ZstdCompressionDict | None = None,
+) -> list[bytes]:
+    """``encode_frame`` for a batch, compressing with the GIL released.
+
+    For the journal's background compression: a one-shot ``compress`` holds
+    the GIL, so it would stall the producer's thread for its whole duration;
+    ``multi_compress_to_buffer`` releases it and runs beside the producer.
+    """
+    if not payloads:
+        return []
+    batch: list[bytes | bytearray | memoryview[int]] = list(payloads)
+    packed = _compressor(zdict if dict_id else None).multi_compress_to_buffer(batch, threads=1)
+    frames = []
+    for index, payload in enumerate(payloads):
+        segment = packed[index].tobytes()
+        stored, flags, used_dict = payload, 0, 0
+        if len(segment) < len(payload):
+            stored, flags, used_dict = segment, FLAG_ZSTD, (dict_id if zdict else 0)
+        frames.append(_assemble(kind, flags, used_dict, len(payload), stored, seqs[index]))
+    return frames
 
 
 def peek_header(value: bytes | memoryview) -> FrameHeader:
@@ -153,16 +203,24 @@ def peek_header(value: bytes | memoryview) -> FrameHeader:
     if len(value) < HEADER_SIZE:
         raise FrameError(f"value of {len(value)} bytes is shorter than the frame header")
     version, kind, flags, dict_id, raw_len, crc = _HEADER.unpack_from(value, 0)
-    if version != FRAME_VERSION:
+    if version not in _VERSIONS:
         raise FrameError(f"unknown frame version {version}")
     return FrameHeader(version, kind, flags, dict_id, raw_len, crc)
 
 
-def verify_frame(value: bytes | memoryview) -> FrameHeader:
-    """Check a frame's header and checksum without decompressing; raises FrameError."""
+def verify_frame(value: bytes | memoryview, seq: int | None = None) -> FrameHeader:
+    """Check a frame's header and checksum without decompressing; raises FrameError.
+
+    A version-2 frame (an entry) only verifies under the ``seq`` it was
+    written for.
+    """
     head = peek_header(value)
     view = memoryview(value)
     computed = zlib.crc32(view[HEADER_SIZE:], zlib.crc32(view[:8]))
+    if head.version == 2:
+        if seq is None:
+            raise FrameError("an entry's frame can only be checked with its seq")
+        computed = zlib.crc32(_SEQ.pack(seq), computed)
     if computed != head.crc:
         raise FrameError(f"checksum mismatch (stored {head.crc:08x}, computed {computed:08x})")
     return head
@@ -171,6 +229,7 @@ def verify_frame(value: bytes | memoryview) -> FrameHeader:
 def decode_frame(
     value: bytes | memoryview,
     dicts: Callable[[int], zstandard.ZstdCompressionDict | None] | None = None,
+    seq: int | None = None,
 ) -> tuple[int, bytes]:
     """Verify and decode a frame into ``(kind, payload)``; raises FrameError.
 
@@ -178,7 +237,7 @@ def decode_frame(
     never allocates more than MAX_ENTRY_BYTES and never raises anything but
     FrameError.
     """
-    head = verify_frame(value)
+    head = verify_frame(value, seq)
     view = memoryview(value)
     if head.flags & ~_KNOWN_FLAGS:
         raise FrameError(f"unknown flags {head.flags:#04x}")

@@ -111,7 +111,8 @@ def _scan(data: Any, psize: int) -> Salvaged:
             try:
                 # Entries are only checksummed here: one compressed with a stored
                 # dictionary decodes once that dictionary is restored too.
-                kind = verify_frame(value).kind
+                seq = struct.unpack(">Q", key)[0] if len(key) == 8 else None
+                kind = verify_frame(value, seq).kind
                 if kind != 0 and len(key) == 8:
                     found.entries[struct.unpack(">Q", key)[0]] = value
                     continue
@@ -133,7 +134,7 @@ def _scan(data: Any, psize: int) -> Salvaged:
             index += 1
         whole = b"".join(parts)
         try:
-            if verify_frame(whole).kind != 0:
+            if verify_frame(whole, seq).kind != 0:
                 found.entries[seq] = whole
                 found.bad_values -= 1
         except FrameError:

@@ -51,7 +51,9 @@ __all__ = [
 ]
 
 DATA_NAME = "data.mdb"
-DB_NAMES = (b"entries", b"meta", b"cursors", b"inflight")
+# "staging" (format 3) holds the newest entries until the background thread
+# compresses them into "entries"; see journal.py.
+DB_NAMES = (b"entries", b"meta", b"cursors", b"inflight", b"staging")
 _INITIAL_MAP = 16 << 20
 _META_MAGIC = 0xBEEFC0DE
 
@@ -242,7 +244,11 @@ class Store:
                 self.env.reader_check()  # free slots of dead reader processes
             self.dbs = {}
             for name in DB_NAMES:
-                self.dbs[name.decode()] = self.env.open_db(name, create=not readonly)
+                try:
+                    self.dbs[name.decode()] = self.env.open_db(name, create=not readonly)
+                except lmdb.NotFoundError:
+                    if name != b"staging":  # older journals have none: nothing staged
+                        raise
         except BaseException:
             self.env.close()
             self._drop_tempdir()

@@ -99,3 +99,35 @@ def test_truncated_file_salvages_chunked_entries(tmp_path: Path, trial: int) -> 
         assert text.encode() == payloads[int(seq) - 1]
     if len(entries) < len(payloads):
         assert result["damage"]
+
+
+def test_staged_entries_read_as_one_log_and_move_in_order(tmp_path: Path) -> None:
+    """Big records are appended uncompressed to "staging" and moved later; a
+    reader sees one dense log whichever table an entry is in at the moment."""
+    small = [json.dumps({"i": i}).encode() for i in range(5)]
+    big = [_payload(i, 3_000) for i in range(40)]
+    with Journal.create(tmp_path, local_id="run") as j:
+        j._stop_sync.set()  # hold the background mover: entries stay staged
+        j._move_wake.set()
+        assert j._move_thread is not None
+        j._move_thread.join()
+        j.append(EntryKind.METRICS, small)  # nothing staged yet: straight to entries
+        j.append(EntryKind.EPISODE, big[:20])  # big: staged, uncompressed
+        j.append(EntryKind.METRICS, small)  # staged too, to keep the order
+        j.append(EntryKind.EPISODE, big[20:])
+        expected = small + big[:20] + small + big[20:]
+        assert j._staged == len(expected) - len(small)
+        got = j.read(0, max_entries=1000, max_bytes=1 << 30)
+        assert [e.payload for e in got.entries] == expected and not got.damaged
+        assert j.get(len(expected)) is not None
+        half = j.read(0, max_entries=30, max_bytes=1 << 30)  # stops inside "staging"
+        rest = j.read(half.next_after, max_entries=1000, max_bytes=1 << 30)
+        assert [e.payload for e in half.entries + rest.entries] == expected
+        j.ack("traces", 10)
+        assert j.compact() == 10
+        while j._move_some():  # what the background thread does
+            assert [e.payload for e in j.read(10, max_entries=1000).entries] == expected[10:]
+        assert j._staged == 0
+        assert j.damage() == []
+    with Journal.open(tmp_path / "run", owner=False) as reader:
+        assert [e.payload for e in reader.read(0, max_entries=1000).entries] == expected[10:]

@@ -22,7 +22,7 @@ def _records(version: int) -> list[tuple[int, bytes]]:
     return [(int(k), p) for k, p in module.records(version)]
 
 
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_sample_reads(version: int, tmp_path: Path) -> None:
     name = f"sample-v{version}"
     copy = tmp_path / name  # never touch the checked-in files
