@@ -267,11 +267,16 @@ def summary_trace_index(episode: Any) -> int:
 
 
 def trace_to_sample(
-    trace: Any, rollout_number: int = 1, episode_id: str | None = None
+    trace: Any, rollout_number: int = 1, episode_id: str | None = None, *, finite: bool = False
 ) -> dict[str, Any]:
     """One trace (a mapping or a ``to_record()`` object) as a v0 sample row
     (contract §5.1): ``completion`` is the last branch's messages,
-    ``trajectory`` one entry per branch, non-finite numbers are null."""
+    ``trajectory`` one entry per branch, non-finite numbers are null.
+
+    ``finite=True`` says the input holds no NaN or infinity (it was parsed from
+    JSON, as the SDK's sinks read it from the journal): the copy that turns
+    them into null is then skipped.
+    """
     trace = _as_mapping(trace, "trace")
     data = _without_none(_task_data(trace))
     branches = _branches(trace)
@@ -305,11 +310,15 @@ def trace_to_sample(
     for name, reward in (trace.get("rewards") or {}).items():
         if reward is not None:
             sample.setdefault(name, reward["score"])
+    if finite:
+        return sample
     result: dict[str, Any] = _nullify_non_finite(sample)
     return result
 
 
-def episode_to_samples(episode: Any, rollout_number: int) -> list[dict[str, Any]]:
+def episode_to_samples(
+    episode: Any, rollout_number: int, *, finite: bool = False
+) -> list[dict[str, Any]]:
     """An episode's v0 rows: normally one, the summary trace's projection with
     the episode id as ``sample_id`` and the whole record in
     ``info.native_wrapper``. An episode whose row would not fit one request
@@ -320,12 +329,12 @@ def episode_to_samples(episode: Any, rollout_number: int) -> list[dict[str, Any]
         return []
     summary_index = next((i for i, trace in enumerate(traces) if _trainable(trace)), 0)
     episode_id = record.get("id")
-    sample = trace_to_sample(traces[summary_index], rollout_number, episode_id)
+    sample = trace_to_sample(traces[summary_index], rollout_number, episode_id, finite=finite)
     sample["sample_id"] = episode_id
     # The trace's info is already nullified; only the record still needs it.
     sample["info"] = {
         **(sample["info"] or {}),
-        "native_wrapper": _nullify_non_finite(record),
+        "native_wrapper": record if finite else _nullify_non_finite(record),
         "native_trace_index": summary_index,
     }
     # Read at call time so that tests can lower the ceiling.
@@ -334,10 +343,12 @@ def episode_to_samples(episode: Any, rollout_number: int) -> list[dict[str, Any]
     logger.warning(
         "Episode %s exceeds the platform sample limit; uploading one row per trace", episode_id
     )
-    return [trace_to_sample(trace, rollout_number, episode_id) for trace in traces]
+    return [trace_to_sample(trace, rollout_number, episode_id, finite=finite) for trace in traces]
 
 
-def record_to_samples(record: Any, rollout_numbers: dict[Any, int]) -> list[dict[str, Any]] | None:
+def record_to_samples(
+    record: Any, rollout_numbers: dict[Any, int], *, finite: bool = False
+) -> list[dict[str, Any]] | None:
     """One record's v0 rows, numbering its rollout in ``rollout_numbers``.
 
     A mapping holding ``sample_id`` is already a v0 row and passes through as a
@@ -359,7 +370,7 @@ def record_to_samples(record: Any, rollout_numbers: dict[Any, int]) -> list[dict
     summary = next((trace for trace in traces if _trainable(trace)), traces[0])
     idx = _task_data(summary).get("idx")
     rollout_numbers[idx] = number = rollout_numbers.get(idx, 0) + 1
-    return episode_to_samples(mapping, number)
+    return episode_to_samples(mapping, number, finite=finite)
 
 
 def build_samples(

@@ -69,7 +69,14 @@ def split_api_root(base_url: str) -> tuple[str, str, bool]:
     Only the path is examined: ``https://h/api/internal/rft`` addresses the
     internal RFT router, anything else the public ``/api/v1``.
     """
-    parts = urlsplit(base_url.strip())
+    try:
+        parts = urlsplit(base_url.strip())
+        parts.port  # noqa: B018 - validates the port: urlsplit itself does not
+    except ValueError as exc:  # e.g. "Invalid IPv6 URL", "Port out of range"
+        raise ConfigurationError(
+            f"base_url={base_url!r} is not a valid URL ({exc}); pass e.g. "
+            "'https://api.primeintellect.ai' or 'http://127.0.0.1:8765'."
+        ) from None
     if not parts.scheme or not parts.netloc:
         raise ConfigurationError(
             f"base_url={base_url!r} is not an absolute http(s) URL; pass e.g. "

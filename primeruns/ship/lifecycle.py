@@ -143,7 +143,7 @@ class Lifecycle:
                 raise APIError("the platform created a training run but returned no id")
             run_id, name, url = str(run["id"]), run.get("name") or spec.get("name"), None
         else:
-            body = self._eval_body(spec)
+            body = self._eval_body(spec, attempts)
             created = self._call("POST", "/evaluations/", body, replayable=False, attempts=attempts)
             if not created.get("evaluation_id"):
                 raise APIError("the platform created an evaluation but returned no evaluation_id")
@@ -166,7 +166,9 @@ class Lifecycle:
         )
         return binding
 
-    def _resolve_environments(self, spec: Mapping[str, Any]) -> list[dict[str, Any]]:
+    def _resolve_environments(
+        self, spec: Mapping[str, Any], attempts: int | None
+    ) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         team = spec.get("team_id")
         for ref in spec.get("environments") or []:
@@ -175,12 +177,14 @@ class Lifecycle:
                     env_id = ref["id"]
                 elif ref.get("slug"):
                     owner, _, name = str(ref["slug"]).partition("/")
-                    data = self._call("GET", f"/environmentshub/{owner}/{name}/@latest")
+                    data = self._call(
+                        "GET", f"/environmentshub/{owner}/{name}/@latest", attempts=attempts
+                    )
                     inner = _as_dict(data.get("data")) or data
                     env_id = inner.get("id")
                 else:
                     body = {"name": ref["name"], **({"team_id": team} if team else {})}
-                    data = self._call("POST", "/environmentshub/resolve", body)
+                    data = self._call("POST", "/environmentshub/resolve", body, attempts=attempts)
                     inner = _as_dict(data.get("data"))
                     env_id = inner.get("id")
             except APIError as exc:
@@ -199,8 +203,8 @@ class Lifecycle:
             out.append(entry)
         return out
 
-    def _eval_body(self, spec: Mapping[str, Any]) -> dict[str, Any]:
-        environments = self._resolve_environments(spec)
+    def _eval_body(self, spec: Mapping[str, Any], attempts: int | None) -> dict[str, Any]:
+        environments = self._resolve_environments(spec, attempts)
         if not environments:
             raise EnvironmentResolutionError(
                 "environments: an evaluation needs at least one environment; pass "

@@ -127,8 +127,18 @@ class Shipper:
         self.poke()
 
     def join(self, timeout: float | None = None) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
+        """Wait for the thread to exit after ``signal_stop``. A wake-up that
+        lands between the thread's stop check and its wait is lost, so it is
+        repeated until the thread is gone (or the timeout passes)."""
+        thread = self._thread
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while thread is not None and thread.is_alive():
+            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
+            if left <= 0:
+                return
+            if self._stop.is_set():
+                self.poke()
+            thread.join(left)
 
     @property
     def alive(self) -> bool:
