@@ -463,6 +463,28 @@ def _finite_or_drop(value: Any, path: str) -> Any:
     return value
 
 
+_PLAIN = (int, bool, str, type(None))
+
+
+def _flat_finite(values: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The common case of ``clean_metrics`` (a flat row of str keys to plain
+    numbers and strings), on the hot path of ``log_metrics``; None when the
+    row needs the full walk."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        kind = type(value)
+        if type(key) is not str:
+            return None
+        if kind is float:
+            if value - value == 0.0:  # finite: inf - inf and nan - nan are nan
+                out[key] = value
+        elif kind in _PLAIN:
+            out[key] = value
+        else:
+            return None
+    return out
+
+
 def clean_metrics(values: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``values`` without non-finite numbers (contract §6.5).
 
@@ -473,6 +495,9 @@ def clean_metrics(values: Mapping[str, Any]) -> dict[str, Any]:
     """
     if not isinstance(values, Mapping):
         raise TypeError(f"metrics must be a mapping of str to values, not {type(values).__name__}")
+    flat = _flat_finite(values)
+    if flat is not None:
+        return flat
     cleaned = _finite_or_drop(values, "metrics")
     assert isinstance(cleaned, dict)
     return cleaned
