@@ -74,8 +74,8 @@ def make_backlog(scratch: Path, n: int) -> Backlog:
     benchlib.reset_peak_rss()
     t0 = time.perf_counter()
     for i in range(n):
-        episode = base[i % len(base)]
-        episode["id"] = f"bench-{i:08d}"  # a fresh episode each time, same content
+        # A fresh episode each time (new episode and trace ids), same content.
+        episode = benchlib.renew_ids(base[i % len(base)], f"bench-{i:08d}")
         c0 = time.perf_counter_ns()
         run.log_episodes([episode])
         worst = max(worst, time.perf_counter_ns() - c0)

@@ -62,6 +62,17 @@ def records(name: str, n: int | None = None) -> list[dict[str, Any]]:
     return [json.loads(line) for line in raw_lines(name)[:n]]
 
 
+def renew_ids(episode: dict[str, Any], tag: str) -> dict[str, Any]:
+    """Give ``episode`` (in place) and its traces fresh ids derived from ``tag``:
+    the same content as a new episode, which the traces service must store anew
+    (ids repeating within one upload are rejected, across uploads deduplicated)."""
+    episode["id"] = tag
+    for j, trace in enumerate(episode.get("traces") or []):
+        if isinstance(trace, dict):
+            trace["id"] = f"{tag}-t{j}"
+    return episode
+
+
 def metrics_row(i: int) -> dict[str, float]:
     """A 10-scalar training metrics row, different every step."""
     base = float(i)

@@ -39,9 +39,7 @@ def one_stream(url: str, n: int) -> tuple[float, int]:
     base = benchlib.records("gsm8k-eval")
     lines: list[bytes] = []
     for i in range(n):
-        episode = base[i % len(base)]
-        episode["id"] = f"stream-{i:08d}"
-        lines.append(orjson.dumps(episode))
+        lines.append(orjson.dumps(benchlib.renew_ids(base[i % len(base)], f"stream-{i:08d}")))
     batches: list[bytes] = []
     current: list[bytes] = []
     size = 0

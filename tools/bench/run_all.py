@@ -35,7 +35,12 @@ def main(argv: list[str] | None = None) -> None:
     timings: list[str] = []
     for bench in BENCHMARKS:
         t0 = time.perf_counter()
-        tables += bench.run(args.quick)
+        try:
+            tables += bench.run(args.quick)
+        except Exception as exc:  # one broken benchmark must not lose the others' tables
+            failed = Table(f"{bench.__name__}: FAILED", ["error"])
+            failed.add(f"{type(exc).__name__}: {str(exc)[:300]}")
+            tables.append(failed)
         timings.append(f"{bench.__name__} {time.perf_counter() - t0:.0f} s")
     doc = "\n\n".join(
         [
