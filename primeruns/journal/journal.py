@@ -113,7 +113,7 @@ _CKEY = struct.Struct(">QH")
 # At most _STAGED_RAW_MAX records wait uncompressed: past that the producer
 # compresses inline again, which bounds the raw bytes the file ever holds.
 _DEFER_MIN = 2_048
-_STAGED_RAW_MAX = 128
+_STAGED_RAW_MAX = 32
 _MOVE_BATCH = 64
 _INPAGE_MAX = 1_300
 _CHUNK = 1_000
