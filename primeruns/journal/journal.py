@@ -197,6 +197,7 @@ class Journal:
         self._zdicts: dict[int, zstandard.ZstdCompressionDict] = {}
         self._psize = int(store.env.stat()["psize"])
         self._headroom = 0  # bytes known to fit without counting again (_room_for)
+        self._inflight_peak = 0  # largest in-flight body recorded (_room_for's reserve)
         self._kind_counts: dict[int, int] = {}
         self._dict_tried: set[int] = set()
         self._last_seq = self._read_last_seq()
@@ -581,8 +582,11 @@ class Journal:
             self._headroom -= need
             return True
         env = self._store.env
-        budget = self._store.max_bytes
+        budget = self._disk_budget()
         reserve = min(64 << 20, max(256 << 10, budget // 16))
+        # Each sink rewrites its in-flight body copy-on-write (old and new
+        # pages live at once): keep room for several of the largest seen.
+        reserve = max(reserve, 8 * self._inflight_peak)
         used = (int(env.info()["last_pgno"]) + 1) * self._psize  # the file's high-water mark
         if used + need > budget - reserve:
             # Near the budget: count pages in use (LMDB reuses freed pages).
@@ -597,6 +601,21 @@ class Journal:
         # Count again after a quarter of the room is used (or 4 MiB at most).
         self._headroom = min((room - need) // 4, 4 << 20)
         return True
+
+    def _disk_budget(self) -> int:
+        """The byte budget, lowered to what the disk can still hold.
+
+        Without this, entries fill a small disk to the last byte and then the
+        cursor, ack and in-flight writes that shipping needs fail with ENOSPC
+        or EIO. Counting the disk's free space keeps the control reserve
+        available on a full disk too.
+        """
+        try:
+            stat = os.statvfs(self.path)
+        except OSError:
+            return self._store.max_bytes
+        free = int(stat.f_bavail) * int(stat.f_frsize)
+        return min(self._store.max_bytes, self._store.file_size() + free)
 
     def last_seq(self) -> int:
         """The highest sequence number written (compaction does not lower it)."""
@@ -801,6 +820,8 @@ class Journal:
             raise ValueError("in-flight range is empty")
         state = _json(inflight.state)  # JSON-able or fail before writing
         body = encode_frame(_META_KIND, inflight.body)
+        # The control reserve must hold the in-flight bodies (see _room_for).
+        self._inflight_peak = max(self._inflight_peak, len(body))
 
         def put(txn: lmdb.Transaction) -> None:
             data = self._cursor_in(txn, sink)

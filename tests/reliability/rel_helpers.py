@@ -114,7 +114,11 @@ def run_and_kill(
             # Not hiding a race: the kill point itself is what is being randomised.
             time.sleep(kill_delay_s)
         os.kill(proc.pid, signal.SIGKILL)
-    rest, _ = proc.communicate(timeout=300)
+    # Read the rest through the same buffered reader: communicate(timeout=)
+    # reads the raw pipe and would skip what readline() already buffered.
+    rest = proc.stdout.read()
+    proc.stdout.close()
+    proc.wait(timeout=300)
     lines.extend(line.strip() for line in rest.splitlines() if line.strip())
     out = Killed(journal=Path(first.split(" ", 1)[1]))
     for line in lines:

@@ -1,0 +1,288 @@
+"""Bad input (issue #8 §5): every kind of malformed record, metric, summary,
+config and ``init()`` argument. Init-time errors raise naming the argument;
+loop-time errors never raise under ``on_error="warn"``: the record is counted
+and ``run.errors`` names the field and the fix; and nothing already journaled
+(or journaled alongside, in the same call) is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rel_helpers as rh
+
+import primeruns as pr
+from primeruns.exceptions import ConfigurationError, JournalError
+from primeruns.journal import EntryKind
+from primeruns.records import RecordRepairWarning
+
+
+class _Opaque:
+    pass
+
+
+class _RaisingRecord:
+    def to_record(self) -> dict[str, Any]:
+        raise RuntimeError("to_record exploded")
+
+
+def _deep(levels: int) -> dict[str, Any]:
+    root: dict[str, Any] = {}
+    cur = root
+    for _ in range(levels):
+        cur["a"] = {}
+        cur = cur["a"]
+    return root
+
+
+@pytest.fixture
+def run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[pr.Run]:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for var in [v for v in os.environ if v.startswith("PRIME_")]:
+        monkeypatch.delenv(var)
+    handle = pr.init(
+        kind="train", model="m", team_id="t", mode="offline", runs_dir=tmp_path / "runs"
+    )
+    yield handle
+    if not handle.finished:
+        handle.finish()
+
+
+def _episodes(run: pr.Run) -> list[dict[str, Any]]:
+    assert run.journal_path is not None
+    return rh.journal_records(run.journal_path, EntryKind.EPISODE)
+
+
+# (label, bad value, words the message must contain: the field and the fix)
+UNENCODABLE = [
+    ("object", {"id": "x", "obj": _Opaque()}, ["obj", "convert it to str"]),
+    ("bytes", {"id": "x", "blob": b"\xff\xfe"}, ["blob", "decode"]),
+    ("tuple key", {"id": "x", (1, 2): "v"}, ["tuple", "str"]),
+    ("deep nesting", _deep(100_000), ["nested", "deep"]),
+    ("to_record raises", _RaisingRecord(), ["to_record", "exploded"]),
+]
+
+
+@pytest.mark.parametrize(("label", "bad", "words"), UNENCODABLE, ids=[c[0] for c in UNENCODABLE])
+def test_an_unencodable_record_is_counted_named_and_its_batch_mates_kept(
+    run: pr.Run, label: str, bad: Any, words: list[str]
+) -> None:
+    run.log_episodes([{"id": "before"}])
+    run.log_episodes([{"id": "mate-1"}, bad, {"id": "mate-2"}])  # never raises
+    assert run.failed_records == {"encode": 1}
+    assert any(all(w in e for w in words) for e in run.errors), run.errors
+    assert [e["id"] for e in _episodes(run)] == ["before", "mate-1", "mate-2"]
+
+
+def test_values_json_cannot_hold_are_made_valid_and_kept(run: pr.Run) -> None:
+    run.log_episodes(
+        [
+            {"id": "nan", "reward": float("nan"), "inf": float("-inf")},
+            {"id": "int-keys", 1: "a", 2.5: "b", None: "c"},
+            {"id": "huge", "n": 10**400},
+            {"id": "set", "s": {3}},
+        ]
+    )
+    with pytest.warns(RecordRepairWarning, match="lone surrogates"):
+        run.log_episodes([{"id": "surrogate", "text": "a\ud800b", "\udc80": 1}])
+    got = {e["id"]: e for e in _episodes(run)}
+    assert got["nan"]["reward"] is None and got["nan"]["inf"] is None
+    assert got["int-keys"] == {"id": "int-keys", "1": "a", "2.5": "b", "null": "c"}
+    assert got["huge"]["n"] == 10**400
+    assert got["surrogate"]["text"] == "a\ufffdb"
+    assert run.failed_records == {}
+
+
+def test_non_finite_metrics_and_summaries_are_dropped_not_raised(run: pr.Run) -> None:
+    run.log_metrics({"loss": float("nan"), "lr": float("inf"), "ok": 1.5}, step=0)
+    run.update_summary({"best": float("nan"), "n": 3})
+    run.finish(summary={"final": float("-inf"), "kept": 2})
+    assert run.journal_path is not None
+    rows = rh.journal_records(run.journal_path, EntryKind.METRICS)
+    assert [{k: v for k, v in r.items() if k != "_timestamp"} for r in rows] == [
+        {"ok": 1.5, "step": 0}
+    ]
+    assert run.summary == {"n": 3, "kept": 2}
+    assert run.status is pr.RunStatus.COMPLETED
+
+
+def test_bad_metric_arguments_never_raise_in_the_loop(run: pr.Run) -> None:
+    run.log_metrics({1: 2.0}, step=1)  # type: ignore[dict-item]
+    run.log_metrics([("a", 1)], step=1)  # type: ignore[arg-type]
+    run.log_metrics({"a": 1.0}, step="one")  # type: ignore[arg-type]
+    run.log_episodes({"id": "a mapping, not a list"})
+    assert len(run.errors) == 4
+    assert "str keys" in run.errors[0] and "mapping" in run.errors[1]
+    assert "step must be an int" in run.errors[2] and "list of records" in run.errors[3]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: Run._log iterates `items` unguarded: log_episodes(None) (or a generator "
+    "that raises) raises TypeError into the loop under on_error='warn'",
+)
+def test_log_episodes_of_a_non_iterable_never_raises(run: pr.Run) -> None:
+    run.log_episodes(None)  # type: ignore[arg-type]
+    assert run.errors
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: Run.update_summary encodes the merged summary unguarded: an "
+    "unencodable value raises RecordEncodeError into the loop, and stays in the "
+    "summary so every later update_summary and finish() raise too",
+)
+def test_an_unencodable_summary_value_never_raises_and_does_not_poison_finish(
+    run: pr.Run,
+) -> None:
+    run.update_summary({"obj": _Opaque()})
+    run.update_summary({"n": 1})
+    run.finish()
+    assert run.status is pr.RunStatus.COMPLETED and run.summary == {"n": 1}
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: Run._finish_once encodes the finish record unguarded: an unencodable "
+    "finish(summary=...) value raises, and the run is never closed out (no finish entry, "
+    "journal left open, replay will call it crashed)",
+)
+def test_an_unencodable_finish_summary_still_closes_the_run(run: pr.Run) -> None:
+    run.log_episodes([{"id": "kept"}])
+    try:
+        run.finish(summary={"obj": _Opaque(), "n": 1})
+    finally:
+        assert run.journal_path is not None
+        finishes = rh.journal_records(run.journal_path, EntryKind.FINISH)
+    assert finishes and finishes[-1]["status"] == "completed"
+
+
+def test_a_record_over_the_64_mib_line_limit_does_not_lose_its_neighbours(
+    run: pr.Run,
+) -> None:
+    run.log_episodes([{"id": "small-1"}])
+    run.log_episodes([{"id": "huge", "blob": "x" * (65 << 20)}, {"id": "small-2"}])
+    ids = [e["id"] for e in _episodes(run)]
+    assert "small-1" in ids and "small-2" in ids
+
+
+# -- init() -------------------------------------------------------------------------
+
+WRONG_TYPES: list[tuple[str, Any]] = [
+    ("name", 5),
+    ("model", 5),
+    ("framework", 5),
+    ("description", 5),
+    ("tags", "a"),
+    ("tags", [1]),
+    ("config", 5),
+    ("mode", 5),
+    ("team_id", 5),
+    ("api_key", 5),
+    ("base_url", 5),
+    ("on_error", 5),
+    ("finish_timeout", "x"),
+    ("finish_timeout", -1),
+    ("kind", 5),
+    ("id", 5),
+    ("training", 5),
+    ("traces_opt_out", "yes"),
+    ("durability", 5),
+    ("max_journal_bytes", "x"),
+    ("mode", "onlien"),
+    ("base_url", "not a url"),
+]
+
+
+@pytest.mark.parametrize(("arg", "value"), WRONG_TYPES, ids=[f"{a}={v!r}" for a, v in WRONG_TYPES])
+def test_every_wrong_init_argument_raises_naming_it(
+    arg: str, value: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    kwargs: dict[str, Any] = {"mode": "offline", "runs_dir": tmp_path / "runs", arg: value}
+    with pytest.raises((TypeError, ValueError, ConfigurationError)) as info:
+        pr.init(**kwargs)
+    assert arg in str(info.value), str(info.value)
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="defect: init(environments=5) and init(runs_dir=5) raise bare TypeErrors "
+    "('int' object is not iterable / expected str, bytes or os.PathLike) naming no argument",
+)
+@pytest.mark.parametrize(("arg", "value"), [("environments", 5), ("runs_dir", 5)])
+def test_wrong_environments_or_runs_dir_type_names_the_argument(
+    arg: str, value: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    kwargs: dict[str, Any] = {"mode": "offline", "runs_dir": tmp_path / "runs", arg: value}
+    with pytest.raises((TypeError, ValueError)) as info:
+        pr.init(**kwargs)
+    assert arg in str(info.value), str(info.value)
+
+
+def test_a_runs_dir_that_is_a_file_is_a_clear_init_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Regression: Journal.create raised UnboundLocalError for this."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    afile = tmp_path / "file"
+    afile.write_text("not a directory")
+    with pytest.raises(JournalError, match="not a directory"):
+        pr.init(mode="offline", runs_dir=afile)
+
+
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (b"\xff\xfe lr = 1\n", ["not UTF-8", "save it as UTF-8"]),
+        (b"# " + b"x" * (1 << 20), ["limit", "mapping"]),
+    ],
+    ids=["not-utf8", "too-large"],
+)
+def test_a_bad_config_file_is_an_init_error_with_the_fix(
+    content: bytes, words: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    path = tmp_path / "train.toml"
+    path.write_bytes(content)
+    with pytest.raises(ConfigurationError) as info:
+        pr.init(mode="offline", runs_dir=tmp_path / "runs", config=path)
+    assert all(w in str(info.value) for w in words), str(info.value)
+    assert json.dumps(str(path))[1:-1] in str(info.value) or str(path) in str(info.value)
+
+
+def test_a_record_over_the_line_limit_fails_counted_with_its_reason_online(
+    shared_platform: Any, tmp_path: Path
+) -> None:
+    """The platform refuses a line over 64 MiB: that one record is counted as
+    failed with the limit named, and the records around it land once."""
+    import rel_torture as rt
+
+    lp = shared_platform
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = pr.init(
+            environments=["gsm8k"],
+            model="m",
+            api_key=rt.KEY,
+            base_url=lp.url,
+            runs_dir=tmp_path / "runs",
+        )
+        run.log_episodes([{"id": "small-1", "traces": []}])
+        run.log_episodes(
+            [
+                {"id": "huge", "traces": [], "blob": "x" * (65 << 20)},
+                {"id": "small-2", "traces": []},
+            ]
+        )
+        run.finish(timeout=120)
+    assert run.status is pr.RunStatus.COMPLETED
+    assert run.failed_records == {"traces": 1}
+    assert any("per-line limit" in e for e in run.errors), run.errors
+    assert rh.platform_episode_ids(lp.data_dir, run.id) == {"small-1": 1, "small-2": 1}
