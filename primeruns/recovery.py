@@ -149,7 +149,15 @@ def ship_journal(
     and ``JournalError`` for a path that is not a journal. Platform failures
     are reported in the result, never raised.
     """
-    journal = Journal.open(path, owner=True)
+    # Damage is looked for before anything writes (opening as owner writes):
+    # LMDB must never write into a damaged tree (it can loop or crash), so
+    # such a journal is rebuilt from what is intact, the damaged file kept.
+    probe = Journal.open(path, owner=False)
+    try:
+        damaged = probe.damage()
+    finally:
+        probe.close()
+    journal = Journal.open(path, owner=True, repair=bool(damaged))
     report = ShipReport(path=journal.path, local_id=journal.local_id)
     errors: list[str] = []
 
@@ -157,7 +165,7 @@ def ship_journal(
         errors.append(f"{what}: {type(exc).__name__}: {exc}")
 
     try:
-        report.damaged = journal.damage()
+        report.damaged = damaged
         settings = settings or journal_settings(journal)
         client = PlatformClient(settings)
         policy = policy or RetryPolicy.from_env()
@@ -224,7 +232,7 @@ def ship_journal(
                 prime = dict(summary.get("prime_runs") or {})
                 prime["traces_episodes_written"] = int(journal.get_meta("episodes_written", 0) or 0)
                 summary["prime_runs"] = prime
-            lifecycle.finalize(status, error, summary)
+            lifecycle.finalize(status, error, summary, deadline=deadline)
             report.finalized = lifecycle.finalized
         if report.finalized and not report.pending:
             journal.set_meta("state", "shipped")

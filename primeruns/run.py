@@ -282,7 +282,7 @@ class Run:
         """Merge values into the run's summary (non-finite numbers dropped)."""
         self._check_live("update_summary")
         try:
-            cleaned = records.clean_metrics(values)
+            cleaned = self._encodable(records.clean_metrics(values), "update_summary")
         except (TypeError, ValueError) as exc:
             self._bad_input(exc)
             return
@@ -291,6 +291,24 @@ class Run:
             summary = dict(self._summary)
         if self._journal is not None:
             self._append(EntryKind.SUMMARY, [records.encode_record(summary, what="update_summary")])
+
+    def _encodable(self, values: dict[str, Any], what: str) -> dict[str, Any]:
+        """``values`` without the keys whose values cannot be encoded, each
+        dropped one noted (raised under ``on_error="raise"``)."""
+        try:
+            records.encode_record(values, what=what)
+            return values
+        except (TypeError, ValueError):
+            pass
+        kept: dict[str, Any] = {}
+        for key, value in values.items():
+            try:
+                records.encode_record({key: value}, what=what)
+            except (TypeError, ValueError) as exc:
+                self._bad_input(exc)
+                continue
+            kept[key] = value
+        return kept
 
     def _log(self, kind: EntryKind, items: Iterable[Any], what: str) -> None:
         self._check_live(f"log_{what}")
@@ -305,15 +323,24 @@ class Run:
             return
         payloads: list[bytes] = []
         first_error: BaseException | None = None
-        for index, item in enumerate(items):
-            try:
-                payloads.append(records.encode_record(item, what=f"{what}[{index}]"))
-            except (TypeError, ValueError) as exc:
-                with self._lock:  # counts must be exact under many threads
-                    self._encode_failed += 1
-                if self._on_error != "raise":
-                    self._note("record", exc)
-                first_error = first_error or exc
+        try:
+            for index, item in enumerate(items):
+                try:
+                    payloads.append(records.encode_record(item, what=f"{what}[{index}]"))
+                except (TypeError, ValueError) as exc:
+                    with self._lock:  # counts must be exact under many threads
+                        self._encode_failed += 1
+                    if self._on_error != "raise":
+                        self._note("record", exc)
+                    first_error = first_error or exc
+        except Exception as exc:  # not iterable, or the producer's generator raised
+            error = TypeError(
+                f"log_{what}: could not iterate the records ({type(exc).__name__}: {exc}); "
+                "pass a list of records"
+            )
+            if self._on_error != "raise":
+                self._note("record", error)
+            first_error = first_error or error
         if payloads:  # the good records of the call are journaled either way
             self._append(kind, payloads)
         if first_error is not None and self._on_error == "raise":
@@ -412,6 +439,7 @@ class Run:
         if summary:
             try:
                 cleaned = records.clean_metrics(summary)
+                cleaned = self._encodable(cleaned, "finish summary")
             except (TypeError, ValueError) as exc:
                 self._note("summary", exc)
                 cleaned = {}
@@ -466,7 +494,7 @@ class Run:
                 self._summary["prime_runs"] = prime
         try:
             if self._lifecycle.binding() is not None:
-                self._lifecycle.finalize(status.value, message, self.summary)
+                self._lifecycle.finalize(status.value, message, self.summary, deadline=deadline)
         except Exception as exc:
             self._note("finalize", exc)
         pending = self._pending()
@@ -804,6 +832,13 @@ def init(
     _check_type("training", training, TrainingSpec, "a pr.TrainingSpec")
     _check_type("traces_opt_out", traces_opt_out, bool, "True or False")
     _check_type("mode", mode, str, "'online', 'offline' or 'disabled'")
+    _check_type(
+        "environments",
+        environments,
+        (list, tuple, str, Mapping, EnvironmentRef),
+        "a list of names, 'owner/name' slugs, mappings or pr.EnvironmentRef",
+    )
+    _check_type("runs_dir", runs_dir, (str, os.PathLike), "a path")
     if kind not in ("eval", "train"):
         raise ValueError(f"init: kind must be 'eval' or 'train', got {kind!r}")
     if on_error not in ("warn", "raise"):

@@ -299,8 +299,14 @@ class Journal:
         owner: bool = True,
         durability: Durability = "process",
         max_bytes: int = DEFAULT_MAX_JOURNAL_BYTES,
+        repair: bool = False,
     ) -> Journal:
         """Open an existing journal.
+
+        ``repair=True`` (with ``owner``) rebuilds the file from a page scan
+        before anything writes to it, keeping the damaged file beside it: for a
+        journal whose verification found damage, since LMDB must never write
+        into a damaged tree.
 
         ``owner=True`` takes the owner lock (JournalLockedError naming the owner
         while it lives); ``owner=False`` opens read-only, without a lock.
@@ -321,6 +327,7 @@ class Journal:
                     create=False,
                     sync=durability == "fsync",
                     max_bytes=max_bytes,
+                    repair=repair and owner,
                 )
             except ValueError as exc:
                 raise JournalError(str(exc)) from None

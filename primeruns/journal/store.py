@@ -142,7 +142,13 @@ _REGISTRY_LOCK = threading.Lock()
 
 
 def acquire_store(
-    directory: Path, *, readonly: bool, create: bool, sync: bool, max_bytes: int
+    directory: Path,
+    *,
+    readonly: bool,
+    create: bool,
+    sync: bool,
+    max_bytes: int,
+    repair: bool = False,
 ) -> Store:
     """A shared Store for ``directory``: LMDB allows one environment per file per process.
 
@@ -159,7 +165,14 @@ def acquire_store(
                 raise ValueError(f"{directory} is open read-only in this process; close that first")
             _REGISTRY[key] = (store, refs + 1)
             return store
-        store = Store(directory, readonly=readonly, create=create, sync=sync, max_bytes=max_bytes)
+        store = Store(
+            directory,
+            readonly=readonly,
+            create=create,
+            sync=sync,
+            max_bytes=max_bytes,
+            repair=repair,
+        )
         _REGISTRY[key] = (store, 1)
         return store
 
@@ -185,7 +198,14 @@ class Store:
     """
 
     def __init__(
-        self, directory: Path, *, readonly: bool, create: bool, sync: bool, max_bytes: int
+        self,
+        directory: Path,
+        *,
+        readonly: bool,
+        create: bool,
+        sync: bool,
+        max_bytes: int,
+        repair: bool = False,
     ) -> None:
         """Open (or create) the environment; raises lmdb.Error on failure.
 
@@ -207,7 +227,9 @@ class Store:
             self.problems.extend(report.problems)
             if report.needed == 0 and report.size < 2 * report.psize:
                 raise lmdb.InvalidError(f"{data} is not an LMDB file")
-            if report.problems:
+            if report.problems or repair:
+                if repair and not report.problems:
+                    self.problems.append(f"{DATA_NAME} rebuilt: damage was found inside it")
                 open_dir = self._salvage(data, report.psize, readonly)
             map_size = max(map_size, report.needed, report.size)
         # Never start above the budget, unless the file is already bigger.

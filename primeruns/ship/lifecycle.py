@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import httpx
+
 from ..exceptions import (
     APIError,
     EnvironmentResolutionError,
@@ -40,6 +42,9 @@ log = logging.getLogger("primeruns.lifecycle")
 
 # Authorization failures are about the key, not the environment: they surface as such.
 _AUTH_ERRORS = (UnauthorizedError, ForbiddenError, PaymentRequiredError)
+# An attempt always gets at least this long, even past its deadline.
+_MIN_ATTEMPT_S = 1.0
+_PLATFORM_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 _EVAL_STATUS = {"failed": "FAILED", "cancelled": "CANCELLED", "crashed": "FAILED"}
 _ERROR_MESSAGE_CAP = 4096
 
@@ -78,6 +83,7 @@ class Lifecycle:
         self._on_failure = on_failure
         self._rng = random.Random()
         self._lock = threading.RLock()
+        self._deadline: float | None = None  # of the close-out under way
 
     # -- state in the journal ----------------------------------------------
     @property
@@ -104,19 +110,31 @@ class Lifecycle:
         *,
         replayable: bool = True,
         attempts: int | None = None,
+        deadline: float | None = None,
     ) -> dict[str, Any]:
-        """One platform call with retries on transient failures."""
+        """One platform call with retries on transient failures: ``attempts``
+        of them, or with a ``deadline`` (monotonic) as many as fit before it
+        (at least one), each attempt's time also capped by it."""
         tries = attempts or self._policy.attempts_per_strike
-        for attempt in range(tries):
+        attempt = 0
+        while True:
+            timeout = _PLATFORM_TIMEOUT
+            if deadline is not None:
+                left = max(deadline - time.monotonic(), _MIN_ATTEMPT_S)
+                timeout = httpx.Timeout(min(60.0, left), connect=min(10.0, left))
             try:
-                return self.client.api(method, path, body)
+                return self.client.api(method, path, body, timeout=timeout)
             except APIError as exc:
-                last_try = attempt + 1 >= tries
-                if not is_transient(exc) or last_try or (not replayable and is_ambiguous(exc)):
-                    raise
+                attempt += 1
                 retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None
-                time.sleep(self._policy.delay(attempt, retry_after, self._rng))
-        raise AssertionError("unreachable")
+                wait = self._policy.delay(attempt - 1, retry_after, self._rng)
+                if deadline is None:
+                    out_of_time = attempt >= tries
+                else:
+                    out_of_time = time.monotonic() + wait >= deadline
+                if not is_transient(exc) or out_of_time or (not replayable and is_ambiguous(exc)):
+                    raise
+                time.sleep(wait)
 
     def register(self, *, attempts: int | None = None) -> Binding:
         """Create the run on the platform (or bind an attached id) and record it."""
@@ -241,30 +259,51 @@ class Lifecycle:
         return {k: v for k, v in body.items() if v is not None}
 
     # -- close-out -------------------------------------------------------------
-    def finalize(self, status: str, error: str | None, summary: Mapping[str, Any]) -> None:
-        """Send the run's terminal state (once; a repeat is a no-op)."""
+    def finalize(
+        self,
+        status: str,
+        error: str | None,
+        summary: Mapping[str, Any],
+        *,
+        deadline: float | None = None,
+    ) -> bool:
+        """Send the run's terminal state, retrying transient failures until
+        ``deadline`` (monotonic; default: the usual attempts). Recorded as done
+        only when the platform took it, so a replay retries a failed close-out;
+        a repeat after success is a no-op. Returns whether it is done."""
         with self._lock:
-            self._finalize(status, error, summary)
+            if self.finalized:
+                return True
+            self._deadline = deadline
+            try:
+                binding = self.register()
+                spec = self.spec
+                attached = bool(spec.get("attach_id"))
+                if binding.kind == "train":
+                    done = self._finalize_train(binding.run_id, status, error, attached)
+                else:
+                    done = self._finalize_eval(
+                        binding.run_id, status, error, summary, spec, attached
+                    )
+            finally:
+                self._deadline = None
+            if done:
+                self.journal.set_meta("finalized", {"status": status, "at": time.time()})
+            return done
 
-    def _finalize(self, status: str, error: str | None, summary: Mapping[str, Any]) -> None:
-        if self.finalized:
-            return
-        binding = self.register()
-        spec = self.spec
-        attached = bool(spec.get("attach_id"))
-        if binding.kind == "train":
-            self._finalize_train(binding.run_id, status, error, attached)
-        else:
-            self._finalize_eval(binding.run_id, status, error, summary, spec, attached)
-        self.journal.set_meta("finalized", {"status": status, "at": time.time()})
+    def _send(self, method: str, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        return self._call(method, path, body, deadline=self._deadline)
 
-    def _step(self, what: str, call: Callable[[], Any]) -> None:
+    def _step(self, what: str, call: Callable[[], Any]) -> bool:
+        """One close-out call; True when the platform has the outcome."""
         try:
             call()
         except LineFormatConflictError:  # 409: already closed; the outcome is recorded
             log.info("%s: the run was already closed", what)
         except APIError as exc:
             self._on_failure(what, exc)
+            return False
+        return True
 
     def _finalize_eval(
         self,
@@ -274,44 +313,42 @@ class Lifecycle:
         summary: Mapping[str, Any],
         spec: Mapping[str, Any],
         attached: bool,
-    ) -> None:
+    ) -> bool:
         path = f"/evaluations/{run_id}"
         update: dict[str, Any] = {}
         if spec.get("config") and not attached:
             update["metadata"] = spec["config"]
         if summary:
             update["metrics"] = dict(summary)
+        # The summary update is sent first and on its own, so it lands even
+        # if the status is refused (409); its failure alone does not hold the
+        # close-out back.
         if update:
-            self._step("update", lambda: self._call("PUT", path, update))
+            self._step("update", lambda: self._send("PUT", path, update))
         if status == "completed":
             metrics = {"metrics": dict(summary)}
-            self._step("finalize", lambda: self._call("POST", f"{path}/finalize", metrics))
-            return
+            return self._step("finalize", lambda: self._send("POST", f"{path}/finalize", metrics))
         if attached:
-            return  # the launcher owns a failed attached run's status
+            return True  # the launcher owns a failed attached run's status
         body: dict[str, Any] = {"status": _EVAL_STATUS.get(status, "FAILED")}
         message = status_message(status, error) if status == "crashed" else error
         if message:
             body["error_message"] = message[:_ERROR_MESSAGE_CAP]
-        self._step("finalize", lambda: self._call("PUT", path, body))
+        return self._step("finalize", lambda: self._send("PUT", path, body))
 
-    def _finalize_train(self, run_id: str, status: str, error: str | None, attached: bool) -> None:
+    def _finalize_train(self, run_id: str, status: str, error: str | None, attached: bool) -> bool:
+        status_path = f"/rft/external-runs/{run_id}/status"
         if status == "completed":
             try:
-                self._call("POST", "/rft/finalize", {"run_id": run_id, "exit_code": 0})
+                self._send("POST", "/rft/finalize", {"run_id": run_id, "exit_code": 0})
             except APIError:
                 body = {"status": "completed"}
-                self._step(
-                    "finalize",
-                    lambda: self._call("PUT", f"/rft/external-runs/{run_id}/status", body),
-                )
-            return
+                return self._step("finalize", lambda: self._send("PUT", status_path, body))
+            return True
         if attached:
-            return
+            return True
         body = {"status": "failed", "error_message": status_message(status, error) or "failed"}
-        self._step(
-            "finalize", lambda: self._call("PUT", f"/rft/external-runs/{run_id}/status", body)
-        )
+        return self._step("finalize", lambda: self._send("PUT", status_path, body))
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..exceptions import APIError, RetryableAPIError
+from ..exceptions import APIError, JournalError, RetryableAPIError
 from ..journal import InFlight, Journal
 from ..sinks.base import Binding, Prepared, SendContext, Sink
 from .policy import Failure, RetryPolicy, classify
@@ -90,6 +90,7 @@ class Shipper:
             self.state.off_reason = str(off)
         self._thread: threading.Thread | None = None
         self._final = False
+        self._shrink = 1  # batch size divisor after journal write failures
 
     # -- control ------------------------------------------------------------
     def start(self) -> None:
@@ -193,15 +194,41 @@ class Shipper:
         self._wake.clear()
 
     def _run(self) -> None:
+        trouble = 0  # consecutive journal write failures (a full disk, EIO)
         try:
             while not self._stop.is_set():
-                if not self._step():
-                    continue
+                try:
+                    self._step()
+                    trouble = 0
+                except JournalError as exc:
+                    # The journal could not record a batch or its outcome: the
+                    # disk is full or failing. That is not the platform's fault
+                    # and not a reason to give up: back off, with smaller
+                    # batches, and try again. Nothing journaled is lost.
+                    trouble += 1
+                    self._shrink = min(self._shrink * 2, 256)
+                    if trouble == 1:
+                        log.warning(
+                            "%s: the journal cannot be written (%s); retrying", self.name, exc
+                        )
+                    self._sleep(min(30.0, 0.25 * 2 ** min(trouble, 7)))
         except Exception as exc:  # a bug must not kill the producer: retire the sink
             log.exception("shipper %s stopped by an unexpected error", self.name)
             self._retire(f"internal error: {type(exc).__name__}: {exc}")
         finally:
+            self._persist_scanned()
             self._notify()
+
+    def _persist_scanned(self) -> None:
+        """Record how far the sink got past entries it has nothing to do with
+        (kept in memory while running, to spare a write per wake-up), so that
+        ``primeruns ls`` sees a finished sink as such."""
+        try:
+            cursor = self.journal.cursor(self.name)
+            if cursor.inflight is None and self._scanned > cursor.acked:
+                self.journal.ack(self.name, self._scanned)
+        except (JournalError, ValueError):
+            pass  # closed or read-only: the next process rescans, harmlessly
 
     def _step(self) -> bool:
         """One turn of the loop; False when it only waited."""
@@ -228,7 +255,10 @@ class Shipper:
     def _next_batch(self, binding: Binding, after: int) -> InFlight | None:
         sink = self.sink
         result = self.journal.read(
-            after, kinds=sink.kinds, max_entries=sink.max_entries, max_bytes=sink.max_bytes
+            after,
+            kinds=sink.kinds,
+            max_entries=max(1, sink.max_entries // self._shrink),
+            max_bytes=max(1, sink.max_bytes // self._shrink),
         )
         if result.damaged:
             reasons = "; ".join(d.what for d in result.damaged[:3])
@@ -298,6 +328,8 @@ class Shipper:
             progressed = False
             try:
                 self.sink.send(inflight.body, ctx)
+            except JournalError:
+                raise  # recording progress failed: the loop backs off (see _run)
             except Exception as exc:
                 kind = classify(exc)
                 if kind is Failure.TRANSIENT:
@@ -326,6 +358,7 @@ class Shipper:
     # -- outcomes --------------------------------------------------------------
     def _acked(self, inflight: InFlight, state: Mapping[str, Any]) -> None:
         self.journal.ack(self.name, inflight.last_seq)
+        self._shrink = 1
         counters = state.get("counters")
         if isinstance(counters, dict) and counters:
             self.journal.update_meta(

@@ -77,11 +77,15 @@ def flip_entry_bytes(journal: Path, seq: int) -> None:
     assert value is not None and len(value) > 40, "entry too small to corrupt usefully"
     data_path = journal / "data.mdb"
     data = bytearray(data_path.read_bytes())
+    # Leaf pages are copied on write, so stale copies of the value may sit in
+    # freed pages too: corrupt every copy, as rot of the whole file would.
     at = data.find(value)
-    assert at >= 0 and data.find(value, at + 1) < 0, "entry value not found once on disk"
-    middle = at + len(value) // 2
-    for i in range(middle, middle + 4):
-        data[i] ^= 0xFF
+    assert at >= 0, "entry value not found on disk"
+    while at >= 0:
+        middle = at + len(value) // 2
+        for i in range(middle, middle + 4):
+            data[i] ^= 0xFF
+        at = data.find(value, at + 1)
     data_path.write_bytes(bytes(data))
 
 

@@ -121,22 +121,11 @@ def test_bad_metric_arguments_never_raise_in_the_loop(run: pr.Run) -> None:
     assert "step must be an int" in run.errors[2] and "list of records" in run.errors[3]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: Run._log iterates `items` unguarded: log_episodes(None) (or a generator "
-    "that raises) raises TypeError into the loop under on_error='warn'",
-)
 def test_log_episodes_of_a_non_iterable_never_raises(run: pr.Run) -> None:
     run.log_episodes(None)  # type: ignore[arg-type]
     assert run.errors
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: Run.update_summary encodes the merged summary unguarded: an "
-    "unencodable value raises RecordEncodeError into the loop, and stays in the "
-    "summary so every later update_summary and finish() raise too",
-)
 def test_an_unencodable_summary_value_never_raises_and_does_not_poison_finish(
     run: pr.Run,
 ) -> None:
@@ -146,12 +135,6 @@ def test_an_unencodable_summary_value_never_raises_and_does_not_poison_finish(
     assert run.status is pr.RunStatus.COMPLETED and run.summary == {"n": 1}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: Run._finish_once encodes the finish record unguarded: an unencodable "
-    "finish(summary=...) value raises, and the run is never closed out (no finish entry, "
-    "journal left open, replay will call it crashed)",
-)
 def test_an_unencodable_finish_summary_still_closes_the_run(run: pr.Run) -> None:
     run.log_episodes([{"id": "kept"}])
     try:
@@ -211,11 +194,6 @@ def test_every_wrong_init_argument_raises_naming_it(
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: init(environments=5) and init(runs_dir=5) raise bare TypeErrors "
-    "('int' object is not iterable / expected str, bytes or os.PathLike) naming no argument",
-)
 @pytest.mark.parametrize(("arg", "value"), [("environments", 5), ("runs_dir", 5)])
 def test_wrong_environments_or_runs_dir_type_names_the_argument(
     arg: str, value: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

@@ -78,11 +78,6 @@ def test_slow_loris_responses_still_ship_exactly_once(
     assert trial.ok, trial.problems
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: finish(timeout=) does not bound the close-out; Lifecycle.finalize "
-    "retries each call up to 5 times with the client's full per-request budget",
-)
 def test_finish_keeps_its_deadline_against_a_slow_loris_platform(
     make_local_platform: Any, tmp_path: Path
 ) -> None:
@@ -108,11 +103,6 @@ def test_finish_keeps_its_deadline_against_a_slow_loris_platform(
     assert returned, "finish(timeout=2) was held by a slow-loris response"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: Lifecycle._finalize records 'finalized' in the journal even when the "
-    "close-out call failed, so primeruns replay never closes the run out",
-)
 def test_a_close_out_that_failed_is_retried_by_replay(
     make_local_platform: Any, tmp_path: Path
 ) -> None:
@@ -134,12 +124,6 @@ def test_a_close_out_that_failed_is_retried_by_replay(
     assert lp.run(run.id)["status"] == "COMPLETED"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: Lifecycle gives the close-out calls 5 attempts (not finish()'s "
-    "deadline) and then records 'finalized' anyway: under a burst of 502/503/429 at "
-    "finish the run stays RUNNING on the platform for good",
-)
 def test_a_close_out_under_retryable_faults_retries_until_the_deadline(
     make_local_platform: Any, tmp_path: Path
 ) -> None:

@@ -148,12 +148,6 @@ finally:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: shipping a bit-flipped journal (damage seed 149) spins in "
-    "Journal.record_loss -> _write (a shipper at 100% CPU until the replay's timeout) "
-    "and has also died with SIGSEGV inside LMDB: writes into a damaged tree",
-)
 def test_damage_seed_149_ships_promptly_without_crashing(tmp_path: Path) -> None:
     code = _SEED_149.format(here=str(rh.HERE), tests=str(rh.HERE.parent))
     env = rh.isolated_env(tmp_path / "home")

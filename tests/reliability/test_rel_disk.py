@@ -127,12 +127,6 @@ def test_disk_full_never_reaches_the_loop_and_the_run_finishes(
     assert len(journaled) + run.dropped_records in (len(episodes), len(episodes) + 1)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="defect: on a full disk Shipper._next_batch's set_inflight fails (ENOSPC/EIO) "
-    "and the shipper thread dies ('stopped by an unexpected error'); the journaled "
-    "backlog is never shipped while the run is live",
-)
 def test_disk_full_still_ships_everything_journaled(
     small_disk: Path, make_local_platform: Any, tmp_path: Path
 ) -> None:
