@@ -40,7 +40,9 @@ def _kill_after(
         acked.append(line.strip())
     os.kill(proc.pid, signal.SIGKILL)
     # Lines printed after the last one read were acknowledged too: keep them.
-    rest, _ = proc.communicate(timeout=30)
+    rest = proc.stdout.read()  # through the buffered reader: communicate() would
+    proc.stdout.close()  # read the raw pipe and skip what readline() buffered
+    proc.wait(timeout=30)
     acked.extend(line.strip() for line in rest.splitlines() if line.strip())
     return Path(journal_line.split(" ", 1)[1]), acked
 

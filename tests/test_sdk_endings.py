@@ -25,6 +25,17 @@ def _start(runs: Path, url: str, how: str) -> subprocess.Popen[str]:
     )
 
 
+def _finish(proc: subprocess.Popen[str], timeout: float = 120) -> tuple[str, str]:
+    """The rest of the output, read through the buffered readers that
+    ``_run_id`` used (``communicate`` would skip what they buffered)."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out, err = proc.stdout.read(), proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
+    proc.wait(timeout=timeout)
+    return out, err
+
+
 def _run_id(proc: subprocess.Popen[str]) -> str:
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -38,7 +49,7 @@ def test_exit_without_finish_closes_the_run_as_crashed(
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
     proc = _start(runs, local_platform.url, "exit")
     run_id = _run_id(proc)
-    _, err = proc.communicate(timeout=120)
+    _, err = _finish(proc)
     assert proc.returncode == 0, err[-2000:]
     stored = local_platform.run(run_id)
     assert stored["status"] == "FAILED"
@@ -54,7 +65,7 @@ def test_sigterm_journals_a_cancelled_finish_and_drains(
     run_id = _run_id(proc)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
     os.kill(proc.pid, signal.SIGTERM)
-    _, err = proc.communicate(timeout=120)
+    _, err = _finish(proc)
     assert proc.returncode == -signal.SIGTERM, err[-2000:]  # the default handler still ran
     stored = local_platform.run(run_id)
     assert stored["status"] == "CANCELLED"
@@ -68,7 +79,7 @@ def test_a_forked_child_never_writes_or_closes_the_parents_run(
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
     proc = _start(runs, local_platform.url, "fork")
     run_id = _run_id(proc)
-    out, err = proc.communicate(timeout=120)
+    out, err = _finish(proc)
     assert proc.returncode == 0, err[-2000:]
     assert "child dropped 3" in out
     assert "parent completed" in out

@@ -158,7 +158,9 @@ def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
         assert line.startswith("step "), line
         last = int(line.split()[1])
     os.kill(proc.pid, signal.SIGKILL)
-    rest, _ = proc.communicate(timeout=30)
+    rest = proc.stdout.read()  # through the buffered reader: communicate() would
+    proc.stdout.close()  # read the raw pipe and skip what readline() buffered
+    proc.wait(timeout=30)
     for line in rest.splitlines():
         if line.startswith("step "):
             last = int(line.split()[1])

@@ -60,7 +60,9 @@ def kill_producer(args: list[str], lines_before_kill: int) -> tuple[Path, list[s
             break
         acked.append(line.strip())
     os.kill(proc.pid, signal.SIGKILL)
-    rest, _ = proc.communicate(timeout=30)
+    rest = proc.stdout.read()  # through the buffered reader: communicate() would
+    proc.stdout.close()  # read the raw pipe and skip what readline() buffered
+    proc.wait(timeout=30)
     acked.extend(line.strip() for line in rest.splitlines() if line.strip())
     return Path(first.split(" ", 1)[1]), acked
 
