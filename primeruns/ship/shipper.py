@@ -211,7 +211,9 @@ class Shipper:
                         log.warning(
                             "%s: the journal cannot be written (%s); retrying", self.name, exc
                         )
-                    self._sleep(min(30.0, 0.25 * 2 ** min(trouble, 7)))
+                    # Short waits: space frees up as soon as other sinks
+                    # acknowledge (compaction) or the user clears the disk.
+                    self._sleep(min(2.0, 0.05 * 2 ** min(trouble, 6)))
         except Exception as exc:  # a bug must not kill the producer: retire the sink
             log.exception("shipper %s stopped by an unexpected error", self.name)
             self._retire(f"internal error: {type(exc).__name__}: {exc}")

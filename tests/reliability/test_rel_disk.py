@@ -141,7 +141,7 @@ def test_disk_full_still_ships_everything_journaled(
             runs_dir=small_disk / "runs",
         )
         _fill(run, episodes)
-        run.finish(timeout=5)
+        run.finish(timeout=60)
     assert run.journal_path is not None
     journaled = {r["id"] for r in rh.journal_records(run.journal_path, EntryKind.EPISODE)}
     stored = rh.platform_episode_ids(lp.data_dir, run.id)
