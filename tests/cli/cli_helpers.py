@@ -4,7 +4,6 @@ subprocess, kill a producer mid-run, and damage one journal entry on disk."""
 from __future__ import annotations
 
 import os
-import signal
 import struct
 import subprocess
 import sys
@@ -37,34 +36,6 @@ def cli_subprocess(
         env=env or dict(os.environ),
         timeout=120,
     )
-
-
-def kill_producer(args: list[str], lines_before_kill: int) -> tuple[Path, list[str]]:
-    """Run tests/producer_script.py, SIGKILL it after that many acknowledged
-    lines; returns its journal and every line it printed (all acknowledged)."""
-    proc = subprocess.Popen(
-        [sys.executable, str(TESTS / "producer_script.py"), *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=dict(os.environ),
-        cwd=TESTS,
-    )
-    assert proc.stdout is not None
-    first = proc.stdout.readline().strip()
-    assert first.startswith("journal "), first
-    acked: list[str] = []
-    for _ in range(lines_before_kill):
-        line = proc.stdout.readline()
-        if not line:
-            break
-        acked.append(line.strip())
-    os.kill(proc.pid, signal.SIGKILL)
-    rest = proc.stdout.read()  # through the buffered reader: communicate() would
-    proc.stdout.close()  # read the raw pipe and skip what readline() buffered
-    proc.wait(timeout=30)
-    acked.extend(line.strip() for line in rest.splitlines() if line.strip())
-    return Path(first.split(" ", 1)[1]), acked
 
 
 def flip_entry_bytes(journal: Path, seq: int) -> None:

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 import workloads
-from cli_helpers import cli, cli_subprocess, flip_entry_bytes, kill_producer, landed_once
-from sdk_helpers import API_KEY, point_at
+from cli_helpers import cli, cli_subprocess, flip_entry_bytes, landed_once
+from sdk_helpers import API_KEY, kill_producer, point_at
 
 import primeruns as pr
 from primeruns.journal import EntryKind, Journal
