@@ -334,3 +334,10 @@ def summarize(trials: list[Trial]) -> dict[str, int]:
         crashes=sum(t.crashes for t in trials),
         failed=sum(not t.ok for t in trials),
     )
+
+
+def eval_run(base_url: str, runs_dir: Path) -> pr.Run:
+    """An online evaluation run on the gsm8k environment, the campaign's usual subject."""
+    return pr.init(
+        environments=["gsm8k"], model="m", api_key=KEY, base_url=base_url, runs_dir=runs_dir
+    )

@@ -245,13 +245,7 @@ def test_a_record_over_the_line_limit_fails_counted_with_its_reason_online(
 
     lp = shared_platform
     with rt.sdk_env(lp.url, tmp_path / "home"):
-        run = pr.init(
-            environments=["gsm8k"],
-            model="m",
-            api_key=rt.KEY,
-            base_url=lp.url,
-            runs_dir=tmp_path / "runs",
-        )
+        run = rt.eval_run(lp.url, tmp_path / "runs")
         run.log_episodes([{"id": "small-1", "traces": []}])
         run.log_episodes(
             [

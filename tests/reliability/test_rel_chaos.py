@@ -16,7 +16,6 @@ import pytest
 import rel_torture as rt
 import workloads
 
-import primeruns as pr
 from primeruns.local import LocalPlatform
 
 
@@ -40,16 +39,6 @@ def test_chaos_long(seed: int, shared_platform: LocalPlatform, tmp_path: Path) -
     assert trial.ok, trial.problems
 
 
-def _eval_run(lp: LocalPlatform, tmp_path: Path) -> pr.Run:
-    return pr.init(
-        environments=["gsm8k"],
-        model="m",
-        api_key=rt.KEY,
-        base_url=lp.url,
-        runs_dir=tmp_path / "runs",
-    )
-
-
 def test_slow_loris_responses_still_ship_exactly_once(
     make_local_platform: Any, tmp_path: Path
 ) -> None:
@@ -58,7 +47,7 @@ def test_slow_loris_responses_still_ship_exactly_once(
     lp: LocalPlatform = make_local_platform()
     episodes = workloads.gsm8k(40)
     with rt.sdk_env(lp.url, tmp_path / "home"):
-        run = _eval_run(lp, tmp_path)
+        run = rt.eval_run(lp.url, tmp_path / "runs")
         lp.set_faults(slowloris_rate=0.5, slowloris_interval_s=0.004, seed=3)
         for i in range(0, len(episodes), 5):
             run.log_episodes(episodes[i : i + 5])
@@ -85,7 +74,7 @@ def test_finish_keeps_its_deadline_against_a_slow_loris_platform(
     return promptly (what is unshipped stays in the journal for replay)."""
     lp: LocalPlatform = make_local_platform()
     with rt.sdk_env(lp.url, tmp_path / "home"):
-        run = _eval_run(lp, tmp_path)
+        run = rt.eval_run(lp.url, tmp_path / "runs")
         run.log_episodes(workloads.gsm8k(5))
         assert run.flush(timeout=60)
         lp.set_faults(slowloris_rate=1.0, slowloris_interval_s=0.5)
@@ -111,7 +100,7 @@ def test_a_close_out_that_failed_is_retried_by_replay(
     lp: LocalPlatform = make_local_platform()
     home = tmp_path / "home"
     with rt.sdk_env(lp.url, home):
-        run = _eval_run(lp, tmp_path)
+        run = rt.eval_run(lp.url, tmp_path / "runs")
         run.log_episodes(workloads.gsm8k(5))
         assert run.flush(timeout=60)
         lp.stop()
@@ -133,7 +122,7 @@ def test_a_close_out_under_retryable_faults_retries_until_the_deadline(
     lp: LocalPlatform = make_local_platform()
     home = tmp_path / "home"
     with rt.sdk_env(lp.url, home):
-        run = _eval_run(lp, tmp_path)
+        run = rt.eval_run(lp.url, tmp_path / "runs")
         run.log_episodes(workloads.gsm8k(5))
         assert run.flush(timeout=60)
         lp.set_faults(retryable_rate=1.0, retry_after=0.05)

@@ -32,13 +32,7 @@ def test_threads_and_an_asyncio_loop_logging_at_once_land_exactly_once(
     episodes = workloads.gsm8k(400)
     errors: list[BaseException] = []
     with rt.sdk_env(lp.url, tmp_path / "home"):
-        run = pr.init(
-            environments=["gsm8k"],
-            model="m",
-            api_key=rt.KEY,
-            base_url=lp.url,
-            runs_dir=tmp_path / "runs",
-        )
+        run = rt.eval_run(lp.url, tmp_path / "runs")
 
         def worker(part: list[dict[str, Any]]) -> None:
             try:
@@ -94,13 +88,7 @@ def test_a_fork_mid_run_neither_raises_nor_touches_the_parents_run(
     episodes = workloads.gsm8k(40)
     ctx = multiprocessing.get_context("fork")
     with rt.sdk_env(lp.url, tmp_path / "home"):
-        run = pr.init(
-            environments=["gsm8k"],
-            model="m",
-            api_key=rt.KEY,
-            base_url=lp.url,
-            runs_dir=tmp_path / "runs",
-        )
+        run = rt.eval_run(lp.url, tmp_path / "runs")
         run.log_episodes(episodes[:20])
         queue = ctx.Queue()
         with pytest.warns(DeprecationWarning) if sys.version_info >= (3, 12) else _nothing():
