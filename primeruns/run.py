@@ -73,6 +73,11 @@ _MODES = ("online", "offline", "disabled")
 _DEFAULT_FINISH_TIMEOUT = 300.0
 _AUTH_ERRORS = (UnauthorizedError, ForbiddenError, PaymentRequiredError)
 _SIGTERM_GRACE = 20.0
+# How long the interpreter's exit may wait, in all, to close out runs the
+# script never finished: long enough to ship a healthy run's tail, short
+# enough that an exit with the platform down does not look like a hang.
+# Whatever is left stays in the journal, and the warning names the command.
+_EXIT_GRACE = 30.0
 _CRASHED = "process exited without finishing the run"
 
 
@@ -654,11 +659,21 @@ class Run:
             attempt += 1
             time.sleep(min(30.0, 0.5 * 2 ** min(attempt, 6)) * rng.uniform(0.5, 1.5))
 
-    def _at_exit(self) -> None:
+    def _at_exit(self, deadline: float) -> None:
         if self._finished or self._finishing or not self._owner_process():
             return
+        timeout = max(0.0, min(self._finish_timeout, deadline - time.monotonic()))
+        if self._mode == "online":
+            pending = sum(self._pending().values())
+            log.warning(
+                "prime-runs: run %s was not finished; closing it as crashed at exit, "
+                "waiting up to %.0f s for %d unshipped record(s) (all are in the journal)",
+                self.id,
+                timeout,
+                pending,
+            )
         try:
-            self.finish(status=RunStatus.CRASHED, error=_CRASHED)
+            self.finish(status=RunStatus.CRASHED, error=_CRASHED, timeout=timeout)
         except Exception as exc:
             log.warning("prime-runs: closing the run at exit failed: %s", exc)
 
@@ -683,8 +698,9 @@ _sigterm_installed = False
 
 
 def _at_exit_all() -> None:
+    deadline = time.monotonic() + _EXIT_GRACE  # one grace for all runs, not one each
     for run in list(_exit_runs):
-        run._at_exit()
+        run._at_exit(deadline)
 
 
 atexit.register(_at_exit_all)

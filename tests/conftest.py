@@ -1,4 +1,5 @@
-"""Shared fixtures: the local platform as a real subprocess on a temporary data dir."""
+"""Shared fixtures: the local platform as a real subprocess on a temporary data
+dir, and the reaping of every child process a test started."""
 
 from __future__ import annotations
 
@@ -6,9 +7,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import procs
 import pytest
 
 from primeruns.local import LocalPlatform
+
+
+@pytest.fixture(autouse=True)
+def _reap_children() -> Iterator[None]:
+    """No child outlives its test, whether the test passed or not."""
+    yield
+    procs.reap_all()
 
 
 @pytest.fixture

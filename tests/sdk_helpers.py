@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import procs
 import pytest
 
 API_KEY = "test-key-0123456789"
@@ -59,7 +60,7 @@ TESTS = Path(__file__).resolve().parent
 def kill_producer(args: list[str], lines_before_kill: int) -> tuple[Path, list[str]]:
     """Run tests/producer_script.py, SIGKILL it after that many acknowledged
     lines; returns its journal and every line it printed (all acknowledged)."""
-    proc = subprocess.Popen(
+    proc = procs.start(
         [sys.executable, str(TESTS / "producer_script.py"), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -5,19 +5,19 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import enum
-import io
 import json
 import math
 import uuid
 import warnings
 from collections.abc import Mapping
 from decimal import Decimal
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
 import attrs
 import orjson
 import pytest
+import workloads
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from strategies import json_records, metric_mappings, nasty_values
@@ -35,8 +35,6 @@ from primeruns.records import (
     to_mapping,
     training_step,
 )
-
-SHARED_DATA = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
 
 
 def decode(payload: bytes) -> Any:
@@ -263,16 +261,8 @@ def test_the_depth_limit_is_the_same_on_both_paths() -> None:
 
 
 def test_encode_record_of_real_episodes_is_their_json() -> None:
-    path = SHARED_DATA / "gsm8k-eval.jsonl.zst"
-    if not path.exists():
-        pytest.skip("../shared/data is not beside this checkout")
-    import zstandard
-
-    with path.open("rb") as raw:
-        reader = io.TextIOWrapper(zstandard.ZstdDecompressor().stream_reader(raw), "utf-8")
-        for _, line in zip(range(20), reader, strict=False):
-            record = json.loads(line)
-            assert decode(encode_record(WithRecord(record))) == record
+    for record in workloads.gsm8k(20) + workloads.agentic(5):
+        assert decode(encode_record(WithRecord(record))) == record
 
 
 @given(json_records())

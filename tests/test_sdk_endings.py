@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import procs
 import pytest
 from sdk_helpers import point_at
 
@@ -16,7 +17,7 @@ SCRIPT = Path(__file__).resolve().parent / "endings_script.py"
 
 
 def _start(runs: Path, url: str, how: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+    return procs.start(
         [sys.executable, str(SCRIPT), str(runs), url, how],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

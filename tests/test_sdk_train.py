@@ -3,10 +3,10 @@ Prime Traces, and restarts, against the local platform over loopback HTTP."""
 
 from __future__ import annotations
 
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import procs
 import pyarrow.parquet as pq
 import pytest
 import workloads
@@ -39,12 +39,7 @@ VENDOR_COLUMNS = {
 
 
 def _by_step(per_step: int) -> dict[int, list[dict[str, Any]]]:
-    steps: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for record in workloads.agentic():
-        step = record["run"]["work"]["step"]
-        if len(steps[step]) < per_step:
-            steps[step].append(record)
-    return dict(steps)
+    return workloads.agentic_by_step(per_step)
 
 
 def _train(lp: Any, runs: Path, steps: dict[int, list[dict[str, Any]]], **kw: Any) -> pr.Run:
@@ -145,7 +140,7 @@ def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
     )
     run_id = created.json()["run"]["id"]
     script = Path(__file__).resolve().parent / "train_producer.py"
-    proc = subprocess.Popen(
+    proc = procs.start(
         [sys.executable, str(script), str(runs), lp.url, run_id, "0"],
         stdout=subprocess.PIPE,
         text=True,

@@ -9,7 +9,6 @@ Usage: python train_producer.py RUNS_DIR BASE_URL RUN_ID START [START_METRICS]
 from __future__ import annotations
 
 import sys
-from collections import defaultdict
 from typing import Any
 
 import workloads
@@ -18,12 +17,7 @@ import primeruns as pr
 
 
 def steps(per_step: int = 8) -> dict[int, list[dict[str, Any]]]:
-    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
-    for record in workloads.agentic():
-        step = record["run"]["work"]["step"]
-        if len(out[step]) < per_step:
-            out[step].append(record)
-    return dict(out)
+    return workloads.agentic_by_step(per_step)
 
 
 def main() -> None:

@@ -1,5 +1,5 @@
 """The bundled demo workload (``primeruns/demo_data``, built by
-``tools/make_demo_data.py``): real gsm8k eval and agentic training episodes."""
+``tools/make_bundled_data.py``): real gsm8k eval and agentic training episodes."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import procs
 import pytest
 import workloads
 from cli_helpers import cli, cli_subprocess, flip_entry_bytes, landed_once
@@ -93,7 +94,7 @@ def test_replay_refuses_a_live_owner_naming_pid_and_host(
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, None)
     monkeypatch.setenv("PRIME_API_KEY", API_KEY)
-    owner = subprocess.Popen(
+    owner = procs.start(
         [sys.executable, "-c", _OWNER, str(runs)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

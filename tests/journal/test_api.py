@@ -11,6 +11,7 @@ import threading
 import warnings
 from pathlib import Path
 
+import procs
 import pytest
 
 from primeruns.exceptions import JournalError, JournalLockedError
@@ -159,7 +160,7 @@ def test_lock_refuses_second_owner_and_allows_readers(tmp_path: Path) -> None:
     j = Journal.create(tmp_path)
     path = j.path
     j.close()
-    child = subprocess.Popen(
+    child = procs.start(
         [sys.executable, "-c", _OWNER, str(path)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import procs
 import pytest
 
 from primeruns.journal import EntryKind, Journal
@@ -42,7 +43,7 @@ def _kill_cycles(tmp_path: Path, cycles: int, seed: int) -> None:
     path = tmp_path / "run"
     confirmed = 0
     for _ in range(cycles):
-        proc = subprocess.Popen(
+        proc = procs.start(
             [sys.executable, "-c", _WRITER, str(path)], stdout=subprocess.PIPE, text=True
         )
         assert proc.stdout is not None

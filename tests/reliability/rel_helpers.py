@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import procs
+
 from primeruns.journal import EntryKind, Journal
 
 HERE = Path(__file__).resolve().parent
@@ -94,7 +96,7 @@ def run_and_kill(
     lines (plus ``kill_delay_s``; None: let it finish), and collect every line it
     flushed, including those written between the last read and the kill."""
     args = [sys.executable, str(PRODUCER), str(runs_dir), kind, str(n), base_url or ""]
-    proc = subprocess.Popen(
+    proc = procs.start(
         args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
     )
     assert proc.stdout is not None

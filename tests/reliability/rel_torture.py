@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import procs
 import rel_helpers as rh
 
 import primeruns as pr
@@ -196,7 +197,7 @@ def kill_trial(seed: int, work: Path, lp: LocalPlatform) -> Trial:
 
 
 def _kill_replay(path: Path, env: dict[str, str], rng: random.Random) -> None:
-    proc = subprocess.Popen(
+    proc = procs.start(
         [sys.executable, "-m", "primeruns", "replay", str(path)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -19,11 +19,6 @@ import workloads
 from primeruns.local import LocalPlatform
 
 
-@pytest.fixture(autouse=True)
-def _data() -> None:
-    workloads.gsm8k(1)
-
-
 @pytest.mark.parametrize("seed", range(len(rt.CHAOS_KINDS)), ids=list(rt.CHAOS_KINDS))
 def test_chaos_run_is_exactly_once(
     seed: int, shared_platform: LocalPlatform, tmp_path: Path

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import procs
 import pytest
 import rel_helpers as rh
 import rel_torture as rt
@@ -128,7 +129,7 @@ def test_two_processes_attaching_to_one_run_id_land_the_union_once(
     run_id = created.json()["run"]["id"]
     env = rh.isolated_env(tmp_path / "home", {"PRIME_TRACES_URL": lp.url})
     procs = [
-        subprocess.Popen(
+        procs.start(
             [
                 sys.executable,
                 str(rh.HERE / "rel_attacher.py"),

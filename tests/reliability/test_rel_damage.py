@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import procs
 import pytest
 import rel_damage as rd
 import rel_helpers as rh
@@ -152,7 +153,7 @@ def test_damage_seed_149_ships_promptly_without_crashing(tmp_path: Path) -> None
     code = _SEED_149.format(here=str(rh.HERE), tests=str(rh.HERE.parent))
     env = rh.isolated_env(tmp_path / "home")
     # Its own session, so a hang is cleaned up with the platform it started.
-    proc = subprocess.Popen(
+    proc = procs.start(
         [sys.executable, "-c", code],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

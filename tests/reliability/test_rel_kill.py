@@ -12,14 +12,8 @@ from pathlib import Path
 
 import pytest
 import rel_torture as rt
-import workloads
 
 from primeruns.local import LocalPlatform
-
-
-@pytest.fixture(autouse=True)
-def _data() -> None:
-    workloads.gsm8k(1)  # skips cleanly without the shared data
 
 
 @pytest.mark.parametrize("seed", range(4))  # one per kill phase

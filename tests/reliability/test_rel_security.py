@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import procs
 import pytest
 import rel_helpers as rh
 import rel_torture as rt
@@ -186,7 +187,7 @@ def test_the_local_platform_rejects_a_wrong_key_and_binds_to_loopback(
     )
     assert ok.status_code != 401
     # Started without --host, as a user would, it listens on loopback only.
-    proc = subprocess.Popen(
+    proc = procs.start(
         [sys.executable, "-m", "primeruns.local", "--port", "0", "--data", str(tmp_path / "d")],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -1,0 +1,38 @@
+"""Child processes the tests start, reaped whatever the test's outcome.
+
+A test that fails between starting a child and waiting for it would otherwise
+leave the child running past the test (and a ``ResourceWarning`` from
+``Popen.__del__``, which pytest turns into an error somewhere unrelated). Every
+child is started through :func:`start`; the autouse fixture in ``conftest.py``
+calls :func:`reap_all` after each test: a child still running is killed, every
+child is waited for and its pipes are closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+from typing import Any
+
+_started: list[subprocess.Popen[Any]] = []
+
+
+def start(cmd: list[str], **kwargs: Any) -> subprocess.Popen[Any]:
+    """``subprocess.Popen(cmd, **kwargs)``, registered for reaping."""
+    proc: subprocess.Popen[Any] = subprocess.Popen(cmd, **kwargs)
+    _started.append(proc)
+    return proc
+
+
+def reap_all() -> None:
+    """Kill what still runs, wait for every child, close every pipe."""
+    while _started:
+        proc = _started.pop()
+        if proc.poll() is None:
+            proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=30)
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
