@@ -79,6 +79,26 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``(host, port)`` whose connections have Nagle off.
+
+    ``proto=IPPROTO_TCP`` matters: asyncio turns Nagle's algorithm off only on
+    sockets whose proto says TCP, and accepted sockets copy the listener's. With
+    proto 0 every kept-alive response written in two parts waited ~40 ms for
+    the client's delayed ACK. TCP_NODELAY on the listener is inherited as well.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 def _ignore(signum: int, frame: FrameType | None) -> None:
     """Placeholder handler: uvicorn re-raises the stop signal after a graceful shutdown."""
 
@@ -116,16 +136,8 @@ def run_serve(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"primeruns serve: {exc}", file=sys.stderr)
         return 2
-    # proto=IPPROTO_TCP matters: asyncio turns Nagle's algorithm off only for
-    # sockets whose proto says TCP, and accepted sockets copy the listener's. With
-    # proto 0 every kept-alive response written in two parts waited ~40 ms for
-    # the client's delayed ACK. TCP_NODELAY on the listener is inherited on Linux.
-    family = socket.AF_INET6 if ":" in args.host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     try:
-        sock.bind((args.host, args.port))
+        sock = listening_socket(args.host, args.port)
     except OSError as exc:
         print(f"primeruns serve: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
         return 1

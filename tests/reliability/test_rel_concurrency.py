@@ -128,7 +128,7 @@ def test_two_processes_attaching_to_one_run_id_land_the_union_once(
     )
     run_id = created.json()["run"]["id"]
     env = rh.isolated_env(tmp_path / "home", {"PRIME_TRACES_URL": lp.url})
-    procs = [
+    children = [
         procs.start(
             [
                 sys.executable,
@@ -147,8 +147,8 @@ def test_two_processes_attaching_to_one_run_id_land_the_union_once(
         )
         for tag, parity in (("a", 0), ("b", 1))
     ]
-    outs = [p.communicate(timeout=180) for p in procs]
-    for proc, (out, err) in zip(procs, outs, strict=True):
+    outs = [p.communicate(timeout=180) for p in children]
+    for proc, (out, err) in zip(children, outs, strict=True):
         assert proc.returncode == 0 and "finished" in out, err[-2000:]
         assert "Traceback" not in err, err[-2000:]
     stored = rh.platform_episode_ids(lp.data_dir, run_id)
