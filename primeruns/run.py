@@ -64,6 +64,7 @@ from .ship.lifecycle import Lifecycle
 from .ship.policy import RetryPolicy
 from .ship.shipper import Shipper
 from .sinks.base import Binding
+from .threads import start_daemon
 
 __all__ = ["MODE_ENV", "Run", "init"]
 
@@ -1091,14 +1092,7 @@ def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
         shipper.start()
     for path in predecessors:
         _adopt(run, path, client, settings, policy)
-    threading.Thread(
-        target=_mention_crashed_runs,
-        args=(journal.path.parent, {journal.path, *predecessors}),
-        name="primeruns-scan",
-        daemon=True,
-    ).start()
+    others = (journal.path.parent, {journal.path, *predecessors})
+    start_daemon(_mention_crashed_runs, "primeruns-scan", others)
     if deferred:
-        run._registrar = threading.Thread(
-            target=run._register_in_background, name="primeruns-register", daemon=True
-        )
-        run._registrar.start()
+        run._registrar = start_daemon(run._register_in_background, "primeruns-register")

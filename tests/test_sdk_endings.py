@@ -65,7 +65,12 @@ def test_sigterm_journals_a_cancelled_finish_and_drains(
     proc = _start(runs, local_platform.url, "sigterm")
     run_id = _run_id(proc)
     assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    # The script waits in Event.wait(120) in its main thread. The signal must
+    # reach that thread (not one of the SDK's), or it is handled only when the
+    # wait ends, long after a scheduler's grace: 60 s is far beyond the
+    # drain's 20 s and far below the wait.
     os.kill(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=60)
     _, err = _finish(proc)
     assert proc.returncode == -signal.SIGTERM, err[-2000:]  # the default handler still ran
     stored = local_platform.run(run_id)

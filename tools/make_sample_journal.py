@@ -31,10 +31,17 @@ def records(version: int = FORMAT_VERSION) -> list[tuple[EntryKind, bytes]]:
         out.append((EntryKind.EPISODE, json.dumps(ep).encode()))
         out.append((EntryKind.METRICS, json.dumps({"step": i, "loss": 1 / (i + 1)}).encode()))
     for i in range(150):  # enough similar rows to train (and pin) a zstd dictionary
-        row = {"step": i, "train/loss": 1 / (i + 1), "train/reward_mean": i % 7 / 7,
-               "train/kl_divergence": i / 1000, "train/entropy": 2 - i / 100,
-               "train/learning_rate": 3e-6, "train/grad_norm": (i * 13 % 17) / 3,
-               "train/tokens_per_second": 1000 + i, "eval/accuracy": i % 11 / 11}
+        row = {
+            "step": i,
+            "train/loss": 1 / (i + 1),
+            "train/reward_mean": i % 7 / 7,
+            "train/kl_divergence": i / 1000,
+            "train/entropy": 2 - i / 100,
+            "train/learning_rate": 3e-6,
+            "train/grad_norm": (i * 13 % 17) / 3,
+            "train/tokens_per_second": 1000 + i,
+            "eval/accuracy": i % 11 / 11,
+        }
         out.append((EntryKind.METRICS, json.dumps(row).encode()))
     out.append((EntryKind.TRACE, b'{"trace":"t"}'))
     out.append((EntryKind.SUMMARY, b'{"accuracy":0.5}'))

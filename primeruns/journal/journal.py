@@ -64,6 +64,7 @@ from primeruns.journal.types import (
     InFlight,
     ReadResult,
 )
+from primeruns.threads import start_daemon
 
 __all__ = ["DEFAULT_MAX_JOURNAL_BYTES", "FORMAT_VERSION", "Durability", "Journal"]
 
@@ -216,18 +217,10 @@ class Journal:
         self._bg_wake = threading.Event()
         self._sync_thread: threading.Thread | None = None
         if lock is not None:
-            self._sync_thread = threading.Thread(
-                target=self._background_loop,
-                name=f"primeruns-journal-{path.name}",
-                daemon=True,
+            self._sync_thread = start_daemon(
+                self._background_loop, f"primeruns-journal-{path.name}"
             )
-            self._sync_thread.start()
-            self._move_thread = threading.Thread(
-                target=self._move_loop,
-                name=f"primeruns-journal-zstd-{path.name}",
-                daemon=True,
-            )
-            self._move_thread.start()
+            self._move_thread = start_daemon(self._move_loop, f"primeruns-journal-zstd-{path.name}")
             if self._staged:
                 self._move_wake.set()  # left staged by an earlier process
 

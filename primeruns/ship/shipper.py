@@ -25,6 +25,7 @@ from typing import Any
 from ..exceptions import APIError, JournalError, RetryableAPIError
 from ..journal import InFlight, Journal
 from ..sinks.base import Binding, Prepared, SendContext, Sink
+from ..threads import start_daemon
 from .policy import Failure, RetryPolicy, classify
 
 __all__ = ["Shipper", "ShipperState"]
@@ -95,10 +96,7 @@ class Shipper:
     # -- control ------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._run, name=f"primeruns-ship-{self.name}", daemon=True
-            )
-            self._thread.start()
+            self._thread = start_daemon(self._run, f"primeruns-ship-{self.name}")
 
     def poke(self) -> None:
         """Wake the thread now: a binding arrived, or a pause should end early."""

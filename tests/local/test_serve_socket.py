@@ -1,6 +1,7 @@
-"""The local platform's listening socket: connections with Nagle's algorithm off (with it on, every kept-alive response written in two
-parts waited ~40 ms for the client's delayed ACK; tools/bench/request_latency.py
-measures the request time itself)."""
+"""The local platform's listening socket: connections with Nagle's algorithm
+off (with it on, every kept-alive response written in two parts waited ~40 ms
+for the client's delayed ACK; tools/bench/request_latency.py measures the
+request time itself)."""
 
 from __future__ import annotations
 
@@ -32,4 +33,3 @@ def test_connections_accepted_by_asyncio_have_nagle_off() -> None:
 
     asyncio.run(main())
     assert len(seen) == 1 and seen[0] != 0
-

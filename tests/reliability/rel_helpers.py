@@ -96,9 +96,7 @@ def run_and_kill(
     lines (plus ``kill_delay_s``; None: let it finish), and collect every line it
     flushed, including those written between the last read and the kill."""
     args = [sys.executable, str(PRODUCER), str(runs_dir), kind, str(n), base_url or ""]
-    proc = procs.start(
-        args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
-    )
+    proc = procs.start(args, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     assert proc.stdout is not None
     first = proc.stdout.readline().strip()
     if not first.startswith("journal "):
