@@ -77,6 +77,15 @@ class JournalLockedError(JournalError):
         self.owner = owner
 
 
+class JournalFullError(JournalError):
+    """The journal has no room: its byte budget is reached or the disk is full.
+
+    ``log_*`` calls never see it (the record is dropped and counted); a
+    shipper that cannot record a batch or its acknowledgement backs off and
+    retries, keeping everything journaled.
+    """
+
+
 class JournalCorruptError(JournalError):
     """The journal's structure (not one entry) is damaged beyond reading."""
 
@@ -133,7 +142,7 @@ class TraceNotIndexedError(APIError):
 
 
 class RetryableAPIError(APIError):
-    """429, 502, 503 or 504: retry the same bytes after ``retry_after`` seconds."""
+    """429 or a 5xx (500 included): retry the same bytes after ``retry_after`` seconds."""
 
     def __init__(
         self,

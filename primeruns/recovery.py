@@ -25,7 +25,7 @@ from .platform import PlatformClient, Settings, resolve_settings
 from .ship.factory import make_shippers
 from .ship.lifecycle import Lifecycle
 from .ship.policy import RetryPolicy
-from .ship.shipper import Shipper
+from .ship.shipper import Shipper, drain_all
 
 __all__ = [
     "CRASH_ERROR",
@@ -191,9 +191,7 @@ def ship_journal(
         target = journal.last_seq()
         try:
             while True:
-                done = all(
-                    s.drain(target, min(deadline, time.monotonic() + 0.25)) for s in shippers
-                )
+                done = drain_all(shippers, target, min(deadline, time.monotonic() + 0.25))
                 if progress is not None:
                     progress(
                         Progress(

@@ -36,6 +36,7 @@ from .exceptions import (
     JournalError,
     PaymentRequiredError,
     RunFinishedError,
+    TransportError,
     UnauthorizedError,
     is_transient,
 )
@@ -62,7 +63,7 @@ from .recovery import find_run_journals
 from .ship.factory import make_shippers
 from .ship.lifecycle import Lifecycle
 from .ship.policy import RetryPolicy
-from .ship.shipper import Shipper
+from .ship.shipper import Shipper, drain_all
 from .sinks.base import Binding
 from .threads import start_daemon
 
@@ -399,7 +400,7 @@ class Run:
             return True
         target = self._journal.last_seq()
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
-        return all(shipper.drain(target, deadline) for shipper in self._shippers)
+        return drain_all(self._shippers, target, deadline)
 
     def finish(
         self,
@@ -479,10 +480,9 @@ class Run:
         for _, adopted in self._adopted:
             for shipper in adopted:
                 shipper.revive(final=True)
-        drained = all(shipper.drain(journal.last_seq(), deadline) for shipper in self._shippers)
+        drained = drain_all(self._shippers, journal.last_seq(), deadline)
         for old, adopted in self._adopted:
-            last = old.last_seq()
-            drained = all(shipper.drain(last, deadline) for shipper in adopted) and drained
+            drained = drain_all(adopted, old.last_seq(), deadline) and drained
         everyone = self._shippers + [s for _, group in self._adopted for s in group]
         for shipper in everyone:
             shipper.signal_stop()
@@ -1066,8 +1066,11 @@ def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
             raise
         deferred = True
         log.warning(
-            "prime-runs: the platform is unreachable (%s); the run goes on journaling and "
-            "registers when it is back. run.url is None until then.",
+            "prime-runs: %s (%s); the run goes on journaling and registers when it can. "
+            "run.url is None until then.",
+            "the platform is unreachable"
+            if isinstance(exc, TransportError)
+            else "the platform did not register the run yet",
             exc,
         )
     except BaseException:

@@ -42,7 +42,7 @@ from typing import Any, Literal, TypeVar
 import lmdb
 import zstandard
 
-from primeruns.exceptions import JournalCorruptError, JournalError
+from primeruns.exceptions import JournalCorruptError, JournalError, JournalFullError
 from primeruns.journal import dictionary
 from primeruns.journal.frames import (
     HEADER_SIZE,
@@ -91,6 +91,13 @@ _MAX_REASONS = 5
 # kinds never holds the lock for long; next_after says where it stopped.
 _MAX_SCAN = 50_000
 _COMPACT_CHUNK = 10_000
+# A file of this size sits in the run directory while the disk has room. On a
+# full disk it is deleted to make room for the writes that shipping needs (an
+# in-flight batch, an acknowledgement), which then free pages by compaction.
+# Accounting for LMDB's copy-on-write pages cannot promise that room; a file
+# that is already there can.
+RESERVE_NAME = "reserve"
+_RESERVE_BYTES = 256 << 10
 _META_KIND = 0
 
 _T = TypeVar("_T")
@@ -162,6 +169,17 @@ def _gather(cur: lmdb.Cursor, seq: int, first: bytes | memoryview) -> tuple[byte
     return b"".join(parts), ordered
 
 
+def _put_new(txn: lmdb.Transaction, key: bytes, value: bytes, db: Any) -> None:
+    """Put a key that must not exist yet, after every key in ``db``.
+
+    py-lmdb's ``put(append=True)`` returns False (it does not raise) for a key
+    that is not past the last one: an entry would be silently lost. Raised
+    inside the transaction, the whole append is aborted instead.
+    """
+    if not txn.put(key, value, db=db, append=True):
+        raise JournalError(f"journal key {key.hex()} is not past the last one: append refused")
+
+
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":"), sort_keys=True).encode()
 
@@ -199,6 +217,10 @@ class Journal:
         self._psize = int(store.env.stat()["psize"])
         self._headroom = 0  # bytes known to fit without counting again (_room_for)
         self._inflight_peak = 0  # largest in-flight body recorded (_room_for's reserve)
+        # Set when space runs short (a drop, a refused write, or little room
+        # left): the next acknowledgement compacts what every sink has shipped.
+        self._tight = False
+        self._sinks: frozenset[str] = frozenset()  # whose acks compaction needs (set_sinks)
         self._kind_counts: dict[int, int] = {}
         self._dict_tried: set[int] = set()
         self._last_seq = self._read_last_seq()
@@ -217,6 +239,7 @@ class Journal:
         self._bg_wake = threading.Event()
         self._sync_thread: threading.Thread | None = None
         if lock is not None:
+            self._ensure_reserve()
             self._sync_thread = start_daemon(
                 self._background_loop, f"primeruns-journal-{path.name}"
             )
@@ -370,10 +393,54 @@ class Journal:
         if self._owner_lock is None:
             raise JournalError(f"journal {self.path} is open read-only")
 
-    def _write(self, fn: Callable[[lmdb.Transaction], _T]) -> _T:
+    def _short_write_on_full_disk(self, exc: lmdb.Error) -> bool:
+        """LMDB reports a short write as EIO: on a disk with less free space
+        than the reserve, that is the disk being full, not a failing device."""
+        if "Input/output error" not in str(exc):
+            return False
+        try:
+            stat = os.statvfs(self.path)
+        except OSError:
+            return False
+        return int(stat.f_bavail) * int(stat.f_frsize) < _RESERVE_BYTES
+
+    def _ensure_reserve(self) -> None:
+        """Put the reserve file in place when the disk can spare it (best effort)."""
+        reserve = self.path / RESERVE_NAME
+        if reserve.exists():
+            return
+        try:
+            stat = os.statvfs(self.path)
+            if int(stat.f_bavail) * int(stat.f_frsize) < 4 * _RESERVE_BYTES:
+                return
+            fd = os.open(reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError:
+            return
+        try:
+            os.posix_fallocate(fd, 0, _RESERVE_BYTES)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(reserve)  # a partial reserve is no reserve
+        finally:
+            os.close(fd)
+
+    def _release_reserve(self) -> bool:
+        """Delete the reserve file to make room; whether there was one."""
+        try:
+            os.unlink(self.path / RESERVE_NAME)
+        except OSError:
+            return False
+        log.warning(
+            "journal %s: the disk is full; released the journal's reserve to keep shipping",
+            self.path,
+        )
+        return True
+
+    def _write(self, fn: Callable[[lmdb.Transaction], _T], *, control: bool = True) -> _T:
         """Run ``fn`` in one write transaction, growing the map on MapFullError.
 
-        Raises lmdb.MapFullError at the budget and lmdb errors for a full disk.
+        Raises JournalFullError at the budget or on a full disk, JournalError
+        for any other failed write.
         """
         with self._lock:
             while True:
@@ -388,10 +455,20 @@ class Journal:
                     return result
                 except lmdb.MapFullError:
                     if not self._store.grow():
-                        raise
+                        self._tight = True
+                        raise JournalFullError(
+                            f"journal {self.path} is at its byte budget"
+                        ) from None
                 except lmdb.Error as exc:
-                    if is_disk_full(exc):
-                        raise
+                    if is_disk_full(exc) or self._short_write_on_full_disk(exc):
+                        self._tight = True
+                        # Records are dropped on a full disk; the bookkeeping
+                        # that ships them (and frees their room) must go on.
+                        if control and self._release_reserve():
+                            continue
+                        raise JournalFullError(
+                            f"journal {self.path}: the disk is full ({exc})"
+                        ) from None
                     raise JournalError(f"write to journal {self.path} failed: {exc}") from None
 
     def _fold_drops(self, txn: lmdb.Transaction, count: int) -> None:
@@ -535,27 +612,29 @@ class Journal:
             if staged[0]:
                 staging = self._store.dbs["staging"]
                 for i, frame in enumerate(frames):
-                    txn.put(_key(first + i), frame, db=staging, append=True)
+                    _put_new(txn, _key(first + i), frame, staging)
                 return first
             for i, frame in enumerate(frames):
                 seq = first + i
                 head, *rest = _split(frame)
-                txn.put(_key(seq), head, db=db, append=True)
+                _put_new(txn, _key(seq), head, db)
                 for index, chunk in enumerate(rest, 1):
-                    txn.put(_CKEY.pack(seq, index), chunk, db=db, append=True)
+                    _put_new(txn, _CKEY.pack(seq, index), chunk, db)
             return first
 
         try:
             with self._lock:
                 # Frames are built in put; raw payloads bound their size.
                 if not self._room_for(sum(len(p) + HEADER_SIZE for p in payloads)):
-                    raise lmdb.MapFullError("journal byte budget reached")
-                first = self._write(put)
+                    self._tight = True
+                    raise JournalFullError("journal byte budget reached")
+                first = self._write(put, control=False)
                 if staged[0]:
                     self._staged += len(payloads)
-        except lmdb.Error as exc:
-            if not (isinstance(exc, lmdb.MapFullError) or is_disk_full(exc)):
-                raise JournalError(f"append to {self.path} failed: {exc}") from exc
+                # Under the lock that chose ``first``: the next append's seq
+                # follows this one's, whichever thread it comes from.
+                last = self._last_seq = first + len(frames) - 1
+        except JournalFullError:
             with self._lock:
                 self._pending_drops += len(payloads)
             return AppendResult(None, 0, len(payloads))
@@ -565,9 +644,8 @@ class Journal:
         if self._staged:
             self._move_wake.set()
         with self._appended:
-            self._last_seq = first + len(frames) - 1
             self._appended.notify_all()
-        return AppendResult(first, len(frames), 0)
+        return AppendResult(first, last - first + 1, 0)
 
     def _room_for(self, nbytes: int) -> bool:
         """Whether ``nbytes`` of new entries fit the budget minus the control reserve.
@@ -596,6 +674,8 @@ class Journal:
                     pages += int(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
             used = pages * self._psize
         room = budget - reserve - used
+        if room < budget // 4:
+            self._tight = True  # compact at the next acknowledgement, before drops begin
         if need > room:
             return False
         # Count again after a quarter of the room is used (or 4 MiB at most).
@@ -868,6 +948,17 @@ class Journal:
                 self._add_loss(txn, sink, failed, reason)
 
         self._write(put)
+        if self._tight and self._sinks:
+            self._tight = False
+            with contextlib.suppress(JournalError):
+                self.compact(sinks=self._sinks)
+
+    def set_sinks(self, names: Collection[str]) -> None:
+        """Name the sinks that ship this journal: while space is short, entries
+        every one of them acknowledged are compacted away (oldest first), so
+        the byte budget bounds the backlog, not the run's whole history. With
+        no sinks named (an offline run, a reader) nothing is ever compacted."""
+        self._sinks = frozenset(names)
 
     # -- losses ---------------------------------------------------------------------------
 
@@ -946,16 +1037,22 @@ class Journal:
             out.append(Damage(None, f"{name} table unreadable: {exc}"))
         return out
 
-    def compact(self) -> int:
-        """Delete entries acknowledged by every sink with a cursor; returns how many.
+    def compact(self, sinks: Collection[str] | None = None) -> int:
+        """Delete entries acknowledged by every sink in ``sinks`` (default:
+        every sink with a cursor; a named sink without one has acknowledged
+        nothing); returns how many.
 
         ``last_seq()`` is unchanged; a read after the removed range starts later.
         """
         self._check_writable()
         acked = self.cursors()
+        if sinks is not None:
+            acked = {name: acked.get(name, 0) for name in sinks}
         if not acked:
             return 0
         upto = min(min(acked.values()), self._last_seq)
+        if upto <= self._floor:
+            return 0
         removed = 0
         db = self._store.dbs["entries"]
         while True:
@@ -998,6 +1095,8 @@ class Journal:
             if not full:
                 break
         self._floor = max(self._floor, upto)
+        with self._lock:
+            self._headroom = 0  # count the room again: pages were freed
         return removed
 
     def _meta_in_default(self, txn: lmdb.Transaction, key: str, default: Any) -> Any:
@@ -1030,6 +1129,7 @@ class Journal:
                     self._dirty = True  # try again next tick (e.g. transient EIO)
             with contextlib.suppress(JournalError, lmdb.Error):
                 self.train_dictionaries()
+            self._ensure_reserve()  # back in place once the disk has room again
 
     def _count_staged(self) -> int:
         if "staging" not in self._store.dbs:
@@ -1049,6 +1149,10 @@ class Journal:
             try:
                 while not self._stop_sync.is_set() and self._move_some():
                     pass
+            except JournalFullError:
+                # No room to move into until something is acknowledged and
+                # compacted (or the user frees the disk): try again later.
+                continue
             except (JournalError, lmdb.Error, FrameError, ValueError) as exc:
                 log.warning("journal %s: background compression stopped: %s", self.path, exc)
                 return
@@ -1100,15 +1204,15 @@ class Journal:
                     break  # not what was read: leave the rest for the next round
                 seq = _seq_of(key)
                 head, *rest = _split(frame)
-                txn.put(key, head, db=entries, append=True)
+                _put_new(txn, key, head, entries)
                 for index, chunk in enumerate(rest, 1):
-                    txn.put(_CKEY.pack(seq, index), chunk, db=entries, append=True)
+                    _put_new(txn, _CKEY.pack(seq, index), chunk, entries)
                 txn.delete(key, db=staging)
                 moved += 1
             return moved
 
         with self._lock:
-            self._staged -= self._write(put)
+            self._staged -= self._write(put, control=False)
         return True
 
     def train_dictionaries(self) -> list[EntryKind]:

@@ -71,6 +71,19 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="seed of the fault RNG, so a run repeats",
     )
     parser.add_argument(
+        "--fault-statuses",
+        metavar="S,S",
+        default="429,503,502",
+        help="statuses of the retryable faults: 429 or 5xx, 500 included (default 429,503,502)",
+    )
+    parser.add_argument(
+        "--fault-routes",
+        metavar="P,P",
+        default="",
+        help="only requests whose path starts with one of these prefixes get faults "
+        "(e.g. /api/v1/rft/metrics); default: every API route",
+    )
+    parser.add_argument(
         "--retry-after",
         type=float,
         default=0.1,
@@ -125,12 +138,18 @@ def run_serve(args: argparse.Namespace) -> int:
         retry_after=args.retry_after,
     )
     try:
+        try:
+            statuses = tuple(int(x) for x in args.fault_statuses.split(",") if x.strip())
+        except ValueError:
+            raise ValueError("--fault-statuses must be comma-separated statuses") from None
         faults = FaultSettings(
             retryable_rate=args.retryable_rate,
             ambiguous_rate=args.ambiguous_rate,
             latency_ms=args.latency_ms,
             seed=args.fault_seed,
             retry_after=args.retry_after,
+            statuses=statuses,
+            routes=tuple(r.strip() for r in args.fault_routes.split(",") if r.strip()),
         )
         app = build_app(settings, faults)
     except ValueError as exc:

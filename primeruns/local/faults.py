@@ -13,6 +13,11 @@ test can be rerun with the same sequence:
   is trickled one byte every ``slowloris_interval_s``: each read succeeds just
   in time, so only a client with an overall deadline gets away.
 
+``statuses`` chooses the retryable answers (any of 429 and 5xx, 500 included;
+default 429, 503 and 502) and ``routes`` limits every fault to requests whose
+path starts with one of its prefixes (only registration, only metrics, only
+Prime Traces; default: every faultable route).
+
 ``latency_ms`` delays every faultable request. Faults never apply to
 ``/_local/*``, ``/healthz`` or ``/`` (the control and inspection surface must
 stay reliable), but do apply to the object store's ``PUT``: from the client's
@@ -45,6 +50,8 @@ class FaultSettings:
     retry_after: float = 0.1
     slowloris_rate: float = 0.0
     slowloris_interval_s: float = 1.0
+    statuses: tuple[int, ...] = (429, 503, 502)
+    routes: tuple[str, ...] = ()
 
 
 class FaultInjector:
@@ -83,6 +90,8 @@ class FaultInjector:
                 slowloris_interval_s=_number(
                     merged["slowloris_interval_s"], "slowloris_interval_s"
                 ),
+                statuses=_statuses(merged["statuses"]),
+                routes=_routes(merged["routes"]),
             )
             _validate(new)
             self._settings = new
@@ -90,14 +99,16 @@ class FaultInjector:
                 self._rng = random.Random(new.seed)
             return {**asdict(new), "injected": self._injected}
 
-    def draw(self) -> tuple[Outcome, int, FaultSettings]:
+    def draw(self, path: str = "") -> tuple[Outcome, int, FaultSettings]:
         """Decide one request's fate: the outcome and, if retryable, its status."""
         with self._lock:
             s = self._settings
+            if s.routes and not path.startswith(s.routes):
+                return "pass", 0, s
             roll = self._rng.random()
             if roll < s.retryable_rate:
                 self._injected += 1
-                return "retryable", self._rng.choice((429, 503, 502)), s
+                return "retryable", self._rng.choice(s.statuses), s
             if roll < s.retryable_rate + s.ambiguous_rate:
                 self._injected += 1
                 return "ambiguous", 0, s
@@ -113,12 +124,26 @@ def _number(value: Any, name: str) -> float:
     return float(value)
 
 
+def _statuses(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list | tuple):
+        raise ValueError("statuses must be a list of HTTP statuses")
+    return tuple(int(_number(v, "statuses")) for v in value)
+
+
+def _routes(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ValueError("routes must be a list of path prefixes")
+    return tuple(value)
+
+
 def _validate(s: FaultSettings) -> None:
     for name in ("retryable_rate", "ambiguous_rate", "slowloris_rate"):
         if not 0.0 <= getattr(s, name) <= 1.0:
             raise ValueError(f"{name} must be within [0, 1]")
     if s.retryable_rate + s.ambiguous_rate + s.slowloris_rate > 1.0:
         raise ValueError("retryable_rate + ambiguous_rate + slowloris_rate must not exceed 1")
+    if not s.statuses or not all(v == 429 or 500 <= v <= 599 for v in s.statuses):
+        raise ValueError("statuses must be a non-empty list of 429 and 5xx statuses")
     if s.latency_ms < 0 or s.retry_after < 0 or s.slowloris_interval_s < 0:
         raise ValueError("latency_ms, retry_after and slowloris_interval_s must not be negative")
 
@@ -138,7 +163,7 @@ class FaultMiddleware:
         if scope["type"] != "http" or is_exempt(scope["path"]):
             await self.app(scope, receive, send)
             return
-        outcome, status, settings = self.injector.draw()
+        outcome, status, settings = self.injector.draw(scope["path"])
         if settings.latency_ms:
             await anyio.sleep(settings.latency_ms / 1000)
         if outcome == "retryable":
@@ -215,12 +240,15 @@ async def _refuse(send: Send, path: str, status: int, retry_after: float) -> Non
     if status == 502:
         body = b"Bad Gateway"
         headers = [(b"content-type", b"text/plain; charset=utf-8")]
+    elif status == 500:
+        body = b"Internal Server Error"  # what a crashing app server or its proxy says
+        headers = [(b"content-type", b"text/plain; charset=utf-8")]
     elif path.startswith(_TRACES_PREFIXES):
         code = b"rate_limited" if status == 429 else b"ingest_unavailable"
         body = b'{"error":{"code":"' + code + b'","message":"injected fault"}}'
     else:
         body = b'{"detail":"injected fault: service temporarily unavailable"}'
-    if status != 502:
+    if status not in (500, 502):
         headers.append((b"retry-after", f"{retry_after:g}".encode()))
     headers.append((b"content-length", str(len(body)).encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})

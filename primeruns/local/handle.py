@@ -187,10 +187,14 @@ class LocalPlatform:
         retry_after: float | None = None,
         slowloris_rate: float | None = None,
         slowloris_interval_s: float | None = None,
+        statuses: Sequence[int] | None = None,
+        routes: Sequence[str] | None = None,
     ) -> dict[str, Any]:
         """Change fault injection at runtime; returns the settings now in force
         (plus ``injected``: how many faults were drawn so far)."""
-        changes = {
+        changes: dict[str, Any] = {
+            "statuses": None if statuses is None else list(statuses),
+            "routes": None if routes is None else list(routes),
             "retryable_rate": retryable_rate,
             "ambiguous_rate": ambiguous_rate,
             "latency_ms": latency_ms,

@@ -49,7 +49,10 @@ _BY_STATUS: dict[int, type[APIError]] = {
     403: ForbiddenError,
     404: NotFoundError,
 }
-_RETRYABLE = frozenset({429, 502, 503, 504})
+# 429 and every 5xx but "not implemented" and "version not supported": a 500
+# is a server's bad moment (a restart, a proxy in front of it), not a verdict on
+# the request; treating it as fatal retired sinks for good on a multi-day run.
+_RETRYABLE = frozenset({429} | set(range(500, 600)) - {501, 505})
 
 # Failures after the request may have reached the server: it may have acted.
 _RESPONSE_PATH = (
@@ -131,9 +134,10 @@ def error_from_transport(exc: httpx.TransportError, where: str) -> TransportErro
 
 def is_ambiguous(exc: BaseException) -> bool:
     """True when the server may have acted on the request although it failed:
-    a gateway 502/503/504, or a transport failure after the request was sent."""
+    a 5xx (a server error can come after its commit), or a transport failure
+    after the request was sent."""
     if isinstance(exc, RetryableAPIError):
-        return exc.status_code in (502, 503, 504)
+        return exc.status_code is not None and exc.status_code >= 500
     if isinstance(exc, TransportError):
         return exc.ambiguous
     return False

@@ -56,7 +56,7 @@ def make_shippers(
         sinks.append(TrainMetricsSink(client))
     else:
         sinks.append(EvalSamplesSink(client))
-    return [
+    shippers = [
         Shipper(
             journal,
             sink,
@@ -67,3 +67,6 @@ def make_shippers(
         )
         for sink in sinks
     ]
+    # While space is short, what all of them acknowledged is compacted away.
+    journal.set_sinks([shipper.name for shipper in shippers])
+    return shippers

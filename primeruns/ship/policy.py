@@ -2,7 +2,7 @@
 
 Failures fall in four classes (DESIGN §4):
 
-- *transient* (no answer, 429, 502/503/504): keep the batch, wait (honouring
+- *transient* (no answer, 429, 5xx): keep the batch, wait (honouring
   Retry-After, else exponential backoff with jitter) and resend it as is;
 - *record rejection* (400, 409, 413, 422, an unencodable batch): the content
   is at fault, so resending cannot help; the batch is counted as failed with

@@ -18,7 +18,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,14 +170,16 @@ class Shipper:
         return self.shipped_through() >= target
 
     def drain(self, target: int, deadline: float) -> bool:
-        """Wait until entries <= target are shipped (True) or the deadline (False)."""
+        """Wait until entries <= target are dealt with: True when shipped, or
+        when the sink is off (not enabled for the account, opted out: nothing
+        of it is owed); False at the deadline or when retired or paused."""
         with self._progress:
             while not self.settled(target):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
                 self._progress.wait(min(remaining, 0.5))
-        return self.shipped_through() >= target
+        return self.shipped_through() >= target or self.state.off_reason is not None
 
     # -- the loop ------------------------------------------------------------
     def _notify(self) -> None:
@@ -420,3 +422,14 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, APIError):
         return str(exc)
     return f"{type(exc).__name__}: {exc}"
+
+
+def drain_all(shippers: Sequence[Shipper], target: int, deadline: float) -> bool:
+    """Drain every shipper to ``target`` by ``deadline``; whether all were.
+
+    Each one is waited for, whatever the ones before it answered: ``all()``
+    over a generator stopped at the first sink that was off, and the run
+    was closed while the sinks after it still had most of their backlog.
+    """
+    results = [shipper.drain(target, deadline) for shipper in shippers]
+    return all(results)

@@ -1,6 +1,6 @@
 """Reliability suite fixtures: one local platform shared by a module's trials
 (runs are independent, and starting a server per trial would dominate CI time),
-and the shared workload data, skipped cleanly where it is absent."""
+and the marking of the long torture variants."""
 
 from __future__ import annotations
 

@@ -20,9 +20,10 @@ import end_to_end
 import finish_latency
 import hot_path
 import replay
+import request_latency
 from benchlib import Table
 
-BENCHMARKS = (hot_path, end_to_end, backlog, replay, finish_latency)
+BENCHMARKS = (request_latency, hot_path, end_to_end, backlog, replay, finish_latency)
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 

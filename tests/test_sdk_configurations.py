@@ -1,0 +1,151 @@
+"""The configurations users run, beyond one thread on a healthy account: many
+threads logging into one run, Prime Traces not enabled for the account (it is
+allowlisted) or opted out, and a platform answering 500 (issue "Nothing lost,
+nothing duplicated, in the configurations users actually run")."""
+
+from __future__ import annotations
+
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+import workloads
+from sdk_helpers import API_KEY, point_at
+
+import primeruns as pr
+from primeruns.journal import EntryKind, Journal
+
+
+def _journaled(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    import orjson
+
+    journal = Journal.open(path, owner=False)
+    try:
+        result = journal.read(0, kinds={EntryKind.EPISODE}, max_entries=10**6, max_bytes=1 << 34)
+        return [(e.seq, orjson.loads(e.payload)) for e in result.entries]
+    finally:
+        journal.close()
+
+
+def test_eight_threads_logging_into_one_run_journal_every_returned_record_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the fix, 21 to 180 of these 8,000 records were missing: two appends
+    could take the same seq, and LMDB's refused put went unchecked."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs)
+    threads, calls = 8, 1000
+    start = threading.Barrier(threads)
+
+    def log(t: int) -> None:
+        start.wait()
+        for i in range(calls):
+            run.log_episodes([{"id": f"t{t}-{i}", "traces": [], "pad": "x" * 3000}])
+
+    workers = [threading.Thread(target=log, args=(t,)) for t in range(threads)]
+    # Switch threads as often as the interpreter can, so that any window
+    # between choosing a seq and publishing it is hit (no sleep involved).
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join()
+    finally:
+        sys.setswitchinterval(interval)
+    run.finish()
+    assert run.dropped_records == 0 and run.failed_records == {}
+    assert run.journal_path is not None
+    entries = _journaled(run.journal_path)
+    ids = Counter(record["id"] for _, record in entries)
+    assert len(ids) == threads * calls and max(ids.values()) == 1
+    seqs = [seq for seq, _ in entries]
+    assert len(set(seqs)) == len(seqs)
+
+
+@pytest.mark.parametrize("how", ["not_enabled", "opted_out"])
+def test_an_eval_without_prime_traces_still_ships_every_sample_row(
+    how: str, make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the fix the run closed COMPLETED with 3 to 153 of 300 rows: the
+    drain stopped at the first sink that was off."""
+    lp = make_local_platform(traces_disabled=how == "not_enabled")
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    if how == "opted_out":
+        monkeypatch.setenv("PRIME_TRACES_OPT_OUT", "1")
+    episodes = workloads.gsm8k(300)
+    run = pr.init(
+        environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+    )
+    for i in range(0, len(episodes), 20):
+        run.log_episodes(episodes[i : i + 20])
+    run.finish(timeout=120)
+    stored = lp.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    assert stored["samples"]["rows"] == stored["samples"]["distinct"] == 300
+    assert stored["traces"]["episodes"] == 0
+    assert run.failed_records == {}
+
+
+@pytest.mark.parametrize("how", ["not_enabled", "opted_out"])
+def test_a_training_run_without_prime_traces_ships_every_metrics_row(
+    how: str, make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lp = make_local_platform(traces_disabled=how == "not_enabled")
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    if how == "opted_out":
+        monkeypatch.setenv("PRIME_TRACES_OPT_OUT", "1")
+    run = pr.init(
+        kind="train", model="m", team_id="team-a", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+    )
+    for step, episodes in workloads.agentic_by_step(2).items():
+        run.log_episodes(episodes)
+        run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+    run.finish(timeout=120)
+    stored = lp.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    assert stored["train_metrics"] == {"rows": 30, "steps": 30}
+    assert sorted(o["step"] for o in stored["parquet_objects"]) == [0, 10, 20]
+
+
+def test_500s_on_metrics_do_not_retire_the_sink(
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the fix a 500 was fatal: 0 to 2 of 60 rows arrived."""
+    lp = make_local_platform()
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    lp.set_faults(retryable_rate=0.3, statuses=[500], routes=["/api/v1/rft/metrics"], seed=7)
+    run = pr.init(
+        kind="train", model="m", team_id="team-a", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+    )
+    for step in range(60):
+        run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+    run.finish(timeout=120)
+    assert lp.set_faults()["injected"] > 0  # the 500s really happened
+    stored = lp.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    assert stored["train_metrics"] == {"rows": 60, "steps": 60}
+    assert run.failed_records == {}
+
+
+def test_a_500_at_registration_does_not_kill_the_job(
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the fix ``init()`` raised APIError on a 500 from the create request."""
+    lp = make_local_platform()
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    lp.set_faults(retryable_rate=1.0, statuses=[500], routes=["/api/v1/evaluations"])
+    run = pr.init(
+        environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+    )
+    assert run.url is None  # not registered yet; the job goes on
+    run.log_episodes(workloads.gsm8k(5))
+    lp.set_faults(retryable_rate=0.0)
+    run.finish(timeout=60)
+    stored = lp.run(run.id)
+    assert stored["status"] == "COMPLETED" and stored["samples"]["rows"] == 5
+    assert len([r for r in lp.runs() if r.get("kind", "eval") == "eval"]) == 1
