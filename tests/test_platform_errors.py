@@ -32,7 +32,8 @@ def _response(
         (503, ex.RetryableAPIError),
         (504, ex.RetryableAPIError),
         (413, ex.APIError),
-        (500, ex.APIError),
+        (500, ex.RetryableAPIError),  # a server error is its bad moment, not a verdict
+        (501, ex.APIError),
     ],
 )
 def test_status_maps_to_exception(status: int, cls: type[ex.APIError]) -> None:
