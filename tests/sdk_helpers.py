@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -83,3 +85,14 @@ def kill_producer(args: list[str], lines_before_kill: int) -> tuple[Path, list[s
     proc.wait(timeout=30)
     acked.extend(line.strip() for line in rest.splitlines() if line.strip())
     return Path(first.split(" ", 1)[1]), acked
+
+
+def platform_episode_ids(data_dir: Path, run_id: str) -> Counter[str]:
+    """Every episode id the local platform stored for ``run_id``, with multiplicity."""
+    uri = f"file:{data_dir / 'platform.sqlite3'}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True)
+    try:
+        rows = conn.execute("SELECT episode_id FROM episodes WHERE run_id = ?", (run_id,))
+        return Counter(str(r[0]) for r in rows)
+    finally:
+        conn.close()

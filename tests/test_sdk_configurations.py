@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import workloads
-from sdk_helpers import API_KEY, point_at
+from sdk_helpers import API_KEY, platform_episode_ids, point_at
 
 import primeruns as pr
 from primeruns.journal import EntryKind, Journal
@@ -149,3 +149,35 @@ def test_a_500_at_registration_does_not_kill_the_job(
     stored = lp.run(run.id)
     assert stored["status"] == "COMPLETED" and stored["samples"]["rows"] == 5
     assert len([r for r in lp.runs() if r.get("kind", "eval") == "eval"]) == 1
+
+
+@pytest.mark.parametrize("bad", ["id_too_long", "no_id", "id_repeated"])
+def test_one_bad_episode_fails_alone_and_its_batch_mates_reach_prime_traces(
+    bad: str, make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the fix all 100 of the batch were counted failed and none of the
+    99 good ones reached Prime Traces. The service names the refused line for
+    the first two; a repeated id within one upload is found by halving."""
+    lp = make_local_platform()
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    episodes = workloads.gsm8k(100)
+    if bad == "id_too_long":
+        episodes[37]["id"] = "x" * 300
+    elif bad == "no_id":
+        del episodes[37]["id"]
+    else:
+        episodes[37]["id"] = episodes[12]["id"]
+    run = pr.init(
+        environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+    )
+    run.log_episodes(episodes)
+    run.finish(timeout=60)
+    assert run.id is not None
+    stored = platform_episode_ids(lp.data_dir, run.id)
+    if bad == "id_repeated":
+        # Two records that share an id, each in its own upload: both stored.
+        assert stored == Counter(e["id"] for e in episodes)
+        assert run.failed_records == {}
+    else:
+        assert stored == Counter(e["id"] for i, e in enumerate(episodes) if i != 37)
+        assert run.failed_records == {"traces": 1}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -92,6 +93,7 @@ class Shipper:
         self._thread: threading.Thread | None = None
         self._final = False
         self._shrink = 1  # batch size divisor after journal write failures
+        self._isolate: int | None = None  # entry cap while a rejected record is isolated
 
     # -- control ------------------------------------------------------------
     def start(self) -> None:
@@ -259,7 +261,7 @@ class Shipper:
         result = self.journal.read(
             after,
             kinds=sink.kinds,
-            max_entries=max(1, sink.max_entries // self._shrink),
+            max_entries=max(1, min(sink.max_entries // self._shrink, self._isolate or 1 << 62)),
             max_bytes=max(1, sink.max_bytes // self._shrink),
         )
         if result.damaged:
@@ -346,7 +348,7 @@ class Shipper:
                 if kind is Failure.OFF:
                     self._turn_off(str(exc))
                 elif kind is Failure.REJECTED:
-                    self._fail_records(inflight.last_seq, int(state.get("records", 0)), exc)
+                    self._rejected(inflight, int(state.get("records", 0)), exc)
                 else:
                     self._on_failure(self.name, exc)
                     self._retire(_describe(exc))
@@ -361,6 +363,7 @@ class Shipper:
     def _acked(self, inflight: InFlight, state: Mapping[str, Any]) -> None:
         self.journal.ack(self.name, inflight.last_seq)
         self._shrink = 1
+        self._isolate = None
         counters = state.get("counters")
         if isinstance(counters, dict) and counters:
             self.journal.update_meta(
@@ -374,6 +377,28 @@ class Shipper:
             st.records_sent += int(state.get("records", 0))
             st.bytes_sent += len(inflight.body)
             self._progress.notify_all()
+
+    def _rejected(self, inflight: InFlight, records: int, exc: BaseException) -> None:
+        """A batch refused for its content. Where the sink allows it, only the
+        bad record fails: the batch is cut before the line the server names
+        (or halved when it names none) and sent anew; the one record left
+        that is still refused fails alone. Its batch mates are not lost."""
+        if not self.sink.isolates_rejections or records <= 1:
+            self._fail_records(inflight.last_seq, records, exc)
+            self._isolate = None
+            return
+        line = _rejected_line(exc, records)
+        if line == 1:  # the first record is the bad one: it fails alone
+            self._fail_records(inflight.first_seq, 1, exc)
+            self._isolate = None
+            return
+        # Refused whole, so nothing of it was stored: a smaller batch of the
+        # same records is a new batch, not a resend.
+        self.journal.ack(self.name, self.journal.cursor(self.name).acked)
+        self._isolate = line - 1 if line else records // 2
+        log.info(
+            "%s: a batch of %d was refused (%s); isolating the bad record", self.name, records, exc
+        )
 
     def _fail_records(self, last_seq: int, records: int, exc: BaseException) -> None:
         reason = _describe(exc)
@@ -416,6 +441,18 @@ class Shipper:
             self.state.active = False
             self.state.off_reason = reason
             self._progress.notify_all()
+
+
+_LINE = re.compile(r"\bline (\d+)\b")
+
+
+def _rejected_line(exc: BaseException, records: int) -> int | None:
+    """The 1-based line a rejection names ("line 7: episode id over ..."), if any."""
+    match = _LINE.search(str(exc))
+    if match is None:
+        return None
+    line = int(match.group(1))
+    return line if 1 <= line <= records else None
 
 
 def _describe(exc: BaseException) -> str:

@@ -68,6 +68,10 @@ class Sink(Protocol):
     kinds: frozenset[EntryKind]
     max_entries: int
     max_bytes: int
+    #: A rejected batch was refused whole (nothing of it stored) and each of
+    #: its records is one entry: the shipper then isolates the bad record (by
+    #: the line the server names, else by halving) and sends the rest anew.
+    isolates_rejections: bool
 
     def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared | None:
         """Build the next batch from a prefix of ``entries`` (all of ``kinds``).

@@ -37,6 +37,7 @@ class EvalSamplesSink:
     kinds = frozenset({EntryKind.EPISODE})
     max_entries = 2000
     max_bytes = 24 * 1024 * 1024
+    isolates_rejections = False
 
     def __init__(self, client: PlatformClient) -> None:
         self._client = client

@@ -73,6 +73,9 @@ class TracesSink:
     kinds = frozenset({EntryKind.EPISODE, EntryKind.TRACE})
     max_entries = _MAX_LINES
     max_bytes = TARGET_BATCH_BYTES
+    # The service validates an upload whole before it commits any of it, and
+    # names the first line it refused.
+    isolates_rejections = True
 
     def __init__(
         self,

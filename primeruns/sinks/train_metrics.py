@@ -27,6 +27,7 @@ class TrainMetricsSink:
     kinds = frozenset({EntryKind.METRICS})
     max_entries = 200
     max_bytes = 4 * 1024 * 1024
+    isolates_rejections = False
 
     def __init__(self, client: PlatformClient) -> None:
         self._client = client

@@ -63,6 +63,7 @@ class TrainSamplesSink:
     kinds = frozenset({EntryKind.EPISODE})
     max_entries = 512
     max_bytes = 64 * 1024 * 1024
+    isolates_rejections = False
 
     def __init__(
         self, client: PlatformClient, *, interval: int = DEFAULT_INTERVAL, range_base: int = 0

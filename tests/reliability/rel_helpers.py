@@ -30,17 +30,6 @@ HERE = Path(__file__).resolve().parent
 PRODUCER = HERE / "rel_producer.py"
 
 
-def platform_episode_ids(data_dir: Path, run_id: str) -> Counter[str]:
-    """Every episode id the local platform stored for ``run_id``, with multiplicity."""
-    uri = f"file:{data_dir / 'platform.sqlite3'}?mode=ro"
-    conn = sqlite3.connect(uri, uri=True)
-    try:
-        rows = conn.execute("SELECT episode_id FROM episodes WHERE run_id = ?", (run_id,))
-        return Counter(str(r[0]) for r in rows)
-    finally:
-        conn.close()
-
-
 def platform_metric_steps(data_dir: Path, run_id: str) -> Counter[int]:
     uri = f"file:{data_dir / 'platform.sqlite3'}?mode=ro"
     conn = sqlite3.connect(uri, uri=True)
