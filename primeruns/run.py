@@ -48,6 +48,7 @@ from .journal import (
     delete_journal,
     list_journals,
 )
+from .journal.frames import MAX_ENTRY_BYTES
 from .models import (
     CONFIG_SOURCE_KEY,
     ConfigSource,
@@ -333,7 +334,15 @@ class Run:
         try:
             for index, item in enumerate(items):
                 try:
-                    payloads.append(records.encode_record(item, what=f"{what}[{index}]"))
+                    payload = records.encode_record(item, what=f"{what}[{index}]")
+                    if len(payload) > MAX_ENTRY_BYTES:
+                        raise records.RecordEncodeError(
+                            f"{what}[{index}]",
+                            f"it is {len(payload):,} bytes as JSON, over the journal's "
+                            f"{MAX_ENTRY_BYTES >> 20} MiB per-record limit",
+                            "split it into smaller records or leave out its largest fields",
+                        )
+                    payloads.append(payload)
                 except (TypeError, ValueError) as exc:
                     with self._lock:  # counts must be exact under many threads
                         self._encode_failed += 1
@@ -369,6 +378,11 @@ class Run:
             return
         try:
             result = journal.append(kind, payloads)
+        except ValueError as exc:  # a payload over the per-entry limit (checked earlier)
+            with self._lock:
+                self._encode_failed += len(payloads)
+            self._note("record", exc)
+            return
         except JournalError as exc:
             with self._lock:
                 self._dropped += len(payloads)

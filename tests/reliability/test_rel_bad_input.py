@@ -258,3 +258,15 @@ def test_a_record_over_the_line_limit_fails_counted_with_its_reason_online(
     assert run.failed_records == {"traces": 1}
     assert any("per-line limit" in e for e in run.errors), run.errors
     assert rh.platform_episode_ids(lp.data_dir, run.id) == {"small-1": 1, "small-2": 1}
+
+
+def test_a_record_over_the_per_record_limit_is_counted_and_its_neighbours_kept(
+    run: pr.Run,
+) -> None:
+    """Before the fix a 130 MiB record raised ValueError into the loop under
+    ``on_error="warn"``, the valid record beside it was never journaled and the
+    loss was counted nowhere."""
+    run.log_episodes([{"id": "huge", "blob": "x" * (130 << 20)}, {"id": "beside"}])
+    assert [e["id"] for e in _episodes(run)] == ["beside"]
+    assert run.failed_records.get("encode") == 1
+    assert any("per-record limit" in e and "episodes[0]" in e for e in run.errors), run.errors
