@@ -81,6 +81,10 @@ _SIGTERM_GRACE = 20.0
 # enough that an exit with the platform down does not look like a hang.
 # Whatever is left stays in the journal, and the warning names the command.
 _EXIT_GRACE = 30.0
+# finish() stops waiting when no sink has moved for this long (the platform is
+# down or refusing): waiting out the whole finish_timeout would only delay the
+# job, and everything left is in the journal for ``primeruns replay``.
+_STALL_S = 60.0
 _CRASHED = "process exited without finishing the run"
 
 
@@ -494,9 +498,20 @@ class Run:
         for _, adopted in self._adopted:
             for shipper in adopted:
                 shipper.revive(final=True)
-        drained = drain_all(self._shippers, journal.last_seq(), deadline)
+        pending = self._pending()
+        if pending:
+            log.info(
+                "prime-runs: finishing run %s: shipping %d record(s) (%s), for up to %.0f s; "
+                "it gives up sooner if nothing moves for %.0f s",
+                self.id,
+                sum(pending.values()),
+                ", ".join(f"{k}: {v}" for k, v in pending.items()),
+                max(0.0, deadline - time.monotonic()),
+                _STALL_S,
+            )
+        drained = _drain_while_moving(self._shippers, journal.last_seq(), deadline)
         for old, adopted in self._adopted:
-            drained = drain_all(adopted, old.last_seq(), deadline) and drained
+            drained = _drain_while_moving(adopted, old.last_seq(), deadline) and drained
         everyone = self._shippers + [s for _, group in self._adopted for s in group]
         for shipper in everyone:
             shipper.signal_stop()
@@ -514,7 +529,10 @@ class Run:
                 self._summary["prime_runs"] = prime
         try:
             if self._lifecycle.binding() is not None:
-                self._lifecycle.finalize(status.value, message, self.summary, deadline=deadline)
+                # After a stalled drain the platform is likely down: the close-out
+                # gets as long as the stall allowance, not the rest of the timeout.
+                close_by = deadline if drained else min(deadline, time.monotonic() + _STALL_S)
+                self._lifecycle.finalize(status.value, message, self.summary, deadline=close_by)
         except Exception as exc:
             self._note("finalize", exc)
         pending = self._pending()
@@ -703,6 +721,29 @@ class Run:
             )
         except Exception as exc:
             log.warning("prime-runs: closing the run on SIGTERM failed: %s", exc)
+
+
+def _drain_while_moving(shippers: Sequence[Shipper], target: int, deadline: float) -> bool:
+    """``drain_all`` until ``deadline``, or until no shipper has moved for ``_STALL_S``."""
+    moved_at = time.monotonic()
+    last = [s.shipped_through() for s in shippers]
+    while True:
+        now = time.monotonic()
+        if drain_all(shippers, target, min(deadline, now + 1.0)):
+            return True
+        if all(s.settled(target) for s in shippers):
+            return False  # retired or paused: nothing more will happen by waiting
+        now = time.monotonic()
+        current = [s.shipped_through() for s in shippers]
+        if current != last:
+            last, moved_at = current, now
+        if now >= deadline:
+            return False
+        if now - moved_at >= _STALL_S:
+            log.warning(
+                "prime-runs: nothing shipped for %.0f s; not waiting any longer", now - moved_at
+            )
+            return False
 
 
 # -- process-wide hooks ---------------------------------------------------------

@@ -181,3 +181,31 @@ def test_one_bad_episode_fails_alone_and_its_batch_mates_reach_prime_traces(
     else:
         assert stored == Counter(e["id"] for i, e in enumerate(episodes) if i != 37)
         assert run.failed_records == {"traces": 1}
+
+
+def test_finish_with_the_platform_down_gives_up_when_nothing_moves_and_says_how_to_ship(
+    make_local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, finish() blocked for its whole 300 s timeout with the platform
+    down. Now it stops once nothing has moved for a while (60 s; shortened
+    here), naming what is left and the command that ships it."""
+    import primeruns.run as run_module
+
+    monkeypatch.setattr(run_module, "_STALL_S", 1.0)
+    lp = make_local_platform()
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    run = pr.init(
+        environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+    )
+    lp.stop()
+    run.log_episodes(workloads.gsm8k(10))
+    with caplog.at_level("INFO", logger="primeruns"):
+        run.finish()  # the default timeout: 300 s
+    text = caplog.text
+    assert "nothing shipped for" in text
+    assert f"primeruns replay {run.journal_path}" in text
+    assert run.journal_path is not None
+    assert len(_journaled(run.journal_path)) == 10  # all still in the journal
