@@ -37,6 +37,7 @@ from typing import Any
 
 import lmdb
 
+from primeruns.journal.probe import probe
 from primeruns.journal.salvage import scan_pages
 
 __all__ = [
@@ -227,8 +228,15 @@ class Store:
             self.problems.extend(report.problems)
             if report.needed == 0 and report.size < 2 * report.psize:
                 raise lmdb.InvalidError(f"{data} is not an LMDB file")
+            if not report.problems and not repair and not create:
+                # A file this process did not write: walk its tree in a child
+                # first, so a damaged page aborts the child, not this process.
+                trouble = probe(directory)
+                if trouble is not None:
+                    self.problems.append(f"{DATA_NAME} tree damaged ({trouble})")
+                    repair = True
             if report.problems or repair:
-                if repair and not report.problems:
+                if repair and not report.problems and not self.problems:
                     self.problems.append(f"{DATA_NAME} rebuilt: damage was found inside it")
                 open_dir = self._salvage(data, report.psize, readonly)
             map_size = max(map_size, report.needed, report.size)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import procs
+from sdk_helpers import platform_episode_ids as platform_episode_ids  # re-exported
 
 from primeruns.journal import EntryKind, Journal
 

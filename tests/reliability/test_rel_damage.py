@@ -170,3 +170,66 @@ def test_damage_seed_149_ships_promptly_without_crashing(tmp_path: Path) -> None
     result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert result.returncode == 0, result.stderr[-1500:]
     assert result.stdout.strip().endswith("ok")
+
+
+_EVERY_PAGE = """
+import sys
+from pathlib import Path
+from primeruns.journal import EntryKind, Journal
+src, work = Path(sys.argv[1]), Path(sys.argv[2])
+raw = (src / "data.mdb").read_bytes()
+for page in range(len(raw) // {page}):
+    copy = work / f"zeroed-{{page}}"
+    copy.mkdir()
+    damaged = bytearray(raw)
+    damaged[page * {page} : (page + 1) * {page}] = bytes({page})
+    (copy / "data.mdb").write_bytes(bytes(damaged))
+    print(f"page {{page}}", flush=True)
+    try:
+        journal = Journal.open(copy, owner=False)
+    except Exception as exc:  # the documented JournalError family only
+        assert type(exc).__name__.startswith("Journal"), repr(exc)
+        continue
+    try:
+        journal.read(0, kinds=set(EntryKind), max_entries=10**6, max_bytes=1 << 30)
+        journal.damage()
+    finally:
+        journal.close()
+print("done", flush=True)
+"""
+
+
+def test_one_zeroed_page_anywhere_never_takes_the_reader_down(
+    clean_journal: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """Every page of a journal zeroed in turn, each copy opened and read in
+    full by one process. Before the probe, LMDB aborted that process (SIGABRT
+    on ``Assertion 'IS_LEAF(mp)' failed``) for most interior pages."""
+    script = _EVERY_PAGE.format(page=PAGE)
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(clean_journal[0]), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    last = (result.stdout.strip().splitlines() or ["(nothing)"])[-1]
+    assert result.returncode == 0, (result.returncode, last, result.stderr[-1500:])
+    assert last == "done"
+
+
+def test_the_cli_survives_a_zeroed_interior_page(
+    clean_journal: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    """``show`` on copies with one interior page zeroed (before the probe, most
+    of these aborted the CLI in LMDB's C code with no Python error)."""
+    raw = (clean_journal[0] / "data.mdb").read_bytes()
+    for page in range(2, min(len(raw) // PAGE, 14)):
+        path = tmp_path / f"zeroed-{page}"
+        shutil.copytree(clean_journal[0], path)
+        damaged = bytearray(raw)
+        damaged[page * PAGE : (page + 1) * PAGE] = bytes(PAGE)
+        (path / "data.mdb").write_bytes(bytes(damaged))
+        result = _cli("show", str(path), env_home=tmp_path)
+        assert result.returncode >= 0, (page, result.returncode, result.stderr[-1500:])
+        assert "Traceback" not in result.stderr, (page, result.stderr[-2000:])
