@@ -209,3 +209,34 @@ def test_finish_with_the_platform_down_gives_up_when_nothing_moves_and_says_how_
     assert f"primeruns replay {run.journal_path}" in text
     assert run.journal_path is not None
     assert len(_journaled(run.journal_path)) == 10  # all still in the journal
+
+
+def test_lost_registration_responses_leave_exactly_one_run_per_init(
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Half the evaluation requests are committed and their answers lost. Before
+    the client token, 10 ``init()`` calls left 21 evaluations, 11 of them empty
+    and RUNNING forever. Each create now carries the journal's token under
+    ``metadata.prime_runs``; after a lost answer the run is looked up first."""
+    lp = make_local_platform()
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    lp.set_faults(ambiguous_rate=0.5, routes=["/api/v1/evaluations/"], seed=3)
+    made = []
+    for i in range(10):
+        run = pr.init(
+            name=f"r{i}",
+            environments=["gsm8k"],
+            model="m",
+            api_key=API_KEY,
+            base_url=lp.url,
+            runs_dir=runs,
+        )
+        run.log_episodes(workloads.gsm8k(3))
+        run.finish(timeout=60)
+        made.append(run)
+    assert lp.set_faults(ambiguous_rate=0.0)["injected"] > 5  # answers really were lost
+    evaluations = [r for r in lp.runs() if r.get("kind", "eval") == "eval"]
+    assert len(evaluations) == 10, evaluations
+    for run in made:
+        stored = lp.run(run.id)
+        assert stored["status"] == "COMPLETED" and stored["samples"]["rows"] == 3

@@ -188,7 +188,11 @@ def _run(args: argparse.Namespace, *, offline: bool) -> int:
             if status.info.owner_alive:
                 worst = max(worst, EXIT_LOCKED)
             continue
-        code = replay_one(path, base_url=args.base_url, timeout=args.timeout)
+        try:
+            code = replay_one(path, base_url=args.base_url, timeout=args.timeout)
+        except Exception as exc:  # one journal's trouble must not strand the others
+            print(f"{path}: not shipped: {type(exc).__name__}: {exc}", file=sys.stderr)
+            code = EXIT_FAILED
         worst = max(worst, code)
     return worst
 

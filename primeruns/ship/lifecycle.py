@@ -16,6 +16,7 @@ import logging
 import random
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -47,6 +48,14 @@ _MIN_ATTEMPT_S = 1.0
 _PLATFORM_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 _EVAL_STATUS = {"failed": "FAILED", "cancelled": "CANCELLED", "crashed": "FAILED"}
 _ERROR_MESSAGE_CAP = 4096
+# The SDK's own namespace in an evaluation's metadata.
+_NAMESPACE = "prime_runs"
+# Journal meta: when a create request was first sent (its answer may be lost).
+K_CREATE_SENT = "create_sent"
+# How far back the lookup of a lost create goes: the newest evaluations of the
+# run's team and dataset, which is where a create made moments ago is.
+_LOOKUP_PAGE = 50
+_LOOKUP_PAGES = 4
 
 
 def crash_reason(error: str | None) -> str:
@@ -162,7 +171,16 @@ class Lifecycle:
             run_id, name, url = str(run["id"]), run.get("name") or spec.get("name"), None
         else:
             body = self._eval_body(spec, attempts)
-            created = self._call("POST", "/evaluations/", body, replayable=False, attempts=attempts)
+            created = None
+            if self.journal.get_meta(K_CREATE_SENT):
+                # An earlier create may have landed with its answer lost (or the
+                # process died waiting): adopt that run rather than make a ghost.
+                created = self._find_created(body, attempts)
+            if created is None:
+                self.journal.set_meta(K_CREATE_SENT, time.time())  # before the request
+                created = self._call(
+                    "POST", "/evaluations/", body, replayable=False, attempts=attempts
+                )
             if not created.get("evaluation_id"):
                 raise APIError("the platform created an evaluation but returned no evaluation_id")
             run_id = str(created["evaluation_id"])
@@ -183,6 +201,43 @@ class Lifecycle:
             },
         )
         return binding
+
+    def _client_token(self) -> str:
+        """This run's token on the platform: the journal's local id, unique per
+        journal and the same for every process that ships it (replay, sync)."""
+        return self.journal.local_id
+
+    def _metadata(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The run's config, plus the SDK's own namespace carrying the token."""
+        config = spec.get("config")
+        metadata = dict(config) if isinstance(config, Mapping) else {}
+        metadata[_NAMESPACE] = {"client_token": self._client_token()}
+        return metadata
+
+    def _find_created(self, body: Mapping[str, Any], attempts: int | None) -> dict[str, Any] | None:
+        """The evaluation an earlier create of this run made, looked up by its
+        client token among the newest evaluations of its team and dataset."""
+        token = self._client_token()
+        query = {"limit": str(_LOOKUP_PAGE)}
+        if body.get("team_id"):
+            query["team_id"] = str(body["team_id"])
+        if body.get("dataset"):
+            query["environment_name"] = str(body["dataset"])
+        for page in range(_LOOKUP_PAGES):
+            query["skip"] = str(page * _LOOKUP_PAGE)
+            path = "/evaluations/?" + urllib.parse.urlencode(query)
+            listing = self._call("GET", path, attempts=attempts)
+            items = listing.get("evaluations") or []
+            for item in items:
+                meta = _as_dict(_as_dict(item).get("metadata")).get(_NAMESPACE)
+                if _as_dict(meta).get("client_token") == token:
+                    found = dict(item)
+                    found.setdefault("evaluation_id", found.get("id"))
+                    log.info("prime-runs: adopted the run an earlier create made: %s", found)
+                    return found
+            if len(items) < _LOOKUP_PAGE:
+                break
+        return None
 
     def _resolve_environments(
         self, spec: Mapping[str, Any], attempts: int | None
@@ -236,7 +291,7 @@ class Lifecycle:
             "dataset": spec.get("dataset"),
             "framework": spec.get("framework"),
             "description": spec.get("description"),
-            "metadata": spec.get("config") or None,
+            "metadata": self._metadata(spec),
             "team_id": spec.get("team_id"),
         }
         return {k: v for k, v in body.items() if v is not None or k == "tags"}
@@ -317,7 +372,8 @@ class Lifecycle:
         path = f"/evaluations/{run_id}"
         update: dict[str, Any] = {}
         if spec.get("config") and not attached:
-            update["metadata"] = spec["config"]
+            # The whole metadata, not a patch: the token stays beside the config.
+            update["metadata"] = self._metadata(spec)
         if summary:
             update["metrics"] = dict(summary)
         # The summary update is sent first and on its own, so it lands even

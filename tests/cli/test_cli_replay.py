@@ -169,3 +169,46 @@ def test_replay_of_something_that_is_not_a_run_is_a_clear_error(
     assert code == 2 and "no run 'no-such-run'" in err and "Traceback" not in err
     code, _, err = cli(capsys, "replay", str(tmp_path))
     assert code == 2 and "not a prime-runs journal" in err
+
+
+def _zero_a_page_that_aborts_lmdb(path: Path) -> int:
+    """Zero the first interior page of ``path`` whose loss makes LMDB abort a
+    reader (as the probe's child finds); returns it."""
+    from primeruns.journal.probe import probe
+
+    data = path / "data.mdb"
+    raw = data.read_bytes()
+    for page in range(2, len(raw) // 4096):
+        damaged = bytearray(raw)
+        damaged[page * 4096 : (page + 1) * 4096] = bytes(4096)
+        data.write_bytes(bytes(damaged))
+        if "killed the reader" in (probe(path) or ""):
+            return page
+    raise AssertionError("no single page aborts LMDB in this journal")
+
+
+def test_replay_all_ships_the_healthy_runs_beside_a_damaged_one(
+    make_local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before, a damaged page aborted ``replay --all`` in LMDB's C code at the
+    first damaged journal: the healthy crashed run beside it stayed RUNNING."""
+    lp = make_local_platform()
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    damaged, _ = kill_producer([str(runs), "eval", "120", lp.url], 60)
+    healthy, _ = kill_producer([str(runs), "eval", "120", lp.url], 60)
+    ids, _, _ = _journaled(healthy)
+    _zero_a_page_that_aborts_lmdb(damaged)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    code, out, err = cli(capsys, "replay", "--runs-dir", str(runs), "--all")
+    assert "Traceback" not in err
+    assert code == 4, out + err  # damage is reported in the exit code
+    with Journal.open(healthy, owner=False) as journal:
+        run_id = journal.get_meta("platform")["run_id"]
+    stored = lp.run(run_id)
+    assert stored["status"] in ("FAILED", "COMPLETED")
+    assert landed_once(stored, len(ids))
+    # The damaged one is salvaged, reported and shipped as far as it is intact.
+    assert damaged.name in out and "tree damaged" in out and "intact entries were shipped" in out
