@@ -39,7 +39,7 @@ __all__ = [
 
 log = logging.getLogger("primeruns.recovery")
 
-CRASH_ERROR = "the producer stopped without finishing the run (closed by primeruns replay)"
+CRASH_ERROR = "the producer stopped without finishing the run"
 
 
 @dataclass

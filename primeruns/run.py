@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import operator
 import os
 import random
 import secrets
@@ -275,9 +276,14 @@ class Run:
                 TypeError(f"log_metrics: values must be a mapping, got {type(values).__name__}")
             )
             return
-        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-            self._bad_input(TypeError(f"log_metrics: step must be an int, got {step!r}"))
-            return
+        if step is not None:
+            try:
+                if isinstance(step, bool):
+                    raise TypeError
+                step = operator.index(step)  # numpy and torch integers too
+            except TypeError:
+                self._bad_input(TypeError(f"log_metrics: step must be an int, got {step!r}"))
+                return
         if self._kind != "train" or self._journal is None:
             return
         try:
@@ -957,6 +963,13 @@ def init(
             local_id=local,
         )
 
+    if kind == "eval" and id is None and not envs:
+        # Online the create would refuse it anyway; offline it was accepted and
+        # then could never be synced: say so now, while the fix is cheap.
+        raise ConfigurationError(
+            "init: an evaluation needs environments=[...] (hub names, 'owner/name' slugs "
+            "or {'id': ...}): without one it cannot be registered, now or by primeruns sync"
+        )
     if kind == "train" and id is None:
         if not model:
             raise ConfigurationError("init: a training run needs model= (the base model)")

@@ -99,7 +99,7 @@ def test_wrong_argument_types_name_the_argument(
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, None)
     with pytest.raises((TypeError, ValueError, pr.ConfigurationError), match=field):
-        pr.init(mode="offline", runs_dir=runs, **kwargs)
+        pr.init(**{"environments": ["gsm8k"], "mode": "offline", "runs_dir": runs, **kwargs})
 
 
 def test_config_file_is_stored_byte_for_byte_and_bad_ones_fail_clearly(
@@ -108,7 +108,7 @@ def test_config_file_is_stored_byte_for_byte_and_bad_ones_fail_clearly(
     runs = point_at(monkeypatch, tmp_path, None)
     cfg = tmp_path / "train.toml"
     cfg.write_text("lr = 1e-4 # café\n", encoding="utf-8")
-    run = pr.init(mode="offline", config=cfg, runs_dir=runs)
+    run = pr.init(environments=["gsm8k"], mode="offline", config=cfg, runs_dir=runs)
     assert run.config_source == pr.ConfigSource(
         text="lr = 1e-4 # café\n", format="toml", filename="train.toml"
     )
@@ -116,13 +116,15 @@ def test_config_file_is_stored_byte_for_byte_and_bad_ones_fail_clearly(
     bad = tmp_path / "bad.yaml"
     bad.write_bytes(b"\xff\xfe\x00")
     with pytest.raises(pr.ConfigurationError, match="not UTF-8"):
-        pr.init(mode="offline", config=bad, runs_dir=runs)
+        pr.init(environments=["gsm8k"], mode="offline", config=bad, runs_dir=runs)
     big = tmp_path / "big.json"
     big.write_bytes(b" " * (256 * 1024 + 1))
     with pytest.raises(pr.ConfigurationError, match="limit"):
-        pr.init(mode="offline", config=big, runs_dir=runs)
+        pr.init(environments=["gsm8k"], mode="offline", config=big, runs_dir=runs)
     with pytest.raises(pr.ConfigurationError, match="does not exist"):
-        pr.init(mode="offline", config=tmp_path / "missing.toml", runs_dir=runs)
+        pr.init(
+            environments=["gsm8k"], mode="offline", config=tmp_path / "missing.toml", runs_dir=runs
+        )
 
 
 class Color(enum.Enum):
@@ -143,7 +145,7 @@ def test_unencodable_record_is_counted_and_named_under_warn(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, None)
-    run = pr.init(mode="offline", runs_dir=runs)
+    run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs)
     good = {"id": "ok", "traces": [], "info": {"color": Color.RED, "p": Point(1, 2.5), "s": {3}}}
     bad = {"id": "bad", "traces": [], "info": {"obj": Unencodable()}}
     with caplog.at_level(logging.WARNING):
@@ -161,7 +163,7 @@ def test_unencodable_record_raises_under_raise(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, None)
-    run = pr.init(mode="offline", runs_dir=runs, on_error="raise")
+    run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs, on_error="raise")
     with pytest.raises(TypeError, match=r"info\.obj"):
         run.log_episodes([{"id": "bad", "traces": [], "info": {"obj": Unencodable()}}])
     run.finish()
@@ -171,7 +173,7 @@ def test_log_after_finish_raises_run_finished(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, None)
-    run = pr.init(mode="offline", runs_dir=runs)
+    run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs)
     run.finish()
     run.finish()  # idempotent
     with pytest.raises(pr.RunFinishedError):
@@ -179,12 +181,12 @@ def test_log_after_finish_raises_run_finished(
     with pytest.raises(pr.RunFinishedError):
         run.log_metrics({"a": 1})
     with pytest.raises(ValueError, match="terminal"):
-        pr.init(mode="offline", runs_dir=runs).finish(status="running")
+        pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs).finish(status="running")
 
 
 def test_summary_drops_non_finite_values(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = point_at(monkeypatch, tmp_path, None)
-    run = pr.init(mode="offline", runs_dir=runs)
+    run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs)
     run.update_summary({"a": 1.0, "b": float("inf"), "n": {"x": float("nan")}})
     run.finish(summary={"c": [1.0, float("nan")]})
     assert run.summary == {"a": 1.0, "c": [1.0]}
@@ -192,7 +194,9 @@ def test_summary_drops_non_finite_values(tmp_path: Path, monkeypatch: pytest.Mon
 
 def test_journal_files_are_private(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     runs = point_at(monkeypatch, tmp_path, None)
-    run = pr.init(mode="offline", runs_dir=runs, api_key="sk-very-secret-key-999")
+    run = pr.init(
+        environments=["gsm8k"], mode="offline", runs_dir=runs, api_key="sk-very-secret-key-999"
+    )
     run.log_episodes([{"id": "e", "traces": []}])
     run.finish()
     path = run.journal_path

@@ -186,7 +186,10 @@ def test_verifiers_style_usage_through_the_vendor_import_name(
     assert run.finished and run.status is prime_runs.RunStatus.COMPLETED
     assert run.dropped_records == 0 and run.failed_records == {}
     stored = local_platform.run(run.id)
-    assert stored["config"] == {
+    # The config as given, beside the SDK's own namespace (the registration token).
+    config = dict(stored["config"])
+    assert set(config.pop("prime_runs")) == {"client_token"}
+    assert config == {
         "model": "Qwen/Qwen3-8B",
         "num_examples": 10,
         "rollouts_per_example": 1,

@@ -63,24 +63,43 @@ def load_config_file(path: Path | None = None) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
+def _without_userinfo(url: str) -> str:
+    """``url`` with any ``user:password@`` replaced by ``***@``, for messages."""
+    scheme, sep, rest = url.strip().partition("://")
+    if not sep:
+        return url if "@" not in url else "***@" + url.rsplit("@", 1)[1]
+    netloc, slash, path = rest.partition("/")
+    if "@" in netloc:
+        netloc = "***@" + netloc.rsplit("@", 1)[1]
+    return f"{scheme}://{netloc}{slash}{path}"
+
+
 def split_api_root(base_url: str) -> tuple[str, str, bool]:
     """Reduce a base URL to ``(origin, api_prefix, internal)`` (contract §1.1).
 
     Only the path is examined: ``https://h/api/internal/rft`` addresses the
     internal RFT router, anything else the public ``/api/v1``.
     """
+    shown = _without_userinfo(base_url)
     try:
         parts = urlsplit(base_url.strip())
         parts.port  # noqa: B018 - validates the port: urlsplit itself does not
     except ValueError as exc:  # e.g. "Invalid IPv6 URL", "Port out of range"
         raise ConfigurationError(
-            f"base_url={base_url!r} is not a valid URL ({exc}); pass e.g. "
+            f"base_url={shown!r} is not a valid URL ({exc}); pass e.g. "
             "'https://api.primeintellect.ai' or 'http://127.0.0.1:8765'."
         ) from None
     if not parts.scheme or not parts.netloc:
         raise ConfigurationError(
-            f"base_url={base_url!r} is not an absolute http(s) URL; pass e.g. "
+            f"base_url={shown!r} is not an absolute http(s) URL; pass e.g. "
             "'https://api.primeintellect.ai' or 'http://127.0.0.1:8765'."
+        )
+    if "@" in parts.netloc:
+        # It would be stored in the journal and shown by the CLI: refuse it,
+        # without repeating it.
+        raise ConfigurationError(
+            f"base_url={shown!r} carries credentials (user:password@); pass the key as "
+            "api_key= or PRIME_API_KEY instead"
         )
     path = parts.path.rstrip("/")
     prefix, internal = "/api/v1", False

@@ -187,7 +187,12 @@ def test_every_wrong_init_argument_raises_naming_it(
     arg: str, value: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
-    kwargs: dict[str, Any] = {"mode": "offline", "runs_dir": tmp_path / "runs", arg: value}
+    kwargs: dict[str, Any] = {
+        "environments": ["gsm8k"],
+        "mode": "offline",
+        "runs_dir": tmp_path / "runs",
+        arg: value,
+    }
     with pytest.raises((TypeError, ValueError, ConfigurationError)) as info:
         pr.init(**kwargs)
     assert arg in str(info.value), str(info.value)
@@ -199,7 +204,12 @@ def test_wrong_environments_or_runs_dir_type_names_the_argument(
     arg: str, value: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
-    kwargs: dict[str, Any] = {"mode": "offline", "runs_dir": tmp_path / "runs", arg: value}
+    kwargs: dict[str, Any] = {
+        "environments": ["gsm8k"],
+        "mode": "offline",
+        "runs_dir": tmp_path / "runs",
+        arg: value,
+    }
     with pytest.raises((TypeError, ValueError)) as info:
         pr.init(**kwargs)
     assert arg in str(info.value), str(info.value)
@@ -213,7 +223,7 @@ def test_a_runs_dir_that_is_a_file_is_a_clear_init_error(
     afile = tmp_path / "file"
     afile.write_text("not a directory")
     with pytest.raises(JournalError, match="not a directory"):
-        pr.init(mode="offline", runs_dir=afile)
+        pr.init(environments=["gsm8k"], mode="offline", runs_dir=afile)
 
 
 @pytest.mark.parametrize(
@@ -231,7 +241,7 @@ def test_a_bad_config_file_is_an_init_error_with_the_fix(
     path = tmp_path / "train.toml"
     path.write_bytes(content)
     with pytest.raises(ConfigurationError) as info:
-        pr.init(mode="offline", runs_dir=tmp_path / "runs", config=path)
+        pr.init(environments=["gsm8k"], mode="offline", runs_dir=tmp_path / "runs", config=path)
     assert all(w in str(info.value) for w in words), str(info.value)
     assert json.dumps(str(path))[1:-1] in str(info.value) or str(path) in str(info.value)
 

@@ -89,10 +89,15 @@ def test_a_budget_below_the_minimum_is_an_init_error_naming_the_setting(
 ) -> None:
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(ValueError, match="max_journal_bytes"):
-        pr.init(mode="offline", runs_dir=tmp_path / "runs", max_journal_bytes=1000)
+        pr.init(
+            environments=["gsm8k"],
+            mode="offline",
+            runs_dir=tmp_path / "runs",
+            max_journal_bytes=1000,
+        )
     monkeypatch.setenv("PRIME_RUNS_MAX_JOURNAL_BYTES", "lots")
     with pytest.raises(pr.ConfigurationError, match="PRIME_RUNS_MAX_JOURNAL_BYTES"):
-        pr.init(mode="offline", runs_dir=tmp_path / "runs")
+        pr.init(environments=["gsm8k"], mode="offline", runs_dir=tmp_path / "runs")
 
 
 def _fill(run: pr.Run, episodes: list[dict[str, Any]]) -> list[str]:
