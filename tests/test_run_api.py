@@ -206,3 +206,46 @@ def test_journal_files_are_private(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         assert child.stat().st_mode & 0o077 == 0, child.name
         if child.is_file():
             assert b"sk-very-secret-key-999" not in child.read_bytes()
+
+
+def test_an_evaluation_without_environments_is_refused_at_init_even_offline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, an offline eval without environments= was accepted and then
+    could never be synced (an EnvironmentResolutionError from primeruns sync)."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    with pytest.raises(pr.ConfigurationError, match="environments="):
+        pr.init(mode="offline", runs_dir=runs)
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_a_numpy_integer_step_is_a_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, ``log_metrics(step=numpy.int64(2))`` dropped the row."""
+    import numpy as np
+
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(kind="train", model="m", team_id="t", mode="offline", runs_dir=runs)
+    run.log_metrics({"loss": 0.5}, step=np.int64(2))
+    run.finish()
+    assert run.failed_records == {}
+    assert run.journal_path is not None
+    with Journal.open(run.journal_path, owner=False) as journal:
+        rows = journal.read(0, kinds={EntryKind.METRICS}, max_entries=10).entries
+    assert [json.loads(r.payload)["step"] for r in rows] == [2]
+
+
+def test_a_base_url_carrying_credentials_is_refused_without_repeating_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, ``http://user:KEY@host`` was stored in the journal's meta and
+    printed by ``primeruns show``."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    with pytest.raises(pr.ConfigurationError) as info:
+        pr.init(
+            environments=["gsm8k"],
+            mode="offline",
+            api_key=API_KEY,
+            base_url="http://user:sk-secret-in-url@127.0.0.1:9",
+            runs_dir=runs,
+        )
+    assert "credentials" in str(info.value) and "sk-secret-in-url" not in str(info.value)
