@@ -542,6 +542,7 @@ class Run:
         except Exception as exc:
             self._note("finalize", exc)
         pending = self._pending()
+        closed = self._lifecycle.finalized
         if not drained or pending:
             log.warning(
                 "prime-runs: %d record(s) of run %s were not shipped (%s); they are kept in "
@@ -549,6 +550,13 @@ class Run:
                 sum(pending.values()),
                 self.id,
                 ", ".join(f"{k}: {v}" for k, v in pending.items()) or "finalize pending",
+                journal.path,
+            )
+        elif not closed:
+            log.warning(
+                "prime-runs: run %s is not closed out on the platform yet (it could not be "
+                "reached); everything is shipped. Close it out with: primeruns replay %s",
+                self.id,
                 journal.path,
             )
         if self._client is not None:

@@ -2,6 +2,8 @@
 
 Usage: python endings_script.py RUNS_DIR BASE_URL HOW
 HOW: exit (returns without finish: atexit closes the run as crashed),
+     exit_quick (prints "ready", returns without finish after a line on stdin, with
+     the exit grace cut to 1 s: for a platform that is down by then),
      sigterm (prints "ready" and waits to be terminated),
      fork (a forked child logs to the parent's run, then the parent finishes).
 """
@@ -30,6 +32,13 @@ def main() -> None:
     run.log_episodes(episodes[:3])
     print(f"run {run.id}", flush=True)
     if how == "exit":
+        return
+    if how == "exit_quick":
+        import primeruns.run
+
+        primeruns.run._EXIT_GRACE = 1.0  # the mechanism under test, at a test's scale
+        print("ready", flush=True)
+        sys.stdin.readline()
         return
     if how == "sigterm":
         print("ready", flush=True)

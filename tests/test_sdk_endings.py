@@ -19,6 +19,7 @@ SCRIPT = Path(__file__).resolve().parent / "endings_script.py"
 def _start(runs: Path, url: str, how: str) -> subprocess.Popen[str]:
     return procs.start(
         [sys.executable, str(SCRIPT), str(runs), url, how],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -56,6 +57,27 @@ def test_exit_without_finish_closes_the_run_as_crashed(
     assert stored["status"] == "FAILED"
     assert stored["error_message"].startswith("crashed: process exited without finishing")
     assert stored["traces"]["distinct_episodes"] == 3
+
+
+def test_exit_without_finish_with_the_platform_down_is_bounded_and_says_so(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, a script that never called finish() hung about 306 s at exit with
+    the platform down, saying nothing. The exit now waits a bounded grace (30 s
+    in all; 1 s here), says what it waits for, and names the replay command."""
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    proc = _start(runs, local_platform.url, "exit_quick")
+    _run_id(proc)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    local_platform.stop()
+    assert proc.stdin is not None
+    proc.stdin.write("\n")
+    proc.stdin.close()
+    proc.wait(timeout=60)  # the default finish_timeout is 300 s: this is the grace at work
+    _, err = _finish(proc)
+    assert proc.returncode == 0, err[-2000:]
+    assert "closing it as crashed at exit, waiting up to 1 s" in err
+    assert "primeruns replay" in err
 
 
 def test_sigterm_journals_a_cancelled_finish_and_drains(
