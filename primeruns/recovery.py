@@ -22,6 +22,7 @@ from typing import Any
 from .exceptions import APIError, JournalError
 from .journal import Damage, EntryKind, Journal, list_journals
 from .platform import PlatformClient, Settings, resolve_settings
+from .platform.settings import split_api_root
 from .ship.factory import make_shippers
 from .ship.lifecycle import Lifecycle
 from .ship.policy import RetryPolicy
@@ -91,7 +92,10 @@ def journal_settings(
             current = resolve_settings(base_url=str(recorded))
     traces = traces_url
     if traces is None and current.sources.get("traces_url") == "default":
-        traces = spec.get("traces_url")
+        # An explicit --base-url moves Prime Traces along with the API (the
+        # recorded traces URL is the old platform's), unless the environment
+        # names one.
+        traces = split_api_root(base_url)[0] if base_url else spec.get("traces_url")
     if traces:
         from dataclasses import replace
 

@@ -94,3 +94,27 @@ def test_gc_rejects_a_bad_duration(tmp_path: Path, capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit) as exc:
         cli(capsys, "gc", "--runs-dir", str(tmp_path), "--older-than", "soon")
     assert exc.value.code == 2
+
+
+def test_sync_with_base_url_moves_prime_traces_along(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An offline run journaled where Prime Traces pointed elsewhere (an
+    air-gapped node's settings), synced with ``--base-url``: its traces go to
+    that platform too. Before, they went to the recorded address and never
+    landed."""
+    runs = point_at(monkeypatch, tmp_path, "http://127.0.0.1:9")  # nowhere
+    monkeypatch.setenv("PRIME_RUNS_MODE", "offline")
+    run = _offline_eval(runs, "http://127.0.0.1:9", 5)
+    monkeypatch.delenv("PRIME_RUNS_MODE")
+    monkeypatch.delenv("PRIME_TRACES_URL")
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    code, out, err = cli(capsys, "sync", "--runs-dir", str(runs), "--base-url", local_platform.url)
+    assert code == 0, out + err
+    [listed] = local_platform.runs()
+    stored = local_platform.run(listed["id"])
+    assert landed_once(stored, 5) and stored["samples"]["rows"] == 5
+    assert run.journal_path is not None
