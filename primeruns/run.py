@@ -372,7 +372,9 @@ class Run:
         if first_error is not None and self._on_error == "raise":
             raise first_error
 
-    def _append(self, kind: EntryKind, payloads: Sequence[bytes]) -> None:
+    def _append(
+        self, kind: EntryKind, payloads: Sequence[bytes], *, essential: bool = False
+    ) -> None:
         journal = self._journal
         if journal is None:
             return
@@ -387,7 +389,7 @@ class Run:
             )
             return
         try:
-            result = journal.append(kind, payloads)
+            result = journal.append(kind, payloads, essential=essential)
         except ValueError as exc:  # a payload over the per-entry limit (checked earlier)
             with self._lock:
                 self._encode_failed += len(payloads)
@@ -494,7 +496,9 @@ class Run:
             "summary": self.summary,
             "at": time.time(),
         }
-        self._append(EntryKind.FINISH, [records.encode_record(record, what="finish")])
+        self._append(
+            EntryKind.FINISH, [records.encode_record(record, what="finish")], essential=True
+        )
         if self._mode != "online" or self._lifecycle is None:
             self._close_journal()
             return
@@ -1018,7 +1022,7 @@ def init(
         max_bytes=budget,
         meta={"spec": spec, "state": "running"},
     )
-    journal.append(EntryKind.RUN_OPEN, [records.encode_record(spec, what="spec")])
+    journal.append(EntryKind.RUN_OPEN, [records.encode_record(spec, what="spec")], essential=True)
     run = Run(
         kind=kind,
         mode=run_mode,

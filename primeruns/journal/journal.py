@@ -577,13 +577,18 @@ class Journal:
             self._structural.append(Damage(None, f"cannot find the last entry: {exc}"))
             return 0
 
-    def append(self, kind: EntryKind, payloads: Sequence[bytes]) -> AppendResult:
+    def append(
+        self, kind: EntryKind, payloads: Sequence[bytes], *, essential: bool = False
+    ) -> AppendResult:
         """Append entries of one kind in one transaction; returns once committed.
 
         At the byte budget or on a full disk nothing is written and
         ``dropped=len(payloads)`` is returned (counted under sink ``"journal"``);
-        that never raises. Raises JournalError on a read-only or forked journal
-        and ValueError for a payload over the per-entry limit.
+        that never raises. ``essential`` entries (a run's spec, its finish: a
+        few hundred bytes that decide how the run is closed) may use the room
+        kept for bookkeeping, the reserve file included. Raises JournalError on
+        a read-only or forked journal and ValueError for a payload over the
+        per-entry limit.
         """
         self._check_writable()
         if not payloads:
@@ -625,10 +630,12 @@ class Journal:
         try:
             with self._lock:
                 # Frames are built in put; raw payloads bound their size.
-                if not self._room_for(sum(len(p) + HEADER_SIZE for p in payloads)):
+                if not essential and not self._room_for(
+                    sum(len(p) + HEADER_SIZE for p in payloads)
+                ):
                     self._tight = True
                     raise JournalFullError("journal byte budget reached")
-                first = self._write(put, control=False)
+                first = self._write(put, control=essential)
                 if staged[0]:
                     self._staged += len(payloads)
                 # Under the lock that chose ``first``: the next append's seq

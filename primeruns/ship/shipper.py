@@ -362,7 +362,9 @@ class Shipper:
     # -- outcomes --------------------------------------------------------------
     def _acked(self, inflight: InFlight, state: Mapping[str, Any]) -> None:
         self.journal.ack(self.name, inflight.last_seq)
-        self._shrink = 1
+        # Grow back gradually after journal write failures: on a full disk the
+        # batch that fits is small, and a full-size one would fail again.
+        self._shrink = max(1, self._shrink // 2)
         self._isolate = None
         counters = state.get("counters")
         if isinstance(counters, dict) and counters:

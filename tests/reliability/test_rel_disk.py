@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -233,3 +234,50 @@ def test_the_budget_bounds_the_backlog_not_the_runs_history(
     assert len(stored) == len(episodes) and max(stored.values()) == 1
     assert run.journal_path is not None
     assert (run.journal_path / "data.mdb").stat().st_size <= 4 << 20
+
+
+def test_sync_of_a_journal_that_filled_its_disk_ships_everything_in_it(
+    small_disk: Path, shared_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """An offline run fills a 2 MiB disk; ``primeruns sync`` then ships it on
+    that full disk. Before, every in-flight write failed with EIO (LMDB's
+    short write) and 16 to 43 of 319 records shipped in 60 s."""
+    lp = shared_platform
+    episodes = workloads.gsm8k(1000)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = pr.init(
+            environments=["gsm8k"], mode="offline", api_key=rt.KEY, runs_dir=small_disk / "runs"
+        )
+        _fill(run, episodes)
+        run.finish()
+    assert run.dropped_records > 0 and run.journal_path is not None
+    journaled = {r["id"] for r in rh.journal_records(run.journal_path, EntryKind.EPISODE)}
+    env = rh.isolated_env(tmp_path / "sync", {"PRIME_API_KEY": rt.KEY, "PRIME_TRACES_URL": lp.url})
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "primeruns",
+            "sync",
+            "--runs-dir",
+            str(small_disk / "runs"),
+            "--base-url",
+            lp.url,
+            "--timeout",
+            "120",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
+
+    bound = rh.bound_run_id(run.journal_path)
+    assert bound is not None
+    stored = rh.platform_episode_ids(lp.data_dir, bound)
+    assert set(stored) == journaled and max(stored.values()) == 1
+    # finish() was called: its entry uses the room kept for bookkeeping, so the
+    # run closes as completed, not as crashed.
+    assert lp.run(bound)["status"] == "COMPLETED"
