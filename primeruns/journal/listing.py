@@ -16,6 +16,7 @@ from typing import Any
 from primeruns.exceptions import JournalError
 from primeruns.journal.journal import K_LOCAL_ID, Journal
 from primeruns.journal.lock import LOCK_NAME, OwnerLock, owner_alive, read_owner
+from primeruns.journal.probe import probe_many
 from primeruns.journal.store import DATA_NAME
 from primeruns.journal.types import Damage
 
@@ -98,6 +99,7 @@ def list_journals(runs_dir: Path, *, verify: bool = False) -> list[JournalInfo]:
         children = sorted(p for p in runs_dir.iterdir() if (p / DATA_NAME).is_file())
     except OSError:
         return []
+    probe_many(children)  # one child walks them all first (see probe); opens reuse it
     return [_info(p, verify=verify) for p in children]
 
 

@@ -9,41 +9,103 @@ opens it exactly as a reader does and touches every key and value of every
 table: if the child dies or reports an error, the file is salvaged from a
 page scan instead (pure Python, never LMDB's cursor), and the parent lives.
 
-The child is this file run as a script: it imports only ``lmdb`` (about 40 ms).
+The child is this file run as a script: it imports only ``lmdb`` (~40 ms to
+start), and walks many journals in one go (``probe_many``, for listings); a
+journal that kills it is reported as damaged and the child is started again
+for the rest. Results are kept for the process's life, keyed by the file's
+size and modification time, so reopening an unchanged journal costs nothing.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 # A damaged tree can also make LMDB loop; a walk of a healthy journal of many
 # GB takes seconds.
 PROBE_TIMEOUT_S = 120.0
+_DATA = "data.mdb"
+
+_lock = threading.Lock()
+_known: dict[tuple[str, int, int], str | None] = {}
+
+
+def _key(directory: Path) -> tuple[str, int, int] | None:
+    try:
+        stat = os.stat(directory / _DATA)
+    except OSError:
+        return None
+    return (os.path.realpath(directory), stat.st_size, stat.st_mtime_ns)
 
 
 def probe(directory: Path) -> str | None:
     """None when the journal's tree reads cleanly; else what went wrong."""
+    return probe_many([directory]).get(Path(directory))
+
+
+def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:
+    """``probe`` for each directory, with one child process for all of them
+    (one more after each journal that kills it)."""
+    result: dict[Path, str | None] = {}
+    todo: list[tuple[Path, tuple[str, int, int]]] = []
+    with _lock:
+        for directory in map(Path, directories):
+            key = _key(directory)
+            if key is None:
+                result[directory] = None  # nothing to map: the open reports it
+            elif key in _known:
+                result[directory] = _known[key]
+            else:
+                todo.append((directory, key))
+    while todo:
+        found, rest = _run_child([d for d, _ in todo])
+        with _lock:
+            for (directory, key), verdict in zip(todo, found, strict=False):
+                result[directory] = verdict
+                _known[key] = verdict
+        todo = todo[len(found) :] if rest else []
+    return result
+
+
+def _run_child(directories: list[Path]) -> tuple[list[str | None], bool]:
+    """Walk ``directories`` in order in one child; returns the verdicts it got
+    to and whether some were left (the child died on the last one)."""
     try:
         done = subprocess.run(
-            [sys.executable, __file__, str(directory)],
+            [sys.executable, __file__],
+            input="".join(f"{d}\n" for d in directories).encode(),
             capture_output=True,
-            timeout=PROBE_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
+            timeout=PROBE_TIMEOUT_S * max(1, len(directories)),
             check=False,
         )
-    except subprocess.TimeoutExpired:
-        return f"reading its tree did not end within {PROBE_TIMEOUT_S:.0f} s"
-    except OSError:  # no child can be started here: open it as before, unchecked
-        return None
-    if done.returncode == 0:
-        return None
-    tail = (done.stderr or b"").decode(errors="replace").strip().splitlines()
-    detail = tail[-1][:300] if tail else ""
-    if done.returncode < 0:
-        return f"reading its tree killed the reader (signal {-done.returncode}) {detail}".strip()
-    return detail or f"reading its tree failed (exit {done.returncode})"
+    except subprocess.TimeoutExpired as exc:
+        verdicts = _verdicts(exc.stdout or b"")
+        verdicts.append(f"reading its tree did not end within {PROBE_TIMEOUT_S:.0f} s")
+        return verdicts, len(verdicts) < len(directories)
+    except OSError:  # no child can be started here: open as before, unchecked
+        return [None] * len(directories), False
+    verdicts = _verdicts(done.stdout)
+    if len(verdicts) < len(directories):  # it died on the next one
+        tail = (done.stderr or b"").decode(errors="replace").strip().splitlines()
+        detail = tail[-1][:300] if tail else ""
+        if done.returncode < 0:
+            why = f"reading its tree killed the reader (signal {-done.returncode}) {detail}"
+        else:
+            why = detail or f"reading its tree failed (exit {done.returncode})"
+        verdicts.append(why.strip())
+    return verdicts, len(verdicts) < len(directories)
+
+
+def _verdicts(stdout: bytes) -> list[str | None]:
+    out: list[str | None] = []
+    for line in stdout.decode(errors="replace").splitlines():
+        status, _, detail = line.partition(" ")
+        out.append(None if status == "ok" else detail or "unreadable")
+    return out
 
 
 def _walk(directory: str) -> None:
@@ -64,5 +126,18 @@ def _walk(directory: str) -> None:
         env.close()
 
 
+def _main() -> None:
+    import lmdb
+
+    for line in sys.stdin:
+        directory = line.rstrip("\n")
+        try:
+            _walk(directory)
+        except lmdb.Error as exc:
+            print(f"bad {type(exc).__name__}: {exc}".replace("\n", " "), flush=True)
+        else:
+            print("ok", flush=True)
+
+
 if __name__ == "__main__":
-    _walk(sys.argv[1])
+    _main()
