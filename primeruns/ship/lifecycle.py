@@ -162,6 +162,15 @@ class Lifecycle:
             run_id, name, url = str(attach), spec.get("name"), None
         elif kind == "train":
             body = self._train_body(spec)
+            if self.journal.get_meta(K_CREATE_SENT):
+                # External runs cannot be looked up: say what may remain.
+                log.warning(
+                    "prime-runs: an earlier request to create training run %r may have "
+                    "landed with its answer lost; the platform offers no lookup, so an "
+                    "empty RUNNING run of that name may remain beside this one",
+                    spec.get("name"),
+                )
+            self.journal.set_meta(K_CREATE_SENT, time.time())  # before the request
             created = self._call(
                 "POST", "/rft/external-runs", body, replayable=False, attempts=attempts
             )

@@ -281,7 +281,7 @@ class Shipper:
             prepared: Prepared | None = sink.prepare(result.entries, binding)
         except Exception as exc:
             if classify(exc) is Failure.OFF:
-                self._turn_off(str(exc))
+                self._turn_off(exc)
                 return None
             # The first entry cannot be sent at all (a sink builds up to, not
             # past, a bad record): count it, move past it alone.
@@ -346,7 +346,7 @@ class Shipper:
                         attempt = min(attempt, self._policy.attempts_per_strike - 1)
                     continue
                 if kind is Failure.OFF:
-                    self._turn_off(str(exc))
+                    self._turn_off(exc)
                 elif kind is Failure.REJECTED:
                     self._rejected(inflight, int(state.get("records", 0)), exc)
                 else:
@@ -436,9 +436,11 @@ class Shipper:
             self.state.retired_reason = reason
             self._progress.notify_all()
 
-    def _turn_off(self, reason: str) -> None:
+    def _turn_off(self, exc: BaseException) -> None:
+        reason = str(exc)
         log.info("%s: off (%s); not a loss", self.name, reason)
-        self.journal.set_meta(f"sink_off.{self.name}", reason)
+        if getattr(exc, "lasting", True):
+            self.journal.set_meta(f"sink_off.{self.name}", reason)
         with self._progress:
             self.state.active = False
             self.state.off_reason = reason

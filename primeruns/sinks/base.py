@@ -44,7 +44,17 @@ class Prepared:
 
 class SinkOff(Exception):
     """Raised by a sink that turned itself off on purpose (opt-out, account not
-    enabled, no pyarrow). Not a loss: the shipper stops the sink quietly."""
+    enabled, no pyarrow). Not a loss: the shipper stops the sink quietly.
+
+    ``lasting`` reasons are facts about the run or the account, recorded in the
+    journal so that every later process (replay, a requeued job) keeps the
+    sink off; a reason of this process only (pyarrow missing here) is not, so
+    a process that has what it takes ships the backlog.
+    """
+
+    def __init__(self, reason: str, *, lasting: bool = True) -> None:
+        super().__init__(reason)
+        self.lasting = lasting
 
 
 @dataclass

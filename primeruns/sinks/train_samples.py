@@ -84,7 +84,9 @@ class TrainSamplesSink:
         if not parquet_available():
             raise SinkOff(
                 "pyarrow is not installed, so the training sample table is off; "
-                "install prime-runs[train] to enable it"
+                "install prime-runs[train] to enable it (primeruns replay from a machine "
+                "that has it ships the table)",
+                lasting=False,
             )
         by_step: dict[int, list[dict[str, Any]]] = {}
         for entry in entries:
