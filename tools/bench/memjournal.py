@@ -77,7 +77,9 @@ class MemoryJournal:
         return journal
 
     # -- appending and reading ------------------------------------------------
-    def append(self, kind: EntryKind, payloads: Sequence[bytes]) -> AppendResult:
+    def append(
+        self, kind: EntryKind, payloads: Sequence[bytes], *, essential: bool = False
+    ) -> AppendResult:
         if not payloads:
             return AppendResult(None, 0, 0)
         with self._appended:
@@ -85,6 +87,9 @@ class MemoryJournal:
             self._entries.extend(Entry(first + i, kind, bytes(p)) for i, p in enumerate(payloads))
             self._appended.notify_all()
         return AppendResult(first, len(payloads), 0)
+
+    def set_sinks(self, names: Sequence[str]) -> None:
+        """Nothing to compact in memory."""
 
     def last_seq(self) -> int:
         return len(self._entries)
