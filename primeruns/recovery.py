@@ -115,17 +115,24 @@ def terminal_state(journal: Journal) -> tuple[str, str | None, dict[str, Any]]:
     return "crashed", CRASH_ERROR, summary
 
 
-def find_run_journals(runs_dir: Path, run_id: str, *, exclude: Path | None = None) -> list[Path]:
-    """Journals under ``runs_dir`` of platform run ``run_id`` whose owner is gone."""
-    out: list[Path] = []
+def find_run_journals(
+    runs_dir: Path, run_id: str, *, exclude: Path | None = None
+) -> tuple[list[Path], list[str]]:
+    """Journals under ``runs_dir`` of platform run ``run_id``: those whose owner
+    is gone (a requeued job ships them), and the owners still logging to it."""
+    gone: list[Path] = []
+    live: list[str] = []
     for info in list_journals(runs_dir):
         if exclude is not None and info.path == exclude:
             continue
         spec = info.meta.get("spec") or {}
         bound = info.meta.get("platform") or {}
-        if run_id in (spec.get("attach_id"), bound.get("run_id")) and not info.owner_alive:
-            out.append(info.path)
-    return out
+        if run_id in (spec.get("attach_id"), bound.get("run_id")):
+            if info.owner_alive:
+                live.append(str(info.owner or info.path))
+            else:
+                gone.append(info.path)
+    return gone, live
 
 
 def _pending(journal: Journal, shippers: list[Shipper]) -> dict[str, int]:

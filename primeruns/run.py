@@ -1083,7 +1083,7 @@ def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
     and closed out (off the init path: listing opens every journal)."""
     try:
         crashed = []
-        for info in list_journals(runs_dir):
+        for info in list_journals(runs_dir, skip_live=True):
             meta = info.meta
             if info.path in skip or info.owner_alive or meta.get("finalized"):
                 continue
@@ -1157,9 +1157,19 @@ def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
         client.close()
         raise
     attach = lifecycle.spec.get("attach_id")
-    predecessors = (
-        find_run_journals(journal.path.parent, str(attach), exclude=journal.path) if attach else []
-    )
+    predecessors: list[Path] = []
+    if attach:
+        predecessors, alive = find_run_journals(
+            journal.path.parent, str(attach), exclude=journal.path
+        )
+        if alive:
+            log.warning(
+                "prime-runs: another process (%s) is logging to run %s right now; the "
+                "platform keeps one metrics row per step, so rows both log for the same "
+                "step overwrite each other. Give each process its own steps, or its own run.",
+                " and ".join(alive),
+                attach,
+            )
     run._shippers = make_shippers(
         journal,
         client,

@@ -240,3 +240,30 @@ def test_lost_registration_responses_leave_exactly_one_run_per_init(
     for run in made:
         stored = lp.run(run.id)
         assert stored["status"] == "COMPLETED" and stored["samples"]["rows"] == 3
+
+
+def test_two_live_processes_attached_to_one_run_are_warned_about_each_other(
+    make_local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, two processes attached to the same run id overwrote each other's
+    metric rows (one row per step on the platform) with no word said."""
+    lp = make_local_platform()
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    import httpx
+
+    created = httpx.post(
+        f"{lp.url}/api/v1/rft/external-runs",
+        json={"base_model": "m", "max_steps": 10, "team_id": "team-a"},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=10,
+    ).json()["run"]["id"]
+    common: dict[str, Any] = {"api_key": API_KEY, "base_url": lp.url, "runs_dir": runs}
+    first = pr.init(kind="train", id=created, model="m", team_id="team-a", **common)
+    with caplog.at_level("WARNING", logger="primeruns"):
+        second = pr.init(kind="train", id=created, model="m", team_id="team-a", **common)
+    assert "is logging to run" in caplog.text and "overwrite each other" in caplog.text
+    second.finish(timeout=30)
+    first.finish(timeout=30)

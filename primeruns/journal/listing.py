@@ -88,17 +88,22 @@ def _info(path: Path, *, verify: bool) -> JournalInfo:
         return JournalInfo(**base, damage=[Damage(None, f"{path.name}: {exc}")])
 
 
-def list_journals(runs_dir: Path, *, verify: bool = False) -> list[JournalInfo]:
+def list_journals(
+    runs_dir: Path, *, verify: bool = False, skip_live: bool = False
+) -> list[JournalInfo]:
     """Every journal under ``runs_dir``, oldest first (ids sort by creation time).
 
     Takes no lock; never raises for a damaged journal (its ``damage`` says
     what is wrong). ``verify=True`` also scans every entry (slower).
+    ``skip_live=True`` leaves out journals whose owner is alive, unopened.
     """
     runs_dir = Path(runs_dir)
     try:
         children = sorted(p for p in runs_dir.iterdir() if (p / DATA_NAME).is_file())
     except OSError:
         return []
+    if skip_live:
+        children = [p for p in children if not owner_alive(read_owner(p))]
     probe_many(children)  # one child walks them all first (see probe); opens reuse it
     return [_info(p, verify=verify) for p in children]
 

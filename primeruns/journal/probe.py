@@ -18,6 +18,7 @@ size and modification time, so reopening an unchanged journal costs nothing.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -128,6 +129,10 @@ def _walk(directory: str) -> None:
 
 def _main() -> None:
     import lmdb
+
+    # Often started beside a training loop (a run's start-up scan): yield to it.
+    with contextlib.suppress(OSError):
+        os.nice(10)
 
     for line in sys.stdin:
         directory = line.rstrip("\n")
