@@ -344,6 +344,14 @@ class Run:
         try:
             for index, item in enumerate(items):
                 try:
+                    if kind is EntryKind.EPISODE and not _has_trace_list(item):
+                        raise records.RecordEncodeError(
+                            f"{what}[{index}]",
+                            "it is not an episode: it has no 'traces' list, so Prime Traces "
+                            "would refuse it and the sample table would get no row from it",
+                            "log what verifiers' Episode.to_record() returns ({'id': ..., "
+                            "'traces': [...], ...}), or bare traces with log_traces",
+                        )
                     payload = records.encode_record(item, what=f"{what}[{index}]")
                     if len(payload) > MAX_ENTRY_BYTES:
                         raise records.RecordEncodeError(
@@ -823,6 +831,16 @@ def _describe(error: str | BaseException) -> str:
         text = str(error)
         return f"{type(error).__name__}: {text}" if text else type(error).__name__
     return str(error)
+
+
+def _has_trace_list(item: Any) -> bool:
+    """Whether ``item`` (a mapping or an episode object) carries a list of traces."""
+    if isinstance(item, Mapping):
+        return isinstance(item.get("traces"), list | tuple)
+    to_record = getattr(item, "to_record", None)
+    if callable(to_record) or not hasattr(item, "traces"):
+        return True  # its record decides; the encoder checks the rest
+    return isinstance(item.traces, list | tuple)
 
 
 def _looks_like_episode(item: Any) -> bool:

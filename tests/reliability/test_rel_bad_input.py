@@ -32,7 +32,7 @@ class _RaisingRecord:
 
 
 def _deep(levels: int) -> dict[str, Any]:
-    root: dict[str, Any] = {}
+    root: dict[str, Any] = {"id": "deep", "traces": []}
     cur = root
     for _ in range(levels):
         cur["a"] = {}
@@ -60,9 +60,9 @@ def _episodes(run: pr.Run) -> list[dict[str, Any]]:
 
 # (label, bad value, words the message must contain: the field and the fix)
 UNENCODABLE = [
-    ("object", {"id": "x", "obj": _Opaque()}, ["obj", "convert it to str"]),
-    ("bytes", {"id": "x", "blob": b"\xff\xfe"}, ["blob", "decode"]),
-    ("tuple key", {"id": "x", (1, 2): "v"}, ["tuple", "str"]),
+    ("object", {"id": "x", "traces": [], "obj": _Opaque()}, ["obj", "convert it to str"]),
+    ("bytes", {"id": "x", "traces": [], "blob": b"\xff\xfe"}, ["blob", "decode"]),
+    ("tuple key", {"id": "x", "traces": [], (1, 2): "v"}, ["tuple", "str"]),
     ("deep nesting", _deep(100_000), ["nested", "deep"]),
     ("to_record raises", _RaisingRecord(), ["to_record", "exploded"]),
 ]
@@ -72,8 +72,9 @@ UNENCODABLE = [
 def test_an_unencodable_record_is_counted_named_and_its_batch_mates_kept(
     run: pr.Run, label: str, bad: Any, words: list[str]
 ) -> None:
-    run.log_episodes([{"id": "before"}])
-    run.log_episodes([{"id": "mate-1"}, bad, {"id": "mate-2"}])  # never raises
+    run.log_episodes([{"id": "before", "traces": []}])
+    mates = [{"id": "mate-1", "traces": []}, bad, {"id": "mate-2", "traces": []}]
+    run.log_episodes(mates)  # never raises
     assert run.failed_records == {"encode": 1}
     assert any(all(w in e for w in words) for e in run.errors), run.errors
     assert [e["id"] for e in _episodes(run)] == ["before", "mate-1", "mate-2"]
@@ -82,17 +83,17 @@ def test_an_unencodable_record_is_counted_named_and_its_batch_mates_kept(
 def test_values_json_cannot_hold_are_made_valid_and_kept(run: pr.Run) -> None:
     run.log_episodes(
         [
-            {"id": "nan", "reward": float("nan"), "inf": float("-inf")},
-            {"id": "int-keys", 1: "a", 2.5: "b", None: "c"},
-            {"id": "huge", "n": 10**400},
-            {"id": "set", "s": {3}},
+            {"id": "nan", "traces": [], "reward": float("nan"), "inf": float("-inf")},
+            {"id": "int-keys", "traces": [], 1: "a", 2.5: "b", None: "c"},
+            {"id": "huge", "traces": [], "n": 10**400},
+            {"id": "set", "traces": [], "s": {3}},
         ]
     )
     with pytest.warns(RecordRepairWarning, match="lone surrogates"):
-        run.log_episodes([{"id": "surrogate", "text": "a\ud800b", "\udc80": 1}])
+        run.log_episodes([{"id": "surrogate", "traces": [], "text": "a\ud800b", "\udc80": 1}])
     got = {e["id"]: e for e in _episodes(run)}
     assert got["nan"]["reward"] is None and got["nan"]["inf"] is None
-    assert got["int-keys"] == {"id": "int-keys", "1": "a", "2.5": "b", "null": "c"}
+    assert got["int-keys"] == {"id": "int-keys", "traces": [], "1": "a", "2.5": "b", "null": "c"}
     assert got["huge"]["n"] == 10**400
     assert got["surrogate"]["text"] == "a\ufffdb"
     assert run.failed_records == {}
@@ -136,7 +137,7 @@ def test_an_unencodable_summary_value_never_raises_and_does_not_poison_finish(
 
 
 def test_an_unencodable_finish_summary_still_closes_the_run(run: pr.Run) -> None:
-    run.log_episodes([{"id": "kept"}])
+    run.log_episodes([{"id": "kept", "traces": []}])
     try:
         run.finish(summary={"obj": _Opaque(), "n": 1})
     finally:
@@ -148,8 +149,10 @@ def test_an_unencodable_finish_summary_still_closes_the_run(run: pr.Run) -> None
 def test_a_record_over_the_64_mib_line_limit_does_not_lose_its_neighbours(
     run: pr.Run,
 ) -> None:
-    run.log_episodes([{"id": "small-1"}])
-    run.log_episodes([{"id": "huge", "blob": "x" * (65 << 20)}, {"id": "small-2"}])
+    run.log_episodes([{"id": "small-1", "traces": []}])
+    run.log_episodes(
+        [{"id": "huge", "traces": [], "blob": "x" * (65 << 20)}, {"id": "small-2", "traces": []}]
+    )
     ids = [e["id"] for e in _episodes(run)]
     assert "small-1" in ids and "small-2" in ids
 
@@ -276,7 +279,23 @@ def test_a_record_over_the_per_record_limit_is_counted_and_its_neighbours_kept(
     """Before the fix a 130 MiB record raised ValueError into the loop under
     ``on_error="warn"``, the valid record beside it was never journaled and the
     loss was counted nowhere."""
-    run.log_episodes([{"id": "huge", "blob": "x" * (130 << 20)}, {"id": "beside"}])
+    run.log_episodes(
+        [{"id": "huge", "traces": [], "blob": "x" * (130 << 20)}, {"id": "beside", "traces": []}]
+    )
     assert [e["id"] for e in _episodes(run)] == ["beside"]
     assert run.failed_records.get("encode") == 1
     assert any("per-record limit" in e and "episodes[0]" in e for e in run.errors), run.errors
+
+
+def test_a_mapping_that_is_not_an_episode_is_refused_at_log_time_naming_the_fix(
+    run: pr.Run,
+) -> None:
+    """Before, a sample-shaped mapping (no ``traces`` list) was journaled, then
+    refused by Prime Traces ("does not match line format 'episode'"), gave the
+    sample table no row and ``from_episodes`` an avg_reward of 0.0: lost
+    everywhere but counted nowhere useful. It is now refused when logged."""
+    sample = {"id": "s", "prompt": "2+2?", "completion": "4", "reward": 1.0}
+    run.log_episodes([sample, {"id": "real", "traces": []}])
+    assert [e["id"] for e in _episodes(run)] == ["real"]
+    assert run.failed_records.get("encode") == 1
+    assert any("episodes[0]" in e and "Episode.to_record()" in e for e in run.errors), run.errors

@@ -79,7 +79,9 @@ def test_journal_budget_can_be_set_from_the_environment(
     monkeypatch.setenv("PRIME_RUNS_MAX_JOURNAL_BYTES", str(1 << 20))
     run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=tmp_path / "runs")
     for _ in range(300):
-        run.log_episodes([{"id": os.urandom(8).hex(), "blob": os.urandom(6000).hex()}])
+        run.log_episodes(
+            [{"id": os.urandom(8).hex(), "traces": [], "blob": os.urandom(6000).hex()}]
+        )
     run.finish()
     assert run.dropped_records > 0  # the budget applied: drops counted, nothing raised
     assert run.status is pr.RunStatus.COMPLETED
