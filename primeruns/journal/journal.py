@@ -967,6 +967,12 @@ class Journal:
         no sinks named (an offline run, a reader) nothing is ever compacted."""
         self._sinks = frozenset(names)
 
+    def drop_sink(self, name: str) -> None:
+        """``name`` is off for good (not enabled for the account, opted out):
+        nothing it would have shipped is owed, so compaction no longer waits
+        for its acknowledgements."""
+        self._sinks = self._sinks - {name}
+
     # -- losses ---------------------------------------------------------------------------
 
     def _losses_in(self, txn: lmdb.Transaction) -> dict[str, dict[str, Any]]:

@@ -68,5 +68,5 @@ def make_shippers(
         for sink in sinks
     ]
     # While space is short, what all of them acknowledged is compacted away.
-    journal.set_sinks([shipper.name for shipper in shippers])
+    journal.set_sinks([s.name for s in shippers if s.state.off_reason is None])
     return shippers

@@ -441,6 +441,7 @@ class Shipper:
         log.info("%s: off (%s); not a loss", self.name, reason)
         if getattr(exc, "lasting", True):
             self.journal.set_meta(f"sink_off.{self.name}", reason)
+            self.journal.drop_sink(self.name)
         with self._progress:
             self.state.active = False
             self.state.off_reason = reason

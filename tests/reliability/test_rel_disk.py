@@ -283,3 +283,29 @@ def test_sync_of_a_journal_that_filled_its_disk_ships_everything_in_it(
     # finish() was called: its entry uses the room kept for bookkeeping, so the
     # run closes as completed, not as crashed.
     assert lp.run(bound)["status"] == "COMPLETED"
+
+
+def test_without_prime_traces_the_budget_still_bounds_only_the_backlog(
+    make_local_platform: Any, tmp_path: Path
+) -> None:
+    """Prime Traces not enabled for the account (the common case): the traces
+    sink is off for good, so compaction must not wait for its acknowledgements,
+    or the budget would cap the run's whole history again."""
+    lp: LocalPlatform = make_local_platform(traces_disabled=True)
+    episodes = workloads.gsm8k(1500)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = pr.init(
+            environments=["gsm8k"],
+            model="m",
+            api_key=rt.KEY,
+            base_url=lp.url,
+            runs_dir=tmp_path / "runs",
+            max_journal_bytes=4 << 20,
+        )
+        for i in range(0, len(episodes), 50):
+            run.log_episodes(episodes[i : i + 50])
+            assert run.flush(timeout=60)
+        run.finish(timeout=60)
+    assert run.dropped_records == 0
+    assert run.id is not None
+    assert lp.run(run.id)["samples"]["rows"] == len(episodes)

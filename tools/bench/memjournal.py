@@ -91,6 +91,9 @@ class MemoryJournal:
     def set_sinks(self, names: Sequence[str]) -> None:
         """Nothing to compact in memory."""
 
+    def drop_sink(self, name: str) -> None:
+        """Nothing to compact in memory."""
+
     def last_seq(self) -> int:
         return len(self._entries)
 
