@@ -169,6 +169,19 @@ def _gather(cur: lmdb.Cursor, seq: int, first: bytes | memoryview) -> tuple[byte
     return b"".join(parts), ordered
 
 
+# What compaction never removes: the run's spec, summaries and finish decide
+# how a crashed run is closed out (``recovery.terminal_state`` reads them from
+# the start), and they are few and small.
+_KEPT_KINDS = frozenset({int(EntryKind.RUN_OPEN), int(EntryKind.SUMMARY), int(EntryKind.FINISH)})
+
+
+def _kept_kind(value: bytes | memoryview) -> bool:
+    try:
+        return peek_header(value).kind in _KEPT_KINDS
+    except FrameError:
+        return True  # unreadable: leave it for the damage report, never delete it
+
+
 def _put_new(txn: lmdb.Transaction, key: bytes, value: bytes, db: Any) -> None:
     """Put a key that must not exist yet, after every key in ``db``.
 
@@ -1074,12 +1087,19 @@ class Journal:
                 cur = txn.cursor(db=db)
                 n = keys = 0
                 more = cur.first()
+                kept = -1  # the seq of a lifecycle entry passed over (and its chunks)
                 while (
                     more
                     and keys < _COMPACT_CHUNK
                     and len(cur.key()) in (_KEY.size, _CKEY.size)
                     and _seq_of(cur.key()) <= upto
                 ):
+                    seq = _seq_of(cur.key())
+                    if len(cur.key()) == _KEY.size and _kept_kind(cur.value()):
+                        kept = seq
+                    if seq == kept:
+                        more = cur.next()
+                        continue
                     n += len(cur.key()) == _KEY.size  # entries, not their chunks
                     keys += 1
                     more = cur.delete()
@@ -1093,6 +1113,9 @@ class Journal:
                         and len(cur.key()) == _KEY.size
                         and _seq_of(cur.key()) <= upto
                     ):
+                        if _kept_kind(cur.value()):
+                            more = cur.next()
+                            continue
                         n, keys = n + 1, keys + 1
                         unstaged += 1
                         more = cur.delete()

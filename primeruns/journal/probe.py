@@ -78,7 +78,9 @@ def _run_child(directories: list[Path]) -> tuple[list[str | None], bool]:
     try:
         done = subprocess.run(
             [sys.executable, __file__],
-            input="".join(f"{d}\n" for d in directories).encode(),
+            # NUL-separated absolute paths: a name may hold a newline, and the
+            # child's working directory must not matter.
+            input=b"\0".join(os.fsencode(os.path.abspath(d)) for d in directories),
             capture_output=True,
             timeout=PROBE_TIMEOUT_S * max(1, len(directories)),
             check=False,
@@ -134,8 +136,8 @@ def _main() -> None:
     with contextlib.suppress(OSError):
         os.nice(10)
 
-    for line in sys.stdin:
-        directory = line.rstrip("\n")
+    for raw in sys.stdin.buffer.read().split(b"\0"):
+        directory = os.fsdecode(raw)
         try:
             _walk(directory)
         except lmdb.Error as exc:

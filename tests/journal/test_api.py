@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -277,3 +278,40 @@ def test_default_runs_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> No
     monkeypatch.delenv("PRIME_RUNS_DIR")
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "s"))
     assert default_runs_dir() == tmp_path / "s" / "prime-runs" / "runs"
+
+
+def test_compaction_keeps_the_entries_that_decide_how_a_run_is_closed(tmp_path: Path) -> None:
+    """Found by an adversarial review: space-pressure compaction deleted the
+    summary entry, and a replay of the killed run closed it with an empty
+    summary. The spec, summaries and finish are never compacted."""
+    journal = Journal.create(tmp_path / "runs", local_id="r")
+    try:
+        journal.append(EntryKind.RUN_OPEN, [b'{"kind":"eval"}'])
+        journal.append(EntryKind.SUMMARY, [b'{"accuracy":0.75,"pad":"' + b"x" * 5000 + b'"}'])
+        journal.append(EntryKind.EPISODE, [b'{"id":"e%d"}' % i for i in range(50)])
+        journal.append(EntryKind.FINISH, [b'{"status":"completed"}'])
+        journal.ack("traces", journal.last_seq())
+        assert journal.compact(sinks=["traces"]) == 50
+        left = journal.read(0, max_entries=1000).entries
+        assert [e.kind for e in left] == [EntryKind.RUN_OPEN, EntryKind.SUMMARY, EntryKind.FINISH]
+        assert journal.damage() == []
+    finally:
+        journal.close()
+
+
+def test_the_probe_takes_directory_names_with_newlines(tmp_path: Path) -> None:
+    """Found by an adversarial review: names were sent to the probe's child one
+    per line, so a name holding a newline shifted every verdict after it."""
+    from primeruns.journal.probe import probe_many
+
+    healthy = Journal.create(tmp_path, local_id="healthy")
+    healthy.append(EntryKind.EPISODE, [b'{"id":"e"}'])
+    healthy.close()
+    odd = tmp_path / "a\nhealthy"
+    shutil.copytree(tmp_path / "healthy", odd)
+    garbage = tmp_path / "garbage"
+    garbage.mkdir()
+    (garbage / "data.mdb").write_bytes(b"\x00" * 16384)
+    verdicts = probe_many([odd, garbage])
+    assert verdicts[odd] is None
+    assert verdicts[garbage] is not None

@@ -58,8 +58,14 @@ class JournalModel(RuleBasedStateMachine):
         # Only sinks that have a cursor hold entries back.
         upto = min((self.acked[s] for s in self.has_cursor), default=0)
         removed = self.j.compact()
-        assert removed == sum(1 for s in self.entries if s <= upto)
-        self.entries = {s: v for s, v in self.entries.items() if s > upto}
+        # The entries that decide how a run is closed are never compacted.
+        kept = (EntryKind.RUN_OPEN, EntryKind.SUMMARY, EntryKind.FINISH)
+
+        def stays(seq: int, kind: EntryKind) -> bool:
+            return seq > upto or kind in kept
+
+        assert removed == sum(1 for s, (k, _) in self.entries.items() if not stays(s, k))
+        self.entries = {s: v for s, v in self.entries.items() if stays(s, v[0])}
         self.floor = max(self.floor, upto)
 
     @rule()
