@@ -267,3 +267,14 @@ def test_two_live_processes_attached_to_one_run_are_warned_about_each_other(
     assert "is logging to run" in caplog.text and "overwrite each other" in caplog.text
     second.finish(timeout=30)
     first.finish(timeout=30)
+
+
+def test_a_refusal_names_its_line_only_at_the_start_of_the_message() -> None:
+    """A refusal that quotes a user's id containing "line 1" names no line: the
+    batch is halved instead of failing its innocent first record."""
+    from primeruns.ship.shipper import _rejected_line
+
+    named = Exception("HTTP 400 from POST /api/v1/traces: line 7: episode id over 256")
+    quoted = Exception("HTTP 400 from POST /api/v1/traces: episode id 'line 1' repeats")
+    assert _rejected_line(named, 100) == 7
+    assert _rejected_line(quoted, 100) is None

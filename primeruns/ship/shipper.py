@@ -448,7 +448,9 @@ class Shipper:
             self._progress.notify_all()
 
 
-_LINE = re.compile(r"\bline (\d+)\b")
+# The service's message starts with the line it refused ("line 7: ..."); a
+# "line N" elsewhere (inside a quoted id, say) names nothing.
+_LINE = re.compile(r"(?:^|: )line (\d+)\b")
 
 
 def _rejected_line(exc: BaseException, records: int) -> int | None:
