@@ -87,12 +87,22 @@ def kill_producer(args: list[str], lines_before_kill: int) -> tuple[Path, list[s
     return Path(first.split(" ", 1)[1]), acked
 
 
-def platform_episode_ids(data_dir: Path, run_id: str) -> Counter[str]:
-    """Every episode id the local platform stored for ``run_id``, with multiplicity."""
+def _stored(data_dir: Path, column: str, table: str, run_id: str) -> list[Any]:
+    """One column of the local platform's rows for ``run_id``, read-only."""
     uri = f"file:{data_dir / 'platform.sqlite3'}?mode=ro"
     conn = sqlite3.connect(uri, uri=True)
     try:
-        rows = conn.execute("SELECT episode_id FROM episodes WHERE run_id = ?", (run_id,))
-        return Counter(str(r[0]) for r in rows)
+        query = f"SELECT {column} FROM {table} WHERE run_id = ?"
+        return [r[0] for r in conn.execute(query, (run_id,))]
     finally:
         conn.close()
+
+
+def platform_episode_ids(data_dir: Path, run_id: str) -> Counter[str]:
+    """Every episode id the local platform stored for ``run_id``, with multiplicity."""
+    return Counter(str(v) for v in _stored(data_dir, "episode_id", "episodes", run_id))
+
+
+def platform_metric_steps(data_dir: Path, run_id: str) -> Counter[int]:
+    """Every training metrics step stored for ``run_id``, with multiplicity."""
+    return Counter(int(v) for v in _stored(data_dir, "step", "train_metrics", run_id))

@@ -13,32 +13,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import procs
 from sdk_helpers import platform_episode_ids as platform_episode_ids  # re-exported
+from sdk_helpers import platform_metric_steps as platform_metric_steps
 
 from primeruns.journal import EntryKind, Journal
 
 HERE = Path(__file__).resolve().parent
 PRODUCER = HERE / "rel_producer.py"
-
-
-def platform_metric_steps(data_dir: Path, run_id: str) -> Counter[int]:
-    uri = f"file:{data_dir / 'platform.sqlite3'}?mode=ro"
-    conn = sqlite3.connect(uri, uri=True)
-    try:
-        rows = conn.execute("SELECT step FROM train_metrics WHERE run_id = ?", (run_id,))
-        return Counter(int(r[0]) for r in rows)
-    finally:
-        conn.close()
 
 
 def journal_records(path: Path, kind: EntryKind) -> list[dict[str, Any]]:

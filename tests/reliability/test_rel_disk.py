@@ -208,15 +208,11 @@ def test_read_only_runs_dir_is_an_init_error_naming_the_directory(tmp_path: Path
         subprocess.run(["umount", "-l", str(ro)], check=False)
 
 
-def test_the_budget_bounds_the_backlog_not_the_runs_history(
-    shared_platform: LocalPlatform, tmp_path: Path
-) -> None:
-    """A 4 MiB journal budget and a healthy platform that keeps up: the run
-    logs several times its budget and drops nothing, because entries every
-    sink acknowledged are compacted away when space runs short. Before, 1,924
-    of 3,000 records were dropped although every earlier one had shipped."""
-    lp = shared_platform
-    episodes = workloads.gsm8k(1500)
+def _paced_run_under_a_small_budget(
+    lp: LocalPlatform, tmp_path: Path, episodes: list[dict[str, Any]]
+) -> pr.Run:
+    """An eval under a 4 MiB budget, logged no faster than the platform ships
+    (a flush after every call of 50), then finished."""
     with rt.sdk_env(lp.url, tmp_path / "home"):
         run = pr.init(
             environments=["gsm8k"],
@@ -230,6 +226,19 @@ def test_the_budget_bounds_the_backlog_not_the_runs_history(
             run.log_episodes(episodes[i : i + 50])
             assert run.flush(timeout=60)  # the platform keeps up: a backlog of one call
         run.finish(timeout=60)
+    return run
+
+
+def test_the_budget_bounds_the_backlog_not_the_runs_history(
+    shared_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A 4 MiB journal budget and a healthy platform that keeps up: the run
+    logs several times its budget and drops nothing, because entries every
+    sink acknowledged are compacted away when space runs short. Before, 1,924
+    of 3,000 records were dropped although every earlier one had shipped."""
+    lp = shared_platform
+    episodes = workloads.gsm8k(1500)
+    run = _paced_run_under_a_small_budget(lp, tmp_path, episodes)
     assert run.dropped_records == 0
     assert run.id is not None
     stored = rh.platform_episode_ids(lp.data_dir, run.id)
@@ -293,19 +302,7 @@ def test_without_prime_traces_the_budget_still_bounds_only_the_backlog(
     or the budget would cap the run's whole history again."""
     lp: LocalPlatform = make_local_platform(traces_disabled=True)
     episodes = workloads.gsm8k(1500)
-    with rt.sdk_env(lp.url, tmp_path / "home"):
-        run = pr.init(
-            environments=["gsm8k"],
-            model="m",
-            api_key=rt.KEY,
-            base_url=lp.url,
-            runs_dir=tmp_path / "runs",
-            max_journal_bytes=4 << 20,
-        )
-        for i in range(0, len(episodes), 50):
-            run.log_episodes(episodes[i : i + 50])
-            assert run.flush(timeout=60)
-        run.finish(timeout=60)
+    run = _paced_run_under_a_small_budget(lp, tmp_path, episodes)
     assert run.dropped_records == 0
     assert run.id is not None
     assert lp.run(run.id)["samples"]["rows"] == len(episodes)

@@ -27,12 +27,18 @@ SAMPLE = matrix.covering_sample(12, seed=1)
 EVERY = [c for c in matrix.all_configs() if c not in SAMPLE]
 
 
+def _lands_exactly_once(
+    config: matrix.Config, platforms: matrix.Platforms, tmp_path: Path, seed: int
+) -> None:
+    outcome = matrix.run_trial(config, platforms, tmp_path, seed=seed)
+    assert outcome.ok, outcome.problems
+
+
 @pytest.mark.parametrize("config", SAMPLE, ids=[c.label for c in SAMPLE])
 def test_configuration_lands_exactly_once(
     config: matrix.Config, platforms: matrix.Platforms, tmp_path: Path
 ) -> None:
-    outcome = matrix.run_trial(config, platforms, tmp_path, seed=SAMPLE.index(config))
-    assert outcome.ok, outcome.problems
+    _lands_exactly_once(config, platforms, tmp_path, SAMPLE.index(config))
 
 
 @pytest.mark.slow
@@ -40,5 +46,4 @@ def test_configuration_lands_exactly_once(
 def test_every_configuration_lands_exactly_once(
     config: matrix.Config, platforms: matrix.Platforms, tmp_path: Path
 ) -> None:
-    outcome = matrix.run_trial(config, platforms, tmp_path, seed=EVERY.index(config))
-    assert outcome.ok, outcome.problems
+    _lands_exactly_once(config, platforms, tmp_path, EVERY.index(config))

@@ -153,27 +153,19 @@ class LiveRun(RuleBasedStateMachine):
             assert rh.platform_metric_steps(self.lp.data_dir, run.id) == Counter(self.steps)
 
 
-def test_a_live_run_survives_any_interleaving(platform: LocalPlatform) -> None:
+def _explore(platform: LocalPlatform, **budget: Any) -> None:
     LiveRun.lp = platform
     machine = LiveRun.TestCase
     machine.settings = settings(
-        max_examples=8,
-        stateful_step_count=10,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow],
-        derandomize=True,
+        deadline=None, suppress_health_check=[HealthCheck.too_slow], **budget
     )
     machine().runTest()
+
+
+def test_a_live_run_survives_any_interleaving(platform: LocalPlatform) -> None:
+    _explore(platform, max_examples=8, stateful_step_count=10, derandomize=True)
 
 
 @pytest.mark.slow
 def test_a_live_run_survives_any_interleaving_long(platform: LocalPlatform) -> None:
-    LiveRun.lp = platform
-    machine = LiveRun.TestCase
-    machine.settings = settings(
-        max_examples=80,
-        stateful_step_count=25,
-        deadline=None,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
-    machine().runTest()
+    _explore(platform, max_examples=80, stateful_step_count=25)
