@@ -1,12 +1,14 @@
 """``init()`` and the ``Run`` handle: the part of the SDK a producer touches.
 
 A ``log_*`` call encodes its records, appends them to the run's journal in one
-transaction and returns; that is all the producer ever waits for. Shipper
-threads (:mod:`primeruns.ship`) upload the journal, and ``finish()`` drains
-them and closes the run out on the platform. Under the default
-``on_error="warn"`` no platform failure ever reaches the producer: failures are
-recorded in ``run.errors`` and the journal keeps what was not shipped, for
-``primeruns replay``.
+transaction, wakes the run's uplink without blocking and returns; that is all
+the producer ever waits for. The uplink (:mod:`primeruns.ship`, a process
+beside this one) uploads the journal; ``flush()`` and ``finish()`` read how
+far it got from the journal, and ``finish()`` journals the finish entry, which
+the uplink drains up to and closes the run out with. Under the default
+``on_error="warn"`` no platform failure ever reaches the producer: failures
+are recorded in ``run.errors`` and the journal keeps what was not shipped,
+for ``primeruns replay``.
 
 Modes: ``online`` (journal + upload), ``offline`` (journal only, for
 ``primeruns sync`` later) and ``disabled`` (nothing is written anywhere).
@@ -19,7 +21,6 @@ import json
 import logging
 import operator
 import os
-import random
 import secrets
 import signal
 import threading
@@ -61,11 +62,12 @@ from .models import (
     TrainingSpec,
 )
 from .platform import MODE_ENV, PlatformClient, Settings, resolve_settings
-from .recovery import find_run_journals
-from .ship.factory import make_shippers
+from .ship import ledger
+from .ship.factory import sink_kinds
 from .ship.lifecycle import Lifecycle
+from .ship.link import UplinkHandle, UplinkThreads, start_uplink
 from .ship.policy import RetryPolicy
-from .ship.shipper import Shipper, drain_all
+from .ship.uplink import find_run_journals
 from .sinks.base import Binding
 from .threads import start_daemon
 
@@ -77,15 +79,14 @@ _MODES = ("online", "offline", "disabled")
 _DEFAULT_FINISH_TIMEOUT = 300.0
 _AUTH_ERRORS = (UnauthorizedError, ForbiddenError, PaymentRequiredError)
 _SIGTERM_GRACE = 20.0
+# finish() waits this much past its timeout for the uplink's last steps
+# (stopping its shippers, the close-out call) before it returns anyway.
+_CLOSE_GRACE = 10.0
 # How long the interpreter's exit may wait, in all, to close out runs the
 # script never finished: long enough to ship a healthy run's tail, short
 # enough that an exit with the platform down does not look like a hang.
 # Whatever is left stays in the journal, and the warning names the command.
 _EXIT_GRACE = 30.0
-# finish() stops waiting when no sink has moved for this long (the platform is
-# down or refusing): waiting out the whole finish_timeout would only delay the
-# job, and everything left is in the journal for ``primeruns replay``.
-_STALL_S = 60.0
 _CRASHED = "process exited without finishing the run"
 
 
@@ -134,15 +135,16 @@ class Run:
         self._finishing = False
         self._finished = False
         self._pid = os.getpid()
-        self._client: PlatformClient | None = None
-        self._lifecycle: Lifecycle | None = None
-        self._shippers: list[Shipper] = []
-        self._registrar: threading.Thread | None = None
-        # Journals of earlier processes of this run whose backlog we ship.
-        self._adopted: list[tuple[Journal, list[Shipper]]] = []
+        self._lifecycle: Lifecycle | None = None  # reads the binding from the journal
+        self._uplink: UplinkHandle | None = None
+        self._uplink_replaced = False
+        # The newest seq appended of each entry kind: what flush() waits for.
+        self._last_by_kind: dict[int, int] = {}
+        self._raised = 0  # uplink failures already raised (on_error="raise")
         self._warned: set[str] = set()
         self._bound: Binding | None = None
         self._final_losses: dict[str, dict[str, Any]] | None = None
+        self._final_errors: list[dict[str, Any]] | None = None
 
     # -- identity ----------------------------------------------------------
     @property
@@ -202,7 +204,18 @@ class Run:
 
     @property
     def errors(self) -> list[str]:
-        return list(self._errors)
+        """What went wrong: bad input here, and the uplink's failures (from the journal)."""
+        return list(self._errors) + [ledger.error_text(e) for e in self._uplink_errors()]
+
+    def _uplink_errors(self) -> list[dict[str, Any]]:
+        if self._final_errors is not None:
+            return self._final_errors
+        if self._journal is None or self._uplink is None or not self._owner_process():
+            return []
+        try:
+            return ledger.read_errors(self._journal)
+        except JournalError:
+            return []
 
     @property
     def journal_path(self) -> Path | None:
@@ -408,6 +421,14 @@ class Run:
                 self._dropped += len(payloads)
             self._warn_once("journal", f"the journal refused records: {exc}")
             return
+        if result.first_seq is not None and result.count:
+            last = result.first_seq + result.count - 1
+            with self._lock:
+                if last > self._last_by_kind.get(int(kind), 0):
+                    self._last_by_kind[int(kind)] = last
+            uplink = self._uplink
+            if uplink is not None:
+                uplink.wake()
         if result.dropped:
             with self._lock:
                 self._dropped += result.dropped
@@ -430,11 +451,63 @@ class Run:
         return done
 
     def _drain(self, timeout: float | None) -> bool:
-        if self._journal is None or not self._owner_process():
+        """Wait until every live sink acknowledged what was journaled before
+        the call; False at the timeout, or once a sink is retired or paused."""
+        if self._journal is None or not self._owner_process() or self._uplink is None:
             return True
-        target = self._journal.last_seq()
+        with self._lock:
+            targets = dict(self._last_by_kind)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
-        return drain_all(self._shippers, target, deadline)
+        while True:
+            done, settled = self._sinks_caught_up(targets)
+            if done:
+                return True
+            if settled:
+                return False
+            self._replace_dead_uplink()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            # Woken by the uplink's progress; the cap only bounds a lost wake-up.
+            self._uplink.wait_progress(min(left, 5.0))
+
+    def _sinks_caught_up(self, targets: Mapping[int, int]) -> tuple[bool, bool]:
+        """(every sink has what it owes up to ``targets``, the rest are retired or paused)."""
+        journal = self._journal
+        assert journal is not None
+        done = settled = True
+        try:
+            for name, kinds in sink_kinds(self._kind).items():
+                target = max((targets.get(int(k), 0) for k in kinds), default=0)
+                if target == 0:
+                    continue
+                standing = ledger.read_standing(journal, name)
+                if standing.off is not None or journal.cursor(name).acked >= target:
+                    continue
+                done = False
+                settled = settled and standing.settled
+        except JournalError:
+            return False, True
+        return done, settled and not done
+
+    def _replace_dead_uplink(self) -> None:
+        """If the uplink process died before closing the run out (killed, out
+        of memory), ship from threads in this process from now on."""
+        uplink, journal = self._uplink, self._journal
+        if uplink is None or journal is None or self._uplink_replaced or uplink.alive():
+            return
+        if ledger.read_closeout(journal) is not None or self._settings is None:
+            return  # it finished its work
+        self._uplink_replaced = True
+        log.warning(
+            "prime-runs: the uplink process of run %s exited before the run was finished; "
+            "shipping from threads in this process from now on (nothing is lost: it ships "
+            "from the journal)",
+            self.id,
+        )
+        uplink.release()
+        journal.unshare_lock()
+        self._uplink = UplinkThreads(journal, self._settings, [])
 
     def finish(
         self,
@@ -476,7 +549,10 @@ class Run:
         status: RunStatus,
         error: str | BaseException | None,
         timeout: float | None,
+        wait: float | None = None,
     ) -> None:
+        """``timeout``: how long the uplink may ship before it closes the run
+        out; ``wait``: how long this call waits for it (default: as long)."""
         if summary:
             try:
                 cleaned = records.clean_metrics(summary)
@@ -497,82 +573,79 @@ class Run:
             return
         _unregister_exit(self)
         budget = self._finish_timeout if timeout is None else timeout
-        deadline = time.monotonic() + budget
+        waiting = budget if wait is None else min(wait, budget)
         record = {
             "status": status.value,
             "error": message,
             "summary": self.summary,
             "at": time.time(),
+            "timeout": budget,  # the uplink's deadline: at + timeout
         }
         self._append(
             EntryKind.FINISH, [records.encode_record(record, what="finish")], essential=True
         )
-        if self._mode != "online" or self._lifecycle is None:
+        uplink = self._uplink
+        if self._mode != "online" or uplink is None:
             self._close_journal()
             return
-        for shipper in self._shippers:
-            shipper.revive(final=True)  # the platform may be back: retry until the deadline
-        self._ensure_registered(deadline)
-        for _, adopted in self._adopted:
-            for shipper in adopted:
-                shipper.revive(final=True)
+        uplink.closing()
         pending = self._pending()
         if pending:
             log.info(
-                "prime-runs: finishing run %s: shipping %d record(s) (%s), for up to %.0f s; "
-                "it gives up sooner if nothing moves for %.0f s",
+                "prime-runs: finishing run %s: shipping %d record(s) (%s), for up to %.0f s",
                 self.id,
                 sum(pending.values()),
                 ", ".join(f"{k}: {v}" for k, v in pending.items()),
-                max(0.0, deadline - time.monotonic()),
-                _STALL_S,
+                budget,
             )
-        drained = _drain_while_moving(self._shippers, journal.last_seq(), deadline)
-        for old, adopted in self._adopted:
-            drained = _drain_while_moving(adopted, old.last_seq(), deadline) and drained
-        everyone = self._shippers + [s for _, group in self._adopted for s in group]
-        for shipper in everyone:
-            shipper.signal_stop()
-        for shipper in everyone:
-            shipper.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
-        for old, adopted in self._adopted:
-            if not any(shipper.pending_records() for shipper in adopted):
-                old.set_meta("state", "shipped")
-            old.close()
+        done_by = time.monotonic() + waiting + (_CLOSE_GRACE if wait is None else 0.0)
+        while not uplink.wait_exit(min(1.0, max(0.0, done_by - time.monotonic()))):
+            self._replace_dead_uplink()
+            uplink = self._uplink
+            assert uplink is not None
+            if time.monotonic() >= done_by:
+                break
+            uplink.wait_progress(min(1.0, max(0.0, done_by - time.monotonic())))
+        outcome = ledger.read_closeout(journal)
         if self._kind == "eval":
             written = int(journal.get_meta("episodes_written", 0) or 0)
             with self._lock:
                 prime = dict(self._summary.get("prime_runs") or {})
                 prime["traces_episodes_written"] = written
                 self._summary["prime_runs"] = prime
-        try:
-            if self._lifecycle.binding() is not None:
-                # After a stalled drain the platform is likely down: the close-out
-                # gets as long as the stall allowance, not the rest of the timeout.
-                close_by = deadline if drained else min(deadline, time.monotonic() + _STALL_S)
-                self._lifecycle.finalize(status.value, message, self.summary, deadline=close_by)
-        except Exception as exc:
-            self._note("finalize", exc)
-        pending = self._pending()
-        closed = self._lifecycle.finalized
-        if not drained or pending:
+        if outcome is None:
             log.warning(
-                "prime-runs: %d record(s) of run %s were not shipped (%s); they are kept in "
-                "the journal. Ship them with: primeruns replay %s",
-                sum(pending.values()),
+                "prime-runs: run %s is still being shipped by its uplink (pid %s), which "
+                "closes it out when done; everything is in the journal at %s (if the uplink "
+                "is stopped, ship it with: primeruns replay %s)",
                 self.id,
-                ", ".join(f"{k}: {v}" for k, v in pending.items()) or "finalize pending",
+                uplink.pid,
+                journal.path,
                 journal.path,
             )
-        elif not closed:
-            log.warning(
-                "prime-runs: run %s is not closed out on the platform yet (it could not be "
-                "reached); everything is shipped. Close it out with: primeruns replay %s",
-                self.id,
-                journal.path,
-            )
-        if self._client is not None:
-            self._client.close()
+        else:
+            if outcome.stalled_s is not None:
+                log.warning(
+                    "prime-runs: nothing shipped for %.0f s; not waiting any longer",
+                    outcome.stalled_s,
+                )
+            if not outcome.drained or outcome.pending:
+                log.warning(
+                    "prime-runs: %d record(s) of run %s were not shipped (%s); they are kept "
+                    "in the journal. Ship them with: primeruns replay %s",
+                    sum(outcome.pending.values()),
+                    self.id,
+                    ", ".join(f"{k}: {v}" for k, v in outcome.pending.items())
+                    or "finalize pending",
+                    journal.path,
+                )
+            elif not outcome.finalized:
+                log.warning(
+                    "prime-runs: run %s is not closed out on the platform yet (it could not "
+                    "be reached); everything is shipped. Close it out with: primeruns replay %s",
+                    self.id,
+                    journal.path,
+                )
         self._close_journal()
 
     def _close_journal(self) -> None:
@@ -581,16 +654,25 @@ class Run:
             return
         self._binding()
         self._final_losses = self._losses()
+        self._final_errors = self._uplink_errors()
+        if self._uplink is not None:
+            self._uplink.release()
         journal.close()
 
     def _pending(self) -> dict[str, int]:
-        """Per sink still on, how many records it has not shipped."""
+        """Per sink still on, how many records it has not shipped (reads the journal)."""
+        journal = self._journal
         out: dict[str, int] = {}
-        for shipper in self._shippers:
-            if shipper.state.off_reason is None:
-                left = shipper.pending_records()
-                if left:
-                    out[shipper.name] = left
+        if journal is None or self._uplink is None:
+            return out
+        try:
+            for name, kinds in sink_kinds(self._kind).items():
+                if ledger.read_standing(journal, name).off is None:
+                    left = ledger.unshipped(journal, name, kinds)
+                    if left:
+                        out[name] = left
+        except JournalError:
+            pass
         return out
 
     def fail(self, error: str | BaseException, *, timeout: float | None = None) -> None:
@@ -667,6 +749,12 @@ class Run:
             exc, self._deferred = self._deferred, None
         if exc is not None:
             raise exc
+        found = self._uplink_errors()
+        with self._lock:
+            fresh = found[self._raised :]
+            self._raised = len(found)
+        if fresh:
+            raise ledger.error_from_record(fresh[0])
 
     def _warn_once(self, key: str, message: str) -> None:
         if key in self._warned:
@@ -674,67 +762,35 @@ class Run:
         self._warned.add(key)
         log.warning("prime-runs: %s", message)
 
-    def _ensure_registered(self, deadline: float) -> None:
-        lifecycle = self._lifecycle
-        if lifecycle is None or lifecycle.binding() is not None:
-            return
-        while time.monotonic() < deadline:
-            try:
-                lifecycle.register(attempts=1)
-                break
-            except APIError as exc:
-                if not is_transient(exc):
-                    self._note("register", exc)
-                    return
-                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
-            except Exception as exc:
-                self._note("register", exc)
-                return
-        for shipper in self._shippers:
-            shipper.poke()
-
-    def _register_in_background(self) -> None:
-        """Retry registration until the platform answers (the run was started
-        while it was unreachable); shippers start shipping once it does."""
-        lifecycle = self._lifecycle
-        assert lifecycle is not None
-        rng = random.Random()
-        attempt = 0
-        while not self._finishing and self._owner_process():
-            try:
-                lifecycle.register(attempts=1)
-            except APIError as exc:
-                if not is_transient(exc):
-                    self._note("register", exc)
-                    return
-            except Exception as exc:
-                self._note("register", exc)
-                return
-            else:
-                log.info("prime-runs: run registered: %s", self.url)
-                for shipper in self._shippers:
-                    shipper.poke()
-                return
-            attempt += 1
-            time.sleep(min(30.0, 0.5 * 2 ** min(attempt, 6)) * rng.uniform(0.5, 1.5))
-
     def _at_exit(self, deadline: float) -> None:
         if self._finished or self._finishing or not self._owner_process():
             return
-        timeout = max(0.0, min(self._finish_timeout, deadline - time.monotonic()))
+        wait = max(0.0, min(self._finish_timeout, deadline - time.monotonic()))
         if self._mode == "online":
             pending = sum(self._pending().values())
             log.warning(
                 "prime-runs: run %s was not finished; closing it as crashed at exit, "
                 "waiting up to %.0f s for %d unshipped record(s) (all are in the journal)",
                 self.id,
-                timeout,
+                wait,
                 pending,
             )
         try:
-            self.finish(status=RunStatus.CRASHED, error=_CRASHED, timeout=timeout)
+            self._finish_at_exit(wait)
         except Exception as exc:
             log.warning("prime-runs: closing the run at exit failed: %s", exc)
+
+    def _finish_at_exit(self, wait: float) -> None:
+        # The uplink may go on after the interpreter exits (up to the run's
+        # finish_timeout); the exit itself waits only ``wait``.
+        with self._finish_lock:
+            if self._finished or self._finishing:
+                return
+            self._finishing = True
+            try:
+                self._finish_once(None, RunStatus.CRASHED, _CRASHED, None, wait=wait)
+            finally:
+                self._finished = True
 
     def _on_sigterm(self) -> None:
         if self._finished or self._finishing or not self._owner_process():
@@ -747,29 +803,6 @@ class Run:
             )
         except Exception as exc:
             log.warning("prime-runs: closing the run on SIGTERM failed: %s", exc)
-
-
-def _drain_while_moving(shippers: Sequence[Shipper], target: int, deadline: float) -> bool:
-    """``drain_all`` until ``deadline``, or until no shipper has moved for ``_STALL_S``."""
-    moved_at = time.monotonic()
-    last = [s.shipped_through() for s in shippers]
-    while True:
-        now = time.monotonic()
-        if drain_all(shippers, target, min(deadline, now + 1.0)):
-            return True
-        if all(s.settled(target) for s in shippers):
-            return False  # retired or paused: nothing more will happen by waiting
-        now = time.monotonic()
-        current = [s.shipped_through() for s in shippers]
-        if current != last:
-            last, moved_at = current, now
-        if now >= deadline:
-            return False
-        if now - moved_at >= _STALL_S:
-            log.warning(
-                "prime-runs: nothing shipped for %.0f s; not waiting any longer", now - moved_at
-            )
-            return False
 
 
 # -- process-wide hooks ---------------------------------------------------------
@@ -1124,45 +1157,17 @@ def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
         )
 
 
-def _adopt(
-    run: Run, path: Path, client: PlatformClient, settings: Settings, policy: RetryPolicy
-) -> None:
-    """Ship the backlog an earlier process of the same run left behind (a
-    preempted job requeued with the same run id), alongside the new records."""
-    try:
-        old = Journal.open(path, owner=True)
-    except JournalError as exc:  # its owner came back, or it is damaged: leave it for replay
-        log.info("prime-runs: not taking over %s: %s", path, exc)
-        return
-    old.set_meta("continued_by", run._local_id)
-    lifecycle = Lifecycle(old, client, policy=policy, on_failure=run._on_sink_failure)
-    shippers = make_shippers(
-        old,
-        client,
-        lifecycle,
-        opted_out=bool((old.get_meta("spec") or {}).get("traces_opt_out")),
-        policy=policy,
-        on_failure=run._on_sink_failure,
-    )
-    for shipper in shippers:
-        shipper.start()
-    run._adopted.append((old, shippers))
-    log.info("prime-runs: shipping the backlog of an earlier process of this run (%s)", path)
-
-
 def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
+    """Register the run (so ``run.url`` is there at once) and start its uplink."""
     policy = RetryPolicy.from_env()
     client = PlatformClient(settings)
     lifecycle = Lifecycle(journal, client, policy=policy, on_failure=run._on_sink_failure)
-    run._client, run._lifecycle = client, lifecycle
-    deferred = False
+    run._lifecycle = lifecycle
     try:
         lifecycle.register(attempts=2)
     except APIError as exc:
         if not is_transient(exc) or isinstance(exc, _AUTH_ERRORS):
-            client.close()
             raise
-        deferred = True
         log.warning(
             "prime-runs: %s (%s); the run goes on journaling and registers when it can. "
             "run.url is None until then.",
@@ -1171,9 +1176,8 @@ def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
             else "the platform did not register the run yet",
             exc,
         )
-    except BaseException:
-        client.close()
-        raise
+    finally:
+        client.close()  # from here on only the uplink talks to the platform
     attach = lifecycle.spec.get("attach_id")
     predecessors: list[Path] = []
     if attach:
@@ -1188,22 +1192,6 @@ def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
                 " and ".join(alive),
                 attach,
             )
-    run._shippers = make_shippers(
-        journal,
-        client,
-        lifecycle,
-        opted_out=settings.traces_opt_out,
-        policy=policy,
-        on_failure=run._on_sink_failure,
-        # A requeued job may log a step its predecessor logged too: draw sample
-        # id ranges far from the ones it used.
-        range_base=random.randrange(1 << 20, 1 << 21) if predecessors else 0,
-    )
-    for shipper in run._shippers:
-        shipper.start()
-    for path in predecessors:
-        _adopt(run, path, client, settings, policy)
+    run._uplink = start_uplink(journal, settings, predecessors)
     others = (journal.path.parent, {journal.path, *predecessors})
     start_daemon(_mention_crashed_runs, "primeruns-scan", others)
-    if deferred:
-        run._registrar = start_daemon(run._register_in_background, "primeruns-register")

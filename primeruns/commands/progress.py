@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 from typing import TextIO
 
-from ..recovery import Progress
+from ..ship.uplink import Progress
 from .fmt import Style, human_bytes
 
 __all__ = ["ProgressLine"]

@@ -1,6 +1,6 @@
 """``primeruns replay`` and ``primeruns sync``: ship journals on disk to the platform.
 
-Both are thin commands over :func:`primeruns.recovery.ship_journal`, the same
+Both are thin commands over :func:`primeruns.ship.uplink.ship_journal`, the same
 shippers a live run uses: take ownership (refused, naming the owner, while it
 lives), register the run if it never was, ship every unacknowledged record,
 and close the run out (as crashed when it has no finish entry). ``replay`` is
@@ -19,7 +19,7 @@ from typing import TextIO
 
 from ..exceptions import JournalCorruptError, JournalError, JournalLockedError
 from ..journal import Journal, list_journals
-from ..recovery import ShipReport, journal_settings, ship_journal
+from ..ship.uplink import ShipReport, journal_settings, ship_journal
 from .common import (
     EXIT_DAMAGED,
     EXIT_FAILED,

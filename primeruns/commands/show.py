@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 from ..journal import Damage, EntryKind, Journal, list_journals
-from ..recovery import terminal_state
+from ..ship.uplink import terminal_state
 from .common import EXIT_DAMAGED, EXIT_OK, add_runs_dir, describe, resolve_run, runs_dir_of
 from .entries import load_rows
 from .fmt import Style, human_age, human_bytes

@@ -20,8 +20,12 @@ Concepts:
 
 Thread-safety: every method may be called from any thread. One process owns a
 journal for writing (``owner=True``, an flock); read-only opens take no lock
-and work while the owner writes. A forked child cannot use an inherited
-Journal: every call raises JournalError (``store`` explains why).
+and work while the owner writes. A live run's uplink shares its producer's
+lock (``open(lock_fd=...)``): it writes cursors, acknowledgements and meta but
+never appends, and sees the producer's appends as they commit; only the
+appending process compresses staged entries and trains dictionaries. A
+forked child cannot use an inherited Journal: every call raises JournalError
+(``store`` explains why).
 """
 
 from __future__ import annotations
@@ -86,6 +90,9 @@ K_LOSSES = "journal.losses"
 K_FLOOR = "journal.compacted_upto"
 K_DICTS = "journal.dicts"  # {kind: dictionary id} in use for new entries
 K_DICT_PREFIX = "journal.dict."  # + id: the dictionary's bytes
+# The largest in-flight body recorded, for the appender's control reserve
+# (the uplink records batches in another process).
+K_INFLIGHT_PEAK = "journal.inflight_peak"
 _MAX_REASONS = 5
 # A read examines at most this many entries, so skipping a long run of other
 # kinds never holds the lock for long; next_after says where it stopped.
@@ -170,7 +177,7 @@ def _gather(cur: lmdb.Cursor, seq: int, first: bytes | memoryview) -> tuple[byte
 
 
 # What compaction never removes: the run's spec, summaries and finish decide
-# how a crashed run is closed out (``recovery.terminal_state`` reads them from
+# how a crashed run is closed out (``ship.uplink.terminal_state`` reads them from
 # the start), and they are few and small.
 _KEPT_KINDS = frozenset({int(EntryKind.RUN_OPEN), int(EntryKind.SUMMARY), int(EntryKind.FINISH)})
 
@@ -210,10 +217,18 @@ class Journal:
     durability: str
 
     def __init__(
-        self, path: Path, store: Store, lock: OwnerLock | None, durability: Durability
+        self,
+        path: Path,
+        store: Store,
+        lock: OwnerLock | None,
+        durability: Durability,
+        *,
+        appender: bool = True,
     ) -> None:
         """Use ``create`` or ``open``."""
         self.path = path
+        # Whether this process appends: the uplink sharing a producer's lock does not.
+        self._appender = lock is not None and appender
         self.durability = durability
         self._store = store
         self._owner_lock = lock
@@ -256,8 +271,11 @@ class Journal:
             self._sync_thread = start_daemon(
                 self._background_loop, f"primeruns-journal-{path.name}"
             )
-            self._move_thread = start_daemon(self._move_loop, f"primeruns-journal-zstd-{path.name}")
-            if self._staged:
+            if self._appender:
+                self._move_thread = start_daemon(
+                    self._move_loop, f"primeruns-journal-zstd-{path.name}"
+                )
+            if self._staged and self._appender:
                 self._move_wake.set()  # left staged by an earlier process
 
     # -- opening --------------------------------------------------------------------------
@@ -329,8 +347,13 @@ class Journal:
         durability: Durability = "process",
         max_bytes: int = DEFAULT_MAX_JOURNAL_BYTES,
         repair: bool = False,
+        lock_fd: int | None = None,
     ) -> Journal:
         """Open an existing journal.
+
+        ``lock_fd``: the owner lock a live producer shared with this process
+        (its uplink; see ``lock``): opened for writing without taking the lock,
+        trusted (the producer made it) and never appended to.
 
         ``repair=True`` (with ``owner``) rebuilds the file from a page scan
         before anything writes to it, keeping the damaged file beside it: for a
@@ -346,8 +369,14 @@ class Journal:
         path = Path(path)
         if not (path / DATA_NAME).is_file():
             raise JournalError(f"{path} is not a prime-runs journal (no {DATA_NAME})")
-        warn_if_network_fs(path)
-        lock = OwnerLock(path) if owner else None
+        shared = lock_fd is not None
+        if not shared:
+            warn_if_network_fs(path)  # the producer warned already
+        if lock_fd is not None:
+            lock: OwnerLock | None = OwnerLock.inherit(path, lock_fd)
+        else:
+            lock = OwnerLock(path) if owner else None
+        owner = owner or shared
         try:
             try:
                 store = acquire_store(
@@ -356,7 +385,8 @@ class Journal:
                     create=False,
                     sync=durability == "fsync",
                     max_bytes=max_bytes,
-                    repair=repair and owner,
+                    repair=repair and owner and not shared,
+                    trusted=shared,
                 )
             except ValueError as exc:
                 raise JournalError(str(exc)) from None
@@ -371,7 +401,7 @@ class Journal:
                         "reopen its parent's journal)"
                     ) from None
                 raise JournalCorruptError(f"journal {path} cannot be opened: {exc}") from None
-            journal = cls(path, store, lock, durability)
+            journal = cls(path, store, lock, durability, appender=not shared)
         except BaseException:
             if lock is not None:
                 lock.release()
@@ -383,12 +413,29 @@ class Journal:
                 f"journal {path} has format {version}; this prime-runs reads up to "
                 f"{FORMAT_VERSION}: upgrade prime-runs to ship it"
             )
-        if lock is not None:
+        if lock is not None and not shared:
             try:
                 journal.set_meta(K_OWNER, lock.owner.to_json())
             except (lmdb.Error, JournalError) as exc:
                 journal._structural.append(Damage(None, f"journal cannot be written: {exc}"))
         return journal
+
+    def share_lock(self) -> int:
+        """The owner lock's descriptor, to hand to this run's uplink process
+        (see ``lock``: the two then hold the lock together)."""
+        self._check_writable()
+        assert self._owner_lock is not None
+        return self._owner_lock.share()
+
+    def add_uplink_to_lock(self) -> None:
+        """Name this process in the lock file as the uplink sharing it."""
+        if self._owner_lock is not None:
+            self._owner_lock.add_helper()
+
+    def unshare_lock(self) -> None:
+        """The uplink could not be started: this process holds the lock alone again."""
+        if self._owner_lock is not None:
+            self._owner_lock.unshare()
 
     # -- guards and transactions --------------------------------------------------------
 
@@ -571,6 +618,23 @@ class Journal:
 
         self._write(put)
 
+    def push_meta(self, key: str, item: Any, *, cap: int) -> None:
+        """Append ``item`` to the JSON list under ``key`` in one transaction,
+        keeping the first ``cap`` items (the count of the rest under ``key#more``)."""
+        self._check_writable()
+        encoded = json.loads(_json(item))
+
+        def put(txn: lmdb.Transaction) -> None:
+            current = self._meta_in_default(txn, key, [])
+            items = current if isinstance(current, list) else []
+            if len(items) < cap:
+                self._put_meta(txn, key, [*items, encoded])
+            else:
+                more = self._meta_in_default(txn, f"{key}#more", 0)
+                self._put_meta(txn, f"{key}#more", int(more or 0) + 1)
+
+        self._write(put)
+
     # -- appending --------------------------------------------------------------------------
 
     def _read_last_seq(self) -> int:
@@ -684,6 +748,11 @@ class Journal:
         reserve = min(64 << 20, max(256 << 10, budget // 16))
         # Each sink rewrites its in-flight body copy-on-write (old and new
         # pages live at once): keep room for several of the largest seen.
+        if not self._appender or self._inflight_peak == 0:
+            with contextlib.suppress(JournalError, lmdb.Error, ValueError, TypeError):
+                with self._read_txn() as txn:
+                    peak = int(self._meta_in_default(txn, K_INFLIGHT_PEAK, 0) or 0)
+                self._inflight_peak = max(self._inflight_peak, peak)
         reserve = max(reserve, 8 * self._inflight_peak)
         used = (int(env.info()["last_pgno"]) + 1) * self._psize  # the file's high-water mark
         if used + need > budget - reserve:
@@ -720,21 +789,25 @@ class Journal:
     def last_seq(self) -> int:
         """The highest sequence number written (compaction does not lower it)."""
         self._check()
-        if self._owner_lock is None:
+        if not self._appender:
             self._last_seq = max(self._last_seq, self._read_last_seq())
         return self._last_seq
 
     def wait_for_append(self, after_seq: int, timeout: float) -> bool:
         """Block until ``last_seq() > after_seq``: True then; False on timeout or wake_all().
 
-        Woken by appends in this process (no polling); a read-only journal sees
-        another process's appends when the wait ends.
+        Woken by appends in this process (no polling). Where another process
+        appends (the uplink's view), ``wake_all`` is called on its wake-ups
+        and the log is read again under the condition, so a wake-up that
+        arrives before the wait still counts.
         """
         self._check()
         deadline = time.monotonic() + max(0.0, timeout)
         with self._appended:
             gen = self._wake_gen
             while self._last_seq <= after_seq and self._wake_gen == gen and not self._closed:
+                if not self._appender and self.last_seq() > after_seq:
+                    break
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -825,8 +898,9 @@ class Journal:
         return ReadResult(entries, next_after, damaged)
 
     def _floor_now(self) -> int:
-        """Entries up to here were compacted away (a read-only view re-reads it)."""
-        if self._owner_lock is None:
+        """Entries up to here were compacted away (re-read where another
+        process may compact: a read-only view, or a producer with an uplink)."""
+        if self._owner_lock is None or self._appender:
             value = self._safe_meta(K_FLOOR)
             if isinstance(value, int):
                 self._floor = value
@@ -921,9 +995,12 @@ class Journal:
         state = _json(inflight.state)  # JSON-able or fail before writing
         body = encode_frame(_META_KIND, inflight.body)
         # The control reserve must hold the in-flight bodies (see _room_for).
+        grew = len(body) > self._inflight_peak
         self._inflight_peak = max(self._inflight_peak, len(body))
 
         def put(txn: lmdb.Transaction) -> None:
+            if grew:
+                self._put_meta(txn, K_INFLIGHT_PEAK, self._inflight_peak)
             data = self._cursor_in(txn, sink)
             data["inflight"] = {
                 "first_seq": inflight.first_seq,
@@ -955,7 +1032,7 @@ class Journal:
         Raises ValueError if ``upto_seq`` goes backwards or past ``last_seq()``.
         """
         self._check_writable()
-        if upto_seq > self._last_seq:
+        if upto_seq > self._last_seq and upto_seq > self.last_seq():
             raise ValueError(f"cannot ack {upto_seq}: the last entry is {self._last_seq}")
 
         def put(txn: lmdb.Transaction) -> None:
@@ -968,6 +1045,11 @@ class Journal:
                 self._add_loss(txn, sink, failed, reason)
 
         self._write(put)
+        if not self._appender and self._sinks:
+            # The appender, which notices a short budget, is another process:
+            # look at the room here (cheap until the known headroom is used).
+            with self._lock, contextlib.suppress(JournalError, lmdb.Error, OSError):
+                self._room_for(0)
         if self._tight and self._sinks:
             self._tight = False
             with contextlib.suppress(JournalError):
@@ -1163,8 +1245,9 @@ class Journal:
                     self._store.sync()
                 except lmdb.Error:
                     self._dirty = True  # try again next tick (e.g. transient EIO)
-            with contextlib.suppress(JournalError, lmdb.Error):
-                self.train_dictionaries()
+            if self._appender:
+                with contextlib.suppress(JournalError, lmdb.Error):
+                    self.train_dictionaries()
             self._ensure_reserve()  # back in place once the disk has room again
 
     def _count_staged(self) -> int:
@@ -1206,6 +1289,9 @@ class Journal:
                 if len(batch) >= _MOVE_BATCH:
                     break
         if not batch:
+            with self._lock:
+                # Another process may have compacted staged entries away.
+                self._staged = self._count_staged()
             return False
         # Uncompressed ones are compressed here, off the GIL, outside the lock.
         todo: dict[int, list[int]] = {}
@@ -1333,7 +1419,7 @@ class Journal:
         for thread in (self._move_thread, self._sync_thread):
             if thread is not None:
                 thread.join()
-        if self._owner_lock is not None:
+        if self._appender:
             # What the background did not get to moves now (bounded): a journal
             # at rest is compressed and has nothing staged.
             deadline = time.monotonic() + 30.0

@@ -10,6 +10,13 @@ Fork: a child inherits the open file description, and so shares the flock.
 The child must never unlock or close it (``flock(LOCK_UN)`` in the child would
 free the parent's lock); ``release`` therefore does nothing outside the
 process that took the lock.
+
+The uplink: a live run's producer hands its lock descriptor to the uplink
+process it starts (``share``), so the two hold one flock together: ``replay``
+is refused while either lives, and the lock ends when the last of them closes
+it. Neither unlocks it explicitly (``LOCK_UN`` by one would free it for both).
+The uplink adds itself to the file (``add_helper``), so listings call a run
+whose producer died "running" while its uplink still ships it.
 """
 
 from __future__ import annotations
@@ -38,17 +45,25 @@ class OwnerInfo:
     host: str
     started: float
     proc_start: int | None  # /proc start time in ticks: tells a reused pid apart
+    helper_pid: int | None = None  # the uplink sharing the lock, if any
+    helper_start: int | None = None
 
     def describe(self) -> str:
+        if self.helper_pid is not None and not _pid_alive(self.pid, self.proc_start):
+            return f"the uplink of pid {self.pid} (pid {self.helper_pid} on {self.host})"
         return f"pid {self.pid} on {self.host}"
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "pid": self.pid,
             "host": self.host,
             "started": self.started,
             "proc_start": self.proc_start,
         }
+        if self.helper_pid is not None:
+            out["helper_pid"] = self.helper_pid
+            out["helper_start"] = self.helper_start
+        return out
 
 
 def _proc_start(pid: int) -> int | None:
@@ -79,6 +94,8 @@ def read_owner(directory: Path) -> OwnerInfo | None:
             str(data["host"]),
             float(data["started"]),
             None if data.get("proc_start") is None else int(data["proc_start"]),
+            None if data.get("helper_pid") is None else int(data["helper_pid"]),
+            None if data.get("helper_start") is None else int(data["helper_start"]),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -90,14 +107,20 @@ def owner_alive(info: OwnerInfo | None) -> bool:
         return False
     if info.host != socket.gethostname():
         return True  # cannot tell from here: assume alive, the safe answer for deletion
+    if _pid_alive(info.pid, info.proc_start):
+        return True
+    return info.helper_pid is not None and _pid_alive(info.helper_pid, info.helper_start)
+
+
+def _pid_alive(pid: int, proc_start: int | None) -> bool:
     try:
-        os.kill(info.pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
-    now = _proc_start(info.pid)
-    return info.proc_start is None or now is None or now == info.proc_start
+    now = _proc_start(pid)
+    return proc_start is None or now is None or now == proc_start
 
 
 class OwnerLock:
@@ -124,6 +147,7 @@ class OwnerLock:
                 owner=info.describe() if info else None,
             ) from None
         self._fd: int | None = fd
+        self._shared = False
         self.owner = current_owner()
         if record:
             data = json.dumps(self.owner.to_json()).encode()
@@ -131,10 +155,49 @@ class OwnerLock:
             os.pwrite(fd, data, 0)
             os.fchmod(fd, 0o600)
 
+    @classmethod
+    def inherit(cls, directory: Path, fd: int) -> OwnerLock:
+        """The lock a producer shared with this process (its uplink), as descriptor ``fd``."""
+        self = cls.__new__(cls)
+        self.path = directory / LOCK_NAME
+        self._pid = os.getpid()
+        self._fd = fd
+        self._shared = True
+        os.set_inheritable(fd, False)
+        info = read_owner(directory)
+        self.owner = info or current_owner()
+        return self
+
+    def share(self) -> int:
+        """The descriptor to hand to the uplink process; from now on this
+        process closes its copy without unlocking (see module doc)."""
+        if self._fd is None:
+            raise ValueError("the lock is released")
+        self._shared = True
+        return self._fd
+
+    def unshare(self) -> None:
+        self._shared = False
+
+    def add_helper(self) -> None:
+        """Name this process in the lock file as the uplink sharing the lock."""
+        if self._fd is None:
+            return
+        pid = os.getpid()
+        info = self.owner
+        data = {**info.to_json(), "helper_pid": pid, "helper_start": _proc_start(pid)}
+        encoded = json.dumps(data).encode()
+        with contextlib.suppress(OSError):
+            os.pwrite(self._fd, encoded, 0)
+            os.ftruncate(self._fd, len(encoded))
+
     def release(self) -> None:
         """Release the lock; idempotent, and a no-op in a forked child (see module doc)."""
         fd, self._fd = self._fd, None
         if fd is None or os.getpid() != self._pid:
+            return
+        if self._shared:
+            os.close(fd)  # the flock ends with the last holder's close
             return
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)  # no owner any more: listings show none

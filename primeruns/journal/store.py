@@ -150,6 +150,7 @@ def acquire_store(
     sync: bool,
     max_bytes: int,
     repair: bool = False,
+    trusted: bool = False,
 ) -> Store:
     """A shared Store for ``directory``: LMDB allows one environment per file per process.
 
@@ -173,6 +174,7 @@ def acquire_store(
             sync=sync,
             max_bytes=max_bytes,
             repair=repair,
+            trusted=trusted,
         )
         _REGISTRY[key] = (store, 1)
         return store
@@ -207,8 +209,12 @@ class Store:
         sync: bool,
         max_bytes: int,
         repair: bool = False,
+        trusted: bool = False,
     ) -> None:
         """Open (or create) the environment; raises lmdb.Error on failure.
+
+        ``trusted``: the file was written by a live process of this SDK (the
+        uplink opening its producer's journal), so its tree is not probed.
 
         A damaged ``data.mdb`` is salvaged as the module doc says; what was
         found wrong is listed in ``self.problems``.
@@ -228,7 +234,7 @@ class Store:
             self.problems.extend(report.problems)
             if report.needed == 0 and report.size < 2 * report.psize:
                 raise lmdb.InvalidError(f"{data} is not an LMDB file")
-            if not report.problems and not repair and not create:
+            if not report.problems and not repair and not create and not trusted:
                 # A file this process did not write: walk its tree in a child
                 # first, so a damaged page aborts the child, not this process.
                 trouble = probe(directory)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..journal import Journal
+from ..journal import EntryKind, Journal
 from ..platform import PlatformClient
 from ..sinks.base import Sink
 from ..sinks.eval_samples import EvalSamplesSink
@@ -16,7 +16,7 @@ from .lifecycle import Lifecycle
 from .policy import RetryPolicy
 from .shipper import Shipper
 
-__all__ = ["make_shippers", "sink_names"]
+__all__ = ["make_shippers", "sink_kinds", "sink_names"]
 
 
 def sink_names(kind: str) -> list[str]:
@@ -24,6 +24,17 @@ def sink_names(kind: str) -> list[str]:
     if kind == "train":
         return ["traces", "train_samples", "train_metrics"]
     return ["traces", "eval_samples"]
+
+
+def sink_kinds(kind: str) -> dict[str, frozenset[EntryKind]]:
+    """Each sink of a run of ``kind`` and the entry kinds it ships."""
+    classes: dict[str, type[Sink]] = {
+        "traces": TracesSink,
+        "eval_samples": EvalSamplesSink,
+        "train_samples": TrainSamplesSink,
+        "train_metrics": TrainMetricsSink,
+    }
+    return {name: classes[name].kinds for name in sink_names(kind)}
 
 
 def make_shippers(
@@ -35,6 +46,7 @@ def make_shippers(
     policy: RetryPolicy,
     on_failure: Callable[[str, BaseException], None],
     range_base: int = 0,
+    on_progress: Callable[[], None] | None = None,
 ) -> list[Shipper]:
     spec = lifecycle.spec
     kind = str(spec.get("kind", "eval"))
@@ -64,6 +76,7 @@ def make_shippers(
             training=kind == "train",
             policy=policy,
             on_failure=on_failure,
+            on_progress=on_progress,
         )
         for sink in sinks
     ]

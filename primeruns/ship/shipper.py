@@ -9,11 +9,15 @@ sample table) gets to check first. What queued up during one request goes out
 as the next batch, so the request rate follows the network, not the producer.
 
 The producer never waits on this thread: it only appends to the journal,
-which wakes the shipper through a condition variable (no polling).
+which wakes the shipper through a condition variable (no polling); in the
+uplink process the producer's wake-ups arrive by pipe (``ship.link``). A
+sink's standing is written to the journal (``ledger``) whenever it changes,
+so the producer reads it from there.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import re
@@ -27,6 +31,7 @@ from ..exceptions import APIError, JournalError, RetryableAPIError
 from ..journal import InFlight, Journal
 from ..sinks.base import Binding, Prepared, SendContext, Sink
 from ..threads import start_daemon
+from . import ledger
 from .policy import Failure, RetryPolicy, classify
 
 __all__ = ["Shipper", "ShipperState"]
@@ -61,8 +66,10 @@ class Shipper:
         policy: RetryPolicy,
         on_failure: Callable[[str, BaseException], None],
         seed: int | None = None,
+        on_progress: Callable[[], None] | None = None,
     ) -> None:
         self.journal = journal
+        self._on_progress = on_progress
         self.sink = sink
         self.name = sink.name
         self._binding = binding
@@ -116,6 +123,7 @@ class Shipper:
                 self.state.active = True
             self.state.paused_until = 0.0
             self.state.strikes = 0
+        self._record_standing()
         self.poke()
 
     def stop(self, timeout: float | None = None) -> None:
@@ -186,7 +194,29 @@ class Shipper:
     # -- the loop ------------------------------------------------------------
     def _notify(self) -> None:
         with self._progress:
-            self._progress.notify_all()
+            self._changed()
+
+    def _changed(self) -> None:
+        """Progress or a change of standing: wake the waiters (called with
+        ``_progress`` held), here and in the producer's process."""
+        self._progress.notify_all()
+        if self._on_progress is not None:
+            self._on_progress()
+
+    def _record_standing(self) -> None:
+        st = self.state
+        paused = None
+        if st.paused_until > time.monotonic():
+            paused = time.time() + (st.paused_until - time.monotonic())
+        # Closed or full: the producer sees the sink as still shipping.
+        with contextlib.suppress(JournalError, ValueError):
+            ledger.record_standing(
+                self.journal,
+                self.name,
+                off=st.off_reason,
+                retired=st.retired_reason,
+                paused_until=paused,
+            )
 
     def _sleep(self, seconds: float) -> None:
         # Cleared after waking, never before: a poke that lands just before
@@ -378,7 +408,7 @@ class Shipper:
             st.batches_sent += 1
             st.records_sent += int(state.get("records", 0))
             st.bytes_sent += len(inflight.body)
-            self._progress.notify_all()
+            self._changed()
 
     def _rejected(self, inflight: InFlight, records: int, exc: BaseException) -> None:
         """A batch refused for its content. Where the sink allows it, only the
@@ -408,7 +438,7 @@ class Shipper:
         self._on_failure(self.name, exc)
         with self._progress:
             self._scanned = max(self._scanned, last_seq)
-            self._progress.notify_all()
+            self._changed()
 
     def _strike(self, exc: BaseException) -> None:
         st = self.state
@@ -426,7 +456,8 @@ class Shipper:
             with self._progress:
                 st.paused_until = time.monotonic() + self._policy.pause_s
                 st.strikes = 0
-                self._progress.notify_all()
+            self._record_standing()
+            self._notify()
         else:
             self._retire(f"{st.strikes} failed batches in a row: {_describe(exc)}")
 
@@ -434,7 +465,8 @@ class Shipper:
         with self._progress:
             self.state.active = False
             self.state.retired_reason = reason
-            self._progress.notify_all()
+        self._record_standing()
+        self._notify()
 
     def _turn_off(self, exc: BaseException) -> None:
         reason = str(exc)
@@ -445,7 +477,8 @@ class Shipper:
         with self._progress:
             self.state.active = False
             self.state.off_reason = reason
-            self._progress.notify_all()
+        self._record_standing()
+        self._notify()
 
 
 # The service's message starts with the line it refused ("line 7: ..."); a

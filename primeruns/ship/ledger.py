@@ -1,0 +1,171 @@
+"""What the uplink tells its producer, written where both can read it: the journal.
+
+The journal is the only channel between a live run's producer and its uplink
+(DESIGN §1): a sink's standing (off, retired, paused), the failures behind
+``run.errors`` and ``on_error="raise"``, and how the close-out went are meta
+values the uplink writes and the producer reads. Whether the uplink is a
+process or threads in the producer (the fallback), this is the same path.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .. import exceptions
+from ..exceptions import APIError, JournalError
+from ..journal import EntryKind, Journal
+
+__all__ = [
+    "Closeout",
+    "SinkStanding",
+    "error_from_record",
+    "read_closeout",
+    "read_errors",
+    "read_standing",
+    "record_closeout",
+    "record_error",
+    "record_standing",
+    "unshipped",
+]
+
+K_ERRORS = "uplink.errors"
+K_CLOSEOUT = "uplink.closeout"
+_STANDING = "sink_state."
+_MAX_ERRORS = 1000
+
+
+@dataclass(frozen=True)
+class SinkStanding:
+    """A sink's standing, as the uplink last recorded it."""
+
+    off: str | None = None  # turned off on purpose (not a loss)
+    retired: str | None = None  # stopped on failure; its backlog is kept
+    paused_until: float | None = None  # wall-clock seconds
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more will ship without outside help (off, retired or paused)."""
+        paused = self.paused_until is not None and self.paused_until > time.time()
+        return self.off is not None or self.retired is not None or paused
+
+
+def record_standing(
+    journal: Journal, sink: str, *, off: str | None, retired: str | None, paused_until: float | None
+) -> None:
+    journal.set_meta(
+        _STANDING + sink, {"off": off, "retired": retired, "paused_until": paused_until}
+    )
+
+
+def read_standing(journal: Journal, sink: str) -> SinkStanding:
+    value = journal.get_meta(_STANDING + sink)
+    lasting = journal.get_meta(f"sink_off.{sink}")
+    data = value if isinstance(value, dict) else {}
+    off = data.get("off") or lasting
+    paused = data.get("paused_until")
+    return SinkStanding(
+        off=None if off is None else str(off),
+        retired=None if data.get("retired") is None else str(data["retired"]),
+        paused_until=float(paused) if isinstance(paused, int | float) else None,
+    )
+
+
+def record_error(journal: Journal, what: str, exc: BaseException) -> None:
+    """Note a failure for ``run.errors`` (and ``on_error="raise"``)."""
+    record: dict[str, Any] = {
+        "what": what,
+        "type": type(exc).__name__,
+        "message": str(exc),
+        "at": time.time(),
+    }
+    for attr in ("status_code", "code", "retry_after"):
+        value = getattr(exc, attr, None)
+        if isinstance(value, int | float | str):
+            record[attr] = value
+    journal.push_meta(K_ERRORS, record, cap=_MAX_ERRORS)
+
+
+def read_errors(journal: Journal) -> list[dict[str, Any]]:
+    value = journal.get_meta(K_ERRORS, [])
+    return [e for e in value if isinstance(e, dict)] if isinstance(value, list) else []
+
+
+def error_text(record: Mapping[str, Any]) -> str:
+    return f"{record.get('what')} failed: {record.get('type')}: {record.get('message')}"
+
+
+def error_from_record(record: Mapping[str, Any]) -> BaseException:
+    """The failure as an exception of its recorded class (``APIError`` if unknown)."""
+    cls = getattr(exceptions, str(record.get("type")), None)
+    message = str(record.get("message", ""))
+    if not (isinstance(cls, type) and issubclass(cls, APIError)):
+        return APIError(f"{record.get('type')}: {message}")
+    kwargs: dict[str, Any] = {}
+    if isinstance(record.get("status_code"), int):
+        kwargs["status_code"] = record["status_code"]
+    if isinstance(record.get("code"), str):
+        kwargs["code"] = record["code"]
+    if issubclass(cls, exceptions.RetryableAPIError) and record.get("retry_after") is not None:
+        kwargs["retry_after"] = float(record["retry_after"])
+    try:
+        return cls(message, **kwargs)
+    except TypeError:
+        return APIError(message, **kwargs)
+
+
+@dataclass(frozen=True)
+class Closeout:
+    """How the uplink closed the run out."""
+
+    drained: bool
+    stalled_s: float | None
+    pending: dict[str, int]
+    finalized: bool
+    registered: bool
+
+
+def record_closeout(journal: Journal, outcome: Closeout) -> None:
+    journal.set_meta(
+        K_CLOSEOUT,
+        {
+            "drained": outcome.drained,
+            "stalled_s": outcome.stalled_s,
+            "pending": outcome.pending,
+            "finalized": outcome.finalized,
+            "registered": outcome.registered,
+            "at": time.time(),
+        },
+    )
+
+
+def read_closeout(journal: Journal) -> Closeout | None:
+    try:
+        value = journal.get_meta(K_CLOSEOUT)
+    except JournalError:
+        return None
+    if not isinstance(value, dict):
+        return None
+    stalled = value.get("stalled_s")
+    pending = value.get("pending")
+    return Closeout(
+        drained=bool(value.get("drained")),
+        stalled_s=float(stalled) if isinstance(stalled, int | float) else None,
+        pending={str(k): int(v) for k, v in pending.items()} if isinstance(pending, dict) else {},
+        finalized=bool(value.get("finalized")),
+        registered=bool(value.get("registered")),
+    )
+
+
+def unshipped(journal: Journal, sink: str, kinds: Collection[EntryKind]) -> int:
+    """How many journaled records ``sink`` has not dealt with (reads the
+    journal: for reports, not for hot loops)."""
+    count, after = 0, journal.cursor(sink).acked
+    while True:
+        result = journal.read(after, kinds=kinds, max_entries=10_000, max_bytes=64 << 20)
+        count += len(result.entries)
+        if result.next_after <= after:
+            return count
+        after = result.next_after

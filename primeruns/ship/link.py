@@ -1,0 +1,368 @@
+"""The producer's end of its uplink, and the uplink's end of its producer.
+
+A live run ships from an uplink process beside the producer, so the user's
+loop never pays for decompressing, encoding and sending. Between the two
+there is the journal (the only queue and the only state) and two pipes that
+only ever carry wake-ups, never data:
+
+- *wake* (producer → uplink): one byte after each append, written without
+  blocking (a full pipe already means a wake-up is pending);
+- *progress* (uplink → producer): one byte whenever a sink acknowledged,
+  failed or changed standing, so ``flush()`` and ``finish()`` wait without
+  polling. Its end of file says the uplink is gone.
+
+The uplink learns of its producer's death from a pidfd (or, where there is
+none, from the wake pipe's end of file and its parent pid), ships what is left
+and closes the run out as crashed. It runs in a session of its own, so a
+Ctrl-C in the terminal reaches the producer (which finishes the run) and not
+the uplink before that. The API key reaches it through a pipe (its standard
+input), never its command line. Where no process can be started, the same
+uplink runs as threads in the producer (``UplinkThreads``), with one warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import os
+import select
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..journal import Journal
+from ..platform import Settings
+from ..threads import start_daemon
+from .uplink import Uplink
+
+__all__ = [
+    "PipeProducerLink",
+    "UplinkHandle",
+    "UplinkProcess",
+    "UplinkThreads",
+    "start_uplink",
+]
+
+log = logging.getLogger("primeruns")
+
+# Set to "threads" to ship from threads in the producer (where starting a
+# process is not allowed, or to compare).
+UPLINK_ENV = "PRIME_RUNS_UPLINK"
+
+
+class UplinkHandle(Protocol):
+    """What the producer holds of its uplink, process or threads."""
+
+    pid: int | None
+
+    def wake(self) -> None:
+        """Tell the uplink something was appended; never blocks."""
+
+    def closing(self) -> None:
+        """Tell the uplink the finish entry is journaled."""
+
+    def wait_progress(self, timeout: float) -> None:
+        """Until the uplink reports progress, exits, or ``timeout`` passes."""
+
+    def alive(self) -> bool: ...
+
+    def wait_exit(self, timeout: float) -> bool:
+        """Wait for the uplink to be done; whether it is."""
+
+    def release(self) -> None:
+        """Close this side's ends (the run's journal is closing)."""
+
+
+def start_uplink(
+    journal: Journal, settings: Settings, predecessors: Sequence[Path]
+) -> UplinkHandle:
+    """Start the uplink of a live run: a process, or threads where one cannot start."""
+    mode = os.environ.get(UPLINK_ENV, "").strip().lower()
+    if mode != "threads":
+        try:
+            return UplinkProcess(journal, settings, predecessors)
+        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+            log.warning(
+                "prime-runs: could not start the uplink process (%s); shipping from threads "
+                "in this process instead",
+                exc,
+            )
+    return UplinkThreads(journal, settings, predecessors)
+
+
+class UplinkProcess:
+    """An uplink process: ``python -m primeruns.ship.uplink_main``."""
+
+    def __init__(self, journal: Journal, settings: Settings, predecessors: Sequence[Path]) -> None:
+        wake_r, self._wake_w = os.pipe()
+        self._progress_r, progress_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        os.set_blocking(self._progress_r, False)
+        lock_fd = journal.share_lock()
+        command = [
+            sys.executable,
+            "-m",
+            "primeruns.ship.uplink_main",
+            "--journal",
+            str(journal.path),
+            "--producer",
+            str(os.getpid()),
+            "--wake-fd",
+            str(wake_r),
+            "--progress-fd",
+            str(progress_w),
+            "--lock-fd",
+            str(lock_fd),
+        ]
+        env = dict(os.environ)
+        env.pop("PRIME_API_KEY", None)  # the key comes by the pipe, with the settings
+        env.pop(UPLINK_ENV, None)
+        # The very package this process runs, however it was put on its path.
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(
+            [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+        try:
+            self._proc = subprocess.Popen(
+                command,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.DEVNULL,
+                pass_fds=(wake_r, progress_w, lock_fd),
+                start_new_session=True,  # a terminal's Ctrl-C is the producer's to handle
+                env=env,
+            )
+            handover = {
+                "settings": {
+                    **dataclasses.asdict(settings),
+                    "sources": dict(settings.sources),
+                },
+                "predecessors": [str(p) for p in predecessors],
+            }
+            assert self._proc.stdin is not None
+            try:
+                self._proc.stdin.write(json.dumps(handover).encode())
+                self._proc.stdin.close()
+            except OSError:
+                self._proc.kill()
+                self._proc.wait()
+                raise
+        except BaseException:
+            for fd in (self._wake_w, self._progress_r):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            journal.unshare_lock()
+            raise
+        finally:
+            os.close(wake_r)
+            os.close(progress_w)
+        self.pid: int | None = self._proc.pid
+        self._eof = False
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def wake(self) -> None:
+        if self._closed:
+            return
+        try:
+            os.write(self._wake_w, b"\0")
+        except BlockingIOError:
+            pass  # the pipe is full: the uplink has wake-ups waiting already
+        except OSError:
+            pass  # the uplink is gone; alive() says so
+
+    def closing(self) -> None:
+        self.wake()
+
+    def _drain(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                chunk = os.read(self._progress_r, 4096)
+                if not chunk:
+                    self._eof = True
+                    return
+                if len(chunk) < 4096:
+                    return
+
+    def wait_progress(self, timeout: float) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._drain()
+            if self._eof:
+                # The uplink is gone (or going): its exit is what to wait for.
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    self._proc.wait(max(0.0, timeout))
+                return
+            with contextlib.suppress(OSError, ValueError):
+                select.select([self._progress_r], [], [], max(0.0, timeout))
+            self._drain()
+
+    def alive(self) -> bool:
+        return self._proc.poll() is None
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll()
+
+    def wait_exit(self, timeout: float) -> bool:
+        try:
+            self._proc.wait(max(0.0, timeout))
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+    def release(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for fd in (self._wake_w, self._progress_r):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+class _ThreadLink:
+    """The uplink-in-threads' view of its producer: the same process."""
+
+    producer_gone = False
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def wait(self, timeout: float) -> None:
+        self.event.wait(timeout)
+        self.event.clear()
+
+
+class UplinkThreads:
+    """The fallback: the same uplink, as threads in the producer."""
+
+    pid: int | None = None
+
+    def __init__(self, journal: Journal, settings: Settings, predecessors: Sequence[Path]) -> None:
+        self._progress = threading.Condition()
+        self._gen = 0
+        self._link = _ThreadLink()
+        self.uplink = Uplink(journal, settings, notify=self._notify)
+        self._thread = start_daemon(self._serve, "primeruns-uplink", (list(predecessors),))
+
+    def _serve(self, predecessors: list[Path]) -> None:
+        try:
+            self.uplink.serve(self._link, predecessors)
+        except Exception:
+            log.exception("prime-runs: the uplink stopped by an unexpected error")
+        finally:
+            self._notify()
+
+    def _notify(self) -> None:
+        with self._progress:
+            self._gen += 1
+            self._progress.notify_all()
+
+    def wake(self) -> None:
+        pass  # the journal's own condition wakes the shippers in this process
+
+    def closing(self) -> None:
+        self._link.event.set()
+
+    def wait_progress(self, timeout: float) -> None:
+        with self._progress:
+            gen = self._gen
+            if self._thread.is_alive():
+                self._progress.wait_for(lambda: self._gen != gen, timeout=max(0.0, timeout))
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def exit_code(self) -> int | None:
+        return None if self._thread.is_alive() else 0
+
+    def wait_exit(self, timeout: float) -> bool:
+        self._thread.join(max(0.0, timeout))
+        return not self._thread.is_alive()
+
+    def release(self) -> None:
+        pass
+
+
+class PipeProducerLink:
+    """The uplink process's view of its producer: wake-ups by pipe, its death by pidfd."""
+
+    def __init__(self, journal: Journal, wake_fd: int, progress_fd: int, producer: int) -> None:
+        self._journal = journal
+        self._wake_fd = wake_fd
+        self._progress_fd = progress_fd
+        os.set_blocking(progress_fd, False)
+        self._event = threading.Event()
+        self._gone = threading.Event()
+        self._pidfd: int | None = None
+        with contextlib.suppress(OSError, AttributeError):
+            self._pidfd = os.pidfd_open(producer)
+        # Checked after the pidfd is open: if the parent is still the
+        # producer, the pidfd is the producer's (not a reused pid's).
+        self._producer = producer
+        if os.getppid() != producer:
+            self._mark_gone()
+        self._thread = start_daemon(self._watch, "primeruns-uplink-wake")
+
+    @property
+    def producer_gone(self) -> bool:
+        return self._gone.is_set()
+
+    def _mark_gone(self) -> None:
+        self._gone.set()
+        self._event.set()
+        with contextlib.suppress(Exception):
+            self._journal.wake_all()
+
+    def _watch(self) -> None:
+        watched = [self._wake_fd] + ([self._pidfd] if self._pidfd is not None else [])
+        # Without a pidfd, the parent pid is looked at now and then: the wake
+        # pipe's end of file comes late if a forked child holds its write end.
+        tick = None if self._pidfd is not None else 1.0
+        while not self._gone.is_set():
+            try:
+                ready, _, _ = select.select(watched, [], [], tick)
+            except (OSError, ValueError):
+                self._mark_gone()
+                return
+            if self._pidfd is not None and self._pidfd in ready:
+                self._mark_gone()
+                return
+            if self._wake_fd in ready:
+                try:
+                    data = os.read(self._wake_fd, 65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    self._mark_gone()
+                    return
+                self._event.set()
+                with contextlib.suppress(Exception):
+                    self._journal.wake_all()
+            if tick is not None and os.getppid() != self._producer:
+                self._mark_gone()
+                return
+
+    def wait(self, timeout: float) -> None:
+        self._event.wait(timeout)
+        self._event.clear()
+
+    def notify(self) -> None:
+        """Tell the producer something changed; never blocks."""
+        try:
+            os.write(self._progress_fd, b"\0")
+        except BlockingIOError:
+            pass  # full: the producer has wake-ups waiting already
+        except OSError:
+            pass  # the producer is gone
+
+
+def settings_from_handover(data: dict[str, Any]) -> Settings:
+    values = dict(data)
+    values["sources"] = dict(values.get("sources") or {})
+    return Settings(**values)

@@ -1,0 +1,562 @@
+"""The uplink: one journal to the platform, for every way a run is shipped.
+
+A live run's uplink process, its thread fallback, a requeued run shipping its
+predecessor's journal, ``primeruns replay`` and ``primeruns sync`` all run
+this code: register the run if it never was, start one shipper per sink from
+its acknowledged offset (a recorded in-flight batch first, byte-identical),
+and close the run out. One rule decides how (``terminal_state``): with the
+status the producer's finish entry recorded, or as crashed when there is
+none. A run already closed out is left as it is, so shipping twice is
+harmless.
+
+What the producer needs to know (sink standing, failures, how the close-out
+went) is written to the journal (``ledger``), never sent to it directly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..exceptions import APIError, JournalError, is_transient
+from ..journal import Damage, EntryKind, Journal, list_journals
+from ..platform import PlatformClient, Settings, resolve_settings
+from ..platform.settings import split_api_root
+from ..threads import start_daemon
+from . import ledger
+from .factory import make_shippers
+from .lifecycle import Lifecycle
+from .policy import RetryPolicy
+from .shipper import Shipper, drain_all
+
+__all__ = [
+    "CRASH_ERROR",
+    "Progress",
+    "ShipReport",
+    "Uplink",
+    "find_run_journals",
+    "journal_settings",
+    "ship_journal",
+    "stall_seconds",
+    "terminal_state",
+]
+
+log = logging.getLogger("primeruns.uplink")
+
+CRASH_ERROR = "the producer stopped without finishing the run"
+# After the producer died without finishing, the uplink ships what is left
+# for at most this long (it stops sooner once nothing moves: stall_seconds).
+_ORPHAN_DEADLINE_S = 3600.0
+_MAX_ERRORS = 1000
+
+
+def stall_seconds() -> float:
+    """How long a close-out waits with nothing shipping before it gives up
+    (the platform is down or refusing; everything left is in the journal)."""
+    raw = os.environ.get("PRIME_RUNS_STALL_S", "").strip()
+    try:
+        value = float(raw) if raw else 60.0
+    except ValueError:
+        value = 60.0
+    return max(0.1, value)
+
+
+@dataclass
+class Progress:
+    """How far a shipment got, for a progress bar."""
+
+    records: int = 0
+    bytes: int = 0
+    pending: dict[str, int] = field(default_factory=dict)
+    """Per sink, journal entries not yet dealt with (all kinds counted)."""
+
+
+@dataclass
+class ShipReport:
+    """What shipping one journal did; ``ok`` when nothing is left to do."""
+
+    path: Path
+    local_id: str
+    run_id: str | None = None
+    url: str | None = None
+    status: str | None = None
+    records: int = 0
+    bytes: int = 0
+    pending: dict[str, int] = field(default_factory=dict)
+    losses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    damaged: list[Damage] = field(default_factory=list)
+    finalized: bool = False
+    errors: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.pending and self.finalized and not self.errors
+
+
+class ProducerLink(Protocol):
+    """The uplink's view of its producer (``ship.link``)."""
+
+    @property
+    def producer_gone(self) -> bool: ...
+
+    def wait(self, timeout: float) -> None:
+        """Until the producer appends, finishes or dies (or ``timeout``)."""
+
+
+def terminal_state(journal: Journal) -> tuple[str, str | None, dict[str, Any]]:
+    """``(status, error, summary)`` from the journal's finish entry, or a
+    crash (with the last summary update) when the producer never finished."""
+    finishes = journal.read(0, kinds={EntryKind.FINISH}, max_entries=1_000_000, max_bytes=1 << 30)
+    if finishes.entries:
+        record = json.loads(finishes.entries[-1].payload)
+        return str(record.get("status", "failed")), record.get("error"), record.get("summary") or {}
+    summaries = journal.read(0, kinds={EntryKind.SUMMARY}, max_entries=1_000_000, max_bytes=1 << 30)
+    summary = json.loads(summaries.entries[-1].payload) if summaries.entries else {}
+    return "crashed", CRASH_ERROR, summary
+
+
+def journal_settings(
+    journal: Journal, *, base_url: str | None = None, traces_url: str | None = None
+) -> Settings:
+    """Settings to ship ``journal`` with: the API key from this environment
+    (never from the journal), and the platform the run was bound to, unless
+    overridden."""
+    spec = journal.get_meta("spec", {}) or {}
+    bound = journal.get_meta("platform") or {}
+    current = resolve_settings(base_url=base_url)
+    if base_url is None:
+        recorded = bound.get("base_url") or (
+            spec.get("base_url") if current.sources.get("base_url") == "default" else None
+        )
+        if recorded:
+            current = resolve_settings(base_url=str(recorded))
+    traces = traces_url
+    if traces is None and current.sources.get("traces_url") == "default":
+        # An explicit --base-url moves Prime Traces along with the API (the
+        # recorded traces URL is the old platform's), unless the environment
+        # names one.
+        traces = split_api_root(base_url)[0] if base_url else spec.get("traces_url")
+    if traces:
+        current = replace(current, traces_url=str(traces).rstrip("/"))
+    return current
+
+
+def find_run_journals(
+    runs_dir: Path, run_id: str, *, exclude: Path | None = None
+) -> tuple[list[Path], list[str]]:
+    """Journals under ``runs_dir`` of platform run ``run_id``: those whose owner
+    is gone (a requeued job ships them), and the owners still logging to it."""
+    gone: list[Path] = []
+    live: list[str] = []
+    for info in list_journals(runs_dir):
+        if exclude is not None and info.path == exclude:
+            continue
+        spec = info.meta.get("spec") or {}
+        bound = info.meta.get("platform") or {}
+        if run_id in (spec.get("attach_id"), bound.get("run_id")):
+            if info.owner_alive:
+                live.append(str(info.owner or info.path))
+            else:
+                gone.append(info.path)
+    return gone, live
+
+
+class Uplink:
+    """Ships one journal (and the backlogs of its predecessors) and closes its run out."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        settings: Settings,
+        *,
+        policy: RetryPolicy | None = None,
+        notify: Callable[[], None] | None = None,
+        log_level: int = logging.WARNING,
+    ) -> None:
+        """``notify`` is called on progress and on every change the producer
+        may wait for; ``log_level``: of the line each failure logs (the CLI
+        reports failures itself)."""
+        self.journal = journal
+        self._log_level = log_level
+        self.client = PlatformClient(settings)
+        self.policy = policy or RetryPolicy.from_env()
+        self._notify = notify or (lambda: None)
+        self.lifecycle = Lifecycle(
+            journal, self.client, policy=self.policy, on_failure=self._on_failure
+        )
+        self.errors: list[str] = []
+        self.shippers: list[Shipper] = []
+        self.adopted: list[tuple[Journal, list[Shipper]]] = []
+        self._closing = threading.Event()
+        self._errors_lock = threading.Lock()
+
+    # -- failures ------------------------------------------------------------
+    def _on_failure(self, what: str, exc: BaseException) -> None:
+        self._record_failure(self.journal, what, exc)
+
+    def _record_failure(self, journal: Journal, what: str, exc: BaseException) -> None:
+        text = f"{what}: {type(exc).__name__}: {exc}"
+        with self._errors_lock:
+            if len(self.errors) < _MAX_ERRORS:
+                self.errors.append(text)
+        log.log(self._log_level, "prime-runs: %s failed: %s: %s", what, type(exc).__name__, exc)
+        # A closed or full journal: the log line above still says it.
+        with contextlib.suppress(JournalError, ValueError):
+            ledger.record_error(journal, what, exc)
+        self._notify()
+
+    # -- shipping --------------------------------------------------------------
+    def start(self, predecessors: Sequence[Path] = ()) -> None:
+        """Start a shipper per sink, and ship the backlog of ``predecessors``
+        (earlier processes of the same run) alongside."""
+        spec = self.lifecycle.spec
+        self.shippers = make_shippers(
+            self.journal,
+            self.client,
+            self.lifecycle,
+            opted_out=bool(spec.get("traces_opt_out")),
+            policy=self.policy,
+            on_failure=self._on_failure,
+            # A requeued job may log a step its predecessor logged too: draw
+            # sample id ranges far from the ones it used.
+            range_base=random.randrange(1 << 20, 1 << 21) if predecessors else 0,
+            on_progress=self._notify,
+        )
+        for shipper in self.shippers:
+            shipper.start()
+        for path in predecessors:
+            self._adopt(path)
+
+    def _adopt(self, path: Path) -> None:
+        try:
+            old = Journal.open(path, owner=True)
+        except JournalError as exc:  # its owner came back, or it is damaged: leave it for replay
+            log.info("prime-runs: not taking over %s: %s", path, exc)
+            return
+        try:
+            old.set_meta("continued_by", self.journal.local_id)
+            lifecycle = Lifecycle(
+                old,
+                self.client,
+                policy=self.policy,
+                on_failure=lambda what, exc: self._record_failure(self.journal, what, exc),
+            )
+            shippers = make_shippers(
+                old,
+                self.client,
+                lifecycle,
+                opted_out=bool((old.get_meta("spec") or {}).get("traces_opt_out")),
+                policy=self.policy,
+                on_failure=lambda what, exc: self._record_failure(self.journal, what, exc),
+            )
+        except JournalError as exc:
+            log.info("prime-runs: not taking over %s: %s", path, exc)
+            old.close()
+            return
+        for shipper in shippers:
+            shipper.start()
+        self.adopted.append((old, shippers))
+        log.info("prime-runs: shipping the backlog of an earlier process of this run (%s)", path)
+
+    def register_in_background(self) -> None:
+        """Retry registration until the platform answers (it was unreachable
+        when the run started) or the close-out begins; shippers start
+        shipping once it does."""
+        if self.lifecycle.binding() is not None:
+            return
+        start_daemon(self._register_loop, "primeruns-register")
+
+    def _register_loop(self) -> None:
+        rng = random.Random()
+        attempt = 0
+        while not self._closing.is_set():
+            try:
+                self.lifecycle.register(attempts=1)
+            except APIError as exc:
+                if not is_transient(exc):
+                    self._on_failure("register", exc)
+                    return
+            except Exception as exc:
+                self._on_failure("register", exc)
+                return
+            else:
+                log.info("prime-runs: run registered: %s", self.lifecycle.binding())
+                for shipper in self.shippers:
+                    shipper.poke()
+                self._notify()
+                return
+            attempt += 1
+            self._closing.wait(min(30.0, 0.5 * 2 ** min(attempt, 6)) * rng.uniform(0.5, 1.5))
+
+    def _ensure_registered(self, deadline: float) -> None:
+        lifecycle = self.lifecycle
+        if lifecycle.binding() is not None:
+            return
+        while time.monotonic() < deadline:
+            try:
+                lifecycle.register(attempts=1)
+                break
+            except APIError as exc:
+                if not is_transient(exc):
+                    self._on_failure("register", exc)
+                    return
+                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+            except Exception as exc:
+                self._on_failure("register", exc)
+                return
+        for shipper in self.shippers:
+            shipper.poke()
+
+    def everyone(self) -> list[Shipper]:
+        return self.shippers + [s for _, group in self.adopted for s in group]
+
+    # -- the live run ------------------------------------------------------------
+    def serve(self, link: ProducerLink, predecessors: Sequence[Path] = ()) -> None:
+        """Ship a live run until its producer finishes or dies, then close it
+        out: with the finish the producer journaled, or as crashed."""
+        self.start(predecessors)
+        self.register_in_background()
+        checked = 0
+        finish: dict[str, Any] | None = None
+        while finish is None:
+            found = self.journal.read(checked, kinds={EntryKind.FINISH}, max_entries=1)
+            if found.entries:
+                finish = json.loads(found.entries[-1].payload)
+                break
+            checked = max(checked, found.next_after)
+            if link.producer_gone:
+                break
+            link.wait(3600.0)
+        self._closing.set()
+        if finish is not None:
+            status = str(finish.get("status", "failed"))
+            error, summary = finish.get("error"), finish.get("summary") or {}
+            budget = finish.get("timeout")
+            left = _ORPHAN_DEADLINE_S
+            if isinstance(budget, int | float) and isinstance(finish.get("at"), int | float):
+                left = max(0.0, float(finish["at"]) + float(budget) - time.time())
+        else:
+            status, error, summary = terminal_state(self.journal)
+            left = _ORPHAN_DEADLINE_S
+            log.warning(
+                "prime-runs: the producer of run %s stopped without finishing it; shipping "
+                "what it logged and closing it as crashed",
+                self.journal.local_id,
+            )
+        self.close_out(status, error, summary, deadline=time.monotonic() + left, live=True)
+
+    # -- closing out ---------------------------------------------------------------
+    def close_out(
+        self,
+        status: str,
+        error: str | None,
+        summary: dict[str, Any],
+        *,
+        deadline: float,
+        live: bool,
+        progress: Callable[[Progress], None] | None = None,
+    ) -> ledger.Closeout:
+        """Ship what is left (until ``deadline``, or until nothing moves for
+        ``stall_seconds()``), stop the shippers and finalize the run.
+
+        ``live``: a run closing now (its finish, or its producer's death):
+        sinks retry until the deadline rather than strike out, and the run is
+        finalized even with records left (they stay in the journal for
+        replay). Otherwise (replay, sync) the run is finalized only once
+        everything is shipped, so a later replay still ships the rest first.
+        """
+        journal = self.journal
+        everyone = self.everyone()
+        if live:
+            for shipper in everyone:
+                shipper.revive(final=True)  # the platform may be back: retry until the deadline
+        self._ensure_registered(deadline)
+        last = journal.last_seq()
+        drained, stalled = _drain_while_moving(self.shippers, last, deadline, progress)
+        for old, adopted in self.adopted:
+            more, stuck = _drain_while_moving(adopted, old.last_seq(), deadline, None)
+            drained = drained and more
+            stalled = stalled or stuck
+        for shipper in everyone:
+            shipper.signal_stop()
+        for shipper in everyone:
+            shipper.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
+        for old, adopted in self.adopted:
+            with _quiet():
+                if not any(shipper.pending_records() for shipper in adopted):
+                    old.set_meta("state", "shipped")
+            old.close()
+        pending = self.pending()
+        summary = dict(summary)
+        if str(self.lifecycle.spec.get("kind", "eval")) == "eval":
+            prime = dict(summary.get("prime_runs") or {})
+            prime["traces_episodes_written"] = int(journal.get_meta("episodes_written", 0) or 0)
+            summary["prime_runs"] = prime
+        finalized = self.lifecycle.finalized or bool(journal.get_meta("continued_by"))
+        if not finalized and self.lifecycle.binding() is not None and (live or not pending):
+            # After a stalled drain the platform is likely down: the close-out
+            # gets as long as the stall allowance, not the rest of the deadline.
+            close_by = deadline if drained else min(deadline, time.monotonic() + stall_seconds())
+            try:
+                self.lifecycle.finalize(status, error, summary, deadline=close_by)
+            except Exception as exc:
+                self._on_failure("finalize", exc)
+            finalized = self.lifecycle.finalized
+        if finalized and not pending:
+            journal.set_meta("state", "shipped")
+        outcome = ledger.Closeout(
+            drained=drained,
+            stalled_s=stalled,
+            pending=pending,
+            finalized=finalized,
+            registered=self.lifecycle.binding() is not None,
+        )
+        with _quiet():
+            ledger.record_closeout(journal, outcome)
+        self.client.close()
+        self._notify()
+        return outcome
+
+    def pending(self) -> dict[str, int]:
+        """Per sink still on, how many records it has not shipped."""
+        out: dict[str, int] = {}
+        for shipper in self.shippers:
+            if shipper.state.off_reason is None:
+                left = shipper.pending_records()
+                if left:
+                    out[shipper.name] = left
+        return out
+
+
+class _quiet:
+    """Suppress journal errors of best-effort bookkeeping."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
+        return exc_type is not None and issubclass(exc_type, JournalError)
+
+
+def _drain_while_moving(
+    shippers: Sequence[Shipper],
+    target: int,
+    deadline: float,
+    progress: Callable[[Progress], None] | None,
+) -> tuple[bool, float | None]:
+    """``drain_all`` until ``deadline``, or until no shipper has moved for
+    ``stall_seconds()``: (whether all drained, seconds stalled when it gave up)."""
+    stall = stall_seconds()
+    tick = 0.25 if progress is not None else 1.0
+    moved_at = time.monotonic()
+    last = [s.shipped_through() for s in shippers]
+    while True:
+        now = time.monotonic()
+        done = drain_all(shippers, target, min(deadline, now + tick))
+        if progress is not None:
+            progress(
+                Progress(
+                    records=sum(s.state.records_sent for s in shippers),
+                    bytes=sum(s.state.bytes_sent for s in shippers),
+                    # Cheap while running: journal entries left, not records.
+                    pending={
+                        s.name: target - s.shipped_through()
+                        for s in shippers
+                        if s.shipped_through() < target and s.state.off_reason is None
+                    },
+                )
+            )
+        if done:
+            return True, None
+        if all(s.settled(target) for s in shippers):
+            return False, None  # retired or paused: nothing more will happen by waiting
+        now = time.monotonic()
+        current = [s.shipped_through() for s in shippers]
+        if current != last:
+            last, moved_at = current, now
+        if now >= deadline:
+            return False, None
+        if now - moved_at >= stall:
+            log.info(
+                "prime-runs: nothing shipped for %.0f s; not waiting any longer", now - moved_at
+            )
+            return False, now - moved_at
+
+
+def ship_journal(
+    path: Path,
+    *,
+    settings: Settings | None = None,
+    timeout: float = 3600.0,
+    finalize: bool = True,
+    progress: Callable[[Progress], None] | None = None,
+    policy: RetryPolicy | None = None,
+) -> ShipReport:
+    """Ship everything ``path`` holds and close the run out (see module doc):
+    ``primeruns replay`` and ``sync``.
+
+    Raises ``JournalLockedError`` (naming the owner) while the producer or its
+    uplink lives, and ``JournalError`` for a path that is not a journal.
+    Platform failures are reported in the result, never raised.
+    """
+    # Damage is looked for before anything writes (opening as owner writes):
+    # LMDB must never write into a damaged tree (it can loop or crash), so
+    # such a journal is rebuilt from what is intact, the damaged file kept.
+    probe = Journal.open(path, owner=False)
+    try:
+        damaged = probe.damage()
+    finally:
+        probe.close()
+    journal = Journal.open(path, owner=True, repair=bool(damaged))
+    report = ShipReport(path=journal.path, local_id=journal.local_id, damaged=damaged)
+    try:
+        uplink = Uplink(
+            journal, settings or journal_settings(journal), policy=policy, log_level=logging.INFO
+        )
+        try:
+            binding = uplink.lifecycle.register()
+        except APIError as exc:
+            report.errors.append(f"register: {exc}")
+            uplink.client.close()
+            return report
+        report.run_id, report.url = binding.run_id, binding.url
+        uplink.start()
+        status, error, summary = terminal_state(journal)
+        report.status = status
+        deadline = time.monotonic() + timeout
+        if finalize:
+            outcome = uplink.close_out(
+                status, error, summary, deadline=deadline, live=False, progress=progress
+            )
+        else:
+            drained, _ = _drain_while_moving(
+                uplink.shippers, journal.last_seq(), deadline, progress
+            )
+            for shipper in uplink.shippers:
+                shipper.stop(timeout=5.0)
+            outcome = ledger.Closeout(
+                drained, None, uplink.pending(), uplink.lifecycle.finalized, True
+            )
+            uplink.client.close()
+        shippers = uplink.shippers
+        report.records = sum(s.state.records_sent for s in shippers)
+        report.bytes = sum(s.state.bytes_sent for s in shippers)
+        report.pending = outcome.pending
+        report.finalized = outcome.finalized
+        for shipper in shippers:
+            if shipper.state.retired_reason:
+                uplink.errors.append(f"{shipper.name} stopped: {shipper.state.retired_reason}")
+        report.errors.extend(uplink.errors)
+        report.losses = journal.losses()
+    finally:
+        journal.close()
+    return report

@@ -1,0 +1,53 @@
+"""The uplink process of a live run: ``python -m primeruns.ship.uplink_main``.
+
+Started by ``init()`` (``ship.link.UplinkProcess``), never by hand. Its
+standard input carries the settings (the API key among them: never on a
+command line, where other users can read it) and the journals of earlier
+processes of the same run; its arguments carry only paths and descriptor
+numbers. It ships the run until the producer finishes or dies, closes the run
+out, and exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from ..journal import Journal
+from .link import PipeProducerLink, settings_from_handover
+from .uplink import Uplink
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="primeruns-uplink")
+    parser.add_argument("--journal", required=True, type=Path)
+    parser.add_argument("--producer", required=True, type=int)
+    parser.add_argument("--wake-fd", required=True, type=int)
+    parser.add_argument("--progress-fd", required=True, type=int)
+    parser.add_argument("--lock-fd", required=True, type=int)
+    args = parser.parse_args(argv)
+    # A hangup or an interrupt meant for the terminal's job is the
+    # producer's to handle; the uplink stops when its work is done.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    handover = json.loads(sys.stdin.buffer.read() or b"{}")
+    settings = settings_from_handover(handover["settings"])
+    predecessors = [Path(p) for p in handover.get("predecessors") or []]
+    journal = Journal.open(args.journal, lock_fd=args.lock_fd)
+    try:
+        journal.add_uplink_to_lock()
+        link = PipeProducerLink(journal, args.wake_fd, args.progress_fd, args.producer)
+        uplink = Uplink(journal, settings, notify=link.notify)
+        uplink.serve(link, predecessors)
+    finally:
+        journal.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
