@@ -588,6 +588,9 @@ class Run:
         if self._mode != "online" or uplink is None:
             self._close_journal()
             return
+        self._replace_dead_uplink()
+        uplink = self._uplink
+        assert uplink is not None
         uplink.closing()
         pending = self._pending()
         if pending:
@@ -599,13 +602,16 @@ class Run:
                 budget,
             )
         done_by = time.monotonic() + waiting + (_CLOSE_GRACE if wait is None else 0.0)
-        while not uplink.wait_exit(min(1.0, max(0.0, done_by - time.monotonic()))):
-            self._replace_dead_uplink()
-            uplink = self._uplink
-            assert uplink is not None
-            if time.monotonic() >= done_by:
+        while True:
+            if uplink.wait_exit(min(1.0, max(0.0, done_by - time.monotonic()))):
+                self._replace_dead_uplink()  # it died before closing the run out
+                if self._uplink is uplink:
+                    break
+                uplink = self._uplink
+                assert uplink is not None
+                uplink.closing()
+            elif time.monotonic() >= done_by:
                 break
-            uplink.wait_progress(min(1.0, max(0.0, done_by - time.monotonic())))
         outcome = ledger.read_closeout(journal)
         if self._kind == "eval":
             written = int(journal.get_meta("episodes_written", 0) or 0)

@@ -11,7 +11,10 @@ child is waited for and its pipes are closed.
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
+from pathlib import Path
 from typing import Any
 
 _started: list[subprocess.Popen[Any]] = []
@@ -36,3 +39,25 @@ def reap_all() -> None:
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of ``pid`` (every thread's), from /proc."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def kill_job(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL a producer together with its children (its uplink), as a
+    scheduler or an out-of-memory kill of the whole job does. Stopped first,
+    so it cannot start a child between the listing and the kill."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, signal.SIGSTOP)
+        for child in children(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)
+        os.kill(proc.pid, signal.SIGKILL)

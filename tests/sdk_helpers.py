@@ -59,9 +59,13 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
 TESTS = Path(__file__).resolve().parent
 
 
-def kill_producer(args: list[str], lines_before_kill: int) -> tuple[Path, list[str]]:
+def kill_producer(
+    args: list[str], lines_before_kill: int, *, whole_job: bool = True
+) -> tuple[Path, list[str]]:
     """Run tests/producer_script.py, SIGKILL it after that many acknowledged
-    lines; returns its journal and every line it printed (all acknowledged)."""
+    lines (``whole_job``: with its uplink, as a scheduler kills a job; else
+    the producer alone, as an out-of-memory kill does); returns its journal
+    and every line it printed (all acknowledged)."""
     proc = procs.start(
         [sys.executable, str(TESTS / "producer_script.py"), *args],
         stdout=subprocess.PIPE,
@@ -79,7 +83,10 @@ def kill_producer(args: list[str], lines_before_kill: int) -> tuple[Path, list[s
         if not line:
             break
         acked.append(line.strip())
-    os.kill(proc.pid, signal.SIGKILL)
+    if whole_job:
+        procs.kill_job(proc)  # uplink and all: replay has work to do
+    else:
+        os.kill(proc.pid, signal.SIGKILL)
     rest = proc.stdout.read()  # through the buffered reader: communicate() would
     proc.stdout.close()  # read the raw pipe and skip what readline() buffered
     proc.wait(timeout=30)

@@ -192,9 +192,7 @@ def test_finish_with_the_platform_down_gives_up_when_nothing_moves_and_says_how_
     """Before, finish() blocked for its whole 300 s timeout with the platform
     down. Now it stops once nothing has moved for a while (60 s; shortened
     here), naming what is left and the command that ships it."""
-    import primeruns.run as run_module
-
-    monkeypatch.setattr(run_module, "_STALL_S", 1.0)
+    monkeypatch.setenv("PRIME_RUNS_STALL_S", "1")
     lp = make_local_platform()
     runs = point_at(monkeypatch, tmp_path, lp.url)
     run = pr.init(

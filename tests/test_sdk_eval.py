@@ -204,6 +204,9 @@ def test_a_record_over_the_line_limit_fails_alone(
 
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
     monkeypatch.setattr(traces_sink, "MAX_LINE_BYTES", 40_000)  # the service's is 64 MiB
+    # Shipped from threads in this process, where the lowered limit applies
+    # (the uplink process would have the service's own).
+    monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")
     episodes = workloads.gsm8k(6)
     episodes[2]["info"] = {"padding": "x" * 50_000}
     run = pr.init(

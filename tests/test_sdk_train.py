@@ -14,6 +14,7 @@ from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
 from primeruns.local.objects import object_path
+from primeruns.ship import ledger
 
 VENDOR_COLUMNS = {
     "run_id": "string",
@@ -64,7 +65,7 @@ def _train(lp: Any, runs: Path, steps: dict[int, list[dict[str, Any]]], **kw: An
 def _check_run(lp: Any, run: pr.Run, steps: dict[int, list[dict[str, Any]]]) -> None:
     stored = lp.run(run.id)
     assert stored["status"] == "COMPLETED"
-    assert stored["train_metrics"] == {"rows": 30, "steps": 30}
+    assert stored["train_metrics"] == {"rows": 30, "steps": 30}, done.stderr[-3000:]
     episodes = sum(len(v) for v in steps.values())
     assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == episodes
     objects = sorted(stored["parquet_objects"], key=lambda o: o["step"])
@@ -125,7 +126,6 @@ def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
     make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import os
-    import signal
     import subprocess
     import sys
 
@@ -152,7 +152,7 @@ def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
         line = proc.stdout.readline()
         assert line.startswith("step "), line
         last = int(line.split()[1])
-    os.kill(proc.pid, signal.SIGKILL)
+    procs.kill_job(proc)  # the job dies, uplink and all
     rest = proc.stdout.read()  # through the buffered reader: communicate() would
     proc.stdout.close()  # read the raw pipe and skip what readline() buffered
     proc.wait(timeout=30)
@@ -195,7 +195,7 @@ def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
     assert done.returncode == 0, done.stderr[-2000:]
     stored = lp.run(run_id)
     assert stored["status"] == "COMPLETED"
-    assert stored["train_metrics"] == {"rows": 30, "steps": 30}
+    assert stored["train_metrics"] == {"rows": 30, "steps": 30}, done.stderr[-3000:]
     assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 240
     objects = sorted((o["step"], o["rows"]) for o in stored["parquet_objects"])
     assert objects == [(0, 8), (10, 8), (20, 8)]
@@ -211,13 +211,8 @@ def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
 
 
 def test_a_paused_sink_resumes_after_its_pause_and_ships_its_backlog(
-    make_local_platform: Any,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import logging
-
     from sdk_helpers import wait_for
 
     lp = make_local_platform(train_teams=["team-a"])
@@ -232,10 +227,16 @@ def test_a_paused_sink_resumes_after_its_pause_and_ships_its_backlog(
         runs_dir=runs,
     )
     lp.set_faults(retryable_rate=1.0)
-    with caplog.at_level(logging.WARNING, logger="primeruns.ship"):
-        for step in range(5):
-            run.log_metrics({"loss": float(step)}, step=step)
-        wait_for(lambda: "pausing" in caplog.text, timeout=60, what="the metrics sink to pause")
+    for step in range(5):
+        run.log_metrics({"loss": float(step)}, step=step)
+    journal = run._journal
+    assert journal is not None
+
+    def paused() -> bool:
+        return ledger.read_standing(journal, "train_metrics").paused_until is not None
+
+    wait_for(paused, timeout=60, what="the metrics sink to pause")
+    assert not run.flush(timeout=5)  # paused: flush says so at once, it does not hang
     lp.set_faults(retryable_rate=0.0)
     # Nobody calls flush or finish: the paused sink resumes on its own.
     wait_for(lambda: lp.run(run.id)["train_metrics"]["rows"] == 5, timeout=60, what="the backlog")

@@ -93,6 +93,7 @@ K_DICT_PREFIX = "journal.dict."  # + id: the dictionary's bytes
 # The largest in-flight body recorded, for the appender's control reserve
 # (the uplink records batches in another process).
 K_INFLIGHT_PEAK = "journal.inflight_peak"
+K_BUDGET = "journal.max_bytes"  # the producer's byte budget, which its uplink keeps too
 _MAX_REASONS = 5
 # A read examines at most this many entries, so skipping a long run of other
 # kinds never holds the lock for long; next_after says where it stopped.
@@ -332,6 +333,7 @@ class Journal:
                 K_LOCAL_ID: local_id,
                 K_OWNER: lock.owner.to_json(),
                 K_CREATED: time.time(),
+                K_BUDGET: max_bytes,
             }
         )
         journal.update_meta(values)
@@ -413,6 +415,9 @@ class Journal:
                 f"journal {path} has format {version}; this prime-runs reads up to "
                 f"{FORMAT_VERSION}: upgrade prime-runs to ship it"
             )
+        budget = journal._safe_meta(K_BUDGET)
+        if shared and isinstance(budget, int) and budget > 0:
+            journal._store.max_bytes = budget  # compaction here keeps the producer's budget
         if lock is not None and not shared:
             try:
                 journal.set_meta(K_OWNER, lock.owner.to_json())
@@ -427,10 +432,10 @@ class Journal:
         assert self._owner_lock is not None
         return self._owner_lock.share()
 
-    def add_uplink_to_lock(self) -> None:
-        """Name this process in the lock file as the uplink sharing it."""
+    def name_uplink(self, pid: int) -> None:
+        """Name the uplink process sharing the owner lock in the lock file."""
         if self._owner_lock is not None:
-            self._owner_lock.add_helper()
+            self._owner_lock.add_helper(pid)
 
     def unshare_lock(self) -> None:
         """The uplink could not be started: this process holds the lock alone again."""
@@ -1049,6 +1054,7 @@ class Journal:
             # The appender, which notices a short budget, is another process:
             # look at the room here (cheap until the known headroom is used).
             with self._lock, contextlib.suppress(JournalError, lmdb.Error, OSError):
+                self._headroom = 0  # counted afresh: the appender's use is not seen here
                 self._room_for(0)
         if self._tight and self._sinks:
             self._tight = False

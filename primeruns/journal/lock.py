@@ -15,7 +15,7 @@ The uplink: a live run's producer hands its lock descriptor to the uplink
 process it starts (``share``), so the two hold one flock together: ``replay``
 is refused while either lives, and the lock ends when the last of them closes
 it. Neither unlocks it explicitly (``LOCK_UN`` by one would free it for both).
-The uplink adds itself to the file (``add_helper``), so listings call a run
+The producer names the uplink in the file (``add_helper``), so listings call a run
 whose producer died "running" while its uplink still ships it.
 """
 
@@ -78,6 +78,15 @@ def _proc_start(pid: int) -> int | None:
         return None
 
 
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[-1].split()
+    return bool(fields) and fields[0] in ("Z", "X")
+
+
 def current_owner() -> OwnerInfo:
     pid = os.getpid()
     return OwnerInfo(pid, socket.gethostname(), time.time(), _proc_start(pid))
@@ -119,6 +128,8 @@ def _pid_alive(pid: int, proc_start: int | None) -> bool:
         return False
     except PermissionError:
         pass  # exists, owned by someone else
+    if _zombie(pid):
+        return False  # dead, not yet reaped (an init that reaps slowly, or never)
     now = _proc_start(pid)
     return proc_start is None or now is None or now == proc_start
 
@@ -179,11 +190,10 @@ class OwnerLock:
     def unshare(self) -> None:
         self._shared = False
 
-    def add_helper(self) -> None:
-        """Name this process in the lock file as the uplink sharing the lock."""
+    def add_helper(self, pid: int) -> None:
+        """Name process ``pid`` in the lock file as the uplink sharing the lock."""
         if self._fd is None:
             return
-        pid = os.getpid()
         info = self.owner
         data = {**info.to_json(), "helper_pid": pid, "helper_start": _proc_start(pid)}
         encoded = json.dumps(data).encode()

@@ -161,6 +161,7 @@ class UplinkProcess:
             os.close(wake_r)
             os.close(progress_w)
         self.pid: int | None = self._proc.pid
+        journal.name_uplink(self._proc.pid)  # before init() returns: listings see it
         self._eof = False
         self._lock = threading.Lock()
         self._closed = False

@@ -40,7 +40,6 @@ def main(argv: list[str] | None = None) -> int:
     predecessors = [Path(p) for p in handover.get("predecessors") or []]
     journal = Journal.open(args.journal, lock_fd=args.lock_fd)
     try:
-        journal.add_uplink_to_lock()
         link = PipeProducerLink(journal, args.wake_fd, args.progress_fd, args.producer)
         uplink = Uplink(journal, settings, notify=link.notify)
         uplink.serve(link, predecessors)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -92,7 +91,7 @@ def run_and_kill(
         if kill_delay_s:
             # Not hiding a race: the kill point itself is what is being randomised.
             time.sleep(kill_delay_s)
-        os.kill(proc.pid, signal.SIGKILL)
+        procs.kill_job(proc)  # the job dies, uplink and all
     # Read the rest through the same buffered reader: communicate(timeout=)
     # reads the raw pipe and would skip what readline() already buffered.
     rest = proc.stdout.read()

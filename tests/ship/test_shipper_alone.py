@@ -1,0 +1,151 @@
+"""The shipper alone, with a fake sink: the cursor protocol without a network.
+
+Fast checks of what every sink relies on: each record is sent in exactly one
+acknowledged batch, a batch that failed is resent byte-identical (also by a
+new shipper after a restart), a rejected record fails alone, and a sink's
+standing reaches the journal, where the producer reads it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from primeruns.exceptions import RetryableAPIError, ValidationRejectedError
+from primeruns.journal import Entry, EntryKind, Journal
+from primeruns.ship import ledger
+from primeruns.ship.policy import RetryPolicy
+from primeruns.ship.shipper import Shipper
+from primeruns.sinks.base import Binding, Prepared, SendContext
+
+_FAST = RetryPolicy(base_delay_s=0.001, max_delay_s=0.01, attempts_per_strike=3)
+_BOUND = Binding(run_id="run-1", kind="eval")
+
+
+class FakeSink:
+    """Batches of up to ``max_entries`` ids; fails as told."""
+
+    name = "fake"
+    kinds = frozenset({EntryKind.EPISODE})
+    max_entries = 4
+    max_bytes = 1 << 20
+    isolates_rejections = True
+
+    def __init__(self, *, transient: int = 0, reject_id: str | None = None) -> None:
+        self.transient = transient
+        self.reject_id = reject_id
+        self.attempts: list[bytes] = []
+        self.stored: list[str] = []
+
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared | None:
+        ids = [json.loads(e.payload)["id"] for e in entries]
+        return Prepared(body=json.dumps(ids).encode(), records=len(ids))
+
+    def send(self, body: bytes, ctx: SendContext) -> None:
+        self.attempts.append(body)
+        if self.transient > 0:
+            self.transient -= 1
+            raise RetryableAPIError("503 from the fake", status_code=503)
+        ids = json.loads(body)
+        if self.reject_id in ids:
+            line = ids.index(self.reject_id) + 1
+            raise ValidationRejectedError(f"HTTP 400: line {line}: bad id", status_code=400)
+        self.stored.extend(ids)
+
+
+def _journal(tmp_path: Path, n: int) -> Journal:
+    journal = Journal.create(tmp_path / "runs")
+    payloads = [json.dumps({"id": f"e{i}", "traces": []}).encode() for i in range(n)]
+    journal.append(EntryKind.EPISODE, payloads)
+    return journal
+
+
+def _ship(journal: Journal, sink: FakeSink, failures: list[str]) -> Shipper:
+    shipper = Shipper(
+        journal,
+        sink,
+        binding=lambda: _BOUND,
+        training=False,
+        policy=_FAST,
+        on_failure=lambda what, exc: failures.append(f"{what}: {exc}"),
+    )
+    shipper.start()
+    return shipper
+
+
+def test_every_record_lands_once_through_transient_failures(tmp_path: Path) -> None:
+    journal = _journal(tmp_path, 10)
+    sink = FakeSink(transient=2)
+    failures: list[str] = []
+    shipper = _ship(journal, sink, failures)
+    assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+    shipper.stop(timeout=5)
+    assert sink.stored == [f"e{i}" for i in range(10)]
+    # The two failed attempts and the success carried the same bytes.
+    assert sink.attempts[0] == sink.attempts[1] == sink.attempts[2]
+    assert journal.cursor("fake").acked == journal.last_seq()
+    journal.close()
+
+
+def test_a_batch_recorded_before_a_restart_is_resent_byte_identical(tmp_path: Path) -> None:
+    journal = _journal(tmp_path, 6)
+    first = FakeSink(transient=10**6)  # never succeeds: the batch stays in flight
+    failures: list[str] = []
+    shipper = _ship(journal, first, failures)
+    _wait(lambda: journal.cursor("fake").inflight is not None and len(first.attempts) >= 2)
+    shipper.stop(timeout=5)
+    recorded = journal.cursor("fake").inflight
+    assert recorded is not None
+    # A new process (a restart, replay) sends the recorded batch first, as it was.
+    second = FakeSink()
+    again = _ship(journal, second, failures)
+    assert again.drain(journal.last_seq(), deadline=_soon(10))
+    again.stop(timeout=5)
+    assert second.attempts[0] == first.attempts[0] == recorded.body
+    assert sorted(second.stored) == sorted(f"e{i}" for i in range(6))
+    assert len(second.stored) == len(set(second.stored))
+    journal.close()
+
+
+def test_a_rejected_record_fails_alone_and_is_counted(tmp_path: Path) -> None:
+    journal = _journal(tmp_path, 8)
+    sink = FakeSink(reject_id="e2")
+    failures: list[str] = []
+    shipper = _ship(journal, sink, failures)
+    assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+    shipper.stop(timeout=5)
+    assert sorted(sink.stored) == sorted(f"e{i}" for i in range(8) if i != 2)
+    assert journal.losses()["fake"]["count"] == 1
+    assert any("bad id" in f for f in failures)
+    journal.close()
+
+
+def test_a_retired_sink_is_recorded_in_the_journal_for_the_producer(tmp_path: Path) -> None:
+    journal = _journal(tmp_path, 3)
+    sink = FakeSink(transient=10**6)
+    shipper = _ship(journal, sink, [])
+    assert not shipper.drain(journal.last_seq(), deadline=_soon(20))  # retired: gives up
+    shipper.stop(timeout=5)
+    standing = ledger.read_standing(journal, "fake")
+    assert standing.retired is not None and "failed batches in a row" in standing.retired
+    assert standing.settled
+    journal.close()
+
+
+def _soon(seconds: float) -> float:
+    import time
+
+    return time.monotonic() + seconds
+
+
+def _wait(predicate: object, timeout: float = 10.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            pytest.fail("timed out")
+        time.sleep(0.01)

@@ -1,0 +1,176 @@
+"""The uplink process of a live run, over real loopback HTTP.
+
+What a user depends on: the producer's death is not the run's (a SIGKILLed
+producer's uplink ships what it logged and closes the run as crashed, with no
+command run); while the uplink ships, ``replay`` is refused, naming it; the
+API key never appears on the uplink's command line or in its environment; a
+terminal's Ctrl-C cannot reach it (its own session); where no process can be
+started, or the uplink dies, shipping goes on from threads in the producer
+and every record still lands exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import workloads
+from sdk_helpers import API_KEY, kill_producer, platform_episode_ids, point_at, wait_for
+
+import primeruns as pr
+from primeruns.journal import EntryKind, Journal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+from cli_helpers import cli, landed_once
+
+
+def _journaled_ids(path: Path) -> list[str]:
+    with Journal.open(path, owner=False) as journal:
+        eps = journal.read(0, kinds={EntryKind.EPISODE}, max_entries=10**6, max_bytes=1 << 34)
+    return [json.loads(e.payload)["id"] for e in eps.entries]
+
+
+def _run_id(path: Path) -> str:
+    with Journal.open(path, owner=False) as journal:
+        bound = journal.get_meta("platform") or {}
+    return str(bound["run_id"])
+
+
+@pytest.mark.parametrize("kind", ["eval", "train"])
+def test_a_producer_killed_alone_is_shipped_and_closed_as_crashed_with_no_command(
+    kind: str, make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lp = make_local_platform(latency_ms=5)
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    n = 20 if kind == "train" else 80
+    path, acked = kill_producer([str(runs), kind, str(n), lp.url], n // 2, whole_job=False)
+    ids = _journaled_ids(path)
+    logged = [line.split(" ", 1)[1] for line in acked if line.startswith("episode ")]
+    assert logged and set(logged) <= set(ids)
+    run_id = _run_id(path)
+
+    stored = wait_for(
+        lambda: (s := lp.run(run_id))["status"] != "RUNNING" and s,
+        timeout=60,
+        what="the uplink to close the run",
+    )
+    assert stored["status"] == "FAILED"
+    assert "crash" in (stored["error_message"] or "")
+    assert landed_once(stored, len(ids))
+    assert set(platform_episode_ids(lp.data_dir, run_id)) == set(ids)
+
+
+def test_replay_is_refused_while_the_uplink_ships_and_the_run_lands_once_after(
+    make_local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lp = make_local_platform()
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    monkeypatch.setenv("PRIME_RUNS_RETRY_BASE_S", "0.05")
+    lp.set_faults(statuses=[503], routes=["/api/v1/traces"], retryable_rate=1.0)
+    path, _ = kill_producer([str(runs), "eval", "40", lp.url], 20, whole_job=False)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    code, out, err = cli(capsys, "replay", str(path))
+    assert code != 0
+    assert "uplink" in (out + err)
+    lp.set_faults(retryable_rate=0.0)
+    run_id = _run_id(path)
+    stored = wait_for(
+        lambda: (s := lp.run(run_id))["status"] != "RUNNING" and s,
+        timeout=60,
+        what="the uplink to close the run",
+    )
+    assert stored["status"] == "FAILED"
+    assert landed_once(stored, len(_journaled_ids(path)))
+
+
+def test_the_key_is_not_on_the_uplinks_command_line_or_in_its_environment(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    key = "secret-key-that-must-not-leak-42"
+    monkeypatch.setenv("PRIME_API_KEY", key)
+    run = pr.init(environments=["gsm8k"], model="m", base_url=local_platform.url, runs_dir=runs)
+    uplink = run._uplink
+    assert uplink is not None and uplink.pid is not None
+    pid = uplink.pid
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    environ = Path(f"/proc/{pid}/environ").read_bytes()
+    assert key.encode() not in cmdline
+    assert key.encode() not in environ
+    # Its own session: a Ctrl-C in the terminal reaches the producer, not it.
+    assert os.getsid(pid) != os.getsid(0)
+    run.log_episodes(workloads.gsm8k(5))
+    run.finish(timeout=60)
+    assert local_platform.run(run.id)["status"] == "COMPLETED"
+
+
+def test_where_no_process_can_start_the_run_ships_from_threads_with_one_warning(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import primeruns.ship.link as link
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise PermissionError("process creation is not allowed here")
+
+    monkeypatch.setattr(link.subprocess, "Popen", refuse)
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        run = pr.init(
+            environments=["gsm8k"],
+            model="m",
+            api_key=API_KEY,
+            base_url=local_platform.url,
+            runs_dir=runs,
+        )
+    warnings = [r for r in caplog.records if "could not start the uplink" in r.getMessage()]
+    assert len(warnings) == 1
+    episodes = workloads.gsm8k(30)
+    run.log_episodes(episodes)
+    assert run.flush(timeout=60)
+    run.finish(timeout=60)
+    stored = local_platform.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    assert landed_once(stored, 30)
+
+
+def test_an_uplink_killed_mid_run_is_replaced_by_threads_and_nothing_is_lost(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = pr.init(
+        environments=["gsm8k"],
+        model="m",
+        api_key=API_KEY,
+        base_url=local_platform.url,
+        runs_dir=runs,
+    )
+    episodes = workloads.gsm8k(60)
+    run.log_episodes(episodes[:30])
+    uplink = run._uplink
+    assert uplink is not None and uplink.pid is not None
+    os.kill(uplink.pid, signal.SIGKILL)
+    uplink.wait_exit(30)
+    run.log_episodes(episodes[30:])
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        assert run.flush(timeout=60)
+    assert "shipping from threads" in caplog.text
+    run.finish(timeout=60)
+    stored = local_platform.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    assert landed_once(stored, 60)
+    assert stored["samples"]["rows"] == stored["samples"]["distinct"] == 60

@@ -1,0 +1,113 @@
+"""One training-like loop for ``uplink_loop.py``, run as its own process.
+
+``python loop_worker.py SDK EPISODES URL RUNS_DIR STEPS WORK`` runs STEPS
+steps of: WORK pure-Python iterations (the user's own work, holding the GIL
+as a training loop's Python does), then ``log_episodes`` of 8 episodes and
+one ``log_metrics`` row. SDK is ``none`` (the loop alone), ``offline``,
+``online`` (this SDK as shipped: the uplink process), ``threads`` (this SDK
+shipping from threads in the producer: ``PRIME_RUNS_UPLINK=threads``) or
+``vendor`` (``prime_runs`` 0.1.4, run with the vendor's virtual environment's
+python). It prints one JSON line: the loop's wall time, each step's log time,
+init→finish wall time, and the CPU seconds of this process and of its
+children (the uplink, reaped before the figure is taken).
+
+It imports only the standard library before choosing the SDK, so the
+vendor's interpreter (which has no ``primeruns``) can run it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+from typing import Any
+
+API_KEY = "bench-key-0123456789"
+TEAM = "team-bench"
+PER_STEP = 8
+
+
+def work(n: int) -> int:
+    total = 0
+    for i in range(n):
+        total += i * i % 7
+    return total
+
+
+def _init(sdk: str, url: str, runs_dir: str, steps: int) -> Any:
+    common: dict[str, Any] = {
+        "name": f"bench-loop-{sdk}",
+        "kind": "train",
+        "model": "Qwen/Qwen3-8B",
+        "team_id": TEAM,
+        "api_key": API_KEY,
+        "base_url": url,
+    }
+    if sdk == "vendor":
+        import prime_runs
+
+        return prime_runs.init(**common, training=prime_runs.TrainingSpec(max_steps=steps))
+    if sdk == "threads":
+        os.environ["PRIME_RUNS_UPLINK"] = "threads"
+    import primeruns
+
+    mode = "offline" if sdk == "offline" else "online"
+    spec = primeruns.TrainingSpec(max_steps=steps)
+    return primeruns.init(**common, training=spec, mode=mode, runs_dir=runs_dir)
+
+
+def main(argv: list[str]) -> int:
+    sdk, episodes_path, url, runs_dir, steps_s, work_s = argv
+    steps, n = int(steps_s), int(work_s)
+    with open(episodes_path, "rb") as f:
+        episodes = [json.loads(line) for line in f if line.strip()]
+    batches = []
+    for step in range(steps):
+        batch = []
+        for i in range(PER_STEP):
+            episode = dict(episodes[(step * PER_STEP + i) % len(episodes)])
+            episode["id"] = f"{episode.get('id')}-s{step}-{i}"
+            episode["run"] = {"type": "train", "work": {"type": "train", "step": step}}
+            batch.append(episode)
+        batches.append(batch)
+    if sdk == "vendor":
+        import prime_runs  # noqa: F401  (imported before the clock starts, as ours is)
+    elif sdk != "none":
+        import primeruns  # noqa: F401
+    wall0 = time.perf_counter()
+    run = None if sdk == "none" else _init(sdk, url, runs_dir, steps)
+    loop0 = time.perf_counter()
+    logs: list[float] = []
+    for step in range(steps):
+        work(n)
+        t = time.perf_counter()
+        if run is not None:
+            run.log_episodes(batches[step])
+            run.log_metrics({"loss": 1.0 / (step + 1), "reward": step / steps}, step=step)
+        logs.append(time.perf_counter() - t)
+    loop1 = time.perf_counter()
+    if run is not None:
+        run.finish()
+    wall1 = time.perf_counter()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    print(
+        json.dumps(
+            {
+                "sdk": sdk,
+                "run_id": None if run is None else run.id,
+                "loop_s": loop1 - loop0,
+                "logs_s": logs,
+                "init_to_finish_s": wall1 - wall0,
+                "cpu_s": own.ru_utime + own.ru_stime,
+                "child_cpu_s": children.ru_utime + children.ru_stime,
+            }
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
