@@ -1,7 +1,8 @@
 """prime-runs: track RL evaluation and training runs on the Prime platform.
 
-Every ``log_*`` call appends to a crash-safe local journal and returns; shipper
-threads upload the journal to the platform and remember what was acknowledged.
+Every ``log_*`` call appends to a crash-safe local journal and returns; the
+run's uplink (a process beside the producer) uploads the journal to the
+platform and remembers, in the journal, what was acknowledged.
 Nothing a call accepted is lost to a crash, a flaky network or a restart.
 
 A leaf package: it imports no producer package (verifiers, pydantic, numpy);

@@ -3,8 +3,10 @@
 Starts the embedded local platform (unless ``--base-url``), then through a
 simulated flaky network (retryable and ambiguous failures injected by the
 platform) runs a short evaluation and a short training run from the bundled
-demo data, starts a producer process and SIGKILLs it mid-run, replays its
-journal with the very code of ``primeruns replay``, and verifies on the
+demo data, starts a producer process and SIGKILLs it mid-run (its uplink
+ships what it logged and closes the run as crashed, with no command run),
+replays its journal anyway with the very code of ``primeruns replay`` (a
+harmless no-op by then), and verifies on the
 platform's inspection API (``/_local/runs/{id}``) that every record landed
 exactly once with the right status. Exit 0 only if every check passed.
 
@@ -48,6 +50,7 @@ __all__ = ["add_parser"]
 RETRYABLE_RATE = 0.2
 AMBIGUOUS_RATE = 0.05
 KILL_AFTER = 12  # episodes the producer logs before it is killed
+UPLINK_TIMEOUT_S = 90.0  # for the killed producer's uplink to close its run
 PRODUCER_TIMEOUT_S = 60.0
 
 
@@ -162,7 +165,12 @@ class Demo:
         self.train_local_id = run.journal_path.name if run.journal_path else ""
 
     def crash_and_replay(self) -> None:
-        print(self.style.bold("3. a producer killed with SIGKILL mid-run, then primeruns replay"))
+        print(
+            self.style.bold(
+                "3. a producer killed with SIGKILL mid-run: its uplink ships what it logged "
+                "and closes the run"
+            )
+        )
         journal_path, run_id, acked = self._kill_producer()
         if journal_path is None or run_id is None:
             return
@@ -180,12 +188,16 @@ class Demo:
             "every acknowledged episode is in the journal",
             set(acked) <= set(journaled) and not damage,
         )
+        print("  waiting for the uplink, with no command run ...", flush=True)
+        self.check(
+            "the uplink shipped it and closed the run by itself",
+            _wait_owner_gone(journal_path, UPLINK_TIMEOUT_S),
+            f"still shipping after {UPLINK_TIMEOUT_S:.0f} s",
+        )
+        self.faults(0.0, 0.0)  # the replay and the checks see the truth, not faults
         print(f"  $ primeruns replay {journal_path}", flush=True)
         code = replay_one(journal_path, base_url=self.url, timeout=60)
-        self.check("primeruns replay exit code 0", code == 0, str(code))
-        self.faults(0.0, 0.0)  # the second replay and the checks see the truth, not faults
-        code = replay_one(journal_path, base_url=self.url, timeout=60)
-        self.check("replaying again is harmless (exit 0)", code == 0, str(code))
+        self.check("replaying it anyway is harmless (exit 0)", code == 0, str(code))
         stored = self.stored(run_id)
         self.check(
             "killed run FAILED with a crash reason",
@@ -254,6 +266,18 @@ class Demo:
         return journal_path, run_id, acked
 
 
+def _wait_owner_gone(journal: Path, timeout: float) -> bool:
+    """Wait until no process owns ``journal`` (the killed producer's uplink is done)."""
+    from ..journal.lock import owner_alive, read_owner
+
+    deadline = time.monotonic() + timeout
+    while owner_alive(read_owner(journal)):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 @contextlib.contextmanager
 def _demo_environment(url: str, key: str) -> Iterator[None]:
     """The demo's own settings, restored afterwards: quick retries, traces and
@@ -289,7 +313,8 @@ def _demo_environment(url: str, key: str) -> Iterator[None]:
 def run_demo(args: argparse.Namespace) -> int:
     """Start the local platform on a free port (or use --base-url), run a short
     eval and a short training run from bundled data through a flaky network,
-    SIGKILL a producer mid-run, replay it, verify every record landed exactly
+    SIGKILL a producer mid-run (its uplink closes it), replay it anyway,
+    verify every record landed exactly
     once with the right status, and print where to look. Exit 0 if all passed."""
     from ..local import LocalPlatform
 
@@ -339,7 +364,7 @@ def run_demo(args: argparse.Namespace) -> int:
         print(f"  the journals:          primeruns ls --runs-dir {demo.runs}")
         crashed = getattr(demo, "crashed_local_id", None)
         if crashed:
-            print(f"  the replayed run:      primeruns show --runs-dir {demo.runs} {crashed}")
+            print(f"  the crashed run:       primeruns show --runs-dir {demo.runs} {crashed}")
         train = getattr(demo, "train_local_id", None)
         if train:
             print(f"  the training curves:   primeruns show --runs-dir {demo.runs} {train}")

@@ -31,7 +31,7 @@ import select
 import subprocess
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -293,8 +293,17 @@ class UplinkThreads:
 class PipeProducerLink:
     """The uplink process's view of its producer: wake-ups by pipe, its death by pidfd."""
 
-    def __init__(self, journal: Journal, wake_fd: int, progress_fd: int, producer: int) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        wake_fd: int,
+        progress_fd: int,
+        producer: int,
+        on_gone: Callable[[], None] | None = None,
+    ) -> None:
+        """``on_gone`` runs once, in the watching thread, when the producer is gone."""
         self._journal = journal
+        self._on_gone = on_gone
         self._wake_fd = wake_fd
         self._progress_fd = progress_fd
         os.set_blocking(progress_fd, False)
@@ -315,6 +324,9 @@ class PipeProducerLink:
         return self._gone.is_set()
 
     def _mark_gone(self) -> None:
+        if self._on_gone is not None and not self._gone.is_set():
+            with contextlib.suppress(Exception):
+                self._on_gone()
         self._gone.set()
         self._event.set()
         with contextlib.suppress(Exception):

@@ -6,13 +6,20 @@ command line, where other users can read it) and the journals of earlier
 processes of the same run; its arguments carry only paths and descriptor
 numbers. It ships the run until the producer finishes or dies, closes the run
 out, and exits.
+
+Its log lines go to the producer's standard error while the producer runs;
+once the producer is gone they go to ``uplink.log`` in the run's directory,
+so a pipeline the producer wrote into (``python train.py | tee log``) ends
+with the producer instead of waiting for the uplink.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
@@ -20,6 +27,19 @@ from pathlib import Path
 from ..journal import Journal
 from .link import PipeProducerLink, settings_from_handover
 from .uplink import Uplink
+
+LOG_NAME = "uplink.log"
+
+
+def _log_to_file(path: Path) -> None:
+    """Point this process's standard error at ``path`` (0600), letting go of
+    the producer's."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with contextlib.suppress(OSError):
+            sys.stderr.flush()
+        os.dup2(fd, 2)
+        os.close(fd)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,7 +60,13 @@ def main(argv: list[str] | None = None) -> int:
     predecessors = [Path(p) for p in handover.get("predecessors") or []]
     journal = Journal.open(args.journal, lock_fd=args.lock_fd)
     try:
-        link = PipeProducerLink(journal, args.wake_fd, args.progress_fd, args.producer)
+        link = PipeProducerLink(
+            journal,
+            args.wake_fd,
+            args.progress_fd,
+            args.producer,
+            on_gone=lambda: _log_to_file(args.journal / LOG_NAME),
+        )
         uplink = Uplink(journal, settings, notify=link.notify)
         uplink.serve(link, predecessors)
     finally:

@@ -9,8 +9,10 @@ platform, in one configuration users have:
 - kind {eval, train},
 - faults {none, retryable, ambiguous (committed, answer lost), 500, the
   platform down from before ``init()`` until the producer has logged all},
-- endings {finish, exception, SIGTERM, SIGKILL + ``primeruns replay``,
-  SIGKILL + a requeued job with the same run id (training)}.
+- endings {finish, exception, SIGTERM, SIGKILL of the whole job + ``primeruns
+  replay``, SIGKILL of the producer alone (its uplink ships and closes the
+  run, no command run), SIGKILL + a requeued job with the same run id
+  (training)}.
 
 The oracle, checked on the platform's own database:
 
@@ -33,6 +35,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,7 +54,16 @@ TRACES = ("enabled", "not_enabled", "opted_out")
 PYARROW = ("present", "absent")
 KINDS = ("eval", "train")
 FAULTS = ("none", "retryable", "ambiguous", "500", "down")
-ENDINGS = ("finish", "exception", "sigterm", "sigkill_replay", "sigkill_requeue")
+ENDINGS = (
+    "finish",
+    "exception",
+    "sigterm",
+    "sigkill_replay",
+    "sigkill_producer",
+    "sigkill_requeue",
+)
+# How long the uplink of a producer killed alone may take to close its run.
+_UPLINK_CLOSE_S = 90.0
 SAMPLE_CADENCE = 10  # every 10th training step feeds the Parquet sample table
 
 
@@ -194,6 +206,8 @@ def run_trial(config: Config, platforms: Platforms, work: Path, seed: int = 0) -
         return out
     if config.ending == "sigkill_replay":
         _replay(journal, env, out)
+    elif config.ending == "sigkill_producer":
+        _wait_closed(lp, name, out)
     elif config.ending == "sigkill_requeue":
         again = [str(runs), lp.url, config.kind, "1", "0", "finish", name, str(attach)]
         more, _, code2 = _produce(config, lp, again, env)
@@ -230,12 +244,26 @@ def _produce(
         elif line == "ready":
             if argv[5] == "sigterm":
                 proc.send_signal(signal.SIGTERM)
+            elif argv[5] == "sigkill_producer":
+                proc.send_signal(signal.SIGKILL)  # an out-of-memory kill: the uplink lives
             else:
                 procs.kill_job(proc)  # the job dies, uplink and all
         elif line.startswith("init-error"):
             break
     proc.wait(timeout=180)
     return lines, journal, proc.returncode
+
+
+def _wait_closed(lp: LocalPlatform, name: str, out: Outcome) -> None:
+    """Wait, running no command, for the uplink to close the run out."""
+    deadline = time.monotonic() + _UPLINK_CLOSE_S
+    while time.monotonic() < deadline:
+        used = [lp.run(r["id"]) for r in lp.runs() if r.get("name") == name]
+        used = [r for r in used if _holds_data(r)]
+        if used and all(r["status"] != "RUNNING" for r in used):
+            return
+        time.sleep(0.2)  # polling the platform from outside: what a user would see
+    out.problems.append(f"the uplink did not close the run within {_UPLINK_CLOSE_S:.0f} s")
 
 
 def _replay(journal: Path, env: dict[str, str], out: Outcome) -> None:
@@ -280,6 +308,7 @@ def _check(
         "exception": "FAILED",
         "sigterm": "CANCELLED" if config.kind == "eval" else "FAILED",
         "sigkill_replay": "FAILED",
+        "sigkill_producer": "FAILED",
         "sigkill_requeue": "COMPLETED",
     }[config.ending]
     if stored["status"] != expected:
