@@ -37,8 +37,9 @@ from .models import (
     RunStatus,
     TrainingSpec,
 )
+from .opening import init
 from .platform.settings import MODE_ENV, TRACES_OPT_OUT_ENV
-from .run import Run, init
+from .run import Run
 
 __version__ = "0.2.0"
 

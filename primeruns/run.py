@@ -1,4 +1,5 @@
-"""``init()`` and the ``Run`` handle: the part of the SDK a producer touches.
+"""The ``Run`` handle: the part of the SDK a producer touches (``init()``, in
+:mod:`primeruns.opening`, makes it).
 
 A ``log_*`` call encodes its records, appends them to the run's journal in one
 transaction, wakes the run's uplink without blocking and returns; that is all
@@ -16,77 +17,49 @@ Modes: ``online`` (journal + upload), ``offline`` (journal only, for
 
 from __future__ import annotations
 
-import atexit
-import json
 import logging
 import operator
 import os
-import secrets
-import signal
 import threading
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Any, Literal
 
-from . import records
+from . import hooks, records
 from .exceptions import (
-    APIError,
-    ConfigurationError,
-    ForbiddenError,
     JournalError,
-    PaymentRequiredError,
     RunFinishedError,
-    TransportError,
-    UnauthorizedError,
-    is_transient,
 )
 from .journal import (
-    DEFAULT_MAX_JOURNAL_BYTES,
     EntryKind,
     Journal,
-    default_runs_dir,
-    delete_journal,
-    list_journals,
 )
 from .journal.frames import MAX_ENTRY_BYTES
 from .models import (
     CONFIG_SOURCE_KEY,
     ConfigSource,
-    EnvironmentRef,
     Mode,
     OnError,
     RunKind,
     RunStatus,
-    TrainingSpec,
 )
-from .platform import MODE_ENV, PlatformClient, Settings, resolve_settings
+from .platform import Settings
+from .platform.binding import Binding
 from .ship import ledger
 from .ship.factory import sink_kinds
 from .ship.lifecycle import Lifecycle
-from .ship.link import UplinkHandle, UplinkThreads, start_uplink
-from .ship.policy import RetryPolicy
-from .ship.uplink import find_run_journals
-from .sinks.base import Binding
-from .threads import start_daemon
+from .ship.link import UplinkHandle, UplinkThreads
 
-__all__ = ["MODE_ENV", "Run", "init"]
+__all__ = ["Run"]
 
 log = logging.getLogger("primeruns")
 
-_MODES = ("online", "offline", "disabled")
-_DEFAULT_FINISH_TIMEOUT = 300.0
-_AUTH_ERRORS = (UnauthorizedError, ForbiddenError, PaymentRequiredError)
 _SIGTERM_GRACE = 20.0
 # finish() waits this much past its timeout for the uplink's last steps
 # (stopping its shippers, the close-out call) before it returns anyway.
 _CLOSE_GRACE = 10.0
-# How long the interpreter's exit may wait, in all, to close out runs the
-# script never finished: long enough to ship a healthy run's tail, short
-# enough that an exit with the platform down does not look like a hang.
-# Whatever is left stays in the journal, and the warning names the command.
-_EXIT_GRACE = 30.0
 _CRASHED = "process exited without finishing the run"
 
 
@@ -458,12 +431,16 @@ class Run:
         with self._lock:
             targets = dict(self._last_by_kind)
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        hurried = False
         while True:
             done, settled = self._sinks_caught_up(targets)
             if done:
                 return True
             if settled:
                 return False
+            if not hurried:
+                self._uplink.hurry()  # small batches go now: someone waits for them
+                hurried = True
             self._replace_dead_uplink()
             left = deadline - time.monotonic()
             if left <= 0:
@@ -571,7 +548,7 @@ class Run:
         journal = self._journal
         if journal is None or not self._owner_process():
             return
-        _unregister_exit(self)
+        hooks.unregister(self)
         budget = self._finish_timeout if timeout is None else timeout
         waiting = budget if wait is None else min(wait, budget)
         record = {
@@ -811,60 +788,6 @@ class Run:
             log.warning("prime-runs: closing the run on SIGTERM failed: %s", exc)
 
 
-# -- process-wide hooks ---------------------------------------------------------
-# Runs to close out at exit or on SIGTERM (a set of handles, compared by identity).
-_exit_runs: set[Run] = set()
-_previous_sigterm: Any = None
-_sigterm_installed = False
-
-
-def _at_exit_all() -> None:
-    deadline = time.monotonic() + _EXIT_GRACE  # one grace for all runs, not one each
-    for run in list(_exit_runs):
-        run._at_exit(deadline)
-
-
-atexit.register(_at_exit_all)
-
-
-def _unregister_exit(run: Run) -> None:
-    _exit_runs.discard(run)
-
-
-def _handle_sigterm(signum: int, frame: FrameType | None) -> None:
-    for run in list(_exit_runs):
-        run._on_sigterm()
-    previous = _previous_sigterm
-    if callable(previous):
-        previous(signum, frame)
-    elif previous == signal.SIG_IGN:
-        return
-    else:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-def _install_sigterm() -> None:
-    global _previous_sigterm, _sigterm_installed
-    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
-        return
-    try:
-        _previous_sigterm = signal.getsignal(signal.SIGTERM)
-        signal.signal(signal.SIGTERM, _handle_sigterm)
-        _sigterm_installed = True
-    except (ValueError, OSError):  # not the main interpreter / no signals here
-        pass
-
-
-def _after_fork_in_child() -> None:
-    # A child never finalizes its parent's run, even from atexit.
-    _exit_runs.clear()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-# -- init -----------------------------------------------------------------------
 def _describe(error: str | BaseException) -> str:
     if isinstance(error, BaseException):
         text = str(error)
@@ -886,318 +809,3 @@ def _looks_like_episode(item: Any) -> bool:
     if isinstance(item, Mapping):
         return "traces" in item
     return hasattr(item, "traces")
-
-
-def _check_type(name: str, value: Any, types: type | tuple[type, ...], hint: str) -> None:
-    if value is not None and not isinstance(value, types):
-        raise TypeError(f"init: {name} must be {hint}, got {type(value).__name__} ({value!r:.80})")
-
-
-def _resolve_mode(mode: str | None, api_key: str) -> Mode:
-    raw = mode if mode is not None else os.environ.get(MODE_ENV, "")
-    value = raw.strip().lower()
-    if not value:
-        if api_key:
-            return "online"
-        log.warning(
-            "prime-runs: no API key found (init(api_key=...), PRIME_API_KEY or "
-            "~/.prime/config.json); the run is disabled and nothing is recorded. Use "
-            "mode='offline' to journal it for `primeruns sync` later."
-        )
-        return "disabled"
-    if value not in _MODES:
-        source = "mode" if mode is not None else MODE_ENV
-        raise ConfigurationError(
-            f"{source}={raw!r} is not a mode; use one of online, offline, disabled."
-        )
-    if value == "online" and not api_key:
-        raise ConfigurationError(
-            "mode='online' needs an API key: pass api_key=..., set PRIME_API_KEY, or add "
-            "api_key to ~/.prime/config.json (or use mode='offline')."
-        )
-    return value  # type: ignore[return-value]
-
-
-def _normalize_config(config: Any) -> dict[str, Any]:
-    if config is None:
-        return {}
-    if isinstance(config, ConfigSource):
-        return {CONFIG_SOURCE_KEY: config.to_dict()}
-    if isinstance(config, str | os.PathLike):
-        return {CONFIG_SOURCE_KEY: ConfigSource.from_file(config).to_dict()}
-    if isinstance(config, Mapping):
-        try:
-            decoded = json.loads(records.encode_record(config, what="config"))
-        except (TypeError, ValueError) as exc:
-            raise TypeError(f"init: config could not be encoded as JSON: {exc}") from exc
-        return dict(decoded)
-    raise TypeError(
-        f"init: config must be a path to the config file, a ConfigSource or a mapping, "
-        f"got {type(config).__name__}"
-    )
-
-
-def init(
-    name: str | None = None,
-    environments: Sequence[Any] | None = None,
-    model: str | None = None,
-    framework: str | None = None,
-    description: str | None = None,
-    tags: Sequence[str] | None = None,
-    config: Any = None,
-    *,
-    mode: str | None = None,
-    team_id: str | None = None,
-    api_key: str | None = None,
-    base_url: str | None = None,
-    on_error: OnError = "warn",
-    finish_timeout: float = _DEFAULT_FINISH_TIMEOUT,
-    kind: RunKind = "eval",
-    id: str | None = None,
-    training: TrainingSpec | None = None,
-    traces_opt_out: bool | None = None,
-    runs_dir: str | os.PathLike[str] | None = None,
-    durability: Literal["process", "fsync"] = "process",
-    max_journal_bytes: int | None = None,
-) -> Run:
-    """Open a run and return its handle.
-
-    Online, the run is registered at once so ``run.url`` is there; if the
-    platform cannot be reached the run goes on journaling and registers when
-    it can (``run.url`` is None until then). 401/403 and an environment that
-    cannot be resolved raise here. Raises ``ConfigurationError``, ``TypeError``
-    or ``ValueError`` for bad arguments, naming the argument.
-    """
-    _check_type("name", name, str, "a string")
-    _check_type("model", model, str, "a string")
-    _check_type("framework", framework, str, "a string")
-    _check_type("description", description, str, "a string")
-    _check_type("team_id", team_id, str, "a string")
-    _check_type("api_key", api_key, str, "a string")
-    _check_type("base_url", base_url, str, "a string")
-    _check_type("id", id, str, "a string")
-    _check_type("training", training, TrainingSpec, "a pr.TrainingSpec")
-    _check_type("traces_opt_out", traces_opt_out, bool, "True or False")
-    _check_type("mode", mode, str, "'online', 'offline' or 'disabled'")
-    _check_type(
-        "environments",
-        environments,
-        (list, tuple, str, Mapping, EnvironmentRef),
-        "a list of names, 'owner/name' slugs, mappings or pr.EnvironmentRef",
-    )
-    _check_type("runs_dir", runs_dir, (str, os.PathLike), "a path")
-    if kind not in ("eval", "train"):
-        raise ValueError(f"init: kind must be 'eval' or 'train', got {kind!r}")
-    if on_error not in ("warn", "raise"):
-        raise ValueError(f"init: on_error must be 'warn' or 'raise', got {on_error!r}")
-    if durability not in ("process", "fsync"):
-        raise ValueError(f"init: durability must be 'process' or 'fsync', got {durability!r}")
-    if (
-        isinstance(finish_timeout, bool)
-        or not isinstance(finish_timeout, int | float)
-        or finish_timeout < 0
-    ):
-        raise ValueError(
-            f"init: finish_timeout must be a non-negative number of seconds, got {finish_timeout!r}"
-        )
-    if training is not None and kind != "train":
-        raise ValueError("init: training= is only for kind='train'")
-    if isinstance(tags, str) or (tags is not None and not all(isinstance(t, str) for t in tags)):
-        raise TypeError("init: tags must be a list of strings")
-    if isinstance(environments, str | Mapping):
-        environments = [environments]
-    envs = [EnvironmentRef.coerce(e) for e in (environments or [])]
-    config_doc = _normalize_config(config)
-
-    settings = resolve_settings(
-        api_key=api_key, base_url=base_url, team_id=team_id, traces_opt_out=traces_opt_out
-    )
-    run_mode = _resolve_mode(mode, settings.api_key)
-    if kind == "eval" and not name:
-        stem = envs[0].display_name if envs else (framework or "eval")
-        name = f"{stem}-{secrets.token_hex(4)}"
-
-    if run_mode == "disabled":
-        local = id or f"disabled-{secrets.token_hex(8)}"
-        return Run(
-            kind=kind,
-            mode="disabled",
-            name=name,
-            config=config_doc,
-            on_error=on_error,
-            finish_timeout=float(finish_timeout),
-            attached=id is not None,
-            journal=None,
-            settings=None,
-            local_id=local,
-        )
-
-    if kind == "eval" and id is None and not envs:
-        # Online the create would refuse it anyway; offline it was accepted and
-        # then could never be synced: say so now, while the fix is cheap.
-        raise ConfigurationError(
-            "init: an evaluation needs environments=[...] (hub names, 'owner/name' slugs "
-            "or {'id': ...}): without one it cannot be registered, now or by primeruns sync"
-        )
-    if kind == "train" and id is None:
-        if not model:
-            raise ConfigurationError("init: a training run needs model= (the base model)")
-        if not settings.team_id:
-            raise ConfigurationError(
-                "init: a training run needs a team: pass team_id=... or set PRIME_TEAM_ID"
-            )
-    if kind == "train" and settings.traces_opt_out and not _parquet_available():
-        raise ConfigurationError(
-            "init: this training run opted out of Prime Traces, so its samples go to the "
-            "Parquet sample table, which needs pyarrow: pip install 'prime-runs[train]'"
-        )
-
-    spec: dict[str, Any] = {
-        "kind": kind,
-        "name": name,
-        "environments": [{k: v for k, v in vars(e).items() if v is not None} for e in envs],
-        "dataset": envs[0].display_name if envs else None,
-        "model": model,
-        "framework": framework,
-        "description": description,
-        "tags": list(tags or []),
-        "config": config_doc,
-        "team_id": settings.team_id,
-        "training": (training or TrainingSpec()).to_body() if kind == "train" else None,
-        "attach_id": id,
-        "frontend_url": settings.frontend_url,
-        "base_url": settings.api_root,
-        "traces_url": settings.traces_url,
-        "traces_opt_out": settings.traces_opt_out,
-        "mode": run_mode,
-    }
-    directory = Path(runs_dir) if runs_dir is not None else default_runs_dir()
-    budget = _journal_budget(max_journal_bytes)
-    journal = Journal.create(
-        directory,
-        durability=durability,
-        max_bytes=budget,
-        meta={"spec": spec, "state": "running"},
-    )
-    journal.append(EntryKind.RUN_OPEN, [records.encode_record(spec, what="spec")], essential=True)
-    run = Run(
-        kind=kind,
-        mode=run_mode,
-        name=name,
-        config=config_doc,
-        on_error=on_error,
-        finish_timeout=float(finish_timeout),
-        attached=id is not None,
-        journal=journal,
-        settings=settings,
-        local_id=journal.local_id,
-    )
-    _exit_runs.add(run)
-    _install_sigterm()
-    if run_mode == "online":
-        try:
-            _go_online(run, journal, settings)
-        except BaseException:
-            # The run never existed on the platform: leave no journal behind
-            # for `primeruns ls` to call crashed.
-            _unregister_exit(run)
-            run._finished = True
-            journal.close()
-            delete_journal(journal.path)
-            raise
-    return run
-
-
-def _journal_budget(value: int | None) -> int:
-    """The journal's byte budget: the argument, else PRIME_RUNS_MAX_JOURNAL_BYTES."""
-    source = "max_journal_bytes"
-    if value is None:
-        raw = os.environ.get("PRIME_RUNS_MAX_JOURNAL_BYTES", "").strip()
-        if not raw:
-            return DEFAULT_MAX_JOURNAL_BYTES
-        source = "PRIME_RUNS_MAX_JOURNAL_BYTES"
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigurationError(
-                f"PRIME_RUNS_MAX_JOURNAL_BYTES={raw!r} is not a whole number of bytes"
-            ) from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1 << 20:
-        raise ValueError(
-            f"init: {source} must be a number of bytes of at least 1 MiB, got {value!r}"
-        )
-    return value
-
-
-def _parquet_available() -> bool:
-    from .projection import parquet_available
-
-    return parquet_available()
-
-
-def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
-    """Log one line naming earlier runs that crashed before they were shipped
-    and closed out (off the init path: listing opens every journal)."""
-    try:
-        crashed = []
-        for info in list_journals(runs_dir, skip_live=True):
-            meta = info.meta
-            if info.path in skip or info.owner_alive or meta.get("finalized"):
-                continue
-            if meta.get("state") == "shipped" or meta.get("continued_by"):
-                continue
-            if (meta.get("spec") or {}).get("mode") != "online":
-                continue
-            crashed.append(info.path.name)
-    except Exception:  # a convenience: never let it disturb the run
-        return
-    if crashed:
-        log.warning(
-            "prime-runs: %d earlier run(s) in %s crashed before they were shipped and closed "
-            "out (%s); "
-            "ship them with: primeruns replay --all --runs-dir %s",
-            len(crashed),
-            runs_dir,
-            ", ".join(crashed[:5]) + (", ..." if len(crashed) > 5 else ""),
-            runs_dir,
-        )
-
-
-def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
-    """Register the run (so ``run.url`` is there at once) and start its uplink."""
-    policy = RetryPolicy.from_env()
-    client = PlatformClient(settings)
-    lifecycle = Lifecycle(journal, client, policy=policy, on_failure=run._on_sink_failure)
-    run._lifecycle = lifecycle
-    try:
-        lifecycle.register(attempts=2)
-    except APIError as exc:
-        if not is_transient(exc) or isinstance(exc, _AUTH_ERRORS):
-            raise
-        log.warning(
-            "prime-runs: %s (%s); the run goes on journaling and registers when it can. "
-            "run.url is None until then.",
-            "the platform is unreachable"
-            if isinstance(exc, TransportError)
-            else "the platform did not register the run yet",
-            exc,
-        )
-    finally:
-        client.close()  # from here on only the uplink talks to the platform
-    attach = lifecycle.spec.get("attach_id")
-    predecessors: list[Path] = []
-    if attach:
-        predecessors, alive = find_run_journals(
-            journal.path.parent, str(attach), exclude=journal.path
-        )
-        if alive:
-            log.warning(
-                "prime-runs: another process (%s) is logging to run %s right now; the "
-                "platform keeps one metrics row per step, so rows both log for the same "
-                "step overwrite each other. Give each process its own steps, or its own run.",
-                " and ".join(alive),
-                attach,
-            )
-    run._uplink = start_uplink(journal, settings, predecessors)
-    others = (journal.path.parent, {journal.path, *predecessors})
-    start_daemon(_mention_crashed_runs, "primeruns-scan", others)

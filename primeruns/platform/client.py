@@ -167,10 +167,14 @@ class PlatformClient:
         body: Mapping[str, Any] | bytes | None = None,
         *,
         params: Mapping[str, Any] | None = None,
-        timeout: httpx.Timeout = _PLATFORM_TIMEOUT,
+        within: float | None = None,
     ) -> dict[str, Any]:
-        """A platform API call; ``path`` is relative to the API prefix."""
+        """A platform API call; ``path`` is relative to the API prefix.
+        ``within``: seconds the whole call may take (default: 60, 10 to connect)."""
         http, _ = self._clients()
+        timeout = _PLATFORM_TIMEOUT
+        if within is not None:
+            timeout = httpx.Timeout(min(60.0, within), connect=min(10.0, within))
         headers = self._auth_headers(traces=False)
         content: bytes | None = None
         if isinstance(body, bytes):

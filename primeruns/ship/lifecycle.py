@@ -20,8 +20,6 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import httpx
-
 from ..exceptions import (
     APIError,
     EnvironmentResolutionError,
@@ -34,7 +32,7 @@ from ..exceptions import (
 )
 from ..journal import Journal
 from ..platform import PlatformClient, is_ambiguous
-from ..sinks.base import Binding
+from ..platform.binding import Binding
 from .policy import RetryPolicy
 
 __all__ = ["Lifecycle", "crash_reason", "status_message"]
@@ -45,7 +43,6 @@ log = logging.getLogger("primeruns.lifecycle")
 _AUTH_ERRORS = (UnauthorizedError, ForbiddenError, PaymentRequiredError)
 # An attempt always gets at least this long, even past its deadline.
 _MIN_ATTEMPT_S = 1.0
-_PLATFORM_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 _EVAL_STATUS = {"failed": "FAILED", "cancelled": "CANCELLED", "crashed": "FAILED"}
 _ERROR_MESSAGE_CAP = 4096
 # The SDK's own namespace in an evaluation's metadata.
@@ -127,12 +124,11 @@ class Lifecycle:
         tries = attempts or self._policy.attempts_per_strike
         attempt = 0
         while True:
-            timeout = _PLATFORM_TIMEOUT
+            within = None
             if deadline is not None:
-                left = max(deadline - time.monotonic(), _MIN_ATTEMPT_S)
-                timeout = httpx.Timeout(min(60.0, left), connect=min(10.0, left))
+                within = max(deadline - time.monotonic(), _MIN_ATTEMPT_S)
             try:
-                return self.client.api(method, path, body, timeout=timeout)
+                return self.client.api(method, path, body, within=within)
             except APIError as exc:
                 attempt += 1
                 retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None

@@ -6,7 +6,8 @@ there is the journal (the only queue and the only state) and two pipes that
 only ever carry wake-ups, never data:
 
 - *wake* (producer → uplink): one byte after each append, written without
-  blocking (a full pipe already means a wake-up is pending);
+  blocking (a full pipe already means a wake-up is pending); ``HURRY`` when
+  ``flush()`` waits, so small batches go out without lingering;
 - *progress* (uplink → producer): one byte whenever a sink acknowledged,
   failed or changed standing, so ``flush()`` and ``finish()`` wait without
   polling. Its end of file says the uplink is gone.
@@ -53,6 +54,8 @@ log = logging.getLogger("primeruns")
 # Set to "threads" to ship from threads in the producer (where starting a
 # process is not allowed, or to compare).
 UPLINK_ENV = "PRIME_RUNS_UPLINK"
+WAKE = b"\0"
+HURRY = b"\1"
 
 
 class UplinkHandle(Protocol):
@@ -65,6 +68,9 @@ class UplinkHandle(Protocol):
 
     def closing(self) -> None:
         """Tell the uplink the finish entry is journaled."""
+
+    def hurry(self) -> None:
+        """Tell the uplink someone waits for what is journaled (flush)."""
 
     def wait_progress(self, timeout: float) -> None:
         """Until the uplink reports progress, exits, or ``timeout`` passes."""
@@ -167,10 +173,16 @@ class UplinkProcess:
         self._closed = False
 
     def wake(self) -> None:
+        self._send(WAKE)
+
+    def hurry(self) -> None:
+        self._send(HURRY)
+
+    def _send(self, byte: bytes) -> None:
         if self._closed:
             return
         try:
-            os.write(self._wake_w, b"\0")
+            os.write(self._wake_w, byte)
         except BlockingIOError:
             pass  # the pipe is full: the uplink has wake-ups waiting already
         except OSError:
@@ -270,6 +282,9 @@ class UplinkThreads:
     def closing(self) -> None:
         self._link.event.set()
 
+    def hurry(self) -> None:
+        self.uplink.hurry()
+
     def wait_progress(self, timeout: float) -> None:
         with self._progress:
             gen = self._gen
@@ -301,9 +316,11 @@ class PipeProducerLink:
         producer: int,
         on_gone: Callable[[], None] | None = None,
     ) -> None:
-        """``on_gone`` runs once, in the watching thread, when the producer is gone."""
+        """``on_gone`` runs once, in the watching thread, when the producer is
+        gone; ``on_hurry`` (settable later) when it asks for haste."""
         self._journal = journal
         self._on_gone = on_gone
+        self.on_hurry: Callable[[], None] | None = None
         self._wake_fd = wake_fd
         self._progress_fd = progress_fd
         os.set_blocking(progress_fd, False)
@@ -354,6 +371,9 @@ class PipeProducerLink:
                 if not data:
                     self._mark_gone()
                     return
+                if HURRY in data and self.on_hurry is not None:
+                    with contextlib.suppress(Exception):
+                        self.on_hurry()
                 self._event.set()
                 with contextlib.suppress(Exception):
                     self._journal.wake_all()

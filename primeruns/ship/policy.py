@@ -65,12 +65,18 @@ class RetryPolicy:
     attempts_per_strike: int = 5
     strikes_to_retire: int = 3
     pause_s: float = 300.0
+    # A small batch waits this long after the sink's last request for more to
+    # queue up (not the first after a quiet spell, nor during flush/finish):
+    # a loop logging every few milliseconds then costs a request per tenth of
+    # a second per sink, not one per call, in the uplink and the platform.
+    linger_s: float = 0.1
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
         return cls(
             base_delay_s=_env_float("PRIME_RUNS_RETRY_BASE_S", cls.base_delay_s),
             pause_s=_env_float("PRIME_RUNS_PAUSE_S", cls.pause_s),
+            linger_s=max(0.0, _env_float("PRIME_RUNS_LINGER_S", cls.linger_s)),
         )
 
     def delay(self, attempt: int, retry_after: float | None, rng: random.Random) -> float:

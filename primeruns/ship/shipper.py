@@ -29,7 +29,8 @@ from typing import Any
 
 from ..exceptions import APIError, JournalError, RetryableAPIError
 from ..journal import InFlight, Journal
-from ..sinks.base import Binding, Prepared, SendContext, Sink
+from ..platform.binding import Binding
+from ..sinks.base import Prepared, SendContext, Sink
 from ..threads import start_daemon
 from . import ledger
 from .policy import Failure, RetryPolicy, classify
@@ -99,6 +100,8 @@ class Shipper:
             self.state.off_reason = str(off)
         self._thread: threading.Thread | None = None
         self._final = False
+        self._last_send = 0.0  # monotonic time of the last request
+        self._hurry_until = 0.0  # no lingering until then (a flush waits)
         self._shrink = 1  # batch size divisor after journal write failures
         self._isolate: int | None = None  # entry cap while a rejected record is isolated
 
@@ -111,6 +114,11 @@ class Shipper:
         """Wake the thread now: a binding arrived, or a pause should end early."""
         self._wake.set()
         self.journal.wake_all()
+
+    def hurry(self, seconds: float = 5.0) -> None:
+        """Send small batches at once for a while: someone waits for them (flush)."""
+        self._hurry_until = time.monotonic() + seconds
+        self.poke()
 
     def revive(self, *, final: bool = False) -> None:
         """Give a sink retired or paused for transient failures another chance
@@ -307,6 +315,10 @@ class Shipper:
             if not self._stop.is_set():
                 self.journal.wait_for_append(result.next_after, timeout=1.0)
             return None
+        linger = self._linger_left(result.entries)
+        if linger > 0:
+            self._sleep(linger)  # more may queue up meanwhile; read again after
+            return None
         try:
             prepared: Prepared | None = sink.prepare(result.entries, binding)
         except Exception as exc:
@@ -335,6 +347,17 @@ class Shipper:
             self.journal.set_meta(f"carry.{self.name}", state["carry"])
         return inflight
 
+    def _linger_left(self, entries: Sequence[Any]) -> float:
+        """How long a batch of ``entries`` should wait for more (0: send now)."""
+        now = time.monotonic()
+        if self._final or self._stop.is_set() or now < self._hurry_until:
+            return 0.0
+        if len(entries) >= self.sink.max_entries // max(1, self._shrink):
+            return 0.0
+        if sum(len(e.payload) for e in entries) >= self.sink.max_bytes // 2:
+            return 0.0
+        return max(0.0, self._last_send + self._policy.linger_s - now)
+
     def _ship(self, inflight: InFlight, binding: Binding) -> None:
         state: dict[str, Any] = dict(inflight.state)
         progressed = False
@@ -360,6 +383,7 @@ class Shipper:
             if self._stop.is_set():
                 return
             progressed = False
+            self._last_send = time.monotonic()
             try:
                 self.sink.send(inflight.body, ctx)
             except JournalError:

@@ -316,6 +316,11 @@ class Uplink:
         for shipper in self.shippers:
             shipper.poke()
 
+    def hurry(self) -> None:
+        """The producer waits (flush): send what is queued without lingering."""
+        for shipper in self.everyone():
+            shipper.hurry()
+
     def everyone(self) -> list[Shipper]:
         return self.shippers + [s for _, group in self.adopted for s in group]
 

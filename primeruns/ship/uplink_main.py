@@ -68,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             on_gone=lambda: _log_to_file(args.journal / LOG_NAME),
         )
         uplink = Uplink(journal, settings, notify=link.notify)
+        link.on_hurry = uplink.hurry
         uplink.serve(link, predecessors)
     finally:
         journal.close()

@@ -16,17 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ..journal import Entry, EntryKind
+from ..platform.binding import Binding
 
 __all__ = ["Binding", "Prepared", "SendContext", "Sink", "SinkOff"]
-
-
-@dataclass(frozen=True)
-class Binding:
-    """The platform run a journal ships to, once registered."""
-
-    run_id: str
-    kind: str  # "eval" | "train"
-    url: str | None = None
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import primeruns.run as run_module
+import primeruns.opening as run_module
 from primeruns.journal import (
     AppendResult,
     CursorState,

@@ -39,7 +39,7 @@ from end_to_end import vendor_python
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "loop_worker.py"
 SDKS = ("none", "offline", "online", "threads", "vendor")
-WORK = 60_000  # pure-Python iterations per step: ~5-8 ms on this machine
+WORK = 350_000  # pure-Python iterations per step: ~20 ms on this machine
 
 
 def run_worker(

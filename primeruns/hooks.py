@@ -1,0 +1,90 @@
+"""Process-wide hooks of the runs this process opened: exit, SIGTERM, fork.
+
+At interpreter exit an unfinished run is closed as crashed, all runs within
+one grace together (``_EXIT_GRACE``); SIGTERM (a scheduler's preemption)
+closes every run as cancelled within a short grace, then lets the signal's
+previous disposition act; a forked child never closes its parent's runs.
+A run takes part through ``register``; it only needs ``_at_exit(deadline)``
+and ``_on_sigterm()``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import threading
+import time
+from types import FrameType
+from typing import Any, Protocol
+
+__all__ = ["install_sigterm", "register", "unregister"]
+
+# How long the interpreter's exit may wait, in all, to close out runs the
+# script never finished: long enough to ship a healthy run's tail, short
+# enough that an exit with the platform down does not look like a hang.
+# Whatever is left stays in the journal (the uplink may go on shipping it),
+# and the warning names the command.
+_EXIT_GRACE = 30.0
+
+
+class _Closable(Protocol):
+    def _at_exit(self, deadline: float) -> None: ...
+
+    def _on_sigterm(self) -> None: ...
+
+
+# Runs to close out at exit or on SIGTERM (a set of handles, compared by identity).
+_exit_runs: set[_Closable] = set()
+_previous_sigterm: Any = None
+_sigterm_installed = False
+
+
+def register(run: _Closable) -> None:
+    _exit_runs.add(run)
+
+
+def unregister(run: _Closable) -> None:
+    _exit_runs.discard(run)
+
+
+def _at_exit_all() -> None:
+    deadline = time.monotonic() + _EXIT_GRACE  # one grace for all runs, not one each
+    for run in list(_exit_runs):
+        run._at_exit(deadline)
+
+
+atexit.register(_at_exit_all)
+
+
+def _handle_sigterm(signum: int, frame: FrameType | None) -> None:
+    for run in list(_exit_runs):
+        run._on_sigterm()
+    previous = _previous_sigterm
+    if callable(previous):
+        previous(signum, frame)
+    elif previous == signal.SIG_IGN:
+        return
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def install_sigterm() -> None:
+    global _previous_sigterm, _sigterm_installed
+    if _sigterm_installed or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        _previous_sigterm = signal.getsignal(signal.SIGTERM)
+        signal.signal(signal.SIGTERM, _handle_sigterm)
+        _sigterm_installed = True
+    except (ValueError, OSError):  # not the main interpreter / no signals here
+        pass
+
+
+def _after_fork_in_child() -> None:
+    # A child never finalizes its parent's run, even from atexit.
+    _exit_runs.clear()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
