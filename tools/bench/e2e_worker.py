@@ -1,10 +1,11 @@
 """One end-to-end producer for ``end_to_end.py``, run as its own process.
 
 ``python e2e_worker.py SDK RECORDS URL RUNS_DIR`` opens an eval run with SDK
-``ours`` (this SDK), ``ours-fix`` (with ``candidates.stop_repokes``),
-``memory`` (this SDK with the journal replaced by an in-memory queue, see
-``memjournal.py``) or ``vendor`` (``prime_runs`` 0.1.4, run with the vendor's
-own virtual environment's python), logs every episode of
+``ours`` (this SDK), ``threads`` (this SDK shipping from threads in the
+producer), ``memory`` (this SDK with the journal replaced by an in-memory
+queue, see ``memjournal.py``, shipping from threads) or ``vendor``
+(``prime_runs`` 0.1.4, run with the vendor's own virtual environment's
+python), logs every episode of
 the JSONL file RECORDS with one ``log_episodes([episode])`` call each, finishes
 the run, and prints one JSON line: wall and CPU seconds (all threads of this
 process) from just before ``init`` to ``finish`` returning, and the run id.
@@ -38,14 +39,14 @@ def _init(sdk: str, url: str, runs_dir: str) -> Any:
         import prime_runs
 
         return prime_runs.init(**common)
+    if sdk in ("memory", "threads"):
+        import os
+
+        os.environ["PRIME_RUNS_UPLINK"] = "threads"
     if sdk == "memory":
         import memjournal
 
         memjournal.install()
-    if sdk == "ours-fix":
-        import candidates
-
-        candidates.stop_repokes()
     import primeruns
 
     return primeruns.init(**common, runs_dir=runs_dir)

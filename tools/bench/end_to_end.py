@@ -6,12 +6,13 @@ each pays its own start-up and is measured alike), take turns against the same
 ``primeruns serve`` on loopback, logging the same episodes one
 ``log_episodes([episode])`` call each:
 
-- ``ours``: this SDK as shipped (journal, shipper threads, sinks);
+- ``ours``: this SDK as shipped (journal, the uplink process, sinks);
+- ``ours, threads``: this SDK shipping from threads in the producer (the
+  fallback where no process can be started, ``PRIME_RUNS_UPLINK=threads``);
 - ``in-memory``: this SDK with its journal replaced by an in-memory queue
   (``memjournal.py``: same API and locking; no framing, zstd, LMDB or sync),
-  so ``ours / in-memory`` is the journal's own cost;
-- ``ours + stop_repokes``: this SDK with the candidate fix of
-  ``candidates.stop_repokes`` applied (a lost shipper wake at ``finish()``);
+  shipping from threads, so ``ours, threads / in-memory`` is the journal's
+  own cost;
 - ``vendor``: ``prime-runs==0.1.4`` from PyPI, installed by this script in its
   own virtual environment (``tools/bench/.venv-vendor``, git-ignored) because
   it owns the ``prime_runs`` import name. It reads PRIME_TRACES_URL like ours.
@@ -47,7 +48,7 @@ HERE = Path(__file__).resolve().parent
 VENDOR_VENV = HERE / ".venv-vendor"
 VENDOR_PACKAGES = ("prime-runs==0.1.4", "pyarrow")
 WORKER = HERE / "e2e_worker.py"
-SDKS = ("ours", "ours + stop_repokes", "in-memory", "vendor")
+SDKS = ("ours", "ours, threads", "in-memory", "vendor")
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def run_worker(
     sdk: str, records_path: Path, url: str, scratch: Path, env: dict[str, str]
 ) -> dict[str, Any]:
     python = str(vendor_python()) if sdk == "vendor" else sys.executable
-    arg = {"in-memory": "memory", "ours + stop_repokes": "ours-fix"}.get(sdk, sdk)
+    arg = {"in-memory": "memory", "ours, threads": "threads"}.get(sdk, sdk)
     runs_dir = scratch / "runs" / arg
     proc = subprocess.run(
         [python, str(WORKER), arg, str(records_path), url, str(runs_dir)],
@@ -170,15 +171,17 @@ def _table(
             benchlib.spread([r.eps for r in results[sdk]]),
         )
     vs_vendor = ours["eps"] / med["vendor"]["eps"]
-    journal_cost = med["ours"]["wall"] / med["in-memory"]["wall"]
+    journal_cost = med["ours, threads"]["wall"] / med["in-memory"]["wall"]
     table.notes += [
         f"ours ÷ vendor episodes/s = {vs_vendor:.2f}: "
         f"{benchlib.verdict(vs_vendor, 1.0, at_least=True)}",
-        f"journal cost = ours ÷ in-memory wall time = {journal_cost:.2f}: "
+        f"journal cost = ours, threads ÷ in-memory wall time = {journal_cost:.2f}: "
         f"{benchlib.verdict(journal_cost, 1.3)}",
         f"median of {repeats} round(s), producers in rotating order; every run verified on "
         "the server (all episodes in Prime Traces)",
-        "CPU = the producer process only (all its threads); the server's CPU is not counted",
+        "CPU = the producer process only (all its threads; not the uplink process, nor the server)",
+        "in-memory ships from threads (its journal lives in the producer's memory), so the "
+        "journal's cost is measured against ours, threads",
     ]
     return table
 

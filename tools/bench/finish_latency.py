@@ -7,11 +7,12 @@ from the repository root. Against a local platform on loopback, an eval run:
 - *1,000 pending*: 1,000 gsm8k episodes logged as fast as possible, then
   ``finish()`` at once, so it drains them.
 
-Each case runs in a fresh process twice: with the SDK as it is and with the
-candidate change ``candidates.stop_repokes`` (a shipper's stop wake can be
-lost; see there), so the ratio shows what that change is worth. The
-reference for the pending case is the one-stream upload of the same 1,000
-records (``replay.one_stream``) in the same run.
+Each case runs in a fresh process twice: shipped by the uplink process (as
+the SDK ships) and by threads in the producer (the fallback,
+``PRIME_RUNS_UPLINK=threads``), so the ratio shows what the separate process
+costs at the end of a run (its start-up, then its exit). The reference for
+the pending case is the one-stream upload of the same 1,000 records
+(``replay.one_stream``) in the same run.
 """
 
 from __future__ import annotations
@@ -29,15 +30,13 @@ from benchlib import API_KEY, Table
 
 HERE = Path(__file__).resolve().parent
 CASES = {"empty backlog": 0, "1,000 pending": 1000}
-VARIANTS = ("as is", "stop_repokes")
+VARIANTS = ("uplink process", "threads")
 
 
 def child(case_pending: int, variant: str, url: str, runs_dir: str) -> float:
     """In a worker process: one run, returns finish() seconds."""
-    if variant != "as is":
-        import candidates
-
-        candidates.CANDIDATES[variant]()
+    if variant == "threads":
+        os.environ["PRIME_RUNS_UPLINK"] = "threads"
     import primeruns as pr
 
     episodes = benchlib.records("gsm8k-eval", max(case_pending, 50))
@@ -91,10 +90,17 @@ def run(quick: bool, repeat: int | None = None) -> list[Table]:
             stream_s, _ = one_stream(server.url, 1000)
     table = Table(
         "Finish latency: run.finish() on an online eval run (local platform, loopback)",
-        ["case", "SDK", "finish ms (median)", "÷ as is", "÷ one-stream upload", "spread"],
+        [
+            "case",
+            "shipped by",
+            "finish ms (median)",
+            "÷ uplink process",
+            "÷ one-stream upload",
+            "spread",
+        ],
     )
     for case in CASES:
-        base = statistics.median(times[(case, "as is")])
+        base = statistics.median(times[(case, "uplink process")])
         for variant in VARIANTS:
             value = statistics.median(times[(case, variant)])
             ref = f"{value / stream_s:.1f}" if CASES[case] else "-"

@@ -21,9 +21,18 @@ import finish_latency
 import hot_path
 import replay
 import request_latency
+import uplink_loop
 from benchlib import Table
 
-BENCHMARKS = (request_latency, hot_path, end_to_end, backlog, replay, finish_latency)
+BENCHMARKS = (
+    request_latency,
+    uplink_loop,
+    hot_path,
+    end_to_end,
+    backlog,
+    replay,
+    finish_latency,
+)
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
