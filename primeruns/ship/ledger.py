@@ -159,10 +159,15 @@ def read_closeout(journal: Journal) -> Closeout | None:
     )
 
 
-def unshipped(journal: Journal, sink: str, kinds: Collection[EntryKind]) -> int:
-    """How many journaled records ``sink`` has not dealt with (reads the
-    journal: for reports, not for hot loops)."""
-    count, after = 0, journal.cursor(sink).acked
+def unshipped(
+    journal: Journal, sink: str, kinds: Collection[EntryKind], *, after: int | None = None
+) -> int:
+    """How many journaled records ``sink`` has not dealt with past ``after``
+    (default: its acknowledged offset). Reads the journal: for reports, not
+    for hot loops."""
+    count = 0
+    if after is None:
+        after = journal.cursor(sink).acked
     while True:
         result = journal.read(after, kinds=kinds, max_entries=10_000, max_bytes=64 << 20)
         count += len(result.entries)

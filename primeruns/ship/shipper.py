@@ -168,15 +168,9 @@ class Shipper:
     def pending_records(self) -> int:
         """How many journaled records this sink has not dealt with yet (reads
         the journal: for reports, not for hot loops)."""
-        count, after = 0, self.shipped_through()
-        while True:
-            result = self.journal.read(
-                after, kinds=self.sink.kinds, max_entries=10_000, max_bytes=64 << 20
-            )
-            count += len(result.entries)
-            if result.next_after <= after:
-                return count
-            after = result.next_after
+        return ledger.unshipped(
+            self.journal, self.name, self.sink.kinds, after=self.shipped_through()
+        )
 
     def settled(self, target: int) -> bool:
         """Nothing more will happen for entries <= target without outside help:

@@ -62,6 +62,8 @@ ENDINGS = (
     "sigkill_producer",
     "sigkill_requeue",
 )
+# First on PYTHONPATH, it hides pyarrow from a process and its uplink.
+_NO_PYARROW = str(Path(__file__).resolve().parents[1] / "data" / "without_pyarrow")
 # How long the uplink of a producer killed alone may take to close its run.
 _UPLINK_CLOSE_S = 90.0
 SAMPLE_CADENCE = 10  # every 10th training step feeds the Parquet sample table
@@ -174,8 +176,7 @@ def run_trial(config: Config, platforms: Platforms, work: Path, seed: int = 0) -
     env = rh.isolated_env(work, env_extra)
     if config.pyarrow == "absent":
         # Hidden from the producer and its uplink alike (a machine without it).
-        shim = str(Path(__file__).resolve().parents[1] / "data" / "without_pyarrow")
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [shim, env.get("PYTHONPATH")]))
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_NO_PYARROW, env.get("PYTHONPATH")]))
     runs = work / "runs"
     attach = None
     if config.ending == "sigkill_requeue":
@@ -268,6 +269,10 @@ def _wait_closed(lp: LocalPlatform, name: str, out: Outcome) -> None:
 
 def _replay(journal: Path, env: dict[str, str], out: Outcome) -> None:
     env = {**env, "PRIME_API_KEY": KEY}
+    # The replay runs where pyarrow is (a login node with the train extra).
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != _NO_PYARROW
+    )
     done = subprocess.run(
         [sys.executable, "-m", "primeruns", "replay", str(journal)],
         capture_output=True,

@@ -36,6 +36,10 @@ def _journaled_ids(path: Path) -> list[str]:
     return [json.loads(e.payload)["id"] for e in eps.entries]
 
 
+def _eval_run(url: str, runs: Path) -> pr.Run:
+    return pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=url, runs_dir=runs)
+
+
 def _finished(path: Path) -> bool:
     with Journal.open(path, owner=False) as journal:
         return bool(journal.read(0, kinds={EntryKind.FINISH}, max_entries=1).entries)
@@ -136,13 +140,7 @@ def test_where_no_process_can_start_the_run_ships_from_threads_with_one_warning(
     monkeypatch.setattr(link.subprocess, "Popen", refuse)
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
     with caplog.at_level(logging.WARNING, logger="primeruns"):
-        run = pr.init(
-            environments=["gsm8k"],
-            model="m",
-            api_key=API_KEY,
-            base_url=local_platform.url,
-            runs_dir=runs,
-        )
+        run = _eval_run(local_platform.url, runs)
     warnings = [r for r in caplog.records if "could not start the uplink" in r.getMessage()]
     assert len(warnings) == 1
     episodes = workloads.gsm8k(30)
@@ -161,13 +159,7 @@ def test_an_uplink_killed_mid_run_is_replaced_by_threads_and_nothing_is_lost(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
-    run = pr.init(
-        environments=["gsm8k"],
-        model="m",
-        api_key=API_KEY,
-        base_url=local_platform.url,
-        runs_dir=runs,
-    )
+    run = _eval_run(local_platform.url, runs)
     episodes = workloads.gsm8k(60)
     run.log_episodes(episodes[:30])
     uplink = run._uplink

@@ -8,7 +8,7 @@ the repository root. For each workload it times, call by call:
 - ``run.log_episodes([episode])`` of one agentic training episode (~120 KB);
 
 in both durability modes (``process``, the default, and ``fsync``), with the
-SDK online against a local platform on loopback (its shipper threads upload
+SDK online against a local platform on loopback (its uplink process uploads
 concurrently, as in real use) and offline (journal only). The reference is
 ``json.dumps`` of the very same record, timed right before each call, so both
 see the same machine noise. Reported: p50/p99 µs per call and the p50 ratio,
@@ -192,7 +192,7 @@ def run(quick: bool, repeat: int | None = None) -> list[Table]:
     table.notes += [
         f"median of {repeats} run(s); spread = largest deviation of a run's ratio from the median",
         "reference: json.dumps(record) timed just before each call in the same loop",
-        "online: shipper threads upload to a local platform during the loop (shared cores)",
+        "online: the uplink process uploads to a local platform during the loop (shared cores)",
         "fsync rows use at most 500 calls per run (each call waits for the disk)",
     ]
     return [table]
