@@ -484,6 +484,7 @@ class Run:
         )
         uplink.release()
         journal.unshare_lock()
+        journal.take_back_staging()
         self._uplink = UplinkThreads(journal, self._settings, [])
 
     def finish(

@@ -262,6 +262,11 @@ class Journal:
         self._staged = self._count_staged()  # entries in "staging" (under self._lock)
         self._move_wake = threading.Event()
         self._move_thread: threading.Thread | None = None
+        # Whether this process moves staged entries: the appender, until it
+        # hands that to its uplink (``hand_over_staging``), so that no thread of
+        # the producer holds the lock its appends need while it waits for
+        # LMDB's writer lock behind the uplink's transactions.
+        self._moves_here = self._appender
         self._stop_sync = threading.Event()
         # Wakes the background thread early: a kind just got enough records to
         # train its dictionary (a burst would otherwise go uncompressed by it).
@@ -273,11 +278,7 @@ class Journal:
                 self._background_loop, f"primeruns-journal-{path.name}"
             )
             if self._appender:
-                self._move_thread = start_daemon(
-                    self._move_loop, f"primeruns-journal-zstd-{path.name}"
-                )
-            if self._staged and self._appender:
-                self._move_wake.set()  # left staged by an earlier process
+                self._start_mover()
 
     # -- opening --------------------------------------------------------------------------
 
@@ -424,6 +425,35 @@ class Journal:
             except (lmdb.Error, JournalError) as exc:
                 journal._structural.append(Damage(None, f"journal cannot be written: {exc}"))
         return journal
+
+    def _start_mover(self) -> None:
+        self._moves_here = True
+        self._move_thread = start_daemon(
+            self._move_loop, f"primeruns-journal-zstd-{self.path.name}"
+        )
+        if self._staged:
+            self._move_wake.set()  # left staged by an earlier process
+
+    def hand_over_staging(self) -> None:
+        """The uplink (which shares the lock) moves staged entries from now on."""
+        self._moves_here = False
+        self._move_wake.set()  # the mover sees the flag and ends
+        thread, self._move_thread = self._move_thread, None
+        if thread is not None:
+            thread.join()
+
+    def take_back_staging(self) -> None:
+        """The uplink is gone: this process moves staged entries again."""
+        if not self._moves_here and self._appender and not self._closed:
+            with self._lock:
+                self._staged = self._count_staged()
+            self._start_mover()
+
+    def move_staged(self) -> None:
+        """In the uplink's view: take over moving the producer's staged entries."""
+        self._check_writable()
+        if not self._moves_here:
+            self._start_mover()
 
     def share_lock(self) -> int:
         """The owner lock's descriptor, to hand to this run's uplink process
@@ -679,14 +709,19 @@ class Journal:
         zdict = self._dict(dict_id) if dict_id else None
         # Read without the lock: it only chooses raw or compressed, never where
         # an entry goes (decided under the lock, in put).
-        defer = "staging" in self._store.dbs and self._staged < _STAGED_RAW_MAX
-        raw = [defer and len(p) >= _DEFER_MIN for p in payloads]
+        raw = [False] * len(payloads)  # which go uncompressed: decided in put
         frames: list[bytes] = []
         staged = [False]  # set by put: where this append went
         db = self._store.dbs["entries"]
 
         def put(txn: lmdb.Transaction) -> int:
             first = self._last_seq + 1
+            staged_now = self._staged
+            if not self._moves_here and "staging" in self._store.dbs:
+                # Another process moves them: count what it left, in this txn.
+                staged_now = int(txn.stat(self._store.dbs["staging"])["entries"])
+            defer = "staging" in self._store.dbs and staged_now < _STAGED_RAW_MAX
+            raw[:] = [defer and len(p) >= _DEFER_MIN for p in payloads]
             # Framed here, under the lock, where each entry's seq is known (its
             # checksum covers it). Cheap: the costly compression is deferred.
             frames[:] = [
@@ -695,7 +730,7 @@ class Journal:
                     range(first, first + len(payloads)), payloads, raw, strict=True
                 )
             ]
-            staged[0] = bool(any(raw) or self._staged)
+            staged[0] = bool(any(raw) or staged_now)
             if staged[0]:
                 staging = self._store.dbs["staging"]
                 for i, frame in enumerate(frames):
@@ -730,7 +765,7 @@ class Journal:
         count = self._kind_counts[int(kind)] = self._kind_counts.get(int(kind), 0) + len(payloads)
         if count >= dictionary.MIN_SAMPLES and not dict_id and int(kind) not in self._dict_tried:
             self._bg_wake.set()
-        if self._staged:
+        if self._staged and self._moves_here:
             self._move_wake.set()
         with self._appended:
             self._appended.notify_all()
@@ -824,6 +859,8 @@ class Journal:
         with self._appended:
             self._wake_gen += 1
             self._appended.notify_all()
+        if self._moves_here and not self._appender:
+            self._move_wake.set()  # the producer appended: there may be staged entries
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -1268,11 +1305,11 @@ class Journal:
     def _move_loop(self) -> None:
         # Never lets an error out: a staged entry is intact and readable where
         # it is; it only takes more room until it moves.
-        while not self._stop_sync.is_set():
+        while not self._stop_sync.is_set() and self._moves_here:
             self._move_wake.wait(SYNC_INTERVAL)
             self._move_wake.clear()
             try:
-                while not self._stop_sync.is_set() and self._move_some():
+                while not self._stop_sync.is_set() and self._moves_here and self._move_some():
                     pass
             except JournalFullError:
                 # No room to move into until something is acknowledged and
@@ -1294,6 +1331,10 @@ class Journal:
                 batch.append((bytes(key), bytes(value)))
                 if len(batch) >= _MOVE_BATCH:
                     break
+        if not self._appender:
+            active = self._safe_meta(K_DICTS)  # the producer may have trained one since
+            if isinstance(active, dict):
+                self._active_dicts = {int(k): int(v) for k, v in active.items()}
         if not batch:
             with self._lock:
                 # Another process may have compacted staged entries away.
@@ -1425,7 +1466,7 @@ class Journal:
         for thread in (self._move_thread, self._sync_thread):
             if thread is not None:
                 thread.join()
-        if self._appender:
+        if self._appender or self._moves_here:
             # What the background did not get to moves now (bounded): a journal
             # at rest is compressed and has nothing staged.
             deadline = time.monotonic() + 30.0

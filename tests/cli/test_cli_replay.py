@@ -176,6 +176,10 @@ def _zero_a_page_that_aborts_lmdb(path: Path) -> int:
     reader (as the probe's child finds); returns it."""
     from primeruns.journal.probe import probe
 
+    # At rest first, as a journal waiting for replay is: what the killed job
+    # left staged is moved into the compressed, chunked tree (the one with
+    # interior pages to damage).
+    Journal.open(path, owner=True).close()
     data = path / "data.mdb"
     raw = data.read_bytes()
     for page in range(2, len(raw) // 4096):
