@@ -21,6 +21,7 @@ import contextlib
 import json
 import os
 import secrets
+import select
 import signal
 import subprocess
 import sys
@@ -271,15 +272,22 @@ class Demo:
 
 
 def _wait_owner_gone(journal: Path, timeout: float) -> bool:
-    """Wait until no process owns ``journal`` (the killed producer's uplink is done)."""
+    """Wait until no process owns ``journal`` (the killed producer's uplink is
+    done): on the uplink's exit, through a pidfd (not a child of this process)."""
     from ..journal.lock import owner_alive, read_owner
 
-    deadline = time.monotonic() + timeout
-    while owner_alive(read_owner(journal)):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
+    owner = read_owner(journal)
+    if owner is not None and owner.helper_pid is not None and owner_alive(owner):
+        try:
+            pidfd = os.pidfd_open(owner.helper_pid)
+        except OSError:
+            pass  # gone already
+        else:
+            try:
+                select.select([pidfd], [], [], timeout)
+            finally:
+                os.close(pidfd)
+    return not owner_alive(read_owner(journal))
 
 
 @contextlib.contextmanager

@@ -309,6 +309,7 @@ class Uplink:
                 if not is_transient(exc):
                     self._on_failure("register", exc)
                     return
+                # A retry delay (the platform is down), not a wait for a state.
                 time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
             except Exception as exc:
                 self._on_failure("register", exc)

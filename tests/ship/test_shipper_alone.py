@@ -9,10 +9,10 @@ standing reaches the journal, where the producer reads it.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
-
-import pytest
 
 from primeruns.exceptions import RetryableAPIError, ValidationRejectedError
 from primeruns.journal import Entry, EntryKind, Journal
@@ -39,6 +39,7 @@ class FakeSink:
         self.reject_id = reject_id
         self.attempts: list[bytes] = []
         self.stored: list[str] = []
+        self.retried = threading.Event()  # a second attempt was made
 
     def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared | None:
         ids = [json.loads(e.payload)["id"] for e in entries]
@@ -46,6 +47,8 @@ class FakeSink:
 
     def send(self, body: bytes, ctx: SendContext) -> None:
         self.attempts.append(body)
+        if len(self.attempts) >= 2:
+            self.retried.set()
         if self.transient > 0:
             self.transient -= 1
             raise RetryableAPIError("503 from the fake", status_code=503)
@@ -95,7 +98,7 @@ def test_a_batch_recorded_before_a_restart_is_resent_byte_identical(tmp_path: Pa
     first = FakeSink(transient=10**6)  # never succeeds: the batch stays in flight
     failures: list[str] = []
     shipper = _ship(journal, first, failures)
-    _wait(lambda: journal.cursor("fake").inflight is not None and len(first.attempts) >= 2)
+    assert first.retried.wait(10)  # recorded before its first attempt, then retried
     shipper.stop(timeout=5)
     recorded = journal.cursor("fake").inflight
     assert recorded is not None
@@ -136,16 +139,4 @@ def test_a_retired_sink_is_recorded_in_the_journal_for_the_producer(tmp_path: Pa
 
 
 def _soon(seconds: float) -> float:
-    import time
-
     return time.monotonic() + seconds
-
-
-def _wait(predicate: object, timeout: float = 10.0) -> None:
-    import time
-
-    deadline = time.monotonic() + timeout
-    while not predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            pytest.fail("timed out")
-        time.sleep(0.01)

@@ -19,10 +19,12 @@ import time
 from typing import Any
 
 import benchlib
+from loop_worker import step_batches, work
+from uplink_loop import WORK
 
 from primeruns.journal import store
 
-PER_STEP, STEPS, WORK = 8, 250, 350_000
+STEPS = 250
 writer_waits: list[float] = []
 lock_waits: list[float] = []
 
@@ -68,13 +70,6 @@ def _patch() -> None:
     store.Store.__init__ = timed_init  # type: ignore[method-assign]
 
 
-def _work(n: int) -> int:
-    total = 0
-    for i in range(n):
-        total += i * i % 7
-    return total
-
-
 def main() -> None:
     _patch()
     import primeruns as pr
@@ -93,14 +88,8 @@ def main() -> None:
             runs_dir=str(scratch / "runs"),
             training=pr.TrainingSpec(max_steps=STEPS),
         )
-        for step in range(STEPS):
-            _work(WORK)
-            batch = []
-            for i in range(PER_STEP):
-                episode = dict(episodes[(step * PER_STEP + i) % len(episodes)])
-                episode["id"] = f"{episode.get('id')}-s{step}-{i}"
-                episode["run"] = {"type": "train", "work": {"type": "train", "step": step}}
-                batch.append(episode)
+        for step, batch in enumerate(step_batches(episodes, STEPS)):
+            work(WORK)
             w0, l0, t = len(writer_waits), len(lock_waits), time.perf_counter()
             run.log_episodes(batch)
             run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)

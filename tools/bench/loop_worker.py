@@ -36,6 +36,20 @@ def work(n: int) -> int:
     return total
 
 
+def step_batches(episodes: list[dict[str, Any]], steps: int) -> list[list[dict[str, Any]]]:
+    """PER_STEP training episodes per step, with ids made unique per step."""
+    batches = []
+    for step in range(steps):
+        batch = []
+        for i in range(PER_STEP):
+            episode = dict(episodes[(step * PER_STEP + i) % len(episodes)])
+            episode["id"] = f"{episode.get('id')}-s{step}-{i}"
+            episode["run"] = {"type": "train", "work": {"type": "train", "step": step}}
+            batch.append(episode)
+        batches.append(batch)
+    return batches
+
+
 def _init(sdk: str, url: str, runs_dir: str, steps: int) -> Any:
     common: dict[str, Any] = {
         "name": f"bench-loop-{sdk}",
@@ -63,15 +77,7 @@ def main(argv: list[str]) -> int:
     steps, n = int(steps_s), int(work_s)
     with open(episodes_path, "rb") as f:
         episodes = [json.loads(line) for line in f if line.strip()]
-    batches = []
-    for step in range(steps):
-        batch = []
-        for i in range(PER_STEP):
-            episode = dict(episodes[(step * PER_STEP + i) % len(episodes)])
-            episode["id"] = f"{episode.get('id')}-s{step}-{i}"
-            episode["run"] = {"type": "train", "work": {"type": "train", "step": step}}
-            batch.append(episode)
-        batches.append(batch)
+    batches = step_batches(episodes, steps)
     if sdk == "vendor":
         import prime_runs  # noqa: F401  (imported before the clock starts, as ours is)
     elif sdk != "none":
