@@ -280,11 +280,16 @@ class Store:
                 self.env.reader_check()  # free slots of dead reader processes
             self.dbs = {}
             for name in DB_NAMES:
+                # An existing journal always has its tables ("staging" aside:
+                # older ones have none, nothing staged). One that is missing
+                # was lost to damage in the main tree (a flipped key): creating
+                # it empty would hide every entry, so the file is salvaged.
+                may_create = create or (name == b"staging" and not readonly)
                 try:
-                    self.dbs[name.decode()] = self.env.open_db(name, create=not readonly)
+                    self.dbs[name.decode()] = self.env.open_db(name, create=may_create)
                 except lmdb.NotFoundError:
-                    if name != b"staging":  # older journals have none: nothing staged
-                        raise
+                    if name != b"staging":
+                        raise lmdb.CorruptedError(f"table {name.decode()} missing") from None
         except BaseException:
             self.env.close()
             self._drop_tempdir()

@@ -102,3 +102,27 @@ def test_flipped_entry_is_reported_precisely(tmp_path: Path) -> None:
         assert d.seq == 2 and d.what.startswith("entry 2: checksum mismatch (stored ")
         assert got.next_after == 3
         assert [x.seq for x in j.damage()] == [2]
+
+
+@pytest.mark.parametrize("owner", [True, False])
+def test_a_table_name_lost_to_a_flip_is_damage_not_an_empty_table(
+    tmp_path: Path, owner: bool
+) -> None:
+    """A flip in the main tree's key "entries" hides the table: opening for
+    writing must not create it anew and empty, reading 0 entries and no damage."""
+    payloads = [_payload(i) for i in range(1, 41)]
+    with Journal.create(tmp_path, local_id="run") as j:
+        j.append(EntryKind.METRICS, payloads)
+    data = tmp_path / "run" / "data.mdb"
+    raw = data.read_bytes()
+    assert raw.count(b"entries") >= 1  # the main tree's key (its current and older page)
+    data.write_bytes(raw.replace(b"entries", b"entriez"))
+    result = _probe(tmp_path / "run", "owner" if owner else "reader")
+    if "error" in result:
+        assert "journal" in str(result["error"])
+        return
+    entries = result["entries"]
+    assert isinstance(entries, dict) and result["damage"], "the loss must be reported"
+    assert {int(seq): text.encode() for seq, text in entries.items()} == dict(
+        enumerate(payloads, 1)
+    )
