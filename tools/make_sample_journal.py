@@ -67,22 +67,19 @@ def main() -> None:
                 # Entries after this point use the trained dictionary: the sample
                 # then pins the dictionary format too.
                 j.train_dictionaries()  # (the background thread may have been first)
-                assert EntryKind.METRICS in j._active_dicts
+                assert EntryKind.METRICS in j._dicts.active
             j.append(kind, [payload])
         j.set_inflight("traces", InFlight(1, 3, b"exact body", {"idempotency_key": "k"}))
         j.ack("eval_samples", 10, failed=1, reason="422 sample rejected")
         if staged:
             # Stop the background compression, stage the last entries and take
             # the files as a crashed process leaves them (close would move them).
-            while j._move_some():
+            while j._mover.move_some():
                 pass
-            j._stop_sync.set()
-            j._move_wake.set()
-            assert j._move_thread is not None
-            j._move_thread.join()
+            j._mover.stop()
             for kind, payload in all_records[-staged:]:
                 j.append(kind, [payload])
-            assert j._staged == staged
+            assert j._mover.staged == staged
             j.sync()
             crashed = OUT / f"{LOCAL_ID}.tmp"
             shutil.rmtree(crashed, ignore_errors=True)

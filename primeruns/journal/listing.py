@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from primeruns.exceptions import JournalError
-from primeruns.journal.journal import K_LOCAL_ID, Journal
+from primeruns.journal.journal import Journal
 from primeruns.journal.lock import LOCK_NAME, OwnerLock, owner_alive, read_owner
+from primeruns.journal.meta import K_LOCAL_ID
 from primeruns.journal.probe import probe_many
 from primeruns.journal.store import DATA_NAME
 from primeruns.journal.types import Damage

@@ -111,16 +111,13 @@ def test_staged_entries_read_as_one_log_and_move_in_order(tmp_path: Path) -> Non
     small = [json.dumps({"i": i}).encode() for i in range(5)]
     big = [_payload(i, 3_000) for i in range(40)]
     with Journal.create(tmp_path, local_id="run") as j:
-        j._stop_sync.set()  # hold the background mover: entries stay staged
-        j._move_wake.set()
-        assert j._move_thread is not None
-        j._move_thread.join()
+        j._mover.stop()  # hold the background mover: entries stay staged
         j.append(EntryKind.METRICS, small)  # nothing staged yet: straight to entries
         j.append(EntryKind.EPISODE, big[:20])  # big: staged, uncompressed
         j.append(EntryKind.METRICS, small)  # staged too, to keep the order
         j.append(EntryKind.EPISODE, big[20:])
         expected = small + big[:20] + small + big[20:]
-        assert j._staged == len(expected) - len(small)
+        assert j._mover.staged == len(expected) - len(small)
         got = j.read(0, max_entries=1000, max_bytes=1 << 30)
         assert [e.payload for e in got.entries] == expected and not got.damaged
         assert j.get(len(expected)) is not None
@@ -129,9 +126,9 @@ def test_staged_entries_read_as_one_log_and_move_in_order(tmp_path: Path) -> Non
         assert [e.payload for e in half.entries + rest.entries] == expected
         j.ack("traces", 10)
         assert j.compact() == 10
-        while j._move_some():  # what the background thread does
+        while j._mover.move_some():  # what the background thread does
             assert [e.payload for e in j.read(10, max_entries=1000).entries] == expected[10:]
-        assert j._staged == 0
+        assert j._mover.staged == 0
         assert j.damage() == []
     with Journal.open(tmp_path / "run", owner=False) as reader:
         assert [e.payload for e in reader.read(0, max_entries=1000).entries] == expected[10:]

@@ -25,7 +25,7 @@ import rel_torture as rt
 
 from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal
-from primeruns.journal.journal import K_FORMAT
+from primeruns.journal.meta import K_FORMAT
 from primeruns.local import LocalPlatform
 
 PAGE = rd.PAGE

@@ -1,0 +1,188 @@
+"""The byte budget: room for new entries, and compaction of what every sink shipped.
+
+Entries stop short of the budget (or of what the disk can still hold) so that
+the cursor, acknowledgement and meta writes that shipping needs, and which
+free space through compaction, always still fit. At the budget an append
+drops its records and counts them; while space is short, every
+acknowledgement compacts away the entries every sink has acknowledged, oldest
+first, so the budget bounds the backlog, not the run's whole history. With no
+sinks named (an offline run, a reader) nothing is ever compacted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable, Collection, Mapping
+
+import lmdb
+
+from primeruns.exceptions import JournalError
+from primeruns.journal.layout import CHUNK_KEY, KEY, kept_kind, seq_of
+from primeruns.journal.reading import Reader
+from primeruns.journal.staging import Mover
+from primeruns.journal.tail import K_FLOOR
+from primeruns.journal.txn import Transactions
+
+# The largest in-flight body recorded, for the appender's control reserve
+# (the uplink records batches in another process).
+K_INFLIGHT_PEAK = "journal.inflight_peak"
+_COMPACT_CHUNK = 10_000
+
+
+class Capacity:
+    def __init__(self, tx: Transactions, reader: Reader, mover: Mover) -> None:
+        self._tx = tx
+        self._reader = reader
+        self._mover = mover
+        self._psize = int(tx.store.env.stat()["psize"])
+        self._headroom = 0  # bytes known to fit without counting again (room_for)
+        self.inflight_peak = 0  # largest in-flight body recorded (room_for's reserve)
+        self.sinks: frozenset[str] = frozenset()  # whose acks compaction needs
+
+    def room_for(self, nbytes: int) -> bool:
+        """Whether ``nbytes`` of new entries fit the budget minus the control reserve.
+
+        Called under the transaction lock. The exact count is costly (~3 µs),
+        so it is only taken once the room known from the last count is used up.
+        """
+        need = nbytes + nbytes // 8 + 4 * self._psize  # page and branch overhead
+        if need <= self._headroom:
+            self._headroom -= need
+            return True
+        env = self._tx.store.env
+        budget = self._disk_budget()
+        reserve = min(64 << 20, max(256 << 10, budget // 16))
+        # Each sink rewrites its in-flight body copy-on-write (old and new
+        # pages live at once): keep room for several of the largest seen,
+        # wherever they were recorded (a live run's uplink records them).
+        with contextlib.suppress(JournalError, lmdb.Error, ValueError, TypeError):
+            with self._tx.read() as txn:
+                peak = int(self._tx.meta_or(txn, K_INFLIGHT_PEAK, 0) or 0)
+            self.inflight_peak = max(self.inflight_peak, peak)
+        reserve = max(reserve, 8 * self.inflight_peak)
+        used = (int(env.info()["last_pgno"]) + 1) * self._psize  # the file's high-water mark
+        if used + need > budget - reserve:
+            # Near the budget: count pages in use (LMDB reuses freed pages).
+            with self._tx.read() as txn:
+                pages = 2
+                for st in [env.stat(), *(txn.stat(db) for db in self._tx.dbs.values())]:
+                    pages += int(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
+            used = pages * self._psize
+        room = budget - reserve - used
+        if room < budget // 4:
+            self._tx.tight = True  # compact at the next acknowledgement, before drops begin
+        if need > room:
+            return False
+        # Count again after a quarter of the room is used (or 4 MiB at most).
+        self._headroom = min((room - need) // 4, 4 << 20)
+        return True
+
+    def _disk_budget(self) -> int:
+        """The byte budget, lowered to what the disk can still hold.
+
+        Without this, entries fill a small disk to the last byte and then the
+        cursor, ack and in-flight writes that shipping needs fail with ENOSPC
+        or EIO. Counting the disk's free space keeps the control reserve
+        available on a full disk too.
+        """
+        store = self._tx.store
+        try:
+            stat = os.statvfs(self._tx.path)
+        except OSError:
+            return store.max_bytes
+        free = int(stat.f_bavail) * int(stat.f_frsize)
+        return min(store.max_bytes, store.file_size() + free)
+
+    def record_batch(self, nbytes: int) -> bool:
+        """An in-flight body of ``nbytes`` is being recorded: whether it is
+        the largest yet (then its size is stored with it, for the appender)."""
+        grew = nbytes > self.inflight_peak
+        self.inflight_peak = max(self.inflight_peak, nbytes)
+        return grew
+
+    def acknowledged(self, offsets: Callable[[], Mapping[str, int]], last_seq: int) -> None:
+        """After an acknowledgement: compact once space is short (``offsets``
+        reads every sink's acknowledged offset)."""
+        if self.sinks:
+            # The appender, which notices a short budget, may be another
+            # process: count the room here (one exact count per batch).
+            with self._tx.lock, contextlib.suppress(JournalError, lmdb.Error, OSError):
+                self._headroom = 0  # counted afresh: the appender's use is not seen here
+                self.room_for(0)
+        if self._tx.tight and self.sinks:
+            self._tx.tight = False
+            with contextlib.suppress(JournalError):
+                acked = offsets()
+                self.compact({name: acked.get(name, 0) for name in self.sinks}, last_seq)
+
+    def compact(self, acked: Mapping[str, int], last_seq: int) -> int:
+        """Delete entries acknowledged by every sink in ``acked`` (sink: offset),
+        keeping the run's lifecycle entries; returns how many."""
+        if not acked:
+            return 0
+        upto = min(min(acked.values()), last_seq)
+        if upto <= self._reader.floor:
+            return 0
+        tx = self._tx
+        removed = 0
+        db = tx.dbs["entries"]
+        while True:
+
+            def chunk(txn: lmdb.Transaction) -> tuple[int, bool, int]:
+                cur = txn.cursor(db=db)
+                n = keys = 0
+                more = cur.first()
+                kept = -1  # the seq of a lifecycle entry passed over (and its chunks)
+                while (
+                    more
+                    and keys < _COMPACT_CHUNK
+                    and len(cur.key()) in (KEY.size, CHUNK_KEY.size)
+                    and seq_of(cur.key()) <= upto
+                ):
+                    seq = seq_of(cur.key())
+                    if len(cur.key()) == KEY.size and kept_kind(cur.value()):
+                        kept = seq
+                    if seq == kept:
+                        more = cur.next()
+                        continue
+                    n += len(cur.key()) == KEY.size  # entries, not their chunks
+                    keys += 1
+                    more = cur.delete()
+                unstaged = 0
+                if keys < _COMPACT_CHUNK and "staging" in tx.dbs:
+                    cur = txn.cursor(db=tx.dbs["staging"])
+                    more = cur.first()
+                    while (
+                        more
+                        and keys < _COMPACT_CHUNK
+                        and len(cur.key()) == KEY.size
+                        and seq_of(cur.key()) <= upto
+                    ):
+                        if kept_kind(cur.value()):
+                            more = cur.next()
+                            continue
+                        n, keys = n + 1, keys + 1
+                        unstaged += 1
+                        more = cur.delete()
+                floor = tx.meta_or(txn, K_FLOOR, 0)
+                if upto > floor:
+                    tx.put_meta(txn, K_FLOOR, upto)
+                return n, keys >= _COMPACT_CHUNK, unstaged
+
+            with tx.lock:
+                n, full, unstaged = tx.write(chunk)
+                self._mover.staged -= unstaged
+            removed += n
+            if not full:
+                break
+        self._reader.floor = max(self._reader.floor, upto)
+        with tx.lock:
+            self._headroom = 0  # count the room again: pages were freed
+        return removed
+
+    def name_sinks(self, names: Collection[str]) -> None:
+        self.sinks = frozenset(names)
+
+    def drop_sink(self, name: str) -> None:
+        self.sinks = self.sinks - {name}

@@ -1,0 +1,152 @@
+"""Each sink's cursor (its acknowledged offset and in-flight batch) and the loss counters.
+
+A cursor moves in one transaction with what it describes: recording a batch
+stores its exact body before the first attempt (so a resend after a restart
+is byte-identical), and an acknowledgement clears it and counts the batch's
+rejected records as lost, atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import lmdb
+
+from primeruns.exceptions import JournalCorruptError, JournalError
+from primeruns.journal.capacity import K_INFLIGHT_PEAK, Capacity
+from primeruns.journal.frames import FrameError, decode_frame, encode_frame
+from primeruns.journal.layout import META_KIND, dumps
+from primeruns.journal.tail import OwnTail
+from primeruns.journal.txn import Transactions
+from primeruns.journal.types import CursorState, InFlight
+
+
+class Cursors:
+    def __init__(self, tx: Transactions, tail: OwnTail, capacity: Capacity) -> None:
+        self._tx = tx
+        self._tail = tail
+        self._capacity = capacity
+
+    def _in(self, txn: lmdb.Transaction, sink: str) -> dict[str, Any]:
+        raw = txn.get(sink.encode(), db=self._tx.dbs["cursors"])
+        if raw is None:
+            return {"acked": 0, "inflight": None}
+        where = f"cursor {sink!r} of {self._tx.path}"
+        try:
+            data = json.loads(decode_frame(raw)[1])
+        except (FrameError, ValueError) as exc:
+            raise JournalCorruptError(f"{where} unreadable: {exc}") from None
+        if not isinstance(data, dict):
+            raise JournalCorruptError(f"{where} is not an object")
+        return data
+
+    def _put(self, txn: lmdb.Transaction, sink: str, data: Mapping[str, Any]) -> None:
+        txn.put(sink.encode(), encode_frame(META_KIND, dumps(data)), db=self._tx.dbs["cursors"])
+
+    def cursor(self, sink: str) -> CursorState:
+        """The sink's acknowledged offset and in-flight batch (acked=0 if never set)."""
+        with self._tx.read() as txn:
+            data = self._in(txn, sink)
+            body = txn.get(sink.encode(), db=self._tx.dbs["inflight"])
+        return self._state(sink, data, body)
+
+    def _state(
+        self, sink: str, data: Mapping[str, Any], body: bytes | memoryview | None
+    ) -> CursorState:
+        info = data.get("inflight")
+        if info is None:
+            return CursorState(int(data.get("acked", 0)), None)
+        where = f"cursor {sink!r} of {self._tx.path}"
+        if body is None:
+            raise JournalCorruptError(f"{where}: in-flight body missing")
+        try:
+            payload = decode_frame(body)[1]
+        except FrameError as exc:
+            raise JournalCorruptError(f"{where}: in-flight body {exc}") from None
+        inflight = InFlight(
+            int(info["first_seq"]), int(info["last_seq"]), payload, dict(info.get("state") or {})
+        )
+        return CursorState(int(data.get("acked", 0)), inflight)
+
+    def offsets(self) -> dict[str, int]:
+        """Every sink's acknowledged offset (unreadable cursors left out)."""
+        out: dict[str, int] = {}
+        with self._tx.read() as txn:
+            for raw_key, _ in txn.cursor(db=self._tx.dbs["cursors"]):
+                sink = bytes(raw_key).decode(errors="replace")
+                try:
+                    out[sink] = int(self._in(txn, sink).get("acked", 0))
+                except (JournalCorruptError, ValueError, TypeError):
+                    continue
+        return out
+
+    def set_inflight(self, sink: str, inflight: InFlight) -> None:
+        if inflight.first_seq > inflight.last_seq:
+            raise ValueError("in-flight range is empty")
+        state = dumps(inflight.state)  # JSON-able or fail before writing
+        body = encode_frame(META_KIND, inflight.body)
+        # The control reserve must hold the in-flight bodies (see Capacity.room_for).
+        grew = self._capacity.record_batch(len(body))
+        peak = self._capacity.inflight_peak
+
+        def put(txn: lmdb.Transaction) -> None:
+            if grew:
+                self._tx.put_meta(txn, K_INFLIGHT_PEAK, peak)
+            data = self._in(txn, sink)
+            data["inflight"] = {
+                "first_seq": inflight.first_seq,
+                "last_seq": inflight.last_seq,
+                "state": json.loads(state),
+            }
+            self._put(txn, sink, data)
+            txn.put(sink.encode(), body, db=self._tx.dbs["inflight"])
+
+        self._tx.write(put)
+
+    def update_inflight_state(self, sink: str, state: Mapping[str, Any]) -> None:
+        extra = json.loads(dumps(dict(state)))
+
+        def put(txn: lmdb.Transaction) -> None:
+            data = self._in(txn, sink)
+            if not data.get("inflight"):
+                raise JournalError(f"sink {sink!r} has no batch in flight")
+            data["inflight"]["state"] = {**(data["inflight"].get("state") or {}), **extra}
+            self._put(txn, sink, data)
+
+        self._tx.write(put)
+
+    def ack(self, sink: str, upto_seq: int, *, failed: int = 0, reason: str | None = None) -> None:
+        last = self._tail.last
+        if upto_seq > last:
+            last = self._tail.current()
+            if upto_seq > last:
+                raise ValueError(f"cannot ack {upto_seq}: the last entry is {last}")
+
+        def put(txn: lmdb.Transaction) -> None:
+            data = self._in(txn, sink)
+            if upto_seq < int(data.get("acked", 0)):
+                raise ValueError(f"sink {sink!r} already acked {data['acked']} > {upto_seq}")
+            self._put(txn, sink, {"acked": upto_seq, "inflight": None})
+            txn.delete(sink.encode(), db=self._tx.dbs["inflight"])
+            if failed > 0:
+                self._tx.add_loss(txn, sink, failed, reason)
+
+        self._tx.write(put)
+        self._capacity.acknowledged(self.offsets, self._tail.last)
+
+    def record_loss(self, sink: str, count: int, reason: str) -> None:
+        self._tx.write(lambda txn: self._tx.add_loss(txn, sink, count, reason))
+
+    def losses(self) -> dict[str, dict[str, Any]]:
+        with self._tx.read() as txn:
+            losses = self._tx.losses_in(txn)
+        if self._tx.pending_drops:
+            rec = losses.setdefault("journal", {"count": 0, "reasons": []})
+            rec["count"] = int(rec["count"]) + self._tx.pending_drops
+        for rec in losses.values():
+            rec.setdefault("reasons", [])
+        if "journal" in losses and not losses["journal"]["reasons"]:
+            losses["journal"]["reasons"] = ["journal byte budget reached or disk full"]
+        return losses

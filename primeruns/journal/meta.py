@@ -1,0 +1,70 @@
+"""Meta: JSON values by key (format version, local id, owner, platform
+binding, lifecycle, the uplink's standing and errors).
+
+Internal keys share the table with the callers' keys under the ``journal.``
+prefix. Each value is committed when its call returns; ``update`` and
+``push`` change several values, or a list, in one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import lmdb
+
+from primeruns.journal.frames import FrameError, decode_frame
+from primeruns.journal.layout import dumps
+from primeruns.journal.txn import Transactions
+
+K_FORMAT = "journal.format_version"
+K_LOCAL_ID = "journal.local_id"
+K_OWNER = "journal.owner"
+K_CREATED = "journal.created_at"
+K_BUDGET = "journal.max_bytes"  # the producer's byte budget, which its uplink keeps too
+
+
+class Meta:
+    def __init__(self, tx: Transactions) -> None:
+        self._tx = tx
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            with self._tx.read() as txn:
+                return self._tx.meta(txn, key)
+        except KeyError:
+            return default
+
+    def all(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with self._tx.read() as txn:
+            for key, value in txn.cursor(db=self._tx.dbs["meta"]):
+                try:
+                    out[bytes(key).decode()] = json.loads(decode_frame(value)[1])
+                except (FrameError, ValueError):
+                    continue
+        return out
+
+    def update(self, values: Mapping[str, Any]) -> None:
+        encoded = {k: dumps(v) for k, v in values.items()}  # fail on bad JSON before writing
+
+        def put(txn: lmdb.Transaction) -> None:
+            for k, v in encoded.items():
+                self._tx.put_meta_bytes(txn, k, v)
+
+        self._tx.write(put)
+
+    def push(self, key: str, item: Any, *, cap: int) -> None:
+        encoded = json.loads(dumps(item))
+
+        def put(txn: lmdb.Transaction) -> None:
+            current = self._tx.meta_or(txn, key, [])
+            items = current if isinstance(current, list) else []
+            if len(items) < cap:
+                self._tx.put_meta(txn, key, [*items, encoded])
+            else:
+                more = self._tx.meta_or(txn, f"{key}#more", 0)
+                self._tx.put_meta(txn, f"{key}#more", int(more or 0) + 1)
+
+        self._tx.write(put)

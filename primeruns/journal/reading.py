@@ -1,0 +1,136 @@
+"""Reading entries: ranges after an offset (what a shipper sends) and single entries.
+
+Entries of kinds a reader did not ask for are skipped by their header, never
+decompressed, and damage never raises from ``read``: a damaged entry is
+reported and passed over, so one bad page never stops a run's shipping.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+import lmdb
+
+from primeruns.exceptions import JournalCorruptError
+from primeruns.journal.dicts import Dictionaries
+from primeruns.journal.frames import EntryKind, FrameError, peek_header
+from primeruns.journal.layout import KEY, decode_entry, gather, is_chunk_key, key, missing, seq_of
+from primeruns.journal.tail import K_FLOOR
+from primeruns.journal.txn import Transactions
+from primeruns.journal.types import Damage, Entry, ReadResult
+
+# A read examines at most this many entries, so skipping a long run of other
+# kinds never holds the lock for long; next_after says where it stopped.
+_MAX_SCAN = 50_000
+
+
+class Reader:
+    def __init__(
+        self, tx: Transactions, dicts: Dictionaries, floor: int, *, sole_compactor: bool
+    ) -> None:
+        self._tx = tx
+        self._dicts = dicts
+        self.floor = floor  # entries up to here were compacted away
+        # Whether this process is the only one that compacts (a live run's
+        # uplink); elsewhere (a read-only view, a producer) the floor is read
+        # again before each read.
+        self.sole_compactor = sole_compactor
+
+    def floor_now(self) -> int:
+        if not self.sole_compactor:
+            value = self._tx.safe_meta(K_FLOOR)
+            if isinstance(value, int):
+                self.floor = max(self.floor, value)
+        return self.floor
+
+    def read(
+        self,
+        after_seq: int,
+        *,
+        kinds: Collection[EntryKind] | None = None,
+        max_entries: int = 1000,
+        max_bytes: int = 8 << 20,
+    ) -> ReadResult:
+        """Entries after ``after_seq`` of the given kinds, copied out, ascending.
+
+        Stops at ``max_entries`` or ``max_bytes`` of payload (at least one
+        matching entry is returned if any exists). Damaged entries are
+        reported in ``damaged`` and passed over.
+        """
+        wanted = None if kinds is None else frozenset(int(k) for k in kinds)
+        raw: list[tuple[int, bytes]] = []
+        damaged: list[Damage] = []
+        next_after = after_seq
+        total = 0
+        floor = self.floor_now()
+        try:
+            with self._tx.read(buffers=True) as txn:
+                expected = after_seq + 1
+                examined = 0
+                full = False
+                for name in ("entries", "staging"):  # one log: staged seqs come last
+                    if full or name not in self._tx.dbs:
+                        continue
+                    cur = txn.cursor(db=self._tx.dbs[name])
+                    more = cur.set_range(key(expected))
+                    while more and examined < _MAX_SCAN:
+                        raw_key, value = cur.item()
+                        if is_chunk_key(raw_key) and seq_of(raw_key) < expected:
+                            more = cur.next()  # a chunk of an entry passed over
+                            continue
+                        if len(raw_key) != KEY.size:
+                            damaged.append(
+                                Damage(None, f"malformed entry key {bytes(raw_key).hex()}")
+                            )
+                            more = cur.next()
+                            continue
+                        seq = KEY.unpack(raw_key)[0]
+                        if seq > expected and expected > floor:
+                            damaged.append(missing(expected, seq - 1))
+                        expected = seq + 1
+                        examined += 1
+                        try:
+                            head = peek_header(value)
+                        except FrameError as exc:
+                            damaged.append(Damage(seq, f"entry {seq}: {exc}"))
+                            next_after = seq
+                            more = cur.next()
+                            continue
+                        if wanted is None or head.kind in wanted:
+                            if raw and (
+                                len(raw) >= max_entries or total + head.raw_len > max_bytes
+                            ):
+                                full = True
+                                break
+                            whole, _ = gather(cur, seq, value)
+                            raw.append((seq, whole))
+                            total += head.raw_len
+                        next_after = seq
+                        more = cur.next()
+        except (lmdb.Error, JournalCorruptError) as exc:
+            damaged.append(Damage(None, f"reading after entry {next_after} failed: {exc}"))
+        entries: list[Entry] = []
+        for seq, value in raw:
+            entry, damage = decode_entry(seq, value, self._dicts.get)
+            if entry is not None:
+                entries.append(entry)
+            if damage is not None:
+                damaged.append(damage)
+        return ReadResult(entries, next_after, damaged)
+
+    def get(self, seq: int) -> Entry | None:
+        """The entry ``seq``, or None if absent; JournalCorruptError if damaged."""
+        with self._tx.read() as txn:
+            cur = txn.cursor(db=self._tx.dbs["entries"])
+            value: bytes | None = None
+            if cur.set_key(key(seq)):
+                value, _ = gather(cur, seq, cur.value())
+            elif "staging" in self._tx.dbs:
+                staged = txn.get(key(seq), db=self._tx.dbs["staging"])
+                value = None if staged is None else bytes(staged)
+        if value is None:
+            return None
+        entry, damage = decode_entry(seq, value, self._dicts.get)
+        if damage is not None:
+            raise JournalCorruptError(f"{self._tx.path}: {damage.what}")
+        return entry

@@ -1,0 +1,164 @@
+"""Staged entries: large records appended uncompressed, compressed later in order.
+
+Appending compresses small records inline (~2 µs with their dictionary), but
+a record of ``DEFER_MIN`` bytes or more (a 9 KB episode: ~25 µs of zstd, more
+than the rest of a log call) goes uncompressed into the "staging" table, and
+a background thread compresses it (with the GIL released) and moves it into
+"entries", in order. Once anything is staged, every append is staged, so
+every staged seq is above every seq in "entries" and both read as one log.
+At most ``STAGED_RAW_MAX`` records wait uncompressed: past that the producer
+compresses inline again, which bounds the raw bytes the file ever holds.
+
+One process moves them: the appender, until it hands that to its uplink
+(``hand_over``), so that no thread of the producer holds the lock its appends
+need while it waits for LMDB's writer lock behind the uplink's transactions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from pathlib import Path
+
+import lmdb
+
+from primeruns.exceptions import JournalError, JournalFullError
+from primeruns.journal.dicts import Dictionaries
+from primeruns.journal.frames import FrameError, decode_frame, encode_frames_off_gil, peek_header
+from primeruns.journal.layout import put_entry, seq_of
+from primeruns.journal.txn import Transactions
+from primeruns.threads import start_daemon
+
+log = logging.getLogger("primeruns.journal")
+
+DEFER_MIN = 2_048
+STAGED_RAW_MAX = 32
+_MOVE_BATCH = 64
+_IDLE_CHECK_S = 1.0  # a wake-up lost to a race is made up within this
+
+
+class Mover:
+    """Moves staged entries into "entries", from a thread of this process while ``here``."""
+
+    def __init__(self, tx: Transactions, dicts: Dictionaries, path: Path) -> None:
+        self._tx = tx
+        self._dicts = dicts
+        self._path = path
+        self.staged = self.count()  # entries in "staging" (under the transaction lock)
+        self.here = False  # whether this process moves them
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def count(self) -> int:
+        if "staging" not in self._tx.dbs:
+            return 0
+        try:
+            with self._tx.read() as txn:
+                return int(txn.stat(self._tx.dbs["staging"])["entries"])
+        except (lmdb.Error, JournalError):
+            return 0
+
+    def start(self) -> None:
+        """Move staged entries from a thread of this process from now on."""
+        self.here = True
+        self._stop.clear()
+        self._thread = start_daemon(self._loop, f"primeruns-journal-zstd-{self._path.name}")
+        if self.staged:
+            self._wake.set()  # left staged by an earlier process
+
+    def stop(self) -> None:
+        """Stop moving here (the thread ends once its batch is in)."""
+        self.here = False
+        self._stop.set()
+        self._wake.set()
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def drain(self, within: float) -> None:
+        """Move what is left (at close: a journal at rest has nothing staged)."""
+        deadline = time.monotonic() + within
+        with contextlib.suppress(JournalError, lmdb.Error, FrameError, ValueError):
+            while time.monotonic() < deadline and self.move_some():
+                pass
+
+    def _loop(self) -> None:
+        # Never lets an error out: a staged entry is intact and readable where
+        # it is; it only takes more room until it moves.
+        while not self._stop.is_set():
+            self._wake.wait(_IDLE_CHECK_S)
+            self._wake.clear()
+            try:
+                while not self._stop.is_set() and self.move_some():
+                    pass
+            except JournalFullError:
+                # No room to move into until something is acknowledged and
+                # compacted (or the user frees the disk): try again later.
+                continue
+            except (JournalError, lmdb.Error, FrameError, ValueError) as exc:
+                log.warning("journal %s: background compression stopped: %s", self._path, exc)
+                return
+
+    def move_some(self) -> bool:
+        """Compress the oldest staged entries and move them into "entries", in
+        order, in one transaction; False when nothing is staged."""
+        staging = self._tx.dbs.get("staging")
+        if staging is None:
+            return False
+        batch: list[tuple[bytes, bytes]] = []
+        with self._tx.read() as txn:
+            for key, value in txn.cursor(db=staging):
+                batch.append((bytes(key), bytes(value)))
+                if len(batch) >= _MOVE_BATCH:
+                    break
+        if not self._dicts.trains:
+            self._dicts.refresh()  # the producer may have trained one since
+        if not batch:
+            with self._tx.lock:
+                # Another process may have compacted staged entries away.
+                self.staged = self.count()
+            return False
+        # Uncompressed ones are compressed here, off the GIL, outside the lock.
+        todo: dict[int, list[int]] = {}
+        payloads: dict[int, bytes] = {}
+        for index, (key, value) in enumerate(batch):
+            try:
+                head = peek_header(value)
+                if head.flags == 0 and head.raw_len >= DEFER_MIN:
+                    payloads[index] = decode_frame(value, seq=seq_of(key))[1]
+                    todo.setdefault(head.kind, []).append(index)
+            except FrameError:
+                pass  # moved as it is: the damage is reported where it is read
+        final = [value for _, value in batch]
+        for kind, indexes in todo.items():
+            dict_id, zdict = self._dicts.for_kind(kind)
+            seqs = [seq_of(batch[i][0]) for i in indexes]
+            packed = encode_frames_off_gil(
+                kind, [payloads[i] for i in indexes], seqs, dict_id, zdict
+            )
+            for i, frame in zip(indexes, packed, strict=True):
+                final[i] = frame
+        entries = self._tx.dbs["entries"]
+
+        def put(txn: lmdb.Transaction) -> int:
+            moved = 0  # (a transaction retried after growth starts over)
+            for (key, old), frame in zip(batch, final, strict=True):
+                current = txn.get(key, db=staging)
+                if current is None:
+                    continue  # compacted away meanwhile
+                if current != old:
+                    break  # not what was read: leave the rest for the next round
+                put_entry(txn, seq_of(key), frame, entries)
+                txn.delete(key, db=staging)
+                moved += 1
+            return moved
+
+        with self._tx.lock:
+            self.staged -= self._tx.write(put, control=False)
+        return True

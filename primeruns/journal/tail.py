@@ -1,0 +1,104 @@
+"""The log's end: the last sequence number written, and waiting for a new one.
+
+Two views, chosen when the journal is opened. ``OwnTail`` is the appender's:
+its appends set the end under the transaction lock, and wake waiters as they
+commit, so nobody polls. ``SharedTail`` is the view of a process that shares
+the journal with an appender elsewhere (a live run's uplink): the end is read
+again from LMDB, and the uplink's wake-ups from its producer (``wake_all``)
+make waiters read it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import lmdb
+
+from primeruns.exceptions import JournalCorruptError
+from primeruns.journal.layout import seq_of
+from primeruns.journal.txn import Transactions
+from primeruns.journal.types import Damage
+
+K_FLOOR = "journal.compacted_upto"
+
+
+def read_end(tx: Transactions) -> tuple[int, int]:
+    """(the highest seq stored or compacted away, the compaction floor).
+
+    An unreadable end is recorded as structural damage and read as (0, 0).
+    """
+    try:
+        with tx.read() as txn:
+            last = 0
+            for name in ("entries", "staging"):
+                if name not in tx.dbs:
+                    continue
+                cur = txn.cursor(db=tx.dbs[name])
+                if cur.last() and len(cur.key()) >= 8:
+                    last = max(last, seq_of(cur.key()))
+            floor = int(tx.meta_or(txn, K_FLOOR, 0))
+        return max(last, floor), floor
+    except (lmdb.Error, JournalCorruptError, ValueError, TypeError) as exc:
+        tx.problems.append(Damage(None, f"cannot find the last entry: {exc}"))
+        return 0, 0
+
+
+class OwnTail:
+    """The end of a log this process appends to."""
+
+    def __init__(self, tx: Transactions, last: int) -> None:
+        self._tx = tx
+        self.last = last  # set under the transaction lock by the appender
+        self._appended = threading.Condition(threading.Lock())
+        self._wake_gen = 0
+        self._closed = False
+
+    def current(self) -> int:
+        """The highest sequence number written (compaction does not lower it)."""
+        return self.last
+
+    def notify(self) -> None:
+        """An append committed: wake the waiters."""
+        with self._appended:
+            self._appended.notify_all()
+
+    def wait(self, after_seq: int, timeout: float) -> bool:
+        """Block until the end passes ``after_seq``: True then; False on
+        timeout, ``wake_all`` or close."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        with self._appended:
+            gen = self._wake_gen
+            while self.last <= after_seq and self._wake_gen == gen and not self._closed:
+                if self._arrived(after_seq):
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._appended.wait(left)
+        return self.current() > after_seq if not self._closed else False
+
+    def _arrived(self, after_seq: int) -> bool:
+        return False  # this process's appends notify; nothing to read again
+
+    def wake_all(self) -> None:
+        with self._appended:
+            self._wake_gen += 1
+            self._appended.notify_all()
+
+    def close(self) -> None:
+        with self._appended:
+            self._closed = True
+            self._appended.notify_all()
+
+
+class SharedTail(OwnTail):
+    """The end of a log another process appends to (read again on each look)."""
+
+    def current(self) -> int:
+        self.last = max(self.last, read_end(self._tx)[0])
+        return self.last
+
+    def _arrived(self, after_seq: int) -> bool:
+        # Read under the condition: a wake-up that came before the wait still counts.
+        return self.current() > after_seq

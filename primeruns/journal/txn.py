@@ -1,0 +1,209 @@
+"""The one transaction helper every journal component writes and reads through.
+
+LMDB allows one write transaction at a time per environment, and growing the
+map needs every transaction of this process closed (see ``store``), so all of
+them run under one in-process lock. Writes grow the map on MapFullError, turn
+a full disk into JournalFullError (after releasing the reserve file for the
+bookkeeping that frees room), and carry the drops that could not be counted
+in their own failed transaction. Reads turn LMDB's errors into
+JournalCorruptError: callers see one exception family.
+
+Meta values (JSON under a string key) and the loss counters are read and
+written inside other components' transactions, so their primitives are here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import lmdb
+
+from primeruns.exceptions import JournalCorruptError, JournalError, JournalFullError
+from primeruns.journal.frames import FrameError, decode_frame, encode_frame
+from primeruns.journal.layout import META_KIND, dumps
+from primeruns.journal.store import Store, is_disk_full
+from primeruns.journal.types import Damage
+
+log = logging.getLogger("primeruns.journal")
+
+_T = TypeVar("_T")
+
+K_LOSSES = "journal.losses"
+_MAX_REASONS = 5
+# A file of this size sits in the run directory while the disk has room. On a
+# full disk it is deleted to make room for the writes that shipping needs (an
+# in-flight batch, an acknowledgement), which then free pages by compaction.
+# Accounting for LMDB's copy-on-write pages cannot promise that room; a file
+# that is already there can.
+RESERVE_NAME = "reserve"
+RESERVE_BYTES = 256 << 10
+
+
+class Transactions:
+    """Write and read transactions on one journal's store, in this process."""
+
+    def __init__(self, path: Path, store: Store) -> None:
+        self.path = path
+        self.store = store
+        self.dbs = store.dbs
+        self.lock = store.lock  # an RLock: components nest their own critical sections
+        self.dirty = False  # committed since the last sync
+        # Set when space runs short (a drop, a refused write, or little room
+        # left): the next acknowledgement compacts what every sink has shipped.
+        self.tight = False
+        self.pending_drops = 0  # dropped appends not yet persisted in the loss counter
+        self.problems: list[Damage] = [Damage(None, p) for p in store.problems]
+
+    def write(self, fn: Callable[[lmdb.Transaction], _T], *, control: bool = True) -> _T:
+        """Run ``fn`` in one write transaction, growing the map on MapFullError.
+
+        ``control`` writes (cursors, acknowledgements, meta) may release the
+        reserve file on a full disk. Raises JournalFullError at the budget or
+        on a full disk, JournalError for any other failed write.
+        """
+        with self.lock:
+            while True:
+                try:
+                    folded = self.pending_drops
+                    with self.store.begin(write=True) as txn:
+                        if folded:
+                            self.add_loss(txn, "journal", folded, None)
+                        result = fn(txn)
+                    self.pending_drops -= folded
+                    self.dirty = True
+                    return result
+                except lmdb.MapFullError:
+                    if not self.store.grow():
+                        self.tight = True
+                        raise JournalFullError(
+                            f"journal {self.path} is at its byte budget"
+                        ) from None
+                except lmdb.Error as exc:
+                    if is_disk_full(exc) or self._short_write_on_full_disk(exc):
+                        self.tight = True
+                        # Records are dropped on a full disk; the bookkeeping
+                        # that ships them (and frees their room) must go on.
+                        if control and release_reserve(self.path):
+                            continue
+                        raise JournalFullError(
+                            f"journal {self.path}: the disk is full ({exc})"
+                        ) from None
+                    raise JournalError(f"write to journal {self.path} failed: {exc}") from None
+
+    @contextlib.contextmanager
+    def read(self, *, buffers: bool = False) -> Iterator[lmdb.Transaction]:
+        # LMDB's own errors inside a read mean a damaged tree: callers see one
+        # exception family (JournalError), never lmdb's.
+        try:
+            with self.lock, self.store.begin(buffers=buffers) as txn:
+                yield txn
+        except lmdb.Error as exc:
+            raise JournalCorruptError(f"journal {self.path} is damaged: {exc}") from None
+
+    def _short_write_on_full_disk(self, exc: lmdb.Error) -> bool:
+        """LMDB reports a short write as EIO: on a disk with less free space
+        than the reserve, that is the disk being full, not a failing device."""
+        if "Input/output error" not in str(exc):
+            return False
+        try:
+            stat = os.statvfs(self.path)
+        except OSError:
+            return False
+        return int(stat.f_bavail) * int(stat.f_frsize) < RESERVE_BYTES
+
+    # -- meta values, inside a transaction ----------------------------------------------
+
+    def put_meta(self, txn: lmdb.Transaction, key: str, value: Any) -> None:
+        self.put_meta_bytes(txn, key, dumps(value))
+
+    def put_meta_bytes(self, txn: lmdb.Transaction, key: str, value: bytes) -> None:
+        txn.put(key.encode(), encode_frame(META_KIND, value), db=self.dbs["meta"])
+
+    def meta(self, txn: lmdb.Transaction, key: str) -> Any:
+        """A meta value; KeyError if absent, JournalCorruptError naming the key if unreadable."""
+        raw = txn.get(key.encode(), db=self.dbs["meta"])
+        if raw is None:
+            raise KeyError(key)
+        try:
+            return json.loads(decode_frame(raw)[1])
+        except (FrameError, ValueError) as exc:
+            raise JournalCorruptError(
+                f"meta key {key!r} of {self.path} unreadable: {exc}"
+            ) from None
+
+    def meta_or(self, txn: lmdb.Transaction, key: str, default: Any) -> Any:
+        try:
+            return self.meta(txn, key)
+        except KeyError:
+            return default
+
+    def safe_meta(self, key: str) -> Any:
+        """A meta value, or None if absent or unreadable (recorded as structural damage)."""
+        try:
+            with self.read() as txn:
+                return self.meta(txn, key)
+        except KeyError:
+            return None
+        except JournalCorruptError as exc:
+            self.problems.append(Damage(None, str(exc)))
+            return None
+        except lmdb.Error as exc:
+            self.problems.append(Damage(None, f"meta key {key!r} unreadable: {exc}"))
+            return None
+
+    # -- loss counters, inside a transaction --------------------------------------------
+
+    def losses_in(self, txn: lmdb.Transaction) -> dict[str, dict[str, Any]]:
+        value = self.meta_or(txn, K_LOSSES, {})
+        return value if isinstance(value, dict) else {}
+
+    def add_loss(self, txn: lmdb.Transaction, sink: str, count: int, reason: str | None) -> None:
+        """Count ``count`` records lost for ``sink`` (the last few reasons are kept).
+
+        Drops at the budget go under sink "journal", with no reason of their own.
+        """
+        losses = self.losses_in(txn)
+        rec = losses.setdefault(sink, {"count": 0, "reasons": []})
+        rec["count"] = int(rec.get("count", 0)) + count
+        if reason:
+            rec["reasons"] = [*rec.get("reasons", []), reason][-_MAX_REASONS:]
+        self.put_meta(txn, K_LOSSES, losses)
+
+
+def ensure_reserve(path: Path) -> None:
+    """Put the reserve file in place when the disk can spare it (best effort)."""
+    reserve = path / RESERVE_NAME
+    if reserve.exists():
+        return
+    try:
+        stat = os.statvfs(path)
+        if int(stat.f_bavail) * int(stat.f_frsize) < 4 * RESERVE_BYTES:
+            return
+        fd = os.open(reserve, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except OSError:
+        return
+    try:
+        os.posix_fallocate(fd, 0, RESERVE_BYTES)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(reserve)  # a partial reserve is no reserve
+    finally:
+        os.close(fd)
+
+
+def release_reserve(path: Path) -> bool:
+    """Delete the reserve file to make room; whether there was one."""
+    try:
+        os.unlink(path / RESERVE_NAME)
+    except OSError:
+        return False
+    log.warning(
+        "journal %s: the disk is full; released the journal's reserve to keep shipping", path
+    )
+    return True
