@@ -5,8 +5,10 @@ loop never pays for decompressing, encoding and sending. Between the two
 there is the journal (the only queue and the only state) and two pipes that
 only ever carry wake-ups, never data:
 
-- *wake* (producer → uplink): one byte after each append, written without
-  blocking (a full pipe already means a wake-up is pending); ``HURRY`` when
+- *wake* (producer → uplink): one byte after an append, written without
+  blocking (a full pipe already means a wake-up is pending), when the
+  uplink's doorbell says a shipper waits for new entries (``doorbell``) or
+  enough entries wait uncompressed in the staging table; ``HURRY`` when
   ``flush()`` waits, so small batches go out without lingering;
 - *progress* (uplink → producer): one byte whenever a sink acknowledged,
   failed or changed standing, so ``flush()`` and ``finish()`` wait without
@@ -37,8 +39,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..journal import Journal
+from ..journal.staging import STAGED_RAW_MAX
 from ..platform import Settings
 from ..threads import start_daemon
+from .doorbell import Doorbell
 from .uplink import Uplink
 
 __all__ = [
@@ -56,6 +60,10 @@ log = logging.getLogger("primeruns")
 UPLINK_ENV = "PRIME_RUNS_UPLINK"
 WAKE = b"\0"
 HURRY = b"\1"
+# Staged entries at which the producer wakes the uplink to compress them,
+# doorbell or not: half the most the producer lets wait uncompressed (past
+# that it compresses inline, in the user's loop).
+_MOVE_AT = STAGED_RAW_MAX // 2
 
 
 class UplinkHandle(Protocol):
@@ -63,8 +71,10 @@ class UplinkHandle(Protocol):
 
     pid: int | None
 
-    def wake(self) -> None:
-        """Tell the uplink something was appended; never blocks."""
+    def wake(self, kind: int, staged: int = 0) -> None:
+        """Tell the uplink entries of ``kind`` were appended (``staged``
+        entries now wait in the staging table for it to compress), if it
+        waits for that; never blocks."""
 
     def closing(self) -> None:
         """Tell the uplink the finish entry is journaled."""
@@ -107,11 +117,16 @@ class UplinkProcess:
     def __init__(self, journal: Journal, settings: Settings, predecessors: Sequence[Path]) -> None:
         wake_r, self._wake_w = os.pipe()
         self._progress_r, progress_w = os.pipe()
+        self._doorbell = Doorbell.create()
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._progress_r, False)
         lock_fd = journal.share_lock()
         command = [
             sys.executable,
+            # -P: the working directory does not go first on the child's path:
+            # a "primeruns" directory there (another checkout) must not be
+            # what the uplink runs.
+            "-P",
             "-m",
             "primeruns.ship.uplink_main",
             "--journal",
@@ -125,6 +140,10 @@ class UplinkProcess:
             "--lock-fd",
             str(lock_fd),
         ]
+        passed = [wake_r, progress_w, lock_fd]
+        if self._doorbell is not None:
+            command += ["--doorbell-fd", str(self._doorbell.fd)]
+            passed.append(self._doorbell.fd)
         env = dict(os.environ)
         env.pop("PRIME_API_KEY", None)  # the key comes by the pipe, with the settings
         env.pop(UPLINK_ENV, None)
@@ -138,7 +157,7 @@ class UplinkProcess:
                 command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
-                pass_fds=(wake_r, progress_w, lock_fd),
+                pass_fds=passed,
                 start_new_session=True,  # a terminal's Ctrl-C is the producer's to handle
                 env=env,
             )
@@ -161,6 +180,8 @@ class UplinkProcess:
             for fd in (self._wake_w, self._progress_r):
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            if self._doorbell is not None:
+                self._doorbell.close()
             journal.unshare_lock()
             raise
         finally:
@@ -173,8 +194,10 @@ class UplinkProcess:
         self._lock = threading.Lock()
         self._closed = False
 
-    def wake(self) -> None:
-        self._send(WAKE)
+    def wake(self, kind: int, staged: int = 0) -> None:
+        doorbell = self._doorbell
+        if doorbell is None or staged >= _MOVE_AT or doorbell.answer(kind):
+            self._send(WAKE)
 
     def hurry(self) -> None:
         self._send(HURRY)
@@ -190,7 +213,7 @@ class UplinkProcess:
             pass  # the uplink is gone; alive() says so
 
     def closing(self) -> None:
-        self.wake()
+        self._send(WAKE)
 
     def _drain(self) -> None:
         with contextlib.suppress(OSError):
@@ -237,6 +260,8 @@ class UplinkProcess:
             for fd in (self._wake_w, self._progress_r):
                 with contextlib.suppress(OSError):
                     os.close(fd)
+            if self._doorbell is not None:
+                self._doorbell.close()
 
 
 class _ThreadLink:
@@ -277,7 +302,7 @@ class UplinkThreads:
             self._gen += 1
             self._progress.notify_all()
 
-    def wake(self) -> None:
+    def wake(self, kind: int, staged: int = 0) -> None:
         pass  # the journal's own condition wakes the shippers in this process
 
     def closing(self) -> None:

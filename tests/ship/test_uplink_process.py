@@ -175,3 +175,28 @@ def test_an_uplink_killed_mid_run_is_replaced_by_threads_and_nothing_is_lost(
     assert stored["status"] == "COMPLETED"
     assert landed_once(stored, 60)
     assert stored["samples"]["rows"] == stored["samples"]["distinct"] == 60
+
+
+def test_the_uplink_runs_this_package_even_from_a_directory_holding_another(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user who runs their loop from a checkout of another prime-runs
+    version: the uplink must not import the ``primeruns`` in the working
+    directory (``python -m`` would put it first on the path)."""
+    elsewhere = tmp_path / "elsewhere"
+    decoy = elsewhere / "primeruns"
+    decoy.mkdir(parents=True)
+    marker = tmp_path / "decoy-imported"
+    (decoy / "__init__.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\nraise SystemExit('the decoy primeruns')\n"
+    )
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.chdir(elsewhere)
+    run = _eval_run(local_platform.url, runs)
+    assert run._uplink is not None and run._uplink.pid is not None
+    run.log_episodes(workloads.gsm8k(5))
+    run.finish(timeout=60)
+    assert not marker.exists()
+    assert run._uplink.exit_code() == 0  # the uplink itself shipped and closed the run
+    stored = local_platform.run(run.id)
+    assert stored["status"] == "COMPLETED" and landed_once(stored, 5)
