@@ -401,7 +401,7 @@ class Run:
                     self._last_by_kind[int(kind)] = last
             uplink = self._uplink
             if uplink is not None:
-                uplink.wake(int(kind), result.staged)
+                uplink.wake()
         if result.dropped:
             with self._lock:
                 self._dropped += result.dropped

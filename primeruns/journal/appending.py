@@ -52,7 +52,6 @@ class Appender:
         raw = [False] * len(payloads)  # which go uncompressed: decided in put
         frames: list[bytes] = []
         staged = [False]  # set by put: where this append went
-        waiting = [0]  # set by put: staged entries another process is to move
         has_staging = "staging" in tx.dbs
         db = tx.dbs["entries"]
 
@@ -73,7 +72,6 @@ class Appender:
                 )
             ]
             staged[0] = bool(any(raw) or staged_now)
-            waiting[0] = staged_now + len(payloads) if staged[0] and not mover.here else 0
             if staged[0]:
                 staging = tx.dbs["staging"]
                 for i, frame in enumerate(frames):
@@ -105,4 +103,4 @@ class Appender:
         if mover.staged and mover.here:
             mover.wake()
         self._tail.notify()
-        return AppendResult(first, last - first + 1, 0, waiting[0])
+        return AppendResult(first, last - first + 1, 0)

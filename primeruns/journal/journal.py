@@ -40,7 +40,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -390,26 +390,16 @@ class Journal:
         self._check()
         return self._tail.current()
 
-    def wait_for_append(
-        self, after_seq: int, timeout: float, *, kinds: Collection[EntryKind] | None = None
-    ) -> bool:
+    def wait_for_append(self, after_seq: int, timeout: float) -> bool:
         """Block until ``last_seq() > after_seq``: True then; False on timeout or wake_all().
 
         Woken by appends in this process (no polling). Where another process
         appends (the uplink's view), ``wake_all`` is called on its wake-ups
         and the log is read again under the condition, so a wake-up that
-        arrives before the wait still counts. ``kinds`` says what the waiter
-        reads, for the ``before_wait`` hook (None: any).
+        arrives before the wait still counts.
         """
         self._check()
-        wanted = None if kinds is None else [int(k) for k in kinds]
-        return self._tail.wait(after_seq, timeout, wanted)
-
-    def before_wait(self, hook: Callable[[Collection[int] | None], None]) -> None:
-        """Where another process appends: call ``hook(kinds)`` just before
-        each ``wait_for_append`` reads the log's end a last time and sleeps."""
-        if isinstance(self._tail, SharedTail):
-            self._tail.before_wait = hook
+        return self._tail.wait(after_seq, timeout)
 
     def wake_all(self) -> None:
         """Wake every thread in wait_for_append (they return False unless data arrived)."""

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Collection
 
 import lmdb
 
@@ -64,15 +63,14 @@ class OwnTail:
         with self._appended:
             self._appended.notify_all()
 
-    def wait(self, after_seq: int, timeout: float, kinds: Collection[int] | None = None) -> bool:
+    def wait(self, after_seq: int, timeout: float) -> bool:
         """Block until the end passes ``after_seq``: True then; False on
-        timeout, ``wake_all`` or close. ``kinds``: what the waiter reads
-        (None: any), for ``SharedTail.before_wait``."""
+        timeout, ``wake_all`` or close."""
         deadline = time.monotonic() + max(0.0, timeout)
         with self._appended:
             gen = self._wake_gen
             while self.last <= after_seq and self._wake_gen == gen and not self._closed:
-                if self._arrived(after_seq, kinds):
+                if self._arrived(after_seq):
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -80,7 +78,7 @@ class OwnTail:
                 self._appended.wait(left)
         return self.current() > after_seq if not self._closed else False
 
-    def _arrived(self, after_seq: int, kinds: Collection[int] | None) -> bool:
+    def _arrived(self, after_seq: int) -> bool:
         return False  # this process's appends notify; nothing to read again
 
     def wake_all(self) -> None:
@@ -97,16 +95,10 @@ class OwnTail:
 class SharedTail(OwnTail):
     """The end of a log another process appends to (read again on each look)."""
 
-    # Called just before a waiter reads the end a last time and sleeps: the
-    # uplink raises its doorbell there (see ``ship.doorbell``).
-    before_wait: Callable[[Collection[int] | None], None] | None = None
-
     def current(self) -> int:
         self.last = max(self.last, read_end(self._tx)[0])
         return self.last
 
-    def _arrived(self, after_seq: int, kinds: Collection[int] | None) -> bool:
+    def _arrived(self, after_seq: int) -> bool:
         # Read under the condition: a wake-up that came before the wait still counts.
-        if self.before_wait is not None:
-            self.before_wait(kinds)
         return self.current() > after_seq

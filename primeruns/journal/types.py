@@ -42,14 +42,11 @@ class ReadResult:
 
 @dataclass(frozen=True)
 class AppendResult:
-    """What an append did: entries written from ``first_seq``, entries
-    dropped, and how many entries now wait in the staging table to be
-    compressed by another process (0 where this one moves them)."""
+    """What an append did: entries written from ``first_seq``, and entries dropped."""
 
     first_seq: int | None
     count: int
     dropped: int
-    staged: int = 0
 
 
 @dataclass(frozen=True)

@@ -5,10 +5,8 @@ loop never pays for decompressing, encoding and sending. Between the two
 there is the journal (the only queue and the only state) and two pipes that
 only ever carry wake-ups, never data:
 
-- *wake* (producer → uplink): one byte after an append, written without
-  blocking (a full pipe already means a wake-up is pending), when the
-  uplink's doorbell says a shipper waits for new entries (``doorbell``) or
-  enough entries wait uncompressed in the staging table; ``HURRY`` when
+- *wake* (producer → uplink): one byte after each append, written without
+  blocking (a full pipe already means a wake-up is pending); ``HURRY`` when
   ``flush()`` waits, so small batches go out without lingering;
 - *progress* (uplink → producer): one byte whenever a sink acknowledged,
   failed or changed standing, so ``flush()`` and ``finish()`` wait without
@@ -39,10 +37,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..journal import Journal
-from ..journal.staging import STAGED_RAW_MAX
 from ..platform import Settings
 from ..threads import start_daemon
-from .doorbell import Doorbell
 from .uplink import Uplink
 
 __all__ = [
@@ -60,10 +56,6 @@ log = logging.getLogger("primeruns")
 UPLINK_ENV = "PRIME_RUNS_UPLINK"
 WAKE = b"\0"
 HURRY = b"\1"
-# Staged entries at which the producer wakes the uplink to compress them,
-# doorbell or not: half the most the producer lets wait uncompressed (past
-# that it compresses inline, in the user's loop).
-_MOVE_AT = STAGED_RAW_MAX // 2
 
 
 class UplinkHandle(Protocol):
@@ -71,10 +63,8 @@ class UplinkHandle(Protocol):
 
     pid: int | None
 
-    def wake(self, kind: int, staged: int = 0) -> None:
-        """Tell the uplink entries of ``kind`` were appended (``staged``
-        entries now wait in the staging table for it to compress), if it
-        waits for that; never blocks."""
+    def wake(self) -> None:
+        """Tell the uplink something was appended; never blocks."""
 
     def closing(self) -> None:
         """Tell the uplink the finish entry is journaled."""
@@ -117,7 +107,6 @@ class UplinkProcess:
     def __init__(self, journal: Journal, settings: Settings, predecessors: Sequence[Path]) -> None:
         wake_r, self._wake_w = os.pipe()
         self._progress_r, progress_w = os.pipe()
-        self._doorbell = Doorbell.create()
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._progress_r, False)
         lock_fd = journal.share_lock()
@@ -140,10 +129,6 @@ class UplinkProcess:
             "--lock-fd",
             str(lock_fd),
         ]
-        passed = [wake_r, progress_w, lock_fd]
-        if self._doorbell is not None:
-            command += ["--doorbell-fd", str(self._doorbell.fd)]
-            passed.append(self._doorbell.fd)
         env = dict(os.environ)
         env.pop("PRIME_API_KEY", None)  # the key comes by the pipe, with the settings
         env.pop(UPLINK_ENV, None)
@@ -157,7 +142,7 @@ class UplinkProcess:
                 command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
-                pass_fds=passed,
+                pass_fds=(wake_r, progress_w, lock_fd),
                 start_new_session=True,  # a terminal's Ctrl-C is the producer's to handle
                 env=env,
             )
@@ -180,8 +165,6 @@ class UplinkProcess:
             for fd in (self._wake_w, self._progress_r):
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            if self._doorbell is not None:
-                self._doorbell.close()
             journal.unshare_lock()
             raise
         finally:
@@ -194,10 +177,8 @@ class UplinkProcess:
         self._lock = threading.Lock()
         self._closed = False
 
-    def wake(self, kind: int, staged: int = 0) -> None:
-        doorbell = self._doorbell
-        if doorbell is None or staged >= _MOVE_AT or doorbell.answer(kind):
-            self._send(WAKE)
+    def wake(self) -> None:
+        self._send(WAKE)
 
     def hurry(self) -> None:
         self._send(HURRY)
@@ -213,7 +194,7 @@ class UplinkProcess:
             pass  # the uplink is gone; alive() says so
 
     def closing(self) -> None:
-        self._send(WAKE)
+        self.wake()
 
     def _drain(self) -> None:
         with contextlib.suppress(OSError):
@@ -260,8 +241,6 @@ class UplinkProcess:
             for fd in (self._wake_w, self._progress_r):
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            if self._doorbell is not None:
-                self._doorbell.close()
 
 
 class _ThreadLink:
@@ -302,7 +281,7 @@ class UplinkThreads:
             self._gen += 1
             self._progress.notify_all()
 
-    def wake(self, kind: int, staged: int = 0) -> None:
+    def wake(self) -> None:
         pass  # the journal's own condition wakes the shippers in this process
 
     def closing(self) -> None:

@@ -307,7 +307,7 @@ class Shipper:
             # Bounded: a wake that lands between the stop check and the wait
             # is missed, so the stop flag is looked at again within a second.
             if not self._stop.is_set():
-                self.journal.wait_for_append(result.next_after, timeout=1.0, kinds=sink.kinds)
+                self.journal.wait_for_append(result.next_after, timeout=1.0)
             return None
         linger = self._linger_left(result.entries)
         if linger > 0:

@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 from ..journal import Journal
-from .doorbell import Doorbell
 from .link import PipeProducerLink, settings_from_handover
 from .uplink import Uplink
 
@@ -50,19 +49,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wake-fd", required=True, type=int)
     parser.add_argument("--progress-fd", required=True, type=int)
     parser.add_argument("--lock-fd", required=True, type=int)
-    parser.add_argument("--doorbell-fd", type=int)
     args = parser.parse_args(argv)
     # A hangup or an interrupt meant for the terminal's job is the
     # producer's to handle; the uplink stops when its work is done.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
-    _n = os.environ.get("PRIME_RUNS_UPLINK_EXPERIMENT", "")
-    if "batch" in _n:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    if "idle" in _n:
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    if "nice" in _n:
-        os.nice(10)
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     handover = json.loads(sys.stdin.buffer.read() or b"{}")
     settings = settings_from_handover(handover["settings"])
@@ -70,8 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     journal = Journal.open(args.journal, lock_fd=args.lock_fd)
     try:
         journal.move_staged()  # the producer handed that over: it only appends
-        if args.doorbell_fd is not None:
-            journal.before_wait(Doorbell(args.doorbell_fd).listening)
         link = PipeProducerLink(
             journal,
             args.wake_fd,
