@@ -1,16 +1,39 @@
 """The exceptions the SDK raises, under the vendor's names and attributes.
 
-Two families, kept apart so that one ``except`` clause says what a caller means:
+Two families, apart at their root, so one ``except`` clause says what a
+caller means and clauses written for the vendor's ``prime-runs`` catch the
+same errors here::
 
-- ``PrimeRunsError``: raised by the SDK itself before any request: bad settings,
-  an unresolvable environment, a write to a finished run, a journal problem.
-- ``APIError``: an answer (or a missing answer) from the platform. Its
-  subclasses split *transient* failures (``RetryableAPIError``,
-  ``TransportError``: retry the same bytes later) from *permanent* ones (the
-  rest: retrying the same request cannot help).
+    Exception
+    ├── PrimeRunsError                 this SDK itself, before or without a request
+    │   ├── ConfigurationError         a setting is missing or invalid
+    │   ├── EnvironmentResolutionError an environment could not be resolved
+    │   ├── RunFinishedError           a write to a finished run
+    │   └── JournalError               the local journal cannot be opened or used
+    │       ├── JournalLockedError     another live process owns it
+    │       ├── JournalFullError       its byte budget or the disk is full
+    │       └── JournalCorruptError    its structure is damaged beyond reading
+    └── prime_traces.PrimeTracesError  the platform: prime-traces' own classes
+        ├── TraceTooLargeError         one JSONL line over the 64 MiB limit
+        └── APIError                   an answer, or no answer (status_code, code)
+            ├── UnauthorizedError          401
+            ├── PaymentRequiredError       402
+            ├── ForbiddenError             403 (a scope, the team, the service off)
+            ├── NotFoundError              404
+            ├── ValidationRejectedError    400
+            ├── LineFormatConflictError    409 line_format_conflict
+            ├── TraceNotIndexedError       409 trace_not_indexed
+            ├── AmbiguousDeleteError       a delete whose answer was lost
+            ├── RetryableAPIError          429, 5xx: retry after retry_after s
+            └── TransportError             no HTTP answer
+                └── APITimeoutError        the request timed out
 
-Under the default ``on_error="warn"`` none of the ``APIError`` family ever
-reaches a producer's loop; they are recorded in ``run.errors`` instead.
+The platform's classes *are* ``prime_traces.exceptions``' (as in the vendor's
+SDK, where ``prime_runs.APIError is prime_traces.APIError``): an ``except
+prime_traces.ForbiddenError`` catches a team outside the training allowlist.
+``is_transient`` splits the transient failures (retry the same bytes later)
+from the permanent ones. Under the default ``on_error="warn"`` no platform
+error ever reaches a producer's loop; they are recorded in ``run.errors``.
 
 Typical use::
 
@@ -24,19 +47,39 @@ Typical use::
 
 from __future__ import annotations
 
+from prime_traces.exceptions import (
+    AmbiguousDeleteError,
+    APIError,
+    APITimeoutError,
+    ForbiddenError,
+    LineFormatConflictError,
+    NotFoundError,
+    PaymentRequiredError,
+    PrimeTracesError,
+    RetryableAPIError,
+    TraceNotIndexedError,
+    TraceTooLargeError,
+    TransportError,
+    UnauthorizedError,
+    ValidationRejectedError,
+)
+
 __all__ = [
     "APIError",
     "APITimeoutError",
+    "AmbiguousDeleteError",
     "ConfigurationError",
     "EnvironmentResolutionError",
     "ForbiddenError",
     "JournalCorruptError",
     "JournalError",
+    "JournalFullError",
     "JournalLockedError",
     "LineFormatConflictError",
     "NotFoundError",
     "PaymentRequiredError",
     "PrimeRunsError",
+    "PrimeTracesError",
     "RetryableAPIError",
     "RunFinishedError",
     "TraceNotIndexedError",
@@ -88,86 +131,6 @@ class JournalFullError(JournalError):
 
 class JournalCorruptError(JournalError):
     """The journal's structure (not one entry) is damaged beyond reading."""
-
-
-class TraceTooLargeError(PrimeRunsError):
-    """One JSONL line is over the service's 64 MiB per-line limit."""
-
-    def __init__(self, line_number: int, size: int, limit: int) -> None:
-        self.line_number = line_number
-        self.size = size
-        self.limit = limit
-        super().__init__(
-            f"line {line_number} is {size} bytes, over the {limit}-byte per-line limit"
-        )
-
-
-class APIError(PrimeRunsError):
-    """The platform answered with an error, or could not be reached."""
-
-    def __init__(
-        self, message: str, *, status_code: int | None = None, code: str | None = None
-    ) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-        self.code = code
-
-
-class UnauthorizedError(APIError):
-    """401: the API key was rejected."""
-
-
-class PaymentRequiredError(APIError):
-    """402: the account needs billing attention."""
-
-
-class ForbiddenError(APIError):
-    """403: the key lacks a scope, the team is not allowed, or the service is off."""
-
-
-class NotFoundError(APIError):
-    """404: no such run, evaluation or object for this owner."""
-
-
-class ValidationRejectedError(APIError):
-    """400: the request's content was rejected; nothing was stored."""
-
-
-class LineFormatConflictError(APIError):
-    """409: a conflict, e.g. the same upload under another line format."""
-
-
-class TraceNotIndexedError(APIError):
-    """409 ``trace_not_indexed``: the trace exists but its index is still building."""
-
-
-class RetryableAPIError(APIError):
-    """429 or a 5xx (500 included): retry the same bytes after ``retry_after`` seconds."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        status_code: int | None = None,
-        code: str | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message, status_code=status_code, code=code)
-        self.retry_after = retry_after
-
-
-class TransportError(APIError):
-    """No HTTP answer: connection refused or reset, TLS failure, broken stream.
-
-    ``ambiguous`` is True when the request may have reached the server (the
-    failure came on the response path), False when it surely did not.
-    """
-
-    ambiguous: bool = True
-
-
-class APITimeoutError(TransportError):
-    """The request timed out at the transport level."""
 
 
 def is_record_rejection(exc: BaseException) -> bool:

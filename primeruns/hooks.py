@@ -33,6 +33,8 @@ class _Closable(Protocol):
 
     def _on_sigterm(self) -> None: ...
 
+    def reset_after_fork(self) -> None: ...
+
 
 # Runs to close out at exit or on SIGTERM (a set of handles, compared by identity).
 _exit_runs: set[_Closable] = set()
@@ -83,7 +85,10 @@ def install_sigterm() -> None:
 
 
 def _after_fork_in_child() -> None:
-    # A child never finalizes its parent's run, even from atexit.
+    # A child never finalizes its parent's run, even from atexit; and it must
+    # not wait on a lock another thread of the parent held at the fork.
+    for run in list(_exit_runs):
+        run.reset_after_fork()
     _exit_runs.clear()
 
 

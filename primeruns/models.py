@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from enum import StrEnum
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 from typing import Any, Literal
 
@@ -20,16 +20,21 @@ from .exceptions import ConfigurationError
 __all__ = [
     "CONFIG_SOURCE_KEY",
     "MAX_CONFIG_SOURCE_BYTES",
+    "RUN_KIND",
     "ConfigSource",
     "EnvironmentRef",
     "Mode",
     "OnError",
+    "RunHandle",
     "RunKind",
+    "RunSpec",
     "RunStatus",
     "TrainingSpec",
 ]
 
 RunKind = Literal["eval", "train"]
+#: The kind ``init()`` opens unless told otherwise.
+RUN_KIND: RunKind = "eval"
 Mode = Literal["online", "offline", "disabled"]
 OnError = Literal["warn", "raise"]
 
@@ -41,11 +46,13 @@ MAX_CONFIG_SOURCE_BYTES = 256 * 1024
 _CONFIG_FORMATS = {".toml": "toml", ".json": "json", ".yaml": "yaml", ".yml": "yaml"}
 
 
-class RunStatus(StrEnum):
+class RunStatus(str, Enum):  # noqa: UP042 (str() is the vendor's "RunStatus.FAILED", not StrEnum's)
     """Where a run stands. ``running`` is the only non-terminal value.
 
     ``cancelled`` and ``crashed`` reach the platform as failed, with the reason
-    in the run's error message.
+    in the run's error message. A ``str``: ``RunStatus.FAILED == "failed"``;
+    ``str()`` gives ``RunStatus.FAILED`` and ``.value`` gives ``failed``, as
+    in the vendor's SDK.
     """
 
     RUNNING = "running"
@@ -54,12 +61,11 @@ class RunStatus(StrEnum):
     CANCELLED = "cancelled"
     CRASHED = "crashed"
 
-    @property
     def is_terminal(self) -> bool:
         return self is not RunStatus.RUNNING
 
 
-@dataclass(frozen=True)
+@dataclass
 class EnvironmentRef:
     """An environment the run uses: a hub ``name``, an ``owner/name`` ``slug``,
     or a resolved ``id`` (with an optional ``version_id``)."""
@@ -112,7 +118,7 @@ class EnvironmentRef:
         return str(self.id)
 
 
-@dataclass(frozen=True)
+@dataclass
 class TrainingSpec:
     """Display fields a training run is registered with. ``max_steps`` is
     required by the platform; ``0`` means unknown."""
@@ -152,7 +158,7 @@ class TrainingSpec:
         return body
 
 
-@dataclass(frozen=True)
+@dataclass
 class ConfigSource:
     """The config file a run was started from, kept byte for byte.
 
@@ -179,6 +185,28 @@ class ConfigSource:
         if self.filename:
             data["filename"] = self.filename
         return data
+
+    @classmethod
+    def from_mapping(cls, value: Mapping[str, Any]) -> ConfigSource | None:
+        """Rebuild one from its stored form (``to_dict``); None if ``value`` is not one."""
+        text = value.get("text")
+        if not isinstance(text, str):
+            return None
+        stored_format, filename = value.get("format"), value.get("filename")
+        return cls(
+            text=text,
+            format=str(stored_format) if stored_format else "toml",
+            filename=str(filename) if filename else None,
+        )
+
+    @classmethod
+    def coerce(cls, value: Any) -> ConfigSource | None:
+        """None, a ConfigSource, or a path (a ``str`` is a path, never inline text)."""
+        if value is None or isinstance(value, cls):
+            return value
+        if isinstance(value, str | os.PathLike):
+            return cls.from_file(value)
+        raise TypeError(f"a config source is a path or a ConfigSource, not {type(value).__name__}")
 
     @classmethod
     def from_file(cls, path: str | os.PathLike[str]) -> ConfigSource:
@@ -213,3 +241,28 @@ class ConfigSource:
             format=_CONFIG_FORMATS.get(resolved.suffix.lower(), "text"),
             filename=resolved.name,
         )
+
+
+@dataclass
+class RunSpec:
+    """``init()``'s arguments after normalization (the vendor's name for them)."""
+
+    name: str | None = None
+    environments: list[EnvironmentRef] = field(default_factory=list)
+    model: str | None = None
+    framework: str | None = None
+    description: str | None = None
+    tags: list[str] = field(default_factory=list)
+    team_id: str | None = None
+    config: dict[str, Any] = field(default_factory=dict)
+    kind: RunKind = RUN_KIND
+    training: TrainingSpec | None = None
+
+
+@dataclass
+class RunHandle:
+    """A registered run as the platform names it."""
+
+    id: str
+    name: str | None = None
+    url: str | None = None

@@ -122,7 +122,7 @@ def init(
     api_key: str | None = None,
     base_url: str | None = None,
     on_error: OnError = "warn",
-    finish_timeout: float = _DEFAULT_FINISH_TIMEOUT,
+    finish_timeout: float | None = None,
     kind: RunKind = "eval",
     id: str | None = None,
     training: TrainingSpec | None = None,
@@ -158,11 +158,13 @@ def init(
     )
     _check_type("runs_dir", runs_dir, (str, os.PathLike), "a path")
     if kind not in ("eval", "train"):
-        raise ValueError(f"init: kind must be 'eval' or 'train', got {kind!r}")
+        raise ConfigurationError(f"init: kind must be 'eval' or 'train', got {kind!r}")
     if on_error not in ("warn", "raise"):
         raise ValueError(f"init: on_error must be 'warn' or 'raise', got {on_error!r}")
     if durability not in ("process", "fsync"):
         raise ValueError(f"init: durability must be 'process' or 'fsync', got {durability!r}")
+    if finish_timeout is None:
+        finish_timeout = _DEFAULT_FINISH_TIMEOUT
     if (
         isinstance(finish_timeout, bool)
         or not isinstance(finish_timeout, int | float)
@@ -172,7 +174,7 @@ def init(
             f"init: finish_timeout must be a non-negative number of seconds, got {finish_timeout!r}"
         )
     if training is not None and kind != "train":
-        raise ValueError("init: training= is only for kind='train'")
+        raise ConfigurationError("init: training= is only for kind='train'")
     if isinstance(tags, str) or (tags is not None and not all(isinstance(t, str) for t in tags)):
         raise TypeError("init: tags must be a list of strings")
     if isinstance(environments, str | Mapping):

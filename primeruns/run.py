@@ -17,6 +17,7 @@ Modes: ``online`` (journal + upload), ``offline`` (journal only, for
 
 from __future__ import annotations
 
+import copy
 import logging
 import operator
 import os
@@ -90,6 +91,8 @@ class Run:
         self._mode: Mode = mode
         self._name = name
         self._config = config
+        # What was registered, to tell whether the live ``config`` was edited.
+        self._config_at_open = copy.deepcopy(config)
         self._on_error: OnError = on_error
         self._finish_timeout = finish_timeout
         self._attached = attached
@@ -158,7 +161,9 @@ class Run:
 
     @property
     def config(self) -> dict[str, Any]:
-        return dict(self._config)
+        """The run's config, live: an evaluation's edits before ``finish()``
+        are stored with it (as the vendor's SDK does)."""
+        return self._config
 
     @property
     def config_source(self) -> ConfigSource | None:
@@ -173,7 +178,8 @@ class Run:
 
     @property
     def summary(self) -> dict[str, Any]:
-        return dict(self._summary)
+        """The run's summary, live: edits before ``finish()`` are sent with it."""
+        return self._summary
 
     @property
     def errors(self) -> list[str]:
@@ -550,12 +556,14 @@ class Run:
         if journal is None or not self._owner_process():
             return
         hooks.unregister(self)
+        self._store_edited_config(journal)
         budget = self._finish_timeout if timeout is None else timeout
         waiting = budget if wait is None else min(wait, budget)
         record = {
             "status": status.value,
             "error": message,
-            "summary": self.summary,
+            # The live summary may hold what the user put there: only what encodes.
+            "summary": self._encodable(_finite_summary(self._summary), "summary"),
             "at": time.time(),
             "timeout": budget,  # the uplink's deadline: at + timeout
         }
@@ -700,6 +708,27 @@ class Run:
     def _owner_process(self) -> bool:
         return self._pid == os.getpid()
 
+    def _store_edited_config(self, journal: Journal) -> None:
+        """An evaluation's ``config`` edited since ``init()``: the close-out
+        sends it (the run's spec in the journal is what the uplink registers
+        and closes the run with). A training run's config is the launcher's."""
+        if self._kind != "eval" or self._attached or self._config == self._config_at_open:
+            return
+        edited = self._encodable(dict(self._config), "config")
+        try:
+            spec = journal.get_meta("spec") or {}
+            journal.set_meta("spec", {**spec, "config": edited})
+        except (JournalError, TypeError, ValueError) as exc:
+            self._note("config", exc)
+
+    def reset_after_fork(self) -> None:
+        """In a forked child (called by the fork hook): fresh locks, since a
+        thread of the parent may have held one at the fork. The parent keeps
+        the run: the child's ``log_*`` calls are dropped and counted in
+        ``dropped_records``, and its exit never closes the run."""
+        self._lock = threading.Lock()
+        self._finish_lock = threading.Lock()
+
     def _check_live(self, what: str) -> None:
         if self._finishing or self._finished:
             raise RunFinishedError(f"{what}: the run is finished; start a new run with pr.init()")
@@ -787,6 +816,13 @@ class Run:
             )
         except Exception as exc:
             log.warning("prime-runs: closing the run on SIGTERM failed: %s", exc)
+
+
+def _finite_summary(summary: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return records.clean_metrics(summary)
+    except (TypeError, ValueError):
+        return dict(summary)
 
 
 def _describe(error: str | BaseException) -> str:

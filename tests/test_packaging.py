@@ -2,8 +2,10 @@
 vendor's, and ``import prime_runs`` is this very package."""
 
 from __future__ import annotations
+import __future__
 
 import tomllib
+import types
 from pathlib import Path
 
 import primeruns
@@ -36,6 +38,41 @@ def test_public_names_cover_the_vendor_api() -> None:
     assert set(primeruns.__all__) >= VENDOR_NAMES
     for name in primeruns.__all__:
         assert hasattr(primeruns, name), name
+
+
+def test_all_is_exactly_the_public_names() -> None:
+    """What ``from primeruns import *`` gives is what the package means to
+    export: no public name left out of ``__all__``, none listed that is not
+    there. Submodules are exports only where listed (``metrics``,
+    ``projection``); the others are on the package because they were loaded."""
+    public = {
+        name
+        for name, value in vars(primeruns).items()
+        if not name.startswith("_")
+        and not isinstance(value, types.ModuleType | __future__._Feature)
+    }
+    modules = {"metrics", "projection"}
+    assert set(primeruns.__all__) == public | modules
+    assert len(primeruns.__all__) == len(set(primeruns.__all__))
+
+
+def test_platform_errors_are_prime_traces_own_classes() -> None:
+    """``except`` clauses written for the vendor's SDK and for prime-traces
+    catch the platform's errors here; the journal's stay this SDK's own."""
+    import prime_traces
+
+    for name in ("APIError", "ForbiddenError", "NotFoundError", "UnauthorizedError",
+                 "PaymentRequiredError", "RetryableAPIError", "TransportError",
+                 "TraceTooLargeError", "ValidationRejectedError", "LineFormatConflictError",
+                 "APITimeoutError"):  # fmt: skip
+        assert getattr(primeruns, name) is getattr(prime_traces.exceptions, name), name
+    assert not issubclass(primeruns.APIError, primeruns.PrimeRunsError)
+    assert issubclass(primeruns.JournalLockedError, primeruns.PrimeRunsError)
+    assert not issubclass(primeruns.JournalError, prime_traces.PrimeTracesError)
+
+
+def test_the_package_is_typed() -> None:
+    assert (ROOT / "primeruns" / "py.typed").is_file()
 
 
 def test_the_vendor_import_name_gives_the_same_objects() -> None:

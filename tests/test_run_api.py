@@ -6,7 +6,9 @@ import dataclasses
 import enum
 import json
 import logging
+import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -249,3 +251,83 @@ def test_a_base_url_carrying_credentials_is_refused_without_repeating_them(
             runs_dir=runs,
         )
     assert "credentials" in str(info.value) and "sk-secret-in-url" not in str(info.value)
+
+
+def test_edits_to_the_live_summary_and_config_are_stored_with_the_run(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As with the vendor's SDK, ``run.summary`` and ``run.config`` are the
+    run's own mappings: what a user puts there before ``finish()`` lands on
+    the platform (a value that cannot be encoded is left out and named)."""
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, runs_dir=runs,
+                  base_url=local_platform.url, config={"lr": 1})  # fmt: skip
+    run.config["edited"] = 2
+    run.summary["note"] = "by hand"
+    run.summary["bad"] = object()
+    run.finish(timeout=60)
+    stored = local_platform.run(run.id)
+    assert stored["config"]["edited"] == 2 and stored["config"]["lr"] == 1
+    assert stored["summary"]["note"] == "by hand" and "bad" not in stored["summary"]
+    assert any("bad" in e for e in run.errors), run.errors
+
+
+def test_a_forked_child_never_waits_on_a_lock_its_parent_held_at_the_fork(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parent thread holds the run's lock while another forks: the child's
+    log call must return (dropped and counted), not wait forever."""
+    import os
+    import threading
+
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs)
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with run._lock:
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+    pid = os.fork()
+    if pid == 0:  # the child: log, then say whether it was counted as dropped
+        try:
+            run.log_metrics({"a": 1.0})
+            run.log_episodes([{"id": "e", "traces": [{}]}])
+            os._exit(0 if run.dropped_records == 1 else 3)
+        finally:
+            os._exit(4)
+    release.set()
+    holder.join()
+    deadline = time.monotonic() + 30  # bounded: a deadlocked child is the failure
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on a lock its parent held at the fork")
+    assert os.waitstatus_to_exitcode(status) == 0
+    run.finish()
+
+
+def test_the_value_types_behave_as_the_vendors() -> None:
+    assert pr.RunStatus("completed").is_terminal() and not pr.RunStatus.RUNNING.is_terminal()
+    assert str(pr.RunStatus.FAILED) == "RunStatus.FAILED" and pr.RunStatus.FAILED == "failed"
+    spec = pr.TrainingSpec(max_steps=3)
+    spec.max_steps = 10  # plain dataclasses, settable as the vendor's are
+    assert spec.max_steps == 10
+    source = pr.ConfigSource.from_mapping({"text": "a = 1", "filename": "c.toml"})
+    assert source == pr.ConfigSource(text="a = 1", format="toml", filename="c.toml")
+    assert pr.ConfigSource.from_mapping({"format": "toml"}) is None
+    assert pr.ConfigSource.coerce(None) is None and pr.ConfigSource.coerce(source) is source
+    with pytest.raises(pr.ConfigurationError, match="does not exist"):
+        pr.ConfigSource.coerce("no/such/file.toml")
+    with pytest.raises(pr.ConfigurationError, match="kind"):
+        pr.init(mode="disabled", kind="pretrain")
+    assert pr.init(mode="disabled", finish_timeout=None).mode == "disabled"

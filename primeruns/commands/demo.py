@@ -358,7 +358,7 @@ def run_demo(args: argparse.Namespace) -> int:
                 demo.eval_run()
                 demo.train_run()
                 demo.crash_and_replay()
-            except (httpx.HTTPError, pr.PrimeRunsError, KeyError, OSError) as exc:
+            except (httpx.HTTPError, pr.PrimeRunsError, pr.APIError, KeyError, OSError) as exc:
                 demo.check("the demo ran to the end", False, f"{type(exc).__name__}: {exc}")
             finally:
                 demo.faults(0.0, 0.0)

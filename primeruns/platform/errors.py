@@ -128,7 +128,7 @@ def error_from_transport(exc: httpx.TransportError, where: str) -> TransportErro
     """The exception for a request that got no HTTP answer."""
     cls = APITimeoutError if isinstance(exc, httpx.TimeoutException) else TransportError
     error = cls(f"{where}: {type(exc).__name__}: {exc or 'no response'}")
-    error.ambiguous = isinstance(exc, _RESPONSE_PATH)
+    error.ambiguous = isinstance(exc, _RESPONSE_PATH)  # type: ignore[attr-defined]
     return error
 
 
@@ -139,5 +139,6 @@ def is_ambiguous(exc: BaseException) -> bool:
     if isinstance(exc, RetryableAPIError):
         return exc.status_code is not None and exc.status_code >= 500
     if isinstance(exc, TransportError):
-        return exc.ambiguous
+        # Set on the errors this SDK raises; one from elsewhere may have gone out.
+        return bool(getattr(exc, "ambiguous", True))
     return False

@@ -46,7 +46,7 @@ from benchlib import Table
 
 HERE = Path(__file__).resolve().parent
 VENDOR_VENV = HERE / ".venv-vendor"
-VENDOR_PACKAGES = ("prime-runs==0.1.4", "pyarrow")
+VENDOR_PACKAGES = ("prime-runs==0.1.4", "prime-traces==0.0.10", "pyarrow")
 WORKER = HERE / "e2e_worker.py"
 SDKS = ("ours", "ours, threads", "in-memory", "vendor")
 
