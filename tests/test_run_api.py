@@ -331,3 +331,28 @@ def test_the_value_types_behave_as_the_vendors() -> None:
     with pytest.raises(pr.ConfigurationError, match="kind"):
         pr.init(mode="disabled", kind="pretrain")
     assert pr.init(mode="disabled", finish_timeout=None).mode == "disabled"
+
+
+@pytest.mark.parametrize("kind", ["eval", "train"])
+def test_run_url_of_a_local_run_opens_its_page_on_the_local_platform(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The real dashboard's paths on the local origin: what ``run.url`` prints
+    opens that run, not the production site or an anchor that is not there."""
+    import httpx
+
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    extra: dict[str, Any] = (
+        {"kind": "train", "team_id": "team-a", "training": pr.TrainingSpec(max_steps=1)}
+        if kind == "train"
+        else {"environments": ["gsm8k"]}
+    )
+    run = pr.init(name="url <probe>", model="m", api_key=API_KEY, base_url=local_platform.url,
+                  runs_dir=runs, **extra)  # fmt: skip
+    section = "training" if kind == "train" else "evaluations"
+    assert run.url == f"{local_platform.url}/dashboard/{section}/{run.id}"
+    run.finish(timeout=60)
+    page = httpx.get(run.url, timeout=10)
+    assert page.status_code == 200 and run.id in page.text
+    assert "url &lt;probe&gt;" in page.text and "url <probe>" not in page.text  # escaped
+    assert "COMPLETED" in page.text.upper()

@@ -18,7 +18,17 @@ from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from . import evals, hub, inspect, objects, rft, traces_reads, traces_upload
+from . import (
+    evals,
+    hub,
+    inspect,
+    objects,
+    pages,
+    rft,
+    traces_index,
+    traces_reads,
+    traces_upload,
+)
 from .context import ServerContext
 from .errors import PlatformError, TracesError
 from .faults import FaultInjector, FaultMiddleware, FaultSettings
@@ -74,12 +84,15 @@ def build_app(settings: ServerSettings, faults: FaultSettings | None = None) -> 
     injector = FaultInjector(faults or FaultSettings(retry_after=settings.retry_after))
     routes = [
         *inspect.routes,
+        *pages.routes,
         *evals.routes,
         *hub.routes,
         *rft.routes,
         *objects.routes,
         *traces_upload.routes,
         *traces_reads.routes,
+        *traces_index.routes,
+        *traces_index.routes,
     ]
     app = Starlette(
         routes=routes,

@@ -131,7 +131,7 @@ async def create_evaluation(request: Request) -> JSONResponse:
             "evaluation_id": eval_id,
             "name": name,
             "status": "RUNNING",
-            "viewer_url": f"{origin}/#eval-{eval_id}",
+            "viewer_url": f"{origin}/dashboard/evaluations/{eval_id}",
         },
         status_code=201,
     )

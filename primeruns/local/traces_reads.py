@@ -6,8 +6,9 @@ entity: a run is the set of traces whose own ``run.id`` names it, and its
 ``run_type`` comes from the upload context of its newest trace.
 
 Cursors are opaque base64 of an offset bound to a hash of the filters; a
-cursor used with other filters is 400 ``invalid_cursor``. Not served here:
-trace nodes/calls, search, deletes and exports (the SDK does not need them).
+cursor used with other filters is 400 ``invalid_cursor``. Nodes, calls,
+search and deletes are in ``traces_index``; exports are not served (the
+service answers 500 for them and the client does not wrap them).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from .errors import TracesError, rejected
 
 MAX_LIMIT = 100
 DEFAULT_LIMIT = 50
-_LATEST_TRACES = "row IN (SELECT max(row) FROM traces GROUP BY trace_id)"
+LATEST_TRACES = "row IN (SELECT max(row) FROM traces GROUP BY trace_id)"
 _LATEST_EPISODES = "row IN (SELECT max(row) FROM episodes GROUP BY episode_id)"
 _TRACE_FIELDS = (
     "row, trace_id, upload_id, episode_id, run_id, step, environment_id, model_id,"
@@ -198,7 +199,7 @@ async def _trace_page(
     _trace_filters(q)
     order = _order(q)
     offset, limit = q.page()
-    where = f"{_LATEST_TRACES} AND {extra} AND {q.sql()}"
+    where = f"{LATEST_TRACES} AND {extra} AND {q.sql()}"
     args = (*extra_args, *q.args)
 
     def read(conn: sqlite3.Connection) -> tuple[list[dict[str, Any]], int]:
@@ -281,7 +282,7 @@ async def get_episode(request: Request) -> Response:
             "SELECT * FROM episodes WHERE episode_id = ? ORDER BY row DESC LIMIT 1", (episode_id,)
         ).fetchone()
         members = conn.execute(
-            f"SELECT {_TRACE_FIELDS} FROM traces WHERE {_LATEST_TRACES} AND episode_id = ?",
+            f"SELECT {_TRACE_FIELDS} FROM traces WHERE {LATEST_TRACES} AND episode_id = ?",
             (episode_id,),
         ).fetchall()
         return row, members
@@ -351,7 +352,7 @@ def _run_rows(conn: sqlite3.Connection, run_id: str | None) -> list[sqlite3.Row]
     where = "run_id IS NOT NULL" if run_id is None else "run_id = ?"
     args = () if run_id is None else (run_id,)
     return conn.execute(
-        f"SELECT {_TRACE_FIELDS} FROM traces WHERE {_LATEST_TRACES} AND {where}"
+        f"SELECT {_TRACE_FIELDS} FROM traces WHERE {LATEST_TRACES} AND {where}"
         " ORDER BY ingested_at, row",
         args,
     ).fetchall()

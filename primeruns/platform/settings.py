@@ -9,6 +9,7 @@ journaled, logged or put in an error message (``masked_key`` is for display).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 from collections.abc import Mapping
@@ -72,6 +73,16 @@ def _without_userinfo(url: str) -> str:
     if "@" in netloc:
         netloc = "***@" + netloc.rsplit("@", 1)[1]
     return f"{scheme}://{netloc}{slash}{path}"
+
+
+def _is_loopback(origin: str) -> bool:
+    host = urlsplit(origin).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def split_api_root(base_url: str) -> tuple[str, str, bool]:
@@ -226,6 +237,10 @@ def resolve_settings(
         frontend, sources["frontend_url"] = env["PRIME_FRONTEND_URL"], "PRIME_FRONTEND_URL"
     elif isinstance(cfg.get("frontend_url"), str) and cfg["frontend_url"]:
         frontend, sources["frontend_url"] = cfg["frontend_url"], "config file"
+    elif _is_loopback(origin):
+        # A platform on this machine (``primeruns serve``) serves its run pages
+        # at the dashboard's paths on its own origin, so run.url opens there.
+        frontend, sources["frontend_url"] = origin, "the local platform's origin"
 
     opt_out = False
     sources["traces_opt_out"] = "default"

@@ -1,0 +1,315 @@
+"""Prime Traces' node and call index, run search and deletes (contract §4.7).
+
+The service builds a node/call index of each trace asynchronously; this
+emulator reads the stored document instead, so every trace is indexed at
+once (never 409 ``trace_not_indexed``, never ``partial_index``). The
+contract is silent on how a node maps to its row; the choices, as a user of
+a verifiers trace would expect:
+
+- a node's ``node_idx`` is its position in the trace's ``nodes``;
+  ``parent_idx`` its first ``semantic_parents`` entry (None for a root);
+- a call's ``call_idx`` is its position in ``calls``, ``node_idx`` its
+  ``node``, ``time_start``/``time_end`` its ``time.start``/``time.end``;
+- search scans the newest copy of each trace of the run, node by node, and
+  answers one match per node: the first case-sensitive occurrence of the
+  query in the field, taken as text when it is a string and as its compact
+  JSON otherwise (``representation``), with offsets in code points and an
+  excerpt of up to 40 code points either side. ``generation`` counts the
+  copies stored under the trace id (1 for the first upload).
+
+Deletes remove every stored copy of a trace, or every trace of a run, and
+leave episode rows alone.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from .context import check_traces_auth, context_of
+from .errors import TracesError, rejected
+from .traces_extract import number
+from .traces_reads import LATEST_TRACES, Query
+
+_SEARCH_FIELDS = ("content", "reasoning_content", "tool_calls")
+_EXCERPT = 40
+_MIN_QUERY = 3
+
+
+def _obj(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+async def _document(request: Request, trace_id: str) -> dict[str, Any]:
+    """The newest stored copy of a trace, parsed; 404 ``trace_not_found``."""
+
+    def read(conn: sqlite3.Connection) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = conn.execute(
+            "SELECT raw FROM traces WHERE trace_id = ? ORDER BY row DESC LIMIT 1", (trace_id,)
+        ).fetchone()
+        return row
+
+    row = await context_of(request).db.read(read)
+    if row is None:
+        raise TracesError(404, "trace_not_found", f"trace {trace_id!r} not found")
+    try:
+        doc = json.loads(bytes(row["raw"]))
+    except ValueError:
+        doc = {}
+    return _obj(doc)
+
+
+def _node(index: int, node: Any) -> dict[str, Any]:
+    node = _obj(node)
+    message = _obj(node.get("message"))
+    parents = [p for p in _list(node.get("semantic_parents")) if isinstance(p, int)]
+    shown: dict[str, Any] = {"role": message.get("role"), "content": message.get("content")}
+    for key in ("reasoning_content", "tool_calls", "tool_call_id", "name", "tool_name"):
+        if message.get(key) is not None:
+            shown[key] = message[key]
+    return {
+        "node_idx": index,
+        "parent_idx": parents[0] if parents else None,
+        "timestamp": number(node.get("timestamp")),
+        "sampled": bool(node.get("sampled")),
+        "message": shown,
+    }
+
+
+def _call(index: int, call: Any) -> dict[str, Any]:
+    call = _obj(call)
+    timing = _obj(call.get("time"))
+    node = call.get("node")
+    return {
+        "call_idx": index,
+        "node_idx": node if isinstance(node, int) and not isinstance(node, bool) else None,
+        "time_start": number(timing.get("start")),
+        "time_end": number(timing.get("end")),
+        "model": call.get("model") if isinstance(call.get("model"), str) else None,
+        "endpoint": call.get("endpoint") if isinstance(call.get("endpoint"), str) else None,
+        "finish_reason": call.get("finish_reason")
+        if isinstance(call.get("finish_reason"), str)
+        else None,
+    }
+
+
+def _page(
+    request: Request,
+    items: list[dict[str, Any]],
+    keep: Callable[[dict[str, Any]], bool],
+    *,
+    after: int | None = None,
+) -> JSONResponse:
+    q = Query(request)
+    offset, limit = q.page()
+    if after is not None:
+        if request.query_params.get("cursor") is not None:
+            raise rejected("invalid_filter", "after cannot be combined with cursor")
+        items = [i for i in items if i["node_idx"] > after]
+    chosen = [i for i in items if keep(i)]
+    return JSONResponse(
+        {
+            "items": chosen[offset : offset + limit],
+            "next_cursor": q.next_cursor(offset, limit, len(chosen)),
+            "partial_index": False,
+        }
+    )
+
+
+def _boolean(request: Request, name: str) -> bool | None:
+    value = request.query_params.get(name)
+    if value is None:
+        return None
+    if value not in ("true", "false"):
+        raise rejected("invalid_filter", f"{name} must be true or false")
+    return value == "true"
+
+
+async def list_nodes(request: Request) -> Response:
+    check_traces_auth(request)
+    doc = await _document(request, request.path_params["trace_id"])
+    nodes = [_node(i, n) for i, n in enumerate(_list(doc.get("nodes")))]
+    roles = set(request.query_params.getlist("role"))
+    sampled = _boolean(request, "sampled")
+    after_text = request.query_params.get("after")
+    try:
+        after = None if after_text is None else int(after_text)
+    except ValueError:
+        raise rejected("invalid_filter", "after must be an integer") from None
+
+    def keep(node: dict[str, Any]) -> bool:
+        return (not roles or node["message"]["role"] in roles) and (
+            sampled is None or node["sampled"] == sampled
+        )
+
+    return _page(request, nodes, keep, after=after)
+
+
+async def list_calls(request: Request) -> Response:
+    check_traces_auth(request)
+    doc = await _document(request, request.path_params["trace_id"])
+    calls = [_call(i, c) for i, c in enumerate(_list(doc.get("calls")))]
+    models = set(request.query_params.getlist("model"))
+    reasons = set(request.query_params.getlist("finish_reason"))
+
+    def keep(call: dict[str, Any]) -> bool:
+        return (not models or call["model"] in models) and (
+            not reasons or call["finish_reason"] in reasons
+        )
+
+    return _page(request, calls, keep)
+
+
+def _representation(value: Any) -> tuple[str, str] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value, "text"
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")), "json"
+
+
+def _matches(
+    row: sqlite3.Row, generation: int, query: str, field: str, role: str | None
+) -> list[dict[str, Any]]:
+    try:
+        doc = _obj(json.loads(bytes(row["raw"])))
+    except ValueError:
+        return []
+    found: list[dict[str, Any]] = []
+    for index, node in enumerate(_list(doc.get("nodes"))):
+        message = _obj(_obj(node).get("message"))
+        if role is not None and message.get("role") != role:
+            continue
+        shown = _representation(message.get(field))
+        if shown is None:
+            continue
+        text, representation = shown
+        start = text.find(query)
+        if start < 0:
+            continue
+        end = start + len(query)
+        excerpt_start = max(0, start - _EXCERPT)
+        found.append(
+            {
+                "trace_id": row["trace_id"],
+                "upload_id": row["upload_id"],
+                "generation": generation,
+                "episode_id": row["episode_id"],
+                "node_idx": index,
+                "role": message.get("role"),
+                "field": field,
+                "representation": representation,
+                "match_start": start,
+                "match_end": end,
+                "excerpt": text[excerpt_start : end + _EXCERPT],
+                "excerpt_start": excerpt_start,
+            }
+        )
+    return found
+
+
+async def search_run(request: Request) -> Response:
+    check_traces_auth(request)
+    run_id = request.path_params["run_id"]
+    params = request.query_params
+    query = params.get("query") or ""
+    if len(query) < _MIN_QUERY:
+        raise rejected("invalid_filter", f"query needs at least {_MIN_QUERY} characters")
+    field = params.get("field", "content")
+    if field not in _SEARCH_FIELDS:
+        raise rejected("invalid_filter", f"field must be one of {', '.join(_SEARCH_FIELDS)}")
+    role = params.get("role")
+    q = Query(request)
+    q.add("run_id = ?", run_id)
+    q.number("run_step", "step = ?", int)
+    q.number("reward_min", "reward >= ?")
+    q.number("reward_max", "reward <= ?")
+    q.boolean("has_error", "has_error")
+    offset, limit = q.page()
+
+    def read(conn: sqlite3.Connection) -> list[tuple[sqlite3.Row, int]]:
+        rows = conn.execute(
+            "SELECT row, trace_id, upload_id, episode_id, raw,"
+            " (SELECT count(*) FROM traces AS c WHERE c.trace_id = traces.trace_id) AS copies"
+            f" FROM traces WHERE {LATEST_TRACES} AND {q.sql()}"
+            " ORDER BY created_at ASC, row ASC",
+            tuple(q.args),
+        ).fetchall()
+        return [(r, int(r["copies"])) for r in rows]
+
+    rows = await context_of(request).db.read(read)
+    matches = [m for row, copies in rows for m in _matches(row, copies, query, field, role)]
+    body: dict[str, Any] = {
+        "items": matches[offset : offset + limit],
+        "next_cursor": q.next_cursor(offset, limit, len(matches)),
+    }
+    if offset == 0:
+        body["coverage"] = {
+            "examined_traces": len(rows),
+            "unindexed_trace_ids": [],
+            "partial_index": False,
+        }
+    return JSONResponse(body)
+
+
+async def delete_trace(request: Request) -> Response:
+    check_traces_auth(request)
+    trace_id = request.path_params["trace_id"]
+    hint = request.query_params.get("created_at")
+    created: float | None = None
+    if hint is not None:
+        try:
+            created = datetime.fromisoformat(hint.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            raise rejected("invalid_filter", "created_at must be an ISO 8601 datetime") from None
+
+    def delete(conn: sqlite3.Connection) -> int:
+        # A hint matching no stored copy is a 404, even when the trace exists.
+        hinted = (
+            created is None
+            or conn.execute(
+                "SELECT 1 FROM traces WHERE trace_id = ? AND abs(created_at - ?) < 0.001",
+                (trace_id, created),
+            ).fetchone()
+        )
+        if not hinted:
+            return 0
+        return conn.execute("DELETE FROM traces WHERE trace_id = ?", (trace_id,)).rowcount
+
+    if not await context_of(request).db.write(delete):
+        raise TracesError(404, "trace_not_found", f"trace {trace_id!r} not found")
+    return Response(status_code=202)
+
+
+async def delete_run_traces(request: Request) -> Response:
+    check_traces_auth(request)
+    run_id = request.query_params.get("run_id")
+    if not run_id:
+        raise rejected("invalid_filter", "run_id is required to delete traces")
+
+    def delete(conn: sqlite3.Connection) -> int:
+        return conn.execute("DELETE FROM traces WHERE run_id = ?", (run_id,)).rowcount
+
+    if not await context_of(request).db.write(delete):
+        raise TracesError(404, "run_not_found", f"run {run_id!r} has no traces")
+    return Response(status_code=202)
+
+
+routes = [
+    Route("/api/v1/traces", delete_run_traces, methods=["DELETE"]),
+    Route("/api/v1/traces/{trace_id}", delete_trace, methods=["DELETE"]),
+    Route("/api/v1/traces/{trace_id}/nodes", list_nodes, methods=["GET"]),
+    Route("/api/v1/traces/{trace_id}/calls", list_calls, methods=["GET"]),
+    Route("/api/v1/runs/{run_id}/search", search_run, methods=["GET"]),
+]
