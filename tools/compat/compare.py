@@ -41,7 +41,9 @@ def answers(python: str, url: str, home: Path) -> dict[str, str]:
         raise SystemExit(f"the probe failed under {python}:\n{proc.stderr[-3000:]}")
     out: dict[str, str] = {}
     for line in proc.stdout.splitlines():
-        label, _, answer = line.partition(": ")
+        label, _, answer = line.partition(" => ")
+        if label in out:
+            raise SystemExit(f"the probe asks {label!r} twice: labels must be unique")
         out[label] = answer
     return out
 

@@ -101,6 +101,26 @@ def _team_outside() -> Any:
     return run.status
 
 
+def _url_shape(url: Any, run_id: str) -> Any:
+    """A run URL with this run's origin and id replaced, so runs compare."""
+    if not isinstance(url, str):
+        return url
+    return url.replace(URL.rsplit("/api/", 1)[0], "{local origin}").replace(run_id, "{id}")
+
+
+def _registered(kind: str) -> Any:
+    extra: dict[str, Any] = (
+        {"kind": "train", "team_id": "team-a", "training": pr.TrainingSpec(max_steps=2)}
+        if kind == "train"
+        else {"environments": ["gsm8k"]}
+    )
+    run = pr.init(name=f"probe-{kind}", model="m", api_key=KEY, base_url=URL, **extra)
+    before = [run.status, run.kind, run.finished, run.mode, _url_shape(run.url, run.id)]
+    run.update_summary({"score": 0.5})
+    run.finish()
+    return [*before, run.status, run.finished, run.failed_records, run.dropped_records]
+
+
 def probes() -> dict[str, Callable[[], Any]]:
     return {
         "APIError is prime_traces.APIError": lambda: pr.APIError is prime_traces.APIError,
@@ -162,13 +182,15 @@ def probes() -> dict[str, Callable[[], Any]]:
         "run.config is live": lambda: _live_mapping("config"),
         "run.summary is live": lambda: _live_mapping("summary"),
         "team outside the training allowlist": _team_outside,
+        "an evaluation on the platform, before and after finish": lambda: _registered("eval"),
+        "a training run on the platform, before and after finish": lambda: _registered("train"),
     }
 
 
 def main() -> int:
     os.environ.pop("PRIME_API_KEY", None)
     for label, fn in probes().items():
-        print(f"{label}: {answer(fn)}")
+        print(f"{label} => {answer(fn)}")
     return 0
 
 
