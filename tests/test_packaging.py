@@ -85,3 +85,27 @@ def test_the_vendor_import_name_gives_the_same_objects() -> None:
     assert prime_runs.exceptions.APIError is primeruns.APIError
     assert primeruns.projection.__spec__ is not None
     assert primeruns.projection.__spec__.name == "primeruns.projection"
+
+
+def test_the_exception_tree_in_the_docstring_names_every_class() -> None:
+    """The tree at the top of ``exceptions.py`` is the reference users read:
+    every exception class the module exports is in it, under its real base."""
+    from primeruns import exceptions
+
+    tree: dict[str, str] = {}  # class name -> the name of its parent in the tree
+    stack: list[tuple[int, str]] = []
+    for line in (exceptions.__doc__ or "").splitlines():
+        text = line.split("── ")[-1] if "── " in line else line.strip()
+        if not text or not (line.strip() == "Exception" or "── " in line):
+            continue
+        name = text.split()[0].split(".")[-1]
+        depth = line.index(text)
+        while stack and stack[-1][0] >= depth:
+            stack.pop()
+        if stack:
+            tree[name] = stack[-1][1]
+        stack.append((depth, name))
+    classes = [getattr(exceptions, n) for n in exceptions.__all__]
+    for cls in (c for c in classes if isinstance(c, type)):
+        assert cls.__name__ in tree, f"{cls.__name__} is not in the tree"
+        assert tree[cls.__name__] == cls.__mro__[1].__name__, cls
