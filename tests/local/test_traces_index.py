@@ -136,3 +136,51 @@ def test_raw_downloads_and_the_episode_envelope(client: TracesClient, tmp_path: 
     assert envelope["traces"] == [t["id"] for t in ep["traces"]]
     members = client.list_episode_traces(ep["id"])
     assert sorted(t.trace_id for t in members.items) == sorted(t["id"] for t in ep["traces"])
+
+
+def test_a_jsonl_file_and_raw_lines_upload_once_and_a_rerun_replays(
+    client: TracesClient, platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """``upload_file`` after a crash: the rerun's batches replay their receipts."""
+    lines = []
+    for i, ep in enumerate(workloads.gsm8k(3)):
+        ep = json.loads(json.dumps(ep))
+        ep["id"], ep["run"] = f"file-ep{i}", {"id": "run-file", "type": "eval"}
+        for j, tr in enumerate(ep["traces"]):
+            tr["id"], tr["run"] = f"file-ep{i}-t{j}", {"id": "run-file", "type": "eval"}
+        lines.append(json.dumps(ep).encode())
+    path = tmp_path / "episodes.jsonl"
+    path.write_bytes(b"\n".join(lines) + b"\n")
+    first = client.upload_file(path, line_format=LineFormat.EPISODE)
+    again = client.upload_lines([line + b"\n" for line in lines], line_format=LineFormat.EPISODE)
+    assert [r.upload_id for r in again] == [r.upload_id for r in first]
+    stored = platform.run("run-file")["traces"]
+    assert stored["distinct_episodes"] == stored["episodes"] == 3
+
+
+def test_the_async_client_reads_and_deletes_the_same(platform: LocalPlatform) -> None:
+    import asyncio
+
+    from prime_traces import AsyncTracesClient
+
+    sync = TracesClient(api_key="k", base_url=platform.url, team_id="")
+    (ep,) = _upload(sync, "run-async", 1)
+    sync.close()
+    trace_id = ep["traces"][0]["id"]
+
+    async def go() -> tuple[int, int, int]:
+        async with AsyncTracesClient(api_key="k", base_url=platform.url, team_id="") as c:
+            nodes = await c.list_nodes(trace_id)
+            calls = await c.list_calls(trace_id)
+            found = await c.search("boxed", run_id="run-async")
+            await c.delete(trace_id)
+            return len(nodes.items), len(calls.items), len(found.items)
+
+    nodes, calls, found = asyncio.run(go())
+    assert nodes == len(ep["traces"][0]["nodes"]) and calls == len(ep["traces"][0]["calls"])
+    assert found >= 1
+    with (
+        TracesClient(api_key="k", base_url=platform.url, team_id="") as c,
+        pytest.raises(NotFoundError),
+    ):
+        c.get(trace_id)
