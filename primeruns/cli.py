@@ -12,14 +12,28 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
 from .commands import COMMANDS
-from .commands.common import EXIT_DAMAGED, EXIT_LOCKED, EXIT_USAGE, CommandError
+from .commands.common import EXIT_DAMAGED, EXIT_FAILED, EXIT_LOCKED, EXIT_USAGE, CommandError
 from .exceptions import ConfigurationError, JournalCorruptError, JournalError, JournalLockedError
 
 Handler = Callable[[argparse.Namespace], int]
+
+# The shells' codes for a process ended by SIGINT and by SIGPIPE.
+EXIT_INTERRUPTED = 130
+EXIT_CLOSED_PIPE = 141
+# What each optional dependency is for, and the extra that brings it.
+_EXTRAS = {
+    "uvicorn": "local",
+    "starlette": "local",
+    "multipart": "local",
+    "python_multipart": "local",
+    "pyarrow": "train",
+}
+_BAD_PATH = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -35,11 +49,14 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
+
     parser = argparse.ArgumentParser(
         prog="primeruns",
         description="Track, inspect, recover and ship prime-runs journals. "
         "Start with `primeruns demo`; `primeruns COMMAND --help` explains each command.",
     )
+    parser.add_argument("--version", action="version", version=f"primeruns {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
         importlib.import_module(f".commands.{name}", __package__).add_parser(sub)
@@ -55,7 +72,35 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        return handler(args)
+        code = handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return code
+    except KeyboardInterrupt:
+        # A journal is changed only in transactions, and a batch in flight is
+        # resent byte for byte: an interrupted command loses nothing.
+        print(
+            f"\nprimeruns {args.command}: interrupted; nothing is lost: run the same "
+            "command again to go on",
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``primeruns ls | head``): say nothing more,
+        # and keep the interpreter from complaining when it flushes stdout.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_CLOSED_PIPE
+    except ModuleNotFoundError as exc:
+        extra = _EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"primeruns {args.command}: this needs {exc.name}, which is not installed: "
+            f"pip install 'prime-runs[{extra}]'",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     except CommandError as exc:
         print(f"primeruns {args.command}: error: {exc}", file=sys.stderr)
         return exc.code
@@ -68,6 +113,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (JournalError, ConfigurationError) as exc:
         print(f"primeruns {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"primeruns {args.command}: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, _BAD_PATH) else EXIT_FAILED
 
 
 if __name__ == "__main__":

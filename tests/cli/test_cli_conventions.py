@@ -1,0 +1,121 @@
+"""Ordinary events on the command line end in one line and an honest exit
+code, never a traceback (as ``git``, ``wandb sync`` and ``mlflow`` users
+expect): ``--version``, a closed pipe, a bad path, a missing extra, Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import workloads
+from cli_helpers import cli_subprocess, landed_once
+from sdk_helpers import API_KEY, point_at
+
+import primeruns as pr
+from primeruns.journal.lock import read_owner
+
+
+def _offline_eval(runs: Path, episodes: int) -> Path:
+    run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    run.log_episodes(workloads.gsm8k(episodes))
+    run.finish()
+    assert run.journal_path is not None
+    return run.journal_path
+
+
+def test_version_names_the_package_and_its_version() -> None:
+    done = cli_subprocess("--version")
+    assert done.returncode == 0 and done.stdout.strip() == f"primeruns {pr.__version__}"
+
+
+def test_a_closed_pipe_ends_quietly_with_the_shells_sigpipe_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``primeruns export RUN | head -1``: no BrokenPipe traceback."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    journal = _offline_eval(runs, 40)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "primeruns", "export", str(journal)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=dict(os.environ),
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    assert proc.stdout.readline().startswith(b"{")
+    proc.stdout.close()  # the reader goes away, as head does
+    err = proc.stderr.read().decode()
+    proc.stderr.close()
+    assert proc.wait(timeout=60) == 141
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_bad_output_path_is_one_line_naming_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    journal = _offline_eval(runs, 2)
+    target = tmp_path / "no-such-dir" / "x.jsonl"
+    done = cli_subprocess("export", str(journal), "-o", str(target))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and str(target) in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+
+
+def test_a_missing_extra_names_the_pip_install_that_fixes_it(tmp_path: Path) -> None:
+    hidden = tmp_path / "hidden"
+    (hidden / "uvicorn").mkdir(parents=True)
+    (hidden / "uvicorn" / "__init__.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'uvicorn'\", name='uvicorn')\n"
+    )
+    path = os.pathsep.join(filter(None, [str(hidden), os.environ.get("PYTHONPATH")]))
+    env = dict(os.environ, PYTHONPATH=path)
+    done = cli_subprocess("serve", "--port", "0", "--data", str(tmp_path / "data"), env=env)
+    assert done.returncode == 2, done.stderr
+    assert "pip install 'prime-runs[local]'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_ctrl_c_in_replay_is_one_line_exit_130_and_a_rerun_lands_everything_once(
+    local_platform: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    journal = _offline_eval(runs, 20)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME")}
+    env.update(PRIME_API_KEY=API_KEY, PRIME_RUNS_RETRY_BASE_S="0.05")
+    # Nothing listens here: the replay retries until it is interrupted.
+    down = dict(env, PRIME_BASE_URL="http://127.0.0.1:9", PRIME_TRACES_URL="http://127.0.0.1:9")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "primeruns", "replay", str(journal)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=down,
+        text=True,
+    )
+    assert proc.stderr is not None
+    # Polled, bounded: the replay is at work once the lock file names it (it
+    # takes the journal's lock before its first request).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        owner = read_owner(journal)
+        if owner is not None and owner.pid == proc.pid:
+            break
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("the replay never took the journal's lock")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "nothing is lost" in err
+    url = local_platform.url  # type: ignore[attr-defined]
+    again = cli_subprocess("replay", str(journal), "--base-url", url,
+                           env=dict(env, PRIME_TRACES_URL=url))  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    run_id = next(line for line in again.stdout.splitlines() if "closed out" in line)
+    stored = local_platform.runs()  # type: ignore[attr-defined]
+    (only,) = [r for r in stored if r["id"] in run_id]
+    assert landed_once(local_platform.run(only["id"]), 20)  # type: ignore[attr-defined]
