@@ -109,3 +109,18 @@ def test_the_exception_tree_in_the_docstring_names_every_class() -> None:
     for cls in (c for c in classes if isinstance(c, type)):
         assert cls.__name__ in tree, f"{cls.__name__} is not in the tree"
         assert tree[cls.__name__] == cls.__mro__[1].__name__, cls
+
+
+def test_the_readme_settings_table_lists_every_setting_the_code_reads() -> None:
+    """A setting a user cannot find is one they cannot use: every environment
+    variable the package reads is in the README's Settings section."""
+    import re
+
+    names = {
+        name
+        for path in (ROOT / "primeruns").rglob("*.py")
+        for name in re.findall(r"\"(PRIME(?:RUNS)?_[A-Z_]+)\"", path.read_text())
+    }
+    readme = (ROOT / "README.rst").read_text()
+    settings = readme.split("\nSettings\n--------\n", 1)[1].split("\nThe command line\n", 1)[0]
+    assert names and not {n for n in names if n not in settings}
