@@ -119,7 +119,7 @@ class Demo:
             run.log_episodes(episodes[i : i + 5])
         run.finish(summary=dict(from_episodes(episodes)), timeout=60)
         stored = self.stored(run.id)
-        self.check("eval run COMPLETED", stored["status"] == "COMPLETED", stored["status"])
+        self.check(*_closed_as("the eval run", "COMPLETED", stored["status"]))
         self._landed(stored, len(episodes), "eval")
         samples = stored["samples"]
         self.check(
@@ -155,7 +155,7 @@ class Demo:
             run.log_metrics(row, step=step)
         run.finish(timeout=60)
         stored = self.stored(run.id)
-        self.check("train run COMPLETED", stored["status"] == "COMPLETED", stored["status"])
+        self.check(*_closed_as("the training run", "COMPLETED", stored["status"]))
         self._landed(stored, total, "train")
         metrics = stored["train_metrics"]
         self.check(
@@ -202,7 +202,9 @@ class Demo:
         self.faults(0.0, 0.0)  # the replay and the checks see the truth, not faults
         print(f"  $ primeruns replay {journal_path}", flush=True)
         code = replay_one(journal_path, base_url=self.url, timeout=60)
-        self.check("replaying it anyway is harmless (exit 0)", code == 0, str(code))
+        self.check(
+            "replaying it anyway is harmless", code == 0, "" if code == 0 else f"exit {code}"
+        )
         stored = self.stored(run_id)
         self.check(
             "killed run FAILED with a crash reason",
@@ -269,6 +271,12 @@ class Demo:
             tail = log_path.read_text(errors="replace")[-1500:]
             self.check("the producer ran until it was killed", False, tail)
         return journal_path, run_id, acked
+
+
+def _closed_as(what: str, expected: str, status: str) -> tuple[str, bool, str]:
+    """A check's words: the detail says only what differs from what was expected."""
+    ok = status == expected
+    return f"{what} is closed as {expected.lower()}", ok, "" if ok else f"it is {status}"
 
 
 def _wait_owner_gone(journal: Path, timeout: float) -> bool:

@@ -80,8 +80,9 @@ def _lifespan(db: Database) -> Callable[[Starlette], AbstractAsyncContextManager
 
 def build_app(settings: ServerSettings, faults: FaultSettings | None = None) -> Starlette:
     """The app for ``settings``; its database opens now and closes on shutdown."""
-    db = Database(settings.data_dir)
+    # Checked first: a rejected fault setting must not leave a data directory behind.
     injector = FaultInjector(faults or FaultSettings(retry_after=settings.retry_after))
+    db = Database(settings.data_dir)
     routes = [
         *inspect.routes,
         *pages.routes,
@@ -91,7 +92,6 @@ def build_app(settings: ServerSettings, faults: FaultSettings | None = None) -> 
         *objects.routes,
         *traces_upload.routes,
         *traces_reads.routes,
-        *traces_index.routes,
         *traces_index.routes,
     ]
     app = Starlette(
