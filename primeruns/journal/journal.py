@@ -58,7 +58,7 @@ from primeruns.journal.lock import OwnerLock
 from primeruns.journal.maintenance import Background, scan_damage
 from primeruns.journal.meta import K_BUDGET, K_CREATED, K_FORMAT, K_LOCAL_ID, K_OWNER, Meta
 from primeruns.journal.reading import Reader
-from primeruns.journal.staging import Mover
+from primeruns.journal.staging import STAGED_RAW_MAX, Mover
 from primeruns.journal.store import DATA_NAME, Store, acquire_store, release_store
 from primeruns.journal.tail import OwnTail, SharedTail, read_end
 from primeruns.journal.txn import Transactions
@@ -293,7 +293,7 @@ class Journal:
         """The uplink is gone: this process moves staged entries again."""
         if not self._mover.here and self._appender is not None and not self._closed:
             with self._tx.lock:
-                self._mover.staged = self._mover.count()
+                self._mover.staged = self._mover.recount(assume=STAGED_RAW_MAX)
             self._mover.start()
 
     def move_staged(self) -> None:
@@ -552,7 +552,7 @@ class Journal:
         if forked:
             return
         moves_here = self._mover.here
-        self._mover.stop()
+        self._mover.stop(final=True)
         if self._background is not None:
             self._background.stop()
         if self._appender is not None or moves_here:

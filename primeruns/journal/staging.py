@@ -46,31 +46,41 @@ class Mover:
         self._tx = tx
         self._dicts = dicts
         self._path = path
-        self.staged = self.count()  # entries in "staging" (under the transaction lock)
+        # Entries in "staging" (under the transaction lock). Never lowered on
+        # a guess: while it may be too low, a small append would go to
+        # "entries" above staged seqs, and the staged ones could never move.
+        self.staged = self.recount(assume=STAGED_RAW_MAX)
         self.here = False  # whether this process moves them
+        self._closed = False
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def count(self) -> int:
+    def recount(self, *, assume: int) -> int:
+        """Entries in "staging" now; where that cannot be read (a full reader
+        table, an I/O error), ``assume``: a count too high only stages more."""
         if "staging" not in self._tx.dbs:
             return 0
         try:
             with self._tx.read() as txn:
                 return int(txn.stat(self._tx.dbs["staging"])["entries"])
         except (lmdb.Error, JournalError):
-            return 0
+            return max(assume, 1)
 
     def start(self) -> None:
         """Move staged entries from a thread of this process from now on."""
+        if self._closed:
+            return  # the journal is closing: nothing may start on its store
         self.here = True
         self._stop.clear()
         self._thread = start_daemon(self._loop, f"primeruns-journal-zstd-{self._path.name}")
         if self.staged:
             self._wake.set()  # left staged by an earlier process
 
-    def stop(self) -> None:
-        """Stop moving here (the thread ends once its batch is in)."""
+    def stop(self, *, final: bool = False) -> None:
+        """Stop moving here (the thread ends once its batch is in); ``final``:
+        for good (the journal closes), so a racing ``start`` does nothing."""
+        self._closed = self._closed or final
         self.here = False
         self._stop.set()
         self._wake.set()
@@ -122,7 +132,7 @@ class Mover:
         if not batch:
             with self._tx.lock:
                 # Another process may have compacted staged entries away.
-                self.staged = self.count()
+                self.staged = self.recount(assume=self.staged)
             return False
         # Uncompressed ones are compressed here, off the GIL, outside the lock.
         todo: dict[int, list[int]] = {}

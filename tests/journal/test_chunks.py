@@ -9,6 +9,7 @@ import random
 import shutil
 import struct
 from pathlib import Path
+from typing import Any
 
 import lmdb
 import pytest
@@ -132,3 +133,33 @@ def test_staged_entries_read_as_one_log_and_move_in_order(tmp_path: Path) -> Non
         assert j.damage() == []
     with Journal.open(tmp_path / "run", owner=False) as reader:
         assert [e.payload for e in reader.read(0, max_entries=1000).entries] == expected[10:]
+
+
+def test_a_failed_count_of_staged_entries_never_lets_an_append_jump_ahead_of_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The producer takes staging back from a dead uplink while a read fails
+    (a full reader table): a staged entry must still ship, in order, and no
+    entry be reported missing."""
+    with Journal.create(tmp_path, local_id="run") as j:
+        j.hand_over_staging()  # an uplink process moves staged entries now
+        j.append(EntryKind.EPISODE, [b'{"big":"' + b"x" * 3000 + b'"}'])  # seq 1, staged
+        real_begin = j._store.begin
+        failed: list[bool] = []
+
+        def begin_failing_once(*, write: bool = False, buffers: bool = False) -> Any:
+            if not write and not failed:
+                failed.append(True)
+                raise lmdb.ReadersFullError("injected: the reader table is full")
+            return real_begin(write=write, buffers=buffers)
+
+        monkeypatch.setattr(j._store, "begin", begin_failing_once)
+        j.take_back_staging()  # the uplink died: its count of staging fails once
+        monkeypatch.setattr(j._store, "begin", real_begin)
+        assert failed
+        j.append(EntryKind.METRICS, [b'{"small":1}'])  # seq 2
+        while j._mover.move_some():  # what the background mover does
+            pass
+        got = j.read(0)
+        assert [e.seq for e in got.entries] == [1, 2] and not got.damaged
+        assert j._mover.staged == 0 and j.damage() == []
