@@ -56,7 +56,7 @@ def main() -> int:
         with tarfile.open(WORK / f"verifiers-{VERSION}.tar.gz") as sdist:
             sdist.extractall(WORK, filter="data")
     tests = ["tests", "--ignore=tests/v1/test_color_codeword_tasks.py"]
-    proc = subprocess.run([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+    proc = subprocess.run([str(python), "-m", "pytest", "-p", "no:cacheprovider", *tests],
                           cwd=source)  # fmt: skip
     return 0 if proc.returncode == 0 else 1
 
