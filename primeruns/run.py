@@ -17,7 +17,6 @@ Modes: ``online`` (journal + upload), ``offline`` (journal only, for
 
 from __future__ import annotations
 
-import copy
 import logging
 import operator
 import os
@@ -91,8 +90,6 @@ class Run:
         self._mode: Mode = mode
         self._name = name
         self._config = config
-        # What was registered, to tell whether the live ``config`` was edited.
-        self._config_at_open = copy.deepcopy(config)
         self._on_error: OnError = on_error
         self._finish_timeout = finish_timeout
         self._attached = attached
@@ -168,13 +165,7 @@ class Run:
     @property
     def config_source(self) -> ConfigSource | None:
         stored = self._config.get(CONFIG_SOURCE_KEY)
-        if isinstance(stored, Mapping) and isinstance(stored.get("text"), str):
-            return ConfigSource(
-                text=stored["text"],
-                format=str(stored.get("format") or "toml"),
-                filename=stored.get("filename"),
-            )
-        return None
+        return ConfigSource.from_mapping(stored) if isinstance(stored, Mapping) else None
 
     @property
     def summary(self) -> dict[str, Any]:
@@ -712,11 +703,17 @@ class Run:
         """An evaluation's ``config`` edited since ``init()``: the close-out
         sends it (the run's spec in the journal is what the uplink registers
         and closes the run with). A training run's config is the launcher's."""
-        if self._kind != "eval" or self._attached or self._config == self._config_at_open:
+        if self._kind != "eval" or self._attached:
+            return
+        try:
+            spec = journal.get_meta("spec") or {}
+        except JournalError as exc:
+            self._note("config", exc)
+            return
+        if spec.get("config") == self._config:  # as registered: nothing to store
             return
         edited = self._encodable(dict(self._config), "config")
         try:
-            spec = journal.get_meta("spec") or {}
             journal.set_meta("spec", {**spec, "config": edited})
         except (JournalError, TypeError, ValueError) as exc:
             self._note("config", exc)

@@ -6,9 +6,9 @@ import dataclasses
 import enum
 import json
 import logging
+import select
 import signal
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -302,16 +302,17 @@ def test_a_forked_child_never_waits_on_a_lock_its_parent_held_at_the_fork(
             os._exit(4)
     release.set()
     holder.join()
-    deadline = time.monotonic() + 30  # bounded: a deadlocked child is the failure
-    while time.monotonic() < deadline:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
+    # The child's exit, as an event (a pidfd), bounded: a deadlocked child is the failure.
+    pidfd = os.pidfd_open(pid)
+    try:
+        exited, _, _ = select.select([pidfd], [], [], 30)
+    finally:
+        os.close(pidfd)
+    if not exited:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
         pytest.fail("the forked child hung on a lock its parent held at the fork")
+    _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     run.finish()
 

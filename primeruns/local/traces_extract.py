@@ -24,8 +24,14 @@ from typing import Any
 from urllib.parse import urlparse
 
 
-def _obj(value: Any) -> dict[str, Any]:
+def as_object(value: Any) -> dict[str, Any]:
+    """``value`` if it is a JSON object, else an empty one (documents are untrusted)."""
     return value if isinstance(value, dict) else {}
+
+
+def as_list(value: Any) -> list[Any]:
+    """``value`` if it is a JSON array, else an empty one."""
+    return value if isinstance(value, list) else []
 
 
 def _str(value: Any) -> str | None:
@@ -45,8 +51,8 @@ def number(value: Any) -> float | None:
 
 def reward_of(doc: dict[str, Any]) -> float | None:
     total: float | None = None
-    for entry in _obj(doc.get("rewards")).values():
-        entry = _obj(entry)
+    for entry in as_object(doc.get("rewards")).values():
+        entry = as_object(entry)
         score = number(entry.get("score"))
         if score is None:
             continue
@@ -80,20 +86,20 @@ def first_error(doc: dict[str, Any]) -> tuple[str | None, str | None]:
 
 
 def step_of(run: dict[str, Any]) -> int | None:
-    step = _obj(run.get("work")).get("step")
+    step = as_object(run.get("work")).get("step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 def trace_columns(doc: dict[str, Any], environment_id: str | None) -> dict[str, Any]:
     """The indexed columns of one (already validated) trace document."""
-    run = _obj(doc.get("run"))
-    agent = _obj(doc.get("agent"))
-    config = _obj(agent.get("config"))
-    task = _obj(doc.get("task"))
-    data = _obj(task.get("data"))
-    timing = _obj(doc.get("timing"))
+    run = as_object(doc.get("run"))
+    agent = as_object(doc.get("agent"))
+    config = as_object(agent.get("config"))
+    task = as_object(doc.get("task"))
+    data = as_object(task.get("data"))
+    timing = as_object(doc.get("timing"))
     provider = _str(config.get("provider"))
-    base_url = _str(_obj(config.get("client")).get("base_url"))
+    base_url = _str(as_object(config.get("client")).get("base_url"))
     if provider is None and base_url is not None:
         provider = urlparse(base_url).hostname
     task_id = data.get("id") or data.get("name") or task.get("key")

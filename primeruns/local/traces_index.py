@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable
-from datetime import datetime
 from typing import Any
 
 from starlette.requests import Request
@@ -35,45 +34,27 @@ from starlette.routing import Route
 
 from .context import check_traces_auth, context_of
 from .errors import TracesError, rejected
-from .traces_extract import number
-from .traces_reads import LATEST_TRACES, Query
+from .traces_extract import as_list, as_object, number
+from .traces_reads import LATEST_TRACES, Query, newest_trace
 
 _SEARCH_FIELDS = ("content", "reasoning_content", "tool_calls")
 _EXCERPT = 40
 _MIN_QUERY = 3
 
 
-def _obj(value: Any) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _list(value: Any) -> list[Any]:
-    return value if isinstance(value, list) else []
-
-
 async def _document(request: Request, trace_id: str) -> dict[str, Any]:
     """The newest stored copy of a trace, parsed; 404 ``trace_not_found``."""
-
-    def read(conn: sqlite3.Connection) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = conn.execute(
-            "SELECT raw FROM traces WHERE trace_id = ? ORDER BY row DESC LIMIT 1", (trace_id,)
-        ).fetchone()
-        return row
-
-    row = await context_of(request).db.read(read)
-    if row is None:
-        raise TracesError(404, "trace_not_found", f"trace {trace_id!r} not found")
+    row = await newest_trace(request, trace_id, "raw")
     try:
-        doc = json.loads(bytes(row["raw"]))
+        return as_object(json.loads(bytes(row["raw"])))
     except ValueError:
-        doc = {}
-    return _obj(doc)
+        return {}
 
 
 def _node(index: int, node: Any) -> dict[str, Any]:
-    node = _obj(node)
-    message = _obj(node.get("message"))
-    parents = [p for p in _list(node.get("semantic_parents")) if isinstance(p, int)]
+    node = as_object(node)
+    message = as_object(node.get("message"))
+    parents = [p for p in as_list(node.get("semantic_parents")) if isinstance(p, int)]
     shown: dict[str, Any] = {"role": message.get("role"), "content": message.get("content")}
     for key in ("reasoning_content", "tool_calls", "tool_call_id", "name", "tool_name"):
         if message.get(key) is not None:
@@ -88,8 +69,8 @@ def _node(index: int, node: Any) -> dict[str, Any]:
 
 
 def _call(index: int, call: Any) -> dict[str, Any]:
-    call = _obj(call)
-    timing = _obj(call.get("time"))
+    call = as_object(call)
+    timing = as_object(call.get("time"))
     node = call.get("node")
     return {
         "call_idx": index,
@@ -127,21 +108,12 @@ def _page(
     )
 
 
-def _boolean(request: Request, name: str) -> bool | None:
-    value = request.query_params.get(name)
-    if value is None:
-        return None
-    if value not in ("true", "false"):
-        raise rejected("invalid_filter", f"{name} must be true or false")
-    return value == "true"
-
-
 async def list_nodes(request: Request) -> Response:
     check_traces_auth(request)
     doc = await _document(request, request.path_params["trace_id"])
-    nodes = [_node(i, n) for i, n in enumerate(_list(doc.get("nodes")))]
+    nodes = [_node(i, n) for i, n in enumerate(as_list(doc.get("nodes")))]
     roles = set(request.query_params.getlist("role"))
-    sampled = _boolean(request, "sampled")
+    sampled = Query(request).flag("sampled")
     after_text = request.query_params.get("after")
     try:
         after = None if after_text is None else int(after_text)
@@ -159,7 +131,7 @@ async def list_nodes(request: Request) -> Response:
 async def list_calls(request: Request) -> Response:
     check_traces_auth(request)
     doc = await _document(request, request.path_params["trace_id"])
-    calls = [_call(i, c) for i, c in enumerate(_list(doc.get("calls")))]
+    calls = [_call(i, c) for i, c in enumerate(as_list(doc.get("calls")))]
     models = set(request.query_params.getlist("model"))
     reasons = set(request.query_params.getlist("finish_reason"))
 
@@ -183,12 +155,12 @@ def _matches(
     row: sqlite3.Row, generation: int, query: str, field: str, role: str | None
 ) -> list[dict[str, Any]]:
     try:
-        doc = _obj(json.loads(bytes(row["raw"])))
+        doc = as_object(json.loads(bytes(row["raw"])))
     except ValueError:
         return []
     found: list[dict[str, Any]] = []
-    for index, node in enumerate(_list(doc.get("nodes"))):
-        message = _obj(_obj(node).get("message"))
+    for index, node in enumerate(as_list(doc.get("nodes"))):
+        message = as_object(as_object(node).get("message"))
         if role is not None and message.get("role") != role:
             continue
         shown = _representation(message.get(field))
@@ -266,24 +238,14 @@ async def search_run(request: Request) -> Response:
 async def delete_trace(request: Request) -> Response:
     check_traces_auth(request)
     trace_id = request.path_params["trace_id"]
-    hint = request.query_params.get("created_at")
-    created: float | None = None
-    if hint is not None:
-        try:
-            created = datetime.fromisoformat(hint.replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            raise rejected("invalid_filter", "created_at must be an ISO 8601 datetime") from None
+    # ``created_at``: a pruning hint; one that matches no stored copy is a 404,
+    # even when the trace exists under another timestamp.
+    hint = Query(request)
+    hint.add("trace_id = ?", trace_id)
+    hint.time("created_at", "abs(created_at - ?) < 0.001")
 
     def delete(conn: sqlite3.Connection) -> int:
-        # A hint matching no stored copy is a 404, even when the trace exists.
-        hinted = (
-            created is None
-            or conn.execute(
-                "SELECT 1 FROM traces WHERE trace_id = ? AND abs(created_at - ?) < 0.001",
-                (trace_id, created),
-            ).fetchone()
-        )
-        if not hinted:
+        if not conn.execute(f"SELECT 1 FROM traces WHERE {hint.sql()}", hint.args).fetchone():
             return 0
         return conn.execute("DELETE FROM traces WHERE trace_id = ?", (trace_id,)).rowcount
 

@@ -107,13 +107,19 @@ class Query:
         except ValueError:
             raise rejected("invalid_filter", f"{name} must be a number") from None
 
-    def boolean(self, name: str, column: str) -> None:
+    def flag(self, name: str) -> bool | None:
+        """A ``true``/``false`` parameter (None when absent)."""
         value = self.params.get(name)
         if value is None:
-            return
+            return None
         if value not in ("true", "false"):
             raise rejected("invalid_filter", f"{name} must be true or false")
-        self.add(f"{column} = ?", int(value == "true"))
+        return value == "true"
+
+    def boolean(self, name: str, column: str) -> None:
+        value = self.flag(name)
+        if value is not None:
+            self.add(f"{column} = ?", int(value))
 
     def time(self, name: str, clause: str) -> None:
         value = self.params.get(name)
@@ -219,13 +225,10 @@ async def list_traces(request: Request) -> Response:
     return await _trace_page(request)
 
 
-async def get_trace(request: Request) -> Response:
-    check_traces_auth(request)
-    trace_id = request.path_params["trace_id"]
-    raw = request.query_params.get("raw") == "true"
+async def newest_trace(request: Request, trace_id: str, fields: str) -> sqlite3.Row:
+    """The newest stored copy of a trace (what readers see); 404 ``trace_not_found``."""
 
     def read(conn: sqlite3.Connection) -> sqlite3.Row | None:
-        fields = "raw" if raw else _TRACE_FIELDS
         row: sqlite3.Row | None = conn.execute(
             f"SELECT {fields} FROM traces WHERE trace_id = ? ORDER BY row DESC LIMIT 1",
             (trace_id,),
@@ -235,6 +238,15 @@ async def get_trace(request: Request) -> Response:
     row = await context_of(request).db.read(read)
     if row is None:
         raise TracesError(404, "trace_not_found", f"trace {trace_id!r} not found")
+    return row
+
+
+async def get_trace(request: Request) -> Response:
+    check_traces_auth(request)
+    trace_id = request.path_params["trace_id"]
+    raw = request.query_params.get("raw") == "true"
+
+    row = await newest_trace(request, trace_id, "raw" if raw else _TRACE_FIELDS)
     if raw:
         return Response(bytes(row["raw"]), media_type="application/json")
     return JSONResponse(trace_summary(row))

@@ -6,7 +6,6 @@ verifiers episodes (the bundled gsm8k workload)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,18 +15,6 @@ from prime_traces import LineFormat, TracesClient
 from prime_traces.exceptions import NotFoundError, ValidationRejectedError
 
 from primeruns.local import LocalPlatform
-
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
-    with LocalPlatform(tmp_path_factory.mktemp("traces-index")) as p:
-        yield p
-
-
-@pytest.fixture
-def client(platform: LocalPlatform) -> Iterator[TracesClient]:
-    with TracesClient(api_key="k", base_url=platform.url, team_id="") as c:
-        yield c
 
 
 def _upload(client: TracesClient, run_id: str, n: int) -> list[dict[str, Any]]:
@@ -107,7 +94,11 @@ def test_search_finds_each_node_holding_the_text_with_exact_offsets(client: Trac
 def test_delete_removes_every_copy_and_a_repeat_is_not_found(client: TracesClient) -> None:
     (ep,) = _upload(client, "run-delete", 1)
     trace_id = ep["traces"][0]["id"]
-    client.delete(trace_id)
+    created = client.get(trace_id).created_at
+    with pytest.raises(NotFoundError):  # a hint matching no stored copy
+        client.delete(trace_id, created_at="2001-01-01T00:00:00Z")
+    assert client.get(trace_id).trace_id == trace_id
+    client.delete(trace_id, created_at=created.isoformat())
     with pytest.raises(NotFoundError):
         client.get(trace_id)
     with pytest.raises(NotFoundError):

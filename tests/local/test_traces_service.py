@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import socket
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +14,6 @@ from prime_traces import LineFormat, TracesClient
 from prime_traces.exceptions import NotFoundError
 
 from primeruns.local import LocalPlatform
-
-
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
-    with LocalPlatform(tmp_path_factory.mktemp("traces")) as p:
-        yield p
-
-
-@pytest.fixture
-def client(platform: LocalPlatform) -> Iterator[TracesClient]:
-    with TracesClient(api_key="k", base_url=platform.url, team_id="") as c:
-        yield c
 
 
 def test_vendor_client_uploads_episodes_and_replay_stores_nothing(
