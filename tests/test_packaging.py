@@ -124,3 +124,70 @@ def test_the_readme_settings_table_lists_every_setting_the_code_reads() -> None:
     readme = (ROOT / "README.rst").read_text()
     settings = readme.split("\nSettings\n--------\n", 1)[1].split("\nThe command line\n", 1)[0]
     assert names and not {n for n in names if n not in settings}
+
+
+# Run in a child whose imports of every installed distribution outside the
+# core dependencies fail, as they would after a bare `pip install prime-runs`.
+_BARE_CHILD = """
+import importlib.abc, json, sys
+blocked = set(json.loads(sys.argv[1]))
+
+class Bare(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in blocked:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+sys.meta_path.insert(0, Bare())
+import primeruns
+from primeruns.cli import main
+sys.exit(main(["ls", "--runs-dir", sys.argv[2]]))
+"""
+
+
+def _requirement_closure(root: str) -> set[str]:
+    """``root`` and every distribution its unconditional requirements pull in."""
+    import importlib.metadata as md
+    import re
+
+    seen: set[str] = set()
+    todo = [root]
+    while todo:
+        name = re.sub(r"[-_.]+", "-", todo.pop()).lower()
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            requires = md.requires(name) or []
+        except md.PackageNotFoundError:
+            continue
+        for req in requires:
+            if "extra ==" in req:
+                continue  # an extra's, not a core requirement
+            todo.append(re.split(r"[\s\[<>=!~;(]", req, maxsplit=1)[0])
+    return seen
+
+
+def test_import_primeruns_and_its_cli_need_only_the_core_dependencies(tmp_path: Path) -> None:
+    import importlib.metadata as md
+    import json
+    import re
+    import subprocess
+    import sys
+
+    core = _requirement_closure("prime-runs")
+    blocked = sorted(
+        top
+        for top, dists in md.packages_distributions().items()
+        if not any(re.sub(r"[-_.]+", "-", d).lower() in core for d in dists)
+        and not top.startswith("_")
+    )
+    assert "uvicorn" in blocked and "pyarrow" in blocked  # extras, not core
+    child = subprocess.run(
+        [sys.executable, "-c", _BARE_CHILD, json.dumps(blocked), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert "no runs under" in child.stdout
