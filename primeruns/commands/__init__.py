@@ -2,8 +2,9 @@
 
 One small module per command, each exposing ``add_parser(sub)`` that registers
 the command and its handler; :mod:`primeruns.cli` only wires them together.
-Shared pieces (run lookup, formatting, colour, the progress line, sparklines)
-live in their own modules so every command speaks the same way.
+Shared pieces (run lookup, the rich console and its colours, the progress
+bars, sparklines) live in their own modules so every command speaks the same
+way.
 """
 
 from __future__ import annotations

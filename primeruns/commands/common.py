@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..journal import EntryKind, Journal, JournalInfo, default_runs_dir, list_journals
-from ..ship.factory import sink_names
+from ..ship.factory import sink_kinds
 
 __all__ = [
     "EXIT_DAMAGED",
@@ -25,6 +26,7 @@ __all__ = [
     "EXIT_USAGE",
     "CommandError",
     "RunStatus",
+    "add_json",
     "add_runs_dir",
     "describe",
     "pending_per_sink",
@@ -55,6 +57,14 @@ def add_runs_dir(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="where run journals live (default: $PRIME_RUNS_DIR, else "
         "~/.local/state/prime-runs/runs)",
+    )
+
+
+def add_json(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help=f"print {what} as one JSON document on stdout (messages go to stderr)",
     )
 
 
@@ -89,15 +99,24 @@ def resolve_run(ref: str, runs_dir: Path) -> Path:
     )
 
 
+# The record kinds a user logs, by the names the commands show them under.
+RECORD_KINDS = {
+    "episodes": EntryKind.EPISODE,
+    "traces": EntryKind.TRACE,
+    "metrics": EntryKind.METRICS,
+}
+
+
 def pending_per_sink(info: JournalInfo) -> dict[str, int | str]:
-    """Per sink of the run, entries not yet dealt with, or ``"off"``."""
+    """Per sink of the run, the records it has still to ship, or ``"off"``."""
     kind = str((info.meta.get("spec") or {}).get("kind") or "eval")
     out: dict[str, int | str] = {}
-    for sink in sink_names(kind):
+    for sink, kinds in sink_kinds(kind).items():
         if info.meta.get(f"sink_off.{sink}"):
             out[sink] = "off"
-        else:
-            out[sink] = max(0, info.last_seq - int(info.cursors.get(sink, 0)))
+            continue
+        after = info.after.get(int(info.cursors.get(sink, 0)), Counter())
+        out[sink] = sum(after[int(k)] for k in kinds)
     return out
 
 
@@ -154,6 +173,42 @@ class RunStatus:
     def needs_shipping(self) -> bool:
         """What replay/sync would do something for: not closed out or not all shipped."""
         return self.state not in ("running", "shipped")
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """What the run logged, in the user's units (episodes, traces, metric rows)."""
+        logged = self.info.after.get(0, Counter())
+        return {name: logged[int(kind)] for name, kind in RECORD_KINDS.items()}
+
+    @property
+    def losses_total(self) -> int:
+        return sum(int(loss.get("count", 0)) for loss in self.info.losses.values())
+
+    @property
+    def outcome(self) -> str:
+        """How the run ended: running, completed, failed, or crashed (no finish
+        entry), whatever became of its shipping."""
+        if self.info.owner_alive:
+            return "running"
+        if self.finish is None:
+            return "damaged" if self.info.damage and not self.info.meta else "crashed"
+        return str(self.finish.get("status") or "failed")
+
+    @property
+    def shipping(self) -> str:
+        """Where its shipping stands: shipped, N pending, offline (never synced),
+        not closed out, live (its uplink ships now), or damaged."""
+        if self.info.damage and not self.info.meta:
+            return "damaged"
+        offline = self.spec.get("mode") == "offline" and not self.platform
+        if offline:
+            return "offline"
+        if self.info.owner_alive:
+            return "live"
+        if self.pending_total:
+            # Sinks ship the same episodes: the most any sink has left, not the sum.
+            return f"{max(v for v in self.pending.values() if isinstance(v, int))} pending"
+        return "shipped" if self.finalized else "not closed out"
 
     @property
     def age_s(self) -> float:

@@ -22,6 +22,7 @@ import json
 import os
 import secrets
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from rich.console import Console
+from rich.text import Text
 
 import primeruns as pr
 
@@ -41,9 +44,9 @@ from ..journal import EntryKind, Journal
 from ..metrics import from_episodes
 from ..platform import resolve_settings
 from .common import EXIT_FAILED, EXIT_OK, CommandError
+from .console import make_console
 from .demo_data import eval_episodes, train_episodes
 from .entries import load_rows
-from .fmt import Style
 from .replay import replay_one
 
 __all__ = ["add_parser"]
@@ -53,6 +56,7 @@ AMBIGUOUS_RATE = 0.05
 KILL_AFTER = 12  # episodes the producer logs before it is killed
 UPLINK_TIMEOUT_S = 90.0  # for the killed producer's uplink to close its run
 PRODUCER_TIMEOUT_S = 60.0
+EXIT_TERMINATED = 143  # the shells' code for a process ended by SIGTERM
 
 
 @dataclass
@@ -65,20 +69,25 @@ class Check:
 class Demo:
     """One demo: a platform URL, a runs directory, the checks as they pass or fail."""
 
-    def __init__(self, url: str, key: str, workdir: Path, style: Style) -> None:
+    def __init__(self, url: str, key: str, workdir: Path, console: Console) -> None:
         self.url = url
         self.key = key
         self.workdir = workdir
         self.runs = workdir / "runs"
-        self.style = style
+        self.console = console
         self.checks: list[Check] = []
         self.http = httpx.Client(base_url=url, timeout=10.0)
 
     def check(self, what: str, ok: bool, detail: str = "") -> bool:
         self.checks.append(Check(what, ok, detail))
-        mark = self.style.green("✓") if ok else self.style.red("✗")
-        print(f"  {mark} {what}" + (f": {detail}" if detail else ""), flush=True)
+        line = Text("  ")
+        line.append("✓" if ok else "✗", style="green" if ok else "red")
+        line.append(f" {what}" + (f": {detail}" if detail else ""))
+        self.console.print(line)
         return ok
+
+    def heading(self, title: str) -> None:
+        self.console.print(Text(title, style="bold"))
 
     def stored(self, run_id: str) -> dict[str, Any]:
         response = self.http.get(f"/_local/runs/{run_id}")
@@ -102,7 +111,7 @@ class Demo:
     # -- the three runs -----------------------------------------------------------
 
     def eval_run(self) -> None:
-        print(self.style.bold("1. an evaluation run (30 gsm8k episodes, flaky network)"))
+        self.heading("1. an evaluation run (30 gsm8k episodes, flaky network)")
         episodes = eval_episodes()
         run = pr.init(
             name="demo-gsm8k",
@@ -129,7 +138,7 @@ class Demo:
         )
 
     def train_run(self) -> None:
-        print(self.style.bold("2. a training run (4 steps x 3 agentic episodes, flaky network)"))
+        self.heading("2. a training run (4 steps x 3 agentic episodes, flaky network)")
         steps = train_episodes()
         run = pr.init(
             name="demo-train",
@@ -166,11 +175,9 @@ class Demo:
         self.train_local_id = run.journal_path.name if run.journal_path else ""
 
     def crash_and_replay(self) -> None:
-        print(
-            self.style.bold(
-                "3. a producer killed with SIGKILL mid-run: its uplink ships what it logged "
-                "and closes the run"
-            )
+        self.heading(
+            "3. a producer killed with SIGKILL mid-run: its uplink ships what it logged "
+            "and closes the run"
         )
         journal_path, run_id, acked = self._kill_producer()
         if journal_path is None or run_id is None:
@@ -330,76 +337,124 @@ def _demo_environment(url: str, key: str) -> Iterator[None]:
                 os.environ[k] = old
 
 
+class _Terminated(Exception):
+    """SIGTERM arrived: stop the platform and clean up on the way out."""
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
+@contextlib.contextmanager
+def _terminable() -> Iterator[None]:
+    """SIGTERM unwinds like Ctrl-C, so the platform process and the temporary
+    directory never outlive the demo (only the main thread can set handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _where_to_look(console: Console, demo: Demo, url: str, serving: bool, kept: bool) -> None:
+    console.print("where to look:")
+    console.print(
+        f"  the platform's page:   {url}/" + ("" if serving else "  (stopped; see --keep-serving)")
+    )
+    if not kept:
+        console.print(
+            "  the journals were in a temporary directory, removed at the end: "
+            "pass --dir DIR to keep them"
+        )
+        return
+    console.print(f"  the journals:          primeruns ls --runs-dir {demo.runs}")
+    crashed = getattr(demo, "crashed_local_id", None)
+    if crashed:
+        console.print(f"  the crashed run:       primeruns show --runs-dir {demo.runs} {crashed}")
+    train = getattr(demo, "train_local_id", None)
+    if train:
+        console.print(f"  the training curves:   primeruns show --runs-dir {demo.runs} {train}")
+
+
 def run_demo(args: argparse.Namespace) -> int:
     """Start the local platform on a free port (or use --base-url), run a short
     eval and a short training run from bundled data through a flaky network,
     SIGKILL a producer mid-run (its uplink closes it), replay it anyway,
-    verify every record landed exactly
-    once with the right status, and print where to look. Exit 0 if all passed."""
+    verify every record landed exactly once with the right status, and print
+    where to look. Without --dir, everything is in a temporary directory that
+    is removed at the end (with --keep-serving, when the serving stops). Exit 0
+    if all passed."""
     from ..local import LocalPlatform
 
     started = time.monotonic()
-    style = Style(sys.stdout)
+    console = make_console()
+    temporary = not args.dir
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="primeruns-demo-"))
-    workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
     platform: LocalPlatform | None = None
-    if args.base_url:
-        url = args.base_url.rstrip("/")
-        key = resolve_settings().api_key
-        if not key:
-            raise CommandError("--base-url needs the platform's API key in PRIME_API_KEY")
-    else:
-        key = f"demo-{secrets.token_urlsafe(18)}"
-        print(f"starting the local platform (data in {workdir / 'platform'}) ...", flush=True)
-        platform = LocalPlatform(workdir / "platform", api_key=key).start()
-        url = platform.url
     try:
-        with _demo_environment(url, key):
-            demo = Demo(url, key, workdir, style)
-            print(
-                f"platform {url}; injecting faults: {RETRYABLE_RATE:.0%} retryable, "
-                f"{AMBIGUOUS_RATE:.0%} ambiguous (committed, answer lost)",
-                flush=True,
+        with _terminable():
+            workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if args.base_url:
+                url = args.base_url.rstrip("/")
+                key = resolve_settings().api_key
+                if not key:
+                    raise CommandError("--base-url needs the platform's API key in PRIME_API_KEY")
+            else:
+                key = f"demo-{secrets.token_urlsafe(18)}"
+                console.print(f"starting the local platform (data in {workdir / 'platform'}) ...")
+                platform = LocalPlatform(workdir / "platform", api_key=key).start()
+                url = platform.url
+            with _demo_environment(url, key):
+                demo = Demo(url, key, workdir, console)
+                console.print(
+                    f"platform {url}; injecting faults: {RETRYABLE_RATE:.0%} retryable, "
+                    f"{AMBIGUOUS_RATE:.0%} ambiguous (committed, answer lost)"
+                )
+                demo.faults(RETRYABLE_RATE, AMBIGUOUS_RATE)
+                try:
+                    demo.eval_run()
+                    demo.train_run()
+                    demo.crash_and_replay()
+                except (httpx.HTTPError, pr.PrimeRunsError, pr.APIError, KeyError, OSError) as exc:
+                    demo.check("the demo ran to the end", False, f"{type(exc).__name__}: {exc}")
+                finally:
+                    demo.faults(0.0, 0.0)
+                    demo.http.close()
+            passed = all(c.ok for c in demo.checks)
+            elapsed = time.monotonic() - started
+            console.print()
+            verdict = (
+                Text("all checks passed", style="green")
+                if passed
+                else Text("some checks FAILED", style="red")
             )
-            demo.faults(RETRYABLE_RATE, AMBIGUOUS_RATE)
-            try:
-                demo.eval_run()
-                demo.train_run()
-                demo.crash_and_replay()
-            except (httpx.HTTPError, pr.PrimeRunsError, pr.APIError, KeyError, OSError) as exc:
-                demo.check("the demo ran to the end", False, f"{type(exc).__name__}: {exc}")
-            finally:
-                demo.faults(0.0, 0.0)
-                demo.http.close()
-        passed = all(c.ok for c in demo.checks)
-        elapsed = time.monotonic() - started
-        print()
-        verdict = style.green("all checks passed") if passed else style.red("some checks FAILED")
-        print(f"{verdict} ({sum(c.ok for c in demo.checks)}/{len(demo.checks)}, {elapsed:.1f} s)")
-        print("where to look:")
-        print(
-            f"  the platform's page:   {url}/"
-            + ("" if args.keep_serving or platform is None else "  (stopped; see --keep-serving)")
-        )
-        print(f"  the journals:          primeruns ls --runs-dir {demo.runs}")
-        crashed = getattr(demo, "crashed_local_id", None)
-        if crashed:
-            print(f"  the crashed run:       primeruns show --runs-dir {demo.runs} {crashed}")
-        train = getattr(demo, "train_local_id", None)
-        if train:
-            print(f"  the training curves:   primeruns show --runs-dir {demo.runs} {train}")
-        if args.json_report:
-            report = [{"what": c.what, "ok": c.ok, "detail": c.detail} for c in demo.checks]
-            Path(args.json_report).write_text(json.dumps(report, indent=2))
-        if args.keep_serving and platform is not None:
-            print(f"serving {url}/ until Ctrl-C ...", flush=True)
-            with contextlib.suppress(KeyboardInterrupt):
-                while platform.returncode is None:
-                    time.sleep(0.5)
-        return EXIT_OK if passed else EXIT_FAILED
+            verdict.append(
+                f" ({sum(c.ok for c in demo.checks)}/{len(demo.checks)}, {elapsed:.1f} s)"
+            )
+            console.print(verdict)
+            serving = args.keep_serving and platform is not None
+            _where_to_look(
+                console, demo, url, serving or platform is None, not temporary or serving
+            )
+            if args.json_report:
+                report = [{"what": c.what, "ok": c.ok, "detail": c.detail} for c in demo.checks]
+                Path(args.json_report).write_text(json.dumps(report, indent=2))
+            if serving and platform is not None:
+                console.print(f"serving {url}/ until Ctrl-C or SIGTERM ...")
+                with contextlib.suppress(KeyboardInterrupt, _Terminated):
+                    platform.wait()
+            return EXIT_OK if passed else EXIT_FAILED
+    except _Terminated:
+        print("primeruns demo: terminated; the platform is stopped", file=sys.stderr)
+        return EXIT_TERMINATED
     finally:
         if platform is not None:
             platform.stop()
+        if temporary:
+            shutil.rmtree(workdir, ignore_errors=True)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -410,10 +465,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     parser.add_argument("--base-url", help="use this (primeruns serve) platform instead")
     parser.add_argument(
-        "--keep-serving", action="store_true", help="keep the local platform up afterwards"
+        "--keep-serving",
+        action="store_true",
+        help="keep the local platform up afterwards, until Ctrl-C or SIGTERM",
     )
     parser.add_argument(
-        "--dir", help="where to put the demo's runs and data (default: a new temp dir)"
+        "--dir",
+        help="where to put the demo's runs and data, kept afterwards "
+        "(default: a temporary directory, removed at the end)",
     )
     parser.add_argument("--json-report", metavar="FILE", help=argparse.SUPPRESS)
     parser.set_defaults(handler=run_demo)

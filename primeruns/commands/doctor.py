@@ -1,28 +1,33 @@
 """``primeruns doctor``: is this machine ready to journal and ship runs?
 
 Checks the runs directory (filesystem type, free space, permissions), the
-settings and where each came from (the API key only ever masked), and whether
-the platform and traces endpoints answer. It reports; it never crashes on
-what it finds. Exit 0 when every check passed, 1 otherwise.
+config file (a broken one is reported, not ignored), the settings and where
+each came from (the API key only ever masked), whether the platform and
+traces endpoints answer, and whether they accept the API key (one
+authenticated read each). It reports; it never crashes on what it finds.
+Exit 0 when every check passed, 1 otherwise; ``--json`` gives the checks as
+one document.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import stat
-import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
+from rich.text import Text
 
-from ..exceptions import ConfigurationError
+from ..exceptions import APIError, ConfigurationError, ForbiddenError, UnauthorizedError
 from ..journal.fsinfo import network_fs_type
-from ..platform import resolve_settings
-from ..platform.settings import MODE_ENV, mask_key
-from .common import EXIT_FAILED, EXIT_OK, add_runs_dir, runs_dir_of, statuses
-from .fmt import Style, human_bytes
+from ..platform import PlatformClient, Settings, resolve_settings
+from ..platform.settings import MODE_ENV, config_file_path, mask_key
+from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, runs_dir_of, statuses
+from .console import emit_json, human_bytes, make_console
 
 __all__ = ["add_parser"]
 
@@ -30,19 +35,37 @@ _LOW_SPACE = 1 << 30
 
 
 class _Checks:
-    def __init__(self, style: Style) -> None:
-        self.style = style
+    """The checks as they are made: printed at once, or kept for ``--json``."""
+
+    def __init__(self, *, quiet: bool) -> None:
+        self.console = make_console()
+        self.quiet = quiet
+        self.results: list[dict[str, str]] = []
+        self.section = ""
         self.failed = 0
 
+    def heading(self, title: str) -> None:
+        self.section = title
+        if not self.quiet:
+            self.console.print(Text(title, style="bold"))
+
+    def _add(self, result: str, style: str, text: str) -> None:
+        self.results.append({"section": self.section, "result": result, "detail": text})
+        if not self.quiet:
+            line = Text("  ")
+            line.append(f"{result:<6}", style=style)
+            line.append(text)
+            self.console.print(line)
+
     def ok(self, text: str) -> None:
-        print(f"  {self.style.green('ok')}    {text}")
+        self._add("ok", "green", text)
 
     def warn(self, text: str) -> None:
-        print(f"  {self.style.yellow('warn')}  {text}")
+        self._add("warn", "yellow", text)
 
     def fail(self, text: str) -> None:
         self.failed += 1
-        print(f"  {self.style.red('FAIL')}  {text}")
+        self._add("FAIL", "red", text)
 
 
 def _existing_parent(path: Path) -> Path:
@@ -90,60 +113,138 @@ def _check_runs_dir(runs_dir: Path, checks: _Checks) -> None:
         checks.ok(line)
 
 
-def _reach(name: str, url: str, timeout: float, checks: _Checks) -> None:
+def _check_config_file(checks: _Checks) -> None:
+    path = config_file_path()
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        checks.ok(f"{path}: none (settings come from the environment)")
+        return
+    except OSError as exc:
+        checks.fail(f"{path} cannot be read ({exc.strerror}): its settings are ignored")
+        return
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        checks.fail(f"{path} is not valid JSON ({exc}): its settings are ignored; fix or remove it")
+        return
+    if not isinstance(data, dict):
+        checks.fail(f"{path} holds a JSON {type(data).__name__}, not an object: it is ignored")
+        return
+    checks.ok(f"{path} read ({len(data)} setting(s))")
+    mode = stat.S_IMODE(path.stat().st_mode)
+    if data.get("api_key") and mode & 0o077:
+        checks.warn(f"{path} holds an API key and is readable by others (mode {mode:o}): chmod 600")
+
+
+def _reach(name: str, url: str, timeout: float, checks: _Checks) -> bool:
     try:
         response = httpx.get(url, timeout=timeout, follow_redirects=False)
     except httpx.HTTPError as exc:
         checks.fail(f"{name} {url} unreachable: {type(exc).__name__}: {exc}")
-        return
-    # Any HTTP answer means the endpoint is there; the status is for the user.
+        return False
+    # Any HTTP answer means the endpoint is there; the key is checked next.
     checks.ok(f"{name} {url} answered HTTP {response.status_code}")
+    return True
 
 
-def run_doctor(args: argparse.Namespace) -> int:
-    """Check the runs directory (filesystem, free space, permissions), the
-    settings and where each came from (key masked), and that the platform and
-    traces endpoints answer. Exit 0 if every check passed."""
-    style = Style(sys.stdout)
-    checks = _Checks(style)
-    runs_dir = runs_dir_of(args)
-    print(style.bold("runs directory"))
-    _check_runs_dir(runs_dir, checks)
-    print(style.bold("settings"))
+def _check_key(settings: Settings, timeout: float, checks: _Checks, *, traces: bool) -> None:
+    """One authenticated read: does the endpoint accept this key?"""
+    client = PlatformClient(settings)
     try:
-        settings = resolve_settings(base_url=args.base_url)
-    except ConfigurationError as exc:
-        checks.fail(f"settings cannot be resolved: {exc}")
-        return EXIT_FAILED
+        if traces:
+            client.traces("GET", "/runs", params={"limit": 1})
+        else:
+            client.api("GET", "/evaluations/", params={"limit": 1}, within=timeout)
+    except UnauthorizedError:
+        where = "Prime Traces" if traces else "the platform"
+        checks.fail(f"{where} refused the API key (401): check PRIME_API_KEY")
+    except ForbiddenError as exc:
+        if traces:
+            # The common case: Prime Traces is allowlisted per team.
+            checks.warn(
+                "Prime Traces is not enabled for this account (403): episodes go to "
+                "evaluations only, and nothing is lost"
+            )
+        else:
+            checks.fail(f"the platform accepted the key but refused the read (403): {exc}")
+    except APIError as exc:
+        checks.fail(f"an authenticated read failed: {exc}")
+    else:
+        checks.ok(
+            "Prime Traces accepts the API key" if traces else "the platform accepts the API key"
+        )
+    finally:
+        client.close()
+
+
+def _settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
     src = settings.sources
-    rows = [
-        ("api key", mask_key(settings.api_key), src.get("api_key")),
-        ("base url", settings.api_root, src.get("base_url")),
-        ("traces url", settings.traces_url, src.get("traces_url")),
-        ("team id", settings.team_id or "(none)", src.get("team_id")),
-        ("frontend", settings.frontend_url, src.get("frontend_url")),
-        ("traces opt-out", str(settings.traces_opt_out), src.get("traces_opt_out")),
+    return [
+        ("api key", mask_key(settings.api_key), str(src.get("api_key"))),
+        ("base url", settings.api_root, str(src.get("base_url"))),
+        ("traces url", settings.traces_url, str(src.get("traces_url"))),
+        ("team id", settings.team_id or "(none)", str(src.get("team_id"))),
+        ("frontend", settings.frontend_url, str(src.get("frontend_url"))),
+        ("traces opt-out", str(settings.traces_opt_out), str(src.get("traces_opt_out"))),
         (
             "mode",
             os.environ.get(MODE_ENV) or "(auto)",
             MODE_ENV if os.environ.get(MODE_ENV) else "default",
         ),
     ]
-    for label, value, source in rows:
-        print(f"  {label:<15} {value}  {style.dim('(' + str(source) + ')')}")
-    if not settings.api_key:
-        checks.warn("no API key: runs are disabled unless mode='offline'")
-    print(style.bold("reachability"))
-    _reach("platform", settings.origin, args.timeout, checks)
+
+
+def run_doctor(args: argparse.Namespace) -> int:
+    """Check the runs directory (filesystem, free space, permissions), the
+    config file, the settings and where each came from (key masked), that the
+    platform and traces endpoints answer and accept the API key. Exit 0 if
+    every check passed."""
+    checks = _Checks(quiet=args.json)
+    runs_dir = runs_dir_of(args)
+    checks.heading("runs directory")
+    _check_runs_dir(runs_dir, checks)
+    checks.heading("settings")
+    _check_config_file(checks)
+    document: dict[str, Any] = {"checks": checks.results, "settings": {}}
+    try:
+        settings = resolve_settings(base_url=args.base_url)
+    except ConfigurationError as exc:
+        checks.fail(f"settings cannot be resolved: {exc}")
+        return _finish(checks, document)
+    for label, value, source in _settings_rows(settings):
+        document["settings"][label] = {"value": value, "source": source}
+        if not args.json:
+            line = Text(f"  {label:<15} {value}  ")
+            line.append(f"({source})", style="dim")
+            checks.console.print(line)
+    checks.heading("reachability")
+    platform_up = _reach("platform", settings.origin, args.timeout, checks)
+    traces_up = True
     if settings.traces_opt_out:
         checks.ok("traces: opted out, not checked")
     else:
-        _reach("traces", settings.traces_url, args.timeout, checks)
-    if checks.failed:
-        print(style.red(f"{checks.failed} check(s) failed"))
-        return EXIT_FAILED
-    print(style.green("all checks passed"))
-    return EXIT_OK
+        traces_up = _reach("traces", settings.traces_url, args.timeout, checks)
+    if not settings.api_key:
+        checks.warn("no API key: runs are disabled unless mode='offline'")
+    else:
+        checks.heading("API key")
+        if platform_up:
+            _check_key(settings, args.timeout, checks, traces=False)
+        if traces_up and not settings.traces_opt_out:
+            _check_key(settings, args.timeout, checks, traces=True)
+    return _finish(checks, document)
+
+
+def _finish(checks: _Checks, document: dict[str, Any]) -> int:
+    code = EXIT_FAILED if checks.failed else EXIT_OK
+    if checks.quiet:
+        emit_json({**document, "failed": checks.failed, "exit_code": code})
+    elif checks.failed:
+        checks.console.print(Text(f"{checks.failed} check(s) failed", style="red"))
+    else:
+        checks.console.print(Text("all checks passed", style="green"))
+    return code
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -157,4 +258,5 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument(
         "--timeout", type=float, default=3.0, metavar="S", help="HTTP timeout (default 3 s)"
     )
+    add_json(parser, "the checks and settings")
     parser.set_defaults(handler=run_doctor)

@@ -11,11 +11,20 @@ from __future__ import annotations
 
 import argparse
 import re
+from typing import Any
 
 from ..exceptions import JournalError, JournalLockedError
 from ..journal import delete_journal
-from .common import EXIT_FAILED, EXIT_OK, RunStatus, add_runs_dir, runs_dir_of, statuses
-from .fmt import human_age, human_bytes
+from .common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    RunStatus,
+    add_json,
+    add_runs_dir,
+    runs_dir_of,
+    statuses,
+)
+from .console import emit_json, human_age, human_bytes
 
 __all__ = ["add_parser", "parse_duration"]
 
@@ -49,37 +58,41 @@ def run_gc(args: argparse.Namespace) -> int:
     """Delete journals older than --older-than that are fully shipped and closed
     out. Never one with pending records (unless --force), never a live one."""
     runs_dir = runs_dir_of(args)
-    deleted = kept = 0
-    freed = 0
+    report: dict[str, list[dict[str, Any]]] = {"deleted": [], "kept": [], "failed": []}
+    say = (lambda line: None) if args.json else print
     code = EXIT_OK
     for status in statuses(runs_dir):
         info = status.info
+        entry = {"local_id": info.local_id, "state": status.state, "size_bytes": info.size_bytes}
         reason = _verdict(status, args.older_than, args.force)
+        raced = False  # its owner started after the listing: always said
+        if reason is None and not args.dry_run:
+            try:
+                delete_journal(info.path)
+            except JournalLockedError as exc:
+                reason, raced = str(exc), True
+            except (JournalError, OSError) as exc:
+                report["failed"].append({**entry, "error": str(exc)})
+                say(f"failed  {info.local_id}: {exc}")
+                code = EXIT_FAILED
+                continue
         if reason is not None:
-            kept += 1
-            if args.verbose:
-                print(f"keep    {info.local_id}: {reason}")
+            report["kept"].append({**entry, "reason": reason})
+            if args.verbose or raced:
+                say(f"keep    {info.local_id}: {reason}")
             continue
-        if args.dry_run:
-            print(f"would delete {info.local_id} ({status.state}, {human_bytes(info.size_bytes)})")
-            deleted += 1
-            freed += info.size_bytes
-            continue
-        try:
-            delete_journal(info.path)
-        except JournalLockedError as exc:
-            kept += 1
-            print(f"keep    {info.local_id}: {exc}")
-            continue
-        except (JournalError, OSError) as exc:
-            print(f"failed  {info.local_id}: {exc}")
-            code = EXIT_FAILED
-            continue
-        print(f"deleted {info.local_id} ({status.state}, {human_bytes(info.size_bytes)})")
-        deleted += 1
-        freed += info.size_bytes
-    verb = "would delete" if args.dry_run else "deleted"
-    print(f"{verb} {deleted} journal(s), {human_bytes(freed)}; kept {kept}")
+        report["deleted"].append(entry)
+        verb = "would delete" if args.dry_run else "deleted"
+        say(f"{verb} {info.local_id} ({status.state}, {human_bytes(info.size_bytes)})")
+    freed = sum(e["size_bytes"] for e in report["deleted"])
+    if args.json:
+        emit_json({"dry_run": args.dry_run, "freed_bytes": freed, **report})
+    else:
+        verb = "would delete" if args.dry_run else "deleted"
+        print(
+            f"{verb} {len(report['deleted'])} journal(s), {human_bytes(freed)}; "
+            f"kept {len(report['kept'])}"
+        )
     return code
 
 
@@ -102,4 +115,5 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="also delete journals with pending records or never closed out (data is lost)",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="say why each run is kept")
+    add_json(parser, "what was deleted and kept (with why)")
     parser.set_defaults(handler=run_gc)

@@ -1,18 +1,29 @@
 """``primeruns ls``: every journal under the runs directory, one line each.
 
 Read-only and lock-free, so it works while runs are live; a journal that
-cannot be read is listed as damaged rather than failing the listing.
+cannot be read is listed as damaged rather than failing the listing. Each
+line says how the run ended (its outcome) apart from where its shipping
+stands, what it logged in the user's units, and what it lost.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import sys
+from collections.abc import Callable
 from typing import Any
 
-from .common import EXIT_OK, RunStatus, add_runs_dir, runs_dir_of, statuses
-from .fmt import Style, human_age, human_bytes, table
+from rich.table import Table
+from rich.text import Text
+
+from .common import EXIT_OK, RunStatus, add_json, add_runs_dir, runs_dir_of, statuses
+from .console import (
+    emit_json,
+    human_age,
+    human_bytes,
+    make_console,
+    outcome_text,
+    shipping_text,
+)
 
 __all__ = ["add_parser", "as_json"]
 
@@ -27,10 +38,16 @@ def as_json(status: RunStatus) -> dict[str, Any]:
         "kind": status.spec.get("kind"),
         "name": status.spec.get("name"),
         "mode": status.spec.get("mode"),
+        "outcome": status.outcome,
+        "shipping": status.shipping,
         "state": status.state,
-        "records": info.last_seq,
+        "counts": status.counts,
+        "entries": info.last_seq,
         "pending": status.pending,
-        "losses": {k: int(v.get("count", 0)) for k, v in info.losses.items()},
+        "losses": {
+            sink: {"count": int(loss.get("count", 0)), "reasons": list(loss.get("reasons") or [])}
+            for sink, loss in info.losses.items()
+        },
         "size_bytes": info.size_bytes,
         "modified": info.modified,
         "age_s": round(status.age_s, 1),
@@ -39,44 +56,74 @@ def as_json(status: RunStatus) -> dict[str, Any]:
     }
 
 
-def _pending_text(status: RunStatus) -> str:
-    parts = [f"{k}:{v}" for k, v in status.pending.items() if v]
-    return " ".join(parts) if parts else "-"
+def _logged(status: RunStatus) -> str:
+    counts = status.counts
+    units = [("episodes", "episodes"), ("traces", "traces"), ("metrics", "metric rows")]
+    parts = [f"{counts[key]} {label}" for key, label in units if counts[key]]
+    return ", ".join(parts) if parts else "-"
+
+
+# Each column: its header, how to fill a cell, and its options; listed in the
+# order they are dropped last to first when the terminal is too narrow.
+_Column = tuple[str, Callable[[RunStatus], Text], dict[str, Any]]
+_COLUMNS: list[_Column] = [
+    ("LOCAL ID", lambda s: Text(s.info.local_id), {"no_wrap": True}),
+    ("OUTCOME", lambda s: outcome_text(s.outcome), {"no_wrap": True}),
+    ("SHIPPING", lambda s: shipping_text(s.shipping), {"no_wrap": True}),
+    ("NAME", lambda s: Text(str(s.spec.get("name") or "-")), {"max_width": 32}),
+    ("LOGGED", lambda s: Text(_logged(s)), {}),
+    ("LOST", lambda s: Text(str(s.losses_total), style="red") if s.losses_total else Text("-"),
+     {"justify": "right"}),
+    ("KIND", lambda s: Text(str(s.spec.get("kind") or "?")), {}),
+    ("AGE", lambda s: Text(human_age(s.age_s)), {"justify": "right", "no_wrap": True}),
+    ("SIZE", lambda s: Text(human_bytes(s.info.size_bytes)), {"justify": "right", "no_wrap": True}),
+    ("RUN ID", lambda s: Text(str(s.platform.get("run_id") or "-")), {"no_wrap": True}),
+]  # fmt: skip
+_SHOWN_ORDER = ["LOCAL ID", "RUN ID", "KIND", "NAME", "OUTCOME", "SHIPPING", "LOGGED", "LOST"]
+
+
+def _table(found: list[RunStatus], columns: list[_Column]) -> Table:
+    order = {name: i for i, name in enumerate([*_SHOWN_ORDER, "SIZE", "AGE"])}
+    shown = sorted(columns, key=lambda c: order[c[0]])
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for header, _, options in shown:
+        table.add_column(header, overflow="ellipsis", **options)
+    for status in found:
+        table.add_row(*(cell(status) for _, cell, _ in shown))
+    return table
+
+
+def _fitting_table(found: list[RunStatus], width: int, measure: Callable[[Table], int]) -> Table:
+    """The table with as many columns as fit ``width`` at their natural width (so
+    nothing wraps), the least needed dropped first."""
+    columns = list(_COLUMNS)
+    table = _table(found, columns)
+    while len(columns) > 3 and measure(table) > width:
+        columns.pop()
+        table = _table(found, columns)
+    return table
 
 
 def run_ls(args: argparse.Namespace) -> int:
-    """List every run journal: ids, platform URL, kind, name, state, records,
-    pending entries per sink, size on disk and age. Safe while runs are live."""
+    """List every run journal: ids, kind, name, outcome (running, completed,
+    failed, crashed), shipping (shipped, N pending, offline, not closed out),
+    what it logged, losses, size and age. Safe while runs are live."""
     runs_dir = runs_dir_of(args)
     found = statuses(runs_dir)
     if args.json:
-        json.dump([as_json(s) for s in found], sys.stdout, indent=2)
-        sys.stdout.write("\n")
+        emit_json([as_json(s) for s in found])
         return EXIT_OK
-    style = Style(sys.stdout)
+    console = make_console()
     if not found:
-        print(f"no runs under {runs_dir}")
+        console.print(Text(f"no runs under {runs_dir}"))
         return EXIT_OK
-    rows = []
-    for s in found:
-        state = "damaged" if s.info.damage and not s.info.meta else s.state
-        rows.append(
-            [
-                s.info.local_id,
-                str(s.platform.get("run_id") or "-"),
-                str(s.spec.get("kind") or "?"),
-                str(s.spec.get("name") or "-"),
-                style.state(state),
-                str(s.info.last_seq),
-                _pending_text(s),
-                human_bytes(s.info.size_bytes),
-                human_age(s.age_s),
-                str(s.platform.get("url") or "-"),
-            ]
-        )
-    headers = ["LOCAL ID", "RUN ID", "KIND", "NAME", "STATE", "RECORDS", "PENDING", "SIZE"]
-    print(table([*headers, "AGE", "URL"], rows, style))
-    print(style.dim(f"{len(found)} run(s) under {runs_dir}"))
+    table = _fitting_table(
+        found,
+        console.width,
+        lambda t: console.measure(t, options=console.options.update_width(1 << 16)).maximum,
+    )
+    console.print(table)
+    console.print(Text(f"{len(found)} run(s) under {runs_dir}", style="dim"))
     return EXIT_OK
 
 
@@ -85,5 +132,5 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "ls", help="list run journals and their state", description=run_ls.__doc__
     )
     add_runs_dir(parser)
-    parser.add_argument("--json", action="store_true", help="print a JSON array instead")
+    add_json(parser, "a JSON array of the runs")
     parser.set_defaults(handler=run_ls)

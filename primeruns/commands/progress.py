@@ -1,44 +1,81 @@
-"""The progress line of ``replay``/``sync``: records and bytes shipped, pending per sink.
+"""The progress bars of ``replay``/``sync``: one per sink that will ship, in records.
 
-On a terminal it redraws one line in place (at most ~10 times a second); on a
-pipe or a file it prints only the final state, so logs stay readable.
+Each bar counts what its sink has to ship in the user's units (episodes,
+traces, metric rows), with the percentage, the rate and the time left. A sink
+that is off (opted out, not enabled for the account) gets no bar, and one that
+stops on the way says why. rich draws them in place on a terminal; on a pipe
+or a file only the final state is printed, so logs stay readable.
 """
 
 from __future__ import annotations
 
-import time
+from collections.abc import Mapping
 from typing import TextIO
 
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    ProgressColumn,
+    Task,
+    TaskID,
+    TaskProgressColumn,
+    TextColumn,
+    TimeRemainingColumn,
+)
+from rich.progress import Progress as Bars
+from rich.text import Text
+
 from ..ship.uplink import Progress
-from .fmt import Style, human_bytes
+from .console import make_console
 
-__all__ = ["ProgressLine"]
+__all__ = ["ShipProgress"]
 
 
-class ProgressLine:
-    def __init__(self, stream: TextIO, label: str) -> None:
-        self._stream = stream
-        self._label = label
-        self._live = Style(stream).enabled
-        self._last_draw = 0.0
-        self._last: Progress | None = None
+class _Rate(ProgressColumn):
+    """Records a second, in the task's own unit."""
 
-    def _text(self, p: Progress) -> str:
-        pending = ", ".join(f"{k} {v}" for k, v in sorted(p.pending.items()) if v)
-        tail = f"; pending: {pending}" if pending else ""
-        return f"  {self._label}: {p.records} records, {human_bytes(p.bytes)}{tail}"
+    def render(self, task: Task) -> Text:
+        speed = task.finished_speed or task.speed
+        unit = task.fields.get("unit", "records")
+        return Text("" if speed is None else f"{speed:,.1f} {unit}/s", style="dim")
+
+
+class ShipProgress:
+    """Called with the uplink's ``Progress``; ``totals`` are the records each
+    sink that will ship has to ship, ``units`` what they are."""
+
+    def __init__(self, stream: TextIO, totals: Mapping[str, int], units: Mapping[str, str]) -> None:
+        self._bars = Bars(
+            TextColumn("  {task.description:<14}"),
+            BarColumn(bar_width=24),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[unit]}"),
+            TaskProgressColumn(),
+            _Rate(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[note]}", style="yellow"),
+            console=make_console(stream),
+            auto_refresh=False,
+        )
+        self._tasks: dict[str, TaskID] = {
+            sink: self._bars.add_task(
+                sink, total=max(total, 0), unit=units.get(sink, "records"), note=""
+            )
+            for sink, total in totals.items()
+        }
+        self._bars.start()
 
     def __call__(self, progress: Progress) -> None:
-        self._last = progress
-        now = time.monotonic()
-        if self._live and now - self._last_draw >= 0.1:
-            self._last_draw = now
-            self._stream.write("\r\x1b[K" + self._text(progress))
-            self._stream.flush()
+        for sink, task in self._tasks.items():
+            total = self._bars.tasks[task].total or 0
+            note = progress.stopped.get(sink)
+            self._bars.update(
+                task,
+                completed=min(progress.sent.get(sink, 0), total),
+                note=f"stopped: {note}" if note else "",
+            )
+        self._bars.refresh()
 
     def done(self) -> None:
-        if self._last is None:
-            return
-        prefix = "\r\x1b[K" if self._live else ""
-        self._stream.write(prefix + self._text(self._last) + "\n")
-        self._stream.flush()
+        self._bars.refresh()
+        self._bars.stop()

@@ -15,10 +15,15 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.text import Text
 
 from ..exceptions import JournalCorruptError, JournalError, JournalLockedError
-from ..journal import Journal, list_journals
+from ..journal import EntryKind, Journal, journal_info
+from ..platform import Settings
+from ..ship.factory import sink_kinds
 from ..ship.uplink import ShipReport, journal_settings, ship_journal
 from .common import (
     EXIT_DAMAGED,
@@ -28,14 +33,15 @@ from .common import (
     EXIT_USAGE,
     CommandError,
     RunStatus,
+    add_json,
     add_runs_dir,
     describe,
     resolve_run,
     runs_dir_of,
     statuses,
 )
-from .fmt import Style, human_bytes
-from .progress import ProgressLine
+from .console import emit_json, human_bytes, make_console
+from .progress import ShipProgress
 
 __all__ = ["add_parser", "describe_plan", "replay_one"]
 
@@ -43,10 +49,25 @@ _MAX_DAMAGE_LINES = 5
 
 
 def _status_of(path: Path) -> RunStatus:
-    for info in list_journals(path.parent):
-        if info.path == path:
-            return describe(info)
-    raise CommandError(f"{path} is not a prime-runs journal")
+    return describe(journal_info(path))
+
+
+def _units(kinds: frozenset[EntryKind], status: RunStatus) -> str:
+    if kinds == {EntryKind.METRICS}:
+        return "metric rows"
+    return "records" if EntryKind.TRACE in kinds and status.counts["traces"] else "episodes"
+
+
+def shipping_plan(status: RunStatus, settings: Settings) -> dict[str, tuple[int, str]]:
+    """Per sink that will ship (not off, not opted out), the records it has
+    left to ship and what they are."""
+    plan: dict[str, tuple[int, str]] = {}
+    for sink, kinds in sink_kinds(str(status.spec.get("kind") or "eval")).items():
+        pending = status.pending.get(sink)
+        if not isinstance(pending, int) or (sink == "traces" and settings.traces_opt_out):
+            continue
+        plan[sink] = (pending, _units(kinds, status))
+    return plan
 
 
 def describe_plan(status: RunStatus) -> list[str]:
@@ -58,8 +79,8 @@ def describe_plan(status: RunStatus) -> list[str]:
         lines.append("would register the run on the platform (it never was)")
     pending = {k: v for k, v in status.pending.items() if v}
     if pending:
-        parts = ", ".join(f"{k} {v}" for k, v in pending.items())
-        lines.append(f"would ship pending entries: {parts}")
+        parts = ", ".join(f"{v} to {k}" for k, v in pending.items())
+        lines.append(f"would ship pending records: {parts}")
     else:
         lines.append("nothing pending to ship")
     if status.finalized:
@@ -73,37 +94,68 @@ def describe_plan(status: RunStatus) -> list[str]:
     return lines
 
 
-def _report(report: ShipReport, style: Style, out: TextIO) -> int:
-    code = EXIT_OK
-    where = report.url or report.run_id or "(not registered)"
+def report_json(report: ShipReport, code: int) -> dict[str, Any]:
+    return {
+        "path": str(report.path),
+        "local_id": report.local_id,
+        "run_id": report.run_id,
+        "url": report.url,
+        "status": report.status,
+        "ok": report.ok,
+        "exit_code": code,
+        "records": report.records,
+        "bytes": report.bytes,
+        "pending": report.pending,
+        "closed_out": report.finalized,
+        "losses": report.losses,
+        "damage": [d.what for d in report.damaged],
+        "errors": report.errors,
+    }
+
+
+def _exit_code(report: ShipReport) -> int:
+    if not report.ok:
+        return EXIT_FAILED
+    return EXIT_DAMAGED if report.damaged else EXIT_OK
+
+
+def _report(report: ShipReport, plan: dict[str, tuple[int, str]], console: Console) -> None:
+    where = report.url or report.run_id or "not registered"
     if report.damaged:
-        code = EXIT_DAMAGED
-        out.write(
-            style.red(f"  damaged: {len(report.damaged)} problem(s); intact entries were shipped\n")
+        console.print(
+            Text(
+                f"  damaged: {len(report.damaged)} problem(s); intact entries were shipped",
+                style="red",
+            )
         )
         for d in report.damaged[:_MAX_DAMAGE_LINES]:
-            out.write(f"    - {d.what}\n")
+            console.print(Text(f"    - {d.what}"))
         if len(report.damaged) > _MAX_DAMAGE_LINES:
-            out.write(f"    ... and {len(report.damaged) - _MAX_DAMAGE_LINES} more\n")
+            console.print(Text(f"    ... and {len(report.damaged) - _MAX_DAMAGE_LINES} more"))
     for sink, loss in report.losses.items():
         reasons = "; ".join(loss.get("reasons") or []) or "no reason recorded"
-        out.write(style.yellow(f"  lost {loss.get('count', 0)} for {sink}: {reasons}\n"))
+        console.print(Text(f"  lost {loss.get('count', 0)} for {sink}: {reasons}", style="yellow"))
     for error in report.errors:
-        out.write(style.red(f"  error: {error}\n"))
+        console.print(Text(f"  error: {error}", style="red"))
     if report.ok:
-        out.write(
-            style.green("  done")
-            + f": {report.records} records ({human_bytes(report.bytes)}) shipped; "
-            f"run closed out as {report.status}: {where}\n"
+        line = Text("  done", style="green")
+        shipped = ", ".join(f"{n} {unit} to {sink}" for sink, (n, unit) in plan.items() if n)
+        line.append(
+            f": {shipped or 'nothing was left to ship'} ({human_bytes(report.bytes)}); "
+            f"run closed out as {report.status}: {where}"
         )
-        return code
+        console.print(line)
+        return
     if report.pending:
         parts = ", ".join(f"{k} {v}" for k, v in report.pending.items())
-        out.write(style.red(f"  incomplete: still pending {parts}") + f" ({where})\n")
-    elif not report.finalized:
-        out.write(style.red("  incomplete: the run could not be closed out") + f" ({where})\n")
-    out.write("  the journal keeps everything not shipped: run the command again to retry\n")
-    return EXIT_FAILED
+        line = Text(f"  incomplete: still pending {parts}", style="red")
+    else:
+        line = Text("  incomplete: the run could not be closed out", style="red")
+    line.append(f" ({where})")
+    console.print(line)
+    console.print(
+        Text("  the journal keeps everything not shipped: run the command again to retry")
+    )
 
 
 def replay_one(
@@ -113,15 +165,17 @@ def replay_one(
     timeout: float = 3600.0,
     out: TextIO | None = None,
     err: TextIO | None = None,
+    results: list[dict[str, Any]] | None = None,
 ) -> int:
     """Ship one journal and close its run out, printing progress and the result.
 
     Returns the exit code (see the module doc); never raises for a locked,
-    damaged or unreachable case.
+    damaged or unreachable case. With ``results`` given, the outcome is
+    appended there as a JSON object and only progress is printed (to ``err``).
     """
     out = out or sys.stdout
     err = err or sys.stderr
-    style = Style(out)
+    console = make_console(err if results is not None else out)
     try:
         with Journal.open(path, owner=False) as journal:
             settings = journal_settings(journal, base_url=base_url)
@@ -137,10 +191,17 @@ def replay_one(
             "to ship runs\n"
         )
         return EXIT_USAGE
-    out.write(style.bold(f"{path.name}") + f" -> {settings.api_root}\n")
-    bar = ProgressLine(out, "shipped")
+    plan = shipping_plan(_status_of(path), settings)
+    head = Text(path.name, style="bold")
+    head.append(f" -> {settings.api_root}")
+    console.print(head)
+    bars = ShipProgress(
+        err if results is not None else out,
+        {sink: total for sink, (total, _) in plan.items()},
+        {sink: unit for sink, (_, unit) in plan.items()},
+    )
     try:
-        report = ship_journal(path, settings=settings, timeout=timeout, progress=bar)
+        report = ship_journal(path, settings=settings, timeout=timeout, progress=bars)
     except JournalLockedError as exc:
         who = exc.owner or "another process"
         err.write(
@@ -154,8 +215,14 @@ def replay_one(
     except JournalError as exc:
         err.write(f"{path}: {exc}\n")
         return EXIT_USAGE
-    bar.done()
-    return _report(report, style, out)
+    finally:
+        bars.done()
+    code = _exit_code(report)
+    if results is not None:
+        results.append(report_json(report, code))
+    else:
+        _report(report, plan, console)
+    return code
 
 
 def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
@@ -174,26 +241,39 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
 
 def _run(args: argparse.Namespace, *, offline: bool) -> int:
     targets = _targets(args, offline=offline)
+    results: list[dict[str, Any]] | None = [] if args.json else None
     what = "offline runs to sync" if offline else "runs to replay"
     if not targets:
-        print(f"no {what} under {runs_dir_of(args)}")
+        if results is not None:
+            emit_json(results)
+        else:
+            print(f"no {what} under {runs_dir_of(args)}")
         return EXIT_OK
+    console = make_console()
     worst = EXIT_OK
     for path in targets:
         if args.dry_run:
             status = _status_of(path)
-            print(Style(sys.stdout).bold(path.name) + f" ({status.state})")
-            for line in describe_plan(status):
-                print(f"  {line}")
+            plan = describe_plan(status)
+            if results is not None:
+                results.append({"path": str(path), "state": status.state, "plan": plan})
+            else:
+                line = Text(path.name, style="bold")
+                line.append(f" ({status.state})")
+                console.print(line)
+                for sentence in plan:
+                    console.print(Text(f"  {sentence}"))
             if status.info.owner_alive:
                 worst = max(worst, EXIT_LOCKED)
             continue
         try:
-            code = replay_one(path, base_url=args.base_url, timeout=args.timeout)
+            code = replay_one(path, base_url=args.base_url, timeout=args.timeout, results=results)
         except Exception as exc:  # one journal's trouble must not strand the others
             print(f"{path}: not shipped: {type(exc).__name__}: {exc}", file=sys.stderr)
             code = EXIT_FAILED
         worst = max(worst, code)
+    if results is not None:
+        emit_json(results)
     return worst
 
 
@@ -223,6 +303,7 @@ def _common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--dry-run", action="store_true", help="say what would be shipped; send nothing"
     )
+    add_json(parser, "a JSON array of what was done to each run")
     parser.add_argument(
         "--timeout",
         type=float,

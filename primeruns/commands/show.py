@@ -1,8 +1,10 @@
 """``primeruns show RUN``: one run in detail, so a user can look rather than read.
 
-The spec, the lifecycle (local and platform ids, state, finish status),
-per-sink progress with losses and their reasons, the damage a scan found,
-the summary, and one sparkline per metric over the training steps.
+The spec, the lifecycle (local and platform ids, outcome, where shipping
+stands), what was logged and what each sink still has to ship in the user's
+units, losses with their reasons, the damage a scan found, the summary, and
+one sparkline per metric over the training steps. The same facts are one
+JSON document with ``--json``. Sparklines are drawn here: rich has none.
 """
 
 from __future__ import annotations
@@ -10,20 +12,39 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from typing import Any
 
+from rich.console import Console
+from rich.text import Text
+
 from ..journal import Damage, EntryKind, Journal, list_journals
+from ..ship.factory import sink_kinds
 from ..ship.uplink import terminal_state
-from .common import EXIT_DAMAGED, EXIT_OK, add_runs_dir, describe, resolve_run, runs_dir_of
+from .common import (
+    EXIT_DAMAGED,
+    EXIT_OK,
+    CommandError,
+    RunStatus,
+    add_json,
+    add_runs_dir,
+    describe,
+    resolve_run,
+    runs_dir_of,
+)
+from .console import emit_json, human_age, human_bytes, make_console, outcome_text, shipping_text
 from .entries import load_rows
-from .fmt import Style, human_age, human_bytes
+from .ls import as_json
 from .sparkline import sparkline
 
 __all__ = ["add_parser", "metric_curves"]
 
 _MAX_DAMAGE_LINES = 10
+_UNITS = {
+    EntryKind.EPISODE: "episodes",
+    EntryKind.TRACE: "traces",
+    EntryKind.METRICS: "metric rows",
+}
 
 
 def metric_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
@@ -42,120 +63,203 @@ def metric_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float
     return curves
 
 
+def _sinks(status: RunStatus) -> list[dict[str, Any]]:
+    """Per sink: what it ships, how much of it is acknowledged, or why it is off."""
+    info = status.info
+    logged = info.after.get(0)
+    out = []
+    for sink, kinds in sink_kinds(str(status.spec.get("kind") or "eval")).items():
+        off = info.meta.get(f"sink_off.{sink}")
+        total = sum(logged[int(k)] for k in kinds) if logged else 0
+        pending = status.pending.get(sink, 0)
+        left = pending if isinstance(pending, int) else 0
+        out.append(
+            {
+                "sink": sink,
+                "ships": sorted(_UNITS[k] for k in kinds if k in _UNITS),
+                "records": total,
+                "acknowledged": max(0, total - left),
+                "pending": left,
+                "off": str(off) if off else None,
+                "acknowledged_entry": int(info.cursors.get(sink, 0)),
+            }
+        )
+    return out
+
+
+def _curves_json(curves: dict[str, list[tuple[int, float]]]) -> dict[str, Any]:
+    def num(value: float) -> float | str:
+        return value if math.isfinite(value) else str(value)
+
+    out: dict[str, Any] = {}
+    for key, points in sorted(curves.items()):
+        finite = [v for _, v in points if math.isfinite(v)]
+        out[key] = {
+            "points": len(points),
+            "steps": [points[0][0], points[-1][0]],
+            "min": min(finite) if finite else None,
+            "max": max(finite) if finite else None,
+            "last": num(points[-1][1]),
+        }
+    return out
+
+
+def _document(
+    status: RunStatus, journal: Journal, metrics: list[dict[str, Any]], damage: list[Damage]
+) -> dict[str, Any]:
+    final_status, error, summary = terminal_state(journal)
+    document = as_json(status)
+    document.update(
+        {
+            "spec": status.spec,
+            "finish": None if status.info.owner_alive else {"status": final_status, "error": error},
+            "closed_out": status.finalized,
+            "sinks": _sinks(status),
+            "summary": summary,
+            "metrics": _curves_json(metric_curves(metrics)),
+        }
+    )
+    document["damage"] = [d.what for d in damage]
+    return document
+
+
+def _field(console: Console, label: str, value: Any) -> None:
+    if value in (None, "", [], {}):
+        return
+    line = Text(f"  {label:<14} ")
+    if isinstance(value, Text):
+        line.append_text(value)
+    else:
+        line.append(value if isinstance(value, str) else json.dumps(value, sort_keys=True))
+    console.print(line)
+
+
+def _section(console: Console, title: str, style: str = "bold") -> None:
+    console.print()
+    console.print(Text(title, style=style))
+
+
 def _fmt_num(value: float) -> str:
     return f"{value:.4g}" if math.isfinite(value) else str(value)
 
 
-def _section(style: Style, title: str) -> None:
-    print()
-    print(style.bold(title))
-
-
-def _field(label: str, value: Any) -> None:
-    if value not in (None, "", [], {}):
-        text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-        print(f"  {label:<14} {text}")
-
-
-def run_show(args: argparse.Namespace) -> int:
-    """Show one run in detail: spec, lifecycle, per-sink progress and losses
-    with reasons, damage, summary, and metric curves as sparklines."""
-    style = Style(sys.stdout)
-    path = resolve_run(args.run, runs_dir_of(args))
-    infos = [i for i in list_journals(path.parent, verify=True) if i.path == path]
-    if not infos:
-        from .common import CommandError
-
-        raise CommandError(f"{path} is not a prime-runs journal")
-    status = describe(infos[0])
+def _render(
+    console: Console, status: RunStatus, doc: dict[str, Any], rows: list[dict[str, Any]], width: int
+) -> None:
     info = status.info
+    head = Text(f"run {info.local_id}", style="bold")
+    head.append("  (")
+    head.append_text(outcome_text(status.outcome))
+    head.append(", ")
+    head.append_text(shipping_text(status.shipping))
+    head.append(")")
+    console.print(head)
+    _field(console, "journal", str(info.path))
+    _field(console, "size", f"{human_bytes(info.size_bytes)}, {info.last_seq} entries")
+    _field(console, "modified", f"{human_age(status.age_s)} ago")
+    if info.owner_alive:
+        _field(console, "owner", f"{info.owner} (running)")
+
     spec = status.spec
-    with Journal.open(path, owner=False) as journal:
-        final_status, error, summary = terminal_state(journal)
-        damage: list[Damage] = []
-        metrics = load_rows(journal, {EntryKind.METRICS}, damage)
-
-    print(style.bold(f"run {info.local_id}") + f"  ({style.state(status.state)})")
-    _field("journal", str(info.path))
-    _field("size", f"{human_bytes(info.size_bytes)}, {info.last_seq} entries")
-    _field("modified", f"{human_age(status.age_s)} ago")
-    if info.owner_alive:
-        _field("owner", f"{info.owner} (running)")
-
-    _section(style, "spec")
+    _section(console, "spec")
     for key in ("kind", "name", "model", "framework", "dataset", "mode", "attach_id"):
-        _field(key, spec.get(key))
+        _field(console, key, spec.get(key))
     envs = [e.get("id") or e.get("name") or e for e in spec.get("environments") or []]
-    _field("environments", ", ".join(str(e) for e in envs))
-    _field("tags", ", ".join(spec.get("tags") or []))
-    _field("config", spec.get("config"))
-    _field("platform", spec.get("base_url"))
+    _field(console, "environments", ", ".join(str(e) for e in envs))
+    _field(console, "tags", ", ".join(spec.get("tags") or []))
+    _field(console, "config", spec.get("config"))
+    _field(console, "platform", spec.get("base_url"))
 
-    _section(style, "lifecycle")
-    _field("run id", status.platform.get("run_id") or "(not registered)")
-    _field("url", status.platform.get("url"))
-    if info.owner_alive:
-        _field("status", "running")
-    else:
-        shown = "crashed (no finish entry)" if final_status == "crashed" else final_status
-        _field("status", shown)
-        _field("error", error)
+    _section(console, "lifecycle")
+    _field(console, "run id", status.platform.get("run_id") or "(not registered)")
+    _field(console, "url", status.platform.get("url"))
+    _field(console, "outcome", outcome_text(status.outcome))
+    finish = doc["finish"]
+    if finish and finish["error"]:
+        _field(console, "error", finish["error"])
     fin = status.finalized
     if fin:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(fin.get("at") or 0)))
-        _field("closed out", f"{fin.get('status')} at {at}")
+        _field(console, "closed out", f"{fin.get('status')} at {at}")
+    elif status.spec.get("mode") == "offline" and not status.platform:
+        _field(console, "closed out", "not yet: offline (primeruns sync ships and closes it)")
     else:
-        _field("closed out", "not yet (primeruns replay / sync ships and closes it)")
+        _field(console, "closed out", "not yet (primeruns replay ships and closes it)")
 
-    _section(style, "sinks")
-    for sink, pending in status.pending.items():
-        acked = info.cursors.get(sink, 0)
-        off = info.meta.get(f"sink_off.{sink}")
-        text = f"off: {off}" if off else f"acked {acked}/{info.last_seq}, pending {pending}"
-        if not off and pending == 0:
-            text = style.green(text)
-        elif not off:
-            text = style.yellow(text)
-        print(f"  {sink:<14} {text}")
+    _section(console, "logged")
+    for name, count in status.counts.items():
+        if count:
+            _field(console, name, str(count))
+    _section(console, "sinks")
+    for sink in doc["sinks"]:
+        units = " and ".join(sink["ships"]) or "records"
+        if sink["off"]:
+            line = Text(f"off: {sink['off']}", style="dim")
+        else:
+            text = f"{sink['acknowledged']}/{sink['records']} {units} acknowledged"
+            if sink["pending"]:
+                text += f", {sink['pending']} pending"
+            line = Text(text, style="yellow" if sink["pending"] else "green")
+        _field(console, sink["sink"], line)
     for sink, loss in info.losses.items():
-        count = int(loss.get("count", 0))
-        print(f"  {style.red('lost')} {count} for {sink}")
+        console.print(Text(f"  lost {int(loss.get('count', 0))} for {sink}", style="red"))
         for reason in loss.get("reasons") or []:
-            print(f"      - {reason}")
+            console.print(Text(f"      - {reason}"))
 
-    all_damage = list(info.damage) + [d for d in damage if d not in info.damage]
-    if all_damage:
-        _section(style, style.red(f"damage ({len(all_damage)})"))
-        for d in all_damage[:_MAX_DAMAGE_LINES]:
-            print(f"  {d.what}")
-        if len(all_damage) > _MAX_DAMAGE_LINES:
-            print(f"  ... and {len(all_damage) - _MAX_DAMAGE_LINES} more")
+    damage = doc["damage"]
+    if damage:
+        _section(console, f"damage ({len(damage)})", "bold red")
+        for what in damage[:_MAX_DAMAGE_LINES]:
+            console.print(Text(f"  {what}"))
+        if len(damage) > _MAX_DAMAGE_LINES:
+            console.print(Text(f"  ... and {len(damage) - _MAX_DAMAGE_LINES} more"))
 
-    if summary:
-        _section(style, "summary")
-        for key, value in summary.items():
-            _field(str(key), value)
+    if doc["summary"]:
+        _section(console, "summary")
+        for key, value in doc["summary"].items():
+            _field(console, str(key), value)
 
-    curves = metric_curves(metrics)
+    curves = metric_curves(rows)
     if curves:
-        _section(style, f"metrics ({len(metrics)} rows)")
+        _section(console, f"metrics ({len(rows)} rows)")
         width = max(len(k) for k in curves)
         for key, points in sorted(curves.items()):
             values = [v for _, v in points]
             finite = [v for v in values if math.isfinite(v)] or [math.nan]
-            line = sparkline(values, width=args.width)
-            print(
-                f"  {key:<{width}}  {style.green(line)}  "
-                f"min {_fmt_num(min(finite))}  max {_fmt_num(max(finite))}  "
+            line = Text(f"  {key:<{width}}  ")
+            line.append(sparkline(values, width=width), style="green")
+            line.append(
+                f"  min {_fmt_num(min(finite))}  max {_fmt_num(max(finite))}  "
                 f"last {_fmt_num(values[-1])}  (steps {points[0][0]}..{points[-1][0]})"
             )
-    return EXIT_DAMAGED if all_damage else EXIT_OK
+            console.print(line)
+
+
+def run_show(args: argparse.Namespace) -> int:
+    """Show one run in detail: spec, lifecycle (outcome, shipping), what was
+    logged and what each sink still has to ship, losses with reasons, damage,
+    summary, and metric curves as sparklines. Exit 4 if the journal is damaged."""
+    path = resolve_run(args.run, runs_dir_of(args))
+    infos = [i for i in list_journals(path.parent, verify=True) if i.path == path]
+    if not infos:
+        raise CommandError(f"{path} is not a prime-runs journal")
+    status = describe(infos[0])
+    damage: list[Damage] = list(status.info.damage)
+    with Journal.open(path, owner=False) as journal:
+        rows = load_rows(journal, {EntryKind.METRICS}, damage)
+        doc = _document(status, journal, rows, damage)
+    if args.json:
+        emit_json(doc)
+    else:
+        _render(make_console(), status, doc, rows, args.width)
+    return EXIT_DAMAGED if damage else EXIT_OK
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = sub.add_parser("show", help="show one run in detail", description=run_show.__doc__)
     parser.add_argument("run", metavar="RUN", help="a journal directory or a local run id")
     add_runs_dir(parser)
+    add_json(parser, "the run")
     parser.add_argument(
         "--width", type=int, default=48, help="sparkline width in characters (default 48)"
     )

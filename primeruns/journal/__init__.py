@@ -8,7 +8,13 @@ capacity) and ``store`` for how LMDB is opened with care.
 
 from primeruns.journal.frames import EntryKind
 from primeruns.journal.journal import DEFAULT_MAX_JOURNAL_BYTES, FORMAT_VERSION, Journal
-from primeruns.journal.listing import JournalInfo, default_runs_dir, delete_journal, list_journals
+from primeruns.journal.listing import (
+    JournalInfo,
+    default_runs_dir,
+    delete_journal,
+    journal_info,
+    list_journals,
+)
 from primeruns.journal.types import (
     AppendResult,
     CursorState,
@@ -32,5 +38,6 @@ __all__ = [
     "ReadResult",
     "default_runs_dir",
     "delete_journal",
+    "journal_info",
     "list_journals",
 ]

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 
 import lmdb
 
 from primeruns.exceptions import JournalError
+from primeruns.journal.frames import FrameError, peek_header
 from primeruns.journal.layout import CHUNK_KEY, KEY, kept_kind, seq_of
 from primeruns.journal.reading import Reader
 from primeruns.journal.staging import Mover
@@ -27,6 +29,9 @@ from primeruns.journal.txn import Transactions
 # The largest in-flight body recorded, for the appender's control reserve
 # (the uplink records batches in another process).
 K_INFLIGHT_PEAK = "journal.inflight_peak"
+# Per entry kind, how many entries compaction removed: with what is still
+# there, what the run logged in all (the CLI's counts of episodes, metrics).
+K_COMPACTED_KINDS = "journal.compacted_kinds"
 _COMPACT_CHUNK = 10_000
 
 
@@ -130,6 +135,7 @@ class Capacity:
         while True:
 
             def chunk(txn: lmdb.Transaction) -> tuple[int, bool, int]:
+                removed_kinds: Counter[int] = Counter()
                 cur = txn.cursor(db=db)
                 n = keys = 0
                 more = cur.first()
@@ -146,7 +152,9 @@ class Capacity:
                     if seq == kept:
                         more = cur.next()
                         continue
-                    n += len(cur.key()) == KEY.size  # entries, not their chunks
+                    if len(cur.key()) == KEY.size:  # entries, not their chunks
+                        n += 1
+                        _count_kind(removed_kinds, cur.value())
                     keys += 1
                     more = cur.delete()
                 unstaged = 0
@@ -164,7 +172,10 @@ class Capacity:
                             continue
                         n, keys = n + 1, keys + 1
                         unstaged += 1
+                        _count_kind(removed_kinds, cur.value())
                         more = cur.delete()
+                if removed_kinds:
+                    tx.put_meta(txn, K_COMPACTED_KINDS, _merged(tx, txn, removed_kinds))
                 floor = tx.meta_or(txn, K_FLOOR, 0)
                 if upto > floor:
                     tx.put_meta(txn, K_FLOOR, upto)
@@ -186,3 +197,31 @@ class Capacity:
 
     def drop_sink(self, name: str) -> None:
         self.sinks = self.sinks - {name}
+
+
+def _count_kind(counts: Counter[int], value: bytes | memoryview) -> None:
+    with contextlib.suppress(FrameError):
+        counts[peek_header(value).kind] += 1
+
+
+def _merged(tx: Transactions, txn: lmdb.Transaction, removed: Counter[int]) -> dict[str, int]:
+    """The compacted counts so far plus ``removed``; an unreadable old value
+    starts afresh (the counts are for display, never for shipping)."""
+    try:
+        old = tx.meta_or(txn, K_COMPACTED_KINDS, {})
+    except JournalError:
+        old = {}
+    out = {str(k): int(v) for k, v in old.items()} if isinstance(old, dict) else {}
+    for kind, count in removed.items():
+        out[str(kind)] = out.get(str(kind), 0) + count
+    return out
+
+
+def compacted_kinds(value: object) -> Counter[int]:
+    """From the value of ``K_COMPACTED_KINDS``, the entries compaction removed, per kind."""
+    out: Counter[int] = Counter()
+    if isinstance(value, dict):
+        for kind, count in value.items():
+            with contextlib.suppress(TypeError, ValueError):
+                out[int(kind)] += int(count)
+    return out

@@ -40,6 +40,7 @@ import os
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -49,7 +50,7 @@ import lmdb
 
 from primeruns.exceptions import JournalCorruptError, JournalError
 from primeruns.journal.appending import Appender
-from primeruns.journal.capacity import Capacity
+from primeruns.journal.capacity import K_COMPACTED_KINDS, Capacity, compacted_kinds
 from primeruns.journal.cursors import Cursors
 from primeruns.journal.dicts import Dictionaries
 from primeruns.journal.frames import EntryKind
@@ -436,6 +437,17 @@ class Journal:
         """
         self._check()
         return self._reader.get(seq)
+
+    def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
+        """Entries per kind in each interval the ascending offsets ``cuts`` make:
+        ``(0, c1], ..., (cn, end]``, read from headers alone. The first also
+        counts what compaction removed, so summed they are what the run logged
+        (less damaged entries); an interval after a sink's offset is what that
+        sink still has to ship (compaction never removes unshipped entries)."""
+        self._check()
+        counts = self._reader.tally(cuts)
+        counts[0].update(compacted_kinds(self._tx.safe_meta(K_COMPACTED_KINDS)))
+        return counts
 
     # -- cursors and losses -----------------------------------------------------------------
 

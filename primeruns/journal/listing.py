@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from primeruns.journal.probe import probe_many
 from primeruns.journal.store import DATA_NAME
 from primeruns.journal.types import Damage
 
-__all__ = ["JournalInfo", "default_runs_dir", "delete_journal", "list_journals"]
+__all__ = ["JournalInfo", "default_runs_dir", "delete_journal", "journal_info", "list_journals"]
 
 
 def default_runs_dir() -> Path:
@@ -48,6 +49,20 @@ class JournalInfo:
     owner: str | None
     owner_alive: bool
     damage: list[Damage] = field(default_factory=list)
+    after: dict[int, Counter[int]] = field(default_factory=dict)
+    """For offset 0 and each sink's acknowledged offset, the entries after it
+    per kind (at 0, everything the run logged, compacted entries included)."""
+
+
+def _tallies(journal: Journal, cursors: dict[str, int]) -> dict[int, Counter[int]]:
+    cuts = sorted({c for c in cursors.values() if c > 0})
+    intervals = journal.tally(cuts)
+    after: dict[int, Counter[int]] = {}
+    running: Counter[int] = Counter()
+    for start, counts in zip(reversed([0, *cuts]), reversed(intervals), strict=True):
+        running = running + counts
+        after[start] = running
+    return after
 
 
 def _info(path: Path, *, verify: bool) -> JournalInfo:
@@ -74,19 +89,28 @@ def _info(path: Path, *, verify: bool) -> JournalInfo:
             meta = journal.all_meta()
             local_id = meta.get(K_LOCAL_ID)
             damage = journal.damage() if verify else journal.structural_damage()
+            cursors = journal.cursors()
             return JournalInfo(
                 **{
                     **base,
                     "local_id": local_id if isinstance(local_id, str) else path.name,
                     "meta": meta,
                     "last_seq": journal.last_seq(),
-                    "cursors": journal.cursors(),
+                    "cursors": cursors,
                     "losses": journal.losses(),
                     "damage": damage,
+                    "after": _tallies(journal, cursors),
                 }
             )
     except Exception as exc:  # a listing never raises for one bad run
         return JournalInfo(**base, damage=[Damage(None, f"{path.name}: {exc}")])
+
+
+def journal_info(path: Path, *, verify: bool = False) -> JournalInfo:
+    """One journal's state, as ``list_journals`` gives it (never raises for damage)."""
+    path = Path(path)
+    probe_many([path])
+    return _info(path, verify=verify)
 
 
 def list_journals(

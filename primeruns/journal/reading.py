@@ -7,7 +7,9 @@ reported and passed over, so one bad page never stops a run's shipping.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+import contextlib
+from collections import Counter
+from collections.abc import Collection, Sequence
 
 import lmdb
 
@@ -117,6 +119,44 @@ class Reader:
             if damage is not None:
                 damaged.append(damage)
         return ReadResult(entries, next_after, damaged)
+
+    def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
+        """Entries present per kind in each interval the ascending ``cuts`` make:
+        ``(0, c1], (c1, c2], ..., (cn, end]``, by header alone (nothing is
+        decompressed). Unreadable entries are not counted (``read`` reports
+        them). The scan goes in bounded read transactions, so a long journal
+        never pins a live writer's old pages for long."""
+        bounds = sorted(set(cuts))
+        counts: list[Counter[int]] = [Counter() for _ in range(len(bounds) + 1)]
+        for name in ("entries", "staging"):
+            if name not in self._tx.dbs:
+                continue
+            resume: bytes | None = key(0)
+            while resume is not None:
+                resume = self._tally_some(name, resume, bounds, counts)
+        return counts
+
+    def _tally_some(
+        self, name: str, start: bytes, bounds: list[int], counts: list[Counter[int]]
+    ) -> bytes | None:
+        """One transaction of ``tally``: where the next should start, or None at the end."""
+        with self._tx.read(buffers=True) as txn:
+            cur = txn.cursor(db=self._tx.dbs[name])
+            more = cur.set_range(start)
+            index, examined = 0, 0
+            while more:
+                raw_key, value = cur.item()
+                if examined >= _MAX_SCAN:
+                    return bytes(raw_key)
+                examined += 1
+                if len(raw_key) == KEY.size:
+                    seq = KEY.unpack(raw_key)[0]
+                    while index < len(bounds) and seq > bounds[index]:
+                        index += 1
+                    with contextlib.suppress(FrameError):  # damage: read() reports it
+                        counts[index][peek_header(value).kind] += 1
+                more = cur.next()
+        return None
 
     def get(self, seq: int) -> Entry | None:
         """The entry ``seq``, or None if absent; JournalCorruptError if damaged."""

@@ -145,6 +145,10 @@ class LocalPlatform:
         self.stop()
         raise RuntimeError(f"local platform {what}; log tail:\n{tail}")
 
+    def wait(self) -> int | None:
+        """Until the server exits (a signal handler's exception interrupts it)."""
+        return None if self._proc is None else self._proc.wait()
+
     def stop(self) -> None:
         """SIGTERM the server and wait for it (SIGKILL after 10 s)."""
         proc = self._proc

@@ -76,8 +76,10 @@ class Progress:
 
     records: int = 0
     bytes: int = 0
-    pending: dict[str, int] = field(default_factory=dict)
-    """Per sink, journal entries not yet dealt with (all kinds counted)."""
+    sent: dict[str, int] = field(default_factory=dict)
+    """Per sink, the records it had acknowledged since shipping began."""
+    stopped: dict[str, str] = field(default_factory=dict)
+    """Per sink that will ship no more now (turned off or retired), why."""
 
 
 @dataclass
@@ -473,11 +475,11 @@ def _drain_while_moving(
                 Progress(
                     records=sum(s.state.records_sent for s in shippers),
                     bytes=sum(s.state.bytes_sent for s in shippers),
-                    # Cheap while running: journal entries left, not records.
-                    pending={
-                        s.name: target - s.shipped_through()
+                    sent={s.name: s.state.records_sent for s in shippers},
+                    stopped={
+                        s.name: str(s.state.off_reason or s.state.retired_reason)
                         for s in shippers
-                        if s.shipped_through() < target and s.state.off_reason is None
+                        if s.state.off_reason or s.state.retired_reason
                     },
                 )
             )

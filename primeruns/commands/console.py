@@ -1,0 +1,80 @@
+"""The commands' terminal: rich consoles, the colours a state gets, sizes and ages.
+
+rich renders the tables and progress bars, fits them to the terminal's width
+and honours ``NO_COLOR``. On a pipe or a file there is no colour and no width
+limit, so a line is never cut short for ``grep``. Every value a user or a
+journal supplied goes in as ``Text``, never as markup, so a run named
+``[red]x`` shows as written. rich is imported by the CLI only: ``import
+primeruns`` never loads it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.filesize import decimal
+from rich.text import Text
+
+__all__ = ["emit_json", "human_age", "human_bytes", "make_console", "outcome_text", "shipping_text"]
+
+# Wide enough that no table or line is ever folded when nobody is watching.
+_UNBOUNDED = 10_000
+
+_OUTCOME_STYLES = {
+    "completed": "green",
+    "failed": "red",
+    "crashed": "red",
+    "damaged": "red",
+    "running": "cyan",
+}
+
+
+def make_console(stream: TextIO | None = None) -> Console:
+    """A console on ``stream`` (stdout by default): the terminal's width and
+    colour when it is one, else plain text of any length."""
+    file = stream if stream is not None else sys.stdout
+    isatty = getattr(file, "isatty", None)
+    tty = bool(isatty and isatty())
+    return Console(
+        file=file,
+        width=None if tty else _UNBOUNDED,
+        highlight=False,
+        emoji=False,
+        soft_wrap=not tty,
+    )
+
+
+def outcome_text(outcome: str) -> Text:
+    return Text(outcome, style=_OUTCOME_STYLES.get(outcome, ""))
+
+
+def shipping_text(shipping: str) -> Text:
+    """Green once nothing is left to do, red for damage, yellow while work waits."""
+    if shipping == "shipped":
+        return Text(shipping, style="green")
+    if shipping == "damaged":
+        return Text(shipping, style="red")
+    return Text(shipping, style="cyan" if shipping == "live" else "yellow")
+
+
+def human_bytes(n: int) -> str:
+    return decimal(n)
+
+
+def human_age(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def emit_json(document: Any) -> None:
+    """The one JSON document a ``--json`` command prints on stdout."""
+    json.dump(document, sys.stdout, indent=2, sort_keys=False, default=str)
+    sys.stdout.write("\n")
