@@ -50,6 +50,9 @@ def run_export(args: argparse.Namespace) -> int:
         raise CommandError("only --kind metrics can be written as Parquet; use .jsonl")
     damage: list[Damage] = []
     with Journal.open(path, owner=False) as journal:
+        # A journal rebuilt from its intact pages on open is damaged even when
+        # every entry that survived reads cleanly.
+        damage.extend(journal.structural_damage())
         if parquet:
             count = _write_parquet(journal, args.output, damage)
         else:

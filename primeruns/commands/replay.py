@@ -114,9 +114,10 @@ def report_json(report: ShipReport, code: int) -> dict[str, Any]:
 
 
 def _exit_code(report: ShipReport) -> int:
-    if not report.ok:
-        return EXIT_FAILED
-    return EXIT_DAMAGED if report.damaged else EXIT_OK
+    # Damage decides first: every command says 4 for a damaged journal.
+    if report.damaged:
+        return EXIT_DAMAGED
+    return EXIT_OK if report.ok else EXIT_FAILED
 
 
 def _report(report: ShipReport, plan: dict[str, tuple[int, str]], console: Console) -> None:

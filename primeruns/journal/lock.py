@@ -201,6 +201,25 @@ class OwnerLock:
             os.pwrite(self._fd, encoded, 0)
             os.ftruncate(self._fd, len(encoded))
 
+    def _clear_if_last(self) -> None:
+        """After closing a shared copy: if nobody holds the lock any more, this
+        process was its last holder, so clear the owner record. Otherwise a
+        finished run whose producer lives on (a notebook, a script that runs
+        several evaluations) would be listed as running for as long as it does."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            return  # the directory is gone: nothing to clear
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)  # still held: its last holder clears it on release
+            return
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
     def release(self) -> None:
         """Release the lock; idempotent, and a no-op in a forked child (see module doc)."""
         fd, self._fd = self._fd, None
@@ -208,6 +227,7 @@ class OwnerLock:
             return
         if self._shared:
             os.close(fd)  # the flock ends with the last holder's close
+            self._clear_if_last()
             return
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)  # no owner any more: listings show none

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..exceptions import APIError, JournalError, is_transient
+from ..exceptions import APIError, JournalError, PrimeRunsError, is_transient
 from ..journal import Damage, EntryKind, Journal, list_journals
 from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
@@ -532,7 +532,9 @@ def ship_journal(
         )
         try:
             binding = uplink.lifecycle.register()
-        except APIError as exc:
+        except (APIError, PrimeRunsError) as exc:
+            # A platform refusal, or a spec that cannot be registered (one
+            # lost to damage): reported, and the journal kept for another try.
             report.errors.append(f"register: {exc}")
             uplink.client.close()
             return report

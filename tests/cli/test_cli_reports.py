@@ -1,0 +1,281 @@
+"""What the reporting commands tell a user, on real journals in subprocesses:
+each run's outcome apart from its shipping, counts in episodes, losses with
+their reasons, a table that fits the terminal, ``--json`` as the only thing
+on stdout, progress in records only for sinks that ship, ``doctor``'s key
+and config checks, and one exit code for a damaged journal everywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import workloads
+from cli_helpers import cli_subprocess, flip_entry_bytes
+from sdk_helpers import API_KEY, kill_producer, point_at
+
+import primeruns as pr
+from primeruns.journal import Journal
+
+
+def _offline_eval(runs: Path, episodes: int, **finish: Any) -> Path:
+    run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    for episode in workloads.gsm8k(episodes):
+        run.log_episodes([episode])
+    run.finish(**finish)
+    assert run.journal_path is not None
+    return run.journal_path
+
+
+def _ls(runs: Path, env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
+    done = cli_subprocess("ls", "--runs-dir", str(runs), "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    return {row["local_id"]: row for row in json.loads(done.stdout)}
+
+
+def _on_a_terminal(argv: list[str], columns: int) -> str:
+    """``primeruns ARGV`` with stdout on a pseudo-terminal ``columns`` wide."""
+    leader, follower = pty.openpty()
+    env = {**os.environ, "COLUMNS": str(columns), "NO_COLOR": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "primeruns", *argv],
+        stdout=follower,
+        stderr=follower,
+        env=env,
+    )
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:  # EIO: the child closed its end
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    assert proc.wait(timeout=60) == 0
+    text = b"".join(chunks).decode().replace("\r\n", "\n")
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)  # bold and dim stay with NO_COLOR
+
+
+def test_ls_tells_each_runs_outcome_apart_from_its_shipping_in_episodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    completed = _offline_eval(runs, 20)
+    failed = _offline_eval(runs, 3, status="failed", error="reward model down")
+    crashed, acked = kill_producer([str(runs), "eval", "40"], 10)
+    live = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    live.log_episodes(workloads.gsm8k(2))
+    assert live.journal_path is not None
+    try:
+        rows = _ls(runs)
+    finally:
+        live.finish()
+    seen = {
+        name: (rows[path.name]["outcome"], rows[path.name]["shipping"])
+        for name, path in [
+            ("completed", completed),
+            ("failed", failed),
+            ("crashed", crashed),
+            ("running", live.journal_path),
+        ]
+    }
+    assert seen == {
+        "completed": ("completed", "offline"),
+        "failed": ("failed", "offline"),
+        "crashed": ("crashed", "offline"),
+        "running": ("running", "offline"),
+    }
+    # Counts are episodes, not journal entries (the run's open and finish are entries too).
+    assert rows[completed.name]["counts"] == {"episodes": 20, "traces": 0, "metrics": 0}
+    assert rows[completed.name]["entries"] > 20
+    logged = [line for line in acked if line.startswith("episode ")]
+    assert rows[crashed.name]["counts"]["episodes"] >= len(logged)
+
+
+def test_show_and_ls_name_every_loss_with_its_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    path = _offline_eval(runs, 5)
+    with Journal.open(path, owner=True) as journal:
+        journal.record_loss("eval_samples", 2, "rejected by the platform: 422 bad reward")
+    [row] = _ls(runs).values()
+    assert row["losses"] == {
+        "eval_samples": {"count": 2, "reasons": ["rejected by the platform: 422 bad reward"]}
+    }
+    shown = cli_subprocess("show", "--runs-dir", str(runs), path.name)
+    assert shown.returncode == 0, shown.stderr
+    assert "lost 2 for eval_samples" in shown.stdout
+    assert "rejected by the platform: 422 bad reward" in shown.stdout
+    assert "0/5 episodes acknowledged" in shown.stdout  # offline: nothing shipped yet
+    table = cli_subprocess("ls", "--runs-dir", str(runs))
+    header, line = table.stdout.splitlines()[:2]
+    right_edge = header.index("LOST") + len("LOST")  # the column is right-justified
+    assert line[:right_edge].split()[-1] == "2"
+
+
+def test_the_ls_table_fits_the_terminal_and_keeps_what_matters(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    path = _offline_eval(runs, 3)
+    wide = _on_a_terminal(["ls", "--runs-dir", str(runs)], 200)
+    narrow = _on_a_terminal(["ls", "--runs-dir", str(runs)], 60)
+    assert "NAME" in wide and "LOGGED" in wide and "3 episodes" in wide
+    table = [line for line in narrow.splitlines() if line.strip()][:-1]  # less the footer
+    assert max(len(line.rstrip()) for line in table) <= 60, narrow
+    assert path.name in narrow  # whole, never cut
+    assert "OUTCOME" in narrow and "completed" in narrow and "offline" in narrow
+    # Off a terminal, nothing is cut or folded for grep.
+    piped = cli_subprocess("ls", "--runs-dir", str(runs), env={**os.environ, "COLUMNS": "40"})
+    assert any(path.name in line and "3 episodes" in line for line in piped.stdout.splitlines())
+
+
+def test_json_is_the_only_thing_on_stdout_for_every_reporting_command(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    path = _offline_eval(runs, 6)
+    env = {
+        **os.environ,
+        "PRIME_API_KEY": API_KEY,
+        "PRIME_API_BASE_URL": local_platform.url,
+    }
+    commands = [
+        ["ls", "--runs-dir", str(runs)],
+        ["show", "--runs-dir", str(runs), path.name],
+        ["sync", "--runs-dir", str(runs), "--dry-run"],
+        ["sync", "--runs-dir", str(runs)],
+        ["replay", "--runs-dir", str(runs), path.name],
+        ["gc", "--runs-dir", str(runs), "--older-than", "0", "--dry-run"],
+        ["doctor", "--runs-dir", str(runs)],
+    ]
+    documents = {}
+    for argv in commands:
+        done = cli_subprocess(*argv, "--json", env=env)
+        assert done.returncode == 0, (argv, done.stdout, done.stderr)
+        documents[" ".join(argv[:1] + argv[3:])] = json.loads(done.stdout)  # all of stdout
+    assert documents["ls"][0]["counts"]["episodes"] == 6
+    assert documents[f"show {path.name}"]["sinks"][1] == {
+        "sink": "eval_samples",
+        "ships": ["episodes"],
+        "records": 6,
+        "acknowledged": 0,
+        "pending": 6,
+        "off": None,
+        "acknowledged_entry": 0,
+    }
+    [synced] = documents["sync"]
+    assert synced["ok"] and synced["status"] == "completed" and synced["exit_code"] == 0
+    assert documents["gc --older-than 0 --dry-run"]["deleted"][0]["local_id"] == path.name
+    assert documents["doctor"]["failed"] == 0
+    assert {"section": "API key", "result": "ok", "detail": "the platform accepts the API key"} in (
+        documents["doctor"]["checks"]
+    )
+
+
+def test_replay_progress_counts_records_only_for_sinks_that_ship(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    path = _offline_eval(runs, 9)
+    env = {
+        **os.environ,
+        "PRIME_API_KEY": API_KEY,
+        "PRIME_API_BASE_URL": local_platform.url,
+        "PRIME_TRACES_OPT_OUT": "1",
+    }
+    done = cli_subprocess("sync", "--runs-dir", str(runs), path.name, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    bars = [line for line in done.stdout.splitlines() if "━" in line]
+    assert len(bars) == 1, done.stdout  # eval samples; traces are opted out
+    assert bars[0].split()[0] == "eval_samples"
+    assert "9/9 episodes" in bars[0] and "100%" in bars[0]
+    assert "done: 9 episodes to eval_samples" in done.stdout
+
+
+@pytest.mark.parametrize("problem", ["wrong key", "broken config", "traces not enabled"])
+def test_doctor_checks_the_key_with_an_authenticated_read_and_reports_a_broken_config(
+    problem: str,
+    make_local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    platform = make_local_platform(api_key=API_KEY, traces_disabled=problem == "traces not enabled")
+    point_at(monkeypatch, tmp_path, platform.url)
+    env = {**os.environ, "PRIME_API_BASE_URL": platform.url, "PRIME_API_KEY": API_KEY}
+    if problem == "wrong key":
+        env["PRIME_API_KEY"] = "not-the-key"
+    if problem == "broken config":
+        config = tmp_path / "home" / ".prime" / "config.json"
+        config.parent.mkdir(parents=True)
+        config.write_text('{"api_key": "x",')
+    done = cli_subprocess("doctor", "--runs-dir", str(tmp_path / "runs"), env=env)
+    lines = done.stdout.splitlines()
+    if problem == "wrong key":
+        assert done.returncode == 1
+        assert any(line.split()[0] == "FAIL" and "refused the API key" in line for line in lines)
+        assert "not-the-key" not in done.stdout + done.stderr
+    elif problem == "broken config":
+        assert done.returncode == 1
+        assert any(
+            line.split()[0] == "FAIL" and "config.json is not valid JSON" in line for line in lines
+        ), done.stdout
+    else:
+        assert done.returncode == 0, done.stdout
+        assert any("Prime Traces is not enabled for this account" in line for line in lines)
+        assert "the platform accepts the API key" in done.stdout
+
+
+def test_a_damaged_journal_exits_4_from_every_command_that_reads_it(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    rotten = _offline_eval(runs, 8)
+    flip_entry_bytes(rotten, 4)
+    garbage = runs / "garbage"
+    garbage.mkdir()
+    (garbage / "data.mdb").write_bytes(os.urandom(64 << 10))
+    env = {**os.environ, "PRIME_API_KEY": API_KEY, "PRIME_API_BASE_URL": local_platform.url}
+    listed = cli_subprocess("ls", "--runs-dir", str(runs), "--json", env=env)
+    assert listed.returncode == 0  # a listing lists the damage, it does not fail on it
+    assert {row["local_id"]: row["outcome"] for row in json.loads(listed.stdout)}["garbage"] == (
+        "damaged"
+    )
+    for journal in (rotten, garbage):
+        # sync last: it rebuilds the journal from what is intact
+        codes = {
+            command: cli_subprocess(command, str(journal), env=env).returncode
+            for command in ("show", "export", "sync")
+        }
+        assert codes == {"show": 4, "export": 4, "sync": 4}, (journal.name, codes)
+
+
+def test_a_finished_online_run_whose_process_lives_on_is_not_listed_as_running(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notebook, or a script that runs several evaluations: the process
+    outlives each run, and its uplink shares the run's lock until it is done."""
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = pr.init(
+        environments=["gsm8k"],
+        model="m",
+        mode="online",
+        api_key=API_KEY,
+        base_url=local_platform.url,
+        runs_dir=runs,
+    )
+    run.log_episodes(workloads.gsm8k(3))
+    run.finish()
+    assert run.journal_path is not None
+    row = _ls(runs)[run.journal_path.name]
+    assert (row["outcome"], row["shipping"], row["owner"]) == ("completed", "shipped", None)
