@@ -33,6 +33,11 @@ def _offline_eval(runs: Path, episodes: int, **finish: Any) -> Path:
     return run.journal_path
 
 
+def _shipping_env(url: str) -> dict[str, str]:
+    """The environment of a command that ships to the local platform at ``url``."""
+    return {**os.environ, "PRIME_API_KEY": API_KEY, "PRIME_API_BASE_URL": url}
+
+
 def _ls(runs: Path, env: dict[str, str] | None = None) -> dict[str, dict[str, Any]]:
     done = cli_subprocess("ls", "--runs-dir", str(runs), "--json", env=env)
     assert done.returncode == 0, done.stderr
@@ -145,11 +150,7 @@ def test_json_is_the_only_thing_on_stdout_for_every_reporting_command(
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
     path = _offline_eval(runs, 6)
-    env = {
-        **os.environ,
-        "PRIME_API_KEY": API_KEY,
-        "PRIME_API_BASE_URL": local_platform.url,
-    }
+    env = _shipping_env(local_platform.url)
     commands = [
         ["ls", "--runs-dir", str(runs)],
         ["show", "--runs-dir", str(runs), path.name],
@@ -188,12 +189,7 @@ def test_replay_progress_counts_records_only_for_sinks_that_ship(
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
     path = _offline_eval(runs, 9)
-    env = {
-        **os.environ,
-        "PRIME_API_KEY": API_KEY,
-        "PRIME_API_BASE_URL": local_platform.url,
-        "PRIME_TRACES_OPT_OUT": "1",
-    }
+    env = {**_shipping_env(local_platform.url), "PRIME_TRACES_OPT_OUT": "1"}
     done = cli_subprocess("sync", "--runs-dir", str(runs), path.name, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     bars = [line for line in done.stdout.splitlines() if "━" in line]
@@ -245,7 +241,7 @@ def test_a_damaged_journal_exits_4_from_every_command_that_reads_it(
     garbage = runs / "garbage"
     garbage.mkdir()
     (garbage / "data.mdb").write_bytes(os.urandom(64 << 10))
-    env = {**os.environ, "PRIME_API_KEY": API_KEY, "PRIME_API_BASE_URL": local_platform.url}
+    env = _shipping_env(local_platform.url)
     listed = cli_subprocess("ls", "--runs-dir", str(runs), "--json", env=env)
     assert listed.returncode == 0  # a listing lists the damage, it does not fail on it
     assert {row["local_id"]: row["outcome"] for row in json.loads(listed.stdout)}["garbage"] == (
@@ -266,14 +262,8 @@ def test_a_finished_online_run_whose_process_lives_on_is_not_listed_as_running(
     """A notebook, or a script that runs several evaluations: the process
     outlives each run, and its uplink shares the run's lock until it is done."""
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
-    run = pr.init(
-        environments=["gsm8k"],
-        model="m",
-        mode="online",
-        api_key=API_KEY,
-        base_url=local_platform.url,
-        runs_dir=runs,
-    )
+    run = pr.init(environments=["gsm8k"], model="m", mode="online", api_key=API_KEY,
+                  base_url=local_platform.url, runs_dir=runs)  # fmt: skip
     run.log_episodes(workloads.gsm8k(3))
     run.finish()
     assert run.journal_path is not None
