@@ -208,6 +208,14 @@ def peek_header(value: bytes | memoryview) -> FrameHeader:
     return FrameHeader(version, kind, flags, dict_id, raw_len, crc)
 
 
+def peek_kind(value: bytes | memoryview) -> int | None:
+    """The entry kind a frame's header names, or None if it has no valid
+    header: ``peek_header`` at a fraction of its cost, for counting."""
+    if len(value) < HEADER_SIZE or value[0] not in _VERSIONS:
+        return None
+    return int(value[1])
+
+
 def verify_frame(value: bytes | memoryview, seq: int | None = None) -> FrameHeader:
     """Check a frame's header and checksum without decompressing; raises FrameError.
 

@@ -7,7 +7,6 @@ reported and passed over, so one bad page never stops a run's shipping.
 
 from __future__ import annotations
 
-import contextlib
 from collections import Counter
 from collections.abc import Collection, Sequence
 
@@ -15,7 +14,7 @@ import lmdb
 
 from primeruns.exceptions import JournalCorruptError
 from primeruns.journal.dicts import Dictionaries
-from primeruns.journal.frames import EntryKind, FrameError, peek_header
+from primeruns.journal.frames import EntryKind, FrameError, peek_header, peek_kind
 from primeruns.journal.layout import KEY, decode_entry, gather, is_chunk_key, key, missing, seq_of
 from primeruns.journal.tail import K_FLOOR
 from primeruns.journal.txn import Transactions
@@ -142,20 +141,20 @@ class Reader:
         """One transaction of ``tally``: where the next should start, or None at the end."""
         with self._tx.read(buffers=True) as txn:
             cur = txn.cursor(db=self._tx.dbs[name])
-            more = cur.set_range(start)
-            index, examined = 0, 0
-            while more:
-                raw_key, value = cur.item()
+            if not cur.set_range(start):
+                return None
+            index = 0
+            for examined, (raw_key, value) in enumerate(cur.iternext()):
                 if examined >= _MAX_SCAN:
                     return bytes(raw_key)
-                examined += 1
-                if len(raw_key) == KEY.size:
-                    seq = KEY.unpack(raw_key)[0]
-                    while index < len(bounds) and seq > bounds[index]:
-                        index += 1
-                    with contextlib.suppress(FrameError):  # damage: read() reports it
-                        counts[index][peek_header(value).kind] += 1
-                more = cur.next()
+                if len(raw_key) != KEY.size:
+                    continue  # a chunk of the entry before it
+                seq = KEY.unpack(raw_key)[0]
+                while index < len(bounds) and seq > bounds[index]:
+                    index += 1
+                kind = peek_kind(value)
+                if kind is not None:  # damage: read() reports it
+                    counts[index][kind] += 1
         return None
 
     def get(self, seq: int) -> Entry | None:

@@ -163,3 +163,48 @@ def test_a_failed_count_of_staged_entries_never_lets_an_append_jump_ahead_of_the
         got = j.read(0)
         assert [e.seq for e in got.entries] == [1, 2] and not got.damaged
         assert j._mover.staged == 0 and j.damage() == []
+
+
+def test_tally_counts_entries_not_chunks_across_cuts_and_compaction(tmp_path: Path) -> None:
+    """What ``primeruns ls`` shows as episodes logged, and each sink's pending."""
+    payloads = _write(tmp_path)
+    n = len(payloads)
+    kinds = [EntryKind.EPISODE if i % 2 else EntryKind.TRACE for i in range(n)]
+
+    def expected(lo: int, hi: int) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for kind in kinds[lo:hi]:
+            out[int(kind)] = out.get(int(kind), 0) + 1
+        return out
+
+    with Journal.open(tmp_path / "run") as j:
+        assert [dict(c) for c in j.tally()] == [expected(0, n)]
+        assert [dict(c) for c in j.tally([7, 20])] == [
+            expected(0, 7),
+            expected(7, 20),
+            expected(20, n),
+        ]
+        j.ack("traces", 10)
+        j.ack("eval_samples", 12)
+        assert j.compact() == 10
+        # Compacted entries still count as logged; what is left is as before.
+        assert [dict(c) for c in j.tally([12])] == [expected(0, 12), expected(12, n)]
+    # A damaged entry is not counted (the damage report names it instead).
+    env = lmdb.open(str(tmp_path / "run"), max_dbs=8, readonly=True, lock=False)
+    with env.begin() as txn:
+        head = txn.get(struct.pack(">Q", 15), db=env.open_db(b"entries", txn=txn))
+    env.close()
+    assert head is not None
+    data = tmp_path / "run" / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    at = raw.find(head[:24])
+    assert at >= 0
+    while at >= 0:  # pages are copied on write: stale copies may sit in freed pages
+        raw[at] = 0xEE  # an unknown frame version
+        at = raw.find(head[:24], at + 1)
+    data.write_bytes(bytes(raw))
+    with Journal.open(tmp_path / "run", owner=False) as j:
+        [counts] = j.tally()
+    total = expected(0, n)
+    total[int(kinds[14])] -= 1
+    assert dict(counts) == total
