@@ -107,8 +107,12 @@ RECORD_KINDS = {
 }
 
 
+_KNOWN_KINDS = frozenset(int(k) for k in EntryKind)
+
+
 def pending_per_sink(info: JournalInfo) -> dict[str, int | str]:
-    """Per sink of the run, the records it has still to ship, or ``"off"``."""
+    """Per sink of the run, the records it has still to ship, or ``"off"``
+    (``info`` must come from a listing with ``tally=True``)."""
     kind = str((info.meta.get("spec") or {}).get("kind") or "eval")
     out: dict[str, int | str] = {}
     for sink, kinds in sink_kinds(kind).items():
@@ -116,7 +120,11 @@ def pending_per_sink(info: JournalInfo) -> dict[str, int | str]:
             out[sink] = "off"
             continue
         after = info.after.get(int(info.cursors.get(sink, 0)), Counter())
-        out[sink] = sum(after[int(k)] for k in kinds)
+        # An entry that cannot be read, or of a kind this version does not
+        # know, may be anything: it is pending for every sink until a replay
+        # passes over it (and counts what it lost).
+        unknown = sum(n for k, n in after.items() if k not in _KNOWN_KINDS)
+        out[sink] = sum(after[int(k)] for k in kinds) + unknown
     return out
 
 
@@ -237,4 +245,4 @@ def describe(info: JournalInfo) -> RunStatus:
 
 
 def statuses(runs_dir: Path) -> list[RunStatus]:
-    return [describe(info) for info in list_journals(runs_dir)]
+    return [describe(info) for info in list_journals(runs_dir, tally=True)]

@@ -41,6 +41,7 @@ from rich.text import Text
 import primeruns as pr
 
 from ..journal import EntryKind, Journal
+from ..journal.lock import owner_alive, read_owner
 from ..metrics import from_episodes
 from ..platform import resolve_settings
 from .common import EXIT_FAILED, EXIT_OK, CommandError
@@ -77,6 +78,7 @@ class Demo:
         self.console = console
         self.checks: list[Check] = []
         self.http = httpx.Client(base_url=url, timeout=10.0)
+        self.killed_journal: Path | None = None  # its uplink may still run
 
     def check(self, what: str, ok: bool, detail: str = "") -> bool:
         self.checks.append(Check(what, ok, detail))
@@ -180,6 +182,7 @@ class Demo:
             "and closes the run"
         )
         journal_path, run_id, acked = self._kill_producer()
+        self.killed_journal = journal_path
         if journal_path is None or run_id is None:
             return
         with Journal.open(journal_path, owner=False) as journal:
@@ -268,6 +271,9 @@ class Demo:
             rest, _ = proc.communicate(timeout=30)
         finally:
             watchdog.cancel()
+            if proc.poll() is None:  # the demo itself was stopped meanwhile
+                proc.kill()
+                proc.wait()
         # Lines printed after the last one read were acknowledged too.
         for line in rest.splitlines():
             word, _, value = line.strip().partition(" ")
@@ -359,6 +365,16 @@ def _terminable() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _stop_uplink(journal: Path) -> None:
+    """SIGTERM the killed producer's uplink if it still ships (it runs in a
+    session of its own, so nothing else reaches it): nothing it would ship
+    outlives the demo's platform and directory."""
+    info = read_owner(journal)
+    if info is not None and info.helper_pid is not None and owner_alive(info):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(info.helper_pid, signal.SIGTERM)
+
+
 def _where_to_look(console: Console, demo: Demo, url: str, serving: bool, kept: bool) -> None:
     console.print("where to look:")
     console.print(
@@ -394,6 +410,8 @@ def run_demo(args: argparse.Namespace) -> int:
     temporary = not args.dir
     workdir = Path(args.dir) if args.dir else Path(tempfile.mkdtemp(prefix="primeruns-demo-"))
     platform: LocalPlatform | None = None
+    demo: Demo | None = None
+    terminated = False
     try:
         with _terminable():
             workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -405,8 +423,8 @@ def run_demo(args: argparse.Namespace) -> int:
             else:
                 key = f"demo-{secrets.token_urlsafe(18)}"
                 console.print(f"starting the local platform (data in {workdir / 'platform'}) ...")
-                platform = LocalPlatform(workdir / "platform", api_key=key).start()
-                url = platform.url
+                platform = LocalPlatform(workdir / "platform", api_key=key)
+                url = platform.start().url
             with _demo_environment(url, key):
                 demo = Demo(url, key, workdir, console)
                 console.print(
@@ -448,13 +466,21 @@ def run_demo(args: argparse.Namespace) -> int:
                     platform.wait()
             return EXIT_OK if passed else EXIT_FAILED
     except _Terminated:
-        print("primeruns demo: terminated; the platform is stopped", file=sys.stderr)
+        terminated = True
         return EXIT_TERMINATED
     finally:
+        if demo is not None and demo.killed_journal is not None:
+            _stop_uplink(demo.killed_journal)
         if platform is not None:
             platform.stop()
         if temporary:
             shutil.rmtree(workdir, ignore_errors=True)
+        if terminated:
+            print(
+                "primeruns demo: terminated; its platform is stopped"
+                + (" and its temporary directory removed" if temporary else ""),
+                file=sys.stderr,
+            )
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

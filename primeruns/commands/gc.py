@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 from ..exceptions import JournalError, JournalLockedError
-from ..journal import delete_journal
+from ..journal import delete_journal, journal_info
 from .common import (
     EXIT_FAILED,
     EXIT_OK,
@@ -48,7 +48,8 @@ def _verdict(status: RunStatus, older_than: float, force: bool) -> str | None:
     if force:
         return None
     if status.pending_total:
-        return f"{status.pending_total} pending entries (replay or sync it, or --force)"
+        most = max(v for v in status.pending.values() if isinstance(v, int))
+        return f"{most} records still to ship (replay or sync it, or --force)"
     if not status.finalized:
         return "not closed out on the platform (replay or sync it, or --force)"
     return None
@@ -65,6 +66,12 @@ def run_gc(args: argparse.Namespace) -> int:
         info = status.info
         entry = {"local_id": info.local_id, "state": status.state, "size_bytes": info.size_bytes}
         reason = _verdict(status, args.older_than, args.force)
+        if reason is None and not args.force:
+            # Deleting is final: a full scan first, for entries a listing
+            # does not read (a damaged one is data nobody has received).
+            damage = journal_info(info.path, verify=True).damage
+            if damage:
+                reason = f"damaged ({damage[0].what}): replay it first, or --force"
         raced = False  # its owner started after the listing: always said
         if reason is None and not args.dry_run:
             try:

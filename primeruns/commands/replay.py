@@ -49,7 +49,7 @@ _MAX_DAMAGE_LINES = 5
 
 
 def _status_of(path: Path) -> RunStatus:
-    return describe(journal_info(path))
+    return describe(journal_info(path, tally=True))
 
 
 def _units(kinds: frozenset[EntryKind], status: RunStatus) -> str:
@@ -77,7 +77,7 @@ def describe_plan(status: RunStatus) -> list[str]:
         return [f"refused: owned by {status.info.owner}, which is still running"]
     if not status.platform:
         lines.append("would register the run on the platform (it never was)")
-    pending = {k: v for k, v in status.pending.items() if v}
+    pending = {k: v for k, v in status.pending.items() if isinstance(v, int) and v > 0}
     if pending:
         parts = ", ".join(f"{v} to {k}" for k, v in pending.items())
         lines.append(f"would ship pending records: {parts}")
@@ -159,6 +159,70 @@ def _report(report: ShipReport, plan: dict[str, tuple[int, str]], console: Conso
     )
 
 
+class _NotShipped(Exception):
+    """Why a journal was not shipped at all, with the exit code it deserves."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def not_shipped_json(path: Path, code: int, error: str) -> dict[str, Any]:
+    return {
+        "path": str(path),
+        "local_id": path.name,
+        "ok": False,
+        "exit_code": code,
+        "error": error,
+    }
+
+
+def _ship(
+    path: Path, base_url: str | None, timeout: float, stream: TextIO
+) -> tuple[ShipReport, dict[str, tuple[int, str]]]:
+    """Ship one journal with progress bars on ``stream``; _NotShipped if it cannot start."""
+    try:
+        with Journal.open(path, owner=False) as journal:
+            settings = journal_settings(journal, base_url=base_url)
+    except JournalCorruptError as exc:
+        raise _NotShipped(f"damaged journal: {exc}", EXIT_DAMAGED) from None
+    except JournalError as exc:
+        raise _NotShipped(str(exc), EXIT_USAGE) from None
+    if not settings.api_key:
+        raise _NotShipped(
+            "no API key: set PRIME_API_KEY (or api_key in ~/.prime/config.json) to ship runs",
+            EXIT_USAGE,
+        )
+    plan = shipping_plan(_status_of(path), settings)
+    head = Text(path.name, style="bold")
+    head.append(f" -> {settings.api_root}")
+    make_console(stream).print(head)
+    bars = ShipProgress(
+        stream,
+        {sink: total for sink, (total, _) in plan.items()},
+        {sink: unit for sink, (_, unit) in plan.items()},
+    )
+    try:
+        report = ship_journal(path, settings=settings, timeout=timeout, progress=bars)
+    except JournalLockedError as exc:
+        who = exc.owner or "another process"
+        raise _NotShipped(
+            f"refused: the run is owned by {who}, which is still running; "
+            "replay it after that process exits",
+            EXIT_LOCKED,
+        ) from None
+    except JournalCorruptError as exc:
+        raise _NotShipped(f"damaged journal: {exc}", EXIT_DAMAGED) from None
+    except JournalError as exc:
+        raise _NotShipped(str(exc), EXIT_USAGE) from None
+    finally:
+        bars.done()
+    if report.run_id is None and not report.pending:
+        # Never registered: everything it holds is still to ship.
+        report.pending = {sink: n for sink, (n, _) in plan.items() if n}
+    return report, plan
+
+
 def replay_one(
     path: Path,
     *,
@@ -172,57 +236,24 @@ def replay_one(
 
     Returns the exit code (see the module doc); never raises for a locked,
     damaged or unreachable case. With ``results`` given, the outcome is
-    appended there as a JSON object and only progress is printed (to ``err``).
+    appended there as a JSON object, whatever it was, and only progress is
+    printed (to ``err``).
     """
     out = out or sys.stdout
     err = err or sys.stderr
-    console = make_console(err if results is not None else out)
+    stream = err if results is not None else out
     try:
-        with Journal.open(path, owner=False) as journal:
-            settings = journal_settings(journal, base_url=base_url)
-    except JournalCorruptError as exc:
-        err.write(f"{path}: damaged journal: {exc}\n")
-        return EXIT_DAMAGED
-    except JournalError as exc:
+        report, plan = _ship(path, base_url, timeout, stream)
+    except _NotShipped as exc:
         err.write(f"{path}: {exc}\n")
-        return EXIT_USAGE
-    if not settings.api_key:
-        err.write(
-            f"{path}: no API key: set PRIME_API_KEY (or api_key in ~/.prime/config.json) "
-            "to ship runs\n"
-        )
-        return EXIT_USAGE
-    plan = shipping_plan(_status_of(path), settings)
-    head = Text(path.name, style="bold")
-    head.append(f" -> {settings.api_root}")
-    console.print(head)
-    bars = ShipProgress(
-        err if results is not None else out,
-        {sink: total for sink, (total, _) in plan.items()},
-        {sink: unit for sink, (_, unit) in plan.items()},
-    )
-    try:
-        report = ship_journal(path, settings=settings, timeout=timeout, progress=bars)
-    except JournalLockedError as exc:
-        who = exc.owner or "another process"
-        err.write(
-            f"{path}: refused: the run is owned by {who}, which is still running; "
-            "replay it after that process exits\n"
-        )
-        return EXIT_LOCKED
-    except JournalCorruptError as exc:
-        err.write(f"{path}: damaged journal: {exc}\n")
-        return EXIT_DAMAGED
-    except JournalError as exc:
-        err.write(f"{path}: {exc}\n")
-        return EXIT_USAGE
-    finally:
-        bars.done()
+        if results is not None:
+            results.append(not_shipped_json(path, exc.code, str(exc)))
+        return exc.code
     code = _exit_code(report)
     if results is not None:
         results.append(report_json(report, code))
     else:
-        _report(report, plan, console)
+        _report(report, plan, make_console(out))
     return code
 
 
@@ -270,8 +301,11 @@ def _run(args: argparse.Namespace, *, offline: bool) -> int:
         try:
             code = replay_one(path, base_url=args.base_url, timeout=args.timeout, results=results)
         except Exception as exc:  # one journal's trouble must not strand the others
-            print(f"{path}: not shipped: {type(exc).__name__}: {exc}", file=sys.stderr)
+            error = f"not shipped: {type(exc).__name__}: {exc}"
+            print(f"{path}: {error}", file=sys.stderr)
             code = EXIT_FAILED
+            if results is not None:
+                results.append(not_shipped_json(path, code, error))
         worst = max(worst, code)
     if results is not None:
         emit_json(results)

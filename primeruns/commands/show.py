@@ -18,13 +18,12 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from ..journal import Damage, EntryKind, Journal, list_journals
+from ..journal import Damage, EntryKind, Journal, journal_info
 from ..ship.factory import sink_kinds
 from ..ship.uplink import terminal_state
 from .common import (
     EXIT_DAMAGED,
     EXIT_OK,
-    CommandError,
     RunStatus,
     add_json,
     add_runs_dir,
@@ -240,13 +239,14 @@ def run_show(args: argparse.Namespace) -> int:
     logged and what each sink still has to ship, losses with reasons, damage,
     summary, and metric curves as sparklines. Exit 4 if the journal is damaged."""
     path = resolve_run(args.run, runs_dir_of(args))
-    infos = [i for i in list_journals(path.parent, verify=True) if i.path == path]
-    if not infos:
-        raise CommandError(f"{path} is not a prime-runs journal")
-    status = describe(infos[0])
+    status = describe(journal_info(path, verify=True, tally=True))
     damage: list[Damage] = list(status.info.damage)
     with Journal.open(path, owner=False) as journal:
-        rows = load_rows(journal, {EntryKind.METRICS}, damage)
+        met: list[Damage] = []
+        rows = load_rows(journal, {EntryKind.METRICS}, met)
+        # The scan above found damaged entries already: each is named once.
+        known = {d.seq for d in damage if d.seq is not None} | {d.what for d in damage}
+        damage.extend(d for d in met if d.seq not in known and d.what not in known)
         doc = _document(status, journal, rows, damage)
     if args.json:
         emit_json(doc)

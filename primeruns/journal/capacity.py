@@ -205,16 +205,13 @@ def _count_kind(counts: Counter[int], value: bytes | memoryview) -> None:
 
 
 def _merged(tx: Transactions, txn: lmdb.Transaction, removed: Counter[int]) -> dict[str, int]:
-    """The compacted counts so far plus ``removed``; an unreadable old value
-    starts afresh (the counts are for display, never for shipping)."""
+    """The compacted counts so far plus ``removed``; an unreadable or malformed
+    old value starts afresh (the counts are for display, never for shipping)."""
     try:
-        old = tx.meta_or(txn, K_COMPACTED_KINDS, {})
+        old = compacted_kinds(tx.meta_or(txn, K_COMPACTED_KINDS, {}))
     except JournalError:
-        old = {}
-    out = {str(k): int(v) for k, v in old.items()} if isinstance(old, dict) else {}
-    for kind, count in removed.items():
-        out[str(kind)] = out.get(str(kind), 0) + count
-    return out
+        old = Counter()
+    return {str(kind): count for kind, count in (old + removed).items()}
 
 
 def compacted_kinds(value: object) -> Counter[int]:
@@ -223,5 +220,5 @@ def compacted_kinds(value: object) -> Counter[int]:
     if isinstance(value, dict):
         for kind, count in value.items():
             with contextlib.suppress(TypeError, ValueError):
-                out[int(kind)] += int(count)
+                out[int(kind)] += max(0, int(count))
     return out

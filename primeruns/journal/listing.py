@@ -50,8 +50,9 @@ class JournalInfo:
     owner_alive: bool
     damage: list[Damage] = field(default_factory=list)
     after: dict[int, Counter[int]] = field(default_factory=dict)
-    """For offset 0 and each sink's acknowledged offset, the entries after it
-    per kind (at 0, everything the run logged, compacted entries included)."""
+    """With ``tally=True``: for offset 0 and each sink's acknowledged offset,
+    the entries after it per kind (at 0, everything the run logged, compacted
+    entries included; unreadable ones under ``UNREADABLE``)."""
 
 
 def _tallies(journal: Journal, cursors: dict[str, int]) -> dict[int, Counter[int]]:
@@ -65,7 +66,7 @@ def _tallies(journal: Journal, cursors: dict[str, int]) -> dict[int, Counter[int
     return after
 
 
-def _info(path: Path, *, verify: bool) -> JournalInfo:
+def _info(path: Path, *, verify: bool, tally: bool) -> JournalInfo:
     owner = read_owner(path)
     try:
         modified = (path / DATA_NAME).stat().st_mtime
@@ -99,28 +100,30 @@ def _info(path: Path, *, verify: bool) -> JournalInfo:
                     "cursors": cursors,
                     "losses": journal.losses(),
                     "damage": damage,
-                    "after": _tallies(journal, cursors),
+                    "after": _tallies(journal, cursors) if tally else {},
                 }
             )
     except Exception as exc:  # a listing never raises for one bad run
         return JournalInfo(**base, damage=[Damage(None, f"{path.name}: {exc}")])
 
 
-def journal_info(path: Path, *, verify: bool = False) -> JournalInfo:
+def journal_info(path: Path, *, verify: bool = False, tally: bool = False) -> JournalInfo:
     """One journal's state, as ``list_journals`` gives it (never raises for damage)."""
     path = Path(path)
     probe_many([path])
-    return _info(path, verify=verify)
+    return _info(path, verify=verify, tally=tally)
 
 
 def list_journals(
-    runs_dir: Path, *, verify: bool = False, skip_live: bool = False
+    runs_dir: Path, *, verify: bool = False, skip_live: bool = False, tally: bool = False
 ) -> list[JournalInfo]:
     """Every journal under ``runs_dir``, oldest first (ids sort by creation time).
 
     Takes no lock; never raises for a damaged journal (its ``damage`` says
     what is wrong). ``verify=True`` also scans every entry (slower).
     ``skip_live=True`` leaves out journals whose owner is alive, unopened.
+    ``tally=True`` fills ``after`` (a scan of every entry's header: for the
+    commands that show counts, never for ``init``).
     """
     runs_dir = Path(runs_dir)
     try:
@@ -130,7 +133,7 @@ def list_journals(
     if skip_live:
         children = [p for p in children if not owner_alive(read_owner(p))]
     probe_many(children)  # one child walks them all first (see probe); opens reuse it
-    return [_info(p, verify=verify) for p in children]
+    return [_info(p, verify=verify, tally=tally) for p in children]
 
 
 def delete_journal(path: Path) -> None:

@@ -47,9 +47,12 @@ class OwnerInfo:
     proc_start: int | None  # /proc start time in ticks: tells a reused pid apart
     helper_pid: int | None = None  # the uplink sharing the lock, if any
     helper_start: int | None = None
+    producer_done: bool = False  # the producer let go: only the uplink may hold it
 
     def describe(self) -> str:
-        if self.helper_pid is not None and not _pid_alive(self.pid, self.proc_start):
+        if self.helper_pid is not None and (
+            self.producer_done or not _pid_alive(self.pid, self.proc_start)
+        ):
             return f"the uplink of pid {self.pid} (pid {self.helper_pid} on {self.host})"
         return f"pid {self.pid} on {self.host}"
 
@@ -63,6 +66,8 @@ class OwnerInfo:
         if self.helper_pid is not None:
             out["helper_pid"] = self.helper_pid
             out["helper_start"] = self.helper_start
+        if self.producer_done:
+            out["producer_done"] = True
         return out
 
 
@@ -105,6 +110,7 @@ def read_owner(directory: Path) -> OwnerInfo | None:
             None if data.get("proc_start") is None else int(data["proc_start"]),
             None if data.get("helper_pid") is None else int(data["helper_pid"]),
             None if data.get("helper_start") is None else int(data["helper_start"]),
+            data.get("producer_done") is True,
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -116,7 +122,7 @@ def owner_alive(info: OwnerInfo | None) -> bool:
         return False
     if info.host != socket.gethostname():
         return True  # cannot tell from here: assume alive, the safe answer for deletion
-    if _pid_alive(info.pid, info.proc_start):
+    if not info.producer_done and _pid_alive(info.pid, info.proc_start):
         return True
     return info.helper_pid is not None and _pid_alive(info.helper_pid, info.helper_start)
 
@@ -159,6 +165,7 @@ class OwnerLock:
             ) from None
         self._fd: int | None = fd
         self._shared = False
+        self.inherited = False  # the uplink's copy, from its producer
         self.owner = current_owner()
         if record:
             data = json.dumps(self.owner.to_json()).encode()
@@ -174,6 +181,7 @@ class OwnerLock:
         self._pid = os.getpid()
         self._fd = fd
         self._shared = True
+        self.inherited = True
         os.set_inheritable(fd, False)
         info = read_owner(directory)
         self.owner = info or current_owner()
@@ -201,24 +209,14 @@ class OwnerLock:
             os.pwrite(self._fd, encoded, 0)
             os.ftruncate(self._fd, len(encoded))
 
-    def _clear_if_last(self) -> None:
-        """After closing a shared copy: if nobody holds the lock any more, this
-        process was its last holder, so clear the owner record. Otherwise a
-        finished run whose producer lives on (a notebook, a script that runs
-        several evaluations) would be listed as running for as long as it does."""
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
-        except OSError:
-            return  # the directory is gone: nothing to clear
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(fd)  # still held: its last holder clears it on release
+    def _mark_producer_done(self, fd: int) -> None:
+        info = read_owner(self.path.parent)
+        if info is None or info.pid != self._pid:
             return
+        encoded = json.dumps({**info.to_json(), "producer_done": True}).encode()
         with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
-            fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
+            os.pwrite(fd, encoded, 0)
+            os.ftruncate(fd, len(encoded))
 
     def release(self) -> None:
         """Release the lock; idempotent, and a no-op in a forked child (see module doc)."""
@@ -226,8 +224,14 @@ class OwnerLock:
         if fd is None or os.getpid() != self._pid:
             return
         if self._shared:
+            if not self.inherited:
+                # The producer lets go first or last; either way only its
+                # uplink may still hold the lock now, so listings must judge
+                # by the uplink alone. Otherwise a finished run whose producer
+                # lives on (a notebook, a script of several evaluations) would
+                # be listed as running for as long as it does.
+                self._mark_producer_done(fd)
             os.close(fd)  # the flock ends with the last holder's close
-            self._clear_if_last()
             return
         with contextlib.suppress(OSError):
             os.ftruncate(fd, 0)  # no owner any more: listings show none

@@ -20,6 +20,10 @@ from primeruns.journal.tail import K_FLOOR
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import Damage, Entry, ReadResult
 
+# The kind ``tally`` counts an entry under when its header cannot be read (no
+# entry kind is 0).
+UNREADABLE = 0
+
 # A read examines at most this many entries, so skipping a long run of other
 # kinds never holds the lock for long; next_after says where it stopped.
 _MAX_SCAN = 50_000
@@ -122,9 +126,10 @@ class Reader:
     def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
         """Entries present per kind in each interval the ascending ``cuts`` make:
         ``(0, c1], (c1, c2], ..., (cn, end]``, by header alone (nothing is
-        decompressed). Unreadable entries are not counted (``read`` reports
-        them). The scan goes in bounded read transactions, so a long journal
-        never pins a live writer's old pages for long."""
+        decompressed). An entry whose header cannot be read counts under
+        ``UNREADABLE``: it is still there, unshipped (``read`` reports it).
+        The scan goes in bounded read transactions, so a long journal never
+        pins a live writer's old pages for long."""
         bounds = sorted(set(cuts))
         counts: list[Counter[int]] = [Counter() for _ in range(len(bounds) + 1)]
         for name in ("entries", "staging"):
@@ -153,8 +158,7 @@ class Reader:
                 while index < len(bounds) and seq > bounds[index]:
                     index += 1
                 kind = peek_kind(value)
-                if kind is not None:  # damage: read() reports it
-                    counts[index][kind] += 1
+                counts[index][UNREADABLE if kind is None else kind] += 1
         return None
 
     def get(self, seq: int) -> Entry | None:

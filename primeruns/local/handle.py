@@ -111,9 +111,13 @@ class LocalPlatform:
                 cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
             )
         deadline = time.monotonic() + START_TIMEOUT
-        self.url = self._wait_for_url(deadline)
-        self._port = int(self.url.rsplit(":", 1)[1])
-        self._wait_healthy(deadline)
+        try:
+            self.url = self._wait_for_url(deadline)
+            self._port = int(self.url.rsplit(":", 1)[1])
+            self._wait_healthy(deadline)
+        except BaseException:
+            self.stop()  # a signal or Ctrl-C while it starts: never leave it running
+            raise
         return self
 
     def _wait_for_url(self, deadline: float) -> str:

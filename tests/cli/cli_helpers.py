@@ -38,8 +38,7 @@ def cli_subprocess(
     )
 
 
-def flip_entry_bytes(journal: Path, seq: int) -> None:
-    """Corrupt entry ``seq`` in place: flip bytes inside its stored value."""
+def _stored_value(journal: Path, seq: int) -> bytes:
     env = lmdb.open(str(journal), readonly=True, lock=False, max_dbs=8, subdir=True)
     try:
         entries = env.open_db(b"entries", create=False)
@@ -48,6 +47,25 @@ def flip_entry_bytes(journal: Path, seq: int) -> None:
     finally:
         env.close()
     assert value is not None and len(value) > 40, "entry too small to corrupt usefully"
+    return bytes(value)
+
+
+def break_entry_header(journal: Path, seq: int) -> None:
+    """Make entry ``seq``'s header unreadable (an unknown frame version), every copy."""
+    value = _stored_value(journal, seq)
+    data_path = journal / "data.mdb"
+    data = bytearray(data_path.read_bytes())
+    at = data.find(value)
+    assert at >= 0, "entry value not found on disk"
+    while at >= 0:
+        data[at] = 0xEE
+        at = data.find(value, at + 1)
+    data_path.write_bytes(bytes(data))
+
+
+def flip_entry_bytes(journal: Path, seq: int) -> None:
+    """Corrupt entry ``seq`` in place: flip bytes inside its stored value."""
+    value = _stored_value(journal, seq)
     data_path = journal / "data.mdb"
     data = bytearray(data_path.read_bytes())
     # Leaf pages are copied on write, so stale copies of the value may sit in

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -64,3 +65,60 @@ def test_demo_passes_every_check_says_where_to_look_and_cleans_up_on_sigterm(
     assert list((tmp_path / "tmp").iterdir()) == []  # its temporary directory is gone
     with socket.socket() as probe:  # and so is its platform
         assert probe.connect_ex((origin.hostname or "", origin.port or 0)) != 0
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if text.encode() in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def _exits_within(pid: int, timeout: float) -> bool:
+    """Whether ``pid`` ends within ``timeout`` (waited on through a pidfd)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return True
+    try:
+        return bool(select.select([fd], [], [], timeout)[0])
+    finally:
+        os.close(fd)
+
+
+def test_sigterm_mid_demo_stops_everything_it_started(tmp_path: Path) -> None:
+    """Told to stop while the killed producer's uplink still ships: the
+    platform, the producer and that uplink all end, and the directory goes."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME")}
+    env["HOME"] = str(tmp_path / "home")
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    proc = procs.start(
+        [sys.executable, "-m", "primeruns", "demo"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    for line in proc.stdout:
+        if "waiting for the uplink" in line:
+            break
+    else:
+        raise AssertionError("the demo never reached its crash step: " + proc.stderr.read())
+    started = _processes_mentioning(str(tmp_path / "tmp"))
+    assert started  # at least the platform, serving from the demo's directory
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 143
+    err = proc.stderr.read()
+    proc.stdout.close()
+    proc.stderr.close()
+    assert "terminated; its platform is stopped" in err and "Traceback" not in err, err
+    assert all(_exits_within(pid, 15.0) for pid in started), _processes_mentioning(str(tmp_path))
+    assert list((tmp_path / "tmp").iterdir()) == []

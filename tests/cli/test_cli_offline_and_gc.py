@@ -4,15 +4,17 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import workloads
-from cli_helpers import cli, landed_once
+from cli_helpers import break_entry_header, cli, landed_once
 from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
+from primeruns.journal import EntryKind, Journal
 
 
 def _offline_eval(runs: Path, url: str, n: int) -> pr.Run:
@@ -118,3 +120,25 @@ def test_sync_with_base_url_moves_prime_traces_along(
     stored = local_platform.run(listed["id"])
     assert landed_once(stored, 5) and stored["samples"]["rows"] == 5
     assert run.journal_path is not None
+
+
+def test_gc_keeps_a_closed_out_run_whose_unshipped_entry_is_damaged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A close-out may finalize with records left; if the only ones left
+    cannot be read, they are still data nobody received."""
+    runs = tmp_path / "runs"
+    episodes = [json.dumps({"id": f"e{i}", "prompt": os.urandom(64).hex()}) for i in range(12)]
+    with Journal.create(runs, local_id="victim", meta={"spec": {"kind": "eval"}}) as journal:
+        journal.append(EntryKind.EPISODE, [e.encode() for e in episodes])
+        for sink in ("traces", "eval_samples"):
+            journal.ack(sink, 10)
+        journal.set_meta("finalized", {"status": "completed", "at": 0})
+    path = runs / "victim"
+    break_entry_header(path, 11)
+    _, out, _ = cli(capsys, "ls", "--runs-dir", str(runs), "--json")
+    [row] = json.loads(out)
+    assert row["shipping"] == "2 pending" and row["state"] != "shipped", row
+    code, out, _ = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "-v")
+    assert code == 0 and path.exists(), out
+    assert "2 records still to ship" in out

@@ -269,3 +269,28 @@ def test_a_finished_online_run_whose_process_lives_on_is_not_listed_as_running(
     assert run.journal_path is not None
     row = _ls(runs)[run.journal_path.name]
     assert (row["outcome"], row["shipping"], row["owner"]) == ("completed", "shipped", None)
+
+
+def test_replay_json_reports_every_run_named_even_one_it_must_refuse(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    done = _offline_eval(runs, 4)
+    live = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    live.log_episodes(workloads.gsm8k(1))
+    assert live.journal_path is not None
+    try:
+        shipped = cli_subprocess(
+            "sync",
+            str(done),
+            str(live.journal_path),
+            "--json",
+            env=_shipping_env(local_platform.url),
+        )
+    finally:
+        live.finish()
+    assert shipped.returncode == 3, shipped.stderr  # the worst of the two: refused
+    results = {r["local_id"]: r for r in json.loads(shipped.stdout)}
+    assert results[done.name]["ok"] and results[done.name]["exit_code"] == 0
+    refused = results[live.journal_path.name]
+    assert refused["exit_code"] == 3 and "still running" in refused["error"]

@@ -25,6 +25,7 @@ from primeruns.journal import (
     fsinfo,
     list_journals,
 )
+from primeruns.journal.capacity import K_COMPACTED_KINDS
 
 
 def _rec(i: int, size: int = 20) -> bytes:
@@ -315,3 +316,14 @@ def test_the_probe_takes_directory_names_with_newlines(tmp_path: Path) -> None:
     verdicts = probe_many([odd, garbage])
     assert verdicts[odd] is None
     assert verdicts[garbage] is not None
+
+
+def test_a_malformed_compaction_count_never_stops_compaction(tmp_path: Path) -> None:
+    """The counts are for display: a value another version wrote differently
+    must not cost the journal its space."""
+    with Journal.create(tmp_path) as j:
+        j.append(EntryKind.METRICS, [_rec(i) for i in range(10)])
+        j.set_meta(K_COMPACTED_KINDS, {"4": None, "x": 3, "2": "many"})
+        j.ack("a", 6)
+        assert j.compact() == 6
+        assert dict(j.tally()[0]) == {int(EntryKind.METRICS): 10}

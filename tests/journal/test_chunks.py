@@ -16,6 +16,7 @@ import pytest
 from test_corruption import _probe
 
 from primeruns.journal import EntryKind, Journal
+from primeruns.journal.reading import UNREADABLE
 
 # Hex of random bytes compresses to about half: stored sizes from ~0.2 to ~30 KB,
 # on both sides of every threshold.
@@ -189,7 +190,7 @@ def test_tally_counts_entries_not_chunks_across_cuts_and_compaction(tmp_path: Pa
         assert j.compact() == 10
         # Compacted entries still count as logged; what is left is as before.
         assert [dict(c) for c in j.tally([12])] == [expected(0, 12), expected(12, n)]
-    # A damaged entry is not counted (the damage report names it instead).
+    # A damaged entry is counted as unreadable: still there, and shipped by nobody.
     env = lmdb.open(str(tmp_path / "run"), max_dbs=8, readonly=True, lock=False)
     with env.begin() as txn:
         head = txn.get(struct.pack(">Q", 15), db=env.open_db(b"entries", txn=txn))
@@ -207,4 +208,5 @@ def test_tally_counts_entries_not_chunks_across_cuts_and_compaction(tmp_path: Pa
         [counts] = j.tally()
     total = expected(0, n)
     total[int(kinds[14])] -= 1
+    total[UNREADABLE] = 1
     assert dict(counts) == total
