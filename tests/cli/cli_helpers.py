@@ -7,6 +7,7 @@ import os
 import struct
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,12 @@ def cli_subprocess(
     )
 
 
-def _stored_value(journal: Path, seq: int) -> bytes:
+def _corrupt_entry(journal: Path, seq: int, offsets: Callable[[int], range]) -> None:
+    """Flip the bytes at ``offsets(len(value))`` of entry ``seq``'s stored value.
+
+    Leaf pages are copied on write, so stale copies of the value may sit in
+    freed pages too: every copy is corrupted, as rot of the whole file would.
+    """
     env = lmdb.open(str(journal), readonly=True, lock=False, max_dbs=8, subdir=True)
     try:
         entries = env.open_db(b"entries", create=False)
@@ -47,37 +53,25 @@ def _stored_value(journal: Path, seq: int) -> bytes:
     finally:
         env.close()
     assert value is not None and len(value) > 40, "entry too small to corrupt usefully"
-    return bytes(value)
-
-
-def break_entry_header(journal: Path, seq: int) -> None:
-    """Make entry ``seq``'s header unreadable (an unknown frame version), every copy."""
-    value = _stored_value(journal, seq)
     data_path = journal / "data.mdb"
     data = bytearray(data_path.read_bytes())
     at = data.find(value)
     assert at >= 0, "entry value not found on disk"
     while at >= 0:
-        data[at] = 0xEE
+        for i in offsets(len(value)):
+            data[at + i] ^= 0xFF
         at = data.find(value, at + 1)
     data_path.write_bytes(bytes(data))
+
+
+def break_entry_header(journal: Path, seq: int) -> None:
+    """Make entry ``seq``'s header unreadable (its frame version byte is flipped)."""
+    _corrupt_entry(journal, seq, lambda size: range(0, 1))
 
 
 def flip_entry_bytes(journal: Path, seq: int) -> None:
     """Corrupt entry ``seq`` in place: flip bytes inside its stored value."""
-    value = _stored_value(journal, seq)
-    data_path = journal / "data.mdb"
-    data = bytearray(data_path.read_bytes())
-    # Leaf pages are copied on write, so stale copies of the value may sit in
-    # freed pages too: corrupt every copy, as rot of the whole file would.
-    at = data.find(value)
-    assert at >= 0, "entry value not found on disk"
-    while at >= 0:
-        middle = at + len(value) // 2
-        for i in range(middle, middle + 4):
-            data[i] ^= 0xFF
-        at = data.find(value, at + 1)
-    data_path.write_bytes(bytes(data))
+    _corrupt_entry(journal, seq, lambda size: range(size // 2, size // 2 + 4))
 
 
 def landed_once(stored: dict[str, Any], n: int) -> bool:
