@@ -1,0 +1,69 @@
+"""The training curves: one pygal line chart per metric, drawn on the server as SVG.
+
+pygal was chosen by measurement (``tools/bench/chart_choice.py``): a 0.5 MB
+install, no JavaScript, and a 10,000-point page a fraction of plotly's or
+bokeh's weight and render time. Its defaults would load tooltips from a CDN:
+``js=[]`` keeps every byte on this machine. pygal writes its SVG through
+ElementTree, which escapes metric names and values, so the markup is safe to
+put in the page as it is (a test holds it to that).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pygal
+from markupsafe import Markup
+
+from ...commands.show import metric_curves
+
+#: Above this many points a curve is drawn as a line only: a dot per point
+#: would weigh more than the line and hide it.
+MAX_DOTS = 1000
+#: Up to this many steps, every step gets its label on the x axis.
+MAX_STEP_LABELS = 20
+
+
+@dataclass(frozen=True)
+class Curve:
+    name: str
+    points: int
+    last_step: int | None
+    last_value: float | None
+    svg: Markup
+
+
+def _chart(name: str, points: list[tuple[int, float]]) -> Markup:
+    chart = pygal.XY(
+        js=[],
+        disable_xml_declaration=True,
+        show_legend=False,
+        show_dots=len(points) <= MAX_DOTS,
+        dots_size=3,
+        width=640,
+        height=260,
+        x_title="step",
+        title=name,
+        explicit_size=False,
+        margin=12,
+    )
+    steps = [step for step, _ in points]
+    if steps and max(steps) - min(steps) <= MAX_STEP_LABELS:
+        # Steps are whole numbers: a short run gets one label per step, not 0.2, 0.4...
+        chart.x_labels = list(range(min(steps), max(steps) + 1))
+    chart.add(name, points)
+    # pygal's ElementTree escaped every name and value in it (see the module docstring).
+    return Markup(chart.render(is_unicode=True))
+
+
+def curves(metrics: list[dict[str, Any]]) -> list[Curve]:
+    """A chart per numeric metric of ``metrics`` (rows with their ``step``), by name."""
+    out = []
+    for name, raw in sorted(metric_curves(metrics).items()):
+        # A NaN or an infinity has no place on an axis; the others still draw.
+        points = [(step, value) for step, value in raw if math.isfinite(value)]
+        last = points[-1] if points else (None, None)
+        out.append(Curve(name, len(points), last[0], last[1], _chart(name, points)))
+    return out
