@@ -22,32 +22,33 @@ from ...commands.entries import load_rows
 from ...journal import Damage, EntryKind, Journal, JournalInfo, list_journals
 from ...projection import build_samples, episodes_to_parquet_rows
 from ...records import training_step
-from ...ship.uplink import CRASH_ERROR
+from ...ship.uplink import terminal_state
 from ..traces_extract import as_object
 from .episodes import sample_row
 from .views import RunDetail, RunRow, SampleRow, StepTable, config_text
 
 log = logging.getLogger("primeruns.local.dashboard")
 
-#: A journal's state (as ``primeruns ls`` names it) as the status the pages show.
-_STATES = {"running": "RUNNING", "crashed": "CRASHED"}
 
-
-def _status(status: RunStatus) -> tuple[str, str | None]:
-    if status.info.damage and not status.info.meta:
-        return "DAMAGED", "; ".join(d.what for d in status.info.damage)
-    if status.state in _STATES:
-        error = CRASH_ERROR if status.state == "crashed" else None
-        return _STATES[status.state], error
-    finish = status.finish or {}
-    error = finish.get("error")
-    return str(finish.get("status") or status.state).upper(), error if error else None
+def _ending(info: JournalInfo) -> tuple[str, str | None]:
+    """The run's status and error: its finish record's, else running while its
+    owner lives, else crashed; damaged when the journal cannot be read."""
+    if info.damage and not info.meta:
+        return "DAMAGED", "; ".join(d.what for d in info.damage)
+    try:
+        with Journal.open(info.path, owner=False) as journal:
+            status, error, _ = terminal_state(journal)
+    except Exception as exc:  # any unreadable journal: shown as damaged, never raised
+        return "DAMAGED", f"{info.path.name}: {exc}"
+    if status == "crashed" and info.owner_alive:
+        return "RUNNING", None
+    return status.upper(), error or None
 
 
 def _row(status: RunStatus) -> RunRow:
     info = status.info
     spec = status.spec
-    state, error = _status(status)
+    state, error = _ending(info)
     created = info.meta.get("journal.created_at")
     return RunRow(
         id=info.local_id,
@@ -61,6 +62,7 @@ def _row(status: RunStatus) -> RunRow:
         counts={"records": info.last_seq},
         losses={k: int(v.get("count", 0)) for k, v in info.losses.items()},
         damage=[d.what for d in info.damage],
+        journal=status.state,
     )
 
 

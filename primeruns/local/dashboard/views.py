@@ -41,6 +41,8 @@ class RunRow:
     losses: dict[str, int] = field(default_factory=dict)
     #: What is wrong with a journal that could not be read whole.
     damage: list[str] = field(default_factory=list)
+    #: A journal's shipping state as ``primeruns ls`` says it (shipped, offline...).
+    journal: str | None = None
 
     @property
     def section(self) -> str:
