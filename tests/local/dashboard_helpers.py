@@ -66,15 +66,21 @@ def offline_train(runs: Path, steps: int, name: str = "offline-train") -> pr.Run
     return run
 
 
-def stored_steps(url: str, key: str, run_id: str) -> list[int]:
-    """The steps the platform stored metrics for, from its own API."""
+def stored_metrics(url: str, key: str, run_id: str) -> list[dict[str, Any]]:
+    """The training run's metric rows, as the platform's own API returns them."""
     answer = httpx.get(
         f"{url}/api/v1/rft/runs/{run_id}/metrics",
         headers={"Authorization": f"Bearer {key}"},
         timeout=10,
     )
     answer.raise_for_status()
-    return sorted(int(m["step"]) for m in answer.json()["metrics"])
+    rows: list[dict[str, Any]] = answer.json()["metrics"]
+    return rows
+
+
+def stored_steps(url: str, key: str, run_id: str) -> list[int]:
+    """The steps the platform stored metrics for."""
+    return sorted(int(m["step"]) for m in stored_metrics(url, key, run_id))
 
 
 def stored_samples(url: str, key: str, run_id: str) -> list[dict[str, Any]]:
