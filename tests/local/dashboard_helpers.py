@@ -40,7 +40,8 @@ def hostile_episode() -> dict[str, Any]:
 
 def offline_eval(runs: Path, n: int, name: str = "offline-eval") -> pr.Run:
     run = pr.init(name=name, environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
-    run.log_episodes([fresh(e) for e in eval_episodes()[:n]])
+    demo = eval_episodes()
+    run.log_episodes([fresh(demo[i % len(demo)]) for i in range(n)])
     run.finish(summary={"avg_reward": 0.5})
     return run
 

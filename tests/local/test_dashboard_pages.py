@@ -30,6 +30,7 @@ from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
 from primeruns.local import LocalPlatform
+from primeruns.local.dashboard.routes import PAGE_SIZE
 
 ESCAPED = "&lt;script&gt;window.__pwned = 1&lt;/script&gt;"
 
@@ -198,3 +199,26 @@ def test_serve_runs_dir_refuses_a_missing_directory(tmp_path: Path) -> None:
         check=False,
     )
     assert missing.returncode == 2 and "nope" in missing.stderr
+
+
+def test_an_evaluations_samples_are_paged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = offline_eval(runs, PAGE_SIZE + 5)
+    assert run.journal_path is not None
+    _, url = serve_runs_dir(runs)
+    page_url = f"{url}/dashboard/evaluations/{run.journal_path.name}"
+
+    def numbers(page: httpx.Response) -> list[int]:
+        assert page.status_code == 200
+        found = re.findall(r'<tr class="sample">\s*<td><a [^>]*>(\d+)</a>', page.text)
+        return [int(n) for n in found]
+
+    first = httpx.get(page_url, timeout=30)
+    assert numbers(first) == list(range(1, PAGE_SIZE + 1))
+    assert 'rel="next" href="?page=2"' in first.text and 'rel="prev"' not in first.text
+    second = httpx.get(f"{page_url}?page=2", timeout=30)
+    assert numbers(second) == list(range(PAGE_SIZE + 1, PAGE_SIZE + 6))
+    assert 'rel="prev" href="?page=1"' in second.text and 'rel="next"' not in second.text
+    last = httpx.get(f"{page_url}/samples/{PAGE_SIZE + 5}", timeout=30)
+    assert last.status_code == 200 and f"sample {PAGE_SIZE + 5}" in last.text
+    assert httpx.get(f"{page_url}/samples/{PAGE_SIZE + 6}", timeout=30).status_code == 404

@@ -11,6 +11,7 @@ put in the page as it is (a test holds it to that).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,14 @@ import pygal
 from markupsafe import Markup
 
 from ...commands.show import metric_curves
+
+# pygal appends a legacy sys.meta_path finder (for its map plugins, which these
+# charts do not use). On Python 3.11 every import that fails after it in this
+# process falls through to it and warns (ImportWarning), so an optional import
+# elsewhere (httpcore probing for trio) raises where warnings are errors.
+_legacy_finder = getattr(pygal, "PluginImportFixer", None)
+if _legacy_finder is not None:
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _legacy_finder)]
 
 #: Above this many points a curve is drawn as a line only: a dot per point
 #: would weigh more than the line and hide it.

@@ -13,7 +13,9 @@ step's table), so a synced run looks the same on the platform's pages.
 from __future__ import annotations
 
 import logging
+import threading
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +30,9 @@ from .episodes import sample_row
 from .views import RunDetail, RunRow, SampleRow, StepTable, config_text
 
 log = logging.getLogger("primeruns.local.dashboard")
+
+#: Journals whose records are kept after a page read them (oldest dropped first).
+CACHED_JOURNALS = 4
 
 
 def _ending(info: JournalInfo) -> tuple[str, str | None]:
@@ -84,10 +89,14 @@ class _Records:
         finish_summary = as_object(finishes[-1].get("summary")) if finishes else {}
         self.summary = finish_summary or (summaries[-1] if summaries else {})
 
+    @cached_property
     def samples(self) -> list[dict[str, Any]]:
+        """The v0 sample rows the platform would store for these episodes."""
         return build_samples(self.episodes)
 
+    @cached_property
     def by_step(self) -> dict[int, list[dict[str, Any]]]:
+        """The training episodes by their step."""
         steps: dict[int, list[dict[str, Any]]] = {}
         for record in self.episodes:
             step = training_step(record)
@@ -101,6 +110,8 @@ class JournalSource:
 
     def __init__(self, runs_dir: Path) -> None:
         self.runs_dir = Path(runs_dir)
+        self._lock = threading.Lock()  # pages are read in worker threads
+        self._cache: dict[tuple[str, int, int, float], _Records] = {}
 
     def _statuses(self) -> list[RunStatus]:
         return [describe(info) for info in list_journals(self.runs_dir)]
@@ -117,11 +128,24 @@ class JournalSource:
         status = status or self._find(run_id)
         if status is None:
             return None
+        info = status.info
+        # What a journal holds changes only with its entries: while they do not,
+        # the pages of one run (and a live page's polls) reuse one read.
+        key = (str(info.path), info.last_seq, info.size_bytes, info.modified)
+        with self._lock:
+            cached = self._cache.get(key)
+        if cached is not None:
+            return cached
         try:
-            return _Records(status.info.path)
+            records = _Records(info.path)
         except Exception:  # a journal that cannot be opened: its row says it is damaged
             log.warning("cannot read the journal of %s", run_id, exc_info=True)
             return None
+        with self._lock:
+            self._cache[key] = records
+            while len(self._cache) > CACHED_JOURNALS:
+                self._cache.pop(next(iter(self._cache)))
+        return records
 
     def run(self, run_id: str) -> RunDetail | None:
         status = self._find(run_id)
@@ -136,7 +160,7 @@ class JournalSource:
             return RunDetail(row, {}, config_text(config), config)
         if records.damage:
             row = RunRow(**{**vars(row), "damage": row.damage + [d.what for d in records.damage]})
-        tables = [StepTable(step, len(eps)) for step, eps in sorted(records.by_step().items())]
+        tables = [StepTable(step, len(eps)) for step, eps in sorted(records.by_step.items())]
         return RunDetail(
             row,
             records.summary,
@@ -151,7 +175,7 @@ class JournalSource:
         records = self._records(run_id)
         if records is None:
             return [], 0
-        samples = records.samples()
+        samples = records.samples
         page = samples[offset : offset + limit]
         return [sample_row(offset + i + 1, s) for i, s in enumerate(page)], len(samples)
 
@@ -159,12 +183,12 @@ class JournalSource:
         records = self._records(run_id)
         if records is None or index < 1:
             return None
-        samples = records.samples()
+        samples = records.samples
         return samples[index - 1] if index <= len(samples) else None
 
     def step_rows(self, run_id: str, step: int) -> list[dict[str, Any]] | None:
         records = self._records(run_id)
-        episodes = None if records is None else records.by_step().get(step)
+        episodes = None if records is None else records.by_step.get(step)
         if not episodes:
             return None
         return episodes_to_parquet_rows(episodes, run_id, step, created_at=datetime.now(UTC))

@@ -18,11 +18,10 @@ from ..objects import object_path
 from ..storage import Database
 from ..traces_extract import as_object
 from .episodes import sample_row
-from .views import RunDetail, RunRow, SampleRow, StepTable, config_text
+from .views import MissingExtra, RunDetail, RunRow, SampleRow, StepTable, config_text
 
-
-def _counts(conn: sqlite3.Connection, sql: str) -> dict[str, int]:
-    return {r[0]: int(r[1]) for r in conn.execute(sql)}
+#: A count per run id.
+Counts = dict[str, int]
 
 
 def _json(text: str | None) -> dict[str, Any]:
@@ -32,7 +31,7 @@ def _json(text: str | None) -> dict[str, Any]:
         return {}
 
 
-def _stored_row(r: sqlite3.Row, kind: str, model_key: str, **counts: dict[str, int]) -> RunRow:
+def _stored_row(r: sqlite3.Row, kind: str, model_key: str, **counts: Counts) -> RunRow:
     """A registered run (an evaluation or a training run) with its counts by name."""
     return RunRow(
         id=r["id"],
@@ -57,19 +56,23 @@ class PlatformSource:
     def runs(self) -> list[RunRow]:
         return self._db.read_sync(self._runs)
 
-    def _runs(self, conn: sqlite3.Connection) -> list[RunRow]:
-        samples = _counts(conn, "SELECT eval_id, count(*) FROM eval_samples GROUP BY eval_id")
-        episodes = _counts(
-            conn, "SELECT run_id, count(*) FROM episodes WHERE run_id IS NOT NULL GROUP BY run_id"
-        )
-        steps = _counts(conn, "SELECT run_id, count(DISTINCT step) FROM train_metrics GROUP BY 1")
-        objects = _counts(
-            conn,
-            "SELECT run_id, count(*) FROM objects WHERE confirmed_at IS NOT NULL GROUP BY run_id",
-        )
+    def _runs(self, conn: sqlite3.Connection, only: str | None = None) -> list[RunRow]:
+        """Every run (or the run ``only``: a live page asks for one every few seconds)."""
+        args: tuple[str, ...] = () if only is None else (only,)
+
+        def per_run(table: str, column: str, what: str = "count(*)", where: str = "1") -> Counts:
+            one = "" if only is None else f" AND {column} = ?"
+            sql = f"SELECT {column}, {what} FROM {table} WHERE {where}{one} GROUP BY {column}"
+            return {r[0]: int(r[1]) for r in conn.execute(sql, args) if r[0] is not None}
+
+        samples = per_run("eval_samples", "eval_id")
+        episodes = per_run("episodes", "run_id")
+        steps = per_run("train_metrics", "run_id", "count(DISTINCT step)")
+        objects = per_run("objects", "run_id", where="confirmed_at IS NOT NULL")
+        one = "" if only is None else " WHERE id = ?"
         rows = [
             _stored_row(r, "eval", "model_name", samples=samples, episodes=episodes)
-            for r in conn.execute("SELECT * FROM evaluations")
+            for r in conn.execute(f"SELECT * FROM evaluations{one}", args)
         ]
         rows += [
             _stored_row(
@@ -78,11 +81,13 @@ class PlatformSource:
                 "base_model",
                 **{"metric steps": steps, "sample tables": objects, "episodes": episodes},
             )
-            for r in conn.execute("SELECT * FROM train_runs")
+            for r in conn.execute(f"SELECT * FROM train_runs{one}", args)
         ]
+        if only is not None and rows:
+            return rows
         known = {row.id for row in rows}
         for seen in run_list(conn):
-            if seen["id"] not in known:
+            if seen["id"] not in known and only in (None, seen["id"]):
                 rows.append(
                     RunRow(
                         id=seen["id"],
@@ -102,7 +107,7 @@ class PlatformSource:
         return self._db.read_sync(lambda conn: self._run(conn, run_id))
 
     def _run(self, conn: sqlite3.Connection, run_id: str) -> RunDetail | None:
-        row = next((r for r in self._runs(conn) if r.id == run_id), None)
+        row = next(iter(self._runs(conn, run_id)), None)
         if row is None:
             return None
         ev = conn.execute("SELECT * FROM evaluations WHERE id = ?", (run_id,)).fetchone()
@@ -178,7 +183,12 @@ class PlatformSource:
         )
         if not keys:
             return None
-        import pyarrow.parquet as pq  # the train extra; confirm needed it to store these
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise MissingExtra(
+                "reading a step's Parquet table needs pyarrow: pip install 'prime-runs[train]'"
+            ) from None
 
         rows: list[dict[str, Any]] = []
         for key in keys:

@@ -32,7 +32,7 @@ from starlette.templating import Jinja2Templates
 from .charts import curves
 from .episodes import episode_view, message_of
 from .journal_source import JournalSource
-from .views import SECTIONS, Source
+from .views import SECTIONS, MissingExtra, SampleRow, Source
 
 T = TypeVar("T")
 
@@ -138,9 +138,12 @@ async def run_page(request: Request) -> Response:
     if detail is None or detail.row.kind not in (None, SECTIONS[section]):
         return _not_found(request, f"nothing is stored for run {run_id!r}")
     page = _int_param(request, "page", 1)
-    samples, total = await _read(
-        request, lambda s: s.samples(run_id, (page - 1) * PAGE_SIZE, PAGE_SIZE)
-    )
+    samples: list[SampleRow] = []
+    total = 0
+    if detail.row.kind != "train":  # a training run's samples are its step tables
+        samples, total = await _read(
+            request, lambda s: s.samples(run_id, (page - 1) * PAGE_SIZE, PAGE_SIZE)
+        )
     charts = curves(detail.metrics)
     steps = [m["step"] for m in detail.metrics if isinstance(m.get("step"), int)]
     return _page(
@@ -179,7 +182,10 @@ def _step_row(row: dict[str, Any]) -> dict[str, Any]:
 
 async def step_page(request: Request) -> Response:
     run_id, step = request.path_params["run_id"], request.path_params["step"]
-    rows = await _read(request, lambda s: s.step_rows(run_id, step))
+    try:
+        rows = await _read(request, lambda s: s.step_rows(run_id, step))
+    except MissingExtra as exc:
+        return _page(request, "not_found.html", status_code=503, what=str(exc))
     if rows is None:
         return _not_found(request, f"run {run_id!r} has no sample table at step {step}")
     return _page(request, "step.html", run_id=run_id, step=step, rows=[_step_row(r) for r in rows])

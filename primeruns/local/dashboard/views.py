@@ -95,6 +95,10 @@ class SampleRow:
         return None if self.reward is None else self.reward > 0
 
 
+class MissingExtra(Exception):
+    """A page needs a package this installation lacks; the message names the install."""
+
+
 def config_text(config: dict[str, Any]) -> str | None:
     """The config file's text a run was started from (``config_source``), if stored."""
     source = config.get("config_source")
@@ -118,5 +122,8 @@ class Source(Protocol):
         ...
 
     def step_rows(self, run_id: str, step: int) -> list[dict[str, Any]] | None:
-        """A training step's sample-table rows, or None if the step has none."""
+        """A training step's sample-table rows, or None if the step has none.
+
+        Raises :class:`MissingExtra` when reading them needs pyarrow and it is missing.
+        """
         ...
