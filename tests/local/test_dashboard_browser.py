@@ -59,9 +59,13 @@ if CHROMIUM is None or sync_playwright is None:
 expect.set_options(timeout=20_000)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    """One Chromium for the whole session (a launch costs about a second)."""
+    """One Chromium for all these tests (a launch costs about a second).
+
+    Module, not session, scope: Playwright's sync API runs an asyncio loop on
+    this thread while it is up, and a later test's ``asyncio.run()`` would
+    find it running."""
     with sync_playwright() as pw:
         launched = pw.chromium.launch(executable_path=CHROMIUM)
         yield launched
