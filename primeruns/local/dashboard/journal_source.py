@@ -2,8 +2,9 @@
 
 For offline runs (and any run before ``primeruns sync``): the pages read the
 journals the producers wrote, with no platform. Journals are opened
-read-only, never as owner, so a live run goes on undisturbed; the state of a
-run is the one ``primeruns ls`` shows. A journal that cannot be read is shown
+read-only, never as owner, so a live run goes on undisturbed. A run's status
+is its finish record's (running while its owner lives without one, crashed
+after), beside the shipping state ``primeruns ls`` shows. A journal that cannot be read is shown
 as damaged, and a damaged entry is skipped: one bad run or record never takes
 the pages down. The episodes of a run are projected by the SDK's own code
 into the rows the platform would have stored (v0 samples, the training
@@ -77,7 +78,7 @@ def _step_of(row: dict[str, Any]) -> int:
 
 
 class _Records:
-    """One journal's records, read once for one page."""
+    """One journal's records, read once and kept while its entries do not change."""
 
     def __init__(self, path: Path) -> None:
         self.damage: list[Damage] = []
