@@ -10,23 +10,35 @@ put in the page as it is (a test holds it to that).
 
 from __future__ import annotations
 
+import functools
 import math
 import sys
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
-import pygal
 from markupsafe import Markup
 
 from ...commands.show import metric_curves
 
-# pygal appends a legacy sys.meta_path finder (for its map plugins, which these
-# charts do not use). On Python 3.11 every import that fails after it in this
-# process falls through to it and warns (ImportWarning), so an optional import
-# elsewhere (httpcore probing for trio) raises where warnings are errors.
-_legacy_finder = getattr(pygal, "PluginImportFixer", None)
-if _legacy_finder is not None:
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _legacy_finder)]
+
+@functools.cache
+def _pygal() -> ModuleType:
+    """pygal, imported on the first chart: every platform start (tests start
+    hundreds) would otherwise pay for it."""
+    import pygal
+
+    # pygal appends a legacy sys.meta_path finder (for its map plugins, which
+    # these charts do not use). On Python 3.11 every import that fails after it
+    # in this process falls through to it and warns (ImportWarning), so an
+    # optional import elsewhere (httpcore probing for trio) raises where
+    # warnings are errors.
+    legacy = getattr(pygal, "PluginImportFixer", None)
+    if legacy is not None:
+        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, legacy)]
+    module: ModuleType = pygal
+    return module
+
 
 #: Above this many points a curve is drawn as a line only: a dot per point
 #: would weigh more than the line and hide it.
@@ -45,7 +57,7 @@ class Curve:
 
 
 def _chart(name: str, points: list[tuple[int, float]]) -> Markup:
-    chart = pygal.XY(
+    chart = _pygal().XY(
         js=[],
         disable_xml_declaration=True,
         show_legend=False,

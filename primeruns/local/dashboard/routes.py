@@ -12,27 +12,29 @@ page and swaps in the new content when that version moves.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio.to_thread
-import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
-from starlette.templating import Jinja2Templates
 
 from .charts import curves
 from .episodes import episode_view, message_of
 from .journal_source import JournalSource
 from .views import SECTIONS, MissingExtra, SampleRow, Source
+
+if TYPE_CHECKING:
+    from starlette.templating import Jinja2Templates
 
 T = TypeVar("T")
 
@@ -63,7 +65,13 @@ def _pretty(value: Any) -> str:
     return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _environment() -> jinja2.Environment:
+@functools.cache
+def _templates() -> Jinja2Templates:
+    """The templates, loaded on the first page: every platform start (tests
+    start hundreds) would otherwise pay for Jinja2."""
+    import jinja2
+    from starlette.templating import Jinja2Templates
+
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(HERE / "templates"),
         autoescape=True,  # every template, whatever its name: all values are user content
@@ -71,10 +79,7 @@ def _environment() -> jinja2.Environment:
     )
     env.filters.update(when=_when, num=_num, pretty=_pretty)
     env.globals.update(poll_ms=POLL_MS)
-    return env
-
-
-templates = Jinja2Templates(env=_environment())
+    return Jinja2Templates(env=env)
 
 
 def source_of(request: Request) -> Source:
@@ -95,7 +100,7 @@ def _version(*parts: Any) -> str:
 def _page(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
     context.setdefault("live", False)
     context.setdefault("version", "")
-    return templates.TemplateResponse(request, name, context, status_code=status_code)
+    return _templates().TemplateResponse(request, name, context, status_code=status_code)
 
 
 def _not_found(request: Request, what: str) -> Response:
