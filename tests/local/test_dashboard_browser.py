@@ -228,6 +228,15 @@ def test_markup_in_user_content_shows_as_text_and_never_runs(demo: DemoRuns, pag
     page.goto(run.url)
     expect(page.locator("h1")).to_have_text(HOSTILE)
     assert page.evaluate("window.__pwned") is None
+    train = demo.new_run(name="hostile-metric", kind="train", model="m", team_id="demo-team")
+    train.log_metrics({HOSTILE: 1.0}, step=0)
+    train.finish(timeout=60)
+    assert train.url is not None
+    page.goto(train.url)
+    expect(page.locator("figure.curve .metric")).to_have_text(HOSTILE)
+    expect(page.locator("figure.curve circle.dot")).to_have_count(1)
+    assert page.evaluate("window.__pwned") is None
+    assert page.evaluate("window.pygal") is None  # not even pygal's own config script ran
 
 
 def test_a_live_training_page_moves_on_without_a_reload(demo: DemoRuns, page: Page) -> None:

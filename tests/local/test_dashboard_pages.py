@@ -79,6 +79,7 @@ def test_every_value_a_page_shows_is_escaped(
     # The curve's own SVG (title, series name) is escaped too, not only the caption.
     svg = re.search(r"<svg.*?</svg>", training.text, re.S)
     assert svg is not None and "&lt;script&gt;" in svg.group(0)
+    assert "<script" not in svg.group(0)  # a chart runs no code (pygal's config is dropped)
 
 
 def test_runs_list_filters_by_kind_and_status_newest_first(
