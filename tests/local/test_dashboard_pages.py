@@ -30,7 +30,7 @@ from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
 from primeruns.local import LocalPlatform
-from primeruns.local.dashboard.routes import PAGE_SIZE
+from primeruns.local.dashboard.routes import PAGE_SIZE, VERSION_HEADER
 
 ESCAPED = "&lt;script&gt;window.__pwned = 1&lt;/script&gt;"
 
@@ -171,6 +171,12 @@ def test_offline_runs_dir_shows_healthy_runs_beside_damaged_ones_read_only(
         )
         assert figure is not None and figure.group(1).count("<circle") == 5  # a dot per step
     assert 'class="max-steps">10<' in training.text
+    # A poll with the version the page shows gets a 204; another version, the page.
+    version = re.search(r'data-version="([0-9a-f]+)"', training.text)
+    assert version is not None
+    path = f"/dashboard/training/{tr.journal_path.name}"
+    assert client.get(path, headers={VERSION_HEADER: version.group(1)}).status_code == 204
+    assert client.get(path, headers={VERSION_HEADER: "0" * 16}).status_code == 200
     step = client.get(f"/dashboard/training/{tr.journal_path.name}/steps/4")
     assert step.status_code == 200 and step.text.count('<tr class="step-row">') == 3
 

@@ -49,6 +49,27 @@ _SCRIPT = re.compile(r"<script\b[^>]*>.*?</script>", re.S)
 MAX_DOTS = 1000
 #: Up to this many steps, every step gets its label on the x axis.
 MAX_STEP_LABELS = 20
+#: A longer curve is drawn from this many of its points (a 640-pixel-wide
+#: chart cannot show more), so a long live run's page stays quick to render.
+MAX_DRAWN = 2000
+
+
+def decimate(points: list[tuple[int, float]], limit: int = MAX_DRAWN) -> list[tuple[int, float]]:
+    """At most about ``limit`` of ``points``, in order: each run of consecutive
+    points keeps its lowest and its highest, so a spike still shows; the last
+    point is always kept (it is the value the caption gives)."""
+    if len(points) <= limit:
+        return points
+    size = math.ceil(len(points) / (limit // 2))
+    kept: list[tuple[int, float]] = []
+    for start in range(0, len(points), size):
+        bucket = points[start : start + size]
+        low = min(bucket, key=lambda p: p[1])
+        high = max(bucket, key=lambda p: p[1])
+        kept += sorted({low, high})
+    if kept[-1] != points[-1]:
+        kept.append(points[-1])
+    return kept
 
 
 @dataclass(frozen=True)
@@ -58,6 +79,8 @@ class Curve:
     last_step: int | None
     last_value: float | None
     svg: Markup
+    #: How many of the points are drawn (all of them up to ``MAX_DRAWN``).
+    drawn: int = 0
 
 
 def _chart(name: str, points: list[tuple[int, float]]) -> Markup:
@@ -95,5 +118,6 @@ def curves(metrics: list[dict[str, Any]]) -> list[Curve]:
         # A NaN or an infinity has no place on an axis; the others still draw.
         points = [(step, value) for step, value in raw if math.isfinite(value)]
         last = points[-1] if points else (None, None)
-        out.append(Curve(name, len(points), last[0], last[1], _chart(name, points)))
+        drawn = decimate(points)
+        out.append(Curve(name, len(points), last[0], last[1], _chart(name, drawn), len(drawn)))
     return out

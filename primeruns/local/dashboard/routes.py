@@ -7,7 +7,8 @@ configs and episode text are user content. Static files are served from the
 package itself; nothing is fetched from anywhere else, so no data and no
 request leave the machine. Pages of runs that may still change say so with
 ``data-live`` and a version of what they show; ``live.js`` polls the same
-page and swaps in the new content when that version moves.
+page with the version it has, and gets a 204 (nothing rendered, no chart
+drawn) until the version moves, then the new page to swap in.
 """
 
 from __future__ import annotations
@@ -97,6 +98,15 @@ def _version(*parts: Any) -> str:
     return hashlib.sha1(repr(parts).encode(), usedforsecurity=False).hexdigest()[:16]
 
 
+#: The header a polling page sends with the version of what it shows.
+VERSION_HEADER = "x-dashboard-version"
+
+
+def _unchanged(request: Request, version: str) -> Response | None:
+    """204 when the poller already shows ``version``: nothing to render or send."""
+    return Response(status_code=204) if request.headers.get(VERSION_HEADER) == version else None
+
+
 def _page(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
     context.setdefault("live", False)
     context.setdefault("version", "")
@@ -122,6 +132,9 @@ async def runs_page(request: Request) -> Response:
     shown = [r for r in rows if (not kind or r.kind == kind) and (not status or r.status == status)]
     # Newest first; a run known only from its traces (no time) goes last.
     shown.sort(key=lambda r: (r.created_at or 0.0, r.id), reverse=True)
+    version = _version(shown)
+    if unchanged := _unchanged(request, version):
+        return unchanged
     return _page(
         request,
         "runs.html",
@@ -131,7 +144,7 @@ async def runs_page(request: Request) -> Response:
         status=status,
         statuses=statuses,
         live=any(r.live for r in shown),
-        version=_version(shown),
+        version=version,
     )
 
 
@@ -149,6 +162,9 @@ async def run_page(request: Request) -> Response:
         samples, total = await _read(
             request, lambda s: s.samples(run_id, (page - 1) * PAGE_SIZE, PAGE_SIZE)
         )
+    version = _version(detail, total, page)
+    if unchanged := _unchanged(request, version):
+        return unchanged
     charts = curves(detail.metrics)
     steps = [m["step"] for m in detail.metrics if isinstance(m.get("step"), int)]
     return _page(
@@ -163,7 +179,7 @@ async def run_page(request: Request) -> Response:
         page=page,
         pages=max(1, math.ceil(total / PAGE_SIZE)),
         live=detail.row.live,
-        version=_version(detail, total, page),
+        version=version,
     )
 
 
