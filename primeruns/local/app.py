@@ -23,13 +23,14 @@ from . import (
     hub,
     inspect,
     objects,
-    pages,
     rft,
     traces_index,
     traces_reads,
     traces_upload,
 )
 from .context import ServerContext
+from .dashboard import dashboard_routes
+from .dashboard.platform_source import PlatformSource
 from .errors import PlatformError, TracesError
 from .faults import FaultInjector, FaultMiddleware, FaultSettings
 from .settings import ServerSettings
@@ -85,7 +86,7 @@ def build_app(settings: ServerSettings, faults: FaultSettings | None = None) -> 
     db = Database(settings.data_dir)
     routes = [
         *inspect.routes,
-        *pages.routes,
+        *dashboard_routes(),
         *evals.routes,
         *hub.routes,
         *rft.routes,
@@ -106,4 +107,5 @@ def build_app(settings: ServerSettings, faults: FaultSettings | None = None) -> 
         lifespan=_lifespan(db),
     )
     app.state.ctx = ServerContext(settings, db, settings.data_dir / "objects", injector)
+    app.state.dashboard_source = PlatformSource(db, app.state.ctx.objects_dir)
     return app

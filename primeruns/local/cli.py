@@ -15,6 +15,10 @@ import socket
 import sys
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from starlette.applications import Starlette
 
 API_KEY_ENV = "PRIMERUNS_LOCAL_API_KEY"
 
@@ -28,6 +32,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=Path("primeruns-local-data"),
         metavar="DIR",
         help="directory holding the SQLite database and the object store",
+    )
+    parser.add_argument(
+        "--runs-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="serve only the dashboard, read-only, from the run journals under DIR "
+        "(offline runs, before primeruns sync); no platform API, --data is not used",
     )
     parser.add_argument(
         "--api-key",
@@ -119,10 +131,23 @@ def _ignore(signum: int, frame: FrameType | None) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     """Serve the local Prime platform (evaluations, environments hub, external
     training runs with their object store, and Prime Traces) on SQLite under
-    --data, with optional fault injection. Stops cleanly on SIGTERM or SIGINT;
-    restarted on the same --data it serves everything it had stored."""
-    import uvicorn
+    --data, with optional fault injection, and its dashboard at /. Stops
+    cleanly on SIGTERM or SIGINT; restarted on the same --data it serves
+    everything it had stored. With --runs-dir DIR, serves only the dashboard,
+    read from the run journals under DIR (never written to)."""
+    if args.runs_dir is not None:
+        from .dashboard import offline_app
 
+        if not Path(args.runs_dir).is_dir():
+            print(f"primeruns serve: no directory {args.runs_dir} (--runs-dir)", file=sys.stderr)
+            return 2
+        return _serve(offline_app(Path(args.runs_dir)), args.host, args.port)
+    app = _platform_app(args)
+    return 2 if app is None else _serve(app, args.host, args.port)
+
+
+def _platform_app(args: argparse.Namespace) -> Starlette | None:
+    """The platform's app for these arguments, or None (said on stderr) if they are wrong."""
     from .app import build_app
     from .faults import FaultSettings
     from .settings import ServerSettings
@@ -151,14 +176,20 @@ def run_serve(args: argparse.Namespace) -> int:
             statuses=statuses,
             routes=tuple(r.strip() for r in args.fault_routes.split(",") if r.strip()),
         )
-        app = build_app(settings, faults)
+        return build_app(settings, faults)
     except ValueError as exc:
         print(f"primeruns serve: {exc}", file=sys.stderr)
-        return 2
+        return None
+
+
+def _serve(app: Starlette, host: str, port: int) -> int:
+    """Run ``app`` under uvicorn on ``host:port`` until SIGTERM/SIGINT."""
+    import uvicorn
+
     try:
-        sock = listening_socket(args.host, args.port)
+        sock = listening_socket(host, port)
     except OSError as exc:
-        print(f"primeruns serve: cannot bind {args.host}:{args.port}: {exc}", file=sys.stderr)
+        print(f"primeruns serve: cannot bind {host}:{port}: {exc}", file=sys.stderr)
         return 1
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host

@@ -1,4 +1,4 @@
-"""Inspection and control: ``/healthz``, ``/_local/runs``, ``/_local/faults`` and ``/``.
+"""Inspection and control: ``/healthz``, ``/_local/runs`` and ``/_local/faults``.
 
 These are how tests (and curious users) see what the server really stored,
 independent of the API under test: every count is of stored ROWS next to
@@ -10,13 +10,12 @@ None of these routes is subject to fault injection.
 
 from __future__ import annotations
 
-import html
 import json
 import sqlite3
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from .context import context_of, json_body
@@ -165,43 +164,7 @@ async def set_faults(request: Request) -> Response:
         raise PlatformError(422, str(exc)) from None
 
 
-async def index(request: Request) -> Response:
-    def read(conn: sqlite3.Connection) -> list[dict[str, Any]]:
-        return [run_report(conn, r["id"]) or r for r in run_list(conn)]
-
-    reports = await context_of(request).db.read(read)
-    rows = "".join(
-        "<tr>"
-        + "".join(
-            f"<td>{html.escape(str(v))}</td>"
-            for v in (
-                r["id"],
-                r.get("kind"),
-                r.get("name"),
-                r.get("status"),
-                r["traces"]["episodes"],
-                r["traces"]["traces"],
-                r["samples"]["rows"],
-                r["train_metrics"]["rows"],
-                len(r["parquet_objects"]),
-            )
-        )
-        + "</tr>"
-        for r in reports
-    )
-    page = (
-        "<!doctype html><html><head><meta charset='utf-8'><title>primeruns local platform</title>"
-        "<style>body{font-family:sans-serif}td,th{padding:2px 8px;border-bottom:1px solid #ddd}"
-        "</style></head><body><h1>primeruns local platform</h1><table><tr><th>id</th>"
-        "<th>kind</th><th>name</th><th>status</th><th>episodes</th><th>traces</th>"
-        "<th>samples</th><th>metrics</th><th>parquet</th></tr>"
-        f"{rows}</table></body></html>"
-    )
-    return HTMLResponse(page)
-
-
 routes = [
-    Route("/", index, methods=["GET"]),
     Route("/healthz", healthz, methods=["GET"]),
     Route("/_local/runs", local_runs, methods=["GET"]),
     Route("/_local/runs/{run_id}", local_run, methods=["GET"]),

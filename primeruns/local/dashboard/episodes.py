@@ -1,0 +1,150 @@
+"""One sample's episode, as its page shows it: prompt, completion, each trace's messages.
+
+Both sources hand over the v0 sample row (the platform stores it; a journal's
+episode is projected into it by the SDK's own projection), whose
+``info.native_wrapper`` is the whole episode record. The messages of a trace
+are its root-to-leaf path through the message tree, as the projection walks
+it, so the page shows what the platform's viewer would. Documents are user
+content: every field is checked for its type, never trusted.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...projection import trace_to_sample
+from ..traces_extract import as_list, as_object, number
+from .views import SampleRow
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    text: str
+
+
+@dataclass(frozen=True)
+class TraceView:
+    id: str | None
+    agent: str | None
+    reward: float | None
+    messages: list[Message]
+
+
+@dataclass(frozen=True)
+class EpisodeView:
+    sample_id: str | None
+    episode_id: str | None
+    prompt: str
+    completion: str
+    reward: float | None
+    metrics: dict[str, float | None]
+    error: str | None
+    traces: list[TraceView] = field(default_factory=list)
+
+
+def content_text(content: Any) -> str:
+    """A message's content as text: strings as they are, text parts joined,
+    any other part as its JSON (an image part is named, not inlined)."""
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    parts = []
+    for part in as_list(content):
+        part_obj = as_object(part)
+        if isinstance(part_obj.get("text"), str):
+            parts.append(part_obj["text"])
+        else:
+            parts.append(json.dumps(part, ensure_ascii=False, sort_keys=True))
+    return "\n".join(parts) if isinstance(content, list) else json.dumps(content)
+
+
+def message_of(value: Any) -> Message:
+    message = as_object(value)
+    text = content_text(message.get("content"))
+    calls = as_list(message.get("tool_calls"))
+    if calls:
+        shown = json.dumps(calls, ensure_ascii=False, indent=1, sort_keys=True)
+        text = f"{text}\n[tool calls] {shown}" if text else f"[tool calls] {shown}"
+    role = message.get("role")
+    return Message(role=role if isinstance(role, str) else "?", text=text)
+
+
+def error_text(value: Any) -> str | None:
+    """An error object (``{type, message}``) or string as one line of text."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value or None
+    error = as_object(value)
+    kind, message = error.get("type") or error.get("error_type"), error.get("message")
+    if kind or message:
+        return ": ".join(str(v) for v in (kind, message) if v)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+
+
+def _trace_view(trace: Any) -> TraceView:
+    trace_obj = as_object(trace)
+    try:
+        sample = trace_to_sample(trace_obj)
+    except (TypeError, KeyError, AttributeError, ValueError):
+        # A malformed trace still shows its id rather than failing the page.
+        sample = {"completion": [], "reward": None, "agent": None}
+    agent = sample.get("agent")
+    return TraceView(
+        id=trace_obj.get("id") if isinstance(trace_obj.get("id"), str) else None,
+        agent=agent if isinstance(agent, str) else None,
+        reward=number(sample.get("reward")),
+        messages=[message_of(m) for m in as_list(sample.get("completion"))],
+    )
+
+
+def _split(messages: list[Message]) -> tuple[str, str]:
+    """Prompt: the messages before the first assistant turn; completion: the rest."""
+    first = next((i for i, m in enumerate(messages) if m.role == "assistant"), len(messages))
+    prompt = "\n\n".join(m.text for m in messages[:first])
+    completion = "\n\n".join(m.text for m in messages[first:])
+    return prompt, completion
+
+
+def episode_view(sample: dict[str, Any]) -> EpisodeView:
+    """The episode page of one v0 sample row."""
+    info = as_object(sample.get("info"))
+    record = as_object(info.get("native_wrapper"))
+    traces = [_trace_view(t) for t in as_list(record.get("traces"))]
+    own = [message_of(m) for m in as_list(sample.get("completion"))]
+    prompt, completion = _split(own)
+    task_prompt = as_object(sample.get("task")).get("prompt")
+    if isinstance(task_prompt, str) and not prompt:
+        prompt = task_prompt
+    errors = as_list(record.get("errors"))
+    error = error_text(sample.get("error")) or (error_text(errors[-1]) if errors else None)
+    sample_id, episode_id = sample.get("sample_id"), sample.get("episode_id")
+    metrics = {str(k): number(v) for k, v in as_object(sample.get("metrics")).items()}
+    return EpisodeView(
+        sample_id=None if sample_id is None else str(sample_id),
+        episode_id=None if episode_id is None else str(episode_id),
+        prompt=prompt,
+        completion=completion,
+        reward=number(sample.get("reward")),
+        metrics=metrics,
+        error=error,
+        traces=traces,
+    )
+
+
+def sample_row(index: int, body: dict[str, Any]) -> SampleRow:
+    """A v0 sample row as one line of an evaluation's samples table."""
+    task = as_object(body.get("task"))
+    label = task.get("id") or task.get("name") or body.get("example_id")
+    sample_id = body.get("sample_id")
+    return SampleRow(
+        index=index,
+        sample_id=None if sample_id is None else str(sample_id),
+        reward=number(body.get("reward")),
+        error=error_text(body.get("error")),
+        task=None if label is None else str(label),
+    )

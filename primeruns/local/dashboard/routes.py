@@ -1,0 +1,230 @@
+"""The dashboard's routes and templates, over whichever :class:`~.views.Source` the app has.
+
+The pages live at the real platform's paths (``/dashboard/evaluations/{id}``,
+``/dashboard/training/{id}``), so the ``run.url`` of a local run opens them.
+Templates are Jinja2 with autoescaping on for every template: names, errors,
+configs and episode text are user content. Static files are served from the
+package itself; nothing is fetched from anywhere else, so no data and no
+request leave the machine. Pages of runs that may still change say so with
+``data-live`` and a version of what they show; ``live.js`` polls the same
+page with the version it has, and gets a 204 (nothing rendered, no chart
+drawn) until the version moves, then the new page to swap in.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import anyio.to_thread
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from .charts import curves
+from .episodes import episode_view, message_of
+from .journal_source import JournalSource
+from .views import SECTIONS, MissingExtra, SampleRow, Source
+
+if TYPE_CHECKING:
+    from starlette.templating import Jinja2Templates
+
+T = TypeVar("T")
+
+HERE = Path(__file__).parent
+#: Samples per page of an evaluation's table.
+PAGE_SIZE = 50
+#: How often a live page asks for news, in milliseconds.
+POLL_MS = 2000
+
+
+def _when(stamp: float | None) -> str:
+    if stamp is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(stamp))
+
+
+def _num(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return "-" if value is None else str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _pretty(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False, default=str)
+
+
+@functools.cache
+def _templates() -> Jinja2Templates:
+    """The templates, loaded on the first page: every platform start (tests
+    start hundreds) would otherwise pay for Jinja2."""
+    import jinja2
+    from starlette.templating import Jinja2Templates
+
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(HERE / "templates"),
+        autoescape=True,  # every template, whatever its name: all values are user content
+        undefined=jinja2.StrictUndefined,
+    )
+    env.filters.update(when=_when, num=_num, pretty=_pretty)
+    env.globals.update(poll_ms=POLL_MS)
+    return Jinja2Templates(env=env)
+
+
+def source_of(request: Request) -> Source:
+    source: Source = request.app.state.dashboard_source
+    return source
+
+
+async def _read(request: Request, fn: Callable[[Source], T]) -> T:
+    source = source_of(request)
+    return await anyio.to_thread.run_sync(fn, source)
+
+
+def _version(*parts: Any) -> str:
+    """A short digest of what a page shows: the poller swaps content only when it moves."""
+    return hashlib.sha1(repr(parts).encode(), usedforsecurity=False).hexdigest()[:16]
+
+
+#: The header a polling page sends with the version of what it shows.
+VERSION_HEADER = "x-dashboard-version"
+
+
+def _unchanged(request: Request, version: str) -> Response | None:
+    """204 when the poller already shows ``version``: nothing to render or send."""
+    return Response(status_code=204) if request.headers.get(VERSION_HEADER) == version else None
+
+
+def _page(request: Request, name: str, status_code: int = 200, **context: Any) -> Response:
+    context.setdefault("live", False)
+    context.setdefault("version", "")
+    return _templates().TemplateResponse(request, name, context, status_code=status_code)
+
+
+def _not_found(request: Request, what: str) -> Response:
+    return _page(request, "not_found.html", status_code=404, what=what)
+
+
+def _int_param(request: Request, name: str, default: int) -> int:
+    try:
+        return max(1, int(request.query_params.get(name, default)))
+    except ValueError:
+        return default
+
+
+async def runs_page(request: Request) -> Response:
+    rows = await _read(request, lambda s: s.runs())
+    kind = request.query_params.get("kind") or ""
+    status = request.query_params.get("status") or ""
+    statuses = sorted({r.status for r in rows})
+    shown = [r for r in rows if (not kind or r.kind == kind) and (not status or r.status == status)]
+    # Newest first; a run known only from its traces (no time) goes last.
+    shown.sort(key=lambda r: (r.created_at or 0.0, r.id), reverse=True)
+    version = _version(shown)
+    if unchanged := _unchanged(request, version):
+        return unchanged
+    return _page(
+        request,
+        "runs.html",
+        runs=shown,
+        total=len(rows),
+        kind=kind,
+        status=status,
+        statuses=statuses,
+        live=any(r.live for r in shown),
+        version=version,
+    )
+
+
+async def run_page(request: Request) -> Response:
+    section, run_id = request.path_params["section"], request.path_params["run_id"]
+    if section not in SECTIONS:
+        return _not_found(request, f"no dashboard section {section!r}")
+    detail = await _read(request, lambda s: s.run(run_id))
+    if detail is None or detail.row.kind not in (None, SECTIONS[section]):
+        return _not_found(request, f"nothing is stored for run {run_id!r}")
+    page = _int_param(request, "page", 1)
+    samples: list[SampleRow] = []
+    total = 0
+    if detail.row.kind != "train":  # a training run's samples are its step tables
+        samples, total = await _read(
+            request, lambda s: s.samples(run_id, (page - 1) * PAGE_SIZE, PAGE_SIZE)
+        )
+    version = _version(detail, total, page)
+    if unchanged := _unchanged(request, version):
+        return unchanged
+    charts = curves(detail.metrics)
+    steps = [m["step"] for m in detail.metrics if isinstance(m.get("step"), int)]
+    return _page(
+        request,
+        "training.html" if detail.row.kind == "train" else "evaluation.html",
+        run=detail,
+        row=detail.row,
+        charts=charts,
+        latest_step=max(steps) if steps else None,
+        samples=samples,
+        total_samples=total,
+        page=page,
+        pages=max(1, math.ceil(total / PAGE_SIZE)),
+        live=detail.row.live,
+        version=version,
+    )
+
+
+async def episode_page(request: Request) -> Response:
+    run_id, index = request.path_params["run_id"], request.path_params["index"]
+    sample = await _read(request, lambda s: s.sample(run_id, index))
+    if sample is None:
+        return _not_found(request, f"run {run_id!r} has no sample {index}")
+    return _page(request, "episode.html", run_id=run_id, index=index, ep=episode_view(sample))
+
+
+def _step_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A sample-table row with its completion column (JSON text) read back as messages."""
+    try:
+        completion = json.loads(row.get("completion") or "[]")
+    except (TypeError, ValueError):
+        completion = [{"role": "?", "content": row.get("completion")}]
+    messages = [message_of(m) for m in completion] if isinstance(completion, list) else []
+    return {**row, "messages": messages}
+
+
+async def step_page(request: Request) -> Response:
+    run_id, step = request.path_params["run_id"], request.path_params["step"]
+    try:
+        rows = await _read(request, lambda s: s.step_rows(run_id, step))
+    except MissingExtra as exc:
+        return _page(request, "not_found.html", status_code=503, what=str(exc))
+    if rows is None:
+        return _not_found(request, f"run {run_id!r} has no sample table at step {step}")
+    return _page(request, "step.html", run_id=run_id, step=step, rows=[_step_row(r) for r in rows])
+
+
+def dashboard_routes() -> list[BaseRoute]:
+    """The pages and their static files; the app's state must hold ``dashboard_source``."""
+    return [
+        Route("/", runs_page, methods=["GET"]),
+        Route("/dashboard/evaluations/{run_id}/samples/{index:int}", episode_page, methods=["GET"]),
+        Route("/dashboard/training/{run_id}/steps/{step:int}", step_page, methods=["GET"]),
+        Route("/dashboard/{section}/{run_id}", run_page, methods=["GET"]),
+        Mount("/_dashboard/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+
+
+def offline_app(runs_dir: Path) -> Starlette:
+    """The dashboard alone, reading the journals under ``runs_dir`` (read-only)."""
+    app = Starlette(routes=dashboard_routes())
+    app.state.dashboard_source = JournalSource(runs_dir)
+    return app

@@ -1,0 +1,129 @@
+"""What the dashboard's pages show, independent of where it is read from.
+
+A :class:`Source` answers the pages' questions (the runs, one run, a page of
+its samples, one sample, a training step's rows); the platform's database and
+a directory of journals each implement it. Keeping the views plain data means
+the templates never touch SQLite or LMDB, and both sources are held to the
+same shapes by the type checker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+#: The real platform's dashboard sections, and the run kind each shows.
+SECTIONS = {"evaluations": "eval", "training": "train"}
+SECTION_OF = {kind: section for section, kind in SECTIONS.items()}
+
+#: Statuses after which a run's page no longer changes (the page stops polling).
+#: Statuses of either source: the platform's, and a journal's finish record.
+FINAL_STATUSES = frozenset(
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "STOPPED", "CRASHED", "DAMAGED"}
+)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run as the runs list shows it."""
+
+    id: str
+    kind: str | None
+    name: str | None
+    model: str | None
+    status: str
+    error: str | None
+    created_at: float | None
+    updated_at: float | None
+    #: What landed, by what it is called on the page ("episodes", "samples", ...).
+    counts: dict[str, int] = field(default_factory=dict)
+    #: Records a sink gave up on, per sink (known for journals only).
+    losses: dict[str, int] = field(default_factory=dict)
+    #: What is wrong with a journal that could not be read whole.
+    damage: list[str] = field(default_factory=list)
+    #: A journal's shipping state as ``primeruns ls`` says it (shipped, offline...).
+    journal: str | None = None
+
+    @property
+    def section(self) -> str:
+        return SECTION_OF.get(self.kind or "", "evaluations")
+
+    @property
+    def live(self) -> bool:
+        return self.status.upper() not in FINAL_STATUSES
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """A training step's sample table (a Parquet object on the platform)."""
+
+    step: int
+    rows: int
+    key: str | None = None
+
+
+@dataclass(frozen=True)
+class RunDetail:
+    """One run's page: its row, summary, config and, for training, its curves."""
+
+    row: RunRow
+    summary: dict[str, Any]
+    #: The config file's text as stored (``config_source``), when there is one.
+    config_text: str | None
+    #: The config as a mapping (shown when there is no source text).
+    config: dict[str, Any]
+    max_steps: int | None = None
+    #: The training metric rows, each with its ``step``, in step order.
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    step_tables: list[StepTable] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    """One row of an evaluation's sample table."""
+
+    #: 1-based position in the run's samples: the sample's address on the page.
+    index: int
+    sample_id: str | None
+    reward: float | None
+    error: str | None
+    task: str | None
+
+    @property
+    def correct(self) -> bool | None:
+        """Correct when its reward is positive (the rewards are the verifier's scores)."""
+        return None if self.reward is None else self.reward > 0
+
+
+class MissingExtra(Exception):
+    """A page needs a package this installation lacks; the message names the install."""
+
+
+def config_text(config: dict[str, Any]) -> str | None:
+    """The config file's text a run was started from (``config_source``), if stored."""
+    source = config.get("config_source")
+    text = source.get("text") if isinstance(source, dict) else None
+    return text if isinstance(text, str) else None
+
+
+class Source(Protocol):
+    """Where the pages read from. Every method is synchronous and read-only."""
+
+    def runs(self) -> list[RunRow]: ...
+
+    def run(self, run_id: str) -> RunDetail | None: ...
+
+    def samples(self, run_id: str, offset: int, limit: int) -> tuple[list[SampleRow], int]:
+        """A page of the run's samples and the run's total."""
+        ...
+
+    def sample(self, run_id: str, index: int) -> dict[str, Any] | None:
+        """The ``index``-th (1-based) sample as a v0 sample row, or None."""
+        ...
+
+    def step_rows(self, run_id: str, step: int) -> list[dict[str, Any]] | None:
+        """A training step's sample-table rows, or None if the step has none.
+
+        Raises :class:`MissingExtra` when reading them needs pyarrow and it is missing.
+        """
+        ...

@@ -1,0 +1,268 @@
+"""The dashboard in a real browser: the system's Chromium, driven by Playwright.
+
+The runs are the demo's own (its evaluation and training run, through the
+SDK, on a local platform these fixtures start), and every assertion is about
+what a user sees: a dot per logged step on each curve, a row per sample, the
+episode's messages, markup in user content shown as text, a live page that
+moves on by itself. The expected figures come from the platform's API, never
+from constants. Screenshots of each page are saved under pytest's tmp path
+(``dashboard-screenshots*``).
+
+Without Chromium these tests are skipped, saying why; with ``$CI`` set they
+fail instead (``.ci/run`` installs Debian's ``chromium``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from dashboard_helpers import (
+    HOSTILE,
+    hostile_episode,
+    local_runs,
+    serve_runs_dir,
+    stored_metrics,
+    stored_samples,
+    stored_steps,
+)
+
+import primeruns as pr
+from primeruns.commands.demo import Demo, _demo_environment
+from primeruns.commands.fmt import Style
+from primeruns.local import LocalPlatform
+from primeruns.projection import trace_to_sample
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+try:
+    from playwright.sync_api import Browser, Page, expect, sync_playwright
+except ImportError:  # pragma: no cover - playwright is in the test extra
+    sync_playwright = None  # type: ignore[assignment]
+
+if CHROMIUM is None or sync_playwright is None:
+    _why = "no Chromium on PATH (apt-get install chromium)" if CHROMIUM is None else "no playwright"
+    if os.environ.get("CI"):
+        pytest.fail(f"CI is set but the browser tests cannot run: {_why}", pytrace=False)
+    pytest.skip(f"browser tests need the system's Chromium: {_why}", allow_module_level=True)
+
+# Live pages poll every 2 s and the SDK ships in the background: allow for both.
+expect.set_options(timeout=20_000)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """One Chromium for all these tests (a launch costs about a second).
+
+    Module, not session, scope: Playwright's sync API runs an asyncio loop on
+    this thread while it is up, and a later test's ``asyncio.run()`` would
+    find it running."""
+    with sync_playwright() as pw:
+        launched = pw.chromium.launch(executable_path=CHROMIUM)
+        yield launched
+        launched.close()
+
+
+@pytest.fixture(scope="session")
+def shots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("dashboard-screenshots")
+
+
+@dataclass
+class DemoRuns:
+    url: str
+    key: str
+    runs_dir: Path
+    ids: dict[str, str]  # run id by name
+
+    def new_run(self, **kwargs: Any) -> pr.Run:
+        return pr.init(api_key=self.key, base_url=self.url, runs_dir=self.runs_dir, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRuns]:
+    """The demo's evaluation and training run, on a platform of this module."""
+    work = tmp_path_factory.mktemp("demo")
+    key = f"demo-{secrets.token_urlsafe(12)}"
+    with (
+        pytest.MonkeyPatch.context() as mp,
+        LocalPlatform(work / "platform", api_key=key) as platform,
+        _demo_environment(platform.url, key),
+    ):
+        mp.setenv("HOME", str(work))
+        runner = Demo(platform.url, key, work, Style(sys.stdout))
+        try:
+            runner.eval_run()
+            runner.train_run()
+        finally:
+            runner.http.close()
+        assert runner.checks and all(c.ok for c in runner.checks), runner.checks
+        ids = {name: run["id"] for name, run in local_runs(platform.url).items()}
+        yield DemoRuns(platform.url, key, runner.runs, ids)
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    """A fresh tab that fails the test on any dialog (an alert is injected markup
+    running) and on any request that leaves the page's origin."""
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    tab = context.new_page()
+    dialogs: list[str] = []
+    foreign: list[str] = []
+    tab.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    tab.on(
+        "request",
+        lambda r: (
+            foreign.append(r.url) if not r.url.startswith(("http://127.0.0.1:", "data:")) else None
+        ),
+    )
+    yield tab
+    context.close()
+    assert not dialogs, dialogs
+    assert not foreign, f"requests left the machine: {foreign}"
+
+
+def _open_run(demo: DemoRuns, page: Page, section: str, name: str) -> str:
+    """Open the page of the demo's run ``name``; its run id."""
+    run_id = demo.ids[name]
+    page.goto(f"{demo.url}/dashboard/{section}/{run_id}")
+    return run_id
+
+
+def _metric_names(rows: list[dict[str, Any]]) -> set[str]:
+    return {
+        k
+        for row in rows
+        for k, v in row.items()
+        if k != "step" and not k.startswith("_") and isinstance(v, int | float)
+    }
+
+
+def test_runs_list_shows_every_run_and_links_to_its_page(
+    demo: DemoRuns, page: Page, shots: Path
+) -> None:
+    known = local_runs(demo.url)  # the demo's runs, and any an earlier test added
+    page.goto(f"{demo.url}/")
+    rows = page.locator("table.runs tr.run")
+    expect(rows).to_have_count(len(known))
+    train_row = page.locator(f'tr.run[data-run-id="{demo.ids["demo-train"]}"]')
+    expect(train_row).to_contain_text("COMPLETED")
+    expect(train_row).to_contain_text("Qwen/Qwen3-8B")
+    page.screenshot(path=shots / "runs.png", full_page=True)
+    train_row.get_by_role("link", name="demo-train").click()
+    expect(page).to_have_url(f"{demo.url}/dashboard/training/{demo.ids['demo-train']}")
+    page.goto(f"{demo.url}/?kind=eval")
+    expect(rows).to_have_count(sum(1 for r in known.values() if r["kind"] == "eval"))
+
+
+def test_training_page_draws_a_dot_per_logged_step_and_opens_a_step_table(
+    demo: DemoRuns, page: Page, shots: Path
+) -> None:
+    run_id = _open_run(demo, page, "training", "demo-train")
+    steps = stored_steps(demo.url, demo.key, run_id)
+    names = _metric_names(stored_metrics(demo.url, demo.key, run_id))
+    assert names and steps
+    expect(page.locator("figure.curve")).to_have_count(len(names))
+    for name in names:
+        expect(page.locator(f'figure.curve[data-metric="{name}"] circle.dot')).to_have_count(
+            len(steps)
+        )
+    expect(page.locator(".latest-step")).to_have_text(str(max(steps)))
+    page.screenshot(path=shots / "training.png", full_page=True)
+
+    objects = httpx.get(f"{demo.url}/_local/runs/{run_id}", timeout=10).json()["parquet_objects"]
+    assert objects
+    first = objects[0]
+    page.locator("table.steps").get_by_role("link", name=str(first["step"]), exact=True).click()
+    rows = page.locator("tr.step-row")
+    expect(rows).to_have_count(first["rows"])
+    rows.first.locator("summary").click()
+    expect(rows.first.locator("li.message").first).to_be_visible()
+    page.screenshot(path=shots / "training-step.png", full_page=True)
+
+
+def test_evaluation_page_lists_its_samples_and_each_opens_its_episode(
+    demo: DemoRuns, page: Page, shots: Path
+) -> None:
+    run_id = _open_run(demo, page, "evaluations", "demo-gsm8k")
+    samples = stored_samples(demo.url, demo.key, run_id)
+    rows = page.locator("table.samples tr.sample")
+    expect(rows).to_have_count(min(50, len(samples)))
+    expect(page.locator("table.facts")).to_contain_text("COMPLETED")
+    expect(page.locator("table.summary")).to_contain_text("avg_reward")
+    wrong = next(i for i, s in enumerate(samples) if not s["reward"])
+    expect(rows.nth(wrong).locator("td.correct")).to_have_text("no")
+    page.screenshot(path=shots / "evaluation.png", full_page=True)
+
+    rows.first.get_by_role("link").click()
+    expect(page).to_have_url(re.compile(r"/samples/1$"))
+    trace = samples[0]["info"]["native_wrapper"]["traces"][0]
+    messages = trace_to_sample(trace)["completion"]
+    shown = page.locator("article.trace li.message")
+    expect(shown).to_have_count(len(messages))
+    answer = messages[-1]["content"]
+    expect(shown.last.locator("pre")).to_have_text(answer)
+    expect(page.locator("pre.completion")).to_have_text(answer)
+    expect(page.locator("td.reward")).to_have_text(f"{samples[0]['reward']:.4g}")
+    page.screenshot(path=shots / "episode.png", full_page=True)
+
+
+def test_markup_in_user_content_shows_as_text_and_never_runs(demo: DemoRuns, page: Page) -> None:
+    run = demo.new_run(name=HOSTILE, environments=["gsm8k"], model="m")
+    run.log_episodes([hostile_episode()])
+    run.finish(status="failed", error=HOSTILE, timeout=60)
+    assert run.url is not None
+    page.goto(f"{run.url}/samples/1")
+    expect(page.locator("pre.completion")).to_have_text(f"assistant says {HOSTILE}")
+    page.goto(f"{demo.url}/")
+    expect(page.locator(f'tr.run[data-run-id="{run.id}"] .error')).to_have_text(HOSTILE)
+    page.goto(run.url)
+    expect(page.locator("h1")).to_have_text(HOSTILE)
+    assert page.evaluate("window.__pwned") is None
+    train = demo.new_run(name="hostile-metric", kind="train", model="m", team_id="demo-team")
+    train.log_metrics({HOSTILE: 1.0}, step=0)
+    train.finish(timeout=60)
+    assert train.url is not None
+    page.goto(train.url)
+    expect(page.locator("figure.curve .metric")).to_have_text(HOSTILE)
+    expect(page.locator("figure.curve circle.dot")).to_have_count(1)
+    assert page.evaluate("window.__pwned") is None
+    assert page.evaluate("window.pygal") is None  # not even pygal's own config script ran
+
+
+def test_a_live_training_page_moves_on_without_a_reload(demo: DemoRuns, page: Page) -> None:
+    run = demo.new_run(name="live-train", kind="train", model="m", team_id="demo-team")
+    run.log_metrics({"loss": 1.0}, step=0)
+    assert run.flush(timeout=30) and run.url is not None
+    page.goto(run.url)
+    dots = page.locator('figure.curve[data-metric="loss"] circle.dot')
+    expect(dots).to_have_count(1)
+    expect(page.locator(".live")).to_be_visible()
+    page.evaluate("window.__same_document = true")  # gone if the page were reloaded
+    run.log_metrics({"loss": 0.5}, step=1)
+    run.log_metrics({"loss": 0.25}, step=2)
+    expect(dots).to_have_count(3)
+    run.finish(timeout=60)
+    expect(page.locator("table.facts .status")).to_have_text("COMPLETED")
+    expect(page.locator(".live")).to_have_count(0)
+    assert page.evaluate("window.__same_document") is True
+
+
+def test_offline_journals_show_the_same_curves(demo: DemoRuns, page: Page, shots: Path) -> None:
+    """``serve --runs-dir`` over the demo's journals: the training run's curves
+    have as many dots as the platform stored steps."""
+    steps = stored_steps(demo.url, demo.key, demo.ids["demo-train"])
+    _, url = serve_runs_dir(demo.runs_dir)
+    page.goto(f"{url}/?kind=train")
+    page.get_by_role("link", name="demo-train").click()
+    expect(page.locator('figure.curve[data-metric="reward"] circle.dot')).to_have_count(len(steps))
+    page.screenshot(path=shots / "offline-training.png", full_page=True)

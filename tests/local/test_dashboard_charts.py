@@ -1,0 +1,33 @@
+"""The curves of a long run: every point counted, a bounded number drawn, and
+what a user looks for (a spike, a dip, the last value) still on the chart."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from primeruns.local.dashboard.charts import MAX_DRAWN, curves, decimate
+
+
+def test_a_long_curve_is_drawn_from_a_bounded_number_of_points_keeping_its_extremes() -> None:
+    n = 10_000
+    rows = [{"step": i, "loss": math.sin(i / 50)} for i in range(n)]
+    rows[7_777]["loss"] = 9.0  # one spike
+    rows[1_234]["loss"] = -9.0  # one dip
+    drawn = decimate([(r["step"], r["loss"]) for r in rows])
+    assert len(drawn) <= MAX_DRAWN + 1
+    assert (7_777, 9.0) in drawn and (1_234, -9.0) in drawn
+    assert drawn[-1] == (n - 1, rows[-1]["loss"])
+    assert [s for s, _ in drawn] == sorted(s for s, _ in drawn)
+
+    (curve,) = curves(rows)
+    assert (curve.points, curve.drawn, curve.last_step) == (n, len(drawn), n - 1)
+    # Drawn as a line, without a dot per point.
+    assert "<circle" not in curve.svg and re.search(r'class="line', curve.svg)
+
+
+def test_a_short_curve_is_drawn_whole_and_non_finite_values_are_left_out() -> None:
+    rows = [{"step": 0, "loss": 1.0}, {"step": 1, "loss": math.nan}, {"step": 2, "loss": 0.5}]
+    (curve,) = curves(rows)
+    assert (curve.points, curve.drawn, curve.last_value) == (2, 2, 0.5)
+    assert curve.svg.count("<circle") == 2

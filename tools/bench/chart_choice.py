@@ -1,0 +1,168 @@
+"""Which charting library draws the dashboard's training curves: measured, not guessed.
+
+Run ``python tools/bench/chart_choice.py`` from the repository root (``--points N``
+to change the 10,000-point series). For each candidate, in a directory of its
+own (``pip install --target``, dependencies included, so nothing already
+installed is counted or reused), it reports:
+
+- install size: the bytes ``pip`` puts on disk for the library and everything
+  it pulls in;
+- page weight: the bytes a browser downloads to show one self-contained page
+  with one 10,000-point line chart (no CDN: the JavaScript, if any, is inline);
+- Python time: building that page on the server (median of 3);
+- browser time: from navigation until the chart is drawn in Chromium (median
+  of 3), through Playwright and the system browser; skipped without one.
+
+The candidates: pygal (SVG drawn on the server, no JavaScript), plotly and
+bokeh (their wheels ship the JavaScript that draws in the browser).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+# Each snippet builds one page from ``xs``/``ys`` and leaves its HTML in ``page``.
+_BUILD = {
+    "pygal": (
+        "import pygal\n"
+        "chart = pygal.XY(show_dots=False, show_legend=False, width=800, height=300)\n"
+        "chart.add('reward', list(zip(xs, ys)))\n"
+        "page = '<!doctype html><html><body>' + chart.render(is_unicode=True) + '</body></html>'\n"
+    ),
+    "plotly": (
+        "import plotly.graph_objects as go\n"
+        "fig = go.Figure(go.Scattergl(x=xs, y=ys, mode='lines'))\n"
+        "page = fig.to_html(include_plotlyjs=True, full_html=True)\n"
+    ),
+    "bokeh": (
+        "from bokeh.plotting import figure\n"
+        "from bokeh.embed import file_html\n"
+        "from bokeh.resources import INLINE\n"
+        "p = figure(width=800, height=300)\n"
+        "p.line(xs, ys)\n"
+        "page = file_html(p, INLINE, 'curve')\n"
+    ),
+}
+
+# A JavaScript condition that holds once the chart is on screen.
+_DRAWN = {
+    "pygal": "document.querySelector('svg .plot .line') !== null",
+    "plotly": "document.querySelector('.js-plotly-plot .main-svg') !== null",
+    "bokeh": (
+        "window.Bokeh !== undefined && Bokeh.index !== undefined"
+        " && Object.keys(Bokeh.index).length > 0"
+    ),
+}
+
+_WORKER = """
+import json, math, statistics, sys, time
+n = int(sys.argv[1])
+xs = list(range(n))
+ys = [math.sin(i / 50) + i / n for i in xs]
+times = []
+for _ in range(3):
+    start = time.perf_counter()
+    exec(sys.argv[2])
+    times.append(time.perf_counter() - start)
+open(sys.argv[3], 'w', encoding='utf-8').write(page)
+print(json.dumps({"python_s": statistics.median(times)}))
+"""
+
+
+_PIP_INSTALL = [sys.executable, "-m", "pip", "install", "--quiet", "--no-compile"]
+
+
+def _tree_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def _install(package: str, target: Path) -> int:
+    subprocess.run(
+        [*_PIP_INSTALL, "--target", str(target), package],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    return _tree_bytes(target)
+
+
+def _browser_seconds(page: Path, drawn: str) -> float | None:
+    browser_path = shutil.which("chromium")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return None
+    if browser_path is None:
+        return None
+    times = []
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=browser_path)
+        for _ in range(3):
+            tab = browser.new_page()
+            start = time.perf_counter()
+            tab.goto(page.as_uri())
+            tab.wait_for_function(drawn, timeout=120_000)
+            times.append(time.perf_counter() - start)
+            tab.close()
+        browser.close()
+    return statistics.median(times)
+
+
+def measure(name: str, points: int, work: Path) -> dict[str, float | int | None]:
+    target = work / name
+    installed = _install(name, target)
+    page = work / f"{name}.html"
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", _WORKER, str(points), _BUILD[name], str(page)],
+        # -S and PYTHONPATH: only the measured install is importable, no site-packages.
+        env={**os.environ, "PYTHONPATH": str(target), "PYTHONNOUSERSITE": "1"},
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    timing = json.loads(done.stdout)
+    return {
+        "install_bytes": installed,
+        "page_bytes": page.stat().st_size,
+        "python_s": timing["python_s"],
+        "browser_s": _browser_seconds(page, _DRAWN[name]),
+    }
+
+
+def _mb(n: float | int | None) -> str:
+    return "-" if n is None else f"{n / 1e6:.2f} MB"
+
+
+def _s(n: float | int | None) -> str:
+    return "-" if n is None else f"{n:.2f} s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--points", type=int, default=10_000)
+    parser.add_argument("--only", nargs="*", default=sorted(_BUILD))
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="chart-choice-") as tmp:
+        for name in args.only:
+            rows.append((name, measure(name, args.points, Path(tmp))))
+    print(f"one line chart of {args.points:,} points, self-contained page (no CDN)\n")
+    print("| library | install size | page weight | Python time | browser time |")
+    print("|---|---|---|---|---|")
+    for name, r in rows:
+        print(
+            f"| {name} | {_mb(r['install_bytes'])} | {_mb(r['page_bytes'])} "
+            f"| {_s(r['python_s'])} | {_s(r['browser_s'])} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
