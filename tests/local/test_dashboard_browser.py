@@ -18,7 +18,6 @@ import os
 import re
 import secrets
 import shutil
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,8 +36,8 @@ from dashboard_helpers import (
 )
 
 import primeruns as pr
+from primeruns.commands.console import make_console
 from primeruns.commands.demo import Demo, _demo_environment
-from primeruns.commands.fmt import Style
 from primeruns.local import LocalPlatform
 from primeruns.projection import trace_to_sample
 
@@ -99,7 +98,7 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRuns]:
         _demo_environment(platform.url, key),
     ):
         mp.setenv("HOME", str(work))
-        runner = Demo(platform.url, key, work, Style(sys.stdout))
+        runner = Demo(platform.url, key, work, make_console())
         try:
             runner.eval_run()
             runner.train_run()

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
+from primeruns.commands.console import make_console
 from primeruns.commands.demo import Demo, _demo_environment
-from primeruns.commands.fmt import Style
 from primeruns.local import LocalPlatform
 
 HERE = Path(__file__).resolve().parent
@@ -42,7 +42,7 @@ def main() -> int:
         work = Path(tmp)
         with LocalPlatform(work / "platform", api_key=key) as platform:
             with _demo_environment(platform.url, key), redirect_stdout(io.StringIO()):
-                demo = Demo(platform.url, key, work, Style(sys.stdout))
+                demo = Demo(platform.url, key, work, make_console())
                 demo.train_run()
                 demo.http.close()
             if not all(c.ok for c in demo.checks):

@@ -65,10 +65,10 @@ def _row(status: RunStatus) -> RunRow:
         error=error,
         created_at=float(created) if isinstance(created, int | float) else None,
         updated_at=info.modified or None,
-        counts={"records": info.last_seq},
+        counts={name: n for name, n in status.counts.items() if n},
         losses={k: int(v.get("count", 0)) for k, v in info.losses.items()},
         damage=[d.what for d in info.damage],
-        journal=status.state,
+        journal=status.shipping,
     )
 
 
@@ -115,13 +115,13 @@ class JournalSource:
         self._cache: dict[tuple[str, int, int, float], _Records] = {}
 
     def _statuses(self) -> list[RunStatus]:
-        return [describe(info) for info in list_journals(self.runs_dir)]
+        return [describe(info) for info in list_journals(self.runs_dir, tally=True)]
 
     def runs(self) -> list[RunRow]:
         return [_row(s) for s in self._statuses()]
 
     def _find(self, run_id: str) -> RunStatus | None:
-        infos: list[JournalInfo] = list_journals(self.runs_dir)
+        infos: list[JournalInfo] = list_journals(self.runs_dir, tally=True)
         info = next((i for i in infos if run_id in (i.local_id, i.path.name)), None)
         return None if info is None else describe(info)
 
