@@ -98,7 +98,10 @@ def _scan(data: Any, psize: int) -> Salvaged:
     acked: dict[bytes, int] = {}
     # An entry stored in chunks (journal format 2) is its head under the
     # 8-byte key plus (seq, index) chunks: put back together, then checked.
-    heads: dict[int, bytes] = {}
+    # Every distinct candidate head is kept, not the first found: a stale node
+    # under the same key (a staged copy whose overflow pages were reused since)
+    # fails its checksum too, and may sit in a page before the live head.
+    heads: dict[int, list[bytes]] = {}
     chunks: dict[tuple[int, int], bytes] = {}
     for page in range(2, len(data) // psize):
         (pgno,) = struct.unpack_from("<Q", data, page * psize)
@@ -121,24 +124,28 @@ def _scan(data: Any, psize: int) -> Salvaged:
                 payload = decode_frame(value)[1]
             except FrameError:
                 if len(key) == 8:
-                    heads.setdefault(struct.unpack(">Q", key)[0], value)
+                    candidates = heads.setdefault(struct.unpack(">Q", key)[0], [])
+                    if value not in candidates:
+                        candidates.append(value)
                 found.bad_values += 1
                 continue
             _classify(key, value, payload, found, acked)
-    for seq, head in heads.items():
+    for seq, candidates in heads.items():
         if seq in found.entries:
             continue
-        parts, index = [head], 1
+        rest, index = [], 1
         while (seq, index) in chunks:
-            parts.append(chunks[(seq, index)])
+            rest.append(chunks[(seq, index)])
             index += 1
-        whole = b"".join(parts)
-        try:
-            if verify_frame(whole, seq).kind != 0:
-                found.entries[seq] = whole
-                found.bad_values -= 1
-        except FrameError:
-            pass
+        for head in candidates:
+            whole = b"".join([head, *rest])
+            try:
+                if verify_frame(whole, seq).kind != 0:
+                    found.entries[seq] = whole
+                    found.bad_values -= 1
+                    break
+            except FrameError:
+                pass
     return found
 
 

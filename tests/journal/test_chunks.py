@@ -16,7 +16,10 @@ import pytest
 from test_corruption import _probe
 
 from primeruns.journal import EntryKind, Journal
+from primeruns.journal.frames import encode_frame
+from primeruns.journal.layout import key, put_entry, split
 from primeruns.journal.reading import UNREADABLE
+from primeruns.journal.salvage import scan_pages
 
 # Hex of random bytes compresses to about half: stored sizes from ~0.2 to ~30 KB,
 # on both sides of every threshold.
@@ -210,3 +213,28 @@ def test_tally_counts_entries_not_chunks_across_cuts_and_compaction(tmp_path: Pa
     total[int(kinds[14])] -= 1
     total[UNREADABLE] = 1
     assert dict(counts) == total
+
+
+def test_salvage_finds_a_chunked_entry_behind_a_stale_node_of_the_same_seq(
+    tmp_path: Path,
+) -> None:
+    """A staged copy's leaf node can outlive its move in a freed page, pointing
+    at overflow pages reused since: under the entry's own key it fails its
+    checksum, like a chunk head does alone. Found in a page before the live
+    head, it used to be the only head tried, and the intact entry was dropped
+    from the rebuilt journal (seen after ``sync`` of a damaged journal)."""
+    payload = _payload(9, 2_600)
+    frame = encode_frame(int(EntryKind.EPISODE), payload, seq=9)
+    assert len(split(frame)) > 1  # stored chunked
+    env = lmdb.open(str(tmp_path), max_dbs=8, map_size=1 << 24)
+    staging, entries = env.open_db(b"staging"), env.open_db(b"entries")
+    old_reader = env.begin()  # no page is reused: the live head comes last in the file
+    with env.begin(write=True) as txn:
+        stale = encode_frame(int(EntryKind.EPISODE), b"x" * 9_000, compress=False, seq=9)
+        txn.put(key(9), stale[:-100] + bytes(100), db=staging)  # reused pages: fails
+    with env.begin(write=True) as txn:
+        put_entry(txn, 9, frame, entries)
+    old_reader.abort()
+    env.close()
+
+    assert scan_pages(tmp_path / "data.mdb").entries == {9: frame}
