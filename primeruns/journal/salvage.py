@@ -13,6 +13,7 @@ Only LMDB 0.9's on-disk layout on 64-bit builds is read (the bundled library).
 
 from __future__ import annotations
 
+import itertools
 import json
 import mmap
 import os
@@ -36,6 +37,8 @@ _NODE = struct.Struct("<HHHH")  # lo, hi (data size), flags, key size
 
 
 _CHUNK_KEY = struct.Struct(">QH")  # a chunk of a stored entry: (seq, index)
+# How many ways of putting a chunked entry together are checked at most.
+_MAX_TRIES = 64
 
 
 @dataclass
@@ -102,14 +105,16 @@ def _scan(data: Any, psize: int) -> Salvaged:
     # under the same key (a staged copy whose overflow pages were reused since)
     # fails its checksum too, and may sit in a page before the live head.
     heads: dict[int, list[bytes]] = {}
-    chunks: dict[tuple[int, int], bytes] = {}
+    chunks: dict[tuple[int, int], list[bytes]] = {}  # the same: a stale copy may have rotted
     for page in range(2, len(data) // psize):
         (pgno,) = struct.unpack_from("<Q", data, page * psize)
         if pgno != page:
             continue  # not a page header (overflow continuation, garbage, zeros)
         for key, value in _leaf_nodes(data, page, psize):
             if len(key) == _CHUNK_KEY.size:
-                chunks.setdefault(_CHUNK_KEY.unpack(key), value)
+                copies = chunks.setdefault(_CHUNK_KEY.unpack(key), [])
+                if value not in copies:
+                    copies.append(value)
                 continue
             try:
                 # Entries are only checksummed here: one compressed with a stored
@@ -133,12 +138,13 @@ def _scan(data: Any, psize: int) -> Salvaged:
     for seq, candidates in heads.items():
         if seq in found.entries:
             continue
-        rest, index = [], 1
-        while (seq, index) in chunks:
-            rest.append(chunks[(seq, index)])
-            index += 1
-        for head in candidates:
-            whole = b"".join([head, *rest])
+        rest: list[list[bytes]] = []
+        while (seq, len(rest) + 1) in chunks:
+            rest.append(chunks[(seq, len(rest) + 1)])
+        # Copies found first are tried first; the tries are bounded, since
+        # each distinct copy of every part multiplies them.
+        for parts in itertools.islice(itertools.product(candidates, *rest), _MAX_TRIES):
+            whole = b"".join(parts)
             try:
                 if verify_frame(whole, seq).kind != 0:
                     found.entries[seq] = whole

@@ -238,3 +238,26 @@ def test_salvage_finds_a_chunked_entry_behind_a_stale_node_of_the_same_seq(
     env.close()
 
     assert scan_pages(tmp_path / "data.mdb").entries == {9: frame}
+
+
+def test_salvage_finds_a_chunked_entry_behind_a_rotted_stale_copy_of_one_chunk(
+    tmp_path: Path,
+) -> None:
+    """A chunk's old copy (left in a freed page by a copy on write) that has
+    rotted since, found before the live chunk, must not cost the entry."""
+    payload = _payload(9, 2_600)
+    frame = encode_frame(int(EntryKind.EPISODE), payload, seq=9)
+    first = split(frame)[1]
+    env = lmdb.open(str(tmp_path), max_dbs=8, map_size=1 << 24)
+    old, entries = env.open_db(b"old"), env.open_db(b"entries")
+    old_reader = env.begin()  # no page is reused: the live chunks come later in the file
+    with env.begin(write=True) as txn:
+        rotted = bytearray(first)
+        rotted[len(rotted) // 2] ^= 0xFF
+        txn.put(struct.pack(">QH", 9, 1), bytes(rotted), db=old)
+    with env.begin(write=True) as txn:
+        put_entry(txn, 9, frame, entries)
+    old_reader.abort()
+    env.close()
+
+    assert scan_pages(tmp_path / "data.mdb").entries == {9: frame}
