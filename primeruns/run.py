@@ -645,18 +645,12 @@ class Run:
     def _pending(self) -> dict[str, int]:
         """Per sink still on, how many records it has not shipped (reads the journal)."""
         journal = self._journal
-        out: dict[str, int] = {}
         if journal is None or self._uplink is None:
-            return out
+            return {}
         try:
-            for name, kinds in sink_kinds(self._kind).items():
-                if ledger.read_standing(journal, name).off is None:
-                    left = ledger.unshipped(journal, name, kinds)
-                    if left:
-                        out[name] = left
+            return ledger.pending_by_sink(journal, sink_kinds(self._kind))
         except JournalError:
-            pass
-        return out
+            return {}
 
     def fail(self, error: str | BaseException, *, timeout: float | None = None) -> None:
         """Finish the run as failed with ``error`` as the reason."""

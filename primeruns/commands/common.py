@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import time
 from collections import Counter
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..journal import EntryKind, Journal, JournalInfo, default_runs_dir, list_journals
 from ..ship.factory import sink_kinds
+from ..ship.ledger import records_left
 
 __all__ = [
     "EXIT_DAMAGED",
@@ -99,32 +101,40 @@ def resolve_run(ref: str, runs_dir: Path) -> Path:
     )
 
 
-# The record kinds a user logs, by the names the commands show them under.
+# The record kinds a user logs: by their names in JSON, and as a sentence says them.
 RECORD_KINDS = {
     "episodes": EntryKind.EPISODE,
     "traces": EntryKind.TRACE,
     "metrics": EntryKind.METRICS,
 }
+UNIT_LABELS = {
+    EntryKind.EPISODE: "episodes",
+    EntryKind.TRACE: "traces",
+    EntryKind.METRICS: "metric rows",
+}
 
 
-_KNOWN_KINDS = frozenset(int(k) for k in EntryKind)
+def unit_of(kinds: Collection[EntryKind], logged: Mapping[str, int]) -> str:
+    """What a sink shipping ``kinds`` counts, in words: the one kind of them
+    the run logged, else plain records."""
+    names = [name for name, kind in RECORD_KINDS.items() if kind in kinds and logged.get(name)]
+    return UNIT_LABELS[RECORD_KINDS[names[0]]] if len(names) == 1 else "records"
 
 
 def pending_per_sink(info: JournalInfo) -> dict[str, int | str]:
     """Per sink of the run, the records it has still to ship, or ``"off"``
-    (``info`` must come from a listing with ``tally=True``)."""
+    (counted when ``info`` comes from a listing with ``tally=True``)."""
     kind = str((info.meta.get("spec") or {}).get("kind") or "eval")
     out: dict[str, int | str] = {}
     for sink, kinds in sink_kinds(kind).items():
         if info.meta.get(f"sink_off.{sink}"):
             out[sink] = "off"
             continue
-        after = info.after.get(int(info.cursors.get(sink, 0)), Counter())
-        # An entry that cannot be read, or of a kind this version does not
-        # know, may be anything: it is pending for every sink until a replay
-        # passes over it (and counts what it lost).
-        unknown = sum(n for k, n in after.items() if k not in _KNOWN_KINDS)
-        out[sink] = sum(after[int(k)] for k in kinds) + unknown
+        acked = int(info.cursors.get(sink, 0))
+        if acked in info.after:
+            out[sink] = records_left(info.after[acked], kinds)
+        else:  # not counted (no tally, or it failed): every entry past the offset
+            out[sink] = max(0, info.last_seq - acked)
     return out
 
 

@@ -15,7 +15,16 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from .common import EXIT_OK, RunStatus, add_json, add_runs_dir, runs_dir_of, statuses
+from .common import (
+    EXIT_OK,
+    RECORD_KINDS,
+    UNIT_LABELS,
+    RunStatus,
+    add_json,
+    add_runs_dir,
+    runs_dir_of,
+    statuses,
+)
 from .console import (
     emit_json,
     human_age,
@@ -58,8 +67,9 @@ def as_json(status: RunStatus) -> dict[str, Any]:
 
 def _logged(status: RunStatus) -> str:
     counts = status.counts
-    units = [("episodes", "episodes"), ("traces", "traces"), ("metrics", "metric rows")]
-    parts = [f"{counts[key]} {label}" for key, label in units if counts[key]]
+    parts = [
+        f"{counts[name]} {UNIT_LABELS[kind]}" for name, kind in RECORD_KINDS.items() if counts[name]
+    ]
     return ", ".join(parts) if parts else "-"
 
 

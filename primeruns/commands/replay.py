@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..exceptions import JournalCorruptError, JournalError, JournalLockedError
-from ..journal import EntryKind, Journal, journal_info
+from ..journal import Journal, journal_info
 from ..platform import Settings
 from ..ship.factory import sink_kinds
 from ..ship.uplink import ShipReport, journal_settings, ship_journal
@@ -39,6 +39,7 @@ from .common import (
     resolve_run,
     runs_dir_of,
     statuses,
+    unit_of,
 )
 from .console import emit_json, human_bytes, make_console
 from .progress import ShipProgress
@@ -52,12 +53,6 @@ def _status_of(path: Path) -> RunStatus:
     return describe(journal_info(path, tally=True))
 
 
-def _units(kinds: frozenset[EntryKind], status: RunStatus) -> str:
-    if kinds == {EntryKind.METRICS}:
-        return "metric rows"
-    return "records" if EntryKind.TRACE in kinds and status.counts["traces"] else "episodes"
-
-
 def shipping_plan(status: RunStatus, settings: Settings) -> dict[str, tuple[int, str]]:
     """Per sink that will ship (not off, not opted out), the records it has
     left to ship and what they are."""
@@ -66,7 +61,7 @@ def shipping_plan(status: RunStatus, settings: Settings) -> dict[str, tuple[int,
         pending = status.pending.get(sink)
         if not isinstance(pending, int) or (sink == "traces" and settings.traces_opt_out):
             continue
-        plan[sink] = (pending, _units(kinds, status))
+        plan[sink] = (pending, unit_of(kinds, status.counts))
     return plan
 
 
@@ -217,9 +212,6 @@ def _ship(
         raise _NotShipped(str(exc), EXIT_USAGE) from None
     finally:
         bars.done()
-    if report.run_id is None and not report.pending:
-        # Never registered: everything it holds is still to ship.
-        report.pending = {sink: n for sink, (n, _) in plan.items() if n}
     return report, plan
 
 

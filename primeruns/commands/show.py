@@ -24,6 +24,7 @@ from ..ship.uplink import terminal_state
 from .common import (
     EXIT_DAMAGED,
     EXIT_OK,
+    UNIT_LABELS,
     RunStatus,
     add_json,
     add_runs_dir,
@@ -39,11 +40,6 @@ from .sparkline import sparkline
 __all__ = ["add_parser", "metric_curves"]
 
 _MAX_DAMAGE_LINES = 10
-_UNITS = {
-    EntryKind.EPISODE: "episodes",
-    EntryKind.TRACE: "traces",
-    EntryKind.METRICS: "metric rows",
-}
 
 
 def metric_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
@@ -75,7 +71,7 @@ def _sinks(status: RunStatus) -> list[dict[str, Any]]:
         out.append(
             {
                 "sink": sink,
-                "ships": sorted(_UNITS[k] for k in kinds if k in _UNITS),
+                "ships": sorted(UNIT_LABELS[k] for k in kinds if k in UNIT_LABELS),
                 "records": total,
                 "acknowledged": max(0, total - left),
                 "pending": left,

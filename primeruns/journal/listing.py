@@ -55,9 +55,15 @@ class JournalInfo:
     entries included; unreadable ones under ``UNREADABLE``)."""
 
 
-def _tallies(journal: Journal, cursors: dict[str, int]) -> dict[int, Counter[int]]:
+def _tallies(
+    journal: Journal, cursors: dict[str, int], damage: list[Damage]
+) -> dict[int, Counter[int]]:
     cuts = sorted({c for c in cursors.values() if c > 0})
-    intervals = journal.tally(cuts)
+    try:
+        intervals = journal.tally(cuts)
+    except JournalError as exc:  # reported; the listing keeps what it read
+        damage.append(Damage(None, f"counting entries failed: {exc}"))
+        return {}
     after: dict[int, Counter[int]] = {}
     running: Counter[int] = Counter()
     for start, counts in zip(reversed([0, *cuts]), reversed(intervals), strict=True):
@@ -100,7 +106,7 @@ def _info(path: Path, *, verify: bool, tally: bool) -> JournalInfo:
                     "cursors": cursors,
                     "losses": journal.losses(),
                     "damage": damage,
-                    "after": _tallies(journal, cursors) if tally else {},
+                    "after": _tallies(journal, cursors, damage) if tally else {},
                 }
             )
     except Exception as exc:  # a listing never raises for one bad run

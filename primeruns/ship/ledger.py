@@ -22,12 +22,14 @@ __all__ = [
     "Closeout",
     "SinkStanding",
     "error_from_record",
+    "pending_by_sink",
     "read_closeout",
     "read_errors",
     "read_standing",
     "record_closeout",
     "record_error",
     "record_standing",
+    "records_left",
     "unshipped",
 ]
 
@@ -159,18 +161,36 @@ def read_closeout(journal: Journal) -> Closeout | None:
     )
 
 
+_KNOWN_KINDS = frozenset(int(k) for k in EntryKind)
+
+
+def records_left(counts: Mapping[int, int], kinds: Collection[EntryKind]) -> int:
+    """Of entry counts by kind (an interval of ``Journal.tally``), the records a
+    sink shipping ``kinds`` has still to deal with: its own kinds, and every
+    entry that cannot be read or is of a kind this version does not know. Such
+    an entry may be anything, so it is pending for every sink until a shipper
+    passes over it (and counts what it lost)."""
+    wanted = {int(k) for k in kinds}
+    return sum(n for k, n in counts.items() if k in wanted or k not in _KNOWN_KINDS)
+
+
 def unshipped(
     journal: Journal, sink: str, kinds: Collection[EntryKind], *, after: int | None = None
 ) -> int:
     """How many journaled records ``sink`` has not dealt with past ``after``
-    (default: its acknowledged offset). Reads the journal: for reports, not
-    for hot loops."""
-    count = 0
+    (default: its acknowledged offset), by entry headers alone."""
     if after is None:
         after = journal.cursor(sink).acked
-    while True:
-        result = journal.read(after, kinds=kinds, max_entries=10_000, max_bytes=64 << 20)
-        count += len(result.entries)
-        if result.next_after <= after:
-            return count
-        after = result.next_after
+    return records_left(journal.tally([after])[-1], kinds)
+
+
+def pending_by_sink(journal: Journal, sinks: Mapping[str, Collection[EntryKind]]) -> dict[str, int]:
+    """Per sink of ``sinks`` (name: the kinds it ships) not turned off, the
+    records it has not shipped, where any are left (reads the journal)."""
+    out: dict[str, int] = {}
+    for name, kinds in sinks.items():
+        if read_standing(journal, name).off is None:
+            left = unshipped(journal, name, kinds)
+            if left:
+                out[name] = left
+    return out

@@ -33,7 +33,7 @@ from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
 from ..threads import start_daemon
 from . import ledger
-from .factory import make_shippers
+from .factory import make_shippers, sink_kinds
 from .lifecycle import Lifecycle
 from .policy import RetryPolicy
 from .shipper import Shipper, drain_all
@@ -536,6 +536,9 @@ def ship_journal(
             # A platform refusal, or a spec that cannot be registered (one
             # lost to damage): reported, and the journal kept for another try.
             report.errors.append(f"register: {exc}")
+            kind = str((journal.get_meta("spec") or {}).get("kind") or "eval")
+            with _quiet():
+                report.pending = ledger.pending_by_sink(journal, sink_kinds(kind))
             uplink.client.close()
             return report
         report.run_id, report.url = binding.run_id, binding.url

@@ -25,7 +25,7 @@ from ...commands.entries import load_rows
 from ...journal import Damage, EntryKind, Journal, JournalInfo, list_journals
 from ...projection import build_samples, episodes_to_parquet_rows
 from ...records import training_step
-from ...ship.uplink import terminal_state
+from ...ship.uplink import CRASH_ERROR
 from ..traces_extract import as_object
 from .episodes import sample_row
 from .views import RunDetail, RunRow, SampleRow, StepTable, config_text
@@ -36,25 +36,23 @@ log = logging.getLogger("primeruns.local.dashboard")
 CACHED_JOURNALS = 4
 
 
-def _ending(info: JournalInfo) -> tuple[str, str | None]:
-    """The run's status and error: its finish record's, else running while its
-    owner lives, else crashed; damaged when the journal cannot be read."""
-    if info.damage and not info.meta:
-        return "DAMAGED", "; ".join(d.what for d in info.damage)
-    try:
-        with Journal.open(info.path, owner=False) as journal:
-            status, error, _ = terminal_state(journal)
-    except Exception as exc:  # any unreadable journal: shown as damaged, never raised
-        return "DAMAGED", f"{info.path.name}: {exc}"
-    if status == "crashed" and info.owner_alive:
-        return "RUNNING", None
-    return status.upper(), error or None
+def _ending(status: RunStatus) -> tuple[str, str | None]:
+    """The run's status and error, as ``primeruns ls`` derives them: its finish
+    record's, running while its owner lives, else crashed; damaged when the
+    journal cannot be read."""
+    outcome = status.outcome
+    if outcome == "damaged":
+        return "DAMAGED", "; ".join(d.what for d in status.info.damage)
+    if outcome == "crashed":
+        return "CRASHED", CRASH_ERROR
+    error = (status.finish or {}).get("error")
+    return outcome.upper(), str(error) if error else None
 
 
 def _row(status: RunStatus) -> RunRow:
     info = status.info
     spec = status.spec
-    state, error = _ending(info)
+    state, error = _ending(status)
     created = info.meta.get("journal.created_at")
     return RunRow(
         id=info.local_id,
