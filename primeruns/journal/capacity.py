@@ -23,7 +23,7 @@ from primeruns.journal.frames import FrameError, peek_header
 from primeruns.journal.layout import CHUNK_KEY, KEY, kept_kind, seq_of
 from primeruns.journal.reading import Reader
 from primeruns.journal.staging import Mover
-from primeruns.journal.tail import K_FLOOR
+from primeruns.journal.tail import K_FLOOR, stored_end
 from primeruns.journal.txn import Transactions
 
 # The largest in-flight body recorded, for the appender's control reserve
@@ -44,6 +44,9 @@ class Capacity:
         self._headroom = 0  # bytes known to fit without counting again (room_for)
         self.inflight_peak = 0  # largest in-flight body recorded (room_for's reserve)
         self.sinks: frozenset[str] = frozenset()  # whose acks compaction needs
+        # Bytes this process spooled that LMDB does not hold yet, given LMDB's
+        # end (the appender's; 0 elsewhere): they take room once absorbed.
+        self.spooled: Callable[[int], int] = lambda end: 0
 
     def room_for(self, nbytes: int) -> bool:
         """Whether ``nbytes`` of new entries fit the budget minus the control reserve.
@@ -61,19 +64,22 @@ class Capacity:
         # Each sink rewrites its in-flight body copy-on-write (old and new
         # pages live at once): keep room for several of the largest seen,
         # wherever they were recorded (a live run's uplink records them).
+        spooled = 0
         with contextlib.suppress(JournalError, lmdb.Error, ValueError, TypeError):
             with self._tx.read() as txn:
+                spooled = self.spooled(stored_end(self._tx, txn))
                 peak = int(self._tx.meta_or(txn, K_INFLIGHT_PEAK, 0) or 0)
             self.inflight_peak = max(self.inflight_peak, peak)
         reserve = max(reserve, 8 * self.inflight_peak)
         used = (int(env.info()["last_pgno"]) + 1) * self._psize  # the file's high-water mark
+        used += spooled
         if used + need > budget - reserve:
             # Near the budget: count pages in use (LMDB reuses freed pages).
             with self._tx.read() as txn:
                 pages = 2
                 for st in [env.stat(), *(txn.stat(db) for db in self._tx.dbs.values())]:
                     pages += int(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
-            used = pages * self._psize
+            used = pages * self._psize + spooled
         room = budget - reserve - used
         if room < budget // 4:
             self._tx.tight = True  # compact at the next acknowledgement, before drops begin
@@ -127,6 +133,11 @@ class Capacity:
         if not acked:
             return 0
         upto = min(min(acked.values()), last_seq)
+        # Never past what LMDB holds: an entry shipped from the spool before
+        # it was absorbed is absorbed later, and counted, like any other.
+        with contextlib.suppress(JournalError, lmdb.Error):
+            with self._tx.read() as txn:
+                upto = min(upto, stored_end(self._tx, txn))
         if upto <= self._reader.floor:
             return 0
         tx = self._tx

@@ -59,6 +59,7 @@ from primeruns.journal.lock import OwnerLock
 from primeruns.journal.maintenance import Background, scan_damage
 from primeruns.journal.meta import K_BUDGET, K_CREATED, K_FORMAT, K_LOCAL_ID, K_OWNER, Meta
 from primeruns.journal.reading import Reader
+from primeruns.journal.spool import SpoolView, SpoolWriter, spool_bytes
 from primeruns.journal.staging import STAGED_RAW_MAX, Mover
 from primeruns.journal.store import DATA_NAME, Store, acquire_store, release_store
 from primeruns.journal.tail import OwnTail, SharedTail, read_end
@@ -78,8 +79,9 @@ Durability = Literal["process", "fsync"]
 DEFAULT_MAX_JOURNAL_BYTES = 64 << 30
 # 2: entries between LMDB's in-page limit and layout.CHUNK_UPTO are stored as
 # chunks (see layout). 3: the newest entries may sit in the "staging" table
-# (see staging). Older journals have neither and read the same.
-FORMAT_VERSION = 3
+# (see staging). 4: the newest entries may sit in spool files beside the
+# data file (see spool). Older journals have none of these and read the same.
+FORMAT_VERSION = 4
 _CLOSE_MOVE_S = 30.0  # at close, what is still staged moves within this
 
 
@@ -113,27 +115,37 @@ class Journal:
         self._closed = False
         tx = self._tx = Transactions(path, store)
         appends = lock is not None and appender
-        last, floor = read_end(tx)
-        self._tail = OwnTail(tx, last) if appends else SharedTail(tx, last)
+        self._spool = SpoolView(path)
+        last, floor = read_end(tx, self._spool)
+        self._tail = (OwnTail if appends else SharedTail)(tx, last, self._spool)
         # Wakes the background thread early: a kind has enough records to train on.
         trainer_due = threading.Event()
         self._dicts = Dictionaries(tx, trains=appends, due=trainer_due)
-        self._mover = Mover(tx, self._dicts, path)
+        self._mover = Mover(tx, self._dicts, path, self._spool)
         # A live run's uplink is the only process that compacts its journal.
         shares = lock is not None and not appends
-        self._reader = Reader(tx, self._dicts, floor, sole_compactor=shares)
+        self._reader = Reader(tx, self._dicts, floor, self._spool, sole_compactor=shares)
         self._capacity = Capacity(tx, self._reader, self._mover)
         self._cursors = Cursors(tx, self._tail, self._capacity)
         self._meta = Meta(tx)
-        self._appender = (
-            Appender(tx, self._tail, self._capacity, self._dicts, self._mover) if appends else None
-        )
+        self._appender: Appender | None = None
+        if appends:
+            writer = SpoolWriter(path, self._spool, fsync=durability == "fsync")
+            self._capacity.spooled = writer.pending_bytes
+            self._appender = Appender(
+                tx, self._tail, self._capacity, self._dicts, self._mover, writer
+            )
         local_id = tx.safe_meta(K_LOCAL_ID)
         self.local_id = local_id if isinstance(local_id, str) else path.name
         self._background: Background | None = None
         if lock is not None:
             self._background = Background(
-                tx, self._reader, self._dicts, durability=durability, wake=trainer_due
+                tx,
+                self._reader,
+                self._dicts,
+                durability=durability,
+                wake=trainer_due,
+                sync_spool=None if self._appender is None else self._appender.sync,
             )
             if appends:
                 self._mover.start()
@@ -515,14 +527,22 @@ class Journal:
         ``last_seq()`` is unchanged; a read after the removed range starts later.
         """
         self._check_writable()
+        self._absorb()  # what compaction may remove must be in LMDB first
         acked = self._cursors.offsets()
         if sinks is not None:
             acked = {name: acked.get(name, 0) for name in sinks}
         return self._capacity.compact(acked, self._tail.last)
 
+    def _absorb(self) -> None:
+        """Move everything spooled (or staged) into LMDB now, in this thread."""
+        with contextlib.suppress(JournalError, lmdb.Error, ValueError):
+            for _ in range(1_000_000):
+                if not self._mover.step():
+                    break
+
     def size_bytes(self) -> int:
-        """Bytes of the journal's data file on disk."""
-        return self._store.file_size()
+        """Bytes of the journal on disk: its data file and its spool."""
+        return self._store.file_size() + spool_bytes(self.path)
 
     # -- maintenance ------------------------------------------------------------------------
 
@@ -539,6 +559,8 @@ class Journal:
         """Flush the journal to disk (fsync)."""
         self._check()
         if self._owner_lock is not None:
+            if self._appender is not None:
+                self._appender.sync()
             self._store.sync()
             self._tx.dirty = False
 
@@ -567,10 +589,16 @@ class Journal:
         self._mover.stop(final=True)
         if self._background is not None:
             self._background.stop()
+        if self._appender is not None:
+            self._appender.sync()
+            self._appender.close()
         if self._appender is not None or moves_here:
             # What the background did not get to moves now (bounded): a journal
-            # at rest is compressed and has nothing staged.
-            self._mover.drain(_CLOSE_MOVE_S)
+            # at rest is compressed and has nothing staged or spooled. Only
+            # the appender, closing, knows nothing more comes to its newest
+            # spool segment.
+            self._mover.drain(_CLOSE_MOVE_S, retire=self._appender is not None)
+        self._spool.close()
         with self._tx.lock:
             if self._owner_lock is not None:
                 with contextlib.suppress(lmdb.Error):

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 
 import lmdb
 
@@ -36,12 +37,14 @@ class Background:
         *,
         durability: str,
         wake: threading.Event,
+        sync_spool: Callable[[], None] | None = None,
     ) -> None:
         self._tx = tx
         self._reader = reader
         self._dicts = dicts
         self._durability = durability
         self._wake = wake
+        self._sync_spool = sync_spool
         self._stop = threading.Event()
         ensure_reserve(tx.path)
         self._thread = start_daemon(self._loop, f"primeruns-journal-{tx.path.name}")
@@ -53,6 +56,8 @@ class Background:
             self._wake.clear()
             if self._stop.is_set():
                 break
+            if self._sync_spool is not None and self._durability == "process":
+                self._sync_spool()
             if tx.dirty and self._durability == "process":
                 tx.dirty = False
                 try:
@@ -73,6 +78,8 @@ def scan_damage(tx: Transactions, reader: Reader) -> list[Damage]:
     """Structural damage plus every damaged or missing entry (a full scan)."""
     found = list(tx.problems)
     after = reader.floor_now()
+    reader.spool.refresh()
+    found.extend(reader.spool.damage())
     while True:
         result = reader.read(after, max_entries=10_000, max_bytes=64 << 20)
         found.extend(result.damaged)

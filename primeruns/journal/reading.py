@@ -7,16 +7,18 @@ reported and passed over, so one bad page never stops a run's shipping.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Collection, Sequence
 
 import lmdb
 
-from primeruns.exceptions import JournalCorruptError
+from primeruns.exceptions import JournalCorruptError, JournalError
 from primeruns.journal.dicts import Dictionaries
-from primeruns.journal.frames import EntryKind, FrameError, peek_header, peek_kind
+from primeruns.journal.frames import HEADER_SIZE, EntryKind, FrameError, peek_header, peek_kind
 from primeruns.journal.layout import KEY, decode_entry, gather, is_chunk_key, key, missing, seq_of
-from primeruns.journal.tail import K_FLOOR
+from primeruns.journal.spool import SpoolView
+from primeruns.journal.tail import K_FLOOR, stored_end
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import Damage, Entry, ReadResult
 
@@ -31,10 +33,17 @@ _MAX_SCAN = 50_000
 
 class Reader:
     def __init__(
-        self, tx: Transactions, dicts: Dictionaries, floor: int, *, sole_compactor: bool
+        self,
+        tx: Transactions,
+        dicts: Dictionaries,
+        floor: int,
+        spool: SpoolView,
+        *,
+        sole_compactor: bool,
     ) -> None:
         self._tx = tx
         self._dicts = dicts
+        self.spool = spool  # the log's newest entries, not yet in LMDB
         self.floor = floor  # entries up to here were compacted away
         # Whether this process is the only one that compacts (a live run's
         # uplink); elsewhere (a read-only view, a producer) the floor is read
@@ -68,11 +77,15 @@ class Reader:
         next_after = after_seq
         total = 0
         floor = self.floor_now()
+        spool = self.spool
+        spool.refresh()  # before LMDB's read: see spool
+        expected = after_seq + 1
+        examined = 0
+        full = False
+        in_lmdb = -1  # LMDB's end as this read saw it (-1: unread, so no spool)
         try:
             with self._tx.read(buffers=True) as txn:
-                expected = after_seq + 1
-                examined = 0
-                full = False
+                in_lmdb = stored_end(self._tx, txn)
                 for name in ("entries", "staging"):  # one log: staged seqs come last
                     if full or name not in self._tx.dbs:
                         continue
@@ -114,6 +127,19 @@ class Reader:
                         more = cur.next()
         except (lmdb.Error, JournalCorruptError) as exc:
             damaged.append(Damage(None, f"reading after entry {next_after} failed: {exc}"))
+        if in_lmdb >= 0 and not full and examined < _MAX_SCAN:
+            next_after = self._read_spool(
+                max(expected, in_lmdb + 1),
+                floor,
+                wanted,
+                examined,
+                max_entries,
+                max_bytes,
+                raw,
+                total,
+                damaged,
+                next_after,
+            )
         entries: list[Entry] = []
         for seq, value in raw:
             entry, damage = decode_entry(seq, value, self._dicts.get)
@@ -122,6 +148,41 @@ class Reader:
             if damage is not None:
                 damaged.append(damage)
         return ReadResult(entries, next_after, damaged)
+
+    def _read_spool(
+        self,
+        expected: int,
+        floor: int,
+        wanted: frozenset[int] | None,
+        examined: int,
+        max_entries: int,
+        max_bytes: int,
+        raw: list[tuple[int, bytes]],
+        total: int,
+        damaged: list[Damage],
+        next_after: int,
+    ) -> int:
+        """``read`` continued past LMDB's end into the spool; the new next_after."""
+        spool = self.spool
+        with spool.lock:
+            for seq, kind, size, seg, index in spool.frames(expected - 1):
+                if examined >= _MAX_SCAN:
+                    break
+                if seq > expected and expected > floor:
+                    damaged.append(missing(expected, seq - 1))
+                expected = seq + 1
+                examined += 1
+                if wanted is None or kind in wanted:
+                    raw_len = size - HEADER_SIZE
+                    if raw and (len(raw) >= max_entries or total + raw_len > max_bytes):
+                        break
+                    try:
+                        raw.append((seq, spool.read(seg, index)))
+                    except JournalError as exc:
+                        damaged.append(Damage(seq, f"entry {seq}: {exc}"))
+                    total += raw_len
+                next_after = seq
+        return next_after
 
     def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
         """Entries present per kind in each interval the ascending ``cuts`` make:
@@ -132,19 +193,30 @@ class Reader:
         pins a live writer's old pages for long."""
         bounds = sorted(set(cuts))
         counts: list[Counter[int]] = [Counter() for _ in range(len(bounds) + 1)]
+        self.spool.refresh()  # before LMDB's reads: see spool
+        seen = [0]  # the highest seq counted in LMDB (with its compaction floor)
         for name in ("entries", "staging"):
             if name not in self._tx.dbs:
                 continue
             resume: bytes | None = key(0)
             while resume is not None:
-                resume = self._tally_some(name, resume, bounds, counts)
+                resume = self._tally_some(name, resume, bounds, counts, seen)
+        with self.spool.lock:
+            for seq, kind, _, _, _ in self.spool.frames(seen[0]):
+                counts[bisect_left(bounds, seq)][kind] += 1
         return counts
 
     def _tally_some(
-        self, name: str, start: bytes, bounds: list[int], counts: list[Counter[int]]
+        self,
+        name: str,
+        start: bytes,
+        bounds: list[int],
+        counts: list[Counter[int]],
+        seen: list[int],
     ) -> bytes | None:
         """One transaction of ``tally``: where the next should start, or None at the end."""
         with self._tx.read(buffers=True) as txn:
+            seen[0] = max(seen[0], stored_end(self._tx, txn))
             cur = txn.cursor(db=self._tx.dbs[name])
             if not cur.set_range(start):
                 return None
@@ -163,7 +235,9 @@ class Reader:
 
     def get(self, seq: int) -> Entry | None:
         """The entry ``seq``, or None if absent; JournalCorruptError if damaged."""
+        self.spool.refresh()  # before LMDB's read: see spool
         with self._tx.read() as txn:
+            in_lmdb = stored_end(self._tx, txn)
             cur = txn.cursor(db=self._tx.dbs["entries"])
             value: bytes | None = None
             if cur.set_key(key(seq)):
@@ -171,6 +245,17 @@ class Reader:
             elif "staging" in self._tx.dbs:
                 staged = txn.get(key(seq), db=self._tx.dbs["staging"])
                 value = None if staged is None else bytes(staged)
+        if value is None and seq > in_lmdb:
+            with self.spool.lock:
+                for found, _, _, seg, index in self.spool.frames(seq - 1):
+                    if found == seq:
+                        try:
+                            value = self.spool.read(seg, index)
+                        except JournalError as exc:
+                            raise JournalCorruptError(
+                                f"{self._tx.path}: entry {seq}: {exc}"
+                            ) from None
+                    break
         if value is None:
             return None
         entry, damage = decode_entry(seq, value, self._dicts.get)

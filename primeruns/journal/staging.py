@@ -1,4 +1,9 @@
-"""Staged entries: large records appended uncompressed, compressed later in order.
+"""The mover: spooled and staged entries, compressed and moved into LMDB in order.
+
+Appends go to the spool (``spool``) uncompressed; the mover absorbs them in
+batches, compressed with the GIL released, in transactions of its own.
+
+Journals of format 3 may also hold staged entries, below every spooled one:
 
 Appending compresses small records inline (~2 µs with their dictionary), but
 a record of ``DEFER_MIN`` bytes or more (a 9 KB episode: ~25 µs of zstd, more
@@ -9,9 +14,13 @@ every staged seq is above every seq in "entries" and both read as one log.
 At most ``STAGED_RAW_MAX`` records wait uncompressed: past that the producer
 compresses inline again, which bounds the raw bytes the file ever holds.
 
+they move first (a spooled entry put into "entries" above a staged one
+would leave the staged one unable to follow).
+
 One process moves them: the appender, until it hands that to its uplink
-(``hand_over``), so that no thread of the producer holds the lock its appends
-need while it waits for LMDB's writer lock behind the uplink's transactions.
+(``hand_over``), so that the producer spends none of its time on them.
+Absorbing is idempotent (a transaction writes only past LMDB's end as it
+finds it), so two movers for a moment (a hand-over) cost nothing.
 """
 
 from __future__ import annotations
@@ -28,6 +37,8 @@ from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal.dicts import Dictionaries
 from primeruns.journal.frames import FrameError, decode_frame, encode_frames_off_gil, peek_header
 from primeruns.journal.layout import put_entry, seq_of
+from primeruns.journal.spool import SpoolView
+from primeruns.journal.tail import stored_end
 from primeruns.journal.txn import Transactions
 from primeruns.threads import start_daemon
 
@@ -36,14 +47,17 @@ log = logging.getLogger("primeruns.journal")
 DEFER_MIN = 2_048
 STAGED_RAW_MAX = 32
 _MOVE_BATCH = 64
+_ABSORB_BATCH = 512
+_ABSORB_BYTES = 8 << 20
 _IDLE_CHECK_S = 1.0  # a wake-up lost to a race is made up within this
 
 
 class Mover:
     """Moves staged entries into "entries", from a thread of this process while ``here``."""
 
-    def __init__(self, tx: Transactions, dicts: Dictionaries, path: Path) -> None:
+    def __init__(self, tx: Transactions, dicts: Dictionaries, path: Path, spool: SpoolView) -> None:
         self._tx = tx
+        self._spool = spool
         self._dicts = dicts
         self._path = path
         # Entries in "staging" (under the transaction lock). Never lowered on
@@ -91,12 +105,23 @@ class Mover:
     def wake(self) -> None:
         self._wake.set()
 
-    def drain(self, within: float) -> None:
-        """Move what is left (at close: a journal at rest has nothing staged)."""
+    def drain(self, within: float, *, retire: bool) -> None:
+        """Move what is left (at close: a journal at rest has nothing staged
+        or spooled); ``retire``: no appender is left, so the newest spool
+        segment goes too once LMDB holds it."""
         deadline = time.monotonic() + within
         with contextlib.suppress(JournalError, lmdb.Error, FrameError, ValueError):
-            while time.monotonic() < deadline and self.move_some():
+            while time.monotonic() < deadline and self.step():
                 pass
+            if retire:
+                with self._tx.read() as txn:
+                    end = stored_end(self._tx, txn)
+                self._spool.absorbed(end, newest_too=True)
+
+    def step(self) -> bool:
+        """One batch: staged entries first (they come first in the log), then
+        spooled ones; False when there was nothing to move."""
+        return self.move_some() or self.absorb_some()
 
     def _loop(self) -> None:
         # Never lets an error out: a staged entry is intact and readable where
@@ -105,7 +130,7 @@ class Mover:
             self._wake.wait(_IDLE_CHECK_S)
             self._wake.clear()
             try:
-                while not self._stop.is_set() and self.move_some():
+                while not self._stop.is_set() and self.step():
                     pass
             except JournalFullError:
                 # No room to move into until something is acknowledged and
@@ -114,6 +139,62 @@ class Mover:
             except (JournalError, lmdb.Error, FrameError, ValueError) as exc:
                 log.warning("journal %s: background compression stopped: %s", self._path, exc)
                 return
+
+    def absorb_some(self) -> bool:
+        """Compress the oldest spooled entries past LMDB's end and commit them
+        to "entries" in one transaction; False when there were none."""
+        tx, spool = self._tx, self._spool
+        spool.refresh()  # before LMDB's read (see spool)
+        with tx.read() as txn:
+            end = stored_end(tx, txn)
+            if "staging" in tx.dbs and txn.stat(tx.dbs["staging"])["entries"]:
+                return False  # staged entries come first: move_some moves them
+        batch: list[tuple[int, int, bytes]] = []
+        total = 0
+        with spool.lock:
+            for seq, kind, size, seg, index in spool.frames(end):
+                if batch and (len(batch) >= _ABSORB_BATCH or total + size > _ABSORB_BYTES):
+                    break
+                try:
+                    batch.append((seq, kind, spool.read(seg, index)))
+                except JournalError as exc:
+                    # Left out: readers report the gap it leaves as missing.
+                    log.warning("journal %s: entry %d: %s", self._path, seq, exc)
+                total += size
+        if not batch:
+            spool.absorbed(end, newest_too=False)
+            return False
+        if not self._dicts.trains:
+            self._dicts.refresh()  # the producer may have trained one since
+        final = [frame for _, _, frame in batch]
+        todo: dict[int, list[int]] = {}
+        payloads: dict[int, bytes] = {}
+        for index, (seq, kind, frame) in enumerate(batch):
+            try:
+                payloads[index] = decode_frame(frame, seq=seq)[1]
+                todo.setdefault(kind, []).append(index)
+            except FrameError:
+                pass  # moved as it is: the damage is reported where it is read
+        for kind, indexes in todo.items():
+            dict_id, zdict = self._dicts.for_kind(kind)
+            packed = encode_frames_off_gil(
+                kind, [payloads[i] for i in indexes], [batch[i][0] for i in indexes], dict_id, zdict
+            )
+            for i, frame in zip(indexes, packed, strict=True):
+                final[i] = frame
+        entries = tx.dbs["entries"]
+
+        def put(txn: lmdb.Transaction) -> bool:
+            if stored_end(tx, txn) != end:
+                return False  # moved meanwhile (another mover, a hand-over): read again
+            for (seq, _, _), frame in zip(batch, final, strict=True):
+                put_entry(txn, seq, frame, entries)
+            return True
+
+        with tx.lock:
+            tx.write(put, control=False)
+        spool.absorbed(batch[-1][0], newest_too=False)
+        return True
 
     def move_some(self) -> bool:
         """Compress the oldest staged entries and move them into "entries", in

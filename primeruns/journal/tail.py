@@ -17,38 +17,53 @@ import lmdb
 
 from primeruns.exceptions import JournalCorruptError
 from primeruns.journal.layout import seq_of
+from primeruns.journal.spool import SpoolView
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import Damage
 
 K_FLOOR = "journal.compacted_upto"
 
 
-def read_end(tx: Transactions) -> tuple[int, int]:
-    """(the highest seq stored or compacted away, the compaction floor).
+def stored_end(tx: Transactions, txn: lmdb.Transaction) -> int:
+    """The highest seq LMDB holds or compacted away, in ``txn`` (the spool's
+    entries follow it)."""
+    last = 0
+    for name in ("entries", "staging"):
+        if name not in tx.dbs:
+            continue
+        cur = txn.cursor(db=tx.dbs[name])
+        if cur.last() and len(cur.key()) >= 8:
+            last = max(last, seq_of(cur.key()))
+    try:
+        floor = int(tx.meta_or(txn, K_FLOOR, 0))
+    except (JournalCorruptError, ValueError, TypeError):
+        floor = 0
+    return max(last, floor)
+
+
+def read_end(tx: Transactions, spool: SpoolView) -> tuple[int, int]:
+    """(the highest seq written: stored, compacted away or spooled; the
+    compaction floor).
 
     An unreadable end is recorded as structural damage and read as (0, 0).
     """
+    spool.refresh()  # before LMDB's read (see spool)
     try:
         with tx.read() as txn:
-            last = 0
-            for name in ("entries", "staging"):
-                if name not in tx.dbs:
-                    continue
-                cur = txn.cursor(db=tx.dbs[name])
-                if cur.last() and len(cur.key()) >= 8:
-                    last = max(last, seq_of(cur.key()))
+            end = stored_end(tx, txn)
             floor = int(tx.meta_or(txn, K_FLOOR, 0))
-        return max(last, floor), floor
     except (lmdb.Error, JournalCorruptError, ValueError, TypeError) as exc:
         tx.problems.append(Damage(None, f"cannot find the last entry: {exc}"))
         return 0, 0
+    return max(end, spool.end()), floor
 
 
 class OwnTail:
     """The end of a log this process appends to."""
 
-    def __init__(self, tx: Transactions, last: int) -> None:
+    def __init__(self, tx: Transactions, last: int, spool: SpoolView) -> None:
         self._tx = tx
+        self._spool = spool
         self.last = last  # set under the transaction lock by the appender
         self._appended = threading.Condition(threading.Lock())
         self._wake_gen = 0
@@ -96,7 +111,7 @@ class SharedTail(OwnTail):
     """The end of a log another process appends to (read again on each look)."""
 
     def current(self) -> int:
-        self.last = max(self.last, read_end(self._tx)[0])
+        self.last = max(self.last, read_end(self._tx, self._spool)[0])
         return self.last
 
     def _arrived(self, after_seq: int) -> bool:

@@ -9,17 +9,18 @@ import random
 import shutil
 import struct
 from pathlib import Path
-from typing import Any
 
 import lmdb
 import pytest
 from test_corruption import _probe
 
-from primeruns.journal import EntryKind, Journal
+from primeruns.journal import EntryKind, Journal, staging
 from primeruns.journal.frames import encode_frame
 from primeruns.journal.layout import key, put_entry, split
 from primeruns.journal.reading import UNREADABLE
 from primeruns.journal.salvage import scan_pages
+from primeruns.journal.spool import list_segments
+from primeruns.journal.tail import stored_end
 
 # Hex of random bytes compresses to about half: stored sizes from ~0.2 to ~30 KB,
 # on both sides of every threshold.
@@ -110,63 +111,71 @@ def test_truncated_file_salvages_chunked_entries(tmp_path: Path, trial: int) -> 
         assert result["damage"]
 
 
-def test_staged_entries_read_as_one_log_and_move_in_order(tmp_path: Path) -> None:
-    """Big records are appended uncompressed to "staging" and moved later; a
-    reader sees one dense log whichever table an entry is in at the moment."""
+def test_spooled_entries_read_as_one_log_and_move_in_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Appends go to the spool uncompressed and are moved into LMDB later, a
+    batch at a time; a reader sees one dense log wherever an entry is at the
+    moment, and a closed journal has no spool left."""
+    monkeypatch.setattr(staging, "_ABSORB_BATCH", 7)
     small = [json.dumps({"i": i}).encode() for i in range(5)]
     big = [_payload(i, 3_000) for i in range(40)]
+    expected = small + big[:20] + small + big[20:]
     with Journal.create(tmp_path, local_id="run") as j:
-        j._mover.stop()  # hold the background mover: entries stay staged
-        j.append(EntryKind.METRICS, small)  # nothing staged yet: straight to entries
-        j.append(EntryKind.EPISODE, big[:20])  # big: staged, uncompressed
-        j.append(EntryKind.METRICS, small)  # staged too, to keep the order
+        j._mover.stop()  # hold the background mover: entries stay spooled
+        j.append(EntryKind.METRICS, small)
+        j.append(EntryKind.EPISODE, big[:20])
+        j.append(EntryKind.METRICS, small)
         j.append(EntryKind.EPISODE, big[20:])
-        expected = small + big[:20] + small + big[20:]
-        assert j._mover.staged == len(expected) - len(small)
+        assert list_segments(j.path) and j.size_bytes() > sum(map(len, expected))
+        with j._tx.read() as txn:
+            assert stored_end(j._tx, txn) == 0  # nothing in LMDB yet
         got = j.read(0, max_entries=1000, max_bytes=1 << 30)
         assert [e.payload for e in got.entries] == expected and not got.damaged
-        assert j.get(len(expected)) is not None
-        half = j.read(0, max_entries=30, max_bytes=1 << 30)  # stops inside "staging"
-        rest = j.read(half.next_after, max_entries=1000, max_bytes=1 << 30)
-        assert [e.payload for e in half.entries + rest.entries] == expected
+        assert j.get(len(expected)) is not None and j.get(len(expected) + 1) is None
+        assert sum(j.tally()[0].values()) == len(expected)
+        moves = 0
+        while j._mover.step():  # what the background thread does
+            moves += 1
+            half = j.read(0, max_entries=30, max_bytes=1 << 30)  # across LMDB and spool
+            rest = j.read(half.next_after, max_entries=1000, max_bytes=1 << 30)
+            assert [e.payload for e in half.entries + rest.entries] == expected
+        assert moves == -(-len(expected) // 7)
+        with j._tx.read() as txn:
+            assert stored_end(j._tx, txn) == len(expected)
         j.ack("traces", 10)
         assert j.compact() == 10
-        while j._mover.move_some():  # what the background thread does
-            assert [e.payload for e in j.read(10, max_entries=1000).entries] == expected[10:]
-        assert j._mover.staged == 0
+        assert [e.payload for e in j.read(10, max_entries=1000).entries] == expected[10:]
         assert j.damage() == []
+    assert list_segments(tmp_path / "run") == []
     with Journal.open(tmp_path / "run", owner=False) as reader:
         assert [e.payload for e in reader.read(0, max_entries=1000).entries] == expected[10:]
 
 
-def test_a_failed_count_of_staged_entries_never_lets_an_append_jump_ahead_of_them(
+def test_staged_entries_of_an_older_journal_move_before_spooled_ones(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The producer takes staging back from a dead uplink while a read fails
-    (a full reader table): a staged entry must still ship, in order, and no
-    entry be reported missing."""
-    with Journal.create(tmp_path, local_id="run") as j:
-        j.hand_over_staging()  # an uplink process moves staged entries now
-        j.append(EntryKind.EPISODE, [b'{"big":"' + b"x" * 3000 + b'"}'])  # seq 1, staged
-        real_begin = j._store.begin
-        failed: list[bool] = []
-
-        def begin_failing_once(*, write: bool = False, buffers: bool = False) -> Any:
-            if not write and not failed:
-                failed.append(True)
-                raise lmdb.ReadersFullError("injected: the reader table is full")
-            return real_begin(write=write, buffers=buffers)
-
-        monkeypatch.setattr(j._store, "begin", begin_failing_once)
-        j.take_back_staging()  # the uplink died: its count of staging fails once
-        monkeypatch.setattr(j._store, "begin", real_begin)
-        assert failed
-        j.append(EntryKind.METRICS, [b'{"small":1}'])  # seq 2
-        while j._mover.move_some():  # what the background mover does
-            pass
-        got = j.read(0)
-        assert [e.seq for e in got.entries] == [1, 2] and not got.damaged
+    """A format-3 journal may hold staged entries (uncompressed, in "staging"):
+    they read first and move into "entries" before anything spooled after them."""
+    staged = [_payload(i, 3_000) for i in range(3)]
+    Journal.create(tmp_path, local_id="run").close()
+    env = lmdb.open(str(tmp_path / "run"), max_dbs=8)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"staging", txn=txn)
+        for seq, payload in enumerate(staged, 1):
+            frame = encode_frame(int(EntryKind.EPISODE), payload, compress=False, seq=seq)
+            txn.put(struct.pack(">Q", seq), frame, db=db)
+    env.close()
+    monkeypatch.setattr(staging.Mover, "start", lambda self: None)  # moved here, by hand
+    with Journal.open(tmp_path / "run") as j:
+        assert j._mover.staged == 3 and j.last_seq() == 3
+        j.append(EntryKind.METRICS, [b'{"small":1}'])  # seq 4, spooled
+        assert [e.seq for e in j.read(0).entries] == [1, 2, 3, 4]
+        assert not j._mover.absorb_some()  # staged ones first
+        while j._mover.step():
+            assert [e.seq for e in j.read(0).entries] == [1, 2, 3, 4]
         assert j._mover.staged == 0 and j.damage() == []
+        assert [e.payload for e in j.read(0).entries] == [*staged, b'{"small":1}']
 
 
 def test_tally_counts_entries_not_chunks_across_cuts_and_compaction(tmp_path: Path) -> None:

@@ -1,0 +1,389 @@
+"""The spool: where a producer's appends land, one ``write()`` each.
+
+A write transaction costs ~10 µs of LMDB's own and waits for LMDB's writer
+lock, which the uplink holds while it records an in-flight batch or an
+acknowledgement: a metrics row paid 4x ``json.dumps`` and a training step's
+p99 several milliseconds for it. An append therefore writes its frames (raw,
+each checksummed under its seq) to the end of a spool file, which the page
+cache keeps across the process's death once ``write()`` returns, exactly as it
+keeps an uncommitted-to-disk LMDB page; the mover (``staging``) absorbs them
+into LMDB in batches, compressed, from another thread or from the uplink.
+
+Readers see one log: LMDB's entries, then the spool's frames above them
+(``SpoolView``). A segment file holds dense seqs from the one in its name,
+``spool-<first seq>``; the appender starts a new one past ``SEGMENT_MAX``, so
+a segment that has a successor is complete, and the mover deletes it once
+LMDB holds all of it. Seqs a segment has at or past its successor's first are
+not its own (a failed write that could not be undone moves on to a new
+segment), and a frame cut short at a segment's end is one whose ``write()``
+never returned: neither is part of the log.
+
+Why readers stay consistent while the mover absorbs and deletes: a view opens
+the segments it lists before it reads LMDB, and an open file stays readable
+after its name is deleted; a segment that is gone from the listing was
+deleted after its frames were committed to LMDB, so the LMDB read that
+follows sees them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from bisect import bisect_right
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from primeruns.exceptions import JournalError, JournalFullError
+from primeruns.journal.frames import FRAME_VERSION, HEADER_SIZE, MAX_ENTRY_BYTES, peek_header
+from primeruns.journal.types import Damage
+
+PREFIX = "spool-"
+SEGMENT_MAX = 4 << 20
+_READ_CHUNK = 1 << 20
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def segment_name(first_seq: int) -> str:
+    return f"{PREFIX}{first_seq:020d}"
+
+
+def list_segments(path: Path) -> list[tuple[int, str]]:
+    """(first seq, file name) of each spool segment in ``path``, in order."""
+    try:
+        names = os.listdir(path)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        digits = name[len(PREFIX) :]
+        if name.startswith(PREFIX) and digits.isdigit() and len(digits) == 20:
+            out.append((int(digits), name))
+    out.sort()
+    return out
+
+
+def spool_bytes(path: Path) -> int:
+    """Bytes of the spool segments in ``path``."""
+    total = 0
+    for _, name in list_segments(path):
+        with contextlib.suppress(OSError):
+            total += (path / name).stat().st_size
+    return total
+
+
+class SpoolWriter:
+    """The appender's end of the spool (called under the journal's lock)."""
+
+    def __init__(self, path: Path, view: SpoolView, *, fsync: bool) -> None:
+        self._path = path
+        self._view = view
+        self._fsync = fsync
+        self._fd: int | None = None
+        self._size = 0  # bytes in the current segment
+        self.dirty = False  # written since the last sync
+        # The last seq of each append and the bytes this process had written
+        # by then: what is still to absorb, in bytes, for the budget.
+        self._mark_seqs: list[int] = []
+        self._mark_bytes: list[int] = []
+        self._base = 0  # bytes written up to the last mark found absorbed
+        self._written = 0
+
+    def write(self, first_seq: int, frames: list[bytes]) -> None:
+        """Write the frames of seqs ``first_seq``... in one ``write()``.
+
+        Raises JournalFullError on a full disk, JournalError on another
+        failure; either way nothing of them is left in the spool.
+        """
+        data = b"".join(frames)
+        if self._fd is None:
+            self._open(first_seq)
+        elif self._size >= SEGMENT_MAX:
+            try:
+                self._open(first_seq)
+            except JournalError:
+                if self._fd is None:
+                    raise
+                # The directory is gone (deleted under a live run): the open
+                # segment outlives its name, so go on in it.
+        fd = self._fd
+        assert fd is not None
+        done = 0
+        try:
+            while done < len(data):
+                done += os.write(fd, data[done:] if done else data)
+        except OSError as exc:
+            self._undo(done)
+            if exc.errno in _FULL:
+                raise JournalFullError(f"journal {self._path}: the disk is full ({exc})") from None
+            raise JournalError(f"write to journal {self._path} failed: {exc}") from None
+        if self._fsync:
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                raise JournalError(f"sync of journal {self._path} failed: {exc}") from None
+        self._size += len(data)
+        self._written += len(data)
+        self._mark_seqs.append(first_seq + len(frames) - 1)
+        self._mark_bytes.append(self._written)
+        self.dirty = True
+
+    def _open(self, first_seq: int) -> None:
+        name = segment_name(first_seq)
+        target = self._path / name
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            try:
+                readable = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                os.close(fd)
+                raise
+        except OSError as exc:
+            if exc.errno in _FULL:
+                raise JournalFullError(f"journal {self._path}: the disk is full ({exc})") from None
+            raise JournalError(f"cannot write journal {self._path}: {exc}") from None
+        self.close()
+        try:
+            self._size = os.fstat(fd).st_size
+        except OSError:
+            self._size = 0
+        if self._size:
+            # A frame cut short at this seq (its write never returned): not
+            # part of the log, and it would shift every offset after it.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, 0)
+                self._size = 0
+        self._fd = fd
+        # This process's readers read it through its own descriptor, so they
+        # see it even if the directory is deleted under the run.
+        self._view.adopt(first_seq, name, readable)
+        if self._fsync:
+            _sync_directory(self._path)  # the new name must survive a power loss too
+
+    def _undo(self, written: int) -> None:
+        """Take back a partial write; where that fails, go on in a new segment
+        (readers ignore a segment's seqs from its successor's first on)."""
+        if not written or self._fd is None:
+            return
+        try:
+            os.ftruncate(self._fd, self._size)
+        except OSError:
+            self.close()  # the next write opens a segment named by its own seq
+
+    def pending_bytes(self, absorbed_upto: int) -> int:
+        """Bytes this process wrote for seqs past ``absorbed_upto``."""
+        index = bisect_right(self._mark_seqs, absorbed_upto)
+        if index:
+            self._base = self._mark_bytes[index - 1]
+            del self._mark_seqs[:index], self._mark_bytes[:index]
+        return self._written - self._base
+
+    def sync_handle(self) -> int | None:
+        """A duplicate of the segment's descriptor to sync (None if nothing
+        was written since the last): taken under the append lock, synced and
+        closed outside it, so an append never waits behind a disk flush."""
+        if self._fd is None or not self.dirty:
+            return None
+        self.dirty = False
+        try:
+            return os.dup(self._fd)
+        except OSError:
+            self.dirty = True
+            return None
+
+    def close(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+
+def _sync_directory(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+@dataclass
+class _Segment:
+    first: int
+    name: str
+    fd: int
+    parsed: int = 0  # bytes parsed into frames
+    offsets: list[int] = field(default_factory=list)  # frame i (seq first+i) starts here
+    kinds: list[int] = field(default_factory=list)
+    lengths: list[int] = field(default_factory=list)  # whole frame bytes
+    broken: Damage | None = None  # a header that cannot be a frame: parsing stops there
+    own: bool = False  # this process appends to it: kept until absorbed, listed or not
+
+    @property
+    def end(self) -> int:
+        """The last seq parsed (first - 1 when none)."""
+        return self.first + len(self.offsets) - 1
+
+
+class SpoolView:
+    """The spool's frames as this process sees them (a cache of their headers)."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._segments: dict[int, _Segment] = {}
+        # Held while a segment's file is read, so that no thread closes it
+        # under another (a reused descriptor would read another file).
+        self.lock = threading.RLock()
+
+    def refresh(self) -> None:
+        """Open the segments listed now (before any LMDB read that the spool
+        continues: see the module doc) and parse what was appended to them."""
+        with self.lock:
+            self._refresh()
+
+    def _refresh(self) -> None:
+        listed = list_segments(self._path)
+        names = {first for first, _ in listed}
+        for first in [f for f in self._segments if f not in names]:
+            if not self._segments[first].own:
+                self._forget(first)  # deleted once absorbed: LMDB has it
+        for first, name in listed:
+            if first not in self._segments:
+                try:
+                    fd = os.open(self._path / name, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError:
+                    continue  # deleted since the listing: absorbed
+                self._segments[first] = _Segment(first, name, fd)
+        for seg in self._segments.values():
+            self._parse(seg)
+
+    def adopt(self, first: int, name: str, fd: int) -> None:
+        """The appender opened segment ``first``: read it through ``fd``."""
+        with self.lock:
+            old = self._segments.get(first)
+            if old is not None:
+                self._forget(first)
+            self._segments[first] = _Segment(first, name, fd, own=True)
+
+    def _parse(self, seg: _Segment) -> None:
+        if seg.broken is not None:
+            return
+        while True:
+            try:
+                chunk = os.pread(seg.fd, _READ_CHUNK, seg.parsed)
+            except OSError as exc:
+                seg.broken = Damage(seg.end + 1, f"spool segment {seg.name} unreadable: {exc}")
+                return
+            pos = 0
+            while len(chunk) - pos >= HEADER_SIZE:
+                try:
+                    head = peek_header(chunk[pos : pos + HEADER_SIZE])
+                    if (
+                        head.version != FRAME_VERSION
+                        or head.flags
+                        or head.raw_len > MAX_ENTRY_BYTES
+                    ):
+                        raise ValueError("not a spooled entry's header")
+                except ValueError as exc:
+                    seq = seg.end + 1
+                    seg.broken = Damage(seq, f"spool segment {seg.name} at entry {seq}: {exc}")
+                    return
+                size = HEADER_SIZE + head.raw_len
+                if size > len(chunk) - pos:
+                    break  # read the frame whole from its start, below
+                seg.offsets.append(seg.parsed + pos)
+                seg.kinds.append(head.kind)
+                seg.lengths.append(size)
+                pos += size
+            if pos == 0:
+                if len(chunk) >= HEADER_SIZE:
+                    # One frame larger than a chunk: is all of it there yet?
+                    size = HEADER_SIZE + peek_header(chunk[:HEADER_SIZE]).raw_len
+                    try:
+                        whole = os.fstat(seg.fd).st_size - seg.parsed >= size
+                    except OSError:
+                        whole = False
+                    if whole:
+                        seg.offsets.append(seg.parsed)
+                        seg.kinds.append(chunk[1])
+                        seg.lengths.append(size)
+                        seg.parsed += size
+                        continue
+                return  # a frame still being written, or cut short by a death
+            seg.parsed += pos
+            if len(chunk) < _READ_CHUNK:
+                return
+
+    def _forget(self, first: int) -> None:
+        seg = self._segments.pop(first)
+        with contextlib.suppress(OSError):
+            os.close(seg.fd)
+
+    def _ordered(self) -> list[_Segment]:
+        return [self._segments[f] for f in sorted(self._segments)]
+
+    def frames(self, after: int) -> Iterator[tuple[int, int, int, _Segment, int]]:
+        """(seq, kind, frame bytes, segment, index) of each spooled frame past
+        ``after``, ascending; a segment's seqs stop short of its successor's.
+        Iterate it, and read what it yields, under ``lock``."""
+        segments = self._ordered()
+        for i, seg in enumerate(segments):
+            stop = segments[i + 1].first if i + 1 < len(segments) else None
+            start = max(0, after + 1 - seg.first)
+            for index in range(start, len(seg.offsets)):
+                seq = seg.first + index
+                if stop is not None and seq >= stop:
+                    break
+                yield seq, seg.kinds[index], seg.lengths[index], seg, index
+
+    def end(self) -> int:
+        """The highest seq spooled (0 when none)."""
+        with self.lock:
+            segments = self._ordered()
+            ends = [seg.end for seg in segments]
+        best = 0
+        for i, end in enumerate(ends):
+            last = end if i + 1 == len(segments) else min(end, segments[i + 1].first - 1)
+            best = max(best, last)
+        return best
+
+    def damage(self) -> list[Damage]:
+        with self.lock:
+            return [seg.broken for seg in self._ordered() if seg.broken is not None]
+
+    def read(self, seg: _Segment, index: int) -> bytes:
+        """The stored frame ``index`` of ``seg``; JournalError if unreadable."""
+        try:
+            data = os.pread(seg.fd, seg.lengths[index], seg.offsets[index])
+        except OSError as exc:
+            raise JournalError(f"spool segment {seg.name} unreadable: {exc}") from None
+        if len(data) != seg.lengths[index]:
+            raise JournalError(f"spool segment {seg.name} was cut short")
+        return data
+
+    def absorbed(self, upto: int, *, newest_too: bool) -> None:
+        """Delete each segment LMDB holds all of (``upto``): one that has a
+        successor (complete), and with ``newest_too`` (no appender is left)
+        the newest as well, once nothing is being written to it."""
+        with self.lock:
+            self._absorbed(upto, newest_too)
+
+    def _absorbed(self, upto: int, newest_too: bool) -> None:
+        segments = self._ordered()
+        for i, seg in enumerate(segments):
+            newest = i + 1 == len(segments)
+            if newest and not newest_too:
+                continue
+            stop = seg.end if newest else min(seg.end, segments[i + 1].first - 1)
+            if stop > upto:
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(self._path / seg.name)
+            self._forget(seg.first)
+
+    def close(self) -> None:
+        with self.lock:
+            for first in list(self._segments):
+                self._forget(first)
