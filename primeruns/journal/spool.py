@@ -376,6 +376,9 @@ class SpoolView:
             newest = i + 1 == len(segments)
             if newest and not newest_too:
                 continue
+            # Parsed again first: what was parsed may predate the segment's
+            # last appends (its successor was made since, by this process).
+            self._parse(seg)
             stop = seg.end if newest else min(seg.end, segments[i + 1].first - 1)
             if stop > upto:
                 continue
