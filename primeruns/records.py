@@ -485,6 +485,17 @@ def _flat_finite(values: Mapping[str, Any]) -> dict[str, Any] | None:
     return out
 
 
+def encode_metrics_row(row: dict[str, Any]) -> bytes:
+    """``encode_record`` of a row ``clean_metrics`` returned: its common flat
+    case (str keys, plain values) goes to orjson directly, on the hot path of
+    ``log_metrics``; anything orjson refuses (an int beyond 64 bits, a nested
+    value) takes the full encoder."""
+    try:
+        return orjson.dumps(row)
+    except TypeError:
+        return encode_record(row, what="log_metrics")
+
+
 def clean_metrics(values: Mapping[str, Any]) -> dict[str, Any]:
     """A copy of ``values`` without non-finite numbers (contract §6.5).
 
@@ -493,7 +504,7 @@ def clean_metrics(values: Mapping[str, Any]) -> dict[str, Any]:
     kept even when empty. Idempotent. Raises ``RecordEncodeError`` when a key
     is not a str, and ``TypeError`` when ``values`` is not a mapping.
     """
-    if not isinstance(values, Mapping):
+    if type(values) is not dict and not isinstance(values, Mapping):
         raise TypeError(f"metrics must be a mapping of str to values, not {type(values).__name__}")
     flat = _flat_finite(values)
     if flat is not None:

@@ -254,7 +254,7 @@ class Run:
         already has one; ``_timestamp`` is the time of this call.
         """
         self._check_live("log_metrics")
-        if not isinstance(values, Mapping):
+        if type(values) is not dict and not isinstance(values, Mapping):
             self._bad_input(
                 TypeError(f"log_metrics: values must be a mapping, got {type(values).__name__}")
             )
@@ -277,7 +277,7 @@ class Run:
         if step is not None and "step" not in row:
             row["step"] = step
         row.setdefault("_timestamp", time.time())
-        self._append(EntryKind.METRICS, [records.encode_record(row, what="log_metrics")])
+        self._append(EntryKind.METRICS, [records.encode_metrics_row(row)])
 
     def update_summary(self, values: Mapping[str, Any]) -> None:
         """Merge values into the run's summary (non-finite numbers dropped)."""

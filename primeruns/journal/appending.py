@@ -51,7 +51,7 @@ class Appender:
     ) -> AppendResult:
         if not payloads:
             return AppendResult(None, 0, 0)
-        size = sum(len(p) + HEADER_SIZE for p in payloads)
+        size = sum(map(len, payloads)) + HEADER_SIZE * len(payloads)
         k = int(kind)
         try:
             with self.lock:

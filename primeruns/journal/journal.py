@@ -3,18 +3,20 @@
 Concepts:
 
 - **Entries** have dense sequence numbers from 1 (big-endian u64 keys) and are
-  framed (``frames``): a returned ``append`` is committed, so the death of the
-  process right after it loses nothing (``appending``, ``layout``).
+  framed (``frames``): a returned ``append`` is in the spool, written, so the
+  death of the process right after it loses nothing, and every reader sees it
+  (``appending``, ``spool``); the mover absorbs the spool into LMDB,
+  compressed, in batches (``staging``, ``layout``).
 - **Cursors**, one per sink: ``acked`` (every entry up to it is acknowledged)
   and at most one **in-flight** batch, stored before the first attempt with its
   exact body, so a resend after a restart is byte-identical (``cursors``).
 - **Meta**: JSON values by key (format version, local id, owner, platform
   binding, lifecycle, loss counters), each updated in one transaction with what
   it describes (``meta``).
-- **Durability.** ``"process"`` (default): commits are not fsynced but are in
+- **Durability.** ``"process"`` (default): writes are not fsynced but are in
   the OS page cache once ``append`` returns (SIGKILL-safe); a background
   thread syncs at least once a second (``maintenance``). ``"fsync"``: every
-  commit is synced (power-loss safe, ~0.3 ms per append).
+  append is synced (power-loss safe).
 - **Capacity.** At the byte budget or on a full disk, ``append`` returns
   ``dropped`` and counts the loss under sink ``"journal"``; it never raises
   (``capacity``).
@@ -23,7 +25,7 @@ This class opens a journal and composes those parts over one transaction
 helper (``txn``), choosing them by the process's role: the appender (a
 producer) holds the appender, its own view of the log's end and the
 dictionary trainer; its uplink, which shares the producer's lock
-(``open(lock_fd=...)``), holds the reader, the cursors and the staging mover,
+(``open(lock_fd=...)``), holds the reader, the cursors and the mover,
 never an appender, and reads the log's end again on each look; a read-only
 open takes no lock and holds no writer part at all.
 
@@ -82,7 +84,7 @@ DEFAULT_MAX_JOURNAL_BYTES = 64 << 30
 # (see staging). 4: the newest entries may sit in spool files beside the
 # data file (see spool). Older journals have none of these and read the same.
 FORMAT_VERSION = 4
-_CLOSE_MOVE_S = 30.0  # at close, what is still staged moves within this
+_CLOSE_MOVE_S = 30.0  # at close, what is still spooled or staged moves within this
 
 
 def default_local_id() -> str:

@@ -97,7 +97,7 @@ class SpoolWriter:
         Raises JournalFullError on a full disk, JournalError on another
         failure; either way nothing of them is left in the spool.
         """
-        data = b"".join(frames)
+        data = frames[0] if len(frames) == 1 else b"".join(frames)
         if self._fd is None:
             self._open(first_seq)
         elif self._size >= SEGMENT_MAX:
@@ -112,8 +112,9 @@ class SpoolWriter:
         assert fd is not None
         done = 0
         try:
-            while done < len(data):
-                done += os.write(fd, data[done:] if done else data)
+            done = os.write(fd, data)
+            while done < len(data):  # a short write: a signal, or the disk filling
+                done += os.write(fd, data[done:])
         except OSError as exc:
             self._undo(done)
             if exc.errno in _FULL:

@@ -64,8 +64,9 @@ class OwnTail:
     def __init__(self, tx: Transactions, last: int, spool: SpoolView) -> None:
         self._tx = tx
         self._spool = spool
-        self.last = last  # set under the transaction lock by the appender
+        self.last = last  # set under the append lock by the appender
         self._appended = threading.Condition(threading.Lock())
+        self._waiting = 0  # threads in wait (an online producer has none)
         self._wake_gen = 0
         self._closed = False
 
@@ -74,7 +75,13 @@ class OwnTail:
         return self.last
 
     def notify(self) -> None:
-        """An append committed: wake the waiters."""
+        """An append was written (``last`` is set): wake the waiters.
+
+        Without the lock when nobody waits: a waiter counts itself before it
+        looks at ``last``, and ``last`` is set before this looks at the count,
+        so either it sees the new end or this sees it waiting."""
+        if not self._waiting:
+            return
         with self._appended:
             self._appended.notify_all()
 
@@ -83,14 +90,18 @@ class OwnTail:
         timeout, ``wake_all`` or close."""
         deadline = time.monotonic() + max(0.0, timeout)
         with self._appended:
-            gen = self._wake_gen
-            while self.last <= after_seq and self._wake_gen == gen and not self._closed:
-                if self._arrived(after_seq):
-                    break
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._appended.wait(left)
+            self._waiting += 1
+            try:
+                gen = self._wake_gen
+                while self.last <= after_seq and self._wake_gen == gen and not self._closed:
+                    if self._arrived(after_seq):
+                        break
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._appended.wait(left)
+            finally:
+                self._waiting -= 1
         return self.current() > after_seq if not self._closed else False
 
     def _arrived(self, after_seq: int) -> bool:
