@@ -153,11 +153,16 @@ def encode_frame(
     flags = 0
     stored = payload
     used_dict = 0
-    if compress and (raw_len >= _COMPRESS_MIN or (zdict is not None and raw_len >= 32)):
+    if compress and worth_compressing(raw_len, zdict is not None):
         packed = _compressor(zdict if dict_id else None).compress(payload)
         if len(packed) < raw_len:
             stored, flags, used_dict = packed, FLAG_ZSTD, (dict_id if zdict else 0)
     return _assemble(kind, flags, used_dict, raw_len, stored, seq)
+
+
+def worth_compressing(raw_len: int, with_dictionary: bool) -> bool:
+    """Whether zstd is tried on a payload of ``raw_len`` bytes."""
+    return raw_len >= _COMPRESS_MIN or (with_dictionary and raw_len >= 32)
 
 
 def _assemble(

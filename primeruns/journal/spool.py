@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import struct
 import threading
 from bisect import bisect_right
 from collections.abc import Iterator
@@ -41,6 +42,12 @@ from primeruns.journal.frames import FRAME_VERSION, HEADER_SIZE, MAX_ENTRY_BYTES
 from primeruns.journal.types import Damage
 
 PREFIX = "spool-"
+# Each append is written as this header and its frames: its magic, format
+# version, entry count and the frames' total bytes. A reader takes an append
+# only once all of it is there, so a call is in the log whole or not at all,
+# as it was when each append was one LMDB transaction.
+APPEND = struct.Struct("<2sHIQ")
+_MAGIC = b"PS"
 SEGMENT_MAX = 4 << 20
 _READ_CHUNK = 1 << 20
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -97,7 +104,7 @@ class SpoolWriter:
         Raises JournalFullError on a full disk, JournalError on another
         failure; either way nothing of them is left in the spool.
         """
-        data = frames[0] if len(frames) == 1 else b"".join(frames)
+        data = b"".join([APPEND.pack(_MAGIC, 1, len(frames), sum(map(len, frames))), *frames])
         if self._fd is None:
             self._open(first_seq)
         elif self._size >= SEGMENT_MAX:
@@ -210,6 +217,27 @@ def _sync_directory(path: Path) -> None:
             os.close(fd)
 
 
+def _frames_in(fd: int, start: int, end: int) -> list[tuple[int, int, int]]:
+    """(offset, kind, bytes) of each frame of the append body at
+    ``start..end``, by their headers (read in chunks; payloads are skipped).
+    Raises ValueError (FrameError) where the frames do not fill it exactly."""
+    out: list[tuple[int, int, int]] = []
+    pos, buf, at = start, b"", start
+    while pos < end:
+        rel = pos - at
+        if rel + HEADER_SIZE > len(buf):
+            buf, at, rel = os.pread(fd, min(end - pos, _READ_CHUNK), pos), pos, 0
+        head = peek_header(buf[rel : rel + HEADER_SIZE])
+        if head.version != FRAME_VERSION or head.flags or head.raw_len > MAX_ENTRY_BYTES:
+            raise ValueError("not a spooled entry's header")
+        size = HEADER_SIZE + head.raw_len
+        if pos + size > end:
+            raise ValueError("an entry runs past the end of its append")
+        out.append((pos, head.kind, size))
+        pos += size
+    return out
+
+
 @dataclass
 class _Segment:
     first: int
@@ -269,53 +297,37 @@ class SpoolView:
             self._segments[first] = _Segment(first, name, fd, own=True)
 
     def _parse(self, seg: _Segment) -> None:
+        """Index the appends written to ``seg`` since the last look: an append
+        is taken whole or not at all (one still being written, or cut short
+        by a death, is not part of the log)."""
         if seg.broken is not None:
             return
-        while True:
-            try:
-                chunk = os.pread(seg.fd, _READ_CHUNK, seg.parsed)
-            except OSError as exc:
-                seg.broken = Damage(seg.end + 1, f"spool segment {seg.name} unreadable: {exc}")
-                return
-            pos = 0
-            while len(chunk) - pos >= HEADER_SIZE:
-                try:
-                    head = peek_header(chunk[pos : pos + HEADER_SIZE])
-                    if (
-                        head.version != FRAME_VERSION
-                        or head.flags
-                        or head.raw_len > MAX_ENTRY_BYTES
-                    ):
-                        raise ValueError("not a spooled entry's header")
-                except ValueError as exc:
-                    seq = seg.end + 1
-                    seg.broken = Damage(seq, f"spool segment {seg.name} at entry {seq}: {exc}")
-                    return
-                size = HEADER_SIZE + head.raw_len
-                if size > len(chunk) - pos:
-                    break  # read the frame whole from its start, below
-                seg.offsets.append(seg.parsed + pos)
-                seg.kinds.append(head.kind)
-                seg.lengths.append(size)
-                pos += size
-            if pos == 0:
-                if len(chunk) >= HEADER_SIZE:
-                    # One frame larger than a chunk: is all of it there yet?
-                    size = HEADER_SIZE + peek_header(chunk[:HEADER_SIZE]).raw_len
-                    try:
-                        whole = os.fstat(seg.fd).st_size - seg.parsed >= size
-                    except OSError:
-                        whole = False
-                    if whole:
-                        seg.offsets.append(seg.parsed)
-                        seg.kinds.append(chunk[1])
-                        seg.lengths.append(size)
-                        seg.parsed += size
-                        continue
-                return  # a frame still being written, or cut short by a death
-            seg.parsed += pos
-            if len(chunk) < _READ_CHUNK:
-                return
+        try:
+            size = os.fstat(seg.fd).st_size
+            while seg.parsed + APPEND.size <= size:
+                head = os.pread(seg.fd, APPEND.size, seg.parsed)
+                magic, version, count, length = APPEND.unpack(head)
+                if (
+                    magic != _MAGIC
+                    or version != 1
+                    or not count
+                    or not count * HEADER_SIZE <= length <= count * (HEADER_SIZE + MAX_ENTRY_BYTES)
+                ):
+                    raise ValueError("not the start of an append")
+                body = seg.parsed + APPEND.size
+                if body + length > size:
+                    return  # still being written, or cut short by a death
+                frames = _frames_in(seg.fd, body, body + length)
+                if len(frames) != count:
+                    raise ValueError(f"an append of {count} entries holds {len(frames)}")
+                for offset, kind, frame_size in frames:
+                    seg.offsets.append(offset)
+                    seg.kinds.append(kind)
+                    seg.lengths.append(frame_size)
+                seg.parsed = body + length
+        except (OSError, ValueError, struct.error) as exc:
+            seq = seg.end + 1
+            seg.broken = Damage(seq, f"spool segment {seg.name} at entry {seq}: {exc}")
 
     def _forget(self, first: int) -> None:
         seg = self._segments.pop(first)

@@ -32,10 +32,17 @@ import time
 from pathlib import Path
 
 import lmdb
+import zstandard
 
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal.dicts import Dictionaries
-from primeruns.journal.frames import FrameError, decode_frame, encode_frames_off_gil, peek_header
+from primeruns.journal.frames import (
+    FrameError,
+    decode_frame,
+    encode_frames_off_gil,
+    peek_header,
+    worth_compressing,
+)
 from primeruns.journal.layout import put_entry, seq_of
 from primeruns.journal.spool import SpoolView
 from primeruns.journal.tail import stored_end
@@ -172,14 +179,24 @@ class Mover:
         for index, (seq, kind, frame) in enumerate(batch):
             try:
                 payloads[index] = decode_frame(frame, seq=seq)[1]
-                todo.setdefault(kind, []).append(index)
             except FrameError:
-                pass  # moved as it is: the damage is reported where it is read
+                continue  # moved as it is: the damage is reported where it is read
+            if worth_compressing(len(payloads[index]), self._dicts.for_kind(kind)[1] is not None):
+                todo.setdefault(kind, []).append(index)
         for kind, indexes in todo.items():
             dict_id, zdict = self._dicts.for_kind(kind)
-            packed = encode_frames_off_gil(
-                kind, [payloads[i] for i in indexes], [batch[i][0] for i in indexes], dict_id, zdict
-            )
+            try:
+                packed = encode_frames_off_gil(
+                    kind,
+                    [payloads[i] for i in indexes],
+                    [batch[i][0] for i in indexes],
+                    dict_id,
+                    zdict,
+                )
+            except (ValueError, zstandard.ZstdError) as exc:
+                # Stored uncompressed, as spooled: room, not a record, is lost.
+                log.warning("journal %s: compression failed: %s", self._path, exc)
+                continue
             for i, frame in zip(indexes, packed, strict=True):
                 final[i] = frame
         entries = tx.dbs["entries"]

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal, spool, staging
 from primeruns.journal.frames import encode_frame, encode_frames_off_gil
-from primeruns.journal.spool import list_segments
+from primeruns.journal.spool import APPEND, list_segments
 
 _DIE_MID_WRITE = textwrap.dedent(
     """
@@ -31,15 +31,20 @@ _DIE_MID_WRITE = textwrap.dedent(
     from pathlib import Path
     from primeruns.journal import EntryKind, Journal
     from primeruns.journal.frames import encode_frame
-    from primeruns.journal.spool import list_segments
+    from primeruns.journal.spool import APPEND, list_segments
     j = Journal.create(Path(sys.argv[1]), local_id="run")
     j._mover.stop()  # as if the mover had not got to them yet
     j.append(EntryKind.EPISODE, [b'{"n":1}', b'{"n":2}'])
-    # The third append's write, cut short by the death (SIGKILL mid-write()).
-    frame = encode_frame(int(EntryKind.EPISODE), b'{"n":3}', compress=False, seq=3)
+    # The next append's write() (three entries), cut short by the death: a
+    # fatal signal ends a large write between pages, two entries and a bit in.
+    frames = [
+        encode_frame(int(EntryKind.EPISODE), b'{"n":%d}' % n, compress=False, seq=n)
+        for n in (3, 4, 5)
+    ]
+    whole = APPEND.pack(b"PS", 1, 3, sum(map(len, frames))) + b"".join(frames)
     (_, name), = list_segments(j.path)
     with open(j.path / name, "ab") as f:
-        f.write(frame[:15])
+        f.write(whole[: -5])
     os.kill(os.getpid(), signal.SIGKILL)
     """
 )
@@ -58,8 +63,8 @@ def test_a_segment_that_rotates_while_the_mover_absorbs_keeps_its_last_entries(
     absorbing the first: the mover must not take the segment it parsed
     earlier for all there is. (Found with 8 threads logging: 33 of 8,000
     entries missing before the fix.)"""
-    monkeypatch.setattr(spool, "SEGMENT_MAX", 150)
-    records = [json.dumps({"n": n, "pad": "x" * 60}).encode() for n in range(3)]
+    monkeypatch.setattr(spool, "SEGMENT_MAX", 700)
+    records = [json.dumps({"n": n, "pad": "x" * 600}).encode() for n in range(3)]
     real = encode_frames_off_gil
     appended: list[int] = []
 
@@ -84,9 +89,10 @@ def test_a_segment_that_rotates_while_the_mover_absorbs_keeps_its_last_entries(
         assert _payloads(reader) == records
 
 
-def test_a_write_cut_short_by_a_death_is_not_part_of_the_log(tmp_path: Path) -> None:
-    """Its call never returned: readers see the entries before it, with no
-    damage reported, and the next owner's appends follow them."""
+def test_an_append_cut_short_by_a_death_is_not_part_of_the_log(tmp_path: Path) -> None:
+    """Its call never returned: none of its entries is read (a call is in the
+    log whole or not at all, which a requeued job resumes by), no damage is
+    reported, and the next owner's appends follow the entries before it."""
     out = subprocess.run(
         [sys.executable, "-c", _DIE_MID_WRITE, str(tmp_path)], capture_output=True, timeout=60
     )
@@ -122,7 +128,7 @@ def _spooled_journal(path: Path, count: int) -> tuple[Path, list[bytes]]:
 def test_a_damaged_entry_in_the_spool_costs_that_entry_alone(tmp_path: Path) -> None:
     segment, records = _spooled_journal(tmp_path, 6)
     data = bytearray(segment.read_bytes())
-    second = len(encode_frame(2, records[0], compress=False, seq=1))
+    second = APPEND.size + len(encode_frame(2, records[0], compress=False, seq=1))
     data[second + 14] ^= 0xFF  # a payload byte of entry 2: its checksum fails
     segment.write_bytes(bytes(data))
     with Journal.open(segment.parent, owner=False) as reader:
