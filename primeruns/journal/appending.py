@@ -15,13 +15,15 @@ import os
 import threading
 from collections.abc import Sequence
 
+import lmdb
+
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal.capacity import Capacity
 from primeruns.journal.dicts import Dictionaries
 from primeruns.journal.frames import HEADER_SIZE, EntryKind, encode_frame
 from primeruns.journal.spool import SpoolWriter
 from primeruns.journal.staging import Mover
-from primeruns.journal.tail import OwnTail
+from primeruns.journal.tail import OwnTail, read_end, stored_end
 from primeruns.journal.txn import Transactions, release_reserve
 from primeruns.journal.types import AppendResult
 
@@ -58,18 +60,7 @@ class Appender:
                 if not essential and not self._capacity.room_for(size):
                     self._tx.tight = True
                     raise JournalFullError("journal byte budget reached")
-                first = self._tail.last + 1
-                frames = [
-                    encode_frame(k, p, compress=False, seq=seq)
-                    for seq, p in enumerate(payloads, first)
-                ]
-                try:
-                    self._spool.write(first, frames)
-                except JournalFullError:
-                    # The run's spec and finish may use the reserve file's room.
-                    if not (essential and release_reserve(self._tx.path)):
-                        raise
-                    self._spool.write(first, frames)
+                first, frames = self._write(k, payloads, essential)
                 # Under the lock that chose ``first``: the next append's seq
                 # follows this one's, whichever thread it comes from.
                 last = self._tail.last = first + len(frames) - 1
@@ -81,6 +72,54 @@ class Appender:
             self._mover.wake()
         self._tail.notify()
         return AppendResult(first, last - first + 1, 0)
+
+    def _write(
+        self, kind: int, payloads: Sequence[bytes], essential: bool
+    ) -> tuple[int, list[bytes]]:
+        """Frame the payloads after the log's end and spool them (under the
+        append lock): (the first seq, the frames)."""
+        for attempt in (1, 2):
+            first = self._tail.last + 1
+            frames = [
+                encode_frame(kind, p, compress=False, seq=seq)
+                for seq, p in enumerate(payloads, first)
+            ]
+            try:
+                if first <= self._stored_end_if_rotating():
+                    raise JournalError(
+                        f"journal {self._tx.path}: entries past {first - 1} exist already "
+                        "(the log's end was misread); this append is refused"
+                    )
+                try:
+                    self._spool.write(first, frames)
+                except JournalFullError:
+                    # The run's spec and finish may use the reserve file's room.
+                    if not (essential and release_reserve(self._tx.path)):
+                        raise
+                    self._spool.write(first, frames)
+                return first, frames
+            except JournalFullError:
+                raise
+            except JournalError:
+                # Read the end again: where it moved (what hid part of the log,
+                # a segment that could not be opened, is gone), go on after it.
+                end = read_end(self._tx, self._tail.spool)[0]
+                if attempt == 2 or end <= self._tail.last:
+                    raise
+                self._tail.last = end
+        raise AssertionError("unreachable")
+
+    def _stored_end_if_rotating(self) -> int:
+        """LMDB's end, read where this append opens a segment (once per
+        ``SEGMENT_MAX`` bytes): a check that this process's end is not behind
+        the log's (0 otherwise)."""
+        if not self._spool.opens_next():
+            return 0
+        try:
+            with self._tx.read() as txn:
+                return stored_end(self._tx, txn)
+        except (JournalError, lmdb.Error):
+            return 0
 
     def _count_drops(self, count: int) -> None:
         """Count dropped records in the journal now (a write of its own: no

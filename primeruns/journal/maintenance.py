@@ -58,6 +58,9 @@ class Background:
                 break
             if self._sync_spool is not None and self._durability == "process":
                 self._sync_spool()
+            if self._sync_spool is not None:
+                # Lets go of this appender's segments a mover elsewhere deleted.
+                self._reader.spool.refresh()
             if tx.dirty and self._durability == "process":
                 tx.dirty = False
                 try:

@@ -7,6 +7,7 @@ reported and passed over, so one bad page never stops a run's shipping.
 
 from __future__ import annotations
 
+import contextlib
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -216,7 +217,12 @@ class Reader:
     ) -> bytes | None:
         """One transaction of ``tally``: where the next should start, or None at the end."""
         with self._tx.read(buffers=True) as txn:
-            seen[0] = max(seen[0], stored_end(self._tx, txn))
+            # What the spool's count starts after: the floor (compacted away,
+            # counted apart) and each seq counted here, never LMDB's end as
+            # this transaction sees it (entries the mover committed after an
+            # earlier pass would then be counted nowhere).
+            with contextlib.suppress(JournalCorruptError, ValueError, TypeError):
+                seen[0] = max(seen[0], int(self._tx.meta_or(txn, K_FLOOR, 0)))
             cur = txn.cursor(db=self._tx.dbs[name])
             if not cur.set_range(start):
                 return None
@@ -231,6 +237,7 @@ class Reader:
                     index += 1
                 kind = peek_kind(value)
                 counts[index][UNREADABLE if kind is None else kind] += 1
+                seen[0] = max(seen[0], seq)
         return None
 
     def get(self, seq: int) -> Entry | None:

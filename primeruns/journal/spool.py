@@ -29,7 +29,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
+import stat
 import struct
 import threading
 from bisect import bisect_right
@@ -40,6 +42,8 @@ from pathlib import Path
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal.frames import FRAME_VERSION, HEADER_SIZE, MAX_ENTRY_BYTES, peek_header
 from primeruns.journal.types import Damage
+
+log = logging.getLogger("primeruns.journal")
 
 PREFIX = "spool-"
 # Each append is written as this header and its frames: its magic, format
@@ -98,6 +102,10 @@ class SpoolWriter:
         self._base = 0  # bytes written up to the last mark found absorbed
         self._written = 0
 
+    def opens_next(self) -> bool:
+        """Whether the next write starts a segment."""
+        return self._fd is None or self._size >= SEGMENT_MAX
+
     def write(self, first_seq: int, frames: list[bytes]) -> None:
         """Write the frames of seqs ``first_seq``... in one ``write()``.
 
@@ -111,7 +119,11 @@ class SpoolWriter:
             try:
                 self._open(first_seq)
             except JournalError:
-                if self._fd is None:
+                if self._fd is None or (self._path / segment_name(first_seq)).exists():
+                    # The successor exists now (readers cut this segment at
+                    # its first seq, a mover may delete this one): never go
+                    # on here; the next write opens it again.
+                    self.close()
                     raise
                 # The directory is gone (deleted under a live run): the open
                 # segment outlives its name, so go on in it.
@@ -127,24 +139,38 @@ class SpoolWriter:
             if exc.errno in _FULL:
                 raise JournalFullError(f"journal {self._path}: the disk is full ({exc})") from None
             raise JournalError(f"write to journal {self._path} failed: {exc}") from None
-        if self._fsync:
-            try:
-                os.fdatasync(fd)
-            except OSError as exc:
-                raise JournalError(f"sync of journal {self._path} failed: {exc}") from None
+        # Written: part of the log from here on, whatever the sync does.
         self._size += len(data)
         self._written += len(data)
         self._mark_seqs.append(first_seq + len(frames) - 1)
         self._mark_bytes.append(self._written)
         self.dirty = True
+        if self._fsync:
+            try:
+                os.fdatasync(fd)
+                self.dirty = False
+            except OSError as exc:
+                # In the page cache, so it survives the process; the background
+                # sync tries again. Raising would have the call count records
+                # as dropped that every reader sees.
+                log.warning(
+                    "journal %s: sync failed (%s); retrying in the background", self._path, exc
+                )
 
     def _open(self, first_seq: int) -> None:
         name = segment_name(first_seq)
         target = self._path / name
+        if any(first > first_seq for first, _ in list_segments(self._path)):
+            # A later segment exists: this process misread the log's end (a
+            # segment it could not open); appending here would hide entries.
+            raise JournalError(
+                f"journal {self._path}: the spool holds entries past {first_seq - 1}; "
+                "not appending until the log's end is read again"
+            )
         try:
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+            fd = os.open(target, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
             try:
-                readable = os.open(target, os.O_RDONLY | os.O_CLOEXEC)
+                readable = os.dup(fd)
             except OSError:
                 os.close(fd)
                 raise
@@ -158,8 +184,15 @@ class SpoolWriter:
         except OSError:
             self._size = 0
         if self._size:
-            # A frame cut short at this seq (its write never returned): not
-            # part of the log, and it would shift every offset after it.
+            # An append cut short at this seq (its write never returned) is
+            # not part of the log, and would shift every offset after it; a
+            # whole one is, and this process misread the log's end.
+            if _holds_an_append(fd, self._size):
+                os.close(fd)
+                os.close(readable)
+                raise JournalError(
+                    f"journal {self._path}: spool segment {name} already holds entries"
+                )
             with contextlib.suppress(OSError):
                 os.ftruncate(fd, 0)
                 self._size = 0
@@ -217,6 +250,15 @@ def _sync_directory(path: Path) -> None:
             os.close(fd)
 
 
+def _holds_an_append(fd: int, size: int) -> bool:
+    """Whether the segment open as ``fd`` starts with a whole append."""
+    try:
+        magic, _, _, length = APPEND.unpack(os.pread(fd, APPEND.size, 0))
+    except (OSError, struct.error):
+        return False
+    return bool(magic == _MAGIC and size >= APPEND.size + int(length))
+
+
 def _frames_in(fd: int, start: int, end: int) -> list[tuple[int, int, int]]:
     """(offset, kind, bytes) of each frame of the append body at
     ``start..end``, by their headers (read in chunks; payloads are skipped).
@@ -265,6 +307,8 @@ class SpoolView:
         # Held while a segment's file is read, so that no thread closes it
         # under another (a reused descriptor would read another file).
         self.lock = threading.RLock()
+        # Segments that could not be opened (not gone: absorbed ones are).
+        self.problems: list[Damage] = []
 
     def refresh(self) -> None:
         """Open the segments listed now (before any LMDB read that the spool
@@ -275,16 +319,29 @@ class SpoolView:
     def _refresh(self) -> None:
         listed = list_segments(self._path)
         names = {first for first, _ in listed}
+        own = [f for f, seg in self._segments.items() if seg.own]
+        newest_own = max(own) if own else None
         for first in [f for f in self._segments if f not in names]:
-            if not self._segments[first].own:
-                self._forget(first)  # deleted once absorbed: LMDB has it
+            # Deleted once absorbed: LMDB has it. Only the segment being
+            # written is kept unlisted (the directory deleted under the run).
+            if not self._segments[first].own or (names and first != newest_own):
+                self._forget(first)
         for first, name in listed:
             if first not in self._segments:
                 try:
-                    fd = os.open(self._path / name, os.O_RDONLY | os.O_CLOEXEC)
-                except OSError:
+                    fd = os.open(self._path / name, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+                except FileNotFoundError:
                     continue  # deleted since the listing: absorbed
-                self._segments[first] = _Segment(first, name, fd)
+                except OSError as exc:
+                    self.problems.append(Damage(first, f"spool segment {name} unreadable: {exc}"))
+                    continue
+                seg = self._segments[first] = _Segment(first, name, fd)
+                try:
+                    regular = stat.S_ISREG(os.fstat(fd).st_mode)
+                except OSError:
+                    regular = False
+                if not regular:
+                    seg.broken = Damage(first, f"spool segment {name} is not a regular file")
         for seg in self._segments.values():
             self._parse(seg)
 
@@ -294,6 +351,12 @@ class SpoolView:
             old = self._segments.get(first)
             if old is not None:
                 self._forget(first)
+            if self._path.is_dir():
+                # Earlier segments of this appender, deleted since (absorbed):
+                # their descriptors would hold the files' blocks for good.
+                for f, seg in list(self._segments.items()):
+                    if seg.own and not (self._path / seg.name).exists():
+                        self._forget(f)
             self._segments[first] = _Segment(first, name, fd, own=True)
 
     def _parse(self, seg: _Segment) -> None:
@@ -364,7 +427,8 @@ class SpoolView:
 
     def damage(self) -> list[Damage]:
         with self.lock:
-            return [seg.broken for seg in self._ordered() if seg.broken is not None]
+            found = [seg.broken for seg in self._ordered() if seg.broken is not None]
+            return [*dict.fromkeys(self.problems), *found]
 
     def read(self, seg: _Segment, index: int) -> bytes:
         """The stored frame ``index`` of ``seg``; JournalError if unreadable."""

@@ -63,7 +63,7 @@ class OwnTail:
 
     def __init__(self, tx: Transactions, last: int, spool: SpoolView) -> None:
         self._tx = tx
-        self._spool = spool
+        self.spool = spool
         self.last = last  # set under the append lock by the appender
         self._appended = threading.Condition(threading.Lock())
         self._waiting = 0  # threads in wait (an online producer has none)
@@ -122,7 +122,7 @@ class SharedTail(OwnTail):
     """The end of a log another process appends to (read again on each look)."""
 
     def current(self) -> int:
-        self.last = max(self.last, read_end(self._tx, self._spool)[0])
+        self.last = max(self.last, read_end(self._tx, self.spool)[0])
         return self.last
 
     def _arrived(self, after_seq: int) -> bool:

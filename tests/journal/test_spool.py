@@ -9,7 +9,10 @@ never takes a reader down.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -172,3 +175,104 @@ def test_a_spool_segment_of_any_bytes_never_takes_a_reader_down(
             continue
         for entry in got.entries:
             assert entry.payload == records[entry.seq - 1]
+
+
+def test_a_failed_sync_keeps_the_append_it_followed_in_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``durability="fsync"``: the write landed and the sync failed (EIO). The
+    call returns its records as written (every reader sees them), and the
+    appends after it keep their own seqs."""
+    with Journal.create(tmp_path, local_id="run", durability="fsync") as j:
+        j._mover.stop()
+        j.append(EntryKind.EPISODE, [b'{"a":0}'])
+
+        def eio(fd: int) -> None:
+            raise OSError(errno.EIO, "Input/output error")
+
+        monkeypatch.setattr(os, "fdatasync", eio)
+        assert j.append(EntryKind.EPISODE, [b'{"synced":false}']).count == 1
+        monkeypatch.undo()
+        later = [json.dumps({"later": i}).encode() for i in range(3)]
+        for record in later:
+            assert j.append(EntryKind.EPISODE, [record]).count == 1
+        assert _payloads(j) == [b'{"a":0}', b'{"synced":false}', *later]
+
+
+def test_a_fifo_named_like_a_segment_never_blocks_a_reader(tmp_path: Path) -> None:
+    """A foreign file in a journal directory is damage, not a hang."""
+    with Journal.create(tmp_path, local_id="run") as j:
+        j.append(EntryKind.EPISODE, [b'{"a":0}'])
+    os.mkfifo(tmp_path / "run" / spool.segment_name(2))
+    with Journal.open(tmp_path / "run", owner=False) as reader:
+        assert [e.payload for e in reader.read(0).entries] == [b'{"a":0}']
+        assert any("not a regular file" in d.what for d in reader.damage())
+
+
+def test_an_owner_that_misreads_the_end_refuses_to_append_rather_than_hide_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A segment this process could not open (out of descriptors) hides the
+    entries in it from the end an owner reads; appending there would put new
+    entries under seqs the log has already. The append is refused (the run
+    counts it dropped) until the end is read again."""
+    monkeypatch.setattr(spool, "SEGMENT_MAX", 100)
+    records = [json.dumps({"n": n, "pad": "x" * 80}).encode() for n in range(4)]
+    with Journal.create(tmp_path, local_id="run") as j:
+        j._mover.stop()
+        for record in records:
+            j.append(EntryKind.EPISODE, [record])  # one segment each
+        j._mover.drain = lambda *a, **k: None  # type: ignore[method-assign]  # left spooled
+    path = tmp_path / "run"
+    assert len(list_segments(path)) == 4
+    real_open = os.open
+
+    def out_of_descriptors(file: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(file).endswith(spool.segment_name(4)):
+            raise OSError(errno.EMFILE, "Too many open files")
+        return real_open(file, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", out_of_descriptors)
+    monkeypatch.setattr(staging.Mover, "start", lambda self: None)
+    with Journal.open(path) as owner:
+        assert owner.last_seq() == 3  # entry 4 is hidden from it
+        with pytest.raises(JournalError):
+            owner.append(EntryKind.EPISODE, [b'{"new":1}'])
+        monkeypatch.setattr(os, "open", real_open)
+        assert owner.append(EntryKind.EPISODE, [b'{"new":1}']).first_seq == 5
+        assert _payloads(owner) == [*records, b'{"new":1}']
+
+
+def _spool_descriptors() -> list[str]:
+    """What this process's open spool descriptors point at."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            target = os.readlink(f"/proc/self/fd/{fd}")
+            if "spool-" in target:
+                out.append(target)
+    return out
+
+
+def test_a_producer_lets_go_of_the_segments_its_uplink_absorbed(tmp_path: Path) -> None:
+    """After the hand-over another process absorbs and deletes the
+    producer's segments: the producer must not keep them open (their disk
+    space would never be freed, and descriptors run out)."""
+    with Journal.create(tmp_path, local_id="run") as j:
+        j.hand_over_staging()
+        monkey_max = spool.SEGMENT_MAX
+        spool.SEGMENT_MAX = 2_000
+        try:
+            for n in range(40):
+                j.append(EntryKind.EPISODE, [json.dumps({"n": n, "pad": "z" * 900}).encode()])
+                if n % 4 == 3:
+                    mover = staging.Mover(j._tx, j._dicts, j.path, spool.SpoolView(j.path))
+                    while mover.step():  # the uplink's mover, with a view of its own
+                        pass
+                    mover._spool.close()
+                    j._spool.refresh()  # as the producer's background thread does
+        finally:
+            spool.SEGMENT_MAX = monkey_max
+        held = _spool_descriptors()
+        assert len([h for h in held if h.endswith("(deleted)")]) == 0, held
+        assert len(set(held)) <= 1  # the segment being written (writing and reading)
