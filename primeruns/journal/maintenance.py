@@ -60,7 +60,7 @@ class Background:
                 self._sync_spool()
             if self._sync_spool is not None:
                 # Lets go of this appender's segments a mover elsewhere deleted.
-                self._reader.spool.refresh()
+                self._reader.spool.let_go()
             if tx.dirty and self._durability == "process":
                 tx.dirty = False
                 try:

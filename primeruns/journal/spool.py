@@ -345,6 +345,18 @@ class SpoolView:
         for seg in self._segments.values():
             self._parse(seg)
 
+    def let_go(self) -> None:
+        """Close the segments a mover elsewhere absorbed and deleted, without
+        parsing anything (the appender's background thread: a parse of what
+        it wrote would compete with its appends for nothing)."""
+        with self.lock:
+            listed = {first for first, _ in list_segments(self._path)}
+            if not listed:
+                return  # none left, or the directory is gone: keep what is open
+            newest = max(self._segments, default=None)
+            for first in [f for f in self._segments if f not in listed and f != newest]:
+                self._forget(first)
+
     def adopt(self, first: int, name: str, fd: int) -> None:
         """The appender opened segment ``first``: read it through ``fd``."""
         with self.lock:

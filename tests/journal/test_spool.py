@@ -270,7 +270,7 @@ def test_a_producer_lets_go_of_the_segments_its_uplink_absorbed(tmp_path: Path) 
                     while mover.step():  # the uplink's mover, with a view of its own
                         pass
                     mover._spool.close()
-                    j._spool.refresh()  # as the producer's background thread does
+                    j._spool.let_go()  # as the producer's background thread does
         finally:
             spool.SEGMENT_MAX = monkey_max
         held = _spool_descriptors()

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
+from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -136,6 +138,14 @@ class MemoryJournal:
                     total += len(entry.payload)
                 next_after = entry.seq
         return ReadResult(out, next_after, [])
+
+    def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
+        bounds = sorted(set(cuts))
+        counts: list[Counter[int]] = [Counter() for _ in range(len(bounds) + 1)]
+        with self._lock:
+            for entry in self._entries:
+                counts[bisect_left(bounds, entry.seq)][int(entry.kind)] += 1
+        return counts
 
     def get(self, seq: int) -> Entry | None:
         with self._lock:
