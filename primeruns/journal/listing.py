@@ -7,6 +7,7 @@ raising. Deletion takes the owner lock first, so a live run is never removed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections import Counter
@@ -19,6 +20,7 @@ from primeruns.journal.journal import Journal
 from primeruns.journal.lock import LOCK_NAME, OwnerLock, owner_alive, read_owner
 from primeruns.journal.meta import K_LOCAL_ID
 from primeruns.journal.probe import probe_many
+from primeruns.journal.spool import list_segments
 from primeruns.journal.store import DATA_NAME
 from primeruns.journal.types import Damage
 
@@ -75,10 +77,14 @@ def _tallies(
 def _info(path: Path, *, verify: bool, tally: bool) -> JournalInfo:
     owner = read_owner(path)
     try:
-        modified = (path / DATA_NAME).stat().st_mtime
-        size = (path / DATA_NAME).stat().st_size
+        data = (path / DATA_NAME).stat()
+        modified, size = data.st_mtime, data.st_size
     except OSError:
         modified, size = 0.0, 0
+    for _, name in list_segments(path):  # the newest entries may be spooled still
+        with contextlib.suppress(OSError):
+            segment = (path / name).stat()
+            modified, size = max(modified, segment.st_mtime), size + segment.st_size
     base: dict[str, Any] = {
         "path": path,
         "local_id": path.name,

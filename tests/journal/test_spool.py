@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal, spool, staging
 from primeruns.journal.frames import encode_frame, encode_frames_off_gil
+from primeruns.journal.listing import journal_info
 from primeruns.journal.spool import APPEND, list_segments
 
 _DIE_MID_WRITE = textwrap.dedent(
@@ -101,6 +102,9 @@ def test_an_append_cut_short_by_a_death_is_not_part_of_the_log(tmp_path: Path) -
     )
     assert out.returncode == -9, out.stderr.decode()
     path = tmp_path / "run"
+    listed = journal_info(path, tally=True)  # what `primeruns ls` shows of it
+    assert listed.size_bytes > (path / "data.mdb").stat().st_size
+    assert listed.last_seq == 2
     with Journal.open(path, owner=False) as reader:
         assert _payloads(reader) == [b'{"n":1}', b'{"n":2}'] and reader.damage() == []
         assert sum(reader.tally()[0].values()) == 2
