@@ -481,7 +481,7 @@ class Run:
         )
         uplink.release()
         journal.unshare_lock()
-        journal.take_back_staging()
+        journal.take_back_moving()
         self._uplink = UplinkThreads(journal, self._settings, [])
 
     def finish(

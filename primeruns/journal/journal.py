@@ -300,19 +300,20 @@ class Journal:
 
     # -- sharing with the uplink ---------------------------------------------------------
 
-    def hand_over_staging(self) -> None:
-        """The uplink (which shares the lock) moves staged entries from now on."""
+    def hand_over_moving(self) -> None:
+        """The uplink (which shares the lock) moves spooled (and staged) entries
+        into LMDB from now on: the producer only appends."""
         self._mover.stop()
 
-    def take_back_staging(self) -> None:
-        """The uplink is gone: this process moves staged entries again."""
+    def take_back_moving(self) -> None:
+        """The uplink is gone: this process moves spooled entries into LMDB again."""
         if not self._mover.here and self._appender is not None and not self._closed:
             with self._tx.lock:
                 self._mover.staged = self._mover.recount(assume=STAGED_RAW_MAX)
             self._mover.start()
 
-    def move_staged(self) -> None:
-        """In the uplink's view: take over moving the producer's staged entries."""
+    def take_over_moving(self) -> None:
+        """In the uplink's view: move the producer's spooled entries into LMDB."""
         self._check_writable()
         if not self._mover.here:
             self._mover.start()

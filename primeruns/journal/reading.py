@@ -129,18 +129,26 @@ class Reader:
         except (lmdb.Error, JournalCorruptError) as exc:
             damaged.append(Damage(None, f"reading after entry {next_after} failed: {exc}"))
         if in_lmdb >= 0 and not full and examined < _MAX_SCAN:
-            next_after = self._read_spool(
-                max(expected, in_lmdb + 1),
-                floor,
-                wanted,
-                examined,
-                max_entries,
-                max_bytes,
-                raw,
-                total,
-                damaged,
-                next_after,
-            )
+            # The log goes on in the spool, past what LMDB holds.
+            expected = max(expected, in_lmdb + 1)
+            with spool.lock:
+                for seq, kind, size, seg, index in spool.frames(expected - 1):
+                    if examined >= _MAX_SCAN:
+                        break
+                    if seq > expected and expected > floor:
+                        damaged.append(missing(expected, seq - 1))
+                    expected = seq + 1
+                    examined += 1
+                    if wanted is None or kind in wanted:
+                        raw_len = size - HEADER_SIZE
+                        if raw and (len(raw) >= max_entries or total + raw_len > max_bytes):
+                            break
+                        try:
+                            raw.append((seq, spool.read(seg, index)))
+                        except JournalError as exc:
+                            damaged.append(Damage(seq, f"entry {seq}: {exc}"))
+                        total += raw_len
+                    next_after = seq
         entries: list[Entry] = []
         for seq, value in raw:
             entry, damage = decode_entry(seq, value, self._dicts.get)
@@ -149,41 +157,6 @@ class Reader:
             if damage is not None:
                 damaged.append(damage)
         return ReadResult(entries, next_after, damaged)
-
-    def _read_spool(
-        self,
-        expected: int,
-        floor: int,
-        wanted: frozenset[int] | None,
-        examined: int,
-        max_entries: int,
-        max_bytes: int,
-        raw: list[tuple[int, bytes]],
-        total: int,
-        damaged: list[Damage],
-        next_after: int,
-    ) -> int:
-        """``read`` continued past LMDB's end into the spool; the new next_after."""
-        spool = self.spool
-        with spool.lock:
-            for seq, kind, size, seg, index in spool.frames(expected - 1):
-                if examined >= _MAX_SCAN:
-                    break
-                if seq > expected and expected > floor:
-                    damaged.append(missing(expected, seq - 1))
-                expected = seq + 1
-                examined += 1
-                if wanted is None or kind in wanted:
-                    raw_len = size - HEADER_SIZE
-                    if raw and (len(raw) >= max_entries or total + raw_len > max_bytes):
-                        break
-                    try:
-                        raw.append((seq, spool.read(seg, index)))
-                    except JournalError as exc:
-                        damaged.append(Damage(seq, f"entry {seq}: {exc}"))
-                    total += raw_len
-                next_after = seq
-        return next_after
 
     def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
         """Entries present per kind in each interval the ascending ``cuts`` make:

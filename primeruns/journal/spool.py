@@ -317,6 +317,7 @@ class SpoolView:
             self._refresh()
 
     def _refresh(self) -> None:
+        self.problems = []  # as of this look: a segment may open next time
         listed = list_segments(self._path)
         names = {first for first, _ in listed}
         own = [f for f, seg in self._segments.items() if seg.own]
@@ -440,7 +441,7 @@ class SpoolView:
     def damage(self) -> list[Damage]:
         with self.lock:
             found = [seg.broken for seg in self._ordered() if seg.broken is not None]
-            return [*dict.fromkeys(self.problems), *found]
+            return [*self.problems, *found]
 
     def read(self, seg: _Segment, index: int) -> bytes:
         """The stored frame ``index`` of ``seg``; JournalError if unreadable."""

@@ -18,7 +18,7 @@ they move first (a spooled entry put into "entries" above a staged one
 would leave the staged one unable to follow).
 
 One process moves them: the appender, until it hands that to its uplink
-(``hand_over``), so that the producer spends none of its time on them.
+(``Journal.hand_over_moving``), so that the producer spends none of its time on them.
 Absorbing is idempotent (a transaction writes only past LMDB's end as it
 finds it), so two movers for a moment (a hand-over) cost nothing.
 """
@@ -60,7 +60,8 @@ _IDLE_CHECK_S = 1.0  # a wake-up lost to a race is made up within this
 
 
 class Mover:
-    """Moves staged entries into "entries", from a thread of this process while ``here``."""
+    """Moves spooled and staged entries into "entries", from a thread of this
+    process while ``here``."""
 
     def __init__(self, tx: Transactions, dicts: Dictionaries, path: Path, spool: SpoolView) -> None:
         self._tx = tx

@@ -172,7 +172,7 @@ class UplinkProcess:
             os.close(progress_w)
         self.pid: int | None = self._proc.pid
         journal.name_uplink(self._proc.pid)  # before init() returns: listings see it
-        journal.hand_over_staging()  # the uplink compresses staged entries
+        journal.hand_over_moving()  # the uplink absorbs the spool into LMDB
         self._eof = False
         self._lock = threading.Lock()
         self._closed = False

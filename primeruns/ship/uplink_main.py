@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     predecessors = [Path(p) for p in handover.get("predecessors") or []]
     journal = Journal.open(args.journal, lock_fd=args.lock_fd)
     try:
-        journal.move_staged()  # the producer handed that over: it only appends
+        journal.take_over_moving()  # the producer handed that over: it only appends
         link = PipeProducerLink(
             journal,
             args.wake_fd,

@@ -263,7 +263,7 @@ def test_a_producer_lets_go_of_the_segments_its_uplink_absorbed(tmp_path: Path) 
     producer's segments: the producer must not keep them open (their disk
     space would never be freed, and descriptors run out)."""
     with Journal.create(tmp_path, local_id="run") as j:
-        j.hand_over_staging()
+        j.hand_over_moving()
         monkey_max = spool.SEGMENT_MAX
         spool.SEGMENT_MAX = 2_000
         try:
