@@ -430,6 +430,7 @@ class Run:
         deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
         hurried = False
         while True:
+            mark = self._uplink.progress_mark()  # before the look: no report is missed
             done, settled = self._sinks_caught_up(targets)
             if done:
                 return True
@@ -440,10 +441,9 @@ class Run:
                 hurried = True
             self._replace_dead_uplink()
             left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            # Woken by the uplink's progress; the cap only bounds a lost wake-up.
-            self._uplink.wait_progress(min(left, 5.0))
+            if left <= 0 or not self._uplink.alive():
+                return False  # out of time, or nothing left to ship it
+            self._uplink.wait_progress(mark, left)  # woken by the uplink's progress
 
     def _sinks_caught_up(self, targets: Mapping[int, int]) -> tuple[bool, bool]:
         """(every sink has what it owes up to ``targets``, the rest are retired or paused)."""
@@ -580,7 +580,7 @@ class Run:
             )
         done_by = time.monotonic() + waiting + (_CLOSE_GRACE if wait is None else 0.0)
         while True:
-            if uplink.wait_exit(min(1.0, max(0.0, done_by - time.monotonic()))):
+            if uplink.wait_exit(max(0.0, done_by - time.monotonic())):
                 self._replace_dead_uplink()  # it died before closing the run out
                 if self._uplink is uplink:
                     break

@@ -19,7 +19,6 @@ import lmdb
 
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal.capacity import Capacity
-from primeruns.journal.dicts import Dictionaries
 from primeruns.journal.frames import HEADER_SIZE, EntryKind, encode_frame
 from primeruns.journal.spool import SpoolWriter
 from primeruns.journal.staging import Mover
@@ -34,14 +33,12 @@ class Appender:
         tx: Transactions,
         tail: OwnTail,
         capacity: Capacity,
-        dicts: Dictionaries,
         mover: Mover,
         spool: SpoolWriter,
     ) -> None:
         self._tx = tx
         self._tail = tail
         self._capacity = capacity
-        self._dicts = dicts
         self._mover = mover
         self._spool = spool
         # Not the transaction lock: the mover holds that through its LMDB
@@ -67,7 +64,6 @@ class Appender:
         except JournalFullError:
             self._count_drops(len(payloads))
             return AppendResult(None, 0, len(payloads))
-        self._dicts.appended(k, len(payloads))
         if self._mover.here:
             self._mover.wake()
         self._tail.notify()
@@ -139,7 +135,7 @@ class Appender:
         try:
             os.fdatasync(fd)
         except OSError:
-            self._spool.dirty = True
+            self._spool.mark_dirty()  # tried again at the next sync
         finally:
             os.close(fd)
 

@@ -40,10 +40,9 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import threading
 import time
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -120,23 +119,19 @@ class Journal:
         self._spool = SpoolView(path)
         last, floor = read_end(tx, self._spool)
         self._tail = (OwnTail if appends else SharedTail)(tx, last, self._spool)
-        # Wakes the background thread early: a kind has enough records to train on.
-        trainer_due = threading.Event()
-        self._dicts = Dictionaries(tx, trains=appends, due=trainer_due)
-        self._mover = Mover(tx, self._dicts, path, self._spool)
+        self._dicts = Dictionaries(tx)
         # A live run's uplink is the only process that compacts its journal.
         shares = lock is not None and not appends
         self._reader = Reader(tx, self._dicts, floor, self._spool, sole_compactor=shares)
+        self._mover = Mover(tx, self._dicts, path, self._spool, self._reader)
         self._capacity = Capacity(tx, self._reader, self._mover)
         self._cursors = Cursors(tx, self._tail, self._capacity)
         self._meta = Meta(tx)
         self._appender: Appender | None = None
         if appends:
-            writer = SpoolWriter(path, self._spool, fsync=durability == "fsync")
+            writer = SpoolWriter(path, self._spool, fsync=durability == "fsync", written=tx.written)
             self._capacity.spooled = writer.pending_bytes
-            self._appender = Appender(
-                tx, self._tail, self._capacity, self._dicts, self._mover, writer
-            )
+            self._appender = Appender(tx, self._tail, self._capacity, self._mover, writer)
         local_id = tx.safe_meta(K_LOCAL_ID)
         self.local_id = local_id if isinstance(local_id, str) else path.name
         self._background: Background | None = None
@@ -144,9 +139,7 @@ class Journal:
             self._background = Background(
                 tx,
                 self._reader,
-                self._dicts,
                 durability=durability,
-                wake=trainer_due,
                 sync_spool=None if self._appender is None else self._appender.sync,
             )
             if appends:
@@ -406,8 +399,16 @@ class Journal:
         self._check()
         return self._tail.current()
 
-    def wait_for_append(self, after_seq: int, timeout: float) -> bool:
-        """Block until ``last_seq() > after_seq``: True then; False on timeout or wake_all().
+    def wait_for_append(
+        self,
+        after_seq: int,
+        timeout: float | None,
+        until: Callable[[], bool] | None = None,
+    ) -> bool:
+        """Block until ``last_seq() > after_seq``: True then; False on timeout
+        (None: none), ``wake_all()``, close, or once ``until()`` holds (looked
+        at under the condition ``wake_all`` notifies: set what it reads, then
+        call ``wake_all``, and no wait misses it).
 
         Woken by appends in this process (no polling). Where another process
         appends (the uplink's view), ``wake_all`` is called on its wake-ups
@@ -415,7 +416,7 @@ class Journal:
         arrives before the wait still counts.
         """
         self._check()
-        return self._tail.wait(after_seq, timeout)
+        return self._tail.wait(after_seq, timeout, until)
 
     def wake_all(self) -> None:
         """Wake every thread in wait_for_append (they return False unless data arrived)."""
@@ -570,7 +571,8 @@ class Journal:
     def train_dictionaries(self) -> list[EntryKind]:
         """Train a zstd dictionary for each kind with enough records and none yet.
 
-        Runs in the background thread; callable directly. Returns the kinds
+        The mover's thread does this once a kind has enough records; callable
+        directly. Returns the kinds
         that got one. A dictionary is stored (committed) before any entry uses it.
         """
         self._check_writable()

@@ -1,22 +1,21 @@
-"""Keeping a journal well: the background sync, dictionary training, the
-reserve file, and the full scan for damage.
+"""Keeping a journal well: the background sync, the reserve file, and the
+full scan for damage.
 
-Durability for "process" mode: at least one sync per second while there is
-something to sync (``env.sync`` is safe alongside transactions). Training
-runs here, off the append path; it is woken early once a kind has enough
-records, so a burst does not go uncompressed by its dictionary.
+Durability for "process" mode: a sync at most a second after anything was
+written (``env.sync`` is safe alongside transactions), and no wake-up at all
+while nothing is: the thread waits for the journal's ``written`` event. Dictionary
+training is not here but in the mover's thread (``staging``): it belongs
+where entries are compressed, which is not the producer once its uplink moves.
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 
 import lmdb
 
-from primeruns.exceptions import JournalCorruptError, JournalError
-from primeruns.journal.dicts import Dictionaries
+from primeruns.exceptions import JournalCorruptError
 from primeruns.journal.frames import FrameError, decode_frame
 from primeruns.journal.reading import Reader
 from primeruns.journal.txn import Transactions, ensure_reserve
@@ -27,23 +26,19 @@ SYNC_INTERVAL = 1.0
 
 
 class Background:
-    """The thread that syncs, trains dictionaries and restores the reserve."""
+    """The thread that syncs, lets go of absorbed spool segments and restores the reserve."""
 
     def __init__(
         self,
         tx: Transactions,
         reader: Reader,
-        dicts: Dictionaries,
         *,
         durability: str,
-        wake: threading.Event,
         sync_spool: Callable[[], None] | None = None,
     ) -> None:
         self._tx = tx
         self._reader = reader
-        self._dicts = dicts
         self._durability = durability
-        self._wake = wake
         self._sync_spool = sync_spool
         self._stop = threading.Event()
         ensure_reserve(tx.path)
@@ -52,10 +47,11 @@ class Background:
     def _loop(self) -> None:
         tx = self._tx
         while not self._stop.is_set():
-            self._wake.wait(SYNC_INTERVAL)
-            self._wake.clear()
-            if self._stop.is_set():
+            tx.written.wait()
+            # A second's writes share one sync; close syncs what is left.
+            if self._stop.wait(SYNC_INTERVAL):
                 break
+            tx.written.clear()  # before syncing: a write during it is synced next time
             if self._sync_spool is not None and self._durability == "process":
                 self._sync_spool()
             if self._sync_spool is not None:
@@ -67,13 +63,12 @@ class Background:
                     tx.store.sync()
                 except lmdb.Error:
                     tx.dirty = True  # try again next tick (e.g. transient EIO)
-            with contextlib.suppress(JournalError, lmdb.Error):
-                self._dicts.train(self._reader.read, self._reader.floor)
+                    tx.written.set()
             ensure_reserve(tx.path)  # back in place once the disk has room again
 
     def stop(self) -> None:
         self._stop.set()
-        self._wake.set()
+        self._tx.written.set()  # out of its wait for a write
         self._thread.join()
 
 

@@ -88,13 +88,16 @@ def spool_bytes(path: Path) -> int:
 class SpoolWriter:
     """The appender's end of the spool (called under the journal's lock)."""
 
-    def __init__(self, path: Path, view: SpoolView, *, fsync: bool) -> None:
+    def __init__(
+        self, path: Path, view: SpoolView, *, fsync: bool, written: threading.Event
+    ) -> None:
         self._path = path
         self._view = view
         self._fsync = fsync
         self._fd: int | None = None
         self._size = 0  # bytes in the current segment
         self.dirty = False  # written since the last sync
+        self._written_event = written  # wakes the background sync
         # The last seq of each append and the bytes this process had written
         # by then: what is still to absorb, in bytes, for the budget.
         self._mark_seqs: list[int] = []
@@ -144,7 +147,7 @@ class SpoolWriter:
         self._written += len(data)
         self._mark_seqs.append(first_seq + len(frames) - 1)
         self._mark_bytes.append(self._written)
-        self.dirty = True
+        self.mark_dirty()
         if self._fsync:
             try:
                 os.fdatasync(fd)
@@ -231,8 +234,14 @@ class SpoolWriter:
         try:
             return os.dup(self._fd)
         except OSError:
-            self.dirty = True
+            self.mark_dirty()
             return None
+
+    def mark_dirty(self) -> None:
+        """Written, not yet synced: the background sync is due."""
+        self.dirty = True
+        if not self._written_event.is_set():  # (no lock taken on the hot path)
+            self._written_event.set()
 
     def close(self) -> None:
         fd, self._fd = self._fd, None

@@ -25,6 +25,7 @@ finds it), so two movers for a moment (a hand-over) cost nothing.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import threading
@@ -44,6 +45,7 @@ from primeruns.journal.frames import (
     worth_compressing,
 )
 from primeruns.journal.layout import put_entry, seq_of
+from primeruns.journal.reading import Reader
 from primeruns.journal.spool import SpoolView
 from primeruns.journal.tail import stored_end
 from primeruns.journal.txn import Transactions
@@ -56,17 +58,22 @@ STAGED_RAW_MAX = 32
 _MOVE_BATCH = 64
 _ABSORB_BATCH = 512
 _ABSORB_BYTES = 8 << 20
-_IDLE_CHECK_S = 1.0  # a wake-up lost to a race is made up within this
+# A full journal is tried again after this: room comes back through
+# compaction or a disk the user cleared, and nothing announces the latter.
+_FULL_RETRY_S = 1.0
 
 
 class Mover:
     """Moves spooled and staged entries into "entries", from a thread of this
     process while ``here``."""
 
-    def __init__(self, tx: Transactions, dicts: Dictionaries, path: Path, spool: SpoolView) -> None:
+    def __init__(
+        self, tx: Transactions, dicts: Dictionaries, path: Path, spool: SpoolView, reader: Reader
+    ) -> None:
         self._tx = tx
         self._spool = spool
         self._dicts = dicts
+        self._reader = reader
         self._path = path
         # Entries in "staging" (under the transaction lock). Never lowered on
         # a guess: while it may be too low, a small append would go to
@@ -96,8 +103,7 @@ class Mover:
         self.here = True
         self._stop.clear()
         self._thread = start_daemon(self._loop, f"primeruns-journal-zstd-{self._path.name}")
-        if self.staged:
-            self._wake.set()  # left staged by an earlier process
+        self._wake.set()  # a first look: an earlier process may have left entries
 
     def stop(self, *, final: bool = False) -> None:
         """Stop moving here (the thread ends once its batch is in); ``final``:
@@ -132,21 +138,34 @@ class Mover:
         return self.move_some() or self.absorb_some()
 
     def _loop(self) -> None:
-        # Never lets an error out: a staged entry is intact and readable where
-        # it is; it only takes more room until it moves.
+        # Never lets an error out: a spooled entry is intact and readable
+        # where it is; it only takes more room until it moves. Woken by every
+        # append (here, or the producer's wake-up in its uplink) and by stop;
+        # cleared before it looks, so a wake-up during a batch is not lost.
+        retry: float | None = None
         while not self._stop.is_set():
-            self._wake.wait(_IDLE_CHECK_S)
+            self._wake.wait(retry)
             self._wake.clear()
+            retry = None
             try:
                 while not self._stop.is_set() and self.step():
                     pass
+                if not self._stop.is_set() and self._dicts.due():
+                    self._train()
             except JournalFullError:
                 # No room to move into until something is acknowledged and
                 # compacted (or the user frees the disk): try again later.
+                retry = _FULL_RETRY_S
                 continue
             except (JournalError, lmdb.Error, FrameError, ValueError) as exc:
                 log.warning("journal %s: background compression stopped: %s", self._path, exc)
                 return
+
+    def _train(self) -> None:
+        """A dictionary for each kind with enough records (here, where they
+        are compressed: in the uplink once the producer handed moving over)."""
+        with contextlib.suppress(JournalError, lmdb.Error):
+            self._dicts.train(self._reader.read, self._reader.floor)
 
     def absorb_some(self) -> bool:
         """Compress the oldest spooled entries past LMDB's end and commit them
@@ -172,8 +191,7 @@ class Mover:
         if not batch:
             spool.absorbed(end, newest_too=False)
             return False
-        if not self._dicts.trains:
-            self._dicts.refresh()  # the producer may have trained one since
+        self._dicts.refresh()  # another mover may have trained one (a hand-over)
         final = [frame for _, _, frame in batch]
         todo: dict[int, list[int]] = {}
         payloads: dict[int, bytes] = {}
@@ -210,8 +228,11 @@ class Mover:
             return True
 
         with tx.lock:
-            tx.write(put, control=False)
+            stored = tx.write(put, control=False)
         spool.absorbed(batch[-1][0], newest_too=False)
+        if stored:
+            for kind, count in collections.Counter(kind for _, kind, _ in batch).items():
+                self._dicts.seen(kind, count)
         return True
 
     def move_some(self) -> bool:
@@ -226,8 +247,7 @@ class Mover:
                 batch.append((bytes(key), bytes(value)))
                 if len(batch) >= _MOVE_BATCH:
                     break
-        if not self._dicts.trains:
-            self._dicts.refresh()  # the producer may have trained one since
+        self._dicts.refresh()  # another mover may have trained one (a hand-over)
         if not batch:
             with self._tx.lock:
                 # Another process may have compacted staged entries away.

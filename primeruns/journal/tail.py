@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 
 import lmdb
 
@@ -85,17 +86,29 @@ class OwnTail:
         with self._appended:
             self._appended.notify_all()
 
-    def wait(self, after_seq: int, timeout: float) -> bool:
+    def wait(
+        self,
+        after_seq: int,
+        timeout: float | None,
+        until: Callable[[], bool] | None = None,
+    ) -> bool:
         """Block until the end passes ``after_seq``: True then; False on
-        timeout, ``wake_all`` or close."""
-        deadline = time.monotonic() + max(0.0, timeout)
+        timeout (None: none), ``wake_all``, close, or once ``until()`` holds.
+
+        ``until`` is looked at under the condition, so whoever makes it true
+        and then calls ``wake_all`` always ends the wait, however the two race.
+        """
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._appended:
             self._waiting += 1
             try:
                 gen = self._wake_gen
                 while self.last <= after_seq and self._wake_gen == gen and not self._closed:
-                    if self._arrived(after_seq):
+                    if self._arrived(after_seq) or (until is not None and until()):
                         break
+                    if deadline is None:
+                        self._appended.wait()
+                        continue
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break

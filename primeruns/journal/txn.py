@@ -18,6 +18,7 @@ import contextlib
 import json
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -54,6 +55,9 @@ class Transactions:
         self.dbs = store.dbs
         self.lock = store.lock  # an RLock: components nest their own critical sections
         self.dirty = False  # committed since the last sync
+        # Set on every write (here, and by the appender's spool): wakes the
+        # background sync, which otherwise sleeps without a timer.
+        self.written = threading.Event()
         # Set when space runs short (a drop, a refused write, or little room
         # left): the next acknowledgement compacts what every sink has shipped.
         self.tight = False
@@ -77,6 +81,7 @@ class Transactions:
                         result = fn(txn)
                     self.pending_drops -= folded
                     self.dirty = True
+                    self.written.set()
                     return result
                 except lmdb.MapFullError:
                     if not self.store.grow():

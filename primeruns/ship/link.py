@@ -7,7 +7,12 @@ only ever carry wake-ups, never data:
 
 - *wake* (producer → uplink): one byte after each append, written without
   blocking (a full pipe already means a wake-up is pending); ``HURRY`` when
-  ``flush()`` waits, so small batches go out without lingering;
+  ``flush()`` or ``finish()`` waits, so small batches go out without
+  lingering. The uplink acts on a burst of appends (a training step's
+  episodes, then its metrics row) once the producer has been quiet for
+  ``QUIET_S``: woken in the middle of one, it would take a core from the
+  producer's next call (a 2-core machine's p99 per-step log time went from
+  ~4 ms to ~2 ms with this);
 - *progress* (uplink → producer): one byte whenever a sink acknowledged,
   failed or changed standing, so ``flush()`` and ``finish()`` wait without
   polling. Its end of file says the uplink is gone.
@@ -32,6 +37,7 @@ import select
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -43,6 +49,7 @@ from .uplink import Uplink
 
 __all__ = [
     "PipeProducerLink",
+    "ProgressReader",
     "UplinkHandle",
     "UplinkProcess",
     "UplinkThreads",
@@ -56,6 +63,8 @@ log = logging.getLogger("primeruns")
 UPLINK_ENV = "PRIME_RUNS_UPLINK"
 WAKE = b"\0"
 HURRY = b"\1"
+QUIET_S = 0.005  # the producer's appends are one burst until it is quiet this long
+LATE_S = 0.05  # and a burst is acted on this long after it began, at the latest
 
 
 class UplinkHandle(Protocol):
@@ -72,8 +81,14 @@ class UplinkHandle(Protocol):
     def hurry(self) -> None:
         """Tell the uplink someone waits for what is journaled (flush)."""
 
-    def wait_progress(self, timeout: float) -> None:
-        """Until the uplink reports progress, exits, or ``timeout`` passes."""
+    def progress_mark(self) -> int:
+        """How much progress was reported so far: take it before looking at
+        the journal, then ``wait_progress`` from it, and no report between
+        the look and the wait is missed."""
+
+    def wait_progress(self, mark: int, timeout: float) -> None:
+        """Until the uplink reported progress since ``mark``, exits, or
+        ``timeout`` passes."""
 
     def alive(self) -> bool: ...
 
@@ -99,6 +114,63 @@ def start_uplink(
                 exc,
             )
     return UplinkThreads(journal, settings, predecessors)
+
+
+class ProgressReader:
+    """The producer's end of the progress pipe: it counts the uplink's
+    reports, so that any number of threads wait on them (``flush()`` from
+    several) and none misses one that came after its mark."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._reports = 0  # progress bytes read so far (and one for the end of file)
+        self._eof = False
+        self._closed = False
+        # Waiters take turns on the pipe: the one in select() holds the lock,
+        # and the next counts what it read before it waits itself.
+        self._lock = threading.Lock()
+
+    def _drain(self) -> None:
+        with contextlib.suppress(OSError):
+            while not self._eof and not self._closed:
+                chunk = os.read(self._fd, 4096)
+                if not chunk:
+                    self._eof = True
+                    self._reports += 1  # the uplink's exit is news too
+                    return
+                self._reports += len(chunk)
+                if len(chunk) < 4096:
+                    return
+
+    def mark(self) -> int:
+        with self._lock:
+            self._drain()
+            return self._reports
+
+    def wait(self, mark: int, timeout: float) -> bool:
+        """Until a report came after ``mark`` or ``timeout`` passes; whether
+        the pipe is at its end with nothing new (the uplink is gone)."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        if not self._lock.acquire(timeout=max(0.0, timeout)):
+            return False
+        try:
+            self._drain()
+            if self._reports != mark or self._closed:
+                return False
+            if self._eof:
+                return True
+            with contextlib.suppress(OSError, ValueError):
+                select.select([self._fd], [], [], max(0.0, deadline - time.monotonic()))
+            self._drain()
+            return False
+        finally:
+            self._lock.release()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
 
 
 class UplinkProcess:
@@ -171,9 +243,13 @@ class UplinkProcess:
             os.close(wake_r)
             os.close(progress_w)
         self.pid: int | None = self._proc.pid
+        # Its exit is waited for on a pidfd (Popen.wait with a timeout polls).
+        self._pidfd: int | None = None
+        with contextlib.suppress(OSError, AttributeError):
+            self._pidfd = os.pidfd_open(self._proc.pid)
         journal.name_uplink(self._proc.pid)  # before init() returns: listings see it
         journal.hand_over_moving()  # the uplink absorbs the spool into LMDB
-        self._eof = False
+        self._progress = ProgressReader(self._progress_r)
         self._lock = threading.Lock()
         self._closed = False
 
@@ -194,31 +270,16 @@ class UplinkProcess:
             pass  # the uplink is gone; alive() says so
 
     def closing(self) -> None:
-        self.wake()
+        self.hurry()
 
-    def _drain(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                chunk = os.read(self._progress_r, 4096)
-                if not chunk:
-                    self._eof = True
-                    return
-                if len(chunk) < 4096:
-                    return
+    def progress_mark(self) -> int:
+        return self._progress.mark()
 
-    def wait_progress(self, timeout: float) -> None:
-        with self._lock:
-            if self._closed:
-                return
-            self._drain()
-            if self._eof:
-                # The uplink is gone (or going): its exit is what to wait for.
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self._proc.wait(max(0.0, timeout))
-                return
-            with contextlib.suppress(OSError, ValueError):
-                select.select([self._progress_r], [], [], max(0.0, timeout))
-            self._drain()
+    def wait_progress(self, mark: int, timeout: float) -> None:
+        deadline = time.monotonic() + max(0.0, timeout)
+        if self._progress.wait(mark, timeout):
+            # The uplink is gone (or going): its exit is what to wait for.
+            self.wait_exit(deadline - time.monotonic())
 
     def alive(self) -> bool:
         return self._proc.poll() is None
@@ -227,6 +288,12 @@ class UplinkProcess:
         return self._proc.poll()
 
     def wait_exit(self, timeout: float) -> bool:
+        if self._pidfd is not None:
+            with contextlib.suppress(OSError, ValueError):
+                ready, _, _ = select.select([self._pidfd], [], [], max(0.0, timeout))
+                if not ready:
+                    return False
+                timeout = 1.0  # it has exited: reaping it is immediate
         try:
             self._proc.wait(max(0.0, timeout))
         except subprocess.TimeoutExpired:
@@ -238,9 +305,11 @@ class UplinkProcess:
             if self._closed:
                 return
             self._closed = True
-            for fd in (self._wake_w, self._progress_r):
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+            self._progress.close()
+            for fd in (self._wake_w, self._pidfd):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
 
 
 class _ThreadLink:
@@ -251,7 +320,7 @@ class _ThreadLink:
     def __init__(self) -> None:
         self.event = threading.Event()
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float | None) -> None:
         self.event.wait(timeout)
         self.event.clear()
 
@@ -290,11 +359,14 @@ class UplinkThreads:
     def hurry(self) -> None:
         self.uplink.hurry()
 
-    def wait_progress(self, timeout: float) -> None:
+    def progress_mark(self) -> int:
         with self._progress:
-            gen = self._gen
+            return self._gen
+
+    def wait_progress(self, mark: int, timeout: float) -> None:
+        with self._progress:
             if self._thread.is_alive():
-                self._progress.wait_for(lambda: self._gen != gen, timeout=max(0.0, timeout))
+                self._progress.wait_for(lambda: self._gen != mark, timeout=max(0.0, timeout))
 
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -329,6 +401,7 @@ class PipeProducerLink:
         self._wake_fd = wake_fd
         self._progress_fd = progress_fd
         os.set_blocking(progress_fd, False)
+        os.set_blocking(wake_fd, False)
         self._event = threading.Event()
         self._gone = threading.Event()
         self._pidfd: int | None = None
@@ -369,10 +442,11 @@ class PipeProducerLink:
                 self._mark_gone()
                 return
             if self._wake_fd in ready:
-                try:
-                    data = os.read(self._wake_fd, 65536)
-                except OSError:
-                    data = b""
+                data = self._read_wake()
+                if data is None:
+                    continue  # read by nobody else; a spurious readiness
+                if data and HURRY not in data:
+                    data = self._until_quiet(data)
                 if not data:
                     self._mark_gone()
                     return
@@ -386,7 +460,42 @@ class PipeProducerLink:
                 self._mark_gone()
                 return
 
-    def wait(self, timeout: float) -> None:
+    def _read_wake(self) -> bytes | None:
+        """What the wake pipe holds: b"" at its end of file (the producer is
+        gone), None when it is empty."""
+        try:
+            return os.read(self._wake_fd, 65536)
+        except BlockingIOError:
+            return None
+        except OSError:
+            return b""
+
+    def _until_quiet(self, data: bytes) -> bytes:
+        """Wait out the producer's burst of appends: until no wake-up came for
+        ``QUIET_S`` (or ``LATE_S`` passed, or it hurries); the wake-ups read,
+        b"" once it is gone. Only its pidfd is watched meanwhile, so the
+        burst's own wake-ups do not wake this thread."""
+        late = time.monotonic() + LATE_S
+        watched = [self._pidfd] if self._pidfd is not None else []
+        while HURRY not in data:
+            left = late - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                ready, _, _ = select.select(watched, [], [], min(QUIET_S, left))
+            except (OSError, ValueError):
+                return b""
+            if ready:
+                return b""  # the pidfd: the producer is gone
+            more = self._read_wake()
+            if more is None:
+                break  # quiet
+            if not more:
+                return b""
+            data += more
+        return data
+
+    def wait(self, timeout: float | None) -> None:
         self._event.wait(timeout)
         self._event.clear()
 

@@ -144,18 +144,10 @@ class Shipper:
         self.poke()
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait for the thread to exit after ``signal_stop``. A wake-up that
-        lands between the thread's stop check and its wait is lost, so it is
-        repeated until the thread is gone (or the timeout passes)."""
-        thread = self._thread
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while thread is not None and thread.is_alive():
-            left = 0.05 if deadline is None else min(0.05, deadline - time.monotonic())
-            if left <= 0:
-                return
-            if self._stop.is_set():
-                self.poke()
-            thread.join(left)
+        """Wait for the thread to exit after ``signal_stop`` (whose wake-up
+        every wait of the thread sees, whenever it starts waiting)."""
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     @property
     def alive(self) -> bool:
@@ -190,7 +182,9 @@ class Shipper:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                self._progress.wait(min(remaining, 0.5))
+                # Every change settled() reads is made under _progress and
+                # notified (_changed), so this needs no shorter wake-up.
+                self._progress.wait(remaining)
         return self.shipped_through() >= target or self.state.off_reason is not None
 
     # -- the loop ------------------------------------------------------------
@@ -220,7 +214,7 @@ class Shipper:
                 paused_until=paused,
             )
 
-    def _sleep(self, seconds: float) -> None:
+    def _sleep(self, seconds: float | None) -> None:
         # Cleared after waking, never before: a poke that lands just before
         # the wait still ends it.
         if not self._stop.is_set():
@@ -270,14 +264,14 @@ class Shipper:
         """One turn of the loop; False when it only waited."""
         st = self.state
         if not st.active:
-            self._sleep(3600.0)
+            self._sleep(None)  # until revived or stopped
             return False
         if st.paused_until > time.monotonic():
             self._sleep(st.paused_until - time.monotonic())
             return False
         binding = self._binding()
         if binding is None:  # the run is not registered on the platform yet
-            self._sleep(1.0)
+            self._sleep(None)  # registering pokes every shipper
             return False
         cursor = self.journal.cursor(self.name)
         inflight = cursor.inflight
@@ -304,10 +298,9 @@ class Shipper:
                 self._scanned = result.next_after
                 self._notify()
                 return None
-            # Bounded: a wake that lands between the stop check and the wait
-            # is missed, so the stop flag is looked at again within a second.
-            if not self._stop.is_set():
-                self.journal.wait_for_append(result.next_after, timeout=1.0)
+            # The stop flag is looked at under the log's condition, which
+            # signal_stop notifies (poke): no stop is missed, so no timeout.
+            self.journal.wait_for_append(result.next_after, None, until=self._stop.is_set)
             return None
         linger = self._linger_left(result.entries)
         if linger > 0:

@@ -110,8 +110,8 @@ class ProducerLink(Protocol):
     @property
     def producer_gone(self) -> bool: ...
 
-    def wait(self, timeout: float) -> None:
-        """Until the producer appends, finishes or dies (or ``timeout``)."""
+    def wait(self, timeout: float | None) -> None:
+        """Until the producer appends, finishes or dies (or ``timeout``; None: none)."""
 
 
 def terminal_state(journal: Journal) -> tuple[str, str | None, dict[str, Any]]:
@@ -343,7 +343,7 @@ class Uplink:
             checked = max(checked, found.next_after)
             if link.producer_gone:
                 break
-            link.wait(3600.0)
+            link.wait(None)
         self._closing.set()
         if finish is not None:
             status = str(finish.get("status", "failed"))

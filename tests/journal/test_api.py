@@ -107,6 +107,28 @@ def test_compact_keeps_last_seq_and_density(tmp_path: Path) -> None:
         assert j2.append(EntryKind.METRICS, [_rec(11)]).first_seq == 11
 
 
+def test_an_untimed_wait_for_append_sees_a_condition_set_before_it_began(
+    tmp_path: Path,
+) -> None:
+    # The shipper waits for appends with no timeout; its stop flag is looked
+    # at under the log's condition, so a stop that lands between the
+    # shipper's own check and its wait still ends the wait (else: a hang).
+    with Journal.create(tmp_path) as j:
+        stop = threading.Event()
+        stop.set()
+        assert j.wait_for_append(j.last_seq(), None, until=stop.is_set) is False
+        stop.clear()
+        done: list[bool] = []
+        waiting = threading.Thread(
+            target=lambda: done.append(j.wait_for_append(j.last_seq(), None, until=stop.is_set))
+        )
+        waiting.start()
+        stop.set()
+        j.wake_all()  # what Shipper.signal_stop does, after setting the flag
+        waiting.join()
+        assert done == [False]
+
+
 def test_wait_for_append_and_wake_all(tmp_path: Path) -> None:
     with Journal.create(tmp_path) as j:
         assert j.wait_for_append(0, 0.01) is False

@@ -270,7 +270,8 @@ def test_a_producer_lets_go_of_the_segments_its_uplink_absorbed(tmp_path: Path) 
             for n in range(40):
                 j.append(EntryKind.EPISODE, [json.dumps({"n": n, "pad": "z" * 900}).encode()])
                 if n % 4 == 3:
-                    mover = staging.Mover(j._tx, j._dicts, j.path, spool.SpoolView(j.path))
+                    view = spool.SpoolView(j.path)
+                    mover = staging.Mover(j._tx, j._dicts, j.path, view, j._reader)
                     while mover.step():  # the uplink's mover, with a view of its own
                         pass
                     mover._spool.close()

@@ -8,7 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from primeruns.journal import EntryKind, Journal, list_journals
+from primeruns.journal import EntryKind, Journal, list_journals, spool, staging
+from primeruns.journal.dicts import Dictionaries
 
 
 def _episode(i: int) -> bytes:
@@ -26,8 +27,7 @@ def _episode(i: int) -> bytes:
 
 def test_dictionary_trained_stored_and_used(tmp_path: Path) -> None:
     with Journal.create(tmp_path, local_id="run") as j:
-        assert j._background is not None
-        j._background.stop()  # trained here, not by the thread the appends wake
+        j._mover.stop()  # trained here, not by the mover's thread
         j.append(EntryKind.EPISODE, [_episode(i) for i in range(100)])
         j._absorb()  # compressed into LMDB, as the background mover does
         before = j.size_bytes()
@@ -41,6 +41,59 @@ def test_dictionary_trained_stored_and_used(tmp_path: Path) -> None:
     with Journal.open(tmp_path / "run", owner=False) as ro:
         got = ro.read(0, max_entries=1000)
         assert [e.payload for e in got.entries[:400]] == [_episode(i) for i in range(400)]
+        assert got.damaged == [] and ro.damage() == []
+
+
+def test_dictionary_trained_by_the_mover_not_the_producer_that_handed_it_over(
+    tmp_path: Path,
+) -> None:
+    # Training holds the GIL for ~0.2 s: a producer whose uplink moves (and
+    # so compresses) must not spend its loop on it.
+    with Journal.create(tmp_path, local_id="run") as j:
+        j.hand_over_moving()
+        j.append(EntryKind.EPISODE, [_episode(i) for i in range(100)])
+        assert not j._dicts.due()
+        view = spool.SpoolView(j.path)
+        uplinks = Dictionaries(j._tx)
+        mover = staging.Mover(j._tx, uplinks, j.path, view, j._reader)
+        while mover.step():
+            pass
+        assert uplinks.due()
+        mover._train()
+        assert not uplinks.due() and EntryKind.EPISODE in uplinks.active
+        assert j.train_dictionaries() == []  # the producer has nothing to train on
+        view.close()
+
+
+def test_two_trainers_never_give_one_id_two_dictionaries(tmp_path: Path) -> None:
+    # Two movers for a moment (a hand-over) may both train: each stores its
+    # dictionary under an id of its own, and entries compressed with either decode.
+    with Journal.create(tmp_path, local_id="run") as j:
+        j._mover.stop()
+        j.append(EntryKind.EPISODE, [_episode(i) for i in range(100)])
+        j._absorb()
+        first, second = Dictionaries(j._tx), Dictionaries(j._tx)
+        for d in (first, second):
+            d.seen(int(EntryKind.EPISODE), 100)
+        assert first.train(j._reader.read, 0) == [EntryKind.EPISODE]
+        ids = {first.active[int(EntryKind.EPISODE)]}
+        # The second trained without having seen the first's (a stale view).
+        second.train(j._reader.read, 0)
+        ids.add(second.active[int(EntryKind.EPISODE)])
+        assert len(ids) == 2
+        for d, base in ((first, 1000), (second, 2000)):
+            mover = staging.Mover(j._tx, d, j.path, spool.SpoolView(j.path), j._reader)
+            d.refresh = lambda: None  # type: ignore[method-assign]  # keep its own choice
+            j.append(EntryKind.EPISODE, [_episode(base + i) for i in range(20)])
+            while mover.step():
+                pass
+            mover._spool.close()
+    with Journal.open(tmp_path / "run", owner=False) as ro:
+        got = ro.read(0, max_entries=1000)
+        expected = [_episode(i) for i in range(100)]
+        expected += [_episode(1000 + i) for i in range(20)]
+        expected += [_episode(2000 + i) for i in range(20)]
+        assert [e.payload for e in got.entries] == expected
         assert got.damaged == [] and ro.damage() == []
 
 

@@ -13,6 +13,7 @@ import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from primeruns.exceptions import RetryableAPIError, ValidationRejectedError
 from primeruns.journal import Entry, EntryKind, Journal
@@ -140,3 +141,53 @@ def test_a_retired_sink_is_recorded_in_the_journal_for_the_producer(tmp_path: Pa
 
 def _soon(seconds: float) -> float:
     return time.monotonic() + seconds
+
+
+def test_a_stop_that_lands_just_before_the_wait_for_appends_still_stops_it(
+    tmp_path: Path,
+) -> None:
+    # The shipper waits for appends without a timeout: a stop between its
+    # check of the flag and its wait must still end that wait (a lost one
+    # would hang finish; this test then fails by pytest's timeout).
+    journal = _journal(tmp_path, 3)
+    sink = FakeSink()
+    real_wait = journal.wait_for_append
+    shipper: Shipper | None = None
+
+    def stop_first(*args: Any, **kwargs: Any) -> bool:
+        assert shipper is not None
+        shipper.signal_stop()  # the stop lands here, before the wait
+        return real_wait(*args, **kwargs)
+
+    journal.wait_for_append = stop_first  # type: ignore[method-assign]
+    shipper = _ship(journal, sink, [])
+    assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+    shipper.join()
+    assert not shipper.alive
+    assert sink.stored == ["e0", "e1", "e2"]
+    journal.close()
+
+
+def test_a_shipper_waiting_for_its_run_to_register_ships_once_registered(
+    tmp_path: Path,
+) -> None:
+    # No binding yet (the platform was down at init): the shipper waits,
+    # without a timer, for the registration's poke.
+    journal = _journal(tmp_path, 3)
+    sink = FakeSink()
+    bound: list[Binding] = []
+    shipper = Shipper(
+        journal,
+        sink,
+        binding=lambda: bound[0] if bound else None,
+        training=False,
+        policy=_FAST,
+        on_failure=lambda what, exc: None,
+    )
+    shipper.start()
+    bound.append(_BOUND)
+    shipper.poke()  # what the registration does once it has the run's id
+    assert shipper.drain(journal.last_seq(), deadline=_soon(30))
+    shipper.stop()
+    assert sink.stored == ["e0", "e1", "e2"]
+    journal.close()

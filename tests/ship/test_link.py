@@ -1,0 +1,128 @@
+"""The two pipes between a producer and its uplink: wake-ups and progress.
+
+Both sides wait without timers, so what a user depends on here is that no
+wake-up is lost: ``flush()`` from several threads each sees the uplink's
+report that came after it looked; the uplink acts on a producer that never
+goes quiet (a burst's wake-ups are coalesced, not postponed for ever) and at
+once on a hurry (``flush()``, ``finish()``); the producer's death ends its wait.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from primeruns.journal import Journal
+from primeruns.ship import link as link_mod
+from primeruns.ship.link import HURRY, WAKE, PipeProducerLink, ProgressReader
+
+
+@pytest.fixture
+def pipe() -> Iterator[tuple[int, int]]:
+    """A pipe; a test closes the write end itself (the producer's), the
+    read end is closed here."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    yield r, w
+    os.close(r)
+
+
+def test_every_waiter_sees_a_report_made_after_its_mark(pipe: tuple[int, int]) -> None:
+    r, w = pipe
+    reader = ProgressReader(r)
+    marks = [reader.mark() for _ in range(3)]
+    gone: list[bool] = []
+    waiters = [threading.Thread(target=lambda m=m: gone.append(reader.wait(m, 600))) for m in marks]
+    for t in waiters:
+        t.start()
+    os.write(w, b"\0")  # one report: every waiter whose mark came before it returns
+    for t in waiters:
+        t.join()
+    assert gone == [False, False, False]
+    # A report made between a waiter's mark and its wait is not missed either.
+    mark = reader.mark()
+    os.write(w, b"\0")
+    assert reader.wait(mark, 600) is False
+    # The uplink's exit (the pipe's end) is news once, then says it is gone.
+    os.close(w)
+    mark = reader.mark()
+    assert reader.wait(mark, 600) is True
+
+
+def _link(tmp_path: Path, wake_r: int) -> tuple[Journal, PipeProducerLink, int]:
+    journal = Journal.create(tmp_path / "runs")
+    progress_r, progress_w = os.pipe()
+    # The uplink's parent is its producer: here, this process's parent.
+    link = PipeProducerLink(journal, wake_r, progress_w, producer=os.getppid())
+    os.close(progress_r)
+    return journal, link, progress_w
+
+
+def _end(journal: Journal, link: PipeProducerLink, wake_w: int | None, progress_w: int) -> None:
+    """The producer goes (its end of the wake pipe closes): the link's
+    thread ends before its descriptors do."""
+    if wake_w is not None:
+        os.close(wake_w)
+    link._thread.join()
+    os.close(progress_w)
+    journal.close()
+
+
+def test_a_producer_that_never_goes_quiet_still_wakes_its_uplink(
+    tmp_path: Path, pipe: tuple[int, int]
+) -> None:
+    wake_r, wake_w = pipe
+    journal, link, progress_w = _link(tmp_path, wake_r)
+    stop = threading.Event()
+    sent = [0]
+
+    def appends_without_pause() -> None:
+        while not stop.is_set() and sent[0] < 10_000_000:
+            with contextlib.suppress(BlockingIOError):
+                os.write(wake_w, WAKE)
+            sent[0] += 1
+
+    producer = threading.Thread(target=appends_without_pause)
+    producer.start()
+    link.wait(None)  # woken while the burst goes on (at most LATE_S after it began)
+    woken_while_busy = producer.is_alive() and not stop.is_set()
+    stop.set()
+    producer.join()
+    assert woken_while_busy
+    assert not link.producer_gone
+    _end(journal, link, wake_w, progress_w)
+
+
+def test_a_hurry_is_acted_on_without_waiting_for_quiet(
+    tmp_path: Path, pipe: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Were the hurry coalesced like a wake-up, this would wait out QUIET_S
+    # and LATE_S of an hour each: the test would end by pytest's timeout.
+    monkeypatch.setattr(link_mod, "QUIET_S", 3600.0)
+    monkeypatch.setattr(link_mod, "LATE_S", 3600.0)
+    wake_r, wake_w = pipe
+    journal, link, progress_w = _link(tmp_path, wake_r)
+    hurried = threading.Event()
+    link.on_hurry = hurried.set
+    os.write(wake_w, HURRY)
+    link.wait(None)
+    assert hurried.is_set()
+    monkeypatch.setattr(link_mod, "QUIET_S", 0.001)
+    _end(journal, link, wake_w, progress_w)
+
+
+def test_the_producers_end_of_the_wake_pipe_after_a_burst_ends_the_uplinks_wait(
+    tmp_path: Path, pipe: tuple[int, int]
+) -> None:
+    wake_r, wake_w = pipe
+    journal, link, progress_w = _link(tmp_path, wake_r)
+    os.write(wake_w, WAKE * 3)  # a burst...
+    os.close(wake_w)  # ...and the producer is gone (its pidfd says so at once)
+    while not link.producer_gone:
+        link.wait(None)  # each wake-up, then the end of file: never a hang
+    _end(journal, link, None, progress_w)
