@@ -15,7 +15,7 @@ Concepts:
   it describes (``meta``).
 - **Durability.** ``"process"`` (default): writes are not fsynced but are in
   the OS page cache once ``append`` returns (SIGKILL-safe); a background
-  thread syncs at least once a second (``maintenance``). ``"fsync"``: every
+  thread syncs within a second of a write (``maintenance``). ``"fsync"``: every
   append is synced (power-loss safe).
 - **Capacity.** At the byte budget or on a full disk, ``append`` returns
   ``dropped`` and counts the loss under sink ``"journal"``; it never raises

@@ -66,6 +66,7 @@ def child(url: str, runs_dir: str, window: float) -> dict[str, float]:
         api_key=API_KEY,
         base_url=url,
         runs_dir=runs_dir,
+        team_id="team-bench",
         training=pr.TrainingSpec(max_steps=1),
     )
     run.log_episodes(benchlib.records("gsm8k-eval", 8))

@@ -19,6 +19,7 @@ import benchlib
 import end_to_end
 import finish_latency
 import hot_path
+import idle_wakeups
 import replay
 import request_latency
 import uplink_loop
@@ -32,6 +33,7 @@ BENCHMARKS = (
     backlog,
     replay,
     finish_latency,
+    idle_wakeups,
 )
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
