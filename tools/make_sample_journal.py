@@ -66,7 +66,7 @@ def main() -> None:
             if i == len(all_records) - staged - 13:
                 # Entries after this point use the trained dictionary: the sample
                 # then pins the dictionary format too.
-                j.train_dictionaries()  # (the background thread may have been first)
+                j.train_dictionaries()  # (the mover's thread may have been first)
                 assert EntryKind.METRICS in j._dicts.active
             j.append(kind, [payload])
         j.set_inflight("traces", InFlight(1, 3, b"exact body", {"idempotency_key": "k"}))

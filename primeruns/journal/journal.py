@@ -576,6 +576,7 @@ class Journal:
         that got one. A dictionary is stored (committed) before any entry uses it.
         """
         self._check_writable()
+        self._absorb()  # what is spooled counts too: it is compressed here now
         return self._dicts.train(self._reader.read, self._reader.floor)
 
     def close(self) -> None:

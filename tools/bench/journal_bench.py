@@ -95,8 +95,8 @@ def _journal_ratio(lines: list[bytes], kind: EntryKind, *, train: bool) -> tuple
     with tempfile.TemporaryDirectory() as tmp, Journal.create(Path(tmp), local_id="r") as journal:
         for i, line in enumerate(lines):
             journal.append(kind, [line])
-            if train and i + 1 == 64:  # MIN_SAMPLES: when the background thread trains
-                journal.train_dictionaries()  # what the background thread does early in a run
+            if train and i + 1 == 64:  # MIN_SAMPLES: when the mover's thread trains
+                journal.train_dictionaries()  # what the mover's thread does early in a run
         return sum(len(x) for x in lines), journal.size_bytes()
 
 
