@@ -17,6 +17,17 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+# The longest single wait handed to the OS: threading and select overflow on
+# an infinite (or very large) timeout, which flush() and finish() accept.
+MAX_WAIT_S = 86_400.0
+
+
+def bounded(seconds: float) -> float:
+    """``seconds`` as one wait the OS takes (0 to a day); a caller whose
+    deadline is later waits again."""
+    return max(0.0, min(seconds, MAX_WAIT_S))
+
+
 # The signals a user's process (or this SDK's run handle) handles.
 _KEPT_OFF = {signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2}
 

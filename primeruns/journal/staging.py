@@ -229,10 +229,13 @@ class Mover:
 
         with tx.lock:
             stored = tx.write(put, control=False)
+        if not stored:
+            # Another mover committed first, perhaps less than this batch:
+            # only what LMDB holds may be let go, and the next step reads it.
+            return True
         spool.absorbed(batch[-1][0], newest_too=False)
-        if stored:
-            for kind, count in collections.Counter(kind for _, kind, _ in batch).items():
-                self._dicts.seen(kind, count)
+        for kind, count in collections.Counter(kind for _, kind, _ in batch).items():
+            self._dicts.seen(kind, count)
         return True
 
     def move_some(self) -> bool:

@@ -21,6 +21,7 @@ from primeruns.journal.layout import seq_of
 from primeruns.journal.spool import SpoolView
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import Damage
+from primeruns.threads import bounded
 
 K_FLOOR = "journal.compacted_upto"
 
@@ -112,7 +113,7 @@ class OwnTail:
                     left = deadline - time.monotonic()
                     if left <= 0:
                         break
-                    self._appended.wait(left)
+                    self._appended.wait(bounded(left))
             finally:
                 self._waiting -= 1
         return self.current() > after_seq if not self._closed else False

@@ -44,7 +44,7 @@ from typing import Any, Protocol
 
 from ..journal import Journal
 from ..platform import Settings
-from ..threads import start_daemon
+from ..threads import bounded, start_daemon
 from .uplink import Uplink
 
 __all__ = [
@@ -116,19 +116,37 @@ def start_uplink(
     return UplinkThreads(journal, settings, predecessors)
 
 
+def wait_readable(fd: int, timeout: float) -> bool:
+    """Whether ``fd`` became readable (or at its end) within ``timeout``.
+
+    poll, not select: a user's process may hold over 1024 descriptors, and
+    select refuses a number that high."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    try:
+        return bool(poller.poll(bounded(timeout) * 1000.0))
+    except (OSError, ValueError):
+        return True  # (a closed descriptor) the caller looks at it again
+
+
 class ProgressReader:
     """The producer's end of the progress pipe: it counts the uplink's
     reports, so that any number of threads wait on them (``flush()`` from
-    several) and none misses one that came after its mark."""
+    several) and none misses one that came after its mark.
+
+    One waiter at a time waits on the pipe, without the lock; the others wait
+    on the condition, which it notifies once it has counted what it read. No
+    lock is held across a wait, so a signal handler that ends the run (SIGTERM
+    during a flush, on the same thread) can close it.
+    """
 
     def __init__(self, fd: int) -> None:
         self._fd = fd
         self._reports = 0  # progress bytes read so far (and one for the end of file)
         self._eof = False
         self._closed = False
-        # Waiters take turns on the pipe: the one in select() holds the lock,
-        # and the next counts what it read before it waits itself.
-        self._lock = threading.Lock()
+        self._polling = False  # a waiter is on the pipe
+        self._cond = threading.Condition(threading.RLock())
 
     def _drain(self) -> None:
         with contextlib.suppress(OSError):
@@ -143,34 +161,55 @@ class ProgressReader:
                     return
 
     def mark(self) -> int:
-        with self._lock:
-            self._drain()
+        with self._cond:
+            if not self._polling:
+                self._drain()
             return self._reports
 
     def wait(self, mark: int, timeout: float) -> bool:
         """Until a report came after ``mark`` or ``timeout`` passes; whether
         the pipe is at its end with nothing new (the uplink is gone)."""
         deadline = time.monotonic() + max(0.0, timeout)
-        if not self._lock.acquire(timeout=max(0.0, timeout)):
-            return False
-        try:
-            self._drain()
-            if self._reports != mark or self._closed:
-                return False
-            if self._eof:
-                return True
-            with contextlib.suppress(OSError, ValueError):
-                select.select([self._fd], [], [], max(0.0, deadline - time.monotonic()))
-            self._drain()
-            return False
-        finally:
-            self._lock.release()
+        with self._cond:
+            while True:
+                # Only the one on the pipe reads it while it is there: a byte
+                # read by another would leave it waiting for one more.
+                if not self._polling:
+                    self._drain()
+                if self._reports != mark or self._closed:
+                    return False
+                if self._eof:
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                if self._polling:
+                    self._cond.wait(bounded(left))  # the one on the pipe notifies
+                    continue
+                self._polling = True
+                self._cond.release()
+                try:
+                    wait_readable(self._fd, left)
+                finally:
+                    self._cond.acquire()
+                    self._polling = False
+                    if self._closed:
+                        self._close_fd()
+                    self._drain()
+                    self._cond.notify_all()
 
     def close(self) -> None:
-        with self._lock:
+        with self._cond:
             self._closed = True
+            if not self._polling:  # else the one on the pipe closes it when it is off it
+                self._close_fd()
+            self._cond.notify_all()
+
+    def _close_fd(self) -> None:
+        fd, self._fd = self._fd, -1
+        if fd >= 0:
             with contextlib.suppress(OSError):
-                os.close(self._fd)
+                os.close(fd)
 
 
 class UplinkProcess:
@@ -288,14 +327,13 @@ class UplinkProcess:
         return self._proc.poll()
 
     def wait_exit(self, timeout: float) -> bool:
-        if self._pidfd is not None:
-            with contextlib.suppress(OSError, ValueError):
-                ready, _, _ = select.select([self._pidfd], [], [], max(0.0, timeout))
-                if not ready:
-                    return False
-                timeout = 1.0  # it has exited: reaping it is immediate
+        pidfd = self._pidfd
+        if pidfd is not None and not self._closed:
+            if not wait_readable(pidfd, timeout):
+                return False
+            timeout = 1.0  # it has exited: reaping it is immediate
         try:
-            self._proc.wait(max(0.0, timeout))
+            self._proc.wait(bounded(timeout))
         except subprocess.TimeoutExpired:
             return False
         return True
@@ -306,7 +344,8 @@ class UplinkProcess:
                 return
             self._closed = True
             self._progress.close()
-            for fd in (self._wake_w, self._pidfd):
+            pidfd, self._pidfd = self._pidfd, None
+            for fd in (self._wake_w, pidfd):
                 if fd is not None:
                     with contextlib.suppress(OSError):
                         os.close(fd)
@@ -366,7 +405,7 @@ class UplinkThreads:
     def wait_progress(self, mark: int, timeout: float) -> None:
         with self._progress:
             if self._thread.is_alive():
-                self._progress.wait_for(lambda: self._gen != mark, timeout=max(0.0, timeout))
+                self._progress.wait_for(lambda: self._gen != mark, timeout=bounded(timeout))
 
     def alive(self) -> bool:
         return self._thread.is_alive()
@@ -375,7 +414,7 @@ class UplinkThreads:
         return None if self._thread.is_alive() else 0
 
     def wait_exit(self, timeout: float) -> bool:
-        self._thread.join(max(0.0, timeout))
+        self._thread.join(bounded(timeout))
         return not self._thread.is_alive()
 
     def release(self) -> None:
@@ -428,13 +467,18 @@ class PipeProducerLink:
             self._journal.wake_all()
 
     def _watch(self) -> None:
-        watched = [self._wake_fd] + ([self._pidfd] if self._pidfd is not None else [])
+        # poll, not select: the descriptors keep the producer's numbers, which
+        # may be over select's 1024.
+        poller = select.poll()
+        for fd in (self._wake_fd, self._pidfd):
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
         # Without a pidfd, the parent pid is looked at now and then: the wake
         # pipe's end of file comes late if a forked child holds its write end.
-        tick = None if self._pidfd is not None else 1.0
+        tick = None if self._pidfd is not None else 1000
         while not self._gone.is_set():
             try:
-                ready, _, _ = select.select(watched, [], [], tick)
+                ready = {fd for fd, _ in poller.poll(tick)}
             except (OSError, ValueError):
                 self._mark_gone()
                 return
@@ -476,16 +520,13 @@ class PipeProducerLink:
         b"" once it is gone. Only its pidfd is watched meanwhile, so the
         burst's own wake-ups do not wake this thread."""
         late = time.monotonic() + LATE_S
-        watched = [self._pidfd] if self._pidfd is not None else []
         while HURRY not in data:
             left = late - time.monotonic()
             if left <= 0:
                 break
-            try:
-                ready, _, _ = select.select(watched, [], [], min(QUIET_S, left))
-            except (OSError, ValueError):
-                return b""
-            if ready:
+            if self._pidfd is None:
+                time.sleep(min(QUIET_S, left))
+            elif wait_readable(self._pidfd, min(QUIET_S, left)):
                 return b""  # the pidfd: the producer is gone
             more = self._read_wake()
             if more is None:

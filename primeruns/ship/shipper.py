@@ -31,7 +31,7 @@ from ..exceptions import APIError, JournalError, RetryableAPIError
 from ..journal import InFlight, Journal
 from ..platform.binding import Binding
 from ..sinks.base import Prepared, SendContext, Sink
-from ..threads import start_daemon
+from ..threads import bounded, start_daemon
 from . import ledger
 from .policy import Failure, RetryPolicy, classify
 
@@ -184,7 +184,7 @@ class Shipper:
                     return False
                 # Every change settled() reads is made under _progress and
                 # notified (_changed), so this needs no shorter wake-up.
-                self._progress.wait(remaining)
+                self._progress.wait(bounded(remaining))
         return self.shipped_through() >= target or self.state.off_reason is not None
 
     # -- the loop ------------------------------------------------------------
@@ -218,7 +218,7 @@ class Shipper:
         # Cleared after waking, never before: a poke that lands just before
         # the wait still ends it.
         if not self._stop.is_set():
-            self._wake.wait(seconds)
+            self._wake.wait(None if seconds is None else bounded(seconds))
         self._wake.clear()
 
     def _run(self) -> None:

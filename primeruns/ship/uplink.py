@@ -117,13 +117,25 @@ class ProducerLink(Protocol):
 def terminal_state(journal: Journal) -> tuple[str, str | None, dict[str, Any]]:
     """``(status, error, summary)`` from the journal's finish entry, or a
     crash (with the last summary update) when the producer never finished."""
-    finishes = journal.read(0, kinds={EntryKind.FINISH}, max_entries=1_000_000, max_bytes=1 << 30)
-    if finishes.entries:
-        record = json.loads(finishes.entries[-1].payload)
+    finishes = _last_of(journal, EntryKind.FINISH)
+    if finishes is not None:
+        record = json.loads(finishes)
         return str(record.get("status", "failed")), record.get("error"), record.get("summary") or {}
-    summaries = journal.read(0, kinds={EntryKind.SUMMARY}, max_entries=1_000_000, max_bytes=1 << 30)
-    summary = json.loads(summaries.entries[-1].payload) if summaries.entries else {}
-    return "crashed", CRASH_ERROR, summary
+    summary = _last_of(journal, EntryKind.SUMMARY)
+    return "crashed", CRASH_ERROR, json.loads(summary) if summary is not None else {}
+
+
+def _last_of(journal: Journal, kind: EntryKind) -> bytes | None:
+    """The payload of the journal's last entry of ``kind``: read to the log's
+    end (one read stops at a scan limit; a long run has more entries)."""
+    last, after = None, 0
+    while True:
+        found = journal.read(after, kinds={kind}, max_entries=1_000_000, max_bytes=1 << 30)
+        if found.entries:
+            last = found.entries[-1].payload
+        if found.next_after <= after:
+            return last
+        after = found.next_after
 
 
 def journal_settings(
@@ -340,7 +352,9 @@ class Uplink:
             if found.entries:
                 finish = json.loads(found.entries[-1].payload)
                 break
-            checked = max(checked, found.next_after)
+            if found.next_after > checked:
+                checked = found.next_after
+                continue  # the read stopped short of the log's end (a scan's limit): go on
             if link.producer_gone:
                 break
             link.wait(None)

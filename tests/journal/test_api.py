@@ -349,3 +349,18 @@ def test_a_malformed_compaction_count_never_stops_compaction(tmp_path: Path) -> 
         j.ack("a", 6)
         assert j.compact() == 6
         assert dict(j.tally()[0]) == {int(EntryKind.METRICS): 10}
+
+
+def test_the_terminal_state_of_a_journal_longer_than_one_reads_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # replay and sync label a journal by its last finish entry: one past a
+    # read's scan limit is still found (else a finished run reads as crashed).
+    from primeruns.journal import reading
+    from primeruns.ship.uplink import terminal_state
+
+    monkeypatch.setattr(reading, "_MAX_SCAN", 16)
+    with Journal.create(tmp_path, local_id="run") as j:
+        j.append(EntryKind.METRICS, [_rec(i) for i in range(100)])
+        j.append(EntryKind.FINISH, [json.dumps({"status": "completed"}).encode()])
+        assert terminal_state(j)[0] == "completed"

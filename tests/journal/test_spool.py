@@ -281,3 +281,63 @@ def test_a_producer_lets_go_of_the_segments_its_uplink_absorbed(tmp_path: Path) 
         held = _spool_descriptors()
         assert len([h for h in held if h.endswith("(deleted)")]) == 0, held
         assert len(set(held)) <= 1  # the segment being written (writing and reading)
+
+
+def test_two_movers_at_once_never_let_go_of_a_segment_lmdb_does_not_hold(
+    tmp_path: Path,
+) -> None:
+    # Two movers for a moment (a hand-over; a close's drain beside the
+    # uplink's; compaction's absorb beside the mover thread). The one whose
+    # commit lost the race must not delete the segments its batch covered:
+    # the winner's batch was shorter (an older view) and ended before them.
+    import threading
+
+    from primeruns.journal.dicts import Dictionaries
+
+    def rec(i: int) -> bytes:
+        return b"%06d" % i + os.urandom(10_000)  # ~10 KB: the first segment ends near 420
+
+    with Journal.create(tmp_path, local_id="run") as j:
+        j._mover.stop()  # both movers driven here
+        for i in range(1, 301):
+            j.append(EntryKind.EPISODE, [rec(i)])
+
+        def mover(ready: threading.Event, go: threading.Event) -> staging.Mover:
+            dicts = Dictionaries(j._tx)
+            real = dicts.refresh
+            first = [True]
+
+            def refresh() -> None:  # after its batch is read, before it commits
+                if first[0]:
+                    first[0] = False
+                    ready.set()
+                    go.wait()
+                real()
+
+            dicts.refresh = refresh  # type: ignore[method-assign]
+            return staging.Mover(j._tx, dicts, j.path, spool.SpoolView(j.path), j._reader)
+
+        b_ready, b_go, a_ready, a_go = (threading.Event() for _ in range(4))
+        b = mover(b_ready, b_go)
+        tb = threading.Thread(target=b.absorb_some)
+        tb.start()
+        b_ready.wait()  # b's batch: 1..300
+        for i in range(301, 501):  # the first segment fills, a second begins
+            j.append(EntryKind.EPISODE, [rec(i)])
+        assert len(list_segments(j.path)) == 2
+        a = mover(a_ready, a_go)
+        ta = threading.Thread(target=a.absorb_some)
+        ta.start()
+        a_ready.wait()  # a's batch: 1..500
+        b_go.set()
+        tb.join()  # b commits 1..300
+        a_go.set()
+        ta.join()  # a's commit finds LMDB moved: it lets go of nothing
+        while b.step() or a.step():
+            pass
+        for m in (a, b):
+            m._spool.close()
+    with Journal.open(tmp_path / "run", owner=False) as ro:
+        got = ro.read(0, max_entries=10_000, max_bytes=1 << 30)
+        assert [int(e.payload[:6]) for e in got.entries] == list(range(1, 501))
+        assert got.damaged == []

@@ -54,6 +54,43 @@ def test_every_waiter_sees_a_report_made_after_its_mark(pipe: tuple[int, int]) -
     assert reader.wait(mark, 600) is True
 
 
+def test_a_waiter_with_a_short_timeout_is_not_held_up_by_one_with_a_long_one(
+    pipe: tuple[int, int],
+) -> None:
+    # flush(timeout=0.2) in one thread beside flush(timeout=None) in another:
+    # the short one returns at its timeout (held behind the other's wait on
+    # the pipe, it returned only when that one did: here, never).
+    r, w = pipe
+    reader = ProgressReader(r)
+    long_wait = threading.Thread(target=reader.wait, args=(reader.mark(), 600))
+    long_wait.start()
+    while not reader._polling:  # the long one is on the pipe (a state it reaches)
+        threading.Event().wait(0.001)
+    mark = reader.mark()  # what the short one's flush does first
+    assert reader.wait(mark, 0.2) is False
+    assert long_wait.is_alive()
+    os.write(w, b"\0")
+    long_wait.join()
+    os.close(w)
+
+
+def test_closing_while_a_thread_waits_does_not_block(pipe: tuple[int, int]) -> None:
+    # The run closes (a SIGTERM's finish, on any thread) while a flush waits.
+    r, w = pipe
+    reader = ProgressReader(os.dup(r))
+    mark = reader.mark()
+    done: list[bool] = []
+    waiting = threading.Thread(target=lambda: done.append(reader.wait(mark, 600)))
+    waiting.start()
+    while not reader._polling:  # on the pipe (a state, not a timing: it gets there)
+        threading.Event().wait(0.001)
+    reader.close()  # returns with the waiter still on the pipe
+    os.write(w, b"\0")  # what wakes it in the end (in the SDK: the uplink's exit)
+    waiting.join()
+    assert done == [False]
+    os.close(w)
+
+
 def _link(tmp_path: Path, wake_r: int) -> tuple[Journal, PipeProducerLink, int]:
     journal = Journal.create(tmp_path / "runs")
     progress_r, progress_w = os.pipe()

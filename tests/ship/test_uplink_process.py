@@ -200,3 +200,42 @@ def test_the_uplink_runs_this_package_even_from_a_directory_holding_another(
     assert run._uplink.exit_code() == 0  # the uplink itself shipped and closed the run
     stored = local_platform.run(run.id)
     assert stored["status"] == "COMPLETED" and landed_once(stored, 5)
+
+
+@pytest.mark.parametrize("uplink", ["process", "threads"])
+def test_a_flush_and_a_finish_without_a_bound_return_once_done(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, uplink: str
+) -> None:
+    # timeout=inf is a user's "wait as long as it takes": no wait may hand
+    # it to the OS as is (threading and poll overflow on it).
+    if uplink == "threads":
+        monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = _eval_run(local_platform.url, runs)
+    run.log_episodes(workloads.gsm8k(5))
+    assert run.flush(timeout=float("inf"))
+    run.finish(timeout=float("inf"))
+    stored = local_platform.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    assert landed_once(stored, 5)
+
+
+def test_a_run_longer_than_one_reads_scan_is_closed_out_by_its_uplink(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The uplink looks for the finish entry with reads that stop at a scan
+    # limit (50,000 entries; 16 here): it must read on to the log's end, not
+    # wait at the limit for a wake-up that already came.
+    from primeruns.journal import reading
+
+    monkeypatch.setattr(reading, "_MAX_SCAN", 16)
+    monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")  # the patched limit applies there
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = _eval_run(local_platform.url, runs)
+    episodes = workloads.gsm8k(40)
+    for episode in episodes:
+        run.log_episodes([episode])
+    run.finish(timeout=60)
+    stored = local_platform.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    assert landed_once(stored, 40)
