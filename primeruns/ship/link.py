@@ -525,6 +525,8 @@ class PipeProducerLink:
             if left <= 0:
                 break
             if self._pidfd is None:
+                # The quiet period itself (no pidfd to watch meanwhile: its
+                # death shows as the wake pipe's end of file, read just below).
                 time.sleep(min(QUIET_S, left))
             elif wait_readable(self._pidfd, min(QUIET_S, left)):
                 return b""  # the pidfd: the producer is gone

@@ -156,3 +156,30 @@ def test_listing_reports_damage_and_never_raises(tmp_path: Path) -> None:
     assert good.damage == [] and good.owner is None and not good.owner_alive
     assert broken.path == bad and broken.last_seq == 0
     assert any("no valid meta page" in d.what for d in broken.damage)
+
+
+def test_the_background_sync_follows_a_write_and_nothing_else_wakes_it(
+    tmp_path: Path,
+) -> None:
+    # "process" durability: the disk is synced within a second of a write,
+    # by a thread that sleeps without a timer until one comes. Were its
+    # wake-up lost, this would wait for ever (pytest's timeout ends it).
+    import threading
+
+    with Journal.create(tmp_path, local_id="run") as j:
+        synced = threading.Event()
+        real = j._tx.store.sync
+
+        def sync(*args: object) -> None:
+            real(*args)
+            synced.set()
+
+        j._tx.store.sync = sync  # type: ignore[method-assign]
+        j.set_meta("probe", 1)  # an LMDB write
+        synced.wait()
+        assert not j._tx.dirty
+        synced.clear()
+        j.append(EntryKind.METRICS, [b'{"loss":1}'])  # a spool write
+        j._absorb()  # into LMDB: a write the sync must follow too
+        synced.wait()
+        assert not j._tx.dirty

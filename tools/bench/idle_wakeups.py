@@ -72,11 +72,11 @@ def child(url: str, runs_dir: str, window: float) -> dict[str, float]:
     run.log_episodes(benchlib.records("gsm8k-eval", 8))
     run.log_metrics(benchlib.metrics_row(0), step=0)
     run.flush(timeout=60)
-    time.sleep(SETTLE_S)
+    time.sleep(SETTLE_S)  # the run's last timers (a sync, a linger) run out
     me = os.getpid()
     uplinks = children(me)
     before = {p: switches(p) for p in [me, *uplinks]}
-    time.sleep(window)
+    time.sleep(window)  # the idle window measured: this thread is left out
     after = {p: switches(p) for p in [me, *uplinks]}
     run.finish(timeout=60)
 
