@@ -120,7 +120,7 @@ class Cursors:
     def ack(self, sink: str, upto_seq: int, *, failed: int = 0, reason: str | None = None) -> None:
         last = self._tail.last
         if upto_seq > last:
-            last = self._tail.current()
+            last = self._tail.readable_end()
             if upto_seq > last:
                 raise ValueError(f"cannot ack {upto_seq}: the last entry is {last}")
 

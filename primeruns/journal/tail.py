@@ -76,6 +76,12 @@ class OwnTail:
         """The highest sequence number written (compaction does not lower it)."""
         return self.last
 
+    def readable_end(self) -> int:
+        """The highest seq a read may have returned: an append's entries are
+        in the spool, where a thread beside the appender reads them, a moment
+        before the append sets ``last``."""
+        return max(self.current(), self.spool.end())
+
     def notify(self) -> None:
         """An append was written (``last`` is set): wake the waiters.
 

@@ -83,6 +83,33 @@ def test_cursor_inflight_ack_and_losses(tmp_path: Path) -> None:
             j2.update_inflight_state("traces", {"x": 1})  # nothing in flight
 
 
+def test_a_shipper_may_ack_an_entry_it_read_before_its_append_returned(
+    tmp_path: Path,
+) -> None:
+    """A shipper thread beside the appender (threads mode) reads an append's
+    entries from the spool as soon as they are written, which is before the
+    append records the log's new end. Acking them then is acking what exists:
+    it used to raise ("cannot ack 2: the last entry is 1"), which stopped the
+    sink and left its records unshipped."""
+    with Journal.create(tmp_path) as j:
+        j.append(EntryKind.METRICS, [_rec(1)])
+        writer = j._appender._spool  # type: ignore[union-attr]
+        write = writer.write
+        seen: list[int] = []
+
+        def write_then_ship(first_seq: int, frames: list[bytes]) -> None:
+            write(first_seq, frames)
+            # Another thread's turn, between the write and the new end.
+            got = j.read(j.cursor("metrics").acked)
+            seen.extend(e.seq for e in got.entries)
+            j.ack("metrics", got.next_after)
+
+        writer.write = write_then_ship  # type: ignore[method-assign]
+        j.append(EntryKind.METRICS, [_rec(2)])
+        assert seen == [1, 2]
+        assert j.cursor("metrics").acked == 2 and j.last_seq() == 2
+
+
 def test_meta_roundtrip(tmp_path: Path) -> None:
     with Journal.create(tmp_path, local_id="run-a", meta={"spec": {"kind": "eval"}}) as j:
         assert j.local_id == "run-a" and j.path == tmp_path / "run-a"
