@@ -242,9 +242,11 @@ class Shipper:
                     # Short waits: space frees up as soon as other sinks
                     # acknowledge (compaction) or the user clears the disk.
                     self._sleep(min(2.0, 0.05 * 2 ** min(trouble, 6)))
-        except Exception as exc:  # a bug must not kill the producer: retire the sink
-            log.exception("shipper %s stopped by an unexpected error", self.name)
-            self._retire(f"internal error: {type(exc).__name__}: {exc}")
+                except Exception as exc:  # a bug must not kill the producer: retire the sink
+                    log.exception("shipper %s stopped by an unexpected error", self.name)
+                    # Its thread stays: retired, it sleeps until the close-out
+                    # revives it (the backlog is in the journal) or it is stopped.
+                    self._retire(f"internal error: {type(exc).__name__}: {exc}")
         finally:
             self._persist_scanned()
             self._notify()

@@ -67,8 +67,8 @@ def _journal(tmp_path: Path, n: int) -> Journal:
     return journal
 
 
-def _ship(journal: Journal, sink: FakeSink, failures: list[str]) -> Shipper:
-    shipper = Shipper(
+def _shipper(journal: Journal, sink: FakeSink, failures: list[str]) -> Shipper:
+    return Shipper(
         journal,
         sink,
         binding=lambda: _BOUND,
@@ -76,6 +76,10 @@ def _ship(journal: Journal, sink: FakeSink, failures: list[str]) -> Shipper:
         policy=_FAST,
         on_failure=lambda what, exc: failures.append(f"{what}: {exc}"),
     )
+
+
+def _ship(journal: Journal, sink: FakeSink, failures: list[str]) -> Shipper:
+    shipper = _shipper(journal, sink, failures)
     shipper.start()
     return shipper
 
@@ -152,15 +156,14 @@ def test_a_stop_that_lands_just_before_the_wait_for_appends_still_stops_it(
     journal = _journal(tmp_path, 3)
     sink = FakeSink()
     real_wait = journal.wait_for_append
-    shipper: Shipper | None = None
+    shipper = _shipper(journal, sink, [])
 
     def stop_first(*args: Any, **kwargs: Any) -> bool:
-        assert shipper is not None
         shipper.signal_stop()  # the stop lands here, before the wait
         return real_wait(*args, **kwargs)
 
     journal.wait_for_append = stop_first  # type: ignore[method-assign]
-    shipper = _ship(journal, sink, [])
+    shipper.start()
     assert shipper.drain(journal.last_seq(), deadline=_soon(10))
     shipper.join()
     assert not shipper.alive
@@ -190,4 +193,39 @@ def test_a_shipper_waiting_for_its_run_to_register_ships_once_registered(
     assert shipper.drain(journal.last_seq(), deadline=_soon(30))
     shipper.stop()
     assert sink.stored == ["e0", "e1", "e2"]
+    journal.close()
+
+
+def test_a_sink_an_internal_error_stopped_ships_again_when_the_run_closes(
+    tmp_path: Path,
+) -> None:
+    # An unexpected error (a bug, or a race like an ack refused for an entry
+    # read a moment early) ends the shipper's thread and retires the sink.
+    # The close-out revives retired sinks: that must start a thread again.
+    # Before, the sink read as active with no thread to ship it, and finish
+    # waited out the 60 s stall with its records unshipped.
+    journal = _journal(tmp_path, 6)
+    sink = FakeSink()
+    real_ack = journal.ack
+    refused: list[int] = []
+
+    def refuse_once(sink_name: str, upto_seq: int, **kwargs: Any) -> None:
+        if not refused:
+            refused.append(upto_seq)
+            raise ValueError(f"cannot ack {upto_seq}: the last entry is {upto_seq - 1}")
+        real_ack(sink_name, upto_seq, **kwargs)
+
+    journal.ack = refuse_once  # type: ignore[method-assign]
+    shipper = _ship(journal, sink, [])
+    assert not shipper.drain(journal.last_seq(), deadline=_soon(10))  # retired at once
+    assert shipper.state.retired_reason is not None
+    assert "internal error" in shipper.state.retired_reason
+    shipper.revive(final=True)
+    assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+    shipper.stop(timeout=5)
+    assert set(sink.stored) == {f"e{i}" for i in range(6)}
+    # The batch whose ack was refused went again first, as it was (what a
+    # content-addressed upload needs to store it once).
+    assert sink.attempts[1] == sink.attempts[0]
+    assert journal.cursor("fake").acked == journal.last_seq()
     journal.close()
