@@ -119,7 +119,7 @@ def dumps(value: Any) -> bytes:
 
 def missing(first: int, last: int) -> Damage:
     what = f"entry {first} missing" if first == last else f"entries {first}..{last} missing"
-    return Damage(first, what)
+    return Damage(first, what, entries=last - first + 1)
 
 
 def decode_entry(

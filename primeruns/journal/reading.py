@@ -30,6 +30,9 @@ UNREADABLE = 0
 # A read examines at most this many entries, so skipping a long run of other
 # kinds never holds the lock for long; next_after says where it stopped.
 _MAX_SCAN = 50_000
+# Looks a count or a single entry's read takes while the mover keeps closing
+# segments under it (each close is one segment of SEGMENT_MAX bytes moved).
+_LOOKS = 100
 
 
 class Reader:
@@ -80,6 +83,7 @@ class Reader:
         floor = self.floor_now()
         spool = self.spool
         spool.refresh()  # before LMDB's read: see spool
+        forgotten = spool.forgotten
         expected = after_seq + 1
         examined = 0
         full = False
@@ -132,7 +136,10 @@ class Reader:
             # The log goes on in the spool, past what LMDB holds.
             expected = max(expected, in_lmdb + 1)
             with spool.lock:
-                for seq, kind, size, seg, index in spool.frames(expected - 1):
+                # A segment closed since LMDB's read was moved into LMDB
+                # meanwhile (see spool): the next read finds its entries there.
+                frames = spool.frames(expected - 1) if spool.forgotten == forgotten else ()
+                for seq, kind, size, seg, index in frames:
                     if examined >= _MAX_SCAN:
                         break
                     if seq > expected and expected > floor:
@@ -166,19 +173,24 @@ class Reader:
         The scan goes in bounded read transactions, so a long journal never
         pins a live writer's old pages for long."""
         bounds = sorted(set(cuts))
-        counts: list[Counter[int]] = [Counter() for _ in range(len(bounds) + 1)]
-        self.spool.refresh()  # before LMDB's reads: see spool
-        seen = [0]  # the highest seq counted in LMDB (with its compaction floor)
-        for name in ("entries", "staging"):
-            if name not in self._tx.dbs:
-                continue
-            resume: bytes | None = key(0)
-            while resume is not None:
-                resume = self._tally_some(name, resume, bounds, counts, seen)
-        with self.spool.lock:
-            for seq, kind, _, _, _ in self.spool.frames(seen[0]):
-                counts[bisect_left(bounds, seq)][kind] += 1
-        return counts
+        for _ in range(_LOOKS):
+            counts: list[Counter[int]] = [Counter() for _ in range(len(bounds) + 1)]
+            self.spool.refresh()  # before LMDB's reads: see spool
+            forgotten = self.spool.forgotten
+            seen = [0]  # the highest seq counted in LMDB (with its compaction floor)
+            for name in ("entries", "staging"):
+                if name not in self._tx.dbs:
+                    continue
+                resume: bytes | None = key(0)
+                while resume is not None:
+                    resume = self._tally_some(name, resume, bounds, counts, seen)
+            with self.spool.lock:
+                if self.spool.forgotten != forgotten:
+                    continue  # moved into LMDB meanwhile (see spool): count again
+                for seq, kind, _, _, _ in self.spool.frames(seen[0]):
+                    counts[bisect_left(bounds, seq)][kind] += 1
+                return counts
+        raise JournalError(f"{self._tx.path}: the log kept moving while it was counted")
 
     def _tally_some(
         self,
@@ -215,7 +227,24 @@ class Reader:
 
     def get(self, seq: int) -> Entry | None:
         """The entry ``seq``, or None if absent; JournalCorruptError if damaged."""
+        for _ in range(_LOOKS):
+            found, value = self._find(seq)
+            if found:
+                break
+        else:
+            raise JournalError(f"{self._tx.path}: the log kept moving while entry {seq} was read")
+        if value is None:
+            return None
+        entry, damage = decode_entry(seq, value, self._dicts.get)
+        if damage is not None:
+            raise JournalCorruptError(f"{self._tx.path}: {damage.what}")
+        return entry
+
+    def _find(self, seq: int) -> tuple[bool, bytes | None]:
+        """(whether the look holds: no segment closed between LMDB's read and
+        the spool's, see spool; the entry's stored value, None if absent)."""
         self.spool.refresh()  # before LMDB's read: see spool
+        forgotten = self.spool.forgotten
         with self._tx.read() as txn:
             in_lmdb = stored_end(self._tx, txn)
             cur = txn.cursor(db=self._tx.dbs["entries"])
@@ -227,6 +256,8 @@ class Reader:
                 value = None if staged is None else bytes(staged)
         if value is None and seq > in_lmdb:
             with self.spool.lock:
+                if self.spool.forgotten != forgotten:
+                    return False, None
                 for found, _, _, seg, index in self.spool.frames(seq - 1):
                     if found == seq:
                         try:
@@ -236,9 +267,4 @@ class Reader:
                                 f"{self._tx.path}: entry {seq}: {exc}"
                             ) from None
                     break
-        if value is None:
-            return None
-        entry, damage = decode_entry(seq, value, self._dicts.get)
-        if damage is not None:
-            raise JournalCorruptError(f"{self._tx.path}: {damage.what}")
-        return entry
+        return True, value

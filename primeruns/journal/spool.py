@@ -22,7 +22,12 @@ Why readers stay consistent while the mover absorbs and deletes: a view opens
 the segments it lists before it reads LMDB, and an open file stays readable
 after its name is deleted; a segment that is gone from the listing was
 deleted after its frames were committed to LMDB, so the LMDB read that
-follows sees them.
+follows sees them. Within one process, though, the views are one: a thread
+(the mover, once it deleted a segment) may close a segment between another
+thread's LMDB read and its look at the spool, and the entries that segment
+held are then in neither as that reader saw them. ``forgotten`` counts the
+segments a view closed; a reader that sees it move between the two looks
+does not trust its look at the spool.
 """
 
 from __future__ import annotations
@@ -318,6 +323,9 @@ class SpoolView:
         self.lock = threading.RLock()
         # Segments that could not be opened (not gone: absorbed ones are).
         self.problems: list[Damage] = []
+        # Segments closed so far (see the module doc): read, then compared
+        # under ``lock``, by a reader that looked at LMDB in between.
+        self.forgotten = 0
 
     def refresh(self) -> None:
         """Open the segments listed now (before any LMDB read that the spool
@@ -416,6 +424,7 @@ class SpoolView:
 
     def _forget(self, first: int) -> None:
         seg = self._segments.pop(first)
+        self.forgotten += 1
         with contextlib.suppress(OSError):
             os.close(seg.fd)
 

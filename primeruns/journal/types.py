@@ -25,10 +25,13 @@ class Entry:
 
 @dataclass(frozen=True)
 class Damage:
-    """One precise damage report: an entry (``seq``) or the structure (``seq=None``)."""
+    """One precise damage report: an entry (``seq``) or the structure (``seq=None``).
+
+    ``entries``: how many entries it stands for (a range found missing: all of them)."""
 
     seq: int | None
     what: str
+    entries: int = 1
 
 
 @dataclass(frozen=True)

@@ -294,7 +294,10 @@ class Shipper:
         )
         if result.damaged:
             reasons = "; ".join(d.what for d in result.damaged[:3])
-            self.journal.record_loss(self.name, len(result.damaged), f"damaged: {reasons}")
+            # Each entry a report stands for (a missing range: every one of
+            # them, whichever kinds they were: counted, never left out).
+            lost = sum(d.entries for d in result.damaged)
+            self.journal.record_loss(self.name, lost, f"damaged: {reasons}")
         if not result.entries:
             if result.next_after > self._scanned:
                 self._scanned = result.next_after

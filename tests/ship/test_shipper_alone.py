@@ -17,6 +17,7 @@ from typing import Any
 
 from primeruns.exceptions import RetryableAPIError, ValidationRejectedError
 from primeruns.journal import Entry, EntryKind, Journal
+from primeruns.journal.layout import key
 from primeruns.ship import ledger
 from primeruns.ship.policy import RetryPolicy
 from primeruns.ship.shipper import Shipper
@@ -228,4 +229,22 @@ def test_a_sink_an_internal_error_stopped_ships_again_when_the_run_closes(
     # content-addressed upload needs to store it once).
     assert sink.attempts[1] == sink.attempts[0]
     assert journal.cursor("fake").acked == journal.last_seq()
+    journal.close()
+
+
+def test_entries_missing_from_the_journal_are_each_counted_as_lost(tmp_path: Path) -> None:
+    # A damaged journal (here: five entries gone from LMDB) never stops the
+    # sink: it ships the rest and counts every entry it cannot send. It used
+    # to count one per damage report, so a missing range of five counted 1.
+    journal = _journal(tmp_path, 12)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        for seq in range(4, 9):
+            assert txn.delete(key(seq), db=journal._tx.dbs["entries"])
+    sink = FakeSink()
+    shipper = _ship(journal, sink, [])
+    assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+    shipper.stop(timeout=5)
+    assert sink.stored == [f"e{i}" for i in (0, 1, 2, 8, 9, 10, 11)]  # seq = i + 1
+    assert journal.losses()["fake"]["count"] == 5
     journal.close()
