@@ -313,9 +313,9 @@ def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
     and closed out (off the init path: listing opens every journal)."""
     try:
         crashed = []
-        for info in list_journals(runs_dir, skip_live=True):
+        for info in list_journals(runs_dir, skip_live=True, skip=skip):
             meta = info.meta
-            if info.path in skip or info.owner_alive or meta.get("finalized"):
+            if info.owner_alive or meta.get("finalized"):
                 continue
             if meta.get("state") == "shipped" or meta.get("continued_by"):
                 continue

@@ -11,6 +11,7 @@ import contextlib
 import os
 import shutil
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -127,7 +128,12 @@ def journal_info(path: Path, *, verify: bool = False, tally: bool = False) -> Jo
 
 
 def list_journals(
-    runs_dir: Path, *, verify: bool = False, skip_live: bool = False, tally: bool = False
+    runs_dir: Path,
+    *,
+    verify: bool = False,
+    skip_live: bool = False,
+    tally: bool = False,
+    skip: Collection[Path] = (),
 ) -> list[JournalInfo]:
     """Every journal under ``runs_dir``, oldest first (ids sort by creation time).
 
@@ -135,11 +141,16 @@ def list_journals(
     what is wrong). ``verify=True`` also scans every entry (slower).
     ``skip_live=True`` leaves out journals whose owner is alive, unopened.
     ``tally=True`` fills ``after`` (a scan of every entry's header: for the
-    commands that show counts, never for ``init``).
+    commands that show counts, never for ``init``). ``skip``: journals left
+    out unopened (a journal this process opens read-only cannot be opened to
+    write in it meanwhile: a predecessor its uplink threads take over).
     """
     runs_dir = Path(runs_dir)
+    left_out = {Path(p) for p in skip}
     try:
-        children = sorted(p for p in runs_dir.iterdir() if (p / DATA_NAME).is_file())
+        children = sorted(
+            p for p in runs_dir.iterdir() if (p / DATA_NAME).is_file() and p not in left_out
+        )
     except OSError:
         return []
     if skip_live:

@@ -11,6 +11,7 @@ import sys
 import threading
 import warnings
 from pathlib import Path
+from typing import Any
 
 import procs
 import pytest
@@ -199,6 +200,7 @@ def test_permissions_private(tmp_path: Path) -> None:
 _OWNER = """
 import sys, time
 from pathlib import Path
+from typing import Any
 from primeruns.journal import EntryKind, Journal
 j = Journal.open(Path(sys.argv[1]))
 j.append(EntryKind.METRICS, [b'{"from":"child"}'])
@@ -277,6 +279,7 @@ def test_budget_drops_counted_never_raise(tmp_path: Path) -> None:
 _FORK = """
 import os, sys, json
 from pathlib import Path
+from typing import Any
 from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal
 j = Journal.create(Path(sys.argv[1]))
@@ -391,3 +394,36 @@ def test_the_terminal_state_of_a_journal_longer_than_one_reads_scan(
         j.append(EntryKind.METRICS, [_rec(i) for i in range(100)])
         j.append(EntryKind.FINISH, [json.dumps({"status": "completed"}).encode()])
         assert terminal_state(j)[0] == "completed"
+
+
+def test_the_start_up_scan_names_crashed_runs_and_leaves_a_journal_taken_over_unopened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A requeued job shipping in threads takes its predecessor's journal over
+    # in this process while init's scan for crashed runs lists the others: a
+    # journal open read-only here cannot be opened to write in it, so the
+    # scan opening it cost the take-over (its backlog waited for a replay).
+    import logging
+
+    from primeruns import opening
+    from primeruns.journal import listing
+
+    runs = tmp_path / "runs"
+    online = {"spec": {"kind": "train", "mode": "online"}}
+    crashed = Journal.create(runs, local_id="crashed", meta=online)
+    taken = Journal.create(runs, local_id="taken", meta=online)
+    crashed.close()
+    taken.close()
+    opened: list[Path] = []
+    real_info = listing._info
+
+    def recording(path: Path, **kwargs: Any) -> Any:
+        opened.append(path)
+        return real_info(path, **kwargs)
+
+    monkeypatch.setattr(listing, "_info", recording)
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        opening._mention_crashed_runs(runs, {taken.path})
+    assert taken.path not in opened
+    assert "crashed before they were shipped" in caplog.text
+    assert "crashed" in caplog.text and "taken" not in caplog.text
