@@ -11,6 +11,7 @@ import multiprocessing
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,63 @@ def test_threads_and_an_asyncio_loop_logging_at_once_land_exactly_once(
     stored = rh.platform_episode_ids(lp.data_dir, run.id)
     assert set(stored) == {e["id"] for e in episodes} and max(stored.values()) == 1
     assert lp.run(run.id)["status"] == "COMPLETED"
+
+
+class _SlowEpisode:
+    """An episode whose encoding takes as long as the test says (a large one)."""
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.record = record
+        self.encoding = threading.Event()
+        self.go_on = threading.Event()
+
+    def to_record(self) -> dict[str, Any]:
+        self.encoding.set()
+        assert self.go_on.wait(60)
+        return self.record
+
+
+@pytest.mark.parametrize("shipping", ["uplink", "threads"])
+def test_a_call_in_progress_when_another_thread_finishes_lands_before_the_close_out(
+    shared_platform: LocalPlatform,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    shipping: str,
+) -> None:
+    # A call that got past its check journals after the finish began: its
+    # record came after the finish's entry, which is what the close-out ships
+    # up to. The run was closed as completed with the record unshipped and
+    # no warning (the journal even said "shipped").
+    lp = shared_platform
+    first, slow_record = workloads.gsm8k(2)
+    slow = _SlowEpisode(slow_record)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        if shipping == "threads":
+            monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        run.log_episodes([first])
+        logger = threading.Thread(target=run.log_episodes, args=([slow],))
+        logger.start()
+        assert slow.encoding.wait(30)  # the call is past its check, encoding
+        finisher = threading.Thread(target=run.finish, kwargs={"timeout": 120})
+        finisher.start()
+        # The finish must wait for the call: the run may not be closed out
+        # while it is in progress. Watched for a while (the bug closed it
+        # within a second), then the call goes on.
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and lp.run(run.id)["status"] == "RUNNING":
+            finisher.join(0.05)
+        assert lp.run(run.id)["status"] == "RUNNING"
+        with pytest.raises(pr.RunFinishedError):
+            run.log_episodes([])  # the finish has begun: a new call is refused
+        slow.go_on.set()
+        logger.join(60)
+        finisher.join(180)
+        assert not finisher.is_alive()
+    stored = rh.platform_episode_ids(lp.data_dir, run.id)
+    assert stored == {first["id"]: 1, slow_record["id"]: 1}
+    assert lp.run(run.id)["status"] == "COMPLETED"
+    assert run.failed_records == {}
 
 
 def _child(run: pr.Run, runs_dir: str, out: Any) -> None:
