@@ -12,7 +12,10 @@ platform, in one configuration users have:
 - endings {finish, exception, SIGTERM, SIGKILL of the whole job + ``primeruns
   replay``, SIGKILL of the producer alone (its uplink ships and closes the
   run, no command run), SIGKILL + a requeued job with the same run id
-  (training)}.
+  (training)},
+- shipping {in the uplink process, in threads of the producer (the fallback
+  where a process cannot be started; no uplink outlives a SIGKILL there, so
+  the SIGKILL of the producer alone is not one of its endings)}.
 
 The oracle, checked on the platform's own database:
 
@@ -54,6 +57,7 @@ TRACES = ("enabled", "not_enabled", "opted_out")
 PYARROW = ("present", "absent")
 KINDS = ("eval", "train")
 FAULTS = ("none", "retryable", "ambiguous", "500", "down")
+SHIPPING = ("uplink", "threads")
 ENDINGS = (
     "finish",
     "exception",
@@ -77,24 +81,27 @@ class Config:
     kind: str
     faults: str
     ending: str
+    shipping: str = "uplink"
 
     @property
     def label(self) -> str:
         return (
             f"{self.kind}-t{self.threads}-traces_{self.traces}-pyarrow_{self.pyarrow}-"
-            f"{self.faults}-{self.ending}"
+            f"{self.faults}-{self.ending}-{self.shipping}"
         )
 
 
 def all_configs() -> list[Config]:
     """Every configuration that exists (a requeue is a training run's ending)."""
     out = []
-    for threads, traces, pyarrow, kind, faults, ending in itertools.product(
-        THREADS, TRACES, PYARROW, KINDS, FAULTS, ENDINGS
+    for threads, traces, pyarrow, kind, faults, ending, shipping in itertools.product(
+        THREADS, TRACES, PYARROW, KINDS, FAULTS, ENDINGS, SHIPPING
     ):
         if ending == "sigkill_requeue" and kind != "train":
             continue
-        out.append(Config(threads, traces, pyarrow, kind, faults, ending))
+        if ending == "sigkill_producer" and shipping == "threads":
+            continue  # no uplink to outlive the producer
+        out.append(Config(threads, traces, pyarrow, kind, faults, ending, shipping))
     return out
 
 
@@ -102,16 +109,29 @@ def covering_sample(size: int, seed: int = 0) -> list[Config]:
     """``size`` configurations in which every value of every dimension occurs
     (cycled through in a seeded shuffle), for the bounded CI run."""
     rng = random.Random(seed)
-    dims = [list(THREADS), list(TRACES), list(PYARROW), list(KINDS), list(FAULTS), list(ENDINGS)]
+    dims = [
+        list(THREADS),
+        list(TRACES),
+        list(PYARROW),
+        list(KINDS),
+        list(FAULTS),
+        list(ENDINGS),
+        list(SHIPPING),
+    ]
     for values in dims:
         rng.shuffle(values)
     chosen: list[Config] = []
     i = 0
     while len(chosen) < size:
-        threads, traces, pyarrow, kind, faults, ending = (d[i % len(d)] for d in dims)
+        threads, traces, pyarrow, kind, faults, ending = (d[i % len(d)] for d in dims[:-1])
+        # Every other pair: cycled with the other two-valued dimensions it
+        # would always meet the same thread count and kind.
+        shipping = dims[-1][(i // 2) % len(dims[-1])]
         if ending == "sigkill_requeue":
             kind = "train"
-        chosen.append(Config(threads, traces, pyarrow, kind, faults, ending))
+        if ending == "sigkill_producer":
+            shipping = "uplink"  # the ending needs an uplink to outlive the producer
+        chosen.append(Config(threads, traces, pyarrow, kind, faults, ending, shipping))
         i += 1
     return chosen
 
@@ -173,6 +193,8 @@ def run_trial(config: Config, platforms: Platforms, work: Path, seed: int = 0) -
     env_extra = {"PRIME_TRACES_URL": lp.url}
     if config.traces == "opted_out":
         env_extra["PRIME_TRACES_OPT_OUT"] = "1"
+    if config.shipping == "threads":
+        env_extra["PRIME_RUNS_UPLINK"] = "threads"
     env = rh.isolated_env(work, env_extra)
     if config.pyarrow == "absent":
         # Hidden from the producer and its uplink alike (a machine without it).
