@@ -37,6 +37,9 @@ def main() -> None:
             run.log_metrics({"loss": 1.0 / (index + 1)}, step=index)
             print(f"metrics {index}", flush=True)
     print("logged all", flush=True)
+    # The parent kills this process before it finishes: one that outran the
+    # kill (a fast machine, a slow parent) would otherwise finish its run.
+    sys.stdin.readline()
     run.finish(timeout=60)
     print("finished", flush=True)
 

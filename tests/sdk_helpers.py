@@ -68,6 +68,7 @@ def kill_producer(
     and every line it printed (all acknowledged)."""
     proc = procs.start(
         [sys.executable, str(TESTS / "producer_script.py"), *args],
+        stdin=subprocess.PIPE,  # never written: it waits there, unfinished, for the kill
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -89,6 +90,8 @@ def kill_producer(
         os.kill(proc.pid, signal.SIGKILL)
     rest = proc.stdout.read()  # through the buffered reader: communicate() would
     proc.stdout.close()  # read the raw pipe and skip what readline() buffered
+    assert proc.stdin is not None
+    proc.stdin.close()
     proc.wait(timeout=30)
     acked.extend(line.strip() for line in rest.splitlines() if line.strip())
     return Path(first.split(" ", 1)[1]), acked
