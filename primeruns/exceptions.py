@@ -108,6 +108,13 @@ class RunFinishedError(PrimeRunsError):
     """A ``log_*`` or ``update_summary`` call was made on a finished run."""
 
 
+# A call that was already journaling when another thread finished the run.
+FINISHED_WHILE_LOGGING = (
+    "the run was finished (by another thread) while this call journaled its records; "
+    "they were not journaled. Finish the run after the threads that log to it are done"
+)
+
+
 class JournalError(PrimeRunsError):
     """The local journal could not be opened or used."""
 

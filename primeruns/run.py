@@ -29,6 +29,7 @@ from typing import Any, Literal
 
 from . import hooks, records
 from .exceptions import (
+    FINISHED_WHILE_LOGGING,
     JournalError,
     RunFinishedError,
 )
@@ -61,10 +62,6 @@ _SIGTERM_GRACE = 20.0
 # (stopping its shippers, the close-out call) before it returns anyway.
 _CLOSE_GRACE = 10.0
 _CRASHED = "process exited without finishing the run"
-# How long a finish waits for write calls other threads are in the middle of
-# (an encode of a large record takes milliseconds; a producer's generator
-# passed to log_episodes may block for good, and a finish must still end).
-_WRITES_GRACE_S = 10.0
 
 
 class Run:
@@ -111,11 +108,6 @@ class Run:
         self._finish_lock = threading.Lock()
         self._finishing = False
         self._finished = False
-        # The threads inside a write call (log_*, update_summary), by ident:
-        # what a finish waits for before it journals its own entry (see
-        # _enter_write). Each thread changes only its own key.
-        self._writing: dict[int, int] = {}
-        self._writes_done = threading.Condition()
         self._pid = os.getpid()
         self._lifecycle: Lifecycle | None = None  # reads the binding from the journal
         self._uplink: UplinkHandle | None = None
@@ -236,21 +228,11 @@ class Run:
     def log_episodes(self, episodes: Iterable[Any]) -> None:
         """Journal finished episodes (objects with ``to_record()``, mappings,
         pydantic/attrs/dataclass instances). Returns once they are journaled."""
-        me = self._enter_write("log_episodes")
-        try:
-            self._log(EntryKind.EPISODE, episodes, "episodes")
-        finally:
-            self._leave_write(me)
+        self._log(EntryKind.EPISODE, episodes, "episodes")
 
     def log_traces(self, traces: Iterable[Any]) -> None:
         """Journal bare traces (episodes given here are journaled as episodes)."""
-        me = self._enter_write("log_traces")
-        try:
-            self._log_traces(traces)
-        finally:
-            self._leave_write(me)
-
-    def _log_traces(self, traces: Iterable[Any]) -> None:
+        self._check_live("log_traces")
         if self._journal is None or not self._owner_process():
             self._log(EntryKind.TRACE, traces, "traces")
             return
@@ -272,13 +254,7 @@ class Run:
         Non-finite numbers are dropped; ``step`` is sent unless ``values``
         already has one; ``_timestamp`` is the time of this call.
         """
-        me = self._enter_write("log_metrics")
-        try:
-            self._log_metrics(values, step)
-        finally:
-            self._leave_write(me)
-
-    def _log_metrics(self, values: Mapping[str, Any], step: int | None) -> None:
+        self._check_live("log_metrics")
         if type(values) is not dict and not isinstance(values, Mapping):
             self._bad_input(
                 TypeError(f"log_metrics: values must be a mapping, got {type(values).__name__}")
@@ -306,13 +282,7 @@ class Run:
 
     def update_summary(self, values: Mapping[str, Any]) -> None:
         """Merge values into the run's summary (non-finite numbers dropped)."""
-        me = self._enter_write("update_summary")
-        try:
-            self._update_summary(values)
-        finally:
-            self._leave_write(me)
-
-    def _update_summary(self, values: Mapping[str, Any]) -> None:
+        self._check_live("update_summary")
         try:
             cleaned = self._encodable(records.clean_metrics(values), "update_summary")
         except (TypeError, ValueError) as exc:
@@ -343,6 +313,7 @@ class Run:
         return kept
 
     def _log(self, kind: EntryKind, items: Iterable[Any], what: str) -> None:
+        self._check_live(f"log_{what}")
         if isinstance(items, Mapping | str | bytes):
             self._bad_input(
                 TypeError(
@@ -417,6 +388,10 @@ class Run:
             self._note("record", exc)
             return
         except JournalError as exc:
+            if self._finished and kind is not EntryKind.FINISH:
+                # Closed by another thread's finish while this call encoded
+                # (the appender refuses a record after the finish likewise).
+                raise RunFinishedError(FINISHED_WHILE_LOGGING) from None
             with self._lock:
                 self._dropped += len(payloads)
             self._warn_once("journal", f"the journal refused records: {exc}")
@@ -541,7 +516,7 @@ class Run:
         with self._finish_lock:
             if self._finished or self._finishing:
                 return
-            self._begin_finishing()
+            self._finishing = True
             try:
                 self._finish_once(summary, final, error, timeout)
             finally:
@@ -749,53 +724,10 @@ class Run:
         ``dropped_records``, and its exit never closes the run."""
         self._lock = threading.Lock()
         self._finish_lock = threading.Lock()
-        self._writing = {}  # the parent's threads are not here
-        self._writes_done = threading.Condition()
 
-    def _enter_write(self, what: str) -> int:
-        """A write call begins: refused once the run is finishing, else
-        counted until ``_leave_write``, so that a finish journals its entry
-        after every record of a call that got past this check (the close-out
-        ships up to the finish's entry: a record after it was left behind).
-
-        No lock on this path: the call counts itself, then looks at
-        ``_finishing``; a finish sets it, then looks at the count. Either the
-        call sees the finish, or the finish sees the call."""
-        me = threading.get_ident()
-        self._writing[me] = self._writing.get(me, 0) + 1
+    def _check_live(self, what: str) -> None:
         if self._finishing or self._finished:
-            self._leave_write(me)
             raise RunFinishedError(f"{what}: the run is finished; start a new run with pr.init()")
-        return me
-
-    def _leave_write(self, me: int) -> None:
-        left = self._writing[me] - 1
-        if left:
-            self._writing[me] = left
-        else:
-            del self._writing[me]
-        if self._finishing:
-            with self._writes_done:
-                self._writes_done.notify_all()
-
-    def _begin_finishing(self) -> None:
-        """Refuse new write calls, then wait (a bounded while) for those of
-        other threads already in progress. This thread's own one, if any (a
-        signal handler's finish interrupted it), cannot be waited for."""
-        self._finishing = True
-        me = threading.get_ident()
-        deadline = time.monotonic() + _WRITES_GRACE_S
-        with self._writes_done:
-            while any(ident != me for ident in list(self._writing)):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    log.warning(
-                        "prime-runs: a log call of another thread is still running after "
-                        "%.0f s; finishing without it (what it journals stays in the journal)",
-                        _WRITES_GRACE_S,
-                    )
-                    break
-                self._writes_done.wait(left)
 
     def _bad_input(self, exc: BaseException) -> None:
         if self._on_error == "raise":
@@ -863,7 +795,7 @@ class Run:
         with self._finish_lock:
             if self._finished or self._finishing:
                 return
-            self._begin_finishing()
+            self._finishing = True
             try:
                 self._finish_once(None, RunStatus.CRASHED, _CRASHED, None, wait=wait)
             finally:

@@ -17,7 +17,12 @@ from collections.abc import Sequence
 
 import lmdb
 
-from primeruns.exceptions import JournalError, JournalFullError
+from primeruns.exceptions import (
+    FINISHED_WHILE_LOGGING,
+    JournalError,
+    JournalFullError,
+    RunFinishedError,
+)
 from primeruns.journal.capacity import Capacity
 from primeruns.journal.frames import HEADER_SIZE, EntryKind, encode_frame
 from primeruns.journal.spool import SpoolWriter
@@ -44,6 +49,11 @@ class Appender:
         # Not the transaction lock: the mover holds that through its LMDB
         # commits, and an append must never wait behind one.
         self.lock = threading.Lock()
+        # Set with the run's finish entry: the close-out ships up to it, so
+        # a record after it would be left behind, with the run closed as if
+        # complete. Another thread's log call that was already past its
+        # check when the finish came is refused here instead.
+        self._finished = False
 
     def append(
         self, kind: EntryKind, payloads: Sequence[bytes], *, essential: bool = False
@@ -54,6 +64,8 @@ class Appender:
         k = int(kind)
         try:
             with self.lock:
+                if self._finished:
+                    raise RunFinishedError(FINISHED_WHILE_LOGGING)
                 if not essential and not self._capacity.room_for(size):
                     self._tx.tight = True
                     raise JournalFullError("journal byte budget reached")
@@ -61,6 +73,7 @@ class Appender:
                 # Under the lock that chose ``first``: the next append's seq
                 # follows this one's, whichever thread it comes from.
                 last = self._tail.last = first + len(frames) - 1
+                self._finished = k == int(EntryKind.FINISH)
         except JournalFullError:
             self._count_drops(len(payloads))
             return AppendResult(None, 0, len(payloads))

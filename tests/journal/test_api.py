@@ -111,6 +111,21 @@ def test_a_shipper_may_ack_an_entry_it_read_before_its_append_returned(
         assert j.cursor("metrics").acked == 2 and j.last_seq() == 2
 
 
+def test_nothing_is_journaled_after_the_finish_entry(tmp_path: Path) -> None:
+    # The close-out ships up to the finish entry: a record after it would be
+    # left behind by a run closed as complete. Another thread's call that was
+    # past its check when the finish came is refused instead.
+    from primeruns.exceptions import RunFinishedError
+
+    with Journal.create(tmp_path) as j:
+        j.append(EntryKind.EPISODE, [_rec(1)])
+        j.append(EntryKind.FINISH, [b'{"status": "completed"}'], essential=True)
+        with pytest.raises(RunFinishedError, match="another thread"):
+            j.append(EntryKind.EPISODE, [_rec(2)])
+        assert j.last_seq() == 2
+        assert j.read(0, kinds={EntryKind.FINISH}).entries[0].seq == 2
+
+
 def test_meta_roundtrip(tmp_path: Path) -> None:
     with Journal.create(tmp_path, local_id="run-a", meta={"spec": {"kind": "eval"}}) as j:
         assert j.local_id == "run-a" and j.path == tmp_path / "run-a"

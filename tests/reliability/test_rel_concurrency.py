@@ -11,7 +11,6 @@ import multiprocessing
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import rel_torture as rt
 import workloads
 
 import primeruns as pr
-from primeruns.journal import EntryKind
+from primeruns.journal import EntryKind, Journal
 from primeruns.local import LocalPlatform
 
 
@@ -86,46 +85,49 @@ class _SlowEpisode:
 
 
 @pytest.mark.parametrize("shipping", ["uplink", "threads"])
-def test_a_call_in_progress_when_another_thread_finishes_lands_before_the_close_out(
+def test_a_call_still_journaling_when_another_thread_finishes_is_refused_not_left_behind(
     shared_platform: LocalPlatform,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     shipping: str,
 ) -> None:
-    # A call that got past its check journals after the finish began: its
-    # record came after the finish's entry, which is what the close-out ships
-    # up to. The run was closed as completed with the record unshipped and
-    # no warning (the journal even said "shipped").
+    # A call past its check when another thread's finish() journaled the
+    # finish used to append after it; the close-out ships up to the finish,
+    # so the run was closed as completed with that record unshipped, its
+    # call returned normally, and nothing said so (the journal even read
+    # "shipped"). Now that call raises RunFinishedError: a record is either
+    # shipped with the run or was never accepted.
     lp = shared_platform
     first, slow_record = workloads.gsm8k(2)
     slow = _SlowEpisode(slow_record)
+    raised: list[BaseException] = []
+
+    def log_slowly() -> None:
+        try:
+            run.log_episodes([slow])
+        except BaseException as exc:  # collected: asserted below
+            raised.append(exc)
+
     with rt.sdk_env(lp.url, tmp_path / "home"):
         if shipping == "threads":
             monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")
         run = rt.eval_run(lp.url, tmp_path / "runs")
         run.log_episodes([first])
-        logger = threading.Thread(target=run.log_episodes, args=([slow],))
+        logger = threading.Thread(target=log_slowly)
         logger.start()
         assert slow.encoding.wait(30)  # the call is past its check, encoding
-        finisher = threading.Thread(target=run.finish, kwargs={"timeout": 120})
-        finisher.start()
-        # The finish must wait for the call: the run may not be closed out
-        # while it is in progress. Watched for a while (the bug closed it
-        # within a second), then the call goes on.
-        deadline = time.monotonic() + 3
-        while time.monotonic() < deadline and lp.run(run.id)["status"] == "RUNNING":
-            finisher.join(0.05)
-        assert lp.run(run.id)["status"] == "RUNNING"
-        with pytest.raises(pr.RunFinishedError):
-            run.log_episodes([])  # the finish has begun: a new call is refused
+        run.finish(timeout=120)
         slow.go_on.set()
         logger.join(60)
-        finisher.join(180)
-        assert not finisher.is_alive()
-    stored = rh.platform_episode_ids(lp.data_dir, run.id)
-    assert stored == {first["id"]: 1, slow_record["id"]: 1}
+    assert len(raised) == 1 and isinstance(raised[0], pr.RunFinishedError), raised
+    assert rh.platform_episode_ids(lp.data_dir, run.id) == {first["id"]: 1}
     assert lp.run(run.id)["status"] == "COMPLETED"
-    assert run.failed_records == {}
+    assert run.failed_records == {} and run.dropped_records == 0
+    assert run.journal_path is not None
+    with Journal.open(run.journal_path, owner=False) as journal:
+        last = journal.last_seq()
+        finish = journal.read(0, kinds={EntryKind.FINISH}).entries
+        assert [e.seq for e in finish] == [last]  # nothing was journaled after it
 
 
 def _child(run: pr.Run, runs_dir: str, out: Any) -> None:
