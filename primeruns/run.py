@@ -365,7 +365,12 @@ class Run:
             raise first_error
 
     def _append(
-        self, kind: EntryKind, payloads: Sequence[bytes], *, essential: bool = False
+        self,
+        kind: EntryKind,
+        payloads: Sequence[bytes],
+        *,
+        essential: bool = False,
+        final: bool = False,
     ) -> None:
         journal = self._journal
         if journal is None:
@@ -381,7 +386,7 @@ class Run:
             )
             return
         try:
-            result = journal.append(kind, payloads, essential=essential)
+            result = journal.append(kind, payloads, essential=essential, final=final)
         except ValueError as exc:  # a payload over the per-entry limit (checked earlier)
             with self._lock:
                 self._encode_failed += len(payloads)
@@ -564,7 +569,10 @@ class Run:
             "timeout": budget,  # the uplink's deadline: at + timeout
         }
         self._append(
-            EntryKind.FINISH, [records.encode_record(record, what="finish")], essential=True
+            EntryKind.FINISH,
+            [records.encode_record(record, what="finish")],
+            essential=True,
+            final=True,
         )
         uplink = self._uplink
         if self._mode != "online" or uplink is None:

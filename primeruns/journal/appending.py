@@ -49,14 +49,19 @@ class Appender:
         # Not the transaction lock: the mover holds that through its LMDB
         # commits, and an append must never wait behind one.
         self.lock = threading.Lock()
-        # Set with the run's finish entry: the close-out ships up to it, so
-        # a record after it would be left behind, with the run closed as if
-        # complete. Another thread's log call that was already past its
-        # check when the finish came is refused here instead.
+        # Set by a final append (a run's finish entry): the close-out ships
+        # up to it, so a record after it would be left behind, with the run
+        # closed as if complete. Another thread's log call that was already
+        # past its check when the finish came is refused here instead.
         self._finished = False
 
     def append(
-        self, kind: EntryKind, payloads: Sequence[bytes], *, essential: bool = False
+        self,
+        kind: EntryKind,
+        payloads: Sequence[bytes],
+        *,
+        essential: bool = False,
+        final: bool = False,
     ) -> AppendResult:
         if not payloads:
             return AppendResult(None, 0, 0)
@@ -73,7 +78,7 @@ class Appender:
                 # Under the lock that chose ``first``: the next append's seq
                 # follows this one's, whichever thread it comes from.
                 last = self._tail.last = first + len(frames) - 1
-                self._finished = k == int(EntryKind.FINISH)
+                self._finished = final
         except JournalFullError:
             self._count_drops(len(payloads))
             return AppendResult(None, 0, len(payloads))

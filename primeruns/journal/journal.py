@@ -377,7 +377,12 @@ class Journal:
     # -- appending --------------------------------------------------------------------------
 
     def append(
-        self, kind: EntryKind, payloads: Sequence[bytes], *, essential: bool = False
+        self,
+        kind: EntryKind,
+        payloads: Sequence[bytes],
+        *,
+        essential: bool = False,
+        final: bool = False,
     ) -> AppendResult:
         """Append entries of one kind in one transaction; returns once committed.
 
@@ -387,12 +392,13 @@ class Journal:
         few hundred bytes that decide how the run is closed) may use the room
         kept for bookkeeping, the reserve file included. Raises JournalError on
         a read-only, shared (the uplink's) or forked journal and ValueError for
-        a payload over the per-entry limit.
+        a payload over the per-entry limit. ``final`` (a run's finish): this
+        handle refuses every later append with RunFinishedError.
         """
         self._check_writable()
         if self._appender is None:
             raise JournalError(f"journal {self.path} is shared with the process that appends to it")
-        return self._appender.append(kind, payloads, essential=essential)
+        return self._appender.append(kind, payloads, essential=essential, final=final)
 
     def last_seq(self) -> int:
         """The highest sequence number written (compaction does not lower it)."""

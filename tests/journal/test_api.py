@@ -119,7 +119,7 @@ def test_nothing_is_journaled_after_the_finish_entry(tmp_path: Path) -> None:
 
     with Journal.create(tmp_path) as j:
         j.append(EntryKind.EPISODE, [_rec(1)])
-        j.append(EntryKind.FINISH, [b'{"status": "completed"}'], essential=True)
+        j.append(EntryKind.FINISH, [b'{"status": "completed"}'], essential=True, final=True)
         with pytest.raises(RunFinishedError, match="another thread"):
             j.append(EntryKind.EPISODE, [_rec(2)])
         assert j.last_seq() == 2
