@@ -393,7 +393,7 @@ class Run:
             self._note("record", exc)
             return
         except JournalError as exc:
-            if self._finished and kind is not EntryKind.FINISH:
+            if (self._finishing or self._finished) and not final:
                 # Closed by another thread's finish while this call encoded
                 # (the appender refuses a record after the finish likewise).
                 raise RunFinishedError(FINISHED_WHILE_LOGGING) from None
