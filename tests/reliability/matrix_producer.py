@@ -100,10 +100,12 @@ def main() -> int:
     else:
         say("ready")
         # Wait for the signal (SIGTERM: the run's handler closes it; SIGKILL:
-        # nothing does). Not signal.pause(): a SIGTERM that lands between the
-        # line above and the pause is taken by the C handler, and the pause
-        # then waits for another signal for good (a trial hung so, 1 in ~60);
-        # Python runs the pending handler at the loop's next turn.
+        # nothing does) in a loop of sleeps, not signal.pause() or sigwait():
+        # the kernel may hand a SIGTERM to a native thread that does not block
+        # it (pyarrow's, here with mask 0); CPython's C handler then only flags
+        # it, the handler runs at the main thread's next bytecode, and a main
+        # thread blocked in pause() never gets there (a trial hung so, 1 in
+        # ~60). Each turn of this loop is such a bytecode.
         while True:
             time.sleep(1.0)
     say(f"finished {run.status.value} failed={run.failed_records} dropped={run.dropped_records}")
