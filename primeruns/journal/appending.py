@@ -4,7 +4,7 @@ An append frames its records under the append lock, where each one's
 sequence number is known (the checksum covers it), and writes them to the
 spool in one ``write()`` (``spool``): once it returns they survive the
 process's death, and every reader sees them. Compressing them and moving them
-into LMDB is the mover's work, off this thread (``staging``). At the byte
+into LMDB is the mover's work, off this thread (``staging``), once a second. At the byte
 budget or on a full disk the records are dropped and counted, never raised.
 """
 
@@ -26,7 +26,6 @@ from primeruns.exceptions import (
 from primeruns.journal.capacity import Capacity
 from primeruns.journal.frames import HEADER_SIZE, EntryKind, encode_frame
 from primeruns.journal.spool import SpoolWriter
-from primeruns.journal.staging import Mover
 from primeruns.journal.tail import OwnTail, read_end, stored_end
 from primeruns.journal.txn import Transactions, release_reserve
 from primeruns.journal.types import AppendResult
@@ -38,13 +37,11 @@ class Appender:
         tx: Transactions,
         tail: OwnTail,
         capacity: Capacity,
-        mover: Mover,
         spool: SpoolWriter,
     ) -> None:
         self._tx = tx
         self._tail = tail
         self._capacity = capacity
-        self._mover = mover
         self._spool = spool
         # Not the transaction lock: the mover holds that through its LMDB
         # commits, and an append must never wait behind one.
@@ -82,8 +79,8 @@ class Appender:
         except JournalFullError:
             self._count_drops(len(payloads))
             return AppendResult(None, 0, len(payloads))
-        if self._mover.here:
-            self._mover.wake()
+        # The mover is not woken here but by the background sync, once a
+        # second (see ``maintenance``).
         self._tail.notify()
         return AppendResult(first, last - first + 1, 0)
 

@@ -131,7 +131,7 @@ class Journal:
         if appends:
             writer = SpoolWriter(path, self._spool, fsync=durability == "fsync", written=tx.written)
             self._capacity.spooled = writer.pending_bytes
-            self._appender = Appender(tx, self._tail, self._capacity, self._mover, writer)
+            self._appender = Appender(tx, self._tail, self._capacity, writer)
         local_id = tx.safe_meta(K_LOCAL_ID)
         self.local_id = local_id if isinstance(local_id, str) else path.name
         self._background: Background | None = None
@@ -141,6 +141,7 @@ class Journal:
                 self._reader,
                 durability=durability,
                 sync_spool=None if self._appender is None else self._appender.sync,
+                tick=self._tick_mover,
             )
             if appends:
                 self._mover.start()
@@ -423,6 +424,10 @@ class Journal:
         """
         self._check()
         return self._tail.wait(after_seq, timeout, until)
+
+    def _tick_mover(self) -> None:
+        if self._mover.here:
+            self._mover.wake()
 
     def wake_all(self) -> None:
         """Wake every thread in wait_for_append (they return False unless data arrived)."""

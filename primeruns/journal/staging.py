@@ -46,7 +46,7 @@ from primeruns.journal.frames import (
 )
 from primeruns.journal.layout import put_entry, seq_of
 from primeruns.journal.reading import Reader
-from primeruns.journal.spool import SpoolView
+from primeruns.journal.spool import SpoolView, list_segments
 from primeruns.journal.tail import stored_end
 from primeruns.journal.txn import Transactions
 from primeruns.threads import start_daemon
@@ -103,7 +103,11 @@ class Mover:
         self.here = True
         self._stop.clear()
         self._thread = start_daemon(self._loop, f"primeruns-journal-zstd-{self._path.name}")
-        self._wake.set()  # a first look: an earlier process may have left entries
+        if self.staged or list_segments(self._path):
+            # A first look: an earlier process (or an uplink that died) left
+            # entries. A new journal has none: its first appends are moved at
+            # the background sync's first tick, not while its producer logs.
+            self._wake.set()
 
     def stop(self, *, final: bool = False) -> None:
         """Stop moving here (the thread ends once its batch is in); ``final``:
@@ -139,9 +143,11 @@ class Mover:
 
     def _loop(self) -> None:
         # Never lets an error out: a spooled entry is intact and readable
-        # where it is; it only takes more room until it moves. Woken by every
-        # append (here, or the producer's wake-up in its uplink) and by stop;
-        # cleared before it looks, so a wake-up during a batch is not lost.
+        # where it is; it only takes more room until it moves. Woken once a
+        # second while appends come here (the background sync's tick; never
+        # by an append itself: see ``maintenance``), by the producer's
+        # wake-ups in its uplink, and by stop; cleared before it looks, so a
+        # wake-up during a batch is not lost.
         retry: float | None = None
         while not self._stop.is_set():
             self._wake.wait(retry)

@@ -393,3 +393,37 @@ def test_a_reader_beside_the_mover_misses_nothing_it_moves_meanwhile(
                 after = result.next_after
             assert seen == list(range(1, 41))
         assert len(list_segments(j.path)) == 1  # the mover did move meanwhile
+
+
+def _moved_within(j: Journal, seq: int, seconds: float) -> bool:
+    """Whether LMDB holds every entry up to ``seq`` within ``seconds``."""
+    import time
+
+    from primeruns.journal.tail import stored_end
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        with j._tx.read() as txn:
+            if stored_end(j._tx, txn) >= seq:
+                return True
+        time.sleep(0.02)
+    return False
+
+
+def test_appends_are_moved_into_lmdb_while_the_run_is_open(tmp_path: Path) -> None:
+    # No append wakes the mover (a thread woken in the middle of a burst of
+    # log calls slows every one of them down: see maintenance); the
+    # background sync's tick does, a second after the writes.
+    with Journal.create(tmp_path, local_id="run") as j:
+        result = j.append(EntryKind.METRICS, [b'{"step": %d}' % n for n in range(20)])
+        assert result.first_seq is not None
+        assert _moved_within(j, result.first_seq + 19, 30)
+
+
+def test_a_reopened_journal_moves_what_a_dead_producer_left_with_no_append(
+    tmp_path: Path,
+) -> None:
+    segment, records = _spooled_journal(tmp_path, 30)
+    with Journal.open(segment.parent) as j:  # its owner, as a requeued job is
+        assert _moved_within(j, 30, 30)
+        assert _payloads(j) == records
