@@ -16,6 +16,7 @@ from pathlib import Path
 
 import backlog
 import benchlib
+import crash_close
 import end_to_end
 import finish_latency
 import hot_path
@@ -34,6 +35,7 @@ BENCHMARKS = (
     replay,
     finish_latency,
     idle_wakeups,
+    crash_close,
 )
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
