@@ -62,6 +62,8 @@ class Background:
             if self._stop.wait(SYNC_INTERVAL):
                 break
             tx.written.clear()  # before syncing: a write during it is synced next time
+            if self._tick is not None:
+                self._tick()  # before the syncs: a slow disk does not hold the mover back
             if self._sync_spool is not None and self._durability == "process":
                 self._sync_spool()
             if self._sync_spool is not None:
@@ -75,8 +77,6 @@ class Background:
                     tx.dirty = True  # try again next tick (e.g. transient EIO)
                     tx.written.set()
             ensure_reserve(tx.path)  # back in place once the disk has room again
-            if self._tick is not None:
-                self._tick()
 
     def stop(self) -> None:
         self._stop.set()
