@@ -71,11 +71,12 @@ class Capacity:
                 peak = int(self._tx.meta_or(txn, K_INFLIGHT_PEAK, 0) or 0)
             self.inflight_peak = max(self.inflight_peak, peak)
         reserve = max(reserve, 8 * self.inflight_peak)
-        if spooled and self._mover.here:
+        if spooled > min(4 << 20, budget // 16) and self._mover.here:
             # The mover is woken once a second, not by appends (see
-            # maintenance); a burst counts raw here until it is absorbed, so
-            # at each count (every few MiB at most) it is woken too: else a
-            # burst is refused at a budget its compressed form is far from.
+            # maintenance), and a burst counts raw here until it is absorbed:
+            # once the spool holds that much it is woken too, else a burst is
+            # refused at a budget its compressed form is far from. Not below
+            # that: a thread woken in the middle of a burst slows every call.
             self._mover.wake()
         used = (int(env.info()["last_pgno"]) + 1) * self._psize  # the file's high-water mark
         used += spooled
