@@ -71,14 +71,15 @@ class Capacity:
                 peak = int(self._tx.meta_or(txn, K_INFLIGHT_PEAK, 0) or 0)
             self.inflight_peak = max(self.inflight_peak, peak)
         reserve = max(reserve, 8 * self.inflight_peak)
-        if spooled > min(4 << 20, budget // 16) and self._mover.here:
+        used = (int(env.info()["last_pgno"]) + 1) * self._psize  # the file's high-water mark
+        if spooled and 4 * spooled > budget - reserve - used and self._mover.here:
             # The mover is woken once a second, not by appends (see
             # maintenance), and a burst counts raw here until it is absorbed:
-            # once the spool holds that much it is woken too, else a burst is
-            # refused at a budget its compressed form is far from. Not below
-            # that: a thread woken in the middle of a burst slows every call.
+            # once it takes a quarter of the room left, the mover is woken
+            # too, else a burst is refused at a budget its compressed form is
+            # far from. Not before: a thread woken in the middle of a burst
+            # of calls slows every one of them (far from the budget, never).
             self._mover.wake()
-        used = (int(env.info()["last_pgno"]) + 1) * self._psize  # the file's high-water mark
         used += spooled
         if used + need > budget - reserve:
             # Near the budget: count pages in use (LMDB reuses freed pages).

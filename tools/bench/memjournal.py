@@ -28,11 +28,12 @@ import threading
 import time
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import primeruns.opening as run_module
+from primeruns.exceptions import FINISHED_WHILE_LOGGING, RunFinishedError
 from primeruns.journal import (
     AppendResult,
     CursorState,
@@ -57,6 +58,7 @@ class MemoryJournal:
         self._appended = threading.Condition(self._lock)
         self._wake_gen = 0
         self._closed = False
+        self._finished = False  # the final entry is in: nothing more is appended
         self._entries: list[Entry] = []  # index i holds seq i + 1
         self._meta: dict[str, Any] = {}
         self._acked: dict[str, int] = {}
@@ -80,11 +82,20 @@ class MemoryJournal:
 
     # -- appending and reading ------------------------------------------------
     def append(
-        self, kind: EntryKind, payloads: Sequence[bytes], *, essential: bool = False
+        self,
+        kind: EntryKind,
+        payloads: Sequence[bytes],
+        *,
+        essential: bool = False,
+        final: bool = False,
     ) -> AppendResult:
+        """As ``Journal.append``: nothing is appended after the final entry."""
         if not payloads:
             return AppendResult(None, 0, 0)
         with self._appended:
+            if self._finished:
+                raise RunFinishedError(FINISHED_WHILE_LOGGING)
+            self._finished = final
             first = len(self._entries) + 1
             self._entries.extend(Entry(first + i, kind, bytes(p)) for i, p in enumerate(payloads))
             self._appended.notify_all()
@@ -99,11 +110,23 @@ class MemoryJournal:
     def last_seq(self) -> int:
         return len(self._entries)
 
-    def wait_for_append(self, after_seq: int, timeout: float) -> bool:
-        deadline = time.monotonic() + max(0.0, timeout)
+    def wait_for_append(
+        self,
+        after_seq: int,
+        timeout: float | None,
+        until: Callable[[], bool] | None = None,
+    ) -> bool:
+        """As ``Journal.wait_for_append``: ``until`` is looked at under the
+        condition ``wake_all`` notifies; a timeout of None waits for good."""
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         with self._appended:
             gen = self._wake_gen
             while self.last_seq() <= after_seq and self._wake_gen == gen and not self._closed:
+                if until is not None and until():
+                    break
+                if deadline is None:
+                    self._appended.wait()
+                    continue
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
