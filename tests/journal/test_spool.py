@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sdk_helpers import wait_for
 
 from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal, spool, staging
@@ -395,19 +396,12 @@ def test_a_reader_beside_the_mover_misses_nothing_it_moves_meanwhile(
         assert len(list_segments(j.path)) == 1  # the mover did move meanwhile
 
 
-def _moved_within(j: Journal, seq: int, seconds: float) -> bool:
-    """Whether LMDB holds every entry up to ``seq`` within ``seconds``."""
-    import time
-
+def _moved(j: Journal, seq: int) -> bool:
+    """Whether LMDB holds every entry up to ``seq``."""
     from primeruns.journal.tail import stored_end
 
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        with j._tx.read() as txn:
-            if stored_end(j._tx, txn) >= seq:
-                return True
-        time.sleep(0.02)
-    return False
+    with j._tx.read() as txn:
+        return stored_end(j._tx, txn) >= seq
 
 
 def test_appends_are_moved_into_lmdb_while_the_run_is_open(tmp_path: Path) -> None:
@@ -417,7 +411,8 @@ def test_appends_are_moved_into_lmdb_while_the_run_is_open(tmp_path: Path) -> No
     with Journal.create(tmp_path, local_id="run") as j:
         result = j.append(EntryKind.METRICS, [b'{"step": %d}' % n for n in range(20)])
         assert result.first_seq is not None
-        assert _moved_within(j, result.first_seq + 19, 30)
+        last = result.first_seq + 19
+        wait_for(lambda: _moved(j, last), timeout=30, what="the tick to move the appends")
 
 
 def test_a_reopened_journal_moves_what_a_dead_producer_left_with_no_append(
@@ -425,5 +420,5 @@ def test_a_reopened_journal_moves_what_a_dead_producer_left_with_no_append(
 ) -> None:
     segment, records = _spooled_journal(tmp_path, 30)
     with Journal.open(segment.parent) as j:  # its owner, as a requeued job is
-        assert _moved_within(j, 30, 30)
+        wait_for(lambda: _moved(j, 30), timeout=30, what="the first look to move the spool")
         assert _payloads(j) == records
