@@ -35,7 +35,7 @@ from ..threads import bounded, start_daemon
 from . import ledger
 from .policy import Failure, RetryPolicy, classify
 
-__all__ = ["Shipper", "ShipperState"]
+__all__ = ["Shipper", "ShipperState", "drain_all"]
 
 log = logging.getLogger("primeruns.ship")
 
@@ -49,6 +49,8 @@ class ShipperState:
     retired_reason: str | None = None  # stopped on failure: backlog kept in the journal
     paused_until: float = 0.0
     strikes: int = 0
+    failed_in_a_row: int = 0  # attempts failed since the last request that moved a batch on
+    last_error: str | None = None  # the latest transient failure, until something moves
     batches_sent: int = 0
     records_sent: int = 0
     bytes_sent: int = 0
@@ -104,6 +106,7 @@ class Shipper:
         self._hurry_until = 0.0  # no lingering until then (a flush waits)
         self._shrink = 1  # batch size divisor after journal write failures
         self._isolate: int | None = None  # entry cap while a rejected record is isolated
+        self._moved_at = time.monotonic()  # the last request that moved a batch on
 
     # -- control ------------------------------------------------------------
     def start(self) -> None:
@@ -131,6 +134,8 @@ class Shipper:
                 self.state.active = True
             self.state.paused_until = 0.0
             self.state.strikes = 0
+            self._moved_at = time.monotonic()
+            self.state.failed_in_a_row = 0
         self._record_standing()
         self.poke()
 
@@ -172,6 +177,15 @@ class Shipper:
         if self.state.paused_until > time.monotonic():
             return True
         return self.shipped_through() >= target
+
+    def stuck_for(self, now: float) -> float | None:
+        """Seconds nothing has moved, when this sink is stuck (``policy.stuck``):
+        no request of it succeeded for the stall allowance although it kept
+        trying. A sink waiting out a backoff between tries is not stuck until
+        it has had its tries: the stall measures whether anything *can*
+        move, not how long a backoff happens to be."""
+        idle = now - self._moved_at
+        return idle if self._policy.stuck(idle, self.state.failed_in_a_row) else None
 
     def drain(self, target: int, deadline: float) -> bool:
         """Wait until entries <= target are dealt with: True when shipped, or
@@ -357,12 +371,14 @@ class Shipper:
         def save_state(values: Mapping[str, Any]) -> None:
             nonlocal progressed
             # A multi-request batch that got further is not failing: its
-            # attempts start over (a 30-row batch on a flaky link must not
-            # strike out while every attempt moves it on).
-            if int(values.get("done", 0) or 0) > int(state.get("done", 0) or 0):
-                progressed = True
+            # attempts start over (a batch of several requests on a flaky link
+            # must not strike out while every attempt moves it on). A sink
+            # saves state only after a request succeeded, at most once per
+            # request of the batch, so this cannot reset the count forever.
+            progressed = True
             state.update(values)
             self.journal.update_inflight_state(self.name, values)
+            self._moved()
 
         def reject(count: int, exc: BaseException) -> None:
             self.journal.record_loss(self.name, count, _describe(exc))
@@ -384,10 +400,15 @@ class Shipper:
                 kind = classify(exc)
                 if kind is Failure.TRANSIENT:
                     last_error = exc
+                    with self._progress:
+                        self.state.failed_in_a_row += 1
+                        self.state.last_error = _describe(exc)
                     retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None
                     attempt = 0 if progressed else attempt + 1
                     if attempt < self._policy.attempts_per_strike or self._final:
-                        self._sleep(self._policy.delay(attempt, retry_after, self._rng))
+                        self._sleep(
+                            self._policy.delay(attempt, retry_after, self._rng, closing=self._final)
+                        )
                     if self._final:  # finishing: keep trying until the deadline stops us
                         attempt = min(attempt, self._policy.attempts_per_strike - 1)
                     continue
@@ -406,8 +427,16 @@ class Shipper:
         self._strike(last_error)
 
     # -- outcomes --------------------------------------------------------------
+    def _moved(self) -> None:
+        """A request of this sink succeeded: the platform can be reached."""
+        with self._progress:
+            self._moved_at = time.monotonic()
+            self.state.failed_in_a_row = 0
+            self.state.last_error = None
+
     def _acked(self, inflight: InFlight, state: Mapping[str, Any]) -> None:
         self.journal.ack(self.name, inflight.last_seq)
+        self._moved()
         # Grow back gradually after journal write failures: on a full disk the
         # batch that fits is small, and a full-size one would fail again.
         self._shrink = max(1, self._shrink // 2)
@@ -458,24 +487,30 @@ class Shipper:
 
     def _strike(self, exc: BaseException) -> None:
         st = self.state
-        st.strikes += 1
         self._on_failure(self.name, exc)
-        if st.strikes < self._policy.strikes_to_retire:
-            return
-        if self._training:
-            log.warning(
-                "%s: %d failed batches in a row; pausing %.0f s (backlog kept in the journal)",
-                self.name,
-                st.strikes,
-                self._policy.pause_s,
-            )
-            with self._progress:
+        with self._progress:
+            if self._final:
+                # The run is closing (revive came while this batch struck
+                # out): retry until the close-out's deadline or stall instead.
+                return
+            st.strikes += 1
+            if st.strikes < self._policy.strikes_to_retire:
+                return
+            if not self._training:
+                reason = f"{st.strikes} failed batches in a row: {_describe(exc)}"
+                self.state.active = False
+                self.state.retired_reason = reason
+            else:
+                log.warning(
+                    "%s: %d failed batches in a row; pausing %.0f s (backlog kept in the journal)",
+                    self.name,
+                    st.strikes,
+                    self._policy.pause_s,
+                )
                 st.paused_until = time.monotonic() + self._policy.pause_s
                 st.strikes = 0
-            self._record_standing()
-            self._notify()
-        else:
-            self._retire(f"{st.strikes} failed batches in a row: {_describe(exc)}")
+            self._changed()
+        self._record_standing()
 
     def _retire(self, reason: str) -> None:
         with self._progress:

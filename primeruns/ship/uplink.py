@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import random
 import threading
 import time
@@ -46,7 +45,6 @@ __all__ = [
     "find_run_journals",
     "journal_settings",
     "ship_journal",
-    "stall_seconds",
     "terminal_state",
 ]
 
@@ -54,20 +52,9 @@ log = logging.getLogger("primeruns.uplink")
 
 CRASH_ERROR = "the producer stopped without finishing the run"
 # After the producer died without finishing, the uplink ships what is left
-# for at most this long (it stops sooner once nothing moves: stall_seconds).
+# for at most this long (it stops sooner once a sink is stuck: RetryPolicy.stuck).
 _ORPHAN_DEADLINE_S = 3600.0
 _MAX_ERRORS = 1000
-
-
-def stall_seconds() -> float:
-    """How long a close-out waits with nothing shipping before it gives up
-    (the platform is down or refusing; everything left is in the journal)."""
-    raw = os.environ.get("PRIME_RUNS_STALL_S", "").strip()
-    try:
-        value = float(raw) if raw else 60.0
-    except ValueError:
-        value = 60.0
-    return max(0.1, value)
 
 
 @dataclass
@@ -311,10 +298,16 @@ class Uplink:
             attempt += 1
             self._closing.wait(min(30.0, 0.5 * 2 ** min(attempt, 6)) * rng.uniform(0.5, 1.5))
 
-    def _ensure_registered(self, deadline: float) -> None:
+    def _ensure_registered(self, deadline: float) -> float | None:
+        """Register before the close-out ships, retrying until ``deadline`` or
+        until the platform is stuck by the policy's rule (as a sink would be);
+        the seconds it was stuck when it gave up, else None."""
         lifecycle = self.lifecycle
         if lifecycle.binding() is not None:
-            return
+            return None
+        rng = random.Random()
+        started = time.monotonic()
+        failed = 0
         while time.monotonic() < deadline:
             try:
                 lifecycle.register(attempts=1)
@@ -322,14 +315,21 @@ class Uplink:
             except APIError as exc:
                 if not is_transient(exc):
                     self._on_failure("register", exc)
-                    return
+                    return None
+                failed += 1
+                idle = time.monotonic() - started
+                if self.policy.stuck(idle, failed):
+                    self._on_failure("register", exc)
+                    return idle
+                wait = self.policy.delay(failed - 1, None, rng, closing=True)
                 # A retry delay (the platform is down), not a wait for a state.
-                time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
             except Exception as exc:
                 self._on_failure("register", exc)
-                return
+                return None
         for shipper in self.shippers:
             shipper.poke()
+        return None
 
     def hurry(self) -> None:
         """The producer waits (flush): send what is queued without lingering."""
@@ -401,13 +401,17 @@ class Uplink:
         if live:
             for shipper in everyone:
                 shipper.revive(final=True)  # the platform may be back: retry until the deadline
-        self._ensure_registered(deadline)
+        stalled = self._ensure_registered(deadline)
         last = journal.last_seq()
-        drained, stalled = _drain_while_moving(self.shippers, last, deadline, progress)
+        if self.lifecycle.binding() is None:
+            drained = False  # nothing can ship before the run is registered
+        else:
+            drained, stalled = _drain_while_moving(self.shippers, last, deadline, progress)
         for old, adopted in self.adopted:
             more, stuck = _drain_while_moving(adopted, old.last_seq(), deadline, None)
             drained = drained and more
             stalled = stalled or stuck
+        self._report_left_behind(everyone)
         for shipper in everyone:
             shipper.signal_stop()
         for shipper in everyone:
@@ -427,7 +431,9 @@ class Uplink:
         if not finalized and self.lifecycle.binding() is not None and (live or not pending):
             # After a stalled drain the platform is likely down: the close-out
             # gets as long as the stall allowance, not the rest of the deadline.
-            close_by = deadline if drained else min(deadline, time.monotonic() + stall_seconds())
+            close_by = deadline
+            if not drained:
+                close_by = min(deadline, time.monotonic() + self.policy.stall_s)
             try:
                 self.lifecycle.finalize(status, error, summary, deadline=close_by)
             except Exception as exc:
@@ -447,6 +453,23 @@ class Uplink:
         self.client.close()
         self._notify()
         return outcome
+
+    def _report_left_behind(self, shippers: Sequence[Shipper]) -> None:
+        """Say why a sink leaves records behind (its last failure, or its
+        pause), in ``run.errors``, not only how many: a closing sink retries
+        rather than striking out, so nothing else recorded the failure."""
+        for shipper in shippers:
+            st = shipper.state
+            if st.off_reason is not None or st.retired_reason is not None:
+                continue  # its failure was recorded when it stopped
+            if st.last_error is None and st.paused_until <= time.monotonic():
+                continue
+            if shipper.pending_records() == 0:
+                continue
+            why = st.last_error or "paused after failed batches in a row"
+            self._on_failure(
+                shipper.name, PrimeRunsError(f"records left unshipped at the close-out: {why}")
+            )
 
     def pending(self) -> dict[str, int]:
         """Per sink still on, how many records it has not shipped."""
@@ -475,12 +498,10 @@ def _drain_while_moving(
     deadline: float,
     progress: Callable[[Progress], None] | None,
 ) -> tuple[bool, float | None]:
-    """``drain_all`` until ``deadline``, or until no shipper has moved for
-    ``stall_seconds()``: (whether all drained, seconds stalled when it gave up)."""
-    stall = stall_seconds()
+    """``drain_all`` until ``deadline``, or until every shipper still owing
+    entries is stuck (``Shipper.stuck_for``): (whether all drained, seconds
+    stalled when it gave up)."""
     tick = 0.25 if progress is not None else 1.0
-    moved_at = time.monotonic()
-    last = [s.shipped_through() for s in shippers]
     while True:
         now = time.monotonic()
         done = drain_all(shippers, target, min(deadline, now + tick))
@@ -499,19 +520,17 @@ def _drain_while_moving(
             )
         if done:
             return True, None
-        if all(s.settled(target) for s in shippers):
+        waiting = [s for s in shippers if not s.settled(target)]
+        if not waiting:
             return False, None  # retired or paused: nothing more will happen by waiting
         now = time.monotonic()
-        current = [s.shipped_through() for s in shippers]
-        if current != last:
-            last, moved_at = current, now
         if now >= deadline:
             return False, None
-        if now - moved_at >= stall:
-            log.info(
-                "prime-runs: nothing shipped for %.0f s; not waiting any longer", now - moved_at
-            )
-            return False, now - moved_at
+        stuck = [s.stuck_for(now) for s in waiting]
+        if all(idle is not None for idle in stuck):
+            idle = min(i for i in stuck if i is not None)
+            log.info("prime-runs: nothing shipped for %.0f s; not waiting any longer", idle)
+            return False, idle
 
 
 def ship_journal(

@@ -1,14 +1,20 @@
 """The training sample table: one Parquet object per step upload, through
-presign, then PUT to object storage, then confirm (contract §3.6, §3.7, §5.3).
+presign, then PUT to object storage, then confirm (see docs/ARCHITECTURE.md,
+"The wire").
 
 Only episodes of training work on the cadence (every ``interval``-th step)
-become rows; others are skipped, which is not a loss. A batch's objects are
-built once, numbered in their own ``sample_id`` range and stamped with one
-``created_at``, and recorded in the journal before the first attempt; the
-presigned key is recorded as soon as it is minted. A resend after a crash or a
-lost answer therefore PUTs the same bytes to the same key and confirms it
-again (confirm is idempotent), and never makes a second object of the same
-records.
+become rows; others are skipped, which is not a loss. A batch is one object:
+the episodes of one step, up to the first episode of another step on the
+cadence, so the acknowledged offset moves with every confirmed object (a
+flaky link that confirmed step 0 and not yet step 10 has step 0 behind it).
+The object is built once, numbered in its own ``sample_id`` range, and
+recorded in the journal before the first attempt; the presigned key is
+recorded as soon as it is minted, and that the PUT landed as soon as it did.
+A resend after a crash or a lost answer therefore PUTs the same bytes to the
+same key, or only confirms again (confirm is idempotent), and never makes a
+second object of the same records. A presigned URL the store refuses (it
+expired while the sink was paused) is minted anew before anything landed
+under it.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from typing import Any
 
 import orjson
 
+from ..exceptions import APIError, RetryableAPIError
 from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
 from ..projection import episodes_to_parquet_bytes, parquet_available
@@ -89,11 +96,15 @@ class TrainSamplesSink:
                 lasting=False,
             )
         by_step: dict[int, list[dict[str, Any]]] = {}
+        last_seq = entries[-1].seq
         for entry in entries:
             record = orjson.loads(entry.payload)
             step = training_step(record)
             if step is None or step % self._interval:
                 continue
+            if by_step and step not in by_step:
+                last_seq = entry.seq - 1  # one object per batch: this step is the next one's
+                break
             by_step.setdefault(step, []).append(record)
         if not by_step:
             return None
@@ -117,7 +128,10 @@ class TrainSamplesSink:
         carry = {"ranges": {str(k): v for k, v in self._ranges.items()}}
         if not units:
             return None
-        return Prepared(body=pack_units(units), state={"done": 0, "carry": carry}, records=records)
+        state: dict[str, Any] = {"done": 0, "carry": carry}
+        if last_seq != entries[-1].seq:
+            state["last_seq"] = last_seq
+        return Prepared(body=pack_units(units), state=state, records=records)
 
     def send(self, body: bytes, ctx: SendContext) -> None:
         run_id = ctx.binding.run_id
@@ -126,7 +140,8 @@ class TrainSamplesSink:
             meta, blob = units[index]
             step = meta["step"]
             key, url = ctx.state.get("key"), ctx.state.get("url")
-            if not key or not url:
+            minted_now = not key or not url
+            if minted_now:
                 minted = self._client.api(
                     "POST", "/rft/samples/presign", {"run_id": run_id, "step": step}
                 )
@@ -135,8 +150,22 @@ class TrainSamplesSink:
                 if not url or not key:
                     raise ValueError("presign answered without an upload URL and key")
                 ctx.save_state({"key": key, "url": url})
-            self._client.put_object(str(url), blob, "application/parquet")
+            if not ctx.state.get("put"):
+                try:
+                    self._client.put_object(str(url), blob, "application/parquet")
+                except APIError as exc:
+                    if exc.status_code != 403 or minted_now:
+                        raise
+                    # The store refused a URL minted on an earlier try (it
+                    # expired): nothing landed under this key, so a new one
+                    # is minted on the next try.
+                    ctx.save_state({"key": None, "url": None})
+                    raise RetryableAPIError(
+                        f"the object store refused the presigned URL ({exc}); minting a new one",
+                        status_code=403,
+                    ) from exc
+                ctx.save_state({"put": True})
             self._client.api(
                 "POST", "/rft/samples/confirm", {"run_id": run_id, "step": step, "s3_key": key}
             )
-            ctx.save_state({"done": index + 1, "key": None, "url": None})
+            ctx.save_state({"done": index + 1, "key": None, "url": None, "put": False})

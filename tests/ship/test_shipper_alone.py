@@ -248,3 +248,98 @@ def test_entries_missing_from_the_journal_are_each_counted_as_lost(tmp_path: Pat
     assert sink.stored == [f"e{i}" for i in (0, 1, 2, 8, 9, 10, 11)]  # seq = i + 1
     assert journal.losses()["fake"]["count"] == 5
     journal.close()
+
+
+class _MultiRequestSink(FakeSink):
+    """Each batch takes ``requests`` requests, the first ``failures`` attempts
+    of each failing transiently: a flaky link under a batch of several
+    requests (the sample table's presign, PUT and confirm)."""
+
+    def __init__(self, *, requests: int, failures: int) -> None:
+        super().__init__()
+        self.requests = requests
+        self.failures = failures
+        self._failed_here = 0
+
+    def send(self, body: bytes, ctx: SendContext) -> None:
+        self.attempts.append(body)
+        for index in range(int(ctx.state.get("done", 0)), self.requests):
+            if self._failed_here < self.failures:
+                self._failed_here += 1
+                raise RetryableAPIError("503 from the fake", status_code=503)
+            self._failed_here = 0
+            ctx.save_state({"done": index + 1})
+        self.stored.extend(json.loads(body))
+
+
+def _closing(journal: Journal, sink: FakeSink, policy: RetryPolicy) -> Shipper:
+    shipper = Shipper(
+        journal,
+        sink,
+        binding=lambda: _BOUND,
+        training=True,
+        policy=policy,
+        on_failure=lambda what, exc: None,
+    )
+    shipper.revive(final=True)  # what a close-out does
+    shipper.start()
+    return shipper
+
+
+def test_a_closing_drain_waits_for_a_batch_that_moves_on_request_by_request(
+    tmp_path: Path,
+) -> None:
+    # Each batch is acknowledged only after its three requests, each failing
+    # twice first: longer than the stall allowance between acknowledgements,
+    # yet a request succeeds every few tries. Before, the close-out measured
+    # only acknowledgements and gave up on it ("nothing shipped for 60 s").
+    from primeruns.ship.uplink import _drain_while_moving
+
+    journal = _journal(tmp_path, 8)
+    sink = _MultiRequestSink(requests=3, failures=2)
+    policy = RetryPolicy(base_delay_s=0.01, max_delay_s=0.02, stall_s=0.05, stuck_attempts=8)
+    shipper = _closing(journal, sink, policy)
+    drained, stalled = _drain_while_moving([shipper], journal.last_seq(), _soon(30), None)
+    shipper.stop(timeout=5)
+    assert (drained, stalled) == (True, None)
+    assert sink.stored == [f"e{i}" for i in range(8)]
+    journal.close()
+
+
+def test_a_closing_drain_gives_up_on_a_sink_that_keeps_failing_and_says_why(
+    tmp_path: Path,
+) -> None:
+    from primeruns.ship.uplink import _drain_while_moving
+
+    journal = _journal(tmp_path, 4)
+    sink = FakeSink(transient=10**6)
+    policy = RetryPolicy(base_delay_s=0.01, max_delay_s=0.02, stall_s=0.2, stuck_attempts=8)
+    shipper = _closing(journal, sink, policy)
+    drained, stalled = _drain_while_moving([shipper], journal.last_seq(), _soon(30), None)
+    shipper.stop(timeout=5)
+    assert not drained
+    assert stalled is not None and stalled >= 0.2
+    assert len(sink.attempts) >= 8  # it had its tries before being called stuck
+    assert shipper.state.last_error is not None and "503 from the fake" in shipper.state.last_error
+    assert shipper.pending_records() == 4  # still in the journal, for replay
+    journal.close()
+
+
+def test_a_batch_striking_out_while_the_run_closes_is_not_paused(tmp_path: Path) -> None:
+    # revive(final=True) may land while a batch is on its last attempt of a
+    # strike: the strike must not pause the sink for five minutes after it.
+    journal = _journal(tmp_path, 3)
+    sink = FakeSink(transient=5)
+    policy = RetryPolicy(
+        base_delay_s=0.001,
+        max_delay_s=0.01,
+        attempts_per_strike=1,
+        strikes_to_retire=1,
+        pause_s=300.0,
+    )
+    shipper = _closing(journal, sink, policy)
+    assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+    shipper.stop(timeout=5)
+    assert shipper.state.paused_until == 0.0
+    assert sink.stored == ["e0", "e1", "e2"]
+    journal.close()
