@@ -1,13 +1,13 @@
 """Run-level aggregates over episodes, in the shape the eval dashboard reads.
 
-``from_episodes`` is the aggregation verifiers used (contract §6.4), so runs that
+``from_episodes`` is the aggregation verifiers used, so runs that
 move to this SDK keep their numbers. It reads episodes and traces duck-typed:
 verifiers objects through their attributes (``trace.reward`` included) and
 mappings of the ``to_record()`` shape through their keys, giving the same result
 for an object and its record. Pass the result to ``run.finish(summary=...)``.
 
 No filtering happens here: a NaN metric propagates into its average, and the
-summary cleaning of ``finish()`` then drops it (contract §6.5).
+summary cleaning of ``finish()`` then drops it.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Episodes onto the platform's legacy sample tables (contract §5).
+"""Episodes onto the platform's legacy sample tables.
 
 Two projections live here, under the vendor's public names so that
 ``import prime_runs.projection`` keeps working:
@@ -98,7 +98,7 @@ _LEAVES = frozenset({str, int, bool, type(None)})
 
 def _nullify_non_finite(value: Any) -> Any:
     """A copy with NaN and infinity as ``None``: the tables show them as null
-    rather than losing the row they sit in (contract §6.5).
+    rather than losing the row they sit in.
 
     It copies every row's whole native record, so plain dicts, lists and
     leaves are taken on exact-type checks before the general ones.
@@ -269,9 +269,9 @@ def summary_trace_index(episode: Any) -> int:
 def trace_to_sample(
     trace: Any, rollout_number: int = 1, episode_id: str | None = None, *, finite: bool = False
 ) -> dict[str, Any]:
-    """One trace (a mapping or a ``to_record()`` object) as a v0 sample row
-    (contract §5.1): ``completion`` is the last branch's messages,
-    ``trajectory`` one entry per branch, non-finite numbers are null.
+    """One trace (a mapping or a ``to_record()`` object) as a v0 sample row:
+    ``completion`` is the last branch's messages, ``trajectory`` one entry per
+    branch, non-finite numbers are null.
 
     ``finite=True`` says the input holds no NaN or infinity (it was parsed from
     JSON, as the SDK's sinks read it from the journal): the copy that turns
@@ -393,8 +393,9 @@ def build_samples(
 
 
 def batch_samples(samples: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """Rows packed into requests of at most 25 MiB (contract §5.2): the envelope,
-    then each row's compact JSON plus one byte for its comma.
+    """Rows packed into requests of at most 25 MiB (the platform's per-request
+    ceiling): the envelope, then each row's compact JSON plus one byte for its
+    comma.
 
     Raises ``ValueError`` naming the row when one row cannot fit a request alone,
     rather than dropping it silently.
@@ -434,7 +435,7 @@ def parquet_available() -> bool:
 
 
 def train_sample_schema() -> pyarrow.Schema:
-    """The training viewer's table schema (contract §5.3), column for column."""
+    """The training viewer's table schema, column for column."""
     import pyarrow as pa
 
     string, int64, float64 = pa.string(), pa.int64(), pa.float64()
@@ -536,7 +537,7 @@ def episodes_to_parquet_bytes(
     created_at: datetime | None = None,
 ) -> bytes | None:
     """One training step's episodes as one Parquet object of the viewer's
-    table (contract §5.3), rows numbered from ``sample_id_offset``.
+    table, rows numbered from ``sample_id_offset``.
 
     Returns ``None`` when no row has a trajectory (no object is made).
     ``created_at`` (default: now, UTC) is shared by every row; with it fixed,

@@ -14,9 +14,11 @@ So this module decides, once and in one place, what a record *is* on the wire:
 - ``encode_json`` is the same encoder for platform request bodies, which must not
   carry NaN (the platform answers an opaque 400): it refuses it locally.
 - ``clean_metrics``, ``stamp_run``, ``is_episode`` and ``training_step`` are the
-  small record rules of the platform contract (§6.1, §6.5, §3.7).
+  small record rules the platform's services expect: no non-finite number in
+  a metrics row, the platform run in every trace's own ``run`` block, and the
+  training step an episode is filed under.
 
-Decisions where the contract is silent:
+Decisions where the platform's clients say nothing:
 
 - Non-finite floats inside *records* become ``null`` (the traces service refuses
   NaN, and JSON has none); in request bodies they are an error instead.
@@ -497,7 +499,7 @@ def encode_metrics_row(row: dict[str, Any]) -> bytes:
 
 
 def clean_metrics(values: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy of ``values`` without non-finite numbers (contract §6.5).
+    """A copy of ``values`` without non-finite numbers (JSON has none).
 
     NaN and infinity are removed recursively, list elements too; a nested
     mapping left empty (or empty to begin with) is removed; the top level is
@@ -532,7 +534,7 @@ def _run_block(run: Any, run_id: str, run_type: str) -> dict[str, Any]:
 
 
 def stamp_run(record: Mapping[str, Any], run_id: str, run_type: str) -> dict[str, Any]:
-    """A shallow copy of ``record`` keyed to the platform run (contract §6.1).
+    """A shallow copy of ``record`` keyed to the platform run.
 
     The top-level ``run`` block keeps the producer's keys (``name``, ``work``)
     with ``id`` and ``type`` overridden; a missing block becomes ``{id, type}``.
@@ -561,7 +563,8 @@ def _get(obj: Any, name: str) -> Any:
 
 
 def training_step(record: Mapping[str, Any]) -> int | None:
-    """The training step of a training-work episode, else None (contract §3.7).
+    """The training step of a training-work episode, else None: the episodes the
+    training sample table takes (on its cadence).
 
     Needs ``run.type == "train"``, ``run.work.type == "train"`` and an int (not
     bool) ``run.work.step``. Reads keys of mappings or attributes of objects.

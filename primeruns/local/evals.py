@@ -1,6 +1,7 @@
-"""Evaluations API and its v0 sample table (contract §2, §5.2).
+"""Evaluations API and its v0 sample table (the calls the SDK makes are in
+docs/ARCHITECTURE.md, "The wire").
 
-Decisions where the contract is silent (§8):
+Decisions where the platform's behaviour is not known from its clients:
 
 - A created evaluation starts ``RUNNING``. ``finalize`` moves it to
   ``COMPLETED`` and stores the given metrics; repeating it on a ``COMPLETED``

@@ -1,6 +1,6 @@
-"""Environments hub: resolve (get-or-create), ``@latest`` by slug, lookup by id (§2.6).
+"""Environments hub: resolve (get-or-create), ``@latest`` by slug, lookup by id.
 
-Decisions where the contract is silent (§8.8):
+Decisions where the platform's behaviour is not known from its clients:
 
 - An environment is ``owner/name``. ``resolve`` uses the request's ``team_id``
   (or ``owner_slug``/``team_slug``) as owner, else ``local``.

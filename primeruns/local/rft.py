@@ -1,10 +1,11 @@
-"""External training runs (RFT) on the public and the internal root (contract §3, §1.1).
+"""External training runs (RFT) on the public and the internal root (the calls
+the SDK makes are in docs/ARCHITECTURE.md, "The wire").
 
 The public root ``/api/v1/rft`` has every endpoint; the internal root
 ``/api/internal/rft`` (hosted runs, authenticated by ``x-api-key``) has only
 finalize, metrics and the sample presign/confirm pair, as on the platform.
 
-Decisions where the contract is silent (§8.4-8.7):
+Decisions where the platform's behaviour is not known from its clients:
 
 - Statuses are stored uppercase: a created run is ``RUNNING``; lowercase
   ``completed``/``failed`` from ``/status`` and ``/finalize`` become

@@ -1,7 +1,8 @@
-"""Summary columns of one trace or episode document (contract §4.8, inferred).
+"""Summary columns of one trace or episode document (inferred: the service's
+clients do not say how it derives them).
 
 The service indexes a handful of columns per trace; these are this emulator's
-choices for where each comes from (§8.11):
+choices for where each comes from:
 
 - ``run_id``/``step``: the trace's OWN ``run.id`` / ``run.work.step`` (never the
   envelope's: that is why producers stamp member traces).

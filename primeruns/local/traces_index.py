@@ -1,10 +1,10 @@
-"""Prime Traces' node and call index, run search and deletes (contract §4.7).
+"""Prime Traces' node and call index, run search and deletes.
 
 The service builds a node/call index of each trace asynchronously; this
 emulator reads the stored document instead, so every trace is indexed at
-once (never 409 ``trace_not_indexed``, never ``partial_index``). The
-contract is silent on how a node maps to its row; the choices, as a user of
-a verifiers trace would expect:
+once (never 409 ``trace_not_indexed``, never ``partial_index``). How a
+node maps to its row is not known from the service's clients; the choices,
+as a user of a verifiers trace would expect:
 
 - a node's ``node_idx`` is its position in the trace's ``nodes``;
   ``parent_idx`` its first ``semantic_parents`` entry (None for a root);

@@ -1,8 +1,9 @@
-"""Turn one Prime Traces upload request into rows, or reject it whole (§4.1-4.5).
+"""Turn one Prime Traces upload request into rows, or reject it whole.
 
 Validation is deterministic and all-or-nothing: a request either yields every
-row it holds, or a :class:`~.errors.TracesError` with the contract's 400 code,
-and then nothing is stored. Limits the contract leaves open (§8.9), decided here:
+row it holds, or a :class:`~.errors.TracesError` with the service's 400 error
+code, and then nothing is stored. Limits the service's clients do not give,
+decided here:
 
 =============================  ===========================================
 metadata part                  at most 64 KiB, ``schema_version`` 1 only

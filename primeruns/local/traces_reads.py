@@ -1,4 +1,4 @@
-"""Prime Traces read endpoints: traces, episodes, runs, run steps (contract §4.7).
+"""Prime Traces read endpoints: traces, episodes, runs, run steps.
 
 Reads see one copy per id: the newest stored row wins (a re-upload replaces
 what readers see, while ``/_local`` still counts every row). Runs are not an

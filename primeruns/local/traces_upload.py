@@ -1,9 +1,10 @@
-"""``POST /api/v1/traces``: the content-addressed upload (contract §4.1-4.4).
+"""``POST /api/v1/traces``: the content-addressed upload (what the SDK relies on is
+in docs/ARCHITECTURE.md, "The wire").
 
 The upload id *is* the digest, so committing is keyed on it: a second request
 with the same key and line format stores nothing and gets the committed
-receipt back, byte for byte (decision §8.1: the first commit answers 201, a
-replay 200). The same key under the other line format is 409
+receipt back, byte for byte (this emulator's choice: the first commit answers
+201, a replay 200). The same key under the other line format is 409
 ``line_format_conflict``. Each committed upload's episode and trace rows are
 stored as rows, so a record that reached the server in two *different*
 uploads shows up twice (``rows > distinct`` in ``/_local/runs/{id}``).

@@ -189,7 +189,7 @@ class PlatformClient:
         content: bytes | None = None
         if isinstance(body, bytes):
             content = body
-        elif body:  # an empty mapping is not sent at all (contract §1.4)
+        elif body:  # an empty mapping is sent as no body at all, and no Content-Type
             content = json_body(body)
         if content is not None:
             headers["Content-Type"] = "application/json"

@@ -1,8 +1,9 @@
 """Turn an HTTP answer, or the lack of one, into the SDK's exception family.
 
 Both the platform API (FastAPI style ``{"detail": ...}``) and Prime Traces
-(``{"error": {"code", "message"}}``) are read by one mapper (contract §1.6), so
-a caller's ``except`` clauses work the same for every endpoint. Messages carry
+(``{"error": {"code", "message"}}``) are read by one mapper (see
+docs/ARCHITECTURE.md, "The wire"), so a caller's ``except`` clauses work the
+same for every endpoint. Messages carry
 the server's text and the request's method and path, never a header: the API
 key cannot leak through an error.
 """

@@ -1,9 +1,9 @@
 """Where the SDK's settings come from, resolved once at ``init()``.
 
-Precedence for every setting: the ``init()`` argument, then the environment
-variable, then ``~/.prime/config.json``, then the default (contract §1.5). Each
-resolved value remembers its source, so ``primeruns doctor`` can say where a
-setting came from. The API key is held here and nowhere else: it is never
+Precedence for every setting, as in the vendor's SDK: the ``init()`` argument,
+then the environment variable, then ``~/.prime/config.json``, then the default.
+Each resolved value remembers its source, so ``primeruns doctor`` can say where
+a setting came from. The API key is held here and nowhere else: it is never
 journaled, logged or put in an error message (``masked_key`` is for display).
 """
 
@@ -86,7 +86,8 @@ def _is_loopback(origin: str) -> bool:
 
 
 def split_api_root(base_url: str) -> tuple[str, str, bool]:
-    """Reduce a base URL to ``(origin, api_prefix, internal)`` (contract §1.1).
+    """Reduce a base URL to ``(origin, api_prefix, internal)`` (see
+    docs/ARCHITECTURE.md, "The wire").
 
     Only the path is examined: ``https://h/api/internal/rft`` addresses the
     internal RFT router, anything else the public ``/api/v1``.

@@ -1,4 +1,5 @@
-"""The evaluation sample table: one v0 row per episode (contract §5.1, §5.2).
+"""The evaluation sample table: one v0 row per episode, pushed in requests of at
+most 25 MiB (see docs/ARCHITECTURE.md, "The wire").
 
 The endpoint appends and does not deduplicate, so a blind resend after an
 ambiguous failure (the server stored the rows, the answer was lost) would

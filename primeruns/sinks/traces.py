@@ -1,7 +1,10 @@
 """Prime Traces: every episode and bare trace, content addressed.
 
-A batch is JSONL of the stamped records (contract §6.1), uploaded as the
-multipart form of §4.1 with the JSONL gzip-compressed on the wire. The
+A batch is JSONL of the records stamped with the platform run (``run.id`` and
+``run.type`` on the envelope and on every member trace: the service reads the
+run from each trace's own block), uploaded as a multipart form of a
+``metadata`` part and a ``traces`` part holding the JSONL gzip-compressed (see
+docs/ARCHITECTURE.md, "The wire"). The
 ``Idempotency-Key`` is the SHA-256 of the uncompressed JSONL, and the whole
 request body (boundary included) is derived from those bytes alone, so a
 recorded batch resends byte for byte and the service answers a resend with the

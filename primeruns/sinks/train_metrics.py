@@ -1,5 +1,5 @@
 """Training metrics: one row per ``log_metrics`` call, on its own shipper so a
-slow sample upload never holds a curve back (contract §3.5).
+slow sample upload never holds a curve back (see docs/ARCHITECTURE.md, "The wire").
 
 Each journal entry is the finished row (values cleaned, ``step`` and
 ``_timestamp`` set when it was logged), so a resend carries the same
