@@ -16,15 +16,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from . import hooks, records
-from .exceptions import (
-    APIError,
-    ConfigurationError,
-    ForbiddenError,
-    PaymentRequiredError,
-    TransportError,
-    UnauthorizedError,
-    is_transient,
-)
+from .exceptions import ConfigurationError
 from .journal import (
     DEFAULT_MAX_JOURNAL_BYTES,
     EntryKind,
@@ -42,12 +34,10 @@ from .models import (
     RunKind,
     TrainingSpec,
 )
-from .platform import MODE_ENV, PlatformClient, Settings, resolve_settings
+from .platform import MODE_ENV, resolve_settings
+from .recorder import Recorder
 from .run import Run
-from .ship.lifecycle import Lifecycle
-from .ship.link import start_uplink
-from .ship.policy import RetryPolicy
-from .ship.uplink import find_run_journals
+from .supervisor import go_online
 from .threads import start_daemon
 
 __all__ = ["init"]
@@ -56,7 +46,6 @@ log = logging.getLogger("primeruns")
 
 _MODES = ("online", "offline", "disabled")
 _DEFAULT_FINISH_TIMEOUT = 300.0
-_AUTH_ERRORS = (UnauthorizedError, ForbiddenError, PaymentRequiredError)
 
 
 def _check_type(name: str, value: Any, types: type | tuple[type, ...], hint: str) -> None:
@@ -191,18 +180,14 @@ def init(
         name = f"{stem}-{secrets.token_hex(4)}"
 
     if run_mode == "disabled":
-        local = id or f"disabled-{secrets.token_hex(8)}"
         return Run(
-            kind=kind,
+            Recorder(None, kind=kind, on_error=on_error),
             mode="disabled",
             name=name,
             config=config_doc,
-            on_error=on_error,
             finish_timeout=float(finish_timeout),
             attached=id is not None,
-            journal=None,
-            settings=None,
-            local_id=local,
+            local_id=id or f"disabled-{secrets.token_hex(8)}",
         )
 
     if kind == "eval" and id is None and not envs:
@@ -253,31 +238,31 @@ def init(
         meta={"spec": spec, "state": "running"},
     )
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(spec, what="spec")], essential=True)
+    recorder = Recorder(journal, kind=kind, on_error=on_error)
+    supervisor = None
+    if run_mode == "online":
+        try:
+            supervisor, taken_over = go_online(journal, settings, kind, recorder.note)
+        except BaseException:
+            # The run never existed on the platform: leave no journal behind
+            # for `primeruns ls` to call crashed.
+            journal.close()
+            delete_journal(journal.path)
+            raise
+        others = (journal.path.parent, {journal.path, *taken_over})
+        start_daemon(_mention_crashed_runs, "primeruns-scan", others)
     run = Run(
-        kind=kind,
+        recorder,
+        supervisor=supervisor,
         mode=run_mode,
         name=name,
         config=config_doc,
-        on_error=on_error,
         finish_timeout=float(finish_timeout),
         attached=id is not None,
-        journal=journal,
-        settings=settings,
         local_id=journal.local_id,
     )
     hooks.register(run)
     hooks.install_sigterm()
-    if run_mode == "online":
-        try:
-            _go_online(run, journal, settings)
-        except BaseException:
-            # The run never existed on the platform: leave no journal behind
-            # for `primeruns ls` to call crashed.
-            hooks.unregister(run)
-            run._finished = True
-            journal.close()
-            delete_journal(journal.path)
-            raise
     return run
 
 
@@ -334,43 +319,3 @@ def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
             ", ".join(crashed[:5]) + (", ..." if len(crashed) > 5 else ""),
             runs_dir,
         )
-
-
-def _go_online(run: Run, journal: Journal, settings: Settings) -> None:
-    """Register the run (so ``run.url`` is there at once) and start its uplink."""
-    policy = RetryPolicy.from_env()
-    client = PlatformClient(settings)
-    lifecycle = Lifecycle(journal, client, policy=policy, on_failure=run._on_sink_failure)
-    run._lifecycle = lifecycle
-    try:
-        lifecycle.register(attempts=2)
-    except APIError as exc:
-        if not is_transient(exc) or isinstance(exc, _AUTH_ERRORS):
-            raise
-        log.warning(
-            "prime-runs: %s (%s); the run goes on journaling and registers when it can. "
-            "run.url is None until then.",
-            "the platform is unreachable"
-            if isinstance(exc, TransportError)
-            else "the platform did not register the run yet",
-            exc,
-        )
-    finally:
-        client.close()  # from here on only the uplink talks to the platform
-    attach = lifecycle.spec.get("attach_id")
-    predecessors: list[Path] = []
-    if attach:
-        predecessors, alive = find_run_journals(
-            journal.path.parent, str(attach), exclude=journal.path
-        )
-        if alive:
-            log.warning(
-                "prime-runs: another process (%s) is logging to run %s right now; the "
-                "platform keeps one metrics row per step, so rows both log for the same "
-                "step overwrite each other. Give each process its own steps, or its own run.",
-                " and ".join(alive),
-                attach,
-            )
-    run._uplink = start_uplink(journal, settings, predecessors)
-    others = (journal.path.parent, {journal.path, *predecessors})
-    start_daemon(_mention_crashed_runs, "primeruns-scan", others)

@@ -285,7 +285,7 @@ def test_a_forked_child_never_waits_on_a_lock_its_parent_held_at_the_fork(
     held, release = threading.Event(), threading.Event()
 
     def hold() -> None:
-        with run._lock:
+        with run._recorder.lock:
             held.set()
             release.wait(30)
 

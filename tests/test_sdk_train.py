@@ -228,7 +228,7 @@ def test_a_paused_sink_resumes_after_its_pause_and_ships_its_backlog(
     lp.set_faults(retryable_rate=1.0)
     for step in range(5):
         run.log_metrics({"loss": float(step)}, step=step)
-    journal = run._journal
+    journal = run._recorder.journal
     assert journal is not None
 
     def paused() -> bool:

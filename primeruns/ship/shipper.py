@@ -372,13 +372,15 @@ class Shipper:
             nonlocal progressed
             # A multi-request batch that got further is not failing: its
             # attempts start over (a batch of several requests on a flaky link
-            # must not strike out while every attempt moves it on). A sink
-            # saves state only after a request succeeded, at most once per
-            # request of the batch, so this cannot reset the count forever.
-            progressed = True
+            # must not strike out while every attempt moves it on). Only a
+            # change counts: what a sink saves again on every attempt (the
+            # eval samples' "attempted") cannot reset the count forever.
+            moved = any(state.get(k) != v for k, v in values.items())
             state.update(values)
             self.journal.update_inflight_state(self.name, values)
-            self._moved()
+            if moved:
+                progressed = True
+                self._moved()
 
         def reject(count: int, exc: BaseException) -> None:
             self.journal.record_loss(self.name, count, _describe(exc))

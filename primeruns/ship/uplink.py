@@ -388,7 +388,7 @@ class Uplink:
         progress: Callable[[Progress], None] | None = None,
     ) -> ledger.Closeout:
         """Ship what is left (until ``deadline``, or until nothing moves for
-        ``stall_seconds()``), stop the shippers and finalize the run.
+        the policy's stuck rule), stop the shippers and finalize the run.
 
         ``live``: a run closing now (its finish, or its producer's death):
         sinks retry until the deadline rather than strike out, and the run is

@@ -112,7 +112,8 @@ def test_the_key_is_not_on_the_uplinks_command_line_or_in_its_environment(
     key = "secret-key-that-must-not-leak-42"
     monkeypatch.setenv("PRIME_API_KEY", key)
     run = pr.init(environments=["gsm8k"], model="m", base_url=local_platform.url, runs_dir=runs)
-    uplink = run._uplink
+    assert run._supervisor is not None
+    uplink = run._supervisor.uplink
     assert uplink is not None and uplink.pid is not None
     pid = uplink.pid
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -162,7 +163,8 @@ def test_an_uplink_killed_mid_run_is_replaced_by_threads_and_nothing_is_lost(
     run = _eval_run(local_platform.url, runs)
     episodes = workloads.gsm8k(60)
     run.log_episodes(episodes[:30])
-    uplink = run._uplink
+    assert run._supervisor is not None
+    uplink = run._supervisor.uplink
     assert uplink is not None and uplink.pid is not None
     os.kill(uplink.pid, signal.SIGKILL)
     uplink.wait_exit(30)
@@ -193,11 +195,13 @@ def test_the_uplink_runs_this_package_even_from_a_directory_holding_another(
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
     monkeypatch.chdir(elsewhere)
     run = _eval_run(local_platform.url, runs)
-    assert run._uplink is not None and run._uplink.pid is not None
+    assert run._supervisor is not None
+    uplink = run._supervisor.uplink
+    assert uplink.pid is not None  # type: ignore[attr-defined]
     run.log_episodes(workloads.gsm8k(5))
     run.finish(timeout=60)
     assert not marker.exists()
-    assert run._uplink.exit_code() == 0  # the uplink itself shipped and closed the run
+    assert uplink.exit_code() == 0  # type: ignore[attr-defined]  # the uplink itself shipped and closed the run
     stored = local_platform.run(run.id)
     assert stored["status"] == "COMPLETED" and landed_once(stored, 5)
 

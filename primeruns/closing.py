@@ -1,0 +1,220 @@
+"""How a run ends, seen from the producer: the finish entry, the wait, the words.
+
+``finish()`` (and the exit and SIGTERM hooks) come here once the status is
+decided. The finish entry is journaled first: from then on the run's end is
+on disk, whatever happens to this process, and the uplink drains up to it
+and closes the run out with its status. This module then waits for that
+close-out (online), and says in one warning what was left behind and the
+command that ships it. Offline, the journal is simply closed: ``primeruns
+sync`` registers and ships it later.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from . import records
+from .exceptions import JournalError
+from .journal import EntryKind
+from .models import RunStatus
+from .recorder import Recorder
+from .ship.ledger import Closeout
+from .supervisor import Supervisor
+
+__all__ = [
+    "ending_of",
+    "finish_journal",
+    "settle",
+    "store_edited_config",
+    "terminal",
+    "warn_unfinished",
+]
+
+log = logging.getLogger("primeruns")
+
+
+def terminal(status: RunStatus | str) -> RunStatus:
+    """``finish(status=...)`` checked: a terminal status, or ValueError naming the choices."""
+    try:
+        final = RunStatus(status)
+    except ValueError:
+        raise ValueError(
+            "finish: status must be one of completed, failed, cancelled, crashed; "
+            f"got {status!r}"
+        ) from None
+    if final is RunStatus.RUNNING:
+        raise ValueError("finish: status 'running' is not a terminal status")
+    return final
+
+
+def ending_of(exc: BaseException | None) -> tuple[RunStatus, BaseException | str | None]:
+    """How a ``with run:`` block ended: completed, cancelled by an interrupt,
+    or failed with the exception that left it."""
+    import asyncio
+
+    if exc is None:
+        return RunStatus.COMPLETED, None
+    if isinstance(exc, KeyboardInterrupt | asyncio.CancelledError):
+        return RunStatus.CANCELLED, "interrupted"
+    return RunStatus.FAILED, exc
+
+
+def warn_unfinished(supervisor: Supervisor, run_id: str, wait: float) -> None:
+    log.warning(
+        "prime-runs: run %s was not finished; closing it as crashed at exit, "
+        "waiting up to %.0f s for %d unshipped record(s) (all are in the journal)",
+        run_id,
+        wait,
+        sum(supervisor.pending().values()),
+    )
+
+
+def settle(
+    recorder: Recorder,
+    summary: Mapping[str, Any] | None,
+    status: RunStatus,
+    error: str | BaseException | None,
+) -> str | None:
+    """Merge the finish's summary into the run's, and say why the run ended:
+    ``error`` as given, else (for a run that did not complete) the first
+    failure noted, else None."""
+    if summary:
+        try:
+            cleaned = recorder.encodable(records.clean_metrics(summary), "summary")
+        except (TypeError, ValueError) as exc:
+            recorder.note("summary", exc)
+            cleaned = {}
+        with recorder.lock:
+            recorder.summary.update(cleaned)
+    if error is not None:
+        return _describe(error)
+    if status is not RunStatus.COMPLETED and recorder.errors:
+        return recorder.errors[0]
+    return None
+
+
+def store_edited_config(recorder: Recorder, config: dict[str, Any]) -> None:
+    """An evaluation's ``config`` edited since ``init()``: the close-out sends
+    it (the run's spec in the journal is what the uplink registers and closes
+    the run with). Only for an evaluation the run created itself."""
+    journal = recorder.journal
+    assert journal is not None
+    try:
+        spec = journal.get_meta("spec") or {}
+    except JournalError as exc:
+        recorder.note("config", exc)
+        return
+    if spec.get("config") == config:  # as registered: nothing to store
+        return
+    edited = recorder.encodable(dict(config), "config")
+    try:
+        journal.set_meta("spec", {**spec, "config": edited})
+    except (JournalError, TypeError, ValueError) as exc:
+        recorder.note("config", exc)
+
+
+def finish_journal(
+    recorder: Recorder,
+    supervisor: Supervisor | None,
+    *,
+    status: RunStatus,
+    message: str | None,
+    budget: float,
+    wait: float | None,
+    run_id: str,
+) -> None:
+    """Journal the finish entry, wait for the close-out (online), report, close.
+
+    ``budget``: how long the uplink may ship before it closes the run out;
+    ``wait``: how long this call waits for it (None: as long, plus a grace).
+    """
+    journal = recorder.journal
+    assert journal is not None
+    record = {
+        "status": status.value,
+        "error": message,
+        # The live summary may hold what the user put there: only what encodes.
+        "summary": recorder.encodable(_finite(recorder.summary), "summary"),
+        "at": time.time(),
+        "timeout": budget,  # the uplink's deadline: at + timeout
+    }
+    recorder.append(
+        EntryKind.FINISH,
+        [records.encode_record(record, what="finish")],
+        essential=True,
+        final=True,
+    )
+    if supervisor is None:
+        recorder.close()
+        return
+    pending = supervisor.pending()
+    if pending:
+        log.info(
+            "prime-runs: finishing run %s: shipping %d record(s) (%s), for up to %.0f s",
+            run_id,
+            sum(pending.values()),
+            ", ".join(f"{k}: {v}" for k, v in pending.items()),
+            budget,
+        )
+    waiting = budget if wait is None else min(wait, budget)
+    outcome = supervisor.wait_closeout(waiting, grace=wait is None)
+    if recorder.kind == "eval":
+        written = int(journal.get_meta("episodes_written", 0) or 0)
+        with recorder.lock:
+            prime = dict(recorder.summary.get("prime_runs") or {})
+            prime["traces_episodes_written"] = written
+            recorder.summary["prime_runs"] = prime
+    _report(outcome, supervisor, run_id, str(journal.path))
+    supervisor.release()
+    recorder.close()
+
+
+def _report(outcome: Closeout | None, supervisor: Supervisor, run_id: str, path: str) -> None:
+    if outcome is None:
+        log.warning(
+            "prime-runs: run %s is still being shipped by its uplink (pid %s), which "
+            "closes it out when done; everything is in the journal at %s (if the uplink "
+            "is stopped, ship it with: primeruns replay %s)",
+            run_id,
+            getattr(supervisor.uplink, "pid", None),
+            path,
+            path,
+        )
+        return
+    if outcome.stalled_s is not None:
+        log.warning(
+            "prime-runs: nothing shipped for %.0f s; not waiting any longer", outcome.stalled_s
+        )
+    if not outcome.drained or outcome.pending:
+        log.warning(
+            "prime-runs: %d record(s) of run %s were not shipped (%s); they are kept "
+            "in the journal. Ship them with: primeruns replay %s",
+            sum(outcome.pending.values()),
+            run_id,
+            ", ".join(f"{k}: {v}" for k, v in outcome.pending.items()) or "finalize pending",
+            path,
+        )
+    elif not outcome.finalized:
+        log.warning(
+            "prime-runs: run %s is not closed out on the platform yet (it could not "
+            "be reached); everything is shipped. Close it out with: primeruns replay %s",
+            run_id,
+            path,
+        )
+
+
+def _finite(summary: Mapping[str, Any]) -> dict[str, Any]:
+    try:
+        return records.clean_metrics(summary)
+    except (TypeError, ValueError):
+        return dict(summary)
+
+
+def _describe(error: str | BaseException) -> str:
+    if isinstance(error, BaseException):
+        text = str(error)
+        return f"{type(error).__name__}: {text}" if text else type(error).__name__
+    return str(error)

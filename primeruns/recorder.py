@@ -1,0 +1,399 @@
+"""The recorder: what a ``log_*`` call does in the producer's thread.
+
+It checks the producer's input (naming the field and the fix), encodes each
+record once, appends the encoded records to the run's journal and keeps the
+counts a user reads back (records dropped, records that could not be
+encoded, the newest entry of each kind that ``flush()`` waits for). It never
+touches the network: after an append it calls its ``wake`` callback, which
+for an online run wakes the uplink without blocking.
+
+Thread-safe: many threads may log at once; counts are exact. In a forked
+child every call is dropped and counted (the journal belongs to the parent's
+process; see ``reset_after_fork``).
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from . import records
+from .exceptions import FINISHED_WHILE_LOGGING, JournalError, RunFinishedError
+from .journal import EntryKind, Journal
+from .journal.frames import MAX_ENTRY_BYTES
+from .models import OnError, RunKind
+from .ship import ledger
+
+__all__ = ["Recorder"]
+
+log = logging.getLogger("primeruns")
+
+_MAX_ERRORS = 1000
+
+
+class Recorder:
+    """Validates, encodes and journals a run's records; keeps its counts.
+
+    ``journal`` is None for a disabled run: input is still checked (a bad
+    call is reported the same way), nothing is written.
+    """
+
+    def __init__(self, journal: Journal | None, *, kind: RunKind, on_error: OnError) -> None:
+        self.journal = journal
+        self.kind: RunKind = kind
+        self.on_error: OnError = on_error
+        self.summary: dict[str, Any] = {}
+        self.errors: list[str] = []
+        self.wake: Callable[[], None] = _nothing
+        self.lock = threading.Lock()
+        self._pid = os.getpid()
+        self._closing = False  # finish() began: calls are refused from now on
+        self._deferred: BaseException | None = None
+        self._dropped = 0
+        self._encode_failed = 0
+        self._forked_dropped = 0
+        # The newest seq appended of each entry kind: what flush() waits for.
+        self._last_by_kind: dict[int, int] = {}
+        self._warned: set[str] = set()
+        self._raised = 0  # uplink failures already raised (on_error="raise")
+        self._final_losses: dict[str, dict[str, Any]] | None = None
+        self._final_errors: list[dict[str, Any]] | None = None
+
+    # -- what the user reads back ------------------------------------------------
+    @property
+    def dropped(self) -> int:
+        return self._dropped + self._forked_dropped
+
+    @property
+    def encode_failed(self) -> int:
+        return self._encode_failed
+
+    def targets(self) -> dict[int, int]:
+        """The newest seq journaled of each entry kind (by kind number)."""
+        with self.lock:
+            return dict(self._last_by_kind)
+
+    def losses(self) -> dict[str, dict[str, Any]]:
+        """Per sink, what it counted as lost (from the journal; frozen at close)."""
+        if self._final_losses is not None:
+            return self._final_losses
+        if self.journal is None or not self.owner_process():
+            return {}
+        try:
+            return self.journal.losses()
+        except JournalError:
+            return {}
+
+    def uplink_errors(self) -> list[dict[str, Any]]:
+        """The uplink's failures, as it recorded them in the journal (frozen at close)."""
+        if self._final_errors is not None:
+            return self._final_errors
+        if self.journal is None or not self.owner_process():
+            return []
+        try:
+            return ledger.read_errors(self.journal)
+        except JournalError:
+            return []
+
+    def all_errors(self) -> list[str]:
+        """``run.errors``: what this process noted, then the uplink's failures."""
+        return list(self.errors) + [ledger.error_text(e) for e in self.uplink_errors()]
+
+    def failed_records(self) -> dict[str, int]:
+        """``run.failed_records``: per sink, from the journal's loss counts."""
+        out: dict[str, int] = {}
+        if self._encode_failed:
+            out["encode"] = self._encode_failed
+        for sink, loss in self.losses().items():
+            if sink != "journal" and loss.get("count"):
+                out[sink] = out.get(sink, 0) + int(loss["count"])
+        return out
+
+    def owner_process(self) -> bool:
+        return self._pid == os.getpid()
+
+    # -- the calls ---------------------------------------------------------------
+    def check_live(self, what: str) -> None:
+        if self._closing:
+            raise RunFinishedError(f"{what}: the run is finished; start a new run with pr.init()")
+
+    def begin_closing(self) -> None:
+        """``finish()`` began: every later call raises ``RunFinishedError``."""
+        self._closing = True
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def log(self, kind: EntryKind, items: Iterable[Any], what: str) -> None:
+        """Encode and journal ``items``; bad ones are counted and reported,
+        the good ones of the same call journaled either way."""
+        self.check_live(f"log_{what}")
+        if isinstance(items, Mapping | str | bytes):
+            self.bad_input(
+                TypeError(
+                    f"log_{what}: pass a list of records, not a single {type(items).__name__}"
+                )
+            )
+            return
+        if self.journal is None:
+            return
+        payloads: list[bytes] = []
+        first_error: BaseException | None = None
+        try:
+            for index, item in enumerate(items):
+                try:
+                    payloads.append(_encode(kind, item, f"{what}[{index}]"))
+                except (TypeError, ValueError) as exc:
+                    with self.lock:  # counts must be exact under many threads
+                        self._encode_failed += 1
+                    if self.on_error != "raise":
+                        self.note("record", exc)
+                    first_error = first_error or exc
+        except Exception as exc:  # not iterable, or the producer's generator raised
+            error = TypeError(
+                f"log_{what}: could not iterate the records ({type(exc).__name__}: {exc}); "
+                "pass a list of records"
+            )
+            if self.on_error != "raise":
+                self.note("record", error)
+            first_error = first_error or error
+        if payloads:
+            self.append(kind, payloads)
+        if first_error is not None and self.on_error == "raise":
+            raise first_error
+
+    def log_traces(self, traces: Iterable[Any]) -> None:
+        """Bare traces; an episode among them is journaled as an episode, in order."""
+        self.check_live("log_traces")
+        if self.journal is None or not self.owner_process():
+            self.log(EntryKind.TRACE, traces, "traces")
+            return
+        bare: list[Any] = []
+        for item in traces:
+            if _looks_like_episode(item):
+                if bare:
+                    self.log(EntryKind.TRACE, bare, "traces")
+                    bare = []
+                self.log(EntryKind.EPISODE, [item], "traces")
+            else:
+                bare.append(item)
+        if bare:
+            self.log(EntryKind.TRACE, bare, "traces")
+
+    def log_metrics(self, values: Mapping[str, Any], step: int | None) -> None:
+        self.check_live("log_metrics")
+        if type(values) is not dict and not isinstance(values, Mapping):
+            self.bad_input(
+                TypeError(f"log_metrics: values must be a mapping, got {type(values).__name__}")
+            )
+            return
+        if step is not None:
+            try:
+                if isinstance(step, bool):
+                    raise TypeError
+                step = operator.index(step)  # numpy and torch integers too
+            except TypeError:
+                self.bad_input(TypeError(f"log_metrics: step must be an int, got {step!r}"))
+                return
+        if self.kind != "train" or self.journal is None:
+            return
+        try:
+            row = records.clean_metrics(values)
+        except (TypeError, ValueError) as exc:
+            self.bad_input(exc)
+            return
+        if step is not None and "step" not in row:
+            row["step"] = step
+        row.setdefault("_timestamp", time.time())
+        self.append(EntryKind.METRICS, [records.encode_metrics_row(row)])
+
+    def update_summary(self, values: Mapping[str, Any]) -> None:
+        self.check_live("update_summary")
+        try:
+            cleaned = self.encodable(records.clean_metrics(values), "update_summary")
+        except (TypeError, ValueError) as exc:
+            self.bad_input(exc)
+            return
+        with self.lock:
+            self.summary.update(cleaned)
+            summary = dict(self.summary)
+        if self.journal is not None:
+            self.append(EntryKind.SUMMARY, [records.encode_record(summary, what="update_summary")])
+
+    def encodable(self, values: dict[str, Any], what: str) -> dict[str, Any]:
+        """``values`` without the keys whose values cannot be encoded, each
+        dropped one noted (raised under ``on_error="raise"``)."""
+        try:
+            records.encode_record(values, what=what)
+            return values
+        except (TypeError, ValueError):
+            pass
+        kept: dict[str, Any] = {}
+        for key, value in values.items():
+            try:
+                records.encode_record({key: value}, what=what)
+            except (TypeError, ValueError) as exc:
+                self.bad_input(exc)
+                continue
+            kept[key] = value
+        return kept
+
+    def append(
+        self,
+        kind: EntryKind,
+        payloads: Sequence[bytes],
+        *,
+        essential: bool = False,
+        final: bool = False,
+    ) -> None:
+        """Journal encoded records; never raises into the loop but for a call
+        that lost the race with another thread's ``finish()``."""
+        journal = self.journal
+        if journal is None:
+            return
+        if not self.owner_process():
+            with self.lock:
+                self._forked_dropped += len(payloads)
+            self.warn_once(
+                "fork",
+                "a forked child logged to its parent's run; its records are dropped and "
+                "counted in run.dropped_records. Log from the parent, or call pr.init() "
+                "in the child for a run of its own.",
+            )
+            return
+        try:
+            result = journal.append(kind, payloads, essential=essential, final=final)
+        except ValueError as exc:  # a payload over the per-entry limit (checked earlier)
+            with self.lock:
+                self._encode_failed += len(payloads)
+            self.note("record", exc)
+            return
+        except JournalError as exc:
+            if self._closing and not final:
+                # Closed by another thread's finish while this call encoded
+                # (the appender refuses a record after the finish likewise).
+                raise RunFinishedError(FINISHED_WHILE_LOGGING) from None
+            with self.lock:
+                self._dropped += len(payloads)
+            self.warn_once("journal", f"the journal refused records: {exc}")
+            return
+        if result.first_seq is not None and result.count:
+            last = result.first_seq + result.count - 1
+            with self.lock:
+                if last > self._last_by_kind.get(int(kind), 0):
+                    self._last_by_kind[int(kind)] = last
+            self.wake()
+        if result.dropped:
+            with self.lock:
+                self._dropped += result.dropped
+            self.warn_once(
+                "budget",
+                f"the journal at {journal.path} is full (byte budget or disk); records are "
+                "being dropped and counted in run.dropped_records. Free disk space or raise "
+                "the budget (PRIME_RUNS_MAX_JOURNAL_BYTES).",
+            )
+
+    # -- reporting ---------------------------------------------------------------
+    def bad_input(self, exc: BaseException) -> None:
+        if self.on_error == "raise":
+            raise exc
+        self.note("record", exc)
+
+    def note(self, what: str, exc: BaseException, *, warn: bool = True) -> None:
+        """Record a failure for ``run.errors`` (kept to be raised later under
+        ``on_error="raise"`` unless it is bad input, raised at once)."""
+        text = f"{what} failed: {type(exc).__name__}: {exc}"
+        with self.lock:
+            if len(self.errors) < _MAX_ERRORS:
+                self.errors.append(text)
+            if (
+                self._deferred is None
+                and self.on_error == "raise"
+                and not isinstance(exc, TypeError | ValueError)
+            ):
+                self._deferred = exc
+        if warn:
+            log.warning("prime-runs: %s", text)
+
+    def raise_deferred(self) -> None:
+        """Under ``on_error="raise"``: raise the first failure not raised yet,
+        noted here or recorded by the uplink."""
+        if self.on_error != "raise":
+            return
+        with self.lock:
+            exc, self._deferred = self._deferred, None
+        if exc is not None:
+            raise exc
+        found = self.uplink_errors()
+        with self.lock:
+            fresh, self._raised = found[self._raised :], len(found)
+        if fresh:
+            raise ledger.error_from_record(fresh[0])
+
+    def warn_once(self, key: str, message: str) -> None:
+        if key in self._warned:
+            return
+        self._warned.add(key)
+        log.warning("prime-runs: %s", message)
+
+    # -- life --------------------------------------------------------------------
+    def close(self) -> None:
+        """Freeze what the journal says (losses, the uplink's errors) and close it."""
+        journal = self.journal
+        if journal is None:
+            return
+        self._final_losses = self.losses()
+        self._final_errors = self.uplink_errors()
+        journal.close()
+
+    def reset_after_fork(self) -> None:
+        """In a forked child: a fresh lock, since a thread of the parent may
+        have held this one at the fork."""
+        self.lock = threading.Lock()
+
+
+def _nothing() -> None:
+    return None
+
+
+def _encode(kind: EntryKind, item: Any, where: str) -> bytes:
+    """One record's journal payload, or TypeError/ValueError naming ``where``."""
+    if kind is EntryKind.EPISODE and not _has_trace_list(item):
+        raise records.RecordEncodeError(
+            where,
+            "it is not an episode: it has no 'traces' list, so Prime Traces "
+            "would refuse it and the sample table would get no row from it",
+            "log what verifiers' Episode.to_record() returns ({'id': ..., "
+            "'traces': [...], ...}), or bare traces with log_traces",
+        )
+    payload = records.encode_record(item, what=where)
+    if len(payload) > MAX_ENTRY_BYTES:
+        raise records.RecordEncodeError(
+            where,
+            f"it is {len(payload):,} bytes as JSON, over the journal's "
+            f"{MAX_ENTRY_BYTES >> 20} MiB per-record limit",
+            "split it into smaller records or leave out its largest fields",
+        )
+    return payload
+
+
+def _has_trace_list(item: Any) -> bool:
+    """Whether ``item`` (a mapping or an episode object) carries a list of traces."""
+    if isinstance(item, Mapping):
+        return isinstance(item.get("traces"), list | tuple)
+    to_record = getattr(item, "to_record", None)
+    if callable(to_record) or not hasattr(item, "traces"):
+        return True  # its record decides; the encoder checks the rest
+    return isinstance(item.traces, list | tuple)
+
+
+def _looks_like_episode(item: Any) -> bool:
+    if isinstance(item, Mapping):
+        return "traces" in item
+    return hasattr(item, "traces")

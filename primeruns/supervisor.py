@@ -1,0 +1,221 @@
+"""The producer's side of an online run's uplink: start it, wake it, wait on it.
+
+``go_online`` registers the run (so ``run.url`` is there at once) and starts
+the uplink (:mod:`primeruns.ship.link`: a process, or threads where one cannot
+start). The :class:`Supervisor` it returns is all the run handle knows of
+shipping: it passes the recorder's wake-ups on, waits for the sinks to catch
+up (``flush``), replaces an uplink process that died before the run was
+closed out with threads in this process, and waits for the close-out. Every
+answer it gives is read from the journal, where the uplink writes it
+(``ship.ledger``); it never talks to the platform itself after ``init()``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+from .exceptions import (
+    APIError,
+    ForbiddenError,
+    JournalError,
+    PaymentRequiredError,
+    TransportError,
+    UnauthorizedError,
+    is_transient,
+)
+from .journal import Journal
+from .models import RunKind
+from .platform import PlatformClient, Settings
+from .platform.binding import Binding
+from .ship import ledger
+from .ship.factory import sink_kinds
+from .ship.lifecycle import Lifecycle
+from .ship.link import UplinkHandle, UplinkThreads, start_uplink
+from .ship.policy import RetryPolicy
+from .ship.uplink import find_run_journals
+
+__all__ = ["Supervisor", "go_online"]
+
+log = logging.getLogger("primeruns")
+
+_AUTH_ERRORS = (UnauthorizedError, ForbiddenError, PaymentRequiredError)
+# finish() waits this much past its timeout for the uplink's last steps
+# (stopping its shippers, the close-out call) before it returns anyway.
+_CLOSE_GRACE = 10.0
+
+
+def go_online(
+    journal: Journal,
+    settings: Settings,
+    kind: RunKind,
+    on_failure: Callable[[str, BaseException], None],
+) -> tuple[Supervisor, list[Path]]:
+    """Register the run and start its uplink; the supervisor, and the journals
+    of earlier processes of an attached run that it took over.
+
+    Raises the platform's authorization errors (401, 402, 403) and any
+    failure that is not transient; a platform that cannot be reached only
+    warns (the uplink registers the run once it can).
+    """
+    policy = RetryPolicy.from_env()
+    client = PlatformClient(settings)
+    lifecycle = Lifecycle(journal, client, policy=policy, on_failure=on_failure)
+    try:
+        lifecycle.register(attempts=2)
+    except APIError as exc:
+        if not is_transient(exc) or isinstance(exc, _AUTH_ERRORS):
+            raise
+        log.warning(
+            "prime-runs: %s (%s); the run goes on journaling and registers when it can. "
+            "run.url is None until then.",
+            "the platform is unreachable"
+            if isinstance(exc, TransportError)
+            else "the platform did not register the run yet",
+            exc,
+        )
+    finally:
+        client.close()  # from here on only the uplink talks to the platform
+    attach = lifecycle.spec.get("attach_id")
+    predecessors: list[Path] = []
+    if attach:
+        predecessors, alive = find_run_journals(
+            journal.path.parent, str(attach), exclude=journal.path
+        )
+        if alive:
+            log.warning(
+                "prime-runs: another process (%s) is logging to run %s right now; the "
+                "platform keeps one metrics row per step, so rows both log for the same "
+                "step overwrite each other. Give each process its own steps, or its own run.",
+                " and ".join(alive),
+                attach,
+            )
+    uplink = start_uplink(journal, settings, predecessors)
+    return Supervisor(journal, settings, kind, lifecycle, uplink), predecessors
+
+
+class Supervisor:
+    """A live run's uplink, seen from the producer. Thread-safe."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        settings: Settings,
+        kind: RunKind,
+        lifecycle: Lifecycle,
+        uplink: UplinkHandle,
+    ) -> None:
+        self._journal = journal
+        self._settings = settings
+        self._kind: RunKind = kind
+        self._lifecycle = lifecycle
+        self.uplink = uplink
+        self._replaced = False
+        self._bound: Binding | None = None
+
+    def binding(self) -> Binding | None:
+        """The platform's run, once registered (cached: it never changes)."""
+        if self._bound is None:
+            try:
+                self._bound = self._lifecycle.binding()
+            except JournalError:
+                return None
+        return self._bound
+
+    def wake(self) -> None:
+        self.uplink.wake()
+
+    # -- flush ---------------------------------------------------------------------
+    def drain(self, targets: Mapping[int, int], timeout: float | None) -> bool:
+        """Wait until every live sink acknowledged what was journaled up to
+        ``targets`` (per entry kind); False at the timeout, or once a sink is
+        retired or paused."""
+        deadline = time.monotonic() + (timeout if timeout is not None else 1e9)
+        hurried = False
+        while True:
+            mark = self.uplink.progress_mark()  # before the look: no report is missed
+            done, settled = self._caught_up(targets)
+            if done:
+                return True
+            if settled:
+                return False
+            if not hurried:
+                self.uplink.hurry()  # small batches go now: someone waits for them
+                hurried = True
+            self.replace_if_dead()
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.uplink.alive():
+                return False  # out of time, or nothing left to ship it
+            self.uplink.wait_progress(mark, left)  # woken by the uplink's progress
+
+    def _caught_up(self, targets: Mapping[int, int]) -> tuple[bool, bool]:
+        """(every sink has what it owes up to ``targets``, the rest are retired or paused)."""
+        journal = self._journal
+        done = settled = True
+        try:
+            for name, kinds in sink_kinds(self._kind).items():
+                target = max((targets.get(int(k), 0) for k in kinds), default=0)
+                if target == 0:
+                    continue
+                standing = ledger.read_standing(journal, name)
+                if standing.off is not None or journal.cursor(name).acked >= target:
+                    continue
+                done = False
+                settled = settled and standing.settled
+        except JournalError:
+            return False, True
+        return done, settled and not done
+
+    def pending(self) -> dict[str, int]:
+        """Per sink still on, how many records it has not shipped (reads the journal)."""
+        try:
+            return ledger.pending_by_sink(self._journal, sink_kinds(self._kind))
+        except JournalError:
+            return {}
+
+    # -- the uplink's life ---------------------------------------------------------
+    def replace_if_dead(self) -> None:
+        """If the uplink process died before closing the run out (killed, out
+        of memory), ship from threads in this process from now on."""
+        uplink, journal = self.uplink, self._journal
+        if self._replaced or uplink.alive():
+            return
+        if ledger.read_closeout(journal) is not None:
+            return  # it finished its work
+        self._replaced = True
+        log.warning(
+            "prime-runs: the uplink process of run %s exited before the run was finished; "
+            "shipping from threads in this process from now on (nothing is lost: it ships "
+            "from the journal)",
+            (self.binding() or Binding(journal.local_id, self._kind)).run_id,
+        )
+        uplink.release()
+        journal.unshare_lock()
+        journal.take_back_moving()
+        self.uplink = UplinkThreads(journal, self._settings, [])
+
+    def wait_closeout(self, waiting: float, *, grace: bool) -> ledger.Closeout | None:
+        """After the finish entry: tell the uplink, and wait up to ``waiting``
+        (plus a grace for its last steps) for it to close the run out; how it
+        went, or None if it is still at it."""
+        self.replace_if_dead()
+        uplink = self.uplink
+        uplink.closing()
+        done_by = time.monotonic() + waiting + (_CLOSE_GRACE if grace else 0.0)
+        while True:
+            if uplink.wait_exit(max(0.0, done_by - time.monotonic())):
+                self.replace_if_dead()  # it died before closing the run out
+                if self.uplink is uplink:
+                    break
+                uplink = self.uplink
+                uplink.closing()
+            elif time.monotonic() >= done_by:
+                break
+        return ledger.read_closeout(self._journal)
+
+    def release(self) -> None:
+        """The run's journal is closing: let go of the uplink's ends here."""
+        self.binding()
+        self.uplink.release()
