@@ -1,0 +1,427 @@
+"""A run's registration and close-out (``primeruns.ship.lifecycle``) through
+``httpx.MockTransport``, against a scripted platform that answers as the
+local platform does (``primeruns/local/evals.py``, ``rft.py``).
+
+Registration is not replayable, so what is under test is what the lifecycle
+does when a create's answer is lost; close-out, what it falls back on and
+when it records the run as closed.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from scripted_platform import LOST, REFUSED, Fault, ScriptedPlatform, error, failed_attempt
+
+from primeruns.exceptions import (
+    APIError,
+    ForbiddenError,
+    RetryableAPIError,
+    TransportError,
+    UnauthorizedError,
+)
+from primeruns.journal import Journal
+from primeruns.ship.lifecycle import Lifecycle
+from primeruns.ship.policy import RetryPolicy
+
+# Three attempts a call, with no wait between them.
+_AT_ONCE = RetryPolicy(base_delay_s=0.0, max_delay_s=0.0, attempts_per_strike=3)
+_EVALS = "/api/v1/evaluations/"
+_EVAL = r"/api/v1/evaluations/(?P<id>[^/]+)"
+_RUNS = "/api/v1/rft/external-runs"
+
+
+class Registry:
+    """The platform's evaluations and external training runs."""
+
+    def __init__(self, platform: ScriptedPlatform) -> None:
+        self.evaluations: list[dict[str, Any]] = []  # in creation order
+        self.runs: dict[str, dict[str, Any]] = {}
+        self._ids = itertools.count(1)
+        routes = [
+            ("resolve", "POST", "/api/v1/environmentshub/resolve", self.resolve),
+            ("create", "POST", _EVALS, self.create),
+            ("list", "GET", _EVALS, self.list),
+            ("update", "PUT", _EVAL, self.update),
+            ("finalize", "POST", _EVAL + "/finalize", self.finalize),
+            ("create_run", "POST", _RUNS, self.create_run),
+            ("run_status", "PUT", _RUNS + r"/(?P<id>[^/]+)/status", self.run_status),
+            ("run_finalize", "POST", "/api/v1/rft/finalize", self.run_finalize),
+        ]
+        for name, method, path, handler in routes:
+            platform.route(name, method, path, handler)
+
+    def evaluation(self, eval_id: str) -> dict[str, Any]:
+        return next(e for e in self.evaluations if e["id"] == eval_id)
+
+    def add_evaluation(self, body: dict[str, Any]) -> dict[str, Any]:
+        evaluation = {
+            "id": f"eval-{next(self._ids)}",
+            "name": body.get("name"),
+            "status": "RUNNING",
+            "team_id": body.get("team_id"),
+            "environment_names": [body["dataset"]] if body.get("dataset") else [],
+            "metadata": body.get("metadata") or {},
+            "metrics": {},
+            "error_message": None,
+        }
+        self.evaluations.append(evaluation)
+        return evaluation
+
+    def resolve(self, request: httpx.Request, _: dict[str, str]) -> httpx.Response:
+        name = json.loads(request.content)["name"]
+        return httpx.Response(200, json={"data": {"id": f"env-{name}", "name": name}})
+
+    def create(self, request: httpx.Request, _: dict[str, str]) -> httpx.Response:
+        evaluation = self.add_evaluation(json.loads(request.content))
+        view = {
+            "evaluation_id": evaluation["id"],
+            "name": evaluation["name"],
+            "status": "RUNNING",
+            "viewer_url": f"http://platform.test/dashboard/evaluations/{evaluation['id']}",
+        }
+        return httpx.Response(201, json=view)
+
+    def list(self, request: httpx.Request, _: dict[str, str]) -> httpx.Response:
+        params = request.url.params
+        found = [
+            {**e, "evaluation_id": e["id"]}
+            for e in reversed(self.evaluations)  # newest first
+            if params.get("team_id") in (None, e["team_id"])
+            and params.get("environment_name") in (None, *e["environment_names"])
+        ]
+        skip, limit = int(params.get("skip", 0)), int(params.get("limit", 50))
+        page = found[skip : skip + limit]
+        return httpx.Response(200, json={"evaluations": page, "total": len(found)})
+
+    def update(self, request: httpx.Request, params: dict[str, str]) -> httpx.Response:
+        evaluation = self.evaluation(params["id"])
+        body = json.loads(request.content)
+        if "status" in body and evaluation["status"] != "RUNNING":
+            return error(409, f"Evaluation {params['id']} is already {evaluation['status']}")
+        for key in ("metadata", "metrics", "status", "error_message"):
+            if key in body:
+                evaluation[key] = body[key]
+        return httpx.Response(200, json=evaluation)
+
+    def finalize(self, request: httpx.Request, params: dict[str, str]) -> httpx.Response:
+        evaluation = self.evaluation(params["id"])
+        if evaluation["status"] not in ("RUNNING", "COMPLETED"):
+            return error(409, f"Evaluation {params['id']} is already {evaluation['status']}")
+        evaluation["status"] = "COMPLETED"
+        evaluation["metrics"].update(json.loads(request.content or b"{}").get("metrics") or {})
+        return httpx.Response(200, json={"evaluation_id": params["id"], "status": "COMPLETED"})
+
+    def create_run(self, request: httpx.Request, _: dict[str, str]) -> httpx.Response:
+        body = json.loads(request.content)
+        run = {"id": f"rft-{next(self._ids)}", "name": body.get("name"), "status": "RUNNING"}
+        self.runs[run["id"]] = run
+        return httpx.Response(201, json={"run": run})
+
+    def run_status(self, request: httpx.Request, params: dict[str, str]) -> httpx.Response:
+        run = self.runs[params["id"]]
+        if run["status"] != "RUNNING":
+            return error(409, f"Run {params['id']} is already {run['status']}")
+        body = json.loads(request.content)
+        run["status"] = body["status"].upper()
+        run["error_message"] = body.get("error_message")
+        return httpx.Response(200, json={"run": run})
+
+    def run_finalize(self, request: httpx.Request, _: dict[str, str]) -> httpx.Response:
+        run = self.runs[json.loads(request.content)["run_id"]]
+        if run["status"] not in ("RUNNING", "COMPLETED"):
+            return error(409, f"Run {run['id']} is already {run['status']}")
+        run["status"] = "COMPLETED"
+        return httpx.Response(200, json={"run_id": run["id"], "status": "COMPLETED"})
+
+
+def _spec(kind: str = "eval", **changes: Any) -> dict[str, Any]:
+    """A run's spec as ``init()`` journals it."""
+    spec: dict[str, Any] = {
+        "kind": kind,
+        "name": "gsm8k-test" if kind == "eval" else "rl-test",
+        "environments": [{"name": "gsm8k"}],
+        "dataset": "gsm8k",
+        "model": "m",
+        "tags": [],
+        "config": {},
+        "team_id": "team-a",
+        "training": {"max_steps": 10} if kind == "train" else None,
+        "attach_id": None,
+        "frontend_url": "http://platform.test",
+    }
+    spec.update(changes)
+    return spec
+
+
+class World:
+    """A journal with a run's spec, the scripted platform, and the failures
+    the lifecycle reported (``on_failure``)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.runs_dir = tmp_path / "runs"
+        self.platform = ScriptedPlatform()
+        self.registry = Registry(self.platform)
+        self.failures: list[tuple[str, BaseException]] = []
+        self.journal: Journal | None = None
+
+    def start(self, spec: dict[str, Any]) -> Lifecycle:
+        self.journal = Journal.create(self.runs_dir, meta={"spec": spec})
+        return self.lifecycle()
+
+    def lifecycle(self) -> Lifecycle:
+        assert self.journal is not None
+        return Lifecycle(
+            self.journal,
+            self.platform.client(),
+            policy=_AT_ONCE,
+            on_failure=lambda what, exc: self.failures.append((what, exc)),
+        )
+
+    def register_failing(
+        self, spec: dict[str, Any], route: str, fault: Fault
+    ) -> tuple[Lifecycle, BaseException]:
+        """A new run's lifecycle whose first registration ``fault`` on ``route``
+        ended, and what that raised."""
+        lifecycle = self.start(spec)
+        return lifecycle, failed_attempt(self.platform, route, fault, lifecycle.register)
+
+    def restart(self) -> Lifecycle:
+        """The next process that ships this journal (a replay, a sync)."""
+        assert self.journal is not None
+        path = self.journal.path
+        self.journal.close()
+        self.journal = Journal.open(path)
+        return self.lifecycle()
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> Iterator[World]:
+    world = World(tmp_path)
+    yield world
+    if world.journal is not None:
+        world.journal.close()
+
+
+def _token(evaluation: dict[str, Any]) -> str:
+    token: str = evaluation["metadata"]["prime_runs"]["client_token"]
+    return token
+
+
+# -- registration ----------------------------------------------------------------
+
+
+def test_a_create_whose_answer_was_lost_is_found_by_its_token_and_adopted_not_made_again(
+    world: World,
+) -> None:
+    lifecycle, raised = world.register_failing(_spec(), "create", LOST)
+    assert isinstance(raised, TransportError)
+    assert world.platform.calls == ["resolve", "create"]  # not resent: it may have landed
+    assert lifecycle.binding() is None
+    [made] = world.registry.evaluations
+    assert world.journal is not None and _token(made) == world.journal.local_id
+
+    bound = world.restart().register()
+    assert world.platform.calls[2:] == ["resolve", "list"]
+    assert bound.run_id == made["id"] and bound.kind == "eval"
+    assert bound.url == f"http://platform.test/dashboard/evaluations/{made['id']}"
+    assert len(world.registry.evaluations) == 1
+
+
+def test_the_lookup_pages_through_newer_evaluations_of_the_same_team_and_dataset(
+    world: World,
+) -> None:
+    lifecycle, _ = world.register_failing(_spec(), "create", LOST)
+    [made] = world.registry.evaluations
+    for i in range(60):  # other runs of the team made since, and one of another team
+        token = {"prime_runs": {"client_token": f"other-{i}"}}
+        world.registry.add_evaluation({"team_id": "team-a", "dataset": "gsm8k", "metadata": token})
+    world.registry.add_evaluation({"team_id": "team-b", "dataset": "gsm8k"})
+
+    assert lifecycle.register().run_id == made["id"]
+    lookups = [request.url.params for request in world.platform.sent("list")]
+    assert [(p["team_id"], p["environment_name"], p["skip"]) for p in lookups] == [
+        ("team-a", "gsm8k", "0"),
+        ("team-a", "gsm8k", "50"),
+    ]
+    assert world.platform.calls.count("create") == 1
+
+
+def test_a_create_refused_with_a_5xx_is_looked_up_first_then_made_once(world: World) -> None:
+    lifecycle, raised = world.register_failing(_spec(), "create", error(503, "unavailable"))
+    assert isinstance(raised, RetryableAPIError)  # it may follow a commit: not resent at once
+    bound = lifecycle.register()
+    assert world.platform.calls == ["resolve", "create", "resolve", "list", "create"]
+    assert [e["id"] for e in world.registry.evaluations] == [bound.run_id]
+
+
+def test_a_create_that_never_reached_the_platform_is_retried_at_once(world: World) -> None:
+    lifecycle = world.start(_spec())
+    world.platform.fail("create", REFUSED)
+    bound = lifecycle.register(attempts=2)
+    assert world.platform.calls == ["resolve", "create", "create"]
+    assert [e["id"] for e in world.registry.evaluations] == [bound.run_id]
+
+
+@pytest.mark.parametrize(
+    ("kind", "route", "status", "raised"),
+    [
+        ("eval", "create", 401, UnauthorizedError),
+        ("eval", "create", 403, ForbiddenError),
+        ("eval", "resolve", 401, UnauthorizedError),
+        ("train", "create_run", 401, UnauthorizedError),
+        ("train", "create_run", 403, ForbiddenError),
+    ],
+)
+def test_401_and_403_at_registration_raise_at_once_and_bind_nothing(
+    kind: str, route: str, status: int, raised: type[APIError], world: World
+) -> None:
+    lifecycle, failure = world.register_failing(_spec(kind), route, error(status, "refused"))
+    assert isinstance(failure, raised)
+    assert world.platform.calls.count(route) == 1
+    assert lifecycle.binding() is None
+
+
+def test_a_lost_training_create_cannot_be_looked_up_so_the_next_one_warns_of_an_empty_run(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    lifecycle, raised = world.register_failing(_spec("train"), "create_run", LOST)
+    assert isinstance(raised, TransportError)
+    with caplog.at_level(logging.WARNING, logger="primeruns.lifecycle"):
+        bound = lifecycle.register()
+    assert "may remain" in caplog.text and "'rl-test'" in caplog.text
+    assert bound.kind == "train" and len(world.registry.runs) == 2
+
+
+def test_an_attached_run_is_bound_to_its_id_without_a_request(world: World) -> None:
+    bound = world.start(_spec("train", attach_id="rft-launched")).register()
+    assert bound.run_id == "rft-launched"
+    assert bound.url == "http://platform.test/dashboard/training/rft-launched"
+    assert world.platform.calls == []
+
+
+# -- close-out -------------------------------------------------------------------
+
+
+def _closed(world: World) -> Any:
+    assert world.journal is not None
+    return world.journal.get_meta("finalized")
+
+
+def test_a_completed_training_run_is_finalized_once_and_recorded(world: World) -> None:
+    lifecycle = world.start(_spec("train"))
+    run_id = lifecycle.register().run_id
+    assert lifecycle.finalize("completed", None, {})
+    assert world.registry.runs[run_id]["status"] == "COMPLETED"
+    assert _closed(world)["status"] == "completed"
+    calls = len(world.platform.calls)
+    assert world.restart().finalize("completed", None, {})  # a replay: nothing to do
+    assert len(world.platform.calls) == calls
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [[error(404, "Not Found")], [error(503, "busy")] * 3],
+    ids=["finalize-refused", "finalize-unavailable"],
+)
+def test_when_training_finalize_fails_the_run_is_completed_through_its_status(
+    faults: list[httpx.Response], world: World
+) -> None:
+    lifecycle = world.start(_spec("train"))
+    run_id = lifecycle.register().run_id
+    world.platform.fail("run_finalize", *faults)
+    assert lifecycle.finalize("completed", None, {})
+    assert world.platform.calls[-1] == "run_status"
+    assert json.loads(world.platform.sent("run_status")[0].content) == {"status": "completed"}
+    assert world.registry.runs[run_id]["status"] == "COMPLETED"
+    assert _closed(world)["status"] == "completed"
+
+
+def test_a_close_out_the_platform_did_not_take_is_not_recorded_so_a_replay_retries_it(
+    world: World,
+) -> None:
+    lifecycle = world.start(_spec("train"))
+    run_id = lifecycle.register().run_id
+    world.platform.fail("run_finalize", error(404, "Not Found"))
+    world.platform.fail("run_status", *[error(500, "Internal Server Error")] * 3)
+    assert not lifecycle.finalize("completed", None, {})
+    assert [what for what, _ in world.failures] == ["finalize"]
+    assert _closed(world) is None
+    assert world.restart().finalize("completed", None, {})
+    assert world.registry.runs[run_id]["status"] == "COMPLETED"
+
+
+def test_a_crashed_training_run_is_marked_failed_with_its_reason(world: World) -> None:
+    lifecycle = world.start(_spec("train"))
+    run_id = lifecycle.register().run_id
+    assert lifecycle.finalize("crashed", "out of memory", {})
+    assert world.platform.calls.count("run_finalize") == 0
+    assert world.registry.runs[run_id]["status"] == "FAILED"
+    assert world.registry.runs[run_id]["error_message"] == "crashed: out of memory"
+
+
+def test_an_attached_runs_failure_is_left_to_its_launcher(world: World) -> None:
+    lifecycle = world.start(_spec("train", attach_id="rft-launched"))
+    assert lifecycle.finalize("failed", "boom", {})
+    assert world.platform.calls == []
+    assert _closed(world)["status"] == "failed"
+
+
+def test_a_completed_evaluation_stores_its_config_and_summary_then_is_finalized(
+    world: World,
+) -> None:
+    lifecycle = world.start(_spec(config={"temperature": 0.7}))
+    eval_id = lifecycle.register().run_id
+    assert lifecycle.finalize("completed", None, {"avg_reward": 0.5})
+    assert world.platform.calls[-2:] == ["update", "finalize"]
+    evaluation = world.registry.evaluation(eval_id)
+    assert evaluation["status"] == "COMPLETED"
+    assert evaluation["metrics"] == {"avg_reward": 0.5}
+    # The whole metadata is sent: the config beside the run's token.
+    assert evaluation["metadata"]["temperature"] == 0.7
+    assert world.journal is not None and _token(evaluation) == world.journal.local_id
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "stored", "message"),
+    [
+        ("failed", "boom", "FAILED", "boom"),
+        ("cancelled", None, "CANCELLED", None),
+        ("crashed", "killed", "FAILED", "crashed: killed"),
+    ],
+)
+def test_an_evaluation_that_did_not_complete_is_closed_with_its_status_and_reason(
+    status: str, reason: str | None, stored: str, message: str | None, world: World
+) -> None:
+    lifecycle = world.start(_spec())
+    eval_id = lifecycle.register().run_id
+    assert lifecycle.finalize(status, reason, {})
+    assert "finalize" not in world.platform.calls
+    evaluation = world.registry.evaluation(eval_id)
+    assert (evaluation["status"], evaluation["error_message"]) == (stored, message)
+
+
+def test_an_evaluation_closed_already_counts_as_closed_out(world: World) -> None:
+    lifecycle = world.start(_spec())
+    eval_id = lifecycle.register().run_id
+    world.registry.evaluation(eval_id)["status"] = "CANCELLED"  # by someone else
+    assert lifecycle.finalize("completed", None, {})
+    assert world.platform.calls[-1] == "finalize" and world.failures == []
+    assert _closed(world)["status"] == "completed"
+
+
+def test_a_summary_update_that_fails_does_not_hold_the_close_out_back(world: World) -> None:
+    lifecycle = world.start(_spec())
+    eval_id = lifecycle.register().run_id
+    world.platform.fail("update", *[error(500, "Internal Server Error")] * 3)
+    assert lifecycle.finalize("completed", None, {"avg_reward": 0.5})
+    assert [what for what, _ in world.failures] == ["update"]
+    evaluation = world.registry.evaluation(eval_id)
+    assert evaluation["status"] == "COMPLETED" and evaluation["metrics"] == {"avg_reward": 0.5}

@@ -1,0 +1,242 @@
+"""The evaluation sample table's sink alone, through ``httpx.MockTransport``.
+
+The table appends and never deduplicates (as on the platform, see
+``primeruns/local/evals.py``), so what keeps a row from landing twice is the
+sink itself: a batch is marked attempted before it is sent, and an attempted
+batch is looked for at the tail of the table before it is sent again.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from functools import partial
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import workloads
+from scripted_platform import (
+    LOST,
+    REFUSED,
+    Batch,
+    ScriptedPlatform,
+    entries_of,
+    error,
+    failed_attempt,
+)
+
+import primeruns.sinks.eval_samples as eval_samples_module
+from primeruns.exceptions import RetryableAPIError, TransportError
+from primeruns.journal import EntryKind
+from primeruns.projection import record_to_samples
+from primeruns.sinks.base import Binding
+from primeruns.sinks.eval_samples import EvalSamplesSink
+
+_BOUND = Binding(run_id="eval-1", kind="eval")
+_PATH = r"/api/v1/evaluations/(?P<eval_id>[^/]+)/samples"
+
+
+class SampleTable:
+    """``POST`` appends the rows; ``GET`` pages them (page from 1, ``total``)."""
+
+    def __init__(self, platform: ScriptedPlatform) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.pages: list[tuple[int, int]] = []  # (page, limit) of every read
+        platform.route("push", "POST", _PATH, self.push)
+        platform.route("read", "GET", _PATH, self.read)
+
+    def push(self, request: httpx.Request, _: dict[str, str]) -> httpx.Response:
+        samples = json.loads(request.content)["samples"]
+        self.rows.extend(samples)
+        return httpx.Response(200, json={"inserted": len(samples), "total": len(self.rows)})
+
+    def read(self, request: httpx.Request, _: dict[str, str]) -> httpx.Response:
+        page = int(request.url.params["page"])
+        limit = int(request.url.params["limit"])
+        self.pages.append((page, limit))
+        rows = self.rows[(page - 1) * limit : page * limit]
+        total = len(self.rows)
+        return httpx.Response(
+            200,
+            json={
+                "samples": rows,
+                "total": total,
+                "page": page,
+                "limit": limit,
+                "hasMore": page * limit < total,
+            },
+        )
+
+    def ids(self) -> list[str]:
+        return [row["sample_id"] for row in self.rows]
+
+
+@pytest.fixture
+def table(platform: ScriptedPlatform) -> SampleTable:
+    return SampleTable(platform)
+
+
+def _episodes(records: list[dict[str, Any]], first_seq: int = 1) -> list[Any]:
+    return entries_of(EntryKind.EPISODE, records, first_seq=first_seq)
+
+
+def _ship(sink: EvalSamplesSink, records: list[dict[str, Any]], first_seq: int = 1) -> Batch:
+    batch = Batch.prepare(sink, _episodes(records, first_seq), _BOUND)
+    batch.send(sink)
+    return batch
+
+
+def _numbers(batch: Batch) -> list[int]:
+    return [row["rollout_number"] for row in json.loads(batch.body)["samples"]]
+
+
+def test_a_batch_is_marked_attempted_before_its_first_send_which_checks_nothing(
+    platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    sink = EvalSamplesSink(platform.client())
+    batch = Batch.prepare(sink, _episodes(workloads.gsm8k(4)), _BOUND)
+    ctx = batch.ctx
+    saves: list[tuple[dict[str, Any], list[str]]] = []
+    save = ctx.save_state
+
+    def save_state(values: Any) -> None:
+        saves.append((dict(values), list(platform.calls)))  # the requests made so far
+        save(values)
+
+    ctx.save_state = save_state
+    sink.send(batch.body, ctx)
+    assert saves == [({"attempted": True}, [])]
+    assert platform.calls == ["push"]  # a fresh batch is not looked for
+    assert len(table.rows) == 4
+
+
+@pytest.mark.parametrize(
+    ("fault", "calls"),
+    [
+        (LOST, ["push", "read", "read"]),  # stored, the answer lost: found, not pushed
+        (REFUSED, ["push", "read", "push"]),
+        (error(503, "busy"), ["push", "read", "push"]),  # refused before storing
+    ],
+    ids=["lost-answer", "refused", "503"],
+)
+def test_a_resend_looks_for_its_rows_first_so_each_row_is_stored_once(
+    fault: Any, calls: list[str], platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    episodes = workloads.gsm8k(5)
+    sink = EvalSamplesSink(platform.client())
+    batch = Batch.prepare(sink, _episodes(episodes), _BOUND)
+    failed = failed_attempt(platform, "push", fault, partial(batch.send, sink))
+    assert isinstance(failed, TransportError | RetryableAPIError)
+    batch.send(sink)
+    assert platform.calls == calls
+    assert table.ids() == [e["id"] for e in episodes]
+
+
+def test_a_batch_recorded_before_a_restart_is_looked_for_by_the_next_process(
+    platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    episodes = workloads.gsm8k(6)
+    first = EvalSamplesSink(platform.client())
+    batch = Batch.prepare(first, _episodes(episodes), _BOUND)
+    lost = failed_attempt(platform, "push", LOST, partial(batch.send, first))
+    assert isinstance(lost, TransportError)  # the process dies waiting for this answer
+    # The next process has only what the journal recorded: the body and state.
+    recorded = json.loads(json.dumps(batch.state))
+    assert recorded["attempted"] is True
+    later = EvalSamplesSink(platform.client())
+    later.restore(recorded["carry"])
+    Batch(batch.body, recorded, batch.records, _BOUND).send(later)
+    assert table.ids() == [e["id"] for e in episodes]
+
+
+@pytest.mark.parametrize(("earlier", "pages"), [(230, [3]), (190, [2, 3])])
+def test_the_check_reads_only_the_pages_at_the_tail_of_the_table(
+    earlier: int, pages: list[int], platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    episodes = workloads.gsm8k(earlier + 30)
+    sink = EvalSamplesSink(platform.client())
+    for start in range(0, earlier, 100):
+        _ship(sink, episodes[start : min(start + 100, earlier)], first_seq=start + 1)
+    batch = Batch.prepare(sink, _episodes(episodes[earlier:], earlier + 1), _BOUND)
+    failed_attempt(platform, "push", LOST, partial(batch.send, sink))
+    batch.send(sink)
+    assert table.pages == [(1, 1)] + [(page, 100) for page in pages]
+    assert len(table.rows) == earlier + 30 == len(set(table.ids()))
+
+
+def test_rollouts_are_numbered_per_task_across_batches_and_across_a_restart(
+    platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    episodes = workloads.gsm8k(6)  # the bundle's first six: rollouts of task 0 and 1
+    tasks = [e["task"]["data"]["idx"] for e in episodes]
+    sink = EvalSamplesSink(platform.client())
+    first = _ship(sink, episodes[:3])
+    later = EvalSamplesSink(platform.client())  # a restart: the journal's carry
+    later.restore(json.loads(json.dumps(first.state["carry"])))
+    _ship(later, episodes[3:], first_seq=4)
+    expected: dict[int, int] = {}
+    numbers = []
+    for task in tasks:
+        expected[task] = expected.get(task, 0) + 1
+        numbers.append(expected[task])
+    assert [row["rollout_number"] for row in table.rows] == numbers
+    assert [row["example_id"] for row in table.rows] == tasks
+
+
+def test_a_batch_prepared_again_because_the_journal_could_not_record_it_keeps_its_numbers(
+    platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    """A shipper whose journal is full when it records a batch backs off and
+    prepares the same entries again (primeruns/ship/shipper.py, _run and
+    _next_batch); the rows must be numbered as the first time."""
+    entries = _episodes(workloads.gsm8k(3))
+    sink = EvalSamplesSink(platform.client())
+    unrecorded = Batch.prepare(sink, entries, _BOUND)
+    again = Batch.prepare(sink, entries, _BOUND)
+    assert _numbers(again) == _numbers(unrecorded) == [1, 2, 3]
+
+
+def test_a_batch_ends_before_the_episode_that_would_pass_the_request_limit(
+    platform: ScriptedPlatform, table: SampleTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = workloads.gsm8k(1)[0]
+    episodes = [workloads.renew_ids(copy.deepcopy(first), i) for i in range(10)]
+    [row] = [len(orjson.dumps(r)) for r in record_to_samples(episodes[0], {}) or []]
+    limit = len(b'{"samples":[]}') + int(3.5 * (row + 1))
+    monkeypatch.setattr(eval_samples_module, "MAX_REQUEST_BYTES", limit)
+    sink = EvalSamplesSink(platform.client())
+    batch = Batch.prepare(sink, _episodes(episodes), _BOUND)
+    assert batch.records == 3 and batch.state["last_seq"] == 3
+    assert len(batch.body) <= limit
+    batch.send(sink)
+    rest = Batch.prepare(sink, _episodes(episodes[3:], first_seq=4), _BOUND)
+    assert rest.records == 3 and rest.state["last_seq"] == 6
+    assert _numbers(rest) == [4, 5, 6]
+    assert len(table.rows) == 3
+
+
+def test_an_episode_too_large_for_any_request_fails_alone(
+    platform: ScriptedPlatform, table: SampleTable, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(eval_samples_module, "MAX_REQUEST_BYTES", 200_000)
+    episodes = workloads.gsm8k(3)
+    episodes[1]["info"] = {"padding": "x" * 250_000}
+    entries = _episodes(episodes)
+    sink = EvalSamplesSink(platform.client())
+    before = Batch.prepare(sink, entries, _BOUND)
+    assert before.records == 1 and before.state["last_seq"] == 1
+    with pytest.raises(ValueError, match="journal entry 2"):
+        sink.prepare(entries[1:], _BOUND)  # the shipper counts this one entry as failed
+    after = Batch.prepare(sink, entries[2:], _BOUND)
+    assert after.records == 1 and "last_seq" not in after.state
+
+
+def test_episodes_without_traces_make_no_request(
+    platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    sink = EvalSamplesSink(platform.client())
+    empty = [{"id": f"e{i}", "traces": []} for i in range(3)]
+    assert sink.prepare(_episodes(empty), _BOUND) is None  # acknowledged without a request
+    assert platform.calls == []

@@ -1,0 +1,271 @@
+"""The Prime Traces sink alone, through ``httpx.MockTransport``.
+
+The scripted service checks each upload with the local platform's own
+validator (``primeruns.local.traces_ingest``), keeps the receipt it committed
+per Idempotency-Key and answers a resend with it, as the real service does.
+"""
+
+from __future__ import annotations
+
+import copy
+import gzip
+import hashlib
+import json
+import time
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+import workloads
+from scripted_platform import LOST, Batch, ScriptedPlatform, entries_of, error
+
+import primeruns.sinks.traces as traces_module
+from primeruns.exceptions import (
+    APIError,
+    ForbiddenError,
+    RetryableAPIError,
+    TraceTooLargeError,
+    TransportError,
+    ValidationRejectedError,
+)
+from primeruns.journal import EntryKind
+from primeruns.local.errors import TracesError
+from primeruns.local.multipart import boundary_of, parse_parts
+from primeruns.local.traces_ingest import stage_rows, verify_request
+from primeruns.records import stamp_run
+from primeruns.ship.policy import Failure, classify
+from primeruns.sinks.base import Binding, SinkOff
+from primeruns.sinks.traces import TracesSink
+
+_BOUND = Binding(run_id="eval-1", kind="eval")
+
+
+class TracesService:
+    """``POST /api/v1/traces``: validated whole, committed once per key."""
+
+    def __init__(self, platform: ScriptedPlatform) -> None:
+        self.receipts: dict[str, bytes] = {}
+        self.episodes: list[dict[str, Any]] = []
+        self.traces: list[dict[str, Any]] = []
+        self.replays = 0
+        platform.route("upload", "POST", "/api/v1/traces", self.upload)
+
+    def upload(self, request: httpx.Request, _: dict[str, str]) -> httpx.Response:
+        try:
+            upload = verify_request(
+                content_type=request.headers.get("content-type", ""),
+                body=request.content,
+                key_header=request.headers.get("idempotency-key"),
+                format_header=request.headers.get("x-prime-line-format"),
+            )
+            if upload.upload_id in self.receipts:
+                self.replays += 1
+                return httpx.Response(200, content=self.receipts[upload.upload_id])
+            stage_rows(upload, time.time())
+        except TracesError as exc:
+            return error(exc.status, exc.message, code=exc.code)
+        receipt = {"upload_id": upload.upload_id, "status": "committed", "lines": upload.lines}
+        self.receipts[upload.upload_id] = json.dumps(receipt).encode()
+        self.episodes.extend(upload.episodes)
+        self.traces.extend(upload.traces)
+        return httpx.Response(201, content=self.receipts[upload.upload_id])
+
+
+@pytest.fixture
+def service(platform: ScriptedPlatform) -> TracesService:
+    return TracesService(platform)
+
+
+def _sink(platform: ScriptedPlatform, **kwargs: Any) -> TracesSink:
+    return TracesSink(platform.client(), context={"source": "unit-test"}, **kwargs)
+
+
+def _episodes(n: int) -> list[Any]:
+    return entries_of(EntryKind.EPISODE, workloads.gsm8k(n))
+
+
+def _not_enabled() -> httpx.Response:
+    return error(403, "Prime Traces is not enabled for this account", code="service_not_enabled")
+
+
+def test_a_recorded_batch_is_resent_byte_for_byte_and_stored_once_whatever_failed(
+    platform: ScriptedPlatform, service: TracesService
+) -> None:
+    sink = _sink(platform)
+    batch = Batch.prepare(sink, _episodes(5), _BOUND)
+    platform.fail("upload", error(503, "busy", code="ingest_unavailable"), LOST)
+    with pytest.raises(RetryableAPIError):
+        batch.send(sink)
+    with pytest.raises(TransportError):
+        batch.send(sink)  # committed, the answer lost
+    batch.send(sink)  # answered with the committed receipt
+    sent = platform.sent("upload")
+    assert len(sent) == 3
+    assert len({request.content for request in sent}) == 1
+    assert len({request.headers["idempotency-key"] for request in sent}) == 1
+    assert len({request.headers["content-type"] for request in sent}) == 1
+    # The key is the digest of the uncompressed JSONL the body carries.
+    [_, traces_part] = parse_parts(boundary_of(sent[0].headers["content-type"]), sent[0].content)
+    jsonl = gzip.decompress(bytes(traces_part.data))
+    assert sent[0].headers["idempotency-key"] == "sha256:" + hashlib.sha256(jsonl).hexdigest()
+    assert len(service.episodes) == 5 and service.replays == 1
+    assert sink.committed == 1
+
+
+def test_the_same_entries_always_make_the_same_upload_so_a_rebuilt_batch_is_a_replay(
+    platform: ScriptedPlatform, service: TracesService
+) -> None:
+    entries = _episodes(4)
+    first = Batch.prepare(_sink(platform), entries, _BOUND)
+    again = Batch.prepare(_sink(platform), entries, _BOUND)  # another process, later
+    assert again.body == first.body and again.state == first.state
+    first.send(_sink(platform))
+    again.send(_sink(platform))
+    assert len(service.episodes) == 4 and service.replays == 1
+
+
+def test_every_line_names_this_run_and_episodes_and_bare_traces_go_in_separate_uploads(
+    platform: ScriptedPlatform, service: TracesService
+) -> None:
+    [episode, other] = workloads.gsm8k(2)
+    bare = workloads.gsm8k(3)[2]["traces"]
+    entries = entries_of(EntryKind.EPISODE, [episode, other]) + entries_of(
+        EntryKind.TRACE, bare, first_seq=3
+    )
+    sink = _sink(platform)
+    episodes = Batch.prepare(sink, entries, _BOUND)
+    assert episodes.records == 2 and episodes.state["last_seq"] == 2
+    episodes.send(sink)
+    traces = Batch.prepare(sink, entries[2:], _BOUND)
+    assert traces.records == len(bare) and "last_seq" not in traces.state
+    traces.send(sink)
+    [episode_upload, trace_upload] = platform.sent("upload")
+    assert episode_upload.headers["x-prime-line-format"] == "episode"
+    assert "x-prime-line-format" not in trace_upload.headers  # the service's default: trace
+    assert [row["run_id"] for row in service.episodes] == ["eval-1", "eval-1"]
+    assert {json.loads(row["raw"])["run"]["id"] for row in service.traces} == {"eval-1"}
+    assert sink.committed == 2
+
+
+def test_service_not_enabled_before_the_first_receipt_turns_the_sink_off_quietly(
+    platform: ScriptedPlatform, service: TracesService
+) -> None:
+    sink = _sink(platform)
+    batch = Batch.prepare(sink, _episodes(2), _BOUND)
+    platform.fail("upload", _not_enabled())
+    with pytest.raises(SinkOff) as raised:
+        batch.send(sink)
+    # Off for good (recorded in the journal by the shipper), and not a loss.
+    assert raised.value.lasting
+    assert classify(raised.value) is Failure.OFF
+    assert service.episodes == []
+
+
+def test_service_not_enabled_after_a_receipt_is_an_error_not_an_opt_out(
+    platform: ScriptedPlatform, service: TracesService
+) -> None:
+    sink = _sink(platform)
+    entries = _episodes(4)
+    Batch.prepare(sink, entries[:2], _BOUND).send(sink)
+    platform.fail("upload", _not_enabled())
+    with pytest.raises(ForbiddenError) as raised:
+        Batch.prepare(sink, entries[2:], _BOUND).send(sink)
+    assert raised.value.code == "service_not_enabled"
+    assert classify(raised.value) is Failure.FATAL  # the backlog stays for a replay
+
+
+def test_a_receipt_committed_by_an_earlier_process_also_makes_service_not_enabled_an_error(
+    platform: ScriptedPlatform, service: TracesService
+) -> None:
+    sink = _sink(platform, committed=3)  # what the journal says earlier processes got
+    platform.fail("upload", _not_enabled())
+    with pytest.raises(ForbiddenError):
+        Batch.prepare(sink, _episodes(1), _BOUND).send(sink)
+
+
+def test_a_403_for_another_reason_is_an_error_even_before_any_receipt(
+    platform: ScriptedPlatform, service: TracesService
+) -> None:
+    sink = _sink(platform)
+    platform.fail("upload", error(403, "not a member of this team", code="forbidden"))
+    with pytest.raises(ForbiddenError) as raised:
+        Batch.prepare(sink, _episodes(1), _BOUND).send(sink)
+    assert not isinstance(raised.value, SinkOff)
+
+
+def test_a_run_opted_out_of_prime_traces_sends_nothing(
+    platform: ScriptedPlatform, service: TracesService
+) -> None:
+    sink = _sink(platform, opted_out=True)
+    with pytest.raises(SinkOff):
+        sink.prepare(_episodes(3), _BOUND)
+    assert platform.calls == []
+
+
+def test_a_receipt_whose_status_is_not_committed_is_not_success(
+    platform: ScriptedPlatform, service: TracesService
+) -> None:
+    sink = _sink(platform)
+    batch = Batch.prepare(sink, _episodes(2), _BOUND)
+    digest = batch.state["key"].removeprefix("sha256:")
+    platform.fail("upload", httpx.Response(200, json={"upload_id": digest, "status": "pending"}))
+    with pytest.raises(ValueError, match="pending"):
+        batch.send(sink)
+    assert sink.committed == 0
+
+
+def test_an_empty_200_is_not_a_receipt(platform: ScriptedPlatform, service: TracesService) -> None:
+    """A proxy's bare 200 says nothing was committed: it must not count as a
+    receipt (the batch would be acknowledged and its records never stored)."""
+    sink = _sink(platform)
+    batch = Batch.prepare(sink, _episodes(2), _BOUND)
+    platform.fail("upload", httpx.Response(200))
+    with pytest.raises((APIError, ValueError)):
+        batch.send(sink)
+    assert sink.committed == 0
+
+
+def test_a_batch_the_service_refuses_is_refused_whole_and_names_the_bad_line(
+    platform: ScriptedPlatform, service: TracesService
+) -> None:
+    episodes = workloads.gsm8k(3)
+    episodes[2]["id"] = ""
+    sink = _sink(platform)
+    with pytest.raises(ValidationRejectedError, match="line 3"):
+        Batch.prepare(sink, entries_of(EntryKind.EPISODE, episodes), _BOUND).send(sink)
+    # Nothing of it stored, so the shipper may cut it before line 3 and send the rest.
+    assert service.episodes == [] and sink.isolates_rejections
+
+
+def test_a_line_over_the_service_limit_fails_alone_and_its_neighbours_ship(
+    platform: ScriptedPlatform, service: TracesService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(traces_module, "MAX_LINE_BYTES", 40_000)  # the service's is 64 MiB
+    episodes = workloads.gsm8k(3)
+    episodes[1]["info"] = {"padding": "x" * 50_000}
+    entries = entries_of(EntryKind.EPISODE, episodes)
+    sink = _sink(platform)
+    before = Batch.prepare(sink, entries, _BOUND)
+    assert before.records == 1 and before.state["last_seq"] == 1
+    with pytest.raises(TraceTooLargeError):
+        sink.prepare(entries[1:], _BOUND)  # the shipper counts this one entry as failed
+    after = Batch.prepare(sink, entries[2:], _BOUND)
+    before.send(sink)
+    after.send(sink)
+    assert [row["episode_id"] for row in service.episodes] == [episodes[0]["id"], episodes[2]["id"]]
+
+
+def test_an_upload_ends_before_the_line_that_would_pass_the_request_target(
+    platform: ScriptedPlatform, service: TracesService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = workloads.gsm8k(1)[0]
+    # Copies with renewed ids of the same length: every line is the same size.
+    episodes = [workloads.renew_ids(copy.deepcopy(first), i) for i in range(10)]
+    line = len(orjson.dumps(stamp_run(episodes[0], _BOUND.run_id, _BOUND.kind))) + 1
+    monkeypatch.setattr(traces_module, "TARGET_BATCH_BYTES", int(line * 3.5))
+    sink = _sink(platform)
+    batch = Batch.prepare(sink, entries_of(EntryKind.EPISODE, episodes), _BOUND)
+    assert batch.records == 3 and batch.state["last_seq"] == 3
+    batch.send(sink)
+    assert len(service.episodes) == 3

@@ -1,0 +1,164 @@
+"""The training metrics sink alone, through ``httpx.MockTransport``.
+
+The rows are what ``run.log_metrics`` journals (an offline run writes them
+here), and the scripted platform keeps one row per step as the platform does
+(``primeruns/local/rft.py``): a replayed row replaces its step's row.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from scripted_platform import LOST, PASS, Batch, ScriptedPlatform, error
+
+import primeruns as pr
+from primeruns.exceptions import APIError, RetryableAPIError, TransportError, UnauthorizedError
+from primeruns.journal import Entry, EntryKind, Journal
+from primeruns.sinks.base import Binding
+from primeruns.sinks.train_metrics import TrainMetricsSink
+
+_BOUND = Binding(run_id="rft-1", kind="train")
+
+
+class MetricsTable:
+    """``POST /api/v1/rft/metrics``: one row per (run, step); a row without a
+    step is a row of its own."""
+
+    def __init__(self, platform: ScriptedPlatform) -> None:
+        self.by_step: dict[tuple[str, Any], dict[str, Any]] = {}
+        self.stepless: list[dict[str, Any]] = []
+        self.refused_steps: set[int] = set()
+        platform.route("metrics", "POST", "/api/v1/rft/metrics", self.post)
+
+    def post(self, request: httpx.Request, _: dict[str, str]) -> httpx.Response:
+        body = json.loads(request.content)
+        row = body["metrics"]
+        if row.get("step") in self.refused_steps:
+            return error(422, f"metrics row of step {row['step']} refused")
+        if row.get("step") is None:
+            self.stepless.append(row)
+        else:
+            self.by_step[(body["run_id"], row["step"])] = row
+        return httpx.Response(200, json={"run_id": body["run_id"], "step": row.get("step")})
+
+    def steps(self) -> list[int]:
+        return sorted(step for _, step in self.by_step)
+
+
+@pytest.fixture
+def table(platform: ScriptedPlatform) -> MetricsTable:
+    return MetricsTable(platform)
+
+
+def _logged(tmp_path: Path, rows: list[tuple[dict[str, Any], int | None]]) -> list[Entry]:
+    """The journal entries ``run.log_metrics(values, step=step)`` makes, offline."""
+    run = pr.init(kind="train", model="m", team_id="t", mode="offline", runs_dir=tmp_path)
+    for values, step in rows:
+        run.log_metrics(values, step=step)
+    run.finish()
+    assert run.journal_path is not None
+    journal = Journal.open(run.journal_path, owner=False)
+    try:
+        return journal.read(
+            0, kinds={EntryKind.METRICS}, max_entries=1000, max_bytes=1 << 20
+        ).entries
+    finally:
+        journal.close()
+
+
+def _steps(tmp_path: Path, n: int) -> list[Entry]:
+    return _logged(
+        tmp_path, [({"loss": 1.0 / (step + 1), "reward": step}, step) for step in range(n)]
+    )
+
+
+def _step_of(request: httpx.Request) -> int:
+    step: int = json.loads(request.content)["metrics"]["step"]
+    return step
+
+
+def test_each_logged_row_is_one_request_with_its_step_and_no_non_finite_value(
+    tmp_path: Path, platform: ScriptedPlatform, table: MetricsTable
+) -> None:
+    entries = _logged(
+        tmp_path,
+        [
+            ({"loss": 0.5, "nan": float("nan"), "grad": {"norm": float("inf"), "max": 2.0}}, 0),
+            ({"loss": 0.25, "step": 7}, 1),  # a step in the values wins
+            ({"loss": float("-inf")}, 2),
+        ],
+    )
+    sink = TrainMetricsSink(platform.client())
+    batch = Batch.prepare(sink, entries, _BOUND)
+    assert batch.records == 3
+    batch.send(sink)
+    assert platform.calls == ["metrics"] * 3
+    assert [json.loads(r.content)["run_id"] for r in platform.sent("metrics")] == ["rft-1"] * 3
+    assert table.steps() == [0, 2, 7]
+    first = table.by_step[("rft-1", 0)]
+    assert {k: v for k, v in first.items() if k != "_timestamp"} == {
+        "loss": 0.5,
+        "grad": {"max": 2.0},
+        "step": 0,
+    }
+    assert set(table.by_step[("rft-1", 2)]) == {"step", "_timestamp"}
+    assert all(isinstance(row["_timestamp"], float) for row in table.by_step.values())
+
+
+def test_a_row_whose_answer_was_lost_is_replayed_with_the_same_bytes_and_kept_once(
+    tmp_path: Path, platform: ScriptedPlatform, table: MetricsTable
+) -> None:
+    sink = TrainMetricsSink(platform.client())
+    batch = Batch.prepare(sink, _steps(tmp_path, 4), _BOUND)
+    platform.fail("metrics", PASS, PASS, LOST)  # step 2 is stored, its answer lost
+    with pytest.raises(TransportError):
+        batch.send(sink)
+    assert batch.state["done"] == 2
+    batch.send(sink)
+    sent = platform.sent("metrics")
+    assert [_step_of(r) for r in sent] == [0, 1, 2, 2, 3]
+    assert sent[2].content == sent[3].content  # the same row, timestamp and all
+    assert table.steps() == [0, 1, 2, 3] and table.stepless == []
+
+
+def test_a_resend_even_by_the_next_process_starts_at_the_first_row_not_yet_stored(
+    tmp_path: Path, platform: ScriptedPlatform, table: MetricsTable
+) -> None:
+    sink = TrainMetricsSink(platform.client())
+    batch = Batch.prepare(sink, _steps(tmp_path, 5), _BOUND)
+    platform.fail("metrics", PASS, PASS, error(503, "busy"))
+    with pytest.raises(RetryableAPIError):
+        batch.send(sink)
+    assert batch.saved == [{"done": 1}, {"done": 2}]  # each stored row, recorded at once
+    later = TrainMetricsSink(platform.client())  # with what the journal recorded
+    Batch(batch.body, dict(batch.state), batch.records, _BOUND).send(later)
+    assert [_step_of(r) for r in platform.sent("metrics")] == [0, 1, 2, 2, 3, 4]
+    assert table.steps() == [0, 1, 2, 3, 4]
+
+
+def test_a_rejected_row_is_counted_alone_and_the_rest_of_the_batch_goes_on(
+    tmp_path: Path, platform: ScriptedPlatform, table: MetricsTable
+) -> None:
+    table.refused_steps.add(1)
+    sink = TrainMetricsSink(platform.client())
+    batch = Batch.prepare(sink, _steps(tmp_path, 3), _BOUND)
+    batch.send(sink)  # returns: the batch is done
+    [(count, exc)] = batch.rejected
+    assert count == 1 and isinstance(exc, APIError) and exc.status_code == 422
+    assert table.steps() == [0, 2] and batch.state["done"] == 3
+
+
+def test_a_refused_key_stops_the_batch_where_it_is(
+    tmp_path: Path, platform: ScriptedPlatform, table: MetricsTable
+) -> None:
+    sink = TrainMetricsSink(platform.client())
+    batch = Batch.prepare(sink, _steps(tmp_path, 3), _BOUND)
+    platform.fail("metrics", PASS, error(401, "Invalid or missing API key"))
+    with pytest.raises(UnauthorizedError):
+        batch.send(sink)
+    assert batch.state["done"] == 1 and batch.rejected == []
+    assert table.steps() == [0]
