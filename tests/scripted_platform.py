@@ -156,6 +156,10 @@ class Batch:
     def prepare(cls, sink: Sink, entries: Sequence[Entry], binding: Binding) -> Batch:
         prepared = sink.prepare(entries, binding)
         assert prepared is not None, "these entries make no batch"
+        # Recorded: as the shipper does, the sink goes on from the batch's carry.
+        restore = getattr(sink, "restore", None)
+        if restore is not None and "carry" in prepared.state:
+            restore(prepared.state["carry"])
         return cls(prepared.body, dict(prepared.state), prepared.records, binding)
 
     @property

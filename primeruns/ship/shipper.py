@@ -351,6 +351,11 @@ class Shipper:
         self.journal.set_inflight(self.name, inflight)
         if "carry" in state:
             self.journal.set_meta(f"carry.{self.name}", state["carry"])
+            # Recorded: only now does the sink go on from this batch's carry
+            # (a batch prepared again after a failed recording repeats it).
+            restore = getattr(sink, "restore", None)
+            if restore is not None:
+                restore(state["carry"])
         return inflight
 
     def _linger_left(self, entries: Sequence[Any]) -> float:

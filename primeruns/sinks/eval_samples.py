@@ -75,7 +75,9 @@ class EvalSamplesSink:
             size += add
             last_seq = entry.seq
             consumed += 1
-        self._rollouts = rollouts
+        # Not kept here yet: the shipper hands the carry back (restore) once
+        # the batch is recorded; a batch prepared again after a failed
+        # recording must number its rows as the first time.
         state: dict[str, Any] = {
             "carry": {"rollouts": {str(k): v for k, v in rollouts.items()}},
             "sample_ids": ids,

@@ -25,7 +25,7 @@ from typing import Any
 
 import orjson
 
-from ..exceptions import ForbiddenError, TraceTooLargeError
+from ..exceptions import ForbiddenError, RetryableAPIError, TraceTooLargeError
 from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
 from ..records import stamp_run
@@ -144,6 +144,12 @@ class TracesSink:
             if exc.code == "service_not_enabled" and self.committed == 0:
                 raise SinkOff("Prime Traces is not enabled for this account") from exc
             raise
-        if receipt.get("status") not in (None, "committed"):
-            raise ValueError(f"Prime Traces answered status {receipt.get('status')!r}")
+        if receipt.get("status") != "committed":
+            # No receipt (an empty 200, a proxy's page) or not committed: not
+            # stored as far as we can tell. Resending the same bytes is safe
+            # (the service answers a replay with the receipt it committed).
+            raise RetryableAPIError(
+                f"Prime Traces answered without a committed receipt "
+                f"(status {receipt.get('status')!r}); resending the same upload"
+            )
         self.committed += 1

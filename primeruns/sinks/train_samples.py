@@ -111,9 +111,11 @@ class TrainSamplesSink:
         created_at = datetime.now(UTC)
         units: list[tuple[dict[str, Any], bytes]] = []
         records = 0
+        # Kept once the batch is recorded (the shipper hands the carry back).
+        ranges = dict(self._ranges)
         for step in sorted(by_step):
-            index = self._ranges.get(step, self._range_base)
-            self._ranges[step] = index + 1
+            index = ranges.get(step, self._range_base)
+            ranges[step] = index + 1
             blob = episodes_to_parquet_bytes(
                 by_step[step],
                 binding.run_id,
@@ -125,7 +127,7 @@ class TrainSamplesSink:
                 continue
             units.append(({"step": step, "range": index, "bytes": len(blob)}, blob))
             records += len(by_step[step])
-        carry = {"ranges": {str(k): v for k, v in self._ranges.items()}}
+        carry = {"ranges": {str(k): v for k, v in ranges.items()}}
         if not units:
             return None
         state: dict[str, Any] = {"done": 0, "carry": carry}

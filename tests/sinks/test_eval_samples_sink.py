@@ -190,12 +190,17 @@ def test_a_batch_prepared_again_because_the_journal_could_not_record_it_keeps_it
 ) -> None:
     """A shipper whose journal is full when it records a batch backs off and
     prepares the same entries again (primeruns/ship/shipper.py, _run and
-    _next_batch); the rows must be numbered as the first time."""
+    _next_batch); the rows must be numbered as the first time. The sink goes
+    on from a batch's numbering only once the shipper recorded it (restore)."""
     entries = _episodes(workloads.gsm8k(3))
     sink = EvalSamplesSink(platform.client())
-    unrecorded = Batch.prepare(sink, entries, _BOUND)
-    again = Batch.prepare(sink, entries, _BOUND)
-    assert _numbers(again) == _numbers(unrecorded) == [1, 2, 3]
+    unrecorded = sink.prepare(entries, _BOUND)
+    again = Batch.prepare(sink, entries, _BOUND)  # recorded this time
+    assert unrecorded is not None
+    assert _numbers(again) == [1, 2, 3]
+    assert unrecorded.body == again.body
+    following = Batch.prepare(sink, _episodes(workloads.gsm8k(3)), _BOUND)
+    assert _numbers(following) == [4, 5, 6]
 
 
 def test_a_batch_ends_before_the_episode_that_would_pass_the_request_limit(
