@@ -209,6 +209,50 @@ def test_finish_with_the_platform_down_gives_up_when_nothing_moves_and_says_how_
     assert len(_journaled(run.journal_path)) == 10  # all still in the journal
 
 
+def test_a_platform_unreachable_from_init_on_ends_finish_within_the_stall_and_replay_ships_it(
+    make_local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """No route to the platform at all (a compute node). Before, finish()
+    retried the registration for its whole 300 s timeout in silence. Now the
+    registration is given up on like a stuck sink: within the stall
+    allowance (5 s here), naming what is left and the command that ships it;
+    the replay from a machine with a route ships every record exactly once."""
+    import socket
+    import time
+
+    from primeruns.cli import main
+
+    with socket.socket() as probe:  # a loopback port with nothing listening
+        probe.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    runs = point_at(monkeypatch, tmp_path, dead)
+    monkeypatch.setenv("PRIME_RUNS_STALL_S", "5")
+    run = pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=dead, runs_dir=runs)
+    assert run.url is None
+    episodes = workloads.gsm8k(20)
+    run.log_episodes(episodes)
+    started = time.monotonic()
+    with caplog.at_level("INFO", logger="primeruns"):
+        run.finish()  # the default timeout: 300 s
+    assert time.monotonic() - started < 120  # the stall (5 s) and its tries, not 300 s
+    assert f"primeruns replay {run.journal_path}" in caplog.text
+    assert any(e.startswith("register failed") for e in run.errors), run.errors
+    assert run.journal_path is not None
+
+    lp = make_local_platform()
+    monkeypatch.setenv("PRIME_TRACES_URL", lp.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)  # never in the journal: the replayer's own
+    for _ in range(2):  # twice is harmless
+        assert main(["replay", "--base-url", lp.url, str(run.journal_path)]) == 0
+    [stored] = [lp.run(r["id"]) for r in lp.runs()]
+    assert stored["status"] == "COMPLETED"
+    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == len(episodes)
+    assert stored["samples"]["rows"] == stored["samples"]["distinct"] == len(episodes)
+
+
 def test_lost_registration_responses_leave_exactly_one_run_per_init(
     make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
