@@ -4,8 +4,10 @@ An append frames its records under the append lock, where each one's
 sequence number is known (the checksum covers it), and writes them to the
 spool in one ``write()`` (``spool``): once it returns they survive the
 process's death, and every reader sees them. Compressing them and moving them
-into LMDB is the mover's work, off this thread (``staging``), once a second. At the byte
-budget or on a full disk the records are dropped and counted, never raised.
+into LMDB is the mover's work, off this thread (``mover``): the background
+sync's tick wakes it a second after writes, while they come, and near the
+byte budget the room count wakes it too (``capacity``). At the byte budget or
+on a full disk the records are dropped and counted, never raised.
 """
 
 from __future__ import annotations
@@ -79,8 +81,8 @@ class Appender:
         except JournalFullError:
             self._count_drops(len(payloads))
             return AppendResult(None, 0, len(payloads))
-        # The mover is not woken here but by the background sync, once a
-        # second (see ``maintenance``).
+        # The mover is not woken here but by the background sync's tick (see
+        # ``maintenance``), or by the room count near the budget (``capacity``).
         self._tail.notify()
         return AppendResult(first, last - first + 1, 0)
 

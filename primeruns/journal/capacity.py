@@ -21,8 +21,8 @@ import lmdb
 from primeruns.exceptions import JournalError
 from primeruns.journal.frames import FrameError, peek_header
 from primeruns.journal.layout import CHUNK_KEY, KEY, kept_kind, seq_of
+from primeruns.journal.mover import Mover
 from primeruns.journal.reading import Reader
-from primeruns.journal.staging import Mover
 from primeruns.journal.tail import K_FLOOR, stored_end
 from primeruns.journal.txn import Transactions
 
@@ -153,7 +153,7 @@ class Capacity:
         db = tx.dbs["entries"]
         while True:
 
-            def chunk(txn: lmdb.Transaction) -> tuple[int, bool, int]:
+            def chunk(txn: lmdb.Transaction) -> tuple[int, bool]:
                 removed_kinds: Counter[int] = Counter()
                 cur = txn.cursor(db=db)
                 n = keys = 0
@@ -176,33 +176,15 @@ class Capacity:
                         _count_kind(removed_kinds, cur.value())
                     keys += 1
                     more = cur.delete()
-                unstaged = 0
-                if keys < _COMPACT_CHUNK and "staging" in tx.dbs:
-                    cur = txn.cursor(db=tx.dbs["staging"])
-                    more = cur.first()
-                    while (
-                        more
-                        and keys < _COMPACT_CHUNK
-                        and len(cur.key()) == KEY.size
-                        and seq_of(cur.key()) <= upto
-                    ):
-                        if kept_kind(cur.value()):
-                            more = cur.next()
-                            continue
-                        n, keys = n + 1, keys + 1
-                        unstaged += 1
-                        _count_kind(removed_kinds, cur.value())
-                        more = cur.delete()
                 if removed_kinds:
                     tx.put_meta(txn, K_COMPACTED_KINDS, _merged(tx, txn, removed_kinds))
                 floor = tx.meta_or(txn, K_FLOOR, 0)
                 if upto > floor:
                     tx.put_meta(txn, K_FLOOR, upto)
-                return n, keys >= _COMPACT_CHUNK, unstaged
+                return n, keys >= _COMPACT_CHUNK
 
             with tx.lock:
-                n, full, unstaged = tx.write(chunk)
-                self._mover.staged -= unstaged
+                n, full = tx.write(chunk)
             removed += n
             if not full:
                 break

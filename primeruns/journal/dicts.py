@@ -1,7 +1,7 @@
 """The zstd dictionaries of one journal: which one each kind uses, loading
 them by id, and training new ones (``dictionary`` decides whether one pays).
 
-The process that compresses, the mover's (``staging``), trains: appends
+The process that compresses, the mover's (``mover``), trains: appends
 are spooled raw, so a dictionary is only ever used where entries are
 compressed, and training (~0.2 s of CPU, with the GIL held, once per kind)
 then never runs in a producer that handed its moving over to its uplink. A

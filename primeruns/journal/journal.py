@@ -6,7 +6,7 @@ Concepts:
   framed (``frames``): a returned ``append`` is in the spool, written, so the
   death of the process right after it loses nothing, and every reader sees it
   (``appending``, ``spool``); the mover absorbs the spool into LMDB,
-  compressed, in batches (``staging``, ``layout``).
+  compressed, in batches (``mover``, ``layout``).
 - **Cursors**, one per sink: ``acked`` (every entry up to it is acknowledged)
   and at most one **in-flight** batch, stored before the first attempt with its
   exact body, so a resend after a restart is byte-identical (``cursors``).
@@ -22,12 +22,13 @@ Concepts:
   (``capacity``).
 
 This class opens a journal and composes those parts over one transaction
-helper (``txn``), choosing them by the process's role: the appender (a
-producer) holds the appender, its own view of the log's end and the
-dictionary trainer; its uplink, which shares the producer's lock
-(``open(lock_fd=...)``), holds the reader, the cursors and the mover,
-never an appender, and reads the log's end again on each look; a read-only
-open takes no lock and holds no writer part at all.
+helper (``txn``), choosing them by the process's role: the producer holds
+the appender and its own view of the log's end, and runs the mover (which
+trains the dictionaries too) until its uplink takes that over; the uplink,
+which shares the producer's lock (``open(lock_fd=...)``), holds the reader,
+the cursors and then the mover, never an appender, and reads the log's end
+again on each look; a read-only open takes no lock and holds no writer part
+at all.
 
 Thread-safety: every method may be called from any thread. One process owns a
 journal for writing (``owner=True``, an flock); read-only opens take no lock
@@ -59,9 +60,9 @@ from primeruns.journal.fsinfo import warn_if_network_fs
 from primeruns.journal.lock import OwnerLock
 from primeruns.journal.maintenance import Background, scan_damage
 from primeruns.journal.meta import K_BUDGET, K_CREATED, K_FORMAT, K_LOCAL_ID, K_OWNER, Meta
+from primeruns.journal.mover import Mover
 from primeruns.journal.reading import Reader
 from primeruns.journal.spool import SpoolView, SpoolWriter, spool_bytes
-from primeruns.journal.staging import STAGED_RAW_MAX, Mover
 from primeruns.journal.store import DATA_NAME, Store, acquire_store, release_store
 from primeruns.journal.tail import OwnTail, SharedTail, read_end
 from primeruns.journal.txn import Transactions
@@ -78,12 +79,14 @@ __all__ = ["DEFAULT_MAX_JOURNAL_BYTES", "FORMAT_VERSION", "Durability", "Journal
 
 Durability = Literal["process", "fsync"]
 DEFAULT_MAX_JOURNAL_BYTES = 64 << 30
-# 2: entries between LMDB's in-page limit and layout.CHUNK_UPTO are stored as
-# chunks (see layout). 3: the newest entries may sit in the "staging" table
-# (see staging). 4: the newest entries may sit in spool files beside the
-# data file (see spool). Older journals have none of these and read the same.
+# 4: entries sit in LMDB's "entries" table, those between LMDB's in-page
+# limit and layout.CHUNK_UPTO in chunks (see layout), and the newest may sit
+# in spool files beside the data file (see spool).
 FORMAT_VERSION = 4
-_CLOSE_MOVE_S = 30.0  # at close, what is still spooled or staged moves within this
+# Formats 1-3 were development formats, never released: no user has a journal
+# in one, so nothing reads them and ``open`` refuses them.
+_OLDEST_FORMAT = 4
+_CLOSE_MOVE_S = 30.0  # at close, what is still spooled moves within this
 
 
 def default_local_id() -> str:
@@ -231,8 +234,10 @@ class Journal:
 
         ``owner=True`` takes the owner lock (JournalLockedError naming the owner
         while it lives); ``owner=False`` opens read-only, without a lock.
-        Raises JournalError if ``path`` is not a journal, JournalCorruptError if
-        its structure cannot be read at all; lesser damage is in ``damage()``.
+        Raises JournalError if ``path`` is not a journal or has a format this
+        prime-runs does not read (a newer one, or a development format 1-3),
+        JournalCorruptError if its structure cannot be read at all; lesser
+        damage is in ``damage()``.
         """
         _check_durability(durability)
         path = Path(path)
@@ -282,6 +287,13 @@ class Journal:
                 f"journal {path} has format {version}; this prime-runs reads up to "
                 f"{FORMAT_VERSION}: upgrade prime-runs to ship it"
             )
+        if isinstance(version, int) and version < _OLDEST_FORMAT:
+            journal.close()
+            raise JournalError(
+                f"journal {path} has format {version}, a development format no release of "
+                f"prime-runs wrote; this prime-runs reads formats {_OLDEST_FORMAT} to "
+                f"{FORMAT_VERSION}"
+            )
         budget = journal._tx.safe_meta(K_BUDGET)
         if shared and isinstance(budget, int) and budget > 0:
             journal._store.max_bytes = budget  # compaction here keeps the producer's budget
@@ -295,15 +307,13 @@ class Journal:
     # -- sharing with the uplink ---------------------------------------------------------
 
     def hand_over_moving(self) -> None:
-        """The uplink (which shares the lock) moves spooled (and staged) entries
-        into LMDB from now on: the producer only appends."""
+        """The uplink (which shares the lock) moves spooled entries into LMDB
+        from now on: the producer only appends."""
         self._mover.stop()
 
     def take_back_moving(self) -> None:
         """The uplink is gone: this process moves spooled entries into LMDB again."""
         if not self._mover.here and self._appender is not None and not self._closed:
-            with self._tx.lock:
-                self._mover.staged = self._mover.recount(assume=STAGED_RAW_MAX)
             self._mover.start()
 
     def take_over_moving(self) -> None:
@@ -385,7 +395,9 @@ class Journal:
         essential: bool = False,
         final: bool = False,
     ) -> AppendResult:
-        """Append entries of one kind in one transaction; returns once committed.
+        """Append entries of one kind in one spool ``write()`` (``appending``);
+        returns once written: every reader sees them, and the process's death
+        right after loses none (with durability ``"fsync"``: synced too).
 
         At the byte budget or on a full disk nothing is written and
         ``dropped=len(payloads)`` is returned (counted under sink ``"journal"``);
@@ -433,7 +445,7 @@ class Journal:
         """Wake every thread in wait_for_append (they return False unless data arrived)."""
         self._tail.wake_all()
         if self._mover.here:
-            self._mover.wake()  # the producer appended: there may be staged entries
+            self._mover.wake()  # the producer appended: there may be spooled entries
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -549,7 +561,7 @@ class Journal:
         return self._capacity.compact(acked, self._tail.last)
 
     def _absorb(self) -> None:
-        """Move everything spooled (or staged) into LMDB now, in this thread."""
+        """Move everything spooled into LMDB now, in this thread."""
         with contextlib.suppress(JournalError, lmdb.Error, ValueError):
             for _ in range(1_000_000):
                 if not self._mover.step():
@@ -580,11 +592,12 @@ class Journal:
             self._tx.dirty = False
 
     def train_dictionaries(self) -> list[EntryKind]:
-        """Train a zstd dictionary for each kind with enough records and none yet.
+        """Train a zstd dictionary for each kind with enough records and none yet;
+        returns the kinds that got one.
 
-        The mover's thread does this once a kind has enough records; callable
-        directly. Returns the kinds
-        that got one. A dictionary is stored (committed) before any entry uses it.
+        The mover's thread does this once a kind has enough records; here it
+        is done now, in this thread (benchmarks, the sample journal's tool).
+        A dictionary is stored (committed) before any entry uses it.
         """
         self._check_writable()
         self._absorb()  # what is spooled counts too: it is compressed here now
@@ -611,7 +624,7 @@ class Journal:
             self._appender.close()
         if self._appender is not None or moves_here:
             # What the background did not get to moves now (bounded): a journal
-            # at rest is compressed and has nothing staged or spooled. Only
+            # at rest is compressed and has nothing spooled. Only
             # the appender, closing, knows nothing more comes to its newest
             # spool segment.
             self._mover.drain(_CLOSE_MOVE_S, retire=self._appender is not None)

@@ -1,8 +1,8 @@
 """How entries are laid out in LMDB: keys, chunks, and decoding a stored value.
 
-Every component that touches the "entries" and "staging" tables (appending,
-reading, moving staged entries, compaction) shares these rules, so they live
-in one place.
+Every component that touches the "entries" table (the mover, reading,
+compaction, finding the log's end) shares these rules, so they live in one
+place.
 
 Keys are big-endian u64 sequence numbers, so LMDB's order is the log's order.
 LMDB keeps a value of up to ~2,000 bytes inside its leaf page (4 KiB pages);

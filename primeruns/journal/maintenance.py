@@ -6,14 +6,16 @@ written (``env.sync`` is safe alongside transactions), and no wake-up at all
 while nothing is: the thread waits for the journal's ``written`` event.
 
 Each such second also wakes the mover, where it runs in this process (offline,
-or shipping from threads): an append never wakes it. A thread woken in the
-middle of a burst of ``log_*`` calls waits for the GIL, and the producer, which
-lets the GIL go at each call's ``write()``, wakes that waiter every time
-without handing the GIL over (each release by the producer is followed by its
-own re-take): woken by the appends, the mover made a tight loop of
-``log_metrics`` calls cost 4x ``json.dumps`` of the row instead of 1.7x. Dictionary
-training is not here but in the mover's thread (``staging``): it belongs
-where entries are compressed, which is not the producer once its uplink moves.
+or shipping from threads). An append does not wake it (only near the byte
+budget does the room count, see ``capacity``): a thread woken in the middle
+of a burst of ``log_*`` calls waits for the GIL, and the producer, which lets
+the GIL go at each call's ``write()``, wakes that waiter every time without
+handing the GIL over (each release by the producer is followed by its own
+re-take): woken by the appends, the mover made a tight loop of
+``log_metrics`` calls cost 4x ``json.dumps`` of the row instead of 1.7x.
+Dictionary training is not here but in the mover's thread (``mover``): it
+belongs where entries are compressed, which is not the producer once its
+uplink moves.
 """
 
 from __future__ import annotations

@@ -91,45 +91,38 @@ class Reader:
         try:
             with self._tx.read(buffers=True) as txn:
                 in_lmdb = stored_end(self._tx, txn)
-                for name in ("entries", "staging"):  # one log: staged seqs come last
-                    if full or name not in self._tx.dbs:
+                cur = txn.cursor(db=self._tx.dbs["entries"])
+                more = cur.set_range(key(expected))
+                while more and examined < _MAX_SCAN:
+                    raw_key, value = cur.item()
+                    if is_chunk_key(raw_key) and seq_of(raw_key) < expected:
+                        more = cur.next()  # a chunk of an entry passed over
                         continue
-                    cur = txn.cursor(db=self._tx.dbs[name])
-                    more = cur.set_range(key(expected))
-                    while more and examined < _MAX_SCAN:
-                        raw_key, value = cur.item()
-                        if is_chunk_key(raw_key) and seq_of(raw_key) < expected:
-                            more = cur.next()  # a chunk of an entry passed over
-                            continue
-                        if len(raw_key) != KEY.size:
-                            damaged.append(
-                                Damage(None, f"malformed entry key {bytes(raw_key).hex()}")
-                            )
-                            more = cur.next()
-                            continue
-                        seq = KEY.unpack(raw_key)[0]
-                        if seq > expected and expected > floor:
-                            damaged.append(missing(expected, seq - 1))
-                        expected = seq + 1
-                        examined += 1
-                        try:
-                            head = peek_header(value)
-                        except FrameError as exc:
-                            damaged.append(Damage(seq, f"entry {seq}: {exc}"))
-                            next_after = seq
-                            more = cur.next()
-                            continue
-                        if wanted is None or head.kind in wanted:
-                            if raw and (
-                                len(raw) >= max_entries or total + head.raw_len > max_bytes
-                            ):
-                                full = True
-                                break
-                            whole, _ = gather(cur, seq, value)
-                            raw.append((seq, whole))
-                            total += head.raw_len
+                    if len(raw_key) != KEY.size:
+                        damaged.append(Damage(None, f"malformed entry key {bytes(raw_key).hex()}"))
+                        more = cur.next()
+                        continue
+                    seq = KEY.unpack(raw_key)[0]
+                    if seq > expected and expected > floor:
+                        damaged.append(missing(expected, seq - 1))
+                    expected = seq + 1
+                    examined += 1
+                    try:
+                        head = peek_header(value)
+                    except FrameError as exc:
+                        damaged.append(Damage(seq, f"entry {seq}: {exc}"))
                         next_after = seq
                         more = cur.next()
+                        continue
+                    if wanted is None or head.kind in wanted:
+                        if raw and (len(raw) >= max_entries or total + head.raw_len > max_bytes):
+                            full = True
+                            break
+                        whole, _ = gather(cur, seq, value)
+                        raw.append((seq, whole))
+                        total += head.raw_len
+                    next_after = seq
+                    more = cur.next()
         except (lmdb.Error, JournalCorruptError) as exc:
             damaged.append(Damage(None, f"reading after entry {next_after} failed: {exc}"))
         if in_lmdb >= 0 and not full and examined < _MAX_SCAN:
@@ -178,12 +171,9 @@ class Reader:
             self.spool.refresh()  # before LMDB's reads: see spool
             forgotten = self.spool.forgotten
             seen = [0]  # the highest seq counted in LMDB (with its compaction floor)
-            for name in ("entries", "staging"):
-                if name not in self._tx.dbs:
-                    continue
-                resume: bytes | None = key(0)
-                while resume is not None:
-                    resume = self._tally_some(name, resume, bounds, counts, seen)
+            resume: bytes | None = key(0)
+            while resume is not None:
+                resume = self._tally_some(resume, bounds, counts, seen)
             with self.spool.lock:
                 if self.spool.forgotten != forgotten:
                     continue  # moved into LMDB meanwhile (see spool): count again
@@ -194,7 +184,6 @@ class Reader:
 
     def _tally_some(
         self,
-        name: str,
         start: bytes,
         bounds: list[int],
         counts: list[Counter[int]],
@@ -208,7 +197,7 @@ class Reader:
             # earlier pass would then be counted nowhere).
             with contextlib.suppress(JournalCorruptError, ValueError, TypeError):
                 seen[0] = max(seen[0], int(self._tx.meta_or(txn, K_FLOOR, 0)))
-            cur = txn.cursor(db=self._tx.dbs[name])
+            cur = txn.cursor(db=self._tx.dbs["entries"])
             if not cur.set_range(start):
                 return None
             index = 0
@@ -251,9 +240,6 @@ class Reader:
             value: bytes | None = None
             if cur.set_key(key(seq)):
                 value, _ = gather(cur, seq, cur.value())
-            elif "staging" in self._tx.dbs:
-                staged = txn.get(key(seq), db=self._tx.dbs["staging"])
-                value = None if staged is None else bytes(staged)
         if value is None and seq > in_lmdb:
             with self.spool.lock:
                 if self.spool.forgotten != forgotten:

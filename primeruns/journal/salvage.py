@@ -49,7 +49,6 @@ class Salvaged:
     meta: dict[bytes, bytes] = field(default_factory=dict)
     cursors: dict[bytes, bytes] = field(default_factory=dict)
     pages: int = 0
-    bad_values: int = 0
 
 
 def _leaf_nodes(data: Any, page: int, psize: int) -> Iterator[tuple[bytes, bytes]]:
@@ -99,11 +98,11 @@ def scan_pages(path: Path, psize: int = 4096) -> Salvaged:
 def _scan(data: Any, psize: int) -> Salvaged:
     found = Salvaged(pages=len(data) // psize)
     acked: dict[bytes, int] = {}
-    # An entry stored in chunks (journal format 2) is its head under the
-    # 8-byte key plus (seq, index) chunks: put back together, then checked.
-    # Every distinct candidate head is kept, not the first found: a stale node
-    # under the same key (a staged copy whose overflow pages were reused since)
-    # fails its checksum too, and may sit in a page before the live head.
+    # An entry stored in chunks (see layout) is its head under the 8-byte key
+    # plus (seq, index) chunks: put back together, then checked. Every
+    # distinct candidate head is kept, not the first found: a stale copy under
+    # the same key (left in a freed page by a copy on write, and damaged
+    # since) fails its checksum too, and may sit in a page before the live head.
     heads: dict[int, list[bytes]] = {}
     chunks: dict[tuple[int, int], list[bytes]] = {}  # the same: a stale copy may have rotted
     for page in range(2, len(data) // psize):
@@ -132,7 +131,6 @@ def _scan(data: Any, psize: int) -> Salvaged:
                     candidates = heads.setdefault(struct.unpack(">Q", key)[0], [])
                     if value not in candidates:
                         candidates.append(value)
-                found.bad_values += 1
                 continue
             _classify(key, value, payload, found, acked)
     for seq, candidates in heads.items():
@@ -148,7 +146,6 @@ def _scan(data: Any, psize: int) -> Salvaged:
             try:
                 if verify_frame(whole, seq).kind != 0:
                     found.entries[seq] = whole
-                    found.bad_values -= 1
                     break
             except FrameError:
                 pass

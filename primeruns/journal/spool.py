@@ -6,7 +6,7 @@ acknowledgement: a metrics row paid 4x ``json.dumps`` and a training step's
 p99 several milliseconds for it. An append therefore writes its frames (raw,
 each checksummed under its seq) to the end of a spool file, which the page
 cache keeps across the process's death once ``write()`` returns, exactly as it
-keeps an uncommitted-to-disk LMDB page; the mover (``staging``) absorbs them
+keeps an uncommitted-to-disk LMDB page; the mover (``mover``) absorbs them
 into LMDB in batches, compressed, from another thread or from the uplink.
 
 Readers see one log: LMDB's entries, then the spool's frames above them

@@ -52,9 +52,7 @@ __all__ = [
 ]
 
 DATA_NAME = "data.mdb"
-# "staging" (format 3) holds the newest entries until the background thread
-# compresses them into "entries"; see journal.py.
-DB_NAMES = (b"entries", b"meta", b"cursors", b"inflight", b"staging")
+DB_NAMES = (b"entries", b"meta", b"cursors", b"inflight")
 _INITIAL_MAP = 16 << 20
 _META_MAGIC = 0xBEEFC0DE
 
@@ -280,16 +278,13 @@ class Store:
                 self.env.reader_check()  # free slots of dead reader processes
             self.dbs = {}
             for name in DB_NAMES:
-                # An existing journal always has its tables ("staging" aside:
-                # older ones have none, nothing staged). One that is missing
+                # An existing journal always has its tables. One that is missing
                 # was lost to damage in the main tree (a flipped key): creating
                 # it empty would hide every entry, so the file is salvaged.
-                may_create = create or (name == b"staging" and not readonly)
                 try:
-                    self.dbs[name.decode()] = self.env.open_db(name, create=may_create)
+                    self.dbs[name.decode()] = self.env.open_db(name, create=create)
                 except lmdb.NotFoundError:
-                    if name != b"staging":
-                        raise lmdb.CorruptedError(f"table {name.decode()} missing") from None
+                    raise lmdb.CorruptedError(f"table {name.decode()} missing") from None
         except BaseException:
             self.env.close()
             self._drop_tempdir()

@@ -30,12 +30,9 @@ def stored_end(tx: Transactions, txn: lmdb.Transaction) -> int:
     """The highest seq LMDB holds or compacted away, in ``txn`` (the spool's
     entries follow it)."""
     last = 0
-    for name in ("entries", "staging"):
-        if name not in tx.dbs:
-            continue
-        cur = txn.cursor(db=tx.dbs[name])
-        if cur.last() and len(cur.key()) >= 8:
-            last = max(last, seq_of(cur.key()))
+    cur = txn.cursor(db=tx.dbs["entries"])
+    if cur.last() and len(cur.key()) >= 8:
+        last = seq_of(cur.key())
     try:
         floor = int(tx.meta_or(txn, K_FLOOR, 0))
     except (JournalCorruptError, ValueError, TypeError):

@@ -1,4 +1,4 @@
-"""Entries stored in chunks (format 2): values between LMDB's in-page limit and
+"""Entries stored in chunks (see layout): values between LMDB's in-page limit and
 16 KiB are split so they pack pages densely. They must read back exactly,
 everywhere an entry is read, and damage to one chunk must cost only its entry."""
 
@@ -14,7 +14,7 @@ import lmdb
 import pytest
 from test_corruption import _probe
 
-from primeruns.journal import EntryKind, Journal, staging
+from primeruns.journal import EntryKind, Journal, mover
 from primeruns.journal.frames import encode_frame
 from primeruns.journal.layout import key, put_entry, split
 from primeruns.journal.reading import UNREADABLE
@@ -117,7 +117,7 @@ def test_spooled_entries_read_as_one_log_and_move_in_order(
     """Appends go to the spool uncompressed and are moved into LMDB later, a
     batch at a time; a reader sees one dense log wherever an entry is at the
     moment, and a closed journal has no spool left."""
-    monkeypatch.setattr(staging, "_ABSORB_BATCH", 7)
+    monkeypatch.setattr(mover, "_ABSORB_BATCH", 7)
     small = [json.dumps({"i": i}).encode() for i in range(5)]
     big = [_payload(i, 3_000) for i in range(40)]
     expected = small + big[:20] + small + big[20:]
@@ -150,32 +150,6 @@ def test_spooled_entries_read_as_one_log_and_move_in_order(
     assert list_segments(tmp_path / "run") == []
     with Journal.open(tmp_path / "run", owner=False) as reader:
         assert [e.payload for e in reader.read(0, max_entries=1000).entries] == expected[10:]
-
-
-def test_staged_entries_of_an_older_journal_move_before_spooled_ones(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A format-3 journal may hold staged entries (uncompressed, in "staging"):
-    they read first and move into "entries" before anything spooled after them."""
-    staged = [_payload(i, 3_000) for i in range(3)]
-    Journal.create(tmp_path, local_id="run").close()
-    env = lmdb.open(str(tmp_path / "run"), max_dbs=8)
-    with env.begin(write=True) as txn:
-        db = env.open_db(b"staging", txn=txn)
-        for seq, payload in enumerate(staged, 1):
-            frame = encode_frame(int(EntryKind.EPISODE), payload, compress=False, seq=seq)
-            txn.put(struct.pack(">Q", seq), frame, db=db)
-    env.close()
-    monkeypatch.setattr(staging.Mover, "start", lambda self: None)  # moved here, by hand
-    with Journal.open(tmp_path / "run") as j:
-        assert j._mover.staged == 3 and j.last_seq() == 3
-        j.append(EntryKind.METRICS, [b'{"small":1}'])  # seq 4, spooled
-        assert [e.seq for e in j.read(0).entries] == [1, 2, 3, 4]
-        assert not j._mover.absorb_some()  # staged ones first
-        while j._mover.step():
-            assert [e.seq for e in j.read(0).entries] == [1, 2, 3, 4]
-        assert j._mover.staged == 0 and j.damage() == []
-        assert [e.payload for e in j.read(0).entries] == [*staged, b'{"small":1}']
 
 
 def test_tally_counts_entries_not_chunks_across_cuts_and_compaction(tmp_path: Path) -> None:
@@ -227,20 +201,22 @@ def test_tally_counts_entries_not_chunks_across_cuts_and_compaction(tmp_path: Pa
 def test_salvage_finds_a_chunked_entry_behind_a_stale_node_of_the_same_seq(
     tmp_path: Path,
 ) -> None:
-    """A staged copy's leaf node can outlive its move in a freed page, pointing
-    at overflow pages reused since: under the entry's own key it fails its
-    checksum, like a chunk head does alone. Found in a page before the live
-    head, it used to be the only head tried, and the intact entry was dropped
-    from the rebuilt journal (seen after ``sync`` of a damaged journal)."""
+    """A stale copy of an entry's head (left in a freed page by a copy on
+    write, damaged since) fails its checksum under the entry's own key, like
+    a chunk head does alone. Found in a page before the live head, it used to
+    be the only head tried, and the intact entry was dropped from the rebuilt
+    journal (seen after ``sync`` of a damaged journal)."""
     payload = _payload(9, 2_600)
     frame = encode_frame(int(EntryKind.EPISODE), payload, seq=9)
+    head = split(frame)[0]
     assert len(split(frame)) > 1  # stored chunked
     env = lmdb.open(str(tmp_path), max_dbs=8, map_size=1 << 24)
-    staging, entries = env.open_db(b"staging"), env.open_db(b"entries")
+    old, entries = env.open_db(b"old"), env.open_db(b"entries")
     old_reader = env.begin()  # no page is reused: the live head comes last in the file
     with env.begin(write=True) as txn:
-        stale = encode_frame(int(EntryKind.EPISODE), b"x" * 9_000, compress=False, seq=9)
-        txn.put(key(9), stale[:-100] + bytes(100), db=staging)  # reused pages: fails
+        rotted = bytearray(head)
+        rotted[len(rotted) // 2] ^= 0xFF
+        txn.put(key(9), bytes(rotted), db=old)
     with env.begin(write=True) as txn:
         put_entry(txn, 9, frame, entries)
     old_reader.abort()

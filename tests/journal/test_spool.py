@@ -25,9 +25,10 @@ from hypothesis import strategies as st
 from sdk_helpers import wait_for
 
 from primeruns.exceptions import JournalError
-from primeruns.journal import EntryKind, Journal, spool, staging
+from primeruns.journal import EntryKind, Journal, spool
 from primeruns.journal.frames import encode_frame, encode_frames_off_gil
 from primeruns.journal.listing import journal_info
+from primeruns.journal.mover import Mover
 from primeruns.journal.spool import APPEND, list_segments
 
 _DIE_MID_WRITE = textwrap.dedent(
@@ -80,11 +81,11 @@ def test_a_segment_that_rotates_while_the_mover_absorbs_keeps_its_last_entries(
             j.append(EntryKind.EPISODE, [records[2]])  # past SEGMENT_MAX: a new segment
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(staging, "encode_frames_off_gil", compress_while_appending)
+    monkeypatch.setattr("primeruns.journal.mover.encode_frames_off_gil", compress_while_appending)
     with Journal.create(tmp_path, local_id="run") as j:
         j._mover.stop()
         j.append(EntryKind.EPISODE, [records[0]])
-        assert j._mover.absorb_some()
+        assert j._mover.step()
         assert len(list_segments(j.path)) == 2
         while j._mover.step():
             pass
@@ -238,7 +239,7 @@ def test_an_owner_that_misreads_the_end_refuses_to_append_rather_than_hide_entri
         return real_open(file, flags, *args, **kwargs)
 
     monkeypatch.setattr(os, "open", out_of_descriptors)
-    monkeypatch.setattr(staging.Mover, "start", lambda self: None)
+    monkeypatch.setattr(Mover, "start", lambda self: None)
     with Journal.open(path) as owner:
         assert owner.last_seq() == 3  # entry 4 is hidden from it
         with pytest.raises(JournalError):
@@ -272,7 +273,7 @@ def test_a_producer_lets_go_of_the_segments_its_uplink_absorbed(tmp_path: Path) 
                 j.append(EntryKind.EPISODE, [json.dumps({"n": n, "pad": "z" * 900}).encode()])
                 if n % 4 == 3:
                     view = spool.SpoolView(j.path)
-                    mover = staging.Mover(j._tx, j._dicts, j.path, view, j._reader)
+                    mover = Mover(j._tx, j._dicts, j.path, view, j._reader)
                     while mover.step():  # the uplink's mover, with a view of its own
                         pass
                     mover._spool.close()
@@ -303,7 +304,7 @@ def test_two_movers_at_once_never_let_go_of_a_segment_lmdb_does_not_hold(
         for i in range(1, 301):
             j.append(EntryKind.EPISODE, [rec(i)])
 
-        def mover(ready: threading.Event, go: threading.Event) -> staging.Mover:
+        def mover(ready: threading.Event, go: threading.Event) -> Mover:
             dicts = Dictionaries(j._tx)
             real = dicts.refresh
             first = [True]
@@ -316,18 +317,18 @@ def test_two_movers_at_once_never_let_go_of_a_segment_lmdb_does_not_hold(
                 real()
 
             dicts.refresh = refresh  # type: ignore[method-assign]
-            return staging.Mover(j._tx, dicts, j.path, spool.SpoolView(j.path), j._reader)
+            return Mover(j._tx, dicts, j.path, spool.SpoolView(j.path), j._reader)
 
         b_ready, b_go, a_ready, a_go = (threading.Event() for _ in range(4))
         b = mover(b_ready, b_go)
-        tb = threading.Thread(target=b.absorb_some)
+        tb = threading.Thread(target=b.step)
         tb.start()
         b_ready.wait()  # b's batch: 1..300
         for i in range(301, 501):  # the first segment fills, a second begins
             j.append(EntryKind.EPISODE, [rec(i)])
         assert len(list_segments(j.path)) == 2
         a = mover(a_ready, a_go)
-        ta = threading.Thread(target=a.absorb_some)
+        ta = threading.Thread(target=a.step)
         ta.start()
         a_ready.wait()  # a's batch: 1..500
         b_go.set()

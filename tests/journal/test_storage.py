@@ -8,8 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from primeruns.journal import EntryKind, Journal, list_journals, spool, staging
+from primeruns.journal import EntryKind, Journal, list_journals, spool
 from primeruns.journal.dicts import Dictionaries
+from primeruns.journal.mover import Mover
 
 
 def _episode(i: int) -> bytes:
@@ -55,7 +56,7 @@ def test_dictionary_trained_by_the_mover_not_the_producer_that_handed_it_over(
         assert not j._dicts.due()
         view = spool.SpoolView(j.path)
         uplinks = Dictionaries(j._tx)
-        mover = staging.Mover(j._tx, uplinks, j.path, view, j._reader)
+        mover = Mover(j._tx, uplinks, j.path, view, j._reader)
         while mover.step():
             pass
         assert uplinks.due()
@@ -82,7 +83,7 @@ def test_two_trainers_never_give_one_id_two_dictionaries(tmp_path: Path) -> None
         ids.add(second.active[int(EntryKind.EPISODE)])
         assert len(ids) == 2
         for d, base in ((first, 1000), (second, 2000)):
-            mover = staging.Mover(j._tx, d, j.path, spool.SpoolView(j.path), j._reader)
+            mover = Mover(j._tx, d, j.path, spool.SpoolView(j.path), j._reader)
             d.refresh = lambda: None  # type: ignore[method-assign]  # keep its own choice
             j.append(EntryKind.EPISODE, [_episode(base + i) for i in range(20)])
             while mover.step():
