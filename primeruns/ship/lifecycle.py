@@ -146,6 +146,46 @@ class Lifecycle:
         with self._lock:
             return self._register(attempts)
 
+    def register_retrying(
+        self, *, deadline: float | None = None, stop: threading.Event | None = None
+    ) -> Binding | None:
+        """The one registration routine of every path that ships (the live
+        run's uplink, a close-out, replay, sync): register, retrying transient
+        failures on the policy's schedule, until registered, ``stop`` is set,
+        or, with a ``deadline`` (a closing run), the deadline passes or the
+        platform is stuck by the policy's rule (no answer for ``stall_s``
+        despite ``stuck_attempts`` tries). A failure it gives up on is
+        reported through ``on_failure``; returns the binding, or None."""
+        started = time.monotonic()
+        failed = 0
+        while True:
+            try:
+                return self.register(attempts=1)
+            except APIError as exc:
+                if not is_transient(exc):
+                    self._on_failure("register", exc)
+                    return None
+                failed += 1
+                now = time.monotonic()
+                if deadline is not None and (
+                    now >= deadline or self._policy.stuck(now - started, failed)
+                ):
+                    self._on_failure("register", exc)
+                    return None
+                retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None
+                closing = deadline is not None
+                wait = self._policy.delay(failed - 1, retry_after, self._rng, closing=closing)
+                if deadline is not None:
+                    wait = min(wait, max(0.0, deadline - now))
+                if stop is not None:
+                    if stop.wait(wait):
+                        return None
+                else:
+                    time.sleep(wait)  # a retry delay (the platform is down), not a wait for a state
+            except Exception as exc:  # a spec that cannot be registered (lost to damage)
+                self._on_failure("register", exc)
+                return None
+
     def _register(self, attempts: int | None) -> Binding:
         bound = self.binding()
         if bound is not None:

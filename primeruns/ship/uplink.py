@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..exceptions import APIError, JournalError, PrimeRunsError, is_transient
+from ..exceptions import JournalError, PrimeRunsError
 from ..journal import Damage, EntryKind, Journal, list_journals
 from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
@@ -274,61 +274,28 @@ class Uplink:
         shipping once it does."""
         if self.lifecycle.binding() is not None:
             return
-        start_daemon(self._register_loop, "primeruns-register")
+        start_daemon(self._register_until_closing, "primeruns-register")
 
-    def _register_loop(self) -> None:
-        rng = random.Random()
-        attempt = 0
-        while not self._closing.is_set():
-            try:
-                self.lifecycle.register(attempts=1)
-            except APIError as exc:
-                if not is_transient(exc):
-                    self._on_failure("register", exc)
-                    return
-            except Exception as exc:
-                self._on_failure("register", exc)
-                return
-            else:
-                log.info("prime-runs: run registered: %s", self.lifecycle.binding())
-                for shipper in self.shippers:
-                    shipper.poke()
-                self._notify()
-                return
-            attempt += 1
-            self._closing.wait(min(30.0, 0.5 * 2 ** min(attempt, 6)) * rng.uniform(0.5, 1.5))
+    def _register_until_closing(self) -> None:
+        if self.lifecycle.register_retrying(stop=self._closing) is not None:
+            log.info("prime-runs: run registered: %s", self.lifecycle.binding())
+            self._registered()
 
-    def _ensure_registered(self, deadline: float) -> float | None:
-        """Register before the close-out ships, retrying until ``deadline`` or
-        until the platform is stuck by the policy's rule (as a sink would be);
-        the seconds it was stuck when it gave up, else None."""
-        lifecycle = self.lifecycle
-        if lifecycle.binding() is not None:
-            return None
-        rng = random.Random()
-        started = time.monotonic()
-        failed = 0
-        while time.monotonic() < deadline:
-            try:
-                lifecycle.register(attempts=1)
-                break
-            except APIError as exc:
-                if not is_transient(exc):
-                    self._on_failure("register", exc)
-                    return None
-                failed += 1
-                idle = time.monotonic() - started
-                if self.policy.stuck(idle, failed):
-                    self._on_failure("register", exc)
-                    return idle
-                wait = self.policy.delay(failed - 1, None, rng, closing=True)
-                # A retry delay (the platform is down), not a wait for a state.
-                time.sleep(min(wait, max(0.0, deadline - time.monotonic())))
-            except Exception as exc:
-                self._on_failure("register", exc)
-                return None
+    def _registered(self) -> None:
         for shipper in self.shippers:
             shipper.poke()
+        self._notify()
+
+    def _ensure_registered(self, deadline: float) -> float | None:
+        """Register before the close-out ships (``Lifecycle.register_retrying``);
+        the seconds spent when it gave up, else None."""
+        if self.lifecycle.binding() is not None:
+            return None
+        started = time.monotonic()
+        if self.lifecycle.register_retrying(deadline=deadline) is None:
+            spent = time.monotonic() - started
+            return spent if spent >= self.policy.stall_s else None  # stuck, not refused
+        self._registered()
         return None
 
     def hurry(self) -> None:
@@ -563,12 +530,12 @@ def ship_journal(
         uplink = Uplink(
             journal, settings or journal_settings(journal), policy=policy, log_level=logging.INFO
         )
-        try:
-            binding = uplink.lifecycle.register()
-        except (APIError, PrimeRunsError) as exc:
-            # A platform refusal, or a spec that cannot be registered (one
-            # lost to damage): reported, and the journal kept for another try.
-            report.errors.append(f"register: {exc}")
+        binding = uplink.lifecycle.register_retrying(deadline=time.monotonic() + timeout)
+        if binding is None:
+            # A platform refusal or one down, or a spec that cannot be
+            # registered (one lost to damage): reported (uplink.errors), and
+            # the journal kept for another try.
+            report.errors.extend(uplink.errors)
             kind = str((journal.get_meta("spec") or {}).get("kind") or "eval")
             with _quiet():
                 report.pending = ledger.pending_by_sink(journal, sink_kinds(kind))
