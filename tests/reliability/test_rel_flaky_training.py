@@ -123,7 +123,7 @@ def test_a_training_run_on_a_flaky_network_lands_every_record_once(
 
 
 @pytest.mark.parametrize(
-    "seed", [5] + [pytest.param(s, marks=pytest.mark.slow) for s in (1, 2, 3, 4, 6)]
+    "seed", [2] + [pytest.param(s, marks=pytest.mark.slow) for s in (1, 3, 4, 5, 6)]
 )
 def test_a_short_stall_allowance_changes_nothing_that_ships_on_a_flaky_network(
     train_platform: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
