@@ -133,11 +133,13 @@ def finish_journal(
     """
     journal = recorder.journal
     assert journal is not None
+    with recorder.lock:  # another thread's update_summary may be under way
+        summary = dict(recorder.summary)
     record = {
         "status": status.value,
         "error": message,
         # The live summary may hold what the user put there: only what encodes.
-        "summary": recorder.encodable(_finite(recorder.summary), "summary"),
+        "summary": recorder.encodable(_finite(summary), "summary"),
         "at": time.time(),
         "timeout": budget,  # the uplink's deadline: at + timeout
     }

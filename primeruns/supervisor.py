@@ -13,6 +13,7 @@ answer it gives is read from the journal, where the uplink writes it
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -113,6 +114,7 @@ class Supervisor:
         self._lifecycle = lifecycle
         self.uplink = uplink
         self._replaced = False
+        self._replacing = threading.Lock()  # flush() and finish() on two threads
         self._bound: Binding | None = None
 
     def binding(self) -> Binding | None:
@@ -179,12 +181,16 @@ class Supervisor:
     def replace_if_dead(self) -> None:
         """If the uplink process died before closing the run out (killed, out
         of memory), ship from threads in this process from now on."""
-        uplink, journal = self.uplink, self._journal
-        if self._replaced or uplink.alive():
-            return
-        if ledger.read_closeout(journal) is not None:
-            return  # it finished its work
-        self._replaced = True
+        with self._replacing:
+            uplink, journal = self.uplink, self._journal
+            if self._replaced or uplink.alive():
+                return
+            if ledger.read_closeout(journal) is not None:
+                return  # it finished its work
+            self._replaced = True
+            self._replace(uplink, journal)
+
+    def _replace(self, uplink: UplinkHandle, journal: Journal) -> None:
         log.warning(
             "prime-runs: the uplink process of run %s exited before the run was finished; "
             "shipping from threads in this process from now on (nothing is lost: it ships "

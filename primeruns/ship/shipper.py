@@ -435,7 +435,8 @@ class Shipper:
 
     # -- outcomes --------------------------------------------------------------
     def _moved(self) -> None:
-        """A request of this sink succeeded: the platform can be reached."""
+        """The sink moved on (a request succeeded, or a batch's state changed):
+        the platform can be reached."""
         with self._progress:
             self._moved_at = time.monotonic()
             self.state.failed_in_a_row = 0
