@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..journal import EntryKind, Journal, JournalInfo, default_runs_dir, list_journals
+from ..journal import EntryKind, Journal, JournalInfo, list_journals
+from ..settings import RUNS_DIR_ENV, default_runs_dir
 from ..ship.factory import sink_kinds
 from ..ship.ledger import records_left
 
@@ -57,7 +58,7 @@ def add_runs_dir(parser: argparse.ArgumentParser) -> None:
         metavar="D",
         type=Path,
         default=None,
-        help="where run journals live (default: $PRIME_RUNS_DIR, else "
+        help=f"where run journals live (default: ${RUNS_DIR_ENV}, else "
         "~/.local/state/prime-runs/runs)",
     )
 

@@ -43,7 +43,18 @@ import primeruns as pr
 from ..journal import EntryKind, Journal
 from ..journal.lock import owner_alive, read_owner
 from ..metrics import from_episodes
-from ..platform import resolve_settings
+from ..settings import (
+    API_BASE_URL_ENV,
+    API_KEY_ENV,
+    BASE_URL_ENV,
+    FRONTEND_URL_ENV,
+    MODE_ENV,
+    RETRY_BASE_ENV,
+    RUNS_DIR_ENV,
+    TRACES_OPT_OUT_ENV,
+    TRACES_URL_ENV,
+    resolve_settings,
+)
 from .common import EXIT_FAILED, EXIT_OK, CommandError
 from .console import make_console
 from .demo_data import eval_episodes, train_episodes
@@ -317,15 +328,15 @@ def _demo_environment(url: str, key: str) -> Iterator[None]:
     page links on the demo platform, the demo key, and nothing inherited that
     would redirect or disable the runs."""
     changes: dict[str, str | None] = {
-        "PRIME_API_KEY": key,
-        "PRIME_TRACES_URL": url,
-        "PRIME_FRONTEND_URL": url,
-        "PRIME_RUNS_RETRY_BASE_S": "0.02",
-        "PRIME_API_BASE_URL": None,
-        "PRIME_BASE_URL": None,
-        "PRIME_RUNS_MODE": None,
-        "PRIME_TRACES_OPT_OUT": None,
-        "PRIME_RUNS_DIR": None,
+        API_KEY_ENV: key,
+        TRACES_URL_ENV: url,
+        FRONTEND_URL_ENV: url,
+        RETRY_BASE_ENV: "0.02",
+        API_BASE_URL_ENV: None,
+        BASE_URL_ENV: None,
+        MODE_ENV: None,
+        TRACES_OPT_OUT_ENV: None,
+        RUNS_DIR_ENV: None,
     }
     saved = {k: os.environ.get(k) for k in changes}
     for k, v in changes.items():

@@ -24,8 +24,15 @@ from rich.text import Text
 
 from ..exceptions import APIError, ConfigurationError, ForbiddenError, UnauthorizedError
 from ..journal.fsinfo import network_fs_type
-from ..platform import PlatformClient, Settings, resolve_settings
-from ..platform.settings import MODE_ENV, config_file_path, mask_key
+from ..platform import PlatformClient
+from ..settings import (
+    SdkSettings,
+    Settings,
+    config_file_path,
+    mask_key,
+    resolve_sdk_settings,
+    resolve_settings,
+)
 from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, runs_dir_of, statuses
 from .console import emit_json, human_bytes, make_console
 
@@ -178,8 +185,8 @@ def _check_key(settings: Settings, timeout: float, checks: _Checks, *, traces: b
         client.close()
 
 
-def _settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
-    src = settings.sources
+def _settings_rows(settings: Settings, tuning: SdkSettings) -> list[tuple[str, str, str]]:
+    src, own = settings.sources, tuning.sources
     return [
         ("api key", mask_key(settings.api_key), str(src.get("api_key"))),
         ("base url", settings.api_root, str(src.get("base_url"))),
@@ -187,10 +194,22 @@ def _settings_rows(settings: Settings) -> list[tuple[str, str, str]]:
         ("team id", settings.team_id or "(none)", str(src.get("team_id"))),
         ("frontend", settings.frontend_url, str(src.get("frontend_url"))),
         ("traces opt-out", str(settings.traces_opt_out), str(src.get("traces_opt_out"))),
+        ("mode", tuning.mode or "(auto)", str(own.get("mode"))),
+        ("runs dir", str(tuning.runs_dir), str(own.get("runs_dir"))),
         (
-            "mode",
-            os.environ.get(MODE_ENV) or "(auto)",
-            MODE_ENV if os.environ.get(MODE_ENV) else "default",
+            "journal budget",
+            human_bytes(tuning.max_journal_bytes),
+            str(own.get("max_journal_bytes")),
+        ),
+        ("uplink", tuning.uplink, str(own.get("uplink"))),
+        ("retry backoff", f"{tuning.retry_base_s:g} s", str(own.get("retry_base_s"))),
+        ("training pause", f"{tuning.pause_s:g} s", str(own.get("pause_s"))),
+        ("batch linger", f"{tuning.linger_s:g} s", str(own.get("linger_s"))),
+        ("close-out stall", f"{tuning.stall_s:g} s", str(own.get("stall_s"))),
+        (
+            "network fs",
+            "allowed" if tuning.allow_network_fs else "warned about",
+            str(own.get("allow_network_fs")),
         ),
     ]
 
@@ -201,18 +220,21 @@ def run_doctor(args: argparse.Namespace) -> int:
     platform and traces endpoints answer and accept the API key. Exit 0 if
     every check passed."""
     checks = _Checks(quiet=args.json)
-    runs_dir = runs_dir_of(args)
     checks.heading("runs directory")
-    _check_runs_dir(runs_dir, checks)
+    try:
+        _check_runs_dir(runs_dir_of(args), checks)
+    except ConfigurationError as exc:  # a bad PRIME_RUNS_DIR
+        checks.fail(str(exc))
     checks.heading("settings")
     _check_config_file(checks)
     document: dict[str, Any] = {"checks": checks.results, "settings": {}}
     try:
         settings = resolve_settings(base_url=args.base_url)
+        tuning = resolve_sdk_settings(runs_dir=args.runs_dir)
     except ConfigurationError as exc:
         checks.fail(f"settings cannot be resolved: {exc}")
         return _finish(checks, document)
-    for label, value, source in _settings_rows(settings):
+    for label, value, source in _settings_rows(settings, tuning):
         document["settings"][label] = {"value": value, "source": source}
         if not args.json:
             line = Text(f"  {label:<15} {value}  ")

@@ -23,7 +23,9 @@ from rich.text import Text
 from ..exceptions import JournalCorruptError, JournalError, JournalLockedError
 from ..journal import Journal, journal_info
 from ..platform import Settings
+from ..settings import resolve_sdk_settings
 from ..ship.factory import sink_kinds
+from ..ship.policy import RetryPolicy
 from ..ship.uplink import ShipReport, journal_settings, ship_journal
 from .common import (
     EXIT_DAMAGED,
@@ -173,7 +175,7 @@ def not_shipped_json(path: Path, code: int, error: str) -> dict[str, Any]:
 
 
 def _ship(
-    path: Path, base_url: str | None, timeout: float, stream: TextIO
+    path: Path, base_url: str | None, timeout: float, stream: TextIO, policy: RetryPolicy | None
 ) -> tuple[ShipReport, dict[str, tuple[int, str]]]:
     """Ship one journal with progress bars on ``stream``; _NotShipped if it cannot start."""
     try:
@@ -198,7 +200,9 @@ def _ship(
         {sink: unit for sink, (_, unit) in plan.items()},
     )
     try:
-        report = ship_journal(path, settings=settings, timeout=timeout, progress=bars)
+        report = ship_journal(
+            path, settings=settings, timeout=timeout, progress=bars, policy=policy
+        )
     except JournalLockedError as exc:
         who = exc.owner or "another process"
         raise _NotShipped(
@@ -223,19 +227,21 @@ def replay_one(
     out: TextIO | None = None,
     err: TextIO | None = None,
     results: list[dict[str, Any]] | None = None,
+    policy: RetryPolicy | None = None,
 ) -> int:
     """Ship one journal and close its run out, printing progress and the result.
 
     Returns the exit code (see the module doc); never raises for a locked,
     damaged or unreachable case. With ``results`` given, the outcome is
     appended there as a JSON object, whatever it was, and only progress is
-    printed (to ``err``).
+    printed (to ``err``). ``policy``: of the settings resolved (None: this
+    process's, ``RetryPolicy.from_env``).
     """
     out = out or sys.stdout
     err = err or sys.stderr
     stream = err if results is not None else out
     try:
-        report, plan = _ship(path, base_url, timeout, stream)
+        report, plan = _ship(path, base_url, timeout, stream, policy)
     except _NotShipped as exc:
         err.write(f"{path}: {exc}\n")
         if results is not None:
@@ -264,6 +270,9 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
 
 
 def _run(args: argparse.Namespace, *, offline: bool) -> int:
+    # Resolved once, before any journal is touched: a bad PRIME_RUNS_* value
+    # is an error naming it, not a failure of each run in turn.
+    policy = RetryPolicy.from_settings(resolve_sdk_settings(runs_dir=args.runs_dir))
     targets = _targets(args, offline=offline)
     results: list[dict[str, Any]] | None = [] if args.json else None
     what = "offline runs to sync" if offline else "runs to replay"
@@ -291,7 +300,9 @@ def _run(args: argparse.Namespace, *, offline: bool) -> int:
                 worst = max(worst, EXIT_LOCKED)
             continue
         try:
-            code = replay_one(path, base_url=args.base_url, timeout=args.timeout, results=results)
+            code = replay_one(
+                path, base_url=args.base_url, timeout=args.timeout, results=results, policy=policy
+            )
         except Exception as exc:  # one journal's trouble must not strand the others
             error = f"not shipped: {type(exc).__name__}: {exc}"
             print(f"{path}: {error}", file=sys.stderr)

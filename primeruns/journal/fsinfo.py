@@ -20,9 +20,11 @@ import threading
 import warnings
 from pathlib import Path
 
+from primeruns.settings import ALLOW_NETWORK_FS_ENV, allow_network_fs
+
 __all__ = ["ALLOW_ENV", "NetworkFilesystemWarning", "network_fs_type", "warn_if_network_fs"]
 
-ALLOW_ENV = "PRIME_RUNS_ALLOW_NETWORK_FS"
+ALLOW_ENV = ALLOW_NETWORK_FS_ENV  # read by primeruns.settings, strictly
 
 # statfs f_type magic numbers (linux/magic.h and the filesystems' own headers).
 _MAGIC = {
@@ -116,7 +118,7 @@ def network_fs_type(path: Path) -> str | None:
 
 def warn_if_network_fs(path: Path) -> str | None:
     """Warn once per directory when ``path`` is on a network filesystem; returns its type."""
-    if os.environ.get(ALLOW_ENV, "") in ("1", "true", "yes"):
+    if allow_network_fs():
         return None
     fstype = network_fs_type(path)
     if fstype is None:

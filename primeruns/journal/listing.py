@@ -8,7 +8,6 @@ raising. Deletion takes the owner lock first, so a live run is never removed.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 from collections import Counter
 from collections.abc import Collection
@@ -24,17 +23,9 @@ from primeruns.journal.probe import probe_many
 from primeruns.journal.spool import list_segments
 from primeruns.journal.store import DATA_NAME
 from primeruns.journal.types import Damage
+from primeruns.settings import default_runs_dir  # PRIME_RUNS_DIR, read there
 
 __all__ = ["JournalInfo", "default_runs_dir", "delete_journal", "journal_info", "list_journals"]
-
-
-def default_runs_dir() -> Path:
-    """``$PRIME_RUNS_DIR``, else ``$XDG_STATE_HOME/prime-runs/runs`` (``~/.local/state``)."""
-    explicit = os.environ.get("PRIME_RUNS_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
-    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state).expanduser() / "prime-runs" / "runs"
 
 
 @dataclass(frozen=True)

@@ -21,9 +21,11 @@ The uplink learns of its producer's death from a pidfd (or, where there is
 none, from the wake pipe's end of file and its parent pid), ships what is left
 and closes the run out as crashed. It runs in a session of its own, so a
 Ctrl-C in the terminal reaches the producer (which finishes the run) and not
-the uplink before that. The API key reaches it through a pipe (its standard
-input), never its command line. Where no process can be started, the same
-uplink runs as threads in the producer (``UplinkThreads``), with one warning.
+the uplink before that. Its settings reach it through a pipe (its standard
+input), the API key among them, never its command line; its environment
+keeps no ``PRIME_*`` variable, so it ships by the settings its producer
+resolved and nothing else. Where no process can be started, the same uplink
+runs as threads in the producer (``UplinkThreads``), with one warning.
 """
 
 from __future__ import annotations
@@ -44,7 +46,9 @@ from typing import Any, Protocol
 
 from ..journal import Journal
 from ..platform import Settings
+from ..settings import SdkSettings, process_sdk_settings, without_settings
 from ..threads import bounded, start_daemon
+from .policy import RetryPolicy
 from .uplink import Uplink
 
 __all__ = [
@@ -58,9 +62,6 @@ __all__ = [
 
 log = logging.getLogger("primeruns")
 
-# Set to "threads" to ship from threads in the producer (where starting a
-# process is not allowed, or to compare).
-UPLINK_ENV = "PRIME_RUNS_UPLINK"
 WAKE = b"\0"
 HURRY = b"\1"
 QUIET_S = 0.005  # the producer's appends are one burst until it is quiet this long
@@ -100,20 +101,25 @@ class UplinkHandle(Protocol):
 
 
 def start_uplink(
-    journal: Journal, settings: Settings, predecessors: Sequence[Path]
+    journal: Journal,
+    settings: Settings,
+    predecessors: Sequence[Path],
+    tuning: SdkSettings | None = None,
 ) -> UplinkHandle:
-    """Start the uplink of a live run: a process, or threads where one cannot start."""
-    mode = os.environ.get(UPLINK_ENV, "").strip().lower()
-    if mode != "threads":
+    """Start the uplink of a live run: a process, or threads where one cannot
+    start or ``tuning.uplink`` says so. ``tuning``: the run's resolved SDK
+    settings (None: this process's, ``process_sdk_settings``)."""
+    tuning = tuning or process_sdk_settings()
+    if tuning.uplink != "threads":
         try:
-            return UplinkProcess(journal, settings, predecessors)
+            return UplinkProcess(journal, settings, predecessors, tuning)
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             log.warning(
                 "prime-runs: could not start the uplink process (%s); shipping from threads "
                 "in this process instead",
                 exc,
             )
-    return UplinkThreads(journal, settings, predecessors)
+    return UplinkThreads(journal, settings, predecessors, tuning)
 
 
 def wait_readable(fd: int, timeout: float) -> bool:
@@ -215,7 +221,14 @@ class ProgressReader:
 class UplinkProcess:
     """An uplink process: ``python -m primeruns.ship.uplink_main``."""
 
-    def __init__(self, journal: Journal, settings: Settings, predecessors: Sequence[Path]) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        settings: Settings,
+        predecessors: Sequence[Path],
+        tuning: SdkSettings | None = None,
+    ) -> None:
+        tuning = tuning or process_sdk_settings()
         wake_r, self._wake_w = os.pipe()
         self._progress_r, progress_w = os.pipe()
         os.set_blocking(self._wake_w, False)
@@ -240,9 +253,8 @@ class UplinkProcess:
             "--lock-fd",
             str(lock_fd),
         ]
-        env = dict(os.environ)
-        env.pop("PRIME_API_KEY", None)  # the key comes by the pipe, with the settings
-        env.pop(UPLINK_ENV, None)
+        # No PRIME_* variable: the settings (the key among them) come by the pipe.
+        env = without_settings(os.environ)
         # The very package this process runs, however it was put on its path.
         package_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(
@@ -262,6 +274,7 @@ class UplinkProcess:
                     **dataclasses.asdict(settings),
                     "sources": dict(settings.sources),
                 },
+                "sdk": tuning.to_handover(),
                 "predecessors": [str(p) for p in predecessors],
             }
             assert self._proc.stdin is not None
@@ -369,11 +382,18 @@ class UplinkThreads:
 
     pid: int | None = None
 
-    def __init__(self, journal: Journal, settings: Settings, predecessors: Sequence[Path]) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        settings: Settings,
+        predecessors: Sequence[Path],
+        tuning: SdkSettings | None = None,
+    ) -> None:
         self._progress = threading.Condition()
         self._gen = 0
         self._link = _ThreadLink()
-        self.uplink = Uplink(journal, settings, notify=self._notify)
+        policy = RetryPolicy.from_settings(tuning or process_sdk_settings())
+        self.uplink = Uplink(journal, settings, policy=policy, notify=self._notify)
         self._thread = start_daemon(self._serve, "primeruns-uplink", (list(predecessors),))
 
     def _serve(self, predecessors: list[Path]) -> None:

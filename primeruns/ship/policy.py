@@ -20,11 +20,18 @@ pause it (``pause_s``) for a training run, which may last days.
 from __future__ import annotations
 
 import enum
-import os
 import random
 from dataclasses import dataclass
 
 from ..exceptions import is_record_rejection, is_transient
+from ..settings import (
+    DEFAULT_LINGER_S,
+    DEFAULT_PAUSE_S,
+    DEFAULT_RETRY_BASE_S,
+    DEFAULT_STALL_S,
+    SdkSettings,
+    process_sdk_settings,
+)
 from ..sinks.base import SinkOff
 
 __all__ = ["Failure", "RetryPolicy", "classify"]
@@ -47,45 +54,48 @@ def classify(exc: BaseException) -> Failure:
     return Failure.FATAL
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
-
-
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Backoff and strike settings. ``from_env`` lets a rehearsal or a test
-    shorten the waits (``PRIME_RUNS_RETRY_BASE_S``, ``PRIME_RUNS_PAUSE_S``)."""
+    """Backoff and strike settings. Four come from the SDK's settings
+    (``from_settings``), so a rehearsal or a test can shorten the waits
+    (``PRIME_RUNS_RETRY_BASE_S``, ``PAUSE_S``, ``LINGER_S``, ``STALL_S``)."""
 
-    base_delay_s: float = 0.5
+    base_delay_s: float = DEFAULT_RETRY_BASE_S
     max_delay_s: float = 30.0
     retry_after_cap_s: float = 60.0
     attempts_per_strike: int = 5
     strikes_to_retire: int = 3
-    pause_s: float = 300.0
+    pause_s: float = DEFAULT_PAUSE_S
     # A small batch waits this long after the sink's last request for more to
     # queue up (not the first after a quiet spell, nor during flush/finish):
     # a loop logging every few milliseconds then costs a request per tenth of
     # a second per sink, not one per call, in the uplink and the platform.
-    linger_s: float = 0.1
-    # A closing run (finish, a crashed producer's close-out, replay) stops
-    # waiting once a sink is stuck: no request of it succeeded for stall_s
-    # although it tried stuck_attempts times in a row. A link failing 40% of
-    # requests does that about once in 1,500 tries; a platform that is down,
-    # within stall_s (closing backoffs are capped so that the tries fit).
-    stall_s: float = 60.0
+    linger_s: float = DEFAULT_LINGER_S
+    # A closing run (its finish, or its crashed producer's close-out; replay
+    # and sync ship by strikes, as a live run does) stops waiting once a sink
+    # is stuck: no request of it succeeded for stall_s although it tried
+    # stuck_attempts times in a row. A link failing 40% of requests does that
+    # about once in 1,500 tries; a platform that is down, within stall_s
+    # (closing backoffs are capped so that the tries fit).
+    stall_s: float = DEFAULT_STALL_S
     stuck_attempts: int = 8
 
     @classmethod
-    def from_env(cls) -> RetryPolicy:
+    def from_settings(cls, settings: SdkSettings) -> RetryPolicy:
+        """The policy of resolved settings (``primeruns.settings``: checked there)."""
         return cls(
-            base_delay_s=_env_float("PRIME_RUNS_RETRY_BASE_S", cls.base_delay_s),
-            pause_s=_env_float("PRIME_RUNS_PAUSE_S", cls.pause_s),
-            linger_s=max(0.0, _env_float("PRIME_RUNS_LINGER_S", cls.linger_s)),
-            stall_s=max(0.1, _env_float("PRIME_RUNS_STALL_S", cls.stall_s)),
+            base_delay_s=settings.retry_base_s,
+            pause_s=settings.pause_s,
+            linger_s=settings.linger_s,
+            stall_s=settings.stall_s,
         )
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        """The policy of this process's settings, for a caller handed none: those
+        the uplink process adopted, else the environment's, parsed strictly
+        (a bad value raises ConfigurationError naming the variable)."""
+        return cls.from_settings(process_sdk_settings())
 
     def delay(
         self, attempt: int, retry_after: float | None, rng: random.Random, *, closing: bool = False

@@ -2,10 +2,11 @@
 
 Started by ``init()`` (``ship.link.UplinkProcess``), never by hand. Its
 standard input carries the settings (the API key among them: never on a
-command line, where other users can read it) and the journals of earlier
-processes of the same run; its arguments carry only paths and descriptor
-numbers. It ships the run until the producer finishes or dies, closes the run
-out, and exits.
+command line, where other users can read it), the SDK's tuning the producer
+resolved (retry policy, network filesystems: its environment has no
+``PRIME_*`` variable to read) and the journals of earlier processes of the
+same run; its arguments carry only paths and descriptor numbers. It ships
+the run until the producer finishes or dies, closes the run out, and exits.
 
 Its log lines go to the producer's standard error while the producer runs;
 once the producer is gone they go to ``uplink.log`` in the run's directory,
@@ -25,7 +26,9 @@ import sys
 from pathlib import Path
 
 from ..journal import Journal
+from ..settings import SdkSettings, adopt_settings
 from .link import PipeProducerLink, settings_from_handover
+from .policy import RetryPolicy
 from .uplink import Uplink
 
 LOG_NAME = "uplink.log"
@@ -57,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     handover = json.loads(sys.stdin.buffer.read() or b"{}")
     settings = settings_from_handover(handover["settings"])
+    tuning = SdkSettings.from_handover(handover["sdk"])
+    adopt_settings(tuning)  # for what reads settings without being handed them
     predecessors = [Path(p) for p in handover.get("predecessors") or []]
     journal = Journal.open(args.journal, lock_fd=args.lock_fd)
     try:
@@ -68,7 +73,9 @@ def main(argv: list[str] | None = None) -> int:
             args.producer,
             on_gone=lambda: _log_to_file(args.journal / LOG_NAME),
         )
-        uplink = Uplink(journal, settings, notify=link.notify)
+        uplink = Uplink(
+            journal, settings, policy=RetryPolicy.from_settings(tuning), notify=link.notify
+        )
         link.on_hurry = uplink.hurry
         uplink.serve(link, predecessors)
     finally:
