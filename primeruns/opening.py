@@ -17,26 +17,18 @@ from typing import Any, Literal
 
 from . import hooks, records
 from .exceptions import ConfigurationError
-from .journal import (
-    DEFAULT_MAX_JOURNAL_BYTES,
-    EntryKind,
-    Journal,
-    default_runs_dir,
-    delete_journal,
-    list_journals,
-)
+from .journal import EntryKind, Journal, delete_journal, list_journals
 from .models import (
     CONFIG_SOURCE_KEY,
     ConfigSource,
     EnvironmentRef,
-    Mode,
     OnError,
     RunKind,
     TrainingSpec,
 )
-from .platform import MODE_ENV, resolve_settings
 from .recorder import Recorder
 from .run import Run
+from .settings import resolve_run_settings
 from .supervisor import go_online
 from .threads import start_daemon
 
@@ -44,38 +36,12 @@ __all__ = ["init"]
 
 log = logging.getLogger("primeruns")
 
-_MODES = ("online", "offline", "disabled")
 _DEFAULT_FINISH_TIMEOUT = 300.0
 
 
 def _check_type(name: str, value: Any, types: type | tuple[type, ...], hint: str) -> None:
     if value is not None and not isinstance(value, types):
         raise TypeError(f"init: {name} must be {hint}, got {type(value).__name__} ({value!r:.80})")
-
-
-def _resolve_mode(mode: str | None, api_key: str) -> Mode:
-    raw = mode if mode is not None else os.environ.get(MODE_ENV, "")
-    value = raw.strip().lower()
-    if not value:
-        if api_key:
-            return "online"
-        log.warning(
-            "prime-runs: no API key found (init(api_key=...), PRIME_API_KEY or "
-            "~/.prime/config.json); the run is disabled and nothing is recorded. Use "
-            "mode='offline' to journal it for `primeruns sync` later."
-        )
-        return "disabled"
-    if value not in _MODES:
-        source = "mode" if mode is not None else MODE_ENV
-        raise ConfigurationError(
-            f"{source}={raw!r} is not a mode; use one of online, offline, disabled."
-        )
-    if value == "online" and not api_key:
-        raise ConfigurationError(
-            "mode='online' needs an API key: pass api_key=..., set PRIME_API_KEY, or add "
-            "api_key to ~/.prime/config.json (or use mode='offline')."
-        )
-    return value  # type: ignore[return-value]
 
 
 def _normalize_config(config: Any) -> dict[str, Any]:
@@ -171,10 +137,18 @@ def init(
     envs = [EnvironmentRef.coerce(e) for e in (environments or [])]
     config_doc = _normalize_config(config)
 
-    settings = resolve_settings(
-        api_key=api_key, base_url=base_url, team_id=team_id, traces_opt_out=traces_opt_out
+    # Every setting, resolved once (primeruns.settings): strictly, except for
+    # a disabled run, which uses none of them and only warns about a bad one.
+    resolved = resolve_run_settings(
+        mode=mode,
+        api_key=api_key,
+        base_url=base_url,
+        team_id=team_id,
+        traces_opt_out=traces_opt_out,
+        runs_dir=runs_dir,
+        max_journal_bytes=max_journal_bytes,
     )
-    run_mode = _resolve_mode(mode, settings.api_key)
+    settings, run_mode, tuning = resolved.platform, resolved.mode, resolved.sdk
     if kind == "eval" and not name:
         stem = envs[0].display_name if envs else (framework or "eval")
         name = f"{stem}-{secrets.token_hex(4)}"
@@ -229,12 +203,10 @@ def init(
         "traces_opt_out": settings.traces_opt_out,
         "mode": run_mode,
     }
-    directory = Path(runs_dir) if runs_dir is not None else default_runs_dir()
-    budget = _journal_budget(max_journal_bytes)
     journal = Journal.create(
-        directory,
+        tuning.runs_dir,
         durability=durability,
-        max_bytes=budget,
+        max_bytes=tuning.max_journal_bytes,
         meta={"spec": spec, "state": "running"},
     )
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(spec, what="spec")], essential=True)
@@ -242,7 +214,7 @@ def init(
     supervisor = None
     if run_mode == "online":
         try:
-            supervisor, taken_over = go_online(journal, settings, kind, recorder.note)
+            supervisor, taken_over = go_online(journal, settings, kind, recorder.note, tuning)
         except BaseException:
             # The run never existed on the platform: leave no journal behind
             # for `primeruns ls` to call crashed.
@@ -264,27 +236,6 @@ def init(
     hooks.register(run)
     hooks.install_sigterm()
     return run
-
-
-def _journal_budget(value: int | None) -> int:
-    """The journal's byte budget: the argument, else PRIME_RUNS_MAX_JOURNAL_BYTES."""
-    source = "max_journal_bytes"
-    if value is None:
-        raw = os.environ.get("PRIME_RUNS_MAX_JOURNAL_BYTES", "").strip()
-        if not raw:
-            return DEFAULT_MAX_JOURNAL_BYTES
-        source = "PRIME_RUNS_MAX_JOURNAL_BYTES"
-        try:
-            value = int(raw)
-        except ValueError:
-            raise ConfigurationError(
-                f"PRIME_RUNS_MAX_JOURNAL_BYTES={raw!r} is not a whole number of bytes"
-            ) from None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1 << 20:
-        raise ValueError(
-            f"init: {source} must be a number of bytes of at least 1 MiB, got {value!r}"
-        )
-    return value
 
 
 def _parquet_available() -> bool:

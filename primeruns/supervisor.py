@@ -31,6 +31,7 @@ from .journal import Journal
 from .models import RunKind
 from .platform import PlatformClient, Settings
 from .platform.binding import Binding
+from .settings import SdkSettings, process_sdk_settings
 from .ship import ledger
 from .ship.factory import sink_kinds
 from .ship.lifecycle import Lifecycle
@@ -53,6 +54,7 @@ def go_online(
     settings: Settings,
     kind: RunKind,
     on_failure: Callable[[str, BaseException], None],
+    tuning: SdkSettings | None = None,
 ) -> tuple[Supervisor, list[Path]]:
     """Register the run and start its uplink; the supervisor, and the journals
     of earlier processes of an attached run that it took over.
@@ -61,7 +63,8 @@ def go_online(
     failure that is not transient; a platform that cannot be reached only
     warns (the uplink registers the run once it can).
     """
-    policy = RetryPolicy.from_env()
+    tuning = tuning or process_sdk_settings()
+    policy = RetryPolicy.from_settings(tuning)
     client = PlatformClient(settings)
     lifecycle = Lifecycle(journal, client, policy=policy, on_failure=on_failure)
     try:
@@ -93,8 +96,8 @@ def go_online(
                 " and ".join(alive),
                 attach,
             )
-    uplink = start_uplink(journal, settings, predecessors)
-    return Supervisor(journal, settings, kind, lifecycle, uplink), predecessors
+    uplink = start_uplink(journal, settings, predecessors, tuning)
+    return Supervisor(journal, settings, kind, lifecycle, uplink, tuning), predecessors
 
 
 class Supervisor:
@@ -107,9 +110,11 @@ class Supervisor:
         kind: RunKind,
         lifecycle: Lifecycle,
         uplink: UplinkHandle,
+        tuning: SdkSettings | None = None,
     ) -> None:
         self._journal = journal
         self._settings = settings
+        self._tuning = tuning
         self._kind: RunKind = kind
         self._lifecycle = lifecycle
         self.uplink = uplink
@@ -200,7 +205,7 @@ class Supervisor:
         uplink.release()
         journal.unshare_lock()
         journal.take_back_moving()
-        self.uplink = UplinkThreads(journal, self._settings, [])
+        self.uplink = UplinkThreads(journal, self._settings, [], self._tuning)
 
     def wait_closeout(self, waiting: float, *, grace: bool) -> ledger.Closeout | None:
         """After the finish entry: tell the uplink, and wait up to ``waiting``
