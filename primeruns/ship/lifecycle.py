@@ -155,9 +155,13 @@ class Lifecycle:
         or, with a ``deadline`` (a closing run), the deadline passes or the
         platform is stuck by the policy's rule (no answer for ``stall_s``
         despite ``stuck_attempts`` tries). A failure it gives up on is
-        reported through ``on_failure``; returns the binding, or None."""
+        reported through ``on_failure``; returns the binding, or None.
+
+        A training run's create cannot be looked up after its answer was
+        lost, so each retry of it may leave an empty run on the platform:
+        after a second lost answer it gives up (the warning names the risk)."""
         started = time.monotonic()
-        failed = 0
+        failed = lost = 0
         while True:
             try:
                 return self.register(attempts=1)
@@ -166,6 +170,11 @@ class Lifecycle:
                     self._on_failure("register", exc)
                     return None
                 failed += 1
+                if is_ambiguous(exc) and not self._create_can_be_looked_up():
+                    lost += 1
+                    if lost >= 2:
+                        self._on_failure("register", exc)
+                        return None
                 now = time.monotonic()
                 if deadline is not None and (
                     now >= deadline or self._policy.stuck(now - started, failed)
@@ -185,6 +194,12 @@ class Lifecycle:
             except Exception as exc:  # a spec that cannot be registered (lost to damage)
                 self._on_failure("register", exc)
                 return None
+
+    def _create_can_be_looked_up(self) -> bool:
+        """An evaluation's lost create is found again by its client token; an
+        attached run is not created at all. An external training run has no lookup."""
+        spec = self.spec
+        return bool(spec.get("attach_id")) or str(spec.get("kind", "eval")) != "train"
 
     def _register(self, attempts: int | None) -> Binding:
         bound = self.binding()

@@ -113,5 +113,10 @@ class RetryPolicy:
 
     def stuck(self, idle_s: float, failed_in_a_row: int) -> bool:
         """Whether a sink (or the registration) idle this long after this many
-        failed tries in a row can be given up on by a closing run."""
+        failed tries in a row can be given up on by a closing run. Twice the
+        allowance with nothing moving is enough on its own: a platform that
+        holds every request until its timeout (60 s and more) never lets a
+        sink make its tries."""
+        if idle_s >= 2 * self.stall_s:
+            return True
         return idle_s >= self.stall_s and failed_in_a_row >= self.stuck_attempts

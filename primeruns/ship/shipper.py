@@ -348,9 +348,12 @@ class Shipper:
         inflight = InFlight(
             first_seq=result.entries[0].seq, last_seq=last_seq, body=prepared.body, state=state
         )
+        if "carry" in state:
+            # Saved before the batch: a failure between the two leaves a gap
+            # in the sink's numbering after a restart, never a reuse of it.
+            self.journal.set_meta(f"carry.{self.name}", state["carry"])
         self.journal.set_inflight(self.name, inflight)
         if "carry" in state:
-            self.journal.set_meta(f"carry.{self.name}", state["carry"])
             # Recorded: only now does the sink go on from this batch's carry
             # (a batch prepared again after a failed recording repeats it).
             restore = getattr(sink, "restore", None)

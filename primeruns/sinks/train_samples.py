@@ -20,7 +20,7 @@ under it.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -95,45 +95,52 @@ class TrainSamplesSink:
                 "that has it ships the table)",
                 lasting=False,
             )
-        by_step: dict[int, list[dict[str, Any]]] = {}
-        last_seq = entries[-1].seq
-        for entry in entries:
-            record = orjson.loads(entry.payload)
-            step = training_step(record)
-            if step is None or step % self._interval:
-                continue
-            if by_step and step not in by_step:
-                last_seq = entry.seq - 1  # one object per batch: this step is the next one's
-                break
-            by_step.setdefault(step, []).append(record)
-        if not by_step:
-            return None
         created_at = datetime.now(UTC)
-        units: list[tuple[dict[str, Any], bytes]] = []
-        records = 0
-        # Kept once the batch is recorded (the shipper hands the carry back).
-        ranges = dict(self._ranges)
-        for step in sorted(by_step):
-            index = ranges.get(step, self._range_base)
-            ranges[step] = index + 1
+        for step, records, last_seq in self._step_runs(entries):
+            index = self._ranges.get(step, self._range_base)
             blob = episodes_to_parquet_bytes(
-                by_step[step],
+                records,
                 binding.run_id,
                 step,
                 sample_id_offset=index << 32,
                 created_at=created_at,
             )
             if blob is None:
-                continue
-            units.append(({"step": step, "range": index, "bytes": len(blob)}, blob))
-            records += len(by_step[step])
-        carry = {"ranges": {str(k): v for k, v in ranges.items()}}
-        if not units:
-            return None
-        state: dict[str, Any] = {"done": 0, "carry": carry}
-        if last_seq != entries[-1].seq:
-            state["last_seq"] = last_seq
-        return Prepared(body=pack_units(units), state=state, records=records)
+                continue  # no episode of it has a trajectory: no object, on to the next step
+            # Kept once the batch is recorded (the shipper hands the carry back).
+            ranges = {**self._ranges, step: index + 1}
+            state: dict[str, Any] = {
+                "done": 0,
+                "carry": {"ranges": {str(k): v for k, v in ranges.items()}},
+            }
+            if last_seq != entries[-1].seq:
+                state["last_seq"] = last_seq
+            unit = ({"step": step, "range": index, "bytes": len(blob)}, blob)
+            return Prepared(body=pack_units([unit]), state=state, records=len(records))
+        return None  # nothing of these entries makes an object
+
+    def _step_runs(
+        self, entries: Sequence[Entry]
+    ) -> Iterator[tuple[int, list[dict[str, Any]], int]]:
+        """The entries cut where the next step on the cadence begins: per run,
+        (its step, its episodes, the seq of its last entry). Episodes off the
+        cadence belong to the run they stand in (they make no row)."""
+        step: int | None = None
+        records: list[dict[str, Any]] = []
+        last_seq = entries[0].seq - 1
+        for entry in entries:
+            record = orjson.loads(entry.payload)
+            found = training_step(record)
+            on_cadence = found is not None and not found % self._interval
+            if on_cadence and step is not None and found != step:
+                yield step, records, last_seq
+                records = []
+            if on_cadence:
+                step = found
+                records.append(record)
+            last_seq = entry.seq
+        if step is not None:
+            yield step, records, last_seq
 
     def send(self, body: bytes, ctx: SendContext) -> None:
         run_id = ctx.binding.run_id
@@ -152,22 +159,38 @@ class TrainSamplesSink:
                 if not url or not key:
                     raise ValueError("presign answered without an upload URL and key")
                 ctx.save_state({"key": key, "url": url})
+            confirm = {"run_id": run_id, "step": step, "s3_key": key}
+            done = {"done": index + 1, "key": None, "url": None, "put": False}
             if not ctx.state.get("put"):
                 try:
                     self._client.put_object(str(url), blob, "application/parquet")
                 except APIError as exc:
                     if exc.status_code != 403 or minted_now:
                         raise
-                    # The store refused a URL minted on an earlier try (it
-                    # expired): nothing landed under this key, so a new one
-                    # is minted on the next try.
-                    ctx.save_state({"key": None, "url": None})
-                    raise RetryableAPIError(
-                        f"the object store refused the presigned URL ({exc}); minting a new one",
-                        status_code=403,
-                    ) from exc
+                    self._expired(confirm, ctx, exc)  # raises unless the object is there
+                    ctx.save_state(done)
+                    continue
                 ctx.save_state({"put": True})
-            self._client.api(
-                "POST", "/rft/samples/confirm", {"run_id": run_id, "step": step, "s3_key": key}
-            )
-            ctx.save_state({"done": index + 1, "key": None, "url": None, "put": False})
+            self._confirm(confirm)
+            ctx.save_state(done)
+
+    def _confirm(self, body: dict[str, Any]) -> None:
+        self._client.api("POST", "/rft/samples/confirm", body)
+
+    def _expired(self, confirm: dict[str, Any], ctx: SendContext, exc: APIError) -> None:
+        """The store refused a URL minted on an earlier try (it expired while
+        the sink was paused). Its PUT may still have landed (an answer lost,
+        or a batch recorded before PUTs were noted): a confirm of the key
+        tells. Confirmed, the object is done; refused (400, 404: not
+        uploaded), nothing is there, and a new URL is minted on the next try."""
+        try:
+            self._confirm(confirm)
+        except APIError as refused:
+            if refused.status_code not in (400, 404):
+                raise
+            ctx.save_state({"key": None, "url": None})
+            raise RetryableAPIError(
+                f"the object store refused the presigned URL ({exc}) and nothing landed "
+                "under it; minting a new one",
+                status_code=403,
+            ) from exc

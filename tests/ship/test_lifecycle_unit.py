@@ -300,6 +300,31 @@ def test_a_lost_training_create_cannot_be_looked_up_so_the_next_one_warns_of_an_
     assert bound.kind == "train" and len(world.registry.runs) == 2
 
 
+def test_retrying_a_training_create_stops_after_a_second_lost_answer(world: World) -> None:
+    # Each lost answer may have left an empty run on the platform (a training
+    # create has no lookup): replay or a close-out must not make one per try.
+    lifecycle = world.start(_spec("train"))
+    world.platform.fail("create_run", LOST, LOST, LOST, LOST)
+    assert lifecycle.register_retrying(deadline=_soon(30)) is None
+    assert len(world.platform.sent("create_run")) == 2
+    assert [what for what, _ in world.failures] == ["register"]
+
+
+def test_retrying_an_evaluation_create_after_lost_answers_makes_one_run(world: World) -> None:
+    # Its create is found again by its client token: retrying is safe.
+    lifecycle = world.start(_spec("eval"))
+    world.platform.fail("create", LOST, LOST, LOST)
+    bound = lifecycle.register_retrying(deadline=_soon(30))
+    assert bound is not None and len(world.registry.evaluations) == 1
+    assert world.failures == []
+
+
+def _soon(seconds: float) -> float:
+    import time
+
+    return time.monotonic() + seconds
+
+
 def test_an_attached_run_is_bound_to_its_id_without_a_request(world: World) -> None:
     bound = world.start(_spec("train", attach_id="rft-launched")).register()
     assert bound.run_id == "rft-launched"

@@ -343,3 +343,38 @@ def test_a_batch_striking_out_while_the_run_closes_is_not_paused(tmp_path: Path)
     assert shipper.state.paused_until == 0.0
     assert sink.stored == ["e0", "e1", "e2"]
     journal.close()
+
+
+class _HangingSink(FakeSink):
+    """Every request hangs until released (a platform that holds requests
+    until the client's timeout), then fails as a timeout would."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def send(self, body: bytes, ctx: SendContext) -> None:
+        self.attempts.append(body)
+        self.release.wait(30)
+        raise RetryableAPIError("the request timed out", status_code=504)
+
+
+def test_a_closing_drain_gives_up_on_a_platform_that_holds_every_request(
+    tmp_path: Path,
+) -> None:
+    # The sink never gets to fail its tries (each lasts a client timeout of
+    # a minute or more): twice the stall allowance with nothing moving is
+    # enough. Before, finish() waited out its whole timeout.
+    from primeruns.ship.uplink import _drain_while_moving
+
+    journal = _journal(tmp_path, 3)
+    sink = _HangingSink()
+    policy = RetryPolicy(base_delay_s=0.01, max_delay_s=0.02, stall_s=0.2, stuck_attempts=8)
+    shipper = _closing(journal, sink, policy)
+    drained, stalled = _drain_while_moving([shipper], journal.last_seq(), _soon(30), None)
+    assert not drained
+    assert stalled is not None and stalled >= 0.4
+    assert len(sink.attempts) == 1  # still in its first request
+    sink.release.set()
+    shipper.stop(timeout=5)
+    journal.close()

@@ -63,6 +63,8 @@ class Store:
             self.put[path.lstrip("/")] = request.content
             return httpx.Response(200)
         body = json.loads(request.content)
+        if body["s3_key"] not in self.put:  # as the platform: nothing uploaded there
+            return httpx.Response(400, json={"detail": "object not uploaded"})
         self.confirmed.append(body["s3_key"])
         return httpx.Response(200, json={"status": "confirmed"})
 
@@ -151,7 +153,7 @@ def test_a_presigned_url_that_expired_during_a_pause_is_minted_anew(store: Store
     with pytest.raises(RetryableAPIError, match="minting a new one"):
         sink.send(batch.body, batch.ctx)  # later: the recorded URL expired
     sink.send(batch.body, batch.ctx)
-    assert store.calls == ["presign", "put", "put", "presign", "put", "confirm"]
+    assert store.calls == ["presign", "put", "put", "confirm", "presign", "put", "confirm"]
     assert list(store.put) == ["rft/rft-1/obj-2.parquet"]
     assert store.confirmed == ["rft/rft-1/obj-2.parquet"]
 
@@ -164,3 +166,43 @@ def test_a_fresh_url_the_store_refuses_is_not_retried_forever(store: Store) -> N
         sink.send(batch.body, batch.ctx)
     assert not isinstance(raised.value, RetryableAPIError)
     assert raised.value.status_code == 403
+
+
+def test_a_step_without_any_trajectory_does_not_swallow_the_steps_after_it(store: Store) -> None:
+    # Every rollout of step 0 failed before its first message: no row, no
+    # object. The steps after it in the same read still make theirs (before,
+    # the batch ended at step 10's first entry and, making nothing, the
+    # shipper acknowledged the whole read: steps 10 and 20 were never sent).
+    sink = _sink(store)
+    entries = _entries({0: 3, 10: 2, 20: 2})
+    for entry in entries[:3]:
+        episode = orjson.loads(entry.payload)
+        for trace in episode["traces"]:
+            trace["nodes"], trace["calls"] = [], []
+        entries[entries.index(entry)] = Entry(entry.seq, entry.kind, orjson.dumps(episode))
+    first = _Batch(sink, entries)
+    assert [meta["step"] for meta, _ in unpack_units(first.body)] == [10]
+    assert first.state["last_seq"] == 5 and first.records == 2
+    second = _Batch(sink, entries[5:])
+    assert [meta["step"] for meta, _ in unpack_units(second.body)] == [20]
+    assert "last_seq" not in second.state  # to the end of the read
+
+
+def test_an_old_batch_whose_object_landed_before_its_url_expired_is_not_uploaded_twice(
+    store: Store,
+) -> None:
+    # A batch recorded by an earlier version (no note that its PUT landed):
+    # the object was PUT, its confirm's answer lost, and the process died.
+    # Resent after the URL expired, a confirm of the key shows it is there:
+    # confirmed once, and no second object of the same rows is made.
+    sink = _sink(store)
+    batch = _Batch(sink, _entries({0: 3}))
+    store.faults["confirm"] = [LOST]
+    with pytest.raises(TransportError):
+        sink.send(batch.body, batch.ctx)
+    batch.state["put"] = False  # as recorded before PUTs were noted
+    store.faults["put"] = [lambda: httpx.Response(403, text="AccessDenied: request has expired")]
+    sink.send(batch.body, batch.ctx)
+    assert store.calls == ["presign", "put", "confirm", "put", "confirm"]
+    assert store.minted == 1 and len(store.put) == 1
+    assert batch.state["done"] == 1
