@@ -9,7 +9,8 @@ exceptions and value types, so every layer reads it without an import cycle;
 
 Precedence for every setting: the ``init()`` argument, then the environment
 variable, then ``~/.prime/config.json`` (the platform settings), then the
-default (contract §1.5). Each resolved value remembers its source, so
+default (the vendor's SDK resolves in this order too). Each resolved value
+remembers its source, so
 ``primeruns doctor`` can say where a setting came from.
 
 Parsing is strict: a value that cannot be read raises ConfigurationError
@@ -33,6 +34,9 @@ it cannot read a different value, and it adopts what it was handed
 CLI's default runs directory (:func:`default_runs_dir`) and the journal's
 network filesystem check (:func:`allow_network_fs`); they read their one
 variable here, as strictly.
+
+It is long (every setting's parser, bounds and message live here, so that
+no other module parses one), but it does one job.
 
 The API key is held in :class:`Settings` and nowhere else: it is never
 journaled, logged or put in an error message (``masked_key`` is for display;
@@ -383,7 +387,7 @@ def _checked_url(url: str, name: str) -> SplitResult:
 
 
 def split_api_root(base_url: str, *, name: str = "base_url") -> tuple[str, str, bool]:
-    """Reduce a base URL to ``(origin, api_prefix, internal)`` (contract §1.1).
+    """Reduce a base URL to ``(origin, api_prefix, internal)`` (docs/ARCHITECTURE.md, "The wire").
 
     Only the path is examined: ``https://h/api/internal/rft`` addresses the
     internal RFT router, anything else the public ``/api/v1``. ``name`` is

@@ -1,7 +1,7 @@
 """What the uplink tells its producer, written where both can read it: the journal.
 
 The journal is the only channel between a live run's producer and its uplink
-(DESIGN §1): a sink's standing (off, retired, paused), the failures behind
+(docs/ARCHITECTURE.md): a sink's standing (off, retired, paused), the failures behind
 ``run.errors`` and ``on_error="raise"``, and how the close-out went are meta
 values the uplink writes and the producer reads. Whether the uplink is a
 process or threads in the producer (the fallback), this is the same path.

@@ -1,4 +1,4 @@
-"""A run's life on the platform: register, update, finalize (contract §2, §3, §7.1).
+"""A run's life on the platform: register, update, finalize (docs/ARCHITECTURE.md, "The wire").
 
 The run's spec and its platform binding live in the journal's meta, so the
 same code registers a live run at ``init()``, a run whose platform was down at

@@ -1,6 +1,6 @@
 """How a shipper reacts to a failed attempt: classify, back off, strike.
 
-Failures fall in four classes (DESIGN §4):
+Failures fall in four classes (docs/ARCHITECTURE.md, "Error handling"):
 
 - *transient* (no answer, 429, 5xx): keep the batch, wait (honouring
   Retry-After, else exponential backoff with jitter) and resend it as is;
