@@ -43,6 +43,7 @@ import primeruns as pr
 from ..journal import EntryKind, Journal
 from ..journal.lock import owner_alive, read_owner
 from ..metrics import from_episodes
+from ..reports import load_rows
 from ..settings import (
     API_BASE_URL_ENV,
     API_KEY_ENV,
@@ -58,7 +59,6 @@ from ..settings import (
 from .common import EXIT_FAILED, EXIT_OK, CommandError
 from .console import make_console
 from .demo_data import eval_episodes, train_episodes
-from .entries import load_rows
 from .replay import replay_one
 
 __all__ = ["add_parser"]

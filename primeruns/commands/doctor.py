@@ -25,6 +25,7 @@ from rich.text import Text
 from ..exceptions import APIError, ConfigurationError, ForbiddenError, UnauthorizedError
 from ..journal.fsinfo import network_fs_type
 from ..platform import PlatformClient
+from ..reports import statuses
 from ..settings import (
     SdkSettings,
     Settings,
@@ -33,7 +34,7 @@ from ..settings import (
     resolve_sdk_settings,
     resolve_settings,
 )
-from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, runs_dir_of, statuses
+from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, runs_dir_of
 from .console import emit_json, human_bytes, make_console
 
 __all__ = ["add_parser"]

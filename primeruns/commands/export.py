@@ -14,8 +14,8 @@ from contextlib import ExitStack
 from typing import BinaryIO
 
 from ..journal import Damage, Journal
+from ..reports import KIND_NAMES, iter_entries, load_rows
 from .common import EXIT_DAMAGED, EXIT_OK, CommandError, add_runs_dir, resolve_run, runs_dir_of
-from .entries import KIND_NAMES, iter_entries, load_rows
 
 __all__ = ["add_parser"]
 

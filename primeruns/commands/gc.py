@@ -15,15 +15,8 @@ from typing import Any
 
 from ..exceptions import JournalError, JournalLockedError
 from ..journal import delete_journal, journal_info
-from .common import (
-    EXIT_FAILED,
-    EXIT_OK,
-    RunStatus,
-    add_json,
-    add_runs_dir,
-    runs_dir_of,
-    statuses,
-)
+from ..reports import RunStatus, statuses
+from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, runs_dir_of
 from .console import emit_json, human_age, human_bytes
 
 __all__ = ["add_parser", "parse_duration"]

@@ -15,16 +15,8 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from .common import (
-    EXIT_OK,
-    RECORD_KINDS,
-    UNIT_LABELS,
-    RunStatus,
-    add_json,
-    add_runs_dir,
-    runs_dir_of,
-    statuses,
-)
+from ..reports import RECORD_KINDS, UNIT_LABELS, RunStatus, statuses
+from .common import EXIT_OK, add_json, add_runs_dir, runs_dir_of
 from .console import (
     emit_json,
     human_age,

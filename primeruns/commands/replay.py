@@ -23,6 +23,7 @@ from rich.text import Text
 from ..exceptions import JournalCorruptError, JournalError, JournalLockedError
 from ..journal import Journal, journal_info
 from ..platform import Settings
+from ..reports import RunStatus, describe, statuses, unit_of
 from ..settings import resolve_sdk_settings
 from ..ship.factory import sink_kinds
 from ..ship.policy import RetryPolicy
@@ -34,14 +35,10 @@ from .common import (
     EXIT_OK,
     EXIT_USAGE,
     CommandError,
-    RunStatus,
     add_json,
     add_runs_dir,
-    describe,
     resolve_run,
     runs_dir_of,
-    statuses,
-    unit_of,
 )
 from .console import emit_json, human_bytes, make_console
 from .progress import ShipProgress

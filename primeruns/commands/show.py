@@ -19,43 +19,17 @@ from rich.console import Console
 from rich.text import Text
 
 from ..journal import Damage, EntryKind, Journal, journal_info
+from ..reports import UNIT_LABELS, RunStatus, describe, load_rows, metric_curves
 from ..ship.factory import sink_kinds
 from ..ship.uplink import terminal_state
-from .common import (
-    EXIT_DAMAGED,
-    EXIT_OK,
-    UNIT_LABELS,
-    RunStatus,
-    add_json,
-    add_runs_dir,
-    describe,
-    resolve_run,
-    runs_dir_of,
-)
+from .common import EXIT_DAMAGED, EXIT_OK, add_json, add_runs_dir, resolve_run, runs_dir_of
 from .console import emit_json, human_age, human_bytes, make_console, outcome_text, shipping_text
-from .entries import load_rows
 from .ls import as_json
 from .sparkline import sparkline
 
-__all__ = ["add_parser", "metric_curves"]
+__all__ = ["add_parser"]
 
 _MAX_DAMAGE_LINES = 10
-
-
-def metric_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
-    """Per numeric metric, its ``(step, value)`` points in step order."""
-    curves: dict[str, list[tuple[int, float]]] = {}
-    for index, row in enumerate(rows):
-        step = row.get("step")
-        at = int(step) if isinstance(step, int | float) and not isinstance(step, bool) else index
-        for key, value in row.items():
-            if key == "step" or key.startswith("_") or isinstance(value, bool):
-                continue
-            if isinstance(value, int | float):
-                curves.setdefault(key, []).append((at, float(value)))
-    for points in curves.values():
-        points.sort(key=lambda p: p[0])
-    return curves
 
 
 def _sinks(status: RunStatus) -> list[dict[str, Any]]:

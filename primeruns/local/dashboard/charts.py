@@ -21,7 +21,7 @@ from typing import Any
 
 from markupsafe import Markup
 
-from ...commands.show import metric_curves
+from ...reports import metric_curves
 
 
 @functools.cache

@@ -20,12 +20,10 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ...commands.common import RunStatus, describe
-from ...commands.entries import load_rows
 from ...journal import Damage, EntryKind, Journal, JournalInfo, list_journals
 from ...projection import build_samples, episodes_to_parquet_rows
 from ...records import training_step
-from ...ship.uplink import CRASH_ERROR
+from ...reports import CRASH_ERROR, RunStatus, describe, load_rows
 from ..traces_extract import as_object
 from .episodes import sample_row
 from .views import RunDetail, RunRow, SampleRow, StepTable, config_text

@@ -1,0 +1,250 @@
+"""Reports on runs, read from their journals: what the CLI and the dashboard show.
+
+Both ``primeruns ls``/``show``/``export`` (``primeruns.commands``) and the
+local platform's dashboard (``primeruns.local.dashboard``) read journals the
+same way: a run's state (running, shipped, offline, finished, crashed),
+what each sink has left, a journal's records page by page, and its metric
+curves. That shared reading lives here, below both, so neither imports the
+other. Journals are opened read-only (no lock): every report works while
+the run is live. Damaged entries are collected, never raised: the caller
+reports them and goes on with what is intact.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Collection, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, list_journals
+from .ship.factory import sink_kinds
+from .ship.ledger import records_left
+from .ship.uplink import CRASH_ERROR
+
+__all__ = [
+    "CRASH_ERROR",
+    "KIND_NAMES",
+    "RECORD_KINDS",
+    "UNIT_LABELS",
+    "RunStatus",
+    "describe",
+    "iter_entries",
+    "load_rows",
+    "metric_curves",
+    "pending_per_sink",
+    "statuses",
+    "unit_of",
+]
+
+
+# The record kinds a user logs: by their names in JSON, and as a sentence says them.
+RECORD_KINDS = {
+    "episodes": EntryKind.EPISODE,
+    "traces": EntryKind.TRACE,
+    "metrics": EntryKind.METRICS,
+}
+UNIT_LABELS = {
+    EntryKind.EPISODE: "episodes",
+    EntryKind.TRACE: "traces",
+    EntryKind.METRICS: "metric rows",
+}
+
+
+def unit_of(kinds: Collection[EntryKind], logged: Mapping[str, int]) -> str:
+    """What a sink shipping ``kinds`` counts, in words: the one kind of them
+    the run logged, else plain records."""
+    names = [name for name, kind in RECORD_KINDS.items() if kind in kinds and logged.get(name)]
+    return UNIT_LABELS[RECORD_KINDS[names[0]]] if len(names) == 1 else "records"
+
+
+def pending_per_sink(info: JournalInfo) -> dict[str, int | str]:
+    """Per sink of the run, the records it has still to ship, or ``"off"``
+    (counted when ``info`` comes from a listing with ``tally=True``)."""
+    kind = str((info.meta.get("spec") or {}).get("kind") or "eval")
+    out: dict[str, int | str] = {}
+    for sink, kinds in sink_kinds(kind).items():
+        if info.meta.get(f"sink_off.{sink}"):
+            out[sink] = "off"
+            continue
+        acked = int(info.cursors.get(sink, 0))
+        if acked in info.after:
+            out[sink] = records_left(info.after[acked], kinds)
+        else:  # not counted (no tally, or it failed): every entry past the offset
+            out[sink] = max(0, info.last_seq - acked)
+    return out
+
+
+def _finish_record(path: Path, last_seq: int) -> dict[str, Any] | None:
+    """The run's finish entry, if any. It is the last thing a run appends, so
+    only the journal's tail is read (cheap on a long run)."""
+    try:
+        with Journal.open(path, owner=False) as journal:
+            tail = journal.read(
+                max(0, last_seq - 16), kinds={EntryKind.FINISH}, max_entries=16, max_bytes=1 << 24
+            )
+    except Exception:  # damage is reported elsewhere; state falls back to "crashed"
+        return None
+    if not tail.entries:
+        return None
+    try:
+        record = json.loads(tail.entries[-1].payload)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """One journal as the commands see it."""
+
+    info: JournalInfo
+    state: str  # running | shipped | offline | finished | crashed
+    finish: dict[str, Any] | None
+    pending: dict[str, int | str]
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        spec = self.info.meta.get("spec")
+        return spec if isinstance(spec, dict) else {}
+
+    @property
+    def platform(self) -> dict[str, Any]:
+        bound = self.info.meta.get("platform")
+        return bound if isinstance(bound, dict) else {}
+
+    @property
+    def finalized(self) -> dict[str, Any] | None:
+        value = self.info.meta.get("finalized")
+        return value if isinstance(value, dict) else None
+
+    @property
+    def pending_total(self) -> int:
+        return sum(v for v in self.pending.values() if isinstance(v, int))
+
+    @property
+    def needs_shipping(self) -> bool:
+        """What replay/sync would do something for: not closed out or not all shipped."""
+        return self.state not in ("running", "shipped")
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """What the run logged, in the user's units (episodes, traces, metric rows)."""
+        logged = self.info.after.get(0, Counter())
+        return {name: logged[int(kind)] for name, kind in RECORD_KINDS.items()}
+
+    @property
+    def losses_total(self) -> int:
+        return sum(int(loss.get("count", 0)) for loss in self.info.losses.values())
+
+    @property
+    def outcome(self) -> str:
+        """How the run ended: running, completed, failed, or crashed (no finish
+        entry), whatever became of its shipping."""
+        if self.info.owner_alive:
+            return "running"
+        if self.finish is None:
+            return "damaged" if self.info.damage and not self.info.meta else "crashed"
+        return str(self.finish.get("status") or "failed")
+
+    @property
+    def shipping(self) -> str:
+        """Where its shipping stands: shipped, N pending, offline (never synced),
+        not closed out, live (its uplink ships now), or damaged."""
+        if self.info.damage and not self.info.meta:
+            return "damaged"
+        offline = self.spec.get("mode") == "offline" and not self.platform
+        if offline:
+            return "offline"
+        if self.info.owner_alive:
+            return "live"
+        if self.pending_total:
+            # Sinks ship the same episodes: the most any sink has left, not the sum.
+            return f"{max(v for v in self.pending.values() if isinstance(v, int))} pending"
+        return "shipped" if self.finalized else "not closed out"
+
+    @property
+    def age_s(self) -> float:
+        return max(0.0, time.time() - self.info.modified) if self.info.modified else 0.0
+
+
+def describe(info: JournalInfo) -> RunStatus:
+    """Derive a journal's state: running while its owner lives; shipped once it
+    is closed out on the platform with nothing pending; offline for an offline
+    run not yet synced; else finished (it has a finish entry) or crashed."""
+    pending = pending_per_sink(info)
+    finish = None if info.owner_alive else _finish_record(info.path, info.last_seq)
+    spec = info.meta.get("spec") or {}
+    total = sum(v for v in pending.values() if isinstance(v, int))
+    if info.owner_alive:
+        state = "running"
+    elif info.meta.get("finalized") and total == 0:
+        state = "shipped"
+    elif spec.get("mode") == "offline" and not info.meta.get("platform"):
+        state = "offline"
+    elif finish is not None:
+        state = "finished"
+    else:
+        state = "crashed"
+    return RunStatus(info=info, state=state, finish=finish, pending=pending)
+
+
+def statuses(runs_dir: Path) -> list[RunStatus]:
+    return [describe(info) for info in list_journals(runs_dir, tally=True)]
+
+
+# What ``export --kind`` names, and the entry kinds each means.
+KIND_NAMES: dict[str, frozenset[EntryKind]] = {
+    "episodes": frozenset({EntryKind.EPISODE}),
+    "traces": frozenset({EntryKind.TRACE}),
+    "metrics": frozenset({EntryKind.METRICS}),
+}
+
+
+def iter_entries(
+    journal: Journal, kinds: Collection[EntryKind], damage: list[Damage]
+) -> Iterator[Entry]:
+    """Every intact entry of ``kinds``, ascending; damage met is appended to ``damage``."""
+    after = 0
+    while True:
+        result = journal.read(after, kinds=kinds, max_entries=1000, max_bytes=32 << 20)
+        damage.extend(result.damaged)
+        yield from result.entries
+        if result.next_after <= after:
+            return
+        after = result.next_after
+
+
+def load_rows(
+    journal: Journal, kinds: Collection[EntryKind], damage: list[Damage]
+) -> list[dict[str, Any]]:
+    """The JSON objects of every intact entry of ``kinds``."""
+    rows: list[dict[str, Any]] = []
+    for entry in iter_entries(journal, kinds, damage):
+        try:
+            value = json.loads(entry.payload)
+        except ValueError as exc:
+            damage.append(Damage(entry.seq, f"entry {entry.seq}: not JSON: {exc}"))
+            continue
+        if isinstance(value, dict):
+            rows.append(value)
+    return rows
+
+
+def metric_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
+    """Per numeric metric, its ``(step, value)`` points in step order."""
+    curves: dict[str, list[tuple[int, float]]] = {}
+    for index, row in enumerate(rows):
+        step = row.get("step")
+        at = int(step) if isinstance(step, int | float) and not isinstance(step, bool) else index
+        for key, value in row.items():
+            if key == "step" or key.startswith("_") or isinstance(value, bool):
+                continue
+            if isinstance(value, int | float):
+                curves.setdefault(key, []).append((at, float(value)))
+    for points in curves.values():
+        points.sort(key=lambda p: p[0])
+    return curves
