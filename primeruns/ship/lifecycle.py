@@ -164,7 +164,11 @@ class Lifecycle:
         failed = lost = 0
         while True:
             try:
-                return self.register(attempts=1)
+                # Each request of it retried on its own (the policy's attempts):
+                # a registration is several requests (the environment, the
+                # lookup of a lost create, the create), and on a flaky link
+                # starting it over at every failure of any of them rarely ends.
+                return self.register()
             except APIError as exc:
                 if not is_transient(exc):
                     self._on_failure("register", exc)
