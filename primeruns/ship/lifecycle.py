@@ -27,6 +27,7 @@ from ..exceptions import (
     LineFormatConflictError,
     PaymentRequiredError,
     RetryableAPIError,
+    TransportError,
     UnauthorizedError,
     is_transient,
 )
@@ -47,6 +48,9 @@ _EVAL_STATUS = {"failed": "FAILED", "cancelled": "CANCELLED", "crashed": "FAILED
 _ERROR_MESSAGE_CAP = 4096
 # The SDK's own namespace in an evaluation's metadata.
 _NAMESPACE = "prime_runs"
+# A closing run stops retrying a create that has no lookup after this many lost
+# answers: a flaky link (10% of answers lost) loses three in a row once in ~300.
+_MAX_LOST_CREATES = 3
 # Journal meta: when a create request was first sent (its answer may be lost).
 K_CREATE_SENT = "create_sent"
 # How far back the lookup of a lost create goes: the newest evaluations of the
@@ -158,8 +162,10 @@ class Lifecycle:
         reported through ``on_failure``; returns the binding, or None.
 
         A training run's create cannot be looked up after its answer was
-        lost, so each retry of it may leave an empty run on the platform:
-        after a second lost answer it gives up (the warning names the risk)."""
+        lost, so each retry of it may leave an empty run on the platform: a
+        closing run (replay, sync, a close-out) gives up after
+        ``_MAX_LOST_CREATES`` lost answers (the warning names the risk). A
+        live run keeps trying: its records ship only once it is registered."""
         started = time.monotonic()
         failed = lost = 0
         while True:
@@ -174,9 +180,12 @@ class Lifecycle:
                     self._on_failure("register", exc)
                     return None
                 failed += 1
-                if is_ambiguous(exc) and not self._create_can_be_looked_up():
+                # An answer lost on the way back (not a 5xx, which the
+                # platform sends when it refused the request as a whole).
+                answer_lost = isinstance(exc, TransportError) and is_ambiguous(exc)
+                if answer_lost and not self._create_can_be_looked_up():
                     lost += 1
-                    if lost >= 2:
+                    if deadline is not None and lost >= _MAX_LOST_CREATES:
                         self._on_failure("register", exc)
                         return None
                 now = time.monotonic()

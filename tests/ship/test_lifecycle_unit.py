@@ -300,13 +300,13 @@ def test_a_lost_training_create_cannot_be_looked_up_so_the_next_one_warns_of_an_
     assert bound.kind == "train" and len(world.registry.runs) == 2
 
 
-def test_retrying_a_training_create_stops_after_a_second_lost_answer(world: World) -> None:
+def test_retrying_a_training_create_stops_after_its_third_lost_answer(world: World) -> None:
     # Each lost answer may have left an empty run on the platform (a training
     # create has no lookup): replay or a close-out must not make one per try.
     lifecycle = world.start(_spec("train"))
-    world.platform.fail("create_run", LOST, LOST, LOST, LOST)
+    world.platform.fail("create_run", LOST, LOST, LOST, LOST, LOST)
     assert lifecycle.register_retrying(deadline=_soon(30)) is None
-    assert len(world.platform.sent("create_run")) == 2
+    assert len(world.platform.sent("create_run")) == 3
     assert [what for what, _ in world.failures] == ["register"]
 
 
