@@ -168,6 +168,7 @@ class Lifecycle:
         live run keeps trying: its records ship only once it is registered."""
         started = time.monotonic()
         failed = lost = 0
+        stopping = stop if stop is not None else threading.Event()  # never set: a plain delay
         while True:
             try:
                 # Each request of it retried on its own (the policy's attempts):
@@ -199,11 +200,8 @@ class Lifecycle:
                 wait = self._policy.delay(failed - 1, retry_after, self._rng, closing=closing)
                 if deadline is not None:
                     wait = min(wait, max(0.0, deadline - now))
-                if stop is not None:
-                    if stop.wait(wait):
-                        return None
-                else:
-                    time.sleep(wait)  # a retry delay (the platform is down), not a wait for a state
+                if stopping.wait(wait):  # a retry delay, cut short by ``stop``
+                    return None
             except Exception as exc:  # a spec that cannot be registered (lost to damage)
                 self._on_failure("register", exc)
                 return None
