@@ -21,6 +21,7 @@ from .exceptions import JournalError
 from .journal import EntryKind
 from .models import RunStatus
 from .recorder import Recorder
+from .ship import ledger
 from .ship.ledger import Closeout
 from .supervisor import Supervisor
 
@@ -42,8 +43,7 @@ def terminal(status: RunStatus | str) -> RunStatus:
         final = RunStatus(status)
     except ValueError:
         raise ValueError(
-            "finish: status must be one of completed, failed, cancelled, crashed; "
-            f"got {status!r}"
+            f"finish: status must be one of completed, failed, cancelled, crashed; got {status!r}"
         ) from None
     if final is RunStatus.RUNNING:
         raise ValueError("finish: status 'running' is not a terminal status")
@@ -164,11 +164,9 @@ def finish_journal(
     waiting = budget if wait is None else min(wait, budget)
     outcome = supervisor.wait_closeout(waiting, grace=wait is None)
     if recorder.kind == "eval":
-        written = int(journal.get_meta("episodes_written", 0) or 0)
+        written = ledger.episodes_written(journal)
         with recorder.lock:
-            prime = dict(recorder.summary.get("prime_runs") or {})
-            prime["traces_episodes_written"] = written
-            recorder.summary["prime_runs"] = prime
+            ledger.stamp_episodes_written(recorder.summary, written)
     _report(outcome, supervisor, run_id, str(journal.path))
     supervisor.release()
     recorder.close()

@@ -10,7 +10,7 @@ process or threads in the producer (the fallback), this is the same path.
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +21,7 @@ from ..journal import EntryKind, Journal
 __all__ = [
     "Closeout",
     "SinkStanding",
+    "episodes_written",
     "error_from_record",
     "pending_by_sink",
     "read_closeout",
@@ -30,6 +31,7 @@ __all__ = [
     "record_error",
     "record_standing",
     "records_left",
+    "stamp_episodes_written",
     "unshipped",
 ]
 
@@ -37,6 +39,20 @@ K_ERRORS = "uplink.errors"
 K_CLOSEOUT = "uplink.closeout"
 _STANDING = "sink_state."
 _MAX_ERRORS = 1000
+
+
+def episodes_written(journal: Journal) -> int:
+    """How many episodes Prime Traces acknowledged for this run (the traces sink counts them)."""
+    return int(journal.get_meta("episodes_written", 0) or 0)
+
+
+def stamp_episodes_written(summary: MutableMapping[str, Any], written: int) -> None:
+    """Put ``written`` into an evaluation's summary as the vendor's SDK does
+    (``prime_runs.traces_episodes_written``): the platform's summary and the
+    producer's ``run.summary`` both carry it."""
+    prime = dict(summary.get("prime_runs") or {})
+    prime["traces_episodes_written"] = written
+    summary["prime_runs"] = prime
 
 
 @dataclass(frozen=True)

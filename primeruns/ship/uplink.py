@@ -391,9 +391,7 @@ class Uplink:
         pending = self.pending()
         summary = dict(summary)
         if str(self.lifecycle.spec.get("kind", "eval")) == "eval":
-            prime = dict(summary.get("prime_runs") or {})
-            prime["traces_episodes_written"] = int(journal.get_meta("episodes_written", 0) or 0)
-            summary["prime_runs"] = prime
+            ledger.stamp_episodes_written(summary, ledger.episodes_written(journal))
         finalized = self.lifecycle.finalized or bool(journal.get_meta("continued_by"))
         if not finalized and self.lifecycle.binding() is not None and (live or not pending):
             # After a stalled drain the platform is likely down: the close-out
@@ -505,7 +503,6 @@ def ship_journal(
     *,
     settings: Settings | None = None,
     timeout: float = 3600.0,
-    finalize: bool = True,
     progress: Callable[[Progress], None] | None = None,
     policy: RetryPolicy | None = None,
 ) -> ShipReport:
@@ -545,21 +542,14 @@ def ship_journal(
         uplink.start()
         status, error, summary = terminal_state(journal)
         report.status = status
-        deadline = time.monotonic() + timeout
-        if finalize:
-            outcome = uplink.close_out(
-                status, error, summary, deadline=deadline, live=False, progress=progress
-            )
-        else:
-            drained, _ = _drain_while_moving(
-                uplink.shippers, journal.last_seq(), deadline, progress
-            )
-            for shipper in uplink.shippers:
-                shipper.stop(timeout=5.0)
-            outcome = ledger.Closeout(
-                drained, None, uplink.pending(), uplink.lifecycle.finalized, True
-            )
-            uplink.client.close()
+        outcome = uplink.close_out(
+            status,
+            error,
+            summary,
+            deadline=time.monotonic() + timeout,
+            live=False,
+            progress=progress,
+        )
         shippers = uplink.shippers
         report.records = sum(s.state.records_sent for s in shippers)
         report.bytes = sum(s.state.bytes_sent for s in shippers)
