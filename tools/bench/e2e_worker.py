@@ -2,13 +2,24 @@
 
 ``python e2e_worker.py SDK RECORDS URL RUNS_DIR`` opens an eval run with SDK
 ``ours`` (this SDK), ``threads`` (this SDK shipping from threads in the
-producer), ``memory`` (this SDK with the journal replaced by an in-memory
-queue, see ``memjournal.py``, shipping from threads) or ``vendor``
-(``prime_runs`` 0.1.4, run with the vendor's own virtual environment's
-python), logs every episode of
-the JSONL file RECORDS with one ``log_episodes([episode])`` call each, finishes
-the run, and prints one JSON line: wall and CPU seconds (all threads of this
-process) from just before ``init`` to ``finish`` returning, and the run id.
+producer, with the CPU time spent in its journal timed, see below) or
+``vendor`` (``prime_runs`` 0.1.4, run with the vendor's own virtual
+environment's python), logs every episode of the JSONL file
+RECORDS with one ``log_episodes([episode])`` call each, finishes the run, and
+prints one JSON line: wall and CPU seconds (all threads of this process) from
+just before ``init`` to ``finish`` returning, and the run id.
+
+``threads`` is how ``end_to_end.py`` weighs the journal's own cost against the
+same SDK without it: ``journal_cpu.install()`` wraps the real journal's entry
+points (its methods, the functions the SDK calls, the mover and background
+sync threads it starts), each span adding the thread CPU time spent inside it
+(nested calls once), and the line adds ``journal_cpu_s`` (of ``cpu_s``), its
+split by group of threads, the number of timed calls and what one timed call
+costs. The SDK without its journal is then ``cpu_s - journal_cpu_s``. Shipping
+from threads keeps all of the journal's work in this process; the uplink
+process would take the mover and the shippers' reads out of it. This replaced
+a hand-written in-memory copy of the journal's API, which drifted from the
+journal (see ``journal_cpu``).
 
 It imports only the standard library before choosing the SDK, so the vendor's
 interpreter (which has no ``primeruns``) can run it too. Settings come from
@@ -39,14 +50,10 @@ def _init(sdk: str, url: str, runs_dir: str) -> Any:
         import prime_runs
 
         return prime_runs.init(**common)
-    if sdk in ("memory", "threads"):
+    if sdk == "threads":
         import os
 
         os.environ["PRIME_RUNS_UPLINK"] = "threads"
-    if sdk == "memory":
-        import memjournal
-
-        memjournal.install()
     import primeruns
 
     return primeruns.init(**common, runs_dir=runs_dir)
@@ -60,6 +67,12 @@ def main(argv: list[str]) -> int:
         import prime_runs  # noqa: F401  (imported before the clock starts, as ours is)
     else:
         import primeruns  # noqa: F401
+    clock, per_call = None, 0.0
+    if sdk == "threads":
+        import journal_cpu
+
+        clock = journal_cpu.install()
+        per_call = journal_cpu.wrapper_cost()
     cpu0, wall0 = time.process_time(), time.perf_counter()
     run = _init(sdk, url, runs_dir)
     for episode in episodes:
@@ -67,20 +80,19 @@ def main(argv: list[str]) -> int:
     logged = time.perf_counter()
     run.finish()
     cpu1, wall1 = time.process_time(), time.perf_counter()
-    print(
-        json.dumps(
-            {
-                "sdk": sdk,
-                "run_id": run.id,
-                "episodes": len(episodes),
-                "wall_s": wall1 - wall0,
-                "cpu_s": cpu1 - cpu0,
-                "log_s": logged - wall0,
-                "finish_s": wall1 - logged,
-                "dropped": int(getattr(run, "dropped_records", 0) or 0),
-            }
-        )
-    )
+    out: dict[str, Any] = {
+        "sdk": sdk,
+        "run_id": run.id,
+        "episodes": len(episodes),
+        "wall_s": wall1 - wall0,
+        "cpu_s": cpu1 - cpu0,
+        "log_s": logged - wall0,
+        "finish_s": wall1 - logged,
+        "dropped": int(getattr(run, "dropped_records", 0) or 0),
+    }
+    if clock is not None:
+        out.update(clock.report(), wrapper_cost_s=per_call)
+    print(json.dumps(out))
     return 0
 
 
