@@ -61,6 +61,7 @@ from primeruns.journal.lock import OwnerLock
 from primeruns.journal.maintenance import Background, scan_damage
 from primeruns.journal.meta import K_BUDGET, K_CREATED, K_FORMAT, K_LOCAL_ID, K_OWNER, Meta
 from primeruns.journal.mover import Mover
+from primeruns.journal.origin import K_ORIGIN, Origin
 from primeruns.journal.reading import Reader
 from primeruns.journal.spool import SpoolView, SpoolWriter, spool_bytes
 from primeruns.journal.store import DATA_NAME, Store, acquire_store, release_store
@@ -202,6 +203,7 @@ class Journal:
                 K_FORMAT: FORMAT_VERSION,
                 K_LOCAL_ID: local_id,
                 K_OWNER: lock.owner.to_json(),
+                K_ORIGIN: Origin.here(path).to_json(),
                 K_CREATED: time.time(),
                 K_BUDGET: max_bytes,
             }

@@ -1,0 +1,123 @@
+"""Where a journal was written, and whether its producer may still write it.
+
+A journal travels: cluster users copy runs directories from compute nodes to
+a login node (rsync, scp, ``cp -a``), again and again while the job runs, and
+sync from there. The owner lock (``lock``) cannot speak for a copy: a flock is
+not copied, and a copy's lock file names a process of another machine. So
+``Journal.create`` records the journal's *origin* once, in its meta (never
+rewritten): the host, its boot, the producer's pid and start time, and the
+path. From it, any process can tell:
+
+- whether the directory it looks at is the journal where it was written, or
+  a copy (another path, or another host);
+- whether the producer may still be writing the original: ``alive`` (same
+  host and boot, the pid lives with the same start time), ``dead`` (same
+  host: the pid is gone or reused, or the host rebooted since), or
+  ``unknown`` (another host: nothing here can tell).
+
+A copy whose producer may be alive must never be closed out as crashed: its
+original may be growing, and a later copy will bring the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from primeruns.journal.lock import _pid_alive, _proc_start
+
+__all__ = ["K_ORIGIN", "Origin", "ProducerState", "boot_id"]
+
+K_ORIGIN = "journal.origin"
+
+ProducerState = Literal["alive", "dead", "unknown"]
+
+_BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
+
+
+def boot_id() -> str | None:
+    """This boot of this machine (Linux); None where the kernel does not say."""
+    try:
+        return _BOOT_ID.read_text().strip() or None
+    except OSError:
+        return None
+
+
+@dataclass(frozen=True)
+class Origin:
+    """The process and place that created a journal."""
+
+    host: str
+    pid: int
+    proc_start: int | None
+    boot: str | None
+    path: str
+    created: float
+
+    @classmethod
+    def here(cls, path: Path) -> Origin:
+        """The calling process, creating a journal at ``path``."""
+        pid = os.getpid()
+        return cls(
+            host=socket.gethostname(),
+            pid=pid,
+            proc_start=_proc_start(pid),
+            boot=boot_id(),
+            path=str(Path(path).absolute()),
+            created=time.time(),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "pid": self.pid,
+            "proc_start": self.proc_start,
+            "boot": self.boot,
+            "path": self.path,
+            "created": self.created,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any) -> Origin | None:
+        """The origin a journal's meta holds; None when absent or malformed
+        (a journal is untrusted input: a wrong type never raises)."""
+        if not isinstance(value, dict):
+            return None
+        host, pid, path = value.get("host"), value.get("pid"), value.get("path")
+        start, boot, created = value.get("proc_start"), value.get("boot"), value.get("created")
+        if not isinstance(host, str) or not isinstance(path, str):
+            return None
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return None
+        return cls(
+            host=host,
+            pid=pid,
+            proc_start=start if isinstance(start, int) and not isinstance(start, bool) else None,
+            boot=boot if isinstance(boot, str) else None,
+            path=path,
+            created=float(created) if isinstance(created, int | float) else 0.0,
+        )
+
+    @property
+    def on_this_host(self) -> bool:
+        return self.host == socket.gethostname()
+
+    def is_original(self, path: Path) -> bool:
+        """Whether ``path`` is where this journal was written (not a copy)."""
+        return self.on_this_host and Path(path).absolute() == Path(self.path)
+
+    def producer_state(self) -> ProducerState:
+        """Whether the producer may still write the original (see module doc)."""
+        if not self.on_this_host:
+            return "unknown"
+        current = boot_id()
+        if self.boot is not None and current is not None and self.boot != current:
+            return "dead"  # the machine rebooted since
+        return "alive" if _pid_alive(self.pid, self.proc_start) else "dead"
+
+    def describe(self) -> str:
+        return f"pid {self.pid} on {self.host}"

@@ -1,0 +1,199 @@
+"""The sync journal: a copied journal's entries imported under their own numbers.
+
+A cluster user copies a runs directory again and again while the job runs;
+each sync imports what the newest copy holds beyond what was imported before.
+These tests copy real journals with ``shutil.copytree`` (what ``cp -a`` and
+rsync leave) and check the imported log against the original, entry by entry.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from primeruns.journal import EntryKind, Journal
+from primeruns.journal.origin import K_ORIGIN, Origin
+from primeruns.ship.mirror import K_SOURCE_ORIGIN, import_new, open_sync_journal
+
+
+def _rows(journal: Journal) -> list[tuple[int, int, bytes]]:
+    out: list[tuple[int, int, bytes]] = []
+    after = 0
+    while True:
+        result = journal.read(after, max_entries=10_000)
+        out.extend((e.seq, int(e.kind), e.payload) for e in result.entries)
+        if result.next_after <= after:
+            return out
+        after = result.next_after
+
+
+def _log(journal: Journal, start: int, n: int) -> None:
+    for i in range(start, start + n):
+        kind = EntryKind.EPISODE if i % 3 else EntryKind.METRICS
+        journal.append(kind, [json.dumps({"i": i}).encode()])
+
+
+def _copy(src: Path, dest: Path) -> Path:
+    if dest.exists():
+        shutil.rmtree(dest)  # the next copy replaces the last, as rsync would
+    shutil.copytree(src, dest)
+    return dest
+
+
+def test_copies_taken_mid_run_import_each_entry_once_under_its_number(tmp_path: Path) -> None:
+    producer = Journal.create(tmp_path / "node", meta={"spec": {"kind": "eval", "mode": "offline"}})
+    producer.append(EntryKind.RUN_OPEN, [b'{"kind": "eval"}'], essential=True)
+    root = tmp_path / "synced"
+    imported = 0
+    for round_ in range(3):
+        _log(producer, round_ * 50, 50)
+        producer.sync()
+        copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
+        with Journal.open(copy, owner=False) as source:
+            sync, created = open_sync_journal(source, root)
+            assert created == (round_ == 0)
+            try:
+                done = import_new(source, sync)
+                imported += done.entries
+                assert done.stopped is None
+                assert done.upto == source.last_seq() == sync.last_seq()
+            finally:
+                sync.close()
+    producer.append(EntryKind.FINISH, [b'{"status": "completed"}'], essential=True, final=True)
+    producer.sync()
+    copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
+    with Journal.open(copy, owner=False) as source:
+        sync, _ = open_sync_journal(source, root)
+        try:
+            assert import_new(source, sync).entries == 1
+            assert import_new(source, sync).entries == 0  # nothing new: nothing imported
+            assert _rows(sync) == _rows(producer)
+            assert sync.local_id == producer.local_id
+            assert sync.get_meta("spec") == {"kind": "eval", "mode": "offline"}
+            origin = Origin.from_json(sync.get_meta(K_SOURCE_ORIGIN))
+            assert origin is not None and origin.path == str(producer.path.absolute())
+        finally:
+            sync.close()
+    producer.close()
+    assert imported == 151
+
+
+def test_an_older_copy_after_a_newer_one_imports_nothing_and_loses_nothing(
+    tmp_path: Path,
+) -> None:
+    producer = Journal.create(tmp_path / "node")
+    _log(producer, 0, 20)
+    producer.sync()
+    old = _copy(producer.path, tmp_path / "old" / producer.local_id)
+    _log(producer, 20, 20)
+    producer.sync()
+    new = _copy(producer.path, tmp_path / "new" / producer.local_id)
+    root = tmp_path / "synced"
+    for copy, expect in ((new, 40), (old, 0)):
+        with Journal.open(copy, owner=False) as source:
+            sync, _ = open_sync_journal(source, root)
+            try:
+                assert import_new(source, sync).entries == expect
+                assert sync.last_seq() == 40
+            finally:
+                sync.close()
+    producer.close()
+
+
+def test_a_copy_damaged_at_an_entry_stops_there_and_a_later_copy_fills_it_in(
+    tmp_path: Path,
+) -> None:
+    producer = Journal.create(tmp_path / "node")
+    _log(producer, 0, 10)
+    producer.append(EntryKind.EPISODE, [b'{"marker": "torn-entry-eleven"}'])
+    _log(producer, 11, 19)
+    producer.sync()
+    torn = _copy(producer.path, tmp_path / "torn" / producer.local_id)
+    _flip(torn, b"torn-entry-eleven")  # as a copy taken mid-write may read
+    root = tmp_path / "synced"
+    with Journal.open(torn, owner=False) as source:
+        sync, _ = open_sync_journal(source, root)
+        try:
+            done = import_new(source, sync)
+            assert (done.entries, done.upto, done.source_end) == (10, 10, 30)
+            assert done.stopped is not None and "entry 11" in done.stopped
+        finally:
+            sync.close()
+    good = _copy(producer.path, tmp_path / "good" / producer.local_id)
+    with Journal.open(good, owner=False) as source:
+        sync, _ = open_sync_journal(source, root)
+        try:
+            assert import_new(source, sync).entries == 20
+            assert _rows(sync) == _rows(producer)
+        finally:
+            sync.close()
+    producer.close()
+
+
+def _flip(directory: Path, marker: bytes) -> None:
+    """Flip one byte of ``marker`` wherever the copy stores it (LMDB or the spool)."""
+    hits = 0
+    for path in directory.rglob("*"):
+        if not path.is_file():
+            continue
+        raw = bytearray(path.read_bytes())
+        at = raw.find(marker)
+        if at >= 0:
+            raw[at] ^= 0x01
+            path.write_bytes(bytes(raw))
+            hits += 1
+    assert hits, "the marker is stored uncompressed somewhere in the copy"
+
+
+def test_a_copy_that_was_shipping_hands_over_its_offsets_once(tmp_path: Path) -> None:
+    producer = Journal.create(tmp_path / "node", meta={"platform": {"run_id": "r1"}})
+    _log(producer, 0, 30)
+    producer.sync()
+    producer.ack("traces", 20)
+    copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
+    with Journal.open(copy, owner=False) as source:
+        sync, _ = open_sync_journal(source, tmp_path / "synced")
+        try:
+            assert sync.cursor("traces").acked == 20
+            assert sync.get_meta("platform") == {"run_id": "r1"}
+            assert sync.last_seq() == 30
+        finally:
+            sync.close()
+    producer.close()
+
+
+def test_the_producer_counted_losses_are_carried_over_as_they_grow(tmp_path: Path) -> None:
+    producer = Journal.create(tmp_path / "node")
+    _log(producer, 0, 5)
+    producer.record_loss("journal", 3, "the journal was full")
+    root = tmp_path / "synced"
+    for extra in (0, 4):
+        if extra:
+            producer.record_loss("journal", extra, "the journal was full")
+        producer.sync()
+        copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
+        with Journal.open(copy, owner=False) as source:
+            sync, _ = open_sync_journal(source, root)
+            try:
+                import_new(source, sync)
+                assert sync.losses()["journal"]["count"] == 3 + extra
+            finally:
+                sync.close()
+    producer.close()
+
+
+@pytest.mark.parametrize("value", [None, 1, "x", [], {"host": 1}, {"host": "h", "pid": "1"}])
+def test_a_malformed_origin_reads_as_none(value: object) -> None:
+    assert Origin.from_json(value) is None
+
+
+def test_a_new_journal_records_where_it_was_written(tmp_path: Path) -> None:
+    with Journal.create(tmp_path) as journal:
+        origin = Origin.from_json(journal.get_meta(K_ORIGIN))
+        assert origin is not None
+        assert origin.is_original(journal.path)
+        assert not origin.is_original(tmp_path / "elsewhere")
+        assert origin.producer_state() == "alive"  # this process
