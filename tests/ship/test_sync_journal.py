@@ -8,8 +8,10 @@ rsync leave) and check the imported log against the original, entry by entry.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -34,6 +36,17 @@ def _log(journal: Journal, start: int, n: int) -> None:
     for i in range(start, start + n):
         kind = EntryKind.EPISODE if i % 3 else EntryKind.METRICS
         journal.append(kind, [json.dumps({"i": i}).encode()])
+
+
+@contextlib.contextmanager
+def _synced(copy: Path, root: Path) -> Iterator[tuple[Journal, Journal, bool]]:
+    """(the copy read-only, its sync journal, whether that was created now)."""
+    with Journal.open(copy, owner=False) as source:
+        sync, created = open_sync_journal(source, root)
+        try:
+            yield source, sync, created
+        finally:
+            sync.close()
 
 
 def _copy(src: Path, dest: Path) -> Path:
@@ -65,18 +78,14 @@ def test_copies_taken_mid_run_import_each_entry_once_under_its_number(tmp_path: 
     producer.append(EntryKind.FINISH, [b'{"status": "completed"}'], essential=True, final=True)
     producer.sync()
     copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
-    with Journal.open(copy, owner=False) as source:
-        sync, _ = open_sync_journal(source, root)
-        try:
-            assert import_new(source, sync).entries == 1
-            assert import_new(source, sync).entries == 0  # nothing new: nothing imported
-            assert _rows(sync) == _rows(producer)
-            assert sync.local_id == producer.local_id
-            assert sync.get_meta("spec") == {"kind": "eval", "mode": "offline"}
-            origin = Origin.from_json(sync.get_meta(K_SOURCE_ORIGIN))
-            assert origin is not None and origin.path == str(producer.path.absolute())
-        finally:
-            sync.close()
+    with _synced(copy, root) as (source, sync, _):
+        assert import_new(source, sync).entries == 1
+        assert import_new(source, sync).entries == 0  # nothing new: nothing imported
+        assert _rows(sync) == _rows(producer)
+        assert sync.local_id == producer.local_id
+        assert sync.get_meta("spec") == {"kind": "eval", "mode": "offline"}
+        origin = Origin.from_json(sync.get_meta(K_SOURCE_ORIGIN))
+        assert origin is not None and origin.path == str(producer.path.absolute())
     producer.close()
     assert imported == 151
 
@@ -93,13 +102,9 @@ def test_an_older_copy_after_a_newer_one_imports_nothing_and_loses_nothing(
     new = _copy(producer.path, tmp_path / "new" / producer.local_id)
     root = tmp_path / "synced"
     for copy, expect in ((new, 40), (old, 0)):
-        with Journal.open(copy, owner=False) as source:
-            sync, _ = open_sync_journal(source, root)
-            try:
-                assert import_new(source, sync).entries == expect
-                assert sync.last_seq() == 40
-            finally:
-                sync.close()
+        with _synced(copy, root) as (source, sync, _):
+            assert import_new(source, sync).entries == expect
+            assert sync.last_seq() == 40
     producer.close()
 
 
@@ -114,22 +119,14 @@ def test_a_copy_damaged_at_an_entry_stops_there_and_a_later_copy_fills_it_in(
     torn = _copy(producer.path, tmp_path / "torn" / producer.local_id)
     _flip(torn, b"torn-entry-eleven")  # as a copy taken mid-write may read
     root = tmp_path / "synced"
-    with Journal.open(torn, owner=False) as source:
-        sync, _ = open_sync_journal(source, root)
-        try:
-            done = import_new(source, sync)
-            assert (done.entries, done.upto, done.source_end) == (10, 10, 30)
-            assert done.stopped is not None and "entry 11" in done.stopped
-        finally:
-            sync.close()
+    with _synced(torn, root) as (source, sync, _):
+        done = import_new(source, sync)
+        assert (done.entries, done.upto, done.source_end) == (10, 10, 30)
+        assert done.stopped is not None and "entry 11" in done.stopped
     good = _copy(producer.path, tmp_path / "good" / producer.local_id)
-    with Journal.open(good, owner=False) as source:
-        sync, _ = open_sync_journal(source, root)
-        try:
-            assert import_new(source, sync).entries == 20
-            assert _rows(sync) == _rows(producer)
-        finally:
-            sync.close()
+    with _synced(good, root) as (source, sync, _):
+        assert import_new(source, sync).entries == 20
+        assert _rows(sync) == _rows(producer)
     producer.close()
 
 
@@ -154,14 +151,10 @@ def test_a_copy_that_was_shipping_hands_over_its_offsets_once(tmp_path: Path) ->
     producer.sync()
     producer.ack("traces", 20)
     copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
-    with Journal.open(copy, owner=False) as source:
-        sync, _ = open_sync_journal(source, tmp_path / "synced")
-        try:
-            assert sync.cursor("traces").acked == 20
-            assert sync.get_meta("platform") == {"run_id": "r1"}
-            assert sync.last_seq() == 30
-        finally:
-            sync.close()
+    with _synced(copy, tmp_path / "synced") as (_source, sync, _):
+        assert sync.cursor("traces").acked == 20
+        assert sync.get_meta("platform") == {"run_id": "r1"}
+        assert sync.last_seq() == 30
     producer.close()
 
 
@@ -175,13 +168,9 @@ def test_the_producer_counted_losses_are_carried_over_as_they_grow(tmp_path: Pat
             producer.record_loss("journal", extra, "the journal was full")
         producer.sync()
         copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
-        with Journal.open(copy, owner=False) as source:
-            sync, _ = open_sync_journal(source, root)
-            try:
-                import_new(source, sync)
-                assert sync.losses()["journal"]["count"] == 3 + extra
-            finally:
-                sync.close()
+        with _synced(copy, root) as (source, sync, _):
+            import_new(source, sync)
+            assert sync.losses()["journal"]["count"] == 3 + extra
     producer.close()
 
 
