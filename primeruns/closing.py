@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from . import records
@@ -23,6 +24,7 @@ from .models import RunStatus
 from .recorder import Recorder
 from .ship import ledger
 from .ship.ledger import Closeout
+from .spec import SPEC_KEY, journal_spec
 from .supervisor import Supervisor
 
 __all__ = [
@@ -103,15 +105,15 @@ def store_edited_config(recorder: Recorder, config: dict[str, Any]) -> None:
     journal = recorder.journal
     assert journal is not None
     try:
-        spec = journal.get_meta("spec") or {}
-    except JournalError as exc:
+        spec = journal_spec(journal)
+    except JournalError as exc:  # SpecError is one
         recorder.note("config", exc)
         return
-    if spec.get("config") == config:  # as registered: nothing to store
+    if spec.config == config:  # as registered: nothing to store
         return
     edited = recorder.encodable(dict(config), "config")
     try:
-        journal.set_meta("spec", {**spec, "config": edited})
+        journal.set_meta(SPEC_KEY, replace(spec, config=edited).to_json())
     except (JournalError, TypeError, ValueError) as exc:
         recorder.note("config", exc)
 

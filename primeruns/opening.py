@@ -29,6 +29,7 @@ from .models import (
 from .recorder import Recorder
 from .run import Run
 from .settings import resolve_run_settings
+from .spec import SPEC_KEY, RunSpec, SpecEnvironment, listed_spec
 from .supervisor import go_online
 from .threads import start_daemon
 
@@ -184,32 +185,33 @@ def init(
             "Parquet sample table, which needs pyarrow: pip install 'prime-runs[train]'"
         )
 
-    spec: dict[str, Any] = {
-        "kind": kind,
-        "name": name,
-        "environments": [{k: v for k, v in vars(e).items() if v is not None} for e in envs],
-        "dataset": envs[0].display_name if envs else None,
-        "model": model,
-        "framework": framework,
-        "description": description,
-        "tags": list(tags or []),
-        "config": config_doc,
-        "team_id": settings.team_id,
-        "training": (training or TrainingSpec()).to_body() if kind == "train" else None,
-        "attach_id": id,
-        "frontend_url": settings.frontend_url,
-        "base_url": settings.api_root,
-        "traces_url": settings.traces_url,
-        "traces_opt_out": settings.traces_opt_out,
-        "mode": run_mode,
-    }
+    spec = RunSpec(
+        kind=kind,
+        name=name,
+        environments=tuple(SpecEnvironment.from_ref(e) for e in envs),
+        dataset=envs[0].display_name if envs else None,
+        model=model,
+        framework=framework,
+        description=description,
+        tags=tuple(tags or ()),
+        config=config_doc,
+        team_id=settings.team_id,
+        training=(training or TrainingSpec()).to_body() if kind == "train" else None,
+        attach_id=id,
+        frontend_url=settings.frontend_url,
+        base_url=settings.api_root,
+        traces_url=settings.traces_url,
+        traces_opt_out=settings.traces_opt_out,
+        mode=run_mode,
+    )
+    stored = spec.to_json()
     journal = Journal.create(
         tuning.runs_dir,
         durability=durability,
         max_bytes=tuning.max_journal_bytes,
-        meta={"spec": spec, "state": "running"},
+        meta={SPEC_KEY: stored, "state": "running"},
     )
-    journal.append(EntryKind.RUN_OPEN, [records.encode_record(spec, what="spec")], essential=True)
+    journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
     recorder = Recorder(journal, kind=kind, on_error=on_error)
     supervisor = None
     if run_mode == "online":
@@ -255,7 +257,8 @@ def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
                 continue
             if meta.get("state") == "shipped" or meta.get("continued_by"):
                 continue
-            if (meta.get("spec") or {}).get("mode") != "online":
+            spec = listed_spec(meta)
+            if spec is None or spec.mode != "online":
                 continue
             crashed.append(info.path.name)
     except Exception:  # a convenience: never let it disturb the run

@@ -17,13 +17,16 @@ import time
 from collections import Counter
 from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, list_journals
+from .models import RUN_KIND, RunKind
 from .ship.factory import sink_kinds
 from .ship.ledger import records_left
 from .ship.uplink import CRASH_ERROR
+from .spec import RunSpec, listed_spec
 
 __all__ = [
     "CRASH_ERROR",
@@ -64,9 +67,8 @@ def unit_of(kinds: Collection[EntryKind], logged: Mapping[str, int]) -> str:
 def pending_per_sink(info: JournalInfo) -> dict[str, int | str]:
     """Per sink of the run, the records it has still to ship, or ``"off"``
     (counted when ``info`` comes from a listing with ``tally=True``)."""
-    kind = str((info.meta.get("spec") or {}).get("kind") or "eval")
     out: dict[str, int | str] = {}
-    for sink, kinds in sink_kinds(kind).items():
+    for sink, kinds in sink_kinds(_sink_kind(listed_spec(info.meta))).items():
         if info.meta.get(f"sink_off.{sink}"):
             out[sink] = "off"
             continue
@@ -76,6 +78,10 @@ def pending_per_sink(info: JournalInfo) -> dict[str, int | str]:
         else:  # not counted (no tally, or it failed): every entry past the offset
             out[sink] = max(0, info.last_seq - acked)
     return out
+
+
+def _sink_kind(spec: RunSpec | None) -> RunKind:
+    return spec.kind if spec is not None else RUN_KIND
 
 
 def _finish_record(path: Path, last_seq: int) -> dict[str, Any] | None:
@@ -106,10 +112,20 @@ class RunStatus:
     finish: dict[str, Any] | None
     pending: dict[str, int | str]
 
+    @cached_property
+    def spec(self) -> RunSpec | None:
+        """The run's spec; None when the journal has none or it is damaged."""
+        return listed_spec(self.info.meta)
+
     @property
-    def spec(self) -> dict[str, Any]:
-        spec = self.info.meta.get("spec")
-        return spec if isinstance(spec, dict) else {}
+    def kind(self) -> RunKind:
+        """The kind its sinks are those of (an evaluation's without a spec)."""
+        return _sink_kind(self.spec)
+
+    @property
+    def opened_offline(self) -> bool:
+        """Opened as an offline run (``primeruns sync`` ships it)."""
+        return self.spec is not None and self.spec.mode == "offline"
 
     @property
     def platform(self) -> dict[str, Any]:
@@ -156,8 +172,7 @@ class RunStatus:
         not closed out, live (its uplink ships now), or damaged."""
         if self.info.damage and not self.info.meta:
             return "damaged"
-        offline = self.spec.get("mode") == "offline" and not self.platform
-        if offline:
+        if self.opened_offline and not self.platform:
             return "offline"
         if self.info.owner_alive:
             return "live"
@@ -177,13 +192,13 @@ def describe(info: JournalInfo) -> RunStatus:
     run not yet synced; else finished (it has a finish entry) or crashed."""
     pending = pending_per_sink(info)
     finish = None if info.owner_alive else _finish_record(info.path, info.last_seq)
-    spec = info.meta.get("spec") or {}
+    spec = listed_spec(info.meta)
     total = sum(v for v in pending.values() if isinstance(v, int))
     if info.owner_alive:
         state = "running"
     elif info.meta.get("finalized") and total == 0:
         state = "shipped"
-    elif spec.get("mode") == "offline" and not info.meta.get("platform"):
+    elif spec is not None and spec.mode == "offline" and not info.meta.get("platform"):
         state = "offline"
     elif finish is not None:
         state = "finished"

@@ -82,12 +82,10 @@ def go_online(
         )
     finally:
         client.close()  # from here on only the uplink talks to the platform
-    attach = lifecycle.spec.get("attach_id")
+    attach = lifecycle.spec.attach_id
     predecessors: list[Path] = []
     if attach:
-        predecessors, alive = find_run_journals(
-            journal.path.parent, str(attach), exclude=journal.path
-        )
+        predecessors, alive = find_run_journals(journal.path.parent, attach, exclude=journal.path)
         if alive:
             log.warning(
                 "prime-runs: another process (%s) is logging to run %s right now; the "

@@ -30,15 +30,15 @@ __all__ = ["add_parser", "as_json"]
 
 
 def as_json(status: RunStatus) -> dict[str, Any]:
-    info = status.info
+    info, spec = status.info, status.spec
     return {
         "local_id": info.local_id,
         "path": str(info.path),
         "run_id": status.platform.get("run_id"),
         "url": status.platform.get("url"),
-        "kind": status.spec.get("kind"),
-        "name": status.spec.get("name"),
-        "mode": status.spec.get("mode"),
+        "kind": spec.kind if spec is not None else None,
+        "name": spec.name if spec is not None else None,
+        "mode": spec.mode if spec is not None else None,
         "outcome": status.outcome,
         "shipping": status.shipping,
         "state": status.state,
@@ -72,11 +72,11 @@ _COLUMNS: list[_Column] = [
     ("LOCAL ID", lambda s: Text(s.info.local_id), {"no_wrap": True}),
     ("OUTCOME", lambda s: outcome_text(s.outcome), {"no_wrap": True}),
     ("SHIPPING", lambda s: shipping_text(s.shipping), {"no_wrap": True}),
-    ("NAME", lambda s: Text(str(s.spec.get("name") or "-")), {"max_width": 32}),
+    ("NAME", lambda s: Text((s.spec.name if s.spec else None) or "-"), {"max_width": 32}),
     ("LOGGED", lambda s: Text(_logged(s)), {}),
     ("LOST", lambda s: Text(str(s.losses_total), style="red") if s.losses_total else Text("-"),
      {"justify": "right"}),
-    ("KIND", lambda s: Text(str(s.spec.get("kind") or "?")), {}),
+    ("KIND", lambda s: Text(s.spec.kind if s.spec else "?"), {}),
     ("AGE", lambda s: Text(human_age(s.age_s)), {"justify": "right", "no_wrap": True}),
     ("SIZE", lambda s: Text(human_bytes(s.info.size_bytes)), {"justify": "right", "no_wrap": True}),
     ("RUN ID", lambda s: Text(str(s.platform.get("run_id") or "-")), {"no_wrap": True}),

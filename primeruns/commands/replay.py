@@ -56,7 +56,7 @@ def shipping_plan(status: RunStatus, settings: Settings) -> dict[str, tuple[int,
     """Per sink that will ship (not off, not opted out), the records it has
     left to ship and what they are."""
     plan: dict[str, tuple[int, str]] = {}
-    for sink, kinds in sink_kinds(str(status.spec.get("kind") or "eval")).items():
+    for sink, kinds in sink_kinds(status.kind).items():
         pending = status.pending.get(sink)
         if not isinstance(pending, int) or (sink == "traces" and settings.traces_opt_out):
             continue
@@ -260,8 +260,7 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
         raise CommandError("name the runs to replay, or pass --all")
     chosen: list[Path] = []
     for status in statuses(runs_dir):
-        is_offline = status.spec.get("mode") == "offline"
-        if status.needs_shipping and is_offline == offline:
+        if status.needs_shipping and status.opened_offline == offline:
             chosen.append(status.info.path)
     return chosen
 

@@ -37,7 +37,7 @@ def _sinks(status: RunStatus) -> list[dict[str, Any]]:
     info = status.info
     logged = info.after.get(0)
     out = []
-    for sink, kinds in sink_kinds(str(status.spec.get("kind") or "eval")).items():
+    for sink, kinds in sink_kinds(status.kind).items():
         off = info.meta.get(f"sink_off.{sink}")
         total = sum(logged[int(k)] for k in kinds) if logged else 0
         pending = status.pending.get(sink, 0)
@@ -80,7 +80,7 @@ def _document(
     document = as_json(status)
     document.update(
         {
-            "spec": status.spec,
+            "spec": status.spec.to_json() if status.spec is not None else {},
             "finish": None if status.info.owner_alive else {"status": final_status, "error": error},
             "closed_out": status.finalized,
             "sinks": _sinks(status),
@@ -131,13 +131,19 @@ def _render(
 
     spec = status.spec
     _section(console, "spec")
-    for key in ("kind", "name", "model", "framework", "dataset", "mode", "attach_id"):
-        _field(console, key, spec.get(key))
-    envs = [e.get("id") or e.get("name") or e for e in spec.get("environments") or []]
-    _field(console, "environments", ", ".join(str(e) for e in envs))
-    _field(console, "tags", ", ".join(spec.get("tags") or []))
-    _field(console, "config", spec.get("config"))
-    _field(console, "platform", spec.get("base_url"))
+    if spec is not None:
+        _field(console, "kind", spec.kind)
+        _field(console, "name", spec.name)
+        _field(console, "model", spec.model)
+        _field(console, "framework", spec.framework)
+        _field(console, "dataset", spec.dataset)
+        _field(console, "mode", spec.mode)
+        _field(console, "attach_id", spec.attach_id)
+        envs = [e.id or e.name or e.to_json() for e in spec.environments]
+        _field(console, "environments", ", ".join(str(e) for e in envs))
+        _field(console, "tags", ", ".join(spec.tags))
+        _field(console, "config", dict(spec.config))
+        _field(console, "platform", spec.base_url)
 
     _section(console, "lifecycle")
     _field(console, "run id", status.platform.get("run_id") or "(not registered)")
@@ -150,7 +156,7 @@ def _render(
     if fin:
         at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(fin.get("at") or 0)))
         _field(console, "closed out", f"{fin.get('status')} at {at}")
-    elif status.spec.get("mode") == "offline" and not status.platform:
+    elif status.opened_offline and not status.platform:
         _field(console, "closed out", "not yet: offline (primeruns sync ships and closes it)")
     else:
         _field(console, "closed out", "not yet (primeruns replay ships and closes it)")

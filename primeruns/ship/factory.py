@@ -49,12 +49,12 @@ def make_shippers(
     on_progress: Callable[[], None] | None = None,
 ) -> list[Shipper]:
     spec = lifecycle.spec
-    kind = str(spec.get("kind", "eval"))
+    kind = spec.kind
     context = {"source": "prime-runs", "run_type": kind}
-    if spec.get("framework"):
-        context["framework"] = str(spec["framework"])
-    if spec.get("model"):
-        context["model"] = str(spec["model"])
+    if spec.framework:
+        context["framework"] = spec.framework
+    if spec.model:
+        context["model"] = spec.model
     sinks: list[Sink] = [
         TracesSink(
             None if opted_out else client,

@@ -34,6 +34,7 @@ from ..exceptions import (
 from ..journal import Journal
 from ..platform import PlatformClient, is_ambiguous
 from ..platform.binding import Binding
+from ..spec import RunSpec, SpecEnvironment, journal_spec
 from .policy import RetryPolicy
 
 __all__ = ["Lifecycle", "crash_reason", "status_message"]
@@ -97,9 +98,9 @@ class Lifecycle:
 
     # -- state in the journal ----------------------------------------------
     @property
-    def spec(self) -> dict[str, Any]:
-        spec = self.journal.get_meta("spec", {})
-        return spec if isinstance(spec, dict) else {}
+    def spec(self) -> RunSpec:
+        """The run's spec; raises ``SpecError`` for one of the wrong shape."""
+        return journal_spec(self.journal)
 
     def binding(self) -> Binding | None:
         bound = self.journal.get_meta("platform")
@@ -210,18 +211,18 @@ class Lifecycle:
         """An evaluation's lost create is found again by its client token; an
         attached run is not created at all. An external training run has no lookup."""
         spec = self.spec
-        return bool(spec.get("attach_id")) or str(spec.get("kind", "eval")) != "train"
+        return bool(spec.attach_id) or spec.kind != "train"
 
     def _register(self, attempts: int | None) -> Binding:
         bound = self.binding()
         if bound is not None:
             return bound
         spec = self.spec
-        kind = str(spec.get("kind", "eval"))
-        frontend = str(spec.get("frontend_url", "")).rstrip("/")
-        attach = spec.get("attach_id")
+        kind = spec.kind
+        frontend = spec.frontend_url.rstrip("/")
+        attach = spec.attach_id
         if attach:
-            run_id, name, url = str(attach), spec.get("name"), None
+            run_id, name, url = attach, spec.name, None
         elif kind == "train":
             body = self._train_body(spec)
             if self.journal.get_meta(K_CREATE_SENT):
@@ -230,7 +231,7 @@ class Lifecycle:
                     "prime-runs: an earlier request to create training run %r may have "
                     "landed with its answer lost; the platform offers no lookup, so an "
                     "empty RUNNING run of that name may remain beside this one",
-                    spec.get("name"),
+                    spec.name,
                 )
             self.journal.set_meta(K_CREATE_SENT, time.time())  # before the request
             created = self._call(
@@ -239,7 +240,7 @@ class Lifecycle:
             run = _as_dict(created.get("run"))
             if not run.get("id"):
                 raise APIError("the platform created a training run but returned no id")
-            run_id, name, url = str(run["id"]), run.get("name") or spec.get("name"), None
+            run_id, name, url = str(run["id"]), run.get("name") or spec.name, None
         else:
             body = self._eval_body(spec, attempts)
             created = None
@@ -255,7 +256,7 @@ class Lifecycle:
             if not created.get("evaluation_id"):
                 raise APIError("the platform created an evaluation but returned no evaluation_id")
             run_id = str(created["evaluation_id"])
-            name, url = created.get("name") or spec.get("name"), created.get("viewer_url")
+            name, url = created.get("name") or spec.name, created.get("viewer_url")
         if not url:
             section = "training" if kind == "train" else "evaluations"
             url = f"{frontend}/dashboard/{section}/{run_id}"
@@ -278,10 +279,9 @@ class Lifecycle:
         journal and the same for every process that ships it (replay, sync)."""
         return self.journal.local_id
 
-    def _metadata(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+    def _metadata(self, spec: RunSpec) -> dict[str, Any]:
         """The run's config, plus the SDK's own namespace carrying the token."""
-        config = spec.get("config")
-        metadata = dict(config) if isinstance(config, Mapping) else {}
+        metadata = dict(spec.config)
         metadata[_NAMESPACE] = {"client_token": self._client_token()}
         return metadata
 
@@ -310,24 +310,23 @@ class Lifecycle:
                 break
         return None
 
-    def _resolve_environments(
-        self, spec: Mapping[str, Any], attempts: int | None
-    ) -> list[dict[str, Any]]:
+    def _resolve_environments(self, spec: RunSpec, attempts: int | None) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
-        team = spec.get("team_id")
-        for ref in spec.get("environments") or []:
+        team = spec.team_id
+        for ref in spec.environments:
+            env_id: Any = None  # the hub's answer: checked below
             try:
-                if ref.get("id"):
-                    env_id = ref["id"]
-                elif ref.get("slug"):
-                    owner, _, name = str(ref["slug"]).partition("/")
+                if ref.id:
+                    env_id = ref.id
+                elif ref.slug:
+                    owner, _, name = ref.slug.partition("/")
                     data = self._call(
                         "GET", f"/environmentshub/{owner}/{name}/@latest", attempts=attempts
                     )
                     inner = _as_dict(data.get("data")) or data
                     env_id = inner.get("id")
                 else:
-                    body = {"name": ref["name"], **({"team_id": team} if team else {})}
+                    body = {"name": ref.name, **({"team_id": team} if team else {})}
                     data = self._call("POST", "/environmentshub/resolve", body, attempts=attempts)
                     inner = _as_dict(data.get("data"))
                     env_id = inner.get("id")
@@ -342,12 +341,12 @@ class Lifecycle:
                     f"environments: the hub returned no id for {_ref_text(ref)}"
                 )
             entry = {"id": str(env_id)}
-            if ref.get("version_id"):
-                entry["version_id"] = ref["version_id"]
+            if ref.version_id:
+                entry["version_id"] = ref.version_id
             out.append(entry)
         return out
 
-    def _eval_body(self, spec: Mapping[str, Any], attempts: int | None) -> dict[str, Any]:
+    def _eval_body(self, spec: RunSpec, attempts: int | None) -> dict[str, Any]:
         environments = self._resolve_environments(spec, attempts)
         if not environments:
             raise EnvironmentResolutionError(
@@ -355,33 +354,33 @@ class Lifecycle:
                 "environments=['name'] (resolved through the hub) or [{'id': ...}]"
             )
         body: dict[str, Any] = {
-            "name": spec.get("name"),
+            "name": spec.name,
             "environments": environments,
-            "tags": list(spec.get("tags") or []),
-            "model_name": spec.get("model"),
-            "dataset": spec.get("dataset"),
-            "framework": spec.get("framework"),
-            "description": spec.get("description"),
+            "tags": list(spec.tags),
+            "model_name": spec.model,
+            "dataset": spec.dataset,
+            "framework": spec.framework,
+            "description": spec.description,
             "metadata": self._metadata(spec),
-            "team_id": spec.get("team_id"),
+            "team_id": spec.team_id,
         }
         return {k: v for k, v in body.items() if v is not None or k == "tags"}
 
-    def _train_body(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+    def _train_body(self, spec: RunSpec) -> dict[str, Any]:
         environments = []
-        for ref in spec.get("environments") or []:
-            entry = {"id": ref.get("id") or ref.get("slug") or ref.get("name")}
-            if ref.get("version_id"):
-                entry["version_id"] = ref["version_id"]
+        for ref in spec.environments:
+            entry = {"id": ref.id or ref.slug or ref.name}
+            if ref.version_id:
+                entry["version_id"] = ref.version_id
             environments.append(entry)
         body: dict[str, Any] = {
-            "base_model": spec.get("model"),
+            "base_model": spec.model,
             "environments": environments,
-            "team_id": spec.get("team_id"),
-            "name": spec.get("name"),
-            "run_config": spec.get("config") or None,
+            "team_id": spec.team_id,
+            "name": spec.name,
+            "run_config": dict(spec.config) or None,
         }
-        body.update(spec.get("training") or {"max_steps": 0})
+        body.update(spec.training or {"max_steps": 0})
         return {k: v for k, v in body.items() if v is not None}
 
     # -- close-out -------------------------------------------------------------
@@ -404,7 +403,7 @@ class Lifecycle:
             try:
                 binding = self.register()
                 spec = self.spec
-                attached = bool(spec.get("attach_id"))
+                attached = bool(spec.attach_id)
                 if binding.kind == "train":
                     done = self._finalize_train(binding.run_id, status, error, attached)
                 else:
@@ -437,12 +436,12 @@ class Lifecycle:
         status: str,
         error: str | None,
         summary: Mapping[str, Any],
-        spec: Mapping[str, Any],
+        spec: RunSpec,
         attached: bool,
     ) -> bool:
         path = f"/evaluations/{run_id}"
         update: dict[str, Any] = {}
-        if spec.get("config") and not attached:
+        if spec.config and not attached:
             # The whole metadata, not a patch: the token stays beside the config.
             update["metadata"] = self._metadata(spec)
         if summary:
@@ -482,8 +481,8 @@ def _as_dict(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _ref_text(ref: Mapping[str, Any]) -> str:
-    for key in ("slug", "name", "id"):
-        if ref.get(key):
-            return f"{key}={ref[key]!r}"
-    return repr(dict(ref))
+def _ref_text(ref: SpecEnvironment) -> str:
+    for key, value in (("slug", ref.slug), ("name", ref.name), ("id", ref.id)):
+        if value:
+            return f"{key}={value!r}"
+    return repr(ref.to_json())

@@ -30,6 +30,7 @@ from ..exceptions import JournalError, PrimeRunsError
 from ..journal import Damage, EntryKind, Journal, list_journals
 from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
+from ..spec import listed_spec, spec_or_default
 from ..threads import start_daemon
 from . import ledger
 from .factory import make_shippers, sink_kinds
@@ -131,12 +132,12 @@ def journal_settings(
     """Settings to ship ``journal`` with: the API key from this environment
     (never from the journal), and the platform the run was bound to, unless
     overridden."""
-    spec = journal.get_meta("spec", {}) or {}
+    spec = spec_or_default(journal)
     bound = journal.get_meta("platform") or {}
     current = resolve_settings(base_url=base_url)
     if base_url is None:
         recorded = bound.get("base_url") or (
-            spec.get("base_url") if current.sources.get("base_url") == "default" else None
+            spec.base_url if current.sources.get("base_url") == "default" else None
         )
         if recorded:
             current = resolve_settings(base_url=str(recorded))
@@ -145,7 +146,7 @@ def journal_settings(
         # An explicit --base-url moves Prime Traces along with the API (the
         # recorded traces URL is the old platform's), unless the environment
         # names one.
-        traces = split_api_root(base_url)[0] if base_url else spec.get("traces_url")
+        traces = split_api_root(base_url)[0] if base_url else spec.traces_url
     if traces:
         current = replace(current, traces_url=str(traces).rstrip("/"))
     return current
@@ -161,9 +162,9 @@ def find_run_journals(
     for info in list_journals(runs_dir):
         if exclude is not None and info.path == exclude:
             continue
-        spec = info.meta.get("spec") or {}
+        spec = listed_spec(info.meta)
         bound = info.meta.get("platform") or {}
-        if run_id in (spec.get("attach_id"), bound.get("run_id")):
+        if run_id in (spec.attach_id if spec else None, bound.get("run_id")):
             if info.owner_alive:
                 live.append(str(info.owner or info.path))
             else:
@@ -219,12 +220,11 @@ class Uplink:
     def start(self, predecessors: Sequence[Path] = ()) -> None:
         """Start a shipper per sink, and ship the backlog of ``predecessors``
         (earlier processes of the same run) alongside."""
-        spec = self.lifecycle.spec
         self.shippers = make_shippers(
             self.journal,
             self.client,
             self.lifecycle,
-            opted_out=bool(spec.get("traces_opt_out")),
+            opted_out=self.lifecycle.spec.traces_opt_out,
             policy=self.policy,
             on_failure=self._on_failure,
             # A requeued job may log a step its predecessor logged too: draw
@@ -255,7 +255,7 @@ class Uplink:
                 old,
                 self.client,
                 lifecycle,
-                opted_out=bool((old.get_meta("spec") or {}).get("traces_opt_out")),
+                opted_out=lifecycle.spec.traces_opt_out,
                 policy=self.policy,
                 on_failure=lambda what, exc: self._record_failure(self.journal, what, exc),
             )
@@ -390,7 +390,7 @@ class Uplink:
             old.close()
         pending = self.pending()
         summary = dict(summary)
-        if str(self.lifecycle.spec.get("kind", "eval")) == "eval":
+        if self.lifecycle.spec.kind == "eval":
             ledger.stamp_episodes_written(summary, ledger.episodes_written(journal))
         finalized = self.lifecycle.finalized or bool(journal.get_meta("continued_by"))
         if not finalized and self.lifecycle.binding() is not None and (live or not pending):
@@ -533,7 +533,7 @@ def ship_journal(
             # registered (one lost to damage): reported (uplink.errors), and
             # the journal kept for another try.
             report.errors.extend(uplink.errors)
-            kind = str((journal.get_meta("spec") or {}).get("kind") or "eval")
+            kind = spec_or_default(journal).kind
             with _quiet():
                 report.pending = ledger.pending_by_sink(journal, sink_kinds(kind))
             uplink.client.close()

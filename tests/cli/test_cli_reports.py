@@ -256,6 +256,30 @@ def test_a_damaged_journal_exits_4_from_every_command_that_reads_it(
         assert codes == {"show": 4, "export": 4, "sync": 4}, (journal.name, codes)
 
 
+def test_a_run_whose_spec_is_of_the_wrong_shape_is_listed_and_shown_without_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A damaged or hostile spec costs the reports that spec only: the run is
+    listed and shown with what else its journal holds, beside the others."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    good = _offline_eval(runs, 2)
+    with Journal.create(runs, local_id="hostile", meta={"spec": {"kind": "eval", "tags": 7}}):
+        pass
+    rows = _ls(runs)
+    assert (rows["hostile"]["kind"], rows["hostile"]["name"], rows["hostile"]["mode"]) == (
+        None,
+        None,
+        None,
+    )
+    assert (rows[good.name]["kind"], rows[good.name]["mode"]) == ("eval", "offline")
+    shown = cli_subprocess("show", str(runs / "hostile"), "--json")
+    assert shown.returncode == 0, shown.stderr
+    assert json.loads(shown.stdout)["spec"] == {}
+    table = _on_a_terminal(["ls", "--runs-dir", str(runs)], 200)
+    [line] = [line for line in table.splitlines() if line.startswith("hostile")]
+    assert " ? " in line
+
+
 def test_a_finished_online_run_whose_process_lives_on_is_not_listed_as_running(
     local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from primeruns.exceptions import (
 from primeruns.journal import Journal
 from primeruns.ship.lifecycle import Lifecycle
 from primeruns.ship.policy import RetryPolicy
+from primeruns.spec import SpecError
 
 # Three attempts a call, with no wait between them.
 _AT_ONCE = RetryPolicy(base_delay_s=0.0, max_delay_s=0.0, attempts_per_strike=3)
@@ -216,6 +218,16 @@ def _token(evaluation: dict[str, Any]) -> str:
 
 
 # -- registration ----------------------------------------------------------------
+
+
+def test_a_spec_of_the_wrong_shape_is_reported_and_nothing_is_sent(world: World) -> None:
+    """A damaged or hostile journal's spec: its registration fails naming the
+    field, and the journal is kept for another try."""
+    lifecycle = world.start(_spec(tags="nightly"))
+    assert lifecycle.register_retrying(deadline=time.monotonic() + 5) is None
+    [(what, exc)] = world.failures
+    assert what == "register" and isinstance(exc, SpecError) and "spec.tags" in str(exc)
+    assert world.platform.calls == [] and lifecycle.binding() is None
 
 
 def test_a_create_whose_answer_was_lost_is_found_by_its_token_and_adopted_not_made_again(

@@ -54,9 +54,9 @@ def _row(status: RunStatus) -> RunRow:
     created = info.meta.get("journal.created_at")
     return RunRow(
         id=info.local_id,
-        kind=spec.get("kind") if spec.get("kind") in ("eval", "train") else None,
-        name=spec.get("name"),
-        model=spec.get("model"),
+        kind=spec.kind if spec is not None else None,
+        name=spec.name if spec is not None else None,
+        model=spec.model if spec is not None else None,
         status=state,
         error=error,
         created_at=float(created) if isinstance(created, int | float) else None,
@@ -150,8 +150,9 @@ class JournalSource:
             return None
         row = _row(status)
         spec = status.spec
-        config = as_object(spec.get("config"))
-        max_steps = as_object(spec.get("training")).get("max_steps")
+        config = dict(spec.config) if spec is not None else {}
+        training = (spec.training if spec is not None else None) or {}
+        max_steps = training.get("max_steps")
         records = self._records(run_id, status)
         if records is None:
             return RunDetail(row, {}, config_text(config), config)

@@ -1,0 +1,228 @@
+"""The run's spec as one typed value: what ``init()`` was given, resolved,
+and the platform the run was opened for.
+
+``init()`` stores it twice, as the journal's ``spec`` meta value and as its
+``RUN_OPEN`` entry, and every process that ships or reports the run reads it
+back: the uplink, ``primeruns replay`` and ``sync``, ``ls`` and ``show``, the
+dashboard. A journal outlives the SDK that wrote it, so the stored JSON object
+keeps its keys and values from release to release (``RunSpec.to_json``), and a
+journal may be damaged or hostile, so reading it back (``RunSpec.from_json``)
+is where it is checked, once: a key that is missing or null takes its
+default, and a value of the wrong type raises :class:`SpecError` naming the
+field. No code past this module reads the spec as a dict.
+
+Not :class:`primeruns.models.RunSpec`: that is the vendor's public name for
+``init()``'s arguments, kept for compatibility and unused inside the SDK.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
+
+from .exceptions import JournalError
+from .models import RUN_KIND, EnvironmentRef, Mode, RunKind
+
+if TYPE_CHECKING:
+    from .journal import Journal
+
+__all__ = [
+    "SPEC_KEY",
+    "RunSpec",
+    "SpecEnvironment",
+    "SpecError",
+    "journal_spec",
+    "listed_spec",
+    "spec_or_default",
+]
+
+#: The journal meta key the spec is stored under.
+SPEC_KEY = "spec"
+
+_KINDS: dict[str, RunKind] = {"eval": "eval", "train": "train"}
+_MODES: dict[str, Mode] = {"online": "online", "offline": "offline", "disabled": "disabled"}
+
+
+class SpecError(JournalError):
+    """The journal's spec is not one the SDK writes: a value of the wrong
+    type or shape, the field named (``spec.tags[2]``)."""
+
+
+@dataclass(frozen=True)
+class SpecEnvironment:
+    """One environment as the spec holds it: a hub ``name``, an ``owner/name``
+    ``slug`` or a resolved ``id`` (at least one), and an optional ``version_id``."""
+
+    # In the order of EnvironmentRef's fields, which is the stored keys' order.
+    name: str | None = None
+    id: str | None = None
+    version_id: str | None = None
+    slug: str | None = None
+
+    @classmethod
+    def from_ref(cls, ref: EnvironmentRef) -> SpecEnvironment:
+        return cls(name=ref.name, id=ref.id, version_id=ref.version_id, slug=ref.slug)
+
+    def to_json(self) -> dict[str, str]:
+        """The keys that are set (``init()`` has never stored a null one)."""
+        stored = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {key: value for key, value in stored.items() if value is not None}
+
+    @classmethod
+    def from_json(cls, value: Any, where: str) -> SpecEnvironment:
+        doc = _object(value, where)
+        env = cls(**{f.name: _optional(doc, f.name, str, "a string", where) for f in fields(cls)})
+        if not (env.name or env.slug or env.id):
+            raise SpecError(f"{where} needs a name, a slug or an id")
+        return env
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """The spec of one run, as ``init()`` stored it in the journal.
+
+    ``config`` (the user's) and ``training`` (the platform's registration
+    fields) are JSON documents whose keys are not the SDK's to fix: they stay
+    mappings, checked to be objects and passed on as they are.
+    """
+
+    kind: RunKind = RUN_KIND
+    name: str | None = None
+    environments: tuple[SpecEnvironment, ...] = ()
+    dataset: str | None = None
+    model: str | None = None
+    framework: str | None = None
+    description: str | None = None
+    tags: tuple[str, ...] = ()
+    config: Mapping[str, Any] = field(default_factory=dict)
+    team_id: str | None = None
+    training: Mapping[str, Any] | None = None  # a training run's only
+    attach_id: str | None = None
+    frontend_url: str = ""
+    base_url: str | None = None  # the API root the run was opened for
+    traces_url: str | None = None
+    traces_opt_out: bool = False
+    mode: Mode | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The stored form: every key, in the order ``init()`` has always written them."""
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "environments": [env.to_json() for env in self.environments],
+            "dataset": self.dataset,
+            "model": self.model,
+            "framework": self.framework,
+            "description": self.description,
+            "tags": list(self.tags),
+            "config": dict(self.config),
+            "team_id": self.team_id,
+            "training": None if self.training is None else dict(self.training),
+            "attach_id": self.attach_id,
+            "frontend_url": self.frontend_url,
+            "base_url": self.base_url,
+            "traces_url": self.traces_url,
+            "traces_opt_out": self.traces_opt_out,
+            "mode": self.mode,
+        }
+
+    @classmethod
+    def from_json(cls, value: Any) -> RunSpec:
+        """The spec a stored JSON value holds. Raises only :class:`SpecError`."""
+        doc = _object(value, "spec")
+
+        def text(key: str) -> str | None:
+            found: str | None = _optional(doc, key, str, "a string", "spec")
+            return found
+
+        def choice(key: str, choices: Mapping[str, Any]) -> Any:
+            stored = doc.get(key)
+            if stored is None:
+                return None
+            if not isinstance(stored, str) or stored not in choices:
+                names = " or ".join(repr(c) for c in choices)
+                raise SpecError(f"spec.{key} must be {names}, got {_shown(stored)}")
+            return choices[stored]
+
+        environments = _optional(doc, "environments", list, "a list", "spec") or []
+        tags = _optional(doc, "tags", list, "a list", "spec") or []
+        for i, tag in enumerate(tags):
+            if not isinstance(tag, str):
+                raise SpecError(f"spec.tags[{i}] must be a string, got {_shown(tag)}")
+        config = _optional(doc, "config", Mapping, "an object", "spec")
+        training = _optional(doc, "training", Mapping, "an object", "spec")
+        opted_out = _optional(doc, "traces_opt_out", bool, "true or false", "spec")
+        return cls(
+            kind=choice("kind", _KINDS) or RUN_KIND,
+            name=text("name"),
+            environments=tuple(
+                SpecEnvironment.from_json(env, f"spec.environments[{i}]")
+                for i, env in enumerate(environments)
+            ),
+            dataset=text("dataset"),
+            model=text("model"),
+            framework=text("framework"),
+            description=text("description"),
+            tags=tuple(tags),
+            config=dict(config or {}),
+            team_id=text("team_id"),
+            training=None if training is None else dict(training),
+            attach_id=text("attach_id"),
+            frontend_url=text("frontend_url") or "",
+            base_url=text("base_url"),
+            traces_url=text("traces_url"),
+            traces_opt_out=bool(opted_out),
+            mode=choice("mode", _MODES),
+        )
+
+
+def journal_spec(journal: Journal) -> RunSpec:
+    """The spec ``journal`` holds, the defaults when it holds none (as a journal
+    rebuilt after damage may not). Raises :class:`SpecError` for one of the
+    wrong shape and ``JournalCorruptError`` for one that cannot be read."""
+    stored = journal.get_meta(SPEC_KEY)
+    return RunSpec() if stored is None else RunSpec.from_json(stored)
+
+
+def spec_or_default(journal: Journal) -> RunSpec:
+    """``journal_spec``, with the defaults for a spec of the wrong shape too:
+    for what only tunes how a journal is shipped (its registration, which
+    needs the spec, fails and says why)."""
+    try:
+        return journal_spec(journal)
+    except SpecError:
+        return RunSpec()
+
+
+def listed_spec(meta: Mapping[str, Any]) -> RunSpec | None:
+    """The spec in a listed journal's meta values; None when there is none or
+    it is damaged (a report shows what else the journal holds all the same)."""
+    stored = meta.get(SPEC_KEY)
+    if stored is None:
+        return None
+    try:
+        return RunSpec.from_json(stored)
+    except SpecError:
+        return None
+
+
+def _object(value: Any, where: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise SpecError(f"{where} must be an object, got {_shown(value)}")
+    return value
+
+
+def _optional(doc: Mapping[str, Any], key: str, kind: type, what: str, where: str) -> Any:
+    """``doc[key]`` if it is a ``kind``; None when it is missing or null."""
+    value = doc.get(key)
+    if value is None or isinstance(value, kind):
+        return value
+    raise SpecError(f"{where}.{key} must be {what}, got {_shown(value)}")
+
+
+def _shown(value: Any) -> str:
+    """A stored value in an error message: its JSON type, and it, cut short."""
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string"}
+    names.update({list: "a list", dict: "an object", type(None): "null"})
+    return f"{names.get(type(value), type(value).__name__)} ({value!r:.60})"
