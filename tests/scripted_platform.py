@@ -21,8 +21,9 @@ from typing import Any
 import httpx
 import orjson
 
-from primeruns.journal import Entry, EntryKind
+from primeruns.journal import Entry, EntryKind, InFlight
 from primeruns.platform import PlatformClient, resolve_settings
+from primeruns.ship import batchstate
 from primeruns.sinks.base import Binding, SendContext, Sink
 
 __all__ = [
@@ -142,13 +143,18 @@ def entries_of(kind: EntryKind, records: Sequence[Any], *, first_seq: int = 1) -
 @dataclass
 class Batch:
     """A batch as the shipper records it, and the context it gives each attempt:
-    ``saved`` lists what the sink saved into the batch's state, ``rejected``
-    the records it counted as refused (the shipper's ``reject``)."""
+    ``state`` is the batch's state in the journal's form (``InFlight.state``),
+    read back into the sink's progress for each attempt; ``last_seq`` the last
+    entry the sink said it used (None: all); ``saved`` lists the keys each
+    save merged into the state, ``rejected`` the records it counted as refused
+    (the shipper's ``reject``)."""
 
     body: bytes
     state: dict[str, Any]
     records: int
     binding: Binding
+    progress_type: type[Any]
+    last_seq: int | None = None
     saved: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[tuple[int, BaseException]] = field(default_factory=list)
 
@@ -158,20 +164,31 @@ class Batch:
         assert prepared is not None, "these entries make no batch"
         # Recorded: as the shipper does, the sink goes on from the batch's carry.
         restore = getattr(sink, "restore", None)
-        if restore is not None and "carry" in prepared.state:
-            restore(prepared.state["carry"])
-        return cls(prepared.body, dict(prepared.state), prepared.records, binding)
+        if restore is not None and prepared.carry is not None:
+            restore(prepared.carry)
+        last = entries[-1].seq if prepared.last_seq is None else prepared.last_seq
+        state = batchstate.to_journal(prepared, last)
+        return cls(
+            prepared.body, state, prepared.records, binding, sink.progress_type, prepared.last_seq
+        )
 
     @property
-    def ctx(self) -> SendContext:
-        def save_state(values: Any) -> None:
-            self.saved.append(dict(values))
-            self.state.update(values)
+    def progress(self) -> Any:
+        """The sink's progress, read back from the recorded state."""
+        inflight = InFlight(1, 1, self.body, self.state)
+        return batchstate.from_journal(inflight, self.progress_type).progress
+
+    @property
+    def ctx(self) -> SendContext[Any]:
+        def record(old: Any, new: Any) -> None:
+            change = batchstate.changes(old, new)
+            self.saved.append(change)
+            self.state.update(change)
 
         return SendContext(
             binding=self.binding,
-            state=self.state,
-            save_state=save_state,
+            progress=self.progress,
+            record=record,
             reject=lambda count, exc: self.rejected.append((count, exc)),
         )
 

@@ -23,7 +23,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,7 +32,7 @@ from ..journal import InFlight, Journal
 from ..platform.binding import Binding
 from ..sinks.base import Prepared, SendContext, Sink
 from ..threads import bounded, start_daemon
-from . import ledger
+from . import batchstate, ledger
 from .policy import Failure, RetryPolicy, classify
 
 __all__ = ["Shipper", "ShipperState", "drain_all"]
@@ -89,13 +89,19 @@ class Shipper:
         # recorded batch's copy if there is one, else the last one saved.
         cursor = journal.cursor(self.name)
         carry = (
-            cursor.inflight.state.get("carry")
+            batchstate.carry_of(cursor.inflight.state)
             if cursor.inflight is not None
             else journal.get_meta(f"carry.{self.name}")
         )
         restore = getattr(sink, "restore", None)
         if isinstance(carry, dict) and restore is not None:
-            restore(carry)
+            try:
+                restore(carry)
+            except (TypeError, ValueError) as exc:
+                # A damaged journal: better numbering afresh than no shipping.
+                log.warning(
+                    "%s: the carried numbering is unreadable (%s); starting afresh", self.name, exc
+                )
         off = journal.get_meta(f"sink_off.{self.name}")
         if off is not None:  # turned off on purpose by an earlier process
             self.state.active = False
@@ -326,7 +332,7 @@ class Shipper:
             self._sleep(linger)  # more may queue up meanwhile; read again after
             return None
         try:
-            prepared: Prepared | None = sink.prepare(result.entries, binding)
+            prepared: Prepared[Any] | None = sink.prepare(result.entries, binding)
         except Exception as exc:
             if classify(exc) is Failure.OFF:
                 self._turn_off(exc)
@@ -341,24 +347,24 @@ class Shipper:
             self._scanned = max(self._scanned, last)
             self._notify()
             return None
-        last_seq = int(prepared.state.get("last_seq", result.next_after))
-        state = dict(prepared.state)
-        state["last_seq"] = last_seq
-        state["records"] = prepared.records
+        last_seq = result.next_after if prepared.last_seq is None else prepared.last_seq
         inflight = InFlight(
-            first_seq=result.entries[0].seq, last_seq=last_seq, body=prepared.body, state=state
+            first_seq=result.entries[0].seq,
+            last_seq=last_seq,
+            body=prepared.body,
+            state=batchstate.to_journal(prepared, last_seq),
         )
-        if "carry" in state:
+        if prepared.carry is not None:
             # Saved before the batch: a failure between the two leaves a gap
             # in the sink's numbering after a restart, never a reuse of it.
-            self.journal.set_meta(f"carry.{self.name}", state["carry"])
+            self.journal.set_meta(f"carry.{self.name}", dict(prepared.carry))
         self.journal.set_inflight(self.name, inflight)
-        if "carry" in state:
+        if prepared.carry is not None:
             # Recorded: only now does the sink go on from this batch's carry
             # (a batch prepared again after a failed recording repeats it).
             restore = getattr(sink, "restore", None)
             if restore is not None:
-                restore(state["carry"])
+                restore(prepared.carry)
         return inflight
 
     def _linger_left(self, entries: Sequence[Any]) -> float:
@@ -373,20 +379,27 @@ class Shipper:
         return max(0.0, self._last_send + self._policy.linger_s - now)
 
     def _ship(self, inflight: InFlight, binding: Binding) -> None:
-        state: dict[str, Any] = dict(inflight.state)
+        try:
+            batch = batchstate.from_journal(inflight, self.sink.progress_type)
+        except batchstate.BadState as exc:
+            # Not guessed at: sent with made-up progress (nothing attempted,
+            # no object done), a batch could be stored twice. Like entries
+            # found damaged, each of its entries counts as failed.
+            self._fail_records(inflight.last_seq, self._entries_in(inflight), exc)
+            return
         progressed = False
 
-        def save_state(values: Mapping[str, Any]) -> None:
+        def record(old: Any, new: Any) -> None:
             nonlocal progressed
-            # A multi-request batch that got further is not failing: its
-            # attempts start over (a batch of several requests on a flaky link
-            # must not strike out while every attempt moves it on). Only a
-            # change counts: what a sink saves again on every attempt (the
-            # eval samples' "attempted") cannot reset the count forever.
-            moved = any(state.get(k) != v for k, v in values.items())
-            state.update(values)
-            self.journal.update_inflight_state(self.name, values)
-            if moved:
+            # Only a change is written, and counts as moving on: what a sink
+            # saves again on every attempt (the eval samples' "attempted") is
+            # recorded already, and cannot reset the count forever.
+            change = batchstate.changes(old, new)
+            if change:
+                self.journal.update_inflight_state(self.name, change)
+                # A multi-request batch that got further is not failing: its
+                # attempts start over (a batch of several requests on a flaky
+                # link must not strike out while every attempt moves it on).
                 progressed = True
                 self._moved()
 
@@ -394,7 +407,7 @@ class Shipper:
             self.journal.record_loss(self.name, count, _describe(exc))
             self._on_failure(self.name, exc)
 
-        ctx = SendContext(binding=binding, state=state, save_state=save_state, reject=reject)
+        ctx = SendContext(binding=binding, progress=batch.progress, record=record, reject=reject)
         last_error: BaseException | None = None
         attempt = 0
         while attempt < self._policy.attempts_per_strike:
@@ -425,13 +438,13 @@ class Shipper:
                 if kind is Failure.OFF:
                     self._turn_off(exc)
                 elif kind is Failure.REJECTED:
-                    self._rejected(inflight, int(state.get("records", 0)), exc)
+                    self._rejected(inflight, batch.records, exc)
                 else:
                     self._on_failure(self.name, exc)
                     self._retire(_describe(exc))
                 return
             else:
-                self._acked(inflight, state)
+                self._acked(inflight, batch)
                 return
         assert last_error is not None
         self._strike(last_error)
@@ -445,24 +458,23 @@ class Shipper:
             self.state.failed_in_a_row = 0
             self.state.last_error = None
 
-    def _acked(self, inflight: InFlight, state: Mapping[str, Any]) -> None:
+    def _acked(self, inflight: InFlight, batch: Prepared[Any]) -> None:
         self.journal.ack(self.name, inflight.last_seq)
         self._moved()
         # Grow back gradually after journal write failures: on a full disk the
         # batch that fits is small, and a full-size one would fail again.
         self._shrink = max(1, self._shrink // 2)
         self._isolate = None
-        counters = state.get("counters")
-        if isinstance(counters, dict) and counters:
+        if batch.counters:
             self.journal.update_meta(
-                {k: int(self.journal.get_meta(k, 0) or 0) + int(v) for k, v in counters.items()}
+                {k: int(self.journal.get_meta(k, 0) or 0) + v for k, v in batch.counters.items()}
             )
         with self._progress:
             self._scanned = max(self._scanned, inflight.last_seq)
             st = self.state
             st.strikes = 0
             st.batches_sent += 1
-            st.records_sent += int(state.get("records", 0))
+            st.records_sent += batch.records
             st.bytes_sent += len(inflight.body)
             self._changed()
 
@@ -487,6 +499,12 @@ class Shipper:
         log.info(
             "%s: a batch of %d was refused (%s); isolating the bad record", self.name, records, exc
         )
+
+    def _entries_in(self, inflight: InFlight) -> int:
+        """The entries of the sink's kinds in a batch's range (read from their
+        headers: what a batch whose state is damaged stood for)."""
+        counts = self.journal.tally([inflight.first_seq - 1, inflight.last_seq])[1]
+        return ledger.records_left(counts, self.sink.kinds)
 
     def _fail_records(self, last_seq: int, records: int, exc: BaseException) -> None:
         reason = _describe(exc)

@@ -7,31 +7,56 @@ storage: the shipper (:mod:`primeruns.ship.shipper`) drives it, records each
 batch before its first attempt, and acknowledges it after success. That split
 is what makes "a batch once attempted is resent byte-identical" true for every
 destination without each sink re-implementing it.
+
+What a sink records with a batch is a frozen dataclass of its own, its
+*progress* (``progress_type``): the recipe a resend needs (an idempotency
+key, the rows to look for) and how far a multi-request batch got (objects
+done, a presigned key). The sink reads it as typed fields and replaces it
+whole (``SendContext.save_progress``); how it is written to the journal, and
+read back from one that may be damaged, is the shipper's business
+(:mod:`primeruns.ship.batchstate`), so a sink never handles the stored form.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 from ..journal import Entry, EntryKind
 from ..platform.binding import Binding
 
-__all__ = ["Binding", "Prepared", "SendContext", "Sink", "SinkOff"]
+__all__ = ["Binding", "NoProgress", "Prepared", "SendContext", "Sink", "SinkOff"]
+
+P = TypeVar("P")
 
 
 @dataclass(frozen=True)
-class Prepared:
-    """A batch a sink built from entries, before it is recorded in the journal.
+class NoProgress:
+    """The progress of a sink whose batches need nothing but their body."""
+
+
+@dataclass(frozen=True)
+class Prepared(Generic[P]):
+    """A batch: as a sink built it from entries, and as the shipper reads it
+    back from the journal for each attempt.
 
     ``records`` is how many producer records the batch carries (for loss
-    accounting); ``body`` and ``state`` are what a resend needs.
+    accounting); ``body`` and ``progress`` are what a resend needs.
+    ``last_seq`` names the last entry the batch consumed when the sink used
+    only a prefix of the entries it was given (None: all of them).
+    ``carry`` is what the sink carries from batch to batch (rollout numbers,
+    sample id ranges), JSON-able and read only by its ``restore``: kept once
+    the batch is recorded. ``counters`` are added to the journal's meta
+    values of those names once the batch is acknowledged.
     """
 
     body: bytes
-    state: dict[str, Any] = field(default_factory=dict)
-    records: int = 0
+    records: int
+    progress: P
+    last_seq: int | None = None
+    carry: Mapping[str, Any] | None = None
+    counters: Mapping[str, int] = field(default_factory=dict)
 
 
 class SinkOff(Exception):
@@ -50,17 +75,24 @@ class SinkOff(Exception):
 
 
 @dataclass
-class SendContext:
+class SendContext(Generic[P]):
     """What a sink may use while sending one recorded batch."""
 
     binding: Binding
-    state: dict[str, Any]
-    save_state: Callable[[Mapping[str, Any]], None]
-    """Merge keys into the batch's recorded state, durably, before going on
-    (e.g. a presigned object key, or how many units of the batch are done)."""
+    progress: P
+    """The batch's progress as recorded (after the last ``save_progress``)."""
+    record: Callable[[P, P], None]
+    """The shipper's: records a change of progress (from, to), durably."""
     reject: Callable[[int, BaseException], None]
     """Count ``n`` records of a multi-request batch as failed (their own request
     was rejected) while the rest of the batch goes on."""
+
+    def save_progress(self, progress: P) -> None:
+        """Make ``progress`` the batch's, durably, before going on (e.g. a
+        presigned object key, or how many units of the batch are done): the
+        sink passes ``dataclasses.replace(ctx.progress, ...)``."""
+        self.record(self.progress, progress)
+        self.progress = progress
 
 
 class Sink(Protocol):
@@ -74,20 +106,23 @@ class Sink(Protocol):
     #: its records is one entry: the shipper then isolates the bad record (by
     #: the line the server names, else by halving) and sends the rest anew.
     isolates_rejections: bool
+    #: The frozen dataclass of its batches' progress: a recorded batch's is
+    #: read back into it.
+    progress_type: type[Any]
 
-    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared | None:
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared[Any] | None:
         """Build the next batch from a prefix of ``entries`` (all of ``kinds``).
 
         Returns None when these entries make nothing to send (e.g. no sample
         projection): they are then acknowledged without a request. A sink may
-        use only a prefix of ``entries``; ``Prepared.state["last_seq"]`` then
-        names the last entry it consumed. It raises only when the *first* entry
-        cannot be sent at all (e.g. one line over the service's limit): that
-        entry alone is then counted as failed, and the rest come next time.
+        use only a prefix of ``entries``; ``Prepared.last_seq`` then names the
+        last entry it consumed. It raises only when the *first* entry cannot
+        be sent at all (e.g. one line over the service's limit): that entry
+        alone is then counted as failed, and the rest come next time.
         """
         ...
 
-    def send(self, body: bytes, ctx: SendContext) -> None:
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
         """One attempt at the recorded batch. Returns on success; raises the
         SDK's exception family (or :class:`SinkOff`) otherwise."""
         ...

@@ -13,7 +13,8 @@ if stored, is the last rows of the table.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -23,12 +24,21 @@ from ..platform import PlatformClient
 from ..projection import record_to_samples
 from .base import Binding, Prepared, SendContext
 
-__all__ = ["MAX_REQUEST_BYTES", "EvalSamplesSink"]
+__all__ = ["MAX_REQUEST_BYTES", "EvalSamplesProgress", "EvalSamplesSink"]
 
 #: The platform's per-request ceiling for a samples push.
 MAX_REQUEST_BYTES = 25 * 1024 * 1024
 _ENVELOPE = len(b'{"samples":[]}')
 _PAGE = 100
+
+
+@dataclass(frozen=True)
+class EvalSamplesProgress:
+    """A batch's rows (``sample_ids``, to look for at the table's tail) and
+    whether it was ever sent (``attempted``: recorded once it was)."""
+
+    sample_ids: tuple[str, ...]
+    attempted: bool = False
 
 
 class EvalSamplesSink:
@@ -39,6 +49,7 @@ class EvalSamplesSink:
     max_entries = 2000
     max_bytes = 24 * 1024 * 1024
     isolates_rejections = False
+    progress_type = EvalSamplesProgress
 
     def __init__(self, client: PlatformClient) -> None:
         self._client = client
@@ -46,7 +57,9 @@ class EvalSamplesSink:
         # batch to batch (and across restarts) through the journal.
         self._rollouts: dict[Any, int] = {}
 
-    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared | None:
+    def prepare(
+        self, entries: Sequence[Entry], binding: Binding
+    ) -> Prepared[EvalSamplesProgress] | None:
         rows_json: list[bytes] = []
         ids: list[str] = []
         size = _ENVELOPE
@@ -75,34 +88,34 @@ class EvalSamplesSink:
             size += add
             last_seq = entry.seq
             consumed += 1
-        # Not kept here yet: the shipper hands the carry back (restore) once
-        # the batch is recorded; a batch prepared again after a failed
-        # recording must number its rows as the first time.
-        state: dict[str, Any] = {
-            "carry": {"rollouts": {str(k): v for k, v in rollouts.items()}},
-            "sample_ids": ids,
-        }
-        if last_seq != entries[-1].seq:
-            state["last_seq"] = last_seq
         if not rows_json:
             return None
         body = b'{"samples":[' + b",".join(rows_json) + b"]}"
-        return Prepared(body=body, state=state, records=consumed)
+        return Prepared(
+            body=body,
+            records=consumed,
+            progress=EvalSamplesProgress(sample_ids=tuple(ids)),
+            last_seq=None if last_seq == entries[-1].seq else last_seq,
+            # Not kept here yet: the shipper hands the carry back (restore)
+            # once the batch is recorded; a batch prepared again after a
+            # failed recording must number its rows as the first time.
+            carry={"rollouts": {str(k): v for k, v in rollouts.items()}},
+        )
 
-    def restore(self, carry: dict[str, Any]) -> None:
+    def restore(self, carry: Mapping[str, Any]) -> None:
         """Continue numbering where the last recorded batch left off."""
         saved = carry.get("rollouts")
         if isinstance(saved, dict):
             self._rollouts = {_key(k): int(v) for k, v in saved.items()}
 
-    def send(self, body: bytes, ctx: SendContext) -> None:
+    def send(self, body: bytes, ctx: SendContext[EvalSamplesProgress]) -> None:
         path = f"/evaluations/{ctx.binding.run_id}/samples"
-        if ctx.state.get("attempted") and self._already_stored(path, ctx.state["sample_ids"]):
+        if ctx.progress.attempted and self._already_stored(path, ctx.progress.sample_ids):
             return
-        ctx.save_state({"attempted": True})
+        ctx.save_progress(replace(ctx.progress, attempted=True))
         self._client.api("POST", path, body)
 
-    def _already_stored(self, path: str, sample_ids: list[str]) -> bool:
+    def _already_stored(self, path: str, sample_ids: Sequence[str]) -> bool:
         wanted = set(sample_ids)
         if not wanted:
             return False

@@ -21,6 +21,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -31,7 +32,7 @@ from ..platform import PlatformClient
 from ..records import stamp_run
 from .base import Binding, Prepared, SendContext, SinkOff
 
-__all__ = ["MAX_LINE_BYTES", "TARGET_BATCH_BYTES", "TracesSink", "multipart_body"]
+__all__ = ["MAX_LINE_BYTES", "TARGET_BATCH_BYTES", "TracesSink", "TracesUpload", "multipart_body"]
 
 #: Batches stay under a 32 MiB request cap in front of the service.
 TARGET_BATCH_BYTES = 30 * 1024 * 1024
@@ -69,6 +70,17 @@ def multipart_body(jsonl: bytes, metadata: Mapping[str, Any]) -> tuple[bytes, st
     return body, f"multipart/form-data; boundary={boundary}", f"sha256:{digest}"
 
 
+@dataclass(frozen=True)
+class TracesUpload:
+    """What a resend needs besides the body (one request: nothing of it moves
+    on): the multipart ``content_type``, the Idempotency-Key (``key``), and
+    whether the lines are episodes (``episode``) rather than bare traces."""
+
+    content_type: str
+    key: str
+    episode: bool
+
+
 class TracesSink:
     """Uploads episodes and bare traces to Prime Traces."""
 
@@ -79,6 +91,7 @@ class TracesSink:
     # The service validates an upload whole before it commits any of it, and
     # names the first line it refused.
     isolates_rejections = True
+    progress_type = TracesUpload
 
     def __init__(
         self,
@@ -96,7 +109,7 @@ class TracesSink:
         # Receipts already committed for this run, by this or an earlier process.
         self.committed = committed
 
-    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared | None:
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared[TracesUpload] | None:
         if self._opted_out or self._client is None:
             raise SinkOff("opted out of Prime Traces")
         kind = entries[0].kind
@@ -122,21 +135,20 @@ class TracesSink:
                 nonempty += 1
         jsonl = b"\n".join(lines) + b"\n"
         body, content_type, key = multipart_body(jsonl, self._metadata)
-        state: dict[str, Any] = {
-            "content_type": content_type,
-            "key": key,
-            "episode": kind is EntryKind.EPISODE,
-            "counters": {"episodes_written": nonempty, "traces_receipts": 1},
-        }
-        if last_seq != entries[-1].seq:
-            state["last_seq"] = last_seq
-        return Prepared(body=body, state=state, records=len(lines))
+        return Prepared(
+            body=body,
+            records=len(lines),
+            progress=TracesUpload(content_type, key, episode=kind is EntryKind.EPISODE),
+            last_seq=None if last_seq == entries[-1].seq else last_seq,
+            counters={"episodes_written": nonempty, "traces_receipts": 1},
+        )
 
-    def send(self, body: bytes, ctx: SendContext) -> None:
+    def send(self, body: bytes, ctx: SendContext[TracesUpload]) -> None:
         if self._client is None:
             raise SinkOff("opted out of Prime Traces")
-        headers = {"Content-Type": ctx.state["content_type"], "Idempotency-Key": ctx.state["key"]}
-        if ctx.state.get("episode"):
+        upload = ctx.progress
+        headers = {"Content-Type": upload.content_type, "Idempotency-Key": upload.key}
+        if upload.episode:
             headers["X-Prime-Line-Format"] = "episode"
         try:
             receipt = self._client.traces("POST", "/traces", content=body, headers=headers)

@@ -11,6 +11,7 @@ on resend, because the batch records how far it got.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import orjson
 
@@ -19,7 +20,15 @@ from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
 from .base import Binding, Prepared, SendContext
 
-__all__ = ["TrainMetricsSink"]
+__all__ = ["MetricsProgress", "TrainMetricsSink"]
+
+
+@dataclass(frozen=True)
+class MetricsProgress:
+    """How many rows of the batch are stored (each is its own request). No
+    default: a new batch's record says ``done: 0``, as it always has."""
+
+    done: int
 
 
 class TrainMetricsSink:
@@ -28,18 +37,20 @@ class TrainMetricsSink:
     max_entries = 200
     max_bytes = 4 * 1024 * 1024
     isolates_rejections = False
+    progress_type = MetricsProgress
 
     def __init__(self, client: PlatformClient) -> None:
         self._client = client
 
-    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared | None:
+    def prepare(
+        self, entries: Sequence[Entry], binding: Binding
+    ) -> Prepared[MetricsProgress] | None:
         body = b"[" + b",".join(entry.payload for entry in entries) + b"]"
-        return Prepared(body=body, state={"done": 0}, records=len(entries))
+        return Prepared(body=body, records=len(entries), progress=MetricsProgress(done=0))
 
-    def send(self, body: bytes, ctx: SendContext) -> None:
+    def send(self, body: bytes, ctx: SendContext[MetricsProgress]) -> None:
         rows = orjson.loads(body)
-        done = int(ctx.state.get("done", 0))
-        for index in range(done, len(rows)):
+        for index in range(ctx.progress.done, len(rows)):
             payload = {"run_id": ctx.binding.run_id, "metrics": rows[index]}
             try:
                 self._client.api("POST", "/rft/metrics", payload)
@@ -47,4 +58,4 @@ class TrainMetricsSink:
                 if not is_record_rejection(exc):
                     raise
                 ctx.reject(1, exc)  # this row only; the rest of the batch goes on
-            ctx.save_state({"done": index + 1})
+            ctx.save_progress(replace(ctx.progress, done=index + 1))

@@ -20,7 +20,8 @@ under it.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -33,7 +34,13 @@ from ..projection import episodes_to_parquet_bytes, parquet_available
 from ..records import training_step
 from .base import Binding, Prepared, SendContext, SinkOff
 
-__all__ = ["DEFAULT_INTERVAL", "TrainSamplesSink", "pack_units", "unpack_units"]
+__all__ = [
+    "DEFAULT_INTERVAL",
+    "TrainSamplesProgress",
+    "TrainSamplesSink",
+    "pack_units",
+    "unpack_units",
+]
 
 DEFAULT_INTERVAL = 10
 _LEN = struct.Struct(">I")
@@ -56,6 +63,20 @@ def unpack_units(body: bytes) -> list[tuple[dict[str, Any], bytes]]:
     return out
 
 
+@dataclass(frozen=True)
+class TrainSamplesProgress:
+    """How far a batch's objects got: ``done`` of them confirmed, and for the
+    next one its presigned ``key`` and ``url`` once minted, and whether its
+    PUT landed (``put``). ``done`` has no default, so that a new batch's
+    record says ``done: 0``, as it always has; the others are recorded once set.
+    """
+
+    done: int
+    key: str | None = None
+    url: str | None = None
+    put: bool = False
+
+
 def _field(data: dict[str, Any], *names: str) -> Any:
     inner = data.get("data")
     for source in (inner if isinstance(inner, dict) else {}, data):
@@ -71,6 +92,7 @@ class TrainSamplesSink:
     max_entries = 512
     max_bytes = 64 * 1024 * 1024
     isolates_rejections = False
+    progress_type = TrainSamplesProgress
 
     def __init__(
         self, client: PlatformClient, *, interval: int = DEFAULT_INTERVAL, range_base: int = 0
@@ -82,12 +104,14 @@ class TrainSamplesSink:
         self._range_base = range_base
         self._ranges: dict[int, int] = {}
 
-    def restore(self, carry: dict[str, Any]) -> None:
+    def restore(self, carry: Mapping[str, Any]) -> None:
         ranges = carry.get("ranges")
         if isinstance(ranges, dict):
             self._ranges = {int(k): int(v) for k, v in ranges.items()}
 
-    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared | None:
+    def prepare(
+        self, entries: Sequence[Entry], binding: Binding
+    ) -> Prepared[TrainSamplesProgress] | None:
         if not parquet_available():
             raise SinkOff(
                 "pyarrow is not installed, so the training sample table is off; "
@@ -109,14 +133,14 @@ class TrainSamplesSink:
                 continue  # no episode of it has a trajectory: no object, on to the next step
             # Kept once the batch is recorded (the shipper hands the carry back).
             ranges = {**self._ranges, step: index + 1}
-            state: dict[str, Any] = {
-                "done": 0,
-                "carry": {"ranges": {str(k): v for k, v in ranges.items()}},
-            }
-            if last_seq != entries[-1].seq:
-                state["last_seq"] = last_seq
             unit = ({"step": step, "range": index, "bytes": len(blob)}, blob)
-            return Prepared(body=pack_units([unit]), state=state, records=len(records))
+            return Prepared(
+                body=pack_units([unit]),
+                records=len(records),
+                progress=TrainSamplesProgress(done=0),
+                last_seq=None if last_seq == entries[-1].seq else last_seq,
+                carry={"ranges": {str(k): v for k, v in ranges.items()}},
+            )
         return None  # nothing of these entries makes an object
 
     def _step_runs(
@@ -142,13 +166,13 @@ class TrainSamplesSink:
         if step is not None:
             yield step, records, last_seq
 
-    def send(self, body: bytes, ctx: SendContext) -> None:
+    def send(self, body: bytes, ctx: SendContext[TrainSamplesProgress]) -> None:
         run_id = ctx.binding.run_id
         units = unpack_units(body)
-        for index in range(int(ctx.state.get("done", 0)), len(units)):
+        for index in range(ctx.progress.done, len(units)):
             meta, blob = units[index]
             step = meta["step"]
-            key, url = ctx.state.get("key"), ctx.state.get("url")
+            key, url = ctx.progress.key, ctx.progress.url
             minted_now = not key or not url
             if minted_now:
                 minted = self._client.api(
@@ -158,26 +182,29 @@ class TrainSamplesSink:
                 key = _field(minted, "s3Key", "s3_key")
                 if not url or not key:
                     raise ValueError("presign answered without an upload URL and key")
-                ctx.save_state({"key": key, "url": url})
+                key, url = str(key), str(url)  # recorded as text, to read back as such
+                ctx.save_progress(replace(ctx.progress, key=key, url=url))
             confirm = {"run_id": run_id, "step": step, "s3_key": key}
-            done = {"done": index + 1, "key": None, "url": None, "put": False}
-            if not ctx.state.get("put"):
+            done = TrainSamplesProgress(done=index + 1)  # the next object starts afresh
+            if not ctx.progress.put:
                 try:
                     self._client.put_object(str(url), blob, "application/parquet")
                 except APIError as exc:
                     if exc.status_code != 403 or minted_now:
                         raise
                     self._expired(confirm, ctx, exc)  # raises unless the object is there
-                    ctx.save_state(done)
+                    ctx.save_progress(done)
                     continue
-                ctx.save_state({"put": True})
+                ctx.save_progress(replace(ctx.progress, put=True))
             self._confirm(confirm)
-            ctx.save_state(done)
+            ctx.save_progress(done)
 
     def _confirm(self, body: dict[str, Any]) -> None:
         self._client.api("POST", "/rft/samples/confirm", body)
 
-    def _expired(self, confirm: dict[str, Any], ctx: SendContext, exc: APIError) -> None:
+    def _expired(
+        self, confirm: dict[str, Any], ctx: SendContext[TrainSamplesProgress], exc: APIError
+    ) -> None:
         """The store refused a URL minted on an earlier try (it expired while
         the sink was paused). Its PUT may still have landed (an answer lost,
         or a batch recorded before PUTs were noted): a confirm of the key
@@ -188,7 +215,7 @@ class TrainSamplesSink:
         except APIError as refused:
             if refused.status_code not in (400, 404):
                 raise
-            ctx.save_state({"key": None, "url": None})
+            ctx.save_progress(replace(ctx.progress, key=None, url=None))
             raise RetryableAPIError(
                 f"the object store refused the presigned URL ({exc}) and nothing landed "
                 "under it; minting a new one",

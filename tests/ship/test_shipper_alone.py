@@ -12,16 +12,22 @@ import json
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import httpx
+import pytest
+from scripted_platform import ScriptedPlatform
+
 from primeruns.exceptions import RetryableAPIError, ValidationRejectedError
-from primeruns.journal import Entry, EntryKind, Journal
+from primeruns.journal import Entry, EntryKind, InFlight, Journal
 from primeruns.journal.layout import key
 from primeruns.ship import ledger
 from primeruns.ship.policy import RetryPolicy
 from primeruns.ship.shipper import Shipper
-from primeruns.sinks.base import Binding, Prepared, SendContext
+from primeruns.sinks.base import Binding, NoProgress, Prepared, SendContext, Sink
+from primeruns.sinks.eval_samples import EvalSamplesSink
 
 _FAST = RetryPolicy(base_delay_s=0.001, max_delay_s=0.01, attempts_per_strike=3)
 _BOUND = Binding(run_id="run-1", kind="eval")
@@ -35,6 +41,7 @@ class FakeSink:
     max_entries = 4
     max_bytes = 1 << 20
     isolates_rejections = True
+    progress_type: type[Any] = NoProgress
 
     def __init__(self, *, transient: int = 0, reject_id: str | None = None) -> None:
         self.transient = transient
@@ -43,11 +50,11 @@ class FakeSink:
         self.stored: list[str] = []
         self.retried = threading.Event()  # a second attempt was made
 
-    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared | None:
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared[Any] | None:
         ids = [json.loads(e.payload)["id"] for e in entries]
-        return Prepared(body=json.dumps(ids).encode(), records=len(ids))
+        return Prepared(body=json.dumps(ids).encode(), records=len(ids), progress=NoProgress())
 
-    def send(self, body: bytes, ctx: SendContext) -> None:
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
         self.attempts.append(body)
         if len(self.attempts) >= 2:
             self.retried.set()
@@ -68,7 +75,7 @@ def _journal(tmp_path: Path, n: int) -> Journal:
     return journal
 
 
-def _shipper(journal: Journal, sink: FakeSink, failures: list[str]) -> Shipper:
+def _shipper(journal: Journal, sink: Sink, failures: list[str]) -> Shipper:
     return Shipper(
         journal,
         sink,
@@ -79,7 +86,7 @@ def _shipper(journal: Journal, sink: FakeSink, failures: list[str]) -> Shipper:
     )
 
 
-def _ship(journal: Journal, sink: FakeSink, failures: list[str]) -> Shipper:
+def _ship(journal: Journal, sink: Sink, failures: list[str]) -> Shipper:
     shipper = _shipper(journal, sink, failures)
     shipper.start()
     return shipper
@@ -250,10 +257,17 @@ def test_entries_missing_from_the_journal_are_each_counted_as_lost(tmp_path: Pat
     journal.close()
 
 
+@dataclass(frozen=True)
+class _Done:
+    done: int
+
+
 class _MultiRequestSink(FakeSink):
     """Each batch takes ``requests`` requests, the first ``failures`` attempts
     of each failing transiently: a flaky link under a batch of several
     requests (the sample table's presign, PUT and confirm)."""
+
+    progress_type = _Done
 
     def __init__(self, *, requests: int, failures: int) -> None:
         super().__init__()
@@ -261,15 +275,69 @@ class _MultiRequestSink(FakeSink):
         self.failures = failures
         self._failed_here = 0
 
-    def send(self, body: bytes, ctx: SendContext) -> None:
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared[Any] | None:
+        prepared = super().prepare(entries, binding)
+        return None if prepared is None else replace(prepared, progress=_Done(0))
+
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
         self.attempts.append(body)
-        for index in range(int(ctx.state.get("done", 0)), self.requests):
+        for index in range(ctx.progress.done, self.requests):
             if self._failed_here < self.failures:
                 self._failed_here += 1
                 raise RetryableAPIError("503 from the fake", status_code=503)
             self._failed_here = 0
-            ctx.save_state({"done": index + 1})
+            ctx.save_progress(_Done(index + 1))
         self.stored.extend(json.loads(body))
+
+
+@pytest.mark.parametrize(
+    "state",
+    [
+        {"done": "one", "last_seq": 3, "records": 3},
+        {"last_seq": 3, "records": 3},
+        {"done": 1, "last_seq": 3, "records": [3]},
+    ],
+    ids=["wrong-type", "missing", "records"],
+)
+def test_a_batch_whose_recorded_state_is_damaged_counts_as_failed_and_the_sink_goes_on(
+    state: dict[str, Any], tmp_path: Path
+) -> None:
+    # A journal is untrusted input. Its batch is not resent with progress
+    # made up (as if nothing of it was done: it could be stored twice) nor
+    # does the sink's send meet a TypeError: as for damaged entries, each of
+    # its entries is counted with the reason, and the next batch ships.
+    journal = _journal(tmp_path, 7)
+    journal.set_inflight("fake", InFlight(1, 3, json.dumps(["e0", "e1", "e2"]).encode(), state))
+    sink = _MultiRequestSink(requests=1, failures=0)
+    failures: list[str] = []
+    shipper = _ship(journal, sink, failures)
+    assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+    shipper.stop(timeout=5)
+    assert sink.stored == ["e3", "e4", "e5", "e6"]
+    loss = journal.losses()["fake"]
+    assert loss["count"] == 3
+    assert "the batch recorded in the journal is damaged" in loss["reasons"][0]
+    assert len(failures) == 1 and "damaged" in failures[0]
+    assert shipper.state.retired_reason is None and shipper.state.active
+    journal.close()
+
+
+def test_a_damaged_carry_does_not_stop_the_sink(tmp_path: Path) -> None:
+    # The numbering a batch carries is the sink's to read; one it cannot read
+    # (a damaged journal) starts the numbering afresh, where the sink's
+    # restore used to raise out of the shipper's constructor: nothing shipped.
+    journal = _journal(tmp_path, 3)
+    state = {"sample_ids": [], "carry": {"rollouts": {"0": "x"}}, "last_seq": 3, "records": 3}
+    journal.set_inflight("eval_samples", InFlight(1, 3, b'{"samples":[]}', state))
+    platform = ScriptedPlatform()
+    platform.route(
+        "push", "POST", "/api/v1/evaluations/[^/]+/samples", lambda *_: httpx.Response(200)
+    )
+    shipper = _ship(journal, EvalSamplesSink(platform.client()), [])
+    assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+    shipper.stop(timeout=5)
+    assert platform.calls == ["push"]
+    journal.close()
 
 
 def _closing(journal: Journal, sink: FakeSink, policy: RetryPolicy) -> Shipper:
@@ -353,7 +421,7 @@ class _HangingSink(FakeSink):
         super().__init__()
         self.release = threading.Event()
 
-    def send(self, body: bytes, ctx: SendContext) -> None:
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
         self.attempts.append(body)
         self.release.wait(30)
         raise RetryableAPIError("the request timed out", status_code=504)

@@ -32,7 +32,7 @@ from primeruns.exceptions import RetryableAPIError, TransportError
 from primeruns.journal import EntryKind
 from primeruns.projection import record_to_samples
 from primeruns.sinks.base import Binding
-from primeruns.sinks.eval_samples import EvalSamplesSink
+from primeruns.sinks.eval_samples import EvalSamplesProgress, EvalSamplesSink
 
 _BOUND = Binding(run_id="eval-1", kind="eval")
 _PATH = r"/api/v1/evaluations/(?P<eval_id>[^/]+)/samples"
@@ -98,16 +98,18 @@ def test_a_batch_is_marked_attempted_before_its_first_send_which_checks_nothing(
     sink = EvalSamplesSink(platform.client())
     batch = Batch.prepare(sink, _episodes(workloads.gsm8k(4)), _BOUND)
     ctx = batch.ctx
-    saves: list[tuple[dict[str, Any], list[str]]] = []
-    save = ctx.save_state
+    saves: list[tuple[EvalSamplesProgress, list[str]]] = []
+    record = ctx.record
 
-    def save_state(values: Any) -> None:
-        saves.append((dict(values), list(platform.calls)))  # the requests made so far
-        save(values)
+    def spy(old: Any, new: Any) -> None:
+        saves.append((new, list(platform.calls)))  # the requests made so far
+        record(old, new)
 
-    ctx.save_state = save_state
+    ctx.record = spy
     sink.send(batch.body, ctx)
-    assert saves == [({"attempted": True}, [])]
+    [(saved, before)] = saves
+    assert saved.attempted and before == []
+    assert batch.saved == [{"attempted": True}]  # the key it always had in the journal
     assert platform.calls == ["push"]  # a fresh batch is not looked for
     assert len(table.rows) == 4
 
@@ -147,7 +149,7 @@ def test_a_batch_recorded_before_a_restart_is_looked_for_by_the_next_process(
     assert recorded["attempted"] is True
     later = EvalSamplesSink(platform.client())
     later.restore(recorded["carry"])
-    Batch(batch.body, recorded, batch.records, _BOUND).send(later)
+    Batch(batch.body, recorded, batch.records, _BOUND, later.progress_type).send(later)
     assert table.ids() == [e["id"] for e in episodes]
 
 
@@ -235,7 +237,7 @@ def test_an_episode_too_large_for_any_request_fails_alone(
     with pytest.raises(ValueError, match="journal entry 2"):
         sink.prepare(entries[1:], _BOUND)  # the shipper counts this one entry as failed
     after = Batch.prepare(sink, entries[2:], _BOUND)
-    assert after.records == 1 and "last_seq" not in after.state
+    assert after.records == 1 and after.last_seq is None
 
 
 def test_episodes_without_traces_make_no_request(

@@ -137,7 +137,7 @@ def test_every_line_names_this_run_and_episodes_and_bare_traces_go_in_separate_u
     assert episodes.records == 2 and episodes.state["last_seq"] == 2
     episodes.send(sink)
     traces = Batch.prepare(sink, entries[2:], _BOUND)
-    assert traces.records == len(bare) and "last_seq" not in traces.state
+    assert traces.records == len(bare) and traces.last_seq is None
     traces.send(sink)
     [episode_upload, trace_upload] = platform.sent("upload")
     assert episode_upload.headers["x-prime-line-format"] == "episode"

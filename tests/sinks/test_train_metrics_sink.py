@@ -135,7 +135,7 @@ def test_a_resend_even_by_the_next_process_starts_at_the_first_row_not_yet_store
         batch.send(sink)
     assert batch.saved == [{"done": 1}, {"done": 2}]  # each stored row, recorded at once
     later = TrainMetricsSink(platform.client())  # with what the journal recorded
-    Batch(batch.body, dict(batch.state), batch.records, _BOUND).send(later)
+    Batch(batch.body, dict(batch.state), batch.records, _BOUND, later.progress_type).send(later)
     assert [_step_of(r) for r in platform.sent("metrics")] == [0, 1, 2, 2, 3, 4]
     assert table.steps() == [0, 1, 2, 3, 4]
 

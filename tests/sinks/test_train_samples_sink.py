@@ -9,18 +9,23 @@ several steps are each one test of milliseconds.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 import workloads
+from scripted_platform import Batch
 
 from primeruns.exceptions import APIError, RetryableAPIError, TransportError
-from primeruns.journal import Entry, EntryKind
+from primeruns.journal import Entry, EntryKind, InFlight, Journal
 from primeruns.platform import PlatformClient, resolve_settings
-from primeruns.sinks.base import Binding, SendContext
+from primeruns.ship.policy import RetryPolicy
+from primeruns.ship.shipper import Shipper
+from primeruns.sinks.base import Binding
 from primeruns.sinks.train_samples import TrainSamplesSink, unpack_units
 
 _BOUND = Binding(run_id="rft-1", kind="train")
@@ -93,22 +98,10 @@ def _entries(steps: Mapping[int, int]) -> list[Entry]:
     return out
 
 
-class _Batch:
-    """A recorded batch and the context a shipper gives each of its attempts."""
-
-    def __init__(self, sink: TrainSamplesSink, entries: list[Entry]) -> None:
-        prepared = sink.prepare(entries, _BOUND)
-        assert prepared is not None
-        self.body = prepared.body
-        self.state: dict[str, Any] = dict(prepared.state)
-        self.records = prepared.records
-        self.ctx = SendContext(
-            binding=_BOUND, state=self.state, save_state=self.state.update, reject=_no_reject
-        )
-
-
-def _no_reject(count: int, exc: BaseException) -> None:
-    raise AssertionError(f"no record of this batch may be rejected: {exc}")
+def _batch(sink: TrainSamplesSink, entries: list[Entry]) -> Batch:
+    """A batch recorded as the shipper does (in the journal's form), whose
+    ``ctx`` is what the shipper gives each attempt."""
+    return Batch.prepare(sink, entries, _BOUND)
 
 
 def test_a_batch_is_the_object_of_one_step_so_each_confirmed_object_is_acknowledged(
@@ -116,19 +109,19 @@ def test_a_batch_is_the_object_of_one_step_so_each_confirmed_object_is_acknowled
 ) -> None:
     sink = _sink(store)
     entries = _entries({0: 4, 5: 2, 10: 3, 20: 3})
-    first = _Batch(sink, entries)
+    first = _batch(sink, entries)
     # Steps 0 and the off-cadence 5 are consumed; 10 begins the next batch.
     assert first.state["last_seq"] == 6
     assert first.records == 4
     assert [meta["step"] for meta, _ in unpack_units(first.body)] == [0]
-    second = _Batch(sink, entries[6:])
+    second = _batch(sink, entries[6:])
     assert second.state["last_seq"] == 9
     assert [meta["step"] for meta, _ in unpack_units(second.body)] == [10]
 
 
 def test_a_lost_confirm_is_confirmed_again_without_a_second_upload(store: Store) -> None:
     sink = _sink(store)
-    batch = _Batch(sink, _entries({0: 3}))
+    batch = _batch(sink, _entries({0: 3}))
     store.faults["confirm"] = [LOST]
     with pytest.raises(TransportError):
         sink.send(batch.body, batch.ctx)
@@ -143,7 +136,7 @@ def test_a_lost_confirm_is_confirmed_again_without_a_second_upload(store: Store)
 
 def test_a_presigned_url_that_expired_during_a_pause_is_minted_anew(store: Store) -> None:
     sink = _sink(store)
-    batch = _Batch(sink, _entries({10: 3}))
+    batch = _batch(sink, _entries({10: 3}))
     store.faults["put"] = [
         lambda: httpx.Response(503, text="busy"),
         lambda: httpx.Response(403, text="AccessDenied: request has expired"),
@@ -160,7 +153,7 @@ def test_a_presigned_url_that_expired_during_a_pause_is_minted_anew(store: Store
 
 def test_a_fresh_url_the_store_refuses_is_not_retried_forever(store: Store) -> None:
     sink = _sink(store)
-    batch = _Batch(sink, _entries({0: 2}))
+    batch = _batch(sink, _entries({0: 2}))
     store.faults["put"] = [lambda: httpx.Response(403, text="AccessDenied: bad signature")]
     with pytest.raises(APIError) as raised:
         sink.send(batch.body, batch.ctx)
@@ -180,12 +173,12 @@ def test_a_step_without_any_trajectory_does_not_swallow_the_steps_after_it(store
         for trace in episode["traces"]:
             trace["nodes"], trace["calls"] = [], []
         entries[entries.index(entry)] = Entry(entry.seq, entry.kind, orjson.dumps(episode))
-    first = _Batch(sink, entries)
+    first = _batch(sink, entries)
     assert [meta["step"] for meta, _ in unpack_units(first.body)] == [10]
     assert first.state["last_seq"] == 5 and first.records == 2
-    second = _Batch(sink, entries[5:])
+    second = _batch(sink, entries[5:])
     assert [meta["step"] for meta, _ in unpack_units(second.body)] == [20]
-    assert "last_seq" not in second.state  # to the end of the read
+    assert second.last_seq is None  # to the end of the read
 
 
 def test_an_old_batch_whose_object_landed_before_its_url_expired_is_not_uploaded_twice(
@@ -196,7 +189,7 @@ def test_an_old_batch_whose_object_landed_before_its_url_expired_is_not_uploaded
     # Resent after the URL expired, a confirm of the key shows it is there:
     # confirmed once, and no second object of the same rows is made.
     sink = _sink(store)
-    batch = _Batch(sink, _entries({0: 3}))
+    batch = _batch(sink, _entries({0: 3}))
     store.faults["confirm"] = [LOST]
     with pytest.raises(TransportError):
         sink.send(batch.body, batch.ctx)
@@ -206,3 +199,71 @@ def test_an_old_batch_whose_object_landed_before_its_url_expired_is_not_uploaded
     assert store.calls == ["presign", "put", "confirm", "put", "confirm"]
     assert store.minted == 1 and len(store.put) == 1
     assert batch.state["done"] == 1
+
+
+def test_a_batch_sent_through_records_the_keys_the_journal_always_had(store: Store) -> None:
+    # The journal's form is unchanged by the typed progress (issue #25):
+    # journals of earlier versions resume here, and these resume there.
+    sink = _sink(store)
+    batch = _batch(sink, _entries({0: 3}))
+    assert set(batch.state) == {"done", "carry", "last_seq", "records"}
+    assert batch.state["done"] == 0
+    sink.send(batch.body, batch.ctx)
+    key = "rft/rft-1/obj-1.parquet"
+    assert batch.saved == [
+        {"key": key, "url": f"http://store.test/{key}"},
+        {"put": True},
+        {"done": 1, "key": None, "url": None, "put": False},
+    ]
+
+
+_KEY = "rft/rft-1/obj-1.parquet"
+_URL = f"http://store.test/{_KEY}"
+
+
+@pytest.mark.parametrize(
+    ("recorded", "calls"),
+    [
+        ({"key": _KEY, "url": _URL}, ["put", "confirm"]),  # minted: PUT to that key
+        ({"key": _KEY, "url": _URL, "put": True}, ["confirm"]),  # landed: confirm it
+        ({"done": 1, "key": None, "url": None, "put": False}, []),  # confirmed: nothing
+    ],
+    ids=["minted", "put", "confirmed"],
+)
+def test_a_batch_recorded_by_the_previous_version_resumes_where_it_got(
+    recorded: dict[str, Any], calls: list[str], store: Store, tmp_path: Path
+) -> None:
+    # A journal left by the version before typed progress: its sample table
+    # batch in flight, as that version recorded it (a dict of its keys). The
+    # next process goes on from there: no second presign, PUT or object.
+    entries = _entries({0: 3, 5: 1})
+    journal = Journal.create(tmp_path / "runs")
+    journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
+    prepared = _sink(store).prepare(entries, _BOUND)
+    assert prepared is not None
+    if recorded.get("put"):  # it landed before the process died
+        store.put[_KEY] = unpack_units(prepared.body)[0][1]
+    state = {"done": 0, "carry": {"ranges": {"0": 1}}, "last_seq": 4, "records": 3, **recorded}
+    journal.set_inflight("train_samples", InFlight(1, 4, prepared.body, state))
+    failures: list[str] = []
+    sink = _sink(store)
+    shipper = Shipper(
+        journal,
+        sink,
+        binding=lambda: _BOUND,
+        training=True,
+        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
+        on_failure=lambda what, exc: failures.append(f"{what}: {exc}"),
+    )
+    shipper.start()
+    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 10)
+    shipper.stop(timeout=5)
+    assert store.calls == calls and failures == [] and store.minted == 0
+    assert store.confirmed == ([_KEY] if calls else [])
+    assert list(store.put) == ([_KEY] if calls else [])
+    assert journal.cursor("train_samples").acked == 4 and journal.losses() == {}
+    assert shipper.state.records_sent == 3
+    # The recorded carry came back: step 0's next object takes the next range.
+    again = sink.prepare(entries, _BOUND)
+    assert again is not None and unpack_units(again.body)[0][0]["range"] == 1
+    journal.close()

@@ -1,0 +1,152 @@
+"""A recorded batch's state as the journal keeps it, and back: the one place
+that knows the stored form.
+
+The journal is a generic log: it keeps a batch's state as one JSON object
+(``InFlight.state``), merged key by key as the batch moves on. The shipper's
+keys (``last_seq``, ``records``, ``carry``, ``counters``) and the sink's
+progress fields (one key each, by field name) share that object, as they
+always have, so journals written by earlier versions resume here and the
+ones written here resume there.
+
+A progress field with a default is left out of a new batch's record while it
+is at its default (a presigned ``key`` not minted yet, an evaluation batch
+not ``attempted`` yet): those keys were always absent until set, and a
+missing one reads as its default. A field without a default (``done``, an
+idempotency key) is always recorded, and missing is damage.
+
+The state comes from a file that may be damaged or written by another tool,
+so it is checked, not trusted: a key missing or of the wrong JSON type raises
+:class:`BadState` (not a TypeError from deep inside a sink's send), and the
+shipper counts that batch as failed rather than guess how far it got.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import reprlib
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from ..journal import InFlight
+from ..sinks.base import Prepared
+
+__all__ = ["BadState", "carry_of", "changes", "from_journal", "to_journal"]
+
+P = TypeVar("P")
+
+# The shipper's own keys; a sink's progress field may not take one of them.
+_SHIPPER_KEYS = frozenset({"last_seq", "records", "carry", "counters"})
+
+
+class BadState(ValueError):
+    """A recorded batch's state this version cannot read."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"the batch recorded in the journal is damaged: {what}")
+
+
+def to_journal(prepared: Prepared[Any], last_seq: int) -> dict[str, Any]:
+    """The state to record with a new batch that ends at ``last_seq``."""
+    progress = prepared.progress
+    state = {
+        f.name: _stored(getattr(progress, f.name))
+        for f, _ in _fields(type(progress))
+        if f.default is dataclasses.MISSING or getattr(progress, f.name) != f.default
+    }
+    if prepared.carry is not None:
+        state["carry"] = dict(prepared.carry)
+    if prepared.counters:
+        state["counters"] = dict(prepared.counters)
+    state["last_seq"] = last_seq
+    state["records"] = prepared.records
+    return state
+
+
+def changes(old: Any, new: Any) -> dict[str, Any]:
+    """The keys to merge into a recorded state whose progress goes from
+    ``old`` to ``new``: the fields that changed (none: nothing to write)."""
+    if type(new) is not type(old):
+        raise TypeError(f"progress {type(old).__name__} replaced by a {type(new).__name__}")
+    return {
+        f.name: _stored(getattr(new, f.name))
+        for f, _ in _fields(type(new))
+        if getattr(new, f.name) != getattr(old, f.name)
+    }
+
+
+def from_journal(inflight: InFlight, progress_type: type[P]) -> Prepared[P]:
+    """A recorded batch as typed values; :class:`BadState` if its state is damaged."""
+    state = inflight.state
+    records = _read(state, "records", int)
+    if records < 0:
+        raise BadState(f"'records' cannot be {records}")
+    counters = state.get("counters", {})
+    if not isinstance(counters, dict):
+        raise BadState(f"'counters' cannot be {reprlib.repr(counters)}")
+    values = {
+        f.name: _read(state, f.name, hint)
+        for f, hint in _fields(progress_type)
+        if f.name in state or f.default is dataclasses.MISSING
+    }
+    return Prepared(
+        body=inflight.body,
+        records=records,
+        progress=progress_type(**values),
+        last_seq=inflight.last_seq,
+        carry=carry_of(state),
+        counters={str(k): _value(v, int, "counters") for k, v in counters.items()},
+    )
+
+
+def carry_of(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """What a recorded batch carries for the batches after it, if anything."""
+    carry = state.get("carry")
+    return carry if isinstance(carry, dict) else None
+
+
+def _fields(progress_type: type[Any]) -> list[tuple[dataclasses.Field[Any], Any]]:
+    """A progress dataclass's fields with their types, resolved (the sinks'
+    annotations are strings): worked out once per type."""
+    found = _FIELDS.get(progress_type)
+    if found is None:
+        fields = dataclasses.fields(progress_type)
+        clash = _SHIPPER_KEYS & {f.name for f in fields}
+        if clash:
+            raise TypeError(f"{progress_type.__name__} has fields the shipper records: {clash}")
+        hints = typing.get_type_hints(progress_type)
+        found = _FIELDS[progress_type] = [(f, hints[f.name]) for f in fields]
+    return found
+
+
+_FIELDS: dict[type[Any], list[tuple[dataclasses.Field[Any], Any]]] = {}
+
+
+def _stored(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _read(state: Mapping[str, Any], name: str, hint: Any) -> Any:
+    if name not in state:
+        raise BadState(f"{name!r} is missing")
+    return _value(state[name], hint, name)
+
+
+def _value(value: Any, hint: Any, name: str) -> Any:
+    """``value`` as the JSON of a field of type ``hint`` (int, bool, str,
+    None, unions of them, ``tuple[X, ...]``), or :class:`BadState`."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in typing.get_args(hint):
+            try:
+                return _value(value, option, name)
+            except BadState:
+                continue
+    elif origin is tuple:
+        if isinstance(value, list):
+            return tuple(_value(item, typing.get_args(hint)[0], name) for item in value)
+    # bool is an int to isinstance, but a count of true is damage all the same.
+    elif isinstance(value, hint) and (hint is bool or not isinstance(value, bool)):
+        return value
+    raise BadState(f"{name!r} cannot be {reprlib.repr(value)}")
