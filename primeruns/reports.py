@@ -21,10 +21,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, list_journals
+from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, journal_info, list_journals
 from .models import RUN_KIND, RunKind
+from .ship.backlog import is_copy, origin_of
 from .ship.factory import sink_kinds
 from .ship.ledger import records_left
+from .ship.mirror import K_SOURCE_PATH, sync_root
 from .ship.uplink import CRASH_ERROR
 from .spec import RunSpec, listed_spec
 
@@ -108,9 +110,16 @@ class RunStatus:
     """One journal as the commands see it."""
 
     info: JournalInfo
-    state: str  # running | shipped | offline | finished | crashed
+    state: str  # running | shipped | offline | finished | crashed | unknown
     finish: dict[str, Any] | None
     pending: dict[str, int | str]
+    elsewhere: str | None = None
+    """The host its producer ran on, when that is another machine and the
+    journal has no finish entry: whether it still runs cannot be told here."""
+    synced: RunStatus | None = None
+    """For a copy: its sync journal's status (what ``sync`` shipped from it)."""
+    unimported: int = 0
+    """For a copy: entries it holds that its sync journal has not imported."""
 
     @cached_property
     def spec(self) -> RunSpec | None:
@@ -160,9 +169,11 @@ class RunStatus:
     def outcome(self) -> str:
         """How the run ended: running, completed, failed, or crashed (no finish
         entry), whatever became of its shipping."""
-        if self.info.owner_alive:
+        if self.info.owner_alive and self.elsewhere is None:
             return "running"
         if self.finish is None:
+            if self.elsewhere is not None:
+                return "unknown"
             return "damaged" if self.info.damage and not self.info.meta else "crashed"
         return str(self.finish.get("status") or "failed")
 
@@ -172,9 +183,13 @@ class RunStatus:
         not closed out, live (its uplink ships now), or damaged."""
         if self.info.damage and not self.info.meta:
             return "damaged"
+        if self.synced is not None:
+            if self.unimported:
+                return f"{self.unimported} to sync"
+            return self.synced.shipping
         if self.opened_offline and not self.platform:
             return "offline"
-        if self.info.owner_alive:
+        if self.info.owner_alive and self.elsewhere is None:
             return "live"
         if self.pending_total:
             # Sinks ship the same episodes: the most any sink has left, not the sum.
@@ -189,22 +204,55 @@ class RunStatus:
 def describe(info: JournalInfo) -> RunStatus:
     """Derive a journal's state: running while its owner lives; shipped once it
     is closed out on the platform with nothing pending; offline for an offline
-    run not yet synced; else finished (it has a finish entry) or crashed."""
-    pending = pending_per_sink(info)
-    finish = None if info.owner_alive else _finish_record(info.path, info.last_seq)
+    run not yet synced; else finished (it has a finish entry), crashed, or
+    unknown (no finish entry, and its producer ran on another machine). A copy
+    (a journal away from where it was written) is shipped through its sync
+    journal, whose state it reports."""
+    origin = origin_of(info.path, info.meta)
+    remote = origin.host if origin is not None and not origin.on_this_host else None
+    live = info.owner_alive and remote is None
+    finish = None if live else _finish_record(info.path, info.last_seq)
+    synced, unimported = _sync_journal_status(info)
+    pending = synced.pending if synced is not None else pending_per_sink(info)
     spec = listed_spec(info.meta)
     total = sum(v for v in pending.values() if isinstance(v, int))
-    if info.owner_alive:
+    meta = synced.info.meta if synced is not None else info.meta
+    if live:
         state = "running"
-    elif info.meta.get("finalized") and total == 0:
+    elif meta.get("finalized") and total == 0 and not unimported:
         state = "shipped"
-    elif spec is not None and spec.mode == "offline" and not info.meta.get("platform"):
+    elif spec is not None and spec.mode == "offline" and not meta.get("platform"):
         state = "offline"
     elif finish is not None:
         state = "finished"
+    elif remote is not None:
+        state = "unknown"
     else:
         state = "crashed"
-    return RunStatus(info=info, state=state, finish=finish, pending=pending)
+    return RunStatus(
+        info=info,
+        state=state,
+        finish=finish,
+        pending=pending,
+        elsewhere=remote if finish is None else None,
+        synced=synced,
+        unimported=unimported,
+    )
+
+
+def _sync_journal_status(info: JournalInfo) -> tuple[RunStatus | None, int]:
+    """A copy's sync journal, described, and how many of the copy's entries
+    it has yet to import; (None, 0) for a journal shipped where it is."""
+    if not info.meta or not is_copy(info.path, info.meta):
+        return None, 0
+    path = sync_root() / info.local_id
+    if not path.is_dir():
+        return None, 0
+    synced = describe(journal_info(path, tally=True))
+    source = synced.info.meta.get(K_SOURCE_PATH)
+    upto = source.get("imported_upto") if isinstance(source, dict) else None
+    imported = upto if isinstance(upto, int) else 0
+    return synced, max(0, info.last_seq - imported)
 
 
 def statuses(runs_dir: Path) -> list[RunStatus]:

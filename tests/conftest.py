@@ -13,6 +13,18 @@ import pytest
 from primeruns.local import LocalPlatform
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``@pytest.mark.slow`` variants (the whole product of a matrix, long
+    torture) run only under ``-m slow``; the default suite keeps a covering
+    sample of each."""
+    if "slow" in (config.option.markexpr or ""):
+        return
+    skip = pytest.mark.skip(reason="slow variant: run with -m slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(autouse=True)
 def _reap_children() -> Iterator[None]:
     """No child outlives its test, whether the test passed or not."""

@@ -35,6 +35,7 @@ def point_at(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str | None) -
         "PRIME_TRACES_OPT_OUT",
         "PRIME_RUNS_MODE",
         "PRIME_RUNS_DIR",
+        "XDG_STATE_HOME",  # the sync journals live under it
     ):
         monkeypatch.delenv(var, raising=False)
     # Short backoff so fault-injection tests finish quickly; the policy is the same.

@@ -53,6 +53,10 @@ def as_json(status: RunStatus) -> dict[str, Any]:
         "modified": info.modified,
         "age_s": round(status.age_s, 1),
         "owner": info.owner if info.owner_alive else None,
+        # Its producer's machine, when that is another one and the run has no
+        # finish entry: whether it still runs cannot be told from here.
+        "elsewhere": status.elsewhere,
+        "synced_through": str(status.synced.info.path) if status.synced else None,
         "damage": [d.what for d in info.damage],
     }
 

@@ -1,6 +1,6 @@
 """``primeruns replay`` and ``primeruns sync``: ship journals on disk to the platform.
 
-Both are thin commands over :func:`primeruns.ship.uplink.ship_journal`, the same
+Both are thin commands over :func:`primeruns.ship.backlog.ship_journal`, the same
 shippers a live run uses: take ownership (refused, naming the owner, while it
 lives), register the run if it never was, ship every unacknowledged record,
 and close the run out (as crashed when it has no finish entry). ``replay`` is
@@ -13,7 +13,10 @@ damaged (what was intact was shipped, the rest is reported).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -25,9 +28,12 @@ from ..journal import Journal, journal_info
 from ..platform import Settings
 from ..reports import RunStatus, describe, statuses, unit_of
 from ..settings import resolve_sdk_settings
+from ..ship.backlog import ShipReport, is_copy, needs_sync, ship_journal, spec_from_file
 from ..ship.factory import sink_kinds
+from ..ship.mirror import sync_root
 from ..ship.policy import RetryPolicy
-from ..ship.uplink import ShipReport, journal_settings, ship_journal
+from ..ship.uplink import journal_settings
+from ..spec import RunSpec, SpecError
 from .common import (
     EXIT_DAMAGED,
     EXIT_FAILED,
@@ -67,7 +73,7 @@ def shipping_plan(status: RunStatus, settings: Settings) -> dict[str, tuple[int,
 def describe_plan(status: RunStatus) -> list[str]:
     """What shipping this journal would do, in plain sentences (``--dry-run``)."""
     lines: list[str] = []
-    if status.info.owner_alive:
+    if status.state == "running" and status.synced is None:
         return [f"refused: owned by {status.info.owner}, which is still running"]
     if not status.platform:
         lines.append("would register the run on the platform (it never was)")
@@ -101,6 +107,8 @@ def report_json(report: ShipReport, code: int) -> dict[str, Any]:
         "bytes": report.bytes,
         "pending": report.pending,
         "closed_out": report.finalized,
+        "left_open": report.left_open,
+        "synced_through": str(report.via) if report.via else None,
         "losses": report.losses,
         "damage": [d.what for d in report.damaged],
         "errors": report.errors,
@@ -171,13 +179,24 @@ def not_shipped_json(path: Path, code: int, error: str) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class ShipOptions:
+    """What the command line says about shipping, the same for every run."""
+
+    base_url: str | None = None
+    timeout: float = 3600.0
+    policy: RetryPolicy | None = None
+    job_ended: bool = False
+    spec: RunSpec | None = None
+
+
 def _ship(
-    path: Path, base_url: str | None, timeout: float, stream: TextIO, policy: RetryPolicy | None
+    path: Path, options: ShipOptions, stream: TextIO
 ) -> tuple[ShipReport, dict[str, tuple[int, str]]]:
     """Ship one journal with progress bars on ``stream``; _NotShipped if it cannot start."""
     try:
         with Journal.open(path, owner=False) as journal:
-            settings = journal_settings(journal, base_url=base_url)
+            settings = journal_settings(journal, base_url=options.base_url)
     except JournalCorruptError as exc:
         raise _NotShipped(f"damaged journal: {exc}", EXIT_DAMAGED) from None
     except JournalError as exc:
@@ -198,15 +217,16 @@ def _ship(
     )
     try:
         report = ship_journal(
-            path, settings=settings, timeout=timeout, progress=bars, policy=policy
+            path,
+            settings=settings,
+            timeout=options.timeout,
+            progress=bars,
+            policy=options.policy,
+            job_ended=options.job_ended,
+            spec=options.spec,
         )
     except JournalLockedError as exc:
-        who = exc.owner or "another process"
-        raise _NotShipped(
-            f"refused: the run is owned by {who}, which is still running; "
-            "replay it after that process exits",
-            EXIT_LOCKED,
-        ) from None
+        raise _NotShipped(f"refused: {exc}", EXIT_LOCKED) from None
     except JournalCorruptError as exc:
         raise _NotShipped(f"damaged journal: {exc}", EXIT_DAMAGED) from None
     except JournalError as exc:
@@ -224,21 +244,23 @@ def replay_one(
     out: TextIO | None = None,
     err: TextIO | None = None,
     results: list[dict[str, Any]] | None = None,
-    policy: RetryPolicy | None = None,
+    options: ShipOptions | None = None,
 ) -> int:
-    """Ship one journal and close its run out, printing progress and the result.
+    """Ship one journal and close its run out when that is right, printing
+    progress and the result.
 
     Returns the exit code (see the module doc); never raises for a locked,
     damaged or unreachable case. With ``results`` given, the outcome is
     appended there as a JSON object, whatever it was, and only progress is
-    printed (to ``err``). ``policy``: of the settings resolved (None: this
-    process's, ``RetryPolicy.from_env``).
+    printed (to ``err``). ``options`` (else ``base_url`` and ``timeout``):
+    what the command line said.
     """
+    options = options or ShipOptions(base_url=base_url, timeout=timeout)
     out = out or sys.stdout
     err = err or sys.stderr
     stream = err if results is not None else out
     try:
-        report, plan = _ship(path, base_url, timeout, stream, policy)
+        report, plan = _ship(path, options, stream)
     except _NotShipped as exc:
         err.write(f"{path}: {exc}\n")
         if results is not None:
@@ -253,14 +275,22 @@ def replay_one(
 
 
 def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
+    """The runs named, or with ``--all`` every run that needs shipping:
+    ``replay`` takes online runs in place, ``sync`` offline runs and every
+    copy (a journal away from where it was written)."""
     runs_dir = runs_dir_of(args)
     if args.runs:
         return [resolve_run(ref, runs_dir) for ref in args.runs]
     if not args.all and not offline:
         raise CommandError("name the runs to replay, or pass --all")
     chosen: list[Path] = []
+    root = sync_root()
     for status in statuses(runs_dir):
-        if status.needs_shipping and status.opened_offline == offline:
+        info = status.info
+        if is_copy(info.path, info.meta, root):
+            if offline and needs_sync(info.path, info.meta, info.last_seq, root):
+                chosen.append(info.path)
+        elif status.needs_shipping and status.opened_offline == offline:
             chosen.append(status.info.path)
     return chosen
 
@@ -269,13 +299,42 @@ def _run(args: argparse.Namespace, *, offline: bool) -> int:
     # Resolved once, before any journal is touched: a bad PRIME_RUNS_* value
     # is an error naming it, not a failure of each run in turn.
     policy = RetryPolicy.from_settings(resolve_sdk_settings(runs_dir=args.runs_dir))
+    spec = None
+    if args.spec is not None:
+        try:
+            spec = spec_from_file(args.spec)
+        except SpecError as exc:
+            raise CommandError(str(exc)) from None
+    options = ShipOptions(
+        base_url=args.base_url,
+        timeout=args.timeout,
+        policy=policy,
+        job_ended=args.job_ended,
+        spec=spec,
+    )
+    if getattr(args, "watch", False):
+        return _watch(args, options)
+    return _pass(args, options, offline=offline)
+
+
+def _pass(
+    args: argparse.Namespace,
+    options: ShipOptions,
+    *,
+    offline: bool,
+    seen: dict[Path, tuple[int, float]] | None = None,
+) -> int:
+    """One pass over the targets. ``seen`` (watching): a copy unchanged
+    since the last pass is not shipped again (nothing new: no request)."""
     targets = _targets(args, offline=offline)
     results: list[dict[str, Any]] | None = [] if args.json else None
-    what = "offline runs to sync" if offline else "runs to replay"
+    what = "offline runs or copies to sync" if offline else "runs to replay"
+    if seen is not None:
+        targets = [p for p in targets if seen.get(p) != _fingerprint(p)]
     if not targets:
         if results is not None:
             emit_json(results)
-        else:
+        elif seen is None:
             print(f"no {what} under {runs_dir_of(args)}")
         return EXIT_OK
     console = make_console()
@@ -295,20 +354,46 @@ def _run(args: argparse.Namespace, *, offline: bool) -> int:
             if status.info.owner_alive:
                 worst = max(worst, EXIT_LOCKED)
             continue
+        before = _fingerprint(path)
         try:
-            code = replay_one(
-                path, base_url=args.base_url, timeout=args.timeout, results=results, policy=policy
-            )
+            code = replay_one(path, results=results, options=options)
         except Exception as exc:  # one journal's trouble must not strand the others
             error = f"not shipped: {type(exc).__name__}: {exc}"
             print(f"{path}: {error}", file=sys.stderr)
             code = EXIT_FAILED
             if results is not None:
                 results.append(not_shipped_json(path, code, error))
+        if seen is not None and code == EXIT_OK:
+            seen[path] = before
         worst = max(worst, code)
     if results is not None:
         emit_json(results)
     return worst
+
+
+def _fingerprint(path: Path) -> tuple[int, float]:
+    """What changes when a copy is refreshed: its files' total size and newest mtime."""
+    size, newest = 0, 0.0
+    with contextlib.suppress(OSError):
+        for child in path.iterdir():
+            with contextlib.suppress(OSError):
+                st = child.lstat()
+                size += st.st_size
+                newest = max(newest, st.st_mtime)
+    return size, newest
+
+
+def _watch(args: argparse.Namespace, options: ShipOptions) -> int:
+    """Sync again every ``--interval`` seconds until interrupted: each pass
+    ships what the copies brought since the last one (see ``_pass``)."""
+    seen: dict[Path, tuple[int, float]] = {}
+    print(
+        f"watching {runs_dir_of(args)}: syncing every {args.interval:g} s (Ctrl-C to stop)",
+        file=sys.stderr,
+    )
+    while True:
+        _pass(args, options, offline=True, seen=seen)
+        time.sleep(args.interval)
 
 
 def run_replay(args: argparse.Namespace) -> int:
@@ -345,6 +430,19 @@ def _common_args(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="give up shipping a run after S seconds (default 3600)",
     )
+    parser.add_argument(
+        "--job-ended",
+        action="store_true",
+        help="the job that wrote these runs has ended: close a copied run without a "
+        "finish entry as failed (crashed) instead of leaving it open",
+    )
+    parser.add_argument(
+        "--spec",
+        type=Path,
+        metavar="FILE",
+        help="a JSON file with the run's spec (kind, name, model, environments, ...), "
+        "for a journal whose own spec was lost to damage",
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -359,4 +457,17 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "sync", help="register and ship offline runs", description=run_sync.__doc__
     )
     _common_args(sync)
+    sync.add_argument(
+        "--watch",
+        action="store_true",
+        help="sync --all again every --interval seconds until Ctrl-C, shipping what "
+        "refreshed copies bring (a run directory rsynced from compute nodes)",
+    )
+    sync.add_argument(
+        "--interval",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds between passes of --watch (default 30)",
+    )
     sync.set_defaults(handler=run_sync)

@@ -81,7 +81,9 @@ def _document(
     document.update(
         {
             "spec": status.spec.to_json() if status.spec is not None else {},
-            "finish": None if status.info.owner_alive else {"status": final_status, "error": error},
+            "finish": None
+            if status.outcome in ("running", "unknown")
+            else {"status": final_status, "error": error},
             "closed_out": status.finalized,
             "sinks": _sinks(status),
             "summary": summary,
@@ -126,8 +128,12 @@ def _render(
     _field(console, "journal", str(info.path))
     _field(console, "size", f"{human_bytes(info.size_bytes)}, {info.last_seq} entries")
     _field(console, "modified", f"{human_age(status.age_s)} ago")
-    if info.owner_alive:
+    if status.elsewhere is not None:
+        _field(console, "owner", f"{info.owner or status.elsewhere} (state unknown from here)")
+    elif info.owner_alive:
         _field(console, "owner", f"{info.owner} (running)")
+    if status.synced is not None:
+        _field(console, "synced through", str(status.synced.info.path))
 
     spec = status.spec
     _section(console, "spec")

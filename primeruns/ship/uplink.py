@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..exceptions import JournalError, PrimeRunsError
-from ..journal import Damage, EntryKind, Journal, list_journals
+from ..journal import EntryKind, Journal, list_journals
 from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
 from ..spec import listed_spec, spec_or_default
 from ..threads import start_daemon
 from . import ledger
-from .factory import make_shippers, sink_kinds
+from .factory import make_shippers
 from .lifecycle import Lifecycle
 from .policy import RetryPolicy
 from .shipper import Shipper, drain_all
@@ -41,11 +41,9 @@ from .shipper import Shipper, drain_all
 __all__ = [
     "CRASH_ERROR",
     "Progress",
-    "ShipReport",
     "Uplink",
     "find_run_journals",
     "journal_settings",
-    "ship_journal",
     "terminal_state",
 ]
 
@@ -68,28 +66,6 @@ class Progress:
     """Per sink, the records it had acknowledged since shipping began."""
     stopped: dict[str, str] = field(default_factory=dict)
     """Per sink that will ship no more now (turned off or retired), why."""
-
-
-@dataclass
-class ShipReport:
-    """What shipping one journal did; ``ok`` when nothing is left to do."""
-
-    path: Path
-    local_id: str
-    run_id: str | None = None
-    url: str | None = None
-    status: str | None = None
-    records: int = 0
-    bytes: int = 0
-    pending: dict[str, int] = field(default_factory=dict)
-    losses: dict[str, dict[str, Any]] = field(default_factory=dict)
-    damaged: list[Damage] = field(default_factory=list)
-    finalized: bool = False
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.pending and self.finalized and not self.errors
 
 
 class ProducerLink(Protocol):
@@ -353,6 +329,7 @@ class Uplink:
         deadline: float,
         live: bool,
         progress: Callable[[Progress], None] | None = None,
+        finalize: bool = True,
     ) -> ledger.Closeout:
         """Ship what is left (until ``deadline``, or until nothing moves for
         the policy's stuck rule), stop the shippers and finalize the run.
@@ -362,6 +339,8 @@ class Uplink:
         finalized even with records left (they stay in the journal for
         replay). Otherwise (replay, sync) the run is finalized only once
         everything is shipped, so a later replay still ships the rest first.
+        ``finalize=False``: ship and stop, leaving the run open (a copy of a
+        journal whose producer may still be writing it).
         """
         journal = self.journal
         everyone = self.everyone()
@@ -384,7 +363,7 @@ class Uplink:
         for shipper in everyone:
             shipper.join(timeout=max(0.0, min(5.0, deadline - time.monotonic())))
         for old, adopted in self.adopted:
-            with _quiet():
+            with contextlib.suppress(JournalError):
                 if not any(shipper.pending_records() for shipper in adopted):
                     old.set_meta("state", "shipped")
             old.close()
@@ -393,7 +372,8 @@ class Uplink:
         if self.lifecycle.spec.kind == "eval":
             ledger.stamp_episodes_written(summary, ledger.episodes_written(journal))
         finalized = self.lifecycle.finalized or bool(journal.get_meta("continued_by"))
-        if not finalized and self.lifecycle.binding() is not None and (live or not pending):
+        ready = live or not pending
+        if finalize and not finalized and self.lifecycle.binding() is not None and ready:
             # After a stalled drain the platform is likely down: the close-out
             # gets as long as the stall allowance, not the rest of the deadline.
             close_by = deadline
@@ -413,7 +393,7 @@ class Uplink:
             finalized=finalized,
             registered=self.lifecycle.binding() is not None,
         )
-        with _quiet():
+        with contextlib.suppress(JournalError):
             ledger.record_closeout(journal, outcome)
         self.client.close()
         self._notify()
@@ -445,16 +425,6 @@ class Uplink:
                 if left:
                     out[shipper.name] = left
         return out
-
-
-class _quiet:
-    """Suppress journal errors of best-effort bookkeeping."""
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> bool:
-        return exc_type is not None and issubclass(exc_type, JournalError)
 
 
 def _drain_while_moving(
@@ -496,70 +466,3 @@ def _drain_while_moving(
             idle = min(i for i in stuck if i is not None)
             log.info("prime-runs: nothing shipped for %.0f s; not waiting any longer", idle)
             return False, idle
-
-
-def ship_journal(
-    path: Path,
-    *,
-    settings: Settings | None = None,
-    timeout: float = 3600.0,
-    progress: Callable[[Progress], None] | None = None,
-    policy: RetryPolicy | None = None,
-) -> ShipReport:
-    """Ship everything ``path`` holds and close the run out (see module doc):
-    ``primeruns replay`` and ``sync``.
-
-    Raises ``JournalLockedError`` (naming the owner) while the producer or its
-    uplink lives, and ``JournalError`` for a path that is not a journal.
-    Platform failures are reported in the result, never raised.
-    """
-    # Damage is looked for before anything writes (opening as owner writes):
-    # LMDB must never write into a damaged tree (it can loop or crash), so
-    # such a journal is rebuilt from what is intact, the damaged file kept.
-    probe = Journal.open(path, owner=False)
-    try:
-        damaged = probe.damage()
-    finally:
-        probe.close()
-    journal = Journal.open(path, owner=True, repair=bool(damaged))
-    report = ShipReport(path=journal.path, local_id=journal.local_id, damaged=damaged)
-    try:
-        uplink = Uplink(
-            journal, settings or journal_settings(journal), policy=policy, log_level=logging.INFO
-        )
-        binding = uplink.lifecycle.register_retrying(deadline=time.monotonic() + timeout)
-        if binding is None:
-            # A platform refusal or one down, or a spec that cannot be
-            # registered (one lost to damage): reported (uplink.errors), and
-            # the journal kept for another try.
-            report.errors.extend(uplink.errors)
-            kind = spec_or_default(journal).kind
-            with _quiet():
-                report.pending = ledger.pending_by_sink(journal, sink_kinds(kind))
-            uplink.client.close()
-            return report
-        report.run_id, report.url = binding.run_id, binding.url
-        uplink.start()
-        status, error, summary = terminal_state(journal)
-        report.status = status
-        outcome = uplink.close_out(
-            status,
-            error,
-            summary,
-            deadline=time.monotonic() + timeout,
-            live=False,
-            progress=progress,
-        )
-        shippers = uplink.shippers
-        report.records = sum(s.state.records_sent for s in shippers)
-        report.bytes = sum(s.state.bytes_sent for s in shippers)
-        report.pending = outcome.pending
-        report.finalized = outcome.finalized
-        for shipper in shippers:
-            if shipper.state.retired_reason:
-                uplink.errors.append(f"{shipper.name} stopped: {shipper.state.retired_reason}")
-        report.errors.extend(uplink.errors)
-        report.losses = journal.losses()
-    finally:
-        journal.close()
-    return report

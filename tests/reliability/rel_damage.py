@@ -14,7 +14,7 @@ import primeruns as pr
 from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind
 from primeruns.local import LocalPlatform
-from primeruns.ship.uplink import ship_journal
+from primeruns.ship.backlog import ship_journal
 
 PAGE = 4096
 

@@ -29,7 +29,7 @@ import primeruns as pr
 from primeruns.journal import EntryKind
 from primeruns.local import LocalPlatform
 from primeruns.platform import resolve_settings
-from primeruns.ship.uplink import ship_journal
+from primeruns.ship.backlog import ship_journal
 
 KEY = "test-key-0123456789"
 KILL_PHASES = ("append", "request", "finish", "replay")

@@ -4,7 +4,7 @@ Run ``python tools/bench/replay.py`` (``--quick``: a 2,000-episode backlog
 instead of 20,000) from the repository root. It builds the backlog as
 ``backlog.py`` does (platform down while episodes are logged), then starts the
 local platform on the very port the run was pointed at and times
-``primeruns.ship.uplink.ship_journal`` (what ``primeruns replay`` runs): register
+``primeruns.ship.backlog.ship_journal`` (what ``primeruns replay`` runs): register
 the run, ship every sink, finalize.
 
 Reference, in the same run against the same server: the same episodes (with
@@ -29,7 +29,7 @@ from backlog import make_backlog
 from benchlib import API_KEY, Table
 
 from primeruns.local import LocalPlatform
-from primeruns.ship.uplink import ship_journal
+from primeruns.ship.backlog import ship_journal
 
 _BATCH_BYTES = 30 * 1024 * 1024
 

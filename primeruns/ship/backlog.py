@@ -1,0 +1,352 @@
+"""Shipping a journal on disk: what ``primeruns replay`` and ``sync`` do.
+
+A journal on disk is either where it was written (its *origin*, recorded at
+creation: ``journal.origin``) or a copy of it (another path, another host:
+cluster users copy runs directories from compute nodes to a login node, often
+again and again while the job runs).
+
+- **In place**, for a journal at its origin: take the owner lock (refused
+  while the producer or its uplink lives), ship with the live run's uplink
+  code, and close the run out, as crashed when it never finished (the lock
+  proves the producer gone).
+- **Through its sync journal**, for a copy (``mirror``): the copy is read,
+  never written; what it holds beyond what earlier copies brought is imported
+  into the syncing user's sync journal of that run, which keeps the
+  registration and offsets, and is shipped from there. So any number of
+  copies of one journal, synced any number of times, make one platform run
+  with every record once.
+
+A copy is closed out only when that is known to be right: it holds the
+finish entry, or its producer is known dead (same host, the pid gone), or
+the user says the job ended (``job_ended``). Otherwise the run is shipped and
+left open, and the report says why (a later sync of a newer copy goes on).
+A copy of an online run whose uplink may still ship it is refused: two
+shippers of one journal would send records twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import JournalError, JournalLockedError
+from ..journal import Damage, Journal
+from ..journal.lock import owner_alive, read_owner
+from ..journal.meta import K_LOCAL_ID
+from ..journal.origin import K_ORIGIN, Origin
+from ..journal.store import DATA_NAME
+from ..platform import Settings
+from ..spec import SPEC_KEY, RunSpec, SpecError, spec_or_default
+from . import ledger
+from .factory import sink_kinds
+from .mirror import K_SOURCE_PATH, Imported, import_new, open_sync_journal, sync_root
+from .policy import RetryPolicy
+from .uplink import Progress, Uplink, journal_settings, terminal_state
+
+__all__ = [
+    "ShipReport",
+    "is_copy",
+    "needs_sync",
+    "origin_of",
+    "ship_journal",
+    "spec_from_file",
+]
+
+log = logging.getLogger("primeruns.uplink")
+
+
+@dataclass
+class ShipReport:
+    """What shipping one journal did; ``ok`` when nothing is left to do now."""
+
+    path: Path
+    local_id: str
+    run_id: str | None = None
+    url: str | None = None
+    status: str | None = None
+    records: int = 0
+    bytes: int = 0
+    pending: dict[str, int] = field(default_factory=dict)
+    losses: dict[str, dict[str, Any]] = field(default_factory=dict)
+    damaged: list[Damage] = field(default_factory=list)
+    finalized: bool = False
+    errors: list[str] = field(default_factory=list)
+    via: Path | None = None
+    """The sync journal a copy was shipped from (None: shipped in place)."""
+    imported: Imported | None = None
+    left_open: str | None = None
+    """Why the run was shipped but not closed out (its producer may still write)."""
+
+    @property
+    def ok(self) -> bool:
+        done = self.finalized or self.left_open is not None
+        return not self.pending and done and not self.errors
+
+
+def ship_journal(
+    path: Path,
+    *,
+    settings: Settings | None = None,
+    timeout: float = 3600.0,
+    progress: Callable[[Progress], None] | None = None,
+    policy: RetryPolicy | None = None,
+    job_ended: bool = False,
+    spec: RunSpec | None = None,
+    synced_in: Path | None = None,
+) -> ShipReport:
+    """Ship everything ``path`` holds (see module doc) and close the run out
+    when that is right. ``job_ended``: the user knows the producer is gone (a
+    copy without a finish entry is then closed as crashed). ``spec``: what the
+    run's spec said, for a journal whose spec was lost to damage.
+    ``synced_in``: where sync journals live (default :func:`sync_root`).
+
+    Raises ``JournalLockedError`` (naming the owner) while the producer or its
+    uplink lives, or another sync ships the same run, and ``JournalError`` for
+    a path that is not a journal. Platform failures are reported, never raised.
+    """
+    root = synced_in if synced_in is not None else sync_root()
+    journal: Journal | None = None
+    report = ShipReport(path=Path(path), local_id="")
+    may_crash, why_open = True, None  # in place, the owner lock proves the producer gone
+    damaged: list[Damage] = []
+    probe = Journal.open(path, owner=False)
+    try:
+        origin = _origin(probe)
+        if is_copy(probe.path, probe.all_meta(), root):
+            # A copy is only read: what it holds past the sync journal's end,
+            # up to the first entry missing or damaged in it (torn mid-write).
+            producer = origin.producer_state() if origin is not None else "unknown"
+            _refuse_a_live_uplink(probe, origin, producer, job_ended)
+            journal, created = open_sync_journal(probe, root)
+            try:
+                imported = import_new(probe, journal)
+            except BaseException:
+                journal.close()
+                raise
+            if created:
+                log.info("prime-runs: %s is a copy; syncing it through %s", path, journal.path)
+            final = producer == "dead" or job_ended
+            report = ShipReport(
+                path=probe.path,
+                local_id=probe.local_id,
+                via=journal.path,
+                imported=imported,
+            )
+            if final and imported.stopped is not None:
+                report.damaged = [Damage(imported.upto + 1, imported.stopped)]
+            may_crash = final and imported.stopped is None
+            why_open = _why_left_open(origin, producer, imported)
+        else:
+            # Damage is looked for before anything writes (opening as owner
+            # writes): LMDB must never write into a damaged tree, so such a
+            # journal is rebuilt from what is intact, the damaged file kept.
+            damaged = probe.damage()
+    finally:
+        probe.close()
+    if journal is None:
+        journal = Journal.open(path, owner=True, repair=bool(damaged))
+        report = ShipReport(path=journal.path, local_id=journal.local_id, damaged=damaged)
+    try:
+        _supply_spec(journal, spec)
+        _ship(journal, report, settings, timeout, progress, policy, may_crash, why_open)
+    finally:
+        journal.close()
+    return report
+
+
+def _ship(
+    journal: Journal,
+    report: ShipReport,
+    settings: Settings | None,
+    timeout: float,
+    progress: Callable[[Progress], None] | None,
+    policy: RetryPolicy | None,
+    may_crash: bool,
+    why_open: str | None,
+) -> None:
+    uplink = Uplink(
+        journal, settings or journal_settings(journal), policy=policy, log_level=logging.INFO
+    )
+    binding = uplink.lifecycle.register_retrying(deadline=time.monotonic() + timeout)
+    if binding is None:
+        # A platform refusal or one down, or a spec that cannot be registered
+        # (one lost to damage): reported (uplink.errors), the journal kept
+        # for another try.
+        report.errors.extend(uplink.errors)
+        with contextlib.suppress(JournalError):
+            kinds = sink_kinds(spec_or_default(journal).kind)
+            report.pending = ledger.pending_by_sink(journal, kinds)
+        if any("spec" in e for e in uplink.errors):
+            report.errors.append(
+                "the run's spec cannot be read from the journal: pass what it said with "
+                "--spec FILE (a JSON object: kind, name, model, environments, ...)"
+            )
+        uplink.client.close()
+        return
+    report.run_id, report.url = binding.run_id, binding.url
+    uplink.start()
+    status, error, summary = terminal_state(journal)
+    close = status != "crashed" or may_crash
+    report.status = status if close else "running"
+    outcome = uplink.close_out(
+        status,
+        error,
+        summary,
+        deadline=time.monotonic() + timeout,
+        live=False,
+        progress=progress,
+        finalize=close,
+    )
+    if not close and not outcome.finalized:
+        report.left_open = why_open or "its producer may still be writing it"
+    shippers = uplink.shippers
+    report.records = sum(s.state.records_sent for s in shippers)
+    report.bytes = sum(s.state.bytes_sent for s in shippers)
+    report.pending = outcome.pending
+    report.finalized = outcome.finalized
+    for shipper in shippers:
+        if shipper.state.retired_reason:
+            uplink.errors.append(f"{shipper.name} stopped: {shipper.state.retired_reason}")
+    report.errors.extend(uplink.errors)
+    report.losses = journal.losses()
+
+
+def _origin(journal: Journal) -> Origin | None:
+    return origin_of(journal.path, journal.all_meta())
+
+
+def origin_of(path: Path, meta: Mapping[str, Any]) -> Origin | None:
+    """Where the journal at ``path`` was written: its origin, or for a
+    journal written before origins were recorded, the last owner its lock
+    file names (taken as having written it here)."""
+    origin = Origin.from_json(meta.get(K_ORIGIN))
+    if origin is not None:
+        return origin
+    owner = read_owner(path)
+    if owner is None:
+        return None
+    return Origin(
+        host=owner.host,
+        pid=owner.pid,
+        proc_start=owner.proc_start,
+        boot=None,
+        path=str(path.absolute()),
+        created=owner.started,
+    )
+
+
+def _sync_path(path: Path, meta: Mapping[str, Any], root: Path) -> Path:
+    local_id = meta.get(K_LOCAL_ID)
+    return root / (local_id if isinstance(local_id, str) and local_id else path.name)
+
+
+def is_copy(path: Path, meta: Mapping[str, Any], root: Path | None = None) -> bool:
+    """Whether the journal at ``path`` (its ``meta``) ships through its sync
+    journal: a copy, or one whose run a sync journal ships already (so that
+    the two never both ship it)."""
+    mine = _sync_path(path, meta, root if root is not None else sync_root())
+    here = path.absolute()
+    if here == mine.absolute():
+        return False  # the sync journal itself (a replay of it)
+    if (mine / DATA_NAME).exists():
+        return True
+    # A journal that does not say where it was written (damaged beyond its
+    # meta) is shipped where it is, repaired, as before origins existed.
+    origin = origin_of(path, meta)
+    return origin is not None and not origin.is_original(here)
+
+
+def needs_sync(
+    path: Path, meta: Mapping[str, Any], last_seq: int, root: Path | None = None
+) -> bool:
+    """Whether syncing the copy at ``path`` would do anything: it holds
+    entries its sync journal has not imported, or that run is not yet
+    shipped and closed out (a run left open is looked at again)."""
+    mine = _sync_path(path, meta, root if root is not None else sync_root())
+    if not (mine / DATA_NAME).exists():
+        return True
+    try:
+        with Journal.open(mine, owner=False) as sync:
+            source = sync.get_meta(K_SOURCE_PATH)
+            shipped = sync.get_meta("state") == "shipped" and bool(sync.get_meta("finalized"))
+    except JournalError:
+        return True
+    upto = source.get("imported_upto") if isinstance(source, dict) else None
+    return not shipped or not isinstance(upto, int) or last_seq > upto
+
+
+def _refuse_a_live_uplink(
+    copy: Journal, origin: Origin | None, producer: str, job_ended: bool
+) -> None:
+    """A copy of an online run its uplink may still ship: two shippers of
+    one journal would send records twice. Its uplink records how the
+    close-out went when it is done; until then, only the user can say."""
+    try:
+        online = spec_or_default(copy).mode == "online"
+    except SpecError:
+        online = False
+    if not online or job_ended:
+        return
+    if copy.get_meta(ledger.K_CLOSEOUT) is not None:
+        return  # its uplink closed it out and stopped
+    if producer == "unknown":
+        where = origin.host if origin else "another host"
+        raise JournalLockedError(
+            f"{copy.path} is a copy of an online run whose uplink on {where} may still ship "
+            "it; once its job has ended, sync it with --job-ended",
+            owner=origin.describe() if origin else None,
+        )
+    owner = read_owner(copy.path)  # names the uplink that shares the producer's lock
+    if producer == "alive" or (owner is not None and owner_alive(owner)):
+        raise JournalLockedError(
+            f"{copy.path} is a copy of an online run still shipped by its own uplink "
+            f"({owner.describe() if owner else 'another process'}); sync it once that "
+            "process has exited",
+            owner=owner.describe() if owner else None,
+        )
+
+
+def _why_left_open(origin: Origin | None, producer: str, imported: Imported) -> str:
+    if imported.stopped is not None:
+        return (
+            f"the copy ends early at entry {imported.upto + 1} of {imported.source_end} "
+            f"({imported.stopped}): copy it again and sync"
+        )
+    if producer == "alive":
+        who = origin.describe() if origin else "its producer"
+        return f"its producer ({who}) is still running; sync a newer copy after it ends"
+    host = origin.host if origin else "another host"
+    return (
+        f"it has no finish entry and its producer ran on {host}, which cannot be checked "
+        "from here; sync a newer copy later, or pass --job-ended to close it as crashed"
+    )
+
+
+def _supply_spec(journal: Journal, spec: RunSpec | None) -> None:
+    """Use the spec the user supplied when the journal's own cannot be read."""
+    if spec is None:
+        return
+    try:
+        stored = journal.get_meta(SPEC_KEY)
+        if stored is not None:
+            RunSpec.from_json(stored)
+            return
+    except (SpecError, JournalError):
+        pass
+    journal.set_meta(SPEC_KEY, spec.to_json())
+
+
+def spec_from_file(path: Path) -> RunSpec:
+    """A run spec from a JSON file (``--spec``): SpecError naming what is wrong."""
+    import json
+
+    try:
+        value: Mapping[str, Any] = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise SpecError(f"--spec {path}: {exc}") from None
+    return RunSpec.from_json(value)

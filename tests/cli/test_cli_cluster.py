@@ -1,0 +1,243 @@
+"""The cluster workflow: a runs directory copied from a compute node to a login
+node, again and again while the job runs, and synced there.
+
+The producer (``tests/cluster_producer.py``) runs offline, as on a node
+without a route to the platform, and reports its own host name: this machine
+(the copy is at another path) or another one (a node of its own). The runs
+directory is copied with ``shutil.copytree`` over the previous copy, as
+rsync or ``cp -a`` would, mid-run and after the job ends or is killed, and
+synced with ``sync RUN``, ``sync --all`` or ``sync --watch``.
+
+The oracle, in every case: the platform holds one run; every record the
+producer logged is there exactly once in every sink; the run is never closed
+while its producer may still write it; it ends as the producer ended it
+(crashed only when it was killed and that is known: same host, or
+``--job-ended``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import procs
+import pytest
+from cli_helpers import cli
+from sdk_helpers import API_KEY, point_at, wait_for
+
+TESTS = Path(__file__).resolve().parents[1]
+EVAL_EPISODES, TRAIN_STEPS, PER_STEP = 12, 20, 2
+
+KINDS = ("eval", "train")
+ENDINGS = ("after", "mid_then_after", "crashed")
+HOSTS = ("same", "other")
+HOWS = ("run", "all", "watch")
+
+# Every kind, ending, host and command at least once in the default suite;
+# the whole product under -m slow.
+COVERING = [
+    ("eval", "mid_then_after", "other", "all"),
+    ("train", "mid_then_after", "same", "run"),
+    ("eval", "crashed", "same", "run"),
+    ("train", "crashed", "other", "all"),
+    ("eval", "after", "same", "watch"),
+    ("train", "mid_then_after", "other", "watch"),
+]
+EVERY = [
+    (k, e, h, w)
+    for k in KINDS
+    for e in ENDINGS
+    for h in HOSTS
+    for w in HOWS
+    if (k, e, h, w) not in COVERING
+]
+
+
+class Producer:
+    """The job on the compute node."""
+
+    def __init__(self, node_runs: Path, kind: str, url: str, host: str) -> None:
+        self.proc = procs.start(
+            [sys.executable, str(TESTS / "cluster_producer.py"), str(node_runs), kind, url, host],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=dict(os.environ),
+            cwd=TESTS,
+        )
+        first = self._line()
+        assert first.startswith("journal "), first
+        self.journal = Path(first.split(" ", 1)[1])
+        assert self._line() == "half"
+
+    def _line(self) -> str:
+        assert self.proc.stdout is not None
+        return self.proc.stdout.readline().strip()
+
+    def _send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+
+    def log_the_rest(self) -> None:
+        self._send("go")
+        assert self._line() == "logged all"
+
+    def finish(self) -> None:
+        self._send("finish")
+        assert self._line() == "finished"
+        assert self.proc.wait(timeout=60) == 0
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)  # offline: no uplink to kill with it
+        self.proc.wait(timeout=30)
+
+
+def _copy(journal: Path, login_runs: Path) -> Path:
+    """Copy the run's directory to the login node, over the previous copy."""
+    dest = login_runs / journal.name
+    if dest.exists():
+        shutil.rmtree(dest)
+    login_runs.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(journal, dest)
+    return dest
+
+
+class Syncer:
+    """``sync RUN``, ``sync --all`` or a ``sync --watch`` left running."""
+
+    def __init__(self, how: str, login_runs: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        self.how, self.login_runs, self.capsys = how, login_runs, capsys
+        self.watcher: subprocess.Popen[Any] | None = None
+
+    def sync(self, copy: Path, until: Any) -> None:
+        """Sync ``copy`` (or watch) until ``until()`` holds on the platform."""
+        if self.how == "watch":
+            if self.watcher is None:
+                argv = ["sync", "--watch", "--interval", "0.2", "--runs-dir", str(self.login_runs)]
+                self.watcher = procs.start(
+                    [sys.executable, "-m", "primeruns", *argv],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    env=dict(os.environ),
+                )
+            wait_for(until, timeout=60, what="the watcher to ship the copy")
+            return
+        argv = [str(copy)] if self.how == "run" else ["--all", "--runs-dir", str(self.login_runs)]
+        code, out, err = cli(self.capsys, "sync", *argv)
+        assert code == 0, out + err
+        assert until(), out + err
+
+    def stop(self) -> None:
+        if self.watcher is not None:
+            self.watcher.send_signal(signal.SIGINT)
+            assert self.watcher.wait(timeout=30) == 130
+            self.watcher = None
+
+
+def _landed(lp: Any, kind: str, part: str) -> Any:
+    """A predicate: the platform holds one run with every record of ``part``
+    (``half`` or ``all``) exactly once in every sink; returns that run."""
+    share = 2 if part == "half" else 1
+
+    def check() -> dict[str, Any] | None:
+        runs = lp.runs()
+        if not runs:
+            return None
+        assert len(runs) == 1, f"one platform run, not {runs}"
+        stored: dict[str, Any] = lp.run(runs[0]["id"])
+        traces = stored["traces"]
+        assert traces["episodes"] == traces["distinct_episodes"], "an episode stored twice"
+        if kind == "eval":
+            samples = stored["samples"]
+            assert samples["rows"] == samples["distinct"], "a sample row stored twice"
+            n = EVAL_EPISODES // share
+            done = traces["episodes"] == n and samples["rows"] == n
+        else:
+            metrics = stored["train_metrics"]
+            assert metrics["rows"] == metrics["steps"], "a metrics row stored twice"
+            steps = TRAIN_STEPS // share
+            objects = sorted(o["step"] for o in stored["parquet_objects"])
+            assert len(objects) == len(set(objects)), "a step's samples stored twice"
+            done = (
+                traces["episodes"] == steps * PER_STEP
+                and metrics["rows"] == steps
+                and objects == list(range(0, steps, 10))
+            )
+        return stored if done else None
+
+    return check
+
+
+def _listed(capsys: pytest.CaptureFixture[str], runs: Path) -> dict[str, Any]:
+    code, out, err = cli(capsys, "ls", "--runs-dir", str(runs), "--json")
+    assert code == 0, err
+    return {row["local_id"]: row for row in json.loads(out)}
+
+
+def _status(lp: Any) -> str:
+    [run] = lp.runs()
+    return str(run["status"])
+
+
+@pytest.mark.parametrize(
+    ("kind", "ending", "host", "how"),
+    COVERING + [pytest.param(*case, marks=pytest.mark.slow) for case in EVERY],
+)
+def test_copies_synced_from_a_login_node_land_once_in_one_run(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+    ending: str,
+    host: str,
+    how: str,
+) -> None:
+    lp = local_platform
+    point_at(monkeypatch, tmp_path, lp.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    node, login = tmp_path / "node", tmp_path / "login"
+    producer = Producer(node, kind, lp.url, "-" if host == "same" else "node-7")
+    syncer = Syncer(how, login, capsys)
+    try:
+        if ending == "mid_then_after":
+            copy = _copy(producer.journal, login)
+            syncer.sync(copy, _landed(lp, kind, "half"))
+            assert _status(lp) == "RUNNING", "closed while its producer may still write"
+            row = _listed(capsys, login)[copy.name]
+            assert row["synced_through"] is not None
+            if host == "other":
+                # Nothing here can tell whether the node's job still runs: said so.
+                assert (row["outcome"], row["elsewhere"]) == ("unknown", "node-7")
+            else:
+                assert row["outcome"] == "running"
+        producer.log_the_rest()
+        if ending == "crashed":
+            producer.kill()
+        else:
+            producer.finish()
+        copy = _copy(producer.journal, login)
+        syncer.sync(copy, _landed(lp, kind, "all"))
+        if ending != "crashed":
+            wait_for(lambda: _status(lp) == "COMPLETED", timeout=60, what="the run closed")
+        elif host == "same":
+            # The producer is known dead (same host, its pid gone): closed as crashed.
+            wait_for(lambda: _status(lp) == "FAILED", timeout=60, what="the run closed")
+        else:
+            # Another host: nothing here can tell; left open until the user says.
+            assert _status(lp) == "RUNNING"
+            syncer.stop()
+            code, out, err = cli(capsys, "sync", "--job-ended", str(copy))
+            assert code == 0, out + err
+            assert _status(lp) == "FAILED"
+        assert _landed(lp, kind, "all")() is not None  # nothing shipped again meanwhile
+    finally:
+        syncer.stop()
