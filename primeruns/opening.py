@@ -86,6 +86,7 @@ def init(
     runs_dir: str | os.PathLike[str] | None = None,
     durability: Literal["process", "fsync"] = "process",
     max_journal_bytes: int | None = None,
+    run_key: str | None = None,
 ) -> Run:
     """Open a run and return its handle.
 
@@ -94,6 +95,11 @@ def init(
     it can (``run.url`` is None until then). 401/403 and an environment that
     cannot be resolved raise here. Raises ``ConfigurationError``, ``TypeError``
     or ``ValueError`` for bad arguments, naming the argument.
+
+    ``run_key``: one run logged by several journals in turn, such as a job
+    requeued on another node while offline (for example the scheduler's job
+    id): ``primeruns sync`` ships every journal with the key into one platform
+    run, closed by the journal that finishes it.
     """
     _check_type("name", name, str, "a string")
     _check_type("model", model, str, "a string")
@@ -103,6 +109,12 @@ def init(
     _check_type("api_key", api_key, str, "a string")
     _check_type("base_url", base_url, str, "a string")
     _check_type("id", id, str, "a string")
+    _check_type("run_key", run_key, str, "a string")
+    if run_key is not None and id is not None:
+        raise ConfigurationError(
+            "init: pass run_key= (a run logged offline by successive jobs) or id= (attach "
+            "to a run the platform has), not both"
+        )
     _check_type("training", training, TrainingSpec, "a pr.TrainingSpec")
     _check_type("traces_opt_out", traces_opt_out, bool, "True or False")
     _check_type("mode", mode, str, "'online', 'offline' or 'disabled'")
@@ -203,6 +215,7 @@ def init(
         traces_url=settings.traces_url,
         traces_opt_out=settings.traces_opt_out,
         mode=run_mode,
+        run_key=run_key or None,
     )
     stored = spec.to_json()
     journal = Journal.create(

@@ -104,10 +104,14 @@ class RunSpec:
     traces_url: str | None = None
     traces_opt_out: bool = False
     mode: Mode | None = None
+    run_key: str | None = None
+    """The user's key of a run logged by several journals in turn (a job
+    requeued offline): every journal with the key syncs into one platform run."""
 
     def to_json(self) -> dict[str, Any]:
-        """The stored form: every key, in the order ``init()`` has always written them."""
-        return {
+        """The stored form: every key, in the order ``init()`` has always written
+        them; ``run_key`` only when set (it came later)."""
+        stored = {
             "kind": self.kind,
             "name": self.name,
             "environments": [env.to_json() for env in self.environments],
@@ -126,6 +130,9 @@ class RunSpec:
             "traces_opt_out": self.traces_opt_out,
             "mode": self.mode,
         }
+        if self.run_key is not None:
+            stored["run_key"] = self.run_key
+        return stored
 
     @classmethod
     def from_json(cls, value: Any) -> RunSpec:
@@ -174,6 +181,7 @@ class RunSpec:
             traces_url=text("traces_url"),
             traces_opt_out=bool(opted_out),
             mode=choice("mode", _MODES),
+            run_key=text("run_key"),
         )
 
 
@@ -185,14 +193,17 @@ def journal_spec(journal: Journal) -> RunSpec:
     return RunSpec() if stored is None else RunSpec.from_json(stored)
 
 
-def spec_or_default(journal: Journal) -> RunSpec:
-    """``journal_spec``, with the defaults for a spec of the wrong shape too:
-    for what only tunes how a journal is shipped (its registration, which
-    needs the spec, fails and says why)."""
+def spec_or_default(journal: Journal, fallback: RunSpec | None = None) -> RunSpec:
+    """``journal_spec``, with ``fallback`` (the user's, for a spec lost to
+    damage) or the defaults for a spec of the wrong shape or none: for what
+    only tunes how a journal is shipped (its registration, which needs the
+    spec, fails and says why)."""
     try:
+        if fallback is not None and journal.get_meta(SPEC_KEY) is None:
+            return fallback
         return journal_spec(journal)
     except SpecError:
-        return RunSpec()
+        return fallback or RunSpec()
 
 
 def listed_spec(meta: Mapping[str, Any]) -> RunSpec | None:

@@ -196,7 +196,7 @@ def _ship(
     """Ship one journal with progress bars on ``stream``; _NotShipped if it cannot start."""
     try:
         with Journal.open(path, owner=False) as journal:
-            settings = journal_settings(journal, base_url=options.base_url)
+            settings = journal_settings(journal, base_url=options.base_url, spec=options.spec)
     except JournalCorruptError as exc:
         raise _NotShipped(f"damaged journal: {exc}", EXIT_DAMAGED) from None
     except JournalError as exc:

@@ -153,6 +153,18 @@ def ship_journal(
         report = ShipReport(path=journal.path, local_id=journal.local_id, damaged=damaged)
     try:
         _supply_spec(journal, spec)
+        with contextlib.suppress(SpecError):
+            key = spec_or_default(journal).run_key
+            if key is not None and not job_ended:
+                # One journal of several in turn (a requeued job): the one
+                # that finishes closes the run; a crashed one cannot know
+                # whether another comes after it.
+                may_crash = False
+                why_open = (
+                    f"it is one journal of run key {key!r} and has no finish entry: the "
+                    "journal that finishes the run closes it; pass --job-ended once the "
+                    "job has ended for good"
+                )
         _ship(journal, report, settings, timeout, progress, policy, may_crash, why_open)
     finally:
         journal.close()

@@ -35,6 +35,7 @@ from ..journal import Journal
 from ..platform import PlatformClient, is_ambiguous
 from ..platform.binding import Binding
 from ..spec import RunSpec, SpecEnvironment, journal_spec
+from . import run_keys
 from .policy import RetryPolicy
 
 __all__ = ["Lifecycle", "crash_reason", "status_message"]
@@ -218,8 +219,24 @@ class Lifecycle:
         if bound is not None:
             return bound
         spec = self.spec
+        if spec.run_key is None or spec.attach_id:
+            return self._create(spec, attempts)
+        # A keyed run (several journals in turn): the first to register creates
+        # it, the others ship into it; the key's lock makes two at once one.
+        api_root = self.client.settings.api_root
+        with run_keys.held(spec.run_key, api_root):
+            found = run_keys.lookup(spec.run_key, api_root)
+            if found is not None and found.get("kind") == spec.kind:
+                log.info("prime-runs: run key %r names run %s", spec.run_key, found["run_id"])
+                return self._bind(spec, found["run_id"], found.get("name"), found.get("url"))
+            binding = self._create(spec, attempts)
+            record = {"run_id": binding.run_id, "kind": binding.kind, "url": binding.url}
+            run_keys.remember(spec.run_key, api_root, record)
+            return binding
+
+    def _create(self, spec: RunSpec, attempts: int | None) -> Binding:
+        """Create the run (an evaluation found by its client token is adopted)."""
         kind = spec.kind
-        frontend = spec.frontend_url.rstrip("/")
         attach = spec.attach_id
         if attach:
             run_id, name, url = attach, spec.name, None
@@ -244,7 +261,7 @@ class Lifecycle:
         else:
             body = self._eval_body(spec, attempts)
             created = None
-            if self.journal.get_meta(K_CREATE_SENT):
+            if self.journal.get_meta(K_CREATE_SENT) or spec.run_key:
                 # An earlier create may have landed with its answer lost (or the
                 # process died waiting): adopt that run rather than make a ghost.
                 created = self._find_created(body, attempts)
@@ -257,27 +274,33 @@ class Lifecycle:
                 raise APIError("the platform created an evaluation but returned no evaluation_id")
             run_id = str(created["evaluation_id"])
             name, url = created.get("name") or spec.name, created.get("viewer_url")
+        return self._bind(spec, run_id, name, url)
+
+    def _bind(self, spec: RunSpec, run_id: str, name: Any, url: Any) -> Binding:
+        """Record the platform run this journal ships to, and return it."""
+        kind = spec.kind
         if not url:
             section = "training" if kind == "train" else "evaluations"
-            url = f"{frontend}/dashboard/{section}/{run_id}"
-        binding = Binding(run_id=run_id, kind=kind, url=url)
+            url = f"{spec.frontend_url.rstrip('/')}/dashboard/{section}/{run_id}"
+        binding = Binding(run_id=run_id, kind=kind, url=str(url))
         self.journal.set_meta(
             "platform",
             {
                 "run_id": run_id,
                 "kind": kind,
-                "url": url,
+                "url": str(url),
                 "name": name,
                 "base_url": self.client.settings.api_root,
-                "attached": bool(attach),
+                "attached": bool(spec.attach_id),
             },
         )
         return binding
 
     def _client_token(self) -> str:
-        """This run's token on the platform: the journal's local id, unique per
-        journal and the same for every process that ships it (replay, sync)."""
-        return self.journal.local_id
+        """This run's token on the platform: its run key, else the journal's
+        local id, unique per journal and the same for every process that
+        ships it (replay, sync)."""
+        return self.spec.run_key or self.journal.local_id
 
     def _metadata(self, spec: RunSpec) -> dict[str, Any]:
         """The run's config, plus the SDK's own namespace carrying the token."""

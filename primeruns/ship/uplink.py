@@ -30,7 +30,7 @@ from ..exceptions import JournalError, PrimeRunsError
 from ..journal import EntryKind, Journal, list_journals
 from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
-from ..spec import listed_spec, spec_or_default
+from ..spec import RunSpec, listed_spec, spec_or_default
 from ..threads import start_daemon
 from . import ledger
 from .factory import make_shippers
@@ -103,12 +103,16 @@ def _last_of(journal: Journal, kind: EntryKind) -> bytes | None:
 
 
 def journal_settings(
-    journal: Journal, *, base_url: str | None = None, traces_url: str | None = None
+    journal: Journal,
+    *,
+    base_url: str | None = None,
+    traces_url: str | None = None,
+    spec: RunSpec | None = None,
 ) -> Settings:
     """Settings to ship ``journal`` with: the API key from this environment
     (never from the journal), and the platform the run was bound to, unless
-    overridden."""
-    spec = spec_or_default(journal)
+    overridden. ``spec``: the user's, for a journal whose own was lost."""
+    spec = spec_or_default(journal, spec)
     bound = journal.get_meta("platform") or {}
     current = resolve_settings(base_url=base_url)
     if base_url is None:

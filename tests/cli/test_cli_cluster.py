@@ -28,8 +28,13 @@ from typing import Any
 
 import procs
 import pytest
+import workloads
 from cli_helpers import cli
 from sdk_helpers import API_KEY, point_at, wait_for
+
+import primeruns as pr
+from primeruns.journal import Journal
+from primeruns.spec import SPEC_KEY
 
 TESTS = Path(__file__).resolve().parents[1]
 EVAL_EPISODES, TRAIN_STEPS, PER_STEP = 12, 20, 2
@@ -62,9 +67,11 @@ EVERY = [
 class Producer:
     """The job on the compute node."""
 
-    def __init__(self, node_runs: Path, kind: str, url: str, host: str) -> None:
+    def __init__(self, node_runs: Path, kind: str, url: str, host: str, *requeue: str) -> None:
+        """``requeue``: the run key and the part (``first``, ``second``) of a requeued job."""
+        script = str(TESTS / "cluster_producer.py")
         self.proc = procs.start(
-            [sys.executable, str(TESTS / "cluster_producer.py"), str(node_runs), kind, url, host],
+            [sys.executable, script, str(node_runs), kind, url, host, *requeue],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -241,3 +248,58 @@ def test_copies_synced_from_a_login_node_land_once_in_one_run(
         assert _landed(lp, kind, "all")() is not None  # nothing shipped again meanwhile
     finally:
         syncer.stop()
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_job_requeued_offline_syncs_into_one_run_by_its_run_key(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+) -> None:
+    lp = local_platform
+    point_at(monkeypatch, tmp_path, lp.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    login = tmp_path / "login"
+    # The job is killed on one node halfway, requeued on another, and finishes there.
+    first = Producer(tmp_path / "node-a", kind, lp.url, "node-a", "job-4242", "first")
+    first.kill()
+    second = Producer(tmp_path / "node-b", kind, lp.url, "node-b", "job-4242", "second")
+    second.log_the_rest()
+    second.finish()
+    for journal in (first.journal, second.journal):
+        _copy(journal, login)
+    for _ in range(2):  # a second sync finds everything shipped and sends nothing twice
+        code, out, err = cli(capsys, "sync", "--all", "--runs-dir", str(login))
+        assert code == 0, out + err
+        assert _landed(lp, kind, "all")() is not None, out + err
+        assert _status(lp) == "COMPLETED"
+
+
+def test_a_journal_whose_spec_was_lost_syncs_with_the_spec_the_user_supplies(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    run = pr.init(environments=["gsm8k"], model="m", mode="offline", base_url=lp.url, runs_dir=runs)
+    for episode in workloads.gsm8k(EVAL_EPISODES):
+        run.log_episodes([episode])
+    run.finish()
+    assert run.journal_path is not None
+    with Journal.open(run.journal_path) as journal:
+        spec = journal.get_meta(SPEC_KEY)
+        journal.set_meta(SPEC_KEY, {"kind": 7})  # what damage leaves: not a spec
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    code, out, err = cli(capsys, "sync", str(run.journal_path))
+    assert code == 1 and "--spec FILE" in out + err
+    assert lp.runs() == []
+    supplied = tmp_path / "spec.json"
+    supplied.write_text(json.dumps(spec))
+    code, out, err = cli(capsys, "sync", "--spec", str(supplied), str(run.journal_path))
+    assert code == 0, out + err
+    assert _landed(lp, "eval", "all")() is not None
+    assert _status(lp) == "COMPLETED"

@@ -1,0 +1,83 @@
+"""Run keys: the platform run a user's key names, remembered where runs are synced.
+
+A job requeued offline (a scheduler's preemption, a node failure) writes a
+new journal on another node for the same logical run. ``init(run_key=K)``
+names that run; ``primeruns sync`` of each journal with ``K`` must land in
+one platform run. The first journal to register creates the run and records
+it here; the others find it and ship into it.
+
+An evaluation is also found on the platform itself (its create carries the
+key as its client token, and evaluations can be listed), so this record is a
+shortcut there; an external training run cannot be looked up on the wire, so
+for training runs this record is the only way: sync the journals of one key
+where the record is (one login node, one user), which is how a runs directory
+is synced anyway.
+
+A key is recorded per platform (API root): the same key on a local platform
+and on the real one names two runs. Registration holds the key's lock, so
+two syncs of one key at once never create it twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from .mirror import sync_root
+
+__all__ = ["held", "lookup", "remember"]
+
+
+def _path(key: str, api_root: str, root: Path | None) -> Path:
+    digest = hashlib.sha256(f"{api_root}\n{key}".encode()).hexdigest()
+    return (root or sync_root()) / "run-keys" / f"{digest}.json"
+
+
+@contextlib.contextmanager
+def held(key: str, api_root: str, root: Path | None = None) -> Iterator[None]:
+    """Hold the key's lock (blocking) while a run is looked up and created."""
+    path = _path(key, api_root, root)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    fd = os.open(
+        path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
+    )
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def lookup(key: str, api_root: str, root: Path | None = None) -> dict[str, Any] | None:
+    """The run recorded for ``key`` (``run_id``, ``kind``, ``url``, ``name``), or None."""
+    try:
+        fd = os.open(_path(key, api_root, root), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            found = json.loads(handle.read(1 << 16))
+        except ValueError:
+            return None
+    if not isinstance(found, dict) or not isinstance(found.get("run_id"), str):
+        return None
+    return found
+
+
+def remember(key: str, api_root: str, binding: dict[str, Any], root: Path | None = None) -> None:
+    """Record the run ``key`` names (atomically: a reader sees all or nothing)."""
+    path = _path(key, api_root, root)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    temp = path.with_suffix(f".{os.getpid()}.tmp")
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        json.dump({"key": key, **binding}, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temp, path)
