@@ -59,6 +59,7 @@ from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from .exceptions import ConfigurationError
 from .models import Mode
+from .redaction import remember_secret
 
 __all__ = [
     "ALLOW_NETWORK_FS_ENV",
@@ -380,8 +381,9 @@ def _checked_url(url: str, name: str) -> SplitResult:
         # It would be stored in the journal and shown by the CLI: refuse it,
         # without repeating it.
         raise ConfigurationError(
-            f"{name}={shown!r} carries credentials (user:password@); pass the key as "
-            f"api_key= or {API_KEY_ENV} instead"
+            f"{name}={shown!r} carries credentials (user:password@), which would be "
+            f"journaled and shown: remove them; the API key goes in api_key= or "
+            f"{API_KEY_ENV}"
         )
     return parts
 
@@ -433,6 +435,11 @@ class Settings:
     traces_opt_out: bool
     sources: Mapping[str, str] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # Remembered so that any text that reaches the journal or a log can be
+        # scrubbed of it, however it got there (primeruns/redaction.py).
+        remember_secret(self.api_key)
+
     @property
     def api_root(self) -> str:
         return self.origin + self.api_prefix
@@ -455,11 +462,24 @@ def _url_setting(
     if value is not None:
         sources[key] = var
         return value
-    if _config_str(cfg, key):
-        sources[key] = "config file"
-        return str(cfg[key])
+    raw = _config_str(cfg, key)
+    if raw is not None:
+        # Checked as strictly as the variable: a URL with credentials in the
+        # config file would be journaled and printed by doctor just the same.
+        try:
+            value = _parse_url(_in_config(key), raw)
+        except ConfigurationError as exc:
+            read.problem(exc)
+        else:
+            sources[key] = "config file"
+            return value
     sources[key] = "default"
     return None
+
+
+def _in_config(key: str) -> str:
+    """How a message names ``key`` of the config file."""
+    return f"{key} in ~/.prime/config.json"
 
 
 def resolve_settings(
@@ -507,6 +527,7 @@ def resolve_settings(
         else:
             if _config_str(cfg, "base_url"):
                 url, sources["base_url"] = cfg["base_url"], "config file"
+                url_name = _in_config("base_url")
     try:
         origin, prefix, internal = split_api_root(url, name=url_name)
     except ConfigurationError as exc:

@@ -75,6 +75,10 @@ def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:
 def _run_child(directories: list[Path]) -> tuple[list[str | None], bool]:
     """Walk ``directories`` in order in one child; returns the verdicts it got
     to and whether some were left (the child died on the last one)."""
+    # Imported here: this file also runs as a script, where a relative
+    # import fails, and the child needs only lmdb.
+    from ..redaction import without_secrets
+
     try:
         done = subprocess.run(
             [sys.executable, __file__],
@@ -84,6 +88,9 @@ def _run_child(directories: list[Path]) -> tuple[list[str | None], bool]:
             capture_output=True,
             timeout=PROBE_TIMEOUT_S * max(1, len(directories)),
             check=False,
+            # It reads a file it does not trust and needs no credential:
+            # whatever it is made to do, it has no key to give away.
+            env=without_secrets(os.environ),
         )
     except subprocess.TimeoutExpired as exc:
         verdicts = _verdicts(exc.stdout or b"")

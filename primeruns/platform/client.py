@@ -85,8 +85,12 @@ class PlatformClient:
                 self._http = self._storage = None
                 self._pid = os.getpid()
             if self._http is None or self._storage is None:
+                # No redirect is followed: httpx strips only Authorization on
+                # an origin change, so x-api-key and the body would go to
+                # wherever a 3xx points, https or not. A 3xx is an error
+                # naming the target (errors.error_from_response).
                 self._http = httpx.Client(
-                    follow_redirects=True,
+                    follow_redirects=False,
                     timeout=_PLATFORM_TIMEOUT,
                     headers={"User-Agent": _user_agent()},
                     transport=self._transport,

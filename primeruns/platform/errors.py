@@ -4,8 +4,12 @@ Both the platform API (FastAPI style ``{"detail": ...}``) and Prime Traces
 (``{"error": {"code", "message"}}``) are read by one mapper (see
 docs/ARCHITECTURE.md, "The wire"), so a caller's ``except`` clauses work the
 same for every endpoint. Messages carry
-the server's text and the request's method and path, never a header: the API
-key cannot leak through an error.
+the server's text and the request's method and path, never a header. The
+server's text is the one way a key can come back (a proxy's debug page echoing
+the request's headers), so it is scrubbed here, as it enters, of the request's
+own credentials and any header echo (:mod:`primeruns.redaction`). A redirect
+is an error too (the client follows none): it names where it pointed,
+without credentials, so the user can correct the URL.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from ..exceptions import (
     UnauthorizedError,
     ValidationRejectedError,
 )
+from ..redaction import scrub, url_for_display
 
 __all__ = [
     "RETRY_AFTER_CAP",
@@ -103,11 +108,44 @@ def _code_and_message(response: httpx.Response) -> tuple[str | None, str]:
     return None, text or f"HTTP {response.status_code}"
 
 
+def _credentials(request: httpx.Request) -> list[str]:
+    """The secrets the request carried, as a server could echo them."""
+    found = []
+    for name in ("authorization", "x-api-key", "proxy-authorization"):
+        value = request.headers.get(name)
+        if value:
+            found.append(value)
+            found.append(value.partition(" ")[2])  # "Bearer <key>": the key alone
+    return found
+
+
+def _redirect_message(response: httpx.Response) -> str:
+    location = response.headers.get("location")
+    if not location:
+        return "a redirect without a Location"
+    try:
+        target = url_for_display(str(response.request.url.join(location)))
+    except (httpx.InvalidURL, ValueError):
+        target = url_for_display(location)
+    return (
+        f"redirected to {target}; API calls follow no redirect (the key and the body "
+        "would go with it): if that is the platform, point the base URL (or the traces "
+        "URL) at it"
+    )
+
+
 def error_from_response(response: httpx.Response) -> APIError:
-    """The exception for a non-2xx response."""
+    """The exception for a response that is not a 2xx (a 3xx included)."""
     status = response.status_code
-    code, message = _code_and_message(response)
     request = response.request
+    code: str | None = None
+    if 300 <= status < 400:
+        message = _redirect_message(response)
+    else:
+        code, message = _code_and_message(response)
+    secrets = _credentials(request)
+    message = scrub(message, *secrets)
+    code = None if code is None else scrub(code, *secrets)
     where = f"{request.method} {request.url.path}"
     text = f"HTTP {status} from {where}: {message}"
     if status in _RETRYABLE:

@@ -17,6 +17,7 @@ from typing import Any
 from .. import exceptions
 from ..exceptions import APIError, JournalError
 from ..journal import EntryKind, Journal
+from ..redaction import scrub
 
 __all__ = [
     "Closeout",
@@ -92,17 +93,21 @@ def read_standing(journal: Journal, sink: str) -> SinkStanding:
 
 
 def record_error(journal: Journal, what: str, exc: BaseException) -> None:
-    """Note a failure for ``run.errors`` (and ``on_error="raise"``)."""
+    """Note a failure for ``run.errors`` (and ``on_error="raise"``).
+
+    The message is scrubbed of credentials once more: the error mapping
+    scrubs a server's text as it enters, but an exception from elsewhere
+    (a library quoting a header) must not put a key on disk either."""
     record: dict[str, Any] = {
         "what": what,
         "type": type(exc).__name__,
-        "message": str(exc),
+        "message": scrub(str(exc)),
         "at": time.time(),
     }
     for attr in ("status_code", "code", "retry_after"):
         value = getattr(exc, attr, None)
         if isinstance(value, int | float | str):
-            record[attr] = value
+            record[attr] = scrub(value) if isinstance(value, str) else value
     journal.push_meta(K_ERRORS, record, cap=_MAX_ERRORS)
 
 

@@ -1,0 +1,90 @@
+"""Keep credentials out of what the SDK logs, raises, journals and shows.
+
+A server's text is not ours: a proxy's debug page or a chatty error handler
+may echo the request's ``Authorization`` header back, and that text would
+otherwise travel into warnings, ``run.errors``, the journal (on disk, in
+plain text) and ``primeruns show``. It is scrubbed where it enters (the error
+mapping, :mod:`primeruns.platform.errors`) and once more where errors are
+journaled (:func:`primeruns.ship.ledger.record_error`), which is handed no
+settings: so this module remembers every API key this process resolved.
+
+A module of its own, importing nothing of the SDK: the settings (which
+register the key), the platform client and the journal's probe all use it
+without an import cycle.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Mapping
+from urllib.parse import urlsplit, urlunsplit
+
+__all__ = [
+    "MASK",
+    "remember_secret",
+    "scrub",
+    "url_for_display",
+    "without_secrets",
+]
+
+MASK = "***"
+
+# A shorter "key" is a test placeholder ("k"); scrubbing it would mangle every
+# message that happens to hold the letters, and no real key is that short.
+_MIN_SECRET = 8
+
+_lock = threading.Lock()
+_secrets: set[str] = set()
+
+# A header (or query/JSON field) echoed with its value: the name is kept so
+# the message still says what was there, the value is masked.
+_ECHO = re.compile(
+    r"(?i)\b(proxy-authorization|authorization|x-api-key|api[-_]?key|access[-_]?token)"
+    r"(\"?'?\s*[:=]\s*\"?'?)"
+    r"((?:bearer|basic|token)\s+)?"
+    r"[^\s\"'<>,;&]+"
+)
+_BEARER = re.compile(r"(?i)\b(bearer\s+)[A-Za-z0-9._~+/=-]+")
+
+# Environment variables a child that needs no credentials must not inherit.
+_SECRET_NAME = re.compile(r"(?i)(API_?KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIAL)")
+
+
+def remember_secret(value: str | None) -> None:
+    """Scrub ``value`` from every text :func:`scrub` sees from now on (this process)."""
+    if value and len(value) >= _MIN_SECRET:
+        with _lock:
+            _secrets.add(value)
+
+
+def scrub(text: str, *secrets: str | None) -> str:
+    """``text`` without ``secrets``, any key this process resolved, and any
+    credential header or ``Bearer`` token echoed in it."""
+    with _lock:
+        known = set(_secrets)
+    known.update(s for s in secrets if s and len(s) >= _MIN_SECRET)
+    # Longest first: a key that contains another is masked whole.
+    for secret in sorted(known, key=len, reverse=True):
+        if secret in text:
+            text = text.replace(secret, MASK)
+    text = _ECHO.sub(lambda m: f"{m[1]}{m[2]}{m[3] or ''}{MASK}", text)
+    return _BEARER.sub(lambda m: f"{m[1]}{MASK}", text)
+
+
+def url_for_display(url: str) -> str:
+    """``url`` without ``user:password@``, query or fragment (a token may hide
+    in either), for a message."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return MASK
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def without_secrets(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the variables that look like credentials
+    (``PRIME_API_KEY``, any ``*_API_KEY``, ``*TOKEN*``, ``*SECRET*``...): for
+    a child process that has no use for them."""
+    return {k: v for k, v in environ.items() if not _SECRET_NAME.search(k)}
