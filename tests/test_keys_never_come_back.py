@@ -127,13 +127,44 @@ def test_the_journal_never_records_a_key_in_an_error(tmp_path: Path) -> None:
     try:
         record_error(journal, "ship", RuntimeError(f"proxy said: Authorization: Bearer {KEY}"))
         record_error(journal, "ship", RuntimeError(f"raw {KEY} here"))
+        ledger.record_standing(
+            journal, "traces", off=None, retired=f"3 failed: {KEY}", paused_until=None
+        )
         recorded = ledger.read_errors(journal)
+        assert KEY not in str(ledger.read_standing(journal, "traces"))
     finally:
         journal.close()
     assert len(recorded) == 2
     assert all(KEY not in str(e) for e in recorded)
     for name in os.listdir(journal.path):
         assert KEY.encode() not in (journal.path / name).read_bytes()
+
+
+def test_a_traces_receipt_echoing_the_key_is_scrubbed() -> None:
+    """A 200 is server text too: a receipt that is not one is quoted, scrubbed."""
+    from scripted_platform import Batch, ScriptedPlatform, entries_of
+
+    from primeruns.journal import EntryKind
+    from primeruns.sinks.base import Binding
+    from primeruns.sinks.traces import TracesSink
+
+    resolve_settings(api_key=KEY, environ={}, config={})  # the process knows its key
+    platform = ScriptedPlatform()
+    platform.route(
+        "upload",
+        "POST",
+        "/api/v1/traces",
+        lambda request, _: httpx.Response(200, json={"status": f"echo {KEY}"}),
+    )
+    sink = TracesSink(platform.client(), context={"source": "unit-test"})
+    batch = Batch.prepare(
+        sink,
+        entries_of(EntryKind.EPISODE, workloads.gsm8k(1)),
+        Binding(run_id="eval-1", kind="eval"),
+    )
+    with pytest.raises(ex.RetryableAPIError) as caught:
+        batch.send(sink)
+    assert "echo" in str(caught.value) and KEY not in str(caught.value)
 
 
 class _EchoingProxy(httpx.BaseTransport):

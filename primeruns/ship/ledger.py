@@ -74,8 +74,14 @@ class SinkStanding:
 def record_standing(
     journal: Journal, sink: str, *, off: str | None, retired: str | None, paused_until: float | None
 ) -> None:
+    # A reason may quote a failure's text: scrubbed as record_error does.
     journal.set_meta(
-        _STANDING + sink, {"off": off, "retired": retired, "paused_until": paused_until}
+        _STANDING + sink,
+        {
+            "off": None if off is None else scrub(off),
+            "retired": None if retired is None else scrub(retired),
+            "paused_until": paused_until,
+        },
     )
 
 

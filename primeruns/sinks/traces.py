@@ -30,6 +30,7 @@ from ..exceptions import ForbiddenError, RetryableAPIError, TraceTooLargeError
 from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
 from ..records import stamp_run
+from ..redaction import scrub
 from .base import Binding, Prepared, SendContext, SinkOff
 
 __all__ = ["MAX_LINE_BYTES", "TARGET_BATCH_BYTES", "TracesSink", "TracesUpload", "multipart_body"]
@@ -160,8 +161,9 @@ class TracesSink:
             # No receipt (an empty 200, a proxy's page) or not committed: not
             # stored as far as we can tell. Resending the same bytes is safe
             # (the service answers a replay with the receipt it committed).
+            # The status is a server's text: scrubbed, as error bodies are.
             raise RetryableAPIError(
                 f"Prime Traces answered without a committed receipt "
-                f"(status {receipt.get('status')!r}); resending the same upload"
+                f"(status {scrub(repr(receipt.get('status'))[:200])}); resending the same upload"
             )
         self.committed += 1
