@@ -88,7 +88,10 @@ class Demo:
         self.runs = workdir / "runs"
         self.console = console
         self.checks: list[Check] = []
-        self.http = httpx.Client(base_url=url, timeout=10.0)
+        # The platform's inspection routes want the key like its API.
+        self.http = httpx.Client(
+            base_url=url, timeout=10.0, headers={"Authorization": f"Bearer {key}"}
+        )
         self.killed_journal: Path | None = None  # its uplink may still run
 
     def check(self, what: str, ok: bool, detail: str = "") -> bool:

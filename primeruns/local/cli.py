@@ -3,7 +3,10 @@
 Prints ``primeruns serve: listening on http://HOST:PORT`` (flushed) once the
 socket accepts connections, so a parent that asked for ``--port 0`` can read
 the port. The API key may come from ``--api-key`` or, to keep it out of the
-process list, from ``$PRIMERUNS_LOCAL_API_KEY``; it is never printed.
+process list, from ``$PRIMERUNS_LOCAL_API_KEY``; it is never printed. With a
+key, a one-time dashboard login link follows (``primeruns serve: dashboard
+login (once): URL``). Binding beyond loopback needs a key (or
+``--allow-remote-without-key``): see ``guard.py`` for what is checked.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ if TYPE_CHECKING:
     from starlette.applications import Starlette
 
 API_KEY_ENV = "PRIMERUNS_LOCAL_API_KEY"
+#: Seconds SIGTERM waits for requests in flight before cancelling them.
+SHUTDOWN_GRACE_S = 2
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,7 +50,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         "--api-key",
         metavar="K",
         default=None,
-        help=f"require 'Authorization: Bearer K' (or set ${API_KEY_ENV}); default: accept any",
+        help=f"require 'Authorization: Bearer K' on every route, the dashboard by a login "
+        f"link printed at start (or set ${API_KEY_ENV}); default: accept any",
+    )
+    parser.add_argument(
+        "--allow-remote-without-key",
+        action="store_true",
+        help="bind beyond loopback without --api-key (anyone who reaches the port "
+        "can read and change everything)",
     )
     parser.add_argument(
         "--traces-disabled",
@@ -135,18 +147,46 @@ def run_serve(args: argparse.Namespace) -> int:
     cleanly on SIGTERM or SIGINT; restarted on the same --data it serves
     everything it had stored. With --runs-dir DIR, serves only the dashboard,
     read from the run journals under DIR (never written to)."""
+    key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    if not _bind_allowed(args.host, key, args.allow_remote_without_key):
+        return 2
     if args.runs_dir is not None:
         from .dashboard import offline_app
 
         if not Path(args.runs_dir).is_dir():
             print(f"primeruns serve: no directory {args.runs_dir} (--runs-dir)", file=sys.stderr)
             return 2
-        return _serve(offline_app(Path(args.runs_dir)), args.host, args.port)
-    app = _platform_app(args)
-    return 2 if app is None else _serve(app, args.host, args.port)
+        return _serve(offline_app(Path(args.runs_dir)), args.host, args.port, key)
+    app = _platform_app(args, key)
+    return 2 if app is None else _serve(app, args.host, args.port, key)
 
 
-def _platform_app(args: argparse.Namespace) -> Starlette | None:
+def _bind_allowed(host: str, key: str | None, waived: bool) -> bool:
+    """Whether to bind ``host``: beyond loopback, only with a key or the explicit waiver.
+
+    Without a key anyone who reaches the port reads every run and injects faults;
+    on a shared login node that is every other user.
+    """
+    from .guard import is_loopback
+
+    if is_loopback(host) or key is not None:
+        return True
+    if waived:
+        print(
+            f"primeruns serve: warning: listening on {host} without a key: anyone who "
+            "reaches this port can read and change everything",
+            file=sys.stderr,
+        )
+        return True
+    print(
+        f"primeruns serve: refusing to listen on {host} (beyond this machine) without a key: "
+        f"set --api-key (or ${API_KEY_ENV}), or pass --allow-remote-without-key",
+        file=sys.stderr,
+    )
+    return False
+
+
+def _platform_app(args: argparse.Namespace, key: str | None) -> Starlette | None:
     """The platform's app for these arguments, or None (said on stderr) if they are wrong."""
     from .app import build_app
     from .faults import FaultSettings
@@ -157,7 +197,7 @@ def _platform_app(args: argparse.Namespace) -> Starlette | None:
         teams = frozenset(t.strip() for t in args.train_teams.split(",") if t.strip())
     settings = ServerSettings(
         data_dir=Path(args.data),
-        api_key=args.api_key or os.environ.get(API_KEY_ENV) or None,
+        api_key=key,
         traces_disabled=args.traces_disabled,
         train_teams=teams,
         retry_after=args.retry_after,
@@ -182,9 +222,15 @@ def _platform_app(args: argparse.Namespace) -> Starlette | None:
         return None
 
 
-def _serve(app: Starlette, host: str, port: int) -> int:
-    """Run ``app`` under uvicorn on ``host:port`` until SIGTERM/SIGINT."""
+def _serve(app: Starlette, host: str, port: int, key: str | None) -> int:
+    """Run ``app`` under uvicorn on ``host:port`` until SIGTERM/SIGINT, behind the guard."""
     import uvicorn
+
+    from .guard import Guard, GuardSettings, allowed_hosts, is_wildcard
+
+    guard = Guard(app, GuardSettings(api_key=key, hosts=allowed_hosts(host)))
+    ctx = getattr(app.state, "ctx", None)  # the platform's; the offline dashboard has none
+    faults = None if ctx is None else ctx.faults
 
     try:
         sock = listening_socket(host, port)
@@ -198,8 +244,25 @@ def _serve(app: Starlette, host: str, port: int) -> int:
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             print(f"primeruns serve: listening on http://{shown}:{port}", flush=True)
+            if key is not None:
+                # Loopback in the link even when bound wider: it is for this machine's browser.
+                guard.origin = f"http://{'127.0.0.1' if is_wildcard(host) else shown}:{port}"
+                print(f"primeruns serve: dashboard login (once): {guard.login_url()}", flush=True)
 
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on")
+        async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+            if faults is not None:
+                faults.stopping.set()  # injected sleeps end now, not in an hour
+            await super().shutdown(sockets)
+
+    # Graceful shutdown waits for requests in flight, and an injected latency or
+    # a slow-loris answer may be an hour long: past this, they are cancelled.
+    config = uvicorn.Config(
+        guard,
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=SHUTDOWN_GRACE_S,
+    )
     # uvicorn restores the previous handlers and re-raises the signal after its
     # graceful shutdown; with these in place that re-raise is a no-op and the
     # process exits 0.

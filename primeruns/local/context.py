@@ -17,6 +17,7 @@ from typing import Any
 
 from starlette.requests import Request
 
+from . import jsonlimits
 from .errors import PlatformError, TracesError
 from .faults import FaultInjector
 from .settings import ServerSettings
@@ -117,7 +118,9 @@ async def json_body(request: Request, *, limit: int = MAX_JSON_BODY) -> dict[str
     if "json" not in content_type.split(";")[0].lower():
         raise PlatformError(415, f"Expected application/json, got {content_type!r}")
     try:
-        value = json.loads(body)
+        value = jsonlimits.loads(body)
+    except jsonlimits.TooDeep as exc:
+        raise PlatformError(422, f"Body is refused: {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise PlatformError(422, f"Body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):

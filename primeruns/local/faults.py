@@ -26,6 +26,7 @@ view it is part of the API, and its retry path deserves the same exercise.
 
 from __future__ import annotations
 
+import asyncio
 import random
 import threading
 from dataclasses import asdict, dataclass
@@ -63,6 +64,9 @@ class FaultInjector:
         self._settings = settings
         self._rng = random.Random(settings.seed)
         self._injected = 0  # faults drawn so far, for a campaign's "faults injected" figure
+        #: Set when the server starts shutting down: an injected latency (up to
+        #: an hour) or slow-loris answer ends at once, or SIGTERM would wait on it.
+        self.stopping = asyncio.Event()
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -165,7 +169,10 @@ class FaultMiddleware:
             return
         outcome, status, settings = self.injector.draw(scope["path"])
         if settings.latency_ms:
-            await anyio.sleep(settings.latency_ms / 1000)
+            with anyio.move_on_after(settings.latency_ms / 1000):
+                await self.injector.stopping.wait()
+        if self.injector.stopping.is_set():
+            outcome, status = "retryable", 503  # shutting down: nothing is processed
         if outcome == "retryable":
             await _drain(receive)
             await _refuse(send, scope["path"], status, settings.retry_after)
@@ -215,7 +222,10 @@ class FaultMiddleware:
         # One byte per interval: every read the client makes succeeds just in
         # time, so a per-read timeout never fires.
         for index in range(len(body)):
-            await anyio.sleep(interval_s)
+            with anyio.move_on_after(interval_s):
+                await self.injector.stopping.wait()
+            if self.injector.stopping.is_set():
+                return  # the connection closes short of its body: the client sees that
             more = index + 1 < len(body)
             await send(
                 {

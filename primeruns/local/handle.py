@@ -25,6 +25,7 @@ from .cli import API_KEY_ENV
 from .storage import ensure_private_dir
 
 _LISTENING = re.compile(rb"primeruns serve: listening on (http://\S+)")
+_LOGIN = re.compile(rb"primeruns serve: dashboard login \(once\): (http://\S+)")
 START_TIMEOUT = 20.0
 STOP_TIMEOUT = 10.0
 
@@ -70,10 +71,18 @@ class LocalPlatform:
         ]
         self._proc: subprocess.Popen[bytes] | None = None
         self.url = ""
+        #: With a key: the one-time dashboard login link the server printed.
+        self.login_url = ""
 
     @property
     def log_path(self) -> Path:
         return self.data_dir / "server.log"
+
+    @property
+    def pid(self) -> int:
+        """The server process's id (for a test's look at its memory)."""
+        assert self._proc is not None, "not started"
+        return self._proc.pid
 
     @property
     def returncode(self) -> int | None:
@@ -115,6 +124,8 @@ class LocalPlatform:
             self.url = self._wait_for_url(deadline)
             self._port = int(self.url.rsplit(":", 1)[1])
             self._wait_healthy(deadline)
+            if self._api_key is not None:
+                self.login_url = self._login_link()
         except BaseException:
             self.stop()  # a signal or Ctrl-C while it starts: never leave it running
             raise
@@ -128,6 +139,13 @@ class LocalPlatform:
             self._check_alive()
             time.sleep(0.02)
         self._fail("did not report its address in time")
+
+    def _login_link(self) -> str:
+        # Printed right after the address, before /healthz could answer.
+        match = _LOGIN.search(self.log_path.read_bytes())
+        if match is None:
+            self._fail("did not print its dashboard login link")
+        return match.group(1).decode()
 
     def _wait_healthy(self, deadline: float) -> None:
         while time.monotonic() < deadline:
@@ -180,8 +198,21 @@ class LocalPlatform:
     ) -> None:
         self.stop()
 
+    @property
+    def auth_headers(self) -> dict[str, str]:
+        """The header every route wants when the server has a key (else none)."""
+        return {} if self._api_key is None else {"Authorization": f"Bearer {self._api_key}"}
+
+    def new_login_url(self) -> str:
+        """Another one-time dashboard login link (the key holder may mint them)."""
+        url: str = self._request("POST", "/_local/login")["url"]
+        return url
+
     def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        response = httpx.request(method, f"{self.url}{path}", timeout=10.0, **kwargs)
+        headers = {**self.auth_headers, **kwargs.pop("headers", {})}
+        response = httpx.request(
+            method, f"{self.url}{path}", timeout=10.0, headers=headers, **kwargs
+        )
         response.raise_for_status()
         return response.json()
 

@@ -27,9 +27,11 @@ import json
 import re
 import time
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import jsonlimits
 from .errors import TracesError, rejected
 from .multipart import MultipartError, Part, boundary_of, parse_parts
 from .traces_extract import first_error, has_error, trace_columns
@@ -64,7 +66,7 @@ class Upload:
     traces: list[dict[str, Any]] = field(default_factory=list)
     lines: int = 0
     #: The verified uncompressed JSONL bytes, until :func:`stage_rows` consumes them.
-    data: bytes = b""
+    data: bytes | bytearray = b""
 
 
 def parse_key(value: str | None) -> str:
@@ -95,7 +97,7 @@ def _metadata(part: Part) -> tuple[int, dict[str, str]]:
     if len(part.data) > MAX_METADATA_BYTES:
         raise rejected("invalid_metadata", f"metadata part is over {MAX_METADATA_BYTES} bytes")
     try:
-        meta = json.loads(bytes(part.data))
+        meta = jsonlimits.loads(bytes(part.data))
     except (ValueError, UnicodeDecodeError):
         raise rejected("invalid_metadata", "metadata part is not JSON") from None
     if not isinstance(meta, dict):
@@ -115,23 +117,47 @@ def _metadata(part: Part) -> tuple[int, dict[str, str]]:
     return version, context
 
 
-def _payload(part: Part) -> bytes:
+def _payload(part: Part) -> bytes | bytearray:
     encoding = part.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
-        data = bytes(part.data)
+        data: bytes | bytearray = bytes(part.data)
     elif encoding == "gzip":
-        inflater = zlib.decompressobj(wbits=31)
-        try:
-            data = inflater.decompress(bytes(part.data), MAX_UPLOAD_BYTES + 1)
-        except zlib.error as exc:
-            raise rejected("malformed_encoding", f"traces part is not valid gzip: {exc}") from None
-        if len(data) <= MAX_UPLOAD_BYTES and not inflater.eof:
-            raise rejected("malformed_encoding", "traces part is a truncated gzip stream")
+        data = _gunzip(bytes(part.data))
     else:
         raise rejected("malformed_encoding", f"unsupported part Content-Encoding {encoding!r}")
     if len(data) > MAX_UPLOAD_BYTES:
         raise rejected("upload_too_large", f"upload is over {MAX_UPLOAD_BYTES} uncompressed bytes")
     return data
+
+
+#: Output per decompression step: the body grows by this much at a time.
+_INFLATE_STEP = 4 * MIB
+
+
+def _gunzip(compressed: bytes) -> bytearray:
+    """The gzip stream decompressed, refused once it passes MAX_UPLOAD_BYTES.
+
+    Streamed in steps into one growing buffer, so a bomb costs at most the cap
+    (one ``decompress`` call with ``max_length`` builds its output in a buffer
+    that it then copies: twice the cap at the peak).
+    """
+    inflater = zlib.decompressobj(wbits=31)
+    out = bytearray()
+    pending = compressed
+    try:
+        while pending and not inflater.eof:
+            out += inflater.decompress(pending, _INFLATE_STEP)
+            pending = inflater.unconsumed_tail
+            if len(out) > MAX_UPLOAD_BYTES:
+                raise rejected(
+                    "upload_too_large", f"upload is over {MAX_UPLOAD_BYTES} uncompressed bytes"
+                )
+        out += inflater.flush()
+    except zlib.error as exc:
+        raise rejected("malformed_encoding", f"traces part is not valid gzip: {exc}") from None
+    if not inflater.eof:
+        raise rejected("malformed_encoding", "traces part is a truncated gzip stream")
+    return out  # not bytes(out): that copy would double the peak again
 
 
 def _reject_constant(name: str) -> Any:
@@ -144,7 +170,7 @@ def _decode_line(line: bytes, number: int) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise rejected("malformed_encoding", f"line {number} is not UTF-8") from None
     try:
-        doc = json.loads(text, parse_constant=_reject_constant)
+        doc = jsonlimits.loads(text, parse_constant=_reject_constant)
     except ValueError as exc:
         raise rejected("invalid_trace", f"line {number} is not JSON: {exc}") from None
     if not isinstance(doc, dict):
@@ -180,15 +206,26 @@ def _compact(doc: Any) -> bytes:
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def _lines(data: bytes) -> list[tuple[int, bytes]]:
-    out: list[tuple[int, bytes]] = []
-    for number, line in enumerate(data.split(b"\n"), start=1):
-        if not line.strip():
-            continue
-        if len(line) > MAX_LINE_BYTES:
+#: A line holding something besides whitespace, matched from its start (the
+#: anchor makes every other position fail at once, so a scan is linear).
+_LINE = re.compile(rb"^[ \t\r\x0b\x0c]*+[^\s][^\n]*", re.MULTILINE)
+
+
+def _lines(data: bytes | bytearray) -> Iterator[tuple[int, bytes]]:
+    """(number, line) of each non-blank line, found as the caller consumes them.
+
+    Never ``data.split``: 256 MiB of newlines is 256 Mi empty slices, 2 GiB of
+    list on top of the body (the security review's gzip bomb). Blank lines are
+    skipped by the regex engine and counted, not materialized.
+    """
+    number, position = 1, 0
+    for match in _LINE.finditer(data):
+        start, end = match.span()
+        number += data.count(b"\n", position, start)
+        position = start
+        if end - start > MAX_LINE_BYTES:
             raise rejected("trace_too_large", f"line {number} is over {MAX_LINE_BYTES} bytes")
-        out.append((number, line))
-    return out
+        yield number, match.group()
 
 
 def verify_request(
@@ -220,9 +257,7 @@ def stage_rows(upload: Upload, ingested_at: float) -> Upload:
     now = time.time()
     stamp = ingested_at
     line_format = upload.line_format
-    lines = _lines(upload.data)
-    upload.data = b""
-    upload.lines = len(lines)
+    data, upload.data = upload.data, b""
     staged = 0
     seen_traces: set[str] = set()
     seen_episodes: set[str] = set()
@@ -235,7 +270,8 @@ def stage_rows(upload: Upload, ingested_at: float) -> Upload:
         row.update(episode_id=episode_id, size_bytes=len(raw), raw=raw, ingested_at=stamp)
         upload.traces.append(row)
 
-    for number, line in lines:
+    for number, line in _lines(data):
+        upload.lines += 1
         doc = _decode_line(line, number)
         is_episode_line = isinstance(doc.get("traces"), list)
         if is_episode_line != (line_format == "episode"):

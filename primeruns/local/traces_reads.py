@@ -24,6 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from . import jsonlimits
 from .context import check_traces_auth, context_of
 from .errors import TracesError, rejected
 
@@ -153,7 +154,7 @@ class Query:
         if cursor is None:
             return 0, limit
         try:
-            decoded = json.loads(base64.urlsafe_b64decode(cursor.encode()))
+            decoded = jsonlimits.loads(base64.urlsafe_b64decode(cursor.encode()))
             offset, bound = int(decoded["o"]), decoded["h"]
         except (ValueError, KeyError, TypeError):
             raise rejected("invalid_cursor", "cursor is not valid") from None

@@ -97,9 +97,10 @@ def stored_samples(url: str, key: str, run_id: str) -> list[dict[str, Any]]:
     return samples
 
 
-def local_runs(url: str) -> dict[str, dict[str, Any]]:
-    """Every run the platform knows, by name."""
-    answer = httpx.get(f"{url}/_local/runs", timeout=10)
+def local_runs(url: str, key: str | None = None) -> dict[str, dict[str, Any]]:
+    """Every run the platform knows, by name (``key``: the platform's, if it has one)."""
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    answer = httpx.get(f"{url}/_local/runs", headers=headers, timeout=10)
     answer.raise_for_status()
     return {r["name"]: r for r in answer.json()["runs"]}
 

@@ -104,14 +104,19 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DemoRuns]:
         finally:
             runner.http.close()
         assert runner.checks and all(c.ok for c in runner.checks), runner.checks
-        ids = {name: run["id"] for name, run in local_runs(platform.url).items()}
+        ids = {name: run["id"] for name, run in local_runs(platform.url, key).items()}
         yield DemoRuns(platform.url, key, runner.runs, ids)
 
 
+def _bearer(demo: DemoRuns) -> dict[str, str]:
+    return {"Authorization": f"Bearer {demo.key}"}
+
+
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A fresh tab that fails the test on any dialog (an alert is injected markup
-    running) and on any request that leaves the page's origin."""
+def page(browser: Browser, demo: DemoRuns) -> Iterator[Page]:
+    """A fresh tab, logged in to the demo's platform by a one-time link as a
+    user would be, that fails the test on any dialog (an alert is injected
+    markup running) and on any request that leaves the page's origin."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     tab = context.new_page()
     dialogs: list[str] = []
@@ -123,6 +128,8 @@ def page(browser: Browser) -> Iterator[Page]:
             foreign.append(r.url) if not r.url.startswith(("http://127.0.0.1:", "data:")) else None
         ),
     )
+    link = httpx.post(f"{demo.url}/_local/login", headers=_bearer(demo), timeout=10).json()["url"]
+    tab.goto(link)
     yield tab
     context.close()
     assert not dialogs, dialogs
@@ -148,7 +155,7 @@ def _metric_names(rows: list[dict[str, Any]]) -> set[str]:
 def test_runs_list_shows_every_run_and_links_to_its_page(
     demo: DemoRuns, page: Page, shots: Path
 ) -> None:
-    known = local_runs(demo.url)  # the demo's runs, and any an earlier test added
+    known = local_runs(demo.url, demo.key)  # the demo's runs, and any an earlier test added
     page.goto(f"{demo.url}/")
     rows = page.locator("table.runs tr.run")
     expect(rows).to_have_count(len(known))
@@ -177,7 +184,8 @@ def test_training_page_draws_a_dot_per_logged_step_and_opens_a_step_table(
     expect(page.locator(".latest-step")).to_have_text(str(max(steps)))
     page.screenshot(path=shots / "training.png", full_page=True)
 
-    objects = httpx.get(f"{demo.url}/_local/runs/{run_id}", timeout=10).json()["parquet_objects"]
+    stored = httpx.get(f"{demo.url}/_local/runs/{run_id}", headers=_bearer(demo), timeout=10)
+    objects = stored.json()["parquet_objects"]
     assert objects
     first = objects[0]
     page.locator("table.steps").get_by_role("link", name=str(first["step"]), exact=True).click()

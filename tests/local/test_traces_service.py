@@ -165,7 +165,7 @@ def test_bad_gzip_and_bad_multipart_are_400(platform: LocalPlatform) -> None:
     host, port = platform.url.removeprefix("http://").rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(
-            b"POST /api/v1/traces HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data;"
+            b"POST /api/v1/traces HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: multipart/form-data;"
             b" boundary=x\r\nIdempotency-Key: "
             + key["Idempotency-Key"].encode()
             + b"\r\nContent-Length: "

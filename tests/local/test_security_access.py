@@ -1,0 +1,143 @@
+"""The local platform answers only whom it should (issue #27): the key on every
+route, a one-time login link for the dashboard, loopback Host names, no binding
+beyond loopback without a key, no cross-site form posts, framing headers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from hostile import cross_site_form_post
+
+from primeruns.local import LocalPlatform
+
+KEY = "the-local-key-123"
+BEARER = {"Authorization": f"Bearer {KEY}"}
+
+
+def test_with_a_key_every_route_needs_it(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    p = make_local_platform(api_key=KEY)
+    for path in (
+        "/",
+        "/dashboard/evaluations/x",
+        "/_dashboard/static/live.js",
+        "/_local/runs",
+        "/_local/runs/x",
+        "/_local/faults",
+        "/no/such/route",
+    ):
+        r = httpx.get(f"{p.url}{path}", timeout=10)
+        assert r.status_code == 401, (path, r.status_code)
+        assert KEY not in r.text
+    # An unauthenticated fault of an hour's latency would stall every
+    # authenticated call: refused, and nothing changed.
+    r = httpx.post(f"{p.url}/_local/faults", json={"latency_ms": 3_600_000}, timeout=10)
+    assert r.status_code == 401
+    assert p.set_faults()["latency_ms"] == 0
+    # The handle sends the key to its own inspection routes.
+    assert p.runs() == []
+    assert httpx.get(f"{p.url}/_local/runs", headers=BEARER, timeout=10).status_code == 200
+    # A key sent as a cookie value is no session.
+    r = httpx.get(f"{p.url}/", cookies={"primeruns_session": KEY}, timeout=10)
+    assert r.status_code == 401
+
+
+def test_the_dashboard_logs_in_once_by_the_link_printed_at_start(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    p = make_local_platform(api_key=KEY)
+    link = p.login_url
+    assert link.startswith(f"{p.url}/?token=") and KEY not in link
+    with httpx.Client(timeout=10) as browser:
+        r = browser.get(link)
+        assert r.status_code == 303 and r.headers["location"] == "/"
+        cookie = r.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie
+        assert browser.get(f"{p.url}/").status_code == 200
+        assert browser.get(f"{p.url}/_dashboard/static/live.js").status_code == 200
+        # The session opens pages only: the API and /_local/* want the header.
+        assert browser.get(f"{p.url}/_local/runs").status_code == 401
+    # The link works once; a made-up one never.
+    with httpx.Client(timeout=10) as other:
+        assert other.get(link).status_code == 401
+        assert other.get(f"{p.url}/?token=guess").status_code == 401
+        assert other.get(f"{p.url}/").status_code == 401
+    # The key holder can mint another link.
+    fresh = p.new_login_url()
+    with httpx.Client(timeout=10) as again:
+        assert again.get(fresh, follow_redirects=True).status_code == 200
+
+
+def test_the_host_header_must_name_loopback(local_platform: LocalPlatform) -> None:
+    url = local_platform.url
+    port = url.rsplit(":", 1)[1]
+    for host in ("evil.example", f"evil.example:{port}", "127.0.0.2", "localhost.evil.example"):
+        r = httpx.get(f"{url}/healthz", headers={"Host": host}, timeout=10)
+        assert r.status_code == 400, (host, r.status_code)
+        r = httpx.get(f"{url}/_local/runs", headers={"Host": host}, timeout=10)
+        assert r.status_code == 400, (host, r.status_code)
+    for host in (f"127.0.0.1:{port}", "localhost", f"LOCALHOST:{port}", "[::1]:80"):
+        assert httpx.get(f"{url}/healthz", headers={"Host": host}, timeout=10).status_code == 200
+
+
+def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
+    command = [sys.executable, "-m", "primeruns.local", "--port", "0", "--data", str(tmp_path)]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, env=env, timeout=30, check=False
+    )
+
+
+def test_binding_beyond_loopback_without_a_key_is_refused(tmp_path: Path) -> None:
+    for host in ("0.0.0.0", "::"):
+        result = _serve(tmp_path / "d", "--host", host)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "--api-key" in result.stderr and "--allow-remote-without-key" in result.stderr
+        assert "listening" not in result.stdout
+    assert not (tmp_path / "d").exists()
+
+
+def test_cross_site_form_posts_change_nothing(local_platform: LocalPlatform) -> None:
+    url = local_platform.url
+    created = httpx.post(f"{url}/api/v1/evaluations/", json={"environments": [{"id": "e"}]})
+    eval_id = created.json()["evaluation_id"]
+    finalize = f"{url}/api/v1/evaluations/{eval_id}/finalize"
+    # An empty form post from another site (the review's finding).
+    r = httpx.post(finalize, headers=cross_site_form_post(), timeout=10)
+    assert r.status_code in (403, 415), r.status_code
+    for content_type in (
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "text/plain",
+    ):
+        r = httpx.post(finalize, headers={"Content-Type": content_type}, content=b"", timeout=10)
+        assert r.status_code == 415, (content_type, r.status_code)
+        r = httpx.post(
+            f"{url}/_local/faults",
+            headers={"Content-Type": content_type},
+            content=b'{"latency_ms": 1}',
+            timeout=10,
+        )
+        assert r.status_code == 415, (content_type, r.status_code)
+    # A bodiless cross-origin fetch (no Content-Type at all) still carries its Origin.
+    r = httpx.post(finalize, headers={"Origin": "http://evil.example"}, timeout=10)
+    assert r.status_code == 403
+    assert local_platform.run(eval_id)["status"] != "COMPLETED"
+    assert local_platform.set_faults()["latency_ms"] == 0
+    # What the SDK sends still works: JSON, and an empty body with no Content-Type.
+    assert httpx.post(finalize, timeout=10).is_success
+    assert local_platform.run(eval_id)["status"] == "COMPLETED"
+
+
+def test_pages_carry_csp_and_frame_headers(local_platform: LocalPlatform) -> None:
+    for path in ("/", "/dashboard/evaluations/nothing", "/_dashboard/static/live.js", "/healthz"):
+        r = httpx.get(f"{local_platform.url}{path}", timeout=10)
+        assert "default-src 'self'" in r.headers.get("content-security-policy", ""), path
+        assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
+        assert r.headers.get("x-frame-options") == "DENY", path
+        assert r.headers.get("x-content-type-options") == "nosniff", path
