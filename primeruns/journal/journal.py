@@ -57,7 +57,7 @@ from primeruns.journal.cursors import Cursors
 from primeruns.journal.dicts import Dictionaries
 from primeruns.journal.frames import EntryKind
 from primeruns.journal.fsinfo import warn_if_network_fs
-from primeruns.journal.lock import OwnerLock
+from primeruns.journal.lock import LOCK_NAME, OwnerLock
 from primeruns.journal.maintenance import Background, scan_damage
 from primeruns.journal.meta import K_BUDGET, K_CREATED, K_FORMAT, K_LOCAL_ID, K_OWNER, Meta
 from primeruns.journal.mover import Mover
@@ -66,6 +66,7 @@ from primeruns.journal.reading import Reader
 from primeruns.journal.spool import SpoolView, SpoolWriter, spool_bytes
 from primeruns.journal.store import DATA_NAME, Store, acquire_store, release_store
 from primeruns.journal.tail import OwnTail, SharedTail, read_end
+from primeruns.journal.trust import check_dir, check_file, make_private_dirs
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import (
     AppendResult,
@@ -176,8 +177,10 @@ class Journal:
             # mkdir(exist_ok=True) raises FileExistsError for a file, which
             # would read as "the run directory exists": name the real problem.
             raise JournalError(f"cannot create a journal under {runs_dir}: it is not a directory")
+        check_dir(runs_dir, "runs directory")
         try:
-            runs_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_private_dirs(runs_dir)
+            check_dir(runs_dir, "runs directory")  # made meanwhile by someone else?
             path.mkdir(mode=0o700)
             os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
         except FileExistsError:
@@ -245,6 +248,12 @@ class Journal:
         path = Path(path)
         if not (path / DATA_NAME).is_file():
             raise JournalError(f"{path} is not a prime-runs journal (no {DATA_NAME})")
+        # LMDB opens its files by name, following links, and writes its lock
+        # file even to read: nothing is opened in a folder another user could
+        # write into, or through a link (trust).
+        check_dir(path, "journal directory")
+        for name in (DATA_NAME, "lock.mdb", LOCK_NAME):
+            check_file(path / name)
         shared = lock_fd is not None
         if not shared:
             warn_if_network_fs(path)  # the producer warned already

@@ -8,7 +8,7 @@ raising. Deletion takes the owner lock first, so a live run is never removed.
 from __future__ import annotations
 
 import contextlib
-import shutil
+import os
 from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -22,8 +22,11 @@ from primeruns.journal.meta import K_LOCAL_ID
 from primeruns.journal.probe import probe_many
 from primeruns.journal.spool import list_segments
 from primeruns.journal.store import DATA_NAME
+from primeruns.journal.trust import check_dir
 from primeruns.journal.types import Damage
 from primeruns.settings import default_runs_dir  # PRIME_RUNS_DIR, read there
+
+_SALVAGE_PREFIX = "primeruns-salvage-"  # store._salvage's folder, left by an interrupted salvage
 
 __all__ = ["JournalInfo", "default_runs_dir", "delete_journal", "journal_info", "list_journals"]
 
@@ -146,8 +149,35 @@ def list_journals(
         return []
     if skip_live:
         children = [p for p in children if not owner_alive(read_owner(p))]
-    probe_many(children)  # one child walks them all first (see probe); opens reuse it
-    return [_info(p, verify=verify, tally=tally) for p in children]
+    # A journal another user could have planted or linked is listed with the
+    # reason, never opened (trust).
+    untrusted: dict[Path, str] = {}
+    for child in children:
+        try:
+            check_dir(child, "journal directory")
+        except JournalError as exc:
+            untrusted[child] = str(exc)
+    probe_many([p for p in children if p not in untrusted])  # one child walks them all (probe)
+    return [
+        _untrusted(p, untrusted[p]) if p in untrusted else _info(p, verify=verify, tally=tally)
+        for p in children
+    ]
+
+
+def _untrusted(path: Path, reason: str) -> JournalInfo:
+    return JournalInfo(
+        path=path,
+        local_id=path.name,
+        meta={},
+        last_seq=0,
+        cursors={},
+        losses={},
+        size_bytes=0,
+        modified=0.0,
+        owner=None,
+        owner_alive=False,
+        damage=[Damage(None, f"not opened: {reason}")],
+    )
 
 
 def delete_journal(path: Path) -> None:
@@ -158,8 +188,46 @@ def delete_journal(path: Path) -> None:
     path = Path(path)
     if not (path / DATA_NAME).is_file() or not (path / LOCK_NAME).exists():
         raise JournalError(f"{path} is not a prime-runs journal; not deleting it")
+    check_dir(path, "journal directory")
+    files, salvage_dirs = _journal_files(path)  # before anything is removed: all or nothing
     lock = OwnerLock(path, record=False)  # raises JournalLockedError naming the owner
     try:
-        shutil.rmtree(path)
+        for directory, inside in salvage_dirs:
+            for name in inside:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(directory / name)
+            os.rmdir(directory)
+        for name in sorted(files, key=lambda n: n == LOCK_NAME):  # the lock file last
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path / name)
+        os.rmdir(path)
     finally:
         lock.release()
+
+
+def _journal_files(path: Path) -> tuple[list[str], list[tuple[Path, list[str]]]]:
+    """What deleting the journal at ``path`` removes: its files (a link is
+    removed, never followed), and the folders an interrupted salvage left,
+    with their files. JournalError for anything else (a folder a journal
+    never has, nested folders): nothing is deleted then, and nothing recurses."""
+    files: list[str] = []
+    salvage: list[tuple[Path, list[str]]] = []
+    with os.scandir(path) as entries:
+        for entry in entries:
+            if entry.is_symlink() or entry.is_file(follow_symlinks=False):
+                files.append(entry.name)
+            elif entry.is_dir(follow_symlinks=False) and entry.name.startswith(_SALVAGE_PREFIX):
+                with os.scandir(entry.path) as inner:
+                    names = []
+                    for item in inner:
+                        if not (item.is_symlink() or item.is_file(follow_symlinks=False)):
+                            raise JournalError(
+                                f"{entry.path} holds {item.name!r}: not deleting {path}"
+                            )
+                        names.append(item.name)
+                salvage.append((Path(entry.path), names))
+            else:
+                raise JournalError(
+                    f"{path} holds {entry.name!r}, which is no part of a journal: not deleting it"
+                )
+    return files, salvage

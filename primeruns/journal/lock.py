@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from primeruns.exceptions import JournalLockedError
+from primeruns.journal.trust import UntrustedPathError
 
 __all__ = ["LOCK_NAME", "OwnerInfo", "OwnerLock", "owner_alive", "read_owner"]
 
@@ -100,7 +101,9 @@ def current_owner() -> OwnerInfo:
 def read_owner(directory: Path) -> OwnerInfo | None:
     """The owner named in the lock file (informative; None if absent or unreadable)."""
     try:
-        data = json.loads((directory / LOCK_NAME).read_bytes() or b"null")
+        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as handle:
+            data = json.loads(handle.read(1 << 16) or b"null")
         if not isinstance(data, dict):
             return None
         return OwnerInfo(
@@ -150,7 +153,13 @@ class OwnerLock:
         """
         self.path = directory / LOCK_NAME
         self._pid = os.getpid()
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        # Never through a link: one planted here would be truncated below (trust).
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise UntrustedPathError(f"{self.path} is a symbolic link: not opened") from None
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

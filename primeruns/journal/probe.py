@@ -26,6 +26,9 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
+from primeruns.exceptions import JournalError
+from primeruns.journal.trust import check_dir, check_file
+
 # A damaged tree can also make LMDB loop; a walk of a healthy journal of many
 # GB takes seconds.
 PROBE_TIMEOUT_S = 120.0
@@ -56,7 +59,9 @@ def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:
     with _lock:
         for directory in map(Path, directories):
             key = _key(directory)
-            if key is None:
+            if key is not None and not _trusted(directory):
+                result[directory] = None  # never opened: Journal.open says why
+            elif key is None:
                 result[directory] = None  # nothing to map: the open reports it
             elif key in _known:
                 result[directory] = _known[key]
@@ -70,6 +75,18 @@ def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:
                 _known[key] = verdict
         todo = todo[len(found) :] if rest else []
     return result
+
+
+def _trusted(directory: Path) -> bool:
+    """Whether the child may open ``directory``'s files: LMDB writes its lock
+    file even to read, so a planted link must not reach it (trust)."""
+    try:
+        check_dir(directory, "journal directory")
+        for name in ("data.mdb", "lock.mdb"):
+            check_file(directory / name)
+    except JournalError:
+        return False
+    return True
 
 
 def _run_child(directories: list[Path]) -> tuple[list[str | None], bool]:

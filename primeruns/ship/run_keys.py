@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..journal.trust import make_private_dirs
 from .mirror import sync_root
 
 __all__ = ["held", "lookup", "remember"]
@@ -43,7 +44,7 @@ def _path(key: str, api_root: str, root: Path | None) -> Path:
 def held(key: str, api_root: str, root: Path | None = None) -> Iterator[None]:
     """Hold the key's lock (blocking) while a run is looked up and created."""
     path = _path(key, api_root, root)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     fd = os.open(
         path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
     )
@@ -73,7 +74,7 @@ def lookup(key: str, api_root: str, root: Path | None = None) -> dict[str, Any] 
 def remember(key: str, api_root: str, binding: dict[str, Any], root: Path | None = None) -> None:
     """Record the run ``key`` names (atomically: a reader sees all or nothing)."""
     path = _path(key, api_root, root)
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dirs(path.parent)
     temp = path.with_suffix(f".{os.getpid()}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as handle:

@@ -1,0 +1,97 @@
+"""Which directories and files a journal may live in: ours, private, no symlinks.
+
+Runs directories are often on shared disks (a team's scratch space, a login
+node with hundreds of users). A journal-shaped folder planted there by
+another user, or a symlink where ``lock.mdb`` or ``owner.lock`` should be,
+would make any command that opens it write into the target of the link
+(LMDB writes its lock file even to read; the owner lock is truncated when
+taken). So before anything is opened:
+
+- the runs directory and the journal's directory must be real directories
+  (not symlinks) owned by the current user and not writable by group or
+  others: nobody else can then add, replace or link a file in them;
+- the files LMDB opens (``data.mdb``, ``lock.mdb``) must be regular files
+  owned by the current user (LMDB opens them by name and follows links);
+- the files this package opens itself are opened with ``O_NOFOLLOW``.
+
+Directories this package creates are 0700, intermediate ones included
+(``Path.mkdir(parents=True)`` gives those the umask's mode instead).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+from primeruns.exceptions import JournalError
+
+__all__ = ["UntrustedPathError", "check_dir", "check_file", "make_private_dirs"]
+
+
+class UntrustedPathError(JournalError):
+    """A runs directory or journal another user could write into, or a symlink
+    where a journal's file or folder should be."""
+
+
+def make_private_dirs(path: Path) -> None:
+    """Create ``path`` and any missing parents, each 0700 whatever the umask."""
+    path = Path(path)
+    missing: list[Path] = []
+    current = path
+    while not current.exists() and not current.is_symlink():
+        missing.append(current)
+        if current.parent == current:
+            break
+        current = current.parent
+    for directory in reversed(missing):
+        try:
+            directory.mkdir(mode=0o700)
+        except FileExistsError:
+            continue  # made meanwhile by another process: checked below
+        os.chmod(directory, 0o700)
+
+
+def check_dir(path: Path, what: str) -> None:
+    """Raise UntrustedPathError unless ``path`` is a directory of ours that
+    nobody else can write into (``what`` names it in the message)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return  # nothing there yet: whoever creates it creates it private
+    except OSError as exc:
+        raise JournalError(f"cannot inspect the {what} {path}: {exc}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise UntrustedPathError(
+            f"the {what} {path} is a symbolic link; prime-runs follows none there: "
+            "point PRIME_RUNS_DIR (or runs_dir=) at the real directory"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise UntrustedPathError(f"the {what} {path} is not a directory")
+    if st.st_uid != os.geteuid():
+        raise UntrustedPathError(
+            f"the {what} {path} belongs to another user (uid {st.st_uid}); use a runs "
+            "directory of your own, e.g. PRIME_RUNS_DIR=/tmp/$USER/prime-runs"
+        )
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise UntrustedPathError(
+            f"the {what} {path} is writable by other users (mode "
+            f"{stat.S_IMODE(st.st_mode):o}), who could plant files in it: "
+            f"chmod go-w {path}, or use a private PRIME_RUNS_DIR"
+        )
+
+
+def check_file(path: Path) -> None:
+    """Raise UntrustedPathError if ``path`` exists and is not a regular file
+    of ours (a symlink, a device, another user's file)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise JournalError(f"cannot inspect {path}: {exc}") from None
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a symbolic link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise UntrustedPathError(f"{path} is {kind}; a journal's files must be plain files")
+    if st.st_uid != os.geteuid():
+        raise UntrustedPathError(f"{path} belongs to another user (uid {st.st_uid})")

@@ -1,0 +1,137 @@
+"""Hostile neighbours on a shared disk: what another user plants in a runs
+directory is never opened, written through or followed.
+
+The attacker's files are owned by another uid (``nobody``) when the tests run
+as root, as CI does; otherwise they are this user's own links, which the
+checks refuse as well (a link where a journal's file should be).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from cli_helpers import cli
+
+import primeruns as pr
+from primeruns.journal import Journal
+from primeruns.journal.trust import UntrustedPathError
+
+NOBODY = 65534
+VICTIM_BYTES = b"the victim's own data\n" * 400
+
+
+def _as_attacker(path: Path) -> None:
+    """Hand ``path`` to another user, where this process may (as root)."""
+    if os.geteuid() == 0:
+        os.lchown(path, NOBODY, NOBODY)
+
+
+def _plant(runs: Path, victim: Path, linked: str) -> Path:
+    """A journal-shaped folder whose ``linked`` file is a link to ``victim``."""
+    honest = Journal.create(runs)
+    honest.close()
+    planted = runs / "20260101-000000-planted0"
+    planted.mkdir()
+    for name in ("data.mdb", "lock.mdb", "owner.lock"):
+        source = honest.path / name
+        if name == linked:
+            os.symlink(victim, planted / name)
+        elif source.exists():
+            (planted / name).write_bytes(source.read_bytes())
+    for child in planted.iterdir():
+        _as_attacker(child)
+    _as_attacker(planted)
+    return planted
+
+
+@pytest.mark.parametrize("linked", ["lock.mdb", "owner.lock", "data.mdb"])
+def test_a_planted_journal_is_listed_with_the_reason_and_never_written_through(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], linked: str
+) -> None:
+    runs = tmp_path / "runs"
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM_BYTES)
+    planted = _plant(runs, victim, linked)
+    code, out, _ = cli(capsys, "ls", "--runs-dir", str(runs), "--json")
+    assert code == 0
+    rows = {row["local_id"]: row for row in json.loads(out)}
+    assert any("not opened" in d for d in rows[planted.name]["damage"])
+    for argv in (
+        ["show", str(planted)],
+        ["export", str(planted)],
+        ["sync", str(planted)],
+        ["replay", str(planted)],
+        ["gc", "--runs-dir", str(runs), "--older-than", "0", "--force"],
+    ):
+        cli(capsys, *argv)
+        assert victim.read_bytes() == VICTIM_BYTES, argv
+
+
+def test_init_refuses_a_runs_directory_others_can_write_and_names_the_fix(
+    tmp_path: Path,
+) -> None:
+    shared = tmp_path / "scratch"
+    shared.mkdir()
+    os.chmod(shared, 0o777)
+    _as_attacker(shared)
+    with pytest.raises(UntrustedPathError) as raised:
+        pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=shared)
+    assert str(shared) in str(raised.value) and "PRIME_RUNS_DIR" in str(raised.value)
+
+
+def test_every_folder_init_creates_is_private_whatever_the_umask(tmp_path: Path) -> None:
+    runs = tmp_path / "a" / "b" / "runs"
+    code = (
+        "import os, primeruns as pr\n"
+        "os.umask(0)\n"
+        f"run = pr.init(environments=['gsm8k'], model='m', mode='offline', runs_dir={str(runs)!r})"
+        "\n"
+        "run.finish()\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    for folder in (tmp_path / "a", tmp_path / "a" / "b", runs, *runs.iterdir()):
+        assert os.stat(folder).st_mode & 0o777 == 0o700, folder
+
+
+def test_gc_refuses_a_journal_with_deeply_nested_folders_whole_and_goes_on(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = tmp_path / "runs"
+    for _ in range(2):
+        run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+        run.finish()
+    first, second = sorted(runs.iterdir())
+    fd = os.open(first, os.O_RDONLY)
+    for _ in range(2000):  # deeper than any path: made one level at a time
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    before = sorted(p.name for p in first.iterdir())
+    code, out, err = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "--force")
+    assert code != 0 and "RecursionError" not in out + err
+    assert first.name in out + err  # named, with why it was kept
+    assert sorted(p.name for p in first.iterdir()) == before  # left whole, not half-deleted
+    assert not second.exists()  # the next journal was still processed
+    _remove_nested(first / "d")  # pytest's own clean-up of tmp_path would recurse on it
+
+
+def _remove_nested(top: Path) -> None:
+    """Remove a chain of single nested folders, deepest first, without recursion."""
+    fds = [os.open(top, os.O_RDONLY)]
+    while True:
+        try:
+            fds.append(os.open("d", os.O_RDONLY, dir_fd=fds[-1]))
+        except FileNotFoundError:
+            break
+    while len(fds) > 1:
+        os.close(fds.pop())
+        os.rmdir("d", dir_fd=fds[-1])
+    os.close(fds.pop())
+    os.rmdir(top)
