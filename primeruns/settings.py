@@ -99,6 +99,7 @@ __all__ = [
     "allow_network_fs",
     "config_file_path",
     "default_runs_dir",
+    "default_sync_root",
     "load_config_file",
     "mask_key",
     "parse_bool_setting",
@@ -834,6 +835,15 @@ def process_sdk_settings() -> SdkSettings:
     """This process's tuning: the settings it adopted, else the environment's
     (strictly) for a caller that was handed none."""
     return _adopted if _adopted is not None else resolve_sdk_settings()
+
+
+def default_sync_root(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_STATE_HOME/prime-runs/synced`` (``~/.local/state``): where the
+    sync journals of copied runs live, beside the default runs directory and
+    never inside a directory copies land in (``rsync --delete`` would remove it)."""
+    env = os.environ if environ is None else environ
+    state = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state).expanduser() / "prime-runs" / "synced"
 
 
 def default_runs_dir(environ: Mapping[str, str] | None = None) -> Path:

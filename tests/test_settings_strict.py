@@ -311,11 +311,7 @@ _READS = re.compile(r"os\.environ|getenv\(")
 
 @pytest.mark.parametrize(
     "path",
-    [
-        p
-        for p in sorted(PACKAGE.rglob("*.py"))
-        if p.name != "settings.py" or p.parent != PACKAGE
-    ],
+    [p for p in sorted(PACKAGE.rglob("*.py")) if p.name != "settings.py" or p.parent != PACKAGE],
     ids=lambda p: str(p.relative_to(PACKAGE)),
 )
 def test_no_module_but_settings_reads_a_prime_variable(path: Path) -> None:

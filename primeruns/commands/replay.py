@@ -25,12 +25,13 @@ from rich.text import Text
 
 from ..exceptions import JournalCorruptError, JournalError, JournalLockedError
 from ..journal import Journal, journal_info
-from ..platform import Settings
+from ..journal.origin import Origin
+from ..platform import Settings, resolve_settings
 from ..reports import RunStatus, describe, statuses, unit_of
 from ..settings import resolve_sdk_settings
 from ..ship.backlog import ShipReport, is_copy, needs_sync, ship_journal, spec_from_file
 from ..ship.factory import sink_kinds
-from ..ship.mirror import sync_root
+from ..ship.mirror import fingerprint, sync_root
 from ..ship.policy import RetryPolicy
 from ..ship.uplink import journal_settings
 from ..spec import RunSpec, SpecError
@@ -52,6 +53,7 @@ from .progress import ShipProgress
 __all__ = ["add_parser", "describe_plan", "replay_one"]
 
 _MAX_DAMAGE_LINES = 5
+Fingerprint = tuple[tuple[str, int, int], ...]
 
 
 def _status_of(path: Path) -> RunStatus:
@@ -143,9 +145,17 @@ def _report(report: ShipReport, plan: dict[str, tuple[int, str]], console: Conso
     if report.ok:
         line = Text("  done", style="green")
         shipped = ", ".join(f"{n} {unit} to {sink}" for sink, (n, unit) in plan.items() if n)
+        if not shipped:
+            shipped = (
+                f"{report.records} record(s)" if report.records else "nothing was left to ship"
+            )
+        if report.left_open is not None:
+            line.append(f": {shipped} ({human_bytes(report.bytes)}); the run is left open: {where}")
+            console.print(line)
+            console.print(Text(f"  left open because {report.left_open}", style="yellow"))
+            return
         line.append(
-            f": {shipped or 'nothing was left to ship'} ({human_bytes(report.bytes)}); "
-            f"run closed out as {report.status}: {where}"
+            f": {shipped} ({human_bytes(report.bytes)}); run closed out as {report.status}: {where}"
         )
         console.print(line)
         return
@@ -194,21 +204,32 @@ def _ship(
     path: Path, options: ShipOptions, stream: TextIO
 ) -> tuple[ShipReport, dict[str, tuple[int, str]]]:
     """Ship one journal with progress bars on ``stream``; _NotShipped if it cannot start."""
-    try:
-        with Journal.open(path, owner=False) as journal:
-            settings = journal_settings(journal, base_url=options.base_url, spec=options.spec)
-    except JournalCorruptError as exc:
-        raise _NotShipped(f"damaged journal: {exc}", EXIT_DAMAGED) from None
-    except JournalError as exc:
-        raise _NotShipped(str(exc), EXIT_USAGE) from None
-    if not settings.api_key:
+    origin = Origin.read_beside(path)
+    settings: Settings | None = None
+    if origin is not None and not origin.is_original(path.absolute()):
+        # A copy is not opened here (see ship.mirror.snapshot): its settings
+        # come from its sync journal, the key from this environment.
+        api_key = resolve_settings(base_url=options.base_url).api_key
+        plan: dict[str, tuple[int, str]] = {}
+        where = "its sync journal"
+    else:
+        try:
+            with Journal.open(path, owner=False) as journal:
+                settings = journal_settings(journal, base_url=options.base_url, spec=options.spec)
+        except JournalCorruptError as exc:
+            raise _NotShipped(f"damaged journal: {exc}", EXIT_DAMAGED) from None
+        except JournalError as exc:
+            raise _NotShipped(str(exc), EXIT_USAGE) from None
+        api_key = settings.api_key
+        plan = shipping_plan(_status_of(path), settings)
+        where = settings.api_root
+    if not api_key:
         raise _NotShipped(
             "no API key: set PRIME_API_KEY (or api_key in ~/.prime/config.json) to ship runs",
             EXIT_USAGE,
         )
-    plan = shipping_plan(_status_of(path), settings)
     head = Text(path.name, style="bold")
-    head.append(f" -> {settings.api_root}")
+    head.append(f" -> {where}")
     make_console(stream).print(head)
     bars = ShipProgress(
         stream,
@@ -224,6 +245,7 @@ def _ship(
             policy=options.policy,
             job_ended=options.job_ended,
             spec=options.spec,
+            base_url=options.base_url,
         )
     except JournalLockedError as exc:
         raise _NotShipped(f"refused: {exc}", EXIT_LOCKED) from None
@@ -322,15 +344,13 @@ def _pass(
     options: ShipOptions,
     *,
     offline: bool,
-    seen: dict[Path, tuple[int, float]] | None = None,
+    seen: dict[Path, Fingerprint] | None = None,
 ) -> int:
     """One pass over the targets. ``seen`` (watching): a copy unchanged
     since the last pass is not shipped again (nothing new: no request)."""
-    targets = _targets(args, offline=offline)
+    targets = _targets(args, offline=offline) if seen is None else _changed(args, seen)
     results: list[dict[str, Any]] | None = [] if args.json else None
     what = "offline runs or copies to sync" if offline else "runs to replay"
-    if seen is not None:
-        targets = [p for p in targets if seen.get(p) != _fingerprint(p)]
     if not targets:
         if results is not None:
             emit_json(results)
@@ -354,7 +374,7 @@ def _pass(
             if status.info.owner_alive:
                 worst = max(worst, EXIT_LOCKED)
             continue
-        before = _fingerprint(path)
+        before = fingerprint(path)
         try:
             code = replay_one(path, results=results, options=options)
         except Exception as exc:  # one journal's trouble must not strand the others
@@ -371,22 +391,37 @@ def _pass(
     return worst
 
 
-def _fingerprint(path: Path) -> tuple[int, float]:
-    """What changes when a copy is refreshed: its files' total size and newest mtime."""
-    size, newest = 0, 0.0
+def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[Path]:
+    """Watching: the journals whose files changed since they last synced
+    cleanly, judged by their files alone (a copy is not opened to list it:
+    one refreshed in place could be truncated under the reader); of the
+    originals here, only offline runs that need it (``replay`` ships the others)."""
+    if args.runs:
+        return [p for p in _targets(args, offline=True) if seen.get(p) != fingerprint(p)]
+    runs_dir = runs_dir_of(args)
+    root = sync_root()
+    chosen: list[Path] = []
     with contextlib.suppress(OSError):
-        for child in path.iterdir():
-            with contextlib.suppress(OSError):
-                st = child.lstat()
-                size += st.st_size
-                newest = max(newest, st.st_mtime)
-    return size, newest
+        for child in sorted(runs_dir.iterdir()):
+            if not (child / "data.mdb").is_file() or seen.get(child) == fingerprint(child):
+                continue
+            origin = Origin.read_beside(child)
+            if origin is not None and not origin.is_original(child.absolute()):
+                chosen.append(child)  # a copy
+                continue
+            status = _status_of(child)
+            if is_copy(child, status.info.meta, root):
+                if needs_sync(child, status.info.meta, status.info.last_seq, root):
+                    chosen.append(child)
+            elif status.needs_shipping and status.opened_offline:
+                chosen.append(child)
+    return chosen
 
 
 def _watch(args: argparse.Namespace, options: ShipOptions) -> int:
     """Sync again every ``--interval`` seconds until interrupted: each pass
     ships what the copies brought since the last one (see ``_pass``)."""
-    seen: dict[Path, tuple[int, float]] = {}
+    seen: dict[Path, Fingerprint] = {}
     print(
         f"watching {runs_dir_of(args)}: syncing every {args.interval:g} s (Ctrl-C to stop)",
         file=sys.stderr,

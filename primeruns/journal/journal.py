@@ -200,13 +200,15 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.chmod(path / name, 0o600)
         journal = cls(path, store, lock, durability)
+        origin = Origin.here(path)
+        origin.write_beside(path)
         values: dict[str, Any] = dict(meta or {})
         values.update(
             {
                 K_FORMAT: FORMAT_VERSION,
                 K_LOCAL_ID: local_id,
                 K_OWNER: lock.owner.to_json(),
-                K_ORIGIN: Origin.here(path).to_json(),
+                K_ORIGIN: origin.to_json(),
                 K_CREATED: time.time(),
                 K_BUDGET: max_bytes,
             }

@@ -35,7 +35,7 @@ from typing import Any
 from primeruns.exceptions import JournalLockedError
 from primeruns.journal.trust import UntrustedPathError
 
-__all__ = ["LOCK_NAME", "OwnerInfo", "OwnerLock", "owner_alive", "read_owner"]
+__all__ = ["LOCK_NAME", "OwnerInfo", "OwnerLock", "lock_held", "owner_alive", "read_owner"]
 
 LOCK_NAME = "owner.lock"
 
@@ -128,6 +128,22 @@ def owner_alive(info: OwnerInfo | None) -> bool:
     if not info.producer_done and _pid_alive(info.pid, info.proc_start):
         return True
     return info.helper_pid is not None and _pid_alive(info.helper_pid, info.helper_start)
+
+
+def lock_held(directory: Path) -> bool:
+    """Whether some process holds the owner lock of the journal at ``directory``
+    (its producer or uplink): true across PID namespaces, where a pid is not."""
+    try:
+        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as exc:
+        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+    finally:
+        os.close(fd)  # our own shared lock, if taken, ends with its descriptor
+    return False
 
 
 def _pid_alive(pid: int, proc_start: int | None) -> bool:

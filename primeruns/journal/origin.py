@@ -10,17 +10,23 @@ path. From it, any process can tell:
 
 - whether the directory it looks at is the journal where it was written, or
   a copy (another path, or another host);
-- whether the producer may still be writing the original: ``alive`` (same
-  host and boot, the pid lives with the same start time), ``dead`` (same
-  host: the pid is gone or reused, or the host rebooted since), or
-  ``unknown`` (another host: nothing here can tell).
+- whether the producer may still be writing the original: ``alive`` or
+  ``dead`` (the original is on this machine, and its owner lock is held or
+  not), or ``unknown`` (another host, another boot, or the original is not
+  here: nothing here can tell).
 
 A copy whose producer may be alive must never be closed out as crashed: its
 original may be growing, and a later copy will bring the rest.
+
+The origin is also written as a small file in the journal's folder
+(``origin.json``), so that a copy can be recognised as one without opening
+its LMDB file: a copy being refreshed in place (``cp -a``) can be truncated
+under a reader's memory map, and even a read-only open writes LMDB's lock file.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import time
@@ -28,11 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from primeruns.journal.lock import _pid_alive, _proc_start
+from primeruns.journal.lock import LOCK_NAME, _proc_start, lock_held
 
-__all__ = ["K_ORIGIN", "Origin", "ProducerState", "boot_id"]
+__all__ = ["K_ORIGIN", "ORIGIN_FILE", "Origin", "ProducerState", "boot_id"]
 
 K_ORIGIN = "journal.origin"
+ORIGIN_FILE = "origin.json"
 
 ProducerState = Literal["alive", "dead", "unknown"]
 
@@ -70,6 +77,26 @@ class Origin:
             path=str(Path(path).absolute()),
             created=time.time(),
         )
+
+    def write_beside(self, directory: Path) -> None:
+        """Write ``origin.json`` into a journal's new folder (never through a link)."""
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(Path(directory) / ORIGIN_FILE, flags, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            json.dump(self.to_json(), handle)
+
+    @classmethod
+    def read_beside(cls, directory: Path) -> Origin | None:
+        """The origin a journal's folder names in ``origin.json`` (None: none, or not one)."""
+        try:
+            fd = os.open(Path(directory) / ORIGIN_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        with os.fdopen(fd, "rb") as handle:
+            try:
+                return cls.from_json(json.loads(handle.read(1 << 16)))
+            except ValueError:
+                return None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -111,13 +138,22 @@ class Origin:
         return self.on_this_host and Path(path).absolute() == Path(self.path)
 
     def producer_state(self) -> ProducerState:
-        """Whether the producer may still write the original (see module doc)."""
+        """Whether the producer may still write the original (see module doc).
+
+        Only the original's owner lock can say, and only on this machine:
+        a pid is not (a container's pid names another process outside it),
+        nor is a host name (two machines may share one; another boot of this
+        one cannot tell either). Where the original is not here to ask, the
+        answer is ``unknown``."""
         if not self.on_this_host:
             return "unknown"
         current = boot_id()
         if self.boot is not None and current is not None and self.boot != current:
-            return "dead"  # the machine rebooted since
-        return "alive" if _pid_alive(self.pid, self.proc_start) else "dead"
+            return "unknown"
+        original = Path(self.path)
+        if not (original / LOCK_NAME).exists():
+            return "unknown"
+        return "alive" if lock_held(original) else "dead"
 
     def describe(self) -> str:
         return f"pid {self.pid} on {self.host}"

@@ -44,7 +44,7 @@ from ..platform import Settings
 from ..spec import SPEC_KEY, RunSpec, SpecError, spec_or_default
 from . import ledger
 from .factory import sink_kinds
-from .mirror import K_SOURCE_PATH, Imported, import_new, open_sync_journal, sync_root
+from .mirror import K_SOURCE_PATH, Imported, import_new, open_sync_journal, snapshot, sync_root
 from .policy import RetryPolicy
 from .uplink import Progress, Uplink, journal_settings, terminal_state
 
@@ -98,56 +98,49 @@ def ship_journal(
     job_ended: bool = False,
     spec: RunSpec | None = None,
     synced_in: Path | None = None,
+    base_url: str | None = None,
 ) -> ShipReport:
     """Ship everything ``path`` holds (see module doc) and close the run out
     when that is right. ``job_ended``: the user knows the producer is gone (a
     copy without a finish entry is then closed as crashed). ``spec``: what the
     run's spec said, for a journal whose spec was lost to damage.
     ``synced_in``: where sync journals live (default :func:`sync_root`).
+    ``base_url``: ship to this platform (with ``settings`` None, which are
+    then the journal's own).
 
     Raises ``JournalLockedError`` (naming the owner) while the producer or its
     uplink lives, or another sync ships the same run, and ``JournalError`` for
     a path that is not a journal. Platform failures are reported, never raised.
     """
     root = synced_in if synced_in is not None else sync_root()
+    path = Path(path)
     journal: Journal | None = None
-    report = ShipReport(path=Path(path), local_id="")
+    report = ShipReport(path=path, local_id="")
     may_crash, why_open = True, None  # in place, the owner lock proves the producer gone
     damaged: list[Damage] = []
-    probe = Journal.open(path, owner=False)
-    try:
-        origin = _origin(probe)
-        if is_copy(probe.path, probe.all_meta(), root):
-            # A copy is only read: what it holds past the sync journal's end,
-            # up to the first entry missing or damaged in it (torn mid-write).
-            producer = origin.producer_state() if origin is not None else "unknown"
-            _refuse_a_live_uplink(probe, origin, producer, job_ended)
-            journal, created = open_sync_journal(probe, root)
-            try:
-                imported = import_new(probe, journal)
-            except BaseException:
-                journal.close()
-                raise
-            if created:
-                log.info("prime-runs: %s is a copy; syncing it through %s", path, journal.path)
-            final = producer == "dead" or job_ended
-            report = ShipReport(
-                path=probe.path,
-                local_id=probe.local_id,
-                via=journal.path,
-                imported=imported,
-            )
-            if final and imported.stopped is not None:
-                report.damaged = [Damage(imported.upto + 1, imported.stopped)]
-            may_crash = final and imported.stopped is None
-            why_open = _why_left_open(origin, producer, imported)
-        else:
-            # Damage is looked for before anything writes (opening as owner
-            # writes): LMDB must never write into a damaged tree, so such a
-            # journal is rebuilt from what is intact, the damaged file kept.
-            damaged = probe.damage()
-    finally:
-        probe.close()
+    beside = Origin.read_beside(path)
+    if beside is not None and _through_sync_journal(path, beside, root):
+        # A copy is read from a private snapshot, never in place (see mirror).
+        with snapshot(path, root) as taken:
+            with Journal.open(taken, owner=False) as source:
+                journal, report, may_crash, why_open = _import_copy(
+                    source, path, beside, root, job_ended
+                )
+    else:
+        probe = Journal.open(path, owner=False)
+        try:
+            origin = _origin(probe)
+            if is_copy(probe.path, probe.all_meta(), root):
+                journal, report, may_crash, why_open = _import_copy(
+                    probe, path, origin, root, job_ended
+                )
+            else:
+                # Damage is looked for before anything writes (opening as owner
+                # writes): LMDB must never write into a damaged tree, so such a
+                # journal is rebuilt from what is intact, the damaged file kept.
+                damaged = probe.damage()
+        finally:
+            probe.close()
     if journal is None:
         journal = Journal.open(path, owner=True, repair=bool(damaged))
         report = ShipReport(path=journal.path, local_id=journal.local_id, damaged=damaged)
@@ -165,25 +158,77 @@ def ship_journal(
                     "journal that finishes the run closes it; pass --job-ended once the "
                     "job has ended for good"
                 )
+        if settings is None:
+            settings = journal_settings(journal, base_url=base_url, spec=spec)
         _ship(journal, report, settings, timeout, progress, policy, may_crash, why_open)
     finally:
         journal.close()
     return report
 
 
+def _through_sync_journal(path: Path, origin: Origin, root: Path) -> bool:
+    """``is_copy``, decided from the origin file without opening the journal."""
+    mine = root / path.name  # a renamed copy is found by its local id once opened
+    if path.absolute() == mine.absolute():
+        return False
+    return (mine / DATA_NAME).exists() or not origin.is_original(path.absolute())
+
+
+def _import_copy(
+    source: Journal, path: Path, origin: Origin | None, root: Path, job_ended: bool
+) -> tuple[Journal, ShipReport, bool, str | None]:
+    """Import what the copy ``source`` (read from ``path``) holds beyond its
+    sync journal; (the sync journal, the report so far, whether a run without
+    a finish entry may be closed as crashed, why it is left open otherwise)."""
+    producer = origin.producer_state() if origin is not None else "unknown"
+    _refuse_a_live_uplink(source, path, origin, producer, job_ended)
+    journal, created = open_sync_journal(source, root)
+    try:
+        imported = import_new(source, journal)
+    except BaseException:
+        journal.close()
+        raise
+    if created:
+        log.info("prime-runs: %s is a copy; syncing it through %s", path, journal.path)
+    report = ShipReport(path=path, local_id=source.local_id, via=journal.path, imported=imported)
+    stale = _stale(origin, imported) if producer == "dead" else None
+    final = (producer == "dead" and stale is None) or job_ended
+    if final and imported.stopped is not None:
+        report.damaged = [Damage(imported.upto + 1, imported.stopped)]
+    may_crash = final and imported.stopped is None
+    return journal, report, may_crash, stale or _why_left_open(origin, producer, imported)
+
+
+def _stale(origin: Origin | None, imported: Imported) -> str | None:
+    """Why a copy of a journal whose producer is gone from this machine is
+    older than its original (which is here: ``producer_state``), if it is:
+    then the run is not closed from it (the original may hold the finish)."""
+    if origin is None:
+        return None
+    try:
+        with Journal.open(Path(origin.path), owner=False) as original:
+            end = original.last_seq()
+    except JournalError:
+        return None  # the original cannot be read: the copy is all there is
+    if end > imported.source_end:
+        return (
+            f"the copy holds {imported.source_end} entries and its original at {origin.path} "
+            f"{end}: sync the original, or copy it again"
+        )
+    return None
+
+
 def _ship(
     journal: Journal,
     report: ShipReport,
-    settings: Settings | None,
+    settings: Settings,
     timeout: float,
     progress: Callable[[Progress], None] | None,
     policy: RetryPolicy | None,
     may_crash: bool,
     why_open: str | None,
 ) -> None:
-    uplink = Uplink(
-        journal, settings or journal_settings(journal), policy=policy, log_level=logging.INFO
-    )
+    uplink = Uplink(journal, settings, policy=policy, log_level=logging.INFO)
     binding = uplink.lifecycle.register_retrying(deadline=time.monotonic() + timeout)
     if binding is None:
         # A platform refusal or one down, or a spec that cannot be registered
@@ -293,7 +338,7 @@ def needs_sync(
 
 
 def _refuse_a_live_uplink(
-    copy: Journal, origin: Origin | None, producer: str, job_ended: bool
+    copy: Journal, shown: Path, origin: Origin | None, producer: str, job_ended: bool
 ) -> None:
     """A copy of an online run its uplink may still ship: two shippers of
     one journal would send records twice. Its uplink records how the
@@ -309,14 +354,14 @@ def _refuse_a_live_uplink(
     if producer == "unknown":
         where = origin.host if origin else "another host"
         raise JournalLockedError(
-            f"{copy.path} is a copy of an online run whose uplink on {where} may still ship "
+            f"{shown} is a copy of an online run whose uplink on {where} may still ship "
             "it; once its job has ended, sync it with --job-ended",
             owner=origin.describe() if origin else None,
         )
     owner = read_owner(copy.path)  # names the uplink that shares the producer's lock
     if producer == "alive" or (owner is not None and owner_alive(owner)):
         raise JournalLockedError(
-            f"{copy.path} is a copy of an online run still shipped by its own uplink "
+            f"{shown} is a copy of an online run still shipped by its own uplink "
             f"({owner.describe() if owner else 'another process'}); sync it once that "
             "process has exited",
             owner=owner.describe() if owner else None,

@@ -31,22 +31,33 @@ are the same numbers; that is what makes a later copy's entries line up.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from collections.abc import Mapping
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError
 from ..journal import Entry, EntryKind, Journal
-from ..journal.origin import K_ORIGIN
+from ..journal.origin import K_ORIGIN, Origin
+from ..journal.store import DATA_NAME
+from ..journal.trust import make_private_dirs
+from ..settings import default_sync_root
+from ..spec import listed_spec
+from .lifecycle import K_CREATE_SENT
 
 __all__ = [
     "K_SOURCE_ORIGIN",
     "Imported",
+    "fingerprint",
     "import_new",
     "open_sync_journal",
+    "snapshot",
     "sync_journal_path",
     "sync_root",
 ]
@@ -62,12 +73,8 @@ _READ_BYTES = 16 << 20
 
 
 def sync_root(environ: Mapping[str, str] | None = None) -> Path:
-    """``$XDG_STATE_HOME/prime-runs/synced`` (``~/.local/state`` by default):
-    beside the default runs directory, never inside a directory copies land in
-    (``rsync --delete`` would remove it)."""
-    env = os.environ if environ is None else environ
-    state = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state).expanduser() / "prime-runs" / "synced"
+    """Where sync journals live (:func:`primeruns.settings.default_sync_root`)."""
+    return default_sync_root(environ)
 
 
 def sync_journal_path(local_id: str, root: Path | None = None) -> Path:
@@ -91,26 +98,76 @@ class Imported:
 _OWN_META = ("journal.",)
 
 
+def valid_local_id(local_id: object) -> str:
+    """``local_id`` as a folder name under the sync root; JournalError for one
+    that is not (a copy is untrusted input: ``../x`` or ``/x`` would name
+    another journal)."""
+    if (
+        not isinstance(local_id, str)
+        or not local_id
+        or local_id in (".", "..")
+        or any(c in local_id for c in "/\\\0")
+        or local_id.startswith(".")
+    ):
+        raise JournalError(f"the copy names an invalid local run id {local_id!r}; not syncing it")
+    return local_id
+
+
 def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:
     """The sync journal of ``source`` (a copy, opened read-only), created on
     first use: (journal, created). Raises JournalLockedError while another
-    sync ships it, JournalError if it cannot be made."""
-    path = root / source.local_id
-    if path.exists():
-        return Journal.open(path, owner=True), False
+    sync ships it, JournalError if it cannot be made or belongs to another
+    journal of the same local id.
+
+    It is made whole under a temporary name (the copy's state handed over)
+    and renamed into place: a sync interrupted while making it leaves no
+    sync journal that lacks the offsets its copy had shipped."""
+    local_id = valid_local_id(source.local_id)
+    path = root / local_id
+    made = not (path / DATA_NAME).exists()
+    if made:
+        _create(source, root, local_id)
+    journal = Journal.open(path, owner=True)
+    claimed = Origin.from_json(journal.get_meta(K_SOURCE_ORIGIN))
+    mine = Origin.from_json(source.get_meta(K_ORIGIN))
+    if claimed is not None and mine is not None and claimed != mine:
+        journal.close()
+        raise JournalError(
+            f"{source.path} is not the journal {path} syncs (both say local id "
+            f"{local_id!r}, written by {mine.describe()} and {claimed.describe()}): not syncing it"
+        )
+    return journal, made
+
+
+def _create(source: Journal, root: Path, local_id: str) -> None:
     meta = {key: value for key, value in source.all_meta().items() if not key.startswith(_OWN_META)}
     meta[K_SOURCE_ORIGIN] = source.get_meta(K_ORIGIN)
+    # No sync journal of this run existed here: one elsewhere (another login
+    # node, a deleted state folder) may have registered it. An evaluation is
+    # then looked up by its client token before a create (a training run has
+    # no lookup on the wire).
+    spec = listed_spec(meta)
+    if spec is not None and spec.kind == "eval":
+        meta.setdefault(K_CREATE_SENT, time.time())
     budget = source.get_meta("journal.max_bytes")
     kwargs: dict[str, Any] = {}
     if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
         kwargs["max_bytes"] = budget
-    journal = Journal.create(root, local_id=source.local_id, meta=meta, **kwargs)
+    make_private_dirs(root)
+    staging = Path(tempfile.mkdtemp(prefix=".creating-", dir=root))
     try:
-        _hand_over_shipping(source, journal)
-    except BaseException:
-        journal.close()
-        raise
-    return journal, True
+        journal = Journal.create(staging, local_id=local_id, meta=meta, **kwargs)
+        try:
+            _hand_over_shipping(source, journal)
+        finally:
+            journal.close()
+        try:
+            os.rename(staging / local_id, root / local_id)
+        except OSError:
+            if not (root / local_id / DATA_NAME).exists():
+                raise  # not a sync that made it meanwhile: a real failure
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _hand_over_shipping(source: Journal, dest: Journal) -> None:
@@ -207,3 +264,56 @@ def _carry_losses(source: Journal, dest: Journal) -> None:
             changed = True
     if changed:
         dest.set_meta(K_SOURCE_LOSSES, seen)
+
+
+def _files(directory: Path) -> dict[str, tuple[int, int]]:
+    """The regular files of a copied journal (name: size, mtime), LMDB's lock
+    file aside (a reader of the copy may write it; it holds no data)."""
+    out: dict[str, tuple[int, int]] = {}
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name == "lock.mdb" or not entry.is_file(follow_symlinks=False):
+                continue
+            st = entry.stat(follow_symlinks=False)
+            out[entry.name] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def fingerprint(directory: Path) -> tuple[tuple[str, int, int], ...]:
+    """What changes when a copy is refreshed (its files' names, sizes and times)."""
+    try:
+        return tuple(sorted((name, *state) for name, state in _files(directory).items()))
+    except OSError:
+        return ()
+
+
+@contextlib.contextmanager
+def snapshot(copy: Path, root: Path) -> Iterator[Path]:
+    """A private copy of a copied journal's files, to read from instead of the
+    copy itself: a copy refreshed in place (``cp -a``) may be truncated under
+    a reader's memory map (SIGBUS), and a reader writes LMDB's lock file; a
+    snapshot is neither. Taken again while the copy changes under it (three
+    tries, then JournalError: sync again once the copy is done)."""
+    make_private_dirs(root)
+    for _ in range(3):
+        before = _files(copy)
+        holder = Path(tempfile.mkdtemp(prefix=".snapshot-", dir=root))
+        target = holder / copy.name
+        try:
+            target.mkdir(mode=0o700)
+            for name in before:
+                _copy_file(copy / name, target / name)
+            if _files(copy) == before:
+                yield target
+                return
+        finally:
+            shutil.rmtree(holder, ignore_errors=True)
+    raise JournalError(f"{copy} kept changing while it was read: sync again once it is copied")
+
+
+def _copy_file(source: Path, dest: Path) -> None:
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as src:
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        with os.fdopen(out, "wb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..journal.trust import make_private_dirs
-from .mirror import sync_root
+from ..settings import default_sync_root as sync_root
 
 __all__ = ["held", "lookup", "remember"]
 

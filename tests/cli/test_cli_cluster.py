@@ -303,3 +303,29 @@ def test_a_journal_whose_spec_was_lost_syncs_with_the_spec_the_user_supplies(
     assert code == 0, out + err
     assert _landed(lp, "eval", "all")() is not None
     assert _status(lp) == "COMPLETED"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_stale_copy_of_a_run_that_finished_here_never_closes_it_as_crashed(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+) -> None:
+    lp = local_platform
+    point_at(monkeypatch, tmp_path, lp.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    login = tmp_path / "login"
+    producer = Producer(tmp_path / "node", kind, lp.url, "-")
+    stale = _copy(producer.journal, login)  # taken mid-run
+    producer.log_the_rest()
+    producer.finish()  # the producer is gone: only its original has the finish
+    code, out, err = cli(capsys, "sync", str(stale))
+    assert code == 0, out + err
+    assert _status(lp) == "RUNNING" and "left open" in out
+    _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", str(stale))
+    assert code == 0, out + err
+    assert _landed(lp, kind, "all")() is not None
+    assert _status(lp) == "COMPLETED"

@@ -9,6 +9,7 @@ rsync leave) and check the imported log against the original, entry by entry.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import shutil
 from collections.abc import Iterator
@@ -16,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal
 from primeruns.journal.origin import K_ORIGIN, Origin
-from primeruns.ship.mirror import K_SOURCE_ORIGIN, import_new, open_sync_journal
+from primeruns.ship import mirror
+from primeruns.ship.mirror import K_SOURCE_ORIGIN, fingerprint, import_new, open_sync_journal
 
 
 def _rows(journal: Journal) -> list[tuple[int, int, bytes]]:
@@ -186,3 +189,80 @@ def test_a_new_journal_records_where_it_was_written(tmp_path: Path) -> None:
         assert origin.is_original(journal.path)
         assert not origin.is_original(tmp_path / "elsewhere")
         assert origin.producer_state() == "alive"  # this process
+
+
+def test_a_sync_journal_interrupted_while_made_leaves_nothing_half_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A copy of a run that was shipping: a sync journal without its offsets
+    # would ship everything again into the same run.
+    producer = Journal.create(tmp_path / "node", meta={"platform": {"run_id": "r1"}})
+    _log(producer, 0, 30)
+    producer.sync()
+    producer.ack("traces", 20)
+    copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
+    root = tmp_path / "synced"
+
+    def interrupted(source: Journal, dest: Journal) -> None:
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patch:
+        patch.setattr(mirror, "_hand_over_shipping", interrupted)
+        with pytest.raises(KeyboardInterrupt), Journal.open(copy, owner=False) as source:
+            open_sync_journal(source, root)
+    assert not (root / producer.local_id).exists()
+    assert [p.name for p in root.iterdir()] == []  # no staging folder left either
+    with _synced(copy, root) as (_, sync, created):
+        assert created and sync.cursor("traces").acked == 20
+    producer.close()
+
+
+@pytest.mark.parametrize("local_id", ["../victim", "/abs", ".hidden", ""])
+def test_a_copy_naming_a_hostile_local_id_is_refused(tmp_path: Path, local_id: str) -> None:
+    producer = Journal.create(tmp_path / "node")
+    _log(producer, 0, 3)
+    producer.set_meta("journal.local_id", local_id)
+    producer.sync()
+    copy = _copy(producer.path, tmp_path / "login" / "copy")
+    with Journal.open(copy, owner=False) as source, pytest.raises(JournalError):
+        open_sync_journal(source, tmp_path / "synced")
+    producer.close()
+
+
+def test_another_journal_claiming_the_same_local_id_is_refused(tmp_path: Path) -> None:
+    first = Journal.create(tmp_path / "a", local_id="same-id")
+    second = Journal.create(tmp_path / "b", local_id="same-id")
+    root = tmp_path / "synced"
+    for journal in (first, second):
+        journal.sync()
+    with _synced(_copy(first.path, tmp_path / "c1" / "same-id"), root):
+        pass
+    with Journal.open(_copy(second.path, tmp_path / "c2" / "same-id"), owner=False) as source:
+        with pytest.raises(JournalError, match="not the journal"):
+            open_sync_journal(source, root)
+    first.close()
+    second.close()
+
+
+def test_reading_a_copy_does_not_change_its_fingerprint(tmp_path: Path) -> None:
+    producer = Journal.create(tmp_path / "node")
+    _log(producer, 0, 3)
+    producer.sync()
+    copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
+    before = fingerprint(copy)
+    with Journal.open(copy, owner=False) as reader:
+        reader.read(0)
+    assert fingerprint(copy) == before
+    producer.close()
+
+
+def test_a_producer_whose_original_is_not_here_or_booted_elsewhere_is_unknown(
+    tmp_path: Path,
+) -> None:
+    with Journal.create(tmp_path) as journal:
+        origin = Origin.from_json(journal.get_meta(K_ORIGIN))
+        assert origin is not None
+        assert dataclasses.replace(origin, boot="another-boot").producer_state() == "unknown"
+        moved = dataclasses.replace(origin, path=str(tmp_path / "gone"))
+        assert moved.producer_state() == "unknown"
+    assert origin.producer_state() == "dead"  # its original is here, unlocked
