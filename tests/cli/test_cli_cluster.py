@@ -250,18 +250,19 @@ def test_copies_synced_from_a_login_node_land_once_in_one_run(
         syncer.stop()
 
 
+@pytest.fixture
+def login(local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The login node's copies directory, with a key to sync them to ``local_platform``."""
+    point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    return tmp_path / "login"
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_job_requeued_offline_syncs_into_one_run_by_its_run_key(
-    local_platform: Any,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    kind: str,
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
     lp = local_platform
-    point_at(monkeypatch, tmp_path, lp.url)
-    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
-    login = tmp_path / "login"
     # The job is killed on one node halfway, requeued on another, and finishes there.
     first = Producer(tmp_path / "node-a", kind, lp.url, "node-a", "job-4242", "first")
     first.kill()
@@ -307,16 +308,9 @@ def test_a_journal_whose_spec_was_lost_syncs_with_the_spec_the_user_supplies(
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_stale_copy_of_a_run_that_finished_here_never_closes_it_as_crashed(
-    local_platform: Any,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    kind: str,
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
     lp = local_platform
-    point_at(monkeypatch, tmp_path, lp.url)
-    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
-    login = tmp_path / "login"
     producer = Producer(tmp_path / "node", kind, lp.url, "-")
     stale = _copy(producer.journal, login)  # taken mid-run
     producer.log_the_rest()
