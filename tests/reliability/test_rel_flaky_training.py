@@ -107,8 +107,10 @@ def _assert_every_record_landed_once(lp: LocalPlatform, run: pr.Run) -> None:
         journal.close()
 
 
-_DEFAULT_SEEDS = [5, 11]
-_SLOW_SEEDS = [1, 2, 3, 4, 6, 7, 8, 9, 10, 12]
+# One trial by default (each waits out the SDK's default backoffs: 10-25 s);
+# tests/test_sdk_train.py runs the same faults with a short backoff.
+_DEFAULT_SEEDS = [5]
+_SLOW_SEEDS = [1, 2, 3, 4, 6, 7, 8, 9, 10, 11, 12]
 
 
 @pytest.mark.parametrize(
