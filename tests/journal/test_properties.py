@@ -6,9 +6,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from primeruns.journal import EntryKind, InFlight, Journal
 
@@ -109,5 +115,16 @@ class JournalModel(RuleBasedStateMachine):
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-JournalModel.TestCase.settings = settings(max_examples=60, stateful_step_count=25, deadline=None)
-test_journal_model = JournalModel.TestCase
+def test_journal_model() -> None:
+    # Most of an example's time is its reopenings (each probes the file in a
+    # child process); -m slow explores ten times as many interleavings.
+    run_state_machine_as_test(
+        JournalModel, settings=settings(max_examples=25, stateful_step_count=25, deadline=None)
+    )
+
+
+@pytest.mark.slow
+def test_journal_model_long() -> None:
+    run_state_machine_as_test(
+        JournalModel, settings=settings(max_examples=250, stateful_step_count=40, deadline=None)
+    )
