@@ -12,11 +12,15 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import module_platform
 import pytest
 from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
 from primeruns.journal import EntryKind, Journal
+
+# The runs of these tests are told apart by id: one server serves them all.
+_server, local_platform = module_platform.fixtures()
 
 
 def _closed_port_url() -> str:

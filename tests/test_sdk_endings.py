@@ -9,11 +9,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import module_platform
 import procs
 import pytest
 from sdk_helpers import point_at
 
 SCRIPT = Path(__file__).resolve().parent / "endings_script.py"
+
+# The runs of these tests are told apart by id: one server serves them all.
+_server, local_platform = module_platform.fixtures()
 
 
 def _start(runs: Path, url: str, how: str) -> subprocess.Popen[str]:

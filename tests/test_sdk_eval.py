@@ -6,12 +6,16 @@ import math
 from pathlib import Path
 from typing import Any
 
+import module_platform
 import pytest
 import workloads
 from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
 from primeruns.metrics import from_episodes
+
+# The runs of these tests are told apart by id: one server serves them all.
+_server, local_platform = module_platform.fixtures()
 
 
 def _close(a: Any, b: Any) -> bool:
@@ -64,9 +68,10 @@ def test_eval_of_500_episodes_lands_once_and_completes(
 
 
 def test_eval_with_retryable_and_ambiguous_faults_has_no_loss_and_no_duplicate(
-    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lp = make_local_platform(retryable_rate=0.3, ambiguous_rate=0.1, fault_seed=7)
+    lp = local_platform
+    lp.set_faults(retryable_rate=0.3, ambiguous_rate=0.1, seed=7)
     runs = point_at(monkeypatch, tmp_path, lp.url)
     episodes = workloads.gsm8k(500)
     run = _eval(runs, lp.url, episodes)
@@ -80,9 +85,9 @@ def test_eval_with_retryable_and_ambiguous_faults_has_no_loss_and_no_duplicate(
 
 
 def test_platform_down_for_the_whole_run_then_back_before_finish(
-    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lp = make_local_platform()
+    lp = local_platform
     runs = point_at(monkeypatch, tmp_path, lp.url)
     lp.stop()  # connections refused from here on
     episodes = workloads.gsm8k(120)

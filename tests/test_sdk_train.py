@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import module_platform
 import procs
 import pyarrow.parquet as pq
 import pytest
@@ -15,6 +16,9 @@ from sdk_helpers import API_KEY, point_at
 import primeruns as pr
 from primeruns.local.objects import object_path
 from primeruns.ship import ledger
+
+# The runs of these tests are told apart by id: one server serves them all.
+_server, local_platform = module_platform.fixtures(train_teams=["team-a"])
 
 VENDOR_COLUMNS = {
     "run_id": "string",
@@ -79,9 +83,9 @@ def _check_run(lp: Any, run: pr.Run, steps: dict[int, list[dict[str, Any]]]) -> 
 
 
 def test_training_run_lands_metrics_samples_and_traces(
-    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lp = make_local_platform(train_teams=["team-a"])
+    lp = local_platform
     runs = point_at(monkeypatch, tmp_path, lp.url)
     steps = _by_step(8)
     run = _train(lp, runs, steps)
@@ -91,11 +95,10 @@ def test_training_run_lands_metrics_samples_and_traces(
 
 
 def test_training_run_under_faults_gives_the_same_result(
-    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lp = make_local_platform(
-        train_teams=["team-a"], retryable_rate=0.3, ambiguous_rate=0.1, fault_seed=11
-    )
+    lp = local_platform
+    lp.set_faults(retryable_rate=0.3, ambiguous_rate=0.1, seed=11)
     runs = point_at(monkeypatch, tmp_path, lp.url)
     steps = _by_step(8)
     run = _train(lp, runs, steps)
@@ -105,9 +108,9 @@ def test_training_run_under_faults_gives_the_same_result(
 
 
 def test_team_outside_the_allowlist_is_forbidden_at_init(
-    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lp = make_local_platform(train_teams=["team-a"])
+    lp = local_platform
     runs = point_at(monkeypatch, tmp_path, lp.url)
     with pytest.raises(pr.ForbiddenError):
         pr.init(
@@ -123,7 +126,7 @@ def test_team_outside_the_allowlist_is_forbidden_at_init(
 
 
 def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
-    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import os
     import subprocess
@@ -131,7 +134,8 @@ def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
 
     import httpx
 
-    lp = make_local_platform(train_teams=["team-a"], latency_ms=20)
+    lp = local_platform
+    lp.set_faults(latency_ms=20)
     runs = point_at(monkeypatch, tmp_path, lp.url)
     created = httpx.post(  # the launcher registers the run
         f"{lp.url}/api/v1/rft/external-runs",
@@ -210,11 +214,11 @@ def test_run_killed_at_step_15_and_restarted_with_its_id_lands_exactly_once(
 
 
 def test_a_paused_sink_resumes_after_its_pause_and_ships_its_backlog(
-    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from sdk_helpers import wait_for
 
-    lp = make_local_platform(train_teams=["team-a"])
+    lp = local_platform
     runs = point_at(monkeypatch, tmp_path, lp.url)
     monkeypatch.setenv("PRIME_RUNS_PAUSE_S", "2")
     run = pr.init(

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import module_platform
 import pytest
 import workloads
 from sdk_helpers import API_KEY, kill_producer, platform_episode_ids, point_at, wait_for
@@ -28,6 +29,9 @@ from primeruns.journal import EntryKind, Journal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
 from cli_helpers import cli, landed_once
+
+# The runs of these tests are told apart by id: one server serves them all.
+_server, local_platform = module_platform.fixtures()
 
 
 def _journaled_ids(path: Path) -> list[str]:
@@ -53,9 +57,10 @@ def _run_id(path: Path) -> str:
 
 @pytest.mark.parametrize("kind", ["eval", "train"])
 def test_a_producer_killed_alone_is_shipped_and_closed_as_crashed_with_no_command(
-    kind: str, make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    kind: str, local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    lp = make_local_platform(latency_ms=5)
+    lp = local_platform
+    lp.set_faults(latency_ms=5)
     runs = point_at(monkeypatch, tmp_path, lp.url)
     n = 20 if kind == "train" else 80
     path, acked = kill_producer([str(runs), kind, str(n), lp.url], n // 2, whole_job=False)
@@ -79,12 +84,12 @@ def test_a_producer_killed_alone_is_shipped_and_closed_as_crashed_with_no_comman
 
 
 def test_replay_is_refused_while_the_uplink_ships_and_the_run_lands_once_after(
-    make_local_platform: Any,
+    local_platform: Any,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    lp = make_local_platform()
+    lp = local_platform
     runs = point_at(monkeypatch, tmp_path, lp.url)
     monkeypatch.setenv("PRIME_RUNS_RETRY_BASE_S", "0.05")
     lp.set_faults(statuses=[503], routes=["/api/v1/traces"], retryable_rate=1.0)
