@@ -9,10 +9,14 @@ derived in :mod:`primeruns.reports`, which the dashboard reads too.
 from __future__ import annotations
 
 import argparse
+import functools
+from collections.abc import Callable
 from pathlib import Path
 
+from ..exceptions import PrimeRunsError
 from ..journal import list_journals
 from ..settings import RUNS_DIR_ENV, default_runs_dir
+from .console import inert
 
 __all__ = [
     "EXIT_DAMAGED",
@@ -23,6 +27,7 @@ __all__ = [
     "CommandError",
     "add_json",
     "add_runs_dir",
+    "inert_errors",
     "resolve_run",
     "runs_dir_of",
 ]
@@ -40,6 +45,29 @@ class CommandError(Exception):
     def __init__(self, message: str, code: int = EXIT_USAGE) -> None:
         super().__init__(message)
         self.code = code
+
+
+Handler = Callable[[argparse.Namespace], int]
+
+
+def inert_errors(handler: Handler) -> Handler:
+    """``handler`` whose errors are made inert (see ``console.inert``) on their
+    way to the one line the command line prints: a journal's path or a
+    server's words in a message must not act on the terminal."""
+
+    @functools.wraps(handler)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except OSError as exc:
+            if exc.filename is not None:
+                exc.filename = inert(exc.filename)
+            raise
+        except (CommandError, PrimeRunsError) as exc:
+            exc.args = tuple(inert(a) if isinstance(a, str) else a for a in exc.args)
+            raise
+
+    return run
 
 
 def add_runs_dir(parser: argparse.ArgumentParser) -> None:

@@ -4,13 +4,15 @@ rich renders the tables and progress bars, fits them to the terminal's width
 and honours ``NO_COLOR``. On a pipe or a file there is no colour and no width
 limit, so a line is never cut short for ``grep``. Every value a user or a
 journal supplied goes in as ``Text``, never as markup, so a run named
-``[red]x`` shows as written. rich is imported by the CLI only: ``import
-primeruns`` never loads it.
+``[red]x`` shows as written, and through :func:`inert`, so a name holding
+terminal escapes cannot set the title or clear the screen. rich is imported
+by the CLI only: ``import primeruns`` never loads it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any, TextIO
 
@@ -18,7 +20,16 @@ from rich.console import Console
 from rich.filesize import decimal
 from rich.text import Text
 
-__all__ = ["emit_json", "human_age", "human_bytes", "make_console", "outcome_text", "shipping_text"]
+__all__ = [
+    "emit_json",
+    "human_age",
+    "human_bytes",
+    "inert",
+    "inert_text",
+    "make_console",
+    "outcome_text",
+    "shipping_text",
+]
 
 # Wide enough that no table or line is ever folded when nobody is watching.
 _UNBOUNDED = 10_000
@@ -30,6 +41,26 @@ _OUTCOME_STYLES = {
     "damaged": "red",
     "running": "cyan",
 }
+
+
+# C0 controls (tab and newline included), DEL and C1 controls: what a terminal
+# may act on rather than show.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def inert(text: object) -> str:
+    """``text`` safe to print on a terminal: each control character (C0, DEL,
+    C1) shown as a visible escape such as ``\\x1b``, everything else as it is.
+
+    For the names, paths and messages a journal or a server supplied, in
+    human output only: ``--json`` has the JSON encoder's own escaping.
+    """
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def inert_text(text: object, style: str = "") -> Text:
+    """``Text`` of :func:`inert` ``text``: shown as written, never as markup."""
+    return Text(inert(text), style=style)
 
 
 def make_console(stream: TextIO | None = None) -> Console:

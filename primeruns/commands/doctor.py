@@ -35,7 +35,7 @@ from ..settings import (
     resolve_settings,
 )
 from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, runs_dir_of
-from .console import emit_json, human_bytes, make_console
+from .console import emit_json, human_bytes, inert, make_console
 
 __all__ = ["add_parser"]
 
@@ -62,7 +62,7 @@ class _Checks:
         if not self.quiet:
             line = Text("  ")
             line.append(f"{result:<6}", style=style)
-            line.append(text)
+            line.append(inert(text))  # paths, settings and servers' messages
             self.console.print(line)
 
     def ok(self, text: str) -> None:
@@ -238,8 +238,8 @@ def run_doctor(args: argparse.Namespace) -> int:
     for label, value, source in _settings_rows(settings, tuning):
         document["settings"][label] = {"value": value, "source": source}
         if not args.json:
-            line = Text(f"  {label:<15} {value}  ")
-            line.append(f"({source})", style="dim")
+            line = Text(f"  {label:<15} {inert(value)}  ")
+            line.append(f"({inert(source)})", style="dim")
             checks.console.print(line)
     checks.heading("reachability")
     platform_up = _reach("platform", settings.origin, args.timeout, checks)

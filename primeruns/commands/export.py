@@ -15,7 +15,16 @@ from typing import BinaryIO
 
 from ..journal import Damage, Journal
 from ..reports import KIND_NAMES, iter_entries, load_rows
-from .common import EXIT_DAMAGED, EXIT_OK, CommandError, add_runs_dir, resolve_run, runs_dir_of
+from .common import (
+    EXIT_DAMAGED,
+    EXIT_OK,
+    CommandError,
+    add_runs_dir,
+    inert_errors,
+    resolve_run,
+    runs_dir_of,
+)
+from .console import inert
 
 __all__ = ["add_parser"]
 
@@ -69,9 +78,9 @@ def run_export(args: argparse.Namespace) -> int:
                     count += 1
                 out.flush()
     if args.output:
-        print(f"wrote {count} {args.kind} records to {args.output}", file=sys.stderr)
+        print(f"wrote {count} {args.kind} records to {inert(args.output)}", file=sys.stderr)
     for d in damage:
-        print(f"skipped damaged: {d.what}", file=sys.stderr)
+        print(f"skipped damaged: {inert(d.what)}", file=sys.stderr)
     return EXIT_DAMAGED if damage else EXIT_OK
 
 
@@ -88,4 +97,4 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         default="episodes",
         help="which records (default: episodes)",
     )
-    parser.set_defaults(handler=run_export)
+    parser.set_defaults(handler=inert_errors(run_export))

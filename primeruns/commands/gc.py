@@ -16,8 +16,8 @@ from typing import Any
 from ..exceptions import JournalError, JournalLockedError
 from ..journal import delete_journal, journal_info
 from ..reports import RunStatus, statuses
-from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, runs_dir_of
-from .console import emit_json, human_age, human_bytes
+from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, inert_errors, runs_dir_of
+from .console import emit_json, human_age, human_bytes, inert
 
 __all__ = ["add_parser", "parse_duration"]
 
@@ -53,7 +53,11 @@ def run_gc(args: argparse.Namespace) -> int:
     out. Never one with pending records (unless --force), never a live one."""
     runs_dir = runs_dir_of(args)
     report: dict[str, list[dict[str, Any]]] = {"deleted": [], "kept": [], "failed": []}
-    say = (lambda line: None) if args.json else print
+
+    def say(line: str) -> None:
+        if not args.json:  # ids, reasons and errors come from journals: inert
+            print(inert(line))
+
     code = EXIT_OK
     for status in statuses(runs_dir):
         info = status.info
@@ -116,4 +120,4 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="say why each run is kept")
     add_json(parser, "what was deleted and kept (with why)")
-    parser.set_defaults(handler=run_gc)
+    parser.set_defaults(handler=inert_errors(run_gc))

@@ -16,11 +16,12 @@ from rich.table import Table
 from rich.text import Text
 
 from ..reports import RECORD_KINDS, UNIT_LABELS, RunStatus, statuses
-from .common import EXIT_OK, add_json, add_runs_dir, runs_dir_of
+from .common import EXIT_OK, add_json, add_runs_dir, inert_errors, runs_dir_of
 from .console import (
     emit_json,
     human_age,
     human_bytes,
+    inert_text,
     make_console,
     outcome_text,
     shipping_text,
@@ -73,17 +74,17 @@ def _logged(status: RunStatus) -> str:
 # order they are dropped last to first when the terminal is too narrow.
 _Column = tuple[str, Callable[[RunStatus], Text], dict[str, Any]]
 _COLUMNS: list[_Column] = [
-    ("LOCAL ID", lambda s: Text(s.info.local_id), {"no_wrap": True}),
+    ("LOCAL ID", lambda s: inert_text(s.info.local_id), {"no_wrap": True}),
     ("OUTCOME", lambda s: outcome_text(s.outcome), {"no_wrap": True}),
     ("SHIPPING", lambda s: shipping_text(s.shipping), {"no_wrap": True}),
-    ("NAME", lambda s: Text((s.spec.name if s.spec else None) or "-"), {"max_width": 32}),
+    ("NAME", lambda s: inert_text((s.spec.name if s.spec else None) or "-"), {"max_width": 32}),
     ("LOGGED", lambda s: Text(_logged(s)), {}),
     ("LOST", lambda s: Text(str(s.losses_total), style="red") if s.losses_total else Text("-"),
      {"justify": "right"}),
-    ("KIND", lambda s: Text(s.spec.kind if s.spec else "?"), {}),
+    ("KIND", lambda s: inert_text(s.spec.kind if s.spec else "?"), {}),
     ("AGE", lambda s: Text(human_age(s.age_s)), {"justify": "right", "no_wrap": True}),
     ("SIZE", lambda s: Text(human_bytes(s.info.size_bytes)), {"justify": "right", "no_wrap": True}),
-    ("RUN ID", lambda s: Text(str(s.platform.get("run_id") or "-")), {"no_wrap": True}),
+    ("RUN ID", lambda s: inert_text(s.platform.get("run_id") or "-"), {"no_wrap": True}),
 ]  # fmt: skip
 _SHOWN_ORDER = ["LOCAL ID", "RUN ID", "KIND", "NAME", "OUTCOME", "SHIPPING", "LOGGED", "LOST"]
 
@@ -121,7 +122,7 @@ def run_ls(args: argparse.Namespace) -> int:
         return EXIT_OK
     console = make_console()
     if not found:
-        console.print(Text(f"no runs under {runs_dir}"))
+        console.print(inert_text(f"no runs under {runs_dir}"))
         return EXIT_OK
     table = _fitting_table(
         found,
@@ -129,7 +130,7 @@ def run_ls(args: argparse.Namespace) -> int:
         lambda t: console.measure(t, options=console.options.update_width(1 << 16)).maximum,
     )
     console.print(table)
-    console.print(Text(f"{len(found)} run(s) under {runs_dir}", style="dim"))
+    console.print(inert_text(f"{len(found)} run(s) under {runs_dir}", style="dim"))
     return EXIT_OK
 
 
@@ -139,4 +140,4 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     add_runs_dir(parser)
     add_json(parser, "a JSON array of the runs")
-    parser.set_defaults(handler=run_ls)
+    parser.set_defaults(handler=inert_errors(run_ls))

@@ -3,8 +3,9 @@
 Each bar counts what its sink has to ship in the user's units (episodes,
 traces, metric rows), with the percentage, the rate and the time left. A sink
 that is off (opted out, not enabled for the account) gets no bar, and one that
-stops on the way says why. rich draws them in place on a terminal; on a pipe
-or a file only the final state is printed, so logs stay readable.
+stops on the way says why (the server's words, made inert, never read as
+markup). rich draws them in place on a terminal; on a pipe or a file only the
+final state is printed, so logs stay readable.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from rich.progress import Progress as Bars
 from rich.text import Text
 
 from ..ship.uplink import Progress
-from .console import make_console
+from .console import inert, make_console
 
 __all__ = ["ShipProgress"]
 
@@ -46,14 +47,14 @@ class ShipProgress:
 
     def __init__(self, stream: TextIO, totals: Mapping[str, int], units: Mapping[str, str]) -> None:
         self._bars = Bars(
-            TextColumn("  {task.description:<14}"),
+            TextColumn("  {task.description:<14}", markup=False),
             BarColumn(bar_width=24),
             MofNCompleteColumn(),
             TextColumn("{task.fields[unit]}"),
             TaskProgressColumn(),
             _Rate(),
             TimeRemainingColumn(),
-            TextColumn("{task.fields[note]}", style="yellow"),
+            TextColumn("{task.fields[note]}", style="yellow", markup=False),
             console=make_console(stream),
             auto_refresh=False,
         )
@@ -72,7 +73,7 @@ class ShipProgress:
             self._bars.update(
                 task,
                 completed=min(progress.sent.get(sink, 0), total),
-                note=f"stopped: {note}" if note else "",
+                note=f"stopped: {inert(note)}" if note else "",
             )
         self._bars.refresh()
 

@@ -44,10 +44,11 @@ from .common import (
     CommandError,
     add_json,
     add_runs_dir,
+    inert_errors,
     resolve_run,
     runs_dir_of,
 )
-from .console import emit_json, human_bytes, make_console
+from .console import emit_json, human_bytes, inert, inert_text, make_console
 from .progress import ShipProgress
 
 __all__ = ["add_parser", "describe_plan", "replay_one"]
@@ -125,7 +126,7 @@ def _exit_code(report: ShipReport) -> int:
 
 
 def _report(report: ShipReport, plan: dict[str, tuple[int, str]], console: Console) -> None:
-    where = report.url or report.run_id or "not registered"
+    where = inert(report.url or report.run_id or "not registered")
     if report.damaged:
         console.print(
             Text(
@@ -134,14 +135,14 @@ def _report(report: ShipReport, plan: dict[str, tuple[int, str]], console: Conso
             )
         )
         for d in report.damaged[:_MAX_DAMAGE_LINES]:
-            console.print(Text(f"    - {d.what}"))
+            console.print(inert_text(f"    - {d.what}"))
         if len(report.damaged) > _MAX_DAMAGE_LINES:
             console.print(Text(f"    ... and {len(report.damaged) - _MAX_DAMAGE_LINES} more"))
     for sink, loss in report.losses.items():
         reasons = "; ".join(loss.get("reasons") or []) or "no reason recorded"
-        console.print(Text(f"  lost {loss.get('count', 0)} for {sink}: {reasons}", style="yellow"))
+        console.print(inert_text(f"  lost {loss.get('count', 0)} for {sink}: {reasons}", "yellow"))
     for error in report.errors:
-        console.print(Text(f"  error: {error}", style="red"))
+        console.print(inert_text(f"  error: {error}", style="red"))
     if report.ok:
         line = Text("  done", style="green")
         shipped = ", ".join(f"{n} {unit} to {sink}" for sink, (n, unit) in plan.items() if n)
@@ -152,15 +153,16 @@ def _report(report: ShipReport, plan: dict[str, tuple[int, str]], console: Conso
         if report.left_open is not None:
             line.append(f": {shipped} ({human_bytes(report.bytes)}); the run is left open: {where}")
             console.print(line)
-            console.print(Text(f"  left open because {report.left_open}", style="yellow"))
+            console.print(inert_text(f"  left open because {report.left_open}", "yellow"))
             return
         line.append(
-            f": {shipped} ({human_bytes(report.bytes)}); run closed out as {report.status}: {where}"
+            f": {shipped} ({human_bytes(report.bytes)}); "
+            f"run closed out as {inert(report.status)}: {where}"
         )
         console.print(line)
         return
     if report.pending:
-        parts = ", ".join(f"{k} {v}" for k, v in report.pending.items())
+        parts = inert(", ".join(f"{k} {v}" for k, v in report.pending.items()))
         line = Text(f"  incomplete: still pending {parts}", style="red")
     else:
         line = Text("  incomplete: the run could not be closed out", style="red")
@@ -228,8 +230,8 @@ def _ship(
             "no API key: set PRIME_API_KEY (or api_key in ~/.prime/config.json) to ship runs",
             EXIT_USAGE,
         )
-    head = Text(path.name, style="bold")
-    head.append(f" -> {where}")
+    head = inert_text(path.name, style="bold")
+    head.append(f" -> {inert(where)}")
     make_console(stream).print(head)
     bars = ShipProgress(
         stream,
@@ -284,7 +286,7 @@ def replay_one(
     try:
         report, plan = _ship(path, options, stream)
     except _NotShipped as exc:
-        err.write(f"{path}: {exc}\n")
+        err.write(f"{inert(path)}: {inert(exc)}\n")
         if results is not None:
             results.append(not_shipped_json(path, exc.code, str(exc)))
         return exc.code
@@ -355,7 +357,7 @@ def _pass(
         if results is not None:
             emit_json(results)
         elif seen is None:
-            print(f"no {what} under {runs_dir_of(args)}")
+            print(f"no {what} under {inert(runs_dir_of(args))}")
         return EXIT_OK
     console = make_console()
     worst = EXIT_OK
@@ -366,11 +368,11 @@ def _pass(
             if results is not None:
                 results.append({"path": str(path), "state": status.state, "plan": plan})
             else:
-                line = Text(path.name, style="bold")
+                line = inert_text(path.name, style="bold")
                 line.append(f" ({status.state})")
                 console.print(line)
                 for sentence in plan:
-                    console.print(Text(f"  {sentence}"))
+                    console.print(inert_text(f"  {sentence}"))
             if status.info.owner_alive:
                 worst = max(worst, EXIT_LOCKED)
             continue
@@ -379,7 +381,7 @@ def _pass(
             code = replay_one(path, results=results, options=options)
         except Exception as exc:  # one journal's trouble must not strand the others
             error = f"not shipped: {type(exc).__name__}: {exc}"
-            print(f"{path}: {error}", file=sys.stderr)
+            print(inert(f"{path}: {error}"), file=sys.stderr)
             code = EXIT_FAILED
             if results is not None:
                 results.append(not_shipped_json(path, code, error))
@@ -423,7 +425,7 @@ def _watch(args: argparse.Namespace, options: ShipOptions) -> int:
     ships what the copies brought since the last one (see ``_pass``)."""
     seen: dict[Path, Fingerprint] = {}
     print(
-        f"watching {runs_dir_of(args)}: syncing every {args.interval:g} s (Ctrl-C to stop)",
+        f"watching {inert(runs_dir_of(args))}: syncing every {args.interval:g} s (Ctrl-C to stop)",
         file=sys.stderr,
     )
     while True:
@@ -487,7 +489,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         description=run_replay.__doc__,
     )
     _common_args(replay)
-    replay.set_defaults(handler=run_replay)
+    replay.set_defaults(handler=inert_errors(run_replay))
     sync = sub.add_parser(
         "sync", help="register and ship offline runs", description=run_sync.__doc__
     )
@@ -505,4 +507,4 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         metavar="S",
         help="seconds between passes of --watch (default 30)",
     )
-    sync.set_defaults(handler=run_sync)
+    sync.set_defaults(handler=inert_errors(run_sync))

@@ -22,8 +22,25 @@ from ..journal import Damage, EntryKind, Journal, journal_info
 from ..reports import UNIT_LABELS, RunStatus, describe, load_rows, metric_curves
 from ..ship.factory import sink_kinds
 from ..ship.uplink import terminal_state
-from .common import EXIT_DAMAGED, EXIT_OK, add_json, add_runs_dir, resolve_run, runs_dir_of
-from .console import emit_json, human_age, human_bytes, make_console, outcome_text, shipping_text
+from .common import (
+    EXIT_DAMAGED,
+    EXIT_OK,
+    add_json,
+    add_runs_dir,
+    inert_errors,
+    resolve_run,
+    runs_dir_of,
+)
+from .console import (
+    emit_json,
+    human_age,
+    human_bytes,
+    inert,
+    inert_text,
+    make_console,
+    outcome_text,
+    shipping_text,
+)
 from .ls import as_json
 from .sparkline import sparkline
 
@@ -95,13 +112,15 @@ def _document(
 
 
 def _field(console: Console, label: str, value: Any) -> None:
+    """One ``label value`` line; a ``Text`` value is shown as built, any other
+    made inert (most come from the journal)."""
     if value in (None, "", [], {}):
         return
-    line = Text(f"  {label:<14} ")
+    line = Text(f"  {inert(label):<14} ")
     if isinstance(value, Text):
         line.append_text(value)
     else:
-        line.append(value if isinstance(value, str) else json.dumps(value, sort_keys=True))
+        line.append(inert(value if isinstance(value, str) else json.dumps(value, sort_keys=True)))
     console.print(line)
 
 
@@ -118,7 +137,7 @@ def _render(
     console: Console, status: RunStatus, doc: dict[str, Any], rows: list[dict[str, Any]], width: int
 ) -> None:
     info = status.info
-    head = Text(f"run {info.local_id}", style="bold")
+    head = Text(f"run {inert(info.local_id)}", style="bold")
     head.append("  (")
     head.append_text(outcome_text(status.outcome))
     head.append(", ")
@@ -175,7 +194,7 @@ def _render(
     for sink in doc["sinks"]:
         units = " and ".join(sink["ships"]) or "records"
         if sink["off"]:
-            line = Text(f"off: {sink['off']}", style="dim")
+            line = inert_text(f"off: {sink['off']}", style="dim")
         else:
             text = f"{sink['acknowledged']}/{sink['records']} {units} acknowledged"
             if sink["pending"]:
@@ -183,15 +202,15 @@ def _render(
             line = Text(text, style="yellow" if sink["pending"] else "green")
         _field(console, sink["sink"], line)
     for sink, loss in info.losses.items():
-        console.print(Text(f"  lost {int(loss.get('count', 0))} for {sink}", style="red"))
+        console.print(inert_text(f"  lost {int(loss.get('count', 0))} for {sink}", style="red"))
         for reason in loss.get("reasons") or []:
-            console.print(Text(f"      - {reason}"))
+            console.print(inert_text(f"      - {reason}"))
 
     damage = doc["damage"]
     if damage:
         _section(console, f"damage ({len(damage)})", "bold red")
         for what in damage[:_MAX_DAMAGE_LINES]:
-            console.print(Text(f"  {what}"))
+            console.print(inert_text(f"  {what}"))
         if len(damage) > _MAX_DAMAGE_LINES:
             console.print(Text(f"  ... and {len(damage) - _MAX_DAMAGE_LINES} more"))
 
@@ -203,11 +222,11 @@ def _render(
     curves = metric_curves(rows)
     if curves:
         _section(console, f"metrics ({len(rows)} rows)")
-        width = max(len(k) for k in curves)
+        width = max(len(inert(k)) for k in curves)
         for key, points in sorted(curves.items()):
             values = [v for _, v in points]
             finite = [v for v in values if math.isfinite(v)] or [math.nan]
-            line = Text(f"  {key:<{width}}  ")
+            line = Text(f"  {inert(key):<{width}}  ")
             line.append(sparkline(values, width=width), style="green")
             line.append(
                 f"  min {_fmt_num(min(finite))}  max {_fmt_num(max(finite))}  "
@@ -245,4 +264,4 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument(
         "--width", type=int, default=48, help="sparkline width in characters (default 48)"
     )
-    parser.set_defaults(handler=run_show)
+    parser.set_defaults(handler=inert_errors(run_show))
