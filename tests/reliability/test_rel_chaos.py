@@ -16,7 +16,7 @@ import pytest
 import rel_torture as rt
 import workloads
 
-from primeruns.local import LocalPlatform, handle
+from primeruns.local import LocalPlatform
 
 
 @pytest.mark.parametrize("seed", range(len(rt.CHAOS_KINDS)), ids=list(rt.CHAOS_KINDS))
@@ -63,13 +63,10 @@ def test_slow_loris_responses_still_ship_exactly_once(
 
 
 def test_finish_keeps_its_deadline_against_a_slow_loris_platform(
-    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    make_local_platform: Any, tmp_path: Path
 ) -> None:
     """Every response trickles one byte per 0.5 s: finish(timeout=2) must still
     return promptly (what is unshipped stays in the journal for replay)."""
-    # A graceful stop would wait for the trickling responses (10 s, then a
-    # SIGKILL): the server is killed soon after SIGTERM instead.
-    monkeypatch.setattr(handle, "STOP_TIMEOUT", 0.5)
     lp: LocalPlatform = make_local_platform()
     with rt.sdk_env(lp.url, tmp_path / "home"):
         run = rt.eval_run(lp.url, tmp_path / "runs")
