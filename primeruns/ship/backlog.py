@@ -119,14 +119,23 @@ def ship_journal(
     may_crash, why_open = True, None  # in place, the owner lock proves the producer gone
     damaged: list[Damage] = []
     beside = Origin.read_beside(path)
+    damaged_final: list[Damage] = []
     if beside is not None and _through_sync_journal(path, beside, root):
         # A copy is read from a private snapshot, never in place (see mirror).
         with snapshot(path, root) as taken:
             with Journal.open(taken, owner=False) as source:
-                journal, report, may_crash, why_open = _import_copy(
-                    source, path, beside, root, job_ended
-                )
-    else:
+                damaged_final = _damaged_and_final(source, path, beside, root, job_ended)
+                if not damaged_final:
+                    journal, report, may_crash, why_open = _import_copy(
+                        source, path, beside, root, job_ended
+                    )
+    if damaged_final:
+        # The copy will not change (its producer is gone) and is damaged, and
+        # nothing synced it before: ship it where it is, rebuilt from what is
+        # intact, as a damaged journal is (a sync journal takes entries only
+        # in order, so it would stop at the damage).
+        damaged = damaged_final
+    elif beside is None or not _through_sync_journal(path, beside, root):
         probe = Journal.open(path, owner=False)
         try:
             origin = _origin(probe)
@@ -172,6 +181,18 @@ def _through_sync_journal(path: Path, origin: Origin, root: Path) -> bool:
     if path.absolute() == mine.absolute():
         return False
     return (mine / DATA_NAME).exists() or not origin.is_original(path.absolute())
+
+
+def _damaged_and_final(
+    source: Journal, path: Path, origin: Origin, root: Path, job_ended: bool
+) -> list[Damage]:
+    """The damage of a copy no sync journal has taken yet and whose producer
+    is gone (a scan of every entry: only for such a copy); else none."""
+    if (root / source.local_id / DATA_NAME).exists():
+        return []
+    if not job_ended and origin.producer_state() != "dead":
+        return []
+    return source.damage()
 
 
 def _import_copy(

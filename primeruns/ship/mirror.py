@@ -36,7 +36,6 @@ import logging
 import os
 import shutil
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +47,6 @@ from ..journal.origin import K_ORIGIN, Origin
 from ..journal.store import DATA_NAME
 from ..journal.trust import make_private_dirs
 from ..settings import default_sync_root
-from ..spec import listed_spec
-from .lifecycle import K_CREATE_SENT
 
 __all__ = [
     "K_SOURCE_ORIGIN",
@@ -142,13 +139,6 @@ def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:
 def _create(source: Journal, root: Path, local_id: str) -> None:
     meta = {key: value for key, value in source.all_meta().items() if not key.startswith(_OWN_META)}
     meta[K_SOURCE_ORIGIN] = source.get_meta(K_ORIGIN)
-    # No sync journal of this run existed here: one elsewhere (another login
-    # node, a deleted state folder) may have registered it. An evaluation is
-    # then looked up by its client token before a create (a training run has
-    # no lookup on the wire).
-    spec = listed_spec(meta)
-    if spec is not None and spec.kind == "eval":
-        meta.setdefault(K_CREATE_SENT, time.time())
     budget = source.get_meta("journal.max_bytes")
     kwargs: dict[str, Any] = {}
     if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:

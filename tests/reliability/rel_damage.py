@@ -62,7 +62,7 @@ def damage_trial(seed: int, src: Path, work: Path, lp: LocalPlatform) -> rt.Tria
     trial.faults += 1
     intact = intact_ids(path)
     try:
-        with rt.sdk_env(lp.url, work / "home"):
+        with rt.sdk_env(lp.url, work / f"home-{seed}"):  # each copy synced on its own
             report = ship_journal(path, settings=rt._settings(lp.url), timeout=60)
     except JournalError as exc:  # refused as a whole: fine, if it says why
         if not str(exc):

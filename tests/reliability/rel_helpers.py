@@ -40,13 +40,23 @@ def journal_records(path: Path, kind: EntryKind) -> list[dict[str, Any]]:
 
 
 def bound_run_id(path: Path) -> str | None:
-    """The platform run id a journal was bound to, if it ever registered."""
+    """The platform run id a journal was bound to, if it ever registered:
+    in its own meta, or for a copy, in the sync journal the harness's HOME
+    beside it holds (``home`` next to the journal, as these tests lay out)."""
     journal = Journal.open(path, owner=False)
     try:
         bound = journal.get_meta("platform") or {}
-        return bound.get("run_id")
+        local_id = journal.local_id
     finally:
         journal.close()
+    if bound.get("run_id") or path.parent is None:
+        return bound.get("run_id")
+    synced = path.parent / "home" / ".local" / "state" / "prime-runs" / "synced" / local_id
+    if not synced.is_dir():
+        return None
+    with Journal.open(synced, owner=False) as sync:
+        run_id = (sync.get_meta("platform") or {}).get("run_id")
+        return str(run_id) if run_id else None
 
 
 @dataclass
