@@ -26,9 +26,6 @@ import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from primeruns.exceptions import JournalError
-from primeruns.journal.trust import check_dir, check_file
-
 # A damaged tree can also make LMDB loop; a walk of a healthy journal of many
 # GB takes seconds.
 PROBE_TIMEOUT_S = 120.0
@@ -80,6 +77,11 @@ def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:
 def _trusted(directory: Path) -> bool:
     """Whether the child may open ``directory``'s files: LMDB writes its lock
     file even to read, so a planted link must not reach it (trust)."""
+    # Imported here: this file is also the child's script, which must start
+    # with lmdb alone (importing the package would cost it ~0.5 s).
+    from primeruns.exceptions import JournalError
+    from primeruns.journal.trust import check_dir, check_file
+
     try:
         check_dir(directory, "journal directory")
         for name in ("data.mdb", "lock.mdb"):
