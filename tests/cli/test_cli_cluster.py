@@ -145,7 +145,7 @@ class Syncer:
     def stop(self) -> None:
         if self.watcher is not None:
             self.watcher.send_signal(signal.SIGINT)
-            assert self.watcher.wait(timeout=30) == 130
+            assert self.watcher.wait(timeout=90) == 130  # a pass under way ends first
             self.watcher = None
 
 
