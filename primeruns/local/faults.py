@@ -64,13 +64,18 @@ class FaultInjector:
         self._settings = settings
         self._rng = random.Random(settings.seed)
         self._injected = 0  # faults drawn so far, for a campaign's "faults injected" figure
+        self._delayed = 0  # requests inside an injected latency now (a test waits for one)
         #: Set when the server starts shutting down: an injected latency (up to
         #: an hour) or slow-loris answer ends at once, or SIGTERM would wait on it.
         self.stopping = asyncio.Event()
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
-            return {**asdict(self._settings), "injected": self._injected}
+            return {**asdict(self._settings), "injected": self._injected, "delayed": self._delayed}
+
+    def delaying(self, change: int) -> None:
+        with self._lock:
+            self._delayed += change
 
     def update(self, changes: dict[str, Any]) -> dict[str, Any]:
         """Apply ``changes`` (any subset of the fields); a given seed restarts the RNG.
@@ -101,7 +106,7 @@ class FaultInjector:
             self._settings = new
             if changes.get("seed") is not None:
                 self._rng = random.Random(new.seed)
-            return {**asdict(new), "injected": self._injected}
+            return {**asdict(new), "injected": self._injected, "delayed": self._delayed}
 
     def draw(self, path: str = "") -> tuple[Outcome, int, FaultSettings]:
         """Decide one request's fate: the outcome and, if retryable, its status."""
@@ -169,8 +174,12 @@ class FaultMiddleware:
             return
         outcome, status, settings = self.injector.draw(scope["path"])
         if settings.latency_ms:
-            with anyio.move_on_after(settings.latency_ms / 1000):
-                await self.injector.stopping.wait()
+            self.injector.delaying(+1)
+            try:
+                with anyio.move_on_after(settings.latency_ms / 1000):
+                    await self.injector.stopping.wait()
+            finally:
+                self.injector.delaying(-1)
         if self.injector.stopping.is_set():
             outcome, status = "retryable", 503  # shutting down: nothing is processed
         if outcome == "retryable":

@@ -4,13 +4,13 @@ nested JSON, and a SIGTERM while an injected latency sleeps."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 from hostile import nested_json, nested_trace_line, newline_gzip_bomb, traces_upload
 from local_helpers import error_code, post_upload
+from sdk_helpers import wait_for
 
 from primeruns.local import LocalPlatform
 
@@ -96,13 +96,10 @@ def test_sigterm_ends_serve_while_an_injected_latency_sleeps(
 
     caller = threading.Thread(target=call)
     caller.start()
-    time.sleep(0.5)  # the request is in the injected sleep
-    started = time.monotonic()
+    wait_for(lambda: p.set_faults()["delayed"] >= 1, what="the call inside the injected latency")
     p.stop()
-    took = time.monotonic() - started
     caller.join(30)
-    assert took < 6, f"serve took {took:.1f} s to stop"
-    assert p.returncode == 0
+    assert p.returncode == 0  # it ended on SIGTERM, not on the SIGKILL stop() sends after 10 s
     # The cut request is told so (503: retry elsewhere), or its connection
     # drops; it is never processed, and never a 500 with a traceback.
     assert outcome, "the call never returned"
