@@ -337,6 +337,12 @@ def _run(args: argparse.Namespace, *, offline: bool) -> int:
         spec=spec,
     )
     if getattr(args, "watch", False):
+        if args.job_ended:
+            # --job-ended closes runs without a finish entry as crashed; a watch
+            # syncs runs whose jobs may still be writing them.
+            raise CommandError(
+                "--job-ended cannot go with --watch: sync once with --job-ended after the job ends"
+            )
         return _watch(args, options)
     return _pass(args, options, offline=offline)
 

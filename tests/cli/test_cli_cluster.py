@@ -323,3 +323,10 @@ def test_a_stale_copy_of_a_run_that_finished_here_never_closes_it_as_crashed(
     assert code == 0, out + err
     assert _landed(lp, kind, "all")() is not None
     assert _status(lp) == "COMPLETED"
+
+
+def test_watching_refuses_to_close_runs_as_crashed(
+    login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = cli(capsys, "sync", "--watch", "--job-ended", "--runs-dir", str(login))
+    assert code == 2 and "--job-ended cannot go with --watch" in out + err
