@@ -138,7 +138,7 @@ def ship_journal(
     elif beside is None or not _through_sync_journal(path, beside, root):
         probe = Journal.open(path, owner=False)
         try:
-            origin = _origin(probe)
+            origin = origin_of(probe.path, probe.all_meta())
             if is_copy(probe.path, probe.all_meta(), root):
                 journal, report, may_crash, why_open = _import_copy(
                     probe, path, origin, root, job_ended
@@ -292,10 +292,6 @@ def _ship(
             uplink.errors.append(f"{shipper.name} stopped: {shipper.state.retired_reason}")
     report.errors.extend(uplink.errors)
     report.losses = journal.losses()
-
-
-def _origin(journal: Journal) -> Origin | None:
-    return origin_of(journal.path, journal.all_meta())
 
 
 def origin_of(path: Path, meta: Mapping[str, Any]) -> Origin | None:

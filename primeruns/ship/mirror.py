@@ -55,7 +55,6 @@ __all__ = [
     "import_new",
     "open_sync_journal",
     "snapshot",
-    "sync_journal_path",
     "sync_root",
 ]
 
@@ -72,10 +71,6 @@ _READ_BYTES = 16 << 20
 def sync_root(environ: Mapping[str, str] | None = None) -> Path:
     """Where sync journals live (:func:`primeruns.settings.default_sync_root`)."""
     return default_sync_root(environ)
-
-
-def sync_journal_path(local_id: str, root: Path | None = None) -> Path:
-    return (root or sync_root()) / local_id
 
 
 @dataclass(frozen=True)
