@@ -64,7 +64,13 @@ from primeruns.journal.mover import Mover
 from primeruns.journal.origin import K_ORIGIN, Origin
 from primeruns.journal.reading import Reader
 from primeruns.journal.spool import SpoolView, SpoolWriter, spool_bytes
-from primeruns.journal.store import DATA_NAME, Store, acquire_store, release_store
+from primeruns.journal.store import (
+    DATA_NAME,
+    AlreadyOpenError,
+    Store,
+    acquire_store,
+    release_store,
+)
 from primeruns.journal.tail import OwnTail, SharedTail, read_end
 from primeruns.journal.trust import check_dir, check_file, make_private_dirs
 from primeruns.journal.txn import Transactions
@@ -275,6 +281,11 @@ class Journal:
                     repair=repair and owner and not shared,
                     trusted=shared,
                 )
+            except AlreadyOpenError:
+                raise JournalError(
+                    f"{path} is already open in this process (a forked child cannot "
+                    "reopen its parent's journal)"
+                ) from None
             except ValueError as exc:
                 raise JournalError(str(exc)) from None
             except (lmdb.InvalidError, lmdb.VersionMismatchError, lmdb.NotFoundError) as exc:

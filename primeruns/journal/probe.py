@@ -100,7 +100,11 @@ def _run_child(directories: list[Path]) -> tuple[list[str | None], bool]:
 
     try:
         done = subprocess.run(
-            [sys.executable, __file__],
+            # -P: a script's own folder leads sys.path, and this folder holds
+            # types.py, which would shadow the standard library's `types` in a
+            # plain virtual environment (where no site hook imported it first):
+            # every journal then read as damaged.
+            [sys.executable, "-P", __file__],
             # NUL-separated absolute paths: a name may hold a newline, and the
             # child's working directory must not matter.
             input=b"\0".join(os.fsencode(os.path.abspath(d)) for d in directories),

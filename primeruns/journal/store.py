@@ -126,14 +126,27 @@ _LIVE: weakref.WeakSet[Store] = weakref.WeakSet()
 _ORPHANS: list[Any] = []
 
 
+# The journal folders whose environment a forked child inherited (and keeps
+# open, see module doc): opening one anew would be a second environment on the
+# same file in one process, which LMDB forbids (closing either breaks the
+# other's locks). py-lmdb refuses that itself only from 1.5 on; this check holds
+# at every version the project declares.
+_INHERITED: set[str] = set()
+
+
 def _after_fork_in_child() -> None:
     # Keep inherited environments alive forever in the child: see module doc.
     for store in list(_LIVE):
         _ORPHANS.append(store.env)
         store.forked = True
+        _INHERITED.add(os.path.realpath(store.directory))
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class AlreadyOpenError(ValueError):
+    """The file's environment is already open in this process (inherited by a fork)."""
 
 
 _REGISTRY: dict[str, tuple[Store, int]] = {}
@@ -158,6 +171,8 @@ def acquire_store(
     """
     key = os.path.realpath(directory)
     with _REGISTRY_LOCK:
+        if key in _INHERITED:
+            raise AlreadyOpenError(f"{directory} is already open in this process")
         found = _REGISTRY.get(key)
         if found is not None and not found[0].forked:
             store, refs = found

@@ -442,3 +442,27 @@ def test_the_start_up_scan_names_crashed_runs_and_leaves_a_journal_taken_over_un
     assert taken.path not in opened
     assert "crashed before they were shipped" in caplog.text
     assert "crashed" in caplog.text and "taken" not in caplog.text
+
+
+def test_the_probe_works_in_a_plain_virtual_environment(tmp_path: Path, monkeypatch) -> None:
+    """Found by installing the declared floors (tools/floors.py) in a fresh venv:
+    the probe's child ran with primeruns/journal/ first on sys.path, whose
+    types.py shadowed the standard library's where nothing had imported it yet,
+    so every journal of a user who installed the wheel read as damaged."""
+    from primeruns.journal import probe
+
+    journal = Journal.create(tmp_path / "runs", local_id="plain")
+    journal.append(EntryKind.EPISODE, [b'{"id":"e"}'])
+    journal.close()
+    # An interpreter started without site hooks (as in a plain venv, nothing
+    # imports `types` before the script runs), with lmdb still importable.
+    import lmdb
+
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/sh\n"
+        f"PYTHONPATH={Path(lmdb.__file__).parent.parent} exec {sys.executable} -S \"$@\"\n"
+    )
+    python.chmod(0o755)
+    monkeypatch.setattr(probe.sys, "executable", str(python))
+    assert probe.probe_many([tmp_path / "runs" / "plain"]) == {tmp_path / "runs" / "plain": None}
