@@ -11,13 +11,13 @@ import procs
 import pytest
 from hypothesis import settings
 
+from primeruns.local import LocalPlatform
+
 # No per-example deadline: timing targets live in tools/bench/, and on a shared
 # 2-core machine a first example that pays an import or a cold cache would
 # otherwise fail as "flaky" without any behaviour being wrong.
 settings.register_profile("prime-runs", deadline=None)
 settings.load_profile("prime-runs")
-
-from primeruns.local import LocalPlatform
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

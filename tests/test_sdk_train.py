@@ -276,3 +276,45 @@ def test_internal_rft_root_attaches_with_the_key_as_x_api_key(
     stored = lp.run(run_id)
     assert stored["train_metrics"] == {"rows": 2, "steps": 2}
     assert stored["status"] == "COMPLETED"
+
+
+def test_the_training_reads_of_the_prime_cli_answer_from_what_was_stored(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`prime train list/get/rollouts/progress/distributions/logs/checkpoints`
+    read these routes; each answers from the run the SDK stored (tools/compat/
+    prime_cli.py drives the real CLI against them in CI)."""
+    import httpx
+
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    steps = _by_step(8)
+    run = _train(lp, runs, steps)
+    api = f"{lp.url}/api/v1/rft"
+    with httpx.Client(headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30) as client:
+
+        def get(path: str, **params: Any) -> Any:
+            response = client.get(f"{api}{path}", params=params)
+            assert response.status_code == 200, (path, response.text)
+            return response.json()
+
+        listed = get("/runs", page=1, limit=1000)
+        mine = [r for r in listed["runs"] if r["id"] == run.id]
+        assert len(mine) == 1 and mine[0]["status"] == "COMPLETED" and mine[0]["userId"]
+        assert listed["total"] >= 1 and listed["page"] == 1
+        assert get(f"/runs/{run.id}")["run"]["userId"] == mine[0]["userId"]
+        progress = get(f"/runs/{run.id}/progress")
+        assert progress["latestStep"] == 29
+        assert progress["stepsWithSamples"] == progress["stepsWithDistributions"] == [0, 10, 20]
+        page = get(f"/runs/{run.id}/samples", step=10, page=2, limit=5)
+        assert (page["total"], page["total_pages"]) == (8, 2)
+        assert [s["sample_id"] for s in page["samples"]] == [5, 6, 7]
+        assert {s["step"] for s in page["samples"]} == {10}
+        rewards = get(f"/runs/{run.id}/distributions", type="rewards", step=10)
+        assert rewards["step"] == 10 and sum(b["count"] for b in rewards["bins"]) == 8
+        latest = get(f"/runs/{run.id}/distributions")
+        assert latest["step"] == 20 and sum(b["count"] for b in latest["bins"]) == 8
+        assert get(f"/runs/{run.id}/samples", step=3)["samples"] == []  # off the cadence
+        assert get(f"/runs/{run.id}/logs") == {"logs": ""}
+        assert get(f"/runs/{run.id}/checkpoints") == {"checkpoints": []}
+        assert client.get(f"{api}/runs/rft_unknown/progress").status_code == 404

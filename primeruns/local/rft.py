@@ -48,6 +48,7 @@ from .context import (
 )
 from .errors import PlatformError
 from .objects import object_path, parquet_rows
+from .rft_reads import LOCAL_USER_ID, read_routes
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "STOPPED"})
 
@@ -84,6 +85,7 @@ def run_view(row: sqlite3.Row) -> dict[str, Any]:
         "id": row["id"],
         "name": row["name"],
         "teamId": row["team_id"],
+        "userId": LOCAL_USER_ID,
         "status": row["status"],
         "kind": "EXTERNAL",
         "baseModel": req.get("base_model"),
@@ -306,6 +308,7 @@ def _rft_routes(prefix: str, *, public: bool) -> list[Route]:
             Route(f"{prefix}/external-runs/{{run_id}}/status", set_status, methods=["PUT"]),
             Route(f"{prefix}/runs/{{run_id}}", get_run, methods=["GET"]),
             Route(f"{prefix}/runs/{{run_id}}/metrics", get_metrics, methods=["GET"]),
+            *read_routes(prefix),
         ]
     return routes
 
