@@ -29,6 +29,7 @@ from ..exceptions import (
     RetryableAPIError,
     TransportError,
     UnauthorizedError,
+    UnprovenAnswerError,
     is_transient,
 )
 from ..journal import Journal
@@ -185,7 +186,10 @@ class Lifecycle:
                 failed += 1
                 # An answer lost on the way back (not a 5xx, which the
                 # platform sends when it refused the request as a whole).
-                answer_lost = isinstance(exc, TransportError) and is_ambiguous(exc)
+                # A 2xx without the created run's id is no better than none.
+                answer_lost = isinstance(
+                    exc, TransportError | UnprovenAnswerError
+                ) and is_ambiguous(exc)
                 if answer_lost and not self._create_can_be_looked_up():
                     lost += 1
                     if deadline is not None and lost >= _MAX_LOST_CREATES:
@@ -256,7 +260,11 @@ class Lifecycle:
             )
             run = _as_dict(created.get("run"))
             if not run.get("id"):
-                raise APIError("the platform created a training run but returned no id")
+                # A gateway's {} or empty 200: the run may or may not exist.
+                raise UnprovenAnswerError(
+                    "the create of the training run was answered without its id; "
+                    "it may or may not have been created"
+                )
             run_id, name, url = str(run["id"]), run.get("name") or spec.name, None
         else:
             body = self._eval_body(spec, attempts)
@@ -271,7 +279,12 @@ class Lifecycle:
                     "POST", "/evaluations/", body, replayable=False, attempts=attempts
                 )
             if not created.get("evaluation_id"):
-                raise APIError("the platform created an evaluation but returned no evaluation_id")
+                # A gateway's {} or empty 200: the evaluation may exist. Ambiguous,
+                # so the retry looks it up by its token (K_CREATE_SENT) first.
+                raise UnprovenAnswerError(
+                    "the create of the evaluation was answered without its evaluation_id; "
+                    "it may or may not have been created"
+                )
             run_id = str(created["evaluation_id"])
             name, url = created.get("name") or spec.name, created.get("viewer_url")
         return self._bind(spec, run_id, name, url)
@@ -321,7 +334,13 @@ class Lifecycle:
             query["skip"] = str(page * _LOOKUP_PAGE)
             path = "/evaluations/?" + urllib.parse.urlencode(query)
             listing = self._call("GET", path, attempts=attempts)
-            items = listing.get("evaluations") or []
+            items = listing.get("evaluations")
+            if not isinstance(items, list):
+                # {} is not "no such evaluation": creating now could make a second.
+                raise UnprovenAnswerError(
+                    "the lookup of an earlier create was answered without its "
+                    "'evaluations' list; cannot tell whether the run exists"
+                )
             for item in items:
                 meta = _as_dict(_as_dict(item).get("metadata")).get(_NAMESPACE)
                 if _as_dict(meta).get("client_token") == token:
