@@ -25,6 +25,7 @@ from ..exceptions import (
     EnvironmentResolutionError,
     ForbiddenError,
     LineFormatConflictError,
+    NotFoundError,
     PaymentRequiredError,
     RetryableAPIError,
     TransportError,
@@ -495,28 +496,69 @@ class Lifecycle:
             self._step("update", lambda: self._send("PUT", path, update))
         if status == "completed":
             metrics = {"metrics": dict(summary)}
-            return self._step("finalize", lambda: self._send("POST", f"{path}/finalize", metrics))
+            return self._step(
+                "finalize",
+                lambda: self._closed(self._send("POST", f"{path}/finalize", metrics), path),
+            )
         if attached:
             return True  # the launcher owns a failed attached run's status
         body: dict[str, Any] = {"status": _EVAL_STATUS.get(status, "FAILED")}
         message = status_message(status, error) if status == "crashed" else error
         if message:
             body["error_message"] = message[:_ERROR_MESSAGE_CAP]
-        return self._step("finalize", lambda: self._send("PUT", path, body))
+        return self._step("finalize", lambda: self._closed(self._send("PUT", path, body), path))
+
+    def _closed(self, answer: Mapping[str, Any], read_path: str) -> None:
+        """Raise unless the run is closed on the platform: an answer naming a
+        terminal status says so; a silent one (the contract lets the platform
+        answer ``{}`` or nothing, and so does a gateway that never forwarded
+        the request) is checked by reading the run back. Where the platform
+        offers no read (404: the internal API), the answer is taken."""
+        if _terminal(answer):
+            return
+        try:
+            found = self._send("GET", read_path, {})
+        except NotFoundError:
+            return
+        if not _terminal(found):
+            raise UnprovenAnswerError(
+                "the close-out was answered without a status and the run is not closed "
+                "on the platform; sending it again"
+            )
 
     def _finalize_train(self, run_id: str, status: str, error: str | None, attached: bool) -> bool:
         status_path = f"/rft/external-runs/{run_id}/status"
+        read_path = f"/rft/runs/{run_id}"
         if status == "completed":
             try:
-                self._send("POST", "/rft/finalize", {"run_id": run_id, "exit_code": 0})
+                answer = self._send("POST", "/rft/finalize", {"run_id": run_id, "exit_code": 0})
+                self._closed(answer, read_path)
             except APIError:
                 body = {"status": "completed"}
-                return self._step("finalize", lambda: self._send("PUT", status_path, body))
+                return self._step(
+                    "finalize",
+                    lambda: self._closed(self._send("PUT", status_path, body), read_path),
+                )
             return True
         if attached:
             return True
         body = {"status": "failed", "error_message": status_message(status, error) or "failed"}
-        return self._step("finalize", lambda: self._send("PUT", status_path, body))
+        return self._step(
+            "finalize", lambda: self._closed(self._send("PUT", status_path, body), read_path)
+        )
+
+
+_TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "STOPPED"})
+
+
+def _terminal(answer: Mapping[str, Any]) -> bool:
+    """Whether an answer (a close-out's, or a run read back, bare or under
+    ``run``) names a terminal status."""
+    for source in (answer, _as_dict(answer.get("run"))):
+        status = source.get("status")
+        if isinstance(status, str) and status.upper() in _TERMINAL:
+            return True
+    return False
 
 
 def _as_dict(value: Any) -> dict[str, Any]:
