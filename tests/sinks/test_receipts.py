@@ -22,7 +22,7 @@ import httpx
 import orjson
 import pytest
 import workloads
-from scripted_platform import Batch, ScriptedPlatform, entries_of, error
+from scripted_platform import Batch, ScriptedPlatform, entries_of
 
 from primeruns.exceptions import UnprovenAnswerError
 from primeruns.journal import EntryKind, Journal
@@ -245,11 +245,8 @@ def test_metrics_a_bogus_200_for_a_row_never_forwarded_is_resent(kind: str) -> N
     platform = ScriptedPlatform()
     table = MetricsTable(platform)
     sink, batch = _metrics_batch(platform)
-    table.answers += [(httpx.Response(200, json=None), True), (_bogus(kind), False)]
-    table.answers[0] = (
-        httpx.Response(200, json={"run_id": "rft-1", "step": 0, "status": "ok"}),
-        True,
-    )
+    proven = httpx.Response(200, json={"run_id": "rft-1", "step": 0, "status": "ok"})
+    table.answers += [(proven, True), (_bogus(kind), False)]
     with pytest.raises(Exception) as raised:
         batch.send(sink)  # row 0 proven, row 1 not
     _unproven(raised.value)
