@@ -125,10 +125,12 @@ class Lifecycle:
         replayable: bool = True,
         attempts: int | None = None,
         deadline: float | None = None,
+        check: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """One platform call with retries on transient failures: ``attempts``
         of them, or with a ``deadline`` (monotonic) as many as fit before it
-        (at least one), each attempt's time also capped by it."""
+        (at least one), each attempt's time also capped by it. ``check``
+        judges each answer: what it raises is that attempt's failure."""
         tries = attempts or self._policy.attempts_per_strike
         attempt = 0
         while True:
@@ -136,7 +138,10 @@ class Lifecycle:
             if deadline is not None:
                 within = max(deadline - time.monotonic(), _MIN_ATTEMPT_S)
             try:
-                return self.client.api(method, path, body, within=within)
+                answer = self.client.api(method, path, body, within=within)
+                if check is not None:
+                    check(answer)
+                return answer
             except APIError as exc:
                 attempt += 1
                 retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None
@@ -459,8 +464,13 @@ class Lifecycle:
                 self.journal.set_meta("finalized", {"status": status, "at": time.time()})
             return done
 
-    def _send(self, method: str, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call(method, path, body, deadline=self._deadline)
+    def _send(
+        self, method: str, path: str, body: Mapping[str, Any], *, closes: str | None = None
+    ) -> dict[str, Any]:
+        """A close-out call; ``closes``: the path to read the run back from
+        when the answer does not say the run is closed (``_closed``)."""
+        check = None if closes is None else (lambda answer: self._closed(answer, closes))
+        return self._call(method, path, body, deadline=self._deadline, check=check)
 
     def _step(self, what: str, call: Callable[[], Any]) -> bool:
         """One close-out call; True when the platform has the outcome."""
@@ -498,7 +508,7 @@ class Lifecycle:
             metrics = {"metrics": dict(summary)}
             return self._step(
                 "finalize",
-                lambda: self._closed(self._send("POST", f"{path}/finalize", metrics), path),
+                lambda: self._send("POST", f"{path}/finalize", metrics, closes=path),
             )
         if attached:
             return True  # the launcher owns a failed attached run's status
@@ -506,7 +516,7 @@ class Lifecycle:
         message = status_message(status, error) if status == "crashed" else error
         if message:
             body["error_message"] = message[:_ERROR_MESSAGE_CAP]
-        return self._step("finalize", lambda: self._closed(self._send("PUT", path, body), path))
+        return self._step("finalize", lambda: self._send("PUT", path, body, closes=path))
 
     def _closed(self, answer: Mapping[str, Any], read_path: str) -> None:
         """Raise unless the run is closed on the platform: an answer naming a
@@ -531,20 +541,20 @@ class Lifecycle:
         read_path = f"/rft/runs/{run_id}"
         if status == "completed":
             try:
-                answer = self._send("POST", "/rft/finalize", {"run_id": run_id, "exit_code": 0})
-                self._closed(answer, read_path)
+                body = {"run_id": run_id, "exit_code": 0}
+                self._send("POST", "/rft/finalize", body, closes=read_path)
             except APIError:
-                body = {"status": "completed"}
+                fallback = {"status": "completed"}
                 return self._step(
                     "finalize",
-                    lambda: self._closed(self._send("PUT", status_path, body), read_path),
+                    lambda: self._send("PUT", status_path, fallback, closes=read_path),
                 )
             return True
         if attached:
             return True
         body = {"status": "failed", "error_message": status_message(status, error) or "failed"}
         return self._step(
-            "finalize", lambda: self._closed(self._send("PUT", status_path, body), read_path)
+            "finalize", lambda: self._send("PUT", status_path, body, closes=read_path)
         )
 
 
