@@ -101,9 +101,7 @@ def _assert_eval_landed(lp: LocalPlatform, run: pr.Run, logged: list[str], name:
     assert run.id is not None
     losses = _losses(run)
     traces = platform_episode_ids(lp.data_dir, run.id)
-    samples = Counter(
-        _query(lp, "SELECT sample_id FROM eval_samples WHERE eval_id = ?", run.id)
-    )
+    samples = Counter(_query(lp, "SELECT sample_id FROM eval_samples WHERE eval_id = ?", run.id))
     _assert_once_or_counted(traces, logged, "traces", run, losses)
     _assert_once_or_counted(samples, logged, "eval_samples", run, losses)
     # Registered once (a create answered with nothing is looked up, not
