@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import workloads
 from rel_helpers import platform_episode_ids, platform_metric_steps
@@ -27,6 +28,7 @@ from rel_helpers import platform_episode_ids, platform_metric_steps
 import primeruns as pr
 from primeruns.journal import Journal
 from primeruns.local import LocalPlatform
+from primeruns.local.objects import object_path
 
 _TEAM = "team-receipts"
 _KEY = "receipts-key-0123456789"
@@ -191,3 +193,39 @@ def test_a_413_halves_the_batch_in_every_sink_and_the_one_too_large_is_counted(
     losses = _losses(run)
     for sink in ("traces", "eval_samples"):
         assert any("413" in reason for reason in losses[sink]["reasons"]), losses[sink]
+
+
+def test_a_413_from_the_object_store_halves_a_step_object_and_every_sample_lands_once(
+    lp: LocalPlatform, settings: Path
+) -> None:
+    # A step's object of 10 agentic episodes is about 400 kB; the store takes
+    # 150 kB: the step goes up as several objects (additive per step), each
+    # sample once, in sample id ranges of their own.
+    lp.set_faults(max_body_bytes=150_000, routes=["/storage/"])
+    steps = workloads.agentic_by_step(10)
+    run = pr.init(
+        kind="train",
+        model="Qwen/Qwen3-8B",
+        team_id=_TEAM,
+        training=pr.TrainingSpec(max_steps=len(steps), batch_size=10),
+        api_key=_KEY,
+        base_url=lp.url,
+        runs_dir=settings,
+    )
+    for step in sorted(steps):
+        run.log_episodes(steps[step])
+    run.finish(timeout=180)
+    lp.set_faults(max_body_bytes=0)
+    assert run.id is not None
+    stored = lp.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    rows: Counter[int] = Counter()
+    ids: dict[int, list[int]] = {}
+    for obj in stored["parquet_objects"]:
+        rows[obj["step"]] += obj["rows"]
+        table = pq.read_table(object_path(lp.data_dir / "objects", obj["key"]))
+        ids.setdefault(obj["step"], []).extend(table.column("sample_id").to_pylist())
+    assert rows == Counter({0: 10, 10: 10, 20: 10})
+    assert len(stored["parquet_objects"]) > 3  # halved, not sent whole
+    assert all(len(set(found)) == len(found) == 10 for found in ids.values())
+    assert run.failed_records == {} and run.dropped_records == 0
