@@ -25,6 +25,7 @@ same errors here::
             ├── TraceNotIndexedError       409 trace_not_indexed
             ├── AmbiguousDeleteError       a delete whose answer was lost
             ├── RetryableAPIError          429, 5xx: retry after retry_after s
+            │   └── UnprovenAnswerError    a 2xx that proves nothing (a page, ``{}``)
             └── TransportError             no HTTP answer
                 └── APITimeoutError        the request timed out
 
@@ -86,10 +87,19 @@ __all__ = [
     "TraceTooLargeError",
     "TransportError",
     "UnauthorizedError",
+    "UnprovenAnswerError",
     "ValidationRejectedError",
     "is_record_rejection",
     "is_transient",
 ]
+
+
+class UnprovenAnswerError(RetryableAPIError):
+    """A 2xx that is not the answer its endpoint documents: an HTML page, JSON
+    cut short, an empty body or ``{}`` where a receipt comes back (what a
+    gateway or a maintenance page answers). The request may or may not have
+    been acted on, so it is ambiguous: retried as a transient failure, never
+    counted as stored, and resent only where a resend is safe."""
 
 
 class PrimeRunsError(Exception):

@@ -85,6 +85,21 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="fraction of API requests committed, then dropped before the answer",
     )
     parser.add_argument(
+        "--bogus-rate",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="fraction of API requests answered 200 with an empty body, {}, an HTML page "
+        "or JSON cut short (processed first or not, drawn evenly)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=0,
+        metavar="N",
+        help="answer 413 to API requests whose body is larger, as a proxy does (0: no limit)",
+    )
+    parser.add_argument(
         "--latency-ms", type=int, default=0, metavar="N", help="delay added to every API request"
     )
     parser.add_argument(
@@ -210,6 +225,8 @@ def _platform_app(args: argparse.Namespace, key: str | None) -> Starlette | None
         faults = FaultSettings(
             retryable_rate=args.retryable_rate,
             ambiguous_rate=args.ambiguous_rate,
+            bogus_rate=args.bogus_rate,
+            max_body_bytes=args.max_body_bytes,
             latency_ms=args.latency_ms,
             seed=args.fault_seed,
             retry_after=args.retry_after,

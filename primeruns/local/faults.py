@@ -12,6 +12,15 @@ test can be rerun with the same sequence:
 - *slow-loris*: the request is processed and committed, then the response body
   is trickled one byte every ``slowloris_interval_s``: each read succeeds just
   in time, so only a client with an overall deadline gets away.
+- *bogus*: a 200 that proves nothing, as a gateway or a maintenance page
+  answers: an empty body, ``{}``, an HTML page, or JSON cut short (one of
+  ``bogus_bodies``). Whether the request reached the platform first is drawn
+  too (evenly): a client must neither count it as stored nor resend it
+  blindly.
+
+``max_body_bytes`` (0: none) refuses every faultable request whose body is
+larger with a proxy's plain-text 413, before it is processed: the request
+size limit of a gateway in front of the platform.
 
 ``statuses`` chooses the retryable answers (any of 429 and 5xx, 500 included;
 default 429, 503 and 502) and ``routes`` limits every fault to requests whose
@@ -35,7 +44,14 @@ from typing import Any, Literal
 import anyio
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-Outcome = Literal["pass", "retryable", "ambiguous", "slowloris"]
+Outcome = Literal["pass", "retryable", "ambiguous", "slowloris", "bogus"]
+BogusBody = Literal["empty", "{}", "html", "truncated"]
+BOGUS_BODIES: tuple[BogusBody, ...] = ("empty", "{}", "html", "truncated")
+_MAINTENANCE_PAGE = (
+    b"<!DOCTYPE html><html><head><title>Maintenance</title></head>"
+    b"<body><h1>We'll be back soon</h1></body></html>"
+)
+_TOO_LARGE_PAGE = b"<html><body><h1>413 Request Entity Too Large</h1></body></html>"
 
 _TRACES_PREFIXES = ("/api/v1/traces", "/api/v1/episodes", "/api/v1/runs")
 
@@ -53,6 +69,9 @@ class FaultSettings:
     slowloris_interval_s: float = 1.0
     statuses: tuple[int, ...] = (429, 503, 502)
     routes: tuple[str, ...] = ()
+    bogus_rate: float = 0.0
+    bogus_bodies: tuple[str, ...] = BOGUS_BODIES
+    max_body_bytes: int = 0
 
 
 class FaultInjector:
@@ -101,6 +120,9 @@ class FaultInjector:
                 ),
                 statuses=_statuses(merged["statuses"]),
                 routes=_routes(merged["routes"]),
+                bogus_rate=_number(merged["bogus_rate"], "bogus_rate"),
+                bogus_bodies=_routes(merged["bogus_bodies"], "bogus_bodies"),
+                max_body_bytes=int(_number(merged["max_body_bytes"], "max_body_bytes")),
             )
             _validate(new)
             self._settings = new
@@ -124,7 +146,27 @@ class FaultInjector:
             if roll < s.retryable_rate + s.ambiguous_rate + s.slowloris_rate:
                 self._injected += 1
                 return "slowloris", 0, s
+            if roll < s.retryable_rate + s.ambiguous_rate + s.slowloris_rate + s.bogus_rate:
+                self._injected += 1
+                return "bogus", 0, s
             return "pass", 0, s
+
+    def draw_bogus(self, settings: FaultSettings) -> tuple[str, bool]:
+        """A bogus answer's body, and whether the request is processed first."""
+        with self._lock:
+            return self._rng.choice(settings.bogus_bodies), self._rng.random() < 0.5
+
+    def too_large(self, path: str, size: int | None) -> bool:
+        """Whether a request of ``size`` body bytes is over ``max_body_bytes``
+        (counted as an injected fault)."""
+        with self._lock:
+            s = self._settings
+            if not s.max_body_bytes or size is None or size <= s.max_body_bytes:
+                return False
+            if s.routes and not path.startswith(s.routes):
+                return False
+            self._injected += 1
+            return True
 
 
 def _number(value: Any, name: str) -> float:
@@ -139,18 +181,23 @@ def _statuses(value: Any) -> tuple[int, ...]:
     return tuple(int(_number(v, "statuses")) for v in value)
 
 
-def _routes(value: Any) -> tuple[str, ...]:
+def _routes(value: Any, name: str = "routes") -> tuple[str, ...]:
     if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
-        raise ValueError("routes must be a list of path prefixes")
+        raise ValueError(f"{name} must be a list of strings")
     return tuple(value)
 
 
 def _validate(s: FaultSettings) -> None:
-    for name in ("retryable_rate", "ambiguous_rate", "slowloris_rate"):
+    rates = ("retryable_rate", "ambiguous_rate", "slowloris_rate", "bogus_rate")
+    for name in rates:
         if not 0.0 <= getattr(s, name) <= 1.0:
             raise ValueError(f"{name} must be within [0, 1]")
-    if s.retryable_rate + s.ambiguous_rate + s.slowloris_rate > 1.0:
-        raise ValueError("retryable_rate + ambiguous_rate + slowloris_rate must not exceed 1")
+    if sum(getattr(s, name) for name in rates) > 1.0:
+        raise ValueError(f"{' + '.join(rates)} must not exceed 1")
+    if not s.bogus_bodies or not set(s.bogus_bodies) <= set(BOGUS_BODIES):
+        raise ValueError(f"bogus_bodies must be a non-empty list of {list(BOGUS_BODIES)}")
+    if s.max_body_bytes < 0:
+        raise ValueError("max_body_bytes must not be negative")
     if not s.statuses or not all(v == 429 or 500 <= v <= 599 for v in s.statuses):
         raise ValueError("statuses must be a non-empty list of 429 and 5xx statuses")
     if s.latency_ms < 0 or s.retry_after < 0 or s.slowloris_interval_s < 0:
@@ -172,6 +219,10 @@ class FaultMiddleware:
         if scope["type"] != "http" or is_exempt(scope["path"]):
             await self.app(scope, receive, send)
             return
+        if self.injector.too_large(scope["path"], _content_length(scope)):
+            await _drain(receive)
+            await _answer(send, 413, _TOO_LARGE_PAGE, b"text/html")
+            return
         outcome, status, settings = self.injector.draw(scope["path"])
         if settings.latency_ms:
             self.injector.delaying(+1)
@@ -189,6 +240,8 @@ class FaultMiddleware:
             await self._commit_then_drop(scope, receive, send)
         elif outcome == "slowloris":
             await self._commit_then_trickle(scope, receive, send, settings.slowloris_interval_s)
+        elif outcome == "bogus":
+            await self._bogus(scope, receive, send, settings)
         else:
             await self.app(scope, receive, send)
 
@@ -208,6 +261,29 @@ class FaultMiddleware:
         # and the client fails mid-response, after the commit.
         headers.append((b"content-length", b"1"))
         await send({**start, "headers": headers})
+
+    async def _bogus(
+        self, scope: Scope, receive: Receive, send: Send, settings: FaultSettings
+    ) -> None:
+        """A 200 that proves nothing, for a request processed first or not."""
+        body_kind, processed = self.injector.draw_bogus(settings)
+        real = bytearray()
+        if processed:
+
+            async def keep(message: Message) -> None:
+                if message["type"] == "http.response.body":
+                    real.extend(message.get("body", b""))
+
+            await self.app(scope, receive, keep)
+        else:
+            await _drain(receive)
+        if body_kind == "html":
+            await _answer(send, 200, _MAINTENANCE_PAGE, b"text/html")
+        elif body_kind == "truncated":
+            cut = bytes(real[: len(real) // 2]) if len(real) > 1 else b'{"status":"comm'
+            await _answer(send, 200, cut, b"application/json")
+        else:
+            await _answer(send, 200, b"{}" if body_kind == "{}" else b"", b"application/json")
 
     async def _commit_then_trickle(
         self, scope: Scope, receive: Receive, send: Send, interval_s: float
@@ -245,6 +321,22 @@ class FaultMiddleware:
             )
         if not body:
             await send({"type": "http.response.body", "body": b""})
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", []):
+        if name.lower() == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _answer(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
 
 
 async def _drain(receive: Receive) -> None:

@@ -228,12 +228,18 @@ class LocalPlatform:
         slowloris_interval_s: float | None = None,
         statuses: Sequence[int] | None = None,
         routes: Sequence[str] | None = None,
+        bogus_rate: float | None = None,
+        bogus_bodies: Sequence[str] | None = None,
+        max_body_bytes: int | None = None,
     ) -> dict[str, Any]:
         """Change fault injection at runtime; returns the settings now in force
         (plus ``injected``: how many faults were drawn so far)."""
         changes: dict[str, Any] = {
             "statuses": None if statuses is None else list(statuses),
             "routes": None if routes is None else list(routes),
+            "bogus_bodies": None if bogus_bodies is None else list(bogus_bodies),
+            "bogus_rate": bogus_rate,
+            "max_body_bytes": max_body_bytes,
             "retryable_rate": retryable_rate,
             "ambiguous_rate": ambiguous_rate,
             "latency_ms": latency_ms,

@@ -79,6 +79,16 @@ def _int(body: dict[str, Any], key: str, *, optional: bool = False) -> int | Non
     return value
 
 
+def _query_int(request: Request, name: str) -> int | None:
+    value = request.query_params.get(name)
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise PlatformError(422, f"{name} must be an integer") from None
+
+
 def run_view(row: sqlite3.Row) -> dict[str, Any]:
     req = json.loads(row["request"])
     return {
@@ -285,10 +295,23 @@ async def get_metrics(request: Request) -> JSONResponse:
     _auth(request)
     run_id = request.path_params["run_id"]
 
+    # The CLI's filters (contract §3.8): a client looking one step up reads that step.
+    bounds = {name: _query_int(request, name) for name in ("min_step", "max_step", "limit")}
+
     def read(conn: sqlite3.Connection) -> list[Any]:
         _run(conn, run_id)
         rows = conn.execute(
-            "SELECT body FROM train_metrics WHERE run_id = ? ORDER BY step, row", (run_id,)
+            "SELECT body FROM train_metrics WHERE run_id = ?"
+            " AND (? IS NULL OR step >= ?) AND (? IS NULL OR step <= ?)"
+            " ORDER BY step, row LIMIT ?",
+            (
+                run_id,
+                bounds["min_step"],
+                bounds["min_step"],
+                bounds["max_step"],
+                bounds["max_step"],
+                -1 if bounds["limit"] is None else bounds["limit"],
+            ),
         ).fetchall()
         return [json.loads(r["body"]) for r in rows]
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from ..exceptions import APIError
+from ..exceptions import UnprovenAnswerError
 from .errors import error_from_response, error_from_transport
 from .settings import Settings
 
@@ -49,21 +49,30 @@ def json_body(value: Mapping[str, Any]) -> bytes:
 
 
 def _decode(response: httpx.Response) -> dict[str, Any]:
+    """A 2xx's JSON object (an empty body is ``{}``, an array ``{"data": [...]}``,
+    as the vendor's client has them). Any other body (a maintenance page, JSON
+    cut short, a bare string) is no answer at all: the request may or may not
+    have been acted on, so it is an ambiguous, transient failure, never fatal
+    for the sink that sent it."""
     if not response.content:
         return {}
+    what = "not JSON"
     try:
         data = json.loads(response.content)
-    except ValueError as exc:
-        raise APIError(
-            f"HTTP {response.status_code} from {response.request.method} "
-            f"{response.request.url.path}: the body is not JSON",
-            status_code=response.status_code,
-        ) from exc
-    if isinstance(data, list):
-        return {"data": data}
-    if not isinstance(data, dict):
-        return {"data": data}
-    return data
+    except ValueError:
+        pass
+    else:
+        if isinstance(data, list):
+            return {"data": data}
+        if isinstance(data, dict):
+            return data
+        what = "not a JSON object"
+    raise UnprovenAnswerError(
+        f"HTTP {response.status_code} from {response.request.method} "
+        f"{response.request.url.path}: the body is {what} (a gateway's or "
+        "maintenance page?); the request may or may not have been acted on",
+        status_code=response.status_code,
+    )
 
 
 class PlatformClient:

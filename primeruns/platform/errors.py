@@ -33,6 +33,7 @@ from ..exceptions import (
     TraceNotIndexedError,
     TransportError,
     UnauthorizedError,
+    UnprovenAnswerError,
     ValidationRejectedError,
 )
 from ..redaction import scrub, url_for_display
@@ -173,8 +174,11 @@ def error_from_transport(exc: httpx.TransportError, where: str) -> TransportErro
 
 def is_ambiguous(exc: BaseException) -> bool:
     """True when the server may have acted on the request although it failed:
-    a 5xx (a server error can come after its commit), or a transport failure
-    after the request was sent."""
+    a 5xx (a server error can come after its commit), a 2xx that proves
+    nothing (``UnprovenAnswerError``), or a transport failure after the
+    request was sent."""
+    if isinstance(exc, UnprovenAnswerError):
+        return True
     if isinstance(exc, RetryableAPIError):
         return exc.status_code is not None and exc.status_code >= 500
     if isinstance(exc, TransportError):

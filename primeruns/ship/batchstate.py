@@ -32,12 +32,12 @@ from typing import Any, TypeVar
 from ..journal import InFlight
 from ..sinks.base import Prepared
 
-__all__ = ["BadState", "carry_of", "changes", "from_journal", "to_journal"]
+__all__ = ["BadState", "carry_before", "carry_of", "changes", "from_journal", "to_journal"]
 
 P = TypeVar("P")
 
 # The shipper's own keys; a sink's progress field may not take one of them.
-_SHIPPER_KEYS = frozenset({"last_seq", "records", "carry", "counters"})
+_SHIPPER_KEYS = frozenset({"last_seq", "records", "carry", "carry_before", "counters"})
 
 
 class BadState(ValueError):
@@ -47,8 +47,12 @@ class BadState(ValueError):
         super().__init__(f"the batch recorded in the journal is damaged: {what}")
 
 
-def to_journal(prepared: Prepared[Any], last_seq: int) -> dict[str, Any]:
-    """The state to record with a new batch that ends at ``last_seq``."""
+def to_journal(
+    prepared: Prepared[Any], last_seq: int, *, carry_before: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The state to record with a new batch that ends at ``last_seq``.
+    ``carry_before``: the sink's carry before this batch, which it goes back
+    to if the batch is refused whole and its records are sent anew."""
     progress = prepared.progress
     state = {
         f.name: _stored(getattr(progress, f.name))
@@ -57,6 +61,8 @@ def to_journal(prepared: Prepared[Any], last_seq: int) -> dict[str, Any]:
     }
     if prepared.carry is not None:
         state["carry"] = dict(prepared.carry)
+        if carry_before is not None:
+            state["carry_before"] = dict(carry_before)
     if prepared.counters:
         state["counters"] = dict(prepared.counters)
     state["last_seq"] = last_seq
@@ -98,6 +104,14 @@ def from_journal(inflight: InFlight, progress_type: type[P]) -> Prepared[P]:
         carry=carry_of(state),
         counters={str(k): _value(v, int, "counters") for k, v in counters.items()},
     )
+
+
+def carry_before(state: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """What a recorded batch's sink carried before it (``{}``: it started
+    afresh); None when not recorded (the sink carries nothing, or an earlier
+    version recorded the batch: its carry then stays as it is)."""
+    before = state.get("carry_before")
+    return before if isinstance(before, dict) else None
 
 
 def carry_of(state: Mapping[str, Any]) -> Mapping[str, Any] | None:

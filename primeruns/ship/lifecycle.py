@@ -25,10 +25,12 @@ from ..exceptions import (
     EnvironmentResolutionError,
     ForbiddenError,
     LineFormatConflictError,
+    NotFoundError,
     PaymentRequiredError,
     RetryableAPIError,
     TransportError,
     UnauthorizedError,
+    UnprovenAnswerError,
     is_transient,
 )
 from ..journal import Journal
@@ -123,10 +125,12 @@ class Lifecycle:
         replayable: bool = True,
         attempts: int | None = None,
         deadline: float | None = None,
+        check: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """One platform call with retries on transient failures: ``attempts``
         of them, or with a ``deadline`` (monotonic) as many as fit before it
-        (at least one), each attempt's time also capped by it."""
+        (at least one), each attempt's time also capped by it. ``check``
+        judges each answer: what it raises is that attempt's failure."""
         tries = attempts or self._policy.attempts_per_strike
         attempt = 0
         while True:
@@ -134,7 +138,10 @@ class Lifecycle:
             if deadline is not None:
                 within = max(deadline - time.monotonic(), _MIN_ATTEMPT_S)
             try:
-                return self.client.api(method, path, body, within=within)
+                answer = self.client.api(method, path, body, within=within)
+                if check is not None:
+                    check(answer)
+                return answer
             except APIError as exc:
                 attempt += 1
                 retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None
@@ -185,7 +192,10 @@ class Lifecycle:
                 failed += 1
                 # An answer lost on the way back (not a 5xx, which the
                 # platform sends when it refused the request as a whole).
-                answer_lost = isinstance(exc, TransportError) and is_ambiguous(exc)
+                # A 2xx without the created run's id is no better than none.
+                answer_lost = isinstance(
+                    exc, TransportError | UnprovenAnswerError
+                ) and is_ambiguous(exc)
                 if answer_lost and not self._create_can_be_looked_up():
                     lost += 1
                     if deadline is not None and lost >= _MAX_LOST_CREATES:
@@ -256,7 +266,11 @@ class Lifecycle:
             )
             run = _as_dict(created.get("run"))
             if not run.get("id"):
-                raise APIError("the platform created a training run but returned no id")
+                # A gateway's {} or empty 200: the run may or may not exist.
+                raise UnprovenAnswerError(
+                    "the create of the training run was answered without its id; "
+                    "it may or may not have been created"
+                )
             run_id, name, url = str(run["id"]), run.get("name") or spec.name, None
         else:
             body = self._eval_body(spec, attempts)
@@ -271,7 +285,12 @@ class Lifecycle:
                     "POST", "/evaluations/", body, replayable=False, attempts=attempts
                 )
             if not created.get("evaluation_id"):
-                raise APIError("the platform created an evaluation but returned no evaluation_id")
+                # A gateway's {} or empty 200: the evaluation may exist. Ambiguous,
+                # so the retry looks it up by its token (K_CREATE_SENT) first.
+                raise UnprovenAnswerError(
+                    "the create of the evaluation was answered without its evaluation_id; "
+                    "it may or may not have been created"
+                )
             run_id = str(created["evaluation_id"])
             name, url = created.get("name") or spec.name, created.get("viewer_url")
         return self._bind(spec, run_id, name, url)
@@ -321,7 +340,13 @@ class Lifecycle:
             query["skip"] = str(page * _LOOKUP_PAGE)
             path = "/evaluations/?" + urllib.parse.urlencode(query)
             listing = self._call("GET", path, attempts=attempts)
-            items = listing.get("evaluations") or []
+            items = listing.get("evaluations")
+            if not isinstance(items, list):
+                # {} is not "no such evaluation": creating now could make a second.
+                raise UnprovenAnswerError(
+                    "the lookup of an earlier create was answered without its "
+                    "'evaluations' list; cannot tell whether the run exists"
+                )
             for item in items:
                 meta = _as_dict(_as_dict(item).get("metadata")).get(_NAMESPACE)
                 if _as_dict(meta).get("client_token") == token:
@@ -439,8 +464,13 @@ class Lifecycle:
                 self.journal.set_meta("finalized", {"status": status, "at": time.time()})
             return done
 
-    def _send(self, method: str, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
-        return self._call(method, path, body, deadline=self._deadline)
+    def _send(
+        self, method: str, path: str, body: Mapping[str, Any], *, closes: str | None = None
+    ) -> dict[str, Any]:
+        """A close-out call; ``closes``: the path to read the run back from
+        when the answer does not say the run is closed (``_closed``)."""
+        check = None if closes is None else (lambda answer: self._closed(answer, closes))
+        return self._call(method, path, body, deadline=self._deadline, check=check)
 
     def _step(self, what: str, call: Callable[[], Any]) -> bool:
         """One close-out call; True when the platform has the outcome."""
@@ -476,28 +506,69 @@ class Lifecycle:
             self._step("update", lambda: self._send("PUT", path, update))
         if status == "completed":
             metrics = {"metrics": dict(summary)}
-            return self._step("finalize", lambda: self._send("POST", f"{path}/finalize", metrics))
+            return self._step(
+                "finalize",
+                lambda: self._send("POST", f"{path}/finalize", metrics, closes=path),
+            )
         if attached:
             return True  # the launcher owns a failed attached run's status
         body: dict[str, Any] = {"status": _EVAL_STATUS.get(status, "FAILED")}
         message = status_message(status, error) if status == "crashed" else error
         if message:
             body["error_message"] = message[:_ERROR_MESSAGE_CAP]
-        return self._step("finalize", lambda: self._send("PUT", path, body))
+        return self._step("finalize", lambda: self._send("PUT", path, body, closes=path))
+
+    def _closed(self, answer: Mapping[str, Any], read_path: str) -> None:
+        """Raise unless the run is closed on the platform: an answer naming a
+        terminal status says so; a silent one (the contract lets the platform
+        answer ``{}`` or nothing, and so does a gateway that never forwarded
+        the request) is checked by reading the run back. Where the platform
+        offers no read (404: the internal API), the answer is taken."""
+        if _terminal(answer):
+            return
+        try:
+            found = self._send("GET", read_path, {})
+        except NotFoundError:
+            return
+        if not _terminal(found):
+            raise UnprovenAnswerError(
+                "the close-out was answered without a status and the run is not closed "
+                "on the platform; sending it again"
+            )
 
     def _finalize_train(self, run_id: str, status: str, error: str | None, attached: bool) -> bool:
         status_path = f"/rft/external-runs/{run_id}/status"
+        read_path = f"/rft/runs/{run_id}"
         if status == "completed":
             try:
-                self._send("POST", "/rft/finalize", {"run_id": run_id, "exit_code": 0})
+                body = {"run_id": run_id, "exit_code": 0}
+                self._send("POST", "/rft/finalize", body, closes=read_path)
             except APIError:
-                body = {"status": "completed"}
-                return self._step("finalize", lambda: self._send("PUT", status_path, body))
+                fallback = {"status": "completed"}
+                return self._step(
+                    "finalize",
+                    lambda: self._send("PUT", status_path, fallback, closes=read_path),
+                )
             return True
         if attached:
             return True
         body = {"status": "failed", "error_message": status_message(status, error) or "failed"}
-        return self._step("finalize", lambda: self._send("PUT", status_path, body))
+        return self._step(
+            "finalize", lambda: self._send("PUT", status_path, body, closes=read_path)
+        )
+
+
+_TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "STOPPED"})
+
+
+def _terminal(answer: Mapping[str, Any]) -> bool:
+    """Whether an answer (a close-out's, or a run read back, bare or under
+    ``run``) names a terminal status."""
+    for source in (answer, _as_dict(answer.get("run"))):
+        status = source.get("status")
+        if isinstance(status, str) and status.upper() in _TERMINAL:
+            return True
+    return False
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

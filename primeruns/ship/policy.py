@@ -2,11 +2,13 @@
 
 Failures fall in four classes (docs/ARCHITECTURE.md, "Error handling"):
 
-- *transient* (no answer, 429, 5xx): keep the batch, wait (honouring
-  Retry-After, else exponential backoff with jitter) and resend it as is;
+- *transient* (no answer, 429, 5xx, a 2xx that proves nothing): keep the
+  batch, wait (honouring Retry-After, else exponential backoff with jitter)
+  and resend it as is;
 - *record rejection* (400, 409, 413, 422, an unencodable batch): the content
   is at fault, so resending cannot help; the batch is counted as failed with
-  the server's reason and the sink moves on;
+  the server's reason and the sink moves on (a 413 first halves the batch,
+  down to one record: ``Shipper._rejected``);
 - *fatal for the sink* (401, 402, 403, 404, other statuses): the sink stops;
   its backlog stays in the journal for ``primeruns replay``;
 - *off* (:class:`~primeruns.sinks.base.SinkOff`): the sink turned itself off on

@@ -112,6 +112,9 @@ class Shipper:
         self._hurry_until = 0.0  # no lingering until then (a flush waits)
         self._shrink = 1  # batch size divisor after journal write failures
         self._isolate: int | None = None  # entry cap while a rejected record is isolated
+        # Entry cap learned from a 413 (the platform's or a proxy's size
+        # limit): halved at each, doubled back at each success.
+        self._fit: int | None = None
         self._moved_at = time.monotonic()  # the last request that moved a batch on
 
     # -- control ------------------------------------------------------------
@@ -309,7 +312,12 @@ class Shipper:
         result = self.journal.read(
             after,
             kinds=sink.kinds,
-            max_entries=max(1, min(sink.max_entries // self._shrink, self._isolate or 1 << 62)),
+            max_entries=max(
+                1,
+                min(
+                    sink.max_entries // self._shrink, self._isolate or 1 << 62, self._fit or 1 << 62
+                ),
+            ),
             max_bytes=max(1, sink.max_bytes // self._shrink),
         )
         if result.damaged:
@@ -348,11 +356,14 @@ class Shipper:
             self._notify()
             return None
         last_seq = result.next_after if prepared.last_seq is None else prepared.last_seq
+        before = self.journal.get_meta(f"carry.{self.name}") if prepared.carry is not None else None
         inflight = InFlight(
             first_seq=result.entries[0].seq,
             last_seq=last_seq,
             body=prepared.body,
-            state=batchstate.to_journal(prepared, last_seq),
+            state=batchstate.to_journal(
+                prepared, last_seq, carry_before=before if isinstance(before, dict) else {}
+            ),
         )
         if prepared.carry is not None:
             # Saved before the batch: a failure between the two leaves a gap
@@ -465,6 +476,8 @@ class Shipper:
         # batch that fits is small, and a full-size one would fail again.
         self._shrink = max(1, self._shrink // 2)
         self._isolate = None
+        if self._fit is not None:
+            self._fit = None if self._fit * 2 >= self.sink.max_entries else self._fit * 2
         if batch.counters:
             self.journal.update_meta(
                 {k: int(self.journal.get_meta(k, 0) or 0) + v for k, v in batch.counters.items()}
@@ -483,6 +496,13 @@ class Shipper:
         bad record fails: the batch is cut before the line the server names
         (or halved when it names none) and sent anew; the one record left
         that is still refused fails alone. Its batch mates are not lost."""
+        if _too_large(exc) and records > 1:
+            # Over the platform's (or a proxy's) size limit, whatever the sink:
+            # half as many records go next, down to one.
+            self._fit = max(1, records // 2)
+            self._send_anew(inflight)
+            log.info("%s: a batch of %d was too large (%s); halving it", self.name, records, exc)
+            return
         if not self.sink.isolates_rejections or records <= 1:
             self._fail_records(inflight.last_seq, records, exc)
             self._isolate = None
@@ -492,13 +512,25 @@ class Shipper:
             self._fail_records(inflight.first_seq, 1, exc)
             self._isolate = None
             return
-        # Refused whole, so nothing of it was stored: a smaller batch of the
-        # same records is a new batch, not a resend.
-        self.journal.ack(self.name, self.journal.cursor(self.name).acked)
+        self._send_anew(inflight)
         self._isolate = line - 1 if line else records // 2
         log.info(
             "%s: a batch of %d was refused (%s); isolating the bad record", self.name, records, exc
         )
+
+    def _send_anew(self, inflight: InFlight) -> None:
+        """Drop a batch refused whole: nothing of it was stored, so a smaller
+        batch of the same records is a new batch, not a resend. A sink that
+        numbers its rows (rollouts, sample id ranges) goes back to where it
+        was before the batch, so the records are numbered as they would have
+        been."""
+        before = batchstate.carry_before(inflight.state)
+        if before is not None:
+            self.journal.set_meta(f"carry.{self.name}", dict(before))
+            restore = getattr(self.sink, "restore", None)
+            if restore is not None:
+                restore(before)
+        self.journal.ack(self.name, self.journal.cursor(self.name).acked)
 
     def _entries_in(self, inflight: InFlight) -> int:
         """The entries of the sink's kinds in a batch's range (read from their
@@ -573,6 +605,11 @@ def _rejected_line(exc: BaseException, records: int) -> int | None:
         return None
     line = int(match.group(1))
     return line if 1 <= line <= records else None
+
+
+def _too_large(exc: BaseException) -> bool:
+    """A 413: the request was over a size limit, not wrong in its content."""
+    return isinstance(exc, APIError) and exc.status_code == 413
 
 
 def _describe(exc: BaseException) -> str:

@@ -22,6 +22,7 @@ import orjson
 from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
 from ..projection import record_to_samples
+from . import receipts
 from .base import Binding, Prepared, SendContext
 
 __all__ = ["MAX_REQUEST_BYTES", "EvalSamplesProgress", "EvalSamplesSink"]
@@ -105,29 +106,44 @@ class EvalSamplesSink:
     def restore(self, carry: Mapping[str, Any]) -> None:
         """Continue numbering where the last recorded batch left off."""
         saved = carry.get("rollouts")
-        if isinstance(saved, dict):
-            self._rollouts = {_key(k): int(v) for k, v in saved.items()}
+        # None or {}: numbering from the start (a batch refused whole was the first).
+        self._rollouts = (
+            {_key(k): int(v) for k, v in saved.items()} if isinstance(saved, dict) else {}
+        )
 
     def send(self, body: bytes, ctx: SendContext[EvalSamplesProgress]) -> None:
         path = f"/evaluations/{ctx.binding.run_id}/samples"
         if ctx.progress.attempted and self._already_stored(path, ctx.progress.sample_ids):
             return
         ctx.save_progress(replace(ctx.progress, attempted=True))
-        self._client.api("POST", path, body)
+        answer = self._client.api("POST", path, body)
+        rows = len(ctx.progress.sample_ids)
+        if receipts.samples_prove(answer, rows, ctx.binding.run_id):
+            return
+        # A silent 2xx (an empty body or ``{}``: the contract allows it, and so
+        # does a gateway that never forwarded the push): the rows are looked for.
+        if not self._already_stored(path, ctx.progress.sample_ids):
+            raise receipts.unproven(
+                f"the samples push of {rows} rows was answered without a receipt "
+                "and the rows are not in the table"
+            )
 
     def _already_stored(self, path: str, sample_ids: Sequence[str]) -> bool:
         wanted = set(sample_ids)
         if not wanted:
             return False
         first = self._client.api("GET", path, params={"page": 1, "limit": 1})
-        total = int(first.get("total") or 0)
+        receipts.page_items(first, "samples")  # a page, not a gateway's {}
+        total = first.get("total")
+        if not isinstance(total, int) or isinstance(total, bool):
+            raise receipts.unproven("the sample table was read back without its 'total'")
         if total < len(sample_ids):
             return False
         start = total - len(sample_ids)  # 0-based index of the batch's first row
         seen: set[str] = set()
         for page in range(start // _PAGE + 1, math.ceil(total / _PAGE) + 1):
             data = self._client.api("GET", path, params={"page": page, "limit": _PAGE})
-            for row in data.get("samples") or []:
+            for row in receipts.page_items(data, "samples"):
                 if isinstance(row, dict):
                     seen.add(str(row.get("sample_id")))
         return wanted <= seen

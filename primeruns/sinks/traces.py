@@ -26,11 +26,11 @@ from typing import Any
 
 import orjson
 
-from ..exceptions import ForbiddenError, RetryableAPIError, TraceTooLargeError
+from ..exceptions import ForbiddenError, TraceTooLargeError
 from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
 from ..records import stamp_run
-from ..redaction import scrub
+from . import receipts
 from .base import Binding, Prepared, SendContext, SinkOff
 
 __all__ = ["MAX_LINE_BYTES", "TARGET_BATCH_BYTES", "TracesSink", "TracesUpload", "multipart_body"]
@@ -157,13 +157,8 @@ class TracesSink:
             if exc.code == "service_not_enabled" and self.committed == 0:
                 raise SinkOff("Prime Traces is not enabled for this account") from exc
             raise
-        if receipt.get("status") != "committed":
-            # No receipt (an empty 200, a proxy's page) or not committed: not
-            # stored as far as we can tell. Resending the same bytes is safe
-            # (the service answers a replay with the receipt it committed).
-            # The status is a server's text: scrubbed, as error bodies are.
-            raise RetryableAPIError(
-                f"Prime Traces answered without a committed receipt "
-                f"(status {scrub(repr(receipt.get('status'))[:200])}); resending the same upload"
-            )
+        # No receipt (an empty 200, a proxy's page), not committed or another
+        # upload's: not stored as far as we can tell. Resending the same bytes
+        # is safe (the service answers a replay with the receipt it committed).
+        receipts.check_traces(receipt, upload.key)
         self.committed += 1

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import orjson
 
-from ..exceptions import is_record_rejection
+from ..exceptions import NotFoundError, is_record_rejection
 from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
+from . import receipts
 from .base import Binding, Prepared, SendContext
 
 __all__ = ["MetricsProgress", "TrainMetricsSink"]
@@ -53,9 +55,40 @@ class TrainMetricsSink:
         for index in range(ctx.progress.done, len(rows)):
             payload = {"run_id": ctx.binding.run_id, "metrics": rows[index]}
             try:
-                self._client.api("POST", "/rft/metrics", payload)
+                self._post(payload)
             except Exception as exc:
                 if not is_record_rejection(exc):
                     raise
                 ctx.reject(1, exc)  # this row only; the rest of the batch goes on
             ctx.save_progress(replace(ctx.progress, done=index + 1))
+
+    def _post(self, payload: dict[str, Any]) -> None:
+        """One row, proven stored: by its answer, else by reading it back."""
+        run_id, step = payload["run_id"], payload["metrics"].get("step")
+        answer = self._client.api("POST", "/rft/metrics", payload)
+        if receipts.metrics_proves(answer, run_id, step) or self._stored(run_id, step):
+            return
+        raise receipts.unproven(
+            f"the metrics row of step {step} was answered without a receipt "
+            "and is not among the run's rows"
+        )
+
+    def _stored(self, run_id: str, step: Any) -> bool:
+        """Whether the run's row of ``step`` is on the platform. A row without
+        a step cannot be looked up, nor can any where the platform offers no
+        read (the internal API): the silent answer is taken, as the contract
+        allows."""
+        if not isinstance(step, int):
+            return True
+        try:
+            page = self._client.api(
+                "GET",
+                f"/rft/runs/{run_id}/metrics",
+                params={"min_step": step, "max_step": step, "limit": 10},
+            )
+        except NotFoundError:
+            return True
+        return any(
+            isinstance(row, dict) and row.get("step") == step
+            for row in receipts.page_items(page, "metrics")
+        )

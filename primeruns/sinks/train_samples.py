@@ -32,6 +32,7 @@ from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
 from ..projection import episodes_to_parquet_bytes, parquet_available
 from ..records import training_step
+from . import receipts
 from .base import Binding, Prepared, SendContext, SinkOff
 
 __all__ = [
@@ -77,15 +78,6 @@ class TrainSamplesProgress:
     put: bool = False
 
 
-def _field(data: dict[str, Any], *names: str) -> Any:
-    inner = data.get("data")
-    for source in (inner if isinstance(inner, dict) else {}, data):
-        for name in names:
-            if source.get(name):
-                return source[name]
-    return None
-
-
 class TrainSamplesSink:
     name = "train_samples"
     kinds = frozenset({EntryKind.EPISODE})
@@ -106,8 +98,10 @@ class TrainSamplesSink:
 
     def restore(self, carry: Mapping[str, Any]) -> None:
         ranges = carry.get("ranges")
-        if isinstance(ranges, dict):
-            self._ranges = {int(k): int(v) for k, v in ranges.items()}
+        # None or {}: ranges from the start (a batch refused whole was the first).
+        self._ranges = (
+            {int(k): int(v) for k, v in ranges.items()} if isinstance(ranges, dict) else {}
+        )
 
     def prepare(
         self, entries: Sequence[Entry], binding: Binding
@@ -178,11 +172,8 @@ class TrainSamplesSink:
                 minted = self._client.api(
                     "POST", "/rft/samples/presign", {"run_id": run_id, "step": step}
                 )
-                url = _field(minted, "presignedUrl", "presigned_url")
-                key = _field(minted, "s3Key", "s3_key")
-                if not url or not key:
-                    raise ValueError("presign answered without an upload URL and key")
-                key, url = str(key), str(url)  # recorded as text, to read back as such
+                # Without both, a gateway's answer: minting again is harmless.
+                url, key = receipts.presigned(minted)
                 ctx.save_progress(replace(ctx.progress, key=key, url=url))
             confirm = {"run_id": run_id, "step": step, "s3_key": key}
             done = TrainSamplesProgress(done=index + 1)  # the next object starts afresh
@@ -200,7 +191,11 @@ class TrainSamplesSink:
             ctx.save_progress(done)
 
     def _confirm(self, body: dict[str, Any]) -> None:
-        self._client.api("POST", "/rft/samples/confirm", body)
+        # A silent answer is taken as the contract allows (the platform offers
+        # no read of the table to look in); one naming another key is not.
+        receipts.confirm_proves(
+            self._client.api("POST", "/rft/samples/confirm", body), body["s3_key"]
+        )
 
     def _expired(
         self, confirm: dict[str, Any], ctx: SendContext[TrainSamplesProgress], exc: APIError

@@ -99,6 +99,30 @@ def test_bad_fault_settings_are_rejected(local_platform: LocalPlatform) -> None:
     assert httpx.get(f"{local_platform.url}/_local/faults").json()["retryable_rate"] == 0.0
 
 
+def test_bogus_faults_answer_200_with_nothing_and_a_body_limit_answers_413(
+    local_platform: LocalPlatform,
+) -> None:
+    # What a gateway in front of the platform does (#28): the client must
+    # neither count these as stored nor stop for them.
+    p = local_platform
+    with pytest.raises(httpx.HTTPStatusError):
+        p.set_faults(bogus_rate=0.5, bogus_bodies=["xml"])
+    p.set_faults(bogus_rate=1.0, seed=1, routes=["/api/v1/evaluations"])
+    bodies = set()
+    for _ in range(40):
+        r = httpx.post(f"{p.url}/api/v1/evaluations/", json={"environments": [{"id": "e"}]})
+        assert r.status_code == 200
+        bodies.add("html" if r.text.startswith("<!DOCTYPE") else r.text[:3])
+    assert bodies == {"", "{}", "html", '{"s', '{"e'}  # "{"e": a real answer cut short
+    assert 0 < len(p.runs()) < 40  # forwarded or not, drawn evenly
+    p.set_faults(bogus_rate=0.0, max_body_bytes=1000)
+    big = {"environments": [{"id": "e"}], "description": "x" * 2000}
+    assert httpx.post(f"{p.url}/api/v1/evaluations/", json=big).status_code == 413
+    small = {"environments": [{"id": "e"}]}
+    assert httpx.post(f"{p.url}/api/v1/evaluations/", json=small).status_code == 201
+    assert p.set_faults(max_body_bytes=0)["injected"] == 41
+
+
 def test_restart_keeps_everything_and_sigterm_exits_zero(
     local_platform: LocalPlatform,
 ) -> None:

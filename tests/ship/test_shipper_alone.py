@@ -330,8 +330,12 @@ def test_a_damaged_carry_does_not_stop_the_sink(tmp_path: Path) -> None:
     state = {"sample_ids": [], "carry": {"rollouts": {"0": "x"}}, "last_seq": 3, "records": 3}
     journal.set_inflight("eval_samples", InFlight(1, 3, b'{"samples":[]}', state))
     platform = ScriptedPlatform()
+    receipt = {"evaluation_id": "run-1", "inserted": 0, "total": 0}
     platform.route(
-        "push", "POST", "/api/v1/evaluations/[^/]+/samples", lambda *_: httpx.Response(200)
+        "push",
+        "POST",
+        "/api/v1/evaluations/[^/]+/samples",
+        lambda *_: httpx.Response(200, json=receipt),
     )
     shipper = _ship(journal, EvalSamplesSink(platform.client()), [])
     assert shipper.drain(journal.last_seq(), deadline=_soon(10))

@@ -1,0 +1,231 @@
+"""A receipt is proof (#28), end to end: runs against ``primeruns serve`` over
+loopback, with a gateway in front of it that answers 200 with nothing (an
+empty body, ``{}``, an HTML page, JSON cut short, for requests it forwarded
+or not) or refuses large requests with a 413.
+
+The oracle: every record whose ``log_*`` call returned lands exactly once in
+each of its sinks, or is counted as failed for that sink with a reason; the
+run is registered once and closed. Before receipts were checked, the
+sample and metrics sinks counted a gateway's empty 200 as stored (their
+records never arrived, and nothing said so), a maintenance page stopped a
+sink for the rest of the run, and a 413 failed a whole sample batch.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import workloads
+from rel_helpers import platform_episode_ids, platform_metric_steps
+
+import primeruns as pr
+from primeruns.journal import Journal
+from primeruns.local import LocalPlatform
+from primeruns.local.objects import object_path
+
+_TEAM = "team-receipts"
+_KEY = "receipts-key-0123456789"
+
+
+@pytest.fixture(scope="module")
+def lp(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
+    platform = LocalPlatform(tmp_path_factory.mktemp("receipts-platform"), train_teams=[_TEAM])
+    platform.start()
+    try:
+        yield platform
+    finally:
+        platform.stop()
+
+
+@pytest.fixture
+def settings(lp: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Nothing of the machine's; short backoffs; faults off again afterwards."""
+    for name in list(os.environ):
+        if name.startswith("PRIME_"):
+            monkeypatch.delenv(name)
+    (tmp_path / "home").mkdir()
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("PRIME_TRACES_URL", lp.url)
+    monkeypatch.setenv("PRIME_RUNS_RETRY_BASE_S", "0.02")
+    try:
+        yield tmp_path / "runs"
+    finally:
+        lp.set_faults(bogus_rate=0.0, max_body_bytes=0, routes=[])
+
+
+def _query(lp: LocalPlatform, sql: str, *args: Any) -> list[Any]:
+    conn = sqlite3.connect(f"file:{lp.data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
+    try:
+        return [row[0] for row in conn.execute(sql, args)]
+    finally:
+        conn.close()
+
+
+def _losses(run: pr.Run) -> dict[str, Any]:
+    assert run.journal_path is not None
+    with Journal.open(run.journal_path, owner=False) as journal:
+        return dict(journal.losses())
+
+
+def _assert_once_or_counted(
+    stored: Counter[str], logged: list[str], sink: str, run: pr.Run, losses: dict[str, Any]
+) -> None:
+    """The oracle for one sink: nothing twice, nothing unknown, and whatever
+    is missing counted for the sink with a reason."""
+    assert all(count == 1 for count in stored.values()), f"{sink}: stored twice"
+    assert set(stored) <= set(logged)
+    missing = len(set(logged) - set(stored))
+    assert run.failed_records.get(sink, 0) == missing, (sink, run.failed_records)
+    if missing:
+        assert losses[sink]["reasons"], f"{sink}: {missing} lost without a reason"
+
+
+def _eval_run(runs: Path, lp: LocalPlatform, name: str) -> pr.Run:
+    return pr.init(
+        kind="eval",
+        name=name,
+        environments=["gsm8k"],
+        model="m",
+        api_key=_KEY,
+        base_url=lp.url,
+        runs_dir=runs,
+    )
+
+
+def _assert_eval_landed(lp: LocalPlatform, run: pr.Run, logged: list[str], name: str) -> None:
+    assert run.id is not None
+    losses = _losses(run)
+    traces = platform_episode_ids(lp.data_dir, run.id)
+    samples = Counter(_query(lp, "SELECT sample_id FROM eval_samples WHERE eval_id = ?", run.id))
+    _assert_once_or_counted(traces, logged, "traces", run, losses)
+    _assert_once_or_counted(samples, logged, "eval_samples", run, losses)
+    # Registered once (a create answered with nothing is looked up, not
+    # repeated) and closed (a close-out answered with nothing is read back).
+    assert _query(lp, "SELECT id FROM evaluations WHERE name = ?", name) == [run.id]
+    assert lp.run(run.id)["status"] == "COMPLETED"
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_an_evaluation_behind_a_gateway_answering_200_with_nothing_lands_every_episode_once(
+    lp: LocalPlatform, settings: Path, seed: int
+) -> None:
+    name = f"receipts-eval-{seed}"
+    # Every Prime Traces and evaluation request: uploads, sample pushes and
+    # their read-backs, the create and its lookup, the close-out.
+    lp.set_faults(bogus_rate=0.3, seed=seed, routes=["/api/v1/traces", "/api/v1/evaluations"])
+    episodes = workloads.gsm8k(60)
+    run = _eval_run(settings, lp, name)
+    for start in range(0, len(episodes), 5):
+        run.log_episodes(episodes[start : start + 5])
+    run.finish(timeout=180)
+    lp.set_faults(bogus_rate=0.0)
+    logged = [str(e["id"]) for e in episodes]
+    _assert_eval_landed(lp, run, logged, name)
+    # Nothing was lost: every bogus answer was retried until proven.
+    assert run.failed_records == {} and run.dropped_records == 0
+
+
+@pytest.mark.parametrize("seed", [3])
+def test_a_training_run_behind_a_gateway_answering_200_with_nothing_lands_every_record_once(
+    lp: LocalPlatform, settings: Path, seed: int
+) -> None:
+    routes = [
+        "/api/v1/traces",
+        "/api/v1/rft/metrics",
+        "/api/v1/rft/samples/presign",
+        "/api/v1/rft/finalize",
+    ]
+    lp.set_faults(bogus_rate=0.3, seed=seed, routes=routes)
+    steps = workloads.agentic_by_step(3)
+    run = pr.init(
+        kind="train",
+        model="Qwen/Qwen3-8B",
+        team_id=_TEAM,
+        training=pr.TrainingSpec(max_steps=len(steps), batch_size=3),
+        api_key=_KEY,
+        base_url=lp.url,
+        runs_dir=settings,
+    )
+    for step in sorted(steps):
+        run.log_episodes(steps[step])
+        run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+    run.finish(timeout=180)
+    lp.set_faults(bogus_rate=0.0)
+    assert run.id is not None
+    stored = lp.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    logged = [str(e["id"]) for step in sorted(steps) for e in steps[step]]
+    losses = _losses(run)
+    _assert_once_or_counted(
+        platform_episode_ids(lp.data_dir, run.id), logged, "traces", run, losses
+    )
+    assert platform_metric_steps(lp.data_dir, run.id) == Counter(sorted(steps))
+    objects = sorted((o["step"], o["rows"]) for o in stored["parquet_objects"])
+    assert objects == [(0, 3), (10, 3), (20, 3)]
+    assert run.failed_records == {} and run.dropped_records == 0
+
+
+def test_a_413_halves_the_batch_in_every_sink_and_the_one_too_large_is_counted(
+    lp: LocalPlatform, settings: Path
+) -> None:
+    # A proxy refuses requests over 60 kB: a batch of 40 episodes is too large
+    # for both sinks, each episode alone fits, and one episode (200 kB that
+    # does not compress) fits in no request.
+    lp.set_faults(max_body_bytes=60_000, routes=["/api/v1/traces", "/api/v1/evaluations"])
+    name = "receipts-413"
+    episodes = workloads.gsm8k(40)
+    huge = episodes[17]
+    huge["padding"] = os.urandom(100_000).hex()
+    run = _eval_run(settings, lp, name)
+    run.log_episodes(episodes)  # one call: one batch per sink
+    run.finish(timeout=180)
+    lp.set_faults(max_body_bytes=0)
+    logged = [str(e["id"]) for e in episodes]
+    _assert_eval_landed(lp, run, logged, name)
+    assert run.failed_records == {"traces": 1, "eval_samples": 1}
+    losses = _losses(run)
+    for sink in ("traces", "eval_samples"):
+        assert any("413" in reason for reason in losses[sink]["reasons"]), losses[sink]
+
+
+def test_a_413_from_the_object_store_halves_a_step_object_and_every_sample_lands_once(
+    lp: LocalPlatform, settings: Path
+) -> None:
+    # A step's object of 10 agentic episodes is about 400 kB; the store takes
+    # 150 kB: the step goes up as several objects (additive per step), each
+    # sample once, in sample id ranges of their own.
+    lp.set_faults(max_body_bytes=150_000, routes=["/storage/"])
+    steps = workloads.agentic_by_step(10)
+    run = pr.init(
+        kind="train",
+        model="Qwen/Qwen3-8B",
+        team_id=_TEAM,
+        training=pr.TrainingSpec(max_steps=len(steps), batch_size=10),
+        api_key=_KEY,
+        base_url=lp.url,
+        runs_dir=settings,
+    )
+    for step in sorted(steps):
+        run.log_episodes(steps[step])
+    run.finish(timeout=180)
+    lp.set_faults(max_body_bytes=0)
+    assert run.id is not None
+    stored = lp.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    rows: Counter[int] = Counter()
+    ids: dict[int, list[int]] = {}
+    for obj in stored["parquet_objects"]:
+        rows[obj["step"]] += obj["rows"]
+        table = pq.read_table(object_path(lp.data_dir / "objects", obj["key"]))
+        ids.setdefault(obj["step"], []).extend(table.column("sample_id").to_pylist())
+    assert rows == Counter({0: 10, 10: 10, 20: 10})
+    assert len(stored["parquet_objects"]) > 3  # halved, not sent whole
+    assert all(len(set(found)) == len(found) == 10 for found in ids.values())
+    assert run.failed_records == {} and run.dropped_records == 0
