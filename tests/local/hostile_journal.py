@@ -81,7 +81,9 @@ def write_hostile_journal(runs_dir: Path, local_id: str = "hostile") -> Path:
     for value in (bomb, deep, keys):
         entries.append((EntryKind.METRICS, b'{"step": 1, "hostile": ' + value + b"}"))
         entries.append((EntryKind.SUMMARY, b'{"hostile": ' + value + b"}"))
-    entries.append((EntryKind.FINISH, b'{"status": "completed", "summary": {"hostile": ' + bomb + b"}}"))
+    entries.append(
+        (EntryKind.FINISH, b'{"status": "completed", "summary": {"hostile": ' + bomb + b"}}")
+    )
     packed: dict[bytes, tuple[int, bytes]] = {}
     with Journal.create(runs_dir, local_id=local_id, meta={"spec": spec}) as journal:
         tx = journal._tx

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "local"))
 
-from hostile_journal import write_hostile_journal  # noqa: E402
+from hostile_journal import write_hostile_journal
 
 
 def main() -> int:
