@@ -38,7 +38,7 @@ class Bounds:
     depth: int = 32
     #: Items kept per array or object.
     items: int = 1_000
-    #: Characters kept per string (keys are cut to a tenth of it).
+    #: Characters kept per string (keys: at most 1,024).
     chars: int = 64 << 10
     #: Characters and items kept in the whole value (a rough size).
     total: int = 1 << 20
@@ -116,7 +116,7 @@ def _clip(value: Any, bounds: Bounds, depth: int, budget: _Budget) -> Any:
             out[MARK] = f"{len(value) - index} more keys]"
             break
         budget.left -= 1
-        shown = _text(str(key), max(1, bounds.chars // 10), budget)
+        shown = _text(str(key), min(bounds.chars, 1024), budget)
         out[shown] = _clip(item, bounds, depth + 1, budget)
     return out
 

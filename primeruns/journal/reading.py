@@ -120,12 +120,13 @@ class Reader:
                         more = cur.next()
                         continue
                     if wanted is None or head.kind in wanted:
+                        over = cap is not None and head.raw_len > cap  # not copied: no bytes
                         if len(raw) + len(oversized) >= max_entries or (
-                            raw and total + head.raw_len > max_bytes
+                            raw and not over and total + head.raw_len > max_bytes
                         ):
                             full = True
                             break
-                        if cap is not None and head.raw_len > cap:
+                        if over:
                             oversized.append((seq, head.kind, head.raw_len))
                             next_after = seq
                             more = cur.next()
@@ -153,11 +154,12 @@ class Reader:
                     examined += 1
                     if wanted is None or kind in wanted:
                         raw_len = size - HEADER_SIZE
+                        over = cap is not None and raw_len > cap
                         if len(raw) + len(oversized) >= max_entries or (
-                            raw and total + raw_len > max_bytes
+                            raw and not over and total + raw_len > max_bytes
                         ):
                             break
-                        if cap is not None and raw_len > cap:
+                        if over:
                             oversized.append((seq, kind, raw_len))
                             next_after = seq
                             continue
