@@ -9,6 +9,7 @@ read it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import resource
 import sys
@@ -31,17 +32,17 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def main() -> int:
-    from starlette.testclient import TestClient
+async def _pages(runs_dir: Path, paths: list[str]) -> list[dict[str, object]]:
+    import httpx
 
     from primeruns.local.dashboard.routes import offline_app
 
-    runs_dir, paths = Path(sys.argv[1]), sys.argv[2:]
-    pages = []
-    with TestClient(offline_app(runs_dir)) as client:
+    pages: list[dict[str, object]] = []
+    transport = httpx.ASGITransport(app=offline_app(runs_dir))
+    async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as client:
         for path in paths:
             start = time.perf_counter()
-            answer = client.get(path)
+            answer = await client.get(path, timeout=600)
             pages.append(
                 {
                     "path": path,
@@ -51,6 +52,11 @@ def main() -> int:
                     "clipped": "clipped" in answer.text,
                 }
             )
+    return pages
+
+
+def main() -> int:
+    pages = asyncio.run(_pages(Path(sys.argv[1]), sys.argv[2:]))
     print(json.dumps({"pages": pages, "maxrss_mb": round(peak_rss_mb(), 1)}))
     return 0
 

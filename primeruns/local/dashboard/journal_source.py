@@ -212,11 +212,14 @@ class JournalSource:
         now = datetime.now(UTC)
         with Journal.open(status.info.path, owner=False) as journal:
             wanted = [(seq, 0) for seq in page]
-            for seq, record, _ in read_records(journal, wanted, EntryKind.EPISODE, MAX_ENTRY_BYTES):
+            found = read_records(journal, wanted, EntryKind.EPISODE, MAX_ENTRY_BYTES)
+            for position, (seq, record, _) in enumerate(found, offset):
                 if not isinstance(record, dict):
                     continue
-                try:  # one episode at a time: only one is ever decoded whole
-                    projected = episodes_to_parquet_rows([record], run_id, step, created_at=now)
+                try:  # one episode at a time (its row numbered as in the whole step's table)
+                    projected = episodes_to_parquet_rows(
+                        [record], run_id, step, sample_id_offset=position, created_at=now
+                    )
                 except Exception:  # a malformed episode leaves its row out, not the page
                     log.warning("episode entry %d of %s not projected", seq, run_id, exc_info=True)
                     continue
