@@ -48,10 +48,12 @@ def _many_keys(count: int) -> bytes:
 
 
 def _episode(field: bytes, index: int) -> bytes:
-    """An episode the projection accepts (one trace), with ``field`` as its extra value."""
+    """An episode the projection accepts (one trace, training step 0), with
+    ``field`` as its extra value."""
     head = json.dumps(
         {
             "id": f"hostile-{index}",
+            "run": {"type": "train", "work": {"type": "train", "step": 0}},
             "traces": [{"id": f"t{index}", "nodes": [], "rewards": {}}],
         }
     ).encode()
@@ -64,13 +66,13 @@ def _frames(payload: bytes) -> tuple[int, bytes]:
     return FLAG_ZSTD, packed
 
 
-def write_hostile_journal(runs_dir: Path, local_id: str = "hostile") -> Path:
+def write_hostile_journal(runs_dir: Path, local_id: str = "hostile", kind: str = "eval") -> Path:
     """Write the hostile journal under ``runs_dir``; its path.
 
     Its frames are put straight into the entries table (as a planted file
     would hold them), not appended through the producer's spool: that would
     write every payload out raw before compressing it."""
-    spec = {"kind": "eval", "name": "hostile", "model": "m", "mode": "offline"}
+    spec = {"kind": kind, "name": "hostile", "model": "m", "mode": "offline"}
     bomb, deep, keys = _bomb_string(BOMB_BYTES), _deep(DEEP), _many_keys(MANY_KEYS)
     entries: list[tuple[EntryKind, bytes]] = []
     # One episode of each shape, appended again and again (each compressed once).

@@ -32,6 +32,14 @@ def hostile_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return runs
 
 
+@pytest.fixture(scope="module")
+def hostile_training(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    runs = tmp_path_factory.mktemp("hostile-training")
+    runs.chmod(0o700)
+    write_hostile_journal(runs, kind="train")
+    return runs
+
+
 def _render(runs: Path, *paths: str) -> dict[str, object]:
     done = subprocess.run(
         [sys.executable, str(HERE / "dashboard_pages_rss.py"), str(runs), *paths],
@@ -59,6 +67,17 @@ def test_a_hostile_journals_pages_render_within_200_mb(hostile_runs: Path) -> No
     pages = {p["path"]: p for p in result["pages"]}  # type: ignore[attr-defined]
     assert [pages[p]["status"] for p in paths] == [200] * len(paths), pages
     assert pages[f"{run}/samples/1"]["clipped"], "what was left out is marked on the page"
+    assert result["maxrss_mb"] < MAX_RSS_MB, result
+
+
+def test_a_hostile_training_runs_pages_render_within_200_mb(hostile_training: Path) -> None:
+    """A training run's index decodes each episode once (for its step): one at a time."""
+    run = "/dashboard/training/hostile"
+    paths = ["/", run, f"{run}/steps/0", f"{run}/steps/0?page=2"]
+    result = _render(hostile_training, *paths)
+    pages = {p["path"]: p for p in result["pages"]}  # type: ignore[attr-defined]
+    assert [pages[p]["status"] for p in paths] == [200] * len(paths), pages
+    assert pages[run]["clipped"], "the episodes not read are named on the run's page"
     assert result["maxrss_mb"] < MAX_RSS_MB, result
 
 

@@ -23,8 +23,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("runs_dir", type=Path)
     parser.add_argument("--id", default="hostile", help="the journal's folder name")
+    parser.add_argument("--kind", choices=("eval", "train"), default="eval", help="the run's kind")
     args = parser.parse_args()
-    path = write_hostile_journal(args.runs_dir, args.id)
+    path = write_hostile_journal(args.runs_dir, args.id, args.kind)
     size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
     print(f"wrote {path} ({size // 1024} KB on disk)")
     return 0
