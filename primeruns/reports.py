@@ -21,6 +21,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from . import jsonbound
 from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, journal_info, list_journals
 from .models import RUN_KIND, RunKind
 from .ship.backlog import is_copy, origin_of
@@ -86,20 +87,35 @@ def _sink_kind(spec: RunSpec | None) -> RunKind:
     return spec.kind if spec is not None else RUN_KIND
 
 
+#: The largest finish entry decoded: a finish record is a status, an error and
+#: a summary, a few KB; one declaring more is never decompressed (a hostile
+#: journal's 128 MiB entry took every listing through it).
+MAX_FINISH_BYTES = 4 << 20
+
+
 def _finish_record(path: Path, last_seq: int) -> dict[str, Any] | None:
     """The run's finish entry, if any. It is the last thing a run appends, so
-    only the journal's tail is read (cheap on a long run)."""
+    only the journal's tail is read (cheap on a long run). One over
+    MAX_FINISH_BYTES says it finished, and why nothing more is known."""
     try:
         with Journal.open(path, owner=False) as journal:
             tail = journal.read(
-                max(0, last_seq - 16), kinds={EntryKind.FINISH}, max_entries=16, max_bytes=1 << 24
+                max(0, last_seq - 16),
+                kinds={EntryKind.FINISH},
+                max_entries=16,
+                max_bytes=1 << 24,
+                max_entry_bytes=MAX_FINISH_BYTES,
             )
     except Exception:  # damage is reported elsewhere; state falls back to "crashed"
         return None
+    last_read = tail.entries[-1].seq if tail.entries else 0
+    if tail.oversized and tail.oversized[-1][0] > last_read:
+        size = tail.oversized[-1][2]
+        return {"status": "finished", "error": f"its finish record ({size} bytes) is not read"}
     if not tail.entries:
         return None
     try:
-        record = json.loads(tail.entries[-1].payload)
+        record = jsonbound.loads(tail.entries[-1].payload, MAX_FINISH_BYTES)
     except ValueError:
         return None
     return record if isinstance(record, dict) else None

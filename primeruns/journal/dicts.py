@@ -28,6 +28,9 @@ from primeruns.journal.types import ReadResult
 
 K_DICTS = "journal.dicts"  # {kind: dictionary id} in use for new entries
 K_DICT_PREFIX = "journal.dict."  # + id: the dictionary's bytes
+# A stored dictionary claiming more than this is damage, never decompressed:
+# training makes them at most ~112 KB (dictionary).
+MAX_DICT_BYTES = 1 << 20
 
 
 class Dictionaries:
@@ -59,7 +62,9 @@ class Dictionaries:
                     raw = txn.get(f"{K_DICT_PREFIX}{dict_id}".encode(), db=self._tx.dbs["meta"])
                 if raw is None:
                     return None
-                found = zstandard.ZstdCompressionDict(decode_frame(raw)[1])
+                found = zstandard.ZstdCompressionDict(
+                    decode_frame(raw, max_bytes=MAX_DICT_BYTES)[1]
+                )
             except (FrameError, lmdb.Error, JournalError):
                 return None
             self._loaded[dict_id] = found

@@ -243,19 +243,22 @@ def decode_frame(
     value: bytes | memoryview,
     dicts: Callable[[int], zstandard.ZstdCompressionDict | None] | None = None,
     seq: int | None = None,
+    max_bytes: int = MAX_ENTRY_BYTES,
 ) -> tuple[int, bytes]:
     """Verify and decode a frame into ``(kind, payload)``; raises FrameError.
 
     ``dicts`` looks up a stored dictionary by id. Safe on arbitrary bytes: it
-    never allocates more than MAX_ENTRY_BYTES and never raises anything but
+    never allocates more than ``max_bytes`` (at most MAX_ENTRY_BYTES; a
+    reader expecting small values passes less) and never raises anything but
     FrameError.
     """
+    max_bytes = min(max_bytes, MAX_ENTRY_BYTES)
     head = verify_frame(value, seq)
     view = memoryview(value)
     if head.flags & ~_KNOWN_FLAGS:
         raise FrameError(f"unknown flags {head.flags:#04x}")
-    if head.raw_len > MAX_ENTRY_BYTES:
-        raise FrameError(f"claims {head.raw_len} bytes, over the {MAX_ENTRY_BYTES}-byte limit")
+    if head.raw_len > max_bytes:
+        raise FrameError(f"claims {head.raw_len} bytes, over the {max_bytes}-byte limit")
     stored = bytes(view[HEADER_SIZE:])
     zdict = None
     if head.dict_id:

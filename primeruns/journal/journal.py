@@ -389,10 +389,16 @@ class Journal:
         self._check()
         return self._meta.get(key, default)
 
-    def all_meta(self) -> dict[str, Any]:
-        """Every readable meta value by key (damaged ones are left out; see damage())."""
+    def all_meta(
+        self, max_value_bytes: int | None = None, shape: Callable[[Any], Any] | None = None
+    ) -> dict[str, Any]:
+        """Every readable meta value by key (damaged ones are left out; see damage()).
+
+        ``max_value_bytes``: values declaring more are left out undecoded
+        (listed under ``journal.oversized``); ``shape`` is applied to each
+        decoded value before the next is read (the dashboard clips them)."""
         self._check()
-        return self._meta.all()
+        return self._meta.all(max_value_bytes, shape)
 
     def set_meta(self, key: str, value: Any) -> None:
         """Store one JSON value; committed when it returns."""
@@ -480,6 +486,7 @@ class Journal:
         kinds: Collection[EntryKind] | None = None,
         max_entries: int = 1000,
         max_bytes: int = 8 << 20,
+        max_entry_bytes: int | None = None,
     ) -> ReadResult:
         """Entries after ``after_seq`` of the given kinds, copied out, ascending.
 
@@ -487,10 +494,17 @@ class Journal:
         matching entry is returned if any exists). Entries of other kinds are
         skipped by their header, never decompressed. Damaged entries are
         reported in ``damaged`` and passed over; nothing raises for damage.
+        An entry declaring more than ``max_entry_bytes`` is not decompressed
+        either: it is listed in ``oversized`` (a reader that shows records
+        bounds what one record may cost it; ``0`` reads headers only).
         """
         self._check()
         return self._reader.read(
-            after_seq, kinds=kinds, max_entries=max_entries, max_bytes=max_bytes
+            after_seq,
+            kinds=kinds,
+            max_entries=max_entries,
+            max_bytes=max_bytes,
+            max_entry_bytes=max_entry_bytes,
         )
 
     def get(self, seq: int) -> Entry | None:

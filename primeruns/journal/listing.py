@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,7 +69,11 @@ def _tallies(
     return after
 
 
-def _info(path: Path, *, verify: bool, tally: bool) -> JournalInfo:
+#: How ``list_journals`` reads meta values: (largest value decoded, applied to each), or None.
+MetaBounds = tuple[int, Callable[[Any], Any]] | None
+
+
+def _info(path: Path, *, verify: bool, tally: bool, meta_bounds: MetaBounds = None) -> JournalInfo:
     owner = read_owner(path)
     try:
         data = (path / DATA_NAME).stat()
@@ -94,7 +98,7 @@ def _info(path: Path, *, verify: bool, tally: bool) -> JournalInfo:
     }
     try:
         with Journal.open(path, owner=False) as journal:
-            meta = journal.all_meta()
+            meta = journal.all_meta(*meta_bounds) if meta_bounds else journal.all_meta()
             local_id = meta.get(K_LOCAL_ID)
             damage = journal.damage() if verify else journal.structural_damage()
             cursors = journal.cursors()
@@ -128,6 +132,7 @@ def list_journals(
     skip_live: bool = False,
     tally: bool = False,
     skip: Collection[Path] = (),
+    meta_bounds: MetaBounds = None,
 ) -> list[JournalInfo]:
     """Every journal under ``runs_dir``, oldest first (ids sort by creation time).
 
@@ -138,6 +143,8 @@ def list_journals(
     commands that show counts, never for ``init``). ``skip``: journals left
     out unopened (a journal this process opens read-only cannot be opened to
     write in it meanwhile: a predecessor its uplink threads take over).
+    ``meta_bounds``: (the largest meta value decoded, a function each decoded
+    one goes through), for a reader that shows them (the dashboard).
     """
     runs_dir = Path(runs_dir)
     left_out = {Path(p) for p in skip}
@@ -159,7 +166,11 @@ def list_journals(
             untrusted[child] = str(exc)
     probe_many([p for p in children if p not in untrusted])  # one child walks them all (probe)
     return [
-        _untrusted(p, untrusted[p]) if p in untrusted else _info(p, verify=verify, tally=tally)
+        (
+            _untrusted(p, untrusted[p])
+            if p in untrusted
+            else _info(p, verify=verify, tally=tally, meta_bounds=meta_bounds)
+        )
         for p in children
     ]
 

@@ -9,12 +9,12 @@ prefix. Each value is committed when its call returns; ``update`` and
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import lmdb
 
-from primeruns.journal.frames import FrameError, decode_frame
+from primeruns.journal.frames import FrameError, decode_frame, peek_header
 from primeruns.journal.layout import dumps
 from primeruns.journal.txn import Transactions
 
@@ -22,6 +22,8 @@ K_FORMAT = "journal.format_version"
 K_LOCAL_ID = "journal.local_id"
 K_OWNER = "journal.owner"
 K_CREATED = "journal.created_at"
+# Not stored: where ``all`` lists the values it left out for their size.
+K_OVERSIZED = "journal.oversized"
 K_BUDGET = "journal.max_bytes"  # the producer's byte budget, which its uplink keeps too
 
 
@@ -36,14 +38,28 @@ class Meta:
         except KeyError:
             return default
 
-    def all(self) -> dict[str, Any]:
+    def all(
+        self,
+        max_value_bytes: int | None = None,
+        shape: Callable[[Any], Any] | None = None,
+    ) -> dict[str, Any]:
         out: dict[str, Any] = {}
+        oversized: dict[str, int] = {}
         with self._tx.read() as txn:
             for key, value in txn.cursor(db=self._tx.dbs["meta"]):
+                name = bytes(key).decode(errors="replace")
                 try:
-                    out[bytes(key).decode()] = json.loads(decode_frame(value)[1])
-                except (FrameError, ValueError):
+                    if max_value_bytes is not None:
+                        declared = peek_header(value).raw_len
+                        if declared > max_value_bytes:
+                            oversized[name] = declared
+                            continue
+                    decoded = json.loads(decode_frame(value)[1])
+                except (FrameError, ValueError, RecursionError):
                     continue
+                out[name] = decoded if shape is None else shape(decoded)
+        if oversized:
+            out[K_OVERSIZED] = oversized
         return out
 
     def update(self, values: Mapping[str, Any]) -> None:

@@ -68,16 +68,21 @@ class Reader:
         kinds: Collection[EntryKind] | None = None,
         max_entries: int = 1000,
         max_bytes: int = 8 << 20,
+        max_entry_bytes: int | None = None,
     ) -> ReadResult:
         """Entries after ``after_seq`` of the given kinds, copied out, ascending.
 
         Stops at ``max_entries`` or ``max_bytes`` of payload (at least one
         matching entry is returned if any exists). Damaged entries are
-        reported in ``damaged`` and passed over.
+        reported in ``damaged`` and passed over. An entry declaring more than
+        ``max_entry_bytes`` is listed in ``oversized`` (it counts towards
+        ``max_entries``), never copied or decompressed: ``0`` reads headers only.
         """
         wanted = None if kinds is None else frozenset(int(k) for k in kinds)
         raw: list[tuple[int, bytes]] = []
         damaged: list[Damage] = []
+        oversized: list[tuple[int, int, int]] = []
+        cap = max_entry_bytes
         next_after = after_seq
         total = 0
         floor = self.floor_now()
@@ -115,9 +120,17 @@ class Reader:
                         more = cur.next()
                         continue
                     if wanted is None or head.kind in wanted:
-                        if raw and (len(raw) >= max_entries or total + head.raw_len > max_bytes):
+                        over = cap is not None and head.raw_len > cap  # not copied: no bytes
+                        if len(raw) + len(oversized) >= max_entries or (
+                            raw and not over and total + head.raw_len > max_bytes
+                        ):
                             full = True
                             break
+                        if over:
+                            oversized.append((seq, head.kind, head.raw_len))
+                            next_after = seq
+                            more = cur.next()
+                            continue
                         whole, _ = gather(cur, seq, value)
                         raw.append((seq, whole))
                         total += head.raw_len
@@ -141,8 +154,15 @@ class Reader:
                     examined += 1
                     if wanted is None or kind in wanted:
                         raw_len = size - HEADER_SIZE
-                        if raw and (len(raw) >= max_entries or total + raw_len > max_bytes):
+                        over = cap is not None and raw_len > cap
+                        if len(raw) + len(oversized) >= max_entries or (
+                            raw and not over and total + raw_len > max_bytes
+                        ):
                             break
+                        if over:
+                            oversized.append((seq, kind, raw_len))
+                            next_after = seq
+                            continue
                         try:
                             raw.append((seq, spool.read(seg, index)))
                         except JournalError as exc:
@@ -156,7 +176,7 @@ class Reader:
                 entries.append(entry)
             if damage is not None:
                 damaged.append(damage)
-        return ReadResult(entries, next_after, damaged)
+        return ReadResult(entries, next_after, damaged, oversized)
 
     def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
         """Entries present per kind in each interval the ascending ``cuts`` make:

@@ -41,6 +41,9 @@ class ReadResult:
     entries: list[Entry]
     next_after: int
     damaged: list[Damage] = field(default_factory=list)
+    #: With ``max_entry_bytes``: the entries left out for their size, as
+    #: ``(seq, kind, declared bytes)``, neither copied nor decompressed.
+    oversized: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -9,29 +9,42 @@ as damaged, and a damaged entry is skipped: one bad run or record never takes
 the pages down. The episodes of a run are projected by the SDK's own code
 into the rows the platform would have stored (v0 samples, the training
 step's table), so a synced run looks the same on the platform's pages.
+
+Memory is bounded whatever a journal holds or declares: a page reads its own
+records only, through a per-journal index (``journal_index``), each decoded
+within bounds and clipped (``jsonbound``) with a visible marker; meta values
+and finish records are read within bounds too. The indexes are cached up to
+:data:`CACHE_BYTES` in all, never the records.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from datetime import UTC, datetime
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from ...journal import Damage, EntryKind, Journal, JournalInfo, list_journals
-from ...projection import build_samples, episodes_to_parquet_rows
-from ...records import training_step
-from ...reports import CRASH_ERROR, RunStatus, describe, load_rows
+from ... import jsonbound
+from ...journal import EntryKind, Journal, JournalInfo, list_journals
+from ...journal.meta import K_OVERSIZED
+from ...projection import episodes_to_parquet_rows, record_to_samples
+from ...reports import CRASH_ERROR, RunStatus, describe
 from ..traces_extract import as_object
 from .episodes import sample_row
+from .journal_index import MAX_ENTRY_BYTES, JournalIndex, read_records
 from .views import RunDetail, RunRow, SampleRow, StepTable, config_text
 
 log = logging.getLogger("primeruns.local.dashboard")
 
-#: Journals whose records are kept after a page read them (oldest dropped first).
-CACHED_JOURNALS = 4
+#: What the cached indexes may hold in all (the one in use is always kept).
+CACHE_BYTES = 32 << 20
+#: The largest meta value decoded (a spec with its config is a few KB).
+MAX_META_BYTES = 1 << 20
+#: How much of a meta value and of a shown sample is kept.
+META_BOUNDS = jsonbound.Bounds(chars=256 << 10)
+SAMPLE_BOUNDS = jsonbound.Bounds(chars=1 << 20, total=4 << 20)
 
 
 def _ending(status: RunStatus) -> tuple[str, str | None]:
@@ -44,7 +57,7 @@ def _ending(status: RunStatus) -> tuple[str, str | None]:
     if outcome == "crashed":
         return "CRASHED", CRASH_ERROR
     error = (status.finish or {}).get("error")
-    return outcome.upper(), str(error) if error else None
+    return outcome.upper(), str(error)[:10_000] if error else None
 
 
 def _row(status: RunStatus) -> RunRow:
@@ -52,6 +65,11 @@ def _row(status: RunStatus) -> RunRow:
     spec = status.spec
     state, error = _ending(status)
     created = info.meta.get("journal.created_at")
+    oversized = info.meta.get(K_OVERSIZED)
+    left_out = [
+        f"meta value {k!r} declares {v} bytes: not read"
+        for k, v in (oversized.items() if isinstance(oversized, dict) else ())
+    ]
     return RunRow(
         id=info.local_id,
         kind=spec.kind if spec is not None else None,
@@ -63,7 +81,7 @@ def _row(status: RunStatus) -> RunRow:
         updated_at=info.modified or None,
         counts={name: n for name, n in status.counts.items() if n},
         losses={k: int(v.get("count", 0)) for k, v in info.losses.items()},
-        damage=[d.what for d in info.damage],
+        damage=[d.what for d in info.damage] + left_out,
         journal=status.shipping,
     )
 
@@ -73,33 +91,13 @@ def _step_of(row: dict[str, Any]) -> int:
     return step if isinstance(step, int) else 0
 
 
-class _Records:
-    """One journal's records, read once and kept while its entries do not change."""
+def _clip_meta(value: Any) -> Any:
+    return jsonbound.clip(value, META_BOUNDS)
 
-    def __init__(self, path: Path) -> None:
-        self.damage: list[Damage] = []
-        with Journal.open(path, owner=False) as journal:
-            self.episodes = load_rows(journal, {EntryKind.EPISODE}, self.damage)
-            self.metrics = load_rows(journal, {EntryKind.METRICS}, self.damage)
-            summaries = load_rows(journal, {EntryKind.SUMMARY}, self.damage)
-            finishes = load_rows(journal, {EntryKind.FINISH}, self.damage)
-        finish_summary = as_object(finishes[-1].get("summary")) if finishes else {}
-        self.summary = finish_summary or (summaries[-1] if summaries else {})
 
-    @cached_property
-    def samples(self) -> list[dict[str, Any]]:
-        """The v0 sample rows the platform would store for these episodes."""
-        return build_samples(self.episodes)
-
-    @cached_property
-    def by_step(self) -> dict[int, list[dict[str, Any]]]:
-        """The training episodes by their step."""
-        steps: dict[int, list[dict[str, Any]]] = {}
-        for record in self.episodes:
-            step = training_step(record)
-            if step is not None:
-                steps.setdefault(step, []).append(record)
-        return steps
+def _unshown(why: str) -> dict[str, Any]:
+    """The sample row of an episode a page cannot decode: its reason, as its error."""
+    return {"sample_id": None, "error": why, "info": {}, "completion": []}
 
 
 class JournalSource:
@@ -108,41 +106,39 @@ class JournalSource:
     def __init__(self, runs_dir: Path) -> None:
         self.runs_dir = Path(runs_dir)
         self._lock = threading.Lock()  # pages are read in worker threads
-        self._cache: dict[tuple[str, int, int, float], _Records] = {}
+        self._indexes: OrderedDict[str, JournalIndex] = OrderedDict()
 
-    def _statuses(self) -> list[RunStatus]:
-        return [describe(info) for info in list_journals(self.runs_dir, tally=True)]
+    def _infos(self) -> list[JournalInfo]:
+        return list_journals(self.runs_dir, tally=True, meta_bounds=(MAX_META_BYTES, _clip_meta))
 
     def runs(self) -> list[RunRow]:
-        return [_row(s) for s in self._statuses()]
+        return [_row(describe(info)) for info in self._infos()]
 
     def _find(self, run_id: str) -> RunStatus | None:
-        infos: list[JournalInfo] = list_journals(self.runs_dir, tally=True)
-        info = next((i for i in infos if run_id in (i.local_id, i.path.name)), None)
+        info = next((i for i in self._infos() if run_id in (i.local_id, i.path.name)), None)
         return None if info is None else describe(info)
 
-    def _records(self, run_id: str, status: RunStatus | None = None) -> _Records | None:
-        status = status or self._find(run_id)
-        if status is None:
-            return None
+    def _index(self, status: RunStatus) -> JournalIndex | None:
+        """The journal's index, brought up to date (cached; the cache is bounded)."""
         info = status.info
-        # What a journal holds changes only with its entries: while they do not,
-        # the pages of one run (and a live page's polls) reuse one read.
-        key = (str(info.path), info.last_seq, info.size_bytes, info.modified)
+        key = str(info.path)
+        training = status.spec is not None and status.spec.kind == "train"
         with self._lock:
-            cached = self._cache.get(key)
-        if cached is not None:
-            return cached
-        try:
-            records = _Records(info.path)
-        except Exception:  # a journal that cannot be opened: its row says it is damaged
-            log.warning("cannot read the journal of %s", run_id, exc_info=True)
-            return None
-        with self._lock:
-            self._cache[key] = records
-            while len(self._cache) > CACHED_JOURNALS:
-                self._cache.pop(next(iter(self._cache)))
-        return records
+            index = self._indexes.pop(key, None)
+            if index is None or index.upto > info.last_seq or index.training != training:
+                index = JournalIndex(training)  # new, or compacted since: read again
+            try:
+                with Journal.open(info.path, owner=False) as journal:
+                    index.update(journal)
+            except Exception:  # a journal that cannot be opened: its row says it is damaged
+                log.warning("cannot read the journal of %s", info.local_id, exc_info=True)
+                return None
+            self._indexes[key] = index
+            total = sum(i.cost for i in self._indexes.values())
+            while total > CACHE_BYTES and len(self._indexes) > 1:
+                _, dropped = self._indexes.popitem(last=False)
+                total -= dropped.cost
+            return index
 
     def run(self, run_id: str) -> RunDetail | None:
         status = self._find(run_id)
@@ -153,40 +149,79 @@ class JournalSource:
         config = dict(spec.config) if spec is not None else {}
         training = (spec.training if spec is not None else None) or {}
         max_steps = training.get("max_steps")
-        records = self._records(run_id, status)
-        if records is None:
+        index = self._index(status)
+        if index is None:
             return RunDetail(row, {}, config_text(config), config)
-        if records.damage:
-            row = RunRow(**{**vars(row), "damage": row.damage + [d.what for d in records.damage]})
-        tables = [StepTable(step, len(eps)) for step, eps in sorted(records.by_step.items())]
+        notes = index.damage_notes()
+        if notes:
+            row = RunRow(**{**vars(row), "damage": row.damage + notes})
+        finish_summary = as_object((status.finish or {}).get("summary"))
+        summary = jsonbound.clip(finish_summary) if finish_summary else index.summary
+        tables = [StepTable(step, len(seqs)) for step, seqs in sorted(index.steps.items())]
         return RunDetail(
             row,
-            records.summary,
+            summary,
             config_text(config),
             config,
             max_steps=max_steps if isinstance(max_steps, int) and max_steps > 0 else None,
-            metrics=sorted(records.metrics, key=_step_of),
+            metrics=sorted(index.metrics, key=_step_of),
             step_tables=tables if row.kind == "train" else [],
         )
 
-    def samples(self, run_id: str, offset: int, limit: int) -> tuple[list[SampleRow], int]:
-        records = self._records(run_id)
-        if records is None:
+    def _samples(self, run_id: str, offset: int, limit: int) -> tuple[list[dict[str, Any]], int]:
+        """The v0 sample rows of the episodes ``offset``..``offset + limit`` (one
+        per episode: its summary trace's), each clipped, and the episode count."""
+        status = self._find(run_id)
+        index = None if status is None else self._index(status)
+        if status is None or index is None:
             return [], 0
-        samples = records.samples
-        page = samples[offset : offset + limit]
-        return [sample_row(offset + i + 1, s) for i, s in enumerate(page)], len(samples)
+        wanted = index.episodes[offset : offset + limit]
+        rows: list[dict[str, Any]] = []
+        with Journal.open(status.info.path, owner=False) as journal:
+            for _, record, why in read_records(journal, wanted, EntryKind.EPISODE, MAX_ENTRY_BYTES):
+                try:
+                    projected = record_to_samples(record, {}) if record is not None else None
+                except Exception as exc:  # a malformed episode: its row says so
+                    projected, why = None, jsonbound.marker(f"not projected: {exc}")
+                if projected:
+                    rows.append(jsonbound.clip(projected[0], SAMPLE_BOUNDS))
+                else:
+                    rows.append(_unshown(why or "no trace to show"))
+        return rows, len(index.episodes)
+
+    def samples(self, run_id: str, offset: int, limit: int) -> tuple[list[SampleRow], int]:
+        rows, total = self._samples(run_id, offset, limit)
+        return [sample_row(offset + i + 1, s) for i, s in enumerate(rows)], total
 
     def sample(self, run_id: str, index: int) -> dict[str, Any] | None:
-        records = self._records(run_id)
-        if records is None or index < 1:
+        if index < 1:
             return None
-        samples = records.samples
-        return samples[index - 1] if index <= len(samples) else None
+        rows, _ = self._samples(run_id, index - 1, 1)
+        return rows[0] if rows else None
 
-    def step_rows(self, run_id: str, step: int) -> list[dict[str, Any]] | None:
-        records = self._records(run_id)
-        episodes = None if records is None else records.by_step.get(step)
-        if not episodes:
+    def step_rows(
+        self, run_id: str, step: int, offset: int = 0, limit: int | None = None
+    ) -> tuple[list[dict[str, Any]], int] | None:
+        status = self._find(run_id)
+        index = None if status is None else self._index(status)
+        seqs = None if index is None else index.steps.get(step)
+        if status is None or not seqs:
             return None
-        return episodes_to_parquet_rows(episodes, run_id, step, created_at=datetime.now(UTC))
+        page = seqs[offset : None if limit is None else offset + limit]
+        rows: list[dict[str, Any]] = []
+        now = datetime.now(UTC)
+        with Journal.open(status.info.path, owner=False) as journal:
+            wanted = [(seq, 0) for seq in page]
+            found = read_records(journal, wanted, EntryKind.EPISODE, MAX_ENTRY_BYTES)
+            for position, (seq, record, _) in enumerate(found, offset):
+                if not isinstance(record, dict):
+                    continue
+                try:  # one episode at a time (its row numbered as in the whole step's table)
+                    projected = episodes_to_parquet_rows(
+                        [record], run_id, step, sample_id_offset=position, created_at=now
+                    )
+                except Exception:  # a malformed episode leaves its row out, not the page
+                    log.warning("episode entry %d of %s not projected", seq, run_id, exc_info=True)
+                    continue
+                rows += [jsonbound.clip(row, SAMPLE_BOUNDS) for row in projected]
+        return rows, len(seqs)

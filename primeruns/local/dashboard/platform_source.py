@@ -170,7 +170,9 @@ class PlatformSource:
         )
         return None if found is None else _json(found["body"])
 
-    def step_rows(self, run_id: str, step: int) -> list[dict[str, Any]] | None:
+    def step_rows(
+        self, run_id: str, step: int, offset: int = 0, limit: int | None = None
+    ) -> tuple[list[dict[str, Any]], int] | None:
         keys = self._db.read_sync(
             lambda conn: [
                 r["key"]
@@ -193,4 +195,4 @@ class PlatformSource:
         rows: list[dict[str, Any]] = []
         for key in keys:
             rows += pq.read_table(object_path(self._objects_dir, key)).to_pylist()
-        return rows
+        return rows[offset : None if limit is None else offset + limit], len(rows)

@@ -203,13 +203,26 @@ def _step_row(row: dict[str, Any]) -> dict[str, Any]:
 
 async def step_page(request: Request) -> Response:
     run_id, step = request.path_params["run_id"], request.path_params["step"]
+    page = _int_param(request, "page", 1)
     try:
-        rows = await _read(request, lambda s: s.step_rows(run_id, step))
+        found = await _read(
+            request, lambda s: s.step_rows(run_id, step, (page - 1) * PAGE_SIZE, PAGE_SIZE)
+        )
     except MissingExtra as exc:
         return _page(request, "not_found.html", status_code=503, what=str(exc))
-    if rows is None:
+    if found is None:
         return _not_found(request, f"run {run_id!r} has no sample table at step {step}")
-    return _page(request, "step.html", run_id=run_id, step=step, rows=[_step_row(r) for r in rows])
+    rows, total = found
+    return _page(
+        request,
+        "step.html",
+        run_id=run_id,
+        step=step,
+        rows=[_step_row(r) for r in rows],
+        total_rows=total,
+        page=page,
+        pages=max(1, math.ceil(total / PAGE_SIZE)),
+    )
 
 
 def dashboard_routes() -> list[BaseRoute]:

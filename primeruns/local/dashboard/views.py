@@ -19,7 +19,7 @@ SECTION_OF = {kind: section for section, kind in SECTIONS.items()}
 #: Statuses after which a run's page no longer changes (the page stops polling).
 #: Statuses of either source: the platform's, and a journal's finish record.
 FINAL_STATUSES = frozenset(
-    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "STOPPED", "CRASHED", "DAMAGED"}
+    {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "STOPPED", "CRASHED", "DAMAGED", "FINISHED"}
 )
 
 
@@ -121,8 +121,11 @@ class Source(Protocol):
         """The ``index``-th (1-based) sample as a v0 sample row, or None."""
         ...
 
-    def step_rows(self, run_id: str, step: int) -> list[dict[str, Any]] | None:
-        """A training step's sample-table rows, or None if the step has none.
+    def step_rows(
+        self, run_id: str, step: int, offset: int = 0, limit: int | None = None
+    ) -> tuple[list[dict[str, Any]], int] | None:
+        """A page of a training step's sample-table rows (``limit`` None: all
+        from ``offset``) and how many the step has; None if it has none.
 
         Raises :class:`MissingExtra` when reading them needs pyarrow and it is missing.
         """

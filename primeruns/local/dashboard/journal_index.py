@@ -1,0 +1,195 @@
+"""What the offline dashboard keeps of one journal: where its records are, not the records.
+
+A page of a run used to read every record of it, project every episode and
+keep the lot for four runs: 1.17 GB and 12 s for the first page of an honest
+20,000-episode run, and gigabytes for a journal a few hundred KB on disk that
+declares gigabytes once decoded. An index holds what a page needs to find
+its records and no more: the seq and declared size of each episode (read from
+entry headers alone, nothing decompressed), a training episode's step (read
+once), the metric rows reduced to the numbers the charts draw, and the seq of
+the last summary. A page then decodes only its own records, one at a time,
+each bounded (``jsonbound``). The index grows with the journal (a live run's
+new entries are read on the next page, not the whole journal again).
+
+Every quantity it keeps is bounded as well: metric values, metric names and
+damage notes beyond their caps are counted and said, never kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ... import jsonbound
+from ...journal import EntryKind, Journal
+from ...records import training_step
+
+#: The largest entry a page decodes; one declaring more is shown as a marker.
+MAX_ENTRY_BYTES = 16 << 20
+#: The largest metric row or summary decoded.
+MAX_SMALL_BYTES = 1 << 20
+#: Bytes of payload one read copies out (at least one entry).
+READ_BYTES = 16 << 20
+#: Metric values kept for the charts, and distinct metric names charted.
+MAX_METRIC_VALUES = 300_000
+MAX_METRIC_NAMES = 100
+#: Damage notes kept per journal (the rest are counted).
+MAX_NOTES = 50
+#: What one kept value costs, roughly, for the cache's accounting.
+_VALUE_COST = 100
+
+
+def too_large(seq: int, size: int) -> str:
+    return jsonbound.marker(f"entry {seq} declares {size} bytes, over what a page decodes")
+
+
+@dataclass
+class JournalIndex:
+    """Where one journal's records are; ``update`` reads what was appended since."""
+
+    training: bool
+    upto: int = 0
+    #: Each episode's (seq, declared bytes), in journal order.
+    episodes: list[tuple[int, int]] = field(default_factory=list)
+    #: A training run's episode seqs by step.
+    steps: dict[int, list[int]] = field(default_factory=dict)
+    #: Metric rows as the charts read them: ``step`` and numeric values only.
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+    metric_values: int = 0
+    metric_names: set[str] = field(default_factory=set)
+    summary_seq: int = 0
+    summary: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    notes_more: int = 0
+
+    @property
+    def cost(self) -> int:
+        """Roughly what it holds, in bytes (the source's cache is bounded by it)."""
+        return _VALUE_COST * (
+            self.metric_values + len(self.metrics) + 2 * len(self.episodes) + len(self.notes) + 1
+        )
+
+    def note(self, what: str) -> None:
+        if len(self.notes) < MAX_NOTES:
+            self.notes.append(what)
+        else:
+            self.notes_more += 1
+
+    def damage_notes(self) -> list[str]:
+        more = [f"{self.notes_more} more notes"] if self.notes_more else []
+        return self.notes + more
+
+    def update(self, journal: Journal) -> None:
+        """Read the entries appended after ``upto``."""
+        start = self.upto
+        end = journal.last_seq()
+        if end <= start:
+            return
+        # Evaluations: episodes by header alone; training: each read once for its step.
+        for seq, size, record in _scan(
+            journal, start, EntryKind.EPISODE, MAX_ENTRY_BYTES if self.training else 0, self
+        ):
+            self.episodes.append((seq, size))
+            if self.training:
+                if size > MAX_ENTRY_BYTES:
+                    self.note(too_large(seq, size) + ": its step is not known")
+                step = training_step(record) if isinstance(record, dict) else None
+                if step is not None:
+                    self.steps.setdefault(step, []).append(seq)
+        for _, _, record in _scan(journal, start, EntryKind.METRICS, MAX_SMALL_BYTES, self):
+            if isinstance(record, dict):
+                self._add_metrics(record)
+        last = None
+        for seq, size, _ in _scan(journal, start, EntryKind.SUMMARY, 0, self):
+            last = (seq, size)
+        if last is not None:
+            self.summary_seq = last[0]
+            self.summary = _summary(journal, *last)
+        self.upto = end
+
+    def _add_metrics(self, record: dict[str, Any]) -> None:
+        if self.metric_values >= MAX_METRIC_VALUES:
+            if self.metric_values == MAX_METRIC_VALUES:
+                self.note(f"metric rows past {MAX_METRIC_VALUES} values are not charted")
+                self.metric_values += 1
+            return
+        row: dict[str, Any] = {}
+        step = record.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            row["step"] = step
+        for name, value in record.items():
+            if isinstance(value, bool) or not isinstance(value, int | float) or name == "step":
+                continue
+            if name not in self.metric_names:
+                if len(self.metric_names) >= MAX_METRIC_NAMES:
+                    continue
+                self.metric_names.add(name)
+            row[name] = value
+        self.metric_values += len(row)
+        self.metrics.append(row)
+
+
+def _summary(journal: Journal, seq: int, size: int) -> dict[str, Any]:
+    for _, record, why in read_records(journal, [(seq, size)], EntryKind.SUMMARY, MAX_SMALL_BYTES):
+        if isinstance(record, dict):
+            return dict(jsonbound.clip(record))
+        return {jsonbound.MARK: f"{why}]"}
+    return {}
+
+
+def _scan(
+    journal: Journal, after: int, kind: EntryKind, max_entry_bytes: int, index: JournalIndex
+) -> Iterator[tuple[int, int, Any]]:
+    """(seq, declared bytes, decoded value or None) of every ``kind`` entry after
+    ``after``; entries over ``max_entry_bytes`` (every one, with 0) are not decoded."""
+    while True:
+        result = journal.read(
+            after,
+            kinds={kind},
+            max_entries=1000,
+            max_bytes=READ_BYTES,
+            max_entry_bytes=max_entry_bytes,
+        )
+        for damage in result.damaged:
+            index.note(damage.what)
+        decoded = {entry.seq: entry for entry in result.entries}
+        found = sorted(
+            [(e.seq, len(e.payload)) for e in result.entries]
+            + [(seq, size) for seq, _, size in result.oversized]
+        )
+        for seq, size in found:
+            entry = decoded.pop(seq, None)
+            value = None
+            if entry is not None:
+                try:
+                    value = jsonbound.loads(entry.payload, max(max_entry_bytes, 1))
+                except ValueError as exc:
+                    index.note(f"entry {seq}: {exc}")
+            yield seq, size, value
+        if result.next_after <= after:
+            return
+        after = result.next_after
+
+
+def read_records(
+    journal: Journal, wanted: Iterable[tuple[int, int]], kind: EntryKind, max_bytes: int
+) -> Iterator[tuple[int, Any, str]]:
+    """Each wanted (seq, declared size) entry of ``kind`` decoded, in order, one
+    at a time: (seq, value or None, why it is None). The caller keeps what it
+    shows of each, never the batch."""
+    for seq, size in wanted:
+        if size > max_bytes:
+            yield seq, None, too_large(seq, size)
+            continue
+        result = journal.read(
+            seq - 1, kinds={kind}, max_entries=1, max_bytes=max_bytes, max_entry_bytes=max_bytes
+        )
+        entry = result.entries[0] if result.entries and result.entries[0].seq == seq else None
+        if entry is None:
+            yield seq, None, jsonbound.marker(f"entry {seq} is no longer in the journal")
+            continue
+        try:
+            yield seq, jsonbound.loads(entry.payload, max_bytes), ""
+        except ValueError as exc:
+            yield seq, None, jsonbound.marker(f"entry {seq} is not shown: {exc}")

@@ -1,0 +1,64 @@
+"""The offline dashboard's per-journal index: a live run's new records appear,
+and a step's rows come a page at a time.
+
+The index (``dashboard/journal_index.py``) is read once and then only what a
+journal appends after it, so a page of a live run must still show what was
+logged since the last page; a training step of many episodes is shown in
+pages of ``PAGE_SIZE`` rows, not decoded whole.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import httpx
+import pytest
+from dashboard_helpers import fresh, serve_runs_dir
+from sdk_helpers import point_at
+
+import primeruns as pr
+from primeruns.commands.demo_data import eval_episodes, train_episodes
+from primeruns.local.dashboard.journal_source import JournalSource
+from primeruns.local.dashboard.routes import PAGE_SIZE
+
+
+def test_a_live_runs_new_episodes_appear_on_the_next_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(name="live", environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    assert run.journal_path is not None
+    demo = eval_episodes()
+    run.log_episodes([fresh(demo[0]) for _ in range(3)])
+    source = JournalSource(runs)
+    rows, total = source.samples(run.journal_path.name, 0, PAGE_SIZE)
+    assert total == 3 and len(rows) == 3
+    later = [fresh(demo[1]) for _ in range(2)]
+    run.log_episodes(later)
+    rows, total = source.samples(run.journal_path.name, 0, PAGE_SIZE)
+    assert total == 5 and [r.sample_id for r in rows[3:]] == [e["id"] for e in later]
+    run.finish()
+
+
+def test_a_steps_rows_are_paged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(
+        name="t", kind="train", model="m", team_id="team-a", mode="offline", runs_dir=runs
+    )
+    assert run.journal_path is not None
+    demo = train_episodes()[0]
+    episodes = [fresh(demo[i % len(demo)]) for i in range(PAGE_SIZE + 3)]
+    for episode in episodes:
+        episode["run"]["work"]["step"] = 0
+    run.log_episodes(episodes)
+    run.finish()
+    _, url = serve_runs_dir(runs)
+    path = f"{url}/dashboard/training/{run.journal_path.name}/steps/0"
+    first, second = httpx.get(path, timeout=30), httpx.get(f"{path}?page=2", timeout=30)
+    assert first.status_code == 200 and second.status_code == 200
+    assert f"{PAGE_SIZE + 3} rows" in first.text and "page 1 of 2" in first.text
+    assert first.text.count('<tr class="step-row">') == PAGE_SIZE
+    assert second.text.count('<tr class="step-row">') == 3
+    shown = re.findall(r'<tr class="step-row">\s*<td>([^<]*)</td>', first.text + second.text)
+    assert len(set(shown)) == PAGE_SIZE + 3  # every row once, none repeated across pages
