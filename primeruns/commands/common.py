@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..exceptions import PrimeRunsError
 from ..journal import list_journals
+from ..journal.trust import why_unreadable
 from ..settings import RUNS_DIR_ENV, default_runs_dir
 from .console import inert
 
@@ -95,7 +96,12 @@ def runs_dir_of(args: argparse.Namespace) -> Path:
 
 
 def _is_journal(path: Path) -> bool:
-    return (path / "data.mdb").is_file()
+    """Whether ``path`` holds a journal; CommandError for a folder this user
+    may not look into (another user's private folder), naming why."""
+    try:
+        return (path / "data.mdb").is_file()
+    except PermissionError as exc:
+        raise CommandError(why_unreadable(path, exc)) from None
 
 
 def resolve_run(ref: str, runs_dir: Path) -> Path:

@@ -25,6 +25,7 @@ from rich.text import Text
 
 from ..exceptions import JournalCorruptError, JournalError, JournalLockedError
 from ..journal import Journal, journal_info
+from ..journal.listing import journal_dirs
 from ..journal.origin import Origin
 from ..platform import Settings, resolve_settings
 from ..reports import RunStatus, describe, statuses, unit_of
@@ -409,9 +410,10 @@ def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[Pa
     runs_dir = runs_dir_of(args)
     root = sync_root()
     chosen: list[Path] = []
+    journals, untrusted = journal_dirs(runs_dir)  # another user's are never synced
     with contextlib.suppress(OSError):
-        for child in sorted(runs_dir.iterdir()):
-            if not (child / "data.mdb").is_file() or seen.get(child) == fingerprint(child):
+        for child in journals:
+            if child in untrusted or seen.get(child) == fingerprint(child):
                 continue
             origin = Origin.read_beside(child)
             if origin is not None and not origin.is_original(child.absolute()):

@@ -254,12 +254,13 @@ class Journal:
         """
         _check_durability(durability)
         path = Path(path)
-        if not (path / DATA_NAME).is_file():
-            raise JournalError(f"{path} is not a prime-runs journal (no {DATA_NAME})")
         # LMDB opens its files by name, following links, and writes its lock
         # file even to read: nothing is opened in a folder another user could
-        # write into, or through a link (trust).
+        # write into, or through a link (trust). Checked first: another
+        # user's private folder cannot even be looked into.
         check_dir(path, "journal directory")
+        if not (path / DATA_NAME).is_file():
+            raise JournalError(f"{path} is not a prime-runs journal (no {DATA_NAME})")
         for name in (DATA_NAME, "lock.mdb", LOCK_NAME):
             check_file(path / name)
         shared = lock_fd is not None

@@ -22,13 +22,20 @@ from primeruns.journal.meta import K_LOCAL_ID
 from primeruns.journal.probe import probe_many
 from primeruns.journal.spool import list_segments
 from primeruns.journal.store import DATA_NAME
-from primeruns.journal.trust import check_dir
+from primeruns.journal.trust import check_dir, why_unreadable
 from primeruns.journal.types import Damage
 from primeruns.settings import default_runs_dir  # PRIME_RUNS_DIR, read there
 
 _SALVAGE_PREFIX = "primeruns-salvage-"  # store._salvage's folder, left by an interrupted salvage
 
-__all__ = ["JournalInfo", "default_runs_dir", "delete_journal", "journal_info", "list_journals"]
+__all__ = [
+    "JournalInfo",
+    "default_runs_dir",
+    "delete_journal",
+    "journal_dirs",
+    "journal_info",
+    "list_journals",
+]
 
 
 @dataclass(frozen=True)
@@ -146,24 +153,11 @@ def list_journals(
     ``meta_bounds``: (the largest meta value decoded, a function each decoded
     one goes through), for a reader that shows them (the dashboard).
     """
-    runs_dir = Path(runs_dir)
     left_out = {Path(p) for p in skip}
-    try:
-        children = sorted(
-            p for p in runs_dir.iterdir() if (p / DATA_NAME).is_file() and p not in left_out
-        )
-    except OSError:
-        return []
+    found, untrusted = journal_dirs(runs_dir)
+    children = [p for p in found if p not in left_out]
     if skip_live:
-        children = [p for p in children if not owner_alive(read_owner(p))]
-    # A journal another user could have planted or linked is listed with the
-    # reason, never opened (trust).
-    untrusted: dict[Path, str] = {}
-    for child in children:
-        try:
-            check_dir(child, "journal directory")
-        except JournalError as exc:
-            untrusted[child] = str(exc)
+        children = [p for p in children if p in untrusted or not owner_alive(read_owner(p))]
     probe_many([p for p in children if p not in untrusted])  # one child walks them all (probe)
     return [
         (
@@ -173,6 +167,40 @@ def list_journals(
         )
         for p in children
     ]
+
+
+def journal_dirs(runs_dir: Path) -> tuple[list[Path], dict[Path, str]]:
+    """The journals under ``runs_dir`` (sorted, never opened), and of those,
+    each one not to open with why: a journal another user could have
+    planted or linked (trust), or a folder this user cannot look into.
+
+    A shared runs directory may hold another user's private (0700) folder:
+    looking for ``data.mdb`` in it fails with EACCES, which must not hide
+    every journal beside it. Such a folder is listed as not opened, since
+    whether it is a journal cannot be known."""
+    runs_dir = Path(runs_dir)
+    found: list[Path] = []
+    untrusted: dict[Path, str] = {}
+    try:
+        children = sorted(runs_dir.iterdir())
+    except OSError:
+        return [], {}
+    for child in children:
+        try:
+            if not (child / DATA_NAME).is_file():
+                continue
+        except OSError as exc:  # EACCES: a folder we may not enter
+            if not child.is_dir():
+                continue
+            untrusted[child] = why_unreadable(child, exc)
+            found.append(child)
+            continue
+        found.append(child)
+        try:
+            check_dir(child, "journal directory")
+        except JournalError as exc:
+            untrusted[child] = str(exc)
+    return found, untrusted
 
 
 def _untrusted(path: Path, reason: str) -> JournalInfo:

@@ -26,7 +26,13 @@ from pathlib import Path
 
 from primeruns.exceptions import JournalError
 
-__all__ = ["UntrustedPathError", "check_dir", "check_file", "make_private_dirs"]
+__all__ = [
+    "UntrustedPathError",
+    "check_dir",
+    "check_file",
+    "make_private_dirs",
+    "why_unreadable",
+]
 
 
 class UntrustedPathError(JournalError):
@@ -95,3 +101,13 @@ def check_file(path: Path) -> None:
         raise UntrustedPathError(f"{path} is {kind}; a journal's files must be plain files")
     if st.st_uid != os.geteuid():
         raise UntrustedPathError(f"{path} belongs to another user (uid {st.st_uid})")
+
+
+def why_unreadable(folder: Path, exc: OSError) -> str:
+    """Why ``folder`` could not be looked into (``exc``, EACCES): most often
+    another user's private folder in a shared runs directory, said so."""
+    try:
+        check_dir(folder, "folder")
+    except JournalError as untrusted:
+        return f"{untrusted}; cannot look into it ({exc.strerror})"
+    return f"cannot look into {folder} ({exc.strerror})"
