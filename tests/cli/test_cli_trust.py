@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+import procs
 import pytest
 from cli_helpers import cli
 
@@ -72,6 +75,33 @@ def test_a_planted_journal_is_listed_with_the_reason_and_never_written_through(
         assert victim.read_bytes() == VICTIM_BYTES, argv
 
 
+@pytest.mark.parametrize("linked", ["lock.mdb", "data.mdb"])
+def test_the_offline_dashboard_shows_a_planted_journal_without_writing_through_it(
+    tmp_path: Path, linked: str
+) -> None:
+    runs = tmp_path / "runs"
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM_BYTES)
+    planted = _plant(runs, victim, linked)
+    serve = procs.start(
+        [sys.executable, "-m", "primeruns.local", "--runs-dir", str(runs), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+    )
+    assert serve.stdout is not None
+    line = serve.stdout.readline()
+    match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
+    assert match, line
+    url = match.group(1)
+    listing = httpx.get(f"{url}/", timeout=60)
+    assert listing.status_code == 200 and planted.name in listing.text
+    page = httpx.get(f"{url}/dashboard/evaluations/{planted.name}", timeout=60)
+    assert page.status_code == 200 and "not opened" in page.text
+    assert victim.read_bytes() == VICTIM_BYTES
+
+
 def test_init_refuses_a_runs_directory_others_can_write_and_names_the_fix(
     tmp_path: Path,
 ) -> None:
@@ -95,6 +125,30 @@ def test_every_folder_init_creates_is_private_whatever_the_umask(tmp_path: Path)
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
     for folder in (tmp_path / "a", tmp_path / "a" / "b", runs, *runs.iterdir()):
+        assert os.stat(folder).st_mode & 0o777 == 0o700, folder
+
+
+def test_every_folder_of_the_default_runs_directory_is_private_whatever_the_umask(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    code = (
+        "import os, primeruns as pr\n"
+        "os.umask(0)\n"
+        "run = pr.init(environments=['gsm8k'], model='m', mode='offline')\n"
+        "run.finish()\n"
+    )
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PRIME", "XDG_")) and not k.endswith("_API_KEY")
+    }
+    env["HOME"] = str(home)
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120, env=env)
+    state = home / ".local" / "state" / "prime-runs"
+    created = [home / ".local", home / ".local" / "state", state, state / "runs"]
+    for folder in (*created, *(state / "runs").iterdir()):
         assert os.stat(folder).st_mode & 0o777 == 0o700, folder
 
 

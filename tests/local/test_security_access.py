@@ -4,12 +4,14 @@ beyond loopback without a key, no cross-site form posts, framing headers."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import procs
 from hostile import cross_site_form_post
 
 from primeruns.local import LocalPlatform
@@ -100,6 +102,51 @@ def test_binding_beyond_loopback_without_a_key_is_refused(tmp_path: Path) -> Non
         assert "--api-key" in result.stderr and "--allow-remote-without-key" in result.stderr
         assert "listening" not in result.stdout
     assert not (tmp_path / "d").exists()
+
+
+def _listening(*args: str) -> tuple[subprocess.Popen[str], str]:
+    """``serve ARGS`` as a child (reaped by the tests' autouse fixture): the
+    process and the first line it printed."""
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
+    command = [sys.executable, "-m", "primeruns.local", "--port", "0", *args]
+    proc = procs.start(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline()
+
+
+def test_a_host_named_by_host_is_answered_and_others_still_not(tmp_path: Path) -> None:
+    """``--host`` names another address (a loopback alias here): requests
+    naming it are answered, other names still refused."""
+    _, line = _listening("--host", "127.0.0.2", "--data", str(tmp_path / "d"))
+    match = re.search(r"listening on (http://127\.0\.0\.2:(\d+))", line)
+    assert match, line
+    url, port = match.groups()
+    assert httpx.get(f"{url}/healthz", timeout=10).status_code == 200
+    for host in ("evil.example", f"evil.example:{port}"):
+        r = httpx.get(f"{url}/healthz", headers={"Host": host}, timeout=10)
+        assert r.status_code == 400, (host, r.status_code)
+
+
+def test_binding_beyond_loopback_without_a_key_needs_the_explicit_flag_and_warns(
+    tmp_path: Path,
+) -> None:
+    proc, line = _listening(
+        "--host", "0.0.0.0", "--allow-remote-without-key", "--data", str(tmp_path / "d")
+    )
+    assert proc.stdout is not None
+    said = line
+    while "listening on http://" not in said:
+        more = proc.stdout.readline()
+        assert more, said  # it ended instead of listening
+        said += more
+    assert "warning: listening on 0.0.0.0 without a key" in said, said
 
 
 def test_cross_site_form_posts_change_nothing(local_platform: LocalPlatform) -> None:

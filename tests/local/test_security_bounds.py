@@ -13,6 +13,7 @@ from local_helpers import error_code, post_upload
 from sdk_helpers import wait_for
 
 from primeruns.local import LocalPlatform
+from primeruns.local.traces_ingest import MAX_UPLOAD_BYTES
 
 MIB = 1024 * 1024
 #: The review's bomb was 256 MiB; half of it shows the same growth (8 bytes a
@@ -42,6 +43,24 @@ def test_a_gzip_bomb_of_newlines_costs_its_size_not_eight_times_it(
     # The decompressed bytes are held once; a list of 128 Mi line slices
     # (1 GiB of pointers) is not.
     assert grown < 2 * BOMB, f"peak RSS grew by {grown / MIB:.0f} MiB"
+
+
+def test_a_gzip_bomb_past_the_inflated_cap_is_refused_naming_it(
+    local_platform: LocalPlatform,
+) -> None:
+    """Inflating stops at the cap (MAX_UPLOAD_BYTES): the bomb is refused,
+    never inflated whole, and the platform goes on."""
+    payload, key = newline_gzip_bomb(MAX_UPLOAD_BYTES + 8 * MIB)
+    body, headers = traces_upload(payload, key)
+    before = _peak_rss(local_platform.pid)
+    r = httpx.post(
+        f"{local_platform.url}/api/v1/traces", content=body, headers=headers, timeout=120
+    )
+    assert r.status_code == 400 and error_code(r) == "upload_too_large", r.text
+    assert str(MAX_UPLOAD_BYTES) in r.json()["error"]["message"]
+    grown = _peak_rss(local_platform.pid) - before
+    assert grown < 2 * MAX_UPLOAD_BYTES, f"peak RSS grew by {grown / MIB:.0f} MiB"
+    assert httpx.get(f"{local_platform.url}/healthz", timeout=10).status_code == 200
 
 
 def test_deeply_nested_json_is_refused_naming_the_limit(local_platform: LocalPlatform) -> None:
