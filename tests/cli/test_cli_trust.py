@@ -96,10 +96,10 @@ def test_the_offline_dashboard_shows_a_planted_journal_without_writing_through_i
     assert match, line
     url = match.group(1)
     listing = httpx.get(f"{url}/", timeout=60)
-    assert listing.status_code == 200 and planted.name in listing.text
     page = httpx.get(f"{url}/dashboard/evaluations/{planted.name}", timeout=60)
-    assert page.status_code == 200 and "not opened" in page.text
     assert victim.read_bytes() == VICTIM_BYTES
+    assert listing.status_code == 200 and planted.name in listing.text
+    assert page.status_code == 200 and "not opened" in page.text
 
 
 def test_init_refuses_a_runs_directory_others_can_write_and_names_the_fix(

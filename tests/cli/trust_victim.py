@@ -54,6 +54,13 @@ def _init_in(runs: Path) -> str | None:
     return None
 
 
+def _text(stream: io.TextIOWrapper) -> str:
+    stream.flush()
+    buffer = stream.buffer
+    assert isinstance(buffer, io.BytesIO)
+    return buffer.getvalue().decode(errors="replace")
+
+
 def main() -> int:
     plan: dict[str, Any] = json.loads(sys.argv[1])
     from primeruns.cli import main as primeruns
@@ -64,7 +71,9 @@ def main() -> int:
     before = watched.read_bytes() if watched else b""
     steps = []
     for argv in plan["commands"]:
-        out, err = io.StringIO(), io.StringIO()
+        # Binary underneath, as a real stdout: export writes to its buffer.
+        out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8", errors="replace")
+        err = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:
                 code: int | str = primeruns(argv)
@@ -75,7 +84,7 @@ def main() -> int:
             {
                 "argv": argv,
                 "code": code,
-                "out": out.getvalue(),
+                "out": _text(out),
                 "err": err.getvalue(),
                 "intact": watched is None or watched.read_bytes() == before,
             }

@@ -59,7 +59,9 @@ def test_a_gzip_bomb_past_the_inflated_cap_is_refused_naming_it(
     assert r.status_code == 400 and error_code(r) == "upload_too_large", r.text
     assert str(MAX_UPLOAD_BYTES) in r.json()["error"]["message"]
     grown = _peak_rss(local_platform.pid) - before
-    assert grown < 2 * MAX_UPLOAD_BYTES, f"peak RSS grew by {grown / MIB:.0f} MiB"
+    # The cap's worth once (+270 MiB measured), not the whole inflated body
+    # and its copies (+514 MiB before #27).
+    assert grown < 1.5 * MAX_UPLOAD_BYTES, f"peak RSS grew by {grown / MIB:.0f} MiB"
     assert httpx.get(f"{local_platform.url}/healthz", timeout=10).status_code == 200
 
 

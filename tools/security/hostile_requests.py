@@ -148,6 +148,8 @@ def check_no_key(t: Target) -> Finding:
     stall = httpx.post(f"{t.url}/_local/faults", json={"latency_ms": 3_600_000}, timeout=10)
     answers["POST /_local/faults"] = stall.status_code
     latency = httpx.get(f"{t.url}/_local/faults", headers=t.auth, timeout=10).json()
+    if latency.get("latency_ms"):  # it got in: take the hour of latency back out
+        httpx.post(f"{t.url}/_local/faults", json={"latency_ms": 0}, headers=t.auth, timeout=10)
     ok = all(code == 401 for code in answers.values()) and latency.get("latency_ms") == 0
     return Finding("no key", _verdict(ok), f"{answers}, latency now {latency.get('latency_ms')}")
 
