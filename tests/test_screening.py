@@ -161,7 +161,7 @@ def test_the_input_is_never_changed() -> None:
 
 
 def test_a_summary_keeps_text_none_lists_and_what_the_encoder_knows() -> None:
-    when = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+    when = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
     values = {"note": "best", "none": None, "xs": [1, "a", None], "when": when, "s": {3}}
     screened = summary(values)
     assert screened.kept == values and screened.rejected == ()
