@@ -185,6 +185,43 @@ def test_episodes_and_traces_with_hostile_fields_never_raise(run: pr.Run) -> Non
     assert run.failed_records.get("encode") == 2
 
 
+def test_online_the_row_reaches_the_platform_without_its_bad_fields(
+    shared_platform: Any, tmp_path: Path
+) -> None:
+    """The vendor's 0.1.4 loses the whole row for one bytes value (its
+    metrics sink cannot encode it) and ships text metrics without a word."""
+    import json
+    import sqlite3
+
+    import rel_torture as rt
+
+    lp = shared_platform
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = pr.init(
+            kind="train",
+            model="m",
+            team_id="team-a",
+            api_key=rt.KEY,
+            base_url=lp.url,
+            runs_dir=tmp_path / "runs",
+        )
+        run.log_metrics({"loss": 0.5, "blob": b"x", "phase": "warmup"}, step=0)
+        run.log_metrics({"loss": 0.25, "loop": _cycle()}, step=1)
+        run.finish(summary={"best": 0.25, "loop": _cycle()}, timeout=120)
+    assert run.status is pr.RunStatus.COMPLETED
+    assert run.failed_records == {"encode": 4}
+    conn = sqlite3.connect(f"file:{lp.data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
+    try:
+        query = "SELECT body FROM train_metrics WHERE run_id = ? ORDER BY step"
+        bodies = [json.loads(r[0]) for r in conn.execute(query, (run.id,))]
+    finally:
+        conn.close()
+    assert [{k: v for k, v in b.items() if k != "_timestamp"} for b in bodies] == [
+        {"loss": 0.5, "step": 0},
+        {"loss": 0.25, "step": 1},
+    ]
+
+
 # -- on_error="raise": the documented exception, and still a closed run ----------------
 
 
