@@ -152,6 +152,11 @@ class _Screen:
                         "use str keys",
                     )
                     continue
+                kind = type(item)
+                if kind is float or kind is int or kind is bool:  # most fields: no call
+                    if kind is not float or _is_finite(item):
+                        out[key] = item
+                    continue
                 kept = self.guarded(item, field_path(path, key), depth + 1)
                 # An emptied (or empty) nested mapping says nothing: left out too.
                 if kept is _DROP or (type(kept) is dict and not kept):
