@@ -82,15 +82,12 @@ def settle(
 ) -> str | None:
     """Merge the finish's summary into the run's, and say why the run ended:
     ``error`` as given, else (for a run that did not complete) the first
-    failure noted, else None."""
-    if summary:
-        try:
-            cleaned = recorder.encodable(records.clean_metrics(summary), "summary")
-        except (TypeError, ValueError) as exc:
-            recorder.note("summary", exc)
-            cleaned = {}
-        with recorder.lock:
-            recorder.summary.update(cleaned)
+    failure noted, else None. Never raises: a field of the summary that
+    cannot be journaled is left out, counted and said (under
+    ``on_error="raise"``, raised once the run is closed)."""
+    if summary is not None:
+        rejected = recorder.merge_summary(summary, "summary", defer=True)
+        recorder.drop_fields(rejected or (), defer=True)
     if error is not None:
         return _describe(error)
     if status is not RunStatus.COMPLETED and recorder.errors:
@@ -135,22 +132,20 @@ def finish_journal(
     """
     journal = recorder.journal
     assert journal is not None
-    with recorder.lock:  # another thread's update_summary may be under way
-        summary = dict(recorder.summary)
     record = {
         "status": status.value,
         "error": message,
-        # The live summary may hold what the user put there: only what encodes.
-        "summary": recorder.encodable(_finite(summary), "summary"),
+        # The live summary may hold what the user put there since: only what encodes.
+        "summary": recorder.clean_summary(defer=True),
         "at": time.time(),
         "timeout": budget,  # the uplink's deadline: at + timeout
     }
-    recorder.append(
-        EntryKind.FINISH,
-        [records.encode_record(record, what="finish")],
-        essential=True,
-        final=True,
-    )
+    try:
+        payload = records.encode_record(record, what="finish")
+    except (TypeError, ValueError) as exc:  # the run closes whatever the summary holds
+        recorder.note("summary", exc)
+        payload = records.encode_record({**record, "summary": {}}, what="finish")
+    recorder.append(EntryKind.FINISH, [payload], essential=True, final=True)
     if supervisor is None:
         recorder.close()
         return
@@ -208,15 +203,11 @@ def _report(outcome: Closeout | None, supervisor: Supervisor, run_id: str, path:
         )
 
 
-def _finite(summary: Mapping[str, Any]) -> dict[str, Any]:
-    try:
-        return records.clean_metrics(summary)
-    except (TypeError, ValueError):
-        return dict(summary)
-
-
 def _describe(error: str | BaseException) -> str:
-    if isinstance(error, BaseException):
-        text = str(error)
-        return f"{type(error).__name__}: {text}" if text else type(error).__name__
-    return str(error)
+    try:
+        if isinstance(error, BaseException):
+            text = str(error)
+            return f"{type(error).__name__}: {text}" if text else type(error).__name__
+        return str(error)
+    except Exception:  # an exception whose __str__ raises still ends the run
+        return type(error).__name__

@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 import operator
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from . import records
+from . import records, screening
 from .exceptions import FINISHED_WHILE_LOGGING, JournalError, RunFinishedError
 from .journal import EntryKind, Journal
 from .journal.frames import MAX_ENTRY_BYTES
@@ -34,6 +35,9 @@ __all__ = ["Recorder"]
 log = logging.getLogger("primeruns")
 
 _MAX_ERRORS = 1000
+# A field's name in warnings without list indices: episodes[3].blob and
+# episodes[0].blob are one field, said once.
+_INDEX = re.compile(r"\[\d+\]")
 
 
 class Recorder:
@@ -60,6 +64,7 @@ class Recorder:
         # The newest seq appended of each entry kind: what flush() waits for.
         self._last_by_kind: dict[int, int] = {}
         self._warned: set[str] = set()
+        self._fields_said: set[str] = set()  # fields dropped and said once
         self._raised = 0  # uplink failures already raised (on_error="raise")
         self._final_losses: dict[str, dict[str, Any]] | None = None
         self._final_errors: list[dict[str, Any]] | None = None
@@ -135,7 +140,7 @@ class Recorder:
         the good ones of the same call journaled either way."""
         self.check_live(f"log_{what}")
         if isinstance(items, Mapping | str | bytes):
-            self.bad_input(
+            self.refuse(
                 TypeError(
                     f"log_{what}: pass a list of records, not a single {type(items).__name__}"
                 )
@@ -149,12 +154,13 @@ class Recorder:
             for index, item in enumerate(items):
                 try:
                     payloads.append(_encode(kind, item, f"{what}[{index}]"))
-                except (TypeError, ValueError) as exc:
+                except Exception as exc:  # any user object's method may raise
+                    error = _as_encode_error(exc, f"{what}[{index}]")
                     with self.lock:  # counts must be exact under many threads
                         self._encode_failed += 1
                     if self.on_error != "raise":
-                        self.note("record", exc)
-                    first_error = first_error or exc
+                        self.say_field(error)
+                    first_error = first_error or error
         except Exception as exc:  # not iterable, or the producer's generator raised
             error = TypeError(
                 f"log_{what}: could not iterate the records ({type(exc).__name__}: {exc}); "
@@ -171,11 +177,20 @@ class Recorder:
     def log_traces(self, traces: Iterable[Any]) -> None:
         """Bare traces; an episode among them is journaled as an episode, in order."""
         self.check_live("log_traces")
-        if self.journal is None or not self.owner_process():
+        if (
+            self.journal is None
+            or not self.owner_process()
+            or isinstance(traces, Mapping | str | bytes)
+        ):
+            self.log(EntryKind.TRACE, traces, "traces")
+            return
+        try:
+            items = list(traces)
+        except Exception:  # not iterable: log() says so
             self.log(EntryKind.TRACE, traces, "traces")
             return
         bare: list[Any] = []
-        for item in traces:
+        for item in items:
             if _looks_like_episode(item):
                 if bare:
                     self.log(EntryKind.TRACE, bare, "traces")
@@ -189,7 +204,7 @@ class Recorder:
     def log_metrics(self, values: Mapping[str, Any], step: int | None) -> None:
         self.check_live("log_metrics")
         if type(values) is not dict and not isinstance(values, Mapping):
-            self.bad_input(
+            self.refuse(
                 TypeError(f"log_metrics: values must be a mapping, got {type(values).__name__}")
             )
             return
@@ -198,33 +213,66 @@ class Recorder:
                 if isinstance(step, bool):
                     raise TypeError
                 step = operator.index(step)  # numpy and torch integers too
-            except TypeError:
-                self.bad_input(TypeError(f"log_metrics: step must be an int, got {step!r}"))
+            except Exception:
+                self.refuse(
+                    TypeError(f"log_metrics: step must be an int, got {type(step).__name__}")
+                )
                 return
         if self.kind != "train" or self.journal is None:
             return
-        try:
-            row = records.clean_metrics(values)
-        except (TypeError, ValueError) as exc:
-            self.bad_input(exc)
-            return
+        screened = screening.metrics_row(values)
+        row = screened.kept
         if step is not None and "step" not in row:
             row["step"] = step
         row.setdefault("_timestamp", time.time())
-        self.append(EntryKind.METRICS, [records.encode_metrics_row(row)])
+        try:
+            payload = records.encode_metrics_row(row)
+        except (TypeError, ValueError) as exc:  # what the screen let through, refused
+            self.refuse(exc)
+        else:
+            self.append(EntryKind.METRICS, [payload])
+        self.drop_fields(screened.rejected)
 
     def update_summary(self, values: Mapping[str, Any]) -> None:
         self.check_live("update_summary")
-        try:
-            cleaned = self.encodable(records.clean_metrics(values), "update_summary")
-        except (TypeError, ValueError) as exc:
-            self.bad_input(exc)
+        rejected = self.merge_summary(values, "update_summary")
+        if rejected is None:
             return
-        with self.lock:
-            self.summary.update(cleaned)
-            summary = dict(self.summary)
         if self.journal is not None:
-            self.append(EntryKind.SUMMARY, [records.encode_record(summary, what="update_summary")])
+            self.append(EntryKind.SUMMARY, [records.encode_record(self.clean_summary())])
+        self.drop_fields(rejected)
+
+    def merge_summary(
+        self, values: Any, what: str, *, defer: bool = False
+    ) -> tuple[records.RecordEncodeError, ...] | None:
+        """Screen ``values`` and merge what it keeps into the summary; return
+        the fields left out (for ``drop_fields``), or None when ``values`` is
+        not a mapping at all (counted and said here)."""
+        if not isinstance(values, Mapping):
+            self.refuse(
+                TypeError(f"{what}: values must be a mapping, got {type(values).__name__}"),
+                defer=defer,
+            )
+            return None
+        screened = screening.summary(values, what=what)
+        with self.lock:
+            self.summary.update(screened.kept)
+        return screened.rejected
+
+    def clean_summary(self, *, defer: bool = False) -> dict[str, Any]:
+        """A copy of the live summary that encodes. The user may have edited
+        it in place (``run.summary[k] = ...``): a field that cannot be
+        journaled is taken out of it, counted and said."""
+        with self.lock:
+            summary = dict(self.summary)
+        screened = screening.summary(summary, what="summary")
+        if screened.rejected:
+            with self.lock:  # out of the live summary too, unless replaced meanwhile
+                for key, value in summary.items():
+                    if key not in screened.kept and self.summary.get(key) is value:
+                        del self.summary[key]
+            self.drop_fields(screened.rejected, defer=defer)
+        return screened.kept
 
     def encodable(self, values: dict[str, Any], what: str) -> dict[str, Any]:
         """``values`` without the keys whose values cannot be encoded, each
@@ -300,6 +348,53 @@ class Recorder:
             )
 
     # -- reporting ---------------------------------------------------------------
+    def refuse(self, exc: BaseException, *, defer: bool = False) -> None:
+        """A call's whole record refused: counted in ``failed_records["encode"]``,
+        then reported as bad input (under ``on_error="raise"``, raised now or,
+        with ``defer``, at the end of ``finish()``)."""
+        with self.lock:
+            self._encode_failed += 1
+        if defer and self.on_error == "raise":
+            self.defer(exc)
+            return
+        self.bad_input(exc)
+
+    def drop_fields(
+        self, errors: Sequence[records.RecordEncodeError], *, defer: bool = False
+    ) -> None:
+        """Fields a screen left out: each counted in ``failed_records["encode"]``
+        every time, each named in one warning per run. Under
+        ``on_error="raise"`` the first is raised (with ``defer``, at the end of
+        ``finish()``) after the rest of the record was journaled."""
+        if not errors:
+            return
+        with self.lock:
+            self._encode_failed += len(errors)
+        if self.on_error == "raise":
+            if defer:
+                self.defer(errors[0])
+                return
+            raise errors[0]
+        for error in errors:
+            self.say_field(error)
+
+    def say_field(self, error: BaseException) -> None:
+        """Warn about a dropped field (or record) once per field per run."""
+        path = getattr(error, "path", None)
+        if isinstance(path, str):
+            field = _INDEX.sub("[]", path)
+            with self.lock:
+                if field in self._fields_said or len(self._fields_said) >= _MAX_ERRORS:
+                    return
+                self._fields_said.add(field)
+        self.note("record", error)
+
+    def defer(self, exc: BaseException) -> None:
+        """Keep ``exc`` to raise at the end of the call under way (``finish()``)."""
+        with self.lock:
+            if self._deferred is None:
+                self._deferred = exc
+
     def bad_input(self, exc: BaseException) -> None:
         if self.on_error == "raise":
             raise exc
@@ -360,6 +455,17 @@ class Recorder:
 
 def _nothing() -> None:
     return None
+
+
+def _as_encode_error(exc: BaseException, where: str) -> BaseException:
+    """A record's failure as the ``TypeError``/``ValueError`` ``on_error`` handles."""
+    if isinstance(exc, TypeError | ValueError):
+        return exc
+    return records.RecordEncodeError(
+        where,
+        f"encoding it raised {type(exc).__name__}: {exc}",
+        "fix the record's object or log its mapping instead",
+    )
 
 
 def _encode(kind: EntryKind, item: Any, where: str) -> bytes:

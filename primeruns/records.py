@@ -60,7 +60,9 @@ __all__ = [
     "clean_metrics",
     "encode_json",
     "encode_record",
+    "field_path",
     "is_episode",
+    "json_native",
     "stamp_run",
     "to_mapping",
     "training_step",
@@ -230,7 +232,8 @@ def _fast_default(value: Any) -> Any:
 _SCALARS = (str, int, float, bool, type(None))
 
 
-def _field_path(path: str, key: str) -> str:
+def field_path(path: str, key: str) -> str:
+    """``path`` and ``key`` as a field name in messages (``a.b`` or ``a["b c"]``)."""
     if key.isidentifier():
         return f"{path}.{key}"
     return f"{path}[{json.dumps(key, ensure_ascii=True)}]"
@@ -293,7 +296,7 @@ class _Walker:
             out: dict[str, Any] = {}
             for key, item in value.items():
                 name = self.key(key, path)
-                child = _field_path(path, name)
+                child = field_path(path, name)
                 if name in out:
                     raise RecordEncodeError(
                         child, "two keys encode to the same text", "use distinct keys"
@@ -381,6 +384,14 @@ def encode_record(obj: Any, *, what: str = "record") -> bytes:
     return walker.dumps(walker.value(mapping, what, 0))
 
 
+def json_native(value: Any, *, what: str, depth: int = 0) -> Any:
+    """``value`` as JSON-native builtins, by the rules of ``encode_record``
+    (a non-finite float becomes None), or ``RecordEncodeError`` naming the
+    field, prefixed by ``what``. Any value is accepted, not only a mapping;
+    ``depth`` counts the containers it will stand in."""
+    return _Walker(finite=False).value(value, what, depth)
+
+
 _PLAIN_SCALARS = (str, int, bool, type(None))
 
 
@@ -405,7 +416,7 @@ def _plain_and_finite(value: Any, path: str, depth: int = 0) -> bool:
         for key, item in value.items():
             if type(key) is not str:
                 return False
-            if not _plain_and_finite(item, _field_path(path, key), depth + 1):
+            if not _plain_and_finite(item, field_path(path, key), depth + 1):
                 return False
         return True
     if kind is list:
@@ -453,7 +464,7 @@ def _finite_or_drop(value: Any, path: str) -> Any:
                     f"metric names must be str, not {type(key).__name__}",
                     "use str keys",
                 )
-            kept = _finite_or_drop(item, _field_path(path, key))
+            kept = _finite_or_drop(item, field_path(path, key))
             # An emptied (or empty) nested mapping says nothing: drop it too.
             if kept is _DROP or (isinstance(kept, dict) and not kept):
                 continue

@@ -143,7 +143,8 @@ class Run:
     @property
     def failed_records(self) -> dict[str, int]:
         """Per sink, records it could not store (with reasons in ``errors``);
-        ``encode`` counts records that could not be encoded at all."""
+        ``encode`` counts records that could not be encoded at all, and fields
+        left out of a metrics row or a summary."""
         return self._recorder.failed_records()
 
     def __repr__(self) -> str:
@@ -162,13 +163,17 @@ class Run:
     def log_metrics(self, values: Mapping[str, Any], *, step: int | None = None) -> None:
         """Journal one metrics row (training runs; a no-op for evaluations).
 
-        Non-finite numbers are dropped; ``step`` is sent unless ``values``
-        already has one; ``_timestamp`` is the time of this call.
+        Values are numbers (nested groups of numbers too). Non-finite numbers
+        are dropped; a field that is not a number or cannot be journaled is
+        left out, counted in ``failed_records["encode"]`` and named once;
+        ``step`` is sent unless ``values`` already has one; ``_timestamp``
+        is the time of this call.
         """
         self._recorder.log_metrics(values, step)
 
     def update_summary(self, values: Mapping[str, Any]) -> None:
-        """Merge values into the run's summary (non-finite numbers dropped)."""
+        """Merge values into the run's summary (non-finite numbers dropped; a
+        field that cannot be journaled is left out, counted and named)."""
         self._recorder.update_summary(values)
 
     # -- waiting and closing -----------------------------------------------------------
