@@ -27,6 +27,7 @@ from . import records, screening
 from .exceptions import FINISHED_WHILE_LOGGING, JournalError, RunFinishedError
 from .journal import EntryKind, Journal
 from .journal.frames import MAX_ENTRY_BYTES
+from .journal.fullness import full_cause
 from .models import OnError, RunKind
 from .ship import ledger
 
@@ -342,9 +343,9 @@ class Recorder:
                 self._dropped += result.dropped
             self.warn_once(
                 "budget",
-                f"the journal at {journal.path} is full (byte budget or disk); records are "
-                "being dropped and counted in run.dropped_records. Free disk space or raise "
-                "the budget (PRIME_RUNS_MAX_JOURNAL_BYTES).",
+                f"the journal at {journal.path} is full: {full_cause(journal.path)}; records "
+                "are being dropped and counted in run.dropped_records. Free inodes or disk "
+                "space, or raise the budget (PRIME_RUNS_MAX_JOURNAL_BYTES).",
             )
 
     # -- reporting ---------------------------------------------------------------

@@ -39,6 +39,7 @@ Journal: every call raises JournalError (``store`` explains why).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import time
@@ -57,6 +58,7 @@ from primeruns.journal.cursors import Cursors
 from primeruns.journal.dicts import Dictionaries
 from primeruns.journal.frames import EntryKind
 from primeruns.journal.fsinfo import warn_if_network_fs
+from primeruns.journal.fullness import full_cause
 from primeruns.journal.lock import LOCK_NAME, OwnerLock
 from primeruns.journal.maintenance import Background, scan_damage
 from primeruns.journal.meta import K_BUDGET, K_CREATED, K_FORMAT, K_LOCAL_ID, K_OWNER, Meta
@@ -192,7 +194,10 @@ class Journal:
         except FileExistsError:
             raise JournalError(f"a run directory {path} already exists") from None
         except OSError as exc:
-            raise JournalError(f"cannot create a journal under {runs_dir}: {exc}") from exc
+            cause = ""
+            if exc.errno == errno.ENOSPC and "inodes" in (why := full_cause(runs_dir)):
+                cause = f" ({why})"
+            raise JournalError(f"cannot create a journal under {runs_dir}: {exc}{cause}") from exc
         warn_if_network_fs(path)
         lock = OwnerLock(path)
         try:

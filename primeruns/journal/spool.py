@@ -46,6 +46,7 @@ from pathlib import Path
 
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal.frames import FRAME_VERSION, HEADER_SIZE, MAX_ENTRY_BYTES, peek_header
+from primeruns.journal.fullness import disk_cause
 from primeruns.journal.types import Damage
 
 log = logging.getLogger("primeruns.journal")
@@ -60,6 +61,10 @@ _MAGIC = b"PS"
 SEGMENT_MAX = 4 << 20
 _READ_CHUNK = 1 << 20
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _full(path: Path, exc: OSError) -> str:
+    return f"journal {path}: {disk_cause(path)} ({exc})"
 
 
 def segment_name(first_seq: int) -> str:
@@ -145,7 +150,7 @@ class SpoolWriter:
         except OSError as exc:
             self._undo(done)
             if exc.errno in _FULL:
-                raise JournalFullError(f"journal {self._path}: the disk is full ({exc})") from None
+                raise JournalFullError(_full(self._path, exc)) from None
             raise JournalError(f"write to journal {self._path} failed: {exc}") from None
         # Written: part of the log from here on, whatever the sync does.
         self._size += len(data)
@@ -184,7 +189,7 @@ class SpoolWriter:
                 raise
         except OSError as exc:
             if exc.errno in _FULL:
-                raise JournalFullError(f"journal {self._path}: the disk is full ({exc})") from None
+                raise JournalFullError(_full(self._path, exc)) from None
             raise JournalError(f"cannot write journal {self._path}: {exc}") from None
         self.close()
         try:
