@@ -162,6 +162,7 @@ def finish_journal(
         )
     waiting = budget if wait is None else min(wait, budget)
     outcome = supervisor.wait_closeout(waiting, grace=wait is None)
+    journal = recorder.journal or journal  # re-created at the finish's append, maybe
     if recorder.kind == "eval":
         written = ledger.episodes_written(journal)
         with recorder.lock:

@@ -24,6 +24,7 @@ from . import closing, hooks
 from .journal import EntryKind
 from .models import CONFIG_SOURCE_KEY, ConfigSource, Mode, RunKind, RunStatus
 from .recorder import Recorder
+from .rehoming import Rehomer
 from .supervisor import Supervisor
 
 __all__ = ["Run"]
@@ -68,6 +69,8 @@ class Run:
         self._finished = False
         if supervisor is not None:
             recorder.wake = supervisor.wake
+        if recorder.journal is not None:
+            recorder.rehomer = Rehomer(recorder.journal, supervisor)
 
     # -- identity ------------------------------------------------------------------
     @property

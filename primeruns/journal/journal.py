@@ -71,6 +71,7 @@ from primeruns.journal.store import (
     AlreadyOpenError,
     Store,
     acquire_store,
+    detach_store,
     release_store,
 )
 from primeruns.journal.tail import OwnTail, SharedTail, read_end
@@ -677,6 +678,32 @@ class Journal:
             if self._owner_lock is not None:
                 with contextlib.suppress(lmdb.Error):
                     self._store.sync()
+            release_store(self._store)
+        if self._owner_lock is not None:
+            self._owner_lock.release()
+
+    def quiesce(self) -> None:
+        """Stop this handle's mover and background sync (``journal.rehome``:
+        they act on files by name, and another journal may soon live there)."""
+        self._mover.stop(final=True)
+        if self._background is not None:
+            self._background.stop()
+            self._background = None
+
+    def abandon(self) -> None:
+        """Let go of a journal re-created elsewhere at its path (``journal.rehome``):
+        its threads stop and its handles close, and nothing is done by name at
+        its path, where the new journal lives now."""
+        if self._closed:
+            return
+        self._closed = True
+        self._tail.close()
+        self.quiesce()
+        if self._appender is not None:
+            self._appender.close()
+        self._spool.close()
+        detach_store(self._store)  # the path's name is the new journal's now
+        with self._tx.lock:
             release_store(self._store)
         if self._owner_lock is not None:
             self._owner_lock.release()

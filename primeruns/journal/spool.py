@@ -115,6 +115,17 @@ class SpoolWriter:
         self._base = 0  # bytes written up to the last mark found absorbed
         self._written = 0
 
+    def unlinked(self) -> bool:
+        """Whether the open segment lost its last name (its directory deleted
+        under the run): one fstat."""
+        fd = self._fd
+        if fd is None:
+            return False
+        try:
+            return os.fstat(fd).st_nlink == 0
+        except OSError:
+            return False
+
     def opens_next(self) -> bool:
         """Whether the next write starts a segment."""
         return self._fd is None or self._size >= SEGMENT_MAX

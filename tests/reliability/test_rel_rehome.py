@@ -1,0 +1,87 @@
+"""The journal notices it was deleted or moved under its live run (issue #28).
+
+A tmp cleaner, a scratch wipe or ``rm -rf`` of a state directory takes the
+runs directory of a long job. Before, every later ``log_*`` call returned
+normally and 20-63 episodes and 20-21 metric rows reached no sink and no
+counter (5 of 6 trials), and runs closed as crashed. Now the producer says
+so once, re-creates the journal at its path with the run's identity,
+registration, records and offsets, and a new uplink ships it: every record
+whose call returned lands exactly once, and the run's journal is on disk
+again for ``show`` and ``replay``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rel_helpers as rh
+import rel_torture as rt
+import workloads
+
+import primeruns as pr
+from primeruns.journal import EntryKind
+from primeruns.local import LocalPlatform
+
+
+def _log(run: pr.Run, episodes: list[dict[str, Any]]) -> list[str]:
+    for i in range(0, len(episodes), 5):
+        run.log_episodes(episodes[i : i + 5])  # never raises
+    return [e["id"] for e in episodes]
+
+
+def _log_until_said(
+    run: pr.Run, spare: list[dict[str, Any]], caplog: pytest.LogCaptureFixture, what: str
+) -> list[str]:
+    """Log one spare episode at a time until the run said ``what`` (a move is
+    looked for once a second, at an append); bounded."""
+    logged: list[str] = []
+    for episode in spare:
+        if what in caplog.text:
+            break
+        run.log_episodes([episode])
+        logged.append(episode["id"])
+        time.sleep(0.05)  # polls a condition, bounded by ``spare``: not a timed assertion
+    return logged
+
+
+@pytest.mark.parametrize("how", ["deleted", "moved"])
+def test_a_runs_dir_deleted_or_moved_mid_run_loses_nothing_and_says_so(
+    shared_platform: LocalPlatform,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    how: str,
+) -> None:
+    lp = shared_platform
+    episodes = workloads.gsm8k(150)
+    spare = episodes[90:]
+    runs = tmp_path / "runs"
+    with rt.sdk_env(lp.url, tmp_path / "home"), caplog.at_level(logging.WARNING, "primeruns"):
+        run = rt.eval_run(lp.url, runs)
+        registered = run.id
+        acked = _log(run, episodes[:30])
+        if how == "deleted":
+            shutil.rmtree(runs)
+        else:
+            runs.rename(tmp_path / "elsewhere")
+        if how == "moved":
+            acked += _log_until_said(run, spare, caplog, "was moved")
+        acked += _log(run, episodes[30:60])
+        acked += _log(run, episodes[60:90])
+        run.finish(timeout=60)
+    assert run.status is pr.RunStatus.COMPLETED
+    assert run.id == registered  # the same platform run: its identity kept
+    stored = rh.platform_episode_ids(lp.data_dir, run.id)
+    lost = run.dropped_records
+    assert len(set(stored)) + lost == len(acked), (len(stored), lost, run.errors)
+    assert set(stored) <= set(acked) and max(stored.values()) == 1
+    assert lost == 0
+    said = [r.getMessage() for r in caplog.records if f"was {how}" in r.getMessage()]
+    assert len(said) == 1, caplog.text  # once, loudly
+    assert run.journal_path is not None and run.journal_path.exists()  # on disk again
+    journaled = {r["id"] for r in rh.journal_records(run.journal_path, EntryKind.EPISODE)}
+    assert journaled == set(acked)
