@@ -231,6 +231,7 @@ class Supervisor:
         with self._replacing:
             old = self._journal
             self._journal = journal
+            self._lifecycle.journal = journal  # where the registration is read
             if moved:
                 self.uplink = start_uplink(journal, self._settings, [], self._tuning)
                 return

@@ -22,6 +22,7 @@ import pytest
 import rel_helpers as rh
 import rel_torture as rt
 import workloads
+from sdk_helpers import platform_metric_steps
 
 import primeruns as pr
 from primeruns.journal import EntryKind
@@ -85,3 +86,52 @@ def test_a_runs_dir_deleted_or_moved_mid_run_loses_nothing_and_says_so(
     assert run.journal_path is not None and run.journal_path.exists()  # on disk again
     journaled = {r["id"] for r in rh.journal_records(run.journal_path, EntryKind.EPISODE)}
     assert journaled == set(acked)
+
+
+def test_a_training_runs_dir_deleted_twice_keeps_every_episode_and_metric_row(
+    shared_platform: LocalPlatform, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Episodes and metric rows, one step at a time, the directory wiped
+    twice (a cleaner that comes back): each time the run says so and goes on."""
+    lp = shared_platform
+    episodes = workloads.agentic(90)
+    runs = tmp_path / "runs"
+    with rt.sdk_env(lp.url, tmp_path / "home"), caplog.at_level(logging.WARNING, "primeruns"):
+        run = pr.init(kind="train", model="m", team_id="team", base_url=lp.url, runs_dir=runs)
+        for step in range(30):
+            run.log_episodes(episodes[step * 3 : step * 3 + 3])
+            run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+            if step in (9, 19):
+                shutil.rmtree(runs, ignore_errors=True)  # the second: gone if never re-created
+        run.finish(timeout=60)
+    assert run.id.startswith("rft_")  # the platform's run: its registration kept
+    assert run.status is pr.RunStatus.COMPLETED and run.dropped_records == 0
+    assert "not shipped" not in caplog.text  # every sink shipped all it was given
+    assert run.journal_path is not None
+    journaled = [r["id"] for r in rh.journal_records(run.journal_path, EntryKind.EPISODE)]
+    assert journaled == [e["id"] for e in episodes]  # all of them, once, in order
+    steps = platform_metric_steps(lp.data_dir, run.id)
+    assert set(steps) == set(range(30)) and max(steps.values()) == 1
+    said = [r.getMessage() for r in caplog.records if "was deleted" in r.getMessage()]
+    assert len(said) == 2, caplog.text
+
+
+def test_spool_files_deleted_under_the_run_lose_nothing(
+    shared_platform: LocalPlatform, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cleaner that deletes files, not the directory: the spool segment
+    being written loses its name. The run says so and ships everything."""
+    lp = shared_platform
+    episodes = workloads.gsm8k(60)
+    with rt.sdk_env(lp.url, tmp_path / "home"), caplog.at_level(logging.WARNING, "primeruns"):
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        acked = _log(run, episodes[:30])
+        assert run.journal_path is not None
+        for segment in run.journal_path.glob("spool-*"):
+            segment.unlink()
+        acked += _log(run, episodes[30:])
+        run.finish(timeout=60)
+    assert run.status is pr.RunStatus.COMPLETED
+    stored = rh.platform_episode_ids(lp.data_dir, run.id)
+    assert set(stored) == set(acked) and max(stored.values()) == 1
+    assert "was deleted" in caplog.text
