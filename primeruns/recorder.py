@@ -329,7 +329,7 @@ class Recorder:
             return
         try:
             if self.rehomer is not None:
-                journal = self.journal = self.rehomer.current()
+                journal = self.journal = self.rehomer.current(force=final)
             try:
                 result = journal.append(kind, payloads, essential=essential, final=final)
             except JournalMovedError:  # moved by another thread meanwhile: append there

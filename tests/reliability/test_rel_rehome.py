@@ -50,6 +50,17 @@ def _log_until_said(
     return logged
 
 
+def _append_until_recreated(run: pr.Run) -> None:
+    """Append (summary updates) until the run noticed its directory gone and
+    re-created it (a deletion is looked for every 50 ms); bounded."""
+    assert run.journal_path is not None
+    for i in range(200):
+        if run.journal_path.exists():
+            return
+        run.update_summary({"probe": i})
+        time.sleep(0.01)  # polls a condition, bounded: not a timed assertion
+
+
 @pytest.mark.parametrize("how", ["deleted", "moved"])
 def test_a_runs_dir_deleted_or_moved_mid_run_loses_nothing_and_says_so(
     shared_platform: LocalPlatform,
@@ -103,6 +114,7 @@ def test_a_training_runs_dir_deleted_twice_keeps_every_episode_and_metric_row(
             run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
             if step in (9, 19):
                 shutil.rmtree(runs, ignore_errors=True)  # the second: gone if never re-created
+                _append_until_recreated(run)
         run.finish(timeout=60)
     assert run.id.startswith("rft_")  # the platform's run: its registration kept
     assert run.status is pr.RunStatus.COMPLETED and run.dropped_records == 0
