@@ -147,3 +147,25 @@ def test_spool_files_deleted_under_the_run_lose_nothing(
     stored = rh.platform_episode_ids(lp.data_dir, run.id)
     assert set(stored) == set(acked) and max(stored.values()) == 1
     assert "was deleted" in caplog.text
+
+
+def test_an_offline_runs_dir_deleted_mid_run_is_re_created_for_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Offline the journal is all there is: it is re-created with every record,
+    for ``primeruns replay`` to ship later."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    episodes = workloads.gsm8k(40)
+    runs = tmp_path / "runs"
+    with caplog.at_level(logging.WARNING, "primeruns"):
+        run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs)
+        acked = _log(run, episodes[:20])
+        shutil.rmtree(runs)
+        acked += _log(run, episodes[20:])
+        run.finish()
+    assert run.status is pr.RunStatus.COMPLETED and run.dropped_records == 0
+    assert "was deleted" in caplog.text
+    assert run.journal_path is not None
+    journaled = [r["id"] for r in rh.journal_records(run.journal_path, EntryKind.EPISODE)]
+    assert journaled == acked
+    assert rh.journal_records(run.journal_path, EntryKind.FINISH)
