@@ -23,6 +23,7 @@ from .journal import EntryKind
 from .models import RunStatus
 from .recorder import Recorder
 from .ship import ledger
+from .ship.deadline import K_AT_BOOT, boot_clock
 from .ship.ledger import Closeout
 from .spec import SPEC_KEY, journal_spec
 from .supervisor import Supervisor
@@ -137,8 +138,9 @@ def finish_journal(
         "error": message,
         # The live summary may hold what the user put there since: only what encodes.
         "summary": recorder.clean_summary(defer=True),
-        "at": time.time(),
-        "timeout": budget,  # the uplink's deadline: at + timeout
+        "at": time.time(),  # for people (show); deadlines never read the wall clock
+        K_AT_BOOT: boot_clock(),
+        "timeout": budget,  # the uplink's deadline: at_boot + timeout, on the boot clock
     }
     try:
         payload = records.encode_record(record, what="finish")
@@ -160,6 +162,7 @@ def finish_journal(
         )
     waiting = budget if wait is None else min(wait, budget)
     outcome = supervisor.wait_closeout(waiting, grace=wait is None)
+    journal = recorder.journal or journal  # re-created at the finish's append, maybe
     if recorder.kind == "eval":
         written = ledger.episodes_written(journal)
         with recorder.lock:

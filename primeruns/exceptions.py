@@ -12,6 +12,7 @@ same errors here::
     │   └── JournalError               the local journal cannot be opened or used
     │       ├── JournalLockedError     another live process owns it
     │       ├── JournalFullError       its byte budget or the disk is full
+    │       ├── JournalMovedError      replaced by one re-created at its path (internal)
     │       └── JournalCorruptError    its structure is damaged beyond reading
     └── prime_traces.PrimeTracesError  the platform: prime-traces' own classes
         ├── TraceTooLargeError         one JSONL line over the 64 MiB limit
@@ -76,6 +77,7 @@ __all__ = [
     "JournalError",
     "JournalFullError",
     "JournalLockedError",
+    "JournalMovedError",
     "LineFormatConflictError",
     "NotFoundError",
     "PaymentRequiredError",
@@ -135,6 +137,15 @@ class JournalLockedError(JournalError):
     def __init__(self, message: str, *, owner: str | None = None) -> None:
         super().__init__(message)
         self.owner = owner
+
+
+class JournalMovedError(JournalError):
+    """This journal handle was replaced by one re-created at its path after
+    its directory was deleted or moved under the run; appends go there.
+
+    Internal: the run's recorder appends again on the new journal, so
+    ``log_*`` calls never see it.
+    """
 
 
 class JournalFullError(JournalError):

@@ -6,6 +6,13 @@ closes every run as cancelled within a short grace, then lets the signal's
 previous disposition act; a forked child never closes its parent's runs.
 A run takes part through ``register``; it only needs ``_at_exit(deadline)``
 and ``_on_sigterm()``.
+
+SIGTERM's handler runs in the main thread between two bytecodes, possibly in
+the middle of a ``log_*`` call of that thread that holds the journal's
+append lock. Closing the run from there would take that lock again and
+deadlock the process (a preempted job hung instead of ending). The ``log_*``
+calls run inside ``sigterm_deferred``: a SIGTERM arriving there is kept and
+handled as the call returns, with no lock of the SDK held.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import time
 from types import FrameType
 from typing import Any, Protocol
 
-__all__ = ["install_sigterm", "register", "unregister"]
+__all__ = ["install_sigterm", "register", "sigterm_deferred", "unregister"]
 
 # How long the interpreter's exit may wait, in all, to close out runs the
 # script never finished: long enough to ship a healthy run's tail, short
@@ -59,7 +66,40 @@ def _at_exit_all() -> None:
 atexit.register(_at_exit_all)
 
 
+class _Deferral:
+    """``with sigterm_deferred:`` around a call of the main thread that takes
+    the SDK's locks: a SIGTERM arriving inside is handled at its end.
+
+    Only the main thread counts (Python runs signal handlers there); the
+    count nests. Cheaper than a generator context manager: it is on every
+    ``log_*`` call.
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.pending: int | None = None
+
+    def __enter__(self) -> None:
+        if threading.get_ident() == _MAIN:
+            self.depth += 1
+
+    def __exit__(self, *exc: object) -> None:
+        if threading.get_ident() != _MAIN:
+            return
+        self.depth -= 1
+        if self.depth == 0 and self.pending is not None:
+            signum, self.pending = self.pending, None
+            _handle_sigterm(signum, None)
+
+
+_MAIN = threading.main_thread().ident
+sigterm_deferred = _Deferral()
+
+
 def _handle_sigterm(signum: int, frame: FrameType | None) -> None:
+    if sigterm_deferred.depth:
+        sigterm_deferred.pending = signum  # handled when the log call returns
+        return
     for run in list(_exit_runs):
         run._on_sigterm()
     previous = _previous_sigterm

@@ -21,14 +21,23 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import records, screening
-from .exceptions import FINISHED_WHILE_LOGGING, JournalError, RunFinishedError
+from .exceptions import (
+    FINISHED_WHILE_LOGGING,
+    JournalError,
+    JournalMovedError,
+    RunFinishedError,
+)
 from .journal import EntryKind, Journal
 from .journal.frames import MAX_ENTRY_BYTES
+from .journal.fullness import full_cause
 from .models import OnError, RunKind
 from .ship import ledger
+
+if TYPE_CHECKING:
+    from .rehoming import Rehomer
 
 __all__ = ["Recorder"]
 
@@ -54,6 +63,9 @@ class Recorder:
         self.summary: dict[str, Any] = {}
         self.errors: list[str] = []
         self.wake: Callable[[], None] = _nothing
+        # Set by init() for a journal it owns: notices the journal's directory
+        # deleted or moved and carries the run over (``primeruns.rehoming``).
+        self.rehomer: Rehomer | None = None
         self.lock = threading.Lock()
         self._pid = os.getpid()
         self._closing = False  # finish() began: calls are refused from now on
@@ -316,7 +328,14 @@ class Recorder:
             )
             return
         try:
-            result = journal.append(kind, payloads, essential=essential, final=final)
+            if self.rehomer is not None:
+                journal = self.journal = self.rehomer.current(force=final)
+            try:
+                result = journal.append(kind, payloads, essential=essential, final=final)
+            except JournalMovedError:  # moved by another thread meanwhile: append there
+                journal = self.journal
+                assert journal is not None
+                result = journal.append(kind, payloads, essential=essential, final=final)
         except ValueError as exc:  # a payload over the per-entry limit (checked earlier)
             with self.lock:
                 self._encode_failed += len(payloads)
@@ -342,9 +361,9 @@ class Recorder:
                 self._dropped += result.dropped
             self.warn_once(
                 "budget",
-                f"the journal at {journal.path} is full (byte budget or disk); records are "
-                "being dropped and counted in run.dropped_records. Free disk space or raise "
-                "the budget (PRIME_RUNS_MAX_JOURNAL_BYTES).",
+                f"the journal at {journal.path} is full: {full_cause(journal.path)}; records "
+                "are being dropped and counted in run.dropped_records. Free inodes or disk "
+                "space, or raise the budget (PRIME_RUNS_MAX_JOURNAL_BYTES).",
             )
 
     # -- reporting ---------------------------------------------------------------

@@ -24,6 +24,7 @@ from . import closing, hooks
 from .journal import EntryKind
 from .models import CONFIG_SOURCE_KEY, ConfigSource, Mode, RunKind, RunStatus
 from .recorder import Recorder
+from .rehoming import Rehomer
 from .supervisor import Supervisor
 
 __all__ = ["Run"]
@@ -68,6 +69,8 @@ class Run:
         self._finished = False
         if supervisor is not None:
             recorder.wake = supervisor.wake
+        if recorder.journal is not None:
+            recorder.rehomer = Rehomer(recorder.journal, supervisor)
 
     # -- identity ------------------------------------------------------------------
     @property
@@ -154,11 +157,13 @@ class Run:
     def log_episodes(self, episodes: Iterable[Any]) -> None:
         """Journal finished episodes (objects with ``to_record()``, mappings,
         pydantic/attrs/dataclass instances). Returns once they are journaled."""
-        self._recorder.log(EntryKind.EPISODE, episodes, "episodes")
+        with hooks.sigterm_deferred:
+            self._recorder.log(EntryKind.EPISODE, episodes, "episodes")
 
     def log_traces(self, traces: Iterable[Any]) -> None:
         """Journal bare traces (episodes given here are journaled as episodes)."""
-        self._recorder.log_traces(traces)
+        with hooks.sigterm_deferred:
+            self._recorder.log_traces(traces)
 
     def log_metrics(self, values: Mapping[str, Any], *, step: int | None = None) -> None:
         """Journal one metrics row (training runs; a no-op for evaluations).
@@ -169,12 +174,14 @@ class Run:
         ``step`` is sent unless ``values`` already has one; ``_timestamp``
         is the time of this call.
         """
-        self._recorder.log_metrics(values, step)
+        with hooks.sigterm_deferred:
+            self._recorder.log_metrics(values, step)
 
     def update_summary(self, values: Mapping[str, Any]) -> None:
         """Merge values into the run's summary (non-finite numbers dropped; a
         field that cannot be journaled is left out, counted and named)."""
-        self._recorder.update_summary(values)
+        with hooks.sigterm_deferred:
+            self._recorder.update_summary(values)
 
     # -- waiting and closing -----------------------------------------------------------
     def flush(self, timeout: float | None = 30.0) -> bool:

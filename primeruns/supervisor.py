@@ -12,7 +12,10 @@ answer it gives is read from the journal, where the uplink writes it
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -204,6 +207,38 @@ class Supervisor:
         journal.unshare_lock()
         journal.take_back_moving()
         self.uplink = UplinkThreads(journal, self._settings, [], self._tuning)
+
+    def stop_for_move(self) -> bool:
+        """Stop the uplink process so the journal can be re-created elsewhere
+        (``primeruns.rehoming``): its offsets are final once it is gone, as
+        after any kill of it. False for an uplink in threads, which reads
+        through this process's own handles and needs no move."""
+        with self._replacing:
+            uplink = self.uplink
+            pid = getattr(uplink, "pid", None)
+            if not isinstance(pid, int) or self._replaced:
+                return False
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            uplink.wait_exit(30.0)
+            uplink.release()
+            return True
+
+    def follow(self, journal: Journal, *, moved: bool) -> None:
+        """Ship ``journal`` from now on, with a new uplink process (``moved``:
+        the journal was re-created) or, where the move failed, from threads
+        over the journal this process still holds."""
+        with self._replacing:
+            old = self._journal
+            self._journal = journal
+            self._lifecycle.journal = journal  # where the registration is read
+            if moved:
+                self.uplink = start_uplink(journal, self._settings, [], self._tuning)
+                return
+            old.unshare_lock()
+            old.take_back_moving()
+            self._replaced = True
+            self.uplink = UplinkThreads(old, self._settings, [], self._tuning)
 
     def wait_closeout(self, waiting: float, *, grace: bool) -> ledger.Closeout | None:
         """After the finish entry: tell the uplink, and wait up to ``waiting``

@@ -23,6 +23,7 @@ from primeruns.exceptions import (
     FINISHED_WHILE_LOGGING,
     JournalError,
     JournalFullError,
+    JournalMovedError,
     RunFinishedError,
 )
 from primeruns.journal.capacity import Capacity
@@ -53,6 +54,10 @@ class Appender:
         # closed as if complete. Another thread's log call that was already
         # past its check when the finish came is refused here instead.
         self._finished = False
+        # Set when the journal was re-created elsewhere (``journal.rehome``):
+        # an append that reached this handle late is refused, and made again
+        # on the new journal by its caller.
+        self.moved = False
 
     def append(
         self,
@@ -68,6 +73,8 @@ class Appender:
         k = int(kind)
         try:
             with self.lock:
+                if self.moved:
+                    raise JournalMovedError(f"journal {self._tx.path} was re-created")
                 if self._finished:
                     raise RunFinishedError(FINISHED_WHILE_LOGGING)
                 if not essential and not self._capacity.room_for(size):
@@ -155,6 +162,10 @@ class Appender:
             self._spool.mark_dirty()  # tried again at the next sync
         finally:
             os.close(fd)
+
+    def unlinked(self) -> bool:
+        """Whether the segment being written lost its directory (deleted)."""
+        return self._spool.unlinked()
 
     def close(self) -> None:
         with self.lock:

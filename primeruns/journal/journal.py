@@ -39,6 +39,7 @@ Journal: every call raises JournalError (``store`` explains why).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import secrets
 import time
@@ -57,6 +58,7 @@ from primeruns.journal.cursors import Cursors
 from primeruns.journal.dicts import Dictionaries
 from primeruns.journal.frames import EntryKind
 from primeruns.journal.fsinfo import warn_if_network_fs
+from primeruns.journal.fullness import full_cause
 from primeruns.journal.lock import LOCK_NAME, OwnerLock
 from primeruns.journal.maintenance import Background, scan_damage
 from primeruns.journal.meta import K_BUDGET, K_CREATED, K_FORMAT, K_LOCAL_ID, K_OWNER, Meta
@@ -69,6 +71,7 @@ from primeruns.journal.store import (
     AlreadyOpenError,
     Store,
     acquire_store,
+    detach_store,
     release_store,
 )
 from primeruns.journal.tail import OwnTail, SharedTail, read_end
@@ -192,7 +195,10 @@ class Journal:
         except FileExistsError:
             raise JournalError(f"a run directory {path} already exists") from None
         except OSError as exc:
-            raise JournalError(f"cannot create a journal under {runs_dir}: {exc}") from exc
+            cause = ""
+            if exc.errno == errno.ENOSPC and "inodes" in (why := full_cause(runs_dir)):
+                cause = f" ({why})"
+            raise JournalError(f"cannot create a journal under {runs_dir}: {exc}{cause}") from exc
         warn_if_network_fs(path)
         lock = OwnerLock(path)
         try:
@@ -672,6 +678,32 @@ class Journal:
             if self._owner_lock is not None:
                 with contextlib.suppress(lmdb.Error):
                     self._store.sync()
+            release_store(self._store)
+        if self._owner_lock is not None:
+            self._owner_lock.release()
+
+    def quiesce(self) -> None:
+        """Stop this handle's mover and background sync (``journal.rehome``:
+        they act on files by name, and another journal may soon live there)."""
+        self._mover.stop(final=True)
+        if self._background is not None:
+            self._background.stop()
+            self._background = None
+
+    def abandon(self) -> None:
+        """Let go of a journal re-created elsewhere at its path (``journal.rehome``):
+        its threads stop and its handles close, and nothing is done by name at
+        its path, where the new journal lives now."""
+        if self._closed:
+            return
+        self._closed = True
+        self._tail.close()
+        self.quiesce()
+        if self._appender is not None:
+            self._appender.close()
+        self._spool.close()
+        detach_store(self._store)  # the path's name is the new journal's now
+        with self._tx.lock:
             release_store(self._store)
         if self._owner_lock is not None:
             self._owner_lock.release()

@@ -46,6 +46,7 @@ from pathlib import Path
 
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal.frames import FRAME_VERSION, HEADER_SIZE, MAX_ENTRY_BYTES, peek_header
+from primeruns.journal.fullness import disk_cause
 from primeruns.journal.types import Damage
 
 log = logging.getLogger("primeruns.journal")
@@ -60,6 +61,10 @@ _MAGIC = b"PS"
 SEGMENT_MAX = 4 << 20
 _READ_CHUNK = 1 << 20
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _full(path: Path, exc: OSError) -> str:
+    return f"journal {path}: {disk_cause(path)} ({exc})"
 
 
 def segment_name(first_seq: int) -> str:
@@ -110,6 +115,17 @@ class SpoolWriter:
         self._base = 0  # bytes written up to the last mark found absorbed
         self._written = 0
 
+    def unlinked(self) -> bool:
+        """Whether the open segment lost its last name (its directory deleted
+        under the run): one fstat."""
+        fd = self._fd
+        if fd is None:
+            return False
+        try:
+            return os.fstat(fd).st_nlink == 0
+        except OSError:
+            return False
+
     def opens_next(self) -> bool:
         """Whether the next write starts a segment."""
         return self._fd is None or self._size >= SEGMENT_MAX
@@ -145,7 +161,7 @@ class SpoolWriter:
         except OSError as exc:
             self._undo(done)
             if exc.errno in _FULL:
-                raise JournalFullError(f"journal {self._path}: the disk is full ({exc})") from None
+                raise JournalFullError(_full(self._path, exc)) from None
             raise JournalError(f"write to journal {self._path} failed: {exc}") from None
         # Written: part of the log from here on, whatever the sync does.
         self._size += len(data)
@@ -184,7 +200,7 @@ class SpoolWriter:
                 raise
         except OSError as exc:
             if exc.errno in _FULL:
-                raise JournalFullError(f"journal {self._path}: the disk is full ({exc})") from None
+                raise JournalFullError(_full(self._path, exc)) from None
             raise JournalError(f"cannot write journal {self._path}: {exc}") from None
         self.close()
         try:

@@ -151,6 +151,7 @@ class AlreadyOpenError(ValueError):
 
 _REGISTRY: dict[str, tuple[Store, int]] = {}
 _REGISTRY_LOCK = threading.Lock()
+_DETACHED: dict[int, tuple[Store, int]] = {}  # detach_store: by id, with its references
 
 
 def acquire_store(
@@ -193,6 +194,18 @@ def acquire_store(
         return store
 
 
+def detach_store(store: Store) -> None:
+    """Forget ``store`` as the environment of its directory (whose files were
+    deleted or moved: a journal re-created there must not share it). Its
+    holders keep it; each ``release_store`` then drops it, the last closes it."""
+    key = os.path.realpath(store.directory)
+    with _REGISTRY_LOCK:
+        found = _REGISTRY.get(key)
+        if found is not None and found[0] is store:
+            del _REGISTRY[key]
+            _DETACHED[id(store)] = (store, found[1])
+
+
 def release_store(store: Store) -> None:
     """Drop one reference; the environment closes with the last one."""
     key = os.path.realpath(store.directory)
@@ -203,6 +216,11 @@ def release_store(store: Store) -> None:
                 _REGISTRY[key] = (store, found[1] - 1)
                 return
             del _REGISTRY[key]
+        elif id(store) in _DETACHED:
+            held, refs = _DETACHED.pop(id(store))
+            if refs > 1:
+                _DETACHED[id(store)] = (held, refs - 1)
+                return
     store.close()
 
 

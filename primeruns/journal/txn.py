@@ -27,6 +27,7 @@ import lmdb
 
 from primeruns.exceptions import JournalCorruptError, JournalError, JournalFullError
 from primeruns.journal.frames import FrameError, decode_frame, encode_frame
+from primeruns.journal.fullness import disk_cause
 from primeruns.journal.layout import META_KIND, dumps
 from primeruns.journal.store import Store, is_disk_full
 from primeruns.journal.types import Damage
@@ -97,7 +98,7 @@ class Transactions:
                         if control and release_reserve(self.path):
                             continue
                         raise JournalFullError(
-                            f"journal {self.path}: the disk is full ({exc})"
+                            f"journal {self.path}: {disk_cause(self.path)} ({exc})"
                         ) from None
                     raise JournalError(f"write to journal {self.path} failed: {exc}") from None
 
@@ -209,6 +210,6 @@ def release_reserve(path: Path) -> bool:
     except OSError:
         return False
     log.warning(
-        "journal %s: the disk is full; released the journal's reserve to keep shipping", path
+        "journal %s: %s; released the journal's reserve to keep shipping", path, disk_cause(path)
     )
     return True

@@ -66,6 +66,7 @@ WAKE = b"\0"
 HURRY = b"\1"
 QUIET_S = 0.005  # the producer's appends are one burst until it is quiet this long
 LATE_S = 0.05  # and a burst is acted on this long after it began, at the latest
+UPLINK_LOG_NAME = "uplink.log"  # the uplink's standard error, in the run's directory
 
 
 class UplinkHandle(Protocol):
@@ -260,11 +261,17 @@ class UplinkProcess:
         env["PYTHONPATH"] = os.pathsep.join(
             [package_root, *filter(None, [os.environ.get("PYTHONPATH")])]
         )
+        # Its log goes beside the journal from the start, never to the
+        # producer's stdout or stderr: a caller reading the producer's pipes
+        # (subprocess.run(capture_output=True), `| tee`) would otherwise wait
+        # for the uplink's close-out after the producer exited.
+        log_fd = open_uplink_log(journal.path)
         try:
             self._proc = subprocess.Popen(
                 command,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
+                stderr=log_fd,
                 pass_fds=(wake_r, progress_w, lock_fd),
                 start_new_session=True,  # a terminal's Ctrl-C is the producer's to handle
                 env=env,
@@ -294,6 +301,8 @@ class UplinkProcess:
         finally:
             os.close(wake_r)
             os.close(progress_w)
+            if log_fd != subprocess.DEVNULL:
+                os.close(log_fd)
         self.pid: int | None = self._proc.pid
         # Its exit is waited for on a pidfd (Popen.wait with a timeout polls).
         self._pidfd: int | None = None
@@ -570,6 +579,21 @@ class PipeProducerLink:
             pass  # full: the producer has wake-ups waiting already
         except OSError:
             pass  # the producer is gone
+
+
+def open_uplink_log(journal_path: Path) -> int:
+    """A descriptor appending to the uplink's log beside the journal (0600);
+    ``subprocess.DEVNULL`` where it cannot be opened (no inodes, a directory
+    deleted): the uplink then logs nowhere rather than into the producer's
+    pipes."""
+    try:
+        return os.open(
+            journal_path / UPLINK_LOG_NAME,
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+            0o600,
+        )
+    except OSError:
+        return subprocess.DEVNULL
 
 
 def settings_from_handover(data: dict[str, Any]) -> Settings:

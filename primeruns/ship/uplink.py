@@ -33,6 +33,7 @@ from ..platform.settings import split_api_root
 from ..spec import RunSpec, listed_spec, spec_or_default
 from ..threads import start_daemon
 from . import ledger
+from .deadline import budget_left
 from .factory import make_shippers
 from .lifecycle import Lifecycle
 from .policy import RetryPolicy
@@ -309,10 +310,7 @@ class Uplink:
         if finish is not None:
             status = str(finish.get("status", "failed"))
             error, summary = finish.get("error"), finish.get("summary") or {}
-            budget = finish.get("timeout")
-            left = _ORPHAN_DEADLINE_S
-            if isinstance(budget, int | float) and isinstance(finish.get("at"), int | float):
-                left = max(0.0, float(finish["at"]) + float(budget) - time.time())
+            left = budget_left(finish, _ORPHAN_DEADLINE_S)
         else:
             status, error, summary = terminal_state(self.journal)
             left = _ORPHAN_DEADLINE_S

@@ -8,10 +8,13 @@ resolved (retry policy, network filesystems: its environment has no
 same run; its arguments carry only paths and descriptor numbers. It ships
 the run until the producer finishes or dies, closes the run out, and exits.
 
-Its log lines go to the producer's standard error while the producer runs;
-once the producer is gone they go to ``uplink.log`` in the run's directory,
-so a pipeline the producer wrote into (``python train.py | tee log``) ends
-with the producer instead of waiting for the uplink.
+Its log lines go to ``uplink.log`` in the run's directory from the start
+(``UplinkProcess`` opens it as this process's standard error; standard output
+is /dev/null): it never holds the producer's stdout or stderr, so a pipeline
+the producer wrote into (``python train.py | tee log``) or a caller reading
+its pipes ends with the producer instead of waiting for the uplink's
+close-out. Once the producer is gone the log is opened again at the
+journal's path (the run's directory may have been re-created meanwhile).
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ from pathlib import Path
 
 from ..journal import Journal
 from ..settings import SdkSettings, adopt_settings
-from .link import PipeProducerLink, settings_from_handover
+from .link import UPLINK_LOG_NAME, PipeProducerLink, settings_from_handover
 from .policy import RetryPolicy
 from .uplink import Uplink
 
-LOG_NAME = "uplink.log"
+LOG_NAME = UPLINK_LOG_NAME
 
 
 def _log_to_file(path: Path) -> None:

@@ -1,0 +1,171 @@
+"""The journal notices it was deleted or moved under its live run (issue #28).
+
+A tmp cleaner, a scratch wipe or ``rm -rf`` of a state directory takes the
+runs directory of a long job. Before, every later ``log_*`` call returned
+normally and 20-63 episodes and 20-21 metric rows reached no sink and no
+counter (5 of 6 trials), and runs closed as crashed. Now the producer says
+so once, re-creates the journal at its path with the run's identity,
+registration, records and offsets, and a new uplink ships it: every record
+whose call returned lands exactly once, and the run's journal is on disk
+again for ``show`` and ``replay``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import rel_helpers as rh
+import rel_torture as rt
+import workloads
+from sdk_helpers import platform_metric_steps
+
+import primeruns as pr
+from primeruns.journal import EntryKind
+from primeruns.local import LocalPlatform
+
+
+def _log(run: pr.Run, episodes: list[dict[str, Any]]) -> list[str]:
+    for i in range(0, len(episodes), 5):
+        run.log_episodes(episodes[i : i + 5])  # never raises
+    return [e["id"] for e in episodes]
+
+
+def _log_until_said(
+    run: pr.Run, spare: list[dict[str, Any]], caplog: pytest.LogCaptureFixture, what: str
+) -> list[str]:
+    """Log one spare episode at a time until the run said ``what`` (a move is
+    looked for once a second, at an append); bounded."""
+    logged: list[str] = []
+    for episode in spare:
+        if what in caplog.text:
+            break
+        run.log_episodes([episode])
+        logged.append(episode["id"])
+        time.sleep(0.05)  # polls a condition, bounded by ``spare``: not a timed assertion
+    return logged
+
+
+def _append_until_recreated(run: pr.Run) -> None:
+    """Append (summary updates) until the run noticed its directory gone and
+    re-created it (a deletion is looked for every 50 ms); bounded."""
+    assert run.journal_path is not None
+    for i in range(200):
+        if run.journal_path.exists():
+            return
+        run.update_summary({"probe": i})
+        time.sleep(0.01)  # polls a condition, bounded: not a timed assertion
+
+
+@pytest.mark.parametrize("how", ["deleted", "moved"])
+def test_a_runs_dir_deleted_or_moved_mid_run_loses_nothing_and_says_so(
+    shared_platform: LocalPlatform,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    how: str,
+) -> None:
+    lp = shared_platform
+    episodes = workloads.gsm8k(150)
+    spare = episodes[90:]
+    runs = tmp_path / "runs"
+    with rt.sdk_env(lp.url, tmp_path / "home"), caplog.at_level(logging.WARNING, "primeruns"):
+        run = rt.eval_run(lp.url, runs)
+        registered = run.id
+        acked = _log(run, episodes[:30])
+        if how == "deleted":
+            shutil.rmtree(runs)
+        else:
+            runs.rename(tmp_path / "elsewhere")
+        if how == "moved":
+            acked += _log_until_said(run, spare, caplog, "was moved")
+        acked += _log(run, episodes[30:60])
+        acked += _log(run, episodes[60:90])
+        run.finish(timeout=60)
+    assert run.status is pr.RunStatus.COMPLETED
+    assert run.id == registered  # the same platform run: its identity kept
+    stored = rh.platform_episode_ids(lp.data_dir, run.id)
+    lost = run.dropped_records
+    assert len(set(stored)) + lost == len(acked), (len(stored), lost, run.errors)
+    assert set(stored) <= set(acked) and max(stored.values()) == 1
+    assert lost == 0
+    said = [r.getMessage() for r in caplog.records if f"was {how}" in r.getMessage()]
+    assert len(said) == 1, caplog.text  # once, loudly
+    assert run.journal_path is not None and run.journal_path.exists()  # on disk again
+    journaled = {r["id"] for r in rh.journal_records(run.journal_path, EntryKind.EPISODE)}
+    assert journaled == set(acked)
+
+
+def test_a_training_runs_dir_deleted_twice_keeps_every_episode_and_metric_row(
+    shared_platform: LocalPlatform, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Episodes and metric rows, one step at a time, the directory wiped
+    twice (a cleaner that comes back): each time the run says so and goes on."""
+    lp = shared_platform
+    episodes = workloads.agentic(90)
+    runs = tmp_path / "runs"
+    with rt.sdk_env(lp.url, tmp_path / "home"), caplog.at_level(logging.WARNING, "primeruns"):
+        run = pr.init(kind="train", model="m", team_id="team", base_url=lp.url, runs_dir=runs)
+        for step in range(30):
+            run.log_episodes(episodes[step * 3 : step * 3 + 3])
+            run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+            if step in (9, 19):
+                shutil.rmtree(runs, ignore_errors=True)  # the second: gone if never re-created
+                _append_until_recreated(run)
+        run.finish(timeout=60)
+    assert run.id.startswith("rft_")  # the platform's run: its registration kept
+    assert run.status is pr.RunStatus.COMPLETED and run.dropped_records == 0
+    assert "not shipped" not in caplog.text  # every sink shipped all it was given
+    assert run.journal_path is not None
+    journaled = [r["id"] for r in rh.journal_records(run.journal_path, EntryKind.EPISODE)]
+    assert journaled == [e["id"] for e in episodes]  # all of them, once, in order
+    steps = platform_metric_steps(lp.data_dir, run.id)
+    assert set(steps) == set(range(30)) and max(steps.values()) == 1
+    said = [r.getMessage() for r in caplog.records if "was deleted" in r.getMessage()]
+    assert len(said) == 2, caplog.text
+
+
+def test_spool_files_deleted_under_the_run_lose_nothing(
+    shared_platform: LocalPlatform, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cleaner that deletes files, not the directory: the spool segment
+    being written loses its name. The run says so and ships everything."""
+    lp = shared_platform
+    episodes = workloads.gsm8k(60)
+    with rt.sdk_env(lp.url, tmp_path / "home"), caplog.at_level(logging.WARNING, "primeruns"):
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        acked = _log(run, episodes[:30])
+        assert run.journal_path is not None
+        for segment in run.journal_path.glob("spool-*"):
+            segment.unlink()
+        acked += _log(run, episodes[30:])
+        run.finish(timeout=60)
+    assert run.status is pr.RunStatus.COMPLETED
+    stored = rh.platform_episode_ids(lp.data_dir, run.id)
+    assert set(stored) == set(acked) and max(stored.values()) == 1
+    assert "was deleted" in caplog.text
+
+
+def test_an_offline_runs_dir_deleted_mid_run_is_re_created_for_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Offline the journal is all there is: it is re-created with every record,
+    for ``primeruns replay`` to ship later."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    episodes = workloads.gsm8k(40)
+    runs = tmp_path / "runs"
+    with caplog.at_level(logging.WARNING, "primeruns"):
+        run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs)
+        acked = _log(run, episodes[:20])
+        shutil.rmtree(runs)
+        acked += _log(run, episodes[20:])
+        run.finish()
+    assert run.status is pr.RunStatus.COMPLETED and run.dropped_records == 0
+    assert "was deleted" in caplog.text
+    assert run.journal_path is not None
+    journaled = [r["id"] for r in rh.journal_records(run.journal_path, EntryKind.EPISODE)]
+    assert journaled == acked
+    assert rh.journal_records(run.journal_path, EntryKind.FINISH)
