@@ -153,13 +153,18 @@ class RunStatus:
         return self.spec is not None and self.spec.mode == "offline"
 
     @property
+    def shipping_meta(self) -> dict[str, Any]:
+        """The meta that says how it shipped: its sync journal's, if it has one."""
+        return self.synced.info.meta if self.synced is not None else self.info.meta
+
+    @property
     def platform(self) -> dict[str, Any]:
-        bound = self.info.meta.get("platform")
+        bound = self.shipping_meta.get("platform")
         return bound if isinstance(bound, dict) else {}
 
     @property
     def finalized(self) -> dict[str, Any] | None:
-        value = self.info.meta.get("finalized")
+        value = self.shipping_meta.get("finalized")
         return value if isinstance(value, dict) else None
 
     @property

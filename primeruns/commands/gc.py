@@ -5,17 +5,27 @@ write), its owner is gone, and it is fully shipped and closed out on the
 platform. ``--force`` also deletes journals with pending records (their data
 is then gone for good). A live run is never deleted: deletion takes the owner
 lock first, so even a run that started after the listing is safe.
+
+The sync journals that ``replay`` and ``sync`` ship through are pruned by the
+same rule, but only once fully shipped and closed out (``--force`` never
+deletes one that is not: its copies would have nothing to continue). Each
+leaves its record (``ship.sync_records``), so a copy synced later ships
+nothing twice: one that holds nothing new is nothing to sync, and one that
+does is refused, naming the fix.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError, JournalLockedError
 from ..journal import delete_journal, journal_info
 from ..reports import RunStatus, statuses
+from ..ship import sync_records
+from ..ship.mirror import K_SOURCE_PATH, sync_root
 from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, inert_errors, runs_dir_of
 from .console import emit_json, human_age, human_bytes, inert
 
@@ -48,6 +58,22 @@ def _verdict(status: RunStatus, older_than: float, force: bool) -> str | None:
     return None
 
 
+def _leave_record(status: RunStatus, root: Path) -> None:
+    """Before a sync journal is deleted: what it shipped, for the copies that
+    come after it (``ship.sync_records``)."""
+    info = status.info
+    source = info.meta.get(K_SOURCE_PATH)
+    upto = source.get("imported_upto") if isinstance(source, dict) else None
+    sync_records.remember(
+        root,
+        info.local_id,
+        run_id=status.platform.get("run_id"),
+        imported_upto=upto if isinstance(upto, int) else info.last_seq,
+        closed=True,
+        pruned=True,
+    )
+
+
 def run_gc(args: argparse.Namespace) -> int:
     """Delete journals older than --older-than that are fully shipped and closed
     out. Never one with pending records (unless --force), never a live one."""
@@ -59,10 +85,15 @@ def run_gc(args: argparse.Namespace) -> int:
             print(inert(line))
 
     code = EXIT_OK
-    for status in statuses(runs_dir):
+    root = sync_root()
+    synced = statuses(root) if root.is_dir() and root.absolute() != runs_dir.absolute() else []
+    listed = [(s, False) for s in statuses(runs_dir)] + [(s, True) for s in synced]
+    for status, pruning in listed:
         info = status.info
         entry = {"local_id": info.local_id, "state": status.state, "size_bytes": info.size_bytes}
-        reason = _verdict(status, args.older_than, args.force)
+        if pruning:
+            entry["sync_journal"] = True
+        reason = _verdict(status, args.older_than, args.force and not pruning)
         if reason is None and not args.force:
             # Deleting is final: a full scan first, for entries a listing
             # does not read (a damaged one is data nobody has received).
@@ -72,6 +103,8 @@ def run_gc(args: argparse.Namespace) -> int:
         raced = False  # its owner started after the listing: always said
         if reason is None and not args.dry_run:
             try:
+                if pruning:
+                    _leave_record(status, root)
                 delete_journal(info.path)
             except JournalLockedError as exc:
                 reason, raced = str(exc), True
@@ -87,7 +120,8 @@ def run_gc(args: argparse.Namespace) -> int:
             continue
         report["deleted"].append(entry)
         verb = "would delete" if args.dry_run else "deleted"
-        say(f"{verb} {info.local_id} ({status.state}, {human_bytes(info.size_bytes)})")
+        what = "sync journal " if pruning else ""
+        say(f"{verb} {what}{info.local_id} ({status.state}, {human_bytes(info.size_bytes)})")
     freed = sum(e["size_bytes"] for e in report["deleted"])
     if args.json:
         emit_json({"dry_run": args.dry_run, "freed_bytes": freed, **report})

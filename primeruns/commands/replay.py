@@ -301,23 +301,54 @@ def replay_one(
 
 def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
     """The runs named, or with ``--all`` every run that needs shipping:
-    ``replay`` takes online runs in place, ``sync`` offline runs and every
-    copy (a journal away from where it was written)."""
+    ``replay`` takes online runs where they were written, ``sync`` offline
+    runs and every copy (a journal away from where it was written). Each
+    journal ``--all`` passes over with something left to ship is named, and
+    why, on stderr."""
     runs_dir = runs_dir_of(args)
     if args.runs:
         return [resolve_run(ref, runs_dir) for ref in args.runs]
     if not args.all and not offline:
         raise CommandError("name the runs to replay, or pass --all")
     chosen: list[Path] = []
+    shipped = 0
     root = sync_root()
     for status in statuses(runs_dir):
-        info = status.info
-        if is_copy(info.path, info.meta, root):
-            if offline and needs_sync(info.path, info.meta, info.last_seq, root):
-                chosen.append(info.path)
-        elif status.needs_shipping and status.opened_offline == offline:
+        why = _skipped(status, root, offline=offline)
+        if why is None:
             chosen.append(status.info.path)
+        elif why:
+            print(inert(f"{status.info.path.name}: skipped: {why}"), file=sys.stderr)
+        else:
+            shipped += 1
+    if shipped and not args.json:
+        print(f"{shipped} journal(s) already shipped and closed out: skipped", file=sys.stderr)
     return chosen
+
+
+def _skipped(status: RunStatus, root: Path, *, offline: bool) -> str | None:
+    """Why ``--all`` passes over this journal: None, it ships it; "", there
+    is nothing to ship; else the reason, with the command that ships it."""
+    info = status.info
+    original = not is_copy(info.path, info.meta, root)
+    origin = Origin.read_beside(info.path)
+    here = origin is None or origin.is_original(info.path.absolute())
+    if not original:
+        # A copy, or a journal whose run its sync journal ships already.
+        if not needs_sync(info.path, info.meta, info.last_seq, root):
+            return ""
+        if offline or (here and not status.opened_offline):
+            return None
+        return "a copy of a journal written elsewhere: ship it with primeruns sync"
+    if not status.needs_shipping:
+        if status.state == "running":
+            return f"still being written ({info.owner}): ship it once that process has ended"
+        return ""
+    if status.opened_offline != offline:
+        if offline:
+            return "an online run: ship what its uplink left with primeruns replay"
+        return "an offline run: ship it with primeruns sync"
+    return None
 
 
 def _run(args: argparse.Namespace, *, offline: bool) -> int:

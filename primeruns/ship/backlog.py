@@ -5,16 +5,21 @@ creation: ``journal.origin``) or a copy of it (another path, another host:
 cluster users copy runs directories from compute nodes to a login node, often
 again and again while the job runs).
 
-- **In place**, for a journal at its origin: take the owner lock (refused
-  while the producer or its uplink lives), ship with the live run's uplink
-  code, and close the run out, as crashed when it never finished (the lock
-  proves the producer gone).
-- **Through its sync journal**, for a copy (``mirror``): the copy is read,
-  never written; what it holds beyond what earlier copies brought is imported
-  into the syncing user's sync journal of that run, which keeps the
-  registration and offsets, and is shipped from there. So any number of
-  copies of one journal, synced any number of times, make one platform run
-  with every record once.
+Every journal ships **through its sync journal** (``mirror``), the original
+as much as any copy: the journal is read from a private snapshot, never
+written; what it holds beyond what earlier copies brought is imported into
+the syncing user's sync journal of that run, which keeps the registration
+and offsets, and is shipped from there. So the original and any number of
+copies of it, synced any number of times in any order, make one platform
+run with every record once (a copy taken before the original shipped holds
+none of the original's shipping state: had the original kept it, the copy
+would register the run again). A sync journal that shipped and is gone is
+refused, not made again (``sync_records``).
+
+The original ships only once its producer is gone (its owner lock free;
+refused, naming the owner, while it lives). A journal damaged beyond saying
+where it was written, or damaged and final with no sync journal yet, is
+rebuilt where it is from what is intact and shipped in place.
 
 A copy is closed out only when that is known to be right: it holds the
 finish entry, or its producer is known dead (same host, the pid gone), or
@@ -42,9 +47,17 @@ from ..journal.origin import K_ORIGIN, Origin
 from ..journal.store import DATA_NAME
 from ..platform import Settings
 from ..spec import SPEC_KEY, RunSpec, SpecError, spec_or_default
-from . import ledger
+from . import ledger, sync_records
 from .factory import sink_kinds
-from .mirror import K_SOURCE_PATH, Imported, import_new, open_sync_journal, snapshot, sync_root
+from .mirror import (
+    K_SOURCE_PATH,
+    Imported,
+    adopt_repaired,
+    import_new,
+    open_sync_journal,
+    snapshot,
+    sync_root,
+)
 from .policy import RetryPolicy
 from .uplink import Progress, Uplink, journal_settings, terminal_state
 
@@ -88,6 +101,16 @@ class ShipReport:
         return not self.pending and done and not self.errors
 
 
+class _Shipped(Exception):
+    """A journal whose pruned sync journal shipped everything it holds and
+    closed its run (``sync_records``): nothing to do."""
+
+    def __init__(self, report: ShipReport) -> None:
+        super().__init__(report.local_id)
+        report.finalized, report.status = True, "already closed (its sync journal was pruned)"
+        self.report = report
+
+
 def ship_journal(
     path: Path,
     *,
@@ -113,15 +136,35 @@ def ship_journal(
     a path that is not a journal. Platform failures are reported, never raised.
     """
     root = synced_in if synced_in is not None else sync_root()
-    path = Path(path)
+    try:
+        return _ship_journal(
+            Path(path), settings, timeout, progress, policy, job_ended, spec, root, base_url
+        )
+    except _Shipped as done:
+        return done.report
+
+
+def _ship_journal(
+    path: Path,
+    settings: Settings | None,
+    timeout: float,
+    progress: Callable[[Progress], None] | None,
+    policy: RetryPolicy | None,
+    job_ended: bool,
+    spec: RunSpec | None,
+    root: Path,
+    base_url: str | None,
+) -> ShipReport:
     journal: Journal | None = None
     report = ShipReport(path=path, local_id="")
     may_crash, why_open = True, None  # in place, the owner lock proves the producer gone
     damaged: list[Damage] = []
     beside = Origin.read_beside(path)
     damaged_final: list[Damage] = []
+    if beside is not None:
+        _refuse_a_live_original(path, beside)
     if beside is not None and _through_sync_journal(path, beside, root):
-        # A copy is read from a private snapshot, never in place (see mirror).
+        # A journal is read from a private snapshot, never in place (see mirror).
         with snapshot(path, root) as taken:
             with Journal.open(taken, owner=False) as source:
                 damaged_final = _damaged_and_final(source, path, beside, root, job_ended)
@@ -129,17 +172,26 @@ def ship_journal(
                     journal, report, may_crash, why_open = _import_copy(
                         source, path, beside, root, job_ended
                     )
-    if damaged_final:
-        # The copy will not change (its producer is gone) and is damaged, and
-        # nothing synced it before: ship it where it is, rebuilt from what is
-        # intact, as a damaged journal is (a sync journal takes entries only
-        # in order, so it would stop at the damage).
-        damaged = damaged_final
-    elif beside is None or not _through_sync_journal(path, beside, root):
+                local_id, end = source.local_id, source.last_seq()
+            if damaged_final:
+                # The copy will not change (its producer is gone) and is
+                # damaged, and nothing synced it before: its snapshot, rebuilt
+                # from what is intact, becomes its sync journal (one made by
+                # import takes entries only in order, so it would stop at the
+                # damage). A later copy then finds the run there.
+                journal = adopt_repaired(taken, path, beside, root, local_id, end)
+                report = ShipReport(
+                    path=path, local_id=local_id, damaged=damaged_final, via=journal.path
+                )
+    if beside is None or not _through_sync_journal(path, beside, root):
         probe = Journal.open(path, owner=False)
         try:
-            origin = origin_of(probe.path, probe.all_meta())
-            if is_copy(probe.path, probe.all_meta(), root):
+            meta = probe.all_meta()
+            origin = origin_of(probe.path, meta)
+            if origin is not None:
+                _refuse_a_live_original(path, origin)
+            itself = path.absolute() == _sync_path(path, meta, root).absolute()
+            if origin is not None and is_copy(probe.path, meta, root):
                 journal, report, may_crash, why_open = _import_copy(
                     probe, path, origin, root, job_ended
                 )
@@ -148,9 +200,16 @@ def ship_journal(
                 # writes): LMDB must never write into a damaged tree, so such a
                 # journal is rebuilt from what is intact, the damaged file kept.
                 damaged = probe.damage()
+                if origin is not None and not itself and not damaged:
+                    # An original written before origins were kept beside it.
+                    journal, report, may_crash, why_open = _import_copy(
+                        probe, path, origin, root, job_ended
+                    )
         finally:
             probe.close()
     if journal is None:
+        if path.absolute() != (root / path.name).absolute():
+            sync_records.refuse_if_shipped(root, path.name)
         journal = Journal.open(path, owner=True, repair=bool(damaged))
         report = ShipReport(path=journal.path, local_id=journal.local_id, damaged=damaged)
     try:
@@ -169,18 +228,42 @@ def ship_journal(
                 )
         if settings is None:
             settings = journal_settings(journal, base_url=base_url, spec=spec)
-        _ship(journal, report, settings, timeout, progress, policy, may_crash, why_open)
+        _ship(journal, report, settings, timeout, progress, policy, may_crash, why_open, root)
     finally:
         journal.close()
     return report
 
 
 def _through_sync_journal(path: Path, origin: Origin, root: Path) -> bool:
-    """``is_copy``, decided from the origin file without opening the journal."""
-    mine = root / path.name  # a renamed copy is found by its local id once opened
-    if path.absolute() == mine.absolute():
-        return False
-    return (mine / DATA_NAME).exists() or not origin.is_original(path.absolute())
+    """Whether ``path`` ships through its sync journal, decided from the
+    origin file without opening it: every journal but the sync journal itself."""
+    return path.absolute() != (root / path.name).absolute()
+
+
+def _refuse_a_live_original(path: Path, origin: Origin) -> None:
+    """JournalLockedError, naming the owner, for the original of a journal
+    whose producer (or its uplink) still holds it."""
+    if origin.is_original(path.absolute()) and origin.producer_state() == "alive":
+        owner = read_owner(path)
+        who = owner.describe() if owner is not None else origin.describe()
+        raise JournalLockedError(
+            f"journal {path} is owned by {who}, which is still running", owner=who
+        )
+
+
+def _remember(journal: Journal, report: ShipReport, root: Path) -> None:
+    """Record what a sync journal shipped, beside it (``sync_records``)."""
+    if journal.path.parent.absolute() != root.absolute() or report.run_id is None:
+        return
+    source = journal.get_meta(K_SOURCE_PATH)
+    upto = source.get("imported_upto") if isinstance(source, dict) else None
+    sync_records.remember(
+        root,
+        journal.local_id,
+        run_id=report.run_id,
+        imported_upto=upto if isinstance(upto, int) else journal.last_seq(),
+        closed=report.finalized or bool(journal.get_meta("finalized")),
+    )
 
 
 def _damaged_and_final(
@@ -200,7 +283,14 @@ def _import_copy(
 ) -> tuple[Journal, ShipReport, bool, str | None]:
     """Import what the copy ``source`` (read from ``path``) holds beyond its
     sync journal; (the sync journal, the report so far, whether a run without
-    a finish entry may be closed as crashed, why it is left open otherwise)."""
+    a finish entry may be closed as crashed, why it is left open otherwise).
+    _Shipped when a pruned sync journal shipped all it holds."""
+    local_id = source.local_id
+    if not (root / local_id / DATA_NAME).exists() and sync_records.nothing_new(
+        root, local_id, source.last_seq()
+    ):
+        record = sync_records.recorded(root, local_id) or {}
+        raise _Shipped(ShipReport(path=path, local_id=local_id, run_id=record.get("run_id")))
     producer = origin.producer_state() if origin is not None else "unknown"
     _refuse_a_live_uplink(source, path, origin, producer, job_ended)
     journal, created = open_sync_journal(source, root)
@@ -248,6 +338,7 @@ def _ship(
     policy: RetryPolicy | None,
     may_crash: bool,
     why_open: str | None,
+    root: Path,
 ) -> None:
     uplink = Uplink(journal, settings, policy=policy, log_level=logging.INFO)
     binding = uplink.lifecycle.register_retrying(deadline=time.monotonic() + timeout)
@@ -267,6 +358,7 @@ def _ship(
         uplink.client.close()
         return
     report.run_id, report.url = binding.run_id, binding.url
+    _remember(journal, report, root)  # before anything ships: see sync_records
     uplink.start()
     status, error, summary = terminal_state(journal)
     close = status != "crashed" or may_crash
@@ -292,6 +384,7 @@ def _ship(
             uplink.errors.append(f"{shipper.name} stopped: {shipper.state.retired_reason}")
     report.errors.extend(uplink.errors)
     report.losses = journal.losses()
+    _remember(journal, report, root)
 
 
 def origin_of(path: Path, meta: Mapping[str, Any]) -> Origin | None:
@@ -341,9 +434,12 @@ def needs_sync(
     """Whether syncing the copy at ``path`` would do anything: it holds
     entries its sync journal has not imported, or that run is not yet
     shipped and closed out (a run left open is looked at again)."""
-    mine = _sync_path(path, meta, root if root is not None else sync_root())
+    root = root if root is not None else sync_root()
+    mine = _sync_path(path, meta, root)
     if not (mine / DATA_NAME).exists():
-        return True
+        # Pruned once it shipped and closed: only something new is to sync
+        # (and is refused, naming the fix).
+        return not sync_records.nothing_new(root, mine.name, last_seq)
     try:
         with Journal.open(mine, owner=False) as sync:
             source = sync.get_meta(K_SOURCE_PATH)

@@ -6,7 +6,9 @@ synced there. A copy cannot hold its own shipping state: the next copy
 overwrites it, and with it the registration and the acknowledged offsets, so
 the next sync would register the run again and ship everything twice.
 
-So a copy is never written. Its entries are imported, in order and under
+So a copy is never written, nor is the original by the commands that ship
+it (a copy taken before the original shipped would hold none of that
+state). Its entries are imported, in order and under
 their own sequence numbers, into a journal of the syncing user,
 ``$XDG_STATE_HOME/prime-runs/synced/<local id>`` (:func:`sync_root`), and
 shipped from there with the same uplink a live run uses. That journal keeps
@@ -24,6 +26,10 @@ holds beyond it, so a pass over an unchanged copy costs the platform nothing.
   the sync journal is created, so what the uplink shipped is not shipped again.
 - Losses the producer counted (its byte budget, a full disk) are carried over
   as they grow, so the sync journal's report is the run's.
+
+- A damaged journal that will not change (its producer gone) and that no
+  sync journal took yet becomes one itself (:func:`adopt_repaired`): its
+  private snapshot, rebuilt from what is intact.
 
 The sequence numbers of the sync journal and of every copy of one journal
 are the same numbers; that is what makes a later copy's entries line up.
@@ -43,14 +49,16 @@ from typing import Any
 
 from ..exceptions import JournalError
 from ..journal import Entry, EntryKind, Journal
-from ..journal.origin import K_ORIGIN, Origin
+from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
 from ..journal.trust import make_private_dirs
 from ..settings import default_sync_root
+from . import sync_records
 
 __all__ = [
     "K_SOURCE_ORIGIN",
     "Imported",
+    "adopt_repaired",
     "fingerprint",
     "import_new",
     "open_sync_journal",
@@ -106,10 +114,11 @@ def valid_local_id(local_id: object) -> str:
 
 
 def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:
-    """The sync journal of ``source`` (a copy, opened read-only), created on
-    first use: (journal, created). Raises JournalLockedError while another
-    sync ships it, JournalError if it cannot be made or belongs to another
-    journal of the same local id.
+    """The sync journal of ``source`` (a copy, or an original whose producer
+    is gone, opened read-only), created on first use: (journal, created).
+    Raises JournalLockedError while another sync ships it, JournalError if it
+    cannot be made, belongs to another journal of the same local id, or was
+    one that shipped and is gone (:mod:`primeruns.ship.sync_records`).
 
     It is made whole under a temporary name (the copy's state handed over)
     and renamed into place: a sync interrupted while making it leaves no
@@ -118,6 +127,9 @@ def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:
     path = root / local_id
     made = not (path / DATA_NAME).exists()
     if made:
+        # One that shipped and is gone (deleted, or pruned by gc): a new one
+        # would ship everything again.
+        sync_records.refuse_if_shipped(root, local_id)
         _create(source, root, local_id)
     journal = Journal.open(path, owner=True)
     claimed = Origin.from_json(journal.get_meta(K_SOURCE_ORIGIN))
@@ -129,6 +141,30 @@ def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:
             f"{local_id!r}, written by {mine.describe()} and {claimed.describe()}): not syncing it"
         )
     return journal, made
+
+
+def adopt_repaired(
+    taken: Path, copy: Path, origin: Origin, root: Path, local_id: str, end: int
+) -> Journal:
+    """Make ``taken``, a private snapshot of the damaged ``copy`` (of the
+    journal ``origin`` wrote, ending at ``end``), the sync journal of
+    ``local_id``: rebuilt from what is intact (the damaged file kept beside
+    it), then renamed into place and opened as owner. Its shipping state, if
+    the copy had any, is the copy's own. JournalError as ``open_sync_journal``."""
+    local_id = valid_local_id(local_id)
+    sync_records.refuse_if_shipped(root, local_id)
+    with Journal.open(taken, owner=True, repair=True) as journal:
+        journal.set_meta(K_SOURCE_ORIGIN, origin.to_json())
+        journal.set_meta(K_SOURCE_PATH, {"path": str(copy), "imported_upto": end})
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(taken / ORIGIN_FILE)  # it is no one's original now
+    try:
+        os.rename(taken, root / local_id)
+    except OSError:
+        raise JournalError(
+            f"{root / local_id} appeared while {copy} was repaired: sync again"
+        ) from None
+    return Journal.open(root / local_id, owner=True)
 
 
 def _create(source: Journal, root: Path, local_id: str) -> None:

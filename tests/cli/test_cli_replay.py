@@ -153,9 +153,14 @@ def test_replay_of_a_damaged_journal_ships_the_intact_entries_and_reports_the_re
     assert stored["status"] == "COMPLETED"
 
     # show and export report the damage too, and still give what is intact.
-    # sync rebuilt the journal from what was intact (the damaged file is kept
-    # beside it): show and export read the rebuilt one, damage and all.
-    assert list(run.journal_path.glob("data.mdb.damaged-*"))
+    # sync rebuilt a private snapshot of the journal into its sync journal
+    # (the damaged file kept there) and left the journal as it was.
+    assert not list(run.journal_path.glob("data.mdb.damaged-*"))
+    assert list(
+        (tmp_path / "home" / ".local" / "state" / "prime-runs" / "synced").glob(
+            f"{run.journal_path.name}/data.mdb.damaged-*"
+        )
+    )
     shown = cli_subprocess("show", str(run.journal_path), env=env)
     exported = cli_subprocess("export", str(run.journal_path), env=env)
     assert len(exported.stdout.splitlines()) == landed

@@ -1,0 +1,91 @@
+"""What the sync journals here have shipped, kept apart from the sync journals.
+
+Every ship from the command line goes through a sync journal
+(:mod:`primeruns.ship.mirror`), which keeps the run's registration and
+acknowledged offsets. When a sync journal is gone (deleted by hand, or pruned
+by ``primeruns gc`` once its run was shipped and closed), the next copy of
+its journal would make a new one, register the run again and ship every
+record a second time.
+
+So each sync journal leaves a small record beside the sync journals
+(``<sync root>/.shipped/<local id>.json``): the platform run it ships to,
+how far into its journal it imported, and whether the run is closed. A
+sync journal is made only where no record is (:func:`refuse_if_shipped`);
+a copy that holds nothing beyond what a pruned sync journal shipped is
+nothing to sync (:func:`nothing_new`). The folder's name starts with a dot,
+which no local id does, so it is never taken for a sync journal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import JournalError
+from ..journal.trust import make_private_dirs
+
+__all__ = ["nothing_new", "record_path", "recorded", "refuse_if_shipped", "remember"]
+
+_FOLDER = ".shipped"
+
+
+def record_path(root: Path, local_id: str) -> Path:
+    """Where the record of the sync journal ``root/local_id`` is."""
+    return root / _FOLDER / f"{local_id}.json"
+
+
+def recorded(root: Path, local_id: str) -> dict[str, Any] | None:
+    """The record of ``local_id``'s sync journal, or None (none, or unreadable)."""
+    try:
+        value = json.loads(record_path(root, local_id).read_text())
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def remember(root: Path, local_id: str, **fields: Any) -> None:
+    """Merge ``fields`` into the record (written whole, then renamed into place)."""
+    record = recorded(root, local_id) or {}
+    if all(record.get(k) == v for k, v in fields.items()):
+        return
+    record.update(fields)
+    folder = root / _FOLDER
+    make_private_dirs(folder)
+    fd, tmp = tempfile.mkstemp(prefix=".record-", dir=folder)
+    try:
+        with os.fdopen(fd, "w") as handle:
+            json.dump(record, handle)
+        os.replace(tmp, record_path(root, local_id))
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def refuse_if_shipped(root: Path, local_id: str) -> None:
+    """JournalError naming the fix when a sync journal of ``local_id`` shipped
+    records to the platform and is gone: a new one would ship them twice."""
+    record = recorded(root, local_id)
+    if record is None or not record.get("run_id"):
+        return
+    pruned = " (primeruns gc pruned it once the run was closed)" if record.get("pruned") else ""
+    raise JournalError(
+        f"the sync journal of {local_id} is gone{pruned}, and platform run "
+        f"{record['run_id']} already holds the records it shipped: syncing this journal "
+        "again would ship them twice. If the run was deleted on the platform and should "
+        f"be shipped again as a new run, delete {record_path(root, local_id)} and sync again"
+    )
+
+
+def nothing_new(root: Path, local_id: str, last_seq: int) -> bool:
+    """Whether a journal of ``local_id`` ending at ``last_seq`` holds nothing
+    its pruned sync journal had not shipped into a run it closed."""
+    record = recorded(root, local_id)
+    if record is None or not record.get("closed"):
+        return False
+    upto = record.get("imported_upto")
+    return isinstance(upto, int) and last_seq <= upto
