@@ -35,7 +35,9 @@ from ..threads import start_daemon
 from . import ledger
 from .deadline import budget_left
 from .factory import make_shippers
+from .handover import take_over
 from .lifecycle import Lifecycle
+from .mirror import sync_root
 from .policy import RetryPolicy
 from .shipper import Shipper, drain_all
 
@@ -215,15 +217,11 @@ class Uplink:
         )
         for shipper in self.shippers:
             shipper.start()
-        for path in predecessors:
-            self._adopt(path)
+        for old in take_over(predecessors, sync_root(), self.journal.local_id):
+            self._adopt(old)
 
-    def _adopt(self, path: Path) -> None:
-        try:
-            old = Journal.open(path, owner=True)
-        except JournalError as exc:  # its owner came back, or it is damaged: leave it for replay
-            log.info("prime-runs: not taking over %s: %s", path, exc)
-            return
+    def _adopt(self, old: Journal) -> None:
+        """Ship ``old``, the sync journal of an earlier process's journal (``handover``)."""
         try:
             old.set_meta("continued_by", self.journal.local_id)
             lifecycle = Lifecycle(
@@ -232,6 +230,10 @@ class Uplink:
                 policy=self.policy,
                 on_failure=lambda what, exc: self._record_failure(self.journal, what, exc),
             )
+            if lifecycle.binding() is None and lifecycle.spec.attach_id:
+                # A predecessor that never bound the run (offline on its node):
+                # binding an attached run sends nothing.
+                lifecycle.register()
             shippers = make_shippers(
                 old,
                 self.client,
@@ -241,13 +243,12 @@ class Uplink:
                 on_failure=lambda what, exc: self._record_failure(self.journal, what, exc),
             )
         except JournalError as exc:
-            log.info("prime-runs: not taking over %s: %s", path, exc)
+            log.info("prime-runs: not taking over %s: %s", old.path, exc)
             old.close()
             return
         for shipper in shippers:
             shipper.start()
         self.adopted.append((old, shippers))
-        log.info("prime-runs: shipping the backlog of an earlier process of this run (%s)", path)
 
     def register_in_background(self) -> None:
         """Retry registration until the platform answers (it was unreachable

@@ -8,17 +8,24 @@ evaluation sample table, the training Parquet sample table, the metrics).
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
+import procs
 import pytest
 import workloads
 from cli_helpers import cli, flip_entry_bytes
 from sdk_helpers import API_KEY, point_at
-from test_cli_cluster import EVAL_EPISODES, KINDS, Producer, _copy, _landed, _status, login
+from test_cli_cluster import KINDS, Producer, _copy, _landed, _status, login
 
 import primeruns as pr
+from primeruns.journal import EntryKind, Journal
 from primeruns.settings import default_sync_root
 
 __all__ = ["login"]  # the fixture, shared with test_cli_cluster
@@ -162,17 +169,76 @@ def test_a_damaged_copy_ships_its_intact_entries_and_reports_the_damage_once(
     producer.finish()
     copy = _copy(producer.journal, login)
     flip_entry_bytes(copy, 4)  # a page damaged on the way
-    code, out, err = cli(capsys, "sync", str(copy))
-    assert code == 4 and "damaged: 1 problem" in out and "entry 4" in out + err, out + err
+    code, out, err = cli(capsys, "sync", "--json", str(copy))
+    [first] = json.loads(out)
+    assert code == 4 and first["damage"] and "entry 4" in first["damage"][0], out + err
+    lost = {sink: loss["count"] for sink, loss in first["losses"].items()}
+    assert lost and set(lost.values()) == {1}, out + err  # what entry 4 was, per sink
     held = _held(lp)
     assert _status(lp) == "COMPLETED"
-    assert 0 < held["episodes"] < (EVAL_EPISODES if kind == "eval" else 40)
     for _ in range(2):  # copied again, as rsync would, damaged the same way
         copy = _copy(producer.journal, login)
         flip_entry_bytes(copy, 4)
-        code, out, err = cli(capsys, "sync", str(copy))
-        assert code == 0 and "damaged" not in out + err, out + err
+        code, out, err = cli(capsys, "sync", "--json", str(copy))
+        [again] = json.loads(out)
+        assert code == 0 and not again["damage"], out + err
+        assert {sink: loss["count"] for sink, loss in again["losses"].items()} == lost
         assert _held(lp) == held, "shipped again"
     code, out, err = cli(capsys, "sync", "--all", "--runs-dir", str(login))
     assert code == 0, out + err
     assert _held(lp) == held and _status(lp) == "COMPLETED"
+
+
+def test_a_job_requeued_by_its_run_id_ships_its_predecessor_and_a_copy_of_it_once(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lp = local_platform
+    created = httpx.post(  # the launcher registers the run
+        f"{lp.url}/api/v1/rft/external-runs",
+        json={"base_model": "m", "max_steps": 30, "environments": [], "team_id": "team-a"},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
+    run_id = created.json()["run"]["id"]
+    script = str(Path(__file__).resolve().parents[1] / "train_producer.py")
+    first = procs.start(  # the first allocation's node has no route: offline
+        [sys.executable, script, str(tmp_path / "node-a"), lp.url, run_id, "0"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, PRIME_RUNS_MODE="offline"),
+    )
+    assert first.stdout is not None
+    while first.stdout.readline().split() != ["step", "14"]:
+        pass
+    first.kill()  # preempted
+    first.wait(timeout=30)
+    [journal] = list((tmp_path / "node-a").iterdir())
+    # Its journal copied beside the requeued job twice (two rsyncs, two names).
+    shutil.copytree(journal, login / journal.name)
+    shutil.copytree(journal, login / f"{journal.name}.again")
+    # The requeued job resumes where the killed one's journal ends.
+    with Journal.open(journal, owner=False) as node_journal:
+        read = node_journal.read(0, max_entries=10**6, max_bytes=1 << 34)
+    kinds = [entry.kind for entry in read.entries]
+    episodes, metrics = kinds.count(EntryKind.EPISODE), kinds.count(EntryKind.METRICS)
+    assert episodes % 8 == 0 and episodes >= 15 * 8 and metrics >= 15
+    start = [str(episodes // 8), str(metrics)]
+    done = subprocess.run(
+        [sys.executable, script, str(login), lp.url, run_id, *start],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    stored = lp.run(run_id)
+    assert stored["status"] == "COMPLETED"
+    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 240
+    assert stored["train_metrics"] == {"rows": 30, "steps": 30}
+    assert sorted(o["step"] for o in stored["parquet_objects"]) == [0, 10, 20]
+    # Syncing either copy, or the node's journal, afterwards ships nothing twice.
+    for path in (login / journal.name, login / f"{journal.name}.again", journal):
+        code, out, err = cli(capsys, "sync", "--job-ended", str(path))
+        assert code == 0, out + err
+    stored = lp.run(run_id)
+    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 240
+    assert sorted(o["step"] for o in stored["parquet_objects"]) == [0, 10, 20]

@@ -1,0 +1,63 @@
+"""A requeued job's uplink takes its predecessors' journals over through their sync journals.
+
+A training job requeued with the same run id (``init(kind="train", id=...)``)
+ships the journals an earlier process of the run left in its runs directory
+(``find_run_journals``). On a cluster those are often copies: the
+predecessor's journal copied from its node, perhaps twice (two rsyncs into
+two names), perhaps synced from the login node already. Shipped where each
+is, every copy would ship the same records again, and a later ``primeruns
+sync`` of any of them once more.
+
+So each is taken over as ``replay`` and ``sync`` take a journal: read from a
+private snapshot, never written, imported into its sync journal
+(:mod:`primeruns.ship.mirror`), and the uplink ships the sync journals,
+one per journal however many copies of it there are. The original of a
+predecessor, when it is one, is marked ``continued_by`` (so listings and
+init's note on crashed runs know it was taken over).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..exceptions import JournalError
+from ..journal import Journal
+from ..journal.origin import Origin
+from .mirror import import_new, open_sync_journal, snapshot
+
+__all__ = ["take_over"]
+
+log = logging.getLogger("primeruns.uplink")
+
+
+def take_over(paths: Sequence[Path], root: Path, by: str) -> list[Journal]:
+    """The sync journals of the journals at ``paths`` (opened as owner, for
+    the caller to ship and close), each holding all its copies brought.
+    ``by``: the local id of the run taking them over. A journal that cannot
+    be taken (its sync journal shipped by another process, a copy changing
+    as it is read) is left for ``sync``, and logged."""
+    taken: dict[str, Journal] = {}
+    for path in paths:
+        origin = Origin.read_beside(path)
+        if origin is not None and origin.producer_state() == "alive":
+            # A copy of a journal whose uplink still ships it here: two
+            # shippers would send its records twice. Left for sync.
+            log.info("prime-runs: not taking over %s: its uplink still ships it", path)
+            continue
+        try:
+            with snapshot(path, root) as private, Journal.open(private, owner=False) as source:
+                journal = taken.get(source.local_id)
+                if journal is None:
+                    journal, _ = open_sync_journal(source, root)
+                    taken[source.local_id] = journal
+                import_new(source, journal)
+            if origin is not None and origin.is_original(path.absolute()):
+                with Journal.open(path, owner=True) as original:
+                    original.set_meta("continued_by", by)
+        except JournalError as exc:  # its owner came back, or it is damaged: left for sync
+            log.info("prime-runs: not taking over %s: %s", path, exc)
+            continue
+        log.info("prime-runs: shipping the backlog of an earlier process of this run (%s)", path)
+    return list(taken.values())
