@@ -28,6 +28,7 @@ import orjson
 from benchlib import API_KEY, Table
 
 import primeruns as pr
+from primeruns.journal.lock import lock_held
 
 _RSS_BUDGET_MB = 64.0
 _DISK_BUDGET = 0.25
@@ -87,6 +88,12 @@ def make_backlog(scratch: Path, n: int) -> Backlog:
     time.sleep(1.2)
     size = sum(p.stat().st_size for p in journal.iterdir() if p.name == "data.mdb")
     run.finish(timeout=1.0)  # the platform is still down: everything stays journaled
+    # finish() returned, but the run's uplink process may stay a few seconds
+    # (its close-out grace) holding the journal's owner lock: a replay started
+    # now is refused (JournalLockedError), so wait for it to go.
+    gone_by = time.monotonic() + 120
+    while lock_held(journal) and time.monotonic() < gone_by:
+        time.sleep(0.1)
     if run.dropped_records:
         raise RuntimeError(f"the journal dropped {run.dropped_records} records")
     return Backlog(journal, port, n, raw, size, peak - rss0, worst / 1e6, log_s)
