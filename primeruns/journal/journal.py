@@ -220,6 +220,11 @@ class Journal:
             }
         )
         journal.update_meta(values)
+        if durability == "process":
+            # Once, whatever the durability: LMDB's file is not a journal until
+            # its first commit is on disk, and a power cut in a run's first
+            # second would otherwise leave one nothing can open.
+            journal.sync()
         journal.local_id = local_id
         return journal
 

@@ -1,0 +1,180 @@
+"""Power cuts for real: a producer logs on a file system that forgets what was
+not synced (``cutfs``), the power is cut at a random point, and the journal
+left on the "disk" is read.
+
+With ``durability="fsync"`` every ``log_metrics`` call that returned before the
+cut is in the journal. With ``"process"`` the journal holds a prefix of the
+calls (no hole: an entry is never kept while one before it is lost), and what
+it holds is read without error.
+
+Needs root and ``/dev/fuse`` (a FUSE mount); without them the tests skip,
+except under ``CI``, where they fail: a CI that cannot run them must say so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import procs
+import pytest
+
+from primeruns.journal import EntryKind, Journal
+
+HERE = Path(__file__).parent
+CUTFS = HERE / "cutfs.py"
+PRODUCER = HERE / "powercut_producer.py"
+TAG = "PRIMERUNS_POWERCUT_TAG"
+
+
+def _need_fuse() -> None:
+    why = None
+    if os.geteuid() != 0:
+        why = "power-cut tests mount a FUSE file system: they need root"
+    elif not os.path.exists("/dev/fuse"):
+        why = "power-cut tests need /dev/fuse"
+    if why is not None:
+        if os.environ.get("CI"):
+            pytest.fail(f"{why} (under CI this is a failure, not a skip)")
+        pytest.skip(why)
+
+
+class PowerCut:
+    """A ``cutfs`` mount of ``backing`` at ``mount``, and the processes on it."""
+
+    def __init__(self, tmp_path: Path, mode: str, seed: int) -> None:
+        self.backing = tmp_path / "disk"
+        self.mount = tmp_path / "mnt"
+        self.backing.mkdir()
+        self.mount.mkdir()
+        self.tag = uuid.uuid4().hex
+        self.fs = procs.start(
+            [sys.executable, str(CUTFS), str(self.backing), str(self.mount),
+             "--mode", mode, "--seed", str(seed)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        assert self.fs.stdout is not None
+        line = self.fs.stdout.readline()
+        if line.strip() != "ready":
+            self.fs.wait(timeout=30)
+            if os.environ.get("CI"):
+                pytest.fail(f"cutfs could not mount ({line!r})")
+            pytest.skip(f"cutfs could not mount a FUSE file system here ({line!r})")
+        self.lost = ""
+
+    def start(self, args: list[str]) -> subprocess.Popen[str]:
+        env = {**os.environ, TAG: self.tag, "PRIME_RUNS_ALLOW_NETWORK_FS": "1"}
+        return procs.start([sys.executable, *args], stdout=subprocess.PIPE, text=True, env=env)
+
+    def cut(self) -> None:
+        """Power off: the disk keeps what was synced; every process on it dies."""
+        assert self.fs.stdin is not None and self.fs.stdout is not None
+        self.fs.stdin.write("cut\n")
+        self.fs.stdin.flush()
+        self.lost = self.fs.stdout.readline().strip()
+        assert self.lost.startswith("cut"), self.lost
+        self._kill_tagged()
+        self.close()
+
+    def _kill_tagged(self) -> None:
+        # The producer and any process it started (its uplink, in its own
+        # session) carry the tag in their environment.
+        needle = f"{TAG}={self.tag}".encode()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                    os.kill(int(pid), signal.SIGKILL)
+
+    def close(self) -> None:
+        if self.fs.poll() is None:
+            assert self.fs.stdin is not None
+            with contextlib.suppress(OSError):
+                self.fs.stdin.write("exit\n")
+                self.fs.stdin.close()
+            self.fs.wait(timeout=60)
+
+    def on_disk(self, path: Path) -> Path:
+        """Where ``path`` (on the mount) is on the disk."""
+        return self.backing / path.relative_to(self.mount)
+
+
+@contextlib.contextmanager
+def powercut(tmp_path: Path, mode: str, seed: int) -> Iterator[PowerCut]:
+    _need_fuse()
+    fs = PowerCut(tmp_path, mode, seed)
+    try:
+        yield fs
+    finally:
+        fs._kill_tagged()
+        fs.close()
+
+
+def _steps(journal: Path) -> list[int]:
+    """The steps of the metric rows the journal holds, in its order."""
+    steps = []
+    with Journal.open(journal, owner=False) as j:
+        after = 0
+        while True:
+            got = j.read(after, max_entries=10**6, max_bytes=1 << 40)
+            assert got.damaged == [], got.damaged
+            for entry in got.entries:
+                if entry.kind == EntryKind.METRICS:
+                    steps.append(json.loads(entry.payload)["step"])
+            if got.next_after <= after:
+                return steps
+            after = got.next_after
+
+
+def _cut_a_producer(tmp_path: Path, durability: str, mode: str, seed: int) -> tuple[int, list[int]]:
+    """(the last step whose call returned before the cut, the steps the
+    journal holds after it)."""
+    rng = random.Random(seed)
+    with powercut(tmp_path, mode, seed) as fs:
+        proc = fs.start([str(PRODUCER), str(fs.mount / "runs"), durability])
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert first.startswith("journal "), first
+        journal = Path(first.split(" ", 1)[1].strip())
+        target = rng.randint(1, 3000)
+        returned = -1
+        for line in proc.stdout:
+            returned = int(line)
+            if returned >= target:
+                break
+        fs.cut()
+        for line in proc.stdout:  # calls that returned before the cut, printed after it
+            returned = max(returned, int(line))
+        proc.wait(timeout=60)
+        return returned, _steps(fs.on_disk(journal))
+
+
+def _check(tmp_path: Path, durability: str, mode: str, seed: int) -> None:
+    returned, steps = _cut_a_producer(tmp_path, durability, mode, seed)
+    assert returned >= 0
+    # A prefix, whatever the durability: no hole, no repeat.
+    assert steps == list(range(len(steps))), f"seed {seed}: not a prefix"
+    if durability == "fsync":
+        assert len(steps) > returned, f"seed {seed}: {returned + 1} returned, {len(steps)} kept"
+
+
+@pytest.mark.parametrize("durability", ["fsync", "process"])
+def test_power_cut(tmp_path: Path, durability: str) -> None:
+    _check(tmp_path, durability, "drop", seed=7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["drop", "torn"])
+@pytest.mark.parametrize("durability", ["fsync", "process"])
+@pytest.mark.parametrize("seed", range(8))
+def test_power_cut_seeds(tmp_path: Path, durability: str, mode: str, seed: int) -> None:
+    _check(tmp_path, durability, mode, seed)
