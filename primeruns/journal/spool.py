@@ -40,7 +40,7 @@ import stat
 import struct
 import threading
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -124,6 +124,7 @@ class SpoolWriter:
         if self._fd is None:
             self._open(first_seq)
         elif self._size >= SEGMENT_MAX:
+            self._sync_full_segment()
             try:
                 self._open(first_seq)
             except JournalError:
@@ -164,6 +165,19 @@ class SpoolWriter:
                 log.warning(
                     "journal %s: sync failed (%s); retrying in the background", self._path, exc
                 )
+
+    def _sync_full_segment(self) -> None:
+        """Sync the segment this process leaves before writing its successor
+        (once per ``SEGMENT_MAX``): the kernel writes pages back in any order,
+        and a power cut after the successor's reached the disk and before
+        this one's would leave a hole in the log, not a lost tail. (With
+        "fsync" each append was synced already.)"""
+        if self._fsync or self._fd is None:
+            return
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            log.warning("journal %s: sync failed (%s)", self._path, exc)
 
     def _open(self, first_seq: int) -> None:
         name = segment_name(first_seq)
@@ -471,15 +485,23 @@ class SpoolView:
             raise JournalError(f"spool segment {seg.name} was cut short")
         return data
 
-    def absorbed(self, upto: int, *, newest_too: bool) -> None:
+    def absorbed(
+        self, upto: int, *, newest_too: bool, sync: Callable[[], bool] | None = None
+    ) -> None:
         """Delete each segment LMDB holds all of (``upto``): one that has a
         successor (complete), and with ``newest_too`` (no appender is left)
-        the newest as well, once nothing is being written to it."""
-        with self.lock:
-            self._absorbed(upto, newest_too)
+        the newest as well, once nothing is being written to it.
 
-    def _absorbed(self, upto: int, newest_too: bool) -> None:
+        ``sync`` (LMDB's) is called before the first delete: a delete may
+        reach the disk before a commit that was never synced, and a power cut
+        between the two would lose the segment's entries from both. Where it
+        returns False, nothing is deleted."""
+        with self.lock:
+            self._absorbed(upto, newest_too, sync)
+
+    def _absorbed(self, upto: int, newest_too: bool, sync: Callable[[], bool] | None) -> None:
         segments = self._ordered()
+        done = []
         for i, seg in enumerate(segments):
             newest = i + 1 == len(segments)
             if newest and not newest_too:
@@ -488,8 +510,11 @@ class SpoolView:
             # last appends (its successor was made since, by this process).
             self._parse(seg)
             stop = seg.end if newest else min(seg.end, segments[i + 1].first - 1)
-            if stop > upto:
-                continue
+            if stop <= upto:
+                done.append(seg)
+        if done and sync is not None and not sync():
+            return
+        for seg in done:
             with contextlib.suppress(OSError):
                 os.unlink(self._path / seg.name)
             self._forget(seg.first)

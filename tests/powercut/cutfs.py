@@ -26,8 +26,9 @@ The model of the disk (strict, as a power cut may be):
   order holds between files.
 
 Usage (a child process of the test, commands on stdin, answers on stdout):
-    python cutfs.py BACKING MOUNTPOINT [--mode drop|torn] [--seed N]
-prints ``ready`` once mounted; on ``cut`` it discards and prints ``cut``, then
+    python cutfs.py BACKING MOUNTPOINT [--mode drop|torn] [--seed N] [--cut-on-unlink PREFIX]
+prints ``ready`` once mounted; on ``cut`` (or, with ``--cut-on-unlink PREFIX``,
+right after a file named so is deleted) it discards and prints ``cut``, then
 answers nothing more (the processes using it hang until killed); on ``exit``
 (or end of input) it unmounts (lazily) and exits.
 """
@@ -83,8 +84,13 @@ class Content:
 
 
 class CutFS:
-    def __init__(self, backing: str, mode: str, seed: int) -> None:
+    def __init__(
+        self, backing: str, mode: str, seed: int, cut_on_unlink: str | None = None
+    ) -> None:
         self.backing = os.path.realpath(backing)
+        # Cut right after a file whose name starts with this is deleted.
+        self.cut_on_unlink = cut_on_unlink
+        self.due = False
         self.mode = mode
         self.rng = random.Random(seed)
         self.paths: dict[int, str] = {1: self.backing}  # node id -> backing path
@@ -214,7 +220,7 @@ class CutFS:
         if opcode in (FORGET, BATCH_FORGET, INTERRUPT):
             return None
         if opcode == INIT:
-            major, minor, readahead, _flags = struct.unpack_from("<IIII", body)
+            _major, minor, readahead, _flags = struct.unpack_from("<IIII", body)
             flags = FUSE_BIG_WRITES | FUSE_MAX_PAGES
             return INIT_OUT.pack(7, min(minor, 31), readahead, flags, 16, 12, MAX_WRITE, 1,
                                  MAX_WRITE // 4096, 0, 0, *([0] * 7))  # fmt: skip
@@ -253,6 +259,8 @@ class CutFS:
             path = os.path.join(self.path(node), _name(body))
             self.forget_name(path)
             (os.unlink if opcode == UNLINK else os.rmdir)(path)
+            if self.cut_on_unlink and _name(body).startswith(self.cut_on_unlink):
+                self.due = True
             return b""
         if opcode in (RENAME, RENAME2):
             newdir = struct.unpack_from("<Q", body)[0]
@@ -289,8 +297,9 @@ class CutFS:
             return struct.pack("<II", size, 0)
         if opcode == STATFS:
             s = os.statvfs(self.backing)
-            return struct.pack("<QQQQQIIII6I", s.f_blocks, s.f_bfree, s.f_bavail, s.f_files,
-                               s.f_ffree, s.f_bsize, s.f_namemax, s.f_frsize, 0, *([0] * 6))  # fmt: skip
+            counts = (s.f_blocks, s.f_bfree, s.f_bavail, s.f_files, s.f_ffree)
+            return struct.pack("<QQQQQIIII6I", *counts, s.f_bsize, s.f_namemax, s.f_frsize, 0,
+                               *([0] * 6))  # fmt: skip
         if opcode == RELEASE:
             (fh,) = struct.unpack_from("<Q", body)
             self.release(fh)
@@ -428,6 +437,10 @@ def serve(fs: CutFS, dev: int, control: int, mountpoint: str) -> None:
     cut = False
     pending = b""
     while True:
+        if fs.due and not cut:
+            cut = True
+            lost = fs.cut()
+            print(f"cut {lost['files']} {lost['writes']}", flush=True)
         ready, _, _ = select.select([control] if cut else [dev, control], [], [])
         if control in ready:
             chunk = os.read(control, 4096)
@@ -479,8 +492,9 @@ def main() -> None:
     parser.add_argument("mountpoint")
     parser.add_argument("--mode", choices=("drop", "torn"), default="drop")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cut-on-unlink", metavar="PREFIX")
     args = parser.parse_args()
-    fs = CutFS(args.backing, args.mode, args.seed)
+    fs = CutFS(args.backing, args.mode, args.seed, args.cut_on_unlink)
     dev = _mount(args.mountpoint)
     print("ready", flush=True)
     serve(fs, dev, sys.stdin.fileno(), args.mountpoint)

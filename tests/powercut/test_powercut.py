@@ -50,7 +50,7 @@ def _need_fuse() -> None:
 class PowerCut:
     """A ``cutfs`` mount of ``backing`` at ``mount``, and the processes on it."""
 
-    def __init__(self, tmp_path: Path, mode: str, seed: int) -> None:
+    def __init__(self, tmp_path: Path, mode: str, seed: int, extra: list[str]) -> None:
         self.backing = tmp_path / "disk"
         self.mount = tmp_path / "mnt"
         self.backing.mkdir()
@@ -58,7 +58,7 @@ class PowerCut:
         self.tag = uuid.uuid4().hex
         self.fs = procs.start(
             [sys.executable, str(CUTFS), str(self.backing), str(self.mount),
-             "--mode", mode, "--seed", str(seed)],
+             "--mode", mode, "--seed", str(seed), *extra],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         assert self.fs.stdout is not None
@@ -74,11 +74,13 @@ class PowerCut:
         env = {**os.environ, TAG: self.tag, "PRIME_RUNS_ALLOW_NETWORK_FS": "1"}
         return procs.start([sys.executable, *args], stdout=subprocess.PIPE, text=True, env=env)
 
-    def cut(self) -> None:
-        """Power off: the disk keeps what was synced; every process on it dies."""
+    def cut(self, *, now: bool = True) -> None:
+        """Power off (``now``; or wait for the file system to cut by itself):
+        the disk keeps what was synced; every process on it dies."""
         assert self.fs.stdin is not None and self.fs.stdout is not None
-        self.fs.stdin.write("cut\n")
-        self.fs.stdin.flush()
+        if now:
+            self.fs.stdin.write("cut\n")
+            self.fs.stdin.flush()
         self.lost = self.fs.stdout.readline().strip()
         assert self.lost.startswith("cut"), self.lost
         self._kill_tagged()
@@ -109,9 +111,9 @@ class PowerCut:
 
 
 @contextlib.contextmanager
-def powercut(tmp_path: Path, mode: str, seed: int) -> Iterator[PowerCut]:
+def powercut(tmp_path: Path, mode: str, seed: int, extra: list[str] = ()) -> Iterator[PowerCut]:
     _need_fuse()
-    fs = PowerCut(tmp_path, mode, seed)
+    fs = PowerCut(tmp_path, mode, seed, list(extra))
     try:
         yield fs
     finally:
@@ -140,11 +142,8 @@ def _cut_a_producer(tmp_path: Path, durability: str, mode: str, seed: int) -> tu
     journal holds after it)."""
     rng = random.Random(seed)
     with powercut(tmp_path, mode, seed) as fs:
-        proc = fs.start([str(PRODUCER), str(fs.mount / "runs"), durability])
+        proc, journal = _start_producer(fs, durability)
         assert proc.stdout is not None
-        first = proc.stdout.readline()
-        assert first.startswith("journal "), first
-        journal = Path(first.split(" ", 1)[1].strip())
         target = rng.randint(1, 3000)
         returned = -1
         for line in proc.stdout:
@@ -156,6 +155,14 @@ def _cut_a_producer(tmp_path: Path, durability: str, mode: str, seed: int) -> tu
             returned = max(returned, int(line))
         proc.wait(timeout=60)
         return returned, _steps(fs.on_disk(journal))
+
+
+def _start_producer(fs: PowerCut, durability: str) -> tuple[subprocess.Popen[str], Path]:
+    proc = fs.start([str(PRODUCER), str(fs.mount / "runs"), durability])
+    assert proc.stdout is not None
+    first = proc.stdout.readline()
+    assert first.startswith("journal "), first
+    return proc, Path(first.split(" ", 1)[1].strip())
 
 
 def _check(tmp_path: Path, durability: str, mode: str, seed: int) -> None:
@@ -178,3 +185,16 @@ def test_power_cut(tmp_path: Path, durability: str) -> None:
 @pytest.mark.parametrize("seed", range(8))
 def test_power_cut_seeds(tmp_path: Path, durability: str, mode: str, seed: int) -> None:
     _check(tmp_path, durability, mode, seed)
+
+
+def test_power_cut_as_a_spool_segment_is_deleted(tmp_path: Path) -> None:
+    """The mover deletes a spool segment once LMDB holds its entries: the
+    commit must be on disk first, or a cut right after the delete loses them
+    from both (a hole, with "process", where LMDB is synced once a second)."""
+    with powercut(tmp_path, "drop", 0, ["--cut-on-unlink", "spool-"]) as fs:
+        proc, journal = _start_producer(fs, "process")
+        fs.cut(now=False)
+        proc.wait(timeout=60)
+        steps = _steps(fs.on_disk(journal))
+    assert steps, "nothing was kept"
+    assert steps == list(range(len(steps)))
