@@ -329,8 +329,8 @@ class CutFS:
             fh, offset, size, *_ = READ_IN.unpack_from(body)
             out = b""
             for index in range(offset, len(self.dirs.get(fh, []))):
-                ino, kind, name = self.dirs[fh][index]
-                raw = name.encode()
+                ino, kind, entry_name = self.dirs[fh][index]
+                raw = entry_name.encode()
                 record = DIRENT.pack(ino, index + 1, len(raw), kind >> 12) + raw
                 record += b"\0" * (-len(record) % 8)
                 if len(out) + len(record) > size:

@@ -10,13 +10,15 @@ and the mover absorbs and deletes some while the producer writes.
 from __future__ import annotations
 
 import sys
+from typing import Literal
 
 import primeruns as pr
 from primeruns.journal import spool
 
 
 def main() -> None:
-    runs_dir, durability = sys.argv[1], sys.argv[2]
+    runs_dir = sys.argv[1]
+    durability: Literal["process", "fsync"] = "fsync" if sys.argv[2] == "fsync" else "process"
     spool.SEGMENT_MAX = 16 << 10
     run = pr.init(
         kind="train",

@@ -72,7 +72,10 @@ class PowerCut:
 
     def start(self, args: list[str]) -> subprocess.Popen[str]:
         env = {**os.environ, TAG: self.tag, "PRIME_RUNS_ALLOW_NETWORK_FS": "1"}
-        return procs.start([sys.executable, *args], stdout=subprocess.PIPE, text=True, env=env)
+        proc: subprocess.Popen[str] = procs.start(
+            [sys.executable, *args], stdout=subprocess.PIPE, text=True, env=env
+        )
+        return proc
 
     def cut(self, *, now: bool = True) -> None:
         """Power off (``now``; or wait for the file system to cut by itself):
@@ -111,7 +114,9 @@ class PowerCut:
 
 
 @contextlib.contextmanager
-def powercut(tmp_path: Path, mode: str, seed: int, extra: list[str] = ()) -> Iterator[PowerCut]:
+def powercut(
+    tmp_path: Path, mode: str, seed: int, extra: tuple[str, ...] = ()
+) -> Iterator[PowerCut]:
     _need_fuse()
     fs = PowerCut(tmp_path, mode, seed, list(extra))
     try:
@@ -191,7 +196,7 @@ def test_power_cut_as_a_spool_segment_is_deleted(tmp_path: Path) -> None:
     """The mover deletes a spool segment once LMDB holds its entries: the
     commit must be on disk first, or a cut right after the delete loses them
     from both (a hole, with "process", where LMDB is synced once a second)."""
-    with powercut(tmp_path, "drop", 0, ["--cut-on-unlink", "spool-"]) as fs:
+    with powercut(tmp_path, "drop", 0, ("--cut-on-unlink", "spool-")) as fs:
         proc, journal = _start_producer(fs, "process")
         fs.cut(now=False)
         proc.wait(timeout=60)
