@@ -72,6 +72,7 @@ from primeruns.journal.store import (
     release_store,
 )
 from primeruns.journal.tail import OwnTail, SharedTail, read_end
+from primeruns.journal.torn import record_writer
 from primeruns.journal.trust import check_dir, check_file, make_private_dirs
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import (
@@ -140,6 +141,7 @@ class Journal:
         self._meta = Meta(tx)
         self._appender: Appender | None = None
         if appends:
+            record_writer(self._meta, path)
             writer = SpoolWriter(path, self._spool, fsync=durability == "fsync", written=tx.written)
             self._capacity.spooled = writer.pending_bytes
             self._appender = Appender(tx, self._tail, self._capacity, writer)

@@ -308,6 +308,17 @@ def _frames_in(fd: int, start: int, end: int) -> list[tuple[int, int, int]]:
     return out
 
 
+@dataclass(frozen=True)
+class TornTail:
+    """A segment's end that is part of an append: ``bytes`` of it after
+    entry ``after``, of an append of ``entries`` entries (0: unreadable)."""
+
+    name: str
+    after: int
+    bytes: int
+    entries: int
+
+
 @dataclass
 class _Segment:
     first: int
@@ -318,6 +329,8 @@ class _Segment:
     kinds: list[int] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)  # whole frame bytes
     broken: Damage | None = None  # a header that cannot be a frame: parsing stops there
+    tail: int = 0  # bytes past the last whole append (an append cut short, or being written)
+    tail_entries: int = 0  # the entries that append's header says it holds (0: unreadable)
     own: bool = False  # this process appends to it: kept until absorbed, listed or not
 
     @property
@@ -411,6 +424,7 @@ class SpoolView:
             return
         try:
             size = os.fstat(seg.fd).st_size
+            seg.tail, seg.tail_entries = size - seg.parsed, 0
             while seg.parsed + APPEND.size <= size:
                 head = os.pread(seg.fd, APPEND.size, seg.parsed)
                 magic, version, count, length = APPEND.unpack(head)
@@ -423,6 +437,7 @@ class SpoolView:
                     raise ValueError("not the start of an append")
                 body = seg.parsed + APPEND.size
                 if body + length > size:
+                    seg.tail_entries = count
                     return  # still being written, or cut short by a death
                 frames = _frames_in(seg.fd, body, body + length)
                 if len(frames) != count:
@@ -432,6 +447,7 @@ class SpoolView:
                     seg.kinds.append(kind)
                     seg.lengths.append(frame_size)
                 seg.parsed = body + length
+                seg.tail = size - seg.parsed
         except (OSError, ValueError, struct.error) as exc:
             seq = seg.end + 1
             seg.broken = Damage(seq, f"spool segment {seg.name} at entry {seq}: {exc}")
@@ -474,6 +490,16 @@ class SpoolView:
         with self.lock:
             found = [seg.broken for seg in self._ordered() if seg.broken is not None]
             return [*self.problems, *found]
+
+    def torn_tails(self) -> list[TornTail]:
+        """Each segment's bytes past its last whole append, as last parsed
+        (see ``torn`` for when they are damage)."""
+        with self.lock:
+            return [
+                TornTail(seg.name, seg.end, seg.tail, seg.tail_entries)
+                for seg in self._ordered()
+                if seg.tail and seg.broken is None
+            ]
 
     def read(self, seg: _Segment, index: int) -> bytes:
         """The stored frame ``index`` of ``seg``; JournalError if unreadable."""
