@@ -22,7 +22,8 @@ The model of the disk (strict, as a power cut may be):
   worst case for a delete (a file deleted before what replaces it was synced).
 - On a cut, in mode ``drop`` every unsynced write is lost. In mode ``torn``
   each file keeps the writes made to it up to a random point, in order, the
-  last one possibly cut at a 512-byte boundary (writeback got that far); no
+  last one possibly cut at a 512-byte boundary of the file (writeback got
+  that far); no
   order holds between files.
 
 Usage (a child process of the test, commands on stdin, answers on stdout):
@@ -205,9 +206,12 @@ class CutFS:
                 keep = self.rng.randint(0, len(content.pending))
                 if keep < len(content.pending):
                     offset, data, _ = content.pending[keep]
-                    if data is not None and len(data) > TORN_UNIT:
-                        part = self.rng.randrange(0, len(data), TORN_UNIT)
-                        content.pending[keep] = (offset, data[:part], 0)
+                    # Torn at a sector boundary inside it, if it crosses one.
+                    first = -(-(offset + 1) // TORN_UNIT) * TORN_UNIT
+                    bounds = range(first, offset + len(data or b""), TORN_UNIT)
+                    if data is not None and bounds:
+                        cut_at = self.rng.choice(bounds)
+                        content.pending[keep] = (offset, data[: cut_at - offset], 0)
                         keep += 1
             lost["writes"] += len(content.pending) - keep
             self.apply(content, content.pending[:keep])

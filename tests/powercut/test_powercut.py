@@ -27,7 +27,7 @@ from pathlib import Path
 import procs
 import pytest
 
-from primeruns.journal import EntryKind, Journal
+from primeruns.journal import EntryKind, Journal, torn
 
 HERE = Path(__file__).parent
 CUTFS = HERE / "cutfs.py"
@@ -53,7 +53,7 @@ class PowerCut:
     def __init__(self, tmp_path: Path, mode: str, seed: int, extra: list[str]) -> None:
         self.backing = tmp_path / "disk"
         self.mount = tmp_path / "mnt"
-        self.backing.mkdir()
+        self.backing.mkdir(parents=True)
         self.mount.mkdir()
         self.tag = uuid.uuid4().hex
         self.fs = procs.start(
@@ -142,9 +142,11 @@ def _steps(journal: Path) -> list[int]:
             after = got.next_after
 
 
-def _cut_a_producer(tmp_path: Path, durability: str, mode: str, seed: int) -> tuple[int, list[int]]:
+def _cut_a_producer(
+    tmp_path: Path, durability: str, mode: str, seed: int
+) -> tuple[int, list[int], Path]:
     """(the last step whose call returned before the cut, the steps the
-    journal holds after it)."""
+    journal holds after it, the journal on the disk)."""
     rng = random.Random(seed)
     with powercut(tmp_path, mode, seed) as fs:
         proc, journal = _start_producer(fs, durability)
@@ -159,7 +161,7 @@ def _cut_a_producer(tmp_path: Path, durability: str, mode: str, seed: int) -> tu
         for line in proc.stdout:  # calls that returned before the cut, printed after it
             returned = max(returned, int(line))
         proc.wait(timeout=60)
-        return returned, _steps(fs.on_disk(journal))
+        return returned, _steps(fs.on_disk(journal)), fs.on_disk(journal)
 
 
 def _start_producer(fs: PowerCut, durability: str) -> tuple[subprocess.Popen[str], Path]:
@@ -170,26 +172,59 @@ def _start_producer(fs: PowerCut, durability: str) -> tuple[subprocess.Popen[str
     return proc, Path(first.split(" ", 1)[1].strip())
 
 
-def _check(tmp_path: Path, durability: str, mode: str, seed: int) -> None:
-    returned, steps = _cut_a_producer(tmp_path, durability, mode, seed)
+def _torn_reported(journal: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The damage the journal reports once "rebooted" (the test cannot reboot:
+    the boot id is made another): its torn tails, if any, and nothing else."""
+    with Journal.open(journal, owner=False) as j:
+        assert j.damage() == []  # same boot: a torn tail is a writer's crash
+        with monkeypatch.context() as m:
+            m.setattr(torn, "boot_id", lambda: "the boot after the power cut")
+            reported = [d.what for d in j.damage()]
+    assert all("a torn tail of" in what for what in reported), reported
+    return reported
+
+
+def _check(
+    tmp_path: Path, durability: str, mode: str, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    returned, steps, journal = _cut_a_producer(tmp_path, durability, mode, seed)
     assert returned >= 0
     # A prefix, whatever the durability: no hole, no repeat.
     assert steps == list(range(len(steps))), f"seed {seed}: not a prefix"
     if durability == "fsync":
         assert len(steps) > returned, f"seed {seed}: {returned + 1} returned, {len(steps)} kept"
+    _torn_reported(journal, monkeypatch)
 
 
 @pytest.mark.parametrize("durability", ["fsync", "process"])
-def test_power_cut(tmp_path: Path, durability: str) -> None:
-    _check(tmp_path, durability, "drop", seed=7)
+def test_power_cut(tmp_path: Path, durability: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _check(tmp_path, durability, "drop", 7, monkeypatch)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["drop", "torn"])
 @pytest.mark.parametrize("durability", ["fsync", "process"])
 @pytest.mark.parametrize("seed", range(8))
-def test_power_cut_seeds(tmp_path: Path, durability: str, mode: str, seed: int) -> None:
-    _check(tmp_path, durability, mode, seed)
+def test_power_cut_seeds(
+    tmp_path: Path, durability: str, mode: str, seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _check(tmp_path, durability, mode, seed, monkeypatch)
+
+
+@pytest.mark.slow
+def test_a_torn_tail_left_by_a_power_cut_is_reported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Writeback got part of the last appends to the disk: the journal keeps
+    the whole ones and, once rebooted, names the torn rest as damage."""
+    reported: list[str] = []
+    for seed in range(20):  # the first seed whose cut tore a spool's tail
+        _, steps, journal = _cut_a_producer(tmp_path / str(seed), "process", "torn", seed)
+        assert steps == list(range(len(steps)))
+        reported = _torn_reported(journal, monkeypatch)
+        if reported:
+            break
+    assert reported, "no cut tore a tail in 20 seeds"
 
 
 def test_power_cut_as_a_spool_segment_is_deleted(tmp_path: Path) -> None:
