@@ -6,7 +6,8 @@ process, and after a power cut recovers to a prefix of what was written) can
 only be tested against a disk that really forgets. Killing a process keeps
 the page cache, so it never shows a missing ``fsync``. This file system keeps
 every write in memory until the file is synced (``fsync``, ``fdatasync``,
-``msync`` of a shared map: all reach it as FUSE_FSYNC), and on a *cut*
+``msync`` of a shared map: all reach it as FUSE_FSYNC; a write through an
+``O_DSYNC`` or ``O_SYNC`` descriptor is synced as made), and on a *cut*
 discards what was not.
 
 It speaks the FUSE protocol itself over ``/dev/fuse`` (root only; no libfuse
@@ -99,6 +100,7 @@ class CutFS:
         self.next_node = 2
         self.handles: dict[int, int] = {}  # fh -> backing fd
         self.handle_ino: dict[int, int] = {}
+        self.handle_flags: dict[int, int] = {}  # the flags each was opened with
         self.dirs: dict[int, list[tuple[int, int, str]]] = {}
         self.next_fh = 1
         self.contents: dict[int, Content] = {}  # backing inode -> content
@@ -295,9 +297,11 @@ class CutFS:
                 return os.pread(fd, size, offset)
             return bytes(content.data[offset : offset + size])
         if opcode == WRITE:
-            fh, offset, size, *_ = WRITE_IN.unpack_from(body)
+            fh, offset, size, _, _, flags, _ = WRITE_IN.unpack_from(body)
             content = self.content(self.handle_ino[fh], self.handles[fh])
             self.write(content, offset, body[WRITE_IN.size : WRITE_IN.size + size])
+            if (flags | self.handle_flags.get(fh, 0)) & (os.O_DSYNC | os.O_SYNC):
+                self.sync(content)  # a write through O_DSYNC (LMDB's meta pages)
             return struct.pack("<II", size, 0)
         if opcode == STATFS:
             s = os.statvfs(self.backing)
@@ -396,6 +400,7 @@ class CutFS:
         self.next_fh += 1
         self.handles[fh] = fd
         self.handle_ino[fh] = st.st_ino
+        self.handle_flags[fh] = flags
         self.open_count[st.st_ino] = self.open_count.get(st.st_ino, 0) + 1
         out = OPEN_OUT.pack(fh, 0, 0)
         return self.entry(path) + out if opcode == CREATE else out
@@ -403,6 +408,7 @@ class CutFS:
     def release(self, fh: int) -> None:
         fd = self.handles.pop(fh, None)
         ino = self.handle_ino.pop(fh, None)
+        self.handle_flags.pop(fh, None)
         if fd is None or ino is None:
             return
         self.open_count[ino] -= 1
