@@ -75,6 +75,7 @@ from primeruns.journal.store import (
     release_store,
 )
 from primeruns.journal.tail import OwnTail, SharedTail, read_end
+from primeruns.journal.torn import record_writer
 from primeruns.journal.trust import check_dir, check_file, make_private_dirs
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import (
@@ -143,6 +144,7 @@ class Journal:
         self._meta = Meta(tx)
         self._appender: Appender | None = None
         if appends:
+            record_writer(self._meta, path)
             writer = SpoolWriter(path, self._spool, fsync=durability == "fsync", written=tx.written)
             self._capacity.spooled = writer.pending_bytes
             self._appender = Appender(tx, self._tail, self._capacity, writer)
@@ -226,6 +228,11 @@ class Journal:
             }
         )
         journal.update_meta(values)
+        if durability == "process":
+            # Once, whatever the durability: LMDB's file is not a journal until
+            # its first commit is on disk, and a power cut in a run's first
+            # second would otherwise leave one nothing can open.
+            journal.sync()
         journal.local_id = local_id
         return journal
 

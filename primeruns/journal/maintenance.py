@@ -28,6 +28,7 @@ import lmdb
 from primeruns.exceptions import JournalCorruptError
 from primeruns.journal.frames import FrameError, decode_frame
 from primeruns.journal.reading import Reader
+from primeruns.journal.torn import torn_damage
 from primeruns.journal.txn import Transactions, ensure_reserve
 from primeruns.journal.types import Damage
 from primeruns.threads import start_daemon
@@ -92,6 +93,7 @@ def scan_damage(tx: Transactions, reader: Reader) -> list[Damage]:
     after = reader.floor_now()
     reader.spool.refresh()
     found.extend(reader.spool.damage())
+    found.extend(torn_damage(tx, reader.spool))
     while True:
         result = reader.read(after, max_entries=10_000, max_bytes=64 << 20)
         found.extend(result.damaged)

@@ -104,7 +104,18 @@ class Mover:
             if retire:
                 with self._tx.read() as txn:
                     end = stored_end(self._tx, txn)
-                self._spool.absorbed(end, newest_too=True)
+                self._spool.absorbed(end, newest_too=True, sync=self._sync_store)
+
+    def _sync_store(self) -> bool:
+        """LMDB to disk before a spool segment it absorbed is deleted (see
+        ``SpoolView.absorbed``): False if that failed (the segment stays, and
+        goes at a later step)."""
+        try:
+            self._tx.store.sync()
+        except lmdb.Error as exc:
+            log.warning("journal %s: sync failed (%s)", self._path, exc)
+            return False
+        return True
 
     def _loop(self) -> None:
         # Never lets an error out: a spooled entry is intact and readable
@@ -160,7 +171,7 @@ class Mover:
                     log.warning("journal %s: entry %d: %s", self._path, seq, exc)
                 total += size
         if not batch:
-            spool.absorbed(end, newest_too=False)
+            spool.absorbed(end, newest_too=False, sync=self._sync_store)
             return False
         self._dicts.refresh()  # another mover may have trained one (a hand-over)
         final = [frame for _, _, frame in batch]
@@ -204,7 +215,7 @@ class Mover:
             # Another mover committed first, perhaps less than this batch:
             # only what LMDB holds may be let go, and the next step reads it.
             return True
-        spool.absorbed(batch[-1][0], newest_too=False)
+        spool.absorbed(batch[-1][0], newest_too=False, sync=self._sync_store)
         for kind, count in collections.Counter(kind for _, kind, _ in batch).items():
             self._dicts.seen(kind, count)
         return True

@@ -84,6 +84,8 @@ class Origin:
         fd = os.open(Path(directory) / ORIGIN_FILE, flags, 0o600)
         with os.fdopen(fd, "w") as handle:
             json.dump(self.to_json(), handle)
+            handle.flush()
+            os.fsync(fd)  # once per journal: a power cut would leave it empty
 
     @classmethod
     def read_beside(cls, directory: Path) -> Origin | None:

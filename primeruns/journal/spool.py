@@ -40,7 +40,7 @@ import stat
 import struct
 import threading
 from bisect import bisect_right
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,6 +140,7 @@ class SpoolWriter:
         if self._fd is None:
             self._open(first_seq)
         elif self._size >= SEGMENT_MAX:
+            self._sync_full_segment()
             try:
                 self._open(first_seq)
             except JournalError:
@@ -180,6 +181,19 @@ class SpoolWriter:
                 log.warning(
                     "journal %s: sync failed (%s); retrying in the background", self._path, exc
                 )
+
+    def _sync_full_segment(self) -> None:
+        """Sync the segment this process leaves before writing its successor
+        (once per ``SEGMENT_MAX``): the kernel writes pages back in any order,
+        and a power cut after the successor's reached the disk and before
+        this one's would leave a hole in the log, not a lost tail. (With
+        "fsync" each append was synced already.)"""
+        if self._fsync or self._fd is None:
+            return
+        try:
+            os.fdatasync(self._fd)
+        except OSError as exc:
+            log.warning("journal %s: sync failed (%s)", self._path, exc)
 
     def _open(self, first_seq: int) -> None:
         name = segment_name(first_seq)
@@ -310,6 +324,17 @@ def _frames_in(fd: int, start: int, end: int) -> list[tuple[int, int, int]]:
     return out
 
 
+@dataclass(frozen=True)
+class TornTail:
+    """A segment's end that is part of an append: ``bytes`` of it after
+    entry ``after``, of an append of ``entries`` entries (0: unreadable)."""
+
+    name: str
+    after: int
+    bytes: int
+    entries: int
+
+
 @dataclass
 class _Segment:
     first: int
@@ -320,6 +345,8 @@ class _Segment:
     kinds: list[int] = field(default_factory=list)
     lengths: list[int] = field(default_factory=list)  # whole frame bytes
     broken: Damage | None = None  # a header that cannot be a frame: parsing stops there
+    tail: int = 0  # bytes past the last whole append (an append cut short, or being written)
+    tail_entries: int = 0  # the entries that append's header says it holds (0: unreadable)
     own: bool = False  # this process appends to it: kept until absorbed, listed or not
 
     @property
@@ -413,6 +440,7 @@ class SpoolView:
             return
         try:
             size = os.fstat(seg.fd).st_size
+            seg.tail, seg.tail_entries = size - seg.parsed, 0
             while seg.parsed + APPEND.size <= size:
                 head = os.pread(seg.fd, APPEND.size, seg.parsed)
                 magic, version, count, length = APPEND.unpack(head)
@@ -425,6 +453,7 @@ class SpoolView:
                     raise ValueError("not the start of an append")
                 body = seg.parsed + APPEND.size
                 if body + length > size:
+                    seg.tail_entries = count
                     return  # still being written, or cut short by a death
                 frames = _frames_in(seg.fd, body, body + length)
                 if len(frames) != count:
@@ -434,6 +463,7 @@ class SpoolView:
                     seg.kinds.append(kind)
                     seg.lengths.append(frame_size)
                 seg.parsed = body + length
+                seg.tail = size - seg.parsed
         except (OSError, ValueError, struct.error) as exc:
             seq = seg.end + 1
             seg.broken = Damage(seq, f"spool segment {seg.name} at entry {seq}: {exc}")
@@ -477,6 +507,16 @@ class SpoolView:
             found = [seg.broken for seg in self._ordered() if seg.broken is not None]
             return [*self.problems, *found]
 
+    def torn_tails(self) -> list[TornTail]:
+        """Each segment's bytes past its last whole append, as last parsed
+        (see ``torn`` for when they are damage)."""
+        with self.lock:
+            return [
+                TornTail(seg.name, seg.end, seg.tail, seg.tail_entries)
+                for seg in self._ordered()
+                if seg.tail and seg.broken is None
+            ]
+
     def read(self, seg: _Segment, index: int) -> bytes:
         """The stored frame ``index`` of ``seg``; JournalError if unreadable."""
         try:
@@ -487,15 +527,23 @@ class SpoolView:
             raise JournalError(f"spool segment {seg.name} was cut short")
         return data
 
-    def absorbed(self, upto: int, *, newest_too: bool) -> None:
+    def absorbed(
+        self, upto: int, *, newest_too: bool, sync: Callable[[], bool] | None = None
+    ) -> None:
         """Delete each segment LMDB holds all of (``upto``): one that has a
         successor (complete), and with ``newest_too`` (no appender is left)
-        the newest as well, once nothing is being written to it."""
-        with self.lock:
-            self._absorbed(upto, newest_too)
+        the newest as well, once nothing is being written to it.
 
-    def _absorbed(self, upto: int, newest_too: bool) -> None:
+        ``sync`` (LMDB's) is called before the first delete: a delete may
+        reach the disk before a commit that was never synced, and a power cut
+        between the two would lose the segment's entries from both. Where it
+        returns False, nothing is deleted."""
+        with self.lock:
+            self._absorbed(upto, newest_too, sync)
+
+    def _absorbed(self, upto: int, newest_too: bool, sync: Callable[[], bool] | None) -> None:
         segments = self._ordered()
+        done = []
         for i, seg in enumerate(segments):
             newest = i + 1 == len(segments)
             if newest and not newest_too:
@@ -504,8 +552,11 @@ class SpoolView:
             # last appends (its successor was made since, by this process).
             self._parse(seg)
             stop = seg.end if newest else min(seg.end, segments[i + 1].first - 1)
-            if stop > upto:
-                continue
+            if stop <= upto:
+                done.append(seg)
+        if done and sync is not None and not sync():
+            return
+        for seg in done:
             with contextlib.suppress(OSError):
                 os.unlink(self._path / seg.name)
             self._forget(seg.first)
