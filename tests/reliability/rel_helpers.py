@@ -39,10 +39,11 @@ def journal_records(path: Path, kind: EntryKind) -> list[dict[str, Any]]:
         journal.close()
 
 
-def bound_run_id(path: Path) -> str | None:
+def bound_run_id(path: Path, home: Path | None = None) -> str | None:
     """The platform run id a journal was bound to, if it ever registered:
-    in its own meta, or for a copy, in the sync journal the harness's HOME
-    beside it holds (``home`` next to the journal, as these tests lay out)."""
+    in its own meta, or, for a journal a command shipped, in the sync journal
+    under ``home`` (by default ``home`` next to the journal, as most of these
+    tests lay out)."""
     journal = Journal.open(path, owner=False)
     try:
         bound = journal.get_meta("platform") or {}
@@ -51,8 +52,15 @@ def bound_run_id(path: Path) -> str | None:
         journal.close()
     if bound.get("run_id") or path.parent is None:
         return bound.get("run_id")
-    synced = path.parent / "home" / ".local" / "state" / "prime-runs" / "synced" / local_id
-    if not synced.is_dir():
+    tail = Path(".local", "state", "prime-runs", "synced", local_id)
+    if home is not None:
+        found = [home / tail]
+    else:
+        # Every command ships through a sync journal under its HOME; these
+        # tests keep each HOME beside the runs directory, in one work folder.
+        found = [path.parent / "home" / tail, *path.parent.parent.glob(f"**/{tail}")]
+    synced = next((p for p in found if p.is_dir()), None)
+    if synced is None:
         return None
     with Journal.open(synced, owner=False) as sync:
         run_id = (sync.get_meta("platform") or {}).get("run_id")

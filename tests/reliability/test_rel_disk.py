@@ -285,7 +285,7 @@ def test_sync_of_a_journal_that_filled_its_disk_ships_everything_in_it(
     )
     assert done.returncode == 0, done.stdout[-1500:] + done.stderr[-1500:]
 
-    bound = rh.bound_run_id(run.journal_path)
+    bound = rh.bound_run_id(run.journal_path, home=tmp_path / "sync" / "home")
     assert bound is not None
     stored = rh.platform_episode_ids(lp.data_dir, bound)
     assert set(stored) == journaled and max(stored.values()) == 1
