@@ -67,9 +67,10 @@ def measure(steps: int) -> tuple[Table, bool]:
     episodes = benchlib.records("gsm8k-eval", 500)
     marks = sorted({max(1, int(steps * f)) for f in MARKS})
     rows: list[tuple[int, dict[str, int], float]] = []
-    with benchlib.isolated_env(None) as scratch, benchlib.local_platform(
-        scratch / "platform"
-    ) as server:
+    with (
+        benchlib.isolated_env(None) as scratch,
+        benchlib.local_platform(scratch / "platform") as server,
+    ):
         os.environ["PRIME_TRACES_URL"] = server.url  # isolated_env puts it back
         run = pr.init(
             name="bench-long-run",
