@@ -46,6 +46,12 @@ def status_kb(pid: int) -> dict[str, int]:
     return out
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def uplink_pid() -> int:
     """The uplink process this one started (``python -m primeruns.ship.uplink_main``)."""
     me = os.getpid()
@@ -66,7 +72,7 @@ def uplink_pid() -> int:
 def measure(steps: int) -> tuple[Table, bool]:
     episodes = benchlib.records("gsm8k-eval", 500)
     marks = sorted({max(1, int(steps * f)) for f in MARKS})
-    rows: list[tuple[int, dict[str, int], float]] = []
+    rows: list[tuple[int, dict[str, int], float, float]] = []
     with (
         benchlib.isolated_env(None) as scratch,
         benchlib.local_platform(scratch / "platform") as server,
@@ -92,7 +98,7 @@ def measure(steps: int) -> tuple[Table, bool]:
             if step + 1 in marks:
                 if not run.flush(timeout=600):
                     raise SystemExit(f"the uplink did not catch up by step {step + 1}")
-                rows.append((step + 1, status_kb(pid), time.perf_counter() - t0))
+                rows.append((step + 1, status_kb(pid), time.perf_counter() - t0, cpu_s(pid)))
         peak = status_kb(pid).get("VmHWM", 0)
         run.finish()
         lost = run.dropped_records + sum(run.failed_records.values())
@@ -102,9 +108,17 @@ def measure(steps: int) -> tuple[Table, bool]:
     t = Table(
         f"Long run: the uplink's RSS over a {steps:,}-step online training run "
         "(1 episode + 1 metrics row per step)",
-        ["step", "VmRSS MB", "RssAnon MB", "RssFile MB", "vs first mark", "elapsed s"],
+        [
+            "step",
+            "VmRSS MB",
+            "RssAnon MB",
+            "RssFile MB",
+            "vs first mark",
+            "elapsed s",
+            "uplink CPU s",
+        ],
     )
-    for step, kb, elapsed in rows:
+    for step, kb, elapsed, cpu in rows:
         t.add(
             f"{step:,}",
             f"{kb['VmRSS'] / 1024:.0f}",
@@ -112,6 +126,7 @@ def measure(steps: int) -> tuple[Table, bool]:
             f"{kb.get('RssFile', 0) / 1024:.0f}",
             f"{kb['VmRSS'] / first:.2f}",
             f"{elapsed:.0f}",
+            f"{cpu:.0f}",
         )
     t.notes.append(f"peak (VmHWM) before finish(): {peak / 1024:.0f} MB")
     t.notes.append(
@@ -121,6 +136,11 @@ def measure(steps: int) -> tuple[Table, bool]:
     t.notes.append(f"records lost or failed: {lost}")
     t.notes.append("each mark: flush() first, so the uplink has shipped up to that step")
     return t, ok and lost == 0
+
+
+def run(quick: bool, repeat: int | None = None) -> list[Table]:
+    """For ``run_all.py``: one run (a quick one of 2,000 steps)."""
+    return [measure(2_000 if quick else DEFAULT_STEPS)[0]]
 
 
 def main(argv: list[str] | None = None) -> int:
