@@ -8,7 +8,8 @@ metrics row, so every sink of a training run ships (Prime Traces, the
 training sample table every 10th step, the metrics rows). At each mark
 (step 2,000, 5,000, 10,000 and 20,000 of the default run, the same fractions
 of a shorter one) the loop flushes, so the uplink has shipped everything up
-to that step, and the uplink process's VmRSS (split into anonymous and
+to that step, waits two seconds (the idle uplink's figure, not one taken in
+the middle of its last batch), and the uplink process's VmRSS (split into anonymous and
 file-backed pages: the journal's mapped pages count as the latter) is read
 from ``/proc/PID/status``.
 
@@ -32,6 +33,7 @@ import primeruns as pr
 DEFAULT_STEPS = 20_000
 MARKS = (0.1, 0.25, 0.5, 1.0)  # of the run: steps 2k, 5k, 10k, 20k by default
 _BUDGET = 1.10  # RSS at the last mark over the first
+_SETTLE_S = 2.0  # after a mark's flush, before its figure
 
 
 def status_kb(pid: int) -> dict[str, int]:
@@ -98,6 +100,10 @@ def measure(steps: int) -> tuple[Table, bool]:
             if step + 1 in marks:
                 if not run.flush(timeout=600):
                     raise SystemExit(f"the uplink did not catch up by step {step + 1}")
+                # Shipped: each sink now finds nothing more and goes idle. The
+                # figure is the idle uplink's, a moment after (not the middle
+                # of its last batch).
+                time.sleep(_SETTLE_S)
                 rows.append((step + 1, status_kb(pid), time.perf_counter() - t0, cpu_s(pid)))
         peak = status_kb(pid).get("VmHWM", 0)
         run.finish()
@@ -134,7 +140,10 @@ def measure(steps: int) -> tuple[Table, bool]:
         f"{benchlib.verdict(last / first, _BUDGET)}"
     )
     t.notes.append(f"records lost or failed: {lost}")
-    t.notes.append("each mark: flush() first, so the uplink has shipped up to that step")
+    t.notes.append(
+        f"each mark: flush() first (the uplink has shipped up to that step), then {_SETTLE_S:g} s "
+        "idle; elapsed includes those pauses"
+    )
     return t, ok and lost == 0
 
 
