@@ -168,7 +168,7 @@ class Supervisor:
                 if target == 0:
                     continue
                 standing = ledger.read_standing(journal, name)
-                if standing.off is not None or journal.cursor(name).acked >= target:
+                if standing.off is not None or journal.acked(name) >= target:
                     continue
                 done = False
                 settled = settled and standing.settled

@@ -30,6 +30,7 @@ from ..journal.origin import Origin
 from ..platform import Settings, resolve_settings
 from ..reports import RunStatus, describe, statuses, unit_of
 from ..settings import resolve_sdk_settings
+from ..ship import resident
 from ..ship.backlog import ShipReport, is_copy, needs_sync, ship_journal, spec_from_file
 from ..ship.factory import sink_kinds
 from ..ship.mirror import fingerprint, sync_root
@@ -355,6 +356,7 @@ def _run(args: argparse.Namespace, *, offline: bool) -> int:
     # Resolved once, before any journal is touched: a bad PRIME_RUNS_* value
     # is an error naming it, not a failure of each run in turn.
     policy = RetryPolicy.from_settings(resolve_sdk_settings(runs_dir=args.runs_dir))
+    resident.enable()  # this command's process ships, as the uplink's does: same allocator care
     spec = None
     if args.spec is not None:
         try:

@@ -52,6 +52,12 @@ class Cursors:
             body = txn.get(sink.encode(), db=self._tx.dbs["inflight"])
         return self._state(sink, data, body)
 
+    def acked(self, sink: str) -> int:
+        """The sink's acknowledged offset alone: its in-flight body (up to a
+        whole Parquet object) is not read, for a check made on every wake-up."""
+        with self._tx.read() as txn:
+            return int(self._in(txn, sink).get("acked", 0))
+
     def _state(
         self, sink: str, data: Mapping[str, Any], body: bytes | memoryview | None
     ) -> CursorState:

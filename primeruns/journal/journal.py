@@ -550,6 +550,12 @@ class Journal:
         self._check()
         return self._cursors.cursor(sink)
 
+    def acked(self, sink: str) -> int:
+        """The sink's acknowledged offset (0 if never set), without reading
+        its in-flight batch."""
+        self._check()
+        return self._cursors.acked(sink)
+
     def cursors(self) -> dict[str, int]:
         """Every sink's acknowledged offset."""
         self._check()

@@ -207,7 +207,7 @@ def unshipped(
     """How many journaled records ``sink`` has not dealt with past ``after``
     (default: its acknowledged offset), by entry headers alone."""
     if after is None:
-        after = journal.cursor(sink).acked
+        after = journal.acked(sink)
     return records_left(journal.tally([after])[-1], kinds)
 
 

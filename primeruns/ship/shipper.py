@@ -32,7 +32,7 @@ from ..journal import InFlight, Journal
 from ..platform.binding import Binding
 from ..sinks.base import Prepared, SendContext, Sink
 from ..threads import bounded, start_daemon
-from . import batchstate, ledger
+from . import batchstate, ledger, resident
 from .policy import Failure, RetryPolicy, classify
 
 __all__ = ["Shipper", "ShipperState", "drain_all"]
@@ -84,7 +84,7 @@ class Shipper:
         self._progress = threading.Condition()
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._scanned = journal.cursor(self.name).acked
+        self._scanned = journal.acked(self.name)
         # What a sink carries from batch to batch (e.g. rollout numbering): the
         # recorded batch's copy if there is one, else the last one saved.
         cursor = journal.cursor(self.name)
@@ -169,7 +169,9 @@ class Shipper:
 
     def shipped_through(self) -> int:
         """Every entry up to this seq is dealt with for this sink."""
-        return max(self._scanned, self.journal.cursor(self.name).acked)
+        # The offset alone: drain() asks on every wake-up, and the cursor
+        # with its in-flight body copied a whole Parquet object each time.
+        return max(self._scanned, self.journal.acked(self.name))
 
     def pending_records(self) -> int:
         """How many journaled records this sink has not dealt with yet (reads
@@ -331,6 +333,7 @@ class Shipper:
                 self._scanned = result.next_after
                 self._notify()
                 return None
+            resident.idle()  # caught up: give back what the batches left behind
             # The stop flag is looked at under the log's condition, which
             # signal_stop notifies (poke): no stop is missed, so no timeout.
             self.journal.wait_for_append(result.next_after, None, until=self._stop.is_set)
@@ -490,6 +493,7 @@ class Shipper:
             st.records_sent += batch.records
             st.bytes_sent += len(inflight.body)
             self._changed()
+        resident.after_batch()
 
     def _rejected(self, inflight: InFlight, records: int, exc: BaseException) -> None:
         """A batch refused for its content. Where the sink allows it, only the
@@ -530,7 +534,7 @@ class Shipper:
             restore = getattr(self.sink, "restore", None)
             if restore is not None:
                 restore(before)
-        self.journal.ack(self.name, self.journal.cursor(self.name).acked)
+        self.journal.ack(self.name, self.journal.acked(self.name))
 
     def _entries_in(self, inflight: InFlight) -> int:
         """The entries of the sink's kinds in a batch's range (read from their

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from ..journal import Journal
 from ..settings import SdkSettings, adopt_settings
+from . import resident
 from .link import UPLINK_LOG_NAME, PipeProducerLink, settings_from_handover
 from .policy import RetryPolicy
 from .uplink import Uplink
@@ -61,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
+    resident.enable()  # a long run's batches must not pile up in the allocator
     handover = json.loads(sys.stdin.buffer.read() or b"{}")
     settings = settings_from_handover(handover["settings"])
     tuning = SdkSettings.from_handover(handover["sdk"])

@@ -34,6 +34,7 @@ from ..projection import episodes_to_parquet_bytes, parquet_available
 from ..records import training_step
 from . import receipts
 from .base import Binding, Prepared, SendContext, SinkOff
+from .step_ranges import StepRanges
 
 __all__ = [
     "DEFAULT_INTERVAL",
@@ -94,14 +95,11 @@ class TrainSamplesSink:
         # Next range index per step. A forked child starts at a random base so
         # it never reuses its parent's ranges.
         self._range_base = range_base
-        self._ranges: dict[int, int] = {}
+        self._ranges = StepRanges(range_base)
 
     def restore(self, carry: Mapping[str, Any]) -> None:
-        ranges = carry.get("ranges")
         # None or {}: ranges from the start (a batch refused whole was the first).
-        self._ranges = (
-            {int(k): int(v) for k, v in ranges.items()} if isinstance(ranges, dict) else {}
-        )
+        self._ranges = StepRanges.from_carry(carry, self._range_base)
 
     def prepare(
         self, entries: Sequence[Entry], binding: Binding
@@ -115,7 +113,7 @@ class TrainSamplesSink:
             )
         created_at = datetime.now(UTC)
         for step, records, last_seq in self._step_runs(entries):
-            index = self._ranges.get(step, self._range_base)
+            index = self._ranges.next_for(step)
             blob = episodes_to_parquet_bytes(
                 records,
                 binding.run_id,
@@ -126,14 +124,14 @@ class TrainSamplesSink:
             if blob is None:
                 continue  # no episode of it has a trajectory: no object, on to the next step
             # Kept once the batch is recorded (the shipper hands the carry back).
-            ranges = {**self._ranges, step: index + 1}
+            ranges = self._ranges.used(step, index)
             unit = ({"step": step, "range": index, "bytes": len(blob)}, blob)
             return Prepared(
                 body=pack_units([unit]),
                 records=len(records),
                 progress=TrainSamplesProgress(done=0),
                 last_seq=None if last_seq == entries[-1].seq else last_seq,
-                carry={"ranges": {str(k): v for k, v in ranges.items()}},
+                carry=ranges.to_carry(),
             )
         return None  # nothing of these entries makes an object
 

@@ -71,8 +71,10 @@ def test_cursor_inflight_ack_and_losses(tmp_path: Path) -> None:
         st = j2.cursor("traces")
         assert st.inflight is not None and st.inflight.body == body
         assert st.inflight.state == {"key": "k1", "attempts": 1}
+        assert j2.acked("traces") == 0 and j2.acked("metrics") == 0  # with a batch in flight
         j2.ack("traces", 3, failed=2, reason="422 bad record")
         assert j2.cursor("traces").acked == 3 and j2.cursor("traces").inflight is None
+        assert j2.acked("traces") == 3
         j2.record_loss("encode", 1, "not JSON")
         assert j2.losses() == {
             "traces": {"count": 2, "reasons": ["422 bad record"]},

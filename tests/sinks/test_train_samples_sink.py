@@ -267,3 +267,53 @@ def test_a_batch_recorded_by_the_previous_version_resumes_where_it_got(
     again = sink.prepare(entries, _BOUND)
     assert again is not None and unpack_units(again.body)[0][0]["range"] == 1
     journal.close()
+
+
+def _one_per_step(steps: range) -> list[Entry]:
+    """One episode for each step of ``steps`` (a copy of step 0's, renumbered)."""
+    episode = workloads.agentic_by_step(1)[0][0]
+    out: list[Entry] = []
+    for step in steps:
+        episode["run"]["work"]["step"] = step
+        out.append(Entry(len(out) + 1, EntryKind.EPISODE, orjson.dumps(episode)))
+    return out
+
+
+def test_the_numbering_a_long_run_carries_does_not_grow_with_its_steps(store: Store) -> None:
+    # The sample id ranges are carried from batch to batch in the journal,
+    # and were one key per step shipped: a 100,000-step run kept and
+    # re-encoded 10,000 keys with every object (issue #32). They stay within
+    # a window however long the run, and numbering stays unique: a late
+    # episode of an early step takes a range none of its objects used.
+    sink = _sink(store)
+    entries = _one_per_step(range(0, 3000, 10))
+    ranges: dict[int, set[int]] = {}
+    carries = []
+    for entry in entries:
+        batch = _batch(sink, [entry])
+        carries.append(batch.state["carry"])
+        for meta, _ in unpack_units(batch.body):
+            ranges.setdefault(meta["step"], set()).add(meta["range"])
+    assert len(ranges) == 300
+    sizes = [len(json.dumps(carry)) for carry in carries]
+    assert max(sizes) <= 2 * sizes[100], "the carried numbering grows with the run"
+    for late in (0, 10, 2000, 2990):
+        entry = _one_per_step(range(late, late + 1))[0]
+        ((meta, _),) = unpack_units(_batch(sink, [entry]).body)
+        assert meta["range"] not in ranges[late]
+        ranges[late].add(meta["range"])
+
+
+def test_a_long_numbering_an_earlier_version_carried_is_folded_and_kept_unique(
+    store: Store,
+) -> None:
+    # A journal of an earlier version carries one key per step: restored,
+    # it is folded to the window, and no step reuses a range it had.
+    sink = _sink(store)
+    sink.restore({"ranges": {str(step): 1 for step in range(0, 3000, 10)}})
+    for step in (0, 1500, 2990, 3000):
+        ((meta, _),) = unpack_units(_batch(sink, _one_per_step(range(step, step + 1))).body)
+        # Range 0 is what each of those steps used; step 3000 never shipped.
+        assert (meta["range"] == 0) == (step == 3000)
+    carry = _batch(sink, _one_per_step(range(3010, 3011))).state["carry"]
+    assert len(carry["ranges"]) <= 64

@@ -21,6 +21,7 @@ import end_to_end
 import finish_latency
 import hot_path
 import idle_wakeups
+import long_run_memory
 import replay
 import request_latency
 import uplink_loop
@@ -36,6 +37,7 @@ BENCHMARKS = (
     finish_latency,
     idle_wakeups,
     crash_close,
+    long_run_memory,
 )
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 

@@ -1,0 +1,93 @@
+"""Which ``sample_id`` range each step of the training sample table takes
+next, in state that does not grow with the run.
+
+Every Parquet object of a step is numbered in a range of its own (range
+index << 32), so two objects of one step (its episodes split over two
+batches, or logged late) never share a sample id. The sink carries the
+numbering from batch to batch in the journal (``Prepared.carry``), and it
+was one key per step ever shipped: a 100,000-step run re-encoded thousands
+of keys for every object, and the uplink kept them all.
+
+Only uniqueness matters: a range index a step never used is as good as the
+one after its last. So the last ``WINDOW`` steps used are kept exactly, and
+the steps before them fold into one bound: every folded step takes its next
+range at or above the highest next index any of them had. A late episode of
+an old step then gets a fresh range, never a used one, and the state is
+``WINDOW`` keys plus two numbers, whatever the run's length.
+
+The stored form keeps the key earlier versions wrote (``ranges``, step to
+next index, now only the recent steps) and adds ``ranges_folded`` (``[the
+highest folded step, the bound]``): a journal of an earlier version restores
+here, its long ``ranges`` folded at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["WINDOW", "StepRanges"]
+
+WINDOW = 64  # steps kept exactly: an asynchronous trainer's stragglers are this recent
+
+
+class StepRanges:
+    """The next range index per step: exact for recent steps, bounded for older ones."""
+
+    def __init__(self, base: int = 0) -> None:
+        # A forked child's base is far from its parent's, so it never reuses them.
+        self._base = base
+        self._recent: dict[int, int] = {}
+        self._folded_step = -1  # every step at or below it not in _recent is folded
+        self._folded_next = 0  # a folded step's next index is at least this
+
+    def next_for(self, step: int) -> int:
+        """The range index ``step``'s next object takes."""
+        found = self._recent.get(step)
+        if found is not None:
+            return found
+        if step <= self._folded_step:
+            return max(self._base, self._folded_next)
+        return self._base
+
+    def used(self, step: int, index: int) -> StepRanges:
+        """A copy in which ``step`` used range ``index`` (this one unchanged: the
+        sink goes on from it only once the batch is recorded)."""
+        out = StepRanges(self._base)
+        out._recent = {**self._recent, step: index + 1}
+        out._folded_step, out._folded_next = self._folded_step, self._folded_next
+        out._fold()
+        return out
+
+    def _fold(self) -> None:
+        """Fold the oldest steps past the window into the bound."""
+        if len(self._recent) <= WINDOW:
+            return
+        for step in sorted(self._recent)[: len(self._recent) - WINDOW]:
+            self._folded_next = max(self._folded_next, self._recent.pop(step))
+            self._folded_step = max(self._folded_step, step)
+
+    def to_carry(self) -> dict[str, Any]:
+        carry: dict[str, Any] = {"ranges": {str(k): v for k, v in self._recent.items()}}
+        if self._folded_step >= 0:
+            carry["ranges_folded"] = [self._folded_step, self._folded_next]
+        return carry
+
+    @classmethod
+    def from_carry(cls, carry: Mapping[str, Any], base: int = 0) -> StepRanges:
+        """The numbering a batch carried (this version's form or an earlier
+        one's); ValueError or TypeError when it is damaged."""
+        out = cls(base)
+        ranges = carry.get("ranges")
+        if isinstance(ranges, dict):
+            out._recent = {int(k): int(v) for k, v in ranges.items()}
+        folded = carry.get("ranges_folded")
+        if folded is not None:
+            step, bound = folded  # a damaged value raises: the shipper renumbers
+            out._folded_step, out._folded_next = int(step), int(bound)
+        out._fold()
+        return out
+
+    def __len__(self) -> int:
+        """How many steps are kept exactly (at most ``WINDOW``)."""
+        return len(self._recent)
