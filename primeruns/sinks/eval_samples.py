@@ -22,6 +22,7 @@ import orjson
 from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
 from ..projection import record_to_samples
+from ..records import is_episode, stamp_run
 from . import receipts
 from .base import Binding, Prepared, SendContext
 
@@ -69,6 +70,11 @@ class EvalSamplesSink:
         rollouts = dict(self._rollouts)
         for entry in entries:
             record = orjson.loads(entry.payload)
+            if isinstance(record, dict) and is_episode(record):
+                # ``native_wrapper`` names the platform's run, as the traces
+                # service's copy does: a run logged offline (then replayed)
+                # journaled its local id, which the platform never knew.
+                record = stamp_run(record, binding.run_id, binding.kind)
             trial = dict(rollouts)
             # Parsed from JSON, so every number is finite: no null-ing copy.
             rows = record_to_samples(record, trial, finite=True) or []

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import procs
 import pytest
 import workloads
@@ -223,3 +224,53 @@ def test_replay_all_ships_the_healthy_runs_beside_a_damaged_one(
     assert landed_once(stored, len(ids))
     # The damaged one is salvaged, reported and shipped as far as it is intact.
     assert damaged.name in out and "tree damaged" in out and "intact entries were shipped" in out
+
+
+def _sample_rows(lp: Any, eval_id: str) -> list[dict[str, Any]]:
+    answer = httpx.get(
+        f"{lp.url}/api/v1/evaluations/{eval_id}/samples",
+        params={"page": 1, "limit": 100},
+        headers=lp.auth_headers,
+        timeout=30,
+    )
+    answer.raise_for_status()
+    rows: list[dict[str, Any]] = answer.json()["samples"]
+    return rows
+
+
+def test_replayed_sample_rows_carry_the_platform_run_id_as_live_rows_do(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A pipeline names its run in each episode as ``run.id`` (as verifiers
+    does): live, that is the platform's id; offline, the journal's local id,
+    which the platform never knew. The sample table's ``native_wrapper`` must
+    name the platform's run either way, as the traces service's copy does."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    monkeypatch.setenv("PRIME_API_BASE_URL", lp.url)
+
+    def evaluate(**init: Any) -> pr.Run:
+        run = pr.init(environments=["gsm8k"], model="m", runs_dir=runs, **init)
+        episodes = workloads.gsm8k(3)
+        for episode in episodes:
+            episode["run"] = {**episode["run"], "id": run.id}  # the id the pipeline sees
+        run.log_episodes(episodes)
+        run.finish()
+        return run
+
+    live = evaluate()
+    offline = evaluate(mode="offline")
+    assert offline.journal_path is not None
+    code, out, err = cli(capsys, "replay", str(offline.journal_path))
+    assert code == 0, out + err
+    [replayed_id] = [r["id"] for r in lp.runs() if r["id"] != live.id]
+
+    for eval_id in (live.id, replayed_id):
+        rows = _sample_rows(lp, eval_id)
+        assert len(rows) == 3
+        assert {row["info"]["native_wrapper"]["run"]["id"] for row in rows} == {eval_id}
+        assert {row["info"]["native_wrapper"]["run"]["type"] for row in rows} == {"eval"}
