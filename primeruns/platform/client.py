@@ -11,7 +11,9 @@ child never reuses the parent's sockets; it builds its own pool on first use.
 
 ``transport`` is the testing seam (as in httpx itself): an
 ``httpx.MockTransport`` answers every request of the three peers in-process,
-so a sink is tested in milliseconds without a server.
+so a sink is tested in milliseconds without a server. ``default_transport``
+is the same seam for the clients a run builds itself (set by
+``primeruns.testing.use_transport``, for a user's test).
 """
 
 from __future__ import annotations
@@ -35,6 +37,10 @@ __all__ = ["PlatformClient", "json_body"]
 _PLATFORM_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
 _TRACES_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
 _UPLOAD_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
+
+#: The transport of a client built without one (None: httpx's, the network).
+#: Only ``primeruns.testing.use_transport`` sets it, for the length of a test.
+default_transport: httpx.BaseTransport | None = None
 
 
 def _user_agent() -> str:
@@ -80,7 +86,7 @@ class PlatformClient:
 
     def __init__(self, settings: Settings, *, transport: httpx.BaseTransport | None = None) -> None:
         self.settings = settings
-        self._transport = transport
+        self._transport = transport if transport is not None else default_transport
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._http: httpx.Client | None = None
