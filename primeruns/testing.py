@@ -75,9 +75,9 @@ class PrimePlatform:
         return self.local.run(run_id)
 
     def episodes(self, run_id: str) -> list[dict[str, Any]]:
-        """The episode records Prime Traces stored for ``run_id``, oldest first (by
-        their first trace's start),
-        with their traces, as uploaded (``run.id`` is the platform's id)."""
+        """The episode records Prime Traces stored for ``run_id`` with their
+        traces, as uploaded (``run.id`` is the platform's id), oldest first (by
+        their first trace's start)."""
         ids: list[str] = []
         cursor: str | None = None
         while True:

@@ -4,8 +4,12 @@ or a test answers the platform itself through ``use_transport``."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
+from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import httpx
 import pytest
@@ -67,11 +71,73 @@ def test_a_pipeline_run_against_prime_platform_lands_and_is_read_back(
 def test_prime_platform_keeps_the_machines_settings_out(
     prime_platform: PrimePlatform, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    import os
-    from pathlib import Path
-
     home = Path(os.environ["HOME"])
     assert home.is_relative_to(tmp_path_factory.getbasetemp())
     assert os.environ["PRIME_API_BASE_URL"] == os.environ["PRIME_TRACES_URL"]
     assert os.environ["PRIME_TRACES_URL"] == prime_platform.url
     assert "PRIME_RUNS_MODE" not in os.environ and "PRIME_TEAM_ID" not in os.environ
+
+
+# -- a transport of the test's own -----------------------------------------------------
+
+
+class FakePlatform:
+    """What a user writes to answer an evaluation's requests themselves: it
+    keeps what was sent and answers as docs/TESTING.md says the platform does."""
+
+    def __init__(self) -> None:
+        self.requests: list[str] = []
+        self.traces: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []
+        self.summary: dict[str, Any] = {}
+        self.status = ""
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        method, path = request.method, request.url.path
+        self.requests.append(f"{method} {path}")
+        if path == "/api/v1/environmentshub/resolve":
+            return httpx.Response(200, json={"data": {"id": "env-1"}})
+        if (method, path) == ("POST", "/api/v1/evaluations/"):
+            return httpx.Response(201, json={"evaluation_id": "eval-1"})
+        if (method, path) == ("POST", "/api/v1/traces"):
+            # Multipart: a "metadata" part, then the "traces" part, gzipped
+            # JSON lines (one episode or trace a line).
+            boundary = request.headers["Content-Type"].split("boundary=")[1].encode()
+            for part in request.read().split(b"--" + boundary):
+                head, _, data = part.partition(b"\r\n\r\n")
+                if b'name="traces"' in head:
+                    lines = gzip.decompress(data.removesuffix(b"\r\n")).splitlines()
+                    self.traces += [json.loads(line) for line in lines]
+            digest = request.headers["Idempotency-Key"].removeprefix("sha256:")
+            return httpx.Response(200, json={"status": "committed", "upload_id": digest})
+        if (method, path) == ("POST", "/api/v1/evaluations/eval-1/samples"):
+            rows = json.loads(request.read())["samples"]
+            self.samples += rows
+            return httpx.Response(200, json={"evaluation_id": "eval-1", "inserted": len(rows)})
+        if (method, path) == ("PUT", "/api/v1/evaluations/eval-1"):  # the summary
+            self.summary = json.loads(request.read())["metrics"]
+            return httpx.Response(200, json={"evaluation_id": "eval-1"})
+        if (method, path) == ("POST", "/api/v1/evaluations/eval-1/finalize"):
+            self.status = "COMPLETED"
+            return httpx.Response(200, json={"evaluation_id": "eval-1", "status": self.status})
+        return httpx.Response(404, json={"detail": f"not faked: {method} {path}"})
+
+
+def test_a_mock_transport_of_the_test_answers_every_request_of_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in ("PRIME_RUNS_MODE", "PRIME_TRACES_OPT_OUT", "PRIME_TEAM_ID", "PRIME_RUNS_UPLINK"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PRIME_API_KEY", "a-key-of-the-test")
+    monkeypatch.setenv("PRIME_RUNS_DIR", str(tmp_path / "runs"))
+    fake = FakePlatform()
+    episodes = workloads.gsm8k(3)
+    with use_transport(httpx.MockTransport(fake.handle)):
+        run = evaluate(episodes)
+    assert run.errors == [] and run.failed_records == {}, fake.requests
+    assert run.id == "eval-1" and fake.status == "COMPLETED"
+    assert [row["sample_id"] for row in fake.samples] == [e["id"] for e in episodes]
+    assert {t["run"]["id"] for t in fake.traces} == {"eval-1"}
+    assert fake.summary == pr.metrics.from_episodes(episodes) | {"prime_runs": ANY}
+    assert "PRIME_RUNS_UPLINK" not in os.environ  # as it was before the block
