@@ -7,6 +7,8 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 from unittest.mock import ANY
@@ -141,3 +143,38 @@ def test_a_mock_transport_of_the_test_answers_every_request_of_a_run(
     assert {t["run"]["id"] for t in fake.traces} == {"eval-1"}
     assert fake.summary == pr.metrics.from_episodes(episodes) | {"prime_runs": ANY}
     assert "PRIME_RUNS_UPLINK" not in os.environ  # as it was before the block
+
+
+# -- opting in, as a project's conftest.py does ---------------------------------------
+
+_USER_TESTS = """
+import sys
+
+import primeruns as pr
+
+def test_that_does_not_ask_for_it():
+    assert "primeruns.local" not in sys.modules  # nothing of the platform loaded
+
+def test_that_asks_for_it(prime_platform):
+    run = pr.init(environments=["gsm8k"], model="m")
+    run.finish()
+    assert prime_platform.run(run.id)["status"] == "COMPLETED"
+"""
+
+
+def test_the_readme_conftest_recipe_loads_the_fixture_and_starts_nothing_unasked(
+    tmp_path: Path,
+) -> None:
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "conftest.py").write_text('pytest_plugins = ["primeruns.testing"]\n')
+    (project / "test_pipeline.py").write_text(_USER_TESTS)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:xdist"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "2 passed" in done.stdout
