@@ -27,6 +27,7 @@ from .models import (
     TrainingSpec,
 )
 from .recorder import Recorder
+from .refuge import create_journal
 from .run import Run
 from .settings import resolve_run_settings
 from .spec import SPEC_KEY, RunSpec, SpecEnvironment, listed_spec
@@ -218,11 +219,15 @@ def init(
         run_key=run_key or None,
     )
     stored = spec.to_json()
-    journal = Journal.create(
+    journal = create_journal(
         tuning.runs_dir,
-        durability=durability,
-        max_bytes=tuning.max_journal_bytes,
-        meta={SPEC_KEY: stored, "state": "running"},
+        lambda where: Journal.create(
+            where,
+            durability=durability,
+            max_bytes=tuning.max_journal_bytes,
+            meta={SPEC_KEY: stored, "state": "running"},
+        ),
+        online=run_mode == "online",
     )
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
     recorder = Recorder(journal, kind=kind, on_error=on_error)

@@ -5,7 +5,10 @@ nothing duplicated, in the configurations users actually run")."""
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
+import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
@@ -335,3 +338,52 @@ def test_a_refusal_names_its_line_only_at_the_start_of_the_message() -> None:
     quoted = Exception("HTTP 400 from POST /api/v1/traces: episode id 'line 1' repeats")
     assert _rejected_line(named, 100) == 7
     assert _rejected_line(quoted, 100) is None
+
+
+def _under_a_file(tmp_path: Path, *parts: str) -> Path:
+    """A path nothing can be created at: its parent is a file (as a read-only
+    home refuses, with no second uid or mount needed)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    return blocker.joinpath(*parts)
+
+
+@pytest.mark.parametrize("what", ["runs_dir", "home"])
+def test_an_unwritable_runs_dir_or_home_falls_back_to_a_private_journal_and_ships(
+    what: str,
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before the fix init() raised JournalError (the vendor's SDK ships the
+    run; verifiers turned the error into a silently disabled run)."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    refused = _under_a_file(tmp_path, "runs")
+    if what == "home":
+        monkeypatch.setenv("HOME", str(refused))
+        runs_dir: Path | None = None
+    else:
+        runs_dir = refused
+    episodes = workloads.gsm8k(40)
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        run = pr.init(
+            environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs_dir
+        )
+    fallback = scratch / f"prime-runs-{os.geteuid()}" / "runs"
+    assert run.journal_path is not None and run.journal_path.parent == fallback
+    warned = [r.getMessage() for r in caplog.records if str(fallback) in r.getMessage()]
+    assert len(warned) == 1
+    assert str(refused) in warned[0] and "PRIME_RUNS_DIR" in warned[0]
+    for folder in (fallback.parent, fallback, run.journal_path):
+        assert os.stat(folder).st_mode & 0o777 == 0o700, folder
+    run.log_episodes(episodes)
+    run.finish(timeout=120)
+    assert run.status is pr.RunStatus.COMPLETED and run.failed_records == {}
+    stored = platform_episode_ids(lp.data_dir, run.id)
+    assert set(stored) == {e["id"] for e in episodes} and max(stored.values()) == 1
+    assert not runs.exists()
