@@ -37,7 +37,9 @@ _SHM = Path("/dev/shm")
 
 def refuges() -> list[Path]:
     """The places tried, in order, when the runs directory is refused: a
-    folder of this uid under TMPDIR, then under /dev/shm."""
+    folder of this uid in the temporary directory (TMPDIR, else the first
+    writable of /tmp, /var/tmp, the working directory: ``tempfile``'s
+    choice), then in /dev/shm."""
     folder = f"prime-runs-{os.geteuid()}"
     bases = dict.fromkeys([Path(tempfile.gettempdir()), _SHM])  # TMPDIR may be /dev/shm
     return [base / folder / "runs" for base in bases]
@@ -46,14 +48,16 @@ def refuges() -> list[Path]:
 def create_journal(runs_dir: Path, create: Callable[[Path], Journal], *, online: bool) -> Journal:
     """``create(runs_dir)``, or, for an ``online`` run the runs directory
     refuses, ``create`` in the first refuge that takes it, with one warning.
-    Raises the runs directory's error when no refuge takes it either."""
+    Raises JournalError naming every folder tried when no refuge takes it
+    either (a journal in memory alone is not built: the run is refused)."""
     try:
         return create(runs_dir)
     except JournalError as refused:
         if not online:
             raise
         first = refused
-    for refuge in refuges():
+    tried = refuges()
+    for refuge in tried:
         try:
             # The folder above "runs" is this uid's too: checked, so that no
             # one else can swap "runs" for a link of theirs once made.
@@ -77,4 +81,8 @@ def create_journal(runs_dir: Path, create: Callable[[Path], Journal], *, online:
             refuge,
         )
         return journal
-    raise first
+    raise JournalError(
+        f"{first}; no fallback folder took the journal either "
+        f"({', '.join(map(str, tried))}): point PRIME_RUNS_DIR (or runs_dir=) at a directory "
+        "of your own you can write to, on a node-local disk"
+    ) from first

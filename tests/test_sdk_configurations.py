@@ -20,6 +20,8 @@ import workloads
 from sdk_helpers import API_KEY, platform_episode_ids, point_at
 
 import primeruns as pr
+from primeruns import refuge
+from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal
 
 # One server for the tests that check their own runs by id; a test that counts
@@ -387,3 +389,20 @@ def test_an_unwritable_runs_dir_or_home_falls_back_to_a_private_journal_and_ship
     stored = platform_episode_ids(lp.data_dir, run.id)
     assert set(stored) == {e["id"] for e in episodes} and max(stored.values()) == 1
     assert not runs.exists()
+
+
+def test_a_run_no_folder_takes_is_refused_naming_every_folder_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    point_at(monkeypatch, tmp_path, None)
+    refused = _under_a_file(tmp_path, "runs")
+    monkeypatch.setattr(tempfile, "tempdir", str(refused.parent / "tmp"))
+    monkeypatch.setattr(refuge, "_SHM", refused.parent / "shm")
+    with pytest.raises(JournalError) as caught:
+        pr.init(
+            environments=["gsm8k"], api_key=API_KEY, base_url="http://127.0.0.1:9", runs_dir=refused
+        )
+    text = str(caught.value)
+    assert str(refused) in text and "PRIME_RUNS_DIR" in text
+    assert all(str(folder) in text for folder in refuge.refuges())
+    assert not list(tmp_path.glob("**/prime-runs-*"))
