@@ -406,3 +406,31 @@ def test_a_run_no_folder_takes_is_refused_naming_every_folder_tried(
     assert str(refused) in text and "PRIME_RUNS_DIR" in text
     assert all(str(folder) in text for folder in refuge.refuges())
     assert not list(tmp_path.glob("**/prime-runs-*"))
+
+
+@pytest.mark.parametrize("traces", ["left_at_default", "set", "opted_out"])
+def test_a_local_base_url_with_the_traces_url_left_at_production_is_named_at_init(
+    traces: str,
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before the fix nothing was said: the traces went to the production URL
+    and finish() waited the stall out with no reason given."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url if traces == "set" else None)
+    if traces == "opted_out":
+        monkeypatch.setenv("PRIME_TRACES_OPT_OUT", "1")
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        # Offline: a later sync would ship there too, and nothing leaves this machine.
+        run = pr.init(
+            environments=["gsm8k"], api_key=API_KEY, base_url=lp.url, mode="offline", runs_dir=runs
+        )
+        run.finish()
+    warned = [r.getMessage() for r in caplog.records if "PRIME_TRACES_URL" in r.getMessage()]
+    if traces == "left_at_default":
+        assert len(warned) == 1
+        assert lp.url in warned[0] and "traces_url" in warned[0].replace("PRIME_TRACES_URL", "")
+    else:
+        assert warned == []
