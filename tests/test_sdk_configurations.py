@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import tempfile
 import threading
@@ -434,3 +435,30 @@ def test_a_local_base_url_with_the_traces_url_left_at_production_is_named_at_ini
         assert lp.url in warned[0] and "traces_url" in warned[0].replace("PRIME_TRACES_URL", "")
     else:
         assert warned == []
+
+
+def test_a_refused_sink_is_named_with_its_url_in_run_errors_and_in_finish(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before the fix finish() said "5 record(s) ... not shipped (traces: 5)"
+    and no more; run.errors named the path of the request, not its host."""
+    lp = local_platform
+    # Bound and never listening: every connection to it is refused.
+    with socket.socket() as refusing:
+        refusing.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{refusing.getsockname()[1]}"
+        runs = point_at(monkeypatch, tmp_path, nowhere)
+        monkeypatch.setenv("PRIME_RUNS_STALL_S", "1")
+        run = pr.init(
+            environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+        )
+        run.log_episodes(workloads.gsm8k(5))
+        with caplog.at_level(logging.WARNING, logger="primeruns"):
+            run.finish(timeout=60)
+    named = [e for e in run.errors if nowhere in e]
+    assert named and "refused" in named[-1].lower()
+    said = [r.getMessage() for r in caplog.records if "not shipped" in r.getMessage()]
+    assert len(said) == 1 and nowhere in said[0] and "refused" in said[0].lower()
