@@ -22,7 +22,7 @@ from sdk_helpers import API_KEY, platform_episode_ids, point_at
 
 import primeruns as pr
 from primeruns import refuge
-from primeruns.exceptions import JournalError
+from primeruns.exceptions import ConfigurationError, EnvironmentResolutionError, JournalError
 from primeruns.journal import EntryKind, Journal
 
 # One server for the tests that check their own runs by id; a test that counts
@@ -462,3 +462,20 @@ def test_a_refused_sink_is_named_with_its_url_in_run_errors_and_in_finish(
     assert named and "refused" in named[-1].lower()
     said = [r.getMessage() for r in caplog.records if "not shipped" in r.getMessage()]
     assert len(said) == 1 and nowhere in said[0] and "refused" in said[0].lower()
+
+
+def test_a_hub_404_under_a_base_url_with_a_wrong_path_names_the_url(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the fix: EnvironmentResolutionError "could not resolve
+    name='gsm8k': HTTP 404 from POST /wrong/api/v1/...", blaming the
+    environment and never naming the URL."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    wrong = f"{lp.url}/wrong"
+    with pytest.raises(ConfigurationError) as caught:
+        pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=wrong, runs_dir=runs)
+    text = str(caught.value)
+    assert not isinstance(caught.value, EnvironmentResolutionError)
+    assert wrong in text and "base_url" in text and "'/wrong'" in text
+    assert not runs.exists() or not any(runs.iterdir())  # no journal left for a run never made
