@@ -41,7 +41,11 @@ def refuges() -> list[Path]:
     writable of /tmp, /var/tmp, the working directory: ``tempfile``'s
     choice), then in /dev/shm."""
     folder = f"prime-runs-{os.geteuid()}"
-    bases = dict.fromkeys([Path(tempfile.gettempdir()), _SHM])  # TMPDIR may be /dev/shm
+    try:
+        temporary = [Path(tempfile.gettempdir())]
+    except OSError:  # FileNotFoundError: not one of tempfile's candidates is writable
+        temporary = []
+    bases = dict.fromkeys([*temporary, _SHM])  # TMPDIR may be /dev/shm
     return [base / folder / "runs" for base in bases]
 
 

@@ -5,6 +5,7 @@ nothing duplicated, in the configurations users actually run")."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -17,6 +18,7 @@ from typing import Any
 
 import module_platform
 import pytest
+import second_uid
 import workloads
 from sdk_helpers import API_KEY, platform_episode_ids, point_at
 
@@ -479,3 +481,48 @@ def test_a_hub_404_under_a_base_url_with_a_wrong_path_names_the_url(
     assert not isinstance(caught.value, EnvironmentResolutionError)
     assert wrong in text and "base_url" in text and "'/wrong'" in text
     assert not runs.exists() or not any(runs.iterdir())  # no journal left for a run never made
+
+
+_READ_ONLY_HOME_RUN = """
+import json, os, sys
+os.environ["TMPDIR"] = sys.argv[3]  # here: run_as stages its mounts in the outer one
+import primeruns as pr
+run = pr.init(environments=["gsm8k"], model="m", api_key=sys.argv[2], base_url=sys.argv[1])
+run.log_episodes([{"id": f"e{i}", "traces": []} for i in range(10)])
+run.finish(timeout=120)
+print(json.dumps({"id": run.id, "journal": str(run.journal_path), "status": run.status.value}))
+"""
+
+
+def test_a_read_only_home_as_a_real_user_falls_back_and_ships(
+    local_platform: Any, tmp_path: Path
+) -> None:
+    """A real EACCES (root ignores modes): an unprivileged uid whose home is
+    0500, as on a cluster node. Before the fix init() raised JournalError."""
+    second_uid.require()
+    lp = local_platform
+    world = second_uid.give(tmp_path / "world", (0, 0), 0o755)
+    home = second_uid.give(world / "home", second_uid.VICTIM, 0o500)
+    scratch = second_uid.give(world / "scratch", second_uid.VICTIM, 0o700)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "PYTHONPATH": str(second_uid.REPO),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PRIME_TRACES_URL": lp.url,
+        "PRIME_RUNS_RETRY_BASE_S": "0.02",
+    }
+    done = second_uid.run_as(
+        second_uid.VICTIM,
+        [sys.executable, "-c", _READ_ONLY_HOME_RUN, lp.url, API_KEY, str(scratch)],
+        reach=[world],
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    fallback = scratch / f"prime-runs-{second_uid.VICTIM[0]}" / "runs"
+    assert Path(report["journal"]).parent == fallback
+    warned = [line for line in done.stderr.splitlines() if str(fallback) in line]
+    assert len(warned) == 1 and str(home) in warned[0] and "Permission denied" in warned[0]
+    stored = lp.run(report["id"])
+    assert stored["status"] == "COMPLETED" and stored["traces"]["episodes"] == 10
