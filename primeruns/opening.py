@@ -95,7 +95,9 @@ def init(
     platform cannot be reached the run goes on journaling and registers when
     it can (``run.url`` is None until then). 401/403 and an environment that
     cannot be resolved raise here. Raises ``ConfigurationError``, ``TypeError``
-    or ``ValueError`` for bad arguments, naming the argument.
+    or ``ValueError`` for bad arguments, naming the argument. An online run
+    whose runs directory cannot take its journal (a read-only home) journals
+    in a private folder elsewhere with one warning (:mod:`primeruns.refuge`).
 
     ``run_key``: one run logged by several journals in turn, such as a job
     requeued on another node while offline (for example the scheduler's job
