@@ -203,7 +203,9 @@ def _report(
             "prime-runs: nothing shipped for %.0f s; not waiting any longer", outcome.stalled_s
         )
     if not outcome.drained or outcome.pending:
-        why = [causes[sink] for sink in outcome.pending if sink in causes]
+        # A run never registered ships nothing: its registration's failure is the cause.
+        blamed = [*outcome.pending] if outcome.registered else ["register"]
+        why = [causes[what] for what in blamed if what in causes]
         log.warning(
             "prime-runs: %d record(s) of run %s were not shipped (%s)%s; they are kept "
             "in the journal. Ship them with: primeruns replay %s",

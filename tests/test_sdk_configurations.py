@@ -466,6 +466,26 @@ def test_a_refused_sink_is_named_with_its_url_in_run_errors_and_in_finish(
     assert len(said) == 1 and nowhere in said[0] and "refused" in said[0].lower()
 
 
+def test_a_run_that_never_registered_names_why_in_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before the fix finish() said how many records were left, not that the
+    platform refused every connection."""
+    with socket.socket() as refusing:
+        refusing.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{refusing.getsockname()[1]}"
+        runs = point_at(monkeypatch, tmp_path, nowhere)
+        monkeypatch.setenv("PRIME_RUNS_STALL_S", "1")
+        run = pr.init(
+            environments=["gsm8k"], model="m", api_key=API_KEY, base_url=nowhere, runs_dir=runs
+        )
+        run.log_episodes(workloads.gsm8k(5))
+        with caplog.at_level(logging.WARNING, logger="primeruns"):
+            run.finish(timeout=60)
+    said = [r.getMessage() for r in caplog.records if "not shipped" in r.getMessage()]
+    assert len(said) == 1 and nowhere in said[0] and "refused" in said[0].lower()
+
+
 def test_a_hub_404_under_a_base_url_with_a_wrong_path_names_the_url(
     local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
