@@ -167,12 +167,26 @@ def finish_journal(
         written = ledger.episodes_written(journal)
         with recorder.lock:
             ledger.stamp_episodes_written(recorder.summary, written)
-    _report(outcome, supervisor, run_id, str(journal.path))
+    _report(outcome, supervisor, run_id, str(journal.path), _causes(recorder))
     supervisor.release()
     recorder.close()
 
 
-def _report(outcome: Closeout | None, supervisor: Supervisor, run_id: str, path: str) -> None:
+def _causes(recorder: Recorder) -> dict[str, str]:
+    """Per sink, the latest failure the uplink recorded (for the words)."""
+    return {
+        str(e.get("what")): f"{e.get('what')} failed: {e.get('message')}"
+        for e in recorder.uplink_errors()
+    }
+
+
+def _report(
+    outcome: Closeout | None,
+    supervisor: Supervisor,
+    run_id: str,
+    path: str,
+    causes: Mapping[str, str],
+) -> None:
     if outcome is None:
         log.warning(
             "prime-runs: run %s is still being shipped by its uplink (pid %s), which "
@@ -189,12 +203,16 @@ def _report(outcome: Closeout | None, supervisor: Supervisor, run_id: str, path:
             "prime-runs: nothing shipped for %.0f s; not waiting any longer", outcome.stalled_s
         )
     if not outcome.drained or outcome.pending:
+        # A run never registered ships nothing: its registration's failure is the cause.
+        blamed = [*outcome.pending] if outcome.registered else ["register"]
+        why = [causes[what] for what in blamed if what in causes]
         log.warning(
-            "prime-runs: %d record(s) of run %s were not shipped (%s); they are kept "
+            "prime-runs: %d record(s) of run %s were not shipped (%s)%s; they are kept "
             "in the journal. Ship them with: primeruns replay %s",
             sum(outcome.pending.values()),
             run_id,
             ", ".join(f"{k}: {v}" for k, v in outcome.pending.items()) or "finalize pending",
+            "".join(f"; {line}" for line in why),
             path,
         )
     elif not outcome.finalized:

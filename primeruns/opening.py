@@ -27,6 +27,7 @@ from .models import (
     TrainingSpec,
 )
 from .recorder import Recorder
+from .refuge import create_journal
 from .run import Run
 from .settings import resolve_run_settings
 from .spec import SPEC_KEY, RunSpec, SpecEnvironment, listed_spec
@@ -94,7 +95,9 @@ def init(
     platform cannot be reached the run goes on journaling and registers when
     it can (``run.url`` is None until then). 401/403 and an environment that
     cannot be resolved raise here. Raises ``ConfigurationError``, ``TypeError``
-    or ``ValueError`` for bad arguments, naming the argument.
+    or ``ValueError`` for bad arguments, naming the argument. An online run
+    whose runs directory cannot take its journal (a read-only home) journals
+    in a private folder elsewhere with one warning (:mod:`primeruns.refuge`).
 
     ``run_key``: one run logged by several journals in turn, such as a job
     requeued on another node while offline (for example the scheduler's job
@@ -218,11 +221,15 @@ def init(
         run_key=run_key or None,
     )
     stored = spec.to_json()
-    journal = Journal.create(
+    journal = create_journal(
         tuning.runs_dir,
-        durability=durability,
-        max_bytes=tuning.max_journal_bytes,
-        meta={SPEC_KEY: stored, "state": "running"},
+        lambda where: Journal.create(
+            where,
+            durability=durability,
+            max_bytes=tuning.max_journal_bytes,
+            meta={SPEC_KEY: stored, "state": "running"},
+        ),
+        online=run_mode == "online",
     )
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
     recorder = Recorder(journal, kind=kind, on_error=on_error)

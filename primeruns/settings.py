@@ -811,12 +811,34 @@ def resolve_run_settings(
             "for `primeruns sync` later.",
             API_KEY_ENV,
         )
+    if strict:
+        _warn_traces_left_at_production(platform)
     if run_mode == "online" and not platform.api_key:
         raise ConfigurationError(
             f"mode='online' needs an API key: pass api_key=..., set {API_KEY_ENV}, or add "
             "api_key to ~/.prime/config.json (or use mode='offline')."
         )
     return RunSettings(mode=run_mode, platform=platform, sdk=sdk)
+
+
+def _warn_traces_left_at_production(platform: Settings) -> None:
+    """A platform on this machine (``primeruns serve``) with the Prime Traces
+    URL left at its default: the traces would go to production, where the
+    key of a local platform is refused and the run's close-out waits for a
+    stall in silence. Said once, at ``init()``, while the fix is cheap."""
+    if platform.traces_opt_out or platform.sources.get("traces_url") != "default":
+        return
+    if not _is_loopback(platform.origin):
+        return
+    log.warning(
+        "prime-runs: base_url %s is on this machine but the Prime Traces URL is left at its "
+        "production default %s, so this run's traces go there. For a local platform set "
+        "%s=%s (or traces_url in ~/.prime/config.json).",
+        platform.origin,
+        platform.traces_url,
+        TRACES_URL_ENV,
+        platform.origin,
+    )
 
 
 # -- readers without settings handed to them -------------------------------------------

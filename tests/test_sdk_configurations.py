@@ -5,7 +5,12 @@ nothing duplicated, in the configurations users actually run")."""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
+import socket
 import sys
+import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
@@ -13,10 +18,13 @@ from typing import Any
 
 import module_platform
 import pytest
+import second_uid
 import workloads
 from sdk_helpers import API_KEY, platform_episode_ids, point_at
 
 import primeruns as pr
+from primeruns import refuge
+from primeruns.exceptions import ConfigurationError, EnvironmentResolutionError, JournalError
 from primeruns.journal import EntryKind, Journal
 
 # One server for the tests that check their own runs by id; a test that counts
@@ -335,3 +343,206 @@ def test_a_refusal_names_its_line_only_at_the_start_of_the_message() -> None:
     quoted = Exception("HTTP 400 from POST /api/v1/traces: episode id 'line 1' repeats")
     assert _rejected_line(named, 100) == 7
     assert _rejected_line(quoted, 100) is None
+
+
+def _under_a_file(tmp_path: Path, *parts: str) -> Path:
+    """A path nothing can be created at: its parent is a file (as a read-only
+    home refuses, with no second uid or mount needed)."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    return blocker.joinpath(*parts)
+
+
+@pytest.mark.parametrize("what", ["runs_dir", "home"])
+def test_an_unwritable_runs_dir_or_home_falls_back_to_a_private_journal_and_ships(
+    what: str,
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before the fix init() raised JournalError (the vendor's SDK ships the
+    run; verifiers turned the error into a silently disabled run)."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    refused = _under_a_file(tmp_path, "runs")
+    if what == "home":
+        monkeypatch.setenv("HOME", str(refused))
+        runs_dir: Path | None = None
+    else:
+        runs_dir = refused
+    episodes = workloads.gsm8k(40)
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        run = pr.init(
+            environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs_dir
+        )
+    fallback = scratch / f"prime-runs-{os.geteuid()}" / "runs"
+    assert run.journal_path is not None and run.journal_path.parent == fallback
+    warned = [r.getMessage() for r in caplog.records if str(fallback) in r.getMessage()]
+    assert len(warned) == 1
+    assert str(refused) in warned[0] and "PRIME_RUNS_DIR" in warned[0]
+    for folder in (fallback.parent, fallback, run.journal_path):
+        assert os.stat(folder).st_mode & 0o777 == 0o700, folder
+    run.log_episodes(episodes)
+    run.finish(timeout=120)
+    assert run.status is pr.RunStatus.COMPLETED and run.failed_records == {}
+    stored = platform_episode_ids(lp.data_dir, run.id)
+    assert set(stored) == {e["id"] for e in episodes} and max(stored.values()) == 1
+    assert not runs.exists()
+
+
+def test_a_run_no_folder_takes_is_refused_naming_every_folder_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    point_at(monkeypatch, tmp_path, None)
+    refused = _under_a_file(tmp_path, "runs")
+    monkeypatch.setattr(tempfile, "tempdir", str(refused.parent / "tmp"))
+    monkeypatch.setattr(refuge, "_SHM", refused.parent / "shm")
+    with pytest.raises(JournalError) as caught:
+        pr.init(
+            environments=["gsm8k"], api_key=API_KEY, base_url="http://127.0.0.1:9", runs_dir=refused
+        )
+    text = str(caught.value)
+    assert str(refused) in text and "PRIME_RUNS_DIR" in text
+    assert all(str(folder) in text for folder in refuge.refuges())
+    assert not list(tmp_path.glob("**/prime-runs-*"))
+
+
+@pytest.mark.parametrize("traces", ["left_at_default", "set", "opted_out"])
+def test_a_local_base_url_with_the_traces_url_left_at_production_is_named_at_init(
+    traces: str,
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before the fix nothing was said: the traces went to the production URL
+    and finish() waited the stall out with no reason given."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url if traces == "set" else None)
+    if traces == "opted_out":
+        monkeypatch.setenv("PRIME_TRACES_OPT_OUT", "1")
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        # Offline: a later sync would ship there too, and nothing leaves this machine.
+        run = pr.init(
+            environments=["gsm8k"], api_key=API_KEY, base_url=lp.url, mode="offline", runs_dir=runs
+        )
+        run.finish()
+    warned = [r.getMessage() for r in caplog.records if "PRIME_TRACES_URL" in r.getMessage()]
+    if traces == "left_at_default":
+        assert len(warned) == 1
+        assert lp.url in warned[0] and "traces_url" in warned[0].replace("PRIME_TRACES_URL", "")
+    else:
+        assert warned == []
+
+
+def test_a_refused_sink_is_named_with_its_url_in_run_errors_and_in_finish(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before the fix finish() said "5 record(s) ... not shipped (traces: 5)"
+    and no more; run.errors named the path of the request, not its host."""
+    lp = local_platform
+    # Bound and never listening: every connection to it is refused.
+    with socket.socket() as refusing:
+        refusing.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{refusing.getsockname()[1]}"
+        runs = point_at(monkeypatch, tmp_path, nowhere)
+        monkeypatch.setenv("PRIME_RUNS_STALL_S", "1")
+        run = pr.init(
+            environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+        )
+        run.log_episodes(workloads.gsm8k(5))
+        with caplog.at_level(logging.WARNING, logger="primeruns"):
+            run.finish(timeout=60)
+    named = [e for e in run.errors if nowhere in e]
+    assert named and "refused" in named[-1].lower()
+    said = [r.getMessage() for r in caplog.records if "not shipped" in r.getMessage()]
+    assert len(said) == 1 and nowhere in said[0] and "refused" in said[0].lower()
+
+
+def test_a_run_that_never_registered_names_why_in_finish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Before the fix finish() said how many records were left, not that the
+    platform refused every connection."""
+    with socket.socket() as refusing:
+        refusing.bind(("127.0.0.1", 0))
+        nowhere = f"http://127.0.0.1:{refusing.getsockname()[1]}"
+        runs = point_at(monkeypatch, tmp_path, nowhere)
+        monkeypatch.setenv("PRIME_RUNS_STALL_S", "1")
+        run = pr.init(
+            environments=["gsm8k"], model="m", api_key=API_KEY, base_url=nowhere, runs_dir=runs
+        )
+        run.log_episodes(workloads.gsm8k(5))
+        with caplog.at_level(logging.WARNING, logger="primeruns"):
+            run.finish(timeout=60)
+    said = [r.getMessage() for r in caplog.records if "not shipped" in r.getMessage()]
+    assert len(said) == 1 and nowhere in said[0] and "refused" in said[0].lower()
+
+
+def test_a_hub_404_under_a_base_url_with_a_wrong_path_names_the_url(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before the fix: EnvironmentResolutionError "could not resolve
+    name='gsm8k': HTTP 404 from POST /wrong/api/v1/...", blaming the
+    environment and never naming the URL."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    wrong = f"{lp.url}/wrong"
+    with pytest.raises(ConfigurationError) as caught:
+        pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=wrong, runs_dir=runs)
+    text = str(caught.value)
+    assert not isinstance(caught.value, EnvironmentResolutionError)
+    assert wrong in text and "base_url" in text and "'/wrong'" in text
+    assert not runs.exists() or not any(runs.iterdir())  # no journal left for a run never made
+
+
+_READ_ONLY_HOME_RUN = """
+import json, os, sys
+os.environ["TMPDIR"] = sys.argv[3]  # here: run_as stages its mounts in the outer one
+import primeruns as pr
+run = pr.init(environments=["gsm8k"], model="m", api_key=sys.argv[2], base_url=sys.argv[1])
+run.log_episodes([{"id": f"e{i}", "traces": []} for i in range(10)])
+run.finish(timeout=120)
+print(json.dumps({"id": run.id, "journal": str(run.journal_path), "status": run.status.value}))
+"""
+
+
+def test_a_read_only_home_as_a_real_user_falls_back_and_ships(
+    local_platform: Any, tmp_path: Path
+) -> None:
+    """A real EACCES (root ignores modes): an unprivileged uid whose home is
+    0500, as on a cluster node. Before the fix init() raised JournalError."""
+    second_uid.require()
+    lp = local_platform
+    world = second_uid.give(tmp_path / "world", (0, 0), 0o755)
+    home = second_uid.give(world / "home", second_uid.VICTIM, 0o500)
+    scratch = second_uid.give(world / "scratch", second_uid.VICTIM, 0o700)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "PYTHONPATH": str(second_uid.REPO),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PRIME_TRACES_URL": lp.url,
+        "PRIME_RUNS_RETRY_BASE_S": "0.02",
+    }
+    done = second_uid.run_as(
+        second_uid.VICTIM,
+        [sys.executable, "-c", _READ_ONLY_HOME_RUN, lp.url, API_KEY, str(scratch)],
+        reach=[world],
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    fallback = scratch / f"prime-runs-{second_uid.VICTIM[0]}" / "runs"
+    assert Path(report["journal"]).parent == fallback
+    warned = [line for line in done.stderr.splitlines() if str(fallback) in line]
+    assert len(warned) == 1 and str(home) in warned[0] and "Permission denied" in warned[0]
+    stored = lp.run(report["id"])
+    assert stored["status"] == "COMPLETED" and stored["traces"]["episodes"] == 10

@@ -339,3 +339,20 @@ def test_init_raises_for_a_bad_setting_and_a_disabled_run_only_warns(
         run.finish()
     assert any(st.STALL_ENV in r.getMessage() for r in caplog.records)
     assert run.mode == "disabled"
+
+
+def test_the_vendor_callers_disabled_fallback_never_raises_for_any_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # verifiers falls back to init(mode="disabled") unguarded when its first
+    # init() fails: with every variable bad at once it still gets a run.
+    point_at(monkeypatch, tmp_path, None)
+    for var in st.VARIABLES:
+        monkeypatch.setenv(var, _bad_values(var, tmp_path)[0])
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        run = pr.init(mode="disabled")
+        run.log_episodes([{"id": "e1", "traces": []}])
+        run.finish()
+    assert run.mode == "disabled"
+    named = {var for var in st.VARIABLES if var in caplog.text}
+    assert named == set(st.VARIABLES)

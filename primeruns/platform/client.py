@@ -138,7 +138,10 @@ class PlatformClient:
         params: Mapping[str, Any] | None,
         timeout: httpx.Timeout,
     ) -> httpx.Response:
-        where = f"{method} {httpx.URL(url).path}"
+        # The origin too: a sink pointed at the wrong host (PRIME_TRACES_URL
+        # left at production beside a local platform) is then named.
+        target = httpx.URL(url)
+        where = f"{method} {target.scheme}://{target.netloc.decode('ascii')}{target.path}"
         try:
             response = self._bounded(
                 client,

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..exceptions import (
     APIError,
+    ConfigurationError,
     EnvironmentResolutionError,
     ForbiddenError,
     LineFormatConflictError,
@@ -381,6 +382,7 @@ class Lifecycle:
             except APIError as exc:
                 if is_transient(exc) or isinstance(exc, _AUTH_ERRORS):
                     raise
+                self._blame_the_base_url(exc, ref)
                 raise EnvironmentResolutionError(
                     f"environments: could not resolve {_ref_text(ref)}: {exc}"
                 ) from exc
@@ -393,6 +395,22 @@ class Lifecycle:
                 entry["version_id"] = ref.version_id
             out.append(entry)
         return out
+
+    def _blame_the_base_url(self, exc: APIError, ref: SpecEnvironment) -> None:
+        """A 404 from the hub under a base_url with a path of its own (not
+        one of the API roots, which settings strip): the path is the likelier
+        culprit than the environment, so the error names the URL."""
+        settings = self.client.settings
+        path = urllib.parse.urlsplit(settings.origin).path
+        if exc.status_code != 404 or not path.strip("/"):
+            return
+        hub = f"{settings.api_root}/environmentshub"
+        raise ConfigurationError(
+            f"base_url {settings.api_root}: the environments hub at {hub} answered 404 "
+            f"(resolving {_ref_text(ref)}), so the path {path!r} in base_url looks wrong: "
+            "pass the platform's origin (such as https://api.primeintellect.ai, or "
+            "http://127.0.0.1:PORT of primeruns serve), with /api/v1 or nothing after it"
+        ) from exc
 
     def _eval_body(self, spec: RunSpec, attempts: int | None) -> dict[str, Any]:
         environments = self._resolve_environments(spec, attempts)

@@ -1,0 +1,92 @@
+"""Where a run's journal goes when its runs directory cannot take it.
+
+A read-only home on a cluster node, a runs directory on a full or
+read-only disk, another user's folder: the vendor's SDK ships such a run
+(it keeps nothing on disk), and a caller such as verifiers turns an error
+from ``init()`` into a silently disabled run. So rather than refuse, the
+journal goes to a private folder elsewhere, checked by the same trust rules
+(:mod:`primeruns.journal.trust`), and one warning names both folders, how
+long the journal lasts there and the fix.
+
+Online runs only: there the journal is the way to the platform, and a run
+that ships is worth a journal that may not outlive a reboot. An offline run
+is kept for a later ``primeruns sync``; it is refused at ``init()``,
+naming the fix, rather than kept where a reboot may clear it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .exceptions import JournalError
+from .journal import Journal
+from .journal.trust import check_dir, make_private_dirs
+
+__all__ = ["create_journal", "refuges"]
+
+log = logging.getLogger("primeruns")
+
+# /dev/shm outlives the process (a crash loses nothing) but not a reboot;
+# TMPDIR comes first: it is where a site puts scratch space it wants used.
+_SHM = Path("/dev/shm")
+
+
+def refuges() -> list[Path]:
+    """The places tried, in order, when the runs directory is refused: a
+    folder of this uid in the temporary directory (TMPDIR, else the first
+    writable of /tmp, /var/tmp, the working directory: ``tempfile``'s
+    choice), then in /dev/shm."""
+    folder = f"prime-runs-{os.geteuid()}"
+    try:
+        temporary = [Path(tempfile.gettempdir())]
+    except OSError:  # FileNotFoundError: not one of tempfile's candidates is writable
+        temporary = []
+    bases = dict.fromkeys([*temporary, _SHM])  # TMPDIR may be /dev/shm
+    return [base / folder / "runs" for base in bases]
+
+
+def create_journal(runs_dir: Path, create: Callable[[Path], Journal], *, online: bool) -> Journal:
+    """``create(runs_dir)``, or, for an ``online`` run the runs directory
+    refuses, ``create`` in the first refuge that takes it, with one warning.
+    Raises JournalError naming every folder tried when no refuge takes it
+    either (a journal in memory alone is not built: the run is refused)."""
+    try:
+        return create(runs_dir)
+    except JournalError as refused:
+        if not online:
+            raise
+        first = refused
+    tried = refuges()
+    for refuge in tried:
+        try:
+            # The folder above "runs" is this uid's too: checked, so that no
+            # one else can swap "runs" for a link of theirs once made.
+            check_dir(refuge.parent, "fallback folder")
+            make_private_dirs(refuge)
+            check_dir(refuge.parent, "fallback folder")
+            journal = create(refuge)
+        except (JournalError, OSError) as exc:
+            log.debug("prime-runs: the fallback %s refused the journal too: %s", refuge, exc)
+            continue
+        log.warning(
+            "prime-runs: the runs directory %s cannot take this run's journal (%s); it is "
+            "kept in %s instead and the run ships from there, but that folder outlives a "
+            "crash, not necessarily a reboot or the cleaning of temporary files. Fix: point "
+            "PRIME_RUNS_DIR (or runs_dir=) at a directory of your own you can write to, on a "
+            "node-local disk. Should the run not ship, replay it with: "
+            "primeruns replay --all --runs-dir %s",
+            runs_dir,
+            first,
+            refuge,
+            refuge,
+        )
+        return journal
+    raise JournalError(
+        f"{first}; no fallback folder took the journal either "
+        f"({', '.join(map(str, tried))}): point PRIME_RUNS_DIR (or runs_dir=) at a directory "
+        "of your own you can write to, on a node-local disk"
+    ) from first
