@@ -181,11 +181,15 @@ class Lifecycle:
         stopping = stop if stop is not None else threading.Event()  # never set: a plain delay
         while True:
             try:
-                # Each request of it retried on its own (the policy's attempts):
-                # a registration is several requests (the environment, the
-                # lookup of a lost create, the create), and on a flaky link
-                # starting it over at every failure of any of them rarely ends.
-                return self.register()
+                # One try of each request per round; the rounds follow the
+                # policy's schedule (closing: at most its share of the stall
+                # allowance) and can be stopped between tries. A request's own
+                # retries would sleep on inside the call, holding the
+                # registration's lock: a close-out then waited for the
+                # background round's whole backoff (finish() took 16 s at a 5 s
+                # allowance). A round that fails on any request starts over from
+                # the first, which the lookup by client token makes safe.
+                return self.register(attempts=1)
             except APIError as exc:
                 if not is_transient(exc):
                     self._on_failure("register", exc)
