@@ -95,6 +95,7 @@ class Reader:
         raw: list[tuple[int, bytes]] = []
         damaged: list[Damage] = []
         oversized: list[tuple[int, int, int]] = []
+        checked: list[tuple[int, int]] = []
         cap = max_entry_bytes
         next_after = after_seq
         total = 0
@@ -144,9 +145,20 @@ class Reader:
                             next_after = seq
                             more = cur.next()
                             continue
+                        total += head.raw_len
+                        if not decode:
+                            # Checked in place, uncopied: most entries are one
+                            # value. A chunked one (or one needing a dictionary
+                            # not loaded yet) fails here, and is checked whole
+                            # below.
+                            kind, damage = check_entry(seq, value, self._dicts.cached)
+                            if damage is None:
+                                checked.append((seq, kind))
+                                next_after = seq
+                                more = cur.next()
+                                continue
                         whole, _ = gather(cur, seq, value)
                         raw.append((seq, whole))
-                        total += head.raw_len
                     next_after = seq
                     more = cur.next()
         except (lmdb.Error, JournalCorruptError) as exc:
@@ -183,7 +195,6 @@ class Reader:
                         total += raw_len
                     next_after = seq
         entries: list[Entry] = []
-        checked: list[tuple[int, int]] = []
         for seq, value in raw:
             if not decode:
                 kind, damage = check_entry(seq, value, self._dicts.get)
@@ -197,6 +208,7 @@ class Reader:
                 entries.append(entry)
             if damage is not None:
                 damaged.append(damage)
+        checked.sort()  # those checked whole come after those checked in place
         return ReadResult(entries, next_after, damaged, oversized, checked)
 
     def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
