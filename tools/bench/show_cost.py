@@ -1,14 +1,16 @@
 """What ``primeruns show`` costs on a small and on a long run: seconds and peak RSS.
 
-    python tools/bench/show_cost.py [--steps 20000] [--small 200] [--before TREE]
+    python tools/bench/show_cost.py [--steps 20000] [--small 200] [--before TREE] [--repeat 3]
 
 Writes two offline training runs under a temporary runs dir with the SDK
 (each step: one gsm8k episode as a training episode of that step, one
 10-scalar metrics row, one summary update), one of ``--small`` steps and one
 of ``--steps``, then runs ``primeruns show`` on each in a fresh process and
-reports its wall seconds and peak RSS (``ru_maxrss`` of the child). ``--before
-TREE`` runs the same commands with the package of another checkout first (the
-code before a change), so both figures come from one run on one machine.
+reports its wall seconds and peak RSS (``ru_maxrss`` of the child; the
+journal's pages mapped and read count there too), the median of
+``--repeat`` runs each. ``--before TREE`` runs the same commands with the
+package of another checkout first (the code before a change), so both
+figures come from one run on one machine.
 The ratio long/small is the figure of issue #28 (``show`` reads what it
 prints, not the whole journal); ``--full`` is the exhaustive check kept for
 when a user asks for it.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -80,6 +83,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20_000, help="steps of the long run")
     parser.add_argument("--small", type=int, default=200, help="steps of the small run")
     parser.add_argument("--before", type=Path, help="a checkout whose package runs first")
+    parser.add_argument("--repeat", type=int, default=3, help="runs per figure (the median)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp) / "runs"
@@ -96,13 +100,19 @@ def main() -> int:
         for name, tree, extra in cases:
             # Peak RSS is a maximum over every child so far: the smaller run
             # goes in its own interpreter so its figure is its own.
-            s_small, rss_small = _fresh(tree, small, extra)
-            s_long, rss_long = _fresh(tree, long, extra)
+            s_small, rss_small = _median(tree, small, extra, args.repeat)
+            s_long, rss_long = _median(tree, long, extra, args.repeat)
             print(
                 f"| {name} | {s_small:.2f} | {s_long:.2f} | {s_long / s_small:.1f}x "
                 f"| {rss_small:.0f} | {rss_long:.0f} |"
             )
     return 0
+
+
+def _median(tree: Path, journal: Path, extra: tuple[str, ...], repeat: int) -> tuple[float, float]:
+    """The median seconds and peak RSS of ``repeat`` runs (the machine may be shared)."""
+    runs = [_fresh(tree, journal, extra) for _ in range(max(1, repeat))]
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
 def _fresh(tree: Path, journal: Path, extra: tuple[str, ...]) -> tuple[float, float]:
