@@ -15,14 +15,16 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from . import jsonbound
+from .exceptions import JournalCorruptError
 from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, journal_info, list_journals
+from .journal.by_kind import seqs_of
 from .models import RUN_KIND, RunKind
 from .ship.backlog import is_copy, origin_of
 from .ship.factory import sink_kinds
@@ -42,6 +44,7 @@ __all__ = [
     "load_rows",
     "metric_curves",
     "pending_per_sink",
+    "sample_rows",
     "statuses",
     "unit_of",
 ]
@@ -316,6 +319,37 @@ def load_rows(
         if isinstance(value, dict):
             rows.append(value)
     return rows
+
+
+def sample_rows(
+    journal: Journal,
+    kind: EntryKind,
+    most: int,
+    damage: list[Damage],
+    seqs: Sequence[int] | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """At most ``most`` (at least 2) JSON objects of ``kind``, and how many
+    entries of it the journal holds (by header). Up to ``most`` entries every
+    one is read (``load_rows``); past that, ``most`` evenly spaced over them,
+    the first and last always, so what is read is bounded whatever the run's
+    length. An unreadable sampled entry is passed over (the damage scan
+    names it) and said in ``damage``. ``seqs``: the kind's seqs when a scan
+    found them already."""
+    seqs = seqs_of(journal, kind) if seqs is None else seqs
+    total = len(seqs)
+    if total <= most:
+        return load_rows(journal, {kind}, damage), total
+    rows: list[dict[str, Any]] = []
+    for seq in sorted({seqs[round(i * (total - 1) / (most - 1))] for i in range(most)}):
+        try:
+            entry = journal.get(seq)
+            value = json.loads(entry.payload) if entry is not None else None
+        except (JournalCorruptError, ValueError) as exc:
+            damage.append(Damage(seq, f"entry {seq}: unreadable: {exc}"))
+            continue
+        if isinstance(value, dict):
+            rows.append(value)
+    return rows, total
 
 
 def metric_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:

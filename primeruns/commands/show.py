@@ -5,6 +5,13 @@ stands), what was logged and what each sink still has to ship in the user's
 units, losses with their reasons, the damage a scan found, the summary, and
 one sparkline per metric over the training steps. The same facts are one
 JSON document with ``--json``. Sparklines are drawn here: rich has none.
+
+What it reads is bounded by what it prints, not by the run's length: counts
+come from entry headers, the last summary and finish from the headers then
+one entry each, the curves from at most ``CURVE_ROWS`` metric rows (evenly
+spaced over the run when it has more), and damage from every entry's
+checksum without decompressing any (a frame written corrupt, which no
+checksum can see, is what ``--full`` still decodes every entry for).
 """
 
 from __future__ import annotations
@@ -13,13 +20,14 @@ import argparse
 import json
 import math
 import time
+from array import array
 from typing import Any
 
 from rich.console import Console
 from rich.text import Text
 
 from ..journal import Damage, EntryKind, Journal, journal_info
-from ..reports import UNIT_LABELS, RunStatus, describe, load_rows, metric_curves
+from ..reports import UNIT_LABELS, RunStatus, describe, load_rows, metric_curves, sample_rows
 from ..ship.factory import sink_kinds
 from ..ship.uplink import terminal_state
 from .common import (
@@ -47,6 +55,11 @@ from .sparkline import sparkline
 __all__ = ["add_parser"]
 
 _MAX_DAMAGE_LINES = 10
+#: Metric rows read for the curves (and their min, max and last): every row
+#: up to this many, else this many evenly spaced, first and last included.
+#: Forty times the default sparkline width: each character still averages
+#: dozens of rows.
+CURVE_ROWS = 2_000
 
 
 def _sinks(status: RunStatus) -> list[dict[str, Any]]:
@@ -91,9 +104,14 @@ def _curves_json(curves: dict[str, list[tuple[int, float]]]) -> dict[str, Any]:
 
 
 def _document(
-    status: RunStatus, journal: Journal, metrics: list[dict[str, Any]], damage: list[Damage]
+    status: RunStatus,
+    journal: Journal,
+    metrics: list[dict[str, Any]],
+    total: int,
+    damage: list[Damage],
+    seqs: dict[int, array[int]] | None,
 ) -> dict[str, Any]:
-    final_status, error, summary = terminal_state(journal)
+    final_status, error, summary = terminal_state(journal, seqs)
     document = as_json(status)
     document.update(
         {
@@ -105,6 +123,7 @@ def _document(
             "sinks": _sinks(status),
             "summary": summary,
             "metrics": _curves_json(metric_curves(metrics)),
+            "metric_rows": {"total": total, "read": len(metrics)},
         }
     )
     document["damage"] = [d.what for d in damage]
@@ -221,7 +240,11 @@ def _render(
 
     curves = metric_curves(rows)
     if curves:
-        _section(console, f"metrics ({len(rows)} rows)")
+        total = doc["metric_rows"]["total"]
+        if len(rows) < total:
+            _section(console, f"metrics ({total} rows; curves of {len(rows)} evenly spaced)")
+        else:
+            _section(console, f"metrics ({len(rows)} rows)")
         width = max(len(inert(k)) for k in curves)
         for key, points in sorted(curves.items()):
             values = [v for _, v in points]
@@ -240,20 +263,40 @@ def run_show(args: argparse.Namespace) -> int:
     logged and what each sink still has to ship, losses with reasons, damage,
     summary, and metric curves as sparklines. Exit 4 if the journal is damaged."""
     path = resolve_run(args.run, runs_dir_of(args))
-    status = describe(journal_info(path, verify=True, tally=True))
+    status = describe(journal_info(path, verify=args.full, tally=True))
     damage: list[Damage] = list(status.info.damage)
     with Journal.open(path, owner=False) as journal:
         met: list[Damage] = []
-        rows = load_rows(journal, {EntryKind.METRICS}, met)
-        # The scan above found damaged entries already: each is named once.
-        known = {d.seq for d in damage if d.seq is not None} | {d.what for d in damage}
-        damage.extend(d for d in met if d.seq not in known and d.what not in known)
-        doc = _document(status, journal, rows, damage)
+        seqs: dict[int, array[int]] | None = None
+        if args.full:
+            rows = load_rows(journal, {EntryKind.METRICS}, met)
+            total = len(rows)
+        else:
+            scan = journal.checksums()
+            met.extend(scan.damage)
+            seqs = scan.seqs
+            rows, total = sample_rows(
+                journal, EntryKind.METRICS, CURVE_ROWS, met, seqs.get(EntryKind.METRICS, array("q"))
+            )
+        # Damage found twice (a scan, then a read) is named once.
+        _merge(damage, met)
+        doc = _document(status, journal, rows, total, damage, seqs)
     if args.json:
         emit_json(doc)
     else:
         _render(make_console(), status, doc, rows, args.width)
     return EXIT_DAMAGED if damage else EXIT_OK
+
+
+def _merge(damage: list[Damage], more: list[Damage]) -> None:
+    """Append to ``damage`` what of ``more`` it does not name yet (by seq, else by text)."""
+    known = {d.seq for d in damage if d.seq is not None} | {d.what for d in damage}
+    for found in more:
+        if found.seq not in known and found.what not in known:
+            damage.append(found)
+            known.add(found.what)
+            if found.seq is not None:
+                known.add(found.seq)
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -263,5 +306,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_json(parser, "the run")
     parser.add_argument(
         "--width", type=int, default=48, help="sparkline width in characters (default 48)"
+    )
+    parser.add_argument(
+        "--full",
+        action="store_true",
+        help=(
+            "decode every entry to check it and draw the curves from every metric row "
+            f"(slower on a long run; by default each entry's checksum is checked and "
+            f"at most {CURVE_ROWS} evenly spaced rows are read)"
+        ),
     )
     parser.set_defaults(handler=inert_errors(run_show))

@@ -70,6 +70,11 @@ class Dictionaries:
             self._loaded[dict_id] = found
         return found
 
+    def cached(self, dict_id: int) -> zstandard.ZstdCompressionDict | None:
+        """A dictionary ``get`` loaded already, else None (reads nothing: for a
+        check made inside another read transaction)."""
+        return self._loaded.get(dict_id)
+
     def _stored_ids(self, txn: lmdb.Transaction) -> list[int]:
         prefix = K_DICT_PREFIX.encode()
         cur = txn.cursor(db=self._tx.dbs["meta"])

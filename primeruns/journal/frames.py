@@ -47,6 +47,7 @@ __all__ = [
     "EntryKind",
     "FrameError",
     "FrameHeader",
+    "check_frame",
     "decode_frame",
     "encode_frame",
     "encode_frames_off_gil",
@@ -252,6 +253,41 @@ def decode_frame(
     reader expecting small values passes less) and never raises anything but
     FrameError.
     """
+    head, zdict = _checked(value, dicts, seq, max_bytes)
+    stored = bytes(memoryview(value)[HEADER_SIZE:])
+    if not head.flags & FLAG_ZSTD:
+        return head.kind, stored
+    try:
+        out = _decompressor(zdict).decompress(stored, max_output_size=head.raw_len)
+    except zstandard.ZstdError as exc:
+        raise FrameError(f"zstd decode failed ({exc})") from None
+    if len(out) != head.raw_len:
+        raise FrameError(f"length mismatch (header {head.raw_len}, decoded {len(out)})")
+    return head.kind, out
+
+
+def check_frame(
+    value: bytes | memoryview,
+    dicts: Callable[[int], zstandard.ZstdCompressionDict | None] | None = None,
+    seq: int | None = None,
+    max_bytes: int = MAX_ENTRY_BYTES,
+) -> FrameHeader:
+    """Every check ``decode_frame`` makes short of decompressing (checksum,
+    flags, lengths, the dictionary it needs); raises FrameError.
+
+    A frame that passes decodes unless its zstd stream was written corrupt
+    (the checksum covers every stored byte, so rot since is caught): what
+    ``primeruns show`` checks a long journal with, at the cost of a CRC.
+    """
+    return _checked(value, dicts, seq, max_bytes)[0]
+
+
+def _checked(
+    value: bytes | memoryview,
+    dicts: Callable[[int], zstandard.ZstdCompressionDict | None] | None,
+    seq: int | None,
+    max_bytes: int,
+) -> tuple[FrameHeader, zstandard.ZstdCompressionDict | None]:
     max_bytes = min(max_bytes, MAX_ENTRY_BYTES)
     head = verify_frame(value, seq)
     view = memoryview(value)
@@ -259,7 +295,7 @@ def decode_frame(
         raise FrameError(f"unknown flags {head.flags:#04x}")
     if head.raw_len > max_bytes:
         raise FrameError(f"claims {head.raw_len} bytes, over the {max_bytes}-byte limit")
-    stored = bytes(view[HEADER_SIZE:])
+    stored = view[HEADER_SIZE:]
     zdict = None
     if head.dict_id:
         zdict = dicts(head.dict_id) if dicts is not None else None
@@ -268,7 +304,7 @@ def decode_frame(
     if not head.flags & FLAG_ZSTD:
         if len(stored) != head.raw_len:
             raise FrameError(f"length mismatch (header {head.raw_len}, stored {len(stored)})")
-        return head.kind, stored
+        return head, None
     try:
         # Check the zstd frame's own size claim against the (checksummed) header
         # before decompressing, so no corrupt size can drive the allocation.
@@ -277,10 +313,4 @@ def decode_frame(
         raise FrameError(f"bad zstd frame header ({exc})") from None
     if content != head.raw_len:
         raise FrameError(f"length mismatch (header {head.raw_len}, zstd frame {content})")
-    try:
-        out = _decompressor(zdict).decompress(stored, max_output_size=head.raw_len)
-    except zstandard.ZstdError as exc:
-        raise FrameError(f"zstd decode failed ({exc})") from None
-    if len(out) != head.raw_len:
-        raise FrameError(f"length mismatch (header {head.raw_len}, decoded {len(out)})")
-    return head.kind, out
+    return head, zdict

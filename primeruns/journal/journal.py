@@ -60,7 +60,7 @@ from primeruns.journal.frames import EntryKind
 from primeruns.journal.fsinfo import warn_if_network_fs
 from primeruns.journal.fullness import full_cause
 from primeruns.journal.lock import LOCK_NAME, OwnerLock
-from primeruns.journal.maintenance import Background, scan_damage
+from primeruns.journal.maintenance import Background, Scan, scan, scan_damage
 from primeruns.journal.meta import K_BUDGET, K_CREATED, K_FORMAT, K_LOCAL_ID, K_OWNER, Meta
 from primeruns.journal.mover import Mover
 from primeruns.journal.origin import K_ORIGIN, Origin
@@ -639,6 +639,12 @@ class Journal:
         """Structural damage plus every damaged or missing entry (a full scan)."""
         self._check()
         return scan_damage(self._tx, self._reader)
+
+    def checksums(self) -> Scan:
+        """``damage()`` from each entry's checksum, nothing decompressed, with
+        the intact entries' seqs per kind (``maintenance.scan``)."""
+        self._check()
+        return scan(self._tx, self._reader, decode=False)
 
     def sync(self) -> None:
         """Flush the journal to disk (fsync)."""

@@ -27,7 +27,13 @@ import lmdb
 import zstandard
 
 from primeruns.exceptions import JournalError
-from primeruns.journal.frames import EntryKind, FrameError, decode_frame, peek_header
+from primeruns.journal.frames import (
+    EntryKind,
+    FrameError,
+    check_frame,
+    decode_frame,
+    peek_header,
+)
 from primeruns.journal.types import Damage, Entry
 
 KEY = struct.Struct(">Q")
@@ -135,3 +141,22 @@ def decode_entry(
         return Entry(seq, EntryKind(kind), payload), None
     except ValueError:
         return None, Damage(seq, f"entry {seq}: unknown kind {kind}")
+
+
+def check_entry(
+    seq: int,
+    value: bytes | memoryview,
+    dicts: Callable[[int], zstandard.ZstdCompressionDict | None],
+) -> tuple[int, Damage | None]:
+    """What ``decode_entry`` would report of an entry, without decompressing it
+    (``check_frame``): its kind, and None for one that decodes."""
+    try:
+        kind = check_frame(value, dicts, seq).kind
+    except FrameError as exc:
+        return 0, Damage(seq, f"entry {seq}: {exc}")
+    if kind not in _KINDS:
+        return kind, Damage(seq, f"entry {seq}: unknown kind {kind}")
+    return kind, None
+
+
+_KINDS = frozenset(int(k) for k in EntryKind)

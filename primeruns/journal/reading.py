@@ -17,7 +17,16 @@ import lmdb
 from primeruns.exceptions import JournalCorruptError, JournalError
 from primeruns.journal.dicts import Dictionaries
 from primeruns.journal.frames import HEADER_SIZE, EntryKind, FrameError, peek_header, peek_kind
-from primeruns.journal.layout import KEY, decode_entry, gather, is_chunk_key, key, missing, seq_of
+from primeruns.journal.layout import (
+    KEY,
+    check_entry,
+    decode_entry,
+    gather,
+    is_chunk_key,
+    key,
+    missing,
+    seq_of,
+)
 from primeruns.journal.spool import SpoolView
 from primeruns.journal.tail import K_FLOOR, stored_end
 from primeruns.journal.txn import Transactions
@@ -69,6 +78,7 @@ class Reader:
         max_entries: int = 1000,
         max_bytes: int = 8 << 20,
         max_entry_bytes: int | None = None,
+        decode: bool = True,
     ) -> ReadResult:
         """Entries after ``after_seq`` of the given kinds, copied out, ascending.
 
@@ -77,11 +87,15 @@ class Reader:
         reported in ``damaged`` and passed over. An entry declaring more than
         ``max_entry_bytes`` is listed in ``oversized`` (it counts towards
         ``max_entries``), never copied or decompressed: ``0`` reads headers only.
+        ``decode=False`` checks each entry (``check_entry``: its checksum, no
+        decompression) and lists those that pass in ``checked``, not in
+        ``entries``: a damage scan's cheap form.
         """
         wanted = None if kinds is None else frozenset(int(k) for k in kinds)
         raw: list[tuple[int, bytes]] = []
         damaged: list[Damage] = []
         oversized: list[tuple[int, int, int]] = []
+        checked: list[tuple[int, int]] = []
         cap = max_entry_bytes
         next_after = after_seq
         total = 0
@@ -131,9 +145,20 @@ class Reader:
                             next_after = seq
                             more = cur.next()
                             continue
+                        total += head.raw_len
+                        if not decode:
+                            # Checked in place, uncopied: most entries are one
+                            # value. A chunked one (or one needing a dictionary
+                            # not loaded yet) fails here, and is checked whole
+                            # below.
+                            kind, damage = check_entry(seq, value, self._dicts.cached)
+                            if damage is None:
+                                checked.append((seq, kind))
+                                next_after = seq
+                                more = cur.next()
+                                continue
                         whole, _ = gather(cur, seq, value)
                         raw.append((seq, whole))
-                        total += head.raw_len
                     next_after = seq
                     more = cur.next()
         except (lmdb.Error, JournalCorruptError) as exc:
@@ -171,12 +196,20 @@ class Reader:
                     next_after = seq
         entries: list[Entry] = []
         for seq, value in raw:
+            if not decode:
+                kind, damage = check_entry(seq, value, self._dicts.get)
+                if damage is not None:
+                    damaged.append(damage)
+                else:
+                    checked.append((seq, kind))
+                continue
             entry, damage = decode_entry(seq, value, self._dicts.get)
             if entry is not None:
                 entries.append(entry)
             if damage is not None:
                 damaged.append(damage)
-        return ReadResult(entries, next_after, damaged, oversized)
+        checked.sort()  # those checked whole come after those checked in place
+        return ReadResult(entries, next_after, damaged, oversized, checked)
 
     def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
         """Entries present per kind in each interval the ascending ``cuts`` make:

@@ -44,6 +44,9 @@ class ReadResult:
     #: With ``max_entry_bytes``: the entries left out for their size, as
     #: ``(seq, kind, declared bytes)``, neither copied nor decompressed.
     oversized: list[tuple[int, int, int]] = field(default_factory=list)
+    #: With ``decode=False``: the entries that passed their check (not
+    #: decoded, not returned), as ``(seq, kind)``.
+    checked: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -127,8 +127,7 @@ async def progress(request: Request) -> JSONResponse:
         run = _existing(conn, run_id)
         steps = sorted({int(r["step"]) for r in _confirmed(conn, run_id)})
         metric = conn.execute(
-            "SELECT max(step) AS step, max(received_at) AS at FROM train_metrics"
-            " WHERE run_id = ?",
+            "SELECT max(step) AS step, max(received_at) AS at FROM train_metrics WHERE run_id = ?",
             (run_id,),
         ).fetchone()
         latest = max([s for s in (metric["step"], *steps) if s is not None], default=None)

@@ -21,13 +21,14 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 from ..exceptions import JournalError, PrimeRunsError
 from ..journal import EntryKind, Journal, list_journals
+from ..journal.by_kind import last_payload
 from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
 from ..spec import RunSpec, listed_spec, spec_or_default
@@ -81,28 +82,19 @@ class ProducerLink(Protocol):
         """Until the producer appends, finishes or dies (or ``timeout``; None: none)."""
 
 
-def terminal_state(journal: Journal) -> tuple[str, str | None, dict[str, Any]]:
+def terminal_state(
+    journal: Journal, seqs: Mapping[int, Sequence[int]] | None = None
+) -> tuple[str, str | None, dict[str, Any]]:
     """``(status, error, summary)`` from the journal's finish entry, or a
-    crash (with the last summary update) when the producer never finished."""
-    finishes = _last_of(journal, EntryKind.FINISH)
+    crash (with the last summary update) when the producer never finished.
+    ``seqs``: the entries' seqs per kind, when a scan found them already."""
+    known = (lambda kind: seqs.get(kind, ())) if seqs is not None else (lambda kind: None)
+    finishes = last_payload(journal, EntryKind.FINISH, known(EntryKind.FINISH))
     if finishes is not None:
         record = json.loads(finishes)
         return str(record.get("status", "failed")), record.get("error"), record.get("summary") or {}
-    summary = _last_of(journal, EntryKind.SUMMARY)
+    summary = last_payload(journal, EntryKind.SUMMARY, known(EntryKind.SUMMARY))
     return "crashed", CRASH_ERROR, json.loads(summary) if summary is not None else {}
-
-
-def _last_of(journal: Journal, kind: EntryKind) -> bytes | None:
-    """The payload of the journal's last entry of ``kind``: read to the log's
-    end (one read stops at a scan limit; a long run has more entries)."""
-    last, after = None, 0
-    while True:
-        found = journal.read(after, kinds={kind}, max_entries=1_000_000, max_bytes=1 << 30)
-        if found.entries:
-            last = found.entries[-1].payload
-        if found.next_after <= after:
-            return last
-        after = found.next_after
 
 
 def journal_settings(

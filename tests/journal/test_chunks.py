@@ -87,6 +87,9 @@ def test_damage_to_one_chunk_costs_only_its_entry(tmp_path: Path) -> None:
     assert isinstance(entries, dict)
     assert sorted(int(s) for s in entries) == [s for s in range(1, len(payloads) + 1) if s != 7]
     assert any(seq == 7 for seq, _ in result["damage"])  # type: ignore[union-attr]
+    checked = result["checked"]  # by checksum, as show checks: the same
+    assert isinstance(checked, dict) and any(seq == 7 for seq, _ in checked["damage"])
+    assert checked["seqs"] == sorted(int(s) for s in entries)
 
 
 @pytest.mark.parametrize("trial", range(6))

@@ -28,8 +28,12 @@ try:
 except JournalError as exc:
     print(json.dumps({"error": str(exc)})); sys.exit(0)
 damage = [[d.seq, d.what] for d in j.damage()]
+scan = j.checksums()
+checked = {"damage": [[d.seq, d.what] for d in scan.damage],
+           "seqs": sorted(s for seqs in scan.seqs.values() for s in seqs)}
 got = j.read(0, max_entries=10**6, max_bytes=1 << 40)
-print(json.dumps({"damage": damage, "entries": {e.seq: e.payload.decode() for e in got.entries}}))
+print(json.dumps({"damage": damage, "entries": {e.seq: e.payload.decode() for e in got.entries},
+                  "checked": checked}))
 j.close()
 """
 
@@ -84,6 +88,12 @@ def test_flips_and_truncations(pristine: Path, tmp_path: Path, trial: int) -> No
         assert damage, "lost entries must be reported"
     for seq, what in damage:
         assert what and (seq is None or f"{seq}" in what)
+    # Checksums alone (what ``show`` checks with) find the same damage, and
+    # pass exactly the entries that decode.
+    checked = result["checked"]
+    assert isinstance(checked, dict)
+    assert sorted(map(tuple, checked["damage"]), key=str) == sorted(map(tuple, damage), key=str)
+    assert checked["seqs"] == sorted(int(seq) for seq in entries)
 
 
 def test_flipped_entry_is_reported_precisely(tmp_path: Path) -> None:
