@@ -275,10 +275,14 @@ class Run:
                 if self.kind == "eval" and not self._attached:
                     closing.store_edited_config(recorder, self._config)
                 budget = self._finish_timeout if timeout is None else timeout
-                if self._fork is not None:
+                if self._fork is not None:  # its exited children shipped first, in the budget
+                    started = time.monotonic()
                     self._fork.wait_children(
                         recorder.journal.path, budget if wait is None else min(budget, wait)
                     )
+                    spent = time.monotonic() - started
+                    budget = max(0.0, budget - spent)
+                    wait = None if wait is None else max(0.0, wait - spent)
                 closing.finish_journal(
                     recorder,
                     self._supervisor,

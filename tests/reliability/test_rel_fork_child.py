@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import rel_helpers as rh
 import rel_torture as rt
 import workloads
@@ -54,9 +55,13 @@ def _assert_exactly_once(lp: LocalPlatform, run: pr.Run, episodes: list[dict[str
     assert lp.run(run.id)["status"] == "COMPLETED"
 
 
+@pytest.mark.parametrize("ending", ["close", "terminate"])
 def test_pool_workers_forked_from_an_evaluation_log_into_its_run_exactly_once(
-    shared_platform: LocalPlatform, tmp_path: Path
+    shared_platform: LocalPlatform, tmp_path: Path, ending: str
 ) -> None:
+    """``ending``: the pool closed and joined (its workers exit through
+    multiprocessing's process exit), or ended by ``with Pool() as pool:``,
+    which terminates its workers (SIGTERM) as the block ends."""
     global _RUN
     lp = shared_platform
     episodes = workloads.gsm8k(110)
@@ -67,9 +72,12 @@ def test_pool_workers_forked_from_an_evaluation_log_into_its_run_exactly_once(
             with warnings.catch_warnings():  # fork with threads: Python 3.12 warns
                 warnings.simplefilter("ignore", DeprecationWarning)
                 pool = ctx.Pool(4)
-            dropped = pool.map(_log_in_worker, [episodes[k * 25 : (k + 1) * 25] for k in range(4)])
-            pool.close()
-            pool.join()
+            with pool:
+                parts = [episodes[k * 25 : (k + 1) * 25] for k in range(4)]
+                dropped = pool.map(_log_in_worker, parts)
+                if ending == "close":
+                    pool.close()
+                    pool.join()
             run.log_episodes(episodes[100:])
             run.finish(timeout=120)
         finally:
