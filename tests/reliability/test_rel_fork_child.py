@@ -14,9 +14,11 @@ import os
 import sqlite3
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 import rel_helpers as rh
 import rel_torture as rt
@@ -24,6 +26,7 @@ import workloads
 
 import primeruns as pr
 from primeruns.local import LocalPlatform
+from primeruns.local.objects import object_path
 
 # The run a pool worker logs into: set in the parent before the pool forks,
 # inherited by every worker (a forked child shares nothing else with it).
@@ -109,3 +112,63 @@ def test_a_child_of_os_fork_logs_into_its_parents_run_exactly_once(
         run.finish(timeout=120)
     assert os.waitstatus_to_exitcode(status) == 0
     _assert_exactly_once(lp, run, episodes)
+
+
+_TEAM = "team-fork"
+
+
+@pytest.fixture(scope="module")
+def train_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
+    platform = LocalPlatform(tmp_path_factory.mktemp("fork-platform"), train_teams=[_TEAM])
+    platform.start()
+    try:
+        yield platform
+    finally:
+        platform.stop()
+
+
+def test_a_forked_child_logging_the_parents_step_of_a_training_run_collides_with_nothing(
+    train_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """Parent and child log episodes of the same step: each Parquet object its
+    own, no sample id used twice within the step, every episode once in Prime Traces."""
+    lp = train_platform
+    steps = workloads.agentic_by_step(10)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = pr.init(
+            kind="train",
+            model="m",
+            team_id=_TEAM,
+            training=pr.TrainingSpec(max_steps=20, batch_size=10),
+            api_key=rt.KEY,
+            base_url=lp.url,
+            runs_dir=tmp_path / "runs",
+        )
+        run.log_episodes(steps[0][:5])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: log its half of step 0, then leave without atexit
+            code = 1
+            try:
+                run.log_episodes(steps[0][5:])
+                run.flush(timeout=60)
+                code = 0 if run.dropped_records == 0 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        run.log_episodes(steps[10])
+        run.finish(timeout=120)
+    assert os.waitstatus_to_exitcode(status) == 0
+    stored: dict[str, Any] = lp.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 20
+    keys = [o["key"] for o in stored["parquet_objects"]]
+    assert len(set(keys)) == len(keys)
+    ids_by_step: dict[int, list[int]] = {}
+    for obj in stored["parquet_objects"]:
+        table = pq.read_table(object_path(lp.data_dir / "objects", obj["key"]))
+        ids_by_step.setdefault(obj["step"], []).extend(table.column("sample_id").to_pylist())
+    assert sorted(ids_by_step) == [0, 10]
+    assert all(len(ids) == len(set(ids)) == 10 for ids in ids_by_step.values()), ids_by_step
+    assert run.dropped_records == 0
