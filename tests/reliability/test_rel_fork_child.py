@@ -103,8 +103,13 @@ def test_a_child_of_os_fork_logs_into_its_parents_run_exactly_once(
         if pid == 0:  # the child: log, then leave as forked children do (no atexit)
             code = 1
             try:
-                run.log_episodes(episodes[10:20])
-                code = 0 if run.dropped_records == 0 else 2
+                run.log_episodes(episodes[10:15])
+                run.log_traces(episodes[15:20])  # episodes among traces: as episodes
+                shipped = run.flush(timeout=60)  # the child's own, shipped; the run left open
+                ours = {e["id"] for e in episodes[10:20]}
+                landed = ours <= set(rh.platform_episode_ids(lp.data_dir, run.id))
+                still_open = lp.run(run.id)["status"] == "RUNNING"
+                code = 2 if run.dropped_records else 0 if shipped and landed and still_open else 3
             finally:
                 os._exit(code)
         _, status = os.waitpid(pid, 0)
