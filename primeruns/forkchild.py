@@ -23,14 +23,16 @@ shipped by its uplink process, which the parent's ``finish()`` waits for. A
 child still alive when the parent finishes is not waited for: its uplink
 goes on shipping into the run after the parent closed it. A child forked
 before the parent's run was registered on the platform has no run to attach
-to: its records are dropped and counted, as before.
+to: its records are dropped and counted, as before; so are an offline
+run's. A child's ``update_summary`` stays in its journal (the parent's
+summary is the run's), and with ``PRIME_RUNS_UPLINK=threads`` a child ended
+by ``os._exit`` is shipped only by ``primeruns replay`` of its journal.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import multiprocessing.util
 import os
 import threading
 import time
@@ -40,7 +42,7 @@ from typing import Any
 
 from . import hooks, records
 from .exceptions import JournalError
-from .journal import EntryKind, Journal, journal_info, list_journals
+from .journal import EntryKind, Journal, delete_journal, journal_info, list_journals
 from .journal.lock import owner_alive, read_owner
 from .models import OnError, RunKind, RunStatus
 from .platform import Settings
@@ -182,6 +184,7 @@ def _open(origin: ForkOrigin) -> Run:
         )
     except BaseException:
         journal.close()
+        delete_journal(journal.path)  # nothing in it yet: leave no crashed run behind
         raise
     run = ChildRun(
         recorder,
@@ -195,7 +198,10 @@ def _open(origin: ForkOrigin) -> Run:
     )
     hooks.register(run)
     # multiprocessing's children end with os._exit, past atexit: its own
-    # finalizers are what runs at their exit.
+    # finalizers are what runs at their exit. (Imported here: importing it
+    # registers an atexit hook, for processes that use it only.)
+    import multiprocessing.util
+
     multiprocessing.util.Finalize(None, _exit_now, args=(run,), exitpriority=_EXIT_PRIORITY)
     return run
 
