@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sqlite3
 import warnings
 from collections import Counter
@@ -116,6 +117,33 @@ def test_a_child_of_os_fork_logs_into_its_parents_run_exactly_once(
         run.log_episodes(episodes[20:])
         run.finish(timeout=120)
     assert os.waitstatus_to_exitcode(status) == 0
+    _assert_exactly_once(lp, run, episodes)
+
+
+def test_a_forked_child_killed_right_after_logging_loses_nothing_of_what_it_logged(
+    shared_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """SIGKILL (the OOM killer) right after the calls returned: nothing of the
+    child's ran at its end; its uplink ships its journal, and the parent's
+    finish() waits for that before it closes the run."""
+    lp = shared_platform
+    episodes = workloads.gsm8k(230)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        run.log_episodes(episodes[:10])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            try:
+                for k in range(10, 210, 10):
+                    run.log_episodes(episodes[k : k + 10])
+            finally:
+                os.kill(os.getpid(), signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        run.log_episodes(episodes[210:])
+        run.finish(timeout=120)
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
     _assert_exactly_once(lp, run, episodes)
 
 
