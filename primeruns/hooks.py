@@ -3,7 +3,8 @@
 At interpreter exit an unfinished run is closed as crashed, all runs within
 one grace together (``_EXIT_GRACE``); SIGTERM (a scheduler's preemption)
 closes every run as cancelled within a short grace, then lets the signal's
-previous disposition act; a forked child never closes its parent's runs.
+previous disposition act; a forked child never closes its parent's runs
+(before a fork, each run notes what the child needs to log into it).
 A run takes part through ``register``; it only needs ``_at_exit(deadline)``
 and ``_on_sigterm()``.
 
@@ -18,6 +19,7 @@ handled as the call returns, with no lock of the SDK held.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import threading
@@ -39,6 +41,8 @@ class _Closable(Protocol):
     def _at_exit(self, deadline: float) -> None: ...
 
     def _on_sigterm(self) -> None: ...
+
+    def before_fork(self) -> None: ...
 
     def reset_after_fork(self) -> None: ...
 
@@ -124,6 +128,14 @@ def install_sigterm() -> None:
         pass
 
 
+def _before_fork() -> None:
+    # What a forked child needs of a run that only the parent can read.
+    for run in list(_exit_runs):
+        # A fork must never fail for it: the child then drops its records.
+        with contextlib.suppress(Exception):
+            run.before_fork()
+
+
 def _after_fork_in_child() -> None:
     # A child never finalizes its parent's run, even from atexit; and it must
     # not wait on a lock another thread of the parent held at the fork.
@@ -132,4 +144,4 @@ def _after_fork_in_child() -> None:
     _exit_runs.clear()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from . import hooks, records
 from .exceptions import ConfigurationError
+from .forkchild import ForkOrigin
 from .journal import EntryKind, Journal, delete_journal, list_journals
 from .models import (
     CONFIG_SOURCE_KEY,
@@ -234,6 +235,7 @@ def init(
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
     recorder = Recorder(journal, kind=kind, on_error=on_error)
     supervisor = None
+    fork = None
     if run_mode == "online":
         try:
             supervisor, taken_over = go_online(journal, settings, kind, recorder.note, tuning)
@@ -243,6 +245,18 @@ def init(
             journal.close()
             delete_journal(journal.path)
             raise
+        bound = supervisor.binding()
+        fork = ForkOrigin(
+            spec=spec,
+            settings=settings,
+            tuning=tuning,
+            durability=durability,
+            kind=kind,
+            on_error=on_error,
+            finish_timeout=float(finish_timeout),
+            parent_id=journal.local_id,
+            run_id=bound.run_id if bound else None,
+        )
         others = (journal.path.parent, {journal.path, *taken_over})
         start_daemon(_mention_crashed_runs, "primeruns-scan", others)
     run = Run(
@@ -254,6 +268,7 @@ def init(
         finish_timeout=float(finish_timeout),
         attached=id is not None,
         local_id=journal.local_id,
+        fork=fork,
     )
     hooks.register(run)
     hooks.install_sigterm()

@@ -8,8 +8,9 @@ touches the network: after an append it calls its ``wake`` callback, which
 for an online run wakes the uplink without blocking.
 
 Thread-safe: many threads may log at once; counts are exact. In a forked
-child every call is dropped and counted (the journal belongs to the parent's
-process; see ``reset_after_fork``).
+child the journal belongs to the parent's process: a record goes to the
+child's own journal (``forked_target``, :mod:`primeruns.forkchild`), or is
+dropped and counted where the child has none.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ class Recorder:
         self.summary: dict[str, Any] = {}
         self.errors: list[str] = []
         self.wake: Callable[[], None] = _nothing
+        # In a forked child: the recorder of the child's own journal, opened
+        # on its first record (None: the child has none; records are dropped).
+        self.forked_target: Callable[[], Recorder | None] | None = None
         # Set by init() for a journal it owns: notices the journal's directory
         # deleted or moved and carries the run over (``primeruns.rehoming``).
         self.rehomer: Rehomer | None = None
@@ -189,11 +193,7 @@ class Recorder:
     def log_traces(self, traces: Iterable[Any]) -> None:
         """Bare traces; an episode among them is journaled as an episode, in order."""
         self.check_live("log_traces")
-        if (
-            self.journal is None
-            or not self.owner_process()
-            or isinstance(traces, Mapping | str | bytes)
-        ):
+        if self.journal is None or isinstance(traces, Mapping | str | bytes):
             self.log(EntryKind.TRACE, traces, "traces")
             return
         try:
@@ -318,13 +318,17 @@ class Recorder:
         if journal is None:
             return
         if not self.owner_process():
+            target = self.forked_target() if self.forked_target is not None else None
+            if target is not None:
+                target.append(kind, payloads, essential=essential, final=final)
+                return
             with self.lock:
                 self._forked_dropped += len(payloads)
             self.warn_once(
                 "fork",
-                "a forked child logged to its parent's run; its records are dropped and "
-                "counted in run.dropped_records. Log from the parent, or call pr.init() "
-                "in the child for a run of its own.",
+                "a forked child logged to its parent's run and could not open a journal "
+                "of its own; its records are dropped and counted in run.dropped_records. "
+                "Log from the parent, or call pr.init() in the child for a run of its own.",
             )
             return
         try:

@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from . import closing, hooks
 from .journal import EntryKind
@@ -26,6 +26,9 @@ from .models import CONFIG_SOURCE_KEY, ConfigSource, Mode, RunKind, RunStatus
 from .recorder import Recorder
 from .rehoming import Rehomer
 from .supervisor import Supervisor
+
+if TYPE_CHECKING:
+    from .forkchild import ForkOrigin
 
 __all__ = ["Run"]
 
@@ -55,8 +58,11 @@ class Run:
         attached: bool,
         local_id: str,
         supervisor: Supervisor | None = None,
+        fork: ForkOrigin | None = None,
     ) -> None:
         self._recorder = recorder
+        # An online run's: what a forked child needs to log into it (forkchild).
+        self._fork = fork
         self._supervisor = supervisor
         self._mode: Mode = mode
         self._name = name
@@ -71,6 +77,8 @@ class Run:
             recorder.wake = supervisor.wake
         if recorder.journal is not None:
             recorder.rehomer = Rehomer(recorder.journal, supervisor)
+        if fork is not None:
+            recorder.forked_target = self._child_recorder
 
     # -- identity ------------------------------------------------------------------
     @property
@@ -140,7 +148,7 @@ class Run:
     @property
     def dropped_records(self) -> int:
         """Records never journaled: the journal's byte budget or the disk was full,
-        or a forked child logged to its parent's run."""
+        or a forked child could not open a journal of its own (``primeruns.forkchild``)."""
         return self._recorder.dropped
 
     @property
@@ -192,7 +200,10 @@ class Run:
         far is raised here.
         """
         done = True
-        if self._supervisor is not None and self._recorder.owner_process():
+        child = self._fork.opened() if self._fork is not None else None
+        if child is not None:  # in a forked child: its own journal's records
+            done = child.flush(timeout)
+        elif self._supervisor is not None and self._recorder.owner_process():
             done = self._supervisor.drain(self._recorder.targets(), timeout)
         self._recorder.raise_deferred()
         return done
@@ -255,17 +266,29 @@ class Run:
             try:
                 self._status = status
                 message = closing.settle(recorder, summary, status, error)
+                child = self._fork.opened() if self._fork is not None else None
+                if child is not None:  # a forked child: ships its own, leaves the run open
+                    child._finish_once(None, RunStatus.COMPLETED, None, timeout, wait=wait)
                 if recorder.journal is None or not recorder.owner_process():
                     return
                 hooks.unregister(self)
                 if self.kind == "eval" and not self._attached:
                     closing.store_edited_config(recorder, self._config)
+                budget = self._finish_timeout if timeout is None else timeout
+                if self._fork is not None:  # its exited children shipped first, in the budget
+                    started = time.monotonic()
+                    self._fork.wait_children(
+                        recorder.journal.path, budget if wait is None else min(budget, wait)
+                    )
+                    spent = time.monotonic() - started
+                    budget = max(0.0, budget - spent)
+                    wait = None if wait is None else max(0.0, wait - spent)
                 closing.finish_journal(
                     recorder,
                     self._supervisor,
                     status=status,
                     message=message,
-                    budget=self._finish_timeout if timeout is None else timeout,
+                    budget=budget,
                     wait=wait,
                     run_id=self.id,
                 )
@@ -273,10 +296,21 @@ class Run:
                 self._finished = True
 
     # -- process hooks (primeruns.hooks) --------------------------------------------------
+    def before_fork(self) -> None:
+        """In the parent, about to fork: note the platform run for the child."""
+        if self._fork is not None and not self._finished:
+            bound = self._supervisor.binding() if self._supervisor else None
+            self._fork.noted(bound.run_id if bound else None)
+
+    def _child_recorder(self) -> Recorder | None:
+        child = self._fork.child_run() if self._fork is not None else None
+        return child._recorder if child is not None else None
+
     def reset_after_fork(self) -> None:
         """In a forked child: fresh locks (a thread of the parent may have held
         one at the fork). The parent keeps the run: the child's ``log_*``
-        calls are dropped and counted, and its exit never closes the run."""
+        calls go to a journal of its own (``primeruns.forkchild``), and its
+        exit never closes the run."""
         self._finish_lock = threading.Lock()
         self._recorder.reset_after_fork()
 

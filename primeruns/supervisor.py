@@ -58,9 +58,13 @@ def go_online(
     kind: RunKind,
     on_failure: Callable[[str, BaseException], None],
     tuning: SdkSettings | None = None,
+    *,
+    siblings: bool = True,
 ) -> tuple[Supervisor, list[Path]]:
     """Register the run and start its uplink; the supervisor, and the journals
-    of earlier processes of an attached run that it took over.
+    of earlier processes of an attached run that it took over. ``siblings``:
+    look for those (not for a forked child's journal, whose run's other
+    journals are its parent's and its siblings', each shipped by its own).
 
     Raises the platform's authorization errors (401, 402, 403) and any
     failure that is not transient; a platform that cannot be reached only
@@ -87,7 +91,7 @@ def go_online(
         client.close()  # from here on only the uplink talks to the platform
     attach = lifecycle.spec.attach_id
     predecessors: list[Path] = []
-    if attach:
+    if attach and siblings:
         predecessors, alive = find_run_journals(journal.path.parent, attach, exclude=journal.path)
         if alive:
             log.warning(

@@ -47,9 +47,9 @@ def main() -> None:
     if how == "fork":
         pid = os.fork()
         if pid == 0:
-            run.log_episodes(episodes[3:])  # dropped and counted: never the parent's journal
+            run.log_episodes(episodes[3:])  # into a journal of its own: never the parent's
             print(f"child dropped {run.dropped_records}", flush=True)
-            run.finish()  # a child never closes the parent's run
+            run.finish()  # ships the child's records; a child never closes the parent's run
             os._exit(0)
         os.waitpid(pid, 0)
         run.finish(timeout=60)

@@ -105,7 +105,7 @@ def test_sigterm_journals_a_cancelled_finish_and_drains(
     assert stored["samples"]["rows"] == 3
 
 
-def test_a_forked_child_never_writes_or_closes_the_parents_run(
+def test_a_forked_child_logs_into_the_parents_run_and_never_closes_it(
     local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
@@ -113,8 +113,9 @@ def test_a_forked_child_never_writes_or_closes_the_parents_run(
     run_id = _run_id(proc)
     out, err = _finish(proc)
     assert proc.returncode == 0, err[-2000:]
-    assert "child dropped 3" in out
+    assert "child dropped 0" in out
     assert "parent completed" in out
     stored = local_platform.run(run_id)
     assert stored["status"] == "COMPLETED"
-    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 3
+    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 6
+    assert stored["samples"]["rows"] == 6

@@ -41,7 +41,7 @@ from ..spec import RunSpec, SpecEnvironment, journal_spec
 from . import run_keys
 from .policy import RetryPolicy
 
-__all__ = ["Lifecycle", "crash_reason", "status_message"]
+__all__ = ["K_FORK_PARENT", "Lifecycle", "crash_reason", "status_message"]
 
 log = logging.getLogger("primeruns.lifecycle")
 
@@ -56,6 +56,8 @@ _NAMESPACE = "prime_runs"
 # A closing run stops retrying a create that has no lookup after this many lost
 # answers: a flaky link (10% of answers lost) loses three in a row once in ~300.
 _MAX_LOST_CREATES = 3
+# Journal meta of a forked child's journal: its parent's (``primeruns.forkchild``).
+K_FORK_PARENT = "fork_parent"
 # Journal meta: when a create request was first sent (its answer may be lost).
 K_CREATE_SENT = "create_sent"
 # How far back the lookup of a lost create goes: the newest evaluations of the
@@ -468,6 +470,10 @@ class Lifecycle:
         a repeat after success is a no-op. Returns whether it is done."""
         with self._lock:
             if self.finalized:
+                return True
+            if self.journal.get_meta(K_FORK_PARENT):
+                # A forked child's journal: its parent owns the run and closes it.
+                self.journal.set_meta("finalized", {"status": status, "at": time.time()})
                 return True
             self._deadline = deadline
             try:

@@ -37,7 +37,7 @@ from . import ledger
 from .deadline import budget_left
 from .factory import make_shippers
 from .handover import take_over
-from .lifecycle import Lifecycle
+from .lifecycle import K_FORK_PARENT, Lifecycle
 from .mirror import sync_root
 from .policy import RetryPolicy
 from .shipper import Shipper, drain_all
@@ -195,6 +195,7 @@ class Uplink:
     def start(self, predecessors: Sequence[Path] = ()) -> None:
         """Start a shipper per sink, and ship the backlog of ``predecessors``
         (earlier processes of the same run) alongside."""
+        forked = bool(self.journal.get_meta(K_FORK_PARENT))
         self.shippers = make_shippers(
             self.journal,
             self.client,
@@ -202,9 +203,10 @@ class Uplink:
             opted_out=self.lifecycle.spec.traces_opt_out,
             policy=self.policy,
             on_failure=self._on_failure,
-            # A requeued job may log a step its predecessor logged too: draw
-            # sample id ranges far from the ones it used.
-            range_base=random.randrange(1 << 20, 1 << 21) if predecessors else 0,
+            # A requeued job may log a step its predecessor logged too, and a
+            # forked child the steps its parent logs: draw sample id ranges far
+            # from the ones they use.
+            range_base=random.randrange(1 << 20, 1 << 21) if predecessors or forked else 0,
             on_progress=self._notify,
         )
         for shipper in self.shippers:

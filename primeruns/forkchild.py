@@ -1,0 +1,239 @@
+"""A forked child's records: a journal of its own, attached to its parent's run.
+
+A child of ``fork`` (``os.fork()``, multiprocessing's fork start) inherits its
+parent's run handle but may not write the parent's journal: one writer per
+journal, and an LMDB environment must never be used across fork (see
+``journal.store``). So on its first record the child opens a journal of its
+own in the same runs dir, attached to the parent's platform run, and ships it
+with an uplink of its own (a process, so what the child journaled is shipped
+even when the child ends with ``os._exit`` or is killed).
+
+The child's journal names its parent (``K_FORK_PARENT`` in its meta): its
+close-out never closes the platform run (the parent owns it, see
+``ship.lifecycle``), its training samples draw ``sample_id`` ranges far from
+the parent's, and the parent's ``finish()`` waits for a child that has exited
+to be shipped before it closes the run (``wait_children``).
+
+What is guaranteed: every record a child's ``log_*`` call returned for is in
+the child's journal (durably as the parent's). A child that exits through
+the interpreter's exit, multiprocessing's process exit (its finalizers) or
+SIGTERM (``Pool.terminate``) ships its records before it exits, within the
+run's ``finish_timeout``; one that ends otherwise (``os._exit``, SIGKILL) is
+shipped by its uplink process, which the parent's ``finish()`` waits for. A
+child still alive when the parent finishes is not waited for: its uplink
+goes on shipping into the run after the parent closed it. A child forked
+before the parent's run was registered on the platform has no run to attach
+to: its records are dropped and counted, as before; so are an offline
+run's. A child's ``update_summary`` stays in its journal (the parent's
+summary is the run's), and with ``PRIME_RUNS_UPLINK=threads`` a child ended
+by ``os._exit`` is shipped only by ``primeruns replay`` of its journal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from . import hooks, records
+from .exceptions import JournalError
+from .journal import EntryKind, Journal, delete_journal, journal_info, list_journals
+from .journal.lock import owner_alive, read_owner
+from .models import OnError, RunKind, RunStatus
+from .platform import Settings
+from .recorder import Recorder
+from .run import Run
+from .settings import SdkSettings
+from .ship.lifecycle import K_FORK_PARENT
+from .spec import SPEC_KEY, RunSpec
+from .supervisor import go_online
+
+__all__ = ["K_FORK_PARENT", "ForkOrigin", "wait_children"]
+
+log = logging.getLogger("primeruns")
+
+# The parent's finish() looks at its exited children this often while their
+# uplinks ship (a wait on other processes' files: there is nothing to wake it).
+_POLL_S = 0.05
+# Before multiprocessing's other finalizers (its queues' feeder threads).
+_EXIT_PRIORITY = 100
+# How long a child's exit (or SIGTERM) waits for its records to ship, at most
+# (and never past the run's finish_timeout): as long as the parent's exit.
+_EXIT_GRACE = 30.0
+
+
+# Serializes the opening of a child's journal; new in each child, since a
+# thread of the parent may have held it at the fork.
+_opening = threading.Lock()
+
+
+def _fresh_lock() -> None:
+    global _opening
+    _opening = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock)
+
+
+@dataclass
+class ForkOrigin:
+    """What a forked child needs of its parent's run to open its own journal,
+    captured by ``init()`` in the parent (the child cannot read the parent's
+    journal). ``run_id`` is the platform run, noted before each fork."""
+
+    spec: RunSpec
+    settings: Settings
+    tuning: SdkSettings
+    durability: Any
+    kind: RunKind
+    on_error: OnError
+    finish_timeout: float
+    parent_id: str
+    run_id: str | None = None
+    forked: bool = False  # the parent forked since: its finish() looks for children
+    _child: Run | None = field(default=None, repr=False)
+    _child_pid: int | None = None  # the process _child belongs to
+    _failed: bool = False
+
+    def noted(self, run_id: str | None) -> None:
+        """In the parent, about to fork: the platform run the child attaches to."""
+        self.forked = True
+        if run_id is not None:
+            self.run_id = run_id
+
+    def opened(self) -> Run | None:
+        """This process's child run, if it opened one (never the parent's)."""
+        return self._child if self._child_pid == os.getpid() else None
+
+    def child_run(self) -> Run | None:
+        """This child's run (opened on its first record), or None when there
+        is no platform run to attach to or it could not be opened."""
+        if self._child_pid == os.getpid() and (self._child is not None or self._failed):
+            return self._child  # the common case: no lock
+        with _opening:  # two threads of the child logging at once open one journal
+            if self._child_pid != os.getpid():  # a new child (of the parent or of a child)
+                self._child, self._child_pid, self._failed = None, os.getpid(), False
+            if self._child is None and not self._failed:
+                self._child = self._open_once()
+            return self._child
+
+    def _open_once(self) -> Run | None:
+        self._failed = True  # one attempt: a failure is said once, not per call
+        if self.run_id is None:
+            log.warning(
+                "prime-runs: a forked child logged to a run the platform had not registered "
+                "when the child was forked; its records are dropped and counted in "
+                "run.dropped_records. Fork after init() registered the run (run.url is set)."
+            )
+            return None
+        try:
+            child = _open(self)
+        except Exception as exc:  # never into the child's loop
+            log.warning("prime-runs: a forked child could not open its journal: %s", exc)
+            return None
+        self._failed = False
+        return child
+
+    def wait_children(self, own: Path, budget: float) -> None:
+        """In the parent's finish(): wait up to ``budget`` seconds for the
+        journals of its exited children to be shipped (``wait_children``)."""
+        if self.forked:
+            wait_children(own.parent, self.parent_id, own, time.monotonic() + budget)
+
+
+class ChildRun(Run):
+    """A forked child's run: at exit it ships its records and leaves the
+    platform run open (the parent closes it)."""
+
+    def _at_exit(self, deadline: float) -> None:
+        if self.finished or not self._recorder.owner_process():
+            return
+        wait = max(0.0, min(self._finish_timeout, deadline - time.monotonic()))
+        try:
+            self._finish_once(None, RunStatus.COMPLETED, None, None, wait=wait)
+        except Exception as exc:
+            log.warning("prime-runs: shipping a forked child's records at exit failed: %s", exc)
+
+    def _on_sigterm(self) -> None:
+        _exit_now(self)
+
+
+def _exit_now(run: Run) -> None:
+    run._at_exit(time.monotonic() + _EXIT_GRACE)
+
+
+def _open(origin: ForkOrigin) -> Run:
+    spec = replace(origin.spec, attach_id=origin.run_id, run_key=None)
+    stored = spec.to_json()
+    journal = Journal.create(
+        origin.tuning.runs_dir,
+        durability=origin.durability,
+        max_bytes=origin.tuning.max_journal_bytes,
+        meta={SPEC_KEY: stored, "state": "running", K_FORK_PARENT: origin.parent_id},
+    )
+    journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
+    recorder = Recorder(journal, kind=origin.kind, on_error=origin.on_error)
+    try:
+        supervisor, _ = go_online(
+            journal, origin.settings, origin.kind, recorder.note, origin.tuning, siblings=False
+        )
+    except BaseException:
+        journal.close()
+        delete_journal(journal.path)  # nothing in it yet: leave no crashed run behind
+        raise
+    run = ChildRun(
+        recorder,
+        supervisor=supervisor,
+        mode="online",
+        name=spec.name,
+        config={},
+        finish_timeout=origin.finish_timeout,
+        attached=True,
+        local_id=journal.local_id,
+    )
+    hooks.register(run)
+    # multiprocessing's children end with os._exit, past atexit: its own
+    # finalizers are what runs at their exit. (Imported here: importing it
+    # registers an atexit hook, for processes that use it only.)
+    import multiprocessing.util
+
+    multiprocessing.util.Finalize(None, _exit_now, args=(run,), exitpriority=_EXIT_PRIORITY)
+    return run
+
+
+def wait_children(runs_dir: Path, parent_id: str, own: Path, deadline: float) -> None:
+    """Wait (until ``deadline``, monotonic) for the journals of this run's
+    forked children that have exited to be shipped by their uplinks. A child
+    still logging is not waited for (module doc)."""
+    try:
+        children = [
+            info.path
+            for info in list_journals(runs_dir, skip=[own])
+            if info.meta.get(K_FORK_PARENT) == parent_id
+        ]
+    except (JournalError, OSError) as exc:
+        log.warning("prime-runs: could not look for the run's forked children: %s", exc)
+        return
+    for path in children:
+        while time.monotonic() < deadline:
+            if not _being_shipped(path):
+                break
+            time.sleep(_POLL_S)
+
+
+def _being_shipped(path: Path) -> bool:
+    """An exited child's journal whose uplink is still at work on it."""
+    with contextlib.suppress(JournalError, OSError):
+        if journal_info(path).meta.get("state") == "shipped":
+            return False
+    owner = read_owner(path)
+    if owner is None or owner.helper_pid is None:
+        return False  # no uplink process: nobody ships it (left for primeruns replay)
+    if owner_alive(replace(owner, helper_pid=None, helper_start=None)):
+        return False  # the child still logs: not waited for (module doc)
+    return owner_alive(owner)  # its uplink is still at work

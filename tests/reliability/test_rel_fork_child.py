@@ -1,0 +1,207 @@
+"""Forked children log into their parent's run (issue #29, first bullet).
+
+A child of fork (a multiprocessing pool with the fork start, ``os.fork()``)
+logs through the run handle it inherited: its records go to a journal of its
+own, attached to the parent's platform run, and land exactly once in Prime
+Traces and in the evaluation sample table, with nothing counted as dropped,
+as the vendor's SDK uploads them. The parent logs its own and finishes the run.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+import sqlite3
+import warnings
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import pytest
+import rel_helpers as rh
+import rel_torture as rt
+import workloads
+
+import primeruns as pr
+from primeruns.local import LocalPlatform
+from primeruns.local.objects import object_path
+
+# The run a pool worker logs into: set in the parent before the pool forks,
+# inherited by every worker (a forked child shares nothing else with it).
+_RUN: pr.Run | None = None
+
+
+def _log_in_worker(part: list[dict[str, Any]]) -> int:
+    assert _RUN is not None
+    for i in range(0, len(part), 5):
+        _RUN.log_episodes(part[i : i + 5])
+    return _RUN.dropped_records
+
+
+def _sample_ids(data_dir: Path, eval_id: str) -> Counter[str]:
+    """Every sample id the local platform's sample table holds for ``eval_id``."""
+    conn = sqlite3.connect(f"file:{data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
+    try:
+        rows = conn.execute("SELECT sample_id FROM eval_samples WHERE eval_id = ?", (eval_id,))
+        return Counter(str(r[0]) for r in rows)
+    finally:
+        conn.close()
+
+
+def _assert_exactly_once(lp: LocalPlatform, run: pr.Run, episodes: list[dict[str, Any]]) -> None:
+    wanted = Counter(e["id"] for e in episodes)
+    assert rh.platform_episode_ids(lp.data_dir, run.id) == wanted  # Prime Traces
+    assert _sample_ids(lp.data_dir, run.id) == wanted  # the sample table
+    assert run.dropped_records == 0
+    assert lp.run(run.id)["status"] == "COMPLETED"
+
+
+@pytest.mark.parametrize("ending", ["close", "terminate"])
+def test_pool_workers_forked_from_an_evaluation_log_into_its_run_exactly_once(
+    shared_platform: LocalPlatform, tmp_path: Path, ending: str
+) -> None:
+    """``ending``: the pool closed and joined (its workers exit through
+    multiprocessing's process exit), or ended by ``with Pool() as pool:``,
+    which terminates its workers (SIGTERM) as the block ends."""
+    global _RUN
+    lp = shared_platform
+    episodes = workloads.gsm8k(110)
+    ctx = multiprocessing.get_context("fork")
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = _RUN = rt.eval_run(lp.url, tmp_path / "runs")
+        try:
+            with warnings.catch_warnings():  # fork with threads: Python 3.12 warns
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pool = ctx.Pool(4)
+            with pool:
+                parts = [episodes[k * 25 : (k + 1) * 25] for k in range(4)]
+                dropped = pool.map(_log_in_worker, parts)
+                if ending == "close":
+                    pool.close()
+                    pool.join()
+            run.log_episodes(episodes[100:])
+            run.finish(timeout=120)
+        finally:
+            _RUN = None
+    assert dropped == [0, 0, 0, 0]
+    _assert_exactly_once(lp, run, episodes)
+
+
+def test_a_child_of_os_fork_logs_into_its_parents_run_exactly_once(
+    shared_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    lp = shared_platform
+    episodes = workloads.gsm8k(30)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        run.log_episodes(episodes[:10])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: log, then leave as forked children do (no atexit)
+            code = 1
+            try:
+                run.log_episodes(episodes[10:15])
+                run.log_traces(episodes[15:20])  # episodes among traces: as episodes
+                shipped = run.flush(timeout=60)  # the child's own, shipped; the run left open
+                ours = {e["id"] for e in episodes[10:20]}
+                landed = ours <= set(rh.platform_episode_ids(lp.data_dir, run.id))
+                still_open = lp.run(run.id)["status"] == "RUNNING"
+                code = 2 if run.dropped_records else 0 if shipped and landed and still_open else 3
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        run.log_episodes(episodes[20:])
+        run.finish(timeout=120)
+    assert os.waitstatus_to_exitcode(status) == 0
+    _assert_exactly_once(lp, run, episodes)
+
+
+def test_a_forked_child_killed_right_after_logging_loses_nothing_of_what_it_logged(
+    shared_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """SIGKILL (the OOM killer) right after the calls returned: nothing of the
+    child's ran at its end; its uplink ships its journal, and the parent's
+    finish() waits for that before it closes the run."""
+    lp = shared_platform
+    episodes = workloads.gsm8k(230)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        run.log_episodes(episodes[:10])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:
+            try:
+                for k in range(10, 210, 10):
+                    run.log_episodes(episodes[k : k + 10])
+            finally:
+                os.kill(os.getpid(), signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+        run.log_episodes(episodes[210:])
+        run.finish(timeout=120)
+    assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+    _assert_exactly_once(lp, run, episodes)
+
+
+_TEAM = "team-fork"
+
+
+@pytest.fixture(scope="module")
+def train_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
+    platform = LocalPlatform(tmp_path_factory.mktemp("fork-platform"), train_teams=[_TEAM])
+    platform.start()
+    try:
+        yield platform
+    finally:
+        platform.stop()
+
+
+def test_a_forked_child_logging_the_parents_step_of_a_training_run_collides_with_nothing(
+    train_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """Parent and child log episodes of the same step: each Parquet object its
+    own, no sample id used twice within the step, every episode once in Prime Traces."""
+    lp = train_platform
+    steps = workloads.agentic_by_step(10)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = pr.init(
+            kind="train",
+            model="m",
+            team_id=_TEAM,
+            training=pr.TrainingSpec(max_steps=20, batch_size=10),
+            api_key=rt.KEY,
+            base_url=lp.url,
+            runs_dir=tmp_path / "runs",
+        )
+        run.log_episodes(steps[0][:5])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+        if pid == 0:  # the child: log its half of step 0, then leave without atexit
+            code = 1
+            try:
+                run.log_episodes(steps[0][5:])
+                run.flush(timeout=60)
+                code = 0 if run.dropped_records == 0 else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        run.log_episodes(steps[10])
+        run.finish(timeout=120)
+    assert os.waitstatus_to_exitcode(status) == 0
+    stored: dict[str, Any] = lp.run(run.id)
+    assert stored["status"] == "COMPLETED"
+    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 20
+    keys = [o["key"] for o in stored["parquet_objects"]]
+    assert len(set(keys)) == len(keys)
+    ids_by_step: dict[int, list[int]] = {}
+    for obj in stored["parquet_objects"]:
+        table = pq.read_table(object_path(lp.data_dir / "objects", obj["key"]))
+        ids_by_step.setdefault(obj["step"], []).extend(table.column("sample_id").to_pylist())
+    assert sorted(ids_by_step) == [0, 10]
+    assert all(len(ids) == len(set(ids)) == 10 for ids in ids_by_step.values()), ids_by_step
+    assert run.dropped_records == 0
