@@ -51,7 +51,8 @@ import logging
 import math
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
@@ -884,3 +885,20 @@ def without_settings(environ: Mapping[str, str]) -> dict[str, str]:
     """``environ`` without the SDK's variables: a child handed its settings
     (the uplink process) must not read different ones."""
     return {k: v for k, v in environ.items() if k not in VARIABLES}
+
+
+@contextmanager
+def uplink_overridden(mode: str) -> Iterator[None]:
+    """``PRIME_RUNS_UPLINK`` set to ``mode`` for the block, then restored
+    (``primeruns.testing.use_transport``: a mocked transport is reachable only
+    from threads of this process). Here because every ``PRIME_*`` variable is
+    this module's to read and write."""
+    previous = os.environ.get(UPLINK_ENV)
+    os.environ[UPLINK_ENV] = mode
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(UPLINK_ENV, None)
+        else:
+            os.environ[UPLINK_ENV] = previous

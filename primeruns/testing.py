@@ -21,7 +21,6 @@ until a fixture is used.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -163,16 +162,12 @@ def use_transport(transport: httpx.BaseTransport) -> Iterator[None]:
     cannot reach. The transport answers the platform's protocol
     (docs/TESTING.md says what a run sends)."""
     from .platform import client
+    from .settings import uplink_overridden
 
     previous_transport = client.default_transport
-    previous_uplink = os.environ.get("PRIME_RUNS_UPLINK")
     client.default_transport = transport
-    os.environ["PRIME_RUNS_UPLINK"] = "threads"
     try:
-        yield
+        with uplink_overridden("threads"):
+            yield
     finally:
         client.default_transport = previous_transport
-        if previous_uplink is None:
-            os.environ.pop("PRIME_RUNS_UPLINK", None)
-        else:
-            os.environ["PRIME_RUNS_UPLINK"] = previous_uplink
