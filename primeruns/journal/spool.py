@@ -18,6 +18,13 @@ not its own (a failed write that could not be undone moves on to a new
 segment), and a frame cut short at a segment's end is one whose ``write()``
 never returned: neither is part of the log.
 
+A read may also come back short of the size ``fstat`` gave, for a moment:
+on FUSE and network file systems the size an append is writing can be seen
+before its bytes can be read. That is a tail not there yet, parsed again at
+the next look, never damage: a segment taken as damaged there would have the
+mover move its successor's entries past the rest of it, and delete it (the
+power-cut tests found holes of up to a segment in LMDB so).
+
 Why readers stay consistent while the mover absorbs and deletes: a view opens
 the segments it lists before it reads LMDB, and an open file stays readable
 after its name is deleted; a segment that is gone from the listing was
@@ -303,16 +310,28 @@ def _holds_an_append(fd: int, size: int) -> bool:
     return bool(magic == _MAGIC and size >= APPEND.size + int(length))
 
 
+class _NotReadableYet(Exception):
+    """A read came back short of the size ``fstat`` gave (see the module doc)."""
+
+
+def _pread_whole(fd: int, size: int, offset: int) -> bytes:
+    data = os.pread(fd, size, offset)
+    if len(data) < size:
+        raise _NotReadableYet
+    return data
+
+
 def _frames_in(fd: int, start: int, end: int) -> list[tuple[int, int, int]]:
     """(offset, kind, bytes) of each frame of the append body at
     ``start..end``, by their headers (read in chunks; payloads are skipped).
-    Raises ValueError (FrameError) where the frames do not fill it exactly."""
+    Raises ValueError (FrameError) where the frames do not fill it exactly,
+    _NotReadableYet where the body cannot all be read yet."""
     out: list[tuple[int, int, int]] = []
     pos, buf, at = start, b"", start
     while pos < end:
         rel = pos - at
         if rel + HEADER_SIZE > len(buf):
-            buf, at, rel = os.pread(fd, min(end - pos, _READ_CHUNK), pos), pos, 0
+            buf, at, rel = _pread_whole(fd, min(end - pos, _READ_CHUNK), pos), pos, 0
         head = peek_header(buf[rel : rel + HEADER_SIZE])
         if head.version != FRAME_VERSION or head.flags or head.raw_len > MAX_ENTRY_BYTES:
             raise ValueError("not a spooled entry's header")
@@ -442,7 +461,7 @@ class SpoolView:
             size = os.fstat(seg.fd).st_size
             seg.tail, seg.tail_entries = size - seg.parsed, 0
             while seg.parsed + APPEND.size <= size:
-                head = os.pread(seg.fd, APPEND.size, seg.parsed)
+                head = _pread_whole(seg.fd, APPEND.size, seg.parsed)
                 magic, version, count, length = APPEND.unpack(head)
                 if (
                     magic != _MAGIC
@@ -464,6 +483,8 @@ class SpoolView:
                     seg.lengths.append(frame_size)
                 seg.parsed = body + length
                 seg.tail = size - seg.parsed
+        except _NotReadableYet:
+            return  # a tail being written: the next look parses it (module doc)
         except (OSError, ValueError, struct.error) as exc:
             seq = seg.end + 1
             seg.broken = Damage(seq, f"spool segment {seg.name} at entry {seq}: {exc}")
