@@ -321,6 +321,12 @@ def _pread_whole(fd: int, size: int, offset: int) -> bytes:
     return data
 
 
+def _unread_before(seg: _Segment, successor: int) -> bool:
+    """Whether ``seg`` holds entries before its successor's first that could
+    not be read yet (a damaged segment is read no further: it holds none)."""
+    return seg.broken is None and seg.end < successor - 1
+
+
 def _frames_in(fd: int, start: int, end: int) -> list[tuple[int, int, int]]:
     """(offset, kind, bytes) of each frame of the append body at
     ``start..end``, by their headers (read in chunks; payloads are skipped).
@@ -501,6 +507,8 @@ class SpoolView:
     def frames(self, after: int) -> Iterator[tuple[int, int, int, _Segment, int]]:
         """(seq, kind, frame bytes, segment, index) of each spooled frame past
         ``after``, ascending; a segment's seqs stop short of its successor's.
+        They stop at a segment whose last appends cannot be read yet (see
+        the module doc): never past entries the next look may find.
         Iterate it, and read what it yields, under ``lock``."""
         segments = self._ordered()
         for i, seg in enumerate(segments):
@@ -511,6 +519,8 @@ class SpoolView:
                 if stop is not None and seq >= stop:
                     break
                 yield seq, seg.kinds[index], seg.lengths[index], seg, index
+            if stop is not None and _unread_before(seg, stop) and after < stop - 1:
+                return
 
     def end(self) -> int:
         """The highest seq spooled (0 when none)."""
@@ -572,6 +582,8 @@ class SpoolView:
             # Parsed again first: what was parsed may predate the segment's
             # last appends (its successor was made since, by this process).
             self._parse(seg)
+            if not newest and _unread_before(seg, segments[i + 1].first):
+                continue  # kept until the rest of it is read, and moved
             stop = seg.end if newest else min(seg.end, segments[i + 1].first - 1)
             if stop <= upto:
                 done.append(seg)
