@@ -123,10 +123,10 @@ def test_an_append_a_read_sees_short_of_its_size_is_read_again_not_skipped(
 
         def pread(fd: int, size: int, offset: int) -> bytes:
             data = real(fd, size, offset)
-            if not shortened and offset <= short < offset + size:
-                if os.fstat(fd).st_ino == first.st_ino:
-                    shortened.append(offset)
-                    return data[: short - offset]
+            mine = offset <= short < offset + size and os.fstat(fd).st_ino == first.st_ino
+            if mine and not shortened:
+                shortened.append(offset)
+                return data[: short - offset]
             return data
 
         monkeypatch.setattr(os, "pread", pread)
