@@ -21,9 +21,11 @@ never returned: neither is part of the log.
 A read may also come back short of the size ``fstat`` gave, for a moment:
 on FUSE and network file systems the size an append is writing can be seen
 before its bytes can be read. That is a tail not there yet, parsed again at
-the next look, never damage: a segment taken as damaged there would have the
-mover move its successor's entries past the rest of it, and delete it (the
-power-cut tests found holes of up to a segment in LMDB so).
+the next look, never damage; and until a look reads it whole, nothing goes
+past it (``frames``) nor deletes its segment (``absorbed``), even once it has
+a successor. Taken as damage, it had the mover commit the successor's
+entries past the rest of the segment, then delete it: the power-cut tests
+found holes of up to a segment in LMDB so, with no power cut at all.
 
 Why readers stay consistent while the mover absorbs and deletes: a view opens
 the segments it lists before it reads LMDB, and an open file stays readable
@@ -322,9 +324,10 @@ def _pread_whole(fd: int, size: int, offset: int) -> bytes:
 
 
 def _unread_before(seg: _Segment, successor: int) -> bool:
-    """Whether ``seg`` holds entries before its successor's first that could
-    not be read yet (a damaged segment is read no further: it holds none)."""
-    return seg.broken is None and seg.end < successor - 1
+    """Whether ``seg`` may hold entries before its successor's first that
+    could not be read yet: its last look read short (see the module doc). A
+    tail torn for good (a power cut) reads whole, and holds none."""
+    return seg.unread and seg.end < successor - 1
 
 
 def _frames_in(fd: int, start: int, end: int) -> list[tuple[int, int, int]]:
@@ -373,6 +376,7 @@ class _Segment:
     tail: int = 0  # bytes past the last whole append (an append cut short, or being written)
     tail_entries: int = 0  # the entries that append's header says it holds (0: unreadable)
     own: bool = False  # this process appends to it: kept until absorbed, listed or not
+    unread: bool = False  # the last look read less than fstat said is there (module doc)
 
     @property
     def end(self) -> int:
@@ -463,6 +467,7 @@ class SpoolView:
         by a death, is not part of the log)."""
         if seg.broken is not None:
             return
+        seg.unread = False
         try:
             size = os.fstat(seg.fd).st_size
             seg.tail, seg.tail_entries = size - seg.parsed, 0
@@ -490,7 +495,7 @@ class SpoolView:
                 seg.parsed = body + length
                 seg.tail = size - seg.parsed
         except _NotReadableYet:
-            return  # a tail being written: the next look parses it (module doc)
+            seg.unread = True  # a tail being written: the next look parses it (module doc)
         except (OSError, ValueError, struct.error) as exc:
             seq = seg.end + 1
             seg.broken = Damage(seq, f"spool segment {seg.name} at entry {seq}: {exc}")
