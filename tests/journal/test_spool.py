@@ -95,6 +95,50 @@ def test_a_segment_that_rotates_while_the_mover_absorbs_keeps_its_last_entries(
         assert _payloads(reader) == records
 
 
+@pytest.mark.parametrize(
+    "short_at", [0, 10, APPEND.size + 5], ids=["header-unread", "header-half", "body-half"]
+)
+def test_an_append_a_read_sees_short_of_its_size_is_read_again_not_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, short_at: int
+) -> None:
+    """On FUSE and network file systems ``fstat`` can report the bytes an
+    append is writing a moment before a read returns them. The mover must
+    neither move the next segment's entries past that append nor delete its
+    segment: its entries would be lost from both. (Found by the power-cut
+    tests on a FUSE file system with no power cut at all: holes of up to a
+    segment in LMDB in 13 of 19 runs of 20,000 rows.)"""
+    monkeypatch.setattr(spool, "SEGMENT_MAX", 700)
+    records = [json.dumps({"n": n, "pad": "x" * 400}).encode() for n in range(3)]
+    with Journal.create(tmp_path, local_id="run") as j:
+        j._mover.stop()
+        j.append(EntryKind.EPISODE, [records[0]])
+        ((_, name),) = list_segments(j.path)
+        first = os.stat(j.path / name)
+        short = first.st_size + short_at  # into the second append, which the read misses
+        j.append(EntryKind.EPISODE, [records[1]])
+        j.append(EntryKind.EPISODE, [records[2]])  # past SEGMENT_MAX: the next segment
+        assert len(list_segments(j.path)) == 2
+        real = os.pread
+        shortened: list[int] = []
+
+        def pread(fd: int, size: int, offset: int) -> bytes:
+            data = real(fd, size, offset)
+            mine = offset <= short < offset + size and os.fstat(fd).st_ino == first.st_ino
+            if mine and not shortened:
+                shortened.append(offset)
+                return data[: short - offset]
+            return data
+
+        monkeypatch.setattr(os, "pread", pread)
+        while j._mover.step():
+            pass
+        assert shortened, "the read was never made short"
+        assert _payloads(j) == records
+    assert list_segments(tmp_path / "run") == []
+    with Journal.open(tmp_path / "run", owner=False) as reader:
+        assert _payloads(reader) == records and reader.damage() == []
+
+
 def test_an_append_cut_short_by_a_death_is_not_part_of_the_log(tmp_path: Path) -> None:
     """Its call never returned: none of its entries is read (a call is in the
     log whole or not at all, which a requeued job resumes by), no damage is
