@@ -49,6 +49,7 @@ from .context import (
 from .errors import PlatformError
 from .objects import object_path, parquet_rows
 from .rft_reads import LOCAL_USER_ID, read_routes
+from .rft_reads import existing_run as _run
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "STOPPED"})
 
@@ -59,15 +60,6 @@ def _internal(request: Request) -> bool:
 
 def _auth(request: Request) -> None:
     check_platform_auth(request, internal=_internal(request))
-
-
-def _run(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row:
-    row: sqlite3.Row | None = conn.execute(
-        "SELECT * FROM train_runs WHERE id = ?", (run_id,)
-    ).fetchone()
-    if row is None:
-        raise PlatformError(404, f"Run {run_id} not found")
-    return row
 
 
 def _int(body: dict[str, Any], key: str, *, optional: bool = False) -> int | None:

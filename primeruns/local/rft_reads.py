@@ -72,7 +72,8 @@ def _iso(stamp: float | None) -> str | None:
     return None if stamp is None else datetime.fromtimestamp(stamp, UTC).isoformat()
 
 
-def _existing(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row:
+def existing_run(conn: sqlite3.Connection, run_id: str) -> sqlite3.Row:
+    """The run's row, or a 404 naming it."""
     row: sqlite3.Row | None = conn.execute(
         "SELECT * FROM train_runs WHERE id = ?", (run_id,)
     ).fetchone()
@@ -124,7 +125,7 @@ async def progress(request: Request) -> JSONResponse:
     run_id = request.path_params["run_id"]
 
     def read(conn: sqlite3.Connection) -> dict[str, Any]:
-        run = _existing(conn, run_id)
+        run = existing_run(conn, run_id)
         steps = sorted({int(r["step"]) for r in _confirmed(conn, run_id)})
         metric = conn.execute(
             "SELECT max(step) AS step, max(received_at) AS at FROM train_metrics WHERE run_id = ?",
@@ -163,7 +164,7 @@ async def _rows_of_step(request: Request, run_id: str, step: int | None) -> Step
     ctx = context_of(request)
 
     def read(conn: sqlite3.Connection) -> tuple[int | None, list[str]]:
-        _existing(conn, run_id)
+        existing_run(conn, run_id)
         objects = _confirmed(conn, run_id)
         chosen = step if step is not None else max((r["step"] for r in objects), default=None)
         return chosen, [r["key"] for r in objects if r["step"] == chosen]
@@ -237,7 +238,7 @@ def _empty(field: str, value: Any) -> Any:
     async def route(request: Request) -> JSONResponse:
         check_platform_auth(request)
         run_id = request.path_params["run_id"]
-        await context_of(request).db.read(lambda conn: _existing(conn, run_id))
+        await context_of(request).db.read(lambda conn: existing_run(conn, run_id))
         return JSONResponse({field: value})
 
     return route
