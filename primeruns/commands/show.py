@@ -245,11 +245,13 @@ def _render(
             _section(console, f"metrics ({total} rows; curves of {len(rows)} evenly spaced)")
         else:
             _section(console, f"metrics ({len(rows)} rows)")
-        width = max(len(inert(k)) for k in curves)
+        # The names are padded to the longest; the sparkline keeps --width
+        # (it once took the names' width instead, and --width did nothing).
+        name_width = max(len(inert(k)) for k in curves)
         for key, points in sorted(curves.items()):
             values = [v for _, v in points]
             finite = [v for v in values if math.isfinite(v)] or [math.nan]
-            line = Text(f"  {inert(key):<{width}}  ")
+            line = Text(f"  {inert(key):<{name_width}}  ")
             line.append(sparkline(values, width=width), style="green")
             line.append(
                 f"  min {_fmt_num(min(finite))}  max {_fmt_num(max(finite))}  "

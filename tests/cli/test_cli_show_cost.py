@@ -93,3 +93,21 @@ def test_show_still_finds_damage_in_an_entry_it_does_not_decode(
     code, out, _ = cli(capsys, "show", str(journal))
     assert code == 4 and "entry 101" in out, out
     assert 101 not in decodes
+
+
+@pytest.mark.parametrize("width", [12, 60])
+def test_show_draws_sparklines_as_wide_as_width_asks(
+    width: int, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--width`` was ignored: the sparklines came out as wide as the longest
+    metric name (#31's row on `show`)."""
+    point_at(monkeypatch, tmp_path, None)
+    journal = _long_training_run(tmp_path / "runs")
+    code, out, _ = cli(capsys, "show", "--runs-dir", str(tmp_path / "runs"), journal.name,
+                       "--width", str(width))  # fmt: skip
+    assert code == 0
+    blocks = "▁▂▃▄▅▆▇█"
+    lines = [line for line in out.splitlines() if line.strip().startswith("loss ")]
+    assert len(lines) == 1
+    drawn = lines[0].split("  min ")[0].strip()[len("loss") :].strip()
+    assert len(drawn) == width and set(drawn) <= set(blocks + " ")
