@@ -63,13 +63,22 @@ def inert_text(text: object, style: str = "") -> Text:
     return Text(inert(text), style=style)
 
 
+class _Console(Console):
+    """rich's Console, but a closed pipe is left to ``cli.main``: rich would
+    exit 1 itself, where the CLI promises 141 (``primeruns ls | head``)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError
+
+
 def make_console(stream: TextIO | None = None) -> Console:
     """A console on ``stream`` (stdout by default): the terminal's width and
     colour when it is one, else plain text of any length."""
     file = stream if stream is not None else sys.stdout
     isatty = getattr(file, "isatty", None)
     tty = bool(isatty and isatty())
-    return Console(
+    return _Console(
         file=file,
         width=None if tty else _UNBOUNDED,
         highlight=False,

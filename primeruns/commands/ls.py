@@ -16,7 +16,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..reports import RECORD_KINDS, UNIT_LABELS, RunStatus, statuses
-from .common import EXIT_OK, add_json, add_runs_dir, inert_errors, runs_dir_of
+from .common import EXIT_OK, CommandError, add_json, add_runs_dir, inert_errors, runs_dir_of
 from .console import (
     emit_json,
     human_age,
@@ -116,6 +116,10 @@ def run_ls(args: argparse.Namespace) -> int:
     failed, crashed), shipping (shipped, N pending, offline, not closed out),
     what it logged, losses, size and age. Safe while runs are live."""
     runs_dir = runs_dir_of(args)
+    if args.runs_dir is not None and not runs_dir.is_dir():
+        # A typo is a usage error, not "no runs" (the default runs dir is
+        # absent until a first run, and listing it then is not an error).
+        raise CommandError(f"--runs-dir {runs_dir}: no such folder")
     found = statuses(runs_dir)
     if args.json:
         emit_json([as_json(s) for s in found])

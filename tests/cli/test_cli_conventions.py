@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import workloads
-from cli_helpers import cli_subprocess, landed_once
+from cli_helpers import cli, cli_subprocess, landed_once
 from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
@@ -108,3 +108,37 @@ def test_ctrl_c_in_replay_is_one_line_exit_130_and_a_rerun_lands_everything_once
     stored = local_platform.runs()  # type: ignore[attr-defined]
     (only,) = [r for r in stored if r["id"] in run_id]
     assert landed_once(local_platform.run(only["id"]), 20)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("command", ["ls", "show"])
+def test_ls_and_show_into_a_closed_pipe_end_with_141(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``primeruns ls | true``: rich handled the broken pipe first and exited 1,
+    where the README promises 141 (#31)."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    journal = _offline_eval(runs, 2)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte: no race
+    argv = [command, "--runs-dir", str(runs), *([journal.name] if command == "show" else [])]
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "primeruns", *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            env=dict(os.environ),
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    err = done.stderr.decode()
+    assert done.returncode == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+def test_a_runs_dir_that_is_not_a_folder_is_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ls --runs-dir /typo`` said "no runs" and exited 0 (#31); a bad path is 2."""
+    code, _, err = cli(capsys, "ls", "--runs-dir", str(tmp_path / "typo"))
+    assert code == 2 and "typo" in err and "no such folder" in err

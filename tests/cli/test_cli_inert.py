@@ -178,6 +178,10 @@ def test_a_runs_dir_named_with_escapes_is_named_inert(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = tmp_path / "runs\x1b]0;dir\x07"
+    absent = cli_subprocess("ls", "--runs-dir", str(runs))  # a bad path is a usage error
+    assert absent.returncode == 2, absent.stderr
+    _assert_inert(absent.stdout + absent.stderr)
+    runs.mkdir()
     empty = cli_subprocess("ls", "--runs-dir", str(runs))
     assert empty.returncode == 0, empty.stderr
     _assert_inert(empty.stdout + empty.stderr)
