@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -42,7 +43,7 @@ from typing import Any
 
 from . import hooks, records
 from .exceptions import JournalError
-from .journal import EntryKind, Journal, delete_journal, journal_info, list_journals
+from .journal import EntryKind, Journal, delete_journal, journal_info
 from .journal.lock import owner_alive, read_owner
 from .models import OnError, RunKind, RunStatus
 from .platform import Settings
@@ -216,19 +217,41 @@ def wait_children(runs_dir: Path, parent_id: str, own: Path, deadline: float) ->
     forked children that have exited to be shipped by their uplinks. A child
     still logging is not waited for (module doc)."""
     try:
-        children = [
-            info.path
-            for info in list_journals(runs_dir, skip=[own])
-            if info.meta.get(K_FORK_PARENT) == parent_id
-        ]
-    except (JournalError, OSError) as exc:
+        candidates = _made_since(runs_dir, own)
+    except OSError as exc:
         log.warning("prime-runs: could not look for the run's forked children: %s", exc)
         return
+    children = []
+    for path in candidates:
+        with contextlib.suppress(JournalError, OSError):  # not ours to judge here
+            if journal_info(path).meta.get(K_FORK_PARENT) == parent_id:
+                children.append(path)
     for path in children:
         while time.monotonic() < deadline:
             if not _being_shipped(path):
                 break
             time.sleep(_POLL_S)
+
+
+_STAMPED = re.compile(r"^\d{8}-\d{6}-")
+
+
+def _made_since(runs_dir: Path, own: Path) -> list[Path]:
+    """The journals made no earlier than ``own`` (names start with their
+    creation time, to the second): a child's is made after its parent's, and
+    finish() must not open every past run of the runs dir (its cost would
+    grow with history). A name without that stamp is kept, to be safe."""
+    since = own.name[:15]
+    found = []
+    with os.scandir(runs_dir) as entries:
+        for entry in entries:
+            if entry.name == own.name or not entry.is_dir(follow_symlinks=False):
+                continue
+            if _STAMPED.match(entry.name) and entry.name[:15] < since:
+                continue
+            if os.path.exists(os.path.join(entry.path, "data.mdb")):
+                found.append(Path(entry.path))
+    return found
 
 
 def _being_shipped(path: Path) -> bool:

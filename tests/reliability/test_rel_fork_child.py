@@ -205,3 +205,22 @@ def test_a_forked_child_logging_the_parents_step_of_a_training_run_collides_with
     assert sorted(ids_by_step) == [0, 10]
     assert all(len(ids) == len(set(ids)) == 10 for ids in ids_by_step.values()), ids_by_step
     assert run.dropped_records == 0
+
+
+def test_the_parents_finish_looks_only_at_journals_made_since_its_own(tmp_path: Path) -> None:
+    """Costs do not grow with history: finish() of a run that forked opens the
+    journals made since its own (a child's is made after its parent's), never
+    every past run of the runs dir."""
+    from primeruns import forkchild
+
+    runs = tmp_path / "runs"
+    names = ["20261101-090000-aaaa", "20261203-080000-own0", "20261203-080000-bbbb",
+             "20261203-090000-cccc", "my-named-run"]  # fmt: skip
+    for name in names:
+        (runs / name).mkdir(parents=True)
+        (runs / name / "data.mdb").write_bytes(b"")
+    (runs / "20261203-095959-dddd").mkdir()  # no journal in it
+    found = forkchild._made_since(runs, runs / "20261203-080000-own0")
+    assert sorted(p.name for p in found) == [
+        "20261203-080000-bbbb", "20261203-090000-cccc", "my-named-run"
+    ]
