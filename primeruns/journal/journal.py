@@ -141,6 +141,13 @@ class Journal:
         self._mover = Mover(tx, self._dicts, path, self._spool, self._reader)
         self._capacity = Capacity(tx, self._reader, self._mover)
         self._cursors = Cursors(tx, self._tail, self._capacity)
+        # Entries a sink acknowledged while they were still spooled could not
+        # be compacted then (compaction stops at LMDB's end); once moved they
+        # are, here, not at the next acknowledgement: at the budget none may
+        # come (every append refused), and the run would drop for good.
+        self._mover.after_moving = lambda: self._capacity.acknowledged(
+            self._cursors.offsets, self._tail.last
+        )
         self._meta = Meta(tx)
         self._appender: Appender | None = None
         if appends:

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import lmdb
@@ -61,6 +62,9 @@ class Mover:
         self._reader = reader
         self._path = path
         self.here = False  # whether this process moves them
+        # Called after a wake-up moved entries or found LMDB full (see
+        # ``Journal``: compaction of what was acknowledged while spooled).
+        self.after_moving: Callable[[], None] = lambda: None
         self._closed = False
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -131,19 +135,27 @@ class Mover:
             self._wake.wait(retry)
             self._wake.clear()
             retry = None
+            moved = False
             try:
                 while not self._stop.is_set() and self.step():
-                    pass
+                    moved = True
+                if moved:
+                    self._after_moving()
                 if not self._stop.is_set() and self._dicts.due():
                     self._train()
             except JournalFullError:
                 # No room to move into until something is acknowledged and
                 # compacted (or the user frees the disk): try again later.
                 retry = _FULL_RETRY_S
+                self._after_moving()
                 continue
             except (JournalError, lmdb.Error, FrameError, ValueError) as exc:
                 log.warning("journal %s: background compression stopped: %s", self._path, exc)
                 return
+
+    def _after_moving(self) -> None:
+        with contextlib.suppress(JournalError, lmdb.Error, OSError, ValueError):
+            self.after_moving()
 
     def _train(self) -> None:
         """A dictionary for each kind with enough records (here, where they

@@ -467,3 +467,29 @@ def test_a_reopened_journal_moves_what_a_dead_producer_left_with_no_append(
     with Journal.open(segment.parent) as j:  # its owner, as a requeued job is
         wait_for(lambda: _moved(j, 30), timeout=30, what="the first look to move the spool")
         assert _payloads(j) == records
+
+
+def test_entries_acknowledged_while_spooled_are_compacted_once_moved(tmp_path: Path) -> None:
+    """A live run's uplink acknowledges entries straight from the spool, before
+    its mover moves them into LMDB, so compaction at that acknowledgement
+    stops short of them. Once moved they must be compacted without waiting
+    for another acknowledgement: at the budget none may come (every append
+    refused), and the run dropped every later call (CI: 1,150 of 1,500
+    episodes, Prime Traces off, a 4 MiB budget)."""
+    budget = 4 << 20
+    with Journal.create(tmp_path, local_id="run", max_bytes=budget) as j:
+        j.hand_over_moving()  # the uplink moves, as in a live run
+        uplink = Journal.open(j.path, lock_fd=os.dup(j.share_lock()))
+        try:
+            uplink.set_sinks(["samples"])
+            accepted = 0
+            for _ in range(60):  # ~3 MiB of incompressible entries, all spooled
+                accepted += j.append(EntryKind.EPISODE, [os.urandom(50_000)]).count
+            assert accepted == 60
+            uplink.ack("samples", j.last_seq())  # shipped from the spool
+            uplink.take_over_moving()  # its mover now moves them into LMDB
+            wait_for(lambda: uplink.get_meta("journal.compacted_upto", 0) == accepted, 15)
+            # Room for as much again, without another acknowledgement.
+            assert j.append(EntryKind.EPISODE, [os.urandom(50_000)] * 40).dropped == 0
+        finally:
+            uplink.close()
