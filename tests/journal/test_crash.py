@@ -82,5 +82,8 @@ def test_sigkill_loses_no_returned_append(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+# Hundreds of cycles by design: longer than the suite's 300 s hang guard
+# on a busy 2-core machine, so a guard of its own.
+@pytest.mark.timeout(1800)
 def test_sigkill_torture(tmp_path: Path) -> None:
     _kill_cycles(tmp_path, cycles=200, seed=int(time.time()))

@@ -167,5 +167,8 @@ def test_a_live_run_survives_any_interleaving(platform: LocalPlatform) -> None:
 
 
 @pytest.mark.slow
+# Hundreds of cycles by design: longer than the suite's 300 s hang guard
+# on a busy 2-core machine, so a guard of its own.
+@pytest.mark.timeout(1800)
 def test_a_live_run_survives_any_interleaving_long(platform: LocalPlatform) -> None:
     _explore(platform, max_examples=80, stateful_step_count=25)
