@@ -25,9 +25,11 @@ journal had then (what its calls had returned for), within the finish's
 budget and while its shipping moves (the stall rule); what it logs later,
 and what was not shipped in time, its uplink ships into the run after the
 parent closed it, and the parent's warning says so, per child. A child forked
-before the parent's run was registered on the platform has no run to attach
-to: its records are dropped and counted, as before; so are an offline
-run's. A child's ``update_summary`` stays in its journal (the parent's
+before the parent's run was registered, or from an offline run, keeps its
+records all the same: its journal finds the parent's run when it ships
+(``ship.family``): its uplink once the live parent registered the run, or
+``primeruns sync``/``replay`` of the parent, which ship its children after it.
+A child's ``update_summary`` stays in its journal (the parent's
 summary is the run's), and with ``PRIME_RUNS_UPLINK=threads`` a child ended
 by ``os._exit`` is shipped only by ``primeruns replay`` of its journal.
 """
@@ -37,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -48,14 +49,15 @@ from . import hooks, records
 from .exceptions import JournalError
 from .journal import EntryKind, Journal, delete_journal
 from .journal.lock import OwnerInfo, owner_alive, read_owner
-from .models import OnError, RunKind, RunStatus
+from .models import Mode, OnError, RunKind, RunStatus
 from .platform import Settings
 from .recorder import Recorder
 from .run import Run
 from .settings import SdkSettings
 from .ship import ledger
 from .ship.factory import sink_kinds
-from .ship.lifecycle import K_FORK_PARENT
+from .ship.family import K_FORK_PARENT, K_FORK_PARENT_PATH
+from .ship.family import made_since as _made_since
 from .spec import SPEC_KEY, RunSpec
 from .supervisor import go_online
 
@@ -100,6 +102,8 @@ class ForkOrigin:
     on_error: OnError
     finish_timeout: float
     parent_id: str
+    parent_path: str
+    mode: Mode = "online"
     run_id: str | None = None
     forked: bool = False  # the parent forked since: its finish() looks for children
     _child: Run | None = field(default=None, repr=False)
@@ -130,13 +134,6 @@ class ForkOrigin:
 
     def _open_once(self) -> Run | None:
         self._failed = True  # one attempt: a failure is said once, not per call
-        if self.run_id is None:
-            log.warning(
-                "prime-runs: a forked child logged to a run the platform had not registered "
-                "when the child was forked; its records are dropped and counted in "
-                "run.dropped_records. Fork after init() registered the run (run.url is set)."
-            )
-            return None
         try:
             child = _open(self)
         except Exception as exc:  # never into the child's loop
@@ -149,8 +146,8 @@ class ForkOrigin:
         """In the parent's finish(): wait up to ``budget`` seconds for what
         its children journaled to be shipped (``wait_children``), and say
         what was left."""
-        if not self.forked:
-            return
+        if not self.forked or self.mode != "online":
+            return  # offline, nothing ships now: primeruns sync ships the children
         deadline = time.monotonic() + budget
         left = wait_children(
             own.parent, self.parent_id, own, deadline, self.kind, self.tuning.stall_s
@@ -191,28 +188,37 @@ def _exit_now(run: Run) -> None:
 
 
 def _open(origin: ForkOrigin) -> Run:
+    # Without the run's id (forked before it was registered, or offline) the
+    # run is found when the journal ships (ship.family).
     spec = replace(origin.spec, attach_id=origin.run_id, run_key=None)
     stored = spec.to_json()
     journal = Journal.create(
         origin.tuning.runs_dir,
         durability=origin.durability,
         max_bytes=origin.tuning.max_journal_bytes,
-        meta={SPEC_KEY: stored, "state": "running", K_FORK_PARENT: origin.parent_id},
+        meta={
+            SPEC_KEY: stored,
+            "state": "running",
+            K_FORK_PARENT: origin.parent_id,
+            K_FORK_PARENT_PATH: origin.parent_path,
+        },
     )
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
     recorder = Recorder(journal, kind=origin.kind, on_error=origin.on_error)
-    try:
-        supervisor, _ = go_online(
-            journal, origin.settings, origin.kind, recorder.note, origin.tuning, siblings=False
-        )
-    except BaseException:
-        journal.close()
-        delete_journal(journal.path)  # nothing in it yet: leave no crashed run behind
-        raise
+    supervisor = None
+    if origin.mode == "online":
+        try:
+            supervisor, _ = go_online(
+                journal, origin.settings, origin.kind, recorder.note, origin.tuning, siblings=False
+            )
+        except BaseException:
+            journal.close()
+            delete_journal(journal.path)  # nothing in it yet: leave no crashed run behind
+            raise
     run = ChildRun(
         recorder,
         supervisor=supervisor,
-        mode="online",
+        mode=origin.mode,
         name=spec.name,
         config={},
         finish_timeout=origin.finish_timeout,
@@ -359,24 +365,3 @@ def _helper_state(path: Path) -> str:
 
 def _child_alive(owner: OwnerInfo) -> bool:
     return owner_alive(replace(owner, helper_pid=None, helper_start=None))
-
-
-_STAMPED = re.compile(r"^\d{8}-\d{6}-")
-
-
-def _made_since(runs_dir: Path, own: Path) -> list[Path]:
-    """The journals made no earlier than ``own`` (names start with their
-    creation time, to the second): a child's is made after its parent's, and
-    finish() must not open every past run of the runs dir (its cost would
-    grow with history). A name without that stamp is kept, to be safe."""
-    since = own.name[:15]
-    found = []
-    with os.scandir(runs_dir) as entries:
-        for entry in entries:
-            if entry.name == own.name or not entry.is_dir(follow_symlinks=False):
-                continue
-            if _STAMPED.match(entry.name) and entry.name[:15] < since:
-                continue
-            if os.path.exists(os.path.join(entry.path, "data.mdb")):
-                found.append(Path(entry.path))
-    return found

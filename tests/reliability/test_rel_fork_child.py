@@ -177,6 +177,66 @@ def test_the_parents_finish_ships_what_a_child_still_logging_logged_before_it(
     fo.assert_exactly_once(lp, run, episodes[:logged])
 
 
+def _fork_and_log(run: pr.Run, episodes: list[dict[str, Any]]) -> int:
+    """Fork a child that logs ``episodes`` and leaves as forked children do
+    (no atexit); its exit code (2: it dropped records)."""
+    pid = fo.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for k in range(0, len(episodes), 10):
+                run.log_episodes(episodes[k : k + 10])
+            code = 2 if run.dropped_records else 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_child_forked_before_the_run_was_registered_keeps_its_records(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The platform is down at init(): the run is not registered when the
+    child forks. The child's journal keeps its records and ships them into
+    the parent's run once the parent registered it."""
+    lp = own_platform
+    episodes = workloads.gsm8k(60)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        lp.stop()
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        assert run.url is None
+        run.log_episodes(episodes[:10])
+        code = _fork_and_log(run, episodes[10:50])
+        lp.start()
+        run.log_episodes(episodes[50:])
+        run.finish(timeout=120)
+    assert code == 0
+    fo.assert_exactly_once(lp, run, episodes)
+
+
+def test_a_child_forked_from_an_offline_run_is_shipped_by_primeruns_sync_of_the_run(
+    shared_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    from primeruns.cli import main
+
+    lp = shared_platform
+    episodes = workloads.gsm8k(60)
+    home = tmp_path / "home"
+    with rt.sdk_env(lp.url, home):
+        run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=tmp_path / "runs")
+        run.log_episodes(episodes[:10])
+        code = _fork_and_log(run, episodes[10:50])
+        run.log_episodes(episodes[50:])
+        run.finish()
+        assert run.journal_path is not None
+        assert main(["sync", "--base-url", lp.url, str(run.journal_path)]) == 0
+    assert code == 0
+    run_id = rh.bound_run_id(run.journal_path, home)
+    assert run_id is not None
+    assert fo.landed_once(lp, run_id, episodes)
+    assert lp.run(run_id)["status"] == "COMPLETED"
+
+
 def test_a_forked_child_logging_the_parents_step_of_a_training_run_collides_with_nothing(
     train_platform: LocalPlatform, tmp_path: Path
 ) -> None:
