@@ -61,7 +61,7 @@ from .ship.family import made_since as _made_since
 from .spec import SPEC_KEY, RunSpec
 from .supervisor import go_online
 
-__all__ = ["K_FORK_PARENT", "ForkOrigin", "wait_children"]
+__all__ = ["K_FORK_PARENT", "ForkOrigin", "open_child", "wait_children"]
 
 log = logging.getLogger("primeruns")
 
@@ -135,7 +135,7 @@ class ForkOrigin:
     def _open_once(self) -> Run | None:
         self._failed = True  # one attempt: a failure is said once, not per call
         try:
-            child = _open(self)
+            child = open_child(self)
         except Exception as exc:  # never into the child's loop
             log.warning("prime-runs: a forked child could not open its journal: %s", exc)
             return None
@@ -187,7 +187,7 @@ def _exit_now(run: Run) -> None:
     run._at_exit(time.monotonic() + _EXIT_GRACE)
 
 
-def _open(origin: ForkOrigin) -> Run:
+def open_child(origin: ForkOrigin) -> Run:
     # Without the run's id (forked before it was registered, or offline) the
     # run is found when the journal ships (ship.family).
     spec = replace(origin.spec, attach_id=origin.run_id, run_key=None)
