@@ -177,6 +177,62 @@ def test_the_parents_finish_ships_what_a_child_still_logging_logged_before_it(
     fo.assert_exactly_once(lp, run, episodes[:logged])
 
 
+def test_the_parents_finish_names_a_live_child_whose_records_it_could_not_wait_for(
+    shared_platform: LocalPlatform, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The child's uplink is held (SIGSTOP) while the parent finishes with a
+    short timeout: finish() returns in its budget and its warning names the
+    child, what it left and why; once the uplink goes on, every record lands
+    once."""
+    from primeruns.journal.lock import read_owner
+
+    lp = shared_platform
+    episodes = workloads.gsm8k(40)
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        run.log_episodes(episodes[:10])
+        assert run.flush(timeout=60)  # the parent's own are shipped: finish() has no time
+        pid = fo.fork()
+        if pid == 0:  # the child: open its journal, wait, log the rest, stay alive
+            code = 1
+            try:
+                run.log_episodes(episodes[10:11])
+                os.write(ready_w, b"o")
+                os.read(go_r, 1)
+                run.log_episodes(episodes[11:40])
+                os.write(ready_w, b"r")
+                os.read(go_r, 1)
+                code = 0
+            finally:
+                os._exit(code)
+        assert os.read(ready_r, 1) == b"o"
+        journal = next(p for p in (tmp_path / "runs").iterdir() if p != run.journal_path)
+        owner = read_owner(journal)
+        assert owner is not None and owner.helper_pid is not None
+        os.kill(owner.helper_pid, signal.SIGSTOP)  # the child's uplink ships nothing now
+        try:
+            os.write(go_w, b"g")
+            assert os.read(ready_r, 1) == b"r"
+            with caplog.at_level("WARNING", logger="primeruns"):
+                run.finish(timeout=0)  # no time to wait: said all the same
+        finally:
+            os.kill(owner.helper_pid, signal.SIGCONT)
+        os.write(go_w, b"s")
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    said = [r.getMessage() for r in caplog.records if "forked child" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert f"forked child pid {pid}: traces: " in said[0], said[0]
+    assert "not shipped (the finish timeout passed first); it is still running" in said[0]
+    wait_for(
+        lambda: fo.landed_once(lp, run.id, episodes),
+        timeout=120,
+        what="the child's uplink to ship what the parent could not wait for",
+    )
+
+
 def _fork_and_log(run: pr.Run, episodes: list[dict[str, Any]]) -> int:
     """Fork a child that logs ``episodes`` and leaves as forked children do
     (no atexit); its exit code (2: it dropped records)."""
