@@ -270,9 +270,12 @@ def test_a_child_forked_before_the_run_was_registered_keeps_its_records(
     fo.assert_exactly_once(lp, run, episodes)
 
 
+@pytest.mark.parametrize("which", ["the run", "--all"])
 def test_a_child_forked_from_an_offline_run_is_shipped_by_primeruns_sync_of_the_run(
-    shared_platform: LocalPlatform, tmp_path: Path
+    shared_platform: LocalPlatform, tmp_path: Path, which: str
 ) -> None:
+    """``primeruns sync RUN`` ships the run's children after it; ``sync
+    --all`` ships every journal, a child after its parent."""
     from primeruns.cli import main
 
     lp = shared_platform
@@ -285,7 +288,9 @@ def test_a_child_forked_from_an_offline_run_is_shipped_by_primeruns_sync_of_the_
         run.log_episodes(episodes[50:])
         run.finish()
         assert run.journal_path is not None
-        assert main(["sync", "--base-url", lp.url, str(run.journal_path)]) == 0
+        runs = ["--all", "--runs-dir", str(tmp_path / "runs")]
+        target = [str(run.journal_path)] if which == "the run" else runs
+        assert main(["sync", "--base-url", lp.url, *target]) == 0
     assert code == 0
     run_id = rh.bound_run_id(run.journal_path, home)
     assert run_id is not None
