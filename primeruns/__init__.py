@@ -32,6 +32,7 @@ from .exceptions import (
     UnauthorizedError,
     ValidationRejectedError,
 )
+from .joining import RunHandle, join
 from .models import (
     CONFIG_SOURCE_KEY,
     ConfigSource,
@@ -67,6 +68,7 @@ __all__ = [
     "RetryableAPIError",
     "Run",
     "RunFinishedError",
+    "RunHandle",
     "RunKind",
     "RunStatus",
     "TraceTooLargeError",
@@ -75,6 +77,7 @@ __all__ = [
     "UnauthorizedError",
     "ValidationRejectedError",
     "init",
+    "join",
     "metrics",
     "projection",
 ]

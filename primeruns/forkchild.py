@@ -19,12 +19,17 @@ the child's journal (durably as the parent's). A child that exits through
 the interpreter's exit or multiprocessing's process exit (its finalizers)
 ships its records before it exits, within the run's ``finish_timeout``; one
 that ends otherwise (SIGTERM from ``Pool.terminate``, ``os._exit``, SIGKILL)
-is shipped by its uplink process, which the parent's ``finish()`` waits for. A
-child still alive when the parent finishes is not waited for: its uplink
-goes on shipping into the run after the parent closed it. A child forked
-before the parent's run was registered on the platform has no run to attach
-to: its records are dropped and counted, as before; so are an offline
-run's. A child's ``update_summary`` stays in its journal (the parent's
+is shipped by its uplink process, which the parent's ``finish()`` waits for.
+A child still alive when the parent finishes is waited for up to the end its
+journal had then (what its calls had returned for), within the finish's
+budget and while its shipping moves (the stall rule); what it logs later,
+and what was not shipped in time, its uplink ships into the run after the
+parent closed it, and the parent's warning says so, per child. A child forked
+before the parent's run was registered, or from an offline run, keeps its
+records all the same: its journal finds the parent's run when it ships
+(``ship.family``): its uplink once the live parent registered the run, or
+``primeruns sync``/``replay`` of the parent, which ship its children after it.
+A child's ``update_summary`` stays in its journal (the parent's
 summary is the run's), and with ``PRIME_RUNS_UPLINK=threads`` a child ended
 by ``os._exit`` is shipped only by ``primeruns replay`` of its journal.
 """
@@ -34,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -43,18 +47,21 @@ from typing import Any
 
 from . import hooks, records
 from .exceptions import JournalError
-from .journal import EntryKind, Journal, delete_journal, journal_info
-from .journal.lock import owner_alive, read_owner
-from .models import OnError, RunKind, RunStatus
+from .journal import EntryKind, Journal, delete_journal
+from .journal.lock import OwnerInfo, owner_alive, read_owner
+from .models import Mode, OnError, RunKind, RunStatus
 from .platform import Settings
 from .recorder import Recorder
 from .run import Run
 from .settings import SdkSettings
-from .ship.lifecycle import K_FORK_PARENT
+from .ship import ledger
+from .ship.factory import sink_kinds
+from .ship.family import K_FORK_PARENT, K_FORK_PARENT_PATH
+from .ship.family import made_since as _made_since
 from .spec import SPEC_KEY, RunSpec
 from .supervisor import go_online
 
-__all__ = ["K_FORK_PARENT", "ForkOrigin", "wait_children"]
+__all__ = ["K_FORK_PARENT", "ForkOrigin", "open_child", "wait_children"]
 
 log = logging.getLogger("primeruns")
 
@@ -95,6 +102,8 @@ class ForkOrigin:
     on_error: OnError
     finish_timeout: float
     parent_id: str
+    parent_path: str
+    mode: Mode = "online"
     run_id: str | None = None
     forked: bool = False  # the parent forked since: its finish() looks for children
     _child: Run | None = field(default=None, repr=False)
@@ -125,15 +134,8 @@ class ForkOrigin:
 
     def _open_once(self) -> Run | None:
         self._failed = True  # one attempt: a failure is said once, not per call
-        if self.run_id is None:
-            log.warning(
-                "prime-runs: a forked child logged to a run the platform had not registered "
-                "when the child was forked; its records are dropped and counted in "
-                "run.dropped_records. Fork after init() registered the run (run.url is set)."
-            )
-            return None
         try:
-            child = _open(self)
+            child = open_child(self)
         except Exception as exc:  # never into the child's loop
             log.warning("prime-runs: a forked child could not open its journal: %s", exc)
             return None
@@ -141,10 +143,22 @@ class ForkOrigin:
         return child
 
     def wait_children(self, own: Path, budget: float) -> None:
-        """In the parent's finish(): wait up to ``budget`` seconds for the
-        journals of its exited children to be shipped (``wait_children``)."""
-        if self.forked:
-            wait_children(own.parent, self.parent_id, own, time.monotonic() + budget)
+        """In the parent's finish(): wait up to ``budget`` seconds for what
+        its children journaled to be shipped (``wait_children``), and say
+        what was left."""
+        if not self.forked or self.mode != "online":
+            return  # offline, nothing ships now: primeruns sync ships the children
+        deadline = time.monotonic() + budget
+        left = wait_children(
+            own.parent, self.parent_id, own, deadline, self.kind, self.tuning.stall_s
+        )
+        if left:
+            log.warning(
+                "prime-runs: finishing run %s with records of its forked children not "
+                "shipped yet: %s",
+                self.run_id or self.parent_id,
+                "; ".join(left),
+            )
 
 
 class ChildRun(Run):
@@ -173,29 +187,38 @@ def _exit_now(run: Run) -> None:
     run._at_exit(time.monotonic() + _EXIT_GRACE)
 
 
-def _open(origin: ForkOrigin) -> Run:
+def open_child(origin: ForkOrigin) -> Run:
+    # Without the run's id (forked before it was registered, or offline) the
+    # run is found when the journal ships (ship.family).
     spec = replace(origin.spec, attach_id=origin.run_id, run_key=None)
     stored = spec.to_json()
     journal = Journal.create(
         origin.tuning.runs_dir,
         durability=origin.durability,
         max_bytes=origin.tuning.max_journal_bytes,
-        meta={SPEC_KEY: stored, "state": "running", K_FORK_PARENT: origin.parent_id},
+        meta={
+            SPEC_KEY: stored,
+            "state": "running",
+            K_FORK_PARENT: origin.parent_id,
+            K_FORK_PARENT_PATH: origin.parent_path,
+        },
     )
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
     recorder = Recorder(journal, kind=origin.kind, on_error=origin.on_error)
-    try:
-        supervisor, _ = go_online(
-            journal, origin.settings, origin.kind, recorder.note, origin.tuning, siblings=False
-        )
-    except BaseException:
-        journal.close()
-        delete_journal(journal.path)  # nothing in it yet: leave no crashed run behind
-        raise
+    supervisor = None
+    if origin.mode == "online":
+        try:
+            supervisor, _ = go_online(
+                journal, origin.settings, origin.kind, recorder.note, origin.tuning, siblings=False
+            )
+        except BaseException:
+            journal.close()
+            delete_journal(journal.path)  # nothing in it yet: leave no crashed run behind
+            raise
     run = ChildRun(
         recorder,
         supervisor=supervisor,
-        mode="online",
+        mode=origin.mode,
         name=spec.name,
         config={},
         finish_timeout=origin.finish_timeout,
@@ -212,56 +235,133 @@ def _open(origin: ForkOrigin) -> Run:
     return run
 
 
-def wait_children(runs_dir: Path, parent_id: str, own: Path, deadline: float) -> None:
-    """Wait (until ``deadline``, monotonic) for the journals of this run's
-    forked children that have exited to be shipped by their uplinks. A child
-    still logging is not waited for (module doc)."""
+def wait_children(
+    runs_dir: Path, parent_id: str, own: Path, deadline: float, kind: RunKind, stall_s: float
+) -> list[str]:
+    """Wait (until ``deadline``, monotonic) for what this run's forked
+    children journaled before now to be shipped by their uplinks: an exited
+    child's whole journal, a live one's up to its end as this call began (what
+    it logs later, its uplink ships). A child whose shipping moves nothing
+    for ``stall_s`` is not waited for any longer. Returns, per child with
+    records left, a sentence saying what and why (for finish()'s warning)."""
+    start = time.monotonic()
     try:
         candidates = _made_since(runs_dir, own)
     except OSError as exc:
         log.warning("prime-runs: could not look for the run's forked children: %s", exc)
-        return
-    children = []
+        return []
+    children: list[_Child] = []
     for path in candidates:
         with contextlib.suppress(JournalError, OSError):  # not ours to judge here
-            if journal_info(path).meta.get(K_FORK_PARENT) == parent_id:
-                children.append(path)
-    for path in children:
-        while time.monotonic() < deadline:
-            if not _being_shipped(path):
+            journal = Journal.open(path, owner=False)
+            try:
+                if journal.get_meta(K_FORK_PARENT) == parent_id:
+                    target = journal.last_seq()
+                    children.append(_Child(path, journal, sink_kinds(kind), target, start))
+                    continue
+            except JournalError:
+                pass
+            journal.close()
+    try:
+        while True:  # one look at least: what is left is said even with no time to wait
+            now = time.monotonic()
+            if all(child.settled(now, stall_s) for child in children) or now >= deadline:
                 break
             time.sleep(_POLL_S)
+        return [line for child in children if (line := child.left()) is not None]
+    finally:
+        for child in children:
+            child.close()
 
 
-_STAMPED = re.compile(r"^\d{8}-\d{6}-")
+@dataclass
+class _Child:
+    """One forked child's journal, read (never written) while the parent
+    waits for it; ``target``: its end when the parent's finish began."""
 
+    path: Path
+    journal: Journal
+    sinks: dict[str, frozenset[EntryKind]]
+    target: int
+    moved_at: float
+    acked: dict[str, int] = field(default_factory=dict)
+    pending: dict[str, int] = field(default_factory=dict)
+    why: str | None = None  # why it is no longer waited for, records left
 
-def _made_since(runs_dir: Path, own: Path) -> list[Path]:
-    """The journals made no earlier than ``own`` (names start with their
-    creation time, to the second): a child's is made after its parent's, and
-    finish() must not open every past run of the runs dir (its cost would
-    grow with history). A name without that stamp is kept, to be safe."""
-    since = own.name[:15]
-    found = []
-    with os.scandir(runs_dir) as entries:
-        for entry in entries:
-            if entry.name == own.name or not entry.is_dir(follow_symlinks=False):
+    def settled(self, now: float, stall_s: float) -> bool:
+        """Nothing more to wait for: shipped up to the target, or not moving."""
+        if self.why is not None:
+            return True
+        try:
+            self._look(now)
+        except JournalError as exc:
+            self.why = f"its journal cannot be read ({exc})"
+            return True
+        if not self.pending:
+            return True
+        helper = _helper_state(self.path)
+        if helper == "gone":
+            self.why = "it has exited and no uplink ships its journal"
+        elif now - self.moved_at >= stall_s:
+            self.why = f"its uplink shipped nothing for {stall_s:.0f} s"
+        return self.why is not None
+
+    def _look(self, now: float) -> None:
+        journal = self.journal
+        if journal.get_meta("state") == "shipped":
+            self.pending = {}
+            return
+        acked = journal.cursors()
+        if acked != self.acked:
+            self.acked, self.moved_at = acked, now
+        pending = {}
+        settled = True
+        for name, kinds in self.sinks.items():
+            standing = ledger.read_standing(journal, name)
+            done = acked.get(name, 0)
+            if standing.off is not None or done >= self.target:
                 continue
-            if _STAMPED.match(entry.name) and entry.name[:15] < since:
-                continue
-            if os.path.exists(os.path.join(entry.path, "data.mdb")):
-                found.append(Path(entry.path))
-    return found
+            between = (
+                journal.tally([done, self.target])[1] if done else journal.tally([self.target])[0]
+            )
+            left = ledger.records_left(between, kinds)
+            if left:
+                pending[name] = left
+                settled = settled and standing.settled
+        self.pending = pending
+        if pending and settled:
+            self.why = "its sinks are retired or paused (see primeruns show)"
+
+    def left(self) -> str | None:
+        if not self.pending:
+            return None
+        owner = read_owner(self.path)
+        who = f"pid {owner.pid}" if owner is not None else self.path.name
+        counts = ", ".join(f"{k}: {v}" for k, v in self.pending.items())
+        why = self.why or "the finish timeout passed first"
+        if owner is not None and _child_alive(owner):
+            then = "it is still running, and ships them into the run as it goes on"
+        elif _helper_state(self.path) == "alive":
+            then = "its uplink goes on shipping them into the run"
+        else:
+            then = f"ship them with: primeruns replay {self.path}"
+        return f"forked child {who}: {counts} not shipped ({why}); {then}"
+
+    def close(self) -> None:
+        self.journal.close()
 
 
-def _being_shipped(path: Path) -> bool:
-    """An exited child's journal whose uplink is still at work on it."""
-    with contextlib.suppress(JournalError, OSError):
-        if journal_info(path).meta.get("state") == "shipped":
-            return False
+def _helper_state(path: Path) -> str:
+    """Whether anybody ships the child's journal: "alive" (its uplink
+    process), "child" (no uplink process, but the child lives: it ships from
+    threads), "gone" (neither)."""
     owner = read_owner(path)
-    if owner is None or owner.helper_pid is None:
-        return False  # no uplink process: nobody ships it (left for primeruns replay)
-    if owner_alive(replace(owner, helper_pid=None, helper_start=None)):
-        return False  # the child still logs: not waited for (module doc)
-    return owner_alive(owner)  # its uplink is still at work
+    if owner is None:
+        return "gone"
+    if owner.helper_pid is not None and owner_alive(replace(owner, producer_done=True)):
+        return "alive"
+    return "child" if _child_alive(owner) else "gone"
+
+
+def _child_alive(owner: OwnerInfo) -> bool:
+    return owner_alive(replace(owner, helper_pid=None, helper_start=None))

@@ -235,7 +235,6 @@ def init(
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
     recorder = Recorder(journal, kind=kind, on_error=on_error)
     supervisor = None
-    fork = None
     if run_mode == "online":
         try:
             supervisor, taken_over = go_online(journal, settings, kind, recorder.note, tuning)
@@ -245,20 +244,23 @@ def init(
             journal.close()
             delete_journal(journal.path)
             raise
-        bound = supervisor.binding()
-        fork = ForkOrigin(
-            spec=spec,
-            settings=settings,
-            tuning=tuning,
-            durability=durability,
-            kind=kind,
-            on_error=on_error,
-            finish_timeout=float(finish_timeout),
-            parent_id=journal.local_id,
-            run_id=bound.run_id if bound else None,
-        )
         others = (journal.path.parent, {journal.path, *taken_over})
         start_daemon(_mention_crashed_runs, "primeruns-scan", others)
+    # What a forked child needs to log into this run (primeruns.forkchild).
+    bound = supervisor.binding() if supervisor is not None else None
+    fork = ForkOrigin(
+        spec=spec,
+        settings=settings,
+        tuning=tuning,
+        durability=durability,
+        kind=kind,
+        on_error=on_error,
+        finish_timeout=float(finish_timeout),
+        parent_id=journal.local_id,
+        parent_path=str(journal.path),
+        mode=run_mode,
+        run_id=bound.run_id if bound else None,
+    )
     run = Run(
         recorder,
         supervisor=supervisor,

@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import closing, hooks
+from .exceptions import ConfigurationError
 from .journal import EntryKind
 from .models import CONFIG_SOURCE_KEY, ConfigSource, Mode, RunKind, RunStatus
 from .recorder import Recorder
@@ -29,6 +30,7 @@ from .supervisor import Supervisor
 
 if TYPE_CHECKING:
     from .forkchild import ForkOrigin
+    from .joining import RunHandle
 
 __all__ = ["Run"]
 
@@ -294,6 +296,23 @@ class Run:
                 )
             finally:
                 self._finished = True
+
+    def handle(self) -> RunHandle:
+        """A picklable handle for worker processes that were not forked from
+        this one (multiprocessing's spawn and forkserver starts, a
+        subprocess): a worker passes it to ``pr.join()`` and logs into this
+        run through a journal of its own; its ``finish()`` leaves the run
+        open, and this run's ``finish()`` waits for the workers' records
+        (:mod:`primeruns.joining`). Forked children need none: they log
+        through the run they inherited."""
+        from .joining import handle_of
+
+        if self._fork is None and self._mode != "disabled":
+            raise ConfigurationError(
+                "handle: only the process that opened the run with init() can hand it to workers"
+            )
+        self.before_fork()  # the platform run, as a forked child gets it
+        return handle_of(self._fork if self._mode != "disabled" else None, self.id, self.kind)
 
     # -- process hooks (primeruns.hooks) --------------------------------------------------
     def before_fork(self) -> None:

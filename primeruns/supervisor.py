@@ -37,6 +37,7 @@ from .platform.binding import Binding
 from .settings import SdkSettings, process_sdk_settings
 from .ship import ledger
 from .ship.factory import sink_kinds
+from .ship.family import ParentNotRegistered
 from .ship.lifecycle import Lifecycle
 from .ship.link import UplinkHandle, UplinkThreads, start_uplink
 from .ship.policy import RetryPolicy
@@ -76,6 +77,8 @@ def go_online(
     lifecycle = Lifecycle(journal, client, policy=policy, on_failure=on_failure)
     try:
         lifecycle.register(attempts=2)
+    except ParentNotRegistered:
+        pass  # a forked child: its uplink binds it once the parent's run is registered
     except APIError as exc:
         if not is_transient(exc) or isinstance(exc, _AUTH_ERRORS):
             raise

@@ -280,7 +280,8 @@ def test_a_forked_child_never_waits_on_a_lock_its_parent_held_at_the_fork(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A parent thread holds the run's lock while another forks: the child's
-    log call must return (dropped and counted), not wait forever."""
+    log call must return (its records kept in a journal of the child's own),
+    not wait forever."""
     import os
     import threading
 
@@ -297,11 +298,11 @@ def test_a_forked_child_never_waits_on_a_lock_its_parent_held_at_the_fork(
     holder.start()
     assert held.wait(10)
     pid = os.fork()
-    if pid == 0:  # the child: log, then say whether it was counted as dropped
+    if pid == 0:  # the child: log, then say whether anything was dropped
         try:
             run.log_metrics({"a": 1.0})
             run.log_episodes([{"id": "e", "traces": [{}]}])
-            os._exit(0 if run.dropped_records == 1 else 3)
+            os._exit(0 if run.dropped_records == 0 else 3)
         finally:
             os._exit(4)
     release.set()

@@ -33,6 +33,7 @@ from ..settings import resolve_sdk_settings
 from ..ship import resident
 from ..ship.backlog import ShipReport, is_copy, needs_sync, ship_journal, spec_from_file
 from ..ship.factory import sink_kinds
+from ..ship.family import K_FORK_PARENT, children_of
 from ..ship.mirror import fingerprint, sync_root
 from ..ship.policy import RetryPolicy
 from ..ship.uplink import journal_settings
@@ -308,13 +309,16 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
     why, on stderr."""
     runs_dir = runs_dir_of(args)
     if args.runs:
-        return [resolve_run(ref, runs_dir) for ref in args.runs]
+        return _with_children([resolve_run(ref, runs_dir) for ref in args.runs], offline=offline)
     if not args.all and not offline:
         raise CommandError("name the runs to replay, or pass --all")
     chosen: list[Path] = []
+    children: set[Path] = set()
     shipped = 0
     root = sync_root()
     for status in statuses(runs_dir):
+        if status.info.meta.get(K_FORK_PARENT):
+            children.add(status.info.path)
         why = _skipped(status, root, offline=offline)
         if why is None:
             chosen.append(status.info.path)
@@ -324,7 +328,27 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
             shipped += 1
     if shipped and not args.json:
         print(f"{shipped} journal(s) already shipped and closed out: skipped", file=sys.stderr)
-    return chosen
+    # A forked child's journal after its parent's, which registers the run it ships into.
+    return sorted(chosen, key=lambda path: path in children)
+
+
+def _with_children(paths: list[Path], *, offline: bool) -> list[Path]:
+    """The runs named, each followed by its forked children's journals that
+    need shipping (``ship.family``): shipping a run ships all of it."""
+    out: list[Path] = []
+    root = sync_root()
+    for path in paths:
+        out.append(path)
+        local_id = _status_of(path).info.local_id
+        for child in children_of(path, local_id):
+            if child in out or child in paths:
+                continue
+            why = _skipped(_status_of(child), root, offline=offline)
+            if why is None:
+                out.append(child)
+            elif why:
+                print(inert(f"{child.name}: skipped: {why}"), file=sys.stderr)
+    return out
 
 
 def _skipped(status: RunStatus, root: Path, *, offline: bool) -> str | None:

@@ -39,6 +39,7 @@ from ..platform import PlatformClient, is_ambiguous
 from ..platform.binding import Binding
 from ..spec import RunSpec, SpecEnvironment, journal_spec
 from . import run_keys
+from .family import K_FORK_PARENT, K_FORK_PARENT_PATH, parent_binding
 from .policy import RetryPolicy
 
 __all__ = ["K_FORK_PARENT", "Lifecycle", "crash_reason", "status_message"]
@@ -56,8 +57,6 @@ _NAMESPACE = "prime_runs"
 # A closing run stops retrying a create that has no lookup after this many lost
 # answers: a flaky link (10% of answers lost) loses three in a row once in ~300.
 _MAX_LOST_CREATES = 3
-# Journal meta of a forked child's journal: its parent's (``primeruns.forkchild``).
-K_FORK_PARENT = "fork_parent"
 # Journal meta: when a create request was first sent (its answer may be lost).
 K_CREATE_SENT = "create_sent"
 # How far back the lookup of a lost create goes: the newest evaluations of the
@@ -236,6 +235,14 @@ class Lifecycle:
         if bound is not None:
             return bound
         spec = self.spec
+        if not spec.attach_id and self.journal.get_meta(K_FORK_PARENT):
+            # A child forked before its parent's run was registered (or from
+            # an offline run): it ships into the parent's run, once there is one.
+            journal = self.journal
+            parent = parent_binding(
+                journal.get_meta(K_FORK_PARENT), journal.get_meta(K_FORK_PARENT_PATH)
+            )
+            return self._bind(spec, str(parent["run_id"]), parent.get("name"), parent.get("url"))
         if spec.run_key is None or spec.attach_id:
             return self._create(spec, attempts)
         # A keyed run (several journals in turn): the first to register creates

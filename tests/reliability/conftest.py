@@ -15,14 +15,33 @@ from primeruns.local import LocalPlatform
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
-@pytest.fixture(scope="module")
-def shared_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
-    platform = LocalPlatform(tmp_path_factory.mktemp("rel-platform"))
+def _running(platform: LocalPlatform) -> Iterator[LocalPlatform]:
     platform.start()
     try:
         yield platform
     finally:
         platform.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
+    yield from _running(LocalPlatform(tmp_path_factory.mktemp("rel-platform")))
+
+
+@pytest.fixture(scope="module")
+def train_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
+    """A module's platform that takes training runs of ``fork_oracle.TEAM``."""
+    from fork_oracle import TEAM
+
+    yield from _running(
+        LocalPlatform(tmp_path_factory.mktemp("train-platform"), train_teams=[TEAM])
+    )
+
+
+@pytest.fixture
+def own_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
+    """A platform of the test's own, to stop and start."""
+    yield from _running(LocalPlatform(tmp_path_factory.mktemp("own-platform")))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import select
 import signal
-import sqlite3
 import warnings
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
+import fork_oracle as fo
 import pytest
 import rel_helpers as rh
 import rel_torture as rt
 import workloads
+from sdk_helpers import wait_for
 
 import primeruns as pr
 from primeruns.local import LocalPlatform
-from primeruns.local.objects import object_path
 
 # The run a pool worker logs into: set in the parent before the pool forks,
 # inherited by every worker (a forked child shares nothing else with it).
@@ -39,24 +38,6 @@ def _log_in_worker(part: list[dict[str, Any]]) -> int:
     for i in range(0, len(part), 5):
         _RUN.log_episodes(part[i : i + 5])
     return _RUN.dropped_records
-
-
-def _sample_ids(data_dir: Path, eval_id: str) -> Counter[str]:
-    """Every sample id the local platform's sample table holds for ``eval_id``."""
-    conn = sqlite3.connect(f"file:{data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
-    try:
-        rows = conn.execute("SELECT sample_id FROM eval_samples WHERE eval_id = ?", (eval_id,))
-        return Counter(str(r[0]) for r in rows)
-    finally:
-        conn.close()
-
-
-def _assert_exactly_once(lp: LocalPlatform, run: pr.Run, episodes: list[dict[str, Any]]) -> None:
-    wanted = Counter(e["id"] for e in episodes)
-    assert rh.platform_episode_ids(lp.data_dir, run.id) == wanted  # Prime Traces
-    assert _sample_ids(lp.data_dir, run.id) == wanted  # the sample table
-    assert run.dropped_records == 0
-    assert lp.run(run.id)["status"] == "COMPLETED"
 
 
 @pytest.mark.parametrize("ending", ["close", "terminate"])
@@ -87,7 +68,7 @@ def test_pool_workers_forked_from_an_evaluation_log_into_its_run_exactly_once(
         finally:
             _RUN = None
     assert dropped == [0, 0, 0, 0]
-    _assert_exactly_once(lp, run, episodes)
+    fo.assert_exactly_once(lp, run, episodes)
 
 
 def test_a_child_of_os_fork_logs_into_its_parents_run_exactly_once(
@@ -98,9 +79,7 @@ def test_a_child_of_os_fork_logs_into_its_parents_run_exactly_once(
     with rt.sdk_env(lp.url, tmp_path / "home"):
         run = rt.eval_run(lp.url, tmp_path / "runs")
         run.log_episodes(episodes[:10])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        pid = fo.fork()
         if pid == 0:  # the child: log, then leave as forked children do (no atexit)
             code = 1
             try:
@@ -117,7 +96,7 @@ def test_a_child_of_os_fork_logs_into_its_parents_run_exactly_once(
         run.log_episodes(episodes[20:])
         run.finish(timeout=120)
     assert os.waitstatus_to_exitcode(status) == 0
-    _assert_exactly_once(lp, run, episodes)
+    fo.assert_exactly_once(lp, run, episodes)
 
 
 def test_a_forked_child_killed_right_after_logging_loses_nothing_of_what_it_logged(
@@ -131,9 +110,7 @@ def test_a_forked_child_killed_right_after_logging_loses_nothing_of_what_it_logg
     with rt.sdk_env(lp.url, tmp_path / "home"):
         run = rt.eval_run(lp.url, tmp_path / "runs")
         run.log_episodes(episodes[:10])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        pid = fo.fork()
         if pid == 0:
             try:
                 for k in range(10, 210, 10):
@@ -144,20 +121,181 @@ def test_a_forked_child_killed_right_after_logging_loses_nothing_of_what_it_logg
         run.log_episodes(episodes[210:])
         run.finish(timeout=120)
     assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
-    _assert_exactly_once(lp, run, episodes)
+    fo.assert_exactly_once(lp, run, episodes)
 
 
-_TEAM = "team-fork"
+def test_the_parents_finish_ships_what_a_child_still_logging_logged_before_it(
+    shared_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A child still alive, and logging, when the parent finishes: when
+    finish() returns, every record the child's calls returned for before it
+    was called is on the platform; what the child logs after that its own
+    uplink ships into the run, and in the end every record is there once."""
+    lp = shared_platform
+    episodes = workloads.gsm8k(410)
+    ready_r, ready_w = os.pipe()
+    stop_r, stop_w = os.pipe()
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        run.log_episodes(episodes[:10])
+        pid = fo.fork()
+        if pid == 0:  # the child: log, say so, log on until told to stop
+            code = 1
+            try:
+                os.close(ready_r)
+                os.close(stop_w)
+                for k in range(10, 210, 10):
+                    run.log_episodes(episodes[k : k + 10])
+                os.write(ready_w, b"r")
+                k = 210
+                while k < 410 and not select.select([stop_r], [], [], 0)[0]:
+                    run.log_episodes(episodes[k : k + 10])
+                    k += 10
+                os.write(ready_w, k.to_bytes(4, "big"))
+                os.read(stop_r, 1)  # alive until the parent's finish() returned
+                code = 0 if run.dropped_records == 0 else 2
+            finally:
+                os._exit(code)  # as forked children leave: no atexit
+        os.close(ready_w)
+        os.close(stop_r)
+        assert os.read(ready_r, 1) == b"r"
+        run.finish(timeout=120)
+        landed = rh.platform_episode_ids(lp.data_dir, run.id)
+        in_table = fo.sample_ids(lp.data_dir, run.id)
+        os.write(stop_w, b"s")
+        logged = int.from_bytes(os.read(ready_r, 4), "big")
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    before = Counter(e["id"] for e in episodes[:210])
+    assert landed & before == before, f"{sum((before - landed).values())} not in Prime Traces"
+    assert in_table & before == before, f"{sum((before - in_table).values())} not in the table"
+    wait_for(
+        lambda: fo.landed_once(lp, run.id, episodes[:logged]),
+        timeout=120,
+        what="the child's uplink to ship what it logged after the parent finished",
+    )
+    fo.assert_exactly_once(lp, run, episodes[:logged])
 
 
-@pytest.fixture(scope="module")
-def train_platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
-    platform = LocalPlatform(tmp_path_factory.mktemp("fork-platform"), train_teams=[_TEAM])
-    platform.start()
-    try:
-        yield platform
-    finally:
-        platform.stop()
+def test_the_parents_finish_names_a_live_child_whose_records_it_could_not_wait_for(
+    shared_platform: LocalPlatform, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The child's uplink is held (SIGSTOP) while the parent finishes with a
+    short timeout: finish() returns in its budget and its warning names the
+    child, what it left and why; once the uplink goes on, every record lands
+    once."""
+    from primeruns.journal.lock import read_owner
+
+    lp = shared_platform
+    episodes = workloads.gsm8k(40)
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        run.log_episodes(episodes[:10])
+        assert run.flush(timeout=60)  # the parent's own are shipped: finish() has no time
+        pid = fo.fork()
+        if pid == 0:  # the child: open its journal, wait, log the rest, stay alive
+            code = 1
+            try:
+                run.log_episodes(episodes[10:11])
+                os.write(ready_w, b"o")
+                os.read(go_r, 1)
+                run.log_episodes(episodes[11:40])
+                os.write(ready_w, b"r")
+                os.read(go_r, 1)
+                code = 0
+            finally:
+                os._exit(code)
+        assert os.read(ready_r, 1) == b"o"
+        journal = next(p for p in (tmp_path / "runs").iterdir() if p != run.journal_path)
+        owner = read_owner(journal)
+        assert owner is not None and owner.helper_pid is not None
+        os.kill(owner.helper_pid, signal.SIGSTOP)  # the child's uplink ships nothing now
+        try:
+            os.write(go_w, b"g")
+            assert os.read(ready_r, 1) == b"r"
+            with caplog.at_level("WARNING", logger="primeruns"):
+                run.finish(timeout=0)  # no time to wait: said all the same
+        finally:
+            os.kill(owner.helper_pid, signal.SIGCONT)
+        os.write(go_w, b"s")
+        _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    said = [r.getMessage() for r in caplog.records if "forked child" in r.getMessage()]
+    assert len(said) == 1, caplog.text
+    assert f"forked child pid {pid}: traces: " in said[0], said[0]
+    assert "not shipped (the finish timeout passed first); it is still running" in said[0]
+    wait_for(
+        lambda: fo.landed_once(lp, run.id, episodes),
+        timeout=120,
+        what="the child's uplink to ship what the parent could not wait for",
+    )
+
+
+def _fork_and_log(run: pr.Run, episodes: list[dict[str, Any]]) -> int:
+    """Fork a child that logs ``episodes`` and leaves as forked children do
+    (no atexit); its exit code (2: it dropped records)."""
+    pid = fo.fork()
+    if pid == 0:
+        code = 1
+        try:
+            for k in range(0, len(episodes), 10):
+                run.log_episodes(episodes[k : k + 10])
+            code = 2 if run.dropped_records else 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def test_a_child_forked_before_the_run_was_registered_keeps_its_records(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The platform is down at init(): the run is not registered when the
+    child forks. The child's journal keeps its records and ships them into
+    the parent's run once the parent registered it."""
+    lp = own_platform
+    episodes = workloads.gsm8k(60)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        lp.stop()
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        assert run.url is None
+        run.log_episodes(episodes[:10])
+        code = _fork_and_log(run, episodes[10:50])
+        lp.start()
+        run.log_episodes(episodes[50:])
+        run.finish(timeout=120)
+    assert code == 0
+    fo.assert_exactly_once(lp, run, episodes)
+
+
+@pytest.mark.parametrize("which", ["the run", "--all"])
+def test_a_child_forked_from_an_offline_run_is_shipped_by_primeruns_sync_of_the_run(
+    shared_platform: LocalPlatform, tmp_path: Path, which: str
+) -> None:
+    """``primeruns sync RUN`` ships the run's children after it; ``sync
+    --all`` ships every journal, a child after its parent."""
+    from primeruns.cli import main
+
+    lp = shared_platform
+    episodes = workloads.gsm8k(60)
+    home = tmp_path / "home"
+    with rt.sdk_env(lp.url, home):
+        run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=tmp_path / "runs")
+        run.log_episodes(episodes[:10])
+        code = _fork_and_log(run, episodes[10:50])
+        run.log_episodes(episodes[50:])
+        run.finish()
+        assert run.journal_path is not None
+        runs = ["--all", "--runs-dir", str(tmp_path / "runs")]
+        target = [str(run.journal_path)] if which == "the run" else runs
+        assert main(["sync", "--base-url", lp.url, *target]) == 0
+    assert code == 0
+    run_id = rh.bound_run_id(run.journal_path, home)
+    assert run_id is not None
+    assert fo.landed_once(lp, run_id, episodes)
+    assert lp.run(run_id)["status"] == "COMPLETED"
 
 
 def test_a_forked_child_logging_the_parents_step_of_a_training_run_collides_with_nothing(
@@ -168,19 +306,9 @@ def test_a_forked_child_logging_the_parents_step_of_a_training_run_collides_with
     lp = train_platform
     steps = workloads.agentic_by_step(10)
     with rt.sdk_env(lp.url, tmp_path / "home"):
-        run = pr.init(
-            kind="train",
-            model="m",
-            team_id=_TEAM,
-            training=pr.TrainingSpec(max_steps=20, batch_size=10),
-            api_key=rt.KEY,
-            base_url=lp.url,
-            runs_dir=tmp_path / "runs",
-        )
+        run = fo.train_run(lp.url, tmp_path / "runs")
         run.log_episodes(steps[0][:5])
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        pid = fo.fork()
         if pid == 0:  # the child: log its half of step 0, then leave without atexit
             code = 1
             try:
@@ -193,18 +321,7 @@ def test_a_forked_child_logging_the_parents_step_of_a_training_run_collides_with
         run.log_episodes(steps[10])
         run.finish(timeout=120)
     assert os.waitstatus_to_exitcode(status) == 0
-    stored: dict[str, Any] = lp.run(run.id)
-    assert stored["status"] == "COMPLETED"
-    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 20
-    keys = [o["key"] for o in stored["parquet_objects"]]
-    assert len(set(keys)) == len(keys)
-    ids_by_step: dict[int, list[int]] = {}
-    for obj in stored["parquet_objects"]:
-        table = pq.read_table(object_path(lp.data_dir / "objects", obj["key"]))
-        ids_by_step.setdefault(obj["step"], []).extend(table.column("sample_id").to_pylist())
-    assert sorted(ids_by_step) == [0, 10]
-    assert all(len(ids) == len(set(ids)) == 10 for ids in ids_by_step.values()), ids_by_step
-    assert run.dropped_records == 0
+    fo.assert_training_samples_apart(lp, run, 20)
 
 
 def test_the_parents_finish_looks_only_at_journals_made_since_its_own(tmp_path: Path) -> None:

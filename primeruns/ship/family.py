@@ -1,0 +1,120 @@
+"""A run's journals across the processes that fork: a child finds its parent's
+platform run, a parent (or the command that ships it) finds its children.
+
+A forked child journals into a journal of its own that names its parent's
+(``K_FORK_PARENT``: the parent's local id; ``K_FORK_PARENT_PATH``: where the
+parent's journal was). A child forked after the parent's run was registered
+carries the platform run's id in its spec (``attach_id``). One forked before
+that, or from an offline run, cannot: its run is found when it ships
+(:func:`parent_binding`), from the parent's journal where the live run's
+uplink records the registration, or from the parent's sync journal where
+``primeruns sync``/``replay`` record it. Until the parent is registered the
+child's journal keeps its records: the child's uplink retries while the
+parent lives (:class:`ParentNotRegistered` is transient), and a command that
+ships the parent ships its children after it (:func:`children_of`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import JournalError, PrimeRunsError, RetryableAPIError
+from ..journal import Journal
+from ..journal.lock import owner_alive, read_owner
+from ..journal.store import DATA_NAME
+from . import sync_records
+from .mirror import sync_root, valid_local_id
+
+__all__ = [
+    "K_FORK_PARENT",
+    "K_FORK_PARENT_PATH",
+    "ParentNotRegistered",
+    "ParentNotShipped",
+    "children_of",
+    "made_since",
+    "parent_binding",
+]
+
+# Journal meta of a forked child's journal: its parent's local id, and path.
+K_FORK_PARENT = "fork_parent"
+K_FORK_PARENT_PATH = "fork_parent_path"
+
+_STAMPED = re.compile(r"^\d{8}-\d{6}-")
+
+
+class ParentNotRegistered(RetryableAPIError):
+    """The child's parent lives but its run is not registered yet: retried
+    (its uplink registers it when the platform answers)."""
+
+
+class ParentNotShipped(PrimeRunsError):
+    """The child's parent is gone and its run was never registered: ship the
+    parent first (shipping it ships its children after it)."""
+
+
+def parent_binding(parent: object, parent_path: object) -> dict[str, Any]:
+    """The platform run of a forked child's parent (its local id and path, as
+    the child's journal names them), as the parent's journal or its sync
+    journal recorded it.
+    Raises :class:`ParentNotRegistered` while the parent lives unregistered,
+    :class:`ParentNotShipped` once it is gone so."""
+    parent_id = valid_local_id(parent)  # untrusted: a copy's meta
+    original = Path(parent_path) if isinstance(parent_path, str) and parent_path else None
+    root = sync_root()
+    for where in (original, root / parent_id):
+        if where is None or not (where / DATA_NAME).is_file():
+            continue
+        # In the forked child itself the parent's journal cannot be opened
+        # (it is open in this process: see journal.store); its uplink can.
+        with contextlib.suppress(JournalError, OSError):
+            with Journal.open(where, owner=False) as parent:
+                bound = parent.get_meta("platform")
+            if isinstance(bound, dict) and bound.get("run_id"):
+                return bound
+    record = sync_records.recorded(root, parent_id) or {}
+    if record.get("run_id"):
+        return {"run_id": str(record["run_id"])}
+    if original is not None and owner_alive(read_owner(original)):
+        raise ParentNotRegistered(
+            f"the run of this forked child's parent ({parent_id}) is not registered yet"
+        )
+    raise ParentNotShipped(
+        f"this journal is a forked child of run {parent_id}, which was never registered "
+        f"on the platform: ship that run first (primeruns sync or replay {parent_id} "
+        "ships its forked children after it)"
+    )
+
+
+def made_since(runs_dir: Path, own: Path) -> list[Path]:
+    """The journals made no earlier than ``own`` (names start with their
+    creation time, to the second): a child's is made after its parent's, and
+    finish() must not open every past run of the runs dir (its cost would
+    grow with history). A name without that stamp is kept, to be safe."""
+    since = own.name[:15]
+    found = []
+    with os.scandir(runs_dir) as entries:
+        for entry in entries:
+            if entry.name == own.name or not entry.is_dir(follow_symlinks=False):
+                continue
+            if _STAMPED.match(entry.name) and entry.name[:15] < since:
+                continue
+            if os.path.exists(os.path.join(entry.path, DATA_NAME)):
+                found.append(Path(entry.path))
+    return found
+
+
+def children_of(parent: Path, local_id: str) -> list[Path]:
+    """The forked children's journals of the journal at ``parent`` (its local
+    id ``local_id``) in the same runs dir, oldest first."""
+    children = []
+    with contextlib.suppress(OSError):
+        for path in made_since(parent.parent, parent):
+            with contextlib.suppress(JournalError, OSError):
+                with Journal.open(path, owner=False) as journal:
+                    if journal.get_meta(K_FORK_PARENT) == local_id:
+                        children.append(path)
+    return sorted(children, key=lambda p: p.name)
