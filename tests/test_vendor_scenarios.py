@@ -34,15 +34,14 @@ from typing import Any
 
 import httpx
 import module_platform
+import prime_runs as pr
 import pytest
 import workloads
-from prime_traces import TracesClient
-from sdk_helpers import API_KEY, point_at
-
-import prime_runs as pr
 from prime_runs import metrics
 from prime_runs.exceptions import ConfigurationError
 from prime_runs.models import CONFIG_SOURCE_KEY, MAX_CONFIG_SOURCE_BYTES, ConfigSource
+from prime_traces import TracesClient
+from sdk_helpers import API_KEY, point_at
 
 TEAM = "team-1"
 # "team-outside" is not allowlisted for external training runs.
@@ -197,9 +196,7 @@ def test_online_without_a_key_is_a_configuration_error(
 # -- an online evaluation ----------------------------------------------------------------
 
 
-def test_an_online_run_has_the_platforms_id_and_viewer_url(
-    runs: Path, local_platform: Any
-) -> None:
+def test_an_online_run_has_the_platforms_id_and_viewer_url(runs: Path, local_platform: Any) -> None:
     run = _eval()
     assert run.mode == "online"
     assert [r["id"] for r in local_platform.runs() if r["id"] == run.id] == [run.id]
@@ -220,9 +217,7 @@ def test_episodes_reach_the_sample_table_while_the_run_is_going(
     run.finish()
 
 
-def test_what_a_producer_logs_lands_once_with_its_summary(
-    runs: Path, local_platform: Any
-) -> None:
+def test_what_a_producer_logs_lands_once_with_its_summary(runs: Path, local_platform: Any) -> None:
     episodes = _episodes(3)
     run = _eval()
     for episode in episodes:
@@ -485,7 +480,10 @@ def test_values_merged_onto_a_launch_file_are_stored_beside_it(
 ) -> None:
     path = tmp_path / "eval.toml"
     path.write_text(EVAL_TOML)
-    config = {"model": "deepseek/deepseek-v4-flash", CONFIG_SOURCE_KEY: ConfigSource.from_file(path).to_dict()}
+    config = {
+        "model": "deepseek/deepseek-v4-flash",
+        CONFIG_SOURCE_KEY: ConfigSource.from_file(path).to_dict(),
+    }
     run = _eval(config=config)
     run.finish()
     stored = local_platform.run(run.id)["config"]
@@ -636,7 +634,11 @@ def test_the_receipt_count_leaves_the_callers_other_prime_runs_values(
     runs: Path, local_platform: Any, given: str
 ) -> None:
     summary = {
-        "prime_runs": {"custom_metric": 1, "nested": {"reward": 0.5}, "traces_episodes_written": 999}
+        "prime_runs": {
+            "custom_metric": 1,
+            "nested": {"reward": 0.5},
+            "traces_episodes_written": 999,
+        }
     }
     with _eval() as run:
         run.log_traces([_trace(1.0)])  # a trace alone is no episode
