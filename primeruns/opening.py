@@ -179,7 +179,7 @@ def init(
             name=name,
             config=config_doc,
             finish_timeout=float(finish_timeout),
-            attached=id is not None,
+            attached=False,  # it keeps the id, but continues no platform run (as the vendor's)
             local_id=id or f"disabled-{secrets.token_hex(8)}",
         )
 

@@ -116,7 +116,8 @@ class Run:
 
     @property
     def attached(self) -> bool:
-        """It continues a run by id (``init(id=...)``)."""
+        """It continues a platform run by id (``init(id=...)``); a disabled
+        run, which keeps the id it was given, continues none."""
         return self._attached
 
     @property

@@ -133,7 +133,7 @@ def _launcher_evaluation(lp: Any) -> str:
 
 
 def _launcher_training_run(lp: Any) -> str:
-    body = {"name": "managed", "base_model": "Qwen/Qwen3-8B", "team_id": TEAM}
+    body = {"name": "managed", "base_model": "Qwen/Qwen3-8B", "team_id": TEAM, "max_steps": 10}
     return str(_post(lp, "/api/v1/rft/external-runs", body)["run"]["id"])
 
 
@@ -445,7 +445,7 @@ def test_an_oversized_or_binary_config_file_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_config_source_of_another_type_says_what_was_expected() -> None:
-    with pytest.raises(TypeError, match="config source must be"):
+    with pytest.raises(TypeError, match="a path or a ConfigSource"):
         ConfigSource.coerce(object())
 
 
@@ -562,7 +562,15 @@ def test_an_account_without_prime_traces_ships_every_episode_to_the_sample_table
         assert _sample_ids(lp, run.id) == [e["id"] for e in episodes]
         assert run.summary["prime_runs"]["traces_episodes_written"] == 0
     else:
-        assert [(o["step"], o["rows"]) for o in stored["parquet_objects"]] == [(10, 2)]
+        assert _step_rows(stored) == {10: 2}
+
+
+def _step_rows(stored: dict[str, Any]) -> dict[int, int]:
+    """Rows of the Parquet sample table per step (one object per batch shipped)."""
+    rows: dict[int, int] = {}
+    for obj in stored["parquet_objects"]:
+        rows[obj["step"]] = rows.get(obj["step"], 0) + obj["rows"]
+    return rows
 
 
 def _opt_out_through(source: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
@@ -597,7 +605,7 @@ def test_opting_out_never_reaches_prime_traces(
         # The summary a server-side denial leaves, so completion checks agree.
         assert run.summary["prime_runs"]["traces_episodes_written"] == 0
     else:
-        assert [(o["step"], o["rows"]) for o in stored["parquet_objects"]] == [(10, 2)]
+        assert _step_rows(stored) == {10: 2}
 
 
 def test_an_opt_out_argument_overrides_the_environment(
@@ -661,6 +669,115 @@ def test_a_prime_runs_summary_that_is_no_mapping_gives_way_to_the_receipt_count(
         run.log_episodes(_episodes(1))
         run.update_summary({"prime_runs": value})
     assert run.summary["prime_runs"] == {"traces_episodes_written": 1}
+
+
+# -- the run handle (the vendor's test_run.py) ---------------------------------------------
+
+
+def test_a_summary_built_up_before_finish_is_stored_without_non_finite_values(
+    runs: Path, local_platform: Any
+) -> None:
+    run = _eval()
+    run.update_summary({"avg_reward": 0.5, "loss": float("nan")})
+    run.update_summary({"avg_error": 0.0})
+    run.finish(summary={"avg_reward": 0.75, "grad": float("inf")})
+    given = {k: v for k, v in run.summary.items() if k != "prime_runs"}  # the receipt count
+    assert given == {"avg_reward": 0.75, "avg_error": 0.0}
+    stored = local_platform.run(run.id)["summary"]
+    assert {k: stored[k] for k in ("avg_reward", "avg_error")} == given
+    assert "loss" not in stored and "grad" not in stored
+
+
+def test_a_second_finish_changes_nothing(runs: Path, local_platform: Any) -> None:
+    run = _eval()
+    run.finish(summary={"avg_reward": 1.0})
+    run.finish(status=pr.RunStatus.FAILED)
+    assert run.status is pr.RunStatus.COMPLETED
+    stored = local_platform.run(run.id)
+    assert stored["status"] == "COMPLETED" and stored["summary"]["avg_reward"] == 1.0
+
+
+@pytest.mark.parametrize("status", ["running", pr.RunStatus.RUNNING])
+def test_finish_refuses_a_status_that_is_not_terminal_and_the_run_goes_on(
+    runs: Path, local_platform: Any, status: Any
+) -> None:
+    run = _eval()
+    with pytest.raises(ValueError, match="terminal"):
+        run.finish(status=status)
+    assert not run.finished and local_platform.run(run.id)["status"] == "RUNNING"
+    run.finish()
+    assert local_platform.run(run.id)["status"] == "COMPLETED"
+
+
+@pytest.mark.parametrize("call", ["traces", "episodes", "metrics", "summary"])
+def test_a_write_after_finish_is_a_producer_bug(runs: Path, call: str) -> None:
+    run = pr.init(kind="train", mode="disabled", model="m")
+    run.finish()
+    with pytest.raises(pr.RunFinishedError):
+        if call == "traces":
+            run.log_traces([{"id": "t1"}])
+        elif call == "episodes":
+            run.log_episodes([{"id": "ep1", "traces": []}])
+        elif call == "metrics":
+            run.log_metrics({"loss": 0.5})
+        else:
+            run.update_summary({"late": 1.0})
+
+
+def test_the_context_manager_completes_a_clean_run(runs: Path, local_platform: Any) -> None:
+    with _eval() as run:
+        run.log_traces(_episodes(1))
+    assert local_platform.run(run.id)["status"] == "COMPLETED"
+
+
+def test_an_exception_in_the_block_fails_the_run_and_propagates(
+    runs: Path, local_platform: Any
+) -> None:
+    with pytest.raises(ValueError, match="rollout blew up"), _eval() as run:
+        raise ValueError("rollout blew up")
+    stored = local_platform.run(run.id)
+    assert stored["status"] == "FAILED" and "rollout blew up" in stored["error_message"]
+
+
+def test_an_interrupt_cancels_the_run_rather_than_failing_it(
+    runs: Path, local_platform: Any
+) -> None:
+    with pytest.raises(KeyboardInterrupt), _eval() as run:
+        raise KeyboardInterrupt
+    stored = local_platform.run(run.id)
+    assert (stored["status"], stored["error_message"]) == ("CANCELLED", "interrupted")
+
+
+def test_a_run_cancelled_by_finish_keeps_its_reason(runs: Path, local_platform: Any) -> None:
+    run = _eval()
+    assert pr.RunStatus.CANCELLED.is_terminal()
+    run.finish(status="cancelled", error="operator stopped it")
+    assert run.status is pr.RunStatus.CANCELLED
+    stored = local_platform.run(run.id)
+    assert (stored["status"], stored["error_message"]) == ("CANCELLED", "operator stopped it")
+
+
+def test_a_metrics_row_loses_its_non_finite_values_and_keeps_the_producers_step(
+    runs: Path, local_platform: Any
+) -> None:
+    run = _train()
+    run.log_metrics(
+        {
+            "step": 7,
+            "loss": 0.5,
+            "nan": float("nan"),
+            "nested": {"loss": float("inf"), "reward": 1.0},
+            "quantiles": [0.1, float("nan"), 0.9],  # here: refused, named (differences.txt)
+        },
+        step=8,
+    )
+    run.finish()
+    (row,) = _get(local_platform, f"/api/v1/rft/runs/{run.id}/metrics")["metrics"]
+    assert row["step"] == 7 and row["loss"] == 0.5 and "nan" not in row
+    assert row["nested"] == {"reward": 1.0}
+    assert "quantiles" not in row
+    assert run.failed_records == {"encode": 1}
+    assert any("quantiles" in e and "not a number" in e for e in run.errors), run.errors
 
 
 # -- run-level aggregates (the vendor's test_metrics.py) ---------------------------------
