@@ -11,6 +11,7 @@ sync`` registers and ships it later.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -19,7 +20,8 @@ from typing import Any
 
 from . import records
 from .exceptions import JournalError
-from .journal import EntryKind
+from .journal import EntryKind, Journal
+from .journal.memory import in_memory
 from .models import RunStatus
 from .recorder import Recorder
 from .ship import ledger
@@ -167,7 +169,10 @@ def finish_journal(
         written = ledger.episodes_written(journal)
         with recorder.lock:
             ledger.stamp_episodes_written(recorder.summary, written)
-    _report(outcome, supervisor, run_id, str(journal.path), _causes(recorder))
+    if in_memory(journal):
+        _lose_unshipped(journal, outcome, run_id)
+    else:
+        _report(outcome, supervisor, run_id, str(journal.path), _causes(recorder))
     supervisor.release()
     recorder.close()
 
@@ -221,6 +226,34 @@ def _report(
             "be reached); everything is shipped. Close it out with: primeruns replay %s",
             run_id,
             path,
+        )
+
+
+def _lose_unshipped(journal: Journal, outcome: Closeout | None, run_id: str) -> None:
+    """A journal in memory (no folder took it): what the close-out could not
+    ship dies with this process, so it is counted as lost
+    (``run.failed_records``) and said once, with no command to ship it later."""
+    if outcome is None:
+        log.warning(
+            "prime-runs: run %s is still being shipped by threads of this process; its "
+            "journal is in memory (no folder could take it), so what they have not shipped "
+            "when the process exits is lost",
+            run_id,
+        )
+        return
+    pending = {sink: count for sink, count in outcome.pending.items() if count}
+    reason = "not shipped before the run finished, and its journal was in memory only"
+    for sink, count in pending.items():
+        with contextlib.suppress(JournalError, ValueError):
+            journal.record_loss(sink, count, reason)
+    if pending or not outcome.finalized:
+        log.warning(
+            "prime-runs: run %s %s; its journal was in memory (no folder could take it), "
+            "so the %d record(s) not shipped (%s) are lost, counted in run.failed_records",
+            run_id,
+            "is closed out" if outcome.finalized else "is not closed out on the platform",
+            sum(pending.values()),
+            ", ".join(f"{k}: {v}" for k, v in pending.items()) or "none",
         )
 
 

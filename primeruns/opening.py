@@ -12,13 +12,15 @@ import logging
 import os
 import secrets
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from . import hooks, records
 from .exceptions import ConfigurationError
 from .forkchild import ForkOrigin
 from .journal import EntryKind, Journal, delete_journal, list_journals
+from .journal.memory import MemoryJournal, in_memory
 from .models import (
     CONFIG_SOURCE_KEY,
     ConfigSource,
@@ -177,7 +179,7 @@ def init(
             name=name,
             config=config_doc,
             finish_timeout=float(finish_timeout),
-            attached=id is not None,
+            attached=False,  # it keeps the id, but continues no platform run (as the vendor's)
             local_id=id or f"disabled-{secrets.token_hex(8)}",
         )
 
@@ -222,16 +224,22 @@ def init(
         run_key=run_key or None,
     )
     stored = spec.to_json()
+    meta = {SPEC_KEY: stored, "state": "running"}
     journal = create_journal(
         tuning.runs_dir,
         lambda where: Journal.create(
-            where,
-            durability=durability,
-            max_bytes=tuning.max_journal_bytes,
-            meta={SPEC_KEY: stored, "state": "running"},
+            where, durability=durability, max_bytes=tuning.max_journal_bytes, meta=meta
         ),
         online=run_mode == "online",
+        # The same interface, kept in memory (journal.memory): typed as a Journal.
+        in_memory=lambda: cast(
+            Journal, MemoryJournal(max_bytes=tuning.max_journal_bytes, meta=meta)
+        ),
     )
+    memory = in_memory(journal)
+    if memory:
+        # Only threads of this process can read a journal in its memory.
+        tuning = replace(tuning, uplink="threads")
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
     recorder = Recorder(journal, kind=kind, on_error=on_error)
     supervisor = None
@@ -242,25 +250,31 @@ def init(
             # The run never existed on the platform: leave no journal behind
             # for `primeruns ls` to call crashed.
             journal.close()
-            delete_journal(journal.path)
+            if not memory:
+                delete_journal(journal.path)
             raise
-        others = (journal.path.parent, {journal.path, *taken_over})
-        start_daemon(_mention_crashed_runs, "primeruns-scan", others)
-    # What a forked child needs to log into this run (primeruns.forkchild).
-    bound = supervisor.binding() if supervisor is not None else None
-    fork = ForkOrigin(
-        spec=spec,
-        settings=settings,
-        tuning=tuning,
-        durability=durability,
-        kind=kind,
-        on_error=on_error,
-        finish_timeout=float(finish_timeout),
-        parent_id=journal.local_id,
-        parent_path=str(journal.path),
-        mode=run_mode,
-        run_id=bound.run_id if bound else None,
-    )
+        if not memory:  # with no folder to write (memory) there are no other runs
+            others = (journal.path.parent, {journal.path, *taken_over})
+            start_daemon(_mention_crashed_runs, "primeruns-scan", others)
+    # What a forked child needs to log into this run (primeruns.forkchild). A
+    # run in memory has none to give: its children's records are dropped and
+    # counted (recorder).
+    fork = None
+    if not memory:
+        bound = supervisor.binding() if supervisor is not None else None
+        fork = ForkOrigin(
+            spec=spec,
+            settings=settings,
+            tuning=tuning,
+            durability=durability,
+            kind=kind,
+            on_error=on_error,
+            finish_timeout=float(finish_timeout),
+            parent_id=journal.local_id,
+            parent_path=str(journal.path),
+            mode=run_mode,
+            run_id=bound.run_id if bound else None,
+        )
     run = Run(
         recorder,
         supervisor=supervisor,

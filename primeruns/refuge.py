@@ -8,6 +8,12 @@ journal goes to a private folder elsewhere, checked by the same trust rules
 (:mod:`primeruns.journal.trust`), and one warning names both folders, how
 long the journal lasts there and the fix.
 
+When no folder takes it at all (no temporary directory is writable either,
+nor ``/dev/shm``), the journal is kept in memory
+(:class:`~primeruns.journal.memory.MemoryJournal`), with one warning naming
+every folder tried and what the run then risks: the vendor's SDK keeps
+nothing on disk either, and a run that ships beats a run refused.
+
 Online runs only: there the journal is the way to the platform, and a run
 that ships is worth a journal that may not outlive a reboot. An offline run
 is kept for a later ``primeruns sync``; it is refused at ``init()``,
@@ -49,11 +55,18 @@ def refuges() -> list[Path]:
     return [base / folder / "runs" for base in bases]
 
 
-def create_journal(runs_dir: Path, create: Callable[[Path], Journal], *, online: bool) -> Journal:
+def create_journal(
+    runs_dir: Path,
+    create: Callable[[Path], Journal],
+    *,
+    online: bool,
+    in_memory: Callable[[], Journal] | None = None,
+) -> Journal:
     """``create(runs_dir)``, or, for an ``online`` run the runs directory
-    refuses, ``create`` in the first refuge that takes it, with one warning.
-    Raises JournalError naming every folder tried when no refuge takes it
-    either (a journal in memory alone is not built: the run is refused)."""
+    refuses, ``create`` in the first refuge that takes it, with one warning;
+    when none does, ``in_memory()``, with one warning. Raises JournalError
+    naming every folder tried when no refuge takes it and there is no
+    ``in_memory``."""
     try:
         return create(runs_dir)
     except JournalError as refused:
@@ -85,6 +98,19 @@ def create_journal(runs_dir: Path, create: Callable[[Path], Journal], *, online:
             refuge,
         )
         return journal
+    if in_memory is not None:
+        log.warning(
+            "prime-runs: no folder could take this run's journal: the runs directory %s "
+            "(%s), nor %s. The run ships all the same, but its records are kept in this "
+            "process's memory until shipped: a crash or a kill loses what is not shipped "
+            "yet, no 'primeruns replay' can reach it, and what finish() cannot ship is "
+            "counted in run.failed_records. Fix: point PRIME_RUNS_DIR (or runs_dir=) at a "
+            "directory of your own you can write to, on a node-local disk.",
+            runs_dir,
+            first,
+            ", ".join(map(str, tried)) or "any temporary directory",
+        )
+        return in_memory()
     raise JournalError(
         f"{first}; no fallback folder took the journal either "
         f"({', '.join(map(str, tried))}): point PRIME_RUNS_DIR (or runs_dir=) at a directory "

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from . import closing, hooks
 from .exceptions import ConfigurationError
 from .journal import EntryKind
+from .journal.memory import in_memory
 from .models import CONFIG_SOURCE_KEY, ConfigSource, Mode, RunKind, RunStatus
 from .recorder import Recorder
 from .rehoming import Rehomer
@@ -77,7 +78,7 @@ class Run:
         self._finished = False
         if supervisor is not None:
             recorder.wake = supervisor.wake
-        if recorder.journal is not None:
+        if recorder.journal is not None and not in_memory(recorder.journal):
             recorder.rehomer = Rehomer(recorder.journal, supervisor)
         if fork is not None:
             recorder.forked_target = self._child_recorder
@@ -117,7 +118,8 @@ class Run:
 
     @property
     def attached(self) -> bool:
-        """It continues a run by id (``init(id=...)``)."""
+        """It continues a platform run by id (``init(id=...)``); a disabled
+        run, which keeps the id it was given, continues none."""
         return self._attached
 
     @property
@@ -143,9 +145,10 @@ class Run:
 
     @property
     def journal_path(self) -> Path | None:
-        """The run's journal directory (for ``primeruns replay``); None when disabled."""
+        """The run's journal directory (for ``primeruns replay``); None when
+        disabled, or when no folder could take it (kept in memory)."""
         journal = self._recorder.journal
-        return journal.path if journal is not None else None
+        return journal.path if journal is not None and not in_memory(journal) else None
 
     @property
     def dropped_records(self) -> int:

@@ -31,6 +31,7 @@ from .exceptions import (
     is_transient,
 )
 from .journal import Journal
+from .journal.memory import in_memory
 from .models import RunKind
 from .platform import PlatformClient, Settings
 from .platform.binding import Binding
@@ -94,7 +95,7 @@ def go_online(
         client.close()  # from here on only the uplink talks to the platform
     attach = lifecycle.spec.attach_id
     predecessors: list[Path] = []
-    if attach and siblings:
+    if attach and siblings and not in_memory(journal):  # (one in memory has no folder)
         predecessors, alive = find_run_journals(journal.path.parent, attach, exclude=journal.path)
         if alive:
             log.warning(

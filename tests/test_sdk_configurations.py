@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -394,21 +395,76 @@ def test_an_unwritable_runs_dir_or_home_falls_back_to_a_private_journal_and_ship
     assert not runs.exists()
 
 
-def test_a_run_no_folder_takes_is_refused_naming_every_folder_tried(
+def _no_folder_takes_a_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """HOME (and with it the default runs directory), TMPDIR and /dev/shm all
+    refuse a journal; returns the refused home."""
+    home = _under_a_file(tmp_path, "home")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("TMPDIR", str(home.parent / "tmp"))
+    monkeypatch.setattr(tempfile, "tempdir", str(home.parent / "tmp"))
+    monkeypatch.setattr(refuge, "_SHM", home.parent / "shm")
+    return home
+
+
+def test_an_offline_run_no_folder_takes_is_refused_naming_its_runs_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Kept for a later sync, its journal is the run: memory would not keep it."""
     point_at(monkeypatch, tmp_path, None)
-    refused = _under_a_file(tmp_path, "runs")
-    monkeypatch.setattr(tempfile, "tempdir", str(refused.parent / "tmp"))
-    monkeypatch.setattr(refuge, "_SHM", refused.parent / "shm")
-    with pytest.raises(JournalError) as caught:
-        pr.init(
-            environments=["gsm8k"], api_key=API_KEY, base_url="http://127.0.0.1:9", runs_dir=refused
-        )
-    text = str(caught.value)
-    assert str(refused) in text and "PRIME_RUNS_DIR" in text
-    assert all(str(folder) in text for folder in refuge.refuges())
+    home = _no_folder_takes_a_journal(tmp_path, monkeypatch)
+    with pytest.raises(JournalError, match=re.escape(str(home))):
+        pr.init(environments=["gsm8k"], mode="offline")
     assert not list(tmp_path.glob("**/prime-runs-*"))
+
+
+def test_an_online_run_no_folder_takes_ships_from_memory_with_one_warning(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Before, init() raised JournalError (the vendor's SDK ships the run,
+    keeping its records in memory; verifiers turned the error into a silently
+    disabled run)."""
+    lp = local_platform
+    point_at(monkeypatch, tmp_path, lp.url)
+    home = _no_folder_takes_a_journal(tmp_path, monkeypatch)
+    episodes = workloads.gsm8k(40)
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        run = pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url)
+        run.log_episodes(episodes[:20])
+        assert run.flush(timeout=60)
+        run.log_episodes(episodes[20:])
+        run.finish(timeout=120)
+    assert run.mode == "online" and run.journal_path is None
+    assert run.status is pr.RunStatus.COMPLETED
+    assert run.failed_records == {} and run.dropped_records == 0 and run.errors == []
+    stored = platform_episode_ids(lp.data_dir, run.id)
+    assert set(stored) == {e["id"] for e in episodes} and max(stored.values()) == 1
+    assert lp.run(run.id)["status"] == "COMPLETED"
+    warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warned) == 1, warned
+    # What could not be written, and what the run then risks.
+    assert str(home) in warned[0] and "memory" in warned[0] and "a crash" in warned[0]
+    assert all(str(folder) in warned[0] for folder in refuge.refuges())
+    assert not list(tmp_path.glob("**/prime-runs-*"))
+
+
+def test_records_a_run_in_memory_could_not_ship_are_counted_as_lost(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"  # nothing listens there once closed
+    point_at(monkeypatch, tmp_path, url)
+    monkeypatch.setenv("PRIME_RUNS_STALL_S", "1")
+    _no_folder_takes_a_journal(tmp_path, monkeypatch)
+    run = pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=url)
+    run.log_episodes(workloads.gsm8k(5))
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        run.finish(timeout=30)
+    assert run.failed_records == {"traces": 5, "eval_samples": 5}
+    assert "lost" in caplog.text and "memory" in caplog.text
 
 
 @pytest.mark.parametrize("traces", ["left_at_default", "set", "opted_out"])

@@ -2,8 +2,13 @@
 
 Reads see one copy per id: the newest stored row wins (a re-upload replaces
 what readers see, while ``/_local`` still counts every row). Runs are not an
-entity: a run is the set of traces whose own ``run.id`` names it, and its
-``run_type`` comes from the upload context of its newest trace.
+entity: a run is the set of traces whose own ``run.id`` names it. Its
+``run_type`` is what its newest trace's record says (``run.type``) when that
+is ``eval`` or ``train``, else what that trace's upload context says: the
+service types by the context alone, which lists a run uploaded without a
+``run_type`` context (another uploader's, a bare ``upload_records``) as
+``unknown`` though every record says ``train``; the two agree for every run
+this SDK or the vendor's ships.
 
 Cursors are opaque base64 of an offset bound to a hash of the filters; a
 cursor used with other filters is 400 ``invalid_cursor``. Nodes, calls,
@@ -35,7 +40,7 @@ _LATEST_EPISODES = "row IN (SELECT max(row) FROM episodes GROUP BY episode_id)"
 _TRACE_FIELDS = (
     "row, trace_id, upload_id, episode_id, run_id, step, environment_id, model_id,"
     " model_provider, task_id, agent_name, reward, outcome, has_error, is_truncated,"
-    " duration_ms, total_tokens, size_bytes, created_at, ingested_at, context"
+    " duration_ms, total_tokens, size_bytes, created_at, ingested_at, context, run_type"
 )
 
 
@@ -340,9 +345,7 @@ def _run_summaries(rows: list[sqlite3.Row]) -> dict[str, dict[str, Any]]:
         context = json.loads(newest["context"])
         out[run_id] = {
             "run_id": run_id,
-            "run_type": context.get("run_type")
-            if context.get("run_type") in ("eval", "train")
-            else "unknown",
+            "run_type": _run_type(newest["run_type"], context.get("run_type")),
             "first_trace_created_at": iso(min(r["created_at"] for r in rs)),
             "last_trace_created_at": iso(max(r["created_at"] for r in rs)),
             "last_trace_ingested_at": iso(newest["ingested_at"]),
@@ -359,6 +362,14 @@ def _run_summaries(rows: list[sqlite3.Row]) -> dict[str, dict[str, Any]]:
             "context": context,
         }
     return out
+
+
+def _run_type(record: str | None, context: object) -> str:
+    """A run's type: the record's ``run.type``, else the upload context's."""
+    for said in (record, context):
+        if said in ("eval", "train"):
+            return str(said)
+    return "unknown"
 
 
 def _run_rows(conn: sqlite3.Connection, run_id: str | None) -> list[sqlite3.Row]:

@@ -50,8 +50,11 @@ def episodes_written(journal: Journal) -> int:
 def stamp_episodes_written(summary: MutableMapping[str, Any], written: int) -> None:
     """Put ``written`` into an evaluation's summary as the vendor's SDK does
     (``prime_runs.traces_episodes_written``): the platform's summary and the
-    producer's ``run.summary`` both carry it."""
-    prime = dict(summary.get("prime_runs") or {})
+    producer's ``run.summary`` both carry it. A ``prime_runs`` value of the
+    caller's that is no mapping gives way to it, as in the vendor's SDK (it
+    raised from ``finish()`` here, into the caller's loop)."""
+    given = summary.get("prime_runs")
+    prime = dict(given) if isinstance(given, Mapping) else {}
     prime["traces_episodes_written"] = written
     summary["prime_runs"] = prime
 

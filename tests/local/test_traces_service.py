@@ -47,6 +47,28 @@ def test_vendor_client_uploads_episodes_and_replay_stores_nothing(
     assert [r.run_id for r in client.list_runs(run_type="train").items] == ["run-vendor"]
 
 
+def test_runs_are_listed_by_the_type_their_records_say(client: TracesClient) -> None:
+    # Uploaded with no run_type in the context (another uploader's, or a bare
+    # upload_records): the records still say which kind of run they belong to.
+    client.upload_records([episode("run-trained", step=3)], line_format=LineFormat.EPISODE)
+    client.upload_records([episode("run-evaluated")], line_format=LineFormat.EPISODE)
+    # A record without a run type: the upload context types it.
+    untyped = trace("run-context")
+    untyped["run"] = {"id": "run-context"}
+    client.upload_records([untyped], context={"run_type": "train"})
+    client.upload_records([trace(None)])  # no run at all: listed nowhere
+
+    mine = {"run-trained", "run-evaluated", "run-context"}  # the platform is shared
+
+    def listed(*types: Any) -> set[str]:
+        return mine & {r.run_id for r in client.list_runs(run_type=list(types)).items}
+
+    assert listed("train") == {"run-trained", "run-context"}
+    assert listed("eval") == {"run-evaluated"}
+    assert listed("unknown") == set()
+    assert client.get_run("run-trained").model_extra["run_type"] == "train"
+
+
 def test_bare_traces_read_back_raw_and_paginated(client: TracesClient) -> None:
     traces = [trace("run-bare") for _ in range(5)]
     (receipt,) = client.upload_records(traces)

@@ -1,0 +1,376 @@
+"""A run's journal in this process's memory, for when no folder takes one.
+
+The journal is how a run reaches the platform: the shippers read it after
+their acknowledged offsets and the producer reads the uplink's reports from
+its meta. When neither the runs directory nor any fallback folder can be
+written (a read-only home, a read-only or full temporary directory, no
+``/dev/shm``), the vendor's SDK still ships the run, keeping its records in
+memory; so does this SDK, through :class:`MemoryJournal`: the same interface
+as :class:`~primeruns.journal.Journal`, its entries, cursors and meta kept in
+dicts, shipped by the uplink's threads in this process (a process of its own
+could not read it).
+
+What that costs: nothing outlives the process. Entries are kept until every
+sink acknowledged them (then dropped, as compaction drops them from a journal
+on disk, the run's lifecycle entries kept), so memory holds the backlog, not
+the run; the byte budget bounds it, and appends past it are dropped and
+counted, as on disk. What is not shipped when the run finishes is counted as
+lost (``ledger`` of the close-out; ``closing``), since no ``primeruns
+replay`` can reach it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from bisect import bisect_left, bisect_right
+from collections import Counter
+from collections.abc import Callable, Collection, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..exceptions import FINISHED_WHILE_LOGGING, JournalError, RunFinishedError
+from .frames import HEADER_SIZE, MAX_ENTRY_BYTES, EntryKind
+from .journal import default_local_id
+from .layout import dumps
+from .types import AppendResult, CursorState, Damage, Entry, InFlight, ReadResult
+
+__all__ = ["MemoryJournal", "in_memory"]
+
+_KEPT = frozenset({EntryKind.RUN_OPEN, EntryKind.SUMMARY, EntryKind.FINISH})
+_MAX_REASONS = 5
+
+
+def in_memory(journal: object) -> bool:
+    """Whether ``journal`` is held in memory (a :class:`MemoryJournal`)."""
+    return isinstance(journal, MemoryJournal)
+
+
+class MemoryJournal:
+    """A journal held in memory. Thread-safe; used by this process only.
+
+    ``path`` names no folder (``<memory>/<local id>``) and nothing is ever
+    written there: it is for messages. ``in_memory`` tells it from a journal
+    on disk.
+    """
+
+    in_memory = True
+
+    def __init__(
+        self,
+        *,
+        local_id: str | None = None,
+        max_bytes: int,
+        meta: Mapping[str, Any] | None = None,
+    ) -> None:
+        self.local_id = local_id or default_local_id()
+        self.path = Path("<memory>") / self.local_id
+        self.durability = "memory"
+        self.max_bytes = max_bytes
+        self._pid = os.getpid()
+        self._cond = threading.Condition()
+        self._seqs: list[int] = []  # ascending, of the entries still held
+        self._entries: dict[int, Entry] = {}
+        self._bytes = 0
+        self._last = 0
+        self._finished = False
+        self._closed = False
+        self._meta: dict[str, bytes] = {}
+        self._cursors: dict[str, CursorState] = {}
+        self._losses: dict[str, dict[str, Any]] = {}
+        self._compacted: Counter[int] = Counter()
+        self._sinks: frozenset[str] = frozenset()
+        self._woken = 0
+        if meta:
+            self.update_meta(meta)
+
+    # -- checks -------------------------------------------------------------------------
+    def _check(self) -> None:
+        if os.getpid() != self._pid:
+            raise JournalError(
+                f"the in-memory journal of run {self.local_id} belongs to process {self._pid}"
+            )
+        if self._closed:
+            raise JournalError(f"journal {self.path} is closed")
+
+    # -- meta: JSON values, stored encoded so that no caller shares one -----------------
+    def get_meta(self, key: str, default: Any = None) -> Any:
+        self._check()
+        with self._cond:
+            raw = self._meta.get(key)
+        return default if raw is None else json.loads(raw)
+
+    def all_meta(
+        self, max_value_bytes: int | None = None, shape: Callable[[Any], Any] | None = None
+    ) -> dict[str, Any]:
+        self._check()
+        with self._cond:
+            items = list(self._meta.items())
+        out: dict[str, Any] = {}
+        for key, raw in items:
+            if max_value_bytes is not None and len(raw) > max_value_bytes:
+                continue
+            value = json.loads(raw)
+            out[key] = shape(value) if shape is not None else value
+        return out
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self.update_meta({key: value})
+
+    def update_meta(self, values: Mapping[str, Any]) -> None:
+        encoded = {k: dumps(v) for k, v in values.items()}  # fail on bad JSON first
+        with self._cond:
+            self._meta.update(encoded)
+
+    def push_meta(self, key: str, item: Any, *, cap: int) -> None:
+        encoded = json.loads(dumps(item))
+        with self._cond:
+            current = json.loads(self._meta.get(key, b"[]"))
+            items = current if isinstance(current, list) else []
+            if len(items) < cap:
+                self._meta[key] = dumps([*items, encoded])
+            else:
+                more = json.loads(self._meta.get(f"{key}#more", b"0"))
+                self._meta[f"{key}#more"] = dumps(int(more or 0) + 1)
+
+    # -- appending and waiting ------------------------------------------------------------
+    def append(
+        self,
+        kind: EntryKind,
+        payloads: Sequence[bytes],
+        *,
+        essential: bool = False,
+        final: bool = False,
+    ) -> AppendResult:
+        self._check()
+        if not payloads:
+            return AppendResult(None, 0, 0)
+        if any(len(p) > MAX_ENTRY_BYTES for p in payloads):
+            raise ValueError(f"an entry is over the per-entry limit of {MAX_ENTRY_BYTES} bytes")
+        size = sum(map(len, payloads)) + HEADER_SIZE * len(payloads)
+        with self._cond:
+            if self._finished:
+                raise RunFinishedError(FINISHED_WHILE_LOGGING)
+            if not essential and self._bytes + size > self.max_bytes:
+                self._add_loss("journal", len(payloads), "journal byte budget reached (in memory)")
+                return AppendResult(None, 0, len(payloads))
+            first = self._last + 1
+            for seq, payload in enumerate(payloads, first):
+                self._entries[seq] = Entry(seq, EntryKind(kind), bytes(payload))
+                self._seqs.append(seq)
+            self._last = first + len(payloads) - 1
+            self._bytes += size
+            self._finished = final
+            self._cond.notify_all()
+        return AppendResult(first, len(payloads), 0)
+
+    def last_seq(self) -> int:
+        self._check()
+        return self._last
+
+    def wait_for_append(
+        self,
+        after_seq: int,
+        timeout: float | None,
+        until: Callable[[], bool] | None = None,
+    ) -> bool:
+        self._check()
+        with self._cond:
+            woken = self._woken
+            self._cond.wait_for(
+                lambda: (
+                    self._last > after_seq
+                    or self._woken != woken
+                    or self._closed
+                    or (until is not None and until())
+                ),
+                timeout=timeout,
+            )
+            return self._last > after_seq
+
+    def wake_all(self) -> None:
+        with self._cond:
+            self._woken += 1
+            self._cond.notify_all()
+
+    # -- reading ----------------------------------------------------------------------------
+    def read(
+        self,
+        after_seq: int,
+        *,
+        kinds: Collection[EntryKind] | None = None,
+        max_entries: int = 1000,
+        max_bytes: int = 8 << 20,
+        max_entry_bytes: int | None = None,
+    ) -> ReadResult:
+        self._check()
+        wanted = None if kinds is None else {int(k) for k in kinds}
+        entries: list[Entry] = []
+        oversized: list[tuple[int, int, int]] = []
+        taken = 0
+        with self._cond:
+            next_after = after_seq
+            for seq in self._seqs[bisect_right(self._seqs, after_seq) :]:
+                entry = self._entries[seq]
+                if wanted is None or int(entry.kind) in wanted:
+                    if max_entry_bytes is not None and len(entry.payload) > max_entry_bytes:
+                        oversized.append((seq, int(entry.kind), len(entry.payload)))
+                    else:
+                        if entries and (
+                            len(entries) >= max_entries or taken + len(entry.payload) > max_bytes
+                        ):
+                            break
+                        entries.append(entry)
+                        taken += len(entry.payload)
+                next_after = seq
+            else:  # scanned to the log's end (entries forgotten as shipped included)
+                next_after = max(after_seq, self._last)
+        return ReadResult(entries, next_after, oversized=oversized)
+
+    def get(self, seq: int) -> Entry | None:
+        self._check()
+        with self._cond:
+            return self._entries.get(seq)
+
+    def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
+        self._check()
+        bounds = sorted(set(cuts))
+        counts: list[Counter[int]] = [Counter() for _ in range(len(bounds) + 1)]
+        with self._cond:
+            for seq in self._seqs:
+                counts[bisect_left(bounds, seq)][int(self._entries[seq].kind)] += 1
+            counts[0].update(self._compacted)
+        return counts
+
+    # -- cursors and losses -----------------------------------------------------------------
+    def cursor(self, sink: str) -> CursorState:
+        self._check()
+        with self._cond:
+            return self._cursors.get(sink, CursorState(0, None))
+
+    def acked(self, sink: str) -> int:
+        return self.cursor(sink).acked
+
+    def cursors(self) -> dict[str, int]:
+        self._check()
+        with self._cond:
+            return {sink: state.acked for sink, state in self._cursors.items()}
+
+    def set_inflight(self, sink: str, inflight: InFlight) -> None:
+        self._check()
+        if inflight.first_seq > inflight.last_seq:
+            raise ValueError("in-flight range is empty")
+        state = json.loads(dumps(inflight.state))
+        with self._cond:
+            acked = self._cursors.get(sink, CursorState(0, None)).acked
+            self._cursors[sink] = CursorState(
+                acked, InFlight(inflight.first_seq, inflight.last_seq, inflight.body, state)
+            )
+
+    def update_inflight_state(self, sink: str, state: Mapping[str, Any]) -> None:
+        self._check()
+        extra = json.loads(dumps(dict(state)))
+        with self._cond:
+            current = self._cursors.get(sink)
+            if current is None or current.inflight is None:
+                raise JournalError(f"sink {sink!r} has no batch in flight")
+            batch = current.inflight
+            merged = InFlight(batch.first_seq, batch.last_seq, batch.body, {**batch.state, **extra})
+            self._cursors[sink] = CursorState(current.acked, merged)
+
+    def ack(self, sink: str, upto_seq: int, *, failed: int = 0, reason: str | None = None) -> None:
+        self._check()
+        with self._cond:
+            if upto_seq > self._last:
+                raise ValueError(f"cannot ack {upto_seq}: the last entry is {self._last}")
+            acked = self._cursors.get(sink, CursorState(0, None)).acked
+            if upto_seq < acked:
+                raise ValueError(f"sink {sink!r} already acked {acked} > {upto_seq}")
+            self._cursors[sink] = CursorState(upto_seq, None)
+            if failed > 0:
+                self._add_loss(sink, failed, reason)
+            self._drop_shipped()
+
+    def record_loss(self, sink: str, count: int, reason: str) -> None:
+        self._check()
+        with self._cond:
+            self._add_loss(sink, count, reason)
+
+    def _add_loss(self, sink: str, count: int, reason: str | None) -> None:
+        rec = self._losses.setdefault(sink, {"count": 0, "reasons": []})
+        rec["count"] += count
+        if reason:
+            rec["reasons"] = [*rec["reasons"], reason][-_MAX_REASONS:]
+
+    def losses(self) -> dict[str, dict[str, Any]]:
+        self._check()
+        with self._cond:
+            return {
+                sink: {**rec, "reasons": list(rec["reasons"])} for sink, rec in self._losses.items()
+            }
+
+    # -- capacity: what every sink acknowledged leaves memory -------------------------------
+    def set_sinks(self, names: Collection[str]) -> None:
+        with self._cond:
+            self._sinks = frozenset(names)
+            self._drop_shipped()
+
+    def drop_sink(self, name: str) -> None:
+        with self._cond:
+            self._sinks = self._sinks - {name}
+            self._drop_shipped()
+
+    def _drop_shipped(self) -> None:
+        """Forget the entries every named sink acknowledged (under the lock),
+        but the run's lifecycle entries: the close-out reads them."""
+        if not self._sinks:
+            return
+        upto = min(self._cursors.get(s, CursorState(0, None)).acked for s in self._sinks)
+        kept: list[int] = []
+        for seq in self._seqs[: bisect_right(self._seqs, upto)]:
+            entry = self._entries[seq]
+            if entry.kind in _KEPT:
+                kept.append(seq)
+                continue
+            del self._entries[seq]
+            self._bytes -= len(entry.payload) + HEADER_SIZE
+            self._compacted[int(entry.kind)] += 1
+        self._seqs[: bisect_right(self._seqs, upto)] = kept
+
+    def size_bytes(self) -> int:
+        with self._cond:
+            return self._bytes
+
+    def compact(self, sinks: Collection[str] | None = None) -> int:
+        return 0  # done at every acknowledgement
+
+    # -- what a journal on disk has and this one does without --------------------------------
+    def structural_damage(self) -> list[Damage]:
+        return []
+
+    def damage(self) -> list[Damage]:
+        return []
+
+    def sync(self) -> None:
+        """Nothing to flush: nothing is on disk."""
+
+    def unshare_lock(self) -> None:
+        """No lock to take back: no uplink process ever shared this journal."""
+
+    def take_back_moving(self) -> None:
+        """No mover: nothing is spooled."""
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def __enter__(self) -> MemoryJournal:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"MemoryJournal({self.local_id!r}, last_seq={self._last})"
