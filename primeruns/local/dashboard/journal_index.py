@@ -24,6 +24,7 @@ from typing import Any
 from ... import jsonbound
 from ...journal import EntryKind, Journal
 from ...records import training_step
+from .views import SampleRow
 
 #: The largest entry a page decodes; one declaring more is shown as a marker.
 MAX_ENTRY_BYTES = 16 << 20
@@ -38,6 +39,8 @@ MAX_METRIC_NAMES = 100
 MAX_NOTES = 50
 #: What one kept value costs, roughly, for the cache's accounting.
 _VALUE_COST = 100
+#: A sample's row (:class:`SampleRow`, texts compacted) in kept values.
+_FACT_VALUES = 4
 
 
 def too_large(seq: int, size: int) -> str:
@@ -62,12 +65,20 @@ class JournalIndex:
     summary: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     notes_more: int = 0
+    #: Each episode's row of an evaluation's samples table, in order, as far
+    #: as a page asked (filled by the source: ``JournalSource.sample_facts``).
+    facts: list[SampleRow] = field(default_factory=list)
 
     @property
     def cost(self) -> int:
         """Roughly what it holds, in bytes (the source's cache is bounded by it)."""
         return _VALUE_COST * (
-            self.metric_values + len(self.metrics) + 2 * len(self.episodes) + len(self.notes) + 1
+            self.metric_values
+            + len(self.metrics)
+            + 2 * len(self.episodes)
+            + len(self.notes)
+            + _FACT_VALUES * len(self.facts)
+            + 1
         )
 
     def note(self, what: str) -> None:
