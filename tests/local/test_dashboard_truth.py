@@ -13,13 +13,11 @@ from typing import Any
 
 import httpx
 import pytest
-from dashboard_helpers import offline_eval, offline_train
+from dashboard_helpers import OfflinePages, offline_eval, offline_train
 from sdk_helpers import API_KEY, point_at
-from starlette.testclient import TestClient
 
 import primeruns as pr
 from primeruns.local import LocalPlatform
-from primeruns.local.dashboard import offline_app
 from primeruns.local.dashboard.episodes import message_of
 from primeruns.sinks.train_samples import DEFAULT_INTERVAL
 
@@ -31,7 +29,7 @@ def test_an_offline_training_run_shows_only_the_sample_tables_the_platform_store
     run = offline_train(runs, DEFAULT_INTERVAL + 2)  # steps 0..11: tables of 0 and 10 ship
     assert run.journal_path is not None
     path = f"/dashboard/training/{run.journal_path.name}"
-    with TestClient(offline_app(runs)) as client:
+    with OfflinePages(runs) as client:
         page = client.get(path)
         assert page.status_code == 200
         listed = re.findall(r'<tr class="step"><td><a [^>]*>(\d+)</a>', page.text)
@@ -57,12 +55,18 @@ def test_a_runs_config_is_the_users_without_the_sdks_client_token(
     bare = _online_eval(local_platform.url, runs, name="no-config")
     given = _online_eval(local_platform.url, runs, name="with-config", config={"lr": 0.5})
     assert bare.url is not None and given.url is not None
-    page = httpx.get(bare.url, timeout=30)
-    assert page.status_code == 200
-    assert "client_token" not in page.text and "prime_runs" not in page.text
-    assert "no config was stored" in page.text
-    page = httpx.get(given.url, timeout=30)
-    assert "client_token" not in page.text and "&#34;lr&#34;: 0.5" in page.text
+
+    def config(url: str) -> str:
+        page = httpx.get(url, timeout=30)
+        assert page.status_code == 200
+        found = re.search(r"<section><h2>config</h2>.*?</section>", page.text, re.S)
+        assert found is not None
+        return found.group(0)
+
+    assert "no config was stored" in config(bare.url)
+    shown = config(given.url)
+    assert "client_token" not in shown and "prime_runs" not in shown
+    assert "&#34;lr&#34;: 0.5" in shown
 
 
 def test_tool_call_arguments_show_as_the_json_they_hold() -> None:
@@ -95,7 +99,7 @@ def test_samples_are_numbered_from_0_as_steps_are(
     run = offline_eval(runs, 3)
     assert run.journal_path is not None
     path = f"/dashboard/evaluations/{run.journal_path.name}"
-    with TestClient(offline_app(runs)) as client:
+    with OfflinePages(runs) as client:
         page = client.get(path)
         numbers = re.findall(r'<tr class="sample">\s*<td><a href="([^"]+)">(\d+)</a>', page.text)
         assert numbers == [(f"{path}/samples/{i}", str(i)) for i in range(3)]

@@ -182,7 +182,7 @@ async def _training_page(request: Request, detail: RunDetail) -> Response:
 async def _evaluation_page(request: Request, detail: RunDetail) -> Response:
     """The summary, the analysis of every sample, and the samples table as asked
     (``SampleQuery``): all from each sample's row, held between pages."""
-    run_id = detail.row.id
+    run_id = request.path_params["run_id"]
     query = SampleQuery.from_params(request.query_params)
     page = _int_param(request, "page", 1)
     facts, total = await _read(request, lambda s: s.sample_facts(run_id, MAX_FACTS))
