@@ -17,7 +17,7 @@ damage notes beyond their caps are counted and said, never kept.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,8 @@ MAX_ENTRY_BYTES = 16 << 20
 MAX_SMALL_BYTES = 1 << 20
 #: Bytes of payload one read copies out (at least one entry).
 READ_BYTES = 16 << 20
+#: Bytes of payload one read of a run's episodes in order copies out (at least one entry).
+BATCH_BYTES = 4 << 20
 #: Metric values kept for the charts, and distinct metric names charted.
 MAX_METRIC_VALUES = 300_000
 MAX_METRIC_NAMES = 100
@@ -204,3 +206,42 @@ def read_records(
             yield seq, jsonbound.loads(entry.payload, max_bytes), ""
         except ValueError as exc:
             yield seq, None, jsonbound.marker(f"entry {seq} is not shown: {exc}")
+
+
+def read_in_order(
+    journal: Journal, wanted: Sequence[tuple[int, int]], kind: EntryKind, max_bytes: int
+) -> Iterator[tuple[int, Any, str]]:
+    """As :func:`read_records`, for ``wanted`` in journal order (a run's
+    episodes, to read them all): up to ``BATCH_BYTES`` of payload a read rather
+    than one entry, each entry decoded as it is yielded. A 20,000-episode
+    run's entries read one a read spent half the time of its analysis in
+    the reads."""
+    i = 0
+    while i < len(wanted):
+        seq, size = wanted[i]
+        if size > max_bytes:
+            yield seq, None, too_large(seq, size)
+            i += 1
+            continue
+        result = journal.read(
+            seq - 1,
+            kinds={kind},
+            max_entries=1000,
+            max_bytes=BATCH_BYTES,
+            max_entry_bytes=max_bytes,
+        )
+        batch = {entry.seq: entry for entry in result.entries}
+        last = max(batch, default=seq)  # at least this one is answered for
+        while i < len(wanted) and wanted[i][0] <= last:
+            seq, size = wanted[i]
+            i += 1
+            entry = batch.pop(seq, None)
+            if size > max_bytes:
+                yield seq, None, too_large(seq, size)
+            elif entry is None:
+                yield seq, None, jsonbound.marker(f"entry {seq} is no longer in the journal")
+            else:
+                try:
+                    yield seq, jsonbound.loads(entry.payload, max_bytes), ""
+                except ValueError as exc:
+                    yield seq, None, jsonbound.marker(f"entry {seq} is not shown: {exc}")

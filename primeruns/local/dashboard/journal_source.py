@@ -34,7 +34,7 @@ from ...reports import CRASH_ERROR, RunStatus, describe
 from ...sinks.train_samples import DEFAULT_INTERVAL as TABLE_INTERVAL
 from ..traces_extract import as_object
 from .episodes import sample_row
-from .journal_index import MAX_ENTRY_BYTES, JournalIndex, read_records
+from .journal_index import MAX_ENTRY_BYTES, JournalIndex, read_in_order, read_records
 from .views import RunDetail, RunRow, SampleRow, StepTable, compact, config_text
 
 log = logging.getLogger("primeruns.local.dashboard")
@@ -112,6 +112,20 @@ def _clip_meta(value: Any) -> Any:
 def _unshown(why: str) -> dict[str, Any]:
     """The sample row of an episode a page cannot decode: its reason, as its error."""
     return {"sample_id": None, "error": why, "info": {}, "completion": []}
+
+
+def _fact_of(position: int, record: Any, why: str) -> SampleRow:
+    """An episode's row of the samples table, as ``_sample_of``'s would be, for
+    less: the few fields kept are read off the projection, so neither the
+    copy that nulls non-finite numbers (``sample_row`` takes finite numbers
+    only) nor the clip of the whole row is made (a 20,000-episode run's
+    analysis took 47 s with both, against about 1 s for its first page)."""
+    try:
+        projected = record_to_samples(record, {}, finite=True) if record is not None else None
+    except Exception as exc:  # a malformed episode: its row says so
+        projected, why = None, jsonbound.marker(f"not projected: {exc}")
+    body = projected[0] if projected else _unshown(why or "no trace to show")
+    return compact(sample_row(position, body))
 
 
 def _sample_of(record: Any, why: str) -> dict[str, Any]:
@@ -223,9 +237,9 @@ class JournalSource:
         new: list[SampleRow] = []
         if wanted:  # read outside the lock: other pages go on meanwhile
             with Journal.open(status.info.path, owner=False) as journal:
-                found = read_records(journal, wanted, EntryKind.EPISODE, MAX_ENTRY_BYTES)
+                found = read_in_order(journal, wanted, EntryKind.EPISODE, MAX_ENTRY_BYTES)
                 for position, (_, record, why) in enumerate(found, start):
-                    new.append(compact(sample_row(position, _sample_of(record, why))))
+                    new.append(_fact_of(position, record, why))
         with self._lock:
             if len(index.facts) == start:  # else another page brought them first
                 index.facts.extend(new)
