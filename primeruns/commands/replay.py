@@ -235,11 +235,12 @@ def _ship(
         )
     head = inert_text(path.name, style="bold")
     head.append(f" -> {inert(where)}")
-    make_console(stream).print(head)
+    # The head and bars are drawn once shipping begins: a refusal comes first.
     bars = ShipProgress(
         stream,
         {sink: total for sink, (total, _) in plan.items()},
         {sink: unit for sink, (_, unit) in plan.items()},
+        head,
     )
     try:
         report = ship_journal(
@@ -252,6 +253,7 @@ def _ship(
             spec=options.spec,
             base_url=options.base_url,
         )
+        bars.finish(report.pending)
     except JournalLockedError as exc:
         raise _NotShipped(f"refused: {exc}", EXIT_LOCKED) from None
     except JournalCorruptError as exc:
@@ -259,7 +261,7 @@ def _ship(
     except JournalError as exc:
         raise _NotShipped(str(exc), EXIT_USAGE) from None
     finally:
-        bars.done()
+        bars.done()  # the bars of a shipment that raised; a no-op after finish
     return report, plan
 
 

@@ -16,6 +16,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -26,6 +27,10 @@ if TYPE_CHECKING:
 API_KEY_ENV = "PRIMERUNS_LOCAL_API_KEY"
 #: Seconds SIGTERM waits for requests in flight before cancelling them.
 SHUTDOWN_GRACE_S = 2
+#: Where the platform stores what it is sent without ``--data``: in the
+#: current directory, and the path is said at start (a folder appearing
+#: silently wherever serve was started surprised users).
+DEFAULT_DATA = "primeruns-local-data"
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -34,9 +39,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--data",
         type=Path,
-        default=Path("primeruns-local-data"),
+        default=None,
         metavar="DIR",
-        help="directory holding the SQLite database and the object store",
+        help=f"directory holding the SQLite database and the object store "
+        f"(default ./{DEFAULT_DATA}; where it is, is said at start)",
     )
     parser.add_argument(
         "--runs-dir",
@@ -172,8 +178,14 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"primeruns serve: no directory {args.runs_dir} (--runs-dir)", file=sys.stderr)
             return 2
         return _serve(offline_app(Path(args.runs_dir)), args.host, args.port, key)
-    app = _platform_app(args, key)
-    return 2 if app is None else _serve(app, args.host, args.port, key)
+    data = Path(args.data) if args.data is not None else Path(DEFAULT_DATA)
+    app = _platform_app(args, data, key)
+    if app is None:
+        return 2
+    where = f"primeruns serve: storing what it is sent in {data.absolute()}"
+    if args.data is None:
+        where += " (the default; --data DIR stores it elsewhere)"
+    return _serve(app, args.host, args.port, key, notes=[where])
 
 
 def _bind_allowed(host: str, key: str | None, waived: bool) -> bool:
@@ -201,7 +213,7 @@ def _bind_allowed(host: str, key: str | None, waived: bool) -> bool:
     return False
 
 
-def _platform_app(args: argparse.Namespace, key: str | None) -> Starlette | None:
+def _platform_app(args: argparse.Namespace, data: Path, key: str | None) -> Starlette | None:
     """The platform's app for these arguments, or None (said on stderr) if they are wrong."""
     from .app import build_app
     from .faults import FaultSettings
@@ -211,7 +223,7 @@ def _platform_app(args: argparse.Namespace, key: str | None) -> Starlette | None
     if args.train_teams is not None:
         teams = frozenset(t.strip() for t in args.train_teams.split(",") if t.strip())
     settings = ServerSettings(
-        data_dir=Path(args.data),
+        data_dir=data,
         api_key=key,
         traces_disabled=args.traces_disabled,
         train_teams=teams,
@@ -239,8 +251,10 @@ def _platform_app(args: argparse.Namespace, key: str | None) -> Starlette | None
         return None
 
 
-def _serve(app: Starlette, host: str, port: int, key: str | None) -> int:
-    """Run ``app`` under uvicorn on ``host:port`` until SIGTERM/SIGINT, behind the guard."""
+def _serve(app: Starlette, host: str, port: int, key: str | None, notes: Sequence[str] = ()) -> int:
+    """Run ``app`` under uvicorn on ``host:port`` until SIGTERM/SIGINT, behind
+    the guard; ``notes`` are said after the listening line (which stays first:
+    parents read the port from it)."""
     import uvicorn
 
     from .guard import Guard, GuardSettings, allowed_hosts, is_wildcard
@@ -261,6 +275,8 @@ def _serve(app: Starlette, host: str, port: int, key: str | None) -> int:
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets)
             print(f"primeruns serve: listening on http://{shown}:{port}", flush=True)
+            for note in notes:
+                print(note, flush=True)
             if key is not None:
                 # Loopback in the link even when bound wider: it is for this machine's browser.
                 guard.origin = f"http://{'127.0.0.1' if is_wildcard(host) else shown}:{port}"

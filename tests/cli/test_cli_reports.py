@@ -318,3 +318,43 @@ def test_replay_json_reports_every_run_named_even_one_it_must_refuse(
     assert results[done.name]["ok"] and results[done.name]["exit_code"] == 0
     refused = results[live.journal_path.name]
     assert refused["exit_code"] == 3 and "still running" in refused["error"]
+
+
+def test_sync_bars_end_complete_and_a_sink_with_nothing_to_ship_says_so(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``train_samples`` counts every episode and ships every 10th step's: a
+    shipment that succeeded draws it full, not at 10%; the metrics sink of a
+    run that logged none says so, not ``0/0 0%``."""
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = pr.init(kind="train", model="m", team_id="team-a", mode="offline", runs_dir=runs)
+    run.log_episodes(workloads.agentic(36))  # steps 0-11, three each
+    run.finish()
+    assert run.journal_path is not None
+    env = {**_shipping_env(local_platform.url), "PRIME_TRACES_OPT_OUT": "1"}
+    done = cli_subprocess("sync", "--runs-dir", str(runs), run.journal_path.name, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    bars = {line.split()[0]: line for line in done.stdout.splitlines() if "━" in line}
+    assert set(bars) == {"train_samples"}, done.stdout
+    assert "36/36 episodes" in bars["train_samples"] and "100%" in bars["train_samples"]
+    said = [line.split() for line in done.stdout.splitlines()]
+    assert ["train_metrics", "nothing", "to", "ship"] in said, done.stdout
+    assert "0/0" not in done.stdout
+
+
+def test_sync_of_a_run_whose_owner_lives_refuses_before_drawing_anything(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    live = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    live.log_episodes(workloads.gsm8k(2))
+    assert live.journal_path is not None
+    try:
+        shipped = cli_subprocess(
+            "sync", str(live.journal_path), env=_shipping_env(local_platform.url)
+        )
+    finally:
+        live.finish()
+    assert shipped.returncode == 3, shipped.stdout + shipped.stderr
+    assert "refused" in shipped.stderr and "still running" in shipped.stderr
+    assert shipped.stdout == "", "no bar, no head: the refusal is all that is said"

@@ -3,6 +3,7 @@ and reading the local platform's own API for the figures a page must show."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import re
 import subprocess
@@ -120,3 +121,27 @@ def serve_runs_dir(runs: Path) -> tuple[subprocess.Popen[str], str]:
     match = re.search(r"listening on (http://127\.0\.0\.1:\d+)", line)
     assert match, line + proc.stdout.read()
     return proc, match.group(1)
+
+
+class OfflinePages:
+    """The offline dashboard (``serve --runs-dir``'s app) asked in this process,
+    with no server: ``get(path)`` answers as the served pages would."""
+
+    def __init__(self, runs: Path) -> None:
+        from primeruns.local.dashboard import offline_app
+
+        self.app = offline_app(runs)
+
+    def __enter__(self) -> OfflinePages:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def get(self, path: str) -> httpx.Response:
+        async def fetch() -> httpx.Response:
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+                return await c.get(path, timeout=60)
+
+        return asyncio.run(fetch())

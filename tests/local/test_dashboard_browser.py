@@ -210,7 +210,7 @@ def test_evaluation_page_lists_its_samples_and_each_opens_its_episode(
     page.screenshot(path=shots / "evaluation.png", full_page=True)
 
     rows.first.get_by_role("link").click()
-    expect(page).to_have_url(re.compile(r"/samples/1$"))
+    expect(page).to_have_url(re.compile(r"/samples/0$"))
     trace = samples[0]["info"]["native_wrapper"]["traces"][0]
     messages = trace_to_sample(trace)["completion"]
     shown = page.locator("article.trace li.message")
@@ -227,7 +227,7 @@ def test_markup_in_user_content_shows_as_text_and_never_runs(demo: DemoRuns, pag
     run.log_episodes([hostile_episode()])
     run.finish(status="failed", error=HOSTILE, timeout=60)
     assert run.url is not None
-    page.goto(f"{run.url}/samples/1")
+    page.goto(f"{run.url}/samples/0")
     expect(page.locator("pre.completion")).to_have_text(f"assistant says {HOSTILE}")
     page.goto(f"{demo.url}/")
     expect(page.locator(f'tr.run[data-run-id="{run.id}"] .error')).to_have_text(HOSTILE)
@@ -272,3 +272,78 @@ def test_offline_journals_show_the_same_curves(demo: DemoRuns, page: Page, shots
     page.get_by_role("link", name="demo-train").click()
     expect(page.locator('figure.curve[data-metric="reward"] circle.dot')).to_have_count(len(steps))
     page.screenshot(path=shots / "offline-training.png", full_page=True)
+
+
+def test_the_runs_list_finds_runs_by_search_and_filters(
+    demo: DemoRuns, page: Page, shots: Path
+) -> None:
+    run = demo.new_run(
+        name="find-me", environments=["gsm8k"], model="finder-model", tags=["sweep-7", "nightly"]
+    )
+    run.finish(timeout=60)
+    page.goto(f"{demo.url}/")
+    row = page.locator(f'tr.run[data-run-id="{run.id}"]')
+    expect(row.locator("td.environments")).to_have_text("gsm8k")
+    expect(row.locator("td.tags .tag")).to_have_text(["sweep-7", "nightly"])
+    rows = page.locator("table.runs tr.run")
+    page.get_by_role("searchbox").fill("FIND-ME")
+    page.get_by_role("searchbox").press("Enter")
+    expect(rows).to_have_count(1)
+    expect(rows.first).to_have_attribute("data-run-id", run.id)
+    page.screenshot(path=shots / "runs-search.png", full_page=True)
+
+    page.goto(f"{demo.url}/")
+    page.get_by_label("tag").select_option("nightly")
+    page.get_by_role("button", name="filter").click()
+    expect(page).to_have_url(re.compile(r"tag=nightly"))
+    expect(rows).to_have_count(1)
+    page.get_by_label("model").select_option("Qwen/Qwen3-8B")
+    page.get_by_role("button", name="filter").click()
+    expect(page.locator("table.runs td.none")).to_have_text("no runs match these filters")
+    page.get_by_role("link", name="clear").click()
+    expect(rows).to_have_count(len(local_runs(demo.url, demo.key)))
+    page.get_by_label("environment").select_option("gsm8k")
+    page.get_by_label("kind").select_option("eval")
+    page.get_by_role("button", name="filter").click()
+    expect(page.locator(f'tr.run[data-run-id="{demo.ids["demo-gsm8k"]}"]')).to_have_count(1)
+    expect(page.locator(f'tr.run[data-run-id="{demo.ids["demo-train"]}"]')).to_have_count(0)
+
+    _, url = serve_runs_dir(demo.runs_dir)  # the same over the journals
+    page.goto(f"{url}/")
+    page.get_by_role("searchbox").fill("demo-train")
+    page.get_by_role("searchbox").press("Enter")
+    expect(page.locator("table.runs tr.run")).to_have_count(1)
+    expect(page.locator("table.runs tr.run a")).to_have_text("demo-train")
+
+
+def test_an_evaluation_is_analysed_and_its_samples_filtered_and_walked(
+    demo: DemoRuns, page: Page, shots: Path
+) -> None:
+    run_id = _open_run(demo, page, "evaluations", "demo-gsm8k")
+    samples = stored_samples(demo.url, demo.key, run_id)
+    per_task: dict[str, int] = {}
+    for s in samples:
+        per_task[s["task"]["id"]] = per_task.get(s["task"]["id"], 0) + 1
+    expect(page.locator("table.histogram tr.bin").first).to_be_visible()
+    expect(page.locator("tr.pass-at")).to_have_count(max(per_task.values()))
+    expect(page.locator("table.tasks tr.task")).to_have_count(len(per_task))
+    page.screenshot(path=shots / "evaluation-analysis.png", full_page=True)
+
+    wrong = [i for i, s in enumerate(samples) if not s["reward"]]
+    page.locator("form.sample-filters").get_by_label("correct").select_option("no")
+    page.locator("form.sample-filters").get_by_role("button", name="filter").click()
+    rows = page.locator("table.samples tr.sample")
+    expect(rows).to_have_count(len(wrong))
+    expect(rows.locator("td.correct")).to_have_text(["no"] * len(wrong))
+    page.locator("table.samples").get_by_role("link", name="reward").click()
+    expect(page).to_have_url(re.compile(r"sort=reward"))
+
+    page.goto(f"{demo.url}/dashboard/evaluations/{run_id}?correct=no")
+    rows.first.get_by_role("link").click()
+    expect(page).to_have_url(re.compile(rf"/samples/{wrong[0]}\?correct=no$"))
+    expect(page.locator("pre.answer")).to_have_text(str(samples[wrong[0]]["answer"]))
+    page.screenshot(path=shots / "episode-ground-truth.png", full_page=True)
+    page.get_by_role("link", name=re.compile("^next")).click()
+    expect(page).to_have_url(re.compile(rf"/samples/{wrong[1]}\?correct=no$"))
+    page.get_by_role("link", name=re.compile("^previous")).click()
+    expect(page).to_have_url(re.compile(rf"/samples/{wrong[0]}\?correct=no$"))

@@ -71,7 +71,7 @@ def test_every_value_a_page_shows_is_escaped(
     evaluation = httpx.get(ev.url, timeout=10)
     _assert_escaped(evaluation)
     assert f"title = &#39;{ESCAPED}" in evaluation.text  # the config source, as stored
-    episode = httpx.get(f"{ev.url}/samples/1", timeout=10)
+    episode = httpx.get(f"{ev.url}/samples/0", timeout=10)
     _assert_escaped(episode)
     assert f"assistant says {ESCAPED}" in episode.text
     training = httpx.get(tr.url, timeout=10)
@@ -160,7 +160,7 @@ def test_offline_runs_dir_shows_healthy_runs_beside_damaged_ones_read_only(
     evaluation = client.get(f"/dashboard/evaluations/{ev.journal_path.name}")
     assert evaluation.status_code == 200
     assert evaluation.text.count('<tr class="sample">') == 7
-    episode = client.get(f"/dashboard/evaluations/{ev.journal_path.name}/samples/7")
+    episode = client.get(f"/dashboard/evaluations/{ev.journal_path.name}/samples/6")
     assert episode.status_code == 200 and 'class="message role-assistant"' in episode.text
 
     training = client.get(f"/dashboard/training/{tr.journal_path.name}")
@@ -177,7 +177,7 @@ def test_offline_runs_dir_shows_healthy_runs_beside_damaged_ones_read_only(
     path = f"/dashboard/training/{tr.journal_path.name}"
     assert client.get(path, headers={VERSION_HEADER: version.group(1)}).status_code == 204
     assert client.get(path, headers={VERSION_HEADER: "0" * 16}).status_code == 200
-    step = client.get(f"/dashboard/training/{tr.journal_path.name}/steps/4")
+    step = client.get(f"/dashboard/training/{tr.journal_path.name}/steps/0")
     assert step.status_code == 200 and step.text.count('<tr class="step-row">') == 3
 
     # The damaged journals' pages answer (what is intact, or not found), never a 500.
@@ -185,7 +185,7 @@ def test_offline_runs_dir_shows_healthy_runs_beside_damaged_ones_read_only(
         for path in (
             f"/dashboard/evaluations/{damaged}",
             f"/dashboard/training/{damaged}",
-            f"/dashboard/evaluations/{damaged}/samples/1",
+            f"/dashboard/evaluations/{damaged}/samples/0",
         ):
             assert client.get(path).status_code in (200, 404), path
     assert client.get("/").status_code == 200  # and the server is still up
@@ -221,11 +221,11 @@ def test_an_evaluations_samples_are_paged(tmp_path: Path, monkeypatch: pytest.Mo
         return [int(n) for n in found]
 
     first = httpx.get(page_url, timeout=30)
-    assert numbers(first) == list(range(1, PAGE_SIZE + 1))
-    assert 'rel="next" href="?page=2"' in first.text and 'rel="prev"' not in first.text
+    assert numbers(first) == list(range(PAGE_SIZE))
+    assert 'rel="next" href="?page=2#samples"' in first.text and 'rel="prev"' not in first.text
     second = httpx.get(f"{page_url}?page=2", timeout=30)
-    assert numbers(second) == list(range(PAGE_SIZE + 1, PAGE_SIZE + 6))
-    assert 'rel="prev" href="?page=1"' in second.text and 'rel="next"' not in second.text
-    last = httpx.get(f"{page_url}/samples/{PAGE_SIZE + 5}", timeout=30)
-    assert last.status_code == 200 and f"sample {PAGE_SIZE + 5}" in last.text
-    assert httpx.get(f"{page_url}/samples/{PAGE_SIZE + 6}", timeout=30).status_code == 404
+    assert numbers(second) == list(range(PAGE_SIZE, PAGE_SIZE + 5))
+    assert 'rel="prev" href="?#samples"' in second.text and 'rel="next"' not in second.text
+    last = httpx.get(f"{page_url}/samples/{PAGE_SIZE + 4}", timeout=30)
+    assert last.status_code == 200 and f"sample {PAGE_SIZE + 4}" in last.text
+    assert httpx.get(f"{page_url}/samples/{PAGE_SIZE + 5}", timeout=30).status_code == 404

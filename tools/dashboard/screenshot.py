@@ -1,11 +1,14 @@
-"""Make the README's screenshot of a training run's dashboard page.
+"""Make the README's screenshots of the dashboard.
 
 Run ``python tools/dashboard/screenshot.py`` from the repository root (needs
 ``pip install -e '.[test]'`` and the system's ``chromium``). It runs the demo's
-training run (``primeruns demo``'s own code, through the SDK) on a local
-platform in a temporary directory, opens the run's page in Chromium and saves
-``tools/dashboard/training-run.png``. Nothing outside the temporary directory
-and that file is touched.
+evaluation and training runs (``primeruns demo``'s own code, through the SDK)
+on a local platform in a temporary directory, opens their pages in Chromium
+and saves, in ``--dir`` (default ``tools/dashboard/``): ``training-run.png``
+(the training run's curves), ``runs-search.png`` (the runs list searched and
+filtered) and ``evaluation-analysis.png`` (the evaluation's reward histogram,
+pass@k and task table). Nothing outside the temporary directory and those
+files is touched.
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ import tempfile
 from contextlib import redirect_stdout
 from pathlib import Path
 
-from playwright.sync_api import sync_playwright
+import httpx
+from playwright.sync_api import Page, sync_playwright
 
 from primeruns.commands.console import make_console
 from primeruns.commands.demo import Demo, _demo_environment
@@ -30,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("-o", "--output", type=Path, default=HERE / "training-run.png")
+    parser.add_argument("--dir", type=Path, default=HERE, help="where the PNGs are written")
     parser.add_argument("--width", type=int, default=1280)
     args = parser.parse_args()
     chromium = shutil.which("chromium")
@@ -43,21 +47,48 @@ def main() -> int:
         with LocalPlatform(work / "platform", api_key=key) as platform:
             with _demo_environment(platform.url, key), redirect_stdout(io.StringIO()):
                 demo = Demo(platform.url, key, work, make_console())
+                demo.eval_run()
                 demo.train_run()
                 demo.http.close()
             if not all(c.ok for c in demo.checks):
-                print(f"the demo's training run failed: {demo.checks}", file=sys.stderr)
+                print(f"the demo's runs failed: {demo.checks}", file=sys.stderr)
                 return 1
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=chromium)
                 page = browser.new_page(viewport={"width": args.width, "height": 900})
-                page.goto(f"{platform.url}/?kind=train")
-                page.get_by_role("link", name="demo-train").click()
-                page.locator("figure.curve").first.wait_for()
-                page.screenshot(path=args.output, full_page=True)
+                # The platform has a key: the dashboard is opened by a one-time login link.
+                login = httpx.post(
+                    f"{platform.url}/_local/login",
+                    headers={"Authorization": f"Bearer {key}"},
+                    timeout=30,
+                )
+                page.goto(login.json()["url"])
+                written = _shoot(page, platform.url, args.dir)
                 browser.close()
-    print(f"wrote {args.output}")
+    for path in written:
+        print(f"wrote {path}")
     return 0
+
+
+def _shoot(page: Page, url: str, where: Path) -> list[Path]:
+    """Each page's screenshot in ``where``; the paths written."""
+    shots = [where / name for name in ("training-run.png", "runs-search.png")]
+    page.goto(f"{url}/?kind=train")
+    page.get_by_role("link", name="demo-train").click()
+    page.locator("figure.curve").first.wait_for()
+    page.screenshot(path=shots[0], full_page=True)
+    page.goto(f"{url}/")
+    page.get_by_role("searchbox").fill("demo")
+    page.get_by_label("model").select_option("Qwen/Qwen3-8B")
+    page.get_by_role("button", name="filter").click()
+    page.locator("table.runs tr.run").first.wait_for()
+    page.screenshot(path=shots[1])
+    page.get_by_role("link", name="demo-gsm8k").click()
+    analysis = page.locator("section.analysis")
+    analysis.wait_for()
+    shots.append(where / "evaluation-analysis.png")
+    analysis.screenshot(path=shots[2])
+    return shots
 
 
 if __name__ == "__main__":

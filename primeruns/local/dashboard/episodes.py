@@ -10,6 +10,7 @@ content: every field is checked for its type, never trusted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -43,6 +44,9 @@ class EpisodeView:
     metrics: dict[str, float | None]
     error: str | None
     traces: list[TraceView] = field(default_factory=list)
+    #: The task's ground truth as the record holds it (its ``answer``), as text.
+    answer: str | None = None
+    task: str | None = None
 
 
 def content_text(content: Any) -> str:
@@ -62,13 +66,34 @@ def content_text(content: Any) -> str:
     return "\n".join(parts) if isinstance(content, list) else json.dumps(content)
 
 
+def _pretty_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, indent=1, sort_keys=True)
+
+
+def tool_call_text(call: Any) -> str:
+    """One tool call as ``[tool call] NAME ARGUMENTS``. The arguments arrive as
+    JSON text (OpenAI's shape): shown as the JSON they hold, not as a string
+    with every quote escaped; text that is not JSON is shown as it is."""
+    call_obj = as_object(call)
+    function = as_object(call_obj.get("function"))
+    if not function:
+        return f"[tool call] {_pretty_json(call)}"
+    name = function.get("name")
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        # Not JSON, or nested past what a page shows: shown as the text it is.
+        with contextlib.suppress(ValueError, RecursionError):
+            arguments = json.loads(arguments)
+    shown = arguments if isinstance(arguments, str) else _pretty_json(arguments)
+    return f"[tool call] {name if isinstance(name, str) else _pretty_json(name)} {shown}"
+
+
 def message_of(value: Any) -> Message:
     message = as_object(value)
     text = content_text(message.get("content"))
-    calls = as_list(message.get("tool_calls"))
+    calls = "\n".join(tool_call_text(c) for c in as_list(message.get("tool_calls")))
     if calls:
-        shown = json.dumps(calls, ensure_ascii=False, indent=1, sort_keys=True)
-        text = f"{text}\n[tool calls] {shown}" if text else f"[tool calls] {shown}"
+        text = f"{text}\n{calls}" if text else calls
     role = message.get("role")
     return Message(role=role if isinstance(role, str) else "?", text=text)
 
@@ -110,6 +135,23 @@ def _split(messages: list[Message]) -> tuple[str, str]:
     return prompt, completion
 
 
+#: Where a task's ground truth may be, in order: the v0 row's ``answer`` (the
+#: projection copies the task data's), then the task data's own keys.
+GROUND_TRUTH_KEYS = ("answer", "ground_truth", "solution", "target", "expected_output")
+
+
+def ground_truth(sample: dict[str, Any]) -> str | None:
+    """The ground truth a sample's record holds, as text; None if it holds none."""
+    task = as_object(sample.get("task"))
+    for value in [sample.get("answer"), *(task.get(k) for k in GROUND_TRUTH_KEYS)]:
+        if value is None or value == "":
+            continue
+        if isinstance(value, str):
+            return value
+        return json.dumps(value, ensure_ascii=False, indent=1, sort_keys=True, default=str)
+    return None
+
+
 def episode_view(sample: dict[str, Any]) -> EpisodeView:
     """The episode page of one v0 sample row."""
     info = as_object(sample.get("info"))
@@ -133,6 +175,8 @@ def episode_view(sample: dict[str, Any]) -> EpisodeView:
         metrics=metrics,
         error=error,
         traces=traces,
+        answer=ground_truth(sample),
+        task=sample_row(0, sample).task,
     )
 
 

@@ -10,15 +10,26 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from ..inspect import run_list, run_report
 from ..objects import object_path
 from ..storage import Database
-from ..traces_extract import as_object
-from .episodes import sample_row
-from .views import MissingExtra, RunDetail, RunRow, SampleRow, StepTable, config_text
+from ..traces_extract import as_list, as_object, number
+from .episodes import error_text, sample_row
+from .views import (
+    MAX_FACTS,
+    MissingExtra,
+    RunDetail,
+    RunRow,
+    SampleRow,
+    StepTable,
+    compact,
+    config_text,
+)
 
 #: A count per run id.
 Counts = dict[str, int]
@@ -31,18 +42,85 @@ def _json(text: str | None) -> dict[str, Any]:
         return {}
 
 
-def _stored_row(r: sqlite3.Row, kind: str, model_key: str, **counts: Counts) -> RunRow:
+#: The SDK's own key in an evaluation's metadata (its client token, see
+#: ``ship/lifecycle.py``): bookkeeping, not the user's config.
+SDK_METADATA_KEY = "prime_runs"
+
+
+def _user_config(metadata: dict[str, Any]) -> dict[str, Any]:
+    """An evaluation's metadata as the config the user gave: the SDK's key left out."""
+    return {k: v for k, v in metadata.items() if k != SDK_METADATA_KEY}
+
+
+#: Sample rows the source keeps for the analysis pages, across evaluations.
+FACTS_HELD = 2 * MAX_FACTS
+#: A sample row's fields as SQLite reads them out of its body.
+_FACT_COLUMNS = (
+    ", ".join(
+        f"json_extract(body, '$.{path}') AS {name}"
+        for name, path in (
+            ("sample_id", "sample_id"),
+            ("reward", "reward"),
+            ("task_id", "task.id"),
+            ("task_name", "task.name"),
+            ("example_id", "example_id"),
+            ("error", "error"),
+        )
+    )
+    + ", json_type(body, '$.error') AS error_type, json_type(body, '$.reward') AS reward_type"
+)
+
+
+def _fact(index: int, r: sqlite3.Row) -> SampleRow:
+    """A sample's row from the fields SQLite picked out of its body (as ``sample_row``)."""
+    error: Any = r["error"]
+    if r["error_type"] in ("object", "array"):
+        error = _json_value(error)
+    label = r["task_id"] or r["task_name"] or r["example_id"]
+    return SampleRow(
+        index=index,
+        sample_id=None if r["sample_id"] is None else str(r["sample_id"]),
+        # JSON true is 1 to SQLite: only a number is a reward, as sample_row has it.
+        reward=number(r["reward"]) if r["reward_type"] in ("integer", "real") else None,
+        error=error_text(error),
+        task=None if label is None else str(label),
+    )
+
+
+def _json_value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):
+        return text
+
+
+def _labels(values: Any) -> tuple[str, ...]:
+    return tuple(v for v in as_list(values) if isinstance(v, str) and v)
+
+
+def _environments(request: dict[str, Any], env_names: dict[str, str]) -> tuple[str, ...]:
+    """The environments a run's request names ({id} each), by their hub name where known."""
+    ids = [as_object(e).get("id") for e in as_list(request.get("environments"))]
+    return tuple(env_names.get(i, i) for i in ids if isinstance(i, str) and i)
+
+
+def _stored_row(
+    r: sqlite3.Row, kind: str, model_key: str, env_names: dict[str, str], **counts: Counts
+) -> RunRow:
     """A registered run (an evaluation or a training run) with its counts by name."""
+    request = _json(r["request"])
     return RunRow(
         id=r["id"],
         kind=kind,
         name=r["name"],
-        model=_json(r["request"]).get(model_key),
+        model=request.get(model_key),
         status=r["status"],
         error=r["error_message"],
         created_at=r["created_at"],
         updated_at=r["updated_at"],
         counts={name: per_run.get(r["id"], 0) for name, per_run in counts.items()},
+        environments=_environments(request, env_names),
+        tags=_labels(request.get("tags")),
     )
 
 
@@ -52,6 +130,9 @@ class PlatformSource:
     def __init__(self, db: Database, objects_dir: Path) -> None:
         self._db = db
         self._objects_dir = objects_dir
+        # Per evaluation: the last stored row read, and each sample's row so far.
+        self._facts: OrderedDict[str, tuple[int, list[SampleRow]]] = OrderedDict()
+        self._facts_lock = threading.Lock()  # pages are read in worker threads
 
     def runs(self) -> list[RunRow]:
         return self._db.read_sync(self._runs)
@@ -70,8 +151,9 @@ class PlatformSource:
         steps = per_run("train_metrics", "run_id", "count(DISTINCT step)")
         objects = per_run("objects", "run_id", where="confirmed_at IS NOT NULL")
         one = "" if only is None else " WHERE id = ?"
+        env_names = {r[0]: r[1] for r in conn.execute("SELECT id, name FROM environments")}
         rows = [
-            _stored_row(r, "eval", "model_name", samples=samples, episodes=episodes)
+            _stored_row(r, "eval", "model_name", env_names, samples=samples, episodes=episodes)
             for r in conn.execute(f"SELECT * FROM evaluations{one}", args)
         ]
         rows += [
@@ -79,6 +161,7 @@ class PlatformSource:
                 r,
                 "train",
                 "base_model",
+                env_names,
                 **{"metric steps": steps, "sample tables": objects, "episodes": episodes},
             )
             for r in conn.execute(f"SELECT * FROM train_runs{one}", args)
@@ -112,7 +195,7 @@ class PlatformSource:
             return None
         ev = conn.execute("SELECT * FROM evaluations WHERE id = ?", (run_id,)).fetchone()
         if ev is not None:
-            config = _json(ev["metadata"])
+            config = _user_config(_json(ev["metadata"]))
             return RunDetail(row, _json(ev["metrics"]), config_text(config), config)
         tr = conn.execute("SELECT * FROM train_runs WHERE id = ?", (run_id,)).fetchone()
         if tr is None:
@@ -154,18 +237,47 @@ class PlatformSource:
                 "SELECT body FROM eval_samples WHERE eval_id = ? ORDER BY row LIMIT ? OFFSET ?",
                 (run_id, limit, offset),
             ).fetchall()
-            rows = [sample_row(offset + i + 1, _json(b["body"])) for i, b in enumerate(bodies)]
+            rows = [sample_row(offset + i, _json(b["body"])) for i, b in enumerate(bodies)]
             return rows, int(total)
 
         return self._db.read_sync(read)
 
+    def sample_facts(self, run_id: str, limit: int) -> tuple[list[SampleRow], int]:
+        with self._facts_lock:
+            last_row, held = self._facts.pop(run_id, (-1, []))
+        wanted = max(0, limit - len(held))
+
+        def read(conn: sqlite3.Connection) -> tuple[int, list[sqlite3.Row]]:
+            total = conn.execute(
+                "SELECT count(*) FROM eval_samples WHERE eval_id = ?", (run_id,)
+            ).fetchone()[0]
+            # Only the fields a row needs, picked out by SQLite: no body is
+            # decoded here, and only rows stored since the last read are read.
+            new = conn.execute(
+                f"SELECT row, {_FACT_COLUMNS} FROM eval_samples"
+                " WHERE eval_id = ? AND row > ? ORDER BY row LIMIT ?",
+                (run_id, last_row, wanted),
+            ).fetchall()
+            return int(total), new
+
+        total, new = self._db.read_sync(read)
+        rows = held + [compact(_fact(len(held) + i, r)) for i, r in enumerate(new)]
+        last_row = new[-1]["row"] if new else last_row
+        with self._facts_lock:
+            self._facts[run_id] = (last_row, rows)
+            kept = sum(len(facts) for _, facts in self._facts.values())
+            while kept > FACTS_HELD and len(self._facts) > 1:
+                _, (_, dropped) = self._facts.popitem(last=False)
+                kept -= len(dropped)
+        return rows[:limit], total
+
     def sample(self, run_id: str, index: int) -> dict[str, Any] | None:
-        if index < 1:
+        if index < 0:
             return None
         found = self._db.read_sync(
             lambda conn: conn.execute(
                 "SELECT body FROM eval_samples WHERE eval_id = ? ORDER BY row LIMIT 1 OFFSET ?",
-                (run_id, index - 1),
+                (run_id, index),
             ).fetchone()
         )
         return None if found is None else _json(found["body"])

@@ -29,10 +29,13 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from .analysis import analyse
 from .charts import curves
 from .episodes import episode_view, message_of
+from .find import RunQuery, choices
 from .journal_source import JournalSource
-from .views import SECTIONS, MissingExtra, SampleRow, Source
+from .sample_query import SampleQuery, neighbours
+from .views import MAX_FACTS, SECTIONS, MissingExtra, RunDetail, Source
 
 if TYPE_CHECKING:
     from starlette.templating import Jinja2Templates
@@ -42,6 +45,8 @@ T = TypeVar("T")
 HERE = Path(__file__).parent
 #: Samples per page of an evaluation's table.
 PAGE_SIZE = 50
+#: Tasks listed in an evaluation's task table and task filter (the rest are counted).
+MAX_TASK_ROWS = 500
 #: How often a live page asks for news, in milliseconds.
 POLL_MS = 2000
 
@@ -126,10 +131,8 @@ def _int_param(request: Request, name: str, default: int) -> int:
 
 async def runs_page(request: Request) -> Response:
     rows = await _read(request, lambda s: s.runs())
-    kind = request.query_params.get("kind") or ""
-    status = request.query_params.get("status") or ""
-    statuses = sorted({r.status for r in rows})
-    shown = [r for r in rows if (not kind or r.kind == kind) and (not status or r.status == status)]
+    query = RunQuery.from_params(request.query_params)
+    shown = [r for r in rows if query.matches(r)]
     # Newest first; a run known only from its traces (no time) goes last.
     shown.sort(key=lambda r: (r.created_at or 0.0, r.id), reverse=True)
     version = _version(shown)
@@ -140,9 +143,8 @@ async def runs_page(request: Request) -> Response:
         "runs.html",
         runs=shown,
         total=len(rows),
-        kind=kind,
-        status=status,
-        statuses=statuses,
+        query=query,
+        choices=choices(rows),
         live=any(r.live for r in shown),
         version=version,
     )
@@ -155,29 +157,55 @@ async def run_page(request: Request) -> Response:
     detail = await _read(request, lambda s: s.run(run_id))
     if detail is None or detail.row.kind not in (None, SECTIONS[section]):
         return _not_found(request, f"nothing is stored for run {run_id!r}")
-    page = _int_param(request, "page", 1)
-    samples: list[SampleRow] = []
-    total = 0
-    if detail.row.kind != "train":  # a training run's samples are its step tables
-        samples, total = await _read(
-            request, lambda s: s.samples(run_id, (page - 1) * PAGE_SIZE, PAGE_SIZE)
-        )
-    version = _version(detail, total, page)
+    if detail.row.kind == "train":  # a training run's samples are its step tables
+        return await _training_page(request, detail)
+    return await _evaluation_page(request, detail)
+
+
+async def _training_page(request: Request, detail: RunDetail) -> Response:
+    version = _version(detail)
     if unchanged := _unchanged(request, version):
         return unchanged
-    charts = curves(detail.metrics)
     steps = [m["step"] for m in detail.metrics if isinstance(m.get("step"), int)]
     return _page(
         request,
-        "training.html" if detail.row.kind == "train" else "evaluation.html",
+        "training.html",
         run=detail,
         row=detail.row,
-        charts=charts,
+        charts=curves(detail.metrics),
         latest_step=max(steps) if steps else None,
-        samples=samples,
+        live=detail.row.live,
+        version=version,
+    )
+
+
+async def _evaluation_page(request: Request, detail: RunDetail) -> Response:
+    """The summary, the analysis of every sample, and the samples table as asked
+    (``SampleQuery``): all from each sample's row, held between pages."""
+    run_id = request.path_params["run_id"]
+    query = SampleQuery.from_params(request.query_params)
+    page = _int_param(request, "page", 1)
+    facts, total = await _read(request, lambda s: s.sample_facts(run_id, MAX_FACTS))
+    version = _version(detail, total, query, page)
+    if unchanged := _unchanged(request, version):
+        return unchanged
+    shown = query.apply(facts)
+    analysis = analyse(facts)
+    return _page(
+        request,
+        "evaluation.html",
+        run=detail,
+        row=detail.row,
+        analysis=analysis,
+        task_rows=analysis.tasks[:MAX_TASK_ROWS],
+        query=query,
+        samples=shown[(page - 1) * PAGE_SIZE : page * PAGE_SIZE],
+        matching=len(shown),
         total_samples=total,
+        analysed=len(facts),
+        tasks=[t.task for t in analysis.tasks[:MAX_TASK_ROWS]],
         page=page,
-        pages=max(1, math.ceil(total / PAGE_SIZE)),
+        pages=max(1, math.ceil(len(shown) / PAGE_SIZE)),
         live=detail.row.live,
         version=version,
     )
@@ -188,7 +216,20 @@ async def episode_page(request: Request) -> Response:
     sample = await _read(request, lambda s: s.sample(run_id, index))
     if sample is None:
         return _not_found(request, f"run {run_id!r} has no sample {index}")
-    return _page(request, "episode.html", run_id=run_id, index=index, ep=episode_view(sample))
+    # Previous and next in the list the sample was opened from (its query).
+    query = SampleQuery.from_params(request.query_params)
+    facts, _ = await _read(request, lambda s: s.sample_facts(run_id, MAX_FACTS))
+    before, after = neighbours(query.apply(facts), index)
+    return _page(
+        request,
+        "episode.html",
+        run_id=run_id,
+        index=index,
+        ep=episode_view(sample),
+        query=query,
+        before=before,
+        after=after,
+    )
 
 
 def _step_row(row: dict[str, Any]) -> dict[str, Any]:

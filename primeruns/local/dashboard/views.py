@@ -43,6 +43,9 @@ class RunRow:
     damage: list[str] = field(default_factory=list)
     #: A journal's shipping state as ``primeruns ls`` says it (shipped, offline...).
     journal: str | None = None
+    #: The environments it ran, by name where known (else slug or id).
+    environments: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
 
     @property
     def section(self) -> str:
@@ -76,13 +79,17 @@ class RunDetail:
     #: The training metric rows, each with its ``step``, in step order.
     metrics: list[dict[str, Any]] = field(default_factory=list)
     step_tables: list[StepTable] = field(default_factory=list)
+    #: Read from a journal: only every this-many-th step's table is shipped, so
+    #: only those are shown (the platform stores no other).
+    tables_every: int | None = None
 
 
 @dataclass(frozen=True)
 class SampleRow:
     """One row of an evaluation's sample table."""
 
-    #: 1-based position in the run's samples: the sample's address on the page.
+    #: 0-based position in the run's samples: the sample's address on the page
+    #: (``/samples/0`` is the first, as ``/steps/0`` is the first step).
     index: int
     sample_id: str | None
     reward: float | None
@@ -93,6 +100,23 @@ class SampleRow:
     def correct(self) -> bool | None:
         """Correct when its reward is positive (the rewards are the verifier's scores)."""
         return None if self.reward is None else self.reward > 0
+
+
+#: Most samples an evaluation's analysis and sortable table hold (the rest are said).
+MAX_FACTS = 100_000
+#: The longest task label, sample id or error a held row keeps.
+MAX_FACT_CHARS = 300
+
+
+def compact(row: SampleRow) -> SampleRow:
+    """``row`` with its texts cut to ``MAX_FACT_CHARS``: held for the whole run."""
+
+    def cut(text: str | None) -> str | None:
+        if text is None or len(text) <= MAX_FACT_CHARS:
+            return text
+        return text[: MAX_FACT_CHARS - 1] + "…"
+
+    return SampleRow(row.index, cut(row.sample_id), row.reward, cut(row.error), cut(row.task))
 
 
 class MissingExtra(Exception):
@@ -117,8 +141,14 @@ class Source(Protocol):
         """A page of the run's samples and the run's total."""
         ...
 
+    def sample_facts(self, run_id: str, limit: int) -> tuple[list[SampleRow], int]:
+        """Every sample's row, in order, up to ``limit`` (each :func:`compact`), and
+        the run's total: what the analysis and the sortable table read. Kept
+        between pages and brought up to date, like a journal's index."""
+        ...
+
     def sample(self, run_id: str, index: int) -> dict[str, Any] | None:
-        """The ``index``-th (1-based) sample as a v0 sample row, or None."""
+        """The sample at 0-based ``index`` as a v0 sample row, or None."""
         ...
 
     def step_rows(

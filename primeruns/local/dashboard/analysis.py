@@ -1,0 +1,149 @@
+"""An evaluation's figures beyond its averages: the reward histogram, pass@k and a row per task.
+
+They are computed from each sample's row (:class:`~.views.SampleRow`: its
+task, reward and error), never from the episodes themselves, so a page costs
+what those rows hold, whatever the episodes weigh. A sample is correct when
+its reward is positive (the rewards are the verifier's scores, as the samples
+table says); one without a reward is neither and is left out of pass@k.
+
+pass@k is the unbiased estimator of Chen et al. (2021, "Evaluating Large
+Language Models Trained on Code"): for a task of ``n`` samples of which ``c``
+are correct, ``1 - C(n-c, k) / C(n, k)``, averaged over the tasks that have
+at least ``k`` samples; ``k`` goes up to the most samples any task has.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .views import SampleRow
+
+#: Bins of the reward histogram.
+BINS = 10
+#: Up to this many samples per task every k is shown; past it, powers of two and the last.
+MAX_EVERY_K = 16
+
+
+@dataclass(frozen=True)
+class Bin:
+    low: float
+    high: float
+    count: int
+    #: The count as a share of the fullest bin's (the bar's length).
+    share: float
+
+
+@dataclass(frozen=True)
+class PassAt:
+    k: int
+    value: float
+    #: How many tasks have at least ``k`` scored samples (the mean is over them).
+    tasks: int
+
+
+@dataclass(frozen=True)
+class TaskRow:
+    task: str
+    samples: int
+    #: Samples with a reward; ``correct`` of them positive.
+    scored: int
+    correct: int
+    mean_reward: float | None
+    errors: int
+
+
+@dataclass(frozen=True)
+class Analysis:
+    samples: int
+    scored: int
+    correct: int
+    errors: int
+    mean_reward: float | None
+    histogram: list[Bin]
+    pass_at: list[PassAt]
+    tasks: list[TaskRow]
+    #: Samples without a task: in the histogram, not in pass@k or the task table.
+    untasked: int
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def histogram(rewards: Sequence[float], bins: int = BINS) -> list[Bin]:
+    """``bins`` equal bins from the lowest reward to the highest (one when all are equal)."""
+    if not rewards:
+        return []
+    low, high = min(rewards), max(rewards)
+    width = (high - low) / bins
+    if low == high or not math.isfinite(width):  # equal, or too far apart to split
+        return [Bin(low, high, len(rewards), 1.0)]
+    counts = [0] * bins
+    for reward in rewards:
+        counts[min(int((reward - low) / width), bins - 1)] += 1  # the highest goes in the last
+    most = max(counts)
+    return [Bin(low + i * width, low + (i + 1) * width, n, n / most) for i, n in enumerate(counts)]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that at least one of ``k`` of ``n`` samples (``c`` correct) is correct."""
+    if n - c < k:
+        return 1.0
+    # 1 - C(n-c, k) / C(n, k) as a product: no huge binomials.
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def _ks(most: int) -> list[int]:
+    if most <= MAX_EVERY_K:
+        return list(range(1, most + 1))
+    ks = [1 << p for p in range(most.bit_length()) if 1 << p < most]
+    return [*ks, most]
+
+
+def analyse(rows: Iterable[SampleRow]) -> Analysis:
+    samples = errors = 0
+    rewards: list[float] = []
+    by_task: dict[str, list[int]] = {}  # samples, scored, correct, errors
+    sums: dict[str, float] = {}
+    untasked = 0
+    for row in rows:
+        samples += 1
+        scored = _finite(row.reward)
+        if scored:
+            assert row.reward is not None
+            rewards.append(row.reward)
+        errors += row.error is not None
+        if row.task is None:
+            untasked += 1
+            continue
+        tally = by_task.setdefault(row.task, [0, 0, 0, 0])
+        tally[0] += 1
+        tally[3] += row.error is not None
+        if scored:
+            assert row.reward is not None
+            tally[1] += 1
+            tally[2] += row.reward > 0
+            sums[row.task] = sums.get(row.task, 0.0) + row.reward
+    tasks = [
+        TaskRow(task, n, scored, correct, sums[task] / scored if scored else None, errs)
+        for task, (n, scored, correct, errs) in sorted(by_task.items())
+    ]
+    most = max((t.scored for t in tasks), default=0)
+    pass_at = []
+    for k in _ks(most):
+        over = [t for t in tasks if t.scored >= k]
+        value = sum(pass_at_k(t.scored, t.correct, k) for t in over) / len(over)
+        pass_at.append(PassAt(k, value, len(over)))
+    return Analysis(
+        samples=samples,
+        scored=len(rewards),
+        correct=sum(1 for r in rewards if r > 0),
+        errors=errors,
+        mean_reward=sum(rewards) / len(rewards) if rewards else None,
+        histogram=histogram(rewards),
+        pass_at=pass_at,
+        tasks=tasks,
+        untasked=untasked,
+    )
