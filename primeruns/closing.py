@@ -192,6 +192,15 @@ def _report(
     path: str,
     causes: Mapping[str, str],
 ) -> None:
+    if outcome is not None and outcome.others_left:
+        log.warning(
+            "prime-runs: run %s was closed while %d other process(es) of it had not "
+            "shipped everything (%s); what they journaled is kept. Ship each with: "
+            "primeruns replay <its journal>",
+            run_id,
+            len(outcome.others_left),
+            "; ".join(f"{where}: {why}" for where, why in outcome.others_left.items()),
+        )
     if outcome is None:
         log.warning(
             "prime-runs: run %s is still being shipped by its uplink (pid %s), which "

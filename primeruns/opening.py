@@ -29,6 +29,7 @@ from .models import (
     RunKind,
     TrainingSpec,
 )
+from .ranks import K_ROLE, primary_from_env, resolve_role
 from .recorder import Recorder
 from .refuge import create_journal
 from .run import Run
@@ -91,6 +92,7 @@ def init(
     durability: Literal["process", "fsync"] = "process",
     max_journal_bytes: int | None = None,
     run_key: str | None = None,
+    primary: bool | None = None,
 ) -> Run:
     """Open a run and return its handle.
 
@@ -106,6 +108,12 @@ def init(
     requeued on another node while offline (for example the scheduler's job
     id): ``primeruns sync`` ships every journal with the key into one platform
     run, closed by the journal that finishes it.
+
+    ``primary``: several processes attached to one run (ranks): whether this
+    one closes the run (:mod:`primeruns.ranks`). By default
+    ``PRIME_RUNS_PRIMARY``, else the run's creator, else rank 0 of ``RANK``
+    or ``SLURM_PROCID``, else the first process on this host to attach it.
+    The others' ``finish()`` ships their records and leaves the run open.
     """
     _check_type("name", name, str, "a string")
     _check_type("model", model, str, "a string")
@@ -116,6 +124,7 @@ def init(
     _check_type("base_url", base_url, str, "a string")
     _check_type("id", id, str, "a string")
     _check_type("run_key", run_key, str, "a string")
+    _check_type("primary", primary, bool, "True or False")
     if run_key is not None and id is not None:
         raise ConfigurationError(
             "init: pass run_key= (a run logged offline by successive jobs) or id= (attach "
@@ -225,6 +234,8 @@ def init(
     )
     stored = spec.to_json()
     meta = {SPEC_KEY: stored, "state": "running"}
+    if primary is None:
+        primary = primary_from_env()  # a bad value raises before anything is made
     journal = create_journal(
         tuning.runs_dir,
         lambda where: Journal.create(
@@ -240,6 +251,14 @@ def init(
     if memory:
         # Only threads of this process can read a journal in its memory.
         tuning = replace(tuning, uplink="threads")
+    # Before the uplink starts: its close-out reads whether it closes the run.
+    role = resolve_role(
+        primary,
+        attach_id=id,
+        runs_dir=tuning.runs_dir if memory else journal.path.parent,
+        local_id=journal.local_id,
+    )
+    journal.set_meta(K_ROLE, role.to_json())
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
     recorder = Recorder(journal, kind=kind, on_error=on_error)
     supervisor = None

@@ -226,7 +226,10 @@ class Run:
 
         Idempotent: the first call decides the status; later calls return at
         once. What could not be shipped stays in the journal, and the warning
-        names the command that ships it.
+        names the command that ships it. Of several processes attached to one
+        run (ranks), only the primary's finish closes it, once the others on
+        its host are done; the others' ship their records and leave it open
+        (:mod:`primeruns.ranks`).
         """
         self._finish_once(summary, closing.terminal(status), error, timeout, wait=None)
         self._recorder.raise_deferred()

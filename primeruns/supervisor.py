@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from . import ranks
 from .exceptions import (
     APIError,
     ForbiddenError,
@@ -98,12 +99,14 @@ def go_online(
     if attach and siblings and not in_memory(journal):  # (one in memory has no folder)
         predecessors, alive = find_run_journals(journal.path.parent, attach, exclude=journal.path)
         if alive:
-            log.warning(
-                "prime-runs: another process (%s) is logging to run %s right now; the "
-                "platform keeps one metrics row per step, so rows both log for the same "
-                "step overwrite each other. Give each process its own steps, or its own run.",
+            # Ranks of one run (primeruns.ranks): expected, and said once.
+            log.info(
+                "prime-runs: other processes (%s) log to run %s as well; this one %s",
                 " and ".join(alive),
                 attach,
+                "closes it (its primary)"
+                if ranks.is_primary(journal)
+                else "leaves it open for its primary to close",
             )
     uplink = start_uplink(journal, settings, predecessors, tuning)
     return Supervisor(journal, settings, kind, lifecycle, uplink, tuning), predecessors

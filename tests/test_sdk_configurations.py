@@ -308,16 +308,17 @@ def test_lost_registration_responses_leave_exactly_one_run_per_init(
         assert stored["status"] == "COMPLETED" and stored["samples"]["rows"] == 3
 
 
-def test_two_live_processes_attached_to_one_run_are_warned_about_each_other(
-    local_platform: Any,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+def test_two_handles_attached_to_one_run_merge_their_step_rows_and_only_the_first_closes_it(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Before, two processes attached to the same run id overwrote each other's
-    metric rows (one row per step on the platform) with no word said."""
+    metric rows (one row per step on the platform), and the first to finish
+    closed the run while the other still logged. With no launcher rank, the
+    first to attach is the run's primary (primeruns.ranks)."""
     lp = local_platform
     runs = point_at(monkeypatch, tmp_path, lp.url)
+    for var in ("RANK", "SLURM_PROCID", "PRIME_RUNS_PRIMARY"):
+        monkeypatch.delenv(var, raising=False)
     import httpx
 
     created = httpx.post(
@@ -328,11 +329,23 @@ def test_two_live_processes_attached_to_one_run_are_warned_about_each_other(
     ).json()["run"]["id"]
     common: dict[str, Any] = {"api_key": API_KEY, "base_url": lp.url, "runs_dir": runs}
     first = pr.init(kind="train", id=created, model="m", team_id="team-a", **common)
-    with caplog.at_level("WARNING", logger="primeruns"):
-        second = pr.init(kind="train", id=created, model="m", team_id="team-a", **common)
-    assert "is logging to run" in caplog.text and "overwrite each other" in caplog.text
+    second = pr.init(kind="train", id=created, model="m", team_id="team-a", **common)
+    first.log_metrics({"loss": 1.0, "lr": 0.5}, step=3)
+    second.log_metrics({"loss": 2.0, "reward": 0.25, "lr": 0.5}, step=3)
     second.finish(timeout=30)
+    assert lp.run(created)["status"] == "RUNNING"  # the second leaves it open
     first.finish(timeout=30)
+    assert lp.run(created)["status"] == "COMPLETED"
+    rows = httpx.get(
+        f"{lp.url}/api/v1/rft/runs/{created}/metrics",
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=10,
+    ).json()["metrics"]
+    assert len(rows) == 1
+    row = rows[0]
+    second_label = f"loss@{second.journal_path.name}" if second.journal_path else ""
+    assert (row["step"], row["loss"], row["reward"], row["lr"]) == (3, 1.0, 0.25, 0.5)
+    assert row[second_label] == 2.0  # its value of a key both logged, kept under its name
 
 
 def test_a_refusal_names_its_line_only_at_the_start_of_the_message() -> None:

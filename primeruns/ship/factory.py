@@ -7,8 +7,10 @@ from collections.abc import Callable
 
 from ..journal import EntryKind, Journal
 from ..platform import PlatformClient
+from ..ranks import Role, written_in
 from ..sinks.base import Sink
 from ..sinks.eval_samples import EvalSamplesSink
+from ..sinks.step_rows import StepRows
 from ..sinks.traces import TracesSink
 from ..sinks.train_metrics import TrainMetricsSink
 from ..sinks.train_samples import TrainSamplesSink
@@ -65,7 +67,7 @@ def make_shippers(
     ]
     if kind == "train":
         sinks.append(TrainSamplesSink(client, range_base=range_base))
-        sinks.append(TrainMetricsSink(client))
+        sinks.append(TrainMetricsSink(client, _step_rows(journal, lifecycle)))
     else:
         sinks.append(EvalSamplesSink(client))
     shippers = [
@@ -83,3 +85,12 @@ def make_shippers(
     # While space is short, what all of them acknowledged is compacted away.
     journal.set_sinks([s.name for s in shippers if s.state.off_reason is None])
     return shippers
+
+
+def _step_rows(journal: Journal, lifecycle: Lifecycle) -> StepRows:
+    """Where this journal's metrics rows meet those of the run's other
+    processes on this host: beside the journals, in the runs directory it was
+    written in (a replayed journal's original's)."""
+    role = Role.of(journal) or Role(primary=lifecycle.owns_run(), label=journal.local_id)
+    runs_dir, _ = written_in(journal)
+    return StepRows(runs_dir, label=role.label, primary=role.primary, rank=role.rank)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Mapping, MutableMapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import exceptions
@@ -157,6 +157,9 @@ class Closeout:
     pending: dict[str, int]
     finalized: bool
     registered: bool
+    others_left: dict[str, str] = field(default_factory=dict)
+    """Per journal of another process of the run (a rank on this host) that
+    was not done when the primary closed the run: why (``primeruns.ranks``)."""
 
 
 def record_closeout(journal: Journal, outcome: Closeout) -> None:
@@ -168,6 +171,7 @@ def record_closeout(journal: Journal, outcome: Closeout) -> None:
             "pending": outcome.pending,
             "finalized": outcome.finalized,
             "registered": outcome.registered,
+            "others_left": outcome.others_left,
             "at": time.time(),
         },
     )
@@ -182,12 +186,14 @@ def read_closeout(journal: Journal) -> Closeout | None:
         return None
     stalled = value.get("stalled_s")
     pending = value.get("pending")
+    others = value.get("others_left")
     return Closeout(
         drained=bool(value.get("drained")),
         stalled_s=float(stalled) if isinstance(stalled, int | float) else None,
         pending={str(k): int(v) for k, v in pending.items()} if isinstance(pending, dict) else {},
         finalized=bool(value.get("finalized")),
         registered=bool(value.get("registered")),
+        others_left={str(k): str(v) for k, v in others.items()} if isinstance(others, dict) else {},
     )
 
 

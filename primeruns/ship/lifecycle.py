@@ -37,6 +37,7 @@ from ..exceptions import (
 from ..journal import Journal
 from ..platform import PlatformClient, is_ambiguous
 from ..platform.binding import Binding
+from ..ranks import is_primary
 from ..spec import RunSpec, SpecEnvironment, journal_spec
 from . import run_keys
 from .family import K_FORK_PARENT, K_FORK_PARENT_PATH, parent_binding
@@ -463,6 +464,19 @@ class Lifecycle:
         return {k: v for k, v in body.items() if v is not None}
 
     # -- close-out -------------------------------------------------------------
+    def owns_run(self) -> bool:
+        """Whether this journal's close-out closes the platform run: not a
+        forked child's, nor a rank's that is not the run's primary."""
+        return not self.journal.get_meta(K_FORK_PARENT) and is_primary(self.journal)
+
+    def closes_run(self, status: str) -> bool:
+        """Whether finalizing with ``status`` sends anything: this journal
+        owns the run, and it completed or the run is its own (an attached
+        run that did not complete is its launcher's to close)."""
+        if not self.owns_run():
+            return False
+        return status == "completed" or not self.spec.attach_id
+
     def finalize(
         self,
         status: str,
@@ -478,8 +492,10 @@ class Lifecycle:
         with self._lock:
             if self.finalized:
                 return True
-            if self.journal.get_meta(K_FORK_PARENT):
-                # A forked child's journal: its parent owns the run and closes it.
+            if not self.owns_run():
+                # A forked child's journal (its parent closes the run), or a
+                # rank that is not the run's primary (``primeruns.ranks``):
+                # its part is done, and the run stays open.
                 self.journal.set_meta("finalized", {"status": status, "at": time.time()})
                 return True
             self._deadline = deadline

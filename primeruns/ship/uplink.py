@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from .. import ranks
 from ..exceptions import JournalError, PrimeRunsError
 from ..journal import EntryKind, Journal, list_journals
 from ..journal.by_kind import last_payload
@@ -58,6 +59,9 @@ CRASH_ERROR = "the producer stopped without finishing the run"
 # for at most this long (it stops sooner once a sink is stuck: RetryPolicy.stuck).
 _ORPHAN_DEADLINE_S = 3600.0
 _MAX_ERRORS = 1000
+# Sample id ranges a rank may use per step before the next rank's (one per
+# Parquet object of the step: a handful in practice).
+_RANK_BLOCK = 256
 
 
 @dataclass
@@ -203,10 +207,7 @@ class Uplink:
             opted_out=self.lifecycle.spec.traces_opt_out,
             policy=self.policy,
             on_failure=self._on_failure,
-            # A requeued job may log a step its predecessor logged too, and a
-            # forked child the steps its parent logs: draw sample id ranges far
-            # from the ones they use.
-            range_base=random.randrange(1 << 20, 1 << 21) if predecessors or forked else 0,
+            range_base=_range_base(self.journal, bool(predecessors) or forked),
             on_progress=self._notify,
         )
         for shipper in self.shippers:
@@ -370,7 +371,12 @@ class Uplink:
             ledger.stamp_episodes_written(summary, ledger.episodes_written(journal))
         finalized = self.lifecycle.finalized or bool(journal.get_meta("continued_by"))
         ready = live or not pending
-        if finalize and not finalized and self.lifecycle.binding() is not None and ready:
+        binding = self.lifecycle.binding()
+        others_left: dict[str, str] = {}
+        if finalize and not finalized and binding is not None and ready:
+            if self.lifecycle.closes_run(status):
+                # The run's other processes on this host ship theirs first.
+                others_left = self._wait_for_others(binding.run_id, deadline)
             # After a stalled drain the platform is likely down: the close-out
             # gets as long as the stall allowance, not the rest of the deadline.
             close_by = deadline
@@ -389,12 +395,27 @@ class Uplink:
             pending=pending,
             finalized=finalized,
             registered=self.lifecycle.binding() is not None,
+            others_left=others_left,
         )
         with contextlib.suppress(JournalError):
             ledger.record_closeout(journal, outcome)
         self.client.close()
         self._notify()
         return outcome
+
+    def _wait_for_others(self, run_id: str, deadline: float) -> dict[str, str]:
+        """Before the primary closes the run: wait for the run's other
+        processes on this host to be done (``ranks.wait_for_others``); what
+        they left behind, per journal."""
+        try:
+            others = ranks.others_of(self.journal, run_id)
+        except (JournalError, OSError) as exc:
+            log.info("prime-runs: could not look for the run's other processes: %s", exc)
+            return {}
+        if not others:
+            return {}
+        log.info("prime-runs: waiting for %d other process(es) of run %s", len(others), run_id)
+        return ranks.wait_for_others(others, deadline=deadline, stall_s=self.policy.stall_s)
 
     def _report_left_behind(self, shippers: Sequence[Shipper]) -> None:
         """Say why a sink leaves records behind (its last failure, or its
@@ -422,6 +443,23 @@ class Uplink:
                 if left:
                     out[shipper.name] = left
         return out
+
+
+def _range_base(journal: Journal, far: bool) -> int:
+    """Where this journal's training sample ids start, in range indexes
+    (``sinks.step_ranges``). A requeued job may log a step its predecessor
+    logged too, and a forked child the steps its parent logs: ``far`` draws
+    ranges far from the ones they use. Ranks of one run log the same steps
+    at once: rank N takes its own block of ``_RANK_BLOCK`` ranges per step,
+    and a process that is not the primary and has no rank draws at random."""
+    if far:
+        return random.randrange(1 << 20, 1 << 21)
+    role = ranks.Role.of(journal)
+    if role is None:
+        return 0
+    if role.rank is not None and role.rank < (1 << 20) // _RANK_BLOCK:
+        return role.rank * _RANK_BLOCK
+    return 0 if role.primary else random.randrange(1 << 20, 1 << 21)
 
 
 def _drain_while_moving(

@@ -21,8 +21,13 @@ from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
 from . import receipts
 from .base import Binding, Prepared, SendContext
+from .step_rows import StepRows
 
 __all__ = ["MetricsProgress", "TrainMetricsSink"]
+
+# A step other processes keep changing is sent again at most this often per
+# row (each round is one request): they send it themselves anyway.
+_MAX_ROUNDS = 20
 
 
 @dataclass(frozen=True)
@@ -41,8 +46,11 @@ class TrainMetricsSink:
     isolates_rejections = False
     progress_type = MetricsProgress
 
-    def __init__(self, client: PlatformClient) -> None:
+    def __init__(self, client: PlatformClient, steps: StepRows | None = None) -> None:
+        """``steps``: where the rows of the run's processes on this host are
+        merged per step (``sinks.step_rows``); None sends each row as logged."""
         self._client = client
+        self._steps = steps
 
     def prepare(
         self, entries: Sequence[Entry], binding: Binding
@@ -53,14 +61,32 @@ class TrainMetricsSink:
     def send(self, body: bytes, ctx: SendContext[MetricsProgress]) -> None:
         rows = orjson.loads(body)
         for index in range(ctx.progress.done, len(rows)):
-            payload = {"run_id": ctx.binding.run_id, "metrics": rows[index]}
             try:
-                self._post(payload)
+                self._send_row(ctx.binding.run_id, rows[index])
             except Exception as exc:
                 if not is_record_rejection(exc):
                     raise
                 ctx.reject(1, exc)  # this row only; the rest of the batch goes on
             ctx.save_progress(replace(ctx.progress, done=index + 1))
+
+    def _send_row(self, run_id: str, row: dict[str, Any]) -> None:
+        """One logged row: merged with what the run's other processes on this
+        host logged for its step, and sent again while they change the step
+        (``sinks.step_rows``: the last request to land carries every key)."""
+        step = row.get("step")
+        steps = self._steps
+        if steps is None or not isinstance(step, int) or isinstance(step, bool):
+            self._post({"run_id": run_id, "metrics": row})
+            return
+        table = f"{self._client.settings.api_root} {run_id}"
+        for _ in range(_MAX_ROUNDS):
+            merged = steps.merge(table, step, row)
+            if merged is None:  # the table cannot be used: the row as logged
+                self._post({"run_id": run_id, "metrics": row})
+                return
+            self._post({"run_id": run_id, "metrics": merged[0]})
+            if steps.version(table, step) in (merged[1], None):
+                return
 
     def _post(self, payload: dict[str, Any]) -> None:
         """One row, proven stored: by its answer, else by reading it back."""

@@ -19,6 +19,7 @@ import primeruns as pr
 from primeruns.exceptions import APIError, RetryableAPIError, TransportError, UnauthorizedError
 from primeruns.journal import Entry, EntryKind, Journal
 from primeruns.sinks.base import Binding
+from primeruns.sinks.step_rows import StepRows, merged_row
 from primeruns.sinks.train_metrics import TrainMetricsSink
 
 _BOUND = Binding(run_id="rft-1", kind="train")
@@ -162,3 +163,80 @@ def test_a_refused_key_stops_the_batch_where_it_is(
         batch.send(sink)
     assert batch.state["done"] == 1 and batch.rejected == []
     assert table.steps() == [0]
+
+
+def _rank(folder: Path, rank: int) -> StepRows:
+    return StepRows(folder, label=f"rank{rank}", primary=rank == 0, rank=rank)
+
+
+class OvertakenTable(MetricsTable):
+    """A metrics table where something happens (``meanwhile``) while the next
+    request is on its way, before it lands."""
+
+    def __init__(self, platform: ScriptedPlatform) -> None:
+        self.meanwhile: Any = None
+        super().__init__(platform)
+
+    def post(self, request: httpx.Request, params: dict[str, str]) -> httpx.Response:
+        meanwhile, self.meanwhile = self.meanwhile, None
+        if meanwhile is not None:
+            meanwhile()
+        return super().post(request, params)
+
+
+def test_two_ranks_logging_one_step_keep_every_key_whatever_order_their_rows_land_in(
+    tmp_path: Path, platform: ScriptedPlatform
+) -> None:
+    """Rank 0's row is on its way when rank 1 sends its own for the same step,
+    and lands after it: the platform keeps one row per step (the later
+    replaces the earlier), so it would hold rank 0's keys only. Rank 0 sees
+    the step changed once it is answered, and sends the merged row again."""
+    table = OvertakenTable(platform)
+    first = _logged(tmp_path / "r0", [({"loss_r0": 0.5, "lr": 0.1}, 3)])
+    second = _logged(tmp_path / "r1", [({"loss_r1": 0.7, "lr": 0.1}, 3)])
+    rank0 = TrainMetricsSink(platform.client(), _rank(tmp_path, 0))
+    rank1 = TrainMetricsSink(platform.client(), _rank(tmp_path, 1))
+    overtaking = Batch.prepare(rank1, second, _BOUND)
+    table.meanwhile = lambda: overtaking.send(rank1)
+    Batch.prepare(rank0, first, _BOUND).send(rank0)
+    row = table.by_step[("rft-1", 3)]
+    assert {k: v for k, v in row.items() if k != "_timestamp"} == {
+        "loss_r0": 0.5,
+        "loss_r1": 0.7,
+        "lr": 0.1,
+        "step": 3,
+    }
+    keys = [
+        set(json.loads(r.content)["metrics"]) - {"_timestamp", "step"}
+        for r in platform.sent("metrics")
+    ]
+    # rank 0's row (landing last, stale), rank 1's merged row, rank 0's merged row again
+    assert keys == [{"loss_r0", "lr"}, {"loss_r0", "loss_r1", "lr"}, {"loss_r0", "loss_r1", "lr"}]
+
+
+def test_a_key_two_ranks_log_with_different_values_keeps_both() -> None:
+    parts = {
+        "rank2": {"primary": False, "rank": 2, "row": {"loss": 3.0, "_timestamp": 5.0}},
+        "rank0": {"primary": True, "rank": 0, "row": {"loss": 1.0, "lr": 0.1, "_timestamp": 4.0}},
+        "rank1": {"primary": False, "rank": 1, "row": {"loss": 1.0, "lr": 0.2, "_timestamp": 6.0}},
+    }
+    assert merged_row(9, parts) == {
+        "loss": 1.0,  # the primary's; rank 1 logged the same value
+        "lr": 0.1,
+        "lr@rank1": 0.2,
+        "loss@rank2": 3.0,
+        "step": 9,
+        "_timestamp": 6.0,
+    }
+
+
+def test_one_process_logging_a_step_twice_keeps_the_union_with_its_later_values(
+    tmp_path: Path,
+) -> None:
+    rows = _rank(tmp_path, 0)
+    rows.merge("run", 1, {"loss": 1.0, "step": 1})
+    merged, version = rows.merge("run", 1, {"loss": 0.5, "reward": 2.0, "step": 1}) or ({}, 0)
+    assert merged == {"loss": 0.5, "reward": 2.0, "step": 1}
+    assert version == 2 and rows.version("run", 1) == 2
+    # nothing new: the same version
+    assert rows.merge("run", 1, {"reward": 2.0, "step": 1}) == (merged, 2)

@@ -1,0 +1,295 @@
+"""Several processes attached to one run (ranks): which one is its primary,
+and the primary's wait for the others before it closes the run.
+
+torchrun, SLURM and their kin start N processes that each call
+``init(kind="train", id=RUN_ID)``. Each journals into a directory of its own
+(one writer per journal) attached to the same platform run, and each ships
+its own. Only one of them, the *primary*, closes the run: the others'
+``finish()``, their uplinks' close-out after a crash, and ``replay`` or
+``sync`` of their journals ship their records and leave the run open
+(``ship.lifecycle`` reads the role from the journal's meta, ``K_ROLE``).
+
+Which process is the primary (``resolve_role``), the first rule that applies:
+
+1. ``init(primary=True)`` or ``init(primary=False)``;
+2. ``PRIME_RUNS_PRIMARY=1`` or ``0`` in the environment;
+3. a run ``init()`` creates (no ``id=``): its creator;
+4. the launcher's rank: ``RANK`` (torchrun, accelerate, DeepSpeed), else
+   ``SLURM_PROCID`` (srun): rank 0 is the primary;
+5. otherwise the first process on this host to attach the run: it holds a
+   lock named for the run in the runs directory for as long as it lives.
+
+The primary closes the run only after the other processes of the run whose
+journals are in its runs directory (its host's ranks) are done: each one's
+producer and uplink gone, their records shipped (``wait_for_others``, from
+the uplink's close-out). The wait is bounded by the close-out's deadline and
+by the stall rule (nothing of theirs moved for ``stall_s``); what was left
+is recorded with the close-out and said by ``finish()``. Ranks on other
+hosts cannot be seen from here: the launcher makes them finish first (a
+barrier before the primary's ``finish()``, README "Ranks").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .exceptions import JournalError
+from .journal import Journal, journal_info, list_journals
+from .journal.lock import lock_held
+from .journal.origin import Origin
+from .settings import parse_bool_setting
+from .spec import listed_spec
+
+__all__ = [
+    "K_ROLE",
+    "Role",
+    "is_primary",
+    "launcher_rank",
+    "others_of",
+    "primary_from_env",
+    "resolve_role",
+    "wait_for_others",
+]
+
+log = logging.getLogger("primeruns")
+
+# Journal meta: {"primary": bool, "label": str} (absent: a primary, as every
+# journal before ranks were known).
+K_ROLE = "role"
+PRIMARY_ENV = "PRIME_RUNS_PRIMARY"
+# The launchers' rank variables, most specific first: torchrun's global rank
+# wins over SLURM's task id (srun starting one torchrun per node sets both).
+_RANK_ENVS = ("RANK", "SLURM_PROCID")
+_LOCKS_DIR = ".primary"
+# The primary looks at the others' journals this often while it waits (a wait
+# on other processes' files: nothing here can wake it).
+_POLL_S = 0.1
+
+# Locks this process holds as the first attacher of a run: kept open for the
+# process's life (its exit releases them).
+# Per run id: the lock's descriptor, and the journal of the handle it made primary.
+_held: dict[str, tuple[int, Path]] = {}
+
+
+@dataclass(frozen=True)
+class Role:
+    """This process's place among the processes of its run."""
+
+    primary: bool
+    label: str
+    """Names this process's keys where two processes logged one key for one
+    step with different values (``sinks.step_rows``): ``rank<N>`` when the
+    launcher gave a rank, else the journal's local id."""
+    rank: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"primary": self.primary, "label": self.label}
+        if self.rank is not None:
+            out["rank"] = self.rank
+        return out
+
+    @classmethod
+    def of(cls, journal: Journal) -> Role | None:
+        """The role recorded in ``journal``'s meta (None: none recorded)."""
+        return cls.from_json(journal.get_meta(K_ROLE))
+
+    @classmethod
+    def from_json(cls, value: Any) -> Role | None:
+        if not isinstance(value, dict) or not isinstance(value.get("label"), str):
+            return None
+        rank = value.get("rank")
+        return cls(
+            primary=value.get("primary") is not False,
+            label=value["label"],
+            rank=rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+        )
+
+
+def is_primary(journal: Journal) -> bool:
+    """Whether ``journal``'s process may close its run (a journal without a role may)."""
+    role = Role.of(journal)
+    return role is None or role.primary
+
+
+def launcher_rank(environ: Mapping[str, str] | None = None) -> int | None:
+    """The rank the launcher gave this process, if any (a value that is not a
+    non-negative integer is no rank)."""
+    env = os.environ if environ is None else environ
+    for name in _RANK_ENVS:
+        raw = env.get(name, "").strip()
+        if raw.isdigit():
+            return int(raw)
+    return None
+
+
+def primary_from_env(environ: Mapping[str, str] | None = None) -> bool | None:
+    """``PRIME_RUNS_PRIMARY`` (None: not set); ``ConfigurationError`` for a
+    value that is not a boolean."""
+    env = os.environ if environ is None else environ
+    return parse_bool_setting(PRIMARY_ENV, env.get(PRIMARY_ENV, ""))
+
+
+def resolve_role(
+    primary: bool | None,
+    *,
+    attach_id: str | None,
+    runs_dir: Path,
+    local_id: str,
+    environ: Mapping[str, str] | None = None,
+) -> Role:
+    """This process's role (module doc: the rules in order). Raises
+    ``ConfigurationError`` for a ``PRIME_RUNS_PRIMARY`` that is not a boolean."""
+    env = os.environ if environ is None else environ
+    rank = launcher_rank(env)
+    label = f"rank{rank}" if rank is not None else local_id
+    if primary is None:
+        primary = primary_from_env(env)
+    if primary is None:
+        if attach_id is None:
+            primary = True
+        elif rank is not None:
+            primary = rank == 0
+        else:
+            primary = _first_to_attach(Path(runs_dir), attach_id, local_id)
+    return Role(primary=primary, label=label, rank=rank)
+
+
+def _first_to_attach(runs_dir: Path, run_id: str, local_id: str) -> bool:
+    """Take the run's lock in the runs directory if no living process holds
+    it: True for the first process to attach the run, and again for one that
+    attaches after that process ended (a requeued job)."""
+    if run_id in _held:
+        # This process attached the run before: that handle stays the primary
+        # while its journal is in use (its producer's or its uplink's).
+        fd, earlier = _held[run_id]
+        if lock_held(earlier):
+            return False
+        _held[run_id] = (fd, runs_dir / local_id)
+        return True
+    digest = hashlib.sha256(run_id.encode()).hexdigest()[:32]
+    folder = Path(runs_dir) / _LOCKS_DIR
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(
+            folder / f"{digest}.lock",
+            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+            0o600,
+        )
+    except OSError as exc:
+        # No lock to take (a read-only runs dir): behave as the only process.
+        log.info("prime-runs: could not take the run's primary lock: %s", exc)
+        return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _held[run_id] = (fd, runs_dir / local_id)
+    return True
+
+
+# -- the primary's wait ----------------------------------------------------------------
+
+
+def written_in(journal: Journal) -> tuple[Path, Path]:
+    """(the runs directory ``journal`` was written in, its path there): for a
+    sync journal (``primeruns replay``, ``sync``), its original's, where the
+    run's other processes on this host keep theirs; else its own."""
+    from .ship.mirror import K_SOURCE_ORIGIN
+
+    origin = Origin.from_json(journal.get_meta(K_SOURCE_ORIGIN))
+    if origin is not None and origin.on_this_host:
+        original = Path(origin.path)
+        if original.parent.is_dir():
+            return original.parent, original
+    return journal.path.parent, journal.path
+
+
+def others_of(journal: Journal, run_id: str) -> list[Path]:
+    """The journals of other processes logging to platform run ``run_id`` in
+    the runs directory ``journal`` was written in: attached to it or bound to
+    it, not taken over by a later process (``continued_by``), and not forked
+    children (their parent waits for them: ``forkchild``)."""
+    from .ship.lifecycle import K_FORK_PARENT
+
+    runs_dir, original = written_in(journal)
+    found = []
+    for info in list_journals(runs_dir, skip=[journal.path, original]):
+        meta = info.meta
+        spec = listed_spec(meta)
+        bound = meta.get("platform") or {}
+        if run_id not in (spec.attach_id if spec else None, bound.get("run_id")):
+            continue
+        if meta.get("continued_by") or meta.get(K_FORK_PARENT):
+            continue
+        found.append(info.path)
+    return found
+
+
+def _signature(path: Path) -> tuple[tuple[str, int, int], ...]:
+    """What changes when a journal moves: its files' sizes and times."""
+    out = []
+    with contextlib.suppress(OSError), os.scandir(path) as entries:
+        for entry in entries:
+            with contextlib.suppress(OSError):
+                st = entry.stat(follow_symlinks=False)
+                out.append((entry.name, st.st_size, st.st_mtime_ns))
+    return tuple(sorted(out))
+
+
+def _left_in(path: Path) -> str | None:
+    """What a journal whose processes are gone left unshipped, or None:
+    shipped by its uplink, or by ``primeruns replay`` (its sync journal's
+    record says so)."""
+    from .ship.mirror import sync_root
+    from .ship.sync_records import nothing_new
+
+    try:
+        info = journal_info(path)
+    except (JournalError, OSError) as exc:
+        return f"could not be read ({exc})"
+    if info.meta.get("state") == "shipped":
+        return None
+    if nothing_new(sync_root(), info.local_id, info.last_seq):
+        return None
+    return "not shipped: its processes are gone"
+
+
+def wait_for_others(others: list[Path], *, deadline: float, stall_s: float) -> dict[str, str]:
+    """Wait until each journal of ``others`` is let go by its producer and
+    uplink (its owner lock free), until ``deadline`` (monotonic), or until
+    none of those still held moved for ``stall_s``. Per journal left behind,
+    why (its path to ship it with ``primeruns replay``)."""
+    waiting = list(others)
+    moved_at = time.monotonic()
+    seen = {p: _signature(p) for p in waiting}
+    while waiting:
+        waiting = [p for p in waiting if lock_held(p)]
+        if not waiting:
+            break
+        now = time.monotonic()
+        for path in waiting:
+            signature = _signature(path)
+            if signature != seen[path]:
+                seen[path], moved_at = signature, now
+        if now >= deadline or now - moved_at >= stall_s:
+            break
+        time.sleep(_POLL_S)
+    left: dict[str, str] = {}
+    for path in others:
+        if path in waiting:
+            left[str(path)] = "still logging or shipping when the run was closed"
+            continue
+        why = _left_in(path)
+        if why is not None:
+            left[str(path)] = why
+    return left

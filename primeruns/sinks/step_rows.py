@@ -1,0 +1,193 @@
+"""One step's metrics row, merged across the processes that log into one run.
+
+The platform keeps one metrics row per step of a run, and a later row for a
+step replaces the earlier one (the local platform does so; the real
+platform's choice is not known from its clients, contract §8.4, so nothing
+here relies on a merge there). Ranks of one run each log their own row for a
+step: sent as they are, the last to land would be the step's row, and the
+other ranks' keys would be lost.
+
+So every row a process sends for a step carries every key the run's
+processes on this host logged for that step. Each process's rows go into a
+small table beside the journals (``<runs dir>/.steps/<run>.sqlite3``,
+``StepRows.merge``: one transaction, its own keys over its earlier ones for
+the step), and the merged row is what is sent. After its request was
+answered the sender looks at the step's version again, and if another
+process changed the step meanwhile, sends the merged row again. Why that
+keeps every key: the last request to land for a step was answered after it
+landed, and its sender looked at the step after that; every change to the
+step was made before its maker's own request landed, so before that look.
+The look sees the final version, or the sender sends it again.
+
+Two processes that log one key for one step with different values keep
+both: the primary's (else the lowest rank's) under the key, each other's
+under ``<key>@<label>`` (``loss@rank3``; a process with no rank: its journal
+id). ``_timestamp`` is the latest. One process logging a step twice keeps
+the union of its keys, the later value of each.
+
+Not merged: processes on other hosts (each host's table is its own), and a
+row without a step (the platform keeps each as its own row). If the table
+cannot be used (a full disk), rows are sent as they were logged, with one
+warning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["StepRows", "merged_row"]
+
+log = logging.getLogger("primeruns.uplink")
+
+_FOLDER = ".steps"
+_SCHEMA = (
+    "CREATE TABLE IF NOT EXISTS steps ("
+    " step INTEGER PRIMARY KEY, parts TEXT NOT NULL, version INTEGER NOT NULL)"
+)
+# Waits for another process's transaction on the table at most this long.
+_BUSY_S = 30.0
+
+
+class StepRows:
+    """The merged rows of the steps of one platform run on this host, for
+    one process (``label``, and whether it is the run's ``primary``).
+    Thread-safe; opened on first use."""
+
+    def __init__(self, folder: Path, *, label: str, primary: bool, rank: int | None) -> None:
+        self._folder = Path(folder) / _FOLDER
+        self._part = {"primary": primary, "rank": rank}
+        self._label = label
+        self._lock = threading.Lock()
+        self._conns: dict[str, sqlite3.Connection] = {}
+        self._broken = False
+
+    def _conn(self, key: str) -> sqlite3.Connection:
+        conn = self._conns.get(key)
+        if conn is None:
+            self._folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            digest = hashlib.sha256(key.encode()).hexdigest()[:32]
+            path = self._folder / f"{digest}.sqlite3"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            os.close(fd)  # made private before sqlite opens it
+            conn = sqlite3.connect(
+                str(path), timeout=_BUSY_S, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute(_SCHEMA)
+            self._conns[key] = conn
+        return conn
+
+    def merge(
+        self, run: str, step: int, row: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], int] | None:
+        """Put ``row`` (this process's, for ``step`` of ``run``: the platform
+        and run id) into the table; the step's merged row and its version, or
+        None when the table cannot be used (then the row goes as it is)."""
+        if self._broken:
+            return None
+        try:
+            with self._lock:
+                conn = self._conn(run)
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    found = conn.execute(
+                        "SELECT parts, version FROM steps WHERE step = ?", (step,)
+                    ).fetchone()
+                    parts: dict[str, Any] = json.loads(found[0]) if found else {}
+                    version = int(found[1]) if found else 0
+                    mine = parts.get(self._label) or {}
+                    ours = {**(mine.get("row") or {}), **row}
+                    if ours != mine.get("row") or found is None:
+                        parts[self._label] = {**self._part, "row": ours}
+                        version += 1
+                        conn.execute(
+                            "INSERT INTO steps (step, parts, version) VALUES (?, ?, ?)"
+                            " ON CONFLICT (step) DO UPDATE SET parts = excluded.parts,"
+                            " version = excluded.version",
+                            (step, json.dumps(parts, separators=(",", ":")), version),
+                        )
+                    conn.execute("COMMIT")
+                except BaseException:
+                    with contextlib.suppress(sqlite3.Error):
+                        conn.execute("ROLLBACK")
+                    raise
+            return merged_row(step, parts), version
+        except (sqlite3.Error, OSError, ValueError) as exc:
+            self._give_up(exc)
+            return None
+
+    def version(self, run: str, step: int) -> int | None:
+        """The step's version now (None: the table cannot be read)."""
+        if self._broken:
+            return None
+        try:
+            with self._lock:
+                found = (
+                    self._conn(run)
+                    .execute("SELECT version FROM steps WHERE step = ?", (step,))
+                    .fetchone()
+                )
+            return int(found[0]) if found else 0
+        except (sqlite3.Error, OSError) as exc:
+            self._give_up(exc)
+            return None
+
+    def _give_up(self, exc: BaseException) -> None:
+        self._broken = True
+        log.warning(
+            "prime-runs: the table that merges the metrics rows of this host's processes "
+            "(%s) cannot be used (%s); rows are sent as logged, and where two processes "
+            "log one step the later row replaces the earlier on the platform",
+            self._folder,
+            exc,
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            for conn in self._conns.values():
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+            self._conns.clear()
+
+
+def _order(item: tuple[str, Any]) -> tuple[int, int, str]:
+    label, part = item
+    rank = part.get("rank")
+    return (
+        0 if part.get("primary") else 1,
+        rank if isinstance(rank, int) else 1 << 62,
+        label,
+    )
+
+
+def merged_row(step: int, parts: Mapping[str, Any]) -> dict[str, Any]:
+    """The row sent for ``step``, from every process's part (module doc)."""
+    out: dict[str, Any] = {}
+    latest: float | None = None
+    for label, part in sorted(parts.items(), key=_order):
+        row = part.get("row") or {}
+        for key, value in row.items():
+            if key == "step":
+                continue
+            if key == "_timestamp":
+                if isinstance(value, int | float) and (latest is None or value > latest):
+                    latest = value
+                continue
+            if key not in out:
+                out[key] = value
+            elif out[key] != value:
+                out[f"{key}@{label}"] = value
+    out["step"] = step
+    if latest is not None:
+        out["_timestamp"] = latest
+    return out

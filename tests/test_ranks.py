@@ -1,0 +1,83 @@
+"""Which process of several attached to one run is its primary (``primeruns.ranks``):
+the launcher's choice first, then the run's creator, then rank 0, then the
+first process on the host to attach."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+
+import pytest
+
+from primeruns import ranks
+from primeruns.exceptions import ConfigurationError
+from primeruns.journal.lock import LOCK_NAME
+
+
+def _role(
+    env: dict[str, str],
+    tmp_path: Path,
+    *,
+    attach: str | None = "run-1",
+    primary: bool | None = None,
+    local_id: str = "20261203-090000-aaaa",
+) -> ranks.Role:
+    return ranks.resolve_role(
+        primary, attach_id=attach, runs_dir=tmp_path, local_id=local_id, environ=env
+    )
+
+
+@pytest.mark.parametrize(
+    ("env", "primary", "label"),
+    [
+        ({"RANK": "0"}, True, "rank0"),
+        ({"RANK": "3"}, False, "rank3"),
+        ({"SLURM_PROCID": "0"}, True, "rank0"),
+        ({"SLURM_PROCID": "5"}, False, "rank5"),
+        ({"RANK": "1", "SLURM_PROCID": "0"}, False, "rank1"),  # torchrun's rank under srun
+        ({"RANK": "2", "PRIME_RUNS_PRIMARY": "yes"}, True, "rank2"),
+        ({"RANK": "0", "PRIME_RUNS_PRIMARY": "0"}, False, "rank0"),
+    ],
+)
+def test_the_launcher_names_the_primary_by_its_rank_or_the_variable(
+    tmp_path: Path, env: dict[str, str], primary: bool, label: str
+) -> None:
+    role = _role(env, tmp_path)
+    assert (role.primary, role.label) == (primary, label)
+
+
+def test_an_explicit_argument_wins_and_a_created_run_is_its_creators(tmp_path: Path) -> None:
+    assert _role({"RANK": "0"}, tmp_path, primary=False).primary is False
+    assert _role({"PRIME_RUNS_PRIMARY": "0"}, tmp_path, primary=True).primary is True
+    assert _role({"RANK": "4"}, tmp_path, attach=None).primary is True  # init() created it
+
+
+def test_a_primary_variable_that_is_not_a_boolean_is_refused() -> None:
+    with pytest.raises(ConfigurationError, match="PRIME_RUNS_PRIMARY"):
+        ranks.primary_from_env({"PRIME_RUNS_PRIMARY": "rank0"})
+
+
+def test_without_a_rank_the_first_to_attach_is_the_primary_while_its_journal_is_in_use(
+    tmp_path: Path,
+) -> None:
+    run = f"run-{os.getpid()}-{id(tmp_path)}"  # the lock is this process's for its life
+    first = _role({}, tmp_path, attach=run, local_id="j1")
+    journal = tmp_path / "j1"
+    journal.mkdir()
+    fd = os.open(journal / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # the first handle's journal, still open
+    try:
+        second = _role({}, tmp_path, attach=run, local_id="j2")
+    finally:
+        os.close(fd)
+    third = _role({}, tmp_path, attach=run, local_id="j3")  # the first one finished
+    assert (first.primary, second.primary, third.primary) == (True, False, True)
+    assert second.label == "j2"
+
+
+def test_a_role_read_back_from_a_damaged_meta_value_is_none() -> None:
+    assert ranks.Role.from_json({"primary": False}) is None
+    assert ranks.Role.from_json("x") is None
+    role = ranks.Role.from_json({"primary": False, "label": "rank2", "rank": 2})
+    assert role == ranks.Role(primary=False, label="rank2", rank=2)
