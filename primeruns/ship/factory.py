@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..journal import EntryKind, Journal
+from ..journal.memory import in_memory
 from ..platform import PlatformClient
 from ..ranks import Role, written_in
 from ..sinks.base import Sink
@@ -87,10 +88,13 @@ def make_shippers(
     return shippers
 
 
-def _step_rows(journal: Journal, lifecycle: Lifecycle) -> StepRows:
+def _step_rows(journal: Journal, lifecycle: Lifecycle) -> StepRows | None:
     """Where this journal's metrics rows meet those of the run's other
     processes on this host: beside the journals, in the runs directory it was
-    written in (a replayed journal's original's)."""
+    written in (a replayed journal's original's). None for a journal in
+    memory: no folder took it, so none takes the table either."""
+    if in_memory(journal):
+        return None
     role = Role.of(journal) or Role(primary=lifecycle.owns_run(), label=journal.local_id)
     runs_dir, _ = written_in(journal)
     return StepRows(runs_dir, label=role.label, primary=role.primary, rank=role.rank)
