@@ -46,6 +46,7 @@ from .exceptions import JournalError
 from .journal import Journal, journal_info, list_journals
 from .journal.lock import lock_held
 from .journal.origin import Origin
+from .journal.trust import check_dir, make_private_dirs
 from .settings import parse_bool_setting
 from .spec import listed_spec
 
@@ -178,14 +179,16 @@ def _first_to_attach(runs_dir: Path, run_id: str, local_id: str) -> bool:
     digest = hashlib.sha256(run_id.encode()).hexdigest()[:32]
     folder = Path(runs_dir) / _LOCKS_DIR
     try:
-        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        make_private_dirs(folder)
+        check_dir(folder, "primary lock folder")  # never a symlink, never another's
         fd = os.open(
             folder / f"{digest}.lock",
             os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
             0o600,
         )
-    except OSError as exc:
-        # No lock to take (a read-only runs dir): behave as the only process.
+    except (OSError, JournalError) as exc:
+        # No lock to take (a read-only runs dir, an untrusted folder): behave
+        # as the only process.
         log.info("prime-runs: could not take the run's primary lock: %s", exc)
         return True
     try:

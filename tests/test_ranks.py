@@ -81,3 +81,22 @@ def test_a_role_read_back_from_a_damaged_meta_value_is_none() -> None:
     assert ranks.Role.from_json("x") is None
     role = ranks.Role.from_json({"primary": False, "label": "rank2", "rank": 2})
     assert role == ranks.Role(primary=False, label="rank2", rank=2)
+
+
+def test_the_step_table_and_primary_lock_folders_follow_no_symlink(tmp_path: Path) -> None:
+    """A shared scratch disk: a neighbour plants ``.steps`` and ``.primary``
+    as links to a folder of theirs. Nothing is created through them (the
+    step table goes unused, the row is sent as it is; the role falls back)."""
+    from primeruns.sinks.step_rows import StepRows
+
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o700)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (runs / ".steps").symlink_to(theirs)
+    (runs / ".primary").symlink_to(theirs)
+    table = StepRows(runs, label="rank1", primary=False, rank=1)
+    assert table.merge("run-1", 0, {"loss": 1.0}) is None
+    table.close()
+    assert ranks._first_to_attach(runs, "run-1", "local-1") is True
+    assert list(theirs.iterdir()) == []

@@ -44,6 +44,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..exceptions import JournalError
+from ..journal.trust import check_dir, make_private_dirs
+
 __all__ = ["StepRows", "merged_row"]
 
 log = logging.getLogger("primeruns.uplink")
@@ -73,7 +76,8 @@ class StepRows:
     def _conn(self, key: str) -> sqlite3.Connection:
         conn = self._conns.get(key)
         if conn is None:
-            self._folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_private_dirs(self._folder)
+            check_dir(self._folder, "step table folder")  # never a symlink, never another's
             digest = hashlib.sha256(key.encode()).hexdigest()[:32]
             path = self._folder / f"{digest}.sqlite3"
             fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -122,7 +126,7 @@ class StepRows:
                         conn.execute("ROLLBACK")
                     raise
             return merged_row(step, parts), version
-        except (sqlite3.Error, OSError, ValueError) as exc:
+        except (sqlite3.Error, OSError, ValueError, JournalError) as exc:
             self._give_up(exc)
             return None
 
