@@ -34,6 +34,7 @@ from ..sinks.base import Prepared, SendContext, Sink
 from ..threads import bounded, start_daemon
 from . import batchstate, ledger, resident
 from .policy import Failure, RetryPolicy, classify
+from .readahead import ReadAhead
 
 __all__ = ["Shipper", "ShipperState", "drain_all"]
 
@@ -85,6 +86,7 @@ class Shipper:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._scanned = journal.acked(self.name)
+        self._ahead = ReadAhead(journal, sink.kinds)  # read once, whatever prefix a batch takes
         # What a sink carries from batch to batch (e.g. rollout numbering): the
         # recorded batch's copy if there is one, else the last one saved.
         cursor = journal.cursor(self.name)
@@ -311,9 +313,8 @@ class Shipper:
 
     def _next_batch(self, binding: Binding, after: int) -> InFlight | None:
         sink = self.sink
-        result = self.journal.read(
+        result = self._ahead.read(
             after,
-            kinds=sink.kinds,
             max_entries=max(
                 1,
                 min(
@@ -340,7 +341,8 @@ class Shipper:
             return None
         linger = self._linger_left(result.entries)
         if linger > 0:
-            self._sleep(linger)  # more may queue up meanwhile; read again after
+            self._ahead.consumed(after)  # what is kept is bounded while it waits
+            self._sleep(linger)  # more may queue up meanwhile; read on after
             return None
         try:
             prepared: Prepared[Any] | None = sink.prepare(result.entries, binding)
@@ -359,6 +361,7 @@ class Shipper:
             self._notify()
             return None
         last_seq = result.next_after if prepared.last_seq is None else prepared.last_seq
+        self._ahead.consumed(last_seq)  # the batch's entries are in its body now
         before = self.journal.get_meta(f"carry.{self.name}") if prepared.carry is not None else None
         inflight = InFlight(
             first_seq=result.entries[0].seq,

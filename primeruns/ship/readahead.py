@@ -1,0 +1,93 @@
+"""Entries a shipper read that its sink has not used yet, kept for the next batch.
+
+A sink may build a batch from a prefix of what it was given: the training
+sample table makes one Parquet object of one step's episodes out of up to
+512 entries read. Read again from that batch's end, the rest was copied,
+decompressed and parsed once more for every object: a step of 64 episodes
+paid for 512, and a run logging one episode per step paid 512 times over,
+so shipping a long run cost far more than its records. Here what a read
+returned past the batch is kept, in order, with how far that read scanned,
+and the next read starts where it stopped.
+
+What is kept stays true: an entry never changes once written, and
+compaction removes only entries every sink acknowledged, never one past a
+sink's own offset. A read from anywhere but where the kept entries follow on
+(a batch refused whole and sent again smaller reads from where it began)
+drops them and reads afresh. At most ``KEEP_BYTES`` of payloads are kept
+between batches: a batch may be tens of megabytes, and the shipping
+process's memory must not double for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from ..journal import Entry, EntryKind, Journal, ReadResult
+
+__all__ = ["KEEP_BYTES", "ReadAhead"]
+
+KEEP_BYTES = 16 << 20
+
+
+class ReadAhead:
+    """One sink's entries read ahead of its batches (used by its shipper's thread only)."""
+
+    def __init__(self, journal: Journal, kinds: Collection[EntryKind]) -> None:
+        self._journal = journal
+        self._kinds = kinds
+        # Every entry of the kinds in (_after, _upto] that is readable is in
+        # _entries, in order (a damaged one was reported by the read that met it).
+        self._after = -1
+        self._upto = -1
+        self._entries: list[Entry] = []
+
+    def read(self, after: int, *, max_entries: int, max_bytes: int) -> ReadResult:
+        """What ``Journal.read(after, ...)`` of the sink's kinds returns, reading
+        only past what is kept. ``next_after`` may stop short of the
+        journal's scan when what is kept is more than this read may take."""
+        if not self._after <= after <= self._upto:
+            self._after, self._upto, self._entries = after, after, []
+        else:
+            self.consumed(after)
+        damaged = []
+        held = sum(len(e.payload) for e in self._entries)
+        if len(self._entries) < max_entries and held < max_bytes:
+            more = self._journal.read(
+                self._upto,
+                kinds=self._kinds,
+                max_entries=max_entries - len(self._entries),
+                max_bytes=max_bytes - held,
+            )
+            self._entries.extend(more.entries)
+            self._upto = max(self._upto, more.next_after)
+            damaged = more.damaged
+        taken: list[Entry] = []
+        total = 0
+        for entry in self._entries:
+            size = len(entry.payload)
+            if len(taken) >= max_entries or (taken and total + size > max_bytes):
+                # Everything before this entry is of other kinds, or damaged
+                # and reported: a batch of ``taken`` may be acknowledged to here.
+                return ReadResult(taken, entry.seq - 1, damaged)
+            taken.append(entry)
+            total += size
+        return ReadResult(taken, self._upto, damaged)
+
+    def consumed(self, upto: int) -> None:
+        """Entries up to ``upto`` are dealt with (a batch took them, or the
+        shipper waits before taking any): forget them, and keep at most
+        ``KEEP_BYTES`` of what follows."""
+        if upto < self._after:
+            return
+        if upto >= self._upto:
+            self._after, self._upto, self._entries = upto, upto, []
+            return
+        kept = [e for e in self._entries if e.seq > upto]
+        total = 0
+        for index, entry in enumerate(kept):
+            total += len(entry.payload)
+            if total > KEEP_BYTES and index > 0:
+                kept = kept[:index]
+                self._upto = kept[-1].seq
+                break
+        self._after, self._entries = upto, kept

@@ -1,0 +1,122 @@
+"""A sink that builds each batch from a prefix of what it is given (the
+training sample table: one step's episodes per object) has every entry read
+from the journal once, not once per batch before it, and still ships each
+record once, in order."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from primeruns.journal import Entry, EntryKind, Journal, ReadResult
+from primeruns.ship.policy import RetryPolicy
+from primeruns.ship.readahead import ReadAhead
+from primeruns.ship.shipper import Shipper
+from primeruns.sinks.base import Binding, NoProgress, Prepared, SendContext
+
+_FAST = RetryPolicy(base_delay_s=0.001, max_delay_s=0.01, attempts_per_strike=3)
+_BOUND = Binding(run_id="run-1", kind="train")
+
+
+class OneAtATime:
+    """Sends one episode per batch out of the up to 64 it is given."""
+
+    name = "one"
+    kinds = frozenset({EntryKind.EPISODE})
+    max_entries = 64
+    max_bytes = 1 << 20
+    isolates_rejections = False
+    progress_type: type[Any] = NoProgress
+
+    def __init__(self) -> None:
+        self.stored: list[str] = []
+
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared[Any] | None:
+        first = entries[0]
+        return Prepared(
+            body=first.payload,
+            records=1,
+            progress=NoProgress(),
+            last_seq=None if len(entries) == 1 else first.seq,
+        )
+
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
+        self.stored.append(json.loads(body)["id"])
+
+
+def _journal(tmp_path: Path, n: int) -> Journal:
+    """``n`` episodes, each after a metrics row (another sink's kind)."""
+    journal = Journal.create(tmp_path / "runs")
+    for i in range(n):
+        journal.append(EntryKind.METRICS, [b'{"step": %d}' % i])
+        journal.append(EntryKind.EPISODE, [json.dumps({"id": f"e{i}"}).encode()])
+    return journal
+
+
+def _counting(journal: Journal) -> list[int]:
+    """Patches ``journal.read``: the entries each call returned."""
+    counts: list[int] = []
+    real = journal.read
+
+    def read(*args: Any, **kwargs: Any) -> ReadResult:
+        result = real(*args, **kwargs)
+        counts.append(len(result.entries))
+        return result
+
+    journal.read = read  # type: ignore[method-assign]
+    return counts
+
+
+def test_a_sink_taking_one_entry_per_batch_has_each_entry_read_once(tmp_path: Path) -> None:
+    journal = _journal(tmp_path, 200)
+    counts = _counting(journal)
+    sink = OneAtATime()
+    shipper = Shipper(
+        journal,
+        sink,
+        binding=lambda: _BOUND,
+        training=True,
+        policy=_FAST,
+        on_failure=lambda what, exc: None,
+    )
+    shipper.start()
+    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 30)
+    shipper.stop(timeout=5)
+    assert sink.stored == [f"e{i}" for i in range(200)]
+    assert journal.cursor("one").acked == journal.last_seq()
+    assert sum(counts) == 200  # each episode read once (it was 64 per batch)
+    journal.close()
+
+
+def test_a_read_from_where_the_kept_entries_do_not_follow_on_reads_afresh(
+    tmp_path: Path,
+) -> None:
+    journal = _journal(tmp_path, 10)
+    ahead = ReadAhead(journal, {EntryKind.EPISODE})
+    first = ahead.read(0, max_entries=4, max_bytes=1 << 20)
+    assert [e.seq for e in first.entries] == [2, 4, 6, 8]
+    ahead.consumed(4)  # a batch took two
+    # Refused whole and sent again smaller: from where it began.
+    again = ahead.read(0, max_entries=1, max_bytes=1 << 20)
+    assert [e.seq for e in again.entries] == [2] and again.next_after < 4
+    # On from the batch's end: what was kept, then what follows.
+    on = ahead.read(4, max_entries=3, max_bytes=1 << 20)
+    assert [e.seq for e in on.entries] == [6, 8, 10]
+    journal.close()
+
+
+def test_what_is_kept_is_cut_to_a_read_smaller_than_it(tmp_path: Path) -> None:
+    journal = _journal(tmp_path, 10)
+    ahead = ReadAhead(journal, {EntryKind.EPISODE})
+    ahead.read(0, max_entries=8, max_bytes=1 << 20)
+    ahead.consumed(2)
+    small = ahead.read(2, max_entries=2, max_bytes=1 << 20)
+    # Acknowledged to next_after, the batch passes over nothing it did not take.
+    assert [e.seq for e in small.entries] == [4, 6] and small.next_after == 7
+    size = len(small.entries[0].payload)
+    by_bytes = ahead.read(6, max_entries=8, max_bytes=size)
+    assert [e.seq for e in by_bytes.entries] == [8] and by_bytes.next_after == 9
+    journal.close()

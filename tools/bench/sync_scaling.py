@@ -1,0 +1,200 @@
+"""Sync scaling: ``primeruns sync`` of an offline training run, by the run's length.
+
+Run ``python tools/bench/sync_scaling.py`` (``--quick``: runs of 2,000,
+10,000 and 40,000 steps instead of 2,000, 5,000, 20,000 and 100,000) from
+the repository root; ``--before TREE`` syncs the same runs with the package of
+another checkout too (main, say), in the same run, for a before/after.
+
+Each size is one offline training run written by this process: every step
+logs one metrics row, and every 10th step (the training sample table's
+cadence) one gsm8k episode as a training episode of that step, so every
+sink of a training run has work (Prime Traces, the training sample table,
+the metrics rows). A fresh local platform on loopback then takes
+``primeruns sync RUN --base-url URL`` in a child process, which reports the
+seconds from the command's start (after the interpreter and imports: a fixed
+cost that would hide the scaling) to its end, and its peak RSS (VmHWM).
+
+Reported per size: metrics rows per second (steps ÷ seconds, every sink
+shipped and the run closed out), its ratio to the smallest size's over 5,000
+steps (the target of issue #32: the same rate, within 20%, at 5k, 20k and
+100k steps, and at least 2,000 rows/s) and the peak RSS with its ratio to the
+smallest run's (target: within 10% from 2,000 to 100,000 steps).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import benchlib
+from benchlib import API_KEY, TEAM, Table
+
+import primeruns as pr
+
+SIZES = (2_000, 5_000, 20_000, 100_000)
+QUICK_SIZES = (2_000, 10_000, 40_000)
+_EPISODE_EVERY = 10  # the training sample table's default cadence
+_RATE_FLOOR = 2_000.0  # metrics rows/s
+_RATE_SPREAD = 0.20  # every size's rate within 20% of the first's
+_RSS_SPREAD = 1.10
+
+# The child: times the command itself (imports done), reports its peak RSS.
+_SYNC = """
+import json, sys, time
+from primeruns import cli
+t0 = time.perf_counter()
+code = cli.main(sys.argv[1:])
+seconds = time.perf_counter() - t0
+peak = 0
+with open("/proc/self/status") as status:
+    for line in status:
+        if line.startswith("VmHWM:"):
+            peak = int(line.split()[1])
+print(json.dumps({"code": code, "seconds": seconds, "peak_kb": peak}))
+"""
+
+
+def log_run(runs: Path, steps: int) -> tuple[Path, float]:
+    """An offline training run of ``steps`` steps under ``runs``: (its journal,
+    the producer's steps/s)."""
+    episodes = benchlib.records("gsm8k-eval", 200)
+    run = pr.init(
+        name="bench-sync",
+        kind="train",
+        model="Qwen/Qwen3-8B",
+        team_id=TEAM,
+        mode="offline",
+        training=pr.TrainingSpec(max_steps=steps),
+        runs_dir=runs,
+    )
+    t0 = time.perf_counter()
+    for step in range(steps):
+        if step % _EPISODE_EVERY == 0:
+            episode = benchlib.renew_ids(dict(episodes[step % len(episodes)]), f"s{step}")
+            episode["run"] = {"type": "train", "work": {"type": "train", "step": step}}
+            run.log_episodes([episode])
+        run.log_metrics(benchlib.metrics_row(step), step=step)
+    rate = steps / (time.perf_counter() - t0)
+    run.finish()
+    path = run.journal_path
+    assert path is not None
+    return path, rate
+
+
+def sync(tree: Path, journal: Path, url: str) -> dict[str, float]:
+    """``primeruns sync`` of ``journal`` with the package of ``tree``: seconds, peak KiB."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "PRIME_API_KEY": API_KEY}
+    done = subprocess.run(
+        [sys.executable, "-c", _SYNC, "sync", str(journal), "--base-url", url, "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=3600,
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode or not lines:
+        raise SystemExit(f"sync failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    result: dict[str, float] = json.loads(lines[-1])
+    if result["code"] != 0:
+        raise SystemExit(f"sync exited {result['code']}:\n{done.stdout[-3000:]}")
+    return result
+
+
+def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
+    rows: dict[str, list[tuple[int, float, float, float]]] = {name: [] for name, _ in trees}
+    for steps in sizes:
+        for name, tree in trees:
+            with (
+                benchlib.isolated_env(None) as scratch,
+                benchlib.local_platform(scratch / "platform") as server,
+            ):
+                journal, produced = log_run(scratch / "runs", steps)
+                result = sync(tree, journal, server.url)
+                check_landed(server, journal, steps)
+            rows[name].append((steps, result["seconds"], result["peak_kb"], produced))
+    t = Table(
+        f"Sync scaling: primeruns sync of an offline training run by its length "
+        f"(1 metrics row per step, 1 episode every {_EPISODE_EVERY}th)",
+        ["tree", "steps", "sync s", "rows/s", "÷ first ≥5k", "peak RSS MB", "÷ smallest"],
+    )
+    for name, _ in trees:
+        measured = rows[name]
+        ref = next((r for r in measured if r[0] >= 5_000), measured[0])
+        ref_rate = ref[0] / ref[1]
+        first_rss = measured[0][2]
+        for steps, seconds, peak, _ in measured:
+            rate = steps / seconds
+            t.add(
+                name,
+                f"{steps:,}",
+                f"{seconds:.1f}",
+                f"{rate:,.0f}",
+                f"{rate / ref_rate:.2f}",
+                f"{peak / 1024:.0f}",
+                f"{peak / first_rss:.2f}",
+            )
+        rated = [steps / seconds for steps, seconds, _, _ in measured if steps >= 5_000]
+        rated = rated or [ref_rate]
+        spread = max(rated) / min(rated) - 1
+        slowest = min(rated)
+        rss = max(r[2] for r in measured) / first_rss
+        t.notes.append(
+            f"{name}: rates from 5k steps on within {spread:.0%} of each other "
+            f"({'ok' if spread <= _RATE_SPREAD else 'MISS'} ≤ {_RATE_SPREAD:.0%}); slowest "
+            f"{slowest:,.0f} rows/s ({benchlib.verdict(slowest, _RATE_FLOOR, at_least=True)}); "
+            f"peak RSS largest ÷ smallest {rss:.2f} ({benchlib.verdict(rss, _RSS_SPREAD)})"
+        )
+    t.notes.append(
+        "sync s: from the command's start (interpreter and imports excluded) to its end, "
+        "every sink shipped and the run closed out; a fresh local platform per run"
+    )
+    produced = [r[3] for name, _ in trees for r in rows[name]]
+    t.notes.append(f"the producer logged {min(produced):,.0f}-{max(produced):,.0f} steps/s")
+    return t
+
+
+def check_landed(server: benchlib.LocalPlatform, journal: Path, steps: int) -> None:
+    """Every metrics row and training sample object is on the platform, once."""
+    del journal
+    import sqlite3
+
+    db = sqlite3.connect(server.data_dir / "platform.sqlite3")
+    try:
+        rows = db.execute("SELECT count(*), count(DISTINCT step) FROM train_metrics").fetchone()
+    finally:
+        db.close()
+    if rows != (steps, steps):
+        raise SystemExit(f"the platform holds {rows[0]} metrics rows ({rows[1]} steps) of {steps}")
+
+
+def run(quick: bool, repeat: int | None = None) -> list[Table]:
+    """For ``run_all.py``: this tree only."""
+    return [measure(QUICK_SIZES if quick else SIZES, [("this tree", benchlib.ROOT)])]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="2k, 10k and 40k steps")
+    parser.add_argument("--sizes", type=str, default=None, help="steps, comma-separated")
+    parser.add_argument("--before", type=Path, help="a checkout whose package syncs too")
+    parser.add_argument("--repeat", type=int, default=None, help="ignored (one run)")
+    args = parser.parse_args(argv)
+    if args.sizes:
+        sizes = tuple(int(s) for s in args.sizes.split(","))
+    else:
+        sizes = QUICK_SIZES if args.quick else SIZES
+    trees = [("this tree", benchlib.ROOT)]
+    if args.before is not None:
+        trees.insert(0, ("before", args.before.resolve()))
+    benchlib.print_tables([measure(sizes, trees)])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
