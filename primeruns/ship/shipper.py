@@ -111,6 +111,10 @@ class Shipper:
         self._thread: threading.Thread | None = None
         self._final = False
         self._last_send = 0.0  # monotonic time of the last request
+        # The last batch took a prefix of the entries it was given: the next
+        # one's are here already, so waiting for more would only slow a
+        # backlog (the sample table: one object per step, 10 a second).
+        self._left_behind = False
         self._hurry_until = 0.0  # no lingering until then (a flush waits)
         self._shrink = 1  # batch size divisor after journal write failures
         self._isolate: int | None = None  # entry cap while a rejected record is isolated
@@ -361,6 +365,7 @@ class Shipper:
             self._notify()
             return None
         last_seq = result.next_after if prepared.last_seq is None else prepared.last_seq
+        self._left_behind = last_seq < result.entries[-1].seq
         self._ahead.consumed(last_seq)  # the batch's entries are in its body now
         before = self.journal.get_meta(f"carry.{self.name}") if prepared.carry is not None else None
         inflight = InFlight(
@@ -387,7 +392,7 @@ class Shipper:
     def _linger_left(self, entries: Sequence[Any]) -> float:
         """How long a batch of ``entries`` should wait for more (0: send now)."""
         now = time.monotonic()
-        if self._final or self._stop.is_set() or now < self._hurry_until:
+        if self._final or self._stop.is_set() or now < self._hurry_until or self._left_behind:
             return 0.0
         if len(entries) >= self.sink.max_entries // max(1, self._shrink):
             return 0.0

@@ -1,13 +1,14 @@
 """A sink that builds each batch from a prefix of what it is given (the
 training sample table: one step's episodes per object) has every entry read
-from the journal once, not once per batch before it, and still ships each
-record once, in order."""
+from the journal once, not once per batch before it, ships each record once,
+in order, and sends its backlog without waiting between batches."""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -119,4 +120,35 @@ def test_what_is_kept_is_cut_to_a_read_smaller_than_it(tmp_path: Path) -> None:
     size = len(small.entries[0].payload)
     by_bytes = ahead.read(6, max_entries=8, max_bytes=size)
     assert [e.seq for e in by_bytes.entries] == [8] and by_bytes.next_after == 9
+    journal.close()
+
+
+def test_a_backlog_a_sink_takes_a_prefix_at_a_time_does_not_wait_between_batches(
+    tmp_path: Path,
+) -> None:
+    # Lingering waits for more entries to fill a small batch: the entries of
+    # the batch after one that left some behind are there already.
+    journal = _journal(tmp_path, 5)
+    sink = OneAtATime()
+    shipper = Shipper(
+        journal,
+        sink,
+        binding=lambda: _BOUND,
+        training=True,
+        policy=replace(_FAST, linger_s=3600.0),
+        on_failure=lambda what, exc: None,
+    )
+    waits: list[float | None] = []
+    real_sleep = shipper._sleep
+
+    def sleep(seconds: float | None) -> None:
+        waits.append(seconds)
+        real_sleep(seconds)
+
+    shipper._sleep = sleep  # type: ignore[method-assign]
+    shipper.start()
+    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 30)
+    shipper.stop(timeout=5)
+    assert sink.stored == [f"e{i}" for i in range(5)]
+    assert not [w for w in waits if w is not None and w > 60]  # no lingering
     journal.close()
