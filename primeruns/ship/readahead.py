@@ -20,6 +20,7 @@ process's memory must not double for it.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Collection
 
 from ..journal import Entry, EntryKind, Journal, ReadResult
@@ -36,29 +37,31 @@ class ReadAhead:
         self._journal = journal
         self._kinds = kinds
         # Every entry of the kinds in (_after, _upto] that is readable is in
-        # _entries, in order (a damaged one was reported by the read that met it).
+        # _entries, in order (a damaged one was reported by the read that met
+        # it); _bytes is the sum of their payloads.
         self._after = -1
         self._upto = -1
-        self._entries: list[Entry] = []
+        self._entries: deque[Entry] = deque()
+        self._bytes = 0
 
     def read(self, after: int, *, max_entries: int, max_bytes: int) -> ReadResult:
         """What ``Journal.read(after, ...)`` of the sink's kinds returns, reading
         only past what is kept. ``next_after`` may stop short of the
         journal's scan when what is kept is more than this read may take."""
         if not self._after <= after <= self._upto:
-            self._after, self._upto, self._entries = after, after, []
+            self._forget(after)
         else:
             self.consumed(after)
         damaged = []
-        held = sum(len(e.payload) for e in self._entries)
-        if len(self._entries) < max_entries and held < max_bytes:
+        if len(self._entries) < max_entries and self._bytes < max_bytes:
             more = self._journal.read(
                 self._upto,
                 kinds=self._kinds,
                 max_entries=max_entries - len(self._entries),
-                max_bytes=max_bytes - held,
+                max_bytes=max_bytes - self._bytes,
             )
             self._entries.extend(more.entries)
+            self._bytes += sum(len(e.payload) for e in more.entries)
             self._upto = max(self._upto, more.next_after)
             damaged = more.damaged
         taken: list[Entry] = []
@@ -80,14 +83,17 @@ class ReadAhead:
         if upto < self._after:
             return
         if upto >= self._upto:
-            self._after, self._upto, self._entries = upto, upto, []
+            self._forget(upto)
             return
-        kept = [e for e in self._entries if e.seq > upto]
-        total = 0
-        for index, entry in enumerate(kept):
-            total += len(entry.payload)
-            if total > KEEP_BYTES and index > 0:
-                kept = kept[:index]
-                self._upto = kept[-1].seq
-                break
-        self._after, self._entries = upto, kept
+        entries = self._entries
+        while entries and entries[0].seq <= upto:
+            self._bytes -= len(entries.popleft().payload)
+        self._after = upto
+        while self._bytes > KEEP_BYTES and len(entries) > 1:
+            self._bytes -= len(entries.pop().payload)
+            self._upto = entries[-1].seq  # what follows is read again, when it is wanted
+
+    def _forget(self, after: int) -> None:
+        self._after = self._upto = after
+        self._entries.clear()
+        self._bytes = 0

@@ -43,19 +43,43 @@ _RATE_FLOOR = 2_000.0  # metrics rows/s
 _RATE_SPREAD = 0.20  # every size's rate within 20% of the first's
 _RSS_SPREAD = 1.10
 
-# The child: times the command itself (imports done), reports its peak RSS.
+# The child: times the command itself (imports done) and samples its own RSS.
 _SYNC = """
-import json, sys, time
+import json, statistics, sys, threading, time
 from primeruns import cli
+
+def status():
+    out = {}
+    with open("/proc/self/status") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                out[name] = int(rest.split()[0])
+    return out
+
+samples = []
+stop = threading.Event()
+
+def sample():
+    while not stop.wait(0.25):
+        samples.append((time.perf_counter(), status()["VmRSS"]))
+
+threading.Thread(target=sample, daemon=True).start()
 t0 = time.perf_counter()
 code = cli.main(sys.argv[1:])
 seconds = time.perf_counter() - t0
-peak = 0
-with open("/proc/self/status") as status:
-    for line in status:
-        if line.startswith("VmHWM:"):
-            peak = int(line.split()[1])
-print(json.dumps({"code": code, "seconds": seconds, "peak_kb": peak}))
+stop.set()
+
+def median(lo, hi):
+    picked = [kb for t, kb in samples if lo <= (t - t0) / seconds <= hi]
+    return statistics.median(picked) if picked else status()["VmRSS"]
+
+import resource
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"code": code, "seconds": seconds, "peak_kb": status()["VmHWM"],
+                  "cpu_s": usage.ru_utime + usage.ru_stime,
+                  "early_kb": median(0.1, 0.2), "late_kb": median(0.9, 1.0),
+                  "steady_kb": median(0.1, 1.0)}))
 """
 
 
@@ -86,8 +110,15 @@ def log_run(runs: Path, steps: int) -> tuple[Path, float]:
     return path, rate
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def sync(tree: Path, journal: Path, url: str) -> dict[str, float]:
-    """``primeruns sync`` of ``journal`` with the package of ``tree``: seconds, peak KiB."""
+    """``primeruns sync`` of ``journal`` with the package of ``tree``: its
+    seconds, and RSS figures in KiB (see ``_SYNC``)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "PRIME_API_KEY": API_KEY}
     done = subprocess.run(
         [sys.executable, "-c", _SYNC, "sync", str(journal), "--base-url", url, "--json"],
@@ -107,7 +138,9 @@ def sync(tree: Path, journal: Path, url: str) -> dict[str, float]:
 
 
 def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
-    rows: dict[str, list[tuple[int, float, float, float]]] = {name: [] for name, _ in trees}
+    rows: dict[str, list[tuple[int, float, dict[str, float], float]]] = {
+        name: [] for name, _ in trees
+    }
     for steps in sizes:
         for name, tree in trees:
             with (
@@ -115,41 +148,72 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
                 benchlib.local_platform(scratch / "platform") as server,
             ):
                 journal, produced = log_run(scratch / "runs", steps)
+                served = cpu_s(server.pid)
                 result = sync(tree, journal, server.url)
+                result["server_cpu_s"] = cpu_s(server.pid) - served
                 check_landed(server, journal, steps)
-            rows[name].append((steps, result["seconds"], result["peak_kb"], produced))
+            rows[name].append((steps, result["seconds"], result, produced))
     t = Table(
         f"Sync scaling: primeruns sync of an offline training run by its length "
         f"(1 metrics row per step, 1 episode every {_EPISODE_EVERY}th)",
-        ["tree", "steps", "sync s", "rows/s", "÷ first ≥5k", "peak RSS MB", "÷ smallest"],
+        [
+            "tree",
+            "steps",
+            "sync s",
+            "rows/s",
+            "÷ first ≥5k",
+            "RSS shipping MB",
+            "÷ smallest",
+            "late ÷ early",
+            "peak MB",
+            "CPU ms/row",
+            "÷ first ≥5k",
+        ],
     )
     for name, _ in trees:
         measured = rows[name]
         ref = next((r for r in measured if r[0] >= 5_000), measured[0])
         ref_rate = ref[0] / ref[1]
-        first_rss = measured[0][2]
-        for steps, seconds, peak, _ in measured:
+        first_rss = measured[0][2]["steady_kb"]
+        ref_cpu = (ref[2]["cpu_s"] + ref[2]["server_cpu_s"]) / ref[0]
+        for steps, seconds, rss, _ in measured:
             rate = steps / seconds
+            cpu = (rss["cpu_s"] + rss["server_cpu_s"]) / steps
             t.add(
                 name,
                 f"{steps:,}",
                 f"{seconds:.1f}",
                 f"{rate:,.0f}",
                 f"{rate / ref_rate:.2f}",
-                f"{peak / 1024:.0f}",
-                f"{peak / first_rss:.2f}",
+                f"{rss['steady_kb'] / 1024:.0f}",
+                f"{rss['steady_kb'] / first_rss:.2f}",
+                f"{rss['late_kb'] / rss['early_kb']:.2f}",
+                f"{rss['peak_kb'] / 1024:.0f}",
+                f"{cpu * 1000:.2f}",
+                f"{cpu / ref_cpu:.2f}",
             )
         rated = [steps / seconds for steps, seconds, _, _ in measured if steps >= 5_000]
         rated = rated or [ref_rate]
         spread = max(rated) / min(rated) - 1
         slowest = min(rated)
-        rss = max(r[2] for r in measured) / first_rss
+        growth = max(r[2]["steady_kb"] for r in measured) / first_rss
         t.notes.append(
             f"{name}: rates from 5k steps on within {spread:.0%} of each other "
             f"({'ok' if spread <= _RATE_SPREAD else 'MISS'} ≤ {_RATE_SPREAD:.0%}); slowest "
             f"{slowest:,.0f} rows/s ({benchlib.verdict(slowest, _RATE_FLOOR, at_least=True)}); "
-            f"peak RSS largest ÷ smallest {rss:.2f} ({benchlib.verdict(rss, _RSS_SPREAD)})"
+            f"RSS while shipping, largest run ÷ smallest {growth:.2f} "
+            f"({benchlib.verdict(growth, _RSS_SPREAD)})"
         )
+    t.notes.append(
+        "RSS shipping: the median of the sync's RSS (sampled every 0.25 s) from 10% of its "
+        "time to its end; late ÷ early: the last tenth's over the second's (flat while it "
+        "ships: ≤ 1.10); peak: VmHWM, with the first Prime Traces batch (up to 30 MB of "
+        "episodes) in memory"
+    )
+    t.notes.append(
+        "CPU ms/row: the sync's CPU and the platform's during it, per metrics row: what a "
+        "machine shared with other work pays, whatever the wall time"
+    )
     t.notes.append(
         "sync s: from the command's start (interpreter and imports excluded) to its end, "
         "every sink shipped and the run closed out; a fresh local platform per run"
