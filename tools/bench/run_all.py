@@ -24,6 +24,7 @@ import idle_wakeups
 import long_run_memory
 import replay
 import request_latency
+import sync_scaling
 import uplink_loop
 from benchlib import Table
 
@@ -38,6 +39,7 @@ BENCHMARKS = (
     idle_wakeups,
     crash_close,
     long_run_memory,
+    sync_scaling,
 )
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
