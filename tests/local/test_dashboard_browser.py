@@ -266,9 +266,7 @@ def test_a_live_training_page_moves_on_without_a_reload(demo: DemoRuns, page: Pa
     assert page.evaluate("window.__same_document") is True
 
 
-def test_a_live_evaluations_analysis_moves_on_without_a_reload(
-    demo: DemoRuns, page: Page
-) -> None:
+def test_a_live_evaluations_analysis_moves_on_without_a_reload(demo: DemoRuns, page: Page) -> None:
     """The analysis is loaded after the page (fragments.js, under the page's CSP
     and login) and again whenever a live page swaps in news."""
     episodes = [fresh(e) for e in eval_episodes()]
