@@ -138,10 +138,10 @@ class OfflinePages:
     def __exit__(self, *exc: object) -> None:
         return None
 
-    def get(self, path: str) -> httpx.Response:
+    def get(self, path: str, headers: dict[str, str] | None = None) -> httpx.Response:
         async def fetch() -> httpx.Response:
             transport = httpx.ASGITransport(app=self.app)
             async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
-                return await c.get(path, timeout=60)
+                return await c.get(path, headers=headers, timeout=60)
 
         return asyncio.run(fetch())

@@ -26,7 +26,8 @@ from primeruns.local import LocalPlatform
 from primeruns.local.dashboard import routes
 from primeruns.local.dashboard.analysis import analyse, pass_at_k
 from primeruns.local.dashboard.journal_source import JournalSource
-from primeruns.local.dashboard.views import SampleRow
+from primeruns.local.dashboard.routes import FRAGMENT_HEADER
+from primeruns.local.dashboard.views import SampleRow, Source
 from primeruns.projection import record_to_samples
 
 
@@ -120,9 +121,15 @@ def test_an_evaluations_page_shows_its_reward_histogram_pass_at_k_and_tasks(
     by_task: dict[str, list[float]] = defaultdict(list)
     for s in samples:
         by_task[s["task"]["id"]].append(s["reward"])
+    path = f"/dashboard/evaluations/{run_id}"
     with OfflinePages(runs) as client:
-        page = client.get(f"/dashboard/evaluations/{run_id}").text
-    section = _section(page)
+        page = client.get(path).text
+        analysis = client.get(f"{path}/analysis").text
+        fragment = client.get(f"{path}/analysis", headers={FRAGMENT_HEADER: "1"}).text
+    # The evaluation's page loads its analysis after first paint (a link without scripts).
+    assert f'data-fragment="{path}/analysis"' in page and f'href="{path}/analysis"' in page
+    section = _section(analysis)
+    assert fragment == section  # the section alone, for fragments.js to put in
     counts = [int(n) for n in re.findall(r'<td class="count">(\d+)</td>', section)]
     assert sum(counts) == len(samples)
     assert counts[0] == sum(1 for s in samples if s["reward"] == 0.0)  # the lowest bin
@@ -139,7 +146,7 @@ def test_an_evaluations_page_shows_its_reward_histogram_pass_at_k_and_tasks(
         over = [r for r in by_task.values() if len(r) >= k]
         want = sum(_brute_pass_at_k(len(r), sum(x > 0 for x in r), k) for r in over) / len(over)
         assert shown[str(k)] == f"{want:.4g}", k
-    tasks = re.findall(r'<tr class="task"><td><a href="\?task=([^"#]+)#samples">', section)
+    tasks = re.findall(rf'<tr class="task"><td><a href="{path}\?task=([^"#]+)#samples">', section)
     assert tasks == sorted(by_task)
     assert '<strong class="error-count">1</strong>' in section
 
@@ -222,8 +229,13 @@ def test_the_figures_from_a_journal_are_the_platforms(
         for query in ("", "?correct=no&sort=reward", "?sort=task&order=desc"):
             online = httpx.get(run.url + query, timeout=30).text
             offline = client.get(offline_path + query).text
-            assert _section(online) == _section(offline), query
             assert without_links(online) == without_links(offline), query
+            online = httpx.get(f"{run.url}/analysis{query}", timeout=30).text
+            offline = client.get(f"{offline_path}/analysis{query}").text
+            online_path = run.url.removeprefix(url)  # the links name each run's own page
+            assert _section(online).replace(online_path, "") == _section(offline).replace(
+                offline_path, ""
+            ), query
 
 
 def test_the_rows_held_for_the_analysis_are_bounded(
@@ -234,7 +246,52 @@ def test_the_rows_held_for_the_analysis_are_bounded(
     held, total = source.sample_facts(run_id, 7)
     assert len(held) == 7 and total == len(samples)
     monkeypatch.setattr(routes, "MAX_FACTS", 10)
+    path = f"/dashboard/evaluations/{run_id}"
     with OfflinePages(runs) as client:
-        page = client.get(f"/dashboard/evaluations/{run_id}").text
-    assert f"(the first 10 of {len(samples)})" in page
-    assert len(_rows(page)) == 10
+        analysis = client.get(f"{path}/analysis").text
+        sorted_page = client.get(f"{path}?sort=reward").text
+        page = client.get(path).text
+    assert f"(the first 10 of {len(samples)})" in _section(analysis)
+    assert len(_rows(sorted_page)) == 10  # a sorted table is of the rows held
+    assert len(_rows(page)) == len(samples)  # the table in its order reads its page
+
+
+class _CountingSource:
+    """A source that counts the rows of every sample it is asked for."""
+
+    def __init__(self, inner: Source) -> None:
+        self.inner = inner
+        self.fact_reads = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def sample_facts(self, run_id: str, limit: int) -> tuple[list[SampleRow], int]:
+        self.fact_reads += 1
+        return self.inner.sample_facts(run_id, limit)
+
+
+def test_an_evaluations_page_in_its_order_reads_its_page_not_every_sample(
+    offline: tuple[Path, str, list[dict[str, Any]]],
+) -> None:
+    """A first visit costs what it shows (issue #32): the samples of its page.
+    Every sample's row is read only for the analysis, a sort or a filter, or an
+    episode's neighbours in a filtered list."""
+    runs, run_id, samples = offline
+    path = f"/dashboard/evaluations/{run_id}"
+    with OfflinePages(runs) as client:
+        counting = _CountingSource(client.app.state.dashboard_source)
+        client.app.state.dashboard_source = counting
+        for cheap in (path, f"{path}?page=2", f"{path}/samples/1"):
+            assert client.get(cheap).status_code == 200, cheap
+        assert counting.fact_reads == 0
+        middle = client.get(f"{path}/samples/1").text
+        assert f'rel="prev" href="{path}/samples/0"' in middle
+        assert f'rel="next" href="{path}/samples/2"' in middle
+        last = client.get(f"{path}/samples/{len(samples) - 1}").text
+        assert 'rel="next"' not in last
+        assert counting.fact_reads == 0
+        for asked in (f"{path}/analysis", f"{path}?sort=reward", f"{path}/samples/1?correct=no"):
+            before = counting.fact_reads
+            assert client.get(asked).status_code == 200, asked
+            assert counting.fact_reads == before + 1, asked

@@ -27,6 +27,7 @@ import httpx
 import pytest
 from dashboard_helpers import (
     HOSTILE,
+    fresh,
     hostile_episode,
     local_runs,
     serve_runs_dir,
@@ -39,6 +40,7 @@ from playwright.sync_api import Browser, Page, expect, sync_playwright
 import primeruns as pr
 from primeruns.commands.console import make_console
 from primeruns.commands.demo import Demo, _demo_environment
+from primeruns.commands.demo_data import eval_episodes
 from primeruns.local import LocalPlatform
 from primeruns.projection import trace_to_sample
 
@@ -233,6 +235,7 @@ def test_markup_in_user_content_shows_as_text_and_never_runs(demo: DemoRuns, pag
     expect(page.locator(f'tr.run[data-run-id="{run.id}"] .error')).to_have_text(HOSTILE)
     page.goto(run.url)
     expect(page.locator("h1")).to_have_text(HOSTILE)
+    expect(page.locator("section.analysis .analysed")).to_be_visible()  # loaded after paint
     assert page.evaluate("window.__pwned") is None
     train = demo.new_run(name="hostile-metric", kind="train", model="m", team_id="demo-team")
     train.log_metrics({HOSTILE: 1.0}, step=0)
@@ -260,6 +263,27 @@ def test_a_live_training_page_moves_on_without_a_reload(demo: DemoRuns, page: Pa
     run.finish(timeout=60)
     expect(page.locator("table.facts .status")).to_have_text("COMPLETED")
     expect(page.locator(".live")).to_have_count(0)
+    assert page.evaluate("window.__same_document") is True
+
+
+def test_a_live_evaluations_analysis_moves_on_without_a_reload(demo: DemoRuns, page: Page) -> None:
+    """The analysis is loaded after the page (fragments.js, under the page's CSP
+    and login) and again whenever a live page swaps in news."""
+    episodes = [fresh(e) for e in eval_episodes()]
+    run = demo.new_run(name="live-eval", environments=["gsm8k"], model="m")
+    run.log_episodes(episodes[:2])
+    assert run.flush(timeout=30) and run.url is not None
+    page.goto(run.url)
+    analysed = page.locator("section.analysis .analysed")
+    expect(analysed).to_contain_text("2 samples")
+    expect(page.locator("section.analysis-slot")).to_have_count(0)  # the placeholder is gone
+    page.evaluate("window.__same_document = true")  # gone if the page were reloaded
+    run.log_episodes(episodes[2:5])
+    expect(page.locator("table.samples tr.sample")).to_have_count(5)
+    expect(analysed).to_contain_text("5 samples")
+    run.finish(timeout=60)
+    expect(page.locator(".live")).to_have_count(0)
+    expect(analysed).to_contain_text("5 samples")
     assert page.evaluate("window.__same_document") is True
 
 
@@ -328,6 +352,14 @@ def test_an_evaluation_is_analysed_and_its_samples_filtered_and_walked(
     expect(page.locator("tr.pass-at")).to_have_count(max(per_task.values()))
     expect(page.locator("table.tasks tr.task")).to_have_count(len(per_task))
     page.screenshot(path=shots / "evaluation-analysis.png", full_page=True)
+
+    # The task filter offers the analysis' tasks (loaded after the page).
+    task = samples[0]["task"]["id"]
+    filters = page.locator("form.sample-filters")
+    filters.get_by_label("task").fill(task)
+    filters.get_by_role("button", name="filter").click()
+    expect(page.locator("table.samples tr.sample td.task")).to_have_text([task] * per_task[task])
+    page.goto(f"{demo.url}/dashboard/evaluations/{run_id}")
 
     wrong = [i for i, s in enumerate(samples) if not s["reward"]]
     page.locator("form.sample-filters").get_by_label("correct").select_option("no")

@@ -59,6 +59,8 @@ def test_a_hostile_journals_pages_render_within_200_mb(hostile_runs: Path) -> No
         "/",
         run,
         f"{run}?page=2",
+        f"{run}/analysis",  # every episode's row
+        f"{run}?sort=reward",
         f"{run}/samples/0",  # a 128 MiB string
         f"{run}/samples/1",  # 200,000 levels of nesting
         f"{run}/samples/2",  # 300,000 keys

@@ -5,9 +5,11 @@
 Writes an offline evaluation of ``--episodes`` gsm8k episodes (the bench
 workload) under a temporary runs dir, then renders the runs list and the
 run's first page in a fresh process (``tests/local/dashboard_pages_rss.py``)
-and reports its peak RSS and each page's seconds. ``--before TREE`` renders
-the same pages with the package of another checkout first (the code before a
-change), so both figures come from one run on one machine. Memory is the
+and reports its peak RSS and each page's seconds, then this tree's analysis
+route (which reads every episode, loaded after the first page) on its own.
+``--before TREE`` renders the same pages with the package of another
+checkout first (the code before a change), so both figures come from one run
+on one machine. Memory is the
 figure that matters here; seconds are shown for the ratio.
 """
 
@@ -84,6 +86,14 @@ def main() -> int:
             status = {p["status"] for p in result["pages"]}  # type: ignore[attr-defined]
             assert status == {200}, result
             print(f"| {name} | {result['maxrss_mb']} | " + " | ".join(map(str, seconds)) + " |")
+        # The analysis (every episode's row) is a route of its own, loaded
+        # after the first page: its cost, in this tree, after that page's.
+        analysed = render(ROOT, runs, [*paths[1:2], f"/dashboard/evaluations/{run_id}/analysis"])
+        pages = analysed["pages"]  # type: ignore[index]
+        print(
+            f"this tree's analysis, after its first page: {pages[1]['seconds']} s"
+            f" (status {pages[1]['status']}), peak RSS {analysed['maxrss_mb']} MB"
+        )
     return 0
 
 

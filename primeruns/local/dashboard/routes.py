@@ -8,7 +8,10 @@ package itself; nothing is fetched from anywhere else, so no data and no
 request leave the machine. Pages of runs that may still change say so with
 ``data-live`` and a version of what they show; ``live.js`` polls the same
 page with the version it has, and gets a 204 (nothing rendered, no chart
-drawn) until the version moves, then the new page to swap in.
+drawn) until the version moves, then the new page to swap in. What costs
+more than a page shows (an evaluation's analysis reads every sample) has a
+route of its own, which ``fragments.js`` loads into the page after first
+paint (``data-fragment``), so a first visit costs what it shows.
 """
 
 from __future__ import annotations
@@ -180,34 +183,68 @@ async def _training_page(request: Request, detail: RunDetail) -> Response:
 
 
 async def _evaluation_page(request: Request, detail: RunDetail) -> Response:
-    """The summary, the analysis of every sample, and the samples table as asked
-    (``SampleQuery``): all from each sample's row, held between pages."""
+    """The summary and the samples table as asked (``SampleQuery``). The table
+    in its own order (no filter, no sort) is a page of samples read as such;
+    any other order or filter is drawn from every sample's row, held between
+    pages. The analysis, which reads every sample, is a page of its own
+    (:func:`analysis_page`) that ``fragments.js`` brings in after first paint."""
     run_id = request.path_params["run_id"]
     query = SampleQuery.from_params(request.query_params)
     page = _int_param(request, "page", 1)
-    facts, total = await _read(request, lambda s: s.sample_facts(run_id, MAX_FACTS))
+    offset = (page - 1) * PAGE_SIZE
+    if query.stored_order:
+        samples, total = await _read(request, lambda s: s.samples(run_id, offset, PAGE_SIZE))
+        matching = analysed = total
+    else:
+        facts, total = await _read(request, lambda s: s.sample_facts(run_id, MAX_FACTS))
+        shown = query.apply(facts)
+        samples, matching, analysed = shown[offset : offset + PAGE_SIZE], len(shown), len(facts)
     version = _version(detail, total, query, page)
     if unchanged := _unchanged(request, version):
         return unchanged
-    shown = query.apply(facts)
-    analysis = analyse(facts)
     return _page(
         request,
         "evaluation.html",
         run=detail,
         row=detail.row,
-        analysis=analysis,
-        task_rows=analysis.tasks[:MAX_TASK_ROWS],
         query=query,
-        samples=shown[(page - 1) * PAGE_SIZE : page * PAGE_SIZE],
-        matching=len(shown),
+        samples=samples,
+        matching=matching,
         total_samples=total,
-        analysed=len(facts),
-        tasks=[t.task for t in analysis.tasks[:MAX_TASK_ROWS]],
+        analysed=analysed,
         page=page,
-        pages=max(1, math.ceil(len(shown) / PAGE_SIZE)),
+        pages=max(1, math.ceil(matching / PAGE_SIZE)),
         live=detail.row.live,
         version=version,
+    )
+
+
+#: The header ``fragments.js`` sends: answer with the part alone, not a whole page.
+FRAGMENT_HEADER = "x-dashboard-fragment"
+
+
+async def analysis_page(request: Request) -> Response:
+    """An evaluation's analysis (reward histogram, pass@k, a row per task) from
+    every sample's row: the section alone when ``fragments.js`` asks for it on
+    the evaluation's page, else a page of its own (a browser without scripts
+    follows the link to it). Its task links keep the query it was asked with."""
+    run_id = request.path_params["run_id"]
+    detail = await _read(request, lambda s: s.run(run_id))
+    if detail is None or detail.row.kind not in (None, SECTIONS["evaluations"]):
+        return _not_found(request, f"nothing is stored for run {run_id!r}")
+    facts, total = await _read(request, lambda s: s.sample_facts(run_id, MAX_FACTS))
+    analysis = analyse(facts)
+    fragment = request.headers.get(FRAGMENT_HEADER) is not None
+    return _page(
+        request,
+        "analysis_section.html" if fragment else "analysis.html",
+        run=detail,
+        row=detail.row,
+        analysis=analysis,
+        task_rows=analysis.tasks[:MAX_TASK_ROWS],
+        query=SampleQuery.from_params(request.query_params),
+        total_samples=total,
+        analysed=len(facts),
     )
 
 
@@ -216,10 +253,17 @@ async def episode_page(request: Request) -> Response:
     sample = await _read(request, lambda s: s.sample(run_id, index))
     if sample is None:
         return _not_found(request, f"run {run_id!r} has no sample {index}")
-    # Previous and next in the list the sample was opened from (its query).
+    # Previous and next in the list the sample was opened from (its query):
+    # in the stored order they are its neighbours by number, else found in
+    # the filtered, sorted list of every sample's row.
     query = SampleQuery.from_params(request.query_params)
-    facts, _ = await _read(request, lambda s: s.sample_facts(run_id, MAX_FACTS))
-    before, after = neighbours(query.apply(facts), index)
+    if query.stored_order:
+        _, total = await _read(request, lambda s: s.samples(run_id, 0, 0))
+        before = index - 1 if index > 0 else None
+        after = index + 1 if index + 1 < total else None
+    else:
+        facts, _ = await _read(request, lambda s: s.sample_facts(run_id, MAX_FACTS))
+        before, after = neighbours(query.apply(facts), index)
     return _page(
         request,
         "episode.html",
@@ -271,6 +315,7 @@ def dashboard_routes() -> list[BaseRoute]:
     return [
         Route("/", runs_page, methods=["GET"]),
         Route("/dashboard/evaluations/{run_id}/samples/{index:int}", episode_page, methods=["GET"]),
+        Route("/dashboard/evaluations/{run_id}/analysis", analysis_page, methods=["GET"]),
         Route("/dashboard/training/{run_id}/steps/{step:int}", step_page, methods=["GET"]),
         Route("/dashboard/{section}/{run_id}", run_page, methods=["GET"]),
         Mount("/_dashboard/static", StaticFiles(directory=HERE / "static"), name="static"),

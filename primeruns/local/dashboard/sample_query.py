@@ -64,6 +64,12 @@ class SampleQuery:
     def filtered(self) -> bool:
         return bool(self.task or self.correct or self.error or self.min or self.max)
 
+    @property
+    def stored_order(self) -> bool:
+        """No filter and the stored order: a page is a page of samples, read as
+        such, and no other sample's row is needed."""
+        return not self.filtered and self.sort == "index" and self.order == "asc"
+
     def matches(self, row: SampleRow) -> bool:
         if self.task and row.task != self.task:
             return False

@@ -25,6 +25,8 @@
         if (fresh.dataset.version !== main.dataset.version) {
           main.innerHTML = fresh.innerHTML;
           main.dataset.version = fresh.dataset.version;
+          // fragments.js loads the swapped-in page's parts.
+          document.dispatchEvent(new Event("dashboard:swapped"));
         }
         main.dataset.live = fresh.dataset.live;
       })
