@@ -26,7 +26,7 @@ def test_every_lower_bound_of_the_project_is_pinned(tmp_path: Path) -> None:
         'dependencies = ["lmdb>=1.4.1", "rich>=13", "exact==1.0", "ranged>=2,<3"]\n'
         "[project.optional-dependencies]\n"
         'local = ["starlette>=0.41.2"]\n'
-        "all = [\"prime-runs[local]\"]\n"
+        'all = ["prime-runs[local]"]\n'
         "test = [\"atheris>=2.3; sys_platform == 'linux'\"]\n"
     )
     floors = _floors_module()
@@ -46,7 +46,21 @@ def test_every_lower_bound_of_the_project_is_pinned(tmp_path: Path) -> None:
 
 def test_the_floors_the_repository_declares_include_every_runtime_dependency() -> None:
     floors = _floors_module().declared_floors()
-    for name in ("lmdb", "zstandard", "httpx", "cattrs", "orjson", "prime-traces", "rich",
-                 "pyarrow", "uvicorn", "starlette", "python-multipart", "jinja2", "pygal",
-                 "anyio", "markupsafe"):
+    for name in (
+        "lmdb",
+        "zstandard",
+        "httpx",
+        "cattrs",
+        "orjson",
+        "prime-traces",
+        "rich",
+        "pyarrow",
+        "uvicorn",
+        "starlette",
+        "python-multipart",
+        "jinja2",
+        "pygal",
+        "anyio",
+        "markupsafe",
+    ):
         assert name in floors, name

@@ -102,8 +102,9 @@ def check_floors(work: Path) -> int:
     python = str(venv / "bin" / "python")
     # Installed as a regular (not editable) package from the checkout, so the
     # tests import what the floors built, not this interpreter's packages.
-    if _run([python, "-m", "pip", "install", "--quiet", "-c", str(constraints),
-             f"{ROOT}[all,test]"]):
+    if _run(
+        [python, "-m", "pip", "install", "--quiet", "-c", str(constraints), f"{ROOT}[all,test]"]
+    ):
         print("the declared floors do not install together", file=sys.stderr)
         return 1
     if _run([python, "-m", "pip", "check"]):
@@ -114,9 +115,21 @@ def check_floors(work: Path) -> int:
     env.pop("PYTHONPATH", None)
     env["PRIME_RUNS_DIR"] = str(work / "runs")
     return _run(
-        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", str(ROOT),
-         "-c", str(ROOT / "pyproject.toml"), *(str(ROOT / path) for path in FLOOR_TESTS)],
-        cwd=work, env=env,
+        [
+            python,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--rootdir",
+            str(ROOT),
+            "-c",
+            str(ROOT / "pyproject.toml"),
+            *(str(ROOT / path) for path in FLOOR_TESTS),
+        ],
+        cwd=work,
+        env=env,
     )
 
 

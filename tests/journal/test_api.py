@@ -462,8 +462,7 @@ def test_the_probe_works_in_a_plain_virtual_environment(tmp_path: Path, monkeypa
 
     python = tmp_path / "python"
     python.write_text(
-        "#!/bin/sh\n"
-        f"PYTHONPATH={Path(lmdb.__file__).parent.parent} exec {sys.executable} -S \"$@\"\n"
+        f'#!/bin/sh\nPYTHONPATH={Path(lmdb.__file__).parent.parent} exec {sys.executable} -S "$@"\n'
     )
     python.chmod(0o755)
     monkeypatch.setattr(probe.sys, "executable", str(python))

@@ -339,5 +339,7 @@ def test_the_parents_finish_looks_only_at_journals_made_since_its_own(tmp_path: 
     (runs / "20261203-095959-dddd").mkdir()  # no journal in it
     found = forkchild._made_since(runs, runs / "20261203-080000-own0")
     assert sorted(p.name for p in found) == [
-        "20261203-080000-bbbb", "20261203-090000-cccc", "my-named-run"
+        "20261203-080000-bbbb",
+        "20261203-090000-cccc",
+        "my-named-run",
     ]
