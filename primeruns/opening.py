@@ -297,12 +297,20 @@ def _parquet_available() -> bool:
     return parquet_available()
 
 
+#: The most journals without a current summary the crashed-run hint opens
+#: per ``init()``: its work beside the user's loop stays bounded even with
+#: thousands of past runs no listing has read yet (later runs read the rest).
+_HINT_UNREAD_MOST = 8
+
+
 def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
     """Log one line naming earlier runs that crashed before they were shipped
-    and closed out (off the init path: listing opens every journal)."""
+    and closed out (off the init path). It reads each past journal's summary
+    (``journal.summary``), and opens only the few newest that have none."""
     try:
         crashed = []
-        for info in list_journals(runs_dir, skip_live=True, skip=skip):
+        listed = list_journals(runs_dir, skip_live=True, skip=skip, unread_most=_HINT_UNREAD_MOST)
+        for info in listed:
             meta = info.meta
             if info.owner_alive or meta.get("finalized"):
                 continue

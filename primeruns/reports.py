@@ -21,7 +21,6 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from . import jsonbound
 from .exceptions import JournalCorruptError
 from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, journal_info, list_journals
 from .journal.by_kind import seqs_of
@@ -88,40 +87,6 @@ def pending_per_sink(info: JournalInfo) -> dict[str, int | str]:
 
 def _sink_kind(spec: RunSpec | None) -> RunKind:
     return spec.kind if spec is not None else RUN_KIND
-
-
-#: The largest finish entry decoded: a finish record is a status, an error and
-#: a summary, a few KB; one declaring more is never decompressed (a hostile
-#: journal's 128 MiB entry took every listing through it).
-MAX_FINISH_BYTES = 4 << 20
-
-
-def _finish_record(path: Path, last_seq: int) -> dict[str, Any] | None:
-    """The run's finish entry, if any. It is the last thing a run appends, so
-    only the journal's tail is read (cheap on a long run). One over
-    MAX_FINISH_BYTES says it finished, and why nothing more is known."""
-    try:
-        with Journal.open(path, owner=False) as journal:
-            tail = journal.read(
-                max(0, last_seq - 16),
-                kinds={EntryKind.FINISH},
-                max_entries=16,
-                max_bytes=1 << 24,
-                max_entry_bytes=MAX_FINISH_BYTES,
-            )
-    except Exception:  # damage is reported elsewhere; state falls back to "crashed"
-        return None
-    last_read = tail.entries[-1].seq if tail.entries else 0
-    if tail.oversized and tail.oversized[-1][0] > last_read:
-        size = tail.oversized[-1][2]
-        return {"status": "finished", "error": f"its finish record ({size} bytes) is not read"}
-    if not tail.entries:
-        return None
-    try:
-        record = jsonbound.loads(tail.entries[-1].payload, MAX_FINISH_BYTES)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
 
 
 @dataclass(frozen=True)
@@ -235,7 +200,7 @@ def describe(info: JournalInfo) -> RunStatus:
     origin = origin_of(info.path, info.meta)
     remote = origin.host if origin is not None and not origin.on_this_host else None
     live = info.owner_alive and remote is None
-    finish = None if live else _finish_record(info.path, info.last_seq)
+    finish = None if live else info.finish
     synced, unimported = _sync_journal_status(info)
     pending = synced.pending if synced is not None else pending_per_sink(info)
     spec = listed_spec(info.meta)
