@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import struct
 import tempfile
 import threading
@@ -98,7 +99,14 @@ def last_txnid(path: Path) -> int | None:
     at every commit), read in Python from the file's first pages; None when
     the file cannot be read or has no valid meta page."""
     try:
-        with open(path, "rb") as f:
+        # Never through a link, never blocking (a FIFO planted in its place).
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
             head = f.read(2 * 4096)
             psize = struct.unpack_from("<I", head, 40)[0] if len(head) >= 44 else 0
             if psize > 4096 and psize in _PAGE_SIZES:

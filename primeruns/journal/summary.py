@@ -195,6 +195,8 @@ class Shelf:
 
     def forget(self, name: str) -> None:
         """Drop journal ``name``'s summary (the journal was deleted)."""
+        if not self.usable():
+            return
         with contextlib.suppress(OSError):
             os.unlink(self.folder / f"{name}.json")
 
