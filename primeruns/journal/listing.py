@@ -319,6 +319,8 @@ def _from_summary(
         ):
             return None
         damage = [Damage(seq, str(what), int(n)) for seq, what, n in found]
+        if not all(d.seq is None or _is_int(d.seq) for d in damage):
+            return None
         after = {
             int(at): Counter({int(kind): int(n) for kind, n in counts.items()})
             for at, counts in (counted or {}).items()

@@ -38,6 +38,7 @@ that is read from the lock file each time.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import tempfile
@@ -175,8 +176,14 @@ class Shelf:
         if stamp is None or not self.usable(create=True):
             return
         try:
-            encoded = orjson.dumps({"v": _VERSION, "stamp": stamp, "fields": fields})
-        except TypeError:
+            # The standard library's encoder: it writes what the journal held
+            # (integers of any size, NaN) or fails, where orjson would write
+            # NaN as null; such a summary then fails to load, and the journal
+            # is read instead.
+            encoded = json.dumps(
+                {"v": _VERSION, "stamp": stamp, "fields": fields}, separators=(",", ":")
+            ).encode()
+        except (TypeError, ValueError, RecursionError):
             return
         if len(encoded) > MAX_BYTES:
             return

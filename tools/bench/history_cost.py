@@ -89,7 +89,8 @@ def template(scratch: Path, episodes: Path, url: str) -> Path:
 
 def clone(source: Path, runs: Path, count: int) -> None:
     """``count`` copies of the journal ``source`` under ``runs``, each with its own
-    local id (older than any run made later) and its origin at its own path."""
+    local id (older than any run made later), its origin at its own path, and
+    last written a month ago."""
     import lmdb
 
     from primeruns.journal import Journal
@@ -102,6 +103,7 @@ def clone(source: Path, runs: Path, count: int) -> None:
         origin = dict(journal.get_meta(K_ORIGIN) or {})
     runs.mkdir(mode=0o700, parents=True, exist_ok=True)
     files = [n for n in ("data.mdb", "owner.lock") if (source / n).exists()]
+    month_ago = time.time() - 30 * 86400
     for i in range(count):
         name = f"20250101-{i // 3600 % 24:02d}{i // 60 % 60:02d}{i % 60:02d}-{i:08x}"
         target = runs / name
@@ -119,6 +121,7 @@ def clone(source: Path, runs: Path, count: int) -> None:
         finally:
             env.close()
         (target / ORIGIN_FILE).write_text(json.dumps(moved))
+        os.utime(target / "data.mdb", (month_ago, month_ago))  # past runs are old: gc's to judge
 
 
 def command(tree: Path, url: str, runs: Path, args: list[str]) -> float:
