@@ -19,7 +19,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from .exceptions import JournalCorruptError
 from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, journal_info, list_journals
@@ -69,11 +69,16 @@ def unit_of(kinds: Collection[EntryKind], logged: Mapping[str, int]) -> str:
     return UNIT_LABELS[RECORD_KINDS[names[0]]] if len(names) == 1 else "records"
 
 
-def pending_per_sink(info: JournalInfo) -> dict[str, int | str]:
+def pending_per_sink(
+    info: JournalInfo, spec: RunSpec | Literal[False] | None = False
+) -> dict[str, int | str]:
     """Per sink of the run, the records it has still to ship, or ``"off"``
-    (counted when ``info`` comes from a listing with ``tally=True``)."""
+    (counted when ``info`` comes from a listing with ``tally=True``).
+    ``spec``: the run's, when the caller read it already."""
     out: dict[str, int | str] = {}
-    for sink, kinds in sink_kinds(_sink_kind(listed_spec(info.meta))).items():
+    if spec is False:
+        spec = listed_spec(info.meta)
+    for sink, kinds in sink_kinds(_sink_kind(spec)).items():
         if info.meta.get(f"sink_off.{sink}"):
             out[sink] = "off"
             continue
@@ -202,8 +207,8 @@ def describe(info: JournalInfo) -> RunStatus:
     live = info.owner_alive and remote is None
     finish = None if live else info.finish
     synced, unimported = _sync_journal_status(info)
-    pending = synced.pending if synced is not None else pending_per_sink(info)
-    spec = listed_spec(info.meta)
+    spec = listed_spec(info.meta)  # once: a listing of thousands of runs reads each
+    pending = synced.pending if synced is not None else pending_per_sink(info, spec)
     total = sum(v for v in pending.values() if isinstance(v, int))
     meta = synced.info.meta if synced is not None else info.meta
     if live:
@@ -218,7 +223,7 @@ def describe(info: JournalInfo) -> RunStatus:
         state = "unknown"
     else:
         state = "crashed"
-    return RunStatus(
+    status = RunStatus(
         info=info,
         state=state,
         finish=finish,
@@ -227,6 +232,8 @@ def describe(info: JournalInfo) -> RunStatus:
         synced=synced,
         unimported=unimported,
     )
+    status.__dict__["spec"] = spec  # the cached property, read already
+    return status
 
 
 def _sync_journal_status(info: JournalInfo) -> tuple[RunStatus | None, int]:
