@@ -195,18 +195,19 @@ class RunStatus:
         return max(0.0, time.time() - self.info.modified) if self.info.modified else 0.0
 
 
-def describe(info: JournalInfo) -> RunStatus:
+def describe(info: JournalInfo, root: Path | None = None) -> RunStatus:
     """Derive a journal's state: running while its owner lives; shipped once it
     is closed out on the platform with nothing pending; offline for an offline
     run not yet synced; else finished (it has a finish entry), crashed, or
     unknown (no finish entry, and its producer ran on another machine). A copy
     (a journal away from where it was written) is shipped through its sync
-    journal, whose state it reports."""
+    journal, whose state it reports. ``root``: where sync journals are
+    (``sync_root()``, looked up once by a caller describing many)."""
     origin = origin_of(info.path, info.meta)
     remote = origin.host if origin is not None and not origin.on_this_host else None
     live = info.owner_alive and remote is None
     finish = None if live else info.finish
-    synced, unimported = _sync_journal_status(info)
+    synced, unimported = _sync_journal_status(info, sync_root() if root is None else root)
     spec = listed_spec(info.meta)  # once: a listing of thousands of runs reads each
     pending = synced.pending if synced is not None else pending_per_sink(info, spec)
     total = sum(v for v in pending.values() if isinstance(v, int))
@@ -236,15 +237,15 @@ def describe(info: JournalInfo) -> RunStatus:
     return status
 
 
-def _sync_journal_status(info: JournalInfo) -> tuple[RunStatus | None, int]:
+def _sync_journal_status(info: JournalInfo, root: Path) -> tuple[RunStatus | None, int]:
     """A copy's sync journal, described, and how many of the copy's entries
     it has yet to import; (None, 0) for a journal shipped where it is."""
-    if not info.meta or not is_copy(info.path, info.meta):
+    if not info.meta or not is_copy(info.path, info.meta, root):
         return None, 0
-    path = sync_root() / info.local_id
+    path = root / info.local_id
     if not path.is_dir():
         return None, 0
-    synced = describe(journal_info(path, tally=True))
+    synced = describe(journal_info(path, tally=True), root)
     source = synced.info.meta.get(K_SOURCE_PATH)
     upto = source.get("imported_upto") if isinstance(source, dict) else None
     imported = upto if isinstance(upto, int) else 0
@@ -252,7 +253,8 @@ def _sync_journal_status(info: JournalInfo) -> tuple[RunStatus | None, int]:
 
 
 def statuses(runs_dir: Path) -> list[RunStatus]:
-    return [describe(info) for info in list_journals(runs_dir, tally=True)]
+    root = sync_root()
+    return [describe(info, root) for info in list_journals(runs_dir, tally=True)]
 
 
 # What ``export --kind`` names, and the entry kinds each means.

@@ -267,7 +267,7 @@ def _keep(
     """Keep what was read of the journal as its summary, with what an earlier
     summary of the same files held and this read did not ask for."""
     try:
-        sizes = {k: len(dumps(v)) for k, v in fields["meta"].items()}
+        sizes = {k: n for k, v in fields["meta"].items() if (n := len(dumps(v))) > _SMALL_META}
     except (RecursionError, ValueError):
         return
     doc = {
@@ -329,7 +329,7 @@ def _from_summary(
         return None
     if meta_bounds is not None:
         most, shape = meta_bounds
-        left_out = {k: n for k, n in sizes.items() if isinstance(n, int) and n > most}
+        left_out = {k: n for k, v in meta.items() if (n := _size(k, v, sizes, most)) > most}
         meta = {k: shape(v) for k, v in meta.items() if k not in left_out}
         if left_out:
             meta[K_OVERSIZED] = left_out
@@ -346,6 +346,20 @@ def _from_summary(
             "finish": finish,
         }
     )
+
+
+#: Meta values up to this size (encoded) are not sized in a summary: a
+#: bounded reader allows far more (the dashboard 1 MiB), and most are a few bytes.
+_SMALL_META = 1024
+
+
+def _size(key: str, value: Any, sizes: dict[str, Any], most: int) -> int:
+    """A meta value's size as the journal holds it (its canonical JSON), from
+    the summary where it is large; measured only for a bound below that."""
+    size = sizes.get(key)
+    if isinstance(size, int):
+        return size
+    return len(dumps(value)) if most < _SMALL_META else 0
 
 
 def _is_int(value: Any) -> bool:

@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import stat
 import struct
 import tempfile
 import threading
@@ -94,26 +93,26 @@ def inspect_file(path: Path) -> FileReport:
     return FileReport(size, needed, tuple(problems), psize)
 
 
-def last_txnid(path: Path) -> int | None:
+def last_txnid(path: str | Path) -> int | None:
     """The newest transaction id ``data.mdb``'s meta pages name (LMDB raises it
     at every commit), read in Python from the file's first pages; None when
     the file cannot be read or has no valid meta page."""
     try:
-        # Never through a link, never blocking (a FIFO planted in its place).
+        # Never through a link, never blocking: a FIFO planted in its place
+        # fails to be read instead (as a folder does).
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        with os.fdopen(fd, "rb") as f:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            head = f.read(2 * 4096)
-            psize = struct.unpack_from("<I", head, 40)[0] if len(head) >= 44 else 0
-            if psize > 4096 and psize in _PAGE_SIZES:
-                head += f.read(2 * psize - len(head))
+        head = os.pread(fd, 2 * 4096, 0)
+        psize = struct.unpack_from("<I", head, 40)[0] if len(head) >= 44 else 0
+        if psize > 4096 and psize in _PAGE_SIZES:
+            head = os.pread(fd, 2 * psize, 0)
     except OSError:
         return None
-    metas, _, _ = _meta_pages(head, path.name, len(head))
+    finally:
+        os.close(fd)
+    metas, _, _ = _meta_pages(head, DATA_NAME, len(head))
     return max(metas)[0] if metas else None
 
 

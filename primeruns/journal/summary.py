@@ -82,14 +82,16 @@ class Files:
 def files(path: Path) -> Files:
     """The stamp, total bytes and newest write time of the journal at ``path``
     (its ``data.mdb`` and spool segments, where the newest entries may be)."""
+    # Plain strings and os calls: a listing stamps thousands of journals.
+    folder = os.fspath(path)
     stamp: Stamp | None
     try:
-        data = os.lstat(path / DATA_NAME)
+        data = os.lstat(os.path.join(folder, DATA_NAME))
     except OSError:
         stamp, size, modified = None, 0, 0.0
     else:
         size, modified = data.st_size, data.st_mtime
-        txnid = last_txnid(path / DATA_NAME) if stat.S_ISREG(data.st_mode) else None
+        txnid = last_txnid(os.path.join(folder, DATA_NAME)) if stat.S_ISREG(data.st_mode) else None
         stamp = (
             None
             if txnid is None
@@ -105,7 +107,7 @@ def files(path: Path) -> Files:
         )
     for _, name in list_segments(path):
         try:
-            segment = os.lstat(path / name)
+            segment = os.lstat(os.path.join(folder, name))
         except OSError:
             continue  # absorbed into LMDB meanwhile, which moved its transaction id
         size += segment.st_size
@@ -124,6 +126,7 @@ class Shelf:
     def __init__(self, runs_dir: Path) -> None:
         self.runs_dir = Path(runs_dir)
         self.folder = self.runs_dir / FOLDER
+        self._folder = os.fspath(self.folder)
         self._usable: bool | None = None  # looked at once per shelf
         self._made = False
 
@@ -153,19 +156,21 @@ class Shelf:
         if stamp is None or not self.usable():
             return None
         try:
-            fd = os.open(self.folder / f"{name}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(
+                os.path.join(self._folder, f"{name}.json"),
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+            )
         except OSError:
             return None
-        with os.fdopen(fd, "rb") as handle:
-            try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                    return None
-                if st.st_size > MAX_BYTES:
-                    return None
-                doc = orjson.loads(handle.read(MAX_BYTES + 1))
-            except (OSError, orjson.JSONDecodeError):
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > MAX_BYTES:
                 return None
+            doc = orjson.loads(os.pread(fd, st.st_size, 0))
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        finally:
+            os.close(fd)
         if not isinstance(doc, dict) or doc.get("v") != _VERSION or doc.get("stamp") != stamp:
             return None
         fields = doc.get("fields")

@@ -55,7 +55,7 @@ def _shown(runs: Path, **kwargs: Any) -> dict[str, tuple[Any, ...]]:
         info.path.name: (
             info.last_seq,
             dict(info.after.get(0, {})),
-            (info.finish or {}).get("status"),
+            (describe(info).finish or {}).get("status"),
             [d.what for d in info.damage],
         )
         for info in list_journals(runs, tally=True, **kwargs)
@@ -195,7 +195,7 @@ def test_a_journal_copied_in_from_another_host_is_listed_as_the_copy_is(tmp_path
     (info,) = list_journals(runs, tally=True)
     assert (info.last_seq, info.after[0][int(EntryKind.EPISODE)]) == (6, 5)
     assert describe(info).state == "finished"
-    assert (info.finish or {}).get("status") == "completed"
+    assert (describe(info).finish or {}).get("status") == "completed"
 
 
 def test_summaries_are_not_runs_and_go_with_their_journals(tmp_path: Path) -> None:

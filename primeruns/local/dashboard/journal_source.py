@@ -35,6 +35,7 @@ from ...journal.store import DATA_NAME
 from ...journal.trust import check_dir
 from ...projection import episodes_to_parquet_rows, record_to_samples
 from ...reports import CRASH_ERROR, RunStatus, describe
+from ...ship.mirror import sync_root
 from ...sinks.train_samples import DEFAULT_INTERVAL as TABLE_INTERVAL
 from ..traces_extract import as_object
 from .episodes import sample_row
@@ -159,7 +160,8 @@ class JournalSource:
         return list_journals(self.runs_dir, tally=True, meta_bounds=_META)
 
     def runs(self) -> list[RunRow]:
-        return [_row(describe(info)) for info in self._infos()]
+        root = sync_root()
+        return [_row(describe(info, root)) for info in self._infos()]
 
     def _find(self, run_id: str) -> RunStatus | None:
         """The run ``run_id`` names: the journal of that name, read alone (a
