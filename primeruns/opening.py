@@ -297,19 +297,27 @@ def _parquet_available() -> bool:
     return parquet_available()
 
 
-#: The most journals without a current summary the crashed-run hint opens
-#: per ``init()``: its work beside the user's loop stays bounded even with
-#: thousands of past runs no listing has read yet (later runs read the rest).
+#: The crashed-run hint looks at this many of the latest earlier runs, and
+#: opens at most ``_HINT_UNREAD_MOST`` of them (those without a current
+#: summary: ``journal.summary``), so its work beside the user's loop is the
+#: same with thousands of past runs as with a few, the first time too.
+_HINT_NEWEST = 100
 _HINT_UNREAD_MOST = 8
 
 
 def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
     """Log one line naming earlier runs that crashed before they were shipped
-    and closed out (off the init path). It reads each past journal's summary
-    (``journal.summary``), and opens only the few newest that have none."""
+    and closed out (off the init path), among the latest ``_HINT_NEWEST``:
+    an older one was named by every run since it crashed."""
     try:
         crashed = []
-        listed = list_journals(runs_dir, skip_live=True, skip=skip, unread_most=_HINT_UNREAD_MOST)
+        listed = list_journals(
+            runs_dir,
+            skip_live=True,
+            skip=skip,
+            unread_most=_HINT_UNREAD_MOST,
+            newest=_HINT_NEWEST,
+        )
         for info in listed:
             meta = info.meta
             if info.owner_alive or meta.get("finalized"):

@@ -14,7 +14,7 @@ import contextlib
 import os
 from collections import Counter
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -132,9 +132,12 @@ class _Look:
     files: summary.Files
     owner: OwnerInfo | None
     kept: dict[str, Any] | None
+    remembered: JournalInfo | None = None  # from the caller's memo
 
     def covers(self, *, verify: bool, tally: bool) -> bool:
         """Whether the kept summary holds all a listing asks for."""
+        if self.remembered is not None:
+            return True
         kept = self.kept
         if kept is None:
             return False
@@ -143,8 +146,20 @@ class _Look:
         )
 
 
-def _look(path: Path, shelf: Shelf | None, owner: OwnerInfo | None) -> _Look:
+#: What a caller listing one runs directory again and again (the dashboard)
+#: keeps between its listings: per journal, its stamp and what was listed of
+#: it, so an unchanged journal is not even read from its summary again. A
+#: memo serves one kind of listing (the same flags and bounds) only.
+Memo = dict[Path, tuple[summary.Stamp, JournalInfo]]
+
+
+def _look(
+    path: Path, shelf: Shelf | None, owner: OwnerInfo | None, memo: Memo | None = None
+) -> _Look:
     found = summary.files(path)
+    hit = memo.get(path) if memo is not None and found.stamp is not None else None
+    if hit is not None and hit[0] == found.stamp:
+        return _Look(found, owner, None, hit[1])
     kept = shelf.load(path.name, found.stamp) if shelf is not None else None
     return _Look(found, owner, kept)
 
@@ -173,6 +188,14 @@ def _info(
         "owner": look.owner.describe() if look.owner else None,
         "owner_alive": owner_alive(look.owner),
     }
+    if look.remembered is not None:
+        return replace(
+            look.remembered,
+            size_bytes=base["size_bytes"],
+            modified=base["modified"],
+            owner=base["owner"],
+            owner_alive=base["owner_alive"],
+        )
     if look.kept is not None and look.covers(verify=verify, tally=tally):
         kept = _from_summary(look.kept, base, verify=verify, meta_bounds=meta_bounds)
         if kept is not None:
@@ -387,6 +410,8 @@ def list_journals(
     skip: Collection[Path] = (),
     meta_bounds: MetaBounds = None,
     unread_most: int | None = None,
+    newest: int | None = None,
+    memo: Memo | None = None,
 ) -> list[JournalInfo]:
     """Every journal under ``runs_dir``, oldest first (ids sort by creation time).
 
@@ -405,10 +430,11 @@ def list_journals(
     changed, not what the runs directory holds. ``unread_most``: open at most
     this many journals that have no current summary, the newest, and leave
     the others out (a caller beside a user's loop bounds its work so, the
-    first time too).
+    first time too). ``newest``: only that many journals, the last made.
+    ``memo``: kept by a caller that lists again and again (``Memo``).
     """
     left_out = {Path(p) for p in skip}
-    found, untrusted = journal_dirs(runs_dir)
+    found, untrusted = journal_dirs(runs_dir, newest=newest)
     shelf = Shelf(runs_dir)
     looks: dict[Path, _Look] = {}
     for p in found:
@@ -418,7 +444,7 @@ def list_journals(
         if skip_live and owner_alive(owner):
             left_out.add(p)
             continue
-        looks[p] = _look(p, shelf, owner)
+        looks[p] = _look(p, shelf, owner, memo)
     unread = [p for p, look in looks.items() if not look.covers(verify=verify, tally=tally)]
     if unread_most is not None and len(unread) > unread_most:
         left_out.update(unread[: len(unread) - unread_most])  # names sort by creation time
@@ -435,14 +461,24 @@ def list_journals(
         for p in found
         if p not in left_out
     ]
-    shelf.prune({p.name for p in found})
+    if newest is None:  # a listing of them all knows which summaries have no journal
+        shelf.prune({p.name for p in found})
+    if memo is not None:
+        memo.clear()
+        for info in listed:
+            stamp = looks[info.path].files.stamp if info.path in looks else None
+            if stamp is not None and not info.damage:
+                memo[info.path] = (stamp, info)
     return listed
 
 
-def journal_dirs(runs_dir: Path) -> tuple[list[Path], dict[Path, str]]:
+def journal_dirs(
+    runs_dir: Path, *, newest: int | None = None
+) -> tuple[list[Path], dict[Path, str]]:
     """The journals under ``runs_dir`` (sorted, never opened), and of those,
     each one not to open with why: a journal another user could have
     planted or linked (trust), or a folder this user cannot look into.
+    ``newest``: only that many, the last by name (ids sort by creation time).
 
     A shared runs directory may hold another user's private (0700) folder:
     looking for ``data.mdb`` in it fails with EACCES, which must not hide
@@ -452,10 +488,13 @@ def journal_dirs(runs_dir: Path) -> tuple[list[Path], dict[Path, str]]:
     found: list[Path] = []
     untrusted: dict[Path, str] = {}
     try:
-        children = sorted(runs_dir.iterdir())
+        names = sorted(os.listdir(runs_dir), reverse=newest is not None)
     except OSError:
         return [], {}
-    for child in children:
+    for name in names:
+        if newest is not None and len(found) >= newest:
+            break
+        child = runs_dir / name
         try:
             if not (child / DATA_NAME).is_file():
                 continue
@@ -470,6 +509,8 @@ def journal_dirs(runs_dir: Path) -> tuple[list[Path], dict[Path, str]]:
             check_dir(child, "journal directory")
         except JournalError as exc:
             untrusted[child] = str(exc)
+    if newest is not None:
+        found.reverse()
     return found, untrusted
 
 

@@ -30,6 +30,7 @@ from typing import Any
 from ... import jsonbound
 from ...exceptions import JournalError
 from ...journal import EntryKind, Journal, JournalInfo, journal_info, list_journals
+from ...journal.listing import Memo
 from ...journal.meta import K_OVERSIZED
 from ...journal.store import DATA_NAME
 from ...journal.trust import check_dir
@@ -155,9 +156,11 @@ class JournalSource:
         self.runs_dir = Path(runs_dir)
         self._lock = threading.Lock()  # pages are read in worker threads
         self._indexes: OrderedDict[str, JournalIndex] = OrderedDict()
+        self._memo: Memo = {}
 
     def _infos(self) -> list[JournalInfo]:
-        return list_journals(self.runs_dir, tally=True, meta_bounds=_META)
+        # The memo: a reload reads only the journals that changed since.
+        return list_journals(self.runs_dir, tally=True, meta_bounds=_META, memo=self._memo)
 
     def runs(self) -> list[RunRow]:
         root = sync_root()
