@@ -43,6 +43,7 @@ __all__ = [
     "delete_journal",
     "journal_dirs",
     "journal_info",
+    "journal_infos",
     "list_journals",
 ]
 
@@ -393,12 +394,29 @@ def journal_info(
     path: Path, *, verify: bool = False, tally: bool = False, meta_bounds: MetaBounds = None
 ) -> JournalInfo:
     """One journal's state, as ``list_journals`` gives it (never raises for damage)."""
-    path = Path(path)
-    shelf = Shelf(path.parent)
-    look = _look(path, shelf, read_owner(path))
-    if not look.covers(verify=verify, tally=tally):
-        probe_many([path])
-    return _info(path, verify=verify, tally=tally, meta_bounds=meta_bounds, look=look, shelf=shelf)
+    (info,) = journal_infos([path], verify=verify, tally=tally, meta_bounds=meta_bounds)
+    return info
+
+
+def journal_infos(
+    paths: Collection[Path],
+    *,
+    verify: bool = False,
+    tally: bool = False,
+    meta_bounds: MetaBounds = None,
+) -> list[JournalInfo]:
+    """``journal_info`` of each of ``paths``, in order, with one probe child
+    for all that need one (``gc`` verifies its candidates so)."""
+    shelves: dict[Path, Shelf] = {}
+    looks = []
+    for path in map(Path, paths):
+        shelf = shelves.setdefault(path.parent, Shelf(path.parent))
+        looks.append((path, shelf, _look(path, shelf, read_owner(path))))
+    probe_many([p for p, _, look in looks if not look.covers(verify=verify, tally=tally)])
+    return [
+        _info(p, verify=verify, tally=tally, meta_bounds=meta_bounds, look=look, shelf=shelf)
+        for p, shelf, look in looks
+    ]
 
 
 def list_journals(

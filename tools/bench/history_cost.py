@@ -112,7 +112,7 @@ def clone(source: Path, runs: Path, count: int) -> None:
             shutil.copyfile(source / file, target / file)
             os.chmod(target / file, 0o600)
         moved = {**origin, "path": str(target.absolute())}
-        env = lmdb.open(str(target), max_dbs=8, subdir=True)
+        env = lmdb.open(str(target), max_dbs=8, subdir=True, sync=False, metasync=False)
         try:
             meta = env.open_db(b"meta")
             with env.begin(write=True) as txn:
@@ -186,8 +186,8 @@ def run(
             clone(source, dirs["history"], count)
             made_s = time.perf_counter() - started
             dirs["empty"].mkdir(mode=0o700)
-            run_path = f"/dashboard/training/{source.name}"
-            shutil.copytree(source, dirs["history"] / source.name)  # the page shown
+            shown = min(p.name for p in dirs["history"].iterdir() if not p.name.startswith("."))
+            run_path = f"/dashboard/training/{shown}"  # a past run's page
             for name, tree in trees:  # the first listing reads every journal once
                 first_ls[name] = command(tree, server.url, dirs["history"], ["ls"])
             configs = [(t, h) for t in trees for h in dirs]
