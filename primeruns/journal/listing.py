@@ -14,7 +14,7 @@ import contextlib
 import os
 from collections import Counter
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -25,13 +25,19 @@ from primeruns.journal.frames import EntryKind
 from primeruns.journal.journal import Journal
 from primeruns.journal.layout import dumps
 from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
-from primeruns.journal.meta import K_LOCAL_ID, K_OVERSIZED
-from primeruns.journal.origin import boot_id
+from primeruns.journal.meta import K_OVERSIZED
 from primeruns.journal.probe import probe_many
 from primeruns.journal.store import DATA_NAME
 from primeruns.journal.summary import Shelf
+from primeruns.journal.summary_fields import (
+    MetaBounds,
+    fields_of,
+    info_from,
+    local_id_of,
+    verified_in,
+)
 from primeruns.journal.trust import check_dir, why_unreadable
-from primeruns.journal.types import Damage
+from primeruns.journal.types import Damage, JournalInfo
 from primeruns.settings import default_runs_dir  # PRIME_RUNS_DIR, read there
 
 _SALVAGE_PREFIX = "primeruns-salvage-"  # store._salvage's folder, left by an interrupted salvage
@@ -46,30 +52,6 @@ __all__ = [
     "journal_infos",
     "list_journals",
 ]
-
-
-@dataclass(frozen=True)
-class JournalInfo:
-    """One run directory's state, as read without any lock."""
-
-    path: Path
-    local_id: str
-    meta: dict[str, Any]
-    last_seq: int
-    cursors: dict[str, int]
-    losses: dict[str, dict[str, Any]]
-    size_bytes: int
-    modified: float
-    owner: str | None
-    owner_alive: bool
-    damage: list[Damage] = field(default_factory=list)
-    after: dict[int, Counter[int]] = field(default_factory=dict)
-    """With ``tally=True``: for offset 0 and each sink's acknowledged offset,
-    the entries after it per kind (at 0, everything the run logged, compacted
-    entries included; unreadable ones under ``UNREADABLE``)."""
-    finish: dict[str, Any] | None = None
-    """The run's finish record (its last ``FINISH`` entry), if it has one; one
-    declaring more than ``MAX_FINISH_BYTES`` reads as finished, unread."""
 
 
 #: The largest finish entry decoded: a finish record is a status, an error and
@@ -121,10 +103,6 @@ def _tallies(
     return after
 
 
-#: How ``list_journals`` reads meta values: (largest value decoded, applied to each), or None.
-MetaBounds = tuple[int, Callable[[Any], Any]] | None
-
-
 @dataclass(frozen=True)
 class _Look:
     """A journal as seen before it is opened: its files, its owner, and the
@@ -143,7 +121,7 @@ class _Look:
         if kept is None:
             return False
         return (not tally or kept.get("after") is not None) and (
-            not verify or _verified(kept) is not None
+            not verify or verified_in(kept) is not None
         )
 
 
@@ -198,7 +176,7 @@ def _info(
             owner_alive=base["owner_alive"],
         )
     if look.kept is not None and look.covers(verify=verify, tally=tally):
-        kept = _from_summary(look.kept, base, verify=verify, meta_bounds=meta_bounds)
+        kept = info_from(look.kept, base, verify=verify, meta_bounds=meta_bounds)
         if kept is not None:
             return kept
     try:
@@ -228,7 +206,7 @@ def _info(
         **{
             **base,
             **fields,
-            "local_id": _local_id(meta, path),
+            "local_id": local_id_of(meta, path),
             "meta": meta,
             "damage": damage,
             "after": after,
@@ -275,119 +253,19 @@ class _AsRead:
         return self.shape(value)
 
 
-def _local_id(meta: dict[str, Any], path: Path) -> str:
-    local_id = meta.get(K_LOCAL_ID)
-    return local_id if isinstance(local_id, str) else path.name
-
-
 def _keep(
     shelf: Shelf,
     path: Path,
     look: _Look,
-    fields: dict[str, Any],
+    read: dict[str, Any],
     after: dict[int, Counter[int]] | None,
     verified: list[Damage] | None,
 ) -> None:
     """Keep what was read of the journal as its summary, with what an earlier
     summary of the same files held and this read did not ask for."""
-    try:
-        sizes = {k: n for k, v in fields["meta"].items() if (n := len(dumps(v))) > _SMALL_META}
-    except (RecursionError, ValueError):
-        return
-    doc = {
-        **fields,
-        "meta_bytes": sizes,
-        "after": None
-        if after is None
-        else {str(at): {str(k): n for k, n in counts.items()} for at, counts in after.items()},
-        "verified": None
-        if verified is None
-        else {"boot": boot_id(), "damage": [[d.seq, d.what, d.entries] for d in verified]},
-    }
-    earlier = look.kept or {}
-    for name in ("after", "verified"):
-        if doc[name] is None:
-            doc[name] = earlier.get(name)
-    shelf.save(path.name, look.files.stamp, doc)
-
-
-def _verified(kept: dict[str, Any]) -> list[Any] | None:
-    """The full scan's damage a summary holds, if it was made in this boot of
-    this machine (a spool's torn tail is damage only after a reboot: ``torn``)."""
-    verified = kept.get("verified")
-    if not isinstance(verified, dict) or verified.get("boot") != boot_id():
-        return None
-    found = verified.get("damage")
-    return found if isinstance(found, list) else None
-
-
-def _from_summary(
-    kept: dict[str, Any], base: dict[str, Any], *, verify: bool, meta_bounds: MetaBounds
-) -> JournalInfo | None:
-    """The JournalInfo a summary describes; None if any of it is not as written."""
-    try:
-        meta, sizes = kept["meta"], kept["meta_bytes"]
-        last_seq, cursors, losses = kept["last_seq"], kept["cursors"], kept["losses"]
-        finish, counted = kept["finish"], kept["after"]
-        found = _verified(kept) if verify else []
-        if not (
-            isinstance(meta, dict)
-            and isinstance(sizes, dict)
-            and _is_int(last_seq)
-            and isinstance(cursors, dict)
-            and all(_is_int(v) for v in cursors.values())
-            and isinstance(losses, dict)
-            and all(isinstance(v, dict) for v in losses.values())
-            and (finish is None or isinstance(finish, dict))
-            and isinstance(found, list)
-        ):
-            return None
-        damage = [Damage(seq, str(what), int(n)) for seq, what, n in found]
-        if not all(d.seq is None or _is_int(d.seq) for d in damage):
-            return None
-        after = {
-            int(at): Counter({int(kind): int(n) for kind, n in counts.items()})
-            for at, counts in (counted or {}).items()
-        }
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return None
-    if meta_bounds is not None:
-        most, shape = meta_bounds
-        left_out = {k: n for k, v in meta.items() if (n := _size(k, v, sizes, most)) > most}
-        meta = {k: shape(v) for k, v in meta.items() if k not in left_out}
-        if left_out:
-            meta[K_OVERSIZED] = left_out
-    return JournalInfo(
-        **{
-            **base,
-            "local_id": _local_id(meta, base["path"]),
-            "meta": meta,
-            "last_seq": last_seq,
-            "cursors": cursors,
-            "losses": losses,
-            "damage": damage,
-            "after": after,
-            "finish": finish,
-        }
-    )
-
-
-#: Meta values up to this size (encoded) are not sized in a summary: a
-#: bounded reader allows far more (the dashboard 1 MiB), and most are a few bytes.
-_SMALL_META = 1024
-
-
-def _size(key: str, value: Any, sizes: dict[str, Any], most: int) -> int:
-    """A meta value's size as the journal holds it (its canonical JSON), from
-    the summary where it is large; measured only for a bound below that."""
-    size = sizes.get(key)
-    if isinstance(size, int):
-        return size
-    return len(dumps(value)) if most < _SMALL_META else 0
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+    fields = fields_of(read, after, verified, look.kept)
+    if fields is not None:
+        shelf.save(path.name, look.files.stamp, fields)
 
 
 def journal_info(
