@@ -57,22 +57,24 @@ COMMANDS = {
 }
 
 
-def _env(tree: Path, url: str) -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(tree), "PRIME_TRACES_URL": url}
+def _python(tree: Path, url: str, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """``python ARGV`` with ``tree``'s package, from a folder where neither
+    checkout's package is importable."""
+    return subprocess.run(
+        [sys.executable, *argv],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(tree), "PRIME_TRACES_URL": url},
+        cwd=ROOT.parent,
+        timeout=900,
+        check=False,
+    )
 
 
 def loop(tree: Path, episodes: Path, url: str, runs: Path, steps: int) -> dict[str, Any]:
     """One online training loop with ``tree``'s package, journaling into ``runs``."""
     argv = [str(WORKER), "online", str(episodes), url, str(runs), str(steps), str(WORK)]
-    done = subprocess.run(
-        [sys.executable, *argv],
-        capture_output=True,
-        text=True,
-        env=_env(tree, url),
-        cwd=ROOT.parent,  # neither checkout's package is importable from here
-        timeout=900,
-        check=False,
-    )
+    done = _python(tree, url, argv)
     if done.returncode:
         raise RuntimeError(f"loop worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
     result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
@@ -127,15 +129,7 @@ def clone(source: Path, runs: Path, count: int) -> None:
 def command(tree: Path, url: str, runs: Path, args: list[str]) -> float:
     """Wall seconds of ``primeruns ARGS --runs-dir RUNS`` in a fresh process."""
     start = time.perf_counter()
-    done = subprocess.run(
-        [sys.executable, "-m", "primeruns", *args, "--runs-dir", str(runs)],
-        capture_output=True,
-        text=True,
-        env=_env(tree, url),
-        cwd=ROOT.parent,
-        timeout=900,
-        check=False,
-    )
+    done = _python(tree, url, ["-m", "primeruns", *args, "--runs-dir", str(runs)])
     seconds = time.perf_counter() - start
     if done.returncode not in (0, 1):
         raise RuntimeError(f"primeruns {' '.join(args)} failed:\n{done.stderr[-2000:]}")
@@ -144,15 +138,9 @@ def command(tree: Path, url: str, runs: Path, args: list[str]) -> float:
 
 def dashboard(tree: Path, url: str, runs: Path, run_path: str) -> list[float]:
     """Seconds of the runs index, the index again, and a run's page, in one process."""
-    done = subprocess.run(
-        [sys.executable, str(PAGES), str(runs), "/", "/", run_path],
-        capture_output=True,
-        text=True,
-        env=_env(tree, url),
-        cwd=ROOT.parent,
-        timeout=900,
-        check=True,
-    )
+    done = _python(tree, url, [str(PAGES), str(runs), "/", "/", run_path])
+    if done.returncode:
+        raise RuntimeError(f"dashboard pages failed:\n{done.stderr[-2000:]}")
     pages = json.loads(done.stdout.strip().splitlines()[-1])["pages"]
     if {p["status"] for p in pages} != {200}:
         raise RuntimeError(f"dashboard pages failed: {pages}")
