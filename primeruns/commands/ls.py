@@ -109,10 +109,10 @@ def _fast_table(found: list[RunStatus], width: int) -> Text | None:
     runs directory of thousands). None when even the first three columns do
     not fit at their natural width: rich then folds them (``_fitting_table``)."""
     cells = {name: [cell(status) for status in found] for name, cell, _ in _COLUMNS}
-    widths = {}
+    widths: dict[str, int] = {}
     for name, _, options in _COLUMNS:
         natural = max([len(name), *(text.cell_len for text in cells[name])])
-        widths[name] = min(natural, options.get("max_width", natural))
+        widths[name] = min(natural, int(options.get("max_width", natural)))
     columns = list(_COLUMNS)
 
     def total() -> int:
