@@ -316,12 +316,28 @@ def _parquet_available() -> bool:
     return parquet_available()
 
 
+#: The crashed-run hint looks at this many of the latest earlier runs, and
+#: opens at most ``_HINT_UNREAD_MOST`` of them (those without a current
+#: summary: ``journal.summary``), so its work beside the user's loop is the
+#: same with thousands of past runs as with a few, the first time too.
+_HINT_NEWEST = 100
+_HINT_UNREAD_MOST = 8
+
+
 def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
     """Log one line naming earlier runs that crashed before they were shipped
-    and closed out (off the init path: listing opens every journal)."""
+    and closed out (off the init path), among the latest ``_HINT_NEWEST``:
+    an older one was named by every run since it crashed."""
     try:
         crashed = []
-        for info in list_journals(runs_dir, skip_live=True, skip=skip):
+        listed = list_journals(
+            runs_dir,
+            skip_live=True,
+            skip=skip,
+            unread_most=_HINT_UNREAD_MOST,
+            newest=_HINT_NEWEST,
+        )
+        for info in listed:
             meta = info.meta
             if info.owner_alive or meta.get("finalized"):
                 continue

@@ -19,9 +19,8 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from . import jsonbound
 from .exceptions import JournalCorruptError
 from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, journal_info, list_journals
 from .journal.by_kind import seqs_of
@@ -70,11 +69,16 @@ def unit_of(kinds: Collection[EntryKind], logged: Mapping[str, int]) -> str:
     return UNIT_LABELS[RECORD_KINDS[names[0]]] if len(names) == 1 else "records"
 
 
-def pending_per_sink(info: JournalInfo) -> dict[str, int | str]:
+def pending_per_sink(
+    info: JournalInfo, spec: RunSpec | Literal[False] | None = False
+) -> dict[str, int | str]:
     """Per sink of the run, the records it has still to ship, or ``"off"``
-    (counted when ``info`` comes from a listing with ``tally=True``)."""
+    (counted when ``info`` comes from a listing with ``tally=True``).
+    ``spec``: the run's, when the caller read it already."""
     out: dict[str, int | str] = {}
-    for sink, kinds in sink_kinds(_sink_kind(listed_spec(info.meta))).items():
+    if spec is False:
+        spec = listed_spec(info.meta)
+    for sink, kinds in sink_kinds(_sink_kind(spec)).items():
         if info.meta.get(f"sink_off.{sink}"):
             out[sink] = "off"
             continue
@@ -88,40 +92,6 @@ def pending_per_sink(info: JournalInfo) -> dict[str, int | str]:
 
 def _sink_kind(spec: RunSpec | None) -> RunKind:
     return spec.kind if spec is not None else RUN_KIND
-
-
-#: The largest finish entry decoded: a finish record is a status, an error and
-#: a summary, a few KB; one declaring more is never decompressed (a hostile
-#: journal's 128 MiB entry took every listing through it).
-MAX_FINISH_BYTES = 4 << 20
-
-
-def _finish_record(path: Path, last_seq: int) -> dict[str, Any] | None:
-    """The run's finish entry, if any. It is the last thing a run appends, so
-    only the journal's tail is read (cheap on a long run). One over
-    MAX_FINISH_BYTES says it finished, and why nothing more is known."""
-    try:
-        with Journal.open(path, owner=False) as journal:
-            tail = journal.read(
-                max(0, last_seq - 16),
-                kinds={EntryKind.FINISH},
-                max_entries=16,
-                max_bytes=1 << 24,
-                max_entry_bytes=MAX_FINISH_BYTES,
-            )
-    except Exception:  # damage is reported elsewhere; state falls back to "crashed"
-        return None
-    last_read = tail.entries[-1].seq if tail.entries else 0
-    if tail.oversized and tail.oversized[-1][0] > last_read:
-        size = tail.oversized[-1][2]
-        return {"status": "finished", "error": f"its finish record ({size} bytes) is not read"}
-    if not tail.entries:
-        return None
-    try:
-        record = jsonbound.loads(tail.entries[-1].payload, MAX_FINISH_BYTES)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
 
 
 @dataclass(frozen=True)
@@ -225,20 +195,21 @@ class RunStatus:
         return max(0.0, time.time() - self.info.modified) if self.info.modified else 0.0
 
 
-def describe(info: JournalInfo) -> RunStatus:
+def describe(info: JournalInfo, root: Path | None = None) -> RunStatus:
     """Derive a journal's state: running while its owner lives; shipped once it
     is closed out on the platform with nothing pending; offline for an offline
     run not yet synced; else finished (it has a finish entry), crashed, or
     unknown (no finish entry, and its producer ran on another machine). A copy
     (a journal away from where it was written) is shipped through its sync
-    journal, whose state it reports."""
+    journal, whose state it reports. ``root``: where sync journals are
+    (``sync_root()``, looked up once by a caller describing many)."""
     origin = origin_of(info.path, info.meta)
     remote = origin.host if origin is not None and not origin.on_this_host else None
     live = info.owner_alive and remote is None
-    finish = None if live else _finish_record(info.path, info.last_seq)
-    synced, unimported = _sync_journal_status(info)
-    pending = synced.pending if synced is not None else pending_per_sink(info)
-    spec = listed_spec(info.meta)
+    finish = None if live else info.finish
+    synced, unimported = _sync_journal_status(info, sync_root() if root is None else root)
+    spec = listed_spec(info.meta)  # once: a listing of thousands of runs reads each
+    pending = synced.pending if synced is not None else pending_per_sink(info, spec)
     total = sum(v for v in pending.values() if isinstance(v, int))
     meta = synced.info.meta if synced is not None else info.meta
     if live:
@@ -253,7 +224,7 @@ def describe(info: JournalInfo) -> RunStatus:
         state = "unknown"
     else:
         state = "crashed"
-    return RunStatus(
+    status = RunStatus(
         info=info,
         state=state,
         finish=finish,
@@ -262,17 +233,19 @@ def describe(info: JournalInfo) -> RunStatus:
         synced=synced,
         unimported=unimported,
     )
+    status.__dict__["spec"] = spec  # the cached property, read already
+    return status
 
 
-def _sync_journal_status(info: JournalInfo) -> tuple[RunStatus | None, int]:
+def _sync_journal_status(info: JournalInfo, root: Path) -> tuple[RunStatus | None, int]:
     """A copy's sync journal, described, and how many of the copy's entries
     it has yet to import; (None, 0) for a journal shipped where it is."""
-    if not info.meta or not is_copy(info.path, info.meta):
+    if not info.meta or not is_copy(info.path, info.meta, root):
         return None, 0
-    path = sync_root() / info.local_id
+    path = root / info.local_id
     if not path.is_dir():
         return None, 0
-    synced = describe(journal_info(path, tally=True))
+    synced = describe(journal_info(path, tally=True), root)
     source = synced.info.meta.get(K_SOURCE_PATH)
     upto = source.get("imported_upto") if isinstance(source, dict) else None
     imported = upto if isinstance(upto, int) else 0
@@ -280,7 +253,8 @@ def _sync_journal_status(info: JournalInfo) -> tuple[RunStatus | None, int]:
 
 
 def statuses(runs_dir: Path) -> list[RunStatus]:
-    return [describe(info) for info in list_journals(runs_dir, tally=True)]
+    root = sync_root()
+    return [describe(info, root) for info in list_journals(runs_dir, tally=True)]
 
 
 # What ``export --kind`` names, and the entry kinds each means.

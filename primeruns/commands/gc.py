@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError, JournalLockedError
-from ..journal import delete_journal, journal_info
+from ..journal import delete_journal
+from ..journal.listing import journal_infos
 from ..reports import RunStatus, statuses
 from ..ship import sync_records
 from ..ship.mirror import K_SOURCE_PATH, sync_root
@@ -88,18 +89,30 @@ def run_gc(args: argparse.Namespace) -> int:
     root = sync_root()
     synced = statuses(root) if root.is_dir() and root.absolute() != runs_dir.absolute() else []
     listed = [(s, False) for s in statuses(runs_dir)] + [(s, True) for s in synced]
-    for status, pruning in listed:
+    verdicts = [_verdict(s, args.older_than, args.force and not pruning) for s, pruning in listed]
+    # Deleting is final: a full scan first, for entries a listing does not
+    # read (a damaged one is data nobody has received). All in one go: one
+    # probe child for them all, and none for a journal whose summary holds
+    # a scan of its files as they are.
+    scanned = (
+        {}
+        if args.force
+        else {
+            i.path: i.damage
+            for i in journal_infos(
+                [s.info.path for (s, _), why in zip(listed, verdicts, strict=True) if why is None],
+                verify=True,
+            )
+        }
+    )
+    for (status, pruning), reason in zip(listed, verdicts, strict=True):
         info = status.info
         entry = {"local_id": info.local_id, "state": status.state, "size_bytes": info.size_bytes}
         if pruning:
             entry["sync_journal"] = True
-        reason = _verdict(status, args.older_than, args.force and not pruning)
-        if reason is None and not args.force:
-            # Deleting is final: a full scan first, for entries a listing
-            # does not read (a damaged one is data nobody has received).
-            damage = journal_info(info.path, verify=True).damage
-            if damage:
-                reason = f"damaged ({damage[0].what}): replay it first, or --force"
+        damage = scanned.get(info.path) if reason is None else None
+        if damage:
+            reason = f"damaged ({damage[0].what}): replay it first, or --force"
         raced = False  # its owner started after the listing: always said
         if reason is None and not args.dry_run:
             try:

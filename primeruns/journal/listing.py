@@ -2,7 +2,10 @@
 
 Listing takes no lock and opens each journal read-only, so it works while runs
 are live; a journal that cannot be read is listed with its damage instead of
-raising. Deletion takes the owner lock first, so a live run is never removed.
+raising. What it read of a journal is kept as the journal's summary
+(``summary``), and a journal whose files did not change since is not opened
+again: a listing costs what changed, not the runs directory's history.
+Deletion takes the owner lock first, so a live run is never removed.
 """
 
 from __future__ import annotations
@@ -11,52 +14,76 @@ import contextlib
 import os
 from collections import Counter
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from primeruns import jsonbound
 from primeruns.exceptions import JournalError
+from primeruns.journal import summary
+from primeruns.journal.frames import EntryKind
 from primeruns.journal.journal import Journal
-from primeruns.journal.lock import LOCK_NAME, OwnerLock, owner_alive, read_owner
-from primeruns.journal.meta import K_LOCAL_ID
+from primeruns.journal.layout import dumps
+from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
+from primeruns.journal.meta import K_OVERSIZED
 from primeruns.journal.probe import probe_many
-from primeruns.journal.spool import list_segments
 from primeruns.journal.store import DATA_NAME
+from primeruns.journal.summary import Shelf
+from primeruns.journal.summary_fields import (
+    MetaBounds,
+    fields_of,
+    info_from,
+    local_id_of,
+    verified_in,
+)
 from primeruns.journal.trust import check_dir, why_unreadable
-from primeruns.journal.types import Damage
+from primeruns.journal.types import Damage, JournalInfo
 from primeruns.settings import default_runs_dir  # PRIME_RUNS_DIR, read there
 
 _SALVAGE_PREFIX = "primeruns-salvage-"  # store._salvage's folder, left by an interrupted salvage
 
 __all__ = [
+    "MAX_FINISH_BYTES",
     "JournalInfo",
     "default_runs_dir",
     "delete_journal",
     "journal_dirs",
     "journal_info",
+    "journal_infos",
     "list_journals",
 ]
 
 
-@dataclass(frozen=True)
-class JournalInfo:
-    """One run directory's state, as read without any lock."""
+#: The largest finish entry decoded: a finish record is a status, an error and
+#: a summary, a few KB; one declaring more is never decompressed (a hostile
+#: journal's 128 MiB entry took every listing through it).
+MAX_FINISH_BYTES = 4 << 20
 
-    path: Path
-    local_id: str
-    meta: dict[str, Any]
-    last_seq: int
-    cursors: dict[str, int]
-    losses: dict[str, dict[str, Any]]
-    size_bytes: int
-    modified: float
-    owner: str | None
-    owner_alive: bool
-    damage: list[Damage] = field(default_factory=list)
-    after: dict[int, Counter[int]] = field(default_factory=dict)
-    """With ``tally=True``: for offset 0 and each sink's acknowledged offset,
-    the entries after it per kind (at 0, everything the run logged, compacted
-    entries included; unreadable ones under ``UNREADABLE``)."""
+
+def _finish_record(journal: Journal, last_seq: int) -> dict[str, Any] | None:
+    """The run's finish entry, if any. It is the last thing a run appends, so
+    only the journal's tail is read (cheap on a long run)."""
+    try:
+        tail = journal.read(
+            max(0, last_seq - 16),
+            kinds={EntryKind.FINISH},
+            max_entries=16,
+            max_bytes=1 << 24,
+            max_entry_bytes=MAX_FINISH_BYTES,
+        )
+    except Exception:  # damage is reported elsewhere; the state falls back to "crashed"
+        return None
+    last_read = tail.entries[-1].seq if tail.entries else 0
+    if tail.oversized and tail.oversized[-1][0] > last_read:
+        size = tail.oversized[-1][2]
+        return {"status": "finished", "error": f"its finish record ({size} bytes) is not read"}
+    if not tail.entries:
+        return None
+    try:
+        record = jsonbound.loads(tail.entries[-1].payload, MAX_FINISH_BYTES)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _tallies(
@@ -76,21 +103,58 @@ def _tallies(
     return after
 
 
-#: How ``list_journals`` reads meta values: (largest value decoded, applied to each), or None.
-MetaBounds = tuple[int, Callable[[Any], Any]] | None
+@dataclass(frozen=True)
+class _Look:
+    """A journal as seen before it is opened: its files, its owner, and the
+    summary kept of it when that is of its files as they are (``summary``)."""
+
+    files: summary.Files
+    owner: OwnerInfo | None
+    kept: dict[str, Any] | None
+    remembered: JournalInfo | None = None  # from the caller's memo
+
+    def covers(self, *, verify: bool, tally: bool) -> bool:
+        """Whether the kept summary holds all a listing asks for."""
+        if self.remembered is not None:
+            return True
+        kept = self.kept
+        if kept is None:
+            return False
+        return (not tally or kept.get("after") is not None) and (
+            not verify or verified_in(kept) is not None
+        )
 
 
-def _info(path: Path, *, verify: bool, tally: bool, meta_bounds: MetaBounds = None) -> JournalInfo:
-    owner = read_owner(path)
-    try:
-        data = (path / DATA_NAME).stat()
-        modified, size = data.st_mtime, data.st_size
-    except OSError:
-        modified, size = 0.0, 0
-    for _, name in list_segments(path):  # the newest entries may be spooled still
-        with contextlib.suppress(OSError):
-            segment = (path / name).stat()
-            modified, size = max(modified, segment.st_mtime), size + segment.st_size
+#: What a caller listing one runs directory again and again (the dashboard)
+#: keeps between its listings: per journal, its stamp and what was listed of
+#: it, so an unchanged journal is not even read from its summary again. A
+#: memo serves one kind of listing (the same flags and bounds) only.
+Memo = dict[Path, tuple[summary.Stamp, JournalInfo]]
+
+
+def _look(
+    path: Path, shelf: Shelf | None, owner: OwnerInfo | None, memo: Memo | None = None
+) -> _Look:
+    found = summary.files(path)
+    hit = memo.get(path) if memo is not None and found.stamp is not None else None
+    if hit is not None and hit[0] == found.stamp:
+        return _Look(found, owner, None, hit[1])
+    kept = shelf.load(path.name, found.stamp) if shelf is not None else None
+    return _Look(found, owner, kept)
+
+
+def _info(
+    path: Path,
+    *,
+    verify: bool,
+    tally: bool,
+    meta_bounds: MetaBounds = None,
+    look: _Look | None = None,
+    shelf: Shelf | None = None,
+) -> JournalInfo:
+    """The journal's state: from its summary when that is current and holds
+    what is asked, else read from the journal (and kept in ``shelf``)."""
+    look = look if look is not None else _look(path, shelf, read_owner(path))
     base: dict[str, Any] = {
         "path": path,
         "local_id": path.name,
@@ -98,38 +162,139 @@ def _info(path: Path, *, verify: bool, tally: bool, meta_bounds: MetaBounds = No
         "last_seq": 0,
         "cursors": {},
         "losses": {},
-        "size_bytes": size,
-        "modified": modified,
-        "owner": owner.describe() if owner else None,
-        "owner_alive": owner_alive(owner),
+        "size_bytes": look.files.size_bytes,
+        "modified": look.files.modified,
+        "owner": look.owner.describe() if look.owner else None,
+        "owner_alive": owner_alive(look.owner),
     }
+    if look.remembered is not None:
+        return replace(
+            look.remembered,
+            size_bytes=base["size_bytes"],
+            modified=base["modified"],
+            owner=base["owner"],
+            owner_alive=base["owner_alive"],
+        )
+    if look.kept is not None and look.covers(verify=verify, tally=tally):
+        kept = info_from(look.kept, base, verify=verify, meta_bounds=meta_bounds)
+        if kept is not None:
+            return kept
     try:
         with Journal.open(path, owner=False) as journal:
-            meta = journal.all_meta(*meta_bounds) if meta_bounds else journal.all_meta()
-            local_id = meta.get(K_LOCAL_ID)
-            damage = journal.damage() if verify else journal.structural_damage()
+            meta, as_read = _read_meta(journal, meta_bounds)
+            structural = journal.structural_damage()
+            verified = journal.damage() if verify else None
+            damage = list(verified if verified is not None else structural)
             cursors = journal.cursors()
-            return JournalInfo(
-                **{
-                    **base,
-                    "local_id": local_id if isinstance(local_id, str) else path.name,
-                    "meta": meta,
-                    "last_seq": journal.last_seq(),
-                    "cursors": cursors,
-                    "losses": journal.losses(),
-                    "damage": damage,
-                    "after": _tallies(journal, cursors, damage) if tally else {},
-                }
-            )
+            last_seq = journal.last_seq()
+            counted = len(damage)
+            after = _tallies(journal, cursors, damage) if tally else {}
+            fields: dict[str, Any] = {
+                "last_seq": last_seq,
+                "cursors": cursors,
+                "losses": journal.losses(),
+                "finish": _finish_record(journal, last_seq),
+            }
     except Exception as exc:  # a listing never raises for one bad run
         return JournalInfo(**base, damage=[Damage(None, f"{path.name}: {exc}")])
+    if shelf is not None and as_read is not None and not structural and len(damage) == counted:
+        # Only a journal read whole and without trouble is kept: damage met
+        # while opening may be this moment's (a probe out of time), and is
+        # looked for again.
+        _keep(shelf, path, look, {**fields, "meta": as_read}, after if tally else None, verified)
+    return JournalInfo(
+        **{
+            **base,
+            **fields,
+            "local_id": local_id_of(meta, path),
+            "meta": meta,
+            "damage": damage,
+            "after": after,
+        }
+    )
 
 
-def journal_info(path: Path, *, verify: bool = False, tally: bool = False) -> JournalInfo:
+def _read_meta(
+    journal: Journal, meta_bounds: MetaBounds
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The journal's meta as the caller asked for it, and as it is (for its
+    summary; None when a value was left out or it is too large to keep)."""
+    if meta_bounds is None:
+        meta = journal.all_meta()
+        return meta, meta
+    most, shape = meta_bounds
+    raw = _AsRead(shape)
+    shown = journal.all_meta(most, raw)
+    if raw.values is None or K_OVERSIZED in shown:
+        return shown, None
+    return shown, dict(zip(shown, raw.values, strict=True))
+
+
+class _AsRead:
+    """A ``shape`` for ``Journal.all_meta`` that also keeps each value as it
+    was read, in order, while they fit in a summary (a bounded reader must
+    not hold a hostile journal's meta whole)."""
+
+    def __init__(self, shape: Callable[[Any], Any]) -> None:
+        self.shape = shape
+        self.values: list[Any] | None = []
+        self.room = summary.MAX_BYTES
+
+    def __call__(self, value: Any) -> Any:
+        if self.values is not None:
+            try:
+                self.room -= len(dumps(value))
+            except (RecursionError, ValueError):
+                self.room = -1
+            if self.room < 0:
+                self.values = None
+            else:
+                self.values.append(value)
+        return self.shape(value)
+
+
+def _keep(
+    shelf: Shelf,
+    path: Path,
+    look: _Look,
+    read: dict[str, Any],
+    after: dict[int, Counter[int]] | None,
+    verified: list[Damage] | None,
+) -> None:
+    """Keep what was read of the journal as its summary, with what an earlier
+    summary of the same files held and this read did not ask for."""
+    fields = fields_of(read, after, verified, look.kept)
+    if fields is not None:
+        shelf.save(path.name, look.files.stamp, fields)
+
+
+def journal_info(
+    path: Path, *, verify: bool = False, tally: bool = False, meta_bounds: MetaBounds = None
+) -> JournalInfo:
     """One journal's state, as ``list_journals`` gives it (never raises for damage)."""
-    path = Path(path)
-    probe_many([path])
-    return _info(path, verify=verify, tally=tally)
+    (info,) = journal_infos([path], verify=verify, tally=tally, meta_bounds=meta_bounds)
+    return info
+
+
+def journal_infos(
+    paths: Collection[Path],
+    *,
+    verify: bool = False,
+    tally: bool = False,
+    meta_bounds: MetaBounds = None,
+) -> list[JournalInfo]:
+    """``journal_info`` of each of ``paths``, in order, with one probe child
+    for all that need one (``gc`` verifies its candidates so)."""
+    shelves: dict[Path, Shelf] = {}
+    looks = []
+    for path in map(Path, paths):
+        shelf = shelves.setdefault(path.parent, Shelf(path.parent))
+        looks.append((path, shelf, _look(path, shelf, read_owner(path))))
+    probe_many([p for p, _, look in looks if not look.covers(verify=verify, tally=tally)])
+    return [
+        _info(p, verify=verify, tally=tally, meta_bounds=meta_bounds, look=look, shelf=shelf)
+        for p, shelf, look in looks
+    ]
 
 
 def list_journals(
@@ -140,6 +305,9 @@ def list_journals(
     tally: bool = False,
     skip: Collection[Path] = (),
     meta_bounds: MetaBounds = None,
+    unread_most: int | None = None,
+    newest: int | None = None,
+    memo: Memo | None = None,
 ) -> list[JournalInfo]:
     """Every journal under ``runs_dir``, oldest first (ids sort by creation time).
 
@@ -152,27 +320,61 @@ def list_journals(
     write in it meanwhile: a predecessor its uplink threads take over).
     ``meta_bounds``: (the largest meta value decoded, a function each decoded
     one goes through), for a reader that shows them (the dashboard).
+
+    What was read of each journal is kept (``summary``): a journal whose
+    files did not change since is not opened again, so a listing costs what
+    changed, not what the runs directory holds. ``unread_most``: open at most
+    this many journals that have no current summary, the newest, and leave
+    the others out (a caller beside a user's loop bounds its work so, the
+    first time too). ``newest``: only that many journals, the last made.
+    ``memo``: kept by a caller that lists again and again (``Memo``).
     """
     left_out = {Path(p) for p in skip}
-    found, untrusted = journal_dirs(runs_dir)
-    children = [p for p in found if p not in left_out]
-    if skip_live:
-        children = [p for p in children if p in untrusted or not owner_alive(read_owner(p))]
-    probe_many([p for p in children if p not in untrusted])  # one child walks them all (probe)
-    return [
+    found, untrusted = journal_dirs(runs_dir, newest=newest)
+    shelf = Shelf(runs_dir)
+    looks: dict[Path, _Look] = {}
+    for p in found:
+        if p in left_out or p in untrusted:
+            continue
+        owner = read_owner(p)
+        if skip_live and owner_alive(owner):
+            left_out.add(p)
+            continue
+        looks[p] = _look(p, shelf, owner, memo)
+    unread = [p for p, look in looks.items() if not look.covers(verify=verify, tally=tally)]
+    if unread_most is not None and len(unread) > unread_most:
+        left_out.update(unread[: len(unread) - unread_most])  # names sort by creation time
+        unread = unread[len(unread) - unread_most :]
+    probe_many(unread)  # one child walks every journal not read before (probe)
+    listed = [
         (
             _untrusted(p, untrusted[p])
             if p in untrusted
-            else _info(p, verify=verify, tally=tally, meta_bounds=meta_bounds)
+            else _info(
+                p, verify=verify, tally=tally, meta_bounds=meta_bounds, look=looks[p], shelf=shelf
+            )
         )
-        for p in children
+        for p in found
+        if p not in left_out
     ]
+    if newest is None:  # a listing of them all knows which summaries have no journal
+        shelf.prune({p.name for p in found})
+    if memo is not None:
+        memo.clear()
+        for info in listed:
+            stamp = looks[info.path].files.stamp if info.path in looks else None
+            if stamp is not None and not info.damage:
+                memo[info.path] = (stamp, info)
+    return listed
 
 
-def journal_dirs(runs_dir: Path) -> tuple[list[Path], dict[Path, str]]:
+def journal_dirs(
+    runs_dir: Path, *, newest: int | None = None
+) -> tuple[list[Path], dict[Path, str]]:
     """The journals under ``runs_dir`` (sorted, never opened), and of those,
     each one not to open with why: a journal another user could have
     planted or linked (trust), or a folder this user cannot look into.
+    ``newest``: only that many, the last by name (ids sort by creation time).
 
     A shared runs directory may hold another user's private (0700) folder:
     looking for ``data.mdb`` in it fails with EACCES, which must not hide
@@ -182,10 +384,13 @@ def journal_dirs(runs_dir: Path) -> tuple[list[Path], dict[Path, str]]:
     found: list[Path] = []
     untrusted: dict[Path, str] = {}
     try:
-        children = sorted(runs_dir.iterdir())
+        names = sorted(os.listdir(runs_dir), reverse=newest is not None)
     except OSError:
         return [], {}
-    for child in children:
+    for name in names:
+        if newest is not None and len(found) >= newest:
+            break
+        child = runs_dir / name
         try:
             if not (child / DATA_NAME).is_file():
                 continue
@@ -200,6 +405,8 @@ def journal_dirs(runs_dir: Path) -> tuple[list[Path], dict[Path, str]]:
             check_dir(child, "journal directory")
         except JournalError as exc:
             untrusted[child] = str(exc)
+    if newest is not None:
+        found.reverse()
     return found, untrusted
 
 
@@ -242,6 +449,7 @@ def delete_journal(path: Path) -> None:
         os.rmdir(path)
     finally:
         lock.release()
+    Shelf(path.parent).forget(path.name)
 
 
 def _journal_files(path: Path) -> tuple[list[str], list[tuple[Path, list[str]]]]:

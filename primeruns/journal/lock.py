@@ -101,9 +101,13 @@ def current_owner() -> OwnerInfo:
 def read_owner(directory: Path) -> OwnerInfo | None:
     """The owner named in the lock file (informative; None if absent or unreadable)."""
     try:
-        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        with os.fdopen(fd, "rb") as handle:
-            data = json.loads(handle.read(1 << 16) or b"null")
+        # os calls on a plain path: listings read the lock file of every journal.
+        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            raw = os.read(fd, 1 << 16)
+        finally:
+            os.close(fd)
+        data = json.loads(raw or b"null")
         if not isinstance(data, dict):
             return None
         return OwnerInfo(

@@ -13,7 +13,9 @@ The child is this file run as a script: it imports only ``lmdb`` (~40 ms to
 start), and walks many journals in one go (``probe_many``, for listings); a
 journal that kills it is reported as damaged and the child is started again
 for the rest. Results are kept for the process's life, keyed by the file's
-size and modification time, so reopening an unchanged journal costs nothing.
+inode, size and times, so reopening an unchanged journal costs nothing;
+across processes, listings keep what they read in summaries (``summary``),
+and probe only a journal whose summary is missing or stale.
 """
 
 from __future__ import annotations
@@ -32,15 +34,19 @@ PROBE_TIMEOUT_S = 120.0
 _DATA = "data.mdb"
 
 _lock = threading.Lock()
-_known: dict[tuple[str, int, int], str | None] = {}
+_known: dict[tuple[str, int, int, int, int], str | None] = {}
 
 
-def _key(directory: Path) -> tuple[str, int, int] | None:
+def _key(directory: Path) -> tuple[str, int, int, int, int] | None:
+    """What a verdict is kept under: the file as ``stat`` sees it. Its change
+    time too: a file rewritten in place and given its old times back (``touch
+    -r``, a copy that keeps them) is another file."""
     try:
         stat = os.stat(directory / _DATA)
     except OSError:
         return None
-    return (os.path.realpath(directory), stat.st_size, stat.st_mtime_ns)
+    real = os.path.realpath(directory)
+    return (real, stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def probe(directory: Path) -> str | None:
@@ -52,7 +58,7 @@ def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:
     """``probe`` for each directory, with one child process for all of them
     (one more after each journal that kills it)."""
     result: dict[Path, str | None] = {}
-    todo: list[tuple[Path, tuple[str, int, int]]] = []
+    todo: list[tuple[Path, tuple[str, int, int, int, int]]] = []
     with _lock:
         for directory in map(Path, directories):
             key = _key(directory)

@@ -48,6 +48,7 @@ __all__ = [
     "acquire_store",
     "inspect_file",
     "is_disk_full",
+    "last_txnid",
     "release_store",
 ]
 
@@ -79,22 +80,7 @@ def inspect_file(path: Path) -> FileReport:
             head = f.read(2 * 65536)
     except OSError as exc:
         return FileReport(0, 0, (f"{path.name} unreadable: {exc.strerror}",))
-    metas: list[tuple[int, int, int]] = []  # (txnid, last_pgno, psize)
-    problems: list[str] = []
-    psize = struct.unpack_from("<I", head, 40)[0] if len(head) >= 44 else 0
-    if psize not in (4096, 8192, 16384, 32768, 65536):
-        psize = 4096
-    for index in (0, 1):
-        off = index * psize + 16  # page header is 16 bytes on 64-bit builds
-        if len(head) < off + 136:
-            problems.append(f"{path.name} meta page {index} missing ({size} bytes in file)")
-            continue
-        magic, version = struct.unpack_from("<II", head, off)
-        if magic != _META_MAGIC or version != 1:
-            problems.append(f"{path.name} meta page {index} is damaged (bad magic/version)")
-            continue
-        last, txnid = struct.unpack_from("<QQ", head, off + 120)
-        metas.append((txnid, last, psize))
+    metas, problems, psize = _meta_pages(head, path.name, size)
     if not metas:
         return FileReport(size, 0, (*problems, f"{path.name} has no valid meta page"), psize)
     _txnid, last, psize = max(metas)
@@ -105,6 +91,56 @@ def inspect_file(path: Path) -> FileReport:
             f"needs {needed}; entries stored past the end are lost"
         )
     return FileReport(size, needed, tuple(problems), psize)
+
+
+def last_txnid(path: str | Path) -> int | None:
+    """The newest transaction id ``data.mdb``'s meta pages name (LMDB raises it
+    at every commit), read in Python from the file's first pages; None when
+    the file cannot be read or has no valid meta page."""
+    try:
+        # Never through a link, never blocking: a FIFO planted in its place
+        # fails to be read instead (as a folder does).
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        head = os.pread(fd, 2 * 4096, 0)
+        psize = struct.unpack_from("<I", head, 40)[0] if len(head) >= 44 else 0
+        if psize > 4096 and psize in _PAGE_SIZES:
+            head = os.pread(fd, 2 * psize, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    metas, _, _ = _meta_pages(head, DATA_NAME, len(head))
+    return max(metas)[0] if metas else None
+
+
+_PAGE_SIZES = (4096, 8192, 16384, 32768, 65536)
+
+
+def _meta_pages(
+    head: bytes, name: str, size: int
+) -> tuple[list[tuple[int, int, int]], list[str], int]:
+    """The valid meta pages in the first bytes of a ``data.mdb`` as (txnid,
+    last page, page size), what is wrong with the others, and the page size."""
+    metas: list[tuple[int, int, int]] = []
+    problems: list[str] = []
+    psize = struct.unpack_from("<I", head, 40)[0] if len(head) >= 44 else 0
+    if psize not in _PAGE_SIZES:
+        psize = 4096
+    for index in (0, 1):
+        off = index * psize + 16  # page header is 16 bytes on 64-bit builds
+        if len(head) < off + 136:
+            problems.append(f"{name} meta page {index} missing ({size} bytes in file)")
+            continue
+        magic, version = struct.unpack_from("<II", head, off)
+        if magic != _META_MAGIC or version != 1:
+            problems.append(f"{name} meta page {index} is damaged (bad magic/version)")
+            continue
+        last, txnid = struct.unpack_from("<QQ", head, off + 120)
+        metas.append((txnid, last, psize))
+    return metas, problems, psize
 
 
 def report_size(path: Path) -> int:

@@ -6,12 +6,22 @@ read transaction (or its memory map) alive after the call that made it.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from primeruns.journal.frames import EntryKind
 
-__all__ = ["AppendResult", "CursorState", "Damage", "Entry", "InFlight", "ReadResult"]
+__all__ = [
+    "AppendResult",
+    "CursorState",
+    "Damage",
+    "Entry",
+    "InFlight",
+    "JournalInfo",
+    "ReadResult",
+]
 
 
 @dataclass(frozen=True)
@@ -74,3 +84,27 @@ class CursorState:
 
     acked: int
     inflight: InFlight | None
+
+
+@dataclass(frozen=True)
+class JournalInfo:
+    """One run directory's state, as read without any lock."""
+
+    path: Path
+    local_id: str
+    meta: dict[str, Any]
+    last_seq: int
+    cursors: dict[str, int]
+    losses: dict[str, dict[str, Any]]
+    size_bytes: int
+    modified: float
+    owner: str | None
+    owner_alive: bool
+    damage: list[Damage] = field(default_factory=list)
+    after: dict[int, Counter[int]] = field(default_factory=dict)
+    """With ``tally=True``: for offset 0 and each sink's acknowledged offset,
+    the entries after it per kind (at 0, everything the run logged, compacted
+    entries included; unreadable ones under ``UNREADABLE``)."""
+    finish: dict[str, Any] | None = None
+    """The run's finish record (its last ``FINISH`` entry), if it has one; one
+    declaring more than ``listing.MAX_FINISH_BYTES`` reads as finished, unread."""

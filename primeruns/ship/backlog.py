@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError, JournalLockedError
-from ..journal import Damage, Journal
+from ..journal import Damage, Journal, journal_info
 from ..journal.lock import owner_alive, read_owner
 from ..journal.meta import K_LOCAL_ID
 from ..journal.origin import K_ORIGIN, Origin
@@ -440,12 +440,13 @@ def needs_sync(
         # Pruned once it shipped and closed: only something new is to sync
         # (and is refused, naming the fix).
         return not sync_records.nothing_new(root, mine.name, last_seq)
-    try:
-        with Journal.open(mine, owner=False) as sync:
-            source = sync.get_meta(K_SOURCE_PATH)
-            shipped = sync.get_meta("state") == "shipped" and bool(sync.get_meta("finalized"))
-    except JournalError:
-        return True
+    # Its summary, when it did not change since a listing read it: a pass
+    # over a runs directory of copies opens only the sync journals that moved.
+    sync = journal_info(mine)
+    if sync.damage and not sync.meta:
+        return True  # it cannot be read: syncing says why
+    source = sync.meta.get(K_SOURCE_PATH)
+    shipped = sync.meta.get("state") == "shipped" and bool(sync.meta.get("finalized"))
     upto = source.get("imported_upto") if isinstance(source, dict) else None
     return not shipped or not isinstance(upto, int) or last_seq > upto
 

@@ -62,3 +62,39 @@ def test_a_steps_rows_are_paged(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert second.text.count('<tr class="step-row">') == 3
     shown = re.findall(r'<tr class="step-row">\s*<td>([^<]*)</td>', first.text + second.text)
     assert len(set(shown)) == PAGE_SIZE + 3  # every row once, none repeated across pages
+
+
+def test_a_runs_pages_read_that_run_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before, every page of a run (each page of its samples too) listed, and
+    so opened, every journal of the runs directory first: with 3,000 past
+    runs, seconds per page."""
+    from primeruns.journal import Journal
+    from primeruns.local.dashboard import journal_source
+
+    runs = point_at(monkeypatch, tmp_path, None)
+    demo = eval_episodes()
+    ids = []
+    for name in ("one", "two", "three"):
+        run = pr.init(name=name, environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+        assert run.journal_path is not None
+        run.log_episodes([fresh(demo[0]) for _ in range(3)])
+        run.finish()
+        ids.append(run.journal_path.name)
+    source = JournalSource(runs)
+
+    def listed(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a run's page listed every journal")
+
+    opened: list[Path] = []
+    real = Journal.open
+
+    def spy(path: Path, *args: object, **kwargs: object) -> Journal:
+        opened.append(Path(path))
+        return real(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(journal_source, "list_journals", listed)
+    monkeypatch.setattr(Journal, "open", spy)
+    detail = source.run(ids[1])
+    rows, total = source.samples(ids[1], 0, PAGE_SIZE)
+    assert detail is not None and detail.row.name == "two" and total == 3 and len(rows) == 3
+    assert {p.name for p in opened} == {ids[1]}

@@ -19,6 +19,7 @@ import benchlib
 import crash_close
 import end_to_end
 import finish_latency
+import history_cost
 import hot_path
 import idle_wakeups
 import long_run_memory
@@ -40,6 +41,7 @@ BENCHMARKS = (
     crash_close,
     long_run_memory,
     sync_scaling,
+    history_cost,
 )
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 

@@ -19,6 +19,7 @@ and finish records are read within bounds too. The indexes are cached up to
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections import OrderedDict
@@ -27,10 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from ... import jsonbound
-from ...journal import EntryKind, Journal, JournalInfo, list_journals
+from ...exceptions import JournalError
+from ...journal import EntryKind, Journal, JournalInfo, journal_info, list_journals
+from ...journal.listing import Memo
 from ...journal.meta import K_OVERSIZED
+from ...journal.store import DATA_NAME
+from ...journal.trust import check_dir
 from ...projection import episodes_to_parquet_rows, record_to_samples
 from ...reports import CRASH_ERROR, RunStatus, describe
+from ...ship.mirror import sync_root
 from ...sinks.train_samples import DEFAULT_INTERVAL as TABLE_INTERVAL
 from ..traces_extract import as_object
 from .episodes import sample_row
@@ -109,6 +115,9 @@ def _clip_meta(value: Any) -> Any:
     return jsonbound.clip(value, META_BOUNDS)
 
 
+_META = (MAX_META_BYTES, _clip_meta)
+
+
 def _unshown(why: str) -> dict[str, Any]:
     """The sample row of an episode a page cannot decode: its reason, as its error."""
     return {"sample_id": None, "error": why, "info": {}, "completion": []}
@@ -147,14 +156,26 @@ class JournalSource:
         self.runs_dir = Path(runs_dir)
         self._lock = threading.Lock()  # pages are read in worker threads
         self._indexes: OrderedDict[str, JournalIndex] = OrderedDict()
+        self._memo: Memo = {}
 
     def _infos(self) -> list[JournalInfo]:
-        return list_journals(self.runs_dir, tally=True, meta_bounds=(MAX_META_BYTES, _clip_meta))
+        # The memo: a reload reads only the journals that changed since.
+        return list_journals(self.runs_dir, tally=True, meta_bounds=_META, memo=self._memo)
 
     def runs(self) -> list[RunRow]:
-        return [_row(describe(info)) for info in self._infos()]
+        root = sync_root()
+        return [_row(describe(info, root)) for info in self._infos()]
 
     def _find(self, run_id: str) -> RunStatus | None:
+        """The run ``run_id`` names: the journal of that name, read alone (a
+        page of a run must not list every journal), else the one whose local
+        id it is."""
+        if run_id and "/" not in run_id and run_id not in (".", ".."):
+            path = self.runs_dir / run_id
+            with contextlib.suppress(OSError, JournalError):
+                if (path / DATA_NAME).is_file():
+                    check_dir(path, "journal directory")  # as a listing: never another's
+                    return describe(journal_info(path, tally=True, meta_bounds=_META))
         info = next((i for i in self._infos() if run_id in (i.local_id, i.path.name)), None)
         return None if info is None else describe(info)
 

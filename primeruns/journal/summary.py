@@ -1,0 +1,230 @@
+"""What a listing read of a journal, kept so that the next listing reads only what changed.
+
+Listing a journal (``ls``, ``gc``, ``replay --all``, the dashboard, the
+crashed-run hint of every online ``init()``) walks its tree in a child first
+(``probe``), opens it, and for the commands that show counts reads every
+entry's header: milliseconds to seconds a journal, paid again by every
+process for every past run (3,000 past runs: ~20 s for ``ls``, and a loop
+slowed by the hint's scan). What a listing reads depends on the journal's
+files alone, so it is kept, one small JSON file per journal, in a private
+folder beside the journals (``<runs dir>/.summaries/<name>.json``), with the
+*stamp* of the files it was read from, and used again while the stamp holds.
+
+The stamp is cheap to take (three ``stat`` calls and 8 KiB read) and moves
+with anything a reader could see:
+
+- ``data.mdb``: its device, inode, size, modification and change times, and
+  the newest transaction id its meta pages name (LMDB raises it at every
+  commit, so a write within the file system's timestamp granularity is seen
+  too; the change time cannot be set back, as ``touch`` sets the other);
+- each spool segment: its name, inode, size and change time (a segment only
+  grows, and is deleted only once LMDB holds it, which commits).
+
+A listing reads the journal after taking its stamp, so a summary may
+describe a newer state than its stamp, never an older one; and a newer state
+has another stamp, so it is read again next time.
+
+Summaries are never trusted beyond that. A journal copied in from another
+place has new inodes, so nothing kept of another journal is ever taken for
+it; summaries live outside the journals' folders, so a copy brings none and
+copies are never written (``ship.mirror``). The folder is this user's and
+private (``trust``); a summary is read without following links, bounded in
+size, and anything unexpected in it (not JSON, another version, another
+stamp) makes it missing: the journal is then probed and read as before, and
+its summary written anew. Nothing in a summary says whether the owner lives:
+that is read from the lock file each time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import stat
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from primeruns.exceptions import JournalError
+from primeruns.journal.spool import list_segments
+from primeruns.journal.store import DATA_NAME, last_txnid
+from primeruns.journal.trust import check_dir
+
+__all__ = ["FOLDER", "MAX_BYTES", "Files", "Shelf", "files"]
+
+#: The folder, beside the journals, that holds their summaries.
+FOLDER = ".summaries"
+#: The largest summary kept: a journal whose listing is larger (a meta value
+#: of megabytes) is read every time rather than copied into a file as large.
+MAX_BYTES = 1 << 20
+_VERSION = 1
+_TEMP_PREFIX = ".tmp-"
+_STALE_TEMP_S = 3600.0  # a writer that died between writing and renaming
+
+Stamp = list[Any]
+
+
+@dataclass(frozen=True)
+class Files:
+    """A journal's files as ``stat`` sees them."""
+
+    stamp: Stamp | None
+    """What moves with any change (module doc); None when the journal cannot
+    be stamped (no ``data.mdb``, no valid meta page): it is read every time."""
+    size_bytes: int
+    modified: float
+
+
+def files(path: Path) -> Files:
+    """The stamp, total bytes and newest write time of the journal at ``path``
+    (its ``data.mdb`` and spool segments, where the newest entries may be)."""
+    # Plain strings and os calls: a listing stamps thousands of journals.
+    folder = os.fspath(path)
+    stamp: Stamp | None
+    try:
+        data = os.lstat(os.path.join(folder, DATA_NAME))
+    except OSError:
+        stamp, size, modified = None, 0, 0.0
+    else:
+        size, modified = data.st_size, data.st_mtime
+        txnid = last_txnid(os.path.join(folder, DATA_NAME)) if stat.S_ISREG(data.st_mode) else None
+        stamp = (
+            None
+            if txnid is None
+            else [
+                data.st_dev,
+                data.st_ino,
+                data.st_size,
+                data.st_mtime_ns,
+                data.st_ctime_ns,
+                txnid,
+                [],
+            ]
+        )
+    for _, name in list_segments(path):
+        try:
+            segment = os.lstat(os.path.join(folder, name))
+        except OSError:
+            continue  # absorbed into LMDB meanwhile, which moved its transaction id
+        size += segment.st_size
+        modified = max(modified, segment.st_mtime)
+        if stamp is not None:
+            stamp[-1].append([name, segment.st_ino, segment.st_size, segment.st_ctime_ns])
+    return Files(stamp, size, modified)
+
+
+class Shelf:
+    """The summaries of the journals in one folder (a runs directory).
+
+    Every method is best effort: a summary that cannot be read is missing, one
+    that cannot be written is not kept, and neither raises."""
+
+    def __init__(self, runs_dir: Path) -> None:
+        self.runs_dir = Path(runs_dir)
+        self.folder = self.runs_dir / FOLDER
+        self._folder = os.fspath(self.folder)
+        self._usable: bool | None = None  # looked at once per shelf
+        self._made = False
+
+    def usable(self, *, create: bool = False) -> bool:
+        """Whether the folder is this user's and private (made so if ``create``
+        and the runs directory is too): summaries are read and written only there."""
+        if self._usable is None or (create and not self._usable and not self._made):
+            self._made = self._made or create
+            self._usable = self._check(create)
+        return self._usable
+
+    def _check(self, create: bool) -> bool:
+        try:
+            check_dir(self.runs_dir, "runs directory")
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(self.folder, 0o700)
+            st = os.lstat(self.folder)
+            check_dir(self.folder, "summaries folder")
+        except (JournalError, OSError):
+            return False
+        return stat.S_ISDIR(st.st_mode)
+
+    def load(self, name: str, stamp: Stamp | None) -> dict[str, Any] | None:
+        """The summary of journal ``name`` if it was taken at ``stamp``; None
+        when there is none, it is of another state, or anything is odd about it."""
+        if stamp is None or not self.usable():
+            return None
+        try:
+            fd = os.open(
+                os.path.join(self._folder, f"{name}.json"),
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC,
+            )
+        except OSError:
+            return None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > MAX_BYTES:
+                return None
+            doc = orjson.loads(os.pread(fd, st.st_size, 0))
+        except (OSError, orjson.JSONDecodeError):
+            return None
+        finally:
+            os.close(fd)
+        if not isinstance(doc, dict) or doc.get("v") != _VERSION or doc.get("stamp") != stamp:
+            return None
+        fields = doc.get("fields")
+        return fields if isinstance(fields, dict) else None
+
+    def save(self, name: str, stamp: Stamp | None, fields: dict[str, Any]) -> None:
+        """Keep ``fields`` (JSON values) as what journal ``name`` held at ``stamp``."""
+        if stamp is None or not self.usable(create=True):
+            return
+        try:
+            # The standard library's encoder: it writes what the journal held
+            # (integers of any size, NaN) or fails, where orjson would write
+            # NaN as null; such a summary then fails to load, and the journal
+            # is read instead.
+            encoded = json.dumps(
+                {"v": _VERSION, "stamp": stamp, "fields": fields}, separators=(",", ":")
+            ).encode()
+        except (TypeError, ValueError, RecursionError):
+            return
+        if len(encoded) > MAX_BYTES:
+            return
+        with contextlib.suppress(OSError):
+            # Written whole under a temporary name, then renamed: a reader sees
+            # the old summary or the new one, never a part.
+            fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=self.folder)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(encoded)
+                os.replace(temp, self.folder / f"{name}.json")
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                raise
+
+    def forget(self, name: str) -> None:
+        """Drop journal ``name``'s summary (the journal was deleted)."""
+        if not self.usable():
+            return
+        with contextlib.suppress(OSError):
+            os.unlink(self.folder / f"{name}.json")
+
+    def prune(self, journals: set[str]) -> None:
+        """Drop the summaries of journals no longer here (deleted by hand), and
+        temporary files their writers left: the folder holds no more than the
+        runs directory does."""
+        if not self.usable():
+            return
+        now = time.time()
+        with contextlib.suppress(OSError), os.scandir(self.folder) as entries:
+            for entry in entries:
+                if entry.name.startswith(_TEMP_PREFIX):
+                    with contextlib.suppress(OSError):
+                        if now - entry.stat(follow_symlinks=False).st_mtime > _STALE_TEMP_S:
+                            os.unlink(entry.path)
+                elif entry.name.endswith(".json") and entry.name[:-5] not in journals:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)

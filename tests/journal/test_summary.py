@@ -1,0 +1,269 @@
+"""Listings read a past journal from its summary while its files are unchanged, and the
+journal itself otherwise: a listing costs what changed, never a stale answer.
+
+What a user depends on: ``ls`` (and the dashboard, and the hint ``init()``
+logs) shows each run as it is now, however it changed (appended to, damaged,
+replaced by a copy from another machine, its summary lost or mangled), and
+does not open thousands of unchanged past runs to show them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from primeruns.journal import EntryKind, Journal, delete_journal, journal_info, list_journals
+from primeruns.journal.origin import K_ORIGIN
+from primeruns.journal.summary import FOLDER
+from primeruns.reports import describe
+
+ONLINE = {"spec": {"kind": "eval", "mode": "online"}}
+
+
+def _journal(runs: Path, name: str, entries: int, *, finish: bool = True) -> Path:
+    with Journal.create(runs, local_id=name, meta=ONLINE) as journal:
+        for i in range(entries):
+            journal.append(EntryKind.EPISODE, [json.dumps({"id": f"{name}-{i}"}).encode()])
+        if finish:
+            journal.append(EntryKind.FINISH, [b'{"status": "completed"}'])
+        return journal.path
+
+
+def _opened(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
+    """The journals opened from now on (each time one is)."""
+    opened: list[Path] = []
+    real = Journal.open
+
+    def spy(path: Path, *args: Any, **kwargs: Any) -> Journal:
+        opened.append(Path(path))
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(Journal, "open", spy)
+    return opened
+
+
+def _shown(runs: Path, **kwargs: Any) -> dict[str, tuple[Any, ...]]:
+    """What a listing says of each journal: entries, counts, finish, damage."""
+    return {
+        info.path.name: (
+            info.last_seq,
+            dict(info.after.get(0, {})),
+            (describe(info).finish or {}).get("status"),
+            [d.what for d in info.damage],
+        )
+        for info in list_journals(runs, tally=True, **kwargs)
+    }
+
+
+def _same_times(path: Path, like: os.stat_result) -> None:
+    """Give ``path`` the access and modification times of ``like``: a change
+    within the file system's timestamp granularity, or a copy that kept them."""
+    os.utime(path, ns=(like.st_atime_ns, like.st_mtime_ns))
+
+
+def test_an_unchanged_journal_is_listed_from_its_summary_without_being_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, every listing opened every past journal (and a child walked
+    each one's tree): ``ls`` of 3,000 runs took ~20 s."""
+    runs = tmp_path / "runs"
+    _journal(runs, "a", 3)
+    _journal(runs, "b", 2, finish=False)
+    first = _shown(runs)
+    opened = _opened(monkeypatch)
+    assert _shown(runs) == first
+    assert opened == []
+    assert first["a"] == (4, {int(EntryKind.EPISODE): 3, int(EntryKind.FINISH): 1}, "completed", [])
+    assert first["b"][2] is None
+
+
+def test_a_journal_that_changed_is_read_again_even_within_its_timestamp(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    path = _journal(runs, "run", 2, finish=False)
+    assert _shown(runs)["run"][:3] == (2, {int(EntryKind.EPISODE): 2}, None)
+    before = (path / "data.mdb").stat()
+    with Journal.open(path) as journal:  # replay, or a requeued job, writes it again
+        journal.append(EntryKind.EPISODE, [b'{"id": "late"}'])
+        journal.append(EntryKind.FINISH, [b'{"status": "failed"}'])
+    _same_times(path / "data.mdb", before)
+    assert _shown(runs)["run"][:3] == (
+        4,
+        {int(EntryKind.EPISODE): 3, int(EntryKind.FINISH): 1},
+        "failed",
+    )
+
+
+def test_a_summary_that_is_missing_or_mangled_is_read_again_from_the_journal(
+    tmp_path: Path,
+) -> None:
+    runs = tmp_path / "runs"
+    _journal(runs, "run", 3)
+    truth = _shown(runs)
+    kept = runs / FOLDER / "run.json"
+    assert kept.is_file()
+    good = json.loads(kept.read_bytes())
+    mangled = [
+        b"",
+        b"{not json",
+        json.dumps({**good, "v": 999}).encode(),
+        json.dumps({**good, "fields": {**good["fields"], "last_seq": "many"}}).encode(),
+        json.dumps({**good, "fields": {**good["fields"], "after": {"0": {"x": 1}}}}).encode(),
+        json.dumps({**good, "fields": []}).encode(),
+    ]
+    for raw in mangled:
+        kept.write_bytes(raw)
+        assert _shown(runs) == truth, raw
+    kept.unlink()
+    assert _shown(runs) == truth
+    assert json.loads(kept.read_bytes())["fields"]["last_seq"] == 4  # kept anew
+    kept.unlink()
+    kept.symlink_to(tmp_path / "elsewhere.json")  # never followed
+    (tmp_path / "elsewhere.json").write_bytes(json.dumps(good).encode())
+    assert _shown(runs) == truth
+
+
+_LISTING = """
+import json, sys
+from pathlib import Path
+from primeruns.journal import list_journals
+print(json.dumps([[d.what for d in i.damage] for i in list_journals(Path(sys.argv[1]))]))
+"""
+
+
+def _zero_a_page_that_aborts_lmdb(path: Path) -> None:
+    """Zero, in place, an interior page of the journal at ``path`` whose loss
+    makes LMDB abort a reader (as the probe's child finds)."""
+    from primeruns.journal.probe import probe
+
+    data = path / "data.mdb"
+    raw = data.read_bytes()
+    for page in range(2, len(raw) // 4096):
+        with open(data, "r+b") as f:
+            f.seek(page * 4096)
+            f.write(bytes(4096))
+        if "killed the reader" in (probe(path) or ""):
+            return
+        data.write_bytes(raw)
+    raise AssertionError("no single page aborts LMDB in this journal")
+
+
+def test_a_journal_damaged_in_place_after_it_was_listed_is_probed_again(tmp_path: Path) -> None:
+    """Its size and times unchanged, its summary still says it is healthy:
+    the listing must walk its tree in a child again, not trust the summary
+    (nor open it and let LMDB abort the process)."""
+    runs = tmp_path / "runs"
+    path = runs / "run"
+    with Journal.create(runs, local_id="run", meta=ONLINE) as journal:
+        for i in range(300):  # incompressible: enough pages for interior ones
+            journal.append(
+                EntryKind.EPISODE, [json.dumps({"i": i, "pad": os.urandom(450).hex()}).encode()]
+            )
+    assert _shown(runs)["run"][3] == []
+    before = (path / "data.mdb").stat()
+    _zero_a_page_that_aborts_lmdb(path)
+    _same_times(path / "data.mdb", before)
+    assert (path / "data.mdb").stat().st_size == before.st_size
+    listing = subprocess.run(
+        [sys.executable, "-c", _LISTING, str(runs)], capture_output=True, text=True, timeout=120
+    )
+    assert listing.returncode == 0, listing.stderr[-2000:]
+    (damage,) = json.loads(listing.stdout)
+    assert any("tree damaged" in what for what in damage), damage
+
+
+def test_a_journal_copied_in_from_another_host_is_listed_as_the_copy_is(tmp_path: Path) -> None:
+    """A runs directory refreshed from a compute node (rsync, ``cp -a``):
+    the copy replaces the journal of the same name, its times kept, and
+    must be listed as what it holds, not as the journal it replaced."""
+    runs, node = tmp_path / "runs", tmp_path / "node"
+    path = _journal(runs, "run", 1, finish=False)
+    assert _shown(runs)["run"][0] == 1
+    before = (path / "data.mdb").stat()
+    there = _journal(node, "run", 5)
+    with Journal.open(there) as journal:
+        journal.set_meta(K_ORIGIN, {**journal.get_meta(K_ORIGIN), "host": "compute-7"})
+    shutil.rmtree(path)
+    shutil.copytree(there, path)  # times kept, as rsync -a and cp -a keep them
+    _same_times(path / "data.mdb", before)
+    (info,) = list_journals(runs, tally=True)
+    assert (info.last_seq, info.after[0][int(EntryKind.EPISODE)]) == (6, 5)
+    assert describe(info).state == "finished"
+    assert (describe(info).finish or {}).get("status") == "completed"
+
+
+def test_summaries_are_not_runs_and_go_with_their_journals(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    keep, gone = _journal(runs, "keep", 1), _journal(runs, "gone", 1)
+    assert [i.path.name for i in list_journals(runs)] == ["gone", "keep"]
+    assert sorted(p.name for p in (runs / FOLDER).iterdir()) == ["gone.json", "keep.json"]
+    delete_journal(gone)
+    assert [p.name for p in (runs / FOLDER).iterdir()] == ["keep.json"]
+    shutil.rmtree(keep)  # deleted by hand: the next listing drops its summary
+    assert list_journals(runs) == []
+    assert list((runs / FOLDER).iterdir()) == []
+
+
+def test_no_summary_is_kept_where_another_user_could_write(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    path = _journal(runs, "run", 2)
+    os.chmod(runs, 0o770)
+    assert journal_info(path, tally=True).last_seq == 3
+    assert _shown(runs)["run"][0] == 3
+    assert not (runs / FOLDER).exists()
+
+
+def test_a_bounded_reader_is_given_meta_within_its_bounds_from_a_summary(tmp_path: Path) -> None:
+    """The dashboard reads meta within bounds; a summary kept by ``ls`` (which
+    reads it whole) must not give it more."""
+    runs = tmp_path / "runs"
+    with Journal.create(runs, local_id="run", meta={**ONLINE, "big": "x" * 5000}) as journal:
+        journal.append(EntryKind.EPISODE, [b"{}"])
+    kept = runs / FOLDER / "run.json"
+
+    def clip(value: Any) -> Any:
+        return value[:10] if isinstance(value, str) else value
+
+    (info,) = list_journals(runs, meta_bounds=(1000, clip))  # read from the journal
+    assert "big" not in info.meta and info.meta["journal.oversized"]["big"] > 1000
+    assert not kept.exists()  # a value was left out: nothing whole to keep
+    (info,) = list_journals(runs, meta_bounds=(10_000, clip))
+    assert info.meta["big"] == "x" * 10 and kept.exists()
+    (info,) = list_journals(runs, meta_bounds=(1000, clip))  # from the summary now
+    assert "big" not in info.meta and info.meta["journal.oversized"]["big"] > 1000
+    assert info.meta["spec"] == ONLINE["spec"]
+    (info,) = list_journals(runs)
+    assert info.meta["big"] == "x" * 5000
+
+
+def test_the_crashed_run_hint_opens_no_past_journal_it_read_before_and_few_it_did_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every online ``init()`` looks for earlier runs that crashed, beside the
+    user's loop. Before, it opened every past journal, with a child walking
+    each one's tree: with 3,000 past runs the loop slowed by a quarter for
+    ten seconds, and its worst ``log_*`` call took 80 ms."""
+    import logging
+
+    from primeruns import opening
+
+    runs = tmp_path / "runs"
+    crashed = [_journal(runs, f"crashed-{i:02d}", 1, finish=False) for i in range(12)]
+    opened = _opened(monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        opening._mention_crashed_runs(runs, set())
+    assert sorted(opened) == crashed[-opening._HINT_UNREAD_MOST :]  # the newest, the first time
+    assert f"{opening._HINT_UNREAD_MOST} earlier run(s)" in caplog.text
+    list_journals(runs)  # `primeruns ls`, say: every journal read once
+    opened.clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        opening._mention_crashed_runs(runs, set())
+    assert opened == []
+    assert "12 earlier run(s)" in caplog.text
