@@ -32,7 +32,8 @@ def run(*command: str, cwd: Path | None = None) -> None:
     subprocess.run(command, check=True, cwd=cwd)
 
 
-def main() -> int:
+def build() -> Path:
+    """The environment's Python, with verifiers and this checkout's ``prime_runs``."""
     python = WORK / "venv" / "bin" / "python"
     if not python.exists():
         venv.create(WORK / "venv", with_pip=True, clear=True)
@@ -47,6 +48,11 @@ def main() -> int:
     ).stdout.strip()
     if not Path(found).is_relative_to(ROOT):
         sys.exit(f"prime_runs comes from {found}, not this checkout")
+    return python
+
+
+def main() -> int:
+    python = build()
     source = WORK / f"verifiers-{VERSION}"
     if not source.exists():
         run(
