@@ -179,6 +179,12 @@ def start_model() -> tuple[ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
 
 
+def _site_packages(python: Path) -> Path:
+    code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+    done = subprocess.run([str(python), "-c", code], capture_output=True, text=True, check=True)
+    return Path(done.stdout.strip())
+
+
 def vendor_python(ours: Path) -> Path:
     """A venv holding only the vendor's prime-runs, in front of the first venv's packages."""
     python = VENDOR / "venv" / "bin" / "python"
@@ -186,18 +192,10 @@ def vendor_python(ours: Path) -> Path:
         venv.create(VENDOR / "venv", with_pip=True, clear=True)
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps",
                         f"prime-runs=={VENDOR_VERSION}"], check=True)  # fmt: skip
-    site = subprocess.run(
-        [str(ours), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    mine = subprocess.run(
-        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
     # A path line in a .pth is appended after this venv's own site-packages, so
     # the vendor's prime_runs wins over this checkout's (an editable install,
     # whose own .pth is not read from a directory a .pth added).
-    (Path(mine) / "verifiers-env.pth").write_text(site + "\n")
+    (_site_packages(python) / "verifiers-env.pth").write_text(f"{_site_packages(ours)}\n")
     return python
 
 
