@@ -211,7 +211,8 @@ def test_a_job_requeued_by_its_run_id_ships_its_predecessor_and_a_copy_of_it_onc
         pass
     first.kill()  # preempted
     first.wait(timeout=30)
-    [journal] = list((tmp_path / "node-a").iterdir())
+    # The runs dir's own folders (.steps, .primary, .summaries) are not runs.
+    [journal] = [p for p in (tmp_path / "node-a").iterdir() if not p.name.startswith(".")]
     # Its journal copied beside the requeued job twice (two rsyncs, two names).
     shutil.copytree(journal, login / journal.name)
     shutil.copytree(journal, login / f"{journal.name}.again")
