@@ -4,7 +4,7 @@ Nothing here knows about journals or threads; the shippers drive it.
 """
 
 from .client import PlatformClient, json_body
-from .errors import error_from_response, is_ambiguous, parse_retry_after
+from .errors import error_from_response, is_ambiguous, never_reached, parse_retry_after
 from .settings import MODE_ENV, TRACES_OPT_OUT_ENV, Settings, resolve_settings, split_api_root
 
 __all__ = [
@@ -15,6 +15,7 @@ __all__ = [
     "error_from_response",
     "is_ambiguous",
     "json_body",
+    "never_reached",
     "parse_retry_after",
     "resolve_settings",
     "split_api_root",

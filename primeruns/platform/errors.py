@@ -43,6 +43,7 @@ __all__ = [
     "error_from_response",
     "error_from_transport",
     "is_ambiguous",
+    "never_reached",
     "parse_retry_after",
 ]
 
@@ -169,7 +170,15 @@ def error_from_transport(exc: httpx.TransportError, where: str) -> TransportErro
     cls = APITimeoutError if isinstance(exc, httpx.TimeoutException) else TransportError
     error = cls(f"{where}: {type(exc).__name__}: {exc or 'no response'}")
     error.ambiguous = isinstance(exc, _RESPONSE_PATH)  # type: ignore[attr-defined]
+    # No connection was made at all (nothing listens, no route): the platform
+    # was not reached, which a closing run gives up on sooner (``unreached``).
+    error.unreached = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)  # type: ignore[attr-defined]
     return error
+
+
+def never_reached(exc: BaseException) -> bool:
+    """Whether ``exc`` is a request that never connected to the platform."""
+    return isinstance(exc, TransportError) and bool(getattr(exc, "unreached", False))
 
 
 def is_ambiguous(exc: BaseException) -> bool:

@@ -35,7 +35,7 @@ from ..exceptions import (
     is_transient,
 )
 from ..journal import Journal
-from ..platform import PlatformClient, is_ambiguous
+from ..platform import PlatformClient, is_ambiguous, never_reached
 from ..platform.binding import Binding
 from ..ranks import is_primary
 from ..spec import RunSpec, SpecEnvironment, journal_spec
@@ -180,6 +180,7 @@ class Lifecycle:
         live run keeps trying: its records ship only once it is registered."""
         started = time.monotonic()
         failed = lost = 0
+        reached = False  # whether any try connected to the platform
         stopping = stop if stop is not None else threading.Event()  # never set: a plain delay
         while True:
             try:
@@ -197,6 +198,7 @@ class Lifecycle:
                     self._on_failure("register", exc)
                     return None
                 failed += 1
+                reached = reached or not never_reached(exc)
                 # An answer lost on the way back (not a 5xx, which the
                 # platform sends when it refused the request as a whole).
                 # A 2xx without the created run's id is no better than none.
@@ -210,7 +212,9 @@ class Lifecycle:
                         return None
                 now = time.monotonic()
                 if deadline is not None and (
-                    now >= deadline or self._policy.stuck(now - started, failed)
+                    now >= deadline
+                    or self._policy.stuck(now - started, failed)
+                    or (not reached and self._policy.unreached(now - started, failed))
                 ):
                     self._on_failure("register", exc)
                     return None

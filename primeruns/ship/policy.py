@@ -36,7 +36,12 @@ from ..settings import (
 )
 from ..sinks.base import SinkOff
 
-__all__ = ["Failure", "RetryPolicy", "classify"]
+__all__ = ["UNREACHED_S", "Failure", "RetryPolicy", "classify"]
+
+# How long a closing run tries to register a platform none of whose tries
+# ever connected (``RetryPolicy.unreached``), at most: the stall allowance
+# where that is shorter.
+UNREACHED_S = 10.0
 
 
 class Failure(enum.Enum):
@@ -112,6 +117,15 @@ class RetryPolicy:
         if closing:
             wait = min(wait, self.stall_s / self.stuck_attempts)
         return wait
+
+    def unreached(self, idle_s: float, failed_in_a_row: int) -> bool:
+        """Whether a closing run's registration, none of whose tries ever
+        connected (nothing listens, no route), can be given up on: sooner than
+        a platform that answers badly, since its records stay journaled for
+        ``primeruns replay`` either way (a run ended with the platform down
+        waited the whole allowance, 60 s; the vendor's SDK gave up within
+        about 27 s, keeping nothing)."""
+        return idle_s >= min(self.stall_s, UNREACHED_S) and failed_in_a_row >= 2
 
     def stuck(self, idle_s: float, failed_in_a_row: int) -> bool:
         """Whether a sink (or the registration) idle this long after this many

@@ -40,7 +40,7 @@ from .factory import make_shippers
 from .handover import take_over
 from .lifecycle import K_FORK_PARENT, Lifecycle
 from .mirror import sync_root
-from .policy import RetryPolicy
+from .policy import UNREACHED_S, RetryPolicy
 from .shipper import Shipper, drain_all
 
 __all__ = [
@@ -271,7 +271,8 @@ class Uplink:
         started = time.monotonic()
         if self.lifecycle.register_retrying(deadline=deadline) is None:
             spent = time.monotonic() - started
-            return spent if spent >= self.policy.stall_s else None  # stuck, not refused
+            # Stuck (or never reached: the shorter allowance), not refused.
+            return spent if spent >= min(self.policy.stall_s, UNREACHED_S) else None
         self._registered()
         return None
 

@@ -30,7 +30,7 @@ from primeruns.exceptions import (
 )
 from primeruns.journal import Journal
 from primeruns.ship.lifecycle import Lifecycle
-from primeruns.ship.policy import RetryPolicy
+from primeruns.ship.policy import UNREACHED_S, RetryPolicy
 from primeruns.spec import SpecError
 
 # Three attempts a call, with no wait between them.
@@ -462,3 +462,54 @@ def test_a_summary_update_that_fails_does_not_hold_the_close_out_back(world: Wor
     assert [what for what, _ in world.failures] == ["update"]
     evaluation = world.registry.evaluation(eval_id)
     assert evaluation["status"] == "COMPLETED" and evaluation["metrics"] == {"avg_reward": 0.5}
+
+
+class _Clock:
+    """A monotonic clock that moves a second each time it is read."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+@pytest.mark.parametrize(
+    ("fault", "gives_up_within_s"),
+    [
+        (REFUSED, UNREACHED_S + 2),  # nothing listens: the short allowance
+        (error(503, "unavailable"), None),  # an answer, however bad: the stall rule
+    ],
+)
+def test_a_closing_registration_gives_up_sooner_on_a_platform_it_never_connected_to(
+    fault: Fault,
+    gives_up_within_s: float | None,
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A run ended with the platform down from init() on waited the whole
+    stall allowance (60 s) for a registration that could not connect; the
+    vendor's SDK gave up within about 27 s, keeping nothing. Its records stay
+    journaled for replay either way, so a closing run gives a platform it
+    never reached UNREACHED_S; one that answers, even with 503s, still gets
+    the stall allowance (it may be restarting)."""
+    clock = _Clock()
+    monkeypatch.setattr("primeruns.ship.lifecycle.time", clock)
+    policy = RetryPolicy(base_delay_s=0.0, max_delay_s=0.0, attempts_per_strike=3, stall_s=60.0)
+    lifecycle = world.start(_spec())
+    lifecycle = Lifecycle(
+        lifecycle.journal,
+        world.platform.client(),
+        policy=policy,
+        on_failure=lambda what, exc: world.failures.append((what, exc)),
+    )
+    world.platform.fail("resolve", *[fault] * 500)
+    started = clock.now
+    assert lifecycle.register_retrying(deadline=started + 300) is None
+    spent = clock.now - started
+    if gives_up_within_s is not None:
+        assert spent <= gives_up_within_s
+    else:
+        assert spent >= policy.stall_s
+    assert [what for what, _ in world.failures] == ["register"]
