@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,3 +101,37 @@ def test_the_step_table_and_primary_lock_folders_follow_no_symlink(tmp_path: Pat
     table.close()
     assert ranks._first_to_attach(runs, "run-1", "local-1") is True
     assert list(theirs.iterdir()) == []
+
+
+def _merge_at_once(folder: str, rank: int, barrier: Any, out: Any) -> None:
+    from primeruns.sinks.step_rows import StepRows
+
+    table = StepRows(Path(folder), label=f"rank{rank}", primary=rank == 0, rank=rank)
+    barrier.wait()
+    merged = table.merge("run-1", 0, {f"loss_r{rank}": 1.0})
+    out.put((rank, merged is not None))
+    table.close()
+
+
+def test_ranks_opening_the_step_table_at_once_all_merge_into_it(tmp_path: Path) -> None:
+    """Four ranks' uplinks ship step 0 at the same moment, each opening the
+    host's step table for the first time. Each must merge: one that found it
+    locked gave up on it for good and sent its rows as logged, and the row
+    that landed last lacked its key (CI: "rank 0's key lost at step 0")."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    for trial in range(25):
+        folder = tmp_path / f"runs{trial}"
+        folder.mkdir(mode=0o700)
+        barrier, out = ctx.Barrier(4), ctx.Queue()
+        procs = [
+            ctx.Process(target=_merge_at_once, args=(str(folder), r, barrier, out))
+            for r in range(4)
+        ]
+        for proc in procs:
+            proc.start()
+        merged = dict(out.get(timeout=60) for _ in procs)
+        for proc in procs:
+            proc.join(timeout=60)
+        assert merged == {0: True, 1: True, 2: True, 3: True}, f"trial {trial}: {merged}"

@@ -85,7 +85,10 @@ class StepRows:
             conn = sqlite3.connect(
                 str(path), timeout=_BUSY_S, isolation_level=None, check_same_thread=False
             )
-            conn.execute("PRAGMA journal_mode=WAL")
+            # The default rollback journal, not WAL: switching a new file to
+            # WAL while another rank opens it fails at once with "database is
+            # locked" (no busy wait; 26 of 150 trials of four at once), and
+            # that rank's rows then went unmerged, losing its keys at the step.
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(_SCHEMA)
             self._conns[key] = conn
