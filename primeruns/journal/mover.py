@@ -139,10 +139,14 @@ class Mover:
             try:
                 while not self._stop.is_set() and self.step():
                     moved = True
+                    # Trained as soon as a kind has enough records, between
+                    # batches: a burst (a backlog, a fast evaluation) spools
+                    # thousands of entries before the first look, and a
+                    # dictionary trained only once all had moved served none.
+                    if self._dicts.due():
+                        self._train()
                 if moved:
                     self._after_moving()
-                if not self._stop.is_set() and self._dicts.due():
-                    self._train()
             except JournalFullError:
                 # No room to move into until something is acknowledged and
                 # compacted (or the user frees the disk): try again later.
