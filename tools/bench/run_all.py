@@ -1,10 +1,11 @@
 """Run every benchmark and write the combined tables to ``tools/bench/RESULTS.md``.
 
-Run ``python tools/bench/run_all.py`` (``--quick`` for a CI-sized version)
-from the repository root. Each benchmark measures its figures as ratios to a
-reference in the same run; this only runs them one after the other, prints
-the tables in Markdown and writes them, with the machine they ran on, to
-``RESULTS.md`` beside this file (``--no-write`` to only print).
+Run ``python tools/bench/run_all.py`` (``--quick`` for a CI-sized version,
+``--only a,b`` for some of them) from the repository root. Each benchmark
+measures its figures as ratios to a reference in the same run; this only runs
+them one after the other, prints the tables in Markdown and writes them, with
+the machine they ran on, to ``RESULTS.md`` beside this file (``--no-write`` to
+only print).
 """
 
 from __future__ import annotations
@@ -50,10 +51,21 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="CI-sized versions")
     parser.add_argument("--no-write", action="store_true", help=f"do not write {RESULTS.name}")
+    parser.add_argument(
+        "--only",
+        default="",
+        help="comma-separated benchmark names (e.g. uplink_loop,hot_path): run only these",
+    )
     args = parser.parse_args(argv)
+    names = {b.__name__ for b in BENCHMARKS}
+    only = {n.strip() for n in args.only.split(",") if n.strip()}
+    if only - names:
+        parser.error(f"--only: no benchmark named {', '.join(sorted(only - names))}")
     tables: list[Table] = []
     timings: list[str] = []
     for bench in BENCHMARKS:
+        if only and bench.__name__ not in only:
+            continue
         t0 = time.perf_counter()
         try:
             tables += bench.run(args.quick)
