@@ -39,6 +39,7 @@ from .context import (
     optional_object,
     require_str,
 )
+from .dashboard import stored_rows
 from .errors import PlatformError
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
@@ -248,9 +249,15 @@ async def push_samples(request: Request) -> JSONResponse:
 
     def append(conn: sqlite3.Connection) -> int:
         _get_row(conn, eval_id)
-        conn.executemany(
-            "INSERT INTO eval_samples (eval_id, sample_id, body) VALUES (?, ?, ?)", rows
-        )
+        stored: list[tuple[int, Any]] = []
+        for row, sample in zip(rows, samples, strict=True):
+            cursor = conn.execute(
+                "INSERT INTO eval_samples (eval_id, sample_id, body) VALUES (?, ?, ?)", row
+            )
+            assert cursor.lastrowid is not None  # an INSERT into a rowid table
+            stored.append((cursor.lastrowid, sample))
+        # The dashboard's row of each, while the sample is parsed (stored_rows.py).
+        stored_rows.store(conn, eval_id, stored)
         return _sample_count(conn, eval_id)
 
     total = await context_of(request).db.write(append)

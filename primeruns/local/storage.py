@@ -47,6 +47,18 @@ CREATE TABLE IF NOT EXISTS eval_samples (
     body TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS eval_samples_eval ON eval_samples (eval_id, row);
+-- Each sample's row of the dashboard's table, stored with its body (dashboard/stored_rows.py).
+CREATE TABLE IF NOT EXISTS eval_sample_rows (
+    row INTEGER PRIMARY KEY,
+    eval_id TEXT NOT NULL,
+    sample_id TEXT,
+    reward REAL,
+    error TEXT,
+    task TEXT,
+    input_tokens INTEGER,
+    output_tokens INTEGER,
+    category TEXT
+);
 CREATE TABLE IF NOT EXISTS environments (
     id TEXT PRIMARY KEY,
     owner TEXT NOT NULL,

@@ -39,6 +39,27 @@ def hostile_episode() -> dict[str, Any]:
     return episode
 
 
+#: Errors put in the demo's episodes: sample index -> (where, type, message).
+ERRORS = {
+    3: ("trace", "ToolTimeout", "tool hung after 30 s"),
+    7: ("trace", "ToolTimeout", "tool hung after 60 s"),
+    9: ("trace", "ParseError", "no \\boxed{} answer"),
+    12: ("episode", "SandboxError", "the sandbox did not start"),
+}
+
+
+def errored_episodes() -> list[dict[str, Any]]:
+    """The demo's 30 gsm8k episodes, four with errors (``ERRORS``): two tool
+    timeouts and a parse error in their trace, a sandbox error in the episode's
+    own list."""
+    episodes = [fresh(e) for e in eval_episodes()]
+    for index, (where, kind, message) in ERRORS.items():
+        error = {"type": kind, "message": message, "status_code": None}
+        holder = episodes[index]["traces"][0] if where == "trace" else episodes[index]
+        holder["errors"] = [error]
+    return episodes
+
+
 def offline_eval(runs: Path, n: int, name: str = "offline-eval") -> pr.Run:
     run = pr.init(name=name, environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
     demo = eval_episodes()

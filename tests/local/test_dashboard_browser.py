@@ -26,7 +26,9 @@ from typing import Any
 import httpx
 import pytest
 from dashboard_helpers import (
+    ERRORS,
     HOSTILE,
+    errored_episodes,
     fresh,
     hostile_episode,
     local_runs,
@@ -379,3 +381,48 @@ def test_an_evaluation_is_analysed_and_its_samples_filtered_and_walked(
     expect(page).to_have_url(re.compile(rf"/samples/{wrong[1]}\?correct=no$"))
     page.get_by_role("link", name=re.compile("^previous")).click()
     expect(page).to_have_url(re.compile(rf"/samples/{wrong[0]}\?correct=no$"))
+
+
+def test_an_evaluations_token_usage_and_error_categories_filter_its_samples(
+    demo: DemoRuns, page: Page, shots: Path
+) -> None:
+    """Token usage (totals, a sortable column) on the demo's evaluation; errors
+    by category, whose links and filter narrow the samples, on a run with
+    errors, online and from its journal (``serve --runs-dir``)."""
+    run_id = _open_run(demo, page, "evaluations", "demo-gsm8k")
+    episodes = [s["info"]["native_wrapper"] for s in stored_samples(demo.url, demo.key, run_id)]
+    read = sum(e["num_input_tokens"] for e in episodes)
+    written = sorted((e["num_output_tokens"] for e in episodes), reverse=True)
+    expect(page.locator("tr.tokens-input td.total")).to_have_text(str(read))
+    expect(page.locator("tr.tokens-output td.total")).to_have_text(str(sum(written)))
+    expect(page.locator("section.analysis")).to_contain_text("no sample has an error")
+    page.locator("tr.tokens-most").get_by_role("link", name="the longest first").click()
+    expect(page).to_have_url(re.compile(r"sort=output_tokens&order=desc"))
+    rows = page.locator("table.samples tr.sample")
+    expect(rows.locator("td.output-tokens")).to_have_text([str(n) for n in written])
+    page.locator("table.samples").get_by_role("link", name="tokens out").click()  # reversed
+    expect(rows.first.locator("td.output-tokens")).to_have_text(str(written[-1]))
+    page.screenshot(path=shots / "evaluation-tokens.png", full_page=True)
+
+    run = demo.new_run(name="errors-eval", environments=["gsm8k"], model="m")
+    run.log_episodes(errored_episodes())
+    run.finish(timeout=60)
+    assert run.url is not None and run.journal_path is not None
+    _, offline = serve_runs_dir(demo.runs_dir)
+    timeouts = [i for i, (_, kind, _) in ERRORS.items() if kind == "ToolTimeout"]
+    for url in (run.url, f"{offline}/dashboard/evaluations/{run.journal_path.name}"):
+        page.goto(url)
+        categories = page.locator("table.error-categories tr.error-category")
+        expect(categories.locator("td.count")).to_have_text(["2", "1", "1"])
+        page.screenshot(path=shots / "evaluation-errors.png", full_page=True)
+        categories.get_by_role("link", name="ToolTimeout").click()
+        expect(page).to_have_url(re.compile(r"category=ToolTimeout"))
+        expect(rows.locator("td:first-child")).to_have_text([str(i) for i in timeouts])
+        expect(rows.locator("td.error")).to_have_text([re.compile("^ToolTimeout: ")] * 2)
+        page.goto(url)
+        filters = page.locator("form.sample-filters")
+        filters.get_by_label("error category").fill("SandboxError")
+        filters.get_by_role("button", name="filter").click()
+        expect(rows.locator("td.error")).to_have_text(["SandboxError: the sandbox did not start"])
+        rows.first.get_by_role("link").click()
+        expect(page.locator("td.error")).to_have_text("SandboxError: the sandbox did not start")

@@ -18,6 +18,7 @@ from pathlib import Path
 import backlog
 import benchlib
 import crash_close
+import dashboard_analysis
 import end_to_end
 import finish_latency
 import history_cost
@@ -43,6 +44,7 @@ BENCHMARKS = (
     long_run_memory,
     sync_scaling,
     history_cost,
+    dashboard_analysis,
 )
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 

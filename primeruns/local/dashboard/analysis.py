@@ -1,10 +1,17 @@
-"""An evaluation's figures beyond its averages: the reward histogram, pass@k and a row per task.
+"""An evaluation's figures beyond its averages: the reward histogram, pass@k, a row
+per task, token usage and the errors by category.
 
 They are computed from each sample's row (:class:`~.views.SampleRow`: its
-task, reward and error), never from the episodes themselves, so a page costs
-what those rows hold, whatever the episodes weigh. A sample is correct when
+task, reward, error and its category, tokens), in one pass, never from the
+episodes themselves, so a page costs what those rows hold, whatever the
+episodes weigh. A sample is correct when
 its reward is positive (the rewards are the verifier's scores, as the samples
 table says); one without a reward is neither and is left out of pass@k.
+
+Token usage sums each sample's input and output tokens (``rows.token_counts``)
+over the samples whose records count them, and says how many do; errors are
+grouped by their category (``rows.error_category``: the error's type), the
+most frequent first.
 
 pass@k is the unbiased estimator of Chen et al. (2021, "Evaluating Large
 Language Models Trained on Code"): for a task of ``n`` samples of which ``c``
@@ -16,7 +23,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from .views import SampleRow
 
@@ -52,6 +60,43 @@ class TaskRow:
     correct: int
     mean_reward: float | None
     errors: int
+    #: Tokens (input and output) over the task's samples that count them.
+    tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Token usage over the samples whose records count tokens (``counted`` of them)."""
+
+    counted: int = 0
+    input: int = 0
+    output: int = 0
+    #: The most output tokens of one sample.
+    most_output: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.input + self.output
+
+    @property
+    def mean_input(self) -> float | None:
+        return self.input / self.counted if self.counted else None
+
+    @property
+    def mean_output(self) -> float | None:
+        return self.output / self.counted if self.counted else None
+
+
+@dataclass(frozen=True)
+class Category:
+    """The samples whose errors are of one kind (``SampleRow.category``)."""
+
+    name: str
+    samples: int
+    #: Its share of all the samples.
+    share: float
+    #: One of its samples' error as the table shows it (the first).
+    example: str
 
 
 @dataclass(frozen=True)
@@ -66,6 +111,9 @@ class Analysis:
     tasks: list[TaskRow]
     #: Samples without a task: in the histogram, not in pass@k or the task table.
     untasked: int
+    tokens: Tokens = Tokens()
+    #: The errors by category, the most frequent first.
+    categories: list[Category] = field(default_factory=list)
 
 
 def _finite(value: float | None) -> bool:
@@ -105,9 +153,11 @@ def _ks(most: int) -> list[int]:
 def analyse(rows: Iterable[SampleRow]) -> Analysis:
     samples = errors = 0
     rewards: list[float] = []
-    by_task: dict[str, list[int]] = {}  # samples, scored, correct, errors
+    by_task: dict[str, list[int]] = {}  # samples, scored, correct, errors, tokens
     sums: dict[str, float] = {}
     untasked = 0
+    counted = read = written = most_written = 0
+    categories: dict[str, list[Any]] = {}  # samples, the first's error
     for row in rows:
         samples += 1
         scored = _finite(row.reward)
@@ -115,20 +165,30 @@ def analyse(rows: Iterable[SampleRow]) -> Analysis:
             assert row.reward is not None
             rewards.append(row.reward)
         errors += row.error is not None
+        if row.category is not None:
+            category = categories.setdefault(row.category, [0, row.error])
+            category[0] += 1
+        tokens = row.tokens
+        if tokens is not None:
+            counted += 1
+            read += row.input_tokens or 0
+            written += row.output_tokens or 0
+            most_written = max(most_written, row.output_tokens or 0)
         if row.task is None:
             untasked += 1
             continue
-        tally = by_task.setdefault(row.task, [0, 0, 0, 0])
+        tally = by_task.setdefault(row.task, [0, 0, 0, 0, 0])
         tally[0] += 1
         tally[3] += row.error is not None
+        tally[4] += tokens or 0
         if scored:
             assert row.reward is not None
             tally[1] += 1
             tally[2] += row.reward > 0
             sums[row.task] = sums.get(row.task, 0.0) + row.reward
     tasks = [
-        TaskRow(task, n, scored, correct, sums[task] / scored if scored else None, errs)
-        for task, (n, scored, correct, errs) in sorted(by_task.items())
+        TaskRow(task, n, scored, correct, sums[task] / scored if scored else None, errs, tokens)
+        for task, (n, scored, correct, errs, tokens) in sorted(by_task.items())
     ]
     most = max((t.scored for t in tasks), default=0)
     pass_at = []
@@ -146,4 +206,9 @@ def analyse(rows: Iterable[SampleRow]) -> Analysis:
         pass_at=pass_at,
         tasks=tasks,
         untasked=untasked,
+        tokens=Tokens(counted, read, written, most_written),
+        categories=[
+            Category(name, n, n / samples, example or "")
+            for name, (n, example) in sorted(categories.items(), key=lambda c: (-c[1][0], c[0]))
+        ],
     )

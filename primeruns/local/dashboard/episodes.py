@@ -17,7 +17,7 @@ from typing import Any
 
 from ...projection import trace_to_sample
 from ..traces_extract import as_list, as_object, number
-from .views import SampleRow
+from .rows import sample_row
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,8 @@ class EpisodeView:
     #: The task's ground truth as the record holds it (its ``answer``), as text.
     answer: str | None = None
     task: str | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
 
 
 def content_text(content: Any) -> str:
@@ -96,19 +98,6 @@ def message_of(value: Any) -> Message:
         text = f"{text}\n{calls}" if text else calls
     role = message.get("role")
     return Message(role=role if isinstance(role, str) else "?", text=text)
-
-
-def error_text(value: Any) -> str | None:
-    """An error object (``{type, message}``) or string as one line of text."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value or None
-    error = as_object(value)
-    kind, message = error.get("type") or error.get("error_type"), error.get("message")
-    if kind or message:
-        return ": ".join(str(v) for v in (kind, message) if v)
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 def _trace_view(trace: Any) -> TraceView:
@@ -162,8 +151,7 @@ def episode_view(sample: dict[str, Any]) -> EpisodeView:
     task_prompt = as_object(sample.get("task")).get("prompt")
     if isinstance(task_prompt, str) and not prompt:
         prompt = task_prompt
-    errors = as_list(record.get("errors"))
-    error = error_text(sample.get("error")) or (error_text(errors[-1]) if errors else None)
+    row = sample_row(0, sample)  # the table's figures, so the page and its row agree
     sample_id, episode_id = sample.get("sample_id"), sample.get("episode_id")
     metrics = {str(k): number(v) for k, v in as_object(sample.get("metrics")).items()}
     return EpisodeView(
@@ -173,22 +161,10 @@ def episode_view(sample: dict[str, Any]) -> EpisodeView:
         completion=completion,
         reward=number(sample.get("reward")),
         metrics=metrics,
-        error=error,
+        error=row.error,
         traces=traces,
         answer=ground_truth(sample),
-        task=sample_row(0, sample).task,
-    )
-
-
-def sample_row(index: int, body: dict[str, Any]) -> SampleRow:
-    """A v0 sample row as one line of an evaluation's samples table."""
-    task = as_object(body.get("task"))
-    label = task.get("id") or task.get("name") or body.get("example_id")
-    sample_id = body.get("sample_id")
-    return SampleRow(
-        index=index,
-        sample_id=None if sample_id is None else str(sample_id),
-        reward=number(body.get("reward")),
-        error=error_text(body.get("error")),
-        task=None if label is None else str(label),
+        task=row.task,
+        input_tokens=row.input_tokens,
+        output_tokens=row.output_tokens,
     )

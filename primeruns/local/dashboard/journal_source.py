@@ -34,13 +34,13 @@ from ...journal.listing import Memo
 from ...journal.meta import K_OVERSIZED
 from ...journal.store import DATA_NAME
 from ...journal.trust import check_dir
-from ...projection import episodes_to_parquet_rows, record_to_samples
+from ...projection import MAX_SAMPLES_PAYLOAD_BYTES, episodes_to_parquet_rows, record_to_samples
 from ...reports import CRASH_ERROR, RunStatus, describe
 from ...ship.mirror import sync_root
 from ...sinks.train_samples import DEFAULT_INTERVAL as TABLE_INTERVAL
 from ..traces_extract import as_object
-from .episodes import sample_row
 from .journal_index import MAX_ENTRY_BYTES, JournalIndex, read_in_order, read_records
+from .rows import record_row, sample_row
 from .views import RunDetail, RunRow, SampleRow, StepTable, compact, config_text
 
 log = logging.getLogger("primeruns.local.dashboard")
@@ -52,6 +52,9 @@ MAX_META_BYTES = 1 << 20
 #: How much of a meta value and of a shown sample is kept.
 META_BOUNDS = jsonbound.Bounds(chars=256 << 10)
 SAMPLE_BOUNDS = jsonbound.Bounds(chars=1 << 20, total=4 << 20)
+#: The largest episode whose table row is read off the record, unprojected: its
+#: v0 row (the record, its last branch and every branch) is surely one row.
+DIRECT_ROW_BYTES = MAX_SAMPLES_PAYLOAD_BYTES // 4
 
 
 def _ending(status: RunStatus) -> tuple[str, str | None]:
@@ -123,12 +126,18 @@ def _unshown(why: str) -> dict[str, Any]:
     return {"sample_id": None, "error": why, "info": {}, "completion": []}
 
 
-def _fact_of(position: int, record: Any, why: str) -> SampleRow:
+def _fact_of(position: int, record: Any, why: str, size: int) -> SampleRow:
     """An episode's row of the samples table, as ``_sample_of``'s would be, for
-    less: the few fields kept are read off the projection, so neither the
-    copy that nulls non-finite numbers (``sample_row`` takes finite numbers
-    only) nor the clip of the whole row is made (a 20,000-episode run's
-    analysis took 47 s with both, against about 1 s for its first page)."""
+    less: read off the record itself (``rows.record_row``), else off its
+    projection, where neither the copy that nulls non-finite numbers
+    (``sample_row`` takes finite numbers only) nor the clip of the whole row is
+    made (a 20,000-episode run's analysis took 47 s with both, against about
+    1 s for its first page). An episode of ``size`` bytes whose row might
+    not fit one request is projected: the platform stores its traces' rows."""
+    if size <= DIRECT_ROW_BYTES and isinstance(record, dict):
+        row = record_row(position, record)
+        if row is not None:
+            return compact(row)
     try:
         projected = record_to_samples(record, {}, finite=True) if record is not None else None
     except Exception as exc:  # a malformed episode: its row says so
@@ -259,8 +268,10 @@ class JournalSource:
         if wanted:  # read outside the lock: other pages go on meanwhile
             with Journal.open(status.info.path, owner=False) as journal:
                 found = read_in_order(journal, wanted, EntryKind.EPISODE, MAX_ENTRY_BYTES)
-                for position, (_, record, why) in enumerate(found, start):
-                    new.append(_fact_of(position, record, why))
+                for position, ((_, size), (_, record, why)) in enumerate(
+                    zip(wanted, found, strict=True), start
+                ):
+                    new.append(_fact_of(position, record, why, size))
         with self._lock:
             if len(index.facts) == start:  # else another page brought them first
                 index.facts.extend(new)

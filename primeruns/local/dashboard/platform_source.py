@@ -12,14 +12,16 @@ import json
 import sqlite3
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..inspect import run_list, run_report
 from ..objects import object_path
 from ..storage import Database
-from ..traces_extract import as_list, as_object, number
-from .episodes import error_text, sample_row
+from ..traces_extract import as_list, as_object
+from . import stored_rows
+from .rows import sample_row
 from .views import (
     MAX_FACTS,
     MissingExtra,
@@ -54,37 +56,71 @@ def _user_config(metadata: dict[str, Any]) -> dict[str, Any]:
 
 #: Sample rows the source keeps for the analysis pages, across evaluations.
 FACTS_HELD = 2 * MAX_FACTS
-#: A sample row's fields as SQLite reads them out of its body.
-_FACT_COLUMNS = (
-    ", ".join(
-        f"json_extract(body, '$.{path}') AS {name}"
-        for name, path in (
-            ("sample_id", "sample_id"),
-            ("reward", "reward"),
-            ("task_id", "task.id"),
-            ("task_name", "task.name"),
-            ("example_id", "example_id"),
-            ("error", "error"),
-        )
-    )
-    + ", json_type(body, '$.error') AS error_type, json_type(body, '$.reward') AS reward_type"
+#: The fields of a sample's body its row reads (``rows.sample_row``), each
+#: where it sits in the body and its JSON path (the episode's last error:
+#: the last item of ``errors``, as a one-item list).
+_FACT_FIELDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    (("sample_id",), "$.sample_id"),
+    (("reward",), "$.reward"),
+    (("task", "id"), "$.task.id"),
+    (("task", "name"), "$.task.name"),
+    (("example_id",), "$.example_id"),
+    (("error",), "$.error"),
+    (("token_usage", "prompt_tokens"), "$.token_usage.prompt_tokens"),
+    (("token_usage", "cached_input_tokens"), "$.token_usage.cached_input_tokens"),
+    (("token_usage", "completion_tokens"), "$.token_usage.completion_tokens"),
+    (("info", "native_wrapper", "num_input_tokens"), "$.info.native_wrapper.num_input_tokens"),
+    (("info", "native_wrapper", "num_output_tokens"), "$.info.native_wrapper.num_output_tokens"),
+    (("info", "native_wrapper", "errors"), "$.info.native_wrapper.errors[#-1]"),
+)
+#: Each field and its JSON type, picked out of the body by SQLite.
+_FACT_COLUMNS = ", ".join(
+    f"json_extract(body, '{path}') AS f{i}, json_type(body, '{path}') AS t{i}"
+    for i, (_, path) in enumerate(_FACT_FIELDS)
 )
 
 
+def _decoded(value: Any, kind: str) -> Any:
+    """A field as JSON has it: SQLite gives objects and arrays as text, true as 1."""
+    if kind in ("object", "array"):
+        return _json_value(value)
+    if kind in ("true", "false"):
+        return kind == "true"
+    return value
+
+
 def _fact(index: int, r: sqlite3.Row) -> SampleRow:
-    """A sample's row from the fields SQLite picked out of its body (as ``sample_row``)."""
-    error: Any = r["error"]
-    if r["error_type"] in ("object", "array"):
-        error = _json_value(error)
-    label = r["task_id"] or r["task_name"] or r["example_id"]
-    return SampleRow(
-        index=index,
-        sample_id=None if r["sample_id"] is None else str(r["sample_id"]),
-        # JSON true is 1 to SQLite: only a number is a reward, as sample_row has it.
-        reward=number(r["reward"]) if r["reward_type"] in ("integer", "real") else None,
-        error=error_text(error),
-        task=None if label is None else str(label),
-    )
+    """A sample's row from the fields SQLite picked out of its body: the body
+    rebuilt from them alone, read by ``sample_row`` as a whole body would be."""
+    body: dict[str, Any] = {}
+    for i, (keys, path) in enumerate(_FACT_FIELDS):
+        kind = r[f"t{i}"]
+        if kind is None:  # not in the body
+            continue
+        value = _decoded(r[f"f{i}"], kind)
+        *parents, last = keys
+        into = body
+        for key in parents:
+            into = into.setdefault(key, {})
+        into[last] = [value] if path.endswith("[#-1]") else value
+    return sample_row(index, body)
+
+
+#: Bodies parsed at a time for the rows stored before ``eval_sample_rows``.
+_PICK_BATCH = 500
+
+
+def _picked(conn: sqlite3.Connection, rows: list[int]) -> dict[int, SampleRow]:
+    """The row of each of these bodies, picked out of it by SQLite."""
+    found: dict[int, SampleRow] = {}
+    for start in range(0, len(rows), _PICK_BATCH):
+        batch = rows[start : start + _PICK_BATCH]
+        marks = ", ".join("?" * len(batch))
+        for r in conn.execute(
+            f"SELECT row, {_FACT_COLUMNS} FROM eval_samples WHERE row IN ({marks})", batch
+        ):
+            found[r["row"]] = _fact(0, r)
+    return found
 
 
 def _json_value(text: str) -> Any:
@@ -247,22 +283,19 @@ class PlatformSource:
             last_row, held = self._facts.pop(run_id, (-1, []))
         wanted = max(0, limit - len(held))
 
-        def read(conn: sqlite3.Connection) -> tuple[int, list[sqlite3.Row]]:
+        def read(conn: sqlite3.Connection) -> tuple[int, int, list[SampleRow]]:
             total = conn.execute(
                 "SELECT count(*) FROM eval_samples WHERE eval_id = ?", (run_id,)
             ).fetchone()[0]
-            # Only the fields a row needs, picked out by SQLite: no body is
-            # decoded here, and only rows stored since the last read are read.
-            new = conn.execute(
-                f"SELECT row, {_FACT_COLUMNS} FROM eval_samples"
-                " WHERE eval_id = ? AND row > ? ORDER BY row LIMIT ?",
-                (run_id, last_row, wanted),
-            ).fetchall()
-            return int(total), new
+            # Only rows stored since the last read, each as stored with its
+            # body (stored_rows); a body stored before that table is parsed.
+            new = stored_rows.read(conn, run_id, last_row, wanted)
+            picked = _picked(conn, [row for row, fact in new if fact is None])
+            got = [compact(fact if fact is not None else picked[row]) for row, fact in new]
+            return int(total), new[-1][0] if new else last_row, got
 
-        total, new = self._db.read_sync(read)
-        rows = held + [compact(_fact(len(held) + i, r)) for i, r in enumerate(new)]
-        last_row = new[-1]["row"] if new else last_row
+        total, last_row, new = self._db.read_sync(read)
+        rows = held + [replace(r, index=len(held) + i) for i, r in enumerate(new)]
         with self._facts_lock:
             self._facts[run_id] = (last_row, rows)
             kept = sum(len(facts) for _, facts in self._facts.values())

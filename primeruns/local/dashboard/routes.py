@@ -50,6 +50,8 @@ HERE = Path(__file__).parent
 PAGE_SIZE = 50
 #: Tasks listed in an evaluation's task table and task filter (the rest are counted).
 MAX_TASK_ROWS = 500
+#: Error categories listed in an evaluation's analysis and category filter.
+MAX_CATEGORY_ROWS = 100
 #: How often a live page asks for news, in milliseconds.
 POLL_MS = 2000
 
@@ -242,6 +244,7 @@ async def analysis_page(request: Request) -> Response:
         row=detail.row,
         analysis=analysis,
         task_rows=analysis.tasks[:MAX_TASK_ROWS],
+        category_rows=analysis.categories[:MAX_CATEGORY_ROWS],
         query=SampleQuery.from_params(request.query_params),
         total_samples=total,
         analysed=len(facts),

@@ -24,6 +24,8 @@ SORTS: dict[str, Callable[[SampleRow], Any]] = {
     "reward": lambda r: r.reward,
     "task": lambda r: r.task,
     "error": lambda r: r.error,
+    "input_tokens": lambda r: r.input_tokens,
+    "output_tokens": lambda r: r.output_tokens,
 }
 CORRECT = ("yes", "no", "unscored")
 ERROR = ("yes", "no")
@@ -44,6 +46,7 @@ class SampleQuery:
     task: str = ""
     correct: str = ""  # one of CORRECT, or "" for any
     error: str = ""  # "yes": with an error, "no": without, else any (or text the error holds)
+    category: str = ""  # the error's category (``SampleRow.category``), exactly
     min: str = ""  # the lowest reward shown
     max: str = ""  # the highest reward shown
     sort: str = "index"
@@ -62,7 +65,9 @@ class SampleQuery:
 
     @property
     def filtered(self) -> bool:
-        return bool(self.task or self.correct or self.error or self.min or self.max)
+        return bool(
+            self.task or self.correct or self.error or self.category or self.min or self.max
+        )
 
     @property
     def stored_order(self) -> bool:
@@ -86,6 +91,8 @@ class SampleQuery:
             self.error not in ("", "yes", "no")
             and self.error.casefold() not in (row.error or "").casefold()
         ):
+            return False
+        if self.category and row.category != self.category:
             return False
         low, high = _bound(self.min), _bound(self.max)
         if low is not None or high is not None:

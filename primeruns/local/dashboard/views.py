@@ -9,7 +9,7 @@ same shapes by the type checker.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 #: The real platform's dashboard sections, and the run kind each shows.
@@ -95,11 +95,23 @@ class SampleRow:
     reward: float | None
     error: str | None
     task: str | None
+    #: Tokens the episode read and wrote, where its record counts them (``rows.token_counts``).
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    #: What kind of error ``error`` is (``rows.error_category``): its type, else its first line.
+    category: str | None = None
 
     @property
     def correct(self) -> bool | None:
         """Correct when its reward is positive (the rewards are the verifier's scores)."""
         return None if self.reward is None else self.reward > 0
+
+    @property
+    def tokens(self) -> int | None:
+        """Input and output tokens together; None when the record counts neither."""
+        if self.input_tokens is None and self.output_tokens is None:
+            return None
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
 
 
 #: Most samples an evaluation's analysis and sortable table hold (the rest are said).
@@ -116,7 +128,7 @@ def compact(row: SampleRow) -> SampleRow:
             return text
         return text[: MAX_FACT_CHARS - 1] + "…"
 
-    return SampleRow(row.index, cut(row.sample_id), row.reward, cut(row.error), cut(row.task))
+    return replace(row, sample_id=cut(row.sample_id), error=cut(row.error), task=cut(row.task))
 
 
 class MissingExtra(Exception):
