@@ -7,8 +7,8 @@ on a local platform in a temporary directory, opens their pages in Chromium
 and saves, in ``--dir`` (default ``tools/dashboard/``): ``training-run.png``
 (the training run's curves), ``runs-search.png`` (the runs list searched and
 filtered) and ``evaluation-analysis.png`` (the evaluation's reward histogram,
-pass@k and task table). Nothing outside the temporary directory and those
-files is touched.
+pass@k, token usage, errors by category and task table). Nothing outside
+the temporary directory and those files is touched.
 """
 
 from __future__ import annotations
