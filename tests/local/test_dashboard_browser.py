@@ -413,7 +413,7 @@ def test_an_evaluations_token_usage_and_error_categories_filter_its_samples(
     for url in (run.url, f"{offline}/dashboard/evaluations/{run.journal_path.name}"):
         page.goto(url)
         categories = page.locator("table.error-categories tr.error-category")
-        expect(categories.locator("td.count")).to_have_text(["2", "1", "1"])
+        expect(categories.locator("td.category-count")).to_have_text(["2", "1", "1"])
         page.screenshot(path=shots / "evaluation-errors.png", full_page=True)
         categories.get_by_role("link", name="ToolTimeout").click()
         expect(page).to_have_url(re.compile(r"category=ToolTimeout"))

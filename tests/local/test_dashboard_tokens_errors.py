@@ -93,7 +93,7 @@ def _check_pages(get: Any, path: str, episodes: list[dict[str, Any]]) -> None:
     # The categories, the most frequent first, each linking to its samples.
     categories = re.findall(
         r'<tr class="error-category"><td><a href="([^"]+)">([^<]+)</a></td>'
-        r'<td class="count">(\d+)</td>',
+        r'<td class="category-count">(\d+)</td>',
         section,
     )
     assert [(name, int(n)) for _, name, n in categories] == [

@@ -42,7 +42,7 @@ MAX_NOTES = 50
 #: What one kept value costs, roughly, for the cache's accounting.
 _VALUE_COST = 100
 #: A sample's row (:class:`SampleRow`, texts compacted) in kept values.
-_FACT_VALUES = 4
+_FACT_VALUES = 7
 
 
 def too_large(seq: int, size: int) -> str:
