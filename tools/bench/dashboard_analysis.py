@@ -6,9 +6,11 @@ The analysis (reward histogram, pass@k, per-task table, token usage, errors
 by category) reads one row per sample. This writes ``--episodes`` gsm8k
 samples (the bench workload) both ways a dashboard reads them: posted to a
 local platform's evaluation (online) and journaled by an offline run
-(``serve --runs-dir``). Each is then asked for ``/analysis`` twice in a fresh
-process (``--child``): the first visit (nothing held yet) and the second
-(rows held, a live page's poll), with the process's peak RSS.
+(``serve --runs-dir``). In a fresh process (``--child``), the evaluation's
+page is asked (as a browser does before its analysis: the templates load,
+a journal's index is read), then ``/analysis`` twice: the first visit
+(no sample's row held yet) and the second (rows held, a live page's poll),
+with the process's peak RSS.
 
 Each side is measured two ways in one run: as this tree reads it (online:
 the rows stored with the samples, ``eval_sample_rows``; offline: each row read
@@ -105,6 +107,10 @@ def child(where: str, path: Path, run_id: str, before_way: bool) -> dict[str, An
         seconds = []
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            # The evaluation's page first, as a browser asks: it loads the
+            # templates and (offline) the journal's index; then its analysis.
+            page = await c.get(asked.removesuffix("/analysis"), timeout=600)
+            assert page.status_code == 200, page.status_code
             for _ in range(2):
                 started = time.perf_counter()
                 answer = await c.get(asked, timeout=600)

@@ -12,7 +12,6 @@ import json
 import sqlite3
 import threading
 from collections import OrderedDict
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -110,16 +109,17 @@ def _fact(index: int, r: sqlite3.Row) -> SampleRow:
 _PICK_BATCH = 500
 
 
-def _picked(conn: sqlite3.Connection, rows: list[int]) -> dict[int, SampleRow]:
-    """The row of each of these bodies, picked out of it by SQLite."""
+def _picked(conn: sqlite3.Connection, wanted: list[tuple[int, int]]) -> dict[int, SampleRow]:
+    """The row (numbered as asked) of each (index, body row), picked out of the body by SQLite."""
     found: dict[int, SampleRow] = {}
-    for start in range(0, len(rows), _PICK_BATCH):
-        batch = rows[start : start + _PICK_BATCH]
-        marks = ", ".join("?" * len(batch))
+    for start in range(0, len(wanted), _PICK_BATCH):
+        index_of = dict((row, index) for index, row in wanted[start : start + _PICK_BATCH])
+        marks = ", ".join("?" * len(index_of))
         for r in conn.execute(
-            f"SELECT row, {_FACT_COLUMNS} FROM eval_samples WHERE row IN ({marks})", batch
+            f"SELECT row, {_FACT_COLUMNS} FROM eval_samples WHERE row IN ({marks})",
+            list(index_of),
         ):
-            found[r["row"]] = _fact(0, r)
+            found[r["row"]] = compact(_fact(index_of[r["row"]], r))
     return found
 
 
@@ -289,13 +289,15 @@ class PlatformSource:
             ).fetchone()[0]
             # Only rows stored since the last read, each as stored with its
             # body (stored_rows); a body stored before that table is parsed.
-            new = stored_rows.read(conn, run_id, last_row, wanted)
-            picked = _picked(conn, [row for row, fact in new if fact is None])
-            got = [compact(fact if fact is not None else picked[row]) for row, fact in new]
+            new = stored_rows.read(conn, run_id, last_row, wanted, len(held))
+            picked = _picked(
+                conn, [(i, row) for i, (row, fact) in enumerate(new, len(held)) if fact is None]
+            )
+            got = [fact if fact is not None else picked[row] for row, fact in new]
             return int(total), new[-1][0] if new else last_row, got
 
         total, last_row, new = self._db.read_sync(read)
-        rows = held + [replace(r, index=len(held) + i) for i, r in enumerate(new)]
+        rows = held + new
         with self._facts_lock:
             self._facts[run_id] = (last_row, rows)
             kept = sum(len(facts) for _, facts in self._facts.values())

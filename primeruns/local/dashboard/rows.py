@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from ...projection import summary_trace_index, trace_reward
+from ...projection import trace_reward
 from ..traces_extract import as_list, as_object, number
 from .views import SampleRow
 
@@ -92,6 +92,11 @@ def token_counts(
     return (None if prompt is None else prompt + (cached or 0)), written
 
 
+def _trainable(trace: dict[str, Any]) -> bool:
+    # As the projection reads it: verifiers' AgentInfo.trainable defaults to True.
+    return bool(as_object(trace.get("agent")).get("trainable", True))
+
+
 def _last(values: Any) -> Any:
     errors = as_list(values)
     return errors[-1] if errors else None
@@ -131,7 +136,8 @@ def record_row(index: int, record: dict[str, Any]) -> SampleRow | None:
     read, written = token_counts(record, {})
     if read is None and written is None:
         return None
-    summary = traces[summary_trace_index(record)]
+    # The summary trace (``projection.summary_trace_index``): the first trainable.
+    summary = next((t for t in traces if _trainable(t)), traces[0])
     if not isinstance(summary.get("errors") or [], list):
         return None
     try:

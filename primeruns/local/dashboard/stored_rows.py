@@ -20,7 +20,7 @@ from typing import Any
 from .rows import sample_row
 from .views import SampleRow, compact
 
-#: The stored columns, in :class:`SampleRow`'s names.
+#: The stored columns, in :class:`SampleRow`'s names and order (after its index).
 COLUMNS = (
     "sample_id",
     "reward",
@@ -47,21 +47,19 @@ def store(conn: sqlite3.Connection, eval_id: str, stored: Iterable[tuple[int, An
 
 
 def read(
-    conn: sqlite3.Connection, eval_id: str, after: int, limit: int
+    conn: sqlite3.Connection, eval_id: str, after: int, limit: int, first: int
 ) -> list[tuple[int, SampleRow | None]]:
     """The evaluation's samples stored after body row ``after``, up to
-    ``limit``, in order: (body row, its stored row or None when it has none)."""
-    picked = ", ".join(f"f.{c} AS {c}" for c in COLUMNS)
+    ``limit``, in order and numbered from ``first``: (body row, its stored
+    row, or None when it has none)."""
+    picked = ", ".join(f"f.{c}" for c in COLUMNS)  # SampleRow's own order, after index
     found = conn.execute(
-        f"SELECT s.row AS body_row, f.row AS fact_row, {picked} FROM eval_samples AS s"
+        f"SELECT s.row, f.row, {picked} FROM eval_samples AS s"
         " LEFT JOIN eval_sample_rows AS f ON f.row = s.row"
         " WHERE s.eval_id = ? AND s.row > ? ORDER BY s.row LIMIT ?",
         (eval_id, after, limit),
     )
     return [
-        (
-            r["body_row"],
-            None if r["fact_row"] is None else SampleRow(index=0, **{c: r[c] for c in COLUMNS}),
-        )
-        for r in found
+        (r[0], None if r[1] is None else SampleRow(first + i, *tuple(r)[2:]))
+        for i, r in enumerate(found)
     ]

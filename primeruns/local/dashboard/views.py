@@ -128,6 +128,9 @@ def compact(row: SampleRow) -> SampleRow:
             return text
         return text[: MAX_FACT_CHARS - 1] + "…"
 
+    texts = (row.sample_id, row.error, row.task)
+    if all(text is None or len(text) <= MAX_FACT_CHARS for text in texts):
+        return row  # the usual row: nothing to cut, nothing to copy
     return replace(row, sample_id=cut(row.sample_id), error=cut(row.error), task=cut(row.task))
 
 
