@@ -7,8 +7,10 @@ on a local platform in a temporary directory, opens their pages in Chromium
 and saves, in ``--dir`` (default ``tools/dashboard/``): ``training-run.png``
 (the training run's curves), ``runs-search.png`` (the runs list searched and
 filtered) and ``evaluation-analysis.png`` (the evaluation's reward histogram,
-pass@k, token usage, errors by category and task table). Nothing outside
-the temporary directory and those files is touched.
+pass@k, token usage and task table); then it logs the demo's evaluation
+again with errors in a few episodes and saves ``evaluation-errors.png`` (its
+errors by category). Nothing outside the temporary directory and those
+files is touched.
 """
 
 from __future__ import annotations
@@ -19,14 +21,17 @@ import secrets
 import shutil
 import sys
 import tempfile
+import uuid
 from contextlib import redirect_stdout
 from pathlib import Path
 
 import httpx
 from playwright.sync_api import Page, sync_playwright
 
+import primeruns as pr
 from primeruns.commands.console import make_console
 from primeruns.commands.demo import Demo, _demo_environment
+from primeruns.commands.demo_data import eval_episodes
 from primeruns.local import LocalPlatform
 
 HERE = Path(__file__).resolve().parent
@@ -64,10 +69,53 @@ def main() -> int:
                 )
                 page.goto(login.json()["url"])
                 written = _shoot(page, platform.url, args.dir)
+                # After the runs list's shot, which shows the demo's runs alone.
+                with _demo_environment(platform.url, key), redirect_stdout(io.StringIO()):
+                    errored = _errored_run(platform.url, key, work / "runs")
+                page.goto(errored)
+                page.locator("table.error-categories").wait_for()  # loaded after paint
+                written.append(args.dir / "evaluation-errors.png")
+                page.locator("section.analysis").screenshot(path=written[-1])
                 browser.close()
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+#: Errors given to some of the demo's episodes: episode index -> (where, type, message).
+ERRORS = {
+    2: ("trace", "ToolTimeout", "python tool hung past 30 s"),
+    9: ("trace", "ToolTimeout", "python tool hung past 30 s"),
+    17: ("trace", "ToolTimeout", "python tool hung past 30 s"),
+    5: ("trace", "ParseError", "no \\boxed{} answer in the completion"),
+    21: ("trace", "ParseError", "no \\boxed{} answer in the completion"),
+    26: ("episode", "SandboxError", "the sandbox did not start"),
+}
+
+
+def _errored_run(url: str, key: str, runs: Path) -> str:
+    """The demo's evaluation logged again, some episodes with an error; its page."""
+    episodes = eval_episodes()
+    for index, (where, kind, message) in ERRORS.items():
+        episode = episodes[index]
+        holder = episode["traces"][0] if where == "trace" else episode
+        holder["errors"] = [{"type": kind, "message": message}]
+    for episode in episodes:  # a new evaluation's own episodes and traces
+        episode["id"] = uuid.uuid4().hex
+        for trace in episode["traces"]:
+            trace["id"] = uuid.uuid4().hex
+    run = pr.init(
+        name="gsm8k-with-errors",
+        environments=["gsm8k"],
+        model="Qwen/Qwen3-8B",
+        api_key=key,
+        base_url=url,
+        runs_dir=runs,
+    )
+    run.log_episodes(episodes)
+    run.finish(timeout=60)
+    assert run.url is not None
+    return run.url
 
 
 def _shoot(page: Page, url: str, where: Path) -> list[Path]:
