@@ -50,7 +50,10 @@ def error_text(value: Any) -> str | None:
     kind, message = error.get("type") or error.get("error_type"), error.get("message")
     if kind or message:
         return ": ".join(str(v) for v in (kind, message) if v)
-    return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    try:
+        return json.dumps(value, ensure_ascii=False, sort_keys=True)
+    except (ValueError, TypeError, RecursionError):  # nested past what json writes
+        return "an error too deeply nested to show"
 
 
 def error_category(text: str | None) -> str | None:
