@@ -59,7 +59,7 @@ def test_the_floors_the_repository_declares_include_every_runtime_dependency() -
         "starlette",
         "python-multipart",
         "jinja2",
-        "pygal",
+        "youplot",
         "anyio",
         "markupsafe",
     ):

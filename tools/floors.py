@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The tests that import each dependency the floors pin: the journal (lmdb,
 # zstandard, orjson, cattrs), every sink (httpx, pyarrow, prime-traces), the
 # local platform and its dashboard pages (uvicorn, starlette, python-multipart,
-# jinja2, pygal, anyio, markupsafe), the CLI (rich), and hypothesis's
+# jinja2, youplot, anyio, markupsafe), the CLI (rich), and hypothesis's
 # property tests. The browser tests are left out: they test Chromium, not a floor.
 FLOOR_TESTS = (
     "tests/journal/test_api.py",

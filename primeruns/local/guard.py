@@ -40,8 +40,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 #: Names a loopback-bound server answers to (compared lower-case, port dropped).
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 COOKIE = "primeruns_session"
-#: pygal's charts are inline SVG with an inline ``<style>``: styles may be
-#: inline, scripts may not (the dashboard's only script is a static file).
+#: Styles may be inline (the histogram's bars, uPlot's sizes), scripts may
+#: not: the dashboard's scripts are files it serves itself.
 CSP = (
     "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
     "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"

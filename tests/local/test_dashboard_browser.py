@@ -14,6 +14,7 @@ fail instead (``.ci/run`` installs Debian's ``chromium``).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import secrets
@@ -37,7 +38,7 @@ from dashboard_helpers import (
     stored_samples,
     stored_steps,
 )
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Locator, Page, expect, sync_playwright
 
 import primeruns as pr
 from primeruns.commands.console import make_console
@@ -156,6 +157,49 @@ def _metric_names(rows: list[dict[str, Any]]) -> set[str]:
     }
 
 
+def _wait_drawn(page: Page, metric: str, points: int, series: int = 1) -> Locator:
+    """The chart of ``metric`` once uPlot has drawn it with ``points`` x values
+    and ``series`` lines (a live page's swap redraws it)."""
+    figure = page.locator(f"figure.curve[data-metric={json.dumps(metric)}]")
+    expect(figure.locator(".uplot canvas")).to_be_visible()
+    page.wait_for_function(
+        "([m, n, k]) => { const f = [...document.querySelectorAll('figure.curve')]"
+        ".find(e => e.dataset.metric === m); const c = f && f.__chart;"
+        " return !!c && c.data[0].length === n && c.series.length === k + 1; }",
+        arg=[metric, points, series],
+    )
+    return figure
+
+
+def _hover(page: Page, figure: Locator, x: float) -> None:
+    """The mouse over ``figure``'s chart at ``x`` (in the x axis' units), half way up."""
+    box = figure.locator(".u-over").bounding_box()
+    assert box is not None
+    left = figure.evaluate("(f, x) => f.__chart.valToPos(x, 'x')", x)
+    # Within the plot: its first and last pixel columns are its edges.
+    left = min(max(left, 1), box["width"] - 1)
+    page.mouse.move(box["x"] + left, box["y"] + box["height"] / 2)
+
+
+def _legend(figure: Locator, series: int) -> str:
+    """What the legend shows for ``series`` (0: the x axis, 1: the first line)."""
+    return figure.locator(".u-legend .u-series").nth(series).locator(".u-value").inner_text()
+
+
+def _x_range(figure: Locator) -> tuple[float, float]:
+    low, high = figure.evaluate("f => [f.__chart.scales.x.min, f.__chart.scales.x.max]")
+    return low, high
+
+
+def _ema(values: list[float], weight: float) -> list[float]:
+    """The debiased exponential moving average the smoothing slider applies."""
+    out, last = [], 0.0
+    for n, value in enumerate(values, start=1):
+        last = last * weight + (1 - weight) * value
+        out.append(last / (1 - weight**n))
+    return out
+
+
 def test_runs_list_shows_every_run_and_links_to_its_page(
     demo: DemoRuns, page: Page, shots: Path
 ) -> None:
@@ -182,9 +226,7 @@ def test_training_page_draws_a_dot_per_logged_step_and_opens_a_step_table(
     assert names and steps
     expect(page.locator("figure.curve")).to_have_count(len(names))
     for name in names:
-        expect(page.locator(f'figure.curve[data-metric="{name}"] circle.dot')).to_have_count(
-            len(steps)
-        )
+        _wait_drawn(page, name, len(steps))
     expect(page.locator(".latest-step")).to_have_text(str(max(steps)))
     page.screenshot(path=shots / "training.png", full_page=True)
 
@@ -245,9 +287,17 @@ def test_markup_in_user_content_shows_as_text_and_never_runs(demo: DemoRuns, pag
     assert train.url is not None
     page.goto(train.url)
     expect(page.locator("figure.curve .metric")).to_have_text(HOSTILE)
-    expect(page.locator("figure.curve circle.dot")).to_have_count(1)
+    _wait_drawn(page, HOSTILE, 1)
+    # The chart's title and legend show the name as text (uPlot, fed by curves.js).
+    expect(page.locator("figure.curve .u-title")).to_have_text(HOSTILE)
+    expect(page.locator("figure.curve .u-legend .u-series").nth(1)).to_contain_text(HOSTILE)
     assert page.evaluate("window.__pwned") is None
-    assert page.evaluate("window.pygal") is None  # not even pygal's own config script ran
+    page.goto(f"{demo.url}/dashboard/compare?run={train.id}&run={run.id}")
+    expect(page.locator("tr.eval-summary a")).to_have_text(HOSTILE)
+    expect(page.locator("figure.curve .u-legend .u-series").nth(1)).to_contain_text(
+        "hostile-metric"
+    )
+    assert page.evaluate("window.__pwned") is None
 
 
 def test_a_live_training_page_moves_on_without_a_reload(demo: DemoRuns, page: Page) -> None:
@@ -255,13 +305,14 @@ def test_a_live_training_page_moves_on_without_a_reload(demo: DemoRuns, page: Pa
     run.log_metrics({"loss": 1.0}, step=0)
     assert run.flush(timeout=30) and run.url is not None
     page.goto(run.url)
-    dots = page.locator('figure.curve[data-metric="loss"] circle.dot')
-    expect(dots).to_have_count(1)
+    _wait_drawn(page, "loss", 1)
     expect(page.locator(".live")).to_be_visible()
     page.evaluate("window.__same_document = true")  # gone if the page were reloaded
+    page.get_by_label("smoothing").fill("0.5")  # kept when news are swapped in
     run.log_metrics({"loss": 0.5}, step=1)
     run.log_metrics({"loss": 0.25}, step=2)
-    expect(dots).to_have_count(3)
+    _wait_drawn(page, "loss", 3)
+    expect(page.get_by_label("smoothing")).to_have_value("0.5")
     run.finish(timeout=60)
     expect(page.locator("table.facts .status")).to_have_text("COMPLETED")
     expect(page.locator(".live")).to_have_count(0)
@@ -296,7 +347,7 @@ def test_offline_journals_show_the_same_curves(demo: DemoRuns, page: Page, shots
     _, url = serve_runs_dir(demo.runs_dir)
     page.goto(f"{url}/?kind=train")
     page.get_by_role("link", name="demo-train").click()
-    expect(page.locator('figure.curve[data-metric="reward"] circle.dot')).to_have_count(len(steps))
+    _wait_drawn(page, "reward", len(steps))
     page.screenshot(path=shots / "offline-training.png", full_page=True)
 
 
@@ -426,3 +477,190 @@ def test_an_evaluations_token_usage_and_error_categories_filter_its_samples(
         expect(rows.locator("td.error")).to_have_text(["SandboxError: the sandbox did not start"])
         rows.first.get_by_role("link").click()
         expect(page.locator("td.error")).to_have_text("SandboxError: the sandbox did not start")
+
+
+def _metric_column(rows: list[dict[str, Any]], name: str) -> tuple[list[int], list[float]]:
+    points = sorted((int(r["step"]), float(r[name])) for r in rows if name in r)
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def test_curves_show_values_on_hover_zoom_pan_smooth_and_take_a_log_or_time_axis(
+    demo: DemoRuns, page: Page, shots: Path
+) -> None:
+    run_id = _open_run(demo, page, "training", "demo-train")
+    rows = stored_metrics(demo.url, demo.key, run_id)
+    steps, rewards = _metric_column(rows, "reward")
+    reward = _wait_drawn(page, "reward", len(steps))
+
+    # Hover: the legend gives the value stored at the step under the mouse.
+    for step, value in zip(steps, rewards, strict=True):
+        _hover(page, reward, step)
+        assert float(_legend(reward, 1)) == pytest.approx(value, rel=1e-5)
+        assert float(_legend(reward, 0)) == step
+    page.screenshot(path=shots / "training-hover.png", full_page=True)
+
+    # Zoom: drag across steps 1 to 2; a double-click shows every step again.
+    box = reward.locator(".u-over").bounding_box()
+    assert box is not None
+    at = [box["x"] + reward.evaluate("(f, x) => f.__chart.valToPos(x, 'x')", x) for x in (1, 2)]
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(at[0], y)
+    page.mouse.down()
+    page.mouse.move(at[1], y, steps=5)
+    page.mouse.up()
+    low, high = _x_range(reward)
+    assert low == pytest.approx(1, abs=0.05) and high == pytest.approx(2, abs=0.05)
+    # Pan: shift-drag to the right shows earlier steps, the width unchanged.
+    moved = 60
+    page.keyboard.down("Shift")
+    page.mouse.move(at[0], y)
+    page.mouse.down()
+    page.mouse.move(at[0] + moved, y, steps=5)
+    page.mouse.up()
+    page.keyboard.up("Shift")
+    panned = _x_range(reward)
+    shift = moved / box["width"] * (high - low)
+    assert panned[0] == pytest.approx(low - shift, abs=0.02)
+    assert panned[1] - panned[0] == pytest.approx(high - low)
+    page.mouse.dblclick(at[0], y)
+    assert _x_range(reward) == pytest.approx((min(steps), max(steps)))
+
+    # Smoothing: the legend gives the moving average of the stored values.
+    page.get_by_label("smoothing").fill("0.9")
+    expect(page.locator(".smooth-value")).to_have_text("0.90")
+    reward = _wait_drawn(page, "reward", len(steps))
+    smoothed = _ema(rewards, 0.9)
+    for step, value in zip(steps, smoothed, strict=True):
+        _hover(page, reward, step)
+        assert float(_legend(reward, 1)) == pytest.approx(value, rel=1e-5)
+    page.get_by_label("smoothing").fill("0")
+
+    # Log scale: a logarithmic y axis; values it cannot show are said, not drawn.
+    page.get_by_label("log scale").check()
+    for name in _metric_names(rows):
+        values = _metric_column(rows, name)[1]
+        hidden = sum(1 for v in values if v <= 0)
+        figure = page.locator(f"figure.curve[data-metric={json.dumps(name)}]")
+        if hidden < len(values):
+            _wait_drawn(page, name, len(values))
+            assert figure.evaluate("f => f.__chart.scales.y.distr") == 3
+        note = figure.locator(".chart-note")
+        if hidden:
+            expect(note).to_have_text(f"{hidden} values at or below 0 (not on a log axis)")
+        else:
+            expect(note).to_be_hidden()
+    page.get_by_label("log scale").uncheck()
+
+    # Time axes: relative time counts seconds from the run's first row.
+    stamps = sorted(float(r["_timestamp"]) for r in rows)
+    page.get_by_label("x axis").select_option("relative")
+    reward = _wait_drawn(page, "reward", len(steps))
+    _hover(page, reward, stamps[-1] - stamps[0])
+    assert float(_legend(reward, 0)) == pytest.approx(stamps[-1] - stamps[0], abs=1e-3)
+    assert float(_legend(reward, 1)) == pytest.approx(rewards[-1], rel=1e-5)
+    page.get_by_label("x axis").select_option("time")
+    reward = _wait_drawn(page, "reward", len(steps))
+    assert reward.evaluate("f => f.__chart.scales.x.time") is True
+    _hover(page, reward, stamps[-1])
+    assert float(_legend(reward, 1)) == pytest.approx(rewards[-1], rel=1e-5)
+
+
+def _second_training_run(demo: DemoRuns, name: str, values: dict[int, float]) -> pr.Run:
+    run = demo.new_run(name=name, kind="train", model="m", team_id="demo-team")
+    for step, value in values.items():
+        run.log_metrics({"reward": value}, step=step)
+    run.finish(timeout=60)
+    return run
+
+
+def _flipped_evaluation(demo: DemoRuns, name: str, scores: dict[str, float]) -> pr.Run:
+    """The demo's evaluation again, the rewards of the tasks in ``scores`` replaced."""
+    run = demo.new_run(name=name, environments=["gsm8k"], model="m")
+    episodes = [fresh(e) for e in eval_episodes()]
+    for episode in episodes:
+        score = scores.get(episode["task"]["data"]["id"])
+        for trace in episode["traces"] if score is not None else []:
+            for reward in trace["rewards"].values():
+                reward["score"] = score
+    run.log_episodes(episodes)
+    run.finish(timeout=60)
+    return run
+
+
+def _shares(samples: list[dict[str, Any]]) -> dict[str, tuple[int, int]]:
+    """Per task: correct samples (reward above 0) and scored samples."""
+    out: dict[str, tuple[int, int]] = {}
+    for s in samples:
+        correct, scored = out.get(s["task"]["id"], (0, 0))
+        out[s["task"]["id"]] = (correct + (s["reward"] > 0), scored + 1)
+    return out
+
+
+def _check_compare_page(page: Page, curves: dict[str, int], flips: dict[str, str]) -> None:
+    """The compare page as the runs list opened it: ``curves`` lines per metric,
+    and the task diff's flipped tasks (by task: fixed or broken) first."""
+    for metric, lines in curves.items():
+        figure = page.locator(f"figure.curve[data-metric={json.dumps(metric)}]")
+        expect(figure.locator(".u-legend .u-series")).to_have_count(lines + 1)
+    expect(page.locator(".flipped-count")).to_have_text(str(len(flips)))
+    rows = page.locator("table.task-diff tr.task-row")
+    for i in range(len(flips)):
+        task = rows.nth(i).get_attribute("data-task")
+        assert task in flips
+        expect(rows.nth(i).locator("td.change")).to_have_text(flips[task])
+    expect(rows.nth(len(flips)).locator("td.change")).not_to_have_text(re.compile("fixed|broken"))
+
+
+def test_runs_ticked_in_the_list_compare_curves_overlaid_and_evaluations_task_by_task(
+    demo: DemoRuns, page: Page, shots: Path
+) -> None:
+    base = demo.ids["demo-train"]
+    steps, rewards = _metric_column(stored_metrics(demo.url, demo.key, base), "reward")
+    higher = {s: r + 0.25 for s, r in zip(steps, rewards, strict=True)}
+    other = _second_training_run(demo, "train-b", higher)
+    samples = stored_samples(demo.url, demo.key, demo.ids["demo-gsm8k"])
+    before = _shares(samples)
+    tasks = sorted(before)
+    # Task 0 all wrong, task 1 all right: each a flip unless it already was so.
+    flipped = _flipped_evaluation(demo, "gsm8k-b", {tasks[0]: 0.0, tasks[1]: 1.0})
+    after = _shares(stored_samples(demo.url, demo.key, flipped.id))
+    flips = {
+        t: "fixed" if after[t][0] / after[t][1] > before[t][0] / before[t][1] else "broken"
+        for t in tasks
+        if after[t][0] * before[t][1] != before[t][0] * after[t][1]
+    }
+    assert flips  # the demo's data has both kinds of task
+
+    page.goto(f"{demo.url}/")
+    for name in ("demo-train", "train-b", "demo-gsm8k", "gsm8k-b"):
+        page.get_by_label(f"select {name}", exact=True).check()
+    page.get_by_role("button", name="compare selected").click()
+    expect(page).to_have_url(re.compile(r"/dashboard/compare\?run="))
+    reward = _wait_drawn(page, "reward", len(steps), series=2)
+    _check_compare_page(page, {"reward": 2}, flips)
+    page.screenshot(path=shots / "compare.png", full_page=True)
+
+    # Hover: each run's value at the step; a legend entry hides its run's line.
+    _hover(page, reward, steps[-1])
+    assert float(_legend(reward, 1)) == pytest.approx(rewards[-1], rel=1e-5)
+    assert float(_legend(reward, 2)) == pytest.approx(rewards[-1] + 0.25, rel=1e-5)
+    entry = reward.locator(".u-legend .u-series").nth(2)
+    expect(entry).to_contain_text("train-b")
+    entry.click()
+    expect(entry).to_have_class(re.compile("u-off"))
+    assert reward.evaluate("f => f.__chart.series[2].show") is False
+    entry.click()
+    expect(entry).not_to_have_class(re.compile("u-off"))
+    swatches = page.locator(".compared-run .swatch")
+    colours = swatches.evaluate_all("els => els.map(e => getComputedStyle(e).backgroundColor)")
+    assert len(set(colours)) == 2  # a colour per run
+    assert other.url is not None
+
+    # The same over the journals (serve --runs-dir).
+    _, url = serve_runs_dir(demo.runs_dir)
+    page.goto(f"{url}/")
+    for name in ("demo-train", "train-b", "demo-gsm8k", "gsm8k-b"):
+        page.get_by_label(f"select {name}", exact=True).check()
+    page.get_by_role("button", name="compare selected").click()
+    _wait_drawn(page, "reward", len(steps), series=2)
+    _check_compare_page(page, {"reward": 2}, flips)

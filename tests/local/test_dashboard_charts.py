@@ -1,17 +1,18 @@
 """The curves of a long run: every point counted, a bounded number drawn, and
-what a user looks for (a spike, a dip, the last value) still on the chart."""
+what a user looks for (a spike, a dip, the last value, when it was logged)
+still in what the chart is drawn from."""
 
 from __future__ import annotations
 
+import json
 import math
-import re
 
 from primeruns.local.dashboard.charts import MAX_DRAWN, curves, decimate
 
 
 def test_a_long_curve_is_drawn_from_a_bounded_number_of_points_keeping_its_extremes() -> None:
     n = 10_000
-    rows = [{"step": i, "loss": math.sin(i / 50)} for i in range(n)]
+    rows = [{"step": i, "loss": math.sin(i / 50), "_timestamp": 1e9 + i} for i in range(n)]
     rows[7_777]["loss"] = 9.0  # one spike
     rows[1_234]["loss"] = -9.0  # one dip
     drawn = decimate([(r["step"], r["loss"]) for r in rows])
@@ -22,12 +23,17 @@ def test_a_long_curve_is_drawn_from_a_bounded_number_of_points_keeping_its_extre
 
     (curve,) = curves(rows)
     assert (curve.points, curve.drawn, curve.last_step) == (n, len(drawn), n - 1)
-    # Drawn as a line, without a dot per point.
-    assert "<circle" not in curve.svg and re.search(r'class="line', curve.svg)
+    (series,) = json.loads(curve.data)["series"]
+    assert series["step"] == [s for s, _ in drawn]
+    assert 9.0 in series["value"] and -9.0 in series["value"]
+    # Each drawn point keeps its wall time (the wall-time and relative-time axes).
+    assert series["time"] == [1e9 + s for s in series["step"]]
 
 
 def test_a_short_curve_is_drawn_whole_and_non_finite_values_are_left_out() -> None:
     rows = [{"step": 0, "loss": 1.0}, {"step": 1, "loss": math.nan}, {"step": 2, "loss": 0.5}]
     (curve,) = curves(rows)
     assert (curve.points, curve.drawn, curve.last_value) == (2, 2, 0.5)
-    assert curve.svg.count("<circle") == 2
+    (series,) = json.loads(curve.data)["series"]
+    assert (series["step"], series["value"]) == ([0, 2], [1.0, 0.5])
+    assert series["time"] is None  # no wall time logged: that axis is off for it

@@ -1,20 +1,30 @@
 """Which charting library draws the dashboard's training curves: measured, not guessed.
 
 Run ``python tools/bench/chart_choice.py`` from the repository root (``--points N``
-to change the 10,000-point series). For each candidate, in a directory of its
-own (``pip install --target``, dependencies included, so nothing already
-installed is counted or reused), it reports:
+to change the 100,000-point series, ``--only NAME...`` for some candidates).
+For each candidate, in a directory of its own (``pip install --target``,
+dependencies included, so nothing already installed is counted or reused), it
+reports:
 
 - install size: the bytes ``pip`` puts on disk for the library and everything
   it pulls in;
+- script weight: the JavaScript (and its CSS) a browser must load once to
+  draw charts, as the candidate's wheel ships it (none for pygal);
 - page weight: the bytes a browser downloads to show one self-contained page
-  with one 10,000-point line chart (no CDN: the JavaScript, if any, is inline);
+  with one line chart of every point (no CDN: the JavaScript, if any, is inline);
 - Python time: building that page on the server (median of 3);
 - browser time: from navigation until the chart is drawn in Chromium (median
-  of 3), through Playwright and the system browser; skipped without one.
+  of 3), through Playwright and the system browser; skipped without one;
+- interaction: whether the library itself offers hover values, zoom (and pan)
+  and a log axis, by the option that does it (``_OFFERS``); the measured page
+  turns the log axis and the hover on where the library has them, so the
+  option is exercised, not just named.
 
 The candidates: pygal (SVG drawn on the server, no JavaScript), plotly and
-bokeh (their wheels ship the JavaScript that draws in the browser).
+bokeh (their wheels ship the JavaScript that draws in the browser), and the
+light ones whose wheels ship a canvas charting script: dygraphs (dygraph.js),
+uplot-python and youplot (both ship uPlot: 1.6.16 unminified and 1.6.31
+minified, each byte for byte the npm package's ``dist`` file).
 """
 
 from __future__ import annotations
@@ -34,23 +44,64 @@ from pathlib import Path
 _BUILD = {
     "pygal": (
         "import pygal\n"
-        "chart = pygal.XY(show_dots=False, show_legend=False, width=800, height=300)\n"
+        "chart = pygal.XY(show_dots=False, show_legend=False, logarithmic=True,"
+        " width=800, height=300)\n"
         "chart.add('reward', list(zip(xs, ys)))\n"
         "page = '<!doctype html><html><body>' + chart.render(is_unicode=True) + '</body></html>'\n"
     ),
     "plotly": (
         "import plotly.graph_objects as go\n"
         "fig = go.Figure(go.Scattergl(x=xs, y=ys, mode='lines'))\n"
+        "fig.update_yaxes(type='log')\n"
         "page = fig.to_html(include_plotlyjs=True, full_html=True)\n"
     ),
     "bokeh": (
         "from bokeh.plotting import figure\n"
         "from bokeh.embed import file_html\n"
         "from bokeh.resources import INLINE\n"
-        "p = figure(width=800, height=300)\n"
+        "p = figure(width=800, height=300, y_axis_type='log')\n"
         "p.line(xs, ys)\n"
         "page = file_html(p, INLINE, 'curve')\n"
     ),
+    "dygraphs": (
+        "js = open(f'{target}/dygraphs/assets/dygraph-combined.js', encoding='utf-8').read()\n"
+        "rows = ','.join(f'[{x},{y}]' for x, y in zip(xs, ys))\n"
+        "page = ('<!doctype html><html><body><div id=c style=\"width:800px;height:300px\"></div>'\n"
+        "  f'<script>{js}</script><script>new Dygraph(document.getElementById(\"c\"), [{rows}],'\n"
+        '  \' {labels: ["step", "reward"], logscale: true,\'\n'
+        "  ' drawCallback: function () { window.drawn = true; }});</script></body></html>')\n"
+    ),
+    "uplot-python": (
+        "js = open(f'{target}/uplot/static/uPlot.iife.js', encoding='utf-8').read()\n"
+        "css = open(f'{target}/uplot/static/uPlot.min.css', encoding='utf-8').read()\n"
+        "page = _UPLOT_PAGE(js, css, xs, ys)\n"
+    ),
+    "youplot": (
+        "js = open(f'{target}/youplot/vendor/uplot.iife.min.js', encoding='utf-8').read()\n"
+        "css = open(f'{target}/youplot/vendor/uplot.min.css', encoding='utf-8').read()\n"
+        "page = _UPLOT_PAGE(js, css, xs, ys)\n"
+    ),
+}
+
+#: The JavaScript (and CSS) each wheel ships for the browser, as installed.
+_SCRIPTS = {
+    "pygal": (),
+    "plotly": ("plotly/package_data/plotly.min.js",),
+    "bokeh": ("bokeh/server/static/js/bokeh.min.js",),
+    "dygraphs": ("dygraphs/assets/dygraph-combined.js", "dygraphs/assets/dygraph.css"),
+    "uplot-python": ("uplot/static/uPlot.iife.js", "uplot/static/uPlot.min.css"),
+    "youplot": ("youplot/vendor/uplot.iife.min.js", "youplot/vendor/uplot.min.css"),
+}
+
+#: What each library offers itself, by the option that does it (from its
+#: documentation; the measured page turns on the log axis and hover where offered).
+_OFFERS = {
+    "pygal": "hover: tooltips script from a CDN only; zoom: no; log: logarithmic=True",
+    "plotly": "hover: yes; zoom and pan: modebar; log: yaxis type='log'",
+    "bokeh": "hover: HoverTool; zoom and pan: tools; log: y_axis_type='log'",
+    "dygraphs": "hover: legend; zoom: drag, pan: shift-drag; log: logscale",
+    "uplot-python": "hover: cursor legend; zoom: drag select; log: distr 3",
+    "youplot": "hover: cursor legend; zoom: drag select; log: distr 3",
 }
 
 # A JavaScript condition that holds once the chart is on screen.
@@ -61,13 +112,30 @@ _DRAWN = {
         "window.Bokeh !== undefined && Bokeh.index !== undefined"
         " && Object.keys(Bokeh.index).length > 0"
     ),
+    "dygraphs": "window.drawn === true",
+    "uplot-python": "window.drawn === true",
+    "youplot": "window.drawn === true",
 }
 
 _WORKER = """
 import json, math, statistics, sys, time
+target = sys.argv[4]
+
+
+def _UPLOT_PAGE(js, css, xs, ys):
+    # One uPlot chart: a log y axis, the cursor's values in the legend, drag to zoom.
+    opts = ('{width: 800, height: 300, scales: {y: {distr: 3}},'
+            ' series: [{label: "step"}, {label: "reward", stroke: "blue"}],'
+            ' hooks: {draw: [function () { window.drawn = true; }]}}')
+    return ('<!doctype html><html><head><style>' + css + '</style></head><body><div id=c></div>'
+            '<script>' + js + '</script><script>new uPlot(' + opts + ', ['
+            + json.dumps(xs) + ',' + json.dumps(ys) + '], document.getElementById("c"));'
+            '</script></body></html>')
+
+
 n = int(sys.argv[1])
 xs = list(range(n))
-ys = [math.sin(i / 50) + i / n for i in xs]
+ys = [2 + math.sin(i / 50) + i / n for i in xs]
 times = []
 for _ in range(3):
     start = time.perf_counter()
@@ -121,7 +189,7 @@ def measure(name: str, points: int, work: Path) -> dict[str, float | int | None]
     installed = _install(name, target)
     page = work / f"{name}.html"
     done = subprocess.run(
-        [sys.executable, "-S", "-c", _WORKER, str(points), _BUILD[name], str(page)],
+        [sys.executable, "-S", "-c", _WORKER, str(points), _BUILD[name], str(page), str(target)],
         # -S and PYTHONPATH: only the measured install is importable, no site-packages.
         env={**os.environ, "PYTHONPATH": str(target), "PYTHONNOUSERSITE": "1"},
         check=True,
@@ -131,6 +199,7 @@ def measure(name: str, points: int, work: Path) -> dict[str, float | int | None]
     timing = json.loads(done.stdout)
     return {
         "install_bytes": installed,
+        "script_bytes": sum((target / path).stat().st_size for path in _SCRIPTS[name]),
         "page_bytes": page.stat().st_size,
         "python_s": timing["python_s"],
         "browser_s": _browser_seconds(page, _DRAWN[name]),
@@ -147,7 +216,7 @@ def _s(n: float | int | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--points", type=int, default=10_000)
+    parser.add_argument("--points", type=int, default=100_000)
     parser.add_argument("--only", nargs="*", default=sorted(_BUILD))
     args = parser.parse_args()
     rows = []
@@ -155,12 +224,16 @@ def main() -> None:
         for name in args.only:
             rows.append((name, measure(name, args.points, Path(tmp))))
     print(f"one line chart of {args.points:,} points, self-contained page (no CDN)\n")
-    print("| library | install size | page weight | Python time | browser time |")
-    print("|---|---|---|---|---|")
+    print(
+        "| library | install size | script weight | page weight | Python time | browser time "
+        "| interaction |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for name, r in rows:
         print(
-            f"| {name} | {_mb(r['install_bytes'])} | {_mb(r['page_bytes'])} "
-            f"| {_s(r['python_s'])} | {_s(r['browser_s'])} |"
+            f"| {name} | {_mb(r['install_bytes'])} | {_mb(r['script_bytes'])} "
+            f"| {_mb(r['page_bytes'])} | {_s(r['python_s'])} | {_s(r['browser_s'])} "
+            f"| {_OFFERS[name]} |"
         )
 
 

@@ -5,17 +5,21 @@ Run ``python tools/dashboard/screenshot.py`` from the repository root (needs
 evaluation and training runs (``primeruns demo``'s own code, through the SDK)
 on a local platform in a temporary directory, opens their pages in Chromium
 and saves, in ``--dir`` (default ``tools/dashboard/``): ``training-run.png``
-(the training run's curves), ``runs-search.png`` (the runs list searched and
-filtered) and ``evaluation-analysis.png`` (the evaluation's reward histogram,
-pass@k, token usage and task table); then it logs the demo's evaluation
-again with errors in a few episodes and saves ``evaluation-errors.png`` (its
-errors by category). Nothing outside the temporary directory and those
-files is touched.
+(the training run's interactive curves, the mouse over one), ``runs-search.png``
+(the runs list searched and filtered) and ``evaluation-analysis.png`` (the
+evaluation's reward histogram, pass@k, token usage and task table); then it
+logs the demo's evaluation again with errors in a few episodes and saves
+``evaluation-errors.png`` (its errors by category), and logs a second
+training run and evaluation to compare with the demo's and saves
+``compare-runs.png`` (the four ticked in the runs list and compared: curves
+overlaid, the evaluations diffed task by task). Nothing outside the
+temporary directory and those files is touched.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import io
 import secrets
 import shutil
@@ -31,8 +35,9 @@ from playwright.sync_api import Page, sync_playwright
 import primeruns as pr
 from primeruns.commands.console import make_console
 from primeruns.commands.demo import Demo, _demo_environment
-from primeruns.commands.demo_data import eval_episodes
+from primeruns.commands.demo_data import eval_episodes, train_episodes
 from primeruns.local import LocalPlatform
+from primeruns.metrics import from_episodes
 
 HERE = Path(__file__).resolve().parent
 
@@ -76,6 +81,9 @@ def main() -> int:
                 page.locator("table.error-categories").wait_for()  # loaded after paint
                 written.append(args.dir / "evaluation-errors.png")
                 page.locator("section.analysis").screenshot(path=written[-1])
+                with _demo_environment(platform.url, key), redirect_stdout(io.StringIO()):
+                    _runs_to_compare(platform.url, key, work / "more")
+                written.append(_shoot_compare(page, platform.url, args.dir))
                 browser.close()
     for path in written:
         print(f"wrote {path}")
@@ -118,12 +126,39 @@ def _errored_run(url: str, key: str, runs: Path) -> str:
     return run.url
 
 
+def _runs_to_compare(url: str, key: str, runs: Path) -> None:
+    """A second training run (rewards higher than the demo's) and a second
+    evaluation (its first task failed, its second passed) to compare with the demo's."""
+    common = {"api_key": key, "base_url": url, "runs_dir": runs, "model": "Qwen/Qwen3-8B"}
+    train = pr.init(name="demo-train-b", kind="train", team_id="demo-team", **common)
+    for step, episodes in train_episodes().items():
+        reward = from_episodes(episodes)["avg_reward"]
+        train.log_metrics({"reward": min(1.0, reward + 0.15 * (step + 1))}, step=step)
+    train.finish(timeout=60)
+    evaluation = pr.init(name="demo-gsm8k-b", environments=["gsm8k"], **common)
+    episodes = copy.deepcopy(eval_episodes())
+    tasks = sorted({e["task"]["data"]["id"] for e in episodes})
+    for episode in episodes:
+        episode["id"] = uuid.uuid4().hex  # an episode is stored once per id
+        score = {tasks[0]: 0.0, tasks[1]: 1.0}.get(episode["task"]["data"]["id"])
+        for trace in episode["traces"]:
+            trace["id"] = uuid.uuid4().hex
+            for reward in trace["rewards"].values() if score is not None else ():
+                reward["score"] = score
+    evaluation.log_episodes(episodes)
+    evaluation.finish(timeout=60)
+
+
 def _shoot(page: Page, url: str, where: Path) -> list[Path]:
     """Each page's screenshot in ``where``; the paths written."""
     shots = [where / name for name in ("training-run.png", "runs-search.png")]
     page.goto(f"{url}/?kind=train")
-    page.get_by_role("link", name="demo-train").click()
-    page.locator("figure.curve").first.wait_for()
+    page.get_by_role("link", name="demo-train", exact=True).click()
+    reward = page.locator('figure.curve[data-metric="reward"]')
+    reward.locator(".uplot canvas").first.wait_for()
+    box = reward.locator(".u-over").bounding_box()
+    if box is not None:  # the mouse over the curve: the legend gives its values
+        page.mouse.move(box["x"] + box["width"] * 0.66, box["y"] + box["height"] / 2)
     page.screenshot(path=shots[0], full_page=True)
     page.goto(f"{url}/")
     page.get_by_role("searchbox").fill("demo")
@@ -131,12 +166,25 @@ def _shoot(page: Page, url: str, where: Path) -> list[Path]:
     page.get_by_role("button", name="filter").click()
     page.locator("table.runs tr.run").first.wait_for()
     page.screenshot(path=shots[1])
-    page.get_by_role("link", name="demo-gsm8k").click()
+    page.get_by_role("link", name="demo-gsm8k", exact=True).click()
     analysis = page.locator("section.analysis")
     analysis.wait_for()
     shots.append(where / "evaluation-analysis.png")
     analysis.screenshot(path=shots[2])
     return shots
+
+
+def _shoot_compare(page: Page, url: str, where: Path) -> Path:
+    """The demo's runs and the two to compare with them, ticked in the runs list and compared."""
+    page.goto(f"{url}/")
+    for name in ("demo-train", "demo-train-b", "demo-gsm8k", "demo-gsm8k-b"):
+        page.get_by_label(f"select {name}", exact=True).check()
+    page.get_by_role("button", name="compare selected").click()
+    reward = page.locator('figure.curve[data-metric="reward"]')
+    reward.locator(".uplot canvas").first.wait_for()
+    shot = where / "compare-runs.png"
+    page.screenshot(path=shot, full_page=True)
+    return shot
 
 
 if __name__ == "__main__":

@@ -1,123 +1,146 @@
-"""The training curves: one pygal line chart per metric, drawn on the server as SVG.
+"""The training curves as data for the browser: one chart per metric, drawn by uPlot.
 
-pygal was chosen by measurement (``tools/bench/chart_choice.py``): a 0.5 MB
-install, no JavaScript, and a 10,000-point page a fraction of plotly's or
-bokeh's weight and render time. Its defaults would load tooltips from a CDN:
-``js=[]`` keeps every byte on this machine. pygal writes its SVG through
-ElementTree, which escapes metric names and values, so the markup is safe to
-put in the page as it is once pygal's inline config script is dropped: a
-chart runs no code (tests hold it to both).
+uPlot was chosen by measurement (``tools/bench/chart_choice.py``): hover
+values, zoom and a log axis in 50 kB of script that draws 100,000 points in a
+fraction of plotly's or bokeh's time, where pygal's SVG offered no interaction
+at all. The script comes from an installed package (see :mod:`.vendor`), never
+from a CDN. The server still decides what is drawn: a long curve is cut to
+``MAX_DRAWN`` points (its extremes kept) so a page's weight does not grow with
+the run. Each chart's points travel as JSON in a ``data-curve`` attribute,
+which Jinja2 escapes: a metric or run name is data, never markup, and
+``curves.js`` puts it on the page as text.
 """
 
 from __future__ import annotations
 
-import functools
+import json
 import math
-import re
-import sys
-from dataclasses import dataclass
-from types import ModuleType
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
-from markupsafe import Markup
-
-from ...reports import metric_curves
-
-
-@functools.cache
-def _pygal() -> ModuleType:
-    """pygal, imported on the first chart: every platform start (tests start
-    hundreds) would otherwise pay for it."""
-    import pygal
-
-    # pygal appends a legacy sys.meta_path finder (for its map plugins, which
-    # these charts do not use). On Python 3.11 every import that fails after it
-    # in this process falls through to it and warns (ImportWarning), so an
-    # optional import elsewhere (httpcore probing for trio) raises where
-    # warnings are errors.
-    legacy = getattr(pygal, "PluginImportFixer", None)
-    if legacy is not None:
-        sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, legacy)]
-    module: ModuleType = pygal
-    return module
-
-
-_SCRIPT = re.compile(r"<script\b[^>]*>.*?</script>", re.S)
-
-#: Above this many points a curve is drawn as a line only: a dot per point
-#: would weigh more than the line and hide it.
-MAX_DOTS = 1000
 #: Up to this many steps, every step gets its label on the x axis.
 MAX_STEP_LABELS = 20
-#: A longer curve is drawn from this many of its points (a 640-pixel-wide
-#: chart cannot show more), so a long live run's page stays quick to render.
+#: A longer curve is drawn from this many of its points (a chart a few hundred
+#: pixels wide cannot show more), so a long live run's page stays quick to render.
 MAX_DRAWN = 2000
 
+#: A point: its step, value and wall time (seconds since the epoch, or None).
+Point = tuple[int, float, float | None]
+P = TypeVar("P", bound=tuple[Any, ...])
 
-def decimate(points: list[tuple[int, float]], limit: int = MAX_DRAWN) -> list[tuple[int, float]]:
-    """At most about ``limit`` of ``points``, in order: each run of consecutive
-    points keeps its lowest and its highest, so a spike still shows; the last
-    point is always kept (it is the value the caption gives)."""
+
+def decimate(points: Sequence[P], limit: int = MAX_DRAWN) -> list[P]:
+    """At most about ``limit`` of ``points`` (each ``(step, value, ...)``), in
+    order: each run of consecutive points keeps its lowest and its highest, so
+    a spike still shows; the last point is always kept (it is the value the
+    caption gives)."""
     if len(points) <= limit:
-        return points
+        return list(points)
     size = math.ceil(len(points) / (limit // 2))
-    kept: list[tuple[int, float]] = []
+    kept: list[P] = []
     for start in range(0, len(points), size):
         bucket = points[start : start + size]
         low = min(bucket, key=lambda p: p[1])
         high = max(bucket, key=lambda p: p[1])
-        kept += sorted({low, high})
+        kept += [low] if low is high else sorted([low, high], key=lambda p: p[0])
     if kept[-1] != points[-1]:
         kept.append(points[-1])
     return kept
 
 
+def metric_points(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
+    """Per numeric metric of ``rows``, its finite points in step order. A row's
+    wall time is its ``_timestamp`` (the SDK's: when ``log_metrics`` was
+    called); a row without a ``step`` is placed by its position."""
+    out: dict[str, list[Point]] = {}
+    for index, row in enumerate(rows):
+        step = row.get("step")
+        at = int(step) if isinstance(step, int | float) and not isinstance(step, bool) else index
+        stamp = row.get("_timestamp")
+        when = float(stamp) if _is_number(stamp) and math.isfinite(stamp) else None
+        for key, value in row.items():
+            if key == "step" or key.startswith("_") or not _is_number(value):
+                continue
+            # A NaN or an infinity has no place on an axis; the others still draw.
+            if math.isfinite(value):
+                out.setdefault(key, []).append((at, float(value), when))
+    for points in out.values():
+        points.sort(key=lambda p: p[0])
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class Series:
+    """One run's line on a chart: what ``curves.js`` draws."""
+
+    label: str
+    points: list[Point]
+    #: The run's place on the page: its colour, the same on every chart.
+    slot: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        times = [t for _, _, t in self.points]
+        return {
+            "label": self.label,
+            "slot": self.slot,
+            "step": [s for s, _, _ in self.points],
+            "value": [v for _, v, _ in self.points],
+            # Wall time only when every drawn point has one (else that axis is off).
+            "time": times if all(t is not None for t in times) else None,
+        }
+
+
 @dataclass(frozen=True)
 class Curve:
+    """One metric's chart: its caption's figures and the data it is drawn from."""
+
     name: str
     points: int
     last_step: int | None
     last_value: float | None
-    svg: Markup
     #: How many of the points are drawn (all of them up to ``MAX_DRAWN``).
     drawn: int = 0
+    series: list[Series] = field(default_factory=list)
+
+    @property
+    def data(self) -> str:
+        """The chart as JSON, for the page's ``data-curve`` attribute (Jinja2 escapes it)."""
+        return json.dumps(
+            {"name": self.name, "series": [s.as_json() for s in self.series]},
+            allow_nan=False,
+            separators=(",", ":"),
+        )
 
 
-def _chart(name: str, points: list[tuple[int, float]]) -> Markup:
-    chart = _pygal().XY(
-        js=[],
-        disable_xml_declaration=True,
-        show_legend=False,
-        show_dots=len(points) <= MAX_DOTS,
-        dots_size=3,
-        width=640,
-        height=260,
-        x_title="step",
-        title=name,
-        explicit_size=False,
-        margin=12,
-    )
-    steps = [step for step, _ in points]
-    if steps and max(steps) - min(steps) <= MAX_STEP_LABELS:
-        # Steps are whole numbers: a short run gets one label per step, not 0.2, 0.4...
-        chart.x_labels = list(range(min(steps), max(steps) + 1))
-    chart.add(name, points)
-    svg = chart.render(is_unicode=True)
-    # pygal always embeds its config (names included) as a script for tooltips
-    # that are not loaded here: drop it, so a chart runs no code at all. Text in
-    # the SVG is escaped, so the first closing tag is pygal's own.
-    svg = _SCRIPT.sub("", svg)
-    # pygal's ElementTree escaped every name and value in it (see the module docstring).
-    return Markup(svg)
-
-
-def curves(metrics: list[dict[str, Any]]) -> list[Curve]:
+def curves(metrics: list[dict[str, Any]], label: str = "") -> list[Curve]:
     """A chart per numeric metric of ``metrics`` (rows with their ``step``), by name."""
     out = []
-    for name, raw in sorted(metric_curves(metrics).items()):
-        # A NaN or an infinity has no place on an axis; the others still draw.
-        points = [(step, value) for step, value in raw if math.isfinite(value)]
-        last = points[-1] if points else (None, None)
+    for name, points in sorted(metric_points(metrics).items()):
+        last = points[-1] if points else (None, None, None)
         drawn = decimate(points)
-        out.append(Curve(name, len(points), last[0], last[1], _chart(name, drawn), len(drawn)))
+        out.append(
+            Curve(name, len(points), last[0], last[1], len(drawn), [Series(label or name, drawn)])
+        )
+    return out
+
+
+def overlay(runs: Sequence[tuple[str, list[dict[str, Any]]]]) -> list[Curve]:
+    """A chart per metric any of ``runs`` (label, metric rows) logged, with a
+    line per run that logged it, in the order given: the compare page's."""
+    per_run = [(label, metric_points(rows)) for label, rows in runs]
+    names = sorted({name for _, points in per_run for name in points})
+    out = []
+    for name in names:
+        lines = [
+            Series(label, decimate(p[name]), slot)
+            for slot, (label, p) in enumerate(per_run)
+            if p.get(name)
+        ]
+        total = sum(len(p[name]) for _, p in per_run if p.get(name))
+        out.append(Curve(name, total, None, None, sum(len(s.points) for s in lines), lines))
     return out

@@ -33,11 +33,13 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .analysis import analyse
-from .charts import curves
+from .charts import curves, overlay
+from .compare import MAX_COMPARED, MAX_DIFF_ROWS, chosen_runs, diff
 from .episodes import episode_view, message_of
 from .find import RunQuery, choices
 from .journal_source import JournalSource
 from .sample_query import SampleQuery, neighbours
+from .vendor import vendor_routes
 from .views import MAX_FACTS, SECTIONS, MissingExtra, RunDetail, Source
 
 if TYPE_CHECKING:
@@ -251,6 +253,50 @@ async def analysis_page(request: Request) -> Response:
     )
 
 
+def _labels(details: list[RunDetail]) -> list[str]:
+    """A legend label per run: its name, with its id where two runs share a name."""
+    names = [d.row.name or d.row.id for d in details]
+    return [
+        f"{name} ({d.row.id})" if names.count(name) > 1 and name != d.row.id else name
+        for name, d in zip(names, details, strict=True)
+    ]
+
+
+async def compare_page(request: Request) -> Response:
+    """The runs ticked in the runs list (``?run=ID`` each): training runs'
+    curves overlaid, one chart per metric; evaluations side by side, the
+    first two diffed task by task (see :mod:`.compare`)."""
+    ids = chosen_runs(request.query_params.getlist("run"))
+    asked = ids[:MAX_COMPARED]
+    found = await _read(request, lambda s: [s.run(i) for i in asked])
+    details = [d for d in found if d is not None]
+    labels = dict(zip((d.row.id for d in details), _labels(details), strict=True))
+    trains = [d for d in details if d.row.kind == "train"]
+    evals = [d for d in details if d.row.kind != "train"]
+    summaries, facts = [], []
+    for d in evals:
+        rows, total = await _read(request, lambda s, i=d.row.id: s.sample_facts(i, MAX_FACTS))
+        summaries.append((d, analyse(rows), total))
+        if len(facts) < 2:
+            facts.append(rows)
+    task_diff = diff(*facts) if len(facts) == 2 else None
+    return _page(
+        request,
+        "compare.html",
+        runs=details,
+        slots={d.row.id: slot for slot, d in enumerate(trains)},
+        labels=labels,
+        missing=[i for i, d in zip(asked, found, strict=True) if d is None],
+        dropped=ids[MAX_COMPARED:],
+        charts=overlay([(labels[d.row.id], d.metrics) for d in trains]),
+        trains=trains,
+        summaries=summaries,
+        pair=evals[:2],
+        task_diff=task_diff,
+        diff_rows=task_diff.tasks[:MAX_DIFF_ROWS] if task_diff else [],
+    )
+
+
 async def episode_page(request: Request) -> Response:
     run_id, index = request.path_params["run_id"], request.path_params["index"]
     sample = await _read(request, lambda s: s.sample(run_id, index))
@@ -317,11 +363,13 @@ def dashboard_routes() -> list[BaseRoute]:
     """The pages and their static files; the app's state must hold ``dashboard_source``."""
     return [
         Route("/", runs_page, methods=["GET"]),
+        Route("/dashboard/compare", compare_page, methods=["GET"]),
         Route("/dashboard/evaluations/{run_id}/samples/{index:int}", episode_page, methods=["GET"]),
         Route("/dashboard/evaluations/{run_id}/analysis", analysis_page, methods=["GET"]),
         Route("/dashboard/training/{run_id}/steps/{step:int}", step_page, methods=["GET"]),
         Route("/dashboard/{section}/{run_id}", run_page, methods=["GET"]),
         Mount("/_dashboard/static", StaticFiles(directory=HERE / "static"), name="static"),
+        *vendor_routes(),
     ]
 
 
