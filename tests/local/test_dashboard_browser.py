@@ -2,10 +2,14 @@
 
 The runs are the demo's own (its evaluation and training run, through the
 SDK, on a local platform these fixtures start), and every assertion is about
-what a user sees: a dot per logged step on each curve, a row per sample, the
-episode's messages, markup in user content shown as text, a live page that
-moves on by itself. The expected figures come from the platform's API, never
-from constants. Screenshots of each page are saved under pytest's tmp path
+what a user sees: a point per logged step on each curve and its value under
+the mouse, zoom, pan, smoothing, log and time axes, runs compared (curves
+overlaid, evaluations diffed task by task), a row per sample, the episode's
+messages, markup in user content shown as text, a live page that moves on by
+itself. Where a chart's geometry decides where the mouse goes, it is read
+from the chart (uPlot's ``valToPos``); what is asserted is what the page
+shows. The expected figures come from the platform's API, never from
+constants. Screenshots of each page are saved under pytest's tmp path
 (``dashboard-screenshots*``).
 
 Without Chromium these tests are skipped, saying why; with ``$CI`` set they
@@ -217,7 +221,7 @@ def test_runs_list_shows_every_run_and_links_to_its_page(
     expect(rows).to_have_count(sum(1 for r in known.values() if r["kind"] == "eval"))
 
 
-def test_training_page_draws_a_dot_per_logged_step_and_opens_a_step_table(
+def test_training_page_draws_a_point_per_logged_step_and_opens_a_step_table(
     demo: DemoRuns, page: Page, shots: Path
 ) -> None:
     run_id = _open_run(demo, page, "training", "demo-train")

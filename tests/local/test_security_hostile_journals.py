@@ -64,6 +64,7 @@ def test_a_hostile_journals_pages_render_within_200_mb(hostile_runs: Path) -> No
         f"{run}/samples/0",  # a 128 MiB string
         f"{run}/samples/1",  # 200,000 levels of nesting
         f"{run}/samples/2",  # 300,000 keys
+        "/dashboard/compare?run=hostile",  # its analysis beside nothing
     ]
     result = _render(hostile_runs, *paths)
     pages = {p["path"]: p for p in result["pages"]}  # type: ignore[attr-defined]
@@ -75,7 +76,8 @@ def test_a_hostile_journals_pages_render_within_200_mb(hostile_runs: Path) -> No
 def test_a_hostile_training_runs_pages_render_within_200_mb(hostile_training: Path) -> None:
     """A training run's index decodes each episode once (for its step): one at a time."""
     run = "/dashboard/training/hostile"
-    paths = ["/", run, f"{run}/steps/0", f"{run}/steps/0?page=2"]
+    compare = "/dashboard/compare?run=hostile"  # its curves, as the compare page draws them
+    paths = ["/", run, f"{run}/steps/0", f"{run}/steps/0?page=2", compare]
     result = _render(hostile_training, *paths)
     pages = {p["path"]: p for p in result["pages"]}  # type: ignore[attr-defined]
     assert [pages[p]["status"] for p in paths] == [200] * len(paths), pages

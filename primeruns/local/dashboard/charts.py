@@ -19,8 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-#: Up to this many steps, every step gets its label on the x axis.
-MAX_STEP_LABELS = 20
 #: A longer curve is drawn from this many of its points (a chart a few hundred
 #: pixels wide cannot show more), so a long live run's page stays quick to render.
 MAX_DRAWN = 2000
