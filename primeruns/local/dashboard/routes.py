@@ -4,7 +4,8 @@ The pages live at the real platform's paths (``/dashboard/evaluations/{id}``,
 ``/dashboard/training/{id}``), so the ``run.url`` of a local run opens them.
 Templates are Jinja2 with autoescaping on for every template: names, errors,
 configs and episode text are user content. Static files are served from the
-package itself; nothing is fetched from anywhere else, so no data and no
+package itself, the charting script from the package it is installed with
+(:mod:`.vendor`); nothing is fetched from anywhere else, so no data and no
 request leave the machine. Pages of runs that may still change say so with
 ``data-live`` and a version of what they show; ``live.js`` polls the same
 page with the version it has, and gets a 204 (nothing rendered, no chart
@@ -32,7 +33,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from .analysis import analyse
+from .analysis import Analysis, analyse
 from .charts import curves, overlay
 from .compare import MAX_COMPARED, MAX_DIFF_ROWS, chosen_runs, diff
 from .episodes import episode_view, message_of
@@ -40,7 +41,7 @@ from .find import RunQuery, choices
 from .journal_source import JournalSource
 from .sample_query import SampleQuery, neighbours
 from .vendor import vendor_routes
-from .views import MAX_FACTS, SECTIONS, MissingExtra, RunDetail, Source
+from .views import MAX_FACTS, SECTIONS, MissingExtra, RunDetail, SampleRow, Source
 
 if TYPE_CHECKING:
     from starlette.templating import Jinja2Templates
@@ -273,13 +274,14 @@ async def compare_page(request: Request) -> Response:
     labels = dict(zip((d.row.id for d in details), _labels(details), strict=True))
     trains = [d for d in details if d.row.kind == "train"]
     evals = [d for d in details if d.row.kind != "train"]
-    summaries, facts = [], []
+    summaries: list[tuple[RunDetail, Analysis, int]] = []
+    facts: list[list[SampleRow]] = []  # the first two evaluations', for the diff
     for d in evals:
         rows, total = await _read(request, lambda s, i=d.row.id: s.sample_facts(i, MAX_FACTS))
         summaries.append((d, analyse(rows), total))
         if len(facts) < 2:
             facts.append(rows)
-    task_diff = diff(*facts) if len(facts) == 2 else None
+    task_diff = diff(facts[0], facts[1]) if len(facts) == 2 else None
     return _page(
         request,
         "compare.html",
