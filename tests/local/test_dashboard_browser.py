@@ -177,6 +177,7 @@ def _wait_drawn(page: Page, metric: str, points: int, series: int = 1) -> Locato
 
 def _hover(page: Page, figure: Locator, x: float) -> None:
     """The mouse over ``figure``'s chart at ``x`` (in the x axis' units), half way up."""
+    figure.scroll_into_view_if_needed()
     box = figure.locator(".u-over").bounding_box()
     assert box is not None
     left = figure.evaluate("(f, x) => f.__chart.valToPos(x, 'x')", x)
@@ -504,6 +505,7 @@ def test_curves_show_values_on_hover_zoom_pan_smooth_and_take_a_log_or_time_axis
     page.screenshot(path=shots / "training-hover.png", full_page=True)
 
     # Zoom: drag across steps 1 to 2; a double-click shows every step again.
+    reward.scroll_into_view_if_needed()
     box = reward.locator(".u-over").bounding_box()
     assert box is not None
     at = [box["x"] + reward.evaluate("(f, x) => f.__chart.valToPos(x, 'x')", x) for x in (1, 2)]

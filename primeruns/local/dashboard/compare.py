@@ -2,7 +2,8 @@
 
 The runs list's checkboxes open ``/dashboard/compare?run=A&run=B...``. Training
 runs get one chart per metric with a line per run (:func:`.charts.overlay`);
-evaluations get a row each, and the first two are diffed task by task from
+evaluations get a row each, oldest first, and the first two are diffed task
+by task (A the older, B the newer: a baseline and what came after) from
 their samples' rows (the analysis' per-task figures, so a diff costs what two
 analyses cost, whatever the episodes weigh). A task "flipped" when its share
 of correct samples moved: with one rollout per task, correct in one run and

@@ -270,7 +270,13 @@ async def compare_page(request: Request) -> Response:
     ids = chosen_runs(request.query_params.getlist("run"))
     asked = ids[:MAX_COMPARED]
     found = await _read(request, lambda s: [s.run(i) for i in asked])
-    details = [d for d in found if d is not None]
+    # Oldest first, whatever order the runs list (newest first) sent them in:
+    # a run keeps its colour and the diff reads from a baseline (A) to what
+    # came after (B).
+    details = sorted(
+        (d for d in found if d is not None),
+        key=lambda d: (d.row.created_at is None, d.row.created_at or 0.0),
+    )
     labels = dict(zip((d.row.id for d in details), _labels(details), strict=True))
     trains = [d for d in details if d.row.kind == "train"]
     evals = [d for d in details if d.row.kind != "train"]
