@@ -17,7 +17,7 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, TypeGuard, TypeVar
 
 #: A longer curve is drawn from this many of its points (a chart a few hundred
 #: pixels wide cannot show more), so a long live run's page stays quick to render.
@@ -68,7 +68,7 @@ def metric_points(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
     return out
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

@@ -263,6 +263,10 @@ def _labels(details: list[RunDetail]) -> list[str]:
     ]
 
 
+def _facts_of(source: Source, run_id: str) -> tuple[list[SampleRow], int]:
+    return source.sample_facts(run_id, MAX_FACTS)
+
+
 async def compare_page(request: Request) -> Response:
     """The runs ticked in the runs list (``?run=ID`` each): training runs'
     curves overlaid, one chart per metric; evaluations side by side, the
@@ -283,7 +287,7 @@ async def compare_page(request: Request) -> Response:
     summaries: list[tuple[RunDetail, Analysis, int]] = []
     facts: list[list[SampleRow]] = []  # the first two evaluations', for the diff
     for d in evals:
-        rows, total = await _read(request, lambda s, i=d.row.id: s.sample_facts(i, MAX_FACTS))
+        rows, total = await _read(request, functools.partial(_facts_of, run_id=d.row.id))
         summaries.append((d, analyse(rows), total))
         if len(facts) < 2:
             facts.append(rows)

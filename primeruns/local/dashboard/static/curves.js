@@ -172,7 +172,8 @@
         opts.x === "step" ? { incrs: STEP_INCRS, label: "step" } : { label: axisLabel(opts.x) },
         { values: function (u, ticks) { return ticks.map(fmt); }, size: 60 }
       ],
-      cursor: { drag: { x: true, y: false } },
+      // The cursor moves on every chart of the page at once: one step, every metric.
+      cursor: { drag: { x: true, y: false }, sync: { key: "primeruns-curves" } },
       legend: { live: true },
       series: series
     }, data, slot);
