@@ -156,8 +156,9 @@ def _shoot(page: Page, url: str, where: Path) -> list[Path]:
     page.get_by_role("link", name="demo-train", exact=True).click()
     reward = page.locator('figure.curve[data-metric="reward"]')
     reward.locator(".uplot canvas").first.wait_for()
+    reward.scroll_into_view_if_needed()
     box = reward.locator(".u-over").bounding_box()
-    if box is not None:  # the mouse over the curve: the legend gives its values
+    if box is not None:  # the mouse over a curve: every chart's legend gives its values
         page.mouse.move(box["x"] + box["width"] * 0.66, box["y"] + box["height"] / 2)
     page.screenshot(path=shots[0], full_page=True)
     page.goto(f"{url}/")

@@ -173,7 +173,7 @@
         { values: function (u, ticks) { return ticks.map(fmt); }, size: 60 }
       ],
       // The cursor moves on every chart of the page at once: one step, every metric.
-      cursor: { drag: { x: true, y: false }, sync: { key: "primeruns-curves" } },
+      cursor: { y: false, drag: { x: true, y: false }, sync: { key: "primeruns-curves" } },
       legend: { live: true },
       series: series
     }, data, slot);
