@@ -8,6 +8,7 @@ The browser tests (``test_dashboard_browser.py``) drive the same pages as a user
 
 from __future__ import annotations
 
+import html
 import json
 import re
 from pathlib import Path
@@ -110,7 +111,7 @@ def test_the_compare_page_overlays_training_runs_and_diffs_two_evaluations(
         page = pages.get("/dashboard/compare?" + "&".join(f"run={i}" for i in ids))
     assert page.status_code == 200, page.text[:500]
     curves = [
-        json.loads(m.replace("&#34;", '"')) for m in re.findall(r'data-curve="([^"]*)"', page.text)
+        json.loads(html.unescape(m)) for m in re.findall(r'data-curve="([^"]*)"', page.text)
     ]
     assert {c["name"] for c in curves} == {"loss", "reward"}
     for curve in curves:
