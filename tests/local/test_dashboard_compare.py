@@ -110,9 +110,7 @@ def test_the_compare_page_overlays_training_runs_and_diffs_two_evaluations(
 
         page = pages.get("/dashboard/compare?" + "&".join(f"run={i}" for i in ids))
     assert page.status_code == 200, page.text[:500]
-    curves = [
-        json.loads(html.unescape(m)) for m in re.findall(r'data-curve="([^"]*)"', page.text)
-    ]
+    curves = [json.loads(html.unescape(m)) for m in re.findall(r'data-curve="([^"]*)"', page.text)]
     assert {c["name"] for c in curves} == {"loss", "reward"}
     for curve in curves:
         assert [s["label"] for s in curve["series"]] == ["train-a", "train-b"]
