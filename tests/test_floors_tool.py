@@ -36,12 +36,14 @@ def test_every_lower_bound_of_the_project_is_pinned(tmp_path: Path) -> None:
         "rich": "13",
         "starlette": "0.41.2",
         "atheris": "2.3 ; sys_platform == 'linux'",
+        "ranged": "2",  # its floor satisfies its upper bound too
     }
     text = floors.constraints_text(declared)
     assert "lmdb==1.4.1\n" in text and "starlette==0.41.2\n" in text
     assert "atheris==2.3 ; sys_platform == 'linux'\n" in text
-    # an exact pin and a bounded range are left as declared
-    assert "exact" not in text and "ranged" not in text
+    assert "ranged==2\n" in text
+    # an exact pin is left as declared
+    assert "exact" not in text
 
 
 def test_the_floors_the_repository_declares_include_every_runtime_dependency() -> None:

@@ -48,14 +48,17 @@ FLOOR_TESTS = (
     "tests/test_sdk_train.py",
 )
 
-_LOWER_BOUND = re.compile(r"^\s*([A-Za-z0-9_.\-]+)\s*>=\s*([0-9][^,;\s]*)\s*(?:;.*)?$")
+_LOWER_BOUND = re.compile(
+    r"^\s*([A-Za-z0-9_.\-]+)\s*>=\s*([0-9][^,;\s]*)\s*(?:,\s*<\s*[0-9][^,;\s]*\s*)?(?:;.*)?$"
+)
 
 
 def declared_floors(pyproject: Path = ROOT / "pyproject.toml") -> dict[str, str]:
     """Every ``name>=version`` the project declares, in its dependencies and extras.
 
-    Requirements with an upper bound, an exact pin or a marker that names
-    another platform are left as declared: only a plain lower bound is a floor.
+    A lower bound is a floor, with or without an upper bound beside it (the
+    floor satisfies both); an exact pin or a marker that names another
+    platform is left as declared.
     """
     project = tomllib.loads(pyproject.read_text())["project"]
     requirements = list(project.get("dependencies", []))

@@ -153,4 +153,13 @@ def test_the_charting_script_is_served_from_its_installed_package(
         assert other.status_code == 404
         monkeypatch.setattr(vendor, "package_dir", lambda: None)
         missing = pages.get("/_dashboard/vendor/uplot.js")
+        # A release of the package whose script is not the uPlot measured and
+        # reviewed (another version, or tampered with) is not served.
+        other_release = tmp_path / "site" / "youplot"
+        (other_release / "vendor").mkdir(parents=True)
+        (other_release / "vendor" / "uplot.iife.min.js").write_text("alert(document.cookie)")
+        monkeypatch.setattr(vendor, "package_dir", lambda: other_release)
+        tampered = pages.get("/_dashboard/vendor/uplot.js")
     assert missing.status_code == 503 and "prime-runs[local]" in missing.text
+    assert tampered.status_code == 503 and "alert" not in tampered.text
+    assert "not uPlot 1.6.31" in tampered.text

@@ -8,16 +8,23 @@ serves those two files at ``/_dashboard/vendor/``. Nothing of ``youplot`` is
 imported: its package folder is found by its import spec alone. Without it,
 the route answers 503 naming the install, and the curves say their script
 did not load (the captions still give each metric's last value).
+
+The files are served only if their SHA-256 is that of uPlot 1.6.31 as npm
+publishes it (``npm pack uplot@1.6.31``, ``dist/``): the wheel has a single
+release from a publisher with no project page, so what it ships next is not
+taken on trust; a script that runs in every dashboard page must be the one
+that was measured and reviewed. Another uPlot is a deliberate change here.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 from pathlib import Path
 
 from starlette.requests import Request
-from starlette.responses import FileResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 #: The package that ships the script, and the files served from it, by name.
@@ -25,6 +32,11 @@ PACKAGE = "youplot"
 FILES = {
     "uplot.js": ("vendor/uplot.iife.min.js", "text/javascript; charset=utf-8"),
     "uplot.css": ("vendor/uplot.min.css", "text/css; charset=utf-8"),
+}
+#: uPlot 1.6.31's ``dist/uPlot.iife.min.js`` and ``dist/uPlot.min.css`` (npm).
+SHA256 = {
+    "uplot.js": "2d27e8ad3d228164525ce213f9dc716f39b4e3aee0cc773fb3491c96cf4921a2",
+    "uplot.css": "df630c6a8d6f8eeaff264b50f73ce5b114f646ffd9a0bb74f049b0a00135fa04",
 }
 INSTALL = "pip install 'prime-runs[local]'"
 
@@ -40,6 +52,17 @@ def package_dir() -> Path | None:
     return Path(next(iter(places))) if places else None
 
 
+@functools.cache
+def _checked(path: Path, name: str) -> bytes | None:
+    """The file's bytes if they are the uPlot this module names, else None
+    (read and hashed once: 50 KB, kept for the server's life)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    return data if hashlib.sha256(data).hexdigest() == SHA256[name] else None
+
+
 async def vendor_file(request: Request) -> Response:
     name = request.path_params["name"]
     if name not in FILES:
@@ -51,7 +74,15 @@ async def vendor_file(request: Request) -> Response:
         return PlainTextResponse(
             f"the curves' script comes with the {PACKAGE} package: {INSTALL}", status_code=503
         )
-    return FileResponse(path, media_type=media_type)
+    data = _checked(path, name)
+    if data is None:
+        return PlainTextResponse(
+            f"the installed {PACKAGE} ships a {relative} that is not uPlot 1.6.31 as npm "
+            f"publishes it (SHA-256 differs), so it is not served: "
+            f"pip install '{PACKAGE}==1.0.0'",
+            status_code=503,
+        )
+    return Response(data, media_type=media_type)
 
 
 def vendor_routes() -> list[Route]:
