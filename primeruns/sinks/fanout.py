@@ -25,7 +25,7 @@ from typing import Generic, TypeVar
 
 from ..threads import start_daemon
 
-__all__ = ["Fanout", "Outcome"]
+__all__ = ["Fanout", "NotSent", "Outcome"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -41,12 +41,20 @@ class Outcome(Generic[R]):
         self.error = error
 
 
+class NotSent(Exception):
+    """The outcome of a call never made: one before it failed so that the
+    caller stops there (``give_up``), and settles nothing after it."""
+
+
 class _Round(Generic[T, R]):
     """One ``run``: the items, taken one at a time by whichever thread is free."""
 
-    def __init__(self, call: Callable[[T], R], items: Sequence[T]) -> None:
+    def __init__(
+        self, call: Callable[[T], R], items: Sequence[T], give_up: Callable[[BaseException], bool]
+    ) -> None:
         self.call = call
         self.items = items
+        self.give_up = give_up
         self.outcomes: list[Outcome[R]] = [Outcome() for _ in items]
         self._next = 0
         self._left = len(items)
@@ -68,6 +76,14 @@ class _Round(Generic[T, R]):
             except BaseException as exc:  # handed to the caller, which decides
                 outcome.error = exc
             with self._lock:
+                if outcome.error is not None and self.give_up(outcome.error):
+                    # Items are taken in order: none not taken yet comes
+                    # before this one, so the caller never settles them.
+                    # A platform that is down gets one request per thread.
+                    for later in self.outcomes[self._next :]:
+                        later.error = NotSent("an earlier request of its round failed")
+                    self._left -= len(self.items) - self._next
+                    self._next = len(self.items)
                 self._left -= 1
                 if not self._left:
                     self.done.set()
@@ -83,10 +99,18 @@ class Fanout:
         self._pid = -1
         self._work: queue.SimpleQueue[_Round[object, object]] = queue.SimpleQueue()
 
-    def run(self, call: Callable[[T], R], items: Sequence[T]) -> list[Outcome[R]]:
+    def run(
+        self,
+        call: Callable[[T], R],
+        items: Sequence[T],
+        *,
+        give_up: Callable[[BaseException], bool] = lambda exc: True,
+    ) -> list[Outcome[R]]:
         """``call`` on each item, up to ``width`` at once; the outcomes in the
-        order of ``items``, once every call has returned or raised."""
-        batch: _Round[T, R] = _Round(call, items)
+        order of ``items``, once every call has returned or raised. After a
+        call raised an error ``give_up`` says yes to, the items not started
+        yet are not (their outcome: :class:`NotSent`)."""
+        batch: _Round[T, R] = _Round(call, items, give_up)
         helpers = min(self.width, len(items)) - 1
         if helpers > 0:
             work = self._helpers()

@@ -145,7 +145,9 @@ class TrainMetricsSink:
         )
         sent = merged or [(row, None) for row in window]
         outcomes = self._fanout.run(
-            lambda item: self._post({"run_id": run_id, "metrics": item[0]}), sent
+            lambda item: self._post({"run_id": run_id, "metrics": item[0]}),
+            sent,
+            give_up=lambda exc: not is_record_rejection(exc),  # the batch stops there
         )
         failures: list[BaseException | None] = [o.error for o in outcomes]
         if steps is None or merged is None:
