@@ -40,7 +40,7 @@ _MAX_ROUNDS = 20
 # A backlog's rows go this many requests at a time (``sinks.fanout``), in
 # windows of at most ``_WINDOW`` rows merged and settled together; a batch
 # of fewer than ``_PIPELINE_FROM`` rows (a live run's) goes one by one.
-_IN_FLIGHT = 8
+_IN_FLIGHT = 4
 _WINDOW = 64
 _PIPELINE_FROM = 16
 
