@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -143,7 +143,9 @@ class TrainMetricsSink:
         merged = (
             None if steps is None else steps.merge_many(table, [(r["step"], r) for r in window])
         )
-        sent = merged or [(row, None) for row in window]
+        sent: Sequence[tuple[dict[str, Any], int | None]] = (
+            merged if merged is not None else [(row, None) for row in window]
+        )
         outcomes = self._fanout.run(
             lambda item: self._post({"run_id": run_id, "metrics": item[0]}),
             sent,
@@ -209,5 +211,5 @@ class TrainMetricsSink:
         )
 
 
-def _is_step(step: Any) -> bool:
+def _is_step(step: Any) -> TypeGuard[int]:
     return isinstance(step, int) and not isinstance(step, bool)
