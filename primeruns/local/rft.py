@@ -208,7 +208,7 @@ async def metrics(request: Request) -> JSONResponse:
             (run_id, step, dumps(values), now()),
         )
 
-    await context_of(request).db.write(upsert)
+    await context_of(request).db.write_small(upsert)
     return JSONResponse({"run_id": run_id, "step": step, "status": "ok"})
 
 

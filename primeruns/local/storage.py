@@ -10,7 +10,9 @@ transaction that either lands whole or not at all. WAL with
 the last transactions, which is acceptable for a local stand-in.
 
 Calls are synchronous; routes run them in a worker thread through
-:meth:`Database.read` / :meth:`Database.write` wrapped by ``anyio``.
+:meth:`Database.read` / :meth:`Database.write` wrapped by ``anyio``, except
+a write of a row or two (:meth:`Database.write_small`), done on the event
+loop when the connection is free.
 """
 
 from __future__ import annotations
@@ -186,20 +188,37 @@ class Database:
     def write_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         """Run ``fn`` in one transaction: it commits whole or not at all."""
         with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                result = fn(self._conn)
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
-            return result
+            return self._transaction(fn)
+
+    def _transaction(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            result = fn(self._conn)
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+        return result
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return await anyio.to_thread.run_sync(self.read_sync, fn)
 
     async def write(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         return await anyio.to_thread.run_sync(self.write_sync, fn)
+
+    async def write_small(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``write`` of a statement or two (one metrics row): done right here,
+        on the event loop, when no other write holds the connection. The hop
+        to a worker thread and back cost more than such a write, and a
+        backlog of rows is thousands of them; a connection busy with another
+        write (an upload's transaction) is waited for off the loop, as
+        ``write`` does."""
+        if not self._lock.acquire(blocking=False):
+            return await self.write(fn)
+        try:
+            return self._transaction(fn)
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         with self._lock:

@@ -138,19 +138,17 @@ class PlatformClient:
         params: Mapping[str, Any] | None,
         timeout: httpx.Timeout,
     ) -> httpx.Response:
-        # The origin too: a sink pointed at the wrong host (PRIME_TRACES_URL
-        # left at production beside a local platform) is then named.
-        target = httpx.URL(url)
-        where = f"{method} {target.scheme}://{target.netloc.decode('ascii')}{target.path}"
+        request = client.build_request(
+            method, url, content=content, headers=headers, params=params, timeout=timeout
+        )
         try:
-            response = self._bounded(
-                client,
-                client.build_request(
-                    method, url, content=content, headers=headers, params=params, timeout=timeout
-                ),
-                timeout,
-            )
+            response = self._bounded(client, request, timeout)
         except httpx.TransportError as exc:
+            # The origin too: a sink pointed at the wrong host (PRIME_TRACES_URL
+            # left at production beside a local platform) is then named. Worked
+            # out only on failure: a backlog is thousands of requests.
+            target = request.url
+            where = f"{method} {target.scheme}://{target.netloc.decode('ascii')}{target.path}"
             raise error_from_transport(exc, where) from None
         if response.status_code >= 300:
             raise error_from_response(response)

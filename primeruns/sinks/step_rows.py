@@ -40,7 +40,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,8 @@ _SCHEMA = (
 )
 # Waits for another process's transaction on the table at most this long.
 _BUSY_S = 30.0
+# Steps looked up per query (SQLite's bound on parameters is far higher).
+_IN_LIMIT = 500
 
 
 class StepRows:
@@ -100,51 +102,80 @@ class StepRows:
         """Put ``row`` (this process's, for ``step`` of ``run``: the platform
         and run id) into the table; the step's merged row and its version, or
         None when the table cannot be used (then the row goes as it is)."""
+        merged = self.merge_many(run, [(step, row)])
+        return None if merged is None else merged[0]
+
+    def merge_many(
+        self, run: str, rows: Sequence[tuple[int, Mapping[str, Any]]]
+    ) -> list[tuple[dict[str, Any], int]] | None:
+        """``merge`` of several rows (``(step, row)``, in the order logged) in
+        one transaction: a backlog pays one commit for many rows, not one
+        each. Each row's merged row and version, as ``merge`` gives them (a
+        step met twice: the second includes the first); None when the table
+        cannot be used."""
         if self._broken:
             return None
+        out: list[tuple[dict[str, Any], int]] = []
         try:
             with self._lock:
                 conn = self._conn(run)
                 conn.execute("BEGIN IMMEDIATE")
                 try:
-                    found = conn.execute(
-                        "SELECT parts, version FROM steps WHERE step = ?", (step,)
-                    ).fetchone()
-                    parts: dict[str, Any] = json.loads(found[0]) if found else {}
-                    version = int(found[1]) if found else 0
-                    mine = parts.get(self._label) or {}
-                    ours = {**(mine.get("row") or {}), **row}
-                    if ours != mine.get("row") or found is None:
-                        parts[self._label] = {**self._part, "row": ours}
-                        version += 1
-                        conn.execute(
-                            "INSERT INTO steps (step, parts, version) VALUES (?, ?, ?)"
-                            " ON CONFLICT (step) DO UPDATE SET parts = excluded.parts,"
-                            " version = excluded.version",
-                            (step, json.dumps(parts, separators=(",", ":")), version),
-                        )
+                    for step, row in rows:
+                        out.append(self._merge_in(conn, step, row))
                     conn.execute("COMMIT")
                 except BaseException:
                     with contextlib.suppress(sqlite3.Error):
                         conn.execute("ROLLBACK")
                     raise
-            return merged_row(step, parts), version
+            return out
         except (sqlite3.Error, OSError, ValueError, JournalError) as exc:
             self._give_up(exc)
             return None
 
+    def _merge_in(
+        self, conn: sqlite3.Connection, step: int, row: Mapping[str, Any]
+    ) -> tuple[dict[str, Any], int]:
+        """One row into the table, inside the caller's transaction."""
+        found = conn.execute("SELECT parts, version FROM steps WHERE step = ?", (step,)).fetchone()
+        parts: dict[str, Any] = json.loads(found[0]) if found else {}
+        version = int(found[1]) if found else 0
+        mine = parts.get(self._label) or {}
+        ours = {**(mine.get("row") or {}), **row}
+        if ours != mine.get("row") or found is None:
+            parts[self._label] = {**self._part, "row": ours}
+            version += 1
+            conn.execute(
+                "INSERT INTO steps (step, parts, version) VALUES (?, ?, ?)"
+                " ON CONFLICT (step) DO UPDATE SET parts = excluded.parts,"
+                " version = excluded.version",
+                (step, json.dumps(parts, separators=(",", ":")), version),
+            )
+        return merged_row(step, parts), version
+
     def version(self, run: str, step: int) -> int | None:
         """The step's version now (None: the table cannot be read)."""
+        found = self.versions(run, [step])
+        return None if found is None else found[step]
+
+    def versions(self, run: str, steps: Collection[int]) -> dict[int, int] | None:
+        """The versions of ``steps`` now, in one read (0: a step not in the
+        table; None: the table cannot be read)."""
         if self._broken:
             return None
         try:
+            out = dict.fromkeys(steps, 0)
             with self._lock:
-                found = (
-                    self._conn(run)
-                    .execute("SELECT version FROM steps WHERE step = ?", (step,))
-                    .fetchone()
-                )
-            return int(found[0]) if found else 0
+                conn = self._conn(run)
+                wanted = list(out)
+                for start in range(0, len(wanted), _IN_LIMIT):
+                    chunk = wanted[start : start + _IN_LIMIT]
+                    marks = ",".join("?" * len(chunk))
+                    for step, version in conn.execute(
+                        f"SELECT step, version FROM steps WHERE step IN ({marks})", chunk
+                    ):
+                        out[int(step)] = int(version)
+            return out
         except (sqlite3.Error, OSError) as exc:
             self._give_up(exc)
             return None

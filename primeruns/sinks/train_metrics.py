@@ -6,13 +6,21 @@ Each journal entry is the finished row (values cleaned, ``step`` and
 timestamp. The platform keeps one row per step, which makes a replay after an
 ambiguous failure harmless; rows of a batch already stored are still skipped
 on resend, because the batch records how far it got.
+
+A backlog (a sync of a long offline run, an uplink catching up) is hundreds
+of rows, one request each: they go several at a time (``sinks.fanout``), and
+are settled in the order logged, so what the batch records as done is the
+rows before the first failure. Rows after it that landed are sent again on
+the resend and collapse, which is why only rows with a step go together (a
+row without one is a row of its own on the platform, and goes alone), and
+never two of one step (they could land in either order, the earlier last).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeGuard
 
 import orjson
 
@@ -21,6 +29,7 @@ from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
 from . import receipts
 from .base import Binding, Prepared, SendContext
+from .fanout import Fanout
 from .step_rows import StepRows
 
 __all__ = ["MetricsProgress", "TrainMetricsSink"]
@@ -28,6 +37,12 @@ __all__ = ["MetricsProgress", "TrainMetricsSink"]
 # A step other processes keep changing is sent again at most this often per
 # row (each round is one request): they send it themselves anyway.
 _MAX_ROUNDS = 20
+# A backlog's rows go this many requests at a time (``sinks.fanout``), in
+# windows of at most ``_WINDOW`` rows merged and settled together; a batch
+# of fewer than ``_PIPELINE_FROM`` rows (a live run's) goes one by one.
+_IN_FLIGHT = 4
+_WINDOW = 64
+_PIPELINE_FROM = 16
 
 
 @dataclass(frozen=True)
@@ -46,11 +61,15 @@ class TrainMetricsSink:
     isolates_rejections = False
     progress_type = MetricsProgress
 
-    def __init__(self, client: PlatformClient, steps: StepRows | None = None) -> None:
+    def __init__(
+        self, client: PlatformClient, steps: StepRows | None = None, *, in_flight: int = _IN_FLIGHT
+    ) -> None:
         """``steps``: where the rows of the run's processes on this host are
-        merged per step (``sinks.step_rows``); None sends each row as logged."""
+        merged per step (``sinks.step_rows``); None sends each row as logged.
+        ``in_flight``: requests at once while a backlog drains (1: one by one)."""
         self._client = client
         self._steps = steps
+        self._fanout = Fanout(in_flight, "primeruns-metrics")
 
     def prepare(
         self, entries: Sequence[Entry], binding: Binding
@@ -60,14 +79,86 @@ class TrainMetricsSink:
 
     def send(self, body: bytes, ctx: SendContext[MetricsProgress]) -> None:
         rows = orjson.loads(body)
-        for index in range(ctx.progress.done, len(rows)):
-            try:
-                self._send_row(ctx.binding.run_id, rows[index])
-            except Exception as exc:
-                if not is_record_rejection(exc):
-                    raise
-                ctx.reject(1, exc)  # this row only; the rest of the batch goes on
-            ctx.save_progress(replace(ctx.progress, done=index + 1))
+        index = ctx.progress.done
+        while index < len(rows):
+            window = self._window(rows, index)
+            if len(window) < 2:
+                self._settle(ctx, index, [self._attempt(ctx.binding.run_id, rows[index])])
+            else:
+                self._settle(ctx, index, self._send_window(ctx.binding.run_id, window))
+            index = ctx.progress.done
+
+    def _window(self, rows: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
+        """The rows from ``index`` that go out together: a backlog's, up to
+        ``_WINDOW``, each of its own step (two rows of one step in flight at
+        once could land in either order, the earlier last). A row without a
+        step, or a short batch (a live run's few rows), goes one at a time."""
+        if len(rows) < _PIPELINE_FROM or self._fanout.width < 2:
+            return rows[index : index + 1]
+        window: list[dict[str, Any]] = []
+        steps: set[int] = set()
+        for row in rows[index : index + _WINDOW]:
+            step = row.get("step")
+            if not _is_step(step) or step in steps:
+                break
+            steps.add(step)
+            window.append(row)
+        return window or rows[index : index + 1]
+
+    def _settle(
+        self, ctx: SendContext[MetricsProgress], first: int, outcomes: list[BaseException | None]
+    ) -> None:
+        """Record the rows from ``first`` as done, in order, up to the first
+        that failed for a reason other than its content (raised: the batch is
+        resent from there; rows after it that landed are sent again, and
+        collapse, each having a step). A refused row is counted alone."""
+        done = first
+        try:
+            for failure in outcomes:
+                if failure is not None:
+                    if not is_record_rejection(failure):
+                        raise failure
+                    if done > ctx.progress.done:  # what landed before it, first
+                        ctx.save_progress(replace(ctx.progress, done=done))
+                    ctx.reject(1, failure)  # this row only; the rest of the batch goes on
+                done += 1
+        finally:
+            if done > ctx.progress.done:
+                ctx.save_progress(replace(ctx.progress, done=done))
+
+    def _attempt(self, run_id: str, row: dict[str, Any]) -> BaseException | None:
+        try:
+            self._send_row(run_id, row)
+        except Exception as exc:
+            return exc
+        return None
+
+    def _send_window(self, run_id: str, window: list[dict[str, Any]]) -> list[BaseException | None]:
+        """The window's rows, ``_IN_FLIGHT`` requests at a time: merged in one
+        transaction, posted, and the steps looked at again in one read (a
+        step another process changed meanwhile goes again, as ``_send_row``
+        sends it). What each row's sending raised, None for a stored row."""
+        steps = self._steps
+        table = f"{self._client.settings.api_root} {run_id}"
+        merged = (
+            None if steps is None else steps.merge_many(table, [(r["step"], r) for r in window])
+        )
+        sent: Sequence[tuple[dict[str, Any], int | None]] = (
+            merged if merged is not None else [(row, None) for row in window]
+        )
+        outcomes = self._fanout.run(
+            lambda item: self._post({"run_id": run_id, "metrics": item[0]}),
+            sent,
+            give_up=lambda exc: not is_record_rejection(exc),  # the batch stops there
+        )
+        failures: list[BaseException | None] = [o.error for o in outcomes]
+        if steps is None or merged is None:
+            return failures
+        now = steps.versions(table, [row["step"] for row in window])
+        for at, (row, (_, version)) in enumerate(zip(window, merged, strict=True)):
+            if failures[at] is None and now is not None and now[row["step"]] != version:
+                failures[at] = self._attempt(run_id, row)  # changed meanwhile: rounds as one row
+        return failures
 
     def _send_row(self, run_id: str, row: dict[str, Any]) -> None:
         """One logged row: merged with what the run's other processes on this
@@ -75,7 +166,7 @@ class TrainMetricsSink:
         (``sinks.step_rows``: the last request to land carries every key)."""
         step = row.get("step")
         steps = self._steps
-        if steps is None or not isinstance(step, int) or isinstance(step, bool):
+        if steps is None or not _is_step(step):
             self._post({"run_id": run_id, "metrics": row})
             return
         table = f"{self._client.settings.api_root} {run_id}"
@@ -118,3 +209,7 @@ class TrainMetricsSink:
             isinstance(row, dict) and row.get("step") == step
             for row in receipts.page_items(page, "metrics")
         )
+
+
+def _is_step(step: Any) -> TypeGuard[int]:
+    return isinstance(step, int) and not isinstance(step, bool)

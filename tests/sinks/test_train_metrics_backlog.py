@@ -1,0 +1,216 @@
+"""The training metrics sink draining a backlog: several requests in flight,
+still every row stored once (``sinks.fanout``, ``TrainMetricsSink._send_window``).
+
+A long offline run's sync, or an uplink catching up after an outage, hands
+the sink batches of hundreds of rows, one request each. They go several at
+a time; what a failure in the middle of them leaves must still be a batch
+that a resend completes with every row once: the rows before the failure
+recorded as done, a refused row counted once however often the batch is
+sent, and a step another process changed while its row was on the way sent
+again merged.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from scripted_platform import Batch, ScriptedPlatform, error
+
+import primeruns as pr
+from primeruns.exceptions import APIError, TransportError
+from primeruns.journal import Entry, EntryKind, Journal
+from primeruns.sinks.base import Binding
+from primeruns.sinks.step_rows import StepRows
+from primeruns.sinks.train_metrics import TrainMetricsSink
+
+_BOUND = Binding(run_id="rft-1", kind="train")
+_HANG_GUARD_S = 30.0  # not a timing: only how long a broken test may hang
+
+
+class StepTable:
+    """``POST /api/v1/rft/metrics``, one row per step, thread-safe, with faults
+    aimed at steps (requests in flight land in any order, so a fault aimed at
+    "the third request" would hit any row): ``fail[step]`` answers that
+    step's next request with an error response, or ``"lost"`` (stored, then
+    the connection drops before the answer)."""
+
+    def __init__(self, platform: ScriptedPlatform) -> None:
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.posts: dict[int, int] = {}
+        self.fail: dict[int, httpx.Response | str] = {}
+        self.refused: set[int] = set()
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.meanwhile: dict[int, Any] = {}  # step: done before that step's row lands
+        self.lock = threading.Lock()
+        platform.route("metrics", "POST", "/api/v1/rft/metrics", self.post)
+
+    def post(self, request: httpx.Request, _: dict[str, str]) -> httpx.Response:
+        row = json.loads(request.content)["metrics"]
+        step = row["step"]
+        with self.lock:
+            self.in_flight += 1
+            self.most_in_flight = max(self.most_in_flight, self.in_flight)
+            self.posts[step] = self.posts.get(step, 0) + 1
+            fault = self.fail.pop(step, None)
+            meanwhile = self.meanwhile.pop(step, None)
+        try:
+            if meanwhile is not None:
+                meanwhile()
+            if isinstance(fault, httpx.Response):
+                return fault
+            if step in self.refused:
+                return error(422, f"metrics row of step {step} refused")
+            with self.lock:
+                self.rows[step] = row
+            if fault == "lost":
+                raise httpx.RemoteProtocolError("peer closed the connection", request=request)
+            return httpx.Response(200, json={"run_id": "rft-1", "step": step})
+        finally:
+            with self.lock:
+                self.in_flight -= 1
+
+
+@pytest.fixture
+def table(platform: ScriptedPlatform) -> StepTable:
+    return StepTable(platform)
+
+
+def _logged(tmp_path: Path, steps: range) -> list[Entry]:
+    """The journal entries of ``run.log_metrics`` for each step, offline."""
+    run = pr.init(kind="train", model="m", team_id="t", mode="offline", runs_dir=tmp_path)
+    for step in steps:
+        run.log_metrics({"loss": 1.0 / (step + 1), "reward": float(step)}, step=step)
+    run.finish()
+    assert run.journal_path is not None
+    journal = Journal.open(run.journal_path, owner=False)
+    try:
+        return journal.read(
+            0, kinds={EntryKind.METRICS}, max_entries=1000, max_bytes=1 << 20
+        ).entries
+    finally:
+        journal.close()
+
+
+def _values(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in row.items() if k != "_timestamp"}
+
+
+def _every_row_once(table: StepTable, steps: range) -> None:
+    assert sorted(table.rows) == list(steps)
+    for step in steps:
+        assert _values(table.rows[step]) == {
+            "loss": 1.0 / (step + 1),
+            "reward": float(step),
+            "step": step,
+        }
+
+
+def test_a_backlog_has_several_rows_in_flight_at_once(
+    tmp_path: Path, platform: ScriptedPlatform, table: StepTable
+) -> None:
+    """The first two rows' requests meet at a barrier: one request at a
+    time, the first would wait there alone and the test would fail."""
+    barrier = threading.Barrier(2, timeout=_HANG_GUARD_S)
+    table.meanwhile = {0: barrier.wait, 1: barrier.wait}
+    sink = TrainMetricsSink(platform.client())
+    batch = Batch.prepare(sink, _logged(tmp_path, range(100)), _BOUND)
+    batch.send(sink)
+    assert table.most_in_flight >= 2
+    _every_row_once(table, range(100))
+    assert set(table.posts.values()) == {1}  # nothing sent twice
+    assert batch.state["done"] == 100
+
+
+def test_a_500_in_the_middle_of_a_backlog_stops_there_and_the_resend_lands_every_row_once(
+    tmp_path: Path, platform: ScriptedPlatform, table: StepTable
+) -> None:
+    table.fail[40] = error(500, "internal error")
+    sink = TrainMetricsSink(platform.client())
+    batch = Batch.prepare(sink, _logged(tmp_path, range(100)), _BOUND)
+    with pytest.raises(APIError) as raised:
+        batch.send(sink)
+    assert raised.value.status_code == 500
+    # Every row before the failed one is recorded as done (rows after it may
+    # have landed too: they are sent again, and collapse per step).
+    assert batch.state["done"] == 40
+    assert 40 not in table.rows
+    batch.send(sink)
+    _every_row_once(table, range(100))
+    assert all(table.posts[step] == 1 for step in range(40))
+    assert batch.state["done"] == 100 and batch.rejected == []
+
+
+def test_a_lost_answer_in_the_middle_of_a_backlog_is_sent_again_and_kept_once(
+    tmp_path: Path, platform: ScriptedPlatform, table: StepTable
+) -> None:
+    table.fail[70] = "lost"
+    sink = TrainMetricsSink(platform.client())
+    batch = Batch.prepare(sink, _logged(tmp_path, range(100)), _BOUND)
+    with pytest.raises(TransportError):
+        batch.send(sink)
+    assert batch.state["done"] == 70
+    batch.send(sink)
+    _every_row_once(table, range(100))
+    assert table.posts[70] == 2  # stored, answer lost, sent again: one row on the platform
+    assert all(table.posts[step] == 1 for step in range(70))
+
+
+def test_a_refused_row_of_a_backlog_counts_once_however_often_the_batch_is_sent(
+    tmp_path: Path, platform: ScriptedPlatform, table: StepTable
+) -> None:
+    """Row 50 is refused for its content in the attempt that fails at row 40
+    (both in flight at once) and again in the resend: one record lost."""
+    table.refused.add(50)
+    table.fail[40] = error(503, "busy")
+    sink = TrainMetricsSink(platform.client())
+    batch = Batch.prepare(sink, _logged(tmp_path, range(100)), _BOUND)
+    with pytest.raises(APIError):
+        batch.send(sink)
+    assert batch.rejected == [] and batch.state["done"] == 40
+    batch.send(sink)
+    [(count, exc)] = batch.rejected
+    assert count == 1 and isinstance(exc, APIError) and exc.status_code == 422
+    assert sorted(table.rows) == [s for s in range(100) if s != 50]
+    assert batch.state["done"] == 100
+
+
+def test_a_step_another_rank_changes_while_its_row_is_in_flight_is_sent_again_merged(
+    tmp_path: Path, platform: ScriptedPlatform, table: StepTable
+) -> None:
+    """Rank 1 logs step 30 and sends it while rank 0's row of step 30 is on
+    its way and lands after it: the platform keeps the later row, rank 0's
+    alone, unless rank 0 sees the step changed and sends it again merged."""
+    rank0 = TrainMetricsSink(
+        platform.client(), StepRows(tmp_path, label="rank0", primary=True, rank=0)
+    )
+    rank1 = TrainMetricsSink(
+        platform.client(), StepRows(tmp_path, label="rank1", primary=False, rank=1)
+    )
+    theirs = Batch.prepare(rank1, _extra(tmp_path / "r1", 30), _BOUND)
+    table.meanwhile = {30: lambda: theirs.send(rank1)}
+    Batch.prepare(rank0, _logged(tmp_path / "r0", range(100)), _BOUND).send(rank0)
+    assert _values(table.rows[30]) == {
+        "loss": 1.0 / 31,
+        "reward": 30.0,
+        "extra": 1.0,
+        "step": 30,
+    }
+    assert sorted(table.rows) == list(range(100))
+
+
+def _extra(tmp_path: Path, step: int) -> list[Entry]:
+    run = pr.init(kind="train", model="m", team_id="t", mode="offline", runs_dir=tmp_path)
+    run.log_metrics({"extra": 1.0}, step=step)
+    run.finish()
+    assert run.journal_path is not None
+    journal = Journal.open(run.journal_path, owner=False)
+    try:
+        return journal.read(0, kinds={EntryKind.METRICS}, max_entries=10, max_bytes=1 << 20).entries
+    finally:
+        journal.close()
