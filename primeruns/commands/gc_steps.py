@@ -23,6 +23,7 @@ from pathlib import Path
 
 from ..reports import RunStatus
 from ..sinks.step_rows import delete_table, table_name, table_run, tables
+from .run_groups import run_id_of
 
 __all__ = ["StepTable", "collect_tables"]
 
@@ -36,12 +37,6 @@ class StepTable:
     size_bytes: int
     deleted: bool
     reason: str | None  # why it was kept
-
-
-def _run_id(status: RunStatus) -> str | None:
-    spec = status.spec
-    run_id = (spec.attach_id if spec is not None else None) or status.platform.get("run_id")
-    return run_id if isinstance(run_id, str) and run_id else None
 
 
 def _names(status: RunStatus, run_id: str) -> set[str]:
@@ -66,7 +61,7 @@ def collect_tables(
     by_run: dict[str, list[bool]] = {}
     by_name: dict[str, list[bool]] = {}
     for status, gone in journals:
-        run_id = _run_id(status)
+        run_id = run_id_of(status)
         if run_id is None:
             continue
         by_run.setdefault(run_id, []).append(gone)

@@ -29,7 +29,7 @@ from ..reports import RunStatus, describe, statuses
 from ..ship.family import K_FORK_PARENT, made_since
 from ..ship.mirror import sync_root
 
-__all__ = ["RunGroup", "group_of", "group_runs", "role_of"]
+__all__ = ["RunGroup", "group_of", "group_runs", "role_of", "run_id_of"]
 
 
 @dataclass(frozen=True)
@@ -61,13 +61,20 @@ def _most_pending(status: RunStatus) -> int:
     return max((v for v in status.pending.values() if isinstance(v, int)), default=0)
 
 
-def _platform_run(status: RunStatus) -> str | None:
-    """The platform run a journal logs to, with the platform's root (two
-    platforms may use one id): its spec's, else the one its shipping bound."""
+def run_id_of(status: RunStatus) -> str | None:
+    """The platform run a journal logs to: its spec's, else the one its
+    shipping bound (None: neither, an offline run not synced yet)."""
     spec = status.spec
     run_id = (spec.attach_id if spec is not None else None) or status.platform.get("run_id")
-    if not isinstance(run_id, str) or not run_id:
+    return run_id if isinstance(run_id, str) and run_id else None
+
+
+def _platform_run(status: RunStatus) -> str | None:
+    """``run_id_of``, with the platform's root (two platforms may use one id)."""
+    run_id = run_id_of(status)
+    if run_id is None:
         return None
+    spec = status.spec
     return f"{(spec.base_url if spec is not None else None) or ''} {run_id}"
 
 
