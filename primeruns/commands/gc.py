@@ -12,6 +12,9 @@ deletes one that is not: its copies would have nothing to continue). Each
 leaves its record (``ship.sync_records``), so a copy synced later ships
 nothing twice: one that holds nothing new is nothing to sync, and one that
 does is refused, naming the fix.
+
+The step tables in which a run's processes merge their metrics rows go with
+the run's last journal (``gc_steps``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from ..ship import sync_records
 from ..ship.mirror import K_SOURCE_PATH, sync_root
 from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, inert_errors, runs_dir_of
 from .console import emit_json, human_age, human_bytes, inert
+from .gc_steps import collect_tables
 
 __all__ = ["add_parser", "parse_duration"]
 
@@ -80,6 +84,7 @@ def run_gc(args: argparse.Namespace) -> int:
     out. Never one with pending records (unless --force), never a live one."""
     runs_dir = runs_dir_of(args)
     report: dict[str, list[dict[str, Any]]] = {"deleted": [], "kept": [], "failed": []}
+    gone: list[bool] = []  # per journal listed: deleted (or would be, in a dry run)
 
     def say(line: str) -> None:
         if not args.json:  # ids, reasons and errors come from journals: inert
@@ -87,7 +92,8 @@ def run_gc(args: argparse.Namespace) -> int:
 
     code = EXIT_OK
     root = sync_root()
-    synced = statuses(root) if root.is_dir() and root.absolute() != runs_dir.absolute() else []
+    apart = root.is_dir() and root.absolute() != runs_dir.absolute()
+    synced = statuses(root) if apart else []
     listed = [(s, False) for s in statuses(runs_dir)] + [(s, True) for s in synced]
     verdicts = [_verdict(s, args.older_than, args.force and not pruning) for s, pruning in listed]
     # Deleting is final: a full scan first, for entries a listing does not
@@ -114,6 +120,7 @@ def run_gc(args: argparse.Namespace) -> int:
         if damage:
             reason = f"damaged ({damage[0].what}): replay it first, or --force"
         raced = False  # its owner started after the listing: always said
+        gone.append(False)
         if reason is None and not args.dry_run:
             try:
                 if pruning:
@@ -132,12 +139,34 @@ def run_gc(args: argparse.Namespace) -> int:
                 say(f"keep    {info.local_id}: {reason}")
             continue
         report["deleted"].append(entry)
+        gone[-1] = True
         verb = "would delete" if args.dry_run else "deleted"
         what = "sync journal " if pruning else ""
         say(f"{verb} {what}{info.local_id} ({status.state}, {human_bytes(info.size_bytes)})")
+    # The sync journals merge theirs beside them (ranks.written_in): those too.
+    folders = [runs_dir, *([root] if apart else [])]
+    steps = collect_tables(
+        folders,
+        [(s, g) for (s, _), g in zip(listed, gone, strict=True)],
+        older_than=args.older_than,
+        dry_run=args.dry_run,
+    )
+    verb = "would delete" if args.dry_run else "deleted"
+    for t in steps:
+        if t.deleted:
+            say(f"{verb} step table of run {t.run_id or '?'} ({human_bytes(t.size_bytes)})")
+    tables = [
+        {"file": str(t.path), "run_id": t.run_id, "size_bytes": t.size_bytes}
+        for t in steps
+        if t.deleted
+    ]
+    if args.verbose:
+        for t in steps:
+            if t.reason is not None:
+                say(f"keep    step table of run {t.run_id or '?'}: {t.reason}")
     freed = sum(e["size_bytes"] for e in report["deleted"])
     if args.json:
-        emit_json({"dry_run": args.dry_run, "freed_bytes": freed, **report})
+        emit_json({"dry_run": args.dry_run, "freed_bytes": freed, **report, "step_tables": tables})
     else:
         verb = "would delete" if args.dry_run else "deleted"
         print(

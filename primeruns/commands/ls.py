@@ -4,6 +4,11 @@ Read-only and lock-free, so it works while runs are live; a journal that
 cannot be read is listed as damaged rather than failing the listing. Each
 line says how the run ended (its outcome) apart from where its shipping
 stands, what it logged in the user's units, and what it lost.
+
+The journals of one run (forked children, joined workers, ranks: see
+``run_groups``) are listed together, the others indented under the run's
+head, each on its own line: each is shipped, shown and collected by its own
+id. ``--json`` says the same with ``run_of`` and ``journals``.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ from .console import (
     outcome_text,
     shipping_text,
 )
+from .run_groups import RunGroup, group_runs, role_of
 
-__all__ = ["add_parser", "as_json"]
+__all__ = ["add_parser", "as_json", "grouped_json"]
 
 
 def as_json(status: RunStatus) -> dict[str, Any]:
@@ -59,7 +65,28 @@ def as_json(status: RunStatus) -> dict[str, Any]:
         "elsewhere": status.elsewhere,
         "synced_through": str(status.synced.info.path) if status.synced else None,
         "damage": [d.what for d in info.damage],
+        # Its part in a run made of several journals (run_groups): a forked
+        # child, the primary, a rank; None for a journal that is a run alone.
+        "role": role_of(status),
     }
+
+
+def grouped_json(groups: list[RunGroup]) -> list[dict[str, Any]]:
+    """Every journal as ``as_json`` says it, grouped by run: a run's head,
+    then its other journals. The head names them (``journals``) with the
+    run's totals; each other names its head (``run_of``)."""
+    out = []
+    for group in groups:
+        head = as_json(group.head)
+        head["run_of"] = None
+        head["journals"] = [s.info.local_id for s in group.others]
+        head["run_totals"] = group.totals() if group.others else None
+        out.append(head)
+        for status in group.others:
+            doc = as_json(status)
+            doc.update(run_of=group.head.info.local_id, journals=[], run_totals=None)
+            out.append(doc)
+    return out
 
 
 def _logged(status: RunStatus) -> str:
@@ -89,26 +116,45 @@ _COLUMNS: list[_Column] = [
 _SHOWN_ORDER = ["LOCAL ID", "RUN ID", "KIND", "NAME", "OUTCOME", "SHIPPING", "LOGGED", "LOST"]
 
 
-def _table(found: list[RunStatus], columns: list[_Column]) -> Table:
+# Marks a journal listed under its run's head (run_groups).
+_NESTED = "└ "
+
+
+def _cells(
+    found: list[RunStatus], cell: Callable[[RunStatus], Text], name: str, nested: set[int]
+) -> list[Text]:
+    """One column's cells; the local ids of nested journals marked so."""
+    if name != "LOCAL ID" or not nested:
+        return [cell(status) for status in found]
+    # The mark made part of the id's text, not a Text joined to it: a run of
+    # thousands of workers lists as fast as thousands of runs.
+    return [
+        inert_text(_NESTED + status.info.local_id) if i in nested else cell(status)
+        for i, status in enumerate(found)
+    ]
+
+
+def _table(found: list[RunStatus], columns: list[_Column], nested: set[int]) -> Table:
     order = {name: i for i, name in enumerate([*_SHOWN_ORDER, "SIZE", "AGE"])}
     shown = sorted(columns, key=lambda c: order[c[0]])
     table = Table(box=None, pad_edge=False, header_style="bold")
     for header, _, options in shown:
         table.add_column(header, overflow="ellipsis", **options)
-    for status in found:
-        table.add_row(*(cell(status) for _, cell, _ in shown))
+    cells = [_cells(found, cell, name, nested) for name, cell, _ in shown]
+    for i in range(len(found)):
+        table.add_row(*(column[i] for column in cells))
     return table
 
 
 _GAP = "  "  # between two columns: rich's padding of one on each side, none at the edges
 
 
-def _fast_table(found: list[RunStatus], width: int) -> Text | None:
+def _fast_table(found: list[RunStatus], width: int, nested: set[int]) -> Text | None:
     """The table ``_fitting_table`` makes, as lines of text: rich measures and
     renders every cell of a Table several times, ~1 ms a run (seconds for a
     runs directory of thousands). None when even the first three columns do
     not fit at their natural width: rich then folds them (``_fitting_table``)."""
-    cells = {name: [cell(status) for status in found] for name, cell, _ in _COLUMNS}
+    cells = {name: _cells(found, cell, name, nested) for name, cell, _ in _COLUMNS}
     widths: dict[str, int] = {}
     for name, _, options in _COLUMNS:
         natural = max([len(name), *(text.cell_len for text in cells[name])])
@@ -151,14 +197,16 @@ def _fast_table(found: list[RunStatus], width: int) -> Text | None:
     return out
 
 
-def _fitting_table(found: list[RunStatus], width: int, measure: Callable[[Table], int]) -> Table:
+def _fitting_table(
+    found: list[RunStatus], width: int, measure: Callable[[Table], int], nested: set[int]
+) -> Table:
     """The table with as many columns as fit ``width`` at their natural width (so
     nothing wraps), the least needed dropped first."""
     columns = list(_COLUMNS)
-    table = _table(found, columns)
+    table = _table(found, columns, nested)
     while len(columns) > 3 and measure(table) > width:
         columns.pop()
-        table = _table(found, columns)
+        table = _table(found, columns, nested)
     return table
 
 
@@ -171,15 +219,21 @@ def run_ls(args: argparse.Namespace) -> int:
         # A typo is a usage error, not "no runs" (the default runs dir is
         # absent until a first run, and listing it then is not an error).
         raise CommandError(f"--runs-dir {runs_dir}: no such folder")
-    found = statuses(runs_dir)
+    groups = group_runs(statuses(runs_dir))
     if args.json:
-        emit_json([as_json(s) for s in found])
+        emit_json(grouped_json(groups))
         return EXIT_OK
     console = make_console()
-    if not found:
+    if not groups:
         console.print(inert_text(f"no runs under {runs_dir}"))
         return EXIT_OK
-    lines = _fast_table(found, console.width)
+    found: list[RunStatus] = []
+    nested: set[int] = set()  # the rows listed under their run's head
+    for group in groups:
+        found.append(group.head)
+        nested.update(range(len(found), len(found) + len(group.others)))
+        found.extend(group.others)
+    lines = _fast_table(found, console.width, nested)
     if lines is not None:
         console.print(lines, no_wrap=True, crop=False)
     else:
@@ -187,9 +241,14 @@ def run_ls(args: argparse.Namespace) -> int:
             found,
             console.width,
             lambda t: console.measure(t, options=console.options.update_width(1 << 16)).maximum,
+            nested,
         )
         console.print(table)
-    console.print(inert_text(f"{len(found)} run(s) under {runs_dir}", style="dim"))
+    if len(groups) == len(found):
+        console.print(inert_text(f"{len(found)} run(s) under {runs_dir}", style="dim"))
+    else:
+        said = f"{len(groups)} run(s), {len(found)} journals, under {runs_dir}"
+        console.print(inert_text(said, style="dim"))
     return EXIT_OK
 
 

@@ -28,6 +28,7 @@ from ..journal import Journal, journal_info
 from ..journal.listing import journal_dirs
 from ..journal.origin import Origin
 from ..platform import Settings, resolve_settings
+from ..ranks import K_ROLE, Role
 from ..reports import RunStatus, describe, statuses, unit_of
 from ..settings import resolve_sdk_settings
 from ..ship import resident
@@ -318,7 +319,8 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
     children: set[Path] = set()
     shipped = 0
     root = sync_root()
-    for status in statuses(runs_dir):
+    listed = statuses(runs_dir)
+    for status in listed:
         if status.info.meta.get(K_FORK_PARENT):
             children.add(status.info.path)
         why = _skipped(status, root, offline=offline)
@@ -330,8 +332,31 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
             shipped += 1
     if shipped and not args.json:
         print(f"{shipped} journal(s) already shipped and closed out: skipped", file=sys.stderr)
-    # A forked child's journal after its parent's, which registers the run it ships into.
-    return sorted(chosen, key=lambda path: path in children)
+    closers = _closers_last(listed)
+    # A forked child's journal after its parent's, which registers the run it
+    # ships into; the primary of ranks attached to a run by id after the
+    # others (its close-out closes the run: their records land first).
+    return sorted(chosen, key=lambda path: (path in closers, path in children))
+
+
+def _closers_last(listed: list[RunStatus]) -> set[Path]:
+    """The journals of the primaries of runs other listed journals attached
+    to by id (ranks, copied in from their nodes): shipped last, since the
+    primary's close-out closes the run."""
+    attached: dict[str, list[RunStatus]] = {}
+    for status in listed:
+        spec = status.spec
+        if spec is not None and spec.attach_id:
+            attached.setdefault(spec.attach_id, []).append(status)
+    closers = set()
+    for journals in attached.values():
+        if len(journals) < 2:
+            continue
+        for status in journals:
+            role = Role.from_json(status.info.meta.get(K_ROLE))
+            if role is not None and role.primary and not status.info.meta.get(K_FORK_PARENT):
+                closers.add(status.info.path)
+    return closers
 
 
 def _with_children(paths: list[Path], *, offline: bool) -> list[Path]:

@@ -12,6 +12,11 @@ one entry each, the curves from at most ``CURVE_ROWS`` metric rows (evenly
 spaced over the run when it has more), and damage from every entry's
 checksum without decompressing any (a frame written corrupt, which no
 checksum can see, is what ``--full`` still decodes every entry for).
+
+A run made of several journals (forked children, joined workers, ranks:
+``run_groups``) is shown whole: after the journal's own detail, each of the
+run's journals in one line (its part, outcome, shipping, what it logged)
+and the run's totals; their summaries are read, never the journals.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ from .console import (
     shipping_text,
 )
 from .ls import as_json
+from .run_groups import RunGroup, group_of, role_of
 from .sparkline import sparkline
 
 __all__ = ["add_parser"]
@@ -86,6 +92,28 @@ def _sinks(status: RunStatus) -> list[dict[str, Any]]:
     return out
 
 
+def _run_json(group: RunGroup) -> dict[str, Any] | None:
+    """The whole run, when it is more than this journal: each journal, and totals."""
+    if not group.others:
+        return None
+    return {
+        "head": group.head.info.local_id,
+        "journals": [
+            {
+                "local_id": s.info.local_id,
+                "path": str(s.info.path),
+                "role": role_of(s),
+                "outcome": s.outcome,
+                "shipping": s.shipping,
+                "counts": s.counts,
+                "lost": s.losses_total,
+            }
+            for s in group.journals
+        ],
+        "totals": group.totals(),
+    }
+
+
 def _curves_json(curves: dict[str, list[tuple[int, float]]]) -> dict[str, Any]:
     def num(value: float) -> float | str:
         return value if math.isfinite(value) else str(value)
@@ -110,6 +138,7 @@ def _document(
     total: int,
     damage: list[Damage],
     seqs: dict[int, array[int]] | None,
+    group: RunGroup,
 ) -> dict[str, Any]:
     final_status, error, summary = terminal_state(journal, seqs)
     document = as_json(status)
@@ -124,6 +153,7 @@ def _document(
             "summary": summary,
             "metrics": _curves_json(metric_curves(metrics)),
             "metric_rows": {"total": total, "read": len(metrics)},
+            "run": _run_json(group),
         }
     )
     document["damage"] = [d.what for d in damage]
@@ -225,6 +255,8 @@ def _render(
         for reason in loss.get("reasons") or []:
             console.print(inert_text(f"      - {reason}"))
 
+    _render_run(console, status, doc["run"])
+
     damage = doc["damage"]
     if damage:
         _section(console, f"damage ({len(damage)})", "bold red")
@@ -260,6 +292,32 @@ def _render(
             console.print(line)
 
 
+def _render_run(console: Console, status: RunStatus, run: dict[str, Any] | None) -> None:
+    """The run's journals, one line each, and its totals."""
+    if run is None:
+        return
+    _section(console, f"the run's journals ({len(run['journals'])})")
+    for journal in run["journals"]:
+        mark = "*" if journal["local_id"] == status.info.local_id else " "
+        line = inert_text(f" {mark}{journal['local_id']}  {journal['role'] or '-'}  ")
+        line.append_text(outcome_text(journal["outcome"]))
+        line.append(", ")
+        line.append_text(shipping_text(journal["shipping"]))
+        logged = ", ".join(f"{n} {name}" for name, n in journal["counts"].items() if n)
+        line.append(f"  {logged or 'nothing logged'}")
+        if journal["lost"]:
+            line.append(f", {journal['lost']} lost", style="red")
+        console.print(line)
+    totals = run["totals"]
+    logged = ", ".join(f"{n} {name}" for name, n in totals["counts"].items() if n)
+    said = f"  total: {logged or 'nothing logged'}"
+    if totals["lost"]:
+        said += f", {totals['lost']} lost"
+    if totals["pending"]:
+        said += f", {totals['pending']} pending"
+    console.print(Text(said, style="bold"))
+
+
 def run_show(args: argparse.Namespace) -> int:
     """Show one run in detail: spec, lifecycle (outcome, shipping), what was
     logged and what each sink still has to ship, losses with reasons, damage,
@@ -282,7 +340,7 @@ def run_show(args: argparse.Namespace) -> int:
             )
         # Damage found twice (a scan, then a read) is named once.
         _merge(damage, met)
-        doc = _document(status, journal, rows, total, damage, seqs)
+        doc = _document(status, journal, rows, total, damage, seqs, group_of(status))
     if args.json:
         emit_json(doc)
     else:

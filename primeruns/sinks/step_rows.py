@@ -29,11 +29,18 @@ Not merged: processes on other hosts (each host's table is its own), and a
 row without a step (the platform keeps each as its own row). If the table
 cannot be used (a full disk), rows are sent as they were logged, with one
 warning.
+
+A table names the run it merges (its ``about`` row), and each process holds
+a shared ``flock`` on its file while it has it open: ``primeruns gc`` deletes
+the tables of runs it collected (``tables``, ``delete_table``) only under an
+exclusive lock it takes without waiting, so never one a live process uses;
+a process that opened the file as it was deleted opens the new one instead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import logging
@@ -47,7 +54,7 @@ from typing import Any
 from ..exceptions import JournalError
 from ..journal.trust import check_dir, make_private_dirs
 
-__all__ = ["StepRows", "merged_row"]
+__all__ = ["StepRows", "delete_table", "merged_row", "table_name", "table_run", "tables"]
 
 log = logging.getLogger("primeruns.uplink")
 
@@ -56,10 +63,34 @@ _SCHEMA = (
     "CREATE TABLE IF NOT EXISTS steps ("
     " step INTEGER PRIMARY KEY, parts TEXT NOT NULL, version INTEGER NOT NULL)"
 )
+_ABOUT = "CREATE TABLE IF NOT EXISTS about (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+_SUFFIX = ".sqlite3"
 # Waits for another process's transaction on the table at most this long.
 _BUSY_S = 30.0
 # Steps looked up per query (SQLite's bound on parameters is far higher).
 _IN_LIMIT = 500
+# Opening a file gc deleted meanwhile is tried again this many times.
+_OPEN_TRIES = 5
+
+
+def table_name(key: str) -> str:
+    """The file name of the table of ``key`` (a platform's API root and a run id)."""
+    return hashlib.sha256(key.encode()).hexdigest()[:32] + _SUFFIX
+
+
+def _held_open(path: Path) -> int:
+    """A descriptor of the table file at ``path``, made private if new, with
+    a shared lock on it that says a process uses the table (gc leaves it)."""
+    for _ in range(_OPEN_TRIES):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # gc holds it only to unlink the file
+            if os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino:
+                return fd
+        except OSError:
+            pass  # deleted between the open and the stat: open the new file
+        os.close(fd)
+    raise OSError(f"the step table {path} was deleted each time it was opened")
 
 
 class StepRows:
@@ -73,6 +104,7 @@ class StepRows:
         self._label = label
         self._lock = threading.Lock()
         self._conns: dict[str, sqlite3.Connection] = {}
+        self._held: list[int] = []  # the tables' files, locked shared while open
         self._broken = False
 
     def _conn(self, key: str) -> sqlite3.Connection:
@@ -80,19 +112,24 @@ class StepRows:
         if conn is None:
             make_private_dirs(self._folder)
             check_dir(self._folder, "step table folder")  # never a symlink, never another's
-            digest = hashlib.sha256(key.encode()).hexdigest()[:32]
-            path = self._folder / f"{digest}.sqlite3"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            os.close(fd)  # made private before sqlite opens it
-            conn = sqlite3.connect(
-                str(path), timeout=_BUSY_S, isolation_level=None, check_same_thread=False
-            )
+            path = self._folder / table_name(key)
+            fd = _held_open(path)  # made private before sqlite opens it
+            try:
+                conn = sqlite3.connect(
+                    str(path), timeout=_BUSY_S, isolation_level=None, check_same_thread=False
+                )
+            except BaseException:
+                os.close(fd)
+                raise
+            self._held.append(fd)
             # The default rollback journal, not WAL: switching a new file to
             # WAL while another rank opens it fails at once with "database is
             # locked" (no busy wait; 26 of 150 trials of four at once), and
             # that rank's rows then went unmerged, losing its keys at the step.
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(_SCHEMA)
+            conn.execute(_ABOUT)  # which run: gc collects it with the run's journals
+            conn.execute("INSERT OR IGNORE INTO about (name, value) VALUES ('run', ?)", (key,))
             self._conns[key] = conn
         return conn
 
@@ -196,6 +233,63 @@ class StepRows:
                 with contextlib.suppress(sqlite3.Error):
                     conn.close()
             self._conns.clear()
+            for fd in self._held:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            self._held.clear()
+
+
+# -- for gc -------------------------------------------------------------------------------
+
+
+def tables(runs_dir: Path) -> list[Path]:
+    """The step tables kept beside the journals of ``runs_dir``."""
+    folder = Path(runs_dir) / _FOLDER
+    try:
+        check_dir(folder, "step table folder")
+        names = os.listdir(folder)
+    except (OSError, JournalError):
+        return []
+    return sorted(folder / name for name in names if name.endswith(_SUFFIX))
+
+
+def table_run(path: Path) -> str | None:
+    """The key of the run the table at ``path`` merges (its platform's API
+    root and the run id), read without writing; None when it does not say
+    (a table made before tables said it) or cannot be read."""
+    try:
+        conn = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True, timeout=1.0)
+    except sqlite3.Error:
+        return None
+    try:
+        found = conn.execute("SELECT value FROM about WHERE name = 'run'").fetchone()
+    except sqlite3.Error:
+        return None
+    finally:
+        conn.close()
+    return str(found[0]) if found else None
+
+
+def delete_table(path: Path) -> bool:
+    """Delete the table at ``path`` unless a process has it open (its shared
+    lock): False, kept. Its rollback journal, if a writer left one, goes too."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        if os.fstat(fd).st_ino != os.stat(path, follow_symlinks=False).st_ino:
+            return False  # replaced meanwhile: a process made it anew
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"{path}-journal")
+        os.unlink(path)
+        return True
+    finally:
+        os.close(fd)
 
 
 def _order(item: tuple[str, Any]) -> tuple[int, int, str]:

@@ -1,0 +1,95 @@
+"""``primeruns gc`` deletes the step tables (``<runs dir>/.steps/``, where a
+run's processes merge their metrics rows) of the runs it collects, and never
+one a live process uses (issue #29)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cli_helpers import cli
+from sdk_helpers import API_KEY, point_at
+
+import primeruns as pr
+from primeruns.sinks.step_rows import StepRows
+
+
+def _training(runs: Path, url: str, steps: int) -> Any:
+    run = pr.init(
+        kind="train", model="m", team_id="team", api_key=API_KEY, base_url=url, runs_dir=runs
+    )
+    for step in range(steps):
+        run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+    return run
+
+
+def tables(runs: Path) -> list[Path]:
+    return sorted((runs / ".steps").glob("*.sqlite3"))
+
+
+def _gc(capsys: pytest.CaptureFixture[str], runs: Path, *more: str) -> dict[str, Any]:
+    code, out, _ = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "--json", *more)
+    assert code == 0, out
+    doc: dict[str, Any] = json.loads(out)
+    return doc
+
+
+def test_gc_deletes_the_step_tables_of_the_runs_it_collects_never_a_live_ones(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    done = _training(runs, local_platform.url, 3)
+    done.finish(timeout=60)
+    live = _training(runs, local_platform.url, 2)
+    live.flush(timeout=60)  # its rows merged and sent: its uplink has its table open
+    try:
+        both = tables(runs)
+        assert len(both) == 2  # one table per run
+
+        dry = _gc(capsys, runs, "--dry-run")
+        assert [t["run_id"] for t in dry.get("step_tables", [])] == [done.id]
+        assert tables(runs) == both
+
+        report = _gc(capsys, runs)
+        assert [e["local_id"] for e in report["deleted"]] == [done.journal_path.name]
+        assert [t["run_id"] for t in report.get("step_tables", [])] == [done.id]
+        (kept,) = tables(runs)  # the live run's
+        assert live.log_metrics({"loss": 0.1}, step=9) is None and live.flush(timeout=60)
+        assert tables(runs) == [kept]  # the live run goes on merging in it
+    finally:
+        live.finish(timeout=60)
+    report = _gc(capsys, runs)  # now its run's journal is collected, and the table with it
+    assert [t["run_id"] for t in report.get("step_tables", [])] == [live.id]
+    assert tables(runs) == []
+
+
+def test_gc_leaves_a_table_a_process_has_open_though_its_runs_journals_are_gone(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = _training(runs, local_platform.url, 2)
+    run.finish(timeout=60)
+    (table,) = tables(runs)
+    key = f"{local_platform.url}/api/v1 {run.id}"  # the platform's API root and the run
+    # Another process of the run, still merging its rows (a rank that logs on).
+    user = StepRows(runs, label="rank1", primary=False, rank=1)
+    assert user.merge(key, 5, {"loss": 0.5}) is not None
+    assert tables(runs) == [table]  # the run's own table
+    try:
+        report = _gc(capsys, runs, "-v")
+        assert [e["local_id"] for e in report["deleted"]] == [run.journal_path.name]
+        assert report.get("step_tables") == [] and table.exists()
+        assert user.merge(key, 6, {"loss": 0.25}) is not None  # still in use, intact
+    finally:
+        user.close()
+    report = _gc(capsys, runs)  # no journal of its run left, and nobody uses it
+    assert [t["run_id"] for t in report.get("step_tables", [])] == [run.id]
+    assert tables(runs) == []

@@ -1,0 +1,167 @@
+"""Ranks on several nodes, offline (issue #29): two ranks on node A and two on
+node B log a training run attached by id with no route to the platform; their
+journals are copied to a login node and ``primeruns sync``ed from there.
+
+Every record lands once, the run is closed once, by the primary (rank 0),
+after the other ranks' records landed, and each step's metrics row on the
+platform holds the keys of all four ranks: the rows two nodes logged for one
+step are merged where they are synced (README, "Ranks").
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import httpx
+import procs
+import pyarrow.parquet as pq
+import pytest
+import rel_helpers as rh
+from sdk_helpers import API_KEY, point_at
+
+from primeruns.cli import main
+from primeruns.local import LocalPlatform
+from primeruns.local.objects import object_path
+
+_STEPS = 11  # Parquet sample rows at steps 0 and 10
+_PER_STEP = 2  # episodes a rank logs per step (rel_rank.episodes_of)
+_NODES = {"node-a": [0, 1], "node-b": [2, 3]}
+_SCRIPT = rh.HERE / "rel_node_rank.py"
+
+
+def _create(lp: LocalPlatform) -> str:
+    """The training run, created as a launcher does before it starts the ranks."""
+    body = {"base_model": "m", "max_steps": 100, "environments": [], "team_id": "team"}
+    made = httpx.post(
+        f"{lp.url}/api/v1/rft/external-runs",
+        json=body,
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=10,
+    )
+    return str(made.json()["run"]["id"])
+
+
+def _run_ranks(lp: LocalPlatform, tmp: Path, run_id: str) -> dict[int, tuple[Path, list[str]]]:
+    """Every rank run to its end on its node: its journal and its episodes' ids."""
+    started = []
+    for host, ranks in _NODES.items():
+        for rank in ranks:
+            env = rh.isolated_env(tmp / host, {"RANK": str(rank)})
+            args = [str(tmp / host / "runs"), lp.url, run_id, str(rank), str(_STEPS), host]
+            proc = procs.start(
+                [sys.executable, str(_SCRIPT), *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            started.append((rank, proc))
+    out = {}
+    for rank, proc in started:
+        said, err = proc.communicate(timeout=180)
+        assert proc.returncode == 0, err
+        lines = [line.partition(" ")[::2] for line in said.splitlines()]
+        assert lines[-1] == ("finished", ""), said
+        journal = Path(next(value for word, value in lines if word == "journal"))
+        out[rank] = (journal, [value for word, value in lines if word == "episode"])
+    return out
+
+
+def _closed_after_every_record(lp: LocalPlatform, run_id: str) -> bool:
+    """Whether the platform closed the run after it stored the last of its records."""
+    conn = sqlite3.connect(f"file:{lp.data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
+    try:
+        (closed,) = conn.execute(
+            "SELECT completed_at FROM train_runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        latest = [
+            conn.execute(query, (run_id,)).fetchone()[0]
+            for query in (
+                "SELECT max(ingested_at) FROM traces WHERE run_id = ?",
+                "SELECT max(received_at) FROM train_metrics WHERE run_id = ?",
+                "SELECT max(confirmed_at) FROM objects WHERE run_id = ?",
+            )
+        ]
+    finally:
+        conn.close()
+    return closed is not None and all(t is not None and t <= closed for t in latest)
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``primeruns ARGV`` in this process: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _metric_rows(lp: LocalPlatform, run_id: str) -> list[dict[str, Any]]:
+    rows = httpx.get(
+        f"{lp.url}/api/v1/rft/runs/{run_id}/metrics",
+        params={"limit": 1000},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+        timeout=10,
+    ).json()["metrics"]
+    return list(rows)
+
+
+def test_ranks_on_two_offline_nodes_synced_from_a_login_node_keep_every_key(
+    local_platform: LocalPlatform,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lp = local_platform
+    point_at(monkeypatch, tmp_path, lp.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    run_id = _create(lp)
+    ranks = _run_ranks(lp, tmp_path, run_id)
+    login = tmp_path / "login"
+    login.mkdir()
+    for journal, _ in ranks.values():
+        shutil.copytree(journal, login / journal.name)
+
+    code, out, err = cli(capsys, "ls", "--runs-dir", str(login), "--json")
+    listed = json.loads(out)
+    assert [row["run_of"] for row in listed].count(None) == 1  # one run, four journals
+    assert listed[0]["local_id"] == ranks[0][0].name  # the primary heads it
+
+    code, out, err = cli(capsys, "sync", "--all", "--runs-dir", str(login), "--json")
+    assert code == 0, out + err
+    shipped = json.loads(out)
+    # The primary last: its close-out closes the run, after the others' records landed.
+    assert [r["local_id"] for r in shipped][-1] == ranks[0][0].name
+
+    stored: dict[str, Any] = lp.run(run_id)
+    assert stored["status"] == "COMPLETED"
+    assert _closed_after_every_record(lp, run_id)
+    episodes = [e for _, logged in ranks.values() for e in logged]
+    assert len(episodes) == 4 * _STEPS * _PER_STEP
+    traces = stored["traces"]
+    assert traces["episodes"] == traces["distinct_episodes"] == len(episodes)
+    ids_by_step: dict[int, list[int]] = {}
+    for obj in stored["parquet_objects"]:
+        table = pq.read_table(object_path(lp.data_dir / "objects", obj["key"]))
+        ids_by_step.setdefault(obj["step"], []).extend(table.column("sample_id").to_pylist())
+    assert sorted(ids_by_step) == [0, 10]
+    assert all(len(ids) == len(set(ids)) == 4 * _PER_STEP for ids in ids_by_step.values())
+
+    rows = _metric_rows(lp, run_id)
+    assert sorted(row["step"] for row in rows) == list(range(_STEPS))
+    wanted = {"lr", *(f"loss_r{rank}" for rank in range(4))}
+    for row in rows:
+        assert wanted <= set(row), row  # no rank's key lost, across the nodes
+        assert not any("@" in key for key in row), row  # "lr": one value, kept once
+
+    # Synced again: nothing new, nothing sent twice.
+    code, out, err = cli(capsys, "sync", "--all", "--runs-dir", str(login))
+    assert code == 0, out + err
+    again: dict[str, Any] = lp.run(run_id)
+    assert again["traces"] == traces
+    assert len(again["parquet_objects"]) == len(stored["parquet_objects"])
