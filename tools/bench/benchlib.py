@@ -145,6 +145,12 @@ def rss_kb() -> tuple[int, int]:
     return now, peak
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def reset_peak_rss() -> None:
     """Reset VmHWM to the current RSS (Linux >= 4.0: write 5 to clear_refs)."""
     with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:

@@ -7,7 +7,9 @@ producer, with the CPU time spent in its journal timed, see below) or
 environment's python), logs every episode of the JSONL file
 RECORDS with one ``log_episodes([episode])`` call each, finishes the run, and
 prints one JSON line: wall and CPU seconds (all threads of this process) from
-just before ``init`` to ``finish`` returning, and the run id.
+just before ``init`` to ``finish`` returning, the CPU seconds of its reaped
+children (``child_cpu_s``: this SDK's uplink process, which ``finish()``
+waits for, its start-up included; the vendor starts none), and the run id.
 
 ``threads`` is how ``end_to_end.py`` weighs the journal's own cost against the
 same SDK without it: ``journal_cpu.install()`` wraps the real journal's entry
@@ -29,6 +31,7 @@ the environment the driver sets (HOME, PRIME_TRACES_URL).
 from __future__ import annotations
 
 import json
+import resource
 import sys
 import time
 from typing import Any
@@ -80,12 +83,14 @@ def main(argv: list[str]) -> int:
     logged = time.perf_counter()
     run.finish()
     cpu1, wall1 = time.process_time(), time.perf_counter()
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     out: dict[str, Any] = {
         "sdk": sdk,
         "run_id": run.id,
         "episodes": len(episodes),
         "wall_s": wall1 - wall0,
         "cpu_s": cpu1 - cpu0,
+        "child_cpu_s": children.ru_utime + children.ru_stime,
         "log_s": logged - wall0,
         "finish_s": wall1 - logged,
         "dropped": int(getattr(run, "dropped_records", 0) or 0),

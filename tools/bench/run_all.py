@@ -27,6 +27,7 @@ import idle_wakeups
 import long_run_memory
 import replay
 import request_latency
+import short_run
 import sync_scaling
 import uplink_loop
 from benchlib import Table
@@ -36,6 +37,7 @@ BENCHMARKS = (
     uplink_loop,
     hot_path,
     end_to_end,
+    short_run,
     backlog,
     replay,
     finish_latency,
