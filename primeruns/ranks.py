@@ -48,7 +48,7 @@ from .journal.lock import lock_held
 from .journal.origin import Origin
 from .journal.trust import check_dir, make_private_dirs
 from .settings import parse_bool_setting
-from .spec import listed_spec
+from .spec import SPEC_KEY, listed_spec
 
 __all__ = [
     "K_ROLE",
@@ -221,12 +221,24 @@ def others_of(journal: Journal, run_id: str) -> list[Path]:
     """The journals of other processes logging to platform run ``run_id`` in
     the runs directory ``journal`` was written in: attached to it or bound to
     it, not taken over by a later process (``continued_by``), and not forked
-    children (their parent waits for them: ``forkchild``)."""
+    children (their parent waits for them: ``forkchild``).
+
+    A run this journal created (not attached by id, no run key shared with
+    other jobs' journals) can have been attached to only after it was
+    registered, so only journals made since this one are looked at: every
+    run's close-out would otherwise read every past run of the runs
+    directory (a one-episode evaluation's finish spent most of its time
+    there with a few dozen)."""
     from .ship.lifecycle import K_FORK_PARENT
 
     runs_dir, original = written_in(journal)
+    mine = listed_spec({SPEC_KEY: journal.get_meta(SPEC_KEY)})
+    created_here = mine is not None and not mine.attach_id and not mine.run_key
     found = []
-    for info in list_journals(runs_dir, skip=[journal.path, original]):
+    listed = list_journals(
+        runs_dir, skip=[journal.path, original], since=original.name if created_here else None
+    )
+    for info in listed:
         meta = info.meta
         spec = listed_spec(meta)
         bound = meta.get("platform") or {}

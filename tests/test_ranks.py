@@ -135,3 +135,52 @@ def test_ranks_opening_the_step_table_at_once_all_merge_into_it(tmp_path: Path) 
         for proc in procs:
             proc.join(timeout=60)
         assert merged == {0: True, 1: True, 2: True, 3: True}, f"trial {trial}: {merged}"
+
+
+def _journal(runs: Path, local_id: str, *, attach: str | None) -> Any:
+    from primeruns.journal import Journal
+    from primeruns.spec import SPEC_KEY, RunSpec
+
+    spec = RunSpec(kind="eval", name=local_id, attach_id=attach)
+    return Journal.create(
+        runs,
+        local_id=local_id,
+        meta={SPEC_KEY: spec.to_json(), "platform": {"run_id": "run-1", "kind": "eval"}},
+    )
+
+
+@pytest.mark.parametrize("attached", [False, True])
+def test_a_close_out_reads_past_journals_only_for_a_run_others_could_attach_to_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attached: bool
+) -> None:
+    """A run its own process created can only be attached to after it was
+    registered: its close-out looks for the run's other processes among the
+    journals made since its own (a later rank is found), and reads none of
+    the runs directory's past runs, however many there are (each finish of
+    a sweep of short evaluations read them all). A run attached by id may
+    have ranks that attached before it: all are looked at."""
+    from primeruns.journal import listing
+
+    runs = tmp_path / "runs"
+    past = _journal(runs, "20261203-090000-aaaaaaaa", attach="run-1")
+    mine = _journal(runs, "20261203-100000-bbbbbbbb", attach="run-1" if attached else None)
+    later = _journal(runs, "20261203-100001-cccccccc", attach="run-1")
+    for journal in (past, later):
+        journal.close()
+    read: list[str] = []
+    real_info = listing._info
+
+    def info(path: Path, **kwargs: Any) -> Any:
+        read.append(path.name)
+        return real_info(path, **kwargs)
+
+    monkeypatch.setattr(listing, "_info", info)
+    try:
+        others = ranks.others_of(mine, "run-1")
+    finally:
+        mine.close()
+    if attached:
+        assert others == [past.path, later.path]
+    else:
+        assert others == [later.path]
+        assert past.path.name not in read

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
@@ -307,6 +308,7 @@ def list_journals(
     meta_bounds: MetaBounds = None,
     unread_most: int | None = None,
     newest: int | None = None,
+    since: str | None = None,
     memo: Memo | None = None,
 ) -> list[JournalInfo]:
     """Every journal under ``runs_dir``, oldest first (ids sort by creation time).
@@ -327,10 +329,11 @@ def list_journals(
     this many journals that have no current summary, the newest, and leave
     the others out (a caller beside a user's loop bounds its work so, the
     first time too). ``newest``: only that many journals, the last made.
+    ``since``: only those made no earlier than the journal of that name.
     ``memo``: kept by a caller that lists again and again (``Memo``).
     """
     left_out = {Path(p) for p in skip}
-    found, untrusted = journal_dirs(runs_dir, newest=newest)
+    found, untrusted = journal_dirs(runs_dir, newest=newest, since=since)
     shelf = Shelf(runs_dir)
     looks: dict[Path, _Look] = {}
     for p in found:
@@ -357,7 +360,7 @@ def list_journals(
         for p in found
         if p not in left_out
     ]
-    if newest is None:  # a listing of them all knows which summaries have no journal
+    if newest is None and since is None:  # a listing of them all: which summaries have no journal
         shelf.prune({p.name for p in found})
     if memo is not None:
         memo.clear()
@@ -368,13 +371,25 @@ def list_journals(
     return listed
 
 
+_STAMPED = re.compile(r"^\d{8}-\d{6}-")
+
+
+def made_before(name: str, since: str) -> bool:
+    """Whether the journal named ``name`` was made before the one named
+    ``since`` (names start with their creation time, to the second). A name
+    without that stamp is not known to be: it is kept, to be safe."""
+    return bool(_STAMPED.match(name)) and name[:15] < since[:15]
+
+
 def journal_dirs(
-    runs_dir: Path, *, newest: int | None = None
+    runs_dir: Path, *, newest: int | None = None, since: str | None = None
 ) -> tuple[list[Path], dict[Path, str]]:
     """The journals under ``runs_dir`` (sorted, never opened), and of those,
     each one not to open with why: a journal another user could have
     planted or linked (trust), or a folder this user cannot look into.
     ``newest``: only that many, the last by name (ids sort by creation time).
+    ``since``: only those made no earlier than the journal of that name
+    (``made_before``), whatever else the runs directory holds.
 
     A shared runs directory may hold another user's private (0700) folder:
     looking for ``data.mdb`` in it fails with EACCES, which must not hide
@@ -390,6 +405,8 @@ def journal_dirs(
     for name in names:
         if newest is not None and len(found) >= newest:
             break
+        if since is not None and made_before(name, since):
+            continue
         child = runs_dir / name
         try:
             if not (child / DATA_NAME).is_file():

@@ -8,6 +8,10 @@ a batch may be resent; this module knows nothing of threads or journals.
 
 Thread-safe (httpx pools connections across threads). Fork-aware: a forked
 child never reuses the parent's sockets; it builds its own pool on first use.
+Every client of a process verifies TLS with one context (``tls_context``):
+building one loads the CA bundle, which cost more than a one-episode run's
+shipping, and a run builds several clients (its registration, the
+environments it resolves, its uplink's).
 
 ``transport`` is the testing seam (as in httpx itself): an
 ``httpx.MockTransport`` answers every request of the three peers in-process,
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import platform as _platform
+import ssl
 import threading
 import time
 from collections.abc import Mapping
@@ -41,6 +46,21 @@ _UPLOAD_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
 #: The transport of a client built without one (None: httpx's, the network).
 #: Only ``primeruns.testing.use_transport`` sets it, for the length of a test.
 default_transport: httpx.BaseTransport | None = None
+
+
+_tls_lock = threading.Lock()
+_tls: ssl.SSLContext | None = None
+
+
+def tls_context() -> ssl.SSLContext:
+    """This process's TLS context, built on first use as httpx builds its
+    default one (the CA bundle, ``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured)
+    and shared by every client: a context may verify many connections."""
+    global _tls
+    with _tls_lock:
+        if _tls is None:
+            _tls = httpx.create_ssl_context()
+        return _tls
 
 
 def _user_agent() -> str:
@@ -104,15 +124,20 @@ class PlatformClient:
                 # an origin change, so x-api-key and the body would go to
                 # wherever a 3xx points, https or not. A 3xx is an error
                 # naming the target (errors.error_from_response).
+                tls = tls_context() if self._transport is None else None
                 self._http = httpx.Client(
                     follow_redirects=False,
                     timeout=_PLATFORM_TIMEOUT,
                     headers={"User-Agent": _user_agent()},
                     transport=self._transport,
+                    verify=True if tls is None else tls,
                 )
                 # Presigned URLs carry their own credentials: no auth, no redirects.
                 self._storage = httpx.Client(
-                    follow_redirects=False, timeout=_UPLOAD_TIMEOUT, transport=self._transport
+                    follow_redirects=False,
+                    timeout=_UPLOAD_TIMEOUT,
+                    transport=self._transport,
+                    verify=True if tls is None else tls,
                 )
             return self._http, self._storage
 

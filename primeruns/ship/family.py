@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError, PrimeRunsError, RetryableAPIError
 from ..journal import Journal
+from ..journal.listing import made_before
 from ..journal.lock import owner_alive, read_owner
 from ..journal.store import DATA_NAME
 from . import sync_records
@@ -42,8 +42,6 @@ __all__ = [
 # Journal meta of a forked child's journal: its parent's local id, and path.
 K_FORK_PARENT = "fork_parent"
 K_FORK_PARENT_PATH = "fork_parent_path"
-
-_STAMPED = re.compile(r"^\d{8}-\d{6}-")
 
 
 class ParentNotRegistered(RetryableAPIError):
@@ -100,7 +98,7 @@ def made_since(runs_dir: Path, own: Path) -> list[Path]:
         for entry in entries:
             if entry.name == own.name or not entry.is_dir(follow_symlinks=False):
                 continue
-            if _STAMPED.match(entry.name) and entry.name[:15] < since:
+            if made_before(entry.name, since):
                 continue
             if os.path.exists(os.path.join(entry.path, DATA_NAME)):
                 found.append(Path(entry.path))
