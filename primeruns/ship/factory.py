@@ -16,6 +16,7 @@ from ..sinks.traces import TracesSink
 from ..sinks.train_metrics import TrainMetricsSink
 from ..sinks.train_samples import TrainSamplesSink
 from .lifecycle import Lifecycle
+from .parsed import SharedRecords
 from .policy import RetryPolicy
 from .shipper import Shipper
 
@@ -58,19 +59,24 @@ def make_shippers(
         context["framework"] = spec.framework
     if spec.model:
         context["model"] = spec.model
+    parse = None
+    if kind != "train" and not opted_out and not _turned_off(journal, "traces", "eval_samples"):
+        # Both take every episode: it is parsed once for the two (ship.parsed).
+        parse = SharedRecords({EntryKind.EPISODE: 2}).parse
     sinks: list[Sink] = [
         TracesSink(
             None if opted_out else client,
             context=context,
             opted_out=opted_out,
             committed=int(journal.get_meta("traces_receipts", 0) or 0),
+            parse=parse,
         )
     ]
     if kind == "train":
         sinks.append(TrainSamplesSink(client, range_base=range_base))
         sinks.append(TrainMetricsSink(client, _step_rows(journal, lifecycle)))
     else:
-        sinks.append(EvalSamplesSink(client))
+        sinks.append(EvalSamplesSink(client, parse=parse))
     shippers = [
         Shipper(
             journal,
@@ -86,6 +92,12 @@ def make_shippers(
     # While space is short, what all of them acknowledged is compacted away.
     journal.set_sinks([s.name for s in shippers if s.state.off_reason is None])
     return shippers
+
+
+def _turned_off(journal: Journal, *names: str) -> bool:
+    """Whether an earlier process turned any of these sinks off for good
+    (its shipper then takes nothing: see ``Shipper``)."""
+    return any(journal.get_meta(f"sink_off.{name}") is not None for name in names)
 
 
 def _step_rows(journal: Journal, lifecycle: Lifecycle) -> StepRows | None:

@@ -23,12 +23,20 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
+import orjson
+
 from ..journal import Entry, EntryKind
 from ..platform.binding import Binding
 
-__all__ = ["Binding", "NoProgress", "Prepared", "SendContext", "Sink", "SinkOff"]
+__all__ = ["Binding", "NoProgress", "Prepared", "SendContext", "Sink", "SinkOff", "parse_entry"]
 
 P = TypeVar("P")
+
+
+def parse_entry(entry: Entry) -> Any:
+    """An entry's record, parsed for one sink (a sink may be handed a parser
+    shared with the journal's other sinks instead: ``ship.parsed``)."""
+    return orjson.loads(entry.payload)
 
 
 @dataclass(frozen=True)

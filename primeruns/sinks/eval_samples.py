@@ -13,7 +13,7 @@ if stored, is the last rows of the table.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -24,7 +24,7 @@ from ..platform import PlatformClient
 from ..projection import record_to_samples
 from ..records import is_episode, stamp_run
 from . import receipts
-from .base import Binding, Prepared, SendContext
+from .base import Binding, Prepared, SendContext, parse_entry
 
 __all__ = ["MAX_REQUEST_BYTES", "EvalSamplesProgress", "EvalSamplesSink"]
 
@@ -53,8 +53,13 @@ class EvalSamplesSink:
     isolates_rejections = False
     progress_type = EvalSamplesProgress
 
-    def __init__(self, client: PlatformClient) -> None:
+    def __init__(
+        self, client: PlatformClient, *, parse: Callable[[Entry], Any] | None = None
+    ) -> None:
+        """``parse``: an entry's record (the shipper's, shared with the other
+        sinks that take the entry: ``ship.parsed``; default: parsed here)."""
         self._client = client
+        self._parse = parse or parse_entry
         # Per task index, how many rollouts were numbered so far; carried from
         # batch to batch (and across restarts) through the journal.
         self._rollouts: dict[Any, int] = {}
@@ -69,7 +74,7 @@ class EvalSamplesSink:
         consumed = 0
         rollouts = dict(self._rollouts)
         for entry in entries:
-            record = orjson.loads(entry.payload)
+            record = self._parse(entry)
             if isinstance(record, dict) and is_episode(record):
                 # ``native_wrapper`` names the platform's run, as the traces
                 # service's copy does: a run logged offline (then replayed)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,7 @@ from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
 from ..records import stamp_run
 from . import receipts
-from .base import Binding, Prepared, SendContext, SinkOff
+from .base import Binding, Prepared, SendContext, SinkOff, parse_entry
 
 __all__ = ["MAX_LINE_BYTES", "TARGET_BATCH_BYTES", "TracesSink", "TracesUpload", "multipart_body"]
 
@@ -101,8 +101,12 @@ class TracesSink:
         context: Mapping[str, str],
         opted_out: bool = False,
         committed: int = 0,
+        parse: Callable[[Entry], Any] | None = None,
     ) -> None:
+        """``parse``: an entry's record (the shipper's, shared with the other
+        sinks that take the entry: ``ship.parsed``; default: parsed here)."""
         self._client = client
+        self._parse = parse or parse_entry
         self._metadata: dict[str, Any] = {"schema_version": 1}
         if context:
             self._metadata["context"] = dict(context)
@@ -121,7 +125,7 @@ class TracesSink:
         for entry in entries:
             if entry.kind is not kind:
                 break  # one line format per upload
-            record = orjson.loads(entry.payload)
+            record = self._parse(entry)
             line = orjson.dumps(stamp_run(record, binding.run_id, binding.kind))
             if len(line) > MAX_LINE_BYTES:
                 if lines:
