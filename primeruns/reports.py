@@ -25,7 +25,7 @@ from .exceptions import JournalCorruptError
 from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, journal_info, list_journals
 from .journal.by_kind import seqs_of
 from .models import RUN_KIND, RunKind
-from .ship.backlog import is_copy, origin_of
+from .ship.backlog import is_copy, origin_of, sync_names
 from .ship.factory import sink_kinds
 from .ship.ledger import records_left
 from .ship.mirror import K_SOURCE_PATH, sync_root
@@ -195,19 +195,24 @@ class RunStatus:
         return max(0.0, time.time() - self.info.modified) if self.info.modified else 0.0
 
 
-def describe(info: JournalInfo, root: Path | None = None) -> RunStatus:
+def describe(
+    info: JournalInfo, root: Path | None = None, in_root: Collection[str] | None = None
+) -> RunStatus:
     """Derive a journal's state: running while its owner lives; shipped once it
     is closed out on the platform with nothing pending; offline for an offline
     run not yet synced; else finished (it has a finish entry), crashed, or
     unknown (no finish entry, and its producer ran on another machine). A copy
     (a journal away from where it was written) is shipped through its sync
     journal, whose state it reports. ``root``: where sync journals are
-    (``sync_root()``, looked up once by a caller describing many)."""
+    (``sync_root()``, looked up once by a caller describing many), and
+    ``in_root`` the names in it (``sync_names``, listed once so)."""
     origin = origin_of(info.path, info.meta)
     remote = origin.host if origin is not None and not origin.on_this_host else None
     live = info.owner_alive and remote is None
     finish = None if live else info.finish
-    synced, unimported = _sync_journal_status(info, sync_root() if root is None else root)
+    synced, unimported = _sync_journal_status(
+        info, sync_root() if root is None else root, in_root
+    )
     spec = listed_spec(info.meta)  # once: a listing of thousands of runs reads each
     pending = synced.pending if synced is not None else pending_per_sink(info, spec)
     total = sum(v for v in pending.values() if isinstance(v, int))
@@ -237,10 +242,12 @@ def describe(info: JournalInfo, root: Path | None = None) -> RunStatus:
     return status
 
 
-def _sync_journal_status(info: JournalInfo, root: Path) -> tuple[RunStatus | None, int]:
+def _sync_journal_status(
+    info: JournalInfo, root: Path, in_root: Collection[str] | None
+) -> tuple[RunStatus | None, int]:
     """A copy's sync journal, described, and how many of the copy's entries
     it has yet to import; (None, 0) for a journal shipped where it is."""
-    if not info.meta or not is_copy(info.path, info.meta, root):
+    if not info.meta or not is_copy(info.path, info.meta, root, in_root=in_root):
         return None, 0
     path = root / info.local_id
     if not path.is_dir():
@@ -254,7 +261,9 @@ def _sync_journal_status(info: JournalInfo, root: Path) -> tuple[RunStatus | Non
 
 def statuses(runs_dir: Path) -> list[RunStatus]:
     root = sync_root()
-    return [describe(info, root) for info in list_journals(runs_dir, tally=True)]
+    listed = list_journals(runs_dir, tally=True)
+    in_root = sync_names(root)  # after the listing: a sync journal made meanwhile is seen
+    return [describe(info, root, in_root) for info in listed]
 
 
 # What ``export --kind`` names, and the entry kinds each means.

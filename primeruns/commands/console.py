@@ -14,18 +14,23 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from rich.console import Console
 from rich.filesize import decimal
+from rich.segment import Segment
+from rich.style import Style
 from rich.text import Text
 
 __all__ = [
+    "cell_segments",
     "emit_json",
     "human_age",
     "human_bytes",
     "inert",
     "inert_text",
+    "joined",
     "make_console",
     "outcome_text",
     "shipping_text",
@@ -85,6 +90,46 @@ def make_console(stream: TextIO | None = None) -> Console:
         emoji=False,
         soft_wrap=not tty,
     )
+
+
+def cell_segments(console: Console) -> Callable[[Text], list[Segment]]:
+    """A function giving a one-line ``Text`` as the segments ``console`` would
+    print for it: its text in its style, spans and all. For a table laid out
+    by the caller, whose lines are printed as ``Segments``: rich printing a
+    Text of thousands of lines wraps and divides it all again (a second a
+    thousand lines)."""
+    styles: dict[str | Style, Style | None] = {}
+
+    def segments(text: Text) -> list[Segment]:
+        if text.spans:
+            return list(text.render(console))
+        style = text.style
+        if style not in styles:
+            styles[style] = console.get_style(style) if style else None
+        return [Segment(text.plain, styles[style])]
+
+    return segments
+
+
+def joined(segments: list[Segment]) -> list[Segment]:
+    """``segments`` with each run of neighbours in one style as one segment:
+    rich renders each segment it is given in turn (three a cell in a table)."""
+    out: list[Segment] = []
+    texts: list[str] = []
+    style: Style | None = None
+    for segment in segments:
+        if segment.style is not style or segment.control:
+            if texts:
+                out.append(Segment("".join(texts), style))
+                texts = []
+            if segment.control:
+                out.append(segment)
+                continue
+            style = segment.style
+        texts.append(segment.text)
+    if texts:
+        out.append(Segment("".join(texts), style))
+    return out
 
 
 def outcome_text(outcome: str) -> Text:

@@ -17,16 +17,20 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from rich.console import Console
+from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
 from ..reports import RECORD_KINDS, UNIT_LABELS, RunStatus, statuses
 from .common import EXIT_OK, CommandError, add_json, add_runs_dir, inert_errors, runs_dir_of
 from .console import (
+    cell_segments,
     emit_json,
     human_age,
     human_bytes,
     inert_text,
+    joined,
     make_console,
     outcome_text,
     shipping_text,
@@ -147,17 +151,21 @@ def _table(found: list[RunStatus], columns: list[_Column], nested: set[int]) -> 
 
 
 _GAP = "  "  # between two columns: rich's padding of one on each side, none at the edges
+_GAP_SEGMENT, _LINE = Segment(_GAP), Segment.line()
 
 
-def _fast_table(found: list[RunStatus], width: int, nested: set[int]) -> Text | None:
-    """The table ``_fitting_table`` makes, as lines of text: rich measures and
-    renders every cell of a Table several times, ~1 ms a run (seconds for a
-    runs directory of thousands). None when even the first three columns do
-    not fit at their natural width: rich then folds them (``_fitting_table``)."""
+def _fast_table(found: list[RunStatus], console: Console, nested: set[int]) -> Segments | None:
+    """The table ``_fitting_table`` makes, as the segments of its lines: rich
+    measures and renders every cell of a Table several times, ~1 ms a run,
+    and wraps a Text of its lines again when printing it (seconds for a runs
+    directory of thousands). None when even the first three columns do not
+    fit at their natural width: rich then folds them (``_fitting_table``)."""
+    width = console.width
     cells = {name: _cells(found, cell, name, nested) for name, cell, _ in _COLUMNS}
+    lengths = {name: [text.cell_len for text in texts] for name, texts in cells.items()}
     widths: dict[str, int] = {}
     for name, _, options in _COLUMNS:
-        natural = max([len(name), *(text.cell_len for text in cells[name])])
+        natural = max([len(name), *lengths[name]])
         widths[name] = min(natural, int(options.get("max_width", natural)))
     columns = list(_COLUMNS)
 
@@ -170,31 +178,32 @@ def _fast_table(found: list[RunStatus], width: int, nested: set[int]) -> Text | 
         return None
     order = {name: i for i, name in enumerate([*_SHOWN_ORDER, "SIZE", "AGE"])}
     shown = sorted(columns, key=lambda c: order[c[0]])
-    out = Text()
-    rows = [[Text(name, style="bold") for name, _, _ in shown]]
-    rows += [[cells[name][i] for name, _, _ in shown] for i in range(len(found))]
-    for row in rows:
-        line = Text()
-        for i, ((name, _, options), text) in enumerate(zip(shown, row, strict=True)):
+    last = len(shown) - 1
+    segments = cell_segments(console)
+    out: list[Segment] = []
+    for row in range(-1, len(found)):  # the header first
+        for i, (name, _, options) in enumerate(shown):
+            if row < 0:
+                text, length = Text(name, style="bold"), len(name)
+            else:
+                text, length = cells[name][row], lengths[name][row]
             room = widths[name]
-            if text.cell_len > room:
+            if length > room:
                 text = text.copy()
                 text.truncate(room, overflow="ellipsis")
-            pad = " " * (room - text.cell_len)
-            last = i == len(shown) - 1
+                length = text.cell_len
+            pad = Segment(" " * (room - length))
             if options.get("justify") == "right":
-                line.append(pad)
-                line.append_text(text)
+                out.append(pad)
+                out += segments(text)
             else:
-                line.append_text(text)
-                if not last:
-                    line.append(pad)
-            if not last:
-                line.append(_GAP)
-        out.append_text(line)
-        out.append("\n")
-    out.rstrip()
-    return out
+                out += segments(text)
+                if i != last:
+                    out.append(pad)
+            if i != last:
+                out.append(_GAP_SEGMENT)
+        out.append(_LINE)
+    return Segments(joined(out))
 
 
 def _fitting_table(
@@ -233,9 +242,9 @@ def run_ls(args: argparse.Namespace) -> int:
         found.append(group.head)
         nested.update(range(len(found), len(found) + len(group.others)))
         found.extend(group.others)
-    lines = _fast_table(found, console.width, nested)
+    lines = _fast_table(found, console, nested)
     if lines is not None:
-        console.print(lines, no_wrap=True, crop=False)
+        console.print(lines, crop=False)
     else:
         table = _fitting_table(
             found,

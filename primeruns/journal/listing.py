@@ -11,8 +11,10 @@ Deletion takes the owner lock first, so a live run is never removed.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
+import stat
 from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, replace
@@ -381,6 +383,10 @@ def made_before(name: str, since: str) -> bool:
     return bool(_STAMPED.match(name)) and name[:15] < since[:15]
 
 
+# What ``Path.is_file`` takes for "no such file" rather than raising.
+_NOT_THERE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
+
+
 def journal_dirs(
     runs_dir: Path, *, newest: int | None = None, since: str | None = None
 ) -> tuple[list[Path], dict[Path, str]]:
@@ -402,21 +408,26 @@ def journal_dirs(
         names = sorted(os.listdir(runs_dir), reverse=newest is not None)
     except OSError:
         return [], {}
+    folder = os.fspath(runs_dir)
     for name in names:
         if newest is not None and len(found) >= newest:
             break
         if since is not None and made_before(name, since):
             continue
-        child = runs_dir / name
-        try:
-            if not (child / DATA_NAME).is_file():
+        try:  # plain strings and os calls: a runs directory may hold thousands
+            data = os.stat(os.path.join(folder, name, DATA_NAME))
+        except OSError as exc:
+            if exc.errno in _NOT_THERE:
                 continue
-        except OSError as exc:  # EACCES: a folder we may not enter
+            child = runs_dir / name  # EACCES: a folder we may not enter
             if not child.is_dir():
                 continue
             untrusted[child] = why_unreadable(child, exc)
             found.append(child)
             continue
+        if not stat.S_ISREG(data.st_mode):
+            continue
+        child = runs_dir / name
         found.append(child)
         try:
             check_dir(child, "journal directory")

@@ -137,7 +137,12 @@ class Origin:
 
     def is_original(self, path: Path) -> bool:
         """Whether ``path`` is where this journal was written (not a copy)."""
-        return self.on_this_host and Path(path).absolute() == Path(self.path)
+        if not self.on_this_host:
+            return False
+        here = Path(path).absolute()
+        # The same text is the same path (what almost every listed journal
+        # finds: parsing the origin's path is a listing's cost per journal).
+        return os.fspath(here) == self.path or here == Path(self.path)
 
     def producer_state(self) -> ProducerState:
         """Whether the producer may still write the original (see module doc).

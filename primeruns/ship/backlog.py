@@ -33,8 +33,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -68,6 +69,7 @@ __all__ = [
     "origin_of",
     "ship_journal",
     "spec_from_file",
+    "sync_names",
 ]
 
 log = logging.getLogger("primeruns.uplink")
@@ -407,25 +409,53 @@ def origin_of(path: Path, meta: Mapping[str, Any]) -> Origin | None:
     )
 
 
-def _sync_path(path: Path, meta: Mapping[str, Any], root: Path) -> Path:
+def _sync_name(path: Path, meta: Mapping[str, Any]) -> str:
     local_id = meta.get(K_LOCAL_ID)
-    return root / (local_id if isinstance(local_id, str) and local_id else path.name)
+    return local_id if isinstance(local_id, str) and local_id else path.name
 
 
-def is_copy(path: Path, meta: Mapping[str, Any], root: Path | None = None) -> bool:
+def _sync_path(path: Path, meta: Mapping[str, Any], root: Path) -> Path:
+    return root / _sync_name(path, meta)
+
+
+def _plain(name: str) -> bool:
+    """Whether ``name`` is one entry of a folder (no separator, not . or ..)."""
+    return "/" not in name and name not in ("", ".", "..")
+
+
+def is_copy(
+    path: Path,
+    meta: Mapping[str, Any],
+    root: Path | None = None,
+    *,
+    in_root: Collection[str] | None = None,
+) -> bool:
     """Whether the journal at ``path`` (its ``meta``) ships through its sync
     journal: a copy, or one whose run a sync journal ships already (so that
-    the two never both ship it)."""
-    mine = _sync_path(path, meta, root if root is not None else sync_root())
-    here = path.absolute()
-    if here == mine.absolute():
-        return False  # the sync journal itself (a replay of it)
-    if (mine / DATA_NAME).exists():
-        return True
+    the two never both ship it). ``in_root``: the names in ``root``, listed
+    once by a caller asking of many journals (``sync_names``), so that a
+    journal with no sync journal costs no ``stat``."""
+    name = _sync_name(path, meta)
+    # A plain name not in the root has no sync journal; any other (a path a
+    # journal's meta holds) is looked up.
+    if in_root is None or name in in_root or not _plain(name):
+        mine = (root if root is not None else sync_root()) / name
+        if path.absolute() == mine.absolute():
+            return False  # the sync journal itself (a replay of it)
+        if (mine / DATA_NAME).exists():
+            return True
     # A journal that does not say where it was written (damaged beyond its
     # meta) is shipped where it is, repaired, as before origins existed.
     origin = origin_of(path, meta)
-    return origin is not None and not origin.is_original(here)
+    return origin is not None and not origin.is_original(path)
+
+
+def sync_names(root: Path) -> frozenset[str]:
+    """The names in the sync root (none when it is absent), for ``is_copy``'s ``in_root``."""
+    try:
+        return frozenset(os.listdir(root))
+    except OSError:
+        return frozenset()
 
 
 def needs_sync(
