@@ -28,6 +28,7 @@ from primeruns.journal.frames import EntryKind
 from primeruns.journal.journal import Journal
 from primeruns.journal.layout import dumps
 from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
+from primeruns.journal.memo import Memo
 from primeruns.journal.meta import K_OVERSIZED
 from primeruns.journal.probe import probe_many
 from primeruns.journal.store import DATA_NAME
@@ -48,6 +49,7 @@ _SALVAGE_PREFIX = "primeruns-salvage-"  # store._salvage's folder, left by an in
 __all__ = [
     "MAX_FINISH_BYTES",
     "JournalInfo",
+    "Memo",
     "default_runs_dir",
     "delete_journal",
     "journal_dirs",
@@ -128,19 +130,12 @@ class _Look:
         )
 
 
-#: What a caller listing one runs directory again and again (the dashboard)
-#: keeps between its listings: per journal, its stamp and what was listed of
-#: it, so an unchanged journal is not even read from its summary again. A
-#: memo serves one kind of listing (the same flags and bounds) only.
-Memo = dict[Path, tuple[summary.Stamp, JournalInfo]]
-
-
 def _look(
     path: Path, shelf: Shelf | None, owner: OwnerInfo | None, memo: Memo | None = None
 ) -> _Look:
-    found = summary.files(path)
-    hit = memo.get(path) if memo is not None and found.stamp is not None else None
-    if hit is not None and hit[0] == found.stamp:
+    hit = memo.get(path) if memo is not None else None
+    found = summary.files(path, hit[0] if hit is not None else None)
+    if hit is not None and found.stamp is not None and hit[0].stamp == found.stamp:
         return _Look(found, owner, None, hit[1])
     kept = shelf.load(path.name, found.stamp) if shelf is not None else None
     return _Look(found, owner, kept)
@@ -365,11 +360,11 @@ def list_journals(
     if newest is None and since is None:  # a listing of them all: which summaries have no journal
         shelf.prune({p.name for p in found})
     if memo is not None:
-        memo.clear()
-        for info in listed:
-            stamp = looks[info.path].files.stamp if info.path in looks else None
-            if stamp is not None and not info.damage:
-                memo[info.path] = (stamp, info)
+        memo.refill(
+            (info.path, looks[info.path].files, info)
+            for info in listed
+            if info.path in looks and looks[info.path].files.stamp is not None and not info.damage
+        )
     return listed
 
 

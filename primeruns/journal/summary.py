@@ -54,7 +54,7 @@ from primeruns.journal.spool import list_segments
 from primeruns.journal.store import DATA_NAME, last_txnid
 from primeruns.journal.trust import check_dir
 
-__all__ = ["FOLDER", "MAX_BYTES", "Files", "Shelf", "files"]
+__all__ = ["FOLDER", "MAX_BYTES", "RACY_NS", "Files", "Shelf", "files"]
 
 #: The folder, beside the journals, that holds their summaries.
 FOLDER = ".summaries"
@@ -68,6 +68,12 @@ _STALE_TEMP_S = 3600.0  # a writer that died between writing and renaming
 Stamp = list[Any]
 
 
+#: How long before a stamp was taken a file must have last changed for its
+#: ``stat`` alone to prove it unchanged since (``files``' ``known``): far
+#: above any file system's timestamp granularity, and a clock's small steps back.
+RACY_NS = 2_000_000_000
+
+
 @dataclass(frozen=True)
 class Files:
     """A journal's files as ``stat`` sees them."""
@@ -77,34 +83,67 @@ class Files:
     be stamped (no ``data.mdb``, no valid meta page): it is read every time."""
     size_bytes: int
     modified: float
+    taken: int = 0
+    """``time.time_ns()`` before the stamp was taken."""
+    folder: tuple[int, int] | None = None
+    """The journal folder's modification and change times (ns) then."""
+
+    def settled(self, ctime_ns: int) -> bool:
+        """Whether a file whose change time was ``ctime_ns`` when this stamp was
+        taken had last changed long enough before that a write since would
+        show in its change time (the kernel sets it to the time of the write)."""
+        return ctime_ns < self.taken - RACY_NS
+
+    def txnid_while(self, head: list[int]) -> int | None:
+        """The transaction id of this stamp, if ``data.mdb``'s ``stat`` now
+        (``head``: device, inode, size, modification and change times) proves
+        it still is: the same as then, and settled then."""
+        if self.stamp is None or self.stamp[:5] != head or not self.settled(head[4]):
+            return None
+        txnid: int = self.stamp[5]
+        return txnid
 
 
-def files(path: Path) -> Files:
+def files(path: Path, known: Files | None = None) -> Files:
     """The stamp, total bytes and newest write time of the journal at ``path``
-    (its ``data.mdb`` and spool segments, where the newest entries may be)."""
+    (its ``data.mdb`` and spool segments, where the newest entries may be).
+
+    ``known``: what an earlier call in this process found (a caller that
+    lists again and again keeps it: ``memo``). Two of the stamp's reads are
+    spared where it proves them unchanged: ``data.mdb``'s transaction id
+    (8 KiB read), where its ``stat`` is as then and it had settled then
+    (``Files.settled``: a commit since would have moved its change time); and
+    the folder's listing for spool segments, where it had none then and its
+    times, settled then, are as they were (a segment made or removed moves
+    them)."""
     # Plain strings and os calls: a listing stamps thousands of journals.
+    taken = time.time_ns()
     folder = os.fspath(path)
     stamp: Stamp | None
+    times: tuple[int, int] | None = None
+    with contextlib.suppress(OSError):
+        here = os.lstat(folder)
+        times = (here.st_mtime_ns, here.st_ctime_ns)
     try:
         data = os.lstat(os.path.join(folder, DATA_NAME))
     except OSError:
         stamp, size, modified = None, 0, 0.0
     else:
         size, modified = data.st_size, data.st_mtime
-        txnid = last_txnid(os.path.join(folder, DATA_NAME)) if stat.S_ISREG(data.st_mode) else None
-        stamp = (
-            None
-            if txnid is None
-            else [
-                data.st_dev,
-                data.st_ino,
-                data.st_size,
-                data.st_mtime_ns,
-                data.st_ctime_ns,
-                txnid,
-                [],
-            ]
-        )
+        head = [data.st_dev, data.st_ino, data.st_size, data.st_mtime_ns, data.st_ctime_ns]
+        txnid = known.txnid_while(head) if known is not None else None
+        if txnid is None and stat.S_ISREG(data.st_mode):
+            txnid = last_txnid(os.path.join(folder, DATA_NAME))
+        stamp = None if txnid is None else [*head, txnid, []]
+    if (
+        known is not None
+        and known.stamp is not None
+        and not known.stamp[6]
+        and times is not None
+        and known.folder == times
+        and known.settled(times[1])
+    ):
+        return Files(stamp, size, modified, taken, times)  # no segment made since
     for _, name in list_segments(path):
         try:
             segment = os.lstat(os.path.join(folder, name))
@@ -114,7 +153,7 @@ def files(path: Path) -> Files:
         modified = max(modified, segment.st_mtime)
         if stamp is not None:
             stamp[-1].append([name, segment.st_ino, segment.st_size, segment.st_ctime_ns])
-    return Files(stamp, size, modified)
+    return Files(stamp, size, modified, taken, times)
 
 
 class Shelf:

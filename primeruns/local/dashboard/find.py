@@ -11,6 +11,7 @@ days in UTC, both ends included.
 
 from __future__ import annotations
 
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, fields
 from datetime import UTC, date, datetime
@@ -46,6 +47,13 @@ class RunQuery:
         values = {f.name: (params.get(f.name) or "").strip() for f in fields(cls)}
         values["q"] = values["q"][:MAX_QUERY_CHARS]
         return cls(**values)
+
+    def params(self, page: int) -> str:
+        """This query, on page ``page``, as a URL query string (empty values left out)."""
+        pairs = [(f.name, getattr(self, f.name)) for f in fields(self) if getattr(self, f.name)]
+        if page != 1:
+            pairs.append(("page", str(page)))
+        return urllib.parse.urlencode(pairs)
 
     @property
     def active(self) -> bool:

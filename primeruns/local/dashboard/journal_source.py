@@ -30,17 +30,19 @@ from typing import Any
 from ... import jsonbound
 from ...exceptions import JournalError
 from ...journal import EntryKind, Journal, JournalInfo, journal_info, list_journals
-from ...journal.listing import Memo
+from ...journal.memo import Memo
 from ...journal.meta import K_OVERSIZED
 from ...journal.store import DATA_NAME
 from ...journal.trust import check_dir
 from ...projection import MAX_SAMPLES_PAYLOAD_BYTES, episodes_to_parquet_rows, record_to_samples
 from ...reports import CRASH_ERROR, RunStatus, describe
+from ...ship.backlog import sync_names
 from ...ship.mirror import sync_root
 from ...sinks.train_samples import DEFAULT_INTERVAL as TABLE_INTERVAL
 from ..traces_extract import as_object
 from .journal_index import MAX_ENTRY_BYTES, JournalIndex, read_in_order, read_records
 from .rows import record_row, sample_row
+from .run_rows import RowCache
 from .views import RunDetail, RunRow, SampleRow, StepTable, compact, config_text
 
 log = logging.getLogger("primeruns.local.dashboard")
@@ -165,15 +167,49 @@ class JournalSource:
         self.runs_dir = Path(runs_dir)
         self._lock = threading.Lock()  # pages are read in worker threads
         self._indexes: OrderedDict[str, JournalIndex] = OrderedDict()
-        self._memo: Memo = {}
+        self._listing = threading.Lock()  # the memo's and the rows' (a listing is long)
+        self._memo = Memo()
+        self._rows = RowCache()
 
     def _infos(self) -> list[JournalInfo]:
         # The memo: a reload reads only the journals that changed since.
-        return list_journals(self.runs_dir, tally=True, meta_bounds=_META, memo=self._memo)
+        with self._listing:  # one listing at a time: they share the memo
+            return list_journals(self.runs_dir, tally=True, meta_bounds=_META, memo=self._memo)
 
     def runs(self) -> list[RunRow]:
+        """Every run's row; a journal unchanged since the last reload (files,
+        owner, no sync journal) keeps its row (``run_rows``)."""
+        infos = self._infos()
         root = sync_root()
-        return [_row(describe(info, root)) for info in self._infos()]
+        in_root = sync_names(root)
+        # Served from the sync root itself, each journal is its own sync journal.
+        synced_here = self.runs_dir.absolute() == root.absolute()
+        rows = []
+        with self._listing:
+            for info in infos:
+                remembered = self._memo.get(info.path)
+                key = (
+                    None
+                    if remembered is None
+                    else (
+                        remembered[0].stamp,
+                        info.owner,
+                        info.owner_alive,
+                        not synced_here
+                        and (info.local_id in in_root or info.path.name in in_root),
+                    )
+                )
+                row = self._rows.get(info.path, key) if key is not None else None
+                if row is None:
+                    status = describe(info, root, in_root)
+                    row = _row(status)
+                    if key is not None and status.synced is None and not key[3]:
+                        self._rows.put(info.path, key, row)
+                    else:
+                        self._rows.drop(info.path)
+                rows.append(row)
+            self._rows.keep_only({info.path for info in infos})
+        return rows
 
     def _find(self, run_id: str) -> RunStatus | None:
         """The run ``run_id`` names: the journal of that name, read alone (a

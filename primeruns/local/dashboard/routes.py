@@ -51,6 +51,8 @@ T = TypeVar("T")
 HERE = Path(__file__).parent
 #: Samples per page of an evaluation's table.
 PAGE_SIZE = 50
+#: Runs per page of the runs list.
+RUNS_PAGE_SIZE = 100
 #: Tasks listed in an evaluation's task table and task filter (the rest are counted).
 MAX_TASK_ROWS = 500
 #: Error categories listed in an evaluation's analysis and category filter.
@@ -138,22 +140,32 @@ def _int_param(request: Request, name: str, default: int) -> int:
 
 
 async def runs_page(request: Request) -> Response:
+    """The runs list, newest first, a page of ``RUNS_PAGE_SIZE`` at a time: the
+    search and filters go over every run, but only a page is rendered (a
+    page of 3,000 runs was most of what a reload cost)."""
     rows = await _read(request, lambda s: s.runs())
     query = RunQuery.from_params(request.query_params)
     shown = [r for r in rows if query.matches(r)]
     # Newest first; a run known only from its traces (no time) goes last.
     shown.sort(key=lambda r: (r.created_at or 0.0, r.id), reverse=True)
-    version = _version(shown)
+    pages = max(1, math.ceil(len(shown) / RUNS_PAGE_SIZE))
+    page = min(_int_param(request, "page", 1), pages)
+    listed = shown[(page - 1) * RUNS_PAGE_SIZE : page * RUNS_PAGE_SIZE]
+    found = choices(rows)
+    version = _version(listed, len(shown), len(rows), page, found)
     if unchanged := _unchanged(request, version):
         return unchanged
     return _page(
         request,
         "runs.html",
-        runs=shown,
+        runs=listed,
+        matching=len(shown),
         total=len(rows),
+        page=page,
+        pages=pages,
         query=query,
-        choices=choices(rows),
-        live=any(r.live for r in shown),
+        choices=found,
+        live=any(r.live for r in listed),
         version=version,
     )
 
