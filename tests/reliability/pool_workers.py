@@ -1,9 +1,11 @@
-"""Task functions for the pool tests of ``test_rel_fork_child`` and
-``test_rel_join``: in a module of their own, so that a spawned or forkserver
-worker imports this small module, not the test module."""
+"""Task functions for the pool tests of ``test_rel_fork_child``,
+``test_rel_join`` and issue #29's matrix (``rel_family``): in a module of
+their own, so that a spawned or forkserver worker imports this small module,
+not the test module."""
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import primeruns as pr
@@ -25,3 +27,41 @@ def log_joined_and_finish(task: tuple[pr.RunHandle, list[dict[str, Any]]]) -> in
     run = pr.join(task[0])
     run.finish(timeout=60)
     return dropped
+
+
+# The run a child of fork logs into (issue #29's matrix, ``rel_family``): set
+# in the run's process before it forks, inherited by the child.
+RUN: pr.Run | None = None
+
+# One part of issue #29's matrix: (the run's handle, or None to log through
+# the inherited ``RUN``; who logs, 0 for the run's own process; the kind of
+# run; its number of steps).
+Part = tuple[pr.RunHandle | None, int, str, int]
+
+
+def say(who: int, *words: object) -> None:
+    """One line on standard output, naming the process that says it: one
+    write, so the lines of processes sharing the pipe never interleave."""
+    line = " ".join(str(w) for w in (who, *words)) + "\n"
+    os.write(1, line.encode())
+
+
+def log_part(task: Part) -> int:
+    """Log this process's episodes (and, in a training run, a metrics row
+    per step with a key of its own, ``loss_p<who>``, and one every process
+    logs, ``lr``), saying each call that returned; the records it dropped."""
+    import rel_rank
+
+    handle, who, kind, steps = task
+    run = RUN if handle is None else pr.join(handle)
+    assert run is not None
+    say(who, "pid", os.getpid())
+    for step, batch in rel_rank.episodes_of(kind, who, steps).items():
+        run.log_episodes(batch)
+        for episode in batch:
+            say(who, "episode", episode["id"])
+        if kind == "train":
+            run.log_metrics({f"loss_p{who}": 1.0 / (step + 1), "lr": 0.1}, step=step)
+            say(who, "metrics", step)
+    say(who, "done", run.dropped_records)
+    return run.dropped_records

@@ -1,23 +1,23 @@
-"""Ranks share a run (issue #29): four processes attached to one run by id,
-as torchrun or SLURM starts them, each with its ``RANK``.
+"""The oracle of issue #29's matrix (``test_rel_one_run``), and its ranks
+row: four processes attached to one run by id, as torchrun or SLURM starts
+them, each with its ``RANK``.
 
-The oracle, over {evaluation, training} x {no fault, a non-primary
-SIGKILLed, the primary SIGKILLed with its uplink and then replayed}:
+What every cell of the matrix is held to, whatever its processes:
 
 - every record whose ``log_*`` call returned lands exactly once in every
   sink (Prime Traces, the evaluation sample table or the training Parquet
-  objects, whose sample ids never collide within a step);
-- only the primary (rank 0) closes the run, once, with its status: the
-  others' ``finish()`` leaves it open, a killed non-primary never closes
-  it, and a killed primary of an attached run closes nothing (its launcher
-  owns a crashed run's status);
-- the primary closes it only once the others' records are on the platform
-  (with a non-primary killed, the primary finishes first, while the others
-  still log);
-- each step's metrics row holds the keys every rank logged for that step.
+  objects, whose sample ids never collide within a step), and nothing lands
+  that no journal of the run holds;
+- each step's metrics row holds the key of every process whose call for it
+  returned;
+- the run is closed by its primary only, once, after every record landed,
+  with its status (``closed_after_every_record``).
 
-The default variant takes two cases (each kind, each fault); ``-m slow`` runs
-the rest of the matrix.
+The ranks row (``ranks_trial``): only rank 0 closes the run: the others'
+``finish()`` leaves it open, a killed non-primary never closes it, and a
+killed primary of an attached run closes nothing (its launcher owns a
+crashed run's status); with a non-primary killed, the primary finishes
+first, while the others still log.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import sqlite3
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,35 +36,25 @@ from typing import Any
 import httpx
 import procs
 import pyarrow.parquet as pq
-import pytest
 import rel_helpers as rh
 import rel_torture as rt
 
 from primeruns.journal import EntryKind
+from primeruns.journal.store import DATA_NAME
 from primeruns.local import LocalPlatform
 from primeruns.local.objects import object_path
 
-_TEAM = "team-ranks"
+RANKS_TEAM = "team-ranks"
 _RANKS = 4
-_STEPS = {"eval": 6, "train": 11}  # training: Parquet rows at steps 0 and 10
+STEPS = {"eval": 6, "train": 11}  # training: Parquet rows at steps 0 and 10
 _SCRIPT = rh.HERE / "rel_rank.py"
 
 
-@pytest.fixture(scope="module")
-def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
-    lp = LocalPlatform(tmp_path_factory.mktemp("ranks-platform"), train_teams=[_TEAM])
-    lp.start()
-    try:
-        yield lp
-    finally:
-        lp.stop()
-
-
-def _create(lp: LocalPlatform, kind: str) -> str:
+def create(lp: LocalPlatform, kind: str) -> str:
     """The run, created as a launcher does before it starts the ranks."""
     headers = {"Authorization": f"Bearer {rt.KEY}"}
     if kind == "train":
-        body = {"base_model": "m", "max_steps": 100, "environments": [], "team_id": _TEAM}
+        body = {"base_model": "m", "max_steps": 100, "environments": [], "team_id": RANKS_TEAM}
         made = httpx.post(f"{lp.url}/api/v1/rft/external-runs", json=body, headers=headers)
         return str(made.json()["run"]["id"])
     env = httpx.post(
@@ -123,7 +112,7 @@ def _start(lp: LocalPlatform, tmp: Path, run_id: str, kind: str) -> list[Rank]:
     ranks = []
     for r in range(_RANKS):
         env = rh.isolated_env(tmp / "home", {"PRIME_TRACES_URL": lp.url, "RANK": str(r)})
-        args = [str(tmp / "runs"), lp.url, run_id, kind, str(r), str(_STEPS[kind])]
+        args = [str(tmp / "runs"), lp.url, run_id, kind, str(r), str(STEPS[kind])]
         proc = procs.start(
             [sys.executable, str(_SCRIPT), *args],
             stdin=subprocess.PIPE,
@@ -139,15 +128,17 @@ def _start(lp: LocalPlatform, tmp: Path, run_id: str, kind: str) -> list[Rank]:
     return ranks
 
 
-def _status(lp: LocalPlatform, run_id: str) -> str:
+def status(lp: LocalPlatform, run_id: str) -> str:
     return str(lp.run(run_id)["status"])
 
 
-def _journaled(ranks: list[Rank], kind: EntryKind) -> list[dict[str, Any]]:
+def journaled(runs_dir: Path, kind: EntryKind) -> list[dict[str, Any]]:
+    """Every record of ``kind`` in every journal of ``runs_dir`` (one run's
+    processes each keep one there)."""
     out: list[dict[str, Any]] = []
-    for rank in ranks:
-        assert rank.journal is not None
-        out += rh.journal_records(rank.journal, kind)
+    for path in sorted(runs_dir.iterdir()):
+        if not path.name.startswith(".") and (path / DATA_NAME).is_file():
+            out += rh.journal_records(path, kind)
     return out
 
 
@@ -159,17 +150,19 @@ def _rows(lp: LocalPlatform, sql: str, run_id: str) -> list[Any]:
         conn.close()
 
 
-def _check_landed_once(lp: LocalPlatform, run_id: str, kind: str, ranks: list[Rank]) -> None:
-    """Every record whose call returned is in every sink exactly once (and
-    nothing else is: what landed was journaled)."""
-    acked = Counter(e for rank in ranks for e in rank.episodes)
-    assert max(acked.values()) == 1, "the test's ranks must log distinct episodes"
-    journaled = _journaled(ranks, EntryKind.EPISODE)
-    journaled_ids = {str(e["id"]) for e in journaled}
-    assert set(acked) <= journaled_ids
+def check_landed_once(
+    lp: LocalPlatform, run_id: str, kind: str, acked: list[str], runs_dir: Path
+) -> None:
+    """Every record whose call returned (``acked``) is in every sink exactly
+    once (and nothing else is: what landed was journaled in ``runs_dir``)."""
+    said = Counter(acked)
+    assert max(said.values()) == 1, "the test's processes must log distinct episodes"
+    episodes = journaled(runs_dir, EntryKind.EPISODE)
+    journaled_ids = {str(e["id"]) for e in episodes}
+    assert set(said) <= journaled_ids, f"{len(set(said) - journaled_ids)} never journaled"
 
     traces = rh.platform_episode_ids(lp.data_dir, run_id)
-    assert set(acked) <= set(traces), f"{len(set(acked) - set(traces))} episodes never landed"
+    assert set(said) <= set(traces), f"{len(set(said) - set(traces))} episodes never landed"
     assert set(traces) <= journaled_ids
     assert max(traces.values()) == 1, "an episode landed twice in Prime Traces"
 
@@ -178,11 +171,13 @@ def _check_landed_once(lp: LocalPlatform, run_id: str, kind: str, ranks: list[Ra
             str(s)
             for s in _rows(lp, "SELECT sample_id FROM eval_samples WHERE eval_id = ?", run_id)
         )
-        assert set(acked) <= set(samples) <= journaled_ids
+        missing = set(said) - set(samples)
+        assert not missing, f"{len(missing)} episodes not in the sample table"
+        assert set(samples) <= journaled_ids
         assert max(samples.values()) == 1, "a sample row landed twice"
         return
     # Training: one Parquet row per episode of a step on the cadence, sample
-    # ids unique within each step across every rank's objects.
+    # ids unique within each step across every process's objects.
     stored: dict[str, Any] = lp.run(run_id)
     keys = [o["key"] for o in stored["parquet_objects"]]
     assert len(set(keys)) == len(keys)
@@ -192,30 +187,32 @@ def _check_landed_once(lp: LocalPlatform, run_id: str, kind: str, ranks: list[Ra
         table = pq.read_table(object_path(lp.data_dir / "objects", obj["key"]))
         by_step.setdefault(obj["step"], []).extend(table.column("sample_id").to_pylist())
         rows[obj["step"]] += table.num_rows
-    wanted = Counter(int(e["run"]["work"]["step"]) for e in journaled)
+    wanted = Counter(int(e["run"]["work"]["step"]) for e in episodes)
     for step, ids in by_step.items():
         assert len(ids) == len(set(ids)), f"sample ids collide at step {step}"
     assert rows == Counter({s: n for s, n in wanted.items() if s % 10 == 0})
 
 
-def _check_metrics(lp: LocalPlatform, run_id: str, ranks: list[Rank]) -> None:
-    """Each step's row holds the key of every rank whose call for it returned."""
+def check_metrics(lp: LocalPlatform, run_id: str, keys: dict[str, list[int]]) -> None:
+    """Each step's row holds each key of ``keys`` logged for it by a call
+    that returned (and ``lr``, which every process logs)."""
     bodies = [
         json.loads(b) for b in _rows(lp, "SELECT body FROM train_metrics WHERE run_id = ?", run_id)
     ]
     by_step = {int(b["step"]): b for b in bodies}
     assert len(by_step) == len(bodies), "two rows for one step"
-    for rank in ranks:
-        for step in rank.steps:
+    for key, steps in keys.items():
+        for step in steps:
             row = by_step.get(step, {})
-            assert f"loss_r{rank.rank}" in row, f"rank {rank.rank}'s key lost at step {step}: {row}"
+            assert key in row, f"{key} lost at step {step}: {row}"
             assert row.get("lr") == 0.1
 
 
 def _closed_at(lp: LocalPlatform, run_id: str, kind: str) -> float:
+    """When the run was closed: a failed evaluation's status is its last update."""
     sql = {
         "train": "SELECT completed_at FROM train_runs WHERE id = ?",
-        "eval": "SELECT finalized_at FROM evaluations WHERE id = ?",
+        "eval": "SELECT COALESCE(finalized_at, updated_at) FROM evaluations WHERE id = ?",
     }[kind]
     [closed] = _rows(lp, sql, run_id)
     return float(closed)
@@ -234,26 +231,43 @@ def _last_landed(lp: LocalPlatform, run_id: str) -> float:
     )
 
 
-def _replay(lp: LocalPlatform, tmp: Path, journal: Path) -> None:
+def closed_after_every_record(lp: LocalPlatform, run_id: str, kind: str, want: str) -> None:
+    """The run is ``want`` (a failed one with its reason), closed after the
+    last of its records landed: its primary closed it once the others' were
+    shipped."""
+    stored = lp.run(run_id)
+    assert stored["status"] == want, stored["status"]
+    if want == "FAILED":
+        reason = stored.get("error_message") or stored.get("errorMessage")
+        assert reason, f"failed without a reason: {stored}"
+    closed, last = _closed_at(lp, run_id, kind), _last_landed(lp, run_id)
+    assert closed >= last, f"closed {last - closed:.3f} s before its last record landed"
+
+
+def replay(lp: LocalPlatform, tmp: Path, journal: Path) -> None:
+    """``primeruns replay`` of ``journal``, as a user runs it after a crash."""
     env = rh.isolated_env(tmp / "home", {"PRIME_TRACES_URL": lp.url, "PRIME_API_KEY": rt.KEY})
     done = subprocess.run(
         [sys.executable, "-m", "primeruns", "replay", str(journal)],
         env=env,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,
     )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
 
 
-def _trial(lp: LocalPlatform, tmp: Path, kind: str, fault: str) -> None:
-    run_id = _create(lp, kind)
+def ranks_trial(lp: LocalPlatform, tmp: Path, kind: str, fault: str) -> None:
+    """Four ranks attached by id; ``fault``: ``none``, ``worker`` (rank 2
+    SIGKILLed: its uplink ships on) or ``primary`` (rank 0's job SIGKILLed,
+    uplink and all, then replayed)."""
+    run_id = create(lp, kind)
     ranks = _start(lp, tmp, run_id, kind)
     primary, others = ranks[0], ranks[1:]
-    victim = {"none": None, "secondary": ranks[2], "primary": primary}[fault]
+    victim = {"none": None, "worker": ranks[2], "primary": primary}[fault]
     for rank in ranks:
         if rank is victim:
-            rank.read_until(None, lines=_STEPS[kind])  # killed half way
+            rank.read_until(None, lines=STEPS[kind])  # killed half way
             if rank is primary:
                 procs.kill_job(rank.proc)  # the job dies, uplink and all: replay has work
             else:
@@ -263,7 +277,7 @@ def _trial(lp: LocalPlatform, tmp: Path, kind: str, fault: str) -> None:
         else:
             rank.read_until("logged")
     living = [r for r in others if r is not victim]
-    if fault == "secondary":
+    if fault == "worker":
         # The primary finishes first, while the others still log (and the
         # killed one's uplink ships): it closes the run once they are done.
         primary.release()
@@ -271,44 +285,24 @@ def _trial(lp: LocalPlatform, tmp: Path, kind: str, fault: str) -> None:
             rank.release()
             rank.wait_finished()
         primary.wait_finished()
-        assert _status(lp, run_id) == "COMPLETED"
-        assert _closed_at(lp, run_id, kind) >= _last_landed(lp, run_id)
+        closed_after_every_record(lp, run_id, kind, "COMPLETED")
     else:
         for rank in living:
             rank.release()
             rank.wait_finished()
         # The others finished (and their uplinks closed their journals out):
         # the run is still open, whatever they did.
-        assert _status(lp, run_id) == "RUNNING"
+        assert status(lp, run_id) == "RUNNING"
         assert primary.journal is not None
         if victim is primary:
-            _replay(lp, tmp, primary.journal)
+            replay(lp, tmp, primary.journal)
             # An attached run that crashed: its launcher's to close.
-            assert _status(lp, run_id) == "RUNNING"
+            assert status(lp, run_id) == "RUNNING"
         else:
             primary.release()
             primary.wait_finished()
-            assert _status(lp, run_id) == "COMPLETED"
-    _check_landed_once(lp, run_id, kind, ranks)
+            closed_after_every_record(lp, run_id, kind, "COMPLETED")
+    acked = [e for rank in ranks for e in rank.episodes]
+    check_landed_once(lp, run_id, kind, acked, tmp / "runs")
     if kind == "train":
-        _check_metrics(lp, run_id, ranks)
-
-
-# Each fault once, each kind once: the non-primaries finish first in every case.
-_FAST = [("train", "secondary"), ("eval", "primary")]
-_ALL = [(k, f) for k in ("eval", "train") for f in ("none", "secondary", "primary")]
-
-
-@pytest.mark.parametrize(("kind", "fault"), _FAST)
-def test_four_ranks_attached_by_id_land_every_record_once_and_the_primary_closes_the_run(
-    platform: LocalPlatform, tmp_path: Path, kind: str, fault: str
-) -> None:
-    _trial(platform, tmp_path, kind, fault)
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(("kind", "fault"), [c for c in _ALL if c not in _FAST])
-def test_four_ranks_attached_by_id_the_rest_of_the_matrix(
-    platform: LocalPlatform, tmp_path: Path, kind: str, fault: str
-) -> None:
-    _trial(platform, tmp_path, kind, fault)
+        check_metrics(lp, run_id, {f"loss_r{r.rank}": r.steps for r in ranks})
