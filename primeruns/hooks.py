@@ -137,6 +137,15 @@ def _before_fork() -> None:
 
 
 def _after_fork_in_child() -> None:
+    # The thread that forked is the child's main thread, and it is in none of
+    # the log calls the parent's main thread may have been in: a pool's worker
+    # handler forks a worker in place of one that died while the run's main
+    # thread logs, and that worker kept SIGTERM for the end of a call it never
+    # makes (Pool.terminate() then waited for it for ever).
+    global _MAIN
+    _MAIN = threading.get_ident()
+    sigterm_deferred.depth = 0
+    sigterm_deferred.pending = None
     # A child never finalizes its parent's run, even from atexit; and it must
     # not wait on a lock another thread of the parent held at the fork.
     for run in list(_exit_runs):

@@ -13,6 +13,8 @@ import multiprocessing
 import os
 import select
 import signal
+import subprocess
+import sys
 import warnings
 from collections import Counter
 from pathlib import Path
@@ -343,3 +345,61 @@ def test_the_parents_finish_looks_only_at_journals_made_since_its_own(tmp_path: 
         "20261203-090000-cccc",
         "my-named-run",
     ]
+
+
+_FORKED_FROM_A_THREAD = """
+import os, signal, sys, threading
+import primeruns as pr
+from primeruns.journal.appending import Appender
+
+run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=sys.argv[1])
+run.log_episodes([{"id": "before", "traces": []}])
+
+def child() -> None:
+    run.log_episodes([{"id": "child", "traces": []}])
+    os.kill(os.getpid(), signal.SIGTERM)  # Pool.terminate(): the worker must end
+    os._exit(0)  # it did not
+
+forked = []
+def fork_from_a_thread() -> None:
+    pid = os.fork()
+    if pid == 0:
+        child()
+    forked.append(pid)
+
+write = Appender._write
+def write_and_fork(self, kind, payloads, essential):
+    # The run's main thread inside a log call while another thread forks,
+    # as a pool's worker handler forks a worker in place of one that died.
+    Appender._write = write
+    thread = threading.Thread(target=fork_from_a_thread)
+    thread.start()
+    thread.join()
+    return write(self, kind, payloads, essential)
+Appender._write = write_and_fork
+
+run.log_episodes([{"id": "inside", "traces": []}])
+_, status = os.waitpid(forked[0], 0)
+run.finish()
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+def test_a_child_forked_by_a_thread_while_the_main_thread_logs_ends_on_sigterm(
+    tmp_path: Path,
+) -> None:
+    """A pool replaces a worker that died from its worker-handler thread,
+    whenever that happens: here while the run's main thread is inside a log
+    call. The new worker must not inherit that call's hold on SIGTERM (the
+    signal kept until a call returns that, in the child, never will):
+    ``Pool.terminate()`` SIGTERMs it and waits for it to end."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_FROM_A_THREAD, str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        env=rh.isolated_env(tmp_path),
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["child", str(-signal.SIGTERM)], done.stdout + done.stderr[-2000:]
