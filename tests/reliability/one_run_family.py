@@ -8,9 +8,10 @@ A worker SIGKILLed: worker 2, once it said half its episodes, while it
 logs on; its uplink ships what it journaled, and the run's ``finish()``
 waits for that before it closes the run. The primary SIGKILLed: the run's
 process and every process under it (its workers, every uplink: the job
-dies) once it said half its own episodes; then ``primeruns replay`` of its
-journal ships the run and its workers' journals and closes it as failed (a
-run its crashed process created, README "Ranks").
+dies) once each of its processes said half its episodes, the platform slow
+to answer (so that every process leaves records to ship); then ``primeruns
+replay`` of its journal ships the run and its workers' journals and closes
+it as failed (a run its crashed process created, README "Ranks").
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from primeruns.local import LocalPlatform
 _SCRIPT = rh.HERE / "rel_family.py"
 _PROCESSES = (0, 1, 2)  # the run's process, then its two workers
 _VICTIM = 2
+_LATENCY_MS = 150
 
 
 @dataclass
@@ -113,6 +115,32 @@ def family_trial(lp: LocalPlatform, tmp: Path, topology: str, kind: str, fault: 
     """One cell of the matrix: ``topology`` (``fork``, ``pool-fork``,
     ``pool-forkserver``, ``pool-spawn``) x ``kind`` x ``fault`` (``none``,
     ``worker``, ``primary``)."""
+    if fault == "primary":
+        # Each request slow while they log: the job dies with records of every
+        # process left to ship, which the replay ships (and then closes the run).
+        lp.set_faults(latency_ms=_LATENCY_MS)
+    try:
+        family = _run(lp, tmp, topology, kind, fault)
+    finally:
+        lp.set_faults(latency_ms=0)
+    assert family.journal is not None and family.run_id is not None, dict(family.said)
+    run_id = family.run_id
+    if fault == "primary":
+        assert oracle.status(lp, run_id) == "RUNNING"  # nobody closed it
+        oracle.replay(lp, tmp, family.journal)
+        # The crashed process created the run: its replay closes it as failed.
+        oracle.closed_after_every_record(lp, run_id, kind, "FAILED")
+    else:
+        oracle.closed_after_every_record(lp, run_id, kind, "COMPLETED")
+    acked = [e for who in _PROCESSES for e in family.episodes[who]]
+    oracle.check_landed_once(lp, run_id, kind, acked, tmp / "runs")
+    if kind == "train":
+        oracle.check_metrics(lp, run_id, {f"loss_p{w}": family.steps[w] for w in _PROCESSES})
+
+
+def _run(lp: LocalPlatform, tmp: Path, topology: str, kind: str, fault: str) -> Family:
+    """Start the run's process, apply the fault, let it finish (unless it
+    was killed); what its processes said."""
     env = rh.isolated_env(tmp / "home", {"PRIME_TRACES_URL": lp.url})
     args = [str(tmp / "runs"), lp.url, kind, topology, str(oracle.STEPS[kind])]
     proc = procs.start(
@@ -130,7 +158,8 @@ def family_trial(lp: LocalPlatform, tmp: Path, topology: str, kind: str, fault: 
         assert _VICTIM in family.pids, f"worker {_VICTIM} never started: {dict(family.said)}"
         os.kill(family.pids[_VICTIM], signal.SIGKILL)  # out of memory: its uplink ships on
     elif fault == "primary":
-        family.read_until(lambda f: len(f.episodes[0]) >= half)
+        # Each process has journaled records when the job dies.
+        family.read_until(lambda f: all(len(f.episodes[w]) >= half for w in _PROCESSES))
         _kill_job(proc)
         family.read_until(lambda f: False)  # what they said before they died
         proc.wait(timeout=60)
@@ -146,16 +175,4 @@ def family_trial(lp: LocalPlatform, tmp: Path, topology: str, kind: str, fault: 
         family.read_until(lambda f: "finished" in f.said[0])
         assert "finished" in family.said[0], f"the run did not finish: {dict(family.said)}"
         assert proc.wait(timeout=180) == 0
-    assert family.journal is not None and family.run_id is not None, dict(family.said)
-    run_id = family.run_id
-    if fault == "primary":
-        assert oracle.status(lp, run_id) == "RUNNING"  # nobody closed it
-        oracle.replay(lp, tmp, family.journal)
-        # The crashed process created the run: its replay closes it as failed.
-        oracle.closed_after_every_record(lp, run_id, kind, "FAILED")
-    else:
-        oracle.closed_after_every_record(lp, run_id, kind, "COMPLETED")
-    acked = [e for who in _PROCESSES for e in family.episodes[who]]
-    oracle.check_landed_once(lp, run_id, kind, acked, tmp / "runs")
-    if kind == "train":
-        oracle.check_metrics(lp, run_id, {f"loss_p{w}": family.steps[w] for w in _PROCESSES})
+    return family
