@@ -34,7 +34,7 @@ from ..settings import resolve_sdk_settings
 from ..ship import resident
 from ..ship.backlog import ShipReport, is_copy, needs_sync, ship_journal, spec_from_file
 from ..ship.factory import sink_kinds
-from ..ship.family import K_FORK_PARENT, children_of
+from ..ship.family import K_FORK_PARENT, children_of, finds_its_run
 from ..ship.mirror import fingerprint, sync_root
 from ..ship.policy import RetryPolicy
 from ..ship.uplink import journal_settings
@@ -333,10 +333,11 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
     if shipped and not args.json:
         print(f"{shipped} journal(s) already shipped and closed out: skipped", file=sys.stderr)
     closers = _closers_last(listed)
-    # A forked child's journal after its parent's, which registers the run it
-    # ships into; the primary of ranks attached to a run by id after the
-    # others (its close-out closes the run: their records land first).
-    return sorted(chosen, key=lambda path: (path in closers, path in children))
+    # The primary of ranks attached to a run by id after the others (its
+    # close-out closes the run: their records land first); a forked child's
+    # journal before its parent's, whose close-out closes the run, when it
+    # can find the run, else after it (the parent registers the run).
+    return sorted(chosen, key=lambda path: (path in closers, _ship_order(path, children)))
 
 
 def _closers_last(listed: list[RunStatus]) -> set[Path]:
@@ -359,22 +360,32 @@ def _closers_last(listed: list[RunStatus]) -> set[Path]:
     return closers
 
 
+def _ship_order(path: Path, children: set[Path]) -> int:
+    if path not in children:
+        return 1
+    return 0 if finds_its_run(path) else 2
+
+
 def _with_children(paths: list[Path], *, offline: bool) -> list[Path]:
-    """The runs named, each followed by its forked children's journals that
-    need shipping (``ship.family``): shipping a run ships all of it."""
+    """The runs named, each with its forked children's journals that need
+    shipping (``ship.family``): shipping a run ships all of it. A child that
+    can find the run goes before it, so that the run's close-out comes after
+    every record of it; one that cannot, after it (it registers the run)."""
     out: list[Path] = []
     root = sync_root()
     for path in paths:
-        out.append(path)
+        before: list[Path] = []
+        after: list[Path] = []
         local_id = _status_of(path).info.local_id
         for child in children_of(path, local_id):
             if child in out or child in paths:
                 continue
             why = _skipped(_status_of(child), root, offline=offline)
             if why is None:
-                out.append(child)
+                (before if finds_its_run(child) else after).append(child)
             elif why:
                 print(inert(f"{child.name}: skipped: {why}"), file=sys.stderr)
+        out += [*before, path, *after]
     return out
 
 

@@ -11,7 +11,9 @@ uplink records the registration, or from the parent's sync journal where
 ``primeruns sync``/``replay`` record it. Until the parent is registered the
 child's journal keeps its records: the child's uplink retries while the
 parent lives (:class:`ParentNotRegistered` is transient), and a command that
-ships the parent ships its children after it (:func:`children_of`).
+ships the parent ships its children with it (:func:`children_of`): before
+the parent's close-out those that find the run (:func:`finds_its_run`), so
+that the run closes after every record of it landed, and after it the others.
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError, PrimeRunsError, RetryableAPIError
-from ..journal import Journal
+from ..journal import Journal, journal_info
 from ..journal.listing import made_before
 from ..journal.lock import owner_alive, read_owner
 from ..journal.store import DATA_NAME
+from ..spec import listed_spec
 from . import sync_records
 from .mirror import sync_root, valid_local_id
 
@@ -35,6 +38,7 @@ __all__ = [
     "ParentNotRegistered",
     "ParentNotShipped",
     "children_of",
+    "finds_its_run",
     "made_since",
     "parent_binding",
 ]
@@ -116,3 +120,21 @@ def children_of(parent: Path, local_id: str) -> list[Path]:
                     if journal.get_meta(K_FORK_PARENT) == local_id:
                         children.append(path)
     return sorted(children, key=lambda p: p.name)
+
+
+def finds_its_run(child: Path) -> bool:
+    """Whether the forked child's journal at ``child`` can ship now, on its
+    own: its spec names the platform run (it was forked after the run was
+    registered), or its parent's registration is on record. ``replay`` and
+    ``sync`` of a run ship such children before the run's own journal, whose
+    close-out closes the run: the run is closed after every record of it
+    landed, as its live ``finish()`` closes it after its children's."""
+    try:
+        meta = journal_info(child).meta
+        spec = listed_spec(meta)
+        if spec is not None and spec.attach_id:
+            return True
+        parent_binding(meta.get(K_FORK_PARENT), meta.get(K_FORK_PARENT_PATH))
+    except (ParentNotRegistered, PrimeRunsError, OSError):
+        return False
+    return True
