@@ -142,10 +142,22 @@ def _after_fork_in_child() -> None:
     # handler forks a worker in place of one that died while the run's main
     # thread logs, and that worker kept SIGTERM for the end of a call it never
     # makes (Pool.terminate() then waited for it for ever).
-    global _MAIN
+    global _MAIN, _sigterm_installed
     _MAIN = threading.get_ident()
     sigterm_deferred.depth = 0
     sigterm_deferred.pending = None
+    # SIGTERM as it was before the run's handler: the child ships nothing
+    # from it (its uplink ships its journal), and a Python-level handler runs
+    # only once the main thread's wait ends. A pool worker waiting for a task
+    # on a semaphore (held for good by its pool's terminate()) whose SIGTERM
+    # landed out of that wait never ended. A run the child opens installs
+    # the handler again.
+    if _sigterm_installed:
+        _sigterm_installed = False
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            if signal.getsignal(signal.SIGTERM) is _handle_sigterm:
+                previous = _previous_sigterm
+                signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
     # A child never finalizes its parent's run, even from atexit; and it must
     # not wait on a lock another thread of the parent held at the fork.
     for run in list(_exit_runs):

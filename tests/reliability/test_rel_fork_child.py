@@ -403,3 +403,56 @@ def test_a_child_forked_by_a_thread_while_the_main_thread_logs_ends_on_sigterm(
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.split() == ["child", str(-signal.SIGTERM)], done.stdout + done.stderr[-2000:]
+
+
+_CHILD_WAITS_ON_A_SEMAPHORE = """
+import multiprocessing, os, signal, sys, threading, time
+import primeruns as pr
+
+run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=sys.argv[1])
+lock = multiprocessing.get_context("fork").Lock()
+lock.acquire()  # held by the parent: the child waits on it, as an idle pool worker does
+ready_r, ready_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    run.log_episodes([{"id": "child", "traces": []}])
+    # The signal lands where the interpreter cannot act on it at once: on
+    # another thread, the main thread deep in a semaphore wait (as when it
+    # lands between two of sem_wait's futex waits).
+    threading.Thread(target=threading.Event().wait, daemon=True).start()
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    os.write(ready_w, b"r")
+    lock.acquire()
+    os._exit(0)
+os.read(ready_r, 1)
+os.kill(pid, signal.SIGTERM)  # Pool.terminate(); in its wait or about to be, all the same
+for _ in range(300):
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.1)
+else:
+    os.kill(pid, signal.SIGKILL)
+    _, status = os.waitpid(pid, 0)
+run.finish()
+print("child", os.waitstatus_to_exitcode(status), flush=True)
+"""
+
+
+def test_a_forked_child_waiting_in_a_semaphore_ends_on_sigterm(tmp_path: Path) -> None:
+    """A forked child has SIGTERM as it was before the run's handler: the
+    child ships nothing from it (its uplink ships its journal), and a
+    Python-level handler runs only once the main thread's wait ends. A pool
+    worker waiting for a task (a semaphore its pool's terminate() holds for
+    good) whose SIGTERM landed out of that wait never ended, and
+    ``Pool.terminate()`` waited for it for ever."""
+    done = subprocess.run(
+        [sys.executable, "-c", _CHILD_WAITS_ON_A_SEMAPHORE, str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        env=rh.isolated_env(tmp_path),
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["child", str(-signal.SIGTERM)], done.stdout + done.stderr[-2000:]
