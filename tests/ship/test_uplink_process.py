@@ -6,9 +6,7 @@ command run); while the uplink ships, ``replay`` is refused, naming it; the
 API key never appears on the uplink's command line or in its environment; a
 terminal's Ctrl-C cannot reach it (its own session); where no process can be
 started, or the uplink dies, shipping goes on from threads in the producer
-and every record still lands exactly once; a run that finishes before its
-uplink process began ships from threads without waiting for it, and one
-whose process began is shipped by that process alone.
+and every record still lands exactly once.
 """
 
 from __future__ import annotations
@@ -206,9 +204,6 @@ def test_the_uplink_runs_this_package_even_from_a_directory_holding_another(
     uplink = run._supervisor.uplink
     assert uplink.pid is not None  # type: ignore[attr-defined]
     run.log_episodes(workloads.gsm8k(5))
-    # Shipped by the process (a run finished before it began would ship
-    # from threads here, and never show what the process imports).
-    assert run.flush(timeout=60)
     run.finish(timeout=60)
     assert not marker.exists()
     assert uplink.exit_code() == 0  # type: ignore[attr-defined]  # the uplink itself shipped and closed the run
@@ -253,114 +248,3 @@ def test_a_run_longer_than_one_reads_scan_is_closed_out_by_its_uplink(
     stored = local_platform.run(run.id)
     assert stored["status"] == "COMPLETED"
     assert landed_once(stored, 40)
-
-
-def _gated_uplinks(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
-    """Uplink processes start only once the returned gate file exists (as one
-    still in its interpreter's start-up and imports): each runs a stand-in
-    for the interpreter that waits for the gate, then becomes the uplink."""
-    import primeruns.ship.link as link
-
-    gate = tmp_path / "gate"
-    stand_in = tmp_path / "python-gated"
-    stand_in.write_text(
-        f"#!{sys.executable}\n"
-        "import os, sys, time\n"
-        f"while not os.path.exists({str(gate)!r}):\n"
-        "    time.sleep(0.01)  # a start-up that has not got this far\n"
-        f"os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
-    )
-    stand_in.chmod(0o700)
-    monkeypatch.setattr(link.sys, "executable", str(stand_in))
-    return gate
-
-
-def test_a_run_finished_before_its_uplink_process_began_ships_from_threads_at_once(
-    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A short evaluation does not wait for its uplink process's start-up:
-    finish() takes the shipping back from a process that has not begun
-    (which then never ships) and ships from threads; every record lands
-    once. Before, finish() waited for the process, here for ever (its
-    budget), and nothing was shipped."""
-    gate = _gated_uplinks(monkeypatch, tmp_path)
-    runs = point_at(monkeypatch, tmp_path, local_platform.url)
-    try:
-        run = _eval_run(local_platform.url, runs)
-        assert run._supervisor is not None
-        uplink = run._supervisor.uplink
-        assert uplink.pid is not None and not uplink.begun()  # type: ignore[attr-defined]
-        run.log_episodes(workloads.gsm8k(5))
-        run.finish(timeout=15)
-        assert not uplink.alive()  # stopped, never having begun
-        assert not gate.exists()
-    finally:
-        gate.touch()  # a process of a failed run may become the uplink now
-    assert run.status is pr.RunStatus.COMPLETED
-    stored = local_platform.run(run.id)
-    assert stored["status"] == "COMPLETED"
-    assert landed_once(stored, 5)
-    assert stored["samples"]["rows"] == stored["samples"]["distinct"] == 5
-
-
-def test_a_run_whose_uplink_process_began_is_shipped_and_closed_by_it_alone(
-    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    gate = _gated_uplinks(monkeypatch, tmp_path)
-    runs = point_at(monkeypatch, tmp_path, local_platform.url)
-    run = _eval_run(local_platform.url, runs)
-    assert run._supervisor is not None
-    uplink = run._supervisor.uplink
-    run.log_episodes(workloads.gsm8k(5))
-    gate.touch()
-    wait_for(uplink.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
-    run.finish(timeout=60)
-    assert run._supervisor.uplink is uplink  # no threads took over
-    assert uplink.exit_code() == 0  # type: ignore[attr-defined]  # it shipped and closed the run
-    stored = local_platform.run(run.id)
-    assert stored["status"] == "COMPLETED"
-    assert landed_once(stored, 5)
-    assert stored["samples"]["rows"] == stored["samples"]["distinct"] == 5
-
-
-def test_an_uplink_process_whose_producer_took_the_shipping_back_touches_nothing(
-    tmp_path: Path,
-) -> None:
-    from primeruns.ship import link, uplink_main
-
-    claim = link._claim_token()
-    assert os.read(claim, 1) == b"\0"  # the producer took it back
-    missing = tmp_path / "no-journal-here"
-    wake_r, wake_w = os.pipe()
-    progress_r, progress_w = os.pipe()
-    try:
-        code = uplink_main.main(
-            [
-                "--journal",
-                str(missing),
-                "--producer",
-                str(os.getpid()),
-                "--wake-fd",
-                str(wake_r),
-                "--progress-fd",
-                str(progress_w),
-                "--lock-fd",
-                "-1",
-                "--claim-fd",
-                str(claim),
-            ]
-        )
-    finally:
-        for fd in (wake_r, wake_w, progress_r, progress_w):
-            os.close(fd)
-    assert code == 0
-    assert not missing.exists()
-
-
-def test_of_the_producer_and_its_uplink_exactly_one_gets_the_claim() -> None:
-    from primeruns.ship import link
-
-    claim = link._claim_token()
-    second = os.dup(claim)  # the uplink's copy (inherited: the same pipe)
-    assert link.take_claim(claim) is True
-    assert link.take_claim(second) is False
