@@ -33,10 +33,15 @@ FAULTS = ("none", "worker", "primary")
 
 _ALL = list(itertools.product(TOPOLOGIES, KINDS, FAULTS))
 # Each value of each dimension at least once, the spawned pool (the
-# slowest to start) once.
+# slowest to start) once. A pool whose worker is SIGKILLed is not among
+# them: multiprocessing.Pool can then hang for good (CPython's
+# bpo-22393), as [pool-fork-eval-worker] did in CI at 300 s and the
+# forkserver and spawn ones in the -m slow run. Those cells stay in the
+# slow product, failing there, until the harness drives such a pool
+# another way (issue #29).
 _FAST = [
-    ("fork", "train", "none"),
-    ("pool-fork", "eval", "worker"),
+    ("fork", "eval", "worker"),
+    ("pool-fork", "train", "none"),
     ("pool-forkserver", "train", "primary"),
     ("pool-spawn", "eval", "none"),
     ("ranks", "train", "worker"),
