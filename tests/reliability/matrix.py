@@ -47,6 +47,7 @@ from typing import Any
 import httpx
 import procs
 import rel_helpers as rh
+from sdk_helpers import wait_for
 
 from primeruns.journal.lock import lock_held
 from primeruns.local import LocalPlatform
@@ -238,9 +239,7 @@ def run_trial(config: Config, platforms: Platforms, work: Path, seed: int = 0) -
         # the rest is kept for the replay the warning names: on a loaded
         # machine against a platform answering 500s, that can be all of it.
         # So once the uplink let the journal go, the replay a user runs.
-        gone_by = time.monotonic() + _UPLINK_CLOSE_S
-        while lock_held(journal) and time.monotonic() < gone_by:
-            time.sleep(0.2)
+        wait_for(lambda: not lock_held(journal), _UPLINK_CLOSE_S, "the uplink to let go")
         _replay(journal, env, out)
     elif config.ending == "sigkill_requeue":
         again = [str(runs), lp.url, config.kind, "1", "0", "finish", name, str(attach)]
