@@ -27,6 +27,7 @@ import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 # A damaged tree can also make LMDB loop; a walk of a healthy journal of many
 # GB takes seconds.
@@ -147,22 +148,49 @@ def _verdicts(stdout: bytes) -> list[str | None]:
     return out
 
 
+# The walk drops the map (see Store.drop_resident_pages) after reading this
+# many bytes: every page read stays resident until then, and the child would
+# otherwise hold the whole file, as large as the journal.
+_REMAP_AFTER_BYTES = 32 << 20
+
+
 def _walk(directory: str) -> None:
     import lmdb
 
     env = lmdb.open(directory, readonly=True, lock=True, max_dbs=16, subdir=True)
     try:
-        with env.begin(buffers=True) as txn:
+        with env.begin() as txn:
             names = [bytes(key) for key, _ in txn.cursor()]
-            for name in names:
-                try:
-                    db = env.open_db(name, txn=txn, create=False)
-                except lmdb.Error:
-                    continue  # a plain key in the main table, not a table
-                for key, value in txn.cursor(db=db):
-                    len(key), bytes(value[:1]), bytes(value[-1:])
+        for name in names:
+            try:
+                db = env.open_db(name, create=False)
+            except lmdb.Error:
+                continue  # a plain key in the main table, not a table
+            start = _walk_some(env, db, None)
+            while start is not None:
+                env.set_mapsize(int(env.info()["map_size"]))
+                start = _walk_some(env, db, start)
     finally:
         env.close()
+
+
+def _walk_some(env: Any, db: Any, start: bytes | None) -> bytes | None:
+    """Touch every key and value of ``db`` from the key after ``start`` in one
+    transaction, up to ``_REMAP_AFTER_BYTES``; the last key read, or None at the end."""
+    read = 0
+    with env.begin(db=db, buffers=True) as txn:
+        cursor = txn.cursor()
+        more = cursor.first() if start is None else cursor.set_range(start)
+        if more and start is not None and bytes(cursor.key()) == start:
+            more = cursor.next()
+        while more:
+            key, value = cursor.item()
+            len(key), bytes(value[:1]), bytes(value[-1:])
+            read += len(key) + len(value)
+            if read >= _REMAP_AFTER_BYTES:
+                return bytes(key)
+            more = cursor.next()
+    return None
 
 
 def _main() -> None:

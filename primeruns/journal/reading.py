@@ -42,6 +42,10 @@ _MAX_SCAN = 50_000
 # Looks a count or a single entry's read takes while the mover keeps closing
 # segments under it (each close is one segment of SEGMENT_MAX bytes moved).
 _LOOKS = 100
+# What one look for a single entry is counted as read of the map (see
+# Transactions.count_read): Linux maps up to 64 KiB of cached file around each
+# page fault (fault_around_bytes), and a look faults on a few pages.
+_LOOK_PAGES_BYTES = 64 << 10
 
 
 class Reader:
@@ -107,6 +111,7 @@ class Reader:
         examined = 0
         full = False
         in_lmdb = -1  # LMDB's end as this read saw it (-1: unread, so no spool)
+        touched = 0  # bytes of the map this read went over (an overestimate)
         try:
             with self._tx.read(buffers=True) as txn:
                 in_lmdb = stored_end(self._tx, txn)
@@ -114,6 +119,7 @@ class Reader:
                 more = cur.set_range(key(expected))
                 while more and examined < _MAX_SCAN:
                     raw_key, value = cur.item()
+                    touched += len(value)
                     if is_chunk_key(raw_key) and seq_of(raw_key) < expected:
                         more = cur.next()  # a chunk of an entry passed over
                         continue
@@ -163,6 +169,7 @@ class Reader:
                     more = cur.next()
         except (lmdb.Error, JournalCorruptError) as exc:
             damaged.append(Damage(None, f"reading after entry {next_after} failed: {exc}"))
+        self._tx.count_read(touched)
         if in_lmdb >= 0 and not full and examined < _MAX_SCAN:
             # The log goes on in the spool, past what LMDB holds.
             expected = max(expected, in_lmdb + 1)
@@ -243,6 +250,20 @@ class Reader:
         seen: list[int],
     ) -> bytes | None:
         """One transaction of ``tally``: where the next should start, or None at the end."""
+        touched = [0]
+        try:
+            return self._tally_in(start, bounds, counts, seen, touched)
+        finally:
+            self._tx.count_read(touched[0])
+
+    def _tally_in(
+        self,
+        start: bytes,
+        bounds: list[int],
+        counts: list[Counter[int]],
+        seen: list[int],
+        touched: list[int],
+    ) -> bytes | None:
         with self._tx.read(buffers=True) as txn:
             # What the spool's count starts after: the floor (compacted away,
             # counted apart) and each seq counted here, never LMDB's end as
@@ -259,6 +280,7 @@ class Reader:
                     return bytes(raw_key)
                 if len(raw_key) != KEY.size:
                     continue  # a chunk of the entry before it
+                touched[0] += len(value)
                 seq = KEY.unpack(raw_key)[0]
                 while index < len(bounds) and seq > bounds[index]:
                     index += 1
@@ -275,6 +297,8 @@ class Reader:
                 break
         else:
             raise JournalError(f"{self._tx.path}: the log kept moving while entry {seq} was read")
+        # A look down the tree touches a few pages beside the value's own.
+        self._tx.count_read(_LOOK_PAGES_BYTES + (0 if value is None else len(value)))
         if value is None:
             return None
         entry, damage = decode_entry(seq, value, self._dicts.get)

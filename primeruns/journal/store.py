@@ -439,6 +439,20 @@ class Store:
     def sync(self) -> None:
         self.env.sync(True)
 
+    def drop_resident_pages(self) -> None:
+        """Map the file again, so the pages reads touched leave this process's
+        resident set (they stay in the kernel's page cache).
+
+        LMDB maps the whole file and a page once read stays resident until
+        the map goes: a scan of a 200 MB journal would hold 200 MB. Remapping
+        (``set_mapsize`` at the same size: LMDB unmaps and maps again) is
+        allowed only with no transaction open in this process, which the
+        lock guarantees."""
+        if self.forked:
+            return  # the inherited environment is the parent's (module doc)
+        with self.lock:
+            self.env.set_mapsize(int(self.env.info()["map_size"]))
+
     def close(self) -> None:
         """Close the environment; in a forked child the inherited one is kept (module doc)."""
         _LIVE.discard(self)

@@ -45,6 +45,12 @@ _MAX_REASONS = 5
 # that is already there can.
 RESERVE_NAME = "reserve"
 RESERVE_BYTES = 256 << 10
+# Every page a read touches stays resident until the map goes (see
+# Store.drop_resident_pages): after reads of this many bytes, the map is
+# dropped between two reads, so a long scan or shipment holds a bounded part
+# of the file (the bytes counted leave out the pages' own overhead, so about
+# twice this), not all of it.
+REMAP_AFTER_BYTES = 32 << 20
 
 
 class Transactions:
@@ -63,6 +69,7 @@ class Transactions:
         # left): the next acknowledgement compacts what every sink has shipped.
         self.tight = False
         self.pending_drops = 0  # dropped appends not yet persisted in the loss counter
+        self._read_since_remap = 0
         self.problems: list[Damage] = [Damage(None, p) for p in store.problems]
 
     def write(self, fn: Callable[[lmdb.Transaction], _T], *, control: bool = True) -> _T:
@@ -111,6 +118,17 @@ class Transactions:
                 yield txn
         except lmdb.Error as exc:
             raise JournalCorruptError(f"journal {self.path} is damaged: {exc}") from None
+
+    def count_read(self, nbytes: int) -> None:
+        """Note ``nbytes`` of the map read; past ``REMAP_AFTER_BYTES`` since the
+        last time, drop the resident pages. Call it outside a transaction."""
+        self._read_since_remap += nbytes
+        if self._read_since_remap >= REMAP_AFTER_BYTES:
+            self._read_since_remap = 0
+            # Only memory is at stake: a read after a failed remap fails
+            # and is reported as any damaged read is.
+            with contextlib.suppress(lmdb.Error):
+                self.store.drop_resident_pages()
 
     def _short_write_on_full_disk(self, exc: lmdb.Error) -> bool:
         """LMDB reports a short write as EIO: on a disk with less free space

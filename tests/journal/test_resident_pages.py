@@ -1,0 +1,90 @@
+"""Reading a long journal holds a bounded part of it in memory, not all of it.
+
+LMDB maps the whole file, and every page a read touches stays resident in
+the reading process until the map goes: ``show``'s checksum scan of a 200 MB
+journal, its probe child's walk, or a shipper going through a long backlog
+each held the whole file (``show`` of a 100,000-step run peaked at 249 MB,
+where the issue's bound is 150 MB). Long reads now drop the map every
+``REMAP_AFTER_BYTES`` (the probe every ``_REMAP_AFTER_BYTES``).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from primeruns.journal import EntryKind, Journal, probe, txn
+from primeruns.journal.reading import Reader
+
+MIB = 1 << 20
+
+
+def _resident(data: Path) -> int:
+    """Bytes of ``data`` resident in this process (its mappings' Rss, from smaps)."""
+    total, inside = 0, False
+    with open("/proc/self/smaps") as smaps:
+        for line in smaps:
+            first = line.split(maxsplit=1)[0]
+            if "-" in first and not first.endswith(":"):
+                inside = line.rstrip().endswith(str(data))
+            elif inside and first == "Rss:":
+                total += int(line.split()[1]) * 1024
+    return total
+
+
+@pytest.fixture
+def long_journal(tmp_path: Path) -> Path:
+    """A journal of ~24 MiB on disk (hex digits: zstd halves them), all in LMDB."""
+    with Journal.create(tmp_path / "runs") as journal:
+        for _ in range(48):
+            payloads = [os.urandom(64 << 10).hex().encode() for _ in range(8)]
+            journal.append(EntryKind.EPISODE, payloads)
+        path = journal.path
+    assert (path / "data.mdb").stat().st_size > 20 * MIB
+    return path
+
+
+def test_a_scan_of_a_long_journal_keeps_a_bounded_part_of_it_resident(
+    long_journal: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(txn, "REMAP_AFTER_BYTES", 2 * MIB, raising=False)
+    data = long_journal / "data.mdb"
+    peak = [0]
+    read = Reader.read
+
+    def watched(self: Reader, *args: object, **kwargs: object) -> object:
+        result = read(self, *args, **kwargs)  # type: ignore[arg-type]
+        peak[0] = max(peak[0], _resident(data))
+        return result
+
+    monkeypatch.setattr(Reader, "read", watched)
+    with Journal.open(long_journal, owner=False) as journal:
+        scan = journal.checksums()
+        for seq in range(1, 385, 8):
+            assert journal.get(seq) is not None
+        after = _resident(data)
+    assert not scan.damage and len(scan.seqs[EntryKind.EPISODE]) == 384
+    # Each read copies out up to 8 MiB (the scan's own bound), so the map
+    # holds at most that plus the 2 MiB between drops, never the 24 MiB file.
+    assert peak[0] <= 12 * MIB, f"{peak[0] / MIB:.1f} MiB of the journal resident during a scan"
+    assert after <= 4 * MIB, f"{after / MIB:.1f} MiB resident after 48 single reads"
+
+
+def test_the_probe_child_walks_a_long_journal_holding_a_bounded_part_of_it(
+    long_journal: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(probe, "_REMAP_AFTER_BYTES", 2 * MIB)
+    data = long_journal / "data.mdb"
+    peaks: list[int] = []
+    walk_some = probe._walk_some
+
+    def watched(*args: object) -> object:
+        start = walk_some(*args)  # type: ignore[arg-type]
+        peaks.append(_resident(data))
+        return start
+
+    monkeypatch.setattr(probe, "_walk_some", watched)
+    probe._walk(str(long_journal))  # what the child runs, here to look inside
+    assert len(peaks) > 5 and max(peaks) <= 6 * MIB, [p // MIB for p in peaks]
