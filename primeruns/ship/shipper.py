@@ -110,7 +110,10 @@ class Shipper:
             self.state.off_reason = str(off)
         self._thread: threading.Thread | None = None
         self._final = False
-        self._last_send = 0.0  # monotonic time of the last request
+        # Monotonic time of the last request; none yet: the first batch never
+        # lingers (0.0 made it wait out the linger on a machine up for less
+        # than linger_s, whose monotonic clock starts near zero).
+        self._last_send = float("-inf")
         # The last batch took a prefix of the entries it was given: the next
         # one's are here already, so waiting for more would only slow a
         # backlog (the sample table: one object per step, 10 a second).

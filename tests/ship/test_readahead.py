@@ -135,7 +135,10 @@ def test_a_backlog_a_sink_takes_a_prefix_at_a_time_does_not_wait_between_batches
         sink,
         binding=lambda: _BOUND,
         training=True,
-        policy=replace(_FAST, linger_s=3600.0),
+        # Longer than any machine's uptime (the monotonic clock's value): the
+        # first batch lingered for what was left of it on a machine up for
+        # less than the linger.
+        policy=replace(_FAST, linger_s=1e9),
         on_failure=lambda what, exc: None,
     )
     waits: list[float | None] = []
