@@ -101,6 +101,9 @@ class Lifecycle:
         self._rng = random.Random()
         self._lock = threading.RLock()
         self._deadline: float | None = None  # of the close-out under way
+        # The request a registration round is trying (``_call``, under the
+        # lock): where a failed round ended, for the retry schedule.
+        self._trying: str | None = None
 
     # -- state in the journal ----------------------------------------------
     @property
@@ -136,6 +139,7 @@ class Lifecycle:
         judges each answer: what it raises is that attempt's failure."""
         tries = attempts or self._policy.attempts_per_strike
         attempt = 0
+        self._trying = f"{method} {path.partition('?')[0]}"
         while True:
             within = None
             if deadline is not None:
@@ -181,53 +185,80 @@ class Lifecycle:
         started = time.monotonic()
         failed = lost = 0
         reached = False  # whether any try connected to the platform
+        # The backoff counts the rounds in a row that failed at the same
+        # request, not every failed round. A round (below) starts over at any
+        # failure: on a platform failing a quarter of its requests, a round of
+        # six (the environment, four lookup pages of a create answered 500,
+        # the create) succeeds one time in six. Counted per round, the
+        # closing backoff reached its cap (7.5 s) while the platform answered
+        # most requests: a run ended by SIGTERM spent its whole 20 s grace on
+        # twelve rounds and the waits between them, and shipped nothing.
+        # Failures moving from request to request are a flaky platform, and
+        # the schedule starts over; one request failing again and again (an
+        # outage, creates refused while the rest answers) backs off as before.
+        again = 0
+        failed_at: str | None = None
         stopping = stop if stop is not None else threading.Event()  # never set: a plain delay
         while True:
+            # One try of each request per round; the rounds follow the
+            # policy's schedule (closing: at most its share of the stall
+            # allowance) and can be stopped between tries. A request's own
+            # retries would sleep on inside the call, holding the
+            # registration's lock: a close-out then waited for the background
+            # round's whole backoff (finish() took 16 s at a 5 s allowance).
+            # A round that fails on any request starts over from the first,
+            # which the lookup by client token makes safe.
             try:
-                # One try of each request per round; the rounds follow the
-                # policy's schedule (closing: at most its share of the stall
-                # allowance) and can be stopped between tries. A request's own
-                # retries would sleep on inside the call, holding the
-                # registration's lock: a close-out then waited for the
-                # background round's whole backoff (finish() took 16 s at a 5 s
-                # allowance). A round that fails on any request starts over from
-                # the first, which the lookup by client token makes safe.
-                return self.register(attempts=1)
-            except APIError as exc:
-                if not is_transient(exc):
-                    self._on_failure("register", exc)
-                    return None
-                failed += 1
-                reached = reached or not never_reached(exc)
-                # An answer lost on the way back (not a 5xx, which the
-                # platform sends when it refused the request as a whole).
-                # A 2xx without the created run's id is no better than none.
-                answer_lost = isinstance(
-                    exc, TransportError | UnprovenAnswerError
-                ) and is_ambiguous(exc)
-                if answer_lost and not self._create_can_be_looked_up():
-                    lost += 1
-                    if deadline is not None and lost >= _MAX_LOST_CREATES:
-                        self._on_failure("register", exc)
-                        return None
-                now = time.monotonic()
-                if deadline is not None and (
-                    now >= deadline
-                    or self._policy.stuck(now - started, failed)
-                    or (not reached and self._policy.unreached(now - started, failed))
-                ):
-                    self._on_failure("register", exc)
-                    return None
-                retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None
-                closing = deadline is not None
-                wait = self._policy.delay(failed - 1, retry_after, self._rng, closing=closing)
-                if deadline is not None:
-                    wait = min(wait, max(0.0, deadline - now))
-                if stopping.wait(wait):  # a retry delay, cut short by ``stop``
-                    return None
-            except Exception as exc:  # a spec that cannot be registered (lost to damage)
+                bound, exc, at = self._round()
+            except Exception as damaged:  # a spec that cannot be registered (lost to damage)
+                self._on_failure("register", damaged)
+                return None
+            if bound is not None:
+                return bound
+            assert exc is not None
+            if not is_transient(exc):
                 self._on_failure("register", exc)
                 return None
+            failed += 1
+            again = again + 1 if at == failed_at else 1
+            failed_at = at
+            reached = reached or not never_reached(exc)
+            # An answer lost on the way back (not a 5xx, which the platform
+            # sends when it refused the request as a whole). A 2xx without
+            # the created run's id is no better than none.
+            answer_lost = isinstance(exc, TransportError | UnprovenAnswerError) and is_ambiguous(
+                exc
+            )
+            if answer_lost and not self._create_can_be_looked_up():
+                lost += 1
+                if deadline is not None and lost >= _MAX_LOST_CREATES:
+                    self._on_failure("register", exc)
+                    return None
+            now = time.monotonic()
+            if deadline is not None and (
+                now >= deadline
+                or self._policy.stuck(now - started, failed)
+                or (not reached and self._policy.unreached(now - started, failed))
+            ):
+                self._on_failure("register", exc)
+                return None
+            retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None
+            closing = deadline is not None
+            wait = self._policy.delay(again - 1, retry_after, self._rng, closing=closing)
+            if deadline is not None:
+                wait = min(wait, max(0.0, deadline - now))
+            if stopping.wait(wait):  # a retry delay, cut short by ``stop``
+                return None
+
+    def _round(self) -> tuple[Binding | None, APIError | None, str | None]:
+        """One round of registration, one try of each request: the binding,
+        or the failure that ended the round and the request it came from."""
+        with self._lock:
+            self._trying = None  # none made (a forked child's parent not registered yet)
+            try:
+                return self._register(1), None, None
+            except APIError as exc:
+                return None, exc, self._trying
 
     def _create_can_be_looked_up(self) -> bool:
         """An evaluation's lost create is found again by its client token; an

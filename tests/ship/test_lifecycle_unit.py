@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,7 +20,15 @@ from typing import Any
 
 import httpx
 import pytest
-from scripted_platform import LOST, REFUSED, Fault, ScriptedPlatform, error, failed_attempt
+from scripted_platform import (
+    LOST,
+    PASS,
+    REFUSED,
+    Fault,
+    ScriptedPlatform,
+    error,
+    failed_attempt,
+)
 
 from primeruns.exceptions import (
     APIError,
@@ -513,3 +522,93 @@ def test_a_closing_registration_gives_up_sooner_on_a_platform_it_never_connected
     else:
         assert spent >= policy.stall_s
     assert [what for what, _ in world.failures] == ["register"]
+
+
+class _Time:
+    """The lifecycle's ``time``: a monotonic clock that only waits move (a
+    request takes no time)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return time.time()
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class _Waits(threading.Event):
+    """A stop event never set: each retry delay waited on it moves the clock
+    on instead of sleeping, and is kept."""
+
+    def __init__(self, clock: _Time) -> None:
+        super().__init__()
+        self.clock = clock
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        assert timeout is not None
+        self.waits.append(timeout)
+        self.clock.sleep(timeout)
+        return False
+
+
+_500 = error(500, "Internal Server Error")
+
+
+def _after_a_500_at_init(world: World, monkeypatch: pytest.MonkeyPatch) -> tuple[Lifecycle, _Waits]:
+    """A run whose create met a 500 at ``init()``, on the default retry
+    schedule (0.5 s, doubling), and the waits of its registration."""
+    clock = _Time()
+    monkeypatch.setattr("primeruns.ship.lifecycle.time", clock)
+    first, _ = world.register_failing(_spec(), "create", _500)
+    lifecycle = Lifecycle(
+        first.journal,
+        world.platform.client(),
+        policy=RetryPolicy(),
+        on_failure=lambda what, exc: world.failures.append((what, exc)),
+    )
+    return lifecycle, _Waits(clock)
+
+
+def test_a_closing_registration_meeting_500s_on_one_request_then_another_registers_in_the_grace(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An evaluation ended by SIGTERM (a grace of 20 s) against a platform
+    failing a quarter of its requests, whose create met a 500 at init(): a
+    registration round is the environment, the lookup of that create, the
+    create, each tried once, and here each of eight rounds met one 500, on
+    a different request each time. The backoff counted the rounds, reached
+    its closing cap (7.5 s) by the sixth, and the grace ran out with the run
+    unregistered and none of its 120 episodes shipped (two cells of the
+    -m slow matrix). Failures moving from request to request are a flaky
+    platform, not one that is down: the schedule starts over each time."""
+    lifecycle, waits = _after_a_500_at_init(world, monkeypatch)
+    # Rounds failing at the lookup, the create, the environment, in turn.
+    world.platform.fail("resolve", PASS, PASS, _500, PASS, PASS, _500, PASS, PASS)
+    world.platform.fail("list", _500, PASS, _500, PASS, _500, PASS)
+    world.platform.fail("create", _500, _500, _500)
+    started = waits.clock.now
+    bound = lifecycle.register_retrying(deadline=started + 20.0, stop=waits)
+    assert bound is not None, world.failures
+    assert len(waits.waits) == 8 and waits.clock.now - started <= 8 * 0.75
+    assert [e["id"] for e in world.registry.evaluations] == [bound.run_id]
+
+
+def test_a_request_failing_round_after_round_still_backs_off(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The schedule's other half: the create refused round after round (the
+    rest of the platform answering) is retried on the growing backoff, not
+    at the base delay, so that a struggling platform is not hammered."""
+    lifecycle, waits = _after_a_500_at_init(world, monkeypatch)
+    world.platform.fail("create", *[_500] * 7)
+    assert lifecycle.register_retrying(stop=waits) is not None  # a live run: no deadline
+    policy = RetryPolicy()
+    assert len(waits.waits) == 7
+    for tried, wait in enumerate(waits.waits):
+        assert wait >= 0.5 * min(policy.max_delay_s, policy.base_delay_s * 2**tried)
