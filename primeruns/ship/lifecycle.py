@@ -194,8 +194,9 @@ class Lifecycle:
         # most requests: a run ended by SIGTERM spent its whole 20 s grace on
         # twelve rounds and the waits between them, and shipped nothing.
         # Failures moving from request to request are a flaky platform, and
-        # the schedule starts over; one request failing again and again (an
-        # outage, creates refused while the rest answers) backs off as before.
+        # a closing registration's schedule starts over; one request failing
+        # again and again (an outage, creates refused while the rest answers)
+        # backs off as before. A live one counts every failed round (below).
         again = 0
         failed_at: str | None = None
         stopping = stop if stop is not None else threading.Event()  # never set: a plain delay
@@ -244,7 +245,13 @@ class Lifecycle:
                 return None
             retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None
             closing = deadline is not None
-            wait = self._policy.delay(again - 1, retry_after, self._rng, closing=closing)
+            # Only a closing registration starts its schedule over when the
+            # failing request changes: its deadline and the stall rule bound
+            # it. A live one has neither, and a platform failing whichever
+            # request it cannot take (rarely the same one twice in a row)
+            # would be retried at the base delay for as long as it struggles.
+            tried = again if closing else failed
+            wait = self._policy.delay(tried - 1, retry_after, self._rng, closing=closing)
             if deadline is not None:
                 wait = min(wait, max(0.0, deadline - now))
             if stopping.wait(wait):  # a retry delay, cut short by ``stop``

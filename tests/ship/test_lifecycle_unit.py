@@ -612,3 +612,22 @@ def test_a_request_failing_round_after_round_still_backs_off(
     assert len(waits.waits) == 7
     for tried, wait in enumerate(waits.waits):
         assert wait >= 0.5 * min(policy.max_delay_s, policy.base_delay_s * 2**tried)
+
+
+def test_a_live_registration_failing_at_two_requests_in_turn_still_backs_off(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live run's registration has no deadline and no stall rule: its
+    backoff is all that spares a struggling platform. Failures alternating
+    between two requests (the lookup of a create answered 500, then the
+    create, round after round: an overloaded platform refusing whichever
+    request it cannot take) are retried on the growing backoff, not at the
+    base delay for as long as the platform struggles."""
+    lifecycle, waits = _after_a_500_at_init(world, monkeypatch)
+    world.platform.fail("list", *[_500, PASS] * 6)
+    world.platform.fail("create", *[_500] * 6)
+    assert lifecycle.register_retrying(stop=waits) is not None  # a live run: no deadline
+    policy = RetryPolicy()
+    assert len(waits.waits) == 12
+    for tried, wait in enumerate(waits.waits):
+        assert wait >= 0.5 * min(policy.max_delay_s, policy.base_delay_s * 2**tried)
