@@ -599,6 +599,15 @@ def test_a_closing_registration_meeting_500s_on_one_request_then_another_registe
     assert [e["id"] for e in world.registry.evaluations] == [bound.run_id]
 
 
+def _assert_backed_off(waits: _Waits, rounds: int) -> None:
+    """Each of ``rounds`` retries waited at least the low end of the default
+    schedule's jitter (0.5 s, doubling, up to 30 s)."""
+    policy = RetryPolicy()
+    assert len(waits.waits) == rounds
+    for tried, wait in enumerate(waits.waits):
+        assert wait >= 0.5 * min(policy.max_delay_s, policy.base_delay_s * 2**tried)
+
+
 def test_a_request_failing_round_after_round_still_backs_off(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -608,10 +617,7 @@ def test_a_request_failing_round_after_round_still_backs_off(
     lifecycle, waits = _after_a_500_at_init(world, monkeypatch)
     world.platform.fail("create", *[_500] * 7)
     assert lifecycle.register_retrying(stop=waits) is not None  # a live run: no deadline
-    policy = RetryPolicy()
-    assert len(waits.waits) == 7
-    for tried, wait in enumerate(waits.waits):
-        assert wait >= 0.5 * min(policy.max_delay_s, policy.base_delay_s * 2**tried)
+    _assert_backed_off(waits, 7)
 
 
 def test_a_live_registration_failing_at_two_requests_in_turn_still_backs_off(
@@ -627,7 +633,4 @@ def test_a_live_registration_failing_at_two_requests_in_turn_still_backs_off(
     world.platform.fail("list", *[_500, PASS] * 6)
     world.platform.fail("create", *[_500] * 6)
     assert lifecycle.register_retrying(stop=waits) is not None  # a live run: no deadline
-    policy = RetryPolicy()
-    assert len(waits.waits) == 12
-    for tried, wait in enumerate(waits.waits):
-        assert wait >= 0.5 * min(policy.max_delay_s, policy.base_delay_s * 2**tried)
+    _assert_backed_off(waits, 12)
