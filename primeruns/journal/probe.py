@@ -159,11 +159,13 @@ def _walk(directory: str) -> None:
 
     env = lmdb.open(directory, readonly=True, lock=True, max_dbs=16, subdir=True)
     try:
-        with env.begin() as txn:
+        with _retried(env.begin, env) as txn:
             names = [bytes(key) for key, _ in txn.cursor()]
         for name in names:
             try:
-                db = env.open_db(name, create=False)
+                db = _retried(env.open_db, env, name, create=False)
+            except lmdb.MapResizedError:
+                raise  # not a plain key: a table that could not be read
             except lmdb.Error:
                 continue  # a plain key in the main table, not a table
             start = _walk_some(env, db, None)
@@ -178,7 +180,7 @@ def _walk_some(env: Any, db: Any, start: bytes | None) -> bytes | None:
     """Touch every key and value of ``db`` from the key after ``start`` in one
     transaction, up to ``_REMAP_AFTER_BYTES``; the last key read, or None at the end."""
     read = 0
-    with env.begin(db=db, buffers=True) as txn:
+    with _retried(env.begin, env, db=db, buffers=True) as txn:
         cursor = txn.cursor()
         more = cursor.first() if start is None else cursor.set_range(start)
         if more and start is not None and bytes(cursor.key()) == start:
@@ -191,6 +193,22 @@ def _walk_some(env: Any, db: Any, start: bytes | None) -> bytes | None:
                 return bytes(key)
             more = cursor.next()
     return None
+
+
+def _retried(call: Any, env: Any, *args: Any, **kwargs: Any) -> Any:
+    """``call`` (a transaction begun, a table opened in one of its own),
+    adopting a map the journal's writer grew past this one's
+    (MapResizedError), as ``Store.begin`` does. The walk is many
+    transactions over seconds of a journal its run may be writing: that
+    failure would have called a healthy journal damaged, or, opening a
+    table, passed the table over as a plain key, unread."""
+    import lmdb
+
+    try:
+        return call(*args, **kwargs)
+    except lmdb.MapResizedError:
+        env.set_mapsize(0)
+        return call(*args, **kwargs)
 
 
 def _main() -> None:

@@ -11,8 +11,11 @@ where the issue's bound is 150 MB). Long reads now drop the map every
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
+import lmdb
 import pytest
 
 from primeruns.journal import EntryKind, Journal, probe, txn
@@ -88,3 +91,50 @@ def test_the_probe_child_walks_a_long_journal_holding_a_bounded_part_of_it(
     monkeypatch.setattr(probe, "_walk_some", watched)
     probe._walk(str(long_journal))  # what the child runs, here to look inside
     assert len(peaks) > 5 and max(peaks) <= 6 * MIB, [p // MIB for p in peaks]
+
+
+_GROW = """
+import lmdb, os, sys
+env = lmdb.open(sys.argv[1], map_size=256 << 20, max_dbs=4)
+db = env.open_db(b"entries")
+with env.begin(write=True) as txn:
+    for i in range(int(sys.argv[2]), int(sys.argv[3])):
+        txn.put(b"%08d" % i, os.urandom(4000), db=db)
+env.close()
+"""
+
+
+def _grow(directory: Path, first: int, last: int) -> None:
+    subprocess.run([sys.executable, "-c", _GROW, str(directory), str(first), str(last)], check=True)
+
+
+def test_the_probe_walk_reads_a_journal_another_process_grows_meanwhile_as_healthy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal's uplink or a listing probes a journal its run is still
+    writing. The walk is now many transactions, each table's first one begun
+    after the tables before it were walked (seconds, on a long journal): a
+    writer that grew the file past the walker's map meanwhile made that begin
+    fail with MapResizedError: the probe called a healthy journal damaged (it
+    is then salvaged from a page scan), or, where the failing begin was the
+    table's opening, passed over the table as a plain key and never read
+    it, so a damaged page there went unseen."""
+    _grow(tmp_path, 0, 100)
+    env = lmdb.open(str(tmp_path), max_dbs=4)
+    with env.begin(write=True) as txn:
+        txn.put(b"k", b"v", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    walk_some = probe._walk_some
+    tables = []
+
+    def writer_meanwhile(*args: object) -> object:
+        start = walk_some(*args)  # type: ignore[arg-type]
+        if start is None:
+            tables.append(args[1])
+            if len(tables) == 1:  # the end of "entries": 20 MB more of it
+                _grow(tmp_path, 100, 5100)
+        return start
+
+    monkeypatch.setattr(probe, "_walk_some", writer_meanwhile)
+    probe._walk(str(tmp_path))  # what the child runs
+    assert len(tables) == 2, "the meta table was never walked"
