@@ -92,7 +92,8 @@ class ShipProgress:
                 continue
             unit = self._units.get(sink, "records")
             self._tasks[sink] = self._bars.add_task(sink, total=total, unit=unit, note="")
-        self._bars.start()
+        if self._tasks:  # no bars, no empty line where they would be
+            self._bars.start()
 
     def __call__(self, progress: Progress) -> None:
         self._start()
@@ -118,7 +119,7 @@ class ShipProgress:
 
     def done(self) -> None:
         """Stop drawing (nothing at all if shipping never began); once."""
-        if self._started and not self._closed:
+        if self._started and self._tasks and not self._closed:
             self._closed = True
             self._bars.refresh()
             self._bars.stop()

@@ -129,7 +129,13 @@ def _exit_code(report: ShipReport) -> int:
     return EXIT_OK if report.ok else EXIT_FAILED
 
 
-def _report(report: ShipReport, plan: dict[str, tuple[int, str]], console: Console) -> None:
+def _report(
+    report: ShipReport,
+    plan: dict[str, tuple[int, str]],
+    console: Console,
+    *,
+    registered_only: bool = False,
+) -> None:
     where = inert(report.url or report.run_id or "not registered")
     if report.damaged:
         console.print(
@@ -147,6 +153,10 @@ def _report(report: ShipReport, plan: dict[str, tuple[int, str]], console: Conso
         console.print(inert_text(f"  lost {loss.get('count', 0)} for {sink}: {reasons}", "yellow"))
     for error in report.errors:
         console.print(inert_text(f"  error: {error}", style="red"))
+    if report.ok and registered_only:
+        console.print(Text(f"  registered: {where}", style="green"))
+        console.print(inert_text(f"  left open: {report.left_open}"))
+        return
     if report.ok:
         line = Text("  done", style="green")
         shipped = ", ".join(f"{n} {unit} to {sink}" for sink, (n, unit) in plan.items() if n)
@@ -207,9 +217,10 @@ class ShipOptions:
 
 
 def _ship(
-    path: Path, options: ShipOptions, stream: TextIO
+    path: Path, options: ShipOptions, stream: TextIO, register_only: bool
 ) -> tuple[ShipReport, dict[str, tuple[int, str]]]:
-    """Ship one journal with progress bars on ``stream``; _NotShipped if it cannot start."""
+    """Ship one journal (or only register its run) with progress bars on
+    ``stream``; _NotShipped if it cannot start."""
     origin = Origin.read_beside(path)
     settings: Settings | None = None
     if origin is not None and not origin.is_original(path.absolute()):
@@ -227,7 +238,7 @@ def _ship(
         except JournalError as exc:
             raise _NotShipped(str(exc), EXIT_USAGE) from None
         api_key = settings.api_key
-        plan = shipping_plan(_status_of(path), settings)
+        plan = {} if register_only else shipping_plan(_status_of(path), settings)
         where = settings.api_root
     if not api_key:
         raise _NotShipped(
@@ -253,6 +264,7 @@ def _ship(
             job_ended=options.job_ended,
             spec=options.spec,
             base_url=options.base_url,
+            register_only=register_only,
         )
         bars.finish(report.pending)
     except JournalLockedError as exc:
@@ -275,9 +287,11 @@ def replay_one(
     err: TextIO | None = None,
     results: list[dict[str, Any]] | None = None,
     options: ShipOptions | None = None,
+    register_only: bool = False,
 ) -> int:
     """Ship one journal and close its run out when that is right, printing
-    progress and the result.
+    progress and the result. ``register_only``: only register its run (its
+    forked children ship next, then it, see ``_Step``).
 
     Returns the exit code (see the module doc); never raises for a locked,
     damaged or unreachable case. With ``results`` given, the outcome is
@@ -290,7 +304,7 @@ def replay_one(
     err = err or sys.stderr
     stream = err if results is not None else out
     try:
-        report, plan = _ship(path, options, stream)
+        report, plan = _ship(path, options, stream, register_only)
     except _NotShipped as exc:
         err.write(f"{inert(path)}: {inert(exc)}\n")
         if results is not None:
@@ -300,11 +314,23 @@ def replay_one(
     if results is not None:
         results.append(report_json(report, code))
     else:
-        _report(report, plan, make_console(out))
+        _report(report, plan, make_console(out), registered_only=register_only)
     return code
 
 
-def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
+@dataclass(frozen=True)
+class _Step:
+    """One journal to ship, or with ``register_only`` only its run to
+    register: a run whose forked children cannot find it (it was never
+    registered) is registered first, its children shipped next, then the
+    run itself, whose close-out closes it after every record of it landed
+    (as its live ``finish()`` waits for its children)."""
+
+    path: Path
+    register_only: bool = False
+
+
+def _targets(args: argparse.Namespace, *, offline: bool) -> list[_Step]:
     """The runs named, or with ``--all`` every run that needs shipping:
     ``replay`` takes online runs where they were written, ``sync`` offline
     runs and every copy (a journal away from where it was written). Each
@@ -332,12 +358,30 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[Path]:
             shipped += 1
     if shipped and not args.json:
         print(f"{shipped} journal(s) already shipped and closed out: skipped", file=sys.stderr)
+    return _ordered(chosen, listed, children)
+
+
+def _ordered(chosen: list[Path], listed: list[RunStatus], children: set[Path]) -> list[_Step]:
+    """``--all``'s journals in the order they ship. The primary of ranks
+    attached to a run by id after the others (its close-out closes the run:
+    their records land first); a forked child's journal before its
+    parent's, whose close-out closes the run (a parent never registered is
+    registered first); a child whose parent is not shipped here, last."""
     closers = _closers_last(listed)
-    # The primary of ranks attached to a run by id after the others (its
-    # close-out closes the run: their records land first); a forked child's
-    # journal before its parent's, whose close-out closes the run, when it
-    # can find the run, else after it (the parent registers the run).
-    return sorted(chosen, key=lambda path: (path in closers, _ship_order(path, children)))
+    parents = {s.info.local_id: s.info.path for s in listed if s.info.path not in children}
+    parent_of = {s.info.path: s.info.meta.get(K_FORK_PARENT) for s in listed}
+    first: list[Path] = []  # parents to register before their children ship
+    findable: set[Path] = set()  # children that find their run by the time they ship
+    for path in sorted(children & set(chosen)):
+        parent = parents.get(str(parent_of[path]))
+        if finds_its_run(path):
+            findable.add(path)
+        elif parent in chosen:
+            findable.add(path)
+            if parent not in first:
+                first.append(parent)
+    order = sorted(chosen, key=lambda p: (p in closers, _ship_order(p, children, findable)))
+    return [*(_Step(p, register_only=True) for p in first), *map(_Step, order)]
 
 
 def _closers_last(listed: list[RunStatus]) -> set[Path]:
@@ -360,32 +404,37 @@ def _closers_last(listed: list[RunStatus]) -> set[Path]:
     return closers
 
 
-def _ship_order(path: Path, children: set[Path]) -> int:
+def _ship_order(path: Path, children: set[Path], findable: set[Path]) -> int:
     if path not in children:
         return 1
-    return 0 if finds_its_run(path) else 2
+    return 0 if path in findable else 2
 
 
-def _with_children(paths: list[Path], *, offline: bool) -> list[Path]:
+def _with_children(paths: list[Path], *, offline: bool) -> list[_Step]:
     """The runs named, each with its forked children's journals that need
-    shipping (``ship.family``): shipping a run ships all of it. A child that
-    can find the run goes before it, so that the run's close-out comes after
-    every record of it; one that cannot, after it (it registers the run)."""
-    out: list[Path] = []
+    shipping (``ship.family``): shipping a run ships all of it. Its children
+    go before it, so that the run's close-out comes after every record of
+    it; when one cannot find the run (never registered), the run is
+    registered first."""
+    out: list[_Step] = []
+    taken = set(paths)
     root = sync_root()
     for path in paths:
-        before: list[Path] = []
-        after: list[Path] = []
+        found: list[Path] = []
+        lost: list[Path] = []
         local_id = _status_of(path).info.local_id
         for child in children_of(path, local_id):
-            if child in out or child in paths:
+            if child in taken:
                 continue
+            taken.add(child)
             why = _skipped(_status_of(child), root, offline=offline)
             if why is None:
-                (before if finds_its_run(child) else after).append(child)
+                (found if finds_its_run(child) else lost).append(child)
             elif why:
                 print(inert(f"{child.name}: skipped: {why}"), file=sys.stderr)
-        out += [*before, path, *after]
+        if lost:
+            out.append(_Step(path, register_only=True))
+        out += [*map(_Step, [*found, *lost, path])]
     return out
 
 
@@ -463,8 +512,11 @@ def _pass(
         return EXIT_OK
     console = make_console()
     worst = EXIT_OK
-    for path in targets:
+    for step in targets:
+        path = step.path
         if args.dry_run:
+            if step.register_only:
+                continue  # its plan is said once, with the step that ships it
             status = _status_of(path)
             plan = describe_plan(status)
             if results is not None:
@@ -480,14 +532,16 @@ def _pass(
             continue
         before = fingerprint(path)
         try:
-            code = replay_one(path, results=results, options=options)
+            code = replay_one(
+                path, results=results, options=options, register_only=step.register_only
+            )
         except Exception as exc:  # one journal's trouble must not strand the others
             error = f"not shipped: {type(exc).__name__}: {exc}"
             print(inert(f"{path}: {error}"), file=sys.stderr)
             code = EXIT_FAILED
             if results is not None:
                 results.append(not_shipped_json(path, code, error))
-        if seen is not None and code == EXIT_OK:
+        if seen is not None and code == EXIT_OK and not step.register_only:
             seen[path] = before
         worst = max(worst, code)
     if results is not None:
@@ -495,13 +549,13 @@ def _pass(
     return worst
 
 
-def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[Path]:
+def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[_Step]:
     """Watching: the journals whose files changed since they last synced
     cleanly, judged by their files alone (a copy is not opened to list it:
     one refreshed in place could be truncated under the reader); of the
     originals here, only offline runs that need it (``replay`` ships the others)."""
     if args.runs:
-        return [p for p in _targets(args, offline=True) if seen.get(p) != fingerprint(p)]
+        return [s for s in _targets(args, offline=True) if seen.get(s.path) != fingerprint(s.path)]
     runs_dir = runs_dir_of(args)
     root = sync_root()
     chosen: list[Path] = []
@@ -520,7 +574,7 @@ def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[Pa
                     chosen.append(child)
             elif status.needs_shipping and status.opened_offline:
                 chosen.append(child)
-    return chosen
+    return [*map(_Step, chosen)]
 
 
 def _watch(args: argparse.Namespace, options: ShipOptions) -> int:

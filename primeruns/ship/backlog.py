@@ -124,6 +124,7 @@ def ship_journal(
     spec: RunSpec | None = None,
     synced_in: Path | None = None,
     base_url: str | None = None,
+    register_only: bool = False,
 ) -> ShipReport:
     """Ship everything ``path`` holds (see module doc) and close the run out
     when that is right. ``job_ended``: the user knows the producer is gone (a
@@ -131,7 +132,9 @@ def ship_journal(
     run's spec said, for a journal whose spec was lost to damage.
     ``synced_in``: where sync journals live (default :func:`sync_root`).
     ``base_url``: ship to this platform (with ``settings`` None, which are
-    then the journal's own).
+    then the journal's own). ``register_only``: register the run (recorded
+    where its forked children look for it, ``ship.family``) and ship
+    nothing: its children then ship before it, and its close-out after them.
 
     Raises ``JournalLockedError`` (naming the owner) while the producer or its
     uplink lives, or another sync ships the same run, and ``JournalError`` for
@@ -140,7 +143,16 @@ def ship_journal(
     root = synced_in if synced_in is not None else sync_root()
     try:
         return _ship_journal(
-            Path(path), settings, timeout, progress, policy, job_ended, spec, root, base_url
+            Path(path),
+            settings,
+            timeout,
+            progress,
+            policy,
+            job_ended,
+            spec,
+            root,
+            base_url,
+            register_only,
         )
     except _Shipped as done:
         return done.report
@@ -156,6 +168,7 @@ def _ship_journal(
     spec: RunSpec | None,
     root: Path,
     base_url: str | None,
+    register_only: bool,
 ) -> ShipReport:
     journal: Journal | None = None
     report = ShipReport(path=path, local_id="")
@@ -230,7 +243,10 @@ def _ship_journal(
                 )
         if settings is None:
             settings = journal_settings(journal, base_url=base_url, spec=spec)
-        _ship(journal, report, settings, timeout, progress, policy, may_crash, why_open, root)
+        if register_only:
+            _register(journal, report, settings, timeout, policy, root)
+        else:
+            _ship(journal, report, settings, timeout, progress, policy, may_crash, why_open, root)
     finally:
         journal.close()
     return report
@@ -329,6 +345,28 @@ def _stale(origin: Origin | None, imported: Imported) -> str | None:
             f"{end}: sync the original, or copy it again"
         )
     return None
+
+
+def _register(
+    journal: Journal,
+    report: ShipReport,
+    settings: Settings,
+    timeout: float,
+    policy: RetryPolicy | None,
+    root: Path,
+) -> None:
+    """Register the run and record it; nothing shipped, the run left open."""
+    uplink = Uplink(journal, settings, policy=policy, log_level=logging.INFO)
+    try:
+        binding = uplink.lifecycle.register_retrying(deadline=time.monotonic() + timeout)
+        report.errors.extend(uplink.errors)
+        if binding is None:
+            return
+        report.run_id, report.url = binding.run_id, binding.url
+        report.left_open = "its forked children ship first, then its own records and its close-out"
+        _remember(journal, report, root)
+    finally:
+        uplink.client.close()
 
 
 def _ship(

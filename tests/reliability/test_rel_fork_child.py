@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import fork_oracle as fo
+import one_run_oracle as oracle
 import pytest
 import rel_helpers as rh
 import rel_torture as rt
@@ -276,8 +277,10 @@ def test_a_child_forked_before_the_run_was_registered_keeps_its_records(
 def test_a_child_forked_from_an_offline_run_is_shipped_by_primeruns_sync_of_the_run(
     shared_platform: LocalPlatform, tmp_path: Path, which: str
 ) -> None:
-    """``primeruns sync RUN`` ships the run's children after it; ``sync
-    --all`` ships every journal, a child after its parent."""
+    """``primeruns sync RUN`` (or ``sync --all``) ships the run and its
+    children, which could not find the run (it was never registered), and
+    closes the run after every record of it landed, children's too, as a
+    live ``finish()`` closes it after its children's records shipped."""
     from primeruns.cli import main
 
     lp = shared_platform
@@ -297,7 +300,7 @@ def test_a_child_forked_from_an_offline_run_is_shipped_by_primeruns_sync_of_the_
     run_id = rh.bound_run_id(run.journal_path, home)
     assert run_id is not None
     assert fo.landed_once(lp, run_id, episodes)
-    assert lp.run(run_id)["status"] == "COMPLETED"
+    oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
 
 
 def test_a_forked_child_logging_the_parents_step_of_a_training_run_collides_with_nothing(
