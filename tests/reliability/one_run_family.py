@@ -5,8 +5,12 @@ as they come, a worker or the whole job SIGKILLed, and the outcome held to
 ``one_run_oracle``.
 
 A worker SIGKILLed: worker 2, once it said half its episodes, while it
-logs on; its uplink ships what it journaled, and the run's ``finish()``
-waits for that before it closes the run. The primary SIGKILLed: the run's
+logs on (it logs until it is killed); its uplink ships what it journaled,
+and the run's ``finish()`` waits for that before it closes the run. A
+pool's worker is SIGKILLed in a ``ProcessPoolExecutor``, which fails that
+task with ``BrokenProcessPool`` and ends the other worker, done or not
+(SIGTERM): what it logged lands all the same (``rel_family.py`` says why
+not a ``multiprocessing.Pool``). The primary SIGKILLed: the run's
 process and every process under it (its workers, every uplink: the job
 dies) once each of its processes said half its episodes, the platform slow
 to answer (so that every process leaves records to ship); then ``primeruns
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import one_run_oracle as oracle
+import pool_workers
 import procs
 import rel_helpers as rh
 import rel_rank
@@ -35,7 +40,7 @@ from primeruns.local import LocalPlatform
 
 _SCRIPT = rh.HERE / "rel_family.py"
 _PROCESSES = (0, 1, 2)  # the run's process, then its two workers
-_VICTIM = 2
+_VICTIM = pool_workers.VICTIM
 _LATENCY_MS = 150
 
 
@@ -51,6 +56,7 @@ class Family:
     episodes: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
     steps: dict[int, list[int]] = field(default_factory=lambda: defaultdict(list))
     said: dict[int, list[str]] = field(default_factory=lambda: defaultdict(list))
+    ended: dict[int, str] = field(default_factory=dict)  # how each executor task ended
 
     def read(self) -> tuple[int, str] | None:
         """One line: (who, the word); None at the end of the output."""
@@ -71,6 +77,9 @@ class Family:
             self.episodes[who].append(value)
         elif word == "metrics":
             self.steps[who].append(int(value))
+        elif word == "task":
+            worker, how = value.split()
+            self.ended[int(worker)] = how
         return who, word
 
     def read_until(self, done: Callable[[Family], bool]) -> None:
@@ -142,7 +151,7 @@ def _run(lp: LocalPlatform, tmp: Path, topology: str, kind: str, fault: str) -> 
     """Start the run's process, apply the fault, let it finish (unless it
     was killed); what its processes said."""
     env = rh.isolated_env(tmp / "home", {"PRIME_TRACES_URL": lp.url})
-    args = [str(tmp / "runs"), lp.url, kind, topology, str(oracle.STEPS[kind])]
+    args = [str(tmp / "runs"), lp.url, kind, topology, str(oracle.STEPS[kind]), fault]
     proc = procs.start(
         [sys.executable, str(_SCRIPT), *args],
         stdin=subprocess.PIPE,
@@ -164,15 +173,22 @@ def _run(lp: LocalPlatform, tmp: Path, topology: str, kind: str, fault: str) -> 
         family.read_until(lambda f: False)  # what they said before they died
         proc.wait(timeout=60)
     if fault != "primary":
-        living = [w for w in _PROCESSES if w != (_VICTIM if fault == "worker" else None)]
+        # An executor ends the victim's sibling when the victim dies: only
+        # the run's own process is sure to finish its part.
+        executor = fault == "worker" and topology != "fork"
+        living = [w for w in _PROCESSES if w == 0 or not (w == _VICTIM or executor)]
         family.read_until(
             lambda f: "logged" in f.said[0] and all("done" in f.said[w] for w in living)
         )
         assert "logged" in family.said[0], f"the run's process stopped: {dict(family.said)}"
         for who in living:
             assert "done" in family.said[who], f"process {who}: {family.said[who][-3:]}"
-        family.tell("finish lost" if fault == "worker" else "finish")
+        family.tell("finish")
         family.read_until(lambda f: "finished" in f.said[0])
         assert "finished" in family.said[0], f"the run did not finish: {dict(family.said)}"
         assert proc.wait(timeout=180) == 0
+        if executor:
+            # The victim's task broken, the other one's done or broken.
+            assert family.ended.get(_VICTIM) == "broken", family.ended
+            assert family.ended.get(1) in ("done", "broken"), family.ended
     return family

@@ -5,6 +5,7 @@ not the test module."""
 
 from __future__ import annotations
 
+import itertools
 import os
 from typing import Any
 
@@ -35,8 +36,10 @@ RUN: pr.Run | None = None
 
 # One part of issue #29's matrix: (the run's handle, or None to log through
 # the inherited ``RUN``; who logs, 0 for the run's own process; the kind of
-# run; its number of steps).
-Part = tuple[pr.RunHandle | None, int, str, int]
+# run; its number of steps; whether it logs on until it is killed).
+Part = tuple[pr.RunHandle | None, int, str, int, bool]
+# The worker SIGKILLed in a cell whose fault is "worker".
+VICTIM = 2
 
 
 def say(who: int, *words: object) -> None:
@@ -49,10 +52,14 @@ def say(who: int, *words: object) -> None:
 def log_part(task: Part) -> int:
     """Log this process's episodes (and, in a training run, a metrics row
     per step with a key of its own, ``loss_p<who>``, and one every process
-    logs, ``lr``), saying each call that returned; the records it dropped."""
+    logs, ``lr``), saying each call that returned; the records it dropped.
+    The process to be killed then logs on, episodes with new ids, until it
+    is: killed in the middle of its task, as a worker dies of a fault, never
+    between two (where a pool's worker holds the pool's locks)."""
     import rel_rank
+    import workloads
 
-    handle, who, kind, steps = task
+    handle, who, kind, steps, until_killed = task
     run = RUN if handle is None else pr.join(handle)
     assert run is not None
     say(who, "pid", os.getpid())
@@ -63,5 +70,11 @@ def log_part(task: Part) -> int:
         if kind == "train":
             run.log_metrics({f"loss_p{who}": 1.0 / (step + 1), "lr": 0.1}, step=step)
             say(who, "metrics", step)
+    for again in itertools.count(1) if until_killed else ():
+        for batch in rel_rank.episodes_of(kind, who, steps).values():
+            batch = [workloads.renew_ids(e, 1_000_000 + again) for e in batch]
+            run.log_episodes(batch)
+            for episode in batch:
+                say(who, "episode", episode["id"])
     say(who, "done", run.dropped_records)
     return run.dropped_records

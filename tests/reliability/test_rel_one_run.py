@@ -10,6 +10,10 @@ with its status (a primary SIGKILLed and replayed: a run it created closes
 as failed, one it attached to stays its launcher's to close); each step's
 metrics row holds every process's key (``one_run_oracle``).
 
+A pool one of whose workers is SIGKILLed is a ``ProcessPoolExecutor`` (a
+``multiprocessing.Pool`` can hang for good then, see ``rel_family.py``),
+every other pool a ``multiprocessing.Pool``.
+
 The default suite runs a covering sample (each topology, each kind and each
 fault at least once); ``-m slow`` runs the rest of the product.
 """
@@ -33,14 +37,12 @@ FAULTS = ("none", "worker", "primary")
 
 _ALL = list(itertools.product(TOPOLOGIES, KINDS, FAULTS))
 # Each value of each dimension at least once, the spawned pool (the
-# slowest to start) once. A pool whose worker is SIGKILLed is not among
-# them: multiprocessing.Pool can then hang for good (CPython's
-# bpo-22393), as [pool-fork-eval-worker] did in CI at 300 s and the
-# forkserver and spawn ones in the -m slow run. Those cells stay in the
-# slow product, failing there, until the harness drives such a pool
-# another way (issue #29).
+# slowest to start) once, and a pool whose worker is SIGKILLed (an
+# executor: a multiprocessing.Pool hung there, [pool-fork-eval-worker] in
+# CI at 300 s).
 _FAST = [
     ("fork", "eval", "worker"),
+    ("pool-fork", "eval", "worker"),
     ("pool-fork", "train", "none"),
     ("pool-forkserver", "train", "primary"),
     ("pool-spawn", "eval", "none"),
