@@ -15,7 +15,8 @@ at the table's tail: others may have appended after it. It is at or past the
 recorded length, though (the table only grows, and reads page it in the
 order rows were appended), so the look reads forward from there and stops
 once every row of the batch was seen: its cost is bounded by what was pushed
-since the attempt, whatever the run's length. The rows are known by
+since the attempt, whatever the run's length (and a look cut short by a
+failure goes on where it stopped). The rows are known by
 ``sample_id``, an episode's own id (a trace's for an oversized episode):
 unique across the run's processes.
 """
@@ -139,9 +140,9 @@ class EvalSamplesSink:
 
     def send(self, body: bytes, ctx: SendContext[EvalSamplesProgress]) -> None:
         path = f"/evaluations/{ctx.binding.run_id}/samples"
-        progress = ctx.progress
-        if progress.attempted and self._already_stored(path, progress):
+        if ctx.progress.attempted and self._already_stored(path, ctx):
             return
+        progress = ctx.progress
         if progress.base is None:
             # Where the table ends now: every row pushed from here on, this
             # batch's included, is at or past it. Kept over resends (every
@@ -154,7 +155,7 @@ class EvalSamplesSink:
             return
         # A silent 2xx (an empty body or ``{}``: the contract allows it, and so
         # does a gateway that never forwarded the push): the rows are looked for.
-        if not self._already_stored(path, progress):
+        if not self._already_stored(path, ctx):
             raise receipts.unproven(
                 f"the samples push of {rows} rows was answered without a receipt "
                 "and the rows are not in the table"
@@ -172,23 +173,33 @@ class EvalSamplesSink:
                 raise
             return None
 
-    def _already_stored(self, path: str, progress: EvalSamplesProgress) -> bool:
+    def _already_stored(self, path: str, ctx: SendContext[EvalSamplesProgress]) -> bool:
         """Whether every row of the batch is in the table past ``base``: read
-        page by page from there, until all were seen or the table ends."""
-        missing = Counter(progress.sample_ids)
-        left = len(progress.sample_ids)
+        page by page from there, until all were seen or the table ends.
+
+        Each page read before the first row of the batch moves ``base`` past
+        it, durably: none of the batch is there, and the table only grows at
+        its end. A look that fails halfway (a flaky link, many pages pushed
+        since the attempt) goes on from there at the next attempt instead of
+        starting over, and a resend's look starts where this one ended."""
+        missing = Counter(ctx.progress.sample_ids)
+        left = len(ctx.progress.sample_ids)
         if not left:
             return False
-        page = (progress.base or 0) // _PAGE + 1
+        page = (ctx.progress.base or 0) // _PAGE + 1
         while True:
             data = self._client.api("GET", path, params={"page": page, "limit": _PAGE})
-            for row in receipts.page_items(data, "samples"):  # a page, not a gateway's {}
+            items = receipts.page_items(data, "samples")  # a page, not a gateway's {}
+            for row in items:
                 found = str(row.get("sample_id")) if isinstance(row, dict) else None
                 if found is not None and missing[found] > 0:
                     missing[found] -= 1
                     left -= 1
             if not left:
                 return True
+            past = (page - 1) * _PAGE + len(items)  # the rows read so far end here
+            if left == len(ctx.progress.sample_ids) and past > (ctx.progress.base or 0):
+                ctx.save_progress(replace(ctx.progress, base=past))
             # ``total`` comes with every page (others may still be appending).
             if page * _PAGE >= _total(data):
                 return False

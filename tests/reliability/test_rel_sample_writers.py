@@ -15,6 +15,10 @@ answers 200 with nothing (a gateway's page, for a request forwarded or not):
   follow the requests' order);
 - *threads*: each writer in its own thread, the requests racing on the server.
 
+And the same with processes: a pool of workers forked from an evaluation,
+each logging into the run (a journal and an uplink of its own), the parent
+too, while the samples route drops answers after the commit.
+
 Now and then a writer "restarts" after a failure: a new sink that has only
 what the journal recorded (the batch's body and state), as a process
 replaying a crashed one's journal does. The oracle reads the platform's
@@ -34,10 +38,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import fork_oracle as fo
 import pytest
+import rel_torture as rt
 import workloads
 from scripted_platform import Batch, entries_of
 
+import primeruns as pr
 from primeruns.exceptions import RetryableAPIError, TransportError, UnprovenAnswerError
 from primeruns.journal import EntryKind
 from primeruns.local import LocalPlatform
@@ -213,3 +220,41 @@ def test_several_writers_with_lost_answers_store_every_row_exactly_once(
     assert not twice, f"{len(twice)} rows stored twice"
     assert sorted(stored) == sorted(logged), "rows missing or unknown"
     assert sum(w.restarts for w in writers) > 0  # the journal's record was resumed from
+
+
+# The run the pool's workers log into: set in the parent before the pool
+# forks, inherited by every worker.
+_RUN: pr.Run | None = None
+
+
+def _log_in_worker(part: list[dict[str, Any]]) -> int:
+    assert _RUN is not None
+    for i in range(0, len(part), 40):  # batches that span look-back pages
+        _RUN.log_episodes(part[i : i + 40])
+    return _RUN.dropped_records
+
+
+def test_pool_workers_and_their_parent_with_lost_answers_store_every_row_exactly_once(
+    lp: LocalPlatform, tmp_path: Any
+) -> None:
+    global _RUN
+    episodes = workloads.gsm8k(560)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = _RUN = rt.eval_run(lp.url, tmp_path / "runs")
+        assert run.id is not None
+        lp.set_faults(ambiguous_rate=0.3, seed=4, routes=[f"/api/v1/evaluations/{run.id}/samples"])
+        try:
+            with fo.fork_pool(4) as pool:
+                parts = [episodes[k * 120 : (k + 1) * 120] for k in range(4)]
+                result = pool.map_async(_log_in_worker, parts)
+                for i in range(480, 560, 40):
+                    run.log_episodes(episodes[i : i + 40])
+                dropped = result.get(timeout=120)
+                pool.close()
+                pool.join()
+            run.finish(timeout=180)
+        finally:
+            _RUN = None
+            lp.set_faults(ambiguous_rate=0.0, routes=[])
+    assert dropped == [0, 0, 0, 0]
+    fo.assert_exactly_once(lp, run, episodes)

@@ -21,6 +21,7 @@ import pytest
 import workloads
 from scripted_platform import (
     LOST,
+    PASS,
     REFUSED,
     Batch,
     ScriptedPlatform,
@@ -207,20 +208,28 @@ def test_a_lost_answer_is_found_behind_rows_other_processes_pushed_after_it(
     assert table.pages == [(2, 100)]  # rows 100..199 hold all of it: 150..179
 
 
-def test_a_batch_that_did_not_land_is_sent_again_while_others_keep_pushing(
+def test_a_look_cut_short_by_a_failure_goes_on_where_it_stopped(
     platform: ScriptedPlatform, table: SampleTable
 ) -> None:
+    """A batch that did not land is looked for from where the table ended at
+    its first send to the table's end, then sent again. Pages read before
+    the batch's first row move its ``base`` past them, durably: on a flaky
+    link a long look is not started over at every try."""
     table.others(120, "before")
     episodes = workloads.gsm8k(20)
     sink, batch = _prepared(platform, episodes)
     failed_attempt(platform, "push", REFUSED, partial(batch.send, sink))
-    table.others(230, "after")
+    table.others(400, "after")
     table.pages.clear()
+    platform.fail("read", PASS, PASS, error(503, "busy"))  # the look's third page
+    with pytest.raises(RetryableAPIError):
+        batch.send(sink)
+    assert batch.state["base"] == 300  # rows 100..299 hold none of it
     batch.send(sink)
-    # Read from where the table ended (row 120, page 2) to its end, then pushed.
-    assert table.pages == [(2, 100), (3, 100), (4, 100)]
+    assert table.pages == [(2, 100), (3, 100), (4, 100), (5, 100), (6, 100)]
+    assert batch.state["base"] == 520
     assert table.ids()[-20:] == [e["id"] for e in episodes]
-    assert len(table.rows) == 370
+    assert len(table.rows) == 540 == len(set(table.ids()))
 
 
 def test_a_batch_an_earlier_version_attempted_is_looked_for_from_the_start(
