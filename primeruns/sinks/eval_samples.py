@@ -3,22 +3,34 @@ most 25 MiB (see docs/ARCHITECTURE.md, "The wire").
 
 The endpoint appends and does not deduplicate, so a blind resend after an
 ambiguous failure (the server stored the rows, the answer was lost) would
-double them. The sink therefore marks a batch as attempted, durably, before
-each send; a batch found attempted (a lost answer, or a restart mid-request)
-is first looked for at the tail of the table, and only sent again when its
-rows are not there. This shipper is the run's only writer, so its last batch,
-if stored, is the last rows of the table.
+double them. The sink therefore reads the table's length (``total``) before a
+batch's first send and records it with the batch, durably, as ``attempted``.
+A batch found attempted (a lost answer, or a restart mid-request) is first
+looked for in the rows stored since that length, and only sent again when
+its rows are not all there.
+
+Several processes may push to one evaluation (forked children, pool workers,
+ranks: each ships its own journal), so a batch that was stored need not be
+at the table's tail: others may have appended after it. It is at or past the
+recorded length, though (the table only grows, and reads page it in the
+order rows were appended), so the look reads forward from there and stops
+once every row of the batch was seen: its cost is bounded by what was pushed
+since the attempt, whatever the run's length (and a look cut short by a
+failure goes on where it stopped). The rows are known by
+``sample_id``, an episode's own id (a trace's for an oversized episode):
+unique across the run's processes.
 """
 
 from __future__ import annotations
 
-import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
 
+from ..exceptions import APIError, is_transient
 from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
 from ..projection import record_to_samples
@@ -32,15 +44,19 @@ __all__ = ["MAX_REQUEST_BYTES", "EvalSamplesProgress", "EvalSamplesSink"]
 MAX_REQUEST_BYTES = 25 * 1024 * 1024
 _ENVELOPE = len(b'{"samples":[]}')
 _PAGE = 100
+_COUNT = {"page": 1, "limit": 1}  # a read for the table's ``total`` alone
 
 
 @dataclass(frozen=True)
 class EvalSamplesProgress:
-    """A batch's rows (``sample_ids``, to look for at the table's tail) and
-    whether it was ever sent (``attempted``: recorded once it was)."""
+    """A batch's rows (``sample_ids``, to look for), whether it was ever sent
+    (``attempted``: recorded once it was) and the table's length read just
+    before its first send (``base``: its rows, if stored, are at or past it;
+    None in a batch an earlier version attempted, looked for from the start)."""
 
     sample_ids: tuple[str, ...]
     attempted: bool = False
+    base: int | None = None
 
 
 class EvalSamplesSink:
@@ -124,40 +140,79 @@ class EvalSamplesSink:
 
     def send(self, body: bytes, ctx: SendContext[EvalSamplesProgress]) -> None:
         path = f"/evaluations/{ctx.binding.run_id}/samples"
-        if ctx.progress.attempted and self._already_stored(path, ctx.progress.sample_ids):
+        if ctx.progress.attempted and self._already_stored(path, ctx):
             return
-        ctx.save_progress(replace(ctx.progress, attempted=True))
+        progress = ctx.progress
+        if progress.base is None:
+            # Where the table ends now: every row pushed from here on, this
+            # batch's included, is at or past it. Kept over resends (every
+            # attempt's rows are past it).
+            progress = replace(progress, base=self._length(path))
+        ctx.save_progress(replace(progress, attempted=True))
         answer = self._client.api("POST", path, body)
-        rows = len(ctx.progress.sample_ids)
+        rows = len(progress.sample_ids)
         if receipts.samples_prove(answer, rows, ctx.binding.run_id):
             return
         # A silent 2xx (an empty body or ``{}``: the contract allows it, and so
         # does a gateway that never forwarded the push): the rows are looked for.
-        if not self._already_stored(path, ctx.progress.sample_ids):
+        if not self._already_stored(path, ctx):
             raise receipts.unproven(
                 f"the samples push of {rows} rows was answered without a receipt "
                 "and the rows are not in the table"
             )
 
-    def _already_stored(self, path: str, sample_ids: Sequence[str]) -> bool:
-        wanted = set(sample_ids)
-        if not wanted:
+    def _length(self, path: str) -> int | None:
+        """The table's length now (its ``total``); None where the platform
+        refuses the read (a test's mock that answers the push alone): such a
+        batch is looked for from the table's start, if ever. A transient
+        failure raises: nothing was sent, the batch is tried again later."""
+        try:
+            return _total(self._client.api("GET", path, params=_COUNT))
+        except APIError as exc:
+            if is_transient(exc):
+                raise
+            return None
+
+    def _already_stored(self, path: str, ctx: SendContext[EvalSamplesProgress]) -> bool:
+        """Whether every row of the batch is in the table past ``base``: read
+        page by page from there, until all were seen or the table ends.
+
+        Each page read before the first row of the batch moves ``base`` past
+        it, durably: none of the batch is there, and the table only grows at
+        its end. A look that fails halfway (a flaky link, many pages pushed
+        since the attempt) goes on from there at the next attempt instead of
+        starting over, and a resend's look starts where this one ended."""
+        missing = Counter(ctx.progress.sample_ids)
+        left = len(ctx.progress.sample_ids)
+        if not left:
             return False
-        first = self._client.api("GET", path, params={"page": 1, "limit": 1})
-        receipts.page_items(first, "samples")  # a page, not a gateway's {}
-        total = first.get("total")
-        if not isinstance(total, int) or isinstance(total, bool):
-            raise receipts.unproven("the sample table was read back without its 'total'")
-        if total < len(sample_ids):
-            return False
-        start = total - len(sample_ids)  # 0-based index of the batch's first row
-        seen: set[str] = set()
-        for page in range(start // _PAGE + 1, math.ceil(total / _PAGE) + 1):
+        page = (ctx.progress.base or 0) // _PAGE + 1
+        while True:
             data = self._client.api("GET", path, params={"page": page, "limit": _PAGE})
-            for row in receipts.page_items(data, "samples"):
-                if isinstance(row, dict):
-                    seen.add(str(row.get("sample_id")))
-        return wanted <= seen
+            items = receipts.page_items(data, "samples")  # a page, not a gateway's {}
+            for row in items:
+                found = str(row.get("sample_id")) if isinstance(row, dict) else None
+                if found is not None and missing[found] > 0:
+                    missing[found] -= 1
+                    left -= 1
+            if not left:
+                return True
+            past = (page - 1) * _PAGE + len(items)  # the rows read so far end here
+            if left == len(ctx.progress.sample_ids) and past > (ctx.progress.base or 0):
+                ctx.save_progress(replace(ctx.progress, base=past))
+            # ``total`` comes with every page (others may still be appending).
+            if page * _PAGE >= _total(data):
+                return False
+            page += 1
+
+
+def _total(page: Mapping[str, Any]) -> int:
+    """The table's length a read-back page states; raises when it does not."""
+    receipts.page_items(page, "samples")  # a page, not a gateway's {}
+    total = page.get("total")
+    if not isinstance(total, int) or isinstance(total, bool):
+        raise receipts.unproven("the sample table was read back without its 'total'")
+    return total
 
 
 def _key(value: Any) -> Any:

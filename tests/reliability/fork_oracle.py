@@ -4,6 +4,8 @@ sink, and a training run's samples from several processes kept apart."""
 
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.pool
 import os
 import sqlite3
 import warnings
@@ -87,3 +89,11 @@ def fork() -> int:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         return os.fork()
+
+
+def fork_pool(processes: int) -> multiprocessing.pool.Pool:
+    """A pool of ``processes`` workers started by fork, without Python 3.12's
+    warning about forking with threads."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return multiprocessing.get_context("fork").Pool(processes)

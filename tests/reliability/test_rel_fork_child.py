@@ -9,13 +9,11 @@ as the vendor's SDK uploads them. The parent logs its own and finishes the run.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import select
 import signal
 import subprocess
 import sys
-import warnings
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -53,14 +51,10 @@ def test_pool_workers_forked_from_an_evaluation_log_into_its_run_exactly_once(
     global _RUN
     lp = shared_platform
     episodes = workloads.gsm8k(110)
-    ctx = multiprocessing.get_context("fork")
     with rt.sdk_env(lp.url, tmp_path / "home"):
         run = _RUN = rt.eval_run(lp.url, tmp_path / "runs")
         try:
-            with warnings.catch_warnings():  # fork with threads: Python 3.12 warns
-                warnings.simplefilter("ignore", DeprecationWarning)
-                pool = ctx.Pool(4)
-            with pool:
+            with fo.fork_pool(4) as pool:
                 parts = [episodes[k * 25 : (k + 1) * 25] for k in range(4)]
                 dropped = pool.map(_log_in_worker, parts)
                 if ending == "close":

@@ -2,8 +2,10 @@
 
 The table appends and never deduplicates (as on the platform, see
 ``primeruns/local/evals.py``), so what keeps a row from landing twice is the
-sink itself: a batch is marked attempted before it is sent, and an attempted
-batch is looked for at the tail of the table before it is sent again.
+sink itself: a batch is marked attempted, with the table's length, before it
+is sent, and an attempted batch is looked for past that length before it is
+sent again. Other processes of the run push to the same table meanwhile
+(``SampleTable.others``), so the batch need not be at the table's tail.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import pytest
 import workloads
 from scripted_platform import (
     LOST,
+    PASS,
     REFUSED,
     Batch,
     ScriptedPlatform,
@@ -72,6 +75,10 @@ class SampleTable:
     def ids(self) -> list[str]:
         return [row["sample_id"] for row in self.rows]
 
+    def others(self, count: int, name: str) -> None:
+        """Rows another process of the run pushed (its episodes' own ids)."""
+        self.rows.extend({"sample_id": f"{name}-{i}"} for i in range(count))
+
 
 @pytest.fixture
 def table(platform: ScriptedPlatform) -> SampleTable:
@@ -88,13 +95,22 @@ def _ship(sink: EvalSamplesSink, records: list[dict[str, Any]], first_seq: int =
     return batch
 
 
+def _prepared(
+    platform: ScriptedPlatform, episodes: list[dict[str, Any]]
+) -> tuple[EvalSamplesSink, Batch]:
+    """A new sink and its batch of ``episodes``, recorded."""
+    sink = EvalSamplesSink(platform.client())
+    return sink, Batch.prepare(sink, _episodes(episodes), _BOUND)
+
+
 def _numbers(batch: Batch) -> list[int]:
     return [row["rollout_number"] for row in json.loads(batch.body)["samples"]]
 
 
-def test_a_batch_is_marked_attempted_before_its_first_send_which_checks_nothing(
+def test_a_batch_is_marked_attempted_with_the_tables_length_before_its_first_send(
     platform: ScriptedPlatform, table: SampleTable
 ) -> None:
+    table.others(7, "other")
     sink = EvalSamplesSink(platform.client())
     batch = Batch.prepare(sink, _episodes(workloads.gsm8k(4)), _BOUND)
     ctx = batch.ctx
@@ -108,18 +124,19 @@ def test_a_batch_is_marked_attempted_before_its_first_send_which_checks_nothing(
     ctx.record = spy
     sink.send(batch.body, ctx)
     [(saved, before)] = saves
-    assert saved.attempted and before == []
-    assert batch.saved == [{"attempted": True}]  # the key it always had in the journal
-    assert platform.calls == ["push"]  # a fresh batch is not looked for
-    assert len(table.rows) == 4
+    assert saved.attempted and before == ["read"]  # the length, read before the push
+    assert batch.saved == [{"attempted": True, "base": 7}]
+    assert table.pages == [(1, 1)]  # a fresh batch is not looked for
+    assert platform.calls == ["read", "push"]
+    assert len(table.rows) == 11
 
 
 @pytest.mark.parametrize(
     ("fault", "calls"),
     [
-        (LOST, ["push", "read", "read"]),  # stored, the answer lost: found, not pushed
-        (REFUSED, ["push", "read", "push"]),
-        (error(503, "busy"), ["push", "read", "push"]),  # refused before storing
+        (LOST, ["read", "push", "read"]),  # stored, the answer lost: found, not pushed
+        (REFUSED, ["read", "push", "read", "push"]),
+        (error(503, "busy"), ["read", "push", "read", "push"]),  # refused before storing
     ],
     ids=["lost-answer", "refused", "503"],
 )
@@ -154,7 +171,7 @@ def test_a_batch_recorded_before_a_restart_is_looked_for_by_the_next_process(
 
 
 @pytest.mark.parametrize(("earlier", "pages"), [(230, [3]), (190, [2, 3])])
-def test_the_check_reads_only_the_pages_at_the_tail_of_the_table(
+def test_the_check_reads_only_the_pages_from_where_the_table_ended_at_the_first_send(
     earlier: int, pages: list[int], platform: ScriptedPlatform, table: SampleTable
 ) -> None:
     episodes = workloads.gsm8k(earlier + 30)
@@ -162,10 +179,72 @@ def test_the_check_reads_only_the_pages_at_the_tail_of_the_table(
     for start in range(0, earlier, 100):
         _ship(sink, episodes[start : min(start + 100, earlier)], first_seq=start + 1)
     batch = Batch.prepare(sink, _episodes(episodes[earlier:], earlier + 1), _BOUND)
+    table.pages.clear()
     failed_attempt(platform, "push", LOST, partial(batch.send, sink))
     batch.send(sink)
     assert table.pages == [(1, 1)] + [(page, 100) for page in pages]
     assert len(table.rows) == earlier + 30 == len(set(table.ids()))
+
+
+@pytest.mark.parametrize("after", [5, 100, 450])
+def test_a_lost_answer_is_found_behind_rows_other_processes_pushed_after_it(
+    after: int, platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    """Issue #29: the run's other processes (forked children, pool workers,
+    ranks) pushed after the batch landed, so it is not at the table's tail; it
+    is found where the table ended at its first send, and not pushed again.
+    The look stops at the page that completes it, however much came after."""
+    table.others(150, "before")
+    episodes = workloads.gsm8k(30)
+    sink, batch = _prepared(platform, episodes)
+    lost = failed_attempt(platform, "push", LOST, partial(batch.send, sink))
+    assert isinstance(lost, TransportError)
+    table.others(after, "after")  # another process pushes before the resend
+    table.pages.clear()
+    batch.send(sink)
+    mine = [e["id"] for e in episodes]
+    assert [i for i in table.ids() if i in set(mine)] == mine  # once each
+    assert platform.calls[-1] == "read"  # found, not pushed again
+    assert table.pages == [(2, 100)]  # rows 100..199 hold all of it: 150..179
+
+
+def test_a_look_cut_short_by_a_failure_goes_on_where_it_stopped(
+    platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    """A batch that did not land is looked for from where the table ended at
+    its first send to the table's end, then sent again. Pages read before
+    the batch's first row move its ``base`` past them, durably: on a flaky
+    link a long look is not started over at every try."""
+    table.others(120, "before")
+    episodes = workloads.gsm8k(20)
+    sink, batch = _prepared(platform, episodes)
+    failed_attempt(platform, "push", REFUSED, partial(batch.send, sink))
+    table.others(400, "after")
+    table.pages.clear()
+    platform.fail("read", PASS, PASS, error(503, "busy"))  # the look's third page
+    with pytest.raises(RetryableAPIError):
+        batch.send(sink)
+    assert batch.state["base"] == 300  # rows 100..299 hold none of it
+    batch.send(sink)
+    assert table.pages == [(2, 100), (3, 100), (4, 100), (5, 100), (6, 100)]
+    assert batch.state["base"] == 520
+    assert table.ids()[-20:] == [e["id"] for e in episodes]
+    assert len(table.rows) == 540 == len(set(table.ids()))
+
+
+def test_a_batch_an_earlier_version_attempted_is_looked_for_from_the_start(
+    platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    """Its record has ``attempted`` and no length: the rows may be anywhere."""
+    episodes = workloads.gsm8k(10)
+    sink, batch = _prepared(platform, episodes)
+    table.others(40, "before")
+    table.rows.extend(json.loads(batch.body)["samples"])  # it landed, the answer was lost
+    table.others(260, "after")
+    batch.state["attempted"] = True  # as an earlier version recorded it
+    batch.send(sink)
+    assert platform.calls == ["read"]  # found on the first page
+    assert len(table.rows) == 310
 
 
 def test_rollouts_are_numbered_per_task_across_batches_and_across_a_restart(
@@ -213,8 +292,7 @@ def test_a_batch_ends_before_the_episode_that_would_pass_the_request_limit(
     [row] = [len(orjson.dumps(r)) for r in record_to_samples(episodes[0], {}) or []]
     limit = len(b'{"samples":[]}') + int(3.5 * (row + 1))
     monkeypatch.setattr(eval_samples_module, "MAX_REQUEST_BYTES", limit)
-    sink = EvalSamplesSink(platform.client())
-    batch = Batch.prepare(sink, _episodes(episodes), _BOUND)
+    sink, batch = _prepared(platform, episodes)
     assert batch.records == 3 and batch.state["last_seq"] == 3
     assert len(batch.body) <= limit
     batch.send(sink)
@@ -247,3 +325,21 @@ def test_episodes_without_traces_make_no_request(
     empty = [{"id": f"e{i}", "traces": []} for i in range(3)]
     assert sink.prepare(_episodes(empty), _BOUND) is None  # acknowledged without a request
     assert platform.calls == []
+
+
+def test_a_platform_that_refuses_the_read_still_gets_every_row_once(
+    platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    """A test's mock that answers the push alone (docs/TESTING.md): the length
+    is unknown, so a lost answer's rows are looked for from the table's start."""
+    table.others(130, "before")
+    episodes = workloads.gsm8k(12)
+    sink, batch = _prepared(platform, episodes)
+    platform.fail("read", error(404, "not faked"))
+    failed_attempt(platform, "push", LOST, partial(batch.send, sink))
+    assert batch.state["attempted"] is True and "base" not in batch.state
+    table.others(70, "after")
+    table.pages.clear()
+    batch.send(sink)
+    assert table.pages == [(1, 100), (2, 100)]  # from the start to rows 130..141
+    assert len(table.rows) == 212 == len(set(table.ids()))
