@@ -60,7 +60,7 @@ async def put_object(request: Request) -> Response:
         ).fetchone()
         return row
 
-    row = await ctx.db.read(lookup)
+    row = await ctx.db.read_small(lookup)
     if row is None or not hmac.compare_digest(row["token"].encode(), token.encode()):
         return PlainTextResponse("AccessDenied: bad or missing signature", status_code=403)
     if row["expires_at"] < now():
@@ -80,7 +80,7 @@ async def put_object(request: Request) -> Response:
             "UPDATE objects SET size = ?, uploaded_at = ? WHERE key = ?", (len(body), now(), key)
         )
 
-    await ctx.db.write(mark)
+    await ctx.db.write_small(mark)
     return Response(status_code=200)
 
 

@@ -230,7 +230,7 @@ async def presign(request: Request) -> JSONResponse:
             (key, run_id, step, token, now() + ttl),
         )
 
-    await context_of(request).db.write(insert)
+    await context_of(request).db.write_small(insert)
     origin = str(request.base_url).rstrip("/")
     url = f"{origin}/storage/{key}?token={token}"
     return JSONResponse({"data": {"presignedUrl": url, "s3Key": key, "expiresIn": int(ttl)}})
@@ -258,7 +258,7 @@ async def confirm(request: Request) -> JSONResponse:
             raise PlatformError(400, f"Object {key} has not been uploaded")
         return row
 
-    row = await ctx.db.read(check)
+    row = await ctx.db.read_small(check)
     path: Path = object_path(ctx.objects_dir, key)
     rows = parquet_rows(path)
     if rows is None:
@@ -270,7 +270,7 @@ async def confirm(request: Request) -> JSONResponse:
             (now(), rows, key),
         )
 
-    await ctx.db.write(mark)
+    await ctx.db.write_small(mark)
     return JSONResponse(
         {"run_id": run_id, "step": row["step"], "s3_key": key, "rows": rows, "status": "confirmed"}
     )

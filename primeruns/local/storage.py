@@ -11,8 +11,9 @@ the last transactions, which is acceptable for a local stand-in.
 
 Calls are synchronous; routes run them in a worker thread through
 :meth:`Database.read` / :meth:`Database.write` wrapped by ``anyio``, except
-a write of a row or two (:meth:`Database.write_small`), done on the event
-loop when the connection is free.
+a read or write of a row or two (:meth:`Database.read_small`,
+:meth:`Database.write_small`), done on the event loop when the connection is
+free.
 """
 
 from __future__ import annotations
@@ -207,16 +208,26 @@ class Database:
         return await anyio.to_thread.run_sync(self.write_sync, fn)
 
     async def write_small(self, fn: Callable[[sqlite3.Connection], T]) -> T:
-        """``write`` of a statement or two (one metrics row): done right here,
-        on the event loop, when no other write holds the connection. The hop
-        to a worker thread and back cost more than such a write, and a
-        backlog of rows is thousands of them; a connection busy with another
-        write (an upload's transaction) is waited for off the loop, as
-        ``write`` does."""
+        """``write`` of a statement or two (one metrics row, a presigned
+        object's row): done right here, on the event loop, when no other
+        write holds the connection. The hop to a worker thread and back cost
+        more than such a write (on a busy machine each hop waits for a thread
+        to be scheduled), and a backlog is thousands of them; a connection
+        busy with another write (an upload's transaction) is waited for off
+        the loop, as ``write`` does."""
         if not self._lock.acquire(blocking=False):
             return await self.write(fn)
         try:
             return self._transaction(fn)
+        finally:
+            self._lock.release()
+
+    async def read_small(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """``read`` of a row or two by key, on the event loop as ``write_small``."""
+        if not self._lock.acquire(blocking=False):
+            return await self.read(fn)
+        try:
+            return fn(self._conn)
         finally:
             self._lock.release()
 

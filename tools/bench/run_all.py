@@ -26,6 +26,7 @@ import hot_path
 import idle_wakeups
 import long_run_memory
 import replay
+import request_ceiling
 import request_latency
 import short_run
 import sync_scaling
@@ -45,6 +46,7 @@ BENCHMARKS = (
     crash_close,
     long_run_memory,
     sync_scaling,
+    request_ceiling,
     history_cost,
     dashboard_analysis,
 )

@@ -3,8 +3,8 @@
 Run ``python tools/bench/sync_scaling.py`` (``--quick``: runs of 1,000, 4,000
 and 16,000 steps instead of 2,000, 5,000, 20,000 and 100,000; ``--sizes``
 any) from the repository root; ``--before TREE`` syncs the same runs with the
-package of another checkout too (main, say), in the same run, for a
-before/after.
+package of another checkout too (main, say), the sync and the platform it
+ships to, in the same run, for a before/after.
 
 Each size is one offline training run written by this process: every step
 logs one metrics row, and every 10th step (the training sample table's
@@ -30,11 +30,13 @@ the figure that holds on a machine shared with other work.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import benchlib
@@ -143,6 +145,26 @@ def sync(tree: Path, journal: Path, url: str) -> dict[str, float]:
     return result
 
 
+@contextlib.contextmanager
+def platform_of(tree: Path, data: Path) -> Iterator[benchlib.LocalPlatform]:
+    """A local platform (any key, every team) run from ``tree``'s package:
+    what a sync costs is the platform's share too, so a before/after
+    compares both sides."""
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = str(tree)  # the server's process inherits it as it starts
+    try:
+        server = benchlib.LocalPlatform(data).start()
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
     rows: dict[str, list[tuple[int, float, dict[str, float], float]]] = {
         name: [] for name, _ in trees
@@ -151,7 +173,7 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
         for name, tree in trees:
             with (
                 benchlib.isolated_env(None) as scratch,
-                benchlib.local_platform(scratch / "platform") as server,
+                platform_of(tree, scratch / "platform") as server,
             ):
                 journal, produced = log_run(scratch / "runs", steps)
                 served = cpu_s(server.pid)
