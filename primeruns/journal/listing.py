@@ -139,6 +139,9 @@ def _look(
     owner: OwnerInfo | None,
     memo: Memo | None = None,
     index: Index | None = None,
+    *,
+    verify: bool = False,
+    tally: bool = False,
 ) -> _Look:
     hit = memo.get(path) if memo is not None else None
     if hit is None and index is not None:  # the stamp as the index has it
@@ -152,6 +155,8 @@ def _look(
     if shelf is not None:
         if hit is None and index is not None:
             kept = shelf.load_text(path.name, found.stamp, index.summary_text(path.name))
+            if not _Look(found, owner, kept).covers(verify=verify, tally=tally):
+                kept = None  # its summary file may hold more (a scan gc made since)
         if kept is None:
             kept = shelf.load(path.name, found.stamp)
     return _Look(found, owner, kept)
@@ -369,7 +374,7 @@ def list_journals(
         if skip_live and owner_alive(owner):
             left_out.add(p)
             continue
-        looks[p] = _look(p, shelf, owner, memo, index)
+        looks[p] = _look(p, shelf, owner, memo, index, verify=verify, tally=tally)
     unread = [p for p, look in looks.items() if not look.covers(verify=verify, tally=tally)]
     if unread_most is not None and len(unread) > unread_most:
         left_out.update(unread[: len(unread) - unread_most])  # names sort by creation time

@@ -98,11 +98,11 @@ class Index:
         stale = sum(1 for name in entries if name not in listed)
         for name, found in listed.items():
             entry = entries.get(name)
+            text = texts.get(name)  # read or written now: as current, or more
             if entry is not None and _stamp_of(entry[0]) == found.stamp:
-                fresh[name] = [_files_json(found), entry[1]]
+                fresh[name] = [_files_json(found), entry[1] if text is None else text]
                 continue
             stale += 1
-            text = texts.get(name)
             if text is not None:
                 fresh[name] = [_files_json(found), text]
         if stale <= stale_most(len(listed)):
@@ -171,29 +171,26 @@ def _stamp_of(value: Any) -> Stamp | None:
 def _files_of(value: Any) -> Files | None:
     """The ``Files`` an entry holds, only if every part is of its type: a
     stamp of five integers, a transaction id and segments, each segment a
-    name and three integers."""
-    try:
-        stamp, size, modified, taken, folder = value
-        head, segments = stamp[:6], stamp[6]
-        if not (
-            len(stamp) == 7
-            and all(_is_int(v) for v in (*head, size, taken))
-            and isinstance(modified, float | int)
-            and isinstance(segments, list)
-            and all(
-                isinstance(s, list)
-                and len(s) == 4
-                and isinstance(s[0], str)
-                and all(_is_int(v) for v in s[1:])
-                for s in segments
-            )
-            and (folder is None or (len(folder) == 2 and all(_is_int(v) for v in folder)))
-        ):
-            return None
-    except (TypeError, ValueError):
+    name and three integers. (Plain loops: a listing checks thousands.)"""
+    if type(value) is not list or len(value) != 5:
         return None
+    stamp, size, modified, taken, folder = value
+    if type(stamp) is not list or len(stamp) != 7 or type(stamp[6]) is not list:
+        return None
+    for number in (*stamp[:6], size, taken):
+        if type(number) is not int:
+            return None
+    if type(modified) is not float and type(modified) is not int:
+        return None
+    for segment in stamp[6]:
+        if type(segment) is not list or len(segment) != 4 or type(segment[0]) is not str:
+            return None
+        for number in segment[1:]:
+            if type(number) is not int:
+                return None
+    if folder is not None:
+        if type(folder) is not list or len(folder) != 2:
+            return None
+        if type(folder[0]) is not int or type(folder[1]) is not int:
+            return None
     return Files(stamp, size, float(modified), taken, None if folder is None else tuple(folder))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

@@ -333,7 +333,13 @@ def test_a_listing_of_many_journals_reads_one_index_not_a_file_a_journal(
     assert first["run-03"] == (1, {int(EntryKind.EPISODE): 1}, None, [])
     assert again == {**first, "run-03": (2, {int(EntryKind.EPISODE): 2}, None, [])}
     assert opened == [paths[3]]
-    (runs / FOLDER / INDEX_NAME).write_bytes(b"{mangled")  # missing, then written anew
+    index = runs / FOLDER / INDEX_NAME
+    good = json.loads(index.read_bytes())
+    for name, entry in good["entries"].items():  # each entry odd in its own way
+        odd = [[], [[*entry[0][0][:6], "x", []], *entry[0][1:]], [entry[0][0], None, 0, 0, [1]]]
+        good["entries"][name] = [odd[hash(name) % 3], entry[1][:-2]]
+    for raw in [b"{mangled", json.dumps({**good, "v": 0}).encode(), json.dumps(good).encode()]:
+        index.write_bytes(raw)  # missing or odd: each journal read as without it
+        assert _shown(runs) == again
     opened.clear()
-    assert _shown(runs) == again
-    assert _shown(runs) == again and opened == []
+    assert _shown(runs) == again and opened == []  # written anew
