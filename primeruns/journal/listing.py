@@ -4,7 +4,9 @@ Listing takes no lock and opens each journal read-only, so it works while runs
 are live; a journal that cannot be read is listed with its damage instead of
 raising. What it read of a journal is kept as the journal's summary
 (``summary``), and a journal whose files did not change since is not opened
-again: a listing costs what changed, not the runs directory's history.
+again: a listing costs what changed, not the runs directory's history (a
+listing of the whole directory reads its summaries from one index of them:
+``summary_index``).
 Deletion takes the owner lock first, so a live run is never removed.
 """
 

@@ -120,8 +120,10 @@ def files(path: Path, known: Files | None = None) -> Files:
     """The stamp, total bytes and newest write time of the journal at ``path``
     (its ``data.mdb`` and spool segments, where the newest entries may be).
 
-    ``known``: what an earlier call in this process found (a caller that
-    lists again and again keeps it: ``memo``). Two of the stamp's reads are
+    ``known``: what an earlier call found (a caller that lists again and
+    again keeps it: ``memo``; a listing of the whole runs directory has it
+    from the directory's index: ``summary_index``), returned itself when
+    every read it spares proves it still is. Two of the stamp's reads are
     spared where it proves them unchanged: ``data.mdb``'s transaction id
     (8 KiB read), where its ``stat`` is as then and it had settled then
     (``Files.settled``: a commit since would have moved its change time); and
