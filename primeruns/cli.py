@@ -34,6 +34,8 @@ _EXTRAS = {
     "pyarrow": "train",
 }
 _BAD_PATH = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+# Commands registered by another command's module.
+_MODULE_OF = {"sync": "replay"}
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -74,8 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     # The command comes first (the top level's options take no value): a
     # named command's parser alone parses it as the whole one would.
-    named = argv[0] if argv and argv[0] in (*COMMANDS, "serve") else None
-    parser = build_parser(named)
+    first = argv[0] if argv else ""
+    module = _MODULE_OF.get(first, first)
+    parser = build_parser(module if module in (*COMMANDS, "serve") else None)
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:
