@@ -34,6 +34,8 @@ _EXTRAS = {
     "pyarrow": "train",
 }
 _BAD_PATH = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
+# Commands registered by another command's module.
+_MODULE_OF = {"sync": "replay"}
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,7 +50,11 @@ def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.set_defaults(handler=run_serve)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser of every command, or of the command ``only`` alone: each
+    command's module imports what its work needs (``ls`` rich and the
+    journal's listing, ``replay`` the uplink and httpx, ``serve`` the local
+    platform), so a command loads only its own."""
     from . import __version__
 
     parser = argparse.ArgumentParser(
@@ -59,13 +65,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"primeruns {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f".commands.{name}", __package__).add_parser(sub)
-    _add_serve(sub)
+        if only in (None, name):
+            importlib.import_module(f".commands.{name}", __package__).add_parser(sub)
+    if only in (None, "serve"):
+        _add_serve(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The command comes first (the top level's options take no value): a
+    # named command's parser alone parses it as the whole one would.
+    first = argv[0] if argv else ""
+    module = _MODULE_OF.get(first, first)
+    parser = build_parser(module if module in (*COMMANDS, "serve") else None)
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)
     if handler is None:

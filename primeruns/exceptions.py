@@ -49,22 +49,28 @@ Typical use::
 
 from __future__ import annotations
 
-from prime_traces.exceptions import (
-    AmbiguousDeleteError,
-    APIError,
-    APITimeoutError,
-    ForbiddenError,
-    LineFormatConflictError,
-    NotFoundError,
-    PaymentRequiredError,
-    PrimeTracesError,
-    RetryableAPIError,
-    TraceNotIndexedError,
-    TraceTooLargeError,
-    TransportError,
-    UnauthorizedError,
-    ValidationRejectedError,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from prime_traces.exceptions import (
+        AmbiguousDeleteError,
+        APIError,
+        APITimeoutError,
+        ForbiddenError,
+        LineFormatConflictError,
+        NotFoundError,
+        PaymentRequiredError,
+        PrimeTracesError,
+        RetryableAPIError,
+        TraceNotIndexedError,
+        TraceTooLargeError,
+        TransportError,
+        UnauthorizedError,
+        ValidationRejectedError,
+    )
+
+    from .platform.errors import UnprovenAnswerError
 
 __all__ = [
     "APIError",
@@ -95,13 +101,20 @@ __all__ = [
     "is_transient",
 ]
 
-
-class UnprovenAnswerError(RetryableAPIError):
-    """A 2xx that is not the answer its endpoint documents: an HTML page, JSON
-    cut short, an empty body or ``{}`` where a receipt comes back (what a
-    gateway or a maintenance page answers). The request may or may not have
-    been acted on, so it is ambiguous: retried as a transient failure, never
-    counted as stored, and resent only where a resend is safe."""
+# The platform's classes are loaded on first use: prime_traces' package brings
+# its HTTP clients (httpx) with it, ~0.3 s that a command reading journals
+# (``primeruns ls``) never needs. ``UnprovenAnswerError`` lives with the
+# platform's answers (``platform.errors``); every one is a name of this module.
+def __getattr__(name: str) -> Any:
+    if name == "UnprovenAnswerError":
+        home = "primeruns.platform.errors"
+    elif name in __all__:  # a name not defined below: prime_traces' own
+        home = "prime_traces.exceptions"
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
 
 
 class PrimeRunsError(Exception):
@@ -163,18 +176,22 @@ class JournalCorruptError(JournalError):
 
 def is_record_rejection(exc: BaseException) -> bool:
     """True when the failure is about this batch's content: later batches may pass."""
+    from prime_traces import exceptions as platform
+
     if isinstance(
         exc,
         TypeError
         | ValueError
-        | TraceTooLargeError
-        | ValidationRejectedError
-        | LineFormatConflictError,
+        | platform.TraceTooLargeError
+        | platform.ValidationRejectedError
+        | platform.LineFormatConflictError,
     ):
         return True
-    return isinstance(exc, APIError) and exc.status_code in (413, 422)
+    return isinstance(exc, platform.APIError) and exc.status_code in (413, 422)
 
 
 def is_transient(exc: BaseException) -> bool:
     """True when the failure is about this moment (retry later), not this run."""
-    return isinstance(exc, RetryableAPIError | TransportError)
+    from prime_traces import exceptions as platform
+
+    return isinstance(exc, platform.RetryableAPIError | platform.TransportError)

@@ -19,6 +19,7 @@ from .exceptions import ConfigurationError
 
 __all__ = [
     "CONFIG_SOURCE_KEY",
+    "CRASH_ERROR",
     "MAX_CONFIG_SOURCE_BYTES",
     "RUN_KIND",
     "ConfigSource",
@@ -31,6 +32,9 @@ __all__ = [
     "RunStatus",
     "TrainingSpec",
 ]
+
+#: The error a run is closed out with when its producer died without finishing it.
+CRASH_ERROR = "the producer stopped without finishing the run"
 
 RunKind = Literal["eval", "train"]
 #: The kind ``init()`` opens unless told otherwise.

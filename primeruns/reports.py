@@ -24,12 +24,9 @@ from typing import Any, Literal
 from .exceptions import JournalCorruptError
 from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, journal_info, list_journals
 from .journal.by_kind import seqs_of
-from .models import RUN_KIND, RunKind
-from .ship.backlog import is_copy, origin_of, sync_names
-from .ship.factory import sink_kinds
-from .ship.ledger import records_left
-from .ship.mirror import K_SOURCE_PATH, sync_root
-from .ship.uplink import CRASH_ERROR
+from .models import CRASH_ERROR, RUN_KIND, RunKind
+from .ship.copies import K_SOURCE_PATH, is_copy, origin_of, sync_names, sync_root
+from .sinks.kinds import records_left, sink_kinds
 from .spec import RunSpec, listed_spec
 
 __all__ = [

@@ -8,6 +8,8 @@ import tomllib
 import types
 from pathlib import Path
 
+import pytest
+
 import primeruns
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,7 +46,11 @@ def test_all_is_exactly_the_public_names() -> None:
     """What ``from primeruns import *`` gives is what the package means to
     export: no public name left out of ``__all__``, none listed that is not
     there. Submodules are exports only where listed (``metrics``,
-    ``projection``); the others are on the package because they were loaded."""
+    ``projection``); the others are on the package because they were loaded.
+    The names are loaded on first use: every one is, first."""
+    for name in primeruns.__all__:
+        getattr(primeruns, name)
+    assert set(dir(primeruns)) >= set(primeruns.__all__)
     public = {
         name
         for name, value in vars(primeruns).items()
@@ -191,3 +197,59 @@ def test_import_primeruns_and_its_cli_need_only_the_core_dependencies(tmp_path: 
     )
     assert child.returncode == 0, child.stderr[-2000:]
     assert "no runs under" in child.stdout
+
+
+_COMMAND_IMPORTS = """
+import json, sys
+from primeruns.cli import main
+code = main(sys.argv[2:] + ["--runs-dir", sys.argv[1]])
+print(json.dumps([code, sorted(m.split(".")[0] for m in sys.modules)]))
+"""
+
+
+@pytest.mark.parametrize("command", [["ls"], ["ls", "--json"], ["gc", "--dry-run"]])
+def test_a_command_that_reads_journals_loads_no_http_client(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """``primeruns ls`` imported the whole SDK (its uplink, the platform's
+    client, prime_traces and httpx: ~0.5 s of every listing) to list
+    journals. ``import primeruns`` loads its public names on first use, and
+    a command only its own module; the listing reads no platform class."""
+    import json
+    import subprocess
+    import sys
+
+    from primeruns.journal import EntryKind, Journal
+
+    runs = tmp_path / "runs"
+    with Journal.create(runs, local_id="a", meta={"spec": {"kind": "eval", "mode": "online"}}) as j:
+        j.append(EntryKind.FINISH, [b'{"status": "completed"}'])
+    child = subprocess.run(
+        [sys.executable, "-c", _COMMAND_IMPORTS, str(runs), *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    code, loaded = json.loads(child.stdout.strip().splitlines()[-1])
+    assert code == 0, child.stderr[-2000:]
+    assert not {"httpx", "prime_traces", "pyarrow"} & set(loaded)
+
+
+def test_the_package_loads_its_public_names_on_first_use() -> None:
+    """``import primeruns`` is cheap; ``pr.init`` and the rest are the same
+    objects whichever way they are reached."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, primeruns as pr; assert 'httpx' not in sys.modules; "
+        "from primeruns import init; from primeruns.opening import init as real; "
+        "assert init is pr.init is real; import prime_runs; assert prime_runs.Run is pr.Run; "
+        "print(sorted(set(pr.__all__) - set(dir(pr))))"
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip() == "[]"

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Callable
 from typing import Any, TextIO
 
 from rich.console import Console
@@ -24,7 +23,6 @@ from rich.style import Style
 from rich.text import Text
 
 __all__ = [
-    "cell_segments",
     "emit_json",
     "human_age",
     "human_bytes",
@@ -90,25 +88,6 @@ def make_console(stream: TextIO | None = None) -> Console:
         emoji=False,
         soft_wrap=not tty,
     )
-
-
-def cell_segments(console: Console) -> Callable[[Text], list[Segment]]:
-    """A function giving a one-line ``Text`` as the segments ``console`` would
-    print for it: its text in its style, spans and all. For a table laid out
-    by the caller, whose lines are printed as ``Segments``: rich printing a
-    Text of thousands of lines wraps and divides it all again (a second a
-    thousand lines)."""
-    styles: dict[str | Style, Style | None] = {}
-
-    def segments(text: Text) -> list[Segment]:
-        if text.spans:
-            return list(text.render(console))
-        style = text.style
-        if style not in styles:
-            styles[style] = console.get_style(style) if style else None
-        return [Segment(text.plain, styles[style])]
-
-    return segments
 
 
 def joined(segments: list[Segment]) -> list[Segment]:

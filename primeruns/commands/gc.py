@@ -29,7 +29,7 @@ from ..journal import delete_journal
 from ..journal.listing import journal_infos
 from ..reports import RunStatus, statuses
 from ..ship import sync_records
-from ..ship.mirror import K_SOURCE_PATH, sync_root
+from ..ship.copies import K_SOURCE_PATH, sync_root
 from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, inert_errors, runs_dir_of
 from .console import emit_json, human_age, human_bytes, inert
 from .gc_steps import collect_tables

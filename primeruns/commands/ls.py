@@ -17,18 +17,21 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from rich.cells import cell_len
 from rich.console import Console
+from rich.control import strip_control_codes
 from rich.segment import Segment, Segments
+from rich.style import Style
 from rich.table import Table
 from rich.text import Text
 
 from ..reports import RECORD_KINDS, UNIT_LABELS, RunStatus, statuses
 from .common import EXIT_OK, CommandError, add_json, add_runs_dir, inert_errors, runs_dir_of
 from .console import (
-    cell_segments,
     emit_json,
     human_age,
     human_bytes,
+    inert,
     inert_text,
     joined,
     make_console,
@@ -101,21 +104,48 @@ def _logged(status: RunStatus) -> str:
     return ", ".join(parts) if parts else "-"
 
 
+# A cell as printed: its text (shown as written: ``console.inert`` or rich's
+# own stripping, as ``Text`` would) and its style. Plain pairs, not ``Text``:
+# a listing of thousands of runs made ten ``Text`` a run only to read them back.
+_Cell = tuple[str, str]
+
+
+def _plain(text: str, style: str = "") -> _Cell:
+    """A cell of text this command made (numbers, sizes, states), as ``Text`` keeps it."""
+    return strip_control_codes(text), style
+
+
+def _inert(value: object, style: str = "") -> _Cell:
+    """A cell of text a journal supplied: ``inert_text``'s."""
+    return inert(value), style
+
+
+def _outcome(outcome: str) -> _Cell:
+    text = outcome_text(outcome)
+    return text.plain, str(text.style)
+
+
+def _shipping(shipping: str) -> _Cell:
+    text = shipping_text(shipping)
+    return text.plain, str(text.style)
+
+
 # Each column: its header, how to fill a cell, and its options; listed in the
 # order they are dropped last to first when the terminal is too narrow.
-_Column = tuple[str, Callable[[RunStatus], Text], dict[str, Any]]
+_Column = tuple[str, Callable[[RunStatus], _Cell], dict[str, Any]]
 _COLUMNS: list[_Column] = [
-    ("LOCAL ID", lambda s: inert_text(s.info.local_id), {"no_wrap": True}),
-    ("OUTCOME", lambda s: outcome_text(s.outcome), {"no_wrap": True}),
-    ("SHIPPING", lambda s: shipping_text(s.shipping), {"no_wrap": True}),
-    ("NAME", lambda s: inert_text((s.spec.name if s.spec else None) or "-"), {"max_width": 32}),
-    ("LOGGED", lambda s: Text(_logged(s)), {}),
-    ("LOST", lambda s: Text(str(s.losses_total), style="red") if s.losses_total else Text("-"),
+    ("LOCAL ID", lambda s: _inert(s.info.local_id), {"no_wrap": True}),
+    ("OUTCOME", lambda s: _outcome(s.outcome), {"no_wrap": True}),
+    ("SHIPPING", lambda s: _shipping(s.shipping), {"no_wrap": True}),
+    ("NAME", lambda s: _inert((s.spec.name if s.spec else None) or "-"), {"max_width": 32}),
+    ("LOGGED", lambda s: _plain(_logged(s)), {}),
+    ("LOST", lambda s: _plain(str(s.losses_total), "red") if s.losses_total else ("-", ""),
      {"justify": "right"}),
-    ("KIND", lambda s: inert_text(s.spec.kind if s.spec else "?"), {}),
-    ("AGE", lambda s: Text(human_age(s.age_s)), {"justify": "right", "no_wrap": True}),
-    ("SIZE", lambda s: Text(human_bytes(s.info.size_bytes)), {"justify": "right", "no_wrap": True}),
-    ("RUN ID", lambda s: inert_text(s.platform.get("run_id") or "-"), {"no_wrap": True}),
+    ("KIND", lambda s: _inert(s.spec.kind if s.spec else "?"), {}),
+    ("AGE", lambda s: _plain(human_age(s.age_s)), {"justify": "right", "no_wrap": True}),
+    ("SIZE", lambda s: _plain(human_bytes(s.info.size_bytes)),
+     {"justify": "right", "no_wrap": True}),
+    ("RUN ID", lambda s: _inert(s.platform.get("run_id") or "-"), {"no_wrap": True}),
 ]  # fmt: skip
 _SHOWN_ORDER = ["LOCAL ID", "RUN ID", "KIND", "NAME", "OUTCOME", "SHIPPING", "LOGGED", "LOST"]
 
@@ -125,15 +155,15 @@ _NESTED = "└ "
 
 
 def _cells(
-    found: list[RunStatus], cell: Callable[[RunStatus], Text], name: str, nested: set[int]
-) -> list[Text]:
+    found: list[RunStatus], cell: Callable[[RunStatus], _Cell], name: str, nested: set[int]
+) -> list[_Cell]:
     """One column's cells; the local ids of nested journals marked so."""
     if name != "LOCAL ID" or not nested:
         return [cell(status) for status in found]
-    # The mark made part of the id's text, not a Text joined to it: a run of
-    # thousands of workers lists as fast as thousands of runs.
+    # The mark made part of the id's text: a run of thousands of workers
+    # lists as fast as thousands of runs.
     return [
-        inert_text(_NESTED + status.info.local_id) if i in nested else cell(status)
+        _inert(_NESTED + status.info.local_id) if i in nested else cell(status)
         for i, status in enumerate(found)
     ]
 
@@ -146,7 +176,7 @@ def _table(found: list[RunStatus], columns: list[_Column], nested: set[int]) -> 
         table.add_column(header, overflow="ellipsis", **options)
     cells = [_cells(found, cell, name, nested) for name, cell, _ in shown]
     for i in range(len(found)):
-        table.add_row(*(column[i] for column in cells))
+        table.add_row(*(Text(*column[i]) for column in cells))
     return table
 
 
@@ -162,7 +192,7 @@ def _fast_table(found: list[RunStatus], console: Console, nested: set[int]) -> S
     fit at their natural width: rich then folds them (``_fitting_table``)."""
     width = console.width
     cells = {name: _cells(found, cell, name, nested) for name, cell, _ in _COLUMNS}
-    lengths = {name: [text.cell_len for text in texts] for name, texts in cells.items()}
+    lengths = {name: [cell_len(text) for text, _ in texts] for name, texts in cells.items()}
     widths: dict[str, int] = {}
     for name, _, options in _COLUMNS:
         natural = max([len(name), *lengths[name]])
@@ -179,25 +209,27 @@ def _fast_table(found: list[RunStatus], console: Console, nested: set[int]) -> S
     order = {name: i for i, name in enumerate([*_SHOWN_ORDER, "SIZE", "AGE"])}
     shown = sorted(columns, key=lambda c: order[c[0]])
     last = len(shown) - 1
-    segments = cell_segments(console)
+    styles: dict[str, Style | None] = {}
     out: list[Segment] = []
     for row in range(-1, len(found)):  # the header first
         for i, (name, _, options) in enumerate(shown):
             if row < 0:
-                text, length = Text(name, style="bold"), len(name)
+                (text, style), length = (name, "bold"), len(name)
             else:
-                text, length = cells[name][row], lengths[name][row]
+                (text, style), length = cells[name][row], lengths[name][row]
             room = widths[name]
             if length > room:
-                text = text.copy()
-                text.truncate(room, overflow="ellipsis")
-                length = text.cell_len
+                cut = Text(text)
+                cut.truncate(room, overflow="ellipsis")
+                text, length = cut.plain, cut.cell_len
+            if style not in styles:
+                styles[style] = console.get_style(style) if style else None
             pad = Segment(" " * (room - length))
             if options.get("justify") == "right":
                 out.append(pad)
-                out += segments(text)
+                out.append(Segment(text, styles[style]))
             else:
-                out += segments(text)
+                out.append(Segment(text, styles[style]))
                 if i != last:
                     out.append(pad)
             if i != last:

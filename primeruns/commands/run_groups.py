@@ -23,11 +23,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from ..journal.listing import journal_infos
+from ..journal.listing import journal_infos, made_since
+from ..journal.meta import K_FORK_PARENT
 from ..ranks import K_ROLE, Role
 from ..reports import RunStatus, describe, statuses
-from ..ship.family import K_FORK_PARENT, made_since
-from ..ship.mirror import sync_root
+from ..ship.copies import sync_root
 
 __all__ = ["RunGroup", "group_of", "group_runs", "role_of", "run_id_of"]
 

@@ -4,7 +4,9 @@ Listing takes no lock and opens each journal read-only, so it works while runs
 are live; a journal that cannot be read is listed with its damage instead of
 raising. What it read of a journal is kept as the journal's summary
 (``summary``), and a journal whose files did not change since is not opened
-again: a listing costs what changed, not the runs directory's history.
+again: a listing costs what changed, not the runs directory's history (a
+listing of the whole directory reads its summaries from one index of them:
+``summary_index``).
 Deletion takes the owner lock first, so a live run is never removed.
 """
 
@@ -40,6 +42,7 @@ from primeruns.journal.summary_fields import (
     local_id_of,
     verified_in,
 )
+from primeruns.journal.summary_index import Index
 from primeruns.journal.trust import check_dir, why_unreadable
 from primeruns.journal.types import Damage, JournalInfo
 from primeruns.settings import default_runs_dir  # PRIME_RUNS_DIR, read there
@@ -56,6 +59,8 @@ __all__ = [
     "journal_info",
     "journal_infos",
     "list_journals",
+    "made_before",
+    "made_since",
 ]
 
 
@@ -131,13 +136,31 @@ class _Look:
 
 
 def _look(
-    path: Path, shelf: Shelf | None, owner: OwnerInfo | None, memo: Memo | None = None
+    path: Path,
+    shelf: Shelf | None,
+    owner: OwnerInfo | None,
+    memo: Memo | None = None,
+    index: Index | None = None,
+    *,
+    verify: bool = False,
+    tally: bool = False,
 ) -> _Look:
     hit = memo.get(path) if memo is not None else None
-    found = summary.files(path, hit[0] if hit is not None else None)
+    if hit is None and index is not None:  # the stamp as the index has it
+        known = index.files(path.name)
+    else:
+        known = hit[0] if hit is not None else None
+    found = summary.files(path, known)
     if hit is not None and found.stamp is not None and hit[0].stamp == found.stamp:
         return _Look(found, owner, None, hit[1])
-    kept = shelf.load(path.name, found.stamp) if shelf is not None else None
+    kept = None
+    if shelf is not None:
+        if hit is None and index is not None:
+            kept = shelf.load_text(path.name, found.stamp, index.summary_text(path.name))
+            if not _Look(found, owner, kept).covers(verify=verify, tally=tally):
+                kept = None  # its summary file may hold more (a scan gc made since)
+        if kept is None:
+            kept = shelf.load(path.name, found.stamp)
     return _Look(found, owner, kept)
 
 
@@ -153,6 +176,24 @@ def _info(
     """The journal's state: from its summary when that is current and holds
     what is asked, else read from the journal (and kept in ``shelf``)."""
     look = look if look is not None else _look(path, shelf, read_owner(path))
+    owner = look.owner.describe() if look.owner else None
+    alive = owner_alive(look.owner)
+    remembered = look.remembered
+    if remembered is not None:
+        if (
+            remembered.owner == owner
+            and remembered.owner_alive == alive
+            and remembered.size_bytes == look.files.size_bytes
+            and remembered.modified == look.files.modified
+        ):
+            return remembered  # as it was: a reload of thousands copies none
+        return replace(
+            remembered,
+            size_bytes=look.files.size_bytes,
+            modified=look.files.modified,
+            owner=owner,
+            owner_alive=alive,
+        )
     base: dict[str, Any] = {
         "path": path,
         "local_id": path.name,
@@ -162,17 +203,9 @@ def _info(
         "losses": {},
         "size_bytes": look.files.size_bytes,
         "modified": look.files.modified,
-        "owner": look.owner.describe() if look.owner else None,
-        "owner_alive": owner_alive(look.owner),
+        "owner": owner,
+        "owner_alive": alive,
     }
-    if look.remembered is not None:
-        return replace(
-            look.remembered,
-            size_bytes=base["size_bytes"],
-            modified=base["modified"],
-            owner=base["owner"],
-            owner_alive=base["owner_alive"],
-        )
     if look.kept is not None and look.covers(verify=verify, tally=tally):
         kept = info_from(look.kept, base, verify=verify, meta_bounds=meta_bounds)
         if kept is not None:
@@ -331,7 +364,10 @@ def list_journals(
     """
     left_out = {Path(p) for p in skip}
     found, untrusted = journal_dirs(runs_dir, newest=newest, since=since)
-    shelf = Shelf(runs_dir)
+    whole = newest is None and since is None  # a listing of them all
+    shelf = Shelf(runs_dir, texts=whole)
+    # The summaries of them all in one file (summary_index), for a listing of them all.
+    index = Index(shelf.folder) if whole and shelf.usable() else None
     looks: dict[Path, _Look] = {}
     for p in found:
         if p in left_out or p in untrusted:
@@ -340,7 +376,7 @@ def list_journals(
         if skip_live and owner_alive(owner):
             left_out.add(p)
             continue
-        looks[p] = _look(p, shelf, owner, memo)
+        looks[p] = _look(p, shelf, owner, memo, index, verify=verify, tally=tally)
     unread = [p for p, look in looks.items() if not look.covers(verify=verify, tally=tally)]
     if unread_most is not None and len(unread) > unread_most:
         left_out.update(unread[: len(unread) - unread_most])  # names sort by creation time
@@ -357,8 +393,11 @@ def list_journals(
         for p in found
         if p not in left_out
     ]
-    if newest is None and since is None:  # a listing of them all: which summaries have no journal
+    if whole:  # which summaries have no journal
         shelf.prune({p.name for p in found})
+    if index is not None and index.read and shelf.texts is not None:
+        stamped = {p.name: look.files for p, look in looks.items() if look.files.stamp is not None}
+        index.refresh(stamped, shelf.texts)
     if memo is not None:
         memo.refill(
             (info.path, looks[info.path].files, info)
@@ -376,6 +415,24 @@ def made_before(name: str, since: str) -> bool:
     ``since`` (names start with their creation time, to the second). A name
     without that stamp is not known to be: it is kept, to be safe."""
     return bool(_STAMPED.match(name)) and name[:15] < since[:15]
+
+
+def made_since(runs_dir: Path, own: Path) -> list[Path]:
+    """The journals made no earlier than ``own`` (names start with their
+    creation time, to the second): a child's is made after its parent's, and
+    finish() must not open every past run of the runs dir (its cost would
+    grow with history). A name without that stamp is kept, to be safe."""
+    since = own.name[:15]
+    found = []
+    with os.scandir(runs_dir) as entries:
+        for entry in entries:
+            if entry.name == own.name or not entry.is_dir(follow_symlinks=False):
+                continue
+            if made_before(entry.name, since):
+                continue
+            if os.path.exists(os.path.join(entry.path, DATA_NAME)):
+                found.append(Path(entry.path))
+    return found
 
 
 # What ``Path.is_file`` takes for "no such file" rather than raising.

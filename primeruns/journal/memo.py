@@ -14,6 +14,7 @@ summary, which costs a little more, never a wrong answer.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -44,21 +45,30 @@ class Memo:
     def __init__(self, max_bytes: int | None = None) -> None:
         self.max_bytes = MEMO_BYTES if max_bytes is None else max_bytes
         self.bytes = 0
-        self._entries: dict[Path, tuple[Files, JournalInfo, int]] = {}
+        self._entries: dict[str, tuple[Files, JournalInfo, int]] = {}  # by path
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def get(self, path: Path) -> tuple[Files, JournalInfo] | None:
-        hit = self._entries.get(path)
+        hit = self._entries.get(os.fspath(path))
         return None if hit is None else (hit[0], hit[1])
 
     def refill(self, listed: Iterable[tuple[Path, Files, JournalInfo]]) -> None:
         """Keep what the last listing said (``listed``, oldest first), the
-        newest journals first, while they fit; nothing of an earlier listing."""
-        earlier, self._entries, self.bytes = self._entries, {}, 0
-        kept: list[tuple[Path, tuple[Files, JournalInfo, int]]] = []
-        for path, found, info in reversed(list(listed)):
+        newest journals first, while they fit; nothing of an earlier listing.
+        A listing that found every journal as remembered changes nothing
+        (a reload of thousands of unchanged runs makes no new entry)."""
+        rows = [(os.fspath(path), found, info) for path, found, info in listed]
+        entries = self._entries
+        if len(rows) == len(entries) and all(
+            (hit := entries.get(key)) is not None and hit[0] is found and hit[1] is info
+            for key, found, info in rows
+        ):
+            return
+        earlier, self._entries, self.bytes = entries, {}, 0
+        kept: list[tuple[str, tuple[Files, JournalInfo, int]]] = []
+        for path, found, info in reversed(rows):
             prior = earlier.get(path)
             # An unchanged journal's listing shares its meta with the one
             # remembered: sized once, not at every listing.

@@ -24,6 +24,9 @@ K_OWNER = "journal.owner"
 K_CREATED = "journal.created_at"
 # Not stored: where ``all`` lists the values it left out for their size.
 K_OVERSIZED = "journal.oversized"
+# A forked child's journal: its parent's local id, and path (``ship.family``).
+K_FORK_PARENT = "fork_parent"
+K_FORK_PARENT_PATH = "fork_parent_path"
 K_BUDGET = "journal.max_bytes"  # the producer's byte budget, which its uplink keeps too
 
 

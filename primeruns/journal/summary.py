@@ -104,12 +104,26 @@ class Files:
         return txnid
 
 
+def _fields_in(raw: bytes | str, stamp: Stamp) -> dict[str, Any] | None:
+    """The fields of a summary's text, if it is a summary taken at ``stamp``."""
+    try:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(doc, dict) or doc.get("v") != _VERSION or doc.get("stamp") != stamp:
+        return None
+    fields = doc.get("fields")
+    return fields if isinstance(fields, dict) else None
+
+
 def files(path: Path, known: Files | None = None) -> Files:
     """The stamp, total bytes and newest write time of the journal at ``path``
     (its ``data.mdb`` and spool segments, where the newest entries may be).
 
-    ``known``: what an earlier call in this process found (a caller that
-    lists again and again keeps it: ``memo``). Two of the stamp's reads are
+    ``known``: what an earlier call found (a caller that lists again and
+    again keeps it: ``memo``; a listing of the whole runs directory has it
+    from the directory's index: ``summary_index``), returned itself when
+    every read it spares proves it still is. Two of the stamp's reads are
     spared where it proves them unchanged: ``data.mdb``'s transaction id
     (8 KiB read), where its ``stat`` is as then and it had settled then
     (``Files.settled``: a commit since would have moved its change time); and
@@ -124,6 +138,7 @@ def files(path: Path, known: Files | None = None) -> Files:
     with contextlib.suppress(OSError):
         here = os.lstat(folder)
         times = (here.st_mtime_ns, here.st_ctime_ns)
+    reused = False
     try:
         data = os.lstat(os.path.join(folder, DATA_NAME))
     except OSError:
@@ -132,6 +147,7 @@ def files(path: Path, known: Files | None = None) -> Files:
         size, modified = data.st_size, data.st_mtime
         head = [data.st_dev, data.st_ino, data.st_size, data.st_mtime_ns, data.st_ctime_ns]
         txnid = known.txnid_while(head) if known is not None else None
+        reused = txnid is not None
         if txnid is None and stat.S_ISREG(data.st_mode):
             txnid = last_txnid(os.path.join(folder, DATA_NAME))
         stamp = None if txnid is None else [*head, txnid, []]
@@ -143,6 +159,8 @@ def files(path: Path, known: Files | None = None) -> Files:
         and known.folder == times
         and known.settled(times[1])
     ):
+        if reused and modified == known.modified:
+            return known  # all as then: the same answer, not another object a journal
         return Files(stamp, size, modified, taken, times)  # no segment made since
     for _, name in list_segments(path):
         try:
@@ -162,12 +180,16 @@ class Shelf:
     Every method is best effort: a summary that cannot be read is missing, one
     that cannot be written is not kept, and neither raises."""
 
-    def __init__(self, runs_dir: Path) -> None:
+    def __init__(self, runs_dir: Path, *, texts: bool = False) -> None:
         self.runs_dir = Path(runs_dir)
         self.folder = self.runs_dir / FOLDER
         self._folder = os.fspath(self.folder)
         self._usable: bool | None = None  # looked at once per shelf
         self._made = False
+        self.texts: dict[str, str] | None = {} if texts else None
+        """The summaries loaded or saved, by journal name, when asked for
+        (``texts=True``): what a listing of the whole directory writes its
+        index from (``summary_index``)."""
 
     def usable(self, *, create: bool = False) -> bool:
         """Whether the folder is this user's and private (made so if ``create``
@@ -205,15 +227,25 @@ class Shelf:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_size > MAX_BYTES:
                 return None
-            doc = orjson.loads(os.pread(fd, st.st_size, 0))
-        except (OSError, orjson.JSONDecodeError):
+            raw = os.pread(fd, st.st_size, 0)
+        except OSError:
             return None
         finally:
             os.close(fd)
-        if not isinstance(doc, dict) or doc.get("v") != _VERSION or doc.get("stamp") != stamp:
+        fields = _fields_in(raw, stamp)
+        if fields is not None and self.texts is not None:
+            self.texts[name] = raw.decode()
+        return fields
+
+    def load_text(self, name: str, stamp: Stamp | None, text: str | None) -> dict[str, Any] | None:
+        """As ``load``, from the text of journal ``name``'s summary as an index
+        holds it (``summary_index``)."""
+        if stamp is None or text is None or len(text) > MAX_BYTES:
             return None
-        fields = doc.get("fields")
-        return fields if isinstance(fields, dict) else None
+        fields = _fields_in(text, stamp)
+        if fields is not None and self.texts is not None:
+            self.texts[name] = text
+        return fields
 
     def save(self, name: str, stamp: Stamp | None, fields: dict[str, Any]) -> None:
         """Keep ``fields`` (JSON values) as what journal ``name`` held at ``stamp``."""
@@ -231,6 +263,8 @@ class Shelf:
             return
         if len(encoded) > MAX_BYTES:
             return
+        if self.texts is not None:
+            self.texts[name] = encoded.decode()
         with contextlib.suppress(OSError):
             # Written whole under a temporary name, then renamed: a reader sees
             # the old summary or the new one, never a part.

@@ -33,19 +33,28 @@ from ..exceptions import (
     TraceNotIndexedError,
     TransportError,
     UnauthorizedError,
-    UnprovenAnswerError,
     ValidationRejectedError,
 )
 from ..redaction import scrub, url_for_display
 
 __all__ = [
     "RETRY_AFTER_CAP",
+    "UnprovenAnswerError",
     "error_from_response",
     "error_from_transport",
     "is_ambiguous",
     "never_reached",
     "parse_retry_after",
 ]
+
+
+class UnprovenAnswerError(RetryableAPIError):
+    """A 2xx that is not the answer its endpoint documents: an HTML page, JSON
+    cut short, an empty body or ``{}`` where a receipt comes back (what a
+    gateway or a maintenance page answers). The request may or may not have
+    been acted on, so it is ambiguous: retried as a transient failure, never
+    counted as stored, and resent only where a resend is safe."""
+
 
 #: A server's Retry-After is honoured up to this many seconds.
 RETRY_AFTER_CAP = 60.0

@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,21 +42,19 @@ from typing import Any
 from ..exceptions import JournalError, JournalLockedError
 from ..journal import Damage, Journal, journal_info
 from ..journal.lock import owner_alive, read_owner
-from ..journal.meta import K_LOCAL_ID
-from ..journal.origin import K_ORIGIN, Origin
+from ..journal.origin import Origin
 from ..journal.store import DATA_NAME
 from ..platform import Settings
 from ..spec import SPEC_KEY, RunSpec, SpecError, spec_or_default
 from . import ledger, sync_records
+from .copies import K_SOURCE_PATH, is_copy, origin_of, sync_names, sync_path, sync_root
 from .factory import sink_kinds
 from .mirror import (
-    K_SOURCE_PATH,
     Imported,
     adopt_repaired,
     import_new,
     open_sync_journal,
     snapshot,
-    sync_root,
 )
 from .policy import RetryPolicy
 from .uplink import Progress, Uplink, journal_settings, terminal_state
@@ -205,7 +202,7 @@ def _ship_journal(
             origin = origin_of(probe.path, meta)
             if origin is not None:
                 _refuse_a_live_original(path, origin)
-            itself = path.absolute() == _sync_path(path, meta, root).absolute()
+            itself = path.absolute() == sync_path(path, meta, root).absolute()
             if origin is not None and is_copy(probe.path, meta, root):
                 journal, report, may_crash, why_open = _import_copy(
                     probe, path, origin, root, job_ended
@@ -427,75 +424,6 @@ def _ship(
     _remember(journal, report, root)
 
 
-def origin_of(path: Path, meta: Mapping[str, Any]) -> Origin | None:
-    """Where the journal at ``path`` was written: its origin, or for a
-    journal written before origins were recorded, the last owner its lock
-    file names (taken as having written it here)."""
-    origin = Origin.from_json(meta.get(K_ORIGIN))
-    if origin is not None:
-        return origin
-    owner = read_owner(path)
-    if owner is None:
-        return None
-    return Origin(
-        host=owner.host,
-        pid=owner.pid,
-        proc_start=owner.proc_start,
-        boot=None,
-        path=str(path.absolute()),
-        created=owner.started,
-    )
-
-
-def _sync_name(path: Path, meta: Mapping[str, Any]) -> str:
-    local_id = meta.get(K_LOCAL_ID)
-    return local_id if isinstance(local_id, str) and local_id else path.name
-
-
-def _sync_path(path: Path, meta: Mapping[str, Any], root: Path) -> Path:
-    return root / _sync_name(path, meta)
-
-
-def _plain(name: str) -> bool:
-    """Whether ``name`` is one entry of a folder (no separator, not . or ..)."""
-    return "/" not in name and name not in ("", ".", "..")
-
-
-def is_copy(
-    path: Path,
-    meta: Mapping[str, Any],
-    root: Path | None = None,
-    *,
-    in_root: Collection[str] | None = None,
-) -> bool:
-    """Whether the journal at ``path`` (its ``meta``) ships through its sync
-    journal: a copy, or one whose run a sync journal ships already (so that
-    the two never both ship it). ``in_root``: the names in ``root``, listed
-    once by a caller asking of many journals (``sync_names``), so that a
-    journal with no sync journal costs no ``stat``."""
-    name = _sync_name(path, meta)
-    # A plain name not in the root has no sync journal; any other (a path a
-    # journal's meta holds) is looked up.
-    if in_root is None or name in in_root or not _plain(name):
-        mine = (root if root is not None else sync_root()) / name
-        if path.absolute() == mine.absolute():
-            return False  # the sync journal itself (a replay of it)
-        if (mine / DATA_NAME).exists():
-            return True
-    # A journal that does not say where it was written (damaged beyond its
-    # meta) is shipped where it is, repaired, as before origins existed.
-    origin = origin_of(path, meta)
-    return origin is not None and not origin.is_original(path)
-
-
-def sync_names(root: Path) -> frozenset[str]:
-    """The names in the sync root (none when it is absent), for ``is_copy``'s ``in_root``."""
-    try:
-        return frozenset(os.listdir(root))
-    except OSError:
-        return frozenset()
-
-
 def needs_sync(
     path: Path, meta: Mapping[str, Any], last_seq: int, root: Path | None = None
 ) -> bool:
@@ -503,7 +431,7 @@ def needs_sync(
     entries its sync journal has not imported, or that run is not yet
     shipped and closed out (a run left open is looked at again)."""
     root = root if root is not None else sync_root()
-    mine = _sync_path(path, meta, root)
+    mine = sync_path(path, meta, root)
     if not (mine / DATA_NAME).exists():
         # Pruned once it shipped and closed: only something new is to sync
         # (and is refused, naming the fix).

@@ -11,6 +11,7 @@ from ..platform import PlatformClient
 from ..ranks import Role, written_in
 from ..sinks.base import Sink
 from ..sinks.eval_samples import EvalSamplesSink
+from ..sinks.kinds import sink_kinds, sink_names
 from ..sinks.step_rows import StepRows
 from ..sinks.traces import TracesSink
 from ..sinks.train_metrics import TrainMetricsSink
@@ -21,24 +22,6 @@ from .policy import RetryPolicy
 from .shipper import Shipper
 
 __all__ = ["make_shippers", "sink_kinds", "sink_names"]
-
-
-def sink_names(kind: str) -> list[str]:
-    """The sinks a run of ``kind`` ships to, in the order they are started."""
-    if kind == "train":
-        return ["traces", "train_samples", "train_metrics"]
-    return ["traces", "eval_samples"]
-
-
-def sink_kinds(kind: str) -> dict[str, frozenset[EntryKind]]:
-    """Each sink of a run of ``kind`` and the entry kinds it ships."""
-    classes: dict[str, type[Sink]] = {
-        "traces": TracesSink,
-        "eval_samples": EvalSamplesSink,
-        "train_samples": TrainSamplesSink,
-        "train_metrics": TrainMetricsSink,
-    }
-    return {name: classes[name].kinds for name in sink_names(kind)}
 
 
 def make_shippers(

@@ -19,14 +19,14 @@ that the run closes after every record of it landed, and after it the others.
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError, PrimeRunsError, RetryableAPIError
 from ..journal import Journal, journal_info
-from ..journal.listing import made_before
+from ..journal.listing import made_since
 from ..journal.lock import owner_alive, read_owner
+from ..journal.meta import K_FORK_PARENT, K_FORK_PARENT_PATH
 from ..journal.store import DATA_NAME
 from ..spec import listed_spec
 from . import sync_records
@@ -42,10 +42,6 @@ __all__ = [
     "made_since",
     "parent_binding",
 ]
-
-# Journal meta of a forked child's journal: its parent's local id, and path.
-K_FORK_PARENT = "fork_parent"
-K_FORK_PARENT_PATH = "fork_parent_path"
 
 
 class ParentNotRegistered(RetryableAPIError):
@@ -89,24 +85,6 @@ def parent_binding(parent: object, parent_path: object) -> dict[str, Any]:
         f"on the platform: ship that run first (primeruns sync or replay {parent_id} "
         "ships its forked children after it)"
     )
-
-
-def made_since(runs_dir: Path, own: Path) -> list[Path]:
-    """The journals made no earlier than ``own`` (names start with their
-    creation time, to the second): a child's is made after its parent's, and
-    finish() must not open every past run of the runs dir (its cost would
-    grow with history). A name without that stamp is kept, to be safe."""
-    since = own.name[:15]
-    found = []
-    with os.scandir(runs_dir) as entries:
-        for entry in entries:
-            if entry.name == own.name or not entry.is_dir(follow_symlinks=False):
-                continue
-            if made_before(entry.name, since):
-                continue
-            if os.path.exists(os.path.join(entry.path, DATA_NAME)):
-                found.append(Path(entry.path))
-    return found
 
 
 def children_of(parent: Path, local_id: str) -> list[Path]:

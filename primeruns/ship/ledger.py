@@ -18,6 +18,7 @@ from .. import exceptions
 from ..exceptions import APIError, JournalError
 from ..journal import EntryKind, Journal
 from ..redaction import scrub
+from ..sinks.kinds import records_left
 
 __all__ = [
     "Closeout",
@@ -195,19 +196,6 @@ def read_closeout(journal: Journal) -> Closeout | None:
         registered=bool(value.get("registered")),
         others_left={str(k): str(v) for k, v in others.items()} if isinstance(others, dict) else {},
     )
-
-
-_KNOWN_KINDS = frozenset(int(k) for k in EntryKind)
-
-
-def records_left(counts: Mapping[int, int], kinds: Collection[EntryKind]) -> int:
-    """Of entry counts by kind (an interval of ``Journal.tally``), the records a
-    sink shipping ``kinds`` has still to deal with: its own kinds, and every
-    entry that cannot be read or is of a kind this version does not know. Such
-    an entry may be anything, so it is pending for every sink until a shipper
-    passes over it (and counts what it lost)."""
-    wanted = {int(k) for k in kinds}
-    return sum(n for k, n in counts.items() if k in wanted or k not in _KNOWN_KINDS)
 
 
 def unshipped(

@@ -42,7 +42,7 @@ import logging
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,8 +52,8 @@ from ..journal import Entry, EntryKind, Journal
 from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
 from ..journal.trust import make_private_dirs
-from ..settings import default_sync_root
 from . import sync_records
+from .copies import K_SOURCE_PATH, sync_root
 
 __all__ = [
     "K_SOURCE_ORIGIN",
@@ -69,16 +69,10 @@ __all__ = [
 log = logging.getLogger("primeruns.ship")
 
 K_SOURCE_ORIGIN = "sync.origin"  # the copied journal's origin (who may still write it)
-K_SOURCE_PATH = "sync.source"  # the copy last imported from
 K_SOURCE_LOSSES = "sync.source_losses"  # per sink: the copy's loss count already carried over
 
 _READ_ENTRIES = 1000
 _READ_BYTES = 16 << 20
-
-
-def sync_root(environ: Mapping[str, str] | None = None) -> Path:
-    """Where sync journals live (:func:`primeruns.settings.default_sync_root`)."""
-    return default_sync_root(environ)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from .. import ranks
 from ..exceptions import JournalError, PrimeRunsError
 from ..journal import EntryKind, Journal, list_journals
 from ..journal.by_kind import last_payload
+from ..models import CRASH_ERROR
 from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
 from ..spec import RunSpec, listed_spec, spec_or_default
@@ -54,7 +55,6 @@ __all__ = [
 
 log = logging.getLogger("primeruns.uplink")
 
-CRASH_ERROR = "the producer stopped without finishing the run"
 # After the producer died without finishing, the uplink ships what is left
 # for at most this long (it stops sooner once a sink is stuck: RetryPolicy.stuck).
 _ORPHAN_DEADLINE_S = 3600.0

@@ -31,12 +31,13 @@ from typing import Any
 import orjson
 
 from ..exceptions import APIError, is_transient
-from ..journal import Entry, EntryKind
+from ..journal import Entry
 from ..platform import PlatformClient
 from ..projection import record_to_samples
 from ..records import is_episode, stamp_run
 from . import receipts
 from .base import Binding, Prepared, SendContext, parse_entry
+from .kinds import SINK_KINDS
 
 __all__ = ["MAX_REQUEST_BYTES", "EvalSamplesProgress", "EvalSamplesSink"]
 
@@ -63,7 +64,7 @@ class EvalSamplesSink:
     """Pushes v0 sample rows to ``POST /evaluations/{id}/samples``."""
 
     name = "eval_samples"
-    kinds = frozenset({EntryKind.EPISODE})
+    kinds = SINK_KINDS["eval_samples"]
     max_entries = 2000
     max_bytes = 24 * 1024 * 1024
     isolates_rejections = False

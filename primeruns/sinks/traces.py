@@ -32,6 +32,7 @@ from ..platform import PlatformClient
 from ..records import stamp_run
 from . import receipts
 from .base import Binding, Prepared, SendContext, SinkOff, parse_entry
+from .kinds import SINK_KINDS
 
 __all__ = ["MAX_LINE_BYTES", "TARGET_BATCH_BYTES", "TracesSink", "TracesUpload", "multipart_body"]
 
@@ -86,7 +87,7 @@ class TracesSink:
     """Uploads episodes and bare traces to Prime Traces."""
 
     name = "traces"
-    kinds = frozenset({EntryKind.EPISODE, EntryKind.TRACE})
+    kinds = SINK_KINDS["traces"]
     max_entries = _MAX_LINES
     max_bytes = TARGET_BATCH_BYTES
     # The service validates an upload whole before it commits any of it, and

@@ -25,11 +25,12 @@ from typing import Any, TypeGuard
 import orjson
 
 from ..exceptions import NotFoundError, is_record_rejection
-from ..journal import Entry, EntryKind
+from ..journal import Entry
 from ..platform import PlatformClient
 from . import receipts
 from .base import Binding, Prepared, SendContext
 from .fanout import Fanout
+from .kinds import SINK_KINDS
 from .step_rows import StepRows
 
 __all__ = ["MetricsProgress", "TrainMetricsSink"]
@@ -55,7 +56,7 @@ class MetricsProgress:
 
 class TrainMetricsSink:
     name = "train_metrics"
-    kinds = frozenset({EntryKind.METRICS})
+    kinds = SINK_KINDS["train_metrics"]
     max_entries = 200
     max_bytes = 4 * 1024 * 1024
     isolates_rejections = False

@@ -28,12 +28,13 @@ from typing import Any
 import orjson
 
 from ..exceptions import APIError, RetryableAPIError
-from ..journal import Entry, EntryKind
+from ..journal import Entry
 from ..platform import PlatformClient
 from ..projection import episodes_to_parquet_bytes, parquet_available
 from ..records import training_step
 from . import receipts
 from .base import Binding, Prepared, SendContext, SinkOff
+from .kinds import SINK_KINDS
 from .step_ranges import StepRanges
 
 __all__ = [
@@ -81,7 +82,7 @@ class TrainSamplesProgress:
 
 class TrainSamplesSink:
     name = "train_samples"
-    kinds = frozenset({EntryKind.EPISODE})
+    kinds = SINK_KINDS["train_samples"]
     max_entries = 512
     max_bytes = 64 * 1024 * 1024
     isolates_rejections = False

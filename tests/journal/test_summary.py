@@ -14,14 +14,25 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from primeruns.journal import EntryKind, Journal, delete_journal, journal_info, list_journals
+from primeruns.journal import (
+    EntryKind,
+    Journal,
+    delete_journal,
+    journal_info,
+    list_journals,
+    summary,
+    summary_index,
+)
 from primeruns.journal.origin import K_ORIGIN
 from primeruns.journal.summary import FOLDER
+from primeruns.journal.summary_index import INDEX_NAME
 from primeruns.reports import describe
 
 ONLINE = {"spec": {"kind": "eval", "mode": "online"}}
@@ -34,6 +45,16 @@ def _journal(runs: Path, name: str, entries: int, *, finish: bool = True) -> Pat
         if finish:
             journal.append(EntryKind.FINISH, [b'{"status": "completed"}'])
         return journal.path
+
+
+@pytest.fixture(params=["a summary file a journal", "one index of them all"])
+def kept_as(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each way a listing finds what it kept: a runs directory of a few
+    journals reads their summary files; one of many, one index of them all
+    (``summary_index``), here written at every listing that found a change."""
+    if request.param == "one index of them all":
+        monkeypatch.setattr(summary_index, "stale_most", lambda journals: 0)
+    return str(request.param)
 
 
 def _opened(monkeypatch: pytest.MonkeyPatch) -> list[Path]:
@@ -69,7 +90,7 @@ def _same_times(path: Path, like: os.stat_result) -> None:
 
 
 def test_an_unchanged_journal_is_listed_from_its_summary_without_being_opened(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept_as: str
 ) -> None:
     """Before, every listing opened every past journal (and a child walked
     each one's tree): ``ls`` of 3,000 runs took ~20 s."""
@@ -84,7 +105,9 @@ def test_an_unchanged_journal_is_listed_from_its_summary_without_being_opened(
     assert first["b"][2] is None
 
 
-def test_a_journal_that_changed_is_read_again_even_within_its_timestamp(tmp_path: Path) -> None:
+def test_a_journal_that_changed_is_read_again_even_within_its_timestamp(
+    tmp_path: Path, kept_as: str
+) -> None:
     runs = tmp_path / "runs"
     path = _journal(runs, "run", 2, finish=False)
     assert _shown(runs)["run"][:3] == (2, {int(EntryKind.EPISODE): 2}, None)
@@ -154,7 +177,9 @@ def _zero_a_page_that_aborts_lmdb(path: Path) -> None:
     raise AssertionError("no single page aborts LMDB in this journal")
 
 
-def test_a_journal_damaged_in_place_after_it_was_listed_is_probed_again(tmp_path: Path) -> None:
+def test_a_journal_damaged_in_place_after_it_was_listed_is_probed_again(
+    tmp_path: Path, kept_as: str
+) -> None:
     """Its size and times unchanged, its summary still says it is healthy:
     the listing must walk its tree in a child again, not trust the summary
     (nor open it and let LMDB abort the process)."""
@@ -178,7 +203,9 @@ def test_a_journal_damaged_in_place_after_it_was_listed_is_probed_again(tmp_path
     assert any("tree damaged" in what for what in damage), damage
 
 
-def test_a_journal_copied_in_from_another_host_is_listed_as_the_copy_is(tmp_path: Path) -> None:
+def test_a_journal_copied_in_from_another_host_is_listed_as_the_copy_is(
+    tmp_path: Path, kept_as: str
+) -> None:
     """A runs directory refreshed from a compute node (rsync, ``cp -a``):
     the copy replaces the journal of the same name, its times kept, and
     must be listed as what it holds, not as the journal it replaced."""
@@ -267,3 +294,52 @@ def test_the_crashed_run_hint_opens_no_past_journal_it_read_before_and_few_it_di
         opening._mention_crashed_runs(runs, set())
     assert opened == []
     assert "12 earlier run(s)" in caplog.text
+
+
+def test_a_listing_of_many_journals_reads_one_index_not_a_file_a_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ls`` of 3,000 past runs read 3,000 summary files, and each journal's
+    first 8 KiB and folder listing for its stamp: on a busy disk, most of its
+    time. Listed again, unchanged journals cost a ``stat`` or two each: what
+    they are is in one index, read once, and what a ``stat`` proves unchanged
+    is not read again (here their files settled long ago)."""
+    runs = tmp_path / "runs"
+    paths = [_journal(runs, f"run-{i:02d}", 1 + i % 3, finish=i % 2 == 0) for i in range(40)]
+    # Listings from a minute on: every file changed long before their stamps.
+    later = types.SimpleNamespace(time_ns=lambda: time.time_ns() + 60 * 10**9, time=time.time)
+    monkeypatch.setattr(summary, "time", later)
+    first = _shown(runs)
+    _shown(runs)  # the index is written once the summaries are kept
+    assert (runs / FOLDER / INDEX_NAME).is_file()
+    read: list[str] = []
+    for module, name in [(summary, "last_txnid"), (summary, "list_segments")]:
+        real = getattr(module, name)
+        monkeypatch.setattr(
+            module, name, lambda *a, _real=real, _name=name: read.append(_name) or _real(*a)
+        )
+    real_load = summary.Shelf.load
+    monkeypatch.setattr(
+        summary.Shelf, "load", lambda self, *a: read.append("summary file") or real_load(self, *a)
+    )
+    opened = _opened(monkeypatch)
+    assert _shown(runs) == first
+    assert (opened, read) == ([], [])
+    with Journal.open(paths[3]) as journal:  # one changes: it alone is read
+        journal.append(EntryKind.EPISODE, [b'{"id": "late"}'])
+    (runs / FOLDER / "run-03.json").unlink()
+    opened.clear()
+    again = _shown(runs)
+    assert first["run-03"] == (1, {int(EntryKind.EPISODE): 1}, None, [])
+    assert again == {**first, "run-03": (2, {int(EntryKind.EPISODE): 2}, None, [])}
+    assert opened == [paths[3]]
+    index = runs / FOLDER / INDEX_NAME
+    good = json.loads(index.read_bytes())
+    for name, entry in good["entries"].items():  # each entry odd in its own way
+        odd = [[], [[*entry[0][0][:6], "x", []], *entry[0][1:]], [entry[0][0], None, 0, 0, [1]]]
+        good["entries"][name] = [odd[hash(name) % 3], entry[1][:-2]]
+    for raw in [b"{mangled", json.dumps({**good, "v": 0}).encode(), json.dumps(good).encode()]:
+        index.write_bytes(raw)  # missing or odd: each journal read as without it
+        assert _shown(runs) == again
+    opened.clear()
+    assert _shown(runs) == again and opened == []  # written anew

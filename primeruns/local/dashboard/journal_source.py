@@ -36,8 +36,7 @@ from ...journal.store import DATA_NAME
 from ...journal.trust import check_dir
 from ...projection import MAX_SAMPLES_PAYLOAD_BYTES, episodes_to_parquet_rows, record_to_samples
 from ...reports import CRASH_ERROR, RunStatus, describe
-from ...ship.backlog import sync_names
-from ...ship.mirror import sync_root
+from ...ship.copies import sync_names, sync_root
 from ...sinks.train_samples import DEFAULT_INTERVAL as TABLE_INTERVAL
 from ..traces_extract import as_object
 from .journal_index import MAX_ENTRY_BYTES, JournalIndex, read_in_order, read_records

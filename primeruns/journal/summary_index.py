@@ -1,0 +1,196 @@
+"""The summaries of a whole runs directory in one file, read once by a listing of it.
+
+A summary is one small file a journal (``summary``): the unit a listing
+writes, since it reads only the journals that changed, and what a reader of
+a few journals uses (``gc``'s candidates, ``show``'s run, the crashed-run
+hint). A listing of the whole directory (``ls``, ``gc``, ``sync --all``, the
+dashboard) read every one of them, and took every journal's stamp afresh
+(8 KiB of its ``data.mdb``, a listing of its folder): with 3,000 past runs,
+9,000 file reads on every ``ls``, most of its time on a busy disk.
+
+The index holds, per journal, its summary file's text and the ``Files`` its
+stamp was taken as (with the time it was taken), in one file beside the
+summaries (``<runs dir>/.summaries/.index``). A listing of the whole
+directory reads it once; an entry's summary is used only where its stamp is
+the journal's stamp now (exactly as a summary file's), and its ``Files``
+spares the stamp's reads where ``stat`` proves them unchanged
+(``summary.files``'s ``known``, as the dashboard's memo does within one
+process). An entry that does not parse or check is missing, and the journal
+is read from its own summary, or itself, as before.
+
+It is rewritten whole (a temporary file renamed over the old) by a listing
+of the whole directory once more than a few of its entries are stale
+(``stale_most``), not at every listing that found one journal changed: a
+live run beside thousands of past ones would have it written by every
+``ls``. Until then a changed journal costs its own summary file's read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import stat
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from primeruns.journal.summary import Files, Stamp
+
+__all__ = ["INDEX_NAME", "MAX_INDEX_BYTES", "Index", "stale_most"]
+
+#: The index's name in the summaries folder (not ``*.json``: no journal's summary).
+INDEX_NAME = ".index"
+#: The largest index read or written (about 3 KB a journal: 20,000 runs and more).
+MAX_INDEX_BYTES = 64 << 20
+_VERSION = 1
+_TEMP_PREFIX = ".tmp-"  # the summaries' own: pruned with theirs when a writer died
+
+
+def stale_most(journals: int) -> int:
+    """How many stale entries a listing of ``journals`` leaves in the index
+    before writing it anew: each costs a summary file's read a listing, a
+    rewrite costs about as much as reading the whole index once."""
+    return 16 + journals // 32
+
+
+class Index:
+    """The index of the summaries folder ``folder``, read on first use.
+
+    Best effort, as the summaries: an index that cannot be read is empty, one
+    that cannot be written is not, and neither raises."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = os.path.join(folder, INDEX_NAME)
+        self._folder = folder
+        self._entries: dict[str, list[Any]] | None = None
+
+    @property
+    def read(self) -> bool:
+        """Whether it was read (a listing that asked nothing of it need not write it)."""
+        return self._entries is not None
+
+    @property
+    def entries(self) -> dict[str, list[Any]]:
+        """Per journal name: ``[files, summary text]`` as written (unchecked)."""
+        if self._entries is None:
+            self._entries = _read(self.path)
+        return self._entries
+
+    def files(self, name: str) -> Files | None:
+        """The ``Files`` journal ``name``'s entry was stamped as, if it is well formed."""
+        entry = self.entries.get(name)
+        return _files_of(entry[0]) if entry is not None else None
+
+    def summary_text(self, name: str) -> str | None:
+        """The text of journal ``name``'s summary as the index holds it."""
+        entry = self.entries.get(name)
+        return entry[1] if entry is not None else None
+
+    def refresh(self, listed: dict[str, Files], texts: dict[str, str]) -> None:
+        """After a listing of the whole directory: ``listed``, each journal
+        that can be stamped and the ``Files`` it was found as; ``texts``, the
+        summaries this listing read from files or wrote, by name. Written
+        anew when more than ``stale_most`` entries are stale or missing."""
+        entries = self.entries
+        fresh: dict[str, list[Any]] = {}
+        stale = sum(1 for name in entries if name not in listed)
+        for name, found in listed.items():
+            entry = entries.get(name)
+            text = texts.get(name)  # read or written now: as current, or more
+            if entry is not None and _stamp_of(entry[0]) == found.stamp:
+                fresh[name] = [_files_json(found), entry[1] if text is None else text]
+                continue
+            stale += 1
+            if text is not None:
+                fresh[name] = [_files_json(found), text]
+        if stale <= stale_most(len(listed)):
+            return
+        self._write(fresh)
+
+    def _write(self, entries: dict[str, list[Any]]) -> None:
+        try:
+            encoded = orjson.dumps({"v": _VERSION, "entries": entries})
+        except (TypeError, ValueError):
+            return
+        if len(encoded) > MAX_INDEX_BYTES:
+            return
+        with contextlib.suppress(OSError):
+            fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=self._folder)
+            try:
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(encoded)
+                os.replace(temp, self.path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+                raise
+        self._entries = entries
+
+
+def _read(path: str) -> dict[str, list[Any]]:
+    """The index's entries, each ``[files, text]``; empty when anything is odd."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return {}
+    try:
+        st = os.fstat(fd)
+        if (
+            not stat.S_ISREG(st.st_mode)
+            or st.st_uid != os.geteuid()
+            or st.st_size > MAX_INDEX_BYTES
+        ):
+            return {}
+        doc = orjson.loads(os.pread(fd, st.st_size, 0))
+    except (OSError, orjson.JSONDecodeError):
+        return {}
+    finally:
+        os.close(fd)
+    if not isinstance(doc, dict) or doc.get("v") != _VERSION:
+        return {}
+    entries = doc.get("entries")
+    if not isinstance(entries, dict):
+        return {}
+    return {
+        name: entry
+        for name, entry in entries.items()
+        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str)
+    }
+
+
+def _files_json(found: Files) -> list[Any]:
+    return [found.stamp, found.size_bytes, found.modified, found.taken, found.folder]
+
+
+def _stamp_of(value: Any) -> Stamp | None:
+    return value[0] if isinstance(value, list) and value else None
+
+
+def _files_of(value: Any) -> Files | None:
+    """The ``Files`` an entry holds, only if every part is of its type: a
+    stamp of five integers, a transaction id and segments, each segment a
+    name and three integers. (Plain loops: a listing checks thousands.)"""
+    if type(value) is not list or len(value) != 5:
+        return None
+    stamp, size, modified, taken, folder = value
+    if type(stamp) is not list or len(stamp) != 7 or type(stamp[6]) is not list:
+        return None
+    for number in (*stamp[:6], size, taken):
+        if type(number) is not int:
+            return None
+    if type(modified) is not float and type(modified) is not int:
+        return None
+    for segment in stamp[6]:
+        if type(segment) is not list or len(segment) != 4 or type(segment[0]) is not str:
+            return None
+        for number in segment[1:]:
+            if type(number) is not int:
+                return None
+    if folder is not None:
+        if type(folder) is not list or len(folder) != 2:
+            return None
+        if type(folder[0]) is not int or type(folder[1]) is not int:
+            return None
+    return Files(stamp, size, float(modified), taken, None if folder is None else tuple(folder))
