@@ -101,6 +101,7 @@ __all__ = [
     "is_transient",
 ]
 
+
 # The platform's classes are loaded on first use: prime_traces' package brings
 # its HTTP clients (httpx) with it, ~0.3 s that a command reading journals
 # (``primeruns ls``) never needs. ``UnprovenAnswerError`` lives with the

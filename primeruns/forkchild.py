@@ -80,12 +80,10 @@ _EXIT_GRACE = 30.0
 _opening = threading.Lock()
 
 
-def _fresh_lock() -> None:
+def _after_fork_in_child() -> None:
+    """Run by ``hooks``' after-fork handler (it keeps its place among the user's)."""
     global _opening
     _opening = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_fresh_lock)
 
 
 @dataclass

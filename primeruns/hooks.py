@@ -22,6 +22,7 @@ import atexit
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from types import FrameType
@@ -163,6 +164,17 @@ def _after_fork_in_child() -> None:
     for run in list(_exit_runs):
         run.reset_after_fork()
     _exit_runs.clear()
+    for name in _LOADED_LATER:
+        module = sys.modules.get(name)
+        if module is not None:
+            module._after_fork_in_child()
 
+
+# The after-fork work of modules ``import primeruns`` does not load (its
+# public names load on first use): run from this handler, registered at
+# import, so the SDK's handlers keep that place among the user's own (a
+# handler the user registers later finds a child's journals marked
+# inherited), whenever those modules loaded.
+_LOADED_LATER = ("primeruns.journal.store", "primeruns.forkchild")
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

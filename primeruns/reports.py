@@ -207,9 +207,7 @@ def describe(
     remote = origin.host if origin is not None and not origin.on_this_host else None
     live = info.owner_alive and remote is None
     finish = None if live else info.finish
-    synced, unimported = _sync_journal_status(
-        info, sync_root() if root is None else root, in_root
-    )
+    synced, unimported = _sync_journal_status(info, sync_root() if root is None else root, in_root)
     spec = listed_spec(info.meta)  # once: a listing of thousands of runs reads each
     pending = synced.pending if synced is not None else pending_per_sink(info, spec)
     total = sum(v for v in pending.values() if isinstance(v, int))

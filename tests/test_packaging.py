@@ -253,3 +253,38 @@ def test_the_package_loads_its_public_names_on_first_use() -> None:
     )
     assert child.returncode == 0, child.stderr[-2000:]
     assert child.stdout.strip() == "[]"
+
+
+def test_the_sdks_fork_handlers_run_before_a_users_registered_after_import(
+    tmp_path: Path,
+) -> None:
+    """A forked child's journals are marked inherited (never reopened or
+    closed by the child) before any handler the user registered after
+    ``import primeruns`` runs, as when the package loaded every module at
+    import: a user's handler that logs in the child finds them marked."""
+    import subprocess
+    import sys
+
+    script = f"""
+import os, primeruns as pr
+seen = []
+def users_handler():
+    from primeruns.journal import store
+    seen.append(all(s.forked for s in list(store._LIVE)) and bool(store._LIVE))
+os.register_at_fork(after_in_child=users_handler)
+runs = {str(tmp_path / "runs")!r}
+run = pr.init(mode="offline", kind="train", model="m", team_id="t", runs_dir=runs)
+run.log_metrics({{"loss": 1.0}}, step=0)
+pid = os.fork()
+if pid == 0:
+    os._exit(0 if seen == [True] else 3)
+_, status = os.waitpid(pid, 0)
+run.finish()
+print(os.waitstatus_to_exitcode(status))
+"""
+    child = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert child.stdout.strip().splitlines()[-1] == "0", "the user's handler ran first"
+

@@ -171,14 +171,13 @@ _INHERITED: set[str] = set()
 
 
 def _after_fork_in_child() -> None:
-    # Keep inherited environments alive forever in the child: see module doc.
+    """Keep inherited environments alive forever in the child: see module doc.
+    Run by ``hooks``' after-fork handler, which keeps its place among the
+    user's handlers."""
     for store in list(_LIVE):
         _ORPHANS.append(store.env)
         store.forked = True
         _INHERITED.add(os.path.realpath(store.directory))
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class AlreadyOpenError(ValueError):

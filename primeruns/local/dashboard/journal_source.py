@@ -194,8 +194,7 @@ class JournalSource:
                         remembered[0].stamp,
                         info.owner,
                         info.owner_alive,
-                        not synced_here
-                        and (info.local_id in in_root or info.path.name in in_root),
+                        not synced_here and (info.local_id in in_root or info.path.name in in_root),
                     )
                 )
                 row = self._rows.get(info.path, key) if key is not None else None
