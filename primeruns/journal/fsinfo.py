@@ -13,13 +13,13 @@ as the fallback. ``PRIME_RUNS_ALLOW_NETWORK_FS=1`` silences the warning.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import sys
 import threading
 import warnings
 from pathlib import Path
 
+from primeruns.libc import libc
 from primeruns.settings import ALLOW_NETWORK_FS_ENV, allow_network_fs
 
 __all__ = ["ALLOW_ENV", "NetworkFilesystemWarning", "network_fs_type", "warn_if_network_fs"]
@@ -76,9 +76,8 @@ def _statfs_type(path: Path) -> int | None:
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         buf = _Statfs()
-        if libc.statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
+        if libc().statfs(os.fsencode(path), ctypes.byref(buf)) != 0:
             return None
         return int(buf.f_type) & 0xFFFFFFFF
     except (OSError, AttributeError):

@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import threading
 import time
 from collections.abc import Iterator
 
 from ..journal.store import DATA_NAME
+from ..libc import libc as c_library
 
 __all__ = ["after_batch", "enable", "idle", "journal_maps"]
 
@@ -50,7 +50,7 @@ def enable() -> bool:
     """Release from now on in this process; whether this libc allows it."""
     global _libc
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc = c_library()
         libc.malloc_trim.argtypes = [ctypes.c_size_t]
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     except (OSError, AttributeError):

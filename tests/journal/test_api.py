@@ -342,6 +342,22 @@ def test_network_fs_warns_once_with_fix(tmp_path: Path, monkeypatch: pytest.Monk
         Journal.create(tmp_path / "other").close()
 
 
+def test_creating_a_journal_starts_no_child_process(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its network filesystem check opens the C library by name: looking it
+    up (``ctypes.util.find_library``) ran ``ldconfig`` in a child process,
+    7-25 ms of every ``init()``."""
+    from primeruns import libc
+
+    def no_child(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError(f"a child process was started: {args[0] if args else kwargs}")
+
+    libc.libc.cache_clear()  # as in a process that has not opened it yet
+    monkeypatch.setattr(subprocess, "Popen", no_child)
+    Journal.create(tmp_path).close()
+
+
 def test_default_runs_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("PRIME_RUNS_DIR", str(tmp_path / "r"))
     assert default_runs_dir() == tmp_path / "r"
