@@ -5,7 +5,9 @@ the uplink (:mod:`primeruns.ship.link`: a process, or threads where one cannot
 start). The :class:`Supervisor` it returns is all the run handle knows of
 shipping: it passes the recorder's wake-ups on, waits for the sinks to catch
 up (``flush``), replaces an uplink process that died before the run was
-closed out with threads in this process, and waits for the close-out. Every
+closed out with threads in this process, and waits for the close-out
+(shipping from threads itself when the run ends before its uplink process
+began: a short run does not wait for that process's start-up). Every
 answer it gives is read from the journal, where the uplink writes it
 (``ship.ledger``); it never talks to the platform itself after ``init()``.
 """
@@ -251,11 +253,33 @@ class Supervisor:
             self._replaced = True
             self.uplink = UplinkThreads(old, self._settings, [], self._tuning)
 
+    def ship_here_if_unstarted(self) -> bool:
+        """Ship from threads in this process if the uplink process has not
+        begun (``UplinkProcess.claim_back``: it then never will); whether
+        this process ships now. For the finish: the loop is over, and a
+        short run need not wait for that process's interpreter and imports."""
+        with self._replacing:
+            uplink, journal = self.uplink, self._journal
+            if self._replaced or not uplink.claim_back():
+                return False
+            self._replaced = True
+            uplink.release()
+            journal.unshare_lock()
+            journal.take_back_moving()
+            predecessors = getattr(uplink, "predecessors", [])
+            self.uplink = UplinkThreads(journal, self._settings, predecessors, self._tuning)
+            return True
+
     def wait_closeout(self, waiting: float, *, grace: bool) -> ledger.Closeout | None:
         """After the finish entry: tell the uplink, and wait up to ``waiting``
         (plus a grace for its last steps) for it to close the run out; how it
         went, or None if it is still at it."""
         self.replace_if_dead()
+        if grace:
+            # This call waits out the uplink's whole budget, so threads
+            # here ship as long as the process would have. Not at an exit
+            # that waits less: the process goes on after it, threads would not.
+            self.ship_here_if_unstarted()
         uplink = self.uplink
         uplink.closing()
         done_by = time.monotonic() + waiting + (_CLOSE_GRACE if grace else 0.0)

@@ -57,6 +57,48 @@ def wait_for(predicate: Callable[[], Any], timeout: float = 30.0, what: str = "c
         time.sleep(0.05)
 
 
+def gated_interpreter(tmp_path: Path) -> tuple[Path, Path]:
+    """(a stand-in for this interpreter, its gate file): the stand-in waits
+    until the gate exists, as an interpreter still in its start-up and
+    imports, then becomes the interpreter with its arguments."""
+    gate = tmp_path / "gate"
+    stand_in = tmp_path / "python-gated"
+    stand_in.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys, time\n"
+        f"while not os.path.exists({str(gate)!r}):\n"
+        "    time.sleep(0.01)  # a start-up that has not got this far\n"
+        f"os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
+    )
+    stand_in.chmod(0o700)
+    return stand_in, gate
+
+
+class GatedSys:
+    """``sys`` as ``primeruns.ship.link`` sees it, with the gated stand-in as
+    its interpreter: only the uplink process is held, not every child this
+    process starts with ``sys.executable`` (the journal listing's probe, a
+    local platform)."""
+
+    def __init__(self, stand_in: Path) -> None:
+        self.executable = str(stand_in)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(sys, name)
+
+
+def held_uplink_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Uplink processes this process starts from now on are held in their
+    start-up until the returned gate file exists (``gated_interpreter``).
+    Touch the gate at the end of the test: a process still held then goes
+    on as the uplink."""
+    import primeruns.ship.link as link
+
+    stand_in, gate = gated_interpreter(tmp_path)
+    monkeypatch.setattr(link, "sys", GatedSys(stand_in))
+    return gate
+
+
 TESTS = Path(__file__).resolve().parent
 
 

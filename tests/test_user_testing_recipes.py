@@ -19,7 +19,7 @@ import procs
 import pyarrow.parquet as pq
 import pytest
 import workloads
-from sdk_helpers import point_at
+from sdk_helpers import held_uplink_starts, point_at
 
 import primeruns as pr
 from primeruns.local import LocalPlatform
@@ -235,11 +235,20 @@ def test_primeruns_serve_and_environment_variables_need_no_change_to_the_code(
     assert server.wait(timeout=30) == 0
 
 
-# -- why an HTTP mock in the test process does not see the uploads --------------------
+# -- what an HTTP mock in the test process sees -----------------------------------------
+
+_REGISTRATION = {"POST /api/v1/environmentshub/resolve", "POST /api/v1/evaluations/"}
+_UPLOADS = ("/traces", "/samples", "/finalize")
 
 
-def test_an_http_mock_in_the_test_process_sees_registration_but_not_the_uploads(
-    platform: LocalPlatform, monkeypatch: pytest.MonkeyPatch
+def _uploads(seen: list[str]) -> set[str]:
+    """Which of an evaluation's uploads (its traces, its sample rows, its
+    close-out) passed through this process."""
+    return {kind for kind in _UPLOADS if any(s.endswith(kind) for s in seen)}
+
+
+def test_an_http_mock_in_the_test_process_sees_the_uploads_only_of_a_run_shipped_from_it(
+    platform: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     seen: list[str] = []
     handle = httpx.HTTPTransport.handle_request
@@ -249,15 +258,43 @@ def test_an_http_mock_in_the_test_process_sees_registration_but_not_the_uploads(
         return handle(self, request)
 
     monkeypatch.setattr(httpx.HTTPTransport, "handle_request", spy)
-    run = evaluate(workloads.gsm8k(3))
-    assert platform.run(run.id)["samples"]["rows"] == 3  # shipped, by the uplink process
-    assert {"POST /api/v1/environmentshub/resolve", "POST /api/v1/evaluations/"} <= set(seen)
-    assert not any("/traces" in s or "/samples" in s or "/finalize" in s for s in seen)
 
-    # Shipping from threads of this process: now the uploads pass through it too.
+    # A run that lives past its uplink process's start-up (here: it waits
+    # in flush() for its uploads) is shipped by that process: none of its
+    # uploads pass through this one, nor its close-out.
+    run = pr.init(name="gsm8k-nightly", environments=["gsm8k"], model="m")
+    run.log_episodes(workloads.gsm8k(3))
+    assert run.flush(timeout=60)
+    run.finish()
+    assert platform.run(run.id)["samples"]["rows"] == 3
+    assert set(seen) >= _REGISTRATION
+    assert _uploads(seen) == set()
+
+    seen.clear()
+    # Left to timing, a run is one or the other: all of its uploads pass
+    # through this process, or none; never some.
+    run = evaluate(workloads.gsm8k(3))
+    assert platform.run(run.id)["samples"]["rows"] == 3
+    assert _uploads(seen) in (set(), set(_UPLOADS))
+
+    seen.clear()
+    # A run over before its uplink process started (held in its start-up
+    # here; a test's small run often is) is shipped from this process,
+    # while finish() waits: every upload passes through it.
+    gate = held_uplink_starts(monkeypatch, tmp_path)
+    try:
+        run = pr.init(name="gsm8k-nightly", environments=["gsm8k"], model="m")
+        run.log_episodes(workloads.gsm8k(3))
+        run.finish(timeout=30)
+    finally:
+        gate.touch()
+    assert platform.run(run.id)["samples"]["rows"] == 3
+    assert set(seen) >= _REGISTRATION
+    assert _uploads(seen) == set(_UPLOADS)
+
+    # Shipping from threads of this process: every upload passes through it.
     seen.clear()
     monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")
     run = evaluate(workloads.gsm8k(3))
     assert platform.run(run.id)["samples"]["rows"] == 3
-    assert "POST /api/v1/traces" in seen
-    assert f"POST /api/v1/evaluations/{run.id}/samples" in seen
+    assert _uploads(seen) == set(_UPLOADS)

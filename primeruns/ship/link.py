@@ -17,6 +17,17 @@ only ever carry wake-ups, never data:
   failed or changed standing, so ``flush()`` and ``finish()`` wait without
   polling. Its end of file says the uplink is gone.
 
+Who ships is settled once, by a *claim*: a pipe holding one byte, whose
+read end both processes have. The uplink reads it as soon as it starts,
+before it touches the journal or the platform, and ships only if it got
+the byte. A run that finishes before its uplink got that far (its
+interpreter and imports take ~0.5 s, a one-episode evaluation less) reads
+the byte itself (``UplinkProcess.claim_back``): the uplink then never ships,
+is stopped, and the producer ships the rest from threads while it waits in
+``finish()`` (its loop is over: no tax on it). One of the two reads the
+byte, never both, so nothing is shipped twice, and a run that lives on
+ships from the process as before.
+
 The uplink learns of its producer's death from a pidfd (or, where there is
 none, from the wake pipe's end of file and its parent pid), ships what is left
 and closes the run out as crashed. It runs in a session of its own, so a
@@ -32,12 +43,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import logging
 import os
 import select
+import struct
 import subprocess
 import sys
+import termios
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -99,6 +113,10 @@ class UplinkHandle(Protocol):
 
     def release(self) -> None:
         """Close this side's ends (the run's journal is closing)."""
+
+    def claim_back(self) -> bool:
+        """Take the shipping back from an uplink that has not begun it (see
+        the module doc): True when this process ships from now on."""
 
 
 def start_uplink(
@@ -222,6 +240,9 @@ class ProgressReader:
 class UplinkProcess:
     """An uplink process: ``python -m primeruns.ship.uplink_main``."""
 
+    #: What it ships besides the journal, for threads that take over from it.
+    predecessors: list[Path]
+
     def __init__(
         self,
         journal: Journal,
@@ -230,8 +251,11 @@ class UplinkProcess:
         tuning: SdkSettings | None = None,
     ) -> None:
         tuning = tuning or process_sdk_settings()
+        self.predecessors = list(predecessors)
         wake_r, self._wake_w = os.pipe()
         self._progress_r, progress_w = os.pipe()
+        self._claim = _claim_token()
+        self._ships_there = False  # the uplink took the claim (known once it is looked at)
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._progress_r, False)
         lock_fd = journal.share_lock()
@@ -253,6 +277,8 @@ class UplinkProcess:
             str(progress_w),
             "--lock-fd",
             str(lock_fd),
+            "--claim-fd",
+            str(self._claim),
         ]
         # No PRIME_* variable: the settings (the key among them) come by the pipe.
         env = without_settings(os.environ)
@@ -272,7 +298,7 @@ class UplinkProcess:
                 stdin=subprocess.PIPE,
                 stdout=subprocess.DEVNULL,
                 stderr=log_fd,
-                pass_fds=(wake_r, progress_w, lock_fd),
+                pass_fds=(wake_r, progress_w, lock_fd, self._claim),
                 start_new_session=True,  # a terminal's Ctrl-C is the producer's to handle
                 env=env,
             )
@@ -293,7 +319,7 @@ class UplinkProcess:
                 self._proc.wait()
                 raise
         except BaseException:
-            for fd in (self._wake_w, self._progress_r):
+            for fd in (self._wake_w, self._progress_r, self._claim):
                 with contextlib.suppress(OSError):
                     os.close(fd)
             journal.unshare_lock()
@@ -360,6 +386,41 @@ class UplinkProcess:
             return False
         return True
 
+    def claim_back(self) -> bool:
+        with self._lock:
+            fd, self._claim = self._claim, -1
+        if fd < 0:
+            return False
+        try:
+            got = os.read(fd, 1)
+        except OSError:
+            got = b""  # (not expected) the uplink may have it: it ships, as it would
+        finally:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        if not got:
+            self._ships_there = True
+            return False  # the uplink has it: it ships, and closes the run out
+        # It can never ship now, and stands down once it looks; it is
+        # stopped at once so that the rest of its start-up takes no CPU.
+        with contextlib.suppress(OSError):
+            self._proc.kill()
+        self.wait_exit(5.0)
+        return True
+
+    def begun(self) -> bool:
+        """Whether the uplink process took the claim: it ships this run, and
+        ``claim_back`` will not take it back (a test freezing the uplink
+        waits for this first)."""
+        with self._lock:
+            if self._claim < 0:
+                return self._ships_there
+            try:
+                count = fcntl.ioctl(self._claim, termios.FIONREAD, b"\0\0\0\0")
+            except OSError:
+                return False
+            return bool(struct.unpack("i", count)[0] == 0)
+
     def release(self) -> None:
         with self._lock:
             if self._closed:
@@ -367,8 +428,9 @@ class UplinkProcess:
             self._closed = True
             self._progress.close()
             pidfd, self._pidfd = self._pidfd, None
-            for fd in (self._wake_w, pidfd):
-                if fd is not None:
+            claim, self._claim = self._claim, -1
+            for fd in (self._wake_w, pidfd, claim):
+                if fd is not None and fd >= 0:
                     with contextlib.suppress(OSError):
                         os.close(fd)
 
@@ -448,6 +510,9 @@ class UplinkThreads:
 
     def release(self) -> None:
         pass
+
+    def claim_back(self) -> bool:
+        return False  # shipping from this process already
 
 
 class PipeProducerLink:
@@ -579,6 +644,38 @@ class PipeProducerLink:
             pass  # full: the producer has wake-ups waiting already
         except OSError:
             pass  # the producer is gone
+
+
+def _claim_token() -> int:
+    """The read end of a pipe holding one byte, its write end closed: whoever
+    reads the byte ships (a read of an empty pipe then returns b"")."""
+    claim_r, claim_w = os.pipe()
+    try:
+        os.write(claim_w, b"\0")
+    except OSError:
+        os.close(claim_r)
+        raise
+    finally:
+        os.close(claim_w)
+    os.set_blocking(claim_r, False)
+    return claim_r
+
+
+def take_claim(fd: int | None) -> bool:
+    """In the uplink process: whether it ships (it read the claim's byte).
+    No claim descriptor (an older producer's way of starting it): it ships."""
+    if fd is None:
+        return True
+    try:
+        return bool(os.read(fd, 1))
+    except OSError:
+        # Unreadable here is not proof that the producer cannot read it:
+        # standing down is the safe side (the producer ships from threads
+        # once it finds this process gone, ``Supervisor.replace_if_dead``).
+        return False
+    finally:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def open_uplink_log(journal_path: Path) -> int:

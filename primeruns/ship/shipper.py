@@ -283,7 +283,20 @@ class Shipper:
                     self._retire(f"internal error: {type(exc).__name__}: {exc}")
         finally:
             self._persist_scanned()
+            self._close_sink()
             self._notify()
+
+    def _close_sink(self) -> None:
+        """Let go of what the sink holds (the metrics sink's step table, whose
+        lock keeps ``primeruns gc`` off it): this thread was its only user.
+        Shipping from threads, the producer lives on after the run, and would
+        hold it for the rest of its life."""
+        close = getattr(self.sink, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception:  # a bug here must not hide the shipper's own end
+                log.exception("%s: could not close the sink", self.name)
 
     def _persist_scanned(self) -> None:
         """Record how far the sink got past entries it has nothing to do with

@@ -6,7 +6,10 @@ command line, where other users can read it), the SDK's tuning the producer
 resolved (retry policy, network filesystems: its environment has no
 ``PRIME_*`` variable to read) and the journals of earlier processes of the
 same run; its arguments carry only paths and descriptor numbers. It ships
-the run until the producer finishes or dies, closes the run out, and exits.
+the run until the producer finishes or dies, closes the run out, and exits;
+unless the producer claimed the shipping back before this process got to
+it (``ship.link``: a run that finished while this one was starting), in
+which case it exits at once, having touched nothing.
 
 Its log lines go to ``uplink.log`` in the run's directory from the start
 (``UplinkProcess`` opens it as this process's standard error; standard output
@@ -31,7 +34,7 @@ from pathlib import Path
 from ..journal import Journal
 from ..settings import SdkSettings, adopt_settings
 from . import resident
-from .link import UPLINK_LOG_NAME, PipeProducerLink, settings_from_handover
+from .link import UPLINK_LOG_NAME, PipeProducerLink, settings_from_handover, take_claim
 from .policy import RetryPolicy
 from .uplink import Uplink
 
@@ -56,7 +59,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wake-fd", required=True, type=int)
     parser.add_argument("--progress-fd", required=True, type=int)
     parser.add_argument("--lock-fd", required=True, type=int)
+    parser.add_argument("--claim-fd", type=int, default=None)
     args = parser.parse_args(argv)
+    # First of all: nothing is touched before it is known that this
+    # process ships, not its producer.
+    if not take_claim(args.claim_fd):
+        return 0
     # A hangup or an interrupt meant for the terminal's job is the
     # producer's to handle; the uplink stops when its work is done.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

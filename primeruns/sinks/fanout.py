@@ -97,7 +97,7 @@ class Fanout:
         self._name = name
         self._lock = threading.Lock()
         self._pid = -1
-        self._work: queue.SimpleQueue[_Round[object, object]] = queue.SimpleQueue()
+        self._work: queue.SimpleQueue[_Round[object, object] | None] = queue.SimpleQueue()
 
     def run(
         self,
@@ -120,7 +120,7 @@ class Fanout:
         batch.done.wait()
         return batch.outcomes
 
-    def _helpers(self) -> queue.SimpleQueue[_Round[object, object]]:
+    def _helpers(self) -> queue.SimpleQueue[_Round[object, object] | None]:
         """The helpers' queue, with ``width - 1`` threads taking from it (in
         this process: a forked child starts its own)."""
         with self._lock:
@@ -131,7 +131,16 @@ class Fanout:
                     start_daemon(_serve, f"{self._name}-{number}", (self._work,))
             return self._work
 
+    def close(self) -> None:
+        """End the helper threads (once their rounds are done): the caller
+        runs no more. A process shipping from threads outlives its run's."""
+        with self._lock:
+            if self._pid == os.getpid():
+                for _ in range(self.width - 1):
+                    self._work.put(None)
+            self._pid = -1
 
-def _serve(work: queue.SimpleQueue[_Round[object, object]]) -> None:
-    while True:
-        work.get().work()  # a round already taken up returns at once
+
+def _serve(work: queue.SimpleQueue[_Round[object, object] | None]) -> None:
+    while (batch := work.get()) is not None:
+        batch.work()  # a round already taken up returns at once

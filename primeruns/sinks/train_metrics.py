@@ -180,6 +180,13 @@ class TrainMetricsSink:
             if steps.version(table, step) in (merged[1], None):
                 return
 
+    def close(self) -> None:
+        """Its shipper is done: the step table and the helper threads go
+        (``Shipper`` calls this as its thread ends)."""
+        if self._steps is not None:
+            self._steps.close()
+        self._fanout.close()
+
     def _post(self, payload: dict[str, Any]) -> None:
         """One row, proven stored: by its answer, else by reading it back."""
         run_id, step = payload["run_id"], payload["metrics"].get("step")

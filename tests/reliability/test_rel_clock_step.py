@@ -23,6 +23,7 @@ import pytest
 import rel_helpers as rh
 import rel_torture as rt
 import workloads
+from sdk_helpers import wait_for
 
 import primeruns as pr
 from primeruns.journal import EntryKind
@@ -69,6 +70,9 @@ def test_a_wall_clock_step_before_the_uplink_reads_the_finish_ships_everything(
             del os.environ[name]
         uplink = run._supervisor.uplink  # type: ignore[union-attr]
         assert uplink is not None and uplink.pid is not None
+        # The uplink process ships this run (a run finished before it began
+        # would ship from threads here, on the producer's clock).
+        wait_for(uplink.begun, timeout=60, what="the uplink process to begin")
         # Hold the uplink still until the finish entry is journaled, so that
         # every episode is left for the close-out (as on a slow link).
         os.kill(uplink.pid, signal.SIGSTOP)

@@ -17,14 +17,20 @@ import rel_torture as rt
 
 from primeruns.local import LocalPlatform
 
-# Logs, freezes its own uplink (so the uplink lingers for as long as the
-# test wants, not for a timed while), finishes with a short timeout and exits.
+# Logs, freezes its own uplink once it has begun shipping (so the uplink
+# lingers for as long as the test wants, not for a timed while), finishes
+# with a short timeout and exits.
 _SCRIPT = """
-import os, signal, sys
+import os, signal, sys, time
 import primeruns as pr
 run = pr.init(environments=["gsm8k"], model="m", runs_dir=sys.argv[1])
 run.log_episodes([{"id": "e1", "traces": []}])
-pid = run._supervisor.uplink.pid
+uplink = run._supervisor.uplink
+for _ in range(6000):  # polling a condition, bounded (60 s)
+    if uplink.begun():
+        break
+    time.sleep(0.01)
+pid = uplink.pid
 with open(sys.argv[2], "w") as f:
     f.write(str(pid))
 print(run.journal_path, flush=True)

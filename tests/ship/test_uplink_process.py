@@ -6,7 +6,11 @@ command run); while the uplink ships, ``replay`` is refused, naming it; the
 API key never appears on the uplink's command line or in its environment; a
 terminal's Ctrl-C cannot reach it (its own session); where no process can be
 started, or the uplink dies, shipping goes on from threads in the producer
-and every record still lands exactly once.
+and every record still lands exactly once; a run that finishes before its
+uplink process began ships from threads without waiting for it (the
+threads let go of the run's step table as they end), and one whose process
+began is shipped by that process alone; a producer SIGKILLed while its
+threads ship such a run leaves it to ``replay``, which sends nothing twice.
 """
 
 from __future__ import annotations
@@ -15,14 +19,24 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import module_platform
+import procs
 import pytest
 import workloads
-from sdk_helpers import API_KEY, kill_producer, platform_episode_ids, point_at, wait_for
+from sdk_helpers import (
+    API_KEY,
+    gated_interpreter,
+    held_uplink_starts,
+    kill_producer,
+    platform_episode_ids,
+    point_at,
+    wait_for,
+)
 
 import primeruns as pr
 from primeruns.journal import EntryKind, Journal
@@ -32,6 +46,17 @@ from cli_helpers import cli, landed_once
 
 # The runs of these tests are told apart by id: one server serves them all.
 _server, local_platform = module_platform.fixtures()
+
+
+def _completed_once(stored: dict[str, Any], n: int) -> bool:
+    """The evaluation is COMPLETED with each of its ``n`` episodes stored
+    once, in Prime Traces and in the sample table."""
+    samples = stored["samples"]
+    return bool(
+        stored["status"] == "COMPLETED"
+        and landed_once(stored, n)
+        and samples["rows"] == samples["distinct"] == n
+    )
 
 
 def _journaled_ids(path: Path) -> list[str]:
@@ -178,10 +203,7 @@ def test_an_uplink_killed_mid_run_is_replaced_by_threads_and_nothing_is_lost(
         assert run.flush(timeout=60)
     assert "shipping from threads" in caplog.text
     run.finish(timeout=60)
-    stored = local_platform.run(run.id)
-    assert stored["status"] == "COMPLETED"
-    assert landed_once(stored, 60)
-    assert stored["samples"]["rows"] == stored["samples"]["distinct"] == 60
+    assert _completed_once(local_platform.run(run.id), 60)
 
 
 def test_the_uplink_runs_this_package_even_from_a_directory_holding_another(
@@ -204,6 +226,9 @@ def test_the_uplink_runs_this_package_even_from_a_directory_holding_another(
     uplink = run._supervisor.uplink
     assert uplink.pid is not None  # type: ignore[attr-defined]
     run.log_episodes(workloads.gsm8k(5))
+    # Shipped by the process (a run finished before it began would ship
+    # from threads here, and never show what the process imports).
+    assert run.flush(timeout=60)
     run.finish(timeout=60)
     assert not marker.exists()
     assert uplink.exit_code() == 0  # type: ignore[attr-defined]  # the uplink itself shipped and closed the run
@@ -248,3 +273,175 @@ def test_a_run_longer_than_one_reads_scan_is_closed_out_by_its_uplink(
     stored = local_platform.run(run.id)
     assert stored["status"] == "COMPLETED"
     assert landed_once(stored, 40)
+
+
+def test_a_run_finished_before_its_uplink_process_began_ships_from_threads_at_once(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A short evaluation does not wait for its uplink process's start-up:
+    finish() takes the shipping back from a process that has not begun
+    (which then never ships) and ships from threads; every record lands
+    once. Before, finish() waited for the process, here for ever (its
+    budget), and nothing was shipped."""
+    gate = held_uplink_starts(monkeypatch, tmp_path)
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    try:
+        run = _eval_run(local_platform.url, runs)
+        assert run._supervisor is not None
+        uplink = run._supervisor.uplink
+        assert uplink.pid is not None and not uplink.begun()  # type: ignore[attr-defined]
+        run.log_episodes(workloads.gsm8k(5))
+        run.finish(timeout=15)
+        assert not uplink.alive()  # stopped, never having begun
+        assert not gate.exists()
+    finally:
+        gate.touch()  # a process of a failed run may become the uplink now
+    assert run.status is pr.RunStatus.COMPLETED
+    assert _completed_once(local_platform.run(run.id), 5)
+
+
+def test_a_run_whose_uplink_process_began_is_shipped_and_closed_by_it_alone(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gate = held_uplink_starts(monkeypatch, tmp_path)
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = _eval_run(local_platform.url, runs)
+    assert run._supervisor is not None
+    uplink = run._supervisor.uplink
+    run.log_episodes(workloads.gsm8k(5))
+    gate.touch()
+    wait_for(uplink.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
+    run.finish(timeout=60)
+    assert run._supervisor.uplink is uplink  # no threads took over
+    assert uplink.exit_code() == 0  # type: ignore[attr-defined]  # it shipped and closed the run
+    assert _completed_once(local_platform.run(run.id), 5)
+
+
+def test_an_uplink_process_whose_producer_took_the_shipping_back_touches_nothing(
+    tmp_path: Path,
+) -> None:
+    from primeruns.ship import link, uplink_main
+
+    claim = link._claim_token()
+    assert os.read(claim, 1) == b"\0"  # the producer took it back
+    missing = tmp_path / "no-journal-here"
+    wake_r, wake_w = os.pipe()
+    progress_r, progress_w = os.pipe()
+    try:
+        code = uplink_main.main(
+            [
+                "--journal",
+                str(missing),
+                "--producer",
+                str(os.getpid()),
+                "--wake-fd",
+                str(wake_r),
+                "--progress-fd",
+                str(progress_w),
+                "--lock-fd",
+                "-1",
+                "--claim-fd",
+                str(claim),
+            ]
+        )
+    finally:
+        for fd in (wake_r, wake_w, progress_r, progress_w):
+            os.close(fd)
+    assert code == 0
+    assert not missing.exists()
+
+
+def test_of_the_producer_and_its_uplink_exactly_one_gets_the_claim() -> None:
+    from primeruns.ship import link
+
+    claim = link._claim_token()
+    second = os.dup(claim)  # the uplink's copy (inherited: the same pipe)
+    assert link.take_claim(claim) is True
+    assert link.take_claim(second) is False
+
+
+def test_a_short_training_run_shipped_from_threads_lets_go_of_its_step_table(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its metrics rows are merged in a step table held under a shared lock
+    while in use: once finish() returned, no thread of this process holds
+    it, and gc may delete it with the run (it never could before)."""
+    from primeruns.sinks.step_rows import delete_table, tables
+
+    gate = held_uplink_starts(monkeypatch, tmp_path)
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    try:
+        run = pr.init(
+            kind="train",
+            model="m",
+            team_id="team",
+            api_key=API_KEY,
+            base_url=local_platform.url,
+            runs_dir=runs,
+        )
+        for step in range(3):
+            run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+        run.finish(timeout=30)
+    finally:
+        gate.touch()
+    assert local_platform.run(run.id)["train_metrics"] == {"rows": 3, "steps": 3}
+    (table,) = tables(runs)
+    assert delete_table(table)  # nobody holds it
+
+
+_KILLED_WHILE_SHIPPING = """
+import sys
+from pathlib import Path
+import primeruns as pr
+import primeruns.ship.link as link
+import workloads
+from sdk_helpers import GatedSys
+
+runs, url, stand_in = sys.argv[1:4]
+link.sys = GatedSys(Path(stand_in))  # its uplink process is held in its start-up
+run = pr.init(environments=["gsm8k"], model="m", runs_dir=runs, base_url=url,
+              api_key="test-key-0123456789")
+run.log_episodes(workloads.gsm8k(20))
+print(run.id, run.journal_path, flush=True)
+run.finish(timeout=600)
+"""
+
+
+def test_a_producer_killed_while_shipping_a_short_run_from_threads_leaves_it_to_replay(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    stand_in, gate = gated_interpreter(tmp_path)
+    lp.set_faults(latency_ms=3000, routes=["/api/v1/traces"])
+    try:
+        proc = procs.start(
+            [sys.executable, "-c", _KILLED_WHILE_SHIPPING, str(runs), lp.url, str(stand_in)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=dict(os.environ),
+            cwd=Path(__file__).resolve().parents[1],  # where workloads.py is
+        )
+        assert proc.stdout is not None
+        run_id, journal = proc.stdout.readline().split()
+        # finish() took the shipping back from the uplink process (held in
+        # its start-up, it never could ship), and the producer's threads
+        # sent the traces: killed now, with that request in flight.
+        wait_for(lambda: lp.set_faults()["delayed"] >= 1, timeout=60, what="the traces request")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        lp.set_faults(latency_ms=0)
+        wait_for(lambda: lp.set_faults()["delayed"] == 0, timeout=60, what="the request's end")
+        assert lp.run(run_id)["status"] == "RUNNING"  # nobody closed it out
+    finally:
+        gate.touch()  # an uplink process still held (a failed test's) goes on
+
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    code, out, err = cli(capsys, "replay", journal)
+    assert code == 0, out + err
+    assert _completed_once(lp.run(run_id), 20)  # completed, as the producer's finish said
