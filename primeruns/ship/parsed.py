@@ -8,15 +8,21 @@ later one takes it; once all have, it is let go. A sink only reads a
 record: what it stamps or projects is a copy (``records.stamp_run``,
 ``projection``), so one parsed record serves all of them.
 
-What is kept is bounded (``KEEP_BYTES`` of payloads): a sink far behind the
-other (a retried request, one turned off) parses for itself again, as
-before. Shared by the shippers' threads of one journal.
+What is kept is bounded (``KEEP_BYTES`` of payloads), and it is the oldest
+records that are kept: a sink reads in order, so the one behind needs the
+oldest first. When the bound is reached, a record parsed for the first time
+is not kept (the sink behind parses it for itself when it gets there), and
+a record parsed again (by the sink behind, or after a batch was cut and read
+anew) is never kept: no other sink is still to take it. Evicting the oldest
+instead, and keeping every re-parse, let the two sinks of a fast evaluation
+(batches of thousands of episodes, one sink a batch ahead) push out each
+other's records before they were taken: 5,000 episodes were parsed 9,491
+times. Shared by the shippers' threads of one journal.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,35 +42,40 @@ class SharedRecords:
         self._takers = dict(takers)
         self._keep_bytes = keep_bytes
         self._lock = threading.Lock()
-        # seq -> (record, takers still to come, payload bytes); oldest first.
-        self._kept: OrderedDict[int, tuple[Any, int, int]] = OrderedDict()
+        # seq -> (record, takers still to come, payload bytes), in the order parsed.
+        self._kept: dict[int, tuple[Any, int, int]] = {}
         self._bytes = 0
+        # The newest seq any sink parsed: an entry at or before it was parsed
+        # already (sinks read in order), so parsing it again keeps nothing.
+        self._parsed_upto = -1
 
     def parse(self, entry: Entry) -> Any:
         """``entry``'s record: as another sink parsed it, else parsed now
-        (and kept for the sinks still to take it)."""
+        (and kept for the sinks still to take it, while there is room)."""
         takers = self._takers.get(entry.kind, 1)
-        if takers > 1:
-            with self._lock:
-                kept = self._kept.get(entry.seq)
-                if kept is not None:
-                    record, left, size = kept
-                    if left > 1:
-                        self._kept[entry.seq] = (record, left - 1, size)
-                    else:
-                        del self._kept[entry.seq]
-                        self._bytes -= size
-                    return record
+        if takers <= 1:
+            return parse_entry(entry)
+        with self._lock:
+            kept = self._kept.get(entry.seq)
+            if kept is not None:
+                record, left, size = kept
+                if left > 1:
+                    self._kept[entry.seq] = (record, left - 1, size)
+                else:
+                    del self._kept[entry.seq]
+                    self._bytes -= size
+                return record
+            first = entry.seq > self._parsed_upto
+            if first:
+                self._parsed_upto = entry.seq
         record = parse_entry(entry)
-        if takers > 1:
+        if first:
             size = len(entry.payload)
             with self._lock:
-                if entry.seq not in self._kept:
+                # One record over the bound is still kept alone.
+                if not self._kept or self._bytes + size <= self._keep_bytes:
                     self._kept[entry.seq] = (record, takers - 1, size)
                     self._bytes += size
-                    while self._bytes > self._keep_bytes and len(self._kept) > 1:
-                        _, (_, _, dropped) = self._kept.popitem(last=False)
-                        self._bytes -= dropped
         return record
 
     @property

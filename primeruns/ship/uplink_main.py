@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -50,6 +51,25 @@ def _log_to_file(path: Path) -> None:
             sys.stderr.flush()
         os.dup2(fd, 2)
         os.close(fd)
+
+
+def _collect_less() -> None:
+    """Spare shipping most of the cyclic garbage collector's passes.
+
+    A batch builds hundreds of containers per episode (its record parsed,
+    stamped, projected), alive together until the batch is sent, then freed
+    by reference counting: none is part of a cycle. Yet every 700 of them
+    started a collection, which walked them again as they aged, and the
+    imports' objects with them: 6% of the uplink's CPU in a fast evaluation
+    (0.31 s of 5.2 s for 5,000 episodes; 0.09 s with this). What exists once
+    the uplink is set up lives as long as the process, so it is frozen out
+    of every collection, and collections come 100 times less often (a cycle,
+    rare here, is freed a little later). Here only: this process runs no
+    user code.
+    """
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(70_000, older, oldest)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -90,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             journal, settings, policy=RetryPolicy.from_settings(tuning), notify=link.notify
         )
         link.on_hurry = uplink.hurry
+        _collect_less()
         uplink.serve(link, predecessors)
     finally:
         journal.close()

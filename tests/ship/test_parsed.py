@@ -70,6 +70,26 @@ def test_a_sink_far_behind_parses_for_itself_and_what_is_kept_is_bounded(
     assert len(parses) <= 2 * len(entries)  # at worst each sink parses for itself, as before
 
 
+def test_a_sink_a_batch_behind_the_other_still_takes_what_was_kept(parses: list[int]) -> None:
+    # A fast evaluation: one sink's batches run a whole batch ahead of the
+    # other's, further than the bound. The sink behind takes, in order, the
+    # records kept for it; its own parses push none of them out.
+    entries = [_episode(seq, size=1000) for seq in range(1, 201)]
+    bound = 10 * len(entries[0].payload)
+    shared = parsed.SharedRecords({EntryKind.EPISODE: 2}, keep_bytes=bound)
+    lag = 25
+    for entry in entries[:lag]:
+        shared.parse(entry)
+    for ahead, behind in zip(entries[lag:], entries, strict=False):
+        shared.parse(ahead)
+        assert shared.parse(behind) == orjson.loads(behind.payload)
+    for entry in entries[-lag:]:
+        shared.parse(entry)
+    # Kept: the first 10 of each 25 the sink behind reaches.
+    assert len(parses) <= 2 * len(entries) - 70
+    assert shared.kept <= 10
+
+
 def test_an_evaluations_two_sinks_share_one_parser(tmp_path: Any) -> None:
     from primeruns.journal import Journal
     from primeruns.platform import PlatformClient, resolve_settings
