@@ -23,6 +23,13 @@ MIN_SAMPLE_BYTES = 16 << 10
 MAX_SAMPLE_BYTES = 4 << 20
 _MAX_DICT = 112 << 10  # zstd's own guidance: ~100 KB
 _PAYS = 0.9  # keep only when it saves at least 10%
+# The segment and d-mer sizes of zstd's fast cover trainer, given rather than
+# searched for: left to search, training took 0.11-0.15 s of CPU (in the
+# uplink, once per kind of a run: a tenth of a millisecond per episode of a
+# 1,000-episode evaluation) for dictionaries within 1% of these on gsm8k
+# episodes, agentic episodes and metrics rows (measured: 0.025-0.035 s).
+_SEGMENT = 1024
+_DMER = 8
 
 
 def train(samples: Sequence[bytes]) -> bytes | None:
@@ -32,7 +39,7 @@ def train(samples: Sequence[bytes]) -> bytes | None:
         return None
     size = min(_MAX_DICT, max(4 << 10, total // 8))
     try:
-        zdict = zstandard.train_dictionary(size, list(samples))
+        zdict = zstandard.train_dictionary(size, list(samples), k=_SEGMENT, d=_DMER)
     except zstandard.ZstdError:
         return None  # too few distinct samples: zstd refuses, and plain frames serve
     plain = zstandard.ZstdCompressor(level=1)
