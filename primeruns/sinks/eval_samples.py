@@ -28,12 +28,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-import orjson
-
 from ..exceptions import APIError, is_transient
 from ..journal import Entry
 from ..platform import PlatformClient
-from ..projection import record_to_samples
+from ..projection import encoded_samples
 from ..records import is_episode, stamp_run
 from . import receipts
 from .base import Binding, Prepared, SendContext, parse_entry
@@ -99,8 +97,9 @@ class EvalSamplesSink:
                 record = stamp_run(record, binding.run_id, binding.kind)
             trial = dict(rollouts)
             # Parsed from JSON, so every number is finite: no null-ing copy.
-            rows = record_to_samples(record, trial, finite=True) or []
-            encoded = [orjson.dumps(row) for row in rows]
+            pairs = encoded_samples(record, trial, finite=True) or []
+            rows = [row for row, _ in pairs]
+            encoded = [line for _, line in pairs]
             add = sum(len(r) + 1 for r in encoded)
             if rows_json and size + add > MAX_REQUEST_BYTES:
                 break
