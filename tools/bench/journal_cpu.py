@@ -210,7 +210,10 @@ def _starting_timed(clock: JournalClock, start: Callable[..., Any]) -> Callable[
 
 def install() -> JournalClock:
     """Time the journal in this process from now on (call before ``primeruns.init``)."""
-    import primeruns  # noqa: F401  (loads the modules whose bindings are wrapped)
+    # The modules whose bindings are wrapped: the package loads its names on
+    # first use, so init's modules (and the journal's) are imported here.
+    import primeruns.journal
+    import primeruns.opening  # noqa: F401
     from primeruns.threads import start_daemon
 
     package = sys.modules[PACKAGE]
