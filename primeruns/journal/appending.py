@@ -170,3 +170,4 @@ class Appender:
     def close(self) -> None:
         with self.lock:
             self._spool.close()
+        self._spool.stop()

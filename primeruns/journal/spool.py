@@ -56,8 +56,8 @@ from pathlib import Path
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal.frames import FRAME_VERSION, HEADER_SIZE, MAX_ENTRY_BYTES, peek_header
 from primeruns.journal.fullness import disk_cause
+from primeruns.journal.spoolsync import SegmentSyncer
 from primeruns.journal.types import Damage
-from primeruns.threads import start_daemon
 
 log = logging.getLogger("primeruns.journal")
 
@@ -69,7 +69,7 @@ PREFIX = "spool-"
 APPEND = struct.Struct("<2sHIQ")
 _MAGIC = b"PS"
 SEGMENT_MAX = 4 << 20
-# The bytes of a segment between two syncs ahead (see ``_SyncAhead``).
+# The bytes of a segment between two syncs ahead (see ``spoolsync``).
 _AHEAD_STEP = 512 << 10
 _READ_CHUNK = 1 << 20
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
@@ -126,8 +126,10 @@ class SpoolWriter:
         self._mark_bytes: list[int] = []
         self._base = 0  # bytes written up to the last mark found absorbed
         self._written = 0
-        self._ahead = _SyncAhead(path)
-        self._ahead_at = _AHEAD_STEP  # the segment's size at which one starts next
+        # Syncs ahead and closes let-go segments off the log call (``spoolsync``).
+        self._syncer = SegmentSyncer(path)
+        self._segment = 0  # the open segment's number, for ``SegmentSyncer.synced``
+        self._ahead_at = _AHEAD_STEP  # the segment's size at which a sync ahead is asked
 
     def unlinked(self) -> bool:
         """Whether the open segment lost its last name (its directory deleted
@@ -179,10 +181,13 @@ class SpoolWriter:
                 raise JournalFullError(_full(self._path, exc)) from None
             raise JournalError(f"write to journal {self._path} failed: {exc}") from None
         # Written: part of the log from here on, whatever the sync does.
+        filled = self._size < SEGMENT_MAX <= self._size + len(data)
         self._size += len(data)
-        if not self._fsync and self._size >= self._ahead_at:
+        if not self._fsync and (filled or self._size >= self._ahead_at):
+            # Every ``_AHEAD_STEP``, and all of it once full: a switch that
+            # finds that sync done (after a pause of the loop) has none to wait for.
             self._ahead_at = self._size + _AHEAD_STEP
-            self._ahead.begin(fd)
+            self._syncer.sync(fd, self._segment, self._size)
         self._written += len(data)
         self._mark_seqs.append(first_seq + len(frames) - 1)
         self._mark_bytes.append(self._written)
@@ -207,6 +212,8 @@ class SpoolWriter:
         "fsync" each append was synced already.)"""
         if self._fsync or self._fd is None:
             return
+        if self._syncer.synced(self._segment) >= self._size:
+            return  # synced ahead, all of it
         try:
             os.fdatasync(self._fd)
         except OSError as exc:
@@ -252,10 +259,11 @@ class SpoolWriter:
                 os.ftruncate(fd, 0)
                 self._size = 0
         self._fd = fd
+        self._segment += 1
         self._ahead_at = self._size + _AHEAD_STEP
         # This process's readers read it through its own descriptor, so they
         # see it even if the directory is deleted under the run.
-        self._view.adopt(first_seq, name, readable)
+        self._syncer.close_later(self._view.adopt(first_seq, name, readable))
         if self._fsync:
             _sync_directory(self._path)  # the new name must survive a power loss too
 
@@ -302,43 +310,10 @@ class SpoolWriter:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-
-class _SyncAhead:
-    """``fdatasync`` of the segment being written, in a thread of its own,
-    every ``_AHEAD_STEP`` bytes: the sync that must come before a successor
-    segment (``SpoolWriter._sync_full_segment``) then finds little left to
-    write, and the log call that fills a segment waits for that little, not
-    for the whole segment (a 4 MiB sync cost that call 10-40 ms)."""
-
-    def __init__(self, path: Path) -> None:
-        self._path = path
-        self._running: threading.Event | None = None  # set once its sync returned
-
-    def begin(self, fd: int) -> None:
-        """Start a sync of ``fd``'s file unless one is still under way."""
-        if self._running is not None and not self._running.is_set():
-            return
-        try:
-            own = os.dup(fd)  # the writer may close its descriptor meanwhile
-        except OSError:
-            return  # the switch's own sync does all of it
-        done = threading.Event()
-        self._running = done
-
-        def sync() -> None:
-            try:
-                os.fdatasync(own)
-            except OSError as exc:
-                log.warning("journal %s: sync failed (%s)", self._path, exc)
-            finally:
-                os.close(own)
-                done.set()
-
-        try:
-            start_daemon(sync, f"primeruns-spool-sync-{self._path.name}")
-        except RuntimeError:  # no thread to be had (the interpreter exiting)
-            os.close(own)
-            done.set()
+    def stop(self) -> None:
+        """The journal closes: the syncer's thread ends (not under the append
+        lock: it may be in the middle of a sync)."""
+        self._syncer.stop()
 
 
 def _sync_directory(path: Path) -> None:
@@ -494,19 +469,24 @@ class SpoolView:
             for first in [f for f in self._segments if f not in listed and f != newest]:
                 self._forget(first)
 
-    def adopt(self, first: int, name: str, fd: int) -> None:
-        """The appender opened segment ``first``: read it through ``fd``."""
+    def adopt(self, first: int, name: str, fd: int) -> list[int]:
+        """The appender opened segment ``first``: read it through ``fd``.
+
+        Returns the descriptors of this appender's earlier segments deleted
+        since (absorbed), let go here, for the caller to close: they would
+        hold the files' blocks for good, and the close that frees them takes
+        milliseconds a log call should not wait for."""
+        let_go: list[int] = []
         with self.lock:
             old = self._segments.get(first)
             if old is not None:
                 self._forget(first)
             if self._path.is_dir():
-                # Earlier segments of this appender, deleted since (absorbed):
-                # their descriptors would hold the files' blocks for good.
                 for f, seg in list(self._segments.items()):
                     if seg.own and not (self._path / seg.name).exists():
-                        self._forget(f)
+                        let_go.append(self._forget(f, close=False))
             self._segments[first] = _Segment(first, name, fd, own=True)
+        return let_go
 
     def _parse(self, seg: _Segment) -> None:
         """Index the appends written to ``seg`` since the last look: an append
@@ -547,11 +527,14 @@ class SpoolView:
             seq = seg.end + 1
             seg.broken = Damage(seq, f"spool segment {seg.name} at entry {seq}: {exc}")
 
-    def _forget(self, first: int) -> None:
+    def _forget(self, first: int, *, close: bool = True) -> int:
+        """Let go of segment ``first``; its descriptor, closed unless not ``close``."""
         seg = self._segments.pop(first)
         self.forgotten += 1
-        with contextlib.suppress(OSError):
-            os.close(seg.fd)
+        if close:
+            with contextlib.suppress(OSError):
+                os.close(seg.fd)
+        return seg.fd
 
     def _ordered(self) -> list[_Segment]:
         return [self._segments[f] for f in sorted(self._segments)]
