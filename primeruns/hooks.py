@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+from _thread import get_ident
 from types import FrameType
 from typing import Any, Protocol
 
@@ -80,16 +81,18 @@ class _Deferral:
     ``log_*`` call.
     """
 
+    __slots__ = ("depth", "pending")
+
     def __init__(self) -> None:
         self.depth = 0
         self.pending: int | None = None
 
     def __enter__(self) -> None:
-        if threading.get_ident() == _MAIN:
+        if get_ident() == _MAIN:
             self.depth += 1
 
-    def __exit__(self, *exc: object) -> None:
-        if threading.get_ident() != _MAIN:
+    def __exit__(self, kind: object, value: object, tb: object) -> None:
+        if get_ident() != _MAIN:
             return
         self.depth -= 1
         if self.depth == 0 and self.pending is not None:
@@ -144,7 +147,7 @@ def _after_fork_in_child() -> None:
     # thread logs, and that worker kept SIGTERM for the end of a call it never
     # makes (Pool.terminate() then waited for it for ever).
     global _MAIN, _sigterm_installed
-    _MAIN = threading.get_ident()
+    _MAIN = get_ident()
     sigterm_deferred.depth = 0
     sigterm_deferred.pending = None
     # SIGTERM as it was before the run's handler: the child ships nothing

@@ -63,7 +63,8 @@ class Recorder:
         self.on_error: OnError = on_error
         self.summary: dict[str, Any] = {}
         self.errors: list[str] = []
-        self.wake: Callable[[], None] = _nothing
+        # Wakes an online run's uplink after an append (None: nothing to wake).
+        self.wake: Callable[[], None] | None = None
         # In a forked child: the recorder of the child's own journal, opened
         # on its first record (None: the child has none; records are dropped).
         self.forked_target: Callable[[], Recorder | None] | None = None
@@ -139,10 +140,6 @@ class Recorder:
         return self._pid == os.getpid()
 
     # -- the calls ---------------------------------------------------------------
-    def check_live(self, what: str) -> None:
-        if self._closing:
-            raise RunFinishedError(f"{what}: the run is finished; start a new run with pr.init()")
-
     def begin_closing(self) -> None:
         """``finish()`` began: every later call raises ``RunFinishedError``."""
         self._closing = True
@@ -154,8 +151,9 @@ class Recorder:
     def log(self, kind: EntryKind, items: Iterable[Any], what: str) -> None:
         """Encode and journal ``items``; bad ones are counted and reported,
         the good ones of the same call journaled either way."""
-        self.check_live(f"log_{what}")
-        if isinstance(items, Mapping | str | bytes):
+        if self._closing:
+            raise _finished(f"log_{what}")
+        if type(items) is not list and isinstance(items, Mapping | str | bytes):
             self.refuse(
                 TypeError(
                     f"log_{what}: pass a list of records, not a single {type(items).__name__}"
@@ -192,7 +190,8 @@ class Recorder:
 
     def log_traces(self, traces: Iterable[Any]) -> None:
         """Bare traces; an episode among them is journaled as an episode, in order."""
-        self.check_live("log_traces")
+        if self._closing:
+            raise _finished("log_traces")
         if self.journal is None or isinstance(traces, Mapping | str | bytes):
             self.log(EntryKind.TRACE, traces, "traces")
             return
@@ -214,7 +213,8 @@ class Recorder:
             self.log(EntryKind.TRACE, bare, "traces")
 
     def log_metrics(self, values: Mapping[str, Any], step: int | None) -> None:
-        self.check_live("log_metrics")
+        if self._closing:
+            raise _finished("log_metrics")
         if type(values) is not dict and not isinstance(values, Mapping):
             self.refuse(
                 TypeError(f"log_metrics: values must be a mapping, got {type(values).__name__}")
@@ -232,8 +232,10 @@ class Recorder:
                 return
         if self.kind != "train" or self.journal is None:
             return
-        screened = screening.metrics_row(values)
-        row = screened.kept
+        row = screening.plain_row(values)  # the common row: nothing to drop
+        rejected: tuple[records.RecordEncodeError, ...] = ()
+        if row is None:
+            row, rejected = screening.metrics_row(values)
         if step is not None and "step" not in row:
             row["step"] = step
         row.setdefault("_timestamp", time.time())
@@ -243,10 +245,12 @@ class Recorder:
             self.refuse(exc)
         else:
             self.append(EntryKind.METRICS, [payload])
-        self.drop_fields(screened.rejected)
+        if rejected:
+            self.drop_fields(rejected)
 
     def update_summary(self, values: Mapping[str, Any]) -> None:
-        self.check_live("update_summary")
+        if self._closing:
+            raise _finished("update_summary")
         rejected = self.merge_summary(values, "update_summary")
         if rejected is None:
             return
@@ -332,8 +336,11 @@ class Recorder:
             )
             return
         try:
-            if self.rehomer is not None:
-                journal = self.journal = self.rehomer.current(force=final)
+            rehomer = self.rehomer
+            # Its time gate compared here: a look is due once every 50 ms,
+            # and a call on every append only to learn that cost each one.
+            if rehomer is not None and (final or time.monotonic() >= rehomer.next_look):
+                journal = self.journal = rehomer.current(force=final)
             try:
                 result = journal.append(kind, payloads, essential=essential, final=final)
             except JournalMovedError:  # moved by another thread meanwhile: append there
@@ -359,7 +366,8 @@ class Recorder:
             with self.lock:
                 if last > self._last_by_kind.get(int(kind), 0):
                     self._last_by_kind[int(kind)] = last
-            self.wake()
+            if self.wake is not None:
+                self.wake()
         if result.dropped:
             with self.lock:
                 self._dropped += result.dropped
@@ -476,8 +484,8 @@ class Recorder:
         self.lock = threading.Lock()
 
 
-def _nothing() -> None:
-    return None
+def _finished(what: str) -> RunFinishedError:
+    return RunFinishedError(f"{what}: the run is finished; start a new run with pr.init()")
 
 
 def _as_encode_error(exc: BaseException, where: str) -> BaseException:
@@ -514,7 +522,7 @@ def _encode(kind: EntryKind, item: Any, where: str) -> bytes:
 
 def _has_trace_list(item: Any) -> bool:
     """Whether ``item`` (a mapping or an episode object) carries a list of traces."""
-    if isinstance(item, Mapping):
+    if type(item) is dict or isinstance(item, Mapping):  # (no ABC check for a dict)
         return isinstance(item.get("traces"), list | tuple)
     to_record = getattr(item, "to_record", None)
     if callable(to_record) or not hasattr(item, "traces"):

@@ -153,6 +153,8 @@ def to_mapping(obj: Any, *, what: str) -> Mapping[str, Any]:
     raises (wrapped, with the original as ``__cause__``) or that returns
     something other than a mapping.
     """
+    if type(obj) is dict:  # the common record, which has no to_record()
+        return obj
     to_record = getattr(obj, "to_record", None)
     if callable(to_record) and not isinstance(obj, Mapping):
         try:

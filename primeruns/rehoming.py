@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 
@@ -53,8 +54,11 @@ class Rehomer:
         self._journal = journal
         self._supervisor = supervisor
         self._inode = directory_id(journal.path)
-        self._next_look = time.monotonic() + _LOOK_EVERY_S
-        self._next_cheap = 0.0
+        self._next_deep = time.monotonic() + _LOOK_EVERY_S
+        # The time (``time.monotonic``) before which ``current`` looks at
+        # nothing: the recorder compares it itself, sparing every log call a
+        # call here (infinite once given up).
+        self.next_look = 0.0
         self._lock = threading.Lock()
         self._given_up = False
 
@@ -69,12 +73,12 @@ class Rehomer:
         if self._given_up:
             return journal
         now = time.monotonic()
-        if not force and now < self._next_cheap:
+        if not force and now < self.next_look:
             return journal
-        self._next_cheap = now + _CHEAP_EVERY_S
-        deep = force or now >= self._next_look
+        self.next_look = now + _CHEAP_EVERY_S
+        deep = force or now >= self._next_deep
         if deep:
-            self._next_look = now + _LOOK_EVERY_S
+            self._next_deep = now + _LOOK_EVERY_S
         why = gone(journal, self._inode if deep else None)
         if why is None:
             return journal
@@ -82,6 +86,11 @@ class Rehomer:
             if self._journal is journal and not self._given_up:
                 self._move(journal, why)
             return self._journal
+
+    def _give_up(self) -> None:
+        """No more looks: the run ships from this process's handles."""
+        self._given_up = True
+        self.next_look = math.inf
 
     def _move(self, old: Journal, why: str) -> None:
         supervisor = self._supervisor
@@ -95,7 +104,7 @@ class Rehomer:
         )
         stopped = supervisor.stop_for_move() if supervisor is not None else True
         if not stopped:  # an uplink in threads reads through this process's handles
-            self._given_up = True
+            self._give_up()
             log.warning(
                 "prime-runs: run %s ships on from this process's open handles; nothing of "
                 "it is left on disk for 'primeruns replay'",
@@ -105,7 +114,7 @@ class Rehomer:
         try:
             new = rehome(old)
         except JournalError as exc:
-            self._given_up = True
+            self._give_up()
             log.warning(
                 "prime-runs: could not re-create the journal of run %s (%s); shipping from "
                 "this process's open handles instead: nothing of it is left on disk for "

@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 from . import records
 from .records import RecordEncodeError, field_path
 
-__all__ = ["DEPTH_LIMIT", "Screened", "metrics_row", "summary"]
+__all__ = ["DEPTH_LIMIT", "Screened", "metrics_row", "plain_row", "summary"]
 
 #: Deepest nesting kept: far below the encoder's own limit (254), deeper than
 #: any real row or summary, and the walk (3 or 4 frames a level) stays far
@@ -53,7 +53,7 @@ class Screened(NamedTuple):
 
 def metrics_row(values: Mapping[str, Any], *, what: str = "log_metrics") -> Screened:
     """``values`` as a metrics row: numbers only (nested groups of numbers too)."""
-    flat = _flat_numbers(values)
+    flat = plain_row(values)
     if flat is not None:
         return Screened(flat)
     return _Screen(numbers_only=True).top(values, what)
@@ -64,8 +64,11 @@ def summary(values: Mapping[str, Any], *, what: str = "summary") -> Screened:
     return _Screen(numbers_only=False).top(values, what)
 
 
-def _flat_numbers(values: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The common row, copied; None when it needs the full walk."""
+def plain_row(values: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The common row (str keys to ``float``, ``int`` or ``bool``), copied
+    without its non-finite numbers; None when it needs ``metrics_row``'s
+    walk. Nothing can be dropped from such a row, so the recorder takes it
+    from here, on every ``log_metrics`` call, without a ``Screened``."""
     out: dict[str, Any] = {}
     try:
         for key, value in values.items():

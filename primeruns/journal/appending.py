@@ -105,7 +105,7 @@ class Appender:
                 for seq, p in enumerate(payloads, first)
             ]
             try:
-                if first <= self._stored_end_if_rotating():
+                if self._spool.opens_next() and first <= self._stored_end():
                     raise JournalError(
                         f"journal {self._tx.path}: entries past {first - 1} exist already "
                         "(the log's end was misread); this append is refused"
@@ -129,12 +129,10 @@ class Appender:
                 self._tail.last = end
         raise AssertionError("unreachable")
 
-    def _stored_end_if_rotating(self) -> int:
-        """LMDB's end, read where this append opens a segment (once per
-        ``SEGMENT_MAX`` bytes): a check that this process's end is not behind
-        the log's (0 otherwise)."""
-        if not self._spool.opens_next():
-            return 0
+    def _stored_end(self) -> int:
+        """LMDB's end (0 if unreadable), read where an append opens a segment
+        (once per ``SEGMENT_MAX`` bytes): a check that this process's end is
+        not behind the log's."""
         try:
             with self._tx.read() as txn:
                 return stored_end(self._tx, txn)

@@ -459,10 +459,12 @@ class Journal:
         a payload over the per-entry limit. ``final`` (a run's finish): this
         handle refuses every later append with RunFinishedError.
         """
-        self._check_writable()
-        if self._appender is None:
+        appender = self._appender
+        # ``_check_writable``'s conditions inline (on every log call); it says which.
+        if self._pid != os.getpid() or self._closed or self._store.forked or appender is None:
+            self._check_writable()
             raise JournalError(f"journal {self.path} is shared with the process that appends to it")
-        return self._appender.append(kind, payloads, essential=essential, final=final)
+        return appender.append(kind, payloads, essential=essential, final=final)
 
     def last_seq(self) -> int:
         """The highest sequence number written (compaction does not lower it)."""

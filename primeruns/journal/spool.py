@@ -129,7 +129,7 @@ class SpoolWriter:
         # Syncs ahead and closes let-go segments off the log call (``spoolsync``).
         self._syncer = SegmentSyncer(path)
         self._segment = 0  # the open segment's number, for ``SegmentSyncer.synced``
-        self._ahead_at = _AHEAD_STEP  # the segment's size at which a sync ahead is asked
+        self._ahead_at = _next_sync_ahead(0)  # the segment's size at which a sync ahead is asked
 
     def unlinked(self) -> bool:
         """Whether the open segment lost its last name (its directory deleted
@@ -181,16 +181,15 @@ class SpoolWriter:
                 raise JournalFullError(_full(self._path, exc)) from None
             raise JournalError(f"write to journal {self._path} failed: {exc}") from None
         # Written: part of the log from here on, whatever the sync does.
-        filled = self._size < SEGMENT_MAX <= self._size + len(data)
-        self._size += len(data)
-        if not self._fsync and (filled or self._size >= self._ahead_at):
+        size = self._size = self._size + done
+        if size >= self._ahead_at and not self._fsync:
             # Every ``_AHEAD_STEP``, and all of it once full: a switch that
             # finds that sync done (after a pause of the loop) has none to wait for.
-            self._ahead_at = self._size + _AHEAD_STEP
-            self._syncer.sync(fd, self._segment, self._size)
-        self._written += len(data)
+            self._ahead_at = _next_sync_ahead(size)
+            self._syncer.sync(fd, self._segment, size)
+        written = self._written = self._written + done
         self._mark_seqs.append(first_seq + len(frames) - 1)
-        self._mark_bytes.append(self._written)
+        self._mark_bytes.append(written)
         self.mark_dirty()
         if self._fsync:
             try:
@@ -260,7 +259,7 @@ class SpoolWriter:
                 self._size = 0
         self._fd = fd
         self._segment += 1
-        self._ahead_at = self._size + _AHEAD_STEP
+        self._ahead_at = _next_sync_ahead(self._size)
         # This process's readers read it through its own descriptor, so they
         # see it even if the directory is deleted under the run.
         self._syncer.close_later(self._view.adopt(first_seq, name, readable))
@@ -314,6 +313,13 @@ class SpoolWriter:
         """The journal closes: the syncer's thread ends (not under the append
         lock: it may be in the middle of a sync)."""
         self._syncer.stop()
+
+
+def _next_sync_ahead(size: int) -> int:
+    """The size of the segment at which the next sync ahead is asked for:
+    ``_AHEAD_STEP`` further on, or where it is full if that comes first."""
+    step = size + _AHEAD_STEP
+    return step if size >= SEGMENT_MAX else min(step, SEGMENT_MAX)
 
 
 def _sync_directory(path: Path) -> None:
