@@ -367,8 +367,12 @@ def _check(
             out.problems.append(f"metrics steps {sorted(got.items())} != logged {sorted(steps)}")
         objects = sorted(o["step"] for o in stored["parquet_objects"])
         cadence = sorted(s for s in set(steps) if s % SAMPLE_CADENCE == 0)
-        # The replaying process has pyarrow: it ships the table the producer could not.
-        shipper_has_pyarrow = config.pyarrow == "present" or config.ending == "sigkill_replay"
+        # The replaying process has pyarrow (a replay ends sigkill_replay and
+        # sigterm): it ships the table the producer could not.
+        shipper_has_pyarrow = config.pyarrow == "present" or config.ending in (
+            "sigkill_replay",
+            "sigterm",
+        )
         want_objects = cadence if shipper_has_pyarrow else []
         if objects != want_objects:
             out.problems.append(f"Parquet objects for steps {objects}, expected {want_objects}")
