@@ -66,7 +66,10 @@ def gated_interpreter(tmp_path: Path) -> tuple[Path, Path]:
     stand_in.write_text(
         f"#!{sys.executable}\n"
         "import os, sys, time\n"
+        "deadline = time.monotonic() + 300  # a gate the test never opens fails, not hangs\n"
         f"while not os.path.exists({str(gate)!r}):\n"
+        "    if time.monotonic() > deadline:\n"
+        "        sys.exit('gated interpreter: the gate never opened')\n"
         "    time.sleep(0.01)  # a start-up that has not got this far\n"
         f"os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n"
     )
