@@ -9,7 +9,11 @@ RECORDS with one ``log_episodes([episode])`` call each, finishes the run, and
 prints one JSON line: wall and CPU seconds (all threads of this process) from
 just before ``init`` to ``finish`` returning, the CPU seconds of its reaped
 children (``child_cpu_s``: this SDK's uplink process, which ``finish()``
-waits for, its start-up included; the vendor starts none), and the run id.
+waits for, its start-up included; the vendor starts none), the run id, and
+how long the SDK's ``import`` took (``import_s``). With ``E2E_WARM_RUN=1`` in
+its environment it then opens, logs and finishes a second run the same way
+and adds that run's ``warm_wall_s`` and ``warm_run_id``: the price of each
+evaluation after the first in a sweep run from one process.
 
 ``threads`` is how ``end_to_end.py`` weighs the journal's own cost against the
 same SDK without it: ``journal_cpu.install()`` wraps the real journal's entry
@@ -31,6 +35,7 @@ the environment the driver sets (HOME, PRIME_TRACES_URL).
 from __future__ import annotations
 
 import json
+import os
 import resource
 import sys
 import time
@@ -54,8 +59,6 @@ def _init(sdk: str, url: str, runs_dir: str) -> Any:
 
         return prime_runs.init(**common)
     if sdk == "threads":
-        import os
-
         os.environ["PRIME_RUNS_UPLINK"] = "threads"
     import primeruns
 
@@ -66,10 +69,12 @@ def main(argv: list[str]) -> int:
     sdk, records_path, url, runs_dir = argv
     with open(records_path, "rb") as f:
         episodes = [json.loads(line) for line in f if line.strip()]
+    imported0 = time.perf_counter()
     if sdk == "vendor":
         import prime_runs  # noqa: F401  (imported before the clock starts, as ours is)
     else:
         import primeruns  # noqa: F401
+    import_s = time.perf_counter() - imported0
     clock, per_call = None, 0.0
     if sdk == "threads":
         import journal_cpu
@@ -94,7 +99,18 @@ def main(argv: list[str]) -> int:
         "log_s": logged - wall0,
         "finish_s": wall1 - logged,
         "dropped": int(getattr(run, "dropped_records", 0) or 0),
+        "import_s": import_s,
     }
+    if os.environ.get("E2E_WARM_RUN") == "1":
+        # The same run again in this process: what each evaluation of a sweep
+        # pays once the first has loaded everything (imports, the first
+        # connection's set-up, lazily loaded modules).
+        warm0 = time.perf_counter()
+        again = _init(sdk, url, runs_dir)
+        for episode in episodes:
+            again.log_episodes([episode])
+        again.finish()
+        out.update(warm_wall_s=time.perf_counter() - warm0, warm_run_id=again.id)
     if clock is not None:
         out.update(clock.report(), wrapper_cost_s=per_call)
     print(json.dumps(out))
