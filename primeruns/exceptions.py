@@ -52,6 +52,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import traces_exceptions
+
 if TYPE_CHECKING:
     from prime_traces.exceptions import (
         AmbiguousDeleteError,
@@ -102,15 +104,17 @@ __all__ = [
 ]
 
 
-# The platform's classes are loaded on first use: prime_traces' package brings
-# its HTTP clients (httpx) with it, ~0.3 s that a command reading journals
-# (``primeruns ls``) never needs. ``UnprovenAnswerError`` lives with the
+# The platform's classes are loaded on first use, and without prime_traces'
+# package, which brings its HTTP clients and models with it (0.1-0.3 s; see
+# ``traces_exceptions``). ``UnprovenAnswerError`` lives with the
 # platform's answers (``platform.errors``); every one is a name of this module.
 def __getattr__(name: str) -> Any:
     if name == "UnprovenAnswerError":
         home = "primeruns.platform.errors"
     elif name in __all__:  # a name not defined below: prime_traces' own
-        home = "prime_traces.exceptions"
+        value = getattr(traces_exceptions.load(), name)
+        globals()[name] = value
+        return value
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     value = getattr(importlib.import_module(home), name)
@@ -177,8 +181,7 @@ class JournalCorruptError(JournalError):
 
 def is_record_rejection(exc: BaseException) -> bool:
     """True when the failure is about this batch's content: later batches may pass."""
-    from prime_traces import exceptions as platform
-
+    platform = traces_exceptions.load()
     if isinstance(
         exc,
         TypeError
@@ -193,6 +196,5 @@ def is_record_rejection(exc: BaseException) -> bool:
 
 def is_transient(exc: BaseException) -> bool:
     """True when the failure is about this moment (retry later), not this run."""
-    from prime_traces import exceptions as platform
-
+    platform = traces_exceptions.load()
     return isinstance(exc, platform.RetryableAPIError | platform.TransportError)

@@ -288,3 +288,67 @@ print(os.waitstatus_to_exitcode(status))
     assert child.returncode == 0, child.stderr[-2000:]
     assert child.stdout.strip().splitlines()[-1] == "0", "the user's handler ran first"
 
+
+_TRACES_ORDER = """
+import importlib, json, sys
+import primeruns as pr
+from primeruns.exceptions import is_transient
+first = sys.argv[1]
+if first == "package":
+    import prime_traces
+with pr.init(
+    name="x", model="m", environments=["gsm8k"], mode="offline", runs_dir=sys.argv[2]
+) as run:
+    run.log_episodes([{"id": "e1", "traces": []}])
+    assert run.dropped_records == 0
+loaded_by_run = "prime_traces" in sys.modules
+error = pr.RetryableAPIError("busy", status_code=503)
+transient = is_transient(error)
+import prime_traces
+import prime_traces.exceptions
+from prime_traces.exceptions import APIError as named
+module = sys.modules["prime_traces.exceptions"]
+print(json.dumps({
+    "loaded_by_run": loaded_by_run,
+    "transient": transient,
+    "bound": prime_traces.exceptions is module,
+    "same": [getattr(pr, n) is getattr(prime_traces, n) is getattr(module, n)
+             for n in ("APIError", "RetryableAPIError", "TransportError", "ForbiddenError")],
+    "named": named is pr.APIError,
+    "unproven": issubclass(pr.exceptions.UnprovenAnswerError, prime_traces.RetryableAPIError),
+    "loader": type(prime_traces.__spec__.loader).__module__,
+    "finders": [type(f).__module__ for f in sys.meta_path if "primeruns" in type(f).__module__],
+}))
+"""
+
+
+@pytest.mark.parametrize("first", ["sdk", "package"])
+def test_a_run_loads_prime_traces_exception_classes_not_its_clients(
+    tmp_path: Path, first: str
+) -> None:
+    """prime_traces' package loads its HTTP clients and pydantic models:
+    0.1-0.3 s of every ``init()`` and uplink start, for a dozen exception
+    classes. A run loads only its ``exceptions`` module; whichever is imported
+    first, the SDK's classes are prime_traces' own, reached by every path
+    (``prime_traces.X``, ``prime_traces.exceptions.X``, ``from ... import``)."""
+    import json
+    import subprocess
+    import sys
+
+    child = subprocess.run(
+        [sys.executable, "-c", _TRACES_ORDER, first, str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    out = json.loads(child.stdout.strip().splitlines()[-1])
+    assert out["loaded_by_run"] is (first == "package")
+    assert out["transient"] is True
+    assert out["bound"] is True
+    assert out["same"] == [True] * 4
+    assert out["named"] is True
+    assert out["unproven"] is True
+    assert "primeruns" not in out["loader"]  # the package keeps its own loader
+    assert out["finders"] == []  # nothing of ours is left in the import system
