@@ -21,6 +21,7 @@ from typing import Any
 from . import records
 from .exceptions import JournalError
 from .journal import EntryKind, Journal
+from .journal.listing import keep_summary
 from .journal.memory import in_memory
 from .models import RunStatus
 from .recorder import Recorder
@@ -151,7 +152,7 @@ def finish_journal(
         payload = records.encode_record({**record, "summary": {}}, what="finish")
     recorder.append(EntryKind.FINISH, [payload], essential=True, final=True)
     if supervisor is None:
-        recorder.close()
+        _close(recorder)
         return
     pending = supervisor.pending()
     if pending:
@@ -174,7 +175,16 @@ def finish_journal(
     else:
         _report(outcome, supervisor, run_id, str(journal.path), _causes(recorder))
     supervisor.release()
+    _close(recorder)
+
+
+def _close(recorder: Recorder) -> None:
+    """Close the run's journal and keep its summary, so the next listing (the
+    next run's close-out in a sweep, ``ls``) reads that instead of probing it."""
+    journal = recorder.journal
     recorder.close()
+    if journal is not None and not in_memory(journal):
+        keep_summary(journal.path)
 
 
 def _causes(recorder: Recorder) -> dict[str, str]:

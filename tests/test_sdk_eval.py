@@ -224,3 +224,49 @@ def test_a_record_over_the_line_limit_fails_alone(
     stored = local_platform.run(run.id)
     assert stored["traces"]["distinct_episodes"] == 5
     assert stored["samples"]["rows"] == 6  # the sample table still took it
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_a_finished_run_is_listed_from_the_summary_it_kept_without_opening_it(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A journal changed in the last seconds had no current summary, so the
+    listing right after a run (``ls``; the next run's close-out in a sweep,
+    looking for its run's other processes) probed it in a child and opened
+    it: 40-190 ms a journal. The finish keeps the run's summary; a listing
+    then reads it, and says what reading the journal says."""
+    from primeruns.journal import Journal, list_journals
+    from primeruns.journal import listing as listing_module
+    from primeruns.reports import describe
+
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.setenv("PRIME_RUNS_MODE", mode)
+    run = _eval(runs, local_platform.url, workloads.gsm8k(3))
+    assert run.status is pr.RunStatus.COMPLETED and run.journal_path is not None
+
+    opened: list[Path] = []
+    probed: list[Path] = []
+    real_open, real_probe = Journal.open, listing_module.probe_many
+
+    def spy_open(path: Path, *args: Any, **kwargs: Any) -> Journal:
+        opened.append(Path(path))
+        return real_open(path, *args, **kwargs)
+
+    def spy_probe(paths: list[Path]) -> None:
+        probed.extend(paths)
+        real_probe(paths)
+
+    with monkeypatch.context() as spied:
+        spied.setattr(Journal, "open", spy_open)
+        spied.setattr(listing_module, "probe_many", spy_probe)
+        (listed,) = list_journals(runs)
+    assert opened == [] and probed == []
+
+    shelf = runs / ".summaries"
+    for kept in shelf.iterdir():
+        kept.unlink()  # what the journal itself says, read afresh
+    (read,) = list_journals(runs)
+    seen = (listed.last_seq, listed.cursors, listed.meta)
+    assert seen == (read.last_seq, read.cursors, read.meta)
+    assert describe(listed).finish == describe(read).finish
+    assert (describe(read).finish or {}).get("status") == "completed"

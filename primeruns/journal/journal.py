@@ -253,12 +253,16 @@ class Journal:
         max_bytes: int = DEFAULT_MAX_JOURNAL_BYTES,
         repair: bool = False,
         lock_fd: int | None = None,
+        written_here: bool = False,
     ) -> Journal:
         """Open an existing journal.
 
         ``lock_fd``: the owner lock a live producer shared with this process
         (its uplink; see ``lock``): opened for writing without taking the lock,
         trusted (the producer made it) and never appended to.
+
+        ``written_here``: this process wrote the journal and closed it just
+        now (``listing.keep_summary``), so its tree is not probed in a child.
 
         ``repair=True`` (with ``owner``) rebuilds the file from a page scan
         before anything writes to it, keeping the damaged file beside it: for a
@@ -300,7 +304,7 @@ class Journal:
                     sync=durability == "fsync",
                     max_bytes=max_bytes,
                     repair=repair and owner and not shared,
-                    trusted=shared,
+                    trusted=shared or written_here,
                 )
             except AlreadyOpenError:
                 raise JournalError(

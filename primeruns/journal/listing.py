@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import re
 import stat
@@ -46,6 +47,8 @@ from primeruns.journal.summary_index import Index
 from primeruns.journal.trust import check_dir, why_unreadable
 from primeruns.journal.types import Damage, JournalInfo
 from primeruns.settings import default_runs_dir  # PRIME_RUNS_DIR, read there
+
+log = logging.getLogger("primeruns")
 
 _SALVAGE_PREFIX = "primeruns-salvage-"  # store._salvage's folder, left by an interrupted salvage
 
@@ -172,9 +175,11 @@ def _info(
     meta_bounds: MetaBounds = None,
     look: _Look | None = None,
     shelf: Shelf | None = None,
+    written_here: bool = False,
 ) -> JournalInfo:
     """The journal's state: from its summary when that is current and holds
-    what is asked, else read from the journal (and kept in ``shelf``)."""
+    what is asked, else read from the journal (and kept in ``shelf``).
+    ``written_here``: as ``Journal.open``'s."""
     look = look if look is not None else _look(path, shelf, read_owner(path))
     owner = look.owner.describe() if look.owner else None
     alive = owner_alive(look.owner)
@@ -211,7 +216,7 @@ def _info(
         if kept is not None:
             return kept
     try:
-        with Journal.open(path, owner=False) as journal:
+        with Journal.open(path, owner=False, written_here=written_here) as journal:
             meta, as_read = _read_meta(journal, meta_bounds)
             structural = journal.structural_damage()
             verified = journal.damage() if verify else None
@@ -243,6 +248,23 @@ def _info(
             "after": after,
         }
     )
+
+
+def keep_summary(path: Path) -> None:
+    """Keep the summary of the journal at ``path``, which this process wrote
+    and has just closed, for the next listing to read.
+
+    A journal's files changed in the last seconds have no current summary,
+    so the next listing probed it in a child and opened it: a 40-190 ms
+    probe at the close-out of the next run of a sweep (looking for the run's
+    other processes), and at ``ls`` right after a run. The journal is this
+    process's own, written and closed by it, so it is read here without a
+    probe. Never raises: a listing reads it anyway.
+    """
+    try:
+        _info(path, verify=False, tally=False, shelf=Shelf(path.parent), written_here=True)
+    except Exception as exc:  # a summary is an optimisation, never a failure
+        log.debug("prime-runs: no summary kept of %s: %s", path, exc)
 
 
 def _read_meta(

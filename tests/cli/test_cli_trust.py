@@ -159,7 +159,7 @@ def test_gc_refuses_a_journal_with_deeply_nested_folders_whole_and_goes_on(
     for _ in range(2):
         run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
         run.finish()
-    first, second = sorted(runs.iterdir())
+    first, second = sorted(p for p in runs.iterdir() if not p.name.startswith("."))
     fd = os.open(first, os.O_RDONLY)
     for _ in range(2000):  # deeper than any path: made one level at a time
         os.mkdir("d", dir_fd=fd)

@@ -38,7 +38,7 @@ def _own_run(into: Path) -> str:
     runs = Path(os.environ["HOME"]) / "runs"
     run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
     run.finish()
-    (journal,) = runs.iterdir()
+    (journal,) = [p for p in runs.iterdir() if not p.name.startswith(".")]  # not .summaries
     os.rename(journal, into / journal.name)
     return journal.name
 
