@@ -352,3 +352,109 @@ def test_a_run_loads_prime_traces_exception_classes_not_its_clients(
     assert out["unproven"] is True
     assert "primeruns" not in out["loader"]  # the package keeps its own loader
     assert out["finders"] == []  # nothing of ours is left in the import system
+
+
+def _run_script(script: str, *args: str) -> dict[str, object]:
+    """``script`` in a fresh interpreter (nothing of prime_traces loaded yet);
+    the JSON object its last line prints."""
+    import json
+    import subprocess
+    import sys
+
+    child = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    out: dict[str, object] = json.loads(child.stdout.strip().splitlines()[-1])
+    return out
+
+
+_LOOKED_FOR_FIRST = """
+import importlib.util, json, sys
+import primeruns as pr
+with pr.init(
+    name="x", model="m", environments=["gsm8k"], mode="offline", runs_dir=sys.argv[1]
+) as run:
+    run.log_episodes([{"id": "e1", "traces": []}])
+# An optional dependency looked for before it is imported, as libraries do.
+available = importlib.util.find_spec("prime_traces") is not None
+import prime_traces
+import prime_traces.exceptions
+print(json.dumps({
+    "available": available,
+    "bound": getattr(prime_traces, "exceptions", None) is sys.modules["prime_traces.exceptions"],
+}))
+"""
+
+
+def test_prime_traces_looked_for_before_it_is_imported_still_has_its_exceptions(
+    tmp_path: Path,
+) -> None:
+    """``importlib.util.find_spec("prime_traces")`` (a library checking for an
+    optional dependency) asks the import system's finders without loading the
+    package. After a run loaded prime_traces' exception classes alone, the
+    package imported later must still hold them as ``prime_traces.exceptions``:
+    ``except prime_traces.exceptions.APIError`` and ``mock.patch`` reach
+    them so."""
+    out = _run_script(_LOOKED_FOR_FIRST, str(tmp_path / "runs"))
+    assert out == {"available": True, "bound": True}
+
+
+_IMPORTED_MEANWHILE = """
+import importlib.abc, json, sys, threading
+from primeruns import traces_exceptions
+
+paused, go = threading.Event(), threading.Event()
+
+
+class Pause(importlib.abc.MetaPathFinder):
+    # Holds the other thread inside prime_traces/__init__, before its
+    # ``from .exceptions import ...``.
+    def find_spec(self, name, path, target=None):
+        if name == "prime_traces.async_traces":
+            paused.set()
+            go.wait()
+        return None
+
+
+sys.meta_path.insert(0, Pause())
+alone = traces_exceptions._load_alone
+
+
+def another_thread_imports_the_package_meanwhile():
+    # load() found no prime_traces loaded; another thread imports it now.
+    importer = threading.Thread(target=lambda: __import__("prime_traces"))
+    importer.start()
+    paused.wait()
+    return alone()
+
+
+traces_exceptions._load_alone = another_thread_imports_the_package_meanwhile
+module = traces_exceptions.load()
+go.set()
+for thread in threading.enumerate():
+    if thread is not threading.current_thread():
+        thread.join()
+import prime_traces
+print(json.dumps({
+    "one_module": sys.modules["prime_traces.exceptions"] is module,
+    "bound": getattr(prime_traces, "exceptions", None) is module,
+    "finders": [type(f).__name__ for f in sys.meta_path
+                if type(f).__module__ == traces_exceptions.__name__],
+}))
+"""
+
+
+def test_prime_traces_imported_by_another_thread_during_the_first_load_has_its_exceptions(
+) -> None:
+    """A thread importing prime_traces while a run loads its exception classes
+    (``pr.init()`` beside a thread that imports a library using prime_traces):
+    the package then finds the classes' module already there, and must still
+    hold it as ``prime_traces.exceptions``; nothing of ours is left in the
+    import system."""
+    out = _run_script(_IMPORTED_MEANWHILE)
+    assert out == {"one_module": True, "bound": True, "finders": []}
