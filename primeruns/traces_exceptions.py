@@ -21,6 +21,7 @@ the file failing), ``load()`` imports the module the usual way.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -49,15 +50,31 @@ def load() -> ModuleType:
             return module
         if PACKAGE in sys.modules:
             return importlib.import_module(NAME)
+        # In place first, so an import of the package that begins from now on,
+        # in any thread, binds what it finds.
+        finder = _BindOnPackageLoad()
+        sys.meta_path.insert(0, finder)
         module = _load_alone()
         if module is None:
+            finder.leave()
             return importlib.import_module(NAME)
         # Executed before it is published, so no thread sees it half made; a
         # usual import that won the race keeps its module, and ours is dropped.
         published = sys.modules.setdefault(NAME, module)
-        if published is module:
-            sys.meta_path.insert(0, _BindOnPackageLoad(module))
+        package = sys.modules.get(PACKAGE)
+        if package is not None:
+            # An import of the package began before the finder was in place
+            # (another thread): it will find this module and not bind it.
+            finder.leave()
+            _bind(package)
         return published
+
+
+def _bind(package: ModuleType) -> None:
+    """Set ``exceptions`` on the package, as a usual import of it would."""
+    module = sys.modules.get(NAME)
+    if module is not None and getattr(package, "exceptions", None) is not module:
+        package.exceptions = module  # type: ignore[attr-defined]
 
 
 def _load_alone() -> ModuleType | None:
@@ -80,11 +97,9 @@ def _load_alone() -> ModuleType | None:
 
 
 class _BindOnPackageLoad(importlib.abc.MetaPathFinder):
-    """Sets ``prime_traces.exceptions`` on the package when it is loaded after
-    the module, then leaves ``sys.meta_path``."""
-
-    def __init__(self, module: ModuleType) -> None:
-        self._module = module
+    """Binds ``prime_traces.exceptions`` on the package once the package is
+    run, then leaves ``sys.meta_path``. A spec asked for and not run (a
+    library checking that prime_traces is installed) leaves it in place."""
 
     def find_spec(
         self,
@@ -94,36 +109,40 @@ class _BindOnPackageLoad(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname != PACKAGE:
             return None
-        with _lock:
-            if self in sys.meta_path:
-                sys.meta_path.remove(self)
         # The finders after this one, in order, as the import system asks them.
         for finder in list(sys.meta_path):
             find = getattr(finder, "find_spec", None)
-            spec: importlib.machinery.ModuleSpec | None = (
-                find(fullname, path, target) if find is not None else None
-            )
+            if finder is self or find is None:
+                continue
+            spec: importlib.machinery.ModuleSpec | None = find(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _BindingLoader(spec.loader, self._module)
+                    spec.loader = _BindingLoader(spec.loader, self)
                 return spec
         return None
+
+    def leave(self) -> None:
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)
 
 
 class _BindingLoader(importlib.abc.Loader):
     """The package's own loader, binding the module once the package is run."""
 
-    def __init__(self, inner: importlib.abc.Loader, module: ModuleType) -> None:
+    def __init__(self, inner: importlib.abc.Loader, finder: _BindOnPackageLoad) -> None:
         self._inner = inner
-        self._module = module
+        self._finder = finder
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType | None:
         return self._inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        module.exceptions = self._module  # type: ignore[attr-defined]
         # The package keeps its own loader (resources, reloads), not this one.
         module.__loader__ = self._inner
         if module.__spec__ is not None:
             module.__spec__.loader = self._inner
-        self._inner.exec_module(module)
+        try:
+            self._inner.exec_module(module)
+        finally:
+            self._finder.leave()
+        _bind(module)

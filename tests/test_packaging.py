@@ -449,8 +449,7 @@ print(json.dumps({
 """
 
 
-def test_prime_traces_imported_by_another_thread_during_the_first_load_has_its_exceptions(
-) -> None:
+def test_prime_traces_imported_by_another_thread_during_the_first_load_has_its_exceptions() -> None:
     """A thread importing prime_traces while a run loads its exception classes
     (``pr.init()`` beside a thread that imports a library using prime_traces):
     the package then finds the classes' module already there, and must still
