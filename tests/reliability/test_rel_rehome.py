@@ -169,3 +169,31 @@ def test_an_offline_runs_dir_deleted_mid_run_is_re_created_for_replay(
     journaled = [r["id"] for r in rh.journal_records(run.journal_path, EntryKind.EPISODE)]
     assert journaled == acked
     assert rh.journal_records(run.journal_path, EntryKind.FINISH)
+
+
+def test_a_relative_runs_dir_stays_where_it_was_when_the_process_changes_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``runs_dir="runs"`` names a folder of the directory the run started
+    in. A process that changes directory afterwards (a harness running each
+    task in its own folder) has not moved the journal: the run keeps writing
+    where it began, says nothing of a move, and makes no journal in the new
+    directory."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    start, later = tmp_path / "start", tmp_path / "later"
+    start.mkdir()
+    later.mkdir()
+    monkeypatch.chdir(start)
+    episodes = workloads.gsm8k(4)
+    with caplog.at_level(logging.WARNING, "primeruns"):
+        run = pr.init(environments=["gsm8k"], mode="offline", runs_dir="runs")
+        acked = _log(run, episodes[:2])
+        monkeypatch.chdir(later)
+        acked += _log(run, episodes[2:])
+        run.finish()
+    assert run.status is pr.RunStatus.COMPLETED and run.dropped_records == 0
+    assert "moved" not in caplog.text and "re-creat" not in caplog.text
+    assert not (later / "runs").exists()
+    (journal,) = [p for p in (start / "runs").iterdir() if not p.name.startswith(".")]
+    assert [r["id"] for r in rh.journal_records(journal, EntryKind.EPISODE)] == acked
+    assert rh.journal_records(journal, EntryKind.FINISH)
