@@ -270,3 +270,38 @@ def test_a_finished_run_is_listed_from_the_summary_it_kept_without_opening_it(
     assert seen == (read.last_seq, read.cursors, read.meta)
     assert describe(listed).finish == describe(read).finish
     assert (describe(read).finish or {}).get("status") == "completed"
+
+
+def test_ls_right_after_a_run_reads_the_summary_its_finish_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finish keeps the run's summary so that ``ls`` right after it reads
+    that instead of probing the journal in a child (40-190 ms) and opening
+    it (docs/ARCHITECTURE.md, ``listing.keep_summary``). ``ls`` lists with
+    counts (``statuses``: ``tally=True``), so the kept summary must hold them."""
+    from primeruns.journal import Journal
+    from primeruns.journal import listing as listing_module
+    from primeruns.reports import statuses
+
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(name="x", environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    run.log_episodes(workloads.gsm8k(3))
+    run.finish()
+
+    opened: list[Path] = []
+    probed: list[Path] = []
+    real_open, real_probe = Journal.open, listing_module.probe_many
+
+    def spy_open(path: Path, *args: Any, **kwargs: Any) -> Journal:
+        opened.append(Path(path))
+        return real_open(path, *args, **kwargs)
+
+    def spy_probe(paths: list[Path]) -> Any:
+        probed.extend(paths)
+        return real_probe(paths)
+
+    monkeypatch.setattr(Journal, "open", spy_open)
+    monkeypatch.setattr(listing_module, "probe_many", spy_probe)
+    (listed,) = statuses(runs)
+    assert listed.info.path == run.journal_path
+    assert opened == [] and probed == []
