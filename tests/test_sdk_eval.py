@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -226,23 +228,11 @@ def test_a_record_over_the_line_limit_fails_alone(
     assert stored["samples"]["rows"] == 6  # the sample table still took it
 
 
-@pytest.mark.parametrize("mode", ["online", "offline"])
-def test_a_finished_run_is_listed_from_the_summary_it_kept_without_opening_it(
-    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
-) -> None:
-    """A journal changed in the last seconds had no current summary, so the
-    listing right after a run (``ls``; the next run's close-out in a sweep,
-    looking for its run's other processes) probed it in a child and opened
-    it: 40-190 ms a journal. The finish keeps the run's summary; a listing
-    then reads it, and says what reading the journal says."""
-    from primeruns.journal import Journal, list_journals
+@contextlib.contextmanager
+def _journal_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[list[Path], list[Path]]]:
+    """The journals opened, and those probed in a child, meanwhile."""
+    from primeruns.journal import Journal
     from primeruns.journal import listing as listing_module
-    from primeruns.reports import describe
-
-    runs = point_at(monkeypatch, tmp_path, local_platform.url)
-    monkeypatch.setenv("PRIME_RUNS_MODE", mode)
-    run = _eval(runs, local_platform.url, workloads.gsm8k(3))
-    assert run.status is pr.RunStatus.COMPLETED and run.journal_path is not None
 
     opened: list[Path] = []
     probed: list[Path] = []
@@ -252,13 +242,34 @@ def test_a_finished_run_is_listed_from_the_summary_it_kept_without_opening_it(
         opened.append(Path(path))
         return real_open(path, *args, **kwargs)
 
-    def spy_probe(paths: list[Path]) -> None:
+    def spy_probe(paths: list[Path]) -> Any:
         probed.extend(paths)
-        real_probe(paths)
+        return real_probe(paths)
 
     with monkeypatch.context() as spied:
         spied.setattr(Journal, "open", spy_open)
         spied.setattr(listing_module, "probe_many", spy_probe)
+        yield opened, probed
+
+
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_a_finished_run_is_listed_from_the_summary_it_kept_without_opening_it(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    """A journal changed in the last seconds had no current summary, so the
+    listing right after a run (``ls``; the next run's close-out in a sweep,
+    looking for its run's other processes) probed it in a child and opened
+    it: 40-190 ms a journal. The finish keeps the run's summary; a listing
+    then reads it, and says what reading the journal says."""
+    from primeruns.journal import list_journals
+    from primeruns.reports import describe
+
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.setenv("PRIME_RUNS_MODE", mode)
+    run = _eval(runs, local_platform.url, workloads.gsm8k(3))
+    assert run.status is pr.RunStatus.COMPLETED and run.journal_path is not None
+
+    with _journal_reads(monkeypatch) as (opened, probed):
         (listed,) = list_journals(runs)
     assert opened == [] and probed == []
 
@@ -279,8 +290,6 @@ def test_ls_right_after_a_run_reads_the_summary_its_finish_kept(
     that instead of probing the journal in a child (40-190 ms) and opening
     it (docs/ARCHITECTURE.md, ``listing.keep_summary``). ``ls`` lists with
     counts (``statuses``: ``tally=True``), so the kept summary must hold them."""
-    from primeruns.journal import Journal
-    from primeruns.journal import listing as listing_module
     from primeruns.reports import statuses
 
     runs = point_at(monkeypatch, tmp_path, None)
@@ -288,20 +297,7 @@ def test_ls_right_after_a_run_reads_the_summary_its_finish_kept(
     run.log_episodes(workloads.gsm8k(3))
     run.finish()
 
-    opened: list[Path] = []
-    probed: list[Path] = []
-    real_open, real_probe = Journal.open, listing_module.probe_many
-
-    def spy_open(path: Path, *args: Any, **kwargs: Any) -> Journal:
-        opened.append(Path(path))
-        return real_open(path, *args, **kwargs)
-
-    def spy_probe(paths: list[Path]) -> Any:
-        probed.extend(paths)
-        return real_probe(paths)
-
-    monkeypatch.setattr(Journal, "open", spy_open)
-    monkeypatch.setattr(listing_module, "probe_many", spy_probe)
-    (listed,) = statuses(runs)
+    with _journal_reads(monkeypatch) as (opened, probed):
+        (listed,) = statuses(runs)
     assert listed.info.path == run.journal_path
     assert opened == [] and probed == []
