@@ -666,6 +666,10 @@ def _resolve_sdk(
         directory, sources["runs_dir"] = Path(runs_dir), "argument"
     else:
         directory = _default_runs_dir(read, sources)
+    # A relative folder names one of the directory the run began in: a process
+    # that changes directory later has not moved its journal. (Not resolved:
+    # links are checked where the journal is opened, not followed here.)
+    directory = directory.absolute()
 
     budget = read.value(
         MAX_JOURNAL_BYTES_ENV, lambda n, raw: parse_byte_count(n, raw, minimum=MIN_JOURNAL_BYTES)

@@ -250,6 +250,12 @@ def _info(
     )
 
 
+#: The most entries a finish counts for its run's summary (``keep_summary``):
+#: about 3 µs an entry, so at most ~0.3 s; a longer run's counts are read by
+#: the first listing that shows them, as before.
+TALLY_AT_FINISH_MOST = 100_000
+
+
 def keep_summary(path: Path) -> None:
     """Keep the summary of the journal at ``path``, which this process wrote
     and has just closed, for the next listing to read.
@@ -259,10 +265,14 @@ def keep_summary(path: Path) -> None:
     probe at the close-out of the next run of a sweep (looking for the run's
     other processes), and at ``ls`` right after a run. The journal is this
     process's own, written and closed by it, so it is read here without a
-    probe. Never raises: a listing reads it anyway.
+    probe, with its counts (what ``ls`` shows) up to ``TALLY_AT_FINISH_MOST``
+    entries. Never raises: a listing reads it anyway.
     """
     try:
-        _info(path, verify=False, tally=False, shelf=Shelf(path.parent), written_here=True)
+        shelf = Shelf(path.parent)
+        info = _info(path, verify=False, tally=False, shelf=shelf, written_here=True)
+        if not info.damage and info.last_seq <= TALLY_AT_FINISH_MOST:
+            _info(path, verify=False, tally=True, shelf=shelf, written_here=True)
     except Exception as exc:  # a summary is an optimisation, never a failure
         log.debug("prime-runs: no summary kept of %s: %s", path, exc)
 
