@@ -408,14 +408,19 @@ _IMPORTED_MEANWHILE = """
 import importlib.abc, json, sys, threading
 from primeruns import traces_exceptions
 
+HOLD_AT = {
+    # inside prime_traces/__init__, before its ``from .exceptions import ...``
+    "package": "prime_traces.async_traces",
+    # inside that import: past its look for the module in sys.modules
+    "exceptions": "prime_traces.exceptions",
+}[sys.argv[1]]
+main = threading.current_thread()
 paused, go = threading.Event(), threading.Event()
 
 
 class Pause(importlib.abc.MetaPathFinder):
-    # Holds the other thread inside prime_traces/__init__, before its
-    # ``from .exceptions import ...``.
     def find_spec(self, name, path, target=None):
-        if name == "prime_traces.async_traces":
+        if name == HOLD_AT and threading.current_thread() is not main:
             paused.set()
             go.wait()
         return None
@@ -430,30 +435,48 @@ def another_thread_imports_the_package_meanwhile():
     importer = threading.Thread(target=lambda: __import__("prime_traces"))
     importer.start()
     paused.wait()
-    return alone()
+    module = alone()
+    # That thread goes on only once this one waits for something (no thread
+    # switch by the clock): load() first does all it does without waiting.
+    sys.setswitchinterval(1e6)
+    go.set()
+    return module
 
 
 traces_exceptions._load_alone = another_thread_imports_the_package_meanwhile
 module = traces_exceptions.load()
-go.set()
+sys.setswitchinterval(0.005)
 for thread in threading.enumerate():
-    if thread is not threading.current_thread():
+    if thread is not main:
         thread.join()
 import prime_traces
+try:
+    raise module.APIError("refused", status_code=403)
+except prime_traces.APIError:
+    caught = True
+except Exception:
+    caught = False
 print(json.dumps({
     "one_module": sys.modules["prime_traces.exceptions"] is module,
     "bound": getattr(prime_traces, "exceptions", None) is module,
+    "caught": caught,
     "finders": [type(f).__name__ for f in sys.meta_path
                 if type(f).__module__ == traces_exceptions.__name__],
 }))
 """
 
 
-def test_prime_traces_imported_by_another_thread_during_the_first_load_has_its_exceptions() -> None:
+@pytest.mark.parametrize("held", ["package", "exceptions"])
+def test_prime_traces_imported_by_another_thread_during_the_first_load_has_its_exceptions(
+    held: str,
+) -> None:
     """A thread importing prime_traces while a run loads its exception classes
-    (``pr.init()`` beside a thread that imports a library using prime_traces):
-    the package then finds the classes' module already there, and must still
-    hold it as ``prime_traces.exceptions``; nothing of ours is left in the
-    import system."""
-    out = _run_script(_IMPORTED_MEANWHILE)
-    assert out == {"one_module": True, "bound": True, "finders": []}
+    (``pr.init()`` beside a thread that imports a library using prime_traces).
+    Whether that import is yet to look for ``prime_traces.exceptions``
+    (``package``: it then finds the classes' module already there) or already
+    past that look (``exceptions``: it then loads the file itself), there is
+    one set of classes: what the SDK raises, ``except prime_traces.APIError``
+    catches; the package holds them as ``prime_traces.exceptions``; nothing of
+    ours is left in the import system."""
+    out = _run_script(_IMPORTED_MEANWHILE, held)
+    assert out == {"one_module": True, "bound": True, "caught": True, "finders": []}
