@@ -55,7 +55,11 @@ def load() -> ModuleType:
         finder = _BindOnPackageLoad()
         sys.meta_path.insert(0, finder)
         module = _load_alone()
-        if module is None:
+        if module is None or PACKAGE in sys.modules:
+            # No file to load alone; or an import of the package began
+            # meanwhile (another thread), which may be past its look for this
+            # module and load its own over ours: the usual import, which
+            # waits for that one and returns what it made.
             finder.leave()
             return importlib.import_module(NAME)
         # Executed before it is published, so no thread sees it half made; a
