@@ -32,7 +32,7 @@ import io
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
@@ -365,7 +365,7 @@ def _episode_rows(
 
 
 def record_to_samples(
-    record: Any, rollout_numbers: dict[Any, int], *, finite: bool = False
+    record: Any, rollout_numbers: MutableMapping[Any, int], *, finite: bool = False
 ) -> list[dict[str, Any]] | None:
     """One record's v0 rows, numbering its rollout in ``rollout_numbers``.
 
@@ -379,7 +379,7 @@ def record_to_samples(
 
 
 def encoded_samples(
-    record: Any, rollout_numbers: dict[Any, int], *, finite: bool = False
+    record: Any, rollout_numbers: MutableMapping[Any, int], *, finite: bool = False
 ) -> list[tuple[dict[str, Any], bytes]] | None:
     """``record_to_samples``' rows, each with its compact JSON (``orjson.dumps``
     of it), for a caller that sends them: each row is encoded once. A row
@@ -393,7 +393,7 @@ def encoded_samples(
 
 
 def _record_rows(
-    record: Any, rollout_numbers: dict[Any, int], *, finite: bool
+    record: Any, rollout_numbers: MutableMapping[Any, int], *, finite: bool
 ) -> list[tuple[dict[str, Any], bytes | None]] | None:
     if isinstance(record, Mapping):
         if "sample_id" in record:

@@ -23,7 +23,7 @@ unique across the run's processes.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import ChainMap, Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -95,9 +95,12 @@ class EvalSamplesSink:
                 # service's copy does: a run logged offline (then replayed)
                 # journaled its local id, which the platform never knew.
                 record = stamp_run(record, binding.run_id, binding.kind)
-            trial = dict(rollouts)
+            # This entry's numbering goes here, over the batch's so far, and
+            # into it only once the entry is taken (a copy of the whole
+            # numbering per entry cost O(tasks): 9 us at 2,000 tasks).
+            trial: dict[Any, int] = {}
             # Parsed from JSON, so every number is finite: no null-ing copy.
-            pairs = encoded_samples(record, trial, finite=True) or []
+            pairs = encoded_samples(record, ChainMap(trial, rollouts), finite=True) or []
             rows = [row for row, _ in pairs]
             encoded = [line for _, line in pairs]
             add = sum(len(r) + 1 for r in encoded)
@@ -110,7 +113,7 @@ class EvalSamplesSink:
                     f"episode at journal entry {entry.seq} projects to {add} bytes of sample "
                     f"rows, over the {MAX_REQUEST_BYTES}-byte request limit"
                 )
-            rollouts = trial
+            rollouts.update(trial)
             rows_json.extend(encoded)
             ids.extend(str(row.get("sample_id")) for row in rows)
             size += add

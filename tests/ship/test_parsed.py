@@ -90,6 +90,21 @@ def test_a_sink_a_batch_behind_the_other_still_takes_what_was_kept(parses: list[
     assert shared.kept <= 10
 
 
+def test_a_sink_a_whole_batch_ahead_leaves_few_parsed_records_alive(parses: list[int]) -> None:
+    # A fast evaluation: one sink parses a batch of 2,000 episodes (9 KB
+    # each, as gsm8k's) before the other starts on it. Each record kept for
+    # the sink behind is hundreds of Python containers living a batch long,
+    # which the garbage collector walks again and again: more CPU than the
+    # parse it spares. Few are kept; the sink behind parses the rest.
+    entries = [_episode(seq, size=9000) for seq in range(1, 2001)]
+    shared = parsed.SharedRecords({EntryKind.EPISODE: 2})
+    for entry in entries:
+        shared.parse(entry)
+    assert shared.kept * len(entries[0].payload) <= 1 << 20
+    assert [shared.parse(e) for e in entries] == [orjson.loads(e.payload) for e in entries]
+    assert shared.kept == 0
+
+
 def test_an_evaluations_two_sinks_share_one_parser(tmp_path: Any) -> None:
     from primeruns.journal import Journal
     from primeruns.platform import PlatformClient, resolve_settings
@@ -112,5 +127,7 @@ def test_an_evaluations_two_sinks_share_one_parser(tmp_path: Any) -> None:
         )
         traces, samples = (s.sink for s in shippers)
         assert traces._parse == samples._parse  # type: ignore[attr-defined]
+        # and read the journal once for the two (ship.sharedreads)
+        assert shippers[0]._reads is shippers[1]._reads is not None
         assert isinstance(traces._parse.__self__, parsed.SharedRecords)  # type: ignore[attr-defined]
         client.close()
