@@ -34,7 +34,7 @@ import logging
 import math
 from collections.abc import Mapping, MutableMapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
@@ -46,14 +46,16 @@ if TYPE_CHECKING:
 __all__ = [
     "ENVELOPE_BYTES",
     "MAX_SAMPLES_PAYLOAD_BYTES",
+    "SampleRows",
     "batch_samples",
     "build_samples",
-    "encoded_samples",
     "episode_to_samples",
     "episodes_to_parquet_bytes",
     "json_bytes",
+    "numbered_rows",
     "parquet_available",
     "record_to_samples",
+    "sample_rows",
     "summary_trace_index",
     "trace_to_sample",
     "train_sample_schema",
@@ -378,23 +380,105 @@ def record_to_samples(
     return None if rows is None else [row for row, _ in rows]
 
 
-def encoded_samples(
-    record: Any, rollout_numbers: MutableMapping[Any, int], *, finite: bool = False
-) -> list[tuple[dict[str, Any], bytes]] | None:
-    """``record_to_samples``' rows, each with its compact JSON (``orjson.dumps``
-    of it), for a caller that sends them: each row is encoded once. A row
-    holds the whole record and more (21 KB for a 9 KB gsm8k episode), and
-    encoding it again after sizing it was about a third of the sample
-    table sink's CPU per episode."""
-    rows = _record_rows(record, rollout_numbers, finite=finite)
+class SampleRows(NamedTuple):
+    """A record's v0 rows, encoded before its rollout is numbered: what the
+    sample table's sink sends of it once it knows the number (``encode``).
+
+    Made once per episode for whichever sink parses it first (``ship.parsed``):
+    bytes and strings only, which the garbage collector never walks, where
+    the parsed record is hundreds of containers. Row ``i`` numbered ``n`` is
+    ``heads[i] + n + tails[i]``: a row's first keys are ``sample_id``,
+    ``example_id`` and ``rollout_number`` (``trace_to_sample``), and orjson
+    writes a dict's items in order, each on its own, so only the number's
+    digits differ from ``orjson.dumps`` of the row so numbered.
+    """
+
+    #: The task index the rollout is numbered under (``numbered`` only).
+    key: Any
+    #: False: rows that are v0 rows already (``heads`` whole), or none.
+    numbered: bool
+    sample_ids: tuple[str, ...]
+    heads: tuple[bytes, ...]
+    tails: tuple[bytes, ...]
+    #: The single row's bytes to spare under the request ceiling with a
+    #: one-digit number; None when the episode went one row per trace.
+    room: int | None
+
+    def encode(self, number: int) -> list[bytes]:
+        """The rows, the rollout numbered ``number``."""
+        if not self.numbered:
+            return list(self.heads)
+        digits = b"%d" % number
+        return [head + digits + tail for head, tail in zip(self.heads, self.tails, strict=True)]
+
+    def fits(self, number: int) -> bool:
+        """Whether the rows as made are the episode's rows numbered
+        ``number``: its single row still fits the ceiling with the number's
+        digits (else it goes one row per trace: ``record_to_samples``)."""
+        return self.room is None or len(b"%d" % number) - 1 <= self.room
+
+
+def numbered_rows(
+    record: Any, number: int, *, finite: bool = False
+) -> tuple[tuple[str, ...], list[bytes]]:
+    """A record's v0 rows numbered ``number`` (as ``record_to_samples`` would
+    number them), encoded, with their sample ids: where ``SampleRows`` do
+    not fit their number (``SampleRows.fits``)."""
+    rows = _record_rows(record, {}, finite=finite, number=number) or []
+    ids = tuple(str(row.get("sample_id")) for row, _ in rows)
+    return ids, [orjson.dumps(row) if encoded is None else encoded for row, encoded in rows]
+
+
+def sample_rows(record: Any, *, finite: bool = False) -> SampleRows | None:
+    """``record_to_samples``' rows, encoded (each once) before the rollout is
+    numbered: None where it gives None."""
+    if isinstance(record, Mapping) and "sample_id" in record:
+        row = dict(record)
+        return SampleRows(None, False, (str(row.get("sample_id")),), (orjson.dumps(row),), (), None)
+    rows = _record_rows(record, {}, finite=finite, number=0)
     if rows is None:
         return None
-    return [(row, orjson.dumps(row) if encoded is None else encoded) for row, encoded in rows]
+    if not rows:
+        return SampleRows(None, False, (), (), (), None)
+    heads: list[bytes] = []
+    tails: list[bytes] = []
+    for row, encoded in rows:
+        whole = orjson.dumps(row) if encoded is None else encoded
+        head = b"".join(
+            (
+                b'{"sample_id":',
+                orjson.dumps(row["sample_id"]),
+                b',"example_id":',
+                orjson.dumps(row["example_id"]),
+                b',"rollout_number":',
+            )
+        )
+        if not whole.startswith(head + b"0,"):  # trace_to_sample's order: never
+            raise AssertionError("a sample row does not start with its id and number")
+        heads.append(head)
+        tails.append(whole[len(head) + 1 :])
+    mapping = _as_mapping(record, "episode")
+    room = None
+    if len(rows) == 1 and rows[0][0]["sample_id"] == mapping.get("id"):
+        room = MAX_SAMPLES_PAYLOAD_BYTES - ENVELOPE_BYTES - len(heads[0]) - 1 - len(tails[0])
+    return SampleRows(
+        _rollout_key(_traces(mapping)),
+        True,
+        tuple(str(row.get("sample_id")) for row, _ in rows),
+        tuple(heads),
+        tuple(tails),
+        room,
+    )
 
 
 def _record_rows(
-    record: Any, rollout_numbers: MutableMapping[Any, int], *, finite: bool
+    record: Any,
+    rollout_numbers: MutableMapping[Any, int],
+    *,
+    finite: bool,
+    number: int | None = None,
 ) -> list[tuple[dict[str, Any], bytes | None]] | None:
+    """The rows, numbered in ``rollout_numbers`` (or ``number``, left out of it)."""
     if isinstance(record, Mapping):
         if "sample_id" in record:
             return [(dict(record), None)]
@@ -406,10 +490,16 @@ def _record_rows(
     traces = _traces(mapping)
     if not traces:
         return []
-    summary = next((trace for trace in traces if _trainable(trace)), traces[0])
-    idx = _task_data(summary).get("idx")
-    rollout_numbers[idx] = number = rollout_numbers.get(idx, 0) + 1
+    if number is None:
+        idx = _rollout_key(traces)
+        rollout_numbers[idx] = number = rollout_numbers.get(idx, 0) + 1
     return _episode_rows(mapping, number, finite=finite)
+
+
+def _rollout_key(traces: Sequence[Mapping[str, Any]]) -> Any:
+    """What an episode's rollouts are numbered under: its summary trace's task index."""
+    summary = next((trace for trace in traces if _trainable(trace)), traces[0])
+    return _task_data(summary).get("idx")
 
 
 def build_samples(

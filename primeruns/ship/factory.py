@@ -43,7 +43,7 @@ def make_shippers(
         context["framework"] = spec.framework
     if spec.model:
         context["model"] = spec.model
-    parse = None
+    shared = None
     reads = None
     samples = "train_samples" if kind == "train" else "eval_samples"
     if not opted_out and not _turned_off(journal, "traces", samples):
@@ -51,21 +51,21 @@ def make_shippers(
         reads = SharedReads(journal, SINK_KINDS["traces"] | SINK_KINDS[samples])
         if kind != "train":
             # and, in an evaluation, parsed once (ship.parsed).
-            parse = SharedRecords({EntryKind.EPISODE: 2}).parse
+            shared = SharedRecords({EntryKind.EPISODE: 2})
     sinks: list[Sink] = [
         TracesSink(
             None if opted_out else client,
             context=context,
             opted_out=opted_out,
             committed=int(journal.get_meta("traces_receipts", 0) or 0),
-            parse=parse,
+            line=None if shared is None else shared.line,
         )
     ]
     if kind == "train":
         sinks.append(TrainSamplesSink(client, range_base=range_base))
         sinks.append(TrainMetricsSink(client, _step_rows(journal, lifecycle)))
     else:
-        sinks.append(EvalSamplesSink(client, parse=parse))
+        sinks.append(EvalSamplesSink(client, rows=None if shared is None else shared.rows))
     shippers = [
         Shipper(
             journal,

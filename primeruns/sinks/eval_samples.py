@@ -23,7 +23,7 @@ unique across the run's processes.
 
 from __future__ import annotations
 
-from collections import ChainMap, Counter
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -31,10 +31,10 @@ from typing import Any
 from ..exceptions import APIError, is_transient
 from ..journal import Entry
 from ..platform import PlatformClient
-from ..projection import encoded_samples
-from ..records import is_episode, stamp_run
+from ..projection import SampleRows
 from . import receipts
 from .base import Binding, Prepared, SendContext, parse_entry
+from .forms import numbered_rows_of, rows_of
 from .kinds import SINK_KINDS
 
 __all__ = ["MAX_REQUEST_BYTES", "EvalSamplesProgress", "EvalSamplesSink"]
@@ -69,12 +69,15 @@ class EvalSamplesSink:
     progress_type = EvalSamplesProgress
 
     def __init__(
-        self, client: PlatformClient, *, parse: Callable[[Entry], Any] | None = None
+        self,
+        client: PlatformClient,
+        *,
+        rows: Callable[[Entry, Binding], SampleRows | None] | None = None,
     ) -> None:
-        """``parse``: an entry's record (the shipper's, shared with the other
-        sinks that take the entry: ``ship.parsed``; default: parsed here)."""
+        """``rows``: an entry's rows (the shipper's, made once with the other
+        sinks' forms of the entry: ``ship.parsed``; default: made here)."""
         self._client = client
-        self._parse = parse or parse_entry
+        self._rows = rows or _rows_here
         # Per task index, how many rollouts were numbered so far; carried from
         # batch to batch (and across restarts) through the journal.
         self._rollouts: dict[Any, int] = {}
@@ -89,20 +92,18 @@ class EvalSamplesSink:
         consumed = 0
         rollouts = dict(self._rollouts)
         for entry in entries:
-            record = self._parse(entry)
-            if isinstance(record, dict) and is_episode(record):
-                # ``native_wrapper`` names the platform's run, as the traces
-                # service's copy does: a run logged offline (then replayed)
-                # journaled its local id, which the platform never knew.
-                record = stamp_run(record, binding.run_id, binding.kind)
-            # This entry's numbering goes here, over the batch's so far, and
-            # into it only once the entry is taken (a copy of the whole
-            # numbering per entry cost O(tasks): 9 us at 2,000 tasks).
-            trial: dict[Any, int] = {}
-            # Parsed from JSON, so every number is finite: no null-ing copy.
-            pairs = encoded_samples(record, ChainMap(trial, rollouts), finite=True) or []
-            rows = [row for row, _ in pairs]
-            encoded = [line for _, line in pairs]
+            made = self._rows(entry, binding)
+            number = 0
+            encoded: list[bytes] = []
+            sample_ids: tuple[str, ...] = ()
+            if made is not None:
+                # Numbered over the batch's numbering so far, which takes the
+                # number only once the entry is taken.
+                number = rollouts.get(made.key, 0) + 1 if made.numbered else 0
+                if made.fits(number):
+                    encoded, sample_ids = made.encode(number), made.sample_ids
+                else:  # its one row grew past the ceiling with the number's digits
+                    sample_ids, encoded = numbered_rows_of(parse_entry(entry), binding, number)
             add = sum(len(r) + 1 for r in encoded)
             if rows_json and size + add > MAX_REQUEST_BYTES:
                 break
@@ -113,9 +114,10 @@ class EvalSamplesSink:
                     f"episode at journal entry {entry.seq} projects to {add} bytes of sample "
                     f"rows, over the {MAX_REQUEST_BYTES}-byte request limit"
                 )
-            rollouts.update(trial)
+            if made is not None and made.numbered:
+                rollouts[made.key] = number
             rows_json.extend(encoded)
-            ids.extend(str(row.get("sample_id")) for row in rows)
+            ids.extend(sample_ids)
             size += add
             last_seq = entry.seq
             consumed += 1
@@ -223,3 +225,7 @@ def _key(value: Any) -> Any:
     if isinstance(value, str) and value.lstrip("-").isdigit():
         return int(value)
     return value
+
+
+def _rows_here(entry: Entry, binding: Binding) -> SampleRows | None:
+    return rows_of(parse_entry(entry), binding)
