@@ -57,8 +57,9 @@ class SharedRecords:
         self._takers = dict(takers)
         self._keep_bytes = keep_bytes
         self._lock = threading.Lock()
-        # seq -> (forms, their binding, takers still to come, bytes), in the order made.
-        self._kept: dict[int, tuple[Forms, Binding, int, int]] = {}
+        # seq -> (forms, their binding, takers still to come, bytes), in the
+        # order made; forms None while the first sink makes them.
+        self._kept: dict[int, tuple[Forms | None, Binding, int, int]] = {}
         self._bytes = 0
         # The newest seq any sink parsed: an entry at or before it was parsed
         # already (sinks read in order), so parsing it again keeps nothing.
@@ -84,26 +85,34 @@ class SharedRecords:
                 kept = self._kept.get(entry.seq)
                 if kept is not None and kept[1] == binding:
                     forms, _, left, held = kept
+                    # Taken (or, while another sink makes them, made here too:
+                    # waiting would hold this sink up; none is kept for it).
                     if left > 1:
                         self._kept[entry.seq] = (forms, binding, left - 1, held)
                     else:
                         del self._kept[entry.seq]
                         self._bytes -= held
-                    return forms
-                first = entry.seq > self._parsed_upto and (
-                    not self._kept
-                    or self._bytes + _FORMS_PER_BYTE * len(entry.payload) <= self._keep_bytes
-                )
-                self._parsed_upto = max(self._parsed_upto, entry.seq)
+                    if forms is not None:
+                        return forms
+                else:
+                    first = entry.seq > self._parsed_upto and (
+                        not self._kept
+                        or self._bytes + _FORMS_PER_BYTE * len(entry.payload) <= self._keep_bytes
+                    )
+                    self._parsed_upto = max(self._parsed_upto, entry.seq)
+                    if first:
+                        self._kept[entry.seq] = (None, binding, takers - 1, 0)
         record = parse_entry(entry)
         if not first:
             return make_forms(record, binding, line=not rows, rows=rows)
         forms = make_forms(record, binding, line=True, rows=True)
         held = size(forms)
         with self._lock:
-            # One entry's over the bound is still kept alone.
-            if not self._kept or self._bytes + held <= self._keep_bytes:
-                self._kept[entry.seq] = (forms, binding, takers - 1, held)
+            kept = self._kept.pop(entry.seq, None)
+            # Kept while a sink is still to take them (one entry's over the
+            # bound is still kept alone).
+            if kept is not None and (not self._kept or self._bytes + held <= self._keep_bytes):
+                self._kept[entry.seq] = (forms, binding, kept[2], held)
                 self._bytes += held
         return forms
 

@@ -156,3 +156,26 @@ def test_an_evaluations_two_sinks_share_one_parser(tmp_path: Any) -> None:
         # and read the journal once for the two (ship.sharedreads)
         assert shippers[0]._reads is shippers[1]._reads is not None
         client.close()
+
+
+def test_an_entry_both_sinks_reach_at_once_leaves_nothing_kept(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Two sinks woken by the same append take the same entry at the same
+    # time: the one that finds the other making its forms makes its own.
+    # What the other then makes is kept for nobody: kept, it stayed for
+    # ever, and a long run's such entries filled the bound.
+    shared = parsed.SharedRecords({EntryKind.EPISODE: 2})
+    entry = _episode(1)
+    real = parsed.make_forms
+    meanwhile: list[Any] = []
+
+    def racing(record: Any, binding: Binding, *, line: bool, rows: bool) -> Any:
+        if line and rows and not meanwhile:  # the first sink, making both
+            meanwhile.append(shared.rows(entry, _BOUND))  # the other sink, now
+        return real(record, binding, line=line, rows=rows)
+
+    monkeypatch.setattr(parsed, "make_forms", racing)
+    assert _line(shared, entry) == _expected_line(entry)
+    assert meanwhile == [rows_of(orjson.loads(entry.payload), _BOUND)]
+    assert shared.kept == 0
