@@ -76,6 +76,7 @@ def make_shippers(
             on_failure=on_failure,
             on_progress=on_progress,
             reads=reads,
+            records=shared if sink.name in ("traces", "eval_samples") else None,
         )
         for sink in sinks
     ]

@@ -116,6 +116,14 @@ class SharedRecords:
                 self._bytes += held
         return forms
 
+    def leave(self) -> None:
+        """A sink taking them is off or retired: each takes its own from now
+        on (it may be revived, and then makes its own), and nothing is kept."""
+        with self._lock:
+            self._takers = {kind: 1 for kind in self._takers}
+            self._kept.clear()
+            self._bytes = 0
+
     @property
     def kept(self) -> int:
         """How many entries' forms are kept now (for tests)."""

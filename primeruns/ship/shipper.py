@@ -33,6 +33,7 @@ from ..platform.binding import Binding
 from ..sinks.base import Prepared, SendContext, Sink
 from ..threads import bounded, start_daemon
 from . import batchstate, ledger, resident
+from .parsed import SharedRecords
 from .policy import Failure, RetryPolicy, classify
 from .readahead import ReadAhead
 from .sharedreads import SharedReads
@@ -73,9 +74,12 @@ class Shipper:
         seed: int | None = None,
         on_progress: Callable[[], None] | None = None,
         reads: SharedReads | None = None,
+        records: SharedRecords | None = None,
     ) -> None:
         """``reads``: the entries read once for this journal's shippers whose
-        sinks take them (``ship.sharedreads``; default: read for this one)."""
+        sinks take them (``ship.sharedreads``; default: read for this one).
+        ``records``: what the sinks send of them, made once for all
+        (``ship.parsed``), if the sink takes it from there."""
         self.journal = journal
         self._on_progress = on_progress
         self.sink = sink
@@ -91,6 +95,7 @@ class Shipper:
         self._wake = threading.Event()
         self._scanned = journal.acked(self.name)
         self._reads = reads if reads is not None and sink.kinds <= reads.kinds else None
+        self._records = records
         # Read once, whatever prefix a batch takes (and, shared, whichever sink reads first).
         self._ahead = ReadAhead(
             journal if self._reads is None else self._reads.reader(self.name), sink.kinds
@@ -618,9 +623,11 @@ class Shipper:
         self._notify()
 
     def _leave_reads(self) -> None:
-        """Reading no more (until revived): the shared reads keep nothing for it."""
+        """Reading no more (until revived): what is shared keeps nothing for it."""
         if self._reads is not None:
             self._reads.leave(self.name)
+        if self._records is not None:
+            self._records.leave()
 
     def _turn_off(self, exc: BaseException) -> None:
         reason = str(exc)

@@ -153,6 +153,8 @@ def test_an_evaluations_two_sinks_share_one_parser(tmp_path: Any) -> None:
         shared = traces._line.__self__  # type: ignore[attr-defined]
         assert isinstance(shared, parsed.SharedRecords)
         assert samples._rows.__self__ is shared  # type: ignore[attr-defined]
+        # and a shipper whose sink goes off or retires leaves it
+        assert shippers[0]._records is shippers[1]._records is shared
         # and read the journal once for the two (ship.sharedreads)
         assert shippers[0]._reads is shippers[1]._reads is not None
         client.close()
@@ -179,3 +181,27 @@ def test_an_entry_both_sinks_reach_at_once_leaves_nothing_kept(
     assert _line(shared, entry) == _expected_line(entry)
     assert meanwhile == [rows_of(orjson.loads(entry.payload), _BOUND)]
     assert shared.kept == 0
+
+
+def test_once_a_sink_is_off_the_other_makes_and_keeps_nothing_for_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The sample table's sink turned off (or retired): making its rows for
+    # every episode, and keeping them, would be for nobody.
+    shared = parsed.SharedRecords({EntryKind.EPISODE: 2})
+    entries = [_episode(seq) for seq in range(1, 11)]
+    for entry in entries[:5]:
+        _line(shared, entry)
+    assert shared.kept == 5
+    shared.leave()
+    assert shared.kept == 0
+    asked: list[tuple[bool, bool]] = []
+    real = parsed.make_forms
+
+    def counting(record: Any, binding: Binding, *, line: bool, rows: bool) -> Any:
+        asked.append((line, rows))
+        return real(record, binding, line=line, rows=rows)
+
+    monkeypatch.setattr(parsed, "make_forms", counting)
+    assert [_line(shared, e) for e in entries[5:]] == [_expected_line(e) for e in entries[5:]]
+    assert asked == [(True, False)] * 5 and shared.kept == 0
