@@ -382,34 +382,43 @@ def record_to_samples(
 
 class SampleRows(NamedTuple):
     """A record's v0 rows, encoded before its rollout is numbered: what the
-    sample table's sink sends of it once it knows the number (``encode``).
+    sample table's sink sends of it once it knows the number (``pieces``).
 
     Made once per episode for whichever sink parses it first (``ship.parsed``):
     bytes and strings only, which the garbage collector never walks, where
-    the parsed record is hundreds of containers. Row ``i`` numbered ``n`` is
-    ``heads[i] + n + tails[i]``: a row's first keys are ``sample_id``,
-    ``example_id`` and ``rollout_number`` (``trace_to_sample``), and orjson
-    writes a dict's items in order, each on its own, so only the number's
-    digits differ from ``orjson.dumps`` of the row so numbered.
+    the parsed record is hundreds of containers. Each row is encoded with
+    the number 0, whose one digit is at ``cuts[i]``: a row's first keys are
+    ``sample_id``, ``example_id`` and ``rollout_number``
+    (``trace_to_sample``), and orjson writes a dict's items in order, each
+    on its own, so the row numbered n is the same bytes with n's digits
+    there (checked as made).
     """
 
     #: The task index the rollout is numbered under (``numbered`` only).
     key: Any
-    #: False: rows that are v0 rows already (``heads`` whole), or none.
+    #: False: rows that are v0 rows already (sent as they are), or none.
     numbered: bool
     sample_ids: tuple[str, ...]
-    heads: tuple[bytes, ...]
-    tails: tuple[bytes, ...]
+    rows: tuple[bytes, ...]
+    cuts: tuple[int, ...]
     #: The single row's bytes to spare under the request ceiling with a
     #: one-digit number; None when the episode went one row per trace.
     room: int | None
 
-    def encode(self, number: int) -> list[bytes]:
-        """The rows, the rollout numbered ``number``."""
+    def pieces(self, number: int) -> tuple[list[bytes | memoryview], int]:
+        """The rows, the rollout numbered ``number``: their pieces, each row
+        followed by a comma (for one ``join`` into the request, copying the
+        rows once), and their bytes with those commas."""
+        pieces: list[bytes | memoryview] = []
         if not self.numbered:
-            return list(self.heads)
+            for row in self.rows:
+                pieces += (row, b",")
+            return pieces, sum(map(len, self.rows)) + len(self.rows)
         digits = b"%d" % number
-        return [head + digits + tail for head, tail in zip(self.heads, self.tails, strict=True)]
+        for row, cut in zip(self.rows, self.cuts, strict=True):
+            whole = memoryview(row)
+            pieces += (whole[:cut], digits, whole[cut + 1 :], b",")
+        return pieces, sum(map(len, self.rows)) + len(self.rows) * len(digits)
 
     def fits(self, number: int) -> bool:
         """Whether the rows as made are the episode's rows numbered
@@ -440,8 +449,8 @@ def sample_rows(record: Any, *, finite: bool = False) -> SampleRows | None:
         return None
     if not rows:
         return SampleRows(None, False, (), (), (), None)
-    heads: list[bytes] = []
-    tails: list[bytes] = []
+    wholes: list[bytes] = []
+    cuts: list[int] = []
     for row, encoded in rows:
         whole = orjson.dumps(row) if encoded is None else encoded
         head = b"".join(
@@ -450,23 +459,23 @@ def sample_rows(record: Any, *, finite: bool = False) -> SampleRows | None:
                 orjson.dumps(row["sample_id"]),
                 b',"example_id":',
                 orjson.dumps(row["example_id"]),
-                b',"rollout_number":',
+                b',"rollout_number":0,',
             )
         )
-        if not whole.startswith(head + b"0,"):  # trace_to_sample's order: never
+        if not whole.startswith(head):  # trace_to_sample's order: never
             raise AssertionError("a sample row does not start with its id and number")
-        heads.append(head)
-        tails.append(whole[len(head) + 1 :])
+        wholes.append(whole)
+        cuts.append(len(head) - 2)
     mapping = _as_mapping(record, "episode")
     room = None
     if len(rows) == 1 and rows[0][0]["sample_id"] == mapping.get("id"):
-        room = MAX_SAMPLES_PAYLOAD_BYTES - ENVELOPE_BYTES - len(heads[0]) - 1 - len(tails[0])
+        room = MAX_SAMPLES_PAYLOAD_BYTES - ENVELOPE_BYTES - len(wholes[0])
     return SampleRows(
         _rollout_key(_traces(mapping)),
         True,
         tuple(str(row.get("sample_id")) for row, _ in rows),
-        tuple(heads),
-        tuple(tails),
+        tuple(wholes),
+        tuple(cuts),
         room,
     )
 

@@ -85,7 +85,8 @@ class EvalSamplesSink:
     def prepare(
         self, entries: Sequence[Entry], binding: Binding
     ) -> Prepared[EvalSamplesProgress] | None:
-        rows_json: list[bytes] = []
+        # Each row's pieces and a comma after it, joined once into the body.
+        pieces: list[bytes | memoryview] = []
         ids: list[str] = []
         size = _ENVELOPE
         last_seq = entries[0].seq
@@ -94,21 +95,24 @@ class EvalSamplesSink:
         for entry in entries:
             made = self._rows(entry, binding)
             number = 0
-            encoded: list[bytes] = []
+            more: list[bytes | memoryview] = []
+            add = 0
             sample_ids: tuple[str, ...] = ()
             if made is not None:
                 # Numbered over the batch's numbering so far, which takes the
                 # number only once the entry is taken.
                 number = rollouts.get(made.key, 0) + 1 if made.numbered else 0
                 if made.fits(number):
-                    encoded, sample_ids = made.encode(number), made.sample_ids
+                    (more, add), sample_ids = made.pieces(number), made.sample_ids
                 else:  # its one row grew past the ceiling with the number's digits
-                    sample_ids, encoded = numbered_rows_of(parse_entry(entry), binding, number)
-            add = sum(len(r) + 1 for r in encoded)
-            if rows_json and size + add > MAX_REQUEST_BYTES:
+                    sample_ids, rows = numbered_rows_of(parse_entry(entry), binding, number)
+                    for row in rows:
+                        more += (row, b",")
+                    add = sum(len(row) + 1 for row in rows)
+            if pieces and size + add > MAX_REQUEST_BYTES:
                 break
             if _ENVELOPE + add > MAX_REQUEST_BYTES:
-                if rows_json:
+                if pieces:
                     break
                 raise ValueError(
                     f"episode at journal entry {entry.seq} projects to {add} bytes of sample "
@@ -116,14 +120,15 @@ class EvalSamplesSink:
                 )
             if made is not None and made.numbered:
                 rollouts[made.key] = number
-            rows_json.extend(encoded)
+            pieces += more
             ids.extend(sample_ids)
             size += add
             last_seq = entry.seq
             consumed += 1
-        if not rows_json:
+        if not pieces:
             return None
-        body = b'{"samples":[' + b",".join(rows_json) + b"]}"
+        pieces[-1] = b"]}"  # the last row's comma
+        body = b"".join([b'{"samples":[', *pieces])
         return Prepared(
             body=body,
             records=consumed,

@@ -122,5 +122,5 @@ def size(forms: Forms) -> int:
     """The bytes ``forms`` hold."""
     total = len(forms.line.line) if isinstance(forms.line, Line) else 0
     if isinstance(forms.rows, SampleRows):
-        total += sum(map(len, forms.rows.heads)) + sum(map(len, forms.rows.tails))
+        total += sum(map(len, forms.rows.rows))
     return total
