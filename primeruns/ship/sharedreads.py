@@ -15,8 +15,9 @@ a sink does not take is none of its business), and the window starts
 afresh past it. A read from outside the window (a sink that fell further
 behind than the window keeps, or reads again from where a batch began) is
 the sink's own read of the journal, as before. What is kept is what some
-shipper has not read past yet, bounded by ``KEEP_BYTES`` of payloads (the
-oldest go first: the sink behind then reads them for itself). Entries never
+shipper has not read past yet, bounded by ``KEEP_BYTES`` of payloads: the
+oldest are kept, which the sink behind needs first, and what does not fit
+it reads for itself (a backlog's batch of Prime Traces is 30 MB). Entries never
 change once written, and compaction removes only entries every sink
 acknowledged, so what the window holds stays true. Shared by the
 shippers' threads of one journal; the journal is read outside its lock.
@@ -153,28 +154,34 @@ class SharedReads:
             return ReadResult(taken + own.entries, own.next_after, own.damaged)
         with self._lock:
             if self._hi == hi:  # not started afresh meanwhile
-                self._entries.extend(more.entries)
-                self._seqs.extend(e.seq for e in more.entries)
-                self._bytes += sum(len(e.payload) for e in more.entries)
-                self._hi = more.next_after
-                self._trim()
+                self._keep(more)
         stop = _take(more.entries, kinds, taken, max_entries, max_bytes)
         return ReadResult(taken, more.next_after if stop is None else stop - 1)
 
+    def _keep(self, read: ReadResult) -> None:
+        """Add what a read past the window's end found, the oldest first, as
+        far as the bound allows (lock held): a reader behind needs the
+        oldest first, and what is not kept it reads for itself."""
+        for index, entry in enumerate(read.entries):
+            if self._entries and self._bytes + len(entry.payload) > self._keep_bytes:
+                if index:
+                    # The window ends before it: every entry of its kinds up
+                    # to the last one kept is in it.
+                    self._hi = self._seqs[-1]
+                return
+            self._entries.append(entry)
+            self._seqs.append(entry.seq)
+            self._bytes += len(entry.payload)
+        self._hi = read.next_after
+
     def _trim(self) -> None:
-        """Let go of what every reader is past, and of the oldest entries
-        beyond the bound (called with the lock held)."""
+        """Let go of what every reader is past (called with the lock held)."""
         if not self._entries:
             return
         upto = min(self._read_upto.values(), default=self._hi)
         cut = bisect.bisect_right(self._seqs, upto)
-        self._bytes -= sum(len(e.payload) for e in self._entries[:cut])
-        while cut < len(self._entries) - 1 and self._bytes > self._keep_bytes:
-            # Over the bound: the oldest go (a reader still behind them reads
-            # them for itself); the newest is always kept.
-            self._bytes -= len(self._entries[cut].payload)
-            cut += 1
         if cut:
+            self._bytes -= sum(len(e.payload) for e in self._entries[:cut])
             # Every entry of the kinds past the last one let go is still here.
             self._lo = self._seqs[cut - 1]
             del self._entries[:cut]

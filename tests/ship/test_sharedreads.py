@@ -123,3 +123,26 @@ def test_a_reader_that_left_keeps_nothing_back(tmp_path: Path) -> None:
     on.read(got.next_after, kinds=_BOTH, max_entries=1, max_bytes=1 << 20)
     assert reads.kept <= 1
     journal.close()
+
+
+def test_a_backlog_larger_than_what_is_kept_leaves_the_oldest_for_the_sink_behind(
+    tmp_path: Path, count_reads: Callable[[Journal], list[int]]
+) -> None:
+    # A backlog: the sink ahead reads a whole batch (Prime Traces: 30 MB) in
+    # one read, more than is kept. What the sink behind needs first, the
+    # oldest, is what is kept; dropping the oldest instead left it nothing.
+    journal = _journal(tmp_path, 100)
+    counts = count_reads(journal)
+    size = len(journal.read(0, kinds=_BOTH, max_entries=1).entries[0].payload)
+    reads = SharedReads(journal, _BOTH, keep_bytes=40 * size)
+    ahead, behind = reads.reader("ahead"), reads.reader("behind")
+    counts.clear()
+    ahead.read(0, kinds=_BOTH, max_entries=1000, max_bytes=1 << 20)
+    assert counts == [110]
+    after, taken = 0, []
+    for _ in range(3):  # 27 episodes: all of them kept
+        got = behind.read(after, kinds={EntryKind.EPISODE}, max_entries=9, max_bytes=1 << 20)
+        taken += [e.seq for e in got.entries]
+        after = got.next_after
+    assert counts == [110] and len(taken) == 27
+    journal.close()
