@@ -32,9 +32,9 @@ import io
 import json
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, MutableMapping, Sequence
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import orjson
 
@@ -46,14 +46,16 @@ if TYPE_CHECKING:
 __all__ = [
     "ENVELOPE_BYTES",
     "MAX_SAMPLES_PAYLOAD_BYTES",
+    "SampleRows",
     "batch_samples",
     "build_samples",
-    "encoded_samples",
     "episode_to_samples",
     "episodes_to_parquet_bytes",
     "json_bytes",
+    "numbered_rows",
     "parquet_available",
     "record_to_samples",
+    "sample_rows",
     "summary_trace_index",
     "trace_to_sample",
     "train_sample_schema",
@@ -365,7 +367,7 @@ def _episode_rows(
 
 
 def record_to_samples(
-    record: Any, rollout_numbers: dict[Any, int], *, finite: bool = False
+    record: Any, rollout_numbers: MutableMapping[Any, int], *, finite: bool = False
 ) -> list[dict[str, Any]] | None:
     """One record's v0 rows, numbering its rollout in ``rollout_numbers``.
 
@@ -378,23 +380,114 @@ def record_to_samples(
     return None if rows is None else [row for row, _ in rows]
 
 
-def encoded_samples(
-    record: Any, rollout_numbers: dict[Any, int], *, finite: bool = False
-) -> list[tuple[dict[str, Any], bytes]] | None:
-    """``record_to_samples``' rows, each with its compact JSON (``orjson.dumps``
-    of it), for a caller that sends them: each row is encoded once. A row
-    holds the whole record and more (21 KB for a 9 KB gsm8k episode), and
-    encoding it again after sizing it was about a third of the sample
-    table sink's CPU per episode."""
-    rows = _record_rows(record, rollout_numbers, finite=finite)
+class SampleRows(NamedTuple):
+    """A record's v0 rows, encoded before its rollout is numbered: what the
+    sample table's sink sends of it once it knows the number (``pieces``).
+
+    Made once per episode for whichever sink parses it first (``ship.parsed``):
+    bytes and strings only, which the garbage collector never walks, where
+    the parsed record is hundreds of containers. Each row is encoded with
+    the number 0, whose one digit is at ``cuts[i]``: a row's first keys are
+    ``sample_id``, ``example_id`` and ``rollout_number``
+    (``trace_to_sample``), and orjson writes a dict's items in order, each
+    on its own, so the row numbered n is the same bytes with n's digits
+    there (checked as made).
+    """
+
+    #: The task index the rollout is numbered under (``numbered`` only).
+    key: Any
+    #: False: rows that are v0 rows already (sent as they are), or none.
+    numbered: bool
+    sample_ids: tuple[str, ...]
+    rows: tuple[bytes, ...]
+    cuts: tuple[int, ...]
+    #: The single row's bytes to spare under the request ceiling with a
+    #: one-digit number; None when the episode went one row per trace.
+    room: int | None
+
+    def pieces(self, number: int) -> tuple[list[bytes | memoryview], int]:
+        """The rows, the rollout numbered ``number``: their pieces, each row
+        followed by a comma (for one ``join`` into the request, copying the
+        rows once), and their bytes with those commas."""
+        pieces: list[bytes | memoryview] = []
+        if not self.numbered:
+            for row in self.rows:
+                pieces += (row, b",")
+            return pieces, sum(map(len, self.rows)) + len(self.rows)
+        digits = b"%d" % number
+        for row, cut in zip(self.rows, self.cuts, strict=True):
+            whole = memoryview(row)
+            pieces += (whole[:cut], digits, whole[cut + 1 :], b",")
+        return pieces, sum(map(len, self.rows)) + len(self.rows) * len(digits)
+
+    def fits(self, number: int) -> bool:
+        """Whether the rows as made are the episode's rows numbered
+        ``number``: its single row still fits the ceiling with the number's
+        digits (else it goes one row per trace: ``record_to_samples``)."""
+        return self.room is None or len(b"%d" % number) - 1 <= self.room
+
+
+def numbered_rows(
+    record: Any, number: int, *, finite: bool = False
+) -> tuple[tuple[str, ...], list[bytes]]:
+    """A record's v0 rows numbered ``number`` (as ``record_to_samples`` would
+    number them), encoded, with their sample ids: where ``SampleRows`` do
+    not fit their number (``SampleRows.fits``)."""
+    rows = _record_rows(record, {}, finite=finite, number=number) or []
+    ids = tuple(str(row.get("sample_id")) for row, _ in rows)
+    return ids, [orjson.dumps(row) if encoded is None else encoded for row, encoded in rows]
+
+
+def sample_rows(record: Any, *, finite: bool = False) -> SampleRows | None:
+    """``record_to_samples``' rows, encoded (each once) before the rollout is
+    numbered: None where it gives None."""
+    if isinstance(record, Mapping) and "sample_id" in record:
+        row = dict(record)
+        return SampleRows(None, False, (str(row.get("sample_id")),), (orjson.dumps(row),), (), None)
+    rows = _record_rows(record, {}, finite=finite, number=0)
     if rows is None:
         return None
-    return [(row, orjson.dumps(row) if encoded is None else encoded) for row, encoded in rows]
+    if not rows:
+        return SampleRows(None, False, (), (), (), None)
+    wholes: list[bytes] = []
+    cuts: list[int] = []
+    for row, encoded in rows:
+        whole = orjson.dumps(row) if encoded is None else encoded
+        head = b"".join(
+            (
+                b'{"sample_id":',
+                orjson.dumps(row["sample_id"]),
+                b',"example_id":',
+                orjson.dumps(row["example_id"]),
+                b',"rollout_number":0,',
+            )
+        )
+        if not whole.startswith(head):  # trace_to_sample's order: never
+            raise AssertionError("a sample row does not start with its id and number")
+        wholes.append(whole)
+        cuts.append(len(head) - 2)
+    mapping = _as_mapping(record, "episode")
+    room = None
+    if len(rows) == 1 and rows[0][0]["sample_id"] == mapping.get("id"):
+        room = MAX_SAMPLES_PAYLOAD_BYTES - ENVELOPE_BYTES - len(wholes[0])
+    return SampleRows(
+        _rollout_key(_traces(mapping)),
+        True,
+        tuple(str(row.get("sample_id")) for row, _ in rows),
+        tuple(wholes),
+        tuple(cuts),
+        room,
+    )
 
 
 def _record_rows(
-    record: Any, rollout_numbers: dict[Any, int], *, finite: bool
+    record: Any,
+    rollout_numbers: MutableMapping[Any, int],
+    *,
+    finite: bool,
+    number: int | None = None,
 ) -> list[tuple[dict[str, Any], bytes | None]] | None:
+    """The rows, numbered in ``rollout_numbers`` (or ``number``, left out of it)."""
     if isinstance(record, Mapping):
         if "sample_id" in record:
             return [(dict(record), None)]
@@ -406,10 +499,16 @@ def _record_rows(
     traces = _traces(mapping)
     if not traces:
         return []
-    summary = next((trace for trace in traces if _trainable(trace)), traces[0])
-    idx = _task_data(summary).get("idx")
-    rollout_numbers[idx] = number = rollout_numbers.get(idx, 0) + 1
+    if number is None:
+        idx = _rollout_key(traces)
+        rollout_numbers[idx] = number = rollout_numbers.get(idx, 0) + 1
     return _episode_rows(mapping, number, finite=finite)
+
+
+def _rollout_key(traces: Sequence[Mapping[str, Any]]) -> Any:
+    """What an episode's rollouts are numbered under: its summary trace's task index."""
+    summary = next((trace for trace in traces if _trainable(trace)), traces[0])
+    return _task_data(summary).get("idx")
 
 
 def build_samples(

@@ -19,6 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 import zstandard
 from hypothesis import given, settings
@@ -27,13 +28,16 @@ from strategies import episode_records
 from primeruns import projection
 from primeruns.projection import (
     ENVELOPE_BYTES,
+    SampleRows,
     batch_samples,
     build_samples,
     episode_to_samples,
     episodes_to_parquet_bytes,
     json_bytes,
+    numbered_rows,
     parquet_available,
     record_to_samples,
+    sample_rows,
     summary_trace_index,
     train_sample_schema,
 )
@@ -321,3 +325,65 @@ def test_the_vendor_import_name_reaches_this_module() -> None:
 
     assert prime_runs.projection is projection
     assert prime_runs.projection.build_samples is build_samples
+
+
+# ------------------------------------------------------------- rows made before numbering
+
+
+def _numbered(record: dict[str, Any], number: int) -> list[bytes]:
+    """``record_to_samples``' rows with the rollout numbered ``number``, encoded."""
+    key = next(
+        (t for t in record.get("traces") or [] if (t.get("agent") or {}).get("trainable", True)),
+        (record.get("traces") or [{}])[0],
+    )
+    idx = ((key.get("task") or {}).get("data") or {}).get("idx")
+    rows = record_to_samples(record, {idx: number - 1}) or []
+    return [orjson.dumps(row) for row in rows]
+
+
+def _encoded(made: SampleRows, number: int) -> list[bytes]:
+    """The rows ``made.pieces`` gives, each on its own (its pieces less the
+    comma after it), checking the size it gives."""
+    pieces, size = made.pieces(number)
+    assert len(b"".join(pieces)) == size
+    step = 4 if made.numbered else 2
+    return [b"".join(pieces[i : i + step - 1]) for i in range(0, len(pieces), step)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(episode_records())
+def test_rows_made_before_numbering_are_the_rows_numbered(record: dict[str, Any]) -> None:
+    # Made once for both of an evaluation's sinks, before the sample table's
+    # sink numbers the rollout: byte for byte what projecting it numbered gives.
+    made = sample_rows(record)
+    assert made is not None
+    for number in (1, 9, 10, 123_456):
+        assert made.fits(number)
+        assert _encoded(made, number) == _numbered(record, number)
+        assert list(made.sample_ids) == [
+            str(row["sample_id"]) for row in record_to_samples(record, {}) or []
+        ]
+
+
+def test_a_row_the_numbers_digits_push_over_the_ceiling_goes_one_row_per_trace(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    record = golden("oversize")["inputs"][0]  # two traces
+    (row,) = record_to_samples(record, {}) or []
+    # Fits with a one-digit number, not with a two-digit one.
+    monkeypatch.setattr(projection, "MAX_SAMPLES_PAYLOAD_BYTES", ENVELOPE_BYTES + json_bytes(row))
+    made = sample_rows(record)
+    assert made is not None and made.fits(9) and not made.fits(10)
+    ids, rows = numbered_rows(record, 10)
+    assert rows == _numbered(record, 10) and len(rows) == len(record["traces"]) > 1
+    assert list(ids) == [trace["id"] for trace in record["traces"]]
+
+
+def test_rows_that_need_no_number_are_made_whole() -> None:
+    v0 = {"sample_id": "s1", "reward": 1.0}
+    made = sample_rows(v0)
+    assert made is not None and not made.numbered
+    assert _encoded(made, 7) == [orjson.dumps(v0)] and made.sample_ids == ("s1",)
+    assert sample_rows({"id": "bare trace"}) is None
+    empty = sample_rows({"id": "e", "traces": []})
+    assert empty is not None and _encoded(empty, 1) == [] and not empty.numbered

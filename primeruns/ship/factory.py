@@ -11,7 +11,7 @@ from ..platform import PlatformClient
 from ..ranks import Role, written_in
 from ..sinks.base import Sink
 from ..sinks.eval_samples import EvalSamplesSink
-from ..sinks.kinds import sink_kinds, sink_names
+from ..sinks.kinds import SINK_KINDS, sink_kinds, sink_names
 from ..sinks.step_rows import StepRows
 from ..sinks.traces import TracesSink
 from ..sinks.train_metrics import TrainMetricsSink
@@ -19,6 +19,7 @@ from ..sinks.train_samples import TrainSamplesSink
 from .lifecycle import Lifecycle
 from .parsed import SharedRecords
 from .policy import RetryPolicy
+from .sharedreads import SharedReads
 from .shipper import Shipper
 
 __all__ = ["make_shippers", "sink_kinds", "sink_names"]
@@ -42,24 +43,29 @@ def make_shippers(
         context["framework"] = spec.framework
     if spec.model:
         context["model"] = spec.model
-    parse = None
-    if kind != "train" and not opted_out and not _turned_off(journal, "traces", "eval_samples"):
-        # Both take every episode: it is parsed once for the two (ship.parsed).
-        parse = SharedRecords({EntryKind.EPISODE: 2}).parse
+    shared = None
+    reads = None
+    samples = "train_samples" if kind == "train" else "eval_samples"
+    if not opted_out and not _turned_off(journal, "traces", samples):
+        # Both take every episode: it is read once for the two (ship.sharedreads)
+        reads = SharedReads(journal, SINK_KINDS["traces"] | SINK_KINDS[samples])
+        if kind != "train":
+            # and, in an evaluation, parsed once (ship.parsed).
+            shared = SharedRecords({EntryKind.EPISODE: 2})
     sinks: list[Sink] = [
         TracesSink(
             None if opted_out else client,
             context=context,
             opted_out=opted_out,
             committed=int(journal.get_meta("traces_receipts", 0) or 0),
-            parse=parse,
+            line=None if shared is None else shared.line,
         )
     ]
     if kind == "train":
         sinks.append(TrainSamplesSink(client, range_base=range_base))
         sinks.append(TrainMetricsSink(client, _step_rows(journal, lifecycle)))
     else:
-        sinks.append(EvalSamplesSink(client, parse=parse))
+        sinks.append(EvalSamplesSink(client, rows=None if shared is None else shared.rows))
     shippers = [
         Shipper(
             journal,
@@ -69,6 +75,8 @@ def make_shippers(
             policy=policy,
             on_failure=on_failure,
             on_progress=on_progress,
+            reads=reads,
+            records=shared if sink.name in ("traces", "eval_samples") else None,
         )
         for sink in sinks
     ]

@@ -22,18 +22,28 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Collection
+from typing import Protocol
 
-from ..journal import Entry, EntryKind, Journal, ReadResult
+from ..journal import Entry, EntryKind, ReadResult
 
-__all__ = ["KEEP_BYTES", "ReadAhead"]
+__all__ = ["KEEP_BYTES", "ReadAhead", "Source"]
 
 KEEP_BYTES = 16 << 20
+
+
+class Source(Protocol):
+    """Where entries are read from: the journal, or the reads its shippers
+    share (``ship.sharedreads``)."""
+
+    def read(
+        self, after: int, *, kinds: Collection[EntryKind], max_entries: int, max_bytes: int
+    ) -> ReadResult: ...
 
 
 class ReadAhead:
     """One sink's entries read ahead of its batches (used by its shipper's thread only)."""
 
-    def __init__(self, journal: Journal, kinds: Collection[EntryKind]) -> None:
+    def __init__(self, journal: Source, kinds: Collection[EntryKind]) -> None:
         self._journal = journal
         self._kinds = kinds
         # Every entry of the kinds in (_after, _upto] that is readable is in

@@ -33,8 +33,10 @@ from ..platform.binding import Binding
 from ..sinks.base import Prepared, SendContext, Sink
 from ..threads import bounded, start_daemon
 from . import batchstate, ledger, resident
+from .parsed import SharedRecords
 from .policy import Failure, RetryPolicy, classify
 from .readahead import ReadAhead
+from .sharedreads import SharedReads
 
 __all__ = ["Shipper", "ShipperState", "drain_all"]
 
@@ -71,7 +73,13 @@ class Shipper:
         on_failure: Callable[[str, BaseException], None],
         seed: int | None = None,
         on_progress: Callable[[], None] | None = None,
+        reads: SharedReads | None = None,
+        records: SharedRecords | None = None,
     ) -> None:
+        """``reads``: the entries read once for this journal's shippers whose
+        sinks take them (``ship.sharedreads``; default: read for this one).
+        ``records``: what the sinks send of them, made once for all
+        (``ship.parsed``), if the sink takes it from there."""
         self.journal = journal
         self._on_progress = on_progress
         self.sink = sink
@@ -86,7 +94,12 @@ class Shipper:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._scanned = journal.acked(self.name)
-        self._ahead = ReadAhead(journal, sink.kinds)  # read once, whatever prefix a batch takes
+        self._reads = reads if reads is not None and sink.kinds <= reads.kinds else None
+        self._records = records
+        # Read once, whatever prefix a batch takes (and, shared, whichever sink reads first).
+        self._ahead = ReadAhead(
+            journal if self._reads is None else self._reads.reader(self.name), sink.kinds
+        )
         # What a sink carries from batch to batch (e.g. rollout numbering): the
         # recorded batch's copy if there is one, else the last one saved.
         cursor = journal.cursor(self.name)
@@ -602,15 +615,24 @@ class Shipper:
         self._record_standing()
 
     def _retire(self, reason: str) -> None:
+        self._leave_reads()
         with self._progress:
             self.state.active = False
             self.state.retired_reason = reason
         self._record_standing()
         self._notify()
 
+    def _leave_reads(self) -> None:
+        """Reading no more (until revived): what is shared keeps nothing for it."""
+        if self._reads is not None:
+            self._reads.leave(self.name)
+        if self._records is not None:
+            self._records.leave()
+
     def _turn_off(self, exc: BaseException) -> None:
         reason = str(exc)
         log.info("%s: off (%s); not a loss", self.name, reason)
+        self._leave_reads()
         if getattr(exc, "lasting", True):
             self.journal.set_meta(f"sink_off.{self.name}", reason)
             self.journal.drop_sink(self.name)

@@ -31,10 +31,10 @@ from typing import Any
 from ..exceptions import APIError, is_transient
 from ..journal import Entry
 from ..platform import PlatformClient
-from ..projection import encoded_samples
-from ..records import is_episode, stamp_run
+from ..projection import SampleRows
 from . import receipts
 from .base import Binding, Prepared, SendContext, parse_entry
+from .forms import numbered_rows_of, rows_of
 from .kinds import SINK_KINDS
 
 __all__ = ["MAX_REQUEST_BYTES", "EvalSamplesProgress", "EvalSamplesSink"]
@@ -69,12 +69,15 @@ class EvalSamplesSink:
     progress_type = EvalSamplesProgress
 
     def __init__(
-        self, client: PlatformClient, *, parse: Callable[[Entry], Any] | None = None
+        self,
+        client: PlatformClient,
+        *,
+        rows: Callable[[Entry, Binding], SampleRows | None] | None = None,
     ) -> None:
-        """``parse``: an entry's record (the shipper's, shared with the other
-        sinks that take the entry: ``ship.parsed``; default: parsed here)."""
+        """``rows``: an entry's rows (the shipper's, made once with the other
+        sinks' forms of the entry: ``ship.parsed``; default: made here)."""
         self._client = client
-        self._parse = parse or parse_entry
+        self._rows = rows or _rows_here
         # Per task index, how many rollouts were numbered so far; carried from
         # batch to batch (and across restarts) through the journal.
         self._rollouts: dict[Any, int] = {}
@@ -82,43 +85,50 @@ class EvalSamplesSink:
     def prepare(
         self, entries: Sequence[Entry], binding: Binding
     ) -> Prepared[EvalSamplesProgress] | None:
-        rows_json: list[bytes] = []
+        # Each row's pieces and a comma after it, joined once into the body.
+        pieces: list[bytes | memoryview] = []
         ids: list[str] = []
         size = _ENVELOPE
         last_seq = entries[0].seq
         consumed = 0
         rollouts = dict(self._rollouts)
         for entry in entries:
-            record = self._parse(entry)
-            if isinstance(record, dict) and is_episode(record):
-                # ``native_wrapper`` names the platform's run, as the traces
-                # service's copy does: a run logged offline (then replayed)
-                # journaled its local id, which the platform never knew.
-                record = stamp_run(record, binding.run_id, binding.kind)
-            trial = dict(rollouts)
-            # Parsed from JSON, so every number is finite: no null-ing copy.
-            pairs = encoded_samples(record, trial, finite=True) or []
-            rows = [row for row, _ in pairs]
-            encoded = [line for _, line in pairs]
-            add = sum(len(r) + 1 for r in encoded)
-            if rows_json and size + add > MAX_REQUEST_BYTES:
+            made = self._rows(entry, binding)
+            number = 0
+            more: list[bytes | memoryview] = []
+            add = 0
+            sample_ids: tuple[str, ...] = ()
+            if made is not None:
+                # Numbered over the batch's numbering so far, which takes the
+                # number only once the entry is taken.
+                number = rollouts.get(made.key, 0) + 1 if made.numbered else 0
+                if made.fits(number):
+                    (more, add), sample_ids = made.pieces(number), made.sample_ids
+                else:  # its one row grew past the ceiling with the number's digits
+                    sample_ids, rows = numbered_rows_of(parse_entry(entry), binding, number)
+                    for row in rows:
+                        more += (row, b",")
+                    add = sum(len(row) + 1 for row in rows)
+            if pieces and size + add > MAX_REQUEST_BYTES:
                 break
             if _ENVELOPE + add > MAX_REQUEST_BYTES:
-                if rows_json:
+                if pieces:
                     break
                 raise ValueError(
                     f"episode at journal entry {entry.seq} projects to {add} bytes of sample "
                     f"rows, over the {MAX_REQUEST_BYTES}-byte request limit"
                 )
-            rollouts = trial
-            rows_json.extend(encoded)
-            ids.extend(str(row.get("sample_id")) for row in rows)
+            if made is not None and made.numbered:
+                rollouts[made.key] = number
+            pieces += more
+            ids.extend(sample_ids)
             size += add
             last_seq = entry.seq
             consumed += 1
-        if not rows_json:
+        if not pieces:
             return None
-        body = b'{"samples":[' + b",".join(rows_json) + b"]}"
+        pieces[-1] = b"]}"  # the last row's comma
+        body = b"".join([b'{"samples":[', *pieces])
         return Prepared(
             body=body,
             records=consumed,
@@ -220,3 +230,7 @@ def _key(value: Any) -> Any:
     if isinstance(value, str) and value.lstrip("-").isdigit():
         return int(value)
     return value
+
+
+def _rows_here(entry: Entry, binding: Binding) -> SampleRows | None:
+    return rows_of(parse_entry(entry), binding)

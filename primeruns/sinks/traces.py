@@ -29,9 +29,9 @@ import orjson
 from ..exceptions import ForbiddenError, TraceTooLargeError
 from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
-from ..records import stamp_run
 from . import receipts
 from .base import Binding, Prepared, SendContext, SinkOff, parse_entry
+from .forms import Line, line_of
 from .kinds import SINK_KINDS
 
 __all__ = ["MAX_LINE_BYTES", "TARGET_BATCH_BYTES", "TracesSink", "TracesUpload", "multipart_body"]
@@ -102,12 +102,12 @@ class TracesSink:
         context: Mapping[str, str],
         opted_out: bool = False,
         committed: int = 0,
-        parse: Callable[[Entry], Any] | None = None,
+        line: Callable[[Entry, Binding], Line] | None = None,
     ) -> None:
-        """``parse``: an entry's record (the shipper's, shared with the other
-        sinks that take the entry: ``ship.parsed``; default: parsed here)."""
+        """``line``: an entry's line (the shipper's, made once with the other
+        sinks' forms of the entry: ``ship.parsed``; default: made here)."""
         self._client = client
-        self._parse = parse or parse_entry
+        self._line = line or _line_here
         self._metadata: dict[str, Any] = {"schema_version": 1}
         if context:
             self._metadata["context"] = dict(context)
@@ -126,8 +126,8 @@ class TracesSink:
         for entry in entries:
             if entry.kind is not kind:
                 break  # one line format per upload
-            record = self._parse(entry)
-            line = orjson.dumps(stamp_run(record, binding.run_id, binding.kind))
+            made = self._line(entry, binding)
+            line = made.line
             if len(line) > MAX_LINE_BYTES:
                 if lines:
                     break  # ship what came before; this one fails alone
@@ -137,8 +137,10 @@ class TracesSink:
             lines.append(line)
             size += len(line) + 1
             last_seq = entry.seq
-            if kind is EntryKind.EPISODE and record.get("traces"):
-                nonempty += 1
+            if kind is EntryKind.EPISODE:
+                if made.with_traces is None:
+                    raise TypeError(f"journal entry {entry.seq} holds no episode object")
+                nonempty += made.with_traces
         jsonl = b"\n".join(lines) + b"\n"
         body, content_type, key = multipart_body(jsonl, self._metadata)
         return Prepared(
@@ -167,3 +169,7 @@ class TracesSink:
         # is safe (the service answers a replay with the receipt it committed).
         receipts.check_traces(receipt, upload.key)
         self.committed += 1
+
+
+def _line_here(entry: Entry, binding: Binding) -> Line:
+    return line_of(parse_entry(entry), binding)

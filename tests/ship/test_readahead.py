@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from primeruns.journal import Entry, EntryKind, Journal, ReadResult
+from primeruns.journal import Entry, EntryKind, Journal
 from primeruns.ship.policy import RetryPolicy
 from primeruns.ship.readahead import ReadAhead
 from primeruns.ship.shipper import Shipper
@@ -57,23 +57,11 @@ def _journal(tmp_path: Path, n: int) -> Journal:
     return journal
 
 
-def _counting(journal: Journal) -> list[int]:
-    """Patches ``journal.read``: the entries each call returned."""
-    counts: list[int] = []
-    real = journal.read
-
-    def read(*args: Any, **kwargs: Any) -> ReadResult:
-        result = real(*args, **kwargs)
-        counts.append(len(result.entries))
-        return result
-
-    journal.read = read  # type: ignore[method-assign]
-    return counts
-
-
-def test_a_sink_taking_one_entry_per_batch_has_each_entry_read_once(tmp_path: Path) -> None:
+def test_a_sink_taking_one_entry_per_batch_has_each_entry_read_once(
+    tmp_path: Path, count_reads: Callable[[Journal], list[int]]
+) -> None:
     journal = _journal(tmp_path, 200)
-    counts = _counting(journal)
+    counts = count_reads(journal)
     sink = OneAtATime()
     shipper = Shipper(
         journal,
