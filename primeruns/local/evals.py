@@ -29,6 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from . import jsonlimits
 from .context import (
     check_platform_auth,
     context_of,
@@ -37,6 +38,7 @@ from .context import (
     new_id,
     now,
     optional_object,
+    parsed_json_body,
     require_str,
 )
 from .dashboard import stored_rows
@@ -238,12 +240,16 @@ async def finalize_evaluation(request: Request) -> JSONResponse:
 async def push_samples(request: Request) -> JSONResponse:
     check_platform_auth(request)
     eval_id = request.path_params["eval_id"]
-    body = await json_body(request)
+    body, by_orjson = await parsed_json_body(request)
     samples = body.get("samples")
     if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
         raise PlatformError(422, "samples must be a list of objects")
     rows = [
-        (eval_id, None if s.get("sample_id") is None else str(s["sample_id"]), dumps(s))
+        (
+            eval_id,
+            None if s.get("sample_id") is None else str(s["sample_id"]),
+            jsonlimits.compact(s, by_orjson=by_orjson).decode(),
+        )
         for s in samples
     ]
 
