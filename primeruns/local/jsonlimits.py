@@ -75,15 +75,24 @@ def _fast(raw: bytes) -> Any:
 
 
 def parse(
-    data: bytes | str, *, parse_constant: Callable[[str], Any] | None = None
+    data: bytes | str,
+    *,
+    parse_constant: Callable[[str], Any] | None = None,
+    utf8: bool = False,
 ) -> tuple[Any, bool]:
     """``(loads(data), by_orjson)``: ``by_orjson`` when orjson parsed it, so
     every number in it is a finite float or an integer within 64 bits (orjson
-    refuses the rest), which :func:`compact` may write with orjson."""
+    refuses the rest), which :func:`compact` may write with orjson.
+
+    ``utf8``: bytes read as ``loads(data.decode("utf-8"))`` reads them (no
+    BOM, no UTF-16; UnicodeDecodeError when they are not UTF-8), without
+    decoding them where orjson parses them (it takes UTF-8 alone)."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     value = _fast(raw)
     by_orjson = value is not _SLOW
     if not by_orjson:
+        if utf8 and not isinstance(data, str):
+            data = data.decode("utf-8")
         try:
             value = json.loads(data, parse_constant=parse_constant)
         except RecursionError:

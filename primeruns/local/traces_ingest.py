@@ -166,11 +166,9 @@ def _reject_constant(name: str) -> Any:
 def _decode_line(line: bytes, number: int) -> tuple[dict[str, Any], bool]:
     """The line's object, and whether orjson parsed it (``jsonlimits.parse``)."""
     try:
-        text = line.decode("utf-8")
+        doc, by_orjson = jsonlimits.parse(line, parse_constant=_reject_constant, utf8=True)
     except UnicodeDecodeError:
         raise rejected("malformed_encoding", f"line {number} is not UTF-8") from None
-    try:
-        doc, by_orjson = jsonlimits.parse(text, parse_constant=_reject_constant)
     except ValueError as exc:
         raise rejected("invalid_trace", f"line {number} is not JSON: {exc}") from None
     if not isinstance(doc, dict):

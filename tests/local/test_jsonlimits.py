@@ -132,3 +132,30 @@ def test_nesting_is_measured_whatever_the_keys_and_the_shape(key: str, shape: st
                     jsonlimits.loads(data)
             else:
                 assert jsonlimits.loads(data) == value
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b'{"a": "\xc3\xa9", "n": [1, 2.5]}', b'{"x": NaN}', b'{"s": "\\ud800"}', b"[1e400]"],
+)
+def test_utf8_bytes_read_as_their_text_reads(line: bytes) -> None:
+    """A traces line is UTF-8: read as its decoded text is read, without the decoding."""
+    assert json.dumps(jsonlimits.parse(line, utf8=True)[0]) == json.dumps(
+        jsonlimits.loads(line.decode("utf-8"))
+    )
+
+
+@pytest.mark.parametrize("line", [b"\xef\xbb\xbf[1]", "[1]".encode("utf-16"), b'["\xff"]'])
+def test_utf8_bytes_refuse_what_their_text_refuses(line: bytes) -> None:
+    """A byte order mark or UTF-16 (which json.loads takes from bytes) are refused
+    as the decoded text is; bytes that are not UTF-8 raise UnicodeDecodeError."""
+    with pytest.raises(ValueError) as ours:
+        jsonlimits.parse(line, utf8=True)
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        assert isinstance(ours.value, UnicodeDecodeError)
+        return
+    with pytest.raises(ValueError) as theirs:
+        json.loads(text)
+    assert str(ours.value) == str(theirs.value)
