@@ -248,7 +248,7 @@ async def push_samples(request: Request) -> JSONResponse:
         (
             eval_id,
             None if s.get("sample_id") is None else str(s["sample_id"]),
-            jsonlimits.compact(s, by_orjson=by_orjson).decode(),
+            jsonlimits.compact(s, by_orjson=by_orjson),
         )
         for s in samples
     ]
@@ -257,8 +257,12 @@ async def push_samples(request: Request) -> JSONResponse:
         _get_row(conn, eval_id)
         stored: list[tuple[int, Any]] = []
         for row, sample in zip(rows, samples, strict=True):
+            # TEXT made of the UTF-8 bytes as they are: a str would be decoded
+            # here and encoded back by sqlite3 (half the insert's time).
             cursor = conn.execute(
-                "INSERT INTO eval_samples (eval_id, sample_id, body) VALUES (?, ?, ?)", row
+                "INSERT INTO eval_samples (eval_id, sample_id, body)"
+                " VALUES (?, ?, CAST(? AS TEXT))",
+                row,
             )
             assert cursor.lastrowid is not None  # an INSERT into a rowid table
             stored.append((cursor.lastrowid, sample))
