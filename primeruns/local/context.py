@@ -109,23 +109,31 @@ async def json_body(request: Request, *, limit: int = MAX_JSON_BODY) -> dict[str
     An empty body is ``{}`` (the SDK omits empty dict bodies altogether). A body
     over ``limit`` is 413; anything but a JSON object is 422.
     """
+    return (await parsed_json_body(request, limit=limit))[0]
+
+
+async def parsed_json_body(
+    request: Request, *, limit: int = MAX_JSON_BODY
+) -> tuple[dict[str, Any], bool]:
+    """:func:`json_body`, and whether orjson parsed it: what a route stores of
+    it is then written back with orjson (``jsonlimits.compact``)."""
     body = await read_capped(request, limit)
     if body is None:
         raise PlatformError(413, f"Request body is over the {limit}-byte limit")
     if not body.strip():
-        return {}
+        return {}, True
     content_type = request.headers.get("content-type", "application/json")
     if "json" not in content_type.split(";")[0].lower():
         raise PlatformError(415, f"Expected application/json, got {content_type!r}")
     try:
-        value = jsonlimits.loads(body)
+        value, by_orjson = jsonlimits.parse(body)
     except jsonlimits.TooDeep as exc:
         raise PlatformError(422, f"Body is refused: {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise PlatformError(422, f"Body is not valid JSON: {exc}") from None
     if not isinstance(value, dict):
         raise PlatformError(422, "Body must be a JSON object")
-    return value
+    return value, by_orjson
 
 
 def require_str(body: dict[str, Any], key: str, *, optional: bool = False) -> str | None:

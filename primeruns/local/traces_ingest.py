@@ -23,7 +23,6 @@ its compact JSON re-encoding (the exact bytes exist only for bare traces).
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import time
 import zlib
@@ -164,18 +163,17 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _decode_line(line: bytes, number: int) -> dict[str, Any]:
+def _decode_line(line: bytes, number: int) -> tuple[dict[str, Any], bool]:
+    """The line's object, and whether orjson parsed it (``jsonlimits.parse``)."""
     try:
-        text = line.decode("utf-8")
+        doc, by_orjson = jsonlimits.parse(line, parse_constant=_reject_constant, utf8=True)
     except UnicodeDecodeError:
         raise rejected("malformed_encoding", f"line {number} is not UTF-8") from None
-    try:
-        doc = jsonlimits.loads(text, parse_constant=_reject_constant)
     except ValueError as exc:
         raise rejected("invalid_trace", f"line {number} is not JSON: {exc}") from None
     if not isinstance(doc, dict):
         raise rejected("invalid_trace", f"line {number} is not a JSON object")
-    return doc
+    return doc, by_orjson
 
 
 def _check_trace(doc: Any, where: str, now: float) -> dict[str, Any]:
@@ -200,10 +198,6 @@ def _check_trace(doc: Any, where: str, now: float) -> dict[str, Any]:
 
 def _mapping(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _compact(doc: Any) -> bytes:
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
 
 #: A line holding something besides whitespace, matched from its start (the
@@ -272,7 +266,7 @@ def stage_rows(upload: Upload, ingested_at: float) -> Upload:
 
     for number, line in _lines(data):
         upload.lines += 1
-        doc = _decode_line(line, number)
+        doc, by_orjson = _decode_line(line, number)
         is_episode_line = isinstance(doc.get("traces"), list)
         if is_episode_line != (line_format == "episode"):
             raise rejected(
@@ -283,7 +277,7 @@ def stage_rows(upload: Upload, ingested_at: float) -> Upload:
             add_trace(_check_trace(doc, f"line {number}", now), line, None, None)
         else:
             staged += 1 + len(doc["traces"])
-            _add_episode(upload, doc, number, now, stamp, seen_episodes, add_trace)
+            _add_episode(upload, doc, by_orjson, number, now, stamp, seen_episodes, add_trace)
         if staged > MAX_STAGED_ROWS:
             raise rejected("too_many_traces_in_upload", f"over {MAX_STAGED_ROWS} staged rows")
     return upload
@@ -292,6 +286,7 @@ def stage_rows(upload: Upload, ingested_at: float) -> Upload:
 def _add_episode(
     upload: Upload,
     doc: dict[str, Any],
+    by_orjson: bool,
     number: int,
     now: float,
     stamp: float,
@@ -321,7 +316,7 @@ def _add_episode(
     for index, member in enumerate(members):
         trace = _check_trace(member, f"line {number} trace {index}", now)
         starts.append(float(trace["timing"]["start"]))
-        add_trace(trace, _compact(trace), episode_id, env_id)
+        add_trace(trace, jsonlimits.compact(trace, by_orjson=by_orjson), episode_id, env_id)
     run = _mapping(doc.get("run"))
     error_type, error_message = first_error(doc)
     outcome = doc.get("stop_condition")
@@ -342,6 +337,6 @@ def _add_episode(
             "schema_version": upload.schema_version,
             "created_at": min(starts) if starts else stamp,
             "ingested_at": stamp,
-            "raw": _compact(envelope),
+            "raw": jsonlimits.compact(envelope, by_orjson=by_orjson),
         }
     )

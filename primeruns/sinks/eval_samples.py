@@ -63,7 +63,11 @@ class EvalSamplesSink:
 
     name = "eval_samples"
     kinds = SINK_KINDS["eval_samples"]
-    max_entries = 2000
+    # A few hundred episodes a push (~5 MiB of gsm8k samples), not 2,000: the
+    # platform parses a push while this sink waits on it, so a backlog shipped
+    # in 25 MiB pushes kept the two taking turns, and the last push after the
+    # loop ended was most of what finish() waited for (tools/bench/end_to_end.py).
+    max_entries = 256
     max_bytes = 24 * 1024 * 1024
     isolates_rejections = False
     progress_type = EvalSamplesProgress

@@ -65,3 +65,97 @@ def test_nesting_past_the_limit_is_refused(depth: int) -> None:
     with pytest.raises(jsonlimits.TooDeep):
         jsonlimits.loads(b"[" * depth + b"]" * depth)
     assert jsonlimits.loads(b"[" * 100 + b"]" * 100) is not None
+
+
+def test_a_run_of_digits_in_a_string_is_still_read_by_orjson() -> None:
+    # A hex digest holds a run of 19 digits about once in 150: such a run sent
+    # whole 25 MiB sample pushes to json.loads, and their samples to json.dumps.
+    body = b'{"hash": "859e6289a5f3af13f9590363425706828671a4a6", "n": [1.5, 12]}'
+    value, by_orjson = jsonlimits.parse(body)
+    assert by_orjson
+    assert value == json.loads(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"hash": "f9590363425706828671", "n": 123456789012345678901234567890}',
+        b'{"hash": "f9590363425706828671", "n": -99999999999999999999}',
+    ],
+)
+def test_an_integer_past_64_bits_is_read_by_json_loads_beside_such_a_run(body: bytes) -> None:
+    value, by_orjson = jsonlimits.parse(body)
+    assert not by_orjson
+    assert value == json.loads(body) and isinstance(value["n"], int)
+
+
+REENCODED = [
+    *SAME,
+    b"[NaN, Infinity, -Infinity, 1e400]",
+    b'{"hash": "f9590363425706828671", "big": 123456789012345678901234567890}',
+    b'{"t": 1e-07, "u": 1e+22, "v": -0.0, "w": "\\u0000\\n\\"\\\\ \xc3\xa9 \xf0\x9f\x98\x80"}',
+]
+
+
+@pytest.mark.parametrize("data", REENCODED, ids=range(len(REENCODED)))
+def test_what_is_stored_of_a_body_reads_back_as_the_body(data: bytes | str) -> None:
+    """``compact`` writes what ``parse`` read so that it reads back the same,
+    numbers' types and NaN included (orjson would write NaN as null)."""
+    value, by_orjson = jsonlimits.parse(data)
+    if "\ud800" in json.dumps(value, ensure_ascii=False):
+        with pytest.raises(UnicodeEncodeError):  # a lone surrogate has no UTF-8, as before
+            jsonlimits.compact(value, by_orjson=by_orjson)
+        return
+    stored = jsonlimits.compact(value, by_orjson=by_orjson)
+    back = json.loads(stored)
+    assert json.dumps(back) == json.dumps(value)
+
+
+def _nest(kinds: str, key: str) -> Any:
+    value: Any = [] if kinds[0] == "l" else {}
+    for kind in kinds[1:]:
+        value = [value] if kind == "l" else {key: value}
+    return value
+
+
+@pytest.mark.parametrize("key", ["a", 'x"y', "new\nline", "b\\", "  [ {", '": [', "é中"])
+@pytest.mark.parametrize("shape", ["l", "d", "ld", "dl", "lld"])
+def test_nesting_is_measured_whatever_the_keys_and_the_shape(key: str, shape: str) -> None:
+    """Objects and arrays, an empty innermost one, keys that look like JSON,
+    alone or beside other members: 101 levels are refused, 100 pass."""
+    for depth in (99, 100, 101):
+        inner = _nest((shape * depth)[:depth], key)
+        for value, levels in ((inner, depth), ({"pad": [1, {"q": "x"}], "v": inner}, depth + 1)):
+            data = json.dumps(value).encode()
+            if levels > jsonlimits.MAX_DEPTH:
+                with pytest.raises(jsonlimits.TooDeep):
+                    jsonlimits.loads(data)
+            else:
+                assert jsonlimits.loads(data) == value
+
+
+@pytest.mark.parametrize(
+    "line",
+    [b'{"a": "\xc3\xa9", "n": [1, 2.5]}', b'{"x": NaN}', b'{"s": "\\ud800"}', b"[1e400]"],
+)
+def test_utf8_bytes_read_as_their_text_reads(line: bytes) -> None:
+    """A traces line is UTF-8: read as its decoded text is read, without the decoding."""
+    assert json.dumps(jsonlimits.parse(line, utf8=True)[0]) == json.dumps(
+        jsonlimits.loads(line.decode("utf-8"))
+    )
+
+
+@pytest.mark.parametrize("line", [b"\xef\xbb\xbf[1]", "[1]".encode("utf-16"), b'["\xff"]'])
+def test_utf8_bytes_refuse_what_their_text_refuses(line: bytes) -> None:
+    """A byte order mark or UTF-16 (which json.loads takes from bytes) are refused
+    as the decoded text is; bytes that are not UTF-8 raise UnicodeDecodeError."""
+    with pytest.raises(ValueError) as ours:
+        jsonlimits.parse(line, utf8=True)
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        assert isinstance(ours.value, UnicodeDecodeError)
+        return
+    with pytest.raises(ValueError) as theirs:
+        json.loads(text)
+    assert str(ours.value) == str(theirs.value)

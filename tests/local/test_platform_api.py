@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
+import sqlite3
 from collections.abc import Callable, Iterator
 
 import httpx
@@ -67,6 +69,29 @@ def test_samples_are_append_only(api: httpx.Client, platform: LocalPlatform) -> 
     page = api.get(f"/evaluations/{eval_id}/samples", params={"page": 1, "limit": 2}).json()
     assert (len(page["samples"]), page["total"], page["hasMore"]) == (2, 3, True)
     assert api.post(f"/evaluations/{eval_id}/samples", json={"samples": 1}).status_code == 422
+
+
+def test_pushed_samples_are_stored_as_json_text_and_read_back_as_sent(
+    api: httpx.Client, platform: LocalPlatform
+) -> None:
+    """Each sample is stored as SQLite TEXT (what json_extract and the
+    dashboard read), whatever it holds: text beyond ASCII, a digest with a run
+    of digits, an integer past 64 bits, small and large floats."""
+    eval_id = _eval(api)
+    rows = [
+        {"sample_id": "a", "answer": "6 ÷ 2 = 3 × 1 😀", "reward": 1e-07, "big": 1e22},
+        {"sample_id": "b", "hash": "859e6289a5f3af13f9590363425706828671a4a6", "n": 2**70},
+    ]
+    assert api.post(f"/evaluations/{eval_id}/samples", json={"samples": rows}).is_success
+    page = api.get(f"/evaluations/{eval_id}/samples", params={"page": 1, "limit": 10}).json()
+    assert page["samples"] == rows
+    with contextlib.closing(sqlite3.connect(platform.data_dir / "platform.sqlite3")) as conn:
+        stored = conn.execute(
+            "SELECT typeof(body), json_extract(body, '$.sample_id') FROM eval_samples"
+            " WHERE eval_id = ? ORDER BY row",
+            (eval_id,),
+        ).fetchall()
+    assert stored == [("text", "a"), ("text", "b")]
 
 
 @pytest.mark.parametrize(
