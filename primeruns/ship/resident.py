@@ -3,7 +3,7 @@ the uplink, and ``primeruns replay`` / ``sync``.
 
 Over a 20,000-step training run the uplink's resident memory doubled
 (196 -> 400 MB) although what it held did not grow: the same ~290,000 live
-Python blocks at step 1,000 and at step 20,000. Two things kept it:
+Python blocks at step 1,000 and at step 20,000. Three things kept it:
 
 - **The allocator.** A batch is transient (megabytes of entries read,
   decoded, stamped and compressed into a body, freed once acknowledged), and
@@ -17,7 +17,16 @@ Python blocks at step 1,000 and at step 20,000. Two things kept it:
   from this process (the map is read-only and shared: the next read faults
   them back in from the page cache, the same bytes).
 
-So the shipping process releases both: after a batch at most once a second,
+- **The largest batch.** glibc maps a block of 128 KiB or more on its own
+  and unmaps it when freed, but raises that threshold to the size of each
+  such block freed (up to 32 MiB): after the first Prime Traces batch (a
+  30 MB body) a later batch's buffers of that size came from the heap,
+  where a block allocated after them kept their pages (a freed 20 MB
+  buffer stayed resident: ``tests/ship/test_resident.py``). A shipping
+  process fixes the threshold at 1 MiB (``mallopt``), so a batch's large
+  buffers leave the process as they are freed.
+
+So the shipping process releases the first two: after a batch at most once a second,
 and as soon as a sink runs out of work (what an idle uplink holds is then
 what it uses). Elsewhere (no glibc, or a process that did not ``enable`` it:
 the user's own, in threads mode, keeps its memory as it is) this does
@@ -39,6 +48,8 @@ __all__ = ["after_batch", "enable", "idle", "journal_maps"]
 
 _INTERVAL_S = 1.0  # at most one release a second while batches flow
 _MADV_DONTNEED = 4  # Linux
+_M_MMAP_THRESHOLD = -3  # mallopt's parameter
+_MMAP_THRESHOLD = 1 << 20  # fixed: glibc's own moves up with the largest block freed
 
 _lock = threading.Lock()
 _libc: ctypes.CDLL | None = None
@@ -55,6 +66,8 @@ def enable() -> bool:
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     except (OSError, AttributeError):
         return False  # not glibc (musl, macOS): nothing to ask
+    libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
     _libc = libc
     return True
 

@@ -4,6 +4,7 @@ uplink holds, not how much it has shipped."""
 
 from __future__ import annotations
 
+import platform
 from typing import Any
 
 import pytest
@@ -73,3 +74,37 @@ def test_only_the_journals_read_only_shared_maps_are_dropped() -> None:
         (0x7F0000000000, 0x400000),
         (0x7F0000B00000, 0x100000),
     ]
+
+
+_BIG_AFTER_BIG = """
+from primeruns.ship import resident
+
+def rss_kb():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+assert resident.enable()
+batch = b"1" * (30 << 20)  # a Prime Traces batch's body
+del batch
+before = rss_kb()
+batch = b"2" * (20 << 20)  # the next one
+kept = [bytes(100) for _ in range(10_000)]  # what the process goes on holding
+del batch
+print((rss_kb() - before) // 1024)
+"""
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
+def test_a_large_batch_freed_leaves_the_process_at_once() -> None:
+    # glibc maps a large block of its own and unmaps it when freed, but raises
+    # that threshold to the size of each one freed: the next batch then came
+    # from the heap, stayed there under what was allocated after it, and a
+    # long sync's resident memory grew with its largest batch. A process that
+    # ships keeps the threshold fixed.
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _BIG_AFTER_BIG], capture_output=True, text=True, check=True
+    )
+    assert int(done.stdout) < 5, f"{done.stdout.strip()} MB of a freed batch kept"
