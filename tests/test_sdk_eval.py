@@ -301,3 +301,37 @@ def test_ls_right_after_a_run_reads_the_summary_its_finish_kept(
         (listed,) = statuses(runs)
     assert listed.info.path == run.journal_path
     assert opened == [] and probed == []
+
+
+def test_the_finish_of_a_long_run_does_not_count_its_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The finish keeps its run's summary, counts included, only up to a
+    bound of entries: counting reads every entry's header, and a long run
+    whose shipping kept up must not pay for its length at its finish. Its
+    counts are then read by the first listing that shows them."""
+    from primeruns.journal import Journal
+    from primeruns.journal import listing as listing_module
+    from primeruns.reports import statuses
+
+    runs = point_at(monkeypatch, tmp_path, None)
+    monkeypatch.setattr(listing_module, "TALLY_AT_FINISH_MOST", 5)
+    counted: list[int] = []
+    real_tally = Journal.tally
+
+    def spy_tally(self: Journal, *args: Any, **kwargs: Any) -> Any:
+        counted.append(self.last_seq())
+        return real_tally(self, *args, **kwargs)
+
+    monkeypatch.setattr(Journal, "tally", spy_tally)
+    short = pr.init(name="s", environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    short.log_episodes(workloads.gsm8k(2))
+    short.finish()
+    assert len(counted) == 1 and counted[0] <= 5
+    long = pr.init(name="l", environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    long.log_episodes(workloads.gsm8k(8))
+    long.finish()
+    assert len(counted) == 1  # not counted at its finish
+    listed = {s.info.path: s for s in statuses(runs)}
+    assert len(counted) == 2  # by the listing that shows its counts
+    assert listed[long.journal_path].info.last_seq > 5
