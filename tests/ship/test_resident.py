@@ -50,8 +50,10 @@ def test_a_sink_that_runs_out_of_work_gives_back_what_its_batches_left(libc: Fak
 
 
 def test_a_process_that_did_not_enable_it_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The user's own process (threads mode) keeps its memory as it is.
+    # The user's own process (threads mode) keeps its memory as it is. (Its
+    # state set first: another test of this worker may have enabled it.)
     monkeypatch.setattr(resident, "_libc", None)
+    monkeypatch.setattr(resident, "_dirty", False)
     resident.after_batch()
     resident.idle()
     assert resident._dirty is False
