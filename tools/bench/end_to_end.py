@@ -1,10 +1,10 @@
-"""End to end: init → log N gsm8k episodes → finish, against one local platform.
+"""End to end: init → log N gsm8k episodes → finish, against a local platform.
 
 Run ``python tools/bench/end_to_end.py`` (``--quick`` for 300 episodes instead
 of 5,000) from the repository root. Three producers, each its own process (so
-each pays its own start-up and is measured alike), take turns against the same
-``primeruns serve`` on loopback, logging the same episodes one
-``log_episodes([episode])`` call each:
+each pays its own start-up and is measured alike), take turns, each run
+against a ``primeruns serve`` of its own on loopback, started empty, logging
+the same episodes one ``log_episodes([episode])`` call each:
 
 - ``ours``: this SDK as shipped (journal, the uplink process, sinks);
 - ``ours, threads``: this SDK shipping from threads in the producer (the
@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -177,31 +178,38 @@ def run(quick: bool, repeat: int | None = None) -> list[Table]:
     with benchlib.isolated_env(None) as scratch:
         records_path = scratch / "episodes.jsonl"
         records_path.write_bytes(b"\n".join(lines) + b"\n")
-        with benchlib.local_platform(scratch / "platform") as server:
-            env = dict(os.environ, PRIME_TRACES_URL=server.url)
-            for round_ in range(repeats):
-                # Rotate the order so no producer always runs first (warm caches, drift).
-                order = SDKS[round_ % len(SDKS) :] + SDKS[: round_ % len(SDKS)]
-                for sdk in order:
+        for round_ in range(repeats):
+            # Rotate the order so no producer always runs first (warm caches, drift).
+            order = SDKS[round_ % len(SDKS) :] + SDKS[: round_ % len(SDKS)]
+            for sdk in order:
+                # Each run meets a platform of its own, started empty: on one
+                # that earlier runs had filled (hundreds of MB of samples in
+                # its SQLite file) the same requests cost the platform up to
+                # twice the CPU, mostly kernel time in fresh pages, and
+                # whichever producer ran last paid for the others.
+                data = scratch / f"platform-{round_}-{SDKS.index(sdk)}"
+                with benchlib.local_platform(data) as server:
+                    env = dict(os.environ, PRIME_TRACES_URL=server.url)
                     served = benchlib.cpu_s(server.pid)
                     out = run_worker(sdk, records_path, server.url, scratch, env)
                     server_cpu = benchlib.cpu_s(server.pid) - served
                     stored = check_landed(server, out["run_id"], n, sdk)
-                    samples[sdk] = int((stored.get("samples") or {}).get("rows") or 0)
-                    journal = out if sdk == JOURNAL_TIMED else None
-                    results[sdk].append(
-                        Result(
-                            sdk,
-                            n,
-                            out["wall_s"],
-                            out["cpu_s"],
-                            out["log_s"],
-                            out["finish_s"],
-                            out["child_cpu_s"],
-                            server_cpu,
-                            journal,
-                        )
+                shutil.rmtree(data, ignore_errors=True)
+                samples[sdk] = int((stored.get("samples") or {}).get("rows") or 0)
+                journal = out if sdk == JOURNAL_TIMED else None
+                results[sdk].append(
+                    Result(
+                        sdk,
+                        n,
+                        out["wall_s"],
+                        out["cpu_s"],
+                        out["log_s"],
+                        out["finish_s"],
+                        out["child_cpu_s"],
+                        server_cpu,
+                        journal,
                     )
+                )
     return [_table(results, samples, n, repeats)]
 
 
@@ -262,8 +270,9 @@ def _table(
         f"ours ÷ vendor CPU per episode, producer + uplink = {cpu_vs_vendor:.2f}: "
         f"{benchlib.verdict(cpu_vs_vendor, 1.5)}",
         *_journal_notes(results[JOURNAL_TIMED]),
-        f"median of {repeats} round(s), producers in rotating order; every run verified on "
-        "the server (all episodes in Prime Traces)",
+        f"median of {repeats} round(s), producers in rotating order, each run against a "
+        "platform of its own, started empty; every run verified on the server (all episodes "
+        "in Prime Traces)",
         "CPU = the producer process (all its threads); + uplink: with its reaped children (our "
         "uplink process, start-up included; the vendor has none); server: the local platform's "
         "process while the producer ran",
