@@ -32,6 +32,13 @@ import signal
 import sys
 from pathlib import Path
 
+from . import lean
+
+if __name__ == "__main__":
+    # The uplink process itself (not a test importing this module), before
+    # the imports below first load httpx: see ``lean``.
+    lean.mark_absent()
+
 from ..journal import Journal
 from ..settings import SdkSettings, adopt_settings
 from . import resident

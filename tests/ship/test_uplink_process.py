@@ -11,6 +11,10 @@ uplink process began ships from threads without waiting for it (the
 threads let go of the run's step table as they end), and one whose process
 began is shipped by that process alone; a producer SIGKILLed while its
 threads ship such a run leaves it to ``replay``, which sends nothing twice.
+The uplink process does not load what it never runs (httpx's command-line
+client, the async libraries httpcore would load), which a short run's
+uplink start-up paid for, while a process that only imports its module
+keeps them.
 """
 
 from __future__ import annotations
@@ -445,3 +449,36 @@ def test_a_producer_killed_while_shipping_a_short_run_from_threads_leaves_it_to_
     code, out, err = cli(capsys, "replay", journal)
     assert code == 0, out + err
     assert _completed_once(lp.run(run_id), 20)  # completed, as the producer's finish said
+
+
+_LOADED = """
+import json, runpy, sys
+sys.argv = ["primeruns-uplink", "--help"]  # its module's top runs, then argparse exits
+try:
+    runpy.run_module("primeruns.ship.uplink_main", run_name=RUN_NAME)
+except SystemExit:
+    pass
+import httpx
+httpx.Client().close()  # what the uplink builds (and where httpcore is loaded)
+names = ("httpx._main", "trio", "anyio")
+print(json.dumps(sorted(n for n in names if n in sys.modules and sys.modules[n] is None)))
+"""
+
+
+@pytest.mark.parametrize(
+    ("run_name", "absent"), [("__main__", ["anyio", "httpx._main", "trio"]), ("imported", [])]
+)
+def test_the_uplink_process_does_not_load_what_it_never_runs(
+    run_name: str, absent: list[str]
+) -> None:
+    # Marked absent (the import system's "not installed", which httpx and
+    # httpcore handle) whether installed here or not; a process that only
+    # imports the uplink's module (a test, a tool) keeps them.
+    out = subprocess.run(
+        [sys.executable, "-P", "-c", _LOADED.replace("RUN_NAME", repr(run_name))],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(Path(pr.__file__).resolve().parents[1])},
+    )
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == absent
