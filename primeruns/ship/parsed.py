@@ -40,12 +40,15 @@ from ..sinks.forms import Forms, Line, made, make_forms, size
 
 __all__ = ["KEEP_BYTES", "SharedRecords"]
 
-#: About 2,000 gsm8k episodes' forms (a 9 KB line, a 21 KB sample row):
-#: less memory than the 16 MiB of parsed records kept before.
+#: About 3,000 gsm8k episodes' sample rows (21 KB each; the 9 KB line
+#: Prime Traces took is not kept for the sample table's sink): less memory
+#: than the 16 MiB of parsed records kept before.
 KEEP_BYTES = 64 << 20
-#: An entry's forms are about 3.3 times its payload (gsm8k): making both
-#: where they would not be kept was making the other's for nothing.
-_FORMS_PER_BYTE = 4
+#: What is kept of an entry, per byte of its payload, until one was kept
+#: (then as the last one kept): a gsm8k episode's sample rows are about 2.3
+#: times its payload, its line about as long. Making both forms where they
+#: would not be kept was making the other's for nothing.
+_KEPT_PER_BYTE = 4.0
 
 
 class SharedRecords:
@@ -64,6 +67,7 @@ class SharedRecords:
         # The newest seq any sink parsed: an entry at or before it was parsed
         # already (sinks read in order), so parsing it again keeps nothing.
         self._parsed_upto = -1
+        self._kept_per_byte = _KEPT_PER_BYTE
 
     def line(self, entry: Entry, binding: Binding) -> Line:
         """``entry``'s Prime Traces line (``sinks.forms.line_of``)."""
@@ -92,12 +96,13 @@ class SharedRecords:
                     else:
                         del self._kept[entry.seq]
                         self._bytes -= held
-                    if forms is not None:
+                    if forms is not None and _holds(forms, rows=rows):
                         return forms
                 else:
                     first = entry.seq > self._parsed_upto and (
                         not self._kept
-                        or self._bytes + _FORMS_PER_BYTE * len(entry.payload) <= self._keep_bytes
+                        or self._bytes + self._kept_per_byte * len(entry.payload)
+                        <= self._keep_bytes
                     )
                     self._parsed_upto = max(self._parsed_upto, entry.seq)
                     if first:
@@ -106,14 +111,19 @@ class SharedRecords:
         if not first:
             return make_forms(record, binding, line=not rows, rows=rows)
         forms = make_forms(record, binding, line=True, rows=True)
-        held = size(forms)
         with self._lock:
             kept = self._kept.pop(entry.seq, None)
+            # What is kept is what the sinks still to come send: for the one
+            # sink left, not the form this one asked for (a third of an
+            # episode's forms: the bound then holds half as many entries more).
+            keep = forms if kept is None or kept[2] > 1 else _without(forms, rows=rows)
+            held = size(keep)
             # Kept while a sink is still to take them (one entry's over the
             # bound is still kept alone).
             if kept is not None and (not self._kept or self._bytes + held <= self._keep_bytes):
-                self._kept[entry.seq] = (forms, binding, kept[2], held)
+                self._kept[entry.seq] = (keep, binding, kept[2], held)
                 self._bytes += held
+                self._kept_per_byte = held / max(1, len(entry.payload))
         return forms
 
     def leave(self) -> None:
@@ -125,7 +135,25 @@ class SharedRecords:
             self._bytes = 0
 
     @property
+    def kept_bytes(self) -> int:
+        """The bytes of the forms kept now (for tests)."""
+        with self._lock:
+            return self._bytes
+
+    @property
     def kept(self) -> int:
         """How many entries' forms are kept now (for tests)."""
         with self._lock:
             return len(self._kept)
+
+
+def _holds(forms: Forms, *, rows: bool) -> bool:
+    """Whether ``forms`` has the form asked for (made, or the error making it raised)."""
+    return (forms.rows if rows else forms.line) is not None
+
+
+def _without(forms: Forms, *, rows: bool) -> Forms:
+    """``forms`` less the one asked for (``rows``, else the line): the rest
+    is what the sink still to take them sends. A sink asking for a form
+    dropped here (one sending the same form as the other) makes its own."""
+    return Forms(forms.line, None) if rows else Forms(None, forms.rows)

@@ -89,20 +89,52 @@ def test_a_sink_a_batch_behind_the_other_still_takes_what_was_kept(parses: list[
     # other's, further than the bound. The sink behind takes, in order, the
     # records kept for it; its own parses push none of them out.
     entries = [_episode(seq, size=1000) for seq in range(1, 201)]
-    forms = parsed.make_forms(orjson.loads(entries[0].payload), _BOUND, line=True, rows=True)
-    bound = 10 * parsed.size(forms)
+    # (of the largest entry: a longer id makes a few bytes more)
+    forms = parsed.make_forms(orjson.loads(entries[-1].payload), _BOUND, line=True, rows=True)
+    bound = 10 * parsed.size(parsed.Forms(None, forms.rows))  # what is kept of one entry
     shared = parsed.SharedRecords({EntryKind.EPISODE: 2}, keep_bytes=bound)
     lag = 25
     for entry in entries[:lag]:
         _line(shared, entry)
     for ahead, behind in zip(entries[lag:], entries, strict=False):
         _line(shared, ahead)
-        assert _line(shared, behind) == _expected_line(behind)
+        assert shared.rows(behind, _BOUND) == rows_of(orjson.loads(behind.payload), _BOUND)
     for entry in entries[-lag:]:
         _line(shared, entry)
     # Kept: the first 10 of each 25 the sink behind reaches.
     assert len(parses) <= 2 * len(entries) - 70
     assert shared.kept <= 10
+
+
+def test_only_what_the_sink_behind_sends_is_kept_so_the_bound_spares_more_parses(
+    parses: list[int],
+) -> None:
+    # A fast evaluation: Prime Traces' batch (thousands of episodes) is made
+    # before the sample table's sink gets to it, past the bound. What is kept
+    # of each is the sample rows that sink sends, not the line Prime Traces
+    # already took: more entries fit the bound, and fewer are parsed twice.
+    entries = [_episode(seq, size=1000) for seq in range(1, 101)]
+    forms = parsed.make_forms(orjson.loads(entries[0].payload), _BOUND, line=True, rows=True)
+    bound = 20 * parsed.size(forms)  # both forms of 20 entries
+    shared = parsed.SharedRecords({EntryKind.EPISODE: 2}, keep_bytes=bound)
+    assert [_line(shared, e) for e in entries] == [_expected_line(e) for e in entries]
+    rows = parsed.size(parsed.Forms(None, forms.rows))
+    assert shared.kept == bound // rows > 20
+    assert shared.kept_bytes <= bound
+    taken = [shared.rows(e, _BOUND) for e in entries]
+    assert taken == [rows_of(orjson.loads(e.payload), _BOUND) for e in entries]
+    assert len(parses) == 2 * len(entries) - bound // rows
+    assert shared.kept == 0
+
+
+def test_a_sink_sending_the_form_the_other_took_makes_its_own(parses: list[int]) -> None:
+    # Both sinks send the same form: what was kept lacks it, and the second
+    # sink parses for itself rather than sending nothing.
+    shared = parsed.SharedRecords({EntryKind.EPISODE: 2})
+    entries = [_episode(seq) for seq in range(1, 6)]
+    for _ in range(2):
+        assert [_line(shared, e) for e in entries] == [_expected_line(e) for e in entries]
+    assert shared.kept == 0
 
 
 def test_what_is_kept_for_the_sink_behind_is_bytes_the_collector_never_walks(
