@@ -141,11 +141,15 @@ class TracesSink:
                 if made.with_traces is None:
                     raise TypeError(f"journal entry {entry.seq} holds no episode object")
                 nonempty += made.with_traces
-        jsonl = b"\n".join(lines) + b"\n"
+        # One join, every line followed by its LF: joining then appending the
+        # last LF copied the whole JSONL (30 MB) a second time, into fresh pages.
+        records = len(lines)
+        lines.append(b"")
+        jsonl = b"\n".join(lines)
         body, content_type, key = multipart_body(jsonl, self._metadata)
         return Prepared(
             body=body,
-            records=len(lines),
+            records=records,
             progress=TracesUpload(content_type, key, episode=kind is EntryKind.EPISODE),
             last_seq=None if last_seq == entries[-1].seq else last_seq,
             counters={"episodes_written": nonempty, "traces_receipts": 1},
