@@ -1,5 +1,5 @@
 """The C library, for the few calls Python does not wrap (``statfs``'s
-filesystem type, ``malloc_trim``, ``madvise``).
+filesystem type, ``malloc_trim``, ``mallopt``).
 
 Opened by its usual name first: ``ctypes.util.find_library("c")`` runs
 ``ldconfig -p`` (and may run a compiler) in a child process, a fork and an

@@ -180,6 +180,18 @@ def _after_fork_in_child() -> None:
         _INHERITED.add(os.path.realpath(store.directory))
 
 
+def drop_every_resident_page() -> None:
+    """Drop the pages every journal map of this process holds
+    (``Store.drop_resident_pages``): a shipping process does it as they pile
+    up (``ship.resident``). Through each store, under its lock: no
+    transaction reads the map while it goes, and no remap or close moves it
+    between finding it and dropping it."""
+    for store in list(_LIVE):
+        # Only memory is at stake; a store closed meanwhile raises here.
+        with contextlib.suppress(lmdb.Error):
+            store.drop_resident_pages()
+
+
 class AlreadyOpenError(ValueError):
     """The file's environment is already open in this process (inherited by a fork)."""
 
@@ -456,5 +468,6 @@ class Store:
         """Close the environment; in a forked child the inherited one is kept (module doc)."""
         _LIVE.discard(self)
         if not self.forked:
-            self.env.close()
+            with self.lock:  # not while another thread drops its pages
+                self.env.close()
         self._drop_tempdir()
