@@ -1,7 +1,9 @@
 """Long-run memory: the uplink's RSS over a 20,000-step online training run.
 
 Run ``python tools/bench/long_run_memory.py`` (``--steps N`` for a shorter
-run, ``--quick``: 2,000 steps) from the repository root. One online training
+or longer run, ``--quick``: 2,000 steps; ``--marks`` the steps to read it
+at, e.g. ``--steps 100000 --marks 2000,20000,50000,100000``) from the
+repository root. One online training
 run is opened against a local platform on loopback (in this process); each
 step logs one gsm8k episode as a training episode of that step and one
 metrics row, so every sink of a training run ships (Prime Traces, the
@@ -71,9 +73,9 @@ def uplink_pid() -> int:
     raise SystemExit("no uplink process found (is the run online?)")
 
 
-def measure(steps: int) -> tuple[Table, bool]:
+def measure(steps: int, at: list[int] | None = None) -> tuple[Table, bool]:
     episodes = benchlib.records("gsm8k-eval", 500)
-    marks = sorted({max(1, int(steps * f)) for f in MARKS})
+    marks = sorted({min(steps, m) for m in at} if at else {max(1, int(steps * f)) for f in MARKS})
     rows: list[tuple[int, dict[str, int], float, float]] = []
     with (
         benchlib.isolated_env(None) as scratch,
@@ -156,10 +158,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2,000 steps")
     parser.add_argument("--steps", type=int, default=None, help="steps of the run")
+    parser.add_argument("--marks", type=str, default=None, help="steps, comma-separated")
     parser.add_argument("--repeat", type=int, default=None, help="ignored (one run)")
     args = parser.parse_args(argv)
     steps = args.steps or (2_000 if args.quick else DEFAULT_STEPS)
-    table, _ok = measure(steps)
+    marks = [int(m) for m in args.marks.split(",")] if args.marks else None
+    table, _ok = measure(steps, marks)
     benchlib.print_tables([table])
     return 0
 

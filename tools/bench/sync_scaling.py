@@ -61,7 +61,7 @@ def status():
     with open("/proc/self/status") as f:
         for line in f:
             name, _, rest = line.partition(":")
-            if name in ("VmRSS", "VmHWM"):
+            if name in ("VmRSS", "VmHWM", "RssFile"):
                 out[name] = int(rest.split()[0])
     return out
 
@@ -70,7 +70,8 @@ stop = threading.Event()
 
 def sample():
     while not stop.wait(0.25):
-        samples.append((time.perf_counter(), status()["VmRSS"]))
+        now = status()
+        samples.append((time.perf_counter(), now["VmRSS"], now.get("RssFile", 0)))
 
 threading.Thread(target=sample, daemon=True).start()
 t0 = time.perf_counter()
@@ -78,8 +79,8 @@ code = cli.main(sys.argv[1:])
 seconds = time.perf_counter() - t0
 stop.set()
 
-def median(lo, hi):
-    picked = [kb for t, kb in samples if lo <= (t - t0) / seconds <= hi]
+def median(lo, hi, field=1):
+    picked = [s[field] for s in samples if lo <= (s[0] - t0) / seconds <= hi]
     return statistics.median(picked) if picked else status()["VmRSS"]
 
 import resource
@@ -87,7 +88,7 @@ usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"code": code, "seconds": seconds, "peak_kb": status()["VmHWM"],
                   "cpu_s": usage.ru_utime + usage.ru_stime,
                   "early_kb": median(0.1, 0.2), "late_kb": median(0.9, 1.0),
-                  "steady_kb": median(0.1, 1.0)}))
+                  "steady_kb": median(0.1, 1.0), "steady_file_kb": median(0.1, 1.0, 2)}))
 """
 
 
@@ -191,6 +192,7 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
             "rows/s",
             "÷ 2nd size",
             "RSS shipping MB",
+            "of it file MB",
             "÷ smallest",
             "late ÷ early",
             "peak MB",
@@ -214,6 +216,7 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
                 f"{rate:,.0f}",
                 f"{rate / ref_rate:.2f}",
                 f"{rss['steady_kb'] / 1024:.0f}",
+                f"{rss.get('steady_file_kb', 0) / 1024:.0f}",
                 f"{rss['steady_kb'] / first_rss:.2f}",
                 f"{rss['late_kb'] / rss['early_kb']:.2f}",
                 f"{rss['peak_kb'] / 1024:.0f}",
@@ -233,9 +236,10 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
         )
     t.notes.append(
         "RSS shipping: the median of the sync's RSS (sampled every 0.25 s) from 10% of its "
-        "time to its end; late ÷ early: the last tenth's over the second's (flat while it "
-        "ships: ≤ 1.10); peak: VmHWM, with the first Prime Traces batch (up to 30 MB of "
-        "episodes) in memory"
+        "time to its end (of it file MB: the median of its file-backed part, RssFile: the "
+        "libraries' pages and the journals' mapped pages); late ÷ early: the last tenth's "
+        "over the second's (flat while it ships: ≤ 1.10); peak: VmHWM, with the first "
+        "Prime Traces batch (up to 30 MB of episodes) in memory"
     )
     t.notes.append(
         "CPU ms/row: the sync's CPU and the platform's during it, per metrics row: what a "
