@@ -51,6 +51,11 @@ RESERVE_BYTES = 256 << 10
 # of the file (the bytes counted leave out the pages' own overhead, so about
 # twice this), not all of it.
 REMAP_AFTER_BYTES = 32 << 20
+# Set by ``ship.resident`` in a process that ships: called with the store
+# after each of its transactions, none of them open, to drop the map's
+# pages when they piled up (a transaction counts little here, but touches
+# pages wherever LMDB put their latest copies, all over a long file).
+after_transaction: Callable[[Store], None] | None = None
 
 
 class Transactions:
@@ -90,6 +95,7 @@ class Transactions:
                     self.pending_drops -= folded
                     self.dirty = True
                     self.written.set()
+                    self._after()
                     return result
                 except lmdb.MapFullError:
                     if not self.store.grow():
@@ -114,10 +120,18 @@ class Transactions:
         # LMDB's own errors inside a read mean a damaged tree: callers see one
         # exception family (JournalError), never lmdb's.
         try:
-            with self.lock, self.store.begin(buffers=buffers) as txn:
-                yield txn
+            with self.lock:
+                with self.store.begin(buffers=buffers) as txn:
+                    yield txn
+                self._after()
         except lmdb.Error as exc:
             raise JournalCorruptError(f"journal {self.path} is damaged: {exc}") from None
+
+    def _after(self) -> None:
+        """A transaction ended (none open; the lock held): see ``after_transaction``."""
+        hook = after_transaction
+        if hook is not None:
+            hook(self.store)
 
     def count_read(self, nbytes: int) -> None:
         """Note ``nbytes`` of the map read; past ``REMAP_AFTER_BYTES`` since the

@@ -21,10 +21,10 @@ Python blocks at step 1,000 and at step 20,000. Three things kept it:
   sync journal (17 MB resident, against under 1 MB at 2,000 steps).
   Dropping the map (``Store.drop_resident_pages``, every journal's: the
   next read faults its pages back in from the page cache, the same bytes)
-  whenever the process's file-backed pages grew by ``FILE_SLACK_BYTES``
-  since the last drop keeps that part flat in the run's length; the
-  check is ``/proc/self/statm``, a few microseconds a batch, and a short
-  run's small file seldom reaches it.
+  after any transaction once the process's file-backed pages grew by
+  ``FILE_SLACK_BYTES`` since the last drop keeps that part flat in the
+  run's length; the check is ``/proc/self/statm``, a few microseconds a
+  transaction, and a short run's small file seldom reaches it.
 - **The largest batch.** glibc maps a block of 128 KiB or more on its own
   and unmaps it when freed, but raises that threshold to the size of each
   such block freed (up to 32 MiB): after the first Prime Traces batch (a
@@ -36,19 +36,23 @@ Python blocks at step 1,000 and at step 20,000. Three things kept it:
 
 So the shipping process releases the first two after a batch at most once
 a second, and as soon as a sink runs out of work (what an idle uplink holds
-is then what it uses); the journal's pages also after any batch where they
-piled up. Elsewhere (no glibc, or a process that did not ``enable`` it: the
+is then what it uses); the journal's pages also after any transaction
+where they piled up. Elsewhere (no glibc, or a process that did not ``enable`` it: the
 user's own, in threads mode, keeps its memory as it is) this does nothing.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import threading
 import time
 
-from ..journal.store import drop_every_resident_page
+import lmdb
+
+from ..journal import txn
+from ..journal.store import Store, drop_every_resident_page
 from ..libc import libc as c_library
 
 __all__ = ["FILE_SLACK_BYTES", "after_batch", "enable", "idle"]
@@ -79,20 +83,18 @@ def enable() -> bool:
     libc.mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD)
     _libc = libc
+    txn.after_transaction = _after_transaction
     return True
 
 
 def after_batch() -> None:
-    """A batch was acknowledged (its memory freed): release if a second has
-    passed, else drop the journals' pages if they piled up."""
+    """A batch was acknowledged (its memory freed): release if a second has passed."""
     global _dirty
     if _libc is None:
         return
     _dirty = True
     if time.monotonic() - _last >= _INTERVAL_S:
         _release()
-    else:
-        _bound_journal_pages()
 
 
 def idle() -> None:
@@ -115,18 +117,20 @@ def _file_pages() -> int | None:
         os.close(fd)
 
 
-def _bound_journal_pages() -> None:
+def _after_transaction(store: Store) -> None:
+    """After each transaction of ``store`` (``journal.txn.after_transaction``):
+    drop its map's pages once the process's file-backed pages grew by
+    ``FILE_SLACK_BYTES`` since the last drop."""
     global _file_base
     now = _file_pages()
     if now is None:
         return
     if _file_base is None or now < _file_base:
-        _file_base = now  # the first batch, or a map dropped elsewhere (a long read)
-    elif (now - _file_base) * _PAGE >= FILE_SLACK_BYTES and _lock.acquire(blocking=False):
-        try:
-            _drop_journal_pages()
-        finally:
-            _lock.release()
+        _file_base = now  # the first, or pages dropped elsewhere (a long read, a release)
+    elif (now - _file_base) * _PAGE >= FILE_SLACK_BYTES:
+        with contextlib.suppress(lmdb.Error):  # only memory is at stake
+            store.drop_resident_pages()
+        _file_base = _file_pages()
 
 
 def _drop_journal_pages() -> None:
