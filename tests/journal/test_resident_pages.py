@@ -17,24 +17,12 @@ from pathlib import Path
 
 import lmdb
 import pytest
+from mapped import resident_bytes
 
 from primeruns.journal import EntryKind, Journal, probe, txn
 from primeruns.journal.reading import Reader
 
 MIB = 1 << 20
-
-
-def _resident(data: Path) -> int:
-    """Bytes of ``data`` resident in this process (its mappings' Rss, from smaps)."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            first = line.split(maxsplit=1)[0]
-            if "-" in first and not first.endswith(":"):
-                inside = line.rstrip().endswith(str(data))
-            elif inside and first == "Rss:":
-                total += int(line.split()[1]) * 1024
-    return total
 
 
 @pytest.fixture
@@ -59,7 +47,7 @@ def test_a_scan_of_a_long_journal_keeps_a_bounded_part_of_it_resident(
 
     def watched(self: Reader, *args: object, **kwargs: object) -> object:
         result = read(self, *args, **kwargs)  # type: ignore[arg-type]
-        peak[0] = max(peak[0], _resident(data))
+        peak[0] = max(peak[0], resident_bytes(data))
         return result
 
     monkeypatch.setattr(Reader, "read", watched)
@@ -67,7 +55,7 @@ def test_a_scan_of_a_long_journal_keeps_a_bounded_part_of_it_resident(
         scan = journal.checksums()
         for seq in range(1, 385, 8):
             assert journal.get(seq) is not None
-        after = _resident(data)
+        after = resident_bytes(data)
     assert not scan.damage and len(scan.seqs[EntryKind.EPISODE]) == 384
     # Each read copies out up to 8 MiB (the scan's own bound), so the map
     # holds at most that plus the 2 MiB between drops, never the 24 MiB file.
@@ -85,7 +73,7 @@ def test_the_probe_child_walks_a_long_journal_holding_a_bounded_part_of_it(
 
     def watched(*args: object) -> object:
         start = walk_some(*args)  # type: ignore[arg-type]
-        peaks.append(_resident(data))
+        peaks.append(resident_bytes(data))
         return start
 
     monkeypatch.setattr(probe, "_walk_some", watched)

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from mapped import resident_bytes
 
 from primeruns.journal import EntryKind, Journal, txn
 from primeruns.libc import libc as c_library
@@ -62,19 +63,6 @@ def test_a_process_that_did_not_enable_it_is_left_alone(monkeypatch: pytest.Monk
     assert resident._dirty is False
 
 
-def _resident(data: Path) -> int:
-    """Bytes of ``data`` resident in this process (its mappings' Rss, from smaps)."""
-    total, inside = 0, False
-    with open("/proc/self/smaps") as smaps:
-        for line in smaps:
-            first = line.split(maxsplit=1)[0]
-            if "-" in first and not first.endswith(":"):
-                inside = line.rstrip().endswith(str(data))
-            elif inside and first == "Rss:":
-                total += int(line.split()[1]) * 1024
-    return total
-
-
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc only")
 def test_batches_in_quick_succession_leave_a_bounded_part_of_the_journal_resident(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -109,7 +97,7 @@ def test_batches_in_quick_succession_leave_a_bounded_part_of_the_journal_residen
             for seq in range(1 + batch * 8, 385, 96):
                 assert journal.get(seq) is not None
             resident.after_batch()
-            peak = max(peak, _resident(data))
+            peak = max(peak, resident_bytes(data))
     assert peak <= 3 * MIB, f"{peak / MIB:.1f} MiB of the journal resident after a batch"
 
 
