@@ -174,7 +174,7 @@ def _after_fork_in_child() -> None:
     """Keep inherited environments alive forever in the child: see module doc.
     Run by ``hooks``' after-fork handler, which keeps its place among the
     user's handlers."""
-    for store in list(_LIVE):
+    for store in _live_stores():
         _ORPHANS.append(store.env)
         store.forked = True
         _INHERITED.add(os.path.realpath(store.directory))
@@ -186,10 +186,24 @@ def drop_every_resident_page() -> None:
     up (``ship.resident``). Through each store, under its lock: no
     transaction reads the map while it goes, and no remap or close moves it
     between finding it and dropping it."""
-    for store in list(_LIVE):
+    for store in _live_stores():
         # Only memory is at stake; a store closed meanwhile raises here.
         with contextlib.suppress(lmdb.Error):
             store.drop_resident_pages()
+
+
+def _live_stores() -> list[Store]:
+    """The stores open now. Another thread opening or closing one while the
+    set is walked makes the walk raise (``Set changed size during
+    iteration``), which a shipper's release after a batch passed on to the
+    shipper: it retired its sink as stopped by an internal error. The walk is then taken
+    again, not locked: a forked child walks it too (``_after_fork_in_child``),
+    and must never wait for a lock a thread of its parent held at the fork."""
+    while True:
+        try:
+            return list(_LIVE)
+        except RuntimeError:
+            continue  # changed under the walk: the next one sees it as it is now
 
 
 class AlreadyOpenError(ValueError):
