@@ -40,7 +40,11 @@ class Capacity:
         self._tx = tx
         self._reader = reader
         self._mover = mover
-        self._psize = int(tx.store.env.stat()["psize"])
+        # LMDB's meta pages are read under the store's lock, as in every
+        # transaction: py-lmdb's ``env.stat`` / ``env.info`` fail (EINVAL)
+        # while another thread remaps (``Store.drop_resident_pages``).
+        with tx.lock:
+            self._psize = int(tx.store.env.stat()["psize"])
         self._headroom = 0  # bytes known to fit without counting again (room_for)
         self.inflight_peak = 0  # largest in-flight body recorded (room_for's reserve)
         self.sinks: frozenset[str] = frozenset()  # whose acks compaction needs
@@ -51,7 +55,7 @@ class Capacity:
     def room_for(self, nbytes: int) -> bool:
         """Whether ``nbytes`` of new entries fit the budget minus the control reserve.
 
-        Called under the transaction lock. The exact count is costly (~3 µs),
+        Called under the appender's lock. The exact count is costly (~3 µs),
         so it is only taken once the room known from the last count is used up.
         """
         need = nbytes + nbytes // 8 + 4 * self._psize  # page and branch overhead
@@ -71,7 +75,8 @@ class Capacity:
                 peak = int(self._tx.meta_or(txn, K_INFLIGHT_PEAK, 0) or 0)
             self.inflight_peak = max(self.inflight_peak, peak)
         reserve = max(reserve, 8 * self.inflight_peak)
-        used = (int(env.info()["last_pgno"]) + 1) * self._psize  # the file's high-water mark
+        with self._tx.lock:  # see __init__
+            used = (int(env.info()["last_pgno"]) + 1) * self._psize  # the file's high-water mark
         if spooled and 4 * spooled > budget - reserve - used and self._mover.here:
             # The mover is woken once a second, not by appends (see
             # maintenance), and a burst counts raw here until it is absorbed:

@@ -1,4 +1,4 @@
-"""Dropping every journal's map while another thread opens and closes journals.
+"""Dropping journals' maps while other threads open, close and write journals.
 
 A shipping process drops the pages of every journal it holds open
 (``store.drop_every_resident_page``, from a shipper's thread after a batch)
@@ -6,7 +6,9 @@ while other threads open and close journals: ``sync`` of a run with
 children, ``replay --all``, the uplink opening a predecessor. The set of
 open stores changing under that walk raised ``RuntimeError: Set changed
 size during iteration`` into the shipper, which retired its sink as
-stopped by an internal error.
+stopped by an internal error. And LMDB's meta pages, which ``env.info``
+and ``env.stat`` read, are read only under the store's lock, where no drop
+runs: py-lmdb's fail (EINVAL) while another thread remaps the file.
 """
 
 from __future__ import annotations
@@ -14,10 +16,13 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
+import lmdb
 import pytest
 
-from primeruns.journal import store
+from primeruns.journal import EntryKind, Journal, store
 
 
 class _Held:
@@ -71,3 +76,38 @@ def test_dropping_every_map_while_journals_open_and_close_never_raises(
         sys.setswitchinterval(interval)
     assert opened[0] > 0
     assert errors == []
+
+
+class _Guarded:
+    """An environment whose meta-page reads check that the store's lock is held."""
+
+    def __init__(self, env: lmdb.Environment, lock: Any, unlocked: list[str]) -> None:
+        self._env = env
+        self._lock = lock
+        self._unlocked = unlocked
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._env, name)
+        if name in ("info", "stat") and not self._lock._is_owned():
+            self._unlocked.append(name)
+        return value
+
+
+def test_a_journal_reads_lmdbs_meta_pages_only_under_its_lock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    unlocked: list[str] = []
+    open_env = store.Store._open
+
+    def guarded(self: store.Store, *args: Any, **kwargs: Any) -> None:
+        open_env(self, *args, **kwargs)
+        self.env = _Guarded(self.env, self.lock, unlocked)  # type: ignore[assignment]
+
+    monkeypatch.setattr(store.Store, "_open", guarded)
+    with Journal.create(tmp_path / "runs") as journal:
+        for _ in range(3):
+            journal.append(EntryKind.METRICS, [b"{}"] * 10)
+        path = journal.path
+    with Journal.open(path, owner=False) as reader:
+        assert reader.read(0).entries
+    assert unlocked == []
