@@ -255,26 +255,33 @@ def _ship(
         head,
     )
     try:
-        report = ship_journal(
-            path,
-            settings=settings,
-            timeout=options.timeout,
-            progress=bars,
-            policy=options.policy,
-            job_ended=options.job_ended,
-            spec=options.spec,
-            base_url=options.base_url,
-            register_only=register_only,
-        )
-        bars.finish(report.pending)
+        try:
+            report = ship_journal(
+                path,
+                settings=settings,
+                timeout=options.timeout,
+                progress=bars,
+                policy=options.policy,
+                job_ended=options.job_ended,
+                spec=options.spec,
+                base_url=options.base_url,
+                register_only=register_only,
+            )
+            bars.finish(report.pending)
+        except BaseException:
+            # The bars of a shipment that raised stop, and stopping them never
+            # replaces what ended it: a Ctrl-C landing inside rich's
+            # Live.start leaves it half started, and its stop then raises
+            # IndexError, which would turn the interruption into a failure.
+            with contextlib.suppress(Exception):
+                bars.done()
+            raise
     except JournalLockedError as exc:
         raise _NotShipped(f"refused: {exc}", EXIT_LOCKED) from None
     except JournalCorruptError as exc:
         raise _NotShipped(f"damaged journal: {exc}", EXIT_DAMAGED) from None
     except JournalError as exc:
         raise _NotShipped(str(exc), EXIT_USAGE) from None
-    finally:
-        bars.done()  # the bars of a shipment that raised; a no-op after finish
     return report, plan
 
 

@@ -378,6 +378,10 @@ def _ship(
     root: Path,
 ) -> None:
     uplink = Uplink(journal, settings, policy=policy, log_level=logging.INFO)
+    if progress is not None:
+        # Shipping has begun: say so (where to, what is left) before a
+        # registration that retries for seconds while the platform is down.
+        progress(Progress())
     binding = uplink.lifecycle.register_retrying(deadline=time.monotonic() + timeout)
     if binding is None:
         # A platform refusal or one down, or a spec that cannot be registered

@@ -13,9 +13,12 @@ from pathlib import Path
 import pytest
 import workloads
 from cli_helpers import cli, cli_subprocess, landed_once
+from rich.console import Console
 from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
+from primeruns.ship.backlog import Progress, ship_journal
+from primeruns.ship.policy import RetryPolicy
 
 
 def _offline_eval(runs: Path, episodes: int) -> Path:
@@ -84,7 +87,8 @@ def test_ctrl_c_in_replay_is_one_line_exit_130_and_a_rerun_lands_everything_once
     journal = _offline_eval(runs, 20)
     env = {k: v for k, v in os.environ.items() if not k.startswith("PRIME")}
     env.update(PRIME_API_KEY=API_KEY, PRIME_RUNS_RETRY_BASE_S="0.05")
-    # Nothing listens here: the replay retries until it is interrupted.
+    # Nothing listens here: the replay retries registering for 10 s (the
+    # allowance of a platform never reached), long after the signal.
     down = dict(env, PRIME_BASE_URL="http://127.0.0.1:9", PRIME_TRACES_URL="http://127.0.0.1:9")
     proc = subprocess.Popen(
         [sys.executable, "-m", "primeruns", "replay", str(journal)],
@@ -94,7 +98,8 @@ def test_ctrl_c_in_replay_is_one_line_exit_130_and_a_rerun_lands_everything_once
         text=True,
     )
     assert proc.stdout is not None
-    # It names the journal and its platform as it starts shipping: at work now.
+    # It names the journal and its platform as it starts shipping, before it
+    # registers (see the next test): at work now, not at its end.
     assert " -> http://127.0.0.1:9" in proc.stdout.readline()
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -108,6 +113,46 @@ def test_ctrl_c_in_replay_is_one_line_exit_130_and_a_rerun_lands_everything_once
     stored = local_platform.runs()  # type: ignore[attr-defined]
     (only,) = [r for r in stored if r["id"] in run_id]
     assert landed_once(local_platform.run(only["id"]), 20)  # type: ignore[attr-defined]
+
+
+def test_a_replay_shows_where_it_ships_before_registering_with_a_platform_down(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The head and bars come as shipping begins, not when a registration the
+    platform never answers gives up: a user sees what the replay is doing while
+    it retries (and a Ctrl-C then interrupts the work, not the exit)."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    journal = _offline_eval(runs, 3)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    monkeypatch.setenv("PRIME_TRACES_URL", "http://127.0.0.1:9")
+    seen: list[Progress] = []
+    report = ship_journal(
+        journal, timeout=0.5, progress=seen.append, base_url="http://127.0.0.1:9",
+        policy=RetryPolicy(base_delay_s=0.05),
+    )  # fmt: skip
+    # The registration never succeeded, so whatever was drawn came before it.
+    assert report.run_id is None and any("register" in e for e in report.errors)
+    assert [p.records for p in seen] == [0], "nothing drawn while registering"
+
+
+def test_ctrl_c_as_the_bars_start_is_an_interruption_not_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C landing inside rich's Live.start (marked started, its render
+    hook not yet pushed): stopping the bars then raises IndexError, which must
+    not replace the interruption (it made the replay exit 1, "not shipped")."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    journal = _offline_eval(runs, 3)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    monkeypatch.setenv("PRIME_TRACES_URL", "http://127.0.0.1:9")
+
+    def ctrl_c(self: Console, hook: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Console, "push_render_hook", ctrl_c)
+    code, _, err = cli(capsys, "replay", str(journal), "--base-url", "http://127.0.0.1:9")
+    assert code == 130, err
+    assert "nothing is lost" in err and "not shipped" not in err
 
 
 @pytest.mark.parametrize("command", ["ls", "show"])
