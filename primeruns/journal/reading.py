@@ -95,6 +95,37 @@ class Reader:
         decompression) and lists those that pass in ``checked``, not in
         ``entries``: a damage scan's cheap form.
         """
+        for _ in range(_LOOKS - 1):
+            result = self._read_once(
+                after_seq, kinds, max_entries, max_bytes, max_entry_bytes, decode
+            )
+            if result is not None:
+                return result
+        # The mover closed a segment under every look: what LMDB held (the
+        # spool's part comes at the next read).
+        short = self._read_once(
+            after_seq, kinds, max_entries, max_bytes, max_entry_bytes, decode, trust_short=True
+        )
+        assert short is not None
+        return short
+
+    def _read_once(
+        self,
+        after_seq: int,
+        kinds: Collection[EntryKind] | None,
+        max_entries: int,
+        max_bytes: int,
+        max_entry_bytes: int | None,
+        decode: bool,
+        *,
+        trust_short: bool = False,
+    ) -> ReadResult | None:
+        """One look at LMDB then the spool; None when the mover closed a
+        segment between the two (``spool``), whose entries this look saw in
+        neither: a read that came back short then had a caller that waits
+        for a wake-up (the uplink's look for the producer's finish) sleep
+        with the entry there, once for 300 s. ``trust_short``: return what
+        LMDB held anyway."""
         wanted = None if kinds is None else frozenset(int(k) for k in kinds)
         raw: list[tuple[int, bytes]] = []
         damaged: list[Damage] = []
@@ -175,7 +206,9 @@ class Reader:
             expected = max(expected, in_lmdb + 1)
             with spool.lock:
                 # A segment closed since LMDB's read was moved into LMDB
-                # meanwhile (see spool): the next read finds its entries there.
+                # meanwhile (see spool): read again, where LMDB holds them.
+                if spool.forgotten != forgotten and not trust_short:
+                    return None
                 frames = spool.frames(expected - 1) if spool.forgotten == forgotten else ()
                 for seq, kind, size, seg, index in frames:
                     if examined >= _MAX_SCAN:
