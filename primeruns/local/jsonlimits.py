@@ -90,18 +90,28 @@ def _has_exponent(text: bytes) -> bool:
     return False
 
 
-def _fast(raw: bytes) -> tuple[Any, bytes | None]:
+def _may_nest_past(raw: bytes, limit: int) -> bool:
+    """Whether ``raw`` may hold JSON nested past ``limit`` levels.
+
+    Each level opens with a byte of its own, ``[`` or ``{`` (in UTF-16 and
+    UTF-32 too), and closes with another: a body with fewer bytes, or with
+    ``limit`` such bytes or fewer (strings' included), nests no further, and
+    is not looked at. A trace line (~70 of them in 8 KB) is not: its nesting
+    check wrote the whole line again, indented, a tenth of the traces route."""
+    return len(raw) > 2 * limit and raw.count(b"[") + raw.count(b"{") > limit
+
+
+def _fast(raw: bytes, *, may_nest: bool) -> tuple[Any, bytes | None]:
     """``(value, indented)``: ``raw`` parsed by orjson when that is what
-    ``json.loads`` gives, else ``_SLOW``; and orjson's indented text of it
-    when ``raw`` is long enough to nest past the limit (``None`` when not,
-    or when orjson cannot write it), which :func:`parse` reads the nesting
-    depth off."""
+    ``json.loads`` gives, else ``_SLOW``; and, when ``raw`` ``may_nest`` past
+    the limit, orjson's indented text of it (``None`` when not, or when
+    orjson cannot write it), which :func:`parse` reads the nesting depth off."""
     try:
         value = _loads(raw)
     except orjson.JSONDecodeError:  # json.loads may take it (NaN, a BOM), or say why not
         return _SLOW, None
     indented = None
-    if len(raw) > 2 * MAX_DEPTH:
+    if may_nest:
         # Nested past orjson's 255 levels to write: walked in parse.
         with contextlib.suppress(orjson.JSONEncodeError):
             indented = orjson.dumps(value, option=orjson.OPT_INDENT_2)
@@ -135,7 +145,8 @@ def parse(
     BOM, no UTF-16; UnicodeDecodeError when they are not UTF-8), without
     decoding them where orjson parses them (it takes UTF-8 alone)."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
-    value, indented = _fast(raw)
+    may_nest = _may_nest_past(raw, MAX_DEPTH)
+    value, indented = _fast(raw, may_nest=may_nest)
     by_orjson = value is not _SLOW
     if not by_orjson:
         if utf8 and not isinstance(data, str):
@@ -144,12 +155,10 @@ def parse(
             value = json.loads(data, parse_constant=parse_constant)
         except RecursionError:
             raise TooDeep() from None
-    # Nesting past the limit takes two bytes a level ("[]"): a shorter body
-    # has none, and is not looked at.
     if indented is not None:
         if _indented_deeper_than(indented, MAX_DEPTH):
             raise TooDeep()
-    elif len(raw) > 2 * MAX_DEPTH and _deeper_than(value, MAX_DEPTH):
+    elif may_nest and _deeper_than(value, MAX_DEPTH):
         raise TooDeep()
     return value, by_orjson
 

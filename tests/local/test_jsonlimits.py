@@ -68,6 +68,21 @@ def test_nesting_past_the_limit_is_refused(depth: int) -> None:
     assert jsonlimits.loads(b"[" * 100 + b"]" * 100) is not None
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32"])
+def test_nesting_past_the_limit_is_refused_in_any_encoding_beside_any_padding(
+    encoding: str,
+) -> None:
+    """A body is looked at for nesting when it holds more than MAX_DEPTH of
+    ``[`` and ``{``: brackets in strings count, and so does every encoding
+    ``json.loads`` reads."""
+    deep = _nest("l" * 101, "k")
+    for value in (deep, {"pad": "x" * 1000, "v": deep}, {"s": "]]]" * 50, "v": deep}):
+        with pytest.raises(jsonlimits.TooDeep):
+            jsonlimits.loads(json.dumps(value).encode(encoding))
+    fine = {"s": "[[{" * 100, "v": _nest("l" * 99, "k")}
+    assert jsonlimits.loads(json.dumps(fine).encode(encoding)) == fine
+
+
 def test_a_run_of_digits_in_a_string_is_still_read_by_orjson() -> None:
     # A hex digest holds a run of 19 digits about once in 150: such a run sent
     # whole 25 MiB sample pushes to json.loads, and their samples to json.dumps.
