@@ -7,6 +7,7 @@ limit is refused either way."""
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 from typing import Any
@@ -67,6 +68,21 @@ def test_nesting_past_the_limit_is_refused(depth: int) -> None:
     assert jsonlimits.loads(b"[" * 100 + b"]" * 100) is not None
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "utf-16", "utf-32"])
+def test_nesting_past_the_limit_is_refused_in_any_encoding_beside_any_padding(
+    encoding: str,
+) -> None:
+    """A body is looked at for nesting when it holds more than MAX_DEPTH of
+    ``[`` and ``{``: brackets in strings count, and so does every encoding
+    ``json.loads`` reads."""
+    deep = _nest("l" * 101, "k")
+    for value in (deep, {"pad": "x" * 1000, "v": deep}, {"s": "]]]" * 50, "v": deep}):
+        with pytest.raises(jsonlimits.TooDeep):
+            jsonlimits.loads(json.dumps(value).encode(encoding))
+    fine = {"s": "[[{" * 100, "v": _nest("l" * 99, "k")}
+    assert jsonlimits.loads(json.dumps(fine).encode(encoding)) == fine
+
+
 def test_a_run_of_digits_in_a_string_is_still_read_by_orjson() -> None:
     # A hex digest holds a run of 19 digits about once in 150: such a run sent
     # whole 25 MiB sample pushes to json.loads, and their samples to json.dumps.
@@ -87,6 +103,48 @@ def test_an_integer_past_64_bits_is_read_by_json_loads_beside_such_a_run(body: b
     value, by_orjson = jsonlimits.parse(body)
     assert not by_orjson
     assert value == json.loads(body) and isinstance(value["n"], int)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        # Past 2 * MAX_DEPTH bytes, where the nesting check's indented text
+        # is read for an exponent before the body's digit runs are looked at.
+        b'{"t": "3 + 4 = 7, one+two, e+", "pad": "'
+        + b"x" * 300
+        + b'", "n": 123456789012345678901}',
+        b'{"pad": "'
+        + b"+" * 300
+        + b'", "hash": "f9590363425706828671", "n": -99999999999999999999}',
+    ],
+)
+def test_an_integer_past_64_bits_in_a_long_body_is_read_by_json_loads(body: bytes) -> None:
+    value, by_orjson = jsonlimits.parse(body)
+    assert not by_orjson
+    assert value == json.loads(body) and isinstance(value["n"], int)
+
+
+def test_reading_a_large_body_starts_no_garbage_collection() -> None:
+    """A sample push makes tens of thousands of dicts: each 700 of them set
+    off a collection that walked the young objects (a fifth of the parse's
+    CPU), though what the parser builds holds no cycle to collect. The first
+    allocation after the parse may start one, as after any other code."""
+    body = json.dumps({"samples": [{"i": i, "tags": [i]} for i in range(20_000)]}).encode()
+    started: list[int] = []
+
+    def count(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started.append(info["generation"])
+
+    gc.collect()
+    gc.callbacks.append(count)
+    try:
+        value = jsonlimits.loads(body)
+    finally:
+        gc.callbacks.remove(count)
+    assert len(value["samples"]) == 20_000
+    assert len(started) <= 1
+    assert gc.isenabled()
 
 
 REENCODED = [
