@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 
 from ..exceptions import UnprovenAnswerError
+from .cookies import keep_cookies_lazily
 from .errors import error_from_response, error_from_transport
 from .settings import Settings
 
@@ -125,19 +126,23 @@ class PlatformClient:
                 # wherever a 3xx points, https or not. A 3xx is an error
                 # naming the target (errors.error_from_response).
                 tls = tls_context() if self._transport is None else None
-                self._http = httpx.Client(
-                    follow_redirects=False,
-                    timeout=_PLATFORM_TIMEOUT,
-                    headers={"User-Agent": _user_agent()},
-                    transport=self._transport,
-                    verify=True if tls is None else tls,
+                self._http = keep_cookies_lazily(
+                    httpx.Client(
+                        follow_redirects=False,
+                        timeout=_PLATFORM_TIMEOUT,
+                        headers={"User-Agent": _user_agent()},
+                        transport=self._transport,
+                        verify=True if tls is None else tls,
+                    )
                 )
                 # Presigned URLs carry their own credentials: no auth, no redirects.
-                self._storage = httpx.Client(
-                    follow_redirects=False,
-                    timeout=_UPLOAD_TIMEOUT,
-                    transport=self._transport,
-                    verify=True if tls is None else tls,
+                self._storage = keep_cookies_lazily(
+                    httpx.Client(
+                        follow_redirects=False,
+                        timeout=_UPLOAD_TIMEOUT,
+                        transport=self._transport,
+                        verify=True if tls is None else tls,
+                    )
                 )
             return self._http, self._storage
 

@@ -24,7 +24,8 @@ and 100k steps, and at least 2,000 rows/s); the RSS while shipping (the
 median from a tenth of the sync on) with its ratio to the smallest run's
 (target: within 10%), how it moved within the sync (its last tenth over its
 second), and the peak; the CPU per row of the sync and the platform together,
-the figure that holds on a machine shared with other work.
+the figure that holds on a machine shared with other work, then split: the
+sync's (with its kernel part) and the platform's, to tell which side to look at.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def median(lo, hi, field=1):
 import resource
 usage = resource.getrusage(resource.RUSAGE_SELF)
 print(json.dumps({"code": code, "seconds": seconds, "peak_kb": status()["VmHWM"],
-                  "cpu_s": usage.ru_utime + usage.ru_stime,
+                  "cpu_s": usage.ru_utime + usage.ru_stime, "sys_s": usage.ru_stime,
                   "early_kb": median(0.1, 0.2), "late_kb": median(0.9, 1.0),
                   "steady_kb": median(0.1, 1.0), "steady_file_kb": median(0.1, 1.0, 2)}))
 """
@@ -198,6 +199,9 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
             "peak MB",
             "CPU ms/row",
             "÷ 2nd size",
+            "sync ms/row",
+            "of it sys",
+            "platform ms/row",
         ],
     )
     for name, _ in trees:
@@ -222,6 +226,9 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
                 f"{rss['peak_kb'] / 1024:.0f}",
                 f"{cpu * 1000:.2f}",
                 f"{cpu / ref_cpu:.2f}",
+                f"{rss['cpu_s'] * 1000 / steps:.2f}",
+                f"{rss.get('sys_s', 0.0) * 1000 / steps:.2f}",
+                f"{rss['server_cpu_s'] * 1000 / steps:.2f}",
             )
         rated = [steps / seconds for steps, seconds, _, _ in measured[1:]] or [ref_rate]
         spread = max(rated) / min(rated) - 1
@@ -243,7 +250,8 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
     )
     t.notes.append(
         "CPU ms/row: the sync's CPU and the platform's during it, per metrics row: what a "
-        "machine shared with other work pays, whatever the wall time"
+        "machine shared with other work pays, whatever the wall time; split after it into "
+        "the sync's (of it sys: its kernel time) and the platform's"
     )
     t.notes.append(
         "sync s: from the command's start (interpreter and imports excluded) to its end, "
