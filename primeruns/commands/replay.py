@@ -16,7 +16,7 @@ import argparse
 import contextlib
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -217,7 +217,11 @@ class ShipOptions:
 
 
 def _ship(
-    path: Path, options: ShipOptions, stream: TextIO, register_only: bool
+    path: Path,
+    options: ShipOptions,
+    stream: TextIO,
+    register_only: bool,
+    hold_close: str | None = None,
 ) -> tuple[ShipReport, dict[str, tuple[int, str]]]:
     """Ship one journal (or only register its run) with progress bars on
     ``stream``; _NotShipped if it cannot start."""
@@ -266,6 +270,7 @@ def _ship(
                 spec=options.spec,
                 base_url=options.base_url,
                 register_only=register_only,
+                hold_close=hold_close,
             )
             bars.finish(report.pending)
         except BaseException:
@@ -295,10 +300,12 @@ def replay_one(
     results: list[dict[str, Any]] | None = None,
     options: ShipOptions | None = None,
     register_only: bool = False,
+    hold_close: str | None = None,
 ) -> int:
     """Ship one journal and close its run out when that is right, printing
     progress and the result. ``register_only``: only register its run (its
-    forked children ship next, then it, see ``_Step``).
+    forked children ship next, then it, see ``_Step``). ``hold_close``:
+    ship it but leave its run open, for this reason.
 
     Returns the exit code (see the module doc); never raises for a locked,
     damaged or unreachable case. With ``results`` given, the outcome is
@@ -311,13 +318,15 @@ def replay_one(
     err = err or sys.stderr
     stream = err if results is not None else out
     try:
-        report, plan = _ship(path, options, stream, register_only)
+        report, plan = _ship(path, options, stream, register_only, hold_close)
     except _NotShipped as exc:
         err.write(f"{inert(path)}: {inert(exc)}\n")
         if results is not None:
             results.append(not_shipped_json(path, exc.code, str(exc)))
         return exc.code
     code = _exit_code(report)
+    if hold_close is not None and not report.finalized:
+        code = max(code, EXIT_FAILED)  # not everything is shipped and closed out
     if results is not None:
         results.append(report_json(report, code))
     else:
@@ -335,6 +344,9 @@ class _Step:
 
     path: Path
     register_only: bool = False
+    waits_for: tuple[str, ...] = ()
+    """Forked children of its run passed over (still being written, say):
+    its close-out waits for them."""
 
 
 def _targets(args: argparse.Namespace, *, offline: bool) -> list[_Step]:
@@ -350,22 +362,32 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[_Step]:
         raise CommandError("name the runs to replay, or pass --all")
     chosen: list[Path] = []
     children: set[Path] = set()
+    passed_over: dict[str, list[str]] = {}  # a parent's local id: its children skipped
     shipped = 0
     root = sync_root()
     listed = statuses(runs_dir)
     for status in listed:
-        if status.info.meta.get(K_FORK_PARENT):
+        parent = status.info.meta.get(K_FORK_PARENT)
+        if parent:
             children.add(status.info.path)
         why = _skipped(status, root, offline=offline)
         if why is None:
             chosen.append(status.info.path)
         elif why:
             print(inert(f"{status.info.path.name}: skipped: {why}"), file=sys.stderr)
+            if parent:
+                passed_over.setdefault(str(parent), []).append(status.info.path.name)
         else:
             shipped += 1
     if shipped and not args.json:
         print(f"{shipped} journal(s) already shipped and closed out: skipped", file=sys.stderr)
-    return _ordered(chosen, listed, children)
+    ids = {s.info.path: s.info.local_id for s in listed}
+    return [
+        replace(step, waits_for=tuple(passed_over.get(ids[step.path], ())))
+        if not step.register_only and ids[step.path] in passed_over
+        else step
+        for step in _ordered(chosen, listed, children)
+    ]
 
 
 def _ordered(chosen: list[Path], listed: list[RunStatus], children: set[Path]) -> list[_Step]:
@@ -429,6 +451,7 @@ def _with_children(paths: list[Path], *, offline: bool) -> list[_Step]:
     for path in paths:
         found: list[Path] = []
         lost: list[Path] = []
+        passed_over: list[str] = []
         local_id = _status_of(path).info.local_id
         for child in children_of(path, local_id):
             if child in taken:
@@ -439,9 +462,10 @@ def _with_children(paths: list[Path], *, offline: bool) -> list[_Step]:
                 (found if finds_its_run(child) else lost).append(child)
             elif why:
                 print(inert(f"{child.name}: skipped: {why}"), file=sys.stderr)
+                passed_over.append(child.name)
         if lost:
             out.append(_Step(path, register_only=True))
-        out += [*map(_Step, [*found, *lost, path])]
+        out += [*map(_Step, [*found, *lost]), _Step(path, waits_for=tuple(passed_over))]
     return out
 
 
@@ -519,6 +543,7 @@ def _pass(
         return EXIT_OK
     console = make_console()
     worst = EXIT_OK
+    unshipped: dict[str, list[str]] = {}  # a parent's local id: its children not shipped
     for step in targets:
         path = step.path
         if args.dry_run:
@@ -540,7 +565,11 @@ def _pass(
         before = fingerprint(path)
         try:
             code = replay_one(
-                path, results=results, options=options, register_only=step.register_only
+                path,
+                results=results,
+                options=options,
+                register_only=step.register_only,
+                hold_close=_held_by(step, unshipped),
             )
         except Exception as exc:  # one journal's trouble must not strand the others
             error = f"not shipped: {type(exc).__name__}: {exc}"
@@ -550,10 +579,38 @@ def _pass(
                 results.append(not_shipped_json(path, code, error))
         if seen is not None and code == EXIT_OK and not step.register_only:
             seen[path] = before
+        if code in (EXIT_FAILED, EXIT_LOCKED) and not step.register_only:
+            _note_unshipped(path, unshipped)
         worst = max(worst, code)
     if results is not None:
         emit_json(results)
     return worst
+
+
+def _note_unshipped(path: Path, unshipped: dict[str, list[str]]) -> None:
+    """Remember ``path`` if it is a forked child (it ships before its
+    parent, see ``_Step``): its parent's close-out then waits for it."""
+    with contextlib.suppress(Exception):  # a journal that cannot be read is no child known
+        parent = journal_info(path).meta.get(K_FORK_PARENT)
+        if parent:
+            unshipped.setdefault(str(parent), []).append(path.name)
+
+
+def _held_by(step: _Step, unshipped: dict[str, list[str]]) -> str | None:
+    """Why ``step``'s run is left open: a forked child of it passed over or
+    not shipped in this pass would have its records land in a closed run (a
+    live ``finish()`` waits for its children the same way). None: nothing
+    holds it."""
+    children = list(step.waits_for)
+    if unshipped and not step.register_only:
+        with contextlib.suppress(Exception):  # its own shipping says what is wrong with it
+            children += unshipped.get(journal_info(step.path).local_id, [])
+    if not children:
+        return None
+    return (
+        f"its forked child {', '.join(children)} has not shipped: the run is closed "
+        "once it has; run this command again then"
+    )
 
 
 def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[_Step]:

@@ -122,6 +122,7 @@ def ship_journal(
     synced_in: Path | None = None,
     base_url: str | None = None,
     register_only: bool = False,
+    hold_close: str | None = None,
 ) -> ShipReport:
     """Ship everything ``path`` holds (see module doc) and close the run out
     when that is right. ``job_ended``: the user knows the producer is gone (a
@@ -132,6 +133,9 @@ def ship_journal(
     then the journal's own). ``register_only``: register the run (recorded
     where its forked children look for it, ``ship.family``) and ship
     nothing: its children then ship before it, and its close-out after them.
+    ``hold_close``: ship everything but leave the run open, for this reason
+    (a forked child of it that did not ship: its records would land in a
+    closed run).
 
     Raises ``JournalLockedError`` (naming the owner) while the producer or its
     uplink lives, or another sync ships the same run, and ``JournalError`` for
@@ -150,6 +154,7 @@ def ship_journal(
             root,
             base_url,
             register_only,
+            hold_close,
         )
     except _Shipped as done:
         return done.report
@@ -166,6 +171,7 @@ def _ship_journal(
     root: Path,
     base_url: str | None,
     register_only: bool,
+    hold_close: str | None,
 ) -> ShipReport:
     journal: Journal | None = None
     report = ShipReport(path=path, local_id="")
@@ -243,7 +249,18 @@ def _ship_journal(
         if register_only:
             _register(journal, report, settings, timeout, policy, root)
         else:
-            _ship(journal, report, settings, timeout, progress, policy, may_crash, why_open, root)
+            _ship(
+                journal,
+                report,
+                settings,
+                timeout,
+                progress,
+                policy,
+                may_crash,
+                why_open,
+                root,
+                hold_close,
+            )
     finally:
         journal.close()
     return report
@@ -376,6 +393,7 @@ def _ship(
     may_crash: bool,
     why_open: str | None,
     root: Path,
+    hold_close: str | None = None,
 ) -> None:
     uplink = Uplink(journal, settings, policy=policy, log_level=logging.INFO)
     if progress is not None:
@@ -402,7 +420,8 @@ def _ship(
     _remember(journal, report, root)  # before anything ships: see sync_records
     uplink.start()
     status, error, summary = terminal_state(journal)
-    close = status != "crashed" or may_crash
+    close = (status != "crashed" or may_crash) and hold_close is None
+    why_open = hold_close or why_open
     report.status = status if close else "running"
     outcome = uplink.close_out(
         status,

@@ -267,6 +267,24 @@ def test_a_child_forked_before_the_run_was_registered_keeps_its_records(
     fo.assert_exactly_once(lp, run, episodes)
 
 
+def _offline_run_with_a_child(runs: Path, episodes: list[dict[str, Any]]) -> tuple[Path, Path]:
+    """An offline run whose forked child logged the middle fifth to
+    three fifths of ``episodes`` (the run the rest), finished: the run's
+    journal and its child's."""
+    from primeruns.journal import journal_info
+    from primeruns.ship.family import children_of
+
+    run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs)
+    fifth = len(episodes) // 5
+    run.log_episodes(episodes[:fifth])
+    assert _fork_and_log(run, episodes[fifth : 4 * fifth]) == 0
+    run.log_episodes(episodes[4 * fifth :])
+    run.finish()
+    assert run.journal_path is not None
+    (child,) = children_of(run.journal_path, journal_info(run.journal_path).local_id)
+    return run.journal_path, child
+
+
 @pytest.mark.parametrize("which", ["the run", "--all"])
 def test_a_child_forked_from_an_offline_run_is_shipped_by_primeruns_sync_of_the_run(
     shared_platform: LocalPlatform, tmp_path: Path, which: str
@@ -281,18 +299,92 @@ def test_a_child_forked_from_an_offline_run_is_shipped_by_primeruns_sync_of_the_
     episodes = workloads.gsm8k(60)
     home = tmp_path / "home"
     with rt.sdk_env(lp.url, home):
-        run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=tmp_path / "runs")
-        run.log_episodes(episodes[:10])
-        code = _fork_and_log(run, episodes[10:50])
-        run.log_episodes(episodes[50:])
-        run.finish()
-        assert run.journal_path is not None
+        journal, _ = _offline_run_with_a_child(tmp_path / "runs", episodes)
         runs = ["--all", "--runs-dir", str(tmp_path / "runs")]
-        target = [str(run.journal_path)] if which == "the run" else runs
+        target = [str(journal)] if which == "the run" else runs
         assert main(["sync", "--base-url", lp.url, *target]) == 0
-    assert code == 0
-    run_id = rh.bound_run_id(run.journal_path, home)
+    run_id = rh.bound_run_id(journal, home)
     assert run_id is not None
+    assert fo.landed_once(lp, run_id, episodes)
+    oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
+
+
+_HOLD_JOURNAL = """
+import sys
+from primeruns.journal import Journal
+journal = Journal.open(sys.argv[1], owner=True)
+print("held", flush=True)
+sys.stdin.read()
+journal.close()
+"""
+
+
+@pytest.mark.parametrize("which", ["the run", "--all"])
+def test_a_forked_child_that_does_not_ship_holds_its_runs_close_until_a_sync_ships_it(
+    shared_platform: LocalPlatform, tmp_path: Path, which: str
+) -> None:
+    """A forked child whose journal cannot be shipped now (another process
+    owns it: a worker still writing) keeps ``primeruns sync`` from closing
+    the run: the run's own records ship, the run stays open, and the
+    command says why and fails. The next sync ships the child, then closes
+    the run, after every record of it landed."""
+    from primeruns.cli import main
+
+    lp = shared_platform
+    episodes = workloads.gsm8k(60)
+    home = tmp_path / "home"
+    with rt.sdk_env(lp.url, home):
+        journal, child = _offline_run_with_a_child(tmp_path / "runs", episodes)
+        runs = ["--all", "--runs-dir", str(tmp_path / "runs")]
+        target = [str(journal)] if which == "the run" else runs
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLD_JOURNAL, str(child)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            assert main(["sync", "--base-url", lp.url, *target]) != 0
+            run_id = rh.bound_run_id(journal, home)
+            assert run_id is not None
+            assert lp.run(run_id)["status"] not in ("COMPLETED", "FAILED")
+            parents = Counter(e["id"] for e in episodes[:12] + episodes[48:])
+            assert fo.sample_ids(lp.data_dir, run_id) == parents
+        finally:
+            holder.communicate(timeout=60)
+        assert main(["sync", "--base-url", lp.url, *target]) == 0
+    assert fo.landed_once(lp, run_id, episodes)
+    oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
+
+
+def test_a_forked_child_whose_shipping_fails_holds_its_runs_close(
+    shared_platform: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child's shipping that fails in this pass (its platform requests
+    refused, say) leaves its run open, as a child passed over does: the
+    next sync ships the child, then closes the run."""
+    from primeruns.cli import main
+    from primeruns.commands import replay as replay_command
+    from primeruns.commands.common import EXIT_FAILED
+
+    lp = shared_platform
+    episodes = workloads.gsm8k(30)
+    home = tmp_path / "home"
+    real = replay_command.replay_one
+    with rt.sdk_env(lp.url, home):
+        journal, child = _offline_run_with_a_child(tmp_path / "runs", episodes)
+
+        def failing_child(path: Path, **kwargs: Any) -> int:
+            return EXIT_FAILED if path == child else real(path, **kwargs)
+
+        monkeypatch.setattr(replay_command, "replay_one", failing_child)
+        assert main(["sync", "--base-url", lp.url, str(journal)]) == EXIT_FAILED
+        run_id = rh.bound_run_id(journal, home)
+        assert run_id is not None
+        assert lp.run(run_id)["status"] not in ("COMPLETED", "FAILED")
+        monkeypatch.setattr(replay_command, "replay_one", real)
+        assert main(["sync", "--base-url", lp.url, str(journal)]) == 0
     assert fo.landed_once(lp, run_id, episodes)
     oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
 
