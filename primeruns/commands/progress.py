@@ -118,8 +118,23 @@ class ShipProgress:
         self.done()
 
     def done(self) -> None:
-        """Stop drawing (nothing at all if shipping never began); once."""
+        """Stop drawing (nothing at all if shipping never began); once, and
+        the terminal is given back whatever interrupts it."""
         if self._started and self._tasks and not self._closed:
             self._closed = True
-            self._bars.refresh()
+            try:
+                self._bars.refresh()
+            finally:
+                # Stopped even when a Ctrl-C lands in the last draw: rich hid
+                # the cursor and holds stdout and stderr until it stops.
+                self._stop()
+
+    def _stop(self) -> None:
+        try:
             self._bars.stop()
+        except BaseException:
+            # rich's Live, half started (a Ctrl-C inside its start), or
+            # interrupted while it stops, fails before it shows the cursor
+            # again: the user's shell was left without one.
+            self._console.show_cursor(True)
+            raise

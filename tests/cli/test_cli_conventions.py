@@ -4,6 +4,7 @@ expect): ``--version``, a closed pipe, a bad path, a missing extra, Ctrl-C."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -17,6 +18,8 @@ from rich.console import Console
 from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
+from primeruns.commands.progress import ShipProgress
+from primeruns.commands.replay import replay_one
 from primeruns.ship.backlog import Progress, ship_journal
 from primeruns.ship.policy import RetryPolicy
 
@@ -135,12 +138,10 @@ def test_a_replay_shows_where_it_ships_before_registering_with_a_platform_down(
     assert [p.records for p in seen] == [0], "nothing drawn while registering"
 
 
-def test_ctrl_c_as_the_bars_start_is_an_interruption_not_a_failure(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """A Ctrl-C landing inside rich's Live.start (marked started, its render
-    hook not yet pushed): stopping the bars then raises IndexError, which must
-    not replace the interruption (it made the replay exit 1, "not shipped")."""
+def _interrupted_as_the_bars_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A journal to replay to a platform that is down, with a Ctrl-C landing
+    inside rich's Live.start (marked started, its render hook not yet
+    pushed): the cursor already hidden on a terminal."""
     runs = point_at(monkeypatch, tmp_path, None)
     journal = _offline_eval(runs, 3)
     monkeypatch.setenv("PRIME_API_KEY", API_KEY)
@@ -150,9 +151,69 @@ def test_ctrl_c_as_the_bars_start_is_an_interruption_not_a_failure(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(Console, "push_render_hook", ctrl_c)
+    return journal
+
+
+def test_ctrl_c_as_the_bars_start_is_an_interruption_not_a_failure(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Ctrl-C landing inside rich's Live.start (marked started, its render
+    hook not yet pushed): stopping the bars then raises IndexError, which must
+    not replace the interruption (it made the replay exit 1, "not shipped")."""
+    journal = _interrupted_as_the_bars_start(tmp_path, monkeypatch)
     code, _, err = cli(capsys, "replay", str(journal), "--base-url", "http://127.0.0.1:9")
     assert code == 130, err
     assert "nothing is lost" in err and "not shipped" not in err
+
+
+class _Terminal(io.StringIO):
+    """What the bars are drawn on, taken for a terminal: rich hides the
+    cursor on one while it draws."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+_HIDE, _SHOW = "\x1b[?25l", "\x1b[?25h"
+
+
+def _cursor_shown(drawn: str) -> bool:
+    assert _HIDE in drawn  # the bars were drawn as on a terminal
+    return drawn.rfind(_SHOW) > drawn.rfind(_HIDE)
+
+
+def test_ctrl_c_as_the_bars_start_gives_the_terminal_its_cursor_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """rich hid the cursor before the Ctrl-C landed in its Live.start, and
+    its stop failed before showing it again: the user's shell was left with
+    no cursor after the replay ended as interrupted."""
+    journal = _interrupted_as_the_bars_start(tmp_path, monkeypatch)
+    terminal = _Terminal()
+    with pytest.raises(KeyboardInterrupt):  # cli.main makes it 130 (the test above)
+        replay_one(journal, base_url="http://127.0.0.1:9", out=terminal)
+    assert _cursor_shown(terminal.getvalue())
+
+
+def test_ctrl_c_in_the_bars_last_draw_still_stops_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C as the finished bars are drawn a last time: they were marked
+    stopped before that draw, so they never stopped, and the cursor stayed
+    hidden (and stdout and stderr in rich's hands) after the replay ended."""
+    stdout = sys.stdout
+    terminal = _Terminal()
+    bars = ShipProgress(terminal, {"episodes": 3}, {"episodes": "episodes"})
+    bars(Progress(sent={"episodes": 3}))
+    assert sys.stdout is not stdout  # rich's while it draws
+
+    def ctrl_c() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bars._bars, "refresh", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        bars.finish({})
+    bars.done()  # as the replay does with bars whose shipment raised
+    assert _cursor_shown(terminal.getvalue())
+    assert sys.stdout is stdout
 
 
 @pytest.mark.parametrize("command", ["ls", "show"])
