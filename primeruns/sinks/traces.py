@@ -94,6 +94,9 @@ class TracesSink:
     # names the first line it refused.
     isolates_rejections = True
     progress_type = TracesUpload
+    # prepare reads nothing send changes (``ship.early``): the next batch is
+    # stamped and gzipped while this one uploads.
+    prepares_while_sending = True
 
     def __init__(
         self,
