@@ -55,6 +55,8 @@ class EarlyBatch:
     used only for a batch made from the same. ``first_seq``, ``last_read``
     and ``next_after`` are what the shipper needs of the read it was made
     from (the read's entries are not kept: their bytes are in the body).
+    ``frame`` is the body as the journal stores it (``Journal.inflight_frame``:
+    compressed), made here too: recording the batch then only writes it.
     """
 
     after: int
@@ -64,6 +66,7 @@ class EarlyBatch:
     last_read: int
     next_after: int
     prepared: Prepared[Any]
+    frame: bytes
 
     def fits(self, after: int, limits: tuple[int, int], binding: Binding) -> bool:
         """Whether it is the batch a shipper would make now from ``after``."""

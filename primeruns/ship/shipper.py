@@ -362,7 +362,9 @@ class Shipper:
         limits = self._limits()
         early, self._early = self._early, None
         if early is not None and early.fits(after, limits, binding):
-            return self._record(early.prepared, early.first_seq, early.last_read, early.next_after)
+            return self._record(
+                early.prepared, early.first_seq, early.last_read, early.next_after, early.frame
+            )
         result = self._ahead.read(after, max_entries=limits[0], max_bytes=limits[1])
         if result.damaged:
             reasons = "; ".join(d.what for d in result.damaged[:3])
@@ -406,11 +408,17 @@ class Shipper:
         )
 
     def _record(
-        self, prepared: Prepared[Any], first_seq: int, last_read: int, next_after: int
+        self,
+        prepared: Prepared[Any],
+        first_seq: int,
+        last_read: int,
+        next_after: int,
+        frame: bytes | None = None,
     ) -> InFlight:
         """Record a prepared batch as the sink's in flight, before its first
         attempt: made of entries ``first_seq`` to ``last_read`` of a read
-        that scanned to ``next_after``."""
+        that scanned to ``next_after`` (``frame``: its body as the journal
+        stores it, if made already)."""
         sink = self.sink
         last_seq = next_after if prepared.last_seq is None else prepared.last_seq
         self._left_behind = last_seq < last_read
@@ -428,7 +436,7 @@ class Shipper:
             # Saved before the batch: a failure between the two leaves a gap
             # in the sink's numbering after a restart, never a reuse of it.
             self.journal.set_meta(f"carry.{self.name}", dict(prepared.carry))
-        self.journal.set_inflight(self.name, inflight)
+        self.journal.set_inflight(self.name, inflight, frame=frame)
         if prepared.carry is not None:
             # Recorded: only now does the sink go on from this batch's carry
             # (a batch prepared again after a failed recording repeats it).
@@ -467,12 +475,13 @@ class Shipper:
             if not result.entries or not self._goes_at_once(result.entries):
                 return None  # what was read is kept for the batch's turn
             prepared = self.sink.prepare(result.entries, binding)
+            frame = None if prepared is None else self.journal.inflight_frame(prepared.body)
         except Exception:
             # Whatever it was, the batch's turn meets it again and deals with it.
             log.debug("%s: the next batch was not prepared early", self.name, exc_info=True)
             self._ahead.forget()
             return None
-        if prepared is None:
+        if prepared is None or frame is None:
             return None
         return EarlyBatch(
             after,
@@ -482,6 +491,7 @@ class Shipper:
             result.entries[-1].seq,
             result.next_after,
             prepared,
+            frame,
         )
 
     def _attempt(self, inflight: InFlight, ctx: SendContext[Any], binding: Binding) -> None:

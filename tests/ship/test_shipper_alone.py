@@ -546,33 +546,40 @@ def _drain(journal: Journal, sink: Sink) -> None:
 
 
 class _HeldSink(NumberingSink):
-    """Holds its first request until the next batch is prepared (or 10 s)."""
+    """Holds its first request until the next batch is prepared (or 10 s);
+    looks at what the journal recorded of each batch it sends."""
 
-    def __init__(self) -> None:
+    def __init__(self, journal: Journal) -> None:
         super().__init__(early=True)
+        self.reject_id = "none"
+        self.journal = journal
         self.second = threading.Event()
         self.prepared_in_flight: bool | None = None
+        self.recorded: list[bool] = []
 
     def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared[Any] | None:
         prepared = super().prepare(entries, binding)
         if self.prepares == 2:
             self.second.set()
-        return prepared
+        # Bodies the journal compresses, as a push of samples is.
+        return None if prepared is None else replace(prepared, body=prepared.body + b" " * 65536)
 
     def send(self, body: bytes, ctx: SendContext[Any]) -> None:
         if self.prepared_in_flight is None:
             self.prepared_in_flight = self.second.wait(10)
+        inflight = self.journal.cursor(self.name).inflight
+        self.recorded.append(inflight is not None and inflight.body == body)
         super().send(body, ctx)
 
 
 def test_the_next_batch_is_prepared_while_the_one_before_is_in_flight(tmp_path: Path) -> None:
     journal = _journal(tmp_path, 12)
-    sink = _HeldSink()
-    sink.reject_id = "none"
+    sink = _HeldSink(journal)
     _drain(journal, sink)
     assert sink.prepared_in_flight  # the second batch was made during the first request
-    # Each batch prepared once, each record stored once, numbered in order.
+    # Each batch prepared once, recorded as sent, each record stored once, in order.
     assert sink.prepares == 3
+    assert sink.recorded == [True, True, True]
     assert sink.rows == [[f"e{i}", i + 1] for i in range(12)]
     assert journal.cursor("fake").acked == journal.last_seq()
     journal.close()
