@@ -54,7 +54,7 @@ import lmdb
 from primeruns.exceptions import JournalCorruptError, JournalError
 from primeruns.journal.appending import Appender
 from primeruns.journal.capacity import K_COMPACTED_KINDS, Capacity, compacted_kinds
-from primeruns.journal.cursors import Cursors
+from primeruns.journal.cursors import Cursors, inflight_frame
 from primeruns.journal.dicts import Dictionaries
 from primeruns.journal.frames import EntryKind
 from primeruns.journal.fsinfo import warn_if_network_fs
@@ -574,10 +574,16 @@ class Journal:
         self._check()
         return self._cursors.offsets()
 
-    def set_inflight(self, sink: str, inflight: InFlight) -> None:
-        """Record the sink's in-flight batch; committed (durable) when it returns."""
+    def set_inflight(self, sink: str, inflight: InFlight, *, frame: bytes | None = None) -> None:
+        """Record the sink's in-flight batch; committed (durable) when it returns.
+        ``frame``: ``inflight_frame(inflight.body)``, made beforehand."""
         self._check_writable()
-        self._cursors.set_inflight(sink, inflight)
+        self._cursors.set_inflight(sink, inflight, frame)
+
+    def inflight_frame(self, body: bytes) -> bytes:
+        """How ``set_inflight`` stores a batch's body, for a caller that makes
+        it beforehand (``ship.early``); any thread, no transaction."""
+        return inflight_frame(body)
 
     def update_inflight_state(self, sink: str, state: Mapping[str, Any]) -> None:
         """Merge ``state`` into the in-flight batch's state; JournalError if none."""

@@ -257,7 +257,12 @@ class MemoryJournal:
         with self._cond:
             return {sink: state.acked for sink, state in self._cursors.items()}
 
-    def set_inflight(self, sink: str, inflight: InFlight) -> None:
+    def inflight_frame(self, body: bytes) -> bytes:
+        """The body as this journal keeps it: as is (``Journal.inflight_frame``)."""
+        return body
+
+    def set_inflight(self, sink: str, inflight: InFlight, *, frame: bytes | None = None) -> None:
+        # ``frame`` is how the LMDB journal stores the body: kept as is here.
         self._check()
         if inflight.first_seq > inflight.last_seq:
             raise ValueError("in-flight range is empty")

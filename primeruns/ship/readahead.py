@@ -103,6 +103,11 @@ class ReadAhead:
             self._bytes -= len(entries.pop().payload)
             self._upto = entries[-1].seq  # what follows is read again, when it is wanted
 
+    def forget(self) -> None:
+        """Keep nothing: the next read reads afresh from the journal (and
+        meets again whatever damage a read that was dropped reported)."""
+        self._forget(-1)
+
     def _forget(self, after: int) -> None:
         self._after = self._upto = after
         self._entries.clear()

@@ -33,6 +33,7 @@ from ..platform.binding import Binding
 from ..sinks.base import Prepared, SendContext, Sink
 from ..threads import bounded, start_daemon
 from . import batchstate, ledger, resident
+from .early import EarlyBatch, Overlap, prepares_while_sending
 from .parsed import SharedRecords
 from .policy import Failure, RetryPolicy, classify
 from .readahead import ReadAhead
@@ -138,6 +139,10 @@ class Shipper:
         # limit): halved at each, doubled back at each success.
         self._fit: int | None = None
         self._moved_at = time.monotonic()  # the last request that moved a batch on
+        # The next batch, prepared while the one before it was in flight
+        # (``ship.early``), for a sink whose prepare and send may run at once.
+        self._overlap = Overlap(self.name) if prepares_while_sending(sink) else None
+        self._early: EarlyBatch | None = None
 
     # -- control ------------------------------------------------------------
     def start(self) -> None:
@@ -297,6 +302,8 @@ class Shipper:
         finally:
             self._persist_scanned()
             self._close_sink()
+            if self._overlap is not None:
+                self._overlap.close()
             self._notify()
 
     def _close_sink(self) -> None:
@@ -344,18 +351,21 @@ class Shipper:
         self._ship(inflight, binding)
         return True
 
+    def _limits(self) -> tuple[int, int]:
+        """(max_entries, max_bytes) of the next batch's read."""
+        sink = self.sink
+        cap = min(sink.max_entries // self._shrink, self._isolate or 1 << 62, self._fit or 1 << 62)
+        return max(1, cap), max(1, sink.max_bytes // self._shrink)
+
     def _next_batch(self, binding: Binding, after: int) -> InFlight | None:
         sink = self.sink
-        result = self._ahead.read(
-            after,
-            max_entries=max(
-                1,
-                min(
-                    sink.max_entries // self._shrink, self._isolate or 1 << 62, self._fit or 1 << 62
-                ),
-            ),
-            max_bytes=max(1, sink.max_bytes // self._shrink),
-        )
+        limits = self._limits()
+        early, self._early = self._early, None
+        if early is not None and early.fits(after, limits, binding):
+            return self._record(
+                early.prepared, early.first_seq, early.last_read, early.next_after, early.frame
+            )
+        result = self._ahead.read(after, max_entries=limits[0], max_bytes=limits[1])
         if result.damaged:
             reasons = "; ".join(d.what for d in result.damaged[:3])
             # Each entry a report stands for (a missing range: every one of
@@ -393,12 +403,29 @@ class Shipper:
             self._scanned = max(self._scanned, last)
             self._notify()
             return None
-        last_seq = result.next_after if prepared.last_seq is None else prepared.last_seq
-        self._left_behind = last_seq < result.entries[-1].seq
+        return self._record(
+            prepared, result.entries[0].seq, result.entries[-1].seq, result.next_after
+        )
+
+    def _record(
+        self,
+        prepared: Prepared[Any],
+        first_seq: int,
+        last_read: int,
+        next_after: int,
+        frame: bytes | None = None,
+    ) -> InFlight:
+        """Record a prepared batch as the sink's in flight, before its first
+        attempt: made of entries ``first_seq`` to ``last_read`` of a read
+        that scanned to ``next_after`` (``frame``: its body as the journal
+        stores it, if made already)."""
+        sink = self.sink
+        last_seq = next_after if prepared.last_seq is None else prepared.last_seq
+        self._left_behind = last_seq < last_read
         self._ahead.consumed(last_seq)  # the batch's entries are in its body now
         before = self.journal.get_meta(f"carry.{self.name}") if prepared.carry is not None else None
         inflight = InFlight(
-            first_seq=result.entries[0].seq,
+            first_seq=first_seq,
             last_seq=last_seq,
             body=prepared.body,
             state=batchstate.to_journal(
@@ -409,7 +436,7 @@ class Shipper:
             # Saved before the batch: a failure between the two leaves a gap
             # in the sink's numbering after a restart, never a reuse of it.
             self.journal.set_meta(f"carry.{self.name}", dict(prepared.carry))
-        self.journal.set_inflight(self.name, inflight)
+        self.journal.set_inflight(self.name, inflight, frame=frame)
         if prepared.carry is not None:
             # Recorded: only now does the sink go on from this batch's carry
             # (a batch prepared again after a failed recording repeats it).
@@ -420,14 +447,65 @@ class Shipper:
 
     def _linger_left(self, entries: Sequence[Any]) -> float:
         """How long a batch of ``entries`` should wait for more (0: send now)."""
-        now = time.monotonic()
-        if self._final or self._stop.is_set() or now < self._hurry_until or self._left_behind:
+        if self._goes_at_once(entries):
             return 0.0
-        if len(entries) >= self.sink.max_entries // max(1, self._shrink):
-            return 0.0
-        if sum(len(e.payload) for e in entries) >= self.sink.max_bytes // 2:
-            return 0.0
-        return max(0.0, self._last_send + self._policy.linger_s - now)
+        return max(0.0, self._last_send + self._policy.linger_s - time.monotonic())
+
+    def _goes_at_once(self, entries: Sequence[Any]) -> bool:
+        """Whether a batch of ``entries`` goes without waiting for more,
+        however recent the last request: someone waits for it, the batch
+        before left entries behind, or it is full."""
+        if self._final or self._stop.is_set() or time.monotonic() < self._hurry_until:
+            return True
+        if self._left_behind or len(entries) >= self.sink.max_entries // max(1, self._shrink):
+            return True
+        return sum(len(e.payload) for e in entries) >= self.sink.max_bytes // 2
+
+    def _prepare_early(self, binding: Binding, after: int) -> EarlyBatch | None:
+        """The batch after entry ``after``, prepared while the one ending
+        there is in flight (``ship.early``): held, not recorded. None when
+        there is none to make yet, or it would wait for more."""
+        limits = self._limits()
+        try:
+            result = self._ahead.read(after, max_entries=limits[0], max_bytes=limits[1])
+            if result.damaged:
+                # Reported once, by a read: the batch's own read must meet it.
+                self._ahead.forget()
+                return None
+            if not result.entries or not self._goes_at_once(result.entries):
+                return None  # what was read is kept for the batch's turn
+            prepared = self.sink.prepare(result.entries, binding)
+            frame = None if prepared is None else self.journal.inflight_frame(prepared.body)
+        except Exception:
+            # Whatever it was, the batch's turn meets it again and deals with it.
+            log.debug("%s: the next batch was not prepared early", self.name, exc_info=True)
+            self._ahead.forget()
+            return None
+        if prepared is None or frame is None:
+            return None
+        return EarlyBatch(
+            after,
+            limits,
+            binding,
+            result.entries[0].seq,
+            result.entries[-1].seq,
+            result.next_after,
+            prepared,
+            frame,
+        )
+
+    def _attempt(self, inflight: InFlight, ctx: SendContext[Any], binding: Binding) -> None:
+        """One attempt at the batch in flight; the first, for a sink that
+        allows it, with the next batch prepared meanwhile."""
+        if self._overlap is None or self._early is not None:
+            self.sink.send(inflight.body, ctx)
+            return
+        error, self._early = self._overlap.send(
+            lambda: self.sink.send(inflight.body, ctx),
+            lambda: self._prepare_early(binding, inflight.last_seq),
+        )
+        if error is not None:
+            raise error
 
     def _ship(self, inflight: InFlight, binding: Binding) -> None:
         try:
@@ -467,7 +545,7 @@ class Shipper:
             progressed = False
             self._last_send = time.monotonic()
             try:
-                self.sink.send(inflight.body, ctx)
+                self._attempt(inflight, ctx, binding)
             except JournalError:
                 raise  # recording progress failed: the loop backs off (see _run)
             except Exception as exc:
@@ -624,6 +702,7 @@ class Shipper:
 
     def _leave_reads(self) -> None:
         """Reading no more (until revived): what is shared keeps nothing for it."""
+        self._early = None  # made with the shared forms; made again if revived
         if self._reads is not None:
             self._reads.leave(self.name)
         if self._records is not None:

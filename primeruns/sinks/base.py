@@ -104,7 +104,13 @@ class SendContext(Generic[P]):
 
 
 class Sink(Protocol):
-    """A destination. Implementations live in this package, one module each."""
+    """A destination. Implementations live in this package, one module each.
+
+    A sink may also set ``prepares_while_sending = True`` (read with
+    ``getattr``; default False): its ``prepare`` for the next batch and its
+    ``send`` of the batch in flight may then run at once, on two threads
+    (``ship.early``), so neither may change what the other reads.
+    """
 
     name: str
     kinds: frozenset[EntryKind]

@@ -71,6 +71,10 @@ class EvalSamplesSink:
     max_bytes = 24 * 1024 * 1024
     isolates_rejections = False
     progress_type = EvalSamplesProgress
+    # prepare reads the rollout numbering, which only ``restore`` changes, and
+    # nothing send does (``ship.early``): the next push is encoded while this
+    # one is in flight.
+    prepares_while_sending = True
 
     def __init__(
         self,

@@ -3,7 +3,8 @@
 Fast checks of what every sink relies on: each record is sent in exactly one
 acknowledged batch, a batch that failed is resent byte-identical (also by a
 new shipper after a restart), a rejected record fails alone, and a sink's
-standing reaches the journal, where the producer reads it.
+standing reaches the journal, where the producer reads it; and the next
+batch, prepared while the one before is in flight, changes none of that.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ import httpx
 import orjson
 import pytest
 import workloads
-from scripted_platform import ScriptedPlatform
+from scripted_platform import LOST, PASS, REFUSED, ScriptedPlatform, error
 
-from primeruns.exceptions import RetryableAPIError, ValidationRejectedError
+from primeruns.exceptions import APIError, RetryableAPIError, ValidationRejectedError
 from primeruns.journal import Entry, EntryKind, InFlight, Journal
 from primeruns.journal.layout import key
 from primeruns.ship import ledger
@@ -484,3 +485,189 @@ def test_a_backlog_of_episodes_reaches_the_sample_table_a_few_hundred_rows_a_pus
     shipper.stop(timeout=5)
     journal.close()
     assert sum(pushed) == 600 and max(pushed) <= 256
+
+
+# -- the next batch prepared while the one before it is in flight (ship.early) --
+# What a user depends on: a backlog drains with the sink's own work for the
+# next batch done during the request before it, and that changes nothing of
+# what is sent. Scenarios are shipped twice, by a sink that allows it and by
+# the same sink that does not: both must send the same batches, with the
+# same numbering, each record once (the oracle: the shipper without it).
+
+
+class NumberingSink(FakeSink):
+    """Numbers its records from batch to batch (a carry, as the sample table
+    numbers rollouts) and fails as told: by the attempt (1-based) a 503, a
+    413 (refused whole: too large) or a rejection naming an id's line."""
+
+    def __init__(
+        self, *, early: bool, transient: Sequence[int] = (), too_large: Sequence[int] = ()
+    ) -> None:
+        super().__init__(reject_id="e5")
+        self.prepares_while_sending = early
+        self.fail_at = set(transient)
+        self.too_large = set(too_large)
+        self.number = 0
+        self.prepares = 0
+        self.rows: list[list[Any]] = []  # stored: [id, number]
+
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared[Any] | None:
+        self.prepares += 1
+        ids = [json.loads(e.payload)["id"] for e in entries]
+        rows = [[i, self.number + n + 1] for n, i in enumerate(ids)]
+        return Prepared(
+            body=json.dumps(rows).encode(),
+            records=len(rows),
+            progress=NoProgress(),
+            carry={"number": self.number + len(rows)},
+        )
+
+    def restore(self, carry: dict[str, Any]) -> None:
+        self.number = int(carry.get("number", 0))
+
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
+        self.attempts.append(body)
+        rows = json.loads(body)
+        if len(self.attempts) in self.fail_at:
+            raise RetryableAPIError("503 from the fake", status_code=503)
+        if len(self.attempts) in self.too_large and len(rows) > 1:
+            raise APIError("HTTP 413: too large", status_code=413)
+        ids = [row[0] for row in rows]
+        if self.reject_id in ids:
+            line = ids.index(self.reject_id) + 1
+            raise ValidationRejectedError(f"HTTP 400: line {line}: bad id", status_code=400)
+        self.rows.extend(rows)
+
+
+def _drain(journal: Journal, sink: Sink) -> None:
+    shipper = _ship(journal, sink, [])
+    assert shipper.drain(journal.last_seq(), deadline=_soon(20))
+    shipper.stop(timeout=5)
+
+
+class _HeldSink(NumberingSink):
+    """Holds its first request until the next batch is prepared (or 10 s);
+    looks at what the journal recorded of each batch it sends."""
+
+    def __init__(self, journal: Journal) -> None:
+        super().__init__(early=True)
+        self.reject_id = "none"
+        self.journal = journal
+        self.second = threading.Event()
+        self.prepared_in_flight: bool | None = None
+        self.recorded: list[bool] = []
+
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared[Any] | None:
+        prepared = super().prepare(entries, binding)
+        if self.prepares == 2:
+            self.second.set()
+        # Bodies the journal compresses, as a push of samples is.
+        return None if prepared is None else replace(prepared, body=prepared.body + b" " * 65536)
+
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
+        if self.prepared_in_flight is None:
+            self.prepared_in_flight = self.second.wait(10)
+        inflight = self.journal.cursor(self.name).inflight
+        self.recorded.append(inflight is not None and inflight.body == body)
+        super().send(body, ctx)
+
+
+def test_the_next_batch_is_prepared_while_the_one_before_is_in_flight(tmp_path: Path) -> None:
+    journal = _journal(tmp_path, 12)
+    sink = _HeldSink(journal)
+    _drain(journal, sink)
+    assert sink.prepared_in_flight  # the second batch was made during the first request
+    # Each batch prepared once, recorded as sent, each record stored once, in order.
+    assert sink.prepares == 3
+    assert sink.recorded == [True, True, True]
+    assert sink.rows == [[f"e{i}", i + 1] for i in range(12)]
+    assert journal.cursor("fake").acked == journal.last_seq()
+    journal.close()
+
+
+@pytest.mark.parametrize(
+    "faults",
+    [
+        {},
+        {"transient": (1, 2, 4)},
+        {"too_large": (1,)},
+        {"transient": (2,), "too_large": (3,)},
+    ],
+    ids=["clean", "transient", "too-large", "both"],
+)
+def test_what_is_sent_is_what_the_shipper_sends_without_preparing_early(
+    faults: dict[str, Any], tmp_path: Path
+) -> None:
+    # A batch in flight that is refused whole and cut (a 413, a rejection
+    # isolating e5), retried or acknowledged: the batch prepared meanwhile is
+    # used only where it is the one that would be made then, with the same
+    # numbering. The oracle: the same scenario without early preparation.
+    sent: dict[bool, list[bytes]] = {}
+    stored: dict[bool, list[list[Any]]] = {}
+    for early in (False, True):
+        journal = _journal(tmp_path / str(early), 14)
+        sink = NumberingSink(early=early, **faults)
+        _drain(journal, sink)
+        assert journal.losses()["fake"]["count"] == 1  # e5 alone
+        sent[early], stored[early] = sink.attempts, sink.rows
+        journal.close()
+    assert stored[True] == stored[False]
+    assert sent[True] == sent[False]
+    ids = [row[0] for row in stored[True]]
+    assert sorted(ids) == sorted(f"e{i}" for i in range(14) if i != 5)
+    assert len(ids) == len(set(ids))
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_damage_met_while_a_batch_is_in_flight_is_still_counted(
+    early: bool, tmp_path: Path
+) -> None:
+    # The read for the next batch, made during the request before it, is the
+    # one that meets the missing entries: they are counted all the same.
+    journal = _journal(tmp_path, 12)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        for seq in (6, 7):
+            assert txn.delete(key(seq), db=journal._tx.dbs["entries"])
+    sink = NumberingSink(early=early)
+    sink.reject_id = "none"
+    _drain(journal, sink)
+    assert [row[0] for row in sink.rows] == [f"e{i}" for i in range(12) if i not in (5, 6)]
+    assert journal.losses()["fake"]["count"] == 2
+    journal.close()
+
+
+def test_a_backlog_reaches_the_sample_table_once_through_lost_answers_and_failures(
+    tmp_path: Path,
+) -> None:
+    # The sample table appends and cannot deduplicate: with the next push
+    # prepared while one is in flight, pushes whose answer was lost, refused
+    # or failed, and reads that failed, every row is there exactly once.
+    journal = Journal.create(tmp_path / "runs")
+    journal.append(EntryKind.EPISODE, [orjson.dumps(e) for e in workloads.gsm8k(900)])
+    platform = ScriptedPlatform()
+    table: list[dict[str, Any]] = []
+
+    def push(request: httpx.Request, _: dict[str, str]) -> httpx.Response:
+        rows = json.loads(request.content)["samples"]
+        table.extend(rows)
+        return httpx.Response(200, json={"evaluation_id": "run-1", "inserted": len(rows)})
+
+    def read(request: httpx.Request, _: dict[str, str]) -> httpx.Response:
+        page, limit = int(request.url.params["page"]), int(request.url.params["limit"])
+        items = table[(page - 1) * limit : page * limit]
+        return httpx.Response(200, json={"samples": items, "total": len(table)})
+
+    path = "/api/v1/evaluations/[^/]+/samples"
+    platform.route("push", "POST", path, push)
+    platform.route("read", "GET", path, read)
+    platform.fail("push", LOST, PASS, error(503, "busy"), REFUSED, PASS, LOST, LOST)
+    platform.fail("read", PASS, PASS, error(502, "gateway"), PASS, REFUSED)
+    sink = EvalSamplesSink(platform.client())
+    assert sink.prepares_while_sending
+    _drain(journal, sink)
+    journal_losses = journal.losses()
+    journal.close()
+    ids = [row["sample_id"] for row in table]
+    assert len(ids) == len(set(ids)) == 900  # a row per episode, each once
+    assert journal_losses == {}

@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import json
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -28,12 +29,13 @@ from primeruns.exceptions import (
     TransportError,
     ValidationRejectedError,
 )
-from primeruns.journal import EntryKind
+from primeruns.journal import EntryKind, Journal
 from primeruns.local.errors import TracesError
 from primeruns.local.multipart import boundary_of, parse_parts
 from primeruns.local.traces_ingest import stage_rows, verify_request
 from primeruns.records import stamp_run
-from primeruns.ship.policy import Failure, classify
+from primeruns.ship.policy import Failure, RetryPolicy, classify
+from primeruns.ship.shipper import Shipper
 from primeruns.sinks.base import Binding, SinkOff
 from primeruns.sinks.traces import TracesSink
 
@@ -270,3 +272,41 @@ def test_an_upload_ends_before_the_line_that_would_pass_the_request_target(
     assert batch.records == 3 and batch.state["last_seq"] == 3
     batch.send(sink)
     assert len(service.episodes) == 3
+
+
+def test_a_backlog_reaches_prime_traces_in_uploads_of_a_few_mib_each_once(
+    platform: ScriptedPlatform, service: TracesService, tmp_path: Path
+) -> None:
+    """A backlog (a burst of episodes, an uplink behind) goes in uploads of
+    at most ``BACKLOG_BATCH_BYTES`` of episodes, not 30 MiB ones: each is
+    stamped and gzipped while the one before is in flight, so the platform
+    starts on the first sooner and this process's work overlaps its own
+    (tools/bench/end_to_end.py). An answer lost on the way is replayed, and
+    the service answers it with its receipt: every episode once."""
+    episodes = workloads.gsm8k(2000)
+    journal = Journal.create(tmp_path / "runs")
+    journal.append(EntryKind.EPISODE, [orjson.dumps(e) for e in episodes])
+    platform.fail("upload", LOST)
+    shipper = Shipper(
+        journal,
+        _sink(platform),
+        binding=lambda: _BOUND,
+        training=False,
+        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
+        on_failure=lambda what, exc: None,
+    )
+    shipper.start()
+    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 60)
+    shipper.stop(timeout=5)
+    journal.close()
+    assert sorted(row["episode_id"] for row in service.episodes) == sorted(
+        e["id"] for e in episodes
+    )
+    assert service.replays == 1
+    sizes = []
+    for request in platform.sent("upload"):
+        [_, part] = parse_parts(boundary_of(request.headers["content-type"]), request.content)
+        sizes.append(len(gzip.decompress(bytes(part.data))))
+    largest_line = max(len(orjson.dumps(e)) for e in episodes) * 2
+    assert len(service.receipts) >= 3
+    assert max(sizes) <= traces_module.BACKLOG_BATCH_BYTES + largest_line

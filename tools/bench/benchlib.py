@@ -210,7 +210,11 @@ def machine() -> str:
     )
 
 
-def parse_args(doc: str | None, argv: Sequence[str] | None = None) -> argparse.Namespace:
+def parse_args(
+    doc: str | None, argv: Sequence[str] | None = None, *, before: bool = False
+) -> argparse.Namespace:
+    """``--quick`` and ``--repeat``; with ``before``, ``--before TREE`` too (a
+    checkout whose package runs beside this one's, for a before/after)."""
     parser = argparse.ArgumentParser(
         description=(doc or "").split("\n\n")[0],
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -219,6 +223,10 @@ def parse_args(doc: str | None, argv: Sequence[str] | None = None) -> argparse.N
     parser.add_argument(
         "--repeat", type=int, default=None, help="repetitions (medians are reported)"
     )
+    if before:
+        parser.add_argument(
+            "--before", type=Path, default=None, help="a checkout to measure beside this one"
+        )
     return parser.parse_args(argv)
 
 

@@ -50,6 +50,11 @@ thread's wall time inside the journal: a lower bound of the journal's cost in
 wall time, not a budget figure (the GIL the journal's threads hold, delaying
 the SDK's, is outside every span; see ``journal_cpu.py``).
 
+``--before TREE`` adds a fourth producer, ``before``: this SDK as shipped
+from another checkout (its package first on the worker's path), in the same
+rotation and against the same local platform's code, for a before/after
+measured in one run (the table's ``ours ÷ this`` is then after ÷ before).
+
 Budgets (DESIGN §7, issue #32): ours ≥ 1× the vendor's episodes/s, although
 every episode goes to two sinks here; CPU per episode, producer + uplink, ≤ 1.5×
 the vendor's; the journal's own cost ≤ 1.3× the same SDK without it.
@@ -78,6 +83,7 @@ VENDOR_VENV = HERE / ".venv-vendor"
 VENDOR_PACKAGES = ("prime-runs==0.1.4", "prime-traces==0.0.10", "pyarrow")
 WORKER = HERE / "e2e_worker.py"
 SDKS = ("ours", "ours, threads", "vendor")
+BEFORE = "before"
 JOURNAL_TIMED = "ours, threads"
 
 
@@ -124,8 +130,8 @@ def run_worker(
     sdk: str, records_path: Path, url: str, scratch: Path, env: dict[str, str]
 ) -> dict[str, Any]:
     python = str(vendor_python()) if sdk == "vendor" else sys.executable
-    arg = {"ours, threads": "threads"}.get(sdk, sdk)
-    runs_dir = scratch / "runs" / arg
+    arg = {"ours, threads": "threads", BEFORE: "ours"}.get(sdk, sdk)
+    runs_dir = scratch / "runs" / (sdk if sdk == BEFORE else arg)
     proc = subprocess.run(
         [python, str(WORKER), arg, str(records_path), url, str(runs_dir)],
         capture_output=True,
@@ -168,28 +174,33 @@ def check_landed(server: Any, run_id: str, n: int, sdk: str) -> dict[str, Any]:
     return stored
 
 
-def run(quick: bool, repeat: int | None = None) -> list[Table]:
+def run(quick: bool, repeat: int | None = None, before: Path | None = None) -> list[Table]:
     n = 300 if quick else 5000
     repeats = repeat or (1 if quick else 3)
     vendor_python()
     lines = episode_lines(n)
-    results: dict[str, list[Result]] = {sdk: [] for sdk in SDKS}
+    sdks = SDKS if before is None else (*SDKS, BEFORE)
+    results: dict[str, list[Result]] = {sdk: [] for sdk in sdks}
     samples: dict[str, int] = {}
     with benchlib.isolated_env(None) as scratch:
         records_path = scratch / "episodes.jsonl"
         records_path.write_bytes(b"\n".join(lines) + b"\n")
         for round_ in range(repeats):
             # Rotate the order so no producer always runs first (warm caches, drift).
-            order = SDKS[round_ % len(SDKS) :] + SDKS[: round_ % len(SDKS)]
+            order = sdks[round_ % len(sdks) :] + sdks[: round_ % len(sdks)]
             for sdk in order:
                 # Each run meets a platform of its own, started empty: on one
                 # that earlier runs had filled (hundreds of MB of samples in
                 # its SQLite file) the same requests cost the platform up to
                 # twice the CPU, mostly kernel time in fresh pages, and
                 # whichever producer ran last paid for the others.
-                data = scratch / f"platform-{round_}-{SDKS.index(sdk)}"
+                data = scratch / f"platform-{round_}-{sdks.index(sdk)}"
                 with benchlib.local_platform(data) as server:
                     env = dict(os.environ, PRIME_TRACES_URL=server.url)
+                    if sdk == BEFORE and before is not None:
+                        env["PYTHONPATH"] = os.pathsep.join(
+                            [str(before), *filter(None, [os.environ.get("PYTHONPATH")])]
+                        )
                     served = benchlib.cpu_s(server.pid)
                     out = run_worker(sdk, records_path, server.url, scratch, env)
                     server_cpu = benchlib.cpu_s(server.pid) - served
@@ -246,7 +257,7 @@ def _table(
             "spread (episodes/s)",
         ],
     )
-    for sdk in SDKS:
+    for sdk in results:
         m = med[sdk]
         table.add(
             sdk,
@@ -269,6 +280,7 @@ def _table(
         f"{benchlib.verdict(vs_vendor, 1.0, at_least=True)}",
         f"ours ÷ vendor CPU per episode, producer + uplink = {cpu_vs_vendor:.2f}: "
         f"{benchlib.verdict(cpu_vs_vendor, 1.5)}",
+        *_before_notes(results),
         *_journal_notes(results[JOURNAL_TIMED]),
         f"median of {repeats} round(s), producers in rotating order, each run against a "
         "platform of its own, started empty; every run verified on the server (all episodes "
@@ -278,6 +290,32 @@ def _table(
         "process while the producer ran",
     ]
     return table
+
+
+def _before_notes(results: dict[str, list[Result]]) -> list[str]:
+    """With ``--before``: the checkout before against this one and the vendor,
+    round by round (each round ran all producers back to back)."""
+    if BEFORE not in results:
+        return []
+    rounds = list(zip(results["ours"], results[BEFORE], results["vendor"], strict=True))
+
+    def median(of: Any) -> float:
+        return statistics.median(of(ours, before, vendor) for ours, before, vendor in rounds)
+
+    def both(r: Result) -> float:
+        return r.cpu_s + r.child_cpu_s
+
+    per_round = ", ".join(f"{ours.eps / before.eps:.2f}" for ours, before, _ in rounds)
+    before_vendor = median(lambda o, b, v: b.eps / v.eps)
+    ours_vendor = median(lambda o, b, v: o.eps / v.eps)
+    cpu = median(lambda o, b, v: both(o) / both(b))
+    server = median(lambda o, b, v: o.server_cpu_s / b.server_cpu_s)
+    return [
+        f"before ÷ vendor episodes/s = {before_vendor:.2f}, ours ÷ vendor {ours_vendor:.2f} "
+        "(medians of the rounds' ratios)",
+        f"ours ÷ before episodes/s by round: {per_round}; CPU per episode, producer + uplink, "
+        f"ours ÷ before = {cpu:.2f}; server CPU ours ÷ before = {server:.2f}",
+    ]
 
 
 def _journal_notes(timed: list[Result]) -> list[str]:
@@ -313,8 +351,8 @@ def _journal_notes(timed: list[Result]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = benchlib.parse_args(__doc__, argv)
-    benchlib.print_tables(run(args.quick, args.repeat))
+    args = benchlib.parse_args(__doc__, argv, before=True)
+    benchlib.print_tables(run(args.quick, args.repeat, args.before))
 
 
 if __name__ == "__main__":
