@@ -444,20 +444,27 @@ def _with_children(paths: list[Path], *, offline: bool) -> list[_Step]:
     shipping (``ship.family``): shipping a run ships all of it. Its children
     go before it, so that the run's close-out comes after every record of
     it; when one cannot find the run (never registered), the run is
-    registered first."""
+    registered first. A child named too ships there, with its run, wherever
+    it was named (named after the run, it would land in the closed run)."""
     out: list[_Step] = []
-    taken = set(paths)
+    named = {p.absolute() for p in paths}
+    families = {p: children_of(p, _status_of(p).info.local_id) for p in dict.fromkeys(paths)}
+    with_its_run = named & {c.absolute() for kids in families.values() for c in kids}
+    taken = named - with_its_run
     root = sync_root()
-    for path in paths:
+    for path, kids in families.items():
+        if path.absolute() in with_its_run:
+            continue
         found: list[Path] = []
         lost: list[Path] = []
         passed_over: list[str] = []
-        local_id = _status_of(path).info.local_id
-        for child in children_of(path, local_id):
-            if child in taken:
+        for child in kids:
+            if child.absolute() in taken:
                 continue
-            taken.add(child)
-            why = _skipped(_status_of(child), root, offline=offline)
+            taken.add(child.absolute())
+            why = None  # one named ships whatever it holds, as any journal named does
+            if child.absolute() not in named:
+                why = _skipped(_status_of(child), root, offline=offline)
             if why is None:
                 (found if finds_its_run(child) else lost).append(child)
             elif why:

@@ -309,6 +309,29 @@ def test_a_child_forked_from_an_offline_run_is_shipped_by_primeruns_sync_of_the_
     oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
 
 
+@pytest.mark.parametrize("first", ["the run", "the child"])
+def test_primeruns_sync_of_a_run_and_its_child_named_closes_the_run_after_the_child(
+    shared_platform: LocalPlatform, tmp_path: Path, first: str
+) -> None:
+    """``primeruns sync RUN CHILD`` (or ``CHILD RUN``): the child named ships
+    with its run, before the run's close-out, as it would unnamed. Named
+    after the run, it shipped after the run was closed; named before, it
+    could not find the run (not registered yet) and failed."""
+    from primeruns.cli import main
+
+    lp = shared_platform
+    episodes = workloads.gsm8k(30)
+    home = tmp_path / "home"
+    with rt.sdk_env(lp.url, home):
+        journal, child = _offline_run_with_a_child(tmp_path / "runs", episodes)
+        named = [journal, child] if first == "the run" else [child, journal]
+        assert main(["sync", "--base-url", lp.url, *map(str, named)]) == 0
+    run_id = rh.bound_run_id(journal, home)
+    assert run_id is not None
+    assert fo.landed_once(lp, run_id, episodes)
+    oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
+
+
 _HOLD_JOURNAL = """
 import sys
 from primeruns.journal import Journal
