@@ -381,10 +381,22 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[_Step]:
             shipped += 1
     if shipped and not args.json:
         print(f"{shipped} journal(s) already shipped and closed out: skipped", file=sys.stderr)
+    return _in_order(chosen, listed, children, passed_over)
+
+
+def _in_order(
+    chosen: list[Path],
+    listed: list[RunStatus],
+    children: set[Path],
+    passed_over: dict[str, list[str]],
+) -> list[_Step]:
+    """The steps shipping ``chosen`` (``_ordered``), a run's naming its
+    forked children passed over (``passed_over``, by the run's local id):
+    its close-out waits for them."""
     ids = {s.info.path: s.info.local_id for s in listed}
     return [
-        replace(step, waits_for=tuple(passed_over.get(ids[step.path], ())))
-        if not step.register_only and ids[step.path] in passed_over
+        replace(step, waits_for=tuple(passed_over[ids[step.path]]))
+        if not step.register_only and ids.get(step.path) in passed_over
         else step
         for step in _ordered(chosen, listed, children)
     ]
@@ -630,22 +642,30 @@ def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[_S
     runs_dir = runs_dir_of(args)
     root = sync_root()
     chosen: list[Path] = []
+    listed: list[RunStatus] = []  # the originals looked at
+    children: set[Path] = set()
+    passed_over: dict[str, list[str]] = {}  # as in _targets: the run's close-out waits
     journals, untrusted = journal_dirs(runs_dir)  # another user's are never synced
     with contextlib.suppress(OSError):
-        for child in journals:
-            if child in untrusted or seen.get(child) == fingerprint(child):
+        for path in journals:
+            if path in untrusted or seen.get(path) == fingerprint(path):
                 continue
-            origin = Origin.read_beside(child)
-            if origin is not None and not origin.is_original(child.absolute()):
-                chosen.append(child)  # a copy
+            origin = Origin.read_beside(path)
+            if origin is not None and not origin.is_original(path.absolute()):
+                chosen.append(path)  # a copy
                 continue
-            status = _status_of(child)
-            if is_copy(child, status.info.meta, root):
-                if needs_sync(child, status.info.meta, status.info.last_seq, root):
-                    chosen.append(child)
-            elif status.needs_shipping and status.opened_offline:
-                chosen.append(child)
-    return [*map(_Step, chosen)]
+            status = _status_of(path)
+            listed.append(status)
+            parent = status.info.meta.get(K_FORK_PARENT)
+            if parent:
+                children.add(path)
+            why = _skipped(status, root, offline=True)
+            if why is None:
+                chosen.append(path)
+            elif why and parent:
+                passed_over.setdefault(str(parent), []).append(path.name)
+    # Ordered as --all: a forked child before its run's close-out.
+    return _in_order(chosen, listed, children, passed_over)
 
 
 def _watch(args: argparse.Namespace, options: ShipOptions) -> int:

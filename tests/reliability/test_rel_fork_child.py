@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import fork_oracle as fo
@@ -377,6 +378,58 @@ def test_a_forked_child_that_does_not_ship_holds_its_runs_close_until_a_sync_shi
         finally:
             holder.communicate(timeout=60)
         assert main(["sync", "--base-url", lp.url, *target]) == 0
+    assert fo.landed_once(lp, run_id, episodes)
+    oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
+
+
+def test_primeruns_sync_watch_holds_a_runs_close_while_its_forked_child_is_being_written(
+    shared_platform: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``primeruns sync --watch``: a pass that finds a forked child still
+    being written (another process owns its journal) ships the run's own
+    records and leaves the run open; a later pass, the child done, ships the
+    child, then closes the run. The watch closed the run in its first pass,
+    and the child's records landed in a closed run."""
+    from primeruns.cli import main
+    from primeruns.commands import replay as replay_command
+
+    lp = shared_platform
+    episodes = workloads.gsm8k(30)
+    home = tmp_path / "home"
+    seen: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    with rt.sdk_env(lp.url, home):
+        journal, child = _offline_run_with_a_child(tmp_path / "runs", episodes)
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLD_JOURNAL, str(child)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+        def between_passes(_: float) -> None:
+            run_id = rh.bound_run_id(journal, home)
+            seen.append(lp.run(run_id)["status"] if run_id else "not registered")
+            if holder.poll() is None:
+                holder.communicate(timeout=60)  # the child's process ends
+                return
+            raise Stop
+
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            monkeypatch.setattr(replay_command, "time", SimpleNamespace(sleep=between_passes))
+            runs = ["--runs-dir", str(tmp_path / "runs")]
+            with pytest.raises(Stop):
+                main(["sync", "--watch", "--interval", "0", "--base-url", lp.url, *runs])
+        finally:
+            if holder.poll() is None:
+                holder.communicate(timeout=60)
+    assert seen == ["RUNNING", "COMPLETED"]
+    run_id = rh.bound_run_id(journal, home)
+    assert run_id is not None
     assert fo.landed_once(lp, run_id, episodes)
     oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
 
