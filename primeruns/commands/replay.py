@@ -77,8 +77,9 @@ def shipping_plan(status: RunStatus, settings: Settings) -> dict[str, tuple[int,
     return plan
 
 
-def describe_plan(status: RunStatus) -> list[str]:
-    """What shipping this journal would do, in plain sentences (``--dry-run``)."""
+def describe_plan(status: RunStatus, held: str | None = None) -> list[str]:
+    """What shipping this journal would do, in plain sentences (``--dry-run``).
+    ``held``: why its run's close-out would wait (``_held_by``)."""
     lines: list[str] = []
     if status.state == "running" and status.synced is None:
         return [f"refused: owned by {status.info.owner}, which is still running"]
@@ -92,6 +93,8 @@ def describe_plan(status: RunStatus) -> list[str]:
         lines.append("nothing pending to ship")
     if status.finalized:
         lines.append(f"already closed out as {status.finalized.get('status')}: left as it is")
+    elif held is not None:
+        lines.append(f"would leave the run open: {held}")
     elif status.finish is not None:
         lines.append(f"would close it out as {status.finish.get('status')} (its finish entry)")
     else:
@@ -569,7 +572,7 @@ def _pass(
             if step.register_only:
                 continue  # its plan is said once, with the step that ships it
             status = _status_of(path)
-            plan = describe_plan(status)
+            plan = describe_plan(status, _held_by(step, unshipped))
             if results is not None:
                 results.append({"path": str(path), "state": status.state, "plan": plan})
             else:
@@ -580,6 +583,7 @@ def _pass(
                     console.print(inert_text(f"  {sentence}"))
             if status.info.owner_alive:
                 worst = max(worst, EXIT_LOCKED)
+                _note_unshipped(path, unshipped)  # it would be refused: its run held
             continue
         before = fingerprint(path)
         try:

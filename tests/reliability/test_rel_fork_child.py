@@ -382,6 +382,37 @@ def test_a_forked_child_that_does_not_ship_holds_its_runs_close_until_a_sync_shi
     oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
 
 
+@pytest.mark.parametrize("which", ["the run", "--all"])
+def test_a_dry_run_says_a_forked_child_being_written_would_hold_its_runs_close(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], which: str
+) -> None:
+    """``primeruns sync --dry-run`` says what the sync would do: with a
+    forked child of the run still being written, leave the run open, naming
+    the child (it said the run would be closed out)."""
+    from primeruns.cli import main
+
+    episodes = workloads.gsm8k(30)
+    with rt.sdk_env("http://127.0.0.1:9", tmp_path / "home"):
+        journal, child = _offline_run_with_a_child(tmp_path / "runs", episodes)
+        runs = ["--all", "--runs-dir", str(tmp_path / "runs")]
+        target = [str(journal)] if which == "the run" else runs
+        holder = subprocess.Popen(
+            [sys.executable, "-c", _HOLD_JOURNAL, str(child)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            capsys.readouterr()
+            main(["sync", "--dry-run", *target])
+            said = capsys.readouterr().out
+        finally:
+            holder.communicate(timeout=60)
+    assert f"would leave the run open: its forked child {child.name} has not shipped" in said
+    assert "would close it out" not in said, said
+
+
 def test_primeruns_sync_watch_holds_a_runs_close_while_its_forked_child_is_being_written(
     shared_platform: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
