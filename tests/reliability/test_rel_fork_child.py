@@ -343,6 +343,34 @@ journal.close()
 """
 
 
+class _Holder:
+    """Another process owning a journal (a worker still writing it) until
+    ``release()``; a context manager that releases it at its end."""
+
+    def __init__(self, journal: Path) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _HOLD_JOURNAL, str(journal)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def __enter__(self) -> _Holder:
+        assert self._proc.stdout is not None and self._proc.stdout.readline() == "held\n"
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+    @property
+    def holding(self) -> bool:
+        return self._proc.poll() is None
+
+    def release(self) -> None:
+        if self.holding:
+            self._proc.communicate(timeout=60)
+
+
 @pytest.mark.parametrize("which", ["the run", "--all"])
 def test_a_forked_child_that_does_not_ship_holds_its_runs_close_until_a_sync_ships_it(
     shared_platform: LocalPlatform, tmp_path: Path, which: str
@@ -361,22 +389,13 @@ def test_a_forked_child_that_does_not_ship_holds_its_runs_close_until_a_sync_shi
         journal, child = _offline_run_with_a_child(tmp_path / "runs", episodes)
         runs = ["--all", "--runs-dir", str(tmp_path / "runs")]
         target = [str(journal)] if which == "the run" else runs
-        holder = subprocess.Popen(
-            [sys.executable, "-c", _HOLD_JOURNAL, str(child)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with _Holder(child):
             assert main(["sync", "--base-url", lp.url, *target]) != 0
             run_id = rh.bound_run_id(journal, home)
             assert run_id is not None
             assert lp.run(run_id)["status"] not in ("COMPLETED", "FAILED")
             parents = Counter(e["id"] for e in episodes[:12] + episodes[48:])
             assert fo.sample_ids(lp.data_dir, run_id) == parents
-        finally:
-            holder.communicate(timeout=60)
         assert main(["sync", "--base-url", lp.url, *target]) == 0
     assert fo.landed_once(lp, run_id, episodes)
     oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
@@ -396,19 +415,10 @@ def test_a_dry_run_says_a_forked_child_being_written_would_hold_its_runs_close(
         journal, child = _offline_run_with_a_child(tmp_path / "runs", episodes)
         runs = ["--all", "--runs-dir", str(tmp_path / "runs")]
         target = [str(journal)] if which == "the run" else runs
-        holder = subprocess.Popen(
-            [sys.executable, "-c", _HOLD_JOURNAL, str(child)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with _Holder(child):
             capsys.readouterr()
             main(["sync", "--dry-run", *target])
             said = capsys.readouterr().out
-        finally:
-            holder.communicate(timeout=60)
     assert f"would leave the run open: its forked child {child.name} has not shipped" in said
     assert "would close it out" not in said, said
 
@@ -434,30 +444,19 @@ def test_primeruns_sync_watch_holds_a_runs_close_while_its_forked_child_is_being
 
     with rt.sdk_env(lp.url, home):
         journal, child = _offline_run_with_a_child(tmp_path / "runs", episodes)
-        holder = subprocess.Popen(
-            [sys.executable, "-c", _HOLD_JOURNAL, str(child)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
+        with _Holder(child) as holder:
 
-        def between_passes(_: float) -> None:
-            run_id = rh.bound_run_id(journal, home)
-            seen.append(lp.run(run_id)["status"] if run_id else "not registered")
-            if holder.poll() is None:
-                holder.communicate(timeout=60)  # the child's process ends
-                return
-            raise Stop
+            def between_passes(_: float) -> None:
+                run_id = rh.bound_run_id(journal, home)
+                seen.append(lp.run(run_id)["status"] if run_id else "not registered")
+                if not holder.holding:
+                    raise Stop
+                holder.release()  # the child's process ends
 
-        try:
-            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
             monkeypatch.setattr(replay_command, "time", SimpleNamespace(sleep=between_passes))
             runs = ["--runs-dir", str(tmp_path / "runs")]
             with pytest.raises(Stop):
                 main(["sync", "--watch", "--interval", "0", "--base-url", lp.url, *runs])
-        finally:
-            if holder.poll() is None:
-                holder.communicate(timeout=60)
     assert seen == ["RUNNING", "COMPLETED"]
     run_id = rh.bound_run_id(journal, home)
     assert run_id is not None
