@@ -77,8 +77,9 @@ def shipping_plan(status: RunStatus, settings: Settings) -> dict[str, tuple[int,
     return plan
 
 
-def describe_plan(status: RunStatus) -> list[str]:
-    """What shipping this journal would do, in plain sentences (``--dry-run``)."""
+def describe_plan(status: RunStatus, held: str | None = None) -> list[str]:
+    """What shipping this journal would do, in plain sentences (``--dry-run``).
+    ``held``: why its run's close-out would wait (``_held_by``)."""
     lines: list[str] = []
     if status.state == "running" and status.synced is None:
         return [f"refused: owned by {status.info.owner}, which is still running"]
@@ -92,6 +93,8 @@ def describe_plan(status: RunStatus) -> list[str]:
         lines.append("nothing pending to ship")
     if status.finalized:
         lines.append(f"already closed out as {status.finalized.get('status')}: left as it is")
+    elif held is not None:
+        lines.append(f"would leave the run open: {held}")
     elif status.finish is not None:
         lines.append(f"would close it out as {status.finish.get('status')} (its finish entry)")
     else:
@@ -381,10 +384,22 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[_Step]:
             shipped += 1
     if shipped and not args.json:
         print(f"{shipped} journal(s) already shipped and closed out: skipped", file=sys.stderr)
+    return _in_order(chosen, listed, children, passed_over)
+
+
+def _in_order(
+    chosen: list[Path],
+    listed: list[RunStatus],
+    children: set[Path],
+    passed_over: dict[str, list[str]],
+) -> list[_Step]:
+    """The steps shipping ``chosen`` (``_ordered``), a run's naming its
+    forked children passed over (``passed_over``, by the run's local id):
+    its close-out waits for them."""
     ids = {s.info.path: s.info.local_id for s in listed}
     return [
-        replace(step, waits_for=tuple(passed_over.get(ids[step.path], ())))
-        if not step.register_only and ids[step.path] in passed_over
+        replace(step, waits_for=tuple(passed_over[ids[step.path]]))
+        if not step.register_only and ids.get(step.path) in passed_over
         else step
         for step in _ordered(chosen, listed, children)
     ]
@@ -444,20 +459,27 @@ def _with_children(paths: list[Path], *, offline: bool) -> list[_Step]:
     shipping (``ship.family``): shipping a run ships all of it. Its children
     go before it, so that the run's close-out comes after every record of
     it; when one cannot find the run (never registered), the run is
-    registered first."""
+    registered first. A child named too ships there, with its run, wherever
+    it was named (named after the run, it would land in the closed run)."""
     out: list[_Step] = []
-    taken = set(paths)
+    named = {p.absolute() for p in paths}
+    families = {p: children_of(p, _status_of(p).info.local_id) for p in dict.fromkeys(paths)}
+    with_its_run = named & {c.absolute() for kids in families.values() for c in kids}
+    taken = named - with_its_run
     root = sync_root()
-    for path in paths:
+    for path, kids in families.items():
+        if path.absolute() in with_its_run:
+            continue
         found: list[Path] = []
         lost: list[Path] = []
         passed_over: list[str] = []
-        local_id = _status_of(path).info.local_id
-        for child in children_of(path, local_id):
-            if child in taken:
+        for child in kids:
+            if child.absolute() in taken:
                 continue
-            taken.add(child)
-            why = _skipped(_status_of(child), root, offline=offline)
+            taken.add(child.absolute())
+            why = None  # one named ships whatever it holds, as any journal named does
+            if child.absolute() not in named:
+                why = _skipped(_status_of(child), root, offline=offline)
             if why is None:
                 (found if finds_its_run(child) else lost).append(child)
             elif why:
@@ -550,7 +572,7 @@ def _pass(
             if step.register_only:
                 continue  # its plan is said once, with the step that ships it
             status = _status_of(path)
-            plan = describe_plan(status)
+            plan = describe_plan(status, _held_by(step, unshipped))
             if results is not None:
                 results.append({"path": str(path), "state": status.state, "plan": plan})
             else:
@@ -561,6 +583,7 @@ def _pass(
                     console.print(inert_text(f"  {sentence}"))
             if status.info.owner_alive:
                 worst = max(worst, EXIT_LOCKED)
+                _note_unshipped(path, unshipped)  # it would be refused: its run held
             continue
         before = fingerprint(path)
         try:
@@ -623,22 +646,30 @@ def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[_S
     runs_dir = runs_dir_of(args)
     root = sync_root()
     chosen: list[Path] = []
+    listed: list[RunStatus] = []  # the originals looked at
+    children: set[Path] = set()
+    passed_over: dict[str, list[str]] = {}  # as in _targets: the run's close-out waits
     journals, untrusted = journal_dirs(runs_dir)  # another user's are never synced
     with contextlib.suppress(OSError):
-        for child in journals:
-            if child in untrusted or seen.get(child) == fingerprint(child):
+        for path in journals:
+            if path in untrusted or seen.get(path) == fingerprint(path):
                 continue
-            origin = Origin.read_beside(child)
-            if origin is not None and not origin.is_original(child.absolute()):
-                chosen.append(child)  # a copy
+            origin = Origin.read_beside(path)
+            if origin is not None and not origin.is_original(path.absolute()):
+                chosen.append(path)  # a copy
                 continue
-            status = _status_of(child)
-            if is_copy(child, status.info.meta, root):
-                if needs_sync(child, status.info.meta, status.info.last_seq, root):
-                    chosen.append(child)
-            elif status.needs_shipping and status.opened_offline:
-                chosen.append(child)
-    return [*map(_Step, chosen)]
+            status = _status_of(path)
+            listed.append(status)
+            parent = status.info.meta.get(K_FORK_PARENT)
+            if parent:
+                children.add(path)
+            why = _skipped(status, root, offline=True)
+            if why is None:
+                chosen.append(path)
+            elif why and parent:
+                passed_over.setdefault(str(parent), []).append(path.name)
+    # Ordered as --all: a forked child before its run's close-out.
+    return _in_order(chosen, listed, children, passed_over)
 
 
 def _watch(args: argparse.Namespace, options: ShipOptions) -> int:

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import fork_oracle as fo
@@ -309,6 +310,29 @@ def test_a_child_forked_from_an_offline_run_is_shipped_by_primeruns_sync_of_the_
     oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
 
 
+@pytest.mark.parametrize("first", ["the run", "the child"])
+def test_primeruns_sync_of_a_run_and_its_child_named_closes_the_run_after_the_child(
+    shared_platform: LocalPlatform, tmp_path: Path, first: str
+) -> None:
+    """``primeruns sync RUN CHILD`` (or ``CHILD RUN``): the child named ships
+    with its run, before the run's close-out, as it would unnamed. Named
+    after the run, it shipped after the run was closed; named before, it
+    could not find the run (not registered yet) and failed."""
+    from primeruns.cli import main
+
+    lp = shared_platform
+    episodes = workloads.gsm8k(30)
+    home = tmp_path / "home"
+    with rt.sdk_env(lp.url, home):
+        journal, child = _offline_run_with_a_child(tmp_path / "runs", episodes)
+        named = [journal, child] if first == "the run" else [child, journal]
+        assert main(["sync", "--base-url", lp.url, *map(str, named)]) == 0
+    run_id = rh.bound_run_id(journal, home)
+    assert run_id is not None
+    assert fo.landed_once(lp, run_id, episodes)
+    oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
+
+
 _HOLD_JOURNAL = """
 import sys
 from primeruns.journal import Journal
@@ -317,6 +341,34 @@ print("held", flush=True)
 sys.stdin.read()
 journal.close()
 """
+
+
+class _Holder:
+    """Another process owning a journal (a worker still writing it) until
+    ``release()``; a context manager that releases it at its end."""
+
+    def __init__(self, journal: Path) -> None:
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", _HOLD_JOURNAL, str(journal)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def __enter__(self) -> _Holder:
+        assert self._proc.stdout is not None and self._proc.stdout.readline() == "held\n"
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release()
+
+    @property
+    def holding(self) -> bool:
+        return self._proc.poll() is None
+
+    def release(self) -> None:
+        if self.holding:
+            self._proc.communicate(timeout=60)
 
 
 @pytest.mark.parametrize("which", ["the run", "--all"])
@@ -337,23 +389,77 @@ def test_a_forked_child_that_does_not_ship_holds_its_runs_close_until_a_sync_shi
         journal, child = _offline_run_with_a_child(tmp_path / "runs", episodes)
         runs = ["--all", "--runs-dir", str(tmp_path / "runs")]
         target = [str(journal)] if which == "the run" else runs
-        holder = subprocess.Popen(
-            [sys.executable, "-c", _HOLD_JOURNAL, str(child)],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        with _Holder(child):
             assert main(["sync", "--base-url", lp.url, *target]) != 0
             run_id = rh.bound_run_id(journal, home)
             assert run_id is not None
             assert lp.run(run_id)["status"] not in ("COMPLETED", "FAILED")
             parents = Counter(e["id"] for e in episodes[:12] + episodes[48:])
             assert fo.sample_ids(lp.data_dir, run_id) == parents
-        finally:
-            holder.communicate(timeout=60)
         assert main(["sync", "--base-url", lp.url, *target]) == 0
+    assert fo.landed_once(lp, run_id, episodes)
+    oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
+
+
+@pytest.mark.parametrize("which", ["the run", "--all"])
+def test_a_dry_run_says_a_forked_child_being_written_would_hold_its_runs_close(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], which: str
+) -> None:
+    """``primeruns sync --dry-run`` says what the sync would do: with a
+    forked child of the run still being written, leave the run open, naming
+    the child (it said the run would be closed out)."""
+    from primeruns.cli import main
+
+    episodes = workloads.gsm8k(30)
+    with rt.sdk_env("http://127.0.0.1:9", tmp_path / "home"):
+        journal, child = _offline_run_with_a_child(tmp_path / "runs", episodes)
+        runs = ["--all", "--runs-dir", str(tmp_path / "runs")]
+        target = [str(journal)] if which == "the run" else runs
+        with _Holder(child):
+            capsys.readouterr()
+            main(["sync", "--dry-run", *target])
+            said = capsys.readouterr().out
+    assert f"would leave the run open: its forked child {child.name} has not shipped" in said
+    assert "would close it out" not in said, said
+
+
+def test_primeruns_sync_watch_holds_a_runs_close_while_its_forked_child_is_being_written(
+    shared_platform: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``primeruns sync --watch``: a pass that finds a forked child still
+    being written (another process owns its journal) ships the run's own
+    records and leaves the run open; a later pass, the child done, ships the
+    child, then closes the run. The watch closed the run in its first pass,
+    and the child's records landed in a closed run."""
+    from primeruns.cli import main
+    from primeruns.commands import replay as replay_command
+
+    lp = shared_platform
+    episodes = workloads.gsm8k(30)
+    home = tmp_path / "home"
+    seen: list[str] = []
+
+    class Stop(Exception):
+        pass
+
+    with rt.sdk_env(lp.url, home):
+        journal, child = _offline_run_with_a_child(tmp_path / "runs", episodes)
+        with _Holder(child) as holder:
+
+            def between_passes(_: float) -> None:
+                run_id = rh.bound_run_id(journal, home)
+                seen.append(lp.run(run_id)["status"] if run_id else "not registered")
+                if not holder.holding:
+                    raise Stop
+                holder.release()  # the child's process ends
+
+            monkeypatch.setattr(replay_command, "time", SimpleNamespace(sleep=between_passes))
+            runs = ["--runs-dir", str(tmp_path / "runs")]
+            with pytest.raises(Stop):
+                main(["sync", "--watch", "--interval", "0", "--base-url", lp.url, *runs])
+    assert seen == ["RUNNING", "COMPLETED"]
+    run_id = rh.bound_run_id(journal, home)
+    assert run_id is not None
     assert fo.landed_once(lp, run_id, episodes)
     oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
 
