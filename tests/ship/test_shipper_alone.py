@@ -705,3 +705,20 @@ def test_damage_read_ahead_of_a_batch_is_counted_once(
     assert [row[0] for row in sink.rows] == [f"e{i}" for i in range(12) if i + 1 not in gone]
     assert journal.losses()["fake"]["count"] == 2
     journal.close()
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_damage_in_a_batch_refused_whole_is_counted_once(early: bool, tmp_path: Path) -> None:
+    # The first batch's read meets entry 3 missing; the batch is refused as
+    # too large and made again of half as many, from the same place: the
+    # read that makes it meets entry 3 again, counted already.
+    journal = _journal(tmp_path, 12)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        assert txn.delete(key(3), db=journal._tx.dbs["entries"])
+    sink = NumberingSink(early=early, too_large=(1,))
+    sink.reject_id = "none"
+    _drain(journal, sink)
+    assert [row[0] for row in sink.rows] == [f"e{i}" for i in range(12) if i != 2]
+    assert journal.losses()["fake"]["count"] == 1
+    journal.close()
