@@ -409,9 +409,9 @@ class Shipper:
         """Count the entries damage reports stand for (a missing range: every
         one of them, whichever kinds they were: counted, never left out),
         each once. Reads go forward, but the same entries are read again: a
-        read for the next batch made early and dropped, a batch refused whole
-        and made smaller, a read that reported a gap just past where it
-        stopped. Past ``_damage_through``, every report is new."""
+        read for the next batch made early and dropped (``_prepare_early``),
+        a batch refused whole and made smaller, entries kept ahead let go
+        (``ReadAhead``). Past ``_damage_through``, every report is new."""
         lost = 0
         reasons = []
         for damage in sorted(damaged, key=lambda d: -1 if d.seq is None else d.seq):

@@ -722,3 +722,33 @@ def test_damage_in_a_batch_refused_whole_is_counted_once(early: bool, tmp_path: 
     assert [row[0] for row in sink.rows] == [f"e{i}" for i in range(12) if i != 2]
     assert journal.losses()["fake"]["count"] == 1
     journal.close()
+
+
+class _StopAfterFirst(FakeSink):
+    """Stops its shipper once its first batch is stored (a process ending there)."""
+
+    shipper: Shipper
+
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
+        super().send(body, ctx)
+        self.shipper.signal_stop()
+
+
+def test_a_gap_just_past_a_batch_is_counted_once_across_a_restart(tmp_path: Path) -> None:
+    # The first batch's read (four entries) stops at entry 6 and reports 5
+    # missing on the way: the batch is acknowledged past the gap, so the
+    # next process, reading on from there, does not count it again.
+    journal = _journal(tmp_path, 12)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        assert txn.delete(key(5), db=journal._tx.dbs["entries"])
+    first = _StopAfterFirst()
+    first.shipper = _shipper(journal, first, [])
+    first.shipper.start()
+    first.shipper.join(10)
+    assert first.stored == ["e0", "e1", "e2", "e3"]
+    second = FakeSink()
+    _drain(journal, second)
+    assert second.stored == [f"e{i}" for i in range(5, 12)]
+    assert journal.losses()["fake"]["count"] == 1
+    journal.close()
