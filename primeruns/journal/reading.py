@@ -175,6 +175,10 @@ class Reader:
                         if len(raw) + len(oversized) >= max_entries or (
                             raw and not over and total + head.raw_len > max_bytes
                         ):
+                            # Every seq before this one was looked at: a gap
+                            # just before it is reported, so the read is past
+                            # it (acknowledged with the batch, not met again).
+                            next_after = max(next_after, seq - 1)
                             full = True
                             break
                         if over:
@@ -223,6 +227,7 @@ class Reader:
                         if len(raw) + len(oversized) >= max_entries or (
                             raw and not over and total + raw_len > max_bytes
                         ):
+                            next_after = max(next_after, seq - 1)  # as in LMDB's
                             break
                         if over:
                             oversized.append((seq, kind, raw_len))

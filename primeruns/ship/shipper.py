@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import APIError, JournalError, RetryableAPIError
-from ..journal import InFlight, Journal
+from ..journal import Damage, InFlight, Journal
 from ..platform.binding import Binding
 from ..sinks.base import Prepared, SendContext, Sink
 from ..threads import bounded, start_daemon
@@ -138,6 +138,8 @@ class Shipper:
         # Entry cap learned from a 413 (the platform's or a proxy's size
         # limit): halved at each, doubled back at each success.
         self._fit: int | None = None
+        # The last entry a damage report counted (``_count_damage``).
+        self._damage_through = -1
         self._moved_at = time.monotonic()  # the last request that moved a batch on
         # The next batch, prepared while the one before it was in flight
         # (``ship.early``), for a sink whose prepare and send may run at once.
@@ -367,11 +369,7 @@ class Shipper:
             )
         result = self._ahead.read(after, max_entries=limits[0], max_bytes=limits[1])
         if result.damaged:
-            reasons = "; ".join(d.what for d in result.damaged[:3])
-            # Each entry a report stands for (a missing range: every one of
-            # them, whichever kinds they were: counted, never left out).
-            lost = sum(d.entries for d in result.damaged)
-            self.journal.record_loss(self.name, lost, f"damaged: {reasons}")
+            self._count_damage(result.damaged)
         if not result.entries:
             if result.next_after > self._scanned:
                 self._scanned = result.next_after
@@ -406,6 +404,30 @@ class Shipper:
         return self._record(
             prepared, result.entries[0].seq, result.entries[-1].seq, result.next_after
         )
+
+    def _count_damage(self, damaged: Sequence[Damage]) -> None:
+        """Count the entries damage reports stand for (a missing range: every
+        one of them, whichever kinds they were: counted, never left out),
+        each once. Reads go forward, but the same entries are read again: a
+        read for the next batch made early and dropped (``_prepare_early``),
+        a batch refused whole and made smaller, entries kept ahead let go
+        (``ReadAhead``). Past ``_damage_through``, every report is new."""
+        lost = 0
+        reasons = []
+        for damage in sorted(damaged, key=lambda d: -1 if d.seq is None else d.seq):
+            if damage.seq is None:  # the structure, not entries: one each time
+                lost += 1
+                reasons.append(damage.what)
+                continue
+            last = damage.seq + damage.entries - 1
+            new = last - max(damage.seq - 1, self._damage_through)
+            if new > 0:
+                lost += new
+                reasons.append(damage.what)
+                self._damage_through = last
+        if lost:
+            reason = "; ".join(reasons[:3])
+            self.journal.record_loss(self.name, lost, f"damaged: {reason}")
 
     def _record(
         self,

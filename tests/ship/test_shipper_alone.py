@@ -671,3 +671,84 @@ def test_a_backlog_reaches_the_sample_table_once_through_lost_answers_and_failur
     ids = [row["sample_id"] for row in table]
     assert len(ids) == len(set(ids)) == 900  # a row per episode, each once
     assert journal_losses == {}
+
+
+class _TwoAtATimeSink(NumberingSink):
+    """Takes two of the entries it is given (as a sink that cuts its batch at
+    a size or a change of kind): the rest stay read ahead for the next."""
+
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared[Any] | None:
+        prepared = super().prepare(entries[:2], binding)
+        assert prepared is not None
+        last = entries[min(1, len(entries) - 1)].seq
+        return replace(prepared, last_seq=None if last == entries[-1].seq else last)
+
+
+@pytest.mark.parametrize("early", [False, True])
+@pytest.mark.parametrize("gone", [(4, 6), (4, 8)])
+def test_damage_read_ahead_of_a_batch_is_counted_once(
+    early: bool, gone: tuple[int, int], tmp_path: Path
+) -> None:
+    # The first read meets entry 4 missing and keeps 3 and 5 for the next
+    # batch; the read for the next batch (made during the first request, or
+    # after it) meets entry 6 or 8 missing. A read made early and dropped for
+    # that reads 3 and 5 again, and a read that stops just before a gap
+    # reports it, as the next read does: each lost entry counts once.
+    journal = _journal(tmp_path, 12)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        for seq in gone:
+            assert txn.delete(key(seq), db=journal._tx.dbs["entries"])
+    sink = _TwoAtATimeSink(early=early)
+    sink.reject_id = "none"
+    _drain(journal, sink)
+    assert [row[0] for row in sink.rows] == [f"e{i}" for i in range(12) if i + 1 not in gone]
+    assert journal.losses()["fake"]["count"] == 2
+    journal.close()
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_damage_in_a_batch_refused_whole_is_counted_once(early: bool, tmp_path: Path) -> None:
+    # The first batch's read meets entry 3 missing; the batch is refused as
+    # too large and made again of half as many, from the same place: the
+    # read that makes it meets entry 3 again, counted already.
+    journal = _journal(tmp_path, 12)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        assert txn.delete(key(3), db=journal._tx.dbs["entries"])
+    sink = NumberingSink(early=early, too_large=(1,))
+    sink.reject_id = "none"
+    _drain(journal, sink)
+    assert [row[0] for row in sink.rows] == [f"e{i}" for i in range(12) if i != 2]
+    assert journal.losses()["fake"]["count"] == 1
+    journal.close()
+
+
+class _StopAfterFirst(FakeSink):
+    """Stops its shipper once its first batch is stored (a process ending there)."""
+
+    shipper: Shipper
+
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
+        super().send(body, ctx)
+        self.shipper.signal_stop()
+
+
+def test_a_gap_just_past_a_batch_is_counted_once_across_a_restart(tmp_path: Path) -> None:
+    # The first batch's read (four entries) stops at entry 6 and reports 5
+    # missing on the way: the batch is acknowledged past the gap, so the
+    # next process, reading on from there, does not count it again.
+    journal = _journal(tmp_path, 12)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        assert txn.delete(key(5), db=journal._tx.dbs["entries"])
+    first = _StopAfterFirst()
+    first.shipper = _shipper(journal, first, [])
+    first.shipper.start()
+    first.shipper.join(10)
+    assert first.stored == ["e0", "e1", "e2", "e3"]
+    second = FakeSink()
+    _drain(journal, second)
+    assert second.stored == [f"e{i}" for i in range(5, 12)]
+    assert journal.losses()["fake"]["count"] == 1
+    journal.close()
