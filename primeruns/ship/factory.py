@@ -19,7 +19,7 @@ from ..sinks.train_samples import TrainSamplesSink
 from .lifecycle import Lifecycle
 from .parsed import SharedRecords
 from .policy import RetryPolicy
-from .sharedreads import SharedReads
+from .sharedreads import KEEP_BYTES, TRAINING_KEEP_BYTES, SharedReads
 from .shipper import Shipper
 
 __all__ = ["make_shippers", "sink_kinds", "sink_names"]
@@ -48,7 +48,11 @@ def make_shippers(
     samples = "train_samples" if kind == "train" else "eval_samples"
     if not opted_out and not _turned_off(journal, "traces", samples):
         # Both take every episode: it is read once for the two (ship.sharedreads)
-        reads = SharedReads(journal, SINK_KINDS["traces"] | SINK_KINDS[samples])
+        reads = SharedReads(
+            journal,
+            SINK_KINDS["traces"] | SINK_KINDS[samples],
+            keep_bytes=TRAINING_KEEP_BYTES if kind == "train" else KEEP_BYTES,
+        )
         if kind != "train":
             # and, in an evaluation, parsed once (ship.parsed).
             shared = SharedRecords({EntryKind.EPISODE: 2})

@@ -21,6 +21,15 @@ it reads for itself (a backlog's batch of Prime Traces is 30 MB). Entries never
 change once written, and compaction removes only entries every sink
 acknowledged, so what the window holds stays true. Shared by the
 shippers' threads of one journal; the journal is read outside its lock.
+
+A training run's window keeps less (``TRAINING_KEEP_BYTES``). Its sample
+table's sink takes one step's episodes a batch (an object, and a request,
+each), so in a backlog (``primeruns sync`` of an offline run) Prime Traces,
+which takes whole batches, runs far ahead of it, and the window stayed full
+for the sink behind for as long as it took to catch up: 16 MB more resident
+through a 20,000-step sync (115 MB against a 2,000-step sync's 103), while
+what it spared (one decompression of 9 KB per episode) is a few tens of
+milliseconds of a 20-second sync.
 """
 
 from __future__ import annotations
@@ -31,9 +40,11 @@ from collections.abc import Collection
 
 from ..journal import Entry, EntryKind, Journal, ReadResult
 
-__all__ = ["KEEP_BYTES", "SharedReads"]
+__all__ = ["KEEP_BYTES", "TRAINING_KEEP_BYTES", "SharedReads"]
 
 KEEP_BYTES = 16 << 20
+#: A training run's: about 220 gsm8k episodes past what its sample sink read ahead.
+TRAINING_KEEP_BYTES = 2 << 20
 
 
 class SharedReads:

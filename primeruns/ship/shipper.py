@@ -36,7 +36,7 @@ from . import batchstate, ledger, resident
 from .early import EarlyBatch, Overlap, prepares_while_sending
 from .parsed import SharedRecords
 from .policy import Failure, RetryPolicy, classify
-from .readahead import ReadAhead
+from .readahead import ReadAhead, next_want
 from .sharedreads import SharedReads
 
 __all__ = ["Shipper", "ShipperState", "drain_all"]
@@ -132,6 +132,9 @@ class Shipper:
         # one's are here already, so waiting for more would only slow a
         # backlog (the sample table: one object per step, 10 a second).
         self._left_behind = False
+        # Entries read for the next batch while batches take a prefix, of a
+        # sink that asks so (``readahead.next_want``); None: its max_entries.
+        self._want: int | None = None
         self._hurry_until = 0.0  # no lingering until then (a flush waits)
         self._shrink = 1  # batch size divisor after journal write failures
         self._isolate: int | None = None  # entry cap while a rejected record is isolated
@@ -367,7 +370,8 @@ class Shipper:
             return self._record(
                 early.prepared, early.first_seq, early.last_read, early.next_after, early.frame
             )
-        result = self._ahead.read(after, max_entries=limits[0], max_bytes=limits[1])
+        want = min(limits[0], self._want or limits[0])
+        result = self._ahead.read(after, max_entries=want, max_bytes=limits[1])
         if result.damaged:
             self._count_damage(result.damaged)
         if not result.entries:
@@ -395,15 +399,30 @@ class Shipper:
             # past, a bad record): count it, move past it alone.
             self._fail_records(result.entries[0].seq, 1, exc)
             return None
+        if (
+            want < limits[0]
+            and len(result.entries) >= want
+            and (prepared is None or prepared.last_seq is None)
+        ):
+            # It took every entry of a read cut short by ``want``: with more,
+            # it might have gone on past them. Read again, in full.
+            self._want = None
+            return None
         if prepared is None:
             last = result.next_after
             self.journal.ack(self.name, last)
             self._scanned = max(self._scanned, last)
             self._notify()
             return None
-        return self._record(
+        inflight = self._record(
             prepared, result.entries[0].seq, result.entries[-1].seq, result.next_after
         )
+        if self._left_behind and getattr(sink, "reads_ahead_of_batch", False):
+            used = sum(1 for e in result.entries if e.seq <= inflight.last_seq)
+            self._want = next_want(used, want)
+        else:
+            self._want = None
+        return inflight
 
     def _count_damage(self, damaged: Sequence[Damage]) -> None:
         """Count the entries damage reports stand for (a missing range: every

@@ -71,6 +71,8 @@ _BUSY_S = 30.0
 _IN_LIMIT = 500
 # Opening a file gc deleted meanwhile is tried again this many times.
 _OPEN_TRIES = 5
+# SQLite's page cache for a table, in KiB (its default: 2,000).
+_CACHE_KIB = 256
 
 
 def table_name(key: str) -> str:
@@ -127,6 +129,10 @@ class StepRows:
             # locked" (no busy wait; 26 of 150 trials of four at once), and
             # that rank's rows then went unmerged, losing its keys at the step.
             conn.execute("PRAGMA synchronous=NORMAL")
+            # A step's row is looked up and written near the table's end:
+            # SQLite's default cache (2 MB) filled with the pages of the steps
+            # before, resident in a long run's shipping process for nothing.
+            conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
             conn.execute(_SCHEMA)
             conn.execute(_ABOUT)  # which run: gc collects it with the run's journals
             conn.execute("INSERT OR IGNORE INTO about (name, value) VALUES ('run', ?)", (key,))

@@ -85,6 +85,9 @@ class TrainSamplesSink:
     kinds = SINK_KINDS["train_samples"]
     max_entries = 512
     max_bytes = 64 * 1024 * 1024
+    # A batch is one step's episodes: the shipper reads about twice the last
+    # step's for the next, not 512 (ship.readahead.next_want).
+    reads_ahead_of_batch = True
     isolates_rejections = False
     progress_type = TrainSamplesProgress
 

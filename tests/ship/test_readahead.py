@@ -57,12 +57,8 @@ def _journal(tmp_path: Path, n: int) -> Journal:
     return journal
 
 
-def test_a_sink_taking_one_entry_per_batch_has_each_entry_read_once(
-    tmp_path: Path, count_reads: Callable[[Journal], list[int]]
-) -> None:
-    journal = _journal(tmp_path, 200)
-    counts = count_reads(journal)
-    sink = OneAtATime()
+def _drain(journal: Journal, sink: Any) -> None:
+    """Ship everything in ``journal`` to ``sink``, then stop."""
     shipper = Shipper(
         journal,
         sink,
@@ -74,6 +70,15 @@ def test_a_sink_taking_one_entry_per_batch_has_each_entry_read_once(
     shipper.start()
     assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 30)
     shipper.stop(timeout=5)
+
+
+def test_a_sink_taking_one_entry_per_batch_has_each_entry_read_once(
+    tmp_path: Path, count_reads: Callable[[Journal], list[int]]
+) -> None:
+    journal = _journal(tmp_path, 200)
+    counts = count_reads(journal)
+    sink = OneAtATime()
+    _drain(journal, sink)
     assert sink.stored == [f"e{i}" for i in range(200)]
     assert journal.cursor("one").acked == journal.last_seq()
     assert sum(counts) == 200  # each episode read once (it was 64 per batch)
@@ -143,3 +148,71 @@ def test_a_backlog_a_sink_takes_a_prefix_at_a_time_does_not_wait_between_batches
     assert sink.stored == [f"e{i}" for i in range(5)]
     assert not [w for w in waits if w is not None and w > 60]  # no lingering
     journal.close()
+
+
+class Steps:
+    """The training sample table's way: a batch is the first step's run of
+    episodes (up to ``max_entries`` of them), cut where the next step begins."""
+
+    name = "steps"
+    kinds = frozenset({EntryKind.EPISODE})
+    max_entries = 512
+    max_bytes = 64 << 20
+    reads_ahead_of_batch = True
+    isolates_rejections = False
+    progress_type: type[Any] = NoProgress
+
+    def __init__(self) -> None:
+        self.given: list[int] = []  # how many entries each prepare was given
+        self.batches: list[list[str]] = []
+
+    def prepare(self, entries: Sequence[Entry], binding: Binding) -> Prepared[Any] | None:
+        self.given.append(len(entries))
+        records = [json.loads(e.payload) for e in entries]
+        taken = [r for r in records if r["step"] == records[0]["step"]]
+        last = entries[len(taken) - 1].seq
+        return Prepared(
+            body=json.dumps([r["id"] for r in taken]).encode(),
+            records=len(taken),
+            progress=NoProgress(),
+            last_seq=None if last == entries[-1].seq else last,
+        )
+
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
+        self.batches.append(json.loads(body))
+
+
+def _ship_steps(tmp_path: Path, sizes: list[int]) -> Steps:
+    journal = Journal.create(tmp_path / "runs")
+    for step, size in enumerate(sizes):
+        for i in range(size):
+            journal.append(
+                EntryKind.EPISODE, [json.dumps({"id": f"{step}.{i}", "step": step}).encode()]
+            )
+    sink = Steps()
+    _drain(journal, sink)
+    journal.close()
+    return sink
+
+
+def test_a_sink_taking_one_steps_episode_per_batch_is_not_given_hundreds_ahead(
+    tmp_path: Path,
+) -> None:
+    # What a read brings in past its batch is kept until a batch takes it: 511
+    # of a step's single episode were kept for the whole of a sync (4.6 MB),
+    # where a short run's held none.
+    sink = _ship_steps(tmp_path, [1] * 700)
+    assert sink.batches == [[f"{step}.0"] for step in range(700)]
+    assert max(sink.given[-500:]) <= 16
+
+
+def test_steps_of_uneven_size_go_as_they_would_read_in_full(tmp_path: Path) -> None:
+    # A read cut short for a step larger than the ones before is read again
+    # in full: no step is split where 512 entries read at once kept it whole.
+    sizes = [1, 1, 1, 40, 1, 1, 3, 300, 2, 2, 600, 1, 1, 1, 17, 1]
+    sink = _ship_steps(tmp_path, sizes)
+    expected = []
+    for step, size in enumerate(sizes):
+        ids = [f"{step}.{i}" for i in range(size)]
+        expected += [ids[at : at + 512] for at in range(0, size, 512)]
+    assert sink.batches == expected

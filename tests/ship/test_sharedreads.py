@@ -12,11 +12,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from primeruns.journal import Entry, EntryKind, Journal
+from primeruns.platform import PlatformClient, resolve_settings
+from primeruns.ship.factory import make_shippers
+from primeruns.ship.lifecycle import Lifecycle
 from primeruns.ship.policy import RetryPolicy
 from primeruns.ship.sharedreads import SharedReads
 from primeruns.ship.shipper import Shipper
 from primeruns.sinks.base import Binding, NoProgress, Prepared, SendContext
+from primeruns.spec import SPEC_KEY, RunSpec
 
 _FAST = RetryPolicy(base_delay_s=0.001, max_delay_s=0.01, attempts_per_strike=3)
 _BOUND = Binding(run_id="run-1", kind="eval")
@@ -145,4 +151,33 @@ def test_a_backlog_larger_than_what_is_kept_leaves_the_oldest_for_the_sink_behin
         taken += [e.seq for e in got.entries]
         after = got.next_after
     assert counts == [110] and len(taken) == 27
+    journal.close()
+
+
+@pytest.mark.parametrize("kind", ["train", "eval"])
+def test_what_a_backlog_keeps_for_the_sample_sink_behind(tmp_path: Path, kind: str) -> None:
+    # A backlog's Prime Traces batch reads every episode at once. A training
+    # run's sample sink takes one step's a batch and keeps its own read ahead:
+    # what the window kept for it stayed resident for most of a sync (16 MB
+    # of a 20,000-step one). An evaluation's sample sink takes 256 a batch,
+    # close behind: its window keeps the whole read, read once for both.
+    spec = RunSpec(kind=kind, name="backlog")
+    journal = Journal.create(tmp_path / "runs", meta={SPEC_KEY: spec.to_json()})
+    pad = "x" * 9_000  # a gsm8k episode's payload
+    for i in range(600):
+        journal.append(EntryKind.EPISODE, [json.dumps({"id": f"e{i}", "pad": pad}).encode()])
+    client = PlatformClient(resolve_settings(api_key="k", environ={}, config={}))
+    lifecycle = Lifecycle(journal, client, policy=_FAST, on_failure=lambda *a: None)
+    shippers = make_shippers(
+        journal, client, lifecycle, opted_out=False, policy=_FAST, on_failure=lambda *a: None
+    )
+    reads = shippers[0]._reads
+    assert reads is not None and shippers[1]._reads is reads
+    got = reads.read("traces", 0, kinds=_BOTH, max_entries=10_000, max_bytes=30 << 20)
+    assert len(got.entries) == 600  # the batch ahead has every episode (5.4 MB)
+    if kind == "train":
+        assert 0 < reads.kept * len(got.entries[0].payload) <= 2 << 20
+    else:
+        assert reads.kept == 600
+    client.close()
     journal.close()
