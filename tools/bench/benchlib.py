@@ -15,6 +15,7 @@ import json
 import os
 import platform as pyplatform
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -194,6 +195,51 @@ class Table:
 def verdict(value: float, limit: float, *, at_least: bool = False) -> str:
     ok = value >= limit if at_least else value <= limit
     return f"{'ok' if ok else 'MISS'} ({'≥' if at_least else '≤'} {limit:g})"
+
+
+# A child that keeps one core busy for ``argv[1]`` seconds of wall time and
+# prints the CPU seconds it got meanwhile.
+_SPIN = """
+import sys, time
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    sum(range(1000))
+print(time.process_time())
+"""
+
+
+def parallel_cores(seconds: float = 1.0) -> float:
+    """The cores' worth of CPU this machine gives as many busy processes as it
+    has CPUs, run at once for ``seconds``: their CPU seconds over the wall
+    seconds. ``nproc`` is what the guest is told; a virtual machine whose
+    CPUs share one host core gives two busy processes about one core's worth
+    between them, and a sync and its platform are two busy processes."""
+    count = os.cpu_count() or 1
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SPIN, str(seconds)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(count)
+    ]
+    used = 0.0
+    for child in children:
+        out, _ = child.communicate(timeout=60 + seconds * 10)
+        used += float(out.strip().splitlines()[-1])
+    return used / seconds
+
+
+def ceiling_note(cores: float, cpu_ms_per_row: float, target_rows_s: float) -> str:
+    """What CPU per row allows here: a sync and its platform busy at once get
+    ``cores`` cores' worth (``parallel_cores``), so at ``cpu_ms_per_row`` of
+    CPU (both processes' per row) no sync goes faster than ``cores`` × 1000 ÷
+    it; the CPU per row ``target_rows_s`` needs here, with the verdict."""
+    bound = cores * 1000.0 / cpu_ms_per_row
+    needed = cores * 1000.0 / target_rows_s
+    return (
+        f"{cpu_ms_per_row:.2f} CPU ms/row on {cores:.2f} cores' worth bounds a sync at "
+        f"about {bound:,.0f} rows/s here; {target_rows_s:,.0f} rows/s needs ≤ {needed:.2f} ms/row "
+        f"({verdict(cpu_ms_per_row, round(needed, 2))})"
+    )
 
 
 def machine() -> str:

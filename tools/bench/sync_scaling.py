@@ -51,6 +51,7 @@ _EPISODE_EVERY = 10  # the training sample table's default cadence
 _RATE_FLOOR = 2_000.0  # metrics rows/s
 _RATE_SPREAD = 0.20  # every size's rate within 20% of the first's
 _RSS_SPREAD = 1.10
+_PROBE_S = 1.0  # seconds of the cores' probe after each sync
 
 # The child: times the command itself (imports done) and samples its own RSS.
 _SYNC = """
@@ -182,6 +183,9 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
                 result = sync(tree, journal, server.url)
                 result["server_cpu_s"] = cpu_s(server.pid) - served
                 check_landed(server, journal, steps)
+            # What this machine gives two busy processes right after (a shared
+            # host's varies by the minute): the sync and the platform are two.
+            result["cores"] = benchlib.parallel_cores(_PROBE_S)
             rows[name].append((steps, result["seconds"], result, produced))
     t = Table(
         f"Sync scaling: primeruns sync of an offline training run by its length "
@@ -202,6 +206,8 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
             "sync ms/row",
             "of it sys",
             "platform ms/row",
+            "cores used",
+            "free",
         ],
     )
     for name, _ in trees:
@@ -229,6 +235,8 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
                 f"{rss['cpu_s'] * 1000 / steps:.2f}",
                 f"{rss.get('sys_s', 0.0) * 1000 / steps:.2f}",
                 f"{rss['server_cpu_s'] * 1000 / steps:.2f}",
+                f"{(rss['cpu_s'] + rss['server_cpu_s']) / seconds:.2f}",
+                f"{rss['cores']:.2f}",
             )
         rated = [steps / seconds for steps, seconds, _, _ in measured[1:]] or [ref_rate]
         spread = max(rated) / min(rated) - 1
@@ -256,6 +264,18 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
     t.notes.append(
         "sync s: from the command's start (interpreter and imports excluded) to its end, "
         "every sink shipped and the run closed out; a fresh local platform per run"
+    )
+    for name, _ in trees:
+        steps, _, largest, _ = rows[name][-1]
+        cpu_ms = (largest["cpu_s"] + largest["server_cpu_s"]) * 1000 / steps
+        note = benchlib.ceiling_note(largest["cores"], cpu_ms, _RATE_FLOOR)
+        t.notes.append(f"{name}, {steps:,} steps: {note}")
+    t.notes.append(
+        "cores used: the sync's and the platform's CPU over the sync's wall time; free: the "
+        f"cores' worth {os.cpu_count()} busy processes got at once right after it "
+        "(benchlib.parallel_cores; on a shared host it varies by the minute): the sync and "
+        "the platform are two busy processes, so at most that many cores ÷ their CPU per "
+        "row bounds the rate, whatever the requests in flight"
     )
     produced = [r[3] for name, _ in trees for r in rows[name]]
     t.notes.append(f"the producer logged {min(produced):,.0f}-{max(produced):,.0f} steps/s")
