@@ -26,6 +26,25 @@ median from a tenth of the sync on) with its ratio to the smallest run's
 second), and the peak; the CPU per row of the sync and the platform together,
 the figure that holds on a machine shared with other work, then split: the
 sync's (with its kernel part) and the platform's, to tell which side to look at.
+
+What bounds the rate (measured 2026-12-04, 10,000-20,000 steps, py-spy on
+both processes): the sync and the platform are CPU-bound together, so the
+rate is the cores the host gives them over their CPU per row (1.45-1.5 ms:
+the sync's ~0.95, the platform's ~0.5), not the requests in flight (1, 2, 4
+or 8 of them, windows of 64 or 200 rows, the interpreter's switch interval:
+all within the noise). Alone, the metrics rows cost ~0.57 + 0.34 ms each and
+the sample table with Prime Traces ~0.47 + 0.23 ms per step (its three
+requests and a Parquet object per 10th step): together ~10% more, the
+threads of the two sinks contending. Of the sync's interpreter time ~75% is
+httpx, httpcore and h11 (42% the metrics requests, 30% the sample table's),
+~10% the Parquet objects, ~8% the journal's bookkeeping (recording,
+acknowledging, progress, reads), ~1.5% the step table; of the platform's
+~75% is uvicorn's h11 protocol, Starlette and its middleware, and the
+handlers' own work (bodies, auth, SQLite) ~20%. The bare request pair,
+httpx against uvicorn with h11 (``request_ceiling.py``), costs 0.6-0.75 ms
+of CPU a row; so 2,000 rows/s needs about two free cores and everything but
+the requests gone, or fewer requests per row than the contract's one
+(§3.5), or a lighter HTTP stack (uvicorn picks httptools when installed).
 """
 
 from __future__ import annotations
