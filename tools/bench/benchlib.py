@@ -228,17 +228,29 @@ def parallel_cores(seconds: float = 1.0) -> float:
     return used / seconds
 
 
-def ceiling_note(cores: float, cpu_ms_per_row: float, target_rows_s: float) -> str:
-    """What CPU per row allows here: a sync and its platform busy at once get
-    ``cores`` cores' worth (``parallel_cores``), so at ``cpu_ms_per_row`` of
-    CPU (both processes' per row) no sync goes faster than ``cores`` × 1000 ÷
-    it; the CPU per row ``target_rows_s`` needs here, with the verdict."""
-    bound = cores * 1000.0 / cpu_ms_per_row
-    needed = cores * 1000.0 / target_rows_s
+def ceiling_note(cores: float, sync_ms: float, platform_ms: float, target_rows_s: float) -> str:
+    """What CPU per row allows here, with the verdict for ``target_rows_s``.
+
+    A sync and its platform busy at once get ``cores`` cores' worth
+    (``parallel_cores``), so no sync goes faster than ``cores`` × 1000 ÷ their
+    CPU per row together; and each is one interpreter (the sync's threads
+    share one lock, the platform is one event loop), so neither goes much past
+    one core: 1000 ÷ its own CPU per row (about: work outside the interpreter,
+    compression, the journal, the kernel, runs beside it). The lowest binds."""
+    bounds = {
+        f"{cores:.2f} cores' worth for both": cores * 1000.0 / (sync_ms + platform_ms),
+        "the sync's interpreter, one core": 1000.0 / sync_ms,
+        "the platform's event loop, one core": 1000.0 / platform_ms,
+    }
+    binding = min(bounds, key=lambda name: bounds[name])
+    together = cores * 1000.0 / target_rows_s
+    each = 1000.0 / target_rows_s
+    ok = sync_ms + platform_ms <= together and max(sync_ms, platform_ms) <= each
     return (
-        f"{cpu_ms_per_row:.2f} CPU ms/row on {cores:.2f} cores' worth bounds a sync at "
-        f"about {bound:,.0f} rows/s here; {target_rows_s:,.0f} rows/s needs ≤ {needed:.2f} ms/row "
-        f"({verdict(cpu_ms_per_row, round(needed, 2))})"
+        f"sync {sync_ms:.2f} + platform {platform_ms:.2f} CPU ms/row: about "
+        f"{bounds[binding]:,.0f} rows/s at most here (bound by {binding}); "
+        f"{target_rows_s:,.0f} rows/s needs ≤ {together:.2f} ms/row together and ≤ "
+        f"{each:.2f} each ({'ok' if ok else 'MISS'})"
     )
 
 

@@ -28,23 +28,25 @@ the figure that holds on a machine shared with other work, then split: the
 sync's (with its kernel part) and the platform's, to tell which side to look at.
 
 What bounds the rate (measured 2026-12-04, 10,000-20,000 steps, py-spy on
-both processes): the sync and the platform are CPU-bound together, so the
-rate is the cores the host gives them over their CPU per row (1.45-1.5 ms:
-the sync's ~0.95, the platform's ~0.5), not the requests in flight (1, 2, 4
-or 8 of them, windows of 64 or 200 rows, the interpreter's switch interval:
-all within the noise). Alone, the metrics rows cost ~0.57 + 0.34 ms each and
-the sample table with Prime Traces ~0.47 + 0.23 ms per step (its three
-requests and a Parquet object per 10th step): together ~10% more, the
-threads of the two sinks contending. Of the sync's interpreter time ~75% is
-httpx, httpcore and h11 (42% the metrics requests, 30% the sample table's),
-~10% the Parquet objects, ~8% the journal's bookkeeping (recording,
-acknowledging, progress, reads), ~1.5% the step table; of the platform's
-~75% is uvicorn's h11 protocol, Starlette and its middleware, and the
-handlers' own work (bodies, auth, SQLite) ~20%. The bare request pair,
-httpx against uvicorn with h11 (``request_ceiling.py``), costs 0.6-0.75 ms
-of CPU a row; so 2,000 rows/s needs about two free cores and everything but
-the requests gone, or fewer requests per row than the contract's one
-(§3.5), or a lighter HTTP stack (uvicorn picks httptools when installed).
+both processes): CPU, not the requests in flight (1, 2, 4 or 8 of them,
+windows of 64 or 200 rows, the interpreter's switch interval: all within the
+noise). The CPU per row is 1.45-1.7 ms, the sync's ~0.95-1.1 and the
+platform's ~0.5; on a host that gave the two processes one core's worth
+between them their sum bound the rate (~690 rows/s), on one that gave two
+the sync's own interpreter did (one core: ~800-890 rows/s, 1.3 cores used).
+Alone, the metrics rows cost ~0.57 + 0.34 ms each and the sample table with
+Prime Traces ~0.47 + 0.23 ms per step (its three requests and a Parquet
+object per 10th step): together ~10% more, the threads of the two sinks
+contending. Of the sync's interpreter time ~75% is httpx, httpcore and h11
+(42% the metrics requests, 30% the sample table's), ~10% the Parquet
+objects, ~8% the journal's bookkeeping (recording, acknowledging, progress,
+reads), ~1.5% the step table; of the platform's ~75% is uvicorn's h11
+protocol, Starlette and its middleware, and the handlers' own work (bodies,
+auth, SQLite) ~20%. The bare request pair, httpx against uvicorn with h11
+(``request_ceiling.py``), costs 0.6-0.75 ms of CPU a row, ~0.4 of it the
+client's; 2,000 rows/s needs ≤ 0.5 ms/row in the sync alone, so fewer
+requests per row than the contract's one (§3.5) or a lighter HTTP stack than
+httpx/h11 on both sides.
 """
 
 from __future__ import annotations
@@ -286,15 +288,16 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
     )
     for name, _ in trees:
         steps, _, largest, _ = rows[name][-1]
-        cpu_ms = (largest["cpu_s"] + largest["server_cpu_s"]) * 1000 / steps
-        note = benchlib.ceiling_note(largest["cores"], cpu_ms, _RATE_FLOOR)
+        sync_ms = largest["cpu_s"] * 1000 / steps
+        platform_ms = largest["server_cpu_s"] * 1000 / steps
+        note = benchlib.ceiling_note(largest["cores"], sync_ms, platform_ms, _RATE_FLOOR)
         t.notes.append(f"{name}, {steps:,} steps: {note}")
     t.notes.append(
         "cores used: the sync's and the platform's CPU over the sync's wall time; free: the "
         f"cores' worth {os.cpu_count()} busy processes got at once right after it "
         "(benchlib.parallel_cores; on a shared host it varies by the minute): the sync and "
-        "the platform are two busy processes, so at most that many cores ÷ their CPU per "
-        "row bounds the rate, whatever the requests in flight"
+        "the platform are two busy processes of one interpreter each, so their CPU per row "
+        "on those cores bounds the rate, whatever the requests in flight"
     )
     produced = [r[3] for name, _ in trees for r in rows[name]]
     t.notes.append(f"the producer logged {min(produced):,.0f}-{max(produced):,.0f} steps/s")
