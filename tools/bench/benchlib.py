@@ -15,6 +15,7 @@ import json
 import os
 import platform as pyplatform
 import statistics
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -194,6 +195,63 @@ class Table:
 def verdict(value: float, limit: float, *, at_least: bool = False) -> str:
     ok = value >= limit if at_least else value <= limit
     return f"{'ok' if ok else 'MISS'} ({'≥' if at_least else '≤'} {limit:g})"
+
+
+# A child that keeps one core busy for ``argv[1]`` seconds of wall time and
+# prints the CPU seconds it got meanwhile.
+_SPIN = """
+import sys, time
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    sum(range(1000))
+print(time.process_time())
+"""
+
+
+def parallel_cores(seconds: float = 1.0) -> float:
+    """The cores' worth of CPU this machine gives as many busy processes as it
+    has CPUs, run at once for ``seconds``: their CPU seconds over the wall
+    seconds. ``nproc`` is what the guest is told; a virtual machine whose
+    CPUs share one host core gives two busy processes about one core's worth
+    between them, and a sync and its platform are two busy processes."""
+    count = os.cpu_count() or 1
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _SPIN, str(seconds)], stdout=subprocess.PIPE, text=True
+        )
+        for _ in range(count)
+    ]
+    used = 0.0
+    for child in children:
+        out, _ = child.communicate(timeout=60 + seconds * 10)
+        used += float(out.strip().splitlines()[-1])
+    return used / seconds
+
+
+def ceiling_note(cores: float, sync_ms: float, platform_ms: float, target_rows_s: float) -> str:
+    """What CPU per row allows here, with the verdict for ``target_rows_s``.
+
+    A sync and its platform busy at once get ``cores`` cores' worth
+    (``parallel_cores``), so no sync goes faster than ``cores`` × 1000 ÷ their
+    CPU per row together; and each is one interpreter (the sync's threads
+    share one lock, the platform is one event loop), so neither goes much past
+    one core: 1000 ÷ its own CPU per row (about: work outside the interpreter,
+    compression, the journal, the kernel, runs beside it). The lowest binds."""
+    bounds = {
+        f"{cores:.2f} cores' worth for both": cores * 1000.0 / (sync_ms + platform_ms),
+        "the sync's interpreter, one core": 1000.0 / sync_ms,
+        "the platform's event loop, one core": 1000.0 / platform_ms,
+    }
+    binding = min(bounds, key=lambda name: bounds[name])
+    together = cores * 1000.0 / target_rows_s
+    each = 1000.0 / target_rows_s
+    ok = sync_ms + platform_ms <= together and max(sync_ms, platform_ms) <= each
+    return (
+        f"sync {sync_ms:.2f} + platform {platform_ms:.2f} CPU ms/row: about "
+        f"{bounds[binding]:,.0f} rows/s at most here (bound by {binding}); "
+        f"{target_rows_s:,.0f} rows/s needs ≤ {together:.2f} ms/row together and ≤ "
+        f"{each:.2f} each ({'ok' if ok else 'MISS'})"
+    )
 
 
 def machine() -> str:

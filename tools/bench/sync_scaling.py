@@ -26,6 +26,27 @@ median from a tenth of the sync on) with its ratio to the smallest run's
 second), and the peak; the CPU per row of the sync and the platform together,
 the figure that holds on a machine shared with other work, then split: the
 sync's (with its kernel part) and the platform's, to tell which side to look at.
+
+What bounds the rate (measured 2026-12-04, 10,000-20,000 steps, py-spy on
+both processes): CPU, not the requests in flight (1, 2, 4 or 8 of them,
+windows of 64 or 200 rows, the interpreter's switch interval: all within the
+noise). The CPU per row is 1.45-1.7 ms, the sync's ~0.95-1.1 and the
+platform's ~0.5; on a host that gave the two processes one core's worth
+between them their sum bound the rate (~690 rows/s), on one that gave two
+the sync's own interpreter did (one core: ~800-890 rows/s, 1.3 cores used).
+Alone, the metrics rows cost ~0.57 + 0.34 ms each and the sample table with
+Prime Traces ~0.47 + 0.23 ms per step (its three requests and a Parquet
+object per 10th step): together ~10% more, the threads of the two sinks
+contending. Of the sync's interpreter time ~75% is httpx, httpcore and h11
+(42% the metrics requests, 30% the sample table's), ~10% the Parquet
+objects, ~8% the journal's bookkeeping (recording, acknowledging, progress,
+reads), ~1.5% the step table; of the platform's ~75% is uvicorn's h11
+protocol, Starlette and its middleware, and the handlers' own work (bodies,
+auth, SQLite) ~20%. The bare request pair, httpx against uvicorn with h11
+(``request_ceiling.py``), costs 0.6-0.75 ms of CPU a row, ~0.4 of it the
+client's; 2,000 rows/s needs ≤ 0.5 ms/row in the sync alone, so fewer
+requests per row than the contract's one (§3.5) or a lighter HTTP stack than
+httpx/h11 on both sides.
 """
 
 from __future__ import annotations
@@ -51,6 +72,7 @@ _EPISODE_EVERY = 10  # the training sample table's default cadence
 _RATE_FLOOR = 2_000.0  # metrics rows/s
 _RATE_SPREAD = 0.20  # every size's rate within 20% of the first's
 _RSS_SPREAD = 1.10
+_PROBE_S = 1.0  # seconds of the cores' probe after each sync
 
 # The child: times the command itself (imports done) and samples its own RSS.
 _SYNC = """
@@ -182,6 +204,9 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
                 result = sync(tree, journal, server.url)
                 result["server_cpu_s"] = cpu_s(server.pid) - served
                 check_landed(server, journal, steps)
+            # What this machine gives two busy processes right after (a shared
+            # host's varies by the minute): the sync and the platform are two.
+            result["cores"] = benchlib.parallel_cores(_PROBE_S)
             rows[name].append((steps, result["seconds"], result, produced))
     t = Table(
         f"Sync scaling: primeruns sync of an offline training run by its length "
@@ -202,6 +227,8 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
             "sync ms/row",
             "of it sys",
             "platform ms/row",
+            "cores used",
+            "free",
         ],
     )
     for name, _ in trees:
@@ -229,6 +256,8 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
                 f"{rss['cpu_s'] * 1000 / steps:.2f}",
                 f"{rss.get('sys_s', 0.0) * 1000 / steps:.2f}",
                 f"{rss['server_cpu_s'] * 1000 / steps:.2f}",
+                f"{(rss['cpu_s'] + rss['server_cpu_s']) / seconds:.2f}",
+                f"{rss['cores']:.2f}",
             )
         rated = [steps / seconds for steps, seconds, _, _ in measured[1:]] or [ref_rate]
         spread = max(rated) / min(rated) - 1
@@ -256,6 +285,19 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
     t.notes.append(
         "sync s: from the command's start (interpreter and imports excluded) to its end, "
         "every sink shipped and the run closed out; a fresh local platform per run"
+    )
+    for name, _ in trees:
+        steps, _, largest, _ = rows[name][-1]
+        sync_ms = largest["cpu_s"] * 1000 / steps
+        platform_ms = largest["server_cpu_s"] * 1000 / steps
+        note = benchlib.ceiling_note(largest["cores"], sync_ms, platform_ms, _RATE_FLOOR)
+        t.notes.append(f"{name}, {steps:,} steps: {note}")
+    t.notes.append(
+        "cores used: the sync's and the platform's CPU over the sync's wall time; free: the "
+        f"cores' worth {os.cpu_count()} busy processes got at once right after it "
+        "(benchlib.parallel_cores; on a shared host it varies by the minute): the sync and "
+        "the platform are two busy processes of one interpreter each, so their CPU per row "
+        "on those cores bounds the rate, whatever the requests in flight"
     )
     produced = [r[3] for name, _ in trees for r in rows[name]]
     t.notes.append(f"the producer logged {min(produced):,.0f}-{max(produced):,.0f} steps/s")
