@@ -33,10 +33,8 @@ refuses, and is written by ``json.dumps`` as before.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -90,6 +88,13 @@ def _has_exponent(text: bytes) -> bool:
     return False
 
 
+#: A body this long or longer is not counted for brackets: it holds more than
+#: MAX_DEPTH of them all but always (a sample push does), and counting them
+#: cost as much as the nesting check it might have spared (two passes over
+#: the body: 5 ms of a 5.5 MB push).
+_COUNTED_BELOW = 64 * 1024
+
+
 def _may_nest_past(raw: bytes, limit: int) -> bool:
     """Whether ``raw`` may hold JSON nested past ``limit`` levels.
 
@@ -97,38 +102,83 @@ def _may_nest_past(raw: bytes, limit: int) -> bool:
     UTF-32 too), and closes with another: a body with fewer bytes, or with
     ``limit`` such bytes or fewer (strings' included), nests no further, and
     is not looked at. A trace line (~70 of them in 8 KB) is not: its nesting
-    check wrote the whole line again, indented, a tenth of the traces route."""
-    return len(raw) > 2 * limit and raw.count(b"[") + raw.count(b"{") > limit
+    check wrote the whole line again, a tenth of the traces route. A body of
+    :data:`_COUNTED_BELOW` bytes or more is taken to."""
+    if len(raw) <= 2 * limit:
+        return False
+    return len(raw) >= _COUNTED_BELOW or raw.count(b"[") + raw.count(b"{") > limit
 
 
-def _fast(raw: bytes, *, may_nest: bool) -> tuple[Any, bytes | None]:
-    """``(value, indented)``: ``raw`` parsed by orjson when that is what
-    ``json.loads`` gives, else ``_SLOW``; and, when ``raw`` ``may_nest`` past
-    the limit, orjson's indented text of it (``None`` when not, or when
-    orjson cannot write it), which :func:`parse` reads the nesting depth off."""
+def _writable_levels() -> int:
+    """How many levels of arrays orjson writes before it refuses a value
+    (``Recursion limit reached``): 254 in orjson 3.x, found by trying."""
+    low, high = 1, 4096  # orjson writes ``low`` levels and refuses ``high``
+    while high - low > 1:
+        mid = (low + high) // 2
+        value: Any = 0
+        for _ in range(mid):
+            value = [value]
+        try:
+            orjson.dumps(value)
+        except orjson.JSONEncodeError:
+            high = mid
+        else:
+            low = mid
+    return low
+
+
+#: Arrays a value is wrapped in so that orjson, writing it, refuses it
+#: exactly when it nests more than MAX_DEPTH levels itself.
+_WRAP = _writable_levels() - MAX_DEPTH
+
+
+def _written_within(value: Any) -> bytes | None:
+    """``value``'s compact text from orjson, wrapped in :data:`_WRAP` arrays;
+    ``None`` when orjson refuses it for its depth, which is then more than
+    :data:`MAX_DEPTH` levels (or, should orjson refuse a parsed value for
+    another reason, when a walk of it finds it so).
+
+    One compact write in C: what the nesting check cost before was an
+    indented write (a quarter longer) and a search of its lines for the
+    deepest margin (5 ms of a 5.5 MB sample push against 3 ms)."""
+    wrapped = value
+    for _ in range(_WRAP):
+        wrapped = [wrapped]
+    try:
+        return orjson.dumps(wrapped)
+    except orjson.JSONEncodeError:
+        if _walk_deeper_than(value, MAX_DEPTH):
+            return None
+        raise
+
+
+def _fast(raw: bytes, *, may_nest: bool) -> Any:
+    """``raw`` parsed by orjson when that is what ``json.loads`` gives, else
+    ``_SLOW``. Raises TooDeep when orjson parsed it and it nests past the
+    limit, which is looked for when ``raw`` ``may_nest`` past it."""
     try:
         value = _loads(raw)
     except orjson.JSONDecodeError:  # json.loads may take it (NaN, a BOM), or say why not
-        return _SLOW, None
-    indented = None
+        return _SLOW
     if may_nest:
-        # Nested past orjson's 255 levels to write: walked in parse.
-        with contextlib.suppress(orjson.JSONEncodeError):
-            indented = orjson.dumps(value, option=orjson.OPT_INDENT_2)
-    if indented is not None:
-        # orjson writes a float of 1e16 or more with "e+", indented or not: a
-        # body without one holds no integer orjson made a float, and its digit
-        # runs are not looked at (a pass over the whole body, a fifth of the
-        # nesting check's and this one's CPU on a sample push).
-        if _has_exponent(indented) and _LONG_RUN in raw.translate(_DIGITS):
-            return _SLOW, None
+        try:
+            written = _written_within(value)
+        except orjson.JSONEncodeError:  # not for its depth: its digit runs are looked at
+            written = b"e+"
+        if written is None:
+            raise TooDeep()
+        # orjson writes a float of 1e16 or more with "e+": a body without one
+        # holds no integer orjson made a float, and its digit runs are not
+        # looked at (a pass over the whole body).
+        if _has_exponent(written) and _LONG_RUN in raw.translate(_DIGITS):
+            return _SLOW
     elif _LONG_RUN in raw.translate(_DIGITS):
         try:
             if b"e+" in orjson.dumps(value):
-                return _SLOW, None  # a float that may have been an integer past 64 bits
-        except orjson.JSONEncodeError:  # nested past orjson's 255 levels to write
-            return _SLOW, None
-    return value, indented
+                return _SLOW  # a float that may have been an integer past 64 bits
+        except orjson.JSONEncodeError:
+            return _SLOW
+    return value
 
 
 def parse(
@@ -146,7 +196,7 @@ def parse(
     decoding them where orjson parses them (it takes UTF-8 alone)."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     may_nest = _may_nest_past(raw, MAX_DEPTH)
-    value, indented = _fast(raw, may_nest=may_nest)
+    value = _fast(raw, may_nest=may_nest)
     by_orjson = value is not _SLOW
     if not by_orjson:
         if utf8 and not isinstance(data, str):
@@ -155,11 +205,8 @@ def parse(
             value = json.loads(data, parse_constant=parse_constant)
         except RecursionError:
             raise TooDeep() from None
-    if indented is not None:
-        if _indented_deeper_than(indented, MAX_DEPTH):
+        if may_nest and _deeper_than(value):
             raise TooDeep()
-    elif may_nest and _deeper_than(value, MAX_DEPTH):
-        raise TooDeep()
     return value, by_orjson
 
 
@@ -182,36 +229,15 @@ def compact(value: Any, *, by_orjson: bool) -> bytes:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-#: In orjson's two-space indented text, a container nested D levels deep
-#: opens on a line indented 2 * (D - 1) spaces (after its key, in an object):
-#: a line indented 2 * LIMIT that opens one, or any line indented further, is
-#: in a value nesting more than LIMIT levels. What may follow that margin.
-_DEEPER_LINE = re.compile(rb' |(?:"(?:[^"\\]|\\.)*": )?[\[{]')
-
-
-def _deeper_than(value: Any, limit: int) -> bool:
-    """Whether ``value`` nests more than ``limit`` containers.
-
-    Read off orjson's indented text of it (C speed: a third of the walk's
-    time on a 25 MiB sample push); what orjson cannot write (past its 255
-    levels, an integer past 64 bits, a lone surrogate) is walked."""
+def _deeper_than(value: Any) -> bool:
+    """Whether ``value`` (``json.loads``'s) nests more than :data:`MAX_DEPTH`
+    containers: orjson's write of it wrapped
+    (:func:`_written_within`) says so in C; what orjson cannot write (an
+    integer past 64 bits) is walked."""
     try:
-        text = orjson.dumps(value, option=orjson.OPT_INDENT_2)
-    except orjson.JSONEncodeError:
-        return _walk_deeper_than(value, limit)
-    return _indented_deeper_than(text, limit)
-
-
-def _indented_deeper_than(text: bytes, limit: int) -> bool:
-    """Whether the value orjson wrote as ``text`` (``OPT_INDENT_2``) nests
-    more than ``limit`` containers."""
-    margin = b"\n" + b" " * (2 * limit)
-    at = text.find(margin)
-    while at >= 0:
-        if _DEEPER_LINE.match(text, at + len(margin)):
-            return True
-        at = text.find(margin, at + len(margin))
-    return False
+        return _written_within(value) is None
+    except orjson.JSONEncodeError:  # walked already: not deeper
+        return False
 
 
 def _walk_deeper_than(value: Any, limit: int) -> bool:

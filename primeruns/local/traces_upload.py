@@ -12,6 +12,7 @@ uploads shows up twice (``rows > distinct`` in ``/_local/runs/{id}``).
 
 from __future__ import annotations
 
+import operator
 import sqlite3
 import time
 from typing import Any
@@ -38,9 +39,14 @@ _EPISODE_COLUMNS = [
 ]
 
 
-def _insert(conn: sqlite3.Connection, table: str, columns: list[str], rows: list[Any]) -> None:
+def _insert(
+    conn: sqlite3.Connection, table: str, columns: list[str], rows: list[dict[str, Any]]
+) -> None:
+    """``rows`` (each a mapping holding every column) inserted in one
+    statement, each row's values picked in C (``itemgetter``): a dict copy
+    and a generator a row cost ~10 µs of an episode's ~120."""
     sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
-    conn.executemany(sql, rows)
+    conn.executemany(sql, map(operator.itemgetter(*columns), rows))
 
 
 def replay(conn: sqlite3.Connection, upload: Upload) -> tuple[int, bytes] | None:
@@ -90,26 +96,14 @@ def commit(conn: sqlite3.Connection, upload: Upload, ingested_at: float) -> tupl
         ),
     )
     context = dumps(upload.context)
-    _insert(
-        conn,
-        "traces",
-        _TRACE_COLUMNS,
-        [
-            tuple(
-                {**t, "upload_id": upload.upload_id, "context": context}[c] for c in _TRACE_COLUMNS
-            )
-            for t in upload.traces
-        ],
-    )
-    _insert(
-        conn,
-        "episodes",
-        _EPISODE_COLUMNS,
-        [
-            tuple({**e, "upload_id": upload.upload_id}[c] for c in _EPISODE_COLUMNS)
-            for e in upload.episodes
-        ],
-    )
+    # The staged rows are this request's own: completed in place.
+    for trace in upload.traces:
+        trace["upload_id"] = upload.upload_id
+        trace["context"] = context
+    for episode in upload.episodes:
+        episode["upload_id"] = upload.upload_id
+    _insert(conn, "traces", _TRACE_COLUMNS, upload.traces)
+    _insert(conn, "episodes", _EPISODE_COLUMNS, upload.episodes)
     return 201, body.encode()
 
 

@@ -192,6 +192,46 @@ def test_nesting_is_measured_whatever_the_keys_and_the_shape(key: str, shape: st
                 assert jsonlimits.loads(data) == value
 
 
+LARGE = 64 * 1024  # a body this long is checked without counting its brackets
+
+
+@pytest.mark.parametrize("shape", ["l", "d", "ld"])
+def test_a_large_body_nested_past_the_limit_is_refused_and_one_within_it_read(
+    shape: str,
+) -> None:
+    """A body of 64 KiB or more (a sample push) is measured by orjson's own
+    write of it: 101 levels are refused, 100 pass, with a member beside them
+    or not, and brackets in its strings change nothing."""
+    pad = "[{" * (LARGE // 2)
+    for depth in (99, 100, 101):
+        inner = _nest((shape * depth)[:depth], "k")
+        for value, levels in (({"pad": pad, "v": inner}, depth + 1), ([inner, pad], depth + 1)):
+            data = json.dumps(value).encode()
+            assert len(data) > LARGE
+            if levels > jsonlimits.MAX_DEPTH:
+                with pytest.raises(jsonlimits.TooDeep, match="limit of 100 levels"):
+                    jsonlimits.parse(data)
+            else:
+                assert jsonlimits.parse(data) == (value, True)
+
+
+@pytest.mark.parametrize("depth", [255, 1000, 5000])
+def test_a_large_body_nested_past_what_orjson_writes_or_reads_is_refused(depth: int) -> None:
+    data = b'{"pad": "' + b"x" * LARGE + b'", "v": ' + b"[" * depth + b"]" * depth + b"}"
+    with pytest.raises(jsonlimits.TooDeep):
+        jsonlimits.parse(data)
+
+
+def test_an_integer_past_64_bits_in_a_large_body_is_read_by_json_loads() -> None:
+    body = b'{"pad": "' + b"1234567890" * (LARGE // 10) + b'", "n": 123456789012345678901}'
+    value, by_orjson = jsonlimits.parse(body)
+    assert not by_orjson
+    assert value == json.loads(body) and isinstance(value["n"], int)
+    plain = body.replace(b"123456789012345678901}", b"12345678901234567}")
+    value, by_orjson = jsonlimits.parse(plain)
+    assert by_orjson and value == json.loads(plain)
+
+
 @pytest.mark.parametrize(
     "line",
     [b'{"a": "\xc3\xa9", "n": [1, 2.5]}', b'{"x": NaN}', b'{"s": "\\ud800"}', b"[1e400]"],

@@ -94,6 +94,44 @@ def test_pushed_samples_are_stored_as_json_text_and_read_back_as_sent(
     assert stored == [("text", "a"), ("text", "b")]
 
 
+def test_pushes_to_two_evaluations_interleaved_keep_each_samples_order_and_row(
+    api: httpx.Client, platform: LocalPlatform
+) -> None:
+    """Pushes to two evaluations in turn: each reads back its samples in the
+    order pushed, each body numbered after the one before in the table, and
+    the dashboard's row of each sample (eval_sample_rows) under its body's
+    number."""
+    first, second = _eval(api), _eval(api)
+    pushed: dict[str, list[dict[str, object]]] = {first: [], second: []}
+    for round_ in range(3):
+        for eval_id in (first, second):
+            rows = [
+                {"sample_id": f"{eval_id}-{round_}-{i}", "reward": i / 4, "task": "t"}
+                for i in range(1 + round_ * 2)
+            ]
+            pushed[eval_id] += rows
+            answer = api.post(f"/evaluations/{eval_id}/samples", json={"samples": rows})
+            assert answer.json()["inserted"] == len(rows)
+    for eval_id, rows in pushed.items():
+        page = api.get(f"/evaluations/{eval_id}/samples", params={"limit": 100}).json()
+        assert page["samples"] == rows and page["total"] == len(rows)
+    with contextlib.closing(sqlite3.connect(platform.data_dir / "platform.sqlite3")) as conn:
+        bodies = conn.execute(
+            "SELECT row, eval_id, sample_id FROM eval_samples WHERE eval_id IN (?, ?) ORDER BY row",
+            (first, second),
+        ).fetchall()
+        facts = conn.execute(
+            "SELECT row, eval_id, sample_id, reward FROM eval_sample_rows"
+            " WHERE eval_id IN (?, ?) ORDER BY row",
+            (first, second),
+        ).fetchall()
+    numbers = [row for row, _, _ in bodies]
+    assert numbers == list(range(numbers[0], numbers[0] + len(numbers)))
+    assert [b[2] for b in bodies if b[1] == first] == [r["sample_id"] for r in pushed[first]]
+    assert [f[:3] for f in facts] == bodies
+    assert [f[3] for f in facts if f[1] == second] == [r["reward"] for r in pushed[second]]
+
+
 @pytest.mark.parametrize(
     ("method", "path", "body"),
     [

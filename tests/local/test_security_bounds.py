@@ -127,3 +127,42 @@ def test_sigterm_ends_serve_while_an_injected_latency_sleeps(
     answer = outcome[0]
     assert not isinstance(answer, httpx.Response) or answer.status_code == 503, answer
     assert "Traceback" not in p.log_path.read_text(errors="replace")
+
+
+def test_a_sample_push_nested_past_the_limit_is_refused_whole_and_one_within_it_stored(
+    local_platform: LocalPlatform,
+) -> None:
+    """A push of the size the SDK sends (hundreds of KB) with one sample
+    nested a level too deep is a 422 naming the limit, and none of its rows
+    is stored; the same push a level shallower is stored whole."""
+    url = local_platform.url
+    created = httpx.post(
+        f"{url}/api/v1/evaluations/", json={"environments": [{"id": "e"}]}, timeout=10
+    )
+    samples_url = f"{url}/api/v1/evaluations/{created.json()['evaluation_id']}/samples"
+    filler = [{"sample_id": f"s{i}", "completion": "[{" * 2000} for i in range(100)]
+
+    def push(levels: int) -> httpx.Response:
+        # The body, its list of samples and the sample are three of the levels.
+        deep = b"[" * (levels - 3) + b"]" * (levels - 3)
+        body = (
+            b'{"samples": ['
+            + b",".join(httpx.Request("POST", "/", json=s).content for s in filler)
+            + b', {"sample_id": "deep", "v": '
+            + deep
+            + b"}]}"
+        )
+        assert len(body) > 256 * 1024
+        headers = {"Content-Type": "application/json"}
+        return httpx.post(samples_url, content=body, headers=headers, timeout=30)
+
+    refused = push(101)
+    assert refused.status_code == 422
+    assert refused.json()["detail"] == (
+        "Body is refused: JSON nests deeper than the limit of 100 levels"
+    )
+    assert httpx.get(samples_url, timeout=10).json()["total"] == 0
+    stored = push(100)
+    assert stored.status_code == 200 and stored.json()["inserted"] == 101
+    rows = httpx.get(f"{samples_url}?limit=1000", timeout=10).json()["samples"]
+    assert [r["sample_id"] for r in rows] == [*(s["sample_id"] for s in filler), "deep"]

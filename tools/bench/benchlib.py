@@ -106,10 +106,27 @@ def isolated_env(url: str | None) -> Iterator[Path]:
 
 
 @contextlib.contextmanager
-def local_platform(data_dir: Path) -> Iterator[LocalPlatform]:
-    """A started local platform (any key, every team) on loopback."""
+def local_platform(data_dir: Path, tree: Path | None = None) -> Iterator[LocalPlatform]:
+    """A started local platform (any key, every team) on loopback; the code of
+    checkout ``tree`` (its package first on the server's path) when given."""
     server = LocalPlatform(data_dir)
-    server.start()
+    if tree is None:
+        server.start()
+    else:
+        # The server takes our environment and working directory as it starts,
+        # and ``python -m`` puts that directory first on its path (a checkout's
+        # root would win over PYTHONPATH): both are the tree's while it starts.
+        saved, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(tree), *filter(None, [saved])])
+        os.chdir(tree)
+        try:
+            server.start()
+        finally:
+            os.chdir(cwd)
+            if saved is None:
+                del os.environ["PYTHONPATH"]
+            else:
+                os.environ["PYTHONPATH"] = saved
     try:
         yield server
     finally:

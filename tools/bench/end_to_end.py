@@ -52,8 +52,10 @@ the SDK's, is outside every span; see ``journal_cpu.py``).
 
 ``--before TREE`` adds a fourth producer, ``before``: this SDK as shipped
 from another checkout (its package first on the worker's path), in the same
-rotation and against the same local platform's code, for a before/after
-measured in one run (the table's ``ours ÷ this`` is then after ÷ before).
+rotation, against a local platform of that checkout's code (its package first
+on the server's path too), for a before/after of the whole checkout measured
+in one run (the table's ``ours ÷ this`` is then after ÷ before; the server
+CPU note, the platform's before and after).
 
 Budgets (DESIGN §7, issue #32): ours ≥ 1× the vendor's episodes/s, although
 every episode goes to two sinks here; CPU per episode, producer + uplink, ≤ 1.5×
@@ -195,7 +197,8 @@ def run(quick: bool, repeat: int | None = None, before: Path | None = None) -> l
                 # twice the CPU, mostly kernel time in fresh pages, and
                 # whichever producer ran last paid for the others.
                 data = scratch / f"platform-{round_}-{sdks.index(sdk)}"
-                with benchlib.local_platform(data) as server:
+                tree = before if sdk == BEFORE else None
+                with benchlib.local_platform(data, tree) as server:
                     env = dict(os.environ, PRIME_TRACES_URL=server.url)
                     if sdk == BEFORE and before is not None:
                         env["PYTHONPATH"] = os.pathsep.join(
