@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import gc
 import json
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -186,6 +187,7 @@ def parse(
     *,
     parse_constant: Callable[[str], Any] | None = None,
     utf8: bool = False,
+    as_written: bool = False,
 ) -> tuple[Any, bool]:
     """``(loads(data), by_orjson)``: ``by_orjson`` when orjson parsed it, so
     every number in it is a finite float or an integer within 64 bits (orjson
@@ -193,7 +195,12 @@ def parse(
 
     ``utf8``: bytes read as ``loads(data.decode("utf-8"))`` reads them (no
     BOM, no UTF-16; UnicodeDecodeError when they are not UTF-8), without
-    decoding them where orjson parses them (it takes UTF-8 alone)."""
+    decoding them where orjson parses them (it takes UTF-8 alone).
+
+    ``as_written``: ``data`` is kept as sent (a bare trace's line), so its
+    text is measured too, not only its value (a key repeated in an object
+    keeps its last copy, and the text may nest far deeper: stored, a read
+    of it recursed past the interpreter's limit)."""
     raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else data
     may_nest = _may_nest_past(raw, MAX_DEPTH)
     value = _fast(raw, may_nest=may_nest)
@@ -207,6 +214,8 @@ def parse(
             raise TooDeep() from None
         if may_nest and _deeper_than(value):
             raise TooDeep()
+    if as_written and may_nest and _text_deeper_than(raw):
+        raise TooDeep()
     return value, by_orjson
 
 
@@ -238,6 +247,29 @@ def _deeper_than(value: Any) -> bool:
         return _written_within(value) is None
     except orjson.JSONEncodeError:  # walked already: not deeper
         return False
+
+
+#: A string, escapes and all, met outside one (valid JSON: from its opening quote).
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+#: Every byte but brackets, deleted; what is left of an object's, an array's.
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_AS_ARRAYS = bytes.maketrans(b"{}", b"[]")
+
+
+def _text_deeper_than(raw: bytes) -> bool:
+    """Whether the valid JSON text ``raw`` nests more than :data:`MAX_DEPTH`
+    levels as written, which its value may not show: of a key repeated in an
+    object only the last copy is kept, however deep the ones before nest.
+
+    In C: the strings taken out, then all but brackets; each pass of
+    ``replace`` takes the innermost pairs away, one level a pass."""
+    brackets = _STRING.sub(b"", raw).translate(_AS_ARRAYS, _NOT_BRACKETS)
+    for _ in range(MAX_DEPTH):
+        peeled = brackets.replace(b"[]", b"")
+        if len(peeled) == len(brackets):
+            return False  # nothing left
+        brackets = peeled
+    return bool(brackets)
 
 
 def _walk_deeper_than(value: Any, limit: int) -> bool:

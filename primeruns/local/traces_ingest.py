@@ -166,10 +166,13 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def _decode_line(line: bytes, number: int) -> tuple[dict[str, Any], bool]:
-    """The line's object, and whether orjson parsed it (``jsonlimits.parse``)."""
+def _decode_line(line: bytes, number: int, *, as_written: bool) -> tuple[dict[str, Any], bool]:
+    """The line's object, and whether orjson parsed it (``jsonlimits.parse``);
+    ``as_written``: the line is stored as sent (a bare trace)."""
     try:
-        doc, by_orjson = jsonlimits.parse(line, parse_constant=_reject_constant, utf8=True)
+        doc, by_orjson = jsonlimits.parse(
+            line, parse_constant=_reject_constant, utf8=True, as_written=as_written
+        )
     except UnicodeDecodeError:
         raise rejected("malformed_encoding", f"line {number} is not UTF-8") from None
     except ValueError as exc:
@@ -269,7 +272,7 @@ def stage_rows(upload: Upload, ingested_at: float) -> Upload:
 
     for number, line in _lines(data):
         upload.lines += 1
-        doc, by_orjson = _decode_line(line, number)
+        doc, by_orjson = _decode_line(line, number, as_written=line_format == "trace")
         is_episode_line = isinstance(doc.get("traces"), list)
         if is_episode_line != (line_format == "episode"):
             raise rejected(

@@ -401,11 +401,15 @@ class Shipper:
             return None
         if (
             want < limits[0]
-            and len(result.entries) >= want
             and (prepared is None or prepared.last_seq is None)
+            and result.next_after < self.journal.last_seq()
         ):
-            # It took every entry of a read cut short by ``want``: with more,
-            # it might have gone on past them. Read again, in full.
+            # It took every entry of a read that stopped short of the log's
+            # end: with more, it might have gone on past them. Read again, in
+            # full. Not only when ``want`` entries came back: a read through
+            # the reads shared with Prime Traces counts its bare traces too
+            # (``SharedReads``), so a step's 8 episodes of 16 entries read
+            # were all taken, and the step went in two objects.
             self._want = None
             return None
         if prepared is None:

@@ -257,3 +257,22 @@ def test_utf8_bytes_refuse_what_their_text_refuses(line: bytes) -> None:
     with pytest.raises(ValueError) as theirs:
         json.loads(text)
     assert str(ours.value) == str(theirs.value)
+
+
+@pytest.mark.parametrize("string", ['[{\\"[', "\\\\[\\\\", '\\\\\\"[{', "\\u005b["])
+def test_text_kept_as_written_is_measured_as_written(string: str) -> None:
+    """``as_written``: a key repeated past the limit is refused though its
+    value keeps only the last copy; brackets in strings, escaped quotes and
+    backslashes among them, change nothing."""
+    pad = '"' + string * 60 + '"'
+    for depth in (99, 100):
+        shallow = f'{{"s": {pad}, "x": {"[" * depth}{"]" * depth}, "x": 1}}'.encode()
+        deep = f'{{"s": {pad}, "x": {"[" * (depth + 1)}{"]" * (depth + 1)}, "x": 1}}'.encode()
+        assert jsonlimits.parse(shallow)[0]["x"] == 1 == jsonlimits.parse(deep)[0]["x"]
+        if depth == 99:  # the object and 99 arrays: 100 levels
+            assert jsonlimits.parse(shallow, as_written=True)[0]["x"] == 1
+            with pytest.raises(jsonlimits.TooDeep):
+                jsonlimits.parse(deep, as_written=True)
+        else:
+            with pytest.raises(jsonlimits.TooDeep):
+                jsonlimits.parse(shallow, as_written=True)

@@ -3,13 +3,14 @@ nested JSON, and a SIGTERM while an injected latency sleeps."""
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 from hostile import nested_json, nested_trace_line, newline_gzip_bomb, traces_upload
-from local_helpers import error_code, post_upload
+from local_helpers import error_code, post_upload, trace
 from sdk_helpers import wait_for
 
 from primeruns.local import LocalPlatform
@@ -166,3 +167,32 @@ def test_a_sample_push_nested_past_the_limit_is_refused_whole_and_one_within_it_
     assert stored.status_code == 200 and stored.json()["inserted"] == 101
     rows = httpx.get(f"{samples_url}?limit=1000", timeout=10).json()["samples"]
     assert [r["sample_id"] for r in rows] == [*(s["sample_id"] for s in filler), "deep"]
+
+
+def test_a_bare_trace_nesting_past_the_limit_in_a_repeated_key_is_refused(
+    local_platform: LocalPlatform,
+) -> None:
+    """A bare trace's line is stored as sent: one whose first copy of a
+    repeated key nests 1,000 levels parsed to a shallow value (the last copy
+    wins) and was stored, and the trace's nodes, calls and its run's search
+    answered 500 ever after (json.loads of the stored line recursed past the
+    interpreter's limit). Refused as any line nested past the limit."""
+    url = local_platform.url
+    doc = trace("run-repeated-key", trace_id="repeated-key")
+    doc["nodes"] = [{"message": {"role": "user", "content": "hello there"}}]
+    for depth in (101, 1000):
+        line = json.dumps(doc)[:-1] + ', "x": ' + "[" * depth + "]" * depth + ', "x": 1}'
+        r = post_upload(url, line.encode() + b"\n")
+        assert r.status_code == 400 and error_code(r) == "invalid_trace", (depth, r.text)
+        assert "100 levels" in r.json()["error"]["message"]
+    assert httpx.get(f"{url}/api/v1/traces/repeated-key", timeout=10).status_code == 404
+    # Within the limit, a repeated key is stored as sent, and read.
+    line = json.dumps(doc)[:-1] + ', "x": ' + "[" * 99 + "]" * 99 + ', "x": 1}'
+    assert post_upload(url, line.encode() + b"\n").status_code == 201
+    raw = httpx.get(f"{url}/api/v1/traces/repeated-key?raw=true", timeout=10)
+    assert raw.content == line.encode()
+    nodes = httpx.get(f"{url}/api/v1/traces/repeated-key/nodes", timeout=10)
+    assert nodes.status_code == 200, nodes.text
+    search = httpx.get(f"{url}/api/v1/runs/run-repeated-key/search?query=hello", timeout=10)
+    assert search.status_code == 200, search.text
+    assert "Traceback" not in local_platform.log_path.read_text(errors="replace")

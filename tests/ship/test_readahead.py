@@ -15,6 +15,7 @@ from typing import Any
 from primeruns.journal import Entry, EntryKind, Journal
 from primeruns.ship.policy import RetryPolicy
 from primeruns.ship.readahead import ReadAhead
+from primeruns.ship.sharedreads import SharedReads
 from primeruns.ship.shipper import Shipper
 from primeruns.sinks.base import Binding, NoProgress, Prepared, SendContext
 
@@ -216,3 +217,36 @@ def test_steps_of_uneven_size_go_as_they_would_read_in_full(tmp_path: Path) -> N
         ids = [f"{step}.{i}" for i in range(size)]
         expected += [ids[at : at + 512] for at in range(0, size, 512)]
     assert sink.batches == expected
+
+
+def test_a_step_read_through_the_shared_reads_with_traces_between_is_not_split(
+    tmp_path: Path,
+) -> None:
+    # Through the reads shared with Prime Traces, a bare trace logged after
+    # each episode counted towards a read cut short to about twice the last
+    # step: 16 entries read brought 8 episodes of a step of 12, all taken,
+    # and the step went in two objects where 512 entries read kept it whole.
+    journal = Journal.create(tmp_path / "runs")
+    sizes = [1] * 600 + [12, 1, 30, 1, 1, 5]
+    for step, size in enumerate(sizes):
+        for i in range(size):
+            journal.append(
+                EntryKind.EPISODE, [json.dumps({"id": f"{step}.{i}", "step": step}).encode()]
+            )
+            if step >= 600:
+                journal.append(EntryKind.TRACE, [json.dumps({"id": f"t{step}.{i}"}).encode()])
+    sink = Steps()
+    shipper = Shipper(
+        journal,
+        sink,
+        binding=lambda: _BOUND,
+        training=True,
+        policy=_FAST,
+        on_failure=lambda what, exc: None,
+        reads=SharedReads(journal, frozenset({EntryKind.EPISODE, EntryKind.TRACE})),
+    )
+    shipper.start()
+    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 30)
+    shipper.stop(timeout=5)
+    journal.close()
+    assert sink.batches == [[f"{step}.{i}" for i in range(size)] for step, size in enumerate(sizes)]
