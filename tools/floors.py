@@ -43,6 +43,9 @@ FLOOR_TESTS = (
     "tests/local/test_dashboard_pages.py",
     "tests/local/test_dashboard_charts.py",
     "tests/local/test_security_bounds.py",
+    # What orjson writes and refuses differs by version (the sign of a float's
+    # exponent; whether an empty array counts toward its depth limit).
+    "tests/local/test_jsonlimits.py",
     "tests/cli/test_cli_conventions.py",
     "tests/test_sdk_eval.py",
     "tests/test_sdk_train.py",
