@@ -22,7 +22,7 @@ digits in a string (a hex digest holds one in about 150), which sent whole
 of every sample: 6x the CPU). So a body with such a run is parsed by orjson
 all the same, and handed to ``json.loads`` only if it holds a float that
 could have been such an integer (one of 1e16 or more, which orjson writes
-with ``e+``, as ``repr`` does, or before orjson 3.10 with ``e`` alone).
+with ``e+``, as ``repr`` does, or before orjson 3.11.7 with ``e`` alone).
 
 What the platform stores it re-encodes (a sample's body, a trace's raw
 document): :func:`compact` writes with orjson what orjson parsed (:func:`parse`
@@ -77,10 +77,10 @@ def _loads(raw: bytes) -> Any:
             gc.enable()
 
 
-#: orjson 3.10 and later write a float of 1e16 or more with ``e+`` (``1e+16``,
+#: orjson 3.11.7 and later write a float of 1e16 or more with ``e+`` (``1e+16``,
 #: as ``repr`` does); earlier ones without the sign (``1e16``). Found by trying.
 _SIGNED_EXPONENT = b"e+" in orjson.dumps(1e16)
-#: A positive exponent as orjson before 3.10 writes one: a digit either side.
+#: A positive exponent as orjson before 3.11.7 writes one: a digit either side.
 _UNSIGNED_EXPONENT = re.compile(rb"[0-9]e[0-9]")
 
 
@@ -123,7 +123,7 @@ def _may_nest_past(raw: bytes, limit: int) -> bool:
 def _writable_levels() -> int:
     """How many levels of containers orjson writes before it refuses a value
     (``Recursion limit reached``), for the innermost container that counts
-    least: 254 in orjson 3.x, but before 3.10 an empty array innermost is not
+    least: 254 in orjson 3.x, but before 3.12 an empty array innermost is not
     counted (255 of them are written, and a value one level past the limit
     whose innermost array is empty passed). Found by trying each shape; a
     value that another shape makes orjson refuse within the limit is walked
