@@ -58,8 +58,9 @@ def _journal(tmp_path: Path, n: int) -> Journal:
     return journal
 
 
-def _drain(journal: Journal, sink: Any) -> None:
-    """Ship everything in ``journal`` to ``sink``, then stop."""
+def _drain(journal: Journal, sink: Any, reads: SharedReads | None = None) -> None:
+    """Ship everything in ``journal`` to ``sink`` (through ``reads``, the reads
+    shared with another sink, when given), then stop."""
     shipper = Shipper(
         journal,
         sink,
@@ -67,6 +68,7 @@ def _drain(journal: Journal, sink: Any) -> None:
         training=True,
         policy=_FAST,
         on_failure=lambda what, exc: None,
+        reads=reads,
     )
     shipper.start()
     assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 30)
@@ -236,17 +238,6 @@ def test_a_step_read_through_the_shared_reads_with_traces_between_is_not_split(
             if step >= 600:
                 journal.append(EntryKind.TRACE, [json.dumps({"id": f"t{step}.{i}"}).encode()])
     sink = Steps()
-    shipper = Shipper(
-        journal,
-        sink,
-        binding=lambda: _BOUND,
-        training=True,
-        policy=_FAST,
-        on_failure=lambda what, exc: None,
-        reads=SharedReads(journal, frozenset({EntryKind.EPISODE, EntryKind.TRACE})),
-    )
-    shipper.start()
-    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 30)
-    shipper.stop(timeout=5)
+    _drain(journal, sink, SharedReads(journal, frozenset({EntryKind.EPISODE, EntryKind.TRACE})))
     journal.close()
     assert sink.batches == [[f"{step}.{i}" for i in range(size)] for step, size in enumerate(sizes)]
