@@ -16,7 +16,7 @@ import argparse
 import contextlib
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -363,46 +363,58 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[_Step]:
         return _with_children([resolve_run(ref, runs_dir) for ref in args.runs], offline=offline)
     if not args.all and not offline:
         raise CommandError("name the runs to replay, or pass --all")
-    chosen: list[Path] = []
-    children: set[Path] = set()
-    passed_over: dict[str, list[str]] = {}  # a parent's local id: its children skipped
-    shipped = 0
     root = sync_root()
-    listed = statuses(runs_dir)
-    for status in listed:
+    found = _Sorting()
+    for status in statuses(runs_dir):
+        why = found.add(status, root, offline=offline)
+        if why:
+            print(inert(f"{status.info.path.name}: skipped: {why}"), file=sys.stderr)
+    if found.shipped and not args.json:
+        print(
+            f"{found.shipped} journal(s) already shipped and closed out: skipped", file=sys.stderr
+        )
+    return found.steps()
+
+
+@dataclass
+class _Sorting:
+    """Journals sorted out for a pass of ``--all`` or ``--watch``: those it
+    ships (``chosen``), forked children among them, and the children it
+    passes over with something left to ship (``passed_over``, by their run's
+    local id), for whose records their run's close-out waits."""
+
+    chosen: list[Path] = field(default_factory=list)
+    listed: list[RunStatus] = field(default_factory=list)  # every original looked at
+    children: set[Path] = field(default_factory=set)
+    passed_over: dict[str, list[str]] = field(default_factory=dict)
+    shipped: int = 0  # passed over with nothing left to ship
+
+    def add(self, status: RunStatus, root: Path, *, offline: bool) -> str | None:
+        """Sort ``status``'s journal; why it is passed over (``_skipped``)."""
+        path = status.info.path
+        self.listed.append(status)
         parent = status.info.meta.get(K_FORK_PARENT)
         if parent:
-            children.add(status.info.path)
+            self.children.add(path)
         why = _skipped(status, root, offline=offline)
         if why is None:
-            chosen.append(status.info.path)
-        elif why:
-            print(inert(f"{status.info.path.name}: skipped: {why}"), file=sys.stderr)
-            if parent:
-                passed_over.setdefault(str(parent), []).append(status.info.path.name)
-        else:
-            shipped += 1
-    if shipped and not args.json:
-        print(f"{shipped} journal(s) already shipped and closed out: skipped", file=sys.stderr)
-    return _in_order(chosen, listed, children, passed_over)
+            self.chosen.append(path)
+        elif why and parent:
+            self.passed_over.setdefault(str(parent), []).append(path.name)
+        elif not why:
+            self.shipped += 1
+        return why
 
-
-def _in_order(
-    chosen: list[Path],
-    listed: list[RunStatus],
-    children: set[Path],
-    passed_over: dict[str, list[str]],
-) -> list[_Step]:
-    """The steps shipping ``chosen`` (``_ordered``), a run's naming its
-    forked children passed over (``passed_over``, by the run's local id):
-    its close-out waits for them."""
-    ids = {s.info.path: s.info.local_id for s in listed}
-    return [
-        replace(step, waits_for=tuple(passed_over[ids[step.path]]))
-        if not step.register_only and ids.get(step.path) in passed_over
-        else step
-        for step in _ordered(chosen, listed, children)
-    ]
+    def steps(self) -> list[_Step]:
+        """The steps shipping ``chosen`` (``_ordered``), a run's naming its
+        forked children passed over: its close-out waits for them."""
+        ids = {s.info.path: s.info.local_id for s in self.listed}
+        return [
+            replace(step, waits_for=tuple(self.passed_over[ids[step.path]]))
+            if not step.register_only and ids.get(step.path) in self.passed_over
+            else step
+            for step in _ordered(self.chosen, self.listed, self.children)
+        ]
 
 
 def _ordered(chosen: list[Path], listed: list[RunStatus], children: set[Path]) -> list[_Step]:
@@ -645,10 +657,7 @@ def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[_S
         return [s for s in _targets(args, offline=True) if seen.get(s.path) != fingerprint(s.path)]
     runs_dir = runs_dir_of(args)
     root = sync_root()
-    chosen: list[Path] = []
-    listed: list[RunStatus] = []  # the originals looked at
-    children: set[Path] = set()
-    passed_over: dict[str, list[str]] = {}  # as in _targets: the run's close-out waits
+    found = _Sorting()
     journals, untrusted = journal_dirs(runs_dir)  # another user's are never synced
     with contextlib.suppress(OSError):
         for path in journals:
@@ -656,20 +665,11 @@ def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[_S
                 continue
             origin = Origin.read_beside(path)
             if origin is not None and not origin.is_original(path.absolute()):
-                chosen.append(path)  # a copy
+                found.chosen.append(path)  # a copy
                 continue
-            status = _status_of(path)
-            listed.append(status)
-            parent = status.info.meta.get(K_FORK_PARENT)
-            if parent:
-                children.add(path)
-            why = _skipped(status, root, offline=True)
-            if why is None:
-                chosen.append(path)
-            elif why and parent:
-                passed_over.setdefault(str(parent), []).append(path.name)
+            found.add(_status_of(path), root, offline=True)
     # Ordered as --all: a forked child before its run's close-out.
-    return _in_order(chosen, listed, children, passed_over)
+    return found.steps()
 
 
 def _watch(args: argparse.Namespace, options: ShipOptions) -> int:
