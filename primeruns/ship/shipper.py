@@ -135,6 +135,7 @@ class Shipper:
         # Entries read for the next batch while batches take a prefix, of a
         # sink that asks so (``readahead.next_want``); None: its max_entries.
         self._want: int | None = None
+        self._reads_ahead = bool(getattr(sink, "reads_ahead_of_batch", False))
         self._hurry_until = 0.0  # no lingering until then (a flush waits)
         self._shrink = 1  # batch size divisor after journal write failures
         self._isolate: int | None = None  # entry cap while a rejected record is isolated
@@ -421,7 +422,7 @@ class Shipper:
         inflight = self._record(
             prepared, result.entries[0].seq, result.entries[-1].seq, result.next_after
         )
-        if self._left_behind and getattr(sink, "reads_ahead_of_batch", False):
+        if self._left_behind and self._reads_ahead:
             used = sum(1 for e in result.entries if e.seq <= inflight.last_seq)
             self._want = next_want(used, want)
         else:

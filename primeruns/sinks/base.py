@@ -109,7 +109,11 @@ class Sink(Protocol):
     A sink may also set ``prepares_while_sending = True`` (read with
     ``getattr``; default False): its ``prepare`` for the next batch and its
     ``send`` of the batch in flight may then run at once, on two threads
-    (``ship.early``), so neither may change what the other reads.
+    (``ship.early``), so neither may change what the other reads. And
+    ``reads_ahead_of_batch = True`` (the same way): its batches take a
+    prefix of what is read (one training step), so the shipper reads about
+    twice the last batch for the next, not ``max_entries``
+    (``ship.readahead.next_want``).
     """
 
     name: str
