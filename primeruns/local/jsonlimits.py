@@ -187,13 +187,15 @@ def _fast(raw: bytes, *, may_nest: bool) -> Any:
         try:
             written = _written_within(value)
         except orjson.JSONEncodeError:  # not for its depth: its digit runs are looked at
-            written = b"1e+16" if _SIGNED_EXPONENT else b"1e16"
-        if written is None:
-            raise TooDeep()
-        # orjson writes a float of 1e16 or more with an exponent: a body without one
-        # holds no integer orjson made a float, and its digit runs are not
-        # looked at (a pass over the whole body).
-        if _has_exponent(written) and _LONG_RUN in raw.translate(_DIGITS):
+            exponent = True
+        else:
+            if written is None:
+                raise TooDeep()
+            # orjson writes a float of 1e16 or more with an exponent: a body
+            # without one holds no integer orjson made a float, and its digit
+            # runs are not looked at (a pass over the whole body).
+            exponent = _has_exponent(written)
+        if exponent and _LONG_RUN in raw.translate(_DIGITS):
             return _SLOW
     elif _LONG_RUN in raw.translate(_DIGITS):
         try:
