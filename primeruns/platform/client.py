@@ -13,6 +13,10 @@ building one loads the CA bundle, which cost more than a one-episode run's
 shipping, and a run builds several clients (its registration, the
 environments it resolves, its uplink's).
 
+The API's small calls (a metrics row, a lifecycle call) go on the standard
+library's ``http.client`` instead, where httpx would add nothing (:mod:`.plain`
+says when): a backlog of metrics rows is bound by the client's CPU per call.
+
 ``transport`` is the testing seam (as in httpx itself): an
 ``httpx.MockTransport`` answers every request of the three peers in-process,
 so a sink is tested in milliseconds without a server. ``default_transport``
@@ -25,17 +29,21 @@ from __future__ import annotations
 import json
 import os
 import platform as _platform
+import re
 import ssl
 import threading
 import time
+import urllib.request
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
 from ..exceptions import UnprovenAnswerError
 from .cookies import keep_cookies_lazily
 from .errors import error_from_response, error_from_transport
+from .plain import MAX_BODY, PlainConnections, Target, httpx_as_shipped
 from .settings import Settings
 
 __all__ = ["PlatformClient", "json_body"]
@@ -77,16 +85,22 @@ def json_body(value: Mapping[str, Any]) -> bytes:
 
 
 def _decode(response: httpx.Response) -> dict[str, Any]:
+    return _decoded(
+        response.content, response.status_code, response.request.method, response.request.url.path
+    )
+
+
+def _decoded(content: bytes, status: int, method: str, path: str) -> dict[str, Any]:
     """A 2xx's JSON object (an empty body is ``{}``, an array ``{"data": [...]}``,
     as the vendor's client has them). Any other body (a maintenance page, JSON
     cut short, a bare string) is no answer at all: the request may or may not
     have been acted on, so it is an ambiguous, transient failure, never fatal
     for the sink that sent it."""
-    if not response.content:
+    if not content:
         return {}
     what = "not JSON"
     try:
-        data = json.loads(response.content)
+        data = json.loads(content)
     except ValueError:
         pass
     else:
@@ -96,11 +110,39 @@ def _decode(response: httpx.Response) -> dict[str, Any]:
             return data
         what = "not a JSON object"
     raise UnprovenAnswerError(
-        f"HTTP {response.status_code} from {response.request.method} "
-        f"{response.request.url.path}: the body is {what} (a gateway's or "
+        f"HTTP {status} from {method} {path}: the body is {what} (a gateway's or "
         "maintenance page?); the request may or may not have been acted on",
-        status_code=response.status_code,
+        status_code=status,
     )
+
+
+# Headers of an answer that httpx must see: a body to decode, a cookie to keep.
+_TAKEN_BY_HTTPX = frozenset({"content-encoding", "set-cookie", "set-cookie2"})
+
+# A path httpx sends as it is (it percent-encodes anything else): the plain
+# path takes only these, and leaves the rest to httpx.
+_PLAIN_PATH = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@/%-]*")
+
+
+def _plain_target(api_root: str) -> tuple[Target, str] | None:
+    """Where the API's calls go on the plain path, and the path they start
+    with; None for a root httpx should take (userinfo, which httpx turns
+    into Basic auth; a query; another scheme)."""
+    try:
+        parts = urlsplit(api_root)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        return None
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or "@" in parts.netloc
+        or parts.query
+        or parts.fragment
+        or not _PLAIN_PATH.fullmatch(parts.path)
+    ):
+        return None
+    return Target(parts.scheme, parts.hostname, port, parts.netloc), parts.path
 
 
 class PlatformClient:
@@ -113,6 +155,14 @@ class PlatformClient:
         self._pid = os.getpid()
         self._http: httpx.Client | None = None
         self._storage: httpx.Client | None = None
+        self._plain: PlainConnections | None = None
+        # The plain path (``platform.plain``) for the API's small calls:
+        # never with a testing transport, nor with a proxy configured (httpx
+        # honours the environment's; the plain path does not).
+        self._plain_target: tuple[Target, str] | None = None
+        proxies = urllib.request.getproxies()  # "no": NO_PROXY alone, which routes nothing
+        if self._transport is None and not set(proxies) - {"no"}:
+            self._plain_target = _plain_target(settings.api_root)
 
     # -- connection pools -------------------------------------------------
     def _clients(self) -> tuple[httpx.Client, httpx.Client]:
@@ -120,6 +170,7 @@ class PlatformClient:
             if self._pid != os.getpid():
                 # Inherited across fork: the sockets are the parent's. Drop, never close.
                 self._http = self._storage = None
+                self._plain = None
                 self._pid = os.getpid()
             if self._http is None or self._storage is None:
                 # No redirect is followed: httpx strips only Authorization on
@@ -145,6 +196,7 @@ class PlatformClient:
                         verify=True if tls is None else tls,
                     )
                 )
+                self._plain = PlainConnections(tls_context)
             return self._http, self._storage
 
     def _auth_headers(self, *, traces: bool) -> dict[str, str]:
@@ -250,9 +302,60 @@ class PlatformClient:
         if content is not None:
             headers["Content-Type"] = "application/json"
         url = self.settings.api_root + path
+        plain, target = self._plain, self._plain_target
+        if (
+            plain is not None
+            and target is not None
+            and params is None
+            and (content is None or len(content) <= MAX_BODY)
+            and not http.cookies  # httpx sends them back; the plain path would not
+            and _PLAIN_PATH.fullmatch(path)
+            and httpx_as_shipped()
+        ):
+            return self._plain_api(
+                plain, target[0], http, method, target[1] + path, content, headers, timeout
+            )
         response = self._send(
             http, method, url, content=content, headers=headers, params=params, timeout=timeout
         )
+        return _decode(response)
+
+    def _plain_api(
+        self,
+        plain: PlainConnections,
+        target: Target,
+        http: httpx.Client,
+        method: str,
+        full_path: str,
+        content: bytes | None,
+        headers: dict[str, str],
+        timeout: httpx.Timeout,
+    ) -> dict[str, Any]:
+        """``api`` on the plain path: what it answers and raises is what the
+        httpx path answers and raises for the same exchange."""
+        headers["User-Agent"] = http.headers["User-Agent"]
+        headers["Accept"] = "*/*"
+        try:
+            answer = plain.request(target, method, full_path, headers, content, timeout)
+        except httpx.TransportError as exc:
+            where = f"{method} {target.scheme}://{target.netloc}{full_path}"
+            raise error_from_transport(exc, where) from None
+        special = any(name.lower() in _TAKEN_BY_HTTPX for name, _ in answer.headers)
+        if answer.status < 300 and not special:
+            return _decoded(answer.body, answer.status, method, full_path)
+        # Anything else is rare (an error, a redirect, a cookie, a compressed
+        # body): it is made the response httpx would have made, and taken as such.
+        response = httpx.Response(
+            answer.status,
+            headers=answer.headers,
+            content=answer.body,
+            request=httpx.Request(
+                method, f"{target.scheme}://{target.netloc}{full_path}", headers=headers
+            ),
+        )
+        http.cookies.extract_cookies(response)
+        if response.status_code >= 300:
+            raise error_from_response(response)
         return _decode(response)
 
     def traces(
@@ -299,4 +402,6 @@ class PlatformClient:
                 for client in (self._http, self._storage):
                     if client is not None:
                         client.close()
-            self._http = self._storage = None
+                if self._plain is not None:
+                    self._plain.close()
+            self._http = self._storage = self._plain = None

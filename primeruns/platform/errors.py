@@ -177,7 +177,9 @@ def error_from_response(response: httpx.Response) -> APIError:
 def error_from_transport(exc: httpx.TransportError, where: str) -> TransportError:
     """The exception for a request that got no HTTP answer."""
     cls = APITimeoutError if isinstance(exc, httpx.TimeoutException) else TransportError
-    error = cls(f"{where}: {type(exc).__name__}: {exc or 'no response'}")
+    # A transport error can quote the server (a status line that is not
+    # HTTP): scrubbed like any answer's text.
+    error = cls(scrub(f"{where}: {type(exc).__name__}: {exc or 'no response'}"))
     error.ambiguous = isinstance(exc, _RESPONSE_PATH)  # type: ignore[attr-defined]
     # No connection was made at all (nothing listens, no route): the platform
     # was not reached, which a closing run gives up on sooner (``unreached``).

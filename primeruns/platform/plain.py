@@ -1,0 +1,213 @@
+"""The platform API's small calls on the standard library's ``http.client``.
+
+A backlog is one request per metrics row (the wire takes one row per
+``POST /rft/metrics``), and a sync drains it as fast as its one interpreter
+makes requests: three quarters of a sync's CPU was httpx, httpcore and h11,
+which build a request, a URL, headers, a response and its streams for every
+call (~290 µs of CPU per call on a kept-alive connection on a 2-core test
+machine, against ~85 µs for ``http.client`` doing the same exchange).
+
+So a small call goes here when, and only when, httpx would do nothing more
+with it than this module does (``PlatformClient.api`` decides): no testing
+transport, httpx's own way out not replaced by a test's mock
+(:func:`httpx_as_shipped`), no proxy configured in the environment (httpx
+honours one; this module does not), no cookie held, no query parameters, a body under
+:data:`MAX_BODY` (``sendall`` bounds a whole body by one timeout, where httpx
+bounds each write: a large body on a slow link belongs to httpx). TLS is
+verified with the process's one context, as httpx's. Failures are raised as
+the httpx exceptions httpx raises for the same event (refused, timed out, cut
+short), so the SDK maps them exactly as before, ambiguity included.
+
+Connections are kept alive and shared by the threads of a client: each is
+used by one request at a time, and one the server closed while idle (a
+keep-alive timeout) is dropped before use, as httpcore does.
+"""
+
+from __future__ import annotations
+
+import http.client
+import select
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import httpcore
+import httpx
+
+__all__ = ["MAX_BODY", "Answer", "PlainConnections", "Target", "httpx_as_shipped"]
+
+#: The largest body sent here; larger ones go through httpx.
+MAX_BODY = 64 * 1024
+_IDLE_KEPT = 16  # connections kept idle per origin (a shipper's fan-out is 4)
+_CHUNK = 65536
+
+
+def _shipped(function: object, module: str, qualname: str) -> bool:
+    return (
+        getattr(function, "__module__", None) == module
+        and getattr(function, "__qualname__", None) == qualname
+    )
+
+
+def httpx_as_shipped() -> bool:
+    """Whether httpx's way out is the one httpx ships. A user's test that
+    sees or answers the SDK's requests by replacing it (respx replaces
+    httpcore's pool's, pytest-httpx and a monkeypatch httpx's transport's)
+    must see every request, as it did when every request went through
+    httpx: while it is replaced, nothing goes on the plain path."""
+    return _shipped(
+        httpx.HTTPTransport.handle_request,
+        "httpx._transports.default",
+        "HTTPTransport.handle_request",
+    ) and _shipped(
+        httpcore.ConnectionPool.handle_request,
+        "httpcore._sync.connection_pool",
+        "ConnectionPool.handle_request",
+    )
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where a call goes, split once per API root."""
+
+    scheme: str  # "http" or "https"
+    host: str  # as the socket takes it (an IPv6 literal without brackets)
+    port: int
+    netloc: str  # the Host header: as the URL has it, without userinfo
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class PlainConnections:
+    """Kept-alive ``http.client`` connections, per origin, for a client's threads."""
+
+    def __init__(self, tls: Callable[[], ssl.SSLContext]) -> None:
+        self._tls = tls
+        self._lock = threading.Lock()
+        self._idle: dict[Target, list[http.client.HTTPConnection]] = {}
+
+    def request(
+        self,
+        target: Target,
+        method: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: bytes | None,
+        timeout: httpx.Timeout,
+    ) -> Answer:
+        """One exchange. Raises httpx's exceptions for what went wrong."""
+        budget = timeout.read if timeout.read is not None else 300.0
+        conn = self._take(target)
+        if conn is None:
+            conn = self._connect(target, timeout.connect, budget)
+        kept = False
+        try:
+            try:
+                conn.request(method, path, body=body, headers={"Host": target.netloc, **headers})
+            except TimeoutError as exc:
+                raise httpx.WriteTimeout(str(exc) or "timed out") from None
+            except (OSError, http.client.HTTPException) as exc:
+                raise httpx.WriteError(str(exc) or type(exc).__name__) from None
+            answer, kept = _receive(conn, budget)
+            return answer
+        finally:
+            if kept:
+                self._give_back(target, conn)
+            else:
+                conn.close()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for conn in conns:
+                conn.close()
+
+    def _take(self, target: Target) -> http.client.HTTPConnection | None:
+        while True:
+            with self._lock:
+                idle = self._idle.get(target)
+                if not idle:
+                    return None
+                conn = idle.pop()
+            if _usable(conn):
+                return conn
+            conn.close()  # the server closed it while it was idle
+
+    def _give_back(self, target: Target, conn: http.client.HTTPConnection) -> None:
+        with self._lock:
+            idle = self._idle.setdefault(target, [])
+            if len(idle) < _IDLE_KEPT:
+                idle.append(conn)
+                return
+        conn.close()
+
+    def _connect(
+        self, target: Target, connect_s: float | None, budget: float
+    ) -> http.client.HTTPConnection:
+        conn: http.client.HTTPConnection
+        if target.scheme == "https":
+            conn = http.client.HTTPSConnection(
+                target.host, target.port, timeout=connect_s, context=self._tls()
+            )
+        else:
+            conn = http.client.HTTPConnection(target.host, target.port, timeout=connect_s)
+        try:
+            conn.connect()  # TCP, then TLS: httpx names a failure of either a ConnectError
+        except TimeoutError as exc:
+            conn.close()
+            raise httpx.ConnectTimeout(str(exc) or "timed out") from None
+        except OSError as exc:
+            conn.close()
+            raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
+        assert conn.sock is not None
+        conn.sock.settimeout(budget)
+        conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as httpcore
+        return conn
+
+
+def _usable(conn: http.client.HTTPConnection) -> bool:
+    """Whether an idle connection may carry a request: still open, with
+    nothing waiting to be read (an idle connection that reads is one the
+    server closed, or wrote to unasked)."""
+    sock = conn.sock
+    if sock is None:
+        return False
+    poll = select.poll()
+    poll.register(sock, select.POLLIN)
+    return not poll.poll(0)
+
+
+def _receive(conn: http.client.HTTPConnection, budget: float) -> tuple[Answer, bool]:
+    """The answer, read whole within ``budget`` seconds (a server trickling
+    its body one byte a second is cut off, as ``PlatformClient._bounded``
+    does for httpx), and whether the connection may be used again."""
+    deadline = time.monotonic() + budget
+    try:
+        response = conn.getresponse()
+        chunks: list[bytes] = []
+        while chunk := response.read1(_CHUNK):
+            chunks.append(chunk)
+            if time.monotonic() > deadline:
+                raise httpx.ReadTimeout(f"the response did not arrive within {budget:g} s")
+        if response.length:  # read1 ends quietly at an early end of the stream
+            raise http.client.IncompleteRead(b"".join(chunks), response.length)
+        # Read out, but only read() marks it so: the connection then takes
+        # its next request.
+        response.close()
+    except TimeoutError as exc:
+        raise httpx.ReadTimeout(str(exc) or "timed out") from None
+    except http.client.HTTPException as exc:  # cut short, not HTTP, a line too long
+        raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__) from None
+    except OSError as exc:
+        raise httpx.ReadError(str(exc) or type(exc).__name__) from None
+    answer = Answer(response.status, response.getheaders(), b"".join(chunks))
+    return answer, not response.will_close

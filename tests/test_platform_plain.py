@@ -1,0 +1,348 @@
+"""The platform API's small calls on ``http.client`` (``platform.plain``)
+answer and fail as the same calls through httpx did: over real sockets, kept
+alive across threads, over verified TLS, with cookies, a proxy from the
+environment, an answer cut short or trickled past its deadline."""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from primeruns.exceptions import (
+    APITimeoutError,
+    NotFoundError,
+    RetryableAPIError,
+    TransportError,
+    UnprovenAnswerError,
+)
+from primeruns.platform import PlatformClient, resolve_settings
+from primeruns.platform import client as client_module
+from primeruns.platform.errors import is_ambiguous, never_reached
+
+TLS = Path(__file__).parent / "data" / "tls"  # a self-signed pair for 127.0.0.1, for tests only
+KEY = "pk-plain-test-0123456789"
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, answer: Callable[[BaseHTTPRequestHandler, bytes], None]) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.answer = answer
+        self.requests: list[tuple[str, str, dict[str, str], bytes]] = []
+        self.connections = 0
+        self.closed = threading.Semaphore(0)  # one release per connection closed
+
+    def process_request(self, request: socket.socket, client_address: object) -> None:  # type: ignore[override]
+        self.connections += 1
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: socket.socket) -> None:  # type: ignore[override]
+        super().shutdown_request(request)
+        self.closed.release()
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as a platform's server
+    server: _Server
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.requests.append((self.command, self.path, dict(self.headers), body))
+        self.server.answer(self, body)
+
+    do_GET = do_PUT = do_POST
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def _reply(
+    handler: BaseHTTPRequestHandler,
+    body: bytes,
+    status: int = 200,
+    headers: dict[str, str] | None = None,
+) -> None:
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    for name, value in (headers or {}).items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def _echo(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+    _reply(handler, json.dumps({"got": json.loads(body or b"null")}).encode())
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., _Server]]:
+    servers: list[_Server] = []
+
+    def start(
+        answer: Callable[[BaseHTTPRequestHandler, bytes], None] = _echo,
+        tls: ssl.SSLContext | None = None,
+    ) -> _Server:
+        server = _Server(answer)
+        if tls is not None:
+            server.socket = tls.wrap_socket(server.socket, server_side=True)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def _client(server: _Server, scheme: str = "http") -> PlatformClient:
+    port = server.server_address[1]
+    settings = resolve_settings(
+        api_key=KEY, base_url=f"{scheme}://127.0.0.1:{port}", environ={}, config={}
+    )
+    return PlatformClient(settings)
+
+
+@pytest.fixture(autouse=True)
+def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)
+
+
+def test_calls_from_several_threads_share_a_few_kept_alive_connections(
+    serve: Callable[..., _Server],
+) -> None:
+    server = serve()
+    client = _client(server)
+
+    def call(i: int) -> dict[str, object]:
+        return client.api("POST", "/rft/metrics", {"run_id": "r", "metrics": {"step": i}})
+
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(call, range(200)))
+    assert answers == [{"got": {"run_id": "r", "metrics": {"step": i}}} for i in range(200)]
+    assert server.connections <= 4
+    method, path, headers, _ = server.requests[0]
+    assert (method, path) == ("POST", "/api/v1/rft/metrics")
+    assert headers["Authorization"] == f"Bearer {KEY}"
+    assert headers["Content-Type"] == "application/json"
+    assert headers["User-Agent"].startswith("prime-runs/")
+    client.close()
+
+
+def test_a_connection_the_server_closed_while_idle_is_not_used_again(
+    serve: Callable[..., _Server],
+) -> None:
+    """A server's keep-alive timeout closes an idle connection without a
+    word; a request sent on it would fail (or worse, be half sent)."""
+
+    def answer_then_hang_up(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        _echo(handler, body)
+        handler.close_connection = True  # no "Connection: close" said
+
+    server = serve(answer_then_hang_up)
+    client = _client(server)
+    for step in range(10):
+        answer = client.api("POST", "/rft/metrics", {"run_id": "r", "metrics": {"step": step}})
+        assert answer == {"got": {"run_id": "r", "metrics": {"step": step}}}
+        assert server.closed.acquire(timeout=10)  # the server has hung up before the next call
+    assert server.connections == 10
+    client.close()
+
+
+def test_a_cookie_set_over_the_wire_goes_back_with_later_calls(
+    serve: Callable[..., _Server],
+) -> None:
+    def set_once(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        extra = {"Set-Cookie": "lb=node-3; Path=/"} if len(handler.server.requests) == 2 else {}  # type: ignore[attr-defined]
+        _reply(handler, b"{}", headers=extra)
+
+    server = serve(set_once)
+    client = _client(server)
+    for step in range(4):
+        client.api("POST", "/rft/metrics", {"run_id": "r", "metrics": {"step": step}})
+    assert [headers.get("Cookie") for _, _, headers, _ in server.requests] == [
+        None,
+        None,
+        "lb=node-3",
+        "lb=node-3",
+    ]
+    client.close()
+
+
+def test_a_proxy_in_the_environment_is_honoured(
+    serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A login node reaching the platform only through a proxy."""
+    platform = serve()
+    proxy = serve(lambda handler, body: _reply(handler, b'{"via": "proxy"}'))
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
+    monkeypatch.setenv("NO_PROXY", "")
+    client = _client(platform)
+    assert client.api("POST", "/rft/metrics", {"run_id": "r"}) == {"via": "proxy"}
+    ((_, target, _, _),) = proxy.requests
+    assert target == f"http://127.0.0.1:{platform.server_address[1]}/api/v1/rft/metrics"
+    assert platform.requests == []
+    client.close()
+
+
+def _server_tls() -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(TLS / "cert.pem", TLS / "key.pem")
+    return context
+
+
+def test_tls_is_verified_with_the_process_context(
+    serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = serve(tls=_server_tls())
+    # Not trusted: the process's context (the CA bundle) does not know the certificate.
+    monkeypatch.setattr(client_module, "_tls", ssl.create_default_context())
+    with pytest.raises(TransportError) as refused:
+        _client(server, "https").api("POST", "/rft/metrics", {"run_id": "r"})
+    assert never_reached(refused.value)
+    assert KEY not in str(refused.value)
+    assert server.requests == []
+    # Trusted (as SSL_CERT_FILE would make it): answered, over one connection.
+    monkeypatch.setattr(client_module, "_tls", ssl.create_default_context(cafile=TLS / "cert.pem"))
+    client = _client(server, "https")
+    for step in range(3):
+        answer = client.api("POST", "/rft/metrics", {"run_id": "r", "metrics": {"step": step}})
+        assert answer == {"got": {"run_id": "r", "metrics": {"step": step}}}
+    assert len(server.requests) == 3
+    client.close()
+
+
+def test_an_answer_cut_short_is_an_ambiguous_failure(serve: Callable[..., _Server]) -> None:
+    """The row may have been stored: the shipper must send it again, never
+    count it done or lost."""
+
+    def cut_short(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", "100")
+        handler.end_headers()
+        handler.wfile.write(b'{"id": "')
+        handler.close_connection = True
+
+    server = serve(cut_short)
+    with pytest.raises(TransportError) as failed:
+        _client(server).api("POST", "/rft/metrics", {"run_id": "r"})
+    assert is_ambiguous(failed.value) and not never_reached(failed.value)
+
+
+def test_an_answer_trickled_past_its_deadline_is_cut_off(serve: Callable[..., _Server]) -> None:
+    """A slow-loris answer, each byte inside the read timeout: the whole
+    answer must come within it, or a shipper (or finish) is held for hours."""
+
+    def trickle(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", "200")
+        handler.end_headers()
+        try:
+            for _ in range(200):
+                handler.wfile.write(b" ")
+                handler.wfile.flush()
+                time.sleep(0.05)  # the server's pace, not a wait for the test
+        except OSError:
+            pass  # the client gave up, as it should
+        handler.close_connection = True
+
+    server = serve(trickle)
+    start = time.monotonic()
+    with pytest.raises(APITimeoutError):
+        _client(server).api("POST", "/rft/metrics", {"run_id": "r"}, within=1.0)
+    assert time.monotonic() - start < 5.0
+
+
+def test_nothing_listening_is_a_platform_never_reached() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    settings = resolve_settings(
+        api_key=KEY, base_url=f"http://127.0.0.1:{port}", environ={}, config={}
+    )
+    with pytest.raises(TransportError) as failed:
+        PlatformClient(settings).api("POST", "/rft/metrics", {"run_id": "r"})
+    assert never_reached(failed.value) and not is_ambiguous(failed.value)
+    assert f"127.0.0.1:{port}/api/v1/rft/metrics" in str(failed.value)
+
+
+def test_a_large_body_and_a_query_go_as_they_did(serve: Callable[..., _Server]) -> None:
+    server = serve()
+    client = _client(server)
+    big = {"run_id": "r", "samples": ["x" * 1000] * 200}  # ~200 KB: httpx's per-write timeout
+    assert client.api("POST", "/evaluations/e/samples", big) == {"got": big}
+    client.api("GET", "/rft/runs/r/metrics", params={"min_step": 3, "max_step": 3})
+    assert server.requests[-1][1] == "/api/v1/rft/runs/r/metrics?min_step=3&max_step=3"
+    client.close()
+
+
+def test_errors_and_odd_bodies_are_taken_as_before(serve: Callable[..., _Server]) -> None:
+    answers = iter(
+        [
+            (500, b'{"detail": "boom"}'),
+            (404, b'{"detail": "no such run"}'),
+            (200, b""),
+            (200, b"<html>maintenance</html>"),
+            (200, b"[1, 2]"),
+        ]
+    )
+
+    def next_answer(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        status, text = next(answers)
+        _reply(handler, text, status)
+
+    client = _client(serve(next_answer))
+
+    def call() -> dict[str, object]:
+        return client.api("POST", "/rft/metrics", {"run_id": "r"})
+
+    with pytest.raises(RetryableAPIError) as server_error:
+        call()
+    assert server_error.value.status_code == 500 and is_ambiguous(server_error.value)
+    with pytest.raises(NotFoundError):
+        call()
+    assert call() == {}
+    with pytest.raises(UnprovenAnswerError):
+        call()
+    assert call() == {"data": [1, 2]}
+    client.close()
+
+
+def test_a_mock_of_httpx_in_a_users_test_sees_every_call(
+    serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """respx replaces httpcore's pool's way out to see and answer requests
+    (pytest-httpx and a monkeypatch replace httpx's transport's): code that
+    mocked the vendor's SDK so must see this one's calls too, or a test
+    without credentials would reach the network."""
+    import httpcore
+
+    seen: list[str] = []
+    send = httpcore.ConnectionPool.handle_request
+
+    def spy(self: httpcore.ConnectionPool, request: httpcore.Request) -> httpcore.Response:
+        seen.append(request.url.target.decode())
+        return send(self, request)
+
+    server = serve()
+    client = _client(server)
+    client.api("POST", "/rft/metrics", {"run_id": "r"})  # before the mock: the plain path
+    monkeypatch.setattr(httpcore.ConnectionPool, "handle_request", spy)
+    for step in range(3):
+        client.api("POST", "/rft/metrics", {"run_id": "r", "metrics": {"step": step}})
+    assert seen == ["/api/v1/rft/metrics"] * 3
+    assert len(server.requests) == 4
+    client.close()
