@@ -115,9 +115,9 @@ print(json.dumps({"code": code, "seconds": seconds, "peak_kb": status()["VmHWM"]
 """
 
 
-def log_run(runs: Path, steps: int) -> tuple[Path, float]:
+def log_run(runs: Path, steps: int, episode_every: int = _EPISODE_EVERY) -> tuple[Path, float]:
     """An offline training run of ``steps`` steps under ``runs``: (its journal,
-    the producer's steps/s)."""
+    the producer's steps/s). ``episode_every`` 0: metrics rows only."""
     episodes = benchlib.records("gsm8k-eval", 200)
     run = pr.init(
         name="bench-sync",
@@ -130,7 +130,7 @@ def log_run(runs: Path, steps: int) -> tuple[Path, float]:
     )
     t0 = time.perf_counter()
     for step in range(steps):
-        if step % _EPISODE_EVERY == 0:
+        if episode_every and step % episode_every == 0:
             episode = benchlib.renew_ids(dict(episodes[step % len(episodes)]), f"s{step}")
             episode["run"] = {"type": "train", "work": {"type": "train", "step": step}}
             run.log_episodes([episode])
@@ -154,6 +154,9 @@ def sync(tree: Path, journal: Path, url: str) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(tree), "PRIME_API_KEY": API_KEY}
     done = subprocess.run(
         [sys.executable, "-c", _SYNC, "sync", str(journal), "--base-url", url, "--json"],
+        # Not this checkout's root: ``python -c`` puts the working directory
+        # first on the path, where it would win over PYTHONPATH's tree.
+        cwd=journal.parent,
         env=env,
         capture_output=True,
         text=True,
@@ -189,24 +192,33 @@ def platform_of(tree: Path, data: Path) -> Iterator[benchlib.LocalPlatform]:
         server.stop()
 
 
-def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
+def sync_one(
+    tree: Path, steps: int, episode_every: int = _EPISODE_EVERY
+) -> tuple[dict[str, float], float]:
+    """One run of ``steps`` steps logged, then synced by ``tree``'s package
+    to a fresh platform of its own: the sync's figures, the producer's rate."""
+    with (
+        benchlib.isolated_env(None) as scratch,
+        platform_of(tree, scratch / "platform") as server,
+    ):
+        journal, produced = log_run(scratch / "runs", steps, episode_every)
+        served = cpu_s(server.pid)
+        result = sync(tree, journal, server.url)
+        result["server_cpu_s"] = cpu_s(server.pid) - served
+        check_landed(server, journal, steps)
+    # What this machine gives two busy processes right after (a shared
+    # host's varies by the minute): the sync and the platform are two.
+    result["cores"] = benchlib.parallel_cores(_PROBE_S)
+    return result, produced
+
+
+def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> list[Table]:
     rows: dict[str, list[tuple[int, float, dict[str, float], float]]] = {
         name: [] for name, _ in trees
     }
     for steps in sizes:
         for name, tree in trees:
-            with (
-                benchlib.isolated_env(None) as scratch,
-                platform_of(tree, scratch / "platform") as server,
-            ):
-                journal, produced = log_run(scratch / "runs", steps)
-                served = cpu_s(server.pid)
-                result = sync(tree, journal, server.url)
-                result["server_cpu_s"] = cpu_s(server.pid) - served
-                check_landed(server, journal, steps)
-            # What this machine gives two busy processes right after (a shared
-            # host's varies by the minute): the sync and the platform are two.
-            result["cores"] = benchlib.parallel_cores(_PROBE_S)
+            result, produced = sync_one(tree, steps)
             rows[name].append((steps, result["seconds"], result, produced))
     t = Table(
         f"Sync scaling: primeruns sync of an offline training run by its length "
@@ -301,6 +313,32 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> Table:
     )
     produced = [r[3] for name, _ in trees for r in rows[name]]
     t.notes.append(f"the producer logged {min(produced):,.0f}-{max(produced):,.0f} steps/s")
+    return [t, measure_alone(sizes[1] if len(sizes) > 1 else sizes[0], trees)]
+
+
+def measure_alone(steps: int, trees: list[tuple[str, Path]]) -> Table:
+    """The metrics rows of a run without episodes: the rate of the metrics
+    sink itself, where a training run's is that of its slowest sink (the
+    sample table's three requests an object, one after the other)."""
+    t = Table(
+        f"Metrics rows alone: primeruns sync of a {steps:,}-step run logging only metrics",
+        ["tree", "rows/s", "sync ms/row", "platform ms/row", "cores used", "free"],
+    )
+    for name, tree in trees:
+        result, _ = sync_one(tree, steps, episode_every=0)
+        rate = steps / result["seconds"]
+        t.add(
+            name,
+            f"{rate:,.0f}",
+            f"{result['cpu_s'] * 1000 / steps:.2f}",
+            f"{result['server_cpu_s'] * 1000 / steps:.2f}",
+            f"{(result['cpu_s'] + result['server_cpu_s']) / result['seconds']:.2f}",
+            f"{result['cores']:.2f}",
+        )
+        t.notes.append(
+            f"{name}: {rate:,.0f} metric rows/s "
+            f"({benchlib.verdict(rate, _RATE_FLOOR, at_least=True)})"
+        )
     return t
 
 
@@ -320,7 +358,7 @@ def check_landed(server: benchlib.LocalPlatform, journal: Path, steps: int) -> N
 
 def run(quick: bool, repeat: int | None = None) -> list[Table]:
     """For ``run_all.py``: this tree only."""
-    return [measure(QUICK_SIZES if quick else SIZES, [("this tree", benchlib.ROOT)])]
+    return measure(QUICK_SIZES if quick else SIZES, [("this tree", benchlib.ROOT)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -337,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     trees = [("this tree", benchlib.ROOT)]
     if args.before is not None:
         trees.insert(0, ("before", args.before.resolve()))
-    benchlib.print_tables([measure(sizes, trees)])
+    benchlib.print_tables(measure(sizes, trees))
     return 0
 
 
