@@ -18,6 +18,8 @@ from pathlib import Path
 import httpx
 import procs
 import pytest
+import second_uid
+import workloads
 from cli_helpers import cli
 
 import primeruns as pr
@@ -100,6 +102,58 @@ def test_the_offline_dashboard_shows_a_planted_journal_without_writing_through_i
     assert victim.read_bytes() == VICTIM_BYTES
     assert listing.status_code == 200 and planted.name in listing.text
     assert page.status_code == 200 and "not opened" in page.text
+
+
+def _exported_run(tmp_path: Path) -> Path:
+    run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=tmp_path / "runs")
+    run.log_episodes(workloads.agentic(1))
+    run.finish()
+    assert run.journal_path is not None
+    return run.journal_path
+
+
+@pytest.mark.parametrize("planted", ["link", "file"])
+def test_export_never_writes_through_what_another_user_planted_at_its_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], planted: str
+) -> None:
+    """``export -o /tmp/NAME`` on a shared scratch disk: the name may already
+    be another user's link to the victim's file (which export truncated and
+    filled) or another user's file open to all (which then held the run's
+    records for its owner to read). Export refuses either, naming it; a link
+    of the user's own (``-o /dev/stdout``) is still written through."""
+    journal = _exported_run(tmp_path)
+    shared = tmp_path / "scratch"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM_BYTES)
+    target = shared / "episodes.jsonl"
+    second_uid.require()  # another user's link or file needs another uid
+    if planted == "link":
+        os.symlink(victim, target)
+    else:
+        target.write_bytes(b"")
+        os.chmod(target, 0o666)
+    _as_attacker(target)
+    code, _, err = cli(capsys, "export", str(journal), "-o", str(target))
+    assert code != 0
+    assert str(target) in err
+    assert victim.read_bytes() == VICTIM_BYTES
+    if planted == "file":
+        assert target.read_bytes() == b""
+
+
+def test_export_writes_a_private_file_even_over_an_open_one_of_its_users(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal = _exported_run(tmp_path)
+    target = tmp_path / "episodes.jsonl"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o644)
+    code, _, _ = cli(capsys, "export", str(journal), "-o", str(target))
+    assert code == 0
+    assert len(target.read_text().splitlines()) == 1
+    assert os.stat(target).st_mode & 0o777 == 0o600
 
 
 def test_init_refuses_a_runs_directory_others_can_write_and_names_the_fix(
