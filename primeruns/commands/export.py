@@ -37,10 +37,11 @@ def _open_private(path: str) -> BinaryIO:
     ``-o /tmp/NAME`` is a shared scratch disk: another user may have put a
     link to one of our files at NAME (which was then truncated and filled)
     or a file of theirs open to all (which then held our records for them to
-    read). A link is followed only if nobody else could have put it there
+    read), or a hard link to one of ours (where ``protected_hardlinks`` is
+    off). A link is followed only if nobody else could have put it there
     (ours, or in a folder only its owner writes: ``/dev/stdout``), as Linux's
-    ``protected_symlinks`` does, and a file written only if it is ours (made
-    0600 if it was not).
+    ``protected_symlinks`` does, and a file written only if it is ours and
+    has no other name (made 0600 if it was not).
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
     if not _trusted_link(path):
@@ -58,6 +59,8 @@ def _open_private(path: str) -> BinaryIO:
             if found.st_uid != os.geteuid():
                 owner = found.st_uid
                 raise CommandError(f"{path} is another user's file (uid {owner}); not written")
+            if found.st_nlink > 1:  # a hard link to one of ours, planted there
+                raise CommandError(f"{path} has other names (hard links); not written")
             os.fchmod(fd, 0o600)
             os.ftruncate(fd, 0)
     except BaseException:

@@ -112,15 +112,16 @@ def _exported_run(tmp_path: Path) -> Path:
     return run.journal_path
 
 
-@pytest.mark.parametrize("planted", ["link", "file"])
+@pytest.mark.parametrize("planted", ["link", "file", "hard link"])
 def test_export_never_writes_through_what_another_user_planted_at_its_output(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], planted: str
 ) -> None:
     """``export -o /tmp/NAME`` on a shared scratch disk: the name may already
     be another user's link to the victim's file (which export truncated and
-    filled) or another user's file open to all (which then held the run's
-    records for its owner to read). Export refuses either, naming it; a link
-    of the user's own (``-o /dev/stdout``) is still written through."""
+    filled), a hard link to it, or another user's file open to all (which
+    then held the run's records for its owner to read). Export refuses each,
+    naming it; a link of the user's own (``-o /dev/stdout``) is still
+    written through."""
     journal = _exported_run(tmp_path)
     shared = tmp_path / "scratch"
     shared.mkdir()
@@ -128,13 +129,19 @@ def test_export_never_writes_through_what_another_user_planted_at_its_output(
     victim = tmp_path / "victim.txt"
     victim.write_bytes(VICTIM_BYTES)
     target = shared / "episodes.jsonl"
-    second_uid.require()  # another user's link or file needs another uid
+    if planted == "hard link":
+        # Another name for the victim's file, which anyone may make where
+        # fs.protected_hardlinks is off: the file is the victim's own.
+        os.link(victim, target)
+    else:
+        second_uid.require()  # another user's link or file needs another uid
     if planted == "link":
         os.symlink(victim, target)
-    else:
+    elif planted == "file":
         target.write_bytes(b"")
         os.chmod(target, 0o666)
-    _as_attacker(target)
+    if planted != "hard link":
+        _as_attacker(target)
     code, _, err = cli(capsys, "export", str(journal), "-o", str(target))
     assert code != 0
     assert str(target) in err
