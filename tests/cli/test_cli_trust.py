@@ -21,10 +21,12 @@ import pytest
 import second_uid
 import workloads
 from cli_helpers import cli
+from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
 from primeruns.journal import Journal
 from primeruns.journal.trust import UntrustedPathError
+from primeruns.ship.uplink import journal_settings
 
 NOBODY = 65534
 VICTIM_BYTES = b"the victim's own data\n" * 400
@@ -250,3 +252,61 @@ def _remove_nested(top: Path) -> None:
         os.rmdir("d", dir_fd=fds[-1])
     os.close(fds.pop())
     os.rmdir(top)
+
+
+@pytest.mark.parametrize("recorded", ["spec", "binding"])
+def test_a_journal_never_sends_the_key_to_a_platform_it_names_itself(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    recorded: str,
+) -> None:
+    """``sync`` ships a journal to the platform it was recorded for, with the
+    key of this environment: a journal handed over by someone else (a copy of
+    "their run") named where the user's key went, and the key was sent there
+    on the first request. A platform other than the user's own (or this
+    machine's: the local platform) is refused, naming it and ``--base-url``;
+    passing that is the user's word for it."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    elsewhere = "https://collector.attacker.invalid/api/v1"
+    run = pr.init(
+        environments=["gsm8k"],
+        model="m",
+        mode="offline",
+        runs_dir=runs,
+        base_url=elsewhere if recorded == "spec" else None,
+    )
+    run.finish()
+    assert run.journal_path is not None
+    if recorded == "binding":
+        with Journal.open(run.journal_path) as journal:
+            journal.update_meta({"platform": {"base_url": elsewhere, "run_id": "r"}})
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    code, _, err = cli(capsys, "sync", str(run.journal_path), "--timeout", "5")
+    assert code == 2, err
+    assert "collector.attacker.invalid" in err and "--base-url" in err
+    assert API_KEY not in err
+
+
+def test_a_journal_recorded_for_the_local_platform_ships_there_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settings the refusal above leaves alone: a journal recorded for
+    this machine (a local platform), or for the platform the user's settings
+    name, goes there without a flag."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    for url in ("http://127.0.0.1:9/api/v1", "http://localhost:9/api/v1"):
+        run = pr.init(
+            environments=["gsm8k"], model="m", mode="offline", runs_dir=runs, base_url=url
+        )
+        run.finish()
+        assert run.journal_path is not None
+        with Journal.open(run.journal_path, owner=False) as journal:
+            assert journal_settings(journal).origin == url.removesuffix("/api/v1")
+    monkeypatch.setenv("PRIME_BASE_URL", "https://mine.example.net/api/v1")
+    run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    run.finish()
+    assert run.journal_path is not None
+    with Journal.open(run.journal_path, owner=False) as journal:
+        assert journal_settings(journal).origin == "https://mine.example.net"
