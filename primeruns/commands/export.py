@@ -8,7 +8,9 @@ files are 0600: they hold the user's data.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import stat
 import sys
 from contextlib import ExitStack
 from typing import BinaryIO
@@ -30,8 +32,54 @@ __all__ = ["add_parser"]
 
 
 def _open_private(path: str) -> BinaryIO:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    """``path`` for writing, a 0600 file of ours.
+
+    ``-o /tmp/NAME`` is a shared scratch disk: another user may have put a
+    link to one of our files at NAME (which was then truncated and filled)
+    or a file of theirs open to all (which then held our records for them to
+    read), or a hard link to one of ours (where ``protected_hardlinks`` is
+    off). A link is followed only if nobody else could have put it there
+    (ours, or in a folder only its owner writes: ``/dev/stdout``), as Linux's
+    ``protected_symlinks`` does, and a file written only if it is ours and
+    has no other name (made 0600 if it was not).
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
+    if not _trusted_link(path):
+        # Not a link to follow: none is, should one appear meanwhile.
+        flags |= os.O_NOFOLLOW
+    try:
+        fd = os.open(path, flags, 0o600)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise CommandError(f"{path} is another user's symbolic link; not written through") from None
+    try:
+        found = os.fstat(fd)
+        if stat.S_ISREG(found.st_mode):
+            if found.st_uid != os.geteuid():
+                owner = found.st_uid
+                raise CommandError(f"{path} is another user's file (uid {owner}); not written")
+            if found.st_nlink > 1:  # a hard link to one of ours, planted there
+                raise CommandError(f"{path} has other names (hard links); not written")
+            os.fchmod(fd, 0o600)
+            os.ftruncate(fd, 0)
+    except BaseException:
+        os.close(fd)
+        raise
     return os.fdopen(fd, "wb")
+
+
+def _trusted_link(path: str) -> bool:
+    """Whether ``path`` is a link that no other user could have put there."""
+    try:
+        link = os.lstat(path)
+        folder = os.stat(os.path.dirname(os.path.abspath(path)))
+    except OSError:
+        return False
+    if not stat.S_ISLNK(link.st_mode):
+        return False
+    others_write = folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+    return link.st_uid == os.geteuid() or (not others_write and link.st_uid == folder.st_uid)
 
 
 def _write_parquet(journal: Journal, target: str, damage: list[Damage]) -> int:

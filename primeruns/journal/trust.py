@@ -58,9 +58,10 @@ def make_private_dirs(path: Path) -> None:
         os.chmod(directory, 0o700)
 
 
-def check_dir(path: Path, what: str) -> None:
+def check_dir(path: Path, what: str, *, advice: str | None = None) -> None:
     """Raise UntrustedPathError unless ``path`` is a directory of ours that
-    nobody else can write into (``what`` names it in the message)."""
+    nobody else can write into (``what`` names it in the message, which ends
+    with ``advice`` if given, else with how to fix a runs directory)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -70,20 +71,23 @@ def check_dir(path: Path, what: str) -> None:
     if stat.S_ISLNK(st.st_mode):
         raise UntrustedPathError(
             f"the {what} {path} is a symbolic link; prime-runs follows none there: "
-            "point PRIME_RUNS_DIR (or runs_dir=) at the real directory"
+            + (advice or "point PRIME_RUNS_DIR (or runs_dir=) at the real directory")
         )
     if not stat.S_ISDIR(st.st_mode):
         raise UntrustedPathError(f"the {what} {path} is not a directory")
     if st.st_uid != os.geteuid():
         raise UntrustedPathError(
-            f"the {what} {path} belongs to another user (uid {st.st_uid}); use a runs "
-            "directory of your own, e.g. PRIME_RUNS_DIR=/tmp/$USER/prime-runs"
+            f"the {what} {path} belongs to another user (uid {st.st_uid}); "
+            + (
+                advice
+                or "use a runs directory of your own, e.g. PRIME_RUNS_DIR=/tmp/$USER/prime-runs"
+            )
         )
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         raise UntrustedPathError(
             f"the {what} {path} is writable by other users (mode "
             f"{stat.S_IMODE(st.st_mode):o}), who could plant files in it: "
-            f"chmod go-w {path}, or use a private PRIME_RUNS_DIR"
+            + (advice or f"chmod go-w {path}, or use a private PRIME_RUNS_DIR")
         )
 
 

@@ -215,6 +215,7 @@ def _bind_allowed(host: str, key: str | None, waived: bool) -> bool:
 
 def _platform_app(args: argparse.Namespace, data: Path, key: str | None) -> Starlette | None:
     """The platform's app for these arguments, or None (said on stderr) if they are wrong."""
+    from ..journal.trust import UntrustedPathError
     from .app import build_app
     from .faults import FaultSettings
     from .settings import ServerSettings
@@ -246,7 +247,7 @@ def _platform_app(args: argparse.Namespace, data: Path, key: str | None) -> Star
             routes=tuple(r.strip() for r in args.fault_routes.split(",") if r.strip()),
         )
         return build_app(settings, faults)
-    except ValueError as exc:
+    except (ValueError, UntrustedPathError) as exc:  # a data folder another user could write
         print(f"primeruns serve: {exc}", file=sys.stderr)
         return None
 

@@ -27,6 +27,8 @@ from typing import TypeVar
 
 import anyio.to_thread
 
+from ..journal.trust import check_dir, check_file, make_private_dirs
+
 T = TypeVar("T")
 
 SCHEMA = """
@@ -160,9 +162,21 @@ CREATE INDEX IF NOT EXISTS traces_episode ON traces (episode_id);
 """
 
 
+#: How to fix a data folder another user could write into (``ensure_private_dir``).
+_OWN_FOLDER = "point --data at a folder of your own"
+
+
 def ensure_private_dir(path: Path) -> Path:
-    """Create ``path`` (0700) if needed: it holds user data."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+    """Create ``path`` (0700, its missing parents too) if needed: it holds
+    user data. Raises UntrustedPathError for a folder another user could
+    write into or that is a link (``journal.trust``, as for a runs
+    directory): ``--data`` defaults to a folder of the working directory,
+    which on a shared scratch disk another user may have made first, and
+    then read everything the platform stores, or linked elsewhere."""
+    shown = path.absolute()
+    check_dir(shown, "data directory", advice=_OWN_FOLDER)
+    make_private_dirs(path)
+    check_dir(shown, "data directory", advice=_OWN_FOLDER)  # made meanwhile by someone else?
     return path
 
 
@@ -172,8 +186,12 @@ class Database:
     def __init__(self, data_dir: Path) -> None:
         ensure_private_dir(data_dir)
         path = data_dir / "platform.sqlite3"
+        # SQLite opens its files by name, following links: none may be one
+        # (nobody else writes into the folder, but a link made before may be there).
+        for name in (path.name, f"{path.name}-wal", f"{path.name}-shm"):
+            check_file(data_dir / name)
         # Create the file 0600 before SQLite does (it would honour the umask).
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
         self._lock = threading.Lock()
         # isolation_level=None: transactions are opened explicitly in write().
         self._conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)

@@ -16,6 +16,7 @@ went) is written to the journal (``ledger``), never sent to it directly.
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import logging
 import random
@@ -25,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 from .. import ranks
 from ..exceptions import JournalError, PrimeRunsError
@@ -114,21 +116,56 @@ def journal_settings(
     spec = spec_or_default(journal, spec)
     bound = journal.get_meta("platform") or {}
     current = resolve_settings(base_url=base_url)
+    own = current
     if base_url is None:
         recorded = bound.get("base_url") or (
             spec.base_url if current.sources.get("base_url") == "default" else None
         )
         if recorded:
             current = resolve_settings(base_url=str(recorded))
+            _refuse_unless_own("platform", current.origin, own)
     traces = traces_url
     if traces is None and current.sources.get("traces_url") == "default":
         # An explicit --base-url moves Prime Traces along with the API (the
         # recorded traces URL is the old platform's), unless the environment
         # names one.
         traces = split_api_root(base_url)[0] if base_url else spec.traces_url
+        if traces and not base_url:
+            _refuse_unless_own("Prime Traces", str(traces), own, current)
     if traces:
         current = replace(current, traces_url=str(traces).rstrip("/"))
     return current
+
+
+def _refuse_unless_own(what: str, url: str, *own: Settings) -> None:
+    """Raise JournalError unless ``url``, which the journal names, is where
+    the user's own settings send the key (``own``) or this machine (a local
+    platform). A journal is untrusted input: one handed over by someone
+    else named where this environment's API key went, on the first request."""
+    if _site(url) in {_site(s.origin) for s in own} | {_site(s.traces_url) for s in own}:
+        return
+    if _loopback(url):
+        return
+    raise JournalError(
+        f"the run was recorded for the {what} at {url}, not the one your settings "
+        f"name ({own[0].origin}): a journal does not choose where your API key goes; pass "
+        "--base-url with the platform to ship it to"
+    )
+
+
+def _site(url: str) -> tuple[str, str]:
+    parts = urlsplit(url)
+    return parts.scheme.lower(), parts.netloc.lower()
+
+
+def _loopback(url: str) -> bool:
+    host = urlsplit(url).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def find_run_journals(

@@ -18,11 +18,15 @@ from pathlib import Path
 import httpx
 import procs
 import pytest
+import second_uid
+import workloads
 from cli_helpers import cli
+from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
 from primeruns.journal import Journal
 from primeruns.journal.trust import UntrustedPathError
+from primeruns.ship.uplink import journal_settings
 
 NOBODY = 65534
 VICTIM_BYTES = b"the victim's own data\n" * 400
@@ -100,6 +104,65 @@ def test_the_offline_dashboard_shows_a_planted_journal_without_writing_through_i
     assert victim.read_bytes() == VICTIM_BYTES
     assert listing.status_code == 200 and planted.name in listing.text
     assert page.status_code == 200 and "not opened" in page.text
+
+
+def _exported_run(tmp_path: Path) -> Path:
+    run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=tmp_path / "runs")
+    run.log_episodes(workloads.agentic(1))
+    run.finish()
+    assert run.journal_path is not None
+    return run.journal_path
+
+
+@pytest.mark.parametrize("planted", ["link", "file", "hard link"])
+def test_export_never_writes_through_what_another_user_planted_at_its_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], planted: str
+) -> None:
+    """``export -o /tmp/NAME`` on a shared scratch disk: the name may already
+    be another user's link to the victim's file (which export truncated and
+    filled), a hard link to it, or another user's file open to all (which
+    then held the run's records for its owner to read). Export refuses each,
+    naming it; a link of the user's own (``-o /dev/stdout``) is still
+    written through."""
+    journal = _exported_run(tmp_path)
+    shared = tmp_path / "scratch"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM_BYTES)
+    target = shared / "episodes.jsonl"
+    if planted == "hard link":
+        # Another name for the victim's file, which anyone may make where
+        # fs.protected_hardlinks is off: the file is the victim's own.
+        os.link(victim, target)
+    else:
+        second_uid.require()  # another user's link or file needs another uid
+    if planted == "link":
+        os.symlink(victim, target)
+    elif planted == "file":
+        target.write_bytes(b"")
+        os.chmod(target, 0o666)
+    if planted != "hard link":
+        _as_attacker(target)
+    code, _, err = cli(capsys, "export", str(journal), "-o", str(target))
+    assert code != 0
+    assert str(target) in err
+    assert victim.read_bytes() == VICTIM_BYTES
+    if planted == "file":
+        assert target.read_bytes() == b""
+
+
+def test_export_writes_a_private_file_even_over_an_open_one_of_its_users(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    journal = _exported_run(tmp_path)
+    target = tmp_path / "episodes.jsonl"
+    target.write_bytes(b"old")
+    os.chmod(target, 0o644)
+    code, _, _ = cli(capsys, "export", str(journal), "-o", str(target))
+    assert code == 0
+    assert len(target.read_text().splitlines()) == 1
+    assert os.stat(target).st_mode & 0o777 == 0o600
 
 
 def test_init_refuses_a_runs_directory_others_can_write_and_names_the_fix(
@@ -189,3 +252,61 @@ def _remove_nested(top: Path) -> None:
         os.rmdir("d", dir_fd=fds[-1])
     os.close(fds.pop())
     os.rmdir(top)
+
+
+@pytest.mark.parametrize("recorded", ["spec", "binding"])
+def test_a_journal_never_sends_the_key_to_a_platform_it_names_itself(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    recorded: str,
+) -> None:
+    """``sync`` ships a journal to the platform it was recorded for, with the
+    key of this environment: a journal handed over by someone else (a copy of
+    "their run") named where the user's key went, and the key was sent there
+    on the first request. A platform other than the user's own (or this
+    machine's: the local platform) is refused, naming it and ``--base-url``;
+    passing that is the user's word for it."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    elsewhere = "https://collector.attacker.invalid/api/v1"
+    run = pr.init(
+        environments=["gsm8k"],
+        model="m",
+        mode="offline",
+        runs_dir=runs,
+        base_url=elsewhere if recorded == "spec" else None,
+    )
+    run.finish()
+    assert run.journal_path is not None
+    if recorded == "binding":
+        with Journal.open(run.journal_path) as journal:
+            journal.update_meta({"platform": {"base_url": elsewhere, "run_id": "r"}})
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    code, _, err = cli(capsys, "sync", str(run.journal_path), "--timeout", "5")
+    assert code == 2, err
+    assert "collector.attacker.invalid" in err and "--base-url" in err
+    assert API_KEY not in err
+
+
+def test_a_journal_recorded_for_the_local_platform_ships_there_as_before(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The settings the refusal above leaves alone: a journal recorded for
+    this machine (a local platform), or for the platform the user's settings
+    name, goes there without a flag."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    for url in ("http://127.0.0.1:9/api/v1", "http://localhost:9/api/v1"):
+        run = pr.init(
+            environments=["gsm8k"], model="m", mode="offline", runs_dir=runs, base_url=url
+        )
+        run.finish()
+        assert run.journal_path is not None
+        with Journal.open(run.journal_path, owner=False) as journal:
+            assert journal_settings(journal).origin == url.removesuffix("/api/v1")
+    monkeypatch.setenv("PRIME_BASE_URL", "https://mine.example.net/api/v1")
+    run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    run.finish()
+    assert run.journal_path is not None
+    with Journal.open(run.journal_path, owner=False) as journal:
+        assert journal_settings(journal).origin == "https://mine.example.net"

@@ -4,17 +4,22 @@ nested JSON, and a SIGTERM while an injected latency sleeps."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
+import orjson
 from hostile import nested_json, nested_trace_line, newline_gzip_bomb, traces_upload
 from local_helpers import error_code, post_upload, trace
 from sdk_helpers import wait_for
 
 from primeruns.local import LocalPlatform
+from primeruns.local.evals import MAX_SAMPLES_PER_PUSH
 from primeruns.local.traces_ingest import MAX_UPLOAD_BYTES
+from primeruns.projection import trace_to_sample
+from primeruns.sinks.eval_samples import MAX_REQUEST_BYTES, EvalSamplesSink
 
 MIB = 1024 * 1024
 #: The review's bomb was 256 MiB; half of it shows the same growth (8 bytes a
@@ -167,6 +172,44 @@ def test_a_sample_push_nested_past_the_limit_is_refused_whole_and_one_within_it_
     assert stored.status_code == 200 and stored.json()["inserted"] == 101
     rows = httpx.get(f"{samples_url}?limit=1000", timeout=10).json()["samples"]
     assert [r["sample_id"] for r in rows] == [*(s["sample_id"] for s in filler), "deep"]
+
+
+def _cpu_seconds(pid: int) -> float:
+    """The process's user and system CPU time so far (robust on a loaded machine)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def test_a_sample_push_of_more_rows_than_the_sdk_sends_is_refused_cheaply(
+    local_platform: LocalPlatform,
+) -> None:
+    """Each stored row costs ~25 us and a few KB whatever its size: a push of
+    ``{}`` samples cost 4 s of CPU and 1.4 GB a MB (400x an honest push; 26
+    MiB of them would have been 9 million rows). Past MAX_SAMPLES_PER_PUSH
+    rows it is a 413 (the SDK halves such a batch), nothing is stored, and
+    it costs about what an honest push of its size does."""
+    url = local_platform.url
+    created = httpx.post(f"{url}/api/v1/evaluations/", json={"run_id": "r"}, timeout=10)
+    samples_url = f"{url}/api/v1/evaluations/{created.json()['evaluation_id']}/samples"
+    body = b'{"samples": [' + b"{}," * MAX_SAMPLES_PER_PUSH + b"{}]}"
+    before = _cpu_seconds(local_platform.pid)
+    r = httpx.post(
+        samples_url, content=body, headers={"Content-Type": "application/json"}, timeout=120
+    )
+    spent = _cpu_seconds(local_platform.pid) - before
+    assert r.status_code == 413, r.text
+    assert str(MAX_SAMPLES_PER_PUSH) in r.json()["detail"]
+    assert httpx.get(samples_url, timeout=10).json()["total"] == 0
+    # Stored, these rows took ~2.5 s; refused, a parse of 300 KB.
+    assert spent < 0.5, f"{spent:.2f} s of CPU"
+
+
+def test_no_push_the_sdk_makes_reaches_the_sample_cap() -> None:
+    """The SDK's smallest projected row (an empty trace's) is over 300 bytes
+    and its own v0 rows come one per episode (256 a push at most): a push
+    under its byte ceiling holds fewer rows than the platform's cap."""
+    smallest = len(orjson.dumps(trace_to_sample({}, 0, ""))) + 1  # its comma
+    assert EvalSamplesSink.max_entries + MAX_REQUEST_BYTES // smallest < MAX_SAMPLES_PER_PUSH
 
 
 def test_a_bare_trace_nesting_past_the_limit_in_a_repeated_key_is_refused(
