@@ -360,7 +360,8 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[_Step]:
     why, on stderr."""
     runs_dir = runs_dir_of(args)
     if args.runs:
-        return _with_children([resolve_run(ref, runs_dir) for ref in args.runs], offline=offline)
+        named = [resolve_run(ref, runs_dir) for ref in args.runs]
+        return _with_children(_primaries_last(named), offline=offline)
     if not args.all and not offline:
         raise CommandError("name the runs to replay, or pass --all")
     root = sync_root()
@@ -458,6 +459,20 @@ def _closers_last(listed: list[RunStatus]) -> set[Path]:
             if role is not None and role.primary and not status.info.meta.get(K_FORK_PARENT):
                 closers.add(status.info.path)
     return closers
+
+
+def _primaries_last(paths: list[Path]) -> list[Path]:
+    """The runs named, the primary of ranks named together after the other
+    ranks, as ``--all`` orders them (``_closers_last``): named in any order
+    (a shell's glob), the primary shipped first would close the run before
+    the other ranks' records landed. A journal that cannot be read keeps its
+    place (shipping it says what is wrong with it)."""
+    listed = []
+    for path in dict.fromkeys(paths):
+        with contextlib.suppress(Exception):
+            listed.append(_status_of(path))
+    closers = _closers_last(listed)
+    return sorted(paths, key=lambda p: p in closers)  # stable: the rest as named
 
 
 def _ship_order(path: Path, children: set[Path], findable: set[Path]) -> int:

@@ -165,3 +165,35 @@ def test_ranks_on_two_offline_nodes_synced_from_a_login_node_keep_every_key(
     again: dict[str, Any] = lp.run(run_id)
     assert again["traces"] == traces
     assert len(again["parquet_objects"]) == len(stored["parquet_objects"])
+
+
+def test_ranks_named_on_the_command_line_close_the_run_after_every_ranks_records(
+    local_platform: LocalPlatform,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``sync`` of the ranks' copies named one by one (a shell's glob, in any
+    order, the primary first here) ships the primary last, as ``--all`` does:
+    its close-out closes the run, after every rank's records landed."""
+    lp = local_platform
+    point_at(monkeypatch, tmp_path, lp.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    run_id = _create(lp)
+    ranks = _run_ranks(lp, tmp_path, run_id)
+    login = tmp_path / "login"
+    login.mkdir()
+    for journal, _ in ranks.values():
+        shutil.copytree(journal, login / journal.name)
+
+    named = [str(login / ranks[rank][0].name) for rank in sorted(ranks)]  # rank 0 first
+    code, out, err = cli(capsys, "sync", "--json", *named)
+    assert code == 0, out + err
+    assert all(r["closed_out"] for r in json.loads(out))
+
+    stored: dict[str, Any] = lp.run(run_id)
+    assert stored["status"] == "COMPLETED"
+    assert _closed_after_every_record(lp, run_id)
+    episodes = [e for _, logged in ranks.values() for e in logged]
+    traces = stored["traces"]
+    assert traces["episodes"] == traces["distinct_episodes"] == len(episodes)
