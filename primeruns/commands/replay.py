@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -35,10 +36,10 @@ from ..ship import resident
 from ..ship.backlog import ShipReport, is_copy, needs_sync, ship_journal, spec_from_file
 from ..ship.factory import sink_kinds
 from ..ship.family import K_FORK_PARENT, children_of, finds_its_run
-from ..ship.mirror import fingerprint, sync_root
+from ..ship.mirror import fingerprint, snapshot, sync_root
 from ..ship.policy import RetryPolicy
 from ..ship.uplink import journal_settings
-from ..spec import RunSpec, SpecError
+from ..spec import RunSpec, SpecError, listed_spec
 from .common import (
     EXIT_DAMAGED,
     EXIT_FAILED,
@@ -389,6 +390,12 @@ class _Sorting:
     children: set[Path] = field(default_factory=set)
     passed_over: dict[str, list[str]] = field(default_factory=dict)
     shipped: int = 0  # passed over with nothing left to ship
+    unopened: list[Path] = field(default_factory=list)  # copies chosen, not listed (--watch)
+
+    def add_copy(self, path: Path) -> None:
+        """Choose the copy at ``path``, not opened to list it (``_changed``)."""
+        self.chosen.append(path)
+        self.unopened.append(path)
 
     def add(self, status: RunStatus, root: Path, *, offline: bool) -> str | None:
         """Sort ``status``'s journal; why it is passed over (``_skipped``)."""
@@ -414,17 +421,50 @@ class _Sorting:
             replace(step, waits_for=tuple(self.passed_over[ids[step.path]]))
             if not step.register_only and ids.get(step.path) in self.passed_over
             else step
-            for step in _ordered(self.chosen, self.listed, self.children)
+            for step in _ordered(self.chosen, self.listed, self.children, self._copies())
         ]
 
+    def _copies(self) -> list[tuple[Path, Mapping[str, Any]]]:
+        """The metas of the copies chosen unopened, where the order of this
+        pass depends on them (it ships more than one journal): a copy of a
+        rank's primary shipped before the other ranks would close the run
+        before their records landed. Each is read from a private snapshot
+        (``_meta_of_copy``); one that cannot be read keeps its place."""
+        if len(self.chosen) < 2:
+            return []
+        root = sync_root()
+        out = []
+        for path in self.unopened:
+            meta = _meta_of_copy(path, root)
+            if meta is not None:
+                out.append((path, meta))
+        return out
 
-def _ordered(chosen: list[Path], listed: list[RunStatus], children: set[Path]) -> list[_Step]:
+
+def _meta_of_copy(path: Path, root: Path) -> Mapping[str, Any] | None:
+    """The meta of the copy at ``path``, read from a private snapshot (a copy
+    refreshed in place may be truncated under a reader: ``mirror.snapshot``);
+    None when it cannot be read (shipping it says why)."""
+    with contextlib.suppress(Exception):
+        with snapshot(path, root) as taken, Journal.open(taken, owner=False) as journal:
+            return journal.all_meta()
+    return None
+
+
+def _ordered(
+    chosen: list[Path],
+    listed: list[RunStatus],
+    children: set[Path],
+    copies: Iterable[tuple[Path, Mapping[str, Any]]] = (),
+) -> list[_Step]:
     """``--all``'s journals in the order they ship. The primary of ranks
     attached to a run by id after the others (its close-out closes the run:
     their records land first); a forked child's journal before its
     parent's, whose close-out closes the run (a parent never registered is
-    registered first); a child whose parent is not shipped here, last."""
-    closers = _closers_last(listed)
+    registered first); a child whose parent is not shipped here, last.
+    ``copies``: the metas of copies chosen that ``listed`` does not hold
+    (``--watch`` lists copies without opening them)."""
+    closers = _closers_last([*_metas(listed), *copies])
     parents = {s.info.local_id: s.info.path for s in listed if s.info.path not in children}
     parent_of = {s.info.path: s.info.meta.get(K_FORK_PARENT) for s in listed}
     first: list[Path] = []  # parents to register before their children ship
@@ -441,24 +481,28 @@ def _ordered(chosen: list[Path], listed: list[RunStatus], children: set[Path]) -
     return [*(_Step(p, register_only=True) for p in first), *map(_Step, order)]
 
 
-def _closers_last(listed: list[RunStatus]) -> set[Path]:
-    """The journals of the primaries of runs other listed journals attached
-    to by id (ranks, copied in from their nodes): shipped last, since the
-    primary's close-out closes the run."""
-    attached: dict[str, list[RunStatus]] = {}
-    for status in listed:
-        spec = status.spec
+def _closers_last(listed: Iterable[tuple[Path, Mapping[str, Any]]]) -> set[Path]:
+    """Of the journals listed (path, meta), those of the primaries of runs
+    other listed journals attached to by id (ranks, copied in from their
+    nodes): shipped last, since the primary's close-out closes the run."""
+    attached: dict[str, list[tuple[Path, Mapping[str, Any]]]] = {}
+    for path, meta in listed:
+        spec = listed_spec(meta)
         if spec is not None and spec.attach_id:
-            attached.setdefault(spec.attach_id, []).append(status)
+            attached.setdefault(spec.attach_id, []).append((path, meta))
     closers = set()
     for journals in attached.values():
         if len(journals) < 2:
             continue
-        for status in journals:
-            role = Role.from_json(status.info.meta.get(K_ROLE))
-            if role is not None and role.primary and not status.info.meta.get(K_FORK_PARENT):
-                closers.add(status.info.path)
+        for path, meta in journals:
+            role = Role.from_json(meta.get(K_ROLE))
+            if role is not None and role.primary and not meta.get(K_FORK_PARENT):
+                closers.add(path)
     return closers
+
+
+def _metas(listed: Iterable[RunStatus]) -> list[tuple[Path, Mapping[str, Any]]]:
+    return [(status.info.path, status.info.meta) for status in listed]
 
 
 def _primaries_last(paths: list[Path]) -> list[Path]:
@@ -471,7 +515,7 @@ def _primaries_last(paths: list[Path]) -> list[Path]:
     for path in dict.fromkeys(paths):
         with contextlib.suppress(Exception):
             listed.append(_status_of(path))
-    closers = _closers_last(listed)
+    closers = _closers_last(_metas(listed))
     return sorted(paths, key=lambda p: p in closers)  # stable: the rest as named
 
 
@@ -680,7 +724,7 @@ def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[_S
                 continue
             origin = Origin.read_beside(path)
             if origin is not None and not origin.is_original(path.absolute()):
-                found.chosen.append(path)  # a copy
+                found.add_copy(path)
                 continue
             found.add(_status_of(path), root, offline=True)
     # Ordered as --all: a forked child before its run's close-out.
