@@ -29,7 +29,6 @@ from ..journal import Journal, journal_info
 from ..journal.listing import journal_dirs
 from ..journal.origin import Origin
 from ..platform import Settings, resolve_settings
-from ..ranks import K_ROLE, Role
 from ..reports import RunStatus, describe, statuses, unit_of
 from ..settings import resolve_sdk_settings
 from ..ship import resident
@@ -39,7 +38,9 @@ from ..ship.family import K_FORK_PARENT, children_of, finds_its_run
 from ..ship.mirror import fingerprint, snapshot, sync_root
 from ..ship.policy import RetryPolicy
 from ..ship.uplink import journal_settings
-from ..spec import RunSpec, SpecError, listed_spec
+from ..spec import RunSpec, SpecError
+from . import close_order
+from .close_order import Listed
 from .common import (
     EXIT_DAMAGED,
     EXIT_FAILED,
@@ -226,6 +227,7 @@ def _ship(
     stream: TextIO,
     register_only: bool,
     hold_close: str | None = None,
+    finished_by: str | None = None,
 ) -> tuple[ShipReport, dict[str, tuple[int, str]]]:
     """Ship one journal (or only register its run) with progress bars on
     ``stream``; _NotShipped if it cannot start."""
@@ -275,6 +277,7 @@ def _ship(
                 base_url=options.base_url,
                 register_only=register_only,
                 hold_close=hold_close,
+                finished_by=finished_by,
             )
             bars.finish(report.pending)
         except BaseException:
@@ -305,11 +308,13 @@ def replay_one(
     options: ShipOptions | None = None,
     register_only: bool = False,
     hold_close: str | None = None,
+    finished_by: str | None = None,
 ) -> int:
     """Ship one journal and close its run out when that is right, printing
     progress and the result. ``register_only``: only register its run (its
     forked children ship next, then it, see ``_Step``). ``hold_close``:
-    ship it but leave its run open, for this reason.
+    ship it but leave its run open, for this reason. ``finished_by``: the
+    journal of its run key that finishes the run (``_Step``).
 
     Returns the exit code (see the module doc); never raises for a locked,
     damaged or unreachable case. With ``results`` given, the outcome is
@@ -322,7 +327,7 @@ def replay_one(
     err = err or sys.stderr
     stream = err if results is not None else out
     try:
-        report, plan = _ship(path, options, stream, register_only, hold_close)
+        report, plan = _ship(path, options, stream, register_only, hold_close, finished_by)
     except _NotShipped as exc:
         err.write(f"{inert(path)}: {inert(exc)}\n")
         if results is not None:
@@ -351,6 +356,9 @@ class _Step:
     waits_for: tuple[str, ...] = ()
     """Forked children of its run passed over (still being written, say):
     its close-out waits for them."""
+    finished_by: str | None = None
+    """The journal of its run key that holds the run's finish entry, shipped
+    after it: this one, without one, leaves the run open (``close_order``)."""
 
 
 def _targets(args: argparse.Namespace, *, offline: bool) -> list[_Step]:
@@ -361,8 +369,7 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[_Step]:
     why, on stderr."""
     runs_dir = runs_dir_of(args)
     if args.runs:
-        named = [resolve_run(ref, runs_dir) for ref in args.runs]
-        return _with_children(_primaries_last(named), offline=offline)
+        return _named([resolve_run(ref, runs_dir) for ref in args.runs], offline=offline)
     if not args.all and not offline:
         raise CommandError("name the runs to replay, or pass --all")
     root = sync_root()
@@ -417,14 +424,15 @@ class _Sorting:
         """The steps shipping ``chosen`` (``_ordered``), a run's naming its
         forked children passed over: its close-out waits for them."""
         ids = {s.info.path: s.info.local_id for s in self.listed}
-        return [
+        steps = [
             replace(step, waits_for=tuple(self.passed_over[ids[step.path]]))
             if not step.register_only and ids.get(step.path) in self.passed_over
             else step
             for step in _ordered(self.chosen, self.listed, self.children, self._copies())
         ]
+        return _finishers_named(steps, _listed(self.listed))
 
-    def _copies(self) -> list[tuple[Path, Mapping[str, Any]]]:
+    def _copies(self) -> list[Listed]:
         """The metas of the copies chosen unopened, where the order of this
         pass depends on them (it ships more than one journal): a copy of a
         rank's primary shipped before the other ranks would close the run
@@ -437,7 +445,7 @@ class _Sorting:
         for path in self.unopened:
             meta = _meta_of_copy(path, root)
             if meta is not None:
-                out.append((path, meta))
+                out.append(Listed(path, meta))
         return out
 
 
@@ -455,16 +463,16 @@ def _ordered(
     chosen: list[Path],
     listed: list[RunStatus],
     children: set[Path],
-    copies: Iterable[tuple[Path, Mapping[str, Any]]] = (),
+    copies: Iterable[Listed] = (),
 ) -> list[_Step]:
     """``--all``'s journals in the order they ship. The primary of ranks
     attached to a run by id after the others (its close-out closes the run:
     their records land first); a forked child's journal before its
     parent's, whose close-out closes the run (a parent never registered is
     registered first); a child whose parent is not shipped here, last.
-    ``copies``: the metas of copies chosen that ``listed`` does not hold
-    (``--watch`` lists copies without opening them)."""
-    closers = _closers_last([*_metas(listed), *copies])
+    ``copies``: copies chosen that ``listed`` does not hold (``--watch``
+    lists copies without opening them)."""
+    closers = close_order.closers([*_listed(listed), *copies])
     parents = {s.info.local_id: s.info.path for s in listed if s.info.path not in children}
     parent_of = {s.info.path: s.info.meta.get(K_FORK_PARENT) for s in listed}
     first: list[Path] = []  # parents to register before their children ship
@@ -481,42 +489,37 @@ def _ordered(
     return [*(_Step(p, register_only=True) for p in first), *map(_Step, order)]
 
 
-def _closers_last(listed: Iterable[tuple[Path, Mapping[str, Any]]]) -> set[Path]:
-    """Of the journals listed (path, meta), those of the primaries of runs
-    other listed journals attached to by id (ranks, copied in from their
-    nodes): shipped last, since the primary's close-out closes the run."""
-    attached: dict[str, list[tuple[Path, Mapping[str, Any]]]] = {}
-    for path, meta in listed:
-        spec = listed_spec(meta)
-        if spec is not None and spec.attach_id:
-            attached.setdefault(spec.attach_id, []).append((path, meta))
-    closers = set()
-    for journals in attached.values():
-        if len(journals) < 2:
-            continue
-        for path, meta in journals:
-            role = Role.from_json(meta.get(K_ROLE))
-            if role is not None and role.primary and not meta.get(K_FORK_PARENT):
-                closers.add(path)
-    return closers
+def _listed(statuses: Iterable[RunStatus]) -> list[Listed]:
+    return [Listed(s.info.path, s.info.meta, s.info.finish is not None) for s in statuses]
 
 
-def _metas(listed: Iterable[RunStatus]) -> list[tuple[Path, Mapping[str, Any]]]:
-    return [(status.info.path, status.info.meta) for status in listed]
-
-
-def _primaries_last(paths: list[Path]) -> list[Path]:
-    """The runs named, the primary of ranks named together after the other
-    ranks, as ``--all`` orders them (``_closers_last``): named in any order
-    (a shell's glob), the primary shipped first would close the run before
-    the other ranks' records landed. A journal that cannot be read keeps its
-    place (shipping it says what is wrong with it)."""
-    listed = []
+def _named(paths: list[Path], *, offline: bool) -> list[_Step]:
+    """The runs named, with their forked children (``_with_children``), the
+    journal that closes a run written by several of those named after the
+    others, as ``--all`` orders them (``close_order``): named in any order
+    (a shell's glob), the primary of ranks shipped first would close the run
+    before the other ranks' records landed. A journal that cannot be read
+    keeps its place (shipping it says what is wrong with it)."""
+    statuses = []
     for path in dict.fromkeys(paths):
         with contextlib.suppress(Exception):
-            listed.append(_status_of(path))
-    closers = _closers_last(_metas(listed))
-    return sorted(paths, key=lambda p: p in closers)  # stable: the rest as named
+            statuses.append(_status_of(path))
+    listed = _listed(statuses)
+    last = close_order.closers(listed)
+    ordered = sorted(paths, key=lambda p: p in last)  # stable: the rest as named
+    return _finishers_named(_with_children(ordered, offline=offline), listed)
+
+
+def _finishers_named(steps: list[_Step], listed: list[Listed]) -> list[_Step]:
+    """``steps``, each of a run key's journal without a finish entry naming
+    the journal of its key that holds one (``close_order.finished_by``)."""
+    by = close_order.finished_by(listed)
+    return [
+        replace(step, finished_by=by[step.path])
+        if step.path in by and not step.register_only
+        else step
+        for step in steps
+    ]
 
 
 def _ship_order(path: Path, children: set[Path], findable: set[Path]) -> int:
@@ -664,6 +667,7 @@ def _pass(
                 options=options,
                 register_only=step.register_only,
                 hold_close=_held_by(step, unshipped),
+                finished_by=step.finished_by,
             )
         except Exception as exc:  # one journal's trouble must not strand the others
             error = f"not shipped: {type(exc).__name__}: {exc}"

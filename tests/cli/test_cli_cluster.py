@@ -278,6 +278,34 @@ def test_a_job_requeued_offline_syncs_into_one_run_by_its_run_key(
         assert _status(lp) == "COMPLETED"
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("how", ["all", "named"])
+def test_a_requeued_job_synced_once_it_ended_closes_its_run_as_it_finished(
+    local_platform: Any,
+    tmp_path: Path,
+    login: Path,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+    how: str,
+) -> None:
+    """``--job-ended`` closes a journal of a run key without a finish entry as
+    crashed only when no journal of its key synced with it finishes the run:
+    the killed attempt, synced first, closed the run as failed although the
+    requeued attempt completed it."""
+    lp = local_platform
+    first = Producer(tmp_path / "node-a", kind, lp.url, "node-a", "job-4242", "first")
+    first.kill()
+    second = Producer(tmp_path / "node-b", kind, lp.url, "node-b", "job-4242", "second")
+    second.log_the_rest()
+    second.finish()
+    copies = [_copy(journal, login) for journal in (first.journal, second.journal)]
+    argv = ["--runs-dir", str(login), "--all"] if how == "all" else map(str, copies)
+    code, out, err = cli(capsys, "sync", "--job-ended", *argv)
+    assert code == 0, out + err
+    assert _landed(lp, kind, "all")() is not None, out + err
+    assert _status(lp) == "COMPLETED", out + err
+
+
 def test_a_journal_whose_spec_was_lost_syncs_with_the_spec_the_user_supplies(
     local_platform: Any,
     tmp_path: Path,
