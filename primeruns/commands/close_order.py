@@ -7,7 +7,10 @@ own close-out, and the one that closes the run must come after the others,
 whose records would land in a closed run; the others must not close it.
 
 - Ranks: the primary's close-out closes the run (``primeruns.ranks``), so
-  the primary ships after the other ranks listed with it.
+  the primary ships after the other ranks listed with it. Ranks are told
+  by the platform run they write: the one they attached to by id, or the
+  one their journal registered (rank 0 that created the run and handed its
+  id to the others, ``init()`` without ``id=``).
 - A run key: the journal holding the run's finish entry (the attempt that
   finished) closes it, so it ships after the key's other journals; and an
   attempt without one (killed, then requeued) leaves the run open even when
@@ -25,7 +28,7 @@ from typing import Any
 
 from ..ranks import K_ROLE, Role
 from ..ship.family import K_FORK_PARENT
-from ..spec import listed_spec
+from ..spec import RunSpec, listed_spec
 
 __all__ = ["Listed", "closers", "finished_by"]
 
@@ -47,8 +50,9 @@ def closers(listed: Iterable[Listed]) -> set[Path]:
     keyed: dict[str, list[Listed]] = {}
     for journal in listed:
         spec = listed_spec(journal.meta)
-        if spec is not None and spec.attach_id:
-            attached.setdefault(spec.attach_id, []).append(journal)
+        run = _platform_run(journal.meta, spec)
+        if run is not None:
+            attached.setdefault(run, []).append(journal)
         if spec is not None and spec.run_key:
             keyed.setdefault(spec.run_key, []).append(journal)
     out = set()
@@ -63,6 +67,15 @@ def closers(listed: Iterable[Listed]) -> set[Path]:
         if len(journals) >= 2:
             out.update(journal.path for journal in journals if journal.finished)
     return out
+
+
+def _platform_run(meta: Mapping[str, Any], spec: RunSpec | None) -> str | None:
+    """The platform run a journal writes: attached to by id, else registered."""
+    if spec is not None and spec.attach_id:
+        return spec.attach_id
+    bound = meta.get("platform")
+    run_id = bound.get("run_id") if isinstance(bound, Mapping) else None
+    return run_id if isinstance(run_id, str) and run_id else None
 
 
 def finished_by(listed: Iterable[Listed]) -> dict[Path, str]:
