@@ -306,6 +306,30 @@ def test_a_requeued_job_synced_once_it_ended_closes_its_run_as_it_finished(
     assert _status(lp) == "COMPLETED", out + err
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_journal_re_created_on_its_node_after_a_cleaner_deleted_it_syncs_on(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """A tmp cleaner deletes the run's journal on the node mid-run; the run
+    re-creates it there and logs on. Its copies, synced before and after,
+    make one run with every record once: the re-created journal is the same
+    journal to its sync journal, not one it refuses."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", kind, lp.url, "node-7")
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    assert _landed(lp, kind, "half")() is not None
+    shutil.rmtree(producer.journal)  # the node's tmp cleaner
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    assert _landed(lp, kind, "all")() is not None, out + err
+    assert _status(lp) == "COMPLETED"
+
+
 def test_a_journal_whose_spec_was_lost_syncs_with_the_spec_the_user_supplies(
     local_platform: Any,
     tmp_path: Path,
