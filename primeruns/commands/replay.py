@@ -430,7 +430,8 @@ class _Sorting:
             else step
             for step in _ordered(self.chosen, self.listed, self.children, self._copies())
         ]
-        return _finishers_named(steps, _listed(self.listed))
+        chosen = set(self.chosen)  # a finished journal shipped before closed the run already
+        return _finishers_named(steps, _listed(s for s in self.listed if s.info.path in chosen))
 
     def _copies(self) -> list[Listed]:
         """The metas of the copies chosen unopened, where the order of this
