@@ -27,6 +27,7 @@ from rich.text import Text
 from ..exceptions import JournalCorruptError, JournalError, JournalLockedError
 from ..journal import Journal, journal_info
 from ..journal.listing import journal_dirs
+from ..journal.meta import K_LOCAL_ID
 from ..journal.origin import Origin
 from ..platform import Settings, resolve_settings
 from ..reports import RunStatus, describe, statuses, unit_of
@@ -472,15 +473,19 @@ def _ordered(
     parent's, whose close-out closes the run (a parent never registered is
     registered first); a child whose parent is not shipped here, last.
     ``copies``: copies chosen that ``listed`` does not hold (``--watch``
-    lists copies without opening them)."""
+    lists copies without opening them), forked children among them too."""
+    copies = list(copies)
     closers = close_order.closers([*_listed(listed), *copies])
-    parents = {s.info.local_id: s.info.path for s in listed if s.info.path not in children}
-    parent_of = {s.info.path: s.info.meta.get(K_FORK_PARENT) for s in listed}
+    metas = {s.info.path: s.info.meta for s in listed} | {c.path: c.meta for c in copies}
+    children = children | {c.path for c in copies if c.meta.get(K_FORK_PARENT)}
+    ids = {s.info.path: s.info.local_id for s in listed}
+    ids |= {c.path: str(c.meta.get(K_LOCAL_ID)) for c in copies}
+    parents = {local_id: path for path, local_id in ids.items() if path not in children}
     first: list[Path] = []  # parents to register before their children ship
     findable: set[Path] = set()  # children that find their run by the time they ship
     for path in sorted(children & set(chosen)):
-        parent = parents.get(str(parent_of[path]))
-        if finds_its_run(path):
+        parent = parents.get(str(metas[path].get(K_FORK_PARENT)))
+        if finds_its_run(path, metas[path]):
             findable.add(path)
         elif parent in chosen:
             findable.add(path)

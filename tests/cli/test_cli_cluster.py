@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -328,6 +329,67 @@ def test_a_journal_re_created_on_its_node_after_a_cleaner_deleted_it_syncs_on(
     assert code == 0, out + err
     assert _landed(lp, kind, "all")() is not None, out + err
     assert _status(lp) == "COMPLETED"
+
+
+_FORKING = """
+import os, socket, sys
+import workloads
+import primeruns as pr
+socket.gethostname = lambda: "node-7"
+run = pr.init(environments=["gsm8k"], model="m", runs_dir=sys.argv[1], base_url=sys.argv[2],
+              api_key="test-key-0123456789", mode="offline")
+episodes = workloads.gsm8k(12)
+pid = os.fork()
+if pid == 0:  # a forked worker logs half
+    for episode in episodes[6:]:
+        run.log_episodes([episode])
+    sys.exit(0)
+os.waitpid(pid, 0)
+for episode in episodes[:6]:
+    run.log_episodes([episode])
+run.finish(timeout=30)
+"""
+
+
+def test_a_watching_sync_closes_a_run_after_its_forked_childs_copied_records(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An offline run on a node forked a worker that logged half of its
+    episodes into a journal of its own. ``sync --watch`` over the copies of
+    both ships the child's before the run's, whose close-out closes the
+    run, as ``--all`` does: the run is closed after every record landed."""
+    lp = local_platform
+    node = tmp_path / "node"
+    made = subprocess.run(
+        [sys.executable, "-c", _FORKING, str(node), lp.url],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        cwd=TESTS,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    for journal in node.iterdir():
+        if not journal.name.startswith("."):
+            shutil.copytree(journal, login / journal.name)
+    syncer = Syncer("watch", login, capsys)
+    try:
+        syncer.sync(login, _landed(lp, "eval", "all"))
+        wait_for(lambda: _status(lp) == "COMPLETED", timeout=60, what="the run closed")
+    finally:
+        syncer.stop()
+    [run] = lp.runs()
+    conn = sqlite3.connect(f"file:{lp.data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
+    try:
+        (closed,) = conn.execute(
+            "SELECT finalized_at FROM evaluations WHERE id = ?", (run["id"],)
+        ).fetchone()
+        (latest,) = conn.execute(
+            "SELECT max(ingested_at) FROM traces WHERE run_id = ?", (run["id"],)
+        ).fetchone()
+    finally:
+        conn.close()
+    assert latest <= closed, "the forked child's records landed after the run was closed"
 
 
 def test_a_journal_whose_spec_was_lost_syncs_with_the_spec_the_user_supplies(
