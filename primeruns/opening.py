@@ -29,7 +29,7 @@ from .models import (
     RunKind,
     TrainingSpec,
 )
-from .ranks import K_ROLE, primary_from_env, resolve_role
+from .ranks import K_ROLE, claim_created, primary_from_env, resolve_role
 from .recorder import Recorder
 from .refuge import create_journal
 from .run import Run
@@ -275,6 +275,9 @@ def init(
         if not memory:  # with no folder to write (memory) there are no other runs
             others = (journal.path.parent, {journal.path, *taken_over})
             start_daemon(_mention_crashed_runs, "primeruns-scan", others)
+            bound = supervisor.binding()
+            if id is None and role.primary and bound is not None:
+                claim_created(journal.path.parent, bound.run_id, journal.local_id)
     # What a forked child needs to log into this run (primeruns.forkchild). A
     # run in memory has none to give: its children's records are dropped and
     # counted (recorder).

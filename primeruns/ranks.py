@@ -17,7 +17,9 @@ Which process is the primary (``resolve_role``), the first rule that applies:
 4. the launcher's rank: ``RANK`` (torchrun, accelerate, DeepSpeed), else
    ``SLURM_PROCID`` (srun): rank 0 is the primary;
 5. otherwise the first process on this host to attach the run: it holds a
-   lock named for the run in the runs directory for as long as it lives.
+   lock named for the run in the runs directory for as long as it lives
+   (the run's creator takes that lock too once the run is registered,
+   ``claim_created``: a process attaching to it later is not a primary).
 
 The primary closes the run only after the other processes of the run whose
 journals are in its runs directory (its host's ranks) are done: each one's
@@ -53,6 +55,7 @@ from .spec import SPEC_KEY, listed_spec
 __all__ = [
     "K_ROLE",
     "Role",
+    "claim_created",
     "is_primary",
     "launcher_rank",
     "others_of",
@@ -162,6 +165,15 @@ def resolve_role(
         else:
             primary = _first_to_attach(Path(runs_dir), attach_id, local_id)
     return Role(primary=primary, label=label, rank=rank)
+
+
+def claim_created(runs_dir: Path, run_id: str, local_id: str) -> None:
+    """The process that created run ``run_id`` (its primary, rule 3) holds
+    the run's lock too, once the run's id is known: a process of this host
+    that attaches to the run later by id (rule 5, no rank given) is then not
+    a second primary, whose ``finish()`` would close the run while its
+    creator still logs into it."""
+    _first_to_attach(Path(runs_dir), run_id, local_id)
 
 
 def _first_to_attach(runs_dir: Path, run_id: str, local_id: str) -> bool:

@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import sys
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -26,19 +27,21 @@ from rich.text import Text
 from ..exceptions import JournalCorruptError, JournalError, JournalLockedError
 from ..journal import Journal, journal_info
 from ..journal.listing import journal_dirs
+from ..journal.meta import K_LOCAL_ID
 from ..journal.origin import Origin
 from ..platform import Settings, resolve_settings
-from ..ranks import K_ROLE, Role
 from ..reports import RunStatus, describe, statuses, unit_of
 from ..settings import resolve_sdk_settings
 from ..ship import resident
 from ..ship.backlog import ShipReport, is_copy, needs_sync, ship_journal, spec_from_file
 from ..ship.factory import sink_kinds
 from ..ship.family import K_FORK_PARENT, children_of, finds_its_run
-from ..ship.mirror import fingerprint, sync_root
+from ..ship.mirror import fingerprint, snapshot, sync_root
 from ..ship.policy import RetryPolicy
 from ..ship.uplink import journal_settings
 from ..spec import RunSpec, SpecError
+from . import close_order
+from .close_order import Listed
 from .common import (
     EXIT_DAMAGED,
     EXIT_FAILED,
@@ -225,6 +228,7 @@ def _ship(
     stream: TextIO,
     register_only: bool,
     hold_close: str | None = None,
+    finished_by: str | None = None,
 ) -> tuple[ShipReport, dict[str, tuple[int, str]]]:
     """Ship one journal (or only register its run) with progress bars on
     ``stream``; _NotShipped if it cannot start."""
@@ -274,6 +278,7 @@ def _ship(
                 base_url=options.base_url,
                 register_only=register_only,
                 hold_close=hold_close,
+                finished_by=finished_by,
             )
             bars.finish(report.pending)
         except BaseException:
@@ -304,11 +309,13 @@ def replay_one(
     options: ShipOptions | None = None,
     register_only: bool = False,
     hold_close: str | None = None,
+    finished_by: str | None = None,
 ) -> int:
     """Ship one journal and close its run out when that is right, printing
     progress and the result. ``register_only``: only register its run (its
     forked children ship next, then it, see ``_Step``). ``hold_close``:
-    ship it but leave its run open, for this reason.
+    ship it but leave its run open, for this reason. ``finished_by``: the
+    journal of its run key that finishes the run (``_Step``).
 
     Returns the exit code (see the module doc); never raises for a locked,
     damaged or unreachable case. With ``results`` given, the outcome is
@@ -321,7 +328,7 @@ def replay_one(
     err = err or sys.stderr
     stream = err if results is not None else out
     try:
-        report, plan = _ship(path, options, stream, register_only, hold_close)
+        report, plan = _ship(path, options, stream, register_only, hold_close, finished_by)
     except _NotShipped as exc:
         err.write(f"{inert(path)}: {inert(exc)}\n")
         if results is not None:
@@ -350,6 +357,9 @@ class _Step:
     waits_for: tuple[str, ...] = ()
     """Forked children of its run passed over (still being written, say):
     its close-out waits for them."""
+    finished_by: str | None = None
+    """The journal of its run key that holds the run's finish entry, shipped
+    after it: this one, without one, leaves the run open (``close_order``)."""
 
 
 def _targets(args: argparse.Namespace, *, offline: bool) -> list[_Step]:
@@ -360,7 +370,7 @@ def _targets(args: argparse.Namespace, *, offline: bool) -> list[_Step]:
     why, on stderr."""
     runs_dir = runs_dir_of(args)
     if args.runs:
-        return _with_children([resolve_run(ref, runs_dir) for ref in args.runs], offline=offline)
+        return _named([resolve_run(ref, runs_dir) for ref in args.runs], offline=offline)
     if not args.all and not offline:
         raise CommandError("name the runs to replay, or pass --all")
     root = sync_root()
@@ -388,6 +398,12 @@ class _Sorting:
     children: set[Path] = field(default_factory=set)
     passed_over: dict[str, list[str]] = field(default_factory=dict)
     shipped: int = 0  # passed over with nothing left to ship
+    unopened: list[Path] = field(default_factory=list)  # copies chosen, not listed (--watch)
+
+    def add_copy(self, path: Path) -> None:
+        """Choose the copy at ``path``, not opened to list it (``_changed``)."""
+        self.chosen.append(path)
+        self.unopened.append(path)
 
     def add(self, status: RunStatus, root: Path, *, offline: bool) -> str | None:
         """Sort ``status``'s journal; why it is passed over (``_skipped``)."""
@@ -409,28 +425,67 @@ class _Sorting:
         """The steps shipping ``chosen`` (``_ordered``), a run's naming its
         forked children passed over: its close-out waits for them."""
         ids = {s.info.path: s.info.local_id for s in self.listed}
-        return [
+        steps = [
             replace(step, waits_for=tuple(self.passed_over[ids[step.path]]))
             if not step.register_only and ids.get(step.path) in self.passed_over
             else step
-            for step in _ordered(self.chosen, self.listed, self.children)
+            for step in _ordered(self.chosen, self.listed, self.children, self._copies())
         ]
+        chosen = set(self.chosen)  # a finished journal shipped before closed the run already
+        return _finishers_named(steps, _listed(s for s in self.listed if s.info.path in chosen))
+
+    def _copies(self) -> list[Listed]:
+        """The metas of the copies chosen unopened, where the order of this
+        pass depends on them (it ships more than one journal): a copy of a
+        rank's primary shipped before the other ranks would close the run
+        before their records landed. Each is read from a private snapshot
+        (``_meta_of_copy``); one that cannot be read keeps its place."""
+        if len(self.chosen) < 2:
+            return []
+        root = sync_root()
+        out = []
+        for path in self.unopened:
+            meta = _meta_of_copy(path, root)
+            if meta is not None:
+                out.append(Listed(path, meta))
+        return out
 
 
-def _ordered(chosen: list[Path], listed: list[RunStatus], children: set[Path]) -> list[_Step]:
+def _meta_of_copy(path: Path, root: Path) -> Mapping[str, Any] | None:
+    """The meta of the copy at ``path``, read from a private snapshot (a copy
+    refreshed in place may be truncated under a reader: ``mirror.snapshot``);
+    None when it cannot be read (shipping it says why)."""
+    with contextlib.suppress(Exception):
+        with snapshot(path, root) as taken, Journal.open(taken, owner=False) as journal:
+            return journal.all_meta()
+    return None
+
+
+def _ordered(
+    chosen: list[Path],
+    listed: list[RunStatus],
+    children: set[Path],
+    copies: Iterable[Listed] = (),
+) -> list[_Step]:
     """``--all``'s journals in the order they ship. The primary of ranks
     attached to a run by id after the others (its close-out closes the run:
     their records land first); a forked child's journal before its
     parent's, whose close-out closes the run (a parent never registered is
-    registered first); a child whose parent is not shipped here, last."""
-    closers = _closers_last(listed)
-    parents = {s.info.local_id: s.info.path for s in listed if s.info.path not in children}
-    parent_of = {s.info.path: s.info.meta.get(K_FORK_PARENT) for s in listed}
+    registered first); a child whose parent is not shipped here, last.
+    ``copies``: copies chosen that ``listed`` does not hold (``--watch``
+    lists copies without opening them), forked children among them too."""
+    copies = list(copies)
+    closers = close_order.closers([*_listed(listed), *copies])
+    metas = {s.info.path: s.info.meta for s in listed} | {c.path: c.meta for c in copies}
+    children = children | {c.path for c in copies if c.meta.get(K_FORK_PARENT)}
+    ids = {s.info.path: s.info.local_id for s in listed}
+    ids |= {c.path: str(c.meta.get(K_LOCAL_ID)) for c in copies}
+    parents = {local_id: path for path, local_id in ids.items() if path not in children}
     first: list[Path] = []  # parents to register before their children ship
     findable: set[Path] = set()  # children that find their run by the time they ship
     for path in sorted(children & set(chosen)):
-        parent = parents.get(str(parent_of[path]))
-        if finds_its_run(path):
+        parent = parents.get(str(metas[path].get(K_FORK_PARENT)))
+        if finds_its_run(path, metas[path]):
             findable.add(path)
         elif parent in chosen:
             findable.add(path)
@@ -440,24 +495,37 @@ def _ordered(chosen: list[Path], listed: list[RunStatus], children: set[Path]) -
     return [*(_Step(p, register_only=True) for p in first), *map(_Step, order)]
 
 
-def _closers_last(listed: list[RunStatus]) -> set[Path]:
-    """The journals of the primaries of runs other listed journals attached
-    to by id (ranks, copied in from their nodes): shipped last, since the
-    primary's close-out closes the run."""
-    attached: dict[str, list[RunStatus]] = {}
-    for status in listed:
-        spec = status.spec
-        if spec is not None and spec.attach_id:
-            attached.setdefault(spec.attach_id, []).append(status)
-    closers = set()
-    for journals in attached.values():
-        if len(journals) < 2:
-            continue
-        for status in journals:
-            role = Role.from_json(status.info.meta.get(K_ROLE))
-            if role is not None and role.primary and not status.info.meta.get(K_FORK_PARENT):
-                closers.add(status.info.path)
-    return closers
+def _listed(statuses: Iterable[RunStatus]) -> list[Listed]:
+    return [Listed(s.info.path, s.info.meta, s.info.finish is not None) for s in statuses]
+
+
+def _named(paths: list[Path], *, offline: bool) -> list[_Step]:
+    """The runs named, with their forked children (``_with_children``), the
+    journal that closes a run written by several of those named after the
+    others, as ``--all`` orders them (``close_order``): named in any order
+    (a shell's glob), the primary of ranks shipped first would close the run
+    before the other ranks' records landed. A journal that cannot be read
+    keeps its place (shipping it says what is wrong with it)."""
+    statuses = []
+    for path in dict.fromkeys(paths):
+        with contextlib.suppress(Exception):
+            statuses.append(_status_of(path))
+    listed = _listed(statuses)
+    last = close_order.closers(listed)
+    ordered = sorted(paths, key=lambda p: p in last)  # stable: the rest as named
+    return _finishers_named(_with_children(ordered, offline=offline), listed)
+
+
+def _finishers_named(steps: list[_Step], listed: list[Listed]) -> list[_Step]:
+    """``steps``, each of a run key's journal without a finish entry naming
+    the journal of its key that holds one (``close_order.finished_by``)."""
+    by = close_order.finished_by(listed)
+    return [
+        replace(step, finished_by=by[step.path])
+        if step.path in by and not step.register_only
+        else step
+        for step in steps
+    ]
 
 
 def _ship_order(path: Path, children: set[Path], findable: set[Path]) -> int:
@@ -605,6 +673,7 @@ def _pass(
                 options=options,
                 register_only=step.register_only,
                 hold_close=_held_by(step, unshipped),
+                finished_by=step.finished_by,
             )
         except Exception as exc:  # one journal's trouble must not strand the others
             error = f"not shipped: {type(exc).__name__}: {exc}"
@@ -665,7 +734,7 @@ def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[_S
                 continue
             origin = Origin.read_beside(path)
             if origin is not None and not origin.is_original(path.absolute()):
-                found.chosen.append(path)  # a copy
+                found.add_copy(path)
                 continue
             found.add(_status_of(path), root, offline=True)
     # Ordered as --all: a forked child before its run's close-out.

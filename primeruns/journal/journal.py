@@ -180,8 +180,11 @@ class Journal:
         durability: Durability = "process",
         max_bytes: int = DEFAULT_MAX_JOURNAL_BYTES,
         meta: Mapping[str, Any] | None = None,
+        origin: Origin | None = None,
     ) -> Journal:
         """Create ``runs_dir/<local_id>`` (0700, files 0600) and own it.
+        ``origin``: the origin of the journal this one re-creates at its
+        path (``journal.rehome``), which it keeps; else this process's.
 
         Raises JournalError if it exists or cannot be created.
         """
@@ -221,7 +224,7 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.chmod(path / name, 0o600)
         journal = cls(path, store, lock, durability)
-        origin = Origin.here(path)
+        origin = origin or Origin.here(path)
         origin.write_beside(path)
         values: dict[str, Any] = dict(meta or {})
         values.update(

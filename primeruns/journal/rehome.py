@@ -26,6 +26,7 @@ from primeruns.journal.capacity import K_COMPACTED_KINDS
 from primeruns.journal.frames import EntryKind
 from primeruns.journal.journal import Durability, Journal
 from primeruns.journal.meta import K_BUDGET
+from primeruns.journal.origin import K_ORIGIN, Origin
 from primeruns.journal.store import detach_store
 
 __all__ = ["gone", "rehome"]
@@ -94,8 +95,17 @@ def _copy(old: Journal) -> Journal:
     # may touch what is created at its path now.
     old.quiesce()
     detach_store(old._store)
+    # The same journal, carried on: it keeps its origin (a sync journal
+    # takes only copies of the journal its origin names, and one made from
+    # a copy taken before the move would refuse every later copy).
+    origin = Origin.from_json(old.get_meta(K_ORIGIN))
     new = Journal.create(
-        path.parent, local_id=path.name, durability=durability, meta=meta, **kwargs
+        path.parent,
+        local_id=path.name,
+        durability=durability,
+        meta=meta,
+        origin=origin,
+        **kwargs,
     )
     try:
         _copy_entries(old, new)

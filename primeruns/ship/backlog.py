@@ -123,6 +123,7 @@ def ship_journal(
     base_url: str | None = None,
     register_only: bool = False,
     hold_close: str | None = None,
+    finished_by: str | None = None,
 ) -> ShipReport:
     """Ship everything ``path`` holds (see module doc) and close the run out
     when that is right. ``job_ended``: the user knows the producer is gone (a
@@ -135,7 +136,11 @@ def ship_journal(
     nothing: its children then ship before it, and its close-out after them.
     ``hold_close``: ship everything but leave the run open, for this reason
     (a forked child of it that did not ship: its records would land in a
-    closed run).
+    closed run). ``finished_by``: another journal of this one's run key,
+    holding the run's finish entry and shipped after it (a requeued job's
+    attempt that finished): this one, without a finish entry, leaves the run
+    open even with ``job_ended`` (closed as crashed first, the run would end
+    failed although its job completed).
 
     Raises ``JournalLockedError`` (naming the owner) while the producer or its
     uplink lives, or another sync ships the same run, and ``JournalError`` for
@@ -155,6 +160,7 @@ def ship_journal(
             base_url,
             register_only,
             hold_close,
+            finished_by,
         )
     except _Shipped as done:
         return done.report
@@ -172,6 +178,7 @@ def _ship_journal(
     base_url: str | None,
     register_only: bool,
     hold_close: str | None,
+    finished_by: str | None,
 ) -> ShipReport:
     journal: Journal | None = None
     report = ShipReport(path=path, local_id="")
@@ -234,7 +241,11 @@ def _ship_journal(
         _supply_spec(journal, spec)
         with contextlib.suppress(SpecError):
             key = spec_or_default(journal).run_key
-            if key is not None and not job_ended:
+            if key is not None and finished_by is not None:
+                # Another attempt of the job finished the run, and closes it.
+                may_crash = False
+                why_open = f"{finished_by}, of the same run key {key!r}, finishes the run"
+            elif key is not None and not job_ended:
                 # One journal of several in turn (a requeued job): the one
                 # that finishes closes the run; a crashed one cannot know
                 # whether another comes after it.

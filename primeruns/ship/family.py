@@ -19,6 +19,7 @@ that the run closes after every record of it landed, and after it the others.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,15 +101,16 @@ def children_of(parent: Path, local_id: str) -> list[Path]:
     return sorted(children, key=lambda p: p.name)
 
 
-def finds_its_run(child: Path) -> bool:
+def finds_its_run(child: Path, meta: Mapping[str, Any] | None = None) -> bool:
     """Whether the forked child's journal at ``child`` can ship now, on its
     own: its spec names the platform run (it was forked after the run was
     registered), or its parent's registration is on record. ``replay`` and
     ``sync`` of a run ship such children before the run's own journal, whose
     close-out closes the run: the run is closed after every record of it
-    landed, as its live ``finish()`` closes it after its children's."""
+    landed, as its live ``finish()`` closes it after its children's.
+    ``meta``: the child's, read already (a copy is read from a snapshot)."""
     try:
-        meta = journal_info(child).meta
+        meta = journal_info(child).meta if meta is None else meta
         spec = listed_spec(meta)
         if spec is not None and spec.attach_id:
             return True

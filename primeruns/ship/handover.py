@@ -25,9 +25,11 @@ from pathlib import Path
 from ..exceptions import JournalError
 from ..journal import Journal
 from ..journal.origin import Origin
+from . import sync_records
+from .copies import K_SOURCE_PATH
 from .mirror import import_new, open_sync_journal, snapshot
 
-__all__ = ["take_over"]
+__all__ = ["remember", "take_over"]
 
 log = logging.getLogger("primeruns.uplink")
 
@@ -61,3 +63,18 @@ def take_over(paths: Sequence[Path], root: Path, by: str) -> list[Journal]:
             continue
         log.info("prime-runs: shipping the backlog of an earlier process of this run (%s)", path)
     return list(taken.values())
+
+
+def remember(journal: Journal, run_id: str) -> None:
+    """Record beside the sync journals that ``journal``, one taken over,
+    ships to platform run ``run_id``, before it ships anything
+    (``sync_records``): deleted later, it is then never made again by a
+    ``sync`` of a copy, which would ship its records a second time."""
+    source = journal.get_meta(K_SOURCE_PATH)
+    upto = source.get("imported_upto") if isinstance(source, dict) else None
+    sync_records.remember(
+        journal.path.parent,
+        journal.local_id,
+        run_id=run_id,
+        imported_upto=upto if isinstance(upto, int) else journal.last_seq(),
+    )

@@ -37,7 +37,7 @@ from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
 from ..spec import RunSpec, listed_spec, spec_or_default
 from ..threads import start_daemon
-from . import ledger
+from . import handover, ledger
 from .deadline import budget_left
 from .factory import make_shippers
 from .handover import take_over
@@ -266,6 +266,9 @@ class Uplink:
                 # A predecessor that never bound the run (offline on its node):
                 # binding an attached run sends nothing.
                 lifecycle.register()
+            binding = lifecycle.binding()
+            if binding is not None:
+                handover.remember(old, binding.run_id)
             shippers = make_shippers(
                 old,
                 self.client,

@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -276,6 +277,119 @@ def test_a_job_requeued_offline_syncs_into_one_run_by_its_run_key(
         assert code == 0, out + err
         assert _landed(lp, kind, "all")() is not None, out + err
         assert _status(lp) == "COMPLETED"
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("how", ["all", "named"])
+def test_a_requeued_job_synced_once_it_ended_closes_its_run_as_it_finished(
+    local_platform: Any,
+    tmp_path: Path,
+    login: Path,
+    capsys: pytest.CaptureFixture[str],
+    kind: str,
+    how: str,
+) -> None:
+    """``--job-ended`` closes a journal of a run key without a finish entry as
+    crashed only when no journal of its key synced with it finishes the run:
+    the killed attempt, synced first, closed the run as failed although the
+    requeued attempt completed it."""
+    lp = local_platform
+    first = Producer(tmp_path / "node-a", kind, lp.url, "node-a", "job-4242", "first")
+    first.kill()
+    second = Producer(tmp_path / "node-b", kind, lp.url, "node-b", "job-4242", "second")
+    second.log_the_rest()
+    second.finish()
+    copies = [_copy(journal, login) for journal in (first.journal, second.journal)]
+    argv = ["--runs-dir", str(login), "--all"] if how == "all" else map(str, copies)
+    code, out, err = cli(capsys, "sync", "--job-ended", *argv)
+    assert code == 0, out + err
+    assert _landed(lp, kind, "all")() is not None, out + err
+    assert _status(lp) == "COMPLETED", out + err
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_journal_re_created_on_its_node_after_a_cleaner_deleted_it_syncs_on(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """A tmp cleaner deletes the run's journal on the node mid-run; the run
+    re-creates it there and logs on. Its copies, synced before and after,
+    make one run with every record once: the re-created journal is the same
+    journal to its sync journal, not one it refuses."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", kind, lp.url, "node-7")
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    assert _landed(lp, kind, "half")() is not None
+    shutil.rmtree(producer.journal)  # the node's tmp cleaner
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    assert _landed(lp, kind, "all")() is not None, out + err
+    assert _status(lp) == "COMPLETED"
+
+
+_FORKING = """
+import os, socket, sys
+import workloads
+import primeruns as pr
+socket.gethostname = lambda: "node-7"
+run = pr.init(environments=["gsm8k"], model="m", runs_dir=sys.argv[1], base_url=sys.argv[2],
+              api_key="test-key-0123456789", mode="offline")
+episodes = workloads.gsm8k(12)
+pid = os.fork()
+if pid == 0:  # a forked worker logs half
+    for episode in episodes[6:]:
+        run.log_episodes([episode])
+    sys.exit(0)
+os.waitpid(pid, 0)
+for episode in episodes[:6]:
+    run.log_episodes([episode])
+run.finish(timeout=30)
+"""
+
+
+def test_a_watching_sync_closes_a_run_after_its_forked_childs_copied_records(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An offline run on a node forked a worker that logged half of its
+    episodes into a journal of its own. ``sync --watch`` over the copies of
+    both ships the child's before the run's, whose close-out closes the
+    run, as ``--all`` does: the run is closed after every record landed."""
+    lp = local_platform
+    node = tmp_path / "node"
+    made = subprocess.run(
+        [sys.executable, "-c", _FORKING, str(node), lp.url],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        cwd=TESTS,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    for journal in node.iterdir():
+        if not journal.name.startswith("."):
+            shutil.copytree(journal, login / journal.name)
+    syncer = Syncer("watch", login, capsys)
+    try:
+        syncer.sync(login, _landed(lp, "eval", "all"))
+        wait_for(lambda: _status(lp) == "COMPLETED", timeout=60, what="the run closed")
+    finally:
+        syncer.stop()
+    [run] = lp.runs()
+    conn = sqlite3.connect(f"file:{lp.data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
+    try:
+        (closed,) = conn.execute(
+            "SELECT finalized_at FROM evaluations WHERE id = ?", (run["id"],)
+        ).fetchone()
+        (latest,) = conn.execute(
+            "SELECT max(ingested_at) FROM traces WHERE run_id = ?", (run["id"],)
+        ).fetchone()
+    finally:
+        conn.close()
+    assert latest <= closed, "the forked child's records landed after the run was closed"
 
 
 def test_a_journal_whose_spec_was_lost_syncs_with_the_spec_the_user_supplies(

@@ -189,10 +189,10 @@ def test_a_damaged_copy_ships_its_intact_entries_and_reports_the_damage_once(
     assert _held(lp) == held and _status(lp) == "COMPLETED"
 
 
-def test_a_job_requeued_by_its_run_id_ships_its_predecessor_and_a_copy_of_it_once(
-    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    lp = local_platform
+def _requeued_by_run_id(lp: Any, tmp_path: Path, login: Path) -> tuple[str, Path]:
+    """A training job killed offline on its node, its journal copied beside
+    the requeued job twice, and the requeued job run to its end attached by
+    id: (the run id, the killed job's journal on its node)."""
     created = httpx.post(  # the launcher registers the run
         f"{lp.url}/api/v1/rft/external-runs",
         json={"base_model": "m", "max_steps": 30, "environments": [], "team_id": "team-a"},
@@ -231,6 +231,14 @@ def test_a_job_requeued_by_its_run_id_ships_its_predecessor_and_a_copy_of_it_onc
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    return run_id, journal
+
+
+def test_a_job_requeued_by_its_run_id_ships_its_predecessor_and_a_copy_of_it_once(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lp = local_platform
+    run_id, journal = _requeued_by_run_id(lp, tmp_path, login)
     stored = lp.run(run_id)
     assert stored["status"] == "COMPLETED"
     assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 240
@@ -243,3 +251,20 @@ def test_a_job_requeued_by_its_run_id_ships_its_predecessor_and_a_copy_of_it_onc
     stored = lp.run(run_id)
     assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 240
     assert sorted(o["step"] for o in stored["parquet_objects"]) == [0, 10, 20]
+
+
+def test_a_deleted_sync_journal_a_requeued_job_shipped_through_is_refused_not_shipped_twice(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The requeued job shipped its predecessor through a sync journal; the
+    user deletes that sync journal, then syncs a copy of the predecessor: it
+    is refused, as for a sync journal ``sync`` made, not shipped twice."""
+    lp = local_platform
+    run_id, journal = _requeued_by_run_id(lp, tmp_path, login)
+    stored = lp.run(run_id)
+    shutil.rmtree(default_sync_root() / journal.name)  # the user cleans up too much
+    code, out, err = cli(capsys, "sync", "--job-ended", str(login / journal.name))
+    assert code != 0 and "would ship them twice" in out + err, out + err
+    again = lp.run(run_id)
+    assert again["traces"] == stored["traces"]
+    assert sorted(o["step"] for o in again["parquet_objects"]) == [0, 10, 20], "shipped twice"

@@ -8,6 +8,7 @@ import json
 import os
 import random
 import socket
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -274,3 +275,56 @@ def test_replayed_sample_rows_carry_the_platform_run_id_as_live_rows_do(
         assert len(rows) == 3
         assert {row["info"]["native_wrapper"]["run"]["id"] for row in rows} == {eval_id}
         assert {row["info"]["native_wrapper"]["run"]["type"] for row in rows} == {"eval"}
+
+
+def test_replay_all_closes_a_run_its_rank_0_created_after_the_other_ranks_records(
+    make_local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Rank 0 created the run (``init()`` without ``id=``) and handed its id
+    to the other ranks, which attached to it; the platform was down when
+    they finished. ``replay --all`` ships rank 0's journal after the others
+    (its close-out closes the run): every rank's rows land before the close,
+    each step's row with every rank's key."""
+    lp = make_local_platform()
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    # Journals named in the order made, as a launch makes them (rank 0 first).
+    names = iter(f"20260101-000000-{n:08x}" for n in range(100))
+    monkeypatch.setattr("primeruns.journal.journal.default_local_id", lambda: next(names))
+    common: dict[str, Any] = {"model": "m", "base_url": lp.url, "runs_dir": runs, "team_id": "t"}
+    creator = pr.init(kind="train", **common)
+    ranks = [creator]
+    for rank in (1, 2):  # as torchrun starts them: RANK is the launcher's
+        monkeypatch.setenv("RANK", str(rank))
+        ranks.append(pr.init(kind="train", id=creator.id, **common))
+    monkeypatch.delenv("RANK")
+    lp.set_faults(statuses=[503], retryable_rate=1.0)  # the platform goes down
+    for step in range(4):
+        for n, run in enumerate(ranks):
+            run.log_metrics({f"loss_r{n}": 1.0, "lr": 0.1}, step=step)
+    for run in reversed(ranks):
+        run.finish(timeout=1)
+    assert lp.run(creator.id)["status"] == "RUNNING"  # its close failed too
+    lp.set_faults(retryable_rate=0.0)
+
+    code, out, err = cli(capsys, "replay", "--all", "--runs-dir", str(runs))
+    assert code == 0, out + err
+    stored = lp.run(creator.id)
+    assert stored["status"] == "COMPLETED"
+    assert stored["train_metrics"] == {"rows": 4, "steps": 4}
+    conn = sqlite3.connect(f"file:{lp.data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
+    try:
+        (closed,) = conn.execute(
+            "SELECT completed_at FROM train_runs WHERE id = ?", (creator.id,)
+        ).fetchone()
+        rows = conn.execute(
+            "SELECT body, received_at FROM train_metrics WHERE run_id = ?", (creator.id,)
+        ).fetchall()
+    finally:
+        conn.close()
+    assert all(at <= closed for _, at in rows), "a rank's row landed after the run closed"
+    for body, _ in rows:
+        assert {"lr", "loss_r0", "loss_r1", "loss_r2"} <= set(json.loads(body)), body

@@ -217,3 +217,45 @@ def test_two_processes_attaching_to_one_run_id_land_the_union_once(
     expected = {f"{t}-{i}" for t in "ab" for i in range(25)}
     assert set(stored) == expected and max(stored.values()) == 1
     assert set(rh.platform_metric_steps(lp.data_dir, run_id)) == set(range(50))
+
+
+def test_a_process_attaching_to_a_run_this_host_created_never_closes_it(
+    make_local_platform: Any, tmp_path: Path
+) -> None:
+    """The run's creator is its primary; a process of the same host that
+    attaches to it by id afterwards, with no launcher rank, is not a second
+    one: its ``finish()`` ships its records and leaves the run open while
+    the creator still logs, and the creator's close comes after every
+    record of both."""
+    lp: LocalPlatform = make_local_platform(train_teams=["team-a"])
+    runs = tmp_path / "runs"
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        creator = pr.init(
+            kind="train",
+            model="m",
+            team_id="team-a",
+            api_key=rt.KEY,
+            base_url=lp.url,
+            runs_dir=runs,
+        )
+        env = rh.isolated_env(tmp_path / "worker", {"PRIME_TRACES_URL": lp.url})
+        args = [str(runs), lp.url, creator.id, "w", "1", "10"]
+        worker = procs.start(
+            [sys.executable, str(rh.HERE / "rel_attacher.py"), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        out, err = worker.communicate(timeout=180)
+        assert worker.returncode == 0 and "finished" in out, err[-2000:]
+        assert lp.run(creator.id)["status"] == "RUNNING", "closed by a process attached to it"
+        for i in range(10):
+            creator.log_episodes([{"id": f"c-{i}", "traces": [], "run": {"work": {"step": 2 * i}}}])
+            creator.log_metrics({"loss": 1.0 / (i + 1)}, step=2 * i)
+        creator.finish(timeout=120)
+    assert lp.run(creator.id)["status"] == "COMPLETED"
+    stored = rh.platform_episode_ids(lp.data_dir, creator.id)
+    assert set(stored) == {f"{t}-{i}" for t in "cw" for i in range(10)}
+    assert max(stored.values()) == 1
+    assert set(rh.platform_metric_steps(lp.data_dir, creator.id)) == set(range(20))

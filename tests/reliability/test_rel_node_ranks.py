@@ -11,7 +11,9 @@ step are merged where they are synced (README, "Ranks").
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -23,7 +25,7 @@ import procs
 import pyarrow.parquet as pq
 import pytest
 import rel_helpers as rh
-from sdk_helpers import API_KEY, point_at
+from sdk_helpers import API_KEY, point_at, wait_for
 
 from primeruns.cli import main
 from primeruns.local import LocalPlatform
@@ -165,3 +167,81 @@ def test_ranks_on_two_offline_nodes_synced_from_a_login_node_keep_every_key(
     again: dict[str, Any] = lp.run(run_id)
     assert again["traces"] == traces
     assert len(again["parquet_objects"]) == len(stored["parquet_objects"])
+
+
+def test_ranks_named_on_the_command_line_close_the_run_after_every_ranks_records(
+    local_platform: LocalPlatform,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``sync`` of the ranks' copies named one by one (a shell's glob, in any
+    order, the primary first here) ships the primary last, as ``--all`` does:
+    its close-out closes the run, after every rank's records landed."""
+    lp = local_platform
+    point_at(monkeypatch, tmp_path, lp.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    run_id = _create(lp)
+    ranks = _run_ranks(lp, tmp_path, run_id)
+    login = tmp_path / "login"
+    login.mkdir()
+    for journal, _ in ranks.values():
+        shutil.copytree(journal, login / journal.name)
+
+    named = [str(login / ranks[rank][0].name) for rank in sorted(ranks)]  # rank 0 first
+    code, out, err = cli(capsys, "sync", "--json", *named)
+    assert code == 0, out + err
+    assert all(r["closed_out"] for r in json.loads(out))
+
+    stored: dict[str, Any] = lp.run(run_id)
+    assert stored["status"] == "COMPLETED"
+    assert _closed_after_every_record(lp, run_id)
+    episodes = [e for _, logged in ranks.values() for e in logged]
+    traces = stored["traces"]
+    assert traces["episodes"] == traces["distinct_episodes"] == len(episodes)
+
+
+def test_a_watching_sync_closes_the_run_after_every_ranks_records(
+    local_platform: LocalPlatform,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``sync --watch`` over the ranks' copies ships the primary's last, as
+    ``--all`` does, whatever the copies' names sort as (the primary's first
+    here): its close-out closes the run after every rank's records landed."""
+    lp = local_platform
+    point_at(monkeypatch, tmp_path, lp.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    run_id = _create(lp)
+    ranks = _run_ranks(lp, tmp_path, run_id)
+    login = tmp_path / "login"
+    login.mkdir()
+    for rank, (journal, _) in ranks.items():
+        # rsync'd under names of the user's: the primary's sorts first.
+        shutil.copytree(journal, login / f"{'a' if rank == 0 else 'b'}-{journal.name}")
+    episodes = [e for _, logged in ranks.values() for e in logged]
+    argv = ["sync", "--watch", "--interval", "0.2", "--runs-dir", str(login)]
+    watcher = procs.start(
+        [sys.executable, "-m", "primeruns", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ),
+    )
+    try:
+
+        def closed_with_everything() -> bool:
+            stored = lp.run(run_id)
+            return bool(
+                stored["status"] == "COMPLETED"
+                and stored["traces"]["episodes"] == len(episodes)
+                and stored["train_metrics"]["steps"] == _STEPS
+            )
+
+        wait_for(closed_with_everything, timeout=120, what="the watcher to ship every rank")
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        watcher.wait(timeout=90)
+    assert _closed_after_every_record(lp, run_id)
+    traces = lp.run(run_id)["traces"]
+    assert traces["episodes"] == traces["distinct_episodes"] == len(episodes)
