@@ -346,3 +346,43 @@ def test_a_mock_of_httpx_in_a_users_test_sees_every_call(
     assert seen == ["/api/v1/rft/metrics"] * 3
     assert len(server.requests) == 4
     client.close()
+
+
+def test_an_informational_answer_is_skipped_as_httpx_skips_it(
+    serve: Callable[..., _Server],
+) -> None:
+    """A 1xx (102 Processing, 103 Early Hints) comes before the answer, on
+    the same connection: taken as the answer, it was a 2xx without a body
+    (``{}``), and the real answer, still on its way, became the answer to
+    the next request sent on that connection."""
+
+    def hints_first(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        handler.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\n")
+        handler.wfile.flush()
+        time.sleep(0.05)  # the answer follows a moment later, as a real one does
+        _echo(handler, body)
+
+    server = serve(hints_first)
+    client = _client(server)
+    for step in range(3):
+        answer = client.api("POST", "/rft/metrics", {"run_id": "r", "metrics": {"step": step}})
+        assert answer == {"got": {"run_id": "r", "metrics": {"step": step}}}
+    client.close()
+
+
+def test_a_switch_of_protocols_not_asked_for_is_no_answer(serve: Callable[..., _Server]) -> None:
+    """A 101 to a request that asked for no upgrade is not the request's
+    answer (httpx fails it as a protocol error): the row may or may not have
+    been stored, and the connection, in another protocol now, is not used again."""
+
+    def switch(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        handler.wfile.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
+
+    server = serve(switch)
+    client = _client(server)
+    for _ in range(2):
+        with pytest.raises(TransportError) as failed:
+            client.api("POST", "/rft/metrics", {"run_id": "r"})
+        assert is_ambiguous(failed.value) and not never_reached(failed.value)
+    assert server.connections == 2
+    client.close()

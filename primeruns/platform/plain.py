@@ -168,10 +168,29 @@ class PlainConnections:
         except OSError as exc:
             conn.close()
             raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
+        conn.response_class = _Response
         assert conn.sock is not None
         conn.sock.settimeout(budget)
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as httpcore
         return conn
+
+
+class _Response(http.client.HTTPResponse):
+    """``http.client``'s response, with every informational answer skipped.
+
+    ``http.client`` skips a 100 Continue alone: a 102 Processing or a 103
+    Early Hints was taken as the answer (a 2xx-like status without a body)
+    and the real answer, still to come, was left on the kept-alive
+    connection to be read as the next request's. httpx (h11) skips every
+    1xx, and fails a 101 no upgrade was asked for: so does this."""
+
+    def _read_status(self) -> tuple[str, int, str]:
+        version, status, reason = super()._read_status()  # type: ignore[misc]
+        if status == http.client.SWITCHING_PROTOCOLS:
+            raise http.client.HTTPException("101 Switching Protocols, and no upgrade was asked for")
+        if 100 <= status < 200:
+            return version, http.client.CONTINUE, reason  # begin() skips its headers
+        return version, status, reason
 
 
 def _usable(conn: http.client.HTTPConnection) -> bool:
