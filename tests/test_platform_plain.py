@@ -386,3 +386,24 @@ def test_a_switch_of_protocols_not_asked_for_is_no_answer(serve: Callable[..., _
         assert is_ambiguous(failed.value) and not never_reached(failed.value)
     assert server.connections == 2
     client.close()
+
+
+def test_a_key_with_a_line_break_fails_as_through_httpx_without_showing_it(
+    serve: Callable[..., _Server],
+) -> None:
+    """A key read from a file with its newline (``api_key=path.read_text()``):
+    http.client refuses the header with a ValueError quoting its value, which
+    escaped unscrubbed (a shipper logs an unexpected error with its text and
+    retires). httpx fails it as a transport error, scrubbed."""
+    server = serve()
+    port = server.server_address[1]
+    settings = resolve_settings(
+        api_key=KEY + "\n", base_url=f"http://127.0.0.1:{port}", environ={}, config={}
+    )
+    client = PlatformClient(settings)
+    with pytest.raises(TransportError) as failed:
+        client.api("POST", "/rft/metrics", {"run_id": "r"})
+    assert KEY not in str(failed.value) and "0123456789" not in str(failed.value)
+    assert not is_ambiguous(failed.value) and not never_reached(failed.value)
+    assert server.requests == []
+    client.close()

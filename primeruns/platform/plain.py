@@ -116,6 +116,14 @@ class PlainConnections:
                 raise httpx.WriteTimeout(str(exc) or "timed out") from None
             except (OSError, http.client.HTTPException) as exc:
                 raise httpx.WriteError(str(exc) or type(exc).__name__) from None
+            except UnicodeError:
+                raise  # a header httpx cannot encode either: it raises the same
+            except ValueError:
+                # A header value with a line break (a key read from a file
+                # with its newline): refused before anything is sent, as
+                # httpx (h11) refuses it. http.client's text quotes the
+                # value, the key: it is not passed on.
+                raise httpx.LocalProtocolError("illegal header value") from None
             answer, kept = _receive(conn, budget)
             return answer
         finally:
