@@ -407,3 +407,28 @@ def test_a_key_with_a_line_break_fails_as_through_httpx_without_showing_it(
     assert not is_ambiguous(failed.value) and not never_reached(failed.value)
     assert server.requests == []
     client.close()
+
+
+def test_each_call_has_its_own_deadline_on_a_kept_alive_connection(
+    serve: Callable[..., _Server],
+) -> None:
+    """The connection a call is sent on may have been opened by a call with
+    another deadline: ``within=`` (a closing run's bound) must hold on it,
+    and a short one must not cut the calls that come after it on the same
+    connection, as httpx applies each request's own timeout."""
+
+    def slow_as_asked(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        time.sleep(json.loads(body)["pause"])  # the server's pace, not a wait for the test
+        _reply(handler, b"{}")
+
+    server = serve(slow_as_asked)
+    client = _client(server)
+    assert client.api("POST", "/rft/metrics", {"pause": 0}) == {}  # opens the connection
+    start = time.monotonic()
+    with pytest.raises(APITimeoutError):
+        client.api("POST", "/rft/metrics", {"pause": 3}, within=0.5)
+    assert time.monotonic() - start < 2.0
+    assert client.api("POST", "/rft/metrics", {"pause": 0}, within=0.5) == {}
+    assert client.api("POST", "/rft/metrics", {"pause": 1.0}) == {}  # 60 s to answer, not 0.5
+    assert server.connections == 2  # the timed-out one was not used again
+    client.close()

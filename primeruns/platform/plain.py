@@ -107,7 +107,11 @@ class PlainConnections:
         budget = timeout.read if timeout.read is not None else 300.0
         conn = self._take(target)
         if conn is None:
-            conn = self._connect(target, timeout.connect, budget)
+            conn = self._connect(target, timeout.connect)
+        # Each call's own deadline: a kept connection was opened by a call
+        # that may have had another (``within=``), and a socket keeps its timeout.
+        assert conn.sock is not None
+        conn.sock.settimeout(budget)
         kept = False
         try:
             try:
@@ -158,9 +162,7 @@ class PlainConnections:
                 return
         conn.close()
 
-    def _connect(
-        self, target: Target, connect_s: float | None, budget: float
-    ) -> http.client.HTTPConnection:
+    def _connect(self, target: Target, connect_s: float | None) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection
         if target.scheme == "https":
             conn = http.client.HTTPSConnection(
@@ -178,7 +180,6 @@ class PlainConnections:
             raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
         conn.response_class = _Response
         assert conn.sock is not None
-        conn.sock.settimeout(budget)
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as httpcore
         return conn
 
