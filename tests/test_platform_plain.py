@@ -432,3 +432,43 @@ def test_each_call_has_its_own_deadline_on_a_kept_alive_connection(
     assert client.api("POST", "/rft/metrics", {"pause": 1.0}) == {}  # 60 s to answer, not 0.5
     assert server.connections == 2  # the timed-out one was not used again
     client.close()
+
+
+def test_a_mock_that_wraps_httpx_or_picks_its_transport_sees_every_call(
+    serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vcrpy replaces httpx's transport's way out with a ``functools.wraps``
+    wrapper, which bears the original's module and name; respx's
+    ``using="httpx"`` replaces the client's choice of transport. Either is a
+    user's test answering the SDK's calls from a cassette or a route: a call
+    on the plain path would go to the network instead."""
+    import functools
+
+    import httpx
+
+    seen: list[str] = []
+    handle = httpx.HTTPTransport.handle_request
+
+    @functools.wraps(handle)
+    def wrapped(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
+        seen.append(f"wrapped {request.url.path}")
+        return handle(self, request)
+
+    pick = httpx.Client._transport_for_url
+
+    def picked(self: httpx.Client, url: httpx.URL) -> httpx.BaseTransport:
+        seen.append(f"picked {url.path}")
+        return pick(self, url)
+
+    server = serve()
+    client = _client(server)
+    with monkeypatch.context() as patch:
+        patch.setattr(httpx.HTTPTransport, "handle_request", wrapped)
+        client.api("POST", "/rft/metrics", {"run_id": "r"})
+    with monkeypatch.context() as patch:
+        patch.setattr(httpx.Client, "_transport_for_url", picked)
+        client.api("POST", "/rft/metrics", {"run_id": "r"})
+    client.api("POST", "/rft/metrics", {"run_id": "r"})  # no mock: the plain path
+    assert seen == ["wrapped /api/v1/rft/metrics", "picked /api/v1/rft/metrics"]
+    assert len(server.requests) == 3
+    client.close()

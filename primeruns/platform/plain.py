@@ -46,9 +46,11 @@ _CHUNK = 65536
 
 
 def _shipped(function: object, module: str, qualname: str) -> bool:
+    # The code's own name: a wrapper made with functools.wraps (vcrpy's)
+    # copies the original's __module__ and __qualname__, not its code.
     return (
         getattr(function, "__module__", None) == module
-        and getattr(function, "__qualname__", None) == qualname
+        and getattr(getattr(function, "__code__", None), "co_qualname", None) == qualname
     )
 
 
@@ -57,15 +59,24 @@ def httpx_as_shipped() -> bool:
     sees or answers the SDK's requests by replacing it (respx replaces
     httpcore's pool's, pytest-httpx and a monkeypatch httpx's transport's)
     must see every request, as it did when every request went through
-    httpx: while it is replaced, nothing goes on the plain path."""
-    return _shipped(
-        httpx.HTTPTransport.handle_request,
-        "httpx._transports.default",
-        "HTTPTransport.handle_request",
-    ) and _shipped(
-        httpcore.ConnectionPool.handle_request,
-        "httpcore._sync.connection_pool",
-        "ConnectionPool.handle_request",
+    httpx: while it is replaced, nothing goes on the plain path. respx's
+    ``using="httpx"`` replaces the client's choice of transport instead."""
+    return (
+        _shipped(
+            httpx.Client._transport_for_url,
+            "httpx._client",
+            "Client._transport_for_url",
+        )
+        and _shipped(
+            httpx.HTTPTransport.handle_request,
+            "httpx._transports.default",
+            "HTTPTransport.handle_request",
+        )
+        and _shipped(
+            httpcore.ConnectionPool.handle_request,
+            "httpcore._sync.connection_pool",
+            "ConnectionPool.handle_request",
+        )
     )
 
 
