@@ -472,3 +472,33 @@ def test_a_mock_that_wraps_httpx_or_picks_its_transport_sees_every_call(
     assert seen == ["wrapped /api/v1/rft/metrics", "picked /api/v1/rft/metrics"]
     assert len(server.requests) == 3
     client.close()
+
+
+def test_a_host_name_beyond_ascii_is_named_as_httpx_names_it(
+    serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """httpx sends an internationalized host name in its ASCII form
+    (``xn--``) in the Host header; http.client sent its Latin-1 bytes, which
+    a server or its proxy does not route (and a name beyond Latin-1 raised
+    UnicodeEncodeError)."""
+
+    def echo_host(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        _reply(handler, json.dumps({"host": handler.headers["Host"]}).encode())
+
+    server = serve(echo_host)
+    port = server.server_address[1]
+    resolve = socket.getaddrinfo
+
+    def here(host: object, *args: object, **kwargs: object) -> object:
+        local = host in ("exämple.test", "xn--exmple-cua.test", b"xn--exmple-cua.test")
+        return resolve("127.0.0.1" if local else host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", here)
+    settings = resolve_settings(
+        api_key=KEY, base_url=f"http://exämple.test:{port}", environ={}, config={}
+    )
+    client = PlatformClient(settings)
+    assert client.api("POST", "/rft/metrics", {"run_id": "r"}) == {
+        "host": f"xn--exmple-cua.test:{port}"
+    }
+    client.close()
