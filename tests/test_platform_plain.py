@@ -502,3 +502,36 @@ def test_a_host_name_beyond_ascii_is_named_as_httpx_names_it(
         "host": f"xn--exmple-cua.test:{port}"
     }
     client.close()
+
+
+def test_a_failed_answer_lets_go_of_its_connection_while_its_error_is_kept(
+    serve: Callable[..., _Server],
+) -> None:
+    """A shipper keeps its last failure through its back-off: the error
+    must not hold the connection of the answer that failed (its socket, a
+    file descriptor, and the server's side of it) open, as httpx's do not."""
+    hung_up = threading.Semaphore(0)
+
+    def stall_then_wait_for_the_hang_up(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", "10")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.wfile.write(b"{")
+        handler.wfile.flush()
+        handler.connection.settimeout(10)
+        try:
+            if handler.rfile.read(1) == b"":
+                hung_up.release()
+        except OSError:
+            pass
+
+    server = serve(stall_then_wait_for_the_hang_up)
+    client = _client(server)
+    kept: list[BaseException] = []
+    for _ in range(3):
+        with pytest.raises(APITimeoutError) as failed:
+            client.api("POST", "/rft/metrics", {"run_id": "r"}, within=0.2)
+        kept.append(failed.value)
+        assert hung_up.acquire(timeout=5)  # the client closed its side, error kept or not
+    client.close()

@@ -230,6 +230,7 @@ def _receive(conn: http.client.HTTPConnection, budget: float) -> tuple[Answer, b
     its body one byte a second is cut off, as ``PlatformClient._bounded``
     does for httpx), and whether the connection may be used again."""
     deadline = time.monotonic() + budget
+    response: http.client.HTTPResponse | None = None
     try:
         response = conn.getresponse()
         chunks: list[bytes] = []
@@ -248,5 +249,12 @@ def _receive(conn: http.client.HTTPConnection, budget: float) -> tuple[Answer, b
         raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__) from None
     except OSError as exc:
         raise httpx.ReadError(str(exc) or type(exc).__name__) from None
+    finally:
+        if response is not None:
+            # Given up on, an answer that said it would close holds the
+            # socket (the connection handed it over), and so would the
+            # error, which holds this frame: a shipper keeps its last one
+            # through its back-off.
+            response.close()
     answer = Answer(response.status, response.getheaders(), b"".join(chunks))
     return answer, not response.will_close
