@@ -346,3 +346,192 @@ def test_a_mock_of_httpx_in_a_users_test_sees_every_call(
     assert seen == ["/api/v1/rft/metrics"] * 3
     assert len(server.requests) == 4
     client.close()
+
+
+def test_an_informational_answer_is_skipped_as_httpx_skips_it(
+    serve: Callable[..., _Server],
+) -> None:
+    """A 1xx (102 Processing, 103 Early Hints) comes before the answer, on
+    the same connection: taken as the answer, it was a 2xx without a body
+    (``{}``), and the real answer, still on its way, became the answer to
+    the next request sent on that connection."""
+
+    def hints_first(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        handler.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\n")
+        handler.wfile.flush()
+        time.sleep(0.05)  # the answer follows a moment later, as a real one does
+        _echo(handler, body)
+
+    server = serve(hints_first)
+    client = _client(server)
+    for step in range(3):
+        answer = client.api("POST", "/rft/metrics", {"run_id": "r", "metrics": {"step": step}})
+        assert answer == {"got": {"run_id": "r", "metrics": {"step": step}}}
+    client.close()
+
+
+def test_a_switch_of_protocols_not_asked_for_is_no_answer(serve: Callable[..., _Server]) -> None:
+    """A 101 to a request that asked for no upgrade is not the request's
+    answer (httpx fails it as a protocol error): the row may or may not have
+    been stored, and the connection, in another protocol now, is not used again."""
+
+    def switch(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        handler.wfile.write(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
+
+    server = serve(switch)
+    client = _client(server)
+    for _ in range(2):
+        with pytest.raises(TransportError) as failed:
+            client.api("POST", "/rft/metrics", {"run_id": "r"})
+        assert is_ambiguous(failed.value) and not never_reached(failed.value)
+    assert server.connections == 2
+    client.close()
+
+
+def test_a_key_with_a_line_break_fails_as_through_httpx_without_showing_it(
+    serve: Callable[..., _Server],
+) -> None:
+    """A key read from a file with its newline (``api_key=path.read_text()``):
+    http.client refuses the header with a ValueError quoting its value, which
+    escaped unscrubbed (a shipper logs an unexpected error with its text and
+    retires). httpx fails it as a transport error, scrubbed."""
+    server = serve()
+    port = server.server_address[1]
+    settings = resolve_settings(
+        api_key=KEY + "\n", base_url=f"http://127.0.0.1:{port}", environ={}, config={}
+    )
+    client = PlatformClient(settings)
+    with pytest.raises(TransportError) as failed:
+        client.api("POST", "/rft/metrics", {"run_id": "r"})
+    assert KEY not in str(failed.value) and "0123456789" not in str(failed.value)
+    assert not is_ambiguous(failed.value) and not never_reached(failed.value)
+    assert server.requests == []
+    client.close()
+
+
+def test_each_call_has_its_own_deadline_on_a_kept_alive_connection(
+    serve: Callable[..., _Server],
+) -> None:
+    """The connection a call is sent on may have been opened by a call with
+    another deadline: ``within=`` (a closing run's bound) must hold on it,
+    and a short one must not cut the calls that come after it on the same
+    connection, as httpx applies each request's own timeout."""
+
+    def slow_as_asked(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        time.sleep(json.loads(body)["pause"])  # the server's pace, not a wait for the test
+        _reply(handler, b"{}")
+
+    server = serve(slow_as_asked)
+    client = _client(server)
+    assert client.api("POST", "/rft/metrics", {"pause": 0}) == {}  # opens the connection
+    start = time.monotonic()
+    with pytest.raises(APITimeoutError):
+        client.api("POST", "/rft/metrics", {"pause": 3}, within=0.5)
+    assert time.monotonic() - start < 2.0
+    assert client.api("POST", "/rft/metrics", {"pause": 0}, within=0.5) == {}
+    assert client.api("POST", "/rft/metrics", {"pause": 1.0}) == {}  # 60 s to answer, not 0.5
+    assert server.connections == 2  # the timed-out one was not used again
+    client.close()
+
+
+def test_a_mock_that_wraps_httpx_or_picks_its_transport_sees_every_call(
+    serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """vcrpy replaces httpx's transport's way out with a ``functools.wraps``
+    wrapper, which bears the original's module and name; respx's
+    ``using="httpx"`` replaces the client's choice of transport. Either is a
+    user's test answering the SDK's calls from a cassette or a route: a call
+    on the plain path would go to the network instead."""
+    import functools
+
+    import httpx
+
+    seen: list[str] = []
+    handle = httpx.HTTPTransport.handle_request
+
+    @functools.wraps(handle)
+    def wrapped(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
+        seen.append(f"wrapped {request.url.path}")
+        return handle(self, request)
+
+    pick = httpx.Client._transport_for_url
+
+    def picked(self: httpx.Client, url: httpx.URL) -> httpx.BaseTransport:
+        seen.append(f"picked {url.path}")
+        return pick(self, url)
+
+    server = serve()
+    client = _client(server)
+    with monkeypatch.context() as patch:
+        patch.setattr(httpx.HTTPTransport, "handle_request", wrapped)
+        client.api("POST", "/rft/metrics", {"run_id": "r"})
+    with monkeypatch.context() as patch:
+        patch.setattr(httpx.Client, "_transport_for_url", picked)
+        client.api("POST", "/rft/metrics", {"run_id": "r"})
+    client.api("POST", "/rft/metrics", {"run_id": "r"})  # no mock: the plain path
+    assert seen == ["wrapped /api/v1/rft/metrics", "picked /api/v1/rft/metrics"]
+    assert len(server.requests) == 3
+    client.close()
+
+
+def test_a_host_name_beyond_ascii_is_named_as_httpx_names_it(
+    serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """httpx sends an internationalized host name in its ASCII form
+    (``xn--``) in the Host header; http.client sent its Latin-1 bytes, which
+    a server or its proxy does not route (and a name beyond Latin-1 raised
+    UnicodeEncodeError)."""
+
+    def echo_host(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        _reply(handler, json.dumps({"host": handler.headers["Host"]}).encode())
+
+    server = serve(echo_host)
+    port = server.server_address[1]
+    resolve = socket.getaddrinfo
+
+    def here(host: object, *args: object, **kwargs: object) -> object:
+        local = host in ("exämple.test", "xn--exmple-cua.test", b"xn--exmple-cua.test")
+        return resolve("127.0.0.1" if local else host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", here)
+    settings = resolve_settings(
+        api_key=KEY, base_url=f"http://exämple.test:{port}", environ={}, config={}
+    )
+    client = PlatformClient(settings)
+    assert client.api("POST", "/rft/metrics", {"run_id": "r"}) == {
+        "host": f"xn--exmple-cua.test:{port}"
+    }
+    client.close()
+
+
+def test_a_failed_answer_lets_go_of_its_connection_while_its_error_is_kept(
+    serve: Callable[..., _Server],
+) -> None:
+    """A shipper keeps its last failure through its back-off: the error
+    must not hold the connection of the answer that failed (its socket, a
+    file descriptor, and the server's side of it) open, as httpx's do not."""
+    hung_up = threading.Semaphore(0)
+
+    def stall_then_wait_for_the_hang_up(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", "10")
+        handler.send_header("Connection", "close")
+        handler.end_headers()
+        handler.wfile.write(b"{")
+        handler.wfile.flush()
+        handler.connection.settimeout(10)
+        try:
+            if handler.rfile.read(1) == b"":
+                hung_up.release()
+        except OSError:
+            pass
+
+    server = serve(stall_then_wait_for_the_hang_up)
+    client = _client(server)
+    kept: list[BaseException] = []
+    for _ in range(3):
+        with pytest.raises(APITimeoutError) as failed:
+            client.api("POST", "/rft/metrics", {"run_id": "r"}, within=0.2)
+        kept.append(failed.value)
+        assert hung_up.acquire(timeout=5)  # the client closed its side, error kept or not
+    client.close()

@@ -127,7 +127,8 @@ _PLAIN_PATH = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@/%-]*")
 def _plain_target(api_root: str) -> tuple[Target, str] | None:
     """Where the API's calls go on the plain path, and the path they start
     with; None for a root httpx should take (userinfo, which httpx turns
-    into Basic auth; a query; another scheme)."""
+    into Basic auth; a query; another scheme; a host name beyond ASCII,
+    which httpx sends in its ``xn--`` form and http.client would not)."""
     try:
         parts = urlsplit(api_root)
         port = parts.port or (443 if parts.scheme == "https" else 80)
@@ -136,6 +137,7 @@ def _plain_target(api_root: str) -> tuple[Target, str] | None:
     if (
         parts.scheme not in ("http", "https")
         or not parts.hostname
+        or not parts.netloc.isascii()
         or "@" in parts.netloc
         or parts.query
         or parts.fragment

@@ -46,9 +46,11 @@ _CHUNK = 65536
 
 
 def _shipped(function: object, module: str, qualname: str) -> bool:
+    # The code's own name: a wrapper made with functools.wraps (vcrpy's)
+    # copies the original's __module__ and __qualname__, not its code.
     return (
         getattr(function, "__module__", None) == module
-        and getattr(function, "__qualname__", None) == qualname
+        and getattr(getattr(function, "__code__", None), "co_qualname", None) == qualname
     )
 
 
@@ -57,15 +59,24 @@ def httpx_as_shipped() -> bool:
     sees or answers the SDK's requests by replacing it (respx replaces
     httpcore's pool's, pytest-httpx and a monkeypatch httpx's transport's)
     must see every request, as it did when every request went through
-    httpx: while it is replaced, nothing goes on the plain path."""
-    return _shipped(
-        httpx.HTTPTransport.handle_request,
-        "httpx._transports.default",
-        "HTTPTransport.handle_request",
-    ) and _shipped(
-        httpcore.ConnectionPool.handle_request,
-        "httpcore._sync.connection_pool",
-        "ConnectionPool.handle_request",
+    httpx: while it is replaced, nothing goes on the plain path. respx's
+    ``using="httpx"`` replaces the client's choice of transport instead."""
+    return (
+        _shipped(
+            httpx.Client._transport_for_url,
+            "httpx._client",
+            "Client._transport_for_url",
+        )
+        and _shipped(
+            httpx.HTTPTransport.handle_request,
+            "httpx._transports.default",
+            "HTTPTransport.handle_request",
+        )
+        and _shipped(
+            httpcore.ConnectionPool.handle_request,
+            "httpcore._sync.connection_pool",
+            "ConnectionPool.handle_request",
+        )
     )
 
 
@@ -107,7 +118,11 @@ class PlainConnections:
         budget = timeout.read if timeout.read is not None else 300.0
         conn = self._take(target)
         if conn is None:
-            conn = self._connect(target, timeout.connect, budget)
+            conn = self._connect(target, timeout.connect)
+        # Each call's own deadline: a kept connection was opened by a call
+        # that may have had another (``within=``), and a socket keeps its timeout.
+        assert conn.sock is not None
+        conn.sock.settimeout(budget)
         kept = False
         try:
             try:
@@ -116,6 +131,14 @@ class PlainConnections:
                 raise httpx.WriteTimeout(str(exc) or "timed out") from None
             except (OSError, http.client.HTTPException) as exc:
                 raise httpx.WriteError(str(exc) or type(exc).__name__) from None
+            except UnicodeError:
+                raise  # a header httpx cannot encode either: it raises the same
+            except ValueError:
+                # A header value with a line break (a key read from a file
+                # with its newline): refused before anything is sent, as
+                # httpx (h11) refuses it. http.client's text quotes the
+                # value, the key: it is not passed on.
+                raise httpx.LocalProtocolError("illegal header value") from None
             answer, kept = _receive(conn, budget)
             return answer
         finally:
@@ -150,9 +173,7 @@ class PlainConnections:
                 return
         conn.close()
 
-    def _connect(
-        self, target: Target, connect_s: float | None, budget: float
-    ) -> http.client.HTTPConnection:
+    def _connect(self, target: Target, connect_s: float | None) -> http.client.HTTPConnection:
         conn: http.client.HTTPConnection
         if target.scheme == "https":
             conn = http.client.HTTPSConnection(
@@ -168,10 +189,28 @@ class PlainConnections:
         except OSError as exc:
             conn.close()
             raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
+        conn.response_class = _Response
         assert conn.sock is not None
-        conn.sock.settimeout(budget)
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as httpcore
         return conn
+
+
+class _Response(http.client.HTTPResponse):
+    """``http.client``'s response, with every informational answer skipped.
+
+    ``http.client`` skips a 100 Continue alone: a 102 Processing or a 103
+    Early Hints was taken as the answer (a 2xx-like status without a body)
+    and the real answer, still to come, was left on the kept-alive
+    connection to be read as the next request's. httpx (h11) skips every
+    1xx, and fails a 101 no upgrade was asked for: so does this."""
+
+    def _read_status(self) -> tuple[str, int, str]:
+        version, status, reason = super()._read_status()  # type: ignore[misc]
+        if status == http.client.SWITCHING_PROTOCOLS:
+            raise http.client.HTTPException("101 Switching Protocols, and no upgrade was asked for")
+        if 100 <= status < 200:
+            return version, http.client.CONTINUE, reason  # begin() skips its headers
+        return version, status, reason
 
 
 def _usable(conn: http.client.HTTPConnection) -> bool:
@@ -191,6 +230,7 @@ def _receive(conn: http.client.HTTPConnection, budget: float) -> tuple[Answer, b
     its body one byte a second is cut off, as ``PlatformClient._bounded``
     does for httpx), and whether the connection may be used again."""
     deadline = time.monotonic() + budget
+    response: http.client.HTTPResponse | None = None
     try:
         response = conn.getresponse()
         chunks: list[bytes] = []
@@ -209,5 +249,12 @@ def _receive(conn: http.client.HTTPConnection, budget: float) -> tuple[Answer, b
         raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__) from None
     except OSError as exc:
         raise httpx.ReadError(str(exc) or type(exc).__name__) from None
+    finally:
+        if response is not None:
+            # Given up on, an answer that said it would close holds the
+            # socket (the connection handed it over), and so would the
+            # error, which holds this frame: a shipper keeps its last one
+            # through its back-off.
+            response.close()
     answer = Answer(response.status, response.getheaders(), b"".join(chunks))
     return answer, not response.will_close
