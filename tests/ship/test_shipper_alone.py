@@ -23,7 +23,12 @@ import pytest
 import workloads
 from scripted_platform import LOST, PASS, REFUSED, ScriptedPlatform, error
 
-from primeruns.exceptions import APIError, RetryableAPIError, ValidationRejectedError
+from primeruns.exceptions import (
+    APIError,
+    JournalFullError,
+    RetryableAPIError,
+    ValidationRejectedError,
+)
 from primeruns.journal import Entry, EntryKind, InFlight, Journal
 from primeruns.journal.layout import key
 from primeruns.ship import ledger
@@ -671,6 +676,37 @@ def test_a_backlog_reaches_the_sample_table_once_through_lost_answers_and_failur
     ids = [row["sample_id"] for row in table]
     assert len(ids) == len(set(ids)) == 900  # a row per episode, each once
     assert journal_losses == {}
+
+
+@pytest.mark.parametrize("early", [False, True])
+def test_damage_whose_count_could_not_be_written_is_counted_once_it_can(
+    early: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The disk is full as the read that met entries 6 and 7 missing counts
+    # them: the shipper backs off and reads again, and the loss is written
+    # then (once), before the batch past the gap is acknowledged.
+    journal = _journal(tmp_path, 12)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        for seq in (6, 7):
+            assert txn.delete(key(seq), db=journal._tx.dbs["entries"])
+    record_loss = journal.record_loss
+    full = [True]  # the disk is full for the first loss written
+
+    def full_once(sink: str, count: int, reason: str) -> None:
+        if full:
+            full.pop()
+            raise JournalFullError(f"journal {journal.path}: no space left on device")
+        record_loss(sink, count, reason)
+
+    monkeypatch.setattr(journal, "record_loss", full_once)
+    sink = NumberingSink(early=early)
+    sink.reject_id = "none"
+    _drain(journal, sink)
+    assert not full  # the disk was full once
+    assert [row[0] for row in sink.rows] == [f"e{i}" for i in range(12) if i not in (5, 6)]
+    assert journal.losses()["fake"]["count"] == 2
+    journal.close()
 
 
 class _TwoAtATimeSink(NumberingSink):
