@@ -142,8 +142,9 @@ class Shipper:
         # Entry cap learned from a 413 (the platform's or a proxy's size
         # limit): halved at each, doubled back at each success.
         self._fit: int | None = None
-        # The last entry a damage report counted (``_count_damage``).
-        self._damage_through = -1
+        # The last entry a damage report counted (``_count_damage``), here or
+        # by an earlier process that stopped before it acknowledged past it.
+        self._damage_through = min(journal.damage_counted(self.name), journal.last_seq())
         self._moved_at = time.monotonic()  # the last request that moved a batch on
         # The next batch, prepared while the one before it was in flight
         # (``ship.early``), for a sink whose prepare and send may run at once.
@@ -459,7 +460,7 @@ class Shipper:
                 through = last
         if lost:
             reason = "; ".join(reasons[:3])
-            self.journal.record_loss(self.name, lost, f"damaged: {reason}")
+            self.journal.record_loss(self.name, lost, f"damaged: {reason}", damaged_through=through)
         # Only once written: where the disk is full the loop backs off and
         # reads again, and that read must count these entries, or the batch
         # past them is acknowledged with them counted nowhere.

@@ -693,11 +693,11 @@ def test_damage_whose_count_could_not_be_written_is_counted_once_it_can(
     record_loss = journal.record_loss
     full = [True]  # the disk is full for the first loss written
 
-    def full_once(sink: str, count: int, reason: str) -> None:
+    def full_once(sink: str, count: int, reason: str, **how: Any) -> None:
         if full:
             full.pop()
             raise JournalFullError(f"journal {journal.path}: no space left on device")
-        record_loss(sink, count, reason)
+        record_loss(sink, count, reason, **how)
 
     monkeypatch.setattr(journal, "record_loss", full_once)
     sink = NumberingSink(early=early)
@@ -786,5 +786,40 @@ def test_a_gap_just_past_a_batch_is_counted_once_across_a_restart(tmp_path: Path
     second = FakeSink()
     _drain(journal, second)
     assert second.stored == [f"e{i}" for i in range(5, 12)]
+    assert journal.losses()["fake"]["count"] == 1
+    journal.close()
+
+
+class _TwoThenStop(_TwoAtATimeSink):
+    """Takes two entries a batch and stops its shipper once its first batch
+    is stored (a process ending there: a close-out's deadline, a SIGTERM)."""
+
+    shipper: Shipper
+
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
+        super().send(body, ctx)
+        self.shipper.signal_stop()
+
+
+def test_damage_read_ahead_is_counted_once_across_a_restart(tmp_path: Path) -> None:
+    # The first read meets entry 4 missing and counts it; the batch takes
+    # entries 1 and 2 alone and the process stops once it is acknowledged,
+    # short of the gap. The next process reads on from entry 2 and meets
+    # entry 4 missing again: counted already, it is not counted twice.
+    journal = _journal(tmp_path, 12)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        assert txn.delete(key(4), db=journal._tx.dbs["entries"])
+    first = _TwoThenStop(early=False)
+    first.reject_id = "none"
+    first.shipper = _shipper(journal, first, [])
+    first.shipper.start()
+    first.shipper.join(10)
+    assert [row[0] for row in first.rows] == ["e0", "e1"]
+    assert journal.acked("fake") == 2 and journal.losses()["fake"]["count"] == 1
+    second = _TwoAtATimeSink(early=False)
+    second.reject_id = "none"
+    _drain(journal, second)
+    assert [row[0] for row in second.rows] == [f"e{i}" for i in range(2, 12) if i != 3]
     assert journal.losses()["fake"]["count"] == 1
     journal.close()
