@@ -23,7 +23,7 @@ from primeruns.journal.frames import FrameError, peek_header
 from primeruns.journal.layout import CHUNK_KEY, KEY, kept_kind, seq_of
 from primeruns.journal.mover import Mover
 from primeruns.journal.reading import Reader
-from primeruns.journal.tail import K_FLOOR, stored_end
+from primeruns.journal.tail import K_FLOOR, as_floor, stored_end
 from primeruns.journal.txn import Transactions
 
 # The largest in-flight body recorded, for the appender's control reserve
@@ -183,7 +183,7 @@ class Capacity:
                     more = cur.delete()
                 if removed_kinds:
                     tx.put_meta(txn, K_COMPACTED_KINDS, _merged(tx, txn, removed_kinds))
-                floor = tx.meta_or(txn, K_FLOOR, 0)
+                floor = as_floor(tx.meta_or(txn, K_FLOOR, 0))
                 if upto > floor:
                     tx.put_meta(txn, K_FLOOR, upto)
                 return n, keys >= _COMPACT_CHUNK

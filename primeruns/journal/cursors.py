@@ -22,6 +22,12 @@ from primeruns.journal.tail import OwnTail
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import CursorState, InFlight
 
+# Per sink, the last entry whose damage its shipper counted as lost, written
+# with that count: entries read ahead of a batch are counted before any
+# acknowledgement passes them, and a process that stops in between must not
+# have the next one count them again.
+K_DAMAGE_COUNTED = "journal.damage_counted"
+
 
 def inflight_frame(body: bytes) -> bytes:
     """How an in-flight batch's body is stored (a frame, compressed when that
@@ -151,8 +157,30 @@ class Cursors:
         self._tx.write(put)
         self._capacity.acknowledged(self.offsets, self._tail.last)
 
-    def record_loss(self, sink: str, count: int, reason: str) -> None:
-        self._tx.write(lambda txn: self._tx.add_loss(txn, sink, count, reason))
+    def record_loss(
+        self, sink: str, count: int, reason: str, *, damaged_through: int | None = None
+    ) -> None:
+        def put(txn: lmdb.Transaction) -> None:
+            self._tx.add_loss(txn, sink, count, reason)
+            if damaged_through is not None:
+                marks = self._damage_marks(txn)
+                marks[sink] = damaged_through
+                self._tx.put_meta(txn, K_DAMAGE_COUNTED, marks)
+
+        self._tx.write(put)
+
+    def _damage_marks(self, txn: lmdb.Transaction) -> dict[str, Any]:
+        try:
+            value = self._tx.meta_or(txn, K_DAMAGE_COUNTED, {})
+        except JournalCorruptError:
+            value = {}  # damaged itself: written anew (at worst, damage counted again)
+        return value if isinstance(value, dict) else {}
+
+    def damage_counted(self, sink: str) -> int:
+        """The last entry whose damage ``sink``'s shipper counted (-1: none)."""
+        value = self._tx.safe_meta(K_DAMAGE_COUNTED)
+        mark = value.get(sink) if isinstance(value, dict) else None
+        return mark if isinstance(mark, int) and not isinstance(mark, bool) else -1
 
     def losses(self) -> dict[str, dict[str, Any]]:
         with self._tx.read() as txn:

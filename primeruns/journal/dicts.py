@@ -46,7 +46,7 @@ class Dictionaries:
         """Read which dictionary each kind uses (another process may have trained one)."""
         active = self._tx.safe_meta(K_DICTS)
         if isinstance(active, dict):
-            self.active = {int(k): int(v) for k, v in active.items()}
+            self.active = _in_use(active)
 
     def for_kind(self, kind: int) -> tuple[int, zstandard.ZstdCompressionDict | None]:
         """The dictionary new entries of ``kind`` are compressed with (0, None: none)."""
@@ -128,8 +128,7 @@ class Dictionaries:
                 # given a second dictionary, whatever K_DICTS says.
                 new_id = max([0, *self._stored_ids(txn)]) + 1
                 stored = self._tx.meta_or(txn, K_DICTS, {})
-                stored = stored if isinstance(stored, dict) else {}
-                active = {int(k): int(v) for k, v in stored.items()}
+                active = _in_use(stored) if isinstance(stored, dict) else {}
                 if new_id > 255:
                     return None
                 active[kind] = new_id
@@ -145,3 +144,15 @@ class Dictionaries:
                 self.active = active
             trained.append(kind)
         return trained
+
+
+def _in_use(stored: dict[Any, Any]) -> dict[int, int]:
+    """``journal.dicts`` as read back: untrusted (a hostile journal), so a
+    pair that is not a kind's number and a dictionary id is left out, rather
+    than failing every open of the journal with a ValueError (``show``,
+    ``export``)."""
+    return {
+        int(k): v
+        for k, v in stored.items()
+        if isinstance(k, str) and k.isdecimal() and isinstance(v, int) and not isinstance(v, bool)
+    }

@@ -601,10 +601,22 @@ class Journal:
         self._check_writable()
         self._cursors.ack(sink, upto_seq, failed=failed, reason=reason)
 
-    def record_loss(self, sink: str, count: int, reason: str) -> None:
-        """Count ``count`` records lost for ``sink`` (the last few reasons are kept)."""
+    def record_loss(
+        self, sink: str, count: int, reason: str, *, damaged_through: int | None = None
+    ) -> None:
+        """Count ``count`` records lost for ``sink`` (the last few reasons are kept).
+
+        ``damaged_through``: they are entries found damaged, every one up to
+        that seq counted now; kept with the count (``damage_counted``)."""
         self._check_writable()
-        self._cursors.record_loss(sink, count, reason)
+        self._cursors.record_loss(sink, count, reason, damaged_through=damaged_through)
+
+    def damage_counted(self, sink: str) -> int:
+        """The last entry whose damage ``sink``'s shipper counted as lost (-1:
+        none): a shipper starting after a process that stopped before it
+        acknowledged them does not count them again."""
+        self._check()
+        return self._cursors.damage_counted(sink)
 
     def losses(self) -> dict[str, dict[str, Any]]:
         """``{sink: {"count": n, "reasons": [...]}}``; budget drops are under ``"journal"``."""

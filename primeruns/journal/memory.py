@@ -297,10 +297,15 @@ class MemoryJournal:
                 self._add_loss(sink, failed, reason)
             self._drop_shipped()
 
-    def record_loss(self, sink: str, count: int, reason: str) -> None:
+    def record_loss(
+        self, sink: str, count: int, reason: str, *, damaged_through: int | None = None
+    ) -> None:
         self._check()
         with self._cond:
             self._add_loss(sink, count, reason)
+
+    def damage_counted(self, sink: str) -> int:
+        return -1  # no process after this one reads it (its shipper keeps the mark)
 
     def _add_loss(self, sink: str, count: int, reason: str | None) -> None:
         rec = self._losses.setdefault(sink, {"count": 0, "reasons": []})

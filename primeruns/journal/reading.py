@@ -28,7 +28,7 @@ from primeruns.journal.layout import (
     seq_of,
 )
 from primeruns.journal.spool import SpoolView
-from primeruns.journal.tail import K_FLOOR, stored_end
+from primeruns.journal.tail import K_FLOOR, as_floor, stored_end
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import Damage, Entry, ReadResult
 
@@ -69,9 +69,7 @@ class Reader:
 
     def floor_now(self) -> int:
         if not self.sole_compactor:
-            value = self._tx.safe_meta(K_FLOOR)
-            if isinstance(value, int):
-                self.floor = max(self.floor, value)
+            self.floor = max(self.floor, as_floor(self._tx.safe_meta(K_FLOOR)))
         return self.floor
 
     def read(
@@ -307,8 +305,8 @@ class Reader:
             # counted apart) and each seq counted here, never LMDB's end as
             # this transaction sees it (entries the mover committed after an
             # earlier pass would then be counted nowhere).
-            with contextlib.suppress(JournalCorruptError, ValueError, TypeError):
-                seen[0] = max(seen[0], int(self._tx.meta_or(txn, K_FLOOR, 0)))
+            with contextlib.suppress(JournalCorruptError):
+                seen[0] = max(seen[0], as_floor(self._tx.meta_or(txn, K_FLOOR, 0)))
             cur = txn.cursor(db=self._tx.dbs["entries"])
             if not cur.set_range(start):
                 return None

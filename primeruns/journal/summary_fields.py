@@ -27,7 +27,7 @@ from typing import Any
 from primeruns.journal.layout import dumps
 from primeruns.journal.meta import K_LOCAL_ID, K_OVERSIZED
 from primeruns.journal.origin import boot_id
-from primeruns.journal.types import Damage, JournalInfo
+from primeruns.journal.types import Damage, JournalInfo, is_loss_record
 
 __all__ = ["MetaBounds", "fields_of", "info_from", "local_id_of", "verified_in"]
 
@@ -97,7 +97,7 @@ def info_from(
             and isinstance(cursors, dict)
             and all(_is_int(v) for v in cursors.values())
             and isinstance(losses, dict)
-            and all(isinstance(v, dict) for v in losses.values())
+            and all(is_loss_record(v) for v in losses.values())
             and (finish is None or isinstance(finish, dict))
             and isinstance(found, list)
         ):

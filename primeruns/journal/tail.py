@@ -13,6 +13,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import lmdb
 
@@ -24,6 +25,18 @@ from primeruns.journal.types import Damage
 from primeruns.threads import bounded
 
 K_FLOOR = "journal.compacted_upto"
+# The highest seq a journal holds: its LMDB key is a u64, and a read looks
+# for the key one past it.
+_MAX_SEQ = (1 << 63) - 1
+
+
+def as_floor(value: Any) -> int:
+    """A compaction floor as read back (0 for a value that is no seq): a
+    journal is untrusted input, and a negative or float floor had every
+    read's key fail to pack (``show`` and ``export`` ended in a traceback)."""
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_SEQ:
+        return value
+    return 0
 
 
 def stored_end(tx: Transactions, txn: lmdb.Transaction) -> int:
@@ -34,8 +47,8 @@ def stored_end(tx: Transactions, txn: lmdb.Transaction) -> int:
     if cur.last() and len(cur.key()) >= 8:
         last = seq_of(cur.key())
     try:
-        floor = int(tx.meta_or(txn, K_FLOOR, 0))
-    except (JournalCorruptError, ValueError, TypeError):
+        floor = as_floor(tx.meta_or(txn, K_FLOOR, 0))
+    except JournalCorruptError:
         floor = 0
     return max(last, floor)
 
@@ -50,8 +63,8 @@ def read_end(tx: Transactions, spool: SpoolView) -> tuple[int, int]:
     try:
         with tx.read() as txn:
             end = stored_end(tx, txn)
-            floor = int(tx.meta_or(txn, K_FLOOR, 0))
-    except (lmdb.Error, JournalCorruptError, ValueError, TypeError) as exc:
+            floor = as_floor(tx.meta_or(txn, K_FLOOR, 0))
+    except (lmdb.Error, JournalCorruptError) as exc:
         tx.problems.append(Damage(None, f"cannot find the last entry: {exc}"))
         return 0, 0
     return max(end, spool.end()), floor

@@ -30,7 +30,7 @@ from primeruns.journal.frames import FrameError, decode_frame, encode_frame
 from primeruns.journal.fullness import disk_cause
 from primeruns.journal.layout import META_KIND, dumps
 from primeruns.journal.store import Store, is_disk_full
-from primeruns.journal.types import Damage
+from primeruns.journal.types import Damage, is_loss_record
 
 log = logging.getLogger("primeruns.journal")
 
@@ -199,7 +199,12 @@ class Transactions:
 
     def losses_in(self, txn: lmdb.Transaction) -> dict[str, dict[str, Any]]:
         value = self.meta_or(txn, K_LOSSES, {})
-        return value if isinstance(value, dict) else {}
+        if not isinstance(value, dict):
+            return {}
+        # A sink's record of another shape (a hostile or foreign journal) is
+        # left out: ``ls`` and ``show`` read its count as a number and failed
+        # with a traceback, and a loss counted for that sink starts it afresh.
+        return {sink: rec for sink, rec in value.items() if is_loss_record(rec)}
 
     def add_loss(self, txn: lmdb.Transaction, sink: str, count: int, reason: str | None) -> None:
         """Count ``count`` records lost for ``sink`` (the last few reasons are kept).

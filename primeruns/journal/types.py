@@ -21,6 +21,7 @@ __all__ = [
     "InFlight",
     "JournalInfo",
     "ReadResult",
+    "is_loss_record",
 ]
 
 
@@ -87,6 +88,22 @@ class CursorState:
 
     acked: int
     inflight: InFlight | None
+
+
+def is_loss_record(value: Any) -> bool:
+    """Whether ``value`` is one sink's record of ``journal.losses`` as this
+    package writes it: ``{"count": int, "reasons": [str, ...]}`` (reasons
+    optional). Every reader of the counts relies on that shape, and a journal
+    (or a summary of one) is untrusted input."""
+    if not isinstance(value, dict):
+        return False
+    count, reasons = value.get("count", 0), value.get("reasons", [])
+    return (
+        isinstance(count, int)
+        and not isinstance(count, bool)
+        and isinstance(reasons, list)
+        and all(isinstance(reason, str) for reason in reasons)
+    )
 
 
 @dataclass(frozen=True)

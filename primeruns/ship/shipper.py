@@ -142,8 +142,9 @@ class Shipper:
         # Entry cap learned from a 413 (the platform's or a proxy's size
         # limit): halved at each, doubled back at each success.
         self._fit: int | None = None
-        # The last entry a damage report counted (``_count_damage``).
-        self._damage_through = -1
+        # The last entry a damage report counted (``_count_damage``), here or
+        # by an earlier process that stopped before it acknowledged past it.
+        self._damage_through = min(journal.damage_counted(self.name), journal.last_seq())
         self._moved_at = time.monotonic()  # the last request that moved a batch on
         # The next batch, prepared while the one before it was in flight
         # (``ship.early``), for a sink whose prepare and send may run at once.
@@ -374,7 +375,14 @@ class Shipper:
         want = min(limits[0], self._want or limits[0])
         result = self._ahead.read(after, max_entries=want, max_bytes=limits[1])
         if result.damaged:
-            self._count_damage(result.damaged)
+            try:
+                self._count_damage(result.damaged)
+            except JournalError:
+                # Not written (a full disk): the loop backs off, and the read
+                # after it must meet the damage again to count it, not take
+                # the entries kept past it (``_count_damage``).
+                self._ahead.forget()
+                raise
         if not result.entries:
             if result.next_after > self._scanned:
                 self._scanned = result.next_after
@@ -438,20 +446,25 @@ class Shipper:
         (``ReadAhead``). Past ``_damage_through``, every report is new."""
         lost = 0
         reasons = []
+        through = self._damage_through
         for damage in sorted(damaged, key=lambda d: -1 if d.seq is None else d.seq):
             if damage.seq is None:  # the structure, not entries: one each time
                 lost += 1
                 reasons.append(damage.what)
                 continue
             last = damage.seq + damage.entries - 1
-            new = last - max(damage.seq - 1, self._damage_through)
+            new = last - max(damage.seq - 1, through)
             if new > 0:
                 lost += new
                 reasons.append(damage.what)
-                self._damage_through = last
+                through = last
         if lost:
             reason = "; ".join(reasons[:3])
-            self.journal.record_loss(self.name, lost, f"damaged: {reason}")
+            self.journal.record_loss(self.name, lost, f"damaged: {reason}", damaged_through=through)
+        # Only once written: where the disk is full the loop backs off and
+        # reads again, and that read must count these entries, or the batch
+        # past them is acknowledged with them counted nowhere.
+        self._damage_through = through
 
     def _record(
         self,

@@ -280,6 +280,62 @@ def test_a_run_whose_spec_is_of_the_wrong_shape_is_listed_and_shown_without_it(
     assert " ? " in line
 
 
+def test_a_run_whose_loss_counts_are_of_the_wrong_shape_is_listed_and_shown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hostile or foreign ``journal.losses`` (a count that is not a number,
+    reasons that are not a list) costs the sinks whose records it garbles:
+    the run is listed and shown with its other counts, and counting a loss
+    for such a sink starts it afresh."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    good = _offline_eval(runs, 2)
+    hostile = {
+        "traces": {"count": "many", "reasons": []},
+        "eval_samples": {"count": 2, "reasons": 7},
+        "metrics": {"count": 3, "reasons": ["rejected: bad row"]},
+    }
+    with Journal.create(runs, local_id="hostile") as journal:
+        journal._tx.write(lambda txn: journal._tx.put_meta(txn, "journal.losses", hostile))
+    rows = _ls(runs)
+    assert rows["hostile"]["losses"] == {"metrics": {"count": 3, "reasons": ["rejected: bad row"]}}
+    assert rows[good.name]["losses"] == {}
+    for argv in (["ls", "--runs-dir", str(runs)], ["show", str(runs / "hostile")]):
+        done = cli_subprocess(*argv)
+        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    with Journal.open(runs / "hostile") as journal:
+        journal.record_loss("traces", 1, "damaged: entry 1 missing")
+        assert journal.losses()["traces"] == {
+            "count": 1,
+            "reasons": ["damaged: entry 1 missing"],
+        }
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("journal.compacted_upto", -5),
+        ("journal.compacted_upto", 1.5e300),
+        ("journal.dicts", {"episode": {"id": 1}}),
+    ],
+)
+def test_a_journal_whose_own_meta_is_of_the_wrong_shape_is_shown_and_exported(
+    name: str, value: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hostile compaction floor or dictionary table (a journal is untrusted
+    input) is read as none: ``show`` and ``export`` give every entry, where
+    they ended in a traceback."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    path = _offline_eval(runs, 3)
+    with Journal.open(path) as journal:
+        journal._tx.write(lambda txn: journal._tx.put_meta(txn, name, value))
+    shown = cli_subprocess("show", str(path), "--json")
+    assert shown.returncode == 0 and "Traceback" not in shown.stderr, shown.stderr
+    assert json.loads(shown.stdout)["counts"]["episodes"] == 3
+    exported = cli_subprocess("export", str(path))
+    assert exported.returncode == 0, exported.stderr
+    assert len(exported.stdout.splitlines()) == 3
+
+
 def test_a_finished_online_run_whose_process_lives_on_is_not_listed_as_running(
     local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -138,11 +138,15 @@ def test_a_summary_that_is_missing_or_mangled_is_read_again_from_the_journal(
         json.dumps({**good, "v": 999}).encode(),
         json.dumps({**good, "fields": {**good["fields"], "last_seq": "many"}}).encode(),
         json.dumps({**good, "fields": {**good["fields"], "after": {"0": {"x": 1}}}}).encode(),
+        json.dumps(
+            {**good, "fields": {**good["fields"], "losses": {"traces": {"count": "many"}}}}
+        ).encode(),
         json.dumps({**good, "fields": []}).encode(),
     ]
     for raw in mangled:
         kept.write_bytes(raw)
         assert _shown(runs) == truth, raw
+        assert [info.losses for info in list_journals(runs)] == [{}], raw
     kept.unlink()
     assert _shown(runs) == truth
     assert json.loads(kept.read_bytes())["fields"]["last_seq"] == 4  # kept anew

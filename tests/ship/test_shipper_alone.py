@@ -23,7 +23,12 @@ import pytest
 import workloads
 from scripted_platform import LOST, PASS, REFUSED, ScriptedPlatform, error
 
-from primeruns.exceptions import APIError, RetryableAPIError, ValidationRejectedError
+from primeruns.exceptions import (
+    APIError,
+    JournalFullError,
+    RetryableAPIError,
+    ValidationRejectedError,
+)
 from primeruns.journal import Entry, EntryKind, InFlight, Journal
 from primeruns.journal.layout import key
 from primeruns.ship import ledger
@@ -673,6 +678,37 @@ def test_a_backlog_reaches_the_sample_table_once_through_lost_answers_and_failur
     assert journal_losses == {}
 
 
+@pytest.mark.parametrize("early", [False, True])
+def test_damage_whose_count_could_not_be_written_is_counted_once_it_can(
+    early: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The disk is full as the read that met entries 6 and 7 missing counts
+    # them: the shipper backs off and reads again, and the loss is written
+    # then (once), before the batch past the gap is acknowledged.
+    journal = _journal(tmp_path, 12)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        for seq in (6, 7):
+            assert txn.delete(key(seq), db=journal._tx.dbs["entries"])
+    record_loss = journal.record_loss
+    full = [True]  # the disk is full for the first loss written
+
+    def full_once(sink: str, count: int, reason: str, **how: Any) -> None:
+        if full:
+            full.pop()
+            raise JournalFullError(f"journal {journal.path}: no space left on device")
+        record_loss(sink, count, reason, **how)
+
+    monkeypatch.setattr(journal, "record_loss", full_once)
+    sink = NumberingSink(early=early)
+    sink.reject_id = "none"
+    _drain(journal, sink)
+    assert not full  # the disk was full once
+    assert [row[0] for row in sink.rows] == [f"e{i}" for i in range(12) if i not in (5, 6)]
+    assert journal.losses()["fake"]["count"] == 2
+    journal.close()
+
+
 class _TwoAtATimeSink(NumberingSink):
     """Takes two of the entries it is given (as a sink that cuts its batch at
     a size or a change of kind): the rest stay read ahead for the next."""
@@ -750,5 +786,40 @@ def test_a_gap_just_past_a_batch_is_counted_once_across_a_restart(tmp_path: Path
     second = FakeSink()
     _drain(journal, second)
     assert second.stored == [f"e{i}" for i in range(5, 12)]
+    assert journal.losses()["fake"]["count"] == 1
+    journal.close()
+
+
+class _TwoThenStop(_TwoAtATimeSink):
+    """Takes two entries a batch and stops its shipper once its first batch
+    is stored (a process ending there: a close-out's deadline, a SIGTERM)."""
+
+    shipper: Shipper
+
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
+        super().send(body, ctx)
+        self.shipper.signal_stop()
+
+
+def test_damage_read_ahead_is_counted_once_across_a_restart(tmp_path: Path) -> None:
+    # The first read meets entry 4 missing and counts it; the batch takes
+    # entries 1 and 2 alone and the process stops once it is acknowledged,
+    # short of the gap. The next process reads on from entry 2 and meets
+    # entry 4 missing again: counted already, it is not counted twice.
+    journal = _journal(tmp_path, 12)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        assert txn.delete(key(4), db=journal._tx.dbs["entries"])
+    first = _TwoThenStop(early=False)
+    first.reject_id = "none"
+    first.shipper = _shipper(journal, first, [])
+    first.shipper.start()
+    first.shipper.join(10)
+    assert [row[0] for row in first.rows] == ["e0", "e1"]
+    assert journal.acked("fake") == 2 and journal.losses()["fake"]["count"] == 1
+    second = _TwoAtATimeSink(early=False)
+    second.reject_id = "none"
+    _drain(journal, second)
+    assert [row[0] for row in second.rows] == [f"e{i}" for i in range(2, 12) if i != 3]
     assert journal.losses()["fake"]["count"] == 1
     journal.close()
