@@ -20,7 +20,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from primeruns.local import LocalPlatform
+from primeruns.local import LocalPlatform, parquet_bounds
+from primeruns.local.errors import PlatformError
 from primeruns.local.parquet_bounds import (
     MAX_OBJECT_DECODED_BYTES,
     MAX_OBJECT_ROWS,
@@ -302,3 +303,45 @@ def test_honest_objects_read_over_http_as_before(run: Run, tmp_path: Path) -> No
         f"{run.platform.url}/dashboard/training/{run.id}/steps/0", params={"page": 2}, timeout=60
     )
     assert step_page.status_code == 200
+
+
+@pytest.mark.parametrize("encoding", ["DELTA_BYTE_ARRAY", "dictionary", "arrow dictionary"])
+def test_each_encoding_that_repeats_a_value_for_free_is_counted_as_decoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: str
+) -> None:
+    """A DELTA_BYTE_ARRAY value is its predecessor's prefix; a dictionary one
+    an index (read back as strings, or as Arrow's dictionary when the file
+    stores its Arrow schema): each is counted as the bytes it decodes to,
+    under a cap lowered to 8 MiB so the object stays small to write."""
+    monkeypatch.setattr(parquet_bounds, "MAX_OBJECT_DECODED_BYTES", 8 * MIB)
+    rows, value = 200, 64 * 1024  # 12.5 MiB decoded
+    path = tmp_path / "object.parquet"
+    if encoding == "DELTA_BYTE_ARRAY":
+        table = pa.table({"completion": pa.array(["a" * value] * rows)})
+        options: dict[str, Any] = {
+            "use_dictionary": False,
+            "column_encoding": {"completion": encoding},
+        }
+        path.write_bytes(_parquet(table, compression="zstd", **options))
+    else:
+        path.write_bytes(
+            long_value_bomb(rows, value)
+            if encoding == "dictionary"
+            else _parquet(
+                pa.table(
+                    {
+                        "completion": pa.DictionaryArray.from_arrays(
+                            pa.array([0] * rows, pa.int32()), pa.array(["a" * value])
+                        )
+                    }
+                ),
+                compression="zstd",
+            )
+        )
+    assert path.stat().st_size < 128 * 1024
+    with pytest.raises(PlatformError) as refused:
+        parquet_bounds.checked_rows(path, "k")
+    assert refused.value.status == 400
+    assert f"MAX_OBJECT_DECODED_BYTES={8 * MIB}" in refused.value.message
+    monkeypatch.setattr(parquet_bounds, "MAX_OBJECT_DECODED_BYTES", 16 * MIB)
+    assert parquet_bounds.checked_rows(path, "k") == rows
