@@ -3,7 +3,11 @@
 A presigned ``PUT`` carries its own credential (the ``token`` query parameter
 minted by presign); like S3 it refuses a request that also carries an
 ``Authorization`` header (400) and never redirects. A repeated ``PUT`` to the
-same URL overwrites the object (idempotent, so a client may retry it). Objects
+same URL overwrites the object (idempotent, so a client may retry it) until
+the object is confirmed: confirm checked what it holds, so afterwards only a
+resend of the same bytes is taken (200, nothing written) and other bytes are
+a 409 (a confirmed object cannot be swapped for one that was never checked,
+see :mod:`.parquet_bounds`). Objects
 are written to a temporary file and renamed, so a dropped upload never leaves
 a half object behind. Files are 0600.
 """
@@ -32,16 +36,15 @@ def object_path(objects_dir: Path, key: str) -> Path:
     return objects_dir / key.replace("/", "__")
 
 
-def parquet_rows(path: Path) -> int | None:
-    """The row count of a Parquet file, or None if it is missing or unreadable."""
+def _same_bytes(path: Path, body: bytes) -> bool:
+    """Whether the stored object holds exactly ``body``."""
     try:
-        import pyarrow.parquet as pq
-    except ImportError:  # pragma: no cover - pyarrow is part of the local extra's test deps
-        return 0 if path.exists() else None
-    try:
-        return int(pq.read_metadata(path).num_rows)
-    except Exception:  # any malformed file: pyarrow raises several unrelated types
-        return None
+        if path.stat().st_size != len(body):
+            return False
+        with path.open("rb") as f:
+            return hmac.compare_digest(f.read(), body)
+    except OSError:
+        return False
 
 
 async def put_object(request: Request) -> Response:
@@ -69,6 +72,13 @@ async def put_object(request: Request) -> Response:
     if body is None:
         return PlainTextResponse("EntityTooLarge", status_code=413)
     path = object_path(ensure_private_dir(ctx.objects_dir), key)
+    if row["confirmed_at"] is not None:
+        if _same_bytes(path, body):
+            return Response(status_code=200)
+        return PlainTextResponse(
+            "Conflict: the object is confirmed; only a resend of the same bytes is taken",
+            status_code=409,
+        )
     tmp = path.with_suffix(".partial")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as f:

@@ -20,7 +20,9 @@ Decisions where the platform's behaviour is not known from its clients:
 - Presign mints ``rft/<run>/step-<step>/<uuid>.parquet`` and a URL on this
   server's own object store (see :mod:`.objects`), valid one hour.
   ``confirm`` answers 404 for an unknown key, 400 for a key of another run or
-  step, or one not uploaded yet or not Parquet; a repeat confirm is 200.
+  step, or one not uploaded yet or not Parquet, or past the sample table's
+  bounds (:mod:`.parquet_bounds`: rows, decoded bytes, nested columns, each
+  named); a repeat confirm is 200.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
@@ -47,7 +50,8 @@ from .context import (
     require_str,
 )
 from .errors import PlatformError
-from .objects import object_path, parquet_rows
+from .objects import object_path
+from .parquet_bounds import checked_rows
 from .rft_reads import LOCAL_USER_ID, read_routes
 from .rft_reads import existing_run as _run
 
@@ -260,9 +264,11 @@ async def confirm(request: Request) -> JSONResponse:
 
     row = await ctx.db.read_small(check)
     path: Path = object_path(ctx.objects_dir, key)
-    rows = parquet_rows(path)
-    if rows is None:
+    if not path.exists():
         raise PlatformError(400, f"Object {key} is not a readable Parquet file")
+    # Refused past the sample table's bounds (rows, decoded bytes), measured
+    # without decoding it whole: a small object can decode to a huge table.
+    rows = await anyio.to_thread.run_sync(checked_rows, path, key)
 
     def mark(conn: sqlite3.Connection) -> None:
         conn.execute(

@@ -15,7 +15,9 @@ Decisions where only the client's expectations are known:
   server-side (``page``/``limit``, 1-based) with ``total`` and
   ``total_pages``, optionally by ``team_id``.
 - ``samples`` are the rows of the step's confirmed Parquet objects, in
-  confirmation order, paginated; timestamps as ISO 8601 strings.
+  confirmation order, paginated; timestamps as ISO 8601 strings. A page
+  decodes only its rows, and the distributions only their column
+  (:mod:`.parquet_bounds`).
 - ``progress``: ``latestStep`` is the highest step among metric rows and
   sample objects; a step has samples, and distributions, when one of its
   objects is confirmed (the distributions are computed from its samples).
@@ -30,7 +32,6 @@ from __future__ import annotations
 import math
 import sqlite3
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import anyio.to_thread
@@ -41,6 +42,7 @@ from starlette.routing import Route
 from .context import check_platform_auth, context_of
 from .errors import PlatformError
 from .objects import object_path
+from .parquet_bounds import column_histogram, read_rows
 
 #: The one user of the local platform (the real one returns the caller's id).
 LOCAL_USER_ID = "local-user"
@@ -143,37 +145,15 @@ async def progress(request: Request) -> JSONResponse:
     return JSONResponse(await context_of(request).db.read(read))
 
 
-def _step_rows(objects_dir: Path, keys: list[str]) -> list[dict[str, Any]]:
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise PlatformError(
-            501, "reading a step's samples needs pyarrow: pip install 'prime-runs[train]'"
-        ) from None
-    rows: list[dict[str, Any]] = []
-    for key in keys:
-        rows += pq.read_table(object_path(objects_dir, key)).to_pylist()
-    return rows
-
-
-StepRows = tuple[int | None, list[dict[str, Any]]]
-
-
-async def _rows_of_step(request: Request, run_id: str, step: int | None) -> StepRows:
-    """The step asked for (the latest with samples when None) and its rows."""
-    ctx = context_of(request)
-
-    def read(conn: sqlite3.Connection) -> tuple[int | None, list[str]]:
-        existing_run(conn, run_id)
-        objects = _confirmed(conn, run_id)
-        chosen = step if step is not None else max((r["step"] for r in objects), default=None)
-        return chosen, [r["key"] for r in objects if r["step"] == chosen]
-
-    chosen, keys = await ctx.db.read(read)
-    if not keys:
-        return chosen, []
-    rows = await anyio.to_thread.run_sync(_step_rows, ctx.objects_dir, keys)
-    return chosen, rows
+def _step_objects(
+    conn: sqlite3.Connection, run_id: str, step: int | None
+) -> tuple[int | None, list[tuple[str, int | None]]]:
+    """The step asked for (the latest with samples when None) and its
+    objects' keys and row counts, in confirmation order."""
+    existing_run(conn, run_id)
+    objects = _confirmed(conn, run_id)
+    chosen = step if step is not None else max((r["step"] for r in objects), default=None)
+    return chosen, [(r["key"], r["rows"]) for r in objects if r["step"] == chosen]
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
@@ -187,16 +167,19 @@ async def samples(request: Request) -> JSONResponse:
     if step is None:
         raise PlatformError(422, "step is required")
     page, limit = _page(request, limit=100)
-    _, rows = await _rows_of_step(request, run_id, step)
-    shown = rows[(page - 1) * limit : page * limit]
+    ctx = context_of(request)
+    _, keys = await ctx.db.read(lambda conn: _step_objects(conn, run_id, step))
+    objects = [(object_path(ctx.objects_dir, key), rows) for key, rows in keys]
+    # Only the page's rows are decoded (parquet_bounds.read_rows), not the step's.
+    shown, total = await anyio.to_thread.run_sync(read_rows, objects, (page - 1) * limit, limit)
     return JSONResponse(
         {
             "run_id": run_id,
             "samples": [_jsonable(r) for r in shown],
-            "total": len(rows),
+            "total": total,
             "page": page,
             "limit": limit,
-            "total_pages": math.ceil(len(rows) / limit),
+            "total_pages": math.ceil(total / limit),
         }
     )
 
@@ -226,10 +209,13 @@ async def distributions(request: Request) -> JSONResponse:
     column = _COLUMNS.get(kind)
     if column is None:
         raise PlatformError(422, f"type must be one of: {', '.join(sorted(_COLUMNS))}")
-    step, rows = await _rows_of_step(request, run_id, _int_param(request, "step", None))
-    return JSONResponse(
-        {"type": kind, "step": step, "bins": histogram([r.get(column) for r in rows])}
-    )
+    ctx = context_of(request)
+    wanted = _int_param(request, "step", None)
+    step, keys = await ctx.db.read(lambda conn: _step_objects(conn, run_id, wanted))
+    paths = [object_path(ctx.objects_dir, key) for key, _ in keys]
+    # The one column, a batch at a time: the same bins as histogram() of its values.
+    bins = await anyio.to_thread.run_sync(column_histogram, paths, column, _BINS)
+    return JSONResponse({"type": kind, "step": step, "bins": bins})
 
 
 def _empty(field: str, value: Any) -> Any:

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..inspect import run_list, run_report
 from ..objects import object_path
+from ..parquet_bounds import read_rows
 from ..storage import Database
 from ..traces_extract import as_list, as_object
 from . import stored_rows
@@ -320,26 +321,24 @@ class PlatformSource:
     def step_rows(
         self, run_id: str, step: int, offset: int = 0, limit: int | None = None
     ) -> tuple[list[dict[str, Any]], int] | None:
-        keys = self._db.read_sync(
+        objects = self._db.read_sync(
             lambda conn: [
-                r["key"]
+                (r["key"], r["rows"])
                 for r in conn.execute(
-                    "SELECT key FROM objects WHERE run_id = ? AND step = ?"
+                    "SELECT key, rows FROM objects WHERE run_id = ? AND step = ?"
                     " AND confirmed_at IS NOT NULL ORDER BY confirmed_at",
                     (run_id, step),
                 )
             ]
         )
-        if not keys:
+        if not objects:
             return None
         try:
-            import pyarrow.parquet as pq
+            import pyarrow.parquet  # noqa: F401
         except ImportError:
             raise MissingExtra(
                 "reading a step's Parquet table needs pyarrow: pip install 'prime-runs[train]'"
             ) from None
-
-        rows: list[dict[str, Any]] = []
-        for key in keys:
-            rows += pq.read_table(object_path(self._objects_dir, key)).to_pylist()
-        return rows[offset : None if limit is None else offset + limit], len(rows)
+        # Only the page's rows are decoded, not the step's (parquet_bounds).
+        paths = [(object_path(self._objects_dir, key), rows) for key, rows in objects]
+        return read_rows(paths, offset, limit)

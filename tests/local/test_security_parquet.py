@@ -1,0 +1,347 @@
+"""The training sample table's Parquet objects are untrusted: a Parquet bomb
+(a tiny object that decodes to a huge table) is refused at confirm, a read
+of a stored one decodes only what it shows, and honest objects read as
+before (every page, the distributions, the dashboard's step page)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import sqlite3
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from primeruns.local import LocalPlatform, parquet_bounds
+from primeruns.local.errors import PlatformError
+from primeruns.local.parquet_bounds import (
+    MAX_OBJECT_DECODED_BYTES,
+    MAX_OBJECT_ROWS,
+    column_histogram,
+    read_rows,
+)
+from primeruns.local.rft_reads import histogram
+from primeruns.projection import train_sample_schema
+
+MIB = 1024 * 1024
+#: One 64 KiB value repeated by a dictionary: 20,000 rows decode to 1.25
+#: GiB, past MAX_OBJECT_DECODED_BYTES, from a 60 KB object (its sample ids;
+#: without them it is 521 bytes).
+BOMB_ROWS, BOMB_VALUE = 20_000, 64 * 1024
+
+
+def _peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _parquet(table: pa.Table, **kwargs: Any) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(table, buf, **kwargs)
+    return buf.getvalue()
+
+
+def long_value_bomb(rows: int = BOMB_ROWS, value: int = BOMB_VALUE) -> bytes:
+    """A dictionary column of one long value in every row, zstd, without the
+    Arrow schema (so a reader decodes it to plain strings), plus the columns
+    the step page shows."""
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["a" * value]))
+    table = pa.table(
+        {
+            "completion": text,
+            "sample_id": pa.array(range(rows)),
+            "problem_id": pa.array([0] * rows),
+            "reward": pa.array([0.5] * rows),
+            "advantage": pa.array([0.0] * rows),
+            "env_name": pa.array(["e"] * rows),
+            "num_input_tokens": pa.array([1] * rows),
+            "num_output_tokens": pa.array([1] * rows),
+        }
+    )
+    return _parquet(table, compression="zstd", store_schema=False)
+
+
+def honest_rows(count: int, *, first: int = 0, odd: bool = False) -> list[dict[str, Any]]:
+    """Rows of the SDK's schema (``train_sample_schema``), unique text per row
+    as a trajectory has; the first rewards null (and, ``odd``, NaN and an
+    infinity, which a histogram skips and JSON cannot carry)."""
+    created = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+    rewards: list[float | None] = [None, math.nan, -math.inf] if odd else [None, None, 1.5]
+    return [
+        {
+            "run_id": "r",
+            "step": 0,
+            "tag": "",
+            "problem_id": i // 4,
+            "sample_id": i,
+            "prompt": "",
+            "completion": json.dumps([{"role": "assistant", "content": f"answer {i}"}]),
+            "trajectory": json.dumps([{"completion": "c" * (i % 50), "n": i}]),
+            "answer": "",
+            "env_name": "env",
+            "task": "t",
+            "info": "{}",
+            "reward": rewards[i] if i < 3 else (i % 17) / 16 - 0.3,
+            "advantage": (i % 5) - 2.0,
+            "metrics": "{}",
+            "timing": "{}",
+            "num_input_tokens": 200,
+            "num_output_tokens": i,
+            "created_at": created,
+        }
+        for i in range(first, first + count)
+    ]
+
+
+def honest_object(rows: list[dict[str, Any]], **kwargs: Any) -> bytes:
+    table = pa.Table.from_pylist(rows, schema=train_sample_schema())
+    options = {"compression": "snappy", "use_dictionary": True, "write_statistics": True}
+    return _parquet(table, **{**options, **kwargs})
+
+
+class Run:
+    """An external training run on a platform, and its sample objects."""
+
+    def __init__(self, platform: LocalPlatform) -> None:
+        self.platform = platform
+        self.api = httpx.Client(base_url=f"{platform.url}/api/v1", timeout=120)
+        body = {"base_model": "m", "max_steps": 1, "team_id": "t"}
+        self.id: str = self.api.post("/rft/external-runs", json=body).json()["run"]["id"]
+
+    def upload(self, blob: bytes, step: int = 0) -> tuple[str, str]:
+        presigned = self.api.post("/rft/samples/presign", json={"run_id": self.id, "step": step})
+        data = presigned.json()["data"]
+        put = httpx.put(data["presignedUrl"], content=blob, timeout=120)
+        assert put.status_code == 200, put.text
+        return data["presignedUrl"], data["s3Key"]
+
+    def confirm(self, key: str, step: int = 0) -> httpx.Response:
+        body = {"run_id": self.id, "step": step, "s3_key": key}
+        return self.api.post("/rft/samples/confirm", json=body)
+
+    def store(self, blob: bytes, step: int = 0) -> str:
+        _, key = self.upload(blob, step)
+        r = self.confirm(key, step)
+        assert r.status_code == 200, r.text
+        return key
+
+    def samples(self, **params: Any) -> dict[str, Any]:
+        r = self.api.get(f"/rft/runs/{self.id}/samples", params={"step": 0, **params})
+        assert r.status_code == 200, r.text
+        got: dict[str, Any] = r.json()
+        return got
+
+
+@pytest.fixture
+def run(local_platform: LocalPlatform) -> Iterator[Run]:
+    r = Run(local_platform)
+    yield r
+    r.api.close()
+
+
+def _refusal(r: httpx.Response) -> str:
+    assert r.status_code == 400, r.text
+    message: str = r.json()["detail"]
+    return message
+
+
+def test_a_parquet_bomb_is_refused_at_confirm_naming_the_cap_and_cheaply(run: Run) -> None:
+    """A 60 KB object whose one dictionary value repeats to 1.25 GiB: before,
+    confirm took it and a read of one page cost 7.6 s of CPU and 3.7 GB."""
+    blob = long_value_bomb()
+    assert len(blob) < 64 * 1024
+    _, key = run.upload(blob)
+    pid = run.platform.pid
+    before, cpu = _peak_rss(pid), _cpu_seconds(pid)
+    message = _refusal(run.confirm(key))
+    assert f"MAX_OBJECT_DECODED_BYTES={MAX_OBJECT_DECODED_BYTES}" in message
+    # Counted from the dictionary's indices, never decoded to strings.
+    assert _peak_rss(pid) - before < 200 * MIB
+    assert _cpu_seconds(pid) - cpu < 2
+    assert run.samples()["total"] == 0
+
+
+def test_an_object_of_more_rows_than_an_sdk_step_is_refused_from_its_footer(run: Run) -> None:
+    blob = _parquet(
+        pa.table({"reward": pa.array([0.0] * (MAX_OBJECT_ROWS + 1))}), compression="zstd"
+    )
+    _, key = run.upload(blob)
+    message = _refusal(run.confirm(key))
+    assert f"MAX_OBJECT_ROWS={MAX_OBJECT_ROWS}" in message and str(MAX_OBJECT_ROWS + 1) in message
+
+
+def test_a_nested_column_is_refused(run: Run) -> None:
+    """A list's one row could repeat a dictionary value without bound."""
+    blob = _parquet(pa.table({"completion": pa.array([["a", "b"]])}))
+    _, key = run.upload(blob)
+    assert "nested column 'completion" in _refusal(run.confirm(key))
+
+
+def test_a_confirmed_object_is_not_swapped_for_an_unchecked_one(run: Run) -> None:
+    """The presigned URL lives an hour: a PUT after confirm must not replace
+    what confirm checked. A resend of the same bytes (a retry) is taken."""
+    rows = honest_rows(5)
+    blob = honest_object(rows)
+    url, key = run.upload(blob)
+    assert run.confirm(key).status_code == 200
+    swapped = httpx.put(url, content=long_value_bomb(), timeout=60)
+    assert swapped.status_code == 409, swapped.text
+    assert httpx.put(url, content=blob, timeout=60).status_code == 200
+    assert run.confirm(key).status_code == 200
+    assert [r["sample_id"] for r in run.samples()["samples"]] == list(range(5))
+
+
+def _store_unchecked(run: Run, blob: bytes, rows: int) -> None:
+    """An object confirmed as a platform before the bounds would have."""
+    _, key = run.upload(blob)
+    with sqlite3.connect(run.platform.data_dir / "platform.sqlite3") as db:
+        db.execute("UPDATE objects SET confirmed_at = 1, rows = ? WHERE key = ?", (rows, key))
+
+
+def test_a_page_of_a_stored_bomb_costs_a_page(run: Run) -> None:
+    """Stored before the bounds: a page decodes only its rows (before: the
+    whole 1.25 GiB, 7.6 s of CPU, 3.7 GB peak), the distributions only their
+    column (before: 3.0 s, 4.2 GB), the dashboard's step page its page
+    (before: 7.3 s, 3.7 GB)."""
+    _store_unchecked(run, long_value_bomb(), BOMB_ROWS)
+    pid = run.platform.pid
+    before, cpu = _peak_rss(pid), _cpu_seconds(pid)
+    page = run.samples(limit=10, page=3)
+    assert page["total"] == BOMB_ROWS
+    assert [r["sample_id"] for r in page["samples"]] == list(range(20, 30))
+    assert len(page["samples"][0]["completion"]) == BOMB_VALUE
+    dist = run.api.get(f"/rft/runs/{run.id}/distributions", params={"step": 0}).json()
+    assert dist["bins"] == [{"min": 0.5, "max": 0.5, "count": BOMB_ROWS}]
+    step_page = httpx.get(f"{run.platform.url}/dashboard/training/{run.id}/steps/0", timeout=60)
+    assert step_page.status_code == 200
+    assert _peak_rss(pid) - before < 200 * MIB
+    assert _cpu_seconds(pid) - cpu < 2
+
+
+def _old_rows(paths: list[Path]) -> list[dict[str, Any]]:
+    """What the reads gave before the bounds: every object decoded whole."""
+    rows: list[dict[str, Any]] = []
+    for path in paths:
+        rows += pq.read_table(path).to_pylist()
+    return rows
+
+
+def _honest_objects(tmp_path: Path) -> list[Path]:
+    """Three objects of one step: one row group, several small row groups,
+    and one written without dictionaries (plain pages)."""
+    blobs = [
+        honest_object(honest_rows(23)),
+        honest_object(honest_rows(57, first=23), row_group_size=10),
+        honest_object(honest_rows(9, first=80), use_dictionary=False, compression="zstd"),
+    ]
+    paths = []
+    for i, blob in enumerate(blobs):
+        path = tmp_path / f"object-{i}.parquet"
+        path.write_bytes(blob)
+        paths.append(path)
+    return paths
+
+
+def test_every_page_of_honest_objects_reads_as_before(tmp_path: Path) -> None:
+    paths = _honest_objects(tmp_path)
+    old = _old_rows(paths)
+    for counted in (True, False):
+        objects = [(p, pq.read_metadata(p).num_rows if counted else None) for p in paths]
+        for limit in (1, 7, 10, 23, 100, None):
+            for offset in range(0, len(old) + 2, 3 if limit else 1):
+                shown, total = read_rows(objects, offset, limit)
+                end = None if limit is None else offset + limit
+                assert (shown, total) == (old[offset:end], len(old)), (offset, limit)
+
+
+def test_the_distributions_of_honest_objects_are_as_before(tmp_path: Path) -> None:
+    paths = _honest_objects(tmp_path)
+    old = _old_rows(paths)
+    for column in ("reward", "advantage", "num_output_tokens", "completion", "missing"):
+        assert column_histogram(paths, column, 10) == histogram([r.get(column) for r in old])
+    odd = tmp_path / "odd.parquet"
+    odd.write_bytes(honest_object(honest_rows(40, odd=True), row_group_size=16))
+    rows = _old_rows([odd, *paths])
+    assert column_histogram([odd, *paths], "reward", 10) == histogram([r["reward"] for r in rows])
+    single = tmp_path / "single.parquet"
+    single.write_bytes(honest_object([{**r, "reward": 2.5} for r in honest_rows(4)]))
+    assert column_histogram([single], "reward", 10) == [{"min": 2.5, "max": 2.5, "count": 4}]
+
+
+def test_honest_objects_read_over_http_as_before(run: Run, tmp_path: Path) -> None:
+    """The samples route, its paging and the distributions answer what they
+    answered when every object was decoded whole."""
+    paths = _honest_objects(tmp_path)
+    for path in paths:
+        run.store(path.read_bytes())
+    old = [
+        {k: v.isoformat() if isinstance(v, datetime) else v for k, v in row.items()}
+        for row in _old_rows(paths)
+    ]
+    for limit, page in ((100, 1), (10, 3), (7, 4), (25, 4), (1000, 1), (10, 20)):
+        got = run.samples(limit=limit, page=page)
+        assert got["samples"] == json.loads(json.dumps(old[(page - 1) * limit : page * limit]))
+        assert (got["total"], got["total_pages"]) == (len(old), math.ceil(len(old) / limit))
+    dist = run.api.get(f"/rft/runs/{run.id}/distributions", params={"type": "advantages"})
+    assert dist.json()["bins"] == histogram([r["advantage"] for r in old])
+    step_page = httpx.get(
+        f"{run.platform.url}/dashboard/training/{run.id}/steps/0", params={"page": 2}, timeout=60
+    )
+    assert step_page.status_code == 200
+
+
+@pytest.mark.parametrize("encoding", ["DELTA_BYTE_ARRAY", "dictionary", "arrow dictionary"])
+def test_each_encoding_that_repeats_a_value_for_free_is_counted_as_decoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: str
+) -> None:
+    """A DELTA_BYTE_ARRAY value is its predecessor's prefix; a dictionary one
+    an index (read back as strings, or as Arrow's dictionary when the file
+    stores its Arrow schema): each is counted as the bytes it decodes to,
+    under a cap lowered to 8 MiB so the object stays small to write."""
+    monkeypatch.setattr(parquet_bounds, "MAX_OBJECT_DECODED_BYTES", 8 * MIB)
+    rows, value = 200, 64 * 1024  # 12.5 MiB decoded
+    path = tmp_path / "object.parquet"
+    if encoding == "DELTA_BYTE_ARRAY":
+        table = pa.table({"completion": pa.array(["a" * value] * rows)})
+        options: dict[str, Any] = {
+            "use_dictionary": False,
+            "column_encoding": {"completion": encoding},
+        }
+        path.write_bytes(_parquet(table, compression="zstd", **options))
+    else:
+        path.write_bytes(
+            long_value_bomb(rows, value)
+            if encoding == "dictionary"
+            else _parquet(
+                pa.table(
+                    {
+                        "completion": pa.DictionaryArray.from_arrays(
+                            pa.array([0] * rows, pa.int32()), pa.array(["a" * value])
+                        )
+                    }
+                ),
+                compression="zstd",
+            )
+        )
+    assert path.stat().st_size < 128 * 1024
+    with pytest.raises(PlatformError) as refused:
+        parquet_bounds.checked_rows(path, "k")
+    assert refused.value.status == 400
+    assert f"MAX_OBJECT_DECODED_BYTES={8 * MIB}" in refused.value.message
+    monkeypatch.setattr(parquet_bounds, "MAX_OBJECT_DECODED_BYTES", 16 * MIB)
+    assert parquet_bounds.checked_rows(path, "k") == rows
