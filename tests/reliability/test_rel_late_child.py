@@ -56,7 +56,11 @@ def test_a_child_left_unshipped_at_the_finish_is_named_with_its_command_and_land
             finally:
                 os._exit(1)
         assert os.read(ready_r, 1) == b"o"
-        journal = next(p for p in (tmp_path / "runs").iterdir() if p != run.journal_path)
+        journal = next(
+            p
+            for p in (tmp_path / "runs").iterdir()
+            if p != run.journal_path and not p.name.startswith(".")  # not .primary, .summaries
+        )
         owner = read_owner(journal)
         assert owner is not None and owner.helper_pid is not None
         os.kill(owner.helper_pid, signal.SIGSTOP)  # it ships nothing more, then dies
