@@ -101,6 +101,7 @@ __all__ = [
     "config_file_path",
     "default_runs_dir",
     "default_sync_root",
+    "is_loopback",
     "load_config_file",
     "mask_key",
     "parse_bool_setting",
@@ -352,7 +353,8 @@ def _without_userinfo(url: str) -> str:
     return f"{scheme}://{netloc}{slash}{path}"
 
 
-def _is_loopback(origin: str) -> bool:
+def is_loopback(origin: str) -> bool:
+    """Whether ``origin``'s host is this machine (localhost or a loopback address)."""
     host = urlsplit(origin).hostname or ""
     if host == "localhost":
         return True
@@ -552,7 +554,7 @@ def resolve_settings(
     frontend = _url_setting(read, cfg, sources, "frontend_url", FRONTEND_URL_ENV)
     if frontend is None:
         frontend = DEFAULT_FRONTEND_URL
-        if _is_loopback(origin):
+        if is_loopback(origin):
             # A platform on this machine (``primeruns serve``) serves its run pages
             # at the dashboard's paths on its own origin, so run.url opens there.
             frontend, sources["frontend_url"] = origin, "the local platform's origin"
@@ -833,7 +835,7 @@ def _warn_traces_left_at_production(platform: Settings) -> None:
     stall in silence. Said once, at ``init()``, while the fix is cheap."""
     if platform.traces_opt_out or platform.sources.get("traces_url") != "default":
         return
-    if not _is_loopback(platform.origin):
+    if not is_loopback(platform.origin):
         return
     log.warning(
         "prime-runs: base_url %s is on this machine but the Prime Traces URL is left at its "

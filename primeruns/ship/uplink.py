@@ -16,7 +16,6 @@ went) is written to the journal (``ledger``), never sent to it directly.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import json
 import logging
 import random
@@ -35,6 +34,7 @@ from ..journal.by_kind import last_payload
 from ..models import CRASH_ERROR
 from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
+from ..settings import is_loopback
 from ..spec import RunSpec, listed_spec, spec_or_default
 from ..threads import start_daemon
 from . import handover, ledger
@@ -144,7 +144,7 @@ def _refuse_unless_own(what: str, url: str, *own: Settings) -> None:
     else named where this environment's API key went, on the first request."""
     if _site(url) in {_site(s.origin) for s in own} | {_site(s.traces_url) for s in own}:
         return
-    if _loopback(url):
+    if is_loopback(url):
         return
     raise JournalError(
         f"the run was recorded for the {what} at {url}, not the one your settings "
@@ -156,16 +156,6 @@ def _refuse_unless_own(what: str, url: str, *own: Settings) -> None:
 def _site(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     return parts.scheme.lower(), parts.netloc.lower()
-
-
-def _loopback(url: str) -> bool:
-    host = urlsplit(url).hostname or ""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def find_run_journals(

@@ -16,11 +16,17 @@ from hostile_requests import (
     newline_gzip_bomb,
     traces_upload,
 )
+from parquet_bomb import BOMB_ROWS as PARQUET_BOMB_ROWS
+from parquet_bomb import BOMB_VALUE as PARQUET_BOMB_VALUE
+from parquet_bomb import bomb as parquet_bomb
 
 __all__ = [
+    "PARQUET_BOMB_ROWS",
+    "PARQUET_BOMB_VALUE",
     "cross_site_form_post",
     "nested_json",
     "nested_trace_line",
     "newline_gzip_bomb",
+    "parquet_bomb",
     "traces_upload",
 ]

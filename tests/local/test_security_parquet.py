@@ -19,6 +19,9 @@ import httpx
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hostile import PARQUET_BOMB_ROWS as BOMB_ROWS
+from hostile import PARQUET_BOMB_VALUE as BOMB_VALUE
+from hostile import parquet_bomb as long_value_bomb
 
 from primeruns.local import LocalPlatform, parquet_bounds
 from primeruns.local.errors import PlatformError
@@ -35,7 +38,6 @@ MIB = 1024 * 1024
 #: One 64 KiB value repeated by a dictionary: 20,000 rows decode to 1.25
 #: GiB, past MAX_OBJECT_DECODED_BYTES, from a 60 KB object (its sample ids;
 #: without them it is 521 bytes).
-BOMB_ROWS, BOMB_VALUE = 20_000, 64 * 1024
 
 
 def _peak_rss(pid: int) -> int:
@@ -54,26 +56,6 @@ def _parquet(table: pa.Table, **kwargs: Any) -> bytes:
     buf = io.BytesIO()
     pq.write_table(table, buf, **kwargs)
     return buf.getvalue()
-
-
-def long_value_bomb(rows: int = BOMB_ROWS, value: int = BOMB_VALUE) -> bytes:
-    """A dictionary column of one long value in every row, zstd, without the
-    Arrow schema (so a reader decodes it to plain strings), plus the columns
-    the step page shows."""
-    text = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["a" * value]))
-    table = pa.table(
-        {
-            "completion": text,
-            "sample_id": pa.array(range(rows)),
-            "problem_id": pa.array([0] * rows),
-            "reward": pa.array([0.5] * rows),
-            "advantage": pa.array([0.0] * rows),
-            "env_name": pa.array(["e"] * rows),
-            "num_input_tokens": pa.array([1] * rows),
-            "num_output_tokens": pa.array([1] * rows),
-        }
-    )
-    return _parquet(table, compression="zstd", store_schema=False)
 
 
 def honest_rows(count: int, *, first: int = 0, odd: bool = False) -> list[dict[str, Any]]:

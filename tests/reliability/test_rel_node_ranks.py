@@ -17,6 +17,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,26 @@ def _run_ranks(lp: LocalPlatform, tmp: Path, run_id: str) -> dict[int, tuple[Pat
     return out
 
 
+def _ranks_copied_to_login(
+    lp: LocalPlatform,
+    tmp: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: Callable[[int, str], str] = lambda rank, name: name,
+) -> tuple[str, dict[int, tuple[Path, list[str]]], Path]:
+    """The ranks of a run created on the platform, run on offline nodes, their
+    journals copied to a login node's folder (named by ``name``): the run's
+    id, the ranks, the login node's folder."""
+    point_at(monkeypatch, tmp, lp.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    run_id = _create(lp)
+    ranks = _run_ranks(lp, tmp, run_id)
+    login = tmp / "login"
+    login.mkdir()
+    for rank, (journal, _) in ranks.items():
+        shutil.copytree(journal, login / name(rank, journal.name))
+    return run_id, ranks, login
+
+
 def _closed_after_every_record(lp: LocalPlatform, run_id: str) -> bool:
     """Whether the platform closed the run after it stored the last of its records."""
     conn = sqlite3.connect(f"file:{lp.data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
@@ -120,14 +141,7 @@ def test_ranks_on_two_offline_nodes_synced_from_a_login_node_keep_every_key(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     lp = local_platform
-    point_at(monkeypatch, tmp_path, lp.url)
-    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
-    run_id = _create(lp)
-    ranks = _run_ranks(lp, tmp_path, run_id)
-    login = tmp_path / "login"
-    login.mkdir()
-    for journal, _ in ranks.values():
-        shutil.copytree(journal, login / journal.name)
+    run_id, ranks, login = _ranks_copied_to_login(lp, tmp_path, monkeypatch)
 
     code, out, err = cli(capsys, "ls", "--runs-dir", str(login), "--json")
     listed = json.loads(out)
@@ -179,14 +193,7 @@ def test_ranks_named_on_the_command_line_close_the_run_after_every_ranks_records
     order, the primary first here) ships the primary last, as ``--all`` does:
     its close-out closes the run, after every rank's records landed."""
     lp = local_platform
-    point_at(monkeypatch, tmp_path, lp.url)
-    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
-    run_id = _create(lp)
-    ranks = _run_ranks(lp, tmp_path, run_id)
-    login = tmp_path / "login"
-    login.mkdir()
-    for journal, _ in ranks.values():
-        shutil.copytree(journal, login / journal.name)
+    run_id, ranks, login = _ranks_copied_to_login(lp, tmp_path, monkeypatch)
 
     named = [str(login / ranks[rank][0].name) for rank in sorted(ranks)]  # rank 0 first
     code, out, err = cli(capsys, "sync", "--json", *named)
@@ -211,15 +218,10 @@ def test_a_watching_sync_closes_the_run_after_every_ranks_records(
     ``--all`` does, whatever the copies' names sort as (the primary's first
     here): its close-out closes the run after every rank's records landed."""
     lp = local_platform
-    point_at(monkeypatch, tmp_path, lp.url)
-    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
-    run_id = _create(lp)
-    ranks = _run_ranks(lp, tmp_path, run_id)
-    login = tmp_path / "login"
-    login.mkdir()
-    for rank, (journal, _) in ranks.items():
-        # rsync'd under names of the user's: the primary's sorts first.
-        shutil.copytree(journal, login / f"{'a' if rank == 0 else 'b'}-{journal.name}")
+    # rsync'd under names of the user's: the primary's sorts first.
+    run_id, ranks, login = _ranks_copied_to_login(
+        lp, tmp_path, monkeypatch, name=lambda rank, name: f"{'a' if rank == 0 else 'b'}-{name}"
+    )
     episodes = [e for _, logged in ranks.values() for e in logged]
     argv = ["sync", "--watch", "--interval", "0.2", "--runs-dir", str(login)]
     watcher = procs.start(

@@ -760,24 +760,35 @@ def test_damage_in_a_batch_refused_whole_is_counted_once(early: bool, tmp_path: 
     journal.close()
 
 
-class _StopAfterFirst(FakeSink):
-    """Stops its shipper once its first batch is stored (a process ending there)."""
+class _StopsOnceStored:
+    """Mixed into a sink: stops its shipper once its first batch is stored (a
+    process ending there: a close-out's deadline, a SIGTERM)."""
 
     shipper: Shipper
 
     def send(self, body: bytes, ctx: SendContext[Any]) -> None:
-        super().send(body, ctx)
+        super().send(body, ctx)  # type: ignore[misc]
         self.shipper.signal_stop()
+
+
+class _StopAfterFirst(_StopsOnceStored, FakeSink):
+    """A sink of one entry a batch that stops after its first."""
+
+
+def _journal_missing(tmp_path: Path, entries: int, missing: int) -> Journal:
+    """A journal of ``entries`` entries moved into LMDB, entry ``missing`` deleted there."""
+    journal = _journal(tmp_path, entries)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        assert txn.delete(key(missing), db=journal._tx.dbs["entries"])
+    return journal
 
 
 def test_a_gap_just_past_a_batch_is_counted_once_across_a_restart(tmp_path: Path) -> None:
     # The first batch's read (four entries) stops at entry 6 and reports 5
     # missing on the way: the batch is acknowledged past the gap, so the
     # next process, reading on from there, does not count it again.
-    journal = _journal(tmp_path, 12)
-    journal._mover.step()  # into LMDB, where the damage is made
-    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
-        assert txn.delete(key(5), db=journal._tx.dbs["entries"])
+    journal = _journal_missing(tmp_path, 12, 5)
     first = _StopAfterFirst()
     first.shipper = _shipper(journal, first, [])
     first.shipper.start()
@@ -790,15 +801,8 @@ def test_a_gap_just_past_a_batch_is_counted_once_across_a_restart(tmp_path: Path
     journal.close()
 
 
-class _TwoThenStop(_TwoAtATimeSink):
-    """Takes two entries a batch and stops its shipper once its first batch
-    is stored (a process ending there: a close-out's deadline, a SIGTERM)."""
-
-    shipper: Shipper
-
-    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
-        super().send(body, ctx)
-        self.shipper.signal_stop()
+class _TwoThenStop(_StopsOnceStored, _TwoAtATimeSink):
+    """Takes two entries a batch and stops after its first."""
 
 
 def test_damage_read_ahead_is_counted_once_across_a_restart(tmp_path: Path) -> None:
@@ -806,10 +810,7 @@ def test_damage_read_ahead_is_counted_once_across_a_restart(tmp_path: Path) -> N
     # entries 1 and 2 alone and the process stops once it is acknowledged,
     # short of the gap. The next process reads on from entry 2 and meets
     # entry 4 missing again: counted already, it is not counted twice.
-    journal = _journal(tmp_path, 12)
-    journal._mover.step()  # into LMDB, where the damage is made
-    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
-        assert txn.delete(key(4), db=journal._tx.dbs["entries"])
+    journal = _journal_missing(tmp_path, 12, 4)
     first = _TwoThenStop(early=False)
     first.reject_id = "none"
     first.shipper = _shipper(journal, first, [])

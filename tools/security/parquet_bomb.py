@@ -51,11 +51,11 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bomb() -> bytes:
-    rows = BOMB_ROWS
-    text = pa.DictionaryArray.from_arrays(
-        pa.array([0] * rows, pa.int32()), pa.array(["a" * BOMB_VALUE])
-    )
+def bomb(rows: int = BOMB_ROWS, value: int = BOMB_VALUE) -> bytes:
+    """A dictionary column of one long value in every row, zstd, without the
+    Arrow schema (so a reader decodes it to plain strings), plus the columns
+    the step page shows (the tests' bomb too: ``tests/local/hostile.py``)."""
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["a" * value]))
     table = pa.table(
         {
             "completion": text,
