@@ -259,18 +259,23 @@ def login(local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     return tmp_path / "login"
 
 
+def _requeued_job(tmp_path: Path, kind: str, url: str) -> tuple[Path, Path]:
+    """A job killed on one node halfway, requeued on another under the same
+    run key, and finished there: the two attempts' journals, in that order."""
+    first = Producer(tmp_path / "node-a", kind, url, "node-a", "job-4242", "first")
+    first.kill()
+    second = Producer(tmp_path / "node-b", kind, url, "node-b", "job-4242", "second")
+    second.log_the_rest()
+    second.finish()
+    return first.journal, second.journal
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_job_requeued_offline_syncs_into_one_run_by_its_run_key(
     local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str], kind: str
 ) -> None:
     lp = local_platform
-    # The job is killed on one node halfway, requeued on another, and finishes there.
-    first = Producer(tmp_path / "node-a", kind, lp.url, "node-a", "job-4242", "first")
-    first.kill()
-    second = Producer(tmp_path / "node-b", kind, lp.url, "node-b", "job-4242", "second")
-    second.log_the_rest()
-    second.finish()
-    for journal in (first.journal, second.journal):
+    for journal in _requeued_job(tmp_path, kind, lp.url):
         _copy(journal, login)
     for _ in range(2):  # a second sync finds everything shipped and sends nothing twice
         code, out, err = cli(capsys, "sync", "--all", "--runs-dir", str(login))
@@ -294,12 +299,7 @@ def test_a_requeued_job_synced_once_it_ended_closes_its_run_as_it_finished(
     the killed attempt, synced first, closed the run as failed although the
     requeued attempt completed it."""
     lp = local_platform
-    first = Producer(tmp_path / "node-a", kind, lp.url, "node-a", "job-4242", "first")
-    first.kill()
-    second = Producer(tmp_path / "node-b", kind, lp.url, "node-b", "job-4242", "second")
-    second.log_the_rest()
-    second.finish()
-    copies = [_copy(journal, login) for journal in (first.journal, second.journal)]
+    copies = [_copy(journal, login) for journal in _requeued_job(tmp_path, kind, lp.url)]
     argv = ["--runs-dir", str(login), "--all"] if how == "all" else map(str, copies)
     code, out, err = cli(capsys, "sync", "--job-ended", *argv)
     assert code == 0, out + err
