@@ -358,8 +358,7 @@ def test_an_informational_answer_is_skipped_as_httpx_skips_it(
 
     def hints_first(handler: BaseHTTPRequestHandler, body: bytes) -> None:
         handler.wfile.write(b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\n")
-        handler.wfile.flush()
-        time.sleep(0.05)  # the answer follows a moment later, as a real one does
+        handler.wfile.flush()  # on the wire before the answer is written
         _echo(handler, body)
 
     server = serve(hints_first)

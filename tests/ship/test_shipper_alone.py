@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,16 @@ def _journal(tmp_path: Path, n: int) -> Journal:
     journal = Journal.create(tmp_path / "runs")
     payloads = [json.dumps({"id": f"e{i}", "traces": []}).encode() for i in range(n)]
     journal.append(EntryKind.EPISODE, payloads)
+    return journal
+
+
+def _journal_missing(tmp_path: Path, entries: int, missing: Iterable[int]) -> Journal:
+    """A journal of ``entries`` entries moved into LMDB, the ``missing`` ones deleted there."""
+    journal = _journal(tmp_path, entries)
+    journal._mover.step()  # into LMDB, where the damage is made
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        for seq in missing:
+            assert txn.delete(key(seq), db=journal._tx.dbs["entries"])
     return journal
 
 
@@ -251,11 +261,7 @@ def test_entries_missing_from_the_journal_are_each_counted_as_lost(tmp_path: Pat
     # A damaged journal (here: five entries gone from LMDB) never stops the
     # sink: it ships the rest and counts every entry it cannot send. It used
     # to count one per damage report, so a missing range of five counted 1.
-    journal = _journal(tmp_path, 12)
-    journal._mover.step()  # into LMDB, where the damage is made
-    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
-        for seq in range(4, 9):
-            assert txn.delete(key(seq), db=journal._tx.dbs["entries"])
+    journal = _journal_missing(tmp_path, 12, range(4, 9))
     sink = FakeSink()
     shipper = _ship(journal, sink, [])
     assert shipper.drain(journal.last_seq(), deadline=_soon(10))
@@ -629,11 +635,7 @@ def test_damage_met_while_a_batch_is_in_flight_is_still_counted(
 ) -> None:
     # The read for the next batch, made during the request before it, is the
     # one that meets the missing entries: they are counted all the same.
-    journal = _journal(tmp_path, 12)
-    journal._mover.step()  # into LMDB, where the damage is made
-    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
-        for seq in (6, 7):
-            assert txn.delete(key(seq), db=journal._tx.dbs["entries"])
+    journal = _journal_missing(tmp_path, 12, (6, 7))
     sink = NumberingSink(early=early)
     sink.reject_id = "none"
     _drain(journal, sink)
@@ -685,11 +687,7 @@ def test_damage_whose_count_could_not_be_written_is_counted_once_it_can(
     # The disk is full as the read that met entries 6 and 7 missing counts
     # them: the shipper backs off and reads again, and the loss is written
     # then (once), before the batch past the gap is acknowledged.
-    journal = _journal(tmp_path, 12)
-    journal._mover.step()  # into LMDB, where the damage is made
-    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
-        for seq in (6, 7):
-            assert txn.delete(key(seq), db=journal._tx.dbs["entries"])
+    journal = _journal_missing(tmp_path, 12, (6, 7))
     record_loss = journal.record_loss
     full = [True]  # the disk is full for the first loss written
 
@@ -730,11 +728,7 @@ def test_damage_read_ahead_of_a_batch_is_counted_once(
     # after it) meets entry 6 or 8 missing. A read made early and dropped for
     # that reads 3 and 5 again, and a read that stops just before a gap
     # reports it, as the next read does: each lost entry counts once.
-    journal = _journal(tmp_path, 12)
-    journal._mover.step()  # into LMDB, where the damage is made
-    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
-        for seq in gone:
-            assert txn.delete(key(seq), db=journal._tx.dbs["entries"])
+    journal = _journal_missing(tmp_path, 12, gone)
     sink = _TwoAtATimeSink(early=early)
     sink.reject_id = "none"
     _drain(journal, sink)
@@ -748,10 +742,7 @@ def test_damage_in_a_batch_refused_whole_is_counted_once(early: bool, tmp_path: 
     # The first batch's read meets entry 3 missing; the batch is refused as
     # too large and made again of half as many, from the same place: the
     # read that makes it meets entry 3 again, counted already.
-    journal = _journal(tmp_path, 12)
-    journal._mover.step()  # into LMDB, where the damage is made
-    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
-        assert txn.delete(key(3), db=journal._tx.dbs["entries"])
+    journal = _journal_missing(tmp_path, 12, [3])
     sink = NumberingSink(early=early, too_large=(1,))
     sink.reject_id = "none"
     _drain(journal, sink)
@@ -775,20 +766,11 @@ class _StopAfterFirst(_StopsOnceStored, FakeSink):
     """A sink of one entry a batch that stops after its first."""
 
 
-def _journal_missing(tmp_path: Path, entries: int, missing: int) -> Journal:
-    """A journal of ``entries`` entries moved into LMDB, entry ``missing`` deleted there."""
-    journal = _journal(tmp_path, entries)
-    journal._mover.step()  # into LMDB, where the damage is made
-    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
-        assert txn.delete(key(missing), db=journal._tx.dbs["entries"])
-    return journal
-
-
 def test_a_gap_just_past_a_batch_is_counted_once_across_a_restart(tmp_path: Path) -> None:
     # The first batch's read (four entries) stops at entry 6 and reports 5
     # missing on the way: the batch is acknowledged past the gap, so the
     # next process, reading on from there, does not count it again.
-    journal = _journal_missing(tmp_path, 12, 5)
+    journal = _journal_missing(tmp_path, 12, [5])
     first = _StopAfterFirst()
     first.shipper = _shipper(journal, first, [])
     first.shipper.start()
@@ -810,7 +792,7 @@ def test_damage_read_ahead_is_counted_once_across_a_restart(tmp_path: Path) -> N
     # entries 1 and 2 alone and the process stops once it is acknowledged,
     # short of the gap. The next process reads on from entry 2 and meets
     # entry 4 missing again: counted already, it is not counted twice.
-    journal = _journal_missing(tmp_path, 12, 4)
+    journal = _journal_missing(tmp_path, 12, [4])
     first = _TwoThenStop(early=False)
     first.reject_id = "none"
     first.shipper = _shipper(journal, first, [])
