@@ -58,6 +58,7 @@ def test_the_floors_the_repository_declares_include_every_runtime_dependency() -
         "rich",
         "pyarrow",
         "uvicorn",
+        "httptools",
         "starlette",
         "python-multipart",
         "jinja2",

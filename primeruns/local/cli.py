@@ -259,6 +259,7 @@ def _serve(app: Starlette, host: str, port: int, key: str | None, notes: Sequenc
     import uvicorn
 
     from .guard import Guard, GuardSettings, allowed_hosts, is_wildcard
+    from .http_head import HEAD_LIMIT, http_protocol
 
     guard = Guard(app, GuardSettings(api_key=key, hosts=allowed_hosts(host)))
     ctx = getattr(app.state, "ctx", None)  # the platform's; the offline dashboard has none
@@ -292,6 +293,9 @@ def _serve(app: Starlette, host: str, port: int, key: str | None, notes: Sequenc
     # a slow-loris answer may be an hour long: past this, they are cancelled.
     config = uvicorn.Config(
         guard,
+        http=http_protocol(),
+        h11_max_incomplete_event_size=HEAD_LIMIT,
+        ws="none",  # no route is a websocket: an upgrade is an ordinary request
         log_level="warning",
         access_log=False,
         lifespan="on",
