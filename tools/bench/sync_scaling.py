@@ -52,13 +52,11 @@ httpx/h11 on both sides.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import benchlib
@@ -172,26 +170,6 @@ def sync(tree: Path, journal: Path, url: str) -> dict[str, float]:
     return result
 
 
-@contextlib.contextmanager
-def platform_of(tree: Path, data: Path) -> Iterator[benchlib.LocalPlatform]:
-    """A local platform (any key, every team) run from ``tree``'s package:
-    what a sync costs is the platform's share too, so a before/after
-    compares both sides."""
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = str(tree)  # the server's process inherits it as it starts
-    try:
-        server = benchlib.LocalPlatform(data).start()
-    finally:
-        if before is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = before
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def sync_one(
     tree: Path, steps: int, episode_every: int = _EPISODE_EVERY
 ) -> tuple[dict[str, float], float]:
@@ -199,7 +177,8 @@ def sync_one(
     to a fresh platform of its own: the sync's figures, the producer's rate."""
     with (
         benchlib.isolated_env(None) as scratch,
-        platform_of(tree, scratch / "platform") as server,
+        # The platform's share of a sync is measured too: run from the tree's code.
+        benchlib.local_platform(scratch / "platform", tree) as server,
     ):
         journal, produced = log_run(scratch / "runs", steps, episode_every)
         served = cpu_s(server.pid)
