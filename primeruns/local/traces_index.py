@@ -15,7 +15,11 @@ as a user of a verifiers trace would expect:
   query in the field, taken as text when it is a string and as its compact
   JSON otherwise (``representation``), with offsets in code points and an
   excerpt of up to 40 code points either side. ``generation`` counts the
-  copies stored under the trace id (1 for the first upload).
+  copies stored under the trace id (1 for the first upload). A page reads
+  and parses documents one at a time, oldest trace first, and stops at the
+  first match past the page (which tells whether there is a next one);
+  ``coverage.examined_traces`` counts the traces the filters keep without
+  reading any document.
 
 Deletes remove every stored copy of a trace, or every trace of a run, and
 leave episode rows alone.
@@ -25,7 +29,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from starlette.requests import Request
@@ -42,13 +46,19 @@ _EXCERPT = 40
 _MIN_QUERY = 3
 
 
+def _parse_trace(raw: bytes) -> dict[str, Any]:
+    """A stored trace document; ``{}`` (no nodes, no calls) when it is not
+    a JSON object: what was stored is shown as far as it can be, never a 500."""
+    try:
+        return as_object(json.loads(raw))
+    except ValueError:
+        return {}
+
+
 async def _document(request: Request, trace_id: str) -> dict[str, Any]:
     """The newest stored copy of a trace, parsed; 404 ``trace_not_found``."""
     row = await newest_trace(request, trace_id, "raw")
-    try:
-        return as_object(json.loads(bytes(row["raw"])))
-    except ValueError:
-        return {}
+    return _parse_trace(bytes(row["raw"]))
 
 
 def _node(index: int, node: Any) -> dict[str, Any]:
@@ -152,13 +162,10 @@ def _representation(value: Any) -> tuple[str, str] | None:
 
 
 def _matches(
-    row: sqlite3.Row, generation: int, query: str, field: str, role: str | None
-) -> list[dict[str, Any]]:
-    try:
-        doc = as_object(json.loads(bytes(row["raw"])))
-    except ValueError:
-        return []
-    found: list[dict[str, Any]] = []
+    doc: dict[str, Any], query: str, field: str, role: str | None
+) -> Iterator[dict[str, Any]]:
+    """The matches of one trace, node by node (without the trace's own
+    fields): lazily, so that a page ending inside a long trace stops there."""
     for index, node in enumerate(as_list(doc.get("nodes"))):
         message = as_object(as_object(node).get("message"))
         if role is not None and message.get("role") != role:
@@ -172,23 +179,73 @@ def _matches(
             continue
         end = start + len(query)
         excerpt_start = max(0, start - _EXCERPT)
-        found.append(
-            {
-                "trace_id": row["trace_id"],
-                "upload_id": row["upload_id"],
-                "generation": generation,
-                "episode_id": row["episode_id"],
-                "node_idx": index,
-                "role": message.get("role"),
-                "field": field,
-                "representation": representation,
-                "match_start": start,
-                "match_end": end,
-                "excerpt": text[excerpt_start : end + _EXCERPT],
-                "excerpt_start": excerpt_start,
-            }
-        )
-    return found
+        yield {
+            "node_idx": index,
+            "role": message.get("role"),
+            "field": field,
+            "representation": representation,
+            "match_start": start,
+            "match_end": end,
+            "excerpt": text[excerpt_start : end + _EXCERPT],
+            "excerpt_start": excerpt_start,
+        }
+
+
+def _search_page(
+    conn: sqlite3.Connection,
+    where: str,
+    args: tuple[Any, ...],
+    match: Callable[[dict[str, Any]], Iterator[dict[str, Any]]],
+    offset: int,
+    limit: int,
+) -> tuple[list[dict[str, Any]], int]:
+    """The matches ``offset`` to ``offset + limit`` of the traces ``where``
+    keeps (oldest first), and how many matches were counted: all of them, or
+    ``offset + limit + 1`` when there are more (enough for ``next_cursor``).
+
+    The listing reads no document: sorting it with each trace's ``raw`` would
+    read every document of the run before the first row, whichever page is
+    asked. Each document is then read by its row and parsed only when the
+    page still needs matches, so a page holds one document at a time."""
+    page: list[dict[str, Any]] = []
+    counted = 0
+    listing = conn.execute(
+        f"SELECT row, trace_id, upload_id, episode_id FROM traces WHERE {where}"
+        " ORDER BY created_at ASC, row ASC",
+        args,
+    )
+    try:
+        for trace in listing:
+            (raw,) = conn.execute(
+                "SELECT raw FROM traces WHERE row = ?", (trace["row"],)
+            ).fetchone()
+            generation: int | None = None
+            for found in match(_parse_trace(bytes(raw))):
+                counted += 1
+                if counted <= offset:
+                    continue
+                if counted > offset + limit:
+                    return page, counted
+                if generation is None:  # looked up (index traces_id) for shown traces only
+                    generation = int(
+                        conn.execute(
+                            "SELECT count(*) FROM traces WHERE trace_id = ?", (trace["trace_id"],)
+                        ).fetchone()[0]
+                    )
+                page.append(
+                    {
+                        "trace_id": trace["trace_id"],
+                        "upload_id": trace["upload_id"],
+                        "generation": generation,
+                        "episode_id": trace["episode_id"],
+                        **found,
+                    }
+                )
+    finally:
+        # Left unfinished, the statement would hold its read transaction open
+        # (and keep WAL checkpoints from completing) until garbage-collected.
+        listing.close()
+    return page, counted
 
 
 async def search_run(request: Request) -> Response:
@@ -209,26 +266,31 @@ async def search_run(request: Request) -> Response:
     q.number("reward_max", "reward <= ?")
     q.boolean("has_error", "has_error")
     offset, limit = q.page()
+    where = f"{LATEST_TRACES} AND {q.sql()}"
+    args = tuple(q.args)
 
-    def read(conn: sqlite3.Connection) -> list[tuple[sqlite3.Row, int]]:
-        rows = conn.execute(
-            "SELECT row, trace_id, upload_id, episode_id, raw,"
-            " (SELECT count(*) FROM traces AS c WHERE c.trace_id = traces.trace_id) AS copies"
-            f" FROM traces WHERE {LATEST_TRACES} AND {q.sql()}"
-            " ORDER BY created_at ASC, row ASC",
-            tuple(q.args),
-        ).fetchall()
-        return [(r, int(r["copies"])) for r in rows]
+    def match(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
+        return _matches(doc, query, field, role)
 
-    rows = await context_of(request).db.read(read)
-    matches = [m for row, copies in rows for m in _matches(row, copies, query, field, role)]
+    def read(conn: sqlite3.Connection) -> tuple[list[dict[str, Any]], int, int | None]:
+        # Documents are parsed here, in the database's thread, one at a time
+        # as they are read, rather than all of them on the event loop: the
+        # connection is held for what the page needs (up to every document
+        # of the run for a rare query or a deep page, as before).
+        page, counted = _search_page(conn, where, args, match, offset, limit)
+        examined = None
+        if offset == 0:  # coverage is only on the first page
+            examined = conn.execute(f"SELECT count(*) FROM traces WHERE {where}", args).fetchone()
+        return page, counted, None if examined is None else int(examined[0])
+
+    page, counted, examined = await context_of(request).db.read(read)
     body: dict[str, Any] = {
-        "items": matches[offset : offset + limit],
-        "next_cursor": q.next_cursor(offset, limit, len(matches)),
+        "items": page,
+        "next_cursor": q.next_cursor(offset, limit, counted),
     }
-    if offset == 0:
+    if examined is not None:
         body["coverage"] = {
-            "examined_traces": len(rows),
+            "examined_traces": examined,
             "unindexed_trace_ids": [],
             "partial_index": False,
         }

@@ -78,17 +78,33 @@ def post_upload(
     headers: dict[str, str] | None = None,
 ) -> httpx.Response:
     """A hand-built upload, for the error paths the vendor client never produces."""
+    sent, files = upload_parts(
+        body, episode_format=episode_format, key=key, metadata=metadata, compress=compress
+    )
+    sent.update(headers or {})
+    return httpx.post(f"{url}/api/v1/traces", headers=sent, files=files, timeout=30)
+
+
+def upload_parts(
+    body: bytes,
+    *,
+    episode_format: bool = False,
+    key: str | None = None,
+    metadata: bytes = b'{"schema_version": 1}',
+    compress: bool = True,
+) -> tuple[dict[str, str], dict[str, Any]]:
+    """The headers and multipart files of an upload of ``body`` (JSON lines),
+    for ``httpx``'s ``post`` by any client (an in-process app's too)."""
     part_headers = {"Content-Encoding": "gzip"} if compress else {}
     payload = gzip.compress(body, mtime=0) if compress else body
     sent = {"Idempotency-Key": key or "sha256:" + hashlib.sha256(body).hexdigest()}
     if episode_format:
         sent["X-Prime-Line-Format"] = "episode"
-    sent.update(headers or {})
     files: dict[str, Any] = {
         "metadata": (None, metadata, "application/json"),
         "traces": ("traces.jsonl", payload, "application/x-ndjson", part_headers),
     }
-    return httpx.post(f"{url}/api/v1/traces", headers=sent, files=files, timeout=30)
+    return sent, files
 
 
 def error_code(response: httpx.Response) -> str | None:
