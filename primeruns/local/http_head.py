@@ -7,11 +7,11 @@ httptools costs a third less of the platform's CPU per request than h11
 path of every benchmark it answers. But uvicorn's httptools protocol bounds
 nothing before a request's headers end: httptools gathers a header line,
 and uvicorn the URL, however long they grow, before any route or key is
-checked (a 52 MB header line was held whole; h11 refuses a head past its
-``max_incomplete_event_size``). So the platform takes httptools only
-through ``BoundedHead``, which counts the bytes fed while a head is still
-open and answers 431 past ``HEAD_LIMIT``; without httptools it names h11,
-with the same limit.
+checked (a 52 MB header line was held whole, and so were a chunked body's
+trailers; h11 refuses a head past its ``max_incomplete_event_size``). So
+the platform takes httptools only through ``BoundedHead``, which counts
+what it is fed that moves nothing on and answers 431 past ``HEAD_LIMIT``;
+without httptools it names h11, with the same limit.
 """
 
 from __future__ import annotations
@@ -37,27 +37,31 @@ def http_protocol() -> type[asyncio.Protocol] | str:
         return "h11"
 
     class BoundedHead(HttpToolsProtocol):
-        """httptools, refusing a head that grows past ``HEAD_LIMIT``.
+        """httptools, refusing what is held unparsed past ``HEAD_LIMIT``.
 
-        asyncio hands over at most 256 KiB a read, so what is held before
-        the refusal is bounded by the limit and two reads: a read that ends
-        one request may open the next, and is not counted (which of its
-        bytes are the next head is not known; a body's end would be taken
-        for a head), so a head is counted from the read after it opened.
+        httptools hands the protocol nothing of a header line (or of a
+        chunked body's trailers) until it ends, nor uvicorn the app anything
+        of a URL until the head does: a read that ends no head, gives no
+        body bytes and ends no request only adds to what is held. Such reads
+        in a row are counted, and past the limit the connection is refused.
+        asyncio hands over at most 256 KiB a read, so what is held is bounded
+        by the limit and two reads (a read that moved something may also
+        open what follows, uncounted).
         """
 
-        _head_open = True  # from the connection's start and after each request
-        _head_bytes = 0
-        _request_ended = False  # in the read being fed
+        _held = 0  # bytes of the reads in a row that moved nothing on
+        _moved = False  # in the read being fed
 
         def data_received(self, data: bytes) -> None:
-            self._request_ended = False
+            self._moved = False
             super().data_received(data)
-            if not self._head_open or self._request_ended or self.transport.is_closing():
+            if self._moved:
+                self._held = 0
                 return
-            self._head_bytes += len(data)
-            if self._head_bytes > HEAD_LIMIT:
-                self._head_open = False
+            if self.transport.is_closing():
+                return
+            self._held += len(data)
+            if self._held > HEAD_LIMIT:
                 self.transport.write(
                     b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
                     b"content-type: text/plain; charset=utf-8\r\n"
@@ -66,14 +70,15 @@ def http_protocol() -> type[asyncio.Protocol] | str:
                 self.transport.close()
 
         def on_headers_complete(self) -> None:
-            self._head_open = False
-            self._head_bytes = 0
+            self._moved = True
             super().on_headers_complete()
 
+        def on_body(self, body: bytes) -> None:
+            self._moved = True
+            super().on_body(body)
+
         def on_message_complete(self) -> None:
-            self._head_open = True
-            self._head_bytes = 0
-            self._request_ended = True
+            self._moved = True
             super().on_message_complete()
 
     return BoundedHead

@@ -77,6 +77,12 @@ def _grow(url: str, opening: bytes) -> tuple[int, bytes]:
     [
         pytest.param(b"GET /healthz HTTP/1.1\r\nHost: %s\r\nX-Grow: ", id="header-line"),
         pytest.param(b"GET /healthz?%s", id="url"),
+        pytest.param(
+            # A route that reads its body whole, so nothing is answered before.
+            b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json"
+            b"\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Trailer: ",
+            id="trailer",
+        ),
     ],
 )
 def test_a_head_that_grows_without_end_is_refused_before_it_is_held(
