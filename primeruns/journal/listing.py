@@ -287,7 +287,7 @@ def _read_meta(
     """The journal's meta as the caller asked for it, and as it is (for its
     summary; None when a value was left out or it is too large to keep)."""
     if meta_bounds is None:
-        meta = journal.all_meta()
+        meta = journal.all_meta(MAX_META_BYTES)
         return meta, None if K_OVERSIZED in meta else meta
     most, shape = meta_bounds
     raw = _AsRead(shape)

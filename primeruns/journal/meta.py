@@ -63,12 +63,17 @@ class Meta:
         max_value_bytes: int | None = None,
         shape: Callable[[Any], Any] | None = None,
     ) -> dict[str, Any]:
-        """Every readable meta value by key; those past ``max_value_bytes``, or
-        past what is left of the whole meta's bound, by declared size under
-        ``K_OVERSIZED`` (neither decompressed nor parsed)."""
+        """Every readable meta value by key. Given ``max_value_bytes`` (a
+        listing's read), those past it, or past what is left of the whole
+        meta's bound, by declared size under ``K_OVERSIZED`` (neither
+        decompressed nor parsed). Without it, every value whole: the SDK
+        reads back what it wrote (a copy's or a re-homed journal's spec and
+        its config, which may be of any size)."""
+        if max_value_bytes is None:
+            return self._all_whole(shape)
         out: dict[str, Any] = {}
         oversized: dict[str, int] = {}
-        most = MAX_META_BYTES if max_value_bytes is None else max_value_bytes
+        most = max_value_bytes
         bytes_left, values_left = MAX_META_BYTES, MAX_META_VALUES
         with self._tx.read() as txn:
             for key, value in txn.cursor(db=self._tx.dbs["meta"]):
@@ -93,6 +98,19 @@ class Meta:
                 out[name] = decoded if shape is None else shape(decoded)
         if oversized:
             out[K_OVERSIZED] = oversized
+        return out
+
+    def _all_whole(self, shape: Callable[[Any], Any] | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with self._tx.read() as txn:
+            for key, value in txn.cursor(db=self._tx.dbs["meta"]):
+                try:
+                    decoded = json.loads(decode_frame(value)[1])
+                except (ValueError, RecursionError):  # a bad frame, which the full scan names
+                    continue
+                out[bytes(key).decode(errors="replace")] = (
+                    decoded if shape is None else shape(decoded)
+                )
         return out
 
     def update(self, values: Mapping[str, Any]) -> None:

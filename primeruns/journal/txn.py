@@ -15,6 +15,7 @@ written inside other components' transactions, so their primitives are here.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import threading
@@ -169,8 +170,10 @@ class Transactions:
         if raw is None:
             raise KeyError(key)
         try:
-            return bounded_json(raw)
-        except ValueError as exc:  # FrameError too
+            # Whole, as written: the SDK reads back its own spec and config,
+            # of any size; listings read through ``Meta.all``'s bounds.
+            return json.loads(decode_frame(raw)[1])
+        except (ValueError, RecursionError) as exc:  # FrameError too
             raise JournalCorruptError(
                 f"meta key {key!r} of {self.path} unreadable: {exc}"
             ) from None

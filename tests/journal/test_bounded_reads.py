@@ -18,7 +18,7 @@ import zstandard
 from primeruns.journal import EntryKind, Journal
 from primeruns.journal.frames import FLAG_ZSTD, _assemble
 from primeruns.journal.layout import META_KIND
-from primeruns.journal.meta import K_LOCAL_ID, K_OVERSIZED
+from primeruns.journal.meta import K_LOCAL_ID, K_OVERSIZED, MAX_META_BYTES
 from primeruns.journal.txn import MAX_VALUE_BYTES, MAX_VALUES
 
 BIG = 100 << 20
@@ -63,10 +63,10 @@ def _inflating_frame(size: int) -> bytes:
 
 
 def test_a_meta_value_or_cursor_past_the_bound_is_named_never_decoded(tmp_path: Path) -> None:
-    """Every reader of a meta value or a cursor (the journal's own local id,
-    ``all_meta``, the cursors' offsets, the full scan) refuses one declaring
-    more than ``MAX_VALUE_BYTES`` before decompressing it, and names it; the
-    journal's other values are read as before."""
+    """A listing's read of the meta (``all_meta`` with a bound), the cursors'
+    offsets and the full scan refuse a value declaring more than
+    ``MAX_VALUE_BYTES`` before decompressing it, and name it; the journal's
+    other values are read as before."""
     size = MAX_VALUE_BYTES + 2
     bomb = _inflating_frame(size)
     with Journal.create(tmp_path / "runs", local_id="run", meta={"small": 1}) as journal:
@@ -79,10 +79,7 @@ def test_a_meta_value_or_cursor_past_the_bound_is_named_never_decoded(tmp_path: 
         tx.write(put)
         path = journal.path
     with Journal.open(path, owner=False) as journal:
-        assert journal.local_id == "run"  # the folder's name, not 16 MiB of "x"
-        structural = [d.what for d in journal.structural_damage()]
-        assert any(repr(K_LOCAL_ID) in d and str(path) in d for d in structural), structural
-        meta = journal.all_meta()
+        meta = journal.all_meta(MAX_META_BYTES)
         assert meta["small"] == 1 and meta[K_OVERSIZED] == {K_LOCAL_ID: size}
         assert journal.cursors() == {}
         scanned = [d.what for d in journal.damage()]
@@ -96,8 +93,23 @@ def test_the_whole_meta_is_bounded_in_values_not_only_each_value(tmp_path: Path)
     many = [[] for _ in range(MAX_VALUES // 3)]  # each value under the bound alone
     values = {f"many.{i}": many for i in range(4)}
     with Journal.create(tmp_path / "runs", meta={**values, "small": 1}) as journal:
-        meta = journal.all_meta()
+        meta = journal.all_meta(MAX_META_BYTES)
+        whole = journal.all_meta()  # the SDK's own read: what it wrote, whole
+    assert all(whole[key] == many for key in values)
     left_out = meta[K_OVERSIZED]
     assert meta["small"] == 1 and meta["many.0"] == many and "many.3" in left_out
     for key in values:  # each read whole or named, never half
         assert (key in left_out) != (meta.get(key) == many), key
+
+
+def test_a_meta_value_past_a_listings_bound_is_read_whole_by_the_sdk(tmp_path: Path) -> None:
+    """A spec whose config is larger than a listing reads is the user's own:
+    the SDK's reads (a re-homed journal, a copy's meta, the spec at sync) get
+    it whole; only a listing leaves it out, named."""
+    config = {"table": "x" * (MAX_VALUE_BYTES + 1024)}
+    with Journal.create(tmp_path / "runs", meta={"spec": {"config": config}}) as journal:
+        path = journal.path
+    with Journal.open(path, owner=False) as journal:
+        assert journal.all_meta()["spec"]["config"] == config
+        assert journal.get_meta("spec")["config"] == config
+        assert "spec" in journal.all_meta(MAX_META_BYTES)[K_OVERSIZED]
