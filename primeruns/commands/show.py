@@ -8,7 +8,8 @@ JSON document with ``--json``. Sparklines are drawn here: rich has none.
 
 What it reads is bounded by what it prints, not by the run's length: counts
 come from entry headers, the last summary and finish from the headers then
-one entry each, the curves from at most ``CURVE_ROWS`` metric rows (evenly
+one entry each (within 4 MiB: a journal is untrusted, and a larger one is
+named as damage, not decoded), the curves from at most ``CURVE_ROWS`` metric rows (evenly
 spaced over the run when it has more), and damage from every entry's
 checksum without decompressing any (a frame written corrupt, which no
 checksum can see, is what ``--full`` still decodes every entry for).
@@ -31,10 +32,13 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from .. import jsonbound
 from ..journal import Damage, EntryKind, Journal, journal_info
+from ..journal.by_kind import seqs_of
+from ..journal.listing import MAX_FINISH_BYTES
 from ..reports import UNIT_LABELS, RunStatus, describe, load_rows, metric_curves, sample_rows
 from ..ship.factory import sink_kinds
-from ..ship.uplink import terminal_state
+from ..ship.uplink import CRASH_ERROR
 from .common import (
     EXIT_DAMAGED,
     EXIT_OK,
@@ -140,7 +144,7 @@ def _document(
     seqs: dict[int, array[int]] | None,
     group: RunGroup,
 ) -> dict[str, Any]:
-    final_status, error, summary = terminal_state(journal, seqs)
+    final_status, error, summary = _ending(journal, seqs, damage)
     document = as_json(status)
     document.update(
         {
@@ -158,6 +162,67 @@ def _document(
     )
     document["damage"] = [d.what for d in damage]
     return document
+
+
+def _ending(
+    journal: Journal, seqs: dict[int, array[int]] | None, damage: list[Damage]
+) -> tuple[str, str | None, dict[str, Any]]:
+    """``(status, error, summary)`` as ``terminal_state`` has them for the
+    close-out, from the finish entry, else the last summary entry (a crash),
+    each decoded within ``MAX_FINISH_BYTES``: a journal is untrusted input,
+    and a 128 MiB summary packed by zstd into a few KB took ``show`` to
+    400 MB. One past that bound, or not a JSON object, is named in
+    ``damage`` and not shown."""
+    named = len(damage)
+    finish = _last_record(journal, EntryKind.FINISH, seqs, damage)
+    if finish is None and len(damage) > named:
+        # The run finished, with a record not shown: not a crash (as ``ls`` says).
+        return "finished", "its finish record is not read", {}
+    if finish is not None:
+        summary = finish.get("summary")
+        return (
+            str(finish.get("status", "failed")),
+            finish.get("error"),
+            summary if isinstance(summary, dict) else {},
+        )
+    summary = _last_record(journal, EntryKind.SUMMARY, seqs, damage)
+    return "crashed", CRASH_ERROR, summary or {}
+
+
+def _last_record(
+    journal: Journal, kind: EntryKind, seqs: dict[int, array[int]] | None, damage: list[Damage]
+) -> dict[str, Any] | None:
+    """The journal's last intact entry of ``kind`` as a JSON object, read
+    within ``MAX_FINISH_BYTES``; None (the damage named) when it is larger or
+    not an object, or when there is none. A damaged entry is passed over, as
+    ``last_payload`` does (the scan names it)."""
+    found = seqs_of(journal, kind) if seqs is None else seqs.get(kind, array("q"))
+    name = kind.name.lower()
+    for seq in reversed(found):
+        read = journal.read(seq - 1, kinds={kind}, max_entries=1, max_entry_bytes=MAX_FINISH_BYTES)
+        if read.oversized and read.oversized[0][0] == seq:
+            size = read.oversized[0][2]
+            damage.append(
+                Damage(
+                    seq,
+                    f"{journal.path}: entry {seq} ({name}) holds {size} bytes, over the "
+                    f"{MAX_FINISH_BYTES} bytes shown of it: not read",
+                )
+            )
+            return None
+        entry = next((e for e in read.entries if e.seq == seq), None)
+        if entry is None:
+            continue
+        try:
+            record = jsonbound.loads(entry.payload, MAX_FINISH_BYTES)
+        except ValueError as exc:
+            damage.append(Damage(seq, f"{journal.path}: entry {seq} ({name}) unreadable: {exc}"))
+            return None
+        if not isinstance(record, dict):
+            damage.append(Damage(seq, f"{journal.path}: entry {seq} ({name}) is not an object"))
+            return None
+        return record
+    return None
 
 
 def _field(console: Console, label: str, value: Any) -> None:

@@ -19,7 +19,7 @@ from primeruns.journal.capacity import K_INFLIGHT_PEAK, Capacity
 from primeruns.journal.frames import FrameError, decode_frame, encode_frame
 from primeruns.journal.layout import META_KIND, dumps
 from primeruns.journal.tail import OwnTail
-from primeruns.journal.txn import Transactions
+from primeruns.journal.txn import Transactions, bounded_json
 from primeruns.journal.types import CursorState, InFlight
 
 # Per sink, the last entry whose damage its shipper counted as lost, written
@@ -50,8 +50,8 @@ class Cursors:
             return {"acked": 0, "inflight": None}
         where = f"cursor {sink!r} of {self._tx.path}"
         try:
-            data = json.loads(decode_frame(raw)[1])
-        except (FrameError, ValueError) as exc:
+            data = bounded_json(raw)  # an offset and a batch's range: small, unless hostile
+        except ValueError as exc:  # FrameError too
             raise JournalCorruptError(f"{where} unreadable: {exc}") from None
         if not isinstance(data, dict):
             raise JournalCorruptError(f"{where} is not an object")

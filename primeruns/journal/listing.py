@@ -32,7 +32,7 @@ from primeruns.journal.journal import Journal
 from primeruns.journal.layout import dumps
 from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
 from primeruns.journal.memo import Memo
-from primeruns.journal.meta import K_OVERSIZED
+from primeruns.journal.meta import K_OVERSIZED, MAX_META_BYTES, MAX_META_VALUES
 from primeruns.journal.probe import probe_many
 from primeruns.journal.store import DATA_NAME
 from primeruns.journal.summary import Shelf
@@ -221,6 +221,8 @@ def _info(
             structural = journal.structural_damage()
             verified = journal.damage() if verify else None
             damage = list(verified if verified is not None else structural)
+            if meta_bounds is None:  # a bounded reader names what it left out itself
+                damage.extend(_left_out(path, meta.pop(K_OVERSIZED, None)))
             cursors = journal.cursors()
             last_seq = journal.last_seq()
             counted = len(damage)
@@ -285,14 +287,28 @@ def _read_meta(
     """The journal's meta as the caller asked for it, and as it is (for its
     summary; None when a value was left out or it is too large to keep)."""
     if meta_bounds is None:
-        meta = journal.all_meta()
-        return meta, meta
+        meta = journal.all_meta(MAX_META_BYTES)
+        return meta, None if K_OVERSIZED in meta else meta
     most, shape = meta_bounds
     raw = _AsRead(shape)
     shown = journal.all_meta(most, raw)
     if raw.values is None or K_OVERSIZED in shown:
         return shown, None
     return shown, dict(zip(shown, raw.values, strict=True))
+
+
+def _left_out(path: Path, oversized: Any) -> list[Damage]:
+    """The damage of the meta values ``Journal.all_meta`` left out for their
+    size (``journal.oversized``): a journal is untrusted, and a value of
+    megabytes (a zstd bomb of a few KB on disk) is not decoded for a listing."""
+    return [
+        Damage(
+            None,
+            f"{path}: meta key {key!r} holds {size} bytes, over what is read of a "
+            f"journal's meta ({MAX_META_BYTES} bytes, {MAX_META_VALUES} values): not read",
+        )
+        for key, size in (oversized.items() if isinstance(oversized, dict) else ())
+    ]
 
 
 class _AsRead:

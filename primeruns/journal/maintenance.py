@@ -31,7 +31,7 @@ from primeruns.exceptions import JournalCorruptError
 from primeruns.journal.frames import FrameError, decode_frame
 from primeruns.journal.reading import Reader
 from primeruns.journal.torn import torn_damage
-from primeruns.journal.txn import Transactions, ensure_reserve
+from primeruns.journal.txn import MAX_VALUE_BYTES, Transactions, ensure_reserve
 from primeruns.journal.types import Damage
 from primeruns.threads import start_daemon
 
@@ -141,7 +141,9 @@ def _scan_table(tx: Transactions, name: str) -> list[Damage]:
         with tx.read() as txn:
             for raw_key, value in txn.cursor(db=tx.dbs[name]):
                 try:
-                    decode_frame(value)
+                    # Bounded as their readers are (``txn.bounded_json``): a
+                    # hostile journal's 128 MiB value is named, not inflated.
+                    decode_frame(value, max_bytes=MAX_VALUE_BYTES)
                 except FrameError as exc:
                     label = bytes(raw_key).decode(errors="replace")
                     out.append(Damage(None, f"{name} key {label!r} unreadable: {exc}"))

@@ -4,6 +4,16 @@ binding, lifecycle, the uplink's standing and errors).
 Internal keys share the table with the callers' keys under the ``journal.``
 prefix. Each value is committed when its call returns; ``update`` and
 ``push`` change several values, or a list, in one transaction.
+
+A journal is untrusted input (copied from another machine, planted in a
+shared runs directory), and a frame may declare up to 128 MiB that zstd
+packs into a few KB: ``primeruns ls`` decoded such a meta value whole, and a
+journal of tens of KB took it to 400 MB. So what ``all`` reads is bounded for the
+whole journal (``MAX_META_BYTES`` of JSON, ``MAX_META_VALUES`` values, each
+checked before it is decompressed or parsed), and a value past what is left
+is not read but named under ``K_OVERSIZED``, which a listing reports as
+damage. Honest meta is a few KB: the bound costs it nothing but the
+12-byte header read already there.
 """
 
 from __future__ import annotations
@@ -14,9 +24,10 @@ from typing import Any
 
 import lmdb
 
-from primeruns.journal.frames import FrameError, decode_frame, peek_header
+from primeruns import jsonbound
+from primeruns.journal.frames import decode_frame, peek_header
 from primeruns.journal.layout import dumps
-from primeruns.journal.txn import Transactions
+from primeruns.journal.txn import MAX_VALUE_BYTES, MAX_VALUES, Transactions
 
 K_FORMAT = "journal.format_version"
 K_LOCAL_ID = "journal.local_id"
@@ -28,6 +39,12 @@ K_OVERSIZED = "journal.oversized"
 K_FORK_PARENT = "fork_parent"
 K_FORK_PARENT_PATH = "fork_parent_path"
 K_BUDGET = "journal.max_bytes"  # the producer's byte budget, which its uplink keeps too
+
+#: The most JSON ``all`` reads of a journal's meta, and values it decodes, in
+#: all: what one value may hold (``txn``); a spec with its config is a few
+#: KB (the platform keeps at most 256 KiB of config text).
+MAX_META_BYTES = MAX_VALUE_BYTES
+MAX_META_VALUES = MAX_VALUES
 
 
 class Meta:
@@ -46,23 +63,54 @@ class Meta:
         max_value_bytes: int | None = None,
         shape: Callable[[Any], Any] | None = None,
     ) -> dict[str, Any]:
+        """Every readable meta value by key. Given ``max_value_bytes`` (a
+        listing's read), those past it, or past what is left of the whole
+        meta's bound, by declared size under ``K_OVERSIZED`` (neither
+        decompressed nor parsed). Without it, every value whole: the SDK
+        reads back what it wrote (a copy's or a re-homed journal's spec and
+        its config, which may be of any size)."""
+        if max_value_bytes is None:
+            return self._all_whole(shape)
         out: dict[str, Any] = {}
         oversized: dict[str, int] = {}
+        most = max_value_bytes
+        bytes_left, values_left = MAX_META_BYTES, MAX_META_VALUES
         with self._tx.read() as txn:
             for key, value in txn.cursor(db=self._tx.dbs["meta"]):
                 name = bytes(key).decode(errors="replace")
                 try:
-                    if max_value_bytes is not None:
-                        declared = peek_header(value).raw_len
-                        if declared > max_value_bytes:
-                            oversized[name] = declared
-                            continue
-                    decoded = json.loads(decode_frame(value)[1])
-                except (FrameError, ValueError, RecursionError):
+                    declared = peek_header(value).raw_len
+                    if declared > min(most, bytes_left):
+                        oversized[name] = declared
+                        continue
+                    text = decode_frame(value, max_bytes=declared)[1]
+                    # Counted before parsing, at C speed: a few KB of honest
+                    # meta costs microseconds, a bomb of tiny containers nothing.
+                    values = text.count(b",") + text.count(b"[") + text.count(b"{")
+                    if values > values_left:
+                        oversized[name] = declared
+                        continue
+                    decoded = jsonbound.loads(text, declared, values_left)
+                except ValueError:  # a bad frame, which the full scan names; or bad JSON
                     continue
+                bytes_left -= declared
+                values_left -= values
                 out[name] = decoded if shape is None else shape(decoded)
         if oversized:
             out[K_OVERSIZED] = oversized
+        return out
+
+    def _all_whole(self, shape: Callable[[Any], Any] | None) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        with self._tx.read() as txn:
+            for key, value in txn.cursor(db=self._tx.dbs["meta"]):
+                try:
+                    decoded = json.loads(decode_frame(value)[1])
+                except (ValueError, RecursionError):  # a bad frame, which the full scan names
+                    continue
+                out[bytes(key).decode(errors="replace")] = (
+                    decoded if shape is None else shape(decoded)
+                )
         return out
 
     def update(self, values: Mapping[str, Any]) -> None:

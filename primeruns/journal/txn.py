@@ -25,8 +25,9 @@ from typing import Any, TypeVar
 
 import lmdb
 
+from primeruns import jsonbound
 from primeruns.exceptions import JournalCorruptError, JournalError, JournalFullError
-from primeruns.journal.frames import FrameError, decode_frame, encode_frame
+from primeruns.journal.frames import decode_frame, encode_frame
 from primeruns.journal.fullness import disk_cause
 from primeruns.journal.layout import META_KIND, dumps
 from primeruns.journal.store import Store, is_disk_full
@@ -169,8 +170,10 @@ class Transactions:
         if raw is None:
             raise KeyError(key)
         try:
+            # Whole, as written: the SDK reads back its own spec and config,
+            # of any size; listings read through ``Meta.all``'s bounds.
             return json.loads(decode_frame(raw)[1])
-        except (FrameError, ValueError) as exc:
+        except (ValueError, RecursionError) as exc:  # FrameError too
             raise JournalCorruptError(
                 f"meta key {key!r} of {self.path} unreadable: {exc}"
             ) from None
@@ -217,6 +220,25 @@ class Transactions:
         if reason:
             rec["reasons"] = [*rec.get("reasons", []), reason][-_MAX_REASONS:]
         self.put_meta(txn, K_LOSSES, losses)
+
+
+#: The most JSON decoded of one meta value or cursor: a journal is untrusted
+#: input, and a frame declaring 128 MiB packs into a few KB (``meta``). The
+#: meta module's bounds are these; they live here, where both are decoded.
+MAX_VALUE_BYTES = 16 << 20
+#: The most values (containers and scalars) decoded of one: 2 MiB of
+#: ``[[],[],...]`` is 700,000 lists, ~60 bytes each once decoded.
+MAX_VALUES = 500_000
+
+
+def bounded_json(frame: bytes | memoryview) -> Any:
+    """The JSON value a meta or cursor ``frame`` holds; ValueError (FrameError
+    among them) if it declares more than ``MAX_VALUE_BYTES``, holds more than
+    ``MAX_VALUES`` values, nests past the decoder's limit or is not JSON:
+    refused before it is decompressed, or parsed."""
+    return jsonbound.loads(
+        decode_frame(frame, max_bytes=MAX_VALUE_BYTES)[1], MAX_VALUE_BYTES, MAX_VALUES
+    )
 
 
 def ensure_reserve(path: Path) -> None:

@@ -16,15 +16,19 @@ import sys
 from pathlib import Path
 
 import httpx
+import lmdb
 import procs
 import pytest
 import second_uid
 import workloads
+import zstandard
 from cli_helpers import cli
 from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
-from primeruns.journal import Journal
+from primeruns.journal import EntryKind, Journal
+from primeruns.journal.frames import FLAG_ZSTD, MAX_ENTRY_BYTES, _assemble
+from primeruns.journal.layout import META_KIND, put_entry
 from primeruns.journal.trust import UntrustedPathError
 from primeruns.ship.uplink import journal_settings
 
@@ -104,6 +108,93 @@ def test_the_offline_dashboard_shows_a_planted_journal_without_writing_through_i
     assert victim.read_bytes() == VICTIM_BYTES
     assert listing.status_code == 200 and planted.name in listing.text
     assert page.status_code == 200 and "not opened" in page.text
+
+
+#: A child that runs ``primeruns ARGV`` and then writes its peak RSS (MB) as
+#: the last line of its stderr. ``VmHWM``, not ``ru_maxrss``: Linux carries
+#: the latter over from the parent through fork and exec, and the test that
+#: wrote the journal is the parent.
+_PEAK_RSS_CHILD = """
+import sys
+from primeruns.cli import main
+code = main(sys.argv[1:])
+sys.stdout.flush()
+with open("/proc/self/status") as status:
+    peak = next(int(l.split()[1]) for l in status if l.startswith("VmHWM:"))
+print(peak / 1024, file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def _inflating_journal(runs: Path) -> Path:
+    """A journal of ~60 KB whose meta and summary decode to gigabytes, as one
+    copied from another machine could be: a 128 MiB JSON string packed by
+    zstd into ~4 KB (the meta value ``notes``, and the run's summary), and
+    2,000,000 empty lists packed into a few KB (``many``, 6 MB of text,
+    ~130 MB once decoded). Every frame is valid and checksummed."""
+    bomb_bytes = MAX_ENTRY_BYTES - 4096
+    bomb = b'"' + b"x" * (bomb_bytes - 2) + b'"'
+    values = {"notes": bomb, "many": b"[" + b"[]," * 2_000_000 + b"[]]"}
+    summary = b'{"hostile": ' + bomb + b"}"
+    spec = {"kind": "eval", "name": "inflating", "model": "m", "mode": "offline"}
+    with Journal.create(runs, local_id="inflating", meta={"spec": spec}) as journal:
+        tx = journal._tx
+        zstd = zstandard.ZstdCompressor(level=3, write_content_size=True)
+        frames = {
+            key: _assemble(META_KIND, FLAG_ZSTD, 0, len(payload), zstd.compress(payload), None)
+            for key, payload in values.items()
+        }
+        kind = int(EntryKind.SUMMARY)
+        entry = _assemble(kind, FLAG_ZSTD, 0, len(summary), zstd.compress(summary), 1)
+        del values, bomb, summary
+
+        def put(txn: lmdb.Transaction) -> None:
+            for key, frame in frames.items():
+                txn.put(key.encode(), frame, db=tx.dbs["meta"])
+            put_entry(txn, 1, entry, tx.dbs["entries"])
+
+        tx.write(put)
+        return journal.path
+
+
+def test_a_journal_whose_meta_inflates_is_listed_with_its_damage_named_in_bounded_memory(
+    tmp_path: Path,
+) -> None:
+    """A journal is untrusted input: ``ls`` decoded every meta value whole, and
+    this journal of ~60 KB took it to ~420 MB (issue bounds46). Each value is
+    now bounded before it is decompressed or parsed: the run is listed with
+    what can be read (its spec), and each value left out is named, with the
+    journal, as damage; ``show`` says the same, and of the run's summary
+    (decoded whole, it took ``show`` to ~440 MB), with no traceback."""
+    runs = tmp_path / "runs"
+    path = _inflating_journal(runs)
+    assert (path / "data.mdb").stat().st_size < 256 << 10
+    done = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS_CHILD, "ls", "--runs-dir", str(runs), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    peak_mb = float(done.stderr.strip().splitlines()[-1])
+    assert peak_mb < 150, f"ls peaked at {peak_mb:.0f} MB"
+    [row] = json.loads(done.stdout)
+    assert (row["local_id"], row["name"], row["kind"]) == ("inflating", "inflating", "eval")
+    for key in ("notes", "many"):
+        assert any(str(path) in d and repr(key) in d for d in row["damage"]), row["damage"]
+    shown = subprocess.run(
+        [sys.executable, "-c", _PEAK_RSS_CHILD, "show", str(path), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 4 and "Traceback" not in shown.stderr, shown.stderr[-3000:]
+    assert float(shown.stderr.strip().splitlines()[-1]) < 150
+    document = json.loads(shown.stdout)
+    assert document["spec"]["name"] == "inflating"
+    assert any("'notes'" in d for d in document["damage"]), document["damage"]
+    assert any("entry 1 (summary)" in d for d in document["damage"]), document["damage"]
+    assert document["summary"] == {}
 
 
 def _exported_run(tmp_path: Path) -> Path:
