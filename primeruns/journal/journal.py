@@ -618,6 +618,14 @@ class Journal:
         self._check()
         return self._cursors.damage_counted(sink)
 
+    def damaged_end(self) -> int:
+        """``last_seq()``, or past it the last entry that damage at the log's
+        end cost (``SpoolView.lost_at_end``): as far as counted damage reaches."""
+        last = self.last_seq()
+        self._spool.refresh()
+        lost = self._spool.lost_after(last)
+        return last if lost is None else last + lost.entries
+
     def losses(self) -> dict[str, dict[str, Any]]:
         """``{sink: {"count": n, "reasons": [...]}}``; budget drops are under ``"journal"``."""
         self._check()

@@ -132,6 +132,9 @@ def scan(tx: Transactions, reader: Reader, *, decode: bool = True) -> Scan:
         after = result.next_after
     for name in ("cursors", "meta"):
         found.damage.extend(_scan_table(tx, name))
+    # What damage cost the newest spool segment is the spool's report and
+    # the reads' alike: listed once.
+    found.damage = list(dict.fromkeys(found.damage))
     return found
 
 

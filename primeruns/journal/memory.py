@@ -307,6 +307,9 @@ class MemoryJournal:
     def damage_counted(self, sink: str) -> int:
         return -1  # no process after this one reads it (its shipper keeps the mark)
 
+    def damaged_end(self) -> int:
+        return self.last_seq()  # nothing on disk to be damaged
+
     def _add_loss(self, sink: str, count: int, reason: str | None) -> None:
         rec = self._losses.setdefault(sink, {"count": 0, "reasons": []})
         rec["count"] += count

@@ -237,6 +237,14 @@ class Reader:
                             damaged.append(Damage(seq, f"entry {seq}: {exc}"))
                         total += raw_len
                     next_after = seq
+                else:
+                    # Read to the log's end: entries damage cost the newest
+                    # segment come after it, where no later entry reports
+                    # them as missing (``spool``). Reported, not passed:
+                    # their seqs may yet be written, by an appender.
+                    lost = spool.lost_after(expected - 1) if spool.forgotten == forgotten else None
+                    if lost is not None and expected > floor:
+                        damaged.append(lost)
         entries: list[Entry] = []
         for seq, value in raw:
             if not decode:

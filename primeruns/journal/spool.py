@@ -18,6 +18,17 @@ not its own (a failed write that could not be undone moves on to a new
 segment), and a frame cut short at a segment's end is one whose ``write()``
 never returned: neither is part of the log.
 
+Damage inside a segment (a header that cannot be an append's or a frame's)
+ends what a reader takes of it. In a segment with a successor, what it cut
+off is the gap before the successor's first seq, reported and counted as
+missing. The newest segment has no successor to tell it, so what it held
+from the damage on is counted from what comes after it (``lost_at_end``:
+the whole appends found by their magic, the first of each run placed by the
+seq its first entry's checksum covers; damaged ones by their own headers),
+and the segment is kept until a successor comes, so the damage is met, and
+counted, by every sink of any later process. An append cut short at its end
+is still a call that never returned, and is not counted.
+
 A read may also come back short of the size ``fstat`` gave, for a moment:
 on FUSE and network file systems the size an append is writing can be seen
 before its bytes can be read. That is a tail not there yet, parsed again at
@@ -48,13 +59,20 @@ import os
 import stat
 import struct
 import threading
+import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from primeruns.exceptions import JournalError, JournalFullError
-from primeruns.journal.frames import FRAME_VERSION, HEADER_SIZE, MAX_ENTRY_BYTES, peek_header
+from primeruns.journal.frames import (
+    FRAME_VERSION,
+    HEADER_SIZE,
+    MAX_ENTRY_BYTES,
+    FrameError,
+    peek_header,
+)
 from primeruns.journal.fullness import disk_cause
 from primeruns.journal.spoolsync import SegmentSyncer
 from primeruns.journal.types import Damage
@@ -73,6 +91,7 @@ SEGMENT_MAX = 4 << 20
 _AHEAD_STEP = 512 << 10
 _READ_CHUNK = 1 << 20
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+_SEQ = struct.Struct(">Q")  # an entry's checksum covers its seq, so packed
 
 
 def _full(path: Path, exc: OSError) -> str:
@@ -380,6 +399,123 @@ def _frames_in(fd: int, start: int, end: int) -> list[tuple[int, int, int]]:
     return out
 
 
+def _append_at(fd: int, pos: int, size: int) -> tuple[int, int, int, int] | None:
+    """(entries, end, first frame's offset, its bytes) of a well-formed append
+    at ``pos`` of a segment of ``size`` bytes; ``end`` is -1 for one cut short
+    at the segment's end (its call never returned). None where none starts."""
+    try:
+        magic, version, count, length = APPEND.unpack(_pread_whole(fd, APPEND.size, pos))
+    except (OSError, struct.error, _NotReadableYet):
+        return None
+    if (
+        magic != _MAGIC
+        or version != 1
+        or not count
+        or not count * HEADER_SIZE <= length <= count * (HEADER_SIZE + MAX_ENTRY_BYTES)
+    ):
+        return None
+    body = pos + APPEND.size
+    if body + length > size:
+        return count, -1, body, 0
+    try:
+        frames = _frames_in(fd, body, body + length)
+    except (OSError, ValueError, _NotReadableYet):
+        return None
+    if len(frames) != count:
+        return None
+    return count, body + length, frames[0][0], frames[0][2]
+
+
+def _next_magic(fd: int, pos: int, size: int) -> int:
+    """Where the next append's magic is, at or after ``pos`` (``size``: nowhere)."""
+    while pos < size:
+        try:
+            chunk = os.pread(fd, min(_READ_CHUNK, size - pos), pos)
+        except OSError:
+            return size
+        if len(chunk) < len(_MAGIC):
+            return size
+        at = chunk.find(_MAGIC)
+        if at >= 0:
+            return pos + at
+        pos += len(chunk) - (len(_MAGIC) - 1)  # a magic across two chunks is found
+    return size
+
+
+def _seq_by_checksum(fd: int, offset: int, nbytes: int, lo: int, hi: int) -> int | None:
+    """The seq in ``lo..hi`` under which the entry frame at ``offset`` checks
+    out (an entry's checksum covers its seq), None if none does."""
+    try:
+        frame = _pread_whole(fd, nbytes, offset)
+        head = peek_header(frame)
+    except (OSError, FrameError, _NotReadableYet):
+        return None
+    crc = zlib.crc32(frame[HEADER_SIZE:], zlib.crc32(frame[:8]))
+    for seq in range(lo, hi + 1):
+        if zlib.crc32(_SEQ.pack(seq), crc) == head.crc:
+            return seq
+    return None
+
+
+def _said_by(fd: int, pos: int, size: int) -> tuple[int, int] | None:
+    """(entries, end) a damaged append at ``pos`` says it has, where its
+    count and length fit each other and the segment (its magic aside)."""
+    try:
+        _, _, count, length = APPEND.unpack(_pread_whole(fd, APPEND.size, pos))
+    except (OSError, struct.error, _NotReadableYet):
+        return None
+    end = pos + APPEND.size + length
+    fits = count > 0 and count * HEADER_SIZE <= length <= count * (HEADER_SIZE + MAX_ENTRY_BYTES)
+    return (count, end) if fits and end <= size else None
+
+
+def _held_from(fd: int, start: int, size: int, first: int) -> tuple[int, int]:
+    """(entries, bytes) a segment of ``size`` bytes held from byte ``start``,
+    where damage ended its parse at seq ``first``.
+
+    The whole appends after the damage are found by their magic, and the
+    first of each run of them by the seq its first entry checks out under
+    (an entry's checksum covers its seq): every seq up to the last one is
+    held. Damaged appends past it count what their headers say, where that
+    fits, else one each (whole bytes of a call that returned). An append
+    cut short at the end never returned: not counted."""
+    last = first - 1  # the last seq known held
+    seq: int | None = None  # the seq of the append at ``pos``, while known
+    whole = start  # where the bytes after ``last`` begin
+    unsure = 0  # entries of damaged appends after ``last``
+    pos, known = start, True  # ``known``: an append starts at ``pos``
+    end = size
+    while pos + APPEND.size <= size:
+        found = None if pos == start else _append_at(fd, pos, size)
+        if found is not None and found[1] < 0:
+            end = pos  # cut short at the end
+            break
+        if found is not None:
+            count, stop, offset, nbytes = found
+            if seq is None:  # any entry between takes a frame header at least
+                top = last + 1 + (pos - whole) // HEADER_SIZE
+                seq = _seq_by_checksum(fd, offset, nbytes, last + 1, top)
+            if seq is not None:
+                last, seq, unsure = seq + count - 1, seq + count, 0
+                whole = stop
+            else:  # whole, but its first entry is damaged
+                unsure += count
+            pos, known = stop, True
+            continue
+        seq = None
+        onward, known_next = _next_magic(fd, pos + 1, size), False
+        said = _said_by(fd, pos, size) if known else None
+        if said is not None:
+            unsure += said[0]
+            land = said[1]  # where its length says the next one starts, if one does
+            if land == size or _append_at(fd, land, size) or _said_by(fd, land, size):
+                onward, known_next = land, True
+        elif known:
+            unsure += 1
+        pos, known = onward, known_next
+    return last - first + 1 + unsure, end - start
+
+
 @dataclass(frozen=True)
 class TornTail:
     """A segment's end that is part of an append: ``bytes`` of it after
@@ -405,6 +541,9 @@ class _Segment:
     tail_entries: int = 0  # the entries that append's header says it holds (0: unreadable)
     own: bool = False  # this process appends to it: kept until absorbed, listed or not
     unread: bool = False  # the last look read less than fstat said is there (module doc)
+    broken_at: int = -1  # the byte where damage ended the parse (-1: none found there)
+    lost: Damage | None = None  # ``lost_at_end``'s report, as of the size in ``lost_size``
+    lost_size: int = -1
 
     @property
     def end(self) -> int:
@@ -532,6 +671,7 @@ class SpoolView:
         except (OSError, ValueError, struct.error) as exc:
             seq = seg.end + 1
             seg.broken = Damage(seq, f"spool segment {seg.name} at entry {seq}: {exc}")
+            seg.broken_at = seg.parsed
 
     def _forget(self, first: int, *, close: bool = True) -> int:
         """Let go of segment ``first``; its descriptor, closed unless not ``close``."""
@@ -577,7 +717,41 @@ class SpoolView:
     def damage(self) -> list[Damage]:
         with self.lock:
             found = [seg.broken for seg in self._ordered() if seg.broken is not None]
+            lost = self.lost_at_end()
+            if lost is not None:  # the newest segment's, with the entries it cost
+                found[-1] = lost
             return [*self.problems, *found]
+
+    def lost_at_end(self) -> Damage | None:
+        """What damage in the newest segment cost: the entries it held from
+        the damage on, none of which a reader takes, and no successor's
+        first seq tells (see the module doc); None where it has none."""
+        with self.lock:
+            newest = self._segments.get(max(self._segments, default=-1))
+            if newest is None or newest.broken is None or newest.broken_at < 0:
+                return None
+            try:
+                size = os.fstat(newest.fd).st_size
+            except OSError:
+                return newest.broken
+            if newest.lost is None or newest.lost_size != size:
+                # Counted again only if it grew (a producer appending still).
+                first = newest.end + 1
+                entries, nbytes = _held_from(newest.fd, newest.broken_at, size, first)
+                what = f"{newest.broken.what} ({entries} entries in {nbytes} bytes from there on)"
+                newest.lost, newest.lost_size = Damage(first, what, entries), size
+            return newest.lost
+
+    def lost_after(self, end: int) -> Damage | None:
+        """``lost_at_end``'s entries past ``end``, the log's end as a reader
+        found it, if they follow it: the mover may have moved some of them
+        into LMDB before the damage (none: all of them were)."""
+        lost = self.lost_at_end()
+        if lost is None or lost.seq is None or not lost.seq <= end + 1 < lost.seq + lost.entries:
+            return None
+        if lost.seq == end + 1:
+            return lost
+        return replace(lost, seq=end + 1, entries=lost.seq + lost.entries - end - 1)
 
     def torn_tails(self) -> list[TornTail]:
         """Each segment's bytes past its last whole append, as last parsed
@@ -623,6 +797,8 @@ class SpoolView:
             # Parsed again first: what was parsed may predate the segment's
             # last appends (its successor was made since, by this process).
             self._parse(seg)
+            if newest and seg.broken_at >= 0:
+                continue  # its damage is counted from it: kept (module doc)
             if not newest and _unread_before(seg, segments[i + 1].first):
                 continue  # kept until the rest of it is read, and moved
             stop = seg.end if newest else min(seg.end, segments[i + 1].first - 1)

@@ -216,7 +216,10 @@ def import_new(source: Journal, dest: Journal) -> Imported:
     under the same sequence numbers, stopping at the first one missing or
     damaged in ``source``; carry over the losses ``source`` counted since."""
     upto = dest.last_seq()
-    end = source.last_seq()
+    # Past the copy's last entry, those damage cost its newest spool segment
+    # (``SpoolView.lost_at_end``): the import stops at them as at any other
+    # damage, rather than take the damage for the copy's end.
+    end = source.damaged_end()
     count = 0
     stopped: str | None = None
     while upto < end:

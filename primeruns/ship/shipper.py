@@ -143,8 +143,14 @@ class Shipper:
         # limit): halved at each, doubled back at each success.
         self._fit: int | None = None
         # The last entry a damage report counted (``_count_damage``), here or
-        # by an earlier process that stopped before it acknowledged past it.
-        self._damage_through = min(journal.damage_counted(self.name), journal.last_seq())
+        # by an earlier process that stopped before it acknowledged past it
+        # (or that counted what damage cost the log's end: never acknowledged).
+        damaged_end = journal.damaged_end()
+        self._damage_through = min(journal.damage_counted(self.name), damaged_end)
+        # Damage past the log's end not counted yet: no acknowledgement
+        # passes it, so a drain waits for this (``settled``) or a process
+        # whose sink had shipped everything else ended without counting it.
+        self._damage_owed = damaged_end if damaged_end > journal.last_seq() else -1
         self._moved_at = time.monotonic()  # the last request that moved a batch on
         # The next batch, prepared while the one before it was in flight
         # (``ship.early``), for a sink whose prepare and send may run at once.
@@ -221,7 +227,7 @@ class Shipper:
             return True
         if self.state.paused_until > time.monotonic():
             return True
-        return self.shipped_through() >= target
+        return self.shipped_through() >= target and self._damage_through >= self._damage_owed
 
     def stuck_for(self, now: float) -> float | None:
         """Seconds nothing has moved, when this sink is stuck (``policy.stuck``):
@@ -465,6 +471,8 @@ class Shipper:
         # reads again, and that read must count these entries, or the batch
         # past them is acknowledged with them counted nowhere.
         self._damage_through = through
+        if lost and self._damage_owed >= 0:
+            self._notify()  # a drain may wait for it (``settled``)
 
     def _record(
         self,

@@ -196,6 +196,40 @@ def test_a_damaged_entry_in_the_spool_costs_that_entry_alone(tmp_path: Path) -> 
         assert [d.seq for d in got.damaged] == [2]
 
 
+@pytest.mark.parametrize("damaged", [(4,), (4, 6), (9,), (8, 9), (0, 9), (2, 3, 4)])
+def test_damage_in_the_newest_segment_is_reported_with_every_entry_it_cost(
+    damaged: tuple[int, ...], tmp_path: Path
+) -> None:
+    """No later segment's first seq says how many entries the newest one
+    held past damage that ends what a reader takes of it: the read that
+    reaches the log's end reports them all (found by the whole appends
+    after it, or by the damaged ones' own headers), and the append the
+    kill cut short at the end, whose call never returned, is not one."""
+    j = Journal.create(tmp_path, local_id="run")
+    j._mover.stop()
+    for n in range(10):  # calls of three entries, "PS" in their text too
+        j.append(EntryKind.EPISODE, [b'{"n":%d,"t":"PS"}' % (3 * n + k) for k in range(3)])
+    [(_, name)] = list_segments(j.path)
+    segment = j.path / name
+    data = bytearray(segment.read_bytes())
+    j._mover.drain = lambda *a, **k: None  # type: ignore[method-assign]  # as if killed
+    j.close()
+    starts, at = [], 0
+    while at < len(data):
+        starts.append(at)
+        at += APPEND.size + APPEND.unpack_from(data, at)[3]
+    for index in damaged:
+        data[starts[index]] ^= 0xFF  # its magic
+    cut = encode_frame(int(EntryKind.EPISODE), b'{"n":"cut"}', compress=False, seq=31)
+    segment.write_bytes(bytes(data) + APPEND.pack(b"PS", 1, 1, len(cut)) + cut[:-5])
+    with Journal.open(j.path, owner=False) as reader:
+        got = reader.read(0, max_entries=100)
+        first = 3 * damaged[0] + 1
+        assert [e.seq for e in got.entries] == list(range(1, first))
+        assert [(d.seq, d.entries) for d in got.damaged] == [(first, 31 - first)]
+        assert [(d.seq, d.entries) for d in reader.damage()] == [(first, 31 - first)]
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

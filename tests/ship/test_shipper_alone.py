@@ -30,7 +30,9 @@ from primeruns.exceptions import (
     ValidationRejectedError,
 )
 from primeruns.journal import Entry, EntryKind, InFlight, Journal
+from primeruns.journal.frames import encode_frame
 from primeruns.journal.layout import key
+from primeruns.journal.spool import APPEND, list_segments
 from primeruns.ship import ledger
 from primeruns.ship.policy import RetryPolicy
 from primeruns.ship.shipper import Shipper
@@ -806,3 +808,109 @@ def test_damage_read_ahead_is_counted_once_across_a_restart(tmp_path: Path) -> N
     assert [row[0] for row in second.rows] == [f"e{i}" for i in range(2, 12) if i != 3]
     assert journal.losses()["fake"]["count"] == 1
     journal.close()
+
+
+def _spooled_then_damaged(
+    tmp_path: Path, n: int, damaged: int, how: str, *, moved: int = 0, shipped: int = 0
+) -> Path:
+    """A journal of ``n`` episodes logged one call each, all in its newest
+    (and only) spool segment, the first ``moved`` of them moved into LMDB
+    too and the first ``shipped`` shipped, as a producer killed before its
+    mover got to the rest leaves it, with the call the kill interrupted cut
+    short at its end; then the append of episode ``damaged`` is damaged
+    (``how``)."""
+    journal = Journal.create(tmp_path / "runs")
+    journal._mover.stop()
+    for i in range(n):
+        if i == moved and moved:
+            journal._mover.step()
+        if i == shipped and shipped:
+            _drain(journal, FakeSink())
+        journal.append(EntryKind.EPISODE, [json.dumps({"id": f"e{i}", "traces": []}).encode()])
+    [(_, name)] = list_segments(journal.path)
+    segment = journal.path / name
+    data = bytearray(segment.read_bytes())
+    journal._mover.drain = lambda *a, **k: None  # type: ignore[method-assign]  # as if killed
+    journal.close()
+    starts, at = [], 0
+    while at < len(data):
+        starts.append(at)
+        at += APPEND.size + APPEND.unpack_from(data, at)[3]
+    at = starts[damaged]
+    if how == "append header":
+        data[at] ^= 0xFF  # its magic
+    elif how == "frame header":
+        data[at + APPEND.size] ^= 0xFF  # its frame's version
+    else:
+        data[at + 4 : at + 40] = bytes(36)  # a zeroed range across both
+    cut = encode_frame(
+        int(EntryKind.EPISODE), b'{"id":"never returned"}', compress=False, seq=n + 1
+    )
+    data += APPEND.pack(b"PS", 1, 1, len(cut)) + cut[:-5]
+    segment.write_bytes(bytes(data))
+    return journal.path
+
+
+@pytest.mark.parametrize("how", ["append header", "frame header", "zeroed"])
+def test_damage_in_the_newest_spool_segment_is_counted_once(how: str, tmp_path: Path) -> None:
+    # Episodes e3 to e11 were written whole (their calls returned) and
+    # damage in e3's append ends what a reader takes of the segment; no
+    # later segment's first seq tells how many came after. Each episode
+    # lands or is counted lost, once, across processes (the first read, of
+    # e0 to e2, meets the damage and the batch takes two); the call cut short
+    # by the kill is neither.
+    path = _spooled_then_damaged(tmp_path, 12, 3, how)
+    with Journal.open(path, owner=True):
+        pass  # a sync that shipped nothing (the platform down): its mover moved e0-e2
+    with Journal.open(path, owner=True) as journal:
+        first = _TwoThenStop(early=False)
+        first.reject_id = "none"
+        first.shipper = _shipper(journal, first, [])
+        first.shipper.start()
+        first.shipper.join(10)
+        assert [row[0] for row in first.rows] == ["e0", "e1"]
+        lost = journal.losses()["fake"]
+        assert lost["count"] == 9 and lost["reasons"][-1].startswith("damaged: spool segment")
+    stored = [row[0] for row in first.rows]
+    for _ in range(2):  # the next process, and one after everything shipped
+        with Journal.open(path, owner=True) as journal:
+            second = FakeSink()
+            _drain(journal, second)
+            assert journal.losses()["fake"]["count"] == 9
+            stored += second.stored
+    assert stored == ["e0", "e1", "e2"]
+
+
+def test_damage_in_a_moved_part_of_the_newest_spool_segment_counts_what_was_not(
+    tmp_path: Path,
+) -> None:
+    # The mover had moved e0 to e5 into LMDB when the producer was killed,
+    # and the segment was damaged in e3's append after: e3 to e5 ship from
+    # LMDB, and what the damage cost is e6 to e11, counted once.
+    path = _spooled_then_damaged(tmp_path, 12, 3, "append header", moved=6)
+    stored: list[str] = []
+    for _ in range(2):
+        with Journal.open(path, owner=True) as journal:
+            sink = FakeSink()
+            _drain(journal, sink)
+            stored += sink.stored
+            assert journal.losses()["fake"]["count"] == 6
+    assert stored == [f"e{i}" for i in range(6)]
+
+
+def test_damage_past_everything_shipped_is_counted_before_a_drain_ends(tmp_path: Path) -> None:
+    # e0 to e2 were shipped before the kill, and damage in e3's append cost
+    # e3 to e11: a drain to the log's end (e2, acknowledged already) waits
+    # until the damage past it is counted, or the process ends without it.
+    path = _spooled_then_damaged(tmp_path, 12, 3, "append header", shipped=3)
+    for _ in range(2):
+        with Journal.open(path, owner=True) as journal:
+            assert journal.acked("fake") == journal.last_seq() == 3
+            sink = FakeSink()
+            unstarted = _shipper(journal, sink, [])
+            # Shipped through the log's end, but the damage is owed (once).
+            counted = journal.losses().get("fake", {}).get("count")
+            assert unstarted.settled(3) == (counted == 9)
+            _drain(journal, sink)
+            assert sink.stored == []
+            assert journal.losses()["fake"]["count"] == 9

@@ -19,7 +19,9 @@ import pytest
 
 from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal
+from primeruns.journal.frames import HEADER_SIZE
 from primeruns.journal.origin import K_ORIGIN, Origin
+from primeruns.journal.spool import APPEND
 from primeruns.ship import mirror
 from primeruns.ship.mirror import K_SOURCE_ORIGIN, fingerprint, import_new, open_sync_journal
 
@@ -126,6 +128,39 @@ def test_a_copy_damaged_at_an_entry_stops_there_and_a_later_copy_fills_it_in(
         done = import_new(source, sync)
         assert (done.entries, done.upto, done.source_end) == (10, 10, 30)
         assert done.stopped is not None and "entry 11" in done.stopped
+    good = _copy(producer.path, tmp_path / "good" / producer.local_id)
+    with _synced(good, root) as (source, sync, _):
+        assert import_new(source, sync).entries == 20
+        assert _rows(sync) == _rows(producer)
+    producer.close()
+
+
+def test_a_copy_whose_newest_spool_segment_is_damaged_stops_there_not_at_its_end(
+    tmp_path: Path,
+) -> None:
+    # The copy's producer was killed with every entry still spooled, and the
+    # append of entry 11 is damaged: no entry of the copy says 11 to 30 were
+    # there, and taken for the copy's end they were closed out as crashed,
+    # uncounted. The import stops at them as at any damage; a later copy
+    # fills them in.
+    producer = Journal.create(tmp_path / "node")
+    producer._mover.stop()
+    _log(producer, 0, 10)
+    producer.append(EntryKind.EPISODE, [b'{"marker": "appended-eleven"}'])
+    _log(producer, 11, 19)
+    copy = _copy(producer.path, tmp_path / "damaged" / producer.local_id)
+    [segment] = copy.glob("spool-*")
+    raw = bytearray(segment.read_bytes())
+    at = raw.find(b'{"marker": "appended-eleven"}') - HEADER_SIZE - APPEND.size
+    raw[at] ^= 0xFF  # the magic of its append
+    segment.write_bytes(bytes(raw))
+    root = tmp_path / "synced"
+    with _synced(copy, root) as (source, sync, _):
+        assert source.last_seq() == 10
+        done = import_new(source, sync)
+        assert (done.entries, done.upto, done.source_end) == (10, 10, 30)
+        assert done.stopped is not None and "20 entries" in done.stopped
+    producer._mover.start()
     good = _copy(producer.path, tmp_path / "good" / producer.local_id)
     with _synced(good, root) as (source, sync, _):
         assert import_new(source, sync).entries == 20
