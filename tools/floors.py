@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # The tests that import each dependency the floors pin: the journal (lmdb,
 # zstandard, orjson, cattrs), every sink (httpx, pyarrow, prime-traces), the
-# local platform and its dashboard pages (uvicorn, httptools, starlette, python-multipart,
+# local platform and its dashboard pages (uvicorn, starlette, python-multipart,
 # jinja2, youplot, anyio, markupsafe), the CLI (rich), and hypothesis's
 # property tests. The browser tests are left out: they test Chromium, not a floor.
 FLOOR_TESTS = (
@@ -46,7 +46,7 @@ FLOOR_TESTS = (
     "tests/local/test_dashboard_pages.py",
     "tests/local/test_dashboard_charts.py",
     "tests/local/test_security_bounds.py",
-    # The bound on a request's head subclasses uvicorn's httptools protocol.
+    # serve pins uvicorn's h11 protocol and its head limit.
     "tests/local/test_security_head.py",
     # What orjson writes and refuses differs by version (the sign of a float's
     # exponent; whether an empty array counts toward its depth limit).
