@@ -27,7 +27,9 @@ the whole appends found by their magic, the first of each run placed by the
 seq its first entry's checksum covers; damaged ones by their own headers),
 and the segment is kept until a successor comes, so the damage is met, and
 counted, by every sink of any later process. An append cut short at its end
-is still a call that never returned, and is not counted.
+is still a call that never returned, and is not counted; but one whose
+header runs past the end with whole appends after it is damage in its
+length (the next append is written only once the one before it is whole).
 
 A read may also come back short of the size ``fstat`` gave, for a moment:
 on FUSE and network file systems the size an append is writing can be seen
@@ -442,6 +444,21 @@ def _next_magic(fd: int, pos: int, size: int) -> int:
     return size
 
 
+def _whole_append_in(fd: int, pos: int, size: int) -> bool:
+    """Whether a whole append starts at or after ``pos`` in a segment of
+    ``size`` bytes. Past the header of an append cut short (one being
+    written, or whose call a death interrupted) none can: the next append is
+    written only once it is whole. One found there says the header's length
+    is damaged, and the appends after it were written whole."""
+    pos = _next_magic(fd, pos, size)
+    while pos + APPEND.size <= size:
+        found = _append_at(fd, pos, size)
+        if found is not None and found[1] >= 0:
+            return True
+        pos = _next_magic(fd, pos + 1, size)
+    return False
+
+
 def _seq_by_checksum(fd: int, offset: int, nbytes: int, lo: int, hi: int) -> int | None:
     """The seq in ``lo..hi`` under which the entry frame at ``offset`` checks
     out (an entry's checksum covers its seq), None if none does."""
@@ -542,6 +559,7 @@ class _Segment:
     own: bool = False  # this process appends to it: kept until absorbed, listed or not
     unread: bool = False  # the last look read less than fstat said is there (module doc)
     broken_at: int = -1  # the byte where damage ended the parse (-1: none found there)
+    tail_checked: int = -1  # the size at which the tail was looked at (``_whole_append_in``)
     lost: Damage | None = None  # ``lost_at_end``'s report, as of the size in ``lost_size``
     lost_size: int = -1
 
@@ -656,6 +674,15 @@ class SpoolView:
                 body = seg.parsed + APPEND.size
                 if body + length > size:
                     seg.tail_entries = count
+                    if seg.tail_checked != size:
+                        # Looked at once per size: a tail is being written,
+                        # or cut short, or damage in its header's length.
+                        seg.tail_checked = size
+                        if _whole_append_in(seg.fd, seg.parsed + 1, size):
+                            raise ValueError(
+                                "an append's header says it runs past the segment's end, "
+                                "yet whole appends follow it"
+                            )
                     return  # still being written, or cut short by a death
                 frames = _frames_in(seg.fd, body, body + length)
                 if len(frames) != count:

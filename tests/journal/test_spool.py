@@ -230,6 +230,53 @@ def test_damage_in_the_newest_segment_is_reported_with_every_entry_it_cost(
         assert [(d.seq, d.entries) for d in reader.damage()] == [(first, 31 - first)]
 
 
+def _ten_calls_spooled(path: Path) -> tuple[Path, bytearray, list[int]]:
+    """Ten calls of three entries, all in the newest segment of a producer
+    killed before its mover got to them: (the segment, its bytes, where
+    each append starts)."""
+    j = Journal.create(path, local_id="run")
+    j._mover.stop()
+    for n in range(10):
+        j.append(EntryKind.EPISODE, [b'{"n":%d,"t":"PS"}' % (3 * n + k) for k in range(3)])
+    [(_, name)] = list_segments(j.path)
+    segment = j.path / name
+    data = bytearray(segment.read_bytes())
+    j._mover.drain = lambda *a, **k: None  # type: ignore[method-assign]  # as if killed
+    j.close()
+    starts, at = [], 0
+    while at < len(data):
+        starts.append(at)
+        at += APPEND.size + APPEND.unpack_from(data, at)[3]
+    return segment, data, starts
+
+
+@pytest.mark.parametrize("damaged", [4, 8])
+def test_a_damaged_length_that_runs_past_the_end_is_damage_not_a_torn_tail(
+    damaged: int, tmp_path: Path
+) -> None:
+    """An append's length damaged so that it runs past the segment's end
+    looked like the append a kill cut short: the reader took the log to end
+    there, and the whole appends written after it were lost with no damage
+    reported and none counted. An append cut short is the segment's last
+    (the next one is written once it is whole): whole ones after it say the
+    header is damaged, and they are the entries it cost."""
+    segment, data, starts = _ten_calls_spooled(tmp_path)
+    at = starts[damaged]
+    length = APPEND.unpack_from(data, at)[3]
+    data[at + 8 : at + 16] = (length | 1 << 22).to_bytes(8, "little")  # one bit
+    cut = encode_frame(int(EntryKind.EPISODE), b'{"n":"cut"}', compress=False, seq=31)
+    segment.write_bytes(bytes(data) + APPEND.pack(b"PS", 1, 1, len(cut)) + cut[:-5])
+    first = 3 * damaged + 1
+    with Journal.open(segment.parent, owner=False) as reader:
+        got = reader.read(0, max_entries=100)
+        assert [e.seq for e in got.entries] == list(range(1, first))
+        assert [(d.seq, d.entries) for d in got.damaged] == [(first, 31 - first)]
+        assert [(d.seq, d.entries) for d in reader.damage()] == [(first, 31 - first)]
+    with Journal.open(segment.parent) as owner:
+        owner.read(0, max_entries=100)
+    assert segment.exists()  # kept, for every sink of a later process to count
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

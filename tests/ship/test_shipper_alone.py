@@ -841,6 +841,8 @@ def _spooled_then_damaged(
         data[at] ^= 0xFF  # its magic
     elif how == "frame header":
         data[at + APPEND.size] ^= 0xFF  # its frame's version
+    elif how == "append length":  # past the segment's end, as a cut-short append's
+        data[at + 10] ^= 0x40
     else:
         data[at + 4 : at + 40] = bytes(36)  # a zeroed range across both
     cut = encode_frame(
@@ -851,7 +853,7 @@ def _spooled_then_damaged(
     return journal.path
 
 
-@pytest.mark.parametrize("how", ["append header", "frame header", "zeroed"])
+@pytest.mark.parametrize("how", ["append header", "frame header", "zeroed", "append length"])
 def test_damage_in_the_newest_spool_segment_is_counted_once(how: str, tmp_path: Path) -> None:
     # Episodes e3 to e11 were written whole (their calls returned) and
     # damage in e3's append ends what a reader takes of the segment; no
