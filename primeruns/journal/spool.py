@@ -30,6 +30,9 @@ counted, by every sink of any later process. An append cut short at its end
 is still a call that never returned, and is not counted; but one whose
 header runs past the end with whole appends after it is damage in its
 length (the next append is written only once the one before it is whole).
+Nor is a tail of zeros to the end, where nothing can be found or placed: a
+power cut's (the file's size reached the disk, its last bytes did not),
+reported as damage as before, counted as a torn tail is, not per sink.
 
 A read may also come back short of the size ``fstat`` gave, for a moment:
 on FUSE and network file systems the size an append is writing can be seen
@@ -459,6 +462,23 @@ def _whole_append_in(fd: int, pos: int, size: int) -> bool:
     return False
 
 
+def _all_zero(fd: int, pos: int, size: int) -> bool:
+    """Whether the bytes from ``pos`` to ``size`` are all zero (a tail never
+    written: a power cut's, where the file's size reached the disk and its
+    bytes did not)."""
+    while pos < size:
+        try:
+            chunk = os.pread(fd, min(_READ_CHUNK, size - pos), pos)
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        if chunk.count(0) != len(chunk):
+            return False
+        pos += len(chunk)
+    return True
+
+
 def _seq_by_checksum(fd: int, offset: int, nbytes: int, lo: int, hi: int) -> int | None:
     """The seq in ``lo..hi`` under which the entry frame at ``offset`` checks
     out (an entry's checksum covers its seq), None if none does."""
@@ -527,8 +547,8 @@ def _held_from(fd: int, start: int, size: int, first: int) -> tuple[int, int]:
             land = said[1]  # where its length says the next one starts, if one does
             if land == size or _append_at(fd, land, size) or _said_by(fd, land, size):
                 onward, known_next = land, True
-        elif known:
-            unsure += 1
+        elif known and not (onward == size and _all_zero(fd, pos, size)):
+            unsure += 1  # (zeros to the end: a tail never written, as a torn one)
         pos, known = onward, known_next
     return last - first + 1 + unsure, end - start
 
@@ -767,7 +787,8 @@ class SpoolView:
                 entries, nbytes = _held_from(newest.fd, newest.broken_at, size, first)
                 what = f"{newest.broken.what} ({entries} entries in {nbytes} bytes from there on)"
                 newest.lost, newest.lost_size = Damage(first, what, entries), size
-            return newest.lost
+            # None where it held nothing a call returned with (zeros never written).
+            return newest.lost if newest.lost.entries else None
 
     def lost_after(self, end: int) -> Damage | None:
         """``lost_at_end``'s entries past ``end``, the log's end as a reader

@@ -277,6 +277,22 @@ def test_a_damaged_length_that_runs_past_the_end_is_damage_not_a_torn_tail(
     assert segment.exists()  # kept, for every sink of a later process to count
 
 
+def test_a_power_cuts_zero_filled_tail_costs_no_entry(tmp_path: Path) -> None:
+    """A power cut can leave a segment's size on disk and not its last bytes:
+    a tail of zeros, as a torn tail is, where no append can be found and none
+    placed. Counted as one entry lost, every sink recorded a loss for a run
+    whose every returned call it had read; a torn tail of fewer bytes than
+    an append's header was counted as none."""
+    segment, data, _ = _ten_calls_spooled(tmp_path)
+    segment.write_bytes(bytes(data) + bytes(4096))
+    with Journal.open(segment.parent, owner=False) as reader:
+        got = reader.read(0, max_entries=100)
+        assert [e.seq for e in got.entries] == list(range(1, 31))
+        assert got.damaged == []
+        assert reader.damaged_end() == reader.last_seq() == 30
+        assert [(d.seq, d.entries) for d in reader.damage()] == [(31, 1)]  # listed, as before
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
