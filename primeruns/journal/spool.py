@@ -69,6 +69,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal.frames import (
@@ -506,9 +507,24 @@ def _said_by(fd: int, pos: int, size: int) -> tuple[int, int] | None:
     return (count, end) if fits and end <= size else None
 
 
-def _held_from(fd: int, start: int, size: int, first: int) -> tuple[int, int]:
+class _Held(NamedTuple):
+    """Where ``_held_from`` got to that later bytes cannot change: the byte
+    after a whole append (or the damage), and what it had found before it."""
+
+    pos: int
+    last: int
+    seq: int | None
+    whole: int
+    unsure: int
+
+
+def _held_from(
+    fd: int, start: int, size: int, first: int, resume: _Held | None = None
+) -> tuple[int, int, _Held]:
     """(entries, bytes) a segment of ``size`` bytes held from byte ``start``,
-    where damage ended its parse at seq ``first``.
+    where damage ended its parse at seq ``first``, and where to ``resume``
+    once it has grown (a producer appending still: the bytes before the last
+    whole append are not looked at again).
 
     The whole appends after the damage are found by their magic, and the
     first of each run of them by the seq its first entry checks out under
@@ -516,11 +532,13 @@ def _held_from(fd: int, start: int, size: int, first: int) -> tuple[int, int]:
     held. Damaged appends past it count what their headers say, where that
     fits, else one each (whole bytes of a call that returned). An append
     cut short at the end never returned: not counted."""
-    last = first - 1  # the last seq known held
-    seq: int | None = None  # the seq of the append at ``pos``, while known
-    whole = start  # where the bytes after ``last`` begin
-    unsure = 0  # entries of damaged appends after ``last``
-    pos, known = start, True  # ``known``: an append starts at ``pos``
+    if resume is None:
+        resume = _Held(start, first - 1, None, start, 0)
+    # ``last``: the last seq known held; ``seq``: the seq of the append at
+    # ``pos``, while known; ``whole``: where the bytes after ``last`` begin;
+    # ``unsure``: entries of damaged appends after ``last``.
+    pos, last, seq, whole, unsure = resume
+    known = True  # an append starts at ``pos``
     end = size
     while pos + APPEND.size <= size:
         found = None if pos == start else _append_at(fd, pos, size)
@@ -538,6 +556,7 @@ def _held_from(fd: int, start: int, size: int, first: int) -> tuple[int, int]:
             else:  # whole, but its first entry is damaged
                 unsure += count
             pos, known = stop, True
+            resume = _Held(pos, last, seq, whole, unsure)
             continue
         seq = None
         onward, known_next = _next_magic(fd, pos + 1, size), False
@@ -550,7 +569,7 @@ def _held_from(fd: int, start: int, size: int, first: int) -> tuple[int, int]:
         elif known and not (onward == size and _all_zero(fd, pos, size)):
             unsure += 1  # (zeros to the end: a tail never written, as a torn one)
         pos, known = onward, known_next
-    return last - first + 1 + unsure, end - start
+    return last - first + 1 + unsure, end - start, resume
 
 
 @dataclass(frozen=True)
@@ -582,6 +601,7 @@ class _Segment:
     tail_checked: int = -1  # the size at which the tail was looked at (``_whole_append_in``)
     lost: Damage | None = None  # ``lost_at_end``'s report, as of the size in ``lost_size``
     lost_size: int = -1
+    held: _Held | None = None  # where ``lost_at_end``'s look may go on from
 
     @property
     def end(self) -> int:
@@ -782,9 +802,14 @@ class SpoolView:
             except OSError:
                 return newest.broken
             if newest.lost is None or newest.lost_size != size:
-                # Counted again only if it grew (a producer appending still).
+                # Counted again only if it grew (a producer appending still),
+                # from its last whole append: each read of a growing segment
+                # looked at all of it again, quadratic in its appends.
                 first = newest.end + 1
-                entries, nbytes = _held_from(newest.fd, newest.broken_at, size, first)
+                resume = newest.held if size > newest.lost_size else None
+                entries, nbytes, newest.held = _held_from(
+                    newest.fd, newest.broken_at, size, first, resume
+                )
                 what = f"{newest.broken.what} ({entries} entries in {nbytes} bytes from there on)"
                 newest.lost, newest.lost_size = Damage(first, what, entries), size
             # None where it held nothing a call returned with (zeros never written).

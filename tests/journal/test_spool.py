@@ -293,6 +293,52 @@ def test_a_power_cuts_zero_filled_tail_costs_no_entry(tmp_path: Path) -> None:
         assert [(d.seq, d.entries) for d in reader.damage()] == [(31, 1)]  # listed, as before
 
 
+def test_a_damaged_segment_still_growing_is_not_looked_at_whole_by_every_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader that sees damage in a segment its producer still appends to
+    (an uplink) counts what it cost at every read that reaches the end: it
+    looked at every append after the damage again each time the segment
+    grew, quadratic in its appends (2,000 appends and reads: 4.3 s against
+    0.07 s). It goes on from the last whole append, and counts the same."""
+    j = Journal.create(tmp_path, local_id="run")
+    j._mover.stop()
+    for n in range(10):
+        j.append(EntryKind.EPISODE, [b'{"n":%d}' % n])
+    [(_, name)] = list_segments(j.path)
+    fd = os.open(j.path / name, os.O_RDWR)
+    try:
+        at = 0
+        for _ in range(5):
+            at += APPEND.size + APPEND.unpack_from(os.pread(fd, APPEND.size, at))[3]
+        os.pwrite(fd, b"\xff", at)  # the magic of the sixth append
+    finally:
+        os.close(fd)
+    looks = 0
+    real = spool._append_at
+
+    def counted(*args: Any) -> Any:
+        nonlocal looks
+        looks += 1
+        return real(*args)
+
+    monkeypatch.setattr(spool, "_append_at", counted)
+    appends = 200
+    with Journal.open(j.path, owner=False) as uplink:
+        after = 0
+        for n in range(10, 10 + appends):
+            j.append(EntryKind.EPISODE, [b'{"n":%d}' % n])
+            got = uplink.read(after, max_entries=100)
+            after = max([after] + [e.seq for e in got.entries])
+            assert [(d.seq, d.entries) for d in got.damaged] == [(6, n - 4)]
+        assert looks < 4 * appends  # each append looked at about once, not each time
+    with Journal.open(j.path, owner=False) as later:  # a fresh look agrees
+        assert [(d.seq, d.entries) for d in later.read(5, max_entries=100).damaged] == [
+            (6, appends + 5)
+        ]
+    j.close()
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
