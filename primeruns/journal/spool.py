@@ -21,18 +21,20 @@ never returned: neither is part of the log.
 Damage inside a segment (a header that cannot be an append's or a frame's)
 ends what a reader takes of it. In a segment with a successor, what it cut
 off is the gap before the successor's first seq, reported and counted as
-missing. The newest segment has no successor to tell it, so what it held
-from the damage on is counted from what comes after it (``lost_at_end``:
-the whole appends found by their magic, the first of each run placed by the
-seq its first entry's checksum covers; damaged ones by their own headers),
-and the segment is kept until a successor comes, so the damage is met, and
-counted, by every sink of any later process. An append cut short at its end
-is still a call that never returned, and is not counted; but one whose
-header runs past the end with whole appends after it is damage in its
-length (the next append is written only once the one before it is whole).
-Nor is a tail of zeros to the end, where nothing can be found or placed: a
-power cut's (the file's size reached the disk, its last bytes did not),
-reported as damage as before, counted as a torn tail is, not per sink.
+missing (by its name, where the successor holds no whole append: its first
+cut short by a death, ``named_after``). The newest segment has no successor
+to tell it, so what it held from the damage on is counted from what comes
+after it (``lost_at_end``: the whole appends found by their magic, the first
+of each run placed by the seq its first entry's checksum covers; damaged
+ones by their own headers), and the segment is kept until a successor comes,
+so the damage is met, and counted, by every sink of any later process. An
+append cut short at its end is still a call that never returned, and is not
+counted; but one whose header runs past the end with whole appends after it
+is damage in its length (the next append is written only once the one before
+it is whole). Nor is a tail of zeros to the end, where nothing can be found
+or placed: a power cut's (the file's size reached the disk, its last bytes
+did not), reported as damage as before, counted as a torn tail is, not per
+sink.
 
 A read may also come back short of the size ``fstat`` gave, for a moment:
 on FUSE and network file systems the size an append is writing can be seen
@@ -98,6 +100,9 @@ _AHEAD_STEP = 512 << 10
 _READ_CHUNK = 1 << 20
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _SEQ = struct.Struct(">Q")  # an entry's checksum covers its seq, so packed
+# The highest seq a segment's name may say came before it (``named_after``):
+# a read looks for the LMDB key (a u64) one past it.
+_MAX_NAMED = (1 << 63) - 1
 
 
 def _full(path: Path, exc: OSError) -> str:
@@ -814,6 +819,23 @@ class SpoolView:
                 newest.lost, newest.lost_size = Damage(first, what, entries), size
             # None where it held nothing a call returned with (zeros never written).
             return newest.lost if newest.lost.entries else None
+
+    def named_after(self, end: int) -> int:
+        """The last seq a segment's name says came before it, past ``end``
+        (where a read that took every frame ended): a segment that holds no
+        whole append (its first cut short by a death, or none written yet)
+        still names its first seq, and a segment before it that damage cut
+        short held every seq below it. ``end`` where none does, or while a
+        segment's last appends cannot be read yet (see the module doc)."""
+        with self.lock:
+            segments = self._ordered()
+            best = end
+            for i, seg in enumerate(segments):
+                if i + 1 < len(segments) and _unread_before(seg, segments[i + 1].first):
+                    return end
+                if seg.first <= _MAX_NAMED:  # (a crafted name: no key holds it)
+                    best = max(best, seg.first - 1)
+            return best
 
     def lost_after(self, end: int) -> Damage | None:
         """``lost_at_end``'s entries past ``end``, the log's end as a reader

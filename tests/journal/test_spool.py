@@ -339,6 +339,18 @@ def test_a_damaged_segment_still_growing_is_not_looked_at_whole_by_every_read(
     j.close()
 
 
+def test_a_segment_named_past_any_seq_never_takes_a_reader_down(tmp_path: Path) -> None:
+    """A journal is untrusted input: an empty segment whose name says a seq
+    no LMDB key can hold is not a gap a read passes (the next read's key
+    would fail to pack)."""
+    segment, records = _spooled_journal(tmp_path, 3)
+    (segment.parent / "spool-99999999999999999999").write_bytes(b"")
+    with Journal.open(segment.parent, owner=False) as reader:
+        got = reader.read(0, max_entries=100)
+        assert [e.payload for e in got.entries] == records
+        assert reader.read(got.next_after, max_entries=100).entries == []
+
+
 @settings(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
