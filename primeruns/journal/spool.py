@@ -468,6 +468,21 @@ def _whole_append_in(fd: int, pos: int, size: int) -> bool:
     return False
 
 
+def _unchanged(seg: _Segment, head: bytes, size: int) -> bool:
+    """Whether the tail ``_parse`` looked at is still there as it was: an
+    appender that undid a partial write (truncated back, ``SpoolWriter._undo``)
+    may have written whole appends where it was since (looked at again)."""
+    try:
+        same = (
+            os.fstat(seg.fd).st_size == size and os.pread(seg.fd, APPEND.size, seg.parsed) == head
+        )
+    except OSError:
+        same = False
+    if not same:
+        seg.tail_checked = -1
+    return same
+
+
 def _all_zero(fd: int, pos: int, size: int) -> bool:
     """Whether the bytes from ``pos`` to ``size`` are all zero (a tail never
     written: a power cut's, where the file's size reached the disk and its
@@ -723,7 +738,9 @@ class SpoolView:
                         # Looked at once per size: a tail is being written,
                         # or cut short, or damage in its header's length.
                         seg.tail_checked = size
-                        if _whole_append_in(seg.fd, seg.parsed + 1, size):
+                        if _whole_append_in(seg.fd, seg.parsed + 1, size) and _unchanged(
+                            seg, head, size
+                        ):
                             raise ValueError(
                                 "an append's header says it runs past the segment's end, "
                                 "yet whole appends follow it"

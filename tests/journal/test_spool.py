@@ -277,6 +277,48 @@ def test_a_damaged_length_that_runs_past_the_end_is_damage_not_a_torn_tail(
     assert segment.exists()  # kept, for every sink of a later process to count
 
 
+def test_a_partial_write_undone_while_a_reader_looks_at_it_is_not_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write cut short (a full disk) is truncated back and the next
+    append written where it was: a reader that took it for a tail, and
+    looks past its header for whole appends meanwhile, finds the next ones
+    there. Not damage in its length: they are read once written."""
+    j = Journal.create(tmp_path, local_id="run")
+    j._mover.stop()
+    j.append(EntryKind.EPISODE, [b'{"n":0}'])
+    [(_, name)] = list_segments(j.path)
+    segment = j.path / name
+    start = segment.stat().st_size
+    big = [
+        encode_frame(int(EntryKind.EPISODE), b'{"n":"x%d"}' % n + b" " * 900, compress=False, seq=n)
+        for n in (2, 3, 4)
+    ]
+    partial = (APPEND.pack(b"PS", 1, 3, sum(map(len, big))) + b"".join(big))[:2000]
+    with open(segment, "ab") as out:  # what the write cut short left, before its undo
+        out.write(partial)
+    real = spool._whole_append_in
+    undone: list[bool] = []
+
+    def undo_then_look(fd: int, pos: int, size: int) -> bool:
+        if not undone:
+            undone.append(True)
+            os.truncate(segment, start)
+            j.append(EntryKind.EPISODE, [b'{"n":1}'])
+            j.append(EntryKind.EPISODE, [b'{"n":2}'])
+        return real(fd, pos, size)
+
+    monkeypatch.setattr(spool, "_whole_append_in", undo_then_look)
+    with Journal.open(j.path, owner=False) as reader:
+        first = reader.read(0, max_entries=100)
+        assert undone and first.damaged == []
+        after = max([0] + [e.seq for e in first.entries])
+        got = reader.read(after, max_entries=100)
+        seen = [e.payload for e in first.entries + got.entries]
+        assert seen == [b'{"n":0}', b'{"n":1}', b'{"n":2}'] and got.damaged == []
+    j.close()
+
+
 def test_a_power_cuts_zero_filled_tail_costs_no_entry(tmp_path: Path) -> None:
     """A power cut can leave a segment's size on disk and not its last bytes:
     a tail of zeros, as a torn tail is, where no append can be found and none
