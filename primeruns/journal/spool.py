@@ -536,6 +536,8 @@ class _Held(NamedTuple):
     seq: int | None
     whole: int
     unsure: int
+    skipped: int
+    skipped_bytes: int
 
 
 def _held_from(
@@ -553,11 +555,13 @@ def _held_from(
     fits, else one each (whole bytes of a call that returned). An append
     cut short at the end never returned: not counted."""
     if resume is None:
-        resume = _Held(start, first - 1, None, start, 0)
+        resume = _Held(start, first - 1, None, start, 0, 0, 0)
     # ``last``: the last seq known held; ``seq``: the seq of the append at
     # ``pos``, while known; ``whole``: where the bytes after ``last`` begin;
-    # ``unsure``: entries of damaged appends after ``last``.
-    pos, last, seq, whole, unsure = resume
+    # ``unsure``: entries of damaged appends after ``last``; ``skipped``:
+    # those of the whole ones among them no seq was found for, in
+    # ``skipped_bytes``.
+    pos, last, seq, whole, unsure, skipped, skipped_bytes = resume
     known = True  # an append starts at ``pos``
     end = size
     while pos + APPEND.size <= size:
@@ -567,16 +571,25 @@ def _held_from(
             break
         if found is not None:
             count, stop, offset, nbytes = found
-            if seq is None:  # any entry between takes a frame header at least
-                top = last + 1 + (pos - whole) // HEADER_SIZE
-                seq = _seq_by_checksum(fd, offset, nbytes, last + 1, top)
+            if seq is None:
+                # Past the whole appends skipped, each of the bytes' other
+                # entries takes a frame header at least: the range stays as
+                # wide as the damage, however many are skipped (searched
+                # from ``last`` each time, a run of them was quadratic).
+                low = last + 1 + skipped
+                top = low + (pos - whole - skipped_bytes) // HEADER_SIZE
+                seq = _seq_by_checksum(fd, offset, nbytes, low, top)
             if seq is not None:
-                last, seq, unsure = seq + count - 1, seq + count, 0
+                last, seq, unsure, skipped, skipped_bytes = seq + count - 1, seq + count, 0, 0, 0
                 whole = stop
             else:  # whole, but its first entry is damaged
-                unsure += count
+                unsure, skipped, skipped_bytes = (
+                    unsure + count,
+                    skipped + count,
+                    skipped_bytes + stop - pos,
+                )
             pos, known = stop, True
-            resume = _Held(pos, last, seq, whole, unsure)
+            resume = _Held(pos, last, seq, whole, unsure, skipped, skipped_bytes)
             continue
         seq = None
         onward, known_next = _next_magic(fd, pos + 1, size), False
