@@ -922,7 +922,7 @@ class SpoolView:
             # Parsed again first: what was parsed may predate the segment's
             # last appends (its successor was made since, by this process).
             self._parse(seg)
-            if newest and seg.broken_at >= 0:
+            if newest and seg.broken_at >= 0 and self.lost_at_end() is not None:
                 continue  # its damage is counted from it: kept (module doc)
             if not newest and _unread_before(seg, segments[i + 1].first):
                 continue  # kept until the rest of it is read, and moved
