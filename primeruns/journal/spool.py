@@ -922,8 +922,11 @@ class SpoolView:
             # Parsed again first: what was parsed may predate the segment's
             # last appends (its successor was made since, by this process).
             self._parse(seg)
-            if newest and seg.broken_at >= 0 and self.lost_at_end() is not None:
-                continue  # its damage is counted from it: kept (module doc)
+            if newest and seg.broken_at >= 0 and self.lost_after(upto) is not None:
+                # Its damage cost entries LMDB does not hold, counted from
+                # it: kept (module doc). Not where it cost none, or LMDB
+                # holds them all (moved before the damage): nothing to count.
+                continue
             if not newest and _unread_before(seg, segments[i + 1].first):
                 continue  # kept until the rest of it is read, and moved
             stop = seg.end if newest else min(seg.end, segments[i + 1].first - 1)

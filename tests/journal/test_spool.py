@@ -362,6 +362,30 @@ def test_a_run_of_appends_whose_first_entry_is_damaged_is_placed_in_linear_time(
     assert searched < 100 * calls  # seqs tried: about 20 a call, not a range growing with each
 
 
+def test_damage_in_a_segment_lmdb_holds_all_of_is_not_kept_for_good(tmp_path: Path) -> None:
+    """The mover had moved every entry of the newest segment into LMDB when
+    the producer was killed, and the segment was damaged after: the damage
+    cost nothing, and no sink counts any. Kept all the same (its damage was
+    to be met by every later process), every later sync listed it as
+    damage of 18 entries and exited 4. An owner deletes it, as before."""
+    segment, data, starts = _ten_calls_spooled(tmp_path)
+    with Journal.open(segment.parent) as owner:
+        owner._mover.stop()
+        while owner._mover.step():
+            pass  # all of it moved, then killed before the segment was deleted
+        owner._mover.drain = lambda *a, **k: None  # type: ignore[method-assign]
+    data[starts[4]] ^= 0xFF
+    segment.write_bytes(bytes(data))
+    with Journal.open(segment.parent, owner=False) as reader:
+        got = reader.read(0, max_entries=100)
+        assert [e.seq for e in got.entries] == list(range(1, 31)) and got.damaged == []
+    with Journal.open(segment.parent) as owner:
+        assert owner.read(0, max_entries=100).damaged == []
+    assert not segment.exists()
+    with Journal.open(segment.parent, owner=False) as reader:
+        assert reader.damage() == []
+
+
 def test_a_power_cuts_zero_filled_tail_costs_no_entry(tmp_path: Path) -> None:
     """A power cut can leave a segment's size on disk and not its last bytes:
     a tail of zeros, as a torn tail is, where no append can be found and none
