@@ -238,10 +238,19 @@ class Reader:
                         total += raw_len
                     next_after = seq
                 else:
-                    # Read to the log's end: entries damage cost the newest
-                    # segment come after it, where no later entry reports
-                    # them as missing (``spool``). Reported, not passed:
-                    # their seqs may yet be written, by an appender.
+                    # Read to the log's end. A later segment holding no whole
+                    # append still names its first seq: the seqs before it
+                    # that no frame held are missing (damage cut its
+                    # predecessor short), reported and passed as any gap.
+                    named = spool.named_after(expected - 1) if spool.forgotten == forgotten else 0
+                    if named >= expected:
+                        if expected > floor:
+                            damaged.append(missing(expected, named))
+                        expected, next_after = named + 1, max(next_after, named)
+                    # Entries damage cost the newest segment come after it,
+                    # where no later entry reports them as missing
+                    # (``spool``). Reported, not passed: their seqs may yet
+                    # be written, by an appender.
                     lost = spool.lost_after(expected - 1) if spool.forgotten == forgotten else None
                     if lost is not None and expected > floor:
                         damaged.append(lost)

@@ -21,13 +21,20 @@ never returned: neither is part of the log.
 Damage inside a segment (a header that cannot be an append's or a frame's)
 ends what a reader takes of it. In a segment with a successor, what it cut
 off is the gap before the successor's first seq, reported and counted as
-missing. The newest segment has no successor to tell it, so what it held
-from the damage on is counted from what comes after it (``lost_at_end``:
-the whole appends found by their magic, the first of each run placed by the
-seq its first entry's checksum covers; damaged ones by their own headers),
-and the segment is kept until a successor comes, so the damage is met, and
-counted, by every sink of any later process. An append cut short at its end
-is still a call that never returned, and is not counted.
+missing (by its name, where the successor holds no whole append: its first
+cut short by a death, ``named_after``). The newest segment has no successor
+to tell it, so what it held from the damage on is counted from what comes
+after it (``lost_at_end``: the whole appends found by their magic, the first
+of each run placed by the seq its first entry's checksum covers; damaged
+ones by their own headers), and the segment is kept until a successor comes,
+so the damage is met, and counted, by every sink of any later process. An
+append cut short at its end is still a call that never returned, and is not
+counted; but one whose header runs past the end with whole appends after it
+is damage in its length (the next append is written only once the one before
+it is whole). Nor is a tail of zeros to the end, where nothing can be found
+or placed: a power cut's (the file's size reached the disk, its last bytes
+did not), reported as damage as before, counted as a torn tail is, not per
+sink.
 
 A read may also come back short of the size ``fstat`` gave, for a moment:
 on FUSE and network file systems the size an append is writing can be seen
@@ -64,6 +71,7 @@ from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal.frames import (
@@ -92,6 +100,9 @@ _AHEAD_STEP = 512 << 10
 _READ_CHUNK = 1 << 20
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _SEQ = struct.Struct(">Q")  # an entry's checksum covers its seq, so packed
+# The highest seq a segment's name may say came before it (``named_after``):
+# a read looks for the LMDB key (a u64) one past it.
+_MAX_NAMED = (1 << 63) - 1
 
 
 def _full(path: Path, exc: OSError) -> str:
@@ -442,6 +453,53 @@ def _next_magic(fd: int, pos: int, size: int) -> int:
     return size
 
 
+def _whole_append_in(fd: int, pos: int, size: int) -> bool:
+    """Whether a whole append starts at or after ``pos`` in a segment of
+    ``size`` bytes. Past the header of an append cut short (one being
+    written, or whose call a death interrupted) none can: the next append is
+    written only once it is whole. One found there says the header's length
+    is damaged, and the appends after it were written whole."""
+    pos = _next_magic(fd, pos, size)
+    while pos + APPEND.size <= size:
+        found = _append_at(fd, pos, size)
+        if found is not None and found[1] >= 0:
+            return True
+        pos = _next_magic(fd, pos + 1, size)
+    return False
+
+
+def _unchanged(seg: _Segment, head: bytes, size: int) -> bool:
+    """Whether the tail ``_parse`` looked at is still there as it was: an
+    appender that undid a partial write (truncated back, ``SpoolWriter._undo``)
+    may have written whole appends where it was since (looked at again)."""
+    try:
+        same = (
+            os.fstat(seg.fd).st_size == size and os.pread(seg.fd, APPEND.size, seg.parsed) == head
+        )
+    except OSError:
+        same = False
+    if not same:
+        seg.tail_checked = -1
+    return same
+
+
+def _all_zero(fd: int, pos: int, size: int) -> bool:
+    """Whether the bytes from ``pos`` to ``size`` are all zero (a tail never
+    written: a power cut's, where the file's size reached the disk and its
+    bytes did not)."""
+    while pos < size:
+        try:
+            chunk = os.pread(fd, min(_READ_CHUNK, size - pos), pos)
+        except OSError:
+            return False
+        if not chunk:
+            return False
+        if chunk.count(0) != len(chunk):
+            return False
+        pos += len(chunk)
+    return True
+
+
 def _seq_by_checksum(fd: int, offset: int, nbytes: int, lo: int, hi: int) -> int | None:
     """The seq in ``lo..hi`` under which the entry frame at ``offset`` checks
     out (an entry's checksum covers its seq), None if none does."""
@@ -469,9 +527,26 @@ def _said_by(fd: int, pos: int, size: int) -> tuple[int, int] | None:
     return (count, end) if fits and end <= size else None
 
 
-def _held_from(fd: int, start: int, size: int, first: int) -> tuple[int, int]:
+class _Held(NamedTuple):
+    """Where ``_held_from`` got to that later bytes cannot change: the byte
+    after a whole append (or the damage), and what it had found before it."""
+
+    pos: int
+    last: int
+    seq: int | None
+    whole: int
+    unsure: int
+    skipped: int
+    skipped_bytes: int
+
+
+def _held_from(
+    fd: int, start: int, size: int, first: int, resume: _Held | None = None
+) -> tuple[int, int, _Held]:
     """(entries, bytes) a segment of ``size`` bytes held from byte ``start``,
-    where damage ended its parse at seq ``first``.
+    where damage ended its parse at seq ``first``, and where to ``resume``
+    once it has grown (a producer appending still: the bytes before the last
+    whole append are not looked at again).
 
     The whole appends after the damage are found by their magic, and the
     first of each run of them by the seq its first entry checks out under
@@ -479,11 +554,15 @@ def _held_from(fd: int, start: int, size: int, first: int) -> tuple[int, int]:
     held. Damaged appends past it count what their headers say, where that
     fits, else one each (whole bytes of a call that returned). An append
     cut short at the end never returned: not counted."""
-    last = first - 1  # the last seq known held
-    seq: int | None = None  # the seq of the append at ``pos``, while known
-    whole = start  # where the bytes after ``last`` begin
-    unsure = 0  # entries of damaged appends after ``last``
-    pos, known = start, True  # ``known``: an append starts at ``pos``
+    if resume is None:
+        resume = _Held(start, first - 1, None, start, 0, 0, 0)
+    # ``last``: the last seq known held; ``seq``: the seq of the append at
+    # ``pos``, while known; ``whole``: where the bytes after ``last`` begin;
+    # ``unsure``: entries of damaged appends after ``last``; ``skipped``:
+    # those of the whole ones among them no seq was found for, in
+    # ``skipped_bytes``.
+    pos, last, seq, whole, unsure, skipped, skipped_bytes = resume
+    known = True  # an append starts at ``pos``
     end = size
     while pos + APPEND.size <= size:
         found = None if pos == start else _append_at(fd, pos, size)
@@ -492,15 +571,25 @@ def _held_from(fd: int, start: int, size: int, first: int) -> tuple[int, int]:
             break
         if found is not None:
             count, stop, offset, nbytes = found
-            if seq is None:  # any entry between takes a frame header at least
-                top = last + 1 + (pos - whole) // HEADER_SIZE
-                seq = _seq_by_checksum(fd, offset, nbytes, last + 1, top)
+            if seq is None:
+                # Past the whole appends skipped, each of the bytes' other
+                # entries takes a frame header at least: the range stays as
+                # wide as the damage, however many are skipped (searched
+                # from ``last`` each time, a run of them was quadratic).
+                low = last + 1 + skipped
+                top = low + (pos - whole - skipped_bytes) // HEADER_SIZE
+                seq = _seq_by_checksum(fd, offset, nbytes, low, top)
             if seq is not None:
-                last, seq, unsure = seq + count - 1, seq + count, 0
+                last, seq, unsure, skipped, skipped_bytes = seq + count - 1, seq + count, 0, 0, 0
                 whole = stop
             else:  # whole, but its first entry is damaged
-                unsure += count
+                unsure, skipped, skipped_bytes = (
+                    unsure + count,
+                    skipped + count,
+                    skipped_bytes + stop - pos,
+                )
             pos, known = stop, True
+            resume = _Held(pos, last, seq, whole, unsure, skipped, skipped_bytes)
             continue
         seq = None
         onward, known_next = _next_magic(fd, pos + 1, size), False
@@ -510,10 +599,10 @@ def _held_from(fd: int, start: int, size: int, first: int) -> tuple[int, int]:
             land = said[1]  # where its length says the next one starts, if one does
             if land == size or _append_at(fd, land, size) or _said_by(fd, land, size):
                 onward, known_next = land, True
-        elif known:
-            unsure += 1
+        elif known and not (onward == size and _all_zero(fd, pos, size)):
+            unsure += 1  # (zeros to the end: a tail never written, as a torn one)
         pos, known = onward, known_next
-    return last - first + 1 + unsure, end - start
+    return last - first + 1 + unsure, end - start, resume
 
 
 @dataclass(frozen=True)
@@ -542,8 +631,10 @@ class _Segment:
     own: bool = False  # this process appends to it: kept until absorbed, listed or not
     unread: bool = False  # the last look read less than fstat said is there (module doc)
     broken_at: int = -1  # the byte where damage ended the parse (-1: none found there)
+    tail_checked: int = -1  # the size at which the tail was looked at (``_whole_append_in``)
     lost: Damage | None = None  # ``lost_at_end``'s report, as of the size in ``lost_size``
     lost_size: int = -1
+    held: _Held | None = None  # where ``lost_at_end``'s look may go on from
 
     @property
     def end(self) -> int:
@@ -656,6 +747,17 @@ class SpoolView:
                 body = seg.parsed + APPEND.size
                 if body + length > size:
                     seg.tail_entries = count
+                    if seg.tail_checked != size:
+                        # Looked at once per size: a tail is being written,
+                        # or cut short, or damage in its header's length.
+                        seg.tail_checked = size
+                        if _whole_append_in(seg.fd, seg.parsed + 1, size) and _unchanged(
+                            seg, head, size
+                        ):
+                            raise ValueError(
+                                "an append's header says it runs past the segment's end, "
+                                "yet whole appends follow it"
+                            )
                     return  # still being written, or cut short by a death
                 frames = _frames_in(seg.fd, body, body + length)
                 if len(frames) != count:
@@ -735,12 +837,35 @@ class SpoolView:
             except OSError:
                 return newest.broken
             if newest.lost is None or newest.lost_size != size:
-                # Counted again only if it grew (a producer appending still).
+                # Counted again only if it grew (a producer appending still),
+                # from its last whole append: each read of a growing segment
+                # looked at all of it again, quadratic in its appends.
                 first = newest.end + 1
-                entries, nbytes = _held_from(newest.fd, newest.broken_at, size, first)
+                resume = newest.held if size > newest.lost_size else None
+                entries, nbytes, newest.held = _held_from(
+                    newest.fd, newest.broken_at, size, first, resume
+                )
                 what = f"{newest.broken.what} ({entries} entries in {nbytes} bytes from there on)"
                 newest.lost, newest.lost_size = Damage(first, what, entries), size
-            return newest.lost
+            # None where it held nothing a call returned with (zeros never written).
+            return newest.lost if newest.lost.entries else None
+
+    def named_after(self, end: int) -> int:
+        """The last seq a segment's name says came before it, past ``end``
+        (where a read that took every frame ended): a segment that holds no
+        whole append (its first cut short by a death, or none written yet)
+        still names its first seq, and a segment before it that damage cut
+        short held every seq below it. ``end`` where none does, or while a
+        segment's last appends cannot be read yet (see the module doc)."""
+        with self.lock:
+            segments = self._ordered()
+            best = end
+            for i, seg in enumerate(segments):
+                if i + 1 < len(segments) and _unread_before(seg, segments[i + 1].first):
+                    return end
+                if seg.first <= _MAX_NAMED:  # (a crafted name: no key holds it)
+                    best = max(best, seg.first - 1)
+            return best
 
     def lost_after(self, end: int) -> Damage | None:
         """``lost_at_end``'s entries past ``end``, the log's end as a reader
@@ -797,8 +922,11 @@ class SpoolView:
             # Parsed again first: what was parsed may predate the segment's
             # last appends (its successor was made since, by this process).
             self._parse(seg)
-            if newest and seg.broken_at >= 0:
-                continue  # its damage is counted from it: kept (module doc)
+            if newest and seg.broken_at >= 0 and self.lost_after(upto) is not None:
+                # Its damage cost entries LMDB does not hold, counted from
+                # it: kept (module doc). Not where it cost none, or LMDB
+                # holds them all (moved before the damage): nothing to count.
+                continue
             if not newest and _unread_before(seg, segments[i + 1].first):
                 continue  # kept until the rest of it is read, and moved
             stop = seg.end if newest else min(seg.end, segments[i + 1].first - 1)

@@ -32,7 +32,7 @@ from primeruns.exceptions import (
 from primeruns.journal import Entry, EntryKind, InFlight, Journal
 from primeruns.journal.frames import encode_frame
 from primeruns.journal.layout import key
-from primeruns.journal.spool import APPEND, list_segments
+from primeruns.journal.spool import APPEND, list_segments, segment_name
 from primeruns.ship import ledger
 from primeruns.ship.policy import RetryPolicy
 from primeruns.ship.shipper import Shipper
@@ -841,6 +841,8 @@ def _spooled_then_damaged(
         data[at] ^= 0xFF  # its magic
     elif how == "frame header":
         data[at + APPEND.size] ^= 0xFF  # its frame's version
+    elif how == "append length":  # past the segment's end, as a cut-short append's
+        data[at + 10] ^= 0x40
     else:
         data[at + 4 : at + 40] = bytes(36)  # a zeroed range across both
     cut = encode_frame(
@@ -851,7 +853,7 @@ def _spooled_then_damaged(
     return journal.path
 
 
-@pytest.mark.parametrize("how", ["append header", "frame header", "zeroed"])
+@pytest.mark.parametrize("how", ["append header", "frame header", "zeroed", "append length"])
 def test_damage_in_the_newest_spool_segment_is_counted_once(how: str, tmp_path: Path) -> None:
     # Episodes e3 to e11 were written whole (their calls returned) and
     # damage in e3's append ends what a reader takes of the segment; no
@@ -914,3 +916,33 @@ def test_damage_past_everything_shipped_is_counted_before_a_drain_ends(tmp_path:
             _drain(journal, sink)
             assert sink.stored == []
             assert journal.losses()["fake"]["count"] == 9
+
+
+@pytest.mark.parametrize("successor", ["cut short", "empty"])
+def test_damage_before_a_segment_that_holds_no_entry_is_counted_and_passed(
+    successor: str, tmp_path: Path
+) -> None:
+    # The producer was killed in its first append to a new segment (or
+    # just after making it): that segment holds no whole append, but its
+    # name says entries 4 to 12 came before it, in the segment that damage
+    # in e3's append cut short. The log's end was taken as 12 and the reads
+    # stopped at 3 with nothing reported: no loss counted, and every drain
+    # waited out its deadline. They are counted, once, and passed.
+    path = _spooled_then_damaged(tmp_path, 12, 3, "append header")
+    [(_, name)] = list_segments(path)
+    segment = path / name
+    data = segment.read_bytes()
+    cut = encode_frame(int(EntryKind.EPISODE), b'{"id":"never returned"}', compress=False, seq=13)
+    tail = APPEND.size + len(cut) - 5
+    segment.write_bytes(data[:-tail])
+    (path / segment_name(13)).write_bytes(data[-tail:] if successor == "cut short" else b"")
+    stored: list[str] = []
+    for _ in range(2):
+        with Journal.open(path, owner=True) as journal:
+            assert journal.last_seq() == 12
+            sink = FakeSink()
+            _drain(journal, sink)
+            stored += sink.stored
+            assert journal.losses()["fake"]["count"] == 9
+            assert journal.acked("fake") == 12
+    assert stored == ["e0", "e1", "e2"]
