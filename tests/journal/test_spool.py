@@ -24,6 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sdk_helpers import wait_for
+from spooled import killed_segment
 
 from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal, spool
@@ -205,24 +206,12 @@ def test_damage_in_the_newest_segment_is_reported_with_every_entry_it_cost(
     reaches the log's end reports them all (found by the whole appends
     after it, or by the damaged ones' own headers), and the append the
     kill cut short at the end, whose call never returned, is not one."""
-    j = Journal.create(tmp_path, local_id="run")
-    j._mover.stop()
-    for n in range(10):  # calls of three entries, "PS" in their text too
-        j.append(EntryKind.EPISODE, [b'{"n":%d,"t":"PS"}' % (3 * n + k) for k in range(3)])
-    [(_, name)] = list_segments(j.path)
-    segment = j.path / name
-    data = bytearray(segment.read_bytes())
-    j._mover.drain = lambda *a, **k: None  # type: ignore[method-assign]  # as if killed
-    j.close()
-    starts, at = [], 0
-    while at < len(data):
-        starts.append(at)
-        at += APPEND.size + APPEND.unpack_from(data, at)[3]
+    segment, data, starts = _ten_calls_spooled(tmp_path)  # "PS" in their text too
     for index in damaged:
         data[starts[index]] ^= 0xFF  # its magic
     cut = encode_frame(int(EntryKind.EPISODE), b'{"n":"cut"}', compress=False, seq=31)
     segment.write_bytes(bytes(data) + APPEND.pack(b"PS", 1, 1, len(cut)) + cut[:-5])
-    with Journal.open(j.path, owner=False) as reader:
+    with Journal.open(segment.parent, owner=False) as reader:
         got = reader.read(0, max_entries=100)
         first = 3 * damaged[0] + 1
         assert [e.seq for e in got.entries] == list(range(1, first))
@@ -231,23 +220,20 @@ def test_damage_in_the_newest_segment_is_reported_with_every_entry_it_cost(
 
 
 def _ten_calls_spooled(path: Path) -> tuple[Path, bytearray, list[int]]:
-    """Ten calls of three entries, all in the newest segment of a producer
+    """Ten calls of three entries (see ``_calls_spooled``)."""
+    calls = [[b'{"n":%d,"t":"PS"}' % (3 * n + k) for k in range(3)] for n in range(10)]
+    return _calls_spooled(path, calls)
+
+
+def _calls_spooled(path: Path, calls: list[list[bytes]]) -> tuple[Path, bytearray, list[int]]:
+    """``calls``, each one append, all in the newest segment of a producer
     killed before its mover got to them: (the segment, its bytes, where
     each append starts)."""
     j = Journal.create(path, local_id="run")
     j._mover.stop()
-    for n in range(10):
-        j.append(EntryKind.EPISODE, [b'{"n":%d,"t":"PS"}' % (3 * n + k) for k in range(3)])
-    [(_, name)] = list_segments(j.path)
-    segment = j.path / name
-    data = bytearray(segment.read_bytes())
-    j._mover.drain = lambda *a, **k: None  # type: ignore[method-assign]  # as if killed
-    j.close()
-    starts, at = [], 0
-    while at < len(data):
-        starts.append(at)
-        at += APPEND.size + APPEND.unpack_from(data, at)[3]
-    return segment, data, starts
+    for payloads in calls:
+        j.append(EntryKind.EPISODE, payloads)
+    return killed_segment(j)
 
 
 @pytest.mark.parametrize("damaged", [4, 8])
@@ -329,20 +315,10 @@ def test_a_run_of_appends_whose_first_entry_is_damaged_is_placed_in_linear_time(
     segment took 7.9 s to read (4 MiB: minutes, for ``show`` or ``sync`` of
     a damaged or crafted journal). The whole appends skipped narrow it, and
     the first intact one after them is still placed exactly."""
-    j = Journal.create(tmp_path, local_id="run")
-    j._mover.stop()
     calls = 300
-    for n in range(calls):
-        j.append(EntryKind.EPISODE, [b'{"n":%d,"pad":"%s"}' % (n, b"x" * 60)] * 2)
-    [(_, name)] = list_segments(j.path)
-    segment = j.path / name
-    data = bytearray(segment.read_bytes())
-    j._mover.drain = lambda *a, **k: None  # type: ignore[method-assign]  # as if killed
-    j.close()
-    starts, at = [], 0
-    while at < len(data):
-        starts.append(at)
-        at += APPEND.size + APPEND.unpack_from(data, at)[3]
+    segment, data, starts = _calls_spooled(
+        tmp_path, [[b'{"n":%d,"pad":"%s"}' % (n, b"x" * 60)] * 2 for n in range(calls)]
+    )
     data[starts[1]] ^= 0xFF  # the magic of the second call's append
     for at in starts[2:-1]:  # and a payload byte of every later one's first entry, but the last
         data[at + APPEND.size + HEADER_SIZE + 3] ^= 0x01
@@ -356,7 +332,7 @@ def test_a_run_of_appends_whose_first_entry_is_damaged_is_placed_in_linear_time(
         return real(fd, offset, nbytes, lo, hi)
 
     monkeypatch.setattr(spool, "_seq_by_checksum", counted)
-    with Journal.open(j.path, owner=False) as reader:
+    with Journal.open(segment.parent, owner=False) as reader:
         got = reader.read(0, max_entries=10)
         assert [(d.seq, d.entries) for d in got.damaged] == [(3, 2 * calls - 2)]
     assert searched < 100 * calls  # seqs tried: about 20 a call, not a range growing with each

@@ -22,6 +22,7 @@ import orjson
 import pytest
 import workloads
 from scripted_platform import LOST, PASS, REFUSED, ScriptedPlatform, error
+from spooled import killed_segment
 
 from primeruns.exceptions import (
     APIError,
@@ -789,17 +790,24 @@ class _TwoThenStop(_StopsOnceStored, _TwoAtATimeSink):
     """Takes two entries a batch and stops after its first."""
 
 
+def _two_then_stop(journal: Journal) -> _TwoThenStop:
+    """A process that ships one batch of two entries of ``journal`` and
+    stops: its sink, once its shipper ended."""
+    first = _TwoThenStop(early=False)
+    first.reject_id = "none"
+    first.shipper = _shipper(journal, first, [])
+    first.shipper.start()
+    first.shipper.join(10)
+    return first
+
+
 def test_damage_read_ahead_is_counted_once_across_a_restart(tmp_path: Path) -> None:
     # The first read meets entry 4 missing and counts it; the batch takes
     # entries 1 and 2 alone and the process stops once it is acknowledged,
     # short of the gap. The next process reads on from entry 2 and meets
     # entry 4 missing again: counted already, it is not counted twice.
     journal = _journal_missing(tmp_path, 12, [4])
-    first = _TwoThenStop(early=False)
-    first.reject_id = "none"
-    first.shipper = _shipper(journal, first, [])
-    first.shipper.start()
-    first.shipper.join(10)
+    first = _two_then_stop(journal)
     assert [row[0] for row in first.rows] == ["e0", "e1"]
     assert journal.acked("fake") == 2 and journal.losses()["fake"]["count"] == 1
     second = _TwoAtATimeSink(early=False)
@@ -827,15 +835,7 @@ def _spooled_then_damaged(
         if i == shipped and shipped:
             _drain(journal, FakeSink())
         journal.append(EntryKind.EPISODE, [json.dumps({"id": f"e{i}", "traces": []}).encode()])
-    [(_, name)] = list_segments(journal.path)
-    segment = journal.path / name
-    data = bytearray(segment.read_bytes())
-    journal._mover.drain = lambda *a, **k: None  # type: ignore[method-assign]  # as if killed
-    journal.close()
-    starts, at = [], 0
-    while at < len(data):
-        starts.append(at)
-        at += APPEND.size + APPEND.unpack_from(data, at)[3]
+    segment, data, starts = killed_segment(journal)
     at = starts[damaged]
     if how == "append header":
         data[at] ^= 0xFF  # its magic
@@ -865,11 +865,7 @@ def test_damage_in_the_newest_spool_segment_is_counted_once(how: str, tmp_path: 
     with Journal.open(path, owner=True):
         pass  # a sync that shipped nothing (the platform down): its mover moved e0-e2
     with Journal.open(path, owner=True) as journal:
-        first = _TwoThenStop(early=False)
-        first.reject_id = "none"
-        first.shipper = _shipper(journal, first, [])
-        first.shipper.start()
-        first.shipper.join(10)
+        first = _two_then_stop(journal)
         assert [row[0] for row in first.rows] == ["e0", "e1"]
         lost = journal.losses()["fake"]
         assert lost["count"] == 9 and lost["reasons"][-1].startswith("damaged: spool segment")

@@ -1,0 +1,25 @@
+"""A journal left as a producer killed before its mover moved its spool
+leaves it: what the spool's damage tests start from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from primeruns.journal import Journal
+from primeruns.journal.spool import APPEND, list_segments
+
+
+def killed_segment(journal: Journal) -> tuple[Path, bytearray, list[int]]:
+    """Close ``journal`` (its mover stopped by the caller) as if killed, its
+    appends left in its one spool segment: (the segment, its bytes, where
+    each append starts)."""
+    [(_, name)] = list_segments(journal.path)
+    segment = journal.path / name
+    data = bytearray(segment.read_bytes())
+    journal._mover.drain = lambda *a, **k: None  # type: ignore[method-assign]  # as if killed
+    journal.close()
+    starts, at = [], 0
+    while at < len(data):
+        starts.append(at)
+        at += APPEND.size + APPEND.unpack_from(data, at)[3]
+    return segment, data, starts
