@@ -150,6 +150,9 @@ _COLUMNS: list[_Column] = [
 _SHOWN_ORDER = ["LOCAL ID", "RUN ID", "KIND", "NAME", "OUTCOME", "SHIPPING", "LOGGED", "LOST"]
 
 
+# Journals with damage named under the table, at most.
+_DAMAGED_NAMED = 5
+
 # Marks a journal listed under its run's head (run_groups).
 _NESTED = "└ "
 
@@ -290,6 +293,14 @@ def run_ls(args: argparse.Namespace) -> int:
     else:
         said = f"{len(groups)} run(s), {len(found)} journals, under {runs_dir}"
         console.print(inert_text(said, style="dim"))
+    damaged = [status.info.local_id for status in found if status.info.damage]
+    if damaged:
+        # The table has no room for what each lost; a line says which to look at.
+        named = ", ".join(damaged[:_DAMAGED_NAMED]) + (
+            ", ..." if len(damaged) > _DAMAGED_NAMED else ""
+        )
+        said = f"{len(damaged)} journal(s) with damage: {named} (primeruns show ID says what)"
+        console.print(inert_text(said, style="yellow"))
     return EXIT_OK
 
 

@@ -180,6 +180,15 @@ def test_a_journal_whose_meta_inflates_is_listed_with_its_damage_named_in_bounde
     assert peak_mb < 150, f"ls peaked at {peak_mb:.0f} MB"
     [row] = json.loads(done.stdout)
     assert (row["local_id"], row["name"], row["kind"]) == ("inflating", "inflating", "eval")
+    listed = subprocess.run(
+        [sys.executable, "-m", "primeruns", "ls", "--runs-dir", str(runs)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+    # The table itself has no room for damage: a line under it names the journal.
+    assert "1 journal(s) with damage: inflating" in listed.stdout, listed.stdout
     for key in ("notes", "many"):
         assert any(str(path) in d and repr(key) in d for d in row["damage"]), row["damage"]
     shown = subprocess.run(
