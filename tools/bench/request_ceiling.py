@@ -56,7 +56,9 @@ async def metrics(request):
                          "status": "ok"})
 
 app = Starlette(routes=[Route("/api/v1/rft/metrics", metrics, methods=["POST"])])
-config = uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False)
+# h11, as serve runs (primeruns/local/cli.py), even where httptools is installed.
+config = uvicorn.Config(app, host="127.0.0.1", port=0, http="h11", log_level="warning",
+                        access_log=False)
 server = uvicorn.Server(config)
 _startup = server.startup
 
