@@ -98,6 +98,7 @@ SEGMENT_MAX = 4 << 20
 # The bytes of a segment between two syncs ahead (see ``spoolsync``).
 _AHEAD_STEP = 512 << 10
 _READ_CHUNK = 1 << 20
+_FIRST_LOOK = 256  # ``_next_magic``'s first read
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _SEQ = struct.Struct(">Q")  # an entry's checksum covers its seq, so packed
 # The highest seq a segment's name may say came before it (``named_after``):
@@ -438,10 +439,16 @@ def _append_at(fd: int, pos: int, size: int) -> tuple[int, int, int, int] | None
 
 
 def _next_magic(fd: int, pos: int, size: int) -> int:
-    """Where the next append's magic is, at or after ``pos`` (``size``: nowhere)."""
+    """Where the next append's magic is, at or after ``pos`` (``size``: nowhere).
+
+    Read a small chunk first, then twice as much each time: the magic is two
+    bytes, and bytes past damage may hold it every few bytes (a crafted
+    segment: 200 KB of it read 10 GB in 1 MiB reads, one per magic), so what
+    a call reads is bounded by twice the distance to the magic it finds."""
+    chunk_size = _FIRST_LOOK
     while pos < size:
         try:
-            chunk = os.pread(fd, min(_READ_CHUNK, size - pos), pos)
+            chunk = os.pread(fd, min(chunk_size, size - pos), pos)
         except OSError:
             return size
         if len(chunk) < len(_MAGIC):
@@ -450,6 +457,7 @@ def _next_magic(fd: int, pos: int, size: int) -> int:
         if at >= 0:
             return pos + at
         pos += len(chunk) - (len(_MAGIC) - 1)  # a magic across two chunks is found
+        chunk_size = min(2 * chunk_size, _READ_CHUNK)
     return size
 
 

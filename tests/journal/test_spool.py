@@ -899,3 +899,31 @@ def test_segments_the_mover_deleted_are_closed_off_the_log_call(
         finally:
             monkeypatch.undo()
             mover.close()
+
+
+def test_bytes_past_damage_full_of_the_magic_are_read_in_linear_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past damage in the newest segment, the next append is found by its
+    magic, two bytes, which a crafted (or merely unlucky) segment may hold
+    every two bytes: each look read up to 1 MiB from where it stood, so 40 KB
+    of them read 400 MB, and a 4 MiB segment terabytes, for one ``show`` or
+    ``sync``. The damage is still counted as before."""
+    segment, data, starts = _ten_calls_spooled(tmp_path)
+    data[starts[3]] ^= 0xFF  # the magic of the fourth call's append
+    segment.write_bytes(bytes(data) + b"PS" * 20_000)
+    size = segment.stat().st_size
+    read = 0
+    real = os.pread
+
+    def counting(fd: int, length: int, offset: int) -> bytes:
+        nonlocal read
+        out = real(fd, length, offset)
+        read += len(out)
+        return out
+
+    monkeypatch.setattr(spool.os, "pread", counting)
+    with Journal.open(segment.parent, owner=False) as reader:
+        got = reader.read(0, max_entries=100)
+    assert [(d.seq, d.entries) for d in got.damaged] == [(10, 22)]
+    assert read < 1_000 * size, f"{read} bytes read of a {size}-byte segment"
