@@ -61,6 +61,7 @@ class Rehomer:
         self.next_look = 0.0
         self._lock = threading.Lock()
         self._given_up = False
+        self._announced: Journal | None = None  # the journal whose move was said
 
     def current(self, *, force: bool = False) -> Journal:
         """The journal to append to, moved first if its directory is gone.
@@ -84,7 +85,7 @@ class Rehomer:
             return journal
         with self._lock:
             if self._journal is journal and not self._given_up:
-                self._move(journal, why)
+                self._move(journal, why, wait=force)
             return self._journal
 
     def _give_up(self) -> None:
@@ -92,17 +93,24 @@ class Rehomer:
         self._given_up = True
         self.next_look = math.inf
 
-    def _move(self, old: Journal, why: str) -> None:
+    def _move(self, old: Journal, why: str, *, wait: bool) -> None:
+        """``wait``: for the uplink's threads to hand over, when they are at
+        it (else the move is tried again at a later append: a log call does
+        not wait for their request in flight)."""
         supervisor = self._supervisor
-        log.warning(
-            "prime-runs: the journal directory of run %s at %s was %s while the run was "
-            "writing it; re-creating it there and carrying the run over (its identity, "
-            "registration, records and offsets)",
-            old.local_id,
-            old.path,
-            why,
-        )
-        stopped = supervisor.stop_for_move() if supervisor is not None else True
+        if self._announced is not old:
+            self._announced = old
+            log.warning(
+                "prime-runs: the journal directory of run %s at %s was %s while the run was "
+                "writing it; re-creating it there and carrying the run over (its identity, "
+                "registration, records and offsets)",
+                old.local_id,
+                old.path,
+                why,
+            )
+        stopped = supervisor.stop_for_move(wait=wait) if supervisor is not None else True
+        if stopped is None:
+            return  # its threads hand over to its process first: the next look moves it
         if not stopped:  # an uplink in threads reads through this process's handles
             self._give_up()
             log.warning(

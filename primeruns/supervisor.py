@@ -14,10 +14,7 @@ answer it gives is read from the journal, where the uplink writes it
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
-import signal
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -43,7 +40,7 @@ from .ship import ledger
 from .ship.factory import sink_kinds
 from .ship.family import ParentNotRegistered
 from .ship.lifecycle import Lifecycle
-from .ship.link import UplinkHandle, UplinkThreads, start_uplink
+from .ship.link import UplinkHandle, UplinkThreads, kill_uplink, start_uplink
 from .ship.policy import RetryPolicy
 from .ship.uplink import find_run_journals
 
@@ -110,7 +107,10 @@ def go_online(
                 if ranks.is_primary(journal)
                 else "leaves it open for its primary to close",
             )
-    uplink = start_uplink(journal, settings, predecessors, tuning)
+    # An evaluation ships from threads while its uplink process starts
+    # (``ship.startup``): not a forked child's, nor a run not yet registered.
+    early = kind == "eval" and siblings and lifecycle.binding() is not None
+    uplink = start_uplink(journal, settings, predecessors, tuning, threads_first=early)
     return Supervisor(journal, settings, kind, lifecycle, uplink, tuning), predecessors
 
 
@@ -221,18 +221,22 @@ class Supervisor:
         journal.take_back_moving()
         self.uplink = UplinkThreads(journal, self._settings, [], self._tuning)
 
-    def stop_for_move(self) -> bool:
+    def stop_for_move(self, *, wait: bool = True) -> bool | None:
         """Stop the uplink process so the journal can be re-created elsewhere
         (``primeruns.rehoming``): its offsets are final once it is gone, as
         after any kill of it. False for an uplink in threads, which reads
-        through this process's own handles and needs no move."""
+        through this process's own handles and needs no move. Threads that
+        ship while the process starts (``ship.startup``) hand over to it
+        first: None while they are at it, unless ``wait``."""
         with self._replacing:
             uplink = self.uplink
+            settle = getattr(uplink, "settle", None)
+            if settle is not None and not settle(wait=wait):
+                return None
             pid = getattr(uplink, "pid", None)
             if not isinstance(pid, int) or self._replaced:
                 return False
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+            kill_uplink(pid)  # (its group: under an interpreter's stand-in, its child too)
             uplink.wait_exit(30.0)
             uplink.release()
             return True

@@ -19,7 +19,7 @@ import procs
 import pyarrow.parquet as pq
 import pytest
 import workloads
-from sdk_helpers import held_uplink_starts, point_at
+from sdk_helpers import held_uplink_starts, point_at, wait_for
 
 import primeruns as pr
 from primeruns.local import LocalPlatform
@@ -259,23 +259,20 @@ def test_an_http_mock_in_the_test_process_sees_the_uploads_only_of_a_run_shipped
 
     monkeypatch.setattr(httpx.HTTPTransport, "handle_request", spy)
 
-    # A run that lives past its uplink process's start-up (here: it waits
-    # in flush() for its uploads) is shipped by that process: none of its
-    # uploads pass through this one, nor its close-out.
+    # An evaluation ships from threads of this process until its uplink
+    # process has started (ship.startup), then from that process: once it
+    # took over (waited for here), none of the run's uploads pass through
+    # this process, nor its close-out.
     run = pr.init(name="gsm8k-nightly", environments=["gsm8k"], model="m")
+    assert set(seen) >= _REGISTRATION
+    assert run._supervisor is not None
+    wait_for(run._supervisor.uplink.begun, timeout=60, what="the uplink process to take over")  # type: ignore[attr-defined]
+    seen.clear()
     run.log_episodes(workloads.gsm8k(3))
     assert run.flush(timeout=60)
     run.finish()
     assert platform.run(run.id)["samples"]["rows"] == 3
-    assert set(seen) >= _REGISTRATION
     assert _uploads(seen) == set()
-
-    seen.clear()
-    # Left to timing, a run is one or the other: all of its uploads pass
-    # through this process, or none; never some.
-    run = evaluate(workloads.gsm8k(3))
-    assert platform.run(run.id)["samples"]["rows"] == 3
-    assert _uploads(seen) in (set(), set(_UPLOADS))
 
     seen.clear()
     # A run over before its uplink process started (held in its start-up

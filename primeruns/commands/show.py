@@ -38,7 +38,7 @@ from ..journal.by_kind import seqs_of
 from ..journal.listing import MAX_FINISH_BYTES
 from ..reports import UNIT_LABELS, RunStatus, describe, load_rows, metric_curves, sample_rows
 from ..ship.factory import sink_kinds
-from ..ship.uplink import CRASH_ERROR
+from ..ship.uplink import CRASH_ERROR, ending_of
 from .common import (
     EXIT_DAMAGED,
     EXIT_OK,
@@ -179,12 +179,7 @@ def _ending(
         # The run finished, with a record not shown: not a crash (as ``ls`` says).
         return "finished", "its finish record is not read", {}
     if finish is not None:
-        summary = finish.get("summary")
-        return (
-            str(finish.get("status", "failed")),
-            finish.get("error"),
-            summary if isinstance(summary, dict) else {},
-        )
+        return ending_of(finish)
     summary = _last_record(journal, EntryKind.SUMMARY, seqs, damage)
     return "crashed", CRASH_ERROR, summary or {}
 

@@ -26,7 +26,10 @@ the byte itself (``UplinkProcess.claim_back``): the uplink then never ships,
 is stopped, and the producer ships the rest from threads while it waits in
 ``finish()`` (its loop is over: no tax on it). One of the two reads the
 byte, never both, so nothing is shipped twice, and a run that lives on
-ships from the process as before.
+ships from the process as before. An evaluation's producer ships from
+threads meanwhile (``ship.startup``): its process, started with
+``--await-go``, looks at the claim only once told to go (``GO``), or once
+its producer is gone.
 
 The uplink learns of its producer's death from a pidfd (or, where there is
 none, from the wake pipe's end of file and its parent pid), ships what is left
@@ -48,6 +51,7 @@ import json
 import logging
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -71,6 +75,8 @@ __all__ = [
     "UplinkHandle",
     "UplinkProcess",
     "UplinkThreads",
+    "await_go",
+    "kill_uplink",
     "start_uplink",
 ]
 
@@ -78,6 +84,9 @@ log = logging.getLogger("primeruns")
 
 WAKE = b"\0"
 HURRY = b"\1"
+GO = b"\2"  # ship now (to an uplink started with --await-go: ``ship.startup``)
+WARM = b"\3"  # start up now (to one on standby: ``ship.standby``)
+_MAIN = "primeruns.ship.uplink_main"
 QUIET_S = 0.005  # the producer's appends are one burst until it is quiet this long
 LATE_S = 0.05  # and a burst is acted on this long after it began, at the latest
 UPLINK_LOG_NAME = "uplink.log"  # the uplink's standard error, in the run's directory
@@ -124,13 +133,21 @@ def start_uplink(
     settings: Settings,
     predecessors: Sequence[Path],
     tuning: SdkSettings | None = None,
+    *,
+    threads_first: bool = False,
 ) -> UplinkHandle:
     """Start the uplink of a live run: a process, or threads where one cannot
     start or ``tuning.uplink`` says so. ``tuning``: the run's resolved SDK
-    settings (None: this process's, ``process_sdk_settings``)."""
+    settings (None: this process's, ``process_sdk_settings``).
+    ``threads_first``: threads ship until the process is ready
+    (``ship.startup``; not with ``predecessors``, which the process takes over)."""
     tuning = tuning or process_sdk_settings()
     if tuning.uplink != "threads":
         try:
+            if threads_first and not predecessors:
+                from .startup import ThreadsFirst  # (it is built on this module)
+
+                return ThreadsFirst(journal, settings, tuning)
             return UplinkProcess(journal, settings, predecessors, tuning)
         except (OSError, subprocess.SubprocessError, ValueError) as exc:
             log.warning(
@@ -249,7 +266,13 @@ class UplinkProcess:
         settings: Settings,
         predecessors: Sequence[Path],
         tuning: SdkSettings | None = None,
+        *,
+        await_go: bool = False,
     ) -> None:
+        """``await_go``: the process waits on standby for ``warm`` (or
+        ``go``), reports once it is ready, then waits for ``go`` (or its
+        producer's death) before it looks at the claim; the producer keeps
+        the journal's moving until then (``ship.startup``, ``ship.standby``)."""
         tuning = tuning or process_sdk_settings()
         self.predecessors = list(predecessors)
         wake_r, self._wake_w = os.pipe()
@@ -259,14 +282,16 @@ class UplinkProcess:
         os.set_blocking(self._wake_w, False)
         os.set_blocking(self._progress_r, False)
         lock_fd = journal.share_lock()
+        # On standby first (``ship.standby``: a bare interpreter, no imports)
+        # when it may never be needed; else the uplink itself.
+        entry = ["-S", str(Path(__file__).with_name("standby.py"))] if await_go else ["-m", _MAIN]
         command = [
             sys.executable,
-            # -P: the working directory does not go first on the child's path:
-            # a "primeruns" directory there (another checkout) must not be
-            # what the uplink runs.
+            # -P: the working directory (or the script's) does not go first
+            # on the child's path: a "primeruns" directory there (another
+            # checkout) must not be what the uplink runs.
             "-P",
-            "-m",
-            "primeruns.ship.uplink_main",
+            *entry,
             "--journal",
             str(journal.path),
             "--producer",
@@ -279,6 +304,7 @@ class UplinkProcess:
             str(lock_fd),
             "--claim-fd",
             str(self._claim),
+            *(["--await-go"] if await_go else []),
         ]
         # No PRIME_* variable: the settings (the key among them) come by the pipe.
         env = without_settings(os.environ)
@@ -335,7 +361,8 @@ class UplinkProcess:
         with contextlib.suppress(OSError, AttributeError):
             self._pidfd = os.pidfd_open(self._proc.pid)
         journal.name_uplink(self._proc.pid)  # before init() returns: listings see it
-        journal.hand_over_moving()  # the uplink absorbs the spool into LMDB
+        if not await_go:
+            journal.hand_over_moving()  # the uplink absorbs the spool into LMDB
         self._progress = ProgressReader(self._progress_r)
         self._lock = threading.Lock()
         self._closed = False
@@ -358,6 +385,23 @@ class UplinkProcess:
 
     def closing(self) -> None:
         self.hurry()
+
+    def go(self, *, hurry: bool = False) -> None:
+        """Let an uplink started with ``await_go`` go on to the claim
+        (``hurry``: in the same write, so that it is read with the go)."""
+        with self._lock:  # not once release() closed the pipe: its number may be reused
+            self._send(GO + HURRY if hurry else GO)
+
+    def warm(self) -> None:
+        """Let an uplink started with ``await_go`` do its imports, then report ready."""
+        with self._lock:  # (from the watcher thread, maybe as finish() releases)
+            self._send(WARM)
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Whether an uplink started with ``await_go`` reported that it waits
+        for ``go`` (its imports done) within ``timeout``; False once it exited."""
+        gone = self._progress.wait(0, timeout)
+        return not gone and self._progress.mark() != 0 and self.alive()
 
     def progress_mark(self) -> int:
         return self._progress.mark()
@@ -403,6 +447,7 @@ class UplinkProcess:
             return False  # the uplink has it: it ships, and closes the run out
         # It can never ship now, and stands down once it looks; it is
         # stopped at once so that the rest of its start-up takes no CPU.
+        kill_uplink(self._proc.pid)
         with contextlib.suppress(OSError):
             self._proc.kill()
         self.wait_exit(5.0)
@@ -472,6 +517,13 @@ class UplinkThreads:
             self.uplink.serve(self._link, predecessors)
         except Exception:
             log.exception("prime-runs: the uplink stopped by an unexpected error")
+            # No shipper outlives serve: whatever ships next (threads that
+            # replace these, a process told to go) ships from the journal's
+            # offsets, and two shippers of one sink must never run at once.
+            try:
+                self.uplink.stop_shipping()
+            except Exception:
+                log.exception("prime-runs: the uplink's shippers could not be stopped")
         finally:
             self._notify()
 
@@ -514,6 +566,16 @@ class UplinkThreads:
     def claim_back(self) -> bool:
         return False  # shipping from this process already
 
+    def stand_down(self) -> bool:
+        """Stop shipping without closing the run out, once each shipper's
+        attempt in flight is recorded (``Uplink.stand_down``); whether it
+        did (False: the close-out had begun, and goes on)."""
+        if not self.uplink.stand_down():
+            return False
+        self._link.event.set()
+        self._thread.join()
+        return True
+
 
 class PipeProducerLink:
     """The uplink process's view of its producer: wake-ups by pipe, its death by pidfd."""
@@ -530,7 +592,11 @@ class PipeProducerLink:
         gone; ``on_hurry`` (settable later) when it asks for haste."""
         self._journal = journal
         self._on_gone = on_gone
-        self.on_hurry: Callable[[], None] | None = None
+        self._on_hurry: Callable[[], None] | None = None
+        # A hurry read before ``on_hurry`` is set (the link starts first; the
+        # standby may have read the go alone): kept for it.
+        self._hurry_lock = threading.Lock()
+        self._hurry_pending = False
         self._wake_fd = wake_fd
         self._progress_fd = progress_fd
         os.set_blocking(progress_fd, False)
@@ -541,15 +607,42 @@ class PipeProducerLink:
         with contextlib.suppress(OSError, AttributeError):
             self._pidfd = os.pidfd_open(producer)
         # Checked after the pidfd is open: if the parent is still the
-        # producer, the pidfd is the producer's (not a reused pid's).
+        # producer, the pidfd is the producer's (not a reused pid's). Its
+        # parent pid tells only where the producer is its parent: under an
+        # interpreter's stand-in that runs it as a child (not exec'd), the
+        # stand-in is: the pidfd tells then (none: taken for dead, as ever).
         self._producer = producer
-        if os.getppid() != producer:
+        if self._pidfd is None and os.getppid() != producer:
             self._mark_gone()
         self._thread = start_daemon(self._watch, "primeruns-uplink-wake")
 
     @property
     def producer_gone(self) -> bool:
         return self._gone.is_set()
+
+    @property
+    def on_hurry(self) -> Callable[[], None] | None:
+        return self._on_hurry
+
+    @on_hurry.setter
+    def on_hurry(self, callback: Callable[[], None] | None) -> None:
+        with self._hurry_lock:
+            self._on_hurry = callback
+            pending = self._hurry_pending and callback is not None
+            if pending:
+                self._hurry_pending = False
+        if pending and callback is not None:
+            with contextlib.suppress(Exception):
+                callback()
+
+    def _hurried(self) -> None:
+        with self._hurry_lock:
+            callback = self._on_hurry
+            if callback is None:
+                self._hurry_pending = True
+        if callback is not None:
+            with contextlib.suppress(Exception):
+                callback()
 
     def _mark_gone(self) -> None:
         if self._on_gone is not None and not self._gone.is_set():
@@ -588,9 +681,8 @@ class PipeProducerLink:
                 if not data:
                     self._mark_gone()
                     return
-                if HURRY in data and self.on_hurry is not None:
-                    with contextlib.suppress(Exception):
-                        self.on_hurry()
+                if HURRY in data:
+                    self._hurried()
                 self._event.set()
                 with contextlib.suppress(Exception):
                     self._journal.wake_all()
@@ -676,6 +768,64 @@ def take_claim(fd: int | None) -> bool:
     finally:
         with contextlib.suppress(OSError):
             os.close(fd)
+
+
+def kill_uplink(pid: int) -> None:
+    """SIGKILL an uplink process with its process group, which it leads
+    (``start_new_session``): an interpreter's stand-in that runs the
+    interpreter as its child (not exec'd) is ``pid``, the uplink its child."""
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def await_go(wake_fd: int, progress_fd: int, producer: int) -> bool:
+    """In an uplink process started with ``--await-go``: report that it is
+    ready, then wait until its producer says go, closes its end, or dies
+    (threads that shipped in it are gone with it). The claim decides next.
+    Whether a hurry came with the go (read here, so the link will not see it)."""
+    with contextlib.suppress(OSError):
+        os.write(progress_fd, b"\0")
+    pidfd: int | None = None
+    with contextlib.suppress(OSError, AttributeError):
+        pidfd = os.pidfd_open(producer)
+    try:
+        poller = select.poll()
+        for fd in (wake_fd, pidfd):
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+        # Without a pidfd, the parent pid is looked at now and then (a forked
+        # child of the producer may hold the pipe's write end past its death).
+        tick = None if pidfd is not None else 1000
+        # (Only where the producer is its parent: not under an interpreter's
+        # stand-in that runs it as a child; ``ship.standby``.)
+        direct = os.getppid() == producer
+        while os.getppid() == producer if direct else pidfd is not None:
+            try:
+                ready = {fd for fd, _ in poller.poll(tick)}
+            except (OSError, ValueError):
+                ready, tick = set(), 1000  # (not expected) the parent pid still tells
+            if pidfd is not None and pidfd in ready:
+                return False
+            if wake_fd in ready:
+                try:
+                    data = os.read(wake_fd, 4096)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    poller.unregister(wake_fd)  # (not expected) its death still tells
+                    tick = 1000
+                    continue
+                if not data:
+                    return False
+                if GO in data:
+                    return HURRY in data[data.index(GO) :]
+        return False
+    finally:
+        if pidfd is not None:
+            with contextlib.suppress(OSError):
+                os.close(pidfd)
 
 
 def open_uplink_log(journal_path: Path) -> int:

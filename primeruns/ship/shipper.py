@@ -279,6 +279,29 @@ class Shipper:
                 paused_until=paused,
             )
 
+    def forget_standing(self) -> None:
+        """This shipper stopped, and the uplink that ships next starts the
+        sink afresh: a retirement or pause it recorded is not that one's
+        (``flush()`` would read it, and give up, before that uplink's
+        shipper records its own; ``ship.startup``'s handover)."""
+        st = self.state
+        if st.off_reason is None and (st.retired_reason is not None or st.paused_until):
+            with contextlib.suppress(JournalError, ValueError):
+                ledger.record_standing(
+                    self.journal, self.name, off=None, retired=None, paused_until=None
+                )
+
+    def _forget_stale_standing(self) -> None:
+        """A sink an earlier uplink of this journal retired or paused (threads
+        that handed over to the uplink process, one that died) ships again
+        here: say so, or ``flush()`` reads the old standing and gives up."""
+        try:
+            recorded = ledger.read_standing(self.journal, self.name)
+        except (JournalError, ValueError):
+            return
+        if recorded.retired is not None or recorded.paused_until is not None:
+            self._record_standing()
+
     def _sleep(self, seconds: float | None) -> None:
         # Cleared after waking, never before: a poke that lands just before
         # the wait still ends it.
@@ -288,6 +311,7 @@ class Shipper:
 
     def _run(self) -> None:
         trouble = 0  # consecutive journal write failures (a full disk, EIO)
+        self._forget_stale_standing()
         try:
             while not self._stop.is_set():
                 try:

@@ -48,10 +48,13 @@ from .shipper import Shipper, drain_all
 
 __all__ = [
     "CRASH_ERROR",
+    "UNREADABLE_FINISH",
     "Progress",
     "Uplink",
+    "ending_of",
     "find_run_journals",
     "journal_settings",
+    "json_object",
     "terminal_state",
 ]
 
@@ -88,6 +91,35 @@ class ProducerLink(Protocol):
         """Until the producer appends, finishes or dies (or ``timeout``; None: none)."""
 
 
+#: The error a close-out sends for a finish record it cannot read.
+UNREADABLE_FINISH = "the run's finish record could not be read from its journal"
+
+
+def json_object(payload: bytes) -> dict[str, Any] | None:
+    """``payload`` as a JSON object; None when it is not one. A journal is
+    untrusted input (a copy, damaged or crafted): not JSON, another type,
+    or nested past the parser's recursion are all answered, never raised."""
+    try:
+        record = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def ending_of(record: dict[str, Any] | None) -> tuple[str, str | None, dict[str, Any]]:
+    """``(status, error, summary)`` of a finish record (None: one that could
+    not be read, closed out as failed with ``UNREADABLE_FINISH``), each field
+    of the type a close-out sends."""
+    if record is None:
+        return "failed", UNREADABLE_FINISH, {}
+    error, summary = record.get("error"), record.get("summary")
+    return (
+        str(record.get("status", "failed")),
+        error if error is None or isinstance(error, str) else str(error),
+        summary if isinstance(summary, dict) else {},
+    )
+
+
 def terminal_state(
     journal: Journal, seqs: Mapping[int, Sequence[int]] | None = None
 ) -> tuple[str, str | None, dict[str, Any]]:
@@ -97,10 +129,9 @@ def terminal_state(
     known = (lambda kind: seqs.get(kind, ())) if seqs is not None else (lambda kind: None)
     finishes = last_payload(journal, EntryKind.FINISH, known(EntryKind.FINISH))
     if finishes is not None:
-        record = json.loads(finishes)
-        return str(record.get("status", "failed")), record.get("error"), record.get("summary") or {}
+        return ending_of(json_object(finishes))
     summary = last_payload(journal, EntryKind.SUMMARY, known(EntryKind.SUMMARY))
-    return "crashed", CRASH_ERROR, json.loads(summary) if summary is not None else {}
+    return "crashed", CRASH_ERROR, (json_object(summary) if summary is not None else None) or {}
 
 
 def journal_settings(
@@ -206,6 +237,11 @@ class Uplink:
         self.adopted: list[tuple[Journal, list[Shipper]]] = []
         self._closing = threading.Event()
         self._errors_lock = threading.Lock()
+        # Standing down (``stand_down``) and closing out exclude each other:
+        # which one ``serve`` does is decided once, under this lock.
+        self._deciding = threading.Lock()
+        self._standing_down = False
+        self._hurry_on_start = False
 
     # -- failures ------------------------------------------------------------
     def _on_failure(self, what: str, exc: BaseException) -> None:
@@ -239,6 +275,8 @@ class Uplink:
         )
         for shipper in self.shippers:
             shipper.start()
+            if self._hurry_on_start:
+                shipper.hurry()
         for old in take_over(predecessors, sync_root(), self.journal.local_id):
             self._adopt(old)
 
@@ -307,7 +345,9 @@ class Uplink:
         return None
 
     def hurry(self) -> None:
-        """The producer waits (flush): send what is queued without lingering."""
+        """The producer waits (flush): send what is queued without lingering
+        (the shippers to come, too, when there is none yet)."""
+        self._hurry_on_start = True
         for shipper in self.everyone():
             shipper.hurry()
 
@@ -322,10 +362,11 @@ class Uplink:
         self.register_in_background()
         checked = 0
         finish: dict[str, Any] | None = None
-        while finish is None:
+        finished = False
+        while not finished and not self._standing_down:
             found = self.journal.read(checked, kinds={EntryKind.FINISH}, max_entries=1)
             if found.entries:
-                finish = json.loads(found.entries[-1].payload)
+                finish, finished = json_object(found.entries[-1].payload), True
                 break
             if found.next_after > checked:
                 checked = found.next_after
@@ -333,11 +374,16 @@ class Uplink:
             if link.producer_gone:
                 break
             link.wait(None)
-        self._closing.set()
-        if finish is not None:
-            status = str(finish.get("status", "failed"))
-            error, summary = finish.get("error"), finish.get("summary") or {}
-            left = budget_left(finish, _ORPHAN_DEADLINE_S)
+        with self._deciding:
+            standing_down = self._standing_down
+            if not standing_down:
+                self._closing.set()
+        if standing_down:
+            self.stop_shipping()
+            return
+        if finished:
+            status, error, summary = ending_of(finish)
+            left = budget_left(finish or {}, _ORPHAN_DEADLINE_S)
         else:
             status, error, summary = terminal_state(self.journal)
             left = _ORPHAN_DEADLINE_S
@@ -347,6 +393,35 @@ class Uplink:
                 self.journal.local_id,
             )
         self.close_out(status, error, summary, deadline=time.monotonic() + left, live=True)
+
+    def stand_down(self) -> bool:
+        """From another thread: make ``serve`` stop shipping and return
+        without closing the run out (another uplink takes the journal over
+        from its offsets, as after a crash); False once the close-out began.
+        The caller wakes ``serve``'s link and waits for it to return."""
+        with self._deciding:
+            # Not before the run is registered: a registration in flight
+            # would land here after another uplink began registering it.
+            if self._closing.is_set() or self.lifecycle.binding() is None:
+                return False
+            self._standing_down = True
+            return True
+
+    def stop_shipping(self) -> None:
+        """Stop every shipper after its attempt in flight (each records its
+        outcome first) and let go of the platform: nothing here writes to
+        the journal after this returns. Also where ``serve`` failed: its
+        shippers must not go on beside the uplink that ships next."""
+        with self._deciding:
+            self._closing.set()  # (a background registration stops too; stand_down refuses)
+        everyone = self.everyone()
+        for shipper in everyone:
+            shipper.signal_stop()
+        for shipper in everyone:
+            shipper.join()
+        for shipper in everyone:
+            shipper.forget_standing()
+        self.client.close()
 
     # -- closing out ---------------------------------------------------------------
     def close_out(

@@ -42,7 +42,13 @@ if __name__ == "__main__":
 from ..journal import Journal
 from ..settings import SdkSettings, adopt_settings
 from . import resident
-from .link import UPLINK_LOG_NAME, PipeProducerLink, settings_from_handover, take_claim
+from .link import (
+    UPLINK_LOG_NAME,
+    PipeProducerLink,
+    await_go,
+    settings_from_handover,
+    take_claim,
+)
 from .policy import RetryPolicy
 from .uplink import Uplink
 
@@ -87,7 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--progress-fd", required=True, type=int)
     parser.add_argument("--lock-fd", required=True, type=int)
     parser.add_argument("--claim-fd", type=int, default=None)
+    parser.add_argument("--await-go", action="store_true")
+    parser.add_argument("--hurry", action="store_true")  # came with the go (``ship.standby``)
     args = parser.parse_args(argv)
+    # Its producer may ship from threads until this process is ready
+    # (``ship.startup``): it then says when to go on.
+    hurried = args.hurry or (
+        args.await_go and await_go(args.wake_fd, args.progress_fd, args.producer)
+    )
     # First of all: nothing is touched before it is known that this
     # process ships, not its producer.
     if not take_claim(args.claim_fd):
@@ -117,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             journal, settings, policy=RetryPolicy.from_settings(tuning), notify=link.notify
         )
         link.on_hurry = uplink.hurry
+        if hurried:
+            uplink.hurry()  # a flush() waits (the go carried it)
         _collect_less()
         uplink.serve(link, predecessors)
     finally:

@@ -14,15 +14,17 @@ from cli_helpers import break_entry_header, cli, landed_once
 from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
+from primeruns import closing
 from primeruns.journal import EntryKind, Journal
 
 
-def _offline_eval(runs: Path, url: str, n: int) -> pr.Run:
+def _offline_eval(runs: Path, url: str, n: int, *, finish: bool = True) -> pr.Run:
     run = pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=url, runs_dir=runs)
     assert run.mode == "offline"
     for episode in workloads.gsm8k(n):
         run.log_episodes([episode])
-    run.finish()
+    if finish:
+        run.finish()
     return run
 
 
@@ -142,3 +144,51 @@ def test_gc_keeps_a_closed_out_run_whose_unshipped_entry_is_damaged(
     code, out, _ = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "-v")
     assert code == 0 and path.exists(), out
     assert "2 records still to ship" in out
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        b"[1, 2]",
+        b"[" * 100_000 + b"]" * 100_000,
+        b"not json",
+        b'{"status": "completed", "summary": [1], "error": {"x": 1}}',
+    ],
+    ids=["a-list", "nested-deep", "not-json", "fields-of-other-types"],
+)
+def test_sync_of_a_journal_whose_finish_record_is_not_one_ships_it_and_closes_it_failed(
+    record: bytes,
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A journal is untrusted input (a copy from another host, damaged or
+    crafted): its finish record, which decides how the run is closed, may
+    be anything. Before, each of these stopped ``sync`` with a traceback
+    (AttributeError, RecursionError, JSONDecodeError) or sent the platform
+    a summary that is not an object; nothing was closed."""
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.setenv("PRIME_RUNS_MODE", "offline")
+    run = _offline_eval(runs, local_platform.url, 0, finish=False)
+    run.log_episodes(workloads.gsm8k(4))
+    encode = closing.records.encode_record
+    monkeypatch.setattr(
+        closing.records,
+        "encode_record",
+        lambda value, what: record if what == "finish" else encode(value, what=what),
+    )
+    run.finish()
+    monkeypatch.undo()
+    point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    code, out, err = cli(capsys, "sync", "--runs-dir", str(runs))
+    assert "Traceback" not in out + err
+    assert len(local_platform.runs()) == 1, (code, out, err)
+    [listed] = local_platform.runs()
+    stored = local_platform.run(listed["id"])
+    assert landed_once(stored, 4)
+    if record.startswith(b"{"):
+        assert stored["status"] == "COMPLETED"  # what it says, in the types it is sent as
+    else:
+        assert stored["status"] == "FAILED", (code, out, err)

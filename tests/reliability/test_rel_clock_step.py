@@ -69,10 +69,10 @@ def test_a_wall_clock_step_before_the_uplink_reads_the_finish_ships_everything(
         for name in ("LD_PRELOAD", "FAKETIME", "FAKETIME_DONT_FAKE_MONOTONIC"):
             del os.environ[name]
         uplink = run._supervisor.uplink  # type: ignore[union-attr]
-        assert uplink is not None and uplink.pid is not None
-        # The uplink process ships this run (a run finished before it began
-        # would ship from threads here, on the producer's clock).
+        # The uplink process ships this run (threads here ship it until the
+        # process is ready, on the producer's clock).
         wait_for(uplink.begun, timeout=60, what="the uplink process to begin")
+        assert uplink.pid is not None
         # Hold the uplink still until the finish entry is journaled, so that
         # every episode is left for the close-out (as on a slow link).
         os.kill(uplink.pid, signal.SIGSTOP)

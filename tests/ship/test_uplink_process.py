@@ -148,8 +148,10 @@ def test_the_key_is_not_on_the_uplinks_command_line_or_in_its_environment(
     run = pr.init(environments=["gsm8k"], model="m", base_url=local_platform.url, runs_dir=runs)
     assert run._supervisor is not None
     uplink = run._supervisor.uplink
-    assert uplink is not None and uplink.pid is not None
+    # (an evaluation ships from threads here until the process is ready: ship.startup)
+    wait_for(uplink.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
     pid = uplink.pid
+    assert pid is not None
     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     environ = Path(f"/proc/{pid}/environ").read_bytes()
     assert key.encode() not in cmdline
@@ -199,7 +201,8 @@ def test_an_uplink_killed_mid_run_is_replaced_by_threads_and_nothing_is_lost(
     run.log_episodes(episodes[:30])
     assert run._supervisor is not None
     uplink = run._supervisor.uplink
-    assert uplink is not None and uplink.pid is not None
+    wait_for(uplink.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
+    assert uplink.pid is not None
     os.kill(uplink.pid, signal.SIGKILL)
     uplink.wait_exit(30)
     run.log_episodes(episodes[30:])
@@ -228,8 +231,8 @@ def test_the_uplink_runs_this_package_even_from_a_directory_holding_another(
     run = _eval_run(local_platform.url, runs)
     assert run._supervisor is not None
     uplink = run._supervisor.uplink
-    assert uplink.pid is not None  # type: ignore[attr-defined]
     run.log_episodes(workloads.gsm8k(5))
+    wait_for(uplink.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
     # Shipped by the process (a run finished before it began would ship
     # from threads here, and never show what the process imports).
     assert run.flush(timeout=60)
@@ -293,7 +296,7 @@ def test_a_run_finished_before_its_uplink_process_began_ships_from_threads_at_on
         run = _eval_run(local_platform.url, runs)
         assert run._supervisor is not None
         uplink = run._supervisor.uplink
-        assert uplink.pid is not None and not uplink.begun()  # type: ignore[attr-defined]
+        assert not uplink.begun()  # type: ignore[attr-defined]
         run.log_episodes(workloads.gsm8k(5))
         run.finish(timeout=15)
         assert not uplink.alive()  # stopped, never having begun

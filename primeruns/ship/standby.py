@@ -1,0 +1,90 @@
+"""The uplink process of an evaluation, on standby until its run lives on.
+
+An evaluation ships from threads in its producer first (``ship.startup``),
+and most short ones are over before an uplink process would have done its
+imports (~0.25 s of CPU, on a machine whose cores the producer and the
+platform already use): those imports slowed the run they were for. So the
+process is started as this script, run by path with ``-S`` (no site, no
+package: only the standard library's built-in modules), which costs a
+bare interpreter's start-up and then waits on its producer's wake pipe:
+
+- ``WARM`` (the run lived on) or ``GO`` (hand over now), and it becomes the
+  uplink process proper (``uplink_main``, which then waits for ``GO`` if it
+  did not come yet);
+- the pipe's end of file or its producer's death (pidfd; else its parent
+  pid, looked at each second), and it becomes the uplink at once: the
+  claim decides whether it ships (a dead producer's run is closed out as
+  crashed, as ever).
+
+A run finished meanwhile stops it (``UplinkProcess.claim_back``), having
+loaded nothing. Nothing here touches the journal or the platform.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+
+WARM, GO, HURRY = b"\3", b"\2", b"\1"  # as in ``ship.link``
+
+
+def wait(argv: list[str]) -> list[str]:
+    """Wait as the module doc says; the arguments for ``uplink_main``
+    (``--await-go`` left out once there is nothing to wait for, ``--hurry``
+    added when a hurry came with the go)."""
+    wake = int(argv[argv.index("--wake-fd") + 1])
+    producer = int(argv[argv.index("--producer") + 1])
+    pidfd = None
+    try:  # noqa: SIM105 (contextlib is one more import, on every run's path)
+        pidfd = os.pidfd_open(producer)
+    except (OSError, AttributeError):
+        pass
+    poller = select.poll()
+    poller.register(wake, select.POLLIN)
+    if pidfd is not None:
+        poller.register(pidfd, select.POLLIN)
+    tick = None if pidfd is not None else 1000
+    go, hurry = True, False
+    # Its parent pid tells the producer's death only where the producer is its
+    # parent (checked after the pidfd is open: it is then the producer's). A
+    # stand-in for the interpreter that runs it as a child sits between: its
+    # pidfd tells then (none: taken for dead, as ever).
+    direct = os.getppid() == producer
+    while os.getppid() == producer if direct else pidfd is not None:
+        try:
+            ready = {fd for fd, _ in poller.poll(tick)}
+        except OSError:
+            ready, tick = set(), 1000
+        if pidfd is not None and pidfd in ready:
+            break
+        if wake in ready:
+            try:
+                data = os.read(wake, 4096)
+            except BlockingIOError:
+                continue
+            except OSError:
+                break
+            if not data:
+                break
+            if GO in data:
+                hurry = HURRY in data[data.index(GO) :]
+                break
+            if WARM in data:
+                go = False
+                break
+    if pidfd is not None:
+        os.close(pidfd)
+    if go:
+        argv = [a for a in argv if a != "--await-go"]
+    return [*argv, "--hurry"] if hurry else argv
+
+
+if __name__ == "__main__":
+    args = wait(sys.argv[1:])
+    import runpy
+    import site
+
+    site.main()  # the site-packages (the package's dependencies), as without -S
+    sys.argv = ["primeruns-uplink", *args]
+    runpy.run_module("primeruns.ship.uplink_main", run_name="__main__", alter_sys=True)

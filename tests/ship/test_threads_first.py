@@ -1,0 +1,187 @@
+"""An evaluation ships from threads while its uplink process starts (``ship.startup``).
+
+The oracle throughout: every episode whose ``log_episodes`` returned lands
+once in Prime Traces and once in the sample table, whichever end shipped it
+and wherever the handover fell; and the run is closed out once, by one of
+them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import module_platform
+import procs
+import pytest
+import workloads
+from sdk_helpers import gated_interpreter, held_uplink_starts, point_at, wait_for
+
+import primeruns as pr
+from primeruns.journal import EntryKind, Journal
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
+from cli_helpers import landed_once
+
+# The runs of these tests are told apart by id: one server serves them all.
+_server, local_platform = module_platform.fixtures()
+
+API_KEY = "test-key-0123456789"
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _landed_once(stored: dict[str, Any], n: int, status: str) -> bool:
+    samples = stored["samples"]
+    return bool(
+        stored["status"] == status
+        and landed_once(stored, n)
+        and samples["rows"] == samples["distinct"] == n
+    )
+
+
+def _eval_run(url: str, runs: Path) -> pr.Run:
+    return pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=url, runs_dir=runs)
+
+
+@pytest.mark.parametrize("when", ["caught-up", "backlog-in-flight"])
+def test_episodes_logged_across_the_handover_land_once_and_the_process_closes_the_run(
+    when: str, local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``caught-up``: the threads hand over once they shipped all there was;
+    ``backlog-in-flight``: at once (no catching up), batches in flight."""
+    from primeruns.ship import startup
+
+    if when == "backlog-in-flight":
+        monkeypatch.setattr(startup, "_CATCH_UP_S", 0.0)
+    lp = local_platform
+    lp.set_faults(latency_ms=50)
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    run = _eval_run(lp.url, runs)
+    assert run._supervisor is not None
+    uplink = run._supervisor.uplink
+    episodes = workloads.gsm8k(300)
+    run.log_episodes(episodes[:150])
+    wait_for(uplink.begun, timeout=60, what="the uplink process to take over")  # type: ignore[attr-defined]
+    run.log_episodes(episodes[150:])
+    run.finish(timeout=60)
+    assert run._supervisor.uplink is uplink
+    assert uplink.exit_code() == 0  # type: ignore[attr-defined]  # the process closed the run out
+    assert _landed_once(lp.run(run.id), len(episodes), "COMPLETED")
+
+
+def test_an_uplink_process_dead_in_its_start_up_leaves_the_threads_shipping(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    gate = held_uplink_starts(monkeypatch, tmp_path)
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    try:
+        run = _eval_run(local_platform.url, runs)
+        assert run._supervisor is not None
+        uplink = run._supervisor.uplink
+        episodes = workloads.gsm8k(40)
+        run.log_episodes(episodes[:20])
+        process = uplink._process  # type: ignore[attr-defined]
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait_exit(30)
+        with caplog.at_level(logging.WARNING, logger="primeruns"):
+            run.log_episodes(episodes[20:])
+            assert run.flush(timeout=60)
+            run.finish(timeout=60)
+        assert not uplink.begun()  # type: ignore[attr-defined]
+        assert "exited before the run was finished" not in caplog.text  # nothing to replace
+    finally:
+        gate.touch()
+    assert _landed_once(local_platform.run(run.id), 40, "COMPLETED")
+
+
+_PRODUCER = """
+import sys
+from pathlib import Path
+import primeruns as pr
+import primeruns.ship.link as link
+import workloads
+from sdk_helpers import GatedSys
+
+runs, url, stand_in, how = sys.argv[1:5]
+link.sys = GatedSys(Path(stand_in))  # its uplink process is held in its start-up
+run = pr.init(environments=["gsm8k"], model="m", runs_dir=runs, base_url=url,
+              api_key="test-key-0123456789")
+run.log_episodes(workloads.gsm8k(30))
+print(run.id, run.journal_path, flush=True)
+if how == "wait":
+    sys.stdin.read()  # until killed
+# else: exit without finish(): the run is closed at exit, as crashed
+"""
+
+
+def _start_producer(runs: Path, url: str, stand_in: Path, how: str) -> subprocess.Popen[str]:
+    return procs.start(
+        [sys.executable, "-c", _PRODUCER, str(runs), url, str(stand_in), how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ),
+        cwd=TESTS,  # where workloads.py is
+    )
+
+
+def test_a_producer_killed_while_its_threads_ship_is_taken_over_by_its_uplink_process(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGKILL in the threads' phase, a traces request in flight: the process
+    (let go only then) ships the rest and closes the run out as crashed."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    stand_in, gate = gated_interpreter(tmp_path)
+    lp.set_faults(latency_ms=2000, routes=["/api/v1/traces"])
+    try:
+        proc = _start_producer(runs, lp.url, stand_in, "wait")
+        assert proc.stdout is not None
+        run_id, _ = proc.stdout.readline().split()
+        wait_for(lambda: lp.set_faults()["delayed"] >= 1, timeout=60, what="a traces request")
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        lp.set_faults(latency_ms=0)
+    finally:
+        gate.touch()
+    wait_for(lambda: lp.run(run_id)["status"] != "RUNNING", timeout=120, what="the run's close-out")
+    stored = lp.run(run_id)
+    assert _landed_once(stored, 30, "FAILED"), stored
+
+
+def test_an_exit_without_finish_hands_over_at_once_and_the_process_ships_on(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exit waits less than the close-out may take: the process (still
+    in its start-up at the exit) is told to go on, and ships it all."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    stand_in, gate = gated_interpreter(tmp_path)
+    lp.set_faults(latency_ms=1000, routes=["/api/v1/traces"])
+    try:
+        proc = _start_producer(runs, lp.url, stand_in, "exit")
+        assert proc.stdout is not None
+        run_id, journal = proc.stdout.readline().split()
+
+        def closing_at_exit() -> bool:
+            with Journal.open(Path(journal), owner=False) as j:
+                return bool(j.read(0, kinds={EntryKind.FINISH}, max_entries=1).entries)
+
+        wait_for(closing_at_exit, timeout=60, what="the exit's finish entry")
+        lp.set_faults(latency_ms=0)
+    finally:
+        gate.touch()
+    assert proc.wait(timeout=120) == 0
+    proc.stdout.close()
+    wait_for(lambda: lp.run(run_id)["status"] != "RUNNING", timeout=120, what="the run's close-out")
+    assert _landed_once(lp.run(run_id), 30, "FAILED")
