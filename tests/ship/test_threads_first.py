@@ -22,30 +22,15 @@ import pytest
 import workloads
 from sdk_helpers import gated_interpreter, held_uplink_starts, point_at, wait_for
 
-import primeruns as pr
+# The runs of these tests are told apart by id: one server serves them all.
+from threads_first_helpers import eval_run as _eval_run
+from threads_first_helpers import stored_once
+
 from primeruns.journal import EntryKind, Journal
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
-from cli_helpers import landed_once
-
-# The runs of these tests are told apart by id: one server serves them all.
 _server, local_platform = module_platform.fixtures()
 
-API_KEY = "test-key-0123456789"
 TESTS = Path(__file__).resolve().parents[1]
-
-
-def _landed_once(stored: dict[str, Any], n: int, status: str) -> bool:
-    samples = stored["samples"]
-    return bool(
-        stored["status"] == status
-        and landed_once(stored, n)
-        and samples["rows"] == samples["distinct"] == n
-    )
-
-
-def _eval_run(url: str, runs: Path) -> pr.Run:
-    return pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=url, runs_dir=runs)
 
 
 @pytest.mark.parametrize("when", ["caught-up", "backlog-in-flight"])
@@ -71,7 +56,7 @@ def test_episodes_logged_across_the_handover_land_once_and_the_process_closes_th
     run.finish(timeout=60)
     assert run._supervisor.uplink is uplink
     assert uplink.exit_code() == 0  # type: ignore[attr-defined]  # the process closed the run out
-    assert _landed_once(lp.run(run.id), len(episodes), "COMPLETED")
+    assert stored_once(lp.run(run.id), len(episodes), "COMPLETED")
 
 
 def test_an_uplink_process_dead_in_its_start_up_leaves_the_threads_shipping(
@@ -99,7 +84,7 @@ def test_an_uplink_process_dead_in_its_start_up_leaves_the_threads_shipping(
         assert "exited before the run was finished" not in caplog.text  # nothing to replace
     finally:
         gate.touch()
-    assert _landed_once(local_platform.run(run.id), 40, "COMPLETED")
+    assert stored_once(local_platform.run(run.id), 40, "COMPLETED")
 
 
 _PRODUCER = """
@@ -156,7 +141,7 @@ def test_a_producer_killed_while_its_threads_ship_is_taken_over_by_its_uplink_pr
         gate.touch()
     wait_for(lambda: lp.run(run_id)["status"] != "RUNNING", timeout=120, what="the run's close-out")
     stored = lp.run(run_id)
-    assert _landed_once(stored, 30, "FAILED"), stored
+    assert stored_once(stored, 30, "FAILED"), stored
 
 
 def test_an_exit_without_finish_hands_over_at_once_and_the_process_ships_on(
@@ -184,4 +169,4 @@ def test_an_exit_without_finish_hands_over_at_once_and_the_process_ships_on(
     assert proc.wait(timeout=120) == 0
     proc.stdout.close()
     wait_for(lambda: lp.run(run_id)["status"] != "RUNNING", timeout=120, what="the run's close-out")
-    assert _landed_once(lp.run(run_id), 30, "FAILED")
+    assert stored_once(lp.run(run_id), 30, "FAILED")

@@ -17,36 +17,14 @@ from typing import Any
 import module_platform
 import pytest
 import workloads
-from sdk_helpers import API_KEY, GatedSys, point_at, wait_for
+from sdk_helpers import GatedSys, point_at, wait_for
+from threads_first_helpers import eval_run as _eval_run
+from threads_first_helpers import stored_once as _completed_once
+from threads_first_helpers import threads_first as _threads_first
 
-import primeruns as pr
-from primeruns.ship.factory import sink_kinds
 from primeruns.ship.startup import ThreadsFirst
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
-from cli_helpers import landed_once
-
 _server, local_platform = module_platform.fixtures()
-
-
-def _eval_run(url: str, runs: Path) -> pr.Run:
-    return pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=url, runs_dir=runs)
-
-
-def _threads_first(run: pr.Run) -> ThreadsFirst:
-    assert run._supervisor is not None
-    uplink = run._supervisor.uplink
-    assert isinstance(uplink, ThreadsFirst)
-    return uplink
-
-
-def _completed_once(stored: dict[str, Any], n: int) -> bool:
-    samples = stored["samples"]
-    return bool(
-        stored["status"] == "COMPLETED"
-        and landed_once(stored, n)
-        and samples["rows"] == samples["distinct"] == n
-    )
 
 
 def test_an_interpreter_stand_in_that_runs_python_as_its_child_waits_for_go(
@@ -98,12 +76,6 @@ def test_an_interpreter_stand_in_that_runs_python_as_its_child_waits_for_go(
     finally:
         hold.set()
     assert _completed_once(local_platform.run(run.id), 40)
-
-
-def _in_flight(run: pr.Run) -> bool:
-    journal = run._recorder.journal
-    assert journal is not None
-    return any(journal.cursor(n).inflight is not None for n in sink_kinds("eval"))
 
 
 def test_a_hurry_the_uplink_reads_before_it_is_set_up_is_not_dropped(tmp_path: Path) -> None:

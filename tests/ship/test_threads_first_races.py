@@ -17,35 +17,15 @@ import module_platform
 import pytest
 import workloads
 from sdk_helpers import API_KEY, held_uplink_starts, point_at, wait_for
+from threads_first_helpers import eval_run as _eval_run
+from threads_first_helpers import in_flight as _in_flight
+from threads_first_helpers import landed_once
+from threads_first_helpers import stored_once as _completed_once
+from threads_first_helpers import threads_first as _threads_first
 
-import primeruns as pr
 from primeruns.ship.factory import sink_kinds
-from primeruns.ship.startup import ThreadsFirst
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
-from cli_helpers import landed_once
 
 _server, local_platform = module_platform.fixtures()
-
-
-def _eval_run(url: str, runs: Path) -> pr.Run:
-    return pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=url, runs_dir=runs)
-
-
-def _threads_first(run: pr.Run) -> ThreadsFirst:
-    assert run._supervisor is not None
-    uplink = run._supervisor.uplink
-    assert isinstance(uplink, ThreadsFirst)
-    return uplink
-
-
-def _completed_once(stored: dict[str, Any], n: int) -> bool:
-    samples = stored["samples"]
-    return bool(
-        stored["status"] == "COMPLETED"
-        and landed_once(stored, n)
-        and samples["rows"] == samples["distinct"] == n
-    )
 
 
 def test_threads_whose_serve_died_are_not_told_to_stand_down_while_their_shippers_ship(
@@ -175,12 +155,6 @@ def test_an_exit_without_finish_in_the_threads_phase_hands_over_and_lands_once(
     assert landed_once(stored, n), stored["traces"]
     samples = stored["samples"]
     assert samples["rows"] == samples["distinct"] == n, samples
-
-
-def _in_flight(run: pr.Run) -> bool:
-    journal = run._recorder.journal
-    assert journal is not None
-    return any(journal.cursor(n).inflight is not None for n in sink_kinds("eval"))
 
 
 def test_an_uplink_process_killed_during_the_stand_down_is_replaced_and_nothing_is_lost(
