@@ -218,11 +218,12 @@ print("run", run.id, flush=True)
 sys.stdin.readline()  # the platform is slow now
 run.log_episodes(workloads.gsm8k({n}))
 journal = run._recorder.journal
-while not any(journal.cursor(s).inflight is not None for s in ("traces", "eval_samples")):
-    time.sleep(0.01)
+sdk_helpers.wait_for(
+    lambda: any(journal.cursor(s).inflight is not None for s in ("traces", "eval_samples")),
+    timeout=60, what="a batch in flight",
+)
 gate.touch()
-while first._state == "threads":
-    time.sleep(0.01)
+sdk_helpers.wait_for(lambda: first._state != "threads", timeout=60, what="the handover")
 print(first._state, flush=True)
 sys.stdin.readline()  # until the signal
 """
