@@ -67,6 +67,7 @@ from ..platform import Settings
 from ..settings import SdkSettings, process_sdk_settings, without_settings
 from ..threads import bounded, start_daemon
 from .policy import RetryPolicy
+from .standby import GO, HURRY, WARM, wait_for_word
 from .uplink import Uplink
 
 __all__ = [
@@ -83,9 +84,6 @@ __all__ = [
 log = logging.getLogger("primeruns")
 
 WAKE = b"\0"
-HURRY = b"\1"
-GO = b"\2"  # ship now (to an uplink started with --await-go: ``ship.startup``)
-WARM = b"\3"  # start up now (to one on standby: ``ship.standby``)
 _MAIN = "primeruns.ship.uplink_main"
 QUIET_S = 0.005  # the producer's appends are one burst until it is quiet this long
 LATE_S = 0.05  # and a burst is acted on this long after it began, at the latest
@@ -787,45 +785,7 @@ def await_go(wake_fd: int, progress_fd: int, producer: int) -> bool:
     Whether a hurry came with the go (read here, so the link will not see it)."""
     with contextlib.suppress(OSError):
         os.write(progress_fd, b"\0")
-    pidfd: int | None = None
-    with contextlib.suppress(OSError, AttributeError):
-        pidfd = os.pidfd_open(producer)
-    try:
-        poller = select.poll()
-        for fd in (wake_fd, pidfd):
-            if fd is not None:
-                poller.register(fd, select.POLLIN)
-        # Without a pidfd, the parent pid is looked at now and then (a forked
-        # child of the producer may hold the pipe's write end past its death).
-        tick = None if pidfd is not None else 1000
-        # (Only where the producer is its parent: not under an interpreter's
-        # stand-in that runs it as a child; ``ship.standby``.)
-        direct = os.getppid() == producer
-        while os.getppid() == producer if direct else pidfd is not None:
-            try:
-                ready = {fd for fd, _ in poller.poll(tick)}
-            except (OSError, ValueError):
-                ready, tick = set(), 1000  # (not expected) the parent pid still tells
-            if pidfd is not None and pidfd in ready:
-                return False
-            if wake_fd in ready:
-                try:
-                    data = os.read(wake_fd, 4096)
-                except BlockingIOError:
-                    continue
-                except OSError:
-                    poller.unregister(wake_fd)  # (not expected) its death still tells
-                    tick = 1000
-                    continue
-                if not data:
-                    return False
-                if GO in data:
-                    return HURRY in data[data.index(GO) :]
-        return False
-    finally:
-        if pidfd is not None:
-            with contextlib.suppress(OSError):
-                os.close(pidfd)
+    return wait_for_word(wake_fd, producer, (GO,))[1]
 
 
 def open_uplink_log(journal_path: Path) -> int:

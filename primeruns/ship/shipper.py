@@ -280,27 +280,20 @@ class Shipper:
             )
 
     def forget_standing(self) -> None:
-        """This shipper stopped, and the uplink that ships next starts the
-        sink afresh: a retirement or pause it recorded is not that one's
-        (``flush()`` would read it, and give up, before that uplink's
-        shipper records its own; ``ship.startup``'s handover)."""
-        st = self.state
-        if st.off_reason is None and (st.retired_reason is not None or st.paused_until):
-            with contextlib.suppress(JournalError, ValueError):
-                ledger.record_standing(
-                    self.journal, self.name, off=None, retired=None, paused_until=None
-                )
-
-    def _forget_stale_standing(self) -> None:
-        """A sink an earlier uplink of this journal retired or paused (threads
-        that handed over to the uplink process, one that died) ships again
-        here: say so, or ``flush()`` reads the old standing and gives up."""
+        """A retirement or pause recorded for this sink is not the next
+        shipper's: that one starts the sink afresh, and ``flush()`` would
+        read the old one and give up before it records its own. Called as a
+        shipper starts (after an uplink that died having retired it) and as
+        one stops at a handover (``ship.startup``: the process's shippers
+        start only once it took the claim, and a flush may look before)."""
         try:
             recorded = ledger.read_standing(self.journal, self.name)
+            if recorded.retired is not None or recorded.paused_until is not None:
+                ledger.record_standing(
+                    self.journal, self.name, off=recorded.off, retired=None, paused_until=None
+                )
         except (JournalError, ValueError):
-            return
-        if recorded.retired is not None or recorded.paused_until is not None:
-            self._record_standing()
+            pass  # closed or full: the producer sees the sink as it was recorded
 
     def _sleep(self, seconds: float | None) -> None:
         # Cleared after waking, never before: a poke that lands just before
@@ -311,7 +304,7 @@ class Shipper:
 
     def _run(self) -> None:
         trouble = 0  # consecutive journal write failures (a full disk, EIO)
-        self._forget_stale_standing()
+        self.forget_standing()
         try:
             while not self._stop.is_set():
                 try:

@@ -26,7 +26,64 @@ import os
 import select
 import sys
 
-WARM, GO, HURRY = b"\3", b"\2", b"\1"  # as in ``ship.link``
+# Bytes on the wake pipe besides ``ship.link``'s wake-up (b"\0"): HURRY
+# (someone waits: send small batches now), GO (ship now: to an uplink
+# started with --await-go, ``ship.startup``), WARM (do the imports: to one
+# on standby). Defined here, where nothing of the package may be imported.
+HURRY, GO, WARM = b"\1", b"\2", b"\3"
+
+
+def wait_for_word(wake: int, producer: int, words: tuple[bytes, ...]) -> tuple[bytes | None, bool]:
+    """Until one of ``words`` comes on the wake pipe (other bytes are passed
+    over), the pipe's end of file or the producer's death: (the word, the
+    first of ``words`` in the read that has several; None for the other
+    two, whether a ``HURRY`` came after it in the same read). Also the
+    uplink's own wait for go (``link.await_go``): one watch of the producer.
+
+    The producer's death is told by its pidfd, else by the parent pid
+    changing (looked at each second), and the parent pid only where the
+    producer is this process's parent (checked after the pidfd is open: it
+    is then the producer's). A stand-in for the interpreter that runs this
+    as a child sits between: its pidfd tells then (none: taken for dead).
+    """
+    pidfd = None
+    try:  # noqa: SIM105 (contextlib is one more import, on every run's path)
+        pidfd = os.pidfd_open(producer)
+    except (OSError, AttributeError):
+        pass
+    try:
+        poller = select.poll()
+        poller.register(wake, select.POLLIN)
+        if pidfd is not None:
+            poller.register(pidfd, select.POLLIN)
+        tick = None if pidfd is not None else 1000
+        direct = os.getppid() == producer
+        while os.getppid() == producer if direct else pidfd is not None:
+            try:
+                ready = {fd for fd, _ in poller.poll(tick)}
+            except (OSError, ValueError):
+                ready, tick = set(), 1000  # (not expected) the parent pid still tells
+            if pidfd is not None and pidfd in ready:
+                break
+            if wake not in ready:
+                continue
+            try:
+                data = os.read(wake, 4096)
+            except BlockingIOError:
+                continue
+            except OSError:
+                poller.unregister(wake)  # (not expected) its death still tells
+                tick = 1000
+                continue
+            if not data:
+                break
+            for word in words:
+                if word in data:
+                    return word, HURRY in data[data.index(word) :]
+        return None, False
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def wait(argv: list[str]) -> list[str]:
@@ -35,49 +92,10 @@ def wait(argv: list[str]) -> list[str]:
     added when a hurry came with the go)."""
     wake = int(argv[argv.index("--wake-fd") + 1])
     producer = int(argv[argv.index("--producer") + 1])
-    pidfd = None
-    try:  # noqa: SIM105 (contextlib is one more import, on every run's path)
-        pidfd = os.pidfd_open(producer)
-    except (OSError, AttributeError):
-        pass
-    poller = select.poll()
-    poller.register(wake, select.POLLIN)
-    if pidfd is not None:
-        poller.register(pidfd, select.POLLIN)
-    tick = None if pidfd is not None else 1000
-    go, hurry = True, False
-    # Its parent pid tells the producer's death only where the producer is its
-    # parent (checked after the pidfd is open: it is then the producer's). A
-    # stand-in for the interpreter that runs it as a child sits between: its
-    # pidfd tells then (none: taken for dead, as ever).
-    direct = os.getppid() == producer
-    while os.getppid() == producer if direct else pidfd is not None:
-        try:
-            ready = {fd for fd, _ in poller.poll(tick)}
-        except OSError:
-            ready, tick = set(), 1000
-        if pidfd is not None and pidfd in ready:
-            break
-        if wake in ready:
-            try:
-                data = os.read(wake, 4096)
-            except BlockingIOError:
-                continue
-            except OSError:
-                break
-            if not data:
-                break
-            if GO in data:
-                hurry = HURRY in data[data.index(GO) :]
-                break
-            if WARM in data:
-                go = False
-                break
-    if pidfd is not None:
-        os.close(pidfd)
-    if go:
+    word, hurry = wait_for_word(wake, producer, (GO, WARM))
+    if word != WARM:
         argv = [a for a in argv if a != "--await-go"]
-    return [*argv, "--hurry"] if hurry else argv
+    return [*argv, "--hurry"] if word == GO and hurry else argv
 
 
 if __name__ == "__main__":
