@@ -59,6 +59,38 @@ def test_episodes_logged_across_the_handover_land_once_and_the_process_closes_th
     assert stored_once(lp.run(run.id), len(episodes), "COMPLETED")
 
 
+def test_an_evaluation_that_never_lets_its_threads_catch_up_is_still_handed_over(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DESIGN §6.3 (shipping runs in the uplink's process, not the loop's)
+    holds for an evaluation once its threads' phase ends, and that phase is
+    bounded: a run that logs on while a slow platform keeps the threads
+    behind is handed over all the same (``_CATCH_UP_S`` after the process
+    is ready), with every episode once."""
+    lp = local_platform
+    lp.set_faults(latency_ms=300, routes=["/api/v1/traces"])
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    run = _eval_run(lp.url, runs)
+    assert run._supervisor is not None
+    uplink = run._supervisor.uplink
+    episodes = workloads.gsm8k(2000)
+    logged = 0
+
+    def logging_on_until_handed_over() -> bool:
+        nonlocal logged
+        run.log_episodes(episodes[logged : logged + 2])
+        logged += 2
+        return bool(uplink.begun())  # type: ignore[attr-defined]
+
+    try:
+        wait_for(logging_on_until_handed_over, timeout=120, what="the handover")
+    finally:
+        lp.set_faults(latency_ms=0)
+    run.finish(timeout=60)
+    assert uplink.exit_code() == 0  # type: ignore[attr-defined]  # the process closed the run out
+    assert stored_once(lp.run(run.id), logged, "COMPLETED")
+
+
 def test_an_uplink_process_dead_in_its_start_up_leaves_the_threads_shipping(
     local_platform: Any,
     tmp_path: Path,
