@@ -69,7 +69,7 @@ def test_an_interpreter_stand_in_that_runs_python_as_its_child_waits_for_go(
         )
         assert not process.begun(), "the uplink process took the claim before go"
         hold.set()
-        wait_for(lambda: first._state != "threads", timeout=60, what="the handover")
+        wait_for(lambda: first._state not in ("threads", "handing"), timeout=60, what="handover")
         assert first._state == "process"
         run.log_episodes(episodes[20:])
         run.finish(timeout=60)
@@ -143,7 +143,8 @@ def test_a_move_stops_the_uplink_itself_under_an_interpreter_stand_in_that_runs_
     first = _threads_first(run)
     logged = 20
     run.log_episodes(episodes[:logged])
-    wait_for(lambda: first._state != "threads", timeout=60, what="the handover")
+    # (past "handing": the threads' stand-down takes a moment)
+    wait_for(lambda: first._state not in ("threads", "handing"), timeout=60, what="the handover")
     assert first._state == "process" and first.pid is not None
     wait_for(first._process.begun, what="the uplink process to take the claim")
     wrapper = first.pid
