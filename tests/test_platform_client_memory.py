@@ -56,7 +56,7 @@ def test_a_read_out_response_does_not_wait_for_the_garbage_collector(url: str) -
         request = client.build_request("PUT", url, content=b"x" * 1000)
         gc.disable()
         try:
-            answer = PlatformClient._bounded(client, request, httpx.Timeout(10.0))
+            answer = PlatformClient._bounded(client, request, 10.0)
             assert answer.status_code == 200
             assert answer.json() == {"ok": True}
             assert len(streamed) == 1

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from primeruns.exceptions import (
+    APIError,
     APITimeoutError,
     NotFoundError,
     RetryableAPIError,
@@ -540,4 +541,96 @@ def test_a_failed_answer_lets_go_of_its_connection_while_its_error_is_kept(
             client.api("POST", "/rft/metrics", {"run_id": "r"}, within=0.2)
         kept.append(failed.value)
         assert hung_up.acquire(timeout=5)  # the client closed its side, error kept or not
+    client.close()
+
+
+def _answer_before_the_body(status: int, body: bytes) -> tuple[int, threading.Event]:
+    """A server that answers each request once its head is in, reads none
+    of its body, and hangs up (as a proxy refusing a body too large does);
+    its port, and an event set when it is stopped."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head:
+                    chunk = conn.recv(4096)
+                    if not chunk:
+                        break
+                    head += chunk
+                conn.sendall(
+                    b"HTTP/1.1 %d Refused\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (status, len(body), body)
+                )
+        listener.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener.getsockname()[1], stop
+
+
+@pytest.mark.parametrize("path", ["plain", "httpx"])
+def test_an_answer_sent_before_a_large_body_was_read_is_the_outcome(path: str) -> None:
+    """A 413 a server sends after the request's head, hanging up on the rest
+    of a large body, is the answer (a request the sink drops, counted), as
+    httpx takes it: not a failure to send, which would be resent for ever."""
+    import httpx
+
+    port, stop = _answer_before_the_body(413, b'{"detail": "too large"}')
+    settings = resolve_settings(
+        api_key=KEY, base_url=f"http://127.0.0.1:{port}", environ={}, config={}
+    )
+    transport = httpx.HTTPTransport() if path == "httpx" else None
+    client = PlatformClient(settings, transport=transport)
+    big = {"run_id": "r", "samples": ["x" * 1000] * 16_000}  # ~16 MB: past every buffer
+    try:
+        for _ in range(2):
+            with pytest.raises(APIError) as refused:
+                client.api("POST", "/evaluations/e/samples", big)
+            assert refused.value.status_code == 413 and not is_ambiguous(refused.value)
+            assert "too large" in str(refused.value)
+    finally:
+        stop.set()
+        client.close()
+
+
+def test_a_large_body_on_a_slow_link_has_each_write_within_the_timeout(
+    serve: Callable[..., _Server],
+) -> None:
+    """A body that takes longer than the call's timeout to go out, each of
+    its writes well within it, arrives (httpx bounds each write so; one
+    timeout over the whole body would cut a large batch off on a slow link
+    and resend it for ever)."""
+
+    def read_slowly(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        _reply(handler, json.dumps({"bytes": len(body)}).encode())
+
+    class SlowReader(_Handler):
+        def do_POST(self) -> None:
+            length = int(self.headers["Content-Length"])
+            chunks = []
+            while length:
+                chunk = self.rfile.read(min(length, 512 * 1024))
+                chunks.append(chunk)
+                length -= len(chunk)
+                time.sleep(0.05)  # the slow link: ~10 MB/s
+            self.server.answer(self, b"".join(chunks))
+
+    server = serve(read_slowly)
+    server.RequestHandlerClass = SlowReader
+    # Little buffered at the server's end: what is left once the last write
+    # went out (the client's send buffer) is read well within the timeout.
+    server.socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+    client = _client(server)
+    body = b"x" * (16 * 1024 * 1024)  # past the sockets' buffers
+    started = time.monotonic()
+    answer = client.api("POST", "/evaluations/e/samples", body, within=1.0)
+    assert answer == {"bytes": len(body)}
+    assert time.monotonic() - started > 1.0  # (else the link was not slow: no test)
     client.close()

@@ -13,9 +13,12 @@ building one loads the CA bundle, which cost more than a one-episode run's
 shipping, and a run builds several clients (its registration, the
 environments it resolves, its uplink's).
 
-The API's small calls (a metrics row, a lifecycle call) go on the standard
-library's ``http.client`` instead, where httpx would add nothing (:mod:`.plain`
-says when): a backlog of metrics rows is bound by the client's CPU per call.
+The platform API's and Prime Traces' calls go on the standard library's
+``http.client`` instead, where httpx would add nothing (:mod:`.plain` says
+when): a backlog of metrics rows is bound by the client's CPU per call, and a
+process that has not loaded httpx does not load it for them (httpx is
+imported when a call needs it: a testing transport, a query, a cookie, a
+presigned upload, an answer to decode as httpx decodes it).
 
 ``transport`` is the testing seam (as in httpx itself): an
 ``httpx.MockTransport`` answers every request of the three peers in-process,
@@ -26,6 +29,7 @@ is the same seam for the clients a run builds itself (set by
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform as _platform
@@ -35,23 +39,22 @@ import threading
 import time
 import urllib.request
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from ..exceptions import UnprovenAnswerError
-from .cookies import keep_cookies_lazily
 from .errors import error_from_response, error_from_transport
-from .plain import MAX_BODY, PlainConnections, Target, httpx_as_shipped
+from .plain import Deadlines, PlainConnections, Target, httpx_as_shipped
 from .settings import Settings
+
+if TYPE_CHECKING:  # pragma: no cover
+    import httpx
 
 __all__ = ["PlatformClient", "json_body"]
 
-_PLATFORM_TIMEOUT = httpx.Timeout(60.0, connect=10.0)
-_TRACES_TIMEOUT = httpx.Timeout(120.0, connect=10.0)
-_UPLOAD_TIMEOUT = httpx.Timeout(300.0, connect=10.0)
-_SPENT = httpx.ByteStream(b"")  # what a read-out streamed response keeps as its stream
+_PLATFORM_TIMEOUT = Deadlines(connect=10.0, read=60.0)
+_TRACES_TIMEOUT = Deadlines(connect=10.0, read=120.0)
+_UPLOAD_TIMEOUT = Deadlines(connect=10.0, read=300.0)
 
 #: The transport of a client built without one (None: httpx's, the network).
 #: Only ``primeruns.testing.use_transport`` sets it, for the length of a test.
@@ -64,15 +67,30 @@ _tls: ssl.SSLContext | None = None
 
 def tls_context() -> ssl.SSLContext:
     """This process's TLS context, built on first use as httpx builds its
-    default one (the CA bundle, ``SSL_CERT_FILE``/``SSL_CERT_DIR`` honoured)
-    and shared by every client: a context may verify many connections."""
+    default one (``SSL_CERT_FILE``, else ``SSL_CERT_DIR``, else certifi's CA
+    bundle) and shared by every client: a context may verify many
+    connections. Built here, not by httpx, which it would load."""
     global _tls
     with _tls_lock:
         if _tls is None:
-            _tls = httpx.create_ssl_context()
+            if cafile := os.environ.get("SSL_CERT_FILE"):
+                _tls = ssl.create_default_context(cafile=cafile)
+            elif capath := os.environ.get("SSL_CERT_DIR"):
+                _tls = ssl.create_default_context(capath=capath)
+            else:
+                import certifi  # httpx's own requirement
+
+                _tls = ssl.create_default_context(cafile=certifi.where())
         return _tls
 
 
+def _httpx_timeout(deadlines: Deadlines) -> httpx.Timeout:
+    import httpx
+
+    return httpx.Timeout(deadlines.read, connect=deadlines.connect)
+
+
+@functools.cache
 def _user_agent() -> str:
     from .. import __version__
 
@@ -124,6 +142,27 @@ _TAKEN_BY_HTTPX = frozenset({"content-encoding", "set-cookie", "set-cookie2"})
 _PLAIN_PATH = re.compile(r"[A-Za-z0-9._~!$&'()*+,;=:@/%-]*")
 
 
+# A query's key or value that httpx writes as it is (it percent-encodes the rest).
+_QUERY_WORD = re.compile(r"[A-Za-z0-9._~-]+")
+
+
+def _plain_query(params: Mapping[str, Any] | None) -> str | None:
+    """The query httpx writes for ``params`` (``?page=2&limit=100``), where
+    each key and value is a word it writes as it is (an int, not a bool:
+    httpx writes ``true``); None for any other, which httpx takes."""
+    if not params:
+        return ""
+    words = []
+    for key, value in params.items():
+        if isinstance(value, bool) or not isinstance(value, int | str):
+            return None
+        text = str(value)
+        if not (_QUERY_WORD.fullmatch(key) and _QUERY_WORD.fullmatch(text)):
+            return None
+        words.append(f"{key}={text}")
+    return "?" + "&".join(words)
+
+
 def _plain_target(api_root: str) -> tuple[Target, str] | None:
     """Where the API's calls go on the plain path, and the path they start
     with; None for a root httpx should take (userinfo, which httpx turns
@@ -158,22 +197,39 @@ class PlatformClient:
         self._http: httpx.Client | None = None
         self._storage: httpx.Client | None = None
         self._plain: PlainConnections | None = None
-        # The plain path (``platform.plain``) for the API's small calls:
-        # never with a testing transport, nor with a proxy configured (httpx
-        # honours the environment's; the plain path does not).
-        self._plain_target: tuple[Target, str] | None = None
+        # The plain path (``platform.plain``) for the API's and Prime Traces'
+        # calls: never with a testing transport, nor with a proxy configured
+        # (httpx honours the environment's; the plain path does not).
+        self._plain_api: tuple[Target, str] | None = None
+        self._plain_traces: tuple[Target, str] | None = None
         proxies = urllib.request.getproxies()  # "no": NO_PROXY alone, which routes nothing
         if self._transport is None and not set(proxies) - {"no"}:
-            self._plain_target = _plain_target(settings.api_root)
+            self._plain_api = _plain_target(settings.api_root)
+            self._plain_traces = _plain_target(settings.traces_url + "/api/v1")
 
     # -- connection pools -------------------------------------------------
-    def _clients(self) -> tuple[httpx.Client, httpx.Client]:
+    def _forget_if_forked(self) -> None:
+        """(Under the lock.) Inherited across fork, the sockets are the
+        parent's: dropped, never closed."""
+        if self._pid != os.getpid():
+            self._http = self._storage = None
+            self._plain = None
+            self._pid = os.getpid()
+
+    def _connections(self) -> PlainConnections:
         with self._lock:
-            if self._pid != os.getpid():
-                # Inherited across fork: the sockets are the parent's. Drop, never close.
-                self._http = self._storage = None
-                self._plain = None
-                self._pid = os.getpid()
+            self._forget_if_forked()
+            if self._plain is None:
+                self._plain = PlainConnections(tls_context)
+            return self._plain
+
+    def _clients(self) -> tuple[httpx.Client, httpx.Client]:
+        import httpx
+
+        from .cookies import keep_cookies_lazily
+
+        with self._lock:
+            self._forget_if_forked()
             if self._http is None or self._storage is None:
                 # No redirect is followed: httpx strips only Authorization on
                 # an origin change, so x-api-key and the body would go to
@@ -183,7 +239,7 @@ class PlatformClient:
                 self._http = keep_cookies_lazily(
                     httpx.Client(
                         follow_redirects=False,
-                        timeout=_PLATFORM_TIMEOUT,
+                        timeout=_httpx_timeout(_PLATFORM_TIMEOUT),
                         headers={"User-Agent": _user_agent()},
                         transport=self._transport,
                         verify=True if tls is None else tls,
@@ -193,13 +249,25 @@ class PlatformClient:
                 self._storage = keep_cookies_lazily(
                     httpx.Client(
                         follow_redirects=False,
-                        timeout=_UPLOAD_TIMEOUT,
+                        timeout=_httpx_timeout(_UPLOAD_TIMEOUT),
                         transport=self._transport,
                         verify=True if tls is None else tls,
                     )
                 )
-                self._plain = PlainConnections(tls_context)
             return self._http, self._storage
+
+    def _plain_for(self, root: tuple[Target, str] | None, path: str) -> tuple[Target, str] | None:
+        """Where a call to ``path`` under ``root`` goes on the plain path
+        (its target and full path), or None: it goes through httpx."""
+        if root is None or not _PLAIN_PATH.fullmatch(path):
+            return None
+        with self._lock:
+            http = None if self._pid != os.getpid() else self._http
+        if http is not None and http.cookies:
+            return None  # httpx sends them back; the plain path would not
+        if not httpx_as_shipped():
+            return None
+        return root[0], root[1] + path
 
     def _auth_headers(self, *, traces: bool) -> dict[str, str]:
         key = self.settings.api_key
@@ -221,13 +289,20 @@ class PlatformClient:
         content: bytes | None,
         headers: Mapping[str, str],
         params: Mapping[str, Any] | None,
-        timeout: httpx.Timeout,
+        timeout: Deadlines,
     ) -> httpx.Response:
+        import httpx
+
         request = client.build_request(
-            method, url, content=content, headers=headers, params=params, timeout=timeout
+            method,
+            url,
+            content=content,
+            headers=headers,
+            params=params,
+            timeout=_httpx_timeout(timeout),
         )
         try:
-            response = self._bounded(client, request, timeout)
+            response = self._bounded(client, request, timeout.read)
         except httpx.TransportError as exc:
             # The origin too: a sink pointed at the wrong host (PRIME_TRACES_URL
             # left at production beside a local platform) is then named. Worked
@@ -240,16 +315,15 @@ class PlatformClient:
         return response
 
     @staticmethod
-    def _bounded(
-        client: httpx.Client, request: httpx.Request, timeout: httpx.Timeout
-    ) -> httpx.Response:
+    def _bounded(client: httpx.Client, request: httpx.Request, budget: float) -> httpx.Response:
         """Send ``request`` and read its response within one overall deadline.
 
         httpx's read timeout is per read: a server trickling one byte just
         inside it (a slow-loris) would hold a shipper thread, or finish(),
         for hours. The whole response must arrive within the read timeout.
         """
-        budget = timeout.read if timeout.read is not None else 300.0
+        import httpx
+
         deadline = time.monotonic() + budget
         response = client.send(request, stream=True)
         if response.is_stream_consumed:
@@ -268,7 +342,7 @@ class PlatformClient:
             # so, each request's response, request and headers stay until a
             # full collection, which the uplink seldom runs (a backlog kept
             # ~1,000 of them, 10-20 MB). Cut, reference counting frees them.
-            response.stream = _SPENT
+            response.stream = httpx.ByteStream(b"")
         # Rebuilt from the raw bytes with the original headers, so that any
         # Content-Encoding is decoded exactly once.
         return httpx.Response(
@@ -278,6 +352,29 @@ class PlatformClient:
             request=request,
             extensions=response.extensions,
         )
+
+    def _exchange(
+        self,
+        plain: tuple[Target, str] | None,
+        url: str,
+        method: str,
+        *,
+        content: bytes | None,
+        headers: dict[str, str],
+        params: Mapping[str, Any] | None,
+        timeout: Deadlines,
+    ) -> dict[str, Any]:
+        """One call to ``url``: on the plain path where ``plain`` says it
+        may go (and httpx would write its query as :func:`_plain_query` does),
+        else through httpx."""
+        query = None if plain is None else _plain_query(params)
+        if plain is not None and query is not None:
+            return self._plain_call(plain[0], method, plain[1] + query, content, headers, timeout)
+        http, _ = self._clients()
+        response = self._send(
+            http, method, url, content=content, headers=headers, params=params, timeout=timeout
+        )
+        return _decode(response)
 
     # -- the three peers ----------------------------------------------------
     def api(
@@ -291,10 +388,9 @@ class PlatformClient:
     ) -> dict[str, Any]:
         """A platform API call; ``path`` is relative to the API prefix.
         ``within``: seconds the whole call may take (default: 60, 10 to connect)."""
-        http, _ = self._clients()
         timeout = _PLATFORM_TIMEOUT
         if within is not None:
-            timeout = httpx.Timeout(min(60.0, within), connect=min(10.0, within))
+            timeout = Deadlines(connect=min(10.0, within), read=min(60.0, within))
         headers = self._auth_headers(traces=False)
         content: bytes | None = None
         if isinstance(body, bytes):
@@ -303,43 +399,38 @@ class PlatformClient:
             content = json_body(body)
         if content is not None:
             headers["Content-Type"] = "application/json"
-        url = self.settings.api_root + path
-        plain, target = self._plain, self._plain_target
-        if (
-            plain is not None
-            and target is not None
-            and params is None
-            and (content is None or len(content) <= MAX_BODY)
-            and not http.cookies  # httpx sends them back; the plain path would not
-            and _PLAIN_PATH.fullmatch(path)
-            and httpx_as_shipped()
-        ):
-            return self._plain_api(
-                plain, target[0], http, method, target[1] + path, content, headers, timeout
-            )
-        response = self._send(
-            http, method, url, content=content, headers=headers, params=params, timeout=timeout
+        return self._exchange(
+            self._plain_for(self._plain_api, path),
+            self.settings.api_root + path,
+            method,
+            content=content,
+            headers=headers,
+            params=params,
+            timeout=timeout,
         )
-        return _decode(response)
 
-    def _plain_api(
+    def _plain_call(
         self,
-        plain: PlainConnections,
         target: Target,
-        http: httpx.Client,
         method: str,
         full_path: str,
         content: bytes | None,
         headers: dict[str, str],
-        timeout: httpx.Timeout,
+        timeout: Deadlines,
     ) -> dict[str, Any]:
-        """``api`` on the plain path: what it answers and raises is what the
+        """A call on the plain path: what it answers and raises is what the
         httpx path answers and raises for the same exchange."""
-        headers["User-Agent"] = http.headers["User-Agent"]
+        headers["User-Agent"] = _user_agent()
         headers["Accept"] = "*/*"
         try:
-            answer = plain.request(target, method, full_path, headers, content, timeout)
-        except httpx.TransportError as exc:
+            answer = self._connections().request(
+                target, method, full_path, headers, content, timeout
+            )
+        except Exception as exc:
+            import httpx  # (loaded already: the plain path raises httpx's exceptions)
+
+            if not isinstance(exc, httpx.TransportError):
+                raise
             where = f"{method} {target.scheme}://{target.netloc}{full_path}"
             raise error_from_transport(exc, where) from None
         special = any(name.lower() in _TAKEN_BY_HTTPX for name, _ in answer.headers)
@@ -347,6 +438,9 @@ class PlatformClient:
             return _decoded(answer.body, answer.status, method, full_path)
         # Anything else is rare (an error, a redirect, a cookie, a compressed
         # body): it is made the response httpx would have made, and taken as such.
+        import httpx
+
+        http, _ = self._clients()
         response = httpx.Response(
             answer.status,
             headers=answer.headers,
@@ -370,20 +464,17 @@ class PlatformClient:
         params: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         """A Prime Traces call; ``path`` is relative to ``/api/v1``."""
-        http, _ = self._clients()
         all_headers = self._auth_headers(traces=True)
         all_headers.update(headers or {})
-        url = self.settings.traces_url + "/api/v1" + path
-        response = self._send(
-            http,
+        return self._exchange(
+            self._plain_for(self._plain_traces, path),
+            self.settings.traces_url + "/api/v1" + path,
             method,
-            url,
             content=content,
             headers=all_headers,
             params=params,
             timeout=_TRACES_TIMEOUT,
         )
-        return _decode(response)
 
     def put_object(self, url: str, body: bytes, content_type: str) -> None:
         """Upload to a presigned URL: no platform headers, no redirects followed."""

@@ -18,9 +18,7 @@ import email.utils
 import json
 import math
 import time
-from typing import Any
-
-import httpx
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import (
     APIError,
@@ -36,6 +34,9 @@ from ..exceptions import (
     ValidationRejectedError,
 )
 from ..redaction import scrub, url_for_display
+
+if TYPE_CHECKING:  # pragma: no cover
+    import httpx
 
 __all__ = [
     "RETRY_AFTER_CAP",
@@ -72,14 +73,15 @@ _BY_STATUS: dict[int, type[APIError]] = {
 _RETRYABLE = frozenset({429} | set(range(500, 600)) - {501, 505})
 
 # Failures after the request may have reached the server: it may have acted.
+# (httpx's names: httpx is loaded only once a call went through it or failed.)
 _RESPONSE_PATH = (
-    httpx.CloseError,
-    httpx.DecodingError,
-    httpx.ReadError,
-    httpx.ReadTimeout,
-    httpx.RemoteProtocolError,
-    httpx.WriteError,
-    httpx.WriteTimeout,
+    "CloseError",
+    "DecodingError",
+    "ReadError",
+    "ReadTimeout",
+    "RemoteProtocolError",
+    "WriteError",
+    "WriteTimeout",
 )
 
 
@@ -134,6 +136,8 @@ def _redirect_message(response: httpx.Response) -> str:
     location = response.headers.get("location")
     if not location:
         return "a redirect without a Location"
+    import httpx
+
     try:
         target = url_for_display(str(response.request.url.join(location)))
     except (httpx.InvalidURL, ValueError):
@@ -176,11 +180,15 @@ def error_from_response(response: httpx.Response) -> APIError:
 
 def error_from_transport(exc: httpx.TransportError, where: str) -> TransportError:
     """The exception for a request that got no HTTP answer."""
+    import httpx
+
     cls = APITimeoutError if isinstance(exc, httpx.TimeoutException) else TransportError
     # A transport error can quote the server (a status line that is not
     # HTTP): scrubbed like any answer's text.
     error = cls(scrub(f"{where}: {type(exc).__name__}: {exc or 'no response'}"))
-    error.ambiguous = isinstance(exc, _RESPONSE_PATH)  # type: ignore[attr-defined]
+    error.ambiguous = isinstance(  # type: ignore[attr-defined]
+        exc, tuple(getattr(httpx, name) for name in _RESPONSE_PATH)
+    )
     # No connection was made at all (nothing listens, no route): the platform
     # was not reached, which a closing run gives up on sooner (``unreached``).
     error.unreached = isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)  # type: ignore[attr-defined]

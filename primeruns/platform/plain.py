@@ -11,12 +11,21 @@ So a small call goes here when, and only when, httpx would do nothing more
 with it than this module does (``PlatformClient.api`` decides): no testing
 transport, httpx's own way out not replaced by a test's mock
 (:func:`httpx_as_shipped`), no proxy configured in the environment (httpx
-honours one; this module does not), no cookie held, no query parameters, a body under
-:data:`MAX_BODY` (``sendall`` bounds a whole body by one timeout, where httpx
-bounds each write: a large body on a slow link belongs to httpx). TLS is
+honours one; this module does not), no cookie held, no query parameters. A body goes in writes of
+:data:`WRITE_CHUNK` bytes, each within the call's timeout, as httpcore bounds
+each of its writes (one ``sendall`` of the whole body would bound it all by
+one timeout: a large body on a slow link would be cut off); a write the
+server cut short is followed by a read of its answer, as httpcore reads one
+(a 413 sent before the body was read is that answer, not a failure to send). TLS is
 verified with the process's one context, as httpx's. Failures are raised as
 the httpx exceptions httpx raises for the same event (refused, timed out, cut
 short), so the SDK maps them exactly as before, ambiguity included.
+
+Nothing here imports httpx or httpcore until a call fails: a process that
+has not loaded them (an evaluation script that never imported an HTTP
+library) paid ~70-130 ms of CPU for their import in its first ``init()``,
+for calls that never went through them (with trio installed, httpcore
+imports it too; with click and rich, httpx its command line).
 
 Connections are kept alive and shared by the threads of a client: each is
 used by one request at a time, and one the server closed while idle (a
@@ -29,20 +38,35 @@ import http.client
 import select
 import socket
 import ssl
+import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
-import httpcore
-import httpx
+__all__ = ["WRITE_CHUNK", "Answer", "Deadlines", "PlainConnections", "Target", "httpx_as_shipped"]
 
-__all__ = ["MAX_BODY", "Answer", "PlainConnections", "Target", "httpx_as_shipped"]
-
-#: The largest body sent here; larger ones go through httpx.
-MAX_BODY = 64 * 1024
+#: Bytes of a body sent per write (each within the call's timeout).
+WRITE_CHUNK = 64 * 1024
 _IDLE_KEPT = 16  # connections kept idle per origin (a shipper's fan-out is 4)
 _CHUNK = 65536
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """A call's timeouts: to connect, and for each write, each read and the
+    whole answer (as ``httpx.Timeout(read, connect=connect)`` has them)."""
+
+    connect: float
+    read: float
+
+
+def _httpx_error(name: str, message: str) -> Exception:
+    """httpx's exception ``name``: httpx is loaded at the first failure only."""
+    import httpx
+
+    error: Exception = getattr(httpx, name)(message)
+    return error
 
 
 def _shipped(function: object, module: str, qualname: str) -> bool:
@@ -54,30 +78,35 @@ def _shipped(function: object, module: str, qualname: str) -> bool:
     )
 
 
+def _method(module: str, owner: str, name: str) -> object:
+    """``module.owner.name`` if ``module`` is loaded (a half-loaded one has
+    not all of it: None, taken as replaced); ``_UNLOADED`` if it is not."""
+    loaded = sys.modules.get(module)
+    if loaded is None:
+        return _UNLOADED
+    return getattr(getattr(loaded, owner, None), name, None)
+
+
+_UNLOADED = object()
+
+
 def httpx_as_shipped() -> bool:
     """Whether httpx's way out is the one httpx ships. A user's test that
     sees or answers the SDK's requests by replacing it (respx replaces
     httpcore's pool's, pytest-httpx and a monkeypatch httpx's transport's)
     must see every request, as it did when every request went through
     httpx: while it is replaced, nothing goes on the plain path. respx's
-    ``using="httpx"`` replaces the client's choice of transport instead."""
-    return (
-        _shipped(
-            httpx.Client._transport_for_url,
-            "httpx._client",
-            "Client._transport_for_url",
-        )
-        and _shipped(
-            httpx.HTTPTransport.handle_request,
-            "httpx._transports.default",
-            "HTTPTransport.handle_request",
-        )
-        and _shipped(
-            httpcore.ConnectionPool.handle_request,
-            "httpcore._sync.connection_pool",
-            "ConnectionPool.handle_request",
-        )
-    )
+    ``using="httpx"`` replaces the client's choice of transport instead.
+    A library not loaded yet has nothing replaced (a mock imports it)."""
+    for module, owner, name, home in (
+        ("httpx", "Client", "_transport_for_url", "httpx._client"),
+        ("httpx", "HTTPTransport", "handle_request", "httpx._transports.default"),
+        ("httpcore", "ConnectionPool", "handle_request", "httpcore._sync.connection_pool"),
+    ):
+        function = _method(module, owner, name)
+        if function is not _UNLOADED and not _shipped(function, home, f"{owner}.{name}"):
+            return False
+    return True
 
 
 @dataclass(frozen=True)
@@ -112,10 +141,10 @@ class PlainConnections:
         path: str,
         headers: Mapping[str, str],
         body: bytes | None,
-        timeout: httpx.Timeout,
+        timeout: Deadlines,
     ) -> Answer:
         """One exchange. Raises httpx's exceptions for what went wrong."""
-        budget = timeout.read if timeout.read is not None else 300.0
+        budget = timeout.read
         conn = self._take(target)
         if conn is None:
             conn = self._connect(target, timeout.connect)
@@ -124,13 +153,29 @@ class PlainConnections:
         assert conn.sock is not None
         conn.sock.settimeout(budget)
         kept = False
+        all_headers = {"Host": target.netloc, **headers}
+        sent: bytes | Iterator[memoryview] | None = body
+        if body is not None and len(body) > WRITE_CHUNK:
+            all_headers["Content-Length"] = str(len(body))
+            sent = _pieces(body)
         try:
             try:
-                conn.request(method, path, body=body, headers={"Host": target.netloc, **headers})
+                conn.request(method, path, body=sent, headers=all_headers)
             except TimeoutError as exc:
-                raise httpx.WriteTimeout(str(exc) or "timed out") from None
+                raise _httpx_error("WriteTimeout", str(exc) or "timed out") from None
             except (OSError, http.client.HTTPException) as exc:
-                raise httpx.WriteError(str(exc) or type(exc).__name__) from None
+                failed = _httpx_error("WriteError", str(exc) or type(exc).__name__)
+                # The server may have answered before it read the whole body
+                # (a 413) and closed: that answer is the outcome, as httpcore
+                # takes it (a request whose headers never went out has none:
+                # http.client refuses to read, and that is this failure).
+                if not isinstance(exc, OSError):
+                    raise failed from None
+                try:
+                    answer, _ = _receive(conn, budget)
+                except Exception:
+                    raise failed from None
+                return answer  # (the connection is not used again)
             except UnicodeError:
                 raise  # a header httpx cannot encode either: it raises the same
             except ValueError:
@@ -138,7 +183,7 @@ class PlainConnections:
                 # with its newline): refused before anything is sent, as
                 # httpx (h11) refuses it. http.client's text quotes the
                 # value, the key: it is not passed on.
-                raise httpx.LocalProtocolError("illegal header value") from None
+                raise _httpx_error("LocalProtocolError", "illegal header value") from None
             answer, kept = _receive(conn, budget)
             return answer
         finally:
@@ -185,10 +230,10 @@ class PlainConnections:
             conn.connect()  # TCP, then TLS: httpx names a failure of either a ConnectError
         except TimeoutError as exc:
             conn.close()
-            raise httpx.ConnectTimeout(str(exc) or "timed out") from None
+            raise _httpx_error("ConnectTimeout", str(exc) or "timed out") from None
         except OSError as exc:
             conn.close()
-            raise httpx.ConnectError(str(exc) or type(exc).__name__) from None
+            raise _httpx_error("ConnectError", str(exc) or type(exc).__name__) from None
         conn.response_class = _Response
         assert conn.sock is not None
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as httpcore
@@ -211,6 +256,14 @@ class _Response(http.client.HTTPResponse):
         if 100 <= status < 200:
             return version, http.client.CONTINUE, reason  # begin() skips its headers
         return version, status, reason
+
+
+def _pieces(body: bytes) -> Iterator[memoryview]:
+    """``body`` in writes of :data:`WRITE_CHUNK` bytes (``http.client`` sends
+    each with one ``sendall``, within the socket's timeout)."""
+    view = memoryview(body)
+    for at in range(0, len(view), WRITE_CHUNK):
+        yield view[at : at + WRITE_CHUNK]
 
 
 def _usable(conn: http.client.HTTPConnection) -> bool:
@@ -237,18 +290,20 @@ def _receive(conn: http.client.HTTPConnection, budget: float) -> tuple[Answer, b
         while chunk := response.read1(_CHUNK):
             chunks.append(chunk)
             if time.monotonic() > deadline:
-                raise httpx.ReadTimeout(f"the response did not arrive within {budget:g} s")
+                raise _httpx_error(
+                    "ReadTimeout", f"the response did not arrive within {budget:g} s"
+                )
         if response.length:  # read1 ends quietly at an early end of the stream
             raise http.client.IncompleteRead(b"".join(chunks), response.length)
         # Read out, but only read() marks it so: the connection then takes
         # its next request.
         response.close()
     except TimeoutError as exc:
-        raise httpx.ReadTimeout(str(exc) or "timed out") from None
+        raise _httpx_error("ReadTimeout", str(exc) or "timed out") from None
     except http.client.HTTPException as exc:  # cut short, not HTTP, a line too long
-        raise httpx.RemoteProtocolError(str(exc) or type(exc).__name__) from None
+        raise _httpx_error("RemoteProtocolError", str(exc) or type(exc).__name__) from None
     except OSError as exc:
-        raise httpx.ReadError(str(exc) or type(exc).__name__) from None
+        raise _httpx_error("ReadError", str(exc) or type(exc).__name__) from None
     finally:
         if response is not None:
             # Given up on, an answer that said it would close holds the

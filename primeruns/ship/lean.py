@@ -7,7 +7,7 @@ wherever they are; trio's import even runs ``ldconfig -p`` in a child
 process (``ctypes.util.find_library``), a fork of the uplink. Together
 about 70 ms of CPU in every uplink, paid by every run however short (a
 tenth of its start-up's CPU and more; ``tools/bench/end_to_end.py``). The
-uplink sends from threads with httpx's synchronous client only, never runs
+uplink sends from threads (``http.client``, else httpx's synchronous client) only, never runs
 httpx's command line, and runs no user code, so it marks these modules
 absent before httpx is imported: ``None`` in ``sys.modules`` is what the
 import system reports as not installed (an ``ImportError``), the very case

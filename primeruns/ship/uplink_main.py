@@ -36,7 +36,8 @@ from . import lean
 
 if __name__ == "__main__":
     # The uplink process itself (not a test importing this module), before
-    # the imports below first load httpx: see ``lean``.
+    # anything that could load httpx (a presigned upload, a call that
+    # failed): see ``lean``.
     lean.mark_absent()
 
 from ..journal import Journal

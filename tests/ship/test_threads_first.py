@@ -8,6 +8,7 @@ them.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -20,7 +21,7 @@ import module_platform
 import procs
 import pytest
 import workloads
-from sdk_helpers import gated_interpreter, held_uplink_starts, point_at, wait_for
+from sdk_helpers import API_KEY, gated_interpreter, held_uplink_starts, point_at, wait_for
 
 # The runs of these tests are told apart by id: one server serves them all.
 from threads_first_helpers import eval_run as _eval_run
@@ -202,3 +203,48 @@ def test_an_exit_without_finish_hands_over_at_once_and_the_process_ships_on(
     proc.stdout.close()
     wait_for(lambda: lp.run(run_id)["status"] != "RUNNING", timeout=120, what="the run's close-out")
     assert stored_once(lp.run(run_id), 30, "FAILED")
+
+
+_NO_HTTP_LIBRARY = """
+import json, sys
+sys.path.insert(0, sys.argv[4])
+import workloads
+import primeruns as pr
+run = pr.init(environments=["gsm8k"], model="m", api_key=sys.argv[3], base_url=sys.argv[1],
+              runs_dir=sys.argv[2])
+for episode in workloads.gsm8k(40):
+    run.log_episodes([episode])
+run.finish(timeout=60)
+print(json.dumps([run.id, sorted({m.split(".")[0] for m in sys.modules})]))
+"""
+
+
+def test_an_evaluation_loads_no_http_library_its_process_had_not(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run's calls go on the standard library's ``http.client`` (with
+    ``platform.plain``): httpx and httpcore (and what they pull in where it
+    is installed: trio, click, rich) were ~70-130 ms of every fresh
+    process's first ``init()``, more than the rest of a one-episode run.
+    Its episodes land all the same, each once in each sink."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    child = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _NO_HTTP_LIBRARY,
+            lp.url,
+            str(runs),
+            API_KEY,
+            str(TESTS),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    run_id, loaded = json.loads(child.stdout.strip().splitlines()[-1])
+    assert not {"httpx", "httpcore", "trio", "anyio", "click", "rich"} & set(loaded)
+    assert stored_once(lp.run(run_id), 40, "COMPLETED")
