@@ -35,7 +35,7 @@ from .refuge import create_journal
 from .run import Run
 from .settings import resolve_run_settings
 from .spec import SPEC_KEY, RunSpec, SpecEnvironment, listed_spec
-from .supervisor import go_online
+from .supervisor import Supervisor, go_online
 from .threads import start_daemon
 
 __all__ = ["init"]
@@ -261,56 +261,76 @@ def init(
     journal.set_meta(K_ROLE, role.to_json())
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
     recorder = Recorder(journal, kind=kind, on_error=on_error)
-    supervisor = None
-    if run_mode == "online":
-        try:
+    supervisor: Supervisor | None = None
+    made: Run | None = None
+    try:
+        if run_mode == "online":
             supervisor, taken_over = go_online(journal, settings, kind, recorder.note, tuning)
-        except BaseException:
-            # The run never existed on the platform: leave no journal behind
-            # for `primeruns ls` to call crashed.
-            journal.close()
-            if not memory:
-                delete_journal(journal.path)
-            raise
-        if not memory:  # with no folder to write (memory) there are no other runs
-            others = (journal.path.parent, {journal.path, *taken_over})
-            start_daemon(_mention_crashed_runs, "primeruns-scan", others)
-            bound = supervisor.binding()
-            if id is None and role.primary and bound is not None:
-                claim_created(journal.path.parent, bound.run_id, journal.local_id)
-    # What a forked child needs to log into this run (primeruns.forkchild). A
-    # run in memory has none to give: its children's records are dropped and
-    # counted (recorder).
-    fork = None
-    if not memory:
-        bound = supervisor.binding() if supervisor is not None else None
-        fork = ForkOrigin(
-            spec=spec,
-            settings=settings,
-            tuning=tuning,
-            durability=durability,
-            kind=kind,
-            on_error=on_error,
-            finish_timeout=float(finish_timeout),
-            parent_id=journal.local_id,
-            parent_path=str(journal.path),
+            if not memory:  # with no folder to write (memory) there are no other runs
+                others = (journal.path.parent, {journal.path, *taken_over})
+                start_daemon(_mention_crashed_runs, "primeruns-scan", others)
+                bound = supervisor.binding()
+                if id is None and role.primary and bound is not None:
+                    claim_created(journal.path.parent, bound.run_id, journal.local_id)
+        # What a forked child needs to log into this run (primeruns.forkchild). A
+        # run in memory has none to give: its children's records are dropped and
+        # counted (recorder).
+        fork = None
+        if not memory:
+            bound = supervisor.binding() if supervisor is not None else None
+            fork = ForkOrigin(
+                spec=spec,
+                settings=settings,
+                tuning=tuning,
+                durability=durability,
+                kind=kind,
+                on_error=on_error,
+                finish_timeout=float(finish_timeout),
+                parent_id=journal.local_id,
+                parent_path=str(journal.path),
+                mode=run_mode,
+                run_id=bound.run_id if bound else None,
+            )
+        made = run = Run(
+            recorder,
+            supervisor=supervisor,
             mode=run_mode,
-            run_id=bound.run_id if bound else None,
+            name=name,
+            config=config_doc,
+            finish_timeout=float(finish_timeout),
+            attached=id is not None,
+            local_id=journal.local_id,
+            fork=fork,
         )
-    run = Run(
-        recorder,
-        supervisor=supervisor,
-        mode=run_mode,
-        name=name,
-        config=config_doc,
-        finish_timeout=float(finish_timeout),
-        attached=id is not None,
-        local_id=journal.local_id,
-        fork=fork,
-    )
-    hooks.register(run)
-    hooks.install_sigterm()
+        hooks.register(run)
+        hooks.install_sigterm()
+    except BaseException:
+        _abandon(journal, supervisor, made, memory=memory)
+        raise
     return run
+
+
+def _abandon(
+    journal: Journal, supervisor: Supervisor | None, run: Run | None, *, memory: bool
+) -> None:
+    """``init()`` failed once its journal was made: its handle is never
+    returned, so nothing would finish the run. Its uplink is stopped (else
+    its process waits for this one's death), its journal closed, and left
+    for `primeruns replay` to close the run out if the platform registered
+    it; deleted if not (the run never existed there: nothing for
+    `primeruns ls` to call crashed)."""
+    if run is not None:
+        hooks.unregister(run)
+    registered = False
+    if supervisor is not None:
+        try:
+            supervisor.abandon()
+        except Exception as exc:  # (the failure of init() is what is raised)
+            log.warning("prime-runs: could not stop the uplink of a failed init(): %s", exc)
+        registered = supervisor.binding() is not None
+    journal.close()
+    if not memory and not registered:
+        delete_journal(journal.path)
 
 
 def _parquet_available() -> bool:

@@ -5,7 +5,8 @@ the uplink (:mod:`primeruns.ship.link`: a process, or threads where one cannot
 start). The :class:`Supervisor` it returns is all the run handle knows of
 shipping: it passes the recorder's wake-ups on, waits for the sinks to catch
 up (``flush``), replaces an uplink process that died before the run was
-closed out with threads in this process, and waits for the close-out
+closed out with threads in this process, stops the uplink of an ``init()``
+that failed after it started (``abandon``), and waits for the close-out
 (shipping from threads itself when the run ends before its uplink process
 began: a short run does not wait for that process's start-up). Every
 answer it gives is read from the journal, where the uplink writes it
@@ -297,6 +298,19 @@ class Supervisor:
             elif time.monotonic() >= done_by:
                 break
         return ledger.read_closeout(self._journal)
+
+    def abandon(self) -> None:
+        """``init()`` failed after ``go_online``: its handle is never
+        returned, so nothing finishes the run. Stop the uplink, whichever end
+        ships, without closing the run out; else its process would wait for
+        this producer's death (one more per failed ``init()`` of a notebook
+        that retries). The journal keeps where each sink stands, as after
+        any kill of the uplink. Then the journal may be closed."""
+        with self._replacing:
+            self._replaced = True  # nothing ships this run here any more
+            self.uplink.stop()
+            self._journal.unshare_lock()
+            self._journal.take_back_moving()
 
     def release(self) -> None:
         """The run's journal is closing: let go of the uplink's ends here."""

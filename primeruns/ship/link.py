@@ -125,6 +125,11 @@ class UplinkHandle(Protocol):
         """Take the shipping back from an uplink that has not begun it (see
         the module doc): True when this process ships from now on."""
 
+    def stop(self) -> None:
+        """Stop shipping, without closing the run out, and let go of this
+        side's ends: ``init()`` failed after the uplink started, and nothing
+        will finish the run. The journal keeps where each sink stands."""
+
 
 def start_uplink(
     journal: Journal,
@@ -205,6 +210,13 @@ class ProgressReader:
             if not self._polling:
                 self._drain()
             return self._reports
+
+    def ended(self) -> bool:
+        """Whether the pipe is at its end: the uplink is gone, or going."""
+        with self._cond:
+            if not self._polling:
+                self._drain()
+            return self._eof
 
     def wait(self, mark: int, timeout: float) -> bool:
         """Until a report came after ``mark`` or ``timeout`` passes; whether
@@ -397,9 +409,17 @@ class UplinkProcess:
 
     def wait_ready(self, timeout: float) -> bool:
         """Whether an uplink started with ``await_go`` reported that it waits
-        for ``go`` (its imports done) within ``timeout``; False once it exited."""
-        gone = self._progress.wait(0, timeout)
-        return not gone and self._progress.mark() != 0 and self.alive()
+        for ``go`` (its imports done) within ``timeout``; False once it is
+        gone. The progress pipe's end of file (counted as news) is no report:
+        a dying process's descriptors close before its exit can be seen
+        (``alive()``), and an interpreter's stand-in may outlive it; its exit
+        is waited for instead, within ``timeout``."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        self._progress.wait(0, timeout)
+        if self._progress.ended():
+            self.wait_exit(max(0.0, deadline - time.monotonic()))
+            return False
+        return self._progress.mark() != 0 and self.alive()
 
     def progress_mark(self) -> int:
         return self._progress.mark()
@@ -450,6 +470,15 @@ class UplinkProcess:
             self._proc.kill()
         self.wait_exit(5.0)
         return True
+
+    def stop(self) -> None:
+        # Killed whether or not it took the claim (the claim taken back
+        # first, so one that has not begun never will): a kill leaves the
+        # journal's offsets final, as after any death of the uplink.
+        self.claim_back()
+        kill_uplink(self._proc.pid)
+        self.wait_exit(30.0)
+        self.release()
 
     def begun(self) -> bool:
         """Whether the uplink process took the claim: it ships this run, and
@@ -563,6 +592,12 @@ class UplinkThreads:
 
     def claim_back(self) -> bool:
         return False  # shipping from this process already
+
+    def stop(self) -> None:
+        # (registered or not: no other uplink takes over now)
+        if self.uplink.stand_down(for_good=True):
+            self._link.event.set()
+            self._thread.join()
 
     def stand_down(self) -> bool:
         """Stop shipping without closing the run out, once each shipper's

@@ -17,7 +17,8 @@ bare interpreter's start-up and then waits on its producer's wake pipe:
   crashed, as ever).
 
 A run finished meanwhile stops it (``UplinkProcess.claim_back``), having
-loaded nothing. Nothing here touches the journal or the platform.
+loaded nothing; so does an ``init()`` that failed after starting it
+(``Supervisor.abandon``). Nothing here touches the journal or the platform.
 """
 
 from __future__ import annotations

@@ -323,6 +323,18 @@ class ThreadsFirst:
                 return False
         return self._process.claim_back()
 
+    def stop(self) -> None:
+        with self._cond:
+            if self._state == _THREADS:
+                self._drop_process()  # on standby: killed, having loaded nothing
+                self._state = _THREADS_ONLY
+                self._epoch += 1
+                self._cond.notify_all()
+            # A handover under way ends first: then one end ships, and is stopped.
+            self._cond.wait_for(lambda: self._state != _HANDING)
+            current = self._current()
+        current.stop()
+
     def begun(self) -> bool:
         """Whether the process took the claim (it ships this run)."""
         return self._state == _PROCESS and self._process.begun()

@@ -394,15 +394,18 @@ class Uplink:
             )
         self.close_out(status, error, summary, deadline=time.monotonic() + left, live=True)
 
-    def stand_down(self) -> bool:
+    def stand_down(self, *, for_good: bool = False) -> bool:
         """From another thread: make ``serve`` stop shipping and return
         without closing the run out (another uplink takes the journal over
         from its offsets, as after a crash); False once the close-out began.
-        The caller wakes ``serve``'s link and waits for it to return."""
+        The caller wakes ``serve``'s link and waits for it to return.
+        ``for_good``: no uplink takes over now (``init()`` failed)."""
         with self._deciding:
             # Not before the run is registered: a registration in flight
             # would land here after another uplink began registering it.
-            if self._closing.is_set() or self.lifecycle.binding() is None:
+            # (For good, none begins: it stops with the close-out's flag.)
+            unbound = self.lifecycle.binding() is None and not for_good
+            if self._closing.is_set() or unbound:
                 return False
             self._standing_down = True
             return True
