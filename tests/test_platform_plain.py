@@ -116,8 +116,9 @@ def serve() -> Iterator[Callable[..., _Server]]:
 
 def _client(server: _Server, scheme: str = "http") -> PlatformClient:
     port = server.server_address[1]
+    root = f"{scheme}://127.0.0.1:{port}"
     settings = resolve_settings(
-        api_key=KEY, base_url=f"{scheme}://127.0.0.1:{port}", environ={}, config={}
+        api_key=KEY, base_url=root, environ={"PRIME_TRACES_URL": root}, config={}
     )
     return PlatformClient(settings)
 
@@ -634,3 +635,41 @@ def test_a_large_body_on_a_slow_link_has_each_write_within_the_timeout(
     assert answer == {"bytes": len(body)}
     assert time.monotonic() - started > 1.0  # (else the link was not slow: no test)
     client.close()
+
+
+def test_a_spy_on_httpx_clients_send_sees_a_prime_traces_upload(
+    serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's test that records the SDK's requests by replacing
+    ``httpx.Client.send`` (or ``httpx.Client`` with a subclass overriding
+    it) saw every Prime Traces upload while they went through httpx: on the
+    plain path, it sees none, and an upload meant for the spy reaches the network."""
+    import httpx
+
+    seen: list[str] = []
+    send = httpx.Client.send
+
+    def spy(self: httpx.Client, request: httpx.Request, **kwargs: object) -> httpx.Response:
+        seen.append(request.url.path)
+        return send(self, request, **kwargs)  # type: ignore[arg-type]
+
+    class Recording(httpx.Client):
+        def send(self, request: httpx.Request, **kwargs: object) -> httpx.Response:  # type: ignore[override]
+            seen.append(f"subclass {request.url.path}")
+            return super().send(request, **kwargs)  # type: ignore[arg-type]
+
+    server = serve()
+    upload = {"Content-Type": "multipart/form-data; boundary=b", "Idempotency-Key": "k"}
+    with monkeypatch.context() as patch:
+        patch.setattr(httpx.Client, "send", spy)
+        client = _client(server)
+        client.traces("POST", "/traces", content=b"null", headers=upload)
+        client.close()
+    with monkeypatch.context() as patch:
+        patch.setattr(httpx, "Client", Recording)
+        client = _client(server)
+        client.traces("POST", "/traces", content=b"null", headers=upload)
+        client.close()
+    assert seen == ["/api/v1/traces", "subclass /api/v1/traces"]
+    assert len(server.requests) == 2
+

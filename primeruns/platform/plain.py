@@ -97,8 +97,19 @@ def httpx_as_shipped() -> bool:
     must see every request, as it did when every request went through
     httpx: while it is replaced, nothing goes on the plain path. respx's
     ``using="httpx"`` replaces the client's choice of transport instead.
+    A spy on ``httpx.Client.send``, or ``httpx.Client`` swapped for a
+    subclass overriding it, is a replacement too: every request of the SDK
+    that goes through httpx goes through ``Client.send``.
     A library not loaded yet has nothing replaced (a mock imports it)."""
+    loaded = sys.modules.get("httpx")
+    if loaded is not None:
+        client = getattr(loaded, "Client", None)
+        if getattr(client, "__module__", None) != "httpx._client" or getattr(
+            client, "__qualname__", None
+        ) != "Client":
+            return False  # httpx.Client is not httpx's (or httpx is half loaded)
     for module, owner, name, home in (
+        ("httpx", "Client", "send", "httpx._client"),
         ("httpx", "Client", "_transport_for_url", "httpx._client"),
         ("httpx", "HTTPTransport", "handle_request", "httpx._transports.default"),
         ("httpcore", "ConnectionPool", "handle_request", "httpcore._sync.connection_pool"),
