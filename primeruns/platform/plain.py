@@ -104,9 +104,7 @@ def httpx_as_shipped() -> bool:
     loaded = sys.modules.get("httpx")
     if loaded is not None:
         client = getattr(loaded, "Client", None)
-        if getattr(client, "__module__", None) != "httpx._client" or getattr(
-            client, "__qualname__", None
-        ) != "Client":
+        if client is None or client is not getattr(sys.modules.get("httpx._client"), "Client", None):
             return False  # httpx.Client is not httpx's (or httpx is half loaded)
     for module, owner, name, home in (
         ("httpx", "Client", "send", "httpx._client"),
