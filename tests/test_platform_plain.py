@@ -677,3 +677,68 @@ def test_a_spy_on_httpx_clients_send_sees_a_prime_traces_upload(
     plain = [headers["Accept-Encoding"] == "identity" for _, _, headers, _ in server.requests]
     assert plain == [False, False, True]
 
+
+_FORK_DURING_LAZY_IMPORT = r"""
+import importlib.abc, os, socket, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from primeruns.platform import PlatformClient, resolve_settings
+assert "httpx" not in sys.modules
+inside, go_on = threading.Event(), threading.Event()
+
+class Hold(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "httpx._client" and threading.current_thread() is not threading.main_thread():
+            inside.set()  # httpx half imported, by a shipper's thread
+            go_on.wait(0.5)
+        return None
+
+sys.meta_path.insert(0, Hold())
+with socket.socket() as probe:
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+client = PlatformClient(resolve_settings(
+    api_key="pk-x", base_url=f"http://127.0.0.1:{port}", environ={}, config={}))
+
+def call():
+    try:
+        client.api("POST", "/rft/metrics", {"run_id": "r"})
+    except Exception:
+        pass
+
+threading.Thread(target=call).start()  # its failure is the first: it imports httpx
+assert inside.wait(10)
+pid = os.fork()  # the user's fork (a pool of workers), mid-import
+if pid == 0:
+    call()  # the child's own client call, failing, needs httpx
+    import httpx  # and so does the user's code
+    os._exit(0)
+go_on.set()
+for _ in range(200):
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        sys.exit(os.waitstatus_to_exitcode(status))
+    time.sleep(0.05)
+os.kill(pid, 9)
+os.waitpid(pid, 0)
+print("the child hung importing httpx")
+sys.exit(3)
+"""
+
+
+def test_a_fork_while_a_thread_imports_httpx_leaves_the_child_able_to_import_it() -> None:
+    """httpx is imported at a shipper thread's first failure, at any time:
+    a process forked meanwhile (a user's pool of workers) inherits httpx
+    half imported, its import lock held by a thread the child has not, and
+    hung for ever at its first ``import httpx`` (the SDK's next failure, or
+    the user's own code). A fork waits for that import to end."""
+    import subprocess
+
+    repo = str(Path(__file__).resolve().parent.parent)
+    child = subprocess.run(
+        [sys.executable, "-c", _FORK_DURING_LAZY_IMPORT, repo],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 0, (child.stdout + child.stderr)[-2000:]

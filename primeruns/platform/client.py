@@ -44,7 +44,7 @@ from urllib.parse import urlsplit
 
 from ..exceptions import UnprovenAnswerError
 from .errors import error_from_response, error_from_transport
-from .plain import Deadlines, PlainConnections, Target, httpx_as_shipped
+from .plain import Deadlines, PlainConnections, Target, httpx_as_shipped, importing, load_httpx
 from .settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -71,7 +71,7 @@ def tls_context() -> ssl.SSLContext:
     bundle) and shared by every client: a context may verify many
     connections. Built here, not by httpx, which it would load."""
     global _tls
-    with _tls_lock:
+    with importing(), _tls_lock:  # (certifi may be imported: no fork meanwhile)
         if _tls is None:
             if cafile := os.environ.get("SSL_CERT_FILE"):
                 _tls = ssl.create_default_context(cafile=cafile)
@@ -224,9 +224,11 @@ class PlatformClient:
             return self._plain
 
     def _clients(self) -> tuple[httpx.Client, httpx.Client]:
-        import httpx
+        with importing():  # (httpx's transport imports httpcore: loaded here)
+            import httpcore  # noqa: F401
+            import httpx
 
-        from .cookies import keep_cookies_lazily
+            from .cookies import keep_cookies_lazily
 
         with self._lock:
             self._forget_if_forked()
@@ -427,7 +429,7 @@ class PlatformClient:
                 target, method, full_path, headers, content, timeout
             )
         except Exception as exc:
-            import httpx  # (loaded already: the plain path raises httpx's exceptions)
+            httpx = load_httpx()  # (not loaded yet if this is not a failure of the exchange)
 
             if not isinstance(exc, httpx.TransportError):
                 raise
@@ -438,9 +440,8 @@ class PlatformClient:
             return _decoded(answer.body, answer.status, method, full_path)
         # Anything else is rare (an error, a redirect, a cookie, a compressed
         # body): it is made the response httpx would have made, and taken as such.
-        import httpx
-
         http, _ = self._clients()
+        httpx = load_httpx()
         response = httpx.Response(
             answer.status,
             headers=answer.headers,

@@ -35,6 +35,7 @@ keep-alive timeout) is dropped before use, as httpcore does.
 from __future__ import annotations
 
 import http.client
+import os
 import select
 import socket
 import ssl
@@ -42,9 +43,20 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from types import ModuleType
 
-__all__ = ["WRITE_CHUNK", "Answer", "Deadlines", "PlainConnections", "Target", "httpx_as_shipped"]
+__all__ = [
+    "WRITE_CHUNK",
+    "Answer",
+    "Deadlines",
+    "PlainConnections",
+    "Target",
+    "httpx_as_shipped",
+    "importing",
+    "load_httpx",
+]
 
 #: Bytes of a body sent per write (each within the call's timeout).
 WRITE_CHUNK = 64 * 1024
@@ -61,10 +73,65 @@ class Deadlines:
     read: float
 
 
+# The SDK's lazy imports (httpx, httpcore, certifi) happen in a shipper's
+# thread at its first failure, at any time: a fork meanwhile (a user's pool
+# of workers) would leave the child the module half imported, its import
+# lock held by a thread the child has not, and the child hung for ever at
+# its first import of it (the SDK's next failure, or the user's own code).
+# A fork waits for such an import to end. Its hook is registered at the
+# first lazy import, so that it runs before the hooks registered earlier
+# (logging's takes the lock an import that logs needs: waited for after
+# it, the import would never end), and it waits a bounded time at most.
+_importing = threading.RLock()
+_registering = threading.Lock()
+_registered = False
+_held_for_fork = False
+_FORK_WAIT_S = 10.0
+
+
+def _before_fork() -> None:
+    global _held_for_fork
+    _held_for_fork = _importing.acquire(timeout=_FORK_WAIT_S)
+
+
+def _after_fork_in_parent() -> None:
+    global _held_for_fork
+    if _held_for_fork:
+        _held_for_fork = False
+        _importing.release()
+
+
+def _after_fork_in_child() -> None:
+    global _importing, _held_for_fork
+    _importing = threading.RLock()
+    _held_for_fork = False
+
+
+def importing() -> AbstractContextManager[object]:
+    """Held around a lazy import: no fork happens in the middle of it."""
+    global _registered
+    if not _registered:
+        with _registering:
+            if not _registered and hasattr(os, "register_at_fork"):
+                os.register_at_fork(
+                    before=_before_fork,
+                    after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child,
+                )
+            _registered = True
+    return _importing
+
+
+def load_httpx() -> ModuleType:
+    """httpx, imported if it is not yet (see :func:`importing`)."""
+    with importing():
+        import httpx
+    return httpx
+
+
 def _httpx_error(name: str, message: str) -> Exception:
     """httpx's exception ``name``: httpx is loaded at the first failure only."""
-    import httpx
-
+    httpx = load_httpx()
     error: Exception = getattr(httpx, name)(message)
     return error
 
@@ -104,7 +171,9 @@ def httpx_as_shipped() -> bool:
     loaded = sys.modules.get("httpx")
     if loaded is not None:
         client = getattr(loaded, "Client", None)
-        if client is None or client is not getattr(sys.modules.get("httpx._client"), "Client", None):
+        if client is None or client is not getattr(
+            sys.modules.get("httpx._client"), "Client", None
+        ):
             return False  # httpx.Client is not httpx's (or httpx is half loaded)
     for module, owner, name, home in (
         ("httpx", "Client", "send", "httpx._client"),
