@@ -7,8 +7,10 @@ stores a value once and repeats it per row for free). Two sides bound it:
 - **confirm** (:func:`checked_rows`) refuses an object past
   :data:`MAX_OBJECT_ROWS` rows, :data:`MAX_OBJECT_DECODED_BYTES` decoded
   bytes (first from the footer: fixed-width columns cost rows x width, plain
-  byte arrays their uncompressed size; then, for what the footer cannot bound,
-  by decoding it in small batches and stopping at the cap, never whole), or
+  byte arrays their uncompressed size; or, whatever the encoding, rows x the
+  longest value its pages can hold, from the file's size and a codec of
+  bounded ratio; then, for what neither bounds, by decoding it in small
+  batches and stopping at the cap, never whole), or
   with a nested column (a list's one row could repeat a dictionary value
   without bound, so a batch of rows would not bound a batch's size).
 - **reads** decode only what they show: a page of rows
@@ -123,6 +125,43 @@ def _footer_bound(meta: Any) -> int | None:
     return total
 
 
+#: Most bytes one compressed byte of a codec can decompress to: none; snappy
+#: at best encodes a 64-byte copy in 3 bytes. The other codecs (zstd, gzip,
+#: brotli, lz4) compress a long run far more, so they get no such bound.
+_RATIO = {"UNCOMPRESSED": 1, "SNAPPY": 22}
+
+
+def _size_bound(meta: Any, size: int) -> int | None:
+    """A bound on the decoded size that trusts none of the footer's sizes
+    (only its row counts, which the reader goes by, and its codecs, which it
+    decompresses with), or None when a chunk's codec has no bounded ratio.
+
+    Every page a chunk's reader decompresses lies in the file, so its pages
+    decompress to at most ``ratio x size`` bytes, and no value it decodes is
+    longer: a plain value lies in a page, a dictionary entry in the
+    dictionary page, a ``DELTA_BYTE_ARRAY`` value is at most all the
+    suffixes. Each of the chunk's values is one such value (an index can
+    repeat an entry per row, but a row still holds one), so rows x (longest
+    value + offset + validity) bounds it. An SDK object is a few snappy rows:
+    this proves it small without decoding it."""
+    total = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        rows = int(group.num_rows)
+        for c in range(meta.num_columns):
+            column = group.column(c)
+            values = max(rows, int(column.num_values))
+            if column.physical_type in _FIXED_WIDTH:
+                # A decimal stored as an integer decodes to Arrow's 16 or 32 bytes.
+                total += values * (32 + 1)
+                continue
+            ratio = _RATIO.get(column.compression)
+            if ratio is None:
+                return None
+            total += values * (ratio * size + 9) + 1024  # + a batch's buffers' padding
+    return total
+
+
 def _refuse(key: str, why: str) -> PlatformError:
     return PlatformError(400, f"Object {key} is refused: {why}")
 
@@ -138,7 +177,7 @@ def _text(kind: Any) -> bool:
     )
 
 
-def _measure(path: Path, meta: Any, key: str) -> None:
+def _measure(source: Any, meta: Any, key: str) -> None:
     """Refuse the object once it decodes past the cap, counted a batch at a
     time. A column with a dictionary page is read as a dictionary (its
     indices and its entries, never its values repeated per row) and counted
@@ -160,7 +199,7 @@ def _measure(path: Path, meta: Any, key: str) -> None:
             if meta.row_group(g).column(c).has_dictionary_page
             and meta.schema.column(c).path in text
         }
-        parquet = pq.ParquetFile(path, read_dictionary=sorted(dictionary))
+        parquet = pq.ParquetFile(source, metadata=meta, read_dictionary=sorted(dictionary))
         rows = _measure_rows(meta, dictionary)
         for batch in parquet.iter_batches(batch_size=rows, use_threads=False):
             for values in batch.columns:
@@ -181,12 +220,26 @@ def _measure(path: Path, meta: Any, key: str) -> None:
 def checked_rows(path: Path, key: str) -> int:
     """The object's row count once it is within the bounds; a 400 naming the
     bound it passes, or that it is not a readable Parquet file."""
+    import pyarrow as pa
+
     pq = _pq()
     try:
-        parquet = pq.ParquetFile(path)
-        meta = parquet.metadata
-    except Exception:  # any malformed file: pyarrow raises several unrelated types
+        # One handle for the footer, the size that bounds it and any measuring,
+        # so all three are of the same file (a PUT may rename another over the
+        # path meanwhile), and the footer is parsed once.
+        source = pa.OSFile(str(path))
+    except Exception:
         raise PlatformError(400, f"Object {key} is not a readable Parquet file") from None
+    with source:
+        try:
+            size = source.size()
+            meta = pq.read_metadata(source)
+        except Exception:  # any malformed file: pyarrow raises several unrelated types
+            raise PlatformError(400, f"Object {key} is not a readable Parquet file") from None
+        return _checked_rows(source, size, meta, key)
+
+
+def _checked_rows(source: Any, size: int, meta: Any, key: str) -> int:
     in_groups = sum(int(meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
     if in_groups != meta.num_rows:  # a reader goes by the groups', a count by the file's
         raise PlatformError(400, f"Object {key} is not a readable Parquet file")
@@ -216,9 +269,12 @@ def checked_rows(path: Path, key: str) -> int:
     cap = f"MAX_OBJECT_DECODED_BYTES={MAX_OBJECT_DECODED_BYTES}"
     if uncompressed > MAX_OBJECT_DECODED_BYTES:
         raise _refuse(key, f"{uncompressed} bytes uncompressed, more than {cap}")
+    proven = _size_bound(meta, size)
+    if proven is not None and proven <= MAX_OBJECT_DECODED_BYTES:
+        return int(meta.num_rows)  # an SDK object: nothing to decode
     bound = _footer_bound(meta)
     if bound is None or bound > MAX_OBJECT_DECODED_BYTES:
-        _measure(path, meta, key)
+        _measure(source, meta, key)
     return int(meta.num_rows)
 
 

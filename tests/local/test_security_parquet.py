@@ -287,39 +287,38 @@ def test_honest_objects_read_over_http_as_before(run: Run, tmp_path: Path) -> No
     assert step_page.status_code == 200
 
 
-@pytest.mark.parametrize("encoding", ["DELTA_BYTE_ARRAY", "dictionary", "arrow dictionary"])
-def test_each_encoding_that_repeats_a_value_for_free_is_counted_as_decoded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: str
-) -> None:
-    """A DELTA_BYTE_ARRAY value is its predecessor's prefix; a dictionary one
-    an index (read back as strings, or as Arrow's dictionary when the file
-    stores its Arrow schema): each is counted as the bytes it decodes to,
-    under a cap lowered to 8 MiB so the object stays small to write."""
-    monkeypatch.setattr(parquet_bounds, "MAX_OBJECT_DECODED_BYTES", 8 * MIB)
-    rows, value = 200, 64 * 1024  # 12.5 MiB decoded
-    path = tmp_path / "object.parquet"
+def _repeating(encoding: str, compression: str, rows: int, value: int) -> bytes:
+    """``rows`` copies of one ``value``-byte string, repeated by ``encoding``."""
     if encoding == "DELTA_BYTE_ARRAY":
         table = pa.table({"completion": pa.array(["a" * value] * rows)})
         options: dict[str, Any] = {
             "use_dictionary": False,
             "column_encoding": {"completion": encoding},
         }
-        path.write_bytes(_parquet(table, compression="zstd", **options))
-    else:
-        path.write_bytes(
-            long_value_bomb(rows, value)
-            if encoding == "dictionary"
-            else _parquet(
-                pa.table(
-                    {
-                        "completion": pa.DictionaryArray.from_arrays(
-                            pa.array([0] * rows, pa.int32()), pa.array(["a" * value])
-                        )
-                    }
-                ),
-                compression="zstd",
-            )
-        )
+        return _parquet(table, compression=compression, **options)
+    if encoding == "dictionary":
+        return long_value_bomb(rows, value, compression)
+    text = pa.DictionaryArray.from_arrays(pa.array([0] * rows, pa.int32()), pa.array(["a" * value]))
+    return _parquet(pa.table({"completion": text}), compression=compression)
+
+
+ENCODINGS = ["DELTA_BYTE_ARRAY", "dictionary", "arrow dictionary"]
+
+
+@pytest.mark.parametrize("compression", ["zstd", "snappy", "none"])
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_each_encoding_that_repeats_a_value_for_free_is_counted_as_decoded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, encoding: str, compression: str
+) -> None:
+    """A DELTA_BYTE_ARRAY value is its predecessor's prefix; a dictionary one
+    an index (read back as strings, or as Arrow's dictionary when the file
+    stores its Arrow schema): each is counted as the bytes it decodes to,
+    under a cap lowered to 8 MiB so the object stays small to write, in a
+    codec of unbounded ratio (zstd) and in those the file's size bounds."""
+    monkeypatch.setattr(parquet_bounds, "MAX_OBJECT_DECODED_BYTES", 8 * MIB)
+    rows, value = 200, 64 * 1024  # 12.5 MiB decoded
+    path = tmp_path / "object.parquet"
+    path.write_bytes(_repeating(encoding, compression, rows, value))
     assert path.stat().st_size < 128 * 1024
     with pytest.raises(PlatformError) as refused:
         parquet_bounds.checked_rows(path, "k")
@@ -327,3 +326,44 @@ def test_each_encoding_that_repeats_a_value_for_free_is_counted_as_decoded(
     assert f"MAX_OBJECT_DECODED_BYTES={8 * MIB}" in refused.value.message
     monkeypatch.setattr(parquet_bounds, "MAX_OBJECT_DECODED_BYTES", 16 * MIB)
     assert parquet_bounds.checked_rows(path, "k") == rows
+
+
+def test_an_sdk_object_is_proven_small_from_its_size_without_decoding(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An SDK object (a few snappy rows) is bounded by rows x what its file
+    can decompress to, so confirm does not decode it; a zstd one is measured."""
+
+    def measured(*_: Any) -> None:
+        raise AssertionError("decoded")
+
+    path = tmp_path / "object.parquet"
+    path.write_bytes(honest_object(honest_rows(5)))
+    monkeypatch.setattr(parquet_bounds, "_measure", measured)
+    assert parquet_bounds.checked_rows(path, "k") == 5
+    path.write_bytes(honest_object(honest_rows(5), compression="zstd"))
+    with pytest.raises(AssertionError, match="decoded"):
+        parquet_bounds.checked_rows(path, "k")
+
+
+@pytest.mark.parametrize("compression", ["snappy", "none"])
+@pytest.mark.parametrize("encoding", [*ENCODINGS, "plain"])
+def test_the_size_bound_is_never_below_what_an_object_decodes_to(
+    tmp_path: Path, encoding: str, compression: str
+) -> None:
+    """The bound that spares the decode holds for the objects that repeat a
+    value most cheaply (one long value of a single letter, and many rows of
+    an empty one) and for plain text."""
+    cases = [(200, 64 * 1024), (50_000, 0), (3, 1)]
+    for rows, value in cases:
+        if encoding == "plain":
+            table = pa.table({"completion": pa.array([os.urandom(value).hex()] * rows)})
+            blob = _parquet(table, compression=compression, use_dictionary=False)
+        else:
+            blob = _repeating(encoding, compression, rows, value)
+        path = tmp_path / "object.parquet"
+        path.write_bytes(blob)
+        meta = pq.read_metadata(path)
+        decoded = pq.read_table(path).get_total_buffer_size()
+        bound = parquet_bounds._size_bound(meta, len(blob))
+        assert bound is not None and bound >= decoded, (rows, value)

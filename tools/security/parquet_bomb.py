@@ -51,7 +51,7 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def bomb(rows: int = BOMB_ROWS, value: int = BOMB_VALUE) -> bytes:
+def bomb(rows: int = BOMB_ROWS, value: int = BOMB_VALUE, compression: str = "zstd") -> bytes:
     """A dictionary column of one long value in every row, zstd, without the
     Arrow schema (so a reader decodes it to plain strings), plus the columns
     the step page shows (the tests' bomb too: ``tests/local/hostile.py``)."""
@@ -69,7 +69,7 @@ def bomb(rows: int = BOMB_ROWS, value: int = BOMB_VALUE) -> bytes:
         }
     )
     buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd", store_schema=False)
+    pq.write_table(table, buf, compression=compression, store_schema=False)
     return buf.getvalue()
 
 
