@@ -39,6 +39,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from . import jsonlimits
 from .context import (
     check_platform_auth,
     context_of,
@@ -47,6 +48,7 @@ from .context import (
     new_id,
     now,
     optional_object,
+    parsed_json_body,
     require_str,
 )
 from .errors import PlatformError
@@ -56,6 +58,13 @@ from .rft_reads import LOCAL_USER_ID, read_routes
 from .rft_reads import existing_run as _run
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "STOPPED"})
+
+
+def _known(conn: sqlite3.Connection, run_id: str) -> None:
+    """404 unless the run exists: :func:`_run` without reading its row (the
+    per-step routes need only that it exists; its request may be KiBs)."""
+    if conn.execute("SELECT 1 FROM train_runs WHERE id = ?", (run_id,)).fetchone() is None:
+        raise PlatformError(404, f"Run {run_id} not found")
 
 
 def _internal(request: Request) -> bool:
@@ -193,7 +202,7 @@ async def finalize(request: Request) -> JSONResponse:
 
 async def metrics(request: Request) -> JSONResponse:
     _auth(request)
-    body = await json_body(request)
+    body, by_orjson = await parsed_json_body(request)
     run_id = require_str(body, "run_id")
     values = optional_object(body, "metrics")
     if values is None:
@@ -202,14 +211,17 @@ async def metrics(request: Request) -> JSONResponse:
     if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
         raise PlatformError(422, "metrics.step must be an integer")
 
+    # Written back as parsed (orjson's, when it parsed it): a fifth of json.dumps's CPU.
+    text = jsonlimits.compact(values, by_orjson=by_orjson).decode()
+
     def upsert(conn: sqlite3.Connection) -> None:
-        _run(conn, str(run_id))
+        _known(conn, str(run_id))
         # One row per (run, step): a replayed or repeated step replaces the row.
         conn.execute(
             "INSERT INTO train_metrics (run_id, step, body, received_at) VALUES (?, ?, ?, ?)"
             " ON CONFLICT (run_id, step) DO UPDATE SET body = excluded.body,"
             " received_at = excluded.received_at",
-            (run_id, step, dumps(values), now()),
+            (run_id, step, text, now()),
         )
 
     await context_of(request).db.write_small(upsert)
@@ -228,7 +240,7 @@ async def presign(request: Request) -> JSONResponse:
     ttl = context_of(request).settings.presign_ttl_seconds
 
     def insert(conn: sqlite3.Connection) -> None:
-        _run(conn, str(run_id))
+        _known(conn, str(run_id))
         conn.execute(
             "INSERT INTO objects (key, run_id, step, token, expires_at) VALUES (?, ?, ?, ?, ?)",
             (key, run_id, step, token, now() + ttl),
@@ -250,7 +262,7 @@ async def confirm(request: Request) -> JSONResponse:
     ctx = context_of(request)
 
     def check(conn: sqlite3.Connection) -> sqlite3.Row:
-        _run(conn, str(run_id))
+        _known(conn, str(run_id))
         row: sqlite3.Row | None = conn.execute(
             "SELECT * FROM objects WHERE key = ?", (key,)
         ).fetchone()
