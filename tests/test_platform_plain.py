@@ -742,3 +742,64 @@ def test_a_fork_while_a_thread_imports_httpx_leaves_the_child_able_to_import_it(
         check=False,
     )
     assert child.returncode == 0, (child.stdout + child.stderr)[-2000:]
+
+
+_SIGNED = "X-Amz-Credential=AKIA%2F20261204%2Fus-east-1&X-Amz-Signature=0123abcdef"
+
+
+def test_a_presigned_upload_goes_with_its_query_as_signed_and_no_platform_header(
+    serve: Callable[..., _Server],
+) -> None:
+    """The training sample table's PUT to a presigned URL: its query (the
+    store's signature) sent byte for byte, the object and its type, no key
+    of the platform's; the store's answer is its status (S3 answers XML or
+    nothing): taken, never read as the platform's JSON."""
+
+    def stored(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        answer = b"<PutObjectResult/>"
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/xml")
+        handler.send_header("Content-Length", str(len(answer)))
+        handler.end_headers()
+        handler.wfile.write(answer)
+
+    server = serve(stored)
+    client = _client(server)
+    port = server.server_address[1]
+    blob = b"PAR1" + b"\x00" * 200_000 + b"PAR1"  # past one write
+    client.put_object(
+        f"http://127.0.0.1:{port}/bucket/k.parquet?{_SIGNED}", blob, "application/parquet"
+    )
+    method, path, headers, body = server.requests[-1]
+    assert (method, path, body) == ("PUT", f"/bucket/k.parquet?{_SIGNED}", blob)
+    assert headers["Content-Type"] == "application/parquet"
+    assert not {"Authorization", "x-api-key", "X-Prime-Team-ID"} & set(headers)
+    assert "identity" in headers.get("Accept-Encoding", "identity")  # (not httpx's gzip, ...)
+    client.close()
+
+
+def test_a_refused_presigned_upload_is_named_without_its_signature(
+    serve: Callable[..., _Server],
+) -> None:
+    """The URL's query is a credential for the object: an error names the
+    store and the object's path, never the query (through httpx too)."""
+
+    def refused(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        _reply(handler, b"<Error><Code>AccessDenied</Code></Error>", 403)
+
+    server = serve(refused)
+    port = server.server_address[1]
+    for url in (
+        f"http://127.0.0.1:{port}/bucket/k.parquet?{_SIGNED}",
+        f"http://127.0.0.1:{port}/bucket/k.parquet?{_SIGNED}&odd=a%zz",  # left to httpx
+    ):
+        client = _client(server)
+        with pytest.raises(APIError) as failed:
+            client.put_object(url, b"PAR1", "application/parquet")
+        assert failed.value.status_code == 403
+        assert "0123abcdef" not in str(failed.value) and "/bucket/k.parquet" in str(failed.value)
+        client.close()
+    sent = [(path, headers["User-Agent"]) for _, path, headers, _ in server.requests]
+    assert sent[0][0] == f"/bucket/k.parquet?{_SIGNED}" and sent[0][1].startswith("prime-runs/")
+    assert sent[1][0] == f"/bucket/k.parquet?{_SIGNED}&odd=a%zz"  # httpx sends it as it is
+    assert sent[1][1].startswith("python-httpx/")

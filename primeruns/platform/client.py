@@ -163,13 +163,19 @@ def _plain_query(params: Mapping[str, Any] | None) -> str | None:
     return "?" + "&".join(words)
 
 
-def _plain_target(api_root: str) -> tuple[Target, str] | None:
-    """Where the API's calls go on the plain path, and the path they start
-    with; None for a root httpx should take (userinfo, which httpx turns
-    into Basic auth; a query; another scheme; a host name beyond ASCII,
-    which httpx sends in its ``xn--`` form and http.client would not)."""
+# A query httpx sends as it is: what it leaves unquoted, and escapes whole.
+_PLAIN_QUERY = re.compile(r"(?:[A-Za-z0-9._~!$&'()*+,;=:@/?-]|%[0-9A-Fa-f]{2})+")
+
+
+def _plain_target(url: str, *, query: bool = False) -> tuple[Target, str] | None:
+    """Where calls to ``url`` (an API root; with ``query``, a presigned
+    URL, its query included) go on the plain path, and the path (and
+    query) they start with; None for a URL httpx should take (userinfo,
+    which httpx turns into Basic auth; a query, or one httpx would quote;
+    another scheme; a host name beyond ASCII, which httpx sends in its
+    ``xn--`` form and http.client would not)."""
     try:
-        parts = urlsplit(api_root)
+        parts = urlsplit(url)
         port = parts.port or (443 if parts.scheme == "https" else 80)
     except ValueError:
         return None
@@ -178,12 +184,14 @@ def _plain_target(api_root: str) -> tuple[Target, str] | None:
         or not parts.hostname
         or not parts.netloc.isascii()
         or "@" in parts.netloc
-        or parts.query
+        or (parts.query and not (query and _PLAIN_QUERY.fullmatch(parts.query)))
         or parts.fragment
+        or url.endswith(("?", "#"))
         or not _PLAIN_PATH.fullmatch(parts.path)
     ):
         return None
-    return Target(parts.scheme, parts.hostname, port, parts.netloc), parts.path
+    path = f"{parts.path or '/'}?{parts.query}" if parts.query else parts.path
+    return Target(parts.scheme, parts.hostname, port, parts.netloc), path
 
 
 class PlatformClient:
@@ -203,7 +211,8 @@ class PlatformClient:
         self._plain_api: tuple[Target, str] | None = None
         self._plain_traces: tuple[Target, str] | None = None
         proxies = urllib.request.getproxies()  # "no": NO_PROXY alone, which routes nothing
-        if self._transport is None and not set(proxies) - {"no"}:
+        self._plain_ok = self._transport is None and not set(proxies) - {"no"}
+        if self._plain_ok:
             self._plain_api = _plain_target(settings.api_root)
             self._plain_traces = _plain_target(settings.traces_url + "/api/v1")
 
@@ -258,14 +267,19 @@ class PlatformClient:
                 )
             return self._http, self._storage
 
-    def _plain_for(self, root: tuple[Target, str] | None, path: str) -> tuple[Target, str] | None:
+    def _plain_for(
+        self, root: tuple[Target, str] | None, path: str, *, storage: bool = False
+    ) -> tuple[Target, str] | None:
         """Where a call to ``path`` under ``root`` goes on the plain path
-        (its target and full path), or None: it goes through httpx."""
-        if root is None or not _PLAIN_PATH.fullmatch(path):
-            return None
+        (its target and full path), or None: it goes through httpx (of the
+        object store's client with ``storage``)."""
+        if root is None or not _PLAIN_PATH.fullmatch(path.partition("?")[0]):
+            return None  # (a query there is a presigned URL's, checked by _plain_target)
         with self._lock:
-            http = None if self._pid != os.getpid() else self._http
-        if http is not None and http.cookies:
+            client = self._storage if storage else self._http
+            if self._pid != os.getpid():
+                client = None
+        if client is not None and client.cookies:
             return None  # httpx sends them back; the plain path would not
         if not httpx_as_shipped():
             return None
@@ -419,11 +433,15 @@ class PlatformClient:
         content: bytes | None,
         headers: dict[str, str],
         timeout: Deadlines,
+        *,
+        storage: bool = False,
     ) -> dict[str, Any]:
         """A call on the plain path: what it answers and raises is what the
-        httpx path answers and raises for the same exchange."""
+        httpx path answers and raises for the same exchange (``storage``:
+        of the object store's client, whose cookies are its own)."""
         headers["User-Agent"] = _user_agent()
         headers["Accept"] = "*/*"
+        path = full_path.partition("?")[0]  # a presigned URL's query is its credential
         try:
             answer = self._connections().request(
                 target, method, full_path, headers, content, timeout
@@ -433,14 +451,17 @@ class PlatformClient:
 
             if not isinstance(exc, httpx.TransportError):
                 raise
-            where = f"{method} {target.scheme}://{target.netloc}{full_path}"
+            where = f"{method} {target.scheme}://{target.netloc}{path}"
             raise error_from_transport(exc, where) from None
         special = any(name.lower() in _TAKEN_BY_HTTPX for name, _ in answer.headers)
         if answer.status < 300 and not special:
-            return _decoded(answer.body, answer.status, method, full_path)
+            # (an object store's answer is its status alone: its body, XML or
+            # none, is not read, as through httpx)
+            return {} if storage else _decoded(answer.body, answer.status, method, path)
         # Anything else is rare (an error, a redirect, a cookie, a compressed
         # body): it is made the response httpx would have made, and taken as such.
-        http, _ = self._clients()
+        clients = self._clients()
+        http = clients[1] if storage else clients[0]
         httpx = load_httpx()
         response = httpx.Response(
             answer.status,
@@ -453,7 +474,7 @@ class PlatformClient:
         http.cookies.extract_cookies(response)
         if response.status_code >= 300:
             raise error_from_response(response)
-        return _decode(response)
+        return {} if storage else _decode(response)
 
     def traces(
         self,
@@ -479,6 +500,14 @@ class PlatformClient:
 
     def put_object(self, url: str, body: bytes, content_type: str) -> None:
         """Upload to a presigned URL: no platform headers, no redirects followed."""
+        found = _plain_target(url, query=True) if self._plain_ok else None
+        plain = None if found is None else self._plain_for((found[0], ""), found[1], storage=True)
+        if plain is not None:
+            headers = {"Content-Type": content_type}
+            self._plain_call(
+                plain[0], "PUT", plain[1], body, headers, _UPLOAD_TIMEOUT, storage=True
+            )
+            return
         _, storage = self._clients()
         self._send(
             storage,
