@@ -92,6 +92,45 @@ def test_an_evaluation_that_never_lets_its_threads_catch_up_is_still_handed_over
     assert stored_once(lp.run(run.id), logged, "COMPLETED")
 
 
+def test_a_steady_evaluation_is_handed_over_while_its_threads_are_a_batch_behind(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An evaluation that logs a few episodes each step of its own work
+    always has a request in flight or an entry just logged: waiting for its
+    threads to have nothing left kept it on threads (its loop paying their
+    CPU) for the whole catch-up allowance. A backlog of a batch or two is
+    caught up: the process takes over while the loop logs on, every episode
+    once."""
+    from primeruns.ship import startup
+
+    monkeypatch.setattr(startup, "_CATCH_UP_S", 600.0)  # only catching up hands over here
+    lp = local_platform
+    lp.set_faults(latency_ms=100, routes=["/api/v1/traces"])  # a batch always in flight
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    run = _eval_run(lp.url, runs)
+    assert run._supervisor is not None
+    uplink = run._supervisor.uplink
+    episodes = workloads.gsm8k(600)  # 15 s of steps: the process is ready in 1-2
+    logged = 0
+
+    def a_step_then_handed_over() -> bool:
+        nonlocal logged
+        assert logged < len(episodes), "not handed over while the evaluation logged"
+        run.log_episodes(episodes[logged : logged + 2])  # then wait_for's pause: the work
+        logged += 2
+        return bool(uplink.begun())  # type: ignore[attr-defined]
+
+    try:
+        wait_for(a_step_then_handed_over, timeout=60, what="the handover")
+    finally:
+        lp.set_faults(latency_ms=0)
+    run.log_episodes(episodes[logged : logged + 2])
+    logged += 2
+    run.finish(timeout=60)
+    assert uplink.exit_code() == 0  # type: ignore[attr-defined]  # the process closed the run out
+    assert stored_once(lp.run(run.id), logged, "COMPLETED")
+
+
 def test_an_uplink_process_dead_in_its_start_up_leaves_the_threads_shipping(
     local_platform: Any,
     tmp_path: Path,

@@ -11,6 +11,12 @@ python). It prints one JSON line: the loop's wall time, each step's log time,
 init→finish wall time, and the CPU seconds of this process and of its
 children (the uplink, reaped before the figure is taken).
 
+With ``LOOP_KIND=eval`` in the environment the run is an evaluation
+instead: its episodes are evaluation episodes, and no metrics row is logged
+(an evaluation has none). The JSON line then holds each log call's start,
+in seconds from ``init``'s return (``at_s``), to tell an evaluation's first
+seconds (this SDK ships them from threads in the producer) from the rest.
+
 It imports only the standard library before choosing the SDK, so the
 vendor's interpreter (which has no ``primeruns``) can run it too.
 """
@@ -36,15 +42,20 @@ def work(n: int) -> int:
     return total
 
 
+EVAL = os.environ.get("LOOP_KIND") == "eval"
+
+
 def step_batches(episodes: list[dict[str, Any]], steps: int) -> list[list[dict[str, Any]]]:
-    """PER_STEP training episodes per step, with ids made unique per step."""
+    """PER_STEP episodes per step (training episodes of that step, unless
+    ``EVAL``), with ids made unique per step."""
     batches = []
     for step in range(steps):
         batch = []
         for i in range(PER_STEP):
             episode = dict(episodes[(step * PER_STEP + i) % len(episodes)])
             episode["id"] = f"{episode.get('id')}-s{step}-{i}"
-            episode["run"] = {"type": "train", "work": {"type": "train", "step": step}}
+            if not EVAL:
+                episode["run"] = {"type": "train", "work": {"type": "train", "step": step}}
             batch.append(episode)
         batches.append(batch)
     return batches
@@ -53,21 +64,27 @@ def step_batches(episodes: list[dict[str, Any]], steps: int) -> list[list[dict[s
 def _init(sdk: str, url: str, runs_dir: str, steps: int) -> Any:
     common: dict[str, Any] = {
         "name": f"bench-loop-{sdk}",
-        "kind": "train",
         "model": "Qwen/Qwen3-8B",
-        "team_id": TEAM,
         "api_key": API_KEY,
         "base_url": url,
     }
+    if EVAL:
+        common.update(environments=["gsm8k"], framework="verifiers")
+    else:
+        common.update(kind="train", team_id=TEAM)
     if sdk == "vendor":
         import prime_runs
 
+        if EVAL:
+            return prime_runs.init(**common)
         return prime_runs.init(**common, training=prime_runs.TrainingSpec(max_steps=steps))
     if sdk == "threads":
         os.environ["PRIME_RUNS_UPLINK"] = "threads"
     import primeruns
 
     mode = "offline" if sdk == "offline" else "online"
+    if EVAL:
+        return primeruns.init(**common, mode=mode, runs_dir=runs_dir)
     spec = primeruns.TrainingSpec(max_steps=steps)
     return primeruns.init(**common, training=spec, mode=mode, runs_dir=runs_dir)
 
@@ -86,13 +103,16 @@ def main(argv: list[str]) -> int:
     run = None if sdk == "none" else _init(sdk, url, runs_dir, steps)
     loop0 = time.perf_counter()
     logs: list[float] = []
+    at: list[float] = []
     for step in range(steps):
         work(n)
         t = time.perf_counter()
         if run is not None:
             run.log_episodes(batches[step])
-            run.log_metrics({"loss": 1.0 / (step + 1), "reward": step / steps}, step=step)
+            if not EVAL:
+                run.log_metrics({"loss": 1.0 / (step + 1), "reward": step / steps}, step=step)
         logs.append(time.perf_counter() - t)
+        at.append(t - loop0)
     loop1 = time.perf_counter()
     if run is not None:
         run.finish()
@@ -106,6 +126,7 @@ def main(argv: list[str]) -> int:
                 "run_id": None if run is None else run.id,
                 "loop_s": loop1 - loop0,
                 "logs_s": logs,
+                "at_s": at,
                 "init_to_finish_s": wall1 - wall0,
                 "cpu_s": own.ru_utime + own.ru_stime,
                 "child_cpu_s": children.ru_utime + children.ru_stime,

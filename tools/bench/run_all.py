@@ -20,6 +20,7 @@ import benchlib
 import crash_close
 import dashboard_analysis
 import end_to_end
+import eval_loop
 import finish_latency
 import history_cost
 import hot_path
@@ -36,6 +37,7 @@ from benchlib import Table
 BENCHMARKS = (
     request_latency,
     uplink_loop,
+    eval_loop,
     hot_path,
     end_to_end,
     short_run,
