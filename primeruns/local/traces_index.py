@@ -198,19 +198,30 @@ def _search_page(
     match: Callable[[dict[str, Any]], Iterator[dict[str, Any]]],
     offset: int,
     limit: int,
-) -> tuple[list[dict[str, Any]], int]:
+    at: tuple[float, int, int] | None = None,
+) -> tuple[list[dict[str, Any]], int, tuple[float, int, int] | None]:
     """The matches ``offset`` to ``offset + limit`` of the traces ``where``
-    keeps (oldest first), and how many matches were counted: all of them, or
-    ``offset + limit + 1`` when there are more (enough for ``next_cursor``).
+    keeps (oldest first), how many matches were counted (all of them, or
+    ``offset + limit + 1`` when there are more: enough for ``next_cursor``),
+    and where the next page begins (the trace of its first match, and how
+    many of that trace's matches come before it).
 
     The listing reads no document: sorting it with each trace's ``raw`` would
     read every document of the run before the first row, whichever page is
     asked. Each document is then read by its row and parsed only when the
-    page still needs matches, so a page holds one document at a time."""
+    page still needs matches, so a page holds one document at a time. With
+    ``at`` (the previous page's end) the listing begins there: a deep page
+    parses what it shows (and one trace more), not every trace before it."""
     page: list[dict[str, Any]] = []
     counted = 0
+    resumed_row, skip = -1, 0
+    if at is not None:
+        created, resumed_row, skip = at
+        where = f"({where}) AND (created_at > ? OR (created_at = ? AND row >= ?))"
+        args = (*args, created, created, resumed_row)
+        counted = offset  # (the matches before ``at``: the earlier pages')
     listing = conn.execute(
-        f"SELECT row, trace_id, upload_id, episode_id FROM traces WHERE {where}"
+        f"SELECT row, created_at, trace_id, upload_id, episode_id FROM traces WHERE {where}"
         " ORDER BY created_at ASC, row ASC",
         args,
     )
@@ -220,12 +231,16 @@ def _search_page(
                 "SELECT raw FROM traces WHERE row = ?", (trace["row"],)
             ).fetchone()
             generation: int | None = None
-            for found in match(_parse_trace(bytes(raw))):
+            # (a trace gone since, or no longer the latest copy: none skipped)
+            shown_before = skip if trace["row"] == resumed_row else 0
+            for index, found in enumerate(match(_parse_trace(bytes(raw)))):
+                if index < shown_before:
+                    continue  # shown by the page before, within this trace
                 counted += 1
                 if counted <= offset:
                     continue
                 if counted > offset + limit:
-                    return page, counted
+                    return page, counted, (float(trace["created_at"]), int(trace["row"]), index)
                 if generation is None:  # looked up (index traces_id) for shown traces only
                     generation = int(
                         conn.execute(
@@ -245,7 +260,7 @@ def _search_page(
         # Left unfinished, the statement would hold its read transaction open
         # (and keep WAL checkpoints from completing) until garbage-collected.
         listing.close()
-    return page, counted
+    return page, counted, None
 
 
 async def search_run(request: Request) -> Response:
@@ -266,27 +281,30 @@ async def search_run(request: Request) -> Response:
     q.number("reward_max", "reward <= ?")
     q.boolean("has_error", "has_error")
     offset, limit = q.page()
+    at = q.resume_at()
     where = f"{LATEST_TRACES} AND {q.sql()}"
     args = tuple(q.args)
 
     def match(doc: dict[str, Any]) -> Iterator[dict[str, Any]]:
         return _matches(doc, query, field, role)
 
-    def read(conn: sqlite3.Connection) -> tuple[list[dict[str, Any]], int, int | None]:
+    def read(
+        conn: sqlite3.Connection,
+    ) -> tuple[list[dict[str, Any]], int, tuple[float, int, int] | None, int | None]:
         # Documents are parsed here, in the database's thread, one at a time
         # as they are read, rather than all of them on the event loop: the
         # connection is held for what the page needs (up to every document
-        # of the run for a rare query or a deep page, as before).
-        page, counted = _search_page(conn, where, args, match, offset, limit)
+        # of the run for a rare query).
+        page, counted, next_at = _search_page(conn, where, args, match, offset, limit, at)
         examined = None
         if offset == 0:  # coverage is only on the first page
             examined = conn.execute(f"SELECT count(*) FROM traces WHERE {where}", args).fetchone()
-        return page, counted, None if examined is None else int(examined[0])
+        return page, counted, next_at, None if examined is None else int(examined[0])
 
-    page, counted, examined = await context_of(request).db.read(read)
+    page, counted, next_at, examined = await context_of(request).db.read(read)
     body: dict[str, Any] = {
         "items": page,
-        "next_cursor": q.next_cursor(offset, limit, counted),
+        "next_cursor": q.next_cursor(offset, limit, counted, next_at),
     }
     if examined is not None:
         body["coverage"] = {

@@ -155,9 +155,29 @@ class Query:
             raise rejected("invalid_filter", "limit must be an integer") from None
         if not 1 <= limit <= MAX_LIMIT:
             raise rejected("invalid_filter", f"limit must be within [1, {MAX_LIMIT}]")
+        return self._cursor()[0], limit
+
+    def resume_at(self) -> tuple[float, int, int] | None:
+        """Where the cursor's page begins, if it says (``next_cursor``'s
+        ``at``): a row's (created_at, row), and how many of that row's items
+        earlier pages showed. A page that knows it reads from there, not
+        from the start."""
+        at = self._cursor()[1]
+        if at is None:
+            return None
+        try:
+            created, row, skip = at
+            found = (float(created), int(row), int(skip))
+        except (ValueError, TypeError):
+            raise rejected("invalid_cursor", "cursor is not valid") from None
+        if found[2] < 0:
+            raise rejected("invalid_cursor", "cursor is not valid")
+        return found
+
+    def _cursor(self) -> tuple[int, Any]:
         cursor = self.params.get("cursor")
         if cursor is None:
-            return 0, limit
+            return 0, None
         try:
             decoded = jsonlimits.loads(base64.urlsafe_b64decode(cursor.encode()))
             offset, bound = int(decoded["o"]), decoded["h"]
@@ -165,16 +185,22 @@ class Query:
             raise rejected("invalid_cursor", "cursor is not valid") from None
         if bound != self._hash() or offset < 0:
             raise rejected("invalid_cursor", "cursor does not belong to these filters")
-        return offset, limit
+        return offset, decoded.get("at")
 
     def _hash(self) -> str:
         pairs = sorted((k, v) for k, v in self.params.multi_items() if k not in ("cursor", "limit"))
         return hashlib.sha256(json.dumps(pairs).encode()).hexdigest()[:16]
 
-    def next_cursor(self, offset: int, limit: int, total: int) -> str | None:
+    def next_cursor(
+        self, offset: int, limit: int, total: int, at: tuple[float, int, int] | None = None
+    ) -> str | None:
+        """The next page's cursor (``at``: where it begins, see ``resume_at``)."""
         if offset + limit >= total:
             return None
-        token = json.dumps({"o": offset + limit, "h": self._hash()})
+        fields: dict[str, Any] = {"o": offset + limit, "h": self._hash()}
+        if at is not None:
+            fields["at"] = list(at)
+        token = json.dumps(fields)
         return base64.urlsafe_b64encode(token.encode()).decode()
 
 

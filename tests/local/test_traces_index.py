@@ -311,7 +311,9 @@ def test_a_search_page_parses_only_the_traces_it_shows_and_one_more(
 ) -> None:
     """Page 1 of a run of 300 traces with a match each, 10 to a page: 11
     traces parsed (the 11th tells whether there is a next page), not 300;
-    page 2, 21. The coverage still counts every trace of the run."""
+    every page after it 11 too, however deep (its cursor says where the
+    page before ended: it parsed every trace before it). The coverage
+    still counts every trace of the run."""
     parsed: list[int] = []
     parse = traces_index._parse_trace
 
@@ -322,16 +324,18 @@ def test_a_search_page_parses_only_the_traces_it_shows_and_one_more(
     monkeypatch.setattr(traces_index, "_parse_trace", counting)
 
     async def ask(c: httpx.AsyncClient) -> list[dict[str, Any]]:
-        first = await _search(c, limit=10)
+        pages = [await _search(c, limit=10)]
         counts = [len(parsed)]
-        second = await _search(c, limit=10, cursor=first["next_cursor"])
-        counts.append(len(parsed) - counts[0])
-        return [first, second, {"counts": counts}]
+        for _ in range(20):
+            pages.append(await _search(c, limit=10, cursor=pages[-1]["next_cursor"]))
+            counts.append(len(parsed) - sum(counts))
+        return [*pages[:2], {"counts": counts, "last": pages[-1]}]
 
     first, second, work = _in_process(tmp_path, _big_run(300, ""), ask)
-    assert work["counts"] == [11, 21]
+    assert work["counts"] == [11] * 21
     assert [m["trace_id"] for m in first["items"]] == [f"big-{i}" for i in range(10)]
     assert [m["trace_id"] for m in second["items"]] == [f"big-{i}" for i in range(10, 20)]
+    assert [m["trace_id"] for m in work["last"]["items"]] == [f"big-{i}" for i in range(200, 210)]
     assert first["coverage"]["examined_traces"] == 300
     assert first["next_cursor"] is not None and second["next_cursor"] is not None
 
