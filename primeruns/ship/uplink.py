@@ -31,6 +31,7 @@ from .. import ranks
 from ..exceptions import JournalError, PrimeRunsError
 from ..journal import EntryKind, Journal, list_journals
 from ..journal.by_kind import last_payload
+from ..loopback_owner import served_by_another_user
 from ..models import CRASH_ERROR
 from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
@@ -176,7 +177,17 @@ def _refuse_unless_own(what: str, url: str, *own: Settings) -> None:
     if _site(url) in {_site(s.origin) for s in own} | {_site(s.traces_url) for s in own}:
         return
     if is_loopback(url):
-        return
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        neighbour = served_by_another_user(port)
+        if neighbour is None:
+            return
+        raise JournalError(
+            f"the run was recorded for the {what} at {url}, and on this machine that port is "
+            f"served by another user's process (uid {neighbour}), not a platform of yours: "
+            "a journal does not choose where your API key goes; pass --base-url with the "
+            "platform to ship it to"
+        )
     raise JournalError(
         f"the run was recorded for the {what} at {url}, not the one your settings "
         f"name ({own[0].origin}): a journal does not choose where your API key goes; pass "

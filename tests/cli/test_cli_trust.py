@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -386,6 +387,43 @@ def test_a_journal_never_sends_the_key_to_a_platform_it_names_itself(
     assert code == 2, err
     assert "collector.attacker.invalid" in err and "--base-url" in err
     assert API_KEY not in err
+
+
+def test_a_journal_recorded_for_a_loopback_port_another_user_serves_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A journal recorded for a local platform (``primeruns serve`` on a
+    compute node), copied to a shared login node and synced there, where a
+    neighbour serves that loopback port: the user's key does not go to it.
+    The sync names the port's user and the fix (``--base-url``), and
+    nothing connects to the neighbour's socket."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("another user's socket needs root: CI runs as root and must run this")
+        pytest.skip("another user's socket needs root")
+    os.seteuid(second_uid.ATTACKER[0])  # the socket is the neighbour's from its creation
+    try:
+        neighbour = socket.create_server(("127.0.0.1", 0))
+    finally:
+        os.seteuid(0)
+    with neighbour:
+        neighbour.setblocking(False)
+        port = neighbour.getsockname()[1]
+        runs = point_at(monkeypatch, tmp_path, None)
+        url = f"http://127.0.0.1:{port}/api/v1"
+        run = pr.init(
+            environments=["gsm8k"], model="m", mode="offline", runs_dir=runs, base_url=url
+        )
+        run.log_episodes(workloads.gsm8k(1))
+        run.finish()
+        assert run.journal_path is not None
+        monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+        code, _, err = cli(capsys, "sync", str(run.journal_path), "--timeout", "5")
+        assert code == 2, err
+        assert f"127.0.0.1:{port}" in err and "another user's process" in err
+        assert "--base-url" in err and API_KEY not in err
+        with pytest.raises(BlockingIOError):
+            neighbour.accept()  # no connection came
 
 
 def test_a_journal_recorded_for_the_local_platform_ships_there_as_before(
