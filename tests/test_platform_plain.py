@@ -803,3 +803,29 @@ def test_a_refused_presigned_upload_is_named_without_its_signature(
     assert sent[0][0] == f"/bucket/k.parquet?{_SIGNED}" and sent[0][1].startswith("prime-runs/")
     assert sent[1][0] == f"/bucket/k.parquet?{_SIGNED}&odd=a%zz"  # httpx sends it as it is
     assert sent[1][1].startswith("python-httpx/")
+
+
+def test_a_call_in_flight_when_its_client_closes_lets_go_of_its_connection(
+    serve: Callable[..., _Server],
+) -> None:
+    """``close()`` (a run's end) while a shipper's call waits for its
+    answer: the connection goes when the call ends, not kept in a pool
+    nobody uses again (a socket and the server's end of it held until a
+    collection)."""
+    answered = threading.Event()
+    release = threading.Event()
+
+    def held(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        answered.set()
+        release.wait(10)
+        _echo(handler, body)
+
+    server = serve(held)
+    client = _client(server)
+    with ThreadPoolExecutor(1) as pool:
+        call = pool.submit(client.api, "POST", "/rft/metrics", {"run_id": "r"})
+        assert answered.wait(10)
+        client.close()
+        release.set()
+        assert call.result(10) == {"got": {"run_id": "r"}}
+    assert server.closed.acquire(timeout=10)  # the server saw the connection close

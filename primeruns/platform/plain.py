@@ -211,6 +211,7 @@ class PlainConnections:
         self._tls = tls
         self._lock = threading.Lock()
         self._idle: dict[Target, list[http.client.HTTPConnection]] = {}
+        self._closed = False  # a call in flight at close() closes its connection after
 
     def request(
         self,
@@ -272,6 +273,7 @@ class PlainConnections:
 
     def close(self) -> None:
         with self._lock:
+            self._closed = True
             idle, self._idle = self._idle, {}
         for conns in idle.values():
             for conn in conns:
@@ -291,7 +293,7 @@ class PlainConnections:
     def _give_back(self, target: Target, conn: http.client.HTTPConnection) -> None:
         with self._lock:
             idle = self._idle.setdefault(target, [])
-            if len(idle) < _IDLE_KEPT:
+            if len(idle) < _IDLE_KEPT and not self._closed:
                 idle.append(conn)
                 return
         conn.close()
