@@ -829,3 +829,50 @@ def test_a_call_in_flight_when_its_client_closes_lets_go_of_its_connection(
         release.set()
         assert call.result(10) == {"got": {"run_id": "r"}}
     assert server.closed.acquire(timeout=10)  # the server saw the connection close
+
+
+def test_a_presigned_upload_goes_with_the_host_and_path_httpx_sends(
+    serve: Callable[..., _Server],
+) -> None:
+    """A presigned URL's signature covers its host and path (SigV4 signs
+    the Host header): a URL httpx would send with another Host (a host
+    name's capitals, a default port written out) or another path (``.`` and
+    ``..`` segments, which httpx resolves) goes with what httpx sends, as it
+    did before the upload took the plain path."""
+    httpx = pytest.importorskip("httpx")
+
+    def stored(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        _reply(handler, b"", 200)
+
+    server = serve(stored)
+    port = server.server_address[1]
+    urls = [
+        f"http://LocalHost:{port}/bucket/k.parquet?{_SIGNED}",
+        f"http://127.0.0.1:{port}/bucket/./a/../k.parquet?{_SIGNED}",
+        f"http://127.0.0.1:{port:05d}/bucket/k.parquet?{_SIGNED}",
+    ]
+    try:  # a default port written out: httpx leaves it out of the Host header
+        on_80 = _Server(stored)
+        on_80.server_close()
+        on_80.socket = socket.create_server(("127.0.0.1", 80))
+        on_80.server_address = on_80.socket.getsockname()
+    except OSError:
+        on_80 = None
+    else:
+        threading.Thread(target=on_80.serve_forever, daemon=True).start()
+        urls.append(f"http://127.0.0.1:80/bucket/k.parquet?{_SIGNED}")
+    try:
+        for url in urls:
+            client = _client(server)
+            client.put_object(url, b"PAR1", "application/parquet")
+            client.close()
+            _, path, headers, _ = (on_80 if ":80/" in url else server).requests[-1]  # type: ignore[union-attr]
+            expected = httpx.Request("PUT", url)
+            assert (headers["Host"], path) == (
+                expected.headers["Host"],
+                expected.url.raw_path.decode(),
+            ), url
+    finally:
+        if on_80 is not None:
+            on_80.shutdown()
+            on_80.server_close()

@@ -173,25 +173,33 @@ def _plain_target(url: str, *, query: bool = False) -> tuple[Target, str] | None
     query) they start with; None for a URL httpx should take (userinfo,
     which httpx turns into Basic auth; a query, or one httpx would quote;
     another scheme; a host name beyond ASCII, which httpx sends in its
-    ``xn--`` form and http.client would not)."""
+    ``xn--`` form and http.client would not; a path with ``.`` or ``..``
+    segments, which httpx resolves). The Host header is the one httpx
+    writes (the host name in small letters, a default port left out): a
+    presigned URL's signature covers it."""
     try:
         parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
+        default = 443 if parts.scheme == "https" else 80
+        port = default if parts.port is None else parts.port
     except ValueError:
         return None
     if (
         parts.scheme not in ("http", "https")
         or not parts.hostname
+        or "%" in parts.hostname
         or not parts.netloc.isascii()
         or "@" in parts.netloc
         or (parts.query and not (query and _PLAIN_QUERY.fullmatch(parts.query)))
         or parts.fragment
         or url.endswith(("?", "#"))
         or not _PLAIN_PATH.fullmatch(parts.path)
+        or {".", ".."} & set(parts.path.split("/"))
     ):
         return None
     path = f"{parts.path or '/'}?{parts.query}" if parts.query else parts.path
-    return Target(parts.scheme, parts.hostname, port, parts.netloc), path
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    netloc = host if port == default else f"{host}:{port}"
+    return Target(parts.scheme, parts.hostname, port, netloc), path
 
 
 class PlatformClient:

@@ -194,7 +194,7 @@ class Target:
     scheme: str  # "http" or "https"
     host: str  # as the socket takes it (an IPv6 literal without brackets)
     port: int
-    netloc: str  # the Host header: as the URL has it, without userinfo
+    netloc: str  # the Host header: as httpx writes it (small letters, no default port)
 
 
 @dataclass(frozen=True)
