@@ -21,6 +21,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import math
 import sqlite3
 from datetime import UTC, datetime
 from typing import Any
@@ -168,9 +169,11 @@ class Query:
         try:
             created, row, skip = at
             found = (float(created), int(row), int(skip))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, OverflowError):  # (an int past a float's range)
             raise rejected("invalid_cursor", "cursor is not valid") from None
-        if found[2] < 0:
+        # A time that is a number, and a row SQLite can bind (past it, the
+        # query raised OverflowError: a 500 for a client's cursor).
+        if not math.isfinite(found[0]) or not 0 <= found[1] < 2**63 or found[2] < 0:
             raise rejected("invalid_cursor", "cursor is not valid")
         return found
 

@@ -7,6 +7,7 @@ on hand-made traces, and what a page costs, on an app served in-process."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 import tracemalloc
@@ -445,3 +446,27 @@ def test_the_async_client_reads_and_deletes_the_same(platform: LocalPlatform) ->
         pytest.raises(NotFoundError),
     ):
         c.get(trace_id)
+
+
+def test_a_crafted_cursor_position_is_refused_not_a_server_error(tmp_path: Path) -> None:
+    """A cursor is the client's to send back: one whose position (``at``)
+    says a row or a time no trace can have (an integer past SQLite's, past
+    a float's, not a number) is an invalid cursor (400), never a 500."""
+
+    async def ask(c: httpx.AsyncClient) -> list[dict[str, Any]]:
+        first = await _search(c, limit=2)
+        token = json.loads(base64.urlsafe_b64decode(first["next_cursor"]))
+        answers = []
+        for at in ([0, 10**30, 0], [10**400, 1, 0], [0, -(10**30), 0], ["NaN", 1, 0]):
+            crafted = json.dumps({**token, "at": at}).encode()
+            cursor = base64.urlsafe_b64encode(crafted).decode()
+            r = await c.get(
+                "/api/v1/runs/run-big/search",
+                params={"query": _NEEDLE, "limit": 2, "cursor": cursor},
+            )
+            answers.append({"at": repr(at)[:20], "status": r.status_code, "body": r.json()})
+        return answers
+
+    for answer in _in_process(tmp_path, _big_run(6, ""), ask):
+        assert answer["status"] == 400, answer
+        assert answer["body"]["error"]["code"] == "invalid_cursor", answer
