@@ -23,9 +23,27 @@ _TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 _LISTEN = "0A"  # the socket state column's value for LISTEN
 
 
+def _reached_from_loopback(address: str) -> bool:
+    """Whether a socket bound to ``address`` (the tables' hex: an IPv4
+    address as a little-endian word, an IPv6 one as four) takes a
+    connection to a loopback address: a loopback one, or every address.
+    One bound to the machine's network address does not."""
+    try:
+        if len(address) == 8:
+            return address == "00000000" or int(address[6:8], 16) == 127  # 0.0.0.0, 127.x
+        words = [int(address[i : i + 8], 16).to_bytes(4, "little") for i in range(0, 32, 8)]
+    except ValueError:
+        return True  # (unread: counted, as before)
+    raw = b"".join(words)
+    if raw[:12] == b"\0" * 10 + b"\xff\xff":  # ::ffff:a.b.c.d
+        return raw[12:] == bytes(4) or raw[12] == 127
+    return raw in (bytes(16), bytes(15) + b"\1")  # :: or ::1
+
+
 def listening_users(port: int) -> set[int] | None:
-    """The uids owning a socket that listens on TCP ``port`` (any address),
-    or None where the kernel's tables cannot be read (not Linux)."""
+    """The uids owning a socket that listens on TCP ``port`` where a
+    loopback URL reaches it (a loopback address, or every address), or
+    None where the kernel's tables cannot be read (not Linux)."""
     uids: set[int] = set()
     readable = False
     for table in _TABLES:
@@ -39,8 +57,9 @@ def listening_users(port: int) -> set[int] | None:
             fields = line.split()
             if len(fields) < 8 or fields[3] != _LISTEN:
                 continue
+            address, _, listened = fields[1].rpartition(":")
             try:
-                if int(fields[1].rpartition(":")[2], 16) == port:
+                if int(listened, 16) == port and _reached_from_loopback(address):
                     uids.add(int(fields[7]))
             except ValueError:
                 continue

@@ -178,10 +178,20 @@ def _refuse_unless_own(what: str, url: str, *own: Settings) -> None:
         return
     if is_loopback(url):
         parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        neighbour = served_by_another_user(port)
-        if neighbour is None:
+        try:
+            port = parts.port
+        except ValueError:  # (a journal's traces URL is not checked as settings are)
+            port = -1
+        if port is None:
+            port = 443 if parts.scheme == "https" else 80
+        neighbour = served_by_another_user(port) if port >= 0 else None
+        if port >= 0 and neighbour is None:
             return
+        if neighbour is None:
+            raise JournalError(
+                f"the run was recorded for the {what} at {url}, which has no port this "
+                "machine serves: pass --base-url with the platform to ship it to"
+            )
         raise JournalError(
             f"the run was recorded for the {what} at {url}, and on this machine that port is "
             f"served by another user's process (uid {neighbour}), not a platform of yours: "

@@ -27,6 +27,7 @@ from cli_helpers import cli
 from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
+from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal
 from primeruns.journal.frames import FLAG_ZSTD, MAX_ENTRY_BYTES, _assemble
 from primeruns.journal.layout import META_KIND, put_entry
@@ -448,3 +449,59 @@ def test_a_journal_recorded_for_the_local_platform_ships_there_as_before(
     assert run.journal_path is not None
     with Journal.open(run.journal_path, owner=False) as journal:
         assert journal_settings(journal).origin == "https://mine.example.net"
+
+
+def _neighbours_socket(host: str, port: int = 0) -> socket.socket:
+    """A listening socket of another user's (uid from its creation)."""
+    os.seteuid(second_uid.ATTACKER[0])
+    try:
+        return socket.create_server((host, port))
+    finally:
+        os.seteuid(0)
+
+
+def _an_address_not_loopback() -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # (no packet: it picks the route's address)
+            address: str = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def test_a_neighbour_on_another_address_of_the_port_does_not_refuse_the_users_own_platform(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A neighbour serving the same port on the machine's network address
+    (not loopback, nor every address) is not what a loopback URL reaches:
+    the user's own local platform on 127.0.0.1 is not refused for it."""
+    if os.geteuid() != 0:
+        pytest.skip("another user's socket needs root")
+    address = _an_address_not_loopback()
+    if address is None:
+        pytest.skip("no address of this machine but loopback")
+    from primeruns.platform import resolve_settings
+    from primeruns.ship import uplink
+
+    with socket.create_server(("127.0.0.1", 0)) as own:
+        port = own.getsockname()[1]
+        with _neighbours_socket(address, port):
+            mine = resolve_settings(api_key=API_KEY, base_url="https://example.invalid")
+            uplink._refuse_unless_own("platform", f"http://127.0.0.1:{port}", mine)
+        with _neighbours_socket("0.0.0.0", 0) as anywhere:  # (all addresses: it is reached)
+            there = anywhere.getsockname()[1]
+            with pytest.raises(JournalError, match="another user's process"):
+                uplink._refuse_unless_own("platform", f"http://localhost:{there}", mine)
+
+
+def test_a_journals_traces_url_with_a_port_only_httpx_reads_is_refused_not_a_crash() -> None:
+    """A journal's Prime Traces URL is not checked as settings are: a port
+    written ``+8000`` (which httpx reads as 8000, and ``urlsplit`` does not
+    read) is refused with the fix named, not a traceback."""
+    from primeruns.platform import resolve_settings
+    from primeruns.ship import uplink
+
+    mine = resolve_settings(api_key=API_KEY, base_url="https://example.invalid")
+    with pytest.raises(JournalError, match="--base-url"):
+        uplink._refuse_unless_own("Prime Traces", "http://127.0.0.1:+8000", mine)
