@@ -6,11 +6,11 @@ stores a value once and repeats it per row for free). Two sides bound it:
 
 - **confirm** (:func:`checked_rows`) refuses an object past
   :data:`MAX_OBJECT_ROWS` rows, :data:`MAX_OBJECT_DECODED_BYTES` decoded
-  bytes (first from the footer: fixed-width columns cost rows x width, plain
-  byte arrays their uncompressed size; or, whatever the encoding, rows x the
-  longest value its pages can hold, from the file's size and a codec of
-  bounded ratio; then, for what neither bounds, by decoding it in small
-  batches and stopping at the cap, never whole), or
+  bytes (first by rows x the longest value its pages can hold, from the
+  file's size and a codec of bounded ratio, whatever the encoding: none of
+  the footer's byte sizes is trusted, a crafted footer may understate them;
+  then, for what that does not bound, by decoding it in small batches and
+  stopping at the cap, never whole), or
   with a nested column (a list's one row could repeat a dictionary value
   without bound, so a batch of rows would not bound a batch's size).
 - **reads** decode only what they show: a page of rows
@@ -104,25 +104,6 @@ def _measure_rows(meta: Any, dictionary: set[str]) -> int:
 
 def _whole(chunk: Any) -> bool:
     return set(chunk.encodings) <= _WHOLE and not chunk.has_dictionary_page
-
-
-def _footer_bound(meta: Any) -> int | None:
-    """The decoded size the footer alone bounds, or None when a column's
-    encoding (dictionary, ``DELTA_BYTE_ARRAY``) repeats values for free."""
-    total = 0
-    for g in range(meta.num_row_groups):
-        group = meta.row_group(g)
-        for c in range(meta.num_columns):
-            column = group.column(c)
-            values = int(column.num_values)
-            width = _FIXED_WIDTH.get(column.physical_type)
-            if width is not None:
-                total += values * (width + 1)  # + validity, generously
-            elif _whole(column):
-                total += int(column.total_uncompressed_size) + values * 9
-            else:
-                return None
-    return total
 
 
 #: Most bytes one compressed byte of a codec can decompress to: none; snappy
@@ -272,9 +253,7 @@ def _checked_rows(source: Any, size: int, meta: Any, key: str) -> int:
     proven = _size_bound(meta, size)
     if proven is not None and proven <= MAX_OBJECT_DECODED_BYTES:
         return int(meta.num_rows)  # an SDK object: nothing to decode
-    bound = _footer_bound(meta)
-    if bound is None or bound > MAX_OBJECT_DECODED_BYTES:
-        _measure(source, meta, key)
+    _measure(source, meta, key)
     return int(meta.num_rows)
 
 
