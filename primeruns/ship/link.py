@@ -347,15 +347,27 @@ class UplinkProcess:
                 "predecessors": [str(p) for p in predecessors],
             }
             assert self._proc.stdin is not None
-            try:
-                self._proc.stdin.write(json.dumps(handover).encode())
-                self._proc.stdin.close()
-            except OSError:
-                self._proc.kill()
-                self._proc.wait()
-                raise
+            self._proc.stdin.write(json.dumps(handover).encode())
+            self._proc.stdin.close()
+            self.pid: int | None = self._proc.pid
+            # Its exit is waited for on a pidfd (Popen.wait with a timeout polls).
+            self._pidfd: int | None = None
+            with contextlib.suppress(OSError, AttributeError):
+                self._pidfd = os.pidfd_open(self._proc.pid)
+            journal.name_uplink(self._proc.pid)  # before init() returns: listings see it
+            if not await_go:
+                journal.hand_over_moving()  # the uplink absorbs the spool into LMDB
         except BaseException:
-            for fd in (self._wake_w, self._progress_r, self._claim):
+            # Started, then this failed (its handover not written, a journal
+            # error, a Ctrl-C): no handle is returned, so nothing would stop
+            # it; with its group (an interpreter's stand-in may run it).
+            spawned = getattr(self, "_proc", None)
+            if spawned is not None:
+                kill_uplink(spawned.pid)
+                spawned.wait()
+            for fd in (self._wake_w, self._progress_r, self._claim, getattr(self, "_pidfd", None)):
+                if fd is None:
+                    continue
                 with contextlib.suppress(OSError):
                     os.close(fd)
             journal.unshare_lock()
@@ -365,14 +377,6 @@ class UplinkProcess:
             os.close(progress_w)
             if log_fd != subprocess.DEVNULL:
                 os.close(log_fd)
-        self.pid: int | None = self._proc.pid
-        # Its exit is waited for on a pidfd (Popen.wait with a timeout polls).
-        self._pidfd: int | None = None
-        with contextlib.suppress(OSError, AttributeError):
-            self._pidfd = os.pidfd_open(self._proc.pid)
-        journal.name_uplink(self._proc.pid)  # before init() returns: listings see it
-        if not await_go:
-            journal.hand_over_moving()  # the uplink absorbs the spool into LMDB
         self._progress = ProgressReader(self._progress_r)
         self._lock = threading.Lock()
         self._closed = False

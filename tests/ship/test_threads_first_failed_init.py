@@ -100,6 +100,35 @@ def test_an_init_that_fails_after_its_uplink_started_leaves_no_uplink_behind(
     assert not _uplinks(before)
 
 
+def test_an_interrupt_while_the_uplink_process_is_being_started_leaves_none_behind(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Ctrl-C lands inside the uplink's start, after its process was
+    spawned (naming it in the journal's lock file): no handle reaches the
+    supervisor, so nothing else would stop that process. It is killed
+    there; the journal is left, and a retry starts a run as ever."""
+    before = frozenset(_uplinks())
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    real_name = Journal.name_uplink
+
+    def interrupted(self: Journal, pid: int) -> None:
+        assert pid in _uplinks(before), "the uplink process was not spawned yet"
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Journal, "name_uplink", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _eval_run(local_platform.url, runs)
+    monkeypatch.setattr(Journal, "name_uplink", real_name)
+    leaked = _uplinks(before)
+    for pid in leaked:  # (not left to the next test)
+        kill_uplink(pid)
+    assert not leaked
+    run = _eval_run(local_platform.url, runs)
+    run.finish(timeout=60)
+    assert local_platform.run(run.id)["status"] == "COMPLETED"
+    assert not _uplinks(before)
+
+
 def test_an_uplink_process_that_dies_in_its_start_up_is_not_taken_for_ready(
     local_platform: Any,
     tmp_path: Path,
