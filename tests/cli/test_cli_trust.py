@@ -398,16 +398,7 @@ def test_a_journal_recorded_for_a_loopback_port_another_user_serves_is_refused(
     neighbour serves that loopback port: the user's key does not go to it.
     The sync names the port's user and the fix (``--base-url``), and
     nothing connects to the neighbour's socket."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI"):
-            pytest.fail("another user's socket needs root: CI runs as root and must run this")
-        pytest.skip("another user's socket needs root")
-    os.seteuid(second_uid.ATTACKER[0])  # the socket is the neighbour's from its creation
-    try:
-        neighbour = socket.create_server(("127.0.0.1", 0))
-    finally:
-        os.seteuid(0)
-    with neighbour:
+    with _neighbours_socket("127.0.0.1") as neighbour:
         neighbour.setblocking(False)
         port = neighbour.getsockname()[1]
         runs = point_at(monkeypatch, tmp_path, None)
@@ -451,8 +442,18 @@ def test_a_journal_recorded_for_the_local_platform_ships_there_as_before(
         assert journal_settings(journal).origin == "https://mine.example.net"
 
 
+def _need_root_for_another_users_socket() -> None:
+    """Skip where a socket of another user's cannot be made; fail under CI,
+    which runs as root and must run the test."""
+    if os.geteuid() != 0:
+        if os.environ.get("CI"):
+            pytest.fail("another user's socket needs root: CI runs as root and must run this")
+        pytest.skip("another user's socket needs root")
+
+
 def _neighbours_socket(host: str, port: int = 0) -> socket.socket:
     """A listening socket of another user's (uid from its creation)."""
+    _need_root_for_another_users_socket()
     os.seteuid(second_uid.ATTACKER[0])
     try:
         return socket.create_server((host, port))
@@ -476,10 +477,7 @@ def test_a_neighbour_on_another_address_of_the_port_does_not_refuse_the_users_ow
     """A neighbour serving the same port on the machine's network address
     (not loopback, nor every address) is not what a loopback URL reaches:
     the user's own local platform on 127.0.0.1 is not refused for it."""
-    if os.geteuid() != 0:
-        if os.environ.get("CI"):
-            pytest.fail("another user's socket needs root: CI runs as root and must run this")
-        pytest.skip("another user's socket needs root")
+    _need_root_for_another_users_socket()
     address = _an_address_not_loopback()
     if address is None:
         if os.environ.get("CI"):

@@ -60,6 +60,26 @@ def test_episodes_logged_across_the_handover_land_once_and_the_process_closes_th
     assert stored_once(lp.run(run.id), len(episodes), "COMPLETED")
 
 
+def _log_steps_until_handed_over(
+    run: Any, episodes: list[dict[str, Any]], *, timeout: float
+) -> int:
+    """Log two episodes a step (then ``wait_for``'s pause: the loop's own
+    work) until the run's uplink process took the run over, before the
+    episodes run out; how many were logged."""
+    uplink = run._supervisor.uplink
+    logged = 0
+
+    def a_step_then_handed_over() -> bool:
+        nonlocal logged
+        assert logged < len(episodes), "not handed over while the evaluation logged"
+        run.log_episodes(episodes[logged : logged + 2])
+        logged += 2
+        return bool(uplink.begun())
+
+    wait_for(a_step_then_handed_over, timeout=timeout, what="the handover")
+    return logged
+
+
 def test_an_evaluation_that_never_lets_its_threads_catch_up_is_still_handed_over(
     local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -74,17 +94,8 @@ def test_an_evaluation_that_never_lets_its_threads_catch_up_is_still_handed_over
     run = _eval_run(lp.url, runs)
     assert run._supervisor is not None
     uplink = run._supervisor.uplink
-    episodes = workloads.gsm8k(2000)
-    logged = 0
-
-    def logging_on_until_handed_over() -> bool:
-        nonlocal logged
-        run.log_episodes(episodes[logged : logged + 2])
-        logged += 2
-        return bool(uplink.begun())  # type: ignore[attr-defined]
-
     try:
-        wait_for(logging_on_until_handed_over, timeout=120, what="the handover")
+        logged = _log_steps_until_handed_over(run, workloads.gsm8k(2000), timeout=120)
     finally:
         lp.set_faults(latency_ms=0)
     run.finish(timeout=60)
@@ -111,17 +122,8 @@ def test_a_steady_evaluation_is_handed_over_while_its_threads_are_a_batch_behind
     assert run._supervisor is not None
     uplink = run._supervisor.uplink
     episodes = workloads.gsm8k(600)  # 15 s of steps: the process is ready in 1-2
-    logged = 0
-
-    def a_step_then_handed_over() -> bool:
-        nonlocal logged
-        assert logged < len(episodes), "not handed over while the evaluation logged"
-        run.log_episodes(episodes[logged : logged + 2])  # then wait_for's pause: the work
-        logged += 2
-        return bool(uplink.begun())  # type: ignore[attr-defined]
-
     try:
-        wait_for(a_step_then_handed_over, timeout=60, what="the handover")
+        logged = _log_steps_until_handed_over(run, episodes, timeout=60)
     finally:
         lp.set_faults(latency_ms=0)
     run.log_episodes(episodes[logged : logged + 2])
