@@ -330,6 +330,57 @@ def test_errors_and_odd_bodies_are_taken_as_before(serve: Callable[..., _Server]
     client.close()
 
 
+#: Answers' heads as a server, a proxy or a middlebox may send them, each
+#: with the body ``{"ok": 1}``: the plain path must read each as httpx does.
+_HEADS = {
+    "folded header": b"HTTP/1.1 503 Busy\r\nRetry-After:\r\n \t7 \r\nContent-Length: 9\r\n\r\n",
+    "blanks around values": b"HTTP/1.1 200 OK\r\nContent-Length:  9 \r\nX-A:\t a \r\n\r\n",
+    "bare line feeds": b"HTTP/1.1 200 OK\nContent-Length: 9\n\n",
+    "a line that is no header": b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nnot a header\r\n\r\n",
+    "a name with a space": b"HTTP/1.1 200 OK\r\nContent Length: 9\r\n\r\n",
+    "continuation first": b"HTTP/1.1 200 OK\r\n Content-Length: 9\r\n\r\n",
+    "length with a sign": b"HTTP/1.1 200 OK\r\nContent-Length: +9\r\n\r\n",
+    "length with an underscore": b"HTTP/1.1 200 OK\r\nContent-Length: 0_9\r\n\r\n",
+    "two lengths that differ": b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nContent-Length: 7\r\n\r\n",
+    "two lengths that agree": b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nContent-Length: 9\r\n\r\n",
+    "head cut short": b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n",
+}
+_READ = {"folded header", "blanks around values", "bare line feeds", "two lengths that agree"}
+
+
+@pytest.mark.parametrize("case", sorted(_HEADS))
+def test_an_answers_head_is_read_as_httpx_reads_it(
+    serve: Callable[..., _Server], case: str
+) -> None:
+    """The plain path splits a head itself (the ``email`` package was a
+    sixth of a sync's CPU): for each head, what a call answers or raises,
+    the Retry-After it read and whether a failure is ambiguous, must be
+    what the same call through httpx gives. A head h11 refuses (a line that
+    is no header, a Content-Length that is not one number) is no answer: a
+    row it answered may have been stored, and is sent again."""
+    import httpx
+
+    def raw(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        handler.wfile.write(_HEADS[case] + (b"" if case == "head cut short" else b'{"ok": 1}'))
+        handler.close_connection = True
+
+    server = serve(raw)
+    outcomes = []
+    for transport in (None, httpx.HTTPTransport()):
+        client = PlatformClient(_client(server).settings, transport=transport)
+        try:
+            outcomes.append(("answer", client.api("POST", "/rft/metrics", {"run_id": "r"})))
+        except APIError as exc:
+            retry_after = getattr(exc, "retry_after", None)
+            outcomes.append((type(exc).__name__, is_ambiguous(exc), retry_after))
+        finally:
+            client.close()
+    plain, through_httpx = outcomes
+    assert plain == through_httpx
+    if case in _READ:
+        assert plain[0] != "TransportError"  # read, not refused
+
+
 def test_a_mock_of_httpx_in_a_users_test_sees_every_call(
     serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch
 ) -> None:
