@@ -11,7 +11,7 @@ import hmac
 import json
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ from starlette.requests import Request
 from . import jsonlimits
 from .errors import PlatformError, TracesError
 from .faults import FaultInjector
+from .object_turns import ObjectTurns
 from .settings import ServerSettings
 from .storage import Database
 
@@ -36,6 +37,7 @@ class ServerContext:
     db: Database
     objects_dir: Path
     faults: FaultInjector
+    object_turns: ObjectTurns = field(default_factory=ObjectTurns)
 
 
 def context_of(request: Request) -> ServerContext:

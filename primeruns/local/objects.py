@@ -10,6 +10,10 @@ a 409 (a confirmed object cannot be swapped for one that was never checked,
 see :mod:`.parquet_bounds`). Objects
 are written to a temporary file and renamed, so a dropped upload never leaves
 a half object behind. Files are 0600.
+
+A PUT and a confirm of one key take turns (:mod:`.object_turns`): confirm
+checks the file and then marks the object confirmed, and a PUT landing
+between the two replaced the checked file with one never checked.
 """
 
 from __future__ import annotations
@@ -72,25 +76,30 @@ async def put_object(request: Request) -> Response:
     if body is None:
         return PlainTextResponse("EntityTooLarge", status_code=413)
     path = object_path(ensure_private_dir(ctx.objects_dir), key)
-    if row["confirmed_at"] is not None:
-        if _same_bytes(path, body):
-            return Response(status_code=200)
-        return PlainTextResponse(
-            "Conflict: the object is confirmed; only a resend of the same bytes is taken",
-            status_code=409,
-        )
-    tmp = path.with_suffix(".partial")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(body)
-    tmp.replace(path)
+    async with ctx.object_turns.turn(key):
+        # Read again in its turn: a confirm may have marked it meanwhile.
+        row = await ctx.db.read_small(lookup)
+        assert row is not None  # objects' rows are never deleted
+        if row["confirmed_at"] is not None:
+            if _same_bytes(path, body):
+                return Response(status_code=200)
+            return PlainTextResponse(
+                "Conflict: the object is confirmed; only a resend of the same bytes is taken",
+                status_code=409,
+            )
+        tmp = path.with_suffix(".partial")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(body)
+        tmp.replace(path)
 
-    def mark(conn: sqlite3.Connection) -> None:
-        conn.execute(
-            "UPDATE objects SET size = ?, uploaded_at = ? WHERE key = ?", (len(body), now(), key)
-        )
+        def mark(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "UPDATE objects SET size = ?, uploaded_at = ? WHERE key = ?",
+                (len(body), now(), key),
+            )
 
-    await ctx.db.write_small(mark)
+        await ctx.db.write_small(mark)
     return Response(status_code=200)
 
 

@@ -198,9 +198,11 @@ def _measure(source: Any, meta: Any, key: str) -> None:
         raise PlatformError(400, f"Object {key} is not a readable Parquet file") from None
 
 
-def checked_rows(path: Path, key: str) -> int:
+def checked_rows(path: Path, key: str, *, measure: bool = True) -> int | None:
     """The object's row count once it is within the bounds; a 400 naming the
-    bound it passes, or that it is not a readable Parquet file."""
+    bound it passes, or that it is not a readable Parquet file. With
+    ``measure`` False, None for an object only decoding it can bound: it is
+    then measured by a call that may take its time (off an event loop)."""
     import pyarrow as pa
 
     pq = _pq()
@@ -217,10 +219,10 @@ def checked_rows(path: Path, key: str) -> int:
             meta = pq.read_metadata(source)
         except Exception:  # any malformed file: pyarrow raises several unrelated types
             raise PlatformError(400, f"Object {key} is not a readable Parquet file") from None
-        return _checked_rows(source, size, meta, key)
+        return _checked_rows(source, size, meta, key, measure)
 
 
-def _checked_rows(source: Any, size: int, meta: Any, key: str) -> int:
+def _checked_rows(source: Any, size: int, meta: Any, key: str, measure: bool) -> int | None:
     in_groups = sum(int(meta.row_group(g).num_rows) for g in range(meta.num_row_groups))
     if in_groups != meta.num_rows:  # a reader goes by the groups', a count by the file's
         raise PlatformError(400, f"Object {key} is not a readable Parquet file")
@@ -253,6 +255,8 @@ def _checked_rows(source: Any, size: int, meta: Any, key: str) -> int:
     proven = _size_bound(meta, size)
     if proven is not None and proven <= MAX_OBJECT_DECODED_BYTES:
         return int(meta.num_rows)  # an SDK object: nothing to decode
+    if not measure:
+        return None
     _measure(source, meta, key)
     return int(meta.num_rows)
 

@@ -5,11 +5,13 @@ before (every page, the distributions, the dashboard's step page)."""
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import math
 import os
 import sqlite3
+import threading
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -24,6 +26,7 @@ from hostile import PARQUET_BOMB_VALUE as BOMB_VALUE
 from hostile import parquet_bomb as long_value_bomb
 
 from primeruns.local import LocalPlatform, parquet_bounds
+from primeruns.local.app import build_app
 from primeruns.local.errors import PlatformError
 from primeruns.local.parquet_bounds import (
     MAX_OBJECT_DECODED_BYTES,
@@ -32,6 +35,7 @@ from primeruns.local.parquet_bounds import (
     read_rows,
 )
 from primeruns.local.rft_reads import histogram
+from primeruns.local.settings import ServerSettings
 from primeruns.projection import train_sample_schema
 
 MIB = 1024 * 1024
@@ -186,6 +190,56 @@ def test_a_confirmed_object_is_not_swapped_for_an_unchecked_one(run: Run) -> Non
     assert httpx.put(url, content=blob, timeout=60).status_code == 200
     assert run.confirm(key).status_code == 200
     assert [r["sample_id"] for r in run.samples()["samples"]] == list(range(5))
+
+
+def test_a_put_while_confirm_checks_the_object_does_not_replace_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Confirm measures an object it cannot prove small off the event loop,
+    then marks it confirmed: a PUT to the same URL meanwhile (a retry, or
+    whoever holds the hour-long URL) replaced the checked object with a
+    bomb, and the bomb was marked confirmed. The PUT now waits for the
+    confirm, then finds the object confirmed (409)."""
+    checked = honest_object(honest_rows(5), compression="zstd")  # measured, not proven
+    measuring, go = threading.Event(), threading.Event()
+    measure = parquet_bounds._measure
+
+    def held(source: Any, meta: Any, key: str) -> None:
+        measuring.set()
+        go.wait(60)  # released below, once the PUT has gone as far as it can
+        measure(source, meta, key)
+
+    monkeypatch.setattr(parquet_bounds, "_measure", held)
+    app = build_app(ServerSettings(data_dir=tmp_path / "platform"))
+
+    async def scenario() -> tuple[httpx.Response, httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://local") as c:
+            body = {"base_model": "m", "max_steps": 1, "team_id": "t"}
+            run_id = (await c.post("/api/v1/rft/external-runs", json=body)).json()["run"]["id"]
+            minted = await c.post("/api/v1/rft/samples/presign", json={"run_id": run_id, "step": 0})
+            url, key = minted.json()["data"]["presignedUrl"], minted.json()["data"]["s3Key"]
+            assert (await c.put(url, content=checked)).status_code == 200
+            confirm = {"run_id": run_id, "step": 0, "s3_key": key}
+            confirming = asyncio.create_task(c.post("/api/v1/rft/samples/confirm", json=confirm))
+            await asyncio.to_thread(measuring.wait, 60)
+            putting = asyncio.create_task(c.put(url, content=long_value_bomb()))
+            for _ in range(1000):  # the PUT's turns of the loop: done, or waiting for confirm
+                if putting.done():
+                    break
+                await asyncio.sleep(0)
+            go.set()
+            return await confirming, await putting
+
+    try:
+        confirmed, put = asyncio.run(scenario())
+    finally:
+        go.set()
+        app.state.ctx.db.close()
+    assert confirmed.status_code == 200, confirmed.text
+    assert put.status_code == 409, put.text
+    (stored,) = (tmp_path / "platform" / "objects").glob("*.parquet")
+    assert stored.read_bytes() == checked
 
 
 def _store_unchecked(run: Run, blob: bytes, rows: int) -> None:
