@@ -20,9 +20,8 @@ from typing import Any
 
 from . import records
 from .exceptions import JournalError
-from .journal import EntryKind, Journal
+from .journal import EntryKind, Journal, in_memory
 from .journal.listing import keep_summary
-from .journal.memory import in_memory
 from .models import RunStatus
 from .recorder import Recorder
 from .ship import ledger

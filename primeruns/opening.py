@@ -19,8 +19,7 @@ from typing import Any, Literal, cast
 from . import hooks, records
 from .exceptions import ConfigurationError
 from .forkchild import ForkOrigin
-from .journal import EntryKind, Journal, delete_journal, list_journals
-from .journal.memory import MemoryJournal, in_memory
+from .journal import EntryKind, Journal, delete_journal, in_memory, list_journals
 from .models import (
     CONFIG_SOURCE_KEY,
     ConfigSource,
@@ -67,6 +66,14 @@ def _normalize_config(config: Any) -> dict[str, Any]:
         f"init: config must be a path to the config file, a ConfigSource or a mapping, "
         f"got {type(config).__name__}"
     )
+
+
+def _memory_journal(max_bytes: int, meta: dict[str, Any]) -> Journal:
+    """The same interface, kept in memory (journal.memory): typed as a Journal.
+    Imported here, in ``init()``'s thread, by the rare run no folder takes."""
+    from .journal.memory import MemoryJournal
+
+    return cast(Journal, MemoryJournal(max_bytes=max_bytes, meta=meta))
 
 
 def init(
@@ -242,10 +249,7 @@ def init(
             where, durability=durability, max_bytes=tuning.max_journal_bytes, meta=meta
         ),
         online=run_mode == "online",
-        # The same interface, kept in memory (journal.memory): typed as a Journal.
-        in_memory=lambda: cast(
-            Journal, MemoryJournal(max_bytes=tuning.max_journal_bytes, meta=meta)
-        ),
+        in_memory=lambda: _memory_journal(tuning.max_journal_bytes, meta),
     )
     memory = in_memory(journal)
     if memory:

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from . import closing, hooks
 from .exceptions import ConfigurationError
-from .journal import EntryKind
-from .journal.memory import in_memory
+from .journal import EntryKind, in_memory
 from .models import CONFIG_SOURCE_KEY, ConfigSource, Mode, RunKind, RunStatus
 from .recorder import Recorder
 from .rehoming import Rehomer

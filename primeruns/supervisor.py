@@ -31,8 +31,7 @@ from .exceptions import (
     UnauthorizedError,
     is_transient,
 )
-from .journal import Journal
-from .journal.memory import in_memory
+from .journal import Journal, in_memory
 from .models import RunKind
 from .platform import PlatformClient, Settings
 from .platform.binding import Binding

@@ -6,6 +6,8 @@ read after their own cursors and acknowledge what the platform accepted. See
 capacity) and ``store`` for how LMDB is opened with care.
 """
 
+import sys
+
 from primeruns.journal.frames import EntryKind
 from primeruns.journal.journal import DEFAULT_MAX_JOURNAL_BYTES, FORMAT_VERSION, Journal
 from primeruns.journal.listing import (
@@ -38,6 +40,17 @@ __all__ = [
     "ReadResult",
     "default_runs_dir",
     "delete_journal",
+    "in_memory",
     "journal_info",
     "list_journals",
 ]
+
+
+def in_memory(journal: object) -> bool:
+    """Whether ``journal`` is held in memory (a ``journal.memory.MemoryJournal``).
+
+    Asked without importing ``journal.memory``: a run on disk (nearly every
+    one) never loads it, and until it is loaded no journal can be one.
+    """
+    memory = sys.modules.get(f"{__name__}.memory")
+    return memory is not None and isinstance(journal, memory.MemoryJournal)

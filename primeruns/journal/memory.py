@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import FINISHED_WHILE_LOGGING, JournalError, RunFinishedError
+from . import in_memory
 from .frames import HEADER_SIZE, MAX_ENTRY_BYTES, EntryKind
 from .journal import default_local_id
 from .layout import dumps
@@ -40,11 +41,6 @@ __all__ = ["MemoryJournal", "in_memory"]
 
 _KEPT = frozenset({EntryKind.RUN_OPEN, EntryKind.SUMMARY, EntryKind.FINISH})
 _MAX_REASONS = 5
-
-
-def in_memory(journal: object) -> bool:
-    """Whether ``journal`` is held in memory (a :class:`MemoryJournal`)."""
-    return isinstance(journal, MemoryJournal)
 
 
 class MemoryJournal:

@@ -35,9 +35,9 @@ import os
 import platform as _platform
 import re
 import ssl
+import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -202,6 +202,21 @@ def _plain_target(url: str, *, query: bool = False) -> tuple[Target, str] | None
     return Target(parts.scheme, parts.hostname, port, netloc), path
 
 
+def _proxies() -> dict[str, str]:
+    """``urllib.request.getproxies()``, without importing urllib.request
+    (~1-2 ms of every run's ``init()``) where it could only answer ``{}``:
+    where it reads the environment alone (not macOS's or Windows' system
+    settings) and no variable is named ``*_proxy``, in any case."""
+    if sys.platform not in ("darwin", "win32") and not any(
+        name.lower().endswith("_proxy") for name in os.environ
+    ):
+        return {}
+    with importing():  # (a client may be made in a shipper's thread: no fork meanwhile)
+        import urllib.request
+
+    return urllib.request.getproxies()
+
+
 class PlatformClient:
     """Single-attempt requests to the platform, traces service and object store."""
 
@@ -218,7 +233,7 @@ class PlatformClient:
         # (httpx honours the environment's; the plain path does not).
         self._plain_api: tuple[Target, str] | None = None
         self._plain_traces: tuple[Target, str] | None = None
-        proxies = urllib.request.getproxies()  # "no": NO_PROXY alone, which routes nothing
+        proxies = _proxies()  # "no": NO_PROXY alone, which routes nothing
         self._plain_ok = self._transport is None and not set(proxies) - {"no"}
         if self._plain_ok:
             self._plain_api = _plain_target(settings.api_root)

@@ -4,23 +4,24 @@ restarted one, ``primeruns replay`` and ``primeruns sync`` alike."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ..journal import EntryKind, Journal
-from ..journal.memory import in_memory
+from ..journal import EntryKind, Journal, in_memory
 from ..platform import PlatformClient
+from ..platform.plain import importing
 from ..ranks import Role, written_in
 from ..sinks.base import Sink
 from ..sinks.eval_samples import EvalSamplesSink
 from ..sinks.kinds import SINK_KINDS, sink_kinds, sink_names
-from ..sinks.step_rows import StepRows
 from ..sinks.traces import TracesSink
-from ..sinks.train_metrics import TrainMetricsSink
-from ..sinks.train_samples import TrainSamplesSink
 from .lifecycle import Lifecycle
 from .parsed import SharedRecords
 from .policy import RetryPolicy
 from .sharedreads import KEEP_BYTES, TRAINING_KEEP_BYTES, SharedReads
 from .shipper import Shipper
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..sinks.step_rows import StepRows
 
 __all__ = ["make_shippers", "sink_kinds", "sink_names"]
 
@@ -66,6 +67,13 @@ def make_shippers(
         )
     ]
     if kind == "train":
+        # Only a training run's: an evaluation's process never loads them
+        # (with step_rows, sqlite3). Shippers may be made in an uplink's
+        # thread (threads mode, a predecessor taken over): a fork waits for
+        # the import (``platform.plain.importing``).
+        with importing():
+            from ..sinks.train_metrics import TrainMetricsSink
+            from ..sinks.train_samples import TrainSamplesSink
         sinks.append(TrainSamplesSink(client, range_base=range_base))
         sinks.append(TrainMetricsSink(client, _step_rows(journal, lifecycle)))
     else:
@@ -104,4 +112,6 @@ def _step_rows(journal: Journal, lifecycle: Lifecycle) -> StepRows | None:
         return None
     role = Role.of(journal) or Role(primary=lifecycle.owns_run(), label=journal.local_id)
     runs_dir, _ = written_in(journal)
+    with importing():  # (a training run's only: see make_shippers)
+        from ..sinks.step_rows import StepRows
     return StepRows(runs_dir, label=role.label, primary=role.primary, rank=role.rank)
