@@ -344,8 +344,53 @@ _HEADS = {
     "two lengths that differ": b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nContent-Length: 7\r\n\r\n",
     "two lengths that agree": b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nContent-Length: 9\r\n\r\n",
     "head cut short": b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n",
+    "a list of lengths that agree": b"HTTP/1.1 200 OK\r\nContent-Length: 9, 9\r\n\r\n",
+    "a list of lengths that differ": b"HTTP/1.1 200 OK\r\nContent-Length: 9, 7\r\n\r\n",
+    "a length of 5000 digits": b"HTTP/1.1 200 OK\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n",
+    "a length of 21 digits": b"HTTP/1.1 200 OK\r\nContent-Length: " + b"0" * 20 + b"9\r\n\r\n",
+    "gzip, chunked": b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+    "identity, with a length": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\nContent-Length: 9\r\n\r\n"
+    ),
+    "chunked, with a bad length": (
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: x\r\n\r\n9\r\n"
+    ),
+    "a 204 said chunked": b"HTTP/1.1 204 No Content\r\nTransfer-Encoding: chunked\r\n\r\n",
+    "a 204 with a length": b"HTTP/1.1 204 No Content\r\nContent-Length: 9\r\n\r\n",
+    "a NUL in a value": b"HTTP/1.1 200 OK\r\nX-A: a\x00b\r\nContent-Length: 9\r\n\r\n",
+    "a carriage return in a value": b"HTTP/1.1 200 OK\r\nX-A: a\rb\r\nContent-Length: 9\r\n\r\n",
+    "a form feed before a length": b"HTTP/1.1 200 OK\r\nContent-Length: \x0c9\r\n\r\n",
+    "a Latin-1 value": b"HTTP/1.1 200 OK\r\nX-A: caf\xe9\r\nContent-Length: 9\r\n\r\n",
+    "150 headers": (
+        b"HTTP/1.1 200 OK\r\n"
+        + b"".join(b"X-%d: a\r\n" % i for i in range(150))
+        + b"Content-Length: 9\r\n\r\n"
+    ),
+    "a line of 80 KB": (
+        b"HTTP/1.1 200 OK\r\nX-A: " + b"a" * 80_000 + b"\r\nContent-Length: 9\r\n\r\n"
+    ),
+    "a head of 200 KB": (
+        b"HTTP/1.1 200 OK\r\n"
+        + b"".join(b"X-%d: " % i + b"a" * 4000 + b"\r\n" for i in range(50))
+        + b"Content-Length: 9\r\n\r\n"
+    ),
+    "a 103 with a line that is no header": (
+        b"HTTP/1.1 103 Early Hints\r\nnot a header\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n"
+    ),
 }
-_READ = {"folded header", "blanks around values", "bare line feeds", "two lengths that agree"}
+_READ = {
+    "folded header",
+    "blanks around values",
+    "bare line feeds",
+    "two lengths that agree",
+    "a list of lengths that agree",
+    "a 204 said chunked",
+    "a 204 with a length",
+    "a Latin-1 value",
+    "150 headers",
+    "a line of 80 KB",
+}
 
 
 @pytest.mark.parametrize("case", sorted(_HEADS))

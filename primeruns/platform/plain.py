@@ -333,9 +333,11 @@ class _Response(http.client.HTTPResponse):
     - The headers are split here, not by the ``email`` package
       (``http.client.parse_headers``): its feed parser was a sixth of a
       sync's CPU, 15-50 µs an answer for four short headers (this: ~3). A
-      line that is no header, a head cut short and a ``Content-Length``
-      that is not one number fail (``RemoteProtocolError``), as h11 fails
-      them, where ``http.client`` read past them.
+      line that is no header, a head cut short or over 100 KiB, a
+      ``Content-Length`` that is not one number and a ``Transfer-Encoding``
+      but ``chunked`` fail (``RemoteProtocolError``), as h11 fails them,
+      where ``http.client`` read past them; a body is framed as h11 frames
+      it (none for a 204 or a 304, whatever the headers say).
     """
 
     def begin(self) -> None:
@@ -348,7 +350,7 @@ class _Response(http.client.HTTPResponse):
                 )
             if not 100 <= status < 200:
                 break
-            _head_lines(self.fp)  # an informational answer's headers
+            _parsed_head(self.fp)  # an informational answer's headers, checked as h11 checks them
         self.code = self.status = status
         self.reason = reason.strip()
         if version in ("HTTP/1.0", "HTTP/0.9"):
@@ -358,70 +360,93 @@ class _Response(http.client.HTTPResponse):
         else:
             raise http.client.UnknownProtocol(version)
         self.headers = self.msg = _parsed_head(self.fp)
-        coding = self.headers.get("transfer-encoding")
-        self.chunked = coding is not None and coding.lower() == "chunked"
         self.chunk_left = None
         self.will_close = self._check_close()  # type: ignore[attr-defined]
-        self.length = None if self.chunked else _content_length(self.headers)
+        # The body's framing, as h11's: none for a 204, a 304 or a HEAD's
+        # answer, whatever its headers say; else chunked; else the length.
+        self.chunked = False
         if status in (http.client.NO_CONTENT, http.client.NOT_MODIFIED) or self._method == "HEAD":  # type: ignore[attr-defined]
             self.length = 0
+        elif self.headers.get("transfer-encoding") is not None:
+            self.chunked = True
+            self.length = None
+        else:
+            self.length = _content_length(self.headers)
         if not self.will_close and not self.chunked and self.length is None:
             self.will_close = True  # its end is where the server closes
 
 
-#: ``http.client``'s bounds of a head: a line's bytes, and its lines.
-_MAX_LINE = 65536
-_MAX_LINES = 100
-#: A header line: a token, a colon, a value (RFC 9110 5.1, 5.5).
-_FIELD = re.compile(rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):(.*)", re.DOTALL)
+#: The bytes of a head's header lines: httpcore has h11 refuse a head
+#: longer than 100 KiB (however many lines it has, however long each).
+_MAX_HEAD = 100 * 1024
+#: A header line as h11 takes one: a token, a colon, a value of visible
+#: bytes (or any byte but NUL, a blank or a line break) and blanks between
+#: them, blanks around it (RFC 9110 5.1, 5.5).
+_FIELD = re.compile(
+    rb"([!#$%&'*+.^_`|~0-9A-Za-z-]+):[ \t]*((?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?)[ \t]*"
+)
+#: A Content-Length's digits: h11 takes at most 20.
+_LENGTH = re.compile(r"[0-9]{1,20}")
 
 
 def _head_lines(fp: IO[bytes]) -> list[bytes]:
-    """The lines of a head up to the blank line that ends it, line ends cut."""
+    """The lines of a head up to the blank line that ends it, line ends cut
+    (a line feed, and a carriage return before it)."""
     lines: list[bytes] = []
+    left = _MAX_HEAD
     while True:
-        line = fp.readline(_MAX_LINE + 1)
-        if len(line) > _MAX_LINE:
-            raise http.client.LineTooLong("header line")
+        line = fp.readline(left + 1)
+        left -= len(line)
+        if left < 0:
+            raise http.client.HTTPException("the answer's head is longer than 100 KiB")
         if not line.endswith(b"\n"):
             raise http.client.HTTPException("the answer's head was cut short")
-        line = line.rstrip(b"\r\n")
+        line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
         if not line:
             return lines
         lines.append(line)
-        if len(lines) > _MAX_LINES:
-            raise http.client.HTTPException(f"got more than {_MAX_LINES} headers")
 
 
 def _parsed_head(fp: IO[bytes]) -> http.client.HTTPMessage:
     """The headers of an answer, names and values as h11 reads them: a value's
-    surrounding blanks cut, a folded line joined to its header by a space."""
-    fields: list[list[bytes]] = []
+    surrounding blanks cut, a folded line joined to its header by a space.
+    What h11 refuses in any head is refused: a Content-Length that is not
+    one number, a Transfer-Encoding but one ``chunked``."""
+    joined: list[bytes] = []
     for line in _head_lines(fp):
         if line[:1] in (b" ", b"\t"):  # obsolete line folding
-            if not fields:
+            if not joined:
                 raise http.client.HTTPException("the answer's first header line is a continuation")
-            fields[-1][1] += b" " + line.lstrip(b" \t")
-            continue
+            joined[-1] += b" " + line.lstrip(b" \t")
+        else:
+            joined.append(line)
+    message = http.client.HTTPMessage()
+    for line in joined:
         found = _FIELD.fullmatch(line)
         if found is None:
             raise http.client.HTTPException("a line of the answer's head is no header")
-        fields.append([found[1], found[2]])
-    message = http.client.HTTPMessage()
-    for name, value in fields:
-        message.set_raw(name.decode("ascii"), value.strip(b" \t").decode("iso-8859-1"))
+        message.set_raw(found[1].decode("ascii"), found[2].decode("iso-8859-1"))
+    codings = message.get_all("transfer-encoding") or ()
+    if len(codings) > 1 or any(coding.lower() != "chunked" for coding in codings):
+        raise http.client.HTTPException("the answer's Transfer-Encoding is not chunked alone")
+    _content_length(message)
     return message
 
 
 def _content_length(headers: http.client.HTTPMessage) -> int | None:
     """The body's length the headers give, or None for none (one read till
-    the server closes). Several must agree, and each be digits alone:
-    ``int()`` would read "+5" or "1_0", which h11 refuses."""
-    values = {value.strip() for value in headers.get_all("content-length") or ()}
+    the server closes). Several, or a list in one, must agree, and each be
+    at most 20 digits alone: ``int()`` would read "+5" or "1_0", which h11
+    refuses, and fail a number of 4,301 digits with a ValueError."""
+    values = {
+        part.strip(" \t")
+        for value in headers.get_all("content-length") or ()
+        for part in value.split(",")
+    }
     if not values:
         return None
     value = values.pop()
-    if values or not value.isascii() or not value.isdigit():
+    if values or not _LENGTH.fullmatch(value):
         raise http.client.HTTPException("the answer's Content-Length is not one number")
     return int(value)
 
