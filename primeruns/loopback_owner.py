@@ -10,40 +10,100 @@ serves on that port there. Linux says which user's socket listens on a port
 (``/proc/net/tcp`` and ``tcp6``: the socket's owner); a port served by
 another user (root aside, who could read the key anyway) is refused.
 Where that cannot be read, nothing is known, and nothing is refused.
+
+Once is not enough: a sync outlives its platform's restarts, and a
+neighbour may take the port while the platform is down, between two
+connections of one sync. So each new connection to such a port is checked
+too, once connected and before a byte is sent (:func:`connected_to_another_user`):
+the socket at its far end (the one the listener's kernel made for it,
+owned by the listener's user, accepted yet or not) and the port's listeners.
+The far end is the one that reads what is sent: a neighbour that closed its
+listener once it had the connection is caught there.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
+from typing import Any
 
-__all__ = ["listening_users", "served_by_another_user"]
+from .exceptions import PrimeRunsError
+
+__all__ = [
+    "ServedByAnotherUserError",
+    "connected_to_another_user",
+    "listening_users",
+    "served_by_another_user",
+    "taken_by_another_user",
+]
 
 _TABLES = (Path("/proc/net/tcp"), Path("/proc/net/tcp6"))
 _LISTEN = "0A"  # the socket state column's value for LISTEN
+_MAPPED = bytes(10) + b"\xff\xff"  # ::ffff:a.b.c.d, an IPv4 address in IPv6's form
 
 
-def _reached_from_loopback(address: str) -> bool:
-    """Whether a socket bound to ``address`` (the tables' hex: an IPv4
-    address as a little-endian word, an IPv6 one as four) takes a
-    connection to a loopback address: a loopback one, or every address.
-    One bound to the machine's network address does not."""
+class ServedByAnotherUserError(PrimeRunsError):
+    """A new connection to a loopback platform a journal chose reached
+    another user's socket: nothing was sent on it. Fatal for the sink that
+    met it (``ship.policy``): the journal keeps its records, for a sync
+    with ``--base-url``."""
+
+    def __init__(self, message: str, *, url: str, uid: int) -> None:
+        super().__init__(message)
+        self.url = url
+        self.uid = uid
+
+
+def taken_by_another_user(what: str, url: str, uid: int, *, now: bool = False) -> str:
+    """The refusal of ``url`` (the ``what`` a journal was recorded for)
+    whose port another user (``uid``) serves; ``now``: found so at a new
+    connection during the shipment, where nothing was sent on it."""
+    served = "is now served" if now else "is served"
+    sent = " (nothing was sent on that connection)" if now else ""
+    return (
+        f"the run was recorded for the {what} at {url}, and on this machine that port "
+        f"{served} by another user's process (uid {uid}), not a platform of yours{sent}: "
+        "a journal does not choose where your API key goes; pass --base-url with the "
+        "platform to ship it to"
+    )
+
+
+def _address(text: str) -> bytes:
+    """A table's hex address (IPv4: one little-endian word; IPv6: four) as
+    16 bytes, an IPv4 one in its mapped form. ValueError if it is neither."""
+    if len(text) == 8:
+        return _MAPPED + int(text, 16).to_bytes(4, "little")
+    if len(text) != 32:
+        raise ValueError(text)
+    return b"".join(int(text[i : i + 8], 16).to_bytes(4, "little") for i in range(0, 32, 8))
+
+
+def _reached_from_loopback(address: bytes) -> bool:
+    """Whether a socket bound to ``address`` takes a connection to a
+    loopback address: a loopback one, or every address. One bound to the
+    machine's network address does not."""
+    if address[:12] == _MAPPED:
+        return address[12:] == bytes(4) or address[12] == 127  # 0.0.0.0, 127.x
+    return address in (bytes(16), bytes(15) + b"\1")  # :: or ::1
+
+
+def _endpoint(text: str) -> tuple[bytes | None, int]:
+    """A table's ``address:port`` (hex); the address None where unread."""
+    address, _, port = text.rpartition(":")
     try:
-        if len(address) == 8:
-            return address == "00000000" or int(address[6:8], 16) == 127  # 0.0.0.0, 127.x
-        words = [int(address[i : i + 8], 16).to_bytes(4, "little") for i in range(0, 32, 8)]
+        return _address(address), int(port, 16)
     except ValueError:
-        return True  # (unread: counted, as before)
-    raw = b"".join(words)
-    if raw[:12] == b"\0" * 10 + b"\xff\xff":  # ::ffff:a.b.c.d
-        return raw[12:] == bytes(4) or raw[12] == 127
-    return raw in (bytes(16), bytes(15) + b"\1")  # :: or ::1
+        return None, int(port, 16)
 
 
-def listening_users(port: int) -> set[int] | None:
-    """The uids owning a socket that listens on TCP ``port`` where a
-    loopback URL reaches it (a loopback address, or every address), or
-    None where the kernel's tables cannot be read (not Linux)."""
+_Ends = tuple[tuple[bytes, int], tuple[bytes, int]]  # a connection's local and remote ends
+
+
+def _owners(port: int, far_end: _Ends | None) -> set[int] | None:
+    """The uids of the sockets listening on ``port`` where a loopback URL
+    reaches them, and of the socket whose local and remote ends are
+    ``far_end``'s; None where the kernel's tables cannot be read."""
     uids: set[int] = set()
     readable = False
     for table in _TABLES:
@@ -55,22 +115,57 @@ def listening_users(port: int) -> set[int] | None:
         for line in lines:
             # sl local_address rem_address st tx_queue:rx_queue tr:tm->when retrnsmt uid ...
             fields = line.split()
-            if len(fields) < 8 or fields[3] != _LISTEN:
+            if len(fields) < 8:
                 continue
-            address, _, listened = fields[1].rpartition(":")
             try:
-                if int(listened, 16) == port and _reached_from_loopback(address):
+                if fields[3] == _LISTEN:
+                    address, listened = _endpoint(fields[1])
+                    # (an address unread is counted, as one reached)
+                    if listened == port and (address is None or _reached_from_loopback(address)):
+                        uids.add(int(fields[7]))
+                elif far_end is not None and far_end == (
+                    _endpoint(fields[1]),
+                    _endpoint(fields[2]),
+                ):
                     uids.add(int(fields[7]))
             except ValueError:
                 continue
     return uids if readable else None
 
 
+def _others(uids: set[int] | None) -> int | None:
+    others = (uids or set()) - {os.getuid(), os.geteuid(), 0}
+    return min(others) if others else None
+
+
+def listening_users(port: int) -> set[int] | None:
+    """The uids owning a socket that listens on TCP ``port`` where a
+    loopback URL reaches it (a loopback address, or every address), or
+    None where the kernel's tables cannot be read (not Linux)."""
+    return _owners(port, None)
+
+
 def served_by_another_user(port: int) -> int | None:
     """A uid, neither this process's nor root's, listening on ``port``;
     None if there is none (or it cannot be known)."""
-    uids = listening_users(port)
-    if not uids:
-        return None
-    others = uids - {os.getuid(), os.geteuid(), 0}
-    return min(others) if others else None
+    return _others(listening_users(port))
+
+
+def _as_table(name: tuple[Any, ...]) -> tuple[bytes, int]:
+    """A socket address (``getsockname``'s) as the tables have it."""
+    host, port = str(name[0]), int(name[1])
+    if ":" in host:
+        return socket.inet_pton(socket.AF_INET6, host.partition("%")[0]), port
+    return _MAPPED + socket.inet_pton(socket.AF_INET, host), port
+
+
+def connected_to_another_user(sock: socket.socket, port: int) -> int | None:
+    """A uid, neither this process's nor root's, owning the far end of the
+    connected ``sock`` or listening on ``port`` (the URL's: where a proxy
+    is used, ``sock`` goes to the proxy); None if there is none (or it
+    cannot be known). One read of the tables: a connection's cost."""
+    try:
+        far_end = (_as_table(sock.getpeername()), _as_table(sock.getsockname()))
+    except (OSError, ValueError):
+        far_end = None  # (not an internet socket, or already closed: its port alone)
+    return _others(_owners(port, far_end))
