@@ -438,6 +438,12 @@ class Settings:
     frontend_url: str
     traces_opt_out: bool
     sources: Mapping[str, str] = field(default_factory=dict)
+    journal_chosen: tuple[str, ...] = ()
+    """The loopback URLs among ``origin`` and ``traces_url`` that a journal
+    chose, not the user (``ship.uplink.journal_settings``): a neighbour may
+    take such a port while its platform is down, so every new connection to
+    one is checked for another user's socket before the key goes out on it
+    (``loopback_owner``)."""
 
     def __post_init__(self) -> None:
         # Remembered so that any text that reaches the journal or a log can be

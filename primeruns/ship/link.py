@@ -845,4 +845,5 @@ def open_uplink_log(journal_path: Path) -> int:
 def settings_from_handover(data: dict[str, Any]) -> Settings:
     values = dict(data)
     values["sources"] = dict(values.get("sources") or {})
+    values["journal_chosen"] = tuple(values.get("journal_chosen") or ())  # (JSON: a list)
     return Settings(**values)

@@ -31,7 +31,7 @@ from .. import ranks
 from ..exceptions import JournalError, PrimeRunsError
 from ..journal import EntryKind, Journal, list_journals
 from ..journal.by_kind import last_payload
-from ..loopback_owner import served_by_another_user
+from ..loopback_owner import served_by_another_user, taken_by_another_user
 from ..models import CRASH_ERROR
 from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
@@ -149,33 +149,42 @@ def journal_settings(
     bound = journal.get_meta("platform") or {}
     current = resolve_settings(base_url=base_url)
     own = current
+    chosen: list[str] = []  # the loopback URLs the journal chose: checked at each connection
     if base_url is None:
         recorded = bound.get("base_url") or (
             spec.base_url if current.sources.get("base_url") == "default" else None
         )
         if recorded:
             current = resolve_settings(base_url=str(recorded))
-            _refuse_unless_own("platform", current.origin, own)
+            if _refuse_unless_own("platform", current.origin, own):
+                chosen.append(current.origin)
     traces = traces_url
     if traces is None and current.sources.get("traces_url") == "default":
         # An explicit --base-url moves Prime Traces along with the API (the
         # recorded traces URL is the old platform's), unless the environment
         # names one.
         traces = split_api_root(base_url)[0] if base_url else spec.traces_url
-        if traces and not base_url:
-            _refuse_unless_own("Prime Traces", str(traces), own, current)
+        if (
+            traces
+            and not base_url
+            and _refuse_unless_own("Prime Traces", str(traces), own, current)
+        ):
+            chosen.append(str(traces).rstrip("/"))
     if traces:
         current = replace(current, traces_url=str(traces).rstrip("/"))
-    return current
+    return replace(current, journal_chosen=tuple(chosen)) if chosen else current
 
 
-def _refuse_unless_own(what: str, url: str, *own: Settings) -> None:
+def _refuse_unless_own(what: str, url: str, *own: Settings) -> bool:
     """Raise JournalError unless ``url``, which the journal names, is where
     the user's own settings send the key (``own``) or this machine (a local
     platform). A journal is untrusted input: one handed over by someone
-    else named where this environment's API key went, on the first request."""
+    else named where this environment's API key went, on the first request.
+    True where it is taken as a local platform: no other user serves its
+    port now, and each new connection to it is to be checked again
+    (``Settings.journal_chosen``)."""
     if _site(url) in {_site(s.origin) for s in own} | {_site(s.traces_url) for s in own}:
-        return
+        return False
     if is_loopback(url):
         parts = urlsplit(url)
         try:
@@ -186,18 +195,13 @@ def _refuse_unless_own(what: str, url: str, *own: Settings) -> None:
             port = 443 if parts.scheme == "https" else 80
         neighbour = served_by_another_user(port) if port >= 0 else None
         if port >= 0 and neighbour is None:
-            return
+            return True
         if neighbour is None:
             raise JournalError(
                 f"the run was recorded for the {what} at {url}, which has no port this "
                 "machine serves: pass --base-url with the platform to ship it to"
             )
-        raise JournalError(
-            f"the run was recorded for the {what} at {url}, and on this machine that port is "
-            f"served by another user's process (uid {neighbour}), not a platform of yours: "
-            "a journal does not choose where your API key goes; pass --base-url with the "
-            "platform to ship it to"
-        )
+        raise JournalError(taken_by_another_user(what, url, neighbour))
     raise JournalError(
         f"the run was recorded for the {what} at {url}, not the one your settings "
         f"name ({own[0].origin}): a journal does not choose where your API key goes; pass "
