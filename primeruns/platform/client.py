@@ -34,6 +34,7 @@ import json
 import os
 import platform as _platform
 import re
+import socket
 import ssl
 import sys
 import threading
@@ -43,6 +44,11 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from ..exceptions import UnprovenAnswerError
+from ..loopback_owner import (
+    ServedByAnotherUserError,
+    connected_to_another_user,
+    taken_by_another_user,
+)
 from .errors import error_from_response, error_from_transport
 from .plain import Deadlines, PlainConnections, Target, httpx_as_shipped, importing, load_httpx
 from .settings import Settings
@@ -217,6 +223,32 @@ def _proxies() -> dict[str, str]:
     return urllib.request.getproxies()
 
 
+def _site_key(url: str) -> tuple[str, int] | None:
+    """Where ``url`` connects to: its host (small letters, an IPv6 address
+    without brackets) and port (the scheme's by default), as ``Target``
+    has them; None for a URL that does not say."""
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        return None
+    if not parts.hostname:
+        return None
+    return parts.hostname, port if port is not None else (443 if parts.scheme == "https" else 80)
+
+
+def _guarded(settings: Settings) -> dict[tuple[str, int], tuple[str, str]]:
+    """Per host and port a journal chose on loopback (``Settings.journal_chosen``),
+    what it is and its URL, for a refusal to name."""
+    found: dict[tuple[str, int], tuple[str, str]] = {}
+    platform = _site_key(settings.origin)
+    for url in settings.journal_chosen:
+        key = _site_key(url)
+        if key is not None:
+            found.setdefault(key, ("platform" if key == platform else "Prime Traces", url))
+    return found
+
+
 class PlatformClient:
     """Single-attempt requests to the platform, traces service and object store."""
 
@@ -235,6 +267,11 @@ class PlatformClient:
         self._plain_traces: tuple[Target, str] | None = None
         proxies = _proxies()  # "no": NO_PROXY alone, which routes nothing
         self._plain_ok = self._transport is None and not set(proxies) - {"no"}
+        # The loopback ports a journal chose: each new connection to one is
+        # checked for another user's socket before anything is sent on it
+        # (``loopback_owner``), on either path. Every other target pays a
+        # dict lookup per new connection, and a kept-alive one nothing.
+        self._guarded = _guarded(settings)
         if self._plain_ok:
             self._plain_api = _plain_target(settings.api_root)
             self._plain_traces = _plain_target(settings.traces_url + "/api/v1")
@@ -252,7 +289,8 @@ class PlatformClient:
         with self._lock:
             self._forget_if_forked()
             if self._plain is None:
-                self._plain = PlainConnections(tls_context)
+                vet = self._vet_plain if self._guarded else None
+                self._plain = PlainConnections(tls_context, vet=vet)
             return self._plain
 
     def _clients(self) -> tuple[httpx.Client, httpx.Client]:
@@ -308,6 +346,44 @@ class PlatformClient:
             return None
         return root[0], root[1] + path
 
+    # -- a journal's loopback platform, at each new connection ------------------
+    def _vet(self, key: tuple[str, int], sock: socket.socket | None) -> None:
+        """Raise ServedByAnotherUserError if ``sock``, a new connection to
+        ``key`` (one the journal chose), reached another user's socket, or
+        another user listens on its port: a neighbour took the port while
+        the platform was down. Nothing has been sent on it yet."""
+        what, url = self._guarded[key]
+        uid = connected_to_another_user(sock, key[1]) if sock is not None else None
+        if uid is not None:
+            message = taken_by_another_user(what, url, uid, now=True)
+            raise ServedByAnotherUserError(message, url=url, uid=uid)
+
+    def _vet_plain(self, target: Target, sock: socket.socket) -> None:
+        key = (target.host, target.port)
+        if key in self._guarded:
+            self._vet(key, sock)
+
+    def _tracing(self, url: str) -> dict[str, Any] | None:
+        """The extensions of an httpx request to ``url``: where the journal
+        chose its port, httpcore's trace, whose end of a TCP connect (a new
+        connection, before TLS or a byte of the request) checks the socket."""
+        key = _site_key(url) if self._guarded else None
+        if key is None or key not in self._guarded:
+            return None
+
+        def trace(event: str, info: Mapping[str, Any]) -> None:
+            if event != "connection.connect_tcp.complete":
+                return
+            stream = info.get("return_value")
+            try:
+                self._vet(key, stream.get_extra_info("socket") if stream is not None else None)
+            except ServedByAnotherUserError:
+                if stream is not None:
+                    stream.close()  # (httpcore drops a stream it never got back)
+                raise
+
+        return {"trace": trace}
+
     def _auth_headers(self, *, traces: bool) -> dict[str, str]:
         key = self.settings.api_key
         headers: dict[str, str] = {}
@@ -339,6 +415,7 @@ class PlatformClient:
             headers=headers,
             params=params,
             timeout=_httpx_timeout(timeout),
+            extensions=self._tracing(url),
         )
         try:
             response = self._bounded(client, request, timeout.read)

@@ -209,8 +209,17 @@ class Answer:
 class PlainConnections:
     """Kept-alive ``http.client`` connections, per origin, for a client's threads."""
 
-    def __init__(self, tls: Callable[[], ssl.SSLContext]) -> None:
+    def __init__(
+        self,
+        tls: Callable[[], ssl.SSLContext],
+        *,
+        vet: Callable[[Target, socket.socket], None] | None = None,
+    ) -> None:
+        """``vet``: called with each new connection, once connected (TLS
+        included) and before anything is sent on it; what it raises is the
+        call's failure, the connection closed (``PlatformClient._vet``)."""
         self._tls = tls
+        self._vet = vet
         self._lock = threading.Lock()
         self._idle: dict[Target, list[http.client.HTTPConnection]] = {}
         self._closed = False  # a call in flight at close() closes its connection after
@@ -318,6 +327,12 @@ class PlainConnections:
             raise _httpx_error("ConnectError", str(exc) or type(exc).__name__) from None
         conn.response_class = _Response
         assert conn.sock is not None
+        if self._vet is not None:
+            try:
+                self._vet(target, conn.sock)
+            except BaseException:
+                conn.close()
+                raise
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as httpcore
         return conn
 

@@ -211,7 +211,9 @@ class Lifecycle:
             # which the lookup by client token makes safe.
             try:
                 bound, exc, at = self._round()
-            except Exception as damaged:  # a spec that cannot be registered (lost to damage)
+            # A spec that cannot be registered (lost to damage), or a journal's
+            # loopback platform whose port another user took (loopback_owner).
+            except Exception as damaged:
                 self._on_failure("register", damaged)
                 return None
             if bound is not None:

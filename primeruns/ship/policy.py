@@ -10,7 +10,11 @@ Failures fall in four classes (docs/ARCHITECTURE.md, "Error handling"):
   the server's reason and the sink moves on (a 413 first halves the batch,
   down to one record: ``Shipper._rejected``);
 - *fatal for the sink* (401, 402, 403, 404, other statuses): the sink stops;
-  its backlog stays in the journal for ``primeruns replay``;
+  its backlog stays in the journal for ``primeruns replay``. So does a new
+  connection to a loopback platform a journal chose that reached another
+  user's socket (``loopback_owner.ServedByAnotherUserError``): nothing was
+  sent, no record is lost, and retrying would only knock on the neighbour's
+  door again; the journal waits for a sync with ``--base-url``;
 - *off* (:class:`~primeruns.sinks.base.SinkOff`): the sink turned itself off on
   purpose; nothing is lost.
 
