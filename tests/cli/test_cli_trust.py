@@ -8,12 +8,15 @@ checks refuse as well (a link where a journal's file should be).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -418,6 +421,76 @@ def test_a_journal_recorded_for_a_loopback_port_another_user_serves_is_refused(
             neighbour.accept()  # no connection came
 
 
+def test_a_sync_whose_loopback_platform_a_neighbour_takes_meanwhile_sends_it_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The port was checked when the sync started, and was the user's: the
+    platform then went down mid-request (the sync retries), and a neighbour
+    listened on its port meanwhile. The retry's new connection reached the
+    neighbour, who got the key. Now each new connection is checked: nothing
+    is sent on it, the sync stops at once (not retrying on), naming the
+    URL, the neighbour's uid and ``--base-url``, and the journal keeps the
+    run for a sync with ``--base-url``."""
+    neighbour = _neighbours_unbound_socket()  # the port is the platform's for now
+    own = socket.create_server(("127.0.0.1", 0))
+    port = own.getsockname()[1]
+    runs = point_at(monkeypatch, tmp_path, None)
+    url = f"http://127.0.0.1:{port}/api/v1"
+    run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs, base_url=url)
+    run.log_episodes(workloads.gsm8k(1))
+    run.finish()
+    assert run.journal_path is not None
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    heard: list[bytes] = []  # what each connection to the neighbour carried
+    done = threading.Event()
+
+    def platform_then_neighbour() -> None:
+        conn, _ = own.accept()  # the sync's first request, to the user's own platform
+        with conn:
+            conn.settimeout(10)
+            conn.recv(65536)
+            own.close()  # the platform goes down, and before it answers...
+            neighbour.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            neighbour.bind(("127.0.0.1", port))  # ... the neighbour takes its port
+            neighbour.listen()
+        neighbour.settimeout(0.2)
+        while not done.is_set():
+            try:
+                taken, _ = neighbour.accept()
+            except TimeoutError:
+                continue
+            with taken:
+                taken.settimeout(5)
+                got = b""
+                with contextlib.suppress(OSError):
+                    while (chunk := taken.recv(65536)) and b"\r\n\r\n" not in got + chunk:
+                        got += chunk
+                    got += chunk
+                heard.append(got)  # (then closed unanswered: a sync would retry)
+
+    thread = threading.Thread(target=platform_then_neighbour, daemon=True)
+    thread.start()
+    try:
+        started = time.monotonic()
+        code, out, err = cli(capsys, "sync", str(run.journal_path), "--timeout", "60")
+        took = time.monotonic() - started
+    finally:
+        done.set()
+        thread.join(10)
+        neighbour.close()
+        own.close()
+    assert heard, "the retry never reached the neighbour's port"
+    assert all(API_KEY.encode() not in got for got in heard)
+    assert heard == [b""] * len(heard)  # connected to, then closed: nothing sent
+    assert code != 0, (out, err)
+    said = out + err
+    assert f"127.0.0.1:{port}" in said and f"uid {second_uid.ATTACKER[0]}" in said, said
+    assert "--base-url" in said and API_KEY not in said
+    assert took < 30  # stopped, not retried until the deadline
+    with Journal.open(run.journal_path, owner=False) as journal:
+        assert journal.get_meta("finalized") is None  # left for a sync with --base-url
+
+
 def test_a_journal_recorded_for_the_local_platform_ships_there_as_before(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -433,13 +506,20 @@ def test_a_journal_recorded_for_the_local_platform_ships_there_as_before(
         run.finish()
         assert run.journal_path is not None
         with Journal.open(run.journal_path, owner=False) as journal:
-            assert journal_settings(journal).origin == url.removesuffix("/api/v1")
+            settings = journal_settings(journal)
+            assert settings.origin == url.removesuffix("/api/v1")
+            # The journal chose it: each new connection to it is checked again.
+            assert settings.origin in settings.journal_chosen
+            mine = journal_settings(journal, base_url=url)  # the user's choice: not checked
+            assert mine.journal_chosen == ()
     monkeypatch.setenv("PRIME_BASE_URL", "https://mine.example.net/api/v1")
     run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
     run.finish()
     assert run.journal_path is not None
     with Journal.open(run.journal_path, owner=False) as journal:
-        assert journal_settings(journal).origin == "https://mine.example.net"
+        settings = journal_settings(journal)
+        assert settings.origin == "https://mine.example.net"
+        assert settings.journal_chosen == ()
 
 
 def _need_root_for_another_users_socket() -> None:
@@ -457,6 +537,17 @@ def _neighbours_socket(host: str, port: int = 0) -> socket.socket:
     os.seteuid(second_uid.ATTACKER[0])
     try:
         return socket.create_server((host, port))
+    finally:
+        os.seteuid(0)
+
+
+def _neighbours_unbound_socket() -> socket.socket:
+    """A socket of another user's, not bound yet: its owner is its
+    creator, whoever binds it later (a port then taken from this test)."""
+    _need_root_for_another_users_socket()
+    os.seteuid(second_uid.ATTACKER[0])
+    try:
+        return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     finally:
         os.seteuid(0)
 
