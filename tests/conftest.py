@@ -62,3 +62,12 @@ def make_local_platform(tmp_path: Path) -> Iterator[Callable[..., LocalPlatform]
 def local_platform(make_local_platform: Callable[..., LocalPlatform]) -> LocalPlatform:
     """A started local platform with default settings (any key, every team)."""
     return make_local_platform()
+
+
+@pytest.fixture
+def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No proxy in the environment: httpx would route a test's loopback calls
+    through one, and the plain path is taken only without one."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.lower(), raising=False)

@@ -26,6 +26,9 @@ from primeruns.loopback_owner import ServedByAnotherUserError, connected_to_anot
 from primeruns.platform import PlatformClient, resolve_settings
 from primeruns.ship.policy import Failure, classify
 
+#: Calls go straight to the test's servers, whatever proxy this machine sets.
+pytestmark = pytest.mark.usefixtures("no_proxy")
+
 KEY = "pk-loopback-owner-test-0123456789"
 NEIGHBOUR = 4242  # neither this process's uid nor root's
 _MAPPED = bytes(10) + b"\xff\xff"
@@ -117,13 +120,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
-
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
 
 
 def _taken_over(

@@ -30,6 +30,9 @@ from primeruns.platform import PlatformClient, resolve_settings
 from primeruns.platform import client as client_module
 from primeruns.platform.errors import is_ambiguous, never_reached
 
+#: Calls go straight to the test's servers, whatever proxy this machine sets.
+pytestmark = pytest.mark.usefixtures("no_proxy")
+
 TLS = Path(__file__).parent / "data" / "tls"  # a self-signed pair for 127.0.0.1, for tests only
 KEY = "pk-plain-test-0123456789"
 
@@ -121,13 +124,6 @@ def _client(server: _Server, scheme: str = "http") -> PlatformClient:
         api_key=KEY, base_url=root, environ={"PRIME_TRACES_URL": root}, config={}
     )
     return PlatformClient(settings)
-
-
-@pytest.fixture(autouse=True)
-def _no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
-        monkeypatch.delenv(name, raising=False)
-        monkeypatch.delenv(name.lower(), raising=False)
 
 
 def test_calls_from_several_threads_share_a_few_kept_alive_connections(

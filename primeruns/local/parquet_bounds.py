@@ -198,6 +198,21 @@ def _measure(source: Any, meta: Any, key: str) -> None:
         raise PlatformError(400, f"Object {key} is not a readable Parquet file") from None
 
 
+def footer_bytes(path: Path) -> int | None:
+    """The length of the object's footer as its last 8 bytes give it (what
+    parsing its metadata costs), or None for a file that does not end as
+    Parquet does."""
+    try:
+        with path.open("rb") as f:
+            f.seek(-8, 2)
+            tail = f.read(8)
+    except OSError:
+        return None
+    if len(tail) != 8 or tail[4:] != b"PAR1":
+        return None
+    return int.from_bytes(tail[:4], "little")
+
+
 def checked_rows(path: Path, key: str, *, measure: bool = True) -> int | None:
     """The object's row count once it is within the bounds; a 400 naming the
     bound it passes, or that it is not a readable Parquet file. With

@@ -242,6 +242,64 @@ def test_a_put_while_confirm_checks_the_object_does_not_replace_it(
     assert stored.read_bytes() == checked
 
 
+def test_only_a_small_footer_is_parsed_on_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Confirm checks an SDK object on the server's event loop (a hop to a
+    thread cost more, once per training step of a sync), but a file under
+    1 MiB can carry a large footer (thousands of row groups: 15-25 ms to
+    parse, every other request waiting): that one is parsed in a thread."""
+    import threading as _threading
+
+    from primeruns.local import rft
+
+    loop_thread: list[int] = []
+    parsed_on: list[tuple[str, bool]] = []
+    checked = rft.checked_rows
+
+    def watched(path: Path, key: str, *, measure: bool = True) -> int | None:
+        on_loop = _threading.get_ident() in loop_thread
+        parsed_on.append(("loop" if on_loop else "thread", measure))
+        return checked(path, key, measure=measure)
+
+    monkeypatch.setattr(rft, "checked_rows", watched)
+    sdk_object = honest_object(honest_rows(5))
+    many_groups = _parquet(pa.table({"reward": [0.5] * 2000}), row_group_size=1)
+    assert len(many_groups) < rft.INLINE_CHECK_BYTES
+    assert parquet_bounds.footer_bytes(_written(tmp_path, many_groups)) > rft.INLINE_FOOTER_BYTES
+    app = build_app(ServerSettings(data_dir=tmp_path / "platform"))
+
+    async def scenario() -> list[int]:
+        loop_thread.append(_threading.get_ident())
+        transport = httpx.ASGITransport(app=app)
+        statuses = []
+        async with httpx.AsyncClient(transport=transport, base_url="http://local") as c:
+            body = {"base_model": "m", "max_steps": 1, "team_id": "t"}
+            run_id = (await c.post("/api/v1/rft/external-runs", json=body)).json()["run"]["id"]
+            for blob in (sdk_object, many_groups):
+                minted = await c.post(
+                    "/api/v1/rft/samples/presign", json={"run_id": run_id, "step": 0}
+                )
+                url, key = minted.json()["data"]["presignedUrl"], minted.json()["data"]["s3Key"]
+                assert (await c.put(url, content=blob)).status_code == 200
+                confirm = {"run_id": run_id, "step": 0, "s3_key": key}
+                confirmed = await c.post("/api/v1/rft/samples/confirm", json=confirm)
+                statuses.append(confirmed.status_code)
+        return statuses
+
+    try:
+        assert asyncio.run(scenario()) == [200, 200]
+    finally:
+        app.state.ctx.db.close()
+    assert parsed_on == [("loop", False), ("thread", True)]
+
+
+def _written(tmp_path: Path, blob: bytes) -> Path:
+    path = tmp_path / "object.parquet"
+    path.write_bytes(blob)
+    return path
+
+
 def _store_unchecked(run: Run, blob: bytes, rows: int) -> None:
     """An object confirmed as a platform before the bounds would have."""
     _, key = run.upload(blob)
