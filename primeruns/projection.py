@@ -125,7 +125,14 @@ def _nullify_non_finite(value: Any) -> Any:
 
 def _json_column(value: Any) -> str:
     # The viewer's text columns: json.dumps with its default separators.
-    return json.dumps(_nullify_non_finite(value), allow_nan=False)
+    # Encoded as it is first: a value holds a NaN or infinity rarely, and the
+    # copy that nulls them walked every value of the trajectory (a third of
+    # a sync's Parquet object). Only a refusal (one there; a mapping json
+    # does not take) pays for the copy.
+    try:
+        return json.dumps(value, allow_nan=False)
+    except (ValueError, TypeError):
+        return json.dumps(_nullify_non_finite(value), allow_nan=False)
 
 
 def _without_none(value: Any) -> Any:

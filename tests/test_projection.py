@@ -33,6 +33,7 @@ from primeruns.projection import (
     build_samples,
     episode_to_samples,
     episodes_to_parquet_bytes,
+    episodes_to_parquet_rows,
     json_bytes,
     numbered_rows,
     parquet_available,
@@ -155,6 +156,21 @@ def test_non_finite_numbers_in_rows_become_null() -> None:
     assert row["info"]["x"] == [None]
     assert row["info"]["native_wrapper"]["traces"][0]["metrics"]["loss"] is None
     encode_json(row)  # a valid request body
+
+
+def test_non_finite_numbers_in_the_training_tables_text_columns_become_null() -> None:
+    """Each text column is encoded as it is unless a value in it is not
+    finite: then, and only then, copied with them nulled (the JSON a column
+    holds is never refused for them, nor a row lost)."""
+    record = copy.deepcopy(golden("train")["inputs"][0])
+    plain = episodes_to_parquet_rows([record], "r", 10, created_at=CREATED_AT)
+    record["traces"][0]["metrics"]["loss"] = math.inf
+    record["traces"][0]["info"] = {"x": [math.nan, 1.5]}
+    (row,) = episodes_to_parquet_rows([record], "r", 10, created_at=CREATED_AT)
+    assert json.loads(row["metrics"])["loss"] is None
+    assert json.loads(row["info"])["x"] == [None, 1.5]
+    assert row["completion"] == plain[0]["completion"]  # the columns without one as ever
+    assert ", " in row["info"]  # json.dumps' default separators, as the viewer's
 
 
 def test_summary_trace_is_the_first_trainable_one() -> None:
