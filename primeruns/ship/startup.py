@@ -47,6 +47,7 @@ from ..platform import Settings
 from ..settings import SdkSettings
 from ..threads import bounded, start_daemon
 from .link import UplinkHandle, UplinkProcess, UplinkThreads
+from .switch_interval import ShortSwitch
 
 __all__ = ["ThreadsFirst"]
 
@@ -95,9 +96,14 @@ class ThreadsFirst:
         self._closing = False  # the producer journaled its finish (closing())
         self._releasing = False  # the producer let go of its ends (release())
         self._process = UplinkProcess(journal, settings, [], tuning, await_go=True)
+        # The loop takes the GIL back from the threads sooner while they ship
+        # beside it (``ship.switch_interval``); as it was once they stop.
+        self._switch = ShortSwitch()
+        self._switch.lower()
         try:
             self._threads = UplinkThreads(journal, settings, [], tuning)
         except BaseException:
+            self._switch.restore()
             self._drop_process()
             raise
         start_daemon(self._watch, "primeruns-uplink-start")
@@ -127,6 +133,7 @@ class ThreadsFirst:
             if self._state == _THREADS:
                 self._drop_process()
                 self._state = _THREADS_ONLY
+                self._switch.restore()
 
     def _when_caught_up(self) -> None:
         """Wait until the threads have shipped all there is but a few
@@ -195,10 +202,12 @@ class ThreadsFirst:
                 # the go's own write, read with it (``ship.standby``).
                 self._process.go(hurry=time.monotonic() - self._hurried_at < _HURRY_S)
                 self._state = _PROCESS
+                self._switch.restore()
                 self.pid = self._process.pid
             else:  # the threads began closing the run out: they finish it
                 self._drop_process()
                 self._state = _THREADS_ONLY
+                self._switch.restore()
             self._epoch += 1
             current = self._current()
             closing, releasing = self._closing, self._releasing
@@ -324,6 +333,7 @@ class ThreadsFirst:
             if self._state == _THREADS:
                 self._drop_process()
                 self._state = _THREADS_ONLY
+                self._switch.restore()
                 self._epoch += 1
                 self._cond.notify_all()
             if self._state in (_THREADS_ONLY, _HANDING):
@@ -337,6 +347,7 @@ class ThreadsFirst:
             if self._state == _THREADS:
                 self._drop_process()  # on standby: killed, having loaded nothing
                 self._state = _THREADS_ONLY
+                self._switch.restore()
                 self._epoch += 1
                 self._cond.notify_all()
             # A handover under way ends first: then one end ships, and is stopped.

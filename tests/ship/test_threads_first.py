@@ -60,6 +60,50 @@ def test_episodes_logged_across_the_handover_land_once_and_the_process_closes_th
     assert stored_once(lp.run(run.id), len(episodes), "COMPLETED")
 
 
+def test_the_loop_takes_the_gil_back_sooner_only_while_the_threads_ship(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While an evaluation's threads ship beside its loop, the switch
+    interval is short (a log call's p99 was 6-10 ms waiting for a shipper to
+    let the GIL go); once its process ships, or the run finished first, it
+    is the user's again, and a forked worker has the user's at once."""
+    from primeruns.ship.switch_interval import SHIPPING_INTERVAL_S
+
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    original = sys.getswitchinterval()
+    sys.setswitchinterval(0.01)  # the user's own
+    users = sys.getswitchinterval()
+    try:
+        run = _eval_run(lp.url, runs)
+        assert run._supervisor is not None
+        uplink = run._supervisor.uplink
+        assert sys.getswitchinterval() == pytest.approx(SHIPPING_INTERVAL_S)
+        read, write = os.pipe()
+        child = os.fork()
+        if child == 0:  # a data loader's worker: none of our threads ship in it
+            os.write(write, repr(sys.getswitchinterval()).encode())
+            os._exit(0)
+        os.close(write)
+        in_child = float(os.read(read, 64))
+        os.close(read)
+        os.waitpid(child, 0)
+        assert in_child == users
+        episodes = workloads.gsm8k(40)
+        run.log_episodes(episodes)
+        wait_for(uplink.begun, timeout=60, what="the uplink process to take over")  # type: ignore[attr-defined]
+        assert sys.getswitchinterval() == users
+        run.finish(timeout=60)
+        assert stored_once(lp.run(run.id), len(episodes), "COMPLETED")
+        short = _eval_run(lp.url, runs)  # finished before its process took over
+        assert sys.getswitchinterval() == pytest.approx(SHIPPING_INTERVAL_S)
+        short.log_episodes(episodes[:1])
+        short.finish(timeout=60)
+        assert sys.getswitchinterval() == users
+    finally:
+        sys.setswitchinterval(original)
+
+
 def _log_steps_until_handed_over(
     run: Any, episodes: list[dict[str, Any]], *, timeout: float
 ) -> int:

@@ -1,0 +1,52 @@
+"""The switch interval an evaluation lowers while its threads ship is given
+back as it was, and a user's own setting is never overwritten."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from primeruns.ship.switch_interval import SHIPPING_INTERVAL_S, ShortSwitch
+
+
+@pytest.fixture(autouse=True)
+def _interval_kept() -> Iterator[None]:
+    original = sys.getswitchinterval()
+    yield
+    sys.setswitchinterval(original)
+
+
+def test_lowered_then_given_back_once() -> None:
+    sys.setswitchinterval(0.005)
+    before = sys.getswitchinterval()
+    switch = ShortSwitch()
+    switch.lower()
+    switch.lower()  # (once: the second would save the short one as the user's)
+    assert sys.getswitchinterval() == pytest.approx(SHIPPING_INTERVAL_S)
+    switch.restore()
+    assert sys.getswitchinterval() == before
+    sys.setswitchinterval(0.003)
+    switch.restore()  # given back already: nothing more
+    assert sys.getswitchinterval() == pytest.approx(0.003)
+
+
+def test_an_interval_the_user_set_meanwhile_is_kept() -> None:
+    sys.setswitchinterval(0.005)
+    switch = ShortSwitch()
+    switch.lower()
+    sys.setswitchinterval(0.02)  # the user's, while the threads ship
+    switch.restore()
+    assert sys.getswitchinterval() == pytest.approx(0.02)
+
+
+def test_a_user_interval_as_short_already_is_left_alone() -> None:
+    sys.setswitchinterval(0.0001)
+    before = sys.getswitchinterval()
+    switch = ShortSwitch()
+    switch.lower()
+    assert sys.getswitchinterval() == before
+    sys.setswitchinterval(0.004)
+    switch.restore()
+    assert sys.getswitchinterval() == pytest.approx(0.004)
