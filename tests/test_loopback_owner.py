@@ -209,3 +209,36 @@ def test_a_platform_the_user_named_is_not_second_guessed(
     assert b"GET /api/v1/ping" in got
     assert len(outcome) == 1 and isinstance(outcome[0], TransportError)
     client.close()
+
+
+def test_a_journals_loopback_platform_is_reached_directly_whatever_proxy_is_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A proxy in the environment (a login node's) took the calls to the
+    journal's loopback platform: the key went to the proxy, whose loopback
+    is its own machine's port (no check here says who serves that), and on
+    a kept-alive connection to it no new connection to the port was ever
+    checked. A journal's loopback platform is this machine's: it is called
+    directly, each new connection checked, the proxy told nothing."""
+    platform = _Platform()
+    threading.Thread(target=platform.serve_forever, daemon=True).start()
+    proxy = _Platform()  # (answers ``{}`` too: a proxy that forwarded the call)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{platform.server_address[1]}"
+        monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_address[1]}")
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        settings = resolve_settings(
+            api_key=KEY, base_url=url, environ={"PRIME_TRACES_URL": url}, config={}
+        )
+        client = PlatformClient(replace(settings, journal_chosen=(url,)))
+        assert client.api("GET", "/ping") == {}
+        assert client.traces("GET", "/ping") == {}
+        client.close()
+        assert proxy.keys == []
+        assert platform.keys == [f"Bearer {KEY}"] * 2
+    finally:
+        for server in (platform, proxy):
+            server.shutdown()
+            server.server_close()

@@ -308,9 +308,18 @@ class PlatformClient:
                 # wherever a 3xx points, https or not. A 3xx is an error
                 # naming the target (errors.error_from_response).
                 tls = tls_context() if self._transport is None else None
+                # A journal's loopback platform is this machine's: called
+                # directly, whatever proxy the environment names (through
+                # one, the key went to the proxy's machine's port, and a
+                # kept-alive connection to the proxy was never checked).
+                direct: dict[str, httpx.BaseTransport | None] = {
+                    f"all://[{host}]" if ":" in host else f"all://{host}": None
+                    for host, _ in self._guarded
+                }
                 self._http = keep_cookies_lazily(
                     httpx.Client(
                         follow_redirects=False,
+                        mounts=direct,
                         timeout=_httpx_timeout(_PLATFORM_TIMEOUT),
                         headers={"User-Agent": _user_agent()},
                         transport=self._transport,
@@ -321,6 +330,7 @@ class PlatformClient:
                 self._storage = keep_cookies_lazily(
                     httpx.Client(
                         follow_redirects=False,
+                        mounts=direct,
                         timeout=_httpx_timeout(_UPLOAD_TIMEOUT),
                         transport=self._transport,
                         verify=True if tls is None else tls,
