@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -70,13 +71,15 @@ def taken_by_another_user(what: str, url: str, uid: int, *, now: bool = False) -
 
 
 def _address(text: str) -> bytes:
-    """A table's hex address (IPv4: one little-endian word; IPv6: four) as
-    16 bytes, an IPv4 one in its mapped form. ValueError if it is neither."""
+    """A table's hex address (IPv4: one 32-bit word; IPv6: four, each as
+    the machine holds it: little-endian on most) as 16 bytes, an IPv4 one
+    in its mapped form. ValueError if it is neither."""
+    order = sys.byteorder
     if len(text) == 8:
-        return _MAPPED + int(text, 16).to_bytes(4, "little")
+        return _MAPPED + int(text, 16).to_bytes(4, order)
     if len(text) != 32:
         raise ValueError(text)
-    return b"".join(int(text[i : i + 8], 16).to_bytes(4, "little") for i in range(0, 32, 8))
+    return b"".join(int(text[i : i + 8], 16).to_bytes(4, order) for i in range(0, 32, 8))
 
 
 def _reached_from_loopback(address: bytes) -> bool:

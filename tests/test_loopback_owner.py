@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 from collections.abc import Iterator
 from dataclasses import replace
@@ -242,3 +243,25 @@ def test_a_journals_loopback_platform_is_reached_directly_whatever_proxy_is_set(
         for server in (platform, proxy):
             server.shutdown()
             server.server_close()
+
+
+def test_the_tables_are_read_in_the_machines_byte_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, connection: tuple[socket.socket, int, int]
+) -> None:
+    """The kernel writes each 32-bit word of an address as the machine
+    holds it: ``0100007F`` for 127.0.0.1 on a little-endian one, ``7F000001``
+    on a big-endian one (s390x). Read as little-endian there, a neighbour on
+    127.0.0.1 was on 1.0.0.127, not reached from loopback: nothing refused."""
+    sock, port, mine = connection
+    monkeypatch.setattr(sys, "byteorder", "big")
+    v4 = "7F000001"
+    listening = _row(f"{v4}:{port:04X}", "00000000:0000", "0A", NEIGHBOUR)
+    _tables(tmp_path, monkeypatch, [listening], [])
+    assert loopback_owner.served_by_another_user(port) == NEIGHBOUR
+    m6 = (_MAPPED + bytes([127, 0, 0, 1])).hex().upper()  # (each word in network order)
+    far6 = _row(f"{m6}:{port:04X}", f"{m6}:{mine:04X}", "01", NEIGHBOUR)
+    _tables(tmp_path, monkeypatch, [], [far6])
+    assert connected_to_another_user(sock, port) == NEIGHBOUR
+    lo6 = _row(f"{'0' * 31}1:{port:04X}", f"{'0' * 32}:0000", "0A", NEIGHBOUR)  # ::1
+    _tables(tmp_path, monkeypatch, [], [lo6])
+    assert loopback_owner.served_by_another_user(port) == NEIGHBOUR
