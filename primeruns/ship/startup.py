@@ -106,7 +106,11 @@ class ThreadsFirst:
             self._switch.restore()
             self._drop_process()
             raise
-        start_daemon(self._watch, "primeruns-uplink-start")
+        try:
+            start_daemon(self._watch, "primeruns-uplink-start")
+        except BaseException:  # (no new thread at the interpreter's shutdown; an interrupt)
+            self._switch.restore()  # (no uplink was made: nothing else would give it back)
+            raise
 
     # -- the handover ----------------------------------------------------------------
     def _watch(self) -> None:

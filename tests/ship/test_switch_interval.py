@@ -50,3 +50,28 @@ def test_a_user_interval_as_short_already_is_left_alone() -> None:
     sys.setswitchinterval(0.004)
     switch.restore()
     assert sys.getswitchinterval() == pytest.approx(0.004)
+
+
+def test_given_back_when_the_threads_first_uplink_fails_to_start_its_watcher(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An uplink that lowered the interval and then failed to start (no
+    thread to be had: the interpreter's shutdown, or an interrupt there)
+    never gave it back: nothing would, the run's uplink was never made."""
+    from primeruns.ship import startup
+
+    class _Standby:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    def no_thread(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(startup, "UplinkProcess", _Standby)
+    monkeypatch.setattr(startup, "UplinkThreads", _Standby)
+    monkeypatch.setattr(startup, "start_daemon", no_thread)
+    sys.setswitchinterval(0.005)
+    before = sys.getswitchinterval()
+    with pytest.raises(RuntimeError):
+        startup.ThreadsFirst(object(), object())  # type: ignore[arg-type]
+    assert sys.getswitchinterval() == before
