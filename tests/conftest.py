@@ -33,10 +33,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _reap_children() -> Iterator[None]:
-    """No child outlives its test, whether the test passed or not."""
+def _reap_children(request: pytest.FixtureRequest) -> Iterator[None]:
+    """No child outlives its test, whether the test passed or not, nor an
+    uplink process its producer left shipping a journal of the test's."""
+    root = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
     yield
     procs.reap_all()
+    if root is not None:
+        procs.kill_uplinks_under(root)
 
 
 @pytest.fixture

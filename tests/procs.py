@@ -41,6 +41,28 @@ def reap_all() -> None:
                     pipe.close()
 
 
+def kill_uplinks_under(root: Path) -> None:
+    """SIGKILL every uplink process shipping a journal under ``root``: one a
+    producer left shipping by design (it exited without finish, was killed)
+    ships on, or retries a platform stopped with its test, for minutes after
+    the test, on the cores of the tests and benchmarks after it."""
+    from primeruns.ship.link import kill_uplink
+
+    prefix = os.fsencode(root) + b"/"
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            args = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if not any(b"standby.py" in a or b"uplink_main" in a for a in args[:4]):
+            continue
+        journal = args[args.index(b"--journal") + 1] if b"--journal" in args[:-1] else b""
+        if journal.startswith(prefix):
+            kill_uplink(int(entry.name))
+
+
 def children(pid: int) -> list[int]:
     """The direct children of ``pid`` (every thread's), from /proc."""
     found: list[int] = []
