@@ -27,26 +27,21 @@ second), and the peak; the CPU per row of the sync and the platform together,
 the figure that holds on a machine shared with other work, then split: the
 sync's (with its kernel part) and the platform's, to tell which side to look at.
 
-What bounds the rate (measured 2026-12-04, 10,000-20,000 steps, py-spy on
-both processes): CPU, not the requests in flight (1, 2, 4 or 8 of them,
-windows of 64 or 200 rows, the interpreter's switch interval: all within the
-noise). The CPU per row is 1.45-1.7 ms, the sync's ~0.95-1.1 and the
-platform's ~0.5; on a host that gave the two processes one core's worth
-between them their sum bound the rate (~690 rows/s), on one that gave two
-the sync's own interpreter did (one core: ~800-890 rows/s, 1.3 cores used).
-Alone, the metrics rows cost ~0.57 + 0.34 ms each and the sample table with
-Prime Traces ~0.47 + 0.23 ms per step (its three requests and a Parquet
-object per 10th step): together ~10% more, the threads of the two sinks
-contending. Of the sync's interpreter time ~75% is httpx, httpcore and h11
-(42% the metrics requests, 30% the sample table's), ~10% the Parquet
-objects, ~8% the journal's bookkeeping (recording, acknowledging, progress,
-reads), ~1.5% the step table; of the platform's ~75% is uvicorn's h11
-protocol, Starlette and its middleware, and the handlers' own work (bodies,
-auth, SQLite) ~20%. The bare request pair, httpx against uvicorn with h11
-(``request_ceiling.py``), costs 0.6-0.75 ms of CPU a row, ~0.4 of it the
-client's; 2,000 rows/s needs ≤ 0.5 ms/row in the sync alone, so fewer
-requests per row than the contract's one (§3.5) or a lighter HTTP stack than
-httpx/h11 on both sides.
+What bounds the rate (measured 2026-12-05, 5,000 steps, the sync's
+functions timed in its process, py-spy on both): the training sample table's
+steps, one after the other. Metrics rows alone cost ~0.21 ms of the sync's
+CPU and ~0.27 of the platform's a row (2,400-2,500 rows/s). A step with an
+episode costs the sync ~3.5-4 ms (its Parquet object ~1.0-1.3 ms, pyarrow's
+write a third of it; three requests, ~0.2 ms of CPU each, each waiting
+~0.9-1.0 ms for its answer; three progress records, ~0.15 ms each) and the
+platform ~2.4 ms (three requests, a Prime Traces share): 500 such steps
+alone take ~2.9 s, the 5,000 metrics rows ~2 s, the two together ~4.4 s.
+Tried and dropped: building the next step's object while the requests are
+out (``ship.early``): no faster, ~0.7 ms more CPU an object; the
+interpreter's switch interval (0.2, 0.5, 2, 5 ms): no change. 2,000 rows/s
+needs both sides at ≤ 0.5 ms a row and working at once: fewer requests a
+step (the contract's presign, PUT, confirm), or several steps' objects in
+flight.
 """
 
 from __future__ import annotations
