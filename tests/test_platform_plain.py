@@ -422,6 +422,31 @@ def test_an_answers_head_is_read_as_httpx_reads_it(
         assert plain[0] != "TransportError"  # read, not refused
 
 
+@pytest.mark.timeout(10)  # the regex this replaced took ~20 s on it: a hang, not a time target
+def test_a_header_line_of_blanks_a_server_sends_is_refused_at_once(
+    serve: Callable[..., _Server],
+) -> None:
+    """A header value of 100 KB of blanks and tabs, then a byte no value may
+    hold: h11's regex (and the first version of the plain path's, the
+    same) takes a time quadratic in the run of blanks, seconds of one
+    shipper's CPU with the GIL held, the training loop beside it waiting.
+    Refused at once, as h11 refuses it in the end: no answer."""
+
+    def blanks(handler: BaseHTTPRequestHandler, body: bytes) -> None:
+        handler.wfile.write(
+            b"HTTP/1.1 200 OK\r\nX-Pad: "
+            + b" \t" * 50_000
+            + b"x\x00\r\nContent-Length: 2\r\n\r\n{}"
+        )
+        handler.close_connection = True
+
+    client = _client(serve(blanks))
+    with pytest.raises(TransportError) as failed:
+        client.api("POST", "/rft/metrics", {"run_id": "r"})
+    assert is_ambiguous(failed.value)
+    client.close()
+
+
 def test_a_mock_of_httpx_in_a_users_test_sees_every_call(
     serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch
 ) -> None:
