@@ -375,6 +375,7 @@ _HEADS = {
         b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n"
     ),
 }
+_REFUSED_SINCE_H11_0_16 = {"a length of 21 digits", "a length of 5000 digits"}
 _READ = {
     "folded header",
     "blanks around values",
@@ -417,7 +418,13 @@ def test_an_answers_head_is_read_as_httpx_reads_it(
         finally:
             client.close()
     plain, through_httpx = outcomes
-    assert plain == through_httpx
+    if case in _REFUSED_SINCE_H11_0_16:
+        # h11 before 0.16 (httpcore 1.0's, the declared floor) read a 21-digit
+        # length, and raised a bare ValueError past httpx on 5,000 digits:
+        # the plain path refuses both, as h11 0.16 does, whichever is here.
+        assert plain == ("TransportError", True, None)
+    else:
+        assert plain == through_httpx
     if case in _READ:
         assert plain[0] != "TransportError"  # read, not refused
 
