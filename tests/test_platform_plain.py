@@ -375,7 +375,6 @@ _HEADS = {
         b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n"
     ),
 }
-_REFUSED_SINCE_H11_0_16 = {"a length of 21 digits", "a length of 5000 digits"}
 _READ = {
     "folded header",
     "blanks around values",
@@ -408,9 +407,7 @@ def test_an_answers_head_is_read_as_httpx_reads_it(
 
     server = serve(raw)
     outcomes = []
-    # (h11 before 0.16 raised a bare ValueError past httpx on one of them.)
-    refused_since = case in _REFUSED_SINCE_H11_0_16
-    for transport in (None,) if refused_since else (None, httpx.HTTPTransport()):
+    for transport in (None, httpx.HTTPTransport()):
         client = PlatformClient(_client(server).settings, transport=transport)
         try:
             outcomes.append(("answer", client.api("POST", "/rft/metrics", {"run_id": "r"})))
@@ -419,14 +416,8 @@ def test_an_answers_head_is_read_as_httpx_reads_it(
             outcomes.append((type(exc).__name__, is_ambiguous(exc), retry_after))
         finally:
             client.close()
-    plain = outcomes[0]
-    if refused_since:
-        # h11 before 0.16 (httpcore 1.0's, the declared floor) read a 21-digit
-        # length, and raised a bare ValueError past httpx on 5,000 digits:
-        # the plain path refuses both, as h11 0.16 does, whichever is here.
-        assert plain == ("TransportError", True, None)
-    else:
-        assert plain == outcomes[1]
+    plain, through_httpx = outcomes
+    assert plain == through_httpx
     if case in _READ:
         assert plain[0] != "TransportError"  # read, not refused
 
