@@ -12,8 +12,9 @@ p99 of 1.4 ms then, and the loop's slowdown no worse (+11% against +14-22%).
 Lowered only while those threads ship, and given back as it was when they
 stop (the uplink process took over, or the threads ship on for good, or the
 run is over), unless someone set another interval meanwhile: that one is
-theirs, and kept. A forked child (a pool's worker, a data loader's) gets it
-back at once: no thread of ours ships in it.
+theirs, and kept. Several evaluations at once in one process share it: it
+is given back when the last of their threads stop. A forked child (a pool's
+worker, a data loader's) gets it back at once: no thread of ours ships in it.
 """
 
 from __future__ import annotations
@@ -21,48 +22,62 @@ from __future__ import annotations
 import os
 import sys
 import threading
-import weakref
 
 __all__ = ["SHIPPING_INTERVAL_S", "ShortSwitch"]
 
 #: The switch interval while the threads ship (seconds).
 SHIPPING_INTERVAL_S = 0.0002
 
+# The process's one interval, shared by every run whose threads ship now.
+_lock = threading.Lock()
+_holders = 0  # ShortSwitch instances lowered now
+_saved: float | None = None  # the interval before the first of them lowered it
+_ours = 0.0  # the interval as set here (the interpreter rounds it)
+_generation = 0  # a forked child's holders are not its own: counted from none
+
 
 class ShortSwitch:
-    """The interpreter's switch interval, lowered once and given back once."""
+    """One run's hold on the short interval: lowered once, given back once."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._saved: float | None = None  # the interval before, while lowered
-        self._ours = 0.0  # the interval as set here (the interpreter rounds it)
-        _LOWERING.add(self)
+        self._held_in: int | None = None  # the generation it was lowered in
 
     def lower(self) -> None:
-        with self._lock:
+        global _holders, _saved, _ours
+        with _lock:
+            if self._held_in == _generation:
+                return
+            self._held_in = _generation
+            _holders += 1
             before = sys.getswitchinterval()
-            if self._saved is not None or before <= SHIPPING_INTERVAL_S:
-                return  # lowered already, or as short already (the user's)
-            sys.setswitchinterval(SHIPPING_INTERVAL_S)
-            self._saved, self._ours = before, sys.getswitchinterval()
+            if _holders == 1 and before > SHIPPING_INTERVAL_S:  # (else: as short already)
+                sys.setswitchinterval(SHIPPING_INTERVAL_S)
+                _saved, _ours = before, sys.getswitchinterval()
 
     def restore(self) -> None:
-        with self._lock:
-            saved, self._saved = self._saved, None
-            if saved is not None and sys.getswitchinterval() == self._ours:
-                sys.setswitchinterval(saved)
+        global _holders
+        with _lock:
+            if self._held_in != _generation:
+                return  # never lowered, given back already, or lowered before a fork
+            self._held_in = None
+            _holders -= 1
+            if _holders == 0:
+                _give_back()
 
-    def _after_fork_in_child(self) -> None:
-        self._lock = threading.Lock()  # (another thread may have held it at the fork)
-        self.restore()
 
-
-_LOWERING: weakref.WeakSet[ShortSwitch] = weakref.WeakSet()
+def _give_back() -> None:
+    """The interval as it was, unless someone set another meanwhile (``_lock`` held)."""
+    global _saved
+    if _saved is not None and sys.getswitchinterval() == _ours:
+        sys.setswitchinterval(_saved)
+    _saved = None
 
 
 def _after_fork_in_child() -> None:
-    for lowered in list(_LOWERING):
-        lowered._after_fork_in_child()
+    global _lock, _holders, _generation
+    _lock = threading.Lock()  # (another thread may have held it at the fork)
+    _holders, _generation = 0, _generation + 1
+    _give_back()
 
 
 if hasattr(os, "register_at_fork"):

@@ -75,3 +75,19 @@ def test_given_back_when_the_threads_first_uplink_fails_to_start_its_watcher(
     with pytest.raises(RuntimeError):
         startup.ThreadsFirst(object(), object())  # type: ignore[arg-type]
     assert sys.getswitchinterval() == before
+
+
+def test_several_runs_at_once_share_it_until_the_last_gives_it_back() -> None:
+    """Two evaluations in one process: the first to hand over must not give
+    the interval back while the other's threads still ship."""
+    sys.setswitchinterval(0.005)
+    before = sys.getswitchinterval()
+    first, second = ShortSwitch(), ShortSwitch()
+    first.lower()
+    second.lower()
+    first.restore()
+    assert sys.getswitchinterval() == pytest.approx(SHIPPING_INTERVAL_S)
+    first.restore()  # (twice: counted once)
+    assert sys.getswitchinterval() == pytest.approx(SHIPPING_INTERVAL_S)
+    second.restore()
+    assert sys.getswitchinterval() == before
