@@ -162,13 +162,17 @@ def _as_table(name: tuple[Any, ...]) -> tuple[bytes, int]:
     return _MAPPED + socket.inet_pton(socket.AF_INET, host), port
 
 
-def connected_to_another_user(sock: socket.socket, port: int) -> int | None:
+def connected_to_another_user(sock: socket.socket | None, port: int) -> int | None:
     """A uid, neither this process's nor root's, owning the far end of the
     connected ``sock`` or listening on ``port`` (the URL's: where a proxy
     is used, ``sock`` goes to the proxy); None if there is none (or it
-    cannot be known). One read of the tables: a connection's cost."""
+    cannot be known). One read of the tables: a connection's cost. Without
+    ``sock`` (a transport that does not show its socket), the port's
+    listeners are still looked at: not knowing the far end is no pass."""
     try:
+        if sock is None:
+            raise ValueError("no socket")
         far_end = (_as_table(sock.getpeername()), _as_table(sock.getsockname()))
     except (OSError, ValueError):
-        far_end = None  # (not an internet socket, or already closed: its port alone)
+        far_end = None  # (not an internet socket, already closed, none: its port alone)
     return _others(_owners(port, far_end))

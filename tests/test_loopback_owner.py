@@ -93,6 +93,8 @@ def test_the_far_end_of_a_connection_is_found_in_either_table(
     listening = _row(f"{v4}:{port:04X}", "00000000:0000", "0A", NEIGHBOUR)
     _tables(tmp_path, monkeypatch, [ours, listening], [])
     assert connected_to_another_user(sock, port) == NEIGHBOUR  # (its listeners count too)
+    # A transport that does not show its socket: the port's listeners still count.
+    assert connected_to_another_user(None, port) == NEIGHBOUR
     monkeypatch.setattr(loopback_owner, "_TABLES", (tmp_path / "none",))
     assert connected_to_another_user(sock, port) is None  # nothing known, nothing refused
 

@@ -363,7 +363,7 @@ class PlatformClient:
         another user listens on its port: a neighbour took the port while
         the platform was down. Nothing has been sent on it yet."""
         what, url = self._guarded[key]
-        uid = connected_to_another_user(sock, key[1]) if sock is not None else None
+        uid = connected_to_another_user(sock, key[1])
         if uid is not None:
             message = taken_by_another_user(what, url, uid, now=True)
             raise ServedByAnotherUserError(message, url=url, uid=uid)
