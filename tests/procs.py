@@ -41,6 +41,22 @@ def reap_all() -> None:
                     pipe.close()
 
 
+def uplink_journal(pid: int) -> bytes | None:
+    """The journal process ``pid`` ships, if it is an uplink process (on
+    standby or not) and alive (a zombie, killed and not reaped, is gone);
+    None otherwise (b"" for one whose journal its command line does not say)."""
+    proc = Path(f"/proc/{pid}")
+    try:
+        args = (proc / "cmdline").read_bytes().split(b"\0")
+        state = (proc / "stat").read_text().rsplit(") ", 1)[-1][:1]
+    except OSError:
+        return None
+    at = args.index(b"--journal") if b"--journal" in args[:-1] else len(args)
+    if state == "Z" or not any(b"standby.py" in a or b"uplink_main" in a for a in args[:at]):
+        return None
+    return args[at + 1] if at < len(args) else b""
+
+
 def kill_uplinks_under(root: Path) -> None:
     """SIGKILL every uplink process shipping a journal under ``root``: one a
     producer left shipping by design (it exited without finish, was killed)
@@ -50,16 +66,7 @@ def kill_uplinks_under(root: Path) -> None:
 
     prefix = os.fsencode(root) + b"/"
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if not any(b"standby.py" in a or b"uplink_main" in a for a in args[:4]):
-            continue
-        journal = args[args.index(b"--journal") + 1] if b"--journal" in args[:-1] else b""
-        if journal.startswith(prefix):
+        if entry.name.isdigit() and (uplink_journal(int(entry.name)) or b"").startswith(prefix):
             kill_uplink(int(entry.name))
 
 

@@ -30,16 +30,11 @@ _server, local_platform = module_platform.fixtures()
 def _uplinks(but: frozenset[int] = frozenset()) -> list[int]:
     """This process's children that are uplink processes (on standby or not),
     zombies left out (killed, not reaped yet: gone too), but ``but``."""
-    found = []
-    for pid in set(procs.children(os.getpid())) - but:
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[-1][:1]
-        except OSError:
-            continue
-        if state != "Z" and (b"standby.py" in cmdline or b"uplink_main" in cmdline):
-            found.append(pid)
-    return found
+    return [
+        pid
+        for pid in set(procs.children(os.getpid())) - but
+        if procs.uplink_journal(pid) is not None
+    ]
 
 
 @pytest.mark.parametrize("when", ["on-standby", "shipping"])
