@@ -35,6 +35,7 @@ from ..records import training_step
 from . import receipts
 from .base import Binding, Prepared, SendContext, SinkOff
 from .kinds import SINK_KINDS
+from .sample_objects import MAX_OBJECTS, NEW, SampleObjects
 from .step_ranges import StepRanges
 
 __all__ = [
@@ -72,12 +73,19 @@ class TrainSamplesProgress:
     next one its presigned ``key`` and ``url`` once minted, and whether its
     PUT landed (``put``). ``done`` has no default, so that a new batch's
     record says ``done: 0``, as it always has; the others are recorded once set.
+
+    A batch of several objects (a backlog's) records each object's stage,
+    key and URL instead, by its place in the batch (``sinks.sample_objects``);
+    a batch of one keeps the form journals always had.
     """
 
     done: int
     key: str | None = None
     url: str | None = None
     put: bool = False
+    stages: tuple[int, ...] = ()
+    keys: tuple[str | None, ...] = ()
+    urls: tuple[str | None, ...] = ()
 
 
 class TrainSamplesSink:
@@ -100,6 +108,7 @@ class TrainSamplesSink:
         # it never reuses its parent's ranges.
         self._range_base = range_base
         self._ranges = StepRanges(range_base)
+        self._objects = SampleObjects(self._presign, self._put, self._confirm_key)
 
     def restore(self, carry: Mapping[str, Any]) -> None:
         # None or {}: ranges from the start (a batch refused whole was the first).
@@ -116,10 +125,18 @@ class TrainSamplesSink:
                 lasting=False,
             )
         created_at = datetime.now(UTC)
-        for step, records, last_seq in self._step_runs(entries):
-            index = self._ranges.next_for(step)
+        ranges = self._ranges
+        units: list[tuple[dict[str, Any], bytes]] = []
+        records = 0
+        last_seq = entries[0].seq - 1
+        for step, episodes, ends_at, closed in self._step_runs(entries):
+            # Only steps the read shows whole join a first one: the last may
+            # go on past the read (the shipper then reads again, in full).
+            if units and (len(units) >= MAX_OBJECTS or not closed):
+                break
+            index = ranges.next_for(step)
             blob = episodes_to_parquet_bytes(
-                records,
+                episodes,
                 binding.run_id,
                 step,
                 sample_id_offset=index << 32,
@@ -128,23 +145,33 @@ class TrainSamplesSink:
             if blob is None:
                 continue  # no episode of it has a trajectory: no object, on to the next step
             # Kept once the batch is recorded (the shipper hands the carry back).
-            ranges = self._ranges.used(step, index)
-            unit = ({"step": step, "range": index, "bytes": len(blob)}, blob)
-            return Prepared(
-                body=pack_units([unit]),
-                records=len(records),
-                progress=TrainSamplesProgress(done=0),
-                last_seq=None if last_seq == entries[-1].seq else last_seq,
-                carry=ranges.to_carry(),
+            ranges = ranges.used(step, index)
+            units.append(({"step": step, "range": index, "bytes": len(blob)}, blob))
+            records += len(episodes)
+            last_seq = ends_at
+        if not units:
+            return None  # nothing of these entries makes an object
+        count = len(units)
+        progress = TrainSamplesProgress(done=0)
+        if count > 1:
+            progress = replace(
+                progress, stages=(NEW,) * count, keys=(None,) * count, urls=(None,) * count
             )
-        return None  # nothing of these entries makes an object
+        return Prepared(
+            body=pack_units(units),
+            records=records,
+            progress=progress,
+            last_seq=None if last_seq == entries[-1].seq else last_seq,
+            carry=ranges.to_carry(),
+        )
 
     def _step_runs(
         self, entries: Sequence[Entry]
-    ) -> Iterator[tuple[int, list[dict[str, Any]], int]]:
+    ) -> Iterator[tuple[int, list[dict[str, Any]], int, bool]]:
         """The entries cut where the next step on the cadence begins: per run,
-        (its step, its episodes, the seq of its last entry). Episodes off the
-        cadence belong to the run they stand in (they make no row)."""
+        (its step, its episodes, the seq of its last entry, whether another
+        step began after it). Episodes off the cadence belong to the run
+        they stand in (they make no row)."""
         step: int | None = None
         records: list[dict[str, Any]] = []
         last_seq = entries[0].seq - 1
@@ -153,18 +180,21 @@ class TrainSamplesSink:
             found = training_step(record)
             on_cadence = found is not None and not found % self._interval
             if on_cadence and step is not None and found != step:
-                yield step, records, last_seq
+                yield step, records, last_seq, True
                 records = []
             if on_cadence:
                 step = found
                 records.append(record)
             last_seq = entry.seq
         if step is not None:
-            yield step, records, last_seq
+            yield step, records, last_seq, False
 
     def send(self, body: bytes, ctx: SendContext[TrainSamplesProgress]) -> None:
         run_id = ctx.binding.run_id
         units = unpack_units(body)
+        if ctx.progress.stages:  # a backlog's batch of several objects
+            self._objects.send(units, ctx)
+            return
         for index in range(ctx.progress.done, len(units)):
             meta, blob = units[index]
             step = meta["step"]
@@ -191,6 +221,22 @@ class TrainSamplesSink:
                 ctx.save_progress(replace(ctx.progress, put=True))
             self._confirm(confirm)
             ctx.save_progress(done)
+
+    def _presign(self, run_id: str, step: int) -> tuple[str, str]:
+        # Without both, a gateway's answer: minting again is harmless.
+        return receipts.presigned(
+            self._client.api("POST", "/rft/samples/presign", {"run_id": run_id, "step": step})
+        )
+
+    def _put(self, url: str, blob: bytes) -> None:
+        self._client.put_object(url, blob, "application/parquet")
+
+    def _confirm_key(self, run_id: str, step: int, key: str) -> None:
+        self._confirm({"run_id": run_id, "step": step, "s3_key": key})
+
+    def close(self) -> None:
+        """Its shipper is done: the helper threads of a backlog's batches go."""
+        self._objects.close()
 
     def _confirm(self, body: dict[str, Any]) -> None:
         # A silent answer is taken as the contract allows (the platform offers

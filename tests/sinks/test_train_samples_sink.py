@@ -9,6 +9,7 @@ several steps are each one test of milliseconds.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -18,6 +19,8 @@ import httpx
 import orjson
 import pytest
 import workloads
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from scripted_platform import Batch
 
 from primeruns.exceptions import APIError, RetryableAPIError, TransportError
@@ -26,6 +29,7 @@ from primeruns.platform import PlatformClient, resolve_settings
 from primeruns.ship.policy import RetryPolicy
 from primeruns.ship.shipper import Shipper
 from primeruns.sinks.base import Binding
+from primeruns.sinks.sample_objects import MAX_OBJECTS
 from primeruns.sinks.train_samples import TrainSamplesSink, unpack_units
 
 _BOUND = Binding(run_id="rft-1", kind="train")
@@ -43,25 +47,32 @@ class Store:
         self.confirmed: list[str] = []
         self.faults: dict[str, list[Callable[[], httpx.Response]]] = {}
         self.calls: list[str] = []
+        self.steps: dict[str, int] = {}  # each minted key's step
+        self._lock = threading.Lock()  # a backlog's requests come from several threads
 
     def handler(self, request: httpx.Request) -> httpx.Response:
-        path = request.url.path
-        what = "put" if request.method == "PUT" else path.rsplit("/", 1)[-1]
-        self.calls.append(what)
-        scripted = self.faults.get(what)
-        if scripted:
-            fault = scripted.pop(0)
-            if fault is LOST:
-                self._commit(what, request)
-                raise httpx.RemoteProtocolError(f"peer closed the connection ({what})")
-            return fault()
-        return self._commit(what, request)
+        with self._lock:
+            path = request.url.path
+            what = "put" if request.method == "PUT" else path.rsplit("/", 1)[-1]
+            self.calls.append(what)
+            scripted = self.faults.get(what)
+            if scripted:
+                fault = scripted.pop(0)
+                if fault is LOST:
+                    self._commit(what, request)
+                    raise httpx.RemoteProtocolError(f"peer closed the connection ({what})")
+                if fault is SILENT:  # committed; a gateway answered an empty 200
+                    self._commit(what, request)
+                    return httpx.Response(200, content=b"")
+                return fault()
+            return self._commit(what, request)
 
     def _commit(self, what: str, request: httpx.Request) -> httpx.Response:
         path = request.url.path
         if what == "presign":
             self.minted += 1
             key = f"rft/rft-1/obj-{self.minted}.parquet"
+            self.steps[key] = json.loads(request.content)["step"]
             url = f"http://store.test/{key}"
             return httpx.Response(200, json={"data": {"presignedUrl": url, "s3Key": key}})
         if what == "put":
@@ -76,6 +87,10 @@ class Store:
 
 def LOST() -> httpx.Response:  # a sentinel the store recognises
     raise AssertionError("never called: the store commits, then drops the answer")
+
+
+def SILENT() -> httpx.Response:  # a sentinel the store recognises
+    raise AssertionError("never called: the store commits, then answers an empty 200")
 
 
 @pytest.fixture
@@ -104,19 +119,150 @@ def _batch(sink: TrainSamplesSink, entries: list[Entry]) -> Batch:
     return Batch.prepare(sink, entries, _BOUND)
 
 
-def test_a_batch_is_the_object_of_one_step_so_each_confirmed_object_is_acknowledged(
+def test_a_backlog_batch_takes_the_steps_the_read_shows_whole_and_the_last_waits(
     store: Store,
 ) -> None:
     sink = _sink(store)
     entries = _entries({0: 4, 5: 2, 10: 3, 20: 3})
     first = _batch(sink, entries)
-    # Steps 0 and the off-cadence 5 are consumed; 10 begins the next batch.
-    assert first.state["last_seq"] == 6
-    assert first.records == 4
-    assert [meta["step"] for meta, _ in unpack_units(first.body)] == [0]
-    second = _batch(sink, entries[6:])
-    assert second.state["last_seq"] == 9
-    assert [meta["step"] for meta, _ in unpack_units(second.body)] == [10]
+    # Steps 0 (with the off-cadence 5) and 10 are whole in the read: one
+    # object each. Step 20 may go on past the read, so it waits for the next.
+    assert first.state["last_seq"] == 9
+    assert first.records == 7
+    assert [(meta["step"], meta["range"]) for meta, _ in unpack_units(first.body)] == [
+        (0, 0),
+        (10, 0),
+    ]
+    assert first.state["stages"] == [0, 0] and first.state["keys"] == [None, None]
+    second = _batch(sink, entries[9:])
+    assert second.last_seq is None  # to the end of the read
+    assert [meta["step"] for meta, _ in unpack_units(second.body)] == [20]
+    # A batch of one object keeps the form journals always had.
+    assert set(second.state) == {"done", "carry", "last_seq", "records"}
+
+
+def test_a_long_backlog_goes_at_most_max_objects_to_a_batch(store: Store) -> None:
+    sink = _sink(store)
+    entries = _one_per_step(range(0, 200, 10))
+    first = _batch(sink, entries)
+    assert [meta["step"] for meta, _ in unpack_units(first.body)] == list(range(0, 80, 10))
+    assert first.state["last_seq"] == MAX_OBJECTS and first.records == MAX_OBJECTS
+
+
+def test_a_backlog_batch_records_each_stage_once_for_all_its_objects(store: Store) -> None:
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 60, 10)))
+    units = unpack_units(batch.body)
+    assert len(units) == 5  # the sixth step is the read's last: it waits
+    batch.send(sink)
+    assert sorted(store.calls) == sorted(["presign", "put", "confirm"] * 5)
+    # Three writes to the journal for five objects' fifteen requests.
+    assert [sorted(change) for change in batch.saved] == [
+        ["keys", "stages", "urls"],
+        ["stages"],
+        ["done", "stages"],
+    ]
+    assert batch.state["done"] == 5 and batch.state["stages"] == [3] * 5
+    assert sorted(store.confirmed) == sorted(store.put) == sorted(batch.state["keys"])
+    assert sorted(store.put.values()) == sorted(blob for _, blob in units)
+    steps = {key: step for key, step in zip(batch.state["keys"], range(0, 50, 10), strict=True)}
+    assert steps == {key: store.steps[key] for key in store.confirmed}
+
+
+_FAULTS: dict[str, Callable[[], httpx.Response]] = {
+    "lost": LOST,
+    "500": lambda: httpx.Response(500, text="oops"),
+    "503": lambda: httpx.Response(503, text="busy"),
+    "silent": SILENT,
+}
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    faults=st.lists(
+        st.tuples(st.sampled_from(["presign", "put", "confirm"]), st.sampled_from(sorted(_FAULTS))),
+        max_size=12,
+    ),
+    crashes=st.lists(st.booleans(), max_size=12),
+)
+def test_a_backlog_batch_makes_each_object_once_whatever_fails(
+    faults: list[tuple[str, str]], crashes: list[bool]
+) -> None:
+    # The oracle: however requests fail, answers are lost or the process
+    # dies before recording what a stage did, the batch
+    # ends with each of its objects confirmed under exactly one key, holding
+    # that object's bytes, and no object of the same records twice.
+    store = Store()
+    for what, fault in faults:
+        store.faults.setdefault(what, []).append(_FAULTS[fault])
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 60, 10)))
+    units = unpack_units(batch.body)
+    for attempt in range(40):
+        before, saves = json.loads(json.dumps(batch.state)), len(batch.saved)
+        try:
+            batch.send(sink)
+            break
+        except (TransportError, APIError):
+            if attempt < len(crashes) and crashes[attempt]:
+                # Died before the attempt's last record was written: the
+                # requests of that stage went out, their outcome is not kept.
+                batch.state = before
+                for change in batch.saved[saves:-1]:
+                    batch.state.update(change)
+    else:
+        raise AssertionError(f"the batch never went through: {store.calls}")
+    assert batch.state["done"] == len(units)
+    confirmed = set(store.confirmed)
+    assert confirmed == set(batch.state["keys"])
+    assert sorted(store.put[key] for key in confirmed) == sorted(blob for _, blob in units)
+    # Keys minted and never confirmed hold nothing the viewer shows.
+    assert len(confirmed) == len(units)
+
+
+def test_a_backlog_object_whose_url_expired_is_minted_anew_and_others_go_on(
+    store: Store,
+) -> None:
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 40, 10)))  # three objects
+    store.faults["put"] = [lambda: httpx.Response(503, text="busy")] * 3
+    with pytest.raises(RetryableAPIError):
+        batch.send(sink)  # minted and recorded; the store is busy
+    assert batch.state["stages"] == [1, 1, 1]
+    expired = lambda: httpx.Response(403, text="AccessDenied: request has expired")  # noqa: E731
+    store.faults["put"] = [expired]
+    with pytest.raises(RetryableAPIError, match="minting a new one"):
+        batch.send(sink)  # one URL expired meanwhile: nothing landed under it
+    assert sorted(batch.state["stages"]) == [0, 3, 3]
+    batch.send(sink)
+    assert batch.state["stages"] == [3, 3, 3] and store.minted == 4
+    assert len(store.confirmed) == 3 == len(set(store.confirmed))
+
+
+def test_a_fresh_url_a_backlog_object_is_refused_is_not_retried_forever(store: Store) -> None:
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 30, 10)))
+    store.faults["put"] = [lambda: httpx.Response(403, text="AccessDenied: bad signature")]
+    with pytest.raises(APIError) as raised:
+        batch.send(sink)
+    assert not isinstance(raised.value, RetryableAPIError)
+    assert raised.value.status_code == 403
+
+
+def test_a_backlog_batch_whose_recorded_stages_are_damaged_is_not_guessed_at(
+    store: Store,
+) -> None:
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 40, 10)))
+    batch.state["stages"] = [3, 7, 0]
+    with pytest.raises(ValueError, match="damaged"):
+        batch.send(sink)
+    batch.state["stages"] = [3, 0]
+    with pytest.raises(ValueError, match="damaged"):
+        batch.send(sink)
+    assert store.calls == []
 
 
 def test_a_lost_confirm_is_confirmed_again_without_a_second_upload(store: Store) -> None:

@@ -1,0 +1,169 @@
+"""A backlog's batch of several training sample objects, sent a stage at a time
+with the objects' requests in flight together.
+
+Each object of the training sample table takes three requests (presign, PUT,
+confirm; contract §3.6), and a batch of one step's object waited out three
+round trips one after another: a sync of a long offline run spent most of
+its time waiting, the sync and the platform taking turns, neither busy
+(5,000 steps: ~2.9 s for the 500 objects alone). When the journal holds
+several steps, a batch carries up to ``MAX_OBJECTS`` of them, and each stage
+goes for every object that needs it at once (``sinks.fanout``): all presigns,
+then all PUTs, then all confirms.
+
+What a resend needs is recorded once per stage, not once per request: each
+object's ``stage`` (``NEW``, ``MINTED``: its key and URL recorded, ``PUT``:
+its bytes landed, ``DONE``: confirmed), with its key and URL, by its place in
+the batch. A request whose answer was lost is therefore resent to the same
+key (a PUT of the same bytes, or a confirm again: both idempotent), and no
+object is ever made twice of the same records; an object whose stage was
+not recorded yet when the process died is minted anew, which leaves at most
+a URL nothing was uploaded under.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import APIError, RetryableAPIError
+from .fanout import Fanout, NotSent
+
+if TYPE_CHECKING:
+    from .base import SendContext
+    from .train_samples import TrainSamplesProgress
+
+__all__ = ["DONE", "MAX_OBJECTS", "MINTED", "NEW", "PUT", "SampleObjects"]
+
+# An object's stage, as recorded (a number each, in the batch's order).
+NEW, MINTED, PUT, DONE = 0, 1, 2, 3
+MAX_OBJECTS = 8  # a backlog's steps in one batch
+IN_FLIGHT = 4  # requests at once within a stage
+
+
+class SampleObjects:
+    """Sends recorded batches of several objects for one sink (its helper
+    threads are started on first use and ended by ``close``)."""
+
+    def __init__(
+        self,
+        presign: Callable[[str, int], tuple[str, str]],
+        put: Callable[[str, bytes], None],
+        confirm: Callable[[str, int, str], None],
+        *,
+        in_flight: int = IN_FLIGHT,
+    ) -> None:
+        """``presign(run_id, step)`` -> (url, key); ``put(url, blob)``;
+        ``confirm(run_id, step, key)``: each raises when not done (the sink's)."""
+        self._presign = presign
+        self._put = put
+        self._confirm = confirm
+        self._fanout = Fanout(in_flight, "primeruns-samples")
+
+    def send(
+        self, units: list[tuple[dict[str, Any], bytes]], ctx: SendContext[TrainSamplesProgress]
+    ) -> None:
+        """One attempt at a batch of ``units`` whose progress has a stage per
+        object: the objects not done go a stage further each, the stages
+        recorded as they end. Raises the first failure after the others went
+        as far as they could, and it was recorded."""
+        progress = ctx.progress
+        count = len(units)
+        if not (len(progress.stages) == len(progress.keys) == len(progress.urls) == count) or any(
+            stage not in (NEW, MINTED, PUT, DONE) for stage in progress.stages
+        ):
+            raise ValueError(
+                f"the batch recorded in the journal is damaged: {count} objects, "
+                f"stages {list(progress.stages)[:MAX_OBJECTS]}"
+            )
+        run_id = ctx.binding.run_id
+        steps = [int(meta["step"]) for meta, _ in units]
+        minted_now: set[int] = set()
+
+        def mint(index: int) -> tuple[int, str | None, str | None, BaseException | None]:
+            url, key = self._presign(run_id, steps[index])
+            minted_now.add(index)
+            return MINTED, key, url, None
+
+        def upload(index: int) -> tuple[int, str | None, str | None, BaseException | None]:
+            key, url = progress.keys[index], progress.urls[index]
+            try:
+                self._put(str(url), units[index][1])
+            except APIError as exc:
+                if exc.status_code != 403 or index in minted_now:
+                    raise
+                return self._expired(run_id, steps[index], str(key), str(url), exc)
+            return PUT, key, url, None
+
+        def confirm(index: int) -> tuple[int, str | None, str | None, BaseException | None]:
+            key = str(progress.keys[index])
+            self._confirm(run_id, steps[index], key)
+            return DONE, key, progress.urls[index], None
+
+        failure: BaseException | None = None
+        for stage, step_once in ((NEW, mint), (MINTED, upload), (PUT, confirm)):
+            todo = [at for at, found in enumerate(progress.stages) if found == stage]
+            if todo:
+                # An object that failed a stage stays at it; the others go on.
+                failure = self._stage(ctx, todo, step_once) or failure
+                progress = ctx.progress
+        if failure is not None:
+            raise failure
+
+    def _stage(
+        self,
+        ctx: SendContext[TrainSamplesProgress],
+        todo: Sequence[int],
+        step_once: Callable[[int], tuple[int, str | None, str | None, BaseException | None]],
+    ) -> BaseException | None:
+        """``step_once`` on each object of ``todo`` (several at once); what
+        they achieved recorded in one write. Returns the first failure."""
+        outcomes = self._fanout.run(step_once, todo)
+        stages = list(ctx.progress.stages)
+        keys = list(ctx.progress.keys)
+        urls = list(ctx.progress.urls)
+        failure: BaseException | None = None
+        for index, outcome in zip(todo, outcomes, strict=True):
+            if outcome.value is not None:
+                stages[index], keys[index], urls[index], error = outcome.value
+            else:
+                error = outcome.error
+            if failure is None and error is not None and not isinstance(error, NotSent):
+                failure = error
+        done = 0
+        while done < len(stages) and stages[done] == DONE:
+            done += 1
+        ctx.save_progress(
+            replace(
+                ctx.progress, done=done, stages=tuple(stages), keys=tuple(keys), urls=tuple(urls)
+            )
+        )
+        return failure
+
+    def _expired(
+        self, run_id: str, step: int, key: str, url: str, exc: APIError
+    ) -> tuple[int, str | None, str | None, BaseException | None]:
+        """The store refused a URL minted on an earlier try (it expired while
+        the sink was paused). Its PUT may still have landed (the answer
+        lost): a confirm of the key tells. Confirmed, the object is done;
+        refused (400, 404: not uploaded), nothing is there, and the object
+        starts afresh, to be minted anew on the next try."""
+        try:
+            self._confirm(run_id, step, key)
+        except APIError as refused:
+            if refused.status_code not in (400, 404):
+                raise
+            return (
+                NEW,
+                None,
+                None,
+                RetryableAPIError(
+                    f"the object store refused the presigned URL ({exc}) and nothing landed "
+                    "under it; minting a new one",
+                    status_code=403,
+                ),
+            )
+        return DONE, key, url, None
+
+    def close(self) -> None:
+        self._fanout.close()
