@@ -26,17 +26,20 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import APIError, RetryableAPIError
+from ..exceptions import APIError, RetryableAPIError, is_record_rejection
 from .fanout import Fanout, NotSent
 
 if TYPE_CHECKING:
     from .base import SendContext
     from .train_samples import TrainSamplesProgress
 
-__all__ = ["DONE", "MAX_OBJECTS", "MINTED", "NEW", "PUT", "SampleObjects"]
+__all__ = ["DONE", "MAX_OBJECTS", "MINTED", "NEW", "PUT", "REFUSED", "SampleObjects"]
 
-# An object's stage, as recorded (a number each, in the batch's order).
-NEW, MINTED, PUT, DONE = 0, 1, 2, 3
+# An object's stage, as recorded (a number each, in the batch's order):
+# REFUSED is an object the platform refused for its content (413, 422),
+# its records counted as failed while the batch's others go on.
+NEW, MINTED, PUT, DONE, REFUSED = 0, 1, 2, 3, 4
+_SETTLED = (DONE, REFUSED)
 MAX_OBJECTS = 8  # a backlog's steps in one batch
 IN_FLIGHT = 4  # requests at once within a stage
 
@@ -70,7 +73,7 @@ class SampleObjects:
         progress = ctx.progress
         count = len(units)
         if not (len(progress.stages) == len(progress.keys) == len(progress.urls) == count) or any(
-            stage not in (NEW, MINTED, PUT, DONE) for stage in progress.stages
+            stage not in (NEW, MINTED, PUT, DONE, REFUSED) for stage in progress.stages
         ):
             raise ValueError(
                 f"the batch recorded in the journal is damaged: {count} objects, "
@@ -78,6 +81,7 @@ class SampleObjects:
             )
         run_id = ctx.binding.run_id
         steps = [int(meta["step"]) for meta, _ in units]
+        counts = [int(meta.get("records", 0)) for meta, _ in units]
         minted_now: set[int] = set()
 
         def mint(index: int) -> tuple[int, str | None, str | None, BaseException | None]:
@@ -105,8 +109,11 @@ class SampleObjects:
             todo = [at for at, found in enumerate(progress.stages) if found == stage]
             if todo:
                 # An object that failed a stage stays at it; the others go on.
-                failure = self._stage(ctx, todo, step_once) or failure
+                failure = self._stage(ctx, todo, counts, step_once) or failure
                 progress = ctx.progress
+        if failure is None and ctx.progress.done < count:
+            # Never acknowledged with an object not settled, whatever went on.
+            failure = RetryableAPIError("objects of the batch are not sent yet; sending again")
         if failure is not None:
             raise failure
 
@@ -114,11 +121,18 @@ class SampleObjects:
         self,
         ctx: SendContext[TrainSamplesProgress],
         todo: Sequence[int],
+        counts: Sequence[int],
         step_once: Callable[[int], tuple[int, str | None, str | None, BaseException | None]],
     ) -> BaseException | None:
         """``step_once`` on each object of ``todo`` (several at once); what
-        they achieved recorded in one write. Returns the first failure."""
-        outcomes = self._fanout.run(step_once, todo)
+        they achieved recorded in one write. An object refused for its
+        content is settled: its records (``counts``) counted as failed
+        first, so a death before the write counts them again rather than
+        never. Returns the first other failure."""
+        # A refusal is one object's: the others not started yet still go.
+        outcomes = self._fanout.run(
+            step_once, todo, give_up=lambda exc: not is_record_rejection(exc)
+        )
         stages = list(ctx.progress.stages)
         keys = list(ctx.progress.keys)
         urls = list(ctx.progress.urls)
@@ -128,10 +142,15 @@ class SampleObjects:
                 stages[index], keys[index], urls[index], error = outcome.value
             else:
                 error = outcome.error
-            if failure is None and error is not None and not isinstance(error, NotSent):
+            if error is None or isinstance(error, NotSent):
+                continue
+            if is_record_rejection(error):
+                ctx.reject(counts[index], error)
+                stages[index] = REFUSED
+            elif failure is None:
                 failure = error
         done = 0
-        while done < len(stages) and stages[done] == DONE:
+        while done < len(stages) and stages[done] in _SETTLED:
             done += 1
         ctx.save_progress(
             replace(

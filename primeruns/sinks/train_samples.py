@@ -146,7 +146,8 @@ class TrainSamplesSink:
                 continue  # no episode of it has a trajectory: no object, on to the next step
             # Kept once the batch is recorded (the shipper hands the carry back).
             ranges = ranges.used(step, index)
-            units.append(({"step": step, "range": index, "bytes": len(blob)}, blob))
+            meta = {"step": step, "range": index, "bytes": len(blob), "records": len(episodes)}
+            units.append((meta, blob))
             records += len(episodes)
             last_seq = ends_at
         if not units:

@@ -241,6 +241,28 @@ def test_a_backlog_object_whose_url_expired_is_minted_anew_and_others_go_on(
     assert len(store.confirmed) == 3 == len(set(store.confirmed))
 
 
+def test_a_backlog_object_refused_for_its_content_is_counted_and_the_others_land(
+    store: Store,
+) -> None:
+    # One object of three is refused (422): its records are counted as failed,
+    # once, and the other two are confirmed; the batch is then done. Counted
+    # whole, the batch would report the two stored objects' records as lost.
+    sink = _sink(store)
+    entries = _entries({0: 2, 10: 3, 20: 4})
+    after = _one_per_step(range(30, 31))[0]  # step 30 begins: step 20 is whole
+    batch = _batch(sink, [*entries, Entry(len(entries) + 1, after.kind, after.payload)])
+    assert [meta["records"] for meta, _ in unpack_units(batch.body)] == [2, 3, 4]
+    store.faults["confirm"] = [lambda: httpx.Response(422, json={"detail": "bad object"})]
+    batch.send(sink)
+    assert [count for count, _ in batch.rejected] in ([2], [3], [4])
+    assert sorted(batch.state["stages"]) == [3, 3, 4] and batch.state["done"] == 3
+    assert len(store.confirmed) == 2
+    refused = batch.state["stages"].index(4)
+    assert batch.state["keys"][refused] not in store.confirmed
+    batch.send(sink)  # sent again (a lost acknowledgement): nothing more happens
+    assert len(batch.rejected) == 1 and len(store.calls) == 9
+
+
 def test_a_fresh_url_a_backlog_object_is_refused_is_not_retried_forever(store: Store) -> None:
     sink = _sink(store)
     batch = _batch(sink, _one_per_step(range(0, 30, 10)))
