@@ -33,7 +33,16 @@ if TYPE_CHECKING:
     from .base import SendContext
     from .train_samples import TrainSamplesProgress
 
-__all__ = ["DONE", "MAX_OBJECTS", "MINTED", "NEW", "PUT", "REFUSED", "SampleObjects"]
+__all__ = [
+    "DONE",
+    "MAX_BATCH_BYTES",
+    "MAX_OBJECTS",
+    "MINTED",
+    "NEW",
+    "PUT",
+    "REFUSED",
+    "SampleObjects",
+]
 
 # An object's stage, as recorded (a number each, in the batch's order):
 # REFUSED is an object the platform refused for its content (413, 422),
@@ -41,6 +50,9 @@ __all__ = ["DONE", "MAX_OBJECTS", "MINTED", "NEW", "PUT", "REFUSED", "SampleObje
 NEW, MINTED, PUT, DONE, REFUSED = 0, 1, 2, 3, 4
 _SETTLED = (DONE, REFUSED)
 MAX_OBJECTS = 8  # a backlog's steps in one batch
+# ... while their objects come to less than this: a step of long rollouts
+# is megabytes of Parquet, and the batch is held whole (memory, the journal).
+MAX_BATCH_BYTES = 16 << 20
 IN_FLIGHT = 4  # requests at once within a stage
 
 

@@ -32,10 +32,10 @@ from ..journal import Entry
 from ..platform import PlatformClient
 from ..projection import episodes_to_parquet_bytes, parquet_available
 from ..records import training_step
-from . import receipts
+from . import receipts, sample_objects
 from .base import Binding, Prepared, SendContext, SinkOff
 from .kinds import SINK_KINDS
-from .sample_objects import MAX_OBJECTS, NEW, SampleObjects
+from .sample_objects import NEW, SampleObjects
 from .step_ranges import StepRanges
 
 __all__ = [
@@ -127,12 +127,16 @@ class TrainSamplesSink:
         created_at = datetime.now(UTC)
         ranges = self._ranges
         units: list[tuple[dict[str, Any], bytes]] = []
-        records = 0
+        records = size = 0
         last_seq = entries[0].seq - 1
         for step, episodes, ends_at, closed in self._step_runs(entries):
             # Only steps the read shows whole join a first one: the last may
             # go on past the read (the shipper then reads again, in full).
-            if units and (len(units) >= MAX_OBJECTS or not closed):
+            if units and (
+                not closed
+                or len(units) >= sample_objects.MAX_OBJECTS
+                or size >= sample_objects.MAX_BATCH_BYTES
+            ):
                 break
             index = ranges.next_for(step)
             blob = episodes_to_parquet_bytes(
@@ -149,6 +153,7 @@ class TrainSamplesSink:
             meta = {"step": step, "range": index, "bytes": len(blob), "records": len(episodes)}
             units.append((meta, blob))
             records += len(episodes)
+            size += len(blob)
             last_seq = ends_at
         if not units:
             return None  # nothing of these entries makes an object

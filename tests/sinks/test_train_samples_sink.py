@@ -28,6 +28,7 @@ from primeruns.journal import Entry, EntryKind, InFlight, Journal
 from primeruns.platform import PlatformClient, resolve_settings
 from primeruns.ship.policy import RetryPolicy
 from primeruns.ship.shipper import Shipper
+from primeruns.sinks import sample_objects
 from primeruns.sinks.base import Binding
 from primeruns.sinks.sample_objects import MAX_OBJECTS
 from primeruns.sinks.train_samples import TrainSamplesSink, unpack_units
@@ -147,6 +148,24 @@ def test_a_long_backlog_goes_at_most_max_objects_to_a_batch(store: Store) -> Non
     first = _batch(sink, entries)
     assert [meta["step"] for meta, _ in unpack_units(first.body)] == list(range(0, 80, 10))
     assert first.state["last_seq"] == MAX_OBJECTS and first.records == MAX_OBJECTS
+
+
+def test_a_backlog_of_large_objects_goes_fewer_to_a_batch(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Steps of long rollouts are megabytes each: a batch stops adding steps
+    # once its objects reach the bound (the first always goes, however large).
+    sink = _sink(store)
+    entries = _one_per_step(range(0, 200, 10))
+    size = len(unpack_units(_batch(_sink(store), entries[:1]).body)[0][1])
+    monkeypatch.setattr(sample_objects, "MAX_BATCH_BYTES", size * 5 // 2)  # past at 3
+    batches = [_batch(sink, entries[:5]), _batch(sink, entries[3:10])]
+    assert [[meta["step"] for meta, _ in unpack_units(b.body)] for b in batches] == [
+        [0, 10, 20],
+        [30, 40, 50],
+    ]
+    monkeypatch.setattr(sample_objects, "MAX_BATCH_BYTES", 1)
+    assert [meta["step"] for meta, _ in unpack_units(_batch(sink, entries[6:]).body)] == [60]
 
 
 def test_a_backlog_batch_records_each_stage_once_for_all_its_objects(store: Store) -> None:
