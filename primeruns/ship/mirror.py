@@ -120,12 +120,15 @@ def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:
     local_id = valid_local_id(source.local_id)
     path = root / local_id
     made = not (path / DATA_NAME).exists()
+    written_here = False
     if made:
         # One that shipped and is gone (deleted, or pruned by gc): a new one
         # would ship everything again.
         sync_records.refuse_if_shipped(root, local_id)
-        _create(source, root, local_id)
-    journal = Journal.open(path, owner=True)
+        written_here = _create(source, root, local_id)
+    # One this process just made is not walked in a child first (``probe``:
+    # ~80 ms, a third of a sync's start), one another sync made meanwhile is.
+    journal = Journal.open(path, owner=True, written_here=written_here)
     claimed = Origin.from_json(journal.get_meta(K_SOURCE_ORIGIN))
     mine = Origin.from_json(source.get_meta(K_ORIGIN))
     if claimed is not None and mine is not None and claimed != mine:
@@ -161,7 +164,9 @@ def adopt_repaired(
     return Journal.open(root / local_id, owner=True)
 
 
-def _create(source: Journal, root: Path, local_id: str) -> None:
+def _create(source: Journal, root: Path, local_id: str) -> bool:
+    """Make the sync journal; whether this process's is the one in place
+    (False: another sync's was renamed there first)."""
     meta = {key: value for key, value in source.all_meta().items() if not key.startswith(_OWN_META)}
     meta[K_SOURCE_ORIGIN] = source.get_meta(K_ORIGIN)
     budget = source.get_meta("journal.max_bytes")
@@ -181,6 +186,8 @@ def _create(source: Journal, root: Path, local_id: str) -> None:
         except OSError:
             if not (root / local_id / DATA_NAME).exists():
                 raise  # not a sync that made it meanwhile: a real failure
+            return False
+        return True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -301,3 +301,44 @@ def test_a_producer_whose_original_is_not_here_or_booted_elsewhere_is_unknown(
         moved = dataclasses.replace(origin, path=str(tmp_path / "gone"))
         assert moved.producer_state() == "unknown"
     assert origin.producer_state() == "dead"  # its original is here, unlocked
+
+
+def test_a_sync_journal_made_now_is_not_walked_first_but_one_found_there_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Walking a journal's tree in a child (journal.probe) guards against a
+    # file this process did not write; the one it just made is not such a
+    # file (the child cost a third of a sync's start). One found in place,
+    # made by an earlier sync or by another sync first, is walked.
+    from primeruns.journal import store
+
+    producer = Journal.create(tmp_path / "node")
+    _log(producer, 0, 5)
+    producer.close()
+    walked: list[Path] = []
+    real_probe = store.probe
+    monkeypatch.setattr(store, "probe", lambda d: walked.append(Path(d).name) or real_probe(d))
+    root = tmp_path / "synced"
+    with _synced(producer.path, root) as (_, _, created):
+        assert created
+    assert walked == [producer.local_id]  # the copy itself, not the sync journal
+    walked.clear()
+    with _synced(producer.path, root) as (_, _, created):
+        assert not created
+    assert walked == [producer.local_id, producer.local_id]  # copy, then sync journal
+
+    # Another sync renames its sync journal into place first: this one's is
+    # dropped, and the one in place (not this process's) is walked.
+    shutil.rmtree(root / producer.local_id)
+    real_rename = mirror.os.rename
+
+    def another_first(src: str | Path, dest: str | Path) -> None:
+        shutil.copytree(src, Path(dest))
+        raise OSError(39, "Directory not empty")
+
+    monkeypatch.setattr(mirror.os, "rename", another_first)
+    walked.clear()
+    with _synced(producer.path, root) as (_, _, created):
+        assert created
+    monkeypatch.setattr(mirror.os, "rename", real_rename)
+    assert walked == [producer.local_id, producer.local_id]
