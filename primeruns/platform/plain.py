@@ -63,6 +63,7 @@ __all__ = [
 #: Bytes of a body sent per write (each within the call's timeout).
 WRITE_CHUNK = 64 * 1024
 _IDLE_KEPT = 16  # connections kept idle per origin (a shipper's fan-out is 4)
+_LINES_KEPT = 64  # header lines kept encoded per client (``_OneWrite.putheader``)
 _CHUNK = 65536
 
 
@@ -223,6 +224,7 @@ class PlainConnections:
         self._lock = threading.Lock()
         self._idle: dict[Target, list[http.client.HTTPConnection]] = {}
         self._closed = False  # a call in flight at close() closes its connection after
+        self._lines: dict[tuple[str, str], bytes] = {}  # (_OneWrite.putheader)
 
     def request(
         self,
@@ -310,7 +312,7 @@ class PlainConnections:
         conn.close()
 
     def _connect(self, target: Target, connect_s: float | None) -> http.client.HTTPConnection:
-        conn: http.client.HTTPConnection
+        conn: _OneWrite
         if target.scheme == "https":
             conn = _HTTPSConnection(
                 target.host, target.port, timeout=connect_s, context=self._tls()
@@ -326,6 +328,7 @@ class PlainConnections:
             conn.close()
             raise _httpx_error("ConnectError", str(exc) or type(exc).__name__) from None
         conn.response_class = _Response
+        conn.lines = self._lines
         assert conn.sock is not None
         if self._vet is not None:
             try:
@@ -354,6 +357,36 @@ class _OneWrite(http.client.HTTPConnection):
         msg = b"\r\n".join(buffer)
         del buffer[:]
         self.send(msg)
+
+    #: The header lines ``putheader`` wrote, by name and value: the
+    #: ``PlainConnections``' own (set at connect), shared by its connections.
+    lines: dict[tuple[str, str], bytes] | None = None
+
+    def putheader(self, header: str | bytes, *values: object) -> None:
+        # A client's requests repeat the same few headers (host, key, type,
+        # agent), and ``http.client`` encodes and checks each line again for
+        # every request (~5 us for a metrics row's seven). A line it once
+        # wrote for a name and a value, both text, is written as it wrote it:
+        # the checks are of those alone. Anything else, or a request not
+        # started, takes ``http.client``'s way (its checks, its errors).
+        lines = self.lines
+        if (
+            lines is None
+            or len(values) != 1
+            or type(header) is not str
+            or type(values[0]) is not str
+            or getattr(self, "_HTTPConnection__state", None) != http.client._CS_REQ_STARTED  # type: ignore[attr-defined]
+        ):
+            super().putheader(header, *values)  # type: ignore[arg-type]
+            return
+        key = (header, values[0])
+        line = lines.get(key)
+        if line is None:
+            super().putheader(header, *values)  # type: ignore[arg-type]
+            if header.lower() != "content-length" and len(lines) < _LINES_KEPT:
+                lines[key] = self._buffer[-1]  # type: ignore[attr-defined]
+            return
+        self._buffer.append(line)  # type: ignore[attr-defined]
 
 
 class _HTTPConnection(_OneWrite):
