@@ -404,16 +404,24 @@ class _Head(http.client.HTTPMessage):
     as stored. Its ``get``, ``get_all`` and ``items`` (a few calls each per
     answer, ~10 µs of a backlog's every request) give what ``Message``'s give."""
 
+    # (A name is ASCII, whose small letters are as many: a name of another
+    # length is not the one asked for, and is passed over without ``lower``.)
     def get(self, name: str, failobj: Any = None) -> Any:
         name = name.lower()
+        size = len(name)
         for key, value in self._headers:  # type: ignore[attr-defined]
-            if key.lower() == name:
+            if len(key) == size and key.lower() == name:
                 return value
         return failobj
 
     def get_all(self, name: str, failobj: Any = None) -> Any:
         name = name.lower()
-        values = [value for key, value in self._headers if key.lower() == name]  # type: ignore[attr-defined]
+        size = len(name)
+        values = [
+            value
+            for key, value in self._headers  # type: ignore[attr-defined]
+            if len(key) == size and key.lower() == name
+        ]
         return values or failobj
 
     def items(self) -> list[tuple[str, str]]:
@@ -477,20 +485,25 @@ class _Response(http.client.HTTPResponse):
 #: The bytes of a head's header lines: httpcore has h11 refuse a head
 #: longer than 100 KiB (however many lines it has, however long each).
 _MAX_HEAD = 100 * 1024
-#: A header's name: a token (RFC 9110 5.1). Its value, blanks around it
-#: cut, is any bytes but NUL, a line break, a form feed or a vertical tab
-#: (h11's field-value, checked without its regex: h11's takes a time
-#: quadratic in a run of blanks, seconds for one 40 KB header line).
-_NAME = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
-_NOT_IN_VALUE = re.compile(rb"[\x00\n\r\x0b\x0c]")
+#: A header line's text (ISO-8859-1): its name, a token (RFC 9110 5.1), a
+#: colon, and its value, blanks around it to be cut, any bytes but NUL, a
+#: line break, a form feed or a vertical tab (h11's field-value, checked
+#: without its regex: h11's takes a time quadratic in a run of blanks,
+#: seconds for one 40 KB header line; this one's is linear).
+_FIELD = re.compile(r"([!#$%&'*+.^_`|~0-9A-Za-z-]+):([^\x00\n\r\x0b\x0c]*)")
 #: A Content-Length's digits: h11 takes at most 20.
 _LENGTH = re.compile(r"[0-9]{1,20}")
 
 
 def _head_lines(fp: IO[bytes]) -> list[bytes]:
     """The lines of a head up to the blank line that ends it, line ends cut
-    (a line feed, and a carriage return before it)."""
-    lines: list[bytes] = []
+    (a line feed, and a carriage return before it), a folded line joined to
+    the one before by a space (obsolete line folding). Raised once the whole
+    head is read: a head over 100 KiB or cut short, then a first line that is
+    a continuation (one loop, not a pass over the lines for each: a
+    backlog's every answer has eight header lines)."""
+    joined: list[bytes] = []
+    continuation_first = False
     left = _MAX_HEAD
     while True:
         line = fp.readline(left + 1)
@@ -501,8 +514,17 @@ def _head_lines(fp: IO[bytes]) -> list[bytes]:
             raise http.client.HTTPException("the answer's head was cut short")
         line = line[:-2] if line.endswith(b"\r\n") else line[:-1]
         if not line:
-            return lines
-        lines.append(line)
+            break
+        if line[:1] in (b" ", b"\t"):  # obsolete line folding
+            if joined:
+                joined[-1] += b" " + line.lstrip(b" \t")
+            else:
+                continuation_first = True
+        else:
+            joined.append(line)
+    if continuation_first:
+        raise http.client.HTTPException("the answer's first header line is a continuation")
+    return joined
 
 
 def _parsed_head(fp: IO[bytes]) -> http.client.HTTPMessage:
@@ -510,21 +532,16 @@ def _parsed_head(fp: IO[bytes]) -> http.client.HTTPMessage:
     surrounding blanks cut, a folded line joined to its header by a space.
     What h11 refuses in any head is refused: a Content-Length that is not
     one number, a Transfer-Encoding but one ``chunked``."""
-    joined: list[bytes] = []
-    for line in _head_lines(fp):
-        if line[:1] in (b" ", b"\t"):  # obsolete line folding
-            if not joined:
-                raise http.client.HTTPException("the answer's first header line is a continuation")
-            joined[-1] += b" " + line.lstrip(b" \t")
-        else:
-            joined.append(line)
     message = _Head()
-    for line in joined:
-        name, colon, value = line.partition(b":")
-        value = value.strip(b" \t")
-        if not colon or not _NAME.fullmatch(name) or _NOT_IN_VALUE.search(value):
+    headers: list[tuple[str, str]] = message._headers  # type: ignore[attr-defined]
+    for line in _head_lines(fp):
+        # A name (a token: ASCII, so its ISO-8859-1 text is its ASCII text),
+        # its colon, and a value without the bytes a value may not hold
+        # (blanks around it are none of them): one match of the line's text.
+        field = _FIELD.fullmatch(line.decode("iso-8859-1"))
+        if field is None:
             raise http.client.HTTPException("a line of the answer's head is no header")
-        message.set_raw(name.decode("ascii"), value.decode("iso-8859-1"))
+        headers.append((field[1], field[2].strip(" \t")))  # (Message.set_raw)
     codings = message.get_all("transfer-encoding") or ()
     if len(codings) > 1 or any(coding.lower() != "chunked" for coding in codings):
         raise http.client.HTTPException("the answer's Transfer-Encoding is not chunked alone")
