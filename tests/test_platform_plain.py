@@ -5,6 +5,7 @@ environment, an answer cut short or trickled past its deadline."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import ssl
@@ -26,7 +27,7 @@ from primeruns.exceptions import (
     TransportError,
     UnprovenAnswerError,
 )
-from primeruns.platform import PlatformClient, resolve_settings
+from primeruns.platform import PlatformClient, plain, resolve_settings
 from primeruns.platform import client as client_module
 from primeruns.platform.errors import is_ambiguous, never_reached
 
@@ -993,3 +994,46 @@ def test_a_presigned_upload_goes_with_the_host_and_path_httpx_sends(
         if on_80 is not None:
             on_80.shutdown()
             on_80.server_close()
+
+
+class _Writes:
+    """A connected socket's stand-in: what each ``sendall`` was given."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def sendall(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+
+def _written(conn: http.client.HTTPConnection, headers: dict[str, str]) -> list[bytes]:
+    sock = conn.sock = _Writes()
+    conn.request("POST", "/rft/metrics", body=b'{"run_id":"r"}', headers=headers)
+    return sock.writes
+
+
+def test_a_small_body_goes_in_one_write_with_its_head_as_the_same_bytes() -> None:
+    headers = {"Host": "127.0.0.1:1", "Content-Type": "application/json"}
+    ours = _written(plain._HTTPConnection("127.0.0.1", 1), headers)
+    theirs = _written(http.client.HTTPConnection("127.0.0.1", 1), headers)
+    assert len(theirs) == 2
+    assert ours == [b"".join(theirs)]
+
+
+def test_a_header_line_once_written_is_written_again_as_it_was_and_a_bad_one_always_fails() -> None:
+    lines: dict[tuple[str, str], bytes] = {}
+    headers = {"Host": "127.0.0.1:1", "Authorization": f"Bearer {KEY}", "X-N": "1"}
+    expected = [b"".join(_written(http.client.HTTPConnection("127.0.0.1", 1), headers))]
+    for _ in range(3):
+        conn = plain._HTTPConnection("127.0.0.1", 1)
+        conn.lines = lines
+        assert _written(conn, headers) == expected
+    assert (("Authorization", f"Bearer {KEY}") in lines) and not any(
+        name == "Content-Length" for name, _ in lines
+    )
+    for bad, error in (("a\nb", ValueError), ("\u20ac", UnicodeEncodeError)):
+        for _ in range(2):
+            conn = plain._HTTPConnection("127.0.0.1", 1)
+            conn.lines = lines
+            with pytest.raises(error):
+                _written(conn, {**headers, "X-Bad": bad})
