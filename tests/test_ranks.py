@@ -184,3 +184,35 @@ def test_a_close_out_reads_past_journals_only_for_a_run_others_could_attach_to_b
     else:
         assert others == [later.path]
         assert past.path.name not in read
+
+
+def test_rows_merged_in_one_transaction_are_merged_as_one_at_a_time(tmp_path: Path) -> None:
+    """``merge_many`` reads a window's steps at once: a step met twice in it,
+    or already in the table from another rank, merges as ``merge`` does."""
+    from primeruns.sinks.step_rows import StepRows
+
+    rows: list[tuple[int, dict[str, Any]]] = [
+        (1, {"loss": 1.0, "_timestamp": 5.0}),
+        (2, {"acc": 0.5}),
+        (1, {"kl": 0.1}),
+        (1, {"kl": 0.1}),
+        (3, {}),
+    ]
+    results = []
+    for folder, at_once in ((tmp_path / "a", True), (tmp_path / "b", False)):
+        other = StepRows(folder, label="rank1", primary=False, rank=1)
+        assert other.merge("run-1", 1, {"loss": 2.0, "_timestamp": 9.0}) is not None
+        table = StepRows(folder, label="rank0", primary=True, rank=0)
+        if at_once:
+            merged = table.merge_many("run-1", rows)
+        else:
+            merged = [table.merge("run-1", step, row) for step, row in rows]
+        results.append((merged, table.versions("run-1", [1, 2, 3, 4])))
+        table.close()
+        other.close()
+    assert results[0] == results[1]
+    assert results[0][0][2] == (
+        {"loss": 1.0, "kl": 0.1, "loss@rank1": 2.0, "step": 1, "_timestamp": 9.0},
+        3,
+    )
+    assert results[0][1] == {1: 3, 2: 1, 3: 1, 4: 0}
