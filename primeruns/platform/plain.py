@@ -340,6 +340,12 @@ class PlainConnections:
         return conn
 
 
+# ``http.client``'s state of a connection whose request line is written: a
+# private name, so read once and defensively (another Python without it:
+# every header takes ``http.client``'s way).
+_REQ_STARTED = getattr(http.client, "_CS_REQ_STARTED", object())
+
+
 class _OneWrite(http.client.HTTPConnection):
     """A request whose body is bytes (at most :data:`WRITE_CHUNK` of them:
     a longer one is passed as pieces) goes in one write with its head.
@@ -375,7 +381,7 @@ class _OneWrite(http.client.HTTPConnection):
             or len(values) != 1
             or type(header) is not str
             or type(values[0]) is not str
-            or getattr(self, "_HTTPConnection__state", None) != http.client._CS_REQ_STARTED  # type: ignore[attr-defined]
+            or getattr(self, "_HTTPConnection__state", None) != _REQ_STARTED
         ):
             super().putheader(header, *values)  # type: ignore[arg-type]
             return
