@@ -85,7 +85,10 @@ class SampleObjects:
         progress = ctx.progress
         count = len(units)
         if not (len(progress.stages) == len(progress.keys) == len(progress.urls) == count) or any(
-            stage not in (NEW, MINTED, PUT, DONE, REFUSED) for stage in progress.stages
+            stage not in (NEW, MINTED, PUT, DONE, REFUSED)
+            # Minted or further: its key and URL are what a resend goes on with.
+            or (stage in (MINTED, PUT, DONE) and not (key and url))
+            for stage, key, url in zip(progress.stages, progress.keys, progress.urls, strict=False)
         ):
             raise ValueError(
                 f"the batch recorded in the journal is damaged: {count} objects, "

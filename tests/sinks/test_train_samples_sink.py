@@ -504,3 +504,17 @@ def test_a_long_numbering_an_earlier_version_carried_is_folded_and_kept_unique(
         assert (meta["range"] == 0) == (step == 3000)
     carry = _batch(sink, _one_per_step(range(3010, 3011))).state["carry"]
     assert len(carry["ranges"]) <= 64
+
+
+def test_a_backlog_batch_recorded_minted_without_its_key_is_not_guessed_at(
+    store: Store,
+) -> None:
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 40, 10)))
+    batch.state["stages"] = [1, 1, 1]  # minted, by the stages; no key nor URL recorded
+    with pytest.raises(ValueError, match="damaged"):
+        batch.send(sink)
+    batch.state["stages"], batch.state["keys"] = [2, 0, 0], ["k", None, None]
+    with pytest.raises(ValueError, match="damaged"):
+        batch.send(sink)  # a key and no URL
+    assert store.calls == []
