@@ -8,7 +8,11 @@ its time waiting, the sync and the platform taking turns, neither busy
 (5,000 steps: ~2.9 s for the 500 objects alone). When the journal holds
 several steps, a batch carries up to ``MAX_OBJECTS`` of them, and each stage
 goes for every object that needs it at once (``sinks.fanout``): all presigns,
-then all PUTs, then all confirms.
+then all PUTs, then all confirms, and the confirms only once every object's
+bytes landed: until then nothing of the batch is stored, so an object over
+a size limit (413) refuses the batch whole and the shipper sends its records
+anew in smaller batches, as it does a batch of one step's object, rather
+than count them lost.
 
 What a resend needs is recorded once per stage, not once per request: each
 object's ``stage`` (``NEW``, ``MINTED``: its key and URL recorded, ``PUT``:
@@ -122,10 +126,17 @@ class SampleObjects:
         failure: BaseException | None = None
         for stage, step_once in ((NEW, mint), (MINTED, upload), (PUT, confirm)):
             todo = [at for at, found in enumerate(progress.stages) if found == stage]
+            if stage == PUT and any(found in (NEW, MINTED) for found in progress.stages):
+                # No object is confirmed before every object's bytes landed:
+                # until then nothing of the batch is stored, and an object
+                # over a size limit (413) can still have the batch split.
+                break
             if todo:
                 # An object that failed a stage stays at it; the others go on.
                 failure = self._stage(ctx, todo, counts, step_once) or failure
                 progress = ctx.progress
+                if failure is not None and _too_large(failure):
+                    break  # refused whole: nothing more of it is sent (or stored)
         if failure is None and ctx.progress.done < count:
             # Never acknowledged with an object not settled, whatever went on.
             failure = RetryableAPIError("objects of the batch are not sent yet; sending again")
@@ -152,18 +163,31 @@ class SampleObjects:
         keys = list(ctx.progress.keys)
         urls = list(ctx.progress.urls)
         failure: BaseException | None = None
+        errors: dict[int, BaseException] = {}
         for index, outcome in zip(todo, outcomes, strict=True):
             if outcome.value is not None:
                 stages[index], keys[index], urls[index], error = outcome.value
             else:
                 error = outcome.error
-            if error is None or isinstance(error, NotSent):
-                continue
+            if error is not None and not isinstance(error, NotSent):
+                errors[index] = error
+        # Over a size limit (413) while nothing of the batch is stored or
+        # counted: the batch is refused whole, and the shipper sends its
+        # records anew in smaller batches (as it does a batch of one object)
+        # rather than count them lost.
+        too_large = next((exc for exc in errors.values() if _too_large(exc)), None)
+        if any(stage in _SETTLED for stage in stages):
+            too_large = None  # an object is stored or counted: the others settle alone
+        for index, error in errors.items():
+            if too_large is not None and is_record_rejection(error):
+                continue  # the batch goes whole: counted by the shipper, or sent anew
             if is_record_rejection(error):
                 ctx.reject(counts[index], error)
                 stages[index] = REFUSED
             elif failure is None:
                 failure = error
+        if too_large is not None:
+            failure = too_large
         done = 0
         while done < len(stages) and stages[done] in _SETTLED:
             done += 1
@@ -201,3 +225,8 @@ class SampleObjects:
 
     def close(self) -> None:
         self._fanout.close()
+
+
+def _too_large(exc: BaseException) -> bool:
+    """A 413: the request was over a size limit, not wrong in its content."""
+    return isinstance(exc, APIError) and exc.status_code == 413

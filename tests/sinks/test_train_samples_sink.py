@@ -254,7 +254,8 @@ def test_a_backlog_object_whose_url_expired_is_minted_anew_and_others_go_on(
     store.faults["put"] = [expired]
     with pytest.raises(RetryableAPIError, match="minting a new one"):
         batch.send(sink)  # one URL expired meanwhile: nothing landed under it
-    assert sorted(batch.state["stages"]) == [0, 3, 3]
+    # The others' bytes landed; they are confirmed with the new one's.
+    assert sorted(batch.state["stages"]) == [0, 2, 2]
     batch.send(sink)
     assert batch.state["stages"] == [3, 3, 3] and store.minted == 4
     assert len(store.confirmed) == 3 == len(set(store.confirmed))
@@ -506,6 +507,47 @@ def test_a_long_numbering_an_earlier_version_carried_is_folded_and_kept_unique(
     assert len(carry["ranges"]) <= 64
 
 
+def _too_large() -> httpx.Response:
+    return httpx.Response(413, text="Request Entity Too Large")
+
+
+def test_a_backlog_object_over_a_size_limit_is_not_counted_lost_but_split(store: Store) -> None:
+    # A batch of one step's object over a proxy's size limit (413) is halved
+    # by the shipper and its records land in smaller objects. In a backlog's
+    # batch the same object was settled as refused, its records counted lost.
+    # Nothing of the batch is confirmed yet, so it is refused whole and the
+    # shipper halves it, as before.
+    sink = _sink(store)
+    entries = _entries({0: 2, 10: 3, 20: 4})
+    after = _one_per_step(range(30, 31))[0]
+    batch = _batch(sink, [*entries, Entry(len(entries) + 1, after.kind, after.payload)])
+    store.faults["put"] = [_too_large]
+    with pytest.raises(APIError) as raised:
+        batch.send(sink)
+    assert raised.value.status_code == 413
+    assert batch.rejected == [] and store.confirmed == []
+
+
+def test_a_backlog_object_over_a_size_limit_after_a_busy_store_is_split_too(
+    store: Store,
+) -> None:
+    # The store was busy for one object's PUT; the others landed. Confirmed at
+    # once, they would be stored when the busy one's next PUT gets a 413, and
+    # the batch could no longer be split: no object is confirmed until every
+    # object's bytes landed.
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 40, 10)))  # three objects
+    store.faults["put"] = [lambda: httpx.Response(503, text="busy")]
+    with pytest.raises(RetryableAPIError):
+        batch.send(sink)
+    assert store.confirmed == []
+    store.faults["put"] = [_too_large]
+    with pytest.raises(APIError) as raised:
+        batch.send(sink)
+    assert raised.value.status_code == 413
+    assert batch.rejected == [] and store.confirmed == []
+
+
 def test_a_backlog_batch_recorded_minted_without_its_key_is_not_guessed_at(
     store: Store,
 ) -> None:
@@ -518,3 +560,53 @@ def test_a_backlog_batch_recorded_minted_without_its_key_is_not_guessed_at(
     with pytest.raises(ValueError, match="damaged"):
         batch.send(sink)  # a key and no URL
     assert store.calls == []
+
+
+def test_a_backlog_over_a_size_limit_is_shipped_whole_in_smaller_batches(
+    store: Store, tmp_path: Path
+) -> None:
+    # Through the shipper: the store refuses the first object's PUT as too
+    # large (a proxy's limit); the batch is halved and sent anew, and every
+    # episode ends in exactly one confirmed object, numbered once, none lost.
+    pq = pytest.importorskip("pyarrow.parquet")
+    import io
+
+    entries = _entries({0: 3, 10: 3, 20: 3})
+    journal = Journal.create(tmp_path / "runs")
+    journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
+    store.faults["put"] = [_too_large]
+    failures: list[str] = []
+    shipper = Shipper(
+        journal,
+        _sink(store),
+        binding=lambda: _BOUND,
+        training=True,
+        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
+        on_failure=lambda what, exc: failures.append(f"{what}: {exc}"),
+    )
+    shipper.start()
+    shipper.hurry()
+    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 20)
+    shipper.stop(timeout=5)
+    assert journal.losses() == {}
+    ids = [
+        (store.steps[key], row["sample_id"])
+        for key in store.confirmed
+        for row in pq.read_table(io.BytesIO(store.put[key])).to_pylist()
+    ]
+    assert len(ids) == len(set(ids)) == len(entries)
+    assert sorted({store.steps[key] for key in store.confirmed}) == [0, 10, 20]
+
+
+def test_a_backlog_batch_refused_whole_for_its_size_sends_nothing_more(store: Store) -> None:
+    # A presign over a size limit refuses the batch whole: the objects minted
+    # beside it are not uploaded, refused or confirmed (the shipper sends
+    # their records anew, and would count a refusal again).
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 40, 10)))
+    store.faults["presign"] = [_too_large]
+    store.faults["put"] = [lambda: httpx.Response(422, json={"detail": "bad object"})] * 3
+    with pytest.raises(APIError) as raised:
+        batch.send(sink)
+    assert raised.value.status_code == 413
+    assert "put" not in store.calls and batch.rejected == []
