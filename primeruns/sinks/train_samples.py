@@ -139,13 +139,20 @@ class TrainSamplesSink:
             ):
                 break
             index = ranges.next_for(step)
-            blob = episodes_to_parquet_bytes(
-                episodes,
-                binding.run_id,
-                step,
-                sample_id_offset=index << 32,
-                created_at=created_at,
-            )
+            try:
+                blob = episodes_to_parquet_bytes(
+                    episodes,
+                    binding.run_id,
+                    step,
+                    sample_id_offset=index << 32,
+                    created_at=created_at,
+                )
+            except Exception:
+                if units:
+                    # Raised only for the first step: the shipper counts the
+                    # first entry as failed, so it must be this step's.
+                    break
+                raise
             if blob is None:
                 continue  # no episode of it has a trajectory: no object, on to the next step
             # Kept once the batch is recorded (the shipper hands the carry back).

@@ -610,3 +610,48 @@ def test_a_backlog_batch_refused_whole_for_its_size_sends_nothing_more(store: St
         batch.send(sink)
     assert raised.value.status_code == 413
     assert "put" not in store.calls and batch.rejected == []
+
+
+def _malformed(entry: Entry) -> Entry:
+    """``entry`` with an episode its Parquet object cannot be made of."""
+    episode = orjson.loads(entry.payload)
+    episode["traces"][0]["rewards"] = "not a mapping"
+    return Entry(entry.seq, entry.kind, orjson.dumps(episode))
+
+
+def test_a_backlog_batch_stops_before_a_step_its_object_cannot_be_made_of(
+    store: Store,
+) -> None:
+    # prepare may raise only when the first entry cannot be sent: the
+    # shipper then counts that entry alone as failed. A backlog's batch met
+    # a malformed episode of its third step and raised, and the shipper
+    # counted the first step's good episode as failed, then the second's.
+    sink = _sink(store)
+    entries = _one_per_step(range(0, 50, 10))
+    entries[2] = _malformed(entries[2])
+    batch = _batch(sink, entries)
+    assert [meta["step"] for meta, _ in unpack_units(batch.body)] == [0, 10]
+    assert batch.state["last_seq"] == 2
+    with pytest.raises(AttributeError):
+        sink.prepare(entries[2:], _BOUND)  # the malformed step is the first: it fails
+
+
+def test_a_malformed_episode_of_a_backlog_costs_only_itself(store: Store, tmp_path: Path) -> None:
+    entries = _one_per_step(range(0, 60, 10))
+    entries[2] = _malformed(entries[2])
+    journal = Journal.create(tmp_path / "runs")
+    journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
+    shipper = Shipper(
+        journal,
+        _sink(store),
+        binding=lambda: _BOUND,
+        training=True,
+        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
+        on_failure=lambda what, exc: None,
+    )
+    shipper.start()
+    shipper.hurry()
+    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 20)
+    shipper.stop(timeout=5)
+    assert sum(loss["count"] for loss in journal.losses().values()) == 1
+    assert sorted(store.steps[key] for key in store.confirmed) == [0, 10, 30, 40, 50]
