@@ -157,6 +157,7 @@ class Batch:
     last_seq: int | None = None
     saved: list[dict[str, Any]] = field(default_factory=list)
     rejected: list[tuple[int, BaseException]] = field(default_factory=list)
+    failed_at_ack: dict[int, tuple[int, BaseException]] = field(default_factory=dict)
 
     @classmethod
     def prepare(cls, sink: Sink, entries: Sequence[Entry], binding: Binding) -> Batch:
@@ -193,5 +194,10 @@ class Batch:
         )
 
     def send(self, sink: Sink) -> None:
-        """One attempt, exactly as recorded."""
-        sink.send(self.body, self.ctx)
+        """One attempt, exactly as recorded (``failed_at_ack``: what its
+        context held to count with the acknowledgement, when it ended)."""
+        ctx = self.ctx
+        try:
+            sink.send(self.body, ctx)
+        finally:
+            self.failed_at_ack = dict(ctx.failed_at_ack)

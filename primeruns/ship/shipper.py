@@ -23,7 +23,7 @@ import random
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -657,7 +657,7 @@ class Shipper:
                     self._retire(_describe(exc))
                 return
             else:
-                self._acked(inflight, batch)
+                self._acked(inflight, batch, ctx.failed_at_ack)
                 return
         assert last_error is not None
         self._strike(last_error)
@@ -671,8 +671,23 @@ class Shipper:
             self.state.failed_in_a_row = 0
             self.state.last_error = None
 
-    def _acked(self, inflight: InFlight, batch: Prepared[Any]) -> None:
-        self.journal.ack(self.name, inflight.last_seq)
+    def _acked(
+        self,
+        inflight: InFlight,
+        batch: Prepared[Any],
+        refused: Mapping[int, tuple[int, BaseException]] | None = None,
+    ) -> None:
+        # Records of it refused for their content: counted with the ack, once.
+        failed = sum(count for count, _ in (refused or {}).values())
+        why = next(iter(refused.values()))[1] if refused else None
+        self.journal.ack(
+            self.name,
+            inflight.last_seq,
+            failed=failed,
+            reason=None if why is None else _describe(why),
+        )
+        if why is not None:
+            self._on_failure(self.name, why)
         self._moved()
         # Grow back gradually after journal write failures: on a full disk the
         # batch that fits is small, and a full-size one would fail again.
@@ -689,7 +704,7 @@ class Shipper:
             st = self.state
             st.strikes = 0
             st.batches_sent += 1
-            st.records_sent += batch.records
+            st.records_sent += batch.records - failed
             st.bytes_sent += len(inflight.body)
             self._changed()
         resident.after_batch()

@@ -94,6 +94,13 @@ class SendContext(Generic[P]):
     reject: Callable[[int, BaseException], None]
     """Count ``n`` records of a multi-request batch as failed (their own request
     was rejected) while the rest of the batch goes on."""
+    failed_at_ack: dict[int, tuple[int, BaseException]] = field(default_factory=dict)
+    """Records of the batch refused for their content, by the sink's number
+    for their part of it: (count, why). Counted as failed in the one write
+    that acknowledges the batch, so exactly once whatever dies when; a sink
+    that records a refusal in its progress sets it again on every attempt
+    (``reject`` counts at once, in a write of its own, and a death before
+    the progress saying so counts again)."""
 
     def save_progress(self, progress: P) -> None:
         """Make ``progress`` the batch's, durably, before going on (e.g. a

@@ -50,7 +50,8 @@ __all__ = [
 
 # An object's stage, as recorded (a number each, in the batch's order):
 # REFUSED is an object the platform refused for its content (413, 422),
-# its records counted as failed while the batch's others go on.
+# its records counted as failed with the batch's acknowledgement while
+# the batch's others go on.
 NEW, MINTED, PUT, DONE, REFUSED = 0, 1, 2, 3, 4
 _SETTLED = (DONE, REFUSED)
 MAX_OBJECTS = 8  # a backlog's steps in one batch
@@ -101,6 +102,12 @@ class SampleObjects:
         run_id = ctx.binding.run_id
         steps = [int(meta["step"]) for meta, _ in units]
         counts = [int(meta.get("records", 0)) for meta, _ in units]
+        for index, stage in enumerate(progress.stages):
+            if stage == REFUSED:  # counted when the batch is acknowledged
+                ctx.failed_at_ack.setdefault(
+                    index,
+                    (counts[index], APIError("an object of the batch was refused for its content")),
+                )
         minted_now: set[int] = set()
 
         def mint(index: int) -> tuple[int, str | None, str | None, BaseException | None]:
@@ -152,9 +159,9 @@ class SampleObjects:
     ) -> BaseException | None:
         """``step_once`` on each object of ``todo`` (several at once); what
         they achieved recorded in one write. An object refused for its
-        content is settled: its records (``counts``) counted as failed
-        first, so a death before the write counts them again rather than
-        never. Returns the first other failure."""
+        content is settled: its records (``counts``) counted as failed in
+        the write that acknowledges the batch (``SendContext.failed_at_ack``),
+        so once, whatever dies before it. Returns the first other failure."""
         # A refusal is one object's: the others not started yet still go.
         outcomes = self._fanout.run(
             step_once, todo, give_up=lambda exc: not is_record_rejection(exc)
@@ -182,7 +189,9 @@ class SampleObjects:
             if too_large is not None and is_record_rejection(error):
                 continue  # the batch goes whole: counted by the shipper, or sent anew
             if is_record_rejection(error):
-                ctx.reject(counts[index], error)
+                # Counted in the write that acknowledges the batch (once,
+                # whatever dies first); recorded as refused now.
+                ctx.failed_at_ack[index] = (counts[index], error)
                 stages[index] = REFUSED
             elif failure is None:
                 failure = error

@@ -274,13 +274,15 @@ def test_a_backlog_object_refused_for_its_content_is_counted_and_the_others_land
     assert [meta["records"] for meta, _ in unpack_units(batch.body)] == [2, 3, 4]
     store.faults["confirm"] = [lambda: httpx.Response(422, json={"detail": "bad object"})]
     batch.send(sink)
-    assert [count for count, _ in batch.rejected] in ([2], [3], [4])
+    # Counted with the batch's acknowledgement, not before it.
+    assert batch.rejected == []
+    assert [count for count, _ in batch.failed_at_ack.values()] in ([2], [3], [4])
     assert sorted(batch.state["stages"]) == [3, 3, 4] and batch.state["done"] == 3
     assert len(store.confirmed) == 2
     refused = batch.state["stages"].index(4)
     assert batch.state["keys"][refused] not in store.confirmed
     batch.send(sink)  # sent again (a lost acknowledgement): nothing more happens
-    assert len(batch.rejected) == 1 and len(store.calls) == 9
+    assert len(batch.failed_at_ack) == 1 and len(store.calls) == 9
 
 
 def test_a_fresh_url_a_backlog_object_is_refused_is_not_retried_forever(store: Store) -> None:
@@ -525,7 +527,7 @@ def test_a_backlog_object_over_a_size_limit_is_not_counted_lost_but_split(store:
     with pytest.raises(APIError) as raised:
         batch.send(sink)
     assert raised.value.status_code == 413
-    assert batch.rejected == [] and store.confirmed == []
+    assert batch.failed_at_ack == {} and store.confirmed == []
 
 
 def test_a_backlog_object_over_a_size_limit_after_a_busy_store_is_split_too(
@@ -545,7 +547,7 @@ def test_a_backlog_object_over_a_size_limit_after_a_busy_store_is_split_too(
     with pytest.raises(APIError) as raised:
         batch.send(sink)
     assert raised.value.status_code == 413
-    assert batch.rejected == [] and store.confirmed == []
+    assert batch.failed_at_ack == {} and store.confirmed == []
 
 
 def test_a_backlog_batch_recorded_minted_without_its_key_is_not_guessed_at(
@@ -609,7 +611,7 @@ def test_a_backlog_batch_refused_whole_for_its_size_sends_nothing_more(store: St
     with pytest.raises(APIError) as raised:
         batch.send(sink)
     assert raised.value.status_code == 413
-    assert "put" not in store.calls and batch.rejected == []
+    assert "put" not in store.calls and batch.failed_at_ack == {}
 
 
 def _malformed(entry: Entry) -> Entry:
@@ -655,3 +657,80 @@ def test_a_malformed_episode_of_a_backlog_costs_only_itself(store: Store, tmp_pa
     shipper.stop(timeout=5)
     assert sum(loss["count"] for loss in journal.losses().values()) == 1
     assert sorted(store.steps[key] for key in store.confirmed) == [0, 10, 30, 40, 50]
+
+
+def test_a_refused_backlog_object_is_counted_once_across_a_death(store: Store) -> None:
+    # Its records were counted (the shipper's reject, one journal write) and
+    # its stage recorded in the next: a death between the two counted them
+    # again when the object was refused again. They are now counted in the
+    # write that acknowledges the batch.
+    handler = store.handler
+
+    def refusing(request: httpx.Request) -> httpx.Response:
+        # The platform refuses step 10's object whenever it is confirmed.
+        confirm = request.url.path.endswith("/confirm")
+        if confirm and store.steps[json.loads(request.content)["s3_key"]] == 10:
+            return httpx.Response(422, json={"detail": "bad object"})
+        return handler(request)
+
+    store.handler = refusing  # type: ignore[method-assign]
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 40, 10)))
+    before = json.loads(json.dumps(batch.state))
+    with pytest.raises(RuntimeError):
+        sink.send(batch.body, _dies_at_save(batch, 3))  # died writing the confirms' stage
+    batch.state = before | {k: v for change in batch.saved for k, v in change.items()}
+    batch.send(sink)  # refused again: its records are to be counted with the ack
+    assert batch.rejected == [] and store.confirmed != []
+    assert [count for count, _ in batch.failed_at_ack.values()] == [1]
+
+
+def _dies_at_save(batch: Batch, nth: int) -> Any:
+    """``batch``'s context, whose ``nth`` save never reaches the journal: the
+    process died writing it (what was counted before it stays counted)."""
+    ctx = batch.ctx
+    record, saves = ctx.record, [0]
+
+    def dying(old: Any, new: Any) -> None:
+        saves[0] += 1
+        if saves[0] == nth:
+            raise RuntimeError("killed")
+        record(old, new)
+
+    ctx.record = dying
+    return ctx
+
+
+def test_a_refused_object_recorded_before_a_death_is_counted_once_by_the_next_process(
+    store: Store, tmp_path: Path
+) -> None:
+    # The process died after recording an object refused and the others
+    # confirmed, before the batch was acknowledged: the next one counts the
+    # refused object's records once, with the acknowledgement, and sends
+    # nothing again.
+    entries = _entries({0: 2, 10: 3, 20: 4})
+    after = _one_per_step(range(30, 31))[0]
+    entries.append(Entry(len(entries) + 1, after.kind, after.payload))
+    journal = Journal.create(tmp_path / "runs")
+    journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
+    batch = _batch(_sink(store), entries)
+    assert batch.records == 9 and batch.state["last_seq"] == 9
+    batch.state |= {"done": 3, "stages": [3, 4, 3], "keys": ["a", "b", "c"], "urls": ["u"] * 3}
+    journal.set_inflight("train_samples", InFlight(1, 9, batch.body, batch.state))
+    failures: list[str] = []
+    shipper = Shipper(
+        journal,
+        _sink(store),
+        binding=lambda: _BOUND,
+        training=True,
+        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
+        on_failure=lambda what, exc: failures.append(f"{what}: {exc}"),
+    )
+    shipper.start()
+    shipper.hurry()
+    assert shipper.drain(9, deadline=time.monotonic() + 20)
+    shipper.stop(timeout=5)
+    assert journal.cursor("train_samples").acked >= 9
+    assert [loss["count"] for loss in journal.losses().values()] == [3]
+    assert store.calls.count("presign") <= 1  # step 30's object only
+    assert shipper.state.records_sent in (6, 7) and len(failures) == 1
