@@ -229,3 +229,45 @@ def test_a_413_from_the_object_store_halves_a_step_object_and_every_sample_lands
     assert len(stored["parquet_objects"]) > 3  # halved, not sent whole
     assert all(len(set(found)) == len(found) == 10 for found in ids.values())
     assert run.failed_records == {} and run.dropped_records == 0
+
+
+def test_a_413_from_the_object_store_halves_a_synced_backlog_and_every_sample_lands_once(
+    lp: LocalPlatform, settings: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same store limit, under `primeruns sync` of an offline run: its
+    # batches carry several steps' objects (a backlog's). A 413 for one of
+    # them settled it as refused, its step's samples counted lost; the batch
+    # is halved instead, as a live run's one-step batch is.
+    from rel_helpers import bound_run_id
+
+    from primeruns.cli import main
+
+    steps = workloads.agentic_by_step(10)
+    run = pr.init(
+        kind="train",
+        model="Qwen/Qwen3-8B",
+        team_id=_TEAM,
+        training=pr.TrainingSpec(max_steps=len(steps), batch_size=10),
+        mode="offline",
+        runs_dir=settings,
+    )
+    for step in sorted(steps):
+        run.log_episodes(steps[step])
+    run.finish(timeout=60)
+    assert run.journal_path is not None
+    lp.set_faults(max_body_bytes=150_000, routes=["/storage/"])
+    monkeypatch.setenv("PRIME_API_KEY", _KEY)
+    assert main(["sync", "--base-url", lp.url, str(run.journal_path)]) == 0
+    lp.set_faults(max_body_bytes=0)
+    run_id = bound_run_id(run.journal_path)
+    assert run_id is not None
+    rows: Counter[int] = Counter()
+    ids: dict[int, list[int]] = {}
+    for obj in lp.run(run_id)["parquet_objects"]:
+        rows[obj["step"]] += obj["rows"]
+        table = pq.read_table(object_path(lp.data_dir / "objects", obj["key"]))
+        ids.setdefault(obj["step"], []).extend(table.column("sample_id").to_pylist())
+    assert rows == Counter({0: 10, 10: 10, 20: 10})
+    assert all(len(set(found)) == len(found) == 10 for found in ids.values())
+    with Journal.open(run.journal_path, owner=False) as journal:
+        assert journal.losses() == {}
