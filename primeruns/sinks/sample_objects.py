@@ -144,8 +144,11 @@ class SampleObjects:
                 progress = ctx.progress
                 if failure is not None and _too_large(failure):
                     break  # refused whole: nothing more of it is sent (or stored)
-        if failure is None and ctx.progress.done < count:
+        if failure is None and any(stage not in _SETTLED for stage in ctx.progress.stages):
             # Never acknowledged with an object not settled, whatever went on.
+            # (By the stages: a ``done`` recorded short of them, written by
+            # another version or damaged, held the batch, and every batch of
+            # the sink after it, in flight for good.)
             failure = RetryableAPIError("objects of the batch are not sent yet; sending again")
         if failure is not None:
             raise failure

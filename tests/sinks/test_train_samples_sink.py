@@ -734,3 +734,18 @@ def test_a_refused_object_recorded_before_a_death_is_counted_once_by_the_next_pr
     assert [loss["count"] for loss in journal.losses().values()] == [3]
     assert store.calls.count("presign") <= 1  # step 30's object only
     assert shipper.state.records_sent in (6, 7) and len(failures) == 1
+
+
+def test_a_backlog_batch_whose_objects_are_all_settled_is_done_whatever_done_says(
+    store: Store,
+) -> None:
+    # Every object recorded confirmed (or refused), ``done`` short of them
+    # (another version's write, or damage): no request is due, and the batch
+    # is acknowledged. It was sent again forever, "not sent yet", with no
+    # request to make and nothing to record, and the sink's later batches
+    # never went.
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 40, 10)))
+    batch.state |= {"done": 0, "stages": [3, 4, 3], "keys": ["a", "b", "c"], "urls": ["u"] * 3}
+    batch.send(sink)
+    assert store.calls == [] and list(batch.failed_at_ack) == [1]
