@@ -76,13 +76,17 @@ class TrainSamplesProgress:
 
     A batch of several objects (a backlog's) records each object's stage,
     key and URL instead, by its place in the batch (``sinks.sample_objects``);
-    a batch of one keeps the form journals always had.
+    a batch of one keeps the form journals always had. Such a batch records
+    ``put`` as null: a version before them (1f3d32e) reads it as damage and
+    counts the batch's records as failed, where it would have resent every
+    object from ``done`` on under new keys, a second object of each one
+    already confirmed.
     """
 
     done: int
     key: str | None = None
     url: str | None = None
-    put: bool = False
+    put: bool | None = False
     stages: tuple[int, ...] = ()
     keys: tuple[str | None, ...] = ()
     urls: tuple[str | None, ...] = ()
@@ -168,7 +172,11 @@ class TrainSamplesSink:
         progress = TrainSamplesProgress(done=0)
         if count > 1:
             progress = replace(
-                progress, stages=(NEW,) * count, keys=(None,) * count, urls=(None,) * count
+                progress,
+                put=None,  # see TrainSamplesProgress
+                stages=(NEW,) * count,
+                keys=(None,) * count,
+                urls=(None,) * count,
             )
         return Prepared(
             body=pack_units(units),

@@ -749,3 +749,34 @@ def test_a_backlog_batch_whose_objects_are_all_settled_is_done_whatever_done_say
     batch.state |= {"done": 0, "stages": [3, 4, 3], "keys": ["a", "b", "c"], "urls": ["u"] * 3}
     batch.send(sink)
     assert store.calls == [] and list(batch.failed_at_ack) == [1]
+
+
+def test_a_backlog_batch_is_damage_to_the_version_before_it_not_objects_made_again(
+    store: Store,
+) -> None:
+    # 1f3d32e reads a batch's progress as (done, key, url, put) with this
+    # batchstate, and knows nothing of stages: given a backlog's batch whose
+    # first object waits on its confirm and the others are confirmed, it
+    # resent every object from done = 0 under new keys, a second object of
+    # each confirmed one (as a run of it on such a journal did). It must
+    # refuse the batch as damaged instead.
+    from dataclasses import dataclass
+
+    from primeruns.ship import batchstate
+
+    @dataclass(frozen=True)
+    class Before:  # 1f3d32e's TrainSamplesProgress
+        done: int
+        key: str | None = None
+        url: str | None = None
+        put: bool = False
+
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 40, 10)))
+    batch.state |= {"done": 0, "stages": [2, 3, 3], "keys": ["a", "b", "c"], "urls": ["u"] * 3}
+    with pytest.raises(batchstate.BadState, match="'put'"):
+        batchstate.from_journal(InFlight(1, 3, batch.body, batch.state), Before)
+    # A batch of one object keeps the form it always had, which it reads.
+    one = _batch(sink, _entries({0: 3}))
+    assert batchstate.from_journal(InFlight(1, 3, one.body, one.state), Before).progress.done == 0
+    assert batch.progress.put is None and one.progress.put is False
