@@ -48,6 +48,24 @@ __all__ = [
 
 DEFAULT_INTERVAL = 10
 _LEN = struct.Struct(">I")
+# A step's run of entries: its step, its episodes, its last entry's seq, and
+# whether another step began after it (``TrainSamplesSink._step_runs``).
+_Run = tuple[int, list[dict[str, Any]], int, bool]
+
+
+def _until_unreadable(runs: Iterator[_Run], units: list[Any]) -> Iterator[_Run]:
+    """The step runs, ending before an entry that cannot be read once
+    ``units`` holds an object: ``prepare`` raises only for its first entry,
+    the one the shipper counts as failed."""
+    while True:
+        try:
+            yield next(runs)
+        except StopIteration:
+            return
+        except orjson.JSONDecodeError:
+            if units:
+                return
+            raise
 
 
 def pack_units(units: list[tuple[dict[str, Any], bytes]]) -> bytes:
@@ -133,7 +151,7 @@ class TrainSamplesSink:
         units: list[tuple[dict[str, Any], bytes]] = []
         records = size = 0
         last_seq = entries[0].seq - 1
-        for step, episodes, ends_at, closed in self._step_runs(entries):
+        for step, episodes, ends_at, closed in _until_unreadable(self._step_runs(entries), units):
             # Only steps the read shows whole join a first one: the last may
             # go on past the read (the shipper then reads again, in full).
             if units and (
@@ -186,9 +204,7 @@ class TrainSamplesSink:
             carry=ranges.to_carry(),
         )
 
-    def _step_runs(
-        self, entries: Sequence[Entry]
-    ) -> Iterator[tuple[int, list[dict[str, Any]], int, bool]]:
+    def _step_runs(self, entries: Sequence[Entry]) -> Iterator[_Run]:
         """The entries cut where the next step on the cadence begins: per run,
         (its step, its episodes, the seq of its last entry, whether another
         step began after it). Episodes off the cadence belong to the run
@@ -197,7 +213,14 @@ class TrainSamplesSink:
         records: list[dict[str, Any]] = []
         last_seq = entries[0].seq - 1
         for entry in entries:
-            record = orjson.loads(entry.payload)
+            try:
+                record = orjson.loads(entry.payload)
+            except orjson.JSONDecodeError:
+                # The steps before it go first: prepare raises only for the
+                # first entry, which the shipper counts as failed, alone.
+                if step is not None:
+                    yield step, records, last_seq, True
+                raise
             found = training_step(record)
             on_cadence = found is not None and not found % self._interval
             if on_cadence and step is not None and found != step:

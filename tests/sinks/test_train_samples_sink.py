@@ -638,6 +638,22 @@ def test_a_backlog_batch_stops_before_a_step_its_object_cannot_be_made_of(
         sink.prepare(entries[2:], _BOUND)  # the malformed step is the first: it fails
 
 
+def test_an_entry_that_is_not_json_ends_the_batch_before_it(store: Store) -> None:
+    # Found while reading on for the next step: the steps before it make their
+    # objects (the entry ending step 0's run was parsed to find that end, and
+    # raised for the whole read), and it fails when it is the first.
+    sink = _sink(store)
+    entries = _one_per_step(range(0, 50, 10))
+    entries[2] = Entry(entries[2].seq, entries[2].kind, b'{"run": ')
+    batch = _batch(sink, entries)
+    assert [meta["step"] for meta, _ in unpack_units(batch.body)] == [0, 10]
+    assert batch.state["last_seq"] == 2
+    single = _sink(store)
+    assert [m["step"] for m, _ in unpack_units(_batch(single, entries[1:]).body)] == [10]
+    with pytest.raises(orjson.JSONDecodeError):
+        sink.prepare(entries[2:], _BOUND)
+
+
 def test_a_malformed_episode_of_a_backlog_costs_only_itself(store: Store, tmp_path: Path) -> None:
     entries = _one_per_step(range(0, 60, 10))
     entries[2] = _malformed(entries[2])
