@@ -146,8 +146,8 @@ class Batch:
     ``state`` is the batch's state in the journal's form (``InFlight.state``),
     read back into the sink's progress for each attempt; ``last_seq`` the last
     entry the sink said it used (None: all); ``saved`` lists the keys each
-    save merged into the state, ``rejected`` the records it counted as refused
-    (the shipper's ``reject``)."""
+    save merged into the state, ``failed_at_ack`` the records its last
+    attempt left to count as refused with the acknowledgement."""
 
     body: bytes
     state: dict[str, Any]
@@ -156,7 +156,6 @@ class Batch:
     progress_type: type[Any]
     last_seq: int | None = None
     saved: list[dict[str, Any]] = field(default_factory=list)
-    rejected: list[tuple[int, BaseException]] = field(default_factory=list)
     failed_at_ack: dict[int, tuple[int, BaseException]] = field(default_factory=dict)
 
     @classmethod
@@ -190,7 +189,6 @@ class Batch:
             binding=self.binding,
             progress=self.progress,
             record=record,
-            reject=lambda count, exc: self.rejected.append((count, exc)),
         )
 
     def send(self, sink: Sink) -> None:

@@ -616,11 +616,7 @@ class Shipper:
                 progressed = True
                 self._moved()
 
-        def reject(count: int, exc: BaseException) -> None:
-            self.journal.record_loss(self.name, count, _describe(exc))
-            self._on_failure(self.name, exc)
-
-        ctx = SendContext(binding=binding, progress=batch.progress, record=record, reject=reject)
+        ctx = SendContext(binding=binding, progress=batch.progress, record=record)
         last_error: BaseException | None = None
         attempt = 0
         while attempt < self._policy.attempts_per_strike:

@@ -91,16 +91,13 @@ class SendContext(Generic[P]):
     """The batch's progress as recorded (after the last ``save_progress``)."""
     record: Callable[[P, P], None]
     """The shipper's: records a change of progress (from, to), durably."""
-    reject: Callable[[int, BaseException], None]
-    """Count ``n`` records of a multi-request batch as failed (their own request
-    was rejected) while the rest of the batch goes on."""
     failed_at_ack: dict[int, tuple[int, BaseException]] = field(default_factory=dict)
     """Records of the batch refused for their content, by the sink's number
     for their part of it: (count, why). Counted as failed in the one write
-    that acknowledges the batch, so exactly once whatever dies when; a sink
-    that records a refusal in its progress sets it again on every attempt
-    (``reject`` counts at once, in a write of its own, and a death before
-    the progress saying so counts again)."""
+    that acknowledges the batch, so exactly once whatever dies when: a sink
+    records each refusal in its progress, and sets it here again on every
+    attempt (counted at once, in a write of their own, a death before the
+    progress saying so had them refused and counted again)."""
 
     def save_progress(self, progress: P) -> None:
         """Make ``progress`` the batch's, durably, before going on (e.g. a

@@ -24,7 +24,7 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from ..exceptions import NotFoundError, is_record_rejection
+from ..exceptions import APIError, NotFoundError, is_record_rejection
 from ..journal import Entry
 from ..platform import PlatformClient
 from . import receipts
@@ -48,10 +48,14 @@ _PIPELINE_FROM = 16
 
 @dataclass(frozen=True)
 class MetricsProgress:
-    """How many rows of the batch are stored (each is its own request). No
-    default: a new batch's record says ``done: 0``, as it always has."""
+    """How many rows of the batch are settled (each is its own request): stored,
+    or refused for their content (``refused``: their places in the batch,
+    counted as failed in the write that acknowledges it, so once, whatever
+    dies first). No default for ``done``: a new batch's record says
+    ``done: 0``, as it always has."""
 
     done: int
+    refused: tuple[int, ...] = ()
 
 
 class TrainMetricsSink:
@@ -80,6 +84,8 @@ class TrainMetricsSink:
 
     def send(self, body: bytes, ctx: SendContext[MetricsProgress]) -> None:
         rows = orjson.loads(body)
+        for at in ctx.progress.refused:  # recorded by an earlier attempt, or process
+            ctx.failed_at_ack.setdefault(at, (1, _REFUSED))
         index = ctx.progress.done
         while index < len(rows):
             window = self._window(rows, index)
@@ -112,20 +118,23 @@ class TrainMetricsSink:
         """Record the rows from ``first`` as done, in order, up to the first
         that failed for a reason other than its content (raised: the batch is
         resent from there; rows after it that landed are sent again, and
-        collapse, each having a step). A refused row is counted alone."""
+        collapse, each having a step). A refused row is settled alone: recorded
+        with the rows done, and counted as failed with the acknowledgement
+        (counted at once, in a write of its own, a death before the next
+        write had it refused and counted again)."""
         done = first
+        refused = list(ctx.progress.refused)
         try:
             for failure in outcomes:
                 if failure is not None:
                     if not is_record_rejection(failure):
                         raise failure
-                    if done > ctx.progress.done:  # what landed before it, first
-                        ctx.save_progress(replace(ctx.progress, done=done))
-                    ctx.reject(1, failure)  # this row only; the rest of the batch goes on
+                    refused.append(done)  # this row only; the rest of the batch goes on
+                    ctx.failed_at_ack[done] = (1, failure)
                 done += 1
         finally:
             if done > ctx.progress.done:
-                ctx.save_progress(replace(ctx.progress, done=done))
+                ctx.save_progress(replace(ctx.progress, done=done, refused=tuple(refused)))
 
     def _attempt(self, run_id: str, row: dict[str, Any]) -> BaseException | None:
         try:
@@ -217,6 +226,11 @@ class TrainMetricsSink:
             isinstance(row, dict) and row.get("step") == step
             for row in receipts.page_items(page, "metrics")
         )
+
+
+# What a refused row recorded by an earlier attempt is counted with (its own
+# refusal's text died with that attempt's process, or is kept by this one).
+_REFUSED = APIError("the platform refused the metrics row for its content", status_code=422)
 
 
 def _is_step(step: Any) -> TypeGuard[int]:

@@ -143,7 +143,7 @@ def test_a_500_in_the_middle_of_a_backlog_stops_there_and_the_resend_lands_every
     batch.send(sink)
     _every_row_once(table, range(100))
     assert all(table.posts[step] == 1 for step in range(40))
-    assert batch.state["done"] == 100 and batch.rejected == []
+    assert batch.state["done"] == 100
 
 
 def test_a_lost_answer_in_the_middle_of_a_backlog_is_sent_again_and_kept_once(
@@ -172,9 +172,9 @@ def test_a_refused_row_of_a_backlog_counts_once_however_often_the_batch_is_sent(
     batch = Batch.prepare(sink, _logged(tmp_path, range(100)), _BOUND)
     with pytest.raises(APIError):
         batch.send(sink)
-    assert batch.rejected == [] and batch.state["done"] == 40
+    assert batch.failed_at_ack == {} and batch.state["done"] == 40
     batch.send(sink)
-    [(count, exc)] = batch.rejected
+    [(count, exc)] = batch.failed_at_ack.values()
     assert count == 1 and isinstance(exc, APIError) and exc.status_code == 422
     assert sorted(table.rows) == [s for s in range(100) if s != 50]
     assert batch.state["done"] == 100
