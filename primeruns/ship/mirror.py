@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError
-from ..journal import Entry, EntryKind, Journal
+from ..journal import Entry, EntryKind, Journal, probe
 from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
 from ..journal.trust import make_private_dirs
@@ -322,6 +322,7 @@ def snapshot(copy: Path, root: Path) -> Iterator[Path]:
     make_private_dirs(root)
     for _ in range(3):
         before = _files(copy)
+        walked = probe.source_key(copy)
         holder = Path(tempfile.mkdtemp(prefix=".snapshot-", dir=root))
         target = holder / copy.name
         try:
@@ -329,6 +330,7 @@ def snapshot(copy: Path, root: Path) -> Iterator[Path]:
             for name in before:
                 _copy_file(copy / name, target / name)
             if _files(copy) == before:
+                probe.vouch_for_copy(copy, target, walked)
                 yield target
                 return
         finally:

@@ -342,3 +342,36 @@ def test_a_sync_journal_made_now_is_not_walked_first_but_one_found_there_is(
         assert created
     monkeypatch.setattr(mirror.os, "rename", real_rename)
     assert walked == [producer.local_id, producer.local_id]
+
+
+def test_a_snapshot_of_a_journal_walked_unchanged_is_not_walked_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sync opens an original in place, then reads it through a private
+    # snapshot: the same bytes, walked twice in a child (~60 ms a sync).
+    # A snapshot of a journal changed since its walk is walked.
+    from primeruns.journal import probe
+
+    producer = Journal.create(tmp_path / "node")
+    _log(producer, 0, 5)
+    producer.close()
+    children: list[list[str]] = []
+    real_child = probe._run_child
+    monkeypatch.setattr(
+        probe,
+        "_run_child",
+        lambda dirs: children.append([d.parent.name for d in dirs]) or real_child(dirs),
+    )
+    root = tmp_path / "synced"
+    with Journal.open(producer.path, owner=False) as journal:
+        assert journal.last_seq() == 5
+    assert children == [["node"]]
+    with mirror.snapshot(producer.path, root) as taken, Journal.open(taken, owner=False) as copy:
+        assert copy.last_seq() == 5 and copy.damage() == []
+    assert children == [["node"]]
+
+    with Journal.open(producer.path) as journal:  # changed since its walk
+        _log(journal, 5, 1)
+    with mirror.snapshot(producer.path, root) as taken, Journal.open(taken, owner=False) as copy:
+        assert copy.last_seq() == 6
+    assert len(children) == 2 and children[1][0].startswith(".snapshot-")

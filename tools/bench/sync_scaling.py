@@ -27,21 +27,18 @@ second), and the peak; the CPU per row of the sync and the platform together,
 the figure that holds on a machine shared with other work, then split: the
 sync's (with its kernel part) and the platform's, to tell which side to look at.
 
-What bounds the rate (measured 2026-12-05, 5,000 steps, the sync's
-functions timed in its process, py-spy on both): the training sample table's
-steps, one after the other. Metrics rows alone cost ~0.21 ms of the sync's
-CPU and ~0.27 of the platform's a row (2,400-2,500 rows/s). A step with an
-episode costs the sync ~3.5-4 ms (its Parquet object ~1.0-1.3 ms, pyarrow's
-write a third of it; three requests, ~0.2 ms of CPU each, each waiting
-~0.9-1.0 ms for its answer; three progress records, ~0.15 ms each) and the
-platform ~2.4 ms (three requests, a Prime Traces share): 500 such steps
-alone take ~2.9 s, the 5,000 metrics rows ~2 s, the two together ~4.4 s.
-Tried and dropped: building the next step's object while the requests are
-out (``ship.early``): no faster, ~0.7 ms more CPU an object; the
-interpreter's switch interval (0.2, 0.5, 2, 5 ms): no change. 2,000 rows/s
-needs both sides at ≤ 0.5 ms a row and working at once: fewer requests a
-step (the contract's presign, PUT, confirm), or several steps' objects in
-flight.
+What bounds the rate (measured 2026-12-05, 5,000 steps, threads' CPU in the
+sync's process, the platform's from /proc): both processes' CPU, ~0.48 ms a
+row each, and how much of it overlaps (~1.4 cores of 2). Since a backlog's
+sample objects go up to 8 steps to a batch, each stage for all of them at
+once and recorded once (``sinks.sample_objects``), the sample table and the
+metrics rows end together: neither is the tail. The metrics rows take ~0.21
+ms of the sync's CPU a row and ~0.27 of the platform's; a step's Parquet
+object ~1.2 ms of the sync's; the platform's per request is mostly its HTTP
+layer (uvicorn, h11, asyncio). Tried without gain: the interpreter's switch
+interval (0.2 to 5 ms), more metrics rows in flight (8) or in a window (128),
+with batches of 512 rows. 2,000 rows/s needs both sides' CPU a row lower
+still, or fewer requests a row than the contract's one a metrics row.
 """
 
 from __future__ import annotations
