@@ -84,7 +84,10 @@ class TrainMetricsSink:
 
     def send(self, body: bytes, ctx: SendContext[MetricsProgress]) -> None:
         rows = orjson.loads(body)
-        for at in ctx.progress.refused:  # recorded by an earlier attempt, or process
+        refused = _refused(ctx.progress, len(rows))
+        if refused != ctx.progress.refused:  # damaged: what names no settled row goes
+            ctx.save_progress(replace(ctx.progress, refused=refused))
+        for at in refused:  # recorded by an earlier attempt, or process
             ctx.failed_at_ack.setdefault(at, (1, _REFUSED))
         index = ctx.progress.done
         while index < len(rows):
@@ -231,6 +234,16 @@ class TrainMetricsSink:
 # What a refused row recorded by an earlier attempt is counted with (its own
 # refusal's text died with that attempt's process, or is kept by this one).
 _REFUSED = APIError("the platform refused the metrics row for its content", status_code=422)
+
+
+def _refused(progress: MetricsProgress, rows: int) -> tuple[int, ...]:
+    """The refused rows ``progress`` names, as this version records them: each
+    a row settled already (before ``done``, within the batch), once, in order.
+    The record is read from a file that may be damaged: any other number
+    names no refused row, and counting each as one lost would count rows that
+    are not in the batch, or that are still to be sent."""
+    settled = min(progress.done, rows)
+    return tuple(sorted({at for at in progress.refused if 0 <= at < settled}))
 
 
 def _is_step(step: Any) -> TypeGuard[int]:

@@ -174,6 +174,25 @@ def test_a_refused_row_is_counted_once_whatever_dies_before_the_acknowledgement(
         assert again.state["done"] == 3 and again.state["refused"] == [1]
 
 
+def test_a_damaged_record_of_refused_rows_counts_only_rows_it_can_name(
+    tmp_path: Path, platform: ScriptedPlatform, table: MetricsTable
+) -> None:
+    # ``refused`` is read from a file that may be damaged: each distinct
+    # number was counted as one row lost, past the batch's end, below 0, or
+    # a row not settled yet (sent now, stored, and counted lost all the
+    # same), so a batch of 3 rows could count thousands lost.
+    sink = TrainMetricsSink(platform.client())
+    batch = Batch.prepare(sink, _steps(tmp_path, 3), _BOUND)
+    junk = [1, 1, -1, 2, 3, *range(10, 5000)]
+    damaged = Batch(
+        batch.body, batch.state | {"done": 2, "refused": junk}, 3, _BOUND, sink.progress_type
+    )
+    damaged.send(sink)
+    assert list(damaged.failed_at_ack) == [1]  # the one settled row it names
+    assert table.steps() == [2] and damaged.state["done"] == 3
+    assert damaged.state["refused"] == [1]
+
+
 def test_a_refused_key_stops_the_batch_where_it_is(
     tmp_path: Path, platform: ScriptedPlatform, table: MetricsTable
 ) -> None:
