@@ -535,6 +535,30 @@ def test_a_key_with_a_line_break_fails_as_through_httpx_without_showing_it(
     client.close()
 
 
+@pytest.mark.parametrize("tail", ["\r\n X-Injected: 1", "\x00", "\n\t"])
+def test_a_key_with_a_folded_line_or_a_nul_is_refused_as_httpx_refuses_it(
+    serve: Callable[..., _Server], tail: str
+) -> None:
+    """http.client refuses a line break only where no blank follows it, and
+    never a NUL: a key ending in a folded line went out as two lines (a
+    server that does not fold takes the second for a header of its own),
+    a NUL as it was. h11 refuses both before anything is sent: so does the
+    plain path, on the first request (a line then written again was checked)."""
+    server = serve()
+    port = server.server_address[1]
+    settings = resolve_settings(
+        api_key=KEY + tail, base_url=f"http://127.0.0.1:{port}", environ={}, config={}
+    )
+    client = PlatformClient(settings)
+    for _ in range(2):
+        with pytest.raises(TransportError) as failed:
+            client.api("POST", "/rft/metrics", {"run_id": "r"})
+        assert KEY not in str(failed.value)
+        assert not is_ambiguous(failed.value) and not never_reached(failed.value)
+    assert server.requests == []
+    client.close()
+
+
 def test_each_call_has_its_own_deadline_on_a_kept_alive_connection(
     serve: Callable[..., _Server],
 ) -> None:

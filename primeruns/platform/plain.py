@@ -375,6 +375,10 @@ class _OneWrite(http.client.HTTPConnection):
         # wrote for a name and a value, both text, is written as it wrote it:
         # the checks are of those alone. Anything else, or a request not
         # started, takes ``http.client``'s way (its checks, its errors).
+        # A value with a line break or a NUL is refused, as h11 (httpx)
+        # refuses it: ``http.client`` passes a break followed by a blank (a
+        # folded line, which a server that does not fold takes for a header
+        # of its own) and a NUL. A line kept was checked when first written.
         lines = self.lines
         if (
             lines is None
@@ -383,16 +387,33 @@ class _OneWrite(http.client.HTTPConnection):
             or type(values[0]) is not str
             or getattr(self, "_HTTPConnection__state", None) != _REQ_STARTED
         ):
+            _refuse_breaks(values)
             super().putheader(header, *values)  # type: ignore[arg-type]
             return
         key = (header, values[0])
         line = lines.get(key)
         if line is None:
+            _refuse_breaks(values)
             super().putheader(header, *values)  # type: ignore[arg-type]
             if header.lower() != "content-length" and len(lines) < _LINES_KEPT:
                 lines[key] = self._buffer[-1]  # type: ignore[attr-defined]
             return
         self._buffer.append(line)  # type: ignore[attr-defined]
+
+
+#: What no header value sent may hold (h11's field-value has none of them).
+_BREAKS = re.compile(r"[\r\n\x00]")
+_BREAKS_BYTES = re.compile(rb"[\r\n\x00]")
+
+
+def _refuse_breaks(values: tuple[object, ...]) -> None:
+    """A ValueError for a value with a line break or a NUL (its text not
+    quoted: it may be the key)."""
+    for value in values:
+        if (isinstance(value, str) and _BREAKS.search(value)) or (
+            isinstance(value, bytes | bytearray) and _BREAKS_BYTES.search(value)
+        ):
+            raise ValueError("a header value with a line break or a NUL")
 
 
 class _HTTPConnection(_OneWrite):
