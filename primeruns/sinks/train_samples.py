@@ -20,7 +20,7 @@ under it.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
@@ -49,21 +49,23 @@ __all__ = [
 DEFAULT_INTERVAL = 10
 _LEN = struct.Struct(">I")
 # A step's run of entries: its step, its episodes, its last entry's seq, and
-# whether another step began after it (``TrainSamplesSink._step_runs``).
-_Run = tuple[int, list[dict[str, Any]], int, bool]
+# whether another step began after it (``TrainSamplesSink._step_runs``). A
+# step of None: entries off the cadence before one that cannot be read.
+_Run = tuple[int | None, list[dict[str, Any]], int, bool]
 
 
-def _until_unreadable(runs: Iterator[_Run], units: list[Any]) -> Iterator[_Run]:
-    """The step runs, ending before an entry that cannot be read once
-    ``units`` holds an object: ``prepare`` raises only for its first entry,
-    the one the shipper counts as failed."""
+def _until_unreadable(runs: Iterator[_Run], taken: Callable[[], bool]) -> Iterator[_Run]:
+    """The step runs, ending before an entry that cannot be read once an
+    entry before it is ``taken`` into the batch (in an object, or settled
+    as making none): ``prepare`` raises only for its first entry, the one
+    the shipper counts as failed."""
     while True:
         try:
             yield next(runs)
         except StopIteration:
             return
         except orjson.JSONDecodeError:
-            if units:
+            if taken():
                 return
             raise
 
@@ -151,7 +153,9 @@ class TrainSamplesSink:
         units: list[tuple[dict[str, Any], bytes]] = []
         records = size = 0
         last_seq = entries[0].seq - 1
-        for step, episodes, ends_at, closed in _until_unreadable(self._step_runs(entries), units):
+        first = entries[0].seq
+        runs = _until_unreadable(self._step_runs(entries), lambda: last_seq >= first)
+        for step, episodes, ends_at, closed in runs:
             # Only steps the read shows whole join a first one: the last may
             # go on past the read (the shipper then reads again, in full).
             if units and (
@@ -160,6 +164,9 @@ class TrainSamplesSink:
                 or size >= sample_objects.MAX_BATCH_BYTES
             ):
                 break
+            if step is None:
+                last_seq = ends_at  # off the cadence: they make no row
+                continue
             index = ranges.next_for(step)
             try:
                 blob = episodes_to_parquet_bytes(
@@ -176,6 +183,7 @@ class TrainSamplesSink:
                     break
                 raise
             if blob is None:
+                last_seq = ends_at  # (taken: ends a batch before an unreadable entry)
                 continue  # no episode of it has a trajectory: no object, on to the next step
             # Kept once the batch is recorded (the shipper hands the carry back).
             ranges = ranges.used(step, index)
@@ -185,6 +193,17 @@ class TrainSamplesSink:
             size += len(blob)
             last_seq = ends_at
         if not units:
+            if first <= last_seq < entries[-1].seq:
+                # Ended before an entry that cannot be read: those before it
+                # are settled by a batch of no object (none acknowledged as
+                # None would, past it; none counted failed as a raise would).
+                return Prepared(
+                    body=pack_units([]),
+                    records=0,
+                    progress=TrainSamplesProgress(done=0),
+                    last_seq=last_seq,
+                    carry=ranges.to_carry(),
+                )
             return None  # nothing of these entries makes an object
         count = len(units)
         progress = TrainSamplesProgress(done=0)
@@ -218,7 +237,7 @@ class TrainSamplesSink:
             except orjson.JSONDecodeError:
                 # The steps before it go first: prepare raises only for the
                 # first entry, which the shipper counts as failed, alone.
-                if step is not None:
+                if step is not None or last_seq >= entries[0].seq:
                     yield step, records, last_seq, True
                 raise
             found = training_step(record)

@@ -653,6 +653,35 @@ def test_an_entry_that_is_not_json_ends_the_batch_before_it(store: Store) -> Non
         sink.prepare(entries[2:], _BOUND)
 
 
+def test_entries_before_one_that_is_not_json_that_make_no_object_are_not_counted_lost(
+    store: Store,
+) -> None:
+    # Off the cadence (steps 1 and 2), they make no row: prepare raised for
+    # the whole read, and the shipper counted its first entry as failed,
+    # then the next, each a loss, before the entry that is not JSON came
+    # first. They now end a batch of no object (no request, none lost).
+    sink = _sink(store)
+    entries = _one_per_step(range(1, 31))
+    entries[2] = Entry(entries[2].seq, entries[2].kind, b'{"run": ')
+    batch = _batch(sink, entries)
+    assert unpack_units(batch.body) == [] and batch.records == 0
+    assert batch.state["last_seq"] == 2
+    batch.send(sink)
+    assert batch.failed_at_ack == {} and store.confirmed == []
+    with pytest.raises(orjson.JSONDecodeError):
+        sink.prepare(entries[2:], _BOUND)  # the entry that is not JSON fails alone
+    after = _batch(sink, entries[3:])
+    assert [meta["step"] for meta, _ in unpack_units(after.body)] == [10, 20]
+    # A step whose episodes make no object (none has a trajectory) likewise.
+    bare = _one_per_step(range(0, 30, 10))
+    episode = orjson.loads(bare[0].payload)
+    episode["traces"] = []
+    bare[0] = Entry(bare[0].seq, bare[0].kind, orjson.dumps(episode))
+    bare[1] = Entry(bare[1].seq, bare[1].kind, b"not json")
+    nothing = _batch(_sink(store), bare)
+    assert unpack_units(nothing.body) == [] and nothing.state["last_seq"] == 1
+
+
 def test_a_malformed_episode_of_a_backlog_costs_only_itself(store: Store, tmp_path: Path) -> None:
     entries = _one_per_step(range(0, 60, 10))
     entries[2] = _malformed(entries[2])
@@ -672,6 +701,29 @@ def test_a_malformed_episode_of_a_backlog_costs_only_itself(store: Store, tmp_pa
     shipper.stop(timeout=5)
     assert sum(loss["count"] for loss in journal.losses().values()) == 1
     assert sorted(store.steps[key] for key in store.confirmed) == [0, 10, 30, 40, 50]
+
+
+def test_a_shipper_counts_only_the_entry_that_is_not_json_after_entries_of_no_row(
+    store: Store, tmp_path: Path
+) -> None:
+    entries = _one_per_step(range(1, 31))
+    entries[2] = Entry(entries[2].seq, entries[2].kind, b'{"run": ')
+    journal = Journal.create(tmp_path / "runs")
+    journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
+    shipper = Shipper(
+        journal,
+        _sink(store),
+        binding=lambda: _BOUND,
+        training=True,
+        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
+        on_failure=lambda what, exc: None,
+    )
+    shipper.start()
+    shipper.hurry()
+    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 20)
+    shipper.stop(timeout=5)
+    assert sum(loss["count"] for loss in journal.losses().values()) == 1  # was 3
+    assert sorted(store.steps[key] for key in store.confirmed) == [10, 20, 30]
 
 
 def test_a_refused_backlog_object_is_counted_once_across_a_death(store: Store) -> None:
