@@ -674,7 +674,10 @@ class Shipper:
         refused: Mapping[int, tuple[int, BaseException]] | None = None,
     ) -> None:
         # Records of it refused for their content: counted with the ack, once.
-        failed = sum(count for count, _ in (refused or {}).values())
+        # A sink's counts may come from a journal that is damaged: never more
+        # than the batch holds, none below nothing.
+        failed = sum(max(0, count) for count, _ in (refused or {}).values())
+        failed = min(failed, batch.records)
         why = next(iter(refused.values()))[1] if refused else None
         self.journal.ack(
             self.name,

@@ -160,6 +160,31 @@ def test_a_rejected_record_fails_alone_and_is_counted(tmp_path: Path) -> None:
     journal.close()
 
 
+class _OverCountingSink(FakeSink):
+    """Leaves counts to take with each batch's acknowledgement that no batch
+    of its can have: more records than the batch, and fewer than none (as a
+    sink whose progress read back from a damaged journal said so would)."""
+
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
+        self.attempts.append(body)
+        refused = APIError("refused for its content", status_code=422)
+        ctx.failed_at_ack[0] = (10**6, refused)
+        ctx.failed_at_ack[1] = (-7, refused)
+
+
+def test_records_counted_with_an_acknowledgement_are_at_most_the_batchs(
+    tmp_path: Path,
+) -> None:
+    journal = _journal(tmp_path, 8)
+    failures: list[str] = []
+    shipper = _ship(journal, _OverCountingSink(), failures)
+    assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+    shipper.stop(timeout=5)
+    assert journal.losses()["fake"]["count"] == 8  # two batches of 4, every record
+    assert shipper.state.records_sent == 0
+    journal.close()
+
+
 def test_a_retired_sink_is_recorded_in_the_journal_for_the_producer(tmp_path: Path) -> None:
     journal = _journal(tmp_path, 3)
     sink = FakeSink(transient=10**6)
