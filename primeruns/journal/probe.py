@@ -83,26 +83,6 @@ def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:
     return result
 
 
-def source_key(directory: Path) -> FileKey | None:
-    """What ``vouch_for_copy`` compares: the journal's file as ``stat`` sees it."""
-    return _key(directory)
-
-
-def vouch_for_copy(source: Path, copy: Path, before: FileKey | None) -> None:
-    """``copy`` holds the bytes of ``source``'s journal file, copied while
-    that file stayed as ``stat`` saw it before (``before``: its
-    ``source_key`` then): the verdict of a walk of ``source`` in that state,
-    if this process has one, is the copy's too. A sync reads an original
-    through a private snapshot of it, after opening it in place: walked
-    twice, ~60 ms a sync, for the same bytes."""
-    with _lock:
-        if before is None or _key(source) != before or before not in _known:
-            return
-        copied = _key(copy)
-        if copied is not None:
-            _known[copied] = _known[before]
-
-
 def _trusted(directory: Path) -> bool:
     """Whether the child may open ``directory``'s files: LMDB writes its lock
     file even to read, so a planted link must not reach it (trust)."""

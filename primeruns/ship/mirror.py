@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError
-from ..journal import Entry, EntryKind, Journal, probe
+from ..journal import Entry, EntryKind, Journal
 from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
 from ..journal.trust import make_private_dirs
@@ -322,7 +322,6 @@ def snapshot(copy: Path, root: Path) -> Iterator[Path]:
     make_private_dirs(root)
     for _ in range(3):
         before = _files(copy)
-        walked = probe.source_key(copy)
         holder = Path(tempfile.mkdtemp(prefix=".snapshot-", dir=root))
         target = holder / copy.name
         try:
@@ -330,7 +329,12 @@ def snapshot(copy: Path, root: Path) -> Iterator[Path]:
             for name in before:
                 _copy_file(copy / name, target / name)
             if _files(copy) == before:
-                probe.vouch_for_copy(copy, target, walked)
+                # Its tree is walked in a child when opened (``probe``), even
+                # if its original's was as ``stat`` still sees it: bytes can
+                # change unseen by ``stat`` (a write through a shared mapping
+                # to a page already dirty; a network filesystem's cached
+                # attributes). Walked here, the bytes walked are the bytes
+                # mapped: no one else writes a snapshot.
                 yield target
                 return
         finally:
