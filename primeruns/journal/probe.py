@@ -35,6 +35,9 @@ PROBE_TIMEOUT_S = 120.0
 _DATA = "data.mdb"
 
 _lock = threading.Lock()
+# ``_run_child``'s verdict when no child could be started (fork failed): the
+# journal is opened unchecked, and the verdict is no walk's, never kept.
+_NO_CHILD = "no child could be started to walk it"
 # A journal's file as ``stat`` sees it (see ``_key``).
 FileKey = tuple[str, int, int, int, int]
 _known: dict[FileKey, str | None] = {}
@@ -77,8 +80,10 @@ def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:
         found, rest = _run_child([d for d, _ in todo])
         with _lock:
             for (directory, key), verdict in zip(todo, found, strict=False):
-                result[directory] = verdict
-                _known[key] = verdict
+                result[directory] = None if verdict is _NO_CHILD else verdict
+                if verdict is not _NO_CHILD:
+                    # Not one unwalked for want of a child: walked next time.
+                    _known[key] = verdict
         todo = todo[len(found) :] if rest else []
     return result
 
@@ -129,7 +134,7 @@ def _run_child(directories: list[Path]) -> tuple[list[str | None], bool]:
         verdicts.append(f"reading its tree did not end within {PROBE_TIMEOUT_S:.0f} s")
         return verdicts, len(verdicts) < len(directories)
     except OSError:  # no child can be started here: open as before, unchecked
-        return [None] * len(directories), False
+        return [_NO_CHILD] * len(directories), False
     verdicts = _verdicts(done.stdout)
     if len(verdicts) < len(directories):  # it died on the next one
         tail = (done.stderr or b"").decode(errors="replace").strip().splitlines()

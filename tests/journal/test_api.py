@@ -403,6 +403,32 @@ def test_the_probe_takes_directory_names_with_newlines(tmp_path: Path) -> None:
     assert verdicts[garbage] is not None
 
 
+def test_a_journal_opened_unwalked_for_want_of_a_child_is_walked_once_one_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an adversarial review: when no child could be started (fork
+    failed: EAGAIN at a process limit, ENOMEM), the journal was opened
+    unwalked, as meant, but that "healthy" was kept as a walk's verdict for
+    the process's life: every later open of the same file, with children to
+    spare again, mapped it unwalked, and a damaged page aborted the process."""
+    import errno
+
+    from primeruns.journal import probe
+
+    garbage = tmp_path / "garbage"
+    garbage.mkdir(mode=0o700)
+    (garbage / "data.mdb").write_bytes(b"\x00" * 16384)
+    real_run = probe.subprocess.run
+
+    def no_child(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(probe.subprocess, "run", no_child)
+    assert probe.probe(garbage) is None  # opened unchecked, as before
+    monkeypatch.setattr(probe.subprocess, "run", real_run)
+    assert probe.probe(garbage) is not None
+
+
 def test_a_malformed_compaction_count_never_stops_compaction(tmp_path: Path) -> None:
     """The counts are for display: a value another version wrote differently
     must not cost the journal its space."""
