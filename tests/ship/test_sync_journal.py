@@ -437,3 +437,26 @@ def test_a_snapshot_is_walked_in_a_child_before_it_is_mapped(
     with mirror.snapshot(producer.path, root) as taken, Journal.open(taken, owner=False) as copy:
         assert copy.last_seq() == 5 and copy.damage() == []
     assert len(children) == 2 and children[1][0].startswith(".snapshot-")
+
+
+def test_a_snapshot_is_not_damaged_by_what_its_original_walk_met(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an adversarial review: a snapshot took its original's
+    verdict, damaged ones too, though some are about the walk of the
+    original, not its bytes (a walk that outlasted its time on a loaded
+    machine, a child killed by the OOM killer, the original's own lock file):
+    a healthy snapshot was then salvaged, and a sync made its sync journal by
+    rebuilding it as damaged (``adopt_repaired``)."""
+    from primeruns.journal import probe
+
+    producer = Journal.create(tmp_path / "node")
+    _log(producer, 0, 5)
+    producer.close()
+    monkeypatch.setattr(probe, "PROBE_TIMEOUT_S", 0.001)
+    with Journal.open(producer.path, owner=False) as journal:
+        assert any("did not end within" in d.what for d in journal.damage())
+    monkeypatch.setattr(probe, "PROBE_TIMEOUT_S", 120.0)
+    with mirror.snapshot(producer.path, tmp_path / "synced") as taken:
+        with Journal.open(taken, owner=False) as copy:
+            assert copy.last_seq() == 5 and copy.damage() == []
