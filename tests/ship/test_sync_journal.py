@@ -407,9 +407,9 @@ def test_a_snapshot_is_walked_though_its_original_was_walked_as_stat_still_sees_
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    unchanged, found = done.stdout.splitlines()
-    if unchanged != "unchanged":
-        pytest.skip("the kernel updated the file's times at a write through its mapping")
+    # Where the kernel does update the times at such a write ("changed"), the
+    # walk was never skipped; the snapshot must be found damaged either way.
+    _, found = done.stdout.splitlines()
     last_seq, damage = json.loads(found)
     assert damage and any("tree damaged" in what for what in damage), damage
     assert last_seq >= 290
