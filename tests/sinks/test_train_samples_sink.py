@@ -268,9 +268,7 @@ def test_a_backlog_object_refused_for_its_content_is_counted_and_the_others_land
     # once, and the other two are confirmed; the batch is then done. Counted
     # whole, the batch would report the two stored objects' records as lost.
     sink = _sink(store)
-    entries = _entries({0: 2, 10: 3, 20: 4})
-    after = _one_per_step(range(30, 31))[0]  # step 30 begins: step 20 is whole
-    batch = _batch(sink, [*entries, Entry(len(entries) + 1, after.kind, after.payload)])
+    batch = _batch(sink, _three_whole_steps())
     assert [meta["records"] for meta, _ in unpack_units(batch.body)] == [2, 3, 4]
     store.faults["confirm"] = [lambda: httpx.Response(422, json={"detail": "bad object"})]
     batch.send(sink)
@@ -458,6 +456,14 @@ def test_a_batch_recorded_by_the_previous_version_resumes_where_it_got(
     journal.close()
 
 
+def _three_whole_steps() -> list[Entry]:
+    """Steps 0, 10 and 20 of 2, 3 and 4 episodes, then step 30's first: the
+    three are whole in the read, one object each of a backlog's batch."""
+    entries = _entries({0: 2, 10: 3, 20: 4})
+    after = _one_per_step(range(30, 31))[0]
+    return [*entries, Entry(len(entries) + 1, after.kind, after.payload)]
+
+
 def _one_per_step(steps: range) -> list[Entry]:
     """One episode for each step of ``steps`` (a copy of step 0's, renumbered)."""
     episode = workloads.agentic_by_step(1)[0][0]
@@ -519,9 +525,7 @@ def test_a_backlog_object_over_a_size_limit_is_not_counted_lost_but_split(store:
     # Nothing of the batch is confirmed yet, so it is refused whole and the
     # shipper halves it, as before.
     sink = _sink(store)
-    entries = _entries({0: 2, 10: 3, 20: 4})
-    after = _one_per_step(range(30, 31))[0]
-    batch = _batch(sink, [*entries, Entry(len(entries) + 1, after.kind, after.payload)])
+    batch = _batch(sink, _three_whole_steps())
     store.faults["put"] = [_too_large]
     with pytest.raises(APIError) as raised:
         batch.send(sink)
@@ -775,9 +779,7 @@ def test_a_refused_object_recorded_before_a_death_is_counted_once_by_the_next_pr
     # confirmed, before the batch was acknowledged: the next one counts the
     # refused object's records once, with the acknowledgement, and sends
     # nothing again.
-    entries = _entries({0: 2, 10: 3, 20: 4})
-    after = _one_per_step(range(30, 31))[0]
-    entries.append(Entry(len(entries) + 1, after.kind, after.payload))
+    entries = _three_whole_steps()
     journal = Journal.create(tmp_path / "runs")
     journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
     batch = _batch(_sink(store), entries)
