@@ -41,6 +41,7 @@ import contextlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -183,9 +184,12 @@ def _create(source: Journal, root: Path, local_id: str) -> bool:
             journal.close()
         try:
             os.rename(staging / local_id, root / local_id)
-        except OSError:
-            if not (root / local_id / DATA_NAME).exists():
-                raise  # not a sync that made it meanwhile: a real failure
+        except OSError as exc:
+            if not (root / local_id / DATA_NAME).exists():  # not a sync that made it meanwhile
+                raise JournalError(
+                    f"cannot make the sync journal {root / local_id} ({exc.strerror}): "
+                    "something that is not a sync journal is there; move it away and sync again"
+                ) from None
             return False
         return True
     finally:
@@ -343,7 +347,13 @@ def snapshot(copy: Path, root: Path) -> Iterator[Path]:
 
 
 def _copy_file(source: Path, dest: Path) -> None:
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    # A copy's file swapped for a FIFO after the listing would block the open
+    # (O_NONBLOCK: it returns at once), and a device would be read for ever:
+    # only a regular file is copied.
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise JournalError(f"{source} is not a regular file: not syncing this copy")
     with os.fdopen(fd, "rb") as src:
         out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         with os.fdopen(out, "wb") as dst:

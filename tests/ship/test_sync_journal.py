@@ -11,9 +11,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -460,3 +462,41 @@ def test_a_snapshot_is_not_damaged_by_what_its_original_walk_met(
     with mirror.snapshot(producer.path, tmp_path / "synced") as taken:
         with Journal.open(taken, owner=False) as copy:
             assert copy.last_seq() == 5 and copy.damage() == []
+
+
+def test_a_copy_whose_file_became_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    # Listed as a regular file, swapped for a FIFO before it is copied: the
+    # open blocked until a writer came, which none would (a sync hung), and a
+    # device in its place would be read for ever.
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    os.mkfifo(copy / "data.mdb")
+    failed: list[BaseException] = []
+
+    def snapshot_it() -> None:
+        try:
+            mirror._copy_file(copy / "data.mdb", tmp_path / "out")
+        except BaseException as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=snapshot_it, daemon=True)
+    worker.start()
+    worker.join(10)
+    assert not worker.is_alive(), "the copy waited on a FIFO"
+    assert len(failed) == 1 and isinstance(failed[0], JournalError)
+    assert "not a regular file" in str(failed[0]) and not (tmp_path / "out").exists()
+
+
+def test_a_sync_journal_path_taken_by_something_else_is_named(tmp_path: Path) -> None:
+    # A folder left where the sync journal goes (not one: no data.mdb) made
+    # the rename fail with a bare OSError out of the sync.
+    producer = Journal.create(tmp_path / "node")
+    _log(producer, 0, 3)
+    producer.close()
+    root = tmp_path / "synced"
+    (root / producer.local_id).mkdir(parents=True)
+    (root / producer.local_id / "notes.txt").write_text("mine")
+    with pytest.raises(JournalError, match="not a sync journal is there; move it away"):
+        with _synced(producer.path, root):
+            pass
+    assert (root / producer.local_id / "notes.txt").read_text() == "mine"
