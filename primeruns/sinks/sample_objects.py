@@ -46,6 +46,7 @@ __all__ = [
     "PUT",
     "REFUSED",
     "SampleObjects",
+    "expired_url_landed",
 ]
 
 # An object's stage, as recorded (a number each, in the batch's order):
@@ -213,30 +214,34 @@ class SampleObjects:
     def _expired(
         self, run_id: str, step: int, key: str, url: str, exc: APIError
     ) -> tuple[int, str | None, str | None, BaseException | None]:
-        """The store refused a URL minted on an earlier try (it expired while
-        the sink was paused). Its PUT may still have landed (the answer
-        lost): a confirm of the key tells. Confirmed, the object is done;
-        refused (400, 404: not uploaded), nothing is there, and the object
-        starts afresh, to be minted anew on the next try."""
-        try:
-            self._confirm(run_id, step, key)
-        except APIError as refused:
-            if refused.status_code not in (400, 404):
-                raise
-            return (
-                NEW,
-                None,
-                None,
-                RetryableAPIError(
-                    f"the object store refused the presigned URL ({exc}) and nothing landed "
-                    "under it; minting a new one",
-                    status_code=403,
-                ),
-            )
-        return DONE, key, url, None
+        """A URL minted on an earlier try refused (``expired_url_landed``):
+        the object is done, or starts afresh, to be minted anew."""
+        nothing = expired_url_landed(lambda: self._confirm(run_id, step, key), exc)
+        return (DONE, key, url, None) if nothing is None else (NEW, None, None, nothing)
 
     def close(self) -> None:
         self._fanout.close()
+
+
+def expired_url_landed(confirm: Callable[[], None], exc: APIError) -> RetryableAPIError | None:
+    """The store refused (``exc``, a 403) a URL minted on an earlier try: it
+    expired while the sink was paused. Its PUT may still have landed (an
+    answer lost, or a batch recorded before PUTs were noted): ``confirm`` of
+    its key tells. None: confirmed, the object is done. Refused (400, 404:
+    not uploaded), nothing is there: the error to raise once the object is
+    recorded as not minted, so that a new URL is minted on the next try.
+    Any other failure of the confirm is raised."""
+    try:
+        confirm()
+    except APIError as refused:
+        if refused.status_code not in (400, 404):
+            raise
+        return RetryableAPIError(
+            f"the object store refused the presigned URL ({exc}) and nothing landed "
+            "under it; minting a new one",
+            status_code=403,
+        )
+    return None
 
 
 def _too_large(exc: BaseException) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 
 import orjson
 
-from ..exceptions import APIError, RetryableAPIError
+from ..exceptions import APIError
 from ..journal import Entry
 from ..platform import PlatformClient
 from ..projection import episodes_to_parquet_bytes, parquet_available
@@ -311,19 +311,10 @@ class TrainSamplesSink:
     def _expired(
         self, confirm: dict[str, Any], ctx: SendContext[TrainSamplesProgress], exc: APIError
     ) -> None:
-        """The store refused a URL minted on an earlier try (it expired while
-        the sink was paused). Its PUT may still have landed (an answer lost,
-        or a batch recorded before PUTs were noted): a confirm of the key
-        tells. Confirmed, the object is done; refused (400, 404: not
-        uploaded), nothing is there, and a new URL is minted on the next try."""
-        try:
-            self._confirm(confirm)
-        except APIError as refused:
-            if refused.status_code not in (400, 404):
-                raise
+        """A URL minted on an earlier try refused (``expired_url_landed``):
+        returns if the object is there; else records it as not minted and
+        raises, so that a new URL is minted on the next try."""
+        nothing = sample_objects.expired_url_landed(lambda: self._confirm(confirm), exc)
+        if nothing is not None:
             ctx.save_progress(replace(ctx.progress, key=None, url=None))
-            raise RetryableAPIError(
-                f"the object store refused the presigned URL ({exc}) and nothing landed "
-                "under it; minting a new one",
-                status_code=403,
-            ) from exc
+            raise nothing from exc
