@@ -7,7 +7,9 @@ serves everything it had committed. One connection guarded by one lock is the
 every multi-row commit (an upload's episodes and traces, say) a single
 transaction that either lands whole or not at all. WAL with
 ``synchronous=NORMAL`` survives a killed server process; a power loss may drop
-the last transactions, which is acceptable for a local stand-in.
+the last transactions, which is acceptable for a local stand-in. The WAL is
+copied back into the file by a thread of its own (``local.checkpoint``), not
+by the commit that fills it.
 
 Calls are synchronous; routes run them in a worker thread through
 :meth:`Database.read` / :meth:`Database.write` wrapped by ``anyio``, except
@@ -28,6 +30,7 @@ from typing import TypeVar
 import anyio.to_thread
 
 from ..journal.trust import check_dir, check_file, make_private_dirs
+from .checkpoint import BACKSTOP_PAGES, Checkpointer
 
 T = TypeVar("T")
 
@@ -199,6 +202,10 @@ class Database:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(SCHEMA)
+        # Checkpoints are the checkpointer thread's; the writer's own stay as a
+        # backstop, far later than SQLite's 1,000 pages (``local.checkpoint``).
+        self._conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
+        self._checkpointer = Checkpointer(path)
 
     def read_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         with self._lock:
@@ -217,6 +224,7 @@ class Database:
             self._conn.execute("ROLLBACK")
             raise
         self._conn.execute("COMMIT")
+        self._checkpointer.wake()
         return result
 
     async def read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
@@ -250,5 +258,8 @@ class Database:
             self._lock.release()
 
     def close(self) -> None:
+        # The checkpointer's connection first: the last one closed copies
+        # what is left of the WAL into the file and deletes it, as before.
+        self._checkpointer.stop()
         with self._lock:
             self._conn.close()

@@ -1,0 +1,100 @@
+"""WAL checkpoints of the local platform's database, off the request path.
+
+In WAL mode every commit appends pages to ``platform.sqlite3-wal``; a
+checkpoint copies them back into the database file and syncs it. SQLite runs
+one itself after any commit that leaves 1,000 pages or more in the WAL: in
+the committing thread, while it holds the one connection (and its lock), so
+the request that happened to cross the mark waited for the copy and its
+``fdatasync`` and every other write waited behind it. With episodes stored
+twice (a sample row and a trace), 5,000 of them write ~90 MB: the copies were
+a tenth of the server's CPU in ``tools/bench/end_to_end.py``, all of it on
+the path of some request, and the run drained a fifth faster with none.
+
+So a thread of its own, on a connection of its own, checkpoints
+(``PASSIVE``: it never waits for the writer, nor the writer for it; SQLite's
+own locks keep the two apart) once a commit says there is something to copy,
+at most every :data:`MIN_INTERVAL` seconds, with the GIL released for the
+copy. The writer's own automatic checkpoint stays, at :data:`BACKSTOP_PAGES`,
+should this thread fall behind or be gone. Durability is SQLite's as before:
+a commit is in the WAL when it returns, whoever copies it later.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from pathlib import Path
+
+from ..threads import start_daemon
+
+__all__ = ["BACKSTOP_PAGES", "MIN_INTERVAL", "Checkpointer"]
+
+log = logging.getLogger("primeruns.local")
+
+#: Seconds between two checkpoints at least: a busy server commits every few
+#: milliseconds, and each checkpoint ends with an ``fdatasync``.
+MIN_INTERVAL = 0.05
+#: Pages the WAL may hold before the writer checkpoints in its commit, as
+#: SQLite always did at 1,000: 64 MiB of 4 KiB pages, reached only when the
+#: thread here falls behind (or is gone).
+BACKSTOP_PAGES = 16_384
+
+
+class Checkpointer:
+    """Checkpoints the WAL of the database at ``path`` from a thread of its own."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._wanted = threading.Event()  # a commit left pages to copy
+        self._stop = threading.Event()
+        self._lock = threading.Condition()
+        self._rounds = 0  # checkpoints done (for ``wait_for_round``)
+        self._thread = start_daemon(self._loop, "primeruns-local-checkpoint")
+
+    def wake(self) -> None:
+        """Called after each commit: there are pages to copy."""
+        self._wanted.set()
+
+    def wait_for_round(self, after: int, timeout: float) -> int:
+        """Wait until more than ``after`` checkpoints were done (or ``timeout``
+        seconds); the number done."""
+        with self._lock:
+            self._lock.wait_for(lambda: self._rounds > after, timeout)
+            return self._rounds
+
+    @property
+    def rounds(self) -> int:
+        with self._lock:
+            return self._rounds
+
+    def stop(self) -> None:
+        """End the thread once its checkpoint in progress is done."""
+        self._stop.set()
+        self._wanted.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        try:
+            # Its own connection: a checkpoint on the writer's would take the
+            # writer's lock, which is what this thread is here to spare.
+            conn = sqlite3.connect(self._path, isolation_level=None)
+        except sqlite3.Error as exc:
+            log.warning("WAL checkpoints stay in the writer's commits: %s", exc)
+            return
+        try:
+            while True:
+                self._wanted.wait()
+                if self._stop.is_set():
+                    return
+                self._wanted.clear()
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+                except sqlite3.Error as exc:  # the backstop in the writer copies meanwhile
+                    log.warning("WAL checkpoint failed: %s", exc)
+                with self._lock:
+                    self._rounds += 1
+                    self._lock.notify_all()
+                self._stop.wait(MIN_INTERVAL)
+        finally:
+            conn.close()

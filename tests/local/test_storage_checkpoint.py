@@ -1,0 +1,97 @@
+"""The local platform copies its WAL back into the database file from a
+thread of its own (``local.checkpoint``): what a commit wrote reaches the
+file without a request paying for the copy, the WAL does not grow without
+bound if that thread is gone, and a closed database is one file again."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from primeruns.local import storage
+from primeruns.local.storage import Database
+
+_HANG_GUARD_S = 30.0  # not a timing: only how long a broken test may hang
+_NAME = "platform.sqlite3"
+
+
+def _insert_runs(db: Database, first: int, count: int, size: int) -> None:
+    """``count`` evaluations of ``size`` bytes of request each, one commit each."""
+    for number in range(first, first + count):
+        db.write_sync(
+            lambda conn, number=number: conn.execute(
+                "INSERT INTO evaluations (id, name, status, request, created_at, updated_at)"
+                " VALUES (?, 'e', 'RUNNING', ?, 0, 0)",
+                (f"eval_{number}", "x" * size),
+            )
+        )
+
+
+def _rows_in_file_alone(data: Path, scratch: Path) -> int:
+    """Rows of the database file itself, without its WAL: what was checkpointed."""
+    scratch.mkdir(exist_ok=True)
+    copy = scratch / _NAME
+    shutil.copyfile(data / _NAME, copy)
+    conn = sqlite3.connect(copy)
+    try:
+        tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'evaluations'")
+        if not tables.fetchone()[0]:
+            return 0  # not even the schema copied yet
+        return int(conn.execute("SELECT count(*) FROM evaluations").fetchone()[0])
+    finally:
+        conn.close()
+
+
+def test_commits_reach_the_database_file_without_the_writer_checkpointing(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    db = Database(data)
+    try:
+        # 2 MB in 40 commits: under the 1,000 pages at which SQLite's writer
+        # copied the WAL itself, far under the backstop.
+        _insert_runs(db, 0, 40, 50_000)
+        checkpointer = db._checkpointer
+        done = checkpointer.rounds
+        # A round under way at the last commit may have begun before it:
+        # the one that commit woke follows; wait round by round.
+        while _rows_in_file_alone(data, tmp_path / "copy") < 40:
+            now = checkpointer.wait_for_round(done, _HANG_GUARD_S)
+            assert now > done, "no checkpoint came after the last commit"
+            done = now
+    finally:
+        db.close()
+
+
+def test_the_writer_still_checkpoints_if_the_thread_is_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(storage, "BACKSTOP_PAGES", 100)
+    data = tmp_path / "data"
+    db = Database(data)
+    try:
+        db._checkpointer.stop()
+        _insert_runs(db, 0, 40, 50_000)  # ~500 pages of 4 KiB
+        assert _rows_in_file_alone(data, tmp_path / "copy") > 0
+        wal = (data / f"{_NAME}-wal").stat().st_size
+        assert wal < 2 * 100 * 4096 + 200_000  # restarted from its start, not grown on
+    finally:
+        db.close()
+
+
+def test_a_closed_database_is_one_file_holding_every_commit(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    db = Database(data)
+    _insert_runs(db, 0, 30, 20_000)
+    db.close()
+    assert not (data / f"{_NAME}-wal").exists()
+    assert _rows_in_file_alone(data, tmp_path / "copy") == 30
+    again = Database(data)  # and it opens again with all of them
+    try:
+        count = again.read_sync(lambda c: c.execute("SELECT count(*) FROM evaluations").fetchone())
+        assert count[0] == 30
+    finally:
+        again.close()
