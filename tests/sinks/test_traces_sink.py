@@ -12,6 +12,7 @@ import gzip
 import hashlib
 import json
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -112,6 +113,28 @@ def test_a_recorded_batch_is_resent_byte_for_byte_and_stored_once_whatever_faile
     assert sent[0].headers["idempotency-key"] == "sha256:" + hashlib.sha256(jsonl).hexdigest()
     assert len(service.episodes) == 5 and service.replays == 1
     assert sink.committed == 1
+
+
+def test_without_isal_zlib_makes_the_same_upload_the_service_stores(
+    platform: ScriptedPlatform, service: TracesService, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where isal has no wheel, zlib gzips the batch: the same lines under the
+    same key, which the service reads and stores as it does isal's."""
+    entries = _episodes(4)
+    fast = Batch.prepare(_sink(platform), entries, _BOUND)
+    monkeypatch.setattr(traces_module, "_deflate", zlib.compress)
+    plain = Batch.prepare(_sink(platform), entries, _BOUND)
+    assert plain.body != fast.body  # another deflater, another stream
+
+    def lines(batch: Batch) -> bytes:
+        content_type = batch.state["content_type"]
+        [_, part] = parse_parts(boundary_of(content_type), batch.body)
+        return gzip.decompress(bytes(part.data))
+
+    assert lines(plain) == lines(fast)
+    assert plain.state["key"] == fast.state["key"]
+    plain.send(_sink(platform))
+    assert len(service.episodes) == 4
 
 
 def test_the_same_entries_always_make_the_same_upload_so_a_rebuilt_batch_is_a_replay(
