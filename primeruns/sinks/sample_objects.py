@@ -16,12 +16,27 @@ than count them lost.
 
 What a resend needs is recorded once per stage, not once per request: each
 object's ``stage`` (``NEW``, ``MINTED``: its key and URL recorded, ``PUT``:
-its bytes landed, ``DONE``: confirmed), with its key and URL, by its place in
-the batch. A request whose answer was lost is therefore resent to the same
+its bytes landed, ``DONE``: confirmed, ``REFUSED``: refused for its
+content; ``EXPIRED`` below), with its key and URL, by its place in the
+batch. A request whose answer was lost is therefore resent to the same
 key (a PUT of the same bytes, or a confirm again: both idempotent), and no
 object is ever made twice of the same records; an object whose stage was
 not recorded yet when the process died is minted anew, which leaves at most
 a URL nothing was uploaded under.
+
+A batch is refused whole only while no object of it may be stored. An
+object may be stored once a confirm of its key was sent, whether or not its
+answer came: the batch is then settled object by object, an object over a
+size limit refused alone (its records counted as failed), and the one that
+may be stored confirmed again (idempotent) rather than made anew by the
+split. Refused whole then, the shipper would send that object's records
+again in a smaller batch, under a new key: stored twice. So a confirm is
+sent only once the journal says it may have been: the confirms of the last
+stage once every object's bytes landed (recorded), and the confirm that
+asks whether an expired URL's bytes landed once the object is recorded
+``EXPIRED`` (``expired_url_landed``), a stage of its own after the PUTs.
+A version before ``EXPIRED`` reads it as damage and counts the batch's
+records as failed, rather than mint that object anew.
 """
 
 from __future__ import annotations
@@ -39,6 +54,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DONE",
+    "EXPIRED",
     "MAX_BATCH_BYTES",
     "MAX_OBJECTS",
     "MINTED",
@@ -52,8 +68,11 @@ __all__ = [
 # An object's stage, as recorded (a number each, in the batch's order):
 # REFUSED is an object the platform refused for its content (413, 422),
 # its records counted as failed with the batch's acknowledgement while
-# the batch's others go on.
-NEW, MINTED, PUT, DONE, REFUSED = 0, 1, 2, 3, 4
+# the batch's others go on. EXPIRED is an object whose URL, minted on an
+# earlier try, the store refused: a confirm of its key is sent next, to
+# tell whether its bytes landed (done) or not (minted anew); recorded before
+# that confirm goes, it marks an object that may be stored.
+NEW, MINTED, PUT, DONE, REFUSED, EXPIRED = 0, 1, 2, 3, 4, 5
 _SETTLED = (DONE, REFUSED)
 MAX_OBJECTS = 8  # a backlog's steps in one batch
 # ... while their objects come to less than this: a step of long rollouts
@@ -91,9 +110,9 @@ class SampleObjects:
         progress = ctx.progress
         count = len(units)
         if not (len(progress.stages) == len(progress.keys) == len(progress.urls) == count) or any(
-            stage not in (NEW, MINTED, PUT, DONE, REFUSED)
+            stage not in (NEW, MINTED, PUT, DONE, REFUSED, EXPIRED)
             # Minted or further: its key and URL are what a resend goes on with.
-            or (stage in (MINTED, PUT, DONE) and not (key and url))
+            or (stage in (MINTED, PUT, DONE, EXPIRED) and not (key and url))
             for stage, key, url in zip(progress.stages, progress.keys, progress.urls, strict=False)
         ):
             raise ValueError(
@@ -123,8 +142,14 @@ class SampleObjects:
             except APIError as exc:
                 if exc.status_code != 403 or index in minted_now:
                     raise
-                return self._expired(run_id, steps[index], str(key), str(url), exc)
+                # Asked whether it landed only once this is recorded: from
+                # that confirm on, the object may be stored.
+                return EXPIRED, key, url, None
             return PUT, key, url, None
+
+        def landed(index: int) -> tuple[int, str | None, str | None, BaseException | None]:
+            key, url = str(progress.keys[index]), str(progress.urls[index])
+            return self._expired(run_id, steps[index], key, url)
 
         def confirm(index: int) -> tuple[int, str | None, str | None, BaseException | None]:
             key = str(progress.keys[index])
@@ -132,9 +157,9 @@ class SampleObjects:
             return DONE, key, progress.urls[index], None
 
         failure: BaseException | None = None
-        for stage, step_once in ((NEW, mint), (MINTED, upload), (PUT, confirm)):
+        for stage, step_once in ((NEW, mint), (MINTED, upload), (EXPIRED, landed), (PUT, confirm)):
             todo = [at for at, found in enumerate(progress.stages) if found == stage]
-            if stage == PUT and any(found in (NEW, MINTED) for found in progress.stages):
+            if stage == PUT and any(found in (NEW, MINTED, EXPIRED) for found in progress.stages):
                 # No object is confirmed before every object's bytes landed:
                 # until then nothing of the batch is stored, and an object
                 # over a size limit (413) can still have the batch split.
@@ -170,7 +195,8 @@ class SampleObjects:
         outcomes = self._fanout.run(
             step_once, todo, give_up=lambda exc: not is_record_rejection(exc)
         )
-        stages = list(ctx.progress.stages)
+        before = ctx.progress.stages
+        stages = list(before)
         keys = list(ctx.progress.keys)
         urls = list(ctx.progress.urls)
         failure: BaseException | None = None
@@ -187,8 +213,11 @@ class SampleObjects:
         # records anew in smaller batches (as it does a batch of one object)
         # rather than count them lost.
         too_large = next((exc for exc in errors.values() if _too_large(exc)), None)
-        if any(stage in _SETTLED for stage in stages):
-            too_large = None  # an object is stored or counted: the others settle alone
+        if any(stage in _SETTLED for stage in stages) or _maybe_stored(before, stages, errors):
+            # An object is stored or counted, or may be stored: the others
+            # settle alone. Refused whole, the batch would be split and an
+            # object that may be stored made again under a new key.
+            too_large = None
         for index, error in errors.items():
             if too_large is not None and is_record_rejection(error):
                 continue  # the batch goes whole: counted by the shipper, or sent anew
@@ -212,11 +241,13 @@ class SampleObjects:
         return failure
 
     def _expired(
-        self, run_id: str, step: int, key: str, url: str, exc: APIError
+        self, run_id: str, step: int, key: str, url: str
     ) -> tuple[int, str | None, str | None, BaseException | None]:
         """A URL minted on an earlier try refused (``expired_url_landed``):
-        the object is done, or starts afresh, to be minted anew."""
-        nothing = expired_url_landed(lambda: self._confirm(run_id, step, key), exc)
+        the object is done, or starts afresh, to be minted anew. Any other
+        failure leaves it ``EXPIRED``: asked again on the next try."""
+        refused = APIError("the presigned URL minted on an earlier try expired", status_code=403)
+        nothing = expired_url_landed(lambda: self._confirm(run_id, step, key), refused)
         return (DONE, key, url, None) if nothing is None else (NEW, None, None, nothing)
 
     def close(self) -> None:
@@ -242,6 +273,28 @@ def expired_url_landed(confirm: Callable[[], None], exc: APIError) -> RetryableA
             status_code=403,
         )
     return None
+
+
+def _maybe_stored(
+    before: Sequence[int], after: Sequence[int], errors: dict[int, BaseException]
+) -> bool:
+    """Whether an object of the batch may be stored though none is recorded
+    done: a confirm of its key may have been sent and its answer not come
+    (or come to a process that died before recording it). That is an object
+    recorded ``EXPIRED`` before this stage and still so, and, once every
+    object's bytes landed (the confirms' stage began, now or on an earlier
+    try), any object not confirmed yet. An object refused for its content
+    right now is not: a repeated confirm of a stored object is a 200."""
+
+    def maybe(index: int, stage: int) -> bool:
+        if index in errors and is_record_rejection(errors[index]):
+            return False
+        if stage == EXPIRED:
+            return before[index] == EXPIRED  # not just found expired: asked since
+        return stage == PUT and confirming
+
+    confirming = all(stage in (PUT, *_SETTLED) for stage in before)
+    return any(maybe(index, stage) for index, stage in enumerate(after))
 
 
 def _too_large(exc: BaseException) -> bool:

@@ -19,7 +19,7 @@ import httpx
 import orjson
 import pytest
 import workloads
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from scripted_platform import Batch
 
@@ -63,8 +63,9 @@ class Store:
                     self._commit(what, request)
                     raise httpx.RemoteProtocolError(f"peer closed the connection ({what})")
                 if fault is SILENT:  # committed; a gateway answered an empty 200
-                    self._commit(what, request)
-                    return httpx.Response(200, content=b"")
+                    answer = self._commit(what, request)
+                    # (to a request that succeeded: a refusal is not swallowed)
+                    return answer if answer.is_error else httpx.Response(200, content=b"")
                 return fault()
             return self._commit(what, request)
 
@@ -193,52 +194,114 @@ _FAULTS: dict[str, Callable[[], httpx.Response]] = {
     "500": lambda: httpx.Response(500, text="oops"),
     "503": lambda: httpx.Response(503, text="busy"),
     "silent": SILENT,
+    "413": lambda: httpx.Response(413, text="Request Entity Too Large"),
 }
+_EXPIRED = lambda: httpx.Response(403, text="AccessDenied: request has expired")  # noqa: E731
+_FAULT = st.one_of(
+    st.tuples(st.sampled_from(["presign", "put", "confirm"]), st.sampled_from(sorted(_FAULTS))),
+    st.tuples(st.just("put"), st.just("expired")),
+)
+
+
+class _Platform(Store):
+    """The scripted store, but a confirm of an object already confirmed is
+    never refused as too large, as on the platform (a repeat is a 200): the
+    413 scripted next is left for a confirm of another object."""
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/confirm"):
+            with self._lock:
+                scripted = self.faults.get("confirm")
+                too_large = bool(scripted) and scripted[0] is _FAULTS["413"]
+                if too_large and json.loads(request.content)["s3_key"] in self.confirmed:
+                    self.calls.append("confirm")
+                    return httpx.Response(200, json={"status": "confirmed"})
+        return super().handler(request)
 
 
 @settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
-@given(
-    faults=st.lists(
-        st.tuples(st.sampled_from(["presign", "put", "confirm"]), st.sampled_from(sorted(_FAULTS))),
-        max_size=12,
-    ),
-    crashes=st.lists(st.booleans(), max_size=12),
+@given(faults=st.lists(_FAULT, max_size=12), crashes=st.lists(st.booleans(), max_size=12))
+# Found by a review, and not by the draws of the time: an answer lost to the
+# confirm that asks whether an expired URL's bytes landed, and a 413 in the
+# same batch (a lost confirm of the last stage and a 413:
+# test_a_backlog_batch_whose_confirms_began_is_not_refused_whole).
+@example(
+    faults=[
+        ("put", "lost"),
+        ("put", "lost"),
+        ("put", "expired"),
+        ("put", "503"),
+        ("put", "413"),
+        ("confirm", "lost"),
+    ],
+    crashes=[],
+)
+@example(
+    faults=[
+        ("put", "lost"),
+        ("put", "lost"),
+        ("put", "expired"),
+        ("confirm", "lost"),
+        ("put", "413"),
+    ],
+    crashes=[],
 )
 def test_a_backlog_batch_makes_each_object_once_whatever_fails(
     faults: list[tuple[str, str]], crashes: list[bool]
 ) -> None:
-    # The oracle: however requests fail, answers are lost or the process
-    # dies before recording what a stage did, the batch
-    # ends with each of its objects confirmed under exactly one key, holding
-    # that object's bytes, and no object of the same records twice.
-    store = Store()
+    # The oracle: however requests fail, answers are lost, objects are too
+    # large (413) or the process dies before recording what a stage did,
+    # each step's records end in exactly one confirmed object, holding bytes
+    # made of them, or are counted as lost; never in two objects. A batch
+    # refused whole for its size is sent anew in halves, as the shipper
+    # does (a batch of one object refused: its records counted lost).
+    store = _Platform()
     for what, fault in faults:
-        store.faults.setdefault(what, []).append(_FAULTS[fault])
+        store.faults.setdefault(what, []).append(_EXPIRED if fault == "expired" else _FAULTS[fault])
     sink = _sink(store)
-    batch = _batch(sink, _one_per_step(range(0, 60, 10)))
-    units = unpack_units(batch.body)
-    for attempt in range(40):
-        before, saves = json.loads(json.dumps(batch.state)), len(batch.saved)
-        try:
-            batch.send(sink)
-            break
-        except (TransportError, APIError):
-            if attempt < len(crashes) and crashes[attempt]:
-                # Died before the attempt's last record was written: the
-                # requests of that stage went out, their outcome is not kept.
-                batch.state = before
-                for change in batch.saved[saves:-1]:
-                    batch.state.update(change)
-    else:
-        raise AssertionError(f"the batch never went through: {store.calls}")
-    assert batch.state["done"] == len(units)
+    entries = _one_per_step(range(0, 60, 10))  # five objects: the sixth step waits
+    made: dict[int, set[bytes]] = {}  # each step's objects, as any batch made them
+    lost: list[int] = []
+    dies = iter(crashes)
+    todo = [(0, 5)]  # batches to send: (first entry, objects)
+    while todo:
+        first, count = todo.pop(0)
+        batch = _batch(sink, entries[first : first + count + 1])
+        units = unpack_units(batch.body)
+        steps = [int(meta["step"]) for meta, _ in units]
+        assert len(units) == count
+        for step, (_, blob) in zip(steps, units, strict=True):
+            made.setdefault(step, set()).add(blob)
+        for _ in range(40):
+            before, saves = json.loads(json.dumps(batch.state)), len(batch.saved)
+            try:
+                batch.send(sink)
+            except (TransportError, APIError) as exc:
+                if next(dies, False):
+                    # Died before the attempt's last record was written: the
+                    # requests of that stage went out, their outcome is not kept.
+                    batch.state = before
+                    for change in batch.saved[saves:-1]:
+                        batch.state.update(change)
+                elif isinstance(exc, APIError) and exc.status_code == 413:
+                    half = count // 2
+                    if half:
+                        todo[:0] = [(first, half), (first + half, count - half)]
+                    else:
+                        lost.extend(steps)
+                    break
+            else:
+                lost.extend(steps[index] for index in batch.failed_at_ack)
+                break
+        else:
+            raise AssertionError(f"the batch never went through: {store.calls}")
     confirmed = set(store.confirmed)
-    assert confirmed == set(batch.state["keys"])
-    assert sorted(store.put[key] for key in confirmed) == sorted(blob for _, blob in units)
-    # Keys minted and never confirmed hold nothing the viewer shows.
-    assert len(confirmed) == len(units)
+    for key in confirmed:
+        assert store.put[key] in made[store.steps[key]]
+    by_step = sorted([store.steps[key] for key in confirmed] + lost)
+    assert by_step == list(range(0, 50, 10)), f"stored twice or never: {by_step}"
 
 
 def test_a_backlog_object_whose_url_expired_is_minted_anew_and_others_go_on(
@@ -849,3 +912,102 @@ def test_a_backlog_batch_is_damage_to_the_version_before_it_not_objects_made_aga
     one = _batch(sink, _entries({0: 3}))
     assert batchstate.from_journal(InFlight(1, 3, one.body, one.state), Before).progress.done == 0
     assert batch.progress.put is None and one.progress.put is False
+
+
+def _expired() -> httpx.Response:
+    return httpx.Response(403, text="AccessDenied: request has expired")
+
+
+def _ship(store: Store, tmp_path: Path, entries: list[Entry]) -> tuple[list[int], int]:
+    """``entries`` shipped to the sample table through a shipper: the steps of
+    the objects confirmed (one a key), and the records counted as lost."""
+    journal = Journal.create(tmp_path / "runs")
+    journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
+    shipper = Shipper(
+        journal,
+        _sink(store),
+        binding=lambda: _BOUND,
+        training=True,
+        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
+        on_failure=lambda what, exc: None,
+    )
+    shipper.start()
+    shipper.hurry()
+    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 20)
+    shipper.stop(timeout=5)
+    lost = sum(int(loss["count"]) for loss in journal.losses().values())
+    journal.close()
+    return sorted(store.steps[key] for key in set(store.confirmed)), lost
+
+
+def test_an_expired_url_asked_about_is_not_asked_before_a_size_limit_splits_the_batch(
+    store: Store, tmp_path: Path
+) -> None:
+    # Two PUTs landed with their answers lost. On the next try one of their
+    # URLs expired, and the other's PUT gets a 413. Had the confirm asking
+    # whether the expired one landed gone out with the PUTs (and been
+    # committed, its answer lost), the batch refused whole would be split
+    # and that object made again under a new key: stored twice. It goes once
+    # the PUTs are recorded, so the 413 still splits a batch nothing of
+    # which is stored, and no record is lost.
+    store.faults["put"] = [LOST, LOST, _expired, _too_large]
+    store.faults["confirm"] = [LOST]
+    entries = _entries({0: 3, 10: 3, 20: 3})
+    confirmed, lost = _ship(store, tmp_path, entries)
+    assert confirmed == [0, 10, 20] and lost == 0
+
+
+def test_a_backlog_object_that_may_be_confirmed_is_not_made_again_when_another_is_too_large(
+    store: Store, tmp_path: Path
+) -> None:
+    # Three faults in one batch: two PUTs landed with their answers lost; on
+    # the next try one of their URLs expired and the confirm asking whether it
+    # landed is committed with its answer lost (the store was busy for the
+    # other); on the try after, the other's PUT gets a 413. The first object
+    # may be stored (it is): the batch is not refused whole, which would have
+    # the shipper split it and make that object again under a new key. It is
+    # confirmed again, the one over the size limit counted as lost, alone.
+    store.faults["put"] = [LOST, LOST, _expired, lambda: httpx.Response(503), _too_large]
+    store.faults["confirm"] = [LOST]
+    entries = _entries({0: 3, 10: 3, 20: 3})
+    confirmed, lost = _ship(store, tmp_path, entries)
+    assert len(confirmed) == len(set(confirmed)), f"a step stored twice: {confirmed}"
+    assert len(confirmed) == 2 and lost == 3  # each step once, or counted lost
+
+
+def test_a_backlog_batch_whose_confirms_began_is_not_refused_whole(store: Store) -> None:
+    # Every object's bytes landed and the confirms went out: step 20's was
+    # committed with its answer lost, twice; on the second try step 10's is
+    # refused as too large. Step 20's object may be (is) stored, so the
+    # batch is not refused whole, which would have the shipper split it and
+    # make step 20's object again under a new key: step 10's is refused
+    # alone and the others are confirmed under the keys they have.
+    handler, lock = store.handler, threading.Lock()
+    busy = lambda: httpx.Response(503, text="busy")  # noqa: E731
+    answers = {0: [busy, busy], 10: [busy, _too_large], 20: [LOST, LOST]}
+    # The first two tries' confirms are all in flight before any is
+    # answered: a failure answered first would leave the rest not sent.
+    together = threading.Barrier(3, timeout=10)
+
+    def scripted(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/confirm"):
+            step = store.steps[json.loads(request.content)["s3_key"]]
+            if answers[step]:
+                together.wait()
+                with lock:  # each confirm is given its step's answer
+                    store.faults["confirm"] = [answers[step].pop(0)]
+                    return handler(request)
+        return handler(request)
+
+    store.handler = scripted  # type: ignore[method-assign]
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 40, 10)))  # three objects
+    for _ in range(2):
+        with pytest.raises((TransportError, RetryableAPIError)):
+            batch.send(sink)
+    assert batch.state["stages"] == [2, 4, 2]
+    batch.send(sink)
+    assert batch.state["stages"] == [3, 4, 3]
+    assert [count for count, _ in batch.failed_at_ack.values()] == [1]
+    keys = batch.state["keys"]
+    assert set(store.confirmed) == {keys[0], keys[2]} and store.minted == 3
