@@ -286,8 +286,11 @@ def _left_in(path: Path) -> str | None:
         return f"could not be read ({exc})"
     if info.meta.get("state") == "shipped":
         return None
-    if nothing_new(sync_root(), info.local_id, info.last_seq):
-        return None
+    try:
+        if nothing_new(sync_root(), info.local_id, info.last_seq):
+            return None
+    except JournalError as exc:  # an untrusted sync root: its records are not read
+        return f"not shipped: its processes are gone ({exc})"
     return "not shipped: its processes are gone"
 
 

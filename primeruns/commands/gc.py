@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from ..journal import delete_journal
 from ..journal.listing import journal_infos
 from ..reports import RunStatus, statuses
 from ..ship import sync_records
-from ..ship.copies import K_SOURCE_PATH, sync_root
+from ..ship.copies import K_SOURCE_PATH, check_sync_root, sync_root
 from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, inert_errors, runs_dir_of
 from .console import emit_json, human_age, human_bytes, inert
 from .gc_steps import collect_tables
@@ -92,7 +93,15 @@ def run_gc(args: argparse.Namespace) -> int:
 
     code = EXIT_OK
     root = sync_root()
-    apart = root.is_dir() and root.absolute() != runs_dir.absolute()
+    try:
+        check_sync_root(root)
+        trusted = True
+    except JournalError as exc:
+        # Sync journals are pruned only in a root of the user's own: one
+        # another user could write into may hold theirs, or link elsewhere.
+        print(inert(f"not pruning sync journals: {exc}"), file=sys.stderr)
+        trusted = False
+    apart = trusted and root.is_dir() and root.absolute() != runs_dir.absolute()
     synced = statuses(root) if apart else []
     listed = [(s, False) for s in statuses(runs_dir)] + [(s, True) for s in synced]
     verdicts = [_verdict(s, args.older_than, args.force and not pruning) for s, pruning in listed]

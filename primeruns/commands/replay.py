@@ -34,6 +34,7 @@ from ..reports import RunStatus, describe, statuses, unit_of
 from ..settings import resolve_sdk_settings
 from ..ship import resident
 from ..ship.backlog import ShipReport, is_copy, needs_sync, ship_journal, spec_from_file
+from ..ship.copies import check_sync_root
 from ..ship.factory import sink_kinds
 from ..ship.family import K_FORK_PARENT, children_of, finds_its_run
 from ..ship.mirror import fingerprint, snapshot, sync_root
@@ -600,6 +601,10 @@ def _run(args: argparse.Namespace, *, offline: bool) -> int:
     # Resolved once, before any journal is touched: a bad PRIME_RUNS_* value
     # is an error naming it, not a failure of each run in turn.
     policy = RetryPolicy.from_settings(resolve_sdk_settings(runs_dir=args.runs_dir))
+    # Every ship reads or makes sync journals and their records there: a root
+    # another user could write into is refused once, naming it and the fix,
+    # not journal by journal (``copies.check_sync_root``).
+    check_sync_root(sync_root())
     resident.enable()  # this command's process ships, as the uplink's does: same allocator care
     spec = None
     if args.spec is not None:

@@ -47,7 +47,15 @@ from ..journal.store import DATA_NAME
 from ..platform import Settings
 from ..spec import SPEC_KEY, RunSpec, SpecError, spec_or_default
 from . import ledger, sync_records
-from .copies import K_SOURCE_PATH, is_copy, origin_of, sync_names, sync_path, sync_root
+from .copies import (
+    K_SOURCE_PATH,
+    check_sync_root,
+    is_copy,
+    origin_of,
+    sync_names,
+    sync_path,
+    sync_root,
+)
 from .factory import sink_kinds
 from .mirror import (
     Imported,
@@ -147,6 +155,7 @@ def ship_journal(
     a path that is not a journal. Platform failures are reported, never raised.
     """
     root = synced_in if synced_in is not None else sync_root()
+    check_sync_root(root)  # (UntrustedPathError: it holds registrations and offsets)
     try:
         return _ship_journal(
             Path(path),

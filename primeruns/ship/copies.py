@@ -15,15 +15,20 @@ from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..exceptions import JournalError
 from ..journal.lock import read_owner
 from ..journal.meta import K_LOCAL_ID
 from ..journal.origin import K_ORIGIN, Origin
 from ..journal.store import DATA_NAME
+from ..journal.trust import check_dir, make_private_dirs
 from ..settings import default_sync_root
 
 __all__ = [
     "K_SOURCE_PATH",
+    "check_sync_folder",
+    "check_sync_root",
     "is_copy",
+    "make_sync_root",
     "origin_of",
     "sync_name",
     "sync_names",
@@ -37,6 +42,47 @@ K_SOURCE_PATH = "sync.source"  # a sync journal's meta: the copy last imported f
 def sync_root(environ: Mapping[str, str] | None = None) -> Path:
     """Where sync journals live (:func:`primeruns.settings.default_sync_root`)."""
     return default_sync_root(environ)
+
+
+#: How to fix a sync root another user could write into (``check_sync_root``).
+_OWN_ROOT = (
+    "make it a folder of your own that only you can write (chmod 700), not a link, "
+    "or point XDG_STATE_HOME at a private folder"
+)
+
+
+def check_sync_root(root: Path) -> None:
+    """UntrustedPathError (naming the folder and the fix) unless the sync
+    root is a private folder of the user's, as a runs directory must be
+    (``journal.trust``), or is not there yet. The root holds each run's
+    registration and offsets and the records of what shipped: planted,
+    swapped or read by another user, records would land in another run or be
+    skipped. For the default root the ``prime-runs`` folder holding it is
+    checked too (whoever can write there can put a root of their own in
+    place of the user's); the state folder above is not: ``/tmp``, shared
+    and sticky, is a fine ``XDG_STATE_HOME``."""
+    if root == default_sync_root():
+        check_dir(root.parent, "state folder", advice=_OWN_ROOT)
+    check_dir(root, "sync root", advice=_OWN_ROOT)
+
+
+def check_sync_folder(root: Path, *under: str) -> Path:
+    """The folder ``root/*under`` (the sync root itself without ``under``),
+    checked as ``check_sync_root`` checks the root (both, if it exists)."""
+    check_sync_root(root)
+    folder = root.joinpath(*under)
+    if under:
+        check_dir(folder, "sync folder", advice=_OWN_ROOT)
+    return folder
+
+
+def make_sync_root(root: Path, *under: str) -> Path:
+    """The folder ``root/*under`` (the sync root itself without ``under``),
+    checked, made 0700 where missing (the root too), and checked again:
+    made meanwhile by someone else?"""
+    check_sync_folder(root, *under)
+    make_private_dirs(root.joinpath(*under))
+    return check_sync_folder(root, *under)
 
 
 def origin_of(path: Path, meta: Mapping[str, Any]) -> Origin | None:
@@ -103,8 +149,10 @@ def is_copy(
 
 
 def sync_names(root: Path) -> frozenset[str]:
-    """The names in the sync root (none when it is absent), for ``is_copy``'s ``in_root``."""
+    """The names in the sync root (none when it is absent, or another user
+    could have put them there: ``check_sync_root``), for ``is_copy``'s ``in_root``."""
     try:
+        check_sync_root(root)
         return frozenset(os.listdir(root))
-    except OSError:
+    except (OSError, JournalError):
         return frozenset()

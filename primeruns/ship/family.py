@@ -31,6 +31,7 @@ from ..journal.meta import K_FORK_PARENT, K_FORK_PARENT_PATH
 from ..journal.store import DATA_NAME
 from ..spec import listed_spec
 from . import sync_records
+from .copies import check_sync_root
 from .mirror import sync_root, valid_local_id
 
 __all__ = [
@@ -65,7 +66,13 @@ def parent_binding(parent: object, parent_path: object) -> dict[str, Any]:
     original = Path(parent_path) if isinstance(parent_path, str) and parent_path else None
     root = sync_root()
     for where in (original, root / parent_id):
-        if where is None or not (where / DATA_NAME).is_file():
+        if where is None:
+            continue
+        if where != original:
+            # A registration read from another user's sync root (or through a
+            # link) would ship the child's records into their run.
+            check_sync_root(root)
+        if not (where / DATA_NAME).is_file():
             continue
         # In the forked child itself the parent's journal cannot be opened
         # (it is open in this process: see journal.store); its uplink can.

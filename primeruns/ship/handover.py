@@ -26,7 +26,7 @@ from ..exceptions import JournalError
 from ..journal import Journal
 from ..journal.origin import Origin
 from . import sync_records
-from .copies import K_SOURCE_PATH
+from .copies import K_SOURCE_PATH, check_sync_root
 from .mirror import import_new, open_sync_journal, snapshot
 
 __all__ = ["remember", "take_over"]
@@ -41,6 +41,12 @@ def take_over(paths: Sequence[Path], root: Path, by: str) -> list[Journal]:
     be taken (its sync journal shipped by another process, a copy changing
     as it is read) is left for ``sync``, and logged."""
     taken: dict[str, Journal] = {}
+    try:
+        check_sync_root(root)
+    except JournalError as exc:  # another user's, or a link: nothing taken there
+        if paths:
+            log.warning("prime-runs: not taking over earlier journals of this run: %s", exc)
+        return []
     for path in paths:
         origin = Origin.read_beside(path)
         if origin is not None and origin.producer_state() == "alive":

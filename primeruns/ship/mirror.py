@@ -31,6 +31,14 @@ holds beyond it, so a pass over an unchanged copy costs the platform nothing.
   sync journal took yet becomes one itself (:func:`adopt_repaired`): its
   private snapshot, rebuilt from what is intact.
 
+The sync root is trusted as a runs directory is (``journal.trust``): nothing
+is made, read or renamed in one that is a link, or that another user owns or
+could write into (``copies.check_sync_root``): they could read what is
+synced, or swap or plant sync journals, and with them registrations and
+offsets (records shipped to another run, or skipped). A copy is read only
+from a journal directory a journal may live in: not through a link, not
+another user's.
+
 The sequence numbers of the sync journal and of every copy of one journal
 are the same numbers; that is what makes a later copy's entries line up.
 """
@@ -52,9 +60,9 @@ from ..exceptions import JournalError
 from ..journal import Entry, EntryKind, Journal
 from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
-from ..journal.trust import make_private_dirs
+from ..journal.trust import check_dir
 from . import sync_records
-from .copies import K_SOURCE_PATH, sync_root
+from .copies import K_SOURCE_PATH, check_sync_root, make_sync_root, sync_root
 
 __all__ = [
     "K_SOURCE_ORIGIN",
@@ -119,6 +127,7 @@ def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:
     and renamed into place: a sync interrupted while making it leaves no
     sync journal that lacks the offsets its copy had shipped."""
     local_id = valid_local_id(source.local_id)
+    check_sync_root(root)
     path = root / local_id
     made = not (path / DATA_NAME).exists()
     written_here = False
@@ -150,6 +159,7 @@ def adopt_repaired(
     it), then renamed into place and opened as owner. Its shipping state, if
     the copy had any, is the copy's own. JournalError as ``open_sync_journal``."""
     local_id = valid_local_id(local_id)
+    check_sync_root(root)
     sync_records.refuse_if_shipped(root, local_id)
     with Journal.open(taken, owner=True, repair=True) as journal:
         journal.set_meta(K_SOURCE_ORIGIN, origin.to_json())
@@ -174,7 +184,7 @@ def _create(source: Journal, root: Path, local_id: str) -> bool:
     kwargs: dict[str, Any] = {}
     if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
         kwargs["max_bytes"] = budget
-    make_private_dirs(root)
+    make_sync_root(root)
     staging = Path(tempfile.mkdtemp(prefix=".creating-", dir=root))
     try:
         journal = Journal.create(staging, local_id=local_id, meta=meta, **kwargs)
@@ -322,8 +332,11 @@ def snapshot(copy: Path, root: Path) -> Iterator[Path]:
     copy itself: a copy refreshed in place (``cp -a``) may be truncated under
     a reader's memory map (SIGBUS), and a reader writes LMDB's lock file; a
     snapshot is neither. Taken again while the copy changes under it (three
-    tries, then JournalError: sync again once the copy is done)."""
-    make_private_dirs(root)
+    tries, then JournalError: sync again once the copy is done).
+    UntrustedPathError for a copy reached through a link or another user's
+    (as ``Journal.open`` refuses a journal directory), or an untrusted root."""
+    check_dir(copy, "journal directory")
+    make_sync_root(root)
     for _ in range(3):
         before = _files(copy)
         holder = Path(tempfile.mkdtemp(prefix=".snapshot-", dir=root))

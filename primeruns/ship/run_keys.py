@@ -11,7 +11,9 @@ key as its client token, and evaluations can be listed), so this record is a
 shortcut there; an external training run cannot be looked up on the wire, so
 for training runs this record is the only way: sync the journals of one key
 where the record is (one login node, one user), which is how a runs directory
-is synced anyway.
+is synced anyway. A record names the run a key's records go to: it is read
+and written only in a sync root of the user's own (``copies.check_sync_root``),
+never through a link.
 
 A key is recorded per platform (API root): the same key on a local platform
 and on the real one names two runs. Registration holds the key's lock, so
@@ -29,22 +31,28 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..journal.trust import make_private_dirs
+from ..journal.trust import check_file
 from ..settings import default_sync_root as sync_root
+from .copies import check_sync_folder, make_sync_root
 
 __all__ = ["held", "lookup", "remember"]
 
 
-def _path(key: str, api_root: str, root: Path | None) -> Path:
+_FOLDER = "run-keys"
+
+
+def _path(key: str, api_root: str, root: Path | None) -> tuple[Path, Path]:
+    """(the sync root, the key's record in it)."""
     digest = hashlib.sha256(f"{api_root}\n{key}".encode()).hexdigest()
-    return (root or sync_root()) / "run-keys" / f"{digest}.json"
+    root = root or sync_root()
+    return root, root / _FOLDER / f"{digest}.json"
 
 
 @contextlib.contextmanager
 def held(key: str, api_root: str, root: Path | None = None) -> Iterator[None]:
     """Hold the key's lock (blocking) while a run is looked up and created."""
-    path = _path(key, api_root, root)
-    make_private_dirs(path.parent)
+    root, path = _path(key, api_root, root)
+    make_sync_root(root, _FOLDER)
     fd = os.open(
         path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
     )
@@ -57,8 +65,11 @@ def held(key: str, api_root: str, root: Path | None = None) -> Iterator[None]:
 
 def lookup(key: str, api_root: str, root: Path | None = None) -> dict[str, Any] | None:
     """The run recorded for ``key`` (``run_id``, ``kind``, ``url``, ``name``), or None."""
+    root, path = _path(key, api_root, root)
+    check_sync_folder(root, _FOLDER)
+    check_file(path)
     try:
-        fd = os.open(_path(key, api_root, root), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return None
     with os.fdopen(fd, "rb") as handle:
@@ -73,8 +84,8 @@ def lookup(key: str, api_root: str, root: Path | None = None) -> dict[str, Any] 
 
 def remember(key: str, api_root: str, binding: dict[str, Any], root: Path | None = None) -> None:
     """Record the run ``key`` names (atomically: a reader sees all or nothing)."""
-    path = _path(key, api_root, root)
-    make_private_dirs(path.parent)
+    root, path = _path(key, api_root, root)
+    make_sync_root(root, _FOLDER)
     temp = path.with_suffix(f".{os.getpid()}.tmp")
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "w") as handle:

@@ -14,6 +14,11 @@ sync journal is made only where no record is (:func:`refuse_if_shipped`);
 a copy that holds nothing beyond what a pruned sync journal shipped is
 nothing to sync (:func:`nothing_new`). The folder's name starts with a dot,
 which no local id does, so it is never taken for a sync journal.
+
+A record decides where a run's records go and which are skipped: it is read
+only from a sync root of the user's own (``copies.check_sync_root``), never
+through a link, and only when it is the user's own file (UntrustedPathError
+otherwise, naming it).
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError
-from ..journal.trust import make_private_dirs
+from ..journal.trust import check_file
+from .copies import check_sync_folder, make_sync_root
 
 __all__ = ["nothing_new", "record_path", "recorded", "refuse_if_shipped", "remember"]
 
@@ -39,11 +46,25 @@ def record_path(root: Path, local_id: str) -> Path:
 
 
 def recorded(root: Path, local_id: str) -> dict[str, Any] | None:
-    """The record of ``local_id``'s sync journal, or None (none, or unreadable)."""
+    """The record of ``local_id``'s sync journal, or None (none, or
+    unreadable). UntrustedPathError for a root, folder or record another
+    user could have planted or that is a link."""
+    check_sync_folder(root, _FOLDER)
+    path = record_path(root, local_id)
+    check_file(path)
     try:
-        value = json.loads(record_path(root, local_id).read_text())
-    except (OSError, ValueError):
+        # No link followed even if one appeared since the check (the folder
+        # is ours: nobody else can put one there), and no FIFO waited on.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
         return None
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+            return None
+        try:
+            value = json.loads(handle.read(1 << 20))
+        except (OSError, ValueError):
+            return None
     return value if isinstance(value, dict) else None
 
 
@@ -53,8 +74,7 @@ def remember(root: Path, local_id: str, **fields: Any) -> None:
     if all(record.get(k) == v for k, v in fields.items()):
         return
     record.update(fields)
-    folder = root / _FOLDER
-    make_private_dirs(folder)
+    folder = make_sync_root(root, _FOLDER)
     fd, tmp = tempfile.mkstemp(prefix=".record-", dir=folder)
     try:
         with os.fdopen(fd, "w") as handle:

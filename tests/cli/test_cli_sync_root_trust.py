@@ -1,0 +1,190 @@
+"""The sync root (``$XDG_STATE_HOME/prime-runs/synced``) is trusted as a runs
+directory is: a real folder of the user's own that nobody else can write into.
+
+Sync journals hold a run's registration and acknowledged offsets, and the
+records beside them (``.shipped``, ``run-keys``) say which platform run a
+journal ships to and how far it shipped: planted or swapped by another user,
+records would land in the wrong run or be skipped, and whatever the user
+synced would be theirs to read. A root (or the ``prime-runs`` folder holding
+it) that is a link, open to others, or another user's is refused before
+anything is read or made in it, naming the folder and the fix.
+
+Another user's folder needs another uid: those cases run as root (as CI
+does) and are skipped elsewhere, failing under CI (``second_uid.require``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import second_uid
+from cli_helpers import cli
+from sdk_helpers import API_KEY, point_at
+
+import primeruns as pr
+from primeruns.journal.trust import UntrustedPathError
+from primeruns.settings import default_sync_root
+from primeruns.ship import run_keys, sync_records
+from primeruns.ship.mirror import snapshot
+
+NOBODY = 65534
+UNREACHABLE = "http://127.0.0.1:9/api/v1"  # this machine's: a journal may name it
+
+
+def _copied_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An offline run's journal copied elsewhere (what ``sync`` imports into
+    a sync journal), with this environment's key set."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(
+        environments=["gsm8k"], model="m", mode="offline", runs_dir=runs, base_url=UNREACHABLE
+    )
+    run.finish()
+    assert run.journal_path is not None
+    login = tmp_path / "login"
+    login.mkdir(mode=0o700)
+    copy = login / run.journal_path.name
+    shutil.copytree(run.journal_path, copy)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    return copy
+
+
+def _spoil(folder: Path, how: str, tmp_path: Path) -> Path | None:
+    """Make ``folder`` untrusted ``how``; the folder a link points at, if any."""
+    if how == "link":
+        target = tmp_path / "elsewhere"
+        target.mkdir(mode=0o700)
+        folder.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.symlink(target, folder)
+        return target
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if how == "open":
+        os.chmod(folder, 0o777)
+    elif how == "another user's":
+        second_uid.require()
+        os.chown(folder, NOBODY, NOBODY)
+    return None
+
+
+HOWS = ["link", "open", "another user's"]
+WHY = {
+    "link": "symbolic link",
+    "open": "writable by other users",
+    "another user's": "belongs to another user",
+}
+
+
+@pytest.mark.parametrize("which", ["synced", "prime-runs"])
+@pytest.mark.parametrize("how", HOWS)
+@pytest.mark.parametrize("command", ["sync", "replay"])
+def test_sync_refuses_an_untrusted_sync_root_naming_it_and_makes_nothing_there(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    which: str,
+    how: str,
+    command: str,
+) -> None:
+    copy = _copied_run(tmp_path, monkeypatch)
+    root = default_sync_root()
+    folder = root if which == "synced" else root.parent
+    target = _spoil(folder, how, tmp_path)
+    before = sorted(os.listdir(target or folder))
+    code, out, err = cli(capsys, command, str(copy), "--timeout", "5")
+    assert code == 2, (out, err)
+    assert str(folder) in err and WHY[how] in err, err
+    assert "XDG_STATE_HOME" in err  # the fix is named
+    assert "Traceback" not in out + err and API_KEY not in out + err
+    assert sorted(os.listdir(target or folder)) == before  # nothing made or read there
+
+
+@pytest.mark.parametrize("how", HOWS)
+def test_the_records_beside_sync_journals_are_never_read_from_an_untrusted_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A record planted there would send a run's records to another run
+    (``run_id``) or skip them (``imported_upto``)."""
+    point_at(monkeypatch, tmp_path, None)
+    root = default_sync_root()
+    target = _spoil(root, how, tmp_path)
+    where = target or root
+    (where / ".shipped").mkdir()
+    (where / ".shipped" / "run1.json").write_text('{"run_id": "theirs", "closed": true}')
+    with pytest.raises(UntrustedPathError, match="XDG_STATE_HOME"):
+        sync_records.recorded(root, "run1")
+    with pytest.raises(UntrustedPathError):
+        sync_records.nothing_new(root, "run1", 1)
+    with pytest.raises(UntrustedPathError):
+        run_keys.lookup("key", "https://api.example/api/v1")
+    with pytest.raises(UntrustedPathError):
+        run_keys.remember("key", "https://api.example/api/v1", {"run_id": "r"})
+    with pytest.raises(UntrustedPathError):
+        sync_records.remember(root, "run2", run_id="mine")
+    assert not (where / ".shipped" / "run2.json").exists()
+    assert not (where / "run-keys").exists()
+
+
+def test_a_record_that_is_a_link_is_not_followed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    point_at(monkeypatch, tmp_path, None)
+    root = default_sync_root()
+    sync_records.remember(root, "run1", run_id="mine")
+    planted = tmp_path / "planted.json"
+    planted.write_text('{"run_id": "theirs"}')
+    record = sync_records.record_path(root, "run1")
+    record.unlink()
+    os.symlink(planted, record)
+    with pytest.raises(UntrustedPathError, match="symbolic link"):
+        sync_records.recorded(root, "run1")
+
+
+def test_the_sync_root_sync_makes_is_private_whatever_the_umask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    copy = _copied_run(tmp_path, monkeypatch)
+    root = default_sync_root()
+    previous = os.umask(0)
+    try:
+        with snapshot(copy, root):
+            pass
+        sync_records.remember(root, "run1", run_id="mine")
+        with run_keys.held("key", "https://api.example/api/v1"):
+            pass
+    finally:
+        os.umask(previous)
+    for folder in (root.parent, root, root / ".shipped", root / "run-keys"):
+        assert os.stat(folder).st_mode & 0o777 == 0o700, folder
+
+
+def test_a_sync_root_in_a_sticky_shared_state_folder_is_fine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``XDG_STATE_HOME=/tmp`` (world-writable, sticky): only the folders
+    prime-runs makes there must be the user's own, as for a runs directory."""
+    copy = _copied_run(tmp_path, monkeypatch)
+    shared = tmp_path / "shared-tmp"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    monkeypatch.setenv("XDG_STATE_HOME", str(shared))
+    code, out, err = cli(capsys, "sync", str(copy), "--timeout", "1")
+    assert "sync root" not in err and "state folder" not in err, err
+    root = shared / "prime-runs" / "synced"
+    assert (root / copy.name).is_dir(), (code, out, err)  # its sync journal was made
+
+
+def test_sync_of_a_link_to_a_journal_is_refused_as_a_journal_directory_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A journal's directory is never reached through a link (``trust``): a
+    link named on the command line is refused, not followed into wherever it
+    points (another user's folder, say), and nothing is imported from it."""
+    copy = _copied_run(tmp_path, monkeypatch)
+    link = tmp_path / "login" / "link"
+    os.symlink(copy, link)
+    code, out, err = cli(capsys, "sync", str(link), "--timeout", "5")
+    assert code == 2, (out, err)
+    assert str(link) in err and "symbolic link" in err, err
+    assert not (default_sync_root() / copy.name).exists()
