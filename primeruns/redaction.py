@@ -66,10 +66,21 @@ def scrub(text: str, *secrets: str | None) -> str:
     known.update(s for s in secrets if s and len(s) >= _MIN_SECRET)
     # Longest first: a key that contains another is masked whole.
     for secret in sorted(known, key=len, reverse=True):
-        if secret in text:
-            text = text.replace(secret, MASK)
+        for form in _shown(secret):
+            if form in text:
+                text = text.replace(form, MASK)
     text = _ECHO.sub(lambda m: f"{m[1]}{m[2]}{m[3] or ''}{MASK}", text)
     return _BEARER.sub(lambda m: f"{m[1]}{MASK}", text)
+
+
+def _shown(secret: str) -> tuple[str, ...]:
+    """``secret`` as a message may hold it: as it is, and for one with a
+    character that is not printable (a key pasted with a vertical tab) as a
+    ``repr`` of its text or bytes shows it (h11 refuses such a header naming
+    ``b'Bearer pk-...\\x0b...'``, which holds the key escaped, not as it is)."""
+    if secret.isprintable():
+        return (secret,)
+    return (secret, repr(secret)[1:-1], repr(secret.encode("utf-8"))[2:-1])
 
 
 def url_for_display(url: str) -> str:

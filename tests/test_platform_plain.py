@@ -1061,3 +1061,121 @@ def test_a_header_line_once_written_is_written_again_as_it_was_and_a_bad_one_alw
             conn.lines = lines
             with pytest.raises(error):
                 _written(conn, {**headers, "X-Bad": bad})
+
+
+#: Keys as they come from a file or a paste: blanks around them, a vertical
+#: tab or form feed inside, text beyond ASCII; and keys h11 takes as they are.
+_ODD_KEYS = [
+    (KEY + " ", "refused"),
+    (KEY + "\t", "refused"),
+    (" " + KEY, "sent"),  # (after "Bearer ": blanks between words, which h11 takes)
+    ("\t" + KEY, "sent"),
+    (KEY[:4] + "\x0b" + KEY[4:], "refused"),
+    (KEY[:4] + "\x0c" + KEY[4:], "refused"),
+    (KEY + "é", "refused"),
+    (KEY[:4] + " \t " + KEY[4:], "sent"),
+    (KEY[:4] + "\x7f" + KEY[4:], "sent"),
+]
+
+
+def _outcome(client: PlatformClient) -> str:
+    """What a call came to: sent, or the error httpx (h11) gave it."""
+    try:
+        client.api("POST", "/rft/metrics", {"run_id": "r"})
+    except TransportError as exc:
+        assert KEY not in str(exc) and KEY[4:] not in str(exc)
+        assert not is_ambiguous(exc) and not never_reached(exc)
+        return "LocalProtocolError" if "LocalProtocolError" in str(exc) else str(exc)
+    except UnicodeEncodeError:
+        return "UnicodeEncodeError"
+    return "sent"
+
+
+@pytest.mark.parametrize(("key", "expected"), _ODD_KEYS)
+def test_a_key_httpx_refuses_is_refused_on_the_plain_path_too_without_showing_it(
+    serve: Callable[..., _Server], key: str, expected: str
+) -> None:
+    """``http.client`` sent a key with a blank around it, or a vertical tab
+    or form feed in it, which h11 refuses before anything is sent, and a
+    key beyond ASCII as Latin-1, which httpx refuses to encode: the same
+    key went out or failed by which path a call took. Now each fails, or
+    goes, on both paths alike, the key never in the error."""
+    import httpx
+
+    server = serve()
+    settings = resolve_settings(
+        api_key=key, base_url=_client(server).settings.api_root, environ={}, config={}
+    )
+    outcomes = []
+    for transport in (None, httpx.HTTPTransport()):
+        client = PlatformClient(settings, transport=transport)
+        try:
+            outcomes.append(_outcome(client))
+        finally:
+            client.close()
+    plain_path, through_httpx = outcomes
+    assert plain_path == through_httpx
+    assert (plain_path == "sent") == (expected == "sent"), plain_path
+    assert len(server.requests) == (2 if expected == "sent" else 0)
+
+
+@pytest.mark.parametrize(
+    "name", ["X-Team", "X Team", "X-Team ", " X-Team", "X\tTeam", "X:Team", "X(Team)", "X/Team", ""]
+)
+@pytest.mark.parametrize("value", ["tok", " tok", "tok ", "t\x0bok", "t\u00f8k"])
+def test_a_header_httpx_refuses_is_refused_alike_on_the_plain_path(
+    serve: Callable[..., _Server], name: str, value: str
+) -> None:
+    """Any header name and value, through ``PlainConnections`` and through
+    httpx: refused alike before anything is sent (an error of the same
+    class, the value never in the plain path's), or sent alike."""
+    import httpx
+
+    server = serve()
+    port = server.server_address[1]
+    connections = plain.PlainConnections(ssl.create_default_context)
+    target = plain.Target("http", "127.0.0.1", port, f"127.0.0.1:{port}")
+    headers = {"X-Good": "1", name: value}
+    outcomes = []
+    try:
+        connections.request(
+            target, "POST", "/api/v1/rft/metrics", headers, b"{}", plain.Deadlines(5, 5)
+        )
+        outcomes.append("sent")
+    except (httpx.LocalProtocolError, UnicodeEncodeError) as exc:
+        outcomes.append(type(exc).__name__)
+        if isinstance(exc, httpx.LocalProtocolError):
+            assert "tok" not in str(exc)
+    finally:
+        connections.close()
+    with httpx.Client() as client:
+        try:
+            client.post(
+                f"http://127.0.0.1:{port}/api/v1/rft/metrics", content=b"{}", headers=headers
+            )
+            outcomes.append("sent")
+        except (httpx.LocalProtocolError, UnicodeEncodeError) as exc:
+            outcomes.append(type(exc).__name__)
+    assert outcomes[0] == outcomes[1]
+    sent = (name, value) == ("X-Team", "tok")  # the only one h11 takes
+    assert (outcomes[0] == "sent") == sent, outcomes
+    assert len(server.requests) == (2 if sent else 0)
+
+
+def test_the_plain_paths_header_rules_are_h11s() -> None:
+    """Copied from h11 (not imported: it loads at the first failure only):
+    every byte, alone, between others and at either end, is taken or
+    refused alike."""
+    from h11 import _headers
+
+    samples = [b"", b"a b", b"a \t b"]
+    for byte in range(256):
+        one = bytes([byte])
+        samples += [one, b"a" + one + b"b", one + b"ab", b"ab" + one, b"a " + one + b" b"]
+    for sample in samples:
+        assert bool(plain._TOKEN.fullmatch(sample)) == bool(
+            _headers._field_name_re.fullmatch(sample)
+        ), sample
+        assert bool(plain._FIELD_VALUE.fullmatch(sample)) == bool(
+            _headers._field_value_re.fullmatch(sample)
+        ), sample

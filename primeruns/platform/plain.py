@@ -269,13 +269,19 @@ class PlainConnections:
                     raise failed from None
                 return answer  # (the connection is not used again)
             except UnicodeError:
-                raise  # a header httpx cannot encode either: it raises the same
-            except ValueError:
-                # A header value with a line break (a key read from a file
-                # with its newline): refused before anything is sent, as
-                # httpx (h11) refuses it. http.client's text quotes the
-                # value, the key: it is not passed on.
-                raise _httpx_error("LocalProtocolError", "illegal header value") from None
+                raise  # a header beyond ASCII: httpx raises the same (``_refuse_illegal``)
+            except ValueError as exc:
+                # A header h11 (httpx) refuses (a key read from a file with
+                # its newline, or with a blank at its end): refused before
+                # anything is sent, as httpx refuses it. http.client's text
+                # quotes the value, the key: it is not passed on. httpx
+                # encodes every header before h11 checks any: one beyond
+                # ASCII is what it raises for, wherever it is.
+                for name, value in all_headers.items():
+                    name.encode("ascii")
+                    value.encode("ascii")
+                part = exc.part if isinstance(exc, _IllegalHeader) else "value"
+                raise _httpx_error("LocalProtocolError", f"illegal header {part}") from None
             answer, kept = _receive(conn, budget)
             return answer
         finally:
@@ -375,10 +381,12 @@ class _OneWrite(http.client.HTTPConnection):
         # wrote for a name and a value, both text, is written as it wrote it:
         # the checks are of those alone. Anything else, or a request not
         # started, takes ``http.client``'s way (its checks, its errors).
-        # A value with a line break or a NUL is refused, as h11 (httpx)
-        # refuses it: ``http.client`` passes a break followed by a blank (a
-        # folded line, which a server that does not fold takes for a header
-        # of its own) and a NUL. A line kept was checked when first written.
+        # A name or value h11 (httpx) refuses is refused here too
+        # (``_refuse_illegal``): ``http.client`` passes a break followed by a
+        # blank (a folded line, which a server that does not fold takes for
+        # a header of its own), a NUL, a value with blanks around it, a name
+        # with blanks or other characters no token has. A line kept was
+        # checked when first written.
         lines = self.lines
         if (
             lines is None
@@ -387,13 +395,13 @@ class _OneWrite(http.client.HTTPConnection):
             or type(values[0]) is not str
             or getattr(self, "_HTTPConnection__state", None) != _REQ_STARTED
         ):
-            _refuse_breaks(values)
+            _refuse_illegal(header, values)
             super().putheader(header, *values)  # type: ignore[arg-type]
             return
         key = (header, values[0])
         line = lines.get(key)
         if line is None:
-            _refuse_breaks(values)
+            _refuse_illegal(header, values)
             super().putheader(header, *values)  # type: ignore[arg-type]
             if header.lower() != "content-length" and len(lines) < _LINES_KEPT:
                 lines[key] = self._buffer[-1]  # type: ignore[attr-defined]
@@ -401,19 +409,44 @@ class _OneWrite(http.client.HTTPConnection):
         self._buffer.append(line)  # type: ignore[attr-defined]
 
 
-#: What no header value sent may hold (h11's field-value has none of them).
-_BREAKS = re.compile(r"[\r\n\x00]")
-_BREAKS_BYTES = re.compile(rb"[\r\n\x00]")
+# A header's name and value as h11 (httpx) takes them (``h11._abnf``, its
+# ``field_name`` and ``field_value``; copied, not imported: h11 is loaded at
+# the first failure only). A name is a token: no blank, colon, slash,
+# bracket, quote or control. A value is visible characters (a byte beyond
+# ASCII counts, as obs-text), with blanks (space, tab) between them only:
+# none leading or trailing, no line break, NUL, vertical tab or form feed.
+_TOKEN = re.compile(rb"[-!#$%&'*+.^_`|~0-9a-zA-Z]+")
+_FIELD_VALUE = re.compile(rb"(?:[^\x00\s]+(?:[ \t]+[^\x00\s]+)*)?")
 
 
-def _refuse_breaks(values: tuple[object, ...]) -> None:
-    """A ValueError for a value with a line break or a NUL (its text not
-    quoted: it may be the key)."""
+class _IllegalHeader(ValueError):
+    """A header name or value h11 refuses (``part``); its text not quoted:
+    the value may be the key."""
+
+    def __init__(self, part: str) -> None:
+        super().__init__(f"illegal header {part}")
+        self.part = part
+
+
+def _refuse_illegal(header: str | bytes, values: tuple[object, ...]) -> None:
+    """Raise what httpx raises, before anything is sent, for a header it
+    refuses: UnicodeEncodeError for text beyond ASCII (httpx encodes names
+    and text values as ASCII; ``http.client`` as Latin-1, and sent ``é``),
+    else _IllegalHeader for what h11 refuses."""
+    name = header.encode("ascii") if isinstance(header, str) else bytes(header)
+    if not _TOKEN.fullmatch(name):
+        raise _IllegalHeader("name")
     for value in values:
-        if (isinstance(value, str) and _BREAKS.search(value)) or (
-            isinstance(value, bytes | bytearray) and _BREAKS_BYTES.search(value)
-        ):
-            raise ValueError("a header value with a line break or a NUL")
+        if isinstance(value, str):
+            raw = value.encode("ascii")
+        elif isinstance(value, bytes | bytearray):
+            raw = bytes(value)
+        elif isinstance(value, int):
+            raw = str(value).encode("ascii")  # (how ``http.client`` writes it)
+        else:
+            continue  # not one httpx takes: ``http.client``'s own way
+        if not _FIELD_VALUE.fullmatch(raw):
+            raise _IllegalHeader("value")
 
 
 class _HTTPConnection(_OneWrite):
