@@ -21,11 +21,18 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal
 
-from .exceptions import JournalCorruptError
+from .exceptions import JournalCorruptError, JournalError
 from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, journal_info, list_journals
 from .journal.by_kind import seqs_of
 from .models import CRASH_ERROR, RUN_KIND, RunKind
-from .ship.copies import K_SOURCE_PATH, is_copy, origin_of, sync_names, sync_root
+from .ship.copies import (
+    K_SOURCE_PATH,
+    check_sync_root,
+    is_copy,
+    origin_of,
+    sync_names,
+    sync_root,
+)
 from .sinks.kinds import records_left, sink_kinds
 from .spec import RunSpec, listed_spec
 
@@ -245,6 +252,10 @@ def _sync_journal_status(
     if not info.meta or not is_copy(info.path, info.meta, root, in_root=in_root):
         return None, 0
     path = root / info.local_id
+    try:
+        check_sync_root(root)  # (a root another user could write into holds none of ours)
+    except JournalError:
+        return None, 0
     if not path.is_dir():
         return None, 0
     synced = describe(journal_info(path, tally=True), root)

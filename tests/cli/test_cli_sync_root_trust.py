@@ -188,3 +188,22 @@ def test_sync_of_a_link_to_a_journal_is_refused_as_a_journal_directory_is(
     assert code == 2, (out, err)
     assert str(link) in err and "symbolic link" in err, err
     assert not (default_sync_root() / copy.name).exists()
+
+
+def test_a_listing_reads_no_sync_journal_through_a_linked_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ls`` describes a copy by its sync journal: one found through a root
+    that became a link (to a folder anyone may fill) is not taken for it."""
+    from primeruns.reports import statuses
+
+    copy = _copied_run(tmp_path, monkeypatch)
+    cli(capsys, "sync", str(copy), "--timeout", "1")  # (its sync journal is made, then it fails)
+    [status] = statuses(copy.parent)
+    assert status.synced is not None
+    root = default_sync_root()
+    moved = tmp_path / "moved"
+    root.rename(moved)
+    os.symlink(moved, root)
+    [status] = statuses(copy.parent)
+    assert status.synced is None
