@@ -207,3 +207,32 @@ def test_a_listing_reads_no_sync_journal_through_a_linked_root(
     os.symlink(moved, root)
     [status] = statuses(copy.parent)
     assert status.synced is None
+
+
+def test_gc_prunes_no_sync_journal_in_a_root_others_can_write_and_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    copy = _copied_run(tmp_path, monkeypatch)
+    cli(capsys, "sync", str(copy), "--timeout", "1")  # (its sync journal is made, then it fails)
+    root = default_sync_root()
+    os.chmod(root, 0o777)
+    _, out, err = cli(capsys, "gc", "--runs-dir", str(copy.parent), "--older-than", "0", "--force")
+    assert "not pruning sync journals" in err and str(root) in err, (out, err)
+    assert "Traceback" not in out + err
+    assert (root / copy.name / "data.mdb").is_file()  # left where it was
+
+
+def test_a_requeued_jobs_uplink_takes_nothing_over_through_an_untrusted_root(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from primeruns.ship.family import parent_binding
+    from primeruns.ship.handover import take_over
+
+    copy = _copied_run(tmp_path, monkeypatch)
+    root = default_sync_root()
+    _spoil(root, "open", tmp_path)
+    assert take_over([copy], root, "later") == []
+    assert str(root) in caplog.text and "writable by other users" in caplog.text
+    assert os.listdir(root) == []  # no snapshot, no sync journal made there
+    with pytest.raises(UntrustedPathError):
+        parent_binding("parent-id", None)  # its registration is not looked up there
