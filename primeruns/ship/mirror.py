@@ -326,6 +326,13 @@ def fingerprint(directory: Path) -> tuple[tuple[str, int, int], ...]:
         return ()
 
 
+#: How to fix a copy that is a link, or that another user could write into.
+_OWN_COPY = (
+    "name the journal's real directory, in a folder of your own that only you can "
+    "write (copy it there with cp -a if it is not)"
+)
+
+
 @contextlib.contextmanager
 def snapshot(copy: Path, root: Path) -> Iterator[Path]:
     """A private copy of a copied journal's files, to read from instead of the
@@ -335,7 +342,7 @@ def snapshot(copy: Path, root: Path) -> Iterator[Path]:
     tries, then JournalError: sync again once the copy is done).
     UntrustedPathError for a copy reached through a link or another user's
     (as ``Journal.open`` refuses a journal directory), or an untrusted root."""
-    check_dir(copy, "journal directory")
+    check_dir(copy, "journal directory", advice=_OWN_COPY)
     make_sync_root(root)
     for _ in range(3):
         before = _files(copy)

@@ -186,7 +186,7 @@ def test_sync_of_a_link_to_a_journal_is_refused_as_a_journal_directory_is(
     os.symlink(copy, link)
     code, out, err = cli(capsys, "sync", str(link), "--timeout", "5")
     assert code == 2, (out, err)
-    assert str(link) in err and "symbolic link" in err, err
+    assert str(link) in err and "symbolic link" in err and "real directory" in err, err
     assert not (default_sync_root() / copy.name).exists()
 
 
