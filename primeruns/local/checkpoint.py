@@ -70,9 +70,14 @@ class Checkpointer:
 
     def stop(self) -> None:
         """End the thread once its checkpoint in progress is done."""
+        self.stop_soon()
+        self._thread.join()
+
+    def stop_soon(self) -> None:
+        """Ask the thread to end, without waiting for it (a Database dropped
+        unclosed: its finalizer may run in any thread, this one's too)."""
         self._stop.set()
         self._wanted.set()
-        self._thread.join()
 
     def _loop(self) -> None:
         try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -206,6 +207,10 @@ class Database:
         # backstop, far later than SQLite's 1,000 pages (``local.checkpoint``).
         self._conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
         self._checkpointer = Checkpointer(path)
+        # A Database dropped unclosed (a test's, say) ends the thread with it,
+        # as its connection closes: the thread's connection would otherwise
+        # keep the WAL there, and the thread waiting, for the process's life.
+        weakref.finalize(self, self._checkpointer.stop_soon).atexit = False
 
     def read_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         with self._lock:

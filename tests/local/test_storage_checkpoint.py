@@ -5,6 +5,7 @@ bound if that thread is gone, and a closed database is one file again."""
 
 from __future__ import annotations
 
+import gc
 import shutil
 import sqlite3
 from pathlib import Path
@@ -95,3 +96,19 @@ def test_a_closed_database_is_one_file_holding_every_commit(tmp_path: Path) -> N
         assert count[0] == 30
     finally:
         again.close()
+
+
+def test_a_database_dropped_unclosed_ends_its_thread_and_leaves_one_file(tmp_path: Path) -> None:
+    """A Database nobody closed (a test's, say) goes with its last reference,
+    as its one connection did: the thread does not outlive it holding a
+    connection that keeps the WAL there for the process's lifetime."""
+    data = tmp_path / "data"
+    db = Database(data)
+    _insert_runs(db, 0, 3, 1_000)
+    thread = db._checkpointer._thread
+    del db
+    gc.collect()
+    thread.join(_HANG_GUARD_S)
+    assert not thread.is_alive()
+    assert not (data / f"{_NAME}-wal").exists()
+    assert _rows_in_file_alone(data, tmp_path / "copy") == 3

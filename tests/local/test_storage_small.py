@@ -70,4 +70,8 @@ def test_small_reads_and_writes_on_a_free_connection_commit_and_read_back(
 
     assert asyncio.run(scenario()) == "RUNNING"
     db.close()
-    assert Database(tmp_path).read_sync(_status) == "RUNNING"  # committed, on disk
+    again = Database(tmp_path)
+    try:
+        assert again.read_sync(_status) == "RUNNING"  # committed, on disk
+    finally:
+        again.close()
