@@ -206,7 +206,7 @@ class Database:
         # Checkpoints are the checkpointer thread's; the writer's own stay as a
         # backstop, far later than SQLite's 1,000 pages (``local.checkpoint``).
         self._conn.execute(f"PRAGMA wal_autocheckpoint={BACKSTOP_PAGES}")
-        self._checkpointer = Checkpointer(path)
+        self._checkpointer = Checkpointer(path, self._lock)
         # A Database dropped unclosed (a test's, say) ends the thread with it,
         # as its connection closes: the thread's connection would otherwise
         # keep the WAL there, and the thread waiting, for the process's life.

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from primeruns.local import storage
+from primeruns.local import checkpoint, storage
 from primeruns.local.storage import Database
 
 _HANG_GUARD_S = 30.0  # not a timing: only how long a broken test may hang
@@ -112,3 +112,37 @@ def test_a_database_dropped_unclosed_ends_its_thread_and_leaves_one_file(tmp_pat
     assert not thread.is_alive()
     assert not (data / f"{_NAME}-wal").exists()
     assert _rows_in_file_alone(data, tmp_path / "copy") == 3
+
+
+def _wal_restarts(wal: Path) -> int:
+    """How many times the WAL was begun anew from its start: the checkpoint
+    sequence number of its header (big-endian, bytes 12 to 16)."""
+    try:
+        with open(wal, "rb") as f:
+            header = f.read(16)
+    except FileNotFoundError:
+        return 0
+    return int.from_bytes(header[12:16], "big") if len(header) == 16 else 0
+
+
+def test_the_wal_starts_over_while_writes_keep_coming(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint copies what was committed before it began; if a commit
+    came meanwhile the WAL is not all copied, and only a WAL all copied is
+    begun anew by the next commit. Under writes that never pause, the thread
+    alone never let it start over: it grew to the backstop (64 MiB), where
+    the writer's own checkpoint copied what was left in some request's commit."""
+    monkeypatch.setattr(storage, "BACKSTOP_PAGES", 1_000_000)  # the thread alone
+    monkeypatch.setattr(checkpoint, "RESTART_PAGES", 500)
+    data = tmp_path / "data"
+    db = Database(data)
+    wal = data / f"{_NAME}-wal"
+    try:
+        for first in range(0, 3_000, 20):  # up to 150 MB in 3,000 commits, without a pause
+            _insert_runs(db, first, 20, 50_000)
+            if _wal_restarts(wal):
+                break
+        assert _wal_restarts(wal) > 0
+    finally:
+        db.close()
