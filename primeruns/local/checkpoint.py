@@ -63,13 +63,23 @@ class Checkpointer:
     ``writer``: the lock every use of the writer's connection holds."""
 
     def __init__(self, path: Path, writer: threading.Lock) -> None:
-        self._path = path
         self._writer = writer
         self._wanted = threading.Event()  # a commit left pages to copy
         self._stop = threading.Event()
         self._lock = threading.Condition()
         self._rounds = 0  # checkpoints done (for ``wait_for_round``)
-        self._thread = start_daemon(self._loop, "primeruns-local-checkpoint")
+        self._thread: threading.Thread | None = None
+        try:
+            # Its own connection: a checkpoint on the writer's would take the
+            # writer's lock, which is what this thread is here to spare. Opened
+            # here, just after the writer's, on the files Database checked: by
+            # name in the thread, whenever it got to run, it would follow what
+            # stood at the name by then (a link) or create a file gone meanwhile.
+            conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            log.warning("WAL checkpoints stay in the writer's commits: %s", exc)
+            return
+        self._thread = start_daemon(self._loop, "primeruns-local-checkpoint", (conn,))
 
     def wake(self) -> None:
         """Called after each commit: there are pages to copy."""
@@ -90,7 +100,8 @@ class Checkpointer:
     def stop(self) -> None:
         """End the thread once its checkpoint in progress is done."""
         self.stop_soon()
-        self._thread.join()
+        if self._thread is not None:
+            self._thread.join()
 
     def stop_soon(self) -> None:
         """Ask the thread to end, without waiting for it (a Database dropped
@@ -98,14 +109,7 @@ class Checkpointer:
         self._stop.set()
         self._wanted.set()
 
-    def _loop(self) -> None:
-        try:
-            # Its own connection: a checkpoint on the writer's would take the
-            # writer's lock, which is what this thread is here to spare.
-            conn = sqlite3.connect(self._path, isolation_level=None)
-        except sqlite3.Error as exc:
-            log.warning("WAL checkpoints stay in the writer's commits: %s", exc)
-            return
+    def _loop(self, conn: sqlite3.Connection) -> None:
         try:
             while True:
                 self._wanted.wait()

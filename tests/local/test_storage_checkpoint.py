@@ -6,9 +6,13 @@ bound if that thread is gone, and a closed database is one file again."""
 from __future__ import annotations
 
 import gc
+import os
 import shutil
 import sqlite3
+import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -144,5 +148,36 @@ def test_the_wal_starts_over_while_writes_keep_coming(
             if _wal_restarts(wal):
                 break
         assert _wal_restarts(wal) > 0
+    finally:
+        db.close()
+
+
+def test_the_thread_opens_no_file_by_name_after_the_files_were_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The SQLite files are checked (never a link) when the Database opens;
+    a connection the thread opened by name whenever it got to run would follow
+    whatever stood at that name by then, and create a file that was gone."""
+    deferred: list[threading.Thread] = []
+
+    def start_later(
+        target: Callable[..., Any], name: str, args: tuple[Any, ...] = ()
+    ) -> threading.Thread:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        deferred.append(thread)
+        return thread
+
+    monkeypatch.setattr(checkpoint, "start_daemon", start_later)
+    data = tmp_path / "data"
+    db = Database(data)
+    try:
+        elsewhere = tmp_path / "elsewhere.sqlite3"
+        os.replace(data / _NAME, tmp_path / "moved.sqlite3")
+        os.symlink(elsewhere, data / _NAME)  # planted after the check
+        [thread] = deferred
+        thread.start()
+        db.write_sync(lambda conn: conn.execute("SELECT 1"))
+        db._checkpointer.wait_for_round(0, _HANG_GUARD_S)
+        assert not elsewhere.exists()
     finally:
         db.close()
