@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # The tests that import each dependency the floors pin: the journal (lmdb,
-# zstandard, orjson, cattrs), every sink (httpx, pyarrow, prime-traces), the
+# zstandard, orjson, cattrs), every sink (httpx, pyarrow, prime-traces, isal), the
 # local platform and its dashboard pages (uvicorn, starlette, python-multipart,
 # jinja2, youplot, anyio, markupsafe), the CLI (rich), and hypothesis's
 # property tests. The browser tests are left out: they test Chromium, not a floor.
