@@ -20,7 +20,7 @@ A checkpoint copies only what was committed before it began, and only a WAL
 copied whole is begun anew (by the next commit). Under writes that keep
 coming, some commit always came during the copy: the WAL never started over
 and grew to the backstop, where the writer's own checkpoint copied what was
-left in some request's commit (150 to 400 ms of it, writes flat out; the WAL
+left in some request's commit (up to 400 ms of it, writes flat out; the WAL
 file 64 to 110 MB). So once the WAL holds :data:`RESTART_PAGES`, a round
 copies in a second pass what came during the first, then what came during
 the second with the writer held off (its lock; a short copy, most of it
