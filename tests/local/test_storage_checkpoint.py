@@ -152,8 +152,9 @@ def test_the_wal_starts_over_while_writes_keep_coming(
         db.close()
 
 
+@pytest.mark.parametrize("name", [_NAME, f"{_NAME}-wal"])
 def test_the_thread_opens_no_file_by_name_after_the_files_were_checked(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     """The SQLite files are checked (never a link) when the Database opens;
     a connection the thread opened by name whenever it got to run would follow
@@ -172,8 +173,8 @@ def test_the_thread_opens_no_file_by_name_after_the_files_were_checked(
     db = Database(data)
     try:
         elsewhere = tmp_path / "elsewhere.sqlite3"
-        os.replace(data / _NAME, tmp_path / "moved.sqlite3")
-        os.symlink(elsewhere, data / _NAME)  # planted after the check
+        os.replace(data / name, tmp_path / "moved")
+        os.symlink(elsewhere, data / name)  # planted after the check
         [thread] = deferred
         thread.start()
         db.write_sync(lambda conn: conn.execute("SELECT 1"))
