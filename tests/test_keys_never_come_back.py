@@ -117,6 +117,24 @@ def test_an_error_body_echoing_the_key_is_scrubbed(body: bytes, status: int) -> 
     assert KEY not in str(caught.value)
 
 
+@pytest.mark.parametrize("before", [470, 480])
+def test_a_key_echoed_where_a_long_answer_is_cut_leaves_no_part_of_it(before: int) -> None:
+    """A text answer is cut to its first 500 characters for the message: cut
+    before it was scrubbed, a key echoed across the cut was no longer there
+    whole to be masked, and its first characters went into the error."""
+    echoed = b"x" * before + b" unknown " + KEY.encode()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(401, content=echoed, headers={"content-type": "text/plain"})
+
+    client = _client("https://platform.example/api/internal", handler)
+    with pytest.raises(ex.APIError) as caught:
+        client.api("POST", "/evaluations", {"a": 1})
+    shown = str(caught.value)
+    assert "unknown" in shown
+    assert not [KEY[:end] for end in range(len("pk-live-") + 1, len(KEY)) if KEY[:end] in shown]
+
+
 def test_the_journal_never_records_a_key_in_an_error(tmp_path: Path) -> None:
     """The last line of defence: an exception whose text holds the key (from
     wherever) is scrubbed as the uplink records it."""

@@ -105,7 +105,7 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     return min(max(seconds, 0.0), RETRY_AFTER_CAP)
 
 
-def _code_and_message(response: httpx.Response) -> tuple[str | None, str]:
+def _code_and_message(response: httpx.Response, secrets: list[str]) -> tuple[str | None, str]:
     try:
         body: Any = json.loads(response.content)
     except ValueError:
@@ -117,7 +117,9 @@ def _code_and_message(response: httpx.Response) -> tuple[str | None, str]:
             return (str(code) if code else None), str(error.get("message") or "")
         if "detail" in body:
             return None, str(body["detail"])
-    text = response.text.strip()[:500]
+    # Scrubbed whole, then cut: a key echoed across the cut would no longer
+    # be there whole to be masked, and its first characters would be shown.
+    text = scrub(response.text.strip(), *secrets)[:500]
     return None, text or f"HTTP {response.status_code}"
 
 
@@ -154,11 +156,11 @@ def error_from_response(response: httpx.Response) -> APIError:
     status = response.status_code
     request = response.request
     code: str | None = None
+    secrets = _credentials(request)
     if 300 <= status < 400:
         message = _redirect_message(response)
     else:
-        code, message = _code_and_message(response)
-    secrets = _credentials(request)
+        code, message = _code_and_message(response, secrets)
     message = scrub(message, *secrets)
     code = None if code is None else scrub(code, *secrets)
     where = f"{request.method} {request.url.path}"
