@@ -158,8 +158,10 @@ def test_the_journal_never_records_a_key_in_an_error(tmp_path: Path) -> None:
         assert KEY.encode() not in (journal.path / name).read_bytes()
 
 
-def test_a_traces_receipt_echoing_the_key_is_scrubbed() -> None:
-    """A 200 is server text too: a receipt that is not one is quoted, scrubbed."""
+@pytest.mark.parametrize("filler", [0, 170])
+def test_a_traces_receipt_echoing_the_key_is_scrubbed(filler: int) -> None:
+    """A 200 is server text too: a receipt that is not one is quoted, scrubbed
+    whole before it is cut short (a key across the cut is masked, not shown in part)."""
     from scripted_platform import Batch, ScriptedPlatform, entries_of
 
     from primeruns.journal import EntryKind
@@ -172,7 +174,7 @@ def test_a_traces_receipt_echoing_the_key_is_scrubbed() -> None:
         "upload",
         "POST",
         "/api/v1/traces",
-        lambda request, _: httpx.Response(200, json={"status": f"echo {KEY}"}),
+        lambda request, _: httpx.Response(200, json={"status": f"echo {'x' * filler} {KEY}"}),
     )
     sink = TracesSink(platform.client(), context={"source": "unit-test"})
     batch = Batch.prepare(
@@ -183,6 +185,7 @@ def test_a_traces_receipt_echoing_the_key_is_scrubbed() -> None:
     with pytest.raises(ex.RetryableAPIError) as caught:
         batch.send(sink)
     assert "echo" in str(caught.value) and KEY not in str(caught.value)
+    assert KEY[: len("pk-live-") + 1] not in str(caught.value)
 
 
 class _EchoingProxy(httpx.BaseTransport):

@@ -52,8 +52,9 @@ def unproven(what: str) -> UnprovenAnswerError:
 
 
 def _shown(value: Any) -> str:
-    """A server's value, for a message: short, and scrubbed as error bodies are."""
-    return scrub(repr(value)[:200])
+    """A server's value, for a message: scrubbed as error bodies are, then
+    cut short (cut first, a key echoed across the cut would show in part)."""
+    return scrub(repr(value))[:200]
 
 
 def check_traces(answer: Mapping[str, Any], key: str) -> None:
