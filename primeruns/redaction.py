@@ -74,13 +74,17 @@ def scrub(text: str, *secrets: str | None) -> str:
 
 
 def _shown(secret: str) -> tuple[str, ...]:
-    """``secret`` as a message may hold it: as it is, and for one with a
-    character that is not printable (a key pasted with a vertical tab) as a
-    ``repr`` of its text or bytes shows it (h11 refuses such a header naming
-    ``b'Bearer pk-...\\x0b...'``, which holds the key escaped, not as it is)."""
-    if secret.isprintable():
-        return (secret,)
-    return (secret, repr(secret)[1:-1], repr(secret.encode("utf-8"))[2:-1])
+    """``secret`` as a message may hold it: as it is, and as a ``repr`` of
+    its text or bytes shows it (h11 refuses a header naming
+    ``b'Bearer pk-...\\x0b...'``, which holds the key escaped, not as it is):
+    a character that is not printable, a backslash, or a quote where both
+    kinds are is escaped there, printable or not."""
+    forms = [secret]
+    for shown in (repr(secret)[1:-1], repr(secret.encode("utf-8"))[2:-1]):
+        # A repr quotes with ' unless the text holds ' and no ": the key
+        # within a longer text (its quotes beside it) may be shown either way.
+        forms += [shown, shown.replace("'", "\\'"), shown.replace("\\'", "'")]
+    return tuple(sorted(set(forms), key=len, reverse=True))  # (longest first, as above)
 
 
 def url_for_display(url: str) -> str:

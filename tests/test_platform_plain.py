@@ -1075,6 +1075,9 @@ _ODD_KEYS = [
     (KEY + "é", "refused"),
     (KEY[:4] + " \t " + KEY[4:], "sent"),
     (KEY[:4] + "\x7f" + KEY[4:], "sent"),
+    # A backslash or both quotes show escaped in h11's error, printable as they are.
+    (KEY[:4] + "\\" + KEY[4:] + " ", "refused"),
+    (KEY[:4] + "'\"" + KEY[4:] + " ", "refused"),
 ]
 
 
