@@ -11,6 +11,7 @@ listing never loads.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from ..journal.lock import read_owner
 from ..journal.meta import K_LOCAL_ID
 from ..journal.origin import K_ORIGIN, Origin
 from ..journal.store import DATA_NAME
-from ..journal.trust import check_dir, make_private_dirs
+from ..journal.trust import UntrustedPathError, check_dir, make_private_dirs
 from ..settings import default_sync_root
 
 __all__ = [
@@ -59,11 +60,50 @@ def check_sync_root(root: Path) -> None:
     swapped or read by another user, records would land in another run or be
     skipped. For the default root the ``prime-runs`` folder holding it is
     checked too (whoever can write there can put a root of their own in
-    place of the user's); the state folder above is not: ``/tmp``, shared
-    and sticky, is a fine ``XDG_STATE_HOME``."""
+    place of the user's), and the state folder above (``_check_state_home``)
+    is held to what ``/tmp``, shared and sticky, is: a fine ``XDG_STATE_HOME``."""
     if root == default_sync_root():
+        _check_state_home(root.parent.parent)
         check_dir(root.parent, "state folder", advice=_OWN_ROOT)
     check_dir(root, "sync root", advice=_OWN_ROOT)
+
+
+def _check_state_home(state: Path) -> None:
+    """UntrustedPathError unless nobody else can move the ``prime-runs``
+    folder out of ``state`` (``XDG_STATE_HOME``), or swap it between a check
+    and a use: ``state`` is the user's or root's, as the link it may be is
+    (``~/.local/state`` linked to a scratch disk's folder is fine), and one
+    anyone may write in is sticky (``/tmp``). A folder another user owns, or
+    made first where the user meant to (``/tmp/$USER-state``), is not: its
+    owner may rename anything in it, sticky or not."""
+    mine = (os.geteuid(), 0)
+    fix = "point XDG_STATE_HOME at a folder of your own"
+    try:
+        st = os.lstat(state)
+        if stat.S_ISLNK(st.st_mode):
+            if st.st_uid not in mine:
+                raise UntrustedPathError(
+                    f"the state folder {state} (XDG_STATE_HOME) is a link another user "
+                    f"owns (uid {st.st_uid}), who can point it elsewhere: {fix}"
+                )
+            st = os.stat(state)
+    except FileNotFoundError:
+        return  # nothing there yet (or a link to nothing): made private, or failing, later
+    except OSError as exc:
+        raise JournalError(f"cannot inspect the state folder {state}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        return  # (no folder can be made in it: that fails, naming it)
+    if st.st_uid not in mine:
+        raise UntrustedPathError(
+            f"the state folder {state} (XDG_STATE_HOME) belongs to another user "
+            f"(uid {st.st_uid}), who can move the prime-runs folder in it away or swap it: {fix}"
+        )
+    if st.st_mode & stat.S_IWOTH and not st.st_mode & stat.S_ISVTX:
+        raise UntrustedPathError(
+            f"the state folder {state} (XDG_STATE_HOME) is writable by every user and "
+            f"not sticky (mode {stat.S_IMODE(st.st_mode):o}), so anyone can move the "
+            f"prime-runs folder in it away or swap it: chmod +t {state}, or {fix}"
+        )
 
 
 def check_sync_folder(root: Path, *under: str) -> Path:

@@ -236,3 +236,54 @@ def test_a_requeued_jobs_uplink_takes_nothing_over_through_an_untrusted_root(
     assert os.listdir(root) == []  # no snapshot, no sync journal made there
     with pytest.raises(UntrustedPathError):
         parent_binding("parent-id", None)  # its registration is not looked up there
+
+
+@pytest.mark.parametrize("how", ["another user's", "a link of another user's", "open, not sticky"])
+def test_sync_refuses_a_state_folder_another_user_can_move_the_root_out_of(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    how: str,
+) -> None:
+    """Whoever owns ``XDG_STATE_HOME`` (or the link it is), or may write in
+    it with no sticky bit, can move the user's ``prime-runs`` folder away or
+    swap it between a check and a use, however private that folder is: the
+    records of what shipped gone (a journal shipped twice), or another's in
+    their place. ``XDG_STATE_HOME=/tmp/$USER-state``, made first by another
+    user, is such a folder."""
+    copy = _copied_run(tmp_path, monkeypatch)
+    theirs = tmp_path / "theirs"
+    if how == "open, not sticky":
+        theirs.mkdir(mode=0o700)
+        os.chmod(theirs, 0o777)
+        state = theirs
+    else:
+        second_uid.require()
+        second_uid.give(theirs, (NOBODY, NOBODY), 0o1777)
+        state = theirs
+        if how == "a link of another user's":
+            state = tmp_path / "state"
+            os.symlink(theirs, state)
+            os.lchown(state, NOBODY, NOBODY)
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    code, out, err = cli(capsys, "sync", str(copy), "--timeout", "5")
+    assert code == 2, (out, err)
+    assert str(state) in err and "XDG_STATE_HOME" in err, err
+    assert "Traceback" not in out + err and API_KEY not in out + err
+    assert os.listdir(theirs) == []  # no prime-runs folder made in it
+
+
+def test_a_state_folder_that_is_a_link_of_the_users_own_is_fine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``~/.local/state`` linked to a scratch disk's private folder (for its
+    quota): the user's link to the user's folder, as honest as the folder."""
+    copy = _copied_run(tmp_path, monkeypatch)
+    scratch = tmp_path / "scratch" / "me"
+    scratch.mkdir(mode=0o700, parents=True)
+    state = tmp_path / "home" / ".local" / "state"
+    state.parent.mkdir(parents=True)
+    os.symlink(scratch, state)
+    code, out, err = cli(capsys, "sync", str(copy), "--timeout", "1")
+    assert "state folder" not in err and "XDG_STATE_HOME" not in err, err
+    assert (scratch / "prime-runs" / "synced" / copy.name).is_dir(), (code, out, err)
