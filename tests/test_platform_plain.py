@@ -1089,7 +1089,10 @@ def _outcome(client: PlatformClient) -> str:
         assert KEY not in str(exc) and KEY[4:] not in str(exc)
         assert not is_ambiguous(exc) and not never_reached(exc)
         return "LocalProtocolError" if "LocalProtocolError" in str(exc) else str(exc)
-    except UnicodeEncodeError:
+    except UnicodeEncodeError as exc:
+        # Its text names the character only; its arguments (a traceback's
+        # locals, a caller's repr) held the whole header, the key in it.
+        assert KEY[4:] not in repr(exc) and KEY[4:] not in str(exc.object)
         return "UnicodeEncodeError"
     return "sent"
 

@@ -109,6 +109,18 @@ def _user_agent() -> str:
 _BODY_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
+def _without_the_header(exc: UnicodeEncodeError) -> UnicodeEncodeError:
+    """``exc`` (a header httpx cannot encode as ASCII: an API key pasted with
+    a character beyond it) with what it held masked but the character at
+    fault: its text is the same, but its arguments held the whole header
+    (``Bearer <key>``), which a ``repr`` of it, a caller's log or a
+    traceback's locals would show."""
+    text = exc.object if isinstance(exc.object, str) else ""
+    start, end = exc.start, exc.end
+    masked = "*" * start + text[start:end] + "*" * max(len(text) - end, 0)
+    return UnicodeEncodeError(exc.encoding, masked, start, end, exc.reason)
+
+
 def json_body(value: Mapping[str, Any]) -> bytes:
     """Compact UTF-8 JSON for a request body; NaN/Infinity refused (ValueError)."""
     return _BODY_ENCODER.encode(value).encode()
@@ -498,15 +510,23 @@ class PlatformClient:
     ) -> dict[str, Any]:
         """One call to ``url``: on the plain path where ``plain`` says it
         may go (and httpx would write its query as :func:`_plain_query` does),
-        else through httpx."""
-        query = None if plain is None else _plain_query(params)
-        if plain is not None and query is not None:
-            return self._plain_call(plain[0], method, plain[1] + query, content, headers, timeout)
-        http, _ = self._clients()
-        response = self._send(
-            http, method, url, content=content, headers=headers, params=params, timeout=timeout
-        )
-        return _decode(response)
+        else through httpx. A header beyond ASCII raises UnicodeEncodeError
+        on both paths, as httpx does, but not holding the header (the key):
+        :func:`_without_the_header`."""
+        try:
+            query = None if plain is None else _plain_query(params)
+            if plain is not None and query is not None:
+                return self._plain_call(
+                    plain[0], method, plain[1] + query, content, headers, timeout
+                )
+            http, _ = self._clients()
+            response = self._send(
+                http, method, url, content=content, headers=headers, params=params, timeout=timeout
+            )
+            return _decode(response)
+        except UnicodeEncodeError as exc:
+            refused = _without_the_header(exc)
+        raise refused  # (outside the handler: the original, key and all, is not its context)
 
     # -- the three peers ----------------------------------------------------
     def api(
