@@ -64,6 +64,9 @@ def scrub(text: str, *secrets: str | None) -> str:
     with _lock:
         known = set(_secrets)
     known.update(s for s in secrets if s and len(s) >= _MIN_SECRET)
+    # A key pasted with blanks around it is sent with them (those before it
+    # are blanks between words to h11), and read, and echoed, without them.
+    known.update(t for t in (s.strip() for s in list(known)) if len(t) >= _MIN_SECRET)
     # Longest first: a key that contains another is masked whole.
     for secret in sorted(known, key=len, reverse=True):
         for form in _shown(secret):

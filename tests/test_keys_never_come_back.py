@@ -135,6 +135,25 @@ def test_a_key_echoed_where_a_long_answer_is_cut_leaves_no_part_of_it(before: in
     assert not [KEY[:end] for end in range(len("pk-live-") + 1, len(KEY)) if KEY[:end] in shown]
 
 
+@pytest.mark.parametrize("blanks", [" ", "\t", " \t"])
+def test_a_key_with_blanks_before_it_echoed_without_them_is_scrubbed(blanks: str) -> None:
+    """A key pasted with a blank before it is sent (``Bearer  <key>``: blanks
+    between words, which h11 takes); the server reads the key without them,
+    and echoes it so, quoted: that is the key too."""
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        got = request.headers["authorization"].split(None, 1)[1].strip()
+        return httpx.Response(401, json={"detail": f'no such key "{got}"'})
+
+    settings = resolve_settings(
+        api_key=blanks + KEY, base_url="https://platform.example/api/v1", environ={}, config={}
+    )
+    client = PlatformClient(settings, transport=httpx.MockTransport(handler))
+    with pytest.raises(ex.APIError) as caught:
+        client.api("POST", "/rft/metrics", {"run_id": "r"})
+    assert "no such key" in str(caught.value) and KEY not in str(caught.value)
+
+
 def test_the_journal_never_records_a_key_in_an_error(tmp_path: Path) -> None:
     """The last line of defence: an exception whose text holds the key (from
     wherever) is scrubbed as the uplink records it."""
