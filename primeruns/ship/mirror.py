@@ -60,7 +60,7 @@ from ..exceptions import JournalError
 from ..journal import Entry, EntryKind, Journal
 from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
-from ..journal.trust import check_dir
+from ..journal.trust import UntrustedPathError, check_dir
 from . import sync_records
 from .copies import K_SOURCE_PATH, check_sync_root, make_sync_root, sync_root
 
@@ -305,9 +305,10 @@ def _carry_losses(source: Journal, dest: Journal) -> None:
         dest.set_meta(K_SOURCE_LOSSES, seen)
 
 
-def _files(directory: Path) -> dict[str, tuple[int, int]]:
+def _files(directory: Path | int) -> dict[str, tuple[int, int]]:
     """The regular files of a copied journal (name: size, mtime), LMDB's lock
-    file aside (a reader of the copy may write it; it holds no data)."""
+    file aside (a reader of the copy may write it; it holds no data).
+    ``directory``: its path, or a descriptor of it open."""
     out: dict[str, tuple[int, int]] = {}
     with os.scandir(directory) as entries:
         for entry in entries:
@@ -344,33 +345,61 @@ def snapshot(copy: Path, root: Path) -> Iterator[Path]:
     (as ``Journal.open`` refuses a journal directory), or an untrusted root."""
     check_dir(copy, "journal directory", advice=_OWN_COPY)
     make_sync_root(root)
-    for _ in range(3):
-        before = _files(copy)
-        holder = Path(tempfile.mkdtemp(prefix=".snapshot-", dir=root))
-        target = holder / copy.name
-        try:
-            target.mkdir(mode=0o700)
-            for name in before:
-                _copy_file(copy / name, target / name)
-            if _files(copy) == before:
-                # Its tree is walked in a child when opened (``probe``), even
-                # if its original's was as ``stat`` still sees it: bytes can
-                # change unseen by ``stat`` (a write through a shared mapping
-                # to a page already dirty; a network filesystem's cached
-                # attributes). Walked here, the bytes walked are the bytes
-                # mapped: no one else writes a snapshot.
-                yield target
-                return
-        finally:
-            shutil.rmtree(holder, ignore_errors=True)
+    # Read through a descriptor of the folder checked: in a folder others
+    # may write in, its name may be given to another folder, or a link,
+    # once it is checked (what it holds is its owner's alone).
+    folder = _open_checked(copy)
+    try:
+        for _ in range(3):
+            before = _files(folder)
+            holder = Path(tempfile.mkdtemp(prefix=".snapshot-", dir=root))
+            target = holder / copy.name
+            try:
+                target.mkdir(mode=0o700)
+                for name in before:
+                    _copy_file(copy / name, target / name, folder)
+                if _files(folder) == before:
+                    # Its tree is walked in a child when opened (``probe``), even
+                    # if its original's was as ``stat`` still sees it: bytes can
+                    # change unseen by ``stat`` (a write through a shared mapping
+                    # to a page already dirty; a network filesystem's cached
+                    # attributes). Walked here, the bytes walked are the bytes
+                    # mapped: no one else writes a snapshot.
+                    yield target
+                    return
+            finally:
+                shutil.rmtree(holder, ignore_errors=True)
+    finally:
+        os.close(folder)
     raise JournalError(f"{copy} kept changing while it was read: sync again once it is copied")
 
 
-def _copy_file(source: Path, dest: Path) -> None:
-    # A copy's file swapped for a FIFO after the listing would block the open
-    # (O_NONBLOCK: it returns at once), and a device would be read for ever:
-    # only a regular file is copied.
-    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+def _open_checked(copy: Path) -> int:
+    """A descriptor of the folder ``copy`` names, checked as ``check_dir``
+    checked the name (UntrustedPathError if it is no longer that folder)."""
+    try:
+        fd = os.open(copy, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        check_dir(copy, "journal directory", advice=_OWN_COPY)  # (a link now: says so)
+        raise JournalError(f"cannot read {copy}: {exc.strerror}") from None
+    st = os.fstat(fd)
+    if st.st_uid != os.geteuid() or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        os.close(fd)
+        raise UntrustedPathError(
+            f"the journal directory {copy} was replaced while it was read: {_OWN_COPY}"
+        )
+    return fd
+
+
+def _copy_file(source: Path, dest: Path, folder: int) -> None:
+    # ``source`` is opened in ``folder`` (a descriptor of its folder, by its
+    # name there), never through its path's folders. A copy's file swapped
+    # for a FIFO after the listing would block the open (O_NONBLOCK: it
+    # returns at once), and a device would be read for ever: only a regular
+    # file is copied.
+    fd = os.open(
+        source.name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=folder
+    )
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise JournalError(f"{source} is not a regular file: not syncing this copy")

@@ -287,3 +287,39 @@ def test_a_state_folder_that_is_a_link_of_the_users_own_is_fine(
     code, out, err = cli(capsys, "sync", str(copy), "--timeout", "1")
     assert "state folder" not in err and "XDG_STATE_HOME" not in err, err
     assert (scratch / "prime-runs" / "synced" / copy.name).is_dir(), (code, out, err)
+
+
+def test_a_copy_swapped_for_a_link_once_checked_is_not_read_through_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a folder others may write in (a project's group folder, no sticky
+    bit), the copy checked may be renamed away and a link to another's
+    journal put in its place before its files are read: the snapshot is of
+    the folder checked, whatever its name holds by then, or of nothing."""
+    from primeruns.exceptions import JournalError
+    from primeruns.ship import mirror
+
+    copy = _copied_run(tmp_path, monkeypatch)
+    planted = tmp_path / "planted"
+    shutil.copytree(copy, planted)  # same names, sizes and times; other bytes
+    data = planted / "data.mdb"
+    stamp = os.stat(data)
+    with open(data, "r+b") as handle:
+        handle.write(b"\xff" * 64)
+    os.utime(data, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
+    real_mkdtemp = mirror.tempfile.mkdtemp
+
+    def swapped(*args: object, **kwargs: object) -> str:
+        # The attacker's move, between the check and the first read.
+        if not copy.is_symlink():
+            copy.rename(tmp_path / "moved")
+            os.symlink(planted, copy)
+        return real_mkdtemp(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mirror.tempfile, "mkdtemp", swapped)
+    try:
+        with snapshot(copy, default_sync_root()) as taken:
+            read = (taken / "data.mdb").read_bytes()
+    except JournalError:
+        return  # refused: nothing read through the link
+    assert read == (tmp_path / "moved" / "data.mdb").read_bytes()

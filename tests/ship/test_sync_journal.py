@@ -474,10 +474,13 @@ def test_a_copy_whose_file_became_a_fifo_is_refused_not_waited_on(tmp_path: Path
     failed: list[BaseException] = []
 
     def snapshot_it() -> None:
+        folder = os.open(copy, os.O_RDONLY | os.O_DIRECTORY)
         try:
-            mirror._copy_file(copy / "data.mdb", tmp_path / "out")
+            mirror._copy_file(copy / "data.mdb", tmp_path / "out", folder)
         except BaseException as exc:
             failed.append(exc)
+        finally:
+            os.close(folder)
 
     worker = threading.Thread(target=snapshot_it, daemon=True)
     worker.start()
