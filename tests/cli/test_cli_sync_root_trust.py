@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -323,3 +324,33 @@ def test_a_copy_swapped_for_a_link_once_checked_is_not_read_through_it(
     except JournalError:
         return  # refused: nothing read through the link
     assert read == (tmp_path / "moved" / "data.mdb").read_bytes()
+
+
+@pytest.mark.parametrize("state", ["sticky scratch", "unset"])
+def test_an_unprivileged_users_sync_root_in_a_shared_sticky_or_default_state_folder_is_fine(
+    tmp_path: Path, state: str
+) -> None:
+    """Not root: ``/tmp`` (root's, sticky) as ``XDG_STATE_HOME``, or none set
+    (``~/.local/state``, made private), takes the user's sync root."""
+    second_uid.require()
+    world = second_uid.give(tmp_path / "world", (0, 0), 0o755)
+    scratch = second_uid.give(world / "scratch", (0, 0), 0o1777)
+    home = second_uid.give(world / "home", second_uid.VICTIM, 0o700)
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "PYTHONPATH": str(second_uid.REPO),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
+    if state == "sticky scratch":
+        env["XDG_STATE_HOME"] = str(scratch)
+    code = (
+        "from primeruns.ship.copies import make_sync_root, sync_root\n"
+        "print(make_sync_root(sync_root(), 'run-keys'))\n"
+    )
+    done = second_uid.run_as(
+        second_uid.VICTIM, [sys.executable, "-c", code], reach=[world], env=env
+    )
+    assert done.returncode == 0, done.stderr
+    made = Path(done.stdout.strip())
+    assert made.is_dir() and os.stat(made).st_uid == second_uid.VICTIM[0]
