@@ -94,11 +94,18 @@ PREFIX = "spool-"
 # as it was when each append was one LMDB transaction.
 APPEND = struct.Struct("<2sHIQ")
 _MAGIC = b"PS"
+# The bytes every append starts with, its magic and version: what the scans
+# past damage look for. The magic alone is two bytes, which text holds now
+# and then and a crafted segment every two bytes: each was a look of its own
+# (a segment of them took 2.2 s per process that opened the journal), though
+# none but these can start an append.
+_START = APPEND.pack(_MAGIC, 1, 0, 0)[:4]
 SEGMENT_MAX = 4 << 20
 # The bytes of a segment between two syncs ahead (see ``spoolsync``).
 _AHEAD_STEP = 512 << 10
 _READ_CHUNK = 1 << 20
 _FIRST_LOOK = 256  # ``_next_magic``'s first read
+_WINDOW = 64 << 10  # what one read of a scan past damage takes (``_Window``)
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 _SEQ = struct.Struct(">Q")  # an entry's checksum covers its seq, so packed
 # The highest seq a segment's name may say came before it (``named_after``):
@@ -375,8 +382,34 @@ class _NotReadableYet(Exception):
     """A read came back short of the size ``fstat`` gave (see the module doc)."""
 
 
-def _pread_whole(fd: int, size: int, offset: int) -> bytes:
-    data = os.pread(fd, size, offset)
+class _Window:
+    """A segment's bytes as one scan past damage reads them: a read takes
+    ``_WINDOW`` bytes, and the looks within them read none. A look at each
+    candidate append read its header, its first frame, the bytes to the
+    next candidate, each a read of its own: 16 times a crafted segment's
+    bytes, in a read per 8 of them."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._at = 0
+        self._buf = b""
+
+    def pread(self, size: int, offset: int) -> bytes:
+        """As ``os.pread`` (short at the file's end)."""
+        rel = offset - self._at
+        if rel >= 0 and rel + size <= len(self._buf):
+            return self._buf[rel : rel + size]
+        self._buf, self._at = os.pread(self.fd, max(size, _WINDOW), offset), offset
+        return self._buf[:size]
+
+
+def _read(src: int | _Window, size: int, offset: int) -> bytes:
+    """``size`` bytes at ``offset`` of a descriptor, or through a scan's window."""
+    return src.pread(size, offset) if isinstance(src, _Window) else os.pread(src, size, offset)
+
+
+def _pread_whole(src: int | _Window, size: int, offset: int) -> bytes:
+    data = _read(src, size, offset)
     if len(data) < size:
         raise _NotReadableYet
     return data
@@ -389,32 +422,73 @@ def _unread_before(seg: _Segment, successor: int) -> bool:
     return seg.unread and seg.end < successor - 1
 
 
-def _frames_in(fd: int, start: int, end: int) -> list[tuple[int, int, int]]:
+def _frames_in(
+    fd: int | _Window,
+    start: int,
+    end: int,
+    *,
+    most: int | None = None,
+    budget: _Budget | None = None,
+) -> list[tuple[int, int, int]]:
     """(offset, kind, bytes) of each frame of the append body at
     ``start..end``, by their headers (read in chunks; payloads are skipped).
     Raises ValueError (FrameError) where the frames do not fill it exactly,
-    _NotReadableYet where the body cannot all be read yet."""
+    or (``most``) there are more than ``most`` of them, _NotReadableYet
+    where the body cannot all be read yet.
+
+    With ``budget`` (a scan past damage, where a header may be anyone's)
+    the first read is small and each next one twice as large, and each
+    header is charged to it: a false append's claimed length costs what is
+    looked at, not up to 1 MiB read."""
     out: list[tuple[int, int, int]] = []
     pos, buf, at = start, b"", start
+    chunk = _READ_CHUNK if budget is None else _FIRST_LOOK
+    most_read = _READ_CHUNK if budget is None else _WINDOW  # (a scan's: from its window)
     while pos < end:
         rel = pos - at
         if rel + HEADER_SIZE > len(buf):
-            buf, at, rel = _pread_whole(fd, min(end - pos, _READ_CHUNK), pos), pos, 0
+            buf, at, rel = _pread_whole(fd, min(end - pos, chunk), pos), pos, 0
+            chunk = min(2 * chunk, most_read)
+        if budget is not None:
+            budget.charge()
         head = peek_header(buf[rel : rel + HEADER_SIZE])
         if head.version != FRAME_VERSION or head.flags or head.raw_len > MAX_ENTRY_BYTES:
             raise ValueError("not a spooled entry's header")
         size = HEADER_SIZE + head.raw_len
         if pos + size > end:
             raise ValueError("an entry runs past the end of its append")
+        if most is not None and len(out) == most:
+            raise ValueError(f"an append of {most} entries holds more")
         out.append((pos, head.kind, size))
         pos += size
     return out
 
 
-def _append_at(fd: int, pos: int, size: int) -> tuple[int, int, int, int] | None:
+class _Budget:
+    """The frame headers a scan past damage may look at: twice what its
+    bytes can hold, and some. The whole appends it finds hold no more than
+    its bytes; a false one (a magic in a payload) fails in a header or two.
+    Only a crafted segment comes near it: false appends whose frames chain
+    over each other's, each walked again from its own start to its end (a
+    4 MiB segment of them: hours). Once it is spent, no append is taken
+    whole: what is left is counted as damage is, by headers and runs."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.left = 2 * (nbytes // HEADER_SIZE) + 4096
+
+    def charge(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise ValueError("past the scan's budget")
+
+
+def _append_at(
+    fd: int | _Window, pos: int, size: int, budget: _Budget | None = None
+) -> tuple[int, int, int, int] | None:
     """(entries, end, first frame's offset, its bytes) of a well-formed append
     at ``pos`` of a segment of ``size`` bytes; ``end`` is -1 for one cut short
-    at the segment's end (its call never returned). None where none starts."""
+    at the segment's end (its call never returned). None where none starts,
+    or its frames are not looked at, ``budget`` spent."""
     try:
         magic, version, count, length = APPEND.unpack(_pread_whole(fd, APPEND.size, pos))
     except (OSError, struct.error, _NotReadableYet):
@@ -429,8 +503,11 @@ def _append_at(fd: int, pos: int, size: int) -> tuple[int, int, int, int] | None
     body = pos + APPEND.size
     if body + length > size:
         return count, -1, body, 0
+    if budget is not None and budget.left <= 0:
+        return None
     try:
-        frames = _frames_in(fd, body, body + length)
+        # No more than ``count`` frames: one more says it is not this append.
+        frames = _frames_in(fd, body, body + length, most=count, budget=budget)
     except (OSError, ValueError, _NotReadableYet):
         return None
     if len(frames) != count:
@@ -438,25 +515,26 @@ def _append_at(fd: int, pos: int, size: int) -> tuple[int, int, int, int] | None
     return count, body + length, frames[0][0], frames[0][2]
 
 
-def _next_magic(fd: int, pos: int, size: int) -> int:
-    """Where the next append's magic is, at or after ``pos`` (``size``: nowhere).
+def _next_magic(fd: int | _Window, pos: int, size: int) -> int:
+    """Where the next append's start (its magic and version: ``_START``) is,
+    at or after ``pos`` (``size``: nowhere).
 
-    Read a small chunk first, then twice as much each time: the magic is two
-    bytes, and bytes past damage may hold it every few bytes (a crafted
-    segment: 200 KB of it read 10 GB in 1 MiB reads, one per magic), so what
-    a call reads is bounded by twice the distance to the magic it finds."""
+    Read a small chunk first, then twice as much each time: bytes past
+    damage may hold it every few bytes (a crafted segment: 200 KB of it
+    read 10 GB in 1 MiB reads, one per start), so what a call reads is
+    bounded by twice the distance to the start it finds."""
     chunk_size = _FIRST_LOOK
     while pos < size:
         try:
-            chunk = os.pread(fd, min(chunk_size, size - pos), pos)
+            chunk = _read(fd, min(chunk_size, size - pos), pos)
         except OSError:
             return size
-        if len(chunk) < len(_MAGIC):
+        if len(chunk) < len(_START):
             return size
-        at = chunk.find(_MAGIC)
+        at = chunk.find(_START)
         if at >= 0:
             return pos + at
-        pos += len(chunk) - (len(_MAGIC) - 1)  # a magic across two chunks is found
+        pos += len(chunk) - (len(_START) - 1)  # a start across two chunks is found
         chunk_size = min(2 * chunk_size, _READ_CHUNK)
     return size
 
@@ -466,13 +544,18 @@ def _whole_append_in(fd: int, pos: int, size: int) -> bool:
     ``size`` bytes. Past the header of an append cut short (one being
     written, or whose call a death interrupted) none can: the next append is
     written only once it is whole. One found there says the header's length
-    is damaged, and the appends after it were written whole."""
-    pos = _next_magic(fd, pos, size)
-    while pos + APPEND.size <= size:
-        found = _append_at(fd, pos, size)
+    is damaged, and the appends after it were written whole.
+
+    A crafted segment that would have it look at more frame headers than
+    its bytes hold (``_Budget``) has none found past that: its tail is
+    taken as one being written, as it was before any look past it."""
+    budget, src = _Budget(size - pos), _Window(fd)
+    pos = _next_magic(src, pos, size)
+    while pos + APPEND.size <= size and budget.left > 0:
+        found = _append_at(src, pos, size, budget)
         if found is not None and found[1] >= 0:
             return True
-        pos = _next_magic(fd, pos + 1, size)
+        pos = _next_magic(src, pos + 1, size)
     return False
 
 
@@ -491,13 +574,13 @@ def _unchanged(seg: _Segment, head: bytes, size: int) -> bool:
     return same
 
 
-def _all_zero(fd: int, pos: int, size: int) -> bool:
+def _all_zero(fd: int | _Window, pos: int, size: int) -> bool:
     """Whether the bytes from ``pos`` to ``size`` are all zero (a tail never
     written: a power cut's, where the file's size reached the disk and its
     bytes did not)."""
     while pos < size:
         try:
-            chunk = os.pread(fd, min(_READ_CHUNK, size - pos), pos)
+            chunk = _read(fd, min(_READ_CHUNK, size - pos), pos)
         except OSError:
             return False
         if not chunk:
@@ -508,22 +591,68 @@ def _all_zero(fd: int, pos: int, size: int) -> bool:
     return True
 
 
-def _seq_by_checksum(fd: int, offset: int, nbytes: int, lo: int, hi: int) -> int | None:
+def _crc_table() -> list[int]:
+    table = []
+    for n in range(256):
+        c = n
+        for _ in range(8):
+            c = (c >> 1) ^ (0xEDB88320 if c & 1 else 0)
+        table.append(c)
+    return table
+
+
+# zlib's CRC-32 table, and each entry's index by its top byte (all 256 differ):
+# what undoes a byte of it (``_forced``).
+_CRC_TABLE = _crc_table()
+_CRC_BY_TOP = {entry >> 24: index for index, entry in enumerate(_CRC_TABLE)}
+
+
+def _forced(crc: int, target: int) -> bytes:
+    """The one 4 bytes whose CRC-32 continuing ``crc`` is ``target``.
+
+    CRC-32 over 4 bytes is a bijection for a given start: each byte's step
+    takes the table entry its top byte names, so the steps can be undone
+    from the end (which entries), then done from the start (which bytes)."""
+    state, picked = target ^ 0xFFFFFFFF, []
+    for _ in range(4):
+        index = _CRC_BY_TOP[state >> 24]
+        picked.append(index)
+        state = ((state ^ _CRC_TABLE[index]) << 8) & 0xFFFFFFFF
+    state, out = crc ^ 0xFFFFFFFF, bytearray()
+    for index in reversed(picked):
+        out.append((state ^ index) & 0xFF)
+        state = _CRC_TABLE[index] ^ (state >> 8)
+    return bytes(out)
+
+
+def _seq_by_checksum(fd: int | _Window, offset: int, nbytes: int, lo: int, hi: int) -> int | None:
     """The seq in ``lo..hi`` under which the entry frame at ``offset`` checks
-    out (an entry's checksum covers its seq), None if none does."""
+    out (an entry's checksum covers its seq), None if none does.
+
+    Not by trying each: the seq is the checksum's last 8 bytes (big-endian),
+    and for given top 4 bytes just one bottom 4 gives the frame's checksum
+    (``_forced``). Tried one by one, a range as wide as the damage before a
+    frame was searched for each whole append past it whose first entry is
+    damaged too: a segment of damaged runs and such appends took time
+    quadratic in its size (128 KB: 0.4 s; 4 MiB: minutes)."""
+    hi = min(hi, (1 << 64) - 1)  # (a crafted segment name: no seq is past it)
+    if lo > hi:
+        return None
     try:
         frame = _pread_whole(fd, nbytes, offset)
         head = peek_header(frame)
     except (OSError, FrameError, _NotReadableYet):
         return None
     crc = zlib.crc32(frame[HEADER_SIZE:], zlib.crc32(frame[:8]))
-    for seq in range(lo, hi + 1):
-        if zlib.crc32(_SEQ.pack(seq), crc) == head.crc:
+    for top in range(lo >> 32, (hi >> 32) + 1):  # (one, but where lo..hi crosses 2**32)
+        high = top.to_bytes(4, "big")
+        seq = top << 32 | int.from_bytes(_forced(zlib.crc32(high, crc), head.crc), "big")
+        if lo <= seq <= hi:
             return seq
     return None
 
 
-def _said_by(fd: int, pos: int, size: int) -> tuple[int, int] | None:
+def _said_by(fd: int | _Window, pos: int, size: int) -> tuple[int, int] | None:
     """(entries, end) a damaged append at ``pos`` says it has, where its
     count and length fit each other and the segment (its magic aside)."""
     try:
@@ -572,8 +701,9 @@ def _held_from(
     pos, last, seq, whole, unsure, skipped, skipped_bytes = resume
     known = True  # an append starts at ``pos``
     end = size
+    budget, src = _Budget(size - pos), _Window(fd)
     while pos + APPEND.size <= size:
-        found = None if pos == start else _append_at(fd, pos, size)
+        found = None if pos == start else _append_at(src, pos, size, budget)
         if found is not None and found[1] < 0:
             end = pos  # cut short at the end
             break
@@ -582,11 +712,10 @@ def _held_from(
             if seq is None:
                 # Past the whole appends skipped, each of the bytes' other
                 # entries takes a frame header at least: the range stays as
-                # wide as the damage, however many are skipped (searched
-                # from ``last`` each time, a run of them was quadratic).
+                # wide as the damage, however many are skipped.
                 low = last + 1 + skipped
                 top = low + (pos - whole - skipped_bytes) // HEADER_SIZE
-                seq = _seq_by_checksum(fd, offset, nbytes, low, top)
+                seq = _seq_by_checksum(src, offset, nbytes, low, top)
             if seq is not None:
                 last, seq, unsure, skipped, skipped_bytes = seq + count - 1, seq + count, 0, 0, 0
                 whole = stop
@@ -600,14 +729,14 @@ def _held_from(
             resume = _Held(pos, last, seq, whole, unsure, skipped, skipped_bytes)
             continue
         seq = None
-        onward, known_next = _next_magic(fd, pos + 1, size), False
-        said = _said_by(fd, pos, size) if known else None
+        onward, known_next = _next_magic(src, pos + 1, size), False
+        said = _said_by(src, pos, size) if known else None
         if said is not None:
             unsure += said[0]
             land = said[1]  # where its length says the next one starts, if one does
-            if land == size or _append_at(fd, land, size) or _said_by(fd, land, size):
+            if land == size or _append_at(src, land, size, budget) or _said_by(src, land, size):
                 onward, known_next = land, True
-        elif known and not (onward == size and _all_zero(fd, pos, size)):
+        elif known and not (onward == size and _all_zero(src, pos, size)):
             unsure += 1  # (zeros to the end: a tail never written, as a torn one)
         pos, known = onward, known_next
     return last - first + 1 + unsure, end - start, resume

@@ -13,10 +13,14 @@ import contextlib
 import errno
 import json
 import os
+import struct
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
+import types
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -927,3 +931,109 @@ def test_bytes_past_damage_full_of_the_magic_are_read_in_linear_time(
         got = reader.read(0, max_entries=100)
     assert [(d.seq, d.entries) for d in got.damaged] == [(10, 22)]
     assert read < 1_000 * size, f"{read} bytes read of a {size}-byte segment"
+
+
+def _false_appends_chained(room: int) -> bytes:
+    """False appends, each with one frame header after it whose payload is
+    the next one's header: from each, frames chain on to the end, as many
+    as its header says, and end a byte short of where its length says."""
+    n = room // 28
+    frame = struct.pack("<BBBBII", 2, int(EntryKind.EPISODE), 0, 0, APPEND.size, 0)
+    return b"".join(APPEND.pack(b"PS", 1, n - k, 28 * (n - k) - 17) + frame for k in range(n))
+
+
+def _damaged_runs_and_appends(units: int) -> bytes:
+    """Bytes no header can be read from, each run followed by a whole
+    append of one entry whose checksum fails."""
+    frame = bytearray(encode_frame(int(EntryKind.EPISODE), b'{"x":1}', compress=False, seq=1))
+    frame[-1] ^= 1
+    return (b"\xee" * 100 + APPEND.pack(b"PS", 1, 1, len(frame)) + bytes(frame)) * units
+
+
+@pytest.mark.parametrize("craft", ["magic", "chained", "unplaced"])
+def test_a_crafted_segment_past_damage_costs_work_linear_in_its_size(
+    craft: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every process that opens a journal (the uplink, ``ls``, ``sync``)
+    counts what damage in its newest segment cost, and a journal may be
+    crafted. Past the damage, each two-byte magic was a read of its own
+    (a 4 MiB segment of them: 2.2 s); a false append whose frames chain
+    over the ones after it was walked to the end from each (64 KB: 1.8 s,
+    4 MiB: hours); and each whole append whose first entry is damaged was
+    placed by trying every seq the damage before it could hold (64 KB:
+    a million checksums). The same entries are counted, for work that
+    grows with the segment's bytes alone."""
+    segment, data, starts = _ten_calls_spooled(tmp_path)
+    data[starts[3]] ^= 0xFF  # the magic of the fourth call's append
+    room = 64 << 10
+    crafted, lost = {
+        "magic": (b"PS" * (room // 2), 31 - 10 + 1),  # (one damaged run)
+        "chained": (_false_appends_chained(room), 31 - 10 + room // 28),
+        "unplaced": (_damaged_runs_and_appends(room // 135), 31 - 10 + 2 * (room // 135)),
+    }[craft]
+    segment.write_bytes(bytes(data) + crafted)
+    size = segment.stat().st_size
+    work = {"read": 0, "reads": 0, "headers": 0, "checksums": 0}
+    real_pread, real_peek, real_crc = os.pread, spool.peek_header, zlib.crc32
+
+    def pread(fd: int, length: int, offset: int) -> bytes:
+        out = real_pread(fd, length, offset)
+        work["read"] += len(out)
+        work["reads"] += 1
+        return out
+
+    def peek_header(data: bytes) -> Any:
+        work["headers"] += 1
+        return real_peek(data)
+
+    def crc32(data: bytes, value: int = 0) -> int:
+        work["checksums"] += 1
+        return real_crc(data, value)
+
+    monkeypatch.setattr(spool.os, "pread", pread)
+    monkeypatch.setattr(spool, "peek_header", peek_header)
+    monkeypatch.setattr(spool, "zlib", types.SimpleNamespace(crc32=crc32))
+    with Journal.open(segment.parent, owner=False) as reader:
+        got = reader.read(0, max_entries=100)
+    assert [(d.seq, d.entries) for d in got.damaged] == [(10, lost)]
+    # Bytes read a few times over at most, and twice the frame headers its
+    # bytes may hold, and some: 10 to 100,000 times more, before.
+    assert work["read"] < 8 * size, work
+    assert work["reads"] < size // 16, work
+    assert work["headers"] < 3 * size // HEADER_SIZE, work
+    assert work["checksums"] < size // 16, work
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    payload=st.binary(max_size=64),
+    seq=st.integers(0, (1 << 64) - 1),
+    below=st.integers(0, 300),
+    above=st.integers(0, 300),
+    wide=st.integers(0, 1 << 40),
+)
+def test_an_entry_is_placed_at_the_seq_its_checksum_covers(
+    payload: bytes, seq: int, below: int, above: int, wide: int
+) -> None:
+    """Past damage, an append is placed by the seq its first entry checks
+    out under: the first of a range, as trying each seq of it finds it."""
+    frame = encode_frame(int(EntryKind.EPISODE), payload, compress=False, seq=seq)
+    head, body = frame[:HEADER_SIZE], frame[HEADER_SIZE:]
+
+    def checks_out(n: int) -> bool:
+        crc = zlib.crc32(n.to_bytes(8, "big"), zlib.crc32(body, zlib.crc32(head[:8])))
+        return crc == int.from_bytes(head[8:], "little")
+
+    fd, name = tempfile.mkstemp()
+    try:
+        os.write(fd, b"x" + frame)
+        lo, hi = max(0, seq - below), min(seq + above, (1 << 64) - 1)
+        tried = next((n for n in range(lo, hi + 1) if checks_out(n)), None)
+        assert spool._seq_by_checksum(fd, 1, len(frame), lo, hi) == tried == seq
+        if seq > below:
+            assert spool._seq_by_checksum(fd, 1, len(frame), lo - 1, seq - 1) is None
+        found = spool._seq_by_checksum(fd, 1, len(frame), max(0, seq - wide), seq)
+        assert found is not None and found <= seq and checks_out(found)
+    finally:
+        os.close(fd)
+        os.unlink(name)
