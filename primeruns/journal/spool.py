@@ -25,8 +25,10 @@ missing (by its name, where the successor holds no whole append: its first
 cut short by a death, ``named_after``). The newest segment has no successor
 to tell it, so what it held from the damage on is counted from what comes
 after it (``lost_at_end``: the whole appends found by their magic, the first
-of each run placed by the seq its first entry's checksum covers; damaged
-ones by their own headers), and the segment is kept until a successor comes,
+of each run placed by the seq its first entry's checksum covers, as is the
+append cut short at the end where its first entry is whole; damaged ones by
+their own headers, and a run with none, zeros too, as one call's, all that
+is known of it), and the segment is kept until a successor comes,
 so the damage is met, and counted, by every sink of any later process. An
 append cut short at its end is still a call that never returned, and is not
 counted; but one whose header runs past the end with whole appends after it
@@ -664,6 +666,20 @@ def _said_by(fd: int | _Window, pos: int, size: int) -> tuple[int, int] | None:
     return (count, end) if fits and end <= size else None
 
 
+def _first_seq_of(src: _Window, body: int, size: int, lo: int, hi: int) -> int | None:
+    """The seq in ``lo..hi`` of the first entry of an append cut short, its
+    body at ``body`` of a segment of ``size`` bytes, where that entry is whole
+    and checks out under one (``_seq_by_checksum``)."""
+    try:
+        head = peek_header(_pread_whole(src, HEADER_SIZE, body))
+    except (OSError, FrameError, _NotReadableYet):
+        return None
+    nbytes = HEADER_SIZE + head.raw_len
+    if head.version != FRAME_VERSION or head.flags or body + nbytes > size:
+        return None
+    return _seq_by_checksum(src, body, nbytes, lo, hi)
+
+
 class _Held(NamedTuple):
     """Where ``_held_from`` got to that later bytes cannot change: the byte
     after a whole append (or the damage), and what it had found before it."""
@@ -690,7 +706,9 @@ def _held_from(
     (an entry's checksum covers its seq): every seq up to the last one is
     held. Damaged appends past it count what their headers say, where that
     fits, else one each (whole bytes of a call that returned). An append
-    cut short at the end never returned: not counted."""
+    cut short at the end never returned: not counted; but where its first
+    entry is whole it is placed as a whole one is, and every seq before it
+    is held."""
     if resume is None:
         resume = _Held(start, first - 1, None, start, 0, 0, 0)
     # ``last``: the last seq known held; ``seq``: the seq of the append at
@@ -705,7 +723,19 @@ def _held_from(
     while pos + APPEND.size <= size:
         found = None if pos == start else _append_at(src, pos, size, budget)
         if found is not None and found[1] < 0:
-            end = pos  # cut short at the end
+            end = pos  # cut short at the end: its call never returned, not counted
+            if seq is None:
+                # Damage before it that no whole append placed. Its first
+                # entry, where whole, says by its checksum the seq it was to
+                # have: every one before it was a call's that returned. Else
+                # what that damage held is counted as its headers say, and a
+                # run with none (zeros where pages never reached the disk:
+                # one append's header or many, nothing tells) as one call's.
+                low = last + 1 + skipped
+                top = low + (pos - whole - skipped_bytes) // HEADER_SIZE
+                placed = _first_seq_of(src, found[2], size, low, top)
+                if placed is not None:
+                    last, unsure = placed - 1, 0
             break
         if found is not None:
             count, stop, offset, nbytes = found

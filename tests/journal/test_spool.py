@@ -1037,3 +1037,30 @@ def test_an_entry_is_placed_at_the_seq_its_checksum_covers(
     finally:
         os.close(fd)
         os.unlink(name)
+
+
+@pytest.mark.parametrize("cut", ["first entry whole", "all of it cut"])
+def test_zeros_over_several_appends_count_what_the_append_after_them_proves(
+    cut: str, tmp_path: Path
+) -> None:
+    """Zeros where several appends were (pages that never reached the disk),
+    then the append a death cut short at the end: no whole append after
+    them to place, and the zeros say nothing of how many calls they held.
+    They were counted as one entry lost, for 21 a sink never gets; the
+    append cut short, where its first entry is whole, says by its checksum
+    the seq it was to have, and every one before it returned. Where it says
+    nothing, the zeros still count as one call's: all that is known."""
+    segment, data, starts = _ten_calls_spooled(tmp_path)
+    data[starts[3] :] = bytes(len(data) - starts[3])  # calls 4 to 10, zeros
+    frames = [
+        encode_frame(int(EntryKind.EPISODE), b'{"n":"cut%d"}' % n, compress=False, seq=31 + n)
+        for n in range(2)
+    ]
+    whole = APPEND.pack(b"PS", 1, 2, sum(map(len, frames))) + b"".join(frames)
+    segment.write_bytes(bytes(data) + whole[: -5 if cut == "first entry whole" else 20])
+    lost = 21 if cut == "first entry whole" else 1
+    with Journal.open(segment.parent, owner=False) as reader:
+        got = reader.read(0, max_entries=100)
+        assert [e.seq for e in got.entries] == list(range(1, 10))
+        assert [(d.seq, d.entries) for d in got.damaged] == [(10, lost)]
+        assert reader.damaged_end() == 9 + lost
