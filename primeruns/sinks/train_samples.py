@@ -14,7 +14,9 @@ A resend after a crash or a lost answer therefore PUTs the same bytes to the
 same key, or only confirms again (confirm is idempotent), and never makes a
 second object of the same records. A presigned URL the store refuses (it
 expired while the sink was paused) is minted anew before anything landed
-under it.
+under it. Asking whether it landed sends a confirm of its key, so a 413 to a
+URL minted on an earlier try asks again first: refused whole, the batch's
+records would be made again in smaller objects, the one that is stored too.
 """
 
 from __future__ import annotations
@@ -276,9 +278,12 @@ class TrainSamplesSink:
                 try:
                     self._client.put_object(str(url), blob, "application/parquet")
                 except APIError as exc:
-                    if exc.status_code != 403 or minted_now:
+                    if exc.status_code not in (403, 413) or minted_now:
                         raise
-                    self._expired(confirm, ctx, exc)  # raises unless the object is there
+                    if exc.status_code == 413:
+                        self._too_large(confirm, exc)  # raises unless the object is there
+                    else:
+                        self._expired(confirm, ctx, exc)  # raises unless the object is there
                     ctx.save_progress(done)
                     continue
                 ctx.save_progress(replace(ctx.progress, put=True))
@@ -307,6 +312,21 @@ class TrainSamplesSink:
         receipts.confirm_proves(
             self._client.api("POST", "/rft/samples/confirm", body), body["s3_key"]
         )
+
+    def _too_large(self, confirm: dict[str, Any], exc: APIError) -> None:
+        """A URL minted on an earlier try refused as too large (413): a
+        confirm of its key may have gone before (its URL found expired, the
+        answer lost), and the object be stored. Refused whole, the batch
+        would be halved and its records made again in smaller objects:
+        stored twice. So a confirm of the key tells first (a repeat is a
+        200): returns if the object is there; raises ``exc`` if nothing is
+        (400, 404), for the shipper to halve the batch; else what it got."""
+        try:
+            self._confirm(confirm)
+        except APIError as refused:
+            if refused.status_code in (400, 404):
+                raise exc from None
+            raise
 
     def _expired(
         self, confirm: dict[str, Any], ctx: SendContext[TrainSamplesProgress], exc: APIError

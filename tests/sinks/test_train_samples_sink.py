@@ -1011,3 +1011,36 @@ def test_a_backlog_batch_whose_confirms_began_is_not_refused_whole(store: Store)
     assert [count for count, _ in batch.failed_at_ack.values()] == [1]
     keys = batch.state["keys"]
     assert set(store.confirmed) == {keys[0], keys[2]} and store.minted == 3
+
+
+def test_an_object_asked_about_after_its_url_expired_is_not_made_again_when_too_large(
+    store: Store, tmp_path: Path
+) -> None:
+    # A batch of one step's object (what a backlog's batch halved comes to).
+    # Its PUT landed with the answer lost; on the next try its URL had
+    # expired, and the confirm asking whether it landed was committed with
+    # its answer lost: the object is stored. The try after PUT it again and
+    # got a 413. Refused whole, the shipper halved the batch and made the
+    # step's records again in smaller objects: stored twice. A confirm of its
+    # key tells first: there, the batch is done.
+    store.faults["put"] = [LOST, _expired, _too_large]
+    store.faults["confirm"] = [LOST]
+    confirmed, lost = _ship(store, tmp_path, _entries({0: 3}))
+    assert confirmed == [0] and lost == 0 and store.minted == 1
+
+
+def test_an_old_url_too_large_with_nothing_stored_still_refuses_the_batch_whole(
+    store: Store,
+) -> None:
+    # Nothing landed under the URL (the store was busy, then a 413): the
+    # confirm asking finds nothing there, and the batch is refused whole for
+    # the shipper to halve, as before.
+    sink = _sink(store)
+    batch = _batch(sink, _entries({0: 3}))
+    store.faults["put"] = [lambda: httpx.Response(503, text="busy"), _too_large]
+    with pytest.raises(RetryableAPIError):
+        sink.send(batch.body, batch.ctx)
+    with pytest.raises(APIError) as raised:
+        sink.send(batch.body, batch.ctx)
+    assert raised.value.status_code == 413
+    assert store.calls == ["presign", "put", "put", "confirm"] and store.confirmed == []
