@@ -257,7 +257,12 @@ class TrainSamplesSink:
     def send(self, body: bytes, ctx: SendContext[TrainSamplesProgress]) -> None:
         run_id = ctx.binding.run_id
         units = unpack_units(body)
-        if ctx.progress.stages:  # a backlog's batch of several objects
+        progress = ctx.progress
+        if progress.stages or progress.keys or progress.urls or progress.put is None:
+            # A backlog's batch of several objects (``put`` null marks it):
+            # its stages are checked there. Stages emptied or gone are damage,
+            # not a batch of the other form, which would make every object
+            # from ``done`` on again under a new key.
             self._objects.send(units, ctx)
             return
         for index in range(ctx.progress.done, len(units)):

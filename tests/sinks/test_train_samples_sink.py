@@ -1044,3 +1044,29 @@ def test_an_old_url_too_large_with_nothing_stored_still_refuses_the_batch_whole(
         sink.send(batch.body, batch.ctx)
     assert raised.value.status_code == 413
     assert store.calls == ["presign", "put", "put", "confirm"] and store.confirmed == []
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [{"stages": []}, {"stages": [], "keys": [], "urls": []}, {"stages": None, "done": 1}],
+    ids=["no-stages", "no-lists", "stages-gone"],
+)
+def test_a_backlog_batch_whose_stages_are_gone_is_not_sent_as_a_batch_of_one(
+    store: Store, damage: dict[str, Any]
+) -> None:
+    # A backlog's batch (``put`` null) whose objects are confirmed but the
+    # first's answer (``done`` 0), recorded with its stages emptied or gone:
+    # read as a batch of the form journals always had, every object from
+    # ``done`` on was minted, uploaded and confirmed again under a new key,
+    # a second object of each. It is damage.
+    sink = _sink(store)
+    batch = _batch(sink, _one_per_step(range(0, 40, 10)))  # three objects
+    batch.send(sink)
+    assert len(store.confirmed) == 3
+    calls = list(store.calls)
+    batch.state |= {"done": 0, "stages": [2, 3, 3]} | damage
+    if batch.state["stages"] is None:
+        del batch.state["stages"]
+    with pytest.raises(ValueError, match="damaged"):
+        batch.send(sink)
+    assert store.calls == calls and len(store.confirmed) == 3
