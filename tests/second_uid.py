@@ -49,6 +49,18 @@ def require() -> None:
     pytest.skip(message)
 
 
+def env_of(home: Path, **extra: str) -> dict[str, str]:
+    """The environment of a process run as another uid: this checkout on its
+    path, ``home`` as HOME, nothing of ours (no PRIME_* setting), and ``extra``."""
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "PYTHONPATH": str(REPO),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        **extra,
+    }
+
+
 def give(path: Path, owner: tuple[int, int], mode: int) -> Path:
     """Make ``path`` a folder of ``owner`` with ``mode`` (as root)."""
     path.mkdir(parents=True, exist_ok=True)

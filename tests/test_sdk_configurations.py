@@ -593,14 +593,7 @@ def test_a_read_only_home_as_a_real_user_falls_back_and_ships(
     world = second_uid.give(tmp_path / "world", (0, 0), 0o755)
     home = second_uid.give(world / "home", second_uid.VICTIM, 0o500)
     scratch = second_uid.give(world / "scratch", second_uid.VICTIM, 0o700)
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "PYTHONPATH": str(second_uid.REPO),
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PRIME_TRACES_URL": lp.url,
-        "PRIME_RUNS_RETRY_BASE_S": "0.02",
-    }
+    env = second_uid.env_of(home, PRIME_TRACES_URL=lp.url, PRIME_RUNS_RETRY_BASE_S="0.02")
     done = second_uid.run_as(
         second_uid.VICTIM,
         [sys.executable, "-c", _READ_ONLY_HOME_RUN, lp.url, API_KEY, str(scratch)],

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import second_uid
-from second_uid import ATTACKER, REPO, VICTIM, give, run_as
+from second_uid import ATTACKER, VICTIM, give, run_as
 
 HERE = Path(__file__).resolve().parent
 PRECIOUS = b"the victim's own data\n" * 400
@@ -36,13 +36,7 @@ def world(tmp_path: Path) -> Path:
 
 
 def _env(home: Path) -> dict[str, str]:
-    return {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "PYTHONPATH": str(REPO),
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "LANG": "C.UTF-8",
-    }
+    return second_uid.env_of(home, LANG="C.UTF-8")
 
 
 def _plant(world: Path, name: str, linked: str, target: Path, mode: str) -> Path:

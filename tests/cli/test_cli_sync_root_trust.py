@@ -336,12 +336,7 @@ def test_an_unprivileged_users_sync_root_in_a_shared_sticky_or_default_state_fol
     world = second_uid.give(tmp_path / "world", (0, 0), 0o755)
     scratch = second_uid.give(world / "scratch", (0, 0), 0o1777)
     home = second_uid.give(world / "home", second_uid.VICTIM, 0o700)
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "HOME": str(home),
-        "PYTHONPATH": str(second_uid.REPO),
-        "PYTHONDONTWRITEBYTECODE": "1",
-    }
+    env = second_uid.env_of(home)
     if state == "sticky scratch":
         env["XDG_STATE_HOME"] = str(scratch)
     code = (

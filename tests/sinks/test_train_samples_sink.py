@@ -471,6 +471,38 @@ _KEY = "rft/rft-1/obj-1.parquet"
 _URL = f"http://store.test/{_KEY}"
 
 
+def _run_shipper(
+    store: Store,
+    journal: Journal,
+    *,
+    upto: int | None = None,
+    failures: list[str] | None = None,
+    sink: TrainSamplesSink | None = None,
+) -> Shipper:
+    """The sample table's shipper (of ``sink``, default a new one) over
+    ``journal``, run until it acknowledged ``upto`` (default: the journal's
+    end), then stopped; ``failures`` collects what it reported."""
+
+    def report(what: str, exc: BaseException) -> None:
+        if failures is not None:
+            failures.append(f"{what}: {exc}")
+
+    shipper = Shipper(
+        journal,
+        sink or _sink(store),
+        binding=lambda: _BOUND,
+        training=True,
+        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
+        on_failure=report,
+    )
+    shipper.start()
+    shipper.hurry()
+    end = journal.last_seq() if upto is None else upto
+    assert shipper.drain(end, deadline=time.monotonic() + 20)
+    shipper.stop(timeout=5)
+    return shipper
+
+
 @pytest.mark.parametrize(
     ("recorded", "calls"),
     [
@@ -497,17 +529,7 @@ def test_a_batch_recorded_by_the_previous_version_resumes_where_it_got(
     journal.set_inflight("train_samples", InFlight(1, 4, prepared.body, state))
     failures: list[str] = []
     sink = _sink(store)
-    shipper = Shipper(
-        journal,
-        sink,
-        binding=lambda: _BOUND,
-        training=True,
-        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
-        on_failure=lambda what, exc: failures.append(f"{what}: {exc}"),
-    )
-    shipper.start()
-    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 10)
-    shipper.stop(timeout=5)
+    shipper = _run_shipper(store, journal, failures=failures, sink=sink)
     assert store.calls == calls and failures == [] and store.minted == 0
     assert store.confirmed == ([_KEY] if calls else [])
     assert list(store.put) == ([_KEY] if calls else [])
@@ -644,18 +666,7 @@ def test_a_backlog_over_a_size_limit_is_shipped_whole_in_smaller_batches(
     journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
     store.faults["put"] = [_too_large]
     failures: list[str] = []
-    shipper = Shipper(
-        journal,
-        _sink(store),
-        binding=lambda: _BOUND,
-        training=True,
-        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
-        on_failure=lambda what, exc: failures.append(f"{what}: {exc}"),
-    )
-    shipper.start()
-    shipper.hurry()
-    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 20)
-    shipper.stop(timeout=5)
+    _run_shipper(store, journal, failures=failures)
     assert journal.losses() == {}
     ids = [
         (store.steps[key], row["sample_id"])
@@ -754,18 +765,7 @@ def test_a_malformed_episode_of_a_backlog_costs_only_itself(store: Store, tmp_pa
     entries[2] = _malformed(entries[2])
     journal = Journal.create(tmp_path / "runs")
     journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
-    shipper = Shipper(
-        journal,
-        _sink(store),
-        binding=lambda: _BOUND,
-        training=True,
-        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
-        on_failure=lambda what, exc: None,
-    )
-    shipper.start()
-    shipper.hurry()
-    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 20)
-    shipper.stop(timeout=5)
+    _run_shipper(store, journal)
     assert sum(loss["count"] for loss in journal.losses().values()) == 1
     assert sorted(store.steps[key] for key in store.confirmed) == [0, 10, 30, 40, 50]
 
@@ -777,18 +777,7 @@ def test_a_shipper_counts_only_the_entry_that_is_not_json_after_entries_of_no_ro
     entries[2] = Entry(entries[2].seq, entries[2].kind, b'{"run": ')
     journal = Journal.create(tmp_path / "runs")
     journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
-    shipper = Shipper(
-        journal,
-        _sink(store),
-        binding=lambda: _BOUND,
-        training=True,
-        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
-        on_failure=lambda what, exc: None,
-    )
-    shipper.start()
-    shipper.hurry()
-    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 20)
-    shipper.stop(timeout=5)
+    _run_shipper(store, journal)
     assert sum(loss["count"] for loss in journal.losses().values()) == 1  # was 3
     assert sorted(store.steps[key] for key in store.confirmed) == [10, 20, 30]
 
@@ -850,18 +839,7 @@ def test_a_refused_object_recorded_before_a_death_is_counted_once_by_the_next_pr
     batch.state |= {"done": 3, "stages": [3, 4, 3], "keys": ["a", "b", "c"], "urls": ["u"] * 3}
     journal.set_inflight("train_samples", InFlight(1, 9, batch.body, batch.state))
     failures: list[str] = []
-    shipper = Shipper(
-        journal,
-        _sink(store),
-        binding=lambda: _BOUND,
-        training=True,
-        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
-        on_failure=lambda what, exc: failures.append(f"{what}: {exc}"),
-    )
-    shipper.start()
-    shipper.hurry()
-    assert shipper.drain(9, deadline=time.monotonic() + 20)
-    shipper.stop(timeout=5)
+    shipper = _run_shipper(store, journal, upto=9, failures=failures)
     assert journal.cursor("train_samples").acked >= 9
     assert [loss["count"] for loss in journal.losses().values()] == [3]
     assert store.calls.count("presign") <= 1  # step 30's object only
@@ -923,18 +901,7 @@ def _ship(store: Store, tmp_path: Path, entries: list[Entry]) -> tuple[list[int]
     the objects confirmed (one a key), and the records counted as lost."""
     journal = Journal.create(tmp_path / "runs")
     journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
-    shipper = Shipper(
-        journal,
-        _sink(store),
-        binding=lambda: _BOUND,
-        training=True,
-        policy=RetryPolicy(base_delay_s=0.001, max_delay_s=0.01),
-        on_failure=lambda what, exc: None,
-    )
-    shipper.start()
-    shipper.hurry()
-    assert shipper.drain(journal.last_seq(), deadline=time.monotonic() + 20)
-    shipper.stop(timeout=5)
+    _run_shipper(store, journal)
     lost = sum(int(loss["count"]) for loss in journal.losses().values())
     journal.close()
     return sorted(store.steps[key] for key in set(store.confirmed)), lost
