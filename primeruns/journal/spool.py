@@ -759,16 +759,17 @@ def _held_from(
             resume = _Held(pos, last, seq, whole, unsure, skipped, skipped_bytes)
             continue
         seq = None
-        onward, known_next = _next_magic(src, pos + 1, size), False
         said = _said_by(src, pos, size) if known else None
         if said is not None:
             unsure += said[0]
             land = said[1]  # where its length says the next one starts, if one does
             if land == size or _append_at(src, land, size, budget) or _said_by(src, land, size):
-                onward, known_next = land, True
-        elif known and not (onward == size and _all_zero(src, pos, size)):
+                pos = land  # (the next start is not looked for: where there is
+                continue  # none, each of a chain of them looked to the end)
+        onward = _next_magic(src, pos + 1, size)
+        if said is None and known and not (onward == size and _all_zero(src, pos, size)):
             unsure += 1  # (zeros to the end: a tail never written, as a torn one)
-        pos, known = onward, known_next
+        pos, known = onward, False
     return last - first + 1 + unsure, end - start, resume
 
 
