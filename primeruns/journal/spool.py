@@ -391,10 +391,11 @@ class _Window:
     next candidate, each a read of its own: a segment of false appends was
     read 16 times over, a read per 14 of its bytes."""
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, budget: _Budget | None = None) -> None:
         self.fd = fd
         self._at = 0
         self._buf = b""
+        self._budget = budget  # charged what each read takes
 
     def pread(self, size: int, offset: int) -> bytes:
         """As ``os.pread`` (short at the file's end)."""
@@ -402,6 +403,8 @@ class _Window:
         if rel >= 0 and rel + size <= len(self._buf):
             return self._buf[rel : rel + size]
         self._buf, self._at = os.pread(self.fd, max(size, _WINDOW), offset), offset
+        if self._budget is not None:
+            self._budget.read(len(self._buf))
         return self._buf[:size]
 
 
@@ -477,6 +480,16 @@ class _Budget:
 
     def __init__(self, nbytes: int) -> None:
         self.left = 2 * (nbytes // HEADER_SIZE) + 4096
+        # And the bytes its window may read: four times its own. Frames
+        # far apart, each a read of the window's, walked from each of
+        # many false appends, were read 11,000 times over (4 MiB: 40 GB).
+        self._reads = 4 * nbytes + 4 * _WINDOW
+
+    def read(self, nbytes: int) -> None:
+        """The window read ``nbytes``: once too many are, no frame is walked."""
+        self._reads -= nbytes
+        if self._reads < 0:
+            self.left = 0
 
     def charge(self) -> None:
         self.left -= 1
@@ -551,7 +564,8 @@ def _whole_append_in(fd: int, pos: int, size: int) -> bool:
     A crafted segment that would have it look at more frame headers than
     its bytes hold (``_Budget``) has none found past that: its tail is
     taken as one being written, as it was before any look past it."""
-    budget, src = _Budget(size - pos), _Window(fd)
+    budget = _Budget(size - pos)
+    src = _Window(fd, budget)
     pos = _next_magic(src, pos, size)
     while pos + APPEND.size <= size and budget.left > 0:
         found = _append_at(src, pos, size, budget)
@@ -719,7 +733,8 @@ def _held_from(
     pos, last, seq, whole, unsure, skipped, skipped_bytes = resume
     known = True  # an append starts at ``pos``
     end = size
-    budget, src = _Budget(size - pos), _Window(fd)
+    budget = _Budget(size - pos)
+    src = _Window(fd, budget)
     while pos + APPEND.size <= size:
         found = None if pos == start else _append_at(src, pos, size, budget)
         if found is not None and found[1] < 0:

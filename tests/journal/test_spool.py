@@ -1095,3 +1095,47 @@ def test_a_chain_of_damaged_appends_is_looked_at_in_linear_time(
         got = reader.read(0, max_entries=100)
     assert [(d.seq, d.entries) for d in got.damaged] == [(10, 31 - 10 + units)]
     assert looked < 8 * size, f"{looked} bytes looked at of a {size}-byte segment"
+
+
+def _false_appends_over_frames_far_apart(appends: int, frames: int) -> bytes:
+    """False appends, each with a first frame whose payload reaches the
+    same frames, each further from the one before than a scan's window
+    reads: every one walks them all, and each a read of its own."""
+    gap = spool._WINDOW + 1
+    chain = struct.pack("<BBBBII", 2, int(EntryKind.EPISODE), 0, 0, gap, 0) + bytes(gap)
+    out = b""
+    for i in range(appends):
+        first = 28 * (appends - i) - 28  # payload bytes to the first of them
+        length = HEADER_SIZE + first + frames * len(chain) - 1  # a byte short
+        frame = struct.pack("<BBBBII", 2, int(EntryKind.EPISODE), 0, 0, first, 0)
+        out += APPEND.pack(b"PS", 1, frames + 1, length) + frame
+    return out + chain * frames
+
+
+def test_frames_far_apart_under_many_false_appends_are_read_in_linear_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Frame headers further apart than a scan's window reads, reached
+    from each of many false appends: the headers each one walks are few,
+    but each was a read of a whole window (a 4 MiB segment: 40 GB read,
+    3 s per process that opened the journal). What a scan reads is
+    bounded by its bytes too; the same entries are counted."""
+    segment, data, starts = _ten_calls_spooled(tmp_path)
+    data[starts[3]] ^= 0xFF  # the magic of the fourth call's append
+    segment.write_bytes(bytes(data) + _false_appends_over_frames_far_apart(1000, 8))
+    size = segment.stat().st_size
+    read = 0
+    real_pread = os.pread
+
+    def pread(fd: int, length: int, offset: int) -> bytes:
+        nonlocal read
+        out = real_pread(fd, length, offset)
+        read += len(out)
+        return out
+
+    monkeypatch.setattr(spool.os, "pread", pread)
+    with Journal.open(segment.parent, owner=False) as reader:
+        got = reader.read(0, max_entries=100)
+    # (the first false append says 9 entries, where no whole one follows)
+    assert [(d.seq, d.entries) for d in got.damaged] == [(10, 31 - 10 + 9)]
+    assert read < 8 * size, f"{read} bytes read of a {size}-byte segment"
