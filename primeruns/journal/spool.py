@@ -565,14 +565,19 @@ def _whole_append_in(fd: int, pos: int, size: int) -> bool:
     its bytes hold (``_Budget``) has none found past that: its tail is
     taken as one being written, as it was before any look past it."""
     budget = _Budget(size - pos)
-    src = _Window(fd, budget)
+    return _whole_append_from(_Window(fd, budget), pos, size, budget) < size
+
+
+def _whole_append_from(src: _Window, pos: int, size: int, budget: _Budget) -> int:
+    """Where the first whole append at or after ``pos`` starts (``size``:
+    none is, or none is found with what is left of ``budget``)."""
     pos = _next_magic(src, pos, size)
     while pos + APPEND.size <= size and budget.left > 0:
         found = _append_at(src, pos, size, budget)
         if found is not None and found[1] >= 0:
-            return True
+            return pos
         pos = _next_magic(src, pos + 1, size)
-    return False
+    return size
 
 
 def _unchanged(seg: _Segment, head: bytes, size: int) -> bool:
@@ -735,8 +740,18 @@ def _held_from(
     end = size
     budget = _Budget(size - pos)
     src = _Window(fd, budget)
+    ahead = -1  # the first whole append past the last looked for (``size``: none)
     while pos + APPEND.size <= size:
         found = None if pos == start else _append_at(src, pos, size, budget)
+        if found is not None and found[1] < 0 and ahead <= pos:
+            # (looked for once past each one found: ``pos`` only grows)
+            ahead = _whole_append_from(src, pos + 1, size, budget)
+        if found is not None and found[1] < 0 and ahead < size:
+            # One runs past the end, yet whole appends follow it: damage in
+            # its length, as the parse finds it (the next append is written
+            # only once the one before it is whole), not the end's. Taken
+            # for a death's, it ended the count: not one after it counted.
+            found = None
         if found is not None and found[1] < 0:
             end = pos  # cut short at the end: its call never returned, not counted
             if seq is None:

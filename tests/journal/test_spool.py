@@ -1139,3 +1139,20 @@ def test_frames_far_apart_under_many_false_appends_are_read_in_linear_time(
     # (the first false append says 9 entries, where no whole one follows)
     assert [(d.seq, d.entries) for d in got.damaged] == [(10, 31 - 10 + 9)]
     assert read < 8 * size, f"{read} bytes read of a {size}-byte segment"
+
+
+def test_a_damaged_length_past_the_first_damage_does_not_end_the_count(tmp_path: Path) -> None:
+    """Past the damage that ended the parse, an append whose length was
+    damaged to run past the segment's end, with whole appends after it:
+    the count took it for the append a death cut short at the end, and
+    stopped there (9 entries counted for 21 a sink never gets). As the
+    parse does, whole appends after it say its length is damage."""
+    segment, data, starts = _ten_calls_spooled(tmp_path)
+    data[starts[3]] ^= 0xFF  # the magic of the fourth call's append
+    data[starts[6] + 10] ^= 0x40  # the seventh's length: 4 MiB more
+    segment.write_bytes(bytes(data))
+    with Journal.open(segment.parent, owner=False) as reader:
+        got = reader.read(0, max_entries=100)
+        assert [e.seq for e in got.entries] == list(range(1, 10))
+        assert [(d.seq, d.entries) for d in got.damaged] == [(10, 21)]
+        assert reader.damaged_end() == 30
