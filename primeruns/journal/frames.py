@@ -234,6 +234,8 @@ def verify_frame(value: bytes | memoryview, seq: int | None = None) -> FrameHead
     if head.version == 2:
         if seq is None:
             raise FrameError("an entry's frame can only be checked with its seq")
+        if not 0 <= seq < 1 << 64:  # (a crafted segment's name: none is written for it)
+            raise FrameError(f"seq {seq} is past any an entry is written for")
         computed = zlib.crc32(_SEQ.pack(seq), computed)
     if computed != head.crc:
         raise FrameError(f"checksum mismatch (stored {head.crc:08x}, computed {computed:08x})")

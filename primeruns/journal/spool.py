@@ -957,6 +957,8 @@ class SpoolView:
                                 "yet whole appends follow it"
                             )
                     return  # still being written, or cut short by a death
+                if seg.end + count > _MAX_NAMED:  # (a crafted name: no LMDB key holds them)
+                    raise ValueError("an append's seqs run past the last a key may hold")
                 frames = _frames_in(seg.fd, body, body + length)
                 if len(frames) != count:
                     raise ValueError(f"an append of {count} entries holds {len(frames)}")

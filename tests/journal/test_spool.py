@@ -1156,3 +1156,28 @@ def test_a_damaged_length_past_the_first_damage_does_not_end_the_count(tmp_path:
         assert [e.seq for e in got.entries] == list(range(1, 10))
         assert [(d.seq, d.entries) for d in got.damaged] == [(10, 21)]
         assert reader.damaged_end() == 30
+
+
+def test_a_segment_whose_entries_run_past_any_seq_never_takes_a_reader_down(
+    tmp_path: Path,
+) -> None:
+    """A journal is untrusted input: a segment named two seqs short of the
+    last a u64 holds, with an append of three entries, put its third at a
+    seq no key (nor checksum) is written for. A read raised struct.error
+    (the seq packed for its checksum), and so did an owner's ``damage()``
+    and ``close()`` (the mover, its LMDB key). An append whose seqs pass
+    the last a key may hold is damage; none of its entries is taken."""
+    segment, records = _spooled_journal(tmp_path, 3)
+    first = (1 << 64) - 2
+    frames = [
+        encode_frame(int(EntryKind.EPISODE), b'{"n":%d}' % n, compress=False, seq=seq)
+        for n, seq in enumerate([first, first + 1, 0])
+    ]
+    crafted = segment.parent / spool.segment_name(first)
+    crafted.write_bytes(APPEND.pack(b"PS", 1, 3, sum(map(len, frames))) + b"".join(frames))
+    with Journal.open(segment.parent, owner=False) as reader:
+        assert [e.payload for e in reader.read(0, max_entries=100).entries] == records
+        assert reader.read(first - 1, max_entries=100).entries == []
+    with Journal.open(segment.parent) as owner:
+        owner.damage()
+        assert [e.payload for e in owner.read(0, max_entries=100).entries] == records
