@@ -223,6 +223,29 @@ def test_damage_in_the_newest_segment_is_reported_with_every_entry_it_cost(
         assert [(d.seq, d.entries) for d in reader.damage()] == [(first, 31 - first)]
 
 
+def _damage_and_bytes(
+    segment: Path, monkeypatch: pytest.MonkeyPatch, where: tuple[Any, str] | None = None
+) -> tuple[list[tuple[int | None, int]], int]:
+    """What a reader of ``segment``'s journal reports damaged (seq, entries),
+    and the bytes its spool took through ``where`` (default ``os.pread``:
+    read from the file; ``(spool, "_read")``: looked at through a scan's
+    window)."""
+    owner, name = where or (spool.os, "pread")
+    real = getattr(owner, name)
+    taken = 0
+
+    def counting(source: Any, length: int, offset: int) -> bytes:
+        nonlocal taken
+        out = real(source, length, offset)
+        taken += len(out)
+        return out
+
+    monkeypatch.setattr(owner, name, counting)
+    with Journal.open(segment.parent, owner=False) as reader:
+        got = reader.read(0, max_entries=100)
+    return [(d.seq, d.entries) for d in got.damaged], taken
+
+
 def _ten_calls_spooled(path: Path) -> tuple[Path, bytearray, list[int]]:
     """Ten calls of three entries (see ``_calls_spooled``)."""
     calls = [[b'{"n":%d,"t":"PS"}' % (3 * n + k) for k in range(3)] for n in range(10)]
@@ -917,19 +940,8 @@ def test_bytes_past_damage_full_of_the_magic_are_read_in_linear_time(
     data[starts[3]] ^= 0xFF  # the magic of the fourth call's append
     segment.write_bytes(bytes(data) + b"PS" * 20_000)
     size = segment.stat().st_size
-    read = 0
-    real = os.pread
-
-    def counting(fd: int, length: int, offset: int) -> bytes:
-        nonlocal read
-        out = real(fd, length, offset)
-        read += len(out)
-        return out
-
-    monkeypatch.setattr(spool.os, "pread", counting)
-    with Journal.open(segment.parent, owner=False) as reader:
-        got = reader.read(0, max_entries=100)
-    assert [(d.seq, d.entries) for d in got.damaged] == [(10, 22)]
+    damaged, read = _damage_and_bytes(segment, monkeypatch)
+    assert damaged == [(10, 22)]
     assert read < 1_000 * size, f"{read} bytes read of a {size}-byte segment"
 
 
@@ -1081,19 +1093,8 @@ def test_a_chain_of_damaged_appends_is_looked_at_in_linear_time(
     units = (64 << 10) // len(unit)
     segment.write_bytes(bytes(data) + unit * units)
     size = segment.stat().st_size
-    looked = 0
-    real_read = spool._read
-
-    def read(src: Any, length: int, offset: int) -> bytes:
-        nonlocal looked
-        out = real_read(src, length, offset)
-        looked += len(out)
-        return out
-
-    monkeypatch.setattr(spool, "_read", read)
-    with Journal.open(segment.parent, owner=False) as reader:
-        got = reader.read(0, max_entries=100)
-    assert [(d.seq, d.entries) for d in got.damaged] == [(10, 31 - 10 + units)]
+    damaged, looked = _damage_and_bytes(segment, monkeypatch, (spool, "_read"))
+    assert damaged == [(10, 31 - 10 + units)]
     assert looked < 8 * size, f"{looked} bytes looked at of a {size}-byte segment"
 
 
@@ -1124,20 +1125,9 @@ def test_frames_far_apart_under_many_false_appends_are_read_in_linear_time(
     data[starts[3]] ^= 0xFF  # the magic of the fourth call's append
     segment.write_bytes(bytes(data) + _false_appends_over_frames_far_apart(1000, 8))
     size = segment.stat().st_size
-    read = 0
-    real_pread = os.pread
-
-    def pread(fd: int, length: int, offset: int) -> bytes:
-        nonlocal read
-        out = real_pread(fd, length, offset)
-        read += len(out)
-        return out
-
-    monkeypatch.setattr(spool.os, "pread", pread)
-    with Journal.open(segment.parent, owner=False) as reader:
-        got = reader.read(0, max_entries=100)
+    damaged, read = _damage_and_bytes(segment, monkeypatch)
     # (the first false append says 9 entries, where no whole one follows)
-    assert [(d.seq, d.entries) for d in got.damaged] == [(10, 31 - 10 + 9)]
+    assert damaged == [(10, 31 - 10 + 9)]
     assert read < 8 * size, f"{read} bytes read of a {size}-byte segment"
 
 
