@@ -36,16 +36,21 @@ def _insert_runs(db: Database, first: int, count: int, size: int) -> None:
 
 
 def _rows_in_file_alone(data: Path, scratch: Path) -> int:
-    """Rows of the database file itself, without its WAL: what was checkpointed."""
+    """Rows of the database file itself, without its WAL: what was
+    checkpointed; -1 when the copy caught a checkpoint writing the file (the
+    round under way ends, and the caller looks again after it)."""
     scratch.mkdir(exist_ok=True)
     copy = scratch / _NAME
     shutil.copyfile(data / _NAME, copy)
-    conn = sqlite3.connect(copy)
+    # immutable: the copy alone is read, no WAL or lock file made beside it.
+    conn = sqlite3.connect(f"file:{copy}?immutable=1", uri=True)
     try:
         tables = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'evaluations'")
         if not tables.fetchone()[0]:
             return 0  # not even the schema copied yet
         return int(conn.execute("SELECT count(*) FROM evaluations").fetchone()[0])
+    except sqlite3.DatabaseError:
+        return -1
     finally:
         conn.close()
 
@@ -129,26 +134,64 @@ def _wal_restarts(wal: Path) -> int:
     return int.from_bytes(header[12:16], "big") if len(header) == 16 else 0
 
 
-def test_the_wal_starts_over_while_writes_keep_coming(
+def test_the_wal_starts_over_though_a_commit_came_during_the_copy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A checkpoint copies what was committed before it began; if a commit
     came meanwhile the WAL is not all copied, and only a WAL all copied is
-    begun anew by the next commit. Under writes that never pause, the thread
-    alone never let it start over: it grew to the backstop (64 MiB), where
-    the writer's own checkpoint copied what was left in some request's commit."""
+    begun anew by the next commit. Under writes that never pause one always
+    does: the thread alone never let the WAL start over, and it grew to the
+    backstop (64 MiB), where the writer's own checkpoint copied what was left
+    in some request's commit. The round is driven here by hand, a commit
+    landing during its first copy, so no scheduling decides the outcome."""
     monkeypatch.setattr(storage, "BACKSTOP_PAGES", 1_000_000)  # the thread alone
-    monkeypatch.setattr(checkpoint, "RESTART_PAGES", 500)
+    monkeypatch.setattr(checkpoint, "RESTART_PAGES", 50)
+    handed: list[sqlite3.Connection] = []
+
+    def not_started(
+        target: Callable[..., Any], name: str, args: tuple[Any, ...] = ()
+    ) -> threading.Thread:
+        handed.extend(args)  # the thread's connection, to run its round here
+        idle = threading.Thread(target=lambda: None, name=name, daemon=True)
+        idle.start()
+        return idle
+
+    monkeypatch.setattr(checkpoint, "start_daemon", not_started)
     data = tmp_path / "data"
     db = Database(data)
     wal = data / f"{_NAME}-wal"
+    [conn] = handed
+    first_copy = checkpoint._passive
+    copies = 0
+
+    reader = sqlite3.connect(data / _NAME, isolation_level=None)
+
+    def copy_with_a_commit_meanwhile(c: sqlite3.Connection) -> tuple[bool, int]:
+        nonlocal copies
+        copies += 1
+        if copies > 1:
+            return first_copy(c)
+        # A request commits while the first copy runs: that copy cannot take
+        # it. (A read held open from before the commit keeps the copy to what
+        # came before it, as a copy that began before the commit is.)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM evaluations").fetchone()
+        _insert_runs(db, 1_000, 1, 50_000)
+        try:
+            return first_copy(c)
+        finally:
+            reader.execute("COMMIT")
+
+    monkeypatch.setattr(checkpoint, "_passive", copy_with_a_commit_meanwhile)
     try:
-        for first in range(0, 3_000, 20):  # up to 150 MB in 3,000 commits, without a pause
-            _insert_runs(db, first, 20, 50_000)
-            if _wal_restarts(wal):
-                break
-        assert _wal_restarts(wal) > 0
+        _insert_runs(db, 0, 20, 50_000)  # ~250 pages: past RESTART_PAGES
+        before = _wal_restarts(wal)
+        db._checkpointer._round(conn)
+        _insert_runs(db, 2_000, 1, 1_000)  # the next commit
+        assert _wal_restarts(wal) > before
     finally:
+        reader.close()
+        conn.close()
         db.close()
 
 
