@@ -11,6 +11,7 @@ import copy
 import gzip
 import hashlib
 import json
+import sys
 import threading
 import time
 import zlib
@@ -141,23 +142,36 @@ def test_without_isal_zlib_makes_the_same_upload_the_service_stores(
 def test_the_upload_is_gzipped_with_the_gil_released() -> None:
     """The point of ISA-L here (and zlib's way too): the shipper's thread
     gzips a batch while the training loop's threads run on. isal before 1.2
-    held the GIL for the whole call, which the declared floor once allowed."""
+    held the GIL for the whole call, which the declared floor once allowed.
+
+    Told without a clock: another thread, woken just before the call, can
+    take the GIL only when the call lets it go; the interpreter's own turn
+    taking is put off (a switch interval of 10 s) until long after the call
+    returned and ``inside`` was cleared."""
     jsonl = b"".join(
-        b'{"prompt":"q %d","completion":"a %d","reward":0.5}\n' % (i, 7 * i)
-        for i in range(1_000_000)
+        b'{"prompt":"q %d","completion":"a %d","reward":0.5}\n' % (i, 7 * i) for i in range(200_000)
     )
-    done = threading.Event()
-    gzip_it = lambda: (traces_module._deflate(jsonl, 1, wbits=31), done.set())  # noqa: E731
-    worker = threading.Thread(target=gzip_it)
-    started = last = time.perf_counter()
-    worker.start()
-    longest = 0.0
-    while not done.is_set():  # this thread's longest wait for the GIL meanwhile
-        now = time.perf_counter()
-        longest, last = max(longest, now - last), now
-    took = time.perf_counter() - started
-    worker.join()
-    assert longest < took / 2, f"held {longest * 1e3:.0f} ms of a {took * 1e3:.0f} ms gzip"
+    inside = False
+    seen: list[bool] = []
+    go = threading.Event()
+
+    def look() -> None:
+        go.wait()
+        seen.append(inside)  # runs once it has the GIL
+
+    other = threading.Thread(target=look)
+    other.start()
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(10.0)
+    try:
+        inside = True
+        go.set()
+        traces_module._deflate(jsonl, 1, wbits=31)
+        inside = False
+    finally:
+        sys.setswitchinterval(interval)
+    other.join()
+    assert seen == [True]
 
 
 def test_the_same_entries_always_make_the_same_upload_so_a_rebuilt_batch_is_a_replay(
