@@ -110,6 +110,7 @@ class Checkpointer:
         self._wanted.set()
 
     def _loop(self, conn: sqlite3.Connection) -> None:
+        failing: str | None = None  # the error the last round failed with
         try:
             while True:
                 self._wanted.wait()
@@ -119,7 +120,15 @@ class Checkpointer:
                 try:
                     self._round(conn)
                 except sqlite3.Error as exc:  # the backstop in the writer copies meanwhile
-                    log.warning("WAL checkpoint failed: %s", exc)
+                    # Said once while it lasts: a full disk fails every round,
+                    # and a busy server has a round every 50 ms.
+                    if str(exc) != failing:
+                        log.warning("WAL checkpoints fail (the writer's own go on): %s", exc)
+                    failing = str(exc)
+                else:
+                    if failing is not None:
+                        log.warning("WAL checkpoints work again (after: %s)", failing)
+                    failing = None
                 with self._lock:
                     self._rounds += 1
                     self._lock.notify_all()

@@ -225,3 +225,36 @@ def test_the_thread_opens_no_file_by_name_after_the_files_were_checked(
         assert not elsewhere.exists()
     finally:
         db.close()
+
+
+def test_a_checkpoint_failing_round_after_round_is_said_once_until_it_works(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A full disk fails every round, and a busy server has one every 50 ms:
+    the log says so once, and once more when checkpoints work again."""
+    failing = True
+    real = checkpoint._passive
+
+    def passive(conn: sqlite3.Connection) -> tuple[bool, int]:
+        if failing:
+            raise sqlite3.OperationalError("database or disk is full")
+        return real(conn)
+
+    monkeypatch.setattr(checkpoint, "_passive", passive)
+    caplog.set_level("WARNING", logger="primeruns.local")
+    db = Database(tmp_path / "data")
+    try:
+        done = 0
+        for number in range(4):  # four rounds, each woken by a commit and waited for
+            _insert_runs(db, number, 1, 1_000)
+            done = db._checkpointer.wait_for_round(done, _HANG_GUARD_S)
+        failing = False
+        _insert_runs(db, 10, 1, 1_000)
+        db._checkpointer.wait_for_round(done, _HANG_GUARD_S)
+    finally:
+        db.close()
+    said = [r.getMessage() for r in caplog.records if "WAL checkpoints" in r.getMessage()]
+    assert said == [
+        "WAL checkpoints fail (the writer's own go on): database or disk is full",
+        "WAL checkpoints work again (after: database or disk is full)",
+    ]
