@@ -1006,9 +1006,11 @@ class SpoolView:
                 return
 
     def end(self) -> int:
-        """The highest seq spooled (0 when none)."""
+        """The highest seq spooled (0 when none). A segment named past the
+        last seq a key may hold (a crafted name) holds none of the log's: its
+        appends are damage (``_parse``), and its name ends nothing."""
         with self.lock:
-            segments = self._ordered()
+            segments = [seg for seg in self._ordered() if seg.first <= _MAX_NAMED]
             ends = [seg.end for seg in segments]
         best = 0
         for i, end in enumerate(ends):

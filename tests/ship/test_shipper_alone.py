@@ -967,3 +967,36 @@ def test_damage_before_a_segment_that_holds_no_entry_is_counted_and_passed(
             assert journal.losses()["fake"]["count"] == 9
             assert journal.acked("fake") == 12
     assert stored == ["e0", "e1", "e2"]
+
+
+@pytest.mark.parametrize("first", [(1 << 64) - 2, 1 << 63])
+def test_a_segment_named_past_any_seq_ships_the_rest_and_settles(
+    first: int, tmp_path: Path
+) -> None:
+    """A journal is untrusted input: a spool segment named past the last seq
+    an LMDB key may hold (a crafted name, near 2**64) set the log's end to
+    the seq before it, though no read could reach it: the reads past the
+    journal's own five entries found neither entries nor damage, so a
+    shipper never settled (a sync waited out its deadline), and the end
+    past the damage ran past 2**64. Such a segment holds no entry of the
+    log: its five episodes ship, the shipper settles, and it is reported as
+    damage."""
+    journal = _journal(tmp_path, 5)
+    path = journal.path
+    journal.close()
+    frames = [
+        encode_frame(int(EntryKind.EPISODE), b'{"id":"x","traces":[]}', compress=False, seq=seq)
+        for seq in (first, first + 1)
+    ]
+    crafted = APPEND.pack(b"PS", 1, 2, sum(map(len, frames))) + b"".join(frames)
+    (path / segment_name(first)).write_bytes(crafted)
+    with Journal.open(path, owner=True) as owner:
+        assert (owner.last_seq(), owner.damaged_end()) == (5, 5)
+        assert any(segment_name(first) in d.what for d in owner.damage())
+        sink = FakeSink()
+        _drain(owner, sink)
+        assert sink.stored == [f"e{i}" for i in range(5)]
+        assert owner.losses() == {}
+    with Journal.open(path, owner=False) as reader:
+        assert (reader.last_seq(), reader.damaged_end()) == (5, 5)
+        assert [e.seq for e in reader.read(0, max_entries=100).entries] == list(range(1, 6))
