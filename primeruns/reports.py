@@ -31,6 +31,7 @@ from .ship.copies import (
     is_copy,
     origin_of,
     sync_names,
+    sync_path,
     sync_root,
 )
 from .sinks.kinds import records_left, sink_kinds
@@ -251,7 +252,9 @@ def _sync_journal_status(
     it has yet to import; (None, 0) for a journal shipped where it is."""
     if not info.meta or not is_copy(info.path, info.meta, root, in_root=in_root):
         return None, 0
-    path = root / info.local_id
+    path = sync_path(info.path, info.meta, root)  # (None: its local id names no folder)
+    if path is None:
+        return None, 0
     try:
         check_sync_root(root)  # (a root another user could write into holds none of ours)
     except JournalError:

@@ -224,7 +224,8 @@ def _ship_journal(
             origin = origin_of(probe.path, meta)
             if origin is not None:
                 _refuse_a_live_original(path, origin)
-            itself = path.absolute() == sync_path(path, meta, root).absolute()
+            mine = sync_path(path, meta, root)
+            itself = mine is not None and path.absolute() == mine.absolute()
             if origin is not None and is_copy(probe.path, meta, root):
                 journal, report, may_crash, why_open = _import_copy(
                     probe, path, origin, root, job_ended
@@ -475,6 +476,8 @@ def needs_sync(
     shipped and closed out (a run left open is looked at again)."""
     root = root if root is not None else sync_root()
     mine = sync_path(path, meta, root)
+    if mine is None:
+        return True  # its local id names no folder: syncing it is refused, naming it
     if not (mine / DATA_NAME).exists():
         # Pruned once it shipped and closed: only something new is to sync
         # (and is refused, naming the fix).

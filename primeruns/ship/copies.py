@@ -35,6 +35,7 @@ __all__ = [
     "sync_names",
     "sync_path",
     "sync_root",
+    "valid_local_id",
 ]
 
 K_SOURCE_PATH = "sync.source"  # a sync journal's meta: the copy last imported from
@@ -145,20 +146,39 @@ def origin_of(path: Path, meta: Mapping[str, Any]) -> Origin | None:
     )
 
 
-def sync_name(path: Path, meta: Mapping[str, Any]) -> str:
-    """The name of the journal's sync journal: its local id, else its folder's."""
+def valid_local_id(local_id: object) -> str:
+    """``local_id`` as a folder name under the sync root; JournalError for one
+    that is not (a copy is untrusted input: ``../x`` or ``/x`` would name
+    another journal)."""
+    if (
+        not isinstance(local_id, str)
+        or not local_id
+        or local_id in (".", "..")
+        or any(c in local_id for c in "/\\\0")
+        or local_id.startswith(".")
+    ):
+        raise JournalError(f"the copy names an invalid local run id {local_id!r}; not syncing it")
+    return local_id
+
+
+def sync_name(path: Path, meta: Mapping[str, Any]) -> str | None:
+    """The name of the journal's sync journal: its local id, else its
+    folder's; None where that is no folder name (``valid_local_id``: a
+    crafted copy's ``../x`` names another journal), which no sync journal
+    has (syncing such a copy is refused, naming it)."""
     local_id = meta.get(K_LOCAL_ID)
-    return local_id if isinstance(local_id, str) and local_id else path.name
+    name = local_id if isinstance(local_id, str) and local_id else path.name
+    try:
+        return valid_local_id(name)
+    except JournalError:
+        return None
 
 
-def sync_path(path: Path, meta: Mapping[str, Any], root: Path) -> Path:
-    """Where the journal's sync journal is (or would be) under ``root``."""
-    return root / sync_name(path, meta)
-
-
-def _plain(name: str) -> bool:
-    """Whether ``name`` is one entry of a folder (no separator, not . or ..)."""
-    return "/" not in name and name not in ("", ".", "..")
+def sync_path(path: Path, meta: Mapping[str, Any], root: Path) -> Path | None:
+    """Where the journal's sync journal is (or would be) under ``root``;
+    None for one whose name is not a folder's (``sync_name``)."""
+    name = sync_name(path, meta)
+    return None if name is None else root / name
 
 
 def is_copy(
@@ -174,9 +194,9 @@ def is_copy(
     once by a caller asking of many journals (``sync_names``), so that a
     journal with no sync journal costs no ``stat``."""
     name = sync_name(path, meta)
-    # A plain name not in the root has no sync journal; any other (a path a
-    # journal's meta holds) is looked up.
-    if in_root is None or name in in_root or not _plain(name):
+    # A name not in the root has no sync journal, nor has one that is no
+    # folder's name (a path a copy's meta holds: it would name another's).
+    if name is not None and (in_root is None or name in in_root):
         mine = (root if root is not None else sync_root()) / name
         if path.absolute() == mine.absolute():
             return False  # the sync journal itself (a replay of it)

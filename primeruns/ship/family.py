@@ -31,8 +31,8 @@ from ..journal.meta import K_FORK_PARENT, K_FORK_PARENT_PATH
 from ..journal.store import DATA_NAME
 from ..spec import listed_spec
 from . import sync_records
-from .copies import check_sync_root
-from .mirror import sync_root, valid_local_id
+from .copies import check_sync_root, valid_local_id
+from .mirror import sync_root
 
 __all__ = [
     "K_FORK_PARENT",

@@ -62,7 +62,7 @@ from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
 from ..journal.trust import UntrustedPathError, check_dir
 from . import sync_records
-from .copies import K_SOURCE_PATH, check_sync_root, make_sync_root, sync_root
+from .copies import K_SOURCE_PATH, check_sync_root, make_sync_root, sync_root, valid_local_id
 
 __all__ = [
     "K_SOURCE_ORIGIN",
@@ -99,21 +99,6 @@ class Imported:
 # Meta that is the journal's own (format, ids, owner, budget, dictionaries,
 # compaction): never handed from a copy to the sync journal.
 _OWN_META = ("journal.",)
-
-
-def valid_local_id(local_id: object) -> str:
-    """``local_id`` as a folder name under the sync root; JournalError for one
-    that is not (a copy is untrusted input: ``../x`` or ``/x`` would name
-    another journal)."""
-    if (
-        not isinstance(local_id, str)
-        or not local_id
-        or local_id in (".", "..")
-        or any(c in local_id for c in "/\\\0")
-        or local_id.startswith(".")
-    ):
-        raise JournalError(f"the copy names an invalid local run id {local_id!r}; not syncing it")
-    return local_id
 
 
 def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:
