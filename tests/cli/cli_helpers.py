@@ -4,6 +4,7 @@ subprocess, kill a producer mid-run, and damage one journal entry on disk."""
 from __future__ import annotations
 
 import os
+import shutil
 import struct
 import subprocess
 import sys
@@ -13,7 +14,9 @@ from typing import Any
 
 import lmdb
 import pytest
+from sdk_helpers import API_KEY, point_at
 
+import primeruns as pr
 from primeruns.cli import main
 
 TESTS = Path(__file__).resolve().parents[1]
@@ -77,3 +80,24 @@ def flip_entry_bytes(journal: Path, seq: int) -> None:
 def landed_once(stored: dict[str, Any], n: int) -> bool:
     traces = stored["traces"]
     return bool(traces["episodes"] == traces["distinct_episodes"] == n)
+
+
+#: This machine's port 9: nothing ever answers (a journal may name it).
+UNREACHABLE = "http://127.0.0.1:9/api/v1"
+
+
+def offline_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An offline run's journal copied to a login folder of the user's (what
+    ``sync`` imports into a sync journal), with this environment's key set."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(
+        environments=["gsm8k"], model="m", mode="offline", runs_dir=runs, base_url=UNREACHABLE
+    )
+    run.finish()
+    assert run.journal_path is not None
+    login = tmp_path / "login"
+    login.mkdir(mode=0o700)
+    copy = login / run.journal_path.name
+    shutil.copytree(run.journal_path, copy)
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    return copy

@@ -8,35 +8,21 @@ refused by name, as ``sync`` of it is, and is listed as a copy of its own."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from cli_helpers import cli
-from sdk_helpers import API_KEY, point_at
+from cli_helpers import cli, offline_copy
 
-import primeruns as pr
 from primeruns.journal import Journal
 from primeruns.journal.meta import K_LOCAL_ID
 from primeruns.ship.copies import K_SOURCE_PATH, make_sync_root, sync_root
-
-UNREACHABLE = "http://127.0.0.1:9/api/v1"  # this machine's: nothing ever answers
 
 
 def _copy_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_id: str) -> Path:
     """An offline run's journal copied to a login folder, its local id made
     ``local_id``; where that id leads from the sync root, a journal as a
     sync journal that shipped and closed its run leaves it."""
-    runs = point_at(monkeypatch, tmp_path, None)
-    run = pr.init(
-        environments=["gsm8k"], model="m", mode="offline", runs_dir=runs, base_url=UNREACHABLE
-    )
-    run.finish()
-    assert run.journal_path is not None
-    login = tmp_path / "login"
-    login.mkdir(mode=0o700)
-    copy = login / run.journal_path.name
-    shutil.copytree(run.journal_path, copy)
+    copy = offline_copy(tmp_path, monkeypatch)
     with Journal.open(copy, owner=True) as journal:
         journal.set_meta(K_LOCAL_ID, local_id)
     root = make_sync_root(sync_root())
@@ -51,7 +37,6 @@ def _copy_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, local_id: str) 
                 K_SOURCE_PATH: {"path": "elsewhere", "imported_upto": 1 << 40},
             }
         )
-    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
     return copy
 
 

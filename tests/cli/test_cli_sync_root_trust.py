@@ -22,34 +22,15 @@ from pathlib import Path
 
 import pytest
 import second_uid
-from cli_helpers import cli
+from cli_helpers import cli, offline_copy
 from sdk_helpers import API_KEY, point_at
 
-import primeruns as pr
 from primeruns.journal.trust import UntrustedPathError
 from primeruns.settings import default_sync_root
 from primeruns.ship import run_keys, sync_records
 from primeruns.ship.mirror import snapshot
 
 NOBODY = 65534
-UNREACHABLE = "http://127.0.0.1:9/api/v1"  # this machine's: a journal may name it
-
-
-def _copied_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """An offline run's journal copied elsewhere (what ``sync`` imports into
-    a sync journal), with this environment's key set."""
-    runs = point_at(monkeypatch, tmp_path, None)
-    run = pr.init(
-        environments=["gsm8k"], model="m", mode="offline", runs_dir=runs, base_url=UNREACHABLE
-    )
-    run.finish()
-    assert run.journal_path is not None
-    login = tmp_path / "login"
-    login.mkdir(mode=0o700)
-    copy = login / run.journal_path.name
-    shutil.copytree(run.journal_path, copy)
-    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
-    return copy
 
 
 def _spoil(folder: Path, how: str, tmp_path: Path) -> Path | None:
@@ -88,7 +69,7 @@ def test_sync_refuses_an_untrusted_sync_root_naming_it_and_makes_nothing_there(
     how: str,
     command: str,
 ) -> None:
-    copy = _copied_run(tmp_path, monkeypatch)
+    copy = offline_copy(tmp_path, monkeypatch)
     root = default_sync_root()
     folder = root if which == "synced" else root.parent
     target = _spoil(folder, how, tmp_path)
@@ -145,7 +126,7 @@ def test_a_record_that_is_a_link_is_not_followed(
 def test_the_sync_root_sync_makes_is_private_whatever_the_umask(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    copy = _copied_run(tmp_path, monkeypatch)
+    copy = offline_copy(tmp_path, monkeypatch)
     root = default_sync_root()
     previous = os.umask(0)
     try:
@@ -165,7 +146,7 @@ def test_a_sync_root_in_a_sticky_shared_state_folder_is_fine(
 ) -> None:
     """``XDG_STATE_HOME=/tmp`` (world-writable, sticky): only the folders
     prime-runs makes there must be the user's own, as for a runs directory."""
-    copy = _copied_run(tmp_path, monkeypatch)
+    copy = offline_copy(tmp_path, monkeypatch)
     shared = tmp_path / "shared-tmp"
     shared.mkdir()
     os.chmod(shared, 0o1777)
@@ -182,7 +163,7 @@ def test_sync_of_a_link_to_a_journal_is_refused_as_a_journal_directory_is(
     """A journal's directory is never reached through a link (``trust``): a
     link named on the command line is refused, not followed into wherever it
     points (another user's folder, say), and nothing is imported from it."""
-    copy = _copied_run(tmp_path, monkeypatch)
+    copy = offline_copy(tmp_path, monkeypatch)
     link = tmp_path / "login" / "link"
     os.symlink(copy, link)
     code, out, err = cli(capsys, "sync", str(link), "--timeout", "5")
@@ -198,7 +179,7 @@ def test_a_listing_reads_no_sync_journal_through_a_linked_root(
     that became a link (to a folder anyone may fill) is not taken for it."""
     from primeruns.reports import statuses
 
-    copy = _copied_run(tmp_path, monkeypatch)
+    copy = offline_copy(tmp_path, monkeypatch)
     cli(capsys, "sync", str(copy), "--timeout", "1")  # (its sync journal is made, then it fails)
     [status] = statuses(copy.parent)
     assert status.synced is not None
@@ -213,7 +194,7 @@ def test_a_listing_reads_no_sync_journal_through_a_linked_root(
 def test_gc_prunes_no_sync_journal_in_a_root_others_can_write_and_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    copy = _copied_run(tmp_path, monkeypatch)
+    copy = offline_copy(tmp_path, monkeypatch)
     cli(capsys, "sync", str(copy), "--timeout", "1")  # (its sync journal is made, then it fails)
     root = default_sync_root()
     os.chmod(root, 0o777)
@@ -229,7 +210,7 @@ def test_a_requeued_jobs_uplink_takes_nothing_over_through_an_untrusted_root(
     from primeruns.ship.family import parent_binding
     from primeruns.ship.handover import take_over
 
-    copy = _copied_run(tmp_path, monkeypatch)
+    copy = offline_copy(tmp_path, monkeypatch)
     root = default_sync_root()
     _spoil(root, "open", tmp_path)
     assert take_over([copy], root, "later") == []
@@ -252,7 +233,7 @@ def test_sync_refuses_a_state_folder_another_user_can_move_the_root_out_of(
     records of what shipped gone (a journal shipped twice), or another's in
     their place. ``XDG_STATE_HOME=/tmp/$USER-state``, made first by another
     user, is such a folder."""
-    copy = _copied_run(tmp_path, monkeypatch)
+    copy = offline_copy(tmp_path, monkeypatch)
     theirs = tmp_path / "theirs"
     if how == "open, not sticky":
         theirs.mkdir(mode=0o700)
@@ -279,7 +260,7 @@ def test_a_state_folder_that_is_a_link_of_the_users_own_is_fine(
 ) -> None:
     """``~/.local/state`` linked to a scratch disk's private folder (for its
     quota): the user's link to the user's folder, as honest as the folder."""
-    copy = _copied_run(tmp_path, monkeypatch)
+    copy = offline_copy(tmp_path, monkeypatch)
     scratch = tmp_path / "scratch" / "me"
     scratch.mkdir(mode=0o700, parents=True)
     state = tmp_path / "home" / ".local" / "state"
@@ -300,7 +281,7 @@ def test_a_copy_swapped_for_a_link_once_checked_is_not_read_through_it(
     from primeruns.exceptions import JournalError
     from primeruns.ship import mirror
 
-    copy = _copied_run(tmp_path, monkeypatch)
+    copy = offline_copy(tmp_path, monkeypatch)
     planted = tmp_path / "planted"
     shutil.copytree(copy, planted)  # same names, sizes and times; other bytes
     data = planted / "data.mdb"
