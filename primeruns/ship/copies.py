@@ -10,6 +10,7 @@ listing never loads.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Collection, Mapping
@@ -21,7 +22,7 @@ from ..journal.lock import read_owner
 from ..journal.meta import K_LOCAL_ID
 from ..journal.origin import K_ORIGIN, Origin
 from ..journal.store import DATA_NAME
-from ..journal.trust import UntrustedPathError, check_dir, make_private_dirs
+from ..journal.trust import UntrustedPathError, check_dir, check_file, make_private_dirs
 from ..settings import default_sync_root
 
 __all__ = [
@@ -31,6 +32,7 @@ __all__ = [
     "is_copy",
     "make_sync_root",
     "origin_of",
+    "read_record",
     "sync_name",
     "sync_names",
     "sync_path",
@@ -124,6 +126,29 @@ def make_sync_root(root: Path, *under: str) -> Path:
     check_sync_folder(root, *under)
     make_private_dirs(root.joinpath(*under))
     return check_sync_folder(root, *under)
+
+
+def read_record(root: Path, *under: str, limit: int) -> dict[str, Any] | None:
+    """The JSON object in the file ``root/*under`` (at most ``limit`` bytes
+    read), or None (none, unreadable, not an object). What the records in
+    the sync root hold decides which run records go to and which are
+    skipped: UntrustedPathError for a root or folder another user could have
+    planted, or a file that is a link or not the user's; and none is opened
+    through a link that appeared since the check, nor waited on (a FIFO)."""
+    path = check_sync_folder(root, *under[:-1]) / under[-1]
+    check_file(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as handle:
+        try:
+            if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
+                return None
+            value = json.loads(handle.read(limit))
+        except (OSError, ValueError):
+            return None
+    return value if isinstance(value, dict) else None
 
 
 def origin_of(path: Path, meta: Mapping[str, Any]) -> Origin | None:

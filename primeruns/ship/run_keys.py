@@ -31,9 +31,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from ..journal.trust import check_file
 from ..settings import default_sync_root as sync_root
-from .copies import check_sync_folder, make_sync_root
+from .copies import make_sync_root, read_record
 
 __all__ = ["held", "lookup", "remember"]
 
@@ -66,17 +65,7 @@ def held(key: str, api_root: str, root: Path | None = None) -> Iterator[None]:
 def lookup(key: str, api_root: str, root: Path | None = None) -> dict[str, Any] | None:
     """The run recorded for ``key`` (``run_id``, ``kind``, ``url``, ``name``), or None."""
     root, path = _path(key, api_root, root)
-    check_sync_folder(root, _FOLDER)
-    check_file(path)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        try:
-            found = json.loads(handle.read(1 << 16))
-        except ValueError:
-            return None
+    found = read_record(root, _FOLDER, path.name, limit=1 << 16)
     if not isinstance(found, dict) or not isinstance(found.get("run_id"), str):
         return None
     return found

@@ -26,14 +26,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import stat
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError
-from ..journal.trust import check_file
-from .copies import check_sync_folder, make_sync_root
+from .copies import make_sync_root, read_record
 
 __all__ = ["nothing_new", "record_path", "recorded", "refuse_if_shipped", "remember"]
 
@@ -49,23 +47,7 @@ def recorded(root: Path, local_id: str) -> dict[str, Any] | None:
     """The record of ``local_id``'s sync journal, or None (none, or
     unreadable). UntrustedPathError for a root, folder or record another
     user could have planted or that is a link."""
-    check_sync_folder(root, _FOLDER)
-    path = record_path(root, local_id)
-    check_file(path)
-    try:
-        # No link followed even if one appeared since the check (the folder
-        # is ours: nobody else can put one there), and no FIFO waited on.
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as handle:
-        if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
-            return None
-        try:
-            value = json.loads(handle.read(1 << 20))
-        except (OSError, ValueError):
-            return None
-    return value if isinstance(value, dict) else None
+    return read_record(root, _FOLDER, f"{local_id}.json", limit=1 << 20)
 
 
 def remember(root: Path, local_id: str, **fields: Any) -> None:
