@@ -178,7 +178,9 @@ def run(quick: bool, episodes: int | None = None, before: Path | None = None) ->
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=None)
-    parser.add_argument("--before", type=Path, help="a checkout whose package is measured too")
+    parser.add_argument(
+        "--before", type=benchlib.as_installed_arg, help="a checkout whose package is measured too"
+    )
     parser.add_argument("--quick", action="store_true", help="2,000 samples")
     parser.add_argument("--child", nargs=3, metavar=("WHERE", "PATH", "RUN_ID"))
     parser.add_argument("--before-way", action="store_true")

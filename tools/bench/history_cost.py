@@ -282,7 +282,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="300 journals, 60 steps, 1 round")
     parser.add_argument("--runs", type=int, default=None, help="past journals (default 3000)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds (medians are reported)")
-    parser.add_argument("--before", type=Path, help="a checkout whose package runs as well")
+    parser.add_argument(
+        "--before", type=benchlib.as_installed_arg, help="a checkout whose package runs as well"
+    )
     args = parser.parse_args(argv)
     benchlib.print_tables(run(args.quick, args.rounds, count=args.runs, before=args.before))
 

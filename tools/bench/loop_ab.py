@@ -30,7 +30,9 @@ STEPS = 250
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("before", type=Path, help="a checkout of the code before the change")
+    parser.add_argument(
+        "before", type=benchlib.as_installed_arg, help="a checkout of the code before the change"
+    )
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args(argv)
     before = args.before.resolve()

@@ -28,6 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import benchlib
 from benchlib import ROOT
 
 
@@ -82,7 +83,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=20_000, help="steps of the long run")
     parser.add_argument("--small", type=int, default=200, help="steps of the small run")
-    parser.add_argument("--before", type=Path, help="a checkout whose package runs first")
+    parser.add_argument(
+        "--before", type=benchlib.as_installed_arg, help="a checkout whose package runs first"
+    )
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (the median)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:

@@ -336,7 +336,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1k, 4k and 16k steps")
     parser.add_argument("--sizes", type=str, default=None, help="steps, comma-separated")
-    parser.add_argument("--before", type=Path, help="a checkout whose package syncs too")
+    parser.add_argument(
+        "--before", type=benchlib.as_installed_arg, help="a checkout whose package syncs too"
+    )
     parser.add_argument("--repeat", type=int, default=None, help="ignored (one run)")
     args = parser.parse_args(argv)
     if args.sizes:
