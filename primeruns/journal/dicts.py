@@ -14,7 +14,7 @@ before each batch (``refresh``).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import lmdb
@@ -110,40 +110,82 @@ class Dictionaries:
                 continue
             if self._counts.get(kind, 0) < dictionary.MIN_SAMPLES:
                 continue
-            self._tried.add(kind)
+            self._tried.add(kind)  # once, even if reading the samples fails
             got = read(
                 floor,
                 kinds=[kind],
                 max_entries=dictionary.MAX_SAMPLES,
                 max_bytes=dictionary.MAX_SAMPLE_BYTES,
             )
-            data = dictionary.train([e.payload for e in got.entries])
-            if data is None:
-                continue
-
-            def put(txn: lmdb.Transaction, data: bytes = data, kind: int = int(kind)) -> Any:
-                # The id is taken from what is stored, in the transaction
-                # that stores it: another process may have trained since.
-                # Past every stored dictionary, in use or not: an id is never
-                # given a second dictionary, whatever K_DICTS says.
-                new_id = max([0, *self._stored_ids(txn)]) + 1
-                stored = self._tx.meta_or(txn, K_DICTS, {})
-                active = _in_use(stored) if isinstance(stored, dict) else {}
-                if new_id > 255:
-                    return None
-                active[kind] = new_id
-                self._tx.put_meta_bytes(txn, f"{K_DICT_PREFIX}{new_id}", data)
-                self._tx.put_meta(txn, K_DICTS, {str(k): v for k, v in active.items()})
-                return active
-
-            with self._tx.lock:
-                active = self._tx.write(put)
-                if active is None:
-                    break
-                self._loaded[active[int(kind)]] = zstandard.ZstdCompressionDict(data)
-                self.active = active
-            trained.append(kind)
+            if not self._train_kind(kind, [e.payload for e in got.entries]):
+                break
+            if kind in self.active:
+                trained.append(kind)
         return trained
+
+    def train_on(self, batch: Mapping[int, Sequence[bytes]]) -> None:
+        """Train for each kind of ``batch`` (a batch about to be compressed:
+        its records by kind) with none yet, on the batch's own records, when
+        those and the ones compressed before make enough.
+
+        So the first batch already uses the dictionary: a run that logs its
+        records in a burst and closes (an evaluation logging its results at
+        its end) has them all moved by ``close()`` in a few batches, and a
+        dictionary trained only after the first batch left the first 512
+        entries without one (at rest, 0.45 bytes a raw byte of gsm8k
+        episodes where the dictionary makes it 0.23)."""
+        for kind, records in batch.items():
+            if kind in self.active or kind in self._tried:
+                continue
+            if self._counts.get(kind, 0) + len(records) < dictionary.MIN_SAMPLES:
+                continue
+            if not self._train_kind(kind, _samples(records)):
+                return
+
+    def _train_kind(self, kind: int, samples: Sequence[bytes]) -> bool:
+        """Train ``kind``'s dictionary on ``samples``, tried once whatever
+        comes of it; stored, committed, and in use when it pays. False when
+        the journal has no id left for another dictionary."""
+        self._tried.add(kind)
+        data = dictionary.train(samples)
+        if data is None:
+            return True
+
+        def put(txn: lmdb.Transaction) -> Any:
+            # The id is taken from what is stored, in the transaction
+            # that stores it: another process may have trained since.
+            # Past every stored dictionary, in use or not: an id is never
+            # given a second dictionary, whatever K_DICTS says.
+            new_id = max([0, *self._stored_ids(txn)]) + 1
+            stored = self._tx.meta_or(txn, K_DICTS, {})
+            active = _in_use(stored) if isinstance(stored, dict) else {}
+            if new_id > 255:
+                return None
+            active[int(kind)] = new_id
+            self._tx.put_meta_bytes(txn, f"{K_DICT_PREFIX}{new_id}", data)
+            self._tx.put_meta(txn, K_DICTS, {str(k): v for k, v in active.items()})
+            return active
+
+        with self._tx.lock:
+            active = self._tx.write(put)
+            if active is None:
+                return False
+            self._loaded[active[int(kind)]] = zstandard.ZstdCompressionDict(data)
+            self.active = active
+        return True
+
+
+def _samples(records: Sequence[bytes]) -> list[bytes]:
+    """The first of ``records`` within what ``train`` reads of a journal
+    (``MAX_SAMPLES`` records, ``MAX_SAMPLE_BYTES``; at least one)."""
+    samples: list[bytes] = []
+    total = 0
+    for record in records[: dictionary.MAX_SAMPLES]:
+        if samples and total + len(record) > dictionary.MAX_SAMPLE_BYTES:
+            break
+        samples.append(record)
+        total += len(record)
+    return samples
 
 
 def _in_use(stored: dict[Any, Any]) -> dict[int, int]:

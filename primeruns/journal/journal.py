@@ -706,8 +706,10 @@ class Journal:
         A dictionary is stored (committed) before any entry uses it.
         """
         self._check_writable()
-        self._absorb()  # what is spooled counts too: it is compressed here now
-        return self._dicts.train(self._reader.read, self._reader.floor)
+        before = set(self._dicts.active)
+        self._absorb()  # what is spooled counts too: it is compressed (and trained on) now
+        self._dicts.train(self._reader.read, self._reader.floor)
+        return [kind for kind in EntryKind if kind in self._dicts.active and kind not in before]
 
     def close(self) -> None:
         """Sync, close and release the owner lock; idempotent.

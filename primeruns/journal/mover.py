@@ -193,12 +193,18 @@ class Mover:
         final = [frame for _, _, frame in batch]
         todo: dict[int, list[int]] = {}
         payloads: dict[int, bytes] = {}
+        by_kind: dict[int, list[bytes]] = {}
         for index, (seq, kind, frame) in enumerate(batch):
             try:
                 payloads[index] = decode_frame(frame, seq=seq)[1]
             except FrameError:
                 continue  # moved as it is: the damage is reported where it is read
-            if worth_compressing(len(payloads[index]), self._dicts.for_kind(kind)[1] is not None):
+            by_kind.setdefault(kind, []).append(payloads[index])
+        self._dicts.train_on(by_kind)
+        for index, (_, kind, _) in enumerate(batch):
+            if index in payloads and worth_compressing(
+                len(payloads[index]), self._dicts.for_kind(kind)[1] is not None
+            ):
                 todo.setdefault(kind, []).append(index)
         for kind, indexes in todo.items():
             dict_id, zdict = self._dicts.for_kind(kind)

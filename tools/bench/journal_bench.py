@@ -15,6 +15,7 @@ Timings belong here, not in tests. Numbers vary by machine; compare ratios.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import statistics
@@ -23,13 +24,14 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import zstandard
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from primeruns.journal import EntryKind, Journal  # noqa: E402
+from primeruns.journal import EntryKind, Journal, dictionary  # noqa: E402
 from primeruns.journal.spool import spool_bytes  # noqa: E402
 from primeruns.journal.store import DATA_NAME  # noqa: E402
 
@@ -95,15 +97,18 @@ def bench_appends() -> list[tuple[str, str, float, float, float, float]]:
 def _journal_ratio(lines: list[bytes], kind: EntryKind, *, train: bool) -> tuple[int, int]:
     """Raw bytes and journal file bytes for ``lines``, appended one per call,
     once the journal is closed: entries are spooled as they are appended and
-    compressed into LMDB by the mover's thread, all of them by ``close()``,
-    so a journal at rest is what a user keeps (measured while open, the
-    spool's uncompressed frames made it ~1.0 bytes a raw byte)."""
+    compressed into LMDB by the mover (its thread, or ``close()``), which
+    trains the dictionary on the first batch it compresses; so a journal at
+    rest is what a user keeps (measured while open, the spool's uncompressed
+    frames made it ~1.0 bytes a raw byte). ``train=False``: as if no
+    dictionary ever paid (``dictionary.train`` finds none)."""
     with tempfile.TemporaryDirectory() as tmp:
-        with Journal.create(Path(tmp), local_id="r") as journal:
-            for i, line in enumerate(lines):
+        with contextlib.ExitStack() as stack:
+            if not train:
+                stack.enter_context(mock.patch.object(dictionary, "train", lambda samples: None))
+            journal = stack.enter_context(Journal.create(Path(tmp), local_id="r"))
+            for line in lines:
                 journal.append(kind, [line])
-                if train and i + 1 == 64:  # MIN_SAMPLES: when the mover's thread trains
-                    journal.train_dictionaries()  # what the mover's thread does early in a run
         # What ``size_bytes`` counts: the data file and the spool (empty at rest).
         at_rest = (journal.path / DATA_NAME).stat().st_size + spool_bytes(journal.path)
         return sum(len(x) for x in lines), at_rest
