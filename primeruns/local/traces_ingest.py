@@ -28,6 +28,7 @@ import time
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 from . import jsonlimits
@@ -129,6 +130,21 @@ def _payload(part: Part) -> bytes | bytearray:
     return data
 
 
+def _inflate_module() -> ModuleType:
+    """ISA-L's zlib where isal has a wheel (the dependency's platform marker),
+    else zlib. ISA-L inflates a traces upload in less than half zlib's CPU
+    (5.4 ms against 13 ms for 500 gsm8k episodes, 4.4 MiB); both are used
+    alike, and each raises its own ``error`` (isal's ``IsalError`` is not a
+    ``zlib.error``)."""
+    try:
+        from isal import isal_zlib
+    except ImportError:
+        return zlib
+    return isal_zlib
+
+
+_INFLATE = _inflate_module()
+
 #: Output per decompression step: the body grows by this much at a time.
 #: 1 MiB, not 4: each step's output is a new object, and one of 4 MiB was
 #: fresh memory from the kernel every time (a fifth more CPU to inflate a
@@ -143,7 +159,7 @@ def _gunzip(compressed: bytes) -> bytearray:
     (one ``decompress`` call with ``max_length`` builds its output in a buffer
     that it then copies: twice the cap at the peak).
     """
-    inflater = zlib.decompressobj(wbits=31)
+    inflater = _INFLATE.decompressobj(wbits=31)
     out = bytearray()
     pending = compressed
     try:
@@ -155,7 +171,7 @@ def _gunzip(compressed: bytes) -> bytearray:
                     "upload_too_large", f"upload is over {MAX_UPLOAD_BYTES} uncompressed bytes"
                 )
         out += inflater.flush()
-    except zlib.error as exc:
+    except _INFLATE.error as exc:
         raise rejected("malformed_encoding", f"traces part is not valid gzip: {exc}") from None
     if not inflater.eof:
         raise rejected("malformed_encoding", "traces part is a truncated gzip stream")
