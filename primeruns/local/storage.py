@@ -47,7 +47,9 @@ CREATE TABLE IF NOT EXISTS evaluations (
     team_id TEXT,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
-    finalized_at REAL
+    finalized_at REAL,
+    -- Its rows in eval_samples, kept by each push (evals.py; _add_sample_count).
+    sample_count INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS eval_samples (
     row INTEGER PRIMARY KEY,
@@ -184,6 +186,20 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
+def _add_sample_count(conn: sqlite3.Connection) -> None:
+    """Give a data folder from before ``evaluations.sample_count`` the column,
+    counted once from the rows it holds (``CREATE TABLE IF NOT EXISTS`` leaves
+    an existing table as it was)."""
+    columns = {row["name"] for row in conn.execute("PRAGMA table_info(evaluations)")}
+    if "sample_count" in columns:
+        return
+    conn.execute("ALTER TABLE evaluations ADD COLUMN sample_count INTEGER NOT NULL DEFAULT 0")
+    conn.execute(
+        "UPDATE evaluations SET sample_count ="
+        " (SELECT count(*) FROM eval_samples WHERE eval_id = evaluations.id)"
+    )
+
+
 class Database:
     """The server's one SQLite connection; every access holds its lock."""
 
@@ -211,6 +227,7 @@ class Database:
         # as its connection closes: the thread's connection would otherwise
         # keep the WAL there, and the thread waiting, for the process's life.
         weakref.finalize(self, self._checkpointer.stop_soon).atexit = False
+        self.write_sync(_add_sample_count)
 
     def read_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         with self._lock:
