@@ -85,13 +85,19 @@ def build_app(settings: ServerSettings, faults: FaultSettings | None = None) -> 
     injector = FaultInjector(faults or FaultSettings(retry_after=settings.retry_after))
     db = Database(settings.data_dir)
     routes = [
+        # What a training run's sync sends per step (a metrics row; a sample
+        # object's presign, PUT and confirm) and per upload of traces, first:
+        # starlette tries each route in turn, a regex each, and these came
+        # after 24 to 43 others (14 to 23 us of CPU a request to find its
+        # route; 2 to 4 now). No route before them took any of their paths,
+        # so every request is answered by the same route as before.
+        *objects.routes,
+        *traces_upload.routes,
+        *rft.routes,
         *inspect.routes,
         *dashboard_routes(),
         *evals.routes,
         *hub.routes,
-        *rft.routes,
-        *objects.routes,
-        *traces_upload.routes,
         *traces_reads.routes,
         *traces_index.routes,
     ]
