@@ -477,5 +477,5 @@ def test_the_size_bound_is_never_below_what_an_object_decodes_to(
         path.write_bytes(blob)
         meta = pq.read_metadata(path)
         decoded = pq.read_table(path).get_total_buffer_size()
-        bound = parquet_bounds._size_bound(meta, len(blob))
+        bound = parquet_bounds._size_bound(parquet_bounds._chunks(meta), len(blob))
         assert bound is not None and bound >= decoded, (rows, value)
