@@ -32,7 +32,15 @@ from typing import Any, TypeVar
 from ..journal import InFlight
 from ..sinks.base import Prepared
 
-__all__ = ["BadState", "carry_before", "carry_of", "changes", "from_journal", "to_journal"]
+__all__ = [
+    "BadState",
+    "carry_before",
+    "carry_of",
+    "changes",
+    "from_journal",
+    "records_of",
+    "to_journal",
+]
 
 P = TypeVar("P")
 
@@ -85,9 +93,7 @@ def changes(old: Any, new: Any) -> dict[str, Any]:
 def from_journal(inflight: InFlight, progress_type: type[P]) -> Prepared[P]:
     """A recorded batch as typed values; :class:`BadState` if its state is damaged."""
     state = inflight.state
-    records = _read(state, "records", int)
-    if records < 0:
-        raise BadState(f"'records' cannot be {records}")
+    records = _records(state)
     counters = state.get("counters", {})
     if not isinstance(counters, dict):
         raise BadState(f"'counters' cannot be {reprlib.repr(counters)}")
@@ -104,6 +110,22 @@ def from_journal(inflight: InFlight, progress_type: type[P]) -> Prepared[P]:
         carry=carry_of(state),
         counters={str(k): _value(v, int, "counters") for k, v in counters.items()},
     )
+
+
+def records_of(state: Mapping[str, Any]) -> int | None:
+    """The records a recorded batch holds, where its state still says (None:
+    that count is damaged too): what a batch whose progress is damaged loses."""
+    try:
+        return _records(state)
+    except BadState:
+        return None
+
+
+def _records(state: Mapping[str, Any]) -> int:
+    records = _read(state, "records", int)
+    if records < 0:
+        raise BadState(f"'records' cannot be {records}")
+    return int(records)
 
 
 def carry_before(state: Mapping[str, Any]) -> Mapping[str, Any] | None:

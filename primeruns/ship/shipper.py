@@ -596,9 +596,9 @@ class Shipper:
             batch = batchstate.from_journal(inflight, self.sink.progress_type)
         except batchstate.BadState as exc:
             # Not guessed at: sent with made-up progress (nothing attempted,
-            # no object done), a batch could be stored twice. Like entries
-            # found damaged, each of its entries counts as failed.
-            self._fail_records(inflight.last_seq, self._entries_in(inflight), exc)
+            # no object done), a batch could be stored twice. Its records
+            # count as failed (``_lost_with``).
+            self._fail_records(inflight.last_seq, self._lost_with(inflight), exc)
             return
         progressed = False
 
@@ -749,11 +749,16 @@ class Shipper:
                 restore(before)
         self.journal.ack(self.name, self.journal.acked(self.name))
 
-    def _entries_in(self, inflight: InFlight) -> int:
-        """The entries of the sink's kinds in a batch's range (read from their
-        headers: what a batch whose state is damaged stood for)."""
+    def _lost_with(self, inflight: InFlight) -> int:
+        """What a batch whose state is damaged loses: its records, as its
+        state says, never more than the entries of the sink's kinds in its
+        range (read from their headers), which count instead where the
+        records' count is damaged too. An entry of the range no record
+        stands for (a step off the sample table's cadence) was dealt with."""
         counts = self.journal.tally([inflight.first_seq - 1, inflight.last_seq])[1]
-        return ledger.records_left(counts, self.sink.kinds)
+        entries = ledger.records_left(counts, self.sink.kinds)
+        records = batchstate.records_of(inflight.state)
+        return entries if records is None else min(records, entries)
 
     def _fail_records(self, last_seq: int, records: int, exc: BaseException) -> None:
         reason = _describe(exc)

@@ -364,6 +364,34 @@ def test_a_batch_whose_recorded_state_is_damaged_counts_as_failed_and_the_sink_g
     journal.close()
 
 
+@pytest.mark.parametrize(
+    ("state", "lost"),
+    [
+        ({"done": "one", "last_seq": 5, "records": 3}, 3),
+        ({"done": 1, "last_seq": 5, "records": "3"}, 5),
+        ({"done": "one", "last_seq": 5, "records": 9}, 5),
+    ],
+    ids=["progress-damaged", "records-damaged", "records-past-the-range"],
+)
+def test_a_damaged_batch_counts_the_records_it_held_not_every_entry_of_its_range(
+    state: dict[str, Any], lost: int, tmp_path: Path
+) -> None:
+    # A batch's range may hold entries none of its records stands for (a
+    # step off the sample table's cadence makes no row): they are dealt
+    # with, not lost. A batch whose progress cannot be read loses its
+    # records, as its state says; only where that count is damaged too is
+    # every entry of its range counted, and never more than that.
+    journal = _journal(tmp_path, 7)
+    journal.set_inflight("fake", InFlight(1, 5, json.dumps(["e0", "e1", "e2"]).encode(), state))
+    sink = _MultiRequestSink(requests=1, failures=0)
+    shipper = _ship(journal, sink, [])
+    assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+    shipper.stop(timeout=5)
+    assert sink.stored == ["e5", "e6"]
+    assert journal.losses()["fake"]["count"] == lost
+    journal.close()
+
+
 def test_a_damaged_carry_does_not_stop_the_sink(tmp_path: Path) -> None:
     # The numbering a batch carries is the sink's to read; one it cannot read
     # (a damaged journal) starts the numbering afresh, where the sink's
