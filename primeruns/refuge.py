@@ -30,7 +30,8 @@ from pathlib import Path
 
 from .exceptions import JournalError
 from .journal import Journal
-from .journal.trust import check_dir, make_private_dirs
+from .journal.trust import make_private_folder
+from .settings import prime_runs_folder
 
 __all__ = ["create_journal", "refuges"]
 
@@ -39,6 +40,11 @@ log = logging.getLogger("primeruns")
 # /dev/shm outlives the process (a crash loses nothing) but not a reboot;
 # TMPDIR comes first: it is where a site puts scratch space it wants used.
 _SHM = Path("/dev/shm")
+#: How to fix a ``prime-runs`` folder others could write into.
+_OWN_FOLDER = (
+    "make it a folder of your own that only you can write (chmod 700), not a link, "
+    "or point PRIME_RUNS_DIR (or runs_dir=) at a private directory"
+)
 
 
 def refuges() -> list[Path]:
@@ -68,6 +74,11 @@ def create_journal(
     naming every folder tried when no refuge takes it and there is no
     ``in_memory``."""
     try:
+        if runs_dir == prime_runs_folder() / "runs":
+            # The folder this package made above it is held to the runs
+            # directory's rule (as the sync root's is, ``ship.copies``):
+            # whoever can write it can rename "runs" away and plant their own.
+            make_private_folder(runs_dir.parent, "prime-runs folder", advice=_OWN_FOLDER)
         return create(runs_dir)
     except JournalError as refused:
         if not online:
@@ -78,9 +89,7 @@ def create_journal(
         try:
             # The folder above "runs" is this uid's too: checked, so that no
             # one else can swap "runs" for a link of theirs once made.
-            check_dir(refuge.parent, "fallback folder")
-            make_private_dirs(refuge)
-            check_dir(refuge.parent, "fallback folder")
+            make_private_folder(refuge.parent, "fallback folder")
             journal = create(refuge)
         except (JournalError, OSError) as exc:
             log.debug("prime-runs: the fallback %s refused the journal too: %s", refuge, exc)

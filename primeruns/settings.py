@@ -109,6 +109,7 @@ __all__ = [
     "parse_mode",
     "parse_seconds",
     "parse_uplink",
+    "prime_runs_folder",
     "process_sdk_settings",
     "resolve_run_settings",
     "resolve_sdk_settings",
@@ -649,8 +650,7 @@ def _default_runs_dir(read: _Reader, sources: dict[str, str]) -> Path:
         sources["runs_dir"] = RUNS_DIR_ENV
         return explicit
     sources["runs_dir"] = "default"
-    state = read.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state).expanduser() / "prime-runs" / "runs"
+    return prime_runs_folder(read.environ) / "runs"
 
 
 def _seconds(
@@ -872,13 +872,19 @@ def process_sdk_settings() -> SdkSettings:
     return _adopted if _adopted is not None else resolve_sdk_settings()
 
 
+def prime_runs_folder(environ: Mapping[str, str] | None = None) -> Path:
+    """``$XDG_STATE_HOME/prime-runs`` (``~/.local/state``): the folder this
+    package makes for the default runs directory and the sync root."""
+    env = os.environ if environ is None else environ
+    state = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state).expanduser() / "prime-runs"
+
+
 def default_sync_root(environ: Mapping[str, str] | None = None) -> Path:
     """``$XDG_STATE_HOME/prime-runs/synced`` (``~/.local/state``): where the
     sync journals of copied runs live, beside the default runs directory and
     never inside a directory copies land in (``rsync --delete`` would remove it)."""
-    env = os.environ if environ is None else environ
-    state = env.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(state).expanduser() / "prime-runs" / "synced"
+    return prime_runs_folder(environ) / "synced"
 
 
 def default_runs_dir(environ: Mapping[str, str] | None = None) -> Path:

@@ -31,6 +31,7 @@ __all__ = [
     "check_dir",
     "check_file",
     "make_private_dirs",
+    "make_private_folder",
     "why_unreadable",
 ]
 
@@ -56,6 +57,19 @@ def make_private_dirs(path: Path) -> None:
         except FileExistsError:
             continue  # made meanwhile by another process: checked below
         os.chmod(directory, 0o700)
+
+
+def make_private_folder(path: Path, what: str, *, advice: str | None = None) -> None:
+    """Create ``path`` as ``make_private_dirs`` does, checked as ``check_dir``
+    checks it before and after (made meanwhile by someone else?): for a
+    folder whose owner could rename what it holds away and plant their own.
+    JournalError if it cannot be made."""
+    check_dir(path, what, advice=advice)
+    try:
+        make_private_dirs(path)
+    except OSError as exc:
+        raise JournalError(f"cannot create the {what} {path}: {exc}") from exc
+    check_dir(path, what, advice=advice)
 
 
 def check_dir(path: Path, what: str, *, advice: str | None = None) -> None:

@@ -282,6 +282,31 @@ def test_init_refuses_a_runs_directory_others_can_write_and_names_the_fix(
     assert str(shared) in str(raised.value) and "PRIME_RUNS_DIR" in str(raised.value)
 
 
+@pytest.mark.parametrize("runs_dir", ["default", "named elsewhere"])
+def test_init_refuses_a_prime_runs_folder_others_can_write_above_the_default_runs_directory(
+    runs_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Whoever can write the folder holding "runs" can rename it away and put
+    # their own in its place: held to the rule the runs directory is, as the
+    # sync root's is. A runs directory named elsewhere has nothing to do with it.
+    point_at(monkeypatch, tmp_path, None)
+    folder = tmp_path / "state" / "prime-runs"
+    folder.mkdir(parents=True)
+    os.chmod(folder, 0o777)
+    monkeypatch.setenv("XDG_STATE_HOME", str(folder.parent))
+    if runs_dir == "named elsewhere":
+        named = tmp_path / "mine"
+        run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=named)
+        run.finish()
+        assert run.journal_path is not None and run.journal_path.parent == named
+        return
+    with pytest.raises(UntrustedPathError) as raised:
+        pr.init(environments=["gsm8k"], model="m", mode="offline")
+    said = str(raised.value)
+    assert str(folder) in said and "writable by other users" in said and "PRIME_RUNS_DIR" in said
+    assert not (folder / "runs").exists()
+
+
 def test_every_folder_init_creates_is_private_whatever_the_umask(tmp_path: Path) -> None:
     runs = tmp_path / "a" / "b" / "runs"
     code = (
