@@ -36,7 +36,11 @@ stage once every object's bytes landed (recorded), and the confirm that
 asks whether an expired URL's bytes landed once the object is recorded
 ``EXPIRED`` (``expired_url_landed``), a stage of its own after the PUTs.
 A version before ``EXPIRED`` reads it as damage and counts the batch's
-records as failed, rather than mint that object anew.
+records as failed, rather than mint that object anew. That version asked
+about an expired URL's object at once, nothing recorded first, so a batch it
+left may hold an object recorded ``MINTED`` that is stored: an object found
+expired is asked about before a 413 in the same stage refuses the batch
+whole (``_found_expired``).
 """
 
 from __future__ import annotations
@@ -229,7 +233,7 @@ class SampleObjects:
             elif failure is None:
                 failure = error
         if too_large is not None:
-            failure = too_large
+            failure = too_large if not _found_expired(before, stages) else _ASK_FIRST
         done = 0
         while done < len(stages) and stages[done] in _SETTLED:
             done += 1
@@ -295,6 +299,26 @@ def _maybe_stored(
 
     confirming = all(stage in (PUT, *_SETTLED) for stage in before)
     return any(maybe(index, stage) for index, stage in enumerate(after))
+
+
+def _found_expired(before: Sequence[int], after: Sequence[int]) -> bool:
+    """Whether an object was just found expired (recorded ``EXPIRED`` in this
+    stage). A version before ``EXPIRED`` asked about such an object at once,
+    with nothing recorded first: recorded ``MINTED`` still, it may be stored
+    (that confirm committed, its answer lost). So a 413 in the same stage
+    refuses the batch whole only once it has been asked (``_ASK_FIRST``):
+    refused whole, the shipper would make its records again, under a new key."""
+    pairs = zip(before, after, strict=True)
+    return any(stage == EXPIRED and was != EXPIRED for was, stage in pairs)
+
+
+# What a 413 is held back as while an object just found expired is asked
+# about (``_found_expired``): the asking goes on in this try, and the 413
+# comes again on the next, the batch then settled as the asking found it.
+_ASK_FIRST = RetryableAPIError(
+    "an object of the batch is over a size limit, and one whose URL expired may be "
+    "stored: asking about that one first"
+)
 
 
 def _too_large(exc: BaseException) -> bool:

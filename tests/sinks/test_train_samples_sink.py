@@ -1037,3 +1037,44 @@ def test_a_backlog_batch_whose_stages_are_gone_is_not_sent_as_a_batch_of_one(
     with pytest.raises(ValueError, match="damaged"):
         batch.send(sink)
     assert store.calls == calls and len(store.confirmed) == 3
+
+
+def test_a_batch_an_older_version_left_mid_expiry_is_not_split_with_its_object_stored(
+    store: Store, tmp_path: Path
+) -> None:
+    # A backlog's batch as the version before stage EXPIRED (8d8c54a's parent)
+    # left it: every object minted on a try before. Step 0's PUT landed, and
+    # on the next try its URL had expired; that version asked at once
+    # whether it landed, with nothing recorded first, and the confirm was
+    # committed with its answer lost: the object is stored, recorded MINTED.
+    # This version, resuming, finds its URL expired while step 10's gets a
+    # 413. Refused whole, the shipper split the batch and made step 0's
+    # records again under a new key: stored twice. It asks first.
+    entries = _one_per_step(range(0, 40, 10))  # three objects; step 30 waits
+    journal = Journal.create(tmp_path / "runs")
+    journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
+    batch = _batch(_sink(store), entries)
+    keys = [f"rft/rft-1/obj-{n}.parquet" for n in (1, 2, 3)]
+    urls = [f"http://store.test/{key}" for key in keys]
+    store.minted, store.steps = 3, dict(zip(keys, (0, 10, 20), strict=True))
+    store.put[keys[0]] = unpack_units(batch.body)[0][1]
+    store.confirmed.append(keys[0])
+    state = batch.state | {"done": 0, "stages": [1, 1, 1], "keys": keys, "urls": urls}
+    journal.set_inflight("train_samples", InFlight(1, 3, batch.body, state))
+    handler = store.handler
+
+    def old_urls(request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT" and str(request.url) == urls[0]:
+            return _expired()  # for good: an expired URL stays expired
+        if request.method == "PUT" and str(request.url) == urls[1]:
+            return _too_large()
+        return handler(request)
+
+    store.handler = old_urls  # type: ignore[method-assign]
+    _run_shipper(store, journal, upto=3)
+    lost = sum(int(loss["count"]) for loss in journal.losses().values())
+    journal.close()
+    confirmed = sorted(store.steps[key] for key in set(store.confirmed))  # (a repeat is one)
+    assert len(confirmed) == len(set(confirmed)), f"a step stored twice: {confirmed}"
+    assert sorted([*confirmed, *([10] if lost else [])]) == [0, 10, 20]  # once, or counted
+    assert store.minted == 3 and lost in (0, 1)
