@@ -23,3 +23,14 @@ def killed_segment(journal: Journal) -> tuple[Path, bytearray, list[int]]:
         starts.append(at)
         at += APPEND.size + APPEND.unpack_from(data, at)[3]
     return segment, data, starts
+
+
+def power_cut_from(journal: Journal, append: int) -> Path:
+    """Close ``journal`` (its mover stopped by the caller) as if killed, then
+    zero its one spool segment from its append number ``append`` (0 the
+    first) on: a power cut's, where those pages never reached the disk.
+    Returns the journal's path."""
+    segment, data, starts = killed_segment(journal)
+    data[starts[append] :] = bytes(len(data) - starts[append])
+    segment.write_bytes(bytes(data))
+    return segment.parent

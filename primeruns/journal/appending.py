@@ -58,6 +58,9 @@ class Appender:
         # an append that reached this handle late is refused, and made again
         # on the new journal by its caller.
         self.moved = False
+        # The seq appends follow at least (``Journal._appends_after``): past
+        # the log's end, seqs lost to damage that stored state still names.
+        self.after = 0
 
     def append(
         self,
@@ -99,7 +102,9 @@ class Appender:
         """Frame the payloads after the log's end and spool them (under the
         append lock): (the first seq, the frames)."""
         for attempt in (1, 2):
-            first = self._tail.last + 1
+            first = max(self._tail.last, self.after) + 1
+            if first > self._tail.last + 1:
+                self._spool.start_segment()
             frames = [
                 encode_frame(kind, p, compress=False, seq=seq)
                 for seq, p in enumerate(payloads, first)

@@ -18,7 +18,7 @@ from primeruns.exceptions import JournalCorruptError, JournalError
 from primeruns.journal.capacity import K_INFLIGHT_PEAK, Capacity
 from primeruns.journal.frames import FrameError, decode_frame, encode_frame
 from primeruns.journal.layout import META_KIND, dumps
-from primeruns.journal.tail import OwnTail
+from primeruns.journal.tail import OwnTail, as_floor
 from primeruns.journal.txn import Transactions, bounded_json
 from primeruns.journal.types import CursorState, InFlight
 
@@ -102,6 +102,25 @@ class Cursors:
                 except (JournalCorruptError, ValueError, TypeError):
                     continue
         return out
+
+    def furthest(self) -> int:
+        """The furthest seq a cursor names (0: none): a sink's acknowledged
+        offset, the end of its batch in flight, or the last entry whose
+        damage it counted. An append must never reuse one (``Journal``):
+        that sink would take the new entry for the one it dealt with."""
+        named = [0]
+        with self._tx.read() as txn:
+            for raw_key, _ in txn.cursor(db=self._tx.dbs["cursors"]):
+                sink = bytes(raw_key).decode(errors="replace")
+                try:
+                    data = self._in(txn, sink)
+                except JournalCorruptError:
+                    continue
+                inflight = data.get("inflight")
+                batch_end = inflight.get("last_seq") if isinstance(inflight, dict) else 0
+                named += [as_floor(data.get("acked")), as_floor(batch_end)]
+            named += [as_floor(mark) for mark in self._damage_marks(txn).values()]
+        return max(named)
 
     def set_inflight(self, sink: str, inflight: InFlight, frame: bytes | None = None) -> None:
         if inflight.first_seq > inflight.last_seq:

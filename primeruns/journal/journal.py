@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import secrets
 import time
@@ -61,7 +62,15 @@ from primeruns.journal.fsinfo import warn_if_network_fs
 from primeruns.journal.fullness import full_cause
 from primeruns.journal.lock import LOCK_NAME, OwnerLock
 from primeruns.journal.maintenance import Background, Scan, scan, scan_damage
-from primeruns.journal.meta import K_BUDGET, K_CREATED, K_FORMAT, K_LOCAL_ID, K_OWNER, Meta
+from primeruns.journal.meta import (
+    K_BUDGET,
+    K_CREATED,
+    K_FORMAT,
+    K_LOCAL_ID,
+    K_OWNER,
+    K_SKIPPED,
+    Meta,
+)
 from primeruns.journal.mover import Mover
 from primeruns.journal.origin import K_ORIGIN, Origin
 from primeruns.journal.reading import Reader
@@ -74,7 +83,7 @@ from primeruns.journal.store import (
     detach_store,
     release_store,
 )
-from primeruns.journal.tail import OwnTail, SharedTail, read_end
+from primeruns.journal.tail import OwnTail, SharedTail, as_floor, read_end
 from primeruns.journal.torn import record_writer
 from primeruns.journal.trust import check_dir, check_file, make_private_dirs
 from primeruns.journal.txn import Transactions
@@ -88,6 +97,8 @@ from primeruns.journal.types import (
 )
 
 __all__ = ["DEFAULT_MAX_JOURNAL_BYTES", "FORMAT_VERSION", "Durability", "Journal"]
+
+log = logging.getLogger("primeruns.journal")
 
 Durability = Literal["process", "fsync"]
 DEFAULT_MAX_JOURNAL_BYTES = 64 << 30
@@ -155,6 +166,7 @@ class Journal:
             writer = SpoolWriter(path, self._spool, fsync=durability == "fsync", written=tx.written)
             self._capacity.spooled = writer.pending_bytes
             self._appender = Appender(tx, self._tail, self._capacity, writer)
+            self._appender.after = self._appends_after(last)
         local_id = tx.safe_meta(K_LOCAL_ID)
         self.local_id = local_id if isinstance(local_id, str) else path.name
         self._background: Background | None = None
@@ -168,6 +180,58 @@ class Journal:
             )
             if appends:
                 self._mover.start()
+
+    def _appends_after(self, last: int) -> int:
+        """The seq this owner's appends follow: the log's end ``last``, or
+        the furthest seq past it that stored state names. A power cut can
+        leave zeros where the spool's last appends were, while LMDB keeps a
+        sink's offset or batch in flight past them, or the damage proves
+        they were written: appended again under those seqs, new entries
+        were never shipped by that sink, or taken for the lost ones. The
+        seqs between are never written: every reader reports them missing,
+        and a sink that had not shipped them counts them lost."""
+        lost = self._spool.lost_after(last)
+        try:
+            named = self._cursors.furthest()
+        except (lmdb.Error, JournalError):
+            named = 0  # unreadable cursors name nothing (reported as damage)
+        proofs = [
+            (last if lost is None else last + lost.entries, "damage at the spool's end cost them"),
+            (self._spool.named_after(last), "a later spool segment's name says they were written"),
+            (named, "a sink's cursor names them"),
+        ]
+        end, why = max(proofs)
+        if end > last:
+            self._note_skipped(last + 1, end)
+            log.warning(
+                "journal %s: entries %d to %d are lost (%s); new entries start at %d, so that "
+                "none is taken for one of them",
+                self.path,
+                last + 1,
+                end,
+                why,
+                end + 1,
+            )
+        return max(end, last)
+
+    def _note_skipped(self, first: int, last: int) -> None:
+        """Record that appends start past ``first``..``last`` (``K_SKIPPED``);
+        not written, the next owner works it out again."""
+        skipped = self._tx.safe_meta(K_SKIPPED)
+        skipped = dict(skipped) if isinstance(skipped, dict) else {}
+        if skipped.get(str(first)) != last:
+            skipped[str(first)] = last
+            with contextlib.suppress(JournalError, lmdb.Error):
+                self._meta.update({K_SKIPPED: skipped})
+
+    def skipped_after(self, seq: int) -> int:
+        """The last seq of a range an owner's appends started after, that
+        begins right after ``seq`` (lost past the log's end then, never
+        written: ``_appends_after``); ``seq`` where none does."""
+        self._check()
+        skipped = self._tx.safe_meta(K_SKIPPED)
+        last = as_floor(skipped.get(str(seq + 1))) if isinstance(skipped, dict) else 0
+        return max(last, seq)
 
     # -- opening --------------------------------------------------------------------------
 
@@ -472,6 +536,17 @@ class Journal:
             self._check_writable()
             raise JournalError(f"journal {self.path} is shared with the process that appends to it")
         return appender.append(kind, payloads, essential=essential, final=final)
+
+    def appends_follow(self, seq: int) -> None:
+        """The next append takes ``seq + 1``, or the seq after the log's end
+        where that is further: for a sync journal's import, whose entries
+        take the copy's own seqs (checked there). Those that stored state
+        names past its end, lost to damage here, come back as they were
+        (``seq``: its end); past seqs the copy's owner skipped, it skips
+        them too (``skipped_after``)."""
+        self._check_writable()
+        if self._appender is not None:
+            self._appender.after = seq
 
     def last_seq(self) -> int:
         """The highest sequence number written (compaction does not lower it)."""

@@ -250,7 +250,9 @@ class Reader:
                     # Entries damage cost the newest segment come after it,
                     # where no later entry reports them as missing
                     # (``spool``). Reported, not passed: their seqs may yet
-                    # be written, by an appender.
+                    # be written, by a sync journal's import of the same
+                    # entries (a new owner's appends start past them:
+                    # ``Journal._appends_after``).
                     lost = spool.lost_after(expected - 1) if spool.forgotten == forgotten else None
                     if lost is not None and expected > floor:
                         damaged.append(lost)

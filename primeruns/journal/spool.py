@@ -343,6 +343,14 @@ class SpoolWriter:
         if not self._written_event.is_set():  # (no lock taken on the hot path)
             self._written_event.set()
 
+    def start_segment(self) -> None:
+        """The next write opens a segment of its own, named by its first
+        seq: a segment holds dense seqs, and the next does not follow this
+        one's (seqs skipped, ``Journal._appends_after``). This one is synced
+        first, as at a switch."""
+        self._sync_full_segment()
+        self.close()
+
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:

@@ -31,8 +31,8 @@ _MAX_SEQ = (1 << 63) - 1
 
 
 def as_floor(value: Any) -> int:
-    """A compaction floor as read back (0 for a value that is no seq): a
-    journal is untrusted input, and a negative or float floor had every
+    """A compaction floor (or any seq: a cursor's) as read back (0 for a
+    value that is no seq): a journal is untrusted input, and a negative or float floor had every
     read's key fail to pack (``show`` and ``export`` ended in a traceback)."""
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_SEQ:
         return value

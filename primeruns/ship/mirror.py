@@ -222,6 +222,7 @@ def import_new(source: Journal, dest: Journal) -> Imported:
     under the same sequence numbers, stopping at the first one missing or
     damaged in ``source``; carry over the losses ``source`` counted since."""
     upto = dest.last_seq()
+    dest.appends_follow(upto)  # the copy's entries, under their own seqs
     # Past the copy's last entry, those damage cost its newest spool segment
     # (``SpoolView.lost_at_end``): the import stops at them as at any other
     # damage, rather than take the damage for the copy's end.
@@ -240,6 +241,12 @@ def import_new(source: Journal, dest: Journal) -> Imported:
             upto += len(run)
             count += len(run)
             continue  # the next read starts right after, and meets any gap first
+        skipped = source.skipped_after(upto)
+        if skipped > upto:
+            # Lost past its end, its owner appended after them: no copy brings them.
+            dest.appends_follow(skipped)
+            upto = skipped
+            continue
         # The entry after ``upto`` is missing or damaged in this copy (torn
         # mid-write, or damaged on disk): a later copy brings it.
         damaged = next((d.what for d in result.damaged if d.seq in (None, upto + 1)), None)

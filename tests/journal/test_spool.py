@@ -31,7 +31,7 @@ from sdk_helpers import wait_for
 from spooled import killed_segment
 
 from primeruns.exceptions import JournalError
-from primeruns.journal import EntryKind, Journal, spool
+from primeruns.journal import EntryKind, InFlight, Journal, spool
 from primeruns.journal.frames import HEADER_SIZE, encode_frame, encode_frames_off_gil
 from primeruns.journal.listing import journal_info
 from primeruns.journal.mover import Mover
@@ -1171,3 +1171,43 @@ def test_a_segment_whose_entries_run_past_any_seq_never_takes_a_reader_down(
     with Journal.open(segment.parent) as owner:
         owner.damage()
         assert [e.payload for e in owner.read(0, max_entries=100).entries] == records
+
+
+@pytest.mark.parametrize("proof", ["acknowledged", "in flight", "damage counted at the end"])
+def test_an_owner_after_a_power_cut_at_the_spools_end_never_reuses_a_seq_stored_state_names(
+    proof: str, tmp_path: Path
+) -> None:
+    """A power cut left zeros where the newest segment's last appends were
+    (entries 10 to 30), while LMDB kept what refers to them: a sink's
+    offset, its batch in flight, or the entries that damage cost the end
+    (proved by an append cut short after the zeros). The next owner
+    appended from entry 10 again: a sink whose offset or batch covers them
+    never shipped the new entries, and a reader took new entries for the
+    lost ones. Its appends start after them; the gap is reported missing,
+    and counted by a sink that had not shipped it."""
+    j = Journal.create(tmp_path, local_id="run")
+    j._mover.stop()
+    for n in range(10):
+        j.append(EntryKind.EPISODE, [b'{"n":%d}' % (3 * n + k) for k in range(3)])
+    if proof == "acknowledged":
+        j.ack("traces", 30)
+    elif proof == "in flight":
+        j.set_inflight("traces", InFlight(25, 30, b"[25, 30]", {}))
+    segment, data, starts = killed_segment(j)
+    data[starts[3] :] = bytes(len(data) - starts[3])  # calls 4 to 10: zeros
+    if proof == "damage counted at the end":  # its first entry whole: it was to be 31
+        cut = [
+            encode_frame(int(EntryKind.EPISODE), b'{"n":"cut%d"}' % n, compress=False, seq=31 + n)
+            for n in range(2)
+        ]
+        data += (APPEND.pack(b"PS", 1, 2, sum(map(len, cut))) + b"".join(cut))[:-5]
+    segment.write_bytes(bytes(data))
+    with Journal.open(segment.parent) as owner:
+        assert owner.append(EntryKind.EPISODE, [b'{"n":"new"}']).first_seq == 31
+        assert [e.payload for e in owner.read(30).entries] == [b'{"n":"new"}']
+        behind = owner.read(9)
+        assert [e.seq for e in behind.entries] == [31]
+        assert [(d.seq, d.entries) for d in behind.damaged] == [(10, 21)]
+    with Journal.open(segment.parent, owner=False) as reader:
+        assert reader.last_seq() == 31
+        assert [e.seq for e in reader.read(0, max_entries=100).entries] == [*range(1, 10), 31]

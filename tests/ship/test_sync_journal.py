@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from spooled import power_cut_from
 
 from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal
@@ -503,3 +504,47 @@ def test_a_sync_journal_path_taken_by_something_else_is_named(tmp_path: Path) ->
         with _synced(producer.path, root):
             pass
     assert (root / producer.local_id / "notes.txt").read_text() == "mine"
+
+
+def test_a_sync_journal_whose_spool_end_a_power_cut_zeroed_imports_those_entries_again(
+    tmp_path: Path,
+) -> None:
+    # The sync journal's newest appends (the copy's entries 5 to 9) were lost
+    # to zeros, its sink's offset kept past them. Its appends are the copy's
+    # entries under their own seqs (checked): the ones the offset names come
+    # back as they were, not as new entries after it (every sync refused).
+    source = Journal.create(tmp_path / "node", local_id="run")
+    _log(source, 0, 9)
+    dest = Journal.create(tmp_path / "synced", local_id="run")
+    dest._mover.stop()
+    assert import_new(source, dest).upto == 9
+    dest.ack("traces", 9)
+    with Journal.open(power_cut_from(dest, 3)) as dest:
+        assert dest.last_seq() == 4  # four appends of one kind each: 1, 2-3, 4, 5-6...
+        assert import_new(source, dest).upto == 9
+        assert _rows(dest) == _rows(source)
+    source.close()
+
+
+def test_a_copy_whose_owner_skipped_seqs_lost_at_its_end_imports_past_them(
+    tmp_path: Path,
+) -> None:
+    # The producer's newest appends (entries 4 to 9) were lost to a power
+    # cut's zeros while a sink's offset kept naming them; its next owner
+    # appended after them (entry 10). No later copy brings 4 to 9: an import
+    # that waited for them stopped there for good, the rest of the run
+    # never synced. Its owner skipped them, said so, and so does the import.
+    producer = Journal.create(tmp_path / "node", local_id="run")
+    producer._mover.stop()
+    for i in range(3):
+        producer.append(
+            EntryKind.EPISODE, [json.dumps({"i": 3 * i + k}).encode() for k in range(3)]
+        )
+    producer.ack("traces", 9)
+    path = power_cut_from(producer, 1)
+    with Journal.open(path) as reopened:
+        assert reopened.append(EntryKind.EPISODE, [b'{"i": "new"}']).first_seq == 10
+    copy = _copy(path, tmp_path / "login" / "run")
+    with _synced(copy, tmp_path / "synced") as (source, sync, _):
+        assert sync.last_seq() == 10 and sync.acked("traces") == 9
+        assert _rows(sync) == _rows(source) and [row[0] for row in _rows(sync)] == [1, 2, 3, 10]
