@@ -233,7 +233,7 @@ class SampleObjects:
             elif failure is None:
                 failure = error
         if too_large is not None:
-            failure = too_large if not _found_expired(before, stages) else _ASK_FIRST
+            failure = too_large if not _found_expired(before, stages) else _ask_first()
         done = 0
         while done < len(stages) and stages[done] in _SETTLED:
             done += 1
@@ -306,19 +306,21 @@ def _found_expired(before: Sequence[int], after: Sequence[int]) -> bool:
     stage). A version before ``EXPIRED`` asked about such an object at once,
     with nothing recorded first: recorded ``MINTED`` still, it may be stored
     (that confirm committed, its answer lost). So a 413 in the same stage
-    refuses the batch whole only once it has been asked (``_ASK_FIRST``):
+    refuses the batch whole only once it has been asked (``_ask_first``):
     refused whole, the shipper would make its records again, under a new key."""
     pairs = zip(before, after, strict=True)
     return any(stage == EXPIRED and was != EXPIRED for was, stage in pairs)
 
 
-# What a 413 is held back as while an object just found expired is asked
-# about (``_found_expired``): the asking goes on in this try, and the 413
-# comes again on the next, the batch then settled as the asking found it.
-_ASK_FIRST = RetryableAPIError(
-    "an object of the batch is over a size limit, and one whose URL expired may be "
-    "stored: asking about that one first"
-)
+def _ask_first() -> RetryableAPIError:
+    """What a 413 is held back as while an object just found expired is
+    asked about (``_found_expired``): the asking goes on in this try, and
+    the 413 comes again on the next, the batch then settled as the asking
+    found it."""
+    return RetryableAPIError(
+        "an object of the batch is over a size limit, and one whose URL expired may be "
+        "stored: asking about that one first"
+    )
 
 
 def _too_large(exc: BaseException) -> bool:
