@@ -408,6 +408,28 @@ def test_an_unwritable_runs_dir_or_home_falls_back_to_a_private_journal_and_ship
     assert not runs.exists()
 
 
+def test_an_online_run_whose_prime_runs_folder_others_can_write_goes_to_a_refuge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As for a runs directory others can write: kept in a private refuge,
+    with one warning naming the folder and the fix, never under that one."""
+    point_at(monkeypatch, tmp_path, None)
+    folder = tmp_path / "state" / "prime-runs"
+    folder.mkdir(parents=True)
+    os.chmod(folder, 0o777)
+    monkeypatch.setenv("XDG_STATE_HOME", str(folder.parent))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        journal = refuge.create_journal(folder / "runs", Journal.create, online=True)
+    journal.close()
+    assert journal.path.parent == scratch / f"prime-runs-{os.geteuid()}" / "runs"
+    warned = [r.getMessage() for r in caplog.records if str(folder) in r.getMessage()]
+    assert len(warned) == 1 and "writable by other users" in warned[0]
+    assert not (folder / "runs").exists()
+
+
 def _no_folder_takes_a_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """HOME (and with it the default runs directory), TMPDIR and /dev/shm all
     refuse a journal; returns the refused home."""
