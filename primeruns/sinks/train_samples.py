@@ -177,6 +177,7 @@ class TrainSamplesSink:
                     step,
                     sample_id_offset=index << 32,
                     created_at=created_at,
+                    finite=True,  # parsed from JSON (``_step_runs``): no null-ing copy
                 )
             except Exception:
                 if units:
