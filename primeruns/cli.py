@@ -36,6 +36,8 @@ _EXTRAS = {
 _BAD_PATH = (FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 # Commands registered by another command's module.
 _MODULE_OF = {"sync": "replay"}
+# The modules of the commands that ship journals (``replay``, ``sync``).
+_SHIPPING = frozenset({"replay"})
 
 
 def _add_serve(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -73,11 +75,21 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The ``primeruns`` command; ``argv`` None: this process's own arguments
+    (it is the command's process: its script, ``python -m primeruns``)."""
+    program = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     # The command comes first (the top level's options take no value): a
     # named command's parser alone parses it as the whole one would.
     first = argv[0] if argv else ""
     module = _MODULE_OF.get(first, first)
+    if program and module in _SHIPPING:
+        # It ships and runs no user code, as the uplink process does: what
+        # its libraries would load for nothing stays unloaded (``ship.lean``).
+        # Not for a caller handing arguments (a test's process).
+        from .ship import lean
+
+        lean.mark_absent()
     parser = build_parser(module if module in (*COMMANDS, "serve") else None)
     args = parser.parse_args(argv)
     handler: Handler | None = getattr(args, "handler", None)

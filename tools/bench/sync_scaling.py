@@ -88,7 +88,7 @@ def sample():
 
 threading.Thread(target=sample, daemon=True).start()
 t0 = time.perf_counter()
-code = cli.main(sys.argv[1:])
+code = cli.main()  # its arguments this process's own, as the command's script runs it
 seconds = time.perf_counter() - t0
 stop.set()
 
