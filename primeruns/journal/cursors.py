@@ -76,20 +76,37 @@ class Cursors:
     def _state(
         self, sink: str, data: Mapping[str, Any], body: bytes | memoryview | None
     ) -> CursorState:
-        info = data.get("inflight")
-        if info is None:
-            return CursorState(int(data.get("acked", 0)), None)
         where = f"cursor {sink!r} of {self._tx.path}"
+        acked = data.get("acked", 0)
+        info = data.get("inflight")
+        if not _is_seq(acked) or not (info is None or _is_range(info)):
+            # Which entries the sink dealt with is unknown: not guessed at.
+            raise JournalCorruptError(f"{where}: its offset or its batch's range is unreadable")
+        if info is None:
+            return CursorState(acked, None)
+        state = info.get("state") or {}
+        recorded = info.get("damage")
+        damage = None if isinstance(state, dict) else f"its state is {type(state).__name__}"
+        payload = b""
         if body is None:
-            raise JournalCorruptError(f"{where}: in-flight body missing")
-        try:
-            payload = decode_frame(body)[1]
-        except FrameError as exc:
-            raise JournalCorruptError(f"{where}: in-flight body {exc}") from None
+            damage = "its body is missing"
+        else:
+            try:
+                payload = decode_frame(body)[1]
+            except FrameError as exc:
+                damage = f"its body is damaged: {exc}"
+        if damage is not None:
+            damage = f"the batch in flight of {where}: {damage}"
+        elif recorded is not None:  # found damaged where it was recorded first
+            damage = str(recorded)[:500]
         inflight = InFlight(
-            int(info["first_seq"]), int(info["last_seq"]), payload, dict(info.get("state") or {})
+            info["first_seq"],
+            info["last_seq"],
+            payload,
+            state if isinstance(state, dict) else {},
+            damage,
         )
-        return CursorState(int(data.get("acked", 0)), inflight)
+        return CursorState(acked, inflight)
 
     def offsets(self) -> dict[str, int]:
         """Every sink's acknowledged offset (unreadable cursors left out)."""
@@ -140,6 +157,10 @@ class Cursors:
                 "last_seq": inflight.last_seq,
                 "state": json.loads(state),
             }
+            if inflight.damage is not None:
+                # Carried over as damaged (a rehome, a sync journal's
+                # hand-over), never as a batch whose empty body is sent.
+                data["inflight"]["damage"] = inflight.damage
             self._put(txn, sink, data)
             txn.put(sink.encode(), body, db=self._tx.dbs["inflight"])
 
@@ -212,3 +233,16 @@ class Cursors:
         if "journal" in losses and not losses["journal"]["reasons"]:
             losses["journal"]["reasons"] = ["journal byte budget reached or disk full"]
         return losses
+
+
+def _is_seq(value: Any) -> bool:
+    """An entry's seq (or 0) as a cursor records one: an int, not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_range(info: Any) -> bool:
+    """A recorded batch's range: first and last seqs, in order."""
+    if not isinstance(info, dict):
+        return False
+    first, last = info.get("first_seq"), info.get("last_seq")
+    return _is_seq(first) and _is_seq(last) and 0 < first <= last

@@ -80,6 +80,10 @@ class InFlight:
     last_seq: int
     body: bytes
     state: dict[str, Any]
+    #: What is damaged in the batch as recorded (its body, its state), read
+    #: back from a journal (untrusted input); None: it reads back whole. A
+    #: damaged batch is never sent: its records count as lost.
+    damage: str | None = None
 
 
 @dataclass(frozen=True)

@@ -593,6 +593,8 @@ class Shipper:
 
     def _ship(self, inflight: InFlight, binding: Binding) -> None:
         try:
+            if inflight.damage is not None:
+                raise batchstate.BadState(inflight.damage)
             batch = batchstate.from_journal(inflight, self.sink.progress_type)
         except batchstate.BadState as exc:
             # Not guessed at: sent with made-up progress (nothing attempted,

@@ -26,13 +26,14 @@ from spooled import killed_segment
 
 from primeruns.exceptions import (
     APIError,
+    JournalCorruptError,
     JournalFullError,
     RetryableAPIError,
     ValidationRejectedError,
 )
 from primeruns.journal import Entry, EntryKind, InFlight, Journal
 from primeruns.journal.frames import encode_frame
-from primeruns.journal.layout import key
+from primeruns.journal.layout import META_KIND, key
 from primeruns.journal.spool import APPEND, list_segments, segment_name
 from primeruns.ship import ledger
 from primeruns.ship.policy import RetryPolicy
@@ -390,6 +391,102 @@ def test_a_damaged_batch_counts_the_records_it_held_not_every_entry_of_its_range
     assert sink.stored == ["e5", "e6"]
     assert journal.losses()["fake"]["count"] == lost
     journal.close()
+
+
+def _damage_inflight(journal: Journal, sink: str, *, body: bytes | None, info: Any = None) -> None:
+    """Write ``sink``'s recorded batch as a damaged journal holds it: its body
+    ``body`` (None: gone), and its cursor's batch ``info`` where given."""
+
+    def put(txn: Any) -> bool:
+        if body is None:
+            txn.delete(sink.encode(), db=journal._tx.dbs["inflight"])
+        else:
+            txn.put(sink.encode(), body, db=journal._tx.dbs["inflight"])
+        if info is not None:
+            cursor = {"acked": 0, "inflight": info}
+            txn.put(
+                sink.encode(),
+                encode_frame(META_KIND, orjson.dumps(cursor)),
+                db=journal._tx.dbs["cursors"],
+            )
+        return True
+
+    with journal._tx.lock:
+        journal._tx.write(put)
+
+
+@pytest.mark.parametrize(
+    ("body", "info"),
+    [
+        (b"not a frame", None),
+        (None, None),
+        (None, {"first_seq": 1, "last_seq": 5, "state": ["not", "a", "map"]}),
+    ],
+    ids=["body-damaged", "body-missing", "state-not-a-map"],
+)
+def test_a_batch_whose_recorded_body_is_damaged_is_counted_and_the_rest_ships(
+    body: bytes | None, info: Any, tmp_path: Path
+) -> None:
+    # A copy from another host, a flipped bit: the body a resend must send
+    # byte for byte is gone. Its cursor raised out of every read, so the
+    # whole journal went unshipped (`primeruns sync`: exit 4, "damaged
+    # journal", every sink). Now that batch alone counts as lost, with the
+    # reason, and the rest of every sink ships.
+    journal = _journal(tmp_path, 7)
+    state = {"done": 0, "last_seq": 5, "records": 3}
+    journal.set_inflight("fake", InFlight(1, 5, json.dumps(["e0", "e1", "e2"]).encode(), state))
+    _damage_inflight(journal, "fake", body=body, info=info)
+    failures: list[str] = []
+    sink = _MultiRequestSink(requests=1, failures=0)
+    shipper = _ship(journal, sink, failures)
+    assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+    shipper.stop(timeout=5)
+    assert sink.stored == ["e5", "e6"]  # never the damaged batch, nothing made up
+    loss = journal.losses()["fake"]
+    assert loss["count"] == (3 if info is None else 5)  # its records; or its range's entries
+    assert "the batch in flight of cursor 'fake'" in loss["reasons"][0]
+    assert shipper.state.active
+    journal.close()
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        {"first_seq": "x", "last_seq": 3},
+        {"first_seq": 3, "last_seq": 1},
+        {"first_seq": True, "last_seq": 3},
+        [1, 3],
+    ],
+    ids=["a-string", "backwards", "a-bool", "not-a-map"],
+)
+def test_a_cursor_whose_batch_range_is_unreadable_is_named_damage(
+    info: Any, tmp_path: Path
+) -> None:
+    # Which entries the sink dealt with is unknown: not guessed at, and said
+    # as the journal's damage (a ValueError or TypeError escaped before).
+    journal = _journal(tmp_path, 3)
+    journal.set_inflight("fake", InFlight(1, 3, b"[]", {"records": 3}))
+    _damage_inflight(journal, "fake", body=encode_frame(META_KIND, b"[]"), info=info)
+    with pytest.raises(JournalCorruptError, match="its offset or its batch's range is unreadable"):
+        journal.cursor("fake")
+    journal.close()
+
+
+def test_a_damaged_batch_stays_damaged_when_carried_to_another_journal(tmp_path: Path) -> None:
+    # A rehome or a sync journal's hand-over records the batch again in
+    # another journal: it must arrive as damaged, not as a batch with an
+    # empty body that its state says is to be sent.
+    journal = _journal(tmp_path / "a", 3)
+    journal.set_inflight("fake", InFlight(1, 3, b"[]", {"records": 3}))
+    _damage_inflight(journal, "fake", body=b"not a frame")
+    damaged = journal.cursor("fake").inflight
+    assert damaged is not None and damaged.damage is not None
+    other = _journal(tmp_path / "b", 3)
+    other.set_inflight("fake", damaged)
+    carried = other.cursor("fake").inflight
+    assert carried is not None and carried.damage == damaged.damage
+    journal.close()
+    other.close()
 
 
 def test_a_damaged_carry_does_not_stop_the_sink(tmp_path: Path) -> None:
