@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import lmdb
 
@@ -235,7 +235,7 @@ class Cursors:
         return losses
 
 
-def _is_seq(value: Any) -> bool:
+def _is_seq(value: Any) -> TypeGuard[int]:
     """An entry's seq (or 0) as a cursor records one: an int, not a bool."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
