@@ -11,6 +11,8 @@ import hmac
 import json
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -119,23 +121,57 @@ async def parsed_json_body(
 ) -> tuple[dict[str, Any], bool]:
     """:func:`json_body`, and whether orjson parsed it: what a route stores of
     it is then written back with orjson (``jsonlimits.compact``)."""
+    raw = await _json_bytes(request, limit)
+    if raw is None:
+        return {}, True
+    with _refused_as_422():
+        value, by_orjson = jsonlimits.parse(raw)
+    return _object(value), by_orjson
+
+
+async def listed_json_body(
+    request: Request, key: str, *, most: int
+) -> tuple[dict[str, Any], bool, list[bytes] | None]:
+    """:func:`parsed_json_body`, and the compact text of each object listed
+    under ``key``, made by the body's nesting check (``jsonlimits.parse_listed``:
+    None when ``compact`` is to write them)."""
+    raw = await _json_bytes(request, MAX_JSON_BODY)
+    if raw is None:
+        return {}, True, None
+    with _refused_as_422():
+        value, by_orjson, texts = jsonlimits.parse_listed(raw, key, most=most)
+    return _object(value), by_orjson, texts
+
+
+async def _json_bytes(request: Request, limit: int) -> bytes | None:
+    """The request's body, None when it is blank; 413 over ``limit``, 415
+    unless it is said to be JSON."""
     body = await read_capped(request, limit)
     if body is None:
         raise PlatformError(413, f"Request body is over the {limit}-byte limit")
     if not body.strip():
-        return {}, True
+        return None
     content_type = request.headers.get("content-type", "application/json")
     if "json" not in content_type.split(";")[0].lower():
         raise PlatformError(415, f"Expected application/json, got {content_type!r}")
+    return body
+
+
+@contextmanager
+def _refused_as_422() -> Iterator[None]:
+    """A body too deep or not JSON as the route's 422."""
     try:
-        value, by_orjson = jsonlimits.parse(body)
+        yield
     except jsonlimits.TooDeep as exc:
         raise PlatformError(422, f"Body is refused: {exc}") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise PlatformError(422, f"Body is not valid JSON: {exc}") from None
+
+
+def _object(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise PlatformError(422, "Body must be a JSON object")
-    return value, by_orjson
+    return value
 
 
 def require_str(body: dict[str, Any], key: str, *, optional: bool = False) -> str | None:

@@ -37,10 +37,10 @@ from .context import (
     context_of,
     dumps,
     json_body,
+    listed_json_body,
     new_id,
     now,
     optional_object,
-    parsed_json_body,
     require_str,
 )
 from .dashboard import stored_rows
@@ -239,7 +239,9 @@ async def finalize_evaluation(request: Request) -> JSONResponse:
 async def push_samples(request: Request) -> JSONResponse:
     check_platform_auth(request)
     eval_id = request.path_params["eval_id"]
-    body, by_orjson = await parsed_json_body(request)
+    # Each sample's stored text comes from the body's nesting check, which
+    # writes each apart: a sample is written once, not twice.
+    body, by_orjson, texts = await listed_json_body(request, "samples", most=MAX_SAMPLES_PER_PUSH)
     samples = body.get("samples")
     if not isinstance(samples, list) or not all(isinstance(s, dict) for s in samples):
         raise PlatformError(422, "samples must be a list of objects")
@@ -248,13 +250,11 @@ async def push_samples(request: Request) -> JSONResponse:
         raise PlatformError(
             413, f"A push holds at most {MAX_SAMPLES_PER_PUSH} samples, not {len(samples)}"
         )
+    if texts is None:  # json.loads read the body: json.dumps writes what orjson cannot
+        texts = [jsonlimits.compact(s, by_orjson=by_orjson) for s in samples]
     rows = [
-        (
-            eval_id,
-            None if s.get("sample_id") is None else str(s["sample_id"]),
-            jsonlimits.compact(s, by_orjson=by_orjson),
-        )
-        for s in samples
+        (eval_id, None if s.get("sample_id") is None else str(s["sample_id"]), text)
+        for s, text in zip(samples, texts, strict=True)
     ]
 
     def append(conn: sqlite3.Connection) -> int:

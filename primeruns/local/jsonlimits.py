@@ -24,6 +24,11 @@ all the same, and handed to ``json.loads`` only if it holds a float that
 could have been such an integer (one of 1e16 or more, which orjson writes
 with ``e+``, as ``repr`` does, or before orjson 3.11.7 with ``e`` alone).
 
+A sample push is read by :func:`parse_listed`: the write that measures its
+depth and looks for exponents is made of each sample apart, and is the text
+stored of it, where the whole body was written for the check and each sample
+once more to be stored (a fifth of the platform's CPU in an evaluation).
+
 What the platform stores it re-encodes (a sample's body, a trace's raw
 document): :func:`compact` writes with orjson what orjson parsed (:func:`parse`
 says which), ~5x faster than ``json.dumps``; a value ``json.loads`` parsed may
@@ -36,7 +41,7 @@ from __future__ import annotations
 import gc
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import orjson
@@ -167,10 +172,32 @@ def _written_within(value: Any) -> bytes | None:
     wrapped = value
     for _ in range(_WRAP):
         wrapped = [wrapped]
+    return _wrapped_written(wrapped, value, above=0)
+
+
+def _each_written_within(values: list[Any], *, above: int) -> Iterator[bytes | None]:
+    """Each of ``values``' compact text from orjson, or ``None`` when it nests
+    more than :data:`MAX_DEPTH` levels with the ``above`` levels it sits in;
+    measured as :func:`_written_within` measures, but its wrapping arrays
+    (``above`` more) are made once for all of them and sliced off each text."""
+    slot: list[Any] = [None]
+    wrapped: Any = slot
+    for _ in range(_WRAP + above - 1):
+        wrapped = [wrapped]
+    cut = _WRAP + above
+    for value in values:
+        slot[0] = value
+        written = _wrapped_written(wrapped, value, above=above)
+        yield None if written is None else written[cut:-cut]
+
+
+def _wrapped_written(wrapped: Any, value: Any, *, above: int) -> bytes | None:
+    """``orjson.dumps(wrapped)``, ``value`` in arrays; ``None`` when orjson
+    refuses it and ``value`` nests more than MAX_DEPTH levels less ``above``."""
     try:
         return orjson.dumps(wrapped)
     except orjson.JSONEncodeError:
-        if _walk_deeper_than(value, MAX_DEPTH):
+        if _walk_deeper_than(value, MAX_DEPTH - above):
             return None
         raise
 
@@ -183,6 +210,12 @@ def _fast(raw: bytes, *, may_nest: bool) -> Any:
         value = _loads(raw)
     except orjson.JSONDecodeError:  # json.loads may take it (NaN, a BOM), or say why not
         return _SLOW
+    return _checked(raw, value, may_nest=may_nest)
+
+
+def _checked(raw: bytes, value: Any, *, may_nest: bool) -> Any:
+    """``value``, orjson's parse of ``raw``, or ``_SLOW`` when ``json.loads``
+    may read ``raw`` otherwise; TooDeep as :func:`_fast` says."""
     if may_nest:
         try:
             written = _written_within(value)
@@ -195,15 +228,20 @@ def _fast(raw: bytes, *, may_nest: bool) -> Any:
             # without one holds no integer orjson made a float, and its digit
             # runs are not looked at (a pass over the whole body).
             exponent = _has_exponent(written)
-        if exponent and _LONG_RUN in raw.translate(_DIGITS):
+        if exponent and _has_long_run(raw):
             return _SLOW
-    elif _LONG_RUN in raw.translate(_DIGITS):
+    elif _has_long_run(raw):
         try:
             if _has_exponent(orjson.dumps(value)):
                 return _SLOW  # a float that may have been an integer past 64 bits
         except orjson.JSONEncodeError:
             return _SLOW
     return value
+
+
+def _has_long_run(raw: bytes) -> bool:
+    """Whether ``raw`` holds a run of digits an integer past 64 bits may be."""
+    return _LONG_RUN in raw.translate(_DIGITS)
 
 
 def parse(
@@ -232,20 +270,89 @@ def parse(
     if not by_orjson:
         if utf8 and not isinstance(data, str):
             data = data.decode("utf-8")
-        try:
-            value = json.loads(data, parse_constant=parse_constant)
-        except RecursionError:
-            raise TooDeep() from None
-        if may_nest and _deeper_than(value):
-            raise TooDeep()
+        value = _slow(data, parse_constant=parse_constant, may_nest=may_nest)
     if as_written and may_nest and _text_deeper_than(raw):
         raise TooDeep()
     return value, by_orjson
 
 
+def _slow(data: bytes | str, *, parse_constant: Callable[[str], Any] | None, may_nest: bool) -> Any:
+    """``json.loads(data)``, refused past the depth (looked for when it ``may_nest``)."""
+    try:
+        value = json.loads(data, parse_constant=parse_constant)
+    except RecursionError:
+        raise TooDeep() from None
+    if may_nest and _deeper_than(value):
+        raise TooDeep()
+    return value
+
+
 def loads(data: bytes | str, *, parse_constant: Callable[[str], Any] | None = None) -> Any:
     """``json.loads(data)``; raises ValueError (TooDeep beyond MAX_DEPTH)."""
     return parse(data, parse_constant=parse_constant)[0]
+
+
+def parse_listed(raw: bytes, key: str, *, most: int) -> tuple[Any, bool, list[bytes] | None]:
+    """``parse(raw)``, and each object listed under ``key`` as :func:`compact`
+    writes it (a sample push's samples, as they are stored): written once,
+    by the nesting check, where they were written twice (once in the whole
+    body, wrapped, for its depth, and once each to be stored: a fifth of the
+    local platform's CPU in an evaluation's samples push).
+
+    The texts are ``None`` when orjson did not parse ``raw`` (what
+    :func:`compact` writes then is json.dumps's), and when its value is not
+    an object whose ``key`` is a list of ``most`` objects or fewer, which the
+    caller refuses: past ``most``, before each member's text was made."""
+    may_nest = _may_nest_past(raw, MAX_DEPTH)
+    try:
+        value = _loads(raw)
+    except orjson.JSONDecodeError:
+        return _slow(raw, parse_constant=None, may_nest=may_nest), False, None
+    members = _listed(value, key, most)
+    apart = None if members is None else _written_apart(value, key, members)
+    if apart is None:  # measured whole, as parse measures it
+        texts = None
+        slow = _checked(raw, value, may_nest=may_nest) is _SLOW
+    else:  # as _checked: a float of 1e16 or more may be an integer past 64 bits
+        texts, exponent = apart
+        slow = exponent and _has_long_run(raw)
+    if slow:
+        return _slow(raw, parse_constant=None, may_nest=may_nest), False, None
+    return value, True, texts
+
+
+def _listed(value: Any, key: str, most: int) -> list[dict[str, Any]] | None:
+    """``value[key]`` when ``value`` is an object and that a list of ``most`` objects or fewer."""
+    members = value.get(key) if isinstance(value, dict) else None
+    if not isinstance(members, list) or len(members) > most:
+        return None
+    return members if all(isinstance(m, dict) for m in members) else None
+
+
+def _written_apart(
+    value: dict[str, Any], key: str, members: list[dict[str, Any]]
+) -> tuple[list[bytes], bool] | None:
+    """Each of ``members`` (``value[key]``) written as :func:`_written_within`
+    writes it where it sits, two levels down, and the rest of ``value``
+    written beside them: their texts, and whether the whole's text holds an
+    exponent (:func:`_has_exponent`: the parts' texts and the key hold all of
+    its numbers and strings). Raises TooDeep when a part nests past the limit,
+    as the whole would; ``None`` when orjson refuses a part for another
+    reason (:func:`_checked` then says what the whole is)."""
+    try:
+        rest = _written_within({k: v for k, v in value.items() if k != key})
+        if rest is None:
+            raise TooDeep()
+        exponent = _has_exponent(rest) or _has_exponent(orjson.dumps(key))
+        texts: list[bytes] = []
+        for text in _each_written_within(members, above=2):  # the object, the list
+            if text is None:
+                raise TooDeep()
+            exponent = exponent or _has_exponent(text)
+            texts.append(text)
+    except orjson.JSONEncodeError:
+        return None
+    return texts, exponent
 
 
 #: Compact text shorter than this is copied out of orjson's buffer (:func:`compact`).
