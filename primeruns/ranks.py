@@ -15,7 +15,10 @@ Which process is the primary (``resolve_role``), the first rule that applies:
 2. ``PRIME_RUNS_PRIMARY=1`` or ``0`` in the environment;
 3. a run ``init()`` creates (no ``id=``): its creator;
 4. the launcher's rank: ``RANK`` (torchrun, accelerate, DeepSpeed), else
-   ``SLURM_PROCID`` (srun): rank 0 is the primary;
+   ``SLURM_PROCID`` (srun): rank 0 is the primary. A rank held by another
+   living process of this host that attached the run is inherited, not
+   given (processes spawned by one srun task share its ``SLURM_PROCID``):
+   such a process has no rank and is not the primary;
 5. otherwise the first process on this host to attach the run: it holds a
    lock named for the run in the runs directory for as long as it lives
    (the run's creator takes that lock too once the run is registered,
@@ -154,17 +157,31 @@ def resolve_role(
     ``ConfigurationError`` for a ``PRIME_RUNS_PRIMARY`` that is not a boolean."""
     env = os.environ if environ is None else environ
     rank = launcher_rank(env)
-    label = f"rank{rank}" if rank is not None else local_id
+    inherited = False
+    if rank is not None and attach_id is not None:
+        inherited = not _first_to_attach(Path(runs_dir), _rank_key(attach_id, rank), local_id)
+    label = f"rank{rank}" if rank is not None and not inherited else local_id
     if primary is None:
         primary = primary_from_env(env)
     if primary is None:
         if attach_id is None:
             primary = True
         elif rank is not None:
-            primary = rank == 0
+            primary = rank == 0 and not inherited
         else:
             primary = _first_to_attach(Path(runs_dir), attach_id, local_id)
-    return Role(primary=primary, label=label, rank=rank)
+    return Role(primary=primary, label=label, rank=None if inherited else rank)
+
+
+def _rank_key(run_id: str, rank: int) -> str:
+    """The lock the process holding launcher rank ``rank`` of run ``run_id``
+    on this host takes: a rank variable is inherited by every process its
+    holder starts (``torch.multiprocessing.spawn`` in an sbatch script: all
+    of them ``SLURM_PROCID=0``), and only the first of those to attach is
+    that rank. The others get no rank: neither the primary nor its label and
+    sample id ranges (their keys of a step, their Parquet rows' sample ids,
+    would collide with the rank's)."""
+    return f"{run_id}#rank{rank}"
 
 
 def claim_created(runs_dir: Path, run_id: str, local_id: str) -> None:

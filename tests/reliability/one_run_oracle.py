@@ -108,10 +108,16 @@ class Rank:
         assert self.proc.wait(timeout=180) == 0
 
 
-def _start(lp: LocalPlatform, tmp: Path, run_id: str, kind: str) -> list[Rank]:
+def _start(
+    lp: LocalPlatform, tmp: Path, run_id: str, kind: str, launcher: str = "RANK"
+) -> list[Rank]:
+    """The ranks, each with ``RANK`` set to its own; ``launcher="SLURM_PROCID=0"``:
+    each with that variable as it is, inherited from one srun task (rank 0
+    attaches first)."""
     ranks = []
     for r in range(_RANKS):
-        env = rh.isolated_env(tmp / "home", {"PRIME_TRACES_URL": lp.url, "RANK": str(r)})
+        name, _, given = launcher.partition("=")
+        env = rh.isolated_env(tmp / "home", {"PRIME_TRACES_URL": lp.url, name: given or str(r)})
         args = [str(tmp / "runs"), lp.url, run_id, kind, str(r), str(STEPS[kind])]
         proc = procs.start(
             [sys.executable, str(_SCRIPT), *args],
@@ -122,10 +128,33 @@ def _start(lp: LocalPlatform, tmp: Path, run_id: str, kind: str) -> list[Rank]:
             env=env,
         )
         ranks.append(Rank(r, proc))
+        if r == 0:
+            ranks[0].read_until("journal")  # the first to attach the run
     for rank in ranks:
-        rank.read_until("journal")
+        if rank.journal is None:
+            rank.read_until("journal")
         assert rank.journal is not None, f"rank {rank.rank} did not start"
     return ranks
+
+
+def inherited_rank_trial(lp: LocalPlatform, tmp: Path) -> None:
+    """Four processes attached to a training run that share the rank they
+    inherited (``torch.multiprocessing.spawn`` in an sbatch script: each
+    ``SLURM_PROCID=0``): only the first to attach closes the run, after the
+    others' records; their sample ids and keys stay apart as ranks' do."""
+    run_id = create(lp, "train")
+    ranks = _start(lp, tmp, run_id, "train", launcher="SLURM_PROCID=0")
+    for rank in ranks:
+        rank.read_until("logged")
+    for rank in ranks[1:]:
+        rank.release()
+        rank.wait_finished()
+    assert status(lp, run_id) == "RUNNING", "a process that is not the first closed the run"
+    ranks[0].release()
+    ranks[0].wait_finished()
+    closed_after_every_record(lp, run_id, "train", "COMPLETED")
+    check_landed_once(lp, run_id, "train", [e for r in ranks for e in r.episodes], tmp / "runs")
+    check_metrics(lp, run_id, {f"loss_r{r.rank}": r.steps for r in ranks})
 
 
 def status(lp: LocalPlatform, run_id: str) -> str:

@@ -83,3 +83,9 @@ def test_several_processes_the_rest_of_the_matrix(
     platform: LocalPlatform, tmp_path: Path, topology: str, kind: str, fault: str
 ) -> None:
     _cell(platform, tmp_path, topology, kind, fault)
+
+
+def test_processes_sharing_an_inherited_rank_close_the_run_once_after_every_record(
+    platform: LocalPlatform, tmp_path: Path
+) -> None:
+    oracle.inherited_rank_trial(platform, tmp_path)
