@@ -28,7 +28,7 @@ from primeruns import jsonbound
 from primeruns.exceptions import JournalError
 from primeruns.journal import summary
 from primeruns.journal.frames import EntryKind
-from primeruns.journal.journal import Journal
+from primeruns.journal.journal import Journal, default_local_id
 from primeruns.journal.layout import dumps
 from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
 from primeruns.journal.memo import Memo
@@ -62,6 +62,7 @@ __all__ = [
     "journal_info",
     "journal_infos",
     "list_journals",
+    "local_id_since",
     "made_before",
     "made_since",
 ]
@@ -465,6 +466,18 @@ def made_before(name: str, since: str) -> bool:
     ``since`` (names start with their creation time, to the second). A name
     without that stamp is not known to be: it is kept, to be safe."""
     return bool(_STAMPED.match(name)) and name[:15] < since[:15]
+
+
+def local_id_since(earlier: str) -> str:
+    """A new journal's local id, never named as made before the journal
+    named ``earlier``: the wall clock stepped back since (NTP, a VM resumed)
+    would name it so, and a forked child's journal would be passed over by
+    what looks for its parent's children among the journals made since the
+    parent's (its ``finish()``, ``replay`` and ``sync`` of it)."""
+    new = default_local_id()
+    if _STAMPED.match(earlier) and made_before(new, earlier):
+        return earlier[:15] + new[15:]
+    return new
 
 
 def made_since(runs_dir: Path, own: Path) -> list[Path]:

@@ -7,6 +7,9 @@ step does. Before, the uplink computed its deadline as ``at + timeout -
 time.time()`` across the two processes: 90 of 90 episodes unshipped, the run
 COMPLETED and ``run.errors`` empty. Now every episode ships.
 
+The wall clock steps back an hour between ``init()`` and a fork: the
+forked child's journal is still one its parent's ``finish()`` looks at.
+
 libfaketime is Debian's ``faketime`` package (``.ci/run`` installs it); a
 developer's machine without it skips, saying so, and CI fails instead.
 """
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -23,10 +28,13 @@ import pytest
 import rel_helpers as rh
 import rel_torture as rt
 import workloads
+from fork_oracle import sample_ids
 from sdk_helpers import wait_for
 
 import primeruns as pr
-from primeruns.journal import EntryKind
+from primeruns.cli import main
+from primeruns.journal import EntryKind, journal_info
+from primeruns.journal.meta import K_FORK_PARENT
 from primeruns.local import LocalPlatform
 
 _LIBS = [
@@ -91,3 +99,72 @@ def test_a_wall_clock_step_before_the_uplink_reads_the_finish_ships_everything(
     stored = rh.platform_episode_ids(lp.data_dir, run.id)
     assert set(stored) == {e["id"] for e in episodes}, (len(stored), run.errors)
     assert max(stored.values()) == 1
+
+
+# The run's process: its wall clock is read from the file FAKETIME_TIMESTAMP_FILE
+# names, an hour ahead at init(), stepped back before it forks. Uplink in
+# threads: nothing ships a child that ends with os._exit (forkchild), so the
+# parent's finish() must name it and the command that ships it.
+_STEPPED_BACK_BEFORE_A_FORK = """
+import os, sys
+from pathlib import Path
+import workloads
+import primeruns as pr
+
+runs, url, clock = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+run = pr.init(environments=["gsm8k"], model="m", api_key=sys.argv[4], base_url=url, runs_dir=runs)
+print(run.id, flush=True)
+episodes = workloads.gsm8k(20)
+run.log_episodes(episodes[:10])
+clock.write_text("+0")  # NTP steps the clock back an hour
+pid = os.fork()
+if pid == 0:
+    run.log_episodes(episodes[10:])
+    os._exit(0)
+os.waitpid(pid, 0)
+run.finish(timeout=60)
+"""
+
+
+def test_a_child_forked_after_the_clock_stepped_back_is_one_its_parents_finish_looks_at(
+    shared_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """Before, the child's journal was named for the stepped-back clock,
+    as made an hour before its parent's: the parent's finish() passed it
+    over, closed the run and said nothing of the child's ten episodes, which
+    nothing ships."""
+    lp = shared_platform
+    assert LIBFAKETIME is not None
+    clock = tmp_path / "clock"
+    clock.write_text("+1h")
+    env = rh.isolated_env(
+        tmp_path,
+        {
+            "PRIME_TRACES_URL": lp.url,
+            "PRIME_RUNS_UPLINK": "threads",
+            "LD_PRELOAD": str(LIBFAKETIME),
+            "FAKETIME_TIMESTAMP_FILE": str(clock),
+            "FAKETIME_NO_CACHE": "1",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        },
+    )
+    runs = tmp_path / "runs"
+    args = [str(runs), lp.url, str(clock), rt.KEY]
+    done = subprocess.run(
+        [sys.executable, "-c", _STEPPED_BACK_BEFORE_A_FORK, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_id = done.stdout.split()[0]
+    journals = [journal_info(p) for p in runs.iterdir() if not p.name.startswith(".")]
+    [child] = [info.path for info in journals if info.meta.get(K_FORK_PARENT)]
+    assert f"ship them with: primeruns replay {child}" in done.stderr, done.stderr[-2000:]
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        assert main(["replay", str(child)]) == 0  # the command the warning names
+    wanted = {e["id"]: 1 for e in workloads.gsm8k(20)}
+    assert rh.platform_episode_ids(lp.data_dir, run_id) == wanted
+    assert sample_ids(lp.data_dir, run_id) == wanted
+    assert lp.run(run_id)["status"] == "COMPLETED"
