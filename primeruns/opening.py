@@ -285,7 +285,9 @@ def init(
             fork = ForkOrigin(
                 spec=spec,
                 settings=settings,
-                tuning=tuning,
+                # Its children's journals go beside its own: in the fallback
+                # folder when the runs directory refused it (refuge).
+                tuning=replace(tuning, runs_dir=journal.path.parent),
                 durability=durability,
                 kind=kind,
                 on_error=on_error,

@@ -430,6 +430,42 @@ def test_an_online_run_whose_prime_runs_folder_others_can_write_goes_to_a_refuge
     assert not (folder / "runs").exists()
 
 
+def test_a_forked_child_of_a_run_kept_in_a_fallback_folder_keeps_its_records(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read-only home on a cluster node and a pool of forked workers: each
+    worker's journal goes beside its parent's, in the fallback folder.
+    Before, the child tried the refused runs directory again, and every
+    record it logged was dropped."""
+    lp = local_platform
+    point_at(monkeypatch, tmp_path, lp.url)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    refused = _under_a_file(tmp_path, "runs")
+    episodes = workloads.gsm8k(20)
+    run = pr.init(
+        environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=refused
+    )
+    run.log_episodes(episodes[:10])
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: log, say what was dropped, leave as a pool worker does
+        try:
+            run.log_episodes(episodes[10:])
+            os.write(write, str(run.dropped_records).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    dropped = os.read(read, 100)
+    os.waitpid(pid, 0)
+    run.finish(timeout=120)
+    assert dropped == b"0"
+    stored = platform_episode_ids(lp.data_dir, run.id)
+    assert stored == Counter(e["id"] for e in episodes)
+    assert lp.run(run.id)["status"] == "COMPLETED"
+
+
 def _no_folder_takes_a_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """HOME (and with it the default runs directory), TMPDIR and /dev/shm all
     refuse a journal; returns the refused home."""
