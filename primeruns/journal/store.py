@@ -174,6 +174,11 @@ def _after_fork_in_child() -> None:
     """Keep inherited environments alive forever in the child: see module doc.
     Run by ``hooks``' after-fork handler, which keeps its place among the
     user's handlers."""
+    global _REGISTRY_LOCK
+    # A thread of the parent may have been opening or closing a journal at
+    # the fork: its hold on the lock is copied, and nobody here releases it
+    # (the child's first record, which opens its own journal, waited for ever).
+    _REGISTRY_LOCK = threading.Lock()
     for store in _live_stores():
         _ORPHANS.append(store.env)
         store.forked = True

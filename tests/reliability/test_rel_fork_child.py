@@ -14,6 +14,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -119,6 +120,57 @@ def test_a_forked_child_killed_right_after_logging_loses_nothing_of_what_it_logg
         run.log_episodes(episodes[210:])
         run.finish(timeout=120)
     assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
+    fo.assert_exactly_once(lp, run, episodes)
+
+
+def test_a_child_forked_while_another_thread_opens_a_journal_logs_into_the_run(
+    shared_platform: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A second evaluation starts in a thread while the main thread forks a
+    worker: that thread is opening its journal, inside the lock of the
+    process's journal environments, at the fork. Before, the child's first
+    record waited for that lock, which nobody in the child would release:
+    the worker hung for good."""
+    from primeruns.journal import store
+
+    lp = shared_platform
+    episodes = workloads.gsm8k(20)
+    opening, go = threading.Event(), threading.Event()
+
+    class OpenedSlowly(store.Store):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            if threading.current_thread().name == "second-evaluation":
+                opening.set()
+                go.wait()
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(store, "Store", OpenedSlowly)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        run.log_episodes(episodes[:10])
+        second = threading.Thread(
+            target=lambda: rt.eval_run(lp.url, tmp_path / "second").finish(timeout=60),
+            name="second-evaluation",
+        )
+        second.start()
+        opening.wait()
+        done_r, done_w = os.pipe()
+        pid = fo.fork()
+        if pid == 0:
+            try:
+                run.log_episodes(episodes[10:])
+                os.write(done_w, b"d")
+            finally:
+                os._exit(0)
+        os.close(done_w)
+        logged = select.select([done_r], [], [], 60)[0]  # a hang's bound, not a race
+        go.set()
+        second.join()
+        if not logged:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        run.finish(timeout=120)
+    assert logged, "the child's first record never returned"
     fo.assert_exactly_once(lp, run, episodes)
 
 
