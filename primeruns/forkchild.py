@@ -227,6 +227,7 @@ def open_child(origin: ForkOrigin) -> Run:
         finish_timeout=origin.finish_timeout,
         attached=True,
         local_id=journal.local_id,
+        fork=_of_its_own(origin, journal),
     )
     hooks.register(run)
     # multiprocessing's children end with os._exit, past atexit: its own
@@ -236,6 +237,23 @@ def open_child(origin: ForkOrigin) -> Run:
 
     multiprocessing.util.Finalize(None, _exit_now, args=(run,), exitpriority=_EXIT_PRIORITY)
     return run
+
+
+def _of_its_own(origin: ForkOrigin, journal: Journal) -> ForkOrigin:
+    """What a child of this child (or of a joined worker) needs to log into
+    the run: the run's own process's, as this journal's parent. A joined
+    worker's run is the only handle its children inherit (a pool of the
+    worker's own): without it, they had no journal to open and dropped
+    every record."""
+    return replace(
+        origin,
+        parent_id=journal.local_id,
+        parent_path=str(journal.path),
+        forked=False,
+        _child=None,
+        _child_pid=None,
+        _failed=False,
+    )
 
 
 def wait_children(

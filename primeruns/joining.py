@@ -8,7 +8,10 @@ has nothing to inherit: the run's process hands its workers
 ``pr.join(handle)``. What the worker gets is what a forked child gets: a
 journal of its own attached to the run, shipped by an uplink of its own,
 whose ``finish()`` ships the worker's records and leaves the run open (the
-run's own process closes it, after waiting for its workers' records).
+run's own process closes it, after waiting for its workers' records). A
+child the worker forks (a pool of its own) logs through the worker's run as
+the worker's forked child: a journal of its own, which the worker's
+``finish()`` (or exit) waits for.
 
 One call in the worker, with nothing to repeat of ``init()``'s arguments,
 and the same call for every start method: ``pr.join`` returns the same run

@@ -30,6 +30,26 @@ def log_joined_and_finish(task: tuple[pr.RunHandle, list[dict[str, Any]]]) -> in
     return dropped
 
 
+def log_joined_through_a_forked_child(task: tuple[pr.RunHandle, list[dict[str, Any]]]) -> int:
+    """Join the run, log the first half of the episodes, and have a child of
+    ``os.fork()`` (a pool of the worker's own) log the rest through the
+    joined run and leave with ``os._exit``; the worker's finish() then. The
+    child's exit code: 0, or the records it dropped."""
+    handle, part = task
+    run = pr.join(handle)
+    half = len(part) // 2
+    run.log_episodes(part[:half])
+    pid = os.fork()
+    if pid == 0:
+        try:
+            run.log_episodes(part[half:])
+        finally:
+            os._exit(min(run.dropped_records, 100))
+    _, status = os.waitpid(pid, 0)
+    run.finish(timeout=60)
+    return os.waitstatus_to_exitcode(status)
+
+
 # The run a child of fork logs into (issue #29's matrix, ``rel_family``): set
 # in the run's process before it forks, inherited by the child.
 RUN: pr.Run | None = None

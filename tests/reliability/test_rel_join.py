@@ -70,3 +70,23 @@ def test_pool_workers_that_join_a_training_run_collide_with_nothing(
         run.finish(timeout=120)
     assert dropped == [0, 0]
     fo.assert_training_samples_apart(lp, run, 20)
+
+
+def test_a_forked_child_of_a_joined_worker_logs_into_the_run(
+    shared_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A spawned worker that forks a child of its own (a pool in the worker)
+    which logs through the run the worker joined: the child's records land
+    once, as a forked child's of the run's own process do. Before, the
+    child had no journal to open and dropped every record."""
+    lp = shared_platform
+    episodes = workloads.gsm8k(20)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = rt.eval_run(lp.url, tmp_path / "runs")
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            task = (run.handle(), episodes[:10])
+            [child_dropped] = pool.map(pool_workers.log_joined_through_a_forked_child, [task])
+        run.log_episodes(episodes[10:])
+        run.finish(timeout=120)
+    assert child_dropped == 0
+    fo.assert_exactly_once(lp, run, episodes)
