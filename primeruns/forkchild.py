@@ -41,6 +41,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+
+# Imported with the parent's run, not on a child's first record: a thread of
+# the parent importing it at the fork leaves its import lock held in the
+# child, for good (its first record hung).
+import multiprocessing.util
 import os
 import threading
 import time
@@ -231,10 +236,7 @@ def open_child(origin: ForkOrigin) -> Run:
     )
     hooks.register(run)
     # multiprocessing's children end with os._exit, past atexit: its own
-    # finalizers are what runs at their exit. (Imported here: importing it
-    # registers an atexit hook, for processes that use it only.)
-    import multiprocessing.util
-
+    # finalizers are what runs at their exit.
     multiprocessing.util.Finalize(None, _exit_now, args=(run,), exitpriority=_EXIT_PRIORITY)
     return run
 

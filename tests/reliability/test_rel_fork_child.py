@@ -656,6 +656,71 @@ def test_a_child_forked_by_a_thread_while_the_main_thread_logs_ends_on_sigterm(
     assert done.stdout.split() == ["child", str(-signal.SIGTERM)], done.stdout + done.stderr[-2000:]
 
 
+_FORKED_WHILE_A_THREAD_IMPORTS = """
+import importlib.machinery, os, select, signal, sys, threading
+import primeruns as pr
+
+# The thread named "importer" is held inside its import of
+# multiprocessing.util (the module's import lock held) until "go".
+ready, go = threading.Event(), threading.Event()
+class Pausing:
+    def find_spec(self, name, path, target=None):
+        if name != "multiprocessing.util" or threading.current_thread().name != "importer":
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        run_module = spec.loader.exec_module
+        def exec_module(module):
+            ready.set()
+            go.wait()
+            run_module(module)
+        spec.loader.exec_module = exec_module
+        return spec
+sys.meta_path.insert(0, Pausing())
+
+run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=sys.argv[1])
+run.log_episodes([{"id": "before", "traces": []}])
+
+def load() -> None:
+    import multiprocessing.util
+    ready.set()
+importer = threading.Thread(target=load, name="importer")
+importer.start()
+ready.wait()  # inside the import, or done with it
+logged_r, logged_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    run.log_episodes([{"id": "child", "traces": []}])
+    os.write(logged_w, b"l")
+    os._exit(0)
+logged = select.select([logged_r], [], [], 60)[0]  # a hang's bound, not a race
+go.set()
+importer.join()
+if not logged:
+    os.kill(pid, signal.SIGKILL)
+os.waitpid(pid, 0)
+run.finish()
+print("logged" if logged else "hung", flush=True)
+"""
+
+
+def test_a_child_forked_while_a_thread_imports_logs_its_first_record(tmp_path: Path) -> None:
+    """A thread of the run's process was importing a module the child's
+    first record imports (multiprocessing's, for the child's exit) when the
+    main thread forked: the child waited for that module's import lock,
+    copied held, for good. Nothing the child's first record needs is left
+    to import then."""
+    done = subprocess.run(
+        [sys.executable, "-c", _FORKED_WHILE_A_THREAD_IMPORTS, str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        env=rh.isolated_env(tmp_path),
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["logged"], done.stdout + done.stderr[-2000:]
+
+
 _CHILD_WAITS_ON_A_SEMAPHORE = """
 import multiprocessing, os, signal, sys, threading, time
 import primeruns as pr
