@@ -14,7 +14,6 @@ import select
 import signal
 import subprocess
 import sys
-import threading
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -120,57 +119,6 @@ def test_a_forked_child_killed_right_after_logging_loses_nothing_of_what_it_logg
         run.log_episodes(episodes[210:])
         run.finish(timeout=120)
     assert os.waitstatus_to_exitcode(status) == -signal.SIGKILL
-    fo.assert_exactly_once(lp, run, episodes)
-
-
-def test_a_child_forked_while_another_thread_opens_a_journal_logs_into_the_run(
-    shared_platform: LocalPlatform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A second evaluation starts in a thread while the main thread forks a
-    worker: that thread is opening its journal, inside the lock of the
-    process's journal environments, at the fork. Before, the child's first
-    record waited for that lock, which nobody in the child would release:
-    the worker hung for good."""
-    from primeruns.journal import store
-
-    lp = shared_platform
-    episodes = workloads.gsm8k(20)
-    opening, go = threading.Event(), threading.Event()
-
-    class OpenedSlowly(store.Store):
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            if threading.current_thread().name == "second-evaluation":
-                opening.set()
-                go.wait()
-            super().__init__(*args, **kwargs)
-
-    monkeypatch.setattr(store, "Store", OpenedSlowly)
-    with rt.sdk_env(lp.url, tmp_path / "home"):
-        run = rt.eval_run(lp.url, tmp_path / "runs")
-        run.log_episodes(episodes[:10])
-        second = threading.Thread(
-            target=lambda: rt.eval_run(lp.url, tmp_path / "second").finish(timeout=60),
-            name="second-evaluation",
-        )
-        second.start()
-        opening.wait()
-        done_r, done_w = os.pipe()
-        pid = fo.fork()
-        if pid == 0:
-            try:
-                run.log_episodes(episodes[10:])
-                os.write(done_w, b"d")
-            finally:
-                os._exit(0)
-        os.close(done_w)
-        logged = select.select([done_r], [], [], 60)[0]  # a hang's bound, not a race
-        go.set()
-        second.join()
-        if not logged:
-            os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        run.finish(timeout=120)
-    assert logged, "the child's first record never returned"
     fo.assert_exactly_once(lp, run, episodes)
 
 
@@ -598,6 +546,21 @@ def test_the_parents_finish_looks_only_at_journals_made_since_its_own(tmp_path: 
     ]
 
 
+def _run_script(script: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run by a fresh interpreter, its runs directory under
+    ``tmp_path`` (then ``args``); it must exit with 0."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "runs"), *args],
+        capture_output=True,
+        text=True,
+        env=rh.isolated_env(tmp_path),
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done
+
+
 _FORKED_FROM_A_THREAD = """
 import os, signal, sys, threading
 import primeruns as pr
@@ -644,48 +607,58 @@ def test_a_child_forked_by_a_thread_while_the_main_thread_logs_ends_on_sigterm(
     call. The new worker must not inherit that call's hold on SIGTERM (the
     signal kept until a call returns that, in the child, never will):
     ``Pool.terminate()`` SIGTERMs it and waits for it to end."""
-    done = subprocess.run(
-        [sys.executable, "-c", _FORKED_FROM_A_THREAD, str(tmp_path / "runs")],
-        capture_output=True,
-        text=True,
-        env=rh.isolated_env(tmp_path),
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = _run_script(_FORKED_FROM_A_THREAD, tmp_path)
     assert done.stdout.split() == ["child", str(-signal.SIGTERM)], done.stdout + done.stderr[-2000:]
 
 
-_FORKED_WHILE_A_THREAD_IMPORTS = """
+_FORKED_WHILE_A_THREAD_HOLDS_A_LOCK = """
 import importlib.machinery, os, select, signal, sys, threading
 import primeruns as pr
+from primeruns.journal import store
 
-# The thread named "importer" is held inside its import of
-# multiprocessing.util (the module's import lock held) until "go".
+# The thread named "other" is held inside what sys.argv[2] names until "go":
+# "import": its import of multiprocessing.util (the module's import lock held);
+# "open": opening a second run's journal (the lock of the process's journal
+# environments held).
 ready, go = threading.Event(), threading.Event()
+
+def held() -> None:
+    if threading.current_thread().name == "other":
+        ready.set()
+        go.wait()
+
 class Pausing:
     def find_spec(self, name, path, target=None):
-        if name != "multiprocessing.util" or threading.current_thread().name != "importer":
+        if name != "multiprocessing.util":
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         run_module = spec.loader.exec_module
         def exec_module(module):
-            ready.set()
-            go.wait()
+            held()
             run_module(module)
         spec.loader.exec_module = exec_module
         return spec
 sys.meta_path.insert(0, Pausing())
 
-run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=sys.argv[1])
+class OpenedSlowly(store.Store):
+    def __init__(self, *args, **kwargs):
+        held()
+        super().__init__(*args, **kwargs)
+store.Store = OpenedSlowly
+
+runs = sys.argv[1]
+run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs)
 run.log_episodes([{"id": "before", "traces": []}])
 
-def load() -> None:
-    import multiprocessing.util
+def other() -> None:
+    if sys.argv[2] == "import":
+        import multiprocessing.util
+    else:
+        pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs + "-second").finish()
     ready.set()
-importer = threading.Thread(target=load, name="importer")
-importer.start()
-ready.wait()  # inside the import, or done with it
+thread = threading.Thread(target=other, name="other")
+thread.start()
+ready.wait()  # inside it, or done with it
 logged_r, logged_w = os.pipe()
 pid = os.fork()
 if pid == 0:
@@ -694,7 +667,7 @@ if pid == 0:
     os._exit(0)
 logged = select.select([logged_r], [], [], 60)[0]  # a hang's bound, not a race
 go.set()
-importer.join()
+thread.join()
 if not logged:
     os.kill(pid, signal.SIGKILL)
 os.waitpid(pid, 0)
@@ -703,21 +676,17 @@ print("logged" if logged else "hung", flush=True)
 """
 
 
-def test_a_child_forked_while_a_thread_imports_logs_its_first_record(tmp_path: Path) -> None:
-    """A thread of the run's process was importing a module the child's
-    first record imports (multiprocessing's, for the child's exit) when the
-    main thread forked: the child waited for that module's import lock,
-    copied held, for good. Nothing the child's first record needs is left
-    to import then."""
-    done = subprocess.run(
-        [sys.executable, "-c", _FORKED_WHILE_A_THREAD_IMPORTS, str(tmp_path / "runs")],
-        capture_output=True,
-        text=True,
-        env=rh.isolated_env(tmp_path),
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+@pytest.mark.parametrize("other", ["import", "open"])
+def test_a_child_forked_while_a_thread_holds_a_lock_logs_its_first_record(
+    tmp_path: Path, other: str
+) -> None:
+    """Another thread of the run's process, at the fork, was inside a lock the
+    child's first record takes: importing a module it imports
+    (multiprocessing's, for the child's exit), or opening a journal (a
+    second evaluation starting in a thread while the main thread's pool
+    forks). The lock was copied held into the child, and its first record
+    waited for it for good."""
+    done = _run_script(_FORKED_WHILE_A_THREAD_HOLDS_A_LOCK, tmp_path, other)
     assert done.stdout.split() == ["logged"], done.stdout + done.stderr[-2000:]
 
 
@@ -762,13 +731,5 @@ def test_a_forked_child_waiting_in_a_semaphore_ends_on_sigterm(tmp_path: Path) -
     worker waiting for a task (a semaphore its pool's terminate() holds for
     good) whose SIGTERM landed out of that wait never ended, and
     ``Pool.terminate()`` waited for it for ever."""
-    done = subprocess.run(
-        [sys.executable, "-c", _CHILD_WAITS_ON_A_SEMAPHORE, str(tmp_path / "runs")],
-        capture_output=True,
-        text=True,
-        env=rh.isolated_env(tmp_path),
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
+    done = _run_script(_CHILD_WAITS_ON_A_SEMAPHORE, tmp_path)
     assert done.stdout.split() == ["child", str(-signal.SIGTERM)], done.stdout + done.stderr[-2000:]
