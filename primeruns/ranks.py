@@ -85,6 +85,8 @@ _POLL_S = 0.1
 # process's life (its exit releases them).
 # Per run id: the lock's descriptor, and the journal of the handle it made primary.
 _held: dict[str, tuple[int, Path]] = {}
+# Per rank lock this process took (``_rank_key``): the pid that took it.
+_ranks_taken: dict[str, int] = {}
 
 
 @dataclass(frozen=True)
@@ -159,7 +161,7 @@ def resolve_role(
     rank = launcher_rank(env)
     inherited = False
     if rank is not None and attach_id is not None:
-        inherited = not _first_to_attach(Path(runs_dir), _rank_key(attach_id, rank), local_id)
+        inherited = _held_by_another(Path(runs_dir), _rank_key(attach_id, rank), local_id)
     label = f"rank{rank}" if rank is not None and not inherited else local_id
     if primary is None:
         primary = primary_from_env(env)
@@ -171,6 +173,21 @@ def resolve_role(
         else:
             primary = _first_to_attach(Path(runs_dir), attach_id, local_id)
     return Role(primary=primary, label=label, rank=None if inherited else rank)
+
+
+def _held_by_another(runs_dir: Path, key: str, local_id: str) -> bool:
+    """Whether another living process of this host holds the rank lock
+    ``key``: this process keeps a rank it took for its later handles (a job
+    attaching the run again for a second phase while the first one's uplink
+    still ships); a forked child, which inherited the claim, does not."""
+    if _ranks_taken.get(key) == os.getpid():
+        fd, _ = _held[key]
+        _held[key] = (fd, runs_dir / local_id)  # what a forked child looks at now
+        return False
+    if not _first_to_attach(runs_dir, key, local_id):
+        return True
+    _ranks_taken[key] = os.getpid()
+    return False
 
 
 def _rank_key(run_id: str, rank: int) -> str:

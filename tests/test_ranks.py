@@ -5,6 +5,7 @@ first process on the host to attach."""
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -77,39 +78,49 @@ def test_without_a_rank_the_first_to_attach_is_the_primary_while_its_journal_is_
     assert second.label == "j2"
 
 
+def _in_use(journal: Path) -> int:
+    """Hold the owner lock of a journal at ``journal`` (its handle still in
+    use); the descriptor to close."""
+    journal.mkdir()
+    fd = os.open(journal / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
 @pytest.mark.parametrize("variable", ["SLURM_PROCID", "RANK"])
-def test_processes_that_inherited_one_rank_get_one_primary_and_labels_of_their_own(
+def test_a_child_that_inherited_its_parents_rank_is_neither_that_rank_nor_the_primary(
     tmp_path: Path, variable: str
 ) -> None:
-    """Processes no launcher started one by one share the rank they inherited:
-    ``torch.multiprocessing.spawn`` in an sbatch script (``SLURM_PROCID=0``
-    for all), or in each task of ``srun``. The first to attach keeps the rank;
-    the others neither close the run (a second primary's ``finish()`` closes
-    it while the rest still log) nor take its label and sample id ranges
-    (their keys of a step would overwrite each other's, and their Parquet rows
-    of a step would share sample ids)."""
-    run = f"run-{os.getpid()}-{id(tmp_path)}"  # the locks are this process's for its life
-    held = []
-    roles = []
-    for value in ("0", "0", "3", "3"):
-        local_id = f"j{len(roles)}"
-        roles.append(_role({variable: value}, tmp_path, attach=run, local_id=local_id))
-        journal = tmp_path / local_id
-        journal.mkdir()
-        fd = os.open(journal / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX)  # its journal, still in use
-        held.append(fd)
-    for fd in held:
-        os.close(fd)
-    assert roles == [
-        ranks.Role(primary=True, label="rank0", rank=0),
-        ranks.Role(primary=False, label="j1"),
-        ranks.Role(primary=False, label="rank3", rank=3),
-        ranks.Role(primary=False, label="j3"),
-    ]
-    # Once the first is done with it, a process of that rank has it again
-    # (a requeued job on this node).
-    assert _role({variable: "0"}, tmp_path, attach=run, local_id="j4").label == "rank0"
+    """Processes no launcher started one by one share the rank they
+    inherited (``torch.multiprocessing.spawn`` in an sbatch script: all of
+    them ``SLURM_PROCID=0``). One that attaches while the rank's holder
+    lives neither closes the run (a second primary's ``finish()`` closes it
+    while the rest still log) nor takes its label and sample id ranges
+    (their keys of a step would overwrite each other's, their Parquet rows
+    of a step share sample ids). The holder's own later handles keep it."""
+    run = f"run-{os.getpid()}-{variable}"  # the locks are this process's for its life
+    env = {variable: "0"}
+    first = _role(env, tmp_path, attach=run, local_id="j1")
+    held = [_in_use(tmp_path / "j1")]
+    try:
+        again = _role(env, tmp_path, attach=run, local_id="j2")  # a second phase
+        held.append(_in_use(tmp_path / "j2"))
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            try:
+                child = _role(env, tmp_path, attach=run, local_id="j3")
+                os.write(write, json.dumps(child.to_json()).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        child = ranks.Role.from_json(json.loads(os.read(read, 1000)))
+        os.waitpid(pid, 0)
+    finally:
+        for fd in held:
+            os.close(fd)
+    assert first == again == ranks.Role(primary=True, label="rank0", rank=0)
+    assert child == ranks.Role(primary=False, label="j3")
 
 
 def test_a_role_read_back_from_a_damaged_meta_value_is_none() -> None:
