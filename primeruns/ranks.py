@@ -81,12 +81,11 @@ _LOCKS_DIR = ".primary"
 # on other processes' files: nothing here can wake it).
 _POLL_S = 0.1
 
-# Locks this process holds as the first attacher of a run: kept open for the
-# process's life (its exit releases them).
+# Locks this process holds as the first attacher of a run, or as a launcher's
+# rank: kept open for the process's life (its exit releases them; a forked
+# child closes its copies, ``_after_fork_in_child``).
 # Per run id: the lock's descriptor, and the journal of the handle it made primary.
 _held: dict[str, tuple[int, Path]] = {}
-# Per rank lock this process took (``_rank_key``): the pid that took it.
-_ranks_taken: dict[str, int] = {}
 
 
 @dataclass(frozen=True)
@@ -177,17 +176,22 @@ def resolve_role(
 
 def _held_by_another(runs_dir: Path, key: str, local_id: str) -> bool:
     """Whether another living process of this host holds the rank lock
-    ``key``: this process keeps a rank it took for its later handles (a job
-    attaching the run again for a second phase while the first one's uplink
-    still ships); a forked child, which inherited the claim, does not."""
-    if _ranks_taken.get(key) == os.getpid():
-        fd, _ = _held[key]
-        _held[key] = (fd, runs_dir / local_id)  # what a forked child looks at now
-        return False
-    if not _first_to_attach(runs_dir, key, local_id):
-        return True
-    _ranks_taken[key] = os.getpid()
-    return False
+    ``key``. This process keeps a rank it took for its later handles (a job
+    attaching the run again for a second phase while the first phase's
+    uplink still ships)."""
+    return key not in _held and not _first_to_attach(runs_dir, key, local_id)
+
+
+def _after_fork_in_child() -> None:
+    """Run by ``hooks``' after-fork handler: a forked child holds none of
+    its parent's locks (closing its copy of each leaves the parent's hold).
+    Kept, a worker of a dead rank 0 (a data loader's, still alive) would
+    hold its rank and the run's lock, and rank 0 restarted would be nobody's
+    primary."""
+    for fd, _ in _held.values():
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
 
 
 def _rank_key(run_id: str, rank: int) -> str:

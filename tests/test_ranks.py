@@ -7,6 +7,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -121,6 +123,49 @@ def test_a_child_that_inherited_its_parents_rank_is_neither_that_rank_nor_the_pr
             os.close(fd)
     assert first == again == ranks.Role(primary=True, label="rank0", rank=0)
     assert child == ranks.Role(primary=False, label="j3")
+
+
+_RANK_0_THAT_DIES_LEAVING_A_CHILD = """
+import os, sys
+from pathlib import Path
+from primeruns import ranks
+
+runs, run, held = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+role = ranks.resolve_role(None, attach_id=run, runs_dir=runs, local_id="old", environ={"RANK": "0"})
+assert role.primary
+if os.fork() == 0:  # a worker of its own (a data loader's), alive after it
+    os.read(held, 1)  # until the test lets it go
+    os._exit(0)
+os._exit(0)  # killed: nothing of it runs at its end
+"""
+
+
+def test_a_restarted_rank_0_is_the_primary_while_a_child_of_the_dead_one_lives(
+    tmp_path: Path,
+) -> None:
+    """torchrun restarts rank 0 after it died, while a forked worker of the
+    dead one (a data loader's) has not noticed yet. The worker must not keep
+    the rank: the new rank 0 would be nobody's primary, and the run never
+    closed."""
+    run = f"run-{os.getpid()}-restarted"
+    held, release = os.pipe()
+    try:
+        args = [str(tmp_path), run, str(held)]
+        died = subprocess.run(
+            [sys.executable, "-c", _RANK_0_THAT_DIES_LEAVING_A_CHILD, *args],
+            pass_fds=(held,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
+        restarted = _role({"RANK": "0"}, tmp_path, attach=run, local_id="new")
+    finally:
+        os.close(release)  # the dead one's worker ends
+        os.close(held)
+    assert died.returncode == 0
+    assert restarted == ranks.Role(primary=True, label="rank0", rank=0)
 
 
 def test_a_role_read_back_from_a_damaged_meta_value_is_none() -> None:
