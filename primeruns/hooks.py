@@ -178,6 +178,11 @@ def _after_fork_in_child() -> None:
 # import, so the SDK's handlers keep that place among the user's own (a
 # handler the user registers later finds a child's journals marked
 # inherited), whenever those modules loaded.
-_LOADED_LATER = ("primeruns.journal.store", "primeruns.forkchild", "primeruns.ranks")
+_LOADED_LATER = (
+    "primeruns.journal.store",
+    "primeruns.forkchild",
+    "primeruns.joining",
+    "primeruns.ranks",
+)
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

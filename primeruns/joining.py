@@ -53,6 +53,14 @@ _joined: dict[tuple[str, int], Run] = {}
 _lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """Run by ``hooks``' after-fork handler: a fresh lock, since a thread of
+    the parent may have been joining (its hold copied, never released here,
+    and the child's own ``join`` waited for it for good)."""
+    global _lock
+    _lock = threading.Lock()
+
+
 def handle_of(origin: ForkOrigin | None, run_id: str, kind: RunKind) -> RunHandle:
     """The handle of a run whose process holds ``origin`` (noted as for a
     fork: its finish() looks for its workers' journals from now on)."""

@@ -614,12 +614,14 @@ def test_a_child_forked_by_a_thread_while_the_main_thread_logs_ends_on_sigterm(
 _FORKED_WHILE_A_THREAD_HOLDS_A_LOCK = """
 import importlib.machinery, os, select, signal, sys, threading
 import primeruns as pr
+from primeruns import joining
 from primeruns.journal import store
 
 # The thread named "other" is held inside what sys.argv[2] names until "go":
 # "import": its import of multiprocessing.util (the module's import lock held);
 # "open": opening a second run's journal (the lock of the process's journal
-# environments held).
+# environments held); "join": joining the run (pr.join's lock held), and the
+# child then joins it too, as a pool's task does.
 ready, go = threading.Event(), threading.Event()
 
 def held() -> None:
@@ -646,13 +648,22 @@ class OpenedSlowly(store.Store):
         super().__init__(*args, **kwargs)
 store.Store = OpenedSlowly
 
+open_child = joining.open_child
+def joined_slowly(origin):
+    held()
+    return open_child(origin)
+joining.open_child = joined_slowly
+
 runs = sys.argv[1]
 run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs)
 run.log_episodes([{"id": "before", "traces": []}])
+handle = run.handle()
 
 def other() -> None:
     if sys.argv[2] == "import":
         import multiprocessing.util
+    elif sys.argv[2] == "join":
+        pr.join(handle).finish()
     else:
         pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs + "-second").finish()
     ready.set()
@@ -662,7 +673,8 @@ ready.wait()  # inside it, or done with it
 logged_r, logged_w = os.pipe()
 pid = os.fork()
 if pid == 0:
-    run.log_episodes([{"id": "child", "traces": []}])
+    logging_to = pr.join(handle) if sys.argv[2] == "join" else run
+    logging_to.log_episodes([{"id": "child", "traces": []}])
     os.write(logged_w, b"l")
     os._exit(0)
 logged = select.select([logged_r], [], [], 60)[0]  # a hang's bound, not a race
@@ -676,7 +688,7 @@ print("logged" if logged else "hung", flush=True)
 """
 
 
-@pytest.mark.parametrize("other", ["import", "open"])
+@pytest.mark.parametrize("other", ["import", "open", "join"])
 def test_a_child_forked_while_a_thread_holds_a_lock_logs_its_first_record(
     tmp_path: Path, other: str
 ) -> None:
@@ -684,7 +696,8 @@ def test_a_child_forked_while_a_thread_holds_a_lock_logs_its_first_record(
     child's first record takes: importing a module it imports
     (multiprocessing's, for the child's exit), or opening a journal (a
     second evaluation starting in a thread while the main thread's pool
-    forks). The lock was copied held into the child, and its first record
+    forks), or joining the run (``pr.join``, which the child's task calls
+    too). The lock was copied held into the child, and its first record
     waited for it for good."""
     done = _run_script(_FORKED_WHILE_A_THREAD_HOLDS_A_LOCK, tmp_path, other)
     assert done.stdout.split() == ["logged"], done.stdout + done.stderr[-2000:]
