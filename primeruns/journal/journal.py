@@ -57,7 +57,7 @@ from primeruns.journal.appending import Appender
 from primeruns.journal.capacity import K_COMPACTED_KINDS, Capacity, compacted_kinds
 from primeruns.journal.cursors import Cursors, inflight_frame
 from primeruns.journal.dicts import Dictionaries
-from primeruns.journal.frames import EntryKind
+from primeruns.journal.frames import HEADER_SIZE, EntryKind
 from primeruns.journal.fsinfo import warn_if_network_fs
 from primeruns.journal.fullness import full_cause
 from primeruns.journal.lock import LOCK_NAME, OwnerLock
@@ -200,7 +200,8 @@ class Journal:
             (self._spool.named_after(last), "a later spool segment's name says they were written"),
             (named, "a sink's cursor names them"),
         ]
-        end, why = max(proofs)
+        plausible = [proof for proof in proofs if proof[0] <= self._could_be_spooled(last)]
+        end, why = max(plausible, default=(last, ""))
         if end > last:
             self._note_skipped(last + 1, end)
             log.warning(
@@ -213,6 +214,16 @@ class Journal:
                 end + 1,
             )
         return max(end, last)
+
+    def _could_be_spooled(self, last: int) -> int:
+        """The furthest seq past ``last`` (the log's end) a new owner takes
+        for lost: entries past the log's end were spooled, a spool never
+        held more than the byte budget, and each entry takes a frame header
+        there at least. A seq further on is no proof but damage (a bit flip,
+        a hostile copy): taken for one, every other sink counted that many
+        entries lost (2**62), and past the last seq a key holds, appends
+        went where no reader sees them."""
+        return last + max(self._store.max_bytes, DEFAULT_MAX_JOURNAL_BYTES) // HEADER_SIZE
 
     def _note_skipped(self, first: int, last: int) -> None:
         """Record that appends start past ``first``..``last`` (``K_SKIPPED``);
@@ -231,7 +242,7 @@ class Journal:
         self._check()
         skipped = self._tx.safe_meta(K_SKIPPED)
         last = as_floor(skipped.get(str(seq + 1))) if isinstance(skipped, dict) else 0
-        return max(last, seq)
+        return last if seq < last <= self._could_be_spooled(seq) else seq
 
     # -- opening --------------------------------------------------------------------------
 

@@ -1211,3 +1211,33 @@ def test_an_owner_after_a_power_cut_at_the_spools_end_never_reuses_a_seq_stored_
     with Journal.open(segment.parent, owner=False) as reader:
         assert reader.last_seq() == 31
         assert [e.seq for e in reader.read(0, max_entries=100).entries] == [*range(1, 10), 31]
+
+
+@pytest.mark.parametrize("seq", [1 << 62, (1 << 63) - 1], ids=["2**62", "2**63-1"])
+@pytest.mark.parametrize("where", ["acknowledged", "in flight", "damage counted"])
+def test_a_seq_no_spool_could_have_held_is_damage_not_entries_a_new_owner_skips(
+    where: str, seq: int, tmp_path: Path
+) -> None:
+    """A journal is untrusted input (a copy from another host, a bit flip):
+    its stored state may name a seq far past anything ever appended. The
+    next owner took it for entries lost at the spool's end and appended
+    after it: every other sink counted 2**62 entries lost, and past the
+    last seq a key holds (2**63-1) an append returned with its entry where
+    no reader sees it, and every later owner was refused appends. Only
+    seqs the spool could have held are skipped."""
+    j = Journal.create(tmp_path, local_id="run")
+    j.append(EntryKind.EPISODE, [b'{"n":1}', b'{"n":2}', b'{"n":3}'])
+    if where == "acknowledged":
+        j._tx.write(lambda txn: j._cursors._put(txn, "traces", {"acked": seq, "inflight": None}))
+    elif where == "in flight":
+        j.set_inflight("traces", InFlight(1, seq, b"[1]", {}))
+    else:
+        j.record_loss("traces", 1, "damaged", damaged_through=seq)
+    path = j.path
+    j.close()
+    for new in (4, 5):
+        with Journal.open(path) as owner:
+            assert owner.append(EntryKind.EPISODE, [b'{"n":"new"}']).first_seq == new
+    with Journal.open(path, owner=False) as reader:
+        read = reader.read(0, max_entries=100)
+        assert [e.seq for e in read.entries] == [1, 2, 3, 4, 5] and read.damaged == []

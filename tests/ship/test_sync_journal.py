@@ -526,15 +526,11 @@ def test_a_sync_journal_whose_spool_end_a_power_cut_zeroed_imports_those_entries
     source.close()
 
 
-def test_a_copy_whose_owner_skipped_seqs_lost_at_its_end_imports_past_them(
-    tmp_path: Path,
-) -> None:
-    # The producer's newest appends (entries 4 to 9) were lost to a power
-    # cut's zeros while a sink's offset kept naming them; its next owner
-    # appended after them (entry 10). No later copy brings 4 to 9: an import
-    # that waited for them stopped there for good, the rest of the run
-    # never synced. Its owner skipped them, said so, and so does the import.
-    producer = Journal.create(tmp_path / "node", local_id="run")
+def _skipped_at_its_end(root: Path) -> Path:
+    """A producer's journal under ``root`` whose entries 4 to 9 a power cut's
+    zeros took while a sink's offset kept naming them, and whose next owner
+    appended after them (entry 10, its skip recorded): its path."""
+    producer = Journal.create(root, local_id="run")
     producer._mover.stop()
     for i in range(3):
         producer.append(
@@ -544,7 +540,40 @@ def test_a_copy_whose_owner_skipped_seqs_lost_at_its_end_imports_past_them(
     path = power_cut_from(producer, 1)
     with Journal.open(path) as reopened:
         assert reopened.append(EntryKind.EPISODE, [b'{"i": "new"}']).first_seq == 10
-    copy = _copy(path, tmp_path / "login" / "run")
+    return path
+
+
+def test_a_copy_whose_owner_skipped_seqs_lost_at_its_end_imports_past_them(
+    tmp_path: Path,
+) -> None:
+    # The producer's newest appends (entries 4 to 9) were lost to a power
+    # cut's zeros while a sink's offset kept naming them; its next owner
+    # appended after them (entry 10). No later copy brings 4 to 9: an import
+    # that waited for them stopped there for good, the rest of the run
+    # never synced. Its owner skipped them, said so, and so does the import.
+    copy = _copy(_skipped_at_its_end(tmp_path / "node"), tmp_path / "login" / "run")
     with _synced(copy, tmp_path / "synced") as (source, sync, _):
         assert sync.last_seq() == 10 and sync.acked("traces") == 9
         assert _rows(sync) == _rows(source) and [row[0] for row in _rows(sync)] == [1, 2, 3, 10]
+
+
+def test_a_copy_whose_skipped_range_names_a_seq_no_spool_could_hold_is_not_skipped_to(
+    tmp_path: Path,
+) -> None:
+    # A copy is untrusted input: its record of the range its owner skipped
+    # (entries 4 to 9, lost to a power cut) damaged to name seq 2**62. The
+    # import skipped that far: the copy's next entry (10) was never
+    # imported, and every sink of the sync journal counted 2**62 entries
+    # lost. No spool held that many: the import stops at the gap, as at any
+    # other the copy does not explain.
+    path = _skipped_at_its_end(tmp_path / "node")
+    with Journal.open(path) as reopened:
+        reopened.set_meta("journal.skipped", {"4": 1 << 62})
+    with (
+        Journal.open(path, owner=False) as source,
+        Journal.create(tmp_path / "synced", local_id="run") as sync,
+    ):
+        imported = import_new(source, sync)
+        assert imported.upto == 3 and sync.last_seq() == 3
+        assert imported.stopped is not None and "4" in imported.stopped
+        assert [e.seq for e in sync.read(0).entries] == [1, 2, 3] and sync.read(0).damaged == []
