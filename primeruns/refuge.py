@@ -74,10 +74,11 @@ def create_journal(
     naming every folder tried when no refuge takes it and there is no
     ``in_memory``."""
     try:
-        if runs_dir == prime_runs_folder() / "runs":
+        if runs_dir.absolute() == (prime_runs_folder() / "runs").absolute():
             # The folder this package made above it is held to the runs
             # directory's rule (as the sync root's is, ``ship.copies``):
             # whoever can write it can rename "runs" away and plant their own.
+            # (Both absolute: settings make a relative XDG_STATE_HOME's so.)
             make_private_folder(runs_dir.parent, "prime-runs folder", advice=_OWN_FOLDER)
         return create(runs_dir)
     except JournalError as refused:

@@ -623,3 +623,22 @@ def test_a_journals_traces_url_with_a_port_only_httpx_reads_is_refused_not_a_cra
     mine = resolve_settings(api_key=API_KEY, base_url="https://example.invalid")
     with pytest.raises(JournalError, match="--base-url"):
         uplink._refuse_unless_own("Prime Traces", "http://127.0.0.1:+8000", mine)
+
+
+def test_init_checks_the_prime_runs_folder_of_a_default_runs_directory_under_a_relative_state_home(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # XDG_STATE_HOME relative: the default runs directory is taken from the
+    # folder the run began in (made absolute), and the check compared it with
+    # the relative one: never equal, so a prime-runs folder others can write
+    # took the run's journal unchecked.
+    point_at(monkeypatch, tmp_path, None)
+    folder = tmp_path / "state" / "prime-runs"
+    folder.mkdir(parents=True)
+    os.chmod(folder, 0o777)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_STATE_HOME", "state")
+    with pytest.raises(UntrustedPathError) as raised:
+        pr.init(environments=["gsm8k"], model="m", mode="offline")
+    assert str(folder) in str(raised.value) and "writable by other users" in str(raised.value)
+    assert not (folder / "runs").exists()
