@@ -117,6 +117,11 @@ def default_local_id() -> str:
     return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
 
 
+def _seq_named(key: str) -> int | None:
+    """The seq a key of ``K_SKIPPED`` names (its decimal digits), or None."""
+    return int(key) if key.isascii() and key.isdigit() else None
+
+
 class Journal:
     """A run's journal directory. Thread-safe; one writer process (the owner) at a time."""
 
@@ -237,12 +242,19 @@ class Journal:
 
     def skipped_after(self, seq: int) -> int:
         """The last seq of a range an owner's appends started after, that
-        begins right after ``seq`` (lost past the log's end then, never
-        written: ``_appends_after``); ``seq`` where none does."""
+        holds ``seq + 1`` (lost past the log's end then, never written:
+        ``_appends_after``); ``seq`` where none does. An import may stand
+        inside one, not only before it: an earlier copy brought its first
+        entries, taken before the power cut that lost them."""
         self._check()
         skipped = self._tx.safe_meta(K_SKIPPED)
-        last = as_floor(skipped.get(str(seq + 1))) if isinstance(skipped, dict) else 0
-        return last if seq < last <= self._could_be_spooled(seq) else seq
+        ranges = skipped.items() if isinstance(skipped, dict) else ()
+        holding = [
+            last
+            for first, last in ((as_floor(_seq_named(k)), as_floor(v)) for k, v in ranges)
+            if 0 < first <= seq + 1 <= last <= self._could_be_spooled(first - 1)
+        ]
+        return max(holding, default=seq)
 
     # -- opening --------------------------------------------------------------------------
 

@@ -577,3 +577,31 @@ def test_a_copy_whose_skipped_range_names_a_seq_no_spool_could_hold_is_not_skipp
         assert imported.upto == 3 and sync.last_seq() == 3
         assert imported.stopped is not None and "4" in imported.stopped
         assert [e.seq for e in sync.read(0).entries] == [1, 2, 3] and sync.read(0).damaged == []
+
+
+def test_a_sync_journal_that_imported_part_of_a_range_the_copys_owner_skipped_goes_on_past_it(
+    tmp_path: Path,
+) -> None:
+    # A copy taken mid-run brought entries 1 to 21 (the producer's pages, not
+    # yet on its disk). A power cut then zeroed the producer's entries 10 to
+    # 30, a sink's offset naming 30: its next owner appended after them (31).
+    # The next copy's import starts at 22, inside that range, not at its
+    # start: it waited for 22, which no copy ever brings, and the rest of
+    # the run never synced.
+    producer = Journal.create(tmp_path / "node", local_id="run")
+    producer._mover.stop()
+    for i in range(10):
+        producer.append(
+            EntryKind.EPISODE, [json.dumps({"i": 3 * i + k}).encode() for k in range(3)]
+        )
+        if i == 6:
+            early = _copy(producer.path, tmp_path / "early" / "run")
+    producer.ack("traces", 30)
+    path = power_cut_from(producer, 3)
+    with Journal.open(path) as reopened:
+        assert reopened.append(EntryKind.EPISODE, [b'{"i": "new"}']).first_seq == 31
+    with Journal.create(tmp_path / "synced", local_id="run") as sync:
+        for copy, upto in ((early, 21), (path, 31)):
+            with Journal.open(_copy(copy, tmp_path / "login" / "run"), owner=False) as source:
+                assert import_new(source, sync).upto == upto
+        assert [row[0] for row in _rows(sync)] == [*range(1, 22), 31]
