@@ -38,9 +38,9 @@ asks whether an expired URL's bytes landed once the object is recorded
 A version before ``EXPIRED`` reads it as damage and counts the batch's
 records as failed, rather than mint that object anew. That version asked
 about an expired URL's object at once, nothing recorded first, so a batch it
-left may hold an object recorded ``MINTED`` that is stored: an object found
-expired is asked about before a 413 in the same stage refuses the batch
-whole (``_found_expired``).
+left may hold an object recorded ``MINTED`` that is stored: such an object
+is PUT (its URL alive: never asked) or found expired and asked about before
+a 413 refuses the batch whole (``_not_asked``).
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ class SampleObjects:
             elif failure is None:
                 failure = error
         if too_large is not None:
-            failure = too_large if not _found_expired(before, stages) else _ask_first()
+            failure = too_large if not _not_asked(before, stages, errors) else _ask_first()
         done = 0
         while done < len(stages) and stages[done] in _SETTLED:
             done += 1
@@ -301,20 +301,35 @@ def _maybe_stored(
     return any(maybe(index, stage) for index, stage in enumerate(after))
 
 
-def _found_expired(before: Sequence[int], after: Sequence[int]) -> bool:
-    """Whether an object was just found expired (recorded ``EXPIRED`` in this
-    stage). A version before ``EXPIRED`` asked about such an object at once,
-    with nothing recorded first: recorded ``MINTED`` still, it may be stored
-    (that confirm committed, its answer lost). So a 413 in the same stage
-    refuses the batch whole only once it has been asked (``_ask_first``):
+def _not_asked(
+    before: Sequence[int], after: Sequence[int], errors: dict[int, BaseException]
+) -> bool:
+    """Whether an object may be one a version before ``EXPIRED`` stored,
+    not asked about yet. That version asked about an expired URL's object at
+    once, with nothing recorded first: recorded ``MINTED`` still, it may be
+    stored (that confirm committed, its answer lost). Such an object is
+    known not stored once a PUT to its URL lands (a URL that expired stays
+    so), and asked about once found expired (recorded ``EXPIRED`` in this
+    stage): one recorded ``MINTED`` before this stage and still, its PUT not
+    answered (not sent, a transient failure, or not reached: a presign's
+    stage), or just found expired, is not yet. So a 413 in the same stage
+    refuses the batch whole only once none is left (``_ask_first``):
     refused whole, the shipper would make its records again, under a new key."""
-    pairs = zip(before, after, strict=True)
-    return any(stage == EXPIRED and was != EXPIRED for was, stage in pairs)
+
+    def unasked(index: int, was: int, stage: int) -> bool:
+        if stage == EXPIRED:
+            return was != EXPIRED
+        refused = index in errors and is_record_rejection(errors[index])
+        return was == stage == MINTED and not refused
+
+    return any(
+        unasked(i, was, stage) for i, (was, stage) in enumerate(zip(before, after, strict=True))
+    )
 
 
 def _ask_first() -> RetryableAPIError:
-    """What a 413 is held back as while an object just found expired is
-    asked about (``_found_expired``): the asking goes on in this try, and
+    """What a 413 is held back as while an object recorded ``MINTED`` may be
+    stored, not asked about (``_not_asked``): the asking goes on in this try, and
     the 413 comes again on the next, the batch then settled as the asking
     found it."""
     return RetryableAPIError(

@@ -1041,6 +1041,45 @@ def test_a_backlog_batch_whose_stages_are_gone_is_not_sent_as_a_batch_of_one(
     assert store.calls == calls and len(store.confirmed) == 3
 
 
+def _older_versions_batch(
+    store: Store, tmp_path: Path, *, stored: int, stages: list[int]
+) -> tuple[Journal, list[str]]:
+    """A journal whose sample table batch in flight (steps 0, 10 and 20; step
+    30 waits) is as the version before stage EXPIRED left it: ``stages``, the
+    objects not NEW minted on a try before, and object ``stored`` stored
+    (that version's confirm committed, its answer lost). Returns the journal
+    and the URLs minted for the three objects."""
+    entries = _one_per_step(range(0, 40, 10))
+    journal = Journal.create(tmp_path / "runs")
+    journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
+    batch = _batch(_sink(store), entries)
+    keys = [f"rft/rft-1/obj-{n}.parquet" for n in (1, 2, 3)]
+    urls = [f"http://store.test/{key}" for key in keys]
+    store.minted, store.steps = 3, dict(zip(keys, (0, 10, 20), strict=True))
+    store.put[keys[stored]] = unpack_units(batch.body)[stored][1]
+    store.confirmed.append(keys[stored])
+    minted = [stage != 0 for stage in stages]
+    state = batch.state | {
+        "done": 0,
+        "stages": stages,
+        "keys": [key if made else None for key, made in zip(keys, minted, strict=True)],
+        "urls": [url if made else None for url, made in zip(urls, minted, strict=True)],
+    }
+    journal.set_inflight("train_samples", InFlight(1, 3, batch.body, state))
+    return journal, urls
+
+
+def _shipped_once(store: Store, journal: Journal) -> tuple[list[int], int]:
+    """The sample table's batch in flight in ``journal`` shipped (then the
+    journal closed): the steps confirmed, none twice, and the records lost."""
+    _run_shipper(store, journal, upto=3)
+    lost = sum(int(loss["count"]) for loss in journal.losses().values())
+    journal.close()
+    confirmed = sorted(store.steps[key] for key in set(store.confirmed))  # (a repeat is one)
+    assert len(confirmed) == len(set(confirmed)), f"a step stored twice: {confirmed}"
+    return confirmed, lost
+
+
 def test_a_batch_an_older_version_left_mid_expiry_is_not_split_with_its_object_stored(
     store: Store, tmp_path: Path
 ) -> None:
@@ -1052,17 +1091,7 @@ def test_a_batch_an_older_version_left_mid_expiry_is_not_split_with_its_object_s
     # This version, resuming, finds its URL expired while step 10's gets a
     # 413. Refused whole, the shipper split the batch and made step 0's
     # records again under a new key: stored twice. It asks first.
-    entries = _one_per_step(range(0, 40, 10))  # three objects; step 30 waits
-    journal = Journal.create(tmp_path / "runs")
-    journal.append(EntryKind.EPISODE, [entry.payload for entry in entries])
-    batch = _batch(_sink(store), entries)
-    keys = [f"rft/rft-1/obj-{n}.parquet" for n in (1, 2, 3)]
-    urls = [f"http://store.test/{key}" for key in keys]
-    store.minted, store.steps = 3, dict(zip(keys, (0, 10, 20), strict=True))
-    store.put[keys[0]] = unpack_units(batch.body)[0][1]
-    store.confirmed.append(keys[0])
-    state = batch.state | {"done": 0, "stages": [1, 1, 1], "keys": keys, "urls": urls}
-    journal.set_inflight("train_samples", InFlight(1, 3, batch.body, state))
+    journal, urls = _older_versions_batch(store, tmp_path, stored=0, stages=[1, 1, 1])
     handler = store.handler
 
     def old_urls(request: httpx.Request) -> httpx.Response:
@@ -1073,11 +1102,7 @@ def test_a_batch_an_older_version_left_mid_expiry_is_not_split_with_its_object_s
         return handler(request)
 
     store.handler = old_urls  # type: ignore[method-assign]
-    _run_shipper(store, journal, upto=3)
-    lost = sum(int(loss["count"]) for loss in journal.losses().values())
-    journal.close()
-    confirmed = sorted(store.steps[key] for key in set(store.confirmed))  # (a repeat is one)
-    assert len(confirmed) == len(set(confirmed)), f"a step stored twice: {confirmed}"
+    confirmed, lost = _shipped_once(store, journal)
     assert sorted([*confirmed, *([10] if lost else [])]) == [0, 10, 20]  # once, or counted
     assert store.minted == 3 and lost in (0, 1)
 
@@ -1116,3 +1141,46 @@ class _Frozen:
 
     def now(self, tz: Any = None) -> datetime:
         return self._at
+
+
+@pytest.mark.parametrize("busy", ["put", "presign"])
+def test_a_batch_an_older_version_left_is_not_split_before_its_old_urls_are_asked_about(
+    busy: str, store: Store, tmp_path: Path
+) -> None:
+    # As above, the older version's batch: step 10's object stored, its URL
+    # expired, recorded MINTED. This version's first try did not learn that
+    # URL expired: its PUT was answered 503 (the store busy) while step 0's
+    # got a 413 (an object over the size limit), or step 20's presign (its
+    # URL found expired with nothing there, to be minted anew) got a 413
+    # before any PUT went. Refused whole, the shipper split the batch and
+    # made step 10's records again under a new key: stored twice. An object
+    # recorded MINTED before a stage and not answered in it is asked about
+    # first, as one found expired is.
+    stages = [1, 1, 0 if busy == "presign" else 1]
+    journal, urls = _older_versions_batch(store, tmp_path, stored=1, stages=stages)
+    handler, busy_once = store.handler, [lambda: httpx.Response(503, text="busy")]
+    if busy == "presign":
+        store.faults["presign"] = [_too_large]
+    # The first try's PUTs of steps 0 and 10 both in flight before either is answered.
+    together = threading.Barrier(2, timeout=10)
+    waiting = {urls[0], urls[1]} if busy == "put" else set()
+
+    def old_urls(request: httpx.Request) -> httpx.Response:
+        url = str(request.url)
+        if request.method == "PUT" and url in waiting:
+            waiting.discard(url)
+            together.wait()
+        if request.method == "PUT" and url == urls[1]:
+            if busy == "put" and busy_once:
+                return busy_once.pop()()
+            return _expired()  # for good: an expired URL stays expired
+        if request.method == "PUT" and url == urls[0] and busy == "put":
+            return _too_large()
+        return handler(request)
+
+    store.handler = old_urls  # type: ignore[method-assign]
+    confirmed, lost = _shipped_once(store, journal)
+    if busy == "put":  # step 0 over the size limit: refused alone
+        assert confirmed == [10, 20] and lost == 1 and store.minted == 3
+    else:
+        assert confirmed[:3] == [0, 10, 20] and lost == 0 and store.minted >= 4
