@@ -207,8 +207,9 @@ class Journal:
         ]
         plausible = [proof for proof in proofs if proof[0] <= self._could_be_spooled(last)]
         end, why = max(plausible, default=(last, ""))
-        if end > last:
-            self._note_skipped(last + 1, end)
+        if end > last and self._note_skipped(last + 1, end):
+            # Once: every owner until an append lands works it out again
+            # (each replay of a run whose platform is down).
             log.warning(
                 "journal %s: entries %d to %d are lost (%s); new entries start at %d, so that "
                 "none is taken for one of them",
@@ -230,15 +231,18 @@ class Journal:
         went where no reader sees them."""
         return last + max(self._store.max_bytes, DEFAULT_MAX_JOURNAL_BYTES) // HEADER_SIZE
 
-    def _note_skipped(self, first: int, last: int) -> None:
+    def _note_skipped(self, first: int, last: int) -> bool:
         """Record that appends start past ``first``..``last`` (``K_SKIPPED``);
-        not written, the next owner works it out again."""
+        not written, the next owner works it out again. Whether it was not
+        recorded yet."""
         skipped = self._tx.safe_meta(K_SKIPPED)
         skipped = dict(skipped) if isinstance(skipped, dict) else {}
-        if skipped.get(str(first)) != last:
-            skipped[str(first)] = last
-            with contextlib.suppress(JournalError, lmdb.Error):
-                self._meta.update({K_SKIPPED: skipped})
+        if skipped.get(str(first)) == last:
+            return False
+        skipped[str(first)] = last
+        with contextlib.suppress(JournalError, lmdb.Error):
+            self._meta.update({K_SKIPPED: skipped})
+        return True
 
     def skipped_after(self, seq: int) -> int:
         """The last seq of a range an owner's appends started after, that

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
+import logging
 import os
 import struct
 import subprocess
@@ -28,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sdk_helpers import wait_for
-from spooled import killed_segment
+from spooled import killed_segment, power_cut_from
 
 from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, InFlight, Journal, spool
@@ -1241,3 +1242,23 @@ def test_a_seq_no_spool_could_have_held_is_damage_not_entries_a_new_owner_skips(
     with Journal.open(path, owner=False) as reader:
         read = reader.read(0, max_entries=100)
         assert [e.seq for e in read.entries] == [1, 2, 3, 4, 5] and read.damaged == []
+
+
+def test_entries_a_new_owner_skips_are_said_lost_once_not_by_every_owner_until_an_append(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each owner until an append lands works the skip out again (each
+    replay of a run whose platform is down): the warning is the first's."""
+    j = Journal.create(tmp_path, local_id="run")
+    j._mover.stop()
+    for n in range(10):
+        j.append(EntryKind.EPISODE, [b'{"n":%d}' % n])
+    j.ack("traces", 10)
+    path = power_cut_from(j, 3)
+    with caplog.at_level(logging.WARNING, logger="primeruns.journal"):
+        for _ in range(3):
+            Journal.open(path).close()
+        with Journal.open(path) as owner:
+            assert owner.append(EntryKind.EPISODE, [b'{"n":"new"}']).first_seq == 11
+    said = [r.getMessage() for r in caplog.records if "are lost" in r.getMessage()]
+    assert len(said) == 1 and "entries 4 to 10" in said[0]
