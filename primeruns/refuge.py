@@ -30,21 +30,38 @@ from pathlib import Path
 
 from .exceptions import JournalError
 from .journal import Journal
-from .journal.trust import make_private_folder
+from .journal.trust import check_dir, make_private_folder
 from .settings import prime_runs_folder
 
-__all__ = ["create_journal", "refuges"]
+__all__ = ["check_prime_runs_folder", "create_journal", "prime_runs_folder_of", "refuges"]
 
 log = logging.getLogger("primeruns")
 
 # /dev/shm outlives the process (a crash loses nothing) but not a reboot;
 # TMPDIR comes first: it is where a site puts scratch space it wants used.
 _SHM = Path("/dev/shm")
+_FOLDER = "prime-runs folder"
 #: How to fix a ``prime-runs`` folder others could write into.
 _OWN_FOLDER = (
     "make it a folder of your own that only you can write (chmod 700), not a link, "
     "or point PRIME_RUNS_DIR (or runs_dir=) at a private directory"
 )
+
+
+def prime_runs_folder_of(runs_dir: Path) -> Path | None:
+    """The folder this package made above ``runs_dir`` where that is the
+    default runs directory (None: named elsewhere). It is held to the runs
+    directory's rule (as the sync root's is, ``ship.copies``): whoever can
+    write it can rename "runs" away and plant their own. (Both sides
+    absolute: settings make a relative XDG_STATE_HOME's so.)"""
+    default = prime_runs_folder() / "runs"
+    return runs_dir.parent if runs_dir.absolute() == default.absolute() else None
+
+
+def check_prime_runs_folder(folder: Path) -> None:
+    """UntrustedPathError naming the fix unless ``folder`` (a prime-runs
+    folder, ``prime_runs_folder_of``) is one init takes: for ``doctor``."""
+    check_dir(folder, _FOLDER, advice=_OWN_FOLDER)
 
 
 def refuges() -> list[Path]:
@@ -74,12 +91,9 @@ def create_journal(
     naming every folder tried when no refuge takes it and there is no
     ``in_memory``."""
     try:
-        if runs_dir.absolute() == (prime_runs_folder() / "runs").absolute():
-            # The folder this package made above it is held to the runs
-            # directory's rule (as the sync root's is, ``ship.copies``):
-            # whoever can write it can rename "runs" away and plant their own.
-            # (Both absolute: settings make a relative XDG_STATE_HOME's so.)
-            make_private_folder(runs_dir.parent, "prime-runs folder", advice=_OWN_FOLDER)
+        folder = prime_runs_folder_of(runs_dir)
+        if folder is not None:
+            make_private_folder(folder, _FOLDER, advice=_OWN_FOLDER)
         return create(runs_dir)
     except JournalError as refused:
         if not online:

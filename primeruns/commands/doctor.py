@@ -22,9 +22,16 @@ from typing import Any
 import httpx
 from rich.text import Text
 
-from ..exceptions import APIError, ConfigurationError, ForbiddenError, UnauthorizedError
+from ..exceptions import (
+    APIError,
+    ConfigurationError,
+    ForbiddenError,
+    JournalError,
+    UnauthorizedError,
+)
 from ..journal.fsinfo import network_fs_type
 from ..platform import PlatformClient
+from ..refuge import check_prime_runs_folder, prime_runs_folder_of
 from ..reports import statuses
 from ..settings import (
     SdkSettings,
@@ -87,6 +94,12 @@ def _check_runs_dir(runs_dir: Path, checks: _Checks) -> None:
         checks.fail(f"{runs_dir} exists but is not a directory")
         return
     base = runs_dir if runs_dir.exists() else _existing_parent(runs_dir)
+    folder = prime_runs_folder_of(runs_dir)
+    if folder is not None:
+        try:
+            check_prime_runs_folder(folder)  # init refuses the run otherwise
+        except JournalError as exc:
+            checks.fail(str(exc))
     if runs_dir.exists():
         checks.ok(f"{runs_dir} exists")
         mode = stat.S_IMODE(runs_dir.stat().st_mode)

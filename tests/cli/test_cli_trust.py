@@ -282,6 +282,16 @@ def test_init_refuses_a_runs_directory_others_can_write_and_names_the_fix(
     assert str(shared) in str(raised.value) and "PRIME_RUNS_DIR" in str(raised.value)
 
 
+def _prime_runs_folder_others_can_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """$XDG_STATE_HOME/prime-runs made 0777 (settings isolated): its path."""
+    point_at(monkeypatch, tmp_path, None)
+    folder = tmp_path / "state" / "prime-runs"
+    folder.mkdir(parents=True)
+    os.chmod(folder, 0o777)
+    monkeypatch.setenv("XDG_STATE_HOME", str(folder.parent))
+    return folder
+
+
 @pytest.mark.parametrize("runs_dir", ["default", "named elsewhere"])
 def test_init_refuses_a_prime_runs_folder_others_can_write_above_the_default_runs_directory(
     runs_dir: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -289,11 +299,7 @@ def test_init_refuses_a_prime_runs_folder_others_can_write_above_the_default_run
     # Whoever can write the folder holding "runs" can rename it away and put
     # their own in its place: held to the rule the runs directory is, as the
     # sync root's is. A runs directory named elsewhere has nothing to do with it.
-    point_at(monkeypatch, tmp_path, None)
-    folder = tmp_path / "state" / "prime-runs"
-    folder.mkdir(parents=True)
-    os.chmod(folder, 0o777)
-    monkeypatch.setenv("XDG_STATE_HOME", str(folder.parent))
+    folder = _prime_runs_folder_others_can_write(tmp_path, monkeypatch)
     if runs_dir == "named elsewhere":
         named = tmp_path / "mine"
         run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=named)
@@ -623,6 +629,19 @@ def test_a_journals_traces_url_with_a_port_only_httpx_reads_is_refused_not_a_cra
     mine = resolve_settings(api_key=API_KEY, base_url="https://example.invalid")
     with pytest.raises(JournalError, match="--base-url"):
         uplink._refuse_unless_own("Prime Traces", "http://127.0.0.1:+8000", mine)
+
+
+def test_doctor_fails_on_the_prime_runs_folder_init_refuses_naming_the_fix(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The check that sends an online run to a refuge and refuses an offline
+    # one: doctor, which checks the runs directory, said all was well there.
+    folder = _prime_runs_folder_others_can_write(tmp_path, monkeypatch)
+    code, out, _ = cli(capsys, "doctor")
+    failed = [line for line in out.splitlines() if "FAIL" in line and str(folder) in line]
+    assert code == 1 and len(failed) == 1
+    assert "writable by other users" in failed[0] and "chmod 700" in failed[0]
+    assert not folder.joinpath("runs").exists()
 
 
 def test_init_checks_the_prime_runs_folder_of_a_default_runs_directory_under_a_relative_state_home(
