@@ -23,8 +23,13 @@ init → finish.
 
 Where imports fall differs: ``import prime_runs`` loads the vendor's HTTP
 stack (httpx, prime-traces' clients, pydantic), ~0.15-0.3 s, before the
-clock; ``import primeruns`` loads its names on first use, so ``init()``
-pays them inside it. So two more figures put both SDKs on the same footing:
+clock; ``import primeruns`` loads its names on first use, so the worker
+looks ``primeruns.init`` up before the clock too (``e2e_worker``), which
+loads what ``init()`` needs. (Until 2026-12-05 it did not, and ``init()``
+paid ~70 ms of module loading inside the clock that the vendor paid
+before it: init → finish ÷ vendor read 1.7 then.) Modules ``init()`` still
+loads lazily are inside the clock. Two more figures put both SDKs on the
+same footing whatever each loads when:
 
 - ``import + init→finish``: a fresh process's whole price, import included;
 - ``2nd run``: a second run in the same process (``E2E_WARM_RUN=1``), when
