@@ -131,6 +131,7 @@ def check_floors(work: Path) -> int:
             "-m",
             "pytest",
             "-q",
+            "-rs",  # a skip at the floors names its reason in CI's log
             "-p",
             "no:cacheprovider",
             "--rootdir",
