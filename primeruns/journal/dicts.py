@@ -126,7 +126,9 @@ class Dictionaries:
     def train_on(self, batch: Mapping[int, Sequence[bytes]]) -> None:
         """Train for each kind of ``batch`` (a batch about to be compressed:
         its records by kind) with none yet, on the batch's own records, when
-        those and the ones compressed before make enough.
+        they alone make enough: a kind that reaches enough in a few records
+        a batch is left to ``train``, which reads the journal's (trained on
+        the last few alone, it was tried and never got one).
 
         So the first batch already uses the dictionary: a run that logs its
         records in a burst and closes (an evaluation logging its results at
@@ -137,7 +139,7 @@ class Dictionaries:
         for kind, records in batch.items():
             if kind in self.active or kind in self._tried:
                 continue
-            if self._counts.get(kind, 0) + len(records) < dictionary.MIN_SAMPLES:
+            if len(records) < dictionary.MIN_SAMPLES:
                 continue
             if not self._train_kind(kind, _samples(records)):
                 return

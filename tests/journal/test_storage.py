@@ -239,3 +239,26 @@ def test_the_background_sync_follows_a_write_and_nothing_else_wakes_it(
         j._absorb()  # into LMDB: a write the sync must follow too
         synced.wait()
         assert not j._tx.dirty
+
+
+def test_a_kind_logged_a_few_records_a_batch_still_gets_its_dictionary(
+    tmp_path: Path,
+) -> None:
+    # A training run logs an episode or two between the mover's looks: the
+    # batch that brings the kind's 64th record holds a few records, too few
+    # to train on alone. The dictionary is trained on the journal's records
+    # then, as before; trained on that batch alone, the kind was marked tried
+    # and never got one (the long runs' journals at 0.45 bytes a raw byte).
+    with Journal.create(tmp_path, local_id="run") as j:
+        j._mover.stop()  # moved here, one small batch at a time
+        view = spool.SpoolView(j.path)
+        uplinks = Dictionaries(j._tx)
+        mover = Mover(j._tx, uplinks, j.path, view, j._reader)
+        for i in range(0, 100, 2):
+            j.append(EntryKind.EPISODE, [_episode(i), _episode(i + 1)])
+            while mover.step():
+                pass
+            if uplinks.due():
+                mover._train()  # as the mover's thread does between batches
+        assert EntryKind.EPISODE in uplinks.active
+        view.close()
