@@ -79,7 +79,7 @@ class Cursors:
         where = f"cursor {sink!r} of {self._tx.path}"
         acked = data.get("acked", 0)
         info = data.get("inflight")
-        if not _is_seq(acked) or not (info is None or _is_range(info)):
+        if not _is_seq(acked) or not (info is None or _is_range(info, after=acked)):
             # Which entries the sink dealt with is unknown: not guessed at.
             raise JournalCorruptError(f"{where}: its offset or its batch's range is unreadable")
         if info is None:
@@ -240,9 +240,11 @@ def _is_seq(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _is_range(info: Any) -> bool:
-    """A recorded batch's range: first and last seqs, in order."""
+def _is_range(info: Any, *, after: int) -> bool:
+    """A recorded batch's range: first and last seqs, in order, past the
+    sink's offset ``after`` (a batch is recorded past what was acknowledged:
+    one that reaches back was sent again, or counted lost twice)."""
     if not isinstance(info, dict):
         return False
     first, last = info.get("first_seq"), info.get("last_seq")
-    return _is_seq(first) and _is_seq(last) and 0 < first <= last
+    return _is_seq(first) and _is_seq(last) and after < first <= last

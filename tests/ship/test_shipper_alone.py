@@ -393,9 +393,12 @@ def test_a_damaged_batch_counts_the_records_it_held_not_every_entry_of_its_range
     journal.close()
 
 
-def _damage_inflight(journal: Journal, sink: str, *, body: bytes | None, info: Any = None) -> None:
+def _damage_inflight(
+    journal: Journal, sink: str, *, body: bytes | None, info: Any = None, acked: int = 0
+) -> None:
     """Write ``sink``'s recorded batch as a damaged journal holds it: its body
-    ``body`` (None: gone), and its cursor's batch ``info`` where given."""
+    ``body`` (None: gone), and its cursor's batch ``info`` where given, past
+    offset ``acked``."""
 
     def put(txn: Any) -> bool:
         if body is None:
@@ -403,7 +406,7 @@ def _damage_inflight(journal: Journal, sink: str, *, body: bytes | None, info: A
         else:
             txn.put(sink.encode(), body, db=journal._tx.dbs["inflight"])
         if info is not None:
-            cursor = {"acked": 0, "inflight": info}
+            cursor = {"acked": acked, "inflight": info}
             txn.put(
                 sink.encode(),
                 encode_frame(META_KIND, orjson.dumps(cursor)),
@@ -467,6 +470,25 @@ def test_a_cursor_whose_batch_range_is_unreadable_is_named_damage(
     journal = _journal(tmp_path, 3)
     journal.set_inflight("fake", InFlight(1, 3, b"[]", {"records": 3}))
     _damage_inflight(journal, "fake", body=encode_frame(META_KIND, b"[]"), info=info)
+    with pytest.raises(JournalCorruptError, match="its offset or its batch's range is unreadable"):
+        journal.cursor("fake")
+    journal.close()
+
+
+@pytest.mark.parametrize("body", [None, encode_frame(META_KIND, b"[]")], ids=["missing", "whole"])
+@pytest.mark.parametrize("last", [4, 8], ids=["behind-the-offset", "across-the-offset"])
+def test_a_cursor_whose_batch_reaches_back_past_its_offset_is_named_damage(
+    body: bytes | None, last: int, tmp_path: Path
+) -> None:
+    # Entries 1-5 acknowledged, a batch of 2..last recorded: one of the two
+    # is damaged. Read as a damaged batch, its records were counted lost
+    # though the sink holds them (across), or its ack went backwards and the
+    # sink stopped with nothing counted (behind); read whole, it was sent
+    # again. Which entries the sink dealt with is unknown: the journal's damage.
+    journal = _journal(tmp_path, 10)
+    journal.set_inflight("fake", InFlight(1, 5, b"[]", {"records": 5}))
+    info = {"first_seq": 2, "last_seq": last, "state": {"records": last - 1}}
+    _damage_inflight(journal, "fake", body=body, info=info, acked=5)
     with pytest.raises(JournalCorruptError, match="its offset or its batch's range is unreadable"):
         journal.cursor("fake")
     journal.close()
