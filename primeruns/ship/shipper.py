@@ -102,13 +102,13 @@ class Shipper:
             journal if self._reads is None else self._reads.reader(self.name), sink.kinds
         )
         # What a sink carries from batch to batch (e.g. rollout numbering): the
-        # recorded batch's copy if there is one, else the last one saved.
+        # recorded batch's copy if there is one, else the last one saved (the
+        # same, saved before the batch was recorded: the one to go on from
+        # when the batch's state is damaged, never numbering afresh).
         cursor = journal.cursor(self.name)
-        carry = (
-            batchstate.carry_of(cursor.inflight.state)
-            if cursor.inflight is not None
-            else journal.get_meta(f"carry.{self.name}")
-        )
+        carry = None if cursor.inflight is None else batchstate.carry_of(cursor.inflight.state)
+        if carry is None:
+            carry = journal.get_meta(f"carry.{self.name}")
         restore = getattr(sink, "restore", None)
         if isinstance(carry, dict) and restore is not None:
             try:

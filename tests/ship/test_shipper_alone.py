@@ -1147,3 +1147,22 @@ def test_a_segment_named_past_any_seq_ships_the_rest_and_settles(
     with Journal.open(path, owner=False) as reader:
         assert (reader.last_seq(), reader.damaged_end()) == (5, 5)
         assert [e.seq for e in reader.read(0, max_entries=100).entries] == list(range(1, 6))
+
+
+def test_a_sink_numbers_on_past_a_batch_whose_recorded_state_is_damaged(tmp_path: Path) -> None:
+    # Rows 1-7 numbered (e0-e6), the batch of e4-e6 in flight, its state then
+    # damaged. Its records are lost, but it may have been stored: the rows
+    # after it go on from 8, as the sink saved before recording it. Numbered
+    # afresh from 1, they took numbers (rollouts, sample ids) stored already.
+    journal = _journal(tmp_path, 10)
+    journal.ack("fake", 4)
+    journal.set_meta("carry.fake", {"number": 7})
+    journal.set_inflight("fake", InFlight(5, 7, b"[]", {"records": 3, "carry": {"number": 7}}))
+    info = {"first_seq": 5, "last_seq": 7, "state": ["not", "a", "map"]}
+    _damage_inflight(journal, "fake", body=encode_frame(META_KIND, b"[]"), info=info, acked=4)
+    sink = NumberingSink(early=False)
+    sink.reject_id = "none"
+    _drain(journal, sink)
+    assert sink.rows == [["e7", 8], ["e8", 9], ["e9", 10]]
+    assert journal.losses()["fake"]["count"] == 3
+    journal.close()
