@@ -55,6 +55,10 @@ class Cursors:
             raise JournalCorruptError(f"{where} unreadable: {exc}") from None
         if not isinstance(data, dict):
             raise JournalCorruptError(f"{where} is not an object")
+        if not _is_seq(data.get("acked", 0)):
+            # Read alone too (the close-out's wait, compaction, ls): an offset
+            # ``cursor`` refuses is never taken for a sink's progress there.
+            raise JournalCorruptError(f"{where}: its offset is unreadable")
         return data
 
     def _put(self, txn: lmdb.Transaction, sink: str, data: Mapping[str, Any]) -> None:

@@ -494,6 +494,25 @@ def test_a_cursor_whose_batch_reaches_back_past_its_offset_is_named_damage(
     journal.close()
 
 
+@pytest.mark.parametrize(
+    "acked", ["7", 7.0, True, -1], ids=["a-string", "a-float", "a-bool", "negative"]
+)
+def test_an_offset_cursor_refuses_is_refused_read_alone_too(acked: Any, tmp_path: Path) -> None:
+    # The close-out's wait, compaction and ls read a sink's offset alone: an
+    # offset its cursor refuses as damage ("7" read as 7 there) made a sink
+    # that cannot ship look done to the close-out.
+    journal = _journal(tmp_path, 10)
+    cursor = encode_frame(META_KIND, orjson.dumps({"acked": acked, "inflight": None}))
+    with journal._tx.lock:
+        journal._tx.write(lambda txn: txn.put(b"fake", cursor, db=journal._tx.dbs["cursors"]))
+    with pytest.raises(JournalCorruptError, match="offset"):
+        journal.cursor("fake")
+    with pytest.raises(JournalCorruptError, match="offset"):
+        journal.acked("fake")
+    assert "fake" not in journal.cursors()
+    journal.close()
+
+
 def test_a_damaged_batch_stays_damaged_when_carried_to_another_journal(tmp_path: Path) -> None:
     # A rehome or a sync journal's hand-over records the batch again in
     # another journal: it must arrive as damaged, not as a batch with an
