@@ -99,10 +99,10 @@ class Cursors:
                 payload = decode_frame(body)[1]
             except FrameError as exc:
                 damage = f"its body is damaged: {exc}"
-        if damage is not None:
-            damage = f"the batch in flight of {where}: {damage}"
-        elif recorded is not None:  # found damaged where it was recorded first
+        if recorded is not None:  # found damaged where it was recorded first
             damage = str(recorded)[:500]
+        elif damage is not None:
+            damage = f"the batch in flight of {where}: {damage}"
         inflight = InFlight(
             info["first_seq"],
             info["last_seq"],
@@ -162,11 +162,16 @@ class Cursors:
                 "state": json.loads(state),
             }
             if inflight.damage is not None:
-                # Carried over as damaged (a rehome, a sync journal's
-                # hand-over), never as a batch whose empty body is sent.
                 data["inflight"]["damage"] = inflight.damage
             self._put(txn, sink, data)
-            txn.put(sink.encode(), body, db=self._tx.dbs["inflight"])
+            if inflight.damage is None:
+                txn.put(sink.encode(), body, db=self._tx.dbs["inflight"])
+            else:
+                # Carried over as damaged (a rehome, a sync journal's
+                # hand-over), never as a batch whose empty body is sent: with
+                # no body, which the previous version refuses as damage too
+                # (it reads no "damage": an empty body was a batch to send).
+                txn.delete(sink.encode(), db=self._tx.dbs["inflight"])
 
         self._tx.write(put)
 

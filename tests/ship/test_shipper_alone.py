@@ -513,6 +513,20 @@ def test_an_offset_cursor_refuses_is_refused_read_alone_too(acked: Any, tmp_path
     journal.close()
 
 
+def test_a_damaged_batch_carried_to_another_journal_keeps_no_body(tmp_path: Path) -> None:
+    # The previous version reads no "damage": a carried batch with a body
+    # (an empty one) was a batch to send there, its records counted as
+    # delivered. With none, that version refuses the cursor as damage.
+    journal = _journal(tmp_path, 3)
+    damaged = InFlight(1, 3, b"", {"records": 3}, damage="its body is missing (elsewhere)")
+    journal.set_inflight("fake", damaged)
+    with journal._tx.read() as txn:
+        assert txn.get(b"fake", db=journal._tx.dbs["inflight"]) is None
+    carried = journal.cursor("fake").inflight
+    assert carried is not None and carried.damage == damaged.damage  # its reason, as found
+    journal.close()
+
+
 def test_a_damaged_batch_stays_damaged_when_carried_to_another_journal(tmp_path: Path) -> None:
     # A rehome or a sync journal's hand-over records the batch again in
     # another journal: it must arrive as damaged, not as a batch with an
