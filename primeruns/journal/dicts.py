@@ -141,8 +141,11 @@ class Dictionaries:
                 continue
             if len(records) < dictionary.MIN_SAMPLES:
                 continue
-            if not self._train_kind(kind, _samples(records)):
-                return
+            # A dictionary that cannot be stored (the byte budget, a full
+            # disk) never keeps the batch from moving: it goes without one.
+            with contextlib.suppress(JournalError, lmdb.Error):
+                if not self._train_kind(kind, _samples(records)):
+                    return
 
     def _train_kind(self, kind: int, samples: Sequence[bytes]) -> bool:
         """Train ``kind``'s dictionary on ``samples``, tried once whatever

@@ -7,14 +7,18 @@ import random
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import pytest
 from sdk_helpers import wait_for
 
+from primeruns.exceptions import JournalFullError
 from primeruns.journal import EntryKind, Journal, list_journals, spool
-from primeruns.journal.dicts import Dictionaries
+from primeruns.journal.dicts import K_DICT_PREFIX, Dictionaries
 from primeruns.journal.frames import peek_header
 from primeruns.journal.layout import is_chunk_key, seq_of
 from primeruns.journal.mover import _ABSORB_BATCH, Mover
+from primeruns.journal.txn import Transactions
 
 
 def _episode(i: int) -> bytes:
@@ -262,3 +266,26 @@ def test_a_kind_logged_a_few_records_a_batch_still_gets_its_dictionary(
                 mover._train()  # as the mover's thread does between batches
         assert EntryKind.EPISODE in uplinks.active
         view.close()
+
+
+def test_a_dictionary_that_cannot_be_stored_never_keeps_a_batch_from_moving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Storing the dictionary fails (the journal's byte budget, a full disk):
+    # the batch it was trained for is moved without it, as it was when
+    # training ran between batches. Before, close() moved none of the burst
+    # (the journal left spooled), and an absorb (compaction) moved nothing.
+    real = Transactions.put_meta_bytes
+
+    def refuse_dictionaries(self: Transactions, txn: Any, key: str, value: bytes) -> None:
+        if key.startswith(K_DICT_PREFIX):
+            raise JournalFullError("no room for a dictionary")
+        real(self, txn, key, value)
+
+    monkeypatch.setattr(Transactions, "put_meta_bytes", refuse_dictionaries)
+    with Journal.create(tmp_path, local_id="run") as j:
+        j._mover.stop()  # moved by close()
+        j.append(EntryKind.EPISODE, [_episode(i) for i in range(100)])
+    assert spool.list_segments(tmp_path / "run") == []  # at rest: all in LMDB
+    with Journal.open(tmp_path / "run", owner=False) as ro:
+        assert _dictionary_use(ro) == (100, 0)
