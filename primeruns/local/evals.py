@@ -258,7 +258,7 @@ async def push_samples(request: Request) -> JSONResponse:
     ]
 
     def append(conn: sqlite3.Connection) -> int:
-        stored_before: int = _get_row(conn, eval_id)["sample_count"]
+        _get_row(conn, eval_id)  # an evaluation that is not there: 404, no row made
         stored: list[tuple[int, Any]] = []
         for row, sample in zip(rows, samples, strict=True):
             # TEXT made of the UTF-8 bytes as they are: a str would be decoded
@@ -272,10 +272,10 @@ async def push_samples(request: Request) -> JSONResponse:
             stored.append((cursor.lastrowid, sample))
         # The dashboard's row of each, while the sample is parsed (stored_rows.py).
         stored_rows.store(conn, eval_id, stored)
-        # Kept with the rows, in their transaction: a count over the table
-        # made each push cost more the bigger the evaluation already was.
-        total = stored_before + len(rows)
-        conn.execute("UPDATE evaluations SET sample_count = ? WHERE id = ?", (total, eval_id))
+        # Counted by the table's trigger, in this transaction (storage.py): a
+        # count over the table made each push cost more the bigger the
+        # evaluation already was.
+        total: int = _get_row(conn, eval_id)["sample_count"]
         return total
 
     total = await context_of(request).db.write(append)

@@ -48,7 +48,7 @@ CREATE TABLE IF NOT EXISTS evaluations (
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
     finalized_at REAL,
-    -- Its rows in eval_samples, kept by each push (evals.py; _add_sample_count).
+    -- Its rows in eval_samples, kept by a trigger on them (_keep_sample_count).
     sample_count INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS eval_samples (
@@ -186,17 +186,27 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
-def _add_sample_count(conn: sqlite3.Connection) -> None:
-    """Give a data folder from before ``evaluations.sample_count`` the column,
-    counted once from the rows it holds (``CREATE TABLE IF NOT EXISTS`` leaves
-    an existing table as it was)."""
+def _keep_sample_count(conn: sqlite3.Connection) -> None:
+    """Keep ``evaluations.sample_count`` by a trigger on ``eval_samples``.
+
+    The trigger is part of the data folder, so every insert counts, whatever
+    writes it: a platform of a version from before the count (which inserts
+    rows and never touches the column) pushing into a folder a later one
+    opened too. A data folder from before gets the column first, counted
+    once from the rows it holds (``CREATE TABLE IF NOT EXISTS`` leaves an
+    existing table as it was); the trigger then counts from there.
+    """
     columns = {row["name"] for row in conn.execute("PRAGMA table_info(evaluations)")}
-    if "sample_count" in columns:
-        return
-    conn.execute("ALTER TABLE evaluations ADD COLUMN sample_count INTEGER NOT NULL DEFAULT 0")
+    if "sample_count" not in columns:
+        conn.execute("ALTER TABLE evaluations ADD COLUMN sample_count INTEGER NOT NULL DEFAULT 0")
+        conn.execute(
+            "UPDATE evaluations SET sample_count ="
+            " (SELECT count(*) FROM eval_samples WHERE eval_id = evaluations.id)"
+        )
     conn.execute(
-        "UPDATE evaluations SET sample_count ="
-        " (SELECT count(*) FROM eval_samples WHERE eval_id = evaluations.id)"
+        "CREATE TRIGGER IF NOT EXISTS eval_samples_counted AFTER INSERT ON eval_samples"
+        " BEGIN UPDATE evaluations SET sample_count = sample_count + 1"
+        " WHERE id = NEW.eval_id; END"
     )
 
 
@@ -227,7 +237,7 @@ class Database:
         # as its connection closes: the thread's connection would otherwise
         # keep the WAL there, and the thread waiting, for the process's life.
         weakref.finalize(self, self._checkpointer.stop_soon).atexit = False
-        self.write_sync(_add_sample_count)
+        self.write_sync(_keep_sample_count)
 
     def read_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         with self._lock:

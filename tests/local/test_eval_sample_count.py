@@ -151,3 +151,33 @@ def test_a_data_folder_from_before_the_count_is_counted_when_opened(tmp_path: Pa
     again = Api(data)
     assert again.get("/api/v1/evaluations/eval_a").json()["total_samples"] == 4
     again.db.close()
+
+
+def test_rows_a_platform_from_before_the_count_pushes_are_counted(tmp_path: Path) -> None:
+    """A platform of a version from before the count, serving a data folder
+    this one opened (a user gone back a version, or two versions sharing one
+    folder), inserts rows and never touches the column: they are counted."""
+    data = tmp_path / "data"
+    api = Api(data)
+    eval_id = _evaluation(api)
+    assert _push(api, eval_id, [_SAMPLE] * 2) == 2
+    api.db.close()
+    older = sqlite3.connect(data / "platform.sqlite3")
+    with older:  # that version's push: the rows, in one transaction
+        older.executemany(
+            "INSERT INTO eval_samples (eval_id, sample_id, body) VALUES (?, 's', '{}')",
+            [(eval_id,)] * 3,
+        )
+    older.close()
+
+    again = Api(data)
+    assert again.get(f"/api/v1/evaluations/{eval_id}").json()["total_samples"] == 5
+    assert _push(again, eval_id, [_SAMPLE]) == 6
+    again.db.close()
+
+
+def test_a_push_into_an_evaluation_that_is_not_there_stores_nothing(api: Api) -> None:
+    refused = api.post("/api/v1/evaluations/nope/samples", json={"samples": [_SAMPLE]})
+    assert refused.status_code == 404
+    rows = api.db.read_sync(lambda conn: conn.execute("SELECT count(*) FROM eval_samples"))
+    assert rows.fetchone()[0] == 0
