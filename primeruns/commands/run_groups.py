@@ -21,12 +21,13 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from ..journal.listing import journal_infos, made_since
+from ..journal.listing import journal_infos, list_journals, made_since
 from ..journal.meta import K_FORK_PARENT
 from ..ranks import K_ROLE, Role
-from ..reports import RunStatus, describe, statuses
+from ..reports import RunStatus, describe
 from ..ship.copies import sync_root
 
 __all__ = ["RunGroup", "group_of", "group_runs", "role_of", "run_id_of"]
@@ -151,7 +152,10 @@ def group_of(status: RunStatus) -> RunGroup:
     history, where it can be: a run ``init()`` created has its children and
     the processes attached to it made after it (``made_since``: by name);
     only a journal attached by id to a run made elsewhere (a launcher's) may
-    have older siblings, and has the whole directory listed."""
+    have older siblings, and has the whole directory listed. Either way, the
+    journals beside it are read for which run each is (their meta, kept in
+    their summaries), and only the run's own are counted: a long run made
+    later, whose counts no summary holds yet, is not scanned to show another."""
     path = status.info.path
     spec = status.spec
     up = status.info.meta.get(K_FORK_PARENT)
@@ -159,19 +163,34 @@ def group_of(status: RunStatus) -> RunGroup:
     found = [status]
     with contextlib.suppress(OSError):
         if spec is not None and spec.attach_id:
-            found = statuses(path.parent)
+            beside = [info.path for info in list_journals(path.parent)]
         else:
-            root = sync_root()
-            paths = [p for p in [start, *made_since(path.parent, start)] if p != path]
-            listed = [
-                describe(info, root)
-                for info in journal_infos([p for p in paths if p.is_dir()], tally=True)
-            ]
-            found = sorted([status, *listed], key=lambda s: s.info.path.name)
+            beside = [start, *made_since(path.parent, start)]
+        found = _run_beside(status, [p for p in beside if p != path and p.is_dir()])
+    return _group_holding(found, status)
+
+
+def _run_beside(status: RunStatus, paths: list[Path]) -> list[RunStatus]:
+    """``status`` and the journals among ``paths`` of its run, counted."""
+    root = sync_root()
+    listed = [describe(info, root) for info in journal_infos(paths)]
+    own = _group_holding(sorted([status, *listed], key=_by_name), status)
+    others = [s.info.path for s in own.journals if s is not status]
+    counted = [describe(info, root) for info in journal_infos(others, tally=True)]
+    return sorted([status, *counted], key=_by_name)
+
+
+def _by_name(status: RunStatus) -> str:
+    return status.info.path.name
+
+
+def _group_holding(found: list[RunStatus], status: RunStatus) -> RunGroup:
+    """The group of ``found`` that holds ``status``'s journal, with ``status``
+    itself in it (a listing of it may be older)."""
+    path = status.info.path
     for group in group_runs(found):
         for member in group.journals:
             if member.info.path == path:
-                # This journal's own status (its listing may be older).
                 if member is not status:
                     return RunGroup(
                         status if group.head is member else group.head,

@@ -152,3 +152,51 @@ def test_show_of_a_rank_finds_the_ranks_made_before_it(
     ]
     assert [j["role"] for j in run["journals"]] == ["primary", "attached", "attached"]
     assert run["totals"]["counts"]["metrics"] == 3
+
+
+@pytest.fixture
+def tallied(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The journals whose entries are counted (a scan of each entry) from now on."""
+    from primeruns.journal import journal as journal_module
+
+    seen: list[str] = []
+    real = journal_module.Journal.tally
+
+    def counting(self: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(self.path.name)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(journal_module.Journal, "tally", counting)
+    return seen
+
+
+@pytest.mark.parametrize("attached", [False, True], ids=["made-here", "attached-by-id"])
+def test_show_counts_the_entries_of_its_own_run_only(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tallied: list[str],
+    attached: bool,
+) -> None:
+    """The journals beside a run are read to learn which run each is (their
+    meta, kept in their summaries); only the run's own are counted. A long
+    run made later in the directory, whose counts no summary holds yet, was
+    counted whole by ``show`` of a small one (a 100,000-step run beside it:
+    2.3 s and 107 MB for ``show`` of a 200-step run)."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    if attached:
+        shown, *_ = _ranks(runs, "run-of-ranks", 2, primary=0)
+    else:
+        shown, _ = _eval_with_workers(runs, 1)
+    other = _alone(runs)
+    journals = [p for p in runs.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    worker = [p for p in journals if p not in (shown, other)]
+    for kept in (runs / ".summaries").iterdir():  # as after a long run: no counts kept
+        kept.unlink()
+    tallied.clear()
+    code, out, _ = cli(capsys, "show", str(shown), "--json")
+    assert code == 0
+    run = json.loads(out)["run"]
+    assert {j["local_id"] for j in run["journals"]} == {shown.name, *(p.name for p in worker)}
+    assert other.name not in tallied
+    assert set(tallied) == {shown.name, *(p.name for p in worker)}

@@ -30,6 +30,7 @@ import replay
 import request_ceiling
 import request_latency
 import short_run
+import show_cost
 import sync_scaling
 import uplink_loop
 from benchlib import Table
@@ -50,6 +51,7 @@ BENCHMARKS = (
     sync_scaling,
     request_ceiling,
     history_cost,
+    show_cost,
     dashboard_analysis,
 )
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"

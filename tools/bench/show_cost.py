@@ -1,6 +1,6 @@
 """What ``primeruns show`` costs on a small and on a long run: seconds and peak RSS.
 
-    python tools/bench/show_cost.py [--steps 20000] [--small 200] [--before TREE] [--repeat 3]
+    python tools/bench/show_cost.py [--steps 100000] [--small 200] [--before TREE] [--repeat 3]
 
 Writes two offline training runs under a temporary runs dir with the SDK
 (each step: one gsm8k episode as a training episode of that step, one
@@ -12,8 +12,10 @@ journal's pages mapped and read count there too), the median of
 package of another checkout first (the code before a change), so both
 figures come from one run on one machine.
 The ratio long/small is the figure of issue #28 (``show`` reads what it
-prints, not the whole journal); ``--full`` is the exhaustive check kept for
-when a user asks for it.
+prints, not the whole journal); the long run's peak RSS is issue #32's
+(under 150 MB at 100,000 steps). ``--full`` is the exhaustive check kept
+for when a user asks for it. ``run_all.py`` runs it with 100,000 steps
+(``--quick``: 2,000).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 from pathlib import Path
 
 import benchlib
-from benchlib import ROOT
+from benchlib import ROOT, Table
 
 
 def write_run(runs: Path, steps: int) -> Path:
@@ -79,36 +81,69 @@ def show(tree: Path, journal: Path, *extra: str) -> tuple[float, float, int]:
     return seconds, peak / 1024, done.returncode
 
 
+LONG_RSS_MB = 150.0  # issue #32: ``show`` of a 100,000-step run
+
+
+def run(
+    quick: bool,
+    repeat: int | None = None,
+    *,
+    steps: int | None = None,
+    small_steps: int = 200,
+    before: Path | None = None,
+) -> list[Table]:
+    steps = steps or (2_000 if quick else 100_000)
+    repeats = repeat or (1 if quick else 3)
+    with tempfile.TemporaryDirectory() as tmp:
+        runs = Path(tmp) / "runs"
+        runs.mkdir(mode=0o700)
+        small, long = write_run(runs, small_steps), write_run(runs, steps)
+        size = sum(f.stat().st_size for f in long.iterdir() if f.is_file())
+        table = Table(
+            f"primeruns show: a {small_steps}-step and a {steps:,}-step offline training run",
+            ["code", "small (s)", "long (s)", "long ÷ small", "small RSS (MB)", "long RSS (MB)"],
+        )
+        cases: list[tuple[str, Path, tuple[str, ...]]] = []
+        if before:
+            cases.append(("before", before, ()))
+        cases += [("this tree", ROOT, ()), ("this tree, --full", ROOT, ("--full",))]
+        for name, tree, extra in cases:
+            # Peak RSS is a maximum over every child so far: the smaller run
+            # goes in its own interpreter so its figure is its own.
+            s_small, rss_small = _median(tree, small, extra, repeats)
+            s_long, rss_long = _median(tree, long, extra, repeats)
+            if name == "this tree":
+                shown = benchlib.verdict(rss_long, LONG_RSS_MB)
+                table.notes.append(f"this tree's long run, peak RSS {rss_long:.0f} MB: {shown}")
+            table.add(
+                name,
+                f"{s_small:.2f}",
+                f"{s_long:.2f}",
+                f"{s_long / s_small:.1f}x",
+                f"{rss_small:.0f}",
+                f"{rss_long:.0f}",
+            )
+    table.notes += [
+        f"the long run's journal: {size / 1e6:.1f} MB on disk (each step: a gsm8k episode, "
+        "a metrics row, a summary update)",
+        f"each figure the median of {repeats} run(s), each a fresh process; peak RSS is the "
+        "child's ru_maxrss (the journal's pages it mapped and read count there)",
+    ]
+    return [table]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=20_000, help="steps of the long run")
+    parser.add_argument("--steps", type=int, default=100_000, help="steps of the long run")
     parser.add_argument("--small", type=int, default=200, help="steps of the small run")
     parser.add_argument(
         "--before", type=benchlib.as_installed_arg, help="a checkout whose package runs first"
     )
     parser.add_argument("--repeat", type=int, default=3, help="runs per figure (the median)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        runs = Path(tmp) / "runs"
-        runs.mkdir(mode=0o700)
-        small, long = write_run(runs, args.small), write_run(runs, args.steps)
-        size = sum(f.stat().st_size for f in long.iterdir() if f.is_file())
-        print(f"small: {args.small} steps; long: {args.steps} steps ({size / 1e6:.1f} MB on disk)")
-        print("| code | small (s) | long (s) | long ÷ small | small RSS (MB) | long RSS (MB) |")
-        print("|---|---|---|---|---|---|")
-        cases: list[tuple[str, Path, tuple[str, ...]]] = []
-        if args.before:
-            cases.append(("before", args.before, ()))
-        cases += [("this tree", ROOT, ()), ("this tree, --full", ROOT, ("--full",))]
-        for name, tree, extra in cases:
-            # Peak RSS is a maximum over every child so far: the smaller run
-            # goes in its own interpreter so its figure is its own.
-            s_small, rss_small = _median(tree, small, extra, args.repeat)
-            s_long, rss_long = _median(tree, long, extra, args.repeat)
-            print(
-                f"| {name} | {s_small:.2f} | {s_long:.2f} | {s_long / s_small:.1f}x "
-                f"| {rss_small:.0f} | {rss_long:.0f} |"
-            )
+    tables = run(False, args.repeat, steps=args.steps, small_steps=args.small, before=args.before)
+    for table in tables:
+        print(table.text())
     return 0
 
 
