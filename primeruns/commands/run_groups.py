@@ -21,10 +21,9 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from ..journal.listing import journal_infos, list_journals, made_since
+from ..journal.listing import JournalInfo, journal_infos, list_journals, made_since
 from ..journal.meta import K_FORK_PARENT
 from ..ranks import K_ROLE, Role
 from ..reports import RunStatus, describe
@@ -163,17 +162,18 @@ def group_of(status: RunStatus) -> RunGroup:
     found = [status]
     with contextlib.suppress(OSError):
         if spec is not None and spec.attach_id:
-            beside = [info.path for info in list_journals(path.parent)]
+            beside = list_journals(path.parent)
         else:
-            beside = [start, *made_since(path.parent, start)]
-        found = _run_beside(status, [p for p in beside if p != path and p.is_dir()])
+            made = [start, *made_since(path.parent, start)]
+            beside = journal_infos([p for p in made if p != path and p.is_dir()])
+        found = _run_beside(status, [info for info in beside if info.path != path])
     return _group_holding(found, status)
 
 
-def _run_beside(status: RunStatus, paths: list[Path]) -> list[RunStatus]:
-    """``status`` and the journals among ``paths`` of its run, counted."""
+def _run_beside(status: RunStatus, beside: list[JournalInfo]) -> list[RunStatus]:
+    """``status`` and the journals ``beside`` it (read uncounted) of its run, counted."""
     root = sync_root()
-    listed = [describe(info, root) for info in journal_infos(paths)]
+    listed = [describe(info, root) for info in beside]
     own = _group_holding(sorted([status, *listed], key=_by_name), status)
     others = [s.info.path for s in own.journals if s is not status]
     counted = [describe(info, root) for info in journal_infos(others, tally=True)]
