@@ -14,8 +14,8 @@ close-out never closes the platform run (the parent owns it, see
 the parent's, and the parent's ``finish()`` waits for a child that has exited
 to be shipped before it closes the run (``wait_children``). Its name
 never says it was made before its parent's, whatever the wall clock did
-since (``local_id_since``): the parent looks for its children among the
-journals made since its own.
+since (``journal.default_local_id``): the parent looks for its children
+among the journals made since its own.
 
 What is guaranteed: every record a child's ``log_*`` call returned for is in
 the child's journal (durably as the parent's). A child that exits through
@@ -56,7 +56,6 @@ from typing import Any
 from . import hooks, records
 from .exceptions import JournalError
 from .journal import EntryKind, Journal, delete_journal
-from .journal.listing import local_id_since
 from .journal.lock import OwnerInfo, owner_alive, read_owner
 from .models import Mode, OnError, RunKind, RunStatus
 from .platform import Settings
@@ -201,7 +200,6 @@ def open_child(origin: ForkOrigin) -> Run:
     stored = spec.to_json()
     journal = Journal.create(
         origin.tuning.runs_dir,
-        local_id=local_id_since(origin.parent_id),  # found as its parent's (wait_children)
         durability=origin.durability,
         max_bytes=origin.tuning.max_journal_bytes,
         meta={

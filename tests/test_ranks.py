@@ -235,7 +235,7 @@ def _journal(runs: Path, local_id: str, *, attach: str | None) -> Any:
     spec = RunSpec(kind="eval", name=local_id, attach_id=attach)
     return Journal.create(
         runs,
-        local_id=local_id,
+        local_id=local_id or None,
         meta={SPEC_KEY: spec.to_json(), "platform": {"run_id": "run-1", "kind": "eval"}},
     )
 
@@ -275,6 +275,28 @@ def test_a_close_out_reads_past_journals_only_for_a_run_others_could_attach_to_b
     else:
         assert others == [later.path]
         assert past.path.name not in read
+
+
+def test_a_close_out_finds_a_process_that_attached_after_the_clock_stepped_back(
+    tmp_path: Path,
+) -> None:
+    """The run's creator made its journal with the wall clock an hour ahead
+    (stepped back since: NTP, a VM resumed). A process attaching to the run
+    now must still be named as made since the creator's journal: its
+    close-out looks for the run's other processes only there, and would
+    close the run while that process still logs into it."""
+    from datetime import UTC, datetime, timedelta
+
+    runs = tmp_path / "runs"
+    ahead = datetime.now(UTC) + timedelta(hours=1)
+    mine = _journal(runs, f"{ahead:%Y%m%d-%H%M%S}-bbbbbbbb", attach=None)
+    later = _journal(runs, "", attach="run-1")  # named now, by the clock as it is
+    later.close()
+    try:
+        others = ranks.others_of(mine, "run-1")
+    finally:
+        mine.close()
+    assert others == [later.path]
 
 
 def test_rows_merged_in_one_transaction_are_merged_as_one_at_a_time(tmp_path: Path) -> None:

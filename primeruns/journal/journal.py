@@ -42,6 +42,7 @@ import contextlib
 import errno
 import logging
 import os
+import re
 import secrets
 import time
 from collections import Counter
@@ -112,9 +113,41 @@ _OLDEST_FORMAT = 4
 _CLOSE_MOVE_S = 30.0  # at close, what is still spooled moves within this
 
 
-def default_local_id() -> str:
-    """``<UTC yyyymmdd-HHMMSS>-<8 hex>``: unique and sortable by creation time."""
-    return f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
+#: A local id's creation stamp, ``yyyymmdd-HHMMSS``: its first characters.
+STAMP_LEN = 15
+STAMPED = re.compile(r"^\d{8}-\d{6}-")
+
+
+def default_local_id(runs_dir: Path | None = None) -> str:
+    """``<UTC yyyymmdd-HHMMSS>-<8 hex>``: unique and sortable by creation time.
+
+    In ``runs_dir``, never stamped earlier than a journal already there: the
+    wall clock stepped back since that one was made (NTP, a VM resumed)
+    would name the new journal as made before it, and what looks for a run's
+    later journals among those made since one of its own would pass it over
+    (``listing.made_since``): a parent's finish, its forked children; a
+    primary's close-out, the processes that attached to the run it created
+    (``ranks.others_of``)."""
+    new = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
+    later = _newest_stamp_after(runs_dir, new[:STAMP_LEN]) if runs_dir is not None else None
+    return new if later is None else later + new[STAMP_LEN:]
+
+
+def _newest_stamp_after(runs_dir: Path, stamp: str) -> str | None:
+    """The newest creation stamp later than ``stamp`` among the journals in
+    ``runs_dir`` (None: none, the usual answer; or it cannot be listed).
+    Only names are read, but for the rare one stamped later than now."""
+    try:
+        names = os.listdir(runs_dir)
+    except OSError:
+        return None
+    if max(names, default="")[:STAMP_LEN] <= stamp:
+        return None  # the usual answer, without a look at each name
+    later = [name for name in names if name[:STAMP_LEN] > stamp and STAMPED.match(name)]
+    for name in sorted(later, reverse=True):
+        if os.path.isfile(os.path.join(runs_dir, name, DATA_NAME)):
+            return name[:STAMP_LEN]
+    return None
 
 
 def _seq_named(key: str) -> int | None:
@@ -280,10 +313,10 @@ class Journal:
         Raises JournalError if it exists or cannot be created.
         """
         _check_durability(durability)
-        local_id = local_id or default_local_id()
+        runs_dir = Path(runs_dir)
+        local_id = local_id or default_local_id(runs_dir)
         if not local_id or "/" in local_id or local_id in (".", ".."):
             raise JournalError(f"invalid local run id {local_id!r}")
-        runs_dir = Path(runs_dir)
         path = runs_dir / local_id
         if runs_dir.exists() and not runs_dir.is_dir():
             # mkdir(exist_ok=True) raises FileExistsError for a file, which

@@ -16,7 +16,6 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import stat
 from collections import Counter
 from collections.abc import Callable, Collection
@@ -28,7 +27,7 @@ from primeruns import jsonbound
 from primeruns.exceptions import JournalError
 from primeruns.journal import summary
 from primeruns.journal.frames import EntryKind
-from primeruns.journal.journal import Journal, default_local_id
+from primeruns.journal.journal import STAMP_LEN, STAMPED, Journal
 from primeruns.journal.layout import dumps
 from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
 from primeruns.journal.memo import Memo
@@ -62,7 +61,6 @@ __all__ = [
     "journal_info",
     "journal_infos",
     "list_journals",
-    "local_id_since",
     "made_before",
     "made_since",
 ]
@@ -458,26 +456,12 @@ def list_journals(
     return listed
 
 
-_STAMPED = re.compile(r"^\d{8}-\d{6}-")
-
-
 def made_before(name: str, since: str) -> bool:
     """Whether the journal named ``name`` was made before the one named
-    ``since`` (names start with their creation time, to the second). A name
+    ``since`` (names start with their creation time, to the second, never
+    earlier than a journal made before them: ``default_local_id``). A name
     without that stamp is not known to be: it is kept, to be safe."""
-    return bool(_STAMPED.match(name)) and name[:15] < since[:15]
-
-
-def local_id_since(earlier: str) -> str:
-    """A new journal's local id, never named as made before the journal
-    named ``earlier``: the wall clock stepped back since (NTP, a VM resumed)
-    would name it so, and a forked child's journal would be passed over by
-    what looks for its parent's children among the journals made since the
-    parent's (its ``finish()``, ``replay`` and ``sync`` of it)."""
-    new = default_local_id()
-    if _STAMPED.match(earlier) and made_before(new, earlier):
-        return earlier[:15] + new[15:]
-    return new
+    return bool(STAMPED.match(name)) and name[:STAMP_LEN] < since[:STAMP_LEN]
 
 
 def made_since(runs_dir: Path, own: Path) -> list[Path]:
@@ -485,7 +469,7 @@ def made_since(runs_dir: Path, own: Path) -> list[Path]:
     creation time, to the second): a child's is made after its parent's, and
     finish() must not open every past run of the runs dir (its cost would
     grow with history). A name without that stamp is kept, to be safe."""
-    since = own.name[:15]
+    since = own.name[:STAMP_LEN]
     found = []
     with os.scandir(runs_dir) as entries:
         for entry in entries:

@@ -293,7 +293,9 @@ def test_replay_all_closes_a_run_its_rank_0_created_after_the_other_ranks_record
     monkeypatch.setenv("PRIME_API_KEY", API_KEY)
     # Journals named in the order made, as a launch makes them (rank 0 first).
     names = iter(f"20260101-000000-{n:08x}" for n in range(100))
-    monkeypatch.setattr("primeruns.journal.journal.default_local_id", lambda: next(names))
+    monkeypatch.setattr(
+        "primeruns.journal.journal.default_local_id", lambda runs_dir=None: next(names)
+    )
     common: dict[str, Any] = {"model": "m", "base_url": lp.url, "runs_dir": runs, "team_id": "t"}
     creator = pr.init(kind="train", **common)
     ranks = [creator]

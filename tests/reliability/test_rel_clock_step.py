@@ -8,7 +8,9 @@ time.time()`` across the two processes: 90 of 90 episodes unshipped, the run
 COMPLETED and ``run.errors`` empty. Now every episode ships.
 
 The wall clock steps back an hour between ``init()`` and a fork: the
-forked child's journal is still one its parent's ``finish()`` looks at.
+forked child's journal is still one its parent's ``finish()`` looks at. Or
+between the run's creation and another process attaching to it by id: the
+creator's close-out still waits for that process before it closes the run.
 
 libfaketime is Debian's ``faketime`` package (``.ci/run`` installs it); a
 developer's machine without it skips, saying so, and CI fails instead.
@@ -24,6 +26,8 @@ import threading
 import time
 from pathlib import Path
 
+import one_run_oracle as oracle
+import procs
 import pytest
 import rel_helpers as rh
 import rel_torture as rt
@@ -168,3 +172,96 @@ def test_a_child_forked_after_the_clock_stepped_back_is_one_its_parents_finish_l
     assert rh.platform_episode_ids(lp.data_dir, run_id) == wanted
     assert sample_ids(lp.data_dir, run_id) == wanted
     assert lp.run(run_id)["status"] == "COMPLETED"
+
+
+# A process that creates the run, its clock an hour ahead of the process that
+# attaches to the run by id (the clock stepped back between the two): the
+# uplink in threads, so that its close-out's line reaches this process's stderr.
+_CREATOR = """
+import logging, sys
+import workloads
+import primeruns as pr
+
+logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+runs, url, key = sys.argv[1], sys.argv[2], sys.argv[3]
+run = pr.init(environments=["gsm8k"], model="m", api_key=key, base_url=url, runs_dir=runs)
+run.log_episodes(workloads.gsm8k(5))
+print(run.id, flush=True)
+sys.stdin.readline()
+run.finish(timeout=120)
+print("finished", flush=True)
+"""
+
+_ATTACHER = """
+import sys
+import workloads
+import primeruns as pr
+
+runs, url, key, run_id = sys.argv[1:5]
+run = pr.init(id=run_id, model="m", api_key=key, base_url=url, runs_dir=runs)
+episodes = workloads.gsm8k(20)[5:]
+run.log_episodes(episodes[:5])
+print("logged", flush=True)
+sys.stdin.readline()
+run.log_episodes(episodes[5:])
+run.finish(timeout=120)
+print("finished", flush=True)
+"""
+
+
+def test_a_process_attaching_after_the_clock_stepped_back_is_one_the_primary_waits_for(
+    shared_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """Before, the attaching process's journal was named for the stepped-back
+    clock, as made an hour before the creator's: the creator's close-out,
+    which looks among the journals made since its own for the run's other
+    processes, passed it over and closed the run at once, while the other
+    process went on logging into it."""
+    lp = shared_platform
+    assert LIBFAKETIME is not None
+    runs = tmp_path / "runs"
+    base = {"PRIME_TRACES_URL": lp.url, "PRIME_RUNS_UPLINK": "threads"}
+    ahead = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": "+1h"}
+    ahead["FAKETIME_DONT_FAKE_MONOTONIC"] = "1"
+    creator = procs.start(
+        [sys.executable, "-c", _CREATOR, str(runs), lp.url, rt.KEY],
+        env=rh.isolated_env(tmp_path, {**base, **ahead}),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert creator.stdin is not None and creator.stdout is not None
+    assert creator.stderr is not None
+    run_id = creator.stdout.readline().strip()
+    assert run_id, creator.stderr.read()[-2000:]
+    attacher = procs.start(
+        [sys.executable, "-c", _ATTACHER, str(runs), lp.url, rt.KEY, run_id],
+        env=rh.isolated_env(tmp_path, base),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert attacher.stdin is not None and attacher.stdout is not None
+    assert attacher.stdout.readline().strip() == "logged"
+    creator.stdin.write("finish\n")
+    creator.stdin.flush()
+    said = []
+    for line in creator.stderr:  # until its close-out waits for the other process
+        said.append(line)
+        if f"waiting for 1 other process(es) of run {run_id}" in line:
+            break
+    else:
+        raise AssertionError("the creator closed the run at once:\n" + "".join(said)[-2000:])
+    attacher.stdin.write("finish\n")
+    attacher.stdin.flush()
+    assert attacher.stdout.readline().strip() == "finished"
+    assert attacher.wait(timeout=120) == 0
+    assert creator.stdout.readline().strip() == "finished"
+    said += creator.stderr.readlines()
+    assert creator.wait(timeout=120) == 0
+    assert not [line for line in said if "other process(es) of it had not" in line], said
+    wanted = {e["id"]: 1 for e in workloads.gsm8k(20)}
+    assert rh.platform_episode_ids(lp.data_dir, run_id) == wanted
+    oracle.closed_after_every_record(lp, run_id, "eval", "COMPLETED")
