@@ -179,6 +179,7 @@ def _after_fork_in_child() -> None:
 # handler the user registers later finds a child's journals marked
 # inherited), whenever those modules loaded.
 _LOADED_LATER = (
+    "primeruns.journal.lock",
     "primeruns.journal.store",
     "primeruns.forkchild",
     "primeruns.joining",

@@ -25,13 +25,14 @@ Which process is the primary (``resolve_role``), the first rule that applies:
    ``claim_created``: a process attaching to it later is not a primary).
 
 The primary closes the run only after the other processes of the run whose
-journals are in its runs directory (its host's ranks) are done: each one's
-producer and uplink gone, their records shipped (``wait_for_others``, from
-the uplink's close-out). The wait is bounded by the close-out's deadline and
-by the stall rule (nothing of theirs moved for ``stall_s``); what was left
-is recorded with the close-out and said by ``finish()``. Ranks on other
-hosts cannot be seen from here: the launcher makes them finish first (a
-barrier before the primary's ``finish()``, README "Ranks").
+journals are in its runs directory (its host's ranks, and the children they
+forked) are done: each one's producer and uplink gone, their records shipped
+(``wait_for_others``, from the uplink's close-out). The wait is bounded by
+the close-out's deadline and by the stall rule (nothing of theirs moved for
+``stall_s``); what was left is recorded with the close-out and said by
+``finish()``. Ranks on other hosts cannot be seen from here: the launcher
+makes them finish first (a barrier before the primary's ``finish()``,
+README "Ranks").
 """
 
 from __future__ import annotations
@@ -270,8 +271,11 @@ def written_in(journal: Journal) -> tuple[Path, Path]:
 def others_of(journal: Journal, run_id: str) -> list[Path]:
     """The journals of other processes logging to platform run ``run_id`` in
     the runs directory ``journal`` was written in: attached to it or bound to
-    it, not taken over by a later process (``continued_by``), and not forked
-    children (their parent waits for them: ``forkchild``).
+    it, not taken over by a later process (``continued_by``), and not
+    ``journal``'s own forked children (its finish waited for them:
+    ``forkchild``). Another process's children are among them: that process
+    may have died without its finish (a rank killed out of memory while a
+    data loader's worker of its own logs on), and nothing else waits for them.
 
     A run this journal created (not attached by id, no run key shared with
     other jobs' journals) can have been attached to only after it was
@@ -294,7 +298,7 @@ def others_of(journal: Journal, run_id: str) -> list[Path]:
         bound = meta.get("platform") or {}
         if run_id not in (spec.attach_id if spec else None, bound.get("run_id")):
             continue
-        if meta.get("continued_by") or meta.get(K_FORK_PARENT):
+        if meta.get("continued_by") or meta.get(K_FORK_PARENT) == original.name:
             continue
         found.append(info.path)
     return found

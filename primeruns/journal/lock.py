@@ -7,9 +7,15 @@ exist and there is nothing to clean up. The file's content names the owner
 informative and never decides anything on its own.
 
 Fork: a child inherits the open file description, and so shares the flock.
-The child must never unlock or close it (``flock(LOCK_UN)`` in the child would
-free the parent's lock); ``release`` therefore does nothing outside the
-process that took the lock.
+The child must never unlock it (``flock(LOCK_UN)`` in the child would free
+the parent's lock); ``release`` therefore does nothing outside the process
+that took the lock. It closes its copy instead (``_after_fork_in_child``),
+which leaves the parent's hold (the flock ends with the last descriptor of
+its open file): kept, a child outliving its parent (a data loader's worker
+of a rank killed out of memory) held the dead parent's journal as if its
+producer still wrote it, and the run's primary waited for that journal as
+for a process still logging; ``replay`` and a requeued job's takeover of
+it were refused.
 
 The uplink: a live run's producer hands its lock descriptor to the uplink
 process it starts (``share``), so the two hold one flock together: ``replay``
@@ -28,6 +34,7 @@ import json
 import os
 import socket
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,6 +170,14 @@ def _pid_alive(pid: int, proc_start: int | None) -> bool:
     return proc_start is None or now is None or now == proc_start
 
 
+def _after_fork_in_child() -> None:
+    """Run by ``hooks``' after-fork handler: a forked child closes its copy
+    of each owner lock its parent held (module doc)."""
+    for lock in list(_HELD):
+        lock.forget_in_child()
+    _HELD.clear()
+
+
 class OwnerLock:
     """An exclusive, non-blocking flock on ``<directory>/owner.lock``."""
 
@@ -193,6 +208,7 @@ class OwnerLock:
                 owner=info.describe() if info else None,
             ) from None
         self._fd: int | None = fd
+        _HELD.add(self)
         self._shared = False
         self.inherited = False  # the uplink's copy, from its producer
         self.owner = current_owner()
@@ -209,6 +225,7 @@ class OwnerLock:
         self.path = directory / LOCK_NAME
         self._pid = os.getpid()
         self._fd = fd
+        _HELD.add(self)
         self._shared = True
         self.inherited = True
         os.set_inheritable(fd, False)
@@ -247,9 +264,20 @@ class OwnerLock:
             os.pwrite(fd, encoded, 0)
             os.ftruncate(fd, len(encoded))
 
+    def forget_in_child(self) -> None:
+        """In a forked child: close this process's copy of the descriptor,
+        never unlocking it (the parent holds it on)."""
+        if os.getpid() == self._pid:
+            return
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
     def release(self) -> None:
         """Release the lock; idempotent, and a no-op in a forked child (see module doc)."""
         fd, self._fd = self._fd, None
+        _HELD.discard(self)
         if fd is None or os.getpid() != self._pid:
             return
         if self._shared:
@@ -266,3 +294,8 @@ class OwnerLock:
             os.ftruncate(fd, 0)  # no owner any more: listings show none
             fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+# The owner locks this process holds, taken or inherited from its producer
+# (its uplink): a forked child closes its copies (``_after_fork_in_child``).
+_HELD: weakref.WeakSet[OwnerLock] = weakref.WeakSet()
