@@ -268,14 +268,14 @@ def written_in(journal: Journal) -> tuple[Path, Path]:
     return journal.path.parent, journal.path
 
 
-def others_of(journal: Journal, run_id: str) -> list[Path]:
+def others_of(journal: Journal, run_id: str, *, own_children: bool) -> list[Path]:
     """The journals of other processes logging to platform run ``run_id`` in
     the runs directory ``journal`` was written in: attached to it or bound to
-    it, not taken over by a later process (``continued_by``), and not
-    ``journal``'s own forked children (its finish waited for them:
-    ``forkchild``). Another process's children are among them: that process
-    may have died without its finish (a rank killed out of memory while a
-    data loader's worker of its own logs on), and nothing else waits for them.
+    it, and not taken over by a later process (``continued_by``). Forked
+    children are among them (a rank killed out of memory while a data
+    loader's worker of its own logs on never ran the finish that waits for
+    them), but for ``journal``'s own, which its finish waited for
+    (``forkchild``), unless ``own_children``: its producer died unfinished.
 
     A run this journal created (not attached by id, no run key shared with
     other jobs' journals) can have been attached to only after it was
@@ -298,7 +298,9 @@ def others_of(journal: Journal, run_id: str) -> list[Path]:
         bound = meta.get("platform") or {}
         if run_id not in (spec.attach_id if spec else None, bound.get("run_id")):
             continue
-        if meta.get("continued_by") or meta.get(K_FORK_PARENT) == original.name:
+        if meta.get("continued_by"):
+            continue
+        if not own_children and meta.get(K_FORK_PARENT) == original.name:
             continue
         found.append(info.path)
     return found

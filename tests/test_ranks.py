@@ -267,7 +267,7 @@ def test_a_close_out_reads_past_journals_only_for_a_run_others_could_attach_to_b
 
     monkeypatch.setattr(listing, "_info", info)
     try:
-        others = ranks.others_of(mine, "run-1")
+        others = ranks.others_of(mine, "run-1", own_children=False)
     finally:
         mine.close()
     if attached:
@@ -293,7 +293,7 @@ def test_a_close_out_finds_a_process_that_attached_after_the_clock_stepped_back(
     later = _journal(runs, "", attach="run-1")  # named now, by the clock as it is
     later.close()
     try:
-        others = ranks.others_of(mine, "run-1")
+        others = ranks.others_of(mine, "run-1", own_children=False)
     finally:
         mine.close()
     assert others == [later.path]

@@ -510,7 +510,8 @@ class Uplink:
         if finalize and not finalized and binding is not None and ready:
             if self.lifecycle.closes_run(status):
                 # The run's other processes on this host ship theirs first.
-                others_left = self._wait_for_others(binding.run_id, deadline)
+                crashed = status == "crashed"  # no finish waited for its forked children
+                others_left = self._wait_for_others(binding.run_id, deadline, crashed=crashed)
             # After a stalled drain the platform is likely down: the close-out
             # gets as long as the stall allowance, not the rest of the deadline.
             close_by = deadline
@@ -537,12 +538,13 @@ class Uplink:
         self._notify()
         return outcome
 
-    def _wait_for_others(self, run_id: str, deadline: float) -> dict[str, str]:
+    def _wait_for_others(self, run_id: str, deadline: float, *, crashed: bool) -> dict[str, str]:
         """Before the primary closes the run: wait for the run's other
-        processes on this host to be done (``ranks.wait_for_others``); what
-        they left behind, per journal."""
+        processes on this host to be done (``ranks.wait_for_others``), its
+        own forked children too when its producer ``crashed``; what they
+        left behind, per journal."""
         try:
-            others = ranks.others_of(self.journal, run_id)
+            others = ranks.others_of(self.journal, run_id, own_children=crashed)
         except (JournalError, OSError) as exc:
             log.info("prime-runs: could not look for the run's other processes: %s", exc)
             return {}
