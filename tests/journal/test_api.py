@@ -27,6 +27,7 @@ from primeruns.journal import (
     list_journals,
 )
 from primeruns.journal.capacity import K_COMPACTED_KINDS
+from primeruns.journal.lock import lock_held
 
 
 def _rec(i: int, size: int = 20) -> bytes:
@@ -328,6 +329,49 @@ def test_fork_child_cannot_use_inherited_journal(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == ['{"n":1}', '{"n":2}']
+
+
+_WRITER_WITH_A_CHILD = """
+import os, sys
+from pathlib import Path
+from primeruns.journal import Journal
+from primeruns.journal.lock import lock_held
+
+j = Journal.create(Path(sys.argv[1]))
+ready, said = os.pipe()
+pid = os.fork()
+if pid == 0:  # a worker of its own, alive after it
+    os.write(said, b"x")
+    sys.stdin.readline()  # until the test lets it go
+    os._exit(0)
+os.read(ready, 1)
+print(j.path, lock_held(j.path), flush=True)
+os._exit(0)  # killed: nothing of it runs at its end
+"""
+
+
+def test_a_journal_whose_writer_died_is_not_held_by_the_children_it_forked(
+    tmp_path: Path,
+) -> None:
+    """A child forked by a journal's writer holds its lock's descriptor.
+    Kept open, the writer's death (killed out of memory) left the journal
+    held as long as the child lived: replayed, it was refused as still
+    written; a run's primary waited for it as for a process still logging."""
+    proc = procs.start(
+        [sys.executable, "-c", _WRITER_WITH_A_CHILD, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    try:
+        path, held = proc.stdout.readline().split()
+        assert proc.wait(timeout=60) == 0
+        assert held == "True"  # while the writer lived, its child's copy closed
+        assert not lock_held(Path(path))  # the child still lives: stdin is open
+    finally:
+        proc.stdin.close()  # the child ends
+        proc.stdout.close()
 
 
 def test_network_fs_warns_once_with_fix(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
