@@ -146,8 +146,10 @@ def test_a_rank_killed_while_its_forked_child_logs_leaves_the_child_to_the_prima
     # The primary gives up on a process whose files stay still for 2 s: the
     # child here waits for the test meanwhile.
     primary = _rank(lp, tmp_path, run_id, 0, PRIME_RUNS_STALL_S="2")
-    dying, _ = _kill_with_a_child(lp, tmp_path, run_id, {"RANK": "1"})
+    dying, (journal, _) = _kill_with_a_child(lp, tmp_path, run_id, {"RANK": "1"})
     child = _child_of(runs)
+    # Let go once its uplink shipped what it logged, while its child lives on.
+    wait_for(lambda: not lock_held(Path(journal)), timeout=120, what="the dead rank's journal")
     requeued = _rank(lp, tmp_path, run_id, 1)  # the launcher starts rank 1 again
 
     primary.release()
