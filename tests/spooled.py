@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from primeruns.journal import Journal
+from primeruns.journal import EntryKind, Journal
 from primeruns.journal.spool import APPEND, list_segments
 
 
@@ -34,3 +34,16 @@ def power_cut_from(journal: Journal, append: int) -> Path:
     data[starts[append] :] = bytes(len(data) - starts[append])
     segment.write_bytes(bytes(data))
     return segment.parent
+
+
+def acked_then_cut(root: Path, local_id: str = "run") -> Path:
+    """A journal under ``root`` of ten one-entry appends, a sink
+    (``traces``) acknowledged through all ten, whose entries 4 to 10 a
+    power cut's zeros then took: its next owner appends after them.
+    Returns its path."""
+    journal = Journal.create(root, local_id=local_id)
+    journal._mover.stop()
+    for n in range(10):
+        journal.append(EntryKind.EPISODE, [b'{"n":%d}' % n])
+    journal.ack("traces", 10)
+    return power_cut_from(journal, 3)

@@ -57,7 +57,9 @@ def as_json(status: RunStatus) -> dict[str, Any]:
         "shipping": status.shipping,
         "state": status.state,
         "counts": status.counts,
-        "entries": info.last_seq,
+        # Seqs a power cut's lost appends took are no entries (``journal.skipped``).
+        "entries": info.entries,
+        "missing_entries": info.missing_entries,
         "pending": status.pending,
         "losses": {
             sink: {"count": int(loss.get("count", 0)), "reasons": list(loss.get("reasons") or [])}

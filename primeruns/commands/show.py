@@ -254,7 +254,10 @@ def _render(
     head.append(")")
     console.print(head)
     _field(console, "journal", str(info.path))
-    _field(console, "size", f"{human_bytes(info.size_bytes)}, {info.last_seq} entries")
+    size = f"{human_bytes(info.size_bytes)}, {info.entries} entries"
+    if info.missing_entries:
+        size += f", {info.missing_entries} missing"
+    _field(console, "size", size)
     _field(console, "modified", f"{human_age(status.age_s)} ago")
     if status.elsewhere is not None:
         _field(console, "owner", f"{info.owner or status.elsewhere} (state unknown from here)")

@@ -69,7 +69,6 @@ from primeruns.journal.meta import (
     K_FORMAT,
     K_LOCAL_ID,
     K_OWNER,
-    K_SKIPPED,
     Meta,
 )
 from primeruns.journal.mover import Mover
@@ -84,17 +83,19 @@ from primeruns.journal.store import (
     detach_store,
     release_store,
 )
-from primeruns.journal.tail import OwnTail, SharedTail, as_floor, read_end
+from primeruns.journal.tail import OwnTail, SharedTail, read_end
 from primeruns.journal.torn import record_writer
 from primeruns.journal.trust import check_dir, check_file, make_private_dirs
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import (
+    K_SKIPPED,
     AppendResult,
     CursorState,
     Damage,
     Entry,
     InFlight,
     ReadResult,
+    skipped_ranges,
 )
 
 __all__ = ["DEFAULT_MAX_JOURNAL_BYTES", "FORMAT_VERSION", "Durability", "Journal"]
@@ -148,11 +149,6 @@ def _newest_stamp_after(runs_dir: Path, stamp: str) -> str | None:
         if os.path.isfile(os.path.join(runs_dir, name, DATA_NAME)):
             return name[:STAMP_LEN]
     return None
-
-
-def _seq_named(key: str) -> int | None:
-    """The seq a key of ``K_SKIPPED`` names (its decimal digits), or None."""
-    return int(key) if key.isascii() and key.isdigit() else None
 
 
 class Journal:
@@ -284,12 +280,10 @@ class Journal:
         inside one, not only before it: an earlier copy brought its first
         entries, taken before the power cut that lost them."""
         self._check()
-        skipped = self._tx.safe_meta(K_SKIPPED)
-        ranges = skipped.items() if isinstance(skipped, dict) else ()
         holding = [
             last
-            for first, last in ((as_floor(_seq_named(k)), as_floor(v)) for k, v in ranges)
-            if 0 < first <= seq + 1 <= last <= self._could_be_spooled(first - 1)
+            for first, last in skipped_ranges(self._tx.safe_meta(K_SKIPPED))
+            if first <= seq + 1 <= last <= self._could_be_spooled(first - 1)
         ]
         return max(holding, default=seq)
 

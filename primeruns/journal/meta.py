@@ -39,10 +39,6 @@ K_OVERSIZED = "journal.oversized"
 K_FORK_PARENT = "fork_parent"
 K_FORK_PARENT_PATH = "fork_parent_path"
 K_BUDGET = "journal.max_bytes"  # the producer's byte budget, which its uplink keeps too
-# Seqs an owner's appends started after, lost past the log's end
-# (``Journal._appends_after``): {"<first>": <last>}. A sync journal's import
-# passes over them as that owner did: no later copy brings them.
-K_SKIPPED = "journal.skipped"
 
 #: The most JSON ``all`` reads of a journal's meta, and values it decodes, in
 #: all: what one value may hold (``txn``); a spec with its config is a few

@@ -14,6 +14,7 @@ from typing import Any
 from primeruns.journal.frames import EntryKind
 
 __all__ = [
+    "K_SKIPPED",
     "AppendResult",
     "CursorState",
     "Damage",
@@ -22,7 +23,16 @@ __all__ = [
     "JournalInfo",
     "ReadResult",
     "is_loss_record",
+    "skipped_ranges",
+    "skipped_within",
 ]
+
+# Seqs an owner's appends started after, lost past the log's end
+# (``Journal._appends_after``): {"<first>": <last>}. A sync journal's import
+# passes over them as that owner did: no later copy brings them.
+K_SKIPPED = "journal.skipped"
+# The highest seq a journal holds (its LMDB key is a u64, read past by one).
+_MAX_SEQ = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -110,6 +120,37 @@ def is_loss_record(value: Any) -> bool:
     )
 
 
+def skipped_ranges(value: Any) -> list[tuple[int, int]]:
+    """The ranges ``(first, last)`` of seqs a ``K_SKIPPED`` value names, as
+    read back: a journal is untrusted input, so a key that is no seq (its
+    decimal digits, at most a seq's 19: ``int`` refuses thousands of them),
+    or a last that is no seq at or past its first, names none."""
+    ranges = value.items() if isinstance(value, dict) else ()
+    return [
+        (int(first), last)
+        for first, last in ranges
+        if isinstance(first, str)
+        and first.isascii()
+        and first.isdigit()
+        and len(first) <= 19
+        and isinstance(last, int)
+        and not isinstance(last, bool)
+        and 0 < int(first) <= last <= _MAX_SEQ
+    ]
+
+
+def skipped_within(value: Any, after: int, upto: int) -> int:
+    """How many seqs past ``after`` and up to ``upto`` the ranges of a
+    ``K_SKIPPED`` value hold, each once (ranges a journal names may overlap)."""
+    count, counted_to = 0, after
+    for first, last in sorted(skipped_ranges(value)):
+        first, last = max(first, counted_to + 1), min(last, upto)
+        if first <= last:
+            count += last - first + 1
+            counted_to = last
+    return count
+
+
 @dataclass(frozen=True)
 class JournalInfo:
     """One run directory's state, as read without any lock."""
@@ -132,3 +173,14 @@ class JournalInfo:
     finish: dict[str, Any] | None = None
     """The run's finish record (its last ``FINISH`` entry), if it has one; one
     declaring more than ``listing.MAX_FINISH_BYTES`` reads as finished, unread."""
+
+    @property
+    def missing_entries(self) -> int:
+        """Seqs up to ``last_seq`` that hold no entry: an owner's appends
+        started past them (``K_SKIPPED``), lost at a power cut."""
+        return skipped_within(self.meta.get(K_SKIPPED), 0, self.last_seq)
+
+    @property
+    def entries(self) -> int:
+        """The entries the run logged: its seqs, less those that are missing."""
+        return self.last_seq - self.missing_entries

@@ -17,11 +17,12 @@ from typing import Any
 
 import pytest
 import workloads
-from cli_helpers import cli_subprocess, flip_entry_bytes
+from cli_helpers import cli, cli_subprocess, flip_entry_bytes
 from sdk_helpers import API_KEY, kill_producer, point_at
+from spooled import acked_then_cut
 
 import primeruns as pr
-from primeruns.journal import Journal
+from primeruns.journal import EntryKind, Journal
 
 
 def _offline_eval(runs: Path, episodes: int, **finish: Any) -> Path:
@@ -126,6 +127,28 @@ def test_show_and_ls_name_every_loss_with_its_reason(
     header, line = table.stdout.splitlines()[:2]
     right_edge = header.index("LOST") + len("LOST")  # the column is right-justified
     assert line[:right_edge].split()[-1] == "2"
+
+
+def test_show_and_ls_count_seqs_a_power_cut_skipped_as_missing_not_as_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A power cut zeroed the spool's last appends (entries 4 to 10) while a
+    sink's offset named them, so the next owner appended after them
+    (``journal.skipped``). Those seqs hold no entry: ``show`` and ``ls``
+    said 11 entries for a journal of 4, and left the 7 lost ones unsaid."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    path = acked_then_cut(runs)
+    with Journal.open(path) as owner:
+        assert owner.append(EntryKind.EPISODE, [b'{"n":"new"}']).first_seq == 11
+    code, out, _ = cli(capsys, "show", str(path), "--json")
+    assert code == 4  # the missing entries are damage
+    shown = json.loads(out)
+    assert (shown["entries"], shown["missing_entries"]) == (4, 7)
+    code, out, _ = cli(capsys, "ls", "--runs-dir", str(runs), "--json")
+    [listed] = json.loads(out)
+    assert (listed["entries"], listed["missing_entries"]) == (4, 7)
+    code, out, _ = cli(capsys, "show", str(path))
+    assert "4 entries, 7 missing" in out
 
 
 def test_the_ls_table_fits_the_terminal_and_keeps_what_matters(

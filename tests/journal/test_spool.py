@@ -29,7 +29,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sdk_helpers import wait_for
-from spooled import killed_segment, power_cut_from
+from spooled import acked_then_cut, killed_segment
 
 from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, InFlight, Journal, spool
@@ -1249,12 +1249,7 @@ def test_entries_a_new_owner_skips_are_said_lost_once_not_by_every_owner_until_a
 ) -> None:
     """Each owner until an append lands works the skip out again (each
     replay of a run whose platform is down): the warning is the first's."""
-    j = Journal.create(tmp_path, local_id="run")
-    j._mover.stop()
-    for n in range(10):
-        j.append(EntryKind.EPISODE, [b'{"n":%d}' % n])
-    j.ack("traces", 10)
-    path = power_cut_from(j, 3)
+    path = acked_then_cut(tmp_path)
     with caplog.at_level(logging.WARNING, logger="primeruns.journal"):
         for _ in range(3):
             Journal.open(path).close()

@@ -579,6 +579,24 @@ def test_a_copy_whose_skipped_range_names_a_seq_no_spool_could_hold_is_not_skipp
         assert [e.seq for e in sync.read(0).entries] == [1, 2, 3] and sync.read(0).damaged == []
 
 
+def test_a_copy_whose_skipped_ranges_name_a_key_of_thousands_of_digits_imports_past_the_rest(
+    tmp_path: Path,
+) -> None:
+    # A copy is untrusted input: beside its owner's real skipped range
+    # (entries 4 to 9), a key of 5,000 digits. Python's ``int`` refuses a
+    # string that long (ValueError): the import raised, and the run never
+    # synced. That key names no seq; the real range is imported past.
+    path = _skipped_at_its_end(tmp_path / "node")
+    with Journal.open(path) as reopened:
+        reopened.set_meta("journal.skipped", {"4": 9, "1" * 5000: 9})
+    with (
+        Journal.open(path, owner=False) as source,
+        Journal.create(tmp_path / "synced", local_id="run") as sync,
+    ):
+        assert import_new(source, sync).upto == 10
+        assert [e.seq for e in sync.read(0).entries] == [1, 2, 3, 10]
+
+
 def test_a_sync_journal_that_imported_part_of_a_range_the_copys_owner_skipped_goes_on_past_it(
     tmp_path: Path,
 ) -> None:
