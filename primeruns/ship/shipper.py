@@ -752,13 +752,17 @@ class Shipper:
         self.journal.ack(self.name, self.journal.acked(self.name))
 
     def _lost_with(self, inflight: InFlight) -> int:
-        """What a batch whose state is damaged loses: its records, as its
-        state says, never more than the entries of the sink's kinds in its
-        range (read from their headers), which count instead where the
-        records' count is damaged too. An entry of the range no record
-        stands for (a step off the sample table's cadence) was dealt with."""
+        """What a batch whose state is damaged loses: the entries of the
+        sink's kinds in its range (read from their headers; an unreadable
+        one among them), each one of its records. A journal is untrusted
+        input, and the state's count of records, which may say fewer, is
+        taken only from a sink that passes over entries (``Sink``): an entry
+        of the range no record stands for (a step off the sample table's
+        cadence) was dealt with. Never more than the entries, either way."""
         counts = self.journal.tally([inflight.first_seq - 1, inflight.last_seq])[1]
         entries = ledger.records_left(counts, self.sink.kinds)
+        if not getattr(self.sink, "passes_over_entries", False):
+            return entries
         records = batchstate.records_of(inflight.state)
         return entries if records is None else min(records, entries)
 

@@ -117,7 +117,11 @@ class Sink(Protocol):
     ``reads_ahead_of_batch = True`` (the same way): its batches take a
     prefix of what is read (one training step), so the shipper reads about
     twice the last batch for the next, not ``max_entries``
-    (``ship.readahead.next_want``).
+    (``ship.readahead.next_want``). And ``passes_over_entries = True``
+    (the same way): some entries of its kinds make none of its records (the
+    sample table's steps off its cadence); without it, each entry of its
+    kinds in a batch's range is one of the batch's records, so a damaged
+    batch is known to have held them all, whatever its state says.
     """
 
     name: str

@@ -123,6 +123,8 @@ class TrainSamplesSink:
     # step's for the next, not 512 (ship.readahead.next_want).
     reads_ahead_of_batch = True
     isolates_rejections = False
+    # Episodes of steps off the cadence, and steps with no trajectory, make no row.
+    passes_over_entries = True
     progress_type = TrainSamplesProgress
 
     def __init__(

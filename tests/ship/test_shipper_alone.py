@@ -366,25 +366,41 @@ def test_a_batch_whose_recorded_state_is_damaged_counts_as_failed_and_the_sink_g
 
 
 @pytest.mark.parametrize(
-    ("state", "lost"),
+    ("passes_over", "state", "lost"),
     [
-        ({"done": "one", "last_seq": 5, "records": 3}, 3),
-        ({"done": 1, "last_seq": 5, "records": "3"}, 5),
-        ({"done": "one", "last_seq": 5, "records": 9}, 5),
+        (True, {"done": "one", "last_seq": 5, "records": 3}, 3),
+        (True, {"done": 1, "last_seq": 5, "records": "3"}, 5),
+        (True, {"done": "one", "last_seq": 5, "records": 9}, 5),
+        (False, {"done": "one", "last_seq": 5, "records": 0}, 5),
+        (False, {"done": "one", "last_seq": 5, "records": 2}, 5),
+        (False, {"done": "one", "last_seq": 5, "records": 9}, 5),
     ],
-    ids=["progress-damaged", "records-damaged", "records-past-the-range"],
+    ids=[
+        "progress-damaged",
+        "records-damaged",
+        "records-past-the-range",
+        "a-record-each-entry-records-0",
+        "a-record-each-entry-records-fewer",
+        "a-record-each-entry-records-past-the-range",
+    ],
 )
 def test_a_damaged_batch_counts_the_records_it_held_not_every_entry_of_its_range(
-    state: dict[str, Any], lost: int, tmp_path: Path
+    passes_over: bool, state: dict[str, Any], lost: int, tmp_path: Path
 ) -> None:
     # A batch's range may hold entries none of its records stands for (a
     # step off the sample table's cadence makes no row): they are dealt
     # with, not lost. A batch whose progress cannot be read loses its
     # records, as its state says; only where that count is damaged too is
     # every entry of its range counted, and never more than that.
+    # A journal is untrusted input, and a state may say fewer records than
+    # the batch held: where every entry of the sink's kinds is one of its
+    # records (Prime Traces, the evaluation samples, the metrics), a batch
+    # of entries 1 to 5 held 5, whatever its state says (one saying 0 had
+    # them pass uncounted, neither shipped nor lost).
     journal = _journal(tmp_path, 7)
     journal.set_inflight("fake", InFlight(1, 5, json.dumps(["e0", "e1", "e2"]).encode(), state))
     sink = _MultiRequestSink(requests=1, failures=0)
+    sink.passes_over_entries = passes_over  # True: as the sample table's
     shipper = _ship(journal, sink, [])
     assert shipper.drain(journal.last_seq(), deadline=_soon(10))
     shipper.stop(timeout=5)
@@ -446,7 +462,7 @@ def test_a_batch_whose_recorded_body_is_damaged_is_counted_and_the_rest_ships(
     shipper.stop(timeout=5)
     assert sink.stored == ["e5", "e6"]  # never the damaged batch, nothing made up
     loss = journal.losses()["fake"]
-    assert loss["count"] == (3 if info is None else 5)  # its records; or its range's entries
+    assert loss["count"] == 5  # its range's entries: each is one of the sink's records
     assert "the batch in flight of cursor 'fake'" in loss["reasons"][0]
     assert shipper.state.active
     journal.close()
