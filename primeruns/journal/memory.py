@@ -27,6 +27,7 @@ import threading
 from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -265,9 +266,9 @@ class MemoryJournal:
         state = json.loads(dumps(inflight.state))
         with self._cond:
             acked = self._cursors.get(sink, CursorState(0, None)).acked
-            self._cursors[sink] = CursorState(
-                acked, InFlight(inflight.first_seq, inflight.last_seq, inflight.body, state)
-            )
+            # Its damage kept, as on disk: a batch carried here damaged is
+            # never sent, its records count as lost.
+            self._cursors[sink] = CursorState(acked, replace(inflight, state=state))
 
     def update_inflight_state(self, sink: str, state: Mapping[str, Any]) -> None:
         self._check()
@@ -277,7 +278,7 @@ class MemoryJournal:
             if current is None or current.inflight is None:
                 raise JournalError(f"sink {sink!r} has no batch in flight")
             batch = current.inflight
-            merged = InFlight(batch.first_seq, batch.last_seq, batch.body, {**batch.state, **extra})
+            merged = replace(batch, state={**batch.state, **extra})
             self._cursors[sink] = CursorState(current.acked, merged)
 
     def ack(self, sink: str, upto_seq: int, *, failed: int = 0, reason: str | None = None) -> None:

@@ -72,3 +72,18 @@ def test_a_waiting_shipper_is_woken_by_an_append() -> None:
     j.append(EntryKind.EPISODE, [b"e"])
     waiter.join(30.0)
     assert got == [True]
+
+
+def test_a_batch_recorded_as_damaged_reads_back_damaged_with_its_reason() -> None:
+    """A batch carried here as damaged (a journal elsewhere found its body or
+    state damaged) kept neither its damage nor its reason: read back whole,
+    the shipper sent its empty body as the batch and its records counted
+    as delivered, never as lost. It reads back as recorded, as on disk."""
+    j = _journal()
+    j.append(EntryKind.EPISODE, [b"e1", b"e2", b"e3"])
+    damaged = InFlight(1, 3, b"", {"records": 3}, damage="its body is missing (elsewhere)")
+    j.set_inflight("traces", damaged)
+    assert j.cursor("traces").inflight == damaged
+    j.update_inflight_state("traces", {"records": 2})
+    kept = j.cursor("traces").inflight
+    assert kept is not None and kept.damage == damaged.damage
