@@ -88,7 +88,9 @@ class Cursors:
             raise JournalCorruptError(f"{where}: its offset or its batch's range is unreadable")
         if info is None:
             return CursorState(acked, None)
-        state = info.get("state") or {}
+        # Missing, it reads as an empty state; any other value that is no map
+        # (a falsy one too: 0, "", [], false, null) is damage.
+        state = info.get("state", {})
         recorded = info.get("damage")
         damage = None if isinstance(state, dict) else f"its state is {type(state).__name__}"
         payload = b""

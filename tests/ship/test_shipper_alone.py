@@ -434,14 +434,30 @@ def _damage_inflight(
         journal._tx.write(put)
 
 
+_WHOLE_BODY = encode_frame(META_KIND, json.dumps(["e0", "e1", "e2"]).encode())
+
+
 @pytest.mark.parametrize(
     ("body", "info"),
     [
         (b"not a frame", None),
         (None, None),
         (None, {"first_seq": 1, "last_seq": 5, "state": ["not", "a", "map"]}),
+        *(
+            (_WHOLE_BODY, {"first_seq": 1, "last_seq": 5, "state": falsy})
+            for falsy in (0, "", [], False, None)
+        ),
     ],
-    ids=["body-damaged", "body-missing", "state-not-a-map"],
+    ids=[
+        "body-damaged",
+        "body-missing",
+        "state-not-a-map",
+        "state-0",
+        "state-empty-string",
+        "state-empty-list",
+        "state-false",
+        "state-null",
+    ],
 )
 def test_a_batch_whose_recorded_body_is_damaged_is_counted_and_the_rest_ships(
     body: bytes | None, info: Any, tmp_path: Path
@@ -450,7 +466,9 @@ def test_a_batch_whose_recorded_body_is_damaged_is_counted_and_the_rest_ships(
     # byte for byte is gone. Its cursor raised out of every read, so the
     # whole journal went unshipped (`primeruns sync`: exit 4, "damaged
     # journal", every sink). Now that batch alone counts as lost, with the
-    # reason, and the rest of every sink ships.
+    # reason, and the rest of every sink ships. A state that is no map is
+    # damage too, a falsy one as much as any (it read as an empty state,
+    # and its batch was refused with no word of its cursor's damage).
     journal = _journal(tmp_path, 7)
     state = {"done": 0, "last_seq": 5, "records": 3}
     journal.set_inflight("fake", InFlight(1, 5, json.dumps(["e0", "e1", "e2"]).encode(), state))
