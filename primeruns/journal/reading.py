@@ -15,6 +15,7 @@ from collections.abc import Collection, Sequence
 import lmdb
 
 from primeruns.exceptions import JournalCorruptError, JournalError
+from primeruns.journal import txn as txn_module
 from primeruns.journal.dicts import Dictionaries
 from primeruns.journal.frames import HEADER_SIZE, EntryKind, FrameError, peek_header, peek_kind
 from primeruns.journal.layout import (
@@ -170,8 +171,13 @@ class Reader:
                         continue
                     if wanted is None or head.kind in wanted:
                         over = cap is not None and head.raw_len > cap  # not copied: no bytes
-                        if len(raw) + len(oversized) >= max_entries or (
-                            raw and not over and total + head.raw_len > max_bytes
+                        # Those checked in place count as those copied out:
+                        # every page gone over stays resident until the
+                        # transaction ends (a scan of a few large entries
+                        # held the whole journal).
+                        taken = len(raw) + len(checked)
+                        if taken + len(oversized) >= max_entries or (
+                            taken and not over and total + head.raw_len > max_bytes
                         ):
                             # Every seq before this one was looked at: a gap
                             # just before it is reported, so the read is past
@@ -222,8 +228,9 @@ class Reader:
                     if wanted is None or kind in wanted:
                         raw_len = size - HEADER_SIZE
                         over = cap is not None and raw_len > cap
-                        if len(raw) + len(oversized) >= max_entries or (
-                            raw and not over and total + raw_len > max_bytes
+                        taken = len(raw) + len(checked)
+                        if taken + len(oversized) >= max_entries or (
+                            taken and not over and total + raw_len > max_bytes
                         ):
                             next_after = max(next_after, seq - 1)  # as in LMDB's
                             break
@@ -331,7 +338,10 @@ class Reader:
                 return None
             index = 0
             for examined, (raw_key, value) in enumerate(cur.iternext()):
-                if examined >= _MAX_SCAN:
+                # Ended past what is dropped between two transactions: a
+                # value's pages stay resident until its transaction ends, and
+                # one went over a journal of a few large entries whole.
+                if examined >= _MAX_SCAN or touched[0] >= txn_module.REMAP_AFTER_BYTES:
                     return bytes(raw_key)
                 if len(raw_key) != KEY.size:
                     continue  # a chunk of the entry before it

@@ -63,6 +63,32 @@ def test_a_scan_of_a_long_journal_keeps_a_bounded_part_of_it_resident(
     assert after <= 4 * MIB, f"{after / MIB:.1f} MiB resident after 48 single reads"
 
 
+@pytest.mark.parametrize("scan", ["checksums", "tally"])
+def test_no_transaction_of_a_scan_holds_the_journal_resident_before_the_map_is_dropped(
+    scan: str, long_journal: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The map is dropped between transactions (``count_read``), so what one
+    reads stays resident until it ends. ``show``'s checksum scan (its bound
+    counted only entries copied out: it checks them in place) and the count
+    of entries by kind (``show``, ``ls``) each went over the whole journal
+    in one transaction: a journal of a few large entries was all resident."""
+    monkeypatch.setattr(txn, "REMAP_AFTER_BYTES", 2 * MIB, raising=False)
+    data = long_journal / "data.mdb"
+    peak = [0]
+    count_read = txn.Transactions.count_read
+
+    def watched(self: txn.Transactions, nbytes: int) -> None:
+        peak[0] = max(peak[0], resident_bytes(data))  # before the drop it may make
+        count_read(self, nbytes)
+
+    monkeypatch.setattr(txn.Transactions, "count_read", watched)
+    with Journal.open(long_journal, owner=False) as journal:
+        getattr(journal, scan)()
+    # A checksum read goes over up to 8 MiB (the scan's bound, in decoded
+    # bytes: hex, half that stored), a count 2 MiB; never the 24 MiB file.
+    assert peak[0] <= 12 * MIB, f"{peak[0] / MIB:.1f} MiB of the journal resident in a {scan}"
+
+
 def test_the_probe_child_walks_a_long_journal_holding_a_bounded_part_of_it(
     long_journal: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
