@@ -256,9 +256,11 @@ def decode_frame(
     FrameError.
     """
     head, zdict = _checked(value, dicts, seq, max_bytes)
-    stored = bytes(memoryview(value)[HEADER_SIZE:])
+    # Decompressed from where it is: a copy first held a large entry's
+    # stored bytes twice while it was decoded.
+    stored = memoryview(value)[HEADER_SIZE:]
     if not head.flags & FLAG_ZSTD:
-        return head.kind, stored
+        return head.kind, bytes(stored)
     try:
         out = _decompressor(zdict).decompress(stored, max_output_size=head.raw_len)
     except zstandard.ZstdError as exc:

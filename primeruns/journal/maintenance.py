@@ -122,20 +122,26 @@ def scan(tx: Transactions, reader: Reader, *, decode: bool = True) -> Scan:
     reader.spool.refresh()
     found.damage.extend(reader.spool.damage())
     found.damage.extend(torn_damage(tx, reader.spool))
-    while True:
-        result = reader.read(after, max_entries=SCAN_ENTRIES, max_bytes=SCAN_BYTES, decode=decode)
-        found.damage.extend(result.damaged)
-        for seq, kind in result.checked:
-            found.seqs.setdefault(kind, array("q")).append(seq)
-        if result.next_after <= after:
-            break
-        after = result.next_after
+    while (went_to := _scan_some(reader, after, decode, found)) > after:
+        after = went_to
     for name in ("cursors", "meta"):
         found.damage.extend(_scan_table(tx, name))
     # What damage cost the newest spool segment is the spool's report and
     # the reads' alike: listed once.
     found.damage = list(dict.fromkeys(found.damage))
     return found
+
+
+def _scan_some(reader: Reader, after: int, decode: bool, found: Scan) -> int:
+    """One read of ``scan`` after ``after``: its damage and checked entries
+    into ``found``; where it got to. What it decoded (up to ``SCAN_BYTES``,
+    or one entry of any size) is let go before the next read: held through
+    it, a scan of large entries held two of them at once."""
+    result = reader.read(after, max_entries=SCAN_ENTRIES, max_bytes=SCAN_BYTES, decode=decode)
+    found.damage.extend(result.damaged)
+    for seq, kind in result.checked:
+        found.seqs.setdefault(kind, array("q")).append(seq)
+    return result.next_after
 
 
 def _scan_table(tx: Transactions, name: str) -> list[Damage]:
