@@ -18,7 +18,7 @@ import logging
 import os
 import stat
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -72,30 +72,51 @@ __all__ = [
 MAX_FINISH_BYTES = 4 << 20
 
 
+#: The entries a listing looks back through for the run's finish.
+_FINISH_LOOKS_BACK = 16
+
+
 def _finish_record(journal: Journal, last_seq: int) -> dict[str, Any] | None:
-    """The run's finish entry, if any. It is the last thing a run appends, so
-    only the journal's tail is read (cheap on a long run)."""
+    """The run's last intact finish entry, if any. It is the last thing a
+    run appends, so only the journal's tail is read (cheap on a long run),
+    from its end.
+
+    An entry at a time: one passed over by its header is paged in whole all
+    the same (py-lmdb touches a value's pages as it hands it out), and the
+    map is dropped between reads, never within one. A read of the last 16
+    held 16 large episodes resident at once."""
     try:
-        tail = journal.read(
-            max(0, last_seq - 16),
-            kinds={EntryKind.FINISH},
-            max_entries=16,
-            max_bytes=1 << 24,
-            max_entry_bytes=MAX_FINISH_BYTES,
-        )
+        for seq in _finishes(journal, last_seq):
+            tail = journal.read(
+                seq - 1, kinds={EntryKind.FINISH}, max_entries=1, max_entry_bytes=MAX_FINISH_BYTES
+            )
+            if tail.oversized and tail.oversized[0][0] == seq:
+                size = tail.oversized[0][2]
+                return {
+                    "status": "finished",
+                    "error": f"its finish record ({size} bytes) is not read",
+                }
+            if tail.entries and tail.entries[0].seq == seq:
+                try:
+                    record = jsonbound.loads(tail.entries[0].payload, MAX_FINISH_BYTES)
+                except ValueError:
+                    return None
+                return record if isinstance(record, dict) else None
     except Exception:  # damage is reported elsewhere; the state falls back to "crashed"
         return None
-    last_read = tail.entries[-1].seq if tail.entries else 0
-    if tail.oversized and tail.oversized[-1][0] > last_read:
-        size = tail.oversized[-1][2]
-        return {"status": "finished", "error": f"its finish record ({size} bytes) is not read"}
-    if not tail.entries:
-        return None
-    try:
-        record = jsonbound.loads(tail.entries[-1].payload, MAX_FINISH_BYTES)
-    except ValueError:
-        return None
-    return record if isinstance(record, dict) else None
+    return None
+
+
+def _finishes(journal: Journal, last_seq: int) -> Iterator[int]:
+    """The seqs of the ``FINISH`` entries among the journal's last
+    ``_FINISH_LOOKS_BACK``, last first, by their headers, one read each."""
+    for seq in range(last_seq, max(0, last_seq - _FINISH_LOOKS_BACK), -1):
+        head = journal.read(seq - 1, max_entries=1, max_entry_bytes=0)
+        # (An entry of no bytes is read whole, not listed by its size.)
+        kinds = [kind for at, kind, _ in head.oversized if at == seq]
+        kinds += [int(entry.kind) for entry in head.entries if entry.seq == seq]
+        if EntryKind.FINISH in kinds:
+            yield seq
 
 
 def _tallies(

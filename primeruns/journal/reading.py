@@ -142,12 +142,23 @@ class Reader:
         full = False
         in_lmdb = -1  # LMDB's end as this read saw it (-1: unread, so no spool)
         touched = 0  # bytes of the map this read went over (an overestimate)
+        kept = 0  # of them, those of the entries it takes (bounded by ``max_bytes``)
+        cut = False  # stopped at a scan's limit, short of LMDB's end
         try:
             with self._tx.read(buffers=True) as txn:
                 in_lmdb = stored_end(self._tx, txn)
                 cur = txn.cursor(db=self._tx.dbs["entries"])
                 more = cur.set_range(key(expected))
-                while more and examined < _MAX_SCAN:
+                while more:
+                    # A scan's limits: the entries looked at, and the bytes
+                    # of those passed over. A value handed out is paged in
+                    # whole, one passed over by its header too, and stays
+                    # resident until the transaction ends (the map is
+                    # dropped between two): a read of a few metric rows
+                    # among large episodes held them all.
+                    if examined >= _MAX_SCAN or touched - kept >= txn_module.REMAP_AFTER_BYTES:
+                        cut = True
+                        break
                     raw_key, value = cur.item()
                     touched += len(value)
                     if is_chunk_key(raw_key) and seq_of(raw_key) < expected:
@@ -199,17 +210,19 @@ class Reader:
                             kind, damage = check_entry(seq, value, self._dicts.cached)
                             if damage is None:
                                 checked.append((seq, kind))
+                                kept += len(value)
                                 next_after = seq
                                 more = cur.next()
                                 continue
                         whole, _ = gather(cur, seq, value)
                         raw.append((seq, whole))
+                        kept += len(value)
                     next_after = seq
                     more = cur.next()
         except (lmdb.Error, JournalCorruptError) as exc:
             damaged.append(Damage(None, f"reading after entry {next_after} failed: {exc}"))
         self._tx.count_read(touched)
-        if in_lmdb >= 0 and not full and examined < _MAX_SCAN:
+        if in_lmdb >= 0 and not full and not cut and examined < _MAX_SCAN:
             # The log goes on in the spool, past what LMDB holds.
             expected = max(expected, in_lmdb + 1)
             with spool.lock:

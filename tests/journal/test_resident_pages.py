@@ -19,8 +19,9 @@ import lmdb
 import pytest
 from mapped import resident_bytes
 
-from primeruns.journal import EntryKind, Journal, probe, txn
+from primeruns.journal import Damage, EntryKind, Journal, journal_info, probe, txn
 from primeruns.journal.reading import Reader
+from primeruns.reports import load_rows
 
 MIB = 1 << 20
 
@@ -63,6 +64,22 @@ def test_a_scan_of_a_long_journal_keeps_a_bounded_part_of_it_resident(
     assert after <= 4 * MIB, f"{after / MIB:.1f} MiB resident after 48 single reads"
 
 
+def _peak_between_drops(data: Path, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The most of ``data`` found resident when a transaction ended, before
+    the drop of the map it may make (``count_read``), as it goes; the drop
+    made every 2 MiB read."""
+    monkeypatch.setattr(txn, "REMAP_AFTER_BYTES", 2 * MIB, raising=False)
+    peak = [0]
+    count_read = txn.Transactions.count_read
+
+    def watched(self: txn.Transactions, nbytes: int) -> None:
+        peak[0] = max(peak[0], resident_bytes(data))
+        count_read(self, nbytes)
+
+    monkeypatch.setattr(txn.Transactions, "count_read", watched)
+    return peak
+
+
 @pytest.mark.parametrize("scan", ["checksums", "tally"])
 def test_no_transaction_of_a_scan_holds_the_journal_resident_before_the_map_is_dropped(
     scan: str, long_journal: Path, monkeypatch: pytest.MonkeyPatch
@@ -72,21 +89,52 @@ def test_no_transaction_of_a_scan_holds_the_journal_resident_before_the_map_is_d
     counted only entries copied out: it checks them in place) and the count
     of entries by kind (``show``, ``ls``) each went over the whole journal
     in one transaction: a journal of a few large entries was all resident."""
-    monkeypatch.setattr(txn, "REMAP_AFTER_BYTES", 2 * MIB, raising=False)
-    data = long_journal / "data.mdb"
-    peak = [0]
-    count_read = txn.Transactions.count_read
-
-    def watched(self: txn.Transactions, nbytes: int) -> None:
-        peak[0] = max(peak[0], resident_bytes(data))  # before the drop it may make
-        count_read(self, nbytes)
-
-    monkeypatch.setattr(txn.Transactions, "count_read", watched)
+    peak = _peak_between_drops(long_journal / "data.mdb", monkeypatch)
     with Journal.open(long_journal, owner=False) as journal:
         getattr(journal, scan)()
     # A checksum read goes over up to 8 MiB (the scan's bound, in decoded
     # bytes: hex, half that stored), a count 2 MiB; never the 24 MiB file.
     assert peak[0] <= 12 * MIB, f"{peak[0] / MIB:.1f} MiB of the journal resident in a {scan}"
+
+
+@pytest.fixture
+def large_entries(tmp_path: Path) -> Path:
+    """A crashed run's journal (no finish) of 16 episodes of 1 MiB stored
+    each, then one metrics row."""
+    with Journal.create(tmp_path / "runs") as journal:
+        for _ in range(16):
+            journal.append(EntryKind.EPISODE, [os.urandom(MIB).hex().encode()])
+        journal.append(EntryKind.METRICS, [b'{"step": 1, "loss": 0.5}'])
+        return journal.path
+
+
+def test_a_listing_of_a_journal_of_large_entries_keeps_a_bounded_part_of_it_resident(
+    large_entries: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing (``ls``, ``show``) looks for the run's finish among its last
+    16 entries, passing over the others by their headers; but each one passed
+    over is paged in whole (py-lmdb touches a value's pages as it hands it
+    out), and the one read held 16 large episodes resident at once."""
+    peak = _peak_between_drops(large_entries / "data.mdb", monkeypatch)
+    info = journal_info(large_entries, tally=True)
+    assert info.finish is None and info.last_seq == 17 and not info.damage
+    # Between two drops: 2 MiB gone over, and an entry (1 MiB stored) or two.
+    assert peak[0] <= 6 * MIB, f"{peak[0] / MIB:.1f} MiB of the journal resident in a listing"
+
+
+def test_a_read_of_one_kind_past_large_entries_of_others_keeps_a_bounded_part_resident(
+    large_entries: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``show`` reads a run's metric rows (a shipper its kinds) passing over
+    the episodes between them by their headers, each paged in whole all the
+    same: a read ended its transaction only after 50,000 entries, and held
+    a journal of large episodes resident whole to find one row."""
+    peak = _peak_between_drops(large_entries / "data.mdb", monkeypatch)
+    with Journal.open(large_entries, owner=False) as journal:
+        damage: list[Damage] = []
+        assert load_rows(journal, {EntryKind.METRICS}, damage) == [{"step": 1, "loss": 0.5}]
+        assert damage == []
+    assert peak[0] <= 6 * MIB, f"{peak[0] / MIB:.1f} MiB of the journal resident in a read"
 
 
 def test_the_probe_child_walks_a_long_journal_holding_a_bounded_part_of_it(
