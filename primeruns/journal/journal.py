@@ -196,7 +196,7 @@ class Journal:
         self._meta = Meta(tx)
         self._appender: Appender | None = None
         if appends:
-            record_writer(self._meta, path)
+            record_writer(self._meta, path, durability)
             writer = SpoolWriter(path, self._spool, fsync=durability == "fsync", written=tx.written)
             self._capacity.spooled = writer.pending_bytes
             self._appender = Appender(tx, self._tail, self._capacity, writer)

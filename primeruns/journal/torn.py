@@ -13,6 +13,9 @@ every appending open records its host and boot (``K_WRITER``), and a torn
 tail is reported as damage (``show``, ``sync`` and ``replay`` exit 4) when
 that boot is not this one, on the same host. A copy read on another host
 (rsynced from a live job) may be torn by the copy itself: not damage there.
+Nor is the tail of a writer with ``durability="fsync"`` (recorded with its
+boot): each append was synced before its call returned, so what a power
+cut tore is a call that never returned.
 """
 
 from __future__ import annotations
@@ -35,10 +38,11 @@ __all__ = ["K_WRITER", "record_writer", "torn_damage"]
 K_WRITER = "journal.writer"
 
 
-def record_writer(meta: Meta, path: Path) -> None:
-    """This process appends to the journal at ``path`` from now on."""
+def record_writer(meta: Meta, path: Path, durability: str) -> None:
+    """This process appends to the journal at ``path`` from now on, with
+    ``durability``."""
     with contextlib.suppress(JournalError, lmdb.Error):
-        meta.update({K_WRITER: Origin.here(path).to_json()})
+        meta.update({K_WRITER: {**Origin.here(path).to_json(), "durability": durability}})
 
 
 def rebooted_since_writer(tx: Transactions) -> bool:
@@ -51,11 +55,18 @@ def rebooted_since_writer(tx: Transactions) -> bool:
     return writer.boot != current
 
 
+def _synced_each_append(tx: Transactions) -> bool:
+    """Whether the journal's last writer synced each append before its call
+    returned (``durability="fsync"``); False where it is not recorded."""
+    writer = tx.safe_meta(K_WRITER)
+    return isinstance(writer, dict) and writer.get("durability") == "fsync"
+
+
 def torn_damage(tx: Transactions, spool: SpoolView) -> list[Damage]:
     """The spool's torn tails, as damage, if the machine rebooted since the
     journal's last writer (see the module doc); none otherwise."""
     tails = spool.torn_tails()
-    if not tails or not rebooted_since_writer(tx):
+    if not tails or not rebooted_since_writer(tx) or _synced_each_append(tx):
         return []
     out = []
     for tail in tails:

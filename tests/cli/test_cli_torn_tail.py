@@ -13,8 +13,9 @@ from typing import Any
 import pytest
 from cli_helpers import cli
 from sdk_helpers import API_KEY, kill_producer, point_at
+from spooled import killed_segment
 
-from primeruns.journal import spool, torn
+from primeruns.journal import EntryKind, Journal, spool, torn
 
 # An append header saying 3 entries in 300 bytes, and 100 bytes of them.
 TORN = spool.APPEND.pack(b"PS", 1, 3, 300) + b"x" * 100
@@ -65,3 +66,22 @@ def test_a_torn_tail_after_a_reboot_is_damage_to_sync_and_replay(
     assert code == 4 and _says_torn(out + err), out + err
     assert API_KEY not in out + err
     assert os.path.isdir(journal)
+
+
+def test_a_torn_tail_of_a_journal_written_with_fsync_is_no_damage_after_a_reboot(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With ``durability="fsync"`` every append is synced before its call
+    returns: a tail a power cut tore is a call that never returned, never
+    one a caller was told was kept. ``show`` called it damage and lost, and
+    exited 4, as for a journal written without."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    journal = Journal.create(runs, local_id="fsynced", durability="fsync")
+    journal._mover.stop()
+    for n in range(3):
+        journal.append(EntryKind.EPISODE, [b'{"n":%d}' % n])
+    segment, data, _ = killed_segment(journal)
+    segment.write_bytes(bytes(data) + TORN)
+    _rebooted(monkeypatch)
+    code, out, _ = cli(capsys, "show", str(segment.parent))
+    assert code == 0 and "torn tail" not in out, out
