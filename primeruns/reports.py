@@ -24,6 +24,7 @@ from typing import Any, Literal
 from .exceptions import JournalCorruptError, JournalError
 from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, journal_info, list_journals
 from .journal.by_kind import seqs_of
+from .journal.types import K_SKIPPED, skipped_within
 from .models import CRASH_ERROR, RUN_KIND, RunKind
 from .ship.copies import (
     K_SOURCE_PATH,
@@ -91,7 +92,8 @@ def pending_per_sink(
         if acked in info.after:
             out[sink] = records_left(info.after[acked], kinds)
         else:  # not counted (no tally, or it failed): every entry past the offset
-            out[sink] = max(0, info.last_seq - acked)
+            skipped = skipped_within(info.meta.get(K_SKIPPED), acked, info.last_seq)
+            out[sink] = max(0, info.last_seq - acked - skipped)
     return out
 
 

@@ -22,7 +22,8 @@ from sdk_helpers import API_KEY, kill_producer, point_at
 from spooled import acked_then_cut
 
 import primeruns as pr
-from primeruns.journal import EntryKind, Journal
+from primeruns.journal import EntryKind, Journal, JournalInfo
+from primeruns.reports import pending_per_sink
 
 
 def _offline_eval(runs: Path, episodes: int, **finish: Any) -> Path:
@@ -149,6 +150,27 @@ def test_show_and_ls_count_seqs_a_power_cut_skipped_as_missing_not_as_entries(
     assert (listed["entries"], listed["missing_entries"]) == (4, 7)
     code, out, _ = cli(capsys, "show", str(path))
     assert "4 entries, 7 missing" in out
+
+
+def test_pending_counted_without_a_tally_leaves_out_seqs_a_power_cut_skipped(
+    tmp_path: Path,
+) -> None:
+    """Where a listing could not count entries by kind (its tally failed),
+    a sink's pending records are the seqs past its offset: those an owner's
+    appends skipped after a power cut (4 to 10) hold no record to ship."""
+    info = JournalInfo(
+        path=tmp_path / "cut",
+        local_id="cut",
+        meta={"journal.skipped": {"4": 10}},
+        last_seq=11,
+        cursors={"traces": 3},
+        losses={},
+        size_bytes=0,
+        modified=0.0,
+        owner=None,
+        owner_alive=False,
+    )
+    assert pending_per_sink(info, None) == {"traces": 1, "eval_samples": 4}
 
 
 def test_the_ls_table_fits_the_terminal_and_keeps_what_matters(
