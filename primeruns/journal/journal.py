@@ -650,12 +650,15 @@ class Journal:
         """Entries after ``after_seq`` of the given kinds, copied out, ascending.
 
         Stops at ``max_entries`` or ``max_bytes`` of payload (at least one
-        matching entry is returned if any exists). Entries of other kinds are
-        skipped by their header, never decompressed. Damaged entries are
-        reported in ``damaged`` and passed over; nothing raises for damage.
-        An entry declaring more than ``max_entry_bytes`` is not decompressed
-        either: it is listed in ``oversized`` (a reader that shows records
-        bounds what one record may cost it; ``0`` reads headers only).
+        matching entry is returned if any exists, unless a scan's limit
+        comes first: 50,000 entries looked at, or ``REMAP_AFTER_BYTES`` of
+        others passed over; ``next_after`` then says where it stopped).
+        Entries of other kinds are skipped by their header, never
+        decompressed. Damaged entries are reported in ``damaged`` and passed
+        over; nothing raises for damage. An entry declaring more than
+        ``max_entry_bytes`` is not decompressed either: it is listed in
+        ``oversized`` (a reader that shows records bounds what one record
+        may cost it; ``0`` reads headers only).
         """
         self._check()
         return self._reader.read(

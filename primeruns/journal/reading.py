@@ -86,10 +86,13 @@ class Reader:
         """Entries after ``after_seq`` of the given kinds, copied out, ascending.
 
         Stops at ``max_entries`` or ``max_bytes`` of payload (at least one
-        matching entry is returned if any exists). Damaged entries are
-        reported in ``damaged`` and passed over. An entry declaring more than
-        ``max_entry_bytes`` is listed in ``oversized`` (it counts towards
-        ``max_entries``), never copied or decompressed: ``0`` reads headers only.
+        matching entry is returned if any exists, unless a scan's limit
+        comes first: 50,000 entries looked at, or ``REMAP_AFTER_BYTES`` of
+        others passed over; ``next_after`` then says where it stopped).
+        Damaged entries are reported in ``damaged`` and passed over. An
+        entry declaring more than ``max_entry_bytes`` is listed in
+        ``oversized`` (it counts towards ``max_entries``), never copied or
+        decompressed: ``0`` reads headers only.
         ``decode=False`` checks each entry (``check_entry``: its checksum, no
         decompression) and lists those that pass in ``checked``, not in
         ``entries``: a damage scan's cheap form.
