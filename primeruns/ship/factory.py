@@ -3,6 +3,7 @@ restarted one, ``primeruns replay`` and ``primeruns sync`` alike."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -75,7 +76,7 @@ def make_shippers(
             from ..sinks.train_metrics import TrainMetricsSink
             from ..sinks.train_samples import TrainSamplesSink
         sinks.append(TrainSamplesSink(client, range_base=range_base))
-        sinks.append(TrainMetricsSink(client, _step_rows(journal, lifecycle)))
+        sinks.append(TrainMetricsSink(client, _step_rows(journal, lifecycle, client)))
     else:
         sinks.append(EvalSamplesSink(client, rows=None if shared is None else shared.rows))
     shippers = [
@@ -103,10 +104,11 @@ def _turned_off(journal: Journal, *names: str) -> bool:
     return any(journal.get_meta(f"sink_off.{name}") is not None for name in names)
 
 
-def _step_rows(journal: Journal, lifecycle: Lifecycle) -> StepRows | None:
+def _step_rows(journal: Journal, lifecycle: Lifecycle, client: PlatformClient) -> StepRows | None:
     """Where this journal's metrics rows meet those of the run's other
     processes on this host: beside the journals, in the runs directory it was
-    written in (a replayed journal's original's). None for a journal in
+    written in (a replayed journal's original's); a table made there anew
+    starts from the run's rows on the platform. None for a journal in
     memory: no folder took it, so none takes the table either."""
     if in_memory(journal):
         return None
@@ -114,4 +116,11 @@ def _step_rows(journal: Journal, lifecycle: Lifecycle) -> StepRows | None:
     runs_dir, _ = written_in(journal)
     with importing():  # (a training run's only: see make_shippers)
         from ..sinks.step_rows import StepRows
-    return StepRows(runs_dir, label=role.label, primary=role.primary, rank=role.rank)
+        from ..sinks.train_metrics import landed_rows
+    return StepRows(
+        runs_dir,
+        label=role.label,
+        primary=role.primary,
+        rank=role.rank,
+        landed=functools.partial(landed_rows, client),
+    )

@@ -30,6 +30,20 @@ row without a step (the platform keeps each as its own row). If the table
 cannot be used (a full disk), rows are sent as they were logged, with one
 warning.
 
+A table made anew starts from what the platform holds for the run (the
+``landed`` reader: every step's row, read before the table takes its name, a
+new run's one empty page): ``rm -rf`` of the runs directory (a scratch wipe)
+takes the table with the journals while the processes go on logging, each
+re-creating its journal (``rehoming``), and a table that started empty had
+the next row of a step sent before lose the keys the other processes logged
+for it. The platform's row fills in only keys no process gave (the part
+``(landed)``, never under ``<key>@<label>``). A process whose table lost its
+name while it had it open (each transaction looks: an ``fstat`` and a
+``stat``) goes on in the one at the path, and a step it sent through the old
+one goes again through the new one. Where the platform offers no read of a
+run's rows, what landed before cannot be put back: the process that saw its
+table go says so, once.
+
 A table names the run it merges (its ``about`` row), and each process holds
 a shared ``flock`` on its file while it has it open: ``primeruns gc`` deletes
 the tables of runs it collected (``tables``, ``delete_table``) only under an
@@ -45,16 +59,25 @@ import hashlib
 import json
 import logging
 import os
+import secrets
 import sqlite3
 import threading
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError
 from ..journal.trust import check_dir, make_private_dirs
 
-__all__ = ["StepRows", "delete_table", "merged_row", "table_name", "table_run", "tables"]
+__all__ = [
+    "Landed",
+    "StepRows",
+    "delete_table",
+    "merged_row",
+    "table_name",
+    "table_run",
+    "tables",
+]
 
 log = logging.getLogger("primeruns.uplink")
 
@@ -76,6 +99,16 @@ _COMPACT = json.JSONEncoder(separators=(",", ":"))
 _OPEN_TRIES = 5
 # SQLite's page cache for a table, in KiB (its default: 2,000).
 _CACHE_KIB = 256
+# The part of a step holding the row the platform held when the table was
+# made (no process's label: those are ``rank<N>`` or a journal's id).
+_LANDED = "(landed)"
+# A step's version reported for a step sent through a table that was then
+# deleted or replaced: never one a merge gives (those start at 1).
+_GONE = -1
+
+Landed = Callable[[str], "list[dict[str, Any]] | None"]
+"""The metrics rows the platform holds for the run of a table's key, each
+with its step; None where the platform offers no such read."""
 
 
 def table_name(key: str) -> str:
@@ -83,11 +116,16 @@ def table_name(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()[:32] + _SUFFIX
 
 
-def _held_open(path: Path) -> int:
-    """A descriptor of the table file at ``path``, made private if new, with
-    a shared lock on it that says a process uses the table (gc leaves it)."""
+def _held_open(path: Path, make: Callable[[], None]) -> int:
+    """A descriptor of the table file at ``path`` (``make`` puts one there
+    when there is none), with a shared lock on it that says a process uses
+    the table (gc leaves it)."""
     for _ in range(_OPEN_TRIES):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            make()
+            continue
         try:
             fcntl.flock(fd, fcntl.LOCK_SH)  # gc holds it only to unlink the file
             if os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino:
@@ -103,44 +141,114 @@ class StepRows:
     one process (``label``, and whether it is the run's ``primary``).
     Thread-safe; opened on first use."""
 
-    def __init__(self, folder: Path, *, label: str, primary: bool, rank: int | None) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        *,
+        label: str,
+        primary: bool,
+        rank: int | None,
+        landed: Landed | None = None,
+    ) -> None:
+        """``landed``: what a table made anew starts from (module doc); None:
+        nothing (a table read only locally)."""
         self._folder = Path(folder) / _FOLDER
         self._part = {"primary": primary, "rank": rank}
         self._label = label
+        self._landed = landed
         self._lock = threading.Lock()
         self._conns: dict[str, sqlite3.Connection] = {}
-        self._held: list[int] = []  # the tables' files, locked shared while open
+        self._held: dict[str, int] = {}  # the tables' files, locked shared while open
         self._broken = False
+        self._loss_said = False
 
-    def _conn(self, key: str) -> sqlite3.Connection:
+    def _conn(self, key: str) -> tuple[sqlite3.Connection, bool]:
+        """The table of ``key``, and whether it is another file than the one
+        this process had open for it (deleted or replaced meanwhile)."""
         conn = self._conns.get(key)
-        if conn is None:
-            make_private_dirs(self._folder)
-            check_dir(self._folder, "step table folder")  # never a symlink, never another's
-            path = self._folder / table_name(key)
-            fd = _held_open(path)  # made private before sqlite opens it
+        if conn is not None and not self._replaced(key):
+            return conn, False
+        replaced = conn is not None
+        if replaced:
+            self._let_go(key)
+        make_private_dirs(self._folder)
+        check_dir(self._folder, "step table folder")  # never a symlink, never another's
+        path = self._folder / table_name(key)
+        fd = _held_open(path, lambda: self._make(path, key, lost=replaced))
+        try:
+            conn = sqlite3.connect(
+                str(path), timeout=_BUSY_S, isolation_level=None, check_same_thread=False
+            )
+        except BaseException:
+            os.close(fd)
+            raise
+        self._held[key] = fd
+        # The default rollback journal, not WAL: switching a new file to
+        # WAL while another rank opens it fails at once with "database is
+        # locked" (no busy wait; 26 of 150 trials of four at once), and
+        # that rank's rows then went unmerged, losing its keys at the step.
+        conn.execute("PRAGMA synchronous=NORMAL")
+        # A step's row is looked up and written near the table's end:
+        # SQLite's default cache (2 MB) filled with the pages of the steps
+        # before, resident in a long run's shipping process for nothing.
+        conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
+        _initialise(conn, key)  # (an older version's process made the file empty)
+        self._conns[key] = conn
+        return conn, replaced
+
+    def _make(self, path: Path, key: str, *, lost: bool) -> None:
+        """Put a table at ``path`` holding what the platform holds for the
+        run (``landed``), made whole under another name first, so no process
+        merges into it before (another process's may take the name first).
+        ``lost``: this process had one there.
+
+        Read after the old table lost its name, that holds every row sent
+        through it: a process that sent one looked at its step after it
+        landed, and saw the table still there (it landed before this read)
+        or gone (it sends the row again: ``versions``)."""
+        landed = None if self._landed is None else self._landed(key)
+        if landed is None and lost and self._landed is not None and not self._loss_said:
+            self._loss_said = True
+            log.warning(
+                "prime-runs: the table that merges the metrics rows of this host's processes "
+                "(%s) was deleted while the run used it, and the platform offers no read of "
+                "the run's rows to start the new one from: a step logged again by one process "
+                "loses the keys the others logged for it before",
+                path,
+            )
+        draft = path.with_name(f"{path.name}.{secrets.token_hex(8)}.new")
+        os.close(
+            os.open(draft, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        )
+        try:
+            conn = sqlite3.connect(str(draft), isolation_level=None)
             try:
-                conn = sqlite3.connect(
-                    str(path), timeout=_BUSY_S, isolation_level=None, check_same_thread=False
-                )
-            except BaseException:
-                os.close(fd)
-                raise
-            self._held.append(fd)
-            # The default rollback journal, not WAL: switching a new file to
-            # WAL while another rank opens it fails at once with "database is
-            # locked" (no busy wait; 26 of 150 trials of four at once), and
-            # that rank's rows then went unmerged, losing its keys at the step.
-            conn.execute("PRAGMA synchronous=NORMAL")
-            # A step's row is looked up and written near the table's end:
-            # SQLite's default cache (2 MB) filled with the pages of the steps
-            # before, resident in a long run's shipping process for nothing.
-            conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
-            conn.execute(_SCHEMA)
-            conn.execute(_ABOUT)  # which run: gc collects it with the run's journals
-            conn.execute("INSERT OR IGNORE INTO about (name, value) VALUES ('run', ?)", (key,))
-            self._conns[key] = conn
-        return conn
+                _initialise(conn, key)
+                _put_landed(conn, landed or [])
+            finally:
+                conn.close()
+            with contextlib.suppress(FileExistsError):
+                os.link(draft, path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(draft)
+
+    def _replaced(self, key: str) -> bool:
+        """Whether the table file this process holds for ``key`` lost its
+        name (``rm -rf`` of the runs directory, or gc's delete and a new one)."""
+        held = os.fstat(self._held[key])
+        try:
+            now = os.stat(self._folder / table_name(key), follow_symlinks=False)
+        except FileNotFoundError:
+            return True
+        return (held.st_dev, held.st_ino) != (now.st_dev, now.st_ino)
+
+    def _let_go(self, key: str) -> None:
+        conn = self._conns.pop(key)
+        with contextlib.suppress(sqlite3.Error):
+            conn.close()
+        with contextlib.suppress(OSError):
+            os.close(self._held.pop(key))
 
     def merge(
         self, run: str, step: int, row: Mapping[str, Any]
@@ -164,17 +272,11 @@ class StepRows:
         out: list[tuple[dict[str, Any], int]] = []
         try:
             with self._lock:
-                conn = self._conn(run)
-                conn.execute("BEGIN IMMEDIATE")
-                try:
+                conn, _ = self._conn(run)
+                with _transaction(conn):
                     stored = _stored(conn, {step for step, _ in rows})
                     for step, row in rows:
                         out.append(self._merge_in(conn, step, row, stored))
-                    conn.execute("COMMIT")
-                except BaseException:
-                    with contextlib.suppress(sqlite3.Error):
-                        conn.execute("ROLLBACK")
-                    raise
             return out
         except (sqlite3.Error, OSError, ValueError, JournalError) as exc:
             self._give_up(exc)
@@ -198,14 +300,7 @@ class StepRows:
         if ours != mine.get("row") or found is None:
             parts[self._label] = {**self._part, "row": ours}
             version += 1
-            text = _COMPACT.encode(parts)
-            conn.execute(
-                "INSERT INTO steps (step, parts, version) VALUES (?, ?, ?)"
-                " ON CONFLICT (step) DO UPDATE SET parts = excluded.parts,"
-                " version = excluded.version",
-                (step, text, version),
-            )
-            stored[step] = (text, version)
+            stored[step] = _put(conn, step, parts, version)
         return merged_row(step, parts), version
 
     def version(self, run: str, step: int) -> int | None:
@@ -221,7 +316,9 @@ class StepRows:
         try:
             out = dict.fromkeys(steps, 0)
             with self._lock:
-                conn = self._conn(run)
+                conn, replaced = self._conn(run)
+                if replaced:  # what was sent through the old table goes again
+                    return dict.fromkeys(steps, _GONE)
                 wanted = list(out)
                 for start in range(0, len(wanted), _IN_LIMIT):
                     chunk = wanted[start : start + _IN_LIMIT]
@@ -247,14 +344,8 @@ class StepRows:
 
     def close(self) -> None:
         with self._lock:
-            for conn in self._conns.values():
-                with contextlib.suppress(sqlite3.Error):
-                    conn.close()
-            self._conns.clear()
-            for fd in self._held:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-            self._held.clear()
+            for key in list(self._conns):
+                self._let_go(key)
 
 
 # -- for gc -------------------------------------------------------------------------------
@@ -310,8 +401,64 @@ def delete_table(path: Path) -> bool:
         os.close(fd)
 
 
+def _initialise(conn: sqlite3.Connection, key: str) -> None:
+    """The table's schema, and which run it merges (gc collects it with the run's journals)."""
+    conn.execute(_SCHEMA)
+    conn.execute(_ABOUT)
+    conn.execute("INSERT OR IGNORE INTO about (name, value) VALUES ('run', ?)", (key,))
+
+
+def _put_landed(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+    """The platform's rows into each step's ``(landed)`` part, in one
+    transaction; a step whose part changed gets a new version (a process
+    that sent it meanwhile sends it again)."""
+    if not rows:
+        return
+    by_step = {row["step"]: row for row in rows}
+    with _transaction(conn):
+        stored = _stored(conn, by_step)
+        for step, row in by_step.items():
+            found = stored.get(step)
+            parts: dict[str, Any] = json.loads(found[0]) if found else {}
+            before = (parts.get(_LANDED) or {}).get("row") or {}
+            now = {**before, **row}
+            if found is not None and now == before:
+                continue
+            parts[_LANDED] = {"row": now}
+            _put(conn, step, parts, int(found[1]) + 1 if found else 1)
+
+
+def _put(
+    conn: sqlite3.Connection, step: int, parts: Mapping[str, Any], version: int
+) -> tuple[str, int]:
+    """Store a step's parts and version; what a read of the step now gives."""
+    text = _COMPACT.encode(parts)
+    conn.execute(
+        "INSERT INTO steps (step, parts, version) VALUES (?, ?, ?)"
+        " ON CONFLICT (step) DO UPDATE SET parts = excluded.parts,"
+        " version = excluded.version",
+        (step, text, version),
+    )
+    return text, version
+
+
+@contextlib.contextmanager
+def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """One write transaction, taken at once (two merges of a step never interleave)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        with contextlib.suppress(sqlite3.Error):
+            conn.execute("ROLLBACK")
+        raise
+
+
 def _order(item: tuple[str, Any]) -> tuple[int, int, str]:
     label, part = item
+    if label == _LANDED:  # the platform's row fills in last
+        return (2, 0, label)
     rank = part.get("rank")
     return (
         0 if part.get("primary") else 1,
@@ -342,6 +489,7 @@ def merged_row(step: int, parts: Mapping[str, Any]) -> dict[str, Any]:
     latest: float | None = None
     for label, part in sorted(parts.items(), key=_order):
         row = part.get("row") or {}
+        fills_in = label == _LANDED  # a key no process gave, never one of its own
         for key, value in row.items():
             if key == "step":
                 continue
@@ -351,7 +499,7 @@ def merged_row(step: int, parts: Mapping[str, Any]) -> dict[str, Any]:
                 continue
             if key not in out:
                 out[key] = value
-            elif out[key] != value:
+            elif out[key] != value and not fills_in:
                 out[f"{key}@{label}"] = value
     out["step"] = step
     if latest is not None:

@@ -33,7 +33,7 @@ from .fanout import Fanout
 from .kinds import SINK_KINDS
 from .step_rows import StepRows
 
-__all__ = ["MetricsProgress", "TrainMetricsSink"]
+__all__ = ["MetricsProgress", "TrainMetricsSink", "landed_rows"]
 
 # A step other processes keep changing is sent again at most this often per
 # row (each round is one request): they send it themselves anyway.
@@ -44,6 +44,10 @@ _MAX_ROUNDS = 20
 _IN_FLIGHT = 4
 _WINDOW = 64
 _PIPELINE_FROM = 16
+# A run's rows are read back this many at a time (``landed_rows``), from the
+# lowest step a row can have: a row without a step is none of a step's.
+_LANDED_PAGE = 1000
+_LOWEST_STEP = -(1 << 63)
 
 
 @dataclass(frozen=True)
@@ -229,6 +233,31 @@ class TrainMetricsSink:
             isinstance(row, dict) and row.get("step") == step
             for row in receipts.page_items(page, "metrics")
         )
+
+
+def landed_rows(client: PlatformClient, table: str) -> list[dict[str, Any]] | None:
+    """The metrics rows the platform holds for the run of step table
+    ``table`` (``<API root> <run id>``), each with its step: what a step
+    table made anew starts from (``sinks.step_rows``). None where the
+    platform offers no read of a run's rows."""
+    run_id = table.rsplit(" ", 1)[-1]
+    out: list[dict[str, Any]] = []
+    lowest = _LOWEST_STEP
+    while True:
+        try:
+            page = client.api(
+                "GET",
+                f"/rft/runs/{run_id}/metrics",
+                params={"min_step": lowest, "limit": _LANDED_PAGE},
+            )
+        except NotFoundError:
+            return None
+        items = receipts.page_items(page, "metrics")
+        rows = [r for r in items if isinstance(r, dict) and _is_step(r.get("step"))]
+        out.extend(rows)
+        if len(items) < _LANDED_PAGE or not rows:
+            return out
+        lowest = max(r["step"] for r in rows) + 1
 
 
 # What a refused row recorded by an earlier attempt is counted with (its own

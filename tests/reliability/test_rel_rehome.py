@@ -12,8 +12,11 @@ again for ``show`` and ``replay``.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import shutil
+import sqlite3
 import time
 from pathlib import Path
 from typing import Any
@@ -197,3 +200,57 @@ def test_a_relative_runs_dir_stays_where_it_was_when_the_process_changes_directo
     (journal,) = [p for p in (start / "runs").iterdir() if not p.name.startswith(".")]
     assert [r["id"] for r in rh.journal_records(journal, EntryKind.EPISODE)] == acked
     assert rh.journal_records(journal, EntryKind.FINISH)
+
+
+def _platform_rows(data_dir: Path, run_id: str) -> dict[int, dict[str, Any]]:
+    """The run's metrics row of each step, as the platform keeps it."""
+    uri = f"file:{data_dir / 'platform.sqlite3'}?mode=ro"
+    conn = sqlite3.connect(uri, uri=True)
+    try:
+        rows = conn.execute("SELECT body FROM train_metrics WHERE run_id = ?", (run_id,))
+        bodies = [json.loads(body) for (body,) in rows]
+    finally:
+        conn.close()
+    by_step = {int(b["step"]): b for b in bodies}
+    assert len(by_step) == len(bodies), "two rows for one step"
+    return by_step
+
+
+def _rank(runs: Path, url: str, rank: int, run_id: str | None) -> pr.Run:
+    os.environ["RANK"] = str(rank)  # the launcher's (restored by sdk_env)
+    return pr.init(kind="train", id=run_id, model="m", team_id="team", base_url=url, runs_dir=runs)
+
+
+def test_ranks_keep_each_others_keys_of_a_step_when_the_runs_dir_is_deleted(
+    shared_platform: LocalPlatform, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Two ranks merge their rows of a step in the runs directory's step
+    table; the directory (journals and table) is wiped between their rows.
+    Rank 1's row of the step, sent after, still carries rank 0's keys: the
+    table made anew starts from what the platform holds, not empty."""
+    lp = shared_platform
+    runs = tmp_path / "runs"
+    with rt.sdk_env(lp.url, tmp_path / "home"), caplog.at_level(logging.WARNING, "primeruns"):
+        first = _rank(runs, lp.url, 0, None)
+        second = _rank(runs, lp.url, 1, first.id)
+        for step in range(3):
+            first.log_metrics({"loss_r0": 1.0 + step, "lr": 0.1}, step=step)
+        assert first.flush(timeout=60)
+        second.log_metrics({"loss_r1": 2.0}, step=0)
+        assert second.flush(timeout=60)
+        shutil.rmtree(runs)
+        _append_until_recreated(second)
+        for step in range(1, 3):
+            second.log_metrics({"loss_r1": 2.0 + step, "lr": 0.1}, step=step)
+        assert second.flush(timeout=60)
+        first.log_metrics({"loss_r0": 9.0}, step=3)
+        second.log_metrics({"loss_r1": 9.0}, step=3)
+        second.finish(timeout=60)
+        first.finish(timeout=60)
+    assert first.status is pr.RunStatus.COMPLETED and first.dropped_records == 0
+    rows = _platform_rows(lp.data_dir, first.id)
+    assert set(rows) == {0, 1, 2, 3}
+    for step, row in rows.items():
+        assert {"loss_r0", "loss_r1"} <= set(row), (step, row)
+    assert all(rows[step]["lr"] == 0.1 for step in range(3))
+    assert "cannot be used" not in caplog.text  # the table was made anew, not given up

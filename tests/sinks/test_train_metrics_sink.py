@@ -7,7 +7,10 @@ here), and the scripted platform keeps one row per step as the platform does
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +21,10 @@ from scripted_platform import LOST, PASS, Batch, ScriptedPlatform, error
 import primeruns as pr
 from primeruns.exceptions import APIError, RetryableAPIError, TransportError, UnauthorizedError
 from primeruns.journal import Entry, EntryKind, Journal
+from primeruns.platform import PlatformClient
 from primeruns.sinks.base import Binding
 from primeruns.sinks.step_rows import StepRows, merged_row
-from primeruns.sinks.train_metrics import TrainMetricsSink
+from primeruns.sinks.train_metrics import TrainMetricsSink, landed_rows
 
 _BOUND = Binding(run_id="rft-1", kind="train")
 
@@ -48,6 +52,21 @@ class MetricsTable:
 
     def steps(self) -> list[int]:
         return sorted(step for _, step in self.by_step)
+
+    def serve_reads(self, platform: ScriptedPlatform) -> None:
+        """``GET /api/v1/rft/runs/{id}/metrics?min_step&limit`` as the local platform answers it."""
+        platform.route(
+            "metrics_read", "GET", "/api/v1/rft/runs/(?P<run_id>[^/]+)/metrics", self.get
+        )
+
+    def get(self, request: httpx.Request, params: dict[str, str]) -> httpx.Response:
+        lowest, limit = int(request.url.params["min_step"]), int(request.url.params["limit"])
+        rows = [
+            row
+            for (run_id, step), row in sorted(self.by_step.items(), key=lambda i: i[0][1])
+            if run_id == params["run_id"] and step >= lowest
+        ]
+        return httpx.Response(200, json={"metrics": rows[:limit]})
 
 
 @pytest.fixture
@@ -205,8 +224,11 @@ def test_a_refused_key_stops_the_batch_where_it_is(
     assert table.steps() == [0]
 
 
-def _rank(folder: Path, rank: int) -> StepRows:
-    return StepRows(folder, label=f"rank{rank}", primary=rank == 0, rank=rank)
+def _rank(folder: Path, rank: int, client: PlatformClient | None = None) -> StepRows:
+    """Rank ``rank``'s step table; with ``client``, a table made anew starts
+    from the run's rows on that platform (as the uplink's does)."""
+    landed = None if client is None else functools.partial(landed_rows, client)
+    return StepRows(folder, label=f"rank{rank}", primary=rank == 0, rank=rank, landed=landed)
 
 
 class OvertakenTable(MetricsTable):
@@ -280,3 +302,67 @@ def test_one_process_logging_a_step_twice_keeps_the_union_with_its_later_values(
     assert version == 2 and rows.version("run", 1) == 2
     # nothing new: the same version
     assert rows.merge("run", 1, {"reward": 2.0, "step": 1}) == (merged, 2)
+
+
+def _keys(row: dict[str, Any]) -> set[str]:
+    return set(row) - {"_timestamp", "step"}
+
+
+def test_a_step_table_deleted_under_the_ranks_is_made_anew_from_the_runs_rows(
+    tmp_path: Path, platform: ScriptedPlatform
+) -> None:
+    """``rm -rf`` of the runs directory takes the host's step table while
+    the ranks log on. Rank 1's next row of a step rank 0 sent before keeps
+    rank 0's keys: the table made anew starts from the rows on the platform,
+    not empty (the row landing last had rank 1's keys only)."""
+    table = MetricsTable(platform)
+    table.serve_reads(platform)
+    rank0 = TrainMetricsSink(platform.client(), _rank(tmp_path, 0, platform.client()))
+    rank1 = TrainMetricsSink(platform.client(), _rank(tmp_path, 1, platform.client()))
+    Batch.prepare(rank0, _logged(tmp_path / "r0", [({"loss_r0": 0.5}, 3)]), _BOUND).send(rank0)
+    shutil.rmtree(tmp_path / ".steps")
+    Batch.prepare(rank1, _logged(tmp_path / "r1", [({"loss_r1": 0.7}, 3)]), _BOUND).send(rank1)
+    assert _keys(table.by_step[("rft-1", 3)]) == {"loss_r0", "loss_r1"}
+    # Rank 0 goes on in the new table (its old one lost its name): still both.
+    Batch.prepare(rank0, _logged(tmp_path / "r2", [({"lr": 0.1}, 3)]), _BOUND).send(rank0)
+    assert _keys(table.by_step[("rft-1", 3)]) == {"loss_r0", "loss_r1", "lr"}
+
+
+def test_a_row_sent_through_a_table_deleted_while_it_was_on_its_way_goes_again(
+    tmp_path: Path, platform: ScriptedPlatform
+) -> None:
+    """Rank 0's row is on its way when the step table is deleted and rank 1
+    sends its row of the step through the new table, landing first. Rank 0,
+    answered, finds the table it merged in gone, and sends its row again
+    through the new one: the row landing last holds both ranks' keys."""
+    table = OvertakenTable(platform)
+    table.serve_reads(platform)
+    rank0 = TrainMetricsSink(platform.client(), _rank(tmp_path, 0, platform.client()))
+    rank1 = TrainMetricsSink(platform.client(), _rank(tmp_path, 1, platform.client()))
+    overtaking = Batch.prepare(rank1, _logged(tmp_path / "r1", [({"loss_r1": 0.7}, 5)]), _BOUND)
+
+    def wiped_then_overtaken() -> None:
+        shutil.rmtree(tmp_path / ".steps")
+        overtaking.send(rank1)
+
+    table.meanwhile = wiped_then_overtaken
+    Batch.prepare(rank0, _logged(tmp_path / "r0", [({"loss_r0": 0.5}, 5)]), _BOUND).send(rank0)
+    assert _keys(table.by_step[("rft-1", 5)]) == {"loss_r0", "loss_r1"}
+
+
+def test_a_step_table_lost_where_the_platform_has_no_read_is_said_once(
+    tmp_path: Path, platform: ScriptedPlatform, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What landed before cannot be put back without a read of the run's
+    rows (a 404 for it): the process that saw its table go says so, once,
+    and goes on merging in the new table."""
+    MetricsTable(platform)  # no read route
+    steps = _rank(tmp_path, 0, platform.client())
+    assert steps.merge("k rft-1", 1, {"a": 1}) is not None
+    for step in (2, 3):
+        shutil.rmtree(tmp_path / ".steps")
+        with caplog.at_level(logging.WARNING, "primeruns"):
+            assert steps.merge("k rft-1", step, {"a": 1}) is not None
+    said = [r for r in caplog.records if "offers no read" in r.getMessage()]
+    assert len(said) == 1
+    steps.close()
