@@ -24,6 +24,13 @@ Which process is the primary (``resolve_role``), the first rule that applies:
    (the run's creator takes that lock too once the run is registered,
    ``claim_created``: a process attaching to it later is not a primary).
 
+The lock files (``<runs dir>/.primary/``) matter only while held: ``primeruns
+gc`` deletes those no living process holds (``collect_locks``), holding the
+folder's own lock while it does. An attacher that finds a lock held looks
+again under that folder's lock (gc takes a free one for a moment to prove it
+free), and one whose file lost its name before it locked it takes the file
+the path names (``_take``). Nothing here lists the folder.
+
 The primary closes the run only after the other processes of the run whose
 journals are in its runs directory (its host's ranks, and the children they
 forked) are done: each one's producer and uplink gone, their records shipped
@@ -43,14 +50,14 @@ import hashlib
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .exceptions import JournalError
 from .journal import Journal, journal_info, list_journals
-from .journal.lock import lock_held
+from .journal.lock import lock_held, remove_unheld
 from .journal.origin import Origin
 from .journal.trust import check_dir, make_private_dirs
 from .settings import parse_bool_setting
@@ -60,6 +67,7 @@ __all__ = [
     "K_ROLE",
     "Role",
     "claim_created",
+    "collect_locks",
     "is_primary",
     "launcher_rank",
     "others_of",
@@ -78,6 +86,9 @@ PRIMARY_ENV = "PRIME_RUNS_PRIMARY"
 # wins over SLURM's task id (srun starting one torchrun per node sets both).
 _RANK_ENVS = ("RANK", "SLURM_PROCID")
 _LOCKS_DIR = ".primary"
+_LOCK_SUFFIX = ".lock"
+# A lock file gc deletes as it is taken is taken again at most this often.
+_TAKE_TRIES = 5
 # The primary looks at the others' journals this often while it waits (a wait
 # on other processes' files: nothing here can wake it).
 _POLL_S = 0.1
@@ -229,26 +240,80 @@ def _first_to_attach(runs_dir: Path, run_id: str, local_id: str) -> bool:
         return True
     digest = hashlib.sha256(run_id.encode()).hexdigest()[:32]
     folder = Path(runs_dir) / _LOCKS_DIR
+    path = folder / f"{digest}{_LOCK_SUFFIX}"
     try:
         make_private_dirs(folder)
         check_dir(folder, "primary lock folder")  # never a symlink, never another's
-        fd = os.open(
-            folder / f"{digest}.lock",
-            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-            0o600,
-        )
+        taken = _take(path)
+        if taken is None:
+            # Held; or gc held it a moment to see whether it may delete it
+            # (``collect_locks``), which it does holding the folder's lock:
+            # looked at again once gc is not at it.
+            with _folder_locked(folder, fcntl.LOCK_SH):
+                taken = _take(path)
     except (OSError, JournalError) as exc:
         # No lock to take (a read-only runs dir, an untrusted folder): behave
         # as the only process.
         log.info("prime-runs: could not take the run's primary lock: %s", exc)
         return True
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
+    if taken is None:
         return False
-    _held[run_id] = (fd, runs_dir / local_id)
+    _held[run_id] = (taken, runs_dir / local_id)
     return True
+
+
+def _take(path: Path) -> int | None:
+    """The lock file at ``path``, locked exclusively if no process holds it
+    (None: one does). A file gc deleted between its open and its lock is
+    nobody's lock (a process opening the path makes a new one): the file the
+    path names is taken instead."""
+    for _ in range(_TAKE_TRIES):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            return None
+        try:
+            if os.fstat(fd).st_ino == os.stat(path, follow_symlinks=False).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass  # deleted after the lock was taken: open the path again
+        os.close(fd)
+    raise OSError(f"the lock file {path} was deleted each time it was taken")
+
+
+@contextlib.contextmanager
+def _folder_locked(folder: Path, how: int) -> Iterator[None]:
+    """The lock folder's own ``flock`` held (``how``): gc holds it exclusively
+    while it deletes lock files, an attacher shared to look again at a lock
+    it found held."""
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, how)
+        yield
+    finally:
+        os.close(fd)
+
+
+def collect_locks(runs_dir: Path, *, dry_run: bool) -> list[Path] | None:
+    """For ``primeruns gc``: delete the lock files in ``runs_dir`` no living
+    process holds (the lock of a run or rank matters only while held: a later
+    attacher makes it anew). Those deleted (would be, with ``dry_run``); None
+    when an attacher is looking at the folder (tried again at the next gc)."""
+    folder = Path(runs_dir) / _LOCKS_DIR
+    try:
+        check_dir(folder, "primary lock folder")
+        names = sorted(name for name in os.listdir(folder) if name.endswith(_LOCK_SUFFIX))
+    except (OSError, JournalError):
+        return []
+    try:
+        with _folder_locked(folder, fcntl.LOCK_EX | fcntl.LOCK_NB):
+            return [
+                folder / name for name in names if remove_unheld(folder / name, dry_run=dry_run)
+            ]
+    except BlockingIOError:  # (the folder's lock; any other error is gc's to say)
+        return None
 
 
 # -- the primary's wait ----------------------------------------------------------------

@@ -14,7 +14,9 @@ nothing twice: one that holds nothing new is nothing to sync, and one that
 does is refused, naming the fix.
 
 The step tables in which a run's processes merge their metrics rows go with
-the run's last journal (``gc_steps``).
+the run's last journal (``gc_steps``), and the lock files of runs' primaries
+and ranks (``<runs dir>/.primary/``) once no live process holds them
+(``ranks.collect_locks``: a later attacher makes one anew).
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError, JournalLockedError
 from ..journal import delete_journal
 from ..journal.listing import journal_infos
+from ..ranks import collect_locks
 from ..reports import RunStatus, statuses
 from ..ship import sync_records
 from ..ship.copies import K_SOURCE_PATH, check_sync_root, sync_root
@@ -173,9 +177,20 @@ def run_gc(args: argparse.Namespace) -> int:
         for t in steps:
             if t.reason is not None:
                 say(f"keep    step table of run {t.run_id or '?'}: {t.reason}")
+    locks = _collect_locks(runs_dir, args.dry_run, say)
+    if locks is None:
+        code = EXIT_FAILED
     freed = sum(e["size_bytes"] for e in report["deleted"])
     if args.json:
-        emit_json({"dry_run": args.dry_run, "freed_bytes": freed, **report, "step_tables": tables})
+        emit_json(
+            {
+                "dry_run": args.dry_run,
+                "freed_bytes": freed,
+                **report,
+                "step_tables": tables,
+                "primary_locks": [str(p) for p in locks or []],
+            }
+        )
     else:
         verb = "would delete" if args.dry_run else "deleted"
         print(
@@ -183,6 +198,23 @@ def run_gc(args: argparse.Namespace) -> int:
             f"kept {len(report['kept'])}"
         )
     return code
+
+
+def _collect_locks(runs_dir: Path, dry_run: bool, say: Callable[[str], None]) -> list[Path] | None:
+    """The lock files of runs' primaries and ranks (``ranks.collect_locks``)
+    no live process holds: deleted, and said (None: they could not be)."""
+    try:
+        locks = collect_locks(runs_dir, dry_run=dry_run)
+    except OSError as exc:
+        say(f"failed  lock files in {runs_dir / '.primary'}: {exc}")
+        return None
+    if locks is None:
+        say("kept    lock files: a process was taking one; the next gc deletes them")
+        return []
+    if locks:
+        verb = "would delete" if dry_run else "deleted"
+        say(f"{verb} {len(locks)} lock file(s) no live process holds ({runs_dir / '.primary'})")
+    return locks
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -42,7 +42,15 @@ from typing import Any
 from primeruns.exceptions import JournalLockedError
 from primeruns.journal.trust import UntrustedPathError
 
-__all__ = ["LOCK_NAME", "OwnerInfo", "OwnerLock", "lock_held", "owner_alive", "read_owner"]
+__all__ = [
+    "LOCK_NAME",
+    "OwnerInfo",
+    "OwnerLock",
+    "lock_held",
+    "owner_alive",
+    "read_owner",
+    "remove_unheld",
+]
 
 LOCK_NAME = "owner.lock"
 
@@ -155,6 +163,36 @@ def lock_held(directory: Path) -> bool:
     finally:
         os.close(fd)  # our own shared lock, if taken, ends with its descriptor
     return False
+
+
+def remove_unheld(path: Path, *companions: Path, dry_run: bool = False) -> bool:
+    """Delete the file at ``path`` (``companions`` first) unless a process
+    holds a ``flock`` on it: whether it was deleted (with ``dry_run``: would
+    be). Its exclusive lock, taken without waiting, proves nobody holds it,
+    and is held while it is deleted; a file that lost its name meanwhile (a
+    process made it anew) is left."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return True
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return False
+        try:
+            if os.fstat(fd).st_ino != os.stat(path, follow_symlinks=False).st_ino:
+                return False
+        except FileNotFoundError:
+            return False  # deleted meanwhile, by another
+        if not dry_run:
+            for companion in companions:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(companion)
+            os.unlink(path)
+        return True
+    finally:
+        os.close(fd)
 
 
 def _pid_alive(pid: int, proc_start: int | None) -> bool:

@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError
+from ..journal.lock import remove_unheld
 from ..journal.trust import check_dir, make_private_dirs
 
 __all__ = [
@@ -382,23 +383,7 @@ def table_run(path: Path) -> str | None:
 def delete_table(path: Path) -> bool:
     """Delete the table at ``path`` unless a process has it open (its shared
     lock): False, kept. Its rollback journal, if a writer left one, goes too."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return True
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return False
-        if os.fstat(fd).st_ino != os.stat(path, follow_symlinks=False).st_ino:
-            return False  # replaced meanwhile: a process made it anew
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"{path}-journal")
-        os.unlink(path)
-        return True
-    finally:
-        os.close(fd)
+    return remove_unheld(path, Path(f"{path}-journal"))
 
 
 def _initialise(conn: sqlite3.Connection, key: str) -> None:
