@@ -123,4 +123,5 @@ def _step_rows(journal: Journal, lifecycle: Lifecycle, client: PlatformClient) -
         primary=role.primary,
         rank=role.rank,
         landed=functools.partial(landed_rows, client),
+        shipped_before=journal.acked("train_metrics") > 0,
     )

@@ -40,7 +40,7 @@ for it. The platform's row fills in only keys no process gave (the part
 ``(landed)``, never under ``<key>@<label>``). A process whose table lost its
 name while it had it open (each transaction looks: an ``fstat`` and a
 ``stat``) goes on in the one at the path, and a step it sent through the old
-one goes again through the new one. Where the platform offers no read of a
+one goes again through the new one. Where the platform gives no read of a
 run's rows, what landed before cannot be put back: the process that saw its
 table go says so, once.
 
@@ -150,9 +150,12 @@ class StepRows:
         primary: bool,
         rank: int | None,
         landed: Landed | None = None,
+        shipped_before: bool = False,
     ) -> None:
         """``landed``: what a table made anew starts from (module doc); None:
-        nothing (a table read only locally)."""
+        nothing (a table read only locally). ``shipped_before``: this
+        process's journal shipped rows before (through a table: one it has
+        to make replaces a lost one, a journal re-created under its run)."""
         self._folder = Path(folder) / _FOLDER
         self._part = {"primary": primary, "rank": rank}
         self._label = label
@@ -162,6 +165,7 @@ class StepRows:
         self._held: dict[str, int] = {}  # the tables' files, locked shared while open
         self._broken = False
         self._loss_said = False
+        self._shipped_before = shipped_before
 
     def _conn(self, key: str) -> tuple[sqlite3.Connection, bool]:
         """The table of ``key``, and whether it is another file than the one
@@ -175,7 +179,8 @@ class StepRows:
         make_private_dirs(self._folder)
         check_dir(self._folder, "step table folder")  # never a symlink, never another's
         path = self._folder / table_name(key)
-        fd = _held_open(path, lambda: self._make(path, key, lost=replaced))
+        lost = replaced or self._shipped_before
+        fd = _held_open(path, lambda: self._make(path, key, lost=lost))
         try:
             conn = sqlite3.connect(
                 str(path), timeout=_BUSY_S, isolation_level=None, check_same_thread=False
@@ -201,7 +206,7 @@ class StepRows:
         """Put a table at ``path`` holding what the platform holds for the
         run (``landed``), made whole under another name first, so no process
         merges into it before (another process's may take the name first).
-        ``lost``: this process had one there.
+        ``lost``: one this process's rows went through was there.
 
         Read after the old table lost its name, that holds every row sent
         through it: a process that sent one looked at its step after it
@@ -212,7 +217,7 @@ class StepRows:
             self._loss_said = True
             log.warning(
                 "prime-runs: the table that merges the metrics rows of this host's processes "
-                "(%s) was deleted while the run used it, and the platform offers no read of "
+                "(%s) was deleted while the run used it, and the platform gave no read of "
                 "the run's rows to start the new one from: a step logged again by one process "
                 "loses the keys the others logged for it before",
                 path,

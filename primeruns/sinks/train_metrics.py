@@ -24,7 +24,13 @@ from typing import Any, TypeGuard
 
 import orjson
 
-from ..exceptions import APIError, NotFoundError, is_record_rejection
+from ..exceptions import (
+    APIError,
+    NotFoundError,
+    UnprovenAnswerError,
+    is_record_rejection,
+    is_transient,
+)
 from ..journal import Entry
 from ..platform import PlatformClient
 from . import receipts
@@ -44,10 +50,8 @@ _MAX_ROUNDS = 20
 _IN_FLIGHT = 4
 _WINDOW = 64
 _PIPELINE_FROM = 16
-# A run's rows are read back this many at a time (``landed_rows``), from the
-# lowest step a row can have: a row without a step is none of a step's.
+# A run's rows are read back this many at a time (``landed_rows``).
 _LANDED_PAGE = 1000
-_LOWEST_STEP = -(1 << 63)
 
 
 @dataclass(frozen=True)
@@ -238,26 +242,41 @@ class TrainMetricsSink:
 def landed_rows(client: PlatformClient, table: str) -> list[dict[str, Any]] | None:
     """The metrics rows the platform holds for the run of step table
     ``table`` (``<API root> <run id>``), each with its step: what a step
-    table made anew starts from (``sinks.step_rows``). None where the
-    platform offers no read of a run's rows."""
+    table made anew starts from (``sinks.step_rows``). Read a page at a time
+    by step until a page holds none past the last (a platform that gives
+    fewer rows than asked is read to the end too). None where the platform
+    offers no such read, or refuses or cannot answer this one: a read that
+    only helps never holds the rows back, nor refuses one. A transient
+    failure is raised (the batch is tried again)."""
     run_id = table.rsplit(" ", 1)[-1]
     out: list[dict[str, Any]] = []
-    lowest = _LOWEST_STEP
+    lowest: int | None = None
     while True:
+        params = {"limit": _LANDED_PAGE, **({} if lowest is None else {"min_step": lowest})}
         try:
-            page = client.api(
-                "GET",
-                f"/rft/runs/{run_id}/metrics",
-                params={"min_step": lowest, "limit": _LANDED_PAGE},
-            )
-        except NotFoundError:
+            page = client.api("GET", f"/rft/runs/{run_id}/metrics", params=params)
+            items = receipts.page_items(page, "metrics")
+        except APIError as exc:
+            if is_transient(exc) and not isinstance(exc, UnprovenAnswerError):
+                raise
             return None
-        items = receipts.page_items(page, "metrics")
-        rows = [r for r in items if isinstance(r, dict) and _is_step(r.get("step"))]
-        out.extend(rows)
-        if len(items) < _LANDED_PAGE or not rows:
+        rows = _rows_from(items, lowest)
+        if not rows:
             return out
+        out.extend(rows)
         lowest = max(r["step"] for r in rows) + 1
+
+
+def _rows_from(items: list[Any], lowest: int | None) -> list[dict[str, Any]]:
+    """The rows of a page of a run's rows with a step from ``lowest`` on (a
+    platform that ignores ``min_step`` gives the first page again: read once)."""
+    return [
+        r
+        for r in items
+        if isinstance(r, dict)
+        and _is_step(r.get("step"))
+        and (lowest is None or r["step"] >= lowest)
+    ]
 
 
 # What a refused row recorded by an earlier attempt is counted with (its own

@@ -60,7 +60,8 @@ class MetricsTable:
         )
 
     def get(self, request: httpx.Request, params: dict[str, str]) -> httpx.Response:
-        lowest, limit = int(request.url.params["min_step"]), int(request.url.params["limit"])
+        query = request.url.params
+        lowest, limit = int(query.get("min_step", -(1 << 63))), int(query["limit"])
         rows = [
             row
             for (run_id, step), row in sorted(self.by_step.items(), key=lambda i: i[0][1])
@@ -363,6 +364,55 @@ def test_a_step_table_lost_where_the_platform_has_no_read_is_said_once(
         shutil.rmtree(tmp_path / ".steps")
         with caplog.at_level(logging.WARNING, "primeruns"):
             assert steps.merge("k rft-1", step, {"a": 1}) is not None
-    said = [r for r in caplog.records if "offers no read" in r.getMessage()]
+    said = [r for r in caplog.records if "gave no read" in r.getMessage()]
     assert len(said) == 1
     steps.close()
+    # A new uplink of a journal re-created under its run (its rows shipped
+    # before) makes the table the wipe took: said there too.
+    caplog.clear()
+    shutil.rmtree(tmp_path / ".steps")
+    again = StepRows(
+        tmp_path,
+        label="rank0",
+        primary=True,
+        rank=0,
+        landed=functools.partial(landed_rows, platform.client()),
+        shipped_before=True,
+    )
+    with caplog.at_level(logging.WARNING, "primeruns"):
+        assert again.merge("k rft-1", 4, {"a": 1}) is not None
+    assert [r for r in caplog.records if "gave no read" in r.getMessage()]
+    again.close()
+
+
+@pytest.mark.parametrize("platform_reads", ["pages", "fewer-than-asked", "no-min-step", "422"])
+def test_the_runs_rows_a_new_table_starts_from_are_read_to_the_end_or_not_at_all(
+    platform: ScriptedPlatform, platform_reads: str
+) -> None:
+    """A platform may give fewer rows than asked, or ignore ``min_step``:
+    every row is read, and the read ends. One that refuses the read gives
+    nothing to start from (None), never a refusal of the row being sent."""
+    table = MetricsTable(platform)
+    for step in range(2500):
+        table.by_step[("rft-1", step)] = {"step": step, "loss": 1.0}
+
+    def read(request: httpx.Request, params: dict[str, str]) -> httpx.Response:
+        if platform_reads == "422":
+            return error(422, "min_step out of range")
+        if platform_reads == "no-min-step":
+            request = httpx.Request("GET", request.url.copy_remove_param("min_step"))
+        if platform_reads == "fewer-than-asked":
+            request = httpx.Request("GET", request.url.copy_set_param("limit", "300"))
+        query = request.url.params
+        lowest = int(query.get("min_step", -1))
+        rows = [r for (_, s), r in sorted(table.by_step.items()) if s >= lowest]
+        return httpx.Response(200, json={"metrics": rows[: int(query["limit"])]})
+
+    platform.route("metrics_read", "GET", "/api/v1/rft/runs/rft-1/metrics", read)
+    rows = landed_rows(platform.client(), "http://platform.test/api/v1 rft-1")
+    if platform_reads == "422":
+        assert rows is None
+    elif platform_reads == "no-min-step":
+        assert rows is not None and [r["step"] for r in rows] == list(range(1000))
+    else:
+        assert rows is not None and [r["step"] for r in rows] == list(range(2500))
