@@ -39,8 +39,9 @@ the next row of a step sent before lose the keys the other processes logged
 for it. The platform's row fills in only keys no process gave (the part
 ``(landed)``, never under ``<key>@<label>``). A process whose table lost its
 name while it had it open (each transaction looks: an ``fstat`` and a
-``stat``) goes on in the one at the path, and a step it sent through the old
-one goes again through the new one. Where the platform gives no read of a
+``stat``; one that SQLite failed as the name went is done again) goes on in
+the one at the path, and a step it sent through the old one goes again
+through the new one. Where the platform gives no read of a
 run's rows, what landed before cannot be put back: the process that saw its
 table go says so, once.
 
@@ -64,7 +65,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..exceptions import JournalError
 from ..journal.lock import remove_unheld
@@ -106,6 +107,8 @@ _LANDED = "(landed)"
 # A step's version reported for a step sent through a table that was then
 # deleted or replaced: never one a merge gives (those start at 1).
 _GONE = -1
+
+_T = TypeVar("_T")
 
 Landed = Callable[[str], "list[dict[str, Any]] | None"]
 """The metrics rows the platform holds for the run of a table's key, each
@@ -273,20 +276,16 @@ class StepRows:
         each. Each row's merged row and version, as ``merge`` gives them (a
         step met twice: the second includes the first); None when the table
         cannot be used."""
-        if self._broken:
-            return None
-        out: list[tuple[dict[str, Any], int]] = []
-        try:
-            with self._lock:
-                conn, _ = self._conn(run)
-                with _transaction(conn):
-                    stored = _stored(conn, {step for step, _ in rows})
-                    for step, row in rows:
-                        out.append(self._merge_in(conn, step, row, stored))
+
+        def merge(conn: sqlite3.Connection, _: bool) -> list[tuple[dict[str, Any], int]]:
+            out: list[tuple[dict[str, Any], int]] = []
+            with _transaction(conn):
+                stored = _stored(conn, {step for step, _ in rows})
+                for step, row in rows:
+                    out.append(self._merge_in(conn, step, row, stored))
             return out
-        except (sqlite3.Error, OSError, ValueError, JournalError) as exc:
-            self._give_up(exc)
-            return None
+
+        return self._in_table(run, merge)
 
     def _merge_in(
         self,
@@ -317,26 +316,49 @@ class StepRows:
     def versions(self, run: str, steps: Collection[int]) -> dict[int, int] | None:
         """The versions of ``steps`` now, in one read (0: a step not in the
         table; None: the table cannot be read)."""
+
+        def read(conn: sqlite3.Connection, replaced: bool) -> dict[int, int]:
+            if replaced:  # what was sent through the old table goes again
+                return dict.fromkeys(steps, _GONE)
+            out = dict.fromkeys(steps, 0)
+            wanted = list(out)
+            for start in range(0, len(wanted), _IN_LIMIT):
+                chunk = wanted[start : start + _IN_LIMIT]
+                marks = ",".join("?" * len(chunk))
+                for step, version in conn.execute(
+                    f"SELECT step, version FROM steps WHERE step IN ({marks})", chunk
+                ):
+                    out[int(step)] = int(version)
+            return out
+
+        return self._in_table(run, read)
+
+    def _in_table(self, key: str, work: Callable[[sqlite3.Connection, bool], _T]) -> _T | None:
+        """``work`` on the table of ``key`` (given whether it replaces one
+        that lost its name), under the lock. None when the table cannot be
+        used (given up: rows go as logged from then on); but a table that
+        lost its name during ``work`` (SQLite: "disk I/O error", "readonly
+        database") is no reason: ``work`` is done again in the one at the path."""
         if self._broken:
             return None
-        try:
-            out = dict.fromkeys(steps, 0)
-            with self._lock:
-                conn, replaced = self._conn(run)
-                if replaced:  # what was sent through the old table goes again
-                    return dict.fromkeys(steps, _GONE)
-                wanted = list(out)
-                for start in range(0, len(wanted), _IN_LIMIT):
-                    chunk = wanted[start : start + _IN_LIMIT]
-                    marks = ",".join("?" * len(chunk))
-                    for step, version in conn.execute(
-                        f"SELECT step, version FROM steps WHERE step IN ({marks})", chunk
-                    ):
-                        out[int(step)] = int(version)
-            return out
-        except (sqlite3.Error, OSError) as exc:
-            self._give_up(exc)
-            return None
+        for _ in range(2):
+            try:
+                with self._lock:
+                    conn, replaced = self._conn(key)
+                    return work(conn, replaced)
+            except (sqlite3.Error, OSError, ValueError, JournalError) as exc:
+                error = exc
+                if not self._lost_name(key):
+                    break
+        self._give_up(error)
+        return None
+
+    def _lost_name(self, key: str) -> bool:
+        with self._lock:
+            try:
+                return key in self._held and self._replaced(key)
+            except OSError:
+                return False
 
     def _give_up(self, exc: BaseException) -> None:
         self._broken = True

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import one_run_oracle as oracle
 import pytest
 import rel_helpers as rh
 import rel_torture as rt
@@ -254,3 +255,29 @@ def test_ranks_keep_each_others_keys_of_a_step_when_the_runs_dir_is_deleted(
         assert {"loss_r0", "loss_r1"} <= set(row), (step, row)
     assert all(rows[step]["lr"] == 0.1 for step in range(3))
     assert "cannot be used" not in caplog.text  # the table was made anew, not given up
+
+
+@pytest.mark.parametrize("after", [2, 5])
+def test_four_rank_processes_keep_every_key_of_each_step_through_a_wipe(
+    shared_platform: LocalPlatform, tmp_path: Path, after: int
+) -> None:
+    """Four rank processes (``rel_rank.py``) log a training run; its runs
+    directory is wiped (``rm -rf``: journals and the step table) once each
+    said ``after`` lines, while they log and ship. Every step's row holds
+    every rank's key. Before: 16 of 16 trials lost one (a table made anew
+    empty); then 5 of 16 (an uplink whose table went mid-transaction gave it
+    up and sent its rows as logged)."""
+    lp = shared_platform
+    run_id = oracle.create(lp, "train")
+    ranks = oracle._start(lp, tmp_path, run_id, "train")
+    for rank in ranks:
+        rank.read_until(None, lines=after)
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)  # as rm -rf: on past what others make
+    for rank in ranks:
+        rank.read_until("logged")
+    for rank in ranks[1:]:
+        rank.release()
+        rank.wait_finished()
+    ranks[0].release()
+    ranks[0].wait_finished()
+    oracle.check_metrics(lp, run_id, {f"loss_r{r.rank}": r.steps for r in ranks})

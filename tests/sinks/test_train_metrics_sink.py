@@ -416,3 +416,38 @@ def test_the_runs_rows_a_new_table_starts_from_are_read_to_the_end_or_not_at_all
         assert rows is not None and [r["step"] for r in rows] == list(range(1000))
     else:
         assert rows is not None and [r["step"] for r in rows] == list(range(2500))
+
+
+def test_a_step_table_deleted_in_the_middle_of_a_merge_is_not_given_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wipe lands while a merge's transaction is open: SQLite fails it
+    ("disk I/O error", four ranks wiped mid-run). Given up, the table would
+    send every later row as logged, each replacing the step's row on the
+    platform with one rank's keys. The merge is done again in the new table."""
+    from primeruns.sinks import step_rows
+
+    table = MetricsTable(ScriptedPlatform())
+    table.by_step[("rft-1", 1)] = {"step": 1, "loss_r0": 0.5}
+    steps = StepRows(
+        tmp_path,
+        label="rank1",
+        primary=False,
+        rank=1,
+        landed=lambda _: list(table.by_step.values()),
+    )
+    assert steps.merge("k rft-1", 0, {"loss_r1": 0.1}) is not None
+    real = step_rows._stored
+    wiped: list[bool] = []
+
+    def wiped_within(conn: Any, wanted: Any) -> Any:
+        if not wiped:
+            wiped.append(True)
+            shutil.rmtree(tmp_path / ".steps")
+        return real(conn, wanted)
+
+    monkeypatch.setattr(step_rows, "_stored", wiped_within)
+    merged = steps.merge("k rft-1", 1, {"loss_r1": 0.7})
+    assert wiped and merged is not None
+    assert _keys(merged[0]) == {"loss_r0", "loss_r1"}
+    steps.close()
