@@ -296,24 +296,29 @@ def _folder_locked(folder: Path, how: int) -> Iterator[None]:
         os.close(fd)
 
 
-def collect_locks(runs_dir: Path, *, dry_run: bool) -> list[Path] | None:
+def collect_locks(runs_dir: Path, *, dry_run: bool) -> list[Path]:
     """For ``primeruns gc``: delete the lock files in ``runs_dir`` no living
     process holds (the lock of a run or rank matters only while held: a later
-    attacher makes it anew). Those deleted (would be, with ``dry_run``); None
-    when an attacher is looking at the folder (tried again at the next gc)."""
+    attacher makes it anew). Those deleted (would be, with ``dry_run``)."""
     folder = Path(runs_dir) / _LOCKS_DIR
     try:
         check_dir(folder, "primary lock folder")
         names = sorted(name for name in os.listdir(folder) if name.endswith(_LOCK_SUFFIX))
     except (OSError, JournalError):
         return []
+    return [folder / name for name in names if _remove_free(folder / name, dry_run=dry_run)]
+
+
+def _remove_free(path: Path, *, dry_run: bool) -> bool:
+    """Delete the lock file at ``path`` if no process holds it, holding the
+    folder's lock the while (a moment: an attacher that found the file held
+    meanwhile looks again after). False: held, or an attacher is looking at
+    the folder (the next gc deletes it)."""
     try:
-        with _folder_locked(folder, fcntl.LOCK_EX | fcntl.LOCK_NB):
-            return [
-                folder / name for name in names if remove_unheld(folder / name, dry_run=dry_run)
-            ]
+        with _folder_locked(path.parent, fcntl.LOCK_EX | fcntl.LOCK_NB):
+            return remove_unheld(path, dry_run=dry_run)
     except BlockingIOError:  # (the folder's lock; any other error is gc's to say)
-        return None
+        return False
 
 
 # -- the primary's wait ----------------------------------------------------------------

@@ -208,9 +208,6 @@ def _collect_locks(runs_dir: Path, dry_run: bool, say: Callable[[str], None]) ->
     except OSError as exc:
         say(f"failed  lock files in {runs_dir / '.primary'}: {exc}")
         return None
-    if locks is None:
-        say("kept    lock files: a process was taking one; the next gc deletes them")
-        return []
     if locks:
         verb = "would delete" if dry_run else "deleted"
         say(f"{verb} {len(locks)} lock file(s) no live process holds ({runs_dir / '.primary'})")
