@@ -63,7 +63,7 @@ import os
 import secrets
 import sqlite3
 import threading
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -110,9 +110,9 @@ _GONE = -1
 
 _T = TypeVar("_T")
 
-Landed = Callable[[str], "list[dict[str, Any]] | None"]
+Landed = Callable[[str], "Iterable[list[dict[str, Any]]] | None"]
 """The metrics rows the platform holds for the run of a table's key, each
-with its step; None where the platform offers no such read."""
+with its step, a page at a time; None where the platform offers no such read."""
 
 
 def table_name(key: str) -> str:
@@ -233,7 +233,8 @@ class StepRows:
             conn = sqlite3.connect(str(draft), isolation_level=None)
             try:
                 _initialise(conn, key)
-                _put_landed(conn, landed or [])
+                for page in landed or ():
+                    _put_landed(conn, page)
             finally:
                 conn.close()
             with contextlib.suppress(FileExistsError):

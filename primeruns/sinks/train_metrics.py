@@ -18,7 +18,7 @@ never two of one step (they could land in either order, the earlier last).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeGuard
 
@@ -239,32 +239,43 @@ class TrainMetricsSink:
         )
 
 
-def landed_rows(client: PlatformClient, table: str) -> list[dict[str, Any]] | None:
+def landed_rows(client: PlatformClient, table: str) -> Iterator[list[dict[str, Any]]] | None:
     """The metrics rows the platform holds for the run of step table
-    ``table`` (``<API root> <run id>``), each with its step: what a step
-    table made anew starts from (``sinks.step_rows``). Read a page at a time
-    by step until a page holds none past the last (a platform that gives
-    fewer rows than asked is read to the end too). None where the platform
-    offers no such read, or refuses or cannot answer this one: a read that
-    only helps never holds the rows back, nor refuses one. A transient
-    failure is raised (the batch is tried again)."""
+    ``table`` (``<API root> <run id>``), each with its step, a page at a time
+    (what a step table made anew starts from: ``sinks.step_rows``; a long
+    run's rows are never all in memory at once). Read by step until a page
+    holds none past the last (a platform that gives fewer rows than asked is
+    read to the end too). None where the platform offers no such read, or
+    refuses or cannot answer the first page; a later page refused ends the
+    pages there: a read that only helps never holds the rows back, nor
+    refuses one. A transient failure is raised (the batch is tried again)."""
     run_id = table.rsplit(" ", 1)[-1]
-    out: list[dict[str, Any]] = []
-    lowest: int | None = None
-    while True:
-        params = {"limit": _LANDED_PAGE, **({} if lowest is None else {"min_step": lowest})}
-        try:
-            page = client.api("GET", f"/rft/runs/{run_id}/metrics", params=params)
-            items = receipts.page_items(page, "metrics")
-        except APIError as exc:
-            if is_transient(exc) and not isinstance(exc, UnprovenAnswerError):
-                raise
-            return None
-        rows = _rows_from(items, lowest)
-        if not rows:
-            return out
-        out.extend(rows)
-        lowest = max(r["step"] for r in rows) + 1
+    first = _landed_page(client, run_id, None)
+    return None if first is None else _landed_pages(client, run_id, first)
+
+
+def _landed_pages(
+    client: PlatformClient, run_id: str, rows: list[dict[str, Any]]
+) -> Iterator[list[dict[str, Any]]]:
+    while rows:
+        yield rows
+        rows = _landed_page(client, run_id, max(r["step"] for r in rows) + 1) or []
+
+
+def _landed_page(
+    client: PlatformClient, run_id: str, lowest: int | None
+) -> list[dict[str, Any]] | None:
+    """The rows of one page of the run's rows from step ``lowest`` on; None
+    where the platform refused or could not answer it (raised: transient)."""
+    params = {"limit": _LANDED_PAGE, **({} if lowest is None else {"min_step": lowest})}
+    try:
+        page = client.api("GET", f"/rft/runs/{run_id}/metrics", params=params)
+        items = receipts.page_items(page, "metrics")
+    except APIError as exc:
+        if is_transient(exc) and not isinstance(exc, UnprovenAnswerError):
+            raise
+        return None
+    return _rows_from(items, lowest)
 
 
 def _rows_from(items: list[Any], lowest: int | None) -> list[dict[str, Any]]:

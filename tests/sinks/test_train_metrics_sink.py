@@ -409,7 +409,8 @@ def test_the_runs_rows_a_new_table_starts_from_are_read_to_the_end_or_not_at_all
         return httpx.Response(200, json={"metrics": rows[: int(query["limit"])]})
 
     platform.route("metrics_read", "GET", "/api/v1/rft/runs/rft-1/metrics", read)
-    rows = landed_rows(platform.client(), "http://platform.test/api/v1 rft-1")
+    pages = landed_rows(platform.client(), "http://platform.test/api/v1 rft-1")
+    rows = None if pages is None else [row for page in pages for row in page]
     if platform_reads == "422":
         assert rows is None
     elif platform_reads == "no-min-step":
@@ -434,7 +435,7 @@ def test_a_step_table_deleted_in_the_middle_of_a_merge_is_not_given_up(
         label="rank1",
         primary=False,
         rank=1,
-        landed=lambda _: list(table.by_step.values()),
+        landed=lambda _: [list(table.by_step.values())],
     )
     assert steps.merge("k rft-1", 0, {"loss_r1": 0.1}) is not None
     real = step_rows._stored
