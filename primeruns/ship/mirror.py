@@ -149,6 +149,9 @@ def adopt_repaired(
     with Journal.open(taken, owner=True, repair=True) as journal:
         journal.set_meta(K_SOURCE_ORIGIN, origin.to_json())
         journal.set_meta(K_SOURCE_PATH, {"path": str(copy), "imported_upto": end})
+        # The losses it holds are the copy's own: a later copy of the same
+        # journal counts them again unless they are marked carried over.
+        journal.set_meta(K_SOURCE_LOSSES, _loss_counts(journal))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(taken / ORIGIN_FILE)  # it is no one's original now
     try:
@@ -277,19 +280,27 @@ def _append_in_order(dest: Journal, entries: list[Entry]) -> None:
         start = stop
 
 
+def _loss_counts(journal: Journal) -> dict[str, int]:
+    """The records ``journal`` counts lost, per sink."""
+    counts: dict[str, int] = {}
+    for sink, loss in journal.losses().items():
+        count = loss.get("count", 0) if isinstance(loss, dict) else 0
+        if isinstance(count, int) and not isinstance(count, bool):
+            counts[sink] = count
+    return counts
+
+
 def _carry_losses(source: Journal, dest: Journal) -> None:
     seen = dest.get_meta(K_SOURCE_LOSSES) or {}
     if not isinstance(seen, dict):
         seen = {}
     changed = False
-    for sink, loss in source.losses().items():
-        count = loss.get("count", 0) if isinstance(loss, dict) else 0
-        if not isinstance(count, int) or isinstance(count, bool):
-            continue
+    reasons = source.losses()
+    for sink, count in _loss_counts(source).items():
         before = seen.get(sink, 0) if isinstance(seen.get(sink), int) else 0
         if count > before:
-            reasons = loss.get("reasons") or []
-            reason = str(reasons[-1]) if reasons else "counted by the producer"
+            said = reasons[sink].get("reasons") or []
+            reason = str(said[-1]) if said else "counted by the producer"
             dest.record_loss(sink, count - before, reason)
             seen[sink] = count
             changed = True

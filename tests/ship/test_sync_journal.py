@@ -217,6 +217,38 @@ def test_the_producer_counted_losses_are_carried_over_as_they_grow(tmp_path: Pat
     producer.close()
 
 
+def test_losses_a_repaired_copy_brought_are_not_counted_again_by_a_later_copy(
+    tmp_path: Path,
+) -> None:
+    """Found by an adversarial review: a damaged copy of a finished run
+    became its sync journal rebuilt (``adopt_repaired``), with the losses its
+    producer counted; the next copy of the same journal carried those losses
+    over again, and the run reported twice the records lost that were."""
+    producer = Journal.create(tmp_path / "node")
+    _log(producer, 0, 10)
+    producer.append(EntryKind.EPISODE, [b'{"marker": "damaged-entry-eleven"}'])
+    _log(producer, 11, 9)
+    producer.record_loss("journal", 3, "the journal was full")
+    producer.close()
+    copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
+    _flip(copy, b"damaged-entry-eleven")
+    root = tmp_path / "synced"
+    origin = Origin.read_beside(copy)
+    assert origin is not None
+    with mirror.snapshot(copy, root) as taken:
+        with Journal.open(taken, owner=False) as source:
+            end = source.last_seq()
+        sync = mirror.adopt_repaired(taken, copy, origin, root, producer.local_id, end)
+    try:
+        assert sync.losses()["journal"]["count"] == 3
+        again = _copy(producer.path, tmp_path / "login" / producer.local_id)
+        with Journal.open(again, owner=False) as source:
+            import_new(source, sync)
+        assert sync.losses()["journal"]["count"] == 3
+    finally:
+        sync.close()
+
+
 @pytest.mark.parametrize("value", [None, 1, "x", [], {"host": 1}, {"host": "h", "pid": "1"}])
 def test_a_malformed_origin_reads_as_none(value: object) -> None:
     assert Origin.from_json(value) is None
