@@ -50,7 +50,6 @@ import logging
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,6 +62,7 @@ from ..journal.store import DATA_NAME
 from ..journal.trust import UntrustedPathError, check_dir
 from . import sync_records
 from .copies import K_SOURCE_PATH, check_sync_root, make_sync_root, sync_root, valid_local_id
+from .workfolders import working_folder
 
 __all__ = [
     "K_SOURCE_ORIGIN",
@@ -173,8 +173,7 @@ def _create(source: Journal, root: Path, local_id: str) -> bool:
     if isinstance(budget, int) and not isinstance(budget, bool) and budget > 0:
         kwargs["max_bytes"] = budget
     make_sync_root(root)
-    staging = Path(tempfile.mkdtemp(prefix=".creating-", dir=root))
-    try:
+    with working_folder(root, ".creating-") as staging:
         journal = Journal.create(staging, local_id=local_id, meta=meta, **kwargs)
         try:
             _hand_over_shipping(source, journal)
@@ -190,8 +189,6 @@ def _create(source: Journal, root: Path, local_id: str) -> bool:
                 ) from None
             return False
         return True
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _hand_over_shipping(source: Journal, dest: Journal) -> None:
@@ -355,9 +352,8 @@ def snapshot(copy: Path, root: Path) -> Iterator[Path]:
     try:
         for _ in range(3):
             before = _files(folder)
-            holder = Path(tempfile.mkdtemp(prefix=".snapshot-", dir=root))
-            target = holder / copy.name
-            try:
+            with working_folder(root, ".snapshot-") as holder:
+                target = holder / copy.name
                 target.mkdir(mode=0o700)
                 for name in before:
                     _copy_file(copy / name, target / name, folder)
@@ -370,8 +366,6 @@ def snapshot(copy: Path, root: Path) -> Iterator[Path]:
                     # mapped: no one else writes a snapshot.
                     yield target
                     return
-            finally:
-                shutil.rmtree(holder, ignore_errors=True)
     finally:
         os.close(folder)
     raise JournalError(f"{copy} kept changing while it was read: sync again once it is copied")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +28,7 @@ from test_cli_cluster import KINDS, Producer, _copy, _landed, _status, login
 import primeruns as pr
 from primeruns.journal import EntryKind, Journal
 from primeruns.settings import default_sync_root
+from primeruns.ship.workfolders import PREFIXES
 
 __all__ = ["login"]  # the fixture, shared with test_cli_cluster
 
@@ -268,3 +270,46 @@ def test_a_deleted_sync_journal_a_requeued_job_shipped_through_is_refused_not_sh
     again = lp.run(run_id)
     assert again["traces"] == stored["traces"]
     assert sorted(o["step"] for o in again["parquet_objects"]) == [0, 10, 20], "shipped twice"
+
+
+# A sync killed (the OOM killer, a batch system's time limit) while it copies
+# the copy's files into its snapshot, or while it makes the sync journal.
+_KILLED_IN = """
+import os, signal, sys
+from primeruns.cli import main
+from primeruns.ship import mirror
+name = sys.argv[2]
+done = getattr(mirror, name)
+def killed(*args):
+    done(*args)
+    os.kill(os.getpid(), signal.SIGKILL)
+setattr(mirror, name, killed)
+main(["sync", sys.argv[1]])
+"""
+
+
+def test_a_sync_killed_midway_leaves_no_copy_of_the_journal_behind(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an adversarial review: each sync killed while it read a copy
+    left a whole private copy of the journal in the sync root for good (in a
+    home folder, whose quota is small on a cluster). The next sync removes
+    what killed ones left, and ships every record once."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "node-7")
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    for where in ("_copy_file", "_hand_over_shipping"):
+        killed = subprocess.run(
+            [sys.executable, "-c", _KILLED_IN, str(copy), where], env=dict(os.environ), timeout=120
+        )
+        assert killed.returncode == -signal.SIGKILL
+    root = default_sync_root()
+    left = {p.name.split("-")[0] for p in root.iterdir() if p.name.startswith(PREFIXES)}
+    assert left == {".creating", ".snapshot"}  # what the last killed sync left
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    assert [p for p in root.iterdir() if p.name.startswith(PREFIXES)] == []
+    assert _landed(lp, "eval", "all")() is not None
+    assert _status(lp) == "COMPLETED"

@@ -279,7 +279,7 @@ def test_a_copy_swapped_for_a_link_once_checked_is_not_read_through_it(
     journal put in its place before its files are read: the snapshot is of
     the folder checked, whatever its name holds by then, or of nothing."""
     from primeruns.exceptions import JournalError
-    from primeruns.ship import mirror
+    from primeruns.ship import workfolders
 
     copy = offline_copy(tmp_path, monkeypatch)
     planted = tmp_path / "planted"
@@ -289,7 +289,7 @@ def test_a_copy_swapped_for_a_link_once_checked_is_not_read_through_it(
     with open(data, "r+b") as handle:
         handle.write(b"\xff" * 64)
     os.utime(data, ns=(stamp.st_atime_ns, stamp.st_mtime_ns))
-    real_mkdtemp = mirror.tempfile.mkdtemp
+    real_mkdtemp = workfolders.tempfile.mkdtemp
 
     def swapped(*args: object, **kwargs: object) -> str:
         # The attacker's move, between the check and the first read.
@@ -298,7 +298,7 @@ def test_a_copy_swapped_for_a_link_once_checked_is_not_read_through_it(
             os.symlink(planted, copy)
         return real_mkdtemp(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(mirror.tempfile, "mkdtemp", swapped)
+    monkeypatch.setattr(workfolders.tempfile, "mkdtemp", swapped)
     try:
         with snapshot(copy, default_sync_root()) as taken:
             read = (taken / "data.mdb").read_bytes()

@@ -497,6 +497,20 @@ def test_a_snapshot_is_not_damaged_by_what_its_original_walk_met(
             assert copy.last_seq() == 5 and copy.damage() == []
 
 
+def test_a_snapshot_another_sync_reads_from_is_left_to_it(tmp_path: Path) -> None:
+    # A sync removes the working folders killed syncs left in the sync root,
+    # never one a live sync holds (two copies synced at once).
+    producer = Journal.create(tmp_path / "node")
+    _log(producer, 0, 5)
+    producer.close()
+    root = tmp_path / "synced"
+    with mirror.snapshot(producer.path, root) as first:
+        with mirror.snapshot(producer.path, root) as second:
+            assert first != second
+            with Journal.open(first, owner=False) as copy:
+                assert copy.last_seq() == 5
+
+
 def test_a_copy_whose_file_became_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
     # Listed as a regular file, swapped for a FIFO before it is copied: the
     # open blocked until a writer came, which none would (a sync hung), and a

@@ -1,0 +1,76 @@
+"""The sync root's working folders, and those a killed sync left behind.
+
+A sync reads a copy from a private snapshot and makes a sync journal under a
+temporary name, both folders in the sync root (``mirror``), each a whole
+journal. Removed on the way out, they stayed when the process was killed
+(SIGKILL, the OOM killer, a login session's SIGHUP, a batch system's
+SIGTERM: Python's default handlers end without unwinding), in a home folder
+whose quota is small, for good: nothing else looks at them.
+
+So a folder in use is held under an ``flock`` of its own descriptor (the
+kernel lets it go however its process ends), and a sync making one removes
+first every working folder no process holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["PREFIXES", "sweep", "working_folder"]
+
+#: The names working folders start with (no local id starts with a dot).
+PREFIXES = (".snapshot-", ".creating-")
+
+
+@contextlib.contextmanager
+def working_folder(root: Path, prefix: str) -> Iterator[Path]:
+    """A new private folder in ``root`` named ``prefix...``, held while in
+    use and removed afterwards; the abandoned ones (``sweep``) go first."""
+    sweep(root)
+    path, fd = _made_and_held(root, prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        os.close(fd)
+
+
+def _made_and_held(root: Path, prefix: str) -> tuple[Path, int]:
+    """A new folder and a descriptor of it holding its lock. Another sync's
+    sweep may remove it between its making and the lock: then one more."""
+    while True:
+        path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        if os.fstat(fd).st_nlink:  # (a removed folder has no link left)
+            return path, fd
+        os.close(fd)
+
+
+def sweep(root: Path) -> None:
+    """Remove the working folders in ``root`` that no process holds."""
+    with os.scandir(root) as entries:
+        names = [e.name for e in entries if e.name.startswith(PREFIXES)]
+    for name in names:
+        _remove_if_abandoned(root / name)
+
+
+def _remove_if_abandoned(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return  # gone meanwhile, or no folder
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # in use
+        shutil.rmtree(path, ignore_errors=True)
+    finally:
+        os.close(fd)
