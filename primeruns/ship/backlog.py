@@ -323,10 +323,14 @@ def _damaged_and_final(
     source: Journal, path: Path, origin: Origin, root: Path, job_ended: bool
 ) -> list[Damage]:
     """The damage of a copy no sync journal has taken yet and whose producer
-    is gone (a scan of every entry: only for such a copy); else none."""
+    is gone (a scan of every entry: only for such a copy); else none. A
+    copy that holds less than its original here is not final, damaged or
+    not: a ``cp`` cut short leaves one so (the original may hold the finish)."""
     if (root / source.local_id / DATA_NAME).exists():
         return []
-    if not job_ended and origin.producer_state() != "dead":
+    if job_ended:
+        return source.damage()
+    if origin.producer_state() != "dead" or _stale(origin, source.damaged_end()):
         return []
     return source.damage()
 
@@ -355,7 +359,7 @@ def _import_copy(
     if created:
         log.info("prime-runs: %s is a copy; syncing it through %s", path, journal.path)
     report = ShipReport(path=path, local_id=source.local_id, via=journal.path, imported=imported)
-    stale = _stale(origin, imported) if producer == "dead" else None
+    stale = _stale(origin, imported.source_end) if producer == "dead" else None
     final = (producer == "dead" and stale is None) or job_ended
     if final and imported.stopped is not None:
         report.damaged = [Damage(imported.upto + 1, imported.stopped)]
@@ -363,10 +367,11 @@ def _import_copy(
     return journal, report, may_crash, stale or _why_left_open(origin, producer, imported)
 
 
-def _stale(origin: Origin | None, imported: Imported) -> str | None:
-    """Why a copy of a journal whose producer is gone from this machine is
-    older than its original (which is here: ``producer_state``), if it is:
-    then the run is not closed from it (the original may hold the finish)."""
+def _stale(origin: Origin | None, source_end: int) -> str | None:
+    """Why a copy of a journal whose producer is gone from this machine,
+    ending at ``source_end``, is older than its original (which is here:
+    ``producer_state``), if it is: then the run is not closed from it (the
+    original may hold the finish)."""
     if origin is None:
         return None
     try:
@@ -374,9 +379,9 @@ def _stale(origin: Origin | None, imported: Imported) -> str | None:
             end = original.last_seq()
     except JournalError:
         return None  # the original cannot be read: the copy is all there is
-    if end > imported.source_end:
+    if end > source_end:
         return (
-            f"the copy holds {imported.source_end} entries and its original at {origin.path} "
+            f"the copy holds {source_end} entries and its original at {origin.path} "
             f"{end}: sync the original, or copy it again"
         )
     return None

@@ -454,6 +454,31 @@ def test_a_stale_copy_of_a_run_that_finished_here_never_closes_it_as_crashed(
     assert _status(lp) == "COMPLETED"
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_copy_cut_short_of_a_run_that_finished_here_never_closes_it_as_crashed(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str], kind: str
+) -> None:
+    """Found by an adversarial review: a copy of a finished run whose
+    ``cp`` was cut short (its data.mdb half copied: interrupted, a full
+    quota, or still being copied) is damaged; its producer is known gone, so
+    it was taken as final, rebuilt and the run closed as crashed for good,
+    although the original beside it holds the finish."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", kind, lp.url, "-")
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    data = copy / "data.mdb"
+    os.truncate(data, data.stat().st_size // 2)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert _status(lp) == "RUNNING" and "left open" in out, out + err
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    assert _landed(lp, kind, "all")() is not None
+    assert _status(lp) == "COMPLETED"
+
+
 def test_watching_refuses_to_close_runs_as_crashed(
     login: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
