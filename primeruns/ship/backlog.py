@@ -465,12 +465,21 @@ def _ship(
     report.bytes = sum(s.state.bytes_sent for s in shippers)
     report.pending = outcome.pending
     report.finalized = outcome.finalized
+    report.status = _closed_as(journal) or report.status
     for shipper in shippers:
         if shipper.state.retired_reason:
             uplink.errors.append(f"{shipper.name} stopped: {shipper.state.retired_reason}")
     report.errors.extend(uplink.errors)
     report.losses = journal.losses()
     _remember(journal, report, root)
+
+
+def _closed_as(journal: Journal) -> str | None:
+    """The status the run was closed out with, if it was (by this command
+    or an earlier one: a later copy's finish entry does not change it)."""
+    closed = journal.get_meta("finalized")
+    status = closed.get("status") if isinstance(closed, dict) else None
+    return status if isinstance(status, str) else None
 
 
 def needs_sync(

@@ -479,6 +479,28 @@ def test_a_copy_cut_short_of_a_run_that_finished_here_never_closes_it_as_crashed
     assert _status(lp) == "COMPLETED"
 
 
+def test_a_run_closed_as_crashed_is_not_reported_closed_as_completed_by_a_later_copy(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an adversarial review: a run closed as crashed (a copy
+    synced with ``--job-ended`` before its job had ended) stays so on the
+    platform, but a sync of a later copy holding the finish said "run
+    closed out as completed"."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "node-7")
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", "--job-ended", str(copy))
+    assert code == 0 and _status(lp) == "FAILED", out + err
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", "--json", str(copy))
+    [report] = json.loads(out)
+    assert code == 0 and report["closed_out"], out + err
+    assert report["status"] == "crashed", out + err
+    assert _landed(lp, "eval", "all")() is not None and _status(lp) == "FAILED"
+
+
 def test_watching_refuses_to_close_runs_as_crashed(
     login: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
