@@ -25,7 +25,9 @@ holds beyond it, so a pass over an unchanged copy costs the platform nothing.
   registered it and acknowledged offsets) hands that state over once, when
   the sync journal is created, so what the uplink shipped is not shipped again.
 - Losses the producer counted (its byte budget, a full disk) are carried over
-  as they grow, so the sync journal's report is the run's.
+  as they grow, so the sync journal's report is the run's; so is the run's
+  spec from a copy no older than what was imported (an evaluation's config
+  edited before ``finish()`` is stored in it then, and the close-out sends it).
 
 - A damaged journal that will not change (its producer gone) and that no
   sync journal took yet becomes one itself (:func:`adopt_repaired`): its
@@ -60,6 +62,7 @@ from ..journal import Entry, EntryKind, Journal
 from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
 from ..journal.trust import UntrustedPathError, check_dir
+from ..spec import SPEC_KEY, RunSpec, SpecError
 from . import sync_records
 from .copies import K_SOURCE_PATH, check_sync_root, make_sync_root, sync_root, valid_local_id
 from .workfolders import working_folder
@@ -223,6 +226,8 @@ def import_new(source: Journal, dest: Journal) -> Imported:
     damaged in ``source``; carry over the losses ``source`` counted since."""
     upto = dest.last_seq()
     dest.appends_follow(upto)  # the copy's entries, under their own seqs
+    if source.damaged_end() >= upto:  # not older than what was imported before
+        _carry_spec(source, dest)
     # Past the copy's last entry, those damage cost its newest spool segment
     # (``SpoolView.lost_at_end``): the import stops at them as at any other
     # damage, rather than take the damage for the copy's end.
@@ -255,6 +260,21 @@ def import_new(source: Journal, dest: Journal) -> Imported:
     _carry_losses(source, dest)
     dest.set_meta(K_SOURCE_PATH, {"path": str(source.path), "imported_upto": upto})
     return Imported(entries=count, upto=upto, source_end=end, stopped=stopped)
+
+
+def _carry_spec(source: Journal, dest: Journal) -> None:
+    """The run's spec as the copy's producer last stored it: an evaluation's
+    config edited before ``finish()`` is stored then, in a journal whose
+    sync journal was made from a copy taken earlier, and the close-out
+    sends it. One that cannot be read (damage) is not carried."""
+    spec = source.get_meta(SPEC_KEY)
+    if spec is None or spec == dest.get_meta(SPEC_KEY):
+        return
+    try:
+        RunSpec.from_json(spec)
+    except SpecError:
+        return
+    dest.set_meta(SPEC_KEY, spec)
 
 
 def _append_in_order(dest: Journal, entries: list[Entry]) -> None:

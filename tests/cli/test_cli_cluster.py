@@ -435,6 +435,41 @@ def test_a_journal_whose_spec_was_lost_syncs_with_the_spec_the_user_supplies(
     assert _status(lp) == "COMPLETED"
 
 
+def test_a_config_edited_before_finish_lands_from_a_copy_synced_mid_run_before(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Found by an adversarial review: an evaluation's ``run.config`` edited
+    before ``finish()`` is stored in its journal's spec at the finish. Its
+    sync journal, made from a copy taken mid-run, kept the spec of that
+    copy, and the run was closed with the config as it was at ``init()``."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    run = pr.init(environments=["gsm8k"], model="m", mode="offline", base_url=lp.url,
+                  runs_dir=runs, config={"lr": 1})  # fmt: skip
+    episodes = workloads.gsm8k(EVAL_EPISODES)
+    for episode in episodes[:6]:
+        run.log_episodes([episode])
+    assert run.journal_path is not None
+    monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+    login = tmp_path / "login"
+    copy = _copy(run.journal_path, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0 and _status(lp) == "RUNNING", out + err
+    for episode in episodes[6:]:
+        run.log_episodes([episode])
+    run.config["best"] = 0.9
+    run.finish()
+    copy = _copy(run.journal_path, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    stored = _landed(lp, "eval", "all")()
+    assert stored is not None and _status(lp) == "COMPLETED"
+    assert stored["config"]["lr"] == 1 and stored["config"].get("best") == 0.9
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_stale_copy_of_a_run_that_finished_here_never_closes_it_as_crashed(
     local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str], kind: str

@@ -29,6 +29,7 @@ from primeruns.journal.origin import K_ORIGIN, Origin
 from primeruns.journal.spool import APPEND
 from primeruns.ship import mirror
 from primeruns.ship.mirror import K_SOURCE_ORIGIN, fingerprint, import_new, open_sync_journal
+from primeruns.spec import SPEC_KEY
 
 
 def _rows(journal: Journal) -> list[tuple[int, int, bytes]]:
@@ -115,6 +116,28 @@ def test_an_older_copy_after_a_newer_one_imports_nothing_and_loses_nothing(
         with _synced(copy, root) as (source, sync, _):
             assert import_new(source, sync).entries == expect
             assert sync.last_seq() == 40
+    producer.close()
+
+
+def test_the_spec_a_newer_copy_holds_is_kept_and_an_older_copys_is_not(tmp_path: Path) -> None:
+    # An evaluation's config edited before finish() is stored in the spec at
+    # the finish: the close-out sends it, not the spec of an earlier copy.
+    spec = {"kind": "eval", "mode": "offline", "model": "m", "config": {"lr": 1}}
+    producer = Journal.create(tmp_path / "node", meta={SPEC_KEY: spec})
+    _log(producer, 0, 5)
+    producer.sync()
+    old = _copy(producer.path, tmp_path / "old" / producer.local_id)
+    edited = {**spec, "config": {"lr": 1, "best": 0.9}}
+    producer.set_meta(SPEC_KEY, edited)
+    _log(producer, 5, 1)
+    producer.sync()
+    new = _copy(producer.path, tmp_path / "new" / producer.local_id)
+    root = tmp_path / "synced"
+    for copy in (old, new, old):
+        with _synced(copy, root) as (source, sync, _):
+            import_new(source, sync)
+    with Journal.open(root / producer.local_id, owner=False) as sync:
+        assert sync.get_meta(SPEC_KEY) == edited
     producer.close()
 
 
