@@ -351,18 +351,19 @@ def _import_copy(
     producer = origin.producer_state() if origin is not None else "unknown"
     _refuse_a_live_uplink(source, path, origin, producer, job_ended)
     journal, created = open_sync_journal(source, root)
+    stale = _stale(origin, source.damaged_end()) if producer == "dead" else None
+    final = (producer == "dead" and stale is None) or job_ended
     try:
-        imported = import_new(source, journal)
+        imported = import_new(source, journal, final=final)
     except BaseException:
         journal.close()
         raise
     if created:
         log.info("prime-runs: %s is a copy; syncing it through %s", path, journal.path)
     report = ShipReport(path=path, local_id=source.local_id, via=journal.path, imported=imported)
-    stale = _stale(origin, imported.source_end) if producer == "dead" else None
-    final = (producer == "dead" and stale is None) or job_ended
+    report.damaged = list(imported.passed)
     if final and imported.stopped is not None:
-        report.damaged = [Damage(imported.upto + 1, imported.stopped)]
+        report.damaged.append(Damage(imported.upto + 1, imported.stopped))
     may_crash = final and imported.stopped is None
     return journal, report, may_crash, stale or _why_left_open(origin, producer, imported)
 

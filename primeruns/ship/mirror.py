@@ -20,7 +20,8 @@ holds beyond it, so a pass over an unchanged copy costs the platform nothing.
   copy taken mid-write may miss an entry or hold a damaged one, and then the
   import stops there, for a later copy to fill in (nothing is counted lost
   while the producer may still write; :func:`import_new` says where it
-  stopped).
+  stopped). A final copy (its producer gone) is imported past it: no copy
+  will bring it, and the sync journal's sinks count it lost.
 - A copy of a journal that was already shipping (an online run: its uplink
   registered it and acknowledged offsets) hands that state over once, when
   the sync journal is created, so what the uplink shipped is not shipped again.
@@ -53,12 +54,12 @@ import os
 import shutil
 import stat
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError
-from ..journal import Entry, EntryKind, Journal
+from ..journal import Damage, Entry, EntryKind, Journal, ReadResult
 from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
 from ..journal.trust import UntrustedPathError, check_dir
@@ -97,6 +98,8 @@ class Imported:
     upto: int
     source_end: int
     stopped: str | None = None
+    passed: tuple[Damage, ...] = ()
+    """What a final import passed over (``import_new``)."""
 
 
 # Meta that is the journal's own (format, ids, owner, budget, dictionaries,
@@ -220,20 +223,25 @@ def _hand_over_shipping(source: Journal, dest: Journal) -> None:
             dest.set_inflight(sink, cursor.inflight)
 
 
-def import_new(source: Journal, dest: Journal) -> Imported:
+def import_new(source: Journal, dest: Journal, *, final: bool = False) -> Imported:
     """Append to ``dest`` the entries ``source`` holds beyond ``dest``'s end,
     under the same sequence numbers, stopping at the first one missing or
-    damaged in ``source``; carry over the losses ``source`` counted since."""
+    damaged in ``source``; carry over the losses ``source`` counted since.
+    ``final``: no later copy will bring what this one lacks (its producer
+    is gone): such an entry, followed by one the copy holds, is passed
+    over, missing in ``dest``, where each sink counts it lost, as in a
+    damaged copy made the sync journal (``adopt_repaired``)."""
     upto = dest.last_seq()
     dest.appends_follow(upto)  # the copy's entries, under their own seqs
-    if source.damaged_end() >= upto:  # not older than what was imported before
-        _carry_spec(source, dest)
     # Past the copy's last entry, those damage cost its newest spool segment
     # (``SpoolView.lost_at_end``): the import stops at them as at any other
     # damage, rather than take the damage for the copy's end.
     end = source.damaged_end()
+    if end >= upto:  # not older than what was imported before
+        _carry_spec(source, dest)
     count = 0
     stopped: str | None = None
+    passed: list[Damage] = []
     while upto < end:
         result = source.read(upto, max_entries=_READ_ENTRIES, max_bytes=_READ_BYTES)
         run: list[Entry] = []
@@ -253,13 +261,31 @@ def import_new(source: Journal, dest: Journal) -> Imported:
             upto = skipped
             continue
         # The entry after ``upto`` is missing or damaged in this copy (torn
-        # mid-write, or damaged on disk): a later copy brings it.
-        damaged = next((d.what for d in result.damaged if d.seq in (None, upto + 1)), None)
-        stopped = damaged or f"entry {upto + 1} is missing from the copy"
-        break
+        # mid-write, or damaged on disk): a later copy brings it, if any will.
+        gap = _gap_after(upto, end, result)
+        if not final or gap.seq is None or upto + gap.entries >= end:
+            # (Past the copy's last entry, a gap would lie past the sync
+            # journal's end, where no sink counts it: it stops there.)
+            stopped = gap.what
+            break
+        passed.append(gap)
+        dest.appends_follow(upto + gap.entries)
+        upto += gap.entries
     _carry_losses(source, dest)
     dest.set_meta(K_SOURCE_PATH, {"path": str(source.path), "imported_upto": upto})
-    return Imported(entries=count, upto=upto, source_end=end, stopped=stopped)
+    return Imported(entries=count, upto=upto, source_end=end, stopped=stopped, passed=tuple(passed))
+
+
+def _gap_after(upto: int, end: int, result: ReadResult) -> Damage:
+    """What stands in the copy (ending at ``end``) where the entry after
+    ``upto`` is not, read in ``result``: its damage, or the entries missing
+    up to the next one it holds (seq None: damage of its structure, which
+    tells no entry)."""
+    damaged = next((d for d in result.damaged if d.seq in (None, upto + 1)), None)
+    if damaged is not None:
+        return replace(damaged, entries=min(max(damaged.entries, 1), end - upto))
+    following = result.entries[0].seq if result.entries else end + 1
+    return Damage(upto + 1, f"entry {upto + 1} is missing from the copy", following - upto - 1)
 
 
 def _carry_spec(source: Journal, dest: Journal) -> None:

@@ -313,3 +313,37 @@ def test_a_sync_killed_midway_leaves_no_copy_of_the_journal_behind(
     assert [p for p in root.iterdir() if p.name.startswith(PREFIXES)] == []
     assert _landed(lp, "eval", "all")() is not None
     assert _status(lp) == "COMPLETED"
+
+
+def test_a_damaged_copy_of_an_ended_job_ships_past_its_damage_after_a_mid_run_sync(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an adversarial review: once a copy taken mid-run had made the
+    sync journal, every later copy damaged at an entry stopped its import
+    there, even once the job had ended (``--job-ended``) and no copy would
+    ever bring that entry: the records after it were neither shipped nor
+    counted lost, and the run was left open for good ("copy it again").
+    Synced first, the same copy ships past the damage (``adopt_repaired``)."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "node-7")
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0 and _held(lp) == {"episodes": 6, "samples": 6}, out + err
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    flip_entry_bytes(copy, 10)  # an episode the mid-run copy did not hold, damaged for good
+    code, out, err = cli(capsys, "sync", "--job-ended", "--json", str(copy))
+    [first] = json.loads(out)
+    assert code == 4 and first["damage"] and "entry 10" in first["damage"][0], out + err
+    lost = {sink: loss["count"] for sink, loss in first["losses"].items()}
+    assert lost == {"traces": 1, "eval_samples": 1}, out + err
+    assert _held(lp) == {"episodes": 11, "samples": 11}
+    assert _status(lp) == "COMPLETED"
+    copy = _copy(producer.journal, login)  # copied again, damaged the same way
+    flip_entry_bytes(copy, 10)
+    code, out, err = cli(capsys, "sync", "--job-ended", "--json", str(copy))
+    [again] = json.loads(out)
+    assert code == 0 and not again["damage"], out + err
+    assert {sink: loss["count"] for sink, loss in again["losses"].items()} == lost
+    assert _held(lp) == {"episodes": 11, "samples": 11}
