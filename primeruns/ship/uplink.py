@@ -287,7 +287,14 @@ class Uplink:
     def start(self, predecessors: Sequence[Path] = ()) -> None:
         """Start a shipper per sink, and ship the backlog of ``predecessors``
         (earlier processes of the same run) alongside."""
-        forked = bool(self.journal.get_meta(K_FORK_PARENT))
+        # A forked child logs the steps its parent logs; the predecessors of
+        # a requeued job, or the earlier attempts of a run key, may have
+        # logged a step it logs again (resumed from a checkpoint).
+        far = (
+            bool(predecessors)
+            or bool(self.journal.get_meta(K_FORK_PARENT))
+            or self.lifecycle.spec.run_key is not None
+        )
         self.shippers = make_shippers(
             self.journal,
             self.client,
@@ -295,7 +302,7 @@ class Uplink:
             opted_out=self.lifecycle.spec.traces_opt_out,
             policy=self.policy,
             on_failure=self._on_failure,
-            range_base=_range_base(self.journal, bool(predecessors) or forked),
+            range_base=_range_base(self.journal, far),
             on_progress=self._notify,
         )
         for shipper in self.shippers:
@@ -583,11 +590,12 @@ class Uplink:
 
 def _range_base(journal: Journal, far: bool) -> int:
     """Where this journal's training sample ids start, in range indexes
-    (``sinks.step_ranges``). A requeued job may log a step its predecessor
-    logged too, and a forked child the steps its parent logs: ``far`` draws
-    ranges far from the ones they use. Ranks of one run log the same steps
-    at once: rank N takes its own block of ``_RANK_BLOCK`` ranges per step,
-    and a process that is not the primary and has no rank draws at random."""
+    (``sinks.step_ranges``). A requeued job (by id, or one attempt of a run
+    key) may log a step its predecessor logged too, and a forked child the
+    steps its parent logs: ``far`` draws ranges far from the ones they use.
+    Ranks of one run log the same steps at once: rank N takes its own block
+    of ``_RANK_BLOCK`` ranges per step, and a process that is not the
+    primary and has no rank draws at random."""
     if far:
         return random.randrange(1 << 20, 1 << 21)
     role = ranks.Role.of(journal)

@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import httpx
 import procs
 import pytest
 import workloads
@@ -306,6 +307,58 @@ def test_a_requeued_job_synced_once_it_ended_closes_its_run_as_it_finished(
     assert code == 0, out + err
     assert _landed(lp, kind, "all")() is not None, out + err
     assert _status(lp) == "COMPLETED", out + err
+
+
+# One attempt of a training job requeued under a run key: it logs steps
+# FIRST to LAST (exclusive) on its node, then finishes or is killed.
+_ATTEMPT = """
+import os, socket, sys
+import workloads
+import primeruns as pr
+runs, url, host, first, last, end = sys.argv[1:]
+socket.gethostname = lambda: host
+run = pr.init(kind="train", model="m", team_id="team", runs_dir=runs, base_url=url,
+              api_key="test-key-0123456789", mode="offline", run_key="job-77")
+steps = workloads.agentic_by_step(PER_STEP)
+for step in range(int(first), int(last)):
+    run.log_episodes(steps[step])
+    run.log_metrics({"loss": 1.0}, step=step)
+if end == "finish":
+    run.finish(timeout=30)
+os._exit(0)
+"""
+
+
+def test_a_step_a_requeued_attempt_logs_again_keeps_its_sample_ids_apart(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an adversarial review: a job requeued offline under a run
+    key resumes from its last checkpoint and logs a step its killed attempt
+    logged too. Each attempt's journal numbered that step's samples from 0,
+    so the step's two objects held the same sample ids (a requeued job
+    attached by id draws its ranges far from its predecessor's)."""
+    lp = local_platform
+    script = _ATTEMPT.replace("PER_STEP", str(PER_STEP))
+    for node, first, last, end in (("node-a", 0, 15, "killed"), ("node-b", 10, 20, "finish")):
+        made = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / node), lp.url, node, str(first),
+             str(last), end],
+            env=dict(os.environ), cwd=TESTS, timeout=120,
+        )  # fmt: skip
+        assert made.returncode == 0
+        [journal] = [p for p in (tmp_path / node).iterdir() if not p.name.startswith(".")]
+        _copy(journal, login)
+    code, out, err = cli(capsys, "sync", "--job-ended", "--all", "--runs-dir", str(login))
+    assert code == 0, out + err
+    [run] = lp.runs()
+    assert sorted(o["step"] for o in lp.run(run["id"])["parquet_objects"]) == [0, 10, 10]
+    read = httpx.get(
+        f"{lp.url}/api/v1/rft/runs/{run['id']}/samples",
+        params={"step": 10, "limit": 100},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
+    ids = [sample["sample_id"] for sample in read.json()["samples"]]
+    assert len(ids) == 2 * PER_STEP and len(set(ids)) == len(ids), ids
 
 
 def _clean(path: Path) -> None:
