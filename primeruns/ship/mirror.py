@@ -24,7 +24,8 @@ holds beyond it, so a pass over an unchanged copy costs the platform nothing.
   will bring it, and the sync journal's sinks count it lost.
 - A copy of a journal that was already shipping (an online run: its uplink
   registered it and acknowledged offsets) hands that state over once, when
-  the sync journal is created, so what the uplink shipped is not shipped again.
+  the sync journal is created, so what the uplink shipped is not shipped again
+  (what it compacted once every sink acknowledged it is not looked for).
 - Losses the producer counted (its byte budget, a full disk) are carried over
   as they grow, so the sync journal's report is the run's; so is the run's
   spec from a copy no older than what was imported (an evaluation's config
@@ -59,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import JournalError
-from ..journal import Damage, Entry, EntryKind, Journal, ReadResult
+from ..journal import CursorState, Damage, Entry, EntryKind, Journal, ReadResult
 from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
 from ..journal.trust import UntrustedPathError, check_dir
@@ -209,7 +210,7 @@ def _hand_over_shipping(source: Journal, dest: Journal) -> None:
     )
     if need == 0:
         return
-    done = import_new(source, dest)
+    done = import_new(source, dest, after=_compacted_through(source, cursors))
     if done.upto < need:
         raise JournalError(
             f"the copy at {source.path} holds entries only up to {done.upto} "
@@ -223,15 +224,29 @@ def _hand_over_shipping(source: Journal, dest: Journal) -> None:
             dest.set_inflight(sink, cursor.inflight)
 
 
-def import_new(source: Journal, dest: Journal, *, final: bool = False) -> Imported:
+def _compacted_through(source: Journal, cursors: dict[str, CursorState]) -> int:
+    """The last of the entries before the copy's first that its uplink
+    compacted away (its byte budget) once every sink acknowledged them, or
+    0: nothing to import there. Entries missing that a sink did not
+    acknowledge were not compacted: the copy lacks them."""
+    first = source.read(0, max_entries=1).entries
+    if not first or not cursors:
+        return 0
+    through = first[0].seq - 1
+    return through if through <= min(c.acked for c in cursors.values()) else 0
+
+
+def import_new(source: Journal, dest: Journal, *, final: bool = False, after: int = 0) -> Imported:
     """Append to ``dest`` the entries ``source`` holds beyond ``dest``'s end,
     under the same sequence numbers, stopping at the first one missing or
     damaged in ``source``; carry over the losses ``source`` counted since.
     ``final``: no later copy will bring what this one lacks (its producer
     is gone): such an entry, followed by one the copy holds, is passed
     over, missing in ``dest``, where each sink counts it lost, as in a
-    damaged copy made the sync journal (``adopt_repaired``)."""
-    upto = dest.last_seq()
+    damaged copy made the sync journal (``adopt_repaired``). ``after``: the
+    seq the copy's entries begin past, none before it to import
+    (``_compacted_through``)."""
+    upto = max(dest.last_seq(), after)
     dest.appends_follow(upto)  # the copy's entries, under their own seqs
     # Past the copy's last entry, those damage cost its newest spool segment
     # (``SpoolView.lost_at_end``): the import stops at them as at any other

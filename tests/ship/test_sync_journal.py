@@ -224,6 +224,29 @@ def test_a_copy_that_was_shipping_hands_over_its_offsets_once(tmp_path: Path) ->
     producer.close()
 
 
+def test_a_copy_whose_uplink_compacted_what_it_shipped_hands_over_the_rest(
+    tmp_path: Path,
+) -> None:
+    # Found by an adversarial review: an online run whose node died with a
+    # backlog (its uplink too), the entries every sink acknowledged
+    # compacted away under its byte budget. Its copy, synced with
+    # --job-ended, was refused for good as if taken mid-write ("copy the
+    # journal again once its job has ended"): its backlog was never shipped
+    # nor counted lost.
+    producer = Journal.create(tmp_path / "node", meta={"platform": {"run_id": "r1"}})
+    _log(producer, 0, 30)
+    producer.sync()
+    producer.ack("traces", 20)
+    assert producer.compact(["traces"]) == 20
+    producer.sync()
+    copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
+    with _synced(copy, tmp_path / "synced") as (_source, sync, _):
+        assert sync.cursor("traces").acked == 20
+        assert sync.last_seq() == 30
+        assert [seq for seq, _, _ in _rows(sync)] == list(range(21, 31))
+    producer.close()
+
+
 def test_the_producer_counted_losses_are_carried_over_as_they_grow(tmp_path: Path) -> None:
     producer = Journal.create(tmp_path / "node")
     _log(producer, 0, 5)
