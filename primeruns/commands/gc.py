@@ -16,7 +16,8 @@ does is refused, naming the fix.
 The step tables in which a run's processes merge their metrics rows go with
 the run's last journal (``gc_steps``), and the lock files of runs' primaries
 and ranks (``<runs dir>/.primary/``) once no live process holds them
-(``ranks.collect_locks``: a later attacher makes one anew).
+(``ranks.collect_locks``: a later attacher makes one anew); the working
+folders a killed sync left in the sync root go too (``ship.workfolders``).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from ..ranks import collect_locks
 from ..reports import RunStatus, statuses
 from ..ship import sync_records
 from ..ship.copies import K_SOURCE_PATH, check_sync_root, sync_root
+from ..ship.workfolders import sweep
 from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, inert_errors, runs_dir_of
 from .console import emit_json, human_age, human_bytes, inert
 from .gc_steps import collect_tables
@@ -180,6 +182,10 @@ def run_gc(args: argparse.Namespace) -> int:
     locks = _collect_locks(runs_dir, args.dry_run, say)
     if locks is None:
         code = EXIT_FAILED
+    if apart and not args.dry_run:
+        left = sweep(root)
+        if left:
+            say(f"deleted {left} working folder(s) that killed syncs left in {root}")
     freed = sum(e["size_bytes"] for e in report["deleted"])
     if args.json:
         emit_json(

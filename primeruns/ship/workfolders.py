@@ -9,7 +9,7 @@ whose quota is small, for good: nothing else looks at them.
 
 So a folder in use is held under an ``flock`` of its own descriptor (the
 kernel lets it go however its process ends), and a sync making one removes
-first every working folder no process holds.
+first every working folder no process holds, as ``primeruns gc`` does.
 """
 
 from __future__ import annotations
@@ -53,24 +53,24 @@ def _made_and_held(root: Path, prefix: str) -> tuple[Path, int]:
         os.close(fd)
 
 
-def sweep(root: Path) -> None:
-    """Remove the working folders in ``root`` that no process holds."""
+def sweep(root: Path) -> int:
+    """Remove the working folders in ``root`` that no process holds; how many."""
     with os.scandir(root) as entries:
         names = [e.name for e in entries if e.name.startswith(PREFIXES)]
-    for name in names:
-        _remove_if_abandoned(root / name)
+    return sum(_remove_if_abandoned(root / name) for name in names)
 
 
-def _remove_if_abandoned(path: Path) -> None:
+def _remove_if_abandoned(path: Path) -> bool:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return  # gone meanwhile, or no folder
+        return False  # gone meanwhile, or no folder
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return  # in use
+            return False  # in use
         shutil.rmtree(path, ignore_errors=True)
+        return True
     finally:
         os.close(fd)

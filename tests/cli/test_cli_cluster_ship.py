@@ -21,7 +21,7 @@ import httpx
 import procs
 import pytest
 import workloads
-from cli_helpers import cli, flip_entry_bytes
+from cli_helpers import cli, flip_entry_bytes, offline_copy
 from sdk_helpers import API_KEY, point_at
 from test_cli_cluster import KINDS, Producer, _copy, _landed, _status, login
 
@@ -313,6 +313,23 @@ def test_a_sync_killed_midway_leaves_no_copy_of_the_journal_behind(
     assert [p for p in root.iterdir() if p.name.startswith(PREFIXES)] == []
     assert _landed(lp, "eval", "all")() is not None
     assert _status(lp) == "COMPLETED"
+
+
+def test_gc_deletes_what_a_sync_killed_midway_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user short of space in the home folder after a sync was killed,
+    who syncs nothing again, frees it with ``gc``."""
+    copy = offline_copy(tmp_path, monkeypatch)
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_IN, str(copy), "_copy_file"], env=dict(os.environ)
+    )
+    assert killed.returncode == -signal.SIGKILL
+    root = default_sync_root()
+    assert [p for p in root.iterdir() if p.name.startswith(PREFIXES)]
+    code, out, err = cli(capsys, "gc", "--runs-dir", str(copy.parent))
+    assert code == 0 and "1 working folder(s) that killed syncs left" in out, out + err
+    assert [p for p in root.iterdir() if p.name.startswith(PREFIXES)] == []
 
 
 def test_a_damaged_copy_of_an_ended_job_ships_past_its_damage_after_a_mid_run_sync(
