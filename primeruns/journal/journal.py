@@ -42,7 +42,6 @@ import contextlib
 import errno
 import logging
 import os
-import re
 import secrets
 import time
 from collections import Counter
@@ -75,6 +74,7 @@ from primeruns.journal.mover import Mover
 from primeruns.journal.origin import K_ORIGIN, Origin
 from primeruns.journal.reading import Reader
 from primeruns.journal.spool import SpoolView, SpoolWriter, spool_bytes
+from primeruns.journal.stamps import STAMP_LEN, STAMPED, no_earlier_than_made
 from primeruns.journal.store import (
     DATA_NAME,
     AlreadyOpenError,
@@ -114,41 +114,24 @@ _OLDEST_FORMAT = 4
 _CLOSE_MOVE_S = 30.0  # at close, what is still spooled moves within this
 
 
-#: A local id's creation stamp, ``yyyymmdd-HHMMSS``: its first characters.
-STAMP_LEN = 15
-STAMPED = re.compile(r"^\d{8}-\d{6}-")
-
-
 def default_local_id(runs_dir: Path | None = None) -> str:
     """``<UTC yyyymmdd-HHMMSS>-<8 hex>``: unique and sortable by creation time.
-
-    In ``runs_dir``, never stamped earlier than a journal already there: the
-    wall clock stepped back since that one was made (NTP, a VM resumed)
-    would name the new journal as made before it, and what looks for a run's
-    later journals among those made since one of its own would pass it over
-    (``listing.made_since``): a parent's finish, its forked children; a
-    primary's close-out, the processes that attached to the run it created
-    (``ranks.others_of``)."""
+    In ``runs_dir``, never stamped earlier than a journal made there before
+    (``stamps``)."""
     new = f"{datetime.now(UTC):%Y%m%d-%H%M%S}-{secrets.token_hex(4)}"
-    later = _newest_stamp_after(runs_dir, new[:STAMP_LEN]) if runs_dir is not None else None
-    return new if later is None else later + new[STAMP_LEN:]
+    if runs_dir is None:
+        return new
+    return no_earlier_than_made(runs_dir, new[:STAMP_LEN]) + new[STAMP_LEN:]
 
 
-def _newest_stamp_after(runs_dir: Path, stamp: str) -> str | None:
-    """The newest creation stamp later than ``stamp`` among the journals in
-    ``runs_dir`` (None: none, the usual answer; or it cannot be listed).
-    Only names are read, but for the rare one stamped later than now."""
-    try:
-        names = os.listdir(runs_dir)
-    except OSError:
-        return None
-    if max(names, default="")[:STAMP_LEN] <= stamp:
-        return None  # the usual answer, without a look at each name
-    later = [name for name in names if name[:STAMP_LEN] > stamp and STAMPED.match(name)]
-    for name in sorted(later, reverse=True):
-        if os.path.isfile(os.path.join(runs_dir, name, DATA_NAME)):
-            return name[:STAMP_LEN]
-    return None
+def _named_in(runs_dir: Path, local_id: str | None) -> str:
+    """``local_id`` (its stamp now the newest given in ``runs_dir``, if it is
+    later), else a new one (``default_local_id``)."""
+    if not local_id:
+        return default_local_id(runs_dir)
+    if STAMPED.match(local_id):
+        no_earlier_than_made(runs_dir, local_id[:STAMP_LEN])
+    return local_id
 
 
 class Journal:
@@ -308,10 +291,8 @@ class Journal:
         """
         _check_durability(durability)
         runs_dir = Path(runs_dir)
-        local_id = local_id or default_local_id(runs_dir)
-        if not local_id or "/" in local_id or local_id in (".", ".."):
+        if local_id and ("/" in local_id or local_id in (".", "..")):
             raise JournalError(f"invalid local run id {local_id!r}")
-        path = runs_dir / local_id
         if runs_dir.exists() and not runs_dir.is_dir():
             # mkdir(exist_ok=True) raises FileExistsError for a file, which
             # would read as "the run directory exists": name the real problem.
@@ -320,10 +301,12 @@ class Journal:
         try:
             make_private_dirs(runs_dir)
             check_dir(runs_dir, "runs directory")  # made meanwhile by someone else?
+            # Named once the directory is there: its mark of the newest stamp too.
+            path = runs_dir / _named_in(runs_dir, local_id)
             path.mkdir(mode=0o700)
             os.chmod(path, 0o700)  # mkdir's mode is filtered by the umask
-        except FileExistsError:
-            raise JournalError(f"a run directory {path} already exists") from None
+        except FileExistsError as exc:
+            raise JournalError(f"a run directory {exc.filename} already exists") from None
         except OSError as exc:
             cause = ""
             if exc.errno == errno.ENOSPC and "inodes" in (why := full_cause(runs_dir)):
@@ -348,7 +331,7 @@ class Journal:
         values.update(
             {
                 K_FORMAT: FORMAT_VERSION,
-                K_LOCAL_ID: local_id,
+                K_LOCAL_ID: path.name,
                 K_OWNER: lock.owner.to_json(),
                 K_ORIGIN: origin.to_json(),
                 K_CREATED: time.time(),
@@ -361,7 +344,7 @@ class Journal:
             # its first commit is on disk, and a power cut in a run's first
             # second would otherwise leave one nothing can open.
             journal.sync()
-        journal.local_id = local_id
+        journal.local_id = path.name
         return journal
 
     @classmethod

@@ -27,12 +27,13 @@ from primeruns import jsonbound
 from primeruns.exceptions import JournalError
 from primeruns.journal import summary
 from primeruns.journal.frames import EntryKind
-from primeruns.journal.journal import STAMP_LEN, STAMPED, Journal
+from primeruns.journal.journal import Journal
 from primeruns.journal.layout import dumps
 from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
 from primeruns.journal.memo import Memo
 from primeruns.journal.meta import K_OVERSIZED, MAX_META_BYTES, MAX_META_VALUES
 from primeruns.journal.probe import probe_many
+from primeruns.journal.stamps import STAMP_LEN, STAMPED
 from primeruns.journal.store import DATA_NAME
 from primeruns.journal.summary import Shelf
 from primeruns.journal.summary_fields import (
