@@ -53,6 +53,7 @@ class _Closable(Protocol):
 _exit_runs: set[_Closable] = set()
 _previous_sigterm: Any = None
 _sigterm_installed = False
+_holding_for_fork: Any = None  # the lock module a fork holds (``_before_fork``)
 
 
 def register(run: _Closable) -> None:
@@ -138,6 +139,17 @@ def _before_fork() -> None:
         # A fork must never fail for it: the child then drops its records.
         with contextlib.suppress(Exception):
             run.before_fork()
+    # Last, after whatever the runs' handlers waited for: a thread opening or
+    # closing a journal's lock descriptor finishes first (``journal.lock``).
+    global _holding_for_fork
+    _holding_for_fork = sys.modules.get("primeruns.journal.lock")
+    if _holding_for_fork is not None:
+        _holding_for_fork.hold_for_fork()
+
+
+def _after_fork_in_parent() -> None:
+    if _holding_for_fork is not None:
+        _holding_for_fork.let_go_after_fork()
 
 
 def _after_fork_in_child() -> None:
@@ -186,4 +198,6 @@ _LOADED_LATER = (
     "primeruns.ranks",
 )
 
-os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+)

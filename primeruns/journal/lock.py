@@ -15,7 +15,10 @@ its open file): kept, a child outliving its parent (a data loader's worker
 of a rank killed out of memory) held the dead parent's journal as if its
 producer still wrote it, and the run's primary waited for that journal as
 for a process still logging; ``replay`` and a requeued job's takeover of
-it were refused.
+it were refused. A descriptor of a lock file is opened, and closed, only
+under ``_REGISTRY``, which a fork waits for (``hooks``' before-fork handler,
+``hold_for_fork``): a child forked by another thread meanwhile would have
+kept a copy of one not yet (or no longer) among those it closes.
 
 The uplink: a live run's producer hands its lock descriptor to the uplink
 process it starts (``share``), so the two hold one flock together: ``replay``
@@ -33,6 +36,7 @@ import fcntl
 import json
 import os
 import socket
+import threading
 import time
 import weakref
 from dataclasses import dataclass
@@ -152,17 +156,18 @@ def owner_alive(info: OwnerInfo | None) -> bool:
 def lock_held(directory: Path) -> bool:
     """Whether some process holds the owner lock of the journal at ``directory``
     (its producer or uplink): true across PID namespaces, where a pid is not."""
-    try:
-        fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
+    with _REGISTRY:  # a child forked meanwhile would keep our shared lock
+        try:
+            fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError as exc:
+            return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+        finally:
+            os.close(fd)  # our own shared lock, if taken, ends with its descriptor
         return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as exc:
-        return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-    finally:
-        os.close(fd)  # our own shared lock, if taken, ends with its descriptor
-    return False
 
 
 def remove_unheld(path: Path, *companions: Path, dry_run: bool = False) -> bool:
@@ -208,12 +213,44 @@ def _pid_alive(pid: int, proc_start: int | None) -> bool:
     return proc_start is None or now is None or now == proc_start
 
 
+def hold_for_fork() -> None:
+    """Run by ``hooks``' before-fork handler, last: the fork waits for a
+    thread opening or closing a lock's descriptor (module doc)."""
+    _REGISTRY.acquire()
+
+
+def let_go_after_fork() -> None:
+    """Run by ``hooks``' after-fork handler in the parent."""
+    _REGISTRY.release()
+
+
 def _after_fork_in_child() -> None:
     """Run by ``hooks``' after-fork handler: a forked child closes its copy
     of each owner lock its parent held (module doc)."""
+    global _REGISTRY
+    _REGISTRY = threading.RLock()  # held by the parent's forking thread
     for lock in list(_HELD):
         lock.forget_in_child()
     _HELD.clear()
+
+
+def _locked_descriptor(path: Path) -> int | None:
+    """``path`` opened and flocked, exclusively; None: another process holds it."""
+    # Never through a link: one planted here would be truncated (trust).
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UntrustedPathError(f"{path} is a symbolic link: not opened") from None
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise
+        return None
+    return fd
 
 
 class OwnerLock:
@@ -226,27 +263,18 @@ class OwnerLock:
         """
         self.path = directory / LOCK_NAME
         self._pid = os.getpid()
-        # Never through a link: one planted here would be truncated below (trust).
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        except OSError as exc:
-            if exc.errno == errno.ELOOP:
-                raise UntrustedPathError(f"{self.path} is a symbolic link: not opened") from None
-            raise
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            os.close(fd)
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
+        with _REGISTRY:  # opened and known as held at once (module doc)
+            fd = _locked_descriptor(self.path)
+            if fd is not None:
+                self._fd: int | None = fd
+                _HELD.add(self)
+        if fd is None:
             info = read_owner(directory)
             who = info.describe() if info else "another process"
             raise JournalLockedError(
                 f"journal {directory} is owned by {who}, which is still running",
                 owner=info.describe() if info else None,
-            ) from None
-        self._fd: int | None = fd
-        _HELD.add(self)
+            )
         self._shared = False
         self.inherited = False  # the uplink's copy, from its producer
         self.owner = current_owner()
@@ -314,6 +342,10 @@ class OwnerLock:
 
     def release(self) -> None:
         """Release the lock; idempotent, and a no-op in a forked child (see module doc)."""
+        with _REGISTRY:  # a child forked meanwhile would keep the descriptor
+            self._let_go()
+
+    def _let_go(self) -> None:
         fd, self._fd = self._fd, None
         _HELD.discard(self)
         if fd is None or os.getpid() != self._pid:
@@ -337,3 +369,5 @@ class OwnerLock:
 # The owner locks this process holds, taken or inherited from its producer
 # (its uplink): a forked child closes its copies (``_after_fork_in_child``).
 _HELD: weakref.WeakSet[OwnerLock] = weakref.WeakSet()
+# Held while a lock's descriptor is opened or closed, and by a fork (module doc).
+_REGISTRY = threading.RLock()

@@ -1,0 +1,93 @@
+"""A journal's owner lock across a fork another thread makes: the child
+never keeps a copy of the lock's descriptor, whatever the thread that opens
+or closes it was doing at the fork."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from primeruns.journal import lock as lock_module
+from primeruns.journal.lock import LOCK_NAME, OwnerLock
+
+
+class _Registry:
+    """The lock registry's lock, letting the paused thread go on as soon as
+    a fork waits for it (without the fix, nothing waits for it)."""
+
+    def __init__(self, real: Any, resume: threading.Event) -> None:
+        self._real, self._resume = real, resume
+
+    def acquire(self, *args: Any) -> bool:
+        if threading.current_thread() is threading.main_thread():
+            self._resume.set()
+        return bool(self._real.acquire(*args))
+
+    def release(self) -> None:
+        self._real.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _held_in_child(fd: int, lock_file: Path) -> bool:
+    """Fork here; whether the child holds descriptor ``fd`` of ``lock_file``."""
+    ours, theirs = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: says whether it has a copy, and ends at once
+        try:
+            held = os.fstat(fd).st_ino == os.stat(lock_file).st_ino
+        except OSError:
+            held = False
+        os.write(theirs, b"1" if held else b"0")
+        os._exit(0)
+    os.close(theirs)
+    try:
+        return os.read(ours, 1) == b"1"
+    finally:
+        os.close(ours)
+        os.waitpid(pid, 0)
+
+
+def test_a_child_forked_while_another_thread_takes_a_lock_does_not_hold_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork by one thread while another takes a journal's lock (a pool's
+    worker handler forks a new worker at any time) gave the child a copy of
+    the locked descriptor that it never closed: once the journal's writer
+    died, the child held its journal, refused to replay and waited for by
+    the run's primary as a process still logging, for as long as it lived."""
+    inside, resume = threading.Event(), threading.Event()
+    paused: list[int] = []
+    real_flock = fcntl.flock
+
+    def pausing_flock(fd: int, operation: int) -> None:
+        real_flock(fd, operation)
+        if operation & fcntl.LOCK_EX and not paused:  # locked, not yet known as held
+            paused.append(fd)
+            inside.set()
+            resume.wait()
+
+    monkeypatch.setattr(fcntl, "flock", pausing_flock)
+    real = getattr(lock_module, "_REGISTRY", threading.RLock())
+    monkeypatch.setattr(lock_module, "_REGISTRY", _Registry(real, resume), raising=False)
+    taken: list[OwnerLock] = []
+    taker = threading.Thread(target=lambda: taken.append(OwnerLock(tmp_path)))
+    taker.start()
+    try:
+        assert inside.wait(timeout=60)
+        held = _held_in_child(paused[0], tmp_path / LOCK_NAME)
+    finally:
+        resume.set()
+        taker.join()
+    for lock in taken:
+        lock.release()
+    assert not held
