@@ -15,7 +15,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
 from . import (
@@ -65,6 +65,15 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
+async def _client_gone(request: Request, exc: Exception) -> Response:
+    # A client that went away mid-body (a sync killed, a network lost) is not
+    # the platform's fault: a line, not a traceback that reads as one. Handled
+    # here, not by ``_unexpected``: that one's middleware re-raises to the
+    # server, which logs it again.
+    log.info("client went away during %s %s", request.method, request.url.path)
+    return Response(status_code=400)  # (nobody reads it)
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     return JSONResponse({"detail": "internal error"}, status_code=500)
@@ -108,6 +117,7 @@ def build_app(settings: ServerSettings, faults: FaultSettings | None = None) -> 
             PlatformError: _platform_error,
             TracesError: _traces_error,
             HTTPException: _http_error,
+            ClientDisconnect: _client_gone,
             Exception: _unexpected,
         },
         lifespan=_lifespan(db),

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -182,3 +185,51 @@ def test_random_garbage_never_yields_500(local_platform: LocalPlatform) -> None:
             )
             assert r.status_code < 500, (r.status_code, r.text)
     assert local_platform.returncode is None
+
+
+def test_a_client_gone_mid_body_is_said_in_a_line_not_logged_as_a_server_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sync killed while it sends a body (SIGKILL, a lost network) is the
+    client's doing: one line at INFO names the request; no "unexpected error"
+    with a traceback that reads as the platform's own fault."""
+    import asyncio
+
+    from primeruns.local.app import build_app
+    from primeruns.local.settings import ServerSettings
+
+    app = build_app(ServerSettings(data_dir=tmp_path / "data"))
+    messages = iter(
+        [
+            {"type": "http.request", "body": b'{"samples": [', "more_body": True},
+            {"type": "http.disconnect"},
+        ]
+    )
+
+    async def receive() -> dict[str, Any]:
+        return next(messages)
+
+    async def send(message: dict[str, Any]) -> None:
+        return None
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "path": "/api/v1/evaluations/e1/samples",
+        "raw_path": b"/api/v1/evaluations/e1/samples",
+        "query_string": b"",
+        "root_path": "",
+        "scheme": "http",
+        "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("127.0.0.1", 8000),
+    }
+    with caplog.at_level(logging.INFO):
+        asyncio.run(app(scope, receive, send))
+    app.state.ctx.db.close()
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == [], [r.getMessage() for r in errors]
+    said = [r.getMessage() for r in caplog.records if "went away" in r.getMessage()]
+    assert said == ["client went away during POST /api/v1/evaluations/e1/samples"]
