@@ -10,6 +10,12 @@ whose quota is small, for good: nothing else looks at them.
 So a folder in use is held under an ``flock`` of its own descriptor (the
 kernel lets it go however its process ends), and a sync making one removes
 first every working folder no process holds, as ``primeruns gc`` does.
+
+Only this host's: a home folder is shared by a cluster's login nodes over
+NFS (or another network filesystem), where a folder's flock is the host's
+own (no network lock is taken for a directory), so a live sync on another
+node holds its folders unseen. A folder is named after the host that made it
+(``<prefix><host>@...``), and only that host's syncs and gc remove it.
 """
 
 from __future__ import annotations
@@ -17,7 +23,9 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +41,7 @@ def working_folder(root: Path, prefix: str) -> Iterator[Path]:
     """A new private folder in ``root`` named ``prefix...``, held while in
     use and removed afterwards; the abandoned ones (``sweep``) go first."""
     sweep(root)
-    path, fd = _made_and_held(root, prefix)
+    path, fd = _made_and_held(root, prefix + _host_mark())
     try:
         yield path
     finally:
@@ -53,10 +61,18 @@ def _made_and_held(root: Path, prefix: str) -> tuple[Path, int]:
         os.close(fd)
 
 
+def _host_mark() -> str:
+    """What follows a prefix in the names of this host's working folders:
+    its name, then a character no such name holds (``a-b`` is not ``a``'s)."""
+    return re.sub(r"[^A-Za-z0-9.-]", "_", socket.gethostname()) + "@"
+
+
 def sweep(root: Path) -> int:
-    """Remove the working folders in ``root`` that no process holds; how many."""
+    """Remove the working folders this host made in ``root`` that no
+    process holds; how many."""
+    own = tuple(prefix + _host_mark() for prefix in PREFIXES)
     with os.scandir(root) as entries:
-        names = [e.name for e in entries if e.name.startswith(PREFIXES)]
+        names = [e.name for e in entries if e.name.startswith(own)]
     return sum(_remove_if_abandoned(root / name) for name in names)
 
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -715,3 +717,29 @@ def test_a_sync_journal_that_imported_part_of_a_range_the_copys_owner_skipped_go
             with Journal.open(_copy(copy, tmp_path / "login" / "run"), owner=False) as source:
                 assert import_new(source, sync).upto == upto
         assert [row[0] for row in _rows(sync)] == [*range(1, 22), 31]
+
+
+def test_a_snapshot_a_sync_on_another_host_reads_from_is_left_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by an adversarial review: the sync root is in the home folder,
+    # which a cluster's login nodes share over NFS, where the flock of a
+    # folder is only the host's own (no network lock for a directory). A
+    # sync on one login node removed the working folders of a live sync on
+    # another, as if a killed sync had left them.
+    root = tmp_path / "synced"
+    with Journal.create(tmp_path / "node") as producer:
+        _log(producer, 0, 5)
+    node = producer.path
+    host = ["login1"]
+    monkeypatch.setattr(socket, "gethostname", lambda: host[0])
+    with contextlib.ExitStack() as stack:
+        with monkeypatch.context() as elsewhere:
+            # Held in login1's kernel: login2 sees no lock on it.
+            elsewhere.setattr(fcntl, "flock", lambda fd, how: None)
+            first = stack.enter_context(mirror.snapshot(node, root))
+        host[0] = "login2"
+        with mirror.snapshot(node, root):
+            pass
+        with Journal.open(first, owner=False) as copy:
+            assert copy.last_seq() == 5
