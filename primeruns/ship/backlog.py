@@ -325,12 +325,12 @@ def _damaged_and_final(
     """The damage of a copy no sync journal has taken yet and whose producer
     is gone (a scan of every entry: only for such a copy); else none. A
     copy that holds less than its original here is not final, damaged or
-    not: a ``cp`` cut short leaves one so (the original may hold the finish)."""
+    not, whether its job ended or not: a ``cp`` cut short leaves one so (the
+    original may hold the finish)."""
     if (root / source.local_id / DATA_NAME).exists():
         return []
-    if job_ended:
-        return source.damage()
-    if origin.producer_state() != "dead" or _stale(origin, source.damaged_end()):
+    dead = origin.producer_state() == "dead"
+    if not (dead or job_ended) or (dead and _stale(origin, source.damaged_end())):
         return []
     return source.damage()
 
@@ -351,8 +351,9 @@ def _import_copy(
     producer = origin.producer_state() if origin is not None else "unknown"
     _refuse_a_live_uplink(source, path, origin, producer, job_ended)
     journal, created = open_sync_journal(source, root)
+    # Behind its original here, a copy is not final even once its job ended.
     stale = _stale(origin, source.damaged_end()) if producer == "dead" else None
-    final = (producer == "dead" and stale is None) or job_ended
+    final = (producer == "dead" or job_ended) and stale is None
     try:
         imported = import_new(source, journal, final=final)
     except BaseException:

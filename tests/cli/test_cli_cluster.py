@@ -567,6 +567,32 @@ def test_a_copy_cut_short_of_a_run_that_finished_here_never_closes_it_as_crashed
     assert _status(lp) == "COMPLETED"
 
 
+@pytest.mark.parametrize("how", ["mid-run", "cut short"])
+def test_a_copy_behind_a_run_that_finished_here_never_closes_it_once_its_job_ended(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str], how: str
+) -> None:
+    """Found by an adversarial review: ``--job-ended`` (the job did end)
+    took a copy as final even where its original beside it holds more, the
+    finish among it: a copy taken mid-run, or one whose ``cp`` was cut
+    short, closed the run as crashed for good. The job's end makes a copy
+    final only where it is not behind its original."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "-")
+    copy = _copy(producer.journal, login)
+    producer.log_the_rest()
+    producer.finish()
+    if how == "cut short":
+        copy = _copy(producer.journal, login)
+        os.truncate(copy / "data.mdb", (copy / "data.mdb").stat().st_size // 2)
+    code, out, err = cli(capsys, "sync", "--job-ended", str(copy))
+    assert _status(lp) == "RUNNING" and "left open" in out, out + err
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", "--job-ended", str(copy))
+    assert code == 0, out + err
+    assert _landed(lp, "eval", "all")() is not None
+    assert _status(lp) == "COMPLETED"
+
+
 def test_a_run_closed_as_crashed_is_not_reported_closed_as_completed_by_a_later_copy(
     local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
