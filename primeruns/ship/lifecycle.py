@@ -25,6 +25,7 @@ from ..exceptions import (
     ConfigurationError,
     EnvironmentResolutionError,
     ForbiddenError,
+    JournalError,
     LineFormatConflictError,
     NotFoundError,
     PaymentRequiredError,
@@ -292,7 +293,7 @@ class Lifecycle:
             return self._create(spec, attempts)
         # A keyed run (several journals in turn): the first to register creates
         # it, the others ship into it; the key's lock makes two at once one.
-        api_root = self.client.settings.api_root
+        api_root = self._api_root
         with run_keys.held(spec.run_key, api_root):
             found = run_keys.lookup(spec.run_key, api_root)
             if found is not None and found.get("kind") == spec.kind:
@@ -547,7 +548,10 @@ class Lifecycle:
                 binding = self.register()
                 spec = self.spec
                 attached = bool(spec.attach_id)
-                if binding.kind == "train":
+                closed = self._closed_by_its_key(binding.run_id)
+                if closed is not None:
+                    status, done = closed, True
+                elif binding.kind == "train":
                     done = self._finalize_train(binding.run_id, status, error, attached)
                 else:
                     done = self._finalize_eval(
@@ -557,7 +561,39 @@ class Lifecycle:
                 self._deadline = None
             if done:
                 self.journal.set_meta("finalized", {"status": status, "at": time.time()})
+                self._note_closed_for_its_key(binding.run_id, status)
             return done
+
+    @property
+    def _api_root(self) -> str:
+        return self.client.settings.api_root
+
+    @property
+    def _run_key(self) -> str | None:
+        """The key of a run several journals log in turn (none attached by id)."""
+        return None if self.spec.attach_id else self.spec.run_key
+
+    def _closed_by_its_key(self, run_id: str) -> str | None:
+        """The status another journal of this run's key closed it with: the
+        platform keeps a run's first close, so this one sends none (its own
+        end would only be said, wrongly)."""
+        key = self._run_key
+        if key is None:
+            return None
+        try:
+            return run_keys.closed_as(key, self._api_root, run_id)
+        except (JournalError, OSError):
+            return None  # no record to read (an untrusted sync root): closed as before
+
+    def _note_closed_for_its_key(self, run_id: str, status: str) -> None:
+        """Tell the run key's later journals how their run was closed."""
+        key = self._run_key
+        if key is None:
+            return
+        try:
+            run_keys.note_closed(key, self._api_root, run_id, status)
+        except (JournalError, OSError) as exc:
+            log.info("prime-runs: run key %r: how its run was closed is not recorded: %s", key, exc)
 
     def _send(
         self, method: str, path: str, body: Mapping[str, Any], *, closes: str | None = None

@@ -4,7 +4,9 @@ A job requeued offline (a scheduler's preemption, a node failure) writes a
 new journal on another node for the same logical run. ``init(run_key=K)``
 names that run; ``primeruns sync`` of each journal with ``K`` must land in
 one platform run. The first journal to register creates the run and records
-it here; the others find it and ship into it.
+it here; the others find it and ship into it. The first to close the run
+records how (``note_closed``): the platform keeps a run's first close, so
+the others, synced later, close nothing and say how it was closed.
 
 An evaluation is also found on the platform itself (its create carries the
 key as its client token, and evaluations can be listed), so this record is a
@@ -34,7 +36,7 @@ from typing import Any
 from ..settings import default_sync_root as sync_root
 from .copies import make_sync_root, read_record
 
-__all__ = ["held", "lookup", "remember"]
+__all__ = ["closed_as", "held", "lookup", "note_closed", "remember"]
 
 
 _FOLDER = "run-keys"
@@ -82,3 +84,23 @@ def remember(key: str, api_root: str, binding: dict[str, Any], root: Path | None
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(temp, path)
+
+
+def closed_as(key: str, api_root: str, run_id: str, root: Path | None = None) -> str | None:
+    """The status a journal of ``key`` closed its run ``run_id`` with, if one did."""
+    found = lookup(key, api_root, root)
+    if found is None or found["run_id"] != run_id:
+        return None
+    status = found.get("closed_as")
+    return status if isinstance(status, str) else None
+
+
+def note_closed(
+    key: str, api_root: str, run_id: str, status: str, root: Path | None = None
+) -> None:
+    """Record that a journal of ``key`` closed its run ``run_id`` with ``status``
+    (the first close only: the platform keeps that one)."""
+    with held(key, api_root, root):
+        found = lookup(key, api_root, root)
+        if found is not None and found["run_id"] == run_id and "closed_as" not in found:
+            remember(key, api_root, {**found, "closed_as": status}, root)

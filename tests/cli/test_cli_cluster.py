@@ -338,16 +338,7 @@ def test_a_step_a_requeued_attempt_logs_again_keeps_its_sample_ids_apart(
     so the step's two objects held the same sample ids (a requeued job
     attached by id draws its ranges far from its predecessor's)."""
     lp = local_platform
-    script = _ATTEMPT.replace("PER_STEP", str(PER_STEP))
-    for node, first, last, end in (("node-a", 0, 15, "killed"), ("node-b", 10, 20, "finish")):
-        made = subprocess.run(
-            [sys.executable, "-c", script, str(tmp_path / node), lp.url, node, str(first),
-             str(last), end],
-            env=dict(os.environ), cwd=TESTS, timeout=120,
-        )  # fmt: skip
-        assert made.returncode == 0
-        [journal] = [p for p in (tmp_path / node).iterdir() if not p.name.startswith(".")]
-        _copy(journal, login)
+    _attempts(lp, tmp_path, login)
     code, out, err = cli(capsys, "sync", "--job-ended", "--all", "--runs-dir", str(login))
     assert code == 0, out + err
     [run] = lp.runs()
@@ -359,6 +350,49 @@ def test_a_step_a_requeued_attempt_logs_again_keeps_its_sample_ids_apart(
     )
     ids = [sample["sample_id"] for sample in read.json()["samples"]]
     assert len(ids) == 2 * PER_STEP and len(set(ids)) == len(ids), ids
+
+
+def _attempts(lp: Any, tmp_path: Path, login: Path) -> dict[str, Path]:
+    """The copies of a training job's two attempts under a run key: the
+    first killed at step 15, the second resumed from step 10 and finished."""
+    script = _ATTEMPT.replace("PER_STEP", str(PER_STEP))
+    copies = {}
+    for node, first, last, end in (("node-a", 0, 15, "killed"), ("node-b", 10, 20, "finish")):
+        made = subprocess.run(
+            [sys.executable, "-c", script, str(tmp_path / node), lp.url, node, str(first),
+             str(last), end],
+            env=dict(os.environ), cwd=TESTS, timeout=120,
+        )  # fmt: skip
+        assert made.returncode == 0
+        [journal] = [p for p in (tmp_path / node).iterdir() if not p.name.startswith(".")]
+        copies[node] = _copy(journal, login)
+    return copies
+
+
+@pytest.mark.parametrize("order", [("node-b", "node-a"), ("node-a", "node-b")])
+def test_an_attempt_synced_after_another_closed_the_run_says_how_it_was_closed(
+    local_platform: Any,
+    tmp_path: Path,
+    login: Path,
+    capsys: pytest.CaptureFixture[str],
+    order: tuple[str, str],
+) -> None:
+    """Found by an adversarial review: the attempts of a run key synced one
+    command each, the second one's close-out was sent to a run the first
+    had closed (the platform keeps the first), and its report said the run
+    was closed out as this attempt's own end: "crashed" for a killed
+    attempt synced after the one that finished, "completed" for the one
+    that finished synced after a killed one closed the run as crashed."""
+    lp = local_platform
+    copies = _attempts(lp, tmp_path, login)
+    said = []
+    for node in order:
+        code, out, err = cli(capsys, "sync", "--job-ended", "--json", str(copies[node]))
+        assert code == 0, out + err
+        [report] = json.loads(out)
+        said.append(report["status"])
+    closed = _status(lp)
+    assert said == [{"COMPLETED": "completed", "FAILED": "crashed"}[closed]] * 2, (said, closed)
 
 
 def _clean(path: Path) -> None:
