@@ -243,7 +243,8 @@ def import_new(source: Journal, dest: Journal, *, final: bool = False, after: in
     ``final``: no later copy will bring what this one lacks (its producer
     is gone): such an entry, followed by one the copy holds, is passed
     over, missing in ``dest``, where each sink counts it lost, as in a
-    damaged copy made the sync journal (``adopt_repaired``). ``after``: the
+    damaged copy made the sync journal (``adopt_repaired``); one at the
+    copy's end is passed over too, nothing after it imported. ``after``: the
     seq the copy's entries begin past, none before it to import
     (``_compacted_through``)."""
     upto = max(dest.last_seq(), after)
@@ -278,12 +279,16 @@ def import_new(source: Journal, dest: Journal, *, final: bool = False, after: in
         # The entry after ``upto`` is missing or damaged in this copy (torn
         # mid-write, or damaged on disk): a later copy brings it, if any will.
         gap = _gap_after(upto, end, result)
-        if not final or gap.seq is None or upto + gap.entries >= end:
-            # (Past the copy's last entry, a gap would lie past the sync
-            # journal's end, where no sink counts it: it stops there.)
+        if not final or gap.seq is None:
             stopped = gap.what
             break
         passed.append(gap)
+        if upto + gap.entries >= end:
+            # The copy's last entries, damaged for good (a job killed while
+            # it wrote them): past the sync journal's end, where no sink
+            # counts them, nothing follows to import (as ``adopt_repaired``
+            # leaves them). Stopped there, the run would stay open for good.
+            break
         dest.appends_follow(upto + gap.entries)
         upto += gap.entries
     _carry_losses(source, dest)

@@ -366,6 +366,32 @@ def test_a_damaged_copy_of_an_ended_job_ships_past_its_damage_after_a_mid_run_sy
     assert _held(lp) == {"episodes": 11, "samples": 11}
 
 
+def test_an_ended_job_whose_copy_is_damaged_at_its_last_entry_is_closed_after_a_mid_run_sync(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an adversarial review: once a copy taken mid-run had made the
+    sync journal, a final copy damaged at its last entry (its finish) left
+    the run open for good, even with ``--job-ended`` ("copy it again": every
+    copy of it is so). Synced first, the same copy closes it as crashed."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "node-7")
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0 and _status(lp) == "RUNNING", out + err
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    with Journal.open(copy, owner=False) as read:
+        last = read.last_seq()
+    flip_entry_bytes(copy, last)  # the finish entry
+    code, out, err = cli(capsys, "sync", "--job-ended", "--json", str(copy))
+    [report] = json.loads(out)
+    assert code == 4 and f"entry {last}" in report["damage"][0], out + err
+    assert _status(lp) == "FAILED" and report["status"] == "crashed", out + err
+    assert _held(lp) == {"episodes": 12, "samples": 12}
+    assert not report["losses"], out + err
+
+
 # Seeded so that the gateway keeps the one confirm from the platform.
 CONFIRM, SEED = "/api/v1/rft/samples/confirm", 4
 
