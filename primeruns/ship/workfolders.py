@@ -50,12 +50,18 @@ def working_folder(root: Path, prefix: str) -> Iterator[Path]:
 
 
 def _made_and_held(root: Path, prefix: str) -> tuple[Path, int]:
-    """A new folder and a descriptor of it holding its lock. Another sync's
-    sweep may remove it between its making and the lock: then one more."""
+    """A new folder and a descriptor of it holding its lock (where one can
+    be taken). Another sync's sweep may remove it between its making and
+    the lock: then one more."""
     while True:
         path = Path(tempfile.mkdtemp(prefix=prefix, dir=root))
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            # No lock to be had there (ENOLCK): used unheld, which no sweep
+            # removes (it cannot prove one abandoned without its lock).
+            return path, fd
         if os.fstat(fd).st_nlink:  # (a removed folder has no link left)
             return path, fd
         os.close(fd)
@@ -84,8 +90,8 @@ def _remove_if_abandoned(path: Path) -> bool:
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return False  # in use
+        except OSError:
+            return False  # in use, or no lock to be had there: either may be
         shutil.rmtree(path, ignore_errors=True)
         return True
     finally:

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import fcntl
 import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -719,6 +721,13 @@ def test_a_sync_journal_that_imported_part_of_a_range_the_copys_owner_skipped_go
         assert [row[0] for row in _rows(sync)] == [*range(1, 22), 31]
 
 
+def _five_entries(tmp_path: Path) -> Path:
+    """A journal of five entries, its producer gone."""
+    with Journal.create(tmp_path / "node") as producer:
+        _log(producer, 0, 5)
+    return producer.path
+
+
 def test_a_snapshot_a_sync_on_another_host_reads_from_is_left_to_it(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -727,10 +736,7 @@ def test_a_snapshot_a_sync_on_another_host_reads_from_is_left_to_it(
     # folder is only the host's own (no network lock for a directory). A
     # sync on one login node removed the working folders of a live sync on
     # another, as if a killed sync had left them.
-    root = tmp_path / "synced"
-    with Journal.create(tmp_path / "node") as producer:
-        _log(producer, 0, 5)
-    node = producer.path
+    node, root = _five_entries(tmp_path), tmp_path / "synced"
     host = ["login1"]
     monkeypatch.setattr(socket, "gethostname", lambda: host[0])
     with contextlib.ExitStack() as stack:
@@ -743,3 +749,27 @@ def test_a_snapshot_a_sync_on_another_host_reads_from_is_left_to_it(
             pass
         with Journal.open(first, owner=False) as copy:
             assert copy.last_seq() == 5
+
+
+def test_a_sync_root_whose_folders_take_no_lock_is_synced_into_sweeping_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found by an adversarial review: where a folder's flock fails (ENOLCK:
+    # no lock to be had there), every sync failed at its first working
+    # folder. It works in one unheld, and a sweep, which cannot tell a live
+    # sync's folder from a killed one's, removes none.
+    node, root = _five_entries(tmp_path), tmp_path / "synced"
+    real_flock = fcntl.flock
+
+    def no_lock_on_folders(fd: int, how: int) -> None:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            raise OSError(errno.ENOLCK, os.strerror(errno.ENOLCK))
+        real_flock(fd, how)
+
+    monkeypatch.setattr(fcntl, "flock", no_lock_on_folders)
+    with mirror.snapshot(node, root) as first:
+        with mirror.snapshot(node, root) as second:
+            assert first != second
+            with Journal.open(first, owner=False) as copy:
+                assert copy.last_seq() == 5
+    assert [p for p in root.iterdir() if p.name.startswith(".snapshot-")] == []
