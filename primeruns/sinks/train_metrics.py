@@ -52,6 +52,10 @@ _WINDOW = 64
 _PIPELINE_FROM = 16
 # A run's rows are read back this many at a time (``landed_rows``).
 _LANDED_PAGE = 1000
+# The platform's steps are 64-bit integers (the local platform's are
+# SQLite's): no step comes after this one, and asking for those that do is
+# an error (a 500 from the local platform, each time: the batch never went).
+_LAST_STEP = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -259,7 +263,10 @@ def _landed_pages(
 ) -> Iterator[list[dict[str, Any]]]:
     while rows:
         yield rows
-        rows = _landed_page(client, run_id, max(r["step"] for r in rows) + 1) or []
+        last = max(r["step"] for r in rows)
+        if last >= _LAST_STEP:
+            return
+        rows = _landed_page(client, run_id, last + 1) or []
 
 
 def _landed_page(
@@ -280,12 +287,14 @@ def _landed_page(
 
 def _rows_from(items: list[Any], lowest: int | None) -> list[dict[str, Any]]:
     """The rows of a page of a run's rows with a step from ``lowest`` on (a
-    platform that ignores ``min_step`` gives the first page again: read once)."""
+    platform that ignores ``min_step`` gives the first page again: read once),
+    each a step a step table can hold (a 64-bit integer)."""
     return [
         r
         for r in items
         if isinstance(r, dict)
         and _is_step(r.get("step"))
+        and -_LAST_STEP - 1 <= r["step"] <= _LAST_STEP
         and (lowest is None or r["step"] >= lowest)
     ]
 

@@ -281,3 +281,40 @@ def test_four_rank_processes_keep_every_key_of_each_step_through_a_wipe(
     ranks[0].release()
     ranks[0].wait_finished()
     oracle.check_metrics(lp, run_id, {f"loss_r{r.rank}": r.steps for r in ranks})
+
+
+def _second_rank_logs_after_a_wipe(
+    lp: LocalPlatform, tmp_path: Path, first_rows: list[tuple[dict[str, Any], int | None]]
+) -> tuple[pr.Run, pr.Run]:
+    """Rank 0 logs ``first_rows`` and they land; the runs directory is wiped;
+    then rank 1 logs step 0 (which rank 0 logged ``loss_r0`` for), and both finish."""
+    runs = tmp_path / "runs"
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        first = _rank(runs, lp.url, 0, None)
+        second = _rank(runs, lp.url, 1, first.id)
+        for values, step in first_rows:
+            first.log_metrics(values, step=step)
+        assert first.flush(timeout=60)
+        shutil.rmtree(runs)
+        _append_until_recreated(second)
+        second.log_metrics({"loss_r1": 2.0}, step=0)
+        second.finish(timeout=30)
+        first.finish(timeout=30)
+    return first, second
+
+
+@pytest.mark.parametrize("logged", ["the largest step"])
+def test_the_runs_rows_a_table_made_anew_reads_are_read_whatever_steps_they_have(
+    shared_platform: LocalPlatform, tmp_path: Path, logged: str
+) -> None:
+    """A table made anew reads the run's rows a page at a time by step. A
+    run that logged step 2**63 - 1 (SQLite's largest integer, the local
+    platform's): asking for the steps after it was a 500 each time, so the
+    rank's rows never shipped (retried until the close-out left them)."""
+    rows: list[tuple[dict[str, Any], int | None]] = [({"loss_r0": 1.0}, 0)]
+    if logged == "the largest step":
+        rows.append(({"loss_r0": 1.0}, (1 << 63) - 1))
+    first, second = _second_rank_logs_after_a_wipe(shared_platform, tmp_path, rows)
+    assert second.status is pr.RunStatus.COMPLETED and not second.errors, second.errors
+    row = _platform_rows(shared_platform.data_dir, first.id)[0]
+    assert {"loss_r0", "loss_r1"} <= set(row), row
