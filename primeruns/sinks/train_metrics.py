@@ -56,6 +56,7 @@ _LANDED_PAGE = 1000
 # SQLite's): no step comes after this one, and asking for those that do is
 # an error (a 500 from the local platform, each time: the batch never went).
 _LAST_STEP = (1 << 63) - 1
+_FIRST_STEP = -_LAST_STEP - 1
 
 
 @dataclass(frozen=True)
@@ -254,8 +255,15 @@ def landed_rows(client: PlatformClient, table: str) -> Iterator[list[dict[str, A
     pages there: a read that only helps never holds the rows back, nor
     refuses one. A transient failure is raised (the batch is tried again)."""
     run_id = table.rsplit(" ", 1)[-1]
-    first = _landed_page(client, run_id, None)
-    return None if first is None else _landed_pages(client, run_id, first)
+    items = _landed_items(client, run_id, None)
+    if items is None:
+        return None
+    first = _rows_from(items, None)
+    if items and not first:
+        # A page of rows without a step (the local platform lists them
+        # first): those with one, from the lowest step there is.
+        first = _landed_page(client, run_id, _FIRST_STEP) or []
+    return _landed_pages(client, run_id, first)
 
 
 def _landed_pages(
@@ -269,20 +277,25 @@ def _landed_pages(
         rows = _landed_page(client, run_id, last + 1) or []
 
 
-def _landed_page(
-    client: PlatformClient, run_id: str, lowest: int | None
-) -> list[dict[str, Any]] | None:
+def _landed_page(client: PlatformClient, run_id: str, lowest: int) -> list[dict[str, Any]] | None:
     """The rows of one page of the run's rows from step ``lowest`` on; None
     where the platform refused or could not answer it (raised: transient)."""
+    items = _landed_items(client, run_id, lowest)
+    return None if items is None else _rows_from(items, lowest)
+
+
+def _landed_items(client: PlatformClient, run_id: str, lowest: int | None) -> list[Any] | None:
+    """What one page of the run's rows from step ``lowest`` on lists (None:
+    from the first); None where the platform refused or could not answer
+    it (raised: transient)."""
     params = {"limit": _LANDED_PAGE, **({} if lowest is None else {"min_step": lowest})}
     try:
         page = client.api("GET", f"/rft/runs/{run_id}/metrics", params=params)
-        items = receipts.page_items(page, "metrics")
+        return receipts.page_items(page, "metrics")
     except APIError as exc:
         if is_transient(exc) and not isinstance(exc, UnprovenAnswerError):
             raise
         return None
-    return _rows_from(items, lowest)
 
 
 def _rows_from(items: list[Any], lowest: int | None) -> list[dict[str, Any]]:
@@ -294,7 +307,7 @@ def _rows_from(items: list[Any], lowest: int | None) -> list[dict[str, Any]]:
         for r in items
         if isinstance(r, dict)
         and _is_step(r.get("step"))
-        and -_LAST_STEP - 1 <= r["step"] <= _LAST_STEP
+        and _FIRST_STEP <= r["step"] <= _LAST_STEP
         and (lowest is None or r["step"] >= lowest)
     ]
 
