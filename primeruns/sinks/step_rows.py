@@ -39,11 +39,11 @@ the next row of a step sent before lose the keys the other processes logged
 for it. The platform's row fills in only keys no process gave (the part
 ``(landed)``, never under ``<key>@<label>``). A process whose table lost its
 name while it had it open (each transaction looks: an ``fstat`` and a
-``stat``; one that SQLite failed as the name went is done again) goes on in
-the one at the path, and a step it sent through the old one goes again
-through the new one. Where the platform gives no read of a
-run's rows, what landed before cannot be put back: the process that saw its
-table go says so, once.
+``stat``; one that SQLite failed as the name went, or whose table was
+wiped while it was made, is done again) goes on in the one at the path,
+and a step it sent through the old one goes again through the new one.
+Where the platform gives no read of a run's rows, what landed before
+cannot be put back: the process that saw its table go says so, once.
 
 A table names the run it merges (its ``about`` row), and each process holds
 a shared ``flock`` on its file while it has it open: ``primeruns gc`` deletes
@@ -169,6 +169,9 @@ class StepRows:
         self._broken = False
         self._loss_said = False
         self._shipped_before = shipped_before
+        # The keys whose table this process used lost its name, and whose
+        # new table it has not opened yet (a wipe again while it made it).
+        self._gone: set[str] = set()
 
     def _conn(self, key: str) -> tuple[sqlite3.Connection, bool]:
         """The table of ``key``, and whether it is another file than the one
@@ -176,17 +179,30 @@ class StepRows:
         conn = self._conns.get(key)
         if conn is not None and not self._replaced(key):
             return conn, False
-        replaced = conn is not None
-        if replaced:
+        if conn is not None:
             self._let_go(key)
+            self._gone.add(key)
+        conn = self._open(key)
+        replaced = key in self._gone
+        self._gone.discard(key)
+        return conn, replaced
+
+    def _open(self, key: str) -> sqlite3.Connection:
+        """The table of ``key`` opened, made when there is none, held shared."""
         make_private_dirs(self._folder)
         check_dir(self._folder, "step table folder")  # never a symlink, never another's
         path = self._folder / table_name(key)
-        lost = replaced or self._shipped_before
+        lost = key in self._gone or self._shipped_before
         fd = _held_open(path, lambda: self._make(path, key, lost=lost))
         try:
+            # Never made here (``mode=rw``): a file SQLite made at a path
+            # wiped since the check would be a table empty of what landed.
             conn = sqlite3.connect(
-                str(path), timeout=_BUSY_S, isolation_level=None, check_same_thread=False
+                f"{path.absolute().as_uri()}?mode=rw",
+                uri=True,
+                timeout=_BUSY_S,
+                isolation_level=None,
+                check_same_thread=False,
             )
         except BaseException:
             os.close(fd)
@@ -203,7 +219,7 @@ class StepRows:
         conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
         _initialise(conn, key)  # (an older version's process made the file empty)
         self._conns[key] = conn
-        return conn, replaced
+        return conn
 
     def _make(self, path: Path, key: str, *, lost: bool) -> None:
         """Put a table at ``path`` holding what the platform holds for the
@@ -339,7 +355,8 @@ class StepRows:
         that lost its name), under the lock. None when the table cannot be
         used (given up: rows go as logged from then on); but a table that
         lost its name during ``work`` (SQLite: "disk I/O error", "readonly
-        database") is no reason: ``work`` is done again in the one at the path."""
+        database"), or while it was opened or made, is no reason: ``work`` is
+        done again in the one at the path."""
         if self._broken:
             return None
         for _ in range(2):
@@ -355,9 +372,12 @@ class StepRows:
         return None
 
     def _lost_name(self, key: str) -> bool:
+        """Whether the table of ``key`` lost its name: the one this process
+        holds, or one it failed to open or make (the folder or the file
+        went meanwhile: a wipe during the read of the run's rows)."""
         with self._lock:
             try:
-                return key in self._held and self._replaced(key)
+                return key not in self._held or self._replaced(key)
             except OSError:
                 return False
 

@@ -11,6 +11,7 @@ import functools
 import json
 import logging
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -451,4 +452,47 @@ def test_a_step_table_deleted_in_the_middle_of_a_merge_is_not_given_up(
     merged = steps.merge("k rft-1", 1, {"loss_r1": 0.7})
     assert wiped and merged is not None
     assert _keys(merged[0]) == {"loss_r0", "loss_r1"}
+    steps.close()
+
+
+@pytest.mark.parametrize("wiped", ["before the first page", "between pages"])
+def test_a_step_table_wiped_while_it_is_made_is_made_again_not_given_up(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, wiped: str
+) -> None:
+    """The runs directory is wiped while a process reads the run's rows to
+    make its table (the read is requests to the platform: a wide window),
+    once as a new process opens its first table and again as one whose
+    table was wiped makes the next. Given up, every later row went as
+    logged, each replacing its step's row on the platform with one rank's
+    keys. The table is made again, and a step sent through the old table
+    still goes again through the new one."""
+    landed = [{"step": 1, "loss_r0": 0.5}, {"step": 2, "loss_r0": 0.6}]
+    wipe = True
+
+    def wiped_once() -> None:
+        nonlocal wipe
+        if wipe:
+            wipe = False
+            shutil.rmtree(tmp_path / ".steps")
+
+    def read(_: str) -> Iterator[list[dict[str, Any]]]:
+        if wiped == "before the first page":
+            wiped_once()
+        return pages()
+
+    def pages() -> Iterator[list[dict[str, Any]]]:
+        yield landed[:1]
+        wiped_once()
+        yield landed[1:]
+
+    steps = StepRows(tmp_path, label="rank1", primary=False, rank=1, landed=read)
+    with caplog.at_level(logging.WARNING, "primeruns"):
+        merged = steps.merge("k rft-1", 1, {"loss_r1": 0.7})
+        assert merged is not None and _keys(merged[0]) == {"loss_r0", "loss_r1"}
+        shutil.rmtree(tmp_path / ".steps")
+        wipe = True
+        assert steps.versions("k rft-1", [1]) == {1: -1}  # the step goes again
+        merged = steps.merge("k rft-1", 2, {"loss_r1": 0.8})
+        assert merged is not None and _keys(merged[0]) == {"loss_r0", "loss_r1"}
+    assert "cannot be used" not in caplog.text
     steps.close()
