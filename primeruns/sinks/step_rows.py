@@ -43,7 +43,8 @@ name while it had it open (each transaction looks: an ``fstat`` and a
 wiped while it was made, is done again) goes on in the one at the path,
 and a step it sent through the old one goes again through the new one.
 Where the platform gives no read of a run's rows, what landed before
-cannot be put back: the process that saw its table go says so, once.
+cannot be put back: a process that saw its table go says so, once, whichever
+process made the new one (the table says it was made without a read).
 
 A table names the run it merges (its ``about`` row), and each process holds
 a shared ``flock`` on its file while it has it open: ``primeruns gc`` deletes
@@ -89,6 +90,8 @@ _SCHEMA = (
     " step INTEGER PRIMARY KEY, parts TEXT NOT NULL, version INTEGER NOT NULL)"
 )
 _ABOUT = "CREATE TABLE IF NOT EXISTS about (name TEXT PRIMARY KEY, value TEXT NOT NULL)"
+# Said by a table made where the platform gave no read of the run's rows.
+_UNREAD = "INSERT OR IGNORE INTO about (name, value) VALUES ('landed', 'none')"
 _SUFFIX = ".sqlite3"
 # Waits for another process's transaction on the table at most this long.
 _BUSY_S = 30.0
@@ -192,8 +195,14 @@ class StepRows:
         make_private_dirs(self._folder)
         check_dir(self._folder, "step table folder")  # never a symlink, never another's
         path = self._folder / table_name(key)
-        lost = key in self._gone or self._shipped_before
-        fd = _held_open(path, lambda: self._make(path, key, lost=lost))
+        made = False
+
+        def make() -> None:
+            nonlocal made
+            self._make(path, key)
+            made = True
+
+        fd = _held_open(path, make)
         try:
             # Never made here (``mode=rw``): a file SQLite made at a path
             # wiped since the check would be a table empty of what landed.
@@ -219,28 +228,37 @@ class StepRows:
         conn.execute(f"PRAGMA cache_size=-{_CACHE_KIB}")
         _initialise(conn, key)  # (an older version's process made the file empty)
         self._conns[key] = conn
+        # One this process's rows went through was there (it saw it go, or
+        # its journal shipped before the table it made), and this one holds
+        # nothing of what landed: said, whichever process made it.
+        lost = key in self._gone or (self._shipped_before and made)
+        if lost and self._landed is not None and _made_unread(conn):
+            self._say_lost(path)
         return conn
 
-    def _make(self, path: Path, key: str, *, lost: bool) -> None:
+    def _say_lost(self, path: Path) -> None:
+        if self._loss_said:
+            return
+        self._loss_said = True
+        log.warning(
+            "prime-runs: the table that merges the metrics rows of this host's processes "
+            "(%s) was deleted while the run used it, and the platform gave no read of "
+            "the run's rows to start the new one from: a step logged again by one process "
+            "loses the keys the others logged for it before",
+            path,
+        )
+
+    def _make(self, path: Path, key: str) -> None:
         """Put a table at ``path`` holding what the platform holds for the
         run (``landed``), made whole under another name first, so no process
         merges into it before (another process's may take the name first).
-        ``lost``: one this process's rows went through was there.
+        One made without a read of the run's rows says so (``_made_unread``).
 
         Read after the old table lost its name, that holds every row sent
         through it: a process that sent one looked at its step after it
         landed, and saw the table still there (it landed before this read)
         or gone (it sends the row again: ``versions``)."""
         landed = None if self._landed is None else self._landed(key)
-        if landed is None and lost and self._landed is not None and not self._loss_said:
-            self._loss_said = True
-            log.warning(
-                "prime-runs: the table that merges the metrics rows of this host's processes "
-                "(%s) was deleted while the run used it, and the platform gave no read of "
-                "the run's rows to start the new one from: a step logged again by one process "
-                "loses the keys the others logged for it before",
-                path,
-            )
         draft = path.with_name(f"{path.name}.{secrets.token_hex(8)}.new")
         os.close(
             os.open(draft, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -249,6 +267,8 @@ class StepRows:
             conn = sqlite3.connect(str(draft), isolation_level=None)
             try:
                 _initialise(conn, key)
+                if landed is None:
+                    conn.execute(_UNREAD)
                 for page in landed or ():
                     _put_landed(conn, page)
             finally:
@@ -439,6 +459,15 @@ def _initialise(conn: sqlite3.Connection, key: str) -> None:
     conn.execute(_SCHEMA)
     conn.execute(_ABOUT)
     conn.execute("INSERT OR IGNORE INTO about (name, value) VALUES ('run', ?)", (key,))
+
+
+def _made_unread(conn: sqlite3.Connection) -> bool:
+    """Whether the table was made without a read of the run's rows (a table
+    an older version made says nothing: not said, as it was not before)."""
+    return (
+        conn.execute("SELECT 1 FROM about WHERE name = 'landed' AND value = 'none'").fetchone()
+        is not None
+    )
 
 
 def _put_landed(conn: sqlite3.Connection, rows: Sequence[Mapping[str, Any]]) -> None:

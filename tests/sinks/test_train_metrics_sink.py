@@ -496,3 +496,26 @@ def test_a_step_table_wiped_while_it_is_made_is_made_again_not_given_up(
         assert merged is not None and _keys(merged[0]) == {"loss_r0", "loss_r1"}
     assert "cannot be used" not in caplog.text
     steps.close()
+
+
+def test_a_step_table_lost_and_made_anew_by_another_without_a_read_is_said(
+    tmp_path: Path, platform: ScriptedPlatform, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The wipe takes the table rank 0 merged in; rank 2, started after it
+    (nothing of its own to lose), makes the new one where the platform
+    gives no read. Rank 0 goes on in that table, which holds nothing of
+    what landed: its next row of a step rank 1 sent before loses rank 1's
+    keys. Rank 0 says so, as it does when it makes that table itself."""
+    MetricsTable(platform)  # no read route
+    rank0 = _rank(tmp_path, 0, platform.client())
+    assert rank0.merge("k rft-1", 1, {"a": 1}) is not None
+    shutil.rmtree(tmp_path / ".steps")
+    rank2 = _rank(tmp_path, 2, platform.client())
+    with caplog.at_level(logging.WARNING, "primeruns"):
+        assert rank2.merge("k rft-1", 2, {"c": 1}) is not None
+        assert "gave no read" not in caplog.text  # it had nothing to lose
+        assert rank0.merge("k rft-1", 3, {"a": 1}) is not None
+    said = [r for r in caplog.records if "gave no read" in r.getMessage()]
+    assert len(said) == 1
+    rank0.close()
+    rank2.close()
