@@ -57,7 +57,7 @@ from typing import Any
 
 from .exceptions import JournalError
 from .journal import Journal, journal_info, list_journals
-from .journal.lock import lock_held, remove_unheld
+from .journal.lock import lock_held, plain_files, remove_unheld
 from .journal.origin import Origin
 from .journal.trust import check_dir, make_private_dirs
 from .settings import parse_bool_setting
@@ -303,10 +303,10 @@ def collect_locks(runs_dir: Path, *, dry_run: bool) -> list[Path]:
     folder = Path(runs_dir) / _LOCKS_DIR
     try:
         check_dir(folder, "primary lock folder")
-        names = sorted(name for name in os.listdir(folder) if name.endswith(_LOCK_SUFFIX))
+        files = plain_files(folder, _LOCK_SUFFIX)
     except (OSError, JournalError):
         return []
-    return [folder / name for name in names if _remove_free(folder / name, dry_run=dry_run)]
+    return [path for path in files if _remove_free(path, dry_run=dry_run)]
 
 
 def _remove_free(path: Path, *, dry_run: bool) -> bool:

@@ -52,6 +52,7 @@ __all__ = [
     "OwnerLock",
     "lock_held",
     "owner_alive",
+    "plain_files",
     "read_owner",
     "remove_unheld",
 ]
@@ -180,6 +181,10 @@ def remove_unheld(path: Path, *companions: Path, dry_run: bool = False) -> bool:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return True
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return False  # a link: nobody's lock, nor a file of ours (never followed)
+        raise
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -198,6 +203,17 @@ def remove_unheld(path: Path, *companions: Path, dry_run: bool = False) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def plain_files(folder: Path, suffix: str) -> list[Path]:
+    """The regular files in ``folder`` whose names end with ``suffix``, in
+    order of name, for gc to look at: a link among them is never followed
+    (nor deleted: not a file a process made there)."""
+    with os.scandir(folder) as entries:
+        names = [
+            e.name for e in entries if e.name.endswith(suffix) and e.is_file(follow_symlinks=False)
+        ]
+    return [folder / name for name in sorted(names)]
 
 
 def _pid_alive(pid: int, proc_start: int | None) -> bool:

@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..exceptions import JournalError
-from ..journal.lock import remove_unheld
+from ..journal.lock import plain_files, remove_unheld
 from ..journal.trust import check_dir, make_private_dirs
 
 __all__ = [
@@ -425,10 +425,9 @@ def tables(runs_dir: Path) -> list[Path]:
     folder = Path(runs_dir) / _FOLDER
     try:
         check_dir(folder, "step table folder")
-        names = os.listdir(folder)
+        return plain_files(folder, _SUFFIX)
     except (OSError, JournalError):
         return []
-    return sorted(folder / name for name in names if name.endswith(_SUFFIX))
 
 
 def table_run(path: Path) -> str | None:

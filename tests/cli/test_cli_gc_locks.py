@@ -8,6 +8,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -159,3 +160,31 @@ def test_an_attacher_that_finds_the_lock_held_by_gc_looking_at_it_is_still_first
     monkeypatch.setattr(fcntl, "flock", real)
     assert first == [True]
     assert _locks(runs) == [path] and _held(path)
+
+
+def test_a_symbolic_link_among_lock_files_and_step_tables_is_left_and_stops_nothing(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The runs directory is the user's own, but a link there is never
+    followed: one named as a lock file or a step table made gc fail on it
+    (ELOOP), the lock files after it kept, and with ``--json`` nothing said
+    of why; or stop with a traceback's message after deleting journals."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "kept.lock").write_text("")
+    sqlite3.connect(elsewhere / "kept.sqlite3").close()
+    assert ranks._first_to_attach(runs, "run-z", "20261201-000000-aaaaaaaa")
+    _exit_of_this_process()
+    (free,) = _locks(runs)
+    linked_lock = runs / ".primary" / ("0" * 32 + ".lock")
+    linked_lock.symlink_to(elsewhere / "kept.lock")
+    (runs / ".steps").mkdir(mode=0o700)
+    linked_table = runs / ".steps" / ("0" * 32 + ".sqlite3")
+    linked_table.symlink_to(elsewhere / "kept.sqlite3")
+
+    code, out, _ = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "--json")
+    assert code == 0, out
+    report = json.loads(out)
+    assert report["primary_locks"] == [str(free)] and report["step_tables"] == []
+    assert linked_lock.is_symlink() and linked_table.is_symlink()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["kept.lock", "kept.sqlite3"]
