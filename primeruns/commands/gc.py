@@ -39,7 +39,7 @@ from ..ship.copies import K_SOURCE_PATH, check_sync_root, sync_root
 from ..ship.workfolders import sweep
 from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, inert_errors, runs_dir_of
 from .console import emit_json, human_age, human_bytes, inert
-from .gc_steps import collect_tables
+from .gc_steps import collect_drafts, collect_tables
 
 __all__ = ["add_parser", "parse_duration"]
 
@@ -179,6 +179,9 @@ def run_gc(args: argparse.Namespace) -> int:
         for t in steps:
             if t.reason is not None:
                 say(f"keep    step table of run {t.run_id or '?'}: {t.reason}")
+    unfinished = collect_drafts(folders, dry_run=args.dry_run)
+    if unfinished:
+        say(f"{verb} {len(unfinished)} step table(s) that killed processes left unfinished")
     locks = _collect_locks(runs_dir, args.dry_run, say)
     if locks is None:
         code = EXIT_FAILED
@@ -194,6 +197,7 @@ def run_gc(args: argparse.Namespace) -> int:
                 "freed_bytes": freed,
                 **report,
                 "step_tables": tables,
+                "step_table_drafts": [str(p) for p in unfinished],
                 "primary_locks": [str(p) for p in locks or []],
             }
         )

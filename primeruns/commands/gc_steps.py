@@ -10,7 +10,8 @@ the same place or beside them) was deleted by this ``gc``, or would be with
 ``--dry-run``. A table no journal logs to any more (its journals were
 collected before tables were) goes once it is older than ``--older-than``.
 A table a live process has open is never deleted (``step_rows.delete_table``
-takes its lock without waiting).
+takes its lock without waiting), nor one a process is still making; one a
+process killed while it made it goes (``collect_drafts``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..reports import RunStatus
-from ..sinks.step_rows import delete_table, table_name, table_run, tables
+from ..sinks.step_rows import delete_draft, delete_table, drafts, table_name, table_run, tables
 from .run_groups import run_id_of
 
-__all__ = ["StepTable", "collect_tables"]
+__all__ = ["StepTable", "collect_drafts", "collect_tables"]
 
 
 @dataclass(frozen=True)
@@ -91,3 +92,12 @@ def collect_tables(
             would = dry_run and reason is None
             out.append(StepTable(path, run_id, st.st_size, deleted or would, reason))
     return out
+
+
+def collect_drafts(folders: Iterable[Path], *, dry_run: bool) -> list[Path]:
+    """Delete the step tables in ``folders`` that processes killed while
+    they made them left unfinished (never one a live process is filling):
+    those deleted (would be, with ``dry_run``)."""
+    return [
+        path for folder in folders for path in drafts(folder) if delete_draft(path, dry_run=dry_run)
+    ]

@@ -51,6 +51,8 @@ a shared ``flock`` on its file while it has it open: ``primeruns gc`` deletes
 the tables of runs it collected (``tables``, ``delete_table``) only under an
 exclusive lock it takes without waiting, so never one a live process uses;
 a process that opened the file as it was deleted opens the new one instead.
+A table being made (its draft, ``drafts``) is locked by its maker while it
+is filled: gc deletes only those a killed process left (``delete_draft``).
 """
 
 from __future__ import annotations
@@ -75,7 +77,9 @@ from ..journal.trust import check_dir, make_private_dirs
 __all__ = [
     "Landed",
     "StepRows",
+    "delete_draft",
     "delete_table",
+    "drafts",
     "merged_row",
     "table_name",
     "table_run",
@@ -93,6 +97,8 @@ _ABOUT = "CREATE TABLE IF NOT EXISTS about (name TEXT PRIMARY KEY, value TEXT NO
 # Said by a table made where the platform gave no read of the run's rows.
 _UNREAD = "INSERT OR IGNORE INTO about (name, value) VALUES ('landed', 'none')"
 _SUFFIX = ".sqlite3"
+# A table being made: ``<table's name>.<random>`` and this (``StepRows._make``).
+_DRAFT = ".new"
 # Waits for another process's transaction on the table at most this long.
 _BUSY_S = 30.0
 # Steps looked up per query (SQLite's bound on parameters is far higher).
@@ -259,10 +265,12 @@ class StepRows:
         landed, and saw the table still there (it landed before this read)
         or gone (it sends the row again: ``versions``)."""
         landed = None if self._landed is None else self._landed(key)
-        draft = path.with_name(f"{path.name}.{secrets.token_hex(8)}.new")
-        os.close(
-            os.open(draft, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        draft = path.with_name(f"{path.name}.{secrets.token_hex(8)}{_DRAFT}")
+        fd = os.open(
+            draft, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600
         )
+        # Held while it is filled: gc deletes a draft only a killed process left.
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             conn = sqlite3.connect(str(draft), isolation_level=None)
             try:
@@ -278,6 +286,7 @@ class StepRows:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(draft)
+            os.close(fd)  # (the table it became is locked shared by those who open it)
 
     def _replaced(self, key: str) -> bool:
         """Whether the table file this process holds for ``key`` lost its
@@ -428,6 +437,23 @@ def tables(runs_dir: Path) -> list[Path]:
         return plain_files(folder, _SUFFIX)
     except (OSError, JournalError):
         return []
+
+
+def drafts(runs_dir: Path) -> list[Path]:
+    """The tables being made beside the journals of ``runs_dir``, or left
+    unfinished by a process killed while it made one (``StepRows._make``)."""
+    folder = Path(runs_dir) / _FOLDER
+    try:
+        check_dir(folder, "step table folder")
+        return plain_files(folder, _DRAFT)
+    except (OSError, JournalError):
+        return []
+
+
+def delete_draft(path: Path, *, dry_run: bool) -> bool:
+    """Delete the draft at ``path`` unless a process is filling it (its lock):
+    False, kept (``dry_run``: whether it would be deleted)."""
+    return remove_unheld(path, Path(f"{path}-journal"), dry_run=dry_run)
 
 
 def table_run(path: Path) -> str | None:

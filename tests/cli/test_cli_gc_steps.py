@@ -5,6 +5,8 @@ one a live process uses (issue #29)."""
 from __future__ import annotations
 
 import json
+import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -93,3 +95,32 @@ def test_gc_leaves_a_table_a_process_has_open_though_its_runs_journals_are_gone(
     report = _gc(capsys, runs)  # no journal of its run left, and nobody uses it
     assert [t["run_id"] for t in report.get("step_tables", [])] == [run.id]
     assert tables(runs) == []
+
+
+def test_gc_deletes_the_table_a_killed_process_was_making_never_one_being_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A table made anew is filled under a name of its own (``*.new``) with
+    the run's rows on the platform (a long run's: many pages), then linked
+    into place. A process killed meanwhile left that file for good, as big
+    as the run's history, one more for each kill. gc deletes it, but never
+    the one a live process is still filling."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    (runs / ".steps").mkdir(parents=True, mode=0o700)
+    left = runs / ".steps" / f"{'0' * 32}.sqlite3.{'1' * 16}.new"  # a killed process's
+    sqlite3.connect(left).close()
+    seen: list[dict[str, Any]] = []
+
+    def pages() -> Iterator[list[dict[str, Any]]]:
+        yield [{"step": 1, "loss": 0.5}]
+        seen.append(_gc(capsys, runs))  # while this process fills its own
+        yield [{"step": 2, "loss": 0.25}]
+
+    making = StepRows(runs, label="rank1", primary=False, rank=1, landed=lambda _: pages())
+    merged = making.merge("k rft-1", 2, {"b": 1.0})
+    making.close()
+    assert merged is not None and merged[0]["loss"] == 0.25  # its table made whole
+    (report,) = seen
+    assert report["step_table_drafts"] == [str(left)]
+    assert sorted((runs / ".steps").glob("*.new")) == []
+    assert len(tables(runs)) == 1
