@@ -18,6 +18,7 @@ never two of one step (they could land in either order, the earlier last).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeGuard
@@ -40,6 +41,8 @@ from .kinds import SINK_KINDS
 from .step_rows import StepRows
 
 __all__ = ["MetricsProgress", "TrainMetricsSink", "landed_rows"]
+
+log = logging.getLogger("primeruns.uplink")
 
 # A step other processes keep changing is sent again at most this often per
 # row (each round is one request): they send it themselves anyway.
@@ -252,7 +255,7 @@ def landed_rows(client: PlatformClient, table: str) -> Iterator[list[dict[str, A
     holds none past the last (a platform that gives fewer rows than asked is
     read to the end too). None where the platform offers no such read, or
     refuses or cannot answer the first page; a later page refused ends the
-    pages there: a read that only helps never holds the rows back, nor
+    pages there, said: a read that only helps never holds the rows back, nor
     refuses one. A transient failure is raised (the batch is tried again)."""
     run_id = table.rsplit(" ", 1)[-1]
     items = _landed_items(client, run_id, None)
@@ -274,7 +277,17 @@ def _landed_pages(
         last = max(r["step"] for r in rows)
         if last >= _LAST_STEP:
             return
-        rows = _landed_page(client, run_id, last + 1) or []
+        page = _landed_page(client, run_id, last + 1)
+        if page is None:
+            log.warning(
+                "prime-runs: the platform refused the read of run %s's metrics rows from step "
+                "%d on: the table that merges this host's processes' rows lacks them, and a "
+                "step among them logged again by one process loses the keys the others "
+                "logged for it before",
+                run_id,
+                last + 1,
+            )
+        rows = page or []
 
 
 def _landed_page(client: PlatformClient, run_id: str, lowest: int) -> list[dict[str, Any]] | None:

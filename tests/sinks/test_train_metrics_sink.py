@@ -519,3 +519,27 @@ def test_a_step_table_lost_and_made_anew_by_another_without_a_read_is_said(
     assert len(said) == 1
     rank0.close()
     rank2.close()
+
+
+def test_a_read_of_the_runs_rows_refused_after_its_first_page_is_said(
+    platform: ScriptedPlatform, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A refused page after the first ends the read there (the rows go on
+    without it): a table made from it lacks the later steps' rows, and a
+    step among them logged again by one process loses the others' keys.
+    That was silent; it is said, naming the step the read stopped at."""
+    table = MetricsTable(platform)
+    for step in range(1500):
+        table.by_step[("rft-1", step)] = {"step": step, "loss": 1.0}
+
+    def read(request: httpx.Request, params: dict[str, str]) -> httpx.Response:
+        if "min_step" in request.url.params:
+            return error(422, "min_step out of range")
+        return table.get(request, params)
+
+    platform.route("metrics_read", "GET", "/api/v1/rft/runs/(?P<run_id>[^/]+)/metrics", read)
+    with caplog.at_level(logging.WARNING, "primeruns"):
+        pages = landed_rows(platform.client(), "http://platform.test/api/v1 rft-1")
+        assert pages is not None and [len(page) for page in pages] == [1000]
+    said = [r.getMessage() for r in caplog.records if "from step 1000" in r.getMessage()]
+    assert len(said) == 1, caplog.text
