@@ -37,14 +37,17 @@ takes the table with the journals while the processes go on logging, each
 re-creating its journal (``rehoming``), and a table that started empty had
 the next row of a step sent before lose the keys the other processes logged
 for it. The platform's row fills in only keys no process gave (the part
-``(landed)``, never under ``<key>@<label>``). A process whose table lost its
-name while it had it open (each transaction looks: an ``fstat`` and a
-``stat``; one that SQLite failed as the name went, or whose table was
-wiped while it was made, is done again) goes on in the one at the path,
-and a step it sent through the old one goes again through the new one.
-Where the platform gives no read of a run's rows, what landed before
-cannot be put back: a process that saw its table go says so, once, whichever
-process made the new one (the table says it was made without a read).
+``(landed)``, never under ``<key>@<label>``); its ``<key>@<label>`` of a
+process that gives ``<key>`` again is that process's part to say, and its
+``<key>`` beside it was the value of a process that outranks that one.
+A process whose table lost its name while it had it open (each
+transaction looks: an ``fstat`` and a ``stat``; one that SQLite failed as
+the name went, or whose table was wiped while it was made, is done again)
+goes on in the one at the path, and a step it sent through the old one
+goes again through the new one. Where the platform gives no read of a
+run's rows, what landed before cannot be put back: a process that saw its
+table go says so, once, whichever process made the new one (the table says
+it was made without a read).
 
 A table names the run it merges (its ``about`` row), and each process holds
 a shared ``flock`` on its file while it has it open: ``primeruns gc`` deletes
@@ -542,6 +545,13 @@ def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
         raise
 
 
+def _given_by_its_label(key: str, parts: Mapping[str, Any]) -> bool:
+    """Whether ``key`` is ``<key>@<label>`` of a process whose part gives ``<key>``."""
+    name, at, label = key.rpartition("@")
+    part = parts.get(label) if at and label != _LANDED else None
+    return part is not None and name in (part.get("row") or {})
+
+
 def _order(item: tuple[str, Any]) -> tuple[int, int, str]:
     label, part = item
     if label == _LANDED:  # the platform's row fills in last
@@ -574,6 +584,7 @@ def merged_row(step: int, parts: Mapping[str, Any]) -> dict[str, Any]:
     """The row sent for ``step``, from every process's part (module doc)."""
     out: dict[str, Any] = {}
     latest: float | None = None
+    landed = (parts.get(_LANDED) or {}).get("row") or {}
     for label, part in sorted(parts.items(), key=_order):
         row = part.get("row") or {}
         fills_in = label == _LANDED  # a key no process gave, never one of its own
@@ -584,6 +595,12 @@ def merged_row(step: int, parts: Mapping[str, Any]) -> dict[str, Any]:
                 if isinstance(value, int | float) and (latest is None or value > latest):
                     latest = value
                 continue
+            if fills_in and _given_by_its_label(key, parts):
+                continue  # the platform's ``<key>@<label>`` of a process whose part says it now
+            if landed and not fills_in and key not in out and f"{key}@{label}" in landed:
+                # The platform held this process's value beside another's
+                # under the key: the value of a process that outranks it.
+                out[key] = landed.get(key, value)
             if key not in out:
                 out[key] = value
             elif out[key] != value and not fills_in:

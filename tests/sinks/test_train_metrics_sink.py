@@ -543,3 +543,22 @@ def test_a_read_of_the_runs_rows_refused_after_its_first_page_is_said(
         assert pages is not None and [len(page) for page in pages] == [1000]
     said = [r.getMessage() for r in caplog.records if "from step 1000" in r.getMessage()]
     assert len(said) == 1, caplog.text
+
+
+@pytest.mark.parametrize("again", [3.5, 1.0])
+def test_a_rank_logging_a_step_again_after_a_wipe_keeps_the_primarys_value_under_the_key(
+    again: float,
+) -> None:
+    """Before the wipe the primary logged ``loss`` 1.0 and rank 3 logged
+    3.0 for the step: the platform holds ``loss`` 1.0 and ``loss@rank3``
+    3.0. After it, rank 3 alone logs the step again. Its value went under
+    ``loss``, the primary's was dropped, and ``loss@rank3`` kept the stale
+    3.0: the row said the primary logged rank 3's value. The platform's
+    ``loss`` is the value of a process that outranks rank 3, and its
+    ``loss@rank3`` is what rank 3's own part now says."""
+    parts = {
+        "(landed)": {"row": {"loss": 1.0, "loss@rank3": 3.0, "step": 4}},
+        "rank3": {"primary": False, "rank": 3, "row": {"loss": again, "step": 4}},
+    }
+    expected = {"loss": 1.0, "step": 4} | ({"loss@rank3": again} if again != 1.0 else {})
+    assert merged_row(4, parts) == expected
