@@ -29,7 +29,9 @@ gc`` deletes those no living process holds (``collect_locks``), holding the
 folder's own lock while it does. An attacher that finds a lock held looks
 again under that folder's lock (gc takes a free one for a moment to prove it
 free), and one whose file lost its name before it locked it takes the file
-the path names (``_take``). Nothing here lists the folder.
+the path names (``_take``). Nothing here lists the folder. A lock is taken
+and recorded while forks wait (``journal.lock.forks_wait``): a child forked
+by another thread meanwhile closes its copy, as it closes the others.
 
 The primary closes the run only after the other processes of the run whose
 journals are in its runs directory (its host's ranks, and the children they
@@ -57,7 +59,7 @@ from typing import Any
 
 from .exceptions import JournalError
 from .journal import Journal, journal_info, list_journals
-from .journal.lock import lock_held, plain_files, remove_unheld
+from .journal.lock import forks_wait, lock_held, plain_files, remove_unheld
 from .journal.origin import Origin
 from .journal.trust import check_dir, make_private_dirs
 from .settings import parse_bool_setting
@@ -244,22 +246,24 @@ def _first_to_attach(runs_dir: Path, run_id: str, local_id: str) -> bool:
     try:
         make_private_dirs(folder)
         check_dir(folder, "primary lock folder")  # never a symlink, never another's
-        taken = _take(path)
-        if taken is None:
-            # Held; or gc held it a moment to see whether it may delete it
-            # (``collect_locks``), which it does holding the folder's lock:
-            # looked at again once gc is not at it.
-            with _folder_locked(folder, fcntl.LOCK_SH):
-                taken = _take(path)
+        # Taken and recorded before a fork by another thread (a pool's
+        # worker handler) copies it: the child closes those in ``_held``.
+        with forks_wait():
+            taken = _take(path)
+            if taken is None:
+                # Held; or gc held it a moment to see whether it may delete it
+                # (``collect_locks``), which it does holding the folder's lock:
+                # looked at again once gc is not at it.
+                with _folder_locked(folder, fcntl.LOCK_SH):
+                    taken = _take(path)
+            if taken is not None:
+                _held[run_id] = (taken, runs_dir / local_id)
     except (OSError, JournalError) as exc:
         # No lock to take (a read-only runs dir, an untrusted folder): behave
         # as the only process.
         log.info("prime-runs: could not take the run's primary lock: %s", exc)
         return True
-    if taken is None:
-        return False
-    _held[run_id] = (taken, runs_dir / local_id)
-    return True
+    return taken is not None
 
 
 def _take(path: Path) -> int | None:

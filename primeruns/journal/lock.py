@@ -39,6 +39,7 @@ import socket
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ __all__ = [
     "LOCK_NAME",
     "OwnerInfo",
     "OwnerLock",
+    "forks_wait",
     "lock_held",
     "owner_alive",
     "plain_files",
@@ -227,6 +229,15 @@ def _pid_alive(pid: int, proc_start: int | None) -> bool:
         return False  # dead, not yet reaped (an init that reaps slowly, or never)
     now = _proc_start(pid)
     return proc_start is None or now is None or now == proc_start
+
+
+@contextlib.contextmanager
+def forks_wait() -> Iterator[None]:
+    """Held while another module opens a lock file's descriptor and records
+    it among those its after-fork handler closes (``ranks``): a fork by
+    another thread meanwhile would give the child a copy it never closes."""
+    with _REGISTRY:
+        yield
 
 
 def hold_for_fork() -> None:
