@@ -289,7 +289,11 @@ class StepRows:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(draft)
-            os.close(fd)  # (the table it became is locked shared by those who open it)
+            # Let go, not only closed: a child forked meanwhile shares the
+            # lock, and the table the draft became would stay locked for as
+            # long as it lived (every process opening it waiting).
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
 
     def _replaced(self, key: str) -> bool:
         """Whether the table file this process holds for ``key`` lost its
@@ -434,21 +438,22 @@ class StepRows:
 
 def tables(runs_dir: Path) -> list[Path]:
     """The step tables kept beside the journals of ``runs_dir``."""
-    folder = Path(runs_dir) / _FOLDER
-    try:
-        check_dir(folder, "step table folder")
-        return plain_files(folder, _SUFFIX)
-    except (OSError, JournalError):
-        return []
+    return _files(runs_dir, _SUFFIX)
 
 
 def drafts(runs_dir: Path) -> list[Path]:
     """The tables being made beside the journals of ``runs_dir``, or left
     unfinished by a process killed while it made one (``StepRows._make``)."""
+    return _files(runs_dir, _DRAFT)
+
+
+def _files(runs_dir: Path, suffix: str) -> list[Path]:
+    """The files named ``*<suffix>`` in the step table folder of ``runs_dir``
+    (none in one that is not the user's own: never followed, never listed)."""
     folder = Path(runs_dir) / _FOLDER
     try:
         check_dir(folder, "step table folder")
-        return plain_files(folder, _DRAFT)
+        return plain_files(folder, suffix)
     except (OSError, JournalError):
         return []
 

@@ -4,7 +4,9 @@ one a live process uses (issue #29)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -124,3 +126,41 @@ def test_gc_deletes_the_table_a_killed_process_was_making_never_one_being_made(
     assert report["step_table_drafts"] == [str(left)]
     assert sorted((runs / ".steps").glob("*.new")) == []
     assert len(tables(runs)) == 1
+
+
+def test_a_child_forked_while_a_table_is_made_does_not_keep_it_locked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The maker of a table holds its draft's lock while it fills it (gc
+    leaves it), and the draft becomes the table. A child forked meanwhile
+    (a data loader's worker) shares that lock: closed, not let go, it
+    stayed as long as the child lived, and every other process opening the
+    table waited for its shared lock, its metrics rows held back."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    ours, theirs = os.pipe()
+    children: list[int] = []
+
+    def pages() -> Iterator[list[dict[str, Any]]]:
+        yield [{"step": 1, "loss": 0.5}]
+        pid = os.fork()
+        if pid == 0:  # the child lives on until the test is done
+            os.read(ours, 1)
+            os._exit(0)
+        children.append(pid)
+
+    real_flock = fcntl.flock
+
+    def never_waiting(fd: int, operation: int) -> None:
+        # A shared lock that would wait fails instead: the wait was for as
+        # long as the child lived (the maker's own, opening its new table).
+        real_flock(fd, operation | fcntl.LOCK_NB if operation == fcntl.LOCK_SH else operation)
+
+    monkeypatch.setattr(fcntl, "flock", never_waiting)
+    making = StepRows(runs, label="rank0", primary=True, rank=0, landed=lambda _: pages())
+    try:
+        assert making.merge("k rft-1", 2, {"a": 1.0}) is not None
+    finally:
+        making.close()
+        os.write(theirs, b"x")
+        for pid in children:
+            os.waitpid(pid, 0)
