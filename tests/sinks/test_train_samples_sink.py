@@ -1045,7 +1045,7 @@ def _older_versions_batch(
     store: Store, tmp_path: Path, *, stored: int, stages: list[int]
 ) -> tuple[Journal, list[str]]:
     """A journal whose sample table batch in flight (steps 0, 10 and 20; step
-    30 waits) is as the version before stage EXPIRED left it: ``stages``, the
+    30 waits, never minted) is as the version before stage EXPIRED left it: ``stages``, the
     objects not NEW minted on a try before, and object ``stored`` stored
     (that version's confirm committed, its answer lost). Returns the journal
     and the URLs minted for the three objects."""
@@ -1066,6 +1066,16 @@ def _older_versions_batch(
         "urls": [url if made else None for url, made in zip(urls, minted, strict=True)],
     }
     journal.set_inflight("train_samples", InFlight(1, 3, batch.body, state))
+    # Step 30 waits for good (its presign answered 503): what a test counts is
+    # the batch's alone, however late the shipper stops once the batch is done.
+    handler = store.handler
+
+    def step_30_waits(request: httpx.Request) -> httpx.Response:
+        if request.url.path.endswith("/presign") and json.loads(request.content)["step"] == 30:
+            return httpx.Response(503, text="busy")
+        return handler(request)
+
+    store.handler = step_30_waits  # type: ignore[method-assign]
     return journal, urls
 
 
