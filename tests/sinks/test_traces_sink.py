@@ -147,10 +147,22 @@ def test_the_upload_is_gzipped_with_the_gil_released() -> None:
     Told without a clock: another thread, woken just before the call, can
     take the GIL only when the call lets it go; the interpreter's own turn
     taking is put off (a switch interval of 10 s) until long after the call
-    returned and ``inside`` was cleared."""
+    returned and ``inside`` was cleared. On a loaded machine the woken
+    thread may not get a core during the call: tried up to five times. A
+    call that holds the GIL never lets it see ``inside``."""
     jsonl = b"".join(
         b'{"prompt":"q %d","completion":"a %d","reward":0.5}\n' % (i, 7 * i) for i in range(200_000)
     )
+    seen: list[bool] = []
+    for _ in range(5):
+        seen.append(_seen_inside_deflate(jsonl))
+        if seen[-1]:
+            break
+    assert seen[-1], seen
+
+
+def _seen_inside_deflate(jsonl: bytes) -> bool:
+    """Whether a thread woken just before ``_deflate`` ran during it."""
     inside = False
     seen: list[bool] = []
     go = threading.Event()
@@ -171,7 +183,7 @@ def test_the_upload_is_gzipped_with_the_gil_released() -> None:
     finally:
         sys.setswitchinterval(interval)
     other.join()
-    assert seen == [True]
+    return seen == [True]
 
 
 def test_the_same_entries_always_make_the_same_upload_so_a_rebuilt_batch_is_a_replay(
