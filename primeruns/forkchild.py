@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from . import hooks, records
+from . import hooks, records, run_index
 from .exceptions import JournalError
 from .journal import EntryKind, Journal, delete_journal
 from .journal.lock import OwnerInfo, owner_alive, read_owner
@@ -209,6 +209,7 @@ def open_child(origin: ForkOrigin) -> Run:
             K_FORK_PARENT_PATH: origin.parent_path,
         },
     )
+    run_index.enter(journal.path, origin.run_id)
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
     recorder = Recorder(journal, kind=origin.kind, on_error=origin.on_error)
     supervisor = None

@@ -16,7 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, cast
 
-from . import hooks, records
+from . import hooks, records, run_index
 from .exceptions import ConfigurationError
 from .forkchild import ForkOrigin
 from .journal import EntryKind, Journal, delete_journal, in_memory, list_journals
@@ -255,6 +255,8 @@ def init(
     if memory:
         # Only threads of this process can read a journal in its memory.
         tuning = replace(tuning, uplink="threads")
+    else:  # found by the look for its run's journals (ranks.others_of), not by a scan
+        run_index.enter(journal.path, id)
     # Before the uplink starts: its close-out reads whether it closes the run.
     role = resolve_role(
         primary,

@@ -57,6 +57,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import run_index
 from .exceptions import JournalError
 from .journal import Journal, journal_info, list_journals
 from .journal.lock import forks_wait, lock_held, plain_files, remove_unheld
@@ -356,16 +357,19 @@ def others_of(journal: Journal, run_id: str, *, own_children: bool) -> list[Path
     registered, so only journals made since this one are looked at: every
     run's close-out would otherwise read every past run of the runs
     directory (a one-episode evaluation's finish spent most of its time
-    there with a few dozen)."""
+    there with a few dozen). Any other run's journals are found by the
+    index of the runs directory by run (``run_index``), for the same reason."""
     from .ship.lifecycle import K_FORK_PARENT
 
     runs_dir, original = written_in(journal)
     mine = listed_spec({SPEC_KEY: journal.get_meta(SPEC_KEY)})
     created_here = mine is not None and not mine.attach_id and not mine.run_key
     found = []
-    listed = list_journals(
-        runs_dir, skip=[journal.path, original], since=original.name if created_here else None
-    )
+    skip = [journal.path, original]
+    if created_here:
+        listed = list_journals(runs_dir, skip=skip, since=original.name)
+    else:  # its ranks may have attached before it: the run's journals, by the index
+        listed = run_index.journals_of(runs_dir, run_id, skip=skip)
     for info in listed:
         meta = info.meta
         spec = listed_spec(meta)

@@ -16,7 +16,8 @@ does is refused, naming the fix.
 The step tables in which a run's processes merge their metrics rows go with
 the run's last journal (``gc_steps``), and the lock files of runs' primaries
 and ranks (``<runs dir>/.primary/``) once no live process holds them
-(``ranks.collect_locks``: a later attacher makes one anew); the working
+(``ranks.collect_locks``: a later attacher makes one anew), and the
+markers of deleted journals in the index by run (``run_index.prune``); the working
 folders a killed sync left in the sync root go too (``ship.workfolders``).
 """
 
@@ -29,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import run_index
 from ..exceptions import JournalError, JournalLockedError
 from ..journal import delete_journal
 from ..journal.listing import journal_infos
@@ -183,6 +185,8 @@ def run_gc(args: argparse.Namespace) -> int:
     if unfinished:
         say(f"{verb} {len(unfinished)} step table(s) that killed processes left unfinished")
     locks = _collect_locks(runs_dir, args.dry_run, say)
+    if not args.dry_run:
+        run_index.prune(runs_dir)  # the deleted journals' markers (empty files)
     if locks is None:
         code = EXIT_FAILED
     if apart and not args.dry_run:

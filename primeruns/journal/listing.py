@@ -410,6 +410,7 @@ def list_journals(
     unread_most: int | None = None,
     newest: int | None = None,
     since: str | None = None,
+    names: Collection[str] | None = None,
     memo: Memo | None = None,
 ) -> list[JournalInfo]:
     """Every journal under ``runs_dir``, oldest first (ids sort by creation time).
@@ -431,11 +432,12 @@ def list_journals(
     the others out (a caller beside a user's loop bounds its work so, the
     first time too). ``newest``: only that many journals, the last made.
     ``since``: only those made no earlier than the journal of that name.
+    ``names``: only the journals of those names (``run_index``).
     ``memo``: kept by a caller that lists again and again (``Memo``).
     """
     left_out = {Path(p) for p in skip}
-    found, untrusted = journal_dirs(runs_dir, newest=newest, since=since)
-    whole = newest is None and since is None  # a listing of them all
+    found, untrusted = journal_dirs(runs_dir, newest=newest, since=since, names=names)
+    whole = newest is None and since is None and names is None  # a listing of them all
     shelf = Shelf(runs_dir, texts=whole)
     # The summaries of them all in one file (summary_index), for a listing of them all.
     index = Index(shelf.folder) if whole and shelf.usable() else None
@@ -509,14 +511,19 @@ _NOT_THERE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
 
 
 def journal_dirs(
-    runs_dir: Path, *, newest: int | None = None, since: str | None = None
+    runs_dir: Path,
+    *,
+    newest: int | None = None,
+    since: str | None = None,
+    names: Collection[str] | None = None,
 ) -> tuple[list[Path], dict[Path, str]]:
     """The journals under ``runs_dir`` (sorted, never opened), and of those,
     each one not to open with why: a journal another user could have
     planted or linked (trust), or a folder this user cannot look into.
     ``newest``: only that many, the last by name (ids sort by creation time).
     ``since``: only those made no earlier than the journal of that name
-    (``made_before``), whatever else the runs directory holds.
+    (``made_before``), whatever else the runs directory holds. ``names``:
+    only those of these names (the runs directory is not listed).
 
     A shared runs directory may hold another user's private (0700) folder:
     looking for ``data.mdb`` in it fails with EACCES, which must not hide
@@ -526,11 +533,11 @@ def journal_dirs(
     found: list[Path] = []
     untrusted: dict[Path, str] = {}
     try:
-        names = sorted(os.listdir(runs_dir), reverse=newest is not None)
+        listed = os.listdir(runs_dir) if names is None else [n for n in names if _plain(n)]
     except OSError:
         return [], {}
     folder = os.fspath(runs_dir)
-    for name in names:
+    for name in sorted(listed, reverse=newest is not None):
         if newest is not None and len(found) >= newest:
             break
         if since is not None and made_before(name, since):
@@ -557,6 +564,11 @@ def journal_dirs(
     if newest is not None:
         found.reverse()
     return found, untrusted
+
+
+def _plain(name: str) -> bool:
+    """Whether ``name`` names an entry of the runs directory itself (no path)."""
+    return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
 
 
 def _untrusted(path: Path, reason: str) -> JournalInfo:

@@ -20,6 +20,7 @@ import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from .. import run_index
 from ..exceptions import (
     APIError,
     ConfigurationError,
@@ -35,7 +36,7 @@ from ..exceptions import (
     UnprovenAnswerError,
     is_transient,
 )
-from ..journal import Journal
+from ..journal import Journal, in_memory
 from ..platform import PlatformClient, is_ambiguous, never_reached
 from ..platform.binding import Binding
 from ..ranks import is_primary
@@ -373,6 +374,11 @@ class Lifecycle:
                 "attached": bool(spec.attach_id),
             },
         )
+        from .mirror import K_SOURCE_ORIGIN
+
+        if not in_memory(self.journal) and self.journal.get_meta(K_SOURCE_ORIGIN) is None:
+            # (a sync journal's original is where its run's processes look)
+            run_index.note(self.journal.path, run_id)
         return binding
 
     def _client_token(self) -> str:

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlsplit
 
-from .. import ranks
+from .. import ranks, run_index
 from ..exceptions import JournalError, PrimeRunsError
-from ..journal import EntryKind, Journal, list_journals
+from ..journal import EntryKind, Journal
 from ..journal.by_kind import last_payload
 from ..loopback_owner import served_by_another_user, taken_by_another_user
 from ..models import CRASH_ERROR
@@ -218,12 +218,11 @@ def find_run_journals(
     runs_dir: Path, run_id: str, *, exclude: Path | None = None
 ) -> tuple[list[Path], list[str]]:
     """Journals under ``runs_dir`` of platform run ``run_id``: those whose owner
-    is gone (a requeued job ships them), and the owners still logging to it."""
+    is gone (a requeued job ships them), and the owners still logging to it
+    (found by the index by run, ``run_index``: not by reading every past run)."""
     gone: list[Path] = []
     live: list[str] = []
-    for info in list_journals(runs_dir):
-        if exclude is not None and info.path == exclude:
-            continue
+    for info in run_index.journals_of(runs_dir, run_id, skip=[exclude] if exclude else []):
         spec = listed_spec(info.meta)
         bound = info.meta.get("platform") or {}
         if run_id in (spec.attach_id if spec else None, bound.get("run_id")):

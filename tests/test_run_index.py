@@ -1,0 +1,170 @@
+"""The index of a runs directory by run (``primeruns.run_index``): the close-out
+of a primary attached by id, and an attach, read the run's journals, not every
+past run of the runs directory."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from primeruns import ranks, run_index
+from primeruns.journal import Journal, listing
+from primeruns.journal.lock import LOCK_NAME
+from primeruns.ship.uplink import find_run_journals
+from primeruns.spec import SPEC_KEY, RunSpec
+
+
+def _journal(runs: Path, stamp: int, *, attach: str | None, bound: str | None = None) -> Journal:
+    """A journal as an older version made it (not entered in the index)."""
+    spec = RunSpec(kind="eval", name=str(stamp), attach_id=attach)
+    meta: dict[str, Any] = {SPEC_KEY: spec.to_json()}
+    if bound is not None:
+        meta["platform"] = {"run_id": bound, "kind": "eval"}
+    return Journal.create(runs, local_id=f"20261203-{stamp:06d}-aaaaaaaa", meta=meta)
+
+
+@pytest.fixture
+def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the journals listings read (opened or by their summary)."""
+    read: list[str] = []
+    real_info = listing._info
+
+    def info(path: Path, **kwargs: Any) -> Any:
+        read.append(path.name)
+        return real_info(path, **kwargs)
+
+    monkeypatch.setattr(listing, "_info", info)
+    return read
+
+
+def _close_out(runs: Path, stamp: int, run_id: str) -> tuple[list[Path], Path]:
+    """The others a primary attached to ``run_id`` (entered as ``init`` enters
+    it) looks for at its close-out, and its journal's path."""
+    mine = _journal(runs, stamp, attach=run_id)
+    run_index.enter(mine.path, run_id)
+    try:
+        return ranks.others_of(mine, run_id, own_children=False), mine.path
+    finally:
+        mine.close()
+
+
+def test_an_attached_primarys_close_out_reads_no_past_run(tmp_path: Path, reads: list[str]) -> None:
+    """A torchrun job's primary attaches to its run by id: its close-out
+    looked for the run's other ranks by reading every journal of the runs
+    directory (a second per thousand past runs, on every job's finish). Past
+    runs an older version made are read by the first look, once; a later
+    job's close-out reads only its own run's journals."""
+    runs = tmp_path / "runs"
+    for stamp in range(30):  # past runs of an older version: created, attached, bound
+        attach = f"old-{stamp}" if stamp % 2 else None
+        _journal(runs, stamp, attach=attach, bound=f"old-{stamp}").close()
+    _close_out(runs, 100, "run-1")  # an earlier job's close-out: reads them once
+    rank = _journal(runs, 200, attach="run-2")
+    run_index.enter(rank.path, "run-2")
+    rank.close()
+    reads.clear()
+    others, mine = _close_out(runs, 201, "run-2")
+    assert others == [rank.path]
+    assert sorted(set(reads)) == [rank.path.name]
+    reads.clear()  # a requeued job's attach looks for the run's earlier journals
+    assert find_run_journals(runs, "run-2", exclude=mine) == ([rank.path], [])
+    assert sorted(set(reads)) == [rank.path.name]
+
+
+def test_a_journal_init_makes_is_entered_under_the_run_it_attaches_to(
+    tmp_path: Path, reads: list[str]
+) -> None:
+    import primeruns as pr
+
+    runs = tmp_path / "runs"
+    _journal(runs, 1, attach="run-0").close()
+    _close_out(runs, 2, "run-0")  # entered
+    run = pr.init(mode="offline", id="run-1", runs_dir=runs, primary=False)
+    run.finish()
+    reads.clear()
+    others, _ = _close_out(runs, 999999, "run-1")
+    assert [p.name for p in others] == sorted(set(reads)) != []
+
+
+def test_a_rank_an_older_version_made_is_found_while_it_logs_and_after(
+    tmp_path: Path, reads: list[str]
+) -> None:
+    """A journal no version of the index entered (an older version's, or one
+    copied from another host) is read by every look while a process holds
+    it (its meta may still change: it binds), and entered once none does."""
+    runs = tmp_path / "runs"
+    old = _journal(runs, 1, attach="run-1")
+    old_path = old.path
+    old.close()
+    fd = os.open(old_path / LOCK_NAME, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # its process still logs
+    try:
+        first, _ = _close_out(runs, 2, "run-1")
+    finally:
+        os.close(fd)
+    reads.clear()
+    second, _ = _close_out(runs, 3, "run-1")  # read again: then entered
+    assert old_path.name in reads
+    reads.clear()
+    third, _ = _close_out(runs, 4, "run-1")
+    assert old_path in first and old_path in second and old_path in third
+    assert old_path.name in reads  # read as one of the run's, by its marker
+    other = _close_out(runs, 5, "run-9")[0]
+    assert old_path not in other
+
+
+def test_a_journal_that_binds_later_is_found_under_its_run(tmp_path: Path) -> None:
+    """A run key's journal, or a forked child made before the run was
+    registered, names its run only once it binds: the binding enters it."""
+    runs = tmp_path / "runs"
+    later = _journal(runs, 1, attach=None)
+    run_index.enter(later.path, None)
+    later.set_meta("platform", {"run_id": "run-1", "kind": "eval"})
+    run_index.note(later.path, "run-1")
+    later.close()
+    assert _close_out(runs, 2, "run-1")[0] == [later.path]
+
+
+def test_gc_prunes_the_markers_of_deleted_journals(tmp_path: Path) -> None:
+    from primeruns.journal import delete_journal
+
+    runs = tmp_path / "runs"
+    kept = _journal(runs, 1, attach="run-1")
+    gone = _journal(runs, 2, attach="run-2")
+    for journal in (kept, gone):
+        run_index.enter(journal.path, journal.get_meta(SPEC_KEY)["attach_id"])
+        journal.close()
+    delete_journal(gone.path)
+    assert run_index.prune(runs) == 2  # its run's marker, and its entry
+    folders = sorted(p.name for p in (runs / run_index.FOLDER).iterdir())
+    assert folders == sorted([".known", run_index._digest("run-1")])
+    assert _close_out(runs, 3, "run-1")[0] == [kept.path]
+
+
+def test_an_index_folder_that_is_a_symlink_is_not_used(tmp_path: Path) -> None:
+    """A neighbour plants ``.runs`` as a link to a folder of theirs: nothing
+    is made through it, and the look reads every journal, as before."""
+    runs = tmp_path / "runs"
+    rank = _journal(runs, 1, attach="run-1")
+    rank.close()
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (runs / run_index.FOLDER).symlink_to(theirs)
+    assert _close_out(runs, 2, "run-1")[0] == [rank.path]
+    assert list(theirs.iterdir()) == []
+
+
+def test_a_run_id_names_no_path_outside_the_index(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    journal = _journal(runs, 1, attach="../../x")
+    before = set(tmp_path.rglob("*"))
+    run_index.enter(journal.path, "../../x")
+    run_index.note(journal.path, "/etc")
+    journal.close()
+    made = {p.relative_to(runs) for p in set(tmp_path.rglob("*")) - before}
+    assert len(made) == 7  # .runs, .known and its marker, two run folders and theirs
+    assert all(p.parts[0] == run_index.FOLDER for p in made)
