@@ -188,3 +188,19 @@ def test_a_symbolic_link_among_lock_files_and_step_tables_is_left_and_stops_noth
     assert report["primary_locks"] == [str(free)] and report["step_tables"] == []
     assert linked_lock.is_symlink() and linked_table.is_symlink()
     assert sorted(p.name for p in elsewhere.iterdir()) == ["kept.lock", "kept.sqlite3"]
+
+
+def test_gc_deletes_the_run_index_markers_of_the_journals_it_deletes(
+    capsys: pytest.CaptureFixture[str], runs: Path
+) -> None:
+    """Each journal ``init()`` makes leaves empty files in the runs
+    directory's index by run (``run_index``): they go with their journal."""
+    import primeruns as pr
+    from primeruns import run_index
+
+    for run_id in ("run-1", "run-2"):
+        pr.init(mode="offline", id=run_id, runs_dir=runs, primary=False).finish()
+    index = runs / run_index.FOLDER
+    assert len([p for p in index.rglob("*") if p.is_file()]) == 4
+    _gc(capsys, runs, "--older-than", "0", "--force")
+    assert list(index.iterdir()) == []
