@@ -53,7 +53,9 @@ _TRIES = 5
 
 
 def _digest(run_id: str) -> str:
-    return hashlib.sha256(run_id.encode()).hexdigest()[:32]
+    """The run's folder: any id, even one with lone surrogates (an id from
+    the environment), names one folder and no path."""
+    return hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 def _plain(name: str) -> bool:

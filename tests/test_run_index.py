@@ -164,7 +164,8 @@ def test_a_run_id_names_no_path_outside_the_index(tmp_path: Path) -> None:
     before = set(tmp_path.rglob("*"))
     run_index.enter(journal.path, "../../x")
     run_index.note(journal.path, "/etc")
+    run_index.note(journal.path, "run-\udcff")  # an id from the environment's bytes
     journal.close()
     made = {p.relative_to(runs) for p in set(tmp_path.rglob("*")) - before}
-    assert len(made) == 7  # .runs, .known and its marker, two run folders and theirs
+    assert len(made) == 9  # .runs, .known and its marker, three run folders and theirs
     assert all(p.parts[0] == run_index.FOLDER for p in made)
