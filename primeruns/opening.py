@@ -49,6 +49,15 @@ def _check_type(name: str, value: Any, types: type | tuple[type, ...], hint: str
         raise TypeError(f"init: {name} must be {hint}, got {type(value).__name__} ({value!r:.80})")
 
 
+def _is_unicode(text: str) -> bool:
+    """Whether ``text`` holds no lone surrogate (it encodes as UTF-8)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _normalize_config(config: Any) -> dict[str, Any]:
     if config is None:
         return {}
@@ -130,6 +139,13 @@ def init(
     _check_type("api_key", api_key, str, "a string")
     _check_type("base_url", base_url, str, "a string")
     _check_type("id", id, str, "a string")
+    if id is not None and not _is_unicode(id):
+        # A platform run's id is matched exactly (journals, lock files, URLs):
+        # repaired, as other text is, it would name some other run.
+        raise ConfigurationError(
+            f"init: id holds text that is not valid Unicode (lone surrogates: bytes "
+            f"decoded from the environment?), {id!r:.80}: pass the platform run's id as it is"
+        )
     _check_type("run_key", run_key, str, "a string")
     _check_type("primary", primary, bool, "True or False")
     if run_key is not None and id is not None:

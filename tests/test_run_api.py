@@ -98,6 +98,9 @@ def test_online_without_a_key_is_a_configuration_error(
         ({"environments": ["a/"]}, "slug"),
         ({"config": 3}, "config"),
         ({"traces_opt_out": "yes"}, "traces_opt_out"),
+        # Bytes of the environment decoded with surrogateescape: an id is
+        # matched exactly, so it is refused, not repaired as a name is.
+        ({"id": "run-\udcff"}, "id holds text that is not valid Unicode"),
     ],
 )
 def test_wrong_argument_types_name_the_argument(
