@@ -23,6 +23,13 @@ holds: a child forked while another thread of its parent held an flock would
 keep it for as long as it lives, and every creation in the directory would
 wait for it. Two threads of one process are not kept apart by it; their
 stamps are read from one clock.
+
+The lock is waited for a bounded time (``LOCK_WAIT_S``): a process stopped
+(SIGSTOP, a debugger) or hung on a dead file system while holding it would
+otherwise keep every ``init()`` in the directory waiting for as long as it
+is stopped. Past the wait the mark is read but not raised, unguarded, as
+where locks are unavailable: the name is no earlier than the mark read, and
+the holder's own raise is not overwritten.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import fcntl
 import os
 import re
 import stat
+import time
 from pathlib import Path
 
 __all__ = ["MARK_NAME", "STAMPED", "STAMP_LEN", "no_earlier_than_made"]
@@ -43,6 +51,11 @@ _STAMP = re.compile(rb"\d{8}-\d{6}")
 
 #: The newest stamp given to a journal made in the runs directory.
 MARK_NAME = ".newest-stamp"
+
+#: How long a creation waits for another's hold on the mark before naming
+#: its journal without it: a creation holds it for a read and a write.
+LOCK_WAIT_S = 1.5
+_LOCK_RETRY_S = 0.01
 
 
 def no_earlier_than_made(runs_dir: Path, stamp: str) -> str:
@@ -61,13 +74,38 @@ def no_earlier_than_made(runs_dir: Path, stamp: str) -> str:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
             return stamp
-        with contextlib.suppress(OSError):  # no locks there (ENOLCK): raised unguarded
-            fcntl.lockf(fd, fcntl.LOCK_EX)
+        if not _locked(fd):
+            return _later_of_mark(fd, stamp)
         return _raised(fd, stamp)
     except OSError:
         return stamp
     finally:
         os.close(fd)  # and the lock with it
+
+
+def _locked(fd: int) -> bool:
+    """Whether ``fd``'s mark may be raised: locked within ``LOCK_WAIT_S``, or
+    the file system has no locks (ENOLCK and the like: raised unguarded, as
+    before there was a lock). False when another holds it past the wait."""
+    deadline = time.monotonic() + LOCK_WAIT_S
+    while True:
+        try:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except (BlockingIOError, PermissionError):  # EAGAIN / EACCES: held by another
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(_LOCK_RETRY_S)
+        except OSError:
+            return True
+
+
+def _later_of_mark(fd: int, stamp: str) -> str:
+    """The later of ``stamp`` and the mark ``fd`` holds, the mark left as it is."""
+    held = os.pread(fd, STAMP_LEN + 1, 0)
+    if _STAMP.fullmatch(held) and held.decode() > stamp:
+        return held.decode()
+    return stamp
 
 
 def _raised(fd: int, stamp: str) -> str:
