@@ -365,6 +365,35 @@ class _Walker:
         return orjson.dumps(value)
 
 
+#: The steps a training step may be: the platform keeps them as 64-bit
+#: signed integers (its metrics rows, the Parquet tables' ``step`` column),
+#: as does the table merging a step's rows on this host (SQLite's INTEGER).
+#: A step beyond them was never stored: its row held back every row logged
+#: after it, each attempt failing the same way.
+LAST_STEP = (1 << 63) - 1
+FIRST_STEP = -LAST_STEP - 1
+
+
+def step_out_of_range(what: str, step: int) -> str:
+    """The message for an integer step the platform cannot keep."""
+    return (
+        f"{what} is {step}, outside the steps the platform keeps: "
+        f"use an integer from -2**63 to 2**63 - 1 ({FIRST_STEP} to {LAST_STEP})"
+    )
+
+
+def step_problem(what: str, step: Any) -> TypeError | ValueError | None:
+    """Why ``step`` cannot be a training step (a record's given one), or
+    None: an int (not a bool) from ``FIRST_STEP`` to ``LAST_STEP``."""
+    if isinstance(step, bool) or not isinstance(step, int):
+        return TypeError(
+            f"{what} must be an int from -2**63 to 2**63 - 1, got {type(step).__name__}"
+        )
+    if not FIRST_STEP <= step <= LAST_STEP:
+        return ValueError(step_out_of_range(what, step))
+    return None
+
+
 def encode_record(obj: Any, *, what: str = "record") -> bytes:
     """Compact UTF-8 JSON of ``to_mapping(obj)``: the bytes the journal stores.
 
@@ -569,7 +598,12 @@ def stamp_run(record: Mapping[str, Any], run_id: str, run_type: str) -> dict[str
     return stamped
 
 
-def _get(obj: Any, name: str) -> Any:
+def get_field(obj: Any, name: str) -> Any:
+    """``obj[name]`` of a mapping, else its attribute ``name``; None if absent."""
+    if type(obj) is dict:  # the common case, before the ABC check
+        return obj.get(name)
+    if obj is None:
+        return None
     if isinstance(obj, Mapping):
         return obj.get(name)
     return getattr(obj, name, None)
@@ -582,11 +616,11 @@ def training_step(record: Mapping[str, Any]) -> int | None:
     Needs ``run.type == "train"``, ``run.work.type == "train"`` and an int (not
     bool) ``run.work.step``. Reads keys of mappings or attributes of objects.
     """
-    run = _get(record, "run")
-    if run is None or _get(run, "type") != "train":
+    run = get_field(record, "run")
+    if run is None or get_field(run, "type") != "train":
         return None
-    work = _get(run, "work")
-    if work is None or _get(work, "type") != "train":
+    work = get_field(run, "work")
+    if work is None or get_field(work, "type") != "train":
         return None
-    step = _get(work, "step")
+    step = get_field(work, "step")
     return step if isinstance(step, int) and not isinstance(step, bool) else None

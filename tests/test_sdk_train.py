@@ -247,6 +247,27 @@ def test_a_paused_sink_resumes_after_its_pause_and_ships_its_backlog(
     assert lp.run(run.id)["status"] == "COMPLETED"
 
 
+def test_a_step_beyond_64_bits_holds_back_no_metrics_row_after_it(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 2**63 was journaled; the uplink's step table raised OverflowError
+    on it at each attempt, and no metrics row logged after it ever shipped
+    (flush timed out, finish left them in the journal)."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    run = pr.init(
+        kind="train", model="m", team_id="team-a", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+    )
+    run.log_metrics({"loss": 0.5}, step=1)
+    run.log_metrics({"loss": 1.0}, step=2**63)  # never raises
+    run.log_metrics({"loss": 0.25}, step=2)
+    assert run.flush(timeout=120)
+    run.finish(timeout=120)
+    assert lp.run(run.id)["train_metrics"] == {"rows": 2, "steps": 2}
+    assert run.failed_records == {"encode": 1}
+    assert "step" in run.errors[0] and "2**63 - 1" in run.errors[0]
+
+
 def test_internal_rft_root_attaches_with_the_key_as_x_api_key(
     make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -34,6 +34,7 @@ from ..exceptions import (
 )
 from ..journal import Entry
 from ..platform import PlatformClient
+from ..records import FIRST_STEP, LAST_STEP, step_out_of_range
 from . import receipts
 from .base import Binding, Prepared, SendContext
 from .fanout import Fanout
@@ -55,11 +56,6 @@ _WINDOW = 64
 _PIPELINE_FROM = 16
 # A run's rows are read back this many at a time (``landed_rows``).
 _LANDED_PAGE = 1000
-# The platform's steps are 64-bit integers (the local platform's are
-# SQLite's): no step comes after this one, and asking for those that do is
-# an error (a 500 from the local platform, each time: the batch never went).
-_LAST_STEP = (1 << 63) - 1
-_FIRST_STEP = -_LAST_STEP - 1
 
 
 @dataclass(frozen=True)
@@ -125,7 +121,7 @@ class TrainMetricsSink:
         steps: set[int] = set()
         for row in rows[index : index + _WINDOW]:
             step = row.get("step")
-            if not _is_step(step) or step in steps:
+            if not _keepable_step(step) or step in steps:
                 break
             steps.add(step)
             window.append(row)
@@ -194,6 +190,11 @@ class TrainMetricsSink:
         host logged for its step, and sent again while they change the step
         (``sinks.step_rows``: the last request to land carries every key)."""
         step = row.get("step")
+        if _is_step(step) and not _keepable_step(step):
+            # Journaled before log_metrics refused such steps: the platform
+            # cannot keep it, nor the step table hold it (an OverflowError
+            # there held back every row after it). Refused, for its content.
+            raise ValueError(step_out_of_range("the metrics row's step", step))
         steps = self._steps
         if steps is None or not _is_step(step):
             self._post({"run_id": run_id, "metrics": row})
@@ -265,7 +266,7 @@ def landed_rows(client: PlatformClient, table: str) -> Iterator[list[dict[str, A
     if items and not first:
         # A page of rows without a step (the local platform lists them
         # first): those with one, from the lowest step there is.
-        first = _landed_page(client, run_id, _FIRST_STEP) or []
+        first = _landed_page(client, run_id, FIRST_STEP) or []
     return _landed_pages(client, run_id, first)
 
 
@@ -275,7 +276,9 @@ def _landed_pages(
     while rows:
         yield rows
         last = max(r["step"] for r in rows)
-        if last >= _LAST_STEP:
+        # No step comes after the last (``records.LAST_STEP``): asking for
+        # those that do is an error (a 500 from the local platform, each time).
+        if last >= LAST_STEP:
             return
         page = _landed_page(client, run_id, last + 1)
         if page is None:
@@ -319,8 +322,7 @@ def _rows_from(items: list[Any], lowest: int | None) -> list[dict[str, Any]]:
         r
         for r in items
         if isinstance(r, dict)
-        and _is_step(r.get("step"))
-        and _FIRST_STEP <= r["step"] <= _LAST_STEP
+        and _keepable_step(r.get("step"))
         and (lowest is None or r["step"] >= lowest)
     ]
 
@@ -342,3 +344,8 @@ def _refused(progress: MetricsProgress, rows: int) -> tuple[int, ...]:
 
 def _is_step(step: Any) -> TypeGuard[int]:
     return isinstance(step, int) and not isinstance(step, bool)
+
+
+def _keepable_step(step: Any) -> TypeGuard[int]:
+    """A step the platform and the step table keep (a 64-bit integer)."""
+    return _is_step(step) and FIRST_STEP <= step <= LAST_STEP

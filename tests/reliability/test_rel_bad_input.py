@@ -122,6 +122,60 @@ def test_bad_metric_arguments_never_raise_in_the_loop(run: pr.Run) -> None:
     assert "step must be an int" in run.errors[2] and "list of records" in run.errors[3]
 
 
+# (label, log_metrics's arguments, words the message must contain)
+BAD_STEPS: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
+    ("2**63", {"loss": 1.0}, {"step": 2**63}, ["step", "2**63 - 1"]),
+    ("-2**63 - 1", {"loss": 1.0}, {"step": -(2**63) - 1}, ["step", "-2**63"]),
+    ("a bool", {"loss": 1.0}, {"step": True}, ["step", "int"]),
+    ("a float", {"loss": 1.0}, {"step": 3.0}, ["step", "int"]),
+    ("values' 2**63", {"loss": 1.0, "step": 2**63}, {}, ["values['step']", "2**63 - 1"]),
+    ("values' float", {"loss": 1.0, "step": 1.5}, {"step": 1}, ["values['step']", "int"]),
+    ("values' bool", {"loss": 1.0, "step": False}, {}, ["values['step']", "int"]),
+]
+
+
+@pytest.mark.parametrize(
+    ("label", "values", "kwargs", "words"), BAD_STEPS, ids=[c[0] for c in BAD_STEPS]
+)
+def test_a_step_the_platform_cannot_keep_is_refused_at_the_call(
+    run: pr.Run, label: str, values: dict[str, Any], kwargs: dict[str, Any], words: list[str]
+) -> None:
+    """A step beyond a 64-bit integer was journaled and then held back every
+    metrics row logged after it: the step table merging a step's rows (and
+    the platform) keep 64-bit integers, and each attempt failed the same
+    way. A step that is no int the platform refused, the row lost at sync."""
+    run.log_metrics({"loss": 0.5}, step=1)
+    run.log_metrics(values, **kwargs)  # never raises
+    run.log_metrics({"loss": 0.25}, step=-(2**63))  # the range's ends are kept
+    run.log_metrics({"loss": 0.125}, step=2**63 - 1)
+    assert run.failed_records == {"encode": 1}
+    assert len(run.errors) == 1 and all(w in run.errors[0] for w in words), run.errors
+    assert run.journal_path is not None
+    rows = rh.journal_records(run.journal_path, EntryKind.METRICS)
+    assert [r["step"] for r in rows] == [1, -(2**63), 2**63 - 1]
+
+
+def test_an_episode_whose_step_the_platform_cannot_keep_is_refused_at_the_call(
+    run: pr.Run,
+) -> None:
+    """An episode's ``run.work.step`` beyond 64 bits (its own or a trace's)
+    made the local platform answer 500 to its upload each time, and every
+    episode after it waited; its sample table row failed at each attempt."""
+    work = {"type": "train", "step": 2**63}
+    run.log_episodes(
+        [
+            {"id": "before", "traces": [], "run": {"work": {"type": "train", "step": 10}}},
+            {"id": "own", "traces": [], "run": {"work": work}},
+            {"id": "trace's", "traces": [{"id": "t", "run": {"work": work}}]},
+            {"id": "ends", "traces": [], "run": {"work": {"type": "train", "step": -(2**63)}}},
+        ]
+    )
+    assert run.failed_records == {"encode": 2}
+    assert "episodes[1].run.work.step" in run.errors[0] and "2**63 - 1" in run.errors[0]
+    assert "episodes[2].traces[0].run.work.step" in run.errors[1]
+    assert [e["id"] for e in _episodes(run)] == ["before", "ends"]
+
+
 def test_log_episodes_of_a_non_iterable_never_raises(run: pr.Run) -> None:
     run.log_episodes(None)  # type: ignore[arg-type]
     assert run.errors

@@ -12,6 +12,7 @@ again merged.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from pathlib import Path
@@ -233,3 +234,27 @@ def test_the_step_table_holds_no_more_memory_for_a_longer_backlog(tmp_path: Path
             used.append(sqlite.sqlite3_memory_used())
     steps.close()
     assert used[1] - used[0] < 256 << 10
+
+
+@pytest.mark.parametrize("rows", [3, 100], ids=["live", "backlog"])
+def test_a_row_whose_step_the_platform_cannot_keep_is_refused_and_the_rest_ship(
+    tmp_path: Path, platform: ScriptedPlatform, table: StepTable, rows: int
+) -> None:
+    """A row journaled with a step beyond 64 bits (before ``log_metrics``
+    refused them) raised OverflowError in the step table at each attempt:
+    the batch never got past it, every row after it held back. It is
+    refused for its content, counted once with its reason; the rest land."""
+    entries = _logged(tmp_path / "run", range(rows))
+    bad = rows // 2
+    entries[bad] = dataclasses.replace(
+        entries[bad], payload=b'{"loss":1.0,"step":9223372036854775808,"_timestamp":1.0}'
+    )
+    sink = TrainMetricsSink(
+        platform.client(), StepRows(tmp_path, label="a", primary=True, rank=None)
+    )
+    batch = Batch.prepare(sink, entries, _BOUND)
+    batch.send(sink)
+    [(count, exc)] = batch.failed_at_ack.values()
+    assert count == 1 and isinstance(exc, ValueError) and "2**63 - 1" in str(exc)
+    assert sorted(table.rows) == [s for s in range(rows) if s != bad]
+    assert batch.state["done"] == rows
