@@ -21,7 +21,9 @@ holds beyond it, so a pass over an unchanged copy costs the platform nothing.
   import stops there, for a later copy to fill in (nothing is counted lost
   while the producer may still write; :func:`import_new` says where it
   stopped). A final copy (its producer gone) is imported past it: no copy
-  will bring it, and the sync journal's sinks count it lost.
+  will bring it, and the sync journal's sinks count it lost (damage that
+  ends the copy, past the sync journal's end where no sink reads, is
+  counted for each of them at the import).
 - A copy of a journal that was already shipping (an online run: its uplink
   registered it and acknowledged offsets) hands that state over once, when
   the sync journal is created, so what the uplink shipped is not shipped again
@@ -64,6 +66,7 @@ from ..journal import CursorState, Damage, Entry, EntryKind, Journal, ReadResult
 from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
 from ..journal.trust import UntrustedPathError, check_dir
+from ..sinks.kinds import SINK_KINDS, sink_names
 from ..spec import SPEC_KEY, RunSpec, SpecError
 from . import sync_records
 from .copies import K_SOURCE_PATH, check_sync_root, make_sync_root, sync_root, valid_local_id
@@ -84,6 +87,8 @@ log = logging.getLogger("primeruns.ship")
 
 K_SOURCE_ORIGIN = "sync.origin"  # the copied journal's origin (who may still write it)
 K_SOURCE_LOSSES = "sync.source_losses"  # per sink: the copy's loss count already carried over
+# The last entry of the damage ending a final copy that was counted lost.
+K_SOURCE_DAMAGE = "sync.source_damage_at_end"
 
 _READ_ENTRIES = 1000
 _READ_BYTES = 16 << 20
@@ -285,15 +290,61 @@ def import_new(source: Journal, dest: Journal, *, final: bool = False, after: in
         passed.append(gap)
         if upto + gap.entries >= end:
             # The copy's last entries, damaged for good (a job killed while
-            # it wrote them): past the sync journal's end, where no sink
-            # counts them, nothing follows to import (as ``adopt_repaired``
-            # leaves them). Stopped there, the run would stay open for good.
+            # it wrote them): nothing follows to import. Stopped there, the
+            # run would stay open for good. Past the sync journal's end no
+            # sink reads them, so they are counted lost here, as a sink
+            # counts damage it reads (as the shippers of a repaired copy
+            # made the sync journal count them: ``adopt_repaired``).
+            _count_lost_at_end(source, dest, upto, gap)
             break
         dest.appends_follow(upto + gap.entries)
         upto += gap.entries
     _carry_losses(source, dest)
     dest.set_meta(K_SOURCE_PATH, {"path": str(source.path), "imported_upto": upto})
     return Imported(entries=count, upto=upto, source_end=end, stopped=stopped, passed=tuple(passed))
+
+
+def _count_lost_at_end(source: Journal, dest: Journal, upto: int, gap: Damage) -> None:
+    """Count ``gap``, damage that ends the final copy ``source`` after entry
+    ``upto``, lost for each of the run's sinks that a read of its own kinds
+    reports it to, with its reason: as its shipper counts damage it reads
+    (``Shipper._count_damage``: an entry whose header still names its kind
+    is damage to the sinks of that kind alone, a missing one or one whose
+    header is gone to every sink). Once: a later copy damaged the same way
+    counts nothing again (``K_SOURCE_DAMAGE``: the last entry counted)."""
+    assert gap.seq is not None
+    last = gap.seq + gap.entries - 1
+    counted = dest.get_meta(K_SOURCE_DAMAGE)
+    through = upto
+    if isinstance(counted, int) and not isinstance(counted, bool):
+        through = max(through, counted)
+    if through >= last:
+        return
+    for sink in _run_sinks(dest):
+        kinds = SINK_KINDS.get(sink)
+        if kinds is None:
+            continue
+        result = source.read(upto, kinds=kinds, max_entries=_READ_ENTRIES, max_bytes=_READ_BYTES)
+        lost, reasons = 0, []
+        for damage in result.damaged:
+            if damage.seq is None:
+                continue
+            first, final = max(damage.seq, through + 1), min(damage.seq + damage.entries - 1, last)
+            if final >= first:
+                lost += final - first + 1
+                reasons.append(damage.what)
+        if lost:
+            dest.record_loss(sink, lost, f"damaged: {'; '.join(reasons[:3])}")
+    dest.set_meta(K_SOURCE_DAMAGE, last)
+
+
+def _run_sinks(journal: Journal) -> list[str]:
+    """The sinks the run of ``journal`` ships to (by its spec's kind; those
+    that shipped from it already where the spec cannot be read)."""
+    try:
+        return sink_names(RunSpec.from_json(journal.get_meta(SPEC_KEY)).kind)
+    except SpecError:
+        return sorted(journal.cursors())
 
 
 def _gap_after(upto: int, end: int, result: ReadResult) -> Damage:

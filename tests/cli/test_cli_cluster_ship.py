@@ -392,6 +392,61 @@ def test_an_ended_job_whose_copy_is_damaged_at_its_last_entry_is_closed_after_a_
     assert not report["losses"], out + err
 
 
+def _flip_last_entry(journal: Path) -> int:
+    """Damage the last entry of a killed producer's journal where it sits:
+    its spool (appends are spooled raw) or, moved already, its data file."""
+    with Journal.open(journal, owner=False) as read:
+        last = read.last_seq()
+        [entry] = read.read(last - 1, max_entries=1).entries
+    assert entry.seq == last and entry.kind is EntryKind.EPISODE
+    for segment in sorted(journal.glob("spool-*")):
+        data = bytearray(segment.read_bytes())
+        at = data.find(entry.payload)
+        if at >= 0:
+            data[at + len(entry.payload) // 2] ^= 0xFF
+            segment.write_bytes(bytes(data))
+            return last
+    flip_entry_bytes(journal, last)
+    return last
+
+
+@pytest.mark.parametrize("mid_run_sync", [False, True], ids=["first", "after_a_mid_run_sync"])
+def test_a_final_copy_damaged_at_its_last_record_counts_it_lost(
+    local_platform: Any,
+    tmp_path: Path,
+    login: Path,
+    capsys: pytest.CaptureFixture[str],
+    mid_run_sync: bool,
+) -> None:
+    """A job killed while it wrote its last episode: the copy's last entry is
+    damaged for good (its producer gone). Once a mid-run copy had made the
+    sync journal, it was reported as damage but no sink counted it lost
+    (past the sync journal's end, where no sink reads), as the sinks count a
+    damaged entry followed by others, or the same copy synced first."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "-")
+    if mid_run_sync:
+        code, out, err = cli(capsys, "sync", str(_copy(producer.journal, login)))
+        assert code == 0 and _held(lp) == {"episodes": 6, "samples": 6}, out + err
+    producer.log_the_rest()
+    producer.kill()
+    copy = _copy(producer.journal, login)
+    last = _flip_last_entry(copy)  # the twelfth episode
+    code, out, err = cli(capsys, "sync", "--json", str(copy))
+    [report] = json.loads(out)
+    assert code == 4 and f"entry {last}" in report["damage"][0], out + err
+    lost = {sink: loss["count"] for sink, loss in report["losses"].items()}
+    assert lost == {"traces": 1, "eval_samples": 1}, out + err
+    assert all(f"entry {last}" in str(loss["reasons"]) for loss in report["losses"].values())
+    assert _held(lp) == {"episodes": 11, "samples": 11}
+    copy = _copy(producer.journal, login)  # copied again, damaged the same way
+    assert _flip_last_entry(copy) == last
+    code, out, err = cli(capsys, "sync", "--json", str(copy))
+    [again] = json.loads(out)
+    assert {sink: loss["count"] for sink, loss in again["losses"].items()} == lost, out + err
+    assert _held(lp) == {"episodes": 11, "samples": 11}
+
+
 # Seeded so that the gateway keeps the one confirm from the platform.
 CONFIRM, SEED = "/api/v1/rft/samples/confirm", 4
 
