@@ -239,10 +239,15 @@ class Recorder:
         rejected: tuple[records.RecordEncodeError, ...] = ()
         if row is None:
             row, rejected = screening.metrics_row(values)
-        if row.get("step") is not None:  # the values' own step is sent in place of step=
-            problem = records.step_problem("log_metrics: values['step']", row["step"])
-            if problem is not None:
-                self.refuse(problem)
+        given = row.get("step")
+        if given is not None:  # the values' own step is sent in place of step=
+            # Only an int beyond the range: a step of another type is the
+            # platform's to judge (as the vendor's SDK leaves it; it may
+            # coerce 10.0), and one it refuses is counted lost with its reason.
+            if type(given) is int and not records.FIRST_STEP <= given <= records.LAST_STEP:
+                self.refuse(
+                    ValueError(records.step_out_of_range("log_metrics: values['step']", given))
+                )
                 return
         elif step is not None and "step" not in row:
             row["step"] = step
@@ -536,21 +541,34 @@ def _check_work_steps(item: Any, where: str) -> None:
     bits made the local platform answer 500 to the upload holding it, each
     time, and every record after it waited (the sample table's step is an
     int64 too). Read from the record as given (keys of a mapping, attributes
-    of an object): a record's own ``to_record`` is not called twice."""
-    _check_work_step(item, where)
-    members = records.get_field(item, "traces")
-    if isinstance(members, list | tuple):
-        for index, member in enumerate(members):
-            _check_work_step(member, f"{where}.traces[{index}]")
-
-
-def _check_work_step(record: Any, where: str) -> None:
-    work = records.get_field(records.get_field(record, "run"), "work")
-    step = records.get_field(work, "step")
-    # Only an int beyond the range: a step of another type is the platform's
-    # to judge (it may coerce 10.0), and the sample table takes no row of it.
+    of an object): a record's own ``to_record`` is not called twice. Only an
+    int beyond the range: a step of another type is the platform's to judge
+    (it may coerce 10.0), and the sample table takes no row of it."""
+    step = _work_step(item)
     if type(step) is int and not records.FIRST_STEP <= step <= records.LAST_STEP:
         raise ValueError(records.step_out_of_range(f"{where}.run.work.step", step))
+    members = item.get("traces") if type(item) is dict else records.get_field(item, "traces")
+    if type(members) is list or isinstance(members, tuple):
+        for index, member in enumerate(members):
+            step = _work_step(member)
+            if type(step) is int and not records.FIRST_STEP <= step <= records.LAST_STEP:
+                what = f"{where}.traces[{index}].run.work.step"
+                raise ValueError(records.step_out_of_range(what, step))
+
+
+def _work_step(record: Any) -> Any:
+    """``record.run.work.step``, None where a part is missing; a plain dict
+    read without the Mapping check (this runs on every record logged)."""
+    if type(record) is dict:
+        run = record.get("run")
+        if run is None:
+            return None
+        work = run.get("work") if type(run) is dict else records.get_field(run, "work")
+    else:
+        work = records.get_field(records.get_field(record, "run"), "work")
+    if type(work) is dict:
+        return work.get("step")
+    return records.get_field(work, "step")
 
 
 def _has_trace_list(item: Any) -> bool:

@@ -382,18 +382,6 @@ def step_out_of_range(what: str, step: int) -> str:
     )
 
 
-def step_problem(what: str, step: Any) -> TypeError | ValueError | None:
-    """Why ``step`` cannot be a training step (a record's given one), or
-    None: an int (not a bool) from ``FIRST_STEP`` to ``LAST_STEP``."""
-    if isinstance(step, bool) or not isinstance(step, int):
-        return TypeError(
-            f"{what} must be an int from -2**63 to 2**63 - 1, got {type(step).__name__}"
-        )
-    if not FIRST_STEP <= step <= LAST_STEP:
-        return ValueError(step_out_of_range(what, step))
-    return None
-
-
 def encode_record(obj: Any, *, what: str = "record") -> bytes:
     """Compact UTF-8 JSON of ``to_mapping(obj)``: the bytes the journal stores.
 

@@ -129,8 +129,6 @@ BAD_STEPS: list[tuple[str, dict[str, Any], dict[str, Any], list[str]]] = [
     ("a bool", {"loss": 1.0}, {"step": True}, ["step", "int"]),
     ("a float", {"loss": 1.0}, {"step": 3.0}, ["step", "int"]),
     ("values' 2**63", {"loss": 1.0, "step": 2**63}, {}, ["values['step']", "2**63 - 1"]),
-    ("values' float", {"loss": 1.0, "step": 1.5}, {"step": 1}, ["values['step']", "int"]),
-    ("values' bool", {"loss": 1.0, "step": False}, {}, ["values['step']", "int"]),
 ]
 
 
@@ -143,7 +141,8 @@ def test_a_step_the_platform_cannot_keep_is_refused_at_the_call(
     """A step beyond a 64-bit integer was journaled and then held back every
     metrics row logged after it: the step table merging a step's rows (and
     the platform) keep 64-bit integers, and each attempt failed the same
-    way. A step that is no int the platform refused, the row lost at sync."""
+    way. A ``step=`` that is no int is refused as before; the values' own
+    step of another type is left to the platform, as the vendor's SDK leaves it."""
     run.log_metrics({"loss": 0.5}, step=1)
     run.log_metrics(values, **kwargs)  # never raises
     run.log_metrics({"loss": 0.25}, step=-(2**63))  # the range's ends are kept
