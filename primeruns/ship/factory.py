@@ -35,6 +35,7 @@ def make_shippers(
     opted_out: bool,
     policy: RetryPolicy,
     on_failure: Callable[[str, BaseException], None],
+    on_loss: Callable[[str, BaseException], None] | None = None,
     range_base: int = 0,
     on_progress: Callable[[], None] | None = None,
 ) -> list[Shipper]:
@@ -87,6 +88,7 @@ def make_shippers(
             training=kind == "train",
             policy=policy,
             on_failure=on_failure,
+            on_loss=on_loss,
             on_progress=on_progress,
             reads=reads,
             records=shared if sink.name in ("traces", "eval_samples") else None,

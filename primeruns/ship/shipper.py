@@ -72,6 +72,7 @@ class Shipper:
         training: bool,
         policy: RetryPolicy,
         on_failure: Callable[[str, BaseException], None],
+        on_loss: Callable[[str, BaseException], None] | None = None,
         seed: int | None = None,
         on_progress: Callable[[], None] | None = None,
         reads: SharedReads | None = None,
@@ -80,7 +81,10 @@ class Shipper:
         """``reads``: the entries read once for this journal's shippers whose
         sinks take them (``ship.sharedreads``; default: read for this one).
         ``records``: what the sinks send of them, made once for all
-        (``ship.parsed``), if the sink takes it from there."""
+        (``ship.parsed``), if the sink takes it from there. ``on_loss``: told
+        of records the platform refused for their content, counted lost with
+        the reason (default ``on_failure``): no retry would ship them, so a
+        sync that did all it could is not failed by them."""
         self.journal = journal
         self._on_progress = on_progress
         self.sink = sink
@@ -89,6 +93,7 @@ class Shipper:
         self._training = training
         self._policy = policy
         self._on_failure = on_failure
+        self._on_loss = on_loss or on_failure
         self._rng = random.Random(seed)
         self.state = ShipperState()
         self._progress = threading.Condition()
@@ -688,7 +693,7 @@ class Shipper:
             reason=None if why is None else _describe(why),
         )
         if why is not None:
-            self._on_failure(self.name, why)
+            self._on_loss(self.name, why)
         self._moved()
         # Grow back gradually after journal write failures: on a full disk the
         # batch that fits is small, and a full-size one would fail again.
@@ -769,7 +774,7 @@ class Shipper:
     def _fail_records(self, last_seq: int, records: int, exc: BaseException) -> None:
         reason = _describe(exc)
         self.journal.ack(self.name, last_seq, failed=records, reason=reason)
-        self._on_failure(self.name, exc)
+        self._on_loss(self.name, exc)
         with self._progress:
             self._scanned = max(self._scanned, last_seq)
             self._changed()

@@ -271,10 +271,19 @@ class Uplink:
     def _on_failure(self, what: str, exc: BaseException) -> None:
         self._record_failure(self.journal, what, exc)
 
-    def _record_failure(self, journal: Journal, what: str, exc: BaseException) -> None:
+    def _on_loss(self, what: str, exc: BaseException) -> None:
+        self._record_failure(self.journal, what, exc, counted=True)
+
+    def _record_failure(
+        self, journal: Journal, what: str, exc: BaseException, *, counted: bool = False
+    ) -> None:
+        """Say a failure (``run.errors``, the log). ``counted``: records the
+        platform refused for their content, counted lost with the reason in
+        the journal's losses: said, but not among ``errors``, what a sync or
+        replay left undone (a retry would not ship them)."""
         text = f"{what}: {type(exc).__name__}: {exc}"
         with self._errors_lock:
-            if len(self.errors) < _MAX_ERRORS:
+            if not counted and len(self.errors) < _MAX_ERRORS:
                 self.errors.append(text)
         log.log(self._log_level, "prime-runs: %s failed: %s: %s", what, type(exc).__name__, exc)
         # A closed or full journal: the log line above still says it.
@@ -301,6 +310,7 @@ class Uplink:
             opted_out=self.lifecycle.spec.traces_opt_out,
             policy=self.policy,
             on_failure=self._on_failure,
+            on_loss=self._on_loss,
             range_base=_range_base(self.journal, far),
             on_progress=self._notify,
         )
@@ -335,6 +345,7 @@ class Uplink:
                 opted_out=lifecycle.spec.traces_opt_out,
                 policy=self.policy,
                 on_failure=lambda what, exc: self._record_failure(self.journal, what, exc),
+                on_loss=self._on_loss,
             )
         except JournalError as exc:
             log.info("prime-runs: not taking over %s: %s", old.path, exc)

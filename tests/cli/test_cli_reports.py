@@ -459,3 +459,35 @@ def test_sync_of_a_run_whose_owner_lives_refuses_before_drawing_anything(
     assert shipped.returncode == 3, shipped.stdout + shipped.stderr
     assert "refused" in shipped.stderr and "still running" in shipped.stderr
     assert shipped.stdout == "", "no bar, no head: the refusal is all that is said"
+
+
+def test_a_sync_whose_only_loss_is_a_refused_record_closes_the_run_and_exits_0(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A metrics row the platform refuses for its content (422: its values'
+    own step is no integer) is counted lost with the reason, and the run is
+    closed out. The sync said "incomplete: the run could not be closed out"
+    and "run the command again to retry", and exited 1; the same command
+    again exited 0, with nothing more shipped: the exit told a script a
+    retry would help where none could."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(kind="train", model="m", team_id="team-a", mode="offline", runs_dir=runs)
+    run.log_metrics({"loss": 1.0}, step=0)
+    run.log_metrics({"loss": 1.0, "step": 1.5})  # the platform's to refuse
+    run.log_metrics({"loss": 1.0}, step=2)
+    run.finish()
+    assert run.journal_path is not None
+    env = _shipping_env(local_platform.url)
+    for attempt in range(2):
+        done = cli_subprocess("sync", str(run.journal_path), "--json", env=env)
+        [report] = json.loads(done.stdout)
+        assert done.returncode == 0, (attempt, done.stdout, done.stderr)
+        assert report["closed_out"] and report["ok"] and report["errors"] == []
+        [reason] = report["losses"]["train_metrics"]["reasons"]
+        assert report["losses"]["train_metrics"]["count"] == 1 and "422" in reason
+    stored = local_platform.run(report["run_id"])
+    assert stored["status"] == "COMPLETED"
+    assert stored["train_metrics"] == {"rows": 2, "steps": 2}
+    text = cli_subprocess("sync", str(run.journal_path), env=env)
+    assert "could not be closed out" not in text.stdout
+    assert "lost 1 for train_metrics" in text.stdout
