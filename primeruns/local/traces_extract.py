@@ -87,8 +87,15 @@ def first_error(doc: dict[str, Any]) -> tuple[str | None, str | None]:
 
 
 def step_of(run: dict[str, Any]) -> int | None:
+    """The trace's step for its indexed column: an int SQLite holds (64
+    bits, signed), else None. A step past that range was an OverflowError
+    in the insert, a 500 answered to every upload holding the trace, so an
+    older SDK's journal holding one stalled its traces for good; the trace
+    is stored whole, its step in its document."""
     step = as_object(run.get("work")).get("step")
-    return step if isinstance(step, int) and not isinstance(step, bool) else None
+    if isinstance(step, int) and not isinstance(step, bool) and -(2**63) <= step < 2**63:
+        return step
+    return None
 
 
 def trace_columns(doc: dict[str, Any], environment_id: str | None) -> dict[str, Any]:

@@ -102,6 +102,21 @@ def test_a_record_in_two_different_uploads_is_two_rows(
     assert client.get_run("run-dup").trace_count == 2
 
 
+def test_a_step_past_64_bits_is_stored_not_answered_500(
+    platform: LocalPlatform, client: TracesClient
+) -> None:
+    """A trace whose run.work.step SQLite cannot hold (an older SDK journaled
+    such steps) was an OverflowError in the insert: a 500 for every upload
+    holding it, which the SDK retries for good. The trace is stored, its
+    step left out of the indexed column; the steps at the range's ends stay."""
+    huge = trace("run-huge", step=2**63 + 2)
+    ends = [trace("run-huge", step=2**63 - 1), trace("run-huge", step=-(2**63))]
+    client.upload_records([huge, *ends])
+    stored = platform.run("run-huge")["traces"]
+    assert stored["traces"] == 3 and stored["distinct_traces"] == 3
+    assert client.get_run("run-huge").trace_count == 3
+
+
 def test_unknown_ids_are_404_with_codes(client: TracesClient, platform: LocalPlatform) -> None:
     with pytest.raises(NotFoundError) as exc:
         client.get_run("no-such-run")
