@@ -14,9 +14,16 @@ A journal ``init()`` or a forked child makes is entered as it is made
 a run (``note``). A look reads the run's folder, and the journals not
 entered: those an older version made or that were copied here (from
 another host), each read once and entered once no process holds it (its
-meta no longer changes). What a look costs is the run's journals and those
+meta no longer changes). A copy can change still: brought again after its
+journal bound on its node, its meta names the run the first copy did not.
+So a journal a look entered that names no run and was not written here (a
+copy, or one that does not say where it was written) is entered in
+``.runs/.seen/``, its marker's time that of its data file as read; a look
+reads it again once that differs (``_brought_again``). A journal naming a
+run names it for good. What a look costs is the run's journals and those
 not entered yet, plus the names of the directory's entries (a listing of
-names, never opened).
+names, never opened) and a ``stat`` of the data file of each copy that
+named no run.
 
 The index is a hint: each journal it names is still read and matched by its
 meta, as before; a marker of a deleted journal is passed over (``primeruns
@@ -38,6 +45,7 @@ from pathlib import Path
 from .exceptions import JournalError
 from .journal import JournalInfo, list_journals
 from .journal.lock import lock_held
+from .journal.store import DATA_NAME
 from .journal.trust import check_dir
 from .spec import listed_spec
 
@@ -47,6 +55,7 @@ log = logging.getLogger("primeruns")
 
 FOLDER = ".runs"
 _KNOWN = ".known"  # (run folders are hex digests: no clash)
+_SEEN = ".seen"  # entered by a look, not written here: read again once brought again
 # A marker's folder gc deleted as empty between its making and the marker's
 # open is made again, at most this often.
 _TRIES = 5
@@ -70,8 +79,9 @@ def _folder(path: Path) -> None:
     check_dir(path, "run index folder")
 
 
-def _mark(root: Path, sub: str, name: str) -> None:
-    """The empty file ``root/sub/name``. Raises ``OSError``, ``JournalError``."""
+def _mark(root: Path, sub: str, name: str, *, stamp: int | None = None) -> None:
+    """The empty file ``root/sub/name`` (its time ``stamp``, in ns, if given).
+    Raises ``OSError``, ``JournalError``."""
     if not _plain(name):
         raise JournalError(f"{name!r} is not a journal's name")
     for _ in range(_TRIES):
@@ -79,7 +89,12 @@ def _mark(root: Path, sub: str, name: str) -> None:
         _folder(root / sub)
         try:
             flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            os.close(os.open(root / sub / name, flags, 0o600))
+            fd = os.open(root / sub / name, flags, 0o600)
+            try:
+                if stamp is not None:
+                    os.utime(fd, ns=(stamp, stamp))
+            finally:
+                os.close(fd)
             return
         except FileNotFoundError:
             continue  # gc deleted the empty folder meanwhile (``prune``)
@@ -94,6 +109,51 @@ def _names(folder: Path) -> set[str]:
             return {e.name for e in entries if _plain(e.name) and e.is_file(follow_symlinks=False)}
     except FileNotFoundError:
         return set()
+
+
+def _stamp(journal: str) -> int | None:
+    """The time of the data file of the journal at ``journal`` (a copy
+    brought again changes it). Plain strings and os calls: a look stamps
+    each copy of the runs directory."""
+    try:
+        return os.stat(os.path.join(journal, DATA_NAME), follow_symlinks=False).st_mtime_ns
+    except (OSError, ValueError):
+        return None
+
+
+def _brought_again(folder: Path, runs_dir: Path) -> tuple[set[str], set[str]]:
+    """The journals entered in ``folder`` (``.seen``), and of those the ones
+    whose data file changed since they were read (none if it is missing)."""
+    seen: set[str] = set()
+    changed: set[str] = set()
+    base = os.fspath(runs_dir)
+    try:
+        check_dir(folder, "run index folder")
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                name = entry.name
+                if not _plain(name) or not entry.is_file(follow_symlinks=False):
+                    continue
+                seen.add(name)
+                try:
+                    if entry.stat(follow_symlinks=False).st_mtime_ns == _stamp(
+                        os.path.join(base, name)
+                    ):
+                        continue
+                except OSError:
+                    pass
+                changed.add(name)
+    except FileNotFoundError:
+        pass
+    return seen, changed
+
+
+def _written_here(info: JournalInfo) -> bool:
+    """Whether the listed journal is where it was written (not a copy)."""
+    from .ship.copies import origin_of
+
+    origin = origin_of(info.path, info.meta)
+    return origin is not None and origin.is_original(info.path)
 
 
 def enter(journal_path: Path, run_id: str | None) -> None:
@@ -141,19 +201,30 @@ def journals_of(runs_dir: Path, run_id: str, *, skip: Collection[Path] = ()) -> 
     try:
         _folder(root)
         known = _names(root / _KNOWN)
+        seen, changed = _brought_again(root / _SEEN, runs_dir)
         marked = _names(root / _digest(run_id))
         names = os.listdir(runs_dir)
     except (OSError, JournalError) as exc:
         log.info("prime-runs: the run index of %s is not used: %s", runs_dir, exc)
         return list_journals(runs_dir, skip=skip)
-    new = {n for n in names if n not in known}  # (folders that are no journal are passed over)
+    # (folders that are no journal are passed over)
+    new = {n for n in names if n not in known and n not in seen} | changed
+    # Stamped before the read: a change after it is seen by the next look.
+    stamps = {n: _stamp(os.path.join(runs_dir, n)) for n in new}
     listed = list_journals(runs_dir, skip=skip, names=marked | new)
     for info in listed:
-        if info.path.name in new and info.meta and not lock_held(info.path):
+        name = info.path.name
+        if name in new and info.meta and not lock_held(info.path):
             try:
-                for run in _runs_of(info):
-                    _mark(root, _digest(run), info.path.name)
-                _mark(root, _KNOWN, info.path.name)
+                runs = _runs_of(info)
+                for run in runs:
+                    _mark(root, _digest(run), name)
+                # A journal's run, once named, is its run for good (an attach
+                # id, a binding): only a copy naming none yet can change so.
+                if runs or _written_here(info):
+                    _mark(root, _KNOWN, name)
+                elif stamps.get(name) is not None:  # read again once brought again
+                    _mark(root, _SEEN, name, stamp=stamps[name])
             except (OSError, JournalError) as exc:
                 log.info("prime-runs: could not enter %s in the run index: %s", info.path, exc)
                 break

@@ -169,3 +169,30 @@ def test_a_run_id_names_no_path_outside_the_index(tmp_path: Path) -> None:
     made = {p.relative_to(runs) for p in set(tmp_path.rglob("*")) - before}
     assert len(made) == 9  # .runs, .known and its marker, three run folders and theirs
     assert all(p.parts[0] == run_index.FOLDER for p in made)
+
+
+def test_a_copy_brought_again_after_its_journal_bound_is_found_under_its_run(
+    tmp_path: Path,
+) -> None:
+    """A copy of a rank's journal from its node (a cluster's rsync) is read
+    and entered by the first look after it arrived, before the rank bound
+    (a run key's journal, a child forked before the run was registered: its
+    meta names no run yet). Its node's journal then binds, and the copy is
+    brought again: the look of a requeued job attaching by the run's id must
+    still find it (its records were never shipped from here), as the reading
+    of every journal's meta did."""
+    import shutil
+
+    runs, node = tmp_path / "runs", tmp_path / "node"
+    rank = _journal(node, 1, attach=None)
+    rank.close()
+    copy = runs / rank.path.name
+    shutil.copytree(rank.path, copy)  # the first rsync
+    assert _close_out(runs, 2, "run-0")[0] == []  # a look: it logs to no run yet, entered so
+    with Journal.open(rank.path) as journal:  # on its node, it binds
+        journal.set_meta("platform", {"run_id": "run-1", "kind": "eval"})
+    shutil.rmtree(copy)
+    shutil.copytree(rank.path, copy)  # the next rsync brings it again
+    gone, _ = find_run_journals(runs, "run-1")
+    assert gone == [copy]
+    assert _close_out(runs, 3, "run-1")[0] == [copy]
