@@ -196,3 +196,40 @@ def test_a_copy_brought_again_after_its_journal_bound_is_found_under_its_run(
     gone, _ = find_run_journals(runs, "run-1")
     assert gone == [copy]
     assert _close_out(runs, 3, "run-1")[0] == [copy]
+
+
+def test_a_binding_enters_the_journal_under_its_run_before_its_meta_names_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A rank of a run key binds: its journal, entered at init under no run,
+    names the run in its meta, and in the index. A process killed between
+    the two (its meta written first) would leave a journal bound to the run
+    that no look reads: the requeued job's attach would never ship what it
+    logged, which the reading of every journal's meta did. The index is
+    written first; a marker whose meta never followed is passed over."""
+    from types import SimpleNamespace
+
+    from primeruns.ship.lifecycle import Lifecycle
+    from primeruns.ship.policy import RetryPolicy
+
+    runs = tmp_path / "runs"
+    journal = _journal(runs, 1, attach=None)
+    run_index.enter(journal.path, None)
+    marker = runs / run_index.FOLDER / run_index._digest("run-1") / journal.path.name
+    entered_first: list[bool] = []
+    real = Journal.set_meta
+
+    def set_meta(self: Journal, key: str, value: Any) -> None:
+        if key == "platform":
+            entered_first.append(marker.exists())
+        real(self, key, value)
+
+    monkeypatch.setattr(Journal, "set_meta", set_meta)
+    client: Any = SimpleNamespace(settings=SimpleNamespace(api_root="http://127.0.0.1:9/api/v1"))
+    lifecycle = Lifecycle(journal, client, policy=RetryPolicy(), on_failure=lambda *_: None)
+    spec = RunSpec(kind="eval", name="keyed", run_key="key-1")
+    try:
+        lifecycle._bind(spec, "run-1", "keyed", None)
+    finally:
+        journal.close()
+    assert entered_first == [True]

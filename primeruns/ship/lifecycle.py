@@ -363,6 +363,14 @@ class Lifecycle:
             section = "training" if kind == "train" else "evaluations"
             url = f"{spec.frontend_url.rstrip('/')}/dashboard/{section}/{run_id}"
         binding = Binding(run_id=run_id, kind=kind, url=str(url))
+        from .mirror import K_SOURCE_ORIGIN
+
+        if not in_memory(self.journal) and self.journal.get_meta(K_SOURCE_ORIGIN) is None:
+            # Before the meta names the run: a process killed between the two
+            # leaves a marker a look passes over (its meta names no run), never
+            # a journal of the run no look reads. (A sync journal's original is
+            # where its run's processes look.)
+            run_index.note(self.journal.path, run_id)
         self.journal.set_meta(
             "platform",
             {
@@ -374,11 +382,6 @@ class Lifecycle:
                 "attached": bool(spec.attach_id),
             },
         )
-        from .mirror import K_SOURCE_ORIGIN
-
-        if not in_memory(self.journal) and self.journal.get_meta(K_SOURCE_ORIGIN) is None:
-            # (a sync journal's original is where its run's processes look)
-            run_index.note(self.journal.path, run_id)
         return binding
 
     def _client_token(self) -> str:
