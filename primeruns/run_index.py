@@ -178,8 +178,23 @@ def note(journal_path: Path, run_id: str) -> None:
         _mark(root, _digest(run_id), journal_path.name)
     except (OSError, JournalError) as exc:
         log.info("prime-runs: could not enter the journal in the run index: %s", exc)
-        with contextlib.suppress(OSError):
-            os.unlink(root / _KNOWN / journal_path.name)
+        _unmark(root, _KNOWN, journal_path.name)
+
+
+def _unmark(root: Path, sub: str, name: str) -> None:
+    """Delete ``root/sub/name`` if there, through no symlink (``root`` may be
+    one a neighbour planted: that is why the marking failed)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    with contextlib.suppress(OSError, ValueError):
+        top = os.open(root, flags)
+        try:
+            inner = os.open(sub, flags, dir_fd=top)
+            try:
+                os.unlink(name, dir_fd=inner)
+            finally:
+                os.close(inner)
+        finally:
+            os.close(top)
 
 
 def _runs_of(info: JournalInfo) -> set[str]:

@@ -233,3 +233,33 @@ def test_a_binding_enters_the_journal_under_its_run_before_its_meta_names_it(
     finally:
         journal.close()
     assert entered_first == [True]
+
+
+def test_a_binding_deletes_nothing_through_an_index_folder_that_is_a_symlink(
+    tmp_path: Path,
+) -> None:
+    """A binding that cannot enter its journal takes it out of the entered
+    ones, so that looks read it: never through ``.runs`` planted as a link
+    (to another folder holding a file of the journal's name)."""
+    runs = tmp_path / "runs"
+    journal = _journal(runs, 1, attach=None)
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / ".known").mkdir(parents=True)
+    kept = elsewhere / ".known" / journal.path.name
+    kept.touch()
+    (runs / run_index.FOLDER).symlink_to(elsewhere)
+    run_index.note(journal.path, "run-1")
+    journal.close()
+    assert kept.exists()
+
+
+def test_a_binding_that_cannot_enter_its_journal_leaves_it_to_every_look(tmp_path: Path) -> None:
+    runs = tmp_path / "runs"
+    journal = _journal(runs, 1, attach=None)
+    run_index.enter(journal.path, None)
+    (runs / run_index.FOLDER / run_index._digest("run-1")).touch()  # no folder: no marker
+    run_index.note(journal.path, "run-1")
+    journal.set_meta("platform", {"run_id": "run-1", "kind": "eval"})
+    journal.close()
+    assert not (runs / run_index.FOLDER / ".known" / journal.path.name).exists()
+    assert _close_out(runs, 2, "run-1")[0] == [journal.path]
