@@ -79,17 +79,24 @@ def _folder(path: Path) -> None:
     check_dir(path, "run index folder")
 
 
-def _mark(root: Path, sub: str, name: str, *, stamp: int | None = None) -> None:
+def _mark(
+    root: Path, sub: str, name: str, *, stamp: int | None = None, made: set[str] | None = None
+) -> None:
     """The empty file ``root/sub/name`` (its time ``stamp``, in ns, if given).
-    Raises ``OSError``, ``JournalError``."""
+    ``made``: the folders of ``root`` a look made and checked already (a look
+    entering thousands of journals checks each folder once). Raises
+    ``OSError``, ``JournalError``."""
     if not _plain(name):
         raise JournalError(f"{name!r} is not a journal's name")
+    done = made if made is not None else set()
     for _ in range(_TRIES):
-        _folder(root)
-        _folder(root / sub)
+        if sub not in done:
+            _folder(root)
+            _folder(root / sub)
+            done.add(sub)
         try:
             flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
-            fd = os.open(root / sub / name, flags, 0o600)
+            fd = os.open(os.path.join(root, sub, name), flags, 0o600)
             try:
                 if stamp is not None:
                     os.utime(fd, ns=(stamp, stamp))
@@ -97,7 +104,7 @@ def _mark(root: Path, sub: str, name: str, *, stamp: int | None = None) -> None:
                 os.close(fd)
             return
         except FileNotFoundError:
-            continue  # gc deleted the empty folder meanwhile (``prune``)
+            done.discard(sub)  # gc deleted the empty folder meanwhile (``prune``)
     raise OSError(f"the run index folder {root / sub} was deleted each time it was made")
 
 
@@ -227,19 +234,20 @@ def journals_of(runs_dir: Path, run_id: str, *, skip: Collection[Path] = ()) -> 
     # Stamped before the read: a change after it is seen by the next look.
     stamps = {n: _stamp(os.path.join(runs_dir, n)) for n in new}
     listed = list_journals(runs_dir, skip=skip, names=marked | new)
+    made: set[str] = set()
     for info in listed:
         name = info.path.name
         if name in new and info.meta and not lock_held(info.path):
             try:
                 runs = _runs_of(info)
                 for run in runs:
-                    _mark(root, _digest(run), name)
+                    _mark(root, _digest(run), name, made=made)
                 # A journal's run, once named, is its run for good (an attach
                 # id, a binding): only a copy naming none yet can change so.
                 if runs or _written_here(info):
-                    _mark(root, _KNOWN, name)
+                    _mark(root, _KNOWN, name, made=made)
                 elif stamps.get(name) is not None:  # read again once brought again
-                    _mark(root, _SEEN, name, stamp=stamps[name])
+                    _mark(root, _SEEN, name, stamp=stamps[name], made=made)
             except (OSError, JournalError) as exc:
                 log.info("prime-runs: could not enter %s in the run index: %s", info.path, exc)
                 break

@@ -263,3 +263,15 @@ def test_a_binding_that_cannot_enter_its_journal_leaves_it_to_every_look(tmp_pat
     journal.close()
     assert not (runs / run_index.FOLDER / ".known" / journal.path.name).exists()
     assert _close_out(runs, 2, "run-1")[0] == [journal.path]
+
+
+def test_a_folder_gc_deleted_during_a_look_is_made_again(tmp_path: Path) -> None:
+    """A look checks each folder of the index once (entering thousands of
+    past journals at the first look after an upgrade); a folder ``gc``
+    deleted as empty meanwhile is made again, not taken as made."""
+    root = tmp_path / "runs" / run_index.FOLDER
+    root.parent.mkdir(mode=0o700)
+    made = {".known"}  # as checked earlier in the look, then deleted by gc
+    run_index._mark(root, ".known", "20261203-000001-aaaaaaaa", made=made)
+    assert (root / ".known" / "20261203-000001-aaaaaaaa").is_file()
+    assert oct((root / ".known").stat().st_mode & 0o777) == "0o700"
