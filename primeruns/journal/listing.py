@@ -547,6 +547,11 @@ def journal_dirs(
         except OSError as exc:
             if exc.errno in _NOT_THERE:
                 continue
+            if name.startswith("."):
+                # Another user's private folder of the runs directory's own
+                # (.runs, .primary, .summaries): no journal's name starts
+                # with a dot (``valid_local_id``), so it is none.
+                continue
             child = runs_dir / name  # EACCES: a folder we may not enter
             if not child.is_dir():
                 continue

@@ -140,3 +140,29 @@ def test_a_private_folder_of_another_user_hides_none_of_the_users_own_journals(
     assert own in ls_human["out"] and planted.name in ls_human["out"] + ls_human["err"]
     assert show_foreign["code"] not in (0, "raised"), show_foreign
     assert "another user" in show_foreign["err"] and "Traceback" not in show_foreign["err"]
+
+
+def test_another_users_index_folders_are_not_listed_as_journals(world: Path) -> None:
+    """The runs directory's own folders (``.runs``, the index by run every
+    ``init`` writes; ``.primary``; ``.summaries``) are private: another
+    user's, in a directory both list, cannot be looked into. They are no
+    journal (no journal's name starts with a dot) and are passed over, not
+    listed and counted as damaged journals."""
+    _victim_home(world, "unprivileged")
+    scratch = world / "scratch"
+    for name in (".runs", ".primary", ".summaries"):
+        give(scratch / name, ATTACKER, 0o700)
+    plan = {
+        "own": str(scratch),
+        "commands": [
+            ["ls", "--runs-dir", str(scratch), "--json"],
+            ["ls", "--runs-dir", str(scratch)],
+        ],
+    }
+    report = _victim(world, "unprivileged", plan)
+    ls_json, ls_human = report["steps"]
+    assert ls_json["code"] == 0, ls_json
+    rows = {row["local_id"]: row for row in json.loads(ls_json["out"])}
+    assert list(rows) == [report["own"]], rows
+    assert ".runs" not in ls_human["out"] + ls_human["err"]
+    assert "damage" not in ls_human["out"] + ls_human["err"], ls_human
