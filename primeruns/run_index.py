@@ -246,6 +246,8 @@ def journals_of(runs_dir: Path, run_id: str, *, skip: Collection[Path] = ()) -> 
                 # id, a binding): only a copy naming none yet can change so.
                 if runs or _written_here(info):
                     _mark(root, _KNOWN, name, made=made)
+                    if name in seen:  # else each look would find it changed
+                        _unmark(root, _SEEN, name)
                 elif stamps.get(name) is not None:  # read again once brought again
                     _mark(root, _SEEN, name, stamp=stamps[name], made=made)
             except (OSError, JournalError) as exc:

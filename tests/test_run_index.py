@@ -172,7 +172,7 @@ def test_a_run_id_names_no_path_outside_the_index(tmp_path: Path) -> None:
 
 
 def test_a_copy_brought_again_after_its_journal_bound_is_found_under_its_run(
-    tmp_path: Path,
+    tmp_path: Path, reads: list[str]
 ) -> None:
     """A copy of a rank's journal from its node (a cluster's rsync) is read
     and entered by the first look after it arrived, before the rank bound
@@ -196,6 +196,9 @@ def test_a_copy_brought_again_after_its_journal_bound_is_found_under_its_run(
     gone, _ = find_run_journals(runs, "run-1")
     assert gone == [copy]
     assert _close_out(runs, 3, "run-1")[0] == [copy]
+    reads.clear()  # entered under its run now, for good: another run's look reads it no more
+    _close_out(runs, 4, "run-9")
+    assert copy.name not in reads
 
 
 def test_a_binding_enters_the_journal_under_its_run_before_its_meta_names_it(
