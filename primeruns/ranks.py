@@ -372,9 +372,7 @@ def others_of(journal: Journal, run_id: str, *, own_children: bool) -> list[Path
         listed = run_index.journals_of(runs_dir, run_id, skip=skip)
     for info in listed:
         meta = info.meta
-        spec = listed_spec(meta)
-        bound = meta.get("platform") or {}
-        if run_id not in (spec.attach_id if spec else None, bound.get("run_id")):
+        if run_id not in run_index.runs_of(info):
             continue
         if meta.get("continued_by"):
             continue

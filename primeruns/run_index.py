@@ -49,7 +49,7 @@ from .journal.store import DATA_NAME
 from .journal.trust import check_dir
 from .spec import listed_spec
 
-__all__ = ["enter", "journals_of", "note", "prune"]
+__all__ = ["enter", "journals_of", "note", "prune", "runs_of"]
 
 log = logging.getLogger("primeruns")
 
@@ -204,8 +204,9 @@ def _unmark(root: Path, sub: str, name: str) -> None:
             os.close(top)
 
 
-def _runs_of(info: JournalInfo) -> set[str]:
-    """The platform runs a listed journal logs to, by its meta."""
+def runs_of(info: JournalInfo) -> set[str]:
+    """The platform runs a listed journal logs to, by its meta (attached to,
+    bound to), read as untrusted: a meta of the wrong shape names none."""
     spec = listed_spec(info.meta)
     bound = info.meta.get("platform")
     found = {spec.attach_id if spec else None}
@@ -239,7 +240,7 @@ def journals_of(runs_dir: Path, run_id: str, *, skip: Collection[Path] = ()) -> 
         name = info.path.name
         if name in new and info.meta and not lock_held(info.path):
             try:
-                runs = _runs_of(info)
+                runs = runs_of(info)
                 for run in runs:
                     _mark(root, _digest(run), name, made=made)
                 # A journal's run, once named, is its run for good (an attach

@@ -278,3 +278,21 @@ def test_a_folder_gc_deleted_during_a_look_is_made_again(tmp_path: Path) -> None
     run_index._mark(root, ".known", "20261203-000001-aaaaaaaa", made=made)
     assert (root / ".known" / "20261203-000001-aaaaaaaa").is_file()
     assert oct((root / ".known").stat().st_mode & 0o777) == "0o700"
+
+
+@pytest.mark.parametrize("platform", [["run-3"], "run-3", 7])
+def test_a_journal_whose_platform_meta_is_no_mapping_is_passed_over(
+    tmp_path: Path, platform: Any
+) -> None:
+    """A journal is untrusted input (a copy, a damaged meta): a ``platform``
+    meta that is no mapping raised AttributeError out of the primary's
+    close-out and out of an attach's look for the run's earlier journals
+    (``init(id=)``), whatever else the runs directory held."""
+    runs = tmp_path / "runs"
+    odd = Journal.create(runs, local_id="20261203-000001-aaaaaaaa", meta={"platform": platform})
+    odd.close()
+    rank = _journal(runs, 2, attach="run-3")
+    rank.close()
+    others, mine = _close_out(runs, 3, "run-3")
+    assert others == [rank.path]
+    assert find_run_journals(runs, "run-3", exclude=mine) == ([rank.path], [])

@@ -36,7 +36,7 @@ from ..models import CRASH_ERROR
 from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.settings import split_api_root
 from ..settings import is_loopback
-from ..spec import RunSpec, listed_spec, spec_or_default
+from ..spec import RunSpec, spec_or_default
 from ..threads import start_daemon
 from . import handover, ledger
 from .deadline import budget_left
@@ -223,9 +223,7 @@ def find_run_journals(
     gone: list[Path] = []
     live: list[str] = []
     for info in run_index.journals_of(runs_dir, run_id, skip=[exclude] if exclude else []):
-        spec = listed_spec(info.meta)
-        bound = info.meta.get("platform") or {}
-        if run_id in (spec.attach_id if spec else None, bound.get("run_id")):
+        if run_id in run_index.runs_of(info):
             if info.owner_alive:
                 live.append(str(info.owner or info.path))
             else:
