@@ -28,6 +28,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import stat
+import threading
 import uuid
 from pathlib import Path
 from typing import Any
@@ -39,6 +41,7 @@ import pytest
 import workloads
 from prime_runs import metrics
 from prime_runs.exceptions import ConfigurationError
+from prime_runs.journal import Journal
 from prime_runs.models import CONFIG_SOURCE_KEY, MAX_CONFIG_SOURCE_BYTES, ConfigSource
 from prime_traces import TracesClient
 from sdk_helpers import API_KEY, point_at
@@ -778,6 +781,74 @@ def test_a_metrics_row_loses_its_non_finite_values_and_keeps_the_producers_step(
     assert "quantiles" not in row
     assert run.failed_records == {"encode": 1}
     assert any("quantiles" in e and "not a number" in e for e in run.errors), run.errors
+
+
+# -- Ctrl-C in the loop ------------------------------------------------------------------
+
+
+def _interrupt_the_next_spool_write(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Ctrl-C's KeyboardInterrupt, raised where CPython raises it: in the main
+    thread, as the next write() of the run's spool returns (a signal's
+    handler runs once the call is back), so the records are on disk and the
+    append has not noted them yet. Fires once; the list says it did."""
+    real_write = os.write
+    fired: list[bool] = []
+
+    def write(fd: int, data: Any) -> int:
+        done = real_write(fd, data)
+        if (
+            not fired
+            and threading.current_thread() is threading.main_thread()
+            and stat.S_ISREG(os.fstat(fd).st_mode)
+        ):
+            fired.append(True)
+            raise KeyboardInterrupt
+        return done
+
+    monkeypatch.setattr(os, "write", write)
+    return fired
+
+
+def _journal_damage(run: pr.Run) -> list[Any]:
+    assert run.journal_path is not None
+    journal = Journal.open(run.journal_path, owner=False)
+    try:
+        return journal.damage()
+    finally:
+        journal.close()
+
+
+def test_an_interrupt_caught_in_the_loop_loses_none_of_the_later_records(
+    runs: Path, local_platform: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    episodes = _episodes(6)
+    run = _eval(finish_timeout=30)  # (unfixed, the close-out waited for it all)
+    run.log_episodes(episodes[:2])
+    fired = _interrupt_the_next_spool_write(monkeypatch)
+    with pytest.raises(KeyboardInterrupt):
+        run.log_episodes(episodes[2:3])
+    assert fired
+    for episode in episodes[3:]:  # the loop caught it and goes on
+        run.log_episodes([episode])
+    run.finish()
+    assert _journal_damage(run) == []
+    # The interrupted call's records were on disk: kept, once.
+    assert sorted(_sample_ids(local_platform, run.id)) == sorted(e["id"] for e in episodes)
+    assert local_platform.run(run.id)["status"] == "COMPLETED"
+
+
+def test_an_interrupt_inside_a_log_call_cancels_the_run_it_closes(
+    runs: Path, local_platform: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    episodes = _episodes(3)
+    with pytest.raises(KeyboardInterrupt), _eval(finish_timeout=30) as run:
+        run.log_episodes(episodes[:2])
+        _interrupt_the_next_spool_write(monkeypatch)
+        run.log_episodes(episodes[2:])
+    assert _journal_damage(run) == []
+    stored = local_platform.run(run.id)
+    assert (stored["status"], stored["error_message"]) == ("CANCELLED", "interrupted")
+    assert sorted(_sample_ids(local_platform, run.id)) == sorted(e["id"] for e in episodes)
 
 
 # -- run-level aggregates (the vendor's test_metrics.py) ---------------------------------

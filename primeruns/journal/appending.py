@@ -61,6 +61,9 @@ class Appender:
         # The seq appends follow at least (``Journal._appends_after``): past
         # the log's end, seqs lost to damage that stored state still names.
         self.after = 0
+        # Set from an append's write until ``last`` says what it wrote: still
+        # set at the next append, the one before was cut in between (``_settle``).
+        self._unsettled = False
 
     def append(
         self,
@@ -76,6 +79,8 @@ class Appender:
         k = int(kind)
         try:
             with self.lock:
+                if self._unsettled:
+                    self._settle()
                 if self.moved:
                     raise JournalMovedError(f"journal {self._tx.path} was re-created")
                 if self._finished:
@@ -83,11 +88,13 @@ class Appender:
                 if not essential and not self._capacity.room_for(size):
                     self._tx.tight = True
                     raise JournalFullError("journal byte budget reached")
+                self._unsettled = True
                 first, frames = self._write(k, payloads, essential)
                 # Under the lock that chose ``first``: the next append's seq
                 # follows this one's, whichever thread it comes from.
                 last = self._tail.last = first + len(frames) - 1
                 self._finished = final
+                self._unsettled = False
         except JournalFullError:
             self._count_drops(len(payloads))
             return AppendResult(None, 0, len(payloads))
@@ -133,6 +140,20 @@ class Appender:
                     raise
                 self._tail.last = end
         raise AssertionError("unreachable")
+
+    def _settle(self) -> None:
+        """The append before was cut between its write and setting ``last``:
+        an exception a signal's handler raised in its thread (Ctrl-C's
+        KeyboardInterrupt in the main thread) as a call returned. Its frames
+        may be in the spool while ``last`` says they are not, and the next
+        append would write their seqs again after them: every entry from
+        there on would fail its checksum. The spool's writer knows what it
+        wrote whole (``SpoolWriter.settle``, from its own file: a parse of
+        the readers' view here could itself be cut, and they share it)."""
+        last = self._spool.settle()
+        if last > self._tail.last:
+            self._tail.last = last
+        self._unsettled = False
 
     def _stored_end(self) -> int:
         """LMDB's end (0 if unreadable), read where an append opens a segment

@@ -147,6 +147,16 @@ def spool_bytes(path: Path) -> int:
     return total
 
 
+class _Pending(NamedTuple):
+    """An append from its ``write()`` until it is noted (``SpoolWriter.settle``)."""
+
+    fd: int
+    start: int  # the segment's size before it
+    nbytes: int
+    last: int  # its last seq
+    written: int  # the writer's byte count before it
+
+
 class SpoolWriter:
     """The appender's end of the spool (called under the journal's lock)."""
 
@@ -170,6 +180,10 @@ class SpoolWriter:
         self._syncer = SegmentSyncer(path)
         self._segment = 0  # the open segment's number, for ``SegmentSyncer.synced``
         self._ahead_at = _next_sync_ahead(0)  # the segment's size at which a sync ahead is asked
+        # The last seq of the appends written whole; and, from the ``write()``
+        # of one until it is noted, that append (see ``settle``).
+        self.last_seq = 0
+        self._pending: _Pending | None = None
 
     def unlinked(self) -> bool:
         """Whether the open segment lost its last name (its directory deleted
@@ -210,6 +224,8 @@ class SpoolWriter:
                 # segment outlives its name, so go on in it.
         fd = self._fd
         assert fd is not None
+        last = first_seq + len(frames) - 1
+        self._pending = _Pending(fd, self._size, len(data), last, self._written)
         done = 0
         try:
             done = os.write(fd, data)
@@ -217,10 +233,12 @@ class SpoolWriter:
                 done += os.write(fd, data[done:])
         except OSError as exc:
             self._undo(done)
+            self._pending = None
             if exc.errno in _FULL:
                 raise JournalFullError(_full(self._path, exc)) from None
             raise JournalError(f"write to journal {self._path} failed: {exc}") from None
         # Written: part of the log from here on, whatever the sync does.
+        self.last_seq = last
         size = self._size = self._size + done
         if size >= self._ahead_at and not self._fsync:
             # Every ``_AHEAD_STEP``, and all of it once full: a switch that
@@ -228,9 +246,10 @@ class SpoolWriter:
             self._ahead_at = _next_sync_ahead(size)
             self._syncer.sync(fd, self._segment, size)
         written = self._written = self._written + done
-        self._mark_seqs.append(first_seq + len(frames) - 1)
+        self._mark_seqs.append(last)
         self._mark_bytes.append(written)
         self.mark_dirty()
+        self._pending = None
         if self._fsync:
             try:
                 os.fdatasync(fd)
@@ -242,6 +261,37 @@ class SpoolWriter:
                 log.warning(
                     "journal %s: sync failed (%s); retrying in the background", self._path, exc
                 )
+
+    def settle(self) -> int:
+        """The last seq written whole, once an append cut between its
+        ``write()`` and its bookkeeping (an exception raised asynchronously:
+        ``Appender._settle``) is settled from the segment's size: noted if
+        all of it is there, taken back if part. Idempotent, so a cut of
+        this too is settled the next time."""
+        pending = self._pending
+        if pending is None:
+            return self.last_seq
+        try:
+            size = os.fstat(pending.fd).st_size if pending.fd == self._fd else -1
+        except OSError:
+            size = -1
+        end = pending.start + pending.nbytes
+        if size == end:  # all of it: noted as write() notes it (absolute values)
+            self.last_seq = max(self.last_seq, pending.last)
+            self._size = end
+            self._written = pending.written + pending.nbytes
+            if not self._mark_seqs or self._mark_seqs[-1] < pending.last:
+                self._mark_seqs.append(pending.last)
+                self._mark_bytes.append(self._written)
+            if self._fsync and self._fd is not None:
+                with contextlib.suppress(OSError):
+                    os.fdatasync(self._fd)
+            self.mark_dirty()
+        elif size > pending.start:  # part of it, not part of the log: taken back
+            self._size = pending.start
+            self._undo(size - pending.start)
+        self._pending = None
+        return self.last_seq
 
     def _sync_full_segment(self) -> None:
         """Sync the segment this process leaves before writing its successor
