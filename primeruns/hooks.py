@@ -73,32 +73,61 @@ def _at_exit_all() -> None:
 atexit.register(_at_exit_all)
 
 
+# Calls whose exit was cut (see ``_Deferral``) are forgotten once more than
+# this many are kept: nested calls are one or two deep.
+_CUT_CALLS_KEPT = 8
+
+
 class _Deferral:
     """``with sigterm_deferred:`` around a call of the main thread that takes
     the SDK's locks: a SIGTERM arriving inside is handled at its end.
 
-    Only the main thread counts (Python runs signal handlers there); the
-    count nests. Cheaper than a generator context manager: it is on every
-    ``log_*`` call.
+    Only the main thread counts (Python runs signal handlers there); calls
+    nest. Cheaper than a generator context manager: it is on every
+    ``log_*`` call. Each call under way is known by its frame, not counted:
+    a KeyboardInterrupt (Ctrl-C's handler runs as any function is entered)
+    can cut ``__exit__`` before its first line, and a count left up by one
+    kept every later SIGTERM, outside any call, for an end that never came:
+    the process no longer died of it. The handler looks for the calls'
+    frames on the stack (``under_way``) and forgets those that are gone.
     """
 
-    __slots__ = ("depth", "pending")
+    __slots__ = ("calls", "pending")
 
     def __init__(self) -> None:
-        self.depth = 0
+        self.calls: list[FrameType] = []
         self.pending: int | None = None
 
     def __enter__(self) -> None:
         if get_ident() == _MAIN:
-            self.depth += 1
+            calls = self.calls
+            if len(calls) > _CUT_CALLS_KEPT:  # (a frame keeps its call's records)
+                self.under_way(sys._getframe(1))
+            calls.append(sys._getframe(1))
 
     def __exit__(self, kind: object, value: object, tb: object) -> None:
         if get_ident() != _MAIN:
             return
-        self.depth -= 1
-        if self.depth == 0 and self.pending is not None:
+        calls = self.calls
+        if calls:
+            calls.pop()
+        if self.pending is not None and not (calls and self.under_way(sys._getframe(1))):
             signum, self.pending = self.pending, None
             _handle_sigterm(signum, None)
+
+    def under_way(self, frame: FrameType | None) -> bool:
+        """Whether a call is under way in the main thread's stack at ``frame``
+        (its innermost); a call no longer on it (its exit was cut) is forgotten."""
+        on_stack: set[int] = set()
+        while frame is not None:
+            on_stack.add(id(frame))
+            frame = frame.f_back
+        self.calls[:] = [call for call in self.calls if id(call) in on_stack]
+        return bool(self.calls)
+
+    def clear(self) -> None:
+        self.calls.clear()
+        self.pending = None
 
 
 _MAIN = threading.main_thread().ident
@@ -106,7 +135,7 @@ sigterm_deferred = _Deferral()
 
 
 def _handle_sigterm(signum: int, frame: FrameType | None) -> None:
-    if sigterm_deferred.depth:
+    if sigterm_deferred.calls and sigterm_deferred.under_way(frame):
         sigterm_deferred.pending = signum  # handled when the log call returns
         return
     for run in list(_exit_runs):
@@ -160,8 +189,7 @@ def _after_fork_in_child() -> None:
     # makes (Pool.terminate() then waited for it for ever).
     global _MAIN, _sigterm_installed
     _MAIN = get_ident()
-    sigterm_deferred.depth = 0
-    sigterm_deferred.pending = None
+    sigterm_deferred.clear()
     # SIGTERM as it was before the run's handler: the child ships nothing
     # from it (its uplink ships its journal), and a Python-level handler runs
     # only once the main thread's wait ends. A pool worker waiting for a task

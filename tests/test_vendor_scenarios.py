@@ -28,7 +28,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import stat
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -41,7 +44,7 @@ import pytest
 import workloads
 from prime_runs import metrics
 from prime_runs.exceptions import ConfigurationError
-from prime_runs.journal import Journal
+from prime_runs.journal import EntryKind, Journal
 from prime_runs.models import CONFIG_SOURCE_KEY, MAX_CONFIG_SOURCE_BYTES, ConfigSource
 from prime_traces import TracesClient
 from sdk_helpers import API_KEY, point_at
@@ -849,6 +852,53 @@ def test_an_interrupt_inside_a_log_call_cancels_the_run_it_closes(
     stored = local_platform.run(run.id)
     assert (stored["status"], stored["error_message"]) == ("CANCELLED", "interrupted")
     assert sorted(_sample_ids(local_platform, run.id)) == sorted(e["id"] for e in episodes)
+
+
+_SIGTERM_AFTER_A_CUT_CALL = """
+import os, signal, sys
+import prime_runs as pr
+from primeruns import hooks
+
+run = pr.init(name="x", environments=["gsm8k"], mode="offline", runs_dir=sys.argv[1])
+deferral = type(hooks.sigterm_deferred)
+real_exit = deferral.__exit__
+
+def cut(self, *exc):  # Ctrl-C's KeyboardInterrupt, raised as the call's exit is entered
+    deferral.__exit__ = real_exit
+    raise KeyboardInterrupt
+
+deferral.__exit__ = cut
+try:
+    run.log_episodes([{"id": "e1", "traces": [{"id": "t1"}]}])
+except KeyboardInterrupt:
+    pass  # the loop goes on; later, the scheduler preempts the job
+print(run.journal_path, flush=True)
+os.kill(os.getpid(), signal.SIGTERM)
+print("still running", flush=True)
+"""
+
+
+def test_a_sigterm_after_an_interrupted_call_still_ends_the_run_and_the_process(
+    tmp_path: Path,
+) -> None:
+    """The SDK keeps a SIGTERM arriving inside a log call for the call's end
+    (it may hold the journal's lock); a call whose end a KeyboardInterrupt
+    cut must not keep every later one (the vendor's SDK, which has no
+    handler, dies of it)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _SIGTERM_AFTER_A_CUT_CALL, str(tmp_path / "runs")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "still running" not in done.stdout, done.stderr
+    assert done.returncode == -signal.SIGTERM, done.stderr
+    journal = Journal.open(Path(done.stdout.split()[0]), owner=False)
+    try:
+        (finish,) = journal.read(0, kinds=[EntryKind.FINISH]).entries
+    finally:
+        journal.close()
+    assert json.loads(finish.payload)["status"] == "cancelled"
 
 
 # -- run-level aggregates (the vendor's test_metrics.py) ---------------------------------
