@@ -186,7 +186,16 @@ def init(
     if isinstance(environments, str | Mapping):
         environments = [environments]
     envs = [EnvironmentRef.coerce(e) for e in (environments or [])]
-    config_doc = _normalize_config(config)
+    config_refused: TypeError | None = None
+    try:
+        config_doc = _normalize_config(config)
+    except TypeError as exc:
+        if not isinstance(config, Mapping):
+            raise
+        # Raised below unless the run is disabled: callers (verifiers) open a
+        # disabled run, unguarded, when opening theirs raised, with the same
+        # config; it stores nothing, so it keeps the mapping as given.
+        config_doc, config_refused = dict(config), exc
 
     # Every setting, resolved once (primeruns.settings): strictly, except for
     # a disabled run, which uses none of them and only warns about a bad one.
@@ -200,6 +209,10 @@ def init(
         max_journal_bytes=max_journal_bytes,
     )
     settings, run_mode, tuning = resolved.platform, resolved.mode, resolved.sdk
+    if config_refused is not None:
+        if run_mode != "disabled":
+            raise config_refused
+        log.warning("prime-runs: %s (ignored: a disabled run stores nothing)", config_refused)
     if kind == "eval" and not name:
         stem = envs[0].display_name if envs else (framework or "eval")
         name = f"{stem}-{secrets.token_hex(4)}"

@@ -192,6 +192,30 @@ def test_a_disabled_run_answers_every_call_and_writes_nothing(runs: Path) -> Non
     assert not list(home.iterdir()) and not runs.exists()
 
 
+class _Opaque:
+    """A value no JSON encoder takes (a tokenizer, a client handle)."""
+
+
+def test_the_disabled_fallback_takes_the_config_the_online_run_refused(runs: Path) -> None:
+    """verifiers opens a disabled run, unguarded, when opening its run
+    raised: a config that cannot be stored must not fail that one too (a
+    disabled run stores nothing; the vendor keeps the mapping as given)."""
+    identity: dict[str, Any] = {
+        "name": "x",
+        "environments": ["gsm8k"],
+        "model": "m",
+        "framework": "verifiers",
+        "config": {"model": "m", "tokenizer": _Opaque(), "stop": b"\n", (1, 2): 3},
+    }
+    with pytest.raises(TypeError, match="config"):
+        pr.init(mode="online", api_key=API_KEY, **identity)
+    run = pr.init(mode="disabled", **identity)
+    run.log_episodes(_episodes(1))
+    run.finish()
+    assert run.mode == "disabled" and run.status is pr.RunStatus.COMPLETED
+    assert run.config["stop"] == b"\n" and run.config[(1, 2)] == 3
+
+
 def test_online_without_a_key_is_a_configuration_error(
     runs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
