@@ -185,17 +185,25 @@ def init(
         raise TypeError("init: tags must be a list of strings")
     if isinstance(environments, str | Mapping):
         environments = [environments]
-    envs = [EnvironmentRef.coerce(e) for e in (environments or [])]
-    config_refused: TypeError | None = None
+    # What a disabled run would refuse is raised below unless the run is
+    # disabled: callers (verifiers) open a disabled run, unguarded, when
+    # opening theirs raised, with the same identity; it stores nothing and
+    # resolves no environment, so it keeps the config mapping as given and
+    # the environments it can read, and warns.
+    refused: list[TypeError | ValueError] = []
+    envs: list[EnvironmentRef] = []
+    for entry in environments or []:
+        try:
+            envs.append(EnvironmentRef.coerce(entry))
+        except (TypeError, ValueError) as exc:
+            refused.append(exc)
     try:
         config_doc = _normalize_config(config)
     except TypeError as exc:
         if not isinstance(config, Mapping):
             raise
-        # Raised below unless the run is disabled: callers (verifiers) open a
-        # disabled run, unguarded, when opening theirs raised, with the same
-        # config; it stores nothing, so it keeps the mapping as given.
-        config_doc, config_refused = dict(config), exc
+        config_doc = dict(config)
+        refused.append(exc)
 
     # Every setting, resolved once (primeruns.settings): strictly, except for
     # a disabled run, which uses none of them and only warns about a bad one.
@@ -209,10 +217,10 @@ def init(
         max_journal_bytes=max_journal_bytes,
     )
     settings, run_mode, tuning = resolved.platform, resolved.mode, resolved.sdk
-    if config_refused is not None:
-        if run_mode != "disabled":
-            raise config_refused
-        log.warning("prime-runs: %s (ignored: a disabled run stores nothing)", config_refused)
+    if refused and run_mode != "disabled":
+        raise refused[0]
+    for refusal in refused:
+        log.warning("prime-runs: %s (ignored: a disabled run stores nothing)", refusal)
     if kind == "eval" and not name:
         stem = envs[0].display_name if envs else (framework or "eval")
         name = f"{stem}-{secrets.token_hex(4)}"

@@ -216,6 +216,22 @@ def test_the_disabled_fallback_takes_the_config_the_online_run_refused(runs: Pat
     assert run.config["stop"] == b"\n" and run.config[(1, 2)] == 3
 
 
+def test_the_disabled_fallback_takes_an_environment_the_online_run_refused(
+    runs: Path,
+) -> None:
+    """As with the config: 'a/b/c' is refused when the run is opened here
+    (the vendor's SDK fails later, in its hub lookup: differences.txt), but
+    the disabled run verifiers opens instead, with the same identity,
+    resolves no environment."""
+    identity: dict[str, Any] = {"name": "x", "environments": ["team/tasks/v2"], "model": "m"}
+    with pytest.raises(ValueError, match="owner/name"):
+        pr.init(mode="online", api_key=API_KEY, **identity)
+    run = pr.init(mode="disabled", **identity)
+    run.log_episodes(_episodes(1))
+    run.finish()
+    assert run.mode == "disabled" and run.status is pr.RunStatus.COMPLETED
+
+
 def test_online_without_a_key_is_a_configuration_error(
     runs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
