@@ -152,10 +152,13 @@ class MemoryJournal:
             if not essential and self._bytes + size > self.max_bytes:
                 self._add_loss("journal", len(payloads), "journal byte budget reached (in memory)")
                 return AppendResult(None, 0, len(payloads))
-            first = self._last + 1
-            for seq, payload in enumerate(payloads, first):
-                self._entries[seq] = Entry(seq, EntryKind(kind), bytes(payload))
-                self._seqs.append(seq)
+            # After the entries held too: an append cut before it set
+            # ``_last`` (Ctrl-C's KeyboardInterrupt) holds its seqs, whole.
+            seqs = self._seqs
+            first = max(self._last, seqs[-1] if seqs else 0) + 1
+            made = [Entry(seq, EntryKind(kind), bytes(p)) for seq, p in enumerate(payloads, first)]
+            self._entries.update([(entry.seq, entry) for entry in made])
+            seqs.extend([entry.seq for entry in made])  # one call: all of them or none
             self._last = first + len(payloads) - 1
             self._bytes += size
             self._finished = final

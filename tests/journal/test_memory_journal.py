@@ -4,7 +4,11 @@ counts what it cannot keep."""
 
 from __future__ import annotations
 
+import dis
+import sys
 import threading
+from collections.abc import Callable
+from types import FrameType
 
 import pytest
 
@@ -87,3 +91,45 @@ def test_a_batch_recorded_as_damaged_reads_back_damaged_with_its_reason() -> Non
     j.update_inflight_state("traces", {"records": 2})
     kept = j.cursor("traces").inflight
     assert kept is not None and kept.damage == damaged.damage
+
+
+def _interrupt_at(line: int, call: Callable[[], object]) -> bool:
+    """Run ``call`` with a KeyboardInterrupt raised in ``MemoryJournal.append``
+    as it reaches ``line`` (as Ctrl-C's handler raises one between two
+    lines); whether it was raised."""
+    code = MemoryJournal.append.__code__
+    raised: list[bool] = []
+
+    def local(frame: FrameType, event: str, arg: object) -> object:
+        if event == "line" and frame.f_lineno == line and not raised:
+            raised.append(True)
+            raise KeyboardInterrupt
+        return local
+
+    def tracer(frame: FrameType, event: str, arg: object) -> object:
+        return local if frame.f_code is code else None
+
+    sys.settrace(tracer)
+    try:
+        call()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sys.settrace(None)
+    return bool(raised)
+
+
+@pytest.mark.parametrize(
+    "line", sorted({line for _, line in dis.findlinestarts(MemoryJournal.append.__code__) if line})
+)
+def test_an_append_interrupted_anywhere_leaves_every_later_record_read_once(line: int) -> None:
+    j = _journal()
+    j.append(EntryKind.RUN_OPEN, [b"{}"])
+    _interrupt_at(line, lambda: j.append(EntryKind.EPISODE, [b"a1", b"a2"]))
+    j.append(EntryKind.EPISODE, [b"b1"])
+    found = j.read(0, kinds={EntryKind.EPISODE})
+    seqs = [e.seq for e in found.entries]
+    assert seqs == sorted(set(seqs)) and seqs[-1] == j.last_seq()
+    payloads = [e.payload for e in found.entries]
+    assert payloads[-1] == b"b1" and payloads.count(b"b1") == 1
+    assert payloads[:-1] in ([], [b"a1", b"a2"])  # the interrupted call: all or nothing
