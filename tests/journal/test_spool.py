@@ -10,6 +10,7 @@ never takes a reader down.
 from __future__ import annotations
 
 import contextlib
+import dis
 import errno
 import json
 import logging
@@ -33,6 +34,7 @@ from spooled import acked_then_cut, killed_segment
 
 from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, InFlight, Journal, spool
+from primeruns.journal.appending import Appender
 from primeruns.journal.frames import HEADER_SIZE, encode_frame, encode_frames_off_gil
 from primeruns.journal.listing import journal_info
 from primeruns.journal.mover import Mover
@@ -1257,3 +1259,52 @@ def test_entries_a_new_owner_skips_are_said_lost_once_not_by_every_owner_until_a
             assert owner.append(EntryKind.EPISODE, [b'{"n":"new"}']).first_seq == 11
     said = [r.getMessage() for r in caplog.records if "are lost" in r.getMessage()]
     assert len(said) == 1 and "entries 4 to 10" in said[0]
+
+
+def _lines(function: Any) -> list[int]:
+    return sorted({line for _, line in dis.findlinestarts(function.__code__) if line})
+
+
+# Every line of the producer's append, in the functions that write the spool
+# and note what it wrote.
+_APPEND_LINES = [
+    (function, line)
+    for function in (Appender.append, Appender._write, spool.SpoolWriter.write)
+    for line in _lines(function)
+]
+
+
+@pytest.mark.parametrize(
+    ("function", "line"), _APPEND_LINES, ids=[f"{f.__name__}:{n}" for f, n in _APPEND_LINES]
+)
+def test_an_append_interrupted_at_any_line_costs_no_later_entry(
+    tmp_path: Path, function: Any, line: int
+) -> None:
+    """Ctrl-C's KeyboardInterrupt is raised in the main thread between any
+    two lines: a loop that catches it and logs on must lose nothing after it."""
+    code = function.__code__
+    raised: list[bool] = []
+
+    def local(frame: types.FrameType, event: str, arg: object) -> object:
+        if event == "line" and frame.f_lineno == line and not raised:
+            raised.append(True)
+            raise KeyboardInterrupt
+        return local
+
+    def tracer(frame: types.FrameType, event: str, arg: object) -> object:
+        return local if frame.f_code is code else None
+
+    with Journal.create(tmp_path / "j", local_id="run") as j:
+        j.append(EntryKind.RUN_OPEN, [b"{}"])
+        sys.settrace(tracer)
+        try:
+            j.append(EntryKind.EPISODE, [b"a1", b"a2"])
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        j.append(EntryKind.EPISODE, [b"b1"])
+        assert j.damage() == []
+        payloads = [e.payload for e in j.read(0, kinds={EntryKind.EPISODE}).entries]
+        assert payloads[-1] == b"b1" and payloads.count(b"b1") == 1
+        assert payloads[:-1] in ([], [b"a1", b"a2"])  # the interrupted call: all or nothing
