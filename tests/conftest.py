@@ -75,3 +75,20 @@ def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
         monkeypatch.delenv(name.lower(), raising=False)
+
+
+@pytest.fixture
+def journal_reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the journals listings read (opened or by their summary),
+    in order: what a look at a runs directory costs, counted, not timed."""
+    from primeruns.journal import listing
+
+    read: list[str] = []
+    real_info = listing._info
+
+    def info(path: Path, **kwargs: Any) -> Any:
+        read.append(path.name)
+        return real_info(path, **kwargs)
+
+    monkeypatch.setattr(listing, "_info", info)
+    return read

@@ -242,7 +242,7 @@ def _journal(runs: Path, local_id: str, *, attach: str | None) -> Any:
 
 @pytest.mark.parametrize("attached", [False, True])
 def test_a_close_out_reads_past_journals_only_for_a_run_others_could_attach_to_before_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, attached: bool
+    tmp_path: Path, journal_reads: list[str], attached: bool
 ) -> None:
     """A run its own process created can only be attached to after it was
     registered: its close-out looks for the run's other processes among the
@@ -250,22 +250,12 @@ def test_a_close_out_reads_past_journals_only_for_a_run_others_could_attach_to_b
     the runs directory's past runs, however many there are (each finish of
     a sweep of short evaluations read them all). A run attached by id may
     have ranks that attached before it: all are looked at."""
-    from primeruns.journal import listing
-
     runs = tmp_path / "runs"
     past = _journal(runs, "20261203-090000-aaaaaaaa", attach="run-1")
     mine = _journal(runs, "20261203-100000-bbbbbbbb", attach="run-1" if attached else None)
     later = _journal(runs, "20261203-100001-cccccccc", attach="run-1")
     for journal in (past, later):
         journal.close()
-    read: list[str] = []
-    real_info = listing._info
-
-    def info(path: Path, **kwargs: Any) -> Any:
-        read.append(path.name)
-        return real_info(path, **kwargs)
-
-    monkeypatch.setattr(listing, "_info", info)
     try:
         others = ranks.others_of(mine, "run-1", own_children=False)
     finally:
@@ -274,7 +264,7 @@ def test_a_close_out_reads_past_journals_only_for_a_run_others_could_attach_to_b
         assert others == [past.path, later.path]
     else:
         assert others == [later.path]
-        assert past.path.name not in read
+        assert past.path.name not in journal_reads
 
 
 def test_a_close_out_finds_a_process_that_attached_after_the_clock_stepped_back(

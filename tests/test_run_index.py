@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from primeruns import ranks, run_index
-from primeruns.journal import Journal, listing
+from primeruns.journal import Journal
 from primeruns.journal.lock import LOCK_NAME
 from primeruns.ship.uplink import find_run_journals
 from primeruns.spec import SPEC_KEY, RunSpec
@@ -28,17 +28,8 @@ def _journal(runs: Path, stamp: int, *, attach: str | None, bound: str | None = 
 
 
 @pytest.fixture
-def reads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """The names of the journals listings read (opened or by their summary)."""
-    read: list[str] = []
-    real_info = listing._info
-
-    def info(path: Path, **kwargs: Any) -> Any:
-        read.append(path.name)
-        return real_info(path, **kwargs)
-
-    monkeypatch.setattr(listing, "_info", info)
-    return read
+def reads(journal_reads: list[str]) -> list[str]:
+    return journal_reads
 
 
 def _close_out(runs: Path, stamp: int, run_id: str) -> tuple[list[Path], Path]:

@@ -196,6 +196,19 @@ class _Opaque:
     """A value no JSON encoder takes (a tokenizer, a client handle)."""
 
 
+def _fallback_after_refusal(identity: dict[str, Any], refused: type, match: str) -> pr.Run:
+    """verifiers' path: the online run refused at init (``refused``, its
+    message matching ``match``), then the disabled run it opens unguarded
+    with the same identity, which must log and finish."""
+    with pytest.raises(refused, match=match):
+        pr.init(mode="online", api_key=API_KEY, **identity)
+    run = pr.init(mode="disabled", **identity)
+    run.log_episodes(_episodes(1))
+    run.finish()
+    assert run.mode == "disabled" and run.status is pr.RunStatus.COMPLETED
+    return run
+
+
 def test_the_disabled_fallback_takes_the_config_the_online_run_refused(runs: Path) -> None:
     """verifiers opens a disabled run, unguarded, when opening its run
     raised: a config that cannot be stored must not fail that one too (a
@@ -207,12 +220,7 @@ def test_the_disabled_fallback_takes_the_config_the_online_run_refused(runs: Pat
         "framework": "verifiers",
         "config": {"model": "m", "tokenizer": _Opaque(), "stop": b"\n", (1, 2): 3},
     }
-    with pytest.raises(TypeError, match="config"):
-        pr.init(mode="online", api_key=API_KEY, **identity)
-    run = pr.init(mode="disabled", **identity)
-    run.log_episodes(_episodes(1))
-    run.finish()
-    assert run.mode == "disabled" and run.status is pr.RunStatus.COMPLETED
+    run = _fallback_after_refusal(identity, TypeError, "config")
     assert run.config["stop"] == b"\n" and run.config[(1, 2)] == 3
 
 
@@ -224,12 +232,7 @@ def test_the_disabled_fallback_takes_an_environment_the_online_run_refused(
     the disabled run verifiers opens instead, with the same identity,
     resolves no environment."""
     identity: dict[str, Any] = {"name": "x", "environments": ["team/tasks/v2"], "model": "m"}
-    with pytest.raises(ValueError, match="owner/name"):
-        pr.init(mode="online", api_key=API_KEY, **identity)
-    run = pr.init(mode="disabled", **identity)
-    run.log_episodes(_episodes(1))
-    run.finish()
-    assert run.mode == "disabled" and run.status is pr.RunStatus.COMPLETED
+    _fallback_after_refusal(identity, ValueError, "owner/name")
 
 
 def test_online_without_a_key_is_a_configuration_error(
