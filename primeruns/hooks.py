@@ -26,7 +26,8 @@ import sys
 import threading
 import time
 from _thread import get_ident
-from types import FrameType
+from collections.abc import Callable
+from types import CodeType, FrameType
 from typing import Any, Protocol
 
 __all__ = ["install_sigterm", "register", "sigterm_deferred", "unregister"]
@@ -73,60 +74,60 @@ def _at_exit_all() -> None:
 atexit.register(_at_exit_all)
 
 
-# Calls whose exit was cut (see ``_Deferral``) are forgotten once more than
-# this many are kept: nested calls are one or two deep.
-_CUT_CALLS_KEPT = 8
-
-
 class _Deferral:
     """``with sigterm_deferred:`` around a call of the main thread that takes
     the SDK's locks: a SIGTERM arriving inside is handled at its end.
 
-    Only the main thread counts (Python runs signal handlers there); calls
-    nest. Cheaper than a generator context manager: it is on every
-    ``log_*`` call. Each call under way is known by its frame, not counted:
-    a KeyboardInterrupt (Ctrl-C's handler runs as any function is entered)
+    Only the main thread counts (Python runs signal handlers there); the
+    count nests. Cheaper than a generator context manager, and nothing but
+    the count on the way in and out: it is on every ``log_*`` call. A
+    KeyboardInterrupt (Ctrl-C's handler runs as any function is entered)
     can cut ``__exit__`` before its first line, and a count left up by one
     kept every later SIGTERM, outside any call, for an end that never came:
-    the process no longer died of it. The handler looks for the calls'
-    frames on the stack (``under_way``) and forgets those that are gone.
-    """
+    the process no longer died of it. So where a SIGTERM would be kept,
+    the stack is looked at for a call under way (a frame of a function that
+    ``defers``, ``under_way``): none, and the count is stale, set to 0."""
 
-    __slots__ = ("calls", "pending")
+    __slots__ = ("codes", "depth", "pending")
 
     def __init__(self) -> None:
-        self.calls: list[FrameType] = []
+        self.depth = 0
         self.pending: int | None = None
+        self.codes: set[CodeType] = set()
+
+    def defers(self, *functions: Callable[..., Any]) -> None:
+        """The functions whose bodies run ``with sigterm_deferred``: a frame
+        of theirs on the stack is a call under way."""
+        self.codes.update(function.__code__ for function in functions)
 
     def __enter__(self) -> None:
         if get_ident() == _MAIN:
-            calls = self.calls
-            if len(calls) > _CUT_CALLS_KEPT:  # (a frame keeps its call's records)
-                self.under_way(sys._getframe(1))
-            calls.append(sys._getframe(1))
+            self.depth += 1
 
     def __exit__(self, kind: object, value: object, tb: object) -> None:
         if get_ident() != _MAIN:
             return
-        calls = self.calls
-        if calls:
-            calls.pop()
-        if self.pending is not None and not (calls and self.under_way(sys._getframe(1))):
+        self.depth -= 1
+        # Another call under way outside this one (its caller's frames on):
+        # the SIGTERM waits for that one's end.
+        if self.pending is not None and not self.under_way(sys._getframe(1).f_back):
             signum, self.pending = self.pending, None
             _handle_sigterm(signum, None)
 
     def under_way(self, frame: FrameType | None) -> bool:
-        """Whether a call is under way in the main thread's stack at ``frame``
-        (its innermost); a call no longer on it (its exit was cut) is forgotten."""
-        on_stack: set[int] = set()
-        while frame is not None:
-            on_stack.add(id(frame))
-            frame = frame.f_back
-        self.calls[:] = [call for call in self.calls if id(call) in on_stack]
-        return bool(self.calls)
+        """Whether a call is under way in the main thread's stack at
+        ``frame`` (its innermost); if not, a count left up by a cut exit
+        is set to 0."""
+        if self.depth > 0:
+            while frame is not None:
+                if frame.f_code in self.codes:
+                    return True
+                frame = frame.f_back
+        self.depth = 0
+        return False
 
     def clear(self) -> None:
-        self.calls.clear()
+        self.depth = 0
         self.pending = None
 
 
@@ -135,7 +136,7 @@ sigterm_deferred = _Deferral()
 
 
 def _handle_sigterm(signum: int, frame: FrameType | None) -> None:
-    if sigterm_deferred.calls and sigterm_deferred.under_way(frame):
+    if sigterm_deferred.depth and sigterm_deferred.under_way(frame):
         sigterm_deferred.pending = signum  # handled when the log call returns
         return
     for run in list(_exit_runs):

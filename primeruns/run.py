@@ -363,3 +363,7 @@ class Run:
             )
         except Exception as exc:
             log.warning("prime-runs: closing the run on SIGTERM failed: %s", exc)
+
+
+# Their frames on the stack are log calls under way (``hooks._Deferral``).
+hooks.sigterm_deferred.defers(Run.log_episodes, Run.log_traces, Run.log_metrics, Run.update_summary)

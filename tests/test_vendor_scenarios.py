@@ -1001,3 +1001,25 @@ def test_every_difference_listed_for_the_suite_is_a_scenario_asserted_here() -> 
         assert vendor.startswith("suite: tests/test_") and "::test_" in vendor, vendor
         assert here in ours, f"differences.txt names {here!r}, which is no test here"
         assert reason.strip(), vendor
+
+
+def test_every_function_that_defers_sigterm_is_known_by_its_frames() -> None:
+    """A SIGTERM is kept for a log call's end only while a frame of a
+    function whose body runs ``with sigterm_deferred`` is on the stack
+    (``hooks._Deferral.under_way``): one left unregistered would have its
+    SIGTERM handled inside the call, under the SDK's locks."""
+    import ast
+
+    import primeruns
+    from primeruns import hooks, run  # noqa: F401  (its import registers them, as a Run's does)
+
+    package = Path(primeruns.__file__).parent
+    deferring: set[str] = set()
+    for source in package.rglob("*.py"):
+        if source.name == "hooks.py":
+            continue
+        for node in ast.walk(ast.parse(source.read_text())):
+            if isinstance(node, ast.FunctionDef) and "sigterm_deferred" in ast.unparse(node):
+                deferring.add(f"{source.stem}.{node.name}")
+    known = {f"{Path(c.co_filename).stem}.{c.co_name}" for c in hooks.sigterm_deferred.codes}
+    assert deferring and deferring == known

@@ -147,14 +147,10 @@ def spool_bytes(path: Path) -> int:
     return total
 
 
-class _Pending(NamedTuple):
-    """An append from its ``write()`` until it is noted (``SpoolWriter.settle``)."""
-
-    fd: int
-    start: int  # the segment's size before it
-    nbytes: int
-    last: int  # its last seq
-    written: int  # the writer's byte count before it
+#: An append from its ``write()`` until it is noted (``SpoolWriter.settle``):
+#: (fd, the segment's size before it, its bytes, its last seq, the writer's
+#: byte count before it). A plain tuple: a named one cost 0.4 µs an append.
+_Pending = tuple[int, int, int, int, int]
 
 
 class SpoolWriter:
@@ -225,7 +221,7 @@ class SpoolWriter:
         fd = self._fd
         assert fd is not None
         last = first_seq + len(frames) - 1
-        self._pending = _Pending(fd, self._size, len(data), last, self._written)
+        self._pending = (fd, self._size, len(data), last, self._written)
         done = 0
         try:
             done = os.write(fd, data)
@@ -268,28 +264,28 @@ class SpoolWriter:
         ``Appender._settle``) is settled from the segment's size: noted if
         all of it is there, taken back if part. Idempotent, so a cut of
         this too is settled the next time."""
-        pending = self._pending
-        if pending is None:
+        if self._pending is None:
             return self.last_seq
+        fd, start, nbytes, last, written = self._pending
         try:
-            size = os.fstat(pending.fd).st_size if pending.fd == self._fd else -1
+            size = os.fstat(fd).st_size if fd == self._fd else -1
         except OSError:
             size = -1
-        end = pending.start + pending.nbytes
+        end = start + nbytes
         if size == end:  # all of it: noted as write() notes it (absolute values)
-            self.last_seq = max(self.last_seq, pending.last)
+            self.last_seq = max(self.last_seq, last)
             self._size = end
-            self._written = pending.written + pending.nbytes
-            if not self._mark_seqs or self._mark_seqs[-1] < pending.last:
-                self._mark_seqs.append(pending.last)
+            self._written = written + nbytes
+            if not self._mark_seqs or self._mark_seqs[-1] < last:
+                self._mark_seqs.append(last)
                 self._mark_bytes.append(self._written)
             if self._fsync and self._fd is not None:
                 with contextlib.suppress(OSError):
                     os.fdatasync(self._fd)
             self.mark_dirty()
-        elif size > pending.start:  # part of it, not part of the log: taken back
-            self._size = pending.start
-            self._undo(size - pending.start)
+        elif size > start:  # part of it, not part of the log: taken back
+            self._size = start
+            self._undo(size - start)
         self._pending = None
         return self.last_seq
 
