@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,8 @@ import module_platform
 import procs
 import pytest
 from sdk_helpers import point_at
+
+import primeruns as pr
 
 SCRIPT = Path(__file__).resolve().parent / "endings_script.py"
 
@@ -119,3 +122,37 @@ def test_a_forked_child_logs_into_the_parents_run_and_never_closes_it(
     assert stored["status"] == "COMPLETED"
     assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 6
     assert stored["samples"]["rows"] == 6
+
+
+def test_after_a_drain_stalled_by_a_platform_gone_mid_run_the_close_out_gets_the_short_allowance(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The platform went down mid-run: finish()'s drain spent the stall
+    allowance showing it (records kept for replay), then the close-out's
+    finalize was given a second whole allowance to fail in (120 s in all by
+    default, where the vendor's SDK gave up in 45). It gets the shorter
+    allowance of a platform never reached. Measured as the budget finalize
+    is handed, in the uplink's threads, not as a time."""
+    from primeruns.ship import lifecycle, uplink
+
+    monkeypatch.setattr(uplink, "UNREACHED_S", 0.3)  # below the stall allowance here
+    monkeypatch.setenv("PRIME_RUNS_STALL_S", "2")
+    monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")
+    budgets: list[float] = []
+    real_finalize = lifecycle.Lifecycle.finalize
+
+    def finalize(self: Any, *args: Any, deadline: float, **kwargs: Any) -> Any:
+        budgets.append(deadline - time.monotonic())
+        return real_finalize(self, *args, deadline=deadline, **kwargs)
+
+    monkeypatch.setattr(lifecycle.Lifecycle, "finalize", finalize)
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = pr.init(environments=["gsm8k"], model="m", api_key="k", base_url=local_platform.url,
+                  runs_dir=runs)  # fmt: skip
+    run.log_episodes([{"id": "e0", "traces": []}])
+    assert run.flush(timeout=60)
+    local_platform.stop()
+    run.log_episodes([{"id": "e1", "traces": []}])
+    run.finish(timeout=120)
+    assert len(budgets) == 1 and budgets[0] <= 0.3, budgets
+    assert run.status is pr.RunStatus.COMPLETED  # journaled: replay closes it on the platform

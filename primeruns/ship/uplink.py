@@ -527,11 +527,17 @@ class Uplink:
                 # The run's other processes on this host ship theirs first.
                 crashed = status == "crashed"  # no finish waited for its forked children
                 others_left = self._wait_for_others(binding.run_id, deadline, crashed=crashed)
-            # After a stalled drain the platform is likely down: the close-out
-            # gets as long as the stall allowance, not the rest of the deadline.
+            # After a stalled drain the platform is likely down, as the drain
+            # just spent the stall allowance showing: the close-out gets the
+            # shorter allowance of a platform never reached, not the rest of
+            # the deadline nor a second stall allowance (a platform gone
+            # mid-run made finish() take two, 120 s, where the vendor's SDK
+            # gave up in 45, keeping nothing). The journal keeps the finish:
+            # ``replay`` or ``sync`` closes the run later.
             close_by = deadline
             if not drained:
-                close_by = min(deadline, time.monotonic() + self.policy.stall_s)
+                allowance = min(self.policy.stall_s, UNREACHED_S)
+                close_by = min(deadline, time.monotonic() + allowance)
             try:
                 self.lifecycle.finalize(status, error, summary, deadline=close_by)
             except Exception as exc:
