@@ -95,6 +95,9 @@ def _locked(fd: int) -> bool:
         except (BlockingIOError, PermissionError):  # EAGAIN / EACCES: held by another
             if time.monotonic() >= deadline:
                 return False
+            # A lock's wait has no timeout of its own (an alarm's signal is
+            # the main thread's only, and init() runs in any thread): tried
+            # again shortly. A holder keeps it for a read and a write.
             time.sleep(_LOCK_RETRY_S)
         except OSError:
             return True
