@@ -42,9 +42,10 @@ from ..sinks.base import SinkOff
 
 __all__ = ["UNREACHED_S", "Failure", "RetryPolicy", "classify"]
 
-# How long a closing run tries to register a platform none of whose tries
-# ever connected (``RetryPolicy.unreached``), at most: the stall allowance
-# where that is shorter.
+# How long a closing run tries to register with, or drain a sink to, a
+# platform whose every try since the last one that moved refused to connect
+# (``RetryPolicy.unreached``), at most: the stall allowance where that is
+# shorter.
 UNREACHED_S = 10.0
 
 
@@ -122,14 +123,16 @@ class RetryPolicy:
             wait = min(wait, self.stall_s / self.stuck_attempts)
         return wait
 
-    def unreached(self, idle_s: float, failed_in_a_row: int) -> bool:
-        """Whether a closing run's registration, none of whose tries ever
-        connected (nothing listens, no route), can be given up on: sooner than
-        a platform that answers badly, since its records stay journaled for
-        ``primeruns replay`` either way (a run ended with the platform down
-        waited the whole allowance, 60 s; the vendor's SDK gave up within
-        about 27 s, keeping nothing)."""
-        return idle_s >= min(self.stall_s, UNREACHED_S) and failed_in_a_row >= 2
+    def unreached(self, idle_s: float, unreached_in_a_row: int) -> bool:
+        """Whether a closing run's registration or sink, idle this long, whose
+        latest ``unreached_in_a_row`` tries never connected (nothing listens,
+        no route), can be given up on: sooner than a platform that answers
+        badly (it may be restarting), since the records stay journaled for
+        ``primeruns sync`` either way. A run ended with the platform down from
+        init() on waited the whole allowance, 60 s (the vendor's SDK gave up
+        within about 27 s, keeping nothing); one whose platform went down
+        mid-run, 69 s (the vendor's: 45 s)."""
+        return idle_s >= min(self.stall_s, UNREACHED_S) and unreached_in_a_row >= 2
 
     def stuck(self, idle_s: float, failed_in_a_row: int) -> bool:
         """Whether a sink (or the registration) idle this long after this many

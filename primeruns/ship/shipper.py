@@ -30,6 +30,7 @@ from typing import Any
 from ..exceptions import APIError, JournalError, RetryableAPIError
 from ..journal import Damage, InFlight, Journal
 from ..platform.binding import Binding
+from ..platform.errors import never_reached
 from ..sinks.base import Prepared, SendContext, Sink
 from ..threads import bounded, start_daemon
 from . import batchstate, ledger, resident
@@ -54,6 +55,7 @@ class ShipperState:
     paused_until: float = 0.0
     strikes: int = 0
     failed_in_a_row: int = 0  # attempts failed since the last request that moved a batch on
+    unreached_in_a_row: int = 0  # of those, the latest in a row that never connected
     last_error: str | None = None  # the latest transient failure, until something moves
     batches_sent: int = 0
     records_sent: int = 0
@@ -190,6 +192,7 @@ class Shipper:
             self.state.strikes = 0
             self._moved_at = time.monotonic()
             self.state.failed_in_a_row = 0
+            self.state.unreached_in_a_row = 0
         self._record_standing()
         self.poke()
 
@@ -241,6 +244,11 @@ class Shipper:
         it has had its tries: the stall measures whether anything *can*
         move, not how long a backoff happens to be."""
         idle = now - self._moved_at
+        # A platform refusing every connection (gone mid-run) gets the short
+        # allowance of a registration that never connected: the records stay
+        # journaled for sync, and the vendor's SDK gave up within 45 s.
+        if self._policy.unreached(idle, self.state.unreached_in_a_row):
+            return idle
         return idle if self._policy.stuck(idle, self.state.failed_in_a_row) else None
 
     def drain(self, target: int, deadline: float) -> bool:
@@ -641,6 +649,10 @@ class Shipper:
                     last_error = exc
                     with self._progress:
                         self.state.failed_in_a_row += 1
+                        unreached = never_reached(exc)
+                        self.state.unreached_in_a_row = (
+                            self.state.unreached_in_a_row + 1 if unreached else 0
+                        )
                         self.state.last_error = _describe(exc)
                     retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None
                     attempt = 0 if progressed else attempt + 1
@@ -672,6 +684,7 @@ class Shipper:
         with self._progress:
             self._moved_at = time.monotonic()
             self.state.failed_in_a_row = 0
+            self.state.unreached_in_a_row = 0
             self.state.last_error = None
 
     def _acked(

@@ -35,6 +35,7 @@ from primeruns.journal import Entry, EntryKind, InFlight, Journal
 from primeruns.journal.frames import encode_frame
 from primeruns.journal.layout import META_KIND, key
 from primeruns.journal.spool import APPEND, list_segments, segment_name
+from primeruns.platform.errors import error_from_transport
 from primeruns.ship import ledger
 from primeruns.ship.policy import RetryPolicy
 from primeruns.ship.shipper import Shipper
@@ -650,6 +651,54 @@ def test_a_closing_drain_gives_up_on_a_sink_that_keeps_failing_and_says_why(
     assert len(sink.attempts) >= 8  # it had its tries before being called stuck
     assert shipper.state.last_error is not None and "503 from the fake" in shipper.state.last_error
     assert shipper.pending_records() == 4  # still in the journal, for replay
+    journal.close()
+
+
+class _UnreachedSink(FakeSink):
+    """A platform gone: every request fails to connect (nothing listens),
+    or, ``answered``, the platform answers every one with a 503."""
+
+    def __init__(self, *, answered: bool = False) -> None:
+        super().__init__()
+        self.answered = answered
+
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
+        self.attempts.append(body)
+        if self.answered:
+            raise RetryableAPIError("503 from the fake", status_code=503)
+        raise error_from_transport(httpx.ConnectError("connection refused"), "POST /fake")
+
+
+@pytest.mark.parametrize("answered", [False, True])
+def test_a_closing_drain_gives_a_platform_refusing_every_connection_the_short_allowance(
+    answered: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The platform went down mid-run: finish()'s drain waited the whole stall
+    allowance (60 s) for requests that could not even connect, then the
+    finalize its share: 69 s, where the vendor's SDK gave up in 45, keeping
+    nothing (the records here stay journaled for sync). Every try refused at
+    connect for UNREACHED_S is stuck, as a registration that never connected
+    is; a platform that answers, even with 503s, may be restarting and keeps
+    the stall allowance."""
+    from primeruns.ship import policy as policy_module
+    from primeruns.ship.uplink import _drain_while_moving
+
+    monkeypatch.setattr(policy_module, "UNREACHED_S", 0.2)
+    journal = _journal(tmp_path, 4)
+    sink = _UnreachedSink(answered=answered)
+    policy = RetryPolicy(base_delay_s=0.01, max_delay_s=0.02, stall_s=60.0, stuck_attempts=8)
+    shipper = _closing(journal, sink, policy)
+    # Answered: the deadline (not the stall allowance, 60 s) ends the drain.
+    drained, stalled = _drain_while_moving(
+        [shipper], journal.last_seq(), _soon(2 if answered else 60), None
+    )
+    shipper.stop(timeout=5)
+    assert not drained
+    if answered:
+        assert stalled is None
+    else:
+        assert stalled is not None and 0.2 <= stalled < 60.0
+    assert shipper.pending_records() == 4  # still in the journal, for sync
     journal.close()
 
 
