@@ -543,29 +543,38 @@ def _check_work_steps(item: Any, where: str) -> None:
     int64 too). Read from the record as given (keys of a mapping, attributes
     of an object): a record's own ``to_record`` is not called twice. Only an
     int beyond the range: a step of another type is the platform's to judge
-    (it may coerce 10.0), and the sample table takes no row of it."""
-    step = _work_step(item)
+    (it may coerce 10.0), and the sample table takes no row of it.
+
+    This runs on every record logged, so plain dicts are read directly and
+    a trace without a ``run`` block costs one lookup."""
+    if type(item) is dict:
+        step = _run_step(item.get("run"))
+        members = item.get("traces")
+    else:
+        step = _run_step(records.get_field(item, "run"))
+        members = records.get_field(item, "traces")
     if type(step) is int and not records.FIRST_STEP <= step <= records.LAST_STEP:
         raise ValueError(records.step_out_of_range(f"{where}.run.work.step", step))
-    members = item.get("traces") if type(item) is dict else records.get_field(item, "traces")
-    if type(members) is list or isinstance(members, tuple):
-        for index, member in enumerate(members):
-            step = _work_step(member)
-            if type(step) is int and not records.FIRST_STEP <= step <= records.LAST_STEP:
-                what = f"{where}.traces[{index}].run.work.step"
-                raise ValueError(records.step_out_of_range(what, step))
-
-
-def _work_step(record: Any) -> Any:
-    """``record.run.work.step``, None where a part is missing; a plain dict
-    read without the Mapping check (this runs on every record logged)."""
-    if type(record) is dict:
-        run = record.get("run")
+    if type(members) is not list and not isinstance(members, tuple):
+        return
+    for index, member in enumerate(members):
+        run = member.get("run") if type(member) is dict else records.get_field(member, "run")
         if run is None:
-            return None
-        work = run.get("work") if type(run) is dict else records.get_field(run, "work")
+            continue
+        step = _run_step(run)
+        if type(step) is int and not records.FIRST_STEP <= step <= records.LAST_STEP:
+            what = f"{where}.traces[{index}].run.work.step"
+            raise ValueError(records.step_out_of_range(what, step))
+
+
+def _run_step(run: Any) -> Any:
+    """``run.work.step`` of a record's ``run`` block, None where a part is missing."""
+    if type(run) is dict:
+        work = run.get("work")
+    elif run is None:
+        return None
     else:
-        work = records.get_field(records.get_field(record, "run"), "work")
+        work = records.get_field(run, "work")
     if type(work) is dict:
         return work.get("step")
     return records.get_field(work, "step")
