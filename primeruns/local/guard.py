@@ -30,7 +30,7 @@ import ipaddress
 import json
 import secrets
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from http.cookies import CookieError, SimpleCookie
 from urllib.parse import parse_qsl, urlencode
 
@@ -126,7 +126,8 @@ class LoginLinks:
 
 @dataclass(frozen=True)
 class GuardSettings:
-    api_key: str | None
+    #: Out of the repr, which reaches logs and tracebacks.
+    api_key: str | None = field(repr=False)
     #: None: any Host name (bound to a wildcard address).
     hosts: frozenset[str] | None = LOOPBACK_NAMES
 

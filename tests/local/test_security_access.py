@@ -188,3 +188,13 @@ def test_pages_carry_csp_and_frame_headers(local_platform: LocalPlatform) -> Non
         assert "frame-ancestors 'none'" in r.headers["content-security-policy"]
         assert r.headers.get("x-frame-options") == "DENY", path
         assert r.headers.get("x-content-type-options") == "nosniff", path
+
+
+def test_the_guards_settings_never_show_the_key() -> None:
+    """A repr reaches logs and tracebacks (a debugger, a ``log.debug`` of the
+    server's state): the key is never in it, as ``Settings`` keeps it out."""
+    from primeruns.local.guard import Guard, GuardSettings
+
+    settings = GuardSettings(api_key=KEY)
+    assert KEY not in repr(settings)
+    assert KEY not in repr(vars(Guard(lambda *a: None, settings)))
