@@ -299,6 +299,16 @@ def iter_entries(
         after = result.next_after
 
 
+def _decoded(payload: bytes) -> Any:
+    """The JSON value of an entry; ValueError for JSON nested past the
+    decoder's limit too, which ``json`` raises as RecursionError (a journal is
+    untrusted: a few hundred KB of brackets must be damage, not a traceback)."""
+    try:
+        return json.loads(payload)
+    except RecursionError:
+        raise ValueError("JSON nested past the decoder's limit") from None
+
+
 def load_rows(
     journal: Journal, kinds: Collection[EntryKind], damage: list[Damage]
 ) -> list[dict[str, Any]]:
@@ -306,7 +316,7 @@ def load_rows(
     rows: list[dict[str, Any]] = []
     for entry in iter_entries(journal, kinds, damage):
         try:
-            value = json.loads(entry.payload)
+            value = _decoded(entry.payload)
         except ValueError as exc:
             damage.append(Damage(entry.seq, f"entry {entry.seq}: not JSON: {exc}"))
             continue
@@ -337,7 +347,7 @@ def sample_rows(
     for seq in sorted({seqs[round(i * (total - 1) / (most - 1))] for i in range(most)}):
         try:
             entry = journal.get(seq)
-            value = json.loads(entry.payload) if entry is not None else None
+            value = _decoded(entry.payload) if entry is not None else None
         except (JournalCorruptError, ValueError) as exc:
             damage.append(Damage(seq, f"entry {seq}: unreadable: {exc}"))
             continue

@@ -491,3 +491,32 @@ def test_a_sync_whose_only_loss_is_a_refused_record_closes_the_run_and_exits_0(
     text = cli_subprocess("sync", str(run.journal_path), env=env)
     assert "could not be closed out" not in text.stdout
     assert "lost 1 for train_metrics" in text.stdout
+
+
+def test_a_metric_row_nested_past_the_decoders_limit_is_damage_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal is untrusted: a metric row of arrays nested 100,000 deep (a
+    few hundred KB) made ``show`` and a Parquet ``export`` die with a
+    RecursionError's traceback. It is named as damage, the rest is shown."""
+    pytest.importorskip("pyarrow")
+    runs = point_at(monkeypatch, tmp_path, None)
+    deep = b"[" * 100_000 + b"]" * 100_000
+    with Journal.create(runs, local_id="deep", meta={"spec": {"kind": "train"}}) as journal:
+        journal.append(EntryKind.METRICS, [b'{"step": 0, "loss": 1.5}'])
+        journal.append(EntryKind.METRICS, [b'{"step": 1, "hostile": ' + deep + b"}"])
+        journal.append(EntryKind.METRICS, [b'{"step": 2, "loss": 0.5}'])
+        path = journal.path
+    out = tmp_path / "rows.parquet"
+    for argv in (
+        ("show", str(path)),
+        ("show", str(path), "--json"),
+        ("show", str(path), "--full"),
+        ("export", str(path), "--kind", "metrics", "-o", str(out)),
+    ):
+        done = cli_subprocess(*argv)
+        assert "Traceback" not in done.stderr, (argv, done.stderr[-2000:])
+        assert done.returncode == 4, (argv, done.returncode)
+        assert "entry 2" in done.stdout + done.stderr, argv
+    shown = json.loads(cli_subprocess("show", str(path), "--json").stdout)
+    assert "loss" in json.dumps(shown)
