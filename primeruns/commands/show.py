@@ -10,7 +10,8 @@ What it reads is bounded by what it prints, not by the run's length: counts
 come from entry headers, the last summary and finish from the headers then
 one entry each (within 4 MiB: a journal is untrusted, and a larger one is
 named as damage, not decoded), the curves from at most ``CURVE_ROWS`` metric rows (evenly
-spaced over the run when it has more), and damage from every entry's
+spaced over the run when it has more), each within ``MAX_ROW_BYTES`` and kept
+only as far as its curves draw it, and damage from every entry's
 checksum without decompressing any (a frame written corrupt, which no
 checksum can see, is what ``--full`` still decodes every entry for).
 
@@ -36,7 +37,15 @@ from .. import jsonbound
 from ..journal import Damage, EntryKind, Journal, journal_info
 from ..journal.by_kind import seqs_of
 from ..journal.listing import MAX_FINISH_BYTES
-from ..reports import UNIT_LABELS, RunStatus, describe, load_rows, metric_curves, sample_rows
+from ..reports import (
+    UNIT_LABELS,
+    CurveFields,
+    RunStatus,
+    describe,
+    load_rows,
+    metric_curves,
+    sample_rows,
+)
 from ..ship.factory import sink_kinds
 from ..ship.uplink import CRASH_ERROR, ending_of
 from .common import (
@@ -70,6 +79,10 @@ _MAX_DAMAGE_LINES = 10
 #: Forty times the default sparkline width: each character still averages
 #: dozens of rows.
 CURVE_ROWS = 2_000
+#: The largest metric row read (the dashboard's bound): one declaring more is
+#: named as damage, not decompressed. Of each row read, only what its curves
+#: draw is kept (``CurveFields``).
+MAX_ROW_BYTES = 1 << 20
 
 
 def _sinks(status: RunStatus) -> list[dict[str, Any]]:
@@ -391,16 +404,16 @@ def run_show(args: argparse.Namespace) -> int:
     with Journal.open(path, owner=False) as journal:
         met: list[Damage] = []
         seqs: dict[int, array[int]] | None = None
+        bounds: dict[str, Any] = {"max_entry_bytes": MAX_ROW_BYTES, "keep": CurveFields()}
         if args.full:
-            rows = load_rows(journal, {EntryKind.METRICS}, met)
+            rows = load_rows(journal, {EntryKind.METRICS}, met, **bounds)
             total = len(rows)
         else:
             scan = journal.checksums()
             met.extend(scan.damage)
             seqs = scan.seqs
-            rows, total = sample_rows(
-                journal, EntryKind.METRICS, CURVE_ROWS, met, seqs.get(EntryKind.METRICS, array("q"))
-            )
+            found = seqs.get(EntryKind.METRICS, array("q"))
+            rows, total = sample_rows(journal, EntryKind.METRICS, CURVE_ROWS, met, found, **bounds)
         # Damage found twice (a scan, then a read) is named once.
         _merge(damage, met)
         doc = _document(status, journal, rows, total, damage, seqs, group_of(status))

@@ -211,6 +211,58 @@ def test_a_journal_whose_meta_inflates_is_listed_with_its_damage_named_in_bounde
     assert document["summary"] == {}
 
 
+def _inflating_metrics(runs: Path, bombs: int, wide: int) -> Path:
+    """A journal of a few hundred KB whose metric rows decode to gigabytes: an
+    honest row first and last; between them ``bombs`` rows of a 128 MiB string
+    and ``wide`` rows of a 1,000,000-character one (within what a row may
+    hold, each with a loss), every frame valid and checksummed."""
+    bomb = b'"' + b"x" * (MAX_ENTRY_BYTES - 4096) + b'"'
+    rows = [b'{"step": 0, "loss": 1.5}']
+    rows += [b'{"step": 1, "hostile": ' + bomb + b"}"] * bombs
+    rows += [b'{"step": 1, "loss": 1.0, "text": "' + b"y" * 1_000_000 + b'"}'] * wide
+    rows += [b'{"step": 2, "loss": 0.5}']
+    zstd = zstandard.ZstdCompressor(level=3, write_content_size=True)
+    packed = {payload: zstd.compress(payload) for payload in set(rows)}
+    del bomb
+    kind = int(EntryKind.METRICS)
+    with Journal.create(runs, local_id="metrics", meta={"spec": {"kind": "train"}}) as journal:
+        tx = journal._tx
+
+        def put(txn: lmdb.Transaction) -> None:
+            for seq, payload in enumerate(rows, 1):
+                frame = _assemble(kind, FLAG_ZSTD, 0, len(payload), packed[payload], seq)
+                put_entry(txn, seq, frame, tx.dbs["entries"])
+
+        tx.write(put)
+        return journal.path
+
+
+def test_show_reads_a_journals_metric_rows_in_bounded_memory(tmp_path: Path) -> None:
+    """``show`` kept every metric row it read for the curves whole: 20 rows of
+    a 128 MiB string (412 KB on disk) took it to 2.9 GB, and it reads up to
+    2,000 rows. A row declaring more than a row is read within is named as
+    damage and not decompressed; of the others only what the curves draw is
+    kept, so rows of a megabyte of text each cost what one read of them holds."""
+    path = _inflating_metrics(tmp_path / "runs", bombs=4, wide=600)
+    assert (path / "data.mdb").stat().st_size < 2 << 20
+    for full in ((), ("--full",)):
+        shown = subprocess.run(
+            [sys.executable, "-c", _PEAK_RSS_CHILD, "show", str(path), "--json", *full],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert shown.returncode == 4 and "Traceback" not in shown.stderr, shown.stderr[-3000:]
+        peak_mb = float(shown.stderr.strip().splitlines()[-1])
+        assert peak_mb < 200, f"show {full} peaked at {peak_mb:.0f} MB"
+        document = json.loads(shown.stdout)
+        for seq in range(2, 6):
+            assert any(d.startswith(f"entry {seq} holds ") for d in document["damage"]), seq
+        assert document["metrics"]["loss"]["points"] == 602
+        assert document["metrics"]["loss"]["last"] == 0.5
+        assert "text" not in document["metrics"]
+
+
 def _exported_run(tmp_path: Path) -> Path:
     run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=tmp_path / "runs")
     run.log_episodes(workloads.agentic(1))
