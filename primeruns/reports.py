@@ -13,6 +13,7 @@ reports them and goes on with what is intact.
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
@@ -430,17 +431,32 @@ class CurveFields:
         return kept
 
 
+def _as_float(value: float) -> float:
+    """``value`` as a float; an integer past the floats (JSON has no bound on
+    digits) as the infinity of its sign, not an OverflowError."""
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf if value > 0 else -math.inf
+
+
 def metric_curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
     """Per numeric metric, its ``(step, value)`` points in step order."""
     curves: dict[str, list[tuple[int, float]]] = {}
     for index, row in enumerate(rows):
         step = row.get("step")
-        at = int(step) if isinstance(step, int | float) and not isinstance(step, bool) else index
+        # A step that is no finite number (``Infinity``, ``NaN``: JSON as
+        # Python reads it) has no integer: the row is drawn at its place.
+        at = index
+        if isinstance(step, int) and not isinstance(step, bool):
+            at = step
+        elif isinstance(step, float) and math.isfinite(step):
+            at = int(step)
         for key, value in row.items():
             if key == "step" or key.startswith("_") or isinstance(value, bool):
                 continue
             if isinstance(value, int | float):
-                curves.setdefault(key, []).append((at, float(value)))
+                curves.setdefault(key, []).append((at, _as_float(value)))
     for points in curves.values():
         points.sort(key=lambda p: p[0])
     return curves

@@ -520,3 +520,25 @@ def test_a_metric_row_nested_past_the_decoders_limit_is_damage_not_a_traceback(
         assert "entry 2" in done.stdout + done.stderr, argv
     shown = json.loads(cli_subprocess("show", str(path), "--json").stdout)
     assert "loss" in json.dumps(shown)
+
+
+def test_a_metric_rows_numbers_past_the_floats_are_drawn_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """JSON as Python reads it takes ``Infinity``, ``NaN`` and integers of any
+    length: a row stepped so, or a value of 400 digits, made ``show`` die with
+    an OverflowError's traceback. Such a step takes the row's place, as a row
+    without a step does, and such a value is the infinity of its sign."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    big = b"1" + b"0" * 400
+    with Journal.create(runs, local_id="steps", meta={"spec": {"kind": "train"}}) as journal:
+        rows = [b'{"step": Infinity, "loss": 1.5}', b'{"step": NaN, "loss": 1.0}']
+        rows.append(b'{"step": 3, "loss": 2.0, "huge": -' + big + b"}")
+        journal.append(EntryKind.METRICS, [*rows, b'{"step": 7, "loss": 0.5}'])
+        path = journal.path
+    for argv in (("show", str(path)), ("show", str(path), "--json")):
+        done = cli_subprocess(*argv)
+        assert "Traceback" not in done.stderr, (argv, done.stderr[-2000:])
+        assert done.returncode == 0, (argv, done.returncode)
+    loss = json.loads(cli_subprocess("show", str(path), "--json").stdout)["metrics"]["loss"]
+    assert (loss["points"], loss["steps"], loss["last"]) == (4, [0, 7], 0.5)
