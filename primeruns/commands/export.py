@@ -19,6 +19,7 @@ from ..journal import Damage, Journal
 from ..reports import KIND_NAMES, iter_entries, load_rows
 from .common import (
     EXIT_DAMAGED,
+    EXIT_FAILED,
     EXIT_OK,
     CommandError,
     add_runs_dir,
@@ -91,7 +92,15 @@ def _write_parquet(journal: Journal, target: str, damage: list[Damage]) -> int:
             "Parquet output needs pyarrow: pip install 'prime-runs[train]' (or use .jsonl)"
         ) from None
     rows = load_rows(journal, KIND_NAMES["metrics"], damage)
-    table = pa.Table.from_pylist(rows)
+    try:
+        table = pa.Table.from_pylist(rows)
+    except (pa.ArrowException, OverflowError) as exc:
+        # A metric whose rows disagree on its type (a float, then a string),
+        # or a number past 64 bits: no column holds it. JSONL holds anything.
+        raise CommandError(
+            f"the metric rows cannot be written as Parquet ({exc}); write JSONL (-o FILE.jsonl)",
+            EXIT_FAILED,
+        ) from None
     with _open_private(target) as handle:
         pq.write_table(table, handle)
     return len(rows)

@@ -14,6 +14,7 @@ from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
 from primeruns.commands.sparkline import BLOCKS, sparkline
+from primeruns.journal import EntryKind, Journal
 
 
 def _offline_train(runs: Path) -> tuple[pr.Run, list[dict[str, Any]], list[float]]:
@@ -110,3 +111,28 @@ def test_every_command_explains_itself() -> None:
     for command in ("ls", "show", "replay", "sync", "export", "gc", "doctor", "demo", "serve"):
         assert command in done.stdout
         assert cli_subprocess(command, "--help").returncode == 0
+
+
+@pytest.mark.parametrize(
+    "other",
+    [b'"high"', b"[1]", b"1" + b"0" * 400],
+    ids=["a string", "a list", "an integer past 64 bits"],
+)
+def test_metric_rows_parquet_cannot_hold_are_refused_in_a_line_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, other: bytes
+) -> None:
+    """A metric whose rows disagree on its type (a float, then a string), or a
+    number no Parquet column holds, made a Parquet export die with pyarrow's
+    traceback. It is one line naming the problem and JSONL, and no file."""
+    pytest.importorskip("pyarrow")
+    runs = point_at(monkeypatch, tmp_path, None)
+    with Journal.create(runs, local_id="mixed", meta={"spec": {"kind": "train"}}) as journal:
+        rows = [b'{"step": 1, "loss": 1.5}', b'{"step": 2, "loss": ' + other + b"}"]
+        journal.append(EntryKind.METRICS, rows)
+        path = journal.path
+    out = tmp_path / "rows.parquet"
+    done = cli_subprocess("export", str(path), "--kind", "metrics", "-o", str(out))
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 1
+    assert "Parquet" in done.stderr and ".jsonl" in done.stderr, done.stderr
+    assert not out.exists()
