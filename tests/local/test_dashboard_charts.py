@@ -37,3 +37,21 @@ def test_a_short_curve_is_drawn_whole_and_non_finite_values_are_left_out() -> No
     (series,) = json.loads(curve.data)["series"]
     assert (series["step"], series["value"]) == ([0, 2], [1.0, 0.5])
     assert series["time"] is None  # no wall time logged: that axis is off for it
+
+
+def test_numbers_past_the_floats_are_left_out_not_a_failed_page() -> None:
+    """JSON as Python reads it takes integers of any length and ``Infinity``:
+    a journal's row holding one (a value, a step, a wall time) made the
+    run's page a 500 (OverflowError). Such a value is left out as an
+    infinity is, such a step places its row by position, the rest draw."""
+    big = 10**400
+    rows = [
+        {"step": 0, "loss": 1.5, "_timestamp": big},
+        {"step": math.inf, "loss": 1.0},
+        {"step": big, "loss": 0.75, "huge": -big},
+        {"step": 3, "loss": 0.5},
+    ]
+    (curve,) = curves(rows)
+    (series,) = json.loads(curve.data)["series"]
+    assert (series["step"], series["value"]) == ([0, 1, 2, 3], [1.5, 1.0, 0.75, 0.5])
+    assert series["time"] is None  # no row has a wall time to draw

@@ -54,15 +54,16 @@ def metric_points(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
     out: dict[str, list[Point]] = {}
     for index, row in enumerate(rows):
         step = row.get("step")
-        at = int(step) if isinstance(step, int | float) and not isinstance(step, bool) else index
-        stamp = row.get("_timestamp")
-        when = float(stamp) if _is_number(stamp) and math.isfinite(stamp) else None
+        placed = _finite(step)
+        at = index if placed is None else step if isinstance(step, int) else int(placed)
+        when = _finite(row.get("_timestamp"))
         for key, value in row.items():
-            if key == "step" or key.startswith("_") or not _is_number(value):
+            if key == "step" or key.startswith("_"):
                 continue
             # A NaN or an infinity has no place on an axis; the others still draw.
-            if math.isfinite(value):
-                out.setdefault(key, []).append((at, float(value), when))
+            number = _finite(value)
+            if number is not None:
+                out.setdefault(key, []).append((at, number, when))
     for points in out.values():
         points.sort(key=lambda p: p[0])
     return out
@@ -70,6 +71,20 @@ def metric_points(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
 
 def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a finite float; None for what has none: not a number, NaN,
+    an infinity, an integer past the floats (JSON bounds no number's digits,
+    and a journal is untrusted: ``math.isfinite`` raised OverflowError on one,
+    a 500 for the run's page)."""
+    if not _is_number(value):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 @dataclass(frozen=True)
