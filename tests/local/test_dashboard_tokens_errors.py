@@ -6,6 +6,7 @@ platform's samples stored before it kept their rows.
 
 from __future__ import annotations
 
+import json
 import re
 import sqlite3
 from pathlib import Path
@@ -18,6 +19,7 @@ from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
 from primeruns.commands.demo_data import eval_episodes
+from primeruns.journal import EntryKind, Journal
 from primeruns.local import LocalPlatform
 from primeruns.local.dashboard.rows import error_category, record_row, sample_row, token_counts
 from primeruns.projection import record_to_samples
@@ -183,3 +185,25 @@ def test_the_platforms_tokens_and_error_categories_also_for_samples_stored_befor
     local_platform.start()
     for asked, page in list(pages.items()):
         assert httpx.get(url + asked, timeout=30).text == page, asked
+
+
+def test_a_reward_past_the_floats_leaves_the_evaluations_pages_up(tmp_path: Path) -> None:
+    """JSON as Python reads it takes integers of any length: one episode of a
+    journal scored ``10**400`` made the analysis, a sort by reward, a filter
+    and a comparison 500s (OverflowError summing its rewards). The episode's
+    row says it is not projected; the pages, and the other episodes, stand."""
+    episodes = [fresh(e) for e in eval_episodes()[:3]]
+    episodes[1]["traces"][0]["rewards"] = {"a": {"score": 10**400, "weight": 1.0}}
+    spec = {"kind": "eval", "name": "huge", "model": "m", "mode": "offline"}
+    runs = tmp_path / "runs"
+    with Journal.create(runs, local_id="huge", meta={"spec": spec}) as journal:
+        journal.append(EntryKind.EPISODE, [json.dumps(e).encode() for e in episodes])
+    with OfflinePages(runs) as pages:
+        for path in (
+            "/dashboard/evaluations/huge",
+            "/dashboard/evaluations/huge/analysis",
+            "/dashboard/evaluations/huge?sort=reward",
+            "/dashboard/evaluations/huge?min=0",
+            "/dashboard/compare?run=huge&run=huge",
+        ):
+            assert pages.get(path).status_code == 200, path

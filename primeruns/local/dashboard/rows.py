@@ -145,7 +145,8 @@ def record_row(index: int, record: dict[str, Any]) -> SampleRow | None:
         return None
     try:
         reward = number(trace_reward(summary))
-    except (TypeError, KeyError, AttributeError, ValueError):
+    except (TypeError, KeyError, AttributeError, ValueError, OverflowError):
+        # OverflowError: a score past the floats (JSON bounds no integer's digits).
         return None
     task = as_object(as_object(summary.get("task")).get("data"))
     label = task.get("id") or task.get("name") or task.get("idx")
