@@ -44,10 +44,16 @@ def is_number(value: Any) -> bool:
 
 
 def number(value: Any) -> float | None:
-    """``value`` as a finite float, or None if it is not a (non-bool) finite number."""
+    """``value`` as a finite float, or None if it is not a (non-bool) finite
+    number: an integer past the floats (JSON bounds no number's digits, and
+    ``json`` reads what orjson cannot) is none, not an OverflowError (a 500)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        as_float = float(value)
+    except OverflowError:
+        return None
+    return as_float if math.isfinite(as_float) else None
 
 
 def reward_of(doc: dict[str, Any]) -> float | None:

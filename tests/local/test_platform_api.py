@@ -94,6 +94,27 @@ def test_pushed_samples_are_stored_as_json_text_and_read_back_as_sent(
     assert stored == [("text", "a"), ("text", "b")]
 
 
+def test_a_sample_whose_numbers_pass_the_floats_is_stored_not_a_500(
+    api: httpx.Client, platform: LocalPlatform
+) -> None:
+    """A reward or a token count of 400 digits (JSON bounds none) made the push
+    a 500: its row's reward and tokens were read as floats (OverflowError).
+    Such a number is no finite number, as an infinity is; the sample is
+    stored as sent, and the evaluation's pages stand."""
+    eval_id = _eval(api)
+    big = 10**400
+    rows = [
+        {"sample_id": "a", "task": "t", "reward": big},
+        {"sample_id": "b", "task": "t", "reward": 0.5, "input_tokens": big},
+    ]
+    assert api.post(f"/evaluations/{eval_id}/samples", json={"samples": rows}).is_success
+    page = api.get(f"/evaluations/{eval_id}/samples", params={"page": 1, "limit": 10}).json()
+    assert page["samples"] == rows
+    for path in ("", "/analysis", "?sort=reward", "/samples/0"):
+        url = f"{platform.url}/dashboard/evaluations/{eval_id}{path}"
+        assert httpx.get(url, timeout=10).status_code == 200, path
+
+
 def test_pushes_to_two_evaluations_interleaved_keep_each_samples_order_and_row(
     api: httpx.Client, platform: LocalPlatform
 ) -> None:
