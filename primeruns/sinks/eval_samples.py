@@ -101,7 +101,15 @@ class EvalSamplesSink:
         consumed = 0
         rollouts = dict(self._rollouts)
         for entry in entries:
-            made = self._rows(entry, binding)
+            try:
+                made = self._rows(entry, binding)
+            except Exception:
+                # The shipper fails the first entry of a batch whose prepare
+                # raises: ship what came before; this one fails alone. (With
+                # no row before it, a batch of none would acknowledge it.)
+                if pieces:
+                    break
+                raise
             number = 0
             more: list[bytes | memoryview] = []
             add = 0

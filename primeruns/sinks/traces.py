@@ -155,7 +155,16 @@ class TracesSink:
         for entry in entries:
             if entry.kind is not kind:
                 break  # one line format per upload
-            made = self._line(entry, binding)
+            try:
+                made = self._line(entry, binding)
+                if kind is EntryKind.EPISODE and made.with_traces is None:
+                    raise TypeError(f"journal entry {entry.seq} holds no episode object")
+            except Exception:
+                # The shipper fails the first entry of a batch whose prepare
+                # raises: ship what came before; this one fails alone.
+                if lines:
+                    break
+                raise
             line = made.line
             if len(line) > MAX_LINE_BYTES:
                 if lines:
@@ -167,9 +176,7 @@ class TracesSink:
             size += len(line) + 1
             last_seq = entry.seq
             if kind is EntryKind.EPISODE:
-                if made.with_traces is None:
-                    raise TypeError(f"journal entry {entry.seq} holds no episode object")
-                nonempty += made.with_traces
+                nonempty += made.with_traces or 0
         # One join, every line followed by its LF: joining then appending the
         # last LF copied the whole JSONL (30 MB) a second time, into fresh pages.
         records = len(lines)

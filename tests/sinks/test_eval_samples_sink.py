@@ -319,6 +319,27 @@ def test_an_episode_too_large_for_any_request_fails_alone(
     assert after.records == 1 and after.last_seq is None
 
 
+def test_an_episode_no_row_can_be_made_of_fails_alone_not_its_batch_mates(
+    platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    """The shipper fails the first entry of a batch whose prepare raises (a
+    sink builds up to a bad record, not past it). An episode holding an
+    integer of 400 digits (the journal takes it; orjson does not) raised in
+    the middle of a batch: the entries before it were failed one by one in
+    its place, 3 of 5 episodes lost for one bad one. The batch now ends
+    before it, and it fails alone."""
+    episodes: list[Any] = list(workloads.gsm8k(3))
+    bad = orjson.dumps(episodes[1])[:-1] + b', "huge": 1' + b"0" * 400 + b"}"
+    entries = _episodes([episodes[0], bad, episodes[2]])
+    sink = EvalSamplesSink(platform.client())
+    before = Batch.prepare(sink, entries, _BOUND)
+    assert before.records == 1 and before.state["last_seq"] == 1
+    with pytest.raises(ValueError):
+        sink.prepare(entries[1:], _BOUND)  # the shipper counts this one entry as failed
+    after = Batch.prepare(sink, entries[2:], _BOUND)
+    assert after.records == 1 and after.last_seq is None
+
+
 def test_episodes_without_traces_make_no_request(
     platform: ScriptedPlatform, table: SampleTable
 ) -> None:

@@ -331,6 +331,27 @@ def test_a_line_over_the_service_limit_fails_alone_and_its_neighbours_ship(
     assert [row["episode_id"] for row in service.episodes] == [episodes[0]["id"], episodes[2]["id"]]
 
 
+def test_an_episode_no_line_can_be_made_of_fails_alone_and_its_neighbours_ship(
+    platform: ScriptedPlatform, service: TracesService
+) -> None:
+    """As a line over the limit: an episode holding an integer of 400 digits
+    (the journal takes it; orjson does not) raised in the middle of a batch,
+    and the shipper failed the batch's first entry in its place, then the
+    next: good episodes lost for one bad one. The upload ends before it."""
+    episodes = workloads.gsm8k(3)
+    bad = orjson.dumps(episodes[1])[:-1] + b', "huge": 1' + b"0" * 400 + b"}"
+    entries = entries_of(EntryKind.EPISODE, [episodes[0], bad, episodes[2]])
+    sink = _sink(platform)
+    before = Batch.prepare(sink, entries, _BOUND)
+    assert before.records == 1 and before.state["last_seq"] == 1
+    with pytest.raises(ValueError):
+        sink.prepare(entries[1:], _BOUND)  # the shipper counts this one entry as failed
+    after = Batch.prepare(sink, entries[2:], _BOUND)
+    before.send(sink)
+    after.send(sink)
+    assert [row["episode_id"] for row in service.episodes] == [episodes[0]["id"], episodes[2]["id"]]
+
+
 def test_an_upload_ends_before_the_line_that_would_pass_the_request_target(
     platform: ScriptedPlatform, service: TracesService, monkeypatch: pytest.MonkeyPatch
 ) -> None:
