@@ -92,7 +92,35 @@ class TrainMetricsSink:
         self, entries: Sequence[Entry], binding: Binding
     ) -> Prepared[MetricsProgress] | None:
         body = b"[" + b",".join(entry.payload for entry in entries) + b"]"
+        try:
+            orjson.loads(body)  # as ``send`` will: a row it cannot read must not go in
+        except orjson.JSONDecodeError:
+            return self._up_to_unreadable(entries)
         return Prepared(body=body, records=len(entries), progress=MetricsProgress(done=0))
+
+    def _up_to_unreadable(self, entries: Sequence[Entry]) -> Prepared[MetricsProgress]:
+        """The batch of the rows before the first that orjson cannot read (an
+        integer past what a double holds: ``log_metrics`` journals it, orjson
+        reads an infinity and refuses), which then fails alone: raised when
+        it is first (the shipper fails a batch's first entry when prepare
+        raises). Sent in one body, it took every row of its batch with it."""
+        taken = 0
+        for entry in entries:
+            try:
+                orjson.loads(entry.payload)
+            except orjson.JSONDecodeError:
+                if taken == 0:
+                    raise
+                break
+            taken += 1
+        body = b"[" + b",".join(entry.payload for entry in entries[:taken]) + b"]"
+        last = entries[taken - 1].seq
+        return Prepared(
+            body=body,
+            records=taken,
+            progress=MetricsProgress(done=0),
+            last_seq=None if last == entries[-1].seq else last,
+        )
 
     def send(self, body: bytes, ctx: SendContext[MetricsProgress]) -> None:
         rows = orjson.loads(body)

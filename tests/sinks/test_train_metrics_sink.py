@@ -131,6 +131,27 @@ def test_each_logged_row_is_one_request_with_its_step_and_no_non_finite_value(
     assert all(isinstance(row["_timestamp"], float) for row in table.by_step.values())
 
 
+def test_a_row_orjson_cannot_read_fails_alone_and_its_batch_mates_land(
+    tmp_path: Path, platform: ScriptedPlatform, table: MetricsTable
+) -> None:
+    """``log_metrics({"loss": 10**400})`` journals an integer of 400 digits,
+    which orjson reads as an infinity and refuses: the batch's body failed
+    to parse when sent, and every row of the batch was lost (3 of 3). The
+    batch now ends before such a row, which fails alone (the shipper fails
+    the first entry of a batch whose prepare raises)."""
+    entries = _logged(tmp_path, [({"loss": 1.0}, 0), ({"loss": 10**400}, 1), ({"loss": 0.5}, 2)])
+    sink = TrainMetricsSink(platform.client())
+    before = Batch.prepare(sink, entries, _BOUND)
+    assert before.records == 1 and before.state["last_seq"] == entries[0].seq
+    with pytest.raises(ValueError):
+        sink.prepare(entries[1:], _BOUND)  # the shipper counts this one entry as failed
+    after = Batch.prepare(sink, entries[2:], _BOUND)
+    assert after.records == 1 and after.last_seq is None
+    before.send(sink)
+    after.send(sink)
+    assert table.steps() == [0, 2]
+
+
 def test_a_row_whose_answer_was_lost_is_replayed_with_the_same_bytes_and_kept_once(
     tmp_path: Path, platform: ScriptedPlatform, table: MetricsTable
 ) -> None:
