@@ -70,13 +70,14 @@ def in_journal(module_name: str | None) -> bool:
 class _Account:
     """One thread's time in the journal (written by that thread only)."""
 
-    __slots__ = ("calls", "group", "seconds", "wall")
+    __slots__ = ("by_call", "calls", "group", "seconds", "wall")
 
     def __init__(self, group: str) -> None:
         self.group = group
         self.seconds = 0.0  # thread CPU time
         self.wall = 0.0  # wall time, waits included
         self.calls = 0
+        self.by_call: dict[str, list[float]] = {}  # outermost entry point -> [CPU s, calls]
 
 
 class JournalClock:
@@ -102,6 +103,8 @@ class JournalClock:
         """``fn``, adding the CPU time of the calling thread spent inside it
         to that thread's account, unless the thread is in a timed call already."""
 
+        name = getattr(fn, "__qualname__", repr(fn))
+
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             local = self._local
@@ -116,8 +119,15 @@ class JournalClock:
                 return fn(*args, **kwargs)
             finally:
                 account.wall += time.perf_counter() - wall
-                account.seconds += time.thread_time() - start
+                spent = time.thread_time() - start
+                account.seconds += spent
                 account.calls += 1
+                # Which entry point the CPU went to: where to look first.
+                entry = account.by_call.get(name)
+                if entry is None:
+                    entry = account.by_call[name] = [0.0, 0]
+                entry[0] += spent
+                entry[1] += 1
                 del self._open[ident]
                 local.inside = False
 
@@ -127,7 +137,8 @@ class JournalClock:
     def report(self) -> dict[str, Any]:
         """CPU seconds in the journal by group of threads (a span still open,
         a thread still inside a wait, is read from that thread's clock), wall
-        seconds of the closed spans by group, the number of timed calls and
+        seconds of the closed spans by group, the closed spans' CPU seconds and
+        calls by group and outermost entry point, the number of timed calls and
         threads, and the journal functions bound somewhere unwrapped (a way
         around the clock; it should be empty)."""
         by_group: dict[str, float] = {}
@@ -140,7 +151,12 @@ class JournalClock:
         calls = 0
         threads: dict[str, int] = {}
         wall: dict[str, float] = {}
+        by_call: dict[str, list[float]] = {}
         for account in list(self._accounts):
+            for name, (seconds, count) in list(account.by_call.items()):
+                total = by_call.setdefault(f"{account.group}: {name}", [0.0, 0])
+                total[0] += seconds
+                total[1] += count
             by_group[account.group] = by_group.get(account.group, 0.0) + account.seconds
             wall[account.group] = wall.get(account.group, 0.0) + account.wall
             threads[account.group] = threads.get(account.group, 0) + 1
@@ -151,6 +167,7 @@ class JournalClock:
             "journal_wall_by": wall,
             "journal_threads": threads.get(JOURNAL_THREADS, 0),
             "journal_calls": calls,
+            "journal_cpu_by_call": dict(sorted(by_call.items(), key=lambda kv: -kv[1][0])),
             "unwrapped": self.unwrapped(),
         }
 
