@@ -95,6 +95,9 @@ PREFIX = "spool-"
 # only once all of it is there, so a call is in the log whole or not at all,
 # as it was when each append was one LMDB transaction.
 APPEND = struct.Struct("<2sHIQ")
+# A frame's header up to its raw length (``frames``): version, kind, flags,
+# dictionary id, raw length.
+_FRAME_START = struct.Struct("<BBBBI")
 _MAGIC = b"PS"
 # The bytes every append starts with, its magic and version: what the scans
 # past damage look for. The magic alone is two bytes, which text holds now
@@ -983,11 +986,16 @@ class SpoolView:
         if seg.broken is not None:
             return
         seg.unread = False
+        # One read takes in the headers of several appends and their frames:
+        # a read for each header, and one of each append's body for its
+        # frames' headers, were 18 us of a 9 KB episode's parse (a read of
+        # the frame itself is 5), in every process that reads the spool.
+        src = _Window(seg.fd)
         try:
             size = os.fstat(seg.fd).st_size
             seg.tail, seg.tail_entries = size - seg.parsed, 0
             while seg.parsed + APPEND.size <= size:
-                head = _pread_whole(seg.fd, APPEND.size, seg.parsed)
+                head = _pread_whole(src, APPEND.size, seg.parsed)
                 magic, version, count, length = APPEND.unpack(head)
                 if (
                     magic != _MAGIC
@@ -1013,7 +1021,21 @@ class SpoolView:
                     return  # still being written, or cut short by a death
                 if seg.end + count > _MAX_NAMED:  # (a crafted name: no LMDB key holds them)
                     raise ValueError("an append's seqs run past the last a key may hold")
-                frames = _frames_in(seg.fd, body, body + length)
+                if count == 1:
+                    # Most appends are one record: its frame's header alone,
+                    # where it fills the append as a spooled entry's does
+                    # (anything else takes ``_frames_in``'s look, and its word).
+                    version, kind, flags, _, raw_len = _FRAME_START.unpack(
+                        _pread_whole(src, _FRAME_START.size, body)
+                    )
+                    if version == FRAME_VERSION and not flags and HEADER_SIZE + raw_len == length:
+                        seg.offsets.append(body)
+                        seg.kinds.append(kind)
+                        seg.lengths.append(length)
+                        seg.parsed = body + length
+                        seg.tail = size - seg.parsed
+                        continue
+                frames = _frames_in(src, body, body + length)
                 if len(frames) != count:
                     raise ValueError(f"an append of {count} entries holds {len(frames)}")
                 for offset, kind, frame_size in frames:

@@ -204,6 +204,33 @@ def test_a_damaged_entry_in_the_spool_costs_that_entry_alone(tmp_path: Path) -> 
         assert [d.seq for d in got.damaged] == [2]
 
 
+@pytest.mark.parametrize("flaw", ["short frame", "compressed", "version 1", "one too many"])
+def test_a_one_entry_append_whose_frame_does_not_fill_it_is_damage(
+    tmp_path: Path, flaw: str
+) -> None:
+    """An append of one entry is parsed by its frame's header alone: a frame
+    that is not a spooled entry's, or does not fill its append exactly, is
+    damage where it starts, never an entry (or two)."""
+    segment, records = _spooled_journal(tmp_path, 3)
+    frame = bytearray(encode_frame(int(EntryKind.EPISODE), b'{"n":4}', compress=False, seq=4))
+    count, extra = 1, b""
+    if flaw == "short frame":
+        extra = b"\0" * 5  # the append claims five bytes the frame does not
+    elif flaw == "compressed":
+        frame[2] = 1  # FLAG_ZSTD: never spooled
+    elif flaw == "version 1":
+        frame[0] = 1
+    else:  # a second whole frame after the one the header counts
+        extra = encode_frame(int(EntryKind.EPISODE), b'{"n":5}', compress=False, seq=5)
+    body = bytes(frame) + extra
+    with segment.open("ab") as f:
+        f.write(APPEND.pack(b"PS", 1, count, len(body)) + body)
+    with Journal.open(segment.parent, owner=False) as reader:
+        got = reader.read(0, max_entries=100)
+        assert [e.payload for e in got.entries] == records
+        assert [d.seq for d in got.damaged] == [4]
+
+
 @pytest.mark.parametrize("damaged", [(4,), (4, 6), (9,), (8, 9), (0, 9), (2, 3, 4)])
 def test_damage_in_the_newest_segment_is_reported_with_every_entry_it_cost(
     damaged: tuple[int, ...], tmp_path: Path
