@@ -671,6 +671,14 @@ class Journal:
         counts[0].update(compacted_kinds(self._tx.safe_meta(K_COMPACTED_KINDS)))
         return counts
 
+    def tally_past(self, after: int) -> Counter[int]:
+        """Entries per kind past offset ``after``, read from headers alone:
+        ``tally([after])[-1]`` at the cost of the entries past it (what a
+        sink has left to ship, at every close-out, where nearly all of a
+        long run's log is behind its offset)."""
+        self._check()
+        return self._reader.tally([after], past=after)[-1]
+
     # -- cursors and losses -----------------------------------------------------------------
 
     def cursor(self, sink: str) -> CursorState:

@@ -243,6 +243,13 @@ class MemoryJournal:
             counts[0].update(self._compacted)
         return counts
 
+    def tally_past(self, after: int) -> Counter[int]:
+        """Entries per kind past ``after`` (``Journal.tally_past``)."""
+        self._check()
+        with self._cond:
+            seqs = self._seqs[bisect_right(self._seqs, after) :]
+            return Counter(int(self._entries[seq].kind) for seq in seqs)
+
     # -- cursors and losses -----------------------------------------------------------------
     def cursor(self, sink: str) -> CursorState:
         self._check()

@@ -296,20 +296,24 @@ class Reader:
         checked.sort()  # those checked whole come after those checked in place
         return ReadResult(entries, next_after, damaged, oversized, checked)
 
-    def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
+    def tally(self, cuts: Sequence[int] = (), *, past: int = 0) -> list[Counter[int]]:
         """Entries present per kind in each interval the ascending ``cuts`` make:
         ``(0, c1], (c1, c2], ..., (cn, end]``, by header alone (nothing is
         decompressed). An entry whose header cannot be read counts under
         ``UNREADABLE``: it is still there, unshipped (``read`` reports it).
         The scan goes in bounded read transactions, so a long journal never
-        pins a live writer's old pages for long."""
+        pins a live writer's old pages for long. ``past``: only the entries
+        after it are looked at (those up to it count nowhere), so a count of
+        what is left past an offset costs what is left, not the log's length."""
         bounds = sorted(set(cuts))
         for _ in range(_LOOKS):
             counts: list[Counter[int]] = [Counter() for _ in range(len(bounds) + 1)]
             self.spool.refresh()  # before LMDB's reads: see spool
             forgotten = self.spool.forgotten
-            seen = [0]  # the highest seq counted in LMDB (with its compaction floor)
-            resume: bytes | None = key(0)
+            # The highest seq counted in LMDB (with its compaction floor, and
+            # ``past``: the spool's count starts after it).
+            seen = [max(past, 0)]
+            resume: bytes | None = key(seen[0] + 1 if past > 0 else 0)
             while resume is not None:
                 resume = self._tally_some(resume, bounds, counts, seen)
             with self.spool.lock:
@@ -352,22 +356,35 @@ class Reader:
             cur = txn.cursor(db=self._tx.dbs["entries"])
             if not cur.set_range(start):
                 return None
-            index = 0
-            for examined, (raw_key, value) in enumerate(cur.iternext()):
-                # Ended past what is dropped between two transactions: a
-                # value's pages stay resident until its transaction ends, and
-                # one went over a journal of a few large entries whole.
-                if examined >= _MAX_SCAN or touched[0] >= txn_module.REMAP_AFTER_BYTES:
-                    return bytes(raw_key)
-                if len(raw_key) != KEY.size:
-                    continue  # a chunk of the entry before it
-                touched[0] += len(value)
-                seq = KEY.unpack(raw_key)[0]
-                while index < len(bounds) and seq > bounds[index]:
-                    index += 1
-                kind = peek_kind(value)
-                counts[index][UNREADABLE if kind is None else kind] += 1
-                seen[0] = max(seen[0], seq)
+            # The loop runs once per entry of the log (a close-out counts
+            # what each sink has left, its summary what the run logged):
+            # what it reads is bound to locals, and the running values are
+            # written back once, however it ends.
+            index, last = 0, len(bounds)
+            here = counts[0]
+            nbytes, top = touched[0], seen[0]
+            most, most_bytes = _MAX_SCAN, txn_module.REMAP_AFTER_BYTES
+            key_size, unpack, kind_of = KEY.size, KEY.unpack, peek_kind
+            try:
+                for examined, (raw_key, value) in enumerate(cur.iternext()):
+                    # Ended past what is dropped between two transactions: a
+                    # value's pages stay resident until its transaction ends,
+                    # and one went over a journal of a few large entries whole.
+                    if examined >= most or nbytes >= most_bytes:
+                        return bytes(raw_key)
+                    if len(raw_key) != key_size:
+                        continue  # a chunk of the entry before it
+                    nbytes += len(value)
+                    seq = unpack(raw_key)[0]
+                    while index < last and seq > bounds[index]:
+                        index += 1
+                        here = counts[index]
+                    kind = kind_of(value)
+                    here[UNREADABLE if kind is None else kind] += 1
+                    if seq > top:
+                        top = seq
+            finally:
+                touched[0], seen[0] = nbytes, top
         return None
 
     def get(self, seq: int) -> Entry | None:

@@ -205,7 +205,7 @@ def unshipped(
     (default: its acknowledged offset), by entry headers alone."""
     if after is None:
         after = journal.acked(sink)
-    return records_left(journal.tally([after])[-1], kinds)
+    return records_left(journal.tally_past(after), kinds)
 
 
 def pending_by_sink(journal: Journal, sinks: Mapping[str, Collection[EntryKind]]) -> dict[str, int]:

@@ -14,7 +14,7 @@ import lmdb
 import pytest
 from test_corruption import _probe
 
-from primeruns.journal import EntryKind, Journal, mover
+from primeruns.journal import EntryKind, Journal, frames, mover, reading
 from primeruns.journal.frames import encode_frame
 from primeruns.journal.layout import key, put_entry, split
 from primeruns.journal.reading import UNREADABLE
@@ -199,6 +199,38 @@ def test_tally_counts_entries_not_chunks_across_cuts_and_compaction(tmp_path: Pa
     total[int(kinds[14])] -= 1
     total[UNREADABLE] = 1
     assert dict(counts) == total
+
+
+def test_tally_past_an_offset_is_the_tally_after_it_and_reads_only_what_follows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a sink has left (every close-out asks, per sink) is counted from
+    its offset on, not over the whole log: the same counts as the last
+    interval of ``tally``, chunked entries, compaction and the spool's
+    entries included, at the cost of the entries past the offset."""
+    payloads = _write(tmp_path)
+    n = len(payloads)
+    with Journal.open(tmp_path / "run") as j:
+        j._mover.stop()  # the entries appended from here on stay in the spool
+        for i in range(3):
+            j.append(EntryKind.METRICS, [_payload(100 + i, 50)])
+        total = n + 3
+        for after in (0, 1, 5, n - 1, n, n + 2, total, total + 5):
+            assert j.tally_past(after) == j.tally([after])[-1], after
+        j.ack("traces", 12)
+        j.ack("eval_samples", 12)
+        assert j.compact() == 12
+        for after in (0, 5, 12, 13, n + 1, total):
+            assert j.tally_past(after) == j.tally([after])[-1], after
+        looked: list[int] = []
+        monkeypatch.setattr(
+            reading, "peek_kind", lambda value: looked.append(1) or frames.peek_kind(value)
+        )
+        j.tally_past(n - 1)
+        assert len(looked) <= total - (n - 1)  # those past it LMDB holds, if any
+        looked.clear()
+        j.tally([n - 1])
+        assert len(looked) >= n - 12  # every entry LMDB holds
 
 
 def test_salvage_finds_a_chunked_entry_behind_a_stale_node_of_the_same_seq(

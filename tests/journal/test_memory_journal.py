@@ -51,6 +51,8 @@ def test_what_every_sink_acknowledged_leaves_memory_but_the_runs_lifecycle() -> 
     j.ack("traces", 5)
     assert [e.seq for e in j.read(0).entries] == [1]  # the spec is kept
     assert j.tally([3])[0][EntryKind.EPISODE] + j.tally([3])[1][EntryKind.EPISODE] == 4
+    for after in range(7):
+        assert j.tally_past(after) == j.tally([after])[-1], after
     assert j.losses() == {"eval_samples": {"count": 1, "reasons": ["rejected"]}}
     with pytest.raises(ValueError):
         j.ack("traces", 4)  # backwards
