@@ -16,7 +16,7 @@ import lmdb
 
 from primeruns.exceptions import JournalCorruptError, JournalError
 from primeruns.journal.capacity import K_INFLIGHT_PEAK, Capacity
-from primeruns.journal.frames import FrameError, decode_frame, encode_frame
+from primeruns.journal.frames import HEADER_SIZE, FrameError, decode_frame, encode_frame
 from primeruns.journal.layout import META_KIND, dumps
 from primeruns.journal.tail import OwnTail, as_floor
 from primeruns.journal.txn import Transactions, bounded_json
@@ -34,8 +34,27 @@ def inflight_frame(body: bytes) -> bytes:
     helps): made by ``set_inflight``, or beforehand by a caller that has the
     time (``ship.early``: while the batch before is in flight), which hands
     it over as ``frame``. A 5 MB sample-table push takes ~10 ms to compress,
-    with the GIL held, between one request's answer and the next request."""
-    return encode_frame(META_KIND, body)
+    with the GIL held, between one request's answer and the next request.
+
+    A body whose start does not shrink is stored as it is: Prime Traces'
+    bodies are gzip past a few hundred bytes, and zstd spent 2 ms on each
+    1 MB of them to save nothing (a frame stored raw reads back the same,
+    in every version)."""
+    return encode_frame(META_KIND, body, compress=_shrinks(body))
+
+
+# What ``inflight_frame`` tries zstd on first, and what it must save there.
+_PROBE_BYTES = 64 << 10
+_PROBE_PAYS = 0.9
+
+
+def _shrinks(body: bytes) -> bool:
+    """Whether zstd makes the first ``_PROBE_BYTES`` of ``body`` smaller by a
+    tenth (a body no longer than that: always tried, as a whole)."""
+    if len(body) <= _PROBE_BYTES:
+        return True
+    probe = bytes(body[:_PROBE_BYTES])
+    return len(encode_frame(META_KIND, probe)) < HEADER_SIZE + _PROBE_BYTES * _PROBE_PAYS
 
 
 class Cursors:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -59,6 +60,30 @@ def test_read_limits_return_at_least_one(tmp_path: Path) -> None:
         assert [e.seq for e in first.entries] == [1, 2, 3] and first.next_after == 3
         tiny = j.read(3, max_bytes=1)
         assert [e.seq for e in tiny.entries] == [4] and tiny.next_after == 4
+
+
+def test_an_inflight_body_is_compressed_where_its_start_shrinks_and_reads_back_as_sent(
+    tmp_path: Path,
+) -> None:
+    """A sample table's JSON is stored compressed; a body that is gzip past
+    its first bytes (Prime Traces') is stored as it is, zstd not run over it
+    all for nothing; either way a restart reads back the exact body."""
+    table = json.dumps([{"sample": i, "text": "the answer is 42"} for i in range(20_000)])
+    bodies = {
+        "eval_samples": table.encode(),
+        "traces": b"--b\r\n{}\r\n--b\r\n" + gzip.compress(os.urandom(200_000).hex().encode()),
+    }
+    with Journal.create(tmp_path) as j:
+        j.append(EntryKind.EPISODE, [_rec(i) for i in range(2)])
+        for sink, body in bodies.items():
+            frame = j.inflight_frame(body)
+            assert frame[2] == (1 if sink == "eval_samples" else 0)  # FLAG_ZSTD or none
+            assert len(frame) < len(body) // 4 if sink == "eval_samples" else True
+            j.set_inflight(sink, InFlight(1, 2, body, {}), frame=frame)
+    with Journal.open(j.path) as j2:
+        for sink, body in bodies.items():
+            batch = j2.cursor(sink).inflight
+            assert batch is not None and batch.body == body
 
 
 def test_cursor_inflight_ack_and_losses(tmp_path: Path) -> None:
