@@ -165,7 +165,7 @@ def test_the_journal_never_records_a_key_in_an_error(tmp_path: Path) -> None:
         record_error(journal, "ship", RuntimeError(f"proxy said: Authorization: Bearer {KEY}"))
         record_error(journal, "ship", RuntimeError(f"raw {KEY} here"))
         ledger.record_standing(
-            journal, "traces", off=None, retired=f"3 failed: {KEY}", paused_until=None
+            journal, "traces", off=None, retired=f"3 failed: {KEY}", paused_for=None
         )
         recorded = ledger.read_errors(journal)
         assert KEY not in str(ledger.read_standing(journal, "traces"))

@@ -19,6 +19,7 @@ from ..exceptions import APIError, JournalError
 from ..journal import EntryKind, Journal
 from ..redaction import scrub
 from ..sinks.kinds import records_left
+from .deadline import boot_clock
 
 __all__ = [
     "Closeout",
@@ -66,25 +67,40 @@ class SinkStanding:
 
     off: str | None = None  # turned off on purpose (not a loss)
     retired: str | None = None  # stopped on failure; its backlog is kept
-    paused_until: float | None = None  # wall-clock seconds
+    paused_at: float | None = None  # boot_clock() when the pause was recorded
+    paused_for: float | None = None  # seconds of the pause left then
+
+    @property
+    def paused(self) -> bool:
+        """The pause is not over yet. Counted on the host's boot clock, which
+        the uplink and its producer share and which never steps: on the wall
+        clock, a step back of hours made ``flush()`` read a sink that ships
+        again as paused for those hours, and a step forward read one still
+        paused as shipping. A pause recorded on another boot (the clock reads
+        less than at its start) is over."""
+        if self.paused_at is None or self.paused_for is None:
+            return False
+        passed = boot_clock() - self.paused_at
+        return 0.0 <= passed < self.paused_for
 
     @property
     def settled(self) -> bool:
         """Nothing more will ship without outside help (off, retired or paused)."""
-        paused = self.paused_until is not None and self.paused_until > time.time()
-        return self.off is not None or self.retired is not None or paused
+        return self.off is not None or self.retired is not None or self.paused
 
 
 def record_standing(
-    journal: Journal, sink: str, *, off: str | None, retired: str | None, paused_until: float | None
+    journal: Journal, sink: str, *, off: str | None, retired: str | None, paused_for: float | None
 ) -> None:
+    """``paused_for``: the seconds of a pause left now (None: not paused)."""
     # A reason may quote a failure's text: scrubbed as record_error does.
     journal.set_meta(
         _STANDING + sink,
         {
             "off": None if off is None else scrub(off),
             "retired": None if retired is None else scrub(retired),
-            "paused_until": paused_until,
+            "paused_at": None if paused_for is None else boot_clock(),
+            "paused_for": paused_for,
         },
     )
 
@@ -94,12 +110,19 @@ def read_standing(journal: Journal, sink: str) -> SinkStanding:
     lasting = journal.get_meta(f"sink_off.{sink}")
     data = value if isinstance(value, dict) else {}
     off = data.get("off") or lasting
-    paused = data.get("paused_until")
     return SinkStanding(
         off=None if off is None else str(off),
         retired=None if data.get("retired") is None else str(data["retired"]),
-        paused_until=float(paused) if isinstance(paused, int | float) else None,
+        paused_at=_seconds(data.get("paused_at")),
+        paused_for=_seconds(data.get("paused_for")),
     )
+
+
+def _seconds(value: object) -> float | None:
+    """A number of seconds read from the journal (untrusted), or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
 
 
 def record_error(journal: Journal, what: str, exc: BaseException) -> None:

@@ -279,9 +279,8 @@ class Shipper:
 
     def _record_standing(self) -> None:
         st = self.state
-        paused = None
-        if st.paused_until > time.monotonic():
-            paused = time.time() + (st.paused_until - time.monotonic())
+        left = st.paused_until - time.monotonic()
+        paused = left if left > 0 else None
         # Closed or full: the producer sees the sink as still shipping.
         with contextlib.suppress(JournalError, ValueError):
             ledger.record_standing(
@@ -289,7 +288,7 @@ class Shipper:
                 self.name,
                 off=st.off_reason,
                 retired=st.retired_reason,
-                paused_until=paused,
+                paused_for=paused,
             )
 
     def forget_standing(self) -> None:
@@ -301,9 +300,9 @@ class Shipper:
         start only once it took the claim, and a flush may look before)."""
         try:
             recorded = ledger.read_standing(self.journal, self.name)
-            if recorded.retired is not None or recorded.paused_until is not None:
+            if recorded.retired is not None or recorded.paused_for is not None:
                 ledger.record_standing(
-                    self.journal, self.name, off=recorded.off, retired=None, paused_until=None
+                    self.journal, self.name, off=recorded.off, retired=None, paused_for=None
                 )
         except (JournalError, ValueError):
             pass  # closed or full: the producer sees the sink as it was recorded

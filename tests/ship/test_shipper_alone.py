@@ -1282,3 +1282,61 @@ def test_a_sink_numbers_on_past_a_batch_whose_recorded_state_is_damaged(tmp_path
     assert sink.rows == [["e7", 8], ["e8", 9], ["e9", 10]]
     assert journal.losses()["fake"]["count"] == 3
     journal.close()
+
+
+def _paused_training_sink(tmp_path: Path) -> Journal:
+    """A training run's sink paused (five minutes) after a batch struck out,
+    its shipper stopped: the pause is what the journal says for the producer."""
+    journal = _journal(tmp_path, 3)
+    policy = RetryPolicy(
+        base_delay_s=0.001,
+        max_delay_s=0.01,
+        attempts_per_strike=1,
+        strikes_to_retire=1,
+        pause_s=300.0,
+    )
+    shipper = Shipper(
+        journal,
+        FakeSink(transient=10**6),
+        binding=lambda: _BOUND,
+        training=True,
+        policy=policy,
+        on_failure=lambda what, exc: None,
+    )
+    shipper.start()
+    assert not shipper.drain(journal.last_seq(), deadline=_soon(10))  # paused: gives up
+    shipper.stop(timeout=5)
+    assert shipper.state.paused_until > time.monotonic()
+    assert ledger.read_standing(journal, "fake").settled
+    return journal
+
+
+def _step_wall_clock(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + seconds)
+
+
+def test_a_recorded_pause_outlasts_a_wall_clock_step_forward(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NTP or a resumed VM steps the wall clock two hours ahead during the
+    # pause: the sink is still paused (flush() must not wait out its five
+    # minutes as if it were shipping).
+    journal = _paused_training_sink(tmp_path)
+    _step_wall_clock(monkeypatch, 2 * 3600)
+    assert ledger.read_standing(journal, "fake").settled
+    journal.close()
+
+
+def test_a_recorded_pause_ends_on_time_after_a_wall_clock_step_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The wall clock steps two hours back during the pause, and the pause's
+    # five minutes pass (on the clocks that never step): the sink ships
+    # again, and flush() must wait for it, not read it as paused for hours.
+    journal = _paused_training_sink(tmp_path)
+    _step_wall_clock(monkeypatch, -2 * 3600)
+    real = time.clock_gettime
+    monkeypatch.setattr(time, "clock_gettime", lambda clock: real(clock) + 301.0)
+    assert not ledger.read_standing(journal, "fake").settled
+    journal.close()
