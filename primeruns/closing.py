@@ -165,8 +165,8 @@ def finish_journal(
     waiting = budget if wait is None else min(wait, budget)
     outcome = supervisor.wait_closeout(waiting, grace=wait is None)
     journal = recorder.journal or journal  # re-created at the finish's append, maybe
-    if recorder.kind == "eval":
-        written = ledger.episodes_written(journal)
+    written = ledger.episodes_written(journal) if recorder.kind == "eval" else None
+    if written is not None:  # unreadable (damaged): the summary goes without it
         with recorder.lock:
             ledger.stamp_episodes_written(recorder.summary, written)
     if in_memory(journal):

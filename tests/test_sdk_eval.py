@@ -335,3 +335,33 @@ def test_the_finish_of_a_long_run_does_not_count_its_entries(
     listed = {s.info.path: s for s in statuses(runs)}
     assert len(counted) == 2  # by the listing that shows its counts
     assert listed[long.journal_path].info.last_seq > 5
+
+
+def test_finish_with_the_episodes_written_count_unreadable_never_raises(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The close-out reads how many episodes Prime Traces acknowledged to put
+    it in the summary; a journal damaged there (a rotted value, or its file
+    truncated under the run) raised JournalCorruptError out of finish(),
+    into the caller's code, under on_error="warn". The run still ends."""
+    from primeruns.journal.frames import encode_frame
+    from primeruns.journal.layout import META_KIND
+
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    run = pr.init(
+        environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+    )
+    episodes = workloads.gsm8k(4)
+    run.log_episodes(episodes)
+    assert run.flush(timeout=60)
+    journal = run._recorder.journal
+    assert journal is not None
+    tx = journal._tx
+    # A frame whose payload is not JSON: the value reads as damaged.
+    with tx.lock, tx.store.begin(write=True) as txn:
+        txn.put(b"episodes_written", encode_frame(META_KIND, b"\xff{"), db=tx.dbs["meta"])
+    run.finish(timeout=60)
+    assert run.status is pr.RunStatus.COMPLETED
+    assert lp.run(run.id)["status"] == "COMPLETED"
+    assert lp.run(run.id)["traces"]["episodes"] == len(episodes)

@@ -44,9 +44,15 @@ _STANDING = "sink_state."
 _MAX_ERRORS = 1000
 
 
-def episodes_written(journal: Journal) -> int:
-    """How many episodes Prime Traces acknowledged for this run (the traces sink counts them)."""
-    return int(journal.get_meta("episodes_written", 0) or 0)
+def episodes_written(journal: Journal) -> int | None:
+    """How many episodes Prime Traces acknowledged for this run (the traces
+    sink counts them); None where the journal cannot say (damaged: the
+    close-out reads it after every record, and must not raise for it)."""
+    try:
+        value = journal.get_meta("episodes_written", 0)
+    except JournalError:
+        return None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def stamp_episodes_written(summary: MutableMapping[str, Any], written: int) -> None:

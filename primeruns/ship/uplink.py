@@ -517,7 +517,9 @@ class Uplink:
         pending = self.pending()
         summary = dict(summary)
         if self.lifecycle.spec.kind == "eval":
-            ledger.stamp_episodes_written(summary, ledger.episodes_written(journal))
+            written = ledger.episodes_written(journal)
+            if written is not None:  # unreadable (damaged): the summary goes without it
+                ledger.stamp_episodes_written(summary, written)
         finalized = self.lifecycle.finalized or bool(journal.get_meta("continued_by"))
         ready = live or not pending
         binding = self.lifecycle.binding()
