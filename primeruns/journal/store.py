@@ -323,6 +323,11 @@ class Store:
         self.lock = threading.RLock()
         self.problems: list[str] = []
         self._tempdir: str | None = None
+        # The mapped file, to see it shrink under the map (``_check_size``).
+        self._data_fd: int | None = None
+        self._release_fd: weakref.finalize[Any, Any] | None = None
+        self._data_id: tuple[int, int] | None = None
+        self._size_seen = 0
         data = directory / DATA_NAME
         open_dir = directory
         map_size = _INITIAL_MAP
@@ -356,7 +361,51 @@ class Store:
             self.problems.append(f"{DATA_NAME} tree damaged ({exc})")
             open_dir = self._salvage(data, inspect_file(data).psize, readonly)
             self._open(open_dir, map_size, readonly, create, sync)
+        self._watch_size(Path(open_dir) / DATA_NAME)
         _LIVE.add(self)
+
+    def _watch_size(self, data: Path) -> None:
+        """Keep a descriptor of the mapped file, to see it truncated (``begin``).
+        Closed with the store, or when it is collected unclosed."""
+        with contextlib.suppress(OSError):
+            fd = os.open(data, os.O_RDONLY | os.O_CLOEXEC)
+            self._release_fd = weakref.finalize(self, _close_quietly, fd)
+            # Not at the interpreter's exit: the run's own exit handlers
+            # (its close-out) still use the store after weakref's.
+            self._release_fd.atexit = False
+            st = os.fstat(fd)
+            self._data_fd, self._data_id = fd, (st.st_dev, st.st_ino)
+            self._size_seen = st.st_size
+
+    def _check_size(self) -> None:
+        """Refuse a transaction on a file that shrank under the map.
+
+        LMDB never shrinks its file; something else did (a ``cp`` or
+        ``rsync --inplace`` onto it, a truncation by hand). A read of a page
+        past the new end is a SIGBUS, which kills the process: the user's
+        loop included, under ``on_error="warn"``. Seen here (one ``fstat``),
+        it is a damaged journal, an error the callers handle."""
+        fd = self._data_fd
+        if fd is None:
+            return
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) != self._data_id:
+            # Not the file any more: its number was closed by someone else
+            # and taken by another file. Stop looking, and never close it.
+            self._data_fd = None
+            if self._release_fd is not None:
+                self._release_fd.detach()
+            return
+        size = st.st_size
+        if size < self._size_seen:
+            raise lmdb.CorruptedError(
+                f"{DATA_NAME} was truncated under this process "
+                f"({size} bytes, {self._size_seen} before)"
+            )
+        self._size_seen = size
 
     def _open(self, where: Path, map_size: int, readonly: bool, create: bool, sync: bool) -> None:
         self.env = lmdb.open(
@@ -440,6 +489,7 @@ class Store:
 
         ``buffers=True`` yields memoryviews into the map, valid only inside it.
         """
+        self._check_size()
         try:
             return self._begin(write, buffers)
         except lmdb.MapResizedError:
@@ -486,7 +536,15 @@ class Store:
     def close(self) -> None:
         """Close the environment; in a forked child the inherited one is kept (module doc)."""
         _LIVE.discard(self)
+        if self._release_fd is not None:
+            self._data_fd = None
+            self._release_fd()  # once: a finalizer runs at most once
         if not self.forked:
             with self.lock:  # not while another thread drops its pages
                 self.env.close()
         self._drop_tempdir()
+
+
+def _close_quietly(fd: int) -> None:
+    with contextlib.suppress(OSError):
+        os.close(fd)
