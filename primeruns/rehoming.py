@@ -29,7 +29,7 @@ import time
 
 from .exceptions import JournalError
 from .journal import Journal
-from .journal.rehome import directory_id, gone, rehome
+from .journal.rehome import directory_id, gone, leave_if_cut_short, rehome
 from .supervisor import Supervisor
 
 __all__ = ["Rehomer"]
@@ -82,6 +82,14 @@ class Rehomer:
             self._next_deep = now + _LOOK_EVERY_S
         why = gone(journal, self._inode if deep else None)
         if why is None:
+            if leave_if_cut_short(journal):
+                log.warning(
+                    "prime-runs: the journal of run %s at %s was truncated under the run; "
+                    "writing on in a new file (what the cut took before it was stored is "
+                    "counted lost)",
+                    journal.local_id,
+                    journal.path,
+                )
             return journal
         with self._lock:
             if self._journal is journal and not self._given_up:

@@ -365,3 +365,43 @@ def test_finish_with_the_episodes_written_count_unreadable_never_raises(
     assert run.status is pr.RunStatus.COMPLETED
     assert lp.run(run.id)["status"] == "COMPLETED"
     assert lp.run(run.id)["traces"]["episodes"] == len(episodes)
+
+
+def test_records_logged_after_the_open_spool_segment_was_truncated_all_land(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A ``cp`` or ``rsync --inplace`` onto the journal truncates the spool
+    segment the run is writing. Appended after the cut, every later record
+    fell where no reader finds it: all were counted failed, the finish entry
+    too, and the run, finished as completed, was closed on the platform as
+    crashed. They go to a new segment now, and all land."""
+    import os
+
+    from sdk_helpers import platform_episode_ids
+
+    from primeruns.journal.spool import list_segments
+
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    run = pr.init(
+        environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+    )
+    episodes = workloads.gsm8k(40)
+    run.log_episodes(episodes[:20])
+    assert run.flush(timeout=60)  # shipped: the cut takes nothing the platform lacks
+    journal = run._recorder.journal
+    assert journal is not None and journal.path is not None
+    [(_, name)] = list_segments(journal.path)
+    segment = journal.path / name
+    os.truncate(segment, segment.stat().st_size // 2)
+    rehomer = run._recorder.rehomer
+    assert rehomer is not None
+    rehomer.next_look = 0.0  # it looks every 50 ms: at the next append here
+    for i in range(20, 40, 5):
+        run.log_episodes(episodes[i : i + 5])
+    run.finish(timeout=60)
+    assert run.status is pr.RunStatus.COMPLETED
+    stored = platform_episode_ids(lp.data_dir, run.id)
+    assert set(stored) == {e["id"] for e in episodes}, run.failed_records
+    assert max(stored.values()) == 1
+    assert lp.run(run.id)["status"] == "COMPLETED"

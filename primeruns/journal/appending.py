@@ -191,6 +191,22 @@ class Appender:
         """Whether the segment being written lost its directory (deleted)."""
         return self._spool.unlinked()
 
+    def leave_if_cut_short(self) -> bool:
+        """If the segment being written was truncated, write the next
+        entries into a segment of their own (True then).
+
+        Appended to it, they would follow a cut that may fall inside an
+        append, where no reader finds them: every record logged after the
+        cut, the run's finish entry included, was counted failed and the run
+        closed as crashed. Written from the next seq on in a new segment, only
+        what the cut itself took and no mover had copied yet is lost, and
+        reported as damage."""
+        with self.lock:
+            if not self._spool.cut_short():
+                return False
+            self._spool.start_segment()
+            return True
+
     def close(self) -> None:
         with self.lock:
             self._spool.close()

@@ -29,7 +29,7 @@ from primeruns.journal.meta import K_BUDGET
 from primeruns.journal.origin import K_ORIGIN, Origin
 from primeruns.journal.store import detach_store
 
-__all__ = ["gone", "rehome"]
+__all__ = ["gone", "leave_if_cut_short", "rehome"]
 
 _READ_ENTRIES = 1000
 _READ_BYTES = 16 << 20
@@ -53,6 +53,13 @@ def gone(journal: Journal, inode: tuple[int, int] | None) -> str | None:
     if (st.st_dev, st.st_ino) != inode:
         return "moved"
     return None
+
+
+def leave_if_cut_short(journal: Journal) -> bool:
+    """The open spool segment was truncated under the run: go on in a new
+    one (``Appender.leave_if_cut_short``). True if so."""
+    appender = journal._appender
+    return appender is not None and appender.leave_if_cut_short()
 
 
 def directory_id(path: Path) -> tuple[int, int] | None:

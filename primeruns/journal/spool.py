@@ -195,6 +195,18 @@ class SpoolWriter:
         except OSError:
             return False
 
+    def cut_short(self) -> bool:
+        """Whether the open segment is shorter than what was written to it
+        (truncated by something else: a ``cp`` or ``rsync --inplace`` onto
+        it): one fstat. Under the append lock, as every write is."""
+        fd, written = self._fd, self._size
+        if fd is None:
+            return False
+        try:
+            return os.fstat(fd).st_size < written
+        except OSError:
+            return False
+
     def opens_next(self) -> bool:
         """Whether the next write starts a segment."""
         return self._fd is None or self._size >= SEGMENT_MAX
