@@ -159,6 +159,9 @@ class Shipper:
         # whose sink had shipped everything else ended without counting it.
         self._damage_owed = damaged_end if damaged_end > journal.last_seq() else -1
         self._moved_at = time.monotonic()  # the last request that moved a batch on
+        # The last try that connected (or moved): what the short allowance of
+        # a platform refusing every connection counts from (``stuck_for``).
+        self._reached_at = self._moved_at
         # The next batch, prepared while the one before it was in flight
         # (``ship.early``), for a sink whose prepare and send may run at once.
         self._overlap = Overlap(self.name) if prepares_while_sending(sink) else None
@@ -190,7 +193,7 @@ class Shipper:
                 self.state.active = True
             self.state.paused_until = 0.0
             self.state.strikes = 0
-            self._moved_at = time.monotonic()
+            self._moved_at = self._reached_at = time.monotonic()
             self.state.failed_in_a_row = 0
             self.state.unreached_in_a_row = 0
         self._record_standing()
@@ -246,8 +249,12 @@ class Shipper:
         idle = now - self._moved_at
         # A platform refusing every connection (gone mid-run) gets the short
         # allowance of a registration that never connected: the records stay
-        # journaled for sync, and the vendor's SDK gave up within 45 s.
-        if self._policy.unreached(idle, self.state.unreached_in_a_row):
+        # journaled for sync, and the vendor's SDK gave up within 45 s. It
+        # counts from the last try that connected: one that answered 503s
+        # and now refuses is restarting, and counted from the last move, its
+        # first two refusals gave up on it.
+        unreached_idle = now - max(self._moved_at, self._reached_at)
+        if self._policy.unreached(unreached_idle, self.state.unreached_in_a_row):
             return idle
         return idle if self._policy.stuck(idle, self.state.failed_in_a_row) else None
 
@@ -648,10 +655,11 @@ class Shipper:
                     last_error = exc
                     with self._progress:
                         self.state.failed_in_a_row += 1
-                        unreached = never_reached(exc)
-                        self.state.unreached_in_a_row = (
-                            self.state.unreached_in_a_row + 1 if unreached else 0
-                        )
+                        if never_reached(exc):
+                            self.state.unreached_in_a_row += 1
+                        else:
+                            self.state.unreached_in_a_row = 0
+                            self._reached_at = time.monotonic()
                         self.state.last_error = _describe(exc)
                     retry_after = exc.retry_after if isinstance(exc, RetryableAPIError) else None
                     attempt = 0 if progressed else attempt + 1
@@ -681,7 +689,7 @@ class Shipper:
         """The sink moved on (a request succeeded, or a batch's state changed):
         the platform can be reached."""
         with self._progress:
-            self._moved_at = time.monotonic()
+            self._moved_at = self._reached_at = time.monotonic()
             self.state.failed_in_a_row = 0
             self.state.unreached_in_a_row = 0
             self.state.last_error = None

@@ -702,6 +702,56 @@ def test_a_closing_drain_gives_a_platform_refusing_every_connection_the_short_al
     journal.close()
 
 
+class _RestartingSink(FakeSink):
+    """A platform restarting: it answers 503 while it drains (until
+    ``answering_s`` after the first try), then refuses connections while it
+    is down (for ``down_s``), then takes every batch."""
+
+    def __init__(self, answering_s: float, down_s: float) -> None:
+        super().__init__()
+        self.answering_s, self.down_s = answering_s, down_s
+        self.first: float | None = None
+        self.refused = 0
+
+    def send(self, body: bytes, ctx: SendContext[Any]) -> None:
+        now = time.monotonic()
+        if self.first is None:
+            self.first = now
+        if now - self.first < self.answering_s:
+            self.attempts.append(body)
+            raise RetryableAPIError("503 from the fake", status_code=503)
+        if now - self.first < self.answering_s + self.down_s:
+            self.attempts.append(body)
+            self.refused += 1
+            raise error_from_transport(httpx.ConnectError("connection refused"), "POST /fake")
+        super().send(body, ctx)
+
+
+def test_a_closing_drain_gives_a_platform_that_answered_then_refuses_the_short_allowance_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart: 503s for longer than UNREACHED_S, then refused for less,
+    then back. The short allowance counts from the last try that connected,
+    not from the last that moved: counted from the move, the first two
+    refusals ended the drain, leaving records the old rule shipped."""
+    from primeruns.ship import policy as policy_module
+    from primeruns.ship.uplink import _drain_while_moving
+
+    monkeypatch.setattr(policy_module, "UNREACHED_S", 2.0)
+    journal = _journal(tmp_path, 4)
+    sink = _RestartingSink(answering_s=2.2, down_s=0.6)
+    policy = RetryPolicy(base_delay_s=0.01, max_delay_s=0.02, stall_s=60.0, stuck_attempts=8)
+    shipper = _closing(journal, sink, policy)
+    drained, stalled = _drain_while_moving(
+        [shipper], journal.last_seq(), _soon(30), lambda progress: None
+    )
+    shipper.stop(timeout=5)
+    assert sink.refused >= 2
+    assert (drained, stalled) == (True, None)
+    assert shipper.pending_records() == 0
+    journal.close()
+
+
 def test_a_batch_striking_out_while_the_run_closes_is_not_paused(tmp_path: Path) -> None:
     # revive(final=True) may land while a batch is on its last attempt of a
     # strike: the strike must not pause the sink for five minutes after it.
