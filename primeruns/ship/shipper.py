@@ -252,9 +252,10 @@ class Shipper:
         # journaled for sync, and the vendor's SDK gave up within 45 s. It
         # counts from the last try that connected: one that answered 503s
         # and now refuses is restarting, and counted from the last move, its
-        # first two refusals gave up on it.
+        # first two refusals gave up on it. A closing run's alone: sync and
+        # replay ship by strikes, and one restart of the platform ended them.
         unreached_idle = now - max(self._moved_at, self._reached_at)
-        if self._policy.unreached(unreached_idle, self.state.unreached_in_a_row):
+        if self._final and self._policy.unreached(unreached_idle, self.state.unreached_in_a_row):
             return idle
         return idle if self._policy.stuck(idle, self.state.failed_in_a_row) else None
 

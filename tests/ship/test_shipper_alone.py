@@ -752,6 +752,41 @@ def test_a_closing_drain_gives_a_platform_that_answered_then_refuses_the_short_a
     journal.close()
 
 
+def test_a_sync_drain_ships_by_strikes_through_a_platform_refusing_for_a_while(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sync`` and ``replay`` ship by strikes, as a live run does: the short
+    allowance of a platform refusing every connection is a closing run's
+    (its sinks retry until the deadline rather than strike out). Applied to
+    a sync, one restart of the platform ended it with records it could ship."""
+    from primeruns.ship import policy as policy_module
+    from primeruns.ship.uplink import _drain_while_moving
+
+    monkeypatch.setattr(policy_module, "UNREACHED_S", 0.2)
+    journal = _journal(tmp_path, 4)
+    sink = _RestartingSink(answering_s=0.0, down_s=0.8)
+    policy = RetryPolicy(
+        base_delay_s=0.01, max_delay_s=0.02, attempts_per_strike=1000, stall_s=60.0
+    )
+    shipper = Shipper(
+        journal,
+        sink,
+        binding=lambda: _BOUND,
+        training=True,
+        policy=policy,
+        on_failure=lambda what, exc: None,
+    )
+    shipper.start()
+    drained, stalled = _drain_while_moving(
+        [shipper], journal.last_seq(), _soon(30), lambda progress: None
+    )
+    shipper.stop(timeout=5)
+    assert sink.refused >= 2
+    assert (drained, stalled) == (True, None)
+    assert shipper.pending_records() == 0
+    journal.close()
+
+
 def test_a_batch_striking_out_while_the_run_closes_is_not_paused(tmp_path: Path) -> None:
     # revive(final=True) may land while a batch is on its last attempt of a
     # strike: the strike must not pause the sink for five minutes after it.
