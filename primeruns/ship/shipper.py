@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import APIError, JournalError, RetryableAPIError
-from ..journal import Damage, InFlight, Journal
+from ..journal import Damage, Entry, InFlight, Journal
 from ..platform.binding import Binding
 from ..platform.errors import never_reached
 from ..sinks.base import Prepared, SendContext, Sink
@@ -447,9 +447,20 @@ class Shipper:
             if classify(exc) is Failure.OFF:
                 self._turn_off(exc)
                 return None
+            first = result.entries[0].seq
+            if self._needs_no_request(result.entries, binding):
+                # The bad record is further on, after entries that make no
+                # request (episodes without traces, for the sample table): a
+                # sink ends its batch before a bad record only after one it
+                # sends. Passed alone, as a batch of them is; the bad one
+                # then comes first and fails alone.
+                self.journal.ack(self.name, first)
+                self._scanned = max(self._scanned, first)
+                self._notify()
+                return None
             # The first entry cannot be sent at all (a sink builds up to, not
             # past, a bad record): count it, move past it alone.
-            self._fail_records(result.entries[0].seq, 1, exc)
+            self._fail_records(first, 1, exc)
             return None
         if (
             want < limits[0]
@@ -479,6 +490,16 @@ class Shipper:
         else:
             self._want = None
         return inflight
+
+    def _needs_no_request(self, entries: Sequence[Entry], binding: Binding) -> bool:
+        """Whether the first of ``entries``, whose batch the sink could not
+        prepare, is fine alone and makes no request (its prepare: None)."""
+        if len(entries) < 2:
+            return False
+        try:
+            return self.sink.prepare(entries[:1], binding) is None
+        except Exception:
+            return False
 
     def _count_damage(self, damaged: Sequence[Damage]) -> None:
         """Count the entries damage reports stand for (a missing range: every

@@ -601,6 +601,29 @@ def test_a_damaged_carry_does_not_stop_the_sink(tmp_path: Path) -> None:
     journal.close()
 
 
+def test_an_episode_no_row_can_be_made_of_after_episodes_without_rows_fails_alone(
+    tmp_path: Path,
+) -> None:
+    """Eval samples end a batch before an episode they cannot make rows of
+    (an integer of 400 digits) only after a row: with none before it (the
+    episodes before it hold no traces), prepare raised, and the shipper
+    failed the batch's first entry, an episode with nothing to send, in its
+    place; then the bad one: two records counted lost for one."""
+    episodes: list[Any] = list(workloads.gsm8k(2))
+    empty = orjson.dumps({**episodes[0], "traces": []})
+    bad = orjson.dumps(episodes[1])[:-1] + b', "huge": 1' + b"0" * 400 + b"}"
+    journal = Journal.create(tmp_path / "runs")
+    journal.append(EntryKind.EPISODE, [empty, empty, bad])
+    platform = ScriptedPlatform()  # no route: any request fails the test's drain
+    shipper = _ship(journal, EvalSamplesSink(platform.client()), [])
+    assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+    shipper.stop(timeout=5)
+    losses = journal.losses()
+    journal.close()
+    assert platform.calls == []
+    assert losses["eval_samples"]["count"] == 1
+
+
 def _closing(journal: Journal, sink: FakeSink, policy: RetryPolicy) -> Shipper:
     shipper = Shipper(
         journal,
