@@ -750,21 +750,10 @@ class _RestartingSink(FakeSink):
         super().send(body, ctx)
 
 
-def test_a_closing_drain_gives_a_platform_that_answered_then_refuses_the_short_allowance_afresh(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A restart: 503s for longer than UNREACHED_S, then refused for less,
-    then back. The short allowance counts from the last try that connected,
-    not from the last that moved: counted from the move, the first two
-    refusals ended the drain, leaving records the old rule shipped."""
-    from primeruns.ship import policy as policy_module
+def _ships_through_the_refusals(shipper: Shipper, journal: Journal, sink: _RestartingSink) -> None:
+    """Drain ``shipper`` to the log's end: it ships everything, refused a few times on the way."""
     from primeruns.ship.uplink import _drain_while_moving
 
-    monkeypatch.setattr(policy_module, "UNREACHED_S", 2.0)
-    journal = _journal(tmp_path, 4)
-    sink = _RestartingSink(answering_s=2.2, down_s=0.6)
-    policy = RetryPolicy(base_delay_s=0.01, max_delay_s=0.02, stall_s=60.0, stuck_attempts=8)
-    shipper = _closing(journal, sink, policy)
     drained, stalled = _drain_while_moving(
         [shipper], journal.last_seq(), _soon(30), lambda progress: None
     )
@@ -775,6 +764,23 @@ def test_a_closing_drain_gives_a_platform_that_answered_then_refuses_the_short_a
     journal.close()
 
 
+def test_a_closing_drain_gives_a_platform_that_answered_then_refuses_the_short_allowance_afresh(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart: 503s for longer than UNREACHED_S, then refused for less,
+    then back. The short allowance counts from the last try that connected,
+    not from the last that moved: counted from the move, the first two
+    refusals ended the drain, leaving records the old rule shipped."""
+    from primeruns.ship import policy as policy_module
+
+    monkeypatch.setattr(policy_module, "UNREACHED_S", 2.0)
+    journal = _journal(tmp_path, 4)
+    sink = _RestartingSink(answering_s=2.2, down_s=0.6)
+    policy = RetryPolicy(base_delay_s=0.01, max_delay_s=0.02, stall_s=60.0, stuck_attempts=8)
+    shipper = _closing(journal, sink, policy)
+    _ships_through_the_refusals(shipper, journal, sink)
+
+
 def test_a_sync_drain_ships_by_strikes_through_a_platform_refusing_for_a_while(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -783,7 +789,6 @@ def test_a_sync_drain_ships_by_strikes_through_a_platform_refusing_for_a_while(
     (its sinks retry until the deadline rather than strike out). Applied to
     a sync, one restart of the platform ended it with records it could ship."""
     from primeruns.ship import policy as policy_module
-    from primeruns.ship.uplink import _drain_while_moving
 
     monkeypatch.setattr(policy_module, "UNREACHED_S", 0.2)
     journal = _journal(tmp_path, 4)
@@ -800,14 +805,7 @@ def test_a_sync_drain_ships_by_strikes_through_a_platform_refusing_for_a_while(
         on_failure=lambda what, exc: None,
     )
     shipper.start()
-    drained, stalled = _drain_while_moving(
-        [shipper], journal.last_seq(), _soon(30), lambda progress: None
-    )
-    shipper.stop(timeout=5)
-    assert sink.refused >= 2
-    assert (drained, stalled) == (True, None)
-    assert shipper.pending_records() == 0
-    journal.close()
+    _ships_through_the_refusals(shipper, journal, sink)
 
 
 def test_a_batch_striking_out_while_the_run_closes_is_not_paused(tmp_path: Path) -> None:
