@@ -17,7 +17,9 @@ import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeGuard, TypeVar
+from typing import Any, TypeVar
+
+from ..traces_extract import number
 
 #: A longer curve is drawn from this many of its points (a chart a few hundred
 #: pixels wide cannot show more), so a long live run's page stays quick to render.
@@ -54,37 +56,20 @@ def metric_points(rows: list[dict[str, Any]]) -> dict[str, list[Point]]:
     out: dict[str, list[Point]] = {}
     for index, row in enumerate(rows):
         step = row.get("step")
-        placed = _finite(step)
+        placed = number(step)
         at = index if placed is None else step if isinstance(step, int) else int(placed)
-        when = _finite(row.get("_timestamp"))
+        when = number(row.get("_timestamp"))
         for key, value in row.items():
             if key == "step" or key.startswith("_"):
                 continue
-            # A NaN or an infinity has no place on an axis; the others still draw.
-            number = _finite(value)
-            if number is not None:
-                out.setdefault(key, []).append((at, number, when))
+            # A NaN, an infinity or an integer past the floats (a journal is
+            # untrusted) has no place on an axis; the others still draw.
+            finite = number(value)
+            if finite is not None:
+                out.setdefault(key, []).append((at, finite, when))
     for points in out.values():
         points.sort(key=lambda p: p[0])
     return out
-
-
-def _is_number(value: Any) -> TypeGuard[int | float]:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _finite(value: Any) -> float | None:
-    """``value`` as a finite float; None for what has none: not a number, NaN,
-    an infinity, an integer past the floats (JSON bounds no number's digits,
-    and a journal is untrusted: ``math.isfinite`` raised OverflowError on one,
-    a 500 for the run's page)."""
-    if not _is_number(value):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 @dataclass(frozen=True)
