@@ -165,10 +165,9 @@ def finish_journal(
     waiting = budget if wait is None else min(wait, budget)
     outcome = supervisor.wait_closeout(waiting, grace=wait is None)
     journal = recorder.journal or journal  # re-created at the finish's append, maybe
-    written = ledger.episodes_written(journal) if recorder.kind == "eval" else None
-    if written is not None:  # unreadable (damaged): the summary goes without it
+    if recorder.kind == "eval":
         with recorder.lock:
-            ledger.stamp_episodes_written(recorder.summary, written)
+            ledger.stamp_episodes_written(recorder.summary, journal)
     if in_memory(journal):
         _lose_unshipped(journal, outcome, run_id)
     else:

@@ -55,12 +55,17 @@ def episodes_written(journal: Journal) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def stamp_episodes_written(summary: MutableMapping[str, Any], written: int) -> None:
-    """Put ``written`` into an evaluation's summary as the vendor's SDK does
+def stamp_episodes_written(summary: MutableMapping[str, Any], journal: Journal) -> None:
+    """Put the journal's count of episodes Prime Traces acknowledged into an
+    evaluation's summary as the vendor's SDK does
     (``prime_runs.traces_episodes_written``): the platform's summary and the
-    producer's ``run.summary`` both carry it. A ``prime_runs`` value of the
+    producer's ``run.summary`` both carry it. A count the journal cannot say
+    (damaged) leaves the summary without it. A ``prime_runs`` value of the
     caller's that is no mapping gives way to it, as in the vendor's SDK (it
     raised from ``finish()`` here, into the caller's loop)."""
+    written = episodes_written(journal)
+    if written is None:
+        return
     given = summary.get("prime_runs")
     prime = dict(given) if isinstance(given, Mapping) else {}
     prime["traces_episodes_written"] = written

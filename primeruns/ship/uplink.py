@@ -517,9 +517,7 @@ class Uplink:
         pending = self.pending()
         summary = dict(summary)
         if self.lifecycle.spec.kind == "eval":
-            written = ledger.episodes_written(journal)
-            if written is not None:  # unreadable (damaged): the summary goes without it
-                ledger.stamp_episodes_written(summary, written)
+            ledger.stamp_episodes_written(summary, journal)
         finalized = self.lifecycle.finalized or bool(journal.get_meta("continued_by"))
         ready = live or not pending
         binding = self.lifecycle.binding()

@@ -624,7 +624,11 @@ def test_an_episode_no_row_can_be_made_of_after_episodes_without_rows_fails_alon
     assert losses["eval_samples"]["count"] == 1
 
 
-def _closing(journal: Journal, sink: FakeSink, policy: RetryPolicy) -> Shipper:
+def _closing(
+    journal: Journal, sink: FakeSink, policy: RetryPolicy, *, closing: bool = True
+) -> Shipper:
+    """A started training shipper; ``closing``: revived as a close-out does
+    (``sync`` and ``replay`` are not)."""
     shipper = Shipper(
         journal,
         sink,
@@ -633,7 +637,8 @@ def _closing(journal: Journal, sink: FakeSink, policy: RetryPolicy) -> Shipper:
         policy=policy,
         on_failure=lambda what, exc: None,
     )
-    shipper.revive(final=True)  # what a close-out does
+    if closing:
+        shipper.revive(final=True)  # what a close-out does
     shipper.start()
     return shipper
 
@@ -796,15 +801,7 @@ def test_a_sync_drain_ships_by_strikes_through_a_platform_refusing_for_a_while(
     policy = RetryPolicy(
         base_delay_s=0.01, max_delay_s=0.02, attempts_per_strike=1000, stall_s=60.0
     )
-    shipper = Shipper(
-        journal,
-        sink,
-        binding=lambda: _BOUND,
-        training=True,
-        policy=policy,
-        on_failure=lambda what, exc: None,
-    )
-    shipper.start()
+    shipper = _closing(journal, sink, policy, closing=False)
     _ships_through_the_refusals(shipper, journal, sink)
 
 
