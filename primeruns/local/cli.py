@@ -2,8 +2,9 @@
 
 Prints ``primeruns serve: listening on http://HOST:PORT`` (flushed) once the
 socket accepts connections, so a parent that asked for ``--port 0`` can read
-the port. The API key may come from ``--api-key`` or, to keep it out of the
-process list, from ``$PRIMERUNS_LOCAL_API_KEY``; it is never printed. With a
+the port. The API key comes from ``$PRIMERUNS_LOCAL_API_KEY``, never the
+command line (``ps`` shows that to every user of the machine: ``--api-key``
+is refused, and the refusal does not repeat it); it is never printed. With a
 key, a one-time dashboard login link follows (``primeruns serve: dashboard
 login (once): URL``). Binding beyond loopback needs a key (or
 ``--allow-remote-without-key``): see ``guard.py`` for what is checked.
@@ -52,17 +53,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         help="serve only the dashboard, read-only, from the run journals under DIR "
         "(offline runs, before primeruns sync); no platform API, --data is not used",
     )
-    parser.add_argument(
-        "--api-key",
-        metavar="K",
-        default=None,
-        help=f"require 'Authorization: Bearer K' on every route, the dashboard by a login "
-        f"link printed at start (or set ${API_KEY_ENV}); default: accept any",
-    )
+    # Refused when given (see ``_key``), and so kept out of the help: the
+    # option's own error would print the key argparse did not expect.
+    parser.add_argument("--api-key", default=None, help=argparse.SUPPRESS)
     parser.add_argument(
         "--allow-remote-without-key",
         action="store_true",
-        help="bind beyond loopback without --api-key (anyone who reaches the port "
+        help=f"bind beyond loopback without ${API_KEY_ENV} (anyone who reaches the port "
         "can read and change everything)",
     )
     parser.add_argument(
@@ -167,8 +164,17 @@ def run_serve(args: argparse.Namespace) -> int:
     --data, with optional fault injection, and its dashboard at /. Stops
     cleanly on SIGTERM or SIGINT; restarted on the same --data it serves
     everything it had stored. With --runs-dir DIR, serves only the dashboard,
-    read from the run journals under DIR (never written to)."""
-    key = args.api_key or os.environ.get(API_KEY_ENV) or None
+    read from the run journals under DIR (never written to). With a key in
+    $PRIMERUNS_LOCAL_API_KEY, every route asks for it ('Authorization: Bearer
+    KEY'), the dashboard by a login link printed at start."""
+    if args.api_key is not None:
+        print(
+            f"primeruns serve: refusing a key on the command line (every user of this "
+            f"machine sees it in ps): set ${API_KEY_ENV} instead",
+            file=sys.stderr,
+        )
+        return 2
+    key = os.environ.get(API_KEY_ENV) or None
     if not _bind_allowed(args.host, key, args.allow_remote_without_key):
         return 2
     if args.runs_dir is not None:
@@ -207,7 +213,7 @@ def _bind_allowed(host: str, key: str | None, waived: bool) -> bool:
         return True
     print(
         f"primeruns serve: refusing to listen on {host} (beyond this machine) without a key: "
-        f"set --api-key (or ${API_KEY_ENV}), or pass --allow-remote-without-key",
+        f"set ${API_KEY_ENV}, or pass --allow-remote-without-key",
         file=sys.stderr,
     )
     return False

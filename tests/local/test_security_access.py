@@ -99,7 +99,22 @@ def test_binding_beyond_loopback_without_a_key_is_refused(tmp_path: Path) -> Non
     for host in ("0.0.0.0", "::"):
         result = _serve(tmp_path / "d", "--host", host)
         assert result.returncode == 2, result.stdout + result.stderr
-        assert "--api-key" in result.stderr and "--allow-remote-without-key" in result.stderr
+        assert "PRIMERUNS_LOCAL_API_KEY" in result.stderr
+        assert "--allow-remote-without-key" in result.stderr
+        assert "listening" not in result.stdout
+    assert not (tmp_path / "d").exists()
+
+
+def test_a_key_on_the_command_line_is_refused_without_echoing_it(tmp_path: Path) -> None:
+    """``ps`` shows every user of the machine a server's command line for as
+    long as it runs: a key given there is refused before anything listens,
+    and the refusal names where a key goes instead, never the key."""
+    key = "pk-on-the-command-line-0123456789"
+    for args in (("--api-key", key), (f"--api-key={key}",)):
+        result = _serve(tmp_path / "d", *args)
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "PRIMERUNS_LOCAL_API_KEY" in result.stderr
+        assert key not in result.stdout + result.stderr
         assert "listening" not in result.stdout
     assert not (tmp_path / "d").exists()
 
