@@ -48,6 +48,7 @@ __all__ = [
     "RunStatus",
     "describe",
     "iter_entries",
+    "iter_rows",
     "load_rows",
     "metric_curves",
     "pending_per_sink",
@@ -349,7 +350,19 @@ def load_rows(
     """The JSON objects of every intact entry of ``kinds`` (what ``keep`` keeps
     of each); one declaring more than ``max_entry_bytes`` is named in
     ``damage``, not read."""
-    rows: list[dict[str, Any]] = []
+    rows = iter_rows(journal, kinds, damage, max_entry_bytes=max_entry_bytes)
+    return [row for _, row in rows] if keep is None else [keep(row) for _, row in rows]
+
+
+def iter_rows(
+    journal: Journal,
+    kinds: Collection[EntryKind],
+    damage: list[Damage],
+    *,
+    max_entry_bytes: int | None = None,
+) -> Iterator[tuple[Entry, dict[str, Any]]]:
+    """``load_rows`` one at a time, each with its entry: a reader that writes
+    rows out as it goes holds one chunk of entries, not the run."""
     for entry in iter_entries(journal, kinds, damage, max_entry_bytes):
         try:
             value = _decoded(entry.payload)
@@ -357,8 +370,7 @@ def load_rows(
             damage.append(Damage(entry.seq, f"entry {entry.seq}: not JSON: {exc}"))
             continue
         if isinstance(value, dict):
-            rows.append(value if keep is None else keep(value))
-    return rows
+            yield entry, value
 
 
 def sample_rows(

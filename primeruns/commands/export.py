@@ -12,11 +12,12 @@ import errno
 import os
 import stat
 import sys
+from collections.abc import Iterator
 from contextlib import ExitStack
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from ..journal import Damage, Journal
-from ..reports import KIND_NAMES, iter_entries, load_rows
+from ..reports import KIND_NAMES, iter_entries, iter_rows
 from .common import (
     EXIT_DAMAGED,
     EXIT_FAILED,
@@ -83,7 +84,34 @@ def _trusted_link(path: str) -> bool:
     return link.st_uid == os.geteuid() or (not others_write and link.st_uid == folder.st_uid)
 
 
+#: A Parquet export converts its rows to columns a batch at a time: a
+#: 100,000-step run's rows held at once as Python objects are hundreds of MB,
+#: its columns a few. Bounded in bytes too, for rows far larger than a
+#: training step's scalars.
+_BATCH_ROWS = 5_000
+_BATCH_BYTES = 16 << 20
+
+
+def _row_batches(journal: Journal, damage: list[Damage]) -> Iterator[list[dict[str, Any]]]:
+    batch: list[dict[str, Any]] = []
+    size = 0
+    for entry, row in iter_rows(journal, KIND_NAMES["metrics"], damage):
+        batch.append(row)
+        size += len(entry.payload)
+        if len(batch) >= _BATCH_ROWS or size >= _BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
 def _write_parquet(journal: Journal, target: str, damage: list[Damage]) -> int:
+    """The metric rows as one Parquet table. Its columns are every row's,
+    not the first's (a metric logged every 100 steps, an evaluation's row
+    beside the training one): an int that becomes a float is a float
+    column, a group that gains a field gains it; a metric whose rows
+    disagree on its type (a float, then a string), or a number past 64
+    bits, no column holds, and the export is refused with no file."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -91,19 +119,33 @@ def _write_parquet(journal: Journal, target: str, damage: list[Damage]) -> int:
         raise CommandError(
             "Parquet output needs pyarrow: pip install 'prime-runs[train]' (or use .jsonl)"
         ) from None
-    rows = load_rows(journal, KIND_NAMES["metrics"], damage)
     try:
-        table = pa.Table.from_pylist(rows)
+        # Each batch's columns are every one of its rows' (``pa.array`` of
+        # the dicts; ``Table.from_pylist`` would take the first row's).
+        parts = [pa.Table.from_struct_array(pa.array(b)) for b in _row_batches(journal, damage)]
+        schema = (
+            pa.unify_schemas([p.schema for p in parts], promote_options="permissive")
+            if parts
+            else pa.schema([])
+        )
+        # A batch missing a column, or holding an int column another holds
+        # as floats, is converted again under the run's schema (casting a
+        # group that lacks a field needs a newer pyarrow than the floor).
+        parts = [
+            p if p.schema.equals(schema) else pa.Table.from_pylist(p.to_pylist(), schema=schema)
+            for p in parts
+        ]
     except (pa.ArrowException, OverflowError) as exc:
-        # A metric whose rows disagree on its type (a float, then a string),
-        # or a number past 64 bits: no column holds it. JSONL holds anything.
+        # JSONL holds anything.
         raise CommandError(
             f"the metric rows cannot be written as Parquet ({exc}); write JSONL (-o FILE.jsonl)",
             EXIT_FAILED,
         ) from None
     with _open_private(target) as handle:
-        pq.write_table(table, handle)
-    return len(rows)
+        with pq.ParquetWriter(handle, schema) as writer:
+            for part in parts:
+                writer.write_table(part)
+    return sum(p.num_rows for p in parts)
 
 
 def run_export(args: argparse.Namespace) -> int:

@@ -136,3 +136,50 @@ def test_metric_rows_parquet_cannot_hold_are_refused_in_a_line_not_a_traceback(
     assert done.returncode == 1
     assert "Parquet" in done.stderr and ".jsonl" in done.stderr, done.stderr
     assert not out.exists()
+
+
+def test_a_parquet_export_holds_every_rows_metrics_not_only_the_first_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Parquet export's columns were the first row's: a metric logged in a
+    later row (an evaluation's row beside the training one, a metric logged
+    every 100 steps) was silently left out. Every row's metrics are columns,
+    whichever batch of rows (converted a batch at a time) they first appear
+    in: an int that becomes a float is a float column, a group that gains a
+    field gains it, a row without a metric holds null there; a type no
+    column holds across batches is still refused, with no file."""
+    pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from primeruns.commands import export
+
+    monkeypatch.setattr(export, "_BATCH_ROWS", 2, raising=False)
+    runs = point_at(monkeypatch, tmp_path, None)
+    rows: list[dict[str, Any]] = [
+        {"step": 0, "loss": 1, "opt": {"lr": 1}},
+        {"step": 0, "eval/acc": 0.5},
+        {"step": 1, "loss": 0.5, "opt": {"lr": 0.5, "beta": 0.9}},
+        {"step": 2, "loss": 0.25, "late": True},
+        {"step": 3, "loss": 0.125},
+    ]
+    with Journal.create(runs, local_id="batches", meta={"spec": {"kind": "train"}}) as journal:
+        journal.append(EntryKind.METRICS, [json.dumps(row).encode() for row in rows])
+        path = journal.path
+    out = tmp_path / "rows.parquet"
+    code, _, err = cli(capsys, "export", str(path), "--kind", "metrics", "-o", str(out))
+    assert code == 0 and "wrote 5 metrics" in err, err
+    table = pq.read_table(out)
+    assert sorted(table.column_names) == ["eval/acc", "late", "loss", "opt", "step"]
+    assert str(table.schema.field("loss").type) == "double"
+    written = table.to_pylist()
+    assert [r["loss"] for r in written] == [1.0, None, 0.5, 0.25, 0.125]
+    assert [r["eval/acc"] for r in written] == [None, 0.5, None, None, None]
+    assert [r["late"] for r in written] == [None, None, None, True, None]
+    assert written[0]["opt"] == {"lr": 1, "beta": None}
+    assert written[2]["opt"] == {"lr": 0.5, "beta": 0.9}
+
+    with Journal.open(path) as journal:
+        journal.append(EntryKind.METRICS, [b'{"step": 5, "loss": "high"}'])
+    out.unlink()
+    code, _, err = cli(capsys, "export", str(path), "--kind", "metrics", "-o", str(out))
+    assert code == 1 and "Parquet" in err and ".jsonl" in err, err
+    assert not out.exists()

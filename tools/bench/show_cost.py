@@ -1,4 +1,5 @@
-"""What ``primeruns show`` costs on a small and on a long run: seconds and peak RSS.
+"""What ``primeruns show`` costs on a small and on a long run, and a Parquet
+``export`` of the long run's metrics: seconds and peak RSS.
 
     python tools/bench/show_cost.py [--steps 100000] [--small 200] [--before TREE] [--repeat 3]
 
@@ -14,8 +15,9 @@ figures come from one run on one machine.
 The ratio long/small is the figure of issue #28 (``show`` reads what it
 prints, not the whole journal); the long run's peak RSS is issue #32's
 (under 150 MB at 100,000 steps). ``--full`` is the exhaustive check kept
-for when a user asks for it. ``run_all.py`` runs it with 100,000 steps
-(``--quick``: 2,000).
+for when a user asks for it. The export writes the long run's metric rows
+as Parquet a batch at a time: its peak RSS is held to the same 150 MB.
+``run_all.py`` runs it with 100,000 steps (``--quick``: 2,000).
 """
 
 from __future__ import annotations
@@ -62,13 +64,13 @@ print(run.journal_path)
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def show(tree: Path, journal: Path, *extra: str) -> tuple[float, float, int]:
-    """(seconds, peak RSS in MB, exit code) of ``primeruns show JOURNAL`` with
+def command(tree: Path, *args: str) -> tuple[float, float, int]:
+    """(seconds, peak RSS in MB, exit code) of ``primeruns ARGS`` with
     ``tree``'s package."""
     env = {**os.environ, "PYTHONPATH": str(tree), "COLUMNS": "120"}
     t0 = time.perf_counter()
     done = subprocess.run(
-        [sys.executable, "-m", "primeruns", "show", str(journal), *extra],
+        [sys.executable, "-m", "primeruns", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -77,7 +79,7 @@ def show(tree: Path, journal: Path, *extra: str) -> tuple[float, float, int]:
     seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     if done.returncode not in (0, 4):
-        raise SystemExit(f"show failed ({done.returncode}):\n{done.stderr[-3000:]}")
+        raise SystemExit(f"{args[0]} failed ({done.returncode}):\n{done.stderr[-3000:]}")
     return seconds, peak / 1024, done.returncode
 
 
@@ -110,8 +112,8 @@ def run(
         for name, tree, extra in cases:
             # Peak RSS is a maximum over every child so far: the smaller run
             # goes in its own interpreter so its figure is its own.
-            s_small, rss_small = _median(tree, small, extra, repeats)
-            s_long, rss_long = _median(tree, long, extra, repeats)
+            s_small, rss_small = _median(tree, ("show", str(small), *extra), repeats)
+            s_long, rss_long = _median(tree, ("show", str(long), *extra), repeats)
             if name == "this tree":
                 shown = benchlib.verdict(rss_long, LONG_RSS_MB)
                 table.notes.append(f"this tree's long run, peak RSS {rss_long:.0f} MB: {shown}")
@@ -123,13 +125,25 @@ def run(
                 f"{rss_small:.0f}",
                 f"{rss_long:.0f}",
             )
+        exported = Table(
+            f"primeruns export --kind metrics -o FILE.parquet: the {steps:,}-step run",
+            ["code", "seconds", "peak RSS (MB)"],
+        )
+        parquet = str(Path(tmp) / "metrics.parquet")
+        for name, tree, _ in cases[:-1]:
+            args = ("export", str(long), "--kind", "metrics", "-o", parquet)
+            seconds, rss = _median(tree, args, repeats)
+            exported.add(name, f"{seconds:.2f}", f"{rss:.0f}")
+            if name == "this tree":
+                shown = benchlib.verdict(rss, LONG_RSS_MB)
+                exported.notes.append(f"this tree's export, peak RSS {rss:.0f} MB: {shown}")
     table.notes += [
         f"the long run's journal: {size / 1e6:.1f} MB on disk (each step: a gsm8k episode, "
         "a metrics row, a summary update)",
         f"each figure the median of {repeats} run(s), each a fresh process; peak RSS is the "
         "child's ru_maxrss (the journal's pages it mapped and read count there)",
     ]
-    return [table]
+    return [table, exported]
 
 
 def main() -> int:
@@ -147,22 +161,21 @@ def main() -> int:
     return 0
 
 
-def _median(tree: Path, journal: Path, extra: tuple[str, ...], repeat: int) -> tuple[float, float]:
+def _median(tree: Path, args: tuple[str, ...], repeat: int) -> tuple[float, float]:
     """The median seconds and peak RSS of ``repeat`` runs (the machine may be shared)."""
-    runs = [_fresh(tree, journal, extra) for _ in range(max(1, repeat))]
+    runs = [_fresh(tree, args) for _ in range(max(1, repeat))]
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
-def _fresh(tree: Path, journal: Path, extra: tuple[str, ...]) -> tuple[float, float]:
-    """``show`` measured from a fresh interpreter (its own children's peak RSS)."""
+def _fresh(tree: Path, args: tuple[str, ...]) -> tuple[float, float]:
+    """``primeruns ARGS`` measured from a fresh interpreter (its own children's peak RSS)."""
     code = (
         "import sys, pathlib; sys.path.insert(0, sys.argv[1]); import show_cost\n"
-        "tree, journal = map(pathlib.Path, sys.argv[2:4])\n"
-        "seconds, rss, _ = show_cost.show(tree, journal, *sys.argv[4:])\n"
+        "seconds, rss, _ = show_cost.command(pathlib.Path(sys.argv[2]), *sys.argv[3:])\n"
         "print(seconds, rss)"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code, str(Path(__file__).parent), str(tree), str(journal), *extra],
+        [sys.executable, "-c", code, str(Path(__file__).parent), str(tree), *args],
         capture_output=True,
         text=True,
         check=True,
