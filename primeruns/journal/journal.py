@@ -668,7 +668,7 @@ class Journal:
         sink still has to ship (compaction never removes unshipped entries)."""
         self._check()
         counts = self._reader.tally(cuts)
-        counts[0].update(compacted_kinds(self._tx.safe_meta(K_COMPACTED_KINDS)))
+        counts[0].update(self.compacted())
         return counts
 
     def tally_past(self, after: int) -> Counter[int]:
@@ -678,6 +678,24 @@ class Journal:
         long run's log is behind its offset)."""
         self._check()
         return self._reader.tally([after], past=after)[-1]
+
+    def tally_range(self, after: int, upto: int) -> Counter[int]:
+        """Entries per kind in ``(after, upto]``, read from headers alone:
+        ``tally([after, upto])[1]`` at the cost of the entries in the range
+        (a batch's, counted each time one is lost; a forked child's left up
+        to its target, counted at each look while its parent finishes),
+        however long the log is. What compaction removed is not in it
+        (``compacted``)."""
+        self._check()
+        if upto <= after:
+            return Counter()
+        return self._reader.tally([after, upto], past=after, upto=upto)[1]
+
+    def compacted(self) -> Counter[int]:
+        """Entries per kind compaction removed (what ``tally``'s first
+        interval adds to those present): one read of the journal's meta."""
+        self._check()
+        return compacted_kinds(self._tx.safe_meta(K_COMPACTED_KINDS))
 
     # -- cursors and losses -----------------------------------------------------------------
 

@@ -250,6 +250,19 @@ class MemoryJournal:
             seqs = self._seqs[bisect_right(self._seqs, after) :]
             return Counter(int(self._entries[seq].kind) for seq in seqs)
 
+    def tally_range(self, after: int, upto: int) -> Counter[int]:
+        """Entries per kind in ``(after, upto]`` (``Journal.tally_range``)."""
+        self._check()
+        with self._cond:
+            seqs = self._seqs[bisect_right(self._seqs, after) : bisect_right(self._seqs, upto)]
+            return Counter(int(self._entries[seq].kind) for seq in seqs)
+
+    def compacted(self) -> Counter[int]:
+        """Entries per kind forgotten as shipped (``Journal.compacted``)."""
+        self._check()
+        with self._cond:
+            return Counter(self._compacted)
+
     # -- cursors and losses -----------------------------------------------------------------
     def cursor(self, sink: str) -> CursorState:
         self._check()

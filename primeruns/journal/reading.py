@@ -47,6 +47,8 @@ _LOOKS = 100
 # Transactions.count_read): Linux maps up to 64 KiB of cached file around each
 # page fault (fault_around_bytes), and a look faults on a few pages.
 _LOOK_PAGES_BYTES = 64 << 10
+# ``tally``'s range end when it has none: past every seq a key can hold.
+_NO_END = 1 << 64
 
 
 class Reader:
@@ -296,7 +298,9 @@ class Reader:
         checked.sort()  # those checked whole come after those checked in place
         return ReadResult(entries, next_after, damaged, oversized, checked)
 
-    def tally(self, cuts: Sequence[int] = (), *, past: int = 0) -> list[Counter[int]]:
+    def tally(
+        self, cuts: Sequence[int] = (), *, past: int = 0, upto: int | None = None
+    ) -> list[Counter[int]]:
         """Entries present per kind in each interval the ascending ``cuts`` make:
         ``(0, c1], (c1, c2], ..., (cn, end]``, by header alone (nothing is
         decompressed). An entry whose header cannot be read counts under
@@ -304,8 +308,12 @@ class Reader:
         The scan goes in bounded read transactions, so a long journal never
         pins a live writer's old pages for long. ``past``: only the entries
         after it are looked at (those up to it count nowhere), so a count of
-        what is left past an offset costs what is left, not the log's length."""
+        what is left past an offset costs what is left, not the log's length.
+        ``upto``: nor after it (those past it count nowhere), so a count of
+        one range (a batch's, what a sink has left of a target) costs the
+        range, however long the log has grown past it."""
         bounds = sorted(set(cuts))
+        end = _NO_END if upto is None else upto
         for _ in range(_LOOKS):
             counts: list[Counter[int]] = [Counter() for _ in range(len(bounds) + 1)]
             self.spool.refresh()  # before LMDB's reads: see spool
@@ -315,11 +323,13 @@ class Reader:
             seen = [max(past, 0)]
             resume: bytes | None = key(seen[0] + 1 if past > 0 else 0)
             while resume is not None:
-                resume = self._tally_some(resume, bounds, counts, seen)
+                resume = self._tally_some(resume, bounds, counts, seen, end)
             with self.spool.lock:
                 if self.spool.forgotten != forgotten:
                     continue  # moved into LMDB meanwhile (see spool): count again
                 for seq, kind, _, _, _ in self.spool.frames(seen[0]):
+                    if seq > end:
+                        break
                     counts[bisect_left(bounds, seq)][kind] += 1
                 return counts
         raise JournalError(f"{self._tx.path}: the log kept moving while it was counted")
@@ -330,11 +340,12 @@ class Reader:
         bounds: list[int],
         counts: list[Counter[int]],
         seen: list[int],
+        end: int,
     ) -> bytes | None:
         """One transaction of ``tally``: where the next should start, or None at the end."""
         touched = [0]
         try:
-            return self._tally_in(start, bounds, counts, seen, touched)
+            return self._tally_in(start, bounds, counts, seen, touched, end)
         finally:
             self._tx.count_read(touched[0])
 
@@ -345,6 +356,7 @@ class Reader:
         counts: list[Counter[int]],
         seen: list[int],
         touched: list[int],
+        end: int,
     ) -> bytes | None:
         with self._tx.read(buffers=True) as txn:
             # What the spool's count starts after: the floor (compacted away,
@@ -374,8 +386,14 @@ class Reader:
                         return bytes(raw_key)
                     if len(raw_key) != key_size:
                         continue  # a chunk of the entry before it
-                    nbytes += len(value)
                     seq = unpack(raw_key)[0]
+                    if seq > end:
+                        # Past the range: the spool's count starts after
+                        # this seq too, as it would after a scan to LMDB's
+                        # end (which reaches at least this far).
+                        top = max(top, seq)
+                        return None
+                    nbytes += len(value)
                     while index < last and seq > bounds[index]:
                         index += 1
                         here = counts[index]

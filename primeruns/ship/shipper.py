@@ -806,7 +806,7 @@ class Shipper:
         taken only from a sink that passes over entries (``Sink``): an entry
         of the range no record stands for (a step off the sample table's
         cadence) was dealt with. Never more than the entries, either way."""
-        counts = self.journal.tally([inflight.first_seq - 1, inflight.last_seq])[1]
+        counts = self.journal.tally_range(inflight.first_seq - 1, inflight.last_seq)
         entries = ledger.records_left(counts, self.sink.kinds)
         if not getattr(self.sink, "passes_over_entries", False):
             return entries

@@ -180,19 +180,7 @@ def test_tally_counts_entries_not_chunks_across_cuts_and_compaction(tmp_path: Pa
         # Compacted entries still count as logged; what is left is as before.
         assert [dict(c) for c in j.tally([12])] == [expected(0, 12), expected(12, n)]
     # A damaged entry is counted as unreadable: still there, and shipped by nobody.
-    env = lmdb.open(str(tmp_path / "run"), max_dbs=8, readonly=True, lock=False)
-    with env.begin() as txn:
-        head = txn.get(struct.pack(">Q", 15), db=env.open_db(b"entries", txn=txn))
-    env.close()
-    assert head is not None
-    data = tmp_path / "run" / "data.mdb"
-    raw = bytearray(data.read_bytes())
-    at = raw.find(head[:24])
-    assert at >= 0
-    while at >= 0:  # pages are copied on write: stale copies may sit in freed pages
-        raw[at] = 0xEE  # an unknown frame version
-        at = raw.find(head[:24], at + 1)
-    data.write_bytes(bytes(raw))
+    _damage_head(tmp_path / "run", 15)
     with Journal.open(tmp_path / "run", owner=False) as j:
         [counts] = j.tally()
     total = expected(0, n)
@@ -231,6 +219,68 @@ def test_tally_past_an_offset_is_the_tally_after_it_and_reads_only_what_follows(
         looked.clear()
         j.tally([n - 1])
         assert len(looked) >= n - 12  # every entry LMDB holds
+
+
+def test_tally_of_a_range_is_the_tally_between_two_cuts_and_reads_only_the_range(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch's entries (counted when its state is damaged) and a forked
+    child's left up to its target (counted at each look while its parent
+    finishes) are counted over their range alone: the same counts as the
+    middle interval of ``tally``, chunked entries, compaction, the spool's
+    entries and damaged ones included, at the cost of the range however
+    long the log is past or before it."""
+    payloads = _write(tmp_path)
+    n = len(payloads)
+    with Journal.open(tmp_path / "run") as j:
+        j._mover.stop()  # the entries appended from here on stay in the spool
+        for i in range(3):
+            j.append(EntryKind.METRICS, [_payload(100 + i, 50)])
+        total = n + 3
+        ranges = [(a, b) for a in (0, 1, 5, n - 1, n, total) for b in (a + 1, a + 4, total + 2)]
+        for after, upto in ranges:
+            assert j.tally_range(after, upto) == j.tally([after, upto])[1], (after, upto)
+        assert j.tally_range(7, 7) == {} and j.tally_range(7, 3) == {}
+        j.ack("traces", 12)
+        j.ack("eval_samples", 12)
+        assert j.compact() == 12
+        assert j.compacted() == j.tally()[0] - j.tally_range(0, total)
+        for after, upto in [(0, 12), (0, 15), (5, 14), (12, 13), (n - 2, n + 2), (0, total)]:
+            assert j.tally_range(after, upto) == j.tally([after, upto])[1], (after, upto)
+        looked: list[int] = []
+        monkeypatch.setattr(
+            reading, "peek_kind", lambda value: looked.append(1) or frames.peek_kind(value)
+        )
+        j.tally_range(14, 18)
+        assert len(looked) <= 4
+        looked.clear()
+        j.tally([14, 18])
+        assert len(looked) >= n - 12  # every entry LMDB holds
+    # A damaged entry of the range counts as unreadable, as in ``tally``.
+    _damage_head(tmp_path / "run", 15)
+    with Journal.open(tmp_path / "run", owner=False) as j:
+        counts = j.tally_range(13, 17)
+        assert counts[UNREADABLE] == 1 and counts.total() == 4
+        assert counts == j.tally([13, 17])[1]
+
+
+def _damage_head(path: Path, seq: int) -> None:
+    """Make entry ``seq``'s header unreadable (an unknown frame version), in
+    every copy of it: pages are copied on write, stale copies may sit in
+    freed pages."""
+    env = lmdb.open(str(path), max_dbs=8, readonly=True, lock=False)
+    with env.begin() as txn:
+        head = txn.get(struct.pack(">Q", seq), db=env.open_db(b"entries", txn=txn))
+    env.close()
+    assert head is not None
+    data = path / "data.mdb"
+    raw = bytearray(data.read_bytes())
+    at = raw.find(head[:24])
+    assert at >= 0
+    while at >= 0:
+        raw[at] = 0xEE
+        at = raw.find(head[:24], at + 1)
+    data.write_bytes(bytes(raw))
 
 
 def test_salvage_finds_a_chunked_entry_behind_a_stale_node_of_the_same_seq(

@@ -53,6 +53,9 @@ def test_what_every_sink_acknowledged_leaves_memory_but_the_runs_lifecycle() -> 
     assert j.tally([3])[0][EntryKind.EPISODE] + j.tally([3])[1][EntryKind.EPISODE] == 4
     for after in range(7):
         assert j.tally_past(after) == j.tally([after])[-1], after
+        for upto in range(after + 1, 8):
+            assert j.tally_range(after, upto) == j.tally([after, upto])[1], (after, upto)
+    assert j.compacted() == j.tally()[0] - j.tally_range(0, 6)
     assert j.losses() == {"eval_samples": {"count": 1, "reasons": ["rejected"]}}
     with pytest.raises(ValueError):
         j.ack("traces", 4)  # backwards

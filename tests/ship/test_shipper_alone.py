@@ -31,7 +31,7 @@ from primeruns.exceptions import (
     RetryableAPIError,
     ValidationRejectedError,
 )
-from primeruns.journal import Entry, EntryKind, InFlight, Journal
+from primeruns.journal import Entry, EntryKind, InFlight, Journal, frames, reading
 from primeruns.journal.frames import encode_frame
 from primeruns.journal.layout import META_KIND, key
 from primeruns.journal.spool import APPEND, list_segments, segment_name
@@ -407,6 +407,23 @@ def test_a_damaged_batch_counts_the_records_it_held_not_every_entry_of_its_range
     shipper.stop(timeout=5)
     assert sink.stored == ["e5", "e6"]
     assert journal.losses()["fake"]["count"] == lost
+    journal.close()
+
+
+def test_a_damaged_batch_is_counted_over_its_range_not_the_whole_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # What a damaged batch lost is read from the headers of its range
+    # alone: a long run's log is not walked once per damaged batch.
+    journal = _journal(tmp_path, 3_000)
+    journal._absorb()
+    shipper = _shipper(journal, FakeSink(), [])
+    looked: list[int] = []
+    monkeypatch.setattr(
+        reading, "peek_kind", lambda value: looked.append(1) or frames.peek_kind(value)
+    )
+    assert shipper._lost_with(InFlight(2_001, 2_005, b"", {"done": "one"})) == 5
+    assert len(looked) <= 5
     journal.close()
 
 
