@@ -343,9 +343,14 @@ class _Child:
             done = acked.get(name, 0)
             if standing.off is not None or done >= self.target:
                 continue
-            between = (
-                journal.tally([done, self.target])[1] if done else journal.tally([self.target])[0]
-            )
+            # What is left up to the target, counted over that range alone
+            # (each look, for every sink). A sink at offset 0 also counts
+            # what compaction removed: compaction waits for every sink the
+            # child's uplink names, so it removed those entries while this
+            # sink was not named, and never shipped them.
+            between = journal.tally_range(done, self.target)
+            if not done:
+                between.update(journal.compacted())
             left = ledger.records_left(between, kinds)
             if left:
                 pending[name] = left
