@@ -20,7 +20,7 @@ import lmdb
 
 from primeruns.exceptions import JournalError
 from primeruns.journal.frames import FrameError, peek_header
-from primeruns.journal.layout import CHUNK_KEY, KEY, kept_kind, seq_of
+from primeruns.journal.layout import CHUNK_KEY, KEY, kept_kind, key, seq_of
 from primeruns.journal.mover import Mover
 from primeruns.journal.reading import Reader
 from primeruns.journal.tail import K_FLOOR, as_floor, stored_end
@@ -48,6 +48,9 @@ class Capacity:
         self._headroom = 0  # bytes known to fit without counting again (room_for)
         self.inflight_peak = 0  # largest in-flight body recorded (room_for's reserve)
         self.sinks: frozenset[str] = frozenset()  # whose acks compaction needs
+        # Every entry up to it was compacted away but the lifecycle's (a
+        # compaction's next pass starts past it).
+        self._swept = 0
         # Bytes this process spooled that LMDB does not hold yet, given LMDB's
         # end (the appender's; 0 elsewhere): they take room once absorbed.
         self.spooled: Callable[[int], int] = lambda end: 0
@@ -158,11 +161,17 @@ class Capacity:
         db = tx.dbs["entries"]
         while True:
 
-            def chunk(txn: lmdb.Transaction) -> tuple[int, bool]:
+            def chunk(txn: lmdb.Transaction) -> tuple[int, bool, int]:
                 removed_kinds: Counter[int] = Counter()
                 cur = txn.cursor(db=db)
                 n = keys = 0
-                more = cur.first()
+                # From where the last pass stopped, not the first key: the
+                # lifecycle entries it kept (a summary per step, for a run
+                # that updates it each step) are not walked again at every
+                # compaction. A pass stops right after a deletion, so it
+                # goes on at an entry's head or at the rest of a removed
+                # entry's chunks, never inside a kept entry.
+                more = cur.set_range(key(self._swept + 1))
                 kept = -1  # the seq of a lifecycle entry passed over (and its chunks)
                 while (
                     more
@@ -181,15 +190,23 @@ class Capacity:
                         _count_kind(removed_kinds, cur.value())
                     keys += 1
                     more = cur.delete()
+                full = keys >= _COMPACT_CHUNK
+                # Where the next pass starts (kept in memory: a process that
+                # compacts anew walks the kept entries once). ``delete``
+                # says True at the end too, its key then empty.
+                at = cur.key() if more else b""
+                sizes = (KEY.size, CHUNK_KEY.size)
+                swept = min(seq_of(at) - 1, upto) if full and len(at) in sizes else upto
                 if removed_kinds:
                     tx.put_meta(txn, K_COMPACTED_KINDS, _merged(tx, txn, removed_kinds))
                 floor = as_floor(tx.meta_or(txn, K_FLOOR, 0))
                 if upto > floor:
                     tx.put_meta(txn, K_FLOOR, upto)
-                return n, keys >= _COMPACT_CHUNK
+                return n, full, swept
 
             with tx.lock:
-                n, full = tx.write(chunk)
+                n, full, swept = tx.write(chunk)
+            self._swept = max(self._swept, swept)
             removed += n
             if not full:
                 break

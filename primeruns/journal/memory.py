@@ -77,6 +77,7 @@ class MemoryJournal:
         self._cursors: dict[str, CursorState] = {}
         self._losses: dict[str, dict[str, Any]] = {}
         self._compacted: Counter[int] = Counter()
+        self._swept = 0  # every entry up to it was forgotten, but the lifecycle's
         self._sinks: frozenset[str] = frozenset()
         self._woken = 0
         if meta:
@@ -360,8 +361,13 @@ class MemoryJournal:
         if not self._sinks:
             return
         upto = min(self._cursors.get(s, CursorState(0, None)).acked for s in self._sinks)
+        # Only what the last pass did not look at: the lifecycle entries it
+        # kept (a summary per step, for a run that updates it each step)
+        # are not walked again at every acknowledgement.
+        start = bisect_right(self._seqs, self._swept)
+        end = bisect_right(self._seqs, upto)
         kept: list[int] = []
-        for seq in self._seqs[: bisect_right(self._seqs, upto)]:
+        for seq in self._seqs[start:end]:
             entry = self._entries[seq]
             if entry.kind in _KEPT:
                 kept.append(seq)
@@ -369,7 +375,8 @@ class MemoryJournal:
             del self._entries[seq]
             self._bytes -= len(entry.payload) + HEADER_SIZE
             self._compacted[int(entry.kind)] += 1
-        self._seqs[: bisect_right(self._seqs, upto)] = kept
+        self._seqs[start:end] = kept
+        self._swept = max(self._swept, upto)
 
     def size_bytes(self) -> int:
         with self._cond:

@@ -1,0 +1,93 @@
+"""The run's lifecycle entries (its spec, its summaries, its finish) outlive
+compaction: a run that updates its summary every step keeps one per step.
+What compaction does at an acknowledgement must cost what was acknowledged
+since the last one, not every lifecycle entry kept before it, and it must
+still keep each of them whole and remove everything else acknowledged."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import lmdb
+import pytest
+
+from primeruns.journal import EntryKind, Journal, capacity
+from primeruns.journal.layout import kept_kind, seq_of
+from primeruns.journal.memory import MemoryJournal
+
+
+class _CountingEntries(dict[int, Any]):
+    """The memory journal's entries, counting the looks at them."""
+
+    looks = 0
+
+    def __getitem__(self, seq: int) -> Any:
+        type(self).looks += 1
+        return super().__getitem__(seq)
+
+
+def test_an_acknowledgement_in_memory_looks_at_what_it_acknowledged_alone() -> None:
+    j = MemoryJournal(max_bytes=1 << 30, meta={})
+    j.set_sinks(["traces"])
+    j.append(EntryKind.RUN_OPEN, [b"{}"])
+    for step in range(2_000):
+        j.append(EntryKind.SUMMARY, [b'{"best": %d}' % step])
+        j.append(EntryKind.EPISODE, [b'{"step": %d}' % step])
+    j.ack("traces", j.last_seq())
+    j._entries = _CountingEntries(j._entries)
+    _CountingEntries.looks = 0
+    j.append(EntryKind.EPISODE, [b"e1", b"e2"])
+    j.append(EntryKind.SUMMARY, [b'{"best": -1}'])
+    j.ack("traces", j.last_seq())
+    assert _CountingEntries.looks <= 3
+    # Every lifecycle entry is still there; every other one acknowledged is gone.
+    held = j.read(0, max_entries=10_000, max_bytes=1 << 30).entries
+    assert [e.kind for e in held] == [EntryKind.RUN_OPEN] + [EntryKind.SUMMARY] * 2_001
+    assert held[-1].payload == b'{"best": -1}'
+    assert j.compacted() == {int(EntryKind.EPISODE): 2_002}
+
+
+def _noise(i: int, size: int) -> bytes:
+    return json.dumps({"i": i, "noise": random.Random(i).randbytes(size).hex()}).encode()
+
+
+def test_compaction_looks_past_where_it_stopped_and_keeps_each_lifecycle_entry_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Entries stored in chunks, kept ones among them, and passes of a few
+    # keys: a pass stops inside a removed entry's chunks, and the next goes
+    # on from there.
+    monkeypatch.setattr(capacity, "_COMPACT_CHUNK", 3)
+    looked: list[int] = []
+    monkeypatch.setattr(capacity, "kept_kind", lambda value: looked.append(1) or kept_kind(value))
+    summaries: dict[int, bytes] = {}
+    with Journal.create(tmp_path, local_id="run") as j:
+        j.append(EntryKind.RUN_OPEN, [b"{}"])
+        for i in range(60):
+            if i % 3 == 0:
+                payload = _noise(i, 3_000)  # stored in chunks
+                summaries[j.append(EntryKind.SUMMARY, [payload]).first_seq or 0] = payload
+            j.append(EntryKind.EPISODE, [_noise(1_000 + i, 2_500 if i % 2 else 50)])
+        j.ack("traces", j.last_seq())
+        removed = j.compact(["traces"])
+        assert removed == 60
+        looked.clear()
+        for i in range(3):
+            j.append(EntryKind.EPISODE, [_noise(2_000 + i, 2_500)])
+        j.ack("traces", j.last_seq())
+        assert j.compact(["traces"]) == 3
+        assert len(looked) <= 3  # the new heads alone, not the 21 kept before them
+        end = j.last_seq()
+        for seq, payload in summaries.items():
+            entry = j.get(seq)
+            assert entry is not None and entry.payload == payload
+        assert j.damage() == []
+    # Nothing but the lifecycle entries (and their chunks) is left of what was acknowledged.
+    env = lmdb.open(str(tmp_path / "run"), max_dbs=8, readonly=True, lock=False)
+    with env.begin() as txn:
+        left = {seq_of(k) for k, _ in txn.cursor(db=env.open_db(b"entries", txn=txn))}
+    env.close()
+    assert {seq for seq in left if seq <= end} == {1, *summaries}
