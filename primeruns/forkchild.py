@@ -51,7 +51,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from . import hooks, records, run_index
 from .exceptions import JournalError
@@ -112,6 +112,9 @@ class ForkOrigin:
     mode: Mode = "online"
     run_id: str | None = None
     forked: bool = False  # the parent forked since: its finish() looks for children
+    # The parent's journal is in its memory (no folder took it, ``refuge``):
+    # so is a child's, shipped by the child's threads before it exits.
+    in_memory: bool = False
     _child: Run | None = field(default=None, repr=False)
     _child_pid: int | None = None  # the process _child belongs to
     _failed: bool = False
@@ -152,8 +155,11 @@ class ForkOrigin:
         """In the parent's finish(): wait up to ``budget`` seconds for what
         its children journaled to be shipped (``wait_children``), and say
         what was left."""
-        if not self.forked or self.mode != "online":
-            return  # offline, nothing ships now: primeruns sync ships the children
+        if not self.forked or self.mode != "online" or self.in_memory:
+            # Offline, nothing ships now: primeruns sync ships the children.
+            # In memory, nothing of theirs can be seen from here: each ships
+            # its own as it exits.
+            return
         deadline = time.monotonic() + budget
         left = wait_children(
             own.parent, self.parent_id, own, deadline, self.kind, self.tuning.stall_s
@@ -198,18 +204,22 @@ def open_child(origin: ForkOrigin) -> Run:
     # run is found when the journal ships (ship.family).
     spec = replace(origin.spec, attach_id=origin.run_id, run_key=None)
     stored = spec.to_json()
-    journal = Journal.create(
-        origin.tuning.runs_dir,
-        durability=origin.durability,
-        max_bytes=origin.tuning.max_journal_bytes,
-        meta={
-            SPEC_KEY: stored,
-            "state": "running",
-            K_FORK_PARENT: origin.parent_id,
-            K_FORK_PARENT_PATH: origin.parent_path,
-        },
-    )
-    run_index.enter(journal.path, origin.run_id)
+    meta = {
+        SPEC_KEY: stored,
+        "state": "running",
+        K_FORK_PARENT: origin.parent_id,
+        K_FORK_PARENT_PATH: origin.parent_path,
+    }
+    if origin.in_memory:
+        journal = _memory_journal(origin, meta)
+    else:
+        journal = Journal.create(
+            origin.tuning.runs_dir,
+            durability=origin.durability,
+            max_bytes=origin.tuning.max_journal_bytes,
+            meta=meta,
+        )
+        run_index.enter(journal.path, origin.run_id)
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)
     recorder = Recorder(journal, kind=origin.kind, on_error=origin.on_error)
     supervisor = None
@@ -220,7 +230,8 @@ def open_child(origin: ForkOrigin) -> Run:
             )
         except BaseException:
             journal.close()
-            delete_journal(journal.path)  # nothing in it yet: leave no crashed run behind
+            if not origin.in_memory:
+                delete_journal(journal.path)  # nothing in it yet: leave no crashed run behind
             raise
     run = ChildRun(
         recorder,
@@ -240,6 +251,22 @@ def open_child(origin: ForkOrigin) -> Run:
     return run
 
 
+def _memory_journal(origin: ForkOrigin, meta: dict[str, Any]) -> Journal:
+    """A child's journal kept in its memory, as its parent's is. Only with the
+    run's id: with nothing on disk, a child forked before the parent
+    registered has no way to find the run (``ship.family`` reads the
+    parent's journal), so its records are dropped and counted as before."""
+    if origin.run_id is None:
+        raise JournalError(
+            "its parent keeps the run's journal in memory and had not registered the "
+            "run when it forked"
+        )
+    # Loaded already: the parent made its own journal with it.
+    from .journal.memory import MemoryJournal
+
+    return cast(Journal, MemoryJournal(max_bytes=origin.tuning.max_journal_bytes, meta=meta))
+
+
 def _of_its_own(origin: ForkOrigin, journal: Journal) -> ForkOrigin:
     """What a child of this child (or of a joined worker) needs to log into
     the run: the run's own process's, as this journal's parent. A joined
@@ -249,7 +276,7 @@ def _of_its_own(origin: ForkOrigin, journal: Journal) -> ForkOrigin:
     return replace(
         origin,
         parent_id=journal.local_id,
-        parent_path=str(journal.path),
+        parent_path="" if origin.in_memory else str(journal.path),
         forked=False,
         _child=None,
         _child_pid=None,

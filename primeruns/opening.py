@@ -315,27 +315,25 @@ def init(
                 bound = supervisor.binding()
                 if id is None and role.primary and bound is not None:
                     claim_created(journal.path.parent, bound.run_id, journal.local_id)
-        # What a forked child needs to log into this run (primeruns.forkchild). A
-        # run in memory has none to give: its children's records are dropped and
-        # counted (recorder).
-        fork = None
-        if not memory:
-            bound = supervisor.binding() if supervisor is not None else None
-            fork = ForkOrigin(
-                spec=spec,
-                settings=settings,
-                # Its children's journals go beside its own: in the fallback
-                # folder when the runs directory refused it (refuge).
-                tuning=replace(tuning, runs_dir=journal.path.parent),
-                durability=durability,
-                kind=kind,
-                on_error=on_error,
-                finish_timeout=float(finish_timeout),
-                parent_id=journal.local_id,
-                parent_path=str(journal.path),
-                mode=run_mode,
-                run_id=bound.run_id if bound else None,
-            )
+        # What a forked child needs to log into this run (primeruns.forkchild):
+        # its journal goes beside this one (in the fallback folder when the
+        # runs directory refused it, refuge), or in its own memory as this
+        # one's is.
+        bound = supervisor.binding() if supervisor is not None else None
+        fork = ForkOrigin(
+            spec=spec,
+            settings=settings,
+            tuning=tuning if memory else replace(tuning, runs_dir=journal.path.parent),
+            durability=durability,
+            kind=kind,
+            on_error=on_error,
+            finish_timeout=float(finish_timeout),
+            parent_id=journal.local_id,
+            parent_path="" if memory else str(journal.path),
+            mode=run_mode,
+            run_id=bound.run_id if bound else None,
+            in_memory=memory,
+        )
         made = run = Run(
             recorder,
             supervisor=supervisor,

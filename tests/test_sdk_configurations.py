@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
+import multiprocessing
 import os
+import pickle
 import re
 import socket
 import sys
@@ -519,6 +521,57 @@ def test_an_online_run_no_folder_takes_ships_from_memory_with_one_warning(
     assert str(home) in warned[0] and "memory" in warned[0] and "a crash" in warned[0]
     assert all(str(folder) in warned[0] for folder in refuge.refuges())
     assert not list(tmp_path.glob("**/prime-runs-*"))
+
+
+def _log_in_a_forked_worker(run: pr.Run, episodes: list[Any]) -> None:
+    """A pool worker's task: log, and leave through multiprocessing's exit."""
+    run.log_episodes(episodes)
+
+
+def test_a_forked_worker_of_a_run_kept_in_memory_ships_its_records(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No folder takes a journal, and the run forks a worker that logs (a
+    pool's or a data loader's). Before, the worker's records were dropped
+    (counted in its run.dropped_records) while the vendor's SDK ships them
+    from the worker: it keeps them in memory, as the run does here."""
+    lp = local_platform
+    point_at(monkeypatch, tmp_path, lp.url)
+    _no_folder_takes_a_journal(tmp_path, monkeypatch)
+    episodes = workloads.gsm8k(30)
+    run = pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url)
+    run.log_episodes(episodes[:10])
+    worker = multiprocessing.get_context("fork").Process(
+        target=_log_in_a_forked_worker, args=(run, episodes[10:20])
+    )
+    worker.start()
+    worker.join(timeout=120)
+    assert worker.exitcode == 0
+    run.log_episodes(episodes[20:])
+    run.finish(timeout=120)
+    assert run.status is pr.RunStatus.COMPLETED and run.dropped_records == 0
+    stored = platform_episode_ids(lp.data_dir, run.id)
+    assert stored == Counter(e["id"] for e in episodes)
+    assert lp.run(run.id)["status"] == "COMPLETED"
+
+
+def test_a_run_kept_in_memory_hands_workers_a_handle(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before, run.handle() of a run no folder took raised ConfigurationError
+    into the loop; a worker that joins it keeps its records in memory too."""
+    lp = local_platform
+    point_at(monkeypatch, tmp_path, lp.url)
+    _no_folder_takes_a_journal(tmp_path, monkeypatch)
+    episodes = workloads.gsm8k(10)
+    run = pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url)
+    handle = pickle.loads(pickle.dumps(run.handle()))
+    worker = pr.join(handle)  # here as in a spawned worker: a process of its own below
+    worker.log_episodes(episodes)
+    worker.finish(timeout=120)
+    run.finish(timeout=120)
+    assert worker.dropped_records == 0 and worker.failed_records == {}
+    assert platform_episode_ids(lp.data_dir, run.id) == Counter(e["id"] for e in episodes)
 
 
 def test_records_a_run_in_memory_could_not_ship_are_counted_as_lost(
