@@ -15,6 +15,7 @@ without an import cycle.
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 from collections.abc import Mapping
@@ -36,6 +37,18 @@ _MIN_SECRET = 8
 
 _lock = threading.Lock()
 _secrets: set[str] = set()
+
+
+def _after_fork_in_child() -> None:
+    """A fresh lock: a thread of the parent scrubbing a failure at the fork
+    (a run's uplink threads) left it held in the child, whose own first
+    failure waited on it for ever. The set it guards is whole (its copy is
+    one call under the GIL)."""
+    global _lock
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 # A header (or query/JSON field) echoed with its value: the name is kept so
 # the message still says what was there, the value is masked.

@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import logging
 import os
+import select
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -337,3 +340,45 @@ def test_the_probe_child_does_not_inherit_keys(
     assert envs and envs[0] is not None, "the child inherits the whole environment"
     assert KEY not in envs[0].values()
     assert envs[0].get("PATH") == os.environ.get("PATH")  # the rest is kept
+
+
+# -- fork ----------------------------------------------------------------------------
+
+
+def test_a_child_forked_while_a_thread_scrubs_scrubs_its_own_errors() -> None:
+    """A run's uplink threads (a run kept in memory, an evaluation's first
+    seconds) scrub each failure's text under the module's lock. A child
+    forked while one held it got the lock held for good: its own first
+    failure (its uplink threads' of its own journal in memory) waited on it
+    for ever."""
+    from primeruns import redaction
+
+    redaction.remember_secret(KEY)
+    holding, release = threading.Event(), threading.Event()
+
+    def scrubbing() -> None:
+        with redaction._lock:  # a thread inside scrub() at the fork
+            holding.set()
+            release.wait()
+
+    thread = threading.Thread(target=scrubbing)
+    thread.start()
+    holding.wait()
+    said_r, said_w = os.pipe()
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.write(said_w, redaction.scrub(f"echoed {KEY}").encode())
+            finally:
+                os._exit(0)
+        said = select.select([said_r], [], [], 60)[0]  # a hang's bound, not a race
+        if not said:
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join()
+    assert said
+    scrubbed = os.read(said_r, 200)
+    assert KEY.encode() not in scrubbed and scrubbed.startswith(b"echoed")
