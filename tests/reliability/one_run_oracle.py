@@ -82,7 +82,9 @@ class Rank:
         read = 0
         while lines is None or read < lines:
             line = self.proc.stdout.readline()
-            if not line:
+            if not line.endswith("\n"):
+                # The end, or a line the kill cut as it was written ("metrics "):
+                # not said whole, so not counted as said.
                 return
             read += 1
             said, _, value = line.strip().partition(" ")
