@@ -110,8 +110,9 @@ def _write_parquet(journal: Journal, target: str, damage: list[Damage]) -> int:
     not the first's (a metric logged every 100 steps, an evaluation's row
     beside the training one): an int that becomes a float is a float
     column, a group that gains a field gains it; a metric whose rows
-    disagree on its type (a float, then a string), or a number past 64
-    bits, no column holds, and the export is refused with no file."""
+    disagree on its type (a float, then a string), a number past 64
+    bits, or a group with no field, no column holds, and the export is
+    refused with no file."""
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -135,6 +136,11 @@ def _write_parquet(journal: Journal, target: str, damage: list[Damage]) -> int:
             p if p.schema.equals(schema) else pa.Table.from_pylist(p.to_pylist(), schema=schema)
             for p in parts
         ]
+        # Some columns Arrow holds Parquet does not (a group with no field in
+        # any row, ``{"opt": {}}``): the writer refuses the schema as it
+        # starts, so it starts here first, before the target is opened (a
+        # refusal there was a traceback and an empty file named like an export).
+        pq.ParquetWriter(pa.BufferOutputStream(), schema).close()
     except (pa.ArrowException, OverflowError) as exc:
         # JSONL holds anything.
         raise CommandError(

@@ -183,3 +183,27 @@ def test_a_parquet_export_holds_every_rows_metrics_not_only_the_first_rows(
     code, _, err = cli(capsys, "export", str(path), "--kind", "metrics", "-o", str(out))
     assert code == 1 and "Parquet" in err and ".jsonl" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "group", [b"{}", b"[{}]"], ids=["an empty group", "a list of empty groups"]
+)
+def test_metric_rows_parquet_cannot_write_are_refused_before_any_file_is_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group: bytes
+) -> None:
+    """A group with no fields in every row (``{"opt": {}}``) converts to a
+    column Parquet cannot write: the export died with pyarrow's traceback
+    and left an empty file named like an export. It is refused as a column
+    no Parquet holds is: one line naming JSONL, and no file."""
+    pytest.importorskip("pyarrow")
+    runs = point_at(monkeypatch, tmp_path, None)
+    with Journal.create(runs, local_id="empty", meta={"spec": {"kind": "train"}}) as journal:
+        rows = [b'{"step": 1, "opt": ' + group + b"}", b'{"step": 2, "opt": ' + group + b"}"]
+        journal.append(EntryKind.METRICS, rows)
+        path = journal.path
+    out = tmp_path / "rows.parquet"
+    done = cli_subprocess("export", str(path), "--kind", "metrics", "-o", str(out))
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 1
+    assert "Parquet" in done.stderr and ".jsonl" in done.stderr, done.stderr
+    assert not out.exists()
