@@ -172,13 +172,18 @@ class Capacity:
                 # goes on at an entry's head or at the rest of a removed
                 # entry's chunks, never inside a kept entry.
                 more = cur.set_range(key(self._swept + 1))
+                end = key(upto + 1)  # every key of an entry up to ``upto`` sorts before it
                 kept = -1  # the seq of a lifecycle entry passed over (and its chunks)
-                while (
-                    more
-                    and keys < _COMPACT_CHUNK
-                    and len(cur.key()) in (KEY.size, CHUNK_KEY.size)
-                    and seq_of(cur.key()) <= upto
-                ):
+                last = 0  # the seq of the last key deleted
+                # ``delete`` says True at the end too, its key then empty
+                # (LMDB has no empty key): that ends the pass, as a ``next``
+                # there would go back to the first key.
+                while more and keys < _COMPACT_CHUNK and b"" < bytes(cur.key()) < end:
+                    if len(cur.key()) not in (KEY.size, CHUNK_KEY.size):
+                        # No entry's key (damage the reader reports): passed
+                        # over, as a stop it kept every entry after it.
+                        more = cur.next()
+                        continue
                     seq = seq_of(cur.key())
                     if len(cur.key()) == KEY.size and kept_kind(cur.value()):
                         kept = seq
@@ -189,14 +194,14 @@ class Capacity:
                         n += 1
                         _count_kind(removed_kinds, cur.value())
                     keys += 1
+                    last = seq
                     more = cur.delete()
                 full = keys >= _COMPACT_CHUNK
                 # Where the next pass starts (kept in memory: a process that
-                # compacts anew walks the kept entries once). ``delete``
-                # says True at the end too, its key then empty.
-                at = cur.key() if more else b""
-                sizes = (KEY.size, CHUNK_KEY.size)
-                swept = min(seq_of(at) - 1, upto) if full and len(at) in sizes else upto
+                # compacts anew walks the kept entries once): at the entry
+                # whose key it deleted last, so at the rest of its chunks or
+                # past them, never inside a kept entry, whatever key follows.
+                swept = last - 1 if full else upto
                 if removed_kinds:
                     tx.put_meta(txn, K_COMPACTED_KINDS, _merged(tx, txn, removed_kinds))
                 floor = as_floor(tx.meta_or(txn, K_FLOOR, 0))

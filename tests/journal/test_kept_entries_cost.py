@@ -15,7 +15,7 @@ import lmdb
 import pytest
 
 from primeruns.journal import EntryKind, Journal, capacity
-from primeruns.journal.layout import kept_kind, seq_of
+from primeruns.journal.layout import kept_kind, key, seq_of
 from primeruns.journal.memory import MemoryJournal
 
 
@@ -91,3 +91,30 @@ def test_compaction_looks_past_where_it_stopped_and_keeps_each_lifecycle_entry_w
         left = {seq_of(k) for k, _ in txn.cursor(db=env.open_db(b"entries", txn=txn))}
     env.close()
     assert {seq for seq in left if seq <= end} == {1, *summaries}
+
+
+@pytest.mark.parametrize("pass_keys", [3, 10_000])
+def test_compaction_goes_on_past_a_malformed_key(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, pass_keys: int
+) -> None:
+    # A key no entry has (its length is neither an entry's nor a chunk's:
+    # damage the reader reports) stopped every pass there, and a pass cut
+    # on it went on past what every sink acknowledged: what followed it was
+    # never compacted, and the journal grew to its budget.
+    monkeypatch.setattr(capacity, "_COMPACT_CHUNK", pass_keys)
+    with Journal.create(tmp_path, local_id="run") as j:
+        j.append(EntryKind.RUN_OPEN, [b"{}"])
+        j.append(EntryKind.EPISODE, [_noise(i, 2_500 if i % 2 else 50) for i in range(19)])
+        path = j.path
+    env = lmdb.open(str(path), max_dbs=8)
+    with env.begin(write=True) as txn:
+        db = env.open_db(b"entries", txn=txn)
+        for seq in (4, 11):
+            assert txn.put(key(seq) + b"\x77", b"not an entry", db=db)
+    env.close()
+    with Journal.open(path) as j:
+        j.ack("traces", j.last_seq())
+        assert j.compact(["traces"]) == 19
+        assert j.compacted() == {int(EntryKind.EPISODE): 19}
+        assert sum(j.tally()[0].values()) == 20
+        assert [e.seq for e in j.read(0).entries] == [1]
