@@ -147,11 +147,20 @@ def _write_parquet(journal: Journal, target: str, damage: list[Damage]) -> int:
             f"the metric rows cannot be written as Parquet ({exc}); write JSONL (-o FILE.jsonl)",
             EXIT_FAILED,
         ) from None
+    rows = sum(int(p.num_rows) for p in parts)
+    if rows and not len(schema):
+        # Rows none of which holds a metric (``{}``): a Parquet file of no
+        # column holds no row either, and would read back empty.
+        raise CommandError(
+            f"the {rows} metric rows hold no metric, which Parquet cannot write; "
+            "write JSONL (-o FILE.jsonl)",
+            EXIT_FAILED,
+        )
     with _open_private(target) as handle:
         with pq.ParquetWriter(handle, schema) as writer:
             for part in parts:
                 writer.write_table(part)
-    return sum(p.num_rows for p in parts)
+    return rows
 
 
 def run_export(args: argparse.Namespace) -> int:

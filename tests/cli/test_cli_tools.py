@@ -207,3 +207,23 @@ def test_metric_rows_parquet_cannot_write_are_refused_before_any_file_is_written
     assert done.returncode == 1
     assert "Parquet" in done.stderr and ".jsonl" in done.stderr, done.stderr
     assert not out.exists()
+
+
+def test_metric_rows_with_no_metric_at_all_are_refused_as_parquet_not_exported_as_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rows none of which holds a metric (``{}``) make a table of no column,
+    and a Parquet file of no column holds no row: the export said it wrote
+    them and the file read back empty. They are refused, naming JSONL,
+    and no file is written."""
+    pytest.importorskip("pyarrow")
+    runs = point_at(monkeypatch, tmp_path, None)
+    with Journal.create(runs, local_id="bare", meta={"spec": {"kind": "train"}}) as journal:
+        journal.append(EntryKind.METRICS, [b"{}", b"{}"])
+        path = journal.path
+    out = tmp_path / "rows.parquet"
+    done = cli_subprocess("export", str(path), "--kind", "metrics", "-o", str(out))
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == 1, done.stderr
+    assert "Parquet" in done.stderr and ".jsonl" in done.stderr, done.stderr
+    assert not out.exists()
