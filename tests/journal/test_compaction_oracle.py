@@ -81,6 +81,10 @@ class CompactionModel(RuleBasedStateMachine):
         assert +self.j.compacted() + +self.j.tally_range(0, self.j.last_seq()) == +self.appended
         held = self.j.read(0, max_entries=10**6, max_bytes=1 << 40).entries
         want = {s: v for s, v in self.entries.items() if s > self.upto or v[0] in _KEPT}
+        last = self.j.last_seq()
+        for after, upto in [(0, self.upto), (self.upto // 2, last - 1), (self.upto, last)]:
+            recount = Counter(int(k) for s, (k, _) in want.items() if after < s <= upto)
+            assert +self.j.tally_range(after, upto) == recount, (after, upto)
         assert [(e.seq, e.kind, e.payload) for e in held] == [
             (s, k, p) for s, (k, p) in sorted(want.items())
         ]
