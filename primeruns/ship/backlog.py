@@ -462,6 +462,11 @@ def _ship(
     )
     if not close and not outcome.finalized:
         report.left_open = why_open or "its producer may still be writing it"
+    elif outcome.finalized and report.left_open is None:
+        # Its part done, yet nothing it sent closes the run (a rank that is
+        # not the primary, a forked child, an attached run that did not
+        # complete): said so, not that the run was closed.
+        report.left_open = uplink.lifecycle.why_left_open(_closed_as(journal) or status)
     shippers = uplink.shippers
     report.records = sum(s.state.records_sent for s in shippers)
     report.bytes = sum(s.state.bytes_sent for s in shippers)

@@ -531,6 +531,21 @@ class Lifecycle:
             return False
         return status == "completed" or not self.spec.attach_id
 
+    def why_left_open(self, status: str) -> str | None:
+        """Why finalizing with ``status`` leaves the platform run open
+        (``closes_run`` is False: its part is done, yet nothing closes the
+        run), for a command to say rather than that it closed the run."""
+        if self.journal.get_meta(K_FORK_PARENT):
+            return "it is a forked child's journal: its parent's close-out closes the run"
+        if not is_primary(self.journal):
+            return "it is not the run's primary: the primary's close-out closes the run"
+        if status != "completed" and self.spec.attach_id:
+            return (
+                f"it attached to the run by id and ended {status}: the run is its launcher's "
+                "(or a requeued job's) to close"
+            )
+        return None
+
     def finalize(
         self,
         status: str,
