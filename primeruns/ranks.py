@@ -62,6 +62,7 @@ from .exceptions import JournalError
 from .journal import Journal, journal_info, list_journals
 from .journal.lock import forks_wait, lock_held, plain_files, remove_unheld
 from .journal.origin import Origin
+from .journal.store import DATA_NAME
 from .journal.trust import check_dir, make_private_dirs
 from .settings import parse_bool_setting
 from .spec import SPEC_KEY, listed_spec
@@ -395,8 +396,10 @@ def _signature(path: Path) -> tuple[tuple[str, int, int], ...]:
 
 def _left_in(path: Path) -> str | None:
     """What a journal whose processes are gone left unshipped, or None:
-    shipped by its uplink, or by ``primeruns replay`` (its sync journal's
-    record says so)."""
+    shipped by its uplink, or through its sync journal (by ``replay``,
+    ``sync``, or a requeued job's uplink that took it over: a copy is never
+    written, so its own state never says shipped), or by one that was
+    pruned (its record says so)."""
     from .ship.mirror import sync_root
     from .ship.sync_records import nothing_new
 
@@ -407,11 +410,39 @@ def _left_in(path: Path) -> str | None:
     if info.meta.get("state") == "shipped":
         return None
     try:
-        if nothing_new(sync_root(), info.local_id, info.last_seq):
+        root = sync_root()
+        if nothing_new(root, info.local_id, info.last_seq):
+            return None
+        if _shipped_through_sync_journal(path, info.meta, info.last_seq, root):
             return None
     except JournalError as exc:  # an untrusted sync root: its records are not read
         return f"not shipped: its processes are gone ({exc})"
     return "not shipped: its processes are gone"
+
+
+def _shipped_through_sync_journal(
+    path: Path, meta: Mapping[str, Any], last_seq: int, root: Path
+) -> bool:
+    """Whether the sync journal of the journal at ``path`` (ending at
+    ``last_seq``) imported all of it and shipped everything it holds."""
+    from .ship.copies import K_SOURCE_PATH, check_sync_root, sync_path
+
+    check_sync_root(root)
+    mine = sync_path(path, meta, root)
+    if mine is None or mine.absolute() == path.absolute() or not (mine / DATA_NAME).exists():
+        return False
+    try:
+        sync = journal_info(mine)
+    except (JournalError, OSError):
+        return False
+    source = sync.meta.get(K_SOURCE_PATH)
+    upto = source.get("imported_upto") if isinstance(source, dict) else None
+    return (
+        sync.meta.get("state") == "shipped"
+        and isinstance(upto, int)
+        and not isinstance(upto, bool)
+        and last_seq <= upto
+    )
 
 
 def wait_for_others(others: list[Path], *, deadline: float, stall_s: float) -> dict[str, str]:

@@ -195,6 +195,12 @@ def _requeued_by_run_id(lp: Any, tmp_path: Path, login: Path) -> tuple[str, Path
     """A training job killed offline on its node, its journal copied beside
     the requeued job twice, and the requeued job run to its end attached by
     id: (the run id, the killed job's journal on its node)."""
+    run_id, journal, _ = _requeue(lp, tmp_path, login)
+    return run_id, journal
+
+
+def _requeue(lp: Any, tmp_path: Path, login: Path) -> tuple[str, Path, str]:
+    """As ``_requeued_by_run_id``, with what the requeued job wrote to stderr."""
     created = httpx.post(  # the launcher registers the run
         f"{lp.url}/api/v1/rft/external-runs",
         json={"base_model": "m", "max_steps": 30, "environments": [], "team_id": "team-a"},
@@ -233,7 +239,7 @@ def _requeued_by_run_id(lp: Any, tmp_path: Path, login: Path) -> tuple[str, Path
         timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    return run_id, journal
+    return run_id, journal, done.stderr
 
 
 def test_a_job_requeued_by_its_run_id_ships_its_predecessor_and_a_copy_of_it_once(
@@ -253,6 +259,22 @@ def test_a_job_requeued_by_its_run_id_ships_its_predecessor_and_a_copy_of_it_onc
     stored = lp.run(run_id)
     assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 240
     assert sorted(o["step"] for o in stored["parquet_objects"]) == [0, 10, 20]
+
+
+def test_a_requeued_job_does_not_call_the_predecessor_it_shipped_unshipped(
+    local_platform: Any, tmp_path: Path, login: Path
+) -> None:
+    """Found by an adversarial review: the requeued job shipped its
+    predecessor's copies through their sync journal, then its finish()
+    warned that the run was closed while each copy "had not shipped
+    everything (not shipped: its processes are gone)" and told the user to
+    replay it: a copy is never written, so its own state never says shipped."""
+    lp = local_platform
+    run_id, _, stderr = _requeue(lp, tmp_path, login)
+    stored = lp.run(run_id)
+    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 240
+    assert stored["status"] == "COMPLETED"
+    assert "had not shipped everything" not in stderr, stderr[-2000:]
 
 
 def test_a_deleted_sync_journal_a_requeued_job_shipped_through_is_refused_not_shipped_twice(
