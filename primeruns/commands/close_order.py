@@ -36,7 +36,8 @@ __all__ = ["Listed", "closers", "finished_by"]
 @dataclass(frozen=True)
 class Listed:
     """A journal a command may ship: its path, its meta, and whether it
-    holds a finish entry (unknown for a copy listed unopened: False)."""
+    holds a finish entry (for a copy listed unopened, as its private
+    snapshot reads; False when that cannot be read)."""
 
     path: Path
     meta: Mapping[str, Any]

@@ -26,7 +26,7 @@ from rich.text import Text
 
 from ..exceptions import JournalCorruptError, JournalError, JournalLockedError
 from ..journal import Journal, journal_info
-from ..journal.listing import journal_dirs
+from ..journal.listing import finishes, journal_dirs
 from ..journal.meta import K_LOCAL_ID
 from ..journal.origin import Origin
 from ..platform import Settings, resolve_settings
@@ -426,39 +426,44 @@ class _Sorting:
         """The steps shipping ``chosen`` (``_ordered``), a run's naming its
         forked children passed over: its close-out waits for them."""
         ids = {s.info.path: s.info.local_id for s in self.listed}
+        copies = self._copies()
         steps = [
             replace(step, waits_for=tuple(self.passed_over[ids[step.path]]))
             if not step.register_only and ids.get(step.path) in self.passed_over
             else step
-            for step in _ordered(self.chosen, self.listed, self.children, self._copies())
+            for step in _ordered(self.chosen, self.listed, self.children, copies)
         ]
         chosen = set(self.chosen)  # a finished journal shipped before closed the run already
-        return _finishers_named(steps, _listed(s for s in self.listed if s.info.path in chosen))
+        listed = _listed(s for s in self.listed if s.info.path in chosen)
+        return _finishers_named(steps, [*listed, *copies])
 
     def _copies(self) -> list[Listed]:
-        """The metas of the copies chosen unopened, where the order of this
-        pass depends on them (it ships more than one journal): a copy of a
-        rank's primary shipped before the other ranks would close the run
-        before their records landed. Each is read from a private snapshot
-        (``_meta_of_copy``); one that cannot be read keeps its place."""
+        """The metas of the copies chosen unopened, and whether each holds
+        its run's finish, where the order of this pass depends on them (it
+        ships more than one journal): a copy of a rank's primary, or of the
+        attempt of a run key that finished, shipped before the others would
+        close the run before their records landed. Each is read from a
+        private snapshot (``_read_copy``); one that cannot be read keeps its
+        place."""
         if len(self.chosen) < 2:
             return []
         root = sync_root()
         out = []
         for path in self.unopened:
-            meta = _meta_of_copy(path, root)
-            if meta is not None:
-                out.append(Listed(path, meta))
+            read = _read_copy(path, root)
+            if read is not None:
+                out.append(Listed(path, *read))
         return out
 
 
-def _meta_of_copy(path: Path, root: Path) -> Mapping[str, Any] | None:
-    """The meta of the copy at ``path``, read from a private snapshot (a copy
-    refreshed in place may be truncated under a reader: ``mirror.snapshot``);
-    None when it cannot be read (shipping it says why)."""
+def _read_copy(path: Path, root: Path) -> tuple[Mapping[str, Any], bool] | None:
+    """The meta of the copy at ``path`` and whether it holds its run's
+    finish, read from a private snapshot (a copy refreshed in place may be
+    truncated under a reader: ``mirror.snapshot``); None when it cannot be
+    read (shipping it says why)."""
     with contextlib.suppress(Exception):
         with snapshot(path, root) as taken, Journal.open(taken, owner=False) as journal:
-            return journal.all_meta()
+            return journal.all_meta(), finishes(journal)
     return None
 
 

@@ -58,6 +58,7 @@ __all__ = [
     "Memo",
     "default_runs_dir",
     "delete_journal",
+    "finishes",
     "journal_dirs",
     "journal_info",
     "journal_infos",
@@ -106,6 +107,13 @@ def _finish_record(journal: Journal, last_seq: int) -> dict[str, Any] | None:
     except Exception:  # damage is reported elsewhere; the state falls back to "crashed"
         return None
     return None
+
+
+def finishes(journal: Journal) -> bool:
+    """Whether ``journal`` holds the run's finish entry (its tail read as a
+    listing reads it): for a journal opened without a listing (a copy read
+    from a private snapshot)."""
+    return _finish_record(journal, journal.last_seq()) is not None
 
 
 def _finishes(journal: Journal, last_seq: int) -> Iterator[int]:

@@ -654,3 +654,54 @@ def test_watching_refuses_to_close_runs_as_crashed(
 ) -> None:
     code, out, err = cli(capsys, "sync", "--watch", "--job-ended", "--runs-dir", str(login))
     assert code == 2 and "--job-ended cannot go with --watch" in out + err
+
+
+def _objects_and_status(lp: Any) -> tuple[list[int], str] | None:
+    """The steps of the one training run's sample objects, and its status."""
+    runs = lp.runs()
+    if len(runs) != 1:
+        return None
+    steps = sorted(o["step"] for o in lp.run(runs[0]["id"])["parquet_objects"])
+    return steps, str(runs[0]["status"])
+
+
+def _closed_after_every_record(lp: Any, run_id: str) -> bool:
+    """Whether the platform closed the training run after it stored the last of its records."""
+    conn = sqlite3.connect(f"file:{lp.data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
+    try:
+        (closed,) = conn.execute(
+            "SELECT completed_at FROM train_runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        latest = [
+            conn.execute(query, (run_id,)).fetchone()[0]
+            for query in (
+                "SELECT max(ingested_at) FROM traces WHERE run_id = ?",
+                "SELECT max(received_at) FROM train_metrics WHERE run_id = ?",
+                "SELECT max(confirmed_at) FROM objects WHERE run_id = ?",
+            )
+        ]
+    finally:
+        conn.close()
+    return closed is not None and all(t is not None and t <= closed for t in latest)
+
+
+def test_a_watching_sync_closes_a_run_keys_run_after_the_attempt_that_did_not_finish(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an adversarial review: the copies of a run key's two attempts
+    met by one pass of ``sync --watch`` shipped in the order of their names,
+    as it could not tell the attempt that finished (``sync --all`` can): the
+    requeued attempt's node, its clock behind, named its journal first, so
+    its close-out closed the run before the killed attempt's records landed."""
+    lp = local_platform
+    copies = _attempts(lp, tmp_path, login)
+    # The requeued attempt's name sorts first, as under a clock hours behind.
+    copies["node-b"].rename(login / "0-requeued")
+    copies["node-a"].rename(login / "1-killed")
+    syncer = Syncer("watch", login, capsys)
+    try:
+        syncer.sync(login, lambda: _objects_and_status(lp) == ([0, 10, 10], "COMPLETED"))
+    finally:
+        syncer.stop()
+    [run] = lp.runs()
+    assert _closed_after_every_record(lp, run["id"]), "closed before the killed attempt's records"
