@@ -46,7 +46,7 @@ from ..journal.origin import Origin
 from ..journal.store import DATA_NAME
 from ..platform import Settings
 from ..spec import SPEC_KEY, RunSpec, SpecError, spec_or_default
-from . import ledger, sync_records
+from . import ledger, run_keys, sync_records
 from .copies import (
     K_SOURCE_PATH,
     check_sync_root,
@@ -249,9 +249,22 @@ def _ship_journal(
         report = ShipReport(path=journal.path, local_id=journal.local_id, damaged=damaged)
     try:
         _supply_spec(journal, spec)
+        if settings is None:
+            settings = journal_settings(journal, base_url=base_url, spec=spec)
         with contextlib.suppress(SpecError):
-            key = spec_or_default(journal).run_key
-            if key is not None and finished_by is not None:
+            run_spec = spec_or_default(journal)
+            key = run_spec.run_key
+            if (
+                key is not None
+                and not run_spec.attach_id
+                and _closed_by_its_key(journal, key, settings)
+            ):
+                # Another journal of its key closed the run already: its
+                # close-out sends nothing and says how (``Lifecycle``), so
+                # nothing is left to wait for (a later copy's entries still
+                # ship, into the closed run).
+                may_crash, why_open = True, None
+            elif key is not None and finished_by is not None:
                 # Another attempt of the job finished the run, and closes it.
                 may_crash = False
                 why_open = f"{finished_by}, of the same run key {key!r}, finishes the run"
@@ -265,8 +278,6 @@ def _ship_journal(
                     "journal that finishes the run closes it; pass --job-ended once the "
                     "job has ended for good"
                 )
-        if settings is None:
-            settings = journal_settings(journal, base_url=base_url, spec=spec)
         if register_only:
             _register(journal, report, settings, timeout, policy, root)
         else:
@@ -285,6 +296,20 @@ def _ship_journal(
     finally:
         journal.close()
     return report
+
+
+def _closed_by_its_key(journal: Journal, key: str, settings: Settings) -> bool:
+    """Whether another journal of run key ``key`` closed the run this one
+    ships to (``run_keys.note_closed``): nothing is left for a journal of
+    it without a finish entry to wait for."""
+    bound = journal.get_meta("platform")
+    run_id = bound.get("run_id") if isinstance(bound, dict) else None
+    found = None
+    with contextlib.suppress(JournalError, OSError):
+        found = run_keys.lookup(key, settings.api_root)
+    if found is None or "closed_as" not in found:
+        return False
+    return run_id is None or found["run_id"] == run_id
 
 
 def _through_sync_journal(path: Path, origin: Origin, root: Path) -> bool:

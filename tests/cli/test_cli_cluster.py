@@ -395,6 +395,35 @@ def test_an_attempt_synced_after_another_closed_the_run_says_how_it_was_closed(
     assert said == [{"COMPLETED": "completed", "FAILED": "crashed"}[closed]] * 2, (said, closed)
 
 
+def test_a_killed_attempt_synced_after_the_one_that_finished_closed_the_run_is_done(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an adversarial review: once the attempt of a run key that
+    finished had closed the run, a sync of the killed attempt (without
+    ``--job-ended``) said the run was left open until "the journal that
+    finishes the run closes it", which it had, and never settled: every
+    later ``sync --all`` shipped it again, and ``ls`` said "not closed out"."""
+    lp = local_platform
+    copies = _attempts(lp, tmp_path, login)
+    code, out, err = cli(capsys, "sync", str(copies["node-b"]))
+    assert code == 0, out + err
+    assert _status(lp) == "COMPLETED"
+    code, out, err = cli(capsys, "sync", "--json", str(copies["node-a"]))
+    assert code == 0, out + err
+    [report] = json.loads(out)
+    assert (report["left_open"], report["closed_out"], report["status"]) == (
+        None,
+        True,
+        "completed",
+    ), report
+    code, out, err = cli(capsys, "sync", "--all", "--runs-dir", str(login))
+    assert code == 0, out + err
+    assert "2 journal(s) already shipped and closed out" in err, out + err
+    assert _status(lp) == "COMPLETED"
+    [run] = lp.runs()
+    assert sorted(o["step"] for o in lp.run(run["id"])["parquet_objects"]) == [0, 10, 10]
+
+
 def _clean(path: Path) -> None:
     """Delete ``path`` as a tmp cleaner does, while its producer lives: its
     mover may add a spool segment meanwhile (rmtree's "Directory not
