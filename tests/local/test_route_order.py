@@ -56,7 +56,9 @@ def _example_path(route: Route) -> str:
     """A path ``route`` takes: each parameter given a value of its type."""
     return re.sub(
         r"{(\w+)(?::(\w+))?}",
-        lambda m: {"int": "7", "path": "a__b.parquet"}.get(m.group(2) or "", f"x-{m.group(1)}"),
+        lambda m: {"int": "7", "dashboard_index": "7", "path": "a__b.parquet"}.get(
+            m.group(2) or "", f"x-{m.group(1)}"
+        ),
         route.path,
     )
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio.to_thread
 from starlette.applications import Starlette
+from starlette.convertors import IntegerConvertor, register_url_convertor
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Mount, Route
@@ -59,6 +60,22 @@ MAX_TASK_ROWS = 500
 MAX_CATEGORY_ROWS = 100
 #: How often a live page asks for news, in milliseconds.
 POLL_MS = 2000
+#: The highest page number a page takes (a higher one is this one, past the end).
+MAX_PAGE = 1 << 31
+#: The highest sample or step number an address takes: the platform's SQLite
+#: holds no larger integer (a larger one raised OverflowError, a 500).
+MAX_INDEX = (1 << 63) - 1
+
+
+class IndexConvertor(IntegerConvertor):
+    """A sample's or a step's number in an address: 19 digits at most, so a
+    longer one matches no route (Starlette's own ``int`` takes any length, and
+    past Python's 4,300 digits its conversion raised, a 500)."""
+
+    regex = "[0-9]{1,19}"
+
+
+register_url_convertor("dashboard_index", IndexConvertor())
 
 
 def _when(stamp: float | None) -> str:
@@ -133,8 +150,9 @@ def _not_found(request: Request, what: str) -> Response:
 
 
 def _int_param(request: Request, name: str, default: int) -> int:
+    """A page number from the query, between 1 and ``MAX_PAGE`` (the URL may say any)."""
     try:
-        return max(1, int(request.query_params.get(name, default)))
+        return min(max(1, int(request.query_params.get(name, default))), MAX_PAGE)
     except ValueError:
         return default
 
@@ -323,6 +341,8 @@ async def compare_page(request: Request) -> Response:
 
 async def episode_page(request: Request) -> Response:
     run_id, index = request.path_params["run_id"], request.path_params["index"]
+    if index > MAX_INDEX:  # no source holds it
+        return _not_found(request, f"run {run_id!r} has no sample {index}")
     sample = await _read(request, lambda s: s.sample(run_id, index))
     if sample is None:
         return _not_found(request, f"run {run_id!r} has no sample {index}")
@@ -361,6 +381,8 @@ def _step_row(row: dict[str, Any]) -> dict[str, Any]:
 
 async def step_page(request: Request) -> Response:
     run_id, step = request.path_params["run_id"], request.path_params["step"]
+    if step > MAX_INDEX:  # no source holds it
+        return _not_found(request, f"run {run_id!r} has no sample table at step {step}")
     page = _int_param(request, "page", 1)
     try:
         found = await _read(
@@ -388,9 +410,15 @@ def dashboard_routes() -> list[BaseRoute]:
     return [
         Route("/", runs_page, methods=["GET"]),
         Route("/dashboard/compare", compare_page, methods=["GET"]),
-        Route("/dashboard/evaluations/{run_id}/samples/{index:int}", episode_page, methods=["GET"]),
+        Route(
+            "/dashboard/evaluations/{run_id}/samples/{index:dashboard_index}",
+            episode_page,
+            methods=["GET"],
+        ),
         Route("/dashboard/evaluations/{run_id}/analysis", analysis_page, methods=["GET"]),
-        Route("/dashboard/training/{run_id}/steps/{step:int}", step_page, methods=["GET"]),
+        Route(
+            "/dashboard/training/{run_id}/steps/{step:dashboard_index}", step_page, methods=["GET"]
+        ),
         Route("/dashboard/{section}/{run_id}", run_page, methods=["GET"]),
         Mount("/_dashboard/static", StaticFiles(directory=HERE / "static"), name="static"),
         *vendor_routes(),
