@@ -24,6 +24,7 @@ from typing import Any
 from ... import jsonbound
 from ...journal import EntryKind, Journal
 from ...records import training_step
+from .metric_rows import MetricRows
 from .views import SampleRow
 
 #: The largest entry a page decodes; one declaring more is shown as a marker.
@@ -34,9 +35,6 @@ MAX_SMALL_BYTES = 1 << 20
 READ_BYTES = 16 << 20
 #: Bytes of payload one read of a run's episodes in order copies out (at least one entry).
 BATCH_BYTES = 4 << 20
-#: Metric values kept for the charts, and distinct metric names charted.
-MAX_METRIC_VALUES = 300_000
-MAX_METRIC_NAMES = 100
 #: Damage notes kept per journal (the rest are counted).
 MAX_NOTES = 50
 #: What one kept value costs, roughly, for the cache's accounting.
@@ -60,9 +58,7 @@ class JournalIndex:
     #: A training run's episode seqs by step.
     steps: dict[int, list[int]] = field(default_factory=dict)
     #: Metric rows as the charts read them: ``step`` and numeric values only.
-    metrics: list[dict[str, Any]] = field(default_factory=list)
-    metric_values: int = 0
-    metric_names: set[str] = field(default_factory=set)
+    charted: MetricRows = field(default_factory=MetricRows)
     summary_seq: int = 0
     summary: dict[str, Any] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
@@ -72,10 +68,14 @@ class JournalIndex:
     facts: list[SampleRow] = field(default_factory=list)
 
     @property
+    def metrics(self) -> list[dict[str, Any]]:
+        return self.charted.rows
+
+    @property
     def cost(self) -> int:
         """Roughly what it holds, in bytes (the source's cache is bounded by it)."""
         return _VALUE_COST * (
-            self.metric_values
+            self.charted.values
             + len(self.metrics)
             + 2 * len(self.episodes)
             + len(self.notes)
@@ -111,8 +111,8 @@ class JournalIndex:
                 if step is not None:
                     self.steps.setdefault(step, []).append(seq)
         for _, _, record in _scan(journal, start, EntryKind.METRICS, MAX_SMALL_BYTES, self):
-            if isinstance(record, dict):
-                self._add_metrics(record)
+            if isinstance(record, dict) and (note := self.charted.add(record)):
+                self.note(note)
         last = None
         for seq, size, _ in _scan(journal, start, EntryKind.SUMMARY, 0, self):
             last = (seq, size)
@@ -120,27 +120,6 @@ class JournalIndex:
             self.summary_seq = last[0]
             self.summary = _summary(journal, *last)
         self.upto = end
-
-    def _add_metrics(self, record: dict[str, Any]) -> None:
-        if self.metric_values >= MAX_METRIC_VALUES:
-            if self.metric_values == MAX_METRIC_VALUES:
-                self.note(f"metric rows past {MAX_METRIC_VALUES} values are not charted")
-                self.metric_values += 1
-            return
-        row: dict[str, Any] = {}
-        step = record.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
-            row["step"] = step
-        for name, value in record.items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or name == "step":
-                continue
-            if name not in self.metric_names:
-                if len(self.metric_names) >= MAX_METRIC_NAMES:
-                    continue
-                self.metric_names.add(name)
-            row[name] = value
-        self.metric_values += len(row)
-        self.metrics.append(row)
 
 
 def _summary(journal: Journal, seq: int, size: int) -> dict[str, Any]:

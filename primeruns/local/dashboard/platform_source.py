@@ -12,6 +12,7 @@ import json
 import sqlite3
 import threading
 from collections import OrderedDict
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ from ..parquet_bounds import read_rows
 from ..storage import Database
 from ..traces_extract import as_list, as_object
 from . import stored_rows
+from .metric_rows import MetricRows
 from .rows import sample_row
 from .views import (
     MAX_FACTS,
@@ -240,12 +242,14 @@ class PlatformSource:
             return RunDetail(row, report.get("summary") or {}, None, report.get("config") or {})
         request = _json(tr["request"])
         config = as_object(request.get("run_config"))
-        metrics = [
-            _json(r["body"])
-            for r in conn.execute(
-                "SELECT body FROM train_metrics WHERE run_id = ? ORDER BY step, row", (run_id,)
-            )
-        ]
+        # Row by row, each reduced to what the charts read, up to their bound.
+        charted = MetricRows()
+        for r in conn.execute(
+            "SELECT body FROM train_metrics WHERE run_id = ? ORDER BY step, row", (run_id,)
+        ):
+            if note := charted.add(_json(r["body"])):
+                row = replace(row, damage=[*row.damage, note])
+                break
         tables = [
             StepTable(step=r["step"], rows=r["rows"] or 0, key=r["key"])
             for r in conn.execute(
@@ -261,7 +265,7 @@ class PlatformSource:
             config_text(config),
             config,
             max_steps=max_steps if isinstance(max_steps, int) else None,
-            metrics=metrics,
+            metrics=charted.rows,
             step_tables=tables,
         )
 
