@@ -8,21 +8,27 @@ The browser tests (``test_dashboard_browser.py``) drive the same pages as a user
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import html
 import json
 import re
+import weakref
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from dashboard_helpers import OfflinePages, fresh, offline_train
+from starlette.applications import Starlette
 
 import primeruns as pr
 from primeruns.commands.demo_data import eval_episodes
 from primeruns.local.dashboard import vendor
-from primeruns.local.dashboard.charts import overlay
-from primeruns.local.dashboard.compare import diff
-from primeruns.local.dashboard.views import SampleRow
+from primeruns.local.dashboard.charts import MAX_DRAWN, overlay
+from primeruns.local.dashboard.compare import MAX_COMPARED, diff
+from primeruns.local.dashboard.routes import dashboard_routes
+from primeruns.local.dashboard.views import RunDetail, RunRow, SampleRow
 
 
 def _rows(*facts: tuple[str | None, float]) -> list[SampleRow]:
@@ -163,3 +169,47 @@ def test_the_charting_script_is_served_from_its_installed_package(
     assert missing.status_code == 503 and "prime-runs[local]" in missing.text
     assert tampered.status_code == 503 and "alert" not in tampered.text
     assert "not uPlot 1.6.31" in tampered.text
+
+
+class _Rows(list[dict[str, Any]]):
+    """A run's metric rows, which a weak reference can watch."""
+
+
+class _LongRuns:
+    """A source of training runs, each with many metric rows, that notes how
+    many runs' rows are still held whenever the next run is read."""
+
+    def __init__(self, rows_each: int) -> None:
+        self.rows_each = rows_each
+        self.given: list[weakref.ref[_Rows]] = []
+        self.held_at_each_read: list[int] = []
+
+    def run(self, run_id: str) -> RunDetail:
+        gc.collect()
+        self.held_at_each_read.append(sum(ref() is not None for ref in self.given))
+        rows = _Rows({"step": s, "loss": 1.0 / (s + 1)} for s in range(self.rows_each))
+        self.given.append(weakref.ref(rows))
+        row = RunRow(run_id, "train", run_id, None, "COMPLETED", None, float(len(self.given)), None)
+        return RunDetail(row, {}, None, {}, metrics=rows)
+
+
+def test_the_compare_page_holds_one_runs_metric_rows_at_a_time() -> None:
+    """Ten runs' rows held at once until the page was drawn: ten long
+    training runs compared took 590 MB on the platform. Each run's rows are
+    reduced to the points its lines draw before the next run is read."""
+    source = _LongRuns(rows_each=5_000)
+    app = Starlette(routes=dashboard_routes())
+    app.state.dashboard_source = source
+    ids = [f"run-{i}" for i in range(MAX_COMPARED)]
+
+    async def fetch() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            return await c.get("/dashboard/compare?" + "&".join(f"run={i}" for i in ids))
+
+    page = asyncio.run(fetch())
+    assert page.status_code == 200, page.text[:500]
+    assert source.held_at_each_read == [0] * MAX_COMPARED
+    curve = json.loads(html.unescape(re.findall(r'data-curve="([^"]*)"', page.text)[0]))
+    assert [s["label"] for s in curve["series"]] == ids
+    assert all(0 < len(s["step"]) <= MAX_DRAWN + 1 for s in curve["series"])

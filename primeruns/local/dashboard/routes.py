@@ -17,6 +17,7 @@ paint (``data-fragment``), so a first visit costs what it shows.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -35,7 +36,7 @@ from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from .analysis import Analysis, analyse
-from .charts import curves, overlay
+from .charts import Lines, curves, lines_of, overlay_lines
 from .compare import MAX_COMPARED, MAX_DIFF_ROWS, chosen_runs, diff
 from .episodes import episode_view, message_of
 from .find import RunQuery, choices
@@ -297,13 +298,24 @@ def _facts_of(source: Source, run_id: str) -> tuple[list[SampleRow], int]:
     return source.sample_facts(run_id, MAX_FACTS)
 
 
+def _compared(source: Source, run_id: str) -> tuple[RunDetail, Lines] | None:
+    """A compared run, its metric rows reduced to the points its lines draw:
+    one run's rows at a time are held, never every compared run's."""
+    detail = source.run(run_id)
+    if detail is None:
+        return None
+    return dataclasses.replace(detail, metrics=[]), lines_of(detail.metrics)
+
+
 async def compare_page(request: Request) -> Response:
     """The runs ticked in the runs list (``?run=ID`` each): training runs'
     curves overlaid, one chart per metric; evaluations side by side, the
     first two diffed task by task (see :mod:`.compare`)."""
     ids = chosen_runs(request.query_params.getlist("run"))
     asked = ids[:MAX_COMPARED]
-    found = await _read(request, lambda s: [s.run(i) for i in asked])
+    read = [await _read(request, functools.partial(_compared, run_id=i)) for i in asked]
+    found = [None if r is None else r[0] for r in read]
+    drawn = {r[0].row.id: r[1] for r in read if r is not None}
     # Oldest first, whatever order the runs list (newest first) sent them in:
     # a run keeps its colour and the diff reads from a baseline (A) to what
     # came after (B).
@@ -330,7 +342,7 @@ async def compare_page(request: Request) -> Response:
         labels=labels,
         missing=[i for i, d in zip(asked, found, strict=True) if d is None],
         dropped=ids[MAX_COMPARED:],
-        charts=overlay([(labels[d.row.id], d.metrics) for d in trains]),
+        charts=overlay_lines([(labels[d.row.id], drawn[d.row.id]) for d in trains]),
         trains=trains,
         summaries=summaries,
         pair=evals[:2],
