@@ -22,6 +22,7 @@ import functools
 import hashlib
 import json
 import math
+import pickle
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -127,8 +128,15 @@ async def _read(request: Request, fn: Callable[[Source], T]) -> T:
 
 
 def _version(*parts: Any) -> str:
-    """A short digest of what a page shows: the poller swaps content only when it moves."""
-    return hashlib.sha1(repr(parts).encode(), usedforsecurity=False).hexdigest()[:16]
+    """A short digest of what a page shows: the poller swaps content only when it moves.
+
+    Digested from the parts' pickle, not their text: a long training run's
+    300,000 charted values took 0.6 s to put as text on every poll (every
+    2 s, a 204 most times), their pickle a tenth of it. The pickle of equal
+    parts may differ (where an object is shared), which costs a page drawn
+    again, never a change missed; it is compared within one process only."""
+    data = pickle.dumps(parts, protocol=pickle.HIGHEST_PROTOCOL)
+    return hashlib.sha1(data, usedforsecurity=False).hexdigest()[:16]
 
 
 #: The header a polling page sends with the version of what it shows.
