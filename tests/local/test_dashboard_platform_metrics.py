@@ -6,9 +6,14 @@ metric names, costs a bounded page (it read and kept every row: 450 MB and
 from __future__ import annotations
 
 import json
+import sqlite3
 import time
 from pathlib import Path
+from typing import Any
 
+import pytest
+
+from primeruns.local.dashboard import platform_source
 from primeruns.local.dashboard.charts import curves
 from primeruns.local.dashboard.platform_source import PlatformSource
 from primeruns.local.storage import Database
@@ -51,3 +56,56 @@ def test_a_training_runs_metric_rows_are_read_within_bounds(tmp_path: Path) -> N
     assert len(detail.metrics) < len(wide)
     assert f"metric rows past {MAX_VALUES} values are not charted" in detail.row.damage
     assert len(curves(named.metrics)) == MAX_NAMES
+
+
+def test_a_training_runs_rows_are_read_again_only_once_they_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live page polls every 2 s: each poll read every metric row again
+    (1.8 s a poll for 100,000 steps, the database held from the API's
+    writes). They are kept while the run's rows stay as they were; a new
+    step, or a step sent again with other values, is read on the next page."""
+    parsed: list[str] = []
+    real_json = platform_source._json
+
+    def counting(text: str | None) -> dict[str, Any]:
+        if text and '"loss"' in text:
+            parsed.append(text)
+        return real_json(text)
+
+    monkeypatch.setattr(platform_source, "_json", counting)
+    db = Database(tmp_path / "data")
+    try:
+        _training_run(db, "rft_live", [{"step": s, "loss": 1.0 / (s + 1)} for s in range(50)])
+        source = PlatformSource(db, tmp_path / "objects")
+        first = source.run("rft_live")
+        assert first is not None and len(parsed) == 50
+        parsed.clear()
+        again = source.run("rft_live")
+        assert again is not None and again.metrics == first.metrics
+        assert parsed == []  # nothing changed: nothing read
+
+        def new_step(conn: sqlite3.Connection) -> None:
+            later = time.time() + 1
+            conn.execute(
+                "INSERT INTO train_metrics (run_id, step, body, received_at)"
+                " VALUES ('rft_live', 50, '{\"step\": 50, \"loss\": 0.5}', ?)",
+                (later,),
+            )
+
+        db.write_sync(new_step)
+        grown = source.run("rft_live")
+        assert grown is not None and grown.metrics[-1] == {"step": 50, "loss": 0.5}
+
+        def replaced(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                'UPDATE train_metrics SET body = \'{"step": 0, "loss": 9.0}\', received_at = ?'
+                " WHERE run_id = 'rft_live' AND step = 0",
+                (time.time() + 2,),
+            )
+
+        db.write_sync(replaced)
+        fixed = source.run("rft_live")
+        assert fixed is not None and fixed.metrics[0] == {"step": 0, "loss": 9.0}
+    finally:
+        db.close()

@@ -33,13 +33,23 @@ class MetricRows:
     def full(self) -> bool:
         return self.values >= MAX_METRIC_VALUES
 
+    @property
+    def cut(self) -> str | None:
+        """What the page says once rows were left out."""
+        if not self.left_out:
+            return None
+        return f"metric rows past {MAX_METRIC_VALUES} values are not charted"
+
+    @property
+    def cost(self) -> int:
+        """Roughly what the rows hold, in bytes (a cache of them is bounded by it)."""
+        return 100 * (self.values + len(self.rows) + 1)
+
     def add(self, record: dict[str, Any]) -> str | None:
         """Keep ``record``'s numbers; the note to say when it is the first row left out."""
         if self.full:
             self.left_out += 1
-            if self.left_out == 1:  # said once
-                return f"metric rows past {MAX_METRIC_VALUES} values are not charted"
-            return None
+            return self.cut if self.left_out == 1 else None  # said once
         row: dict[str, Any] = {}
         step = record.get("step")
         if isinstance(step, int) and not isinstance(step, bool):
