@@ -1,7 +1,8 @@
-"""A training run's page on the platform reads its metric rows within the
-bounds the offline index keeps: a run of many steps, or of thousands of
-metric names, costs a bounded page (it read and kept every row: 450 MB and
-11 s a page for 100,000 steps of 20 metrics, a chart per name however many)."""
+"""What the dashboard reads of the platform's database costs what a page
+shows: a training run's metric rows are read within the bounds the offline
+index keeps, and kept between polls while they hold (they were read and kept
+whole: 450 MB and 11 s a page for 100,000 steps of 20 metrics, a chart per
+name however many); the runs list counts samples without reading them."""
 
 from __future__ import annotations
 
@@ -109,3 +110,34 @@ def test_a_training_runs_rows_are_read_again_only_once_they_change(
         assert fixed is not None and fixed.metrics[0] == {"step": 0, "loss": 9.0}
     finally:
         db.close()
+
+
+def test_the_runs_list_counts_samples_without_reading_them(tmp_path: Path) -> None:
+    """The runs list (loaded, and polled every 2 s while a run is live) counted
+    each evaluation's samples with a pass over every sample stored: 0.3 s for
+    900,000 samples, growing with them. Each evaluation keeps its count."""
+    db = Database(tmp_path / "data")
+    statements: list[str] = []
+    try:
+
+        def fill(conn: sqlite3.Connection) -> None:
+            now = time.time()
+            conn.executemany(
+                "INSERT INTO evaluations (id, name, status, request, created_at, updated_at)"
+                " VALUES (?, ?, 'COMPLETED', '{}', ?, ?)",
+                [(f"eval_{i}", f"e{i}", now, now) for i in range(3)],
+            )
+            conn.executemany(
+                "INSERT INTO eval_samples (eval_id, sample_id, body) VALUES (?, ?, '{}')",
+                [(f"eval_{j % 3}", str(j)) for j in range(10)],
+            )
+
+        db.write_sync(fill)
+        source = PlatformSource(db, tmp_path / "objects")
+        db.read_sync(lambda conn: conn.set_trace_callback(statements.append))
+        rows = source.runs()
+        db.read_sync(lambda conn: conn.set_trace_callback(None))
+    finally:
+        db.close()
+    assert {r.id: r.counts["samples"] for r in rows} == {"eval_0": 4, "eval_1": 3, "eval_2": 3}
+    assert [s for s in statements if "eval_samples" in s] == []

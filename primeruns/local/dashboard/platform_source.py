@@ -191,15 +191,19 @@ class PlatformSource:
             sql = f"SELECT {column}, {what} FROM {table} WHERE {where}{one} GROUP BY {column}"
             return {r[0]: int(r[1]) for r in conn.execute(sql, args) if r[0] is not None}
 
-        samples = per_run("eval_samples", "eval_id")
+        one = "" if only is None else " WHERE id = ?"
+        evaluations = conn.execute(f"SELECT * FROM evaluations{one}", args).fetchall()
+        # Each evaluation counts its samples as they are stored (storage's
+        # trigger): counting them here read every sample's index entry, on
+        # every load and poll of the runs list.
+        samples = {r["id"]: int(r["sample_count"]) for r in evaluations}
         episodes = per_run("episodes", "run_id")
         steps = per_run("train_metrics", "run_id", "count(DISTINCT step)")
         objects = per_run("objects", "run_id", where="confirmed_at IS NOT NULL")
-        one = "" if only is None else " WHERE id = ?"
         env_names = {r[0]: r[1] for r in conn.execute("SELECT id, name FROM environments")}
         rows = [
             _stored_row(r, "eval", "model_name", env_names, samples=samples, episodes=episodes)
-            for r in conn.execute(f"SELECT * FROM evaluations{one}", args)
+            for r in evaluations
         ]
         rows += [
             _stored_row(
