@@ -87,7 +87,9 @@ CREATE TABLE IF NOT EXISTS train_runs (
     request TEXT NOT NULL,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL,
-    completed_at REAL
+    completed_at REAL,
+    -- Its distinct steps in train_metrics, kept by a trigger on them (_keep_step_count).
+    step_count INTEGER NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS train_metrics (
     row INTEGER PRIMARY KEY,
@@ -186,6 +188,28 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
+def _keep_step_count(conn: sqlite3.Connection) -> None:
+    """Keep ``train_runs.step_count``, a run's distinct metric steps, by a
+    trigger on ``train_metrics``, as ``_keep_sample_count`` keeps an
+    evaluation's samples: the dashboard's runs list counted them with a pass
+    over every metric row stored, on every load and poll. A step sent again
+    replaces its row (an upsert: an update, which this trigger does not see),
+    so only a new step counts; a row without a step is no step."""
+    columns = {row["name"] for row in conn.execute("PRAGMA table_info(train_runs)")}
+    if "step_count" not in columns:
+        conn.execute("ALTER TABLE train_runs ADD COLUMN step_count INTEGER NOT NULL DEFAULT 0")
+        conn.execute(
+            "UPDATE train_runs SET step_count ="
+            " (SELECT count(DISTINCT step) FROM train_metrics WHERE run_id = train_runs.id)"
+        )
+    conn.execute(
+        "CREATE TRIGGER IF NOT EXISTS train_metrics_steps_counted AFTER INSERT ON train_metrics"
+        " WHEN NEW.step IS NOT NULL"
+        " BEGIN UPDATE train_runs SET step_count = step_count + 1"
+        " WHERE id = NEW.run_id; END"
+    )
+
+
 def _keep_sample_count(conn: sqlite3.Connection) -> None:
     """Keep ``evaluations.sample_count`` by a trigger on ``eval_samples``.
 
@@ -238,6 +262,7 @@ class Database:
         # keep the WAL there, and the thread waiting, for the process's life.
         weakref.finalize(self, self._checkpointer.stop_soon).atexit = False
         self.write_sync(_keep_sample_count)
+        self.write_sync(_keep_step_count)
 
     def read_sync(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         with self._lock:

@@ -198,13 +198,16 @@ class PlatformSource:
         # every load and poll of the runs list.
         samples = {r["id"]: int(r["sample_count"]) for r in evaluations}
         episodes = per_run("episodes", "run_id")
-        steps = per_run("train_metrics", "run_id", "count(DISTINCT step)")
         objects = per_run("objects", "run_id", where="confirmed_at IS NOT NULL")
         env_names = {r[0]: r[1] for r in conn.execute("SELECT id, name FROM environments")}
         rows = [
             _stored_row(r, "eval", "model_name", env_names, samples=samples, episodes=episodes)
             for r in evaluations
         ]
+        trains = conn.execute(f"SELECT * FROM train_runs{one}", args).fetchall()
+        # Each run counts its steps as they are stored (storage's trigger), as
+        # an evaluation its samples.
+        steps = {r["id"]: int(r["step_count"]) for r in trains}
         rows += [
             _stored_row(
                 r,
@@ -213,7 +216,7 @@ class PlatformSource:
                 env_names,
                 **{"metric steps": steps, "sample tables": objects, "episodes": episodes},
             )
-            for r in conn.execute(f"SELECT * FROM train_runs{one}", args)
+            for r in trains
         ]
         if only is not None and rows:
             return rows
