@@ -165,7 +165,11 @@ CREATE TABLE IF NOT EXISTS traces (
     raw BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS traces_id ON traces (trace_id);
-CREATE INDEX IF NOT EXISTS traces_run ON traces (run_id);
+-- A trace's run with its kind and name: the runs the platform saw only through
+-- traces are listed from this index alone (inspect.run_list), not from every
+-- trace's row (200,000 traces: 0.8 s on every load and poll of the runs list).
+DROP INDEX IF EXISTS traces_run;
+CREATE INDEX IF NOT EXISTS traces_run_named ON traces (run_id, run_type, run_name);
 CREATE INDEX IF NOT EXISTS traces_episode ON traces (episode_id);
 """
 
