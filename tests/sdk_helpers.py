@@ -154,6 +154,27 @@ def _stored(data_dir: Path, column: str, table: str, run_id: str) -> list[Any]:
         conn.close()
 
 
+def closed_after_every_record(data_dir: Path, run_id: str) -> bool:
+    """Whether the local platform closed the training run after it stored the
+    last of its records (traces, metric rows, confirmed sample objects)."""
+    conn = sqlite3.connect(f"file:{data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
+    try:
+        (closed,) = conn.execute(
+            "SELECT completed_at FROM train_runs WHERE id = ?", (run_id,)
+        ).fetchone()
+        latest = [
+            conn.execute(query, (run_id,)).fetchone()[0]
+            for query in (
+                "SELECT max(ingested_at) FROM traces WHERE run_id = ?",
+                "SELECT max(received_at) FROM train_metrics WHERE run_id = ?",
+                "SELECT max(confirmed_at) FROM objects WHERE run_id = ?",
+            )
+        ]
+    finally:
+        conn.close()
+    return closed is not None and all(t is not None and t <= closed for t in latest)
+
+
 def platform_episode_ids(data_dir: Path, run_id: str) -> Counter[str]:
     """Every episode id the local platform stored for ``run_id``, with multiplicity."""
     return Counter(str(v) for v in _stored(data_dir, "episode_id", "episodes", run_id))

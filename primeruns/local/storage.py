@@ -192,49 +192,64 @@ def ensure_private_dir(path: Path) -> Path:
     return path
 
 
-def _keep_step_count(conn: sqlite3.Connection) -> None:
-    """Keep ``train_runs.step_count``, a run's distinct metric steps, by a
-    trigger on ``train_metrics``, as ``_keep_sample_count`` keeps an
-    evaluation's samples: the dashboard's runs list counted them with a pass
-    over every metric row stored, on every load and poll. A step sent again
-    replaces its row (an upsert: an update, which this trigger does not see),
-    so only a new step counts; a row without a step is no step."""
-    columns = {row["name"] for row in conn.execute("PRAGMA table_info(train_runs)")}
-    if "step_count" not in columns:
-        conn.execute("ALTER TABLE train_runs ADD COLUMN step_count INTEGER NOT NULL DEFAULT 0")
-        conn.execute(
-            "UPDATE train_runs SET step_count ="
-            " (SELECT count(DISTINCT step) FROM train_metrics WHERE run_id = train_runs.id)"
-        )
+def _keep_count(
+    conn: sqlite3.Connection,
+    table: str,
+    column: str,
+    *,
+    trigger: str,
+    on: str,
+    key: str,
+    recount: str,
+) -> None:
+    """Keep ``table.column`` by the trigger ``trigger``, ``AFTER INSERT ON
+    on`` (a table, and a ``WHEN`` clause if any), adding one to the row of
+    ``table`` whose id is the new row's ``key``: the dashboard's runs list
+    reads the count instead of a pass over the rows on every load and poll.
+
+    The trigger is part of the data folder, so every insert counts, whatever
+    writes it: a platform of a version from before the count (which inserts
+    rows and never touches the column) writing into a folder a later one
+    opened too. A data folder from before gets the column first, counted
+    once from the rows it holds (``recount``: ``CREATE TABLE IF NOT EXISTS``
+    leaves an existing table as it was); the trigger then counts from there.
+    """
+    columns = {row["name"] for row in conn.execute(f"PRAGMA table_info({table})")}
+    if column not in columns:
+        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER NOT NULL DEFAULT 0")
+        conn.execute(f"UPDATE {table} SET {column} = ({recount})")
     conn.execute(
-        "CREATE TRIGGER IF NOT EXISTS train_metrics_steps_counted AFTER INSERT ON train_metrics"
-        " WHEN NEW.step IS NOT NULL"
-        " BEGIN UPDATE train_runs SET step_count = step_count + 1"
-        " WHERE id = NEW.run_id; END"
+        f"CREATE TRIGGER IF NOT EXISTS {trigger} AFTER INSERT ON {on}"
+        f" BEGIN UPDATE {table} SET {column} = {column} + 1 WHERE id = NEW.{key}; END"
     )
 
 
 def _keep_sample_count(conn: sqlite3.Connection) -> None:
-    """Keep ``evaluations.sample_count`` by a trigger on ``eval_samples``.
+    """An evaluation's samples, ``evaluations.sample_count``."""
+    _keep_count(
+        conn,
+        "evaluations",
+        "sample_count",
+        trigger="eval_samples_counted",
+        on="eval_samples",
+        key="eval_id",
+        recount="SELECT count(*) FROM eval_samples WHERE eval_id = evaluations.id",
+    )
 
-    The trigger is part of the data folder, so every insert counts, whatever
-    writes it: a platform of a version from before the count (which inserts
-    rows and never touches the column) pushing into a folder a later one
-    opened too. A data folder from before gets the column first, counted
-    once from the rows it holds (``CREATE TABLE IF NOT EXISTS`` leaves an
-    existing table as it was); the trigger then counts from there.
-    """
-    columns = {row["name"] for row in conn.execute("PRAGMA table_info(evaluations)")}
-    if "sample_count" not in columns:
-        conn.execute("ALTER TABLE evaluations ADD COLUMN sample_count INTEGER NOT NULL DEFAULT 0")
-        conn.execute(
-            "UPDATE evaluations SET sample_count ="
-            " (SELECT count(*) FROM eval_samples WHERE eval_id = evaluations.id)"
-        )
-    conn.execute(
-        "CREATE TRIGGER IF NOT EXISTS eval_samples_counted AFTER INSERT ON eval_samples"
-        " BEGIN UPDATE evaluations SET sample_count = sample_count + 1"
-        " WHERE id = NEW.eval_id; END"
+
+def _keep_step_count(conn: sqlite3.Connection) -> None:
+    """A training run's distinct metric steps, ``train_runs.step_count``. A
+    step sent again replaces its row (an upsert: an update, which the
+    trigger does not see), so only a new step counts; a row without a step
+    is no step."""
+    _keep_count(
+        conn,
+        "train_runs",
+        "step_count",
+        trigger="train_metrics_steps_counted",
+        on="train_metrics WHEN NEW.step IS NOT NULL",
+        key="run_id",
+        recount="SELECT count(DISTINCT step) FROM train_metrics WHERE run_id = train_runs.id",
     )
 
 

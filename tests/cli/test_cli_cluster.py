@@ -33,7 +33,7 @@ import procs
 import pytest
 import workloads
 from cli_helpers import cli
-from sdk_helpers import API_KEY, point_at, wait_for
+from sdk_helpers import API_KEY, closed_after_every_record, point_at, wait_for
 
 import primeruns as pr
 from primeruns.journal import Journal
@@ -694,26 +694,6 @@ def _objects_and_status(lp: Any) -> tuple[list[int], str] | None:
     return steps, str(runs[0]["status"])
 
 
-def _closed_after_every_record(lp: Any, run_id: str) -> bool:
-    """Whether the platform closed the training run after it stored the last of its records."""
-    conn = sqlite3.connect(f"file:{lp.data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
-    try:
-        (closed,) = conn.execute(
-            "SELECT completed_at FROM train_runs WHERE id = ?", (run_id,)
-        ).fetchone()
-        latest = [
-            conn.execute(query, (run_id,)).fetchone()[0]
-            for query in (
-                "SELECT max(ingested_at) FROM traces WHERE run_id = ?",
-                "SELECT max(received_at) FROM train_metrics WHERE run_id = ?",
-                "SELECT max(confirmed_at) FROM objects WHERE run_id = ?",
-            )
-        ]
-    finally:
-        conn.close()
-    return closed is not None and all(t is not None and t <= closed for t in latest)
-
-
 def test_a_watching_sync_closes_a_run_keys_run_after_the_attempt_that_did_not_finish(
     local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -733,4 +713,6 @@ def test_a_watching_sync_closes_a_run_keys_run_after_the_attempt_that_did_not_fi
     finally:
         syncer.stop()
     [run] = lp.runs()
-    assert _closed_after_every_record(lp, run["id"]), "closed before the killed attempt's records"
+    assert closed_after_every_record(lp.data_dir, run["id"]), (
+        "closed before the killed attempt's records"
+    )

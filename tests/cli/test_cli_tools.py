@@ -124,16 +124,21 @@ def test_metric_rows_parquet_cannot_hold_are_refused_in_a_line_not_a_traceback(
     """A metric whose rows disagree on its type (a float, then a string), or a
     number no Parquet column holds, made a Parquet export die with pyarrow's
     traceback. It is one line naming the problem and JSONL, and no file."""
+    rows = [b'{"step": 1, "loss": 1.5}', b'{"step": 2, "loss": ' + other + b"}"]
+    _refused_as_parquet(point_at(monkeypatch, tmp_path, None), tmp_path, rows)
+
+
+def _refused_as_parquet(runs: Path, tmp_path: Path, rows: list[bytes]) -> None:
+    """A run of metric ``rows`` exported as Parquet: refused in one line naming
+    JSONL (exit 1), no traceback, and no file."""
     pytest.importorskip("pyarrow")
-    runs = point_at(monkeypatch, tmp_path, None)
-    with Journal.create(runs, local_id="mixed", meta={"spec": {"kind": "train"}}) as journal:
-        rows = [b'{"step": 1, "loss": 1.5}', b'{"step": 2, "loss": ' + other + b"}"]
+    with Journal.create(runs, local_id="refused", meta={"spec": {"kind": "train"}}) as journal:
         journal.append(EntryKind.METRICS, rows)
         path = journal.path
     out = tmp_path / "rows.parquet"
     done = cli_subprocess("export", str(path), "--kind", "metrics", "-o", str(out))
     assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert done.returncode == 1
+    assert done.returncode == 1, done.stderr
     assert "Parquet" in done.stderr and ".jsonl" in done.stderr, done.stderr
     assert not out.exists()
 
@@ -195,18 +200,8 @@ def test_metric_rows_parquet_cannot_write_are_refused_before_any_file_is_written
     column Parquet cannot write: the export died with pyarrow's traceback
     and left an empty file named like an export. It is refused as a column
     no Parquet holds is: one line naming JSONL, and no file."""
-    pytest.importorskip("pyarrow")
-    runs = point_at(monkeypatch, tmp_path, None)
-    with Journal.create(runs, local_id="empty", meta={"spec": {"kind": "train"}}) as journal:
-        rows = [b'{"step": 1, "opt": ' + group + b"}", b'{"step": 2, "opt": ' + group + b"}"]
-        journal.append(EntryKind.METRICS, rows)
-        path = journal.path
-    out = tmp_path / "rows.parquet"
-    done = cli_subprocess("export", str(path), "--kind", "metrics", "-o", str(out))
-    assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert done.returncode == 1
-    assert "Parquet" in done.stderr and ".jsonl" in done.stderr, done.stderr
-    assert not out.exists()
+    rows = [b'{"step": 1, "opt": ' + group + b"}", b'{"step": 2, "opt": ' + group + b"}"]
+    _refused_as_parquet(point_at(monkeypatch, tmp_path, None), tmp_path, rows)
 
 
 def test_metric_rows_with_no_metric_at_all_are_refused_as_parquet_not_exported_as_none(
@@ -216,14 +211,4 @@ def test_metric_rows_with_no_metric_at_all_are_refused_as_parquet_not_exported_a
     and a Parquet file of no column holds no row: the export said it wrote
     them and the file read back empty. They are refused, naming JSONL,
     and no file is written."""
-    pytest.importorskip("pyarrow")
-    runs = point_at(monkeypatch, tmp_path, None)
-    with Journal.create(runs, local_id="bare", meta={"spec": {"kind": "train"}}) as journal:
-        journal.append(EntryKind.METRICS, [b"{}", b"{}"])
-        path = journal.path
-    out = tmp_path / "rows.parquet"
-    done = cli_subprocess("export", str(path), "--kind", "metrics", "-o", str(out))
-    assert "Traceback" not in done.stderr, done.stderr[-2000:]
-    assert done.returncode == 1, done.stderr
-    assert "Parquet" in done.stderr and ".jsonl" in done.stderr, done.stderr
-    assert not out.exists()
+    _refused_as_parquet(point_at(monkeypatch, tmp_path, None), tmp_path, [b"{}", b"{}"])

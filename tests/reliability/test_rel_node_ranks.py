@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -26,7 +25,7 @@ import procs
 import pyarrow.parquet as pq
 import pytest
 import rel_helpers as rh
-from sdk_helpers import API_KEY, point_at, wait_for
+from sdk_helpers import API_KEY, closed_after_every_record, point_at, wait_for
 
 from primeruns.cli import main
 from primeruns.local import LocalPlatform
@@ -96,26 +95,6 @@ def _ranks_copied_to_login(
     return run_id, ranks, login
 
 
-def _closed_after_every_record(lp: LocalPlatform, run_id: str) -> bool:
-    """Whether the platform closed the run after it stored the last of its records."""
-    conn = sqlite3.connect(f"file:{lp.data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
-    try:
-        (closed,) = conn.execute(
-            "SELECT completed_at FROM train_runs WHERE id = ?", (run_id,)
-        ).fetchone()
-        latest = [
-            conn.execute(query, (run_id,)).fetchone()[0]
-            for query in (
-                "SELECT max(ingested_at) FROM traces WHERE run_id = ?",
-                "SELECT max(received_at) FROM train_metrics WHERE run_id = ?",
-                "SELECT max(confirmed_at) FROM objects WHERE run_id = ?",
-            )
-        ]
-    finally:
-        conn.close()
-    return closed is not None and all(t is not None and t <= closed for t in latest)
-
-
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     """``primeruns ARGV`` in this process: (exit code, stdout, stderr)."""
     capsys.readouterr()
@@ -156,7 +135,7 @@ def test_ranks_on_two_offline_nodes_synced_from_a_login_node_keep_every_key(
 
     stored: dict[str, Any] = lp.run(run_id)
     assert stored["status"] == "COMPLETED"
-    assert _closed_after_every_record(lp, run_id)
+    assert closed_after_every_record(lp.data_dir, run_id)
     episodes = [e for _, logged in ranks.values() for e in logged]
     assert len(episodes) == 4 * _STEPS * _PER_STEP
     traces = stored["traces"]
@@ -202,7 +181,7 @@ def test_ranks_named_on_the_command_line_close_the_run_after_every_ranks_records
 
     stored: dict[str, Any] = lp.run(run_id)
     assert stored["status"] == "COMPLETED"
-    assert _closed_after_every_record(lp, run_id)
+    assert closed_after_every_record(lp.data_dir, run_id)
     episodes = [e for _, logged in ranks.values() for e in logged]
     traces = stored["traces"]
     assert traces["episodes"] == traces["distinct_episodes"] == len(episodes)
@@ -244,6 +223,6 @@ def test_a_watching_sync_closes_the_run_after_every_ranks_records(
     finally:
         watcher.send_signal(signal.SIGINT)
         watcher.wait(timeout=90)
-    assert _closed_after_every_record(lp, run_id)
+    assert closed_after_every_record(lp.data_dir, run_id)
     traces = lp.run(run_id)["traces"]
     assert traces["episodes"] == traces["distinct_episodes"] == len(episodes)
