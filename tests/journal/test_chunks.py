@@ -196,12 +196,8 @@ def test_tally_past_an_offset_is_the_tally_after_it_and_reads_only_what_follows(
     its offset on, not over the whole log: the same counts as the last
     interval of ``tally``, chunked entries, compaction and the spool's
     entries included, at the cost of the entries past the offset."""
-    payloads = _write(tmp_path)
-    n = len(payloads)
-    with Journal.open(tmp_path / "run") as j:
-        j._mover.stop()  # the entries appended from here on stay in the spool
-        for i in range(3):
-            j.append(EntryKind.METRICS, [_payload(100 + i, 50)])
+    n = len(_write(tmp_path))
+    with _with_three_spooled(tmp_path) as j:
         total = n + 3
         for after in (0, 1, 5, n - 1, n, n + 2, total, total + 5):
             assert j.tally_past(after) == j.tally([after])[-1], after
@@ -230,12 +226,8 @@ def test_tally_of_a_range_is_the_tally_between_two_cuts_and_reads_only_the_range
     middle interval of ``tally``, chunked entries, compaction, the spool's
     entries and damaged ones included, at the cost of the range however
     long the log is past or before it."""
-    payloads = _write(tmp_path)
-    n = len(payloads)
-    with Journal.open(tmp_path / "run") as j:
-        j._mover.stop()  # the entries appended from here on stay in the spool
-        for i in range(3):
-            j.append(EntryKind.METRICS, [_payload(100 + i, 50)])
+    n = len(_write(tmp_path))
+    with _with_three_spooled(tmp_path) as j:
         total = n + 3
         ranges = [(a, b) for a in (0, 1, 5, n - 1, n, total) for b in (a + 1, a + 4, total + 2)]
         for after, upto in ranges:
@@ -262,6 +254,17 @@ def test_tally_of_a_range_is_the_tally_between_two_cuts_and_reads_only_the_range
         counts = j.tally_range(13, 17)
         assert counts[UNREADABLE] == 1 and counts.total() == 4
         assert counts == j.tally([13, 17])[1]
+
+
+def _with_three_spooled(base: Path) -> Journal:
+    """The journal ``_write`` made, opened with its mover stopped and three
+    metric rows appended: entries in LMDB (chunked ones among them) and
+    three more in the spool."""
+    j = Journal.open(base / "run")
+    j._mover.stop()  # the entries appended from here on stay in the spool
+    for i in range(3):
+        j.append(EntryKind.METRICS, [_payload(100 + i, 50)])
+    return j
 
 
 def _damage_head(path: Path, seq: int) -> None:

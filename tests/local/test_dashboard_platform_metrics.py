@@ -133,14 +133,22 @@ def test_the_runs_list_counts_samples_without_reading_them(tmp_path: Path) -> No
             )
 
         db.write_sync(fill)
-        source = PlatformSource(db, tmp_path / "objects")
-        db.read_sync(lambda conn: conn.set_trace_callback(statements.append))
-        rows = source.runs()
-        db.read_sync(lambda conn: conn.set_trace_callback(None))
+        rows = _runs_listed(db, tmp_path, statements)
     finally:
         db.close()
     assert {r.id: r.counts["samples"] for r in rows} == {"eval_0": 4, "eval_1": 3, "eval_2": 3}
     assert [s for s in statements if "eval_samples" in s] == []
+
+
+def _runs_listed(db: Database, tmp_path: Path, statements: list[str]) -> list[Any]:
+    """The dashboard's runs list read from ``db``, each SQL statement it ran
+    appended to ``statements``."""
+    source = PlatformSource(db, tmp_path / "objects")
+    db.read_sync(lambda conn: conn.set_trace_callback(statements.append))
+    try:
+        return source.runs()
+    finally:
+        db.read_sync(lambda conn: conn.set_trace_callback(None))
 
 
 def _upsert_metric(conn: sqlite3.Connection, run_id: str, step: int | None) -> None:
@@ -181,10 +189,7 @@ def test_the_runs_list_counts_metric_steps_without_reading_them(tmp_path: Path) 
                 _upsert_metric(conn, "rft_new", step)
 
         db.write_sync(more)
-        source = PlatformSource(db, tmp_path / "objects")
-        db.read_sync(lambda conn: conn.set_trace_callback(statements.append))
-        rows = source.runs()
-        db.read_sync(lambda conn: conn.set_trace_callback(None))
+        rows = _runs_listed(db, tmp_path, statements)
     finally:
         db.close()
     assert {r.id: r.counts["metric steps"] for r in rows} == {"rft_old": 2, "rft_new": 3}
@@ -198,10 +203,7 @@ def test_the_runs_seen_only_through_traces_are_listed_from_an_index(tmp_path: Pa
     db = Database(tmp_path / "data")
     statements: list[str] = []
     try:
-        source = PlatformSource(db, tmp_path / "objects")
-        db.read_sync(lambda conn: conn.set_trace_callback(statements.append))
-        source.runs()
-        db.read_sync(lambda conn: conn.set_trace_callback(None))
+        _runs_listed(db, tmp_path, statements)
         (listing,) = [s for s in statements if "FROM traces" in s]
         explain = "EXPLAIN QUERY PLAN " + listing
         plan = db.read_sync(lambda conn: [tuple(r) for r in conn.execute(explain)])
