@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from .commands import COMMANDS
 from .commands.common import EXIT_DAMAGED, EXIT_FAILED, EXIT_LOCKED, EXIT_USAGE, CommandError
 from .exceptions import ConfigurationError, JournalCorruptError, JournalError, JournalLockedError
+from .journal.lock import acting_as
 
 Handler = Callable[[argparse.Namespace], int]
 
@@ -97,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.print_help()
         return EXIT_USAGE
     try:
-        code = handler(args)
+        with acting_as(args.command):
+            code = handler(args)
         sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
         return code
     except KeyboardInterrupt:

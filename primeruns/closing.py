@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from . import records
+from . import ranks, records
 from .exceptions import JournalError
 from .journal import EntryKind, Journal, in_memory
 from .journal.listing import keep_summary
@@ -201,13 +201,16 @@ def _report(
     causes: Mapping[str, str],
 ) -> None:
     if outcome is not None and outcome.others_left:
+        left = outcome.others_left
+        # A journal another process ships on (a sync of its copy) is not the user's to replay.
+        replay = any(not why.startswith(ranks.BEING_SHIPPED) for why in left.values())
         log.warning(
             "prime-runs: run %s was closed while %d other process(es) of it had not "
-            "shipped everything (%s); what they journaled is kept. Ship each with: "
-            "primeruns replay <its journal>",
+            "shipped everything (%s); what they journaled is kept.%s",
             run_id,
-            len(outcome.others_left),
-            "; ".join(f"{where}: {why}" for where, why in outcome.others_left.items()),
+            len(left),
+            "; ".join(f"{where}: {why}" for where, why in left.items()),
+            " Ship each with: primeruns replay <its journal>" if replay else "",
         )
     if outcome is None:
         log.warning(

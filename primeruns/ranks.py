@@ -60,7 +60,7 @@ from typing import Any
 from . import run_index
 from .exceptions import JournalError
 from .journal import Journal, journal_info, list_journals
-from .journal.lock import forks_wait, lock_held, plain_files, remove_unheld
+from .journal.lock import forks_wait, lock_held, plain_files, read_owner, remove_unheld
 from .journal.origin import Origin
 from .journal.store import DATA_NAME
 from .journal.trust import check_dir, make_private_dirs
@@ -68,6 +68,7 @@ from .settings import parse_bool_setting
 from .spec import SPEC_KEY, listed_spec
 
 __all__ = [
+    "BEING_SHIPPED",
     "K_ROLE",
     "Role",
     "claim_created",
@@ -96,6 +97,9 @@ _TAKE_TRIES = 5
 # The primary looks at the others' journals this often while it waits (a wait
 # on other processes' files: nothing here can wake it).
 _POLL_S = 0.1
+# How ``wait_for_others`` begins the reason of a journal another process
+# ships on (nothing for the user to do, unless that process stops).
+BEING_SHIPPED = "being shipped by "
 
 # Locks this process holds as the first attacher of a run, or as a launcher's
 # rank: kept open for the process's life (its exit releases them; a forked
@@ -415,9 +419,25 @@ def _left_in(path: Path) -> str | None:
             return None
         if _shipped_through_sync_journal(path, info.meta, info.last_seq, root):
             return None
+        shipper = _shipping_it(path, info.meta, root)
     except JournalError as exc:  # an untrusted sync root: its records are not read
         return f"not shipped: its processes are gone ({exc})"
+    if shipper is not None:
+        return f"{BEING_SHIPPED}{shipper}, which ships the rest"
     return "not shipped: its processes are gone"
+
+
+def _shipping_it(path: Path, meta: Mapping[str, Any], root: Path) -> str | None:
+    """Who ships the journal at ``path`` through its sync journal now (a
+    ``primeruns sync`` of a copy on the login node, the owner lock held),
+    or None."""
+    from .ship.copies import sync_path
+
+    mine = sync_path(path, meta, root)
+    if mine is None or mine.absolute() == path.absolute() or not lock_held(mine):
+        return None
+    owner = read_owner(mine)
+    return owner.describe() if owner is not None else "another process"
 
 
 def _shipped_through_sync_journal(

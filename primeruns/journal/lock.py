@@ -25,7 +25,10 @@ process it starts (``share``), so the two hold one flock together: ``replay``
 is refused while either lives, and the lock ends when the last of them closes
 it. Neither unlocks it explicitly (``LOCK_UN`` by one would free it for both).
 The producer names the uplink in the file (``add_helper``), so listings call a run
-whose producer died "running" while its uplink still ships it.
+whose producer died "running" while its uplink still ships it. A command
+(``primeruns sync``, ``replay``, ``gc``) names itself too (``acting_as``): a
+second sync refused a journal another sync ships says which process that is,
+not only a pid a user cannot tell from a producer's.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import errno
 import fcntl
 import json
 import os
+import re
 import socket
 import threading
 import time
@@ -60,6 +64,10 @@ __all__ = [
 ]
 
 LOCK_NAME = "owner.lock"
+# A command's name as a lock file may give it: printed in refusals, and the
+# file is anyone's to write, so nothing else of it is shown.
+_COMMAND_NAME = re.compile(r"[a-z][a-z-]{0,23}")
+_acting_as: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,12 +79,15 @@ class OwnerInfo:
     helper_pid: int | None = None  # the uplink sharing the lock, if any
     helper_start: int | None = None
     producer_done: bool = False  # the producer let go: only the uplink may hold it
+    command: str | None = None  # the ``primeruns`` command holding it, if one does
 
     def describe(self) -> str:
         if self.helper_pid is not None and (
             self.producer_done or not _pid_alive(self.pid, self.proc_start)
         ):
             return f"the uplink of pid {self.pid} (pid {self.helper_pid} on {self.host})"
+        if self.command is not None:
+            return f"`primeruns {self.command}` (pid {self.pid} on {self.host})"
         return f"pid {self.pid} on {self.host}"
 
     def to_json(self) -> dict[str, Any]:
@@ -91,6 +102,8 @@ class OwnerInfo:
             out["helper_start"] = self.helper_start
         if self.producer_done:
             out["producer_done"] = True
+        if self.command is not None:
+            out["command"] = self.command
         return out
 
 
@@ -117,7 +130,23 @@ def _zombie(pid: int) -> bool:
 
 def current_owner() -> OwnerInfo:
     pid = os.getpid()
-    return OwnerInfo(pid, socket.gethostname(), time.time(), _proc_start(pid))
+    return OwnerInfo(pid, socket.gethostname(), time.time(), _proc_start(pid), command=_acting_as)
+
+
+@contextlib.contextmanager
+def acting_as(command: str) -> Iterator[None]:
+    """Locks taken meanwhile name this process as ``primeruns COMMAND``
+    (the command line's dispatch, around a command's work)."""
+    global _acting_as
+    before, _acting_as = _acting_as, command
+    try:
+        yield
+    finally:
+        _acting_as = before
+
+
+def _command_of(value: Any) -> str | None:
+    return value if isinstance(value, str) and _COMMAND_NAME.fullmatch(value) else None
 
 
 def read_owner(directory: Path) -> OwnerInfo | None:
@@ -140,6 +169,7 @@ def read_owner(directory: Path) -> OwnerInfo | None:
             None if data.get("helper_pid") is None else int(data["helper_pid"]),
             None if data.get("helper_start") is None else int(data["helper_start"]),
             data.get("producer_done") is True,
+            _command_of(data.get("command")),
         )
     except (OSError, ValueError, KeyError, TypeError):
         return None

@@ -8,12 +8,14 @@ evaluation sample table, the training Parquet sample table, the metrics).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -199,8 +201,11 @@ def _requeued_by_run_id(lp: Any, tmp_path: Path, login: Path) -> tuple[str, Path
     return run_id, journal
 
 
-def _requeue(lp: Any, tmp_path: Path, login: Path) -> tuple[str, Path, str]:
-    """As ``_requeued_by_run_id``, with what the requeued job wrote to stderr."""
+def _requeue(
+    lp: Any, tmp_path: Path, login: Path, copied: Callable[[Path], object] = lambda _: None
+) -> tuple[str, Path, str]:
+    """As ``_requeued_by_run_id``, with what the requeued job wrote to stderr;
+    ``copied`` is called with the first copy before the requeued job starts."""
     created = httpx.post(  # the launcher registers the run
         f"{lp.url}/api/v1/rft/external-runs",
         json={"base_model": "m", "max_steps": 30, "environments": [], "team_id": "team-a"},
@@ -224,6 +229,7 @@ def _requeue(lp: Any, tmp_path: Path, login: Path) -> tuple[str, Path, str]:
     # Its journal copied beside the requeued job twice (two rsyncs, two names).
     shutil.copytree(journal, login / journal.name)
     shutil.copytree(journal, login / f"{journal.name}.again")
+    copied(login / journal.name)
     # The requeued job resumes where the killed one's journal ends.
     with Journal.open(journal, owner=False) as node_journal:
         read = node_journal.read(0, max_entries=10**6, max_bytes=1 << 34)
@@ -495,3 +501,83 @@ def test_a_sample_objects_confirm_answered_silently_by_a_gateway_is_not_taken_as
     stored = sorted(o["step"] for o in lp.run(run["id"])["parquet_objects"])
     lost = report["losses"].get("train_samples", {}).get("count", 0)
     assert stored == [0] or lost, (stored, out + err)
+
+
+# A sync held at its first request to the platform: the copy is being shipped.
+_HELD_IN = """
+import sys
+import httpx
+from primeruns.cli import main
+send = httpx.Client.send
+def held(*args, **kwargs):
+    if sys.stdin is not None:
+        print("holding", flush=True)
+        sys.stdin.readline()
+        sys.stdin = None
+    return send(*args, **kwargs)
+httpx.Client.send = held
+sys.exit(main(["sync", sys.argv[1]]))
+"""
+
+
+@contextlib.contextmanager
+def _sync_held(copy: Path) -> Iterator[subprocess.Popen[str]]:
+    """``primeruns sync COPY`` held at its first request to the platform
+    while the body runs, then let go; it must end well."""
+    sync = subprocess.Popen(
+        [sys.executable, "-c", _HELD_IN, str(copy)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+    )
+    try:
+        assert sync.stdout is not None
+        assert "holding\n" in iter(sync.stdout.readline, ""), "the sync ended"
+        yield sync
+    finally:
+        out, err = sync.communicate("\n", timeout=120)
+    assert sync.returncode == 0, out + err
+
+
+def test_a_second_sync_of_a_copy_being_shipped_names_the_sync_that_ships_it(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an adversarial review: a second ``sync`` (a cron job beside a
+    ``sync --watch``, a user's own) of a copy another sync was shipping said
+    only that the journal was "owned by pid N", a pid the user could not tell
+    from a producer's; it names the ``primeruns sync`` that ships it."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "node-7")
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    with _sync_held(copy) as first:
+        code, out, err = cli(capsys, "sync", str(copy))
+        assert code == 3, out + err
+        assert f"`primeruns sync` (pid {first.pid} on " in err, err
+    assert _landed(lp, "eval", "all")() is not None
+    assert _status(lp) == "COMPLETED"
+
+
+def test_a_requeued_job_names_the_sync_shipping_its_predecessors_copy(
+    local_platform: Any, tmp_path: Path, login: Path
+) -> None:
+    """Found by an adversarial review: while a ``sync`` on the login node
+    shipped a copy of the killed job's journal, the requeued job's finish()
+    called that copy "not shipped: its processes are gone" and told the user
+    to replay it. It names the sync that ships it; every record lands once."""
+    lp = local_platform
+    held: list[int] = []
+    with contextlib.ExitStack() as stack:
+
+        def copied(copy: Path) -> None:
+            held.append(stack.enter_context(_sync_held(copy)).pid)
+
+        run_id, _, stderr = _requeue(lp, tmp_path, login, copied)
+        assert "its processes are gone" not in stderr, stderr[-2000:]
+        assert f"`primeruns sync` (pid {held[0]} on " in stderr, stderr[-2000:]
+    stored = lp.run(run_id)
+    assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 240
+    assert sorted(o["step"] for o in stored["parquet_objects"]) == [0, 10, 20]

@@ -1,0 +1,43 @@
+"""What a refused process is told about the owner of a journal: the lock
+file names it, and the file is anyone's to write, so a name it gives is
+shown only when it is a command's name."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from primeruns.exceptions import JournalLockedError
+from primeruns.journal.lock import LOCK_NAME, OwnerLock, acting_as, read_owner
+
+
+def test_a_command_holding_a_journal_is_named_to_the_process_it_refuses(tmp_path: Path) -> None:
+    with acting_as("sync"):
+        held = OwnerLock(tmp_path)
+    try:
+        with pytest.raises(JournalLockedError) as refused:
+            OwnerLock(tmp_path)
+        assert "is owned by `primeruns sync` (pid " in str(refused.value)
+        # Taken outside a command, a lock names no command.
+        other = tmp_path / "other"
+        other.mkdir()
+        plain = OwnerLock(other)
+        owner = read_owner(other)
+        assert owner is not None and owner.command is None
+        plain.release()
+    finally:
+        held.release()
+
+
+@pytest.mark.parametrize("given", ["sync\x1b[2J", "a" * 40, "sync now", 7, ["sync"]])
+def test_a_lock_file_naming_anything_but_a_command_names_none(
+    tmp_path: Path, given: object
+) -> None:
+    (tmp_path / LOCK_NAME).write_text(
+        json.dumps({"pid": 1, "host": "h", "started": 0.0, "command": given})
+    )
+    owner = read_owner(tmp_path)
+    assert owner is not None and owner.command is None
+    assert owner.describe() == "pid 1 on h"
