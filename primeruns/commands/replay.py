@@ -597,9 +597,22 @@ def _skipped(status: RunStatus, root: Path, *, offline: bool) -> str | None:
         return ""
     if status.opened_offline != offline:
         if offline:
+            if status.spec is None and info.damage:
+                return _unreadable(info.path, info.damage[0].what)
             return "an online run: ship what its uplink left with primeruns replay"
         return "an offline run: ship it with primeruns sync"
     return None
+
+
+def _unreadable(path: Path, what: str) -> str:
+    """Why a journal whose spec cannot be read is passed over: not opened
+    (a link, another user's), or its files damaged, and what ships it then."""
+    if what.startswith("not opened: "):
+        return what
+    return (
+        f"cannot be read ({what}): primeruns show {path} says what is left of it; "
+        f"with the run's spec in a file, primeruns sync --spec FILE {path} ships it"
+    )
 
 
 def _run(args: argparse.Namespace, *, offline: bool) -> int:
@@ -641,10 +654,12 @@ def _pass(
     *,
     offline: bool,
     seen: dict[Path, Fingerprint] | None = None,
+    told: set[tuple[Path, str]] | None = None,
 ) -> int:
     """One pass over the targets. ``seen`` (watching): a copy unchanged
-    since the last pass is not shipped again (nothing new: no request)."""
-    targets = _targets(args, offline=offline) if seen is None else _changed(args, seen)
+    since the last pass is not shipped again (nothing new: no request);
+    ``told``: the journals passed over that the watch named already."""
+    targets = _targets(args, offline=offline) if seen is None else _changed(args, seen, told)
     results: list[dict[str, Any]] | None = [] if args.json else None
     what = "offline runs or copies to sync" if offline else "runs to replay"
     if not targets:
@@ -727,26 +742,38 @@ def _held_by(step: _Step, unshipped: dict[str, list[str]]) -> str | None:
     )
 
 
-def _changed(args: argparse.Namespace, seen: dict[Path, Fingerprint]) -> list[_Step]:
+def _changed(
+    args: argparse.Namespace, seen: dict[Path, Fingerprint], told: set[tuple[Path, str]]
+) -> list[_Step]:
     """Watching: the journals whose files changed since they last synced
     cleanly, judged by their files alone (a copy is not opened to list it:
     one refreshed in place could be truncated under the reader); of the
-    originals here, only offline runs that need it (``replay`` ships the others)."""
+    originals here, only offline runs that need it (``replay`` ships the others).
+    Each journal passed over is named with why, once a watch (``told``)."""
     if args.runs:
         return [s for s in _targets(args, offline=True) if seen.get(s.path) != fingerprint(s.path)]
     runs_dir = runs_dir_of(args)
     root = sync_root()
     found = _Sorting()
     journals, untrusted = journal_dirs(runs_dir)  # another user's are never synced
-    with contextlib.suppress(OSError):
-        for path in journals:
-            if path in untrusted or seen.get(path) == fingerprint(path):
-                continue
+    for path in journals:
+        why: str | None = None
+        if path in untrusted:
+            why = f"not opened: {untrusted[path]}"
+        elif seen.get(path) == fingerprint(path):
+            continue
+        else:
             origin = Origin.read_beside(path)
             if origin is not None and not origin.is_original(path.absolute()):
                 found.add_copy(path)
                 continue
-            found.add(_status_of(path), root, offline=True)
+            try:
+                why = found.add(_status_of(path), root, offline=True)
+            except (OSError, JournalError) as exc:  # gone or changed since listed
+                why = f"cannot be read ({exc}): looked at again next pass"
+        if why and (path, why) not in told:
+            told.add((path, why))
+            print(inert(f"{path.name}: skipped: {why}"), file=sys.stderr)
     # Ordered as --all: a forked child before its run's close-out.
     return found.steps()
 
@@ -755,12 +782,13 @@ def _watch(args: argparse.Namespace, options: ShipOptions) -> int:
     """Sync again every ``--interval`` seconds until interrupted: each pass
     ships what the copies brought since the last one (see ``_pass``)."""
     seen: dict[Path, Fingerprint] = {}
+    told: set[tuple[Path, str]] = set()
     print(
         f"watching {inert(runs_dir_of(args))}: syncing every {args.interval:g} s (Ctrl-C to stop)",
         file=sys.stderr,
     )
     while True:
-        _pass(args, options, offline=True, seen=seen)
+        _pass(args, options, offline=True, seen=seen, told=told)
         time.sleep(args.interval)
 
 
