@@ -210,3 +210,38 @@ def test_the_runs_seen_only_through_traces_are_listed_from_an_index(tmp_path: Pa
     finally:
         db.close()
     assert any("COVERING INDEX" in step[-1] for step in plan), plan
+
+
+def _stored(db: Database, run_id: str, bodies: list[tuple[int, str]]) -> None:
+    """A training run whose metric rows hold ``bodies`` as written, each under its step."""
+
+    def insert(conn: sqlite3.Connection) -> None:
+        now = time.time()
+        conn.execute(
+            "INSERT INTO train_runs (id, name, team_id, status, request, created_at, updated_at)"
+            " VALUES (?, 'hostile', 't', 'RUNNING', '{}', ?, ?)",
+            (run_id, now, now),
+        )
+        conn.executemany(
+            "INSERT INTO train_metrics (run_id, step, body, received_at) VALUES (?, ?, ?, ?)",
+            [(run_id, step, body, now) for step, body in bodies],
+        )
+
+    db.write_sync(insert)
+
+
+def test_a_metric_body_nested_past_what_json_reads_is_left_out(tmp_path: Path) -> None:
+    """A metric body nested 100,000 levels deep (the API refuses one; a
+    database written by hand may hold it) raised RecursionError out of the
+    run's read: its page, and any compare page with it, was a 500. It is
+    read as an empty row; the run's other rows chart."""
+    deep = '{"step": 1, "loss": 0.5, "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    db = Database(tmp_path / "data")
+    try:
+        _stored(db, "rft_deep", [(0, '{"step": 0, "loss": 1.0}'), (1, deep)])
+        detail = PlatformSource(db, tmp_path / "objects").run("rft_deep")
+    finally:
+        db.close()
+    assert detail is not None
+    (loss,) = curves(detail.metrics)
+    assert (loss.name, loss.points, loss.last_value) == ("loss", 1, 1.0)

@@ -42,7 +42,7 @@ Counts = dict[str, int]
 def _json(text: str | None) -> dict[str, Any]:
     try:
         return as_object(json.loads(text or "{}"))
-    except ValueError:
+    except (ValueError, RecursionError):  # a body nested past what json reads is none
         return {}
 
 
