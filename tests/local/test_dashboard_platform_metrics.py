@@ -67,14 +67,14 @@ def test_a_training_runs_rows_are_read_again_only_once_they_change(
     writes). They are kept while the run's rows stay as they were; a new
     step, or a step sent again with other values, is read on the next page."""
     parsed: list[str] = []
-    real_json = platform_source._json
+    real_body = platform_source._metric_body
 
     def counting(text: str | None) -> dict[str, Any]:
         if text and '"loss"' in text:
             parsed.append(text)
-        return real_json(text)
+        return real_body(text)
 
-    monkeypatch.setattr(platform_source, "_json", counting)
+    monkeypatch.setattr(platform_source, "_metric_body", counting)
     db = Database(tmp_path / "data")
     try:
         _training_run(db, "rft_live", [{"step": s, "loss": 1.0 / (s + 1)} for s in range(50)])
@@ -212,6 +212,23 @@ def test_the_runs_seen_only_through_traces_are_listed_from_an_index(tmp_path: Pa
     assert any("COVERING INDEX" in step[-1] for step in plan), plan
 
 
+#: Metric bodies as a client or a hand-edited database may hold them, each
+#: with the step its row is stored under: what stdlib ``json`` takes and
+#: orjson refuses (NaN, Infinity, a number past the floats), an integer
+#: past 64 bits (orjson reads it as a float), and a row without one of the
+#: run's metrics.
+_HOSTILE_BODIES = [
+    (0, '{"step": 0, "loss": NaN, "acc": 0.5}'),
+    (1, '{"step": 1, "loss": Infinity}'),
+    (2, '{"step": 2, "loss": 1e999}'),
+    (3, '{"step": 3, "loss": 1' + "0" * 400 + "}"),
+    (4, '{"step": 18446744073709551616, "loss": 0.25}'),
+    (5, '{"step": 5, "loss": 12345678901234567890123}'),
+    (6, '{"step": 6, "acc": 0.75}'),
+    (7, '{"step": 7, "loss": 0.5}'),
+]
+
+
 def _stored(db: Database, run_id: str, bodies: list[tuple[int, str]]) -> None:
     """A training run whose metric rows hold ``bodies`` as written, each under its step."""
 
@@ -245,3 +262,24 @@ def test_a_metric_body_nested_past_what_json_reads_is_left_out(tmp_path: Path) -
     assert detail is not None
     (loss,) = curves(detail.metrics)
     assert (loss.name, loss.points, loss.last_value) == ("loss", 1, 1.0)
+
+
+def test_hostile_metric_bodies_chart_as_stdlib_json_reads_them(tmp_path: Path) -> None:
+    """Metric bodies are parsed by orjson (the compare page reads ten runs'
+    hundreds of thousands of rows), and by ``json`` where orjson refuses
+    one or reads a step past 64 bits as a float: each row charts as
+    ``json`` reads it. A non-finite or overlong value is left out, the
+    row's other values draw; a step past 64 bits keeps its place."""
+    db = Database(tmp_path / "data")
+    try:
+        _stored(db, "rft_hostile", _HOSTILE_BODIES)
+        detail = PlatformSource(db, tmp_path / "objects").run("rft_hostile")
+    finally:
+        db.close()
+    assert detail is not None
+    drawn = {c.name: json.loads(c.data)["series"][0] for c in curves(detail.metrics)}
+    assert (drawn["loss"]["step"], drawn["loss"]["value"]) == (
+        [5, 7, 2**64],
+        [float(12345678901234567890123), 0.5, 0.25],
+    )
+    assert (drawn["acc"]["step"], drawn["acc"]["value"]) == ([0, 6], [0.5, 0.75])

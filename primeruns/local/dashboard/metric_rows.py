@@ -52,10 +52,14 @@ class MetricRows:
             return self.cut if self.left_out == 1 else None  # said once
         row: dict[str, Any] = {}
         step = record.get("step")
-        if isinstance(step, int) and not isinstance(step, bool):
+        if type(step) is int:  # a bool is not a step
             row["step"] = step
         for name, value in record.items():
-            if isinstance(value, bool) or not isinstance(value, int | float) or name == "step":
+            # Sorted by type alone (a bool is not a number; JSON decodes to
+            # plain ints and floats): whether a number is finite is asked
+            # once, where points are made (``charts.metric_points``).
+            kind = type(value)
+            if (kind is not float and kind is not int) or name == "step":
                 continue
             if name not in self.names:
                 if len(self.names) >= MAX_METRIC_NAMES:
