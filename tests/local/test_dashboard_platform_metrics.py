@@ -6,17 +6,23 @@ name however many); the runs list counts samples without reading them."""
 
 from __future__ import annotations
 
+import asyncio
+import html
 import json
+import re
 import sqlite3
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from starlette.applications import Starlette
 
 from primeruns.local.dashboard import platform_source
 from primeruns.local.dashboard.charts import curves
 from primeruns.local.dashboard.platform_source import PlatformSource
+from primeruns.local.dashboard.routes import dashboard_routes
 from primeruns.local.storage import Database
 
 #: The offline index's bounds (``metric_rows``): values kept, names charted.
@@ -214,9 +220,9 @@ def test_the_runs_seen_only_through_traces_are_listed_from_an_index(tmp_path: Pa
 
 #: Metric bodies as a client or a hand-edited database may hold them, each
 #: with the step its row is stored under: what stdlib ``json`` takes and
-#: orjson refuses (NaN, Infinity, a number past the floats), an integer
-#: past 64 bits (orjson reads it as a float), and a row without one of the
-#: run's metrics.
+#: orjson refuses (NaN, Infinity, a number past the floats, a lone
+#: surrogate), an integer past 64 bits (orjson reads it as a float), and a
+#: row without one of the run's metrics.
 _HOSTILE_BODIES = [
     (0, '{"step": 0, "loss": NaN, "acc": 0.5}'),
     (1, '{"step": 1, "loss": Infinity}'),
@@ -225,7 +231,7 @@ _HOSTILE_BODIES = [
     (4, '{"step": 18446744073709551616, "loss": 0.25}'),
     (5, '{"step": 5, "loss": 12345678901234567890123}'),
     (6, '{"step": 6, "acc": 0.75}'),
-    (7, '{"step": 7, "loss": 0.5}'),
+    (7, '{"step": 7, "loss": 0.5, "\\ud800": 1.0}'),
 ]
 
 
@@ -283,3 +289,39 @@ def test_hostile_metric_bodies_chart_as_stdlib_json_reads_them(tmp_path: Path) -
         [float(12345678901234567890123), 0.5, 0.25],
     )
     assert (drawn["acc"]["step"], drawn["acc"]["value"]) == ([0, 6], [0.5, 0.75])
+    # A name that is not valid Unicode is charted repaired (the page is UTF-8).
+    assert "\ud800" not in drawn and drawn["\ufffd"]["step"] == [7]
+
+
+def test_the_compare_page_over_hostile_metric_bodies_is_a_page_not_a_500(
+    tmp_path: Path,
+) -> None:
+    """The compare page over runs holding the bodies above (a metric named
+    with a lone surrogate made it a 500: UnicodeEncodeError), and one
+    nested past what ``json`` reads, draws what can be drawn."""
+    deep = '{"step": 1, "loss": 0.5, "x": ' + "[" * 100_000 + "]" * 100_000 + "}"
+    db = Database(tmp_path / "data")
+    try:
+        _stored(db, "rft_hostile", _HOSTILE_BODIES)
+        _stored(db, "rft_deep", [(0, '{"step": 0, "loss": 1.0}'), (1, deep)])
+        app = Starlette(routes=dashboard_routes())
+        app.state.dashboard_source = PlatformSource(db, tmp_path / "objects")
+
+        async def fetch() -> httpx.Response:
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+                return await c.get("/dashboard/compare?run=rft_hostile&run=rft_deep")
+
+        page = asyncio.run(fetch())
+    finally:
+        db.close()
+    assert page.status_code == 200, page.text[:500]
+    drawn = {
+        c["name"]: c["series"]
+        for c in (
+            json.loads(html.unescape(m)) for m in re.findall(r'data-curve="([^"]*)"', page.text)
+        )
+    }
+    assert [len(s["step"]) for s in drawn["loss"]] == [3, 1]
+    assert [len(s["step"]) for s in drawn["acc"]] == [2]
+    assert [len(s["step"]) for s in drawn["\ufffd"]] == [1]

@@ -28,6 +28,9 @@ class MetricRows:
     names: set[str] = field(default_factory=set)
     #: Rows offered once full, and left out.
     left_out: int = 0
+    #: Names that are not valid Unicode (lone surrogates, which ``json``
+    #: reads from ``"\\ud800"``), each as it is charted.
+    repaired: dict[str, str] = field(default_factory=dict)
 
     @property
     def full(self) -> bool:
@@ -61,11 +64,31 @@ class MetricRows:
             kind = type(value)
             if (kind is not float and kind is not int) or name == "step":
                 continue
-            if name not in self.names:
-                if len(self.names) >= MAX_METRIC_NAMES:
-                    continue
-                self.names.add(name)
-            row[name] = value
+            if name in self.names:
+                row[name] = value
+            elif (charted := self._named(name)) is not None:
+                row[charted] = value
         self.values += len(row)
         self.rows.append(row)
         return None
+
+    def _named(self, name: str) -> str | None:
+        """``name`` as charted, for a name not yet in :attr:`names`: None past
+        :data:`MAX_METRIC_NAMES`. A lone surrogate in it is replaced with
+        U+FFFD, as the SDK repairs what it records: the page is UTF-8, and
+        such a name made it a 500 (UnicodeEncodeError)."""
+        if name in self.repaired:
+            return self.repaired[name]
+        if len(self.names) >= MAX_METRIC_NAMES:
+            return None
+        if not name.isascii():
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                # A UTF-16 round trip joins split pairs; lone ones become U+FFFD.
+                as_charted = name.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+                self.repaired[name] = as_charted
+                self.names.add(as_charted)
+                return as_charted
+        self.names.add(name)
+        return name
