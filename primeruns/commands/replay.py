@@ -659,7 +659,10 @@ def _pass(
     """One pass over the targets. ``seen`` (watching): a copy unchanged
     since the last pass is not shipped again (nothing new: no request);
     ``told``: the journals passed over that the watch named already."""
-    targets = _targets(args, offline=offline) if seen is None else _changed(args, seen, told)
+    if seen is None:
+        targets = _targets(args, offline=offline)
+    else:
+        targets = _changed(args, seen, set() if told is None else told)
     results: list[dict[str, Any]] | None = [] if args.json else None
     what = "offline runs or copies to sync" if offline else "runs to replay"
     if not targets:
