@@ -77,7 +77,10 @@ def loads(payload: bytes | memoryview, max_bytes: int, max_values: int = MAX_VAL
     try:
         return orjson.loads(data)  # bounded nesting (1,024), no recursion into Python
     except orjson.JSONDecodeError:
-        pass  # what orjson refuses and json takes (NaN, integers past 64 bits), or not JSON
+        # What orjson refuses and json takes (NaN, Infinity, a number past the
+        # doubles), or not JSON. (An integer past 64 bits but within the
+        # doubles orjson reads as a float: such a value is shown rounded.)
+        pass
     try:
         return json.loads(data)
     except RecursionError:
