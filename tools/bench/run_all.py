@@ -20,6 +20,7 @@ import benchlib
 import crash_close
 import dashboard_analysis
 import end_to_end
+import eval_carry
 import eval_loop
 import finish_latency
 import history_cost
@@ -39,6 +40,7 @@ BENCHMARKS = (
     request_latency,
     uplink_loop,
     eval_loop,
+    eval_carry,
     hot_path,
     end_to_end,
     short_run,
