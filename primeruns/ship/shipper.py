@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..exceptions import APIError, JournalError, RetryableAPIError
+from ..exceptions import APIError, JournalCorruptError, JournalError, RetryableAPIError
 from ..journal import Damage, Entry, InFlight, Journal
 from ..platform.binding import Binding
 from ..platform.errors import never_reached
@@ -113,8 +113,11 @@ class Shipper:
         # same, saved before the batch was recorded: the one to go on from
         # when the batch's state is damaged, never numbering afresh).
         cursor = journal.cursor(self.name)
+        self._carry_parts = carries_parts(sink)
         carry = None if cursor.inflight is None else batchstate.carry_of(cursor.inflight.state)
-        if carry is None:
+        if self._carry_parts:
+            carry = self._saved_parts(carry)
+        elif carry is None:
             carry = journal.get_meta(f"carry.{self.name}")
         restore = getattr(sink, "restore", None)
         if isinstance(carry, dict) and restore is not None:
@@ -548,7 +551,7 @@ class Shipper:
         last_seq = next_after if prepared.last_seq is None else prepared.last_seq
         self._left_behind = last_seq < last_read
         self._ahead.consumed(last_seq)  # the batch's entries are in its body now
-        before = self.journal.get_meta(f"carry.{self.name}") if prepared.carry is not None else None
+        before = self._carry_before(prepared.carry)
         inflight = InFlight(
             first_seq=first_seq,
             last_seq=last_seq,
@@ -560,7 +563,7 @@ class Shipper:
         if prepared.carry is not None:
             # Saved before the batch: a failure between the two leaves a gap
             # in the sink's numbering after a restart, never a reuse of it.
-            self.journal.set_meta(f"carry.{self.name}", dict(prepared.carry))
+            self._save_carry(prepared.carry)
         self.journal.set_inflight(self.name, inflight, frame=frame)
         if prepared.carry is not None:
             # Recorded: only now does the sink go on from this batch's carry
@@ -569,6 +572,55 @@ class Shipper:
             if restore is not None:
                 restore(prepared.carry)
         return inflight
+
+    # -- the carry ----------------------------------------------------------------
+    # A sink's carry is saved whole under ``carry.<sink>``; a sink that
+    # carries parts (``carries_parts``: the rollout numbering, kept in
+    # chunks) gives only the parts a batch changed, each saved under
+    # ``carry.<sink>.<part>``, so recording a batch costs what the batch
+    # changed, not what the run numbered so far.
+    def _saved_parts(self, recorded: Mapping[str, Any] | None) -> dict[str, Any]:
+        """A part-carrying sink's carry at start-up: the whole carry an
+        earlier version saved (if any), every part saved since, and over
+        them the parts the batch in flight recorded (the same or older: a
+        batch saved but never recorded stored no row, so going back on its
+        numbers reuses none)."""
+        carry: dict[str, Any] = {}
+        whole = self._saved_carry(f"carry.{self.name}")
+        if isinstance(whole, dict):
+            carry.update(whole)
+        prefix = f"carry.{self.name}."
+        for key, value in self.journal.all_meta().items():
+            if key.startswith(prefix):
+                carry[key[len(prefix) :]] = value
+        if recorded is not None:
+            carry.update(recorded)
+        return carry
+
+    def _carry_before(self, carry: Mapping[str, Any] | None) -> Any:
+        """What the sink carried before a batch carrying ``carry``: for a
+        part-carrying sink, the saved value of each part it changes (None:
+        none yet)."""
+        if carry is None:
+            return None
+        if self._carry_parts:
+            return {part: self._saved_carry(f"carry.{self.name}.{part}") for part in carry}
+        return self.journal.get_meta(f"carry.{self.name}")
+
+    def _saved_carry(self, key: str) -> Any:
+        """A saved part of the carry; None where it is damaged (what a sink
+        cannot read of its carry costs its own numbers, not the shipping)."""
+        try:
+            return self.journal.get_meta(key)
+        except JournalCorruptError as exc:
+            log.warning("%s: the carried numbering is unreadable (%s)", self.name, exc)
+            return None
+
+    def _save_carry(self, carry: Mapping[str, Any]) -> None:
+        if self._carry_parts:
+            self.journal.update_meta({f"carry.{self.name}.{p}": v for p, v in carry.items()})
+        else:
+            self.journal.set_meta(f"carry.{self.name}", dict(carry))
 
     def _linger_left(self, entries: Sequence[Any]) -> float:
         """How long a batch of ``entries`` should wait for more (0: send now)."""
@@ -792,7 +844,7 @@ class Shipper:
         been."""
         before = batchstate.carry_before(inflight.state)
         if before is not None:
-            self.journal.set_meta(f"carry.{self.name}", dict(before))
+            self._save_carry(before)
             restore = getattr(self.sink, "restore", None)
             if restore is not None:
                 restore(before)
@@ -881,6 +933,12 @@ class Shipper:
 # The service's message starts with the line it refused ("line 7: ..."); a
 # "line N" elsewhere (inside a quoted id, say) names nothing.
 _LINE = re.compile(r"(?:^|: )line (\d+)\b")
+
+
+def carries_parts(sink: Sink) -> bool:
+    """Whether ``sink``'s carry is the parts a batch changed (saved part by
+    part), not its whole numbering (``Sink``)."""
+    return bool(getattr(sink, "carries_parts", False))
 
 
 def _rejected_line(exc: BaseException, records: int) -> int | None:

@@ -55,7 +55,8 @@ class Prepared(Generic[P]):
     only a prefix of the entries it was given (None: all of them).
     ``carry`` is what the sink carries from batch to batch (rollout numbers,
     sample id ranges), JSON-able and read only by its ``restore``: kept once
-    the batch is recorded. ``counters`` are added to the journal's meta
+    the batch is recorded (of a sink that ``carries_parts``: the parts the
+    batch changed). ``counters`` are added to the journal's meta
     values of those names once the batch is acknowledged.
     """
 
@@ -122,6 +123,10 @@ class Sink(Protocol):
     sample table's steps off its cadence); without it, each entry of its
     kinds in a batch's range is one of the batch's records, so a damaged
     batch is known to have held them all, whatever its state says.
+    And ``carries_parts = True`` (the same way): its ``Prepared.carry`` is
+    only the parts of its numbering the batch changed (part name to value),
+    which the shipper saves one by one and hands back to ``restore`` (all of
+    them at start-up), so a batch's carry does not grow with the run.
     """
 
     name: str

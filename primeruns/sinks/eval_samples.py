@@ -23,6 +23,7 @@ unique across the run's processes.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -36,6 +37,7 @@ from . import receipts
 from .base import Binding, Prepared, SendContext, parse_entry
 from .forms import numbered_rows_of, rows_of
 from .kinds import SINK_KINDS
+from .rollout_numbers import RolloutNumbers
 
 __all__ = ["MAX_REQUEST_BYTES", "EvalSamplesProgress", "EvalSamplesSink"]
 
@@ -44,6 +46,8 @@ MAX_REQUEST_BYTES = 25 * 1024 * 1024
 _ENVELOPE = len(b'{"samples":[]}')
 _PAGE = 100
 _COUNT = {"page": 1, "limit": 1}  # a read for the table's ``total`` alone
+
+log = logging.getLogger("primeruns.ship")
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,8 @@ class EvalSamplesSink:
     # nothing send does (``ship.early``): the next push is encoded while this
     # one is in flight.
     prepares_while_sending = True
+    # Its carry is the chunks of the numbering a batch changed (``Sink``).
+    carries_parts = True
 
     def __init__(
         self,
@@ -87,8 +93,8 @@ class EvalSamplesSink:
         self._client = client
         self._rows = rows or _rows_here
         # Per task index, how many rollouts were numbered so far; carried from
-        # batch to batch (and across restarts) through the journal.
-        self._rollouts: dict[Any, int] = {}
+        # batch to batch (and across restarts) through the journal, in parts.
+        self._rollouts = RolloutNumbers()
 
     def prepare(
         self, entries: Sequence[Entry], binding: Binding
@@ -99,7 +105,7 @@ class EvalSamplesSink:
         size = _ENVELOPE
         last_seq = entries[0].seq
         consumed = 0
-        rollouts = dict(self._rollouts)
+        rollouts = self._rollouts.batch()
         for entry in entries:
             try:
                 made = self._rows(entry, binding)
@@ -117,7 +123,7 @@ class EvalSamplesSink:
             if made is not None:
                 # Numbered over the batch's numbering so far, which takes the
                 # number only once the entry is taken.
-                number = rollouts.get(made.key, 0) + 1 if made.numbered else 0
+                number = rollouts.next_for(made.key) if made.numbered else 0
                 if made.fits(number):
                     (more, add), sample_ids = made.pieces(number), made.sample_ids
                 else:  # its one row grew past the ceiling with the number's digits
@@ -135,7 +141,7 @@ class EvalSamplesSink:
                     f"rows, over the {MAX_REQUEST_BYTES}-byte request limit"
                 )
             if made is not None and made.numbered:
-                rollouts[made.key] = number
+                rollouts.take(made.key, number)
             pieces += more
             ids.extend(sample_ids)
             size += add
@@ -153,16 +159,22 @@ class EvalSamplesSink:
             # Not kept here yet: the shipper hands the carry back (restore)
             # once the batch is recorded; a batch prepared again after a
             # failed recording must number its rows as the first time.
-            carry={"rollouts": {str(k): v for k, v in rollouts.items()}},
+            # Only the parts of the numbering this batch changed
+            # (``rollout_numbers``): the shipper saves them one by one.
+            carry=rollouts.carry(),
         )
 
     def restore(self, carry: Mapping[str, Any]) -> None:
-        """Continue numbering where the last recorded batch left off."""
-        saved = carry.get("rollouts")
-        # None or {}: numbering from the start (a batch refused whole was the first).
-        self._rollouts = (
-            {_key(k): int(v) for k, v in saved.items()} if isinstance(saved, dict) else {}
-        )
+        """Continue numbering where the last recorded batch left off: take
+        the parts ``carry`` holds (at start-up, every part saved)."""
+        bad = self._rollouts.restore(carry)
+        if bad:
+            # A damaged journal: the examples of what is readable number on.
+            log.warning(
+                "%s: %d items of the carried rollout numbering are unreadable; left out",
+                self.name,
+                bad,
+            )
 
     def send(self, body: bytes, ctx: SendContext[EvalSamplesProgress]) -> None:
         path = f"/evaluations/{ctx.binding.run_id}/samples"
@@ -239,13 +251,6 @@ def _total(page: Mapping[str, Any]) -> int:
     if not isinstance(total, int) or isinstance(total, bool):
         raise receipts.unproven("the sample table was read back without its 'total'")
     return total
-
-
-def _key(value: Any) -> Any:
-    """Task indexes are ints in records; JSON object keys come back as strings."""
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    return value
 
 
 def _rows_here(entry: Entry, binding: Binding) -> SampleRows | None:

@@ -1,0 +1,212 @@
+"""How many rollouts of each example the evaluation sample table numbered,
+carried from batch to batch in parts that do not grow with the run.
+
+Each episode's rows take the next rollout number of its example (its
+summary trace's task index), exactly: the numbering must continue across
+batches, restarts of the uplink, replays and syncs of a copy. It was
+carried whole, one key per example ever shipped: every batch of a
+50,000-example evaluation copied, encoded and saved 50,000 keys three times
+(the journal's meta, the batch's ``carry`` and ``carry_before``), ~127 ms a
+batch where 1,000 examples cost ~6 ms.
+
+So the numbering is kept in chunks of at most ``CHUNK`` examples, an
+example in the chunk that was open when it was first numbered, and a batch
+carries only the chunks it changed (part ``rollouts.<index>``: a list of
+``[example, count]`` pairs, which keeps each example's JSON type). The
+shipper saves each part under its own meta key (``Sink.carries_parts``),
+so recording a batch costs the few chunks its examples are in, whatever
+the evaluation's size (an example's rollouts run close together; rollouts
+of past examples in random order touch a chunk each, at most a batch's
+worth of chunks).
+
+An earlier version's whole numbering (``rollouts``: example as a JSON key,
+to count) is read as the base under the chunks: an example numbered since
+is in a chunk, which wins. The saved carry is untrusted input: what of it
+cannot be read is left out (those examples number on from what is left),
+never raised, so one damaged part costs the numbering of its examples only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["CHUNK", "RolloutBatch", "RolloutNumbers"]
+
+# Examples a part holds: a batch of 256 new examples changes 16 parts, one of
+# rollouts of past examples in random order at most 256 of 16 examples each.
+CHUNK = 16
+_WHOLE = "rollouts"  # an earlier version's whole numbering
+_PART = "rollouts."  # a chunk's part: "rollouts.<index>"
+
+
+class RolloutNumbers:
+    """The rollouts numbered per example, as the last recorded batch left them."""
+
+    def __init__(self) -> None:
+        self._base: dict[Any, int] = {}  # an earlier version's carry, under the chunks
+        self._chunks: dict[int, dict[Any, int]] = {}
+        self._where: dict[Any, int] = {}  # each example's chunk
+        self._open = 0  # the chunk new examples go to (while it has room)
+        self._version = 0  # changed by every restore
+
+    def batch(self) -> RolloutBatch:
+        """A batch's numbering, on top of this one (which it leaves unchanged:
+        the sink goes on from a batch only once it is recorded)."""
+        return RolloutBatch(self)
+
+    def restore(self, carry: Mapping[str, Any]) -> int:
+        """Take the parts of ``carry`` (a recorded batch's, the parts saved,
+        or an earlier version's whole numbering) over the numbering; how
+        many of its items could not be read (left out)."""
+        self._version += 1
+        if isinstance(carry, _Carry) and carry.batch.adopt_into(self, self._version - 1):
+            return 0
+        bad = 0
+        for name, value in carry.items():
+            if name == _WHOLE:
+                bad += self._set_base(value)
+            elif name.startswith(_PART) and name[len(_PART) :].isdigit():
+                bad += self._set_chunk(int(name[len(_PART) :]), value)
+        self._open = max(self._chunks, default=0)
+        return bad
+
+    def __len__(self) -> int:
+        """How many examples are in chunks (the base left out)."""
+        return len(self._where)
+
+    def _set_base(self, value: Any) -> int:
+        base: dict[Any, int] = {}
+        bad = 0 if isinstance(value, dict) else 1
+        for key, count in value.items() if isinstance(value, dict) else ():
+            number = _count(count)
+            if number is None:
+                bad += 1
+            else:
+                base[_key(key)] = number
+        self._base = base
+        return bad
+
+    def _set_chunk(self, index: int, value: Any) -> int:
+        """Make chunk ``index`` hold what ``value`` says (None: nothing, as
+        before its first batch)."""
+        for key in self._chunks.pop(index, {}):
+            if self._where.get(key) == index:
+                del self._where[key]
+        chunk: dict[Any, int] = {}
+        bad = 0 if value is None or isinstance(value, list) else 1
+        for pair in value if isinstance(value, list) else ():
+            found = _pair(pair)
+            if found is None:
+                bad += 1
+                continue
+            key, number = found
+            other = self._where.get(key)
+            if other is not None and other != index:
+                # In two chunks (a damaged journal): the higher count stays,
+                # so no number is given twice.
+                if self._chunks[other][key] >= number:
+                    continue
+                del self._chunks[other][key]
+            chunk[key] = number
+            self._where[key] = index
+        if chunk:
+            self._chunks[index] = chunk
+        return bad
+
+
+class RolloutBatch:
+    """One batch's numbering: the chunks it changed, copied on first change."""
+
+    def __init__(self, numbers: RolloutNumbers) -> None:
+        self._numbers = numbers
+        self._version = numbers._version
+        self._changed: dict[int, dict[Any, int]] = {}
+        self._where: dict[Any, int] = {}  # examples this batch numbered first
+        self._open = numbers._open
+
+    def next_for(self, key: Any) -> int:
+        """The number ``key``'s next rollout takes."""
+        index = self._where.get(key)
+        if index is None:
+            index = self._numbers._where.get(key)
+        if index is not None:
+            number = self._chunk(index).get(key)
+            if number is not None:
+                return number + 1
+        return self._numbers._base.get(key, 0) + 1
+
+    def take(self, key: Any, number: int) -> None:
+        """``key``'s rollout ``number`` is in the batch."""
+        index = self._where.get(key)
+        if index is None:
+            index = self._numbers._where.get(key)
+        if index is None:
+            while len(self._chunk(self._open)) >= CHUNK:
+                self._open += 1
+            index = self._where[key] = self._open
+        chunk = self._changed.get(index)
+        if chunk is None:
+            chunk = self._changed[index] = dict(self._numbers._chunks.get(index, {}))
+        chunk[key] = number
+
+    def carry(self) -> dict[str, Any]:
+        """The parts the batch changed, as they are after it."""
+        carry = _Carry(
+            (f"{_PART}{index}", [[key, number] for key, number in chunk.items()])
+            for index, chunk in self._changed.items()
+        )
+        carry.batch = self
+        return carry
+
+    def adopt_into(self, numbers: RolloutNumbers, version: int) -> bool:
+        """Make ``numbers`` go on from this batch, which it was made on, as
+        it stands (``version``): the batch's chunks as they are, not read
+        back from its carry (what ``restore`` does otherwise, in the time
+        of the parts it changed, each read and checked). False: it was not."""
+        if numbers is not self._numbers or version != self._version:
+            return False
+        numbers._chunks.update(self._changed)
+        numbers._where.update(self._where)
+        numbers._open = max(numbers._open, self._open)
+        return True
+
+    def _chunk(self, index: int) -> dict[Any, int]:
+        chunk = self._changed.get(index)
+        return self._numbers._chunks.get(index, {}) if chunk is None else chunk
+
+
+class _Carry(dict[str, Any]):
+    """A batch's carry, knowing its batch: handed back to ``restore`` once
+    the batch is recorded, it is taken as it is."""
+
+    batch: RolloutBatch
+
+
+def _pair(pair: Any) -> tuple[Any, int] | None:
+    """A part's ``[example, count]`` as read, or None when it is not one."""
+    if not isinstance(pair, list) or len(pair) != 2:
+        return None
+    key, count = pair
+    if key is not None and not isinstance(key, str | int | float):
+        return None
+    number = _count(count)
+    return None if number is None else (key, number)
+
+
+def _count(value: Any) -> int | None:
+    """A saved count: an int of at least 0 (an earlier version wrote
+    ``int(v)`` of what it read: a digit string too), else None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str) and value.isdigit():
+        return int(value)
+    return value if isinstance(value, int) and value >= 0 else None
+
+
+def _key(value: Any) -> Any:
+    """Task indexes are ints in records; an earlier version's JSON object
+    keys come back as strings."""
+    if isinstance(value, str) and value.lstrip("-").isdigit():
+        return int(value)
+    return value

@@ -1,0 +1,243 @@
+"""The evaluation sample table's rollout numbering as the shipper carries it
+in the journal: in parts (``sinks.rollout_numbers``), each batch saving only
+the chunks it changed, and exact across restarts, a batch refused whole, a
+journal of the previous version and a damaged carry.
+
+Batches are prepared and recorded as the shipper's loop does
+(``Shipper._record``), and acknowledged as a successful send would be: the
+numbering is all these tests look at, so no request is made.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+import workloads
+
+import primeruns.sinks.rollout_numbers as rollout_numbers
+from primeruns.journal import Entry, EntryKind, InFlight, Journal
+from primeruns.projection import SampleRows, sample_rows
+from primeruns.ship.policy import RetryPolicy
+from primeruns.ship.shipper import Shipper
+from primeruns.sinks.base import Binding
+from primeruns.sinks.eval_samples import EvalSamplesSink
+
+_BOUND = Binding(run_id="eval-1", kind="eval")
+_NAME = EvalSamplesSink.name
+
+
+class Evaluation:
+    """A journal of episodes whose examples the test names, and the shipper
+    of its sample table, made anew by ``restart`` as the next process's."""
+
+    def __init__(self, path: Path) -> None:
+        self.journal = Journal.create(path)
+        self.path = self.journal.path
+        record = workloads.gsm8k(1)[0]
+        template = sample_rows(record)
+        assert template is not None and template.numbered
+        self.template: SampleRows = template
+        self.keys: dict[int, Any] = {}  # example of each entry
+        self.shipper = self._shipper()
+
+    def _shipper(self) -> Shipper:
+        def rows(entry: Entry, _binding: Binding) -> SampleRows:
+            key = self.keys[entry.seq]
+            return self.template._replace(key=key, sample_ids=(f"s{entry.seq}",))
+
+        return Shipper(
+            self.journal,
+            EvalSamplesSink(None, rows=rows),  # type: ignore[arg-type]
+            binding=lambda: _BOUND,
+            training=False,
+            policy=RetryPolicy(),
+            on_failure=lambda *_: None,
+        )
+
+    def log(self, keys: Sequence[Any]) -> list[Entry]:
+        first = self.journal.last_seq() + 1
+        self.journal.append(EntryKind.EPISODE, [b"{}"] * len(keys))
+        for offset, key in enumerate(keys):
+            self.keys[first + offset] = key
+        return [Entry(first + i, EntryKind.EPISODE, b"{}") for i in range(len(keys))]
+
+    def record(self, keys: Sequence[Any]) -> tuple[InFlight, list[int]]:
+        """Log, prepare and record a batch of ``keys`` (not acknowledged);
+        the batch and its rows' rollout numbers."""
+        entries = self.log(keys)
+        prepared = self.shipper.sink.prepare(entries, _BOUND)
+        assert prepared is not None and prepared.last_seq is None
+        inflight = self.shipper._record(prepared, entries[0].seq, entries[-1].seq, entries[-1].seq)
+        return inflight, numbers(inflight.body)
+
+    def ship(self, keys: Sequence[Any]) -> list[int]:
+        """A batch of ``keys`` recorded and acknowledged; its rollout numbers."""
+        inflight, found = self.record(keys)
+        self.journal.ack(_NAME, inflight.last_seq)
+        return found
+
+    def restart(self, path: Path | None = None) -> None:
+        """The next process: the journal opened again (``path``: a copy of it)."""
+        self.journal.close()
+        self.journal = Journal.open(path or self.path, owner=True)
+        self.shipper = self._shipper()
+
+    def close(self) -> None:
+        self.journal.close()
+
+
+def numbers(body: bytes) -> list[int]:
+    return [row["rollout_number"] for row in orjson.loads(body)["samples"]]
+
+
+@pytest.fixture
+def evaluation(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(rollout_numbers, "CHUNK", 2)  # parts of two examples: many parts
+    run = Evaluation(tmp_path / "runs")
+    yield run
+    run.close()
+
+
+def test_a_restart_after_three_batches_numbers_on_every_example(evaluation: Evaluation) -> None:
+    """The fourth batch repeats examples of the first batch, whose parts the
+    later batches did not change: the next process reads every part saved."""
+    assert evaluation.ship([0, 1, 2, 3, 0]) == [1, 1, 1, 1, 2]
+    assert evaluation.ship([4, 5]) == [1, 1]
+    assert evaluation.ship([6, 3]) == [1, 2]
+    evaluation.restart()
+    assert evaluation.ship([0, 1, 6, 3, 7]) == [3, 2, 2, 3, 1]
+    assert evaluation.ship([7, 0]) == [2, 4]
+
+
+def test_a_batch_saves_only_the_parts_it_changed(evaluation: Evaluation) -> None:
+    """What a batch carries (and saves, and records twice with itself) does
+    not grow with the examples numbered before it."""
+    evaluation.ship(list(range(200)))
+    inflight, found = evaluation.record([150, 3])
+    assert found == [2, 2]
+    assert sorted(inflight.state["carry"]) == ["rollouts.1", "rollouts.75"]
+    assert sorted(inflight.state["carry_before"]) == ["rollouts.1", "rollouts.75"]
+    assert inflight.state["carry"]["rollouts.75"] == [[150, 2], [151, 1]]
+    assert inflight.state["carry_before"]["rollouts.75"] == [[150, 1], [151, 1]]
+    assert evaluation.journal.get_meta(f"carry.{_NAME}") is None  # no whole numbering
+
+
+def test_examples_keep_their_json_type_across_a_restart(evaluation: Evaluation) -> None:
+    """A task without an index (``None``) and one indexed by the string "7"
+    number on after a restart: the whole numbering the previous version saved
+    made every example a JSON object key, and read back ``"None"`` (another
+    example than None: its rollouts were numbered from 1 again)."""
+    assert evaluation.ship([None, None, "7", 7]) == [1, 2, 1, 1]
+    evaluation.restart()
+    assert evaluation.ship([None, "7", 7]) == [3, 2, 2]
+
+
+def test_a_journal_of_the_previous_version_numbers_on(evaluation: Evaluation) -> None:
+    """Its whole numbering (``carry.eval_samples``: example as a JSON key)
+    is the base under the parts saved since; the batch it left in flight
+    carries the same whole numbering, and is read over it."""
+    journal = evaluation.journal
+    whole = {"rollouts": {"0": 2, "1": 1, "2": 5}}
+    evaluation.log([0, 1, 0, 2])
+    journal.ack(_NAME, 3)
+    journal.set_meta(f"carry.{_NAME}", whole)
+    state = {"sample_ids": ["s4"], "carry": whole, "last_seq": 4, "records": 1}
+    journal.set_inflight(_NAME, InFlight(4, 4, b'{"samples":[]}', state))
+    evaluation.restart()
+    journal = evaluation.journal
+    journal.ack(_NAME, 4)  # the batch in flight, resent as recorded
+    assert evaluation.ship([0, 1, 9]) == [3, 2, 1]
+    evaluation.restart()
+    assert evaluation.ship([0, 1, 2, 9]) == [4, 3, 6, 2]
+
+
+def test_a_batch_refused_whole_gives_its_numbers_back(evaluation: Evaluation) -> None:
+    """A batch refused whole (a 413) is made again smaller: its records take
+    the numbers they had, here and after a restart (the parts it changed are
+    saved back as they were before it: one it opened, as none)."""
+    assert evaluation.ship([0, 1, 2]) == [1, 1, 1]
+    refused, found = evaluation.record([2, 3, 4, 0])
+    assert found == [2, 1, 1, 2]
+    evaluation.shipper._send_anew(refused)
+    assert evaluation.journal.get_meta(f"carry.{_NAME}.rollouts.2") is None
+    evaluation.restart()
+    entries = [Entry(seq, EntryKind.EPISODE, b"{}") for seq in range(4, 6)]
+    prepared = evaluation.shipper.sink.prepare(entries, _BOUND)
+    assert prepared is not None
+    assert numbers(prepared.body) == [2, 1]
+
+
+def test_a_copy_of_the_journal_numbers_on(evaluation: Evaluation, tmp_path: Path) -> None:
+    """A copy (rsync'd from a node) holds the parts in its meta: its sync
+    numbers on as the original would."""
+    evaluation.ship([0, 1, 2, 3, 4])
+    evaluation.ship([2])
+    evaluation.journal.close()
+    shutil.copytree(evaluation.path, tmp_path / "copy" / evaluation.path.name)
+    evaluation.restart(tmp_path / "copy" / evaluation.path.name)
+    assert evaluation.ship([0, 2, 4]) == [2, 3, 2]
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    ["not a list", [[0, "x"], [1]], [[{"a": 1}, 3]], [[0, -2], [1, True]], None],
+    ids=["not-a-list", "bad-count", "bad-example", "negative", "null"],
+)
+def test_a_damaged_part_costs_only_its_own_examples(evaluation: Evaluation, damaged: Any) -> None:
+    """The journal is untrusted input: a part that cannot be read leaves its
+    examples to number from the start, and the others number on (numbering
+    everything afresh gave every example's next rollout a number stored
+    already); nothing raises out of the shipper."""
+    evaluation.ship([0, 1, 2, 3, 0, 2])
+    evaluation.journal.set_meta(f"carry.{_NAME}.rollouts.0", damaged)
+    evaluation.restart()
+    assert evaluation.ship([2, 3, 0]) == [3, 2, 1]
+
+
+def test_an_example_in_two_parts_takes_the_higher_count(evaluation: Evaluation) -> None:
+    """Two parts naming one example (a damaged journal): the next number is
+    past both, never one given already."""
+    evaluation.ship([0, 1, 2, 3])
+    evaluation.journal.set_meta(f"carry.{_NAME}.rollouts.1", [[2, 1], [3, 1], [0, 4]])
+    evaluation.restart()
+    assert evaluation.ship([0, 1]) == [5, 2]
+
+
+def test_a_damaged_count_in_the_previous_versions_numbering_costs_only_its_example(
+    evaluation: Evaluation,
+) -> None:
+    """One unreadable count in an earlier version's whole numbering used to
+    make the whole carry unreadable: every example numbered afresh from 1,
+    numbers the table holds already. Only that example does now."""
+    evaluation.journal.set_meta(f"carry.{_NAME}", {"rollouts": {"0": "x", "1": 3, "2": 1}})
+    evaluation.restart()
+    assert evaluation.ship([0, 1, 2]) == [1, 4, 2]
+
+
+def test_a_part_whose_frame_is_damaged_costs_only_its_own_examples(
+    evaluation: Evaluation,
+) -> None:
+    """A part that is not even a frame (damaged bytes on disk): it is read
+    neither as the value a batch that changes it goes back to, nor at
+    start-up, and nothing raises out of the shipper (the recording of a
+    batch would back off and try again forever; its constructor, ship
+    nothing)."""
+    evaluation.ship([0, 1, 2, 3, 0, 2])
+    _damage_part(evaluation.journal, "rollouts.0")
+    inflight, found = evaluation.record([0])
+    assert found == [3]
+    assert inflight.state["carry_before"]["rollouts.0"] is None
+    evaluation.journal.ack(_NAME, inflight.last_seq)
+    _damage_part(evaluation.journal, "rollouts.0")
+    evaluation.restart()
+    assert evaluation.ship([2, 3, 0]) == [3, 2, 1]
+
+
+def _damage_part(journal: Journal, part: str) -> None:
+    with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
+        txn.put(f"carry.{_NAME}.{part}".encode(), b"\x00garbage", db=journal._tx.dbs["meta"])
