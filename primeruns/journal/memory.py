@@ -36,6 +36,7 @@ from . import in_memory
 from .frames import HEADER_SIZE, MAX_ENTRY_BYTES, EntryKind
 from .journal import default_local_id
 from .layout import dumps
+from .meta import UNLISTED_PREFIXES
 from .types import AppendResult, CursorState, Damage, Entry, InFlight, ReadResult
 
 __all__ = ["MemoryJournal", "in_memory"]
@@ -107,7 +108,9 @@ class MemoryJournal:
             items = list(self._meta.items())
         out: dict[str, Any] = {}
         for key, raw in items:
-            if max_value_bytes is not None and len(raw) > max_value_bytes:
+            if max_value_bytes is not None and (
+                len(raw) > max_value_bytes or key.startswith(UNLISTED_PREFIXES)
+            ):
                 continue
             value = json.loads(raw)
             out[key] = shape(value) if shape is not None else value

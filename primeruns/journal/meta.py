@@ -40,6 +40,14 @@ K_FORK_PARENT = "fork_parent"
 K_FORK_PARENT_PATH = "fork_parent_path"
 K_BUDGET = "journal.max_bytes"  # the producer's byte budget, which its uplink keeps too
 
+#: Keys a listing's read (``all`` with a bound) passes over, unread and not
+#: counted against its bounds: what the sinks carry from batch to batch
+#: (``carry.<sink>``, ``carry.<sink>.<part>``: an evaluation's rollout
+#: numbering, a few values per example), which no listing shows, and which
+#: took a large evaluation's whole listing budget (its other values named
+#: oversized, its journal listed as damaged).
+UNLISTED_PREFIXES = ("carry.",)
+
 #: The most JSON ``all`` reads of a journal's meta, and values it decodes, in
 #: all: what one value may hold (``txn``); a spec with its config is a few
 #: KB (the platform keeps at most 256 KiB of config text).
@@ -66,7 +74,8 @@ class Meta:
         """Every readable meta value by key. Given ``max_value_bytes`` (a
         listing's read), those past it, or past what is left of the whole
         meta's bound, by declared size under ``K_OVERSIZED`` (neither
-        decompressed nor parsed). Without it, every value whole: the SDK
+        decompressed nor parsed), and the keys of ``UNLISTED_PREFIXES`` not
+        at all. Without it, every value whole: the SDK
         reads back what it wrote (a copy's or a re-homed journal's spec and
         its config, which may be of any size)."""
         if max_value_bytes is None:
@@ -78,6 +87,8 @@ class Meta:
         with self._tx.read() as txn:
             for key, value in txn.cursor(db=self._tx.dbs["meta"]):
                 name = bytes(key).decode(errors="replace")
+                if name.startswith(UNLISTED_PREFIXES):
+                    continue
                 try:
                     declared = peek_header(value).raw_len
                     if declared > min(most, bytes_left):

@@ -113,3 +113,21 @@ def test_a_meta_value_past_a_listings_bound_is_read_whole_by_the_sdk(tmp_path: P
         assert journal.all_meta()["spec"]["config"] == config
         assert journal.get_meta("spec")["config"] == config
         assert "spec" in journal.all_meta(MAX_META_BYTES)[K_OVERSIZED]
+
+
+def test_a_listing_passes_over_what_the_sinks_carry(tmp_path: Path) -> None:
+    """An evaluation of 200,000 examples carries its rollout numbering in
+    parts (``[example, count]`` pairs, three values each): more than a
+    listing's bound on the whole meta. A listing never shows it, so it is
+    not read: the run's spec is listed, not named oversized (its journal
+    listed as damaged). The SDK's own read gets the parts whole."""
+    parts = {
+        f"carry.eval_samples.rollouts.{i}": [[i * 16 + k, 4] for k in range(16)]
+        for i in range(200_000 // 16)
+    }
+    with Journal.create(tmp_path / "runs", meta={**parts, "spec": {"name": "eval"}}) as journal:
+        listed = journal.all_meta(MAX_META_BYTES)
+        whole = journal.all_meta()
+    assert listed["spec"] == {"name": "eval"} and K_OVERSIZED not in listed
+    assert not any(key.startswith("carry.") for key in listed)
+    assert whole["carry.eval_samples.rollouts.7"] == parts["carry.eval_samples.rollouts.7"]
