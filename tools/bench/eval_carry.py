@@ -14,8 +14,9 @@ size.
 Two orders: each example's rollouts one after the other (an evaluation's
 usual order: an example's rollouts run together), and the rollouts of past
 examples in random order (the worst case for a numbering kept in chunks).
-Figures: ms per batch over the last batches, when the numbering is largest;
-the ratio is the largest size's to the smallest's (flat: <= ~1.2).
+Figures: CPU ms per batch (this process's: a shared machine's other load
+is not counted), the median over the last batches, when the numbering is
+largest; the ratio is the largest size's to the smallest's (flat: <= ~1.2).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from primeruns.sinks.eval_samples import EvalSamplesSink
 
 _BOUND = Binding(run_id="eval-bench", kind="eval")
 _ROLLOUTS = 2  # rollouts per example
-_TIMED = 20  # batches timed at the end of each evaluation
+_TIMED = 50  # batches timed at the end of each evaluation
 
 
 def _template() -> SampleRows:
@@ -85,12 +86,12 @@ def _ship(
             seq += 1
         # In the journal, for the acknowledgement (the sink reads ``rows``).
         shipper.journal.append(EntryKind.EPISODE, [e.payload for e in entries])
-        t0 = time.perf_counter()
+        t0 = time.process_time()
         prepared = shipper.sink.prepare(entries, _BOUND)
         assert prepared is not None
         inflight = shipper._record(prepared, entries[0].seq, entries[-1].seq, entries[-1].seq)
         shipper.journal.ack(shipper.name, inflight.last_seq)
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
         for entry in entries:
             del rows[entry.seq]
     return times
@@ -124,7 +125,7 @@ def run(quick: bool, sizes: Sequence[int] | None = None) -> list[Table]:
     template = _template()
     table = Table(
         "Eval samples: prepare + record one batch, by distinct examples",
-        ["order", *[f"{n:,} examples (ms/batch)" for n in sizes], "ratio largest/smallest"],
+        ["order", *[f"{n:,} examples (CPU ms/batch)" for n in sizes], "ratio largest/smallest"],
     )
     for order in ("together", "random"):
         figures = [measure(n, order, template) for n in sizes]
