@@ -15,11 +15,12 @@ import contextlib
 import os
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping
+from typing import Any
 
 import lmdb
 
 from primeruns.exceptions import JournalError
-from primeruns.journal.frames import FrameError, peek_header
+from primeruns.journal.frames import EntryKind, FrameError, peek_header
 from primeruns.journal.layout import CHUNK_KEY, KEY, kept_kind, key, seq_of
 from primeruns.journal.mover import Mover
 from primeruns.journal.reading import Reader
@@ -51,6 +52,9 @@ class Capacity:
         # Every entry up to it was compacted away but the lifecycle's (a
         # compaction's next pass starts past it).
         self._swept = 0
+        # The summary entry a pass kept, at or before ``_swept``: removed by
+        # the pass that meets a later one (0: none known).
+        self._summary = 0
         # Bytes this process spooled that LMDB does not hold yet, given LMDB's
         # end (the appender's; 0 elsewhere): they take room once absorbed.
         self.spooled: Callable[[int], int] = lambda end: 0
@@ -145,7 +149,8 @@ class Capacity:
 
     def compact(self, acked: Mapping[str, int], last_seq: int) -> int:
         """Delete entries acknowledged by every sink in ``acked`` (sink: offset),
-        keeping the run's lifecycle entries; returns how many."""
+        keeping the run's spec, finish and last summary up to there (a summary
+        a later one supersedes goes); returns how many."""
         if not acked:
             return 0
         upto = min(min(acked.values()), last_seq)
@@ -159,6 +164,9 @@ class Capacity:
         tx = self._tx
         removed = 0
         db = tx.dbs["entries"]
+        # The summary a pass keeps (before it, after it): set again before
+        # each pass, so a pass retried (the map grown) starts as it did.
+        summary_kept = [self._summary, self._summary]
         while True:
 
             def chunk(txn: lmdb.Transaction) -> tuple[int, bool, int]:
@@ -175,6 +183,7 @@ class Capacity:
                 end = key(upto + 1)  # every key of an entry up to ``upto`` sorts before it
                 kept = -1  # the seq of a lifecycle entry passed over (and its chunks)
                 last = 0  # the seq of the last key deleted
+                summary = summary_kept[0]
                 # ``delete`` says True at the end too, its key then empty
                 # (LMDB has no empty key): that ends the pass, as a ``next``
                 # there would go back to the first key.
@@ -187,6 +196,16 @@ class Capacity:
                     seq = seq_of(cur.key())
                     if len(cur.key()) == KEY.size and kept_kind(cur.value()):
                         kept = seq
+                        if _is_summary(cur.value()):
+                            # A later summary: the one kept before it is
+                            # superseded (no sink ships a summary; the
+                            # close-out reads the last one alone).
+                            if 0 < summary < seq and (gone := _delete_entry(txn, db, summary)):
+                                n += 1
+                                keys += gone
+                                removed_kinds[int(EntryKind.SUMMARY)] += 1
+                                cur.set_key(key(seq))  # back on this one, wherever LMDB left it
+                            summary = max(summary, seq)
                     if seq == kept:
                         more = cur.next()
                         continue
@@ -202,6 +221,7 @@ class Capacity:
                 # whose key it deleted last, so at the rest of its chunks or
                 # past them, never inside a kept entry, whatever key follows.
                 swept = last - 1 if full else upto
+                summary_kept[1] = summary
                 if removed_kinds:
                     tx.put_meta(txn, K_COMPACTED_KINDS, _merged(tx, txn, removed_kinds))
                 floor = as_floor(tx.meta_or(txn, K_FLOOR, 0))
@@ -209,9 +229,11 @@ class Capacity:
                     tx.put_meta(txn, K_FLOOR, upto)
                 return n, full, swept
 
+            summary_kept[:] = [self._summary, self._summary]
             with tx.lock:
                 n, full, swept = tx.write(chunk)
             self._swept = max(self._swept, swept)
+            self._summary = summary_kept[1]  # once the pass committed
             removed += n
             if not full:
                 break
@@ -225,6 +247,30 @@ class Capacity:
 
     def drop_sink(self, name: str) -> None:
         self.sinks = self.sinks - {name}
+
+
+def _is_summary(value: bytes | memoryview) -> bool:
+    try:
+        return peek_header(value).kind == EntryKind.SUMMARY
+    except FrameError:
+        return False
+
+
+def _delete_entry(txn: lmdb.Transaction, db: Any, seq: int) -> int:
+    """Delete the entry ``seq`` and its chunks; how many keys went (0: it was
+    not there: removed by another process's pass, so not counted again)."""
+    cur = txn.cursor(db=db)
+    if not cur.set_key(key(seq)):
+        return 0
+    keys = 0
+    while True:
+        keys += 1
+        if not cur.delete():
+            break
+        raw_key = cur.key()
+        if not (raw_key and len(raw_key) == CHUNK_KEY.size and seq_of(raw_key) == seq):
+            break
+    return keys
 
 
 def _count_kind(counts: Counter[int], value: bytes | memoryview) -> None:

@@ -44,9 +44,11 @@ CHUNK_UPTO = 16 << 10
 # The frame kind of cursor, in-flight and meta values (not an EntryKind).
 META_KIND = 0
 
-# What compaction never removes: the run's spec, summaries and finish decide
-# how a crashed run is closed out (``ship.uplink.terminal_state`` reads them from
-# the start), and they are few and small.
+# What compaction keeps: the run's spec, summaries and finish decide how a
+# crashed run is closed out (``ship.uplink.terminal_state``). Of the summaries,
+# the last one alone is read (no sink ships one): one a later summary
+# supersedes is removed after all (``capacity.Capacity.compact``), or a run
+# that updates its summary each step would keep one per step.
 _KEPT_KINDS = frozenset({int(EntryKind.RUN_OPEN), int(EntryKind.SUMMARY), int(EntryKind.FINISH)})
 
 

@@ -12,7 +12,7 @@ could not read it).
 
 What that costs: nothing outlives the process. Entries are kept until every
 sink acknowledged them (then dropped, as compaction drops them from a journal
-on disk, the run's lifecycle entries kept), so memory holds the backlog, not
+on disk, the run's spec, finish and last summary kept), so memory holds the backlog, not
 the run; the byte budget bounds it, and appends past it are dropped and
 counted, as on disk. What is not shipped when the run finishes is counted as
 lost (``ledger`` of the close-out; ``closing``), since no ``primeruns
@@ -79,6 +79,7 @@ class MemoryJournal:
         self._losses: dict[str, dict[str, Any]] = {}
         self._compacted: Counter[int] = Counter()
         self._swept = 0  # every entry up to it was forgotten, but the lifecycle's
+        self._summary = 0  # the summary entry kept at or before ``_swept`` (0: none)
         self._sinks: frozenset[str] = frozenset()
         self._woken = 0
         if meta:
@@ -360,7 +361,7 @@ class MemoryJournal:
 
     def _drop_shipped(self) -> None:
         """Forget the entries every named sink acknowledged (under the lock),
-        but the run's lifecycle entries: the close-out reads them."""
+        but the run's spec, finish and last summary: the close-out reads them."""
         if not self._sinks:
             return
         upto = min(self._cursors.get(s, CursorState(0, None)).acked for s in self._sinks)
@@ -370,16 +371,32 @@ class MemoryJournal:
         start = bisect_right(self._seqs, self._swept)
         end = bisect_right(self._seqs, upto)
         kept: list[int] = []
+        before = 0  # a summary an earlier pass kept, superseded in this one
         for seq in self._seqs[start:end]:
             entry = self._entries[seq]
+            if entry.kind == EntryKind.SUMMARY:
+                # Only the last summary is read (the close-out of a crash
+                # sends it; no sink ships one): one a later one supersedes
+                # goes, as shipped entries do, and memory holds one.
+                if self._summary in self._entries:
+                    before = self._summary if self._summary <= self._swept else before
+                    self._forget(self._summary)
+                self._summary = seq
             if entry.kind in _KEPT:
                 kept.append(seq)
                 continue
-            del self._entries[seq]
-            self._bytes -= len(entry.payload) + HEADER_SIZE
-            self._compacted[int(entry.kind)] += 1
-        self._seqs[start:end] = kept
+            self._forget(seq)
+        self._seqs[start:end] = [seq for seq in kept if seq in self._entries]
+        if before:
+            at = bisect_left(self._seqs, before)
+            if at < len(self._seqs) and self._seqs[at] == before:
+                del self._seqs[at]
         self._swept = max(self._swept, upto)
+
+    def _forget(self, seq: int) -> None:
+        entry = self._entries.pop(seq)
+        self._bytes -= len(entry.payload) + HEADER_SIZE
+        self._compacted[int(entry.kind)] += 1
 
     def size_bytes(self) -> int:
         with self._cond:

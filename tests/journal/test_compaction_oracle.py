@@ -1,8 +1,9 @@
 """Compaction against a brute-force recount: whatever the passes (cut every
 few keys, inside a chunked entry's keys, resumed from where the last one
 stopped), every entry appended is counted exactly once (present, or among
-what compaction removed), each lifecycle entry is kept whole, and every other
-entry up to what every sink acknowledged is gone."""
+what compaction removed), each lifecycle entry is kept whole but a summary a
+later acknowledged one supersedes, and every other entry up to what every
+sink acknowledged is gone."""
 
 from __future__ import annotations
 
@@ -80,7 +81,16 @@ class CompactionModel(RuleBasedStateMachine):
         assert +total == +self.appended
         assert +self.j.compacted() + +self.j.tally_range(0, self.j.last_seq()) == +self.appended
         held = self.j.read(0, max_entries=10**6, max_bytes=1 << 40).entries
-        want = {s: v for s, v in self.entries.items() if s > self.upto or v[0] in _KEPT}
+        # The last summary up to what was acknowledged supersedes every one before it.
+        last_summary = max(
+            (s for s, (k, _) in self.entries.items() if k == EntryKind.SUMMARY and s <= self.upto),
+            default=0,
+        )
+        want = {
+            s: v
+            for s, v in self.entries.items()
+            if s > self.upto or (v[0] in _KEPT and (v[0] != EntryKind.SUMMARY or s == last_summary))
+        }
         last = self.j.last_seq()
         for after, upto in [(0, self.upto), (self.upto // 2, last - 1), (self.upto, last)]:
             recount = Counter(int(k) for s, (k, _) in want.items() if after < s <= upto)

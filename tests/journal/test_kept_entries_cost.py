@@ -1,8 +1,9 @@
-"""The run's lifecycle entries (its spec, its summaries, its finish) outlive
-compaction: a run that updates its summary every step keeps one per step.
-What compaction does at an acknowledgement must cost what was acknowledged
-since the last one, not every lifecycle entry kept before it, and it must
-still keep each of them whole and remove everything else acknowledged."""
+"""The run's lifecycle entries (its spec, its last summary, its finish)
+outlive compaction; a summary a later one supersedes does not (a run that
+updates its summary every step kept one per step). What compaction does at
+an acknowledgement must cost what was acknowledged since the last one, not
+every lifecycle entry kept before it, and it must still keep each of them
+whole and remove everything else acknowledged."""
 
 from __future__ import annotations
 
@@ -44,10 +45,12 @@ def test_an_acknowledgement_in_memory_looks_at_what_it_acknowledged_alone() -> N
     j.ack("traces", j.last_seq())
     assert _CountingEntries.looks <= 3
     # Every lifecycle entry is still there; every other one acknowledged is gone.
+    # The spec and the last summary are still there (a later summary
+    # supersedes the one before it); every other entry acknowledged is gone.
     held = j.read(0, max_entries=10_000, max_bytes=1 << 30).entries
-    assert [e.kind for e in held] == [EntryKind.RUN_OPEN] + [EntryKind.SUMMARY] * 2_001
+    assert [e.kind for e in held] == [EntryKind.RUN_OPEN, EntryKind.SUMMARY]
     assert held[-1].payload == b'{"best": -1}'
-    assert j.compacted() == {int(EntryKind.EPISODE): 2_002}
+    assert j.compacted() == {int(EntryKind.EPISODE): 2_002, int(EntryKind.SUMMARY): 2_000}
 
 
 def _noise(i: int, size: int) -> bytes:
@@ -73,24 +76,29 @@ def test_compaction_looks_past_where_it_stopped_and_keeps_each_lifecycle_entry_w
             j.append(EntryKind.EPISODE, [_noise(1_000 + i, 2_500 if i % 2 else 50)])
         j.ack("traces", j.last_seq())
         removed = j.compact(["traces"])
-        assert removed == 60
+        assert removed == 60 + 19  # the episodes, and each summary a later one supersedes
+        last = max(summaries)
         looked.clear()
         for i in range(3):
             j.append(EntryKind.EPISODE, [_noise(2_000 + i, 2_500)])
         j.ack("traces", j.last_seq())
         assert j.compact(["traces"]) == 3
-        assert len(looked) <= 3  # the new heads alone, not the 21 kept before them
+        assert len(looked) <= 3  # the new heads alone, not the entries kept before them
         end = j.last_seq()
         for seq, payload in summaries.items():
             entry = j.get(seq)
-            assert entry is not None and entry.payload == payload
+            if seq == last:
+                assert entry is not None and entry.payload == payload
+            else:
+                assert entry is None
+        assert j.compacted()[int(EntryKind.SUMMARY)] == 19
         assert j.damage() == []
     # Nothing but the lifecycle entries (and their chunks) is left of what was acknowledged.
     env = lmdb.open(str(tmp_path / "run"), max_dbs=8, readonly=True, lock=False)
     with env.begin() as txn:
         left = {seq_of(k) for k, _ in txn.cursor(db=env.open_db(b"entries", txn=txn))}
     env.close()
-    assert {seq for seq in left if seq <= end} == {1, *summaries}
+    assert {seq for seq in left if seq <= end} == {1, last}
 
 
 @pytest.mark.parametrize("pass_keys", [3, 10_000])
@@ -118,3 +126,25 @@ def test_compaction_goes_on_past_a_malformed_key(
         assert j.compacted() == {int(EntryKind.EPISODE): 19}
         assert sum(j.tally()[0].values()) == 20
         assert [e.seq for e in j.read(0).entries] == [1]
+
+
+def test_a_run_updating_its_summary_every_step_keeps_logging_at_its_byte_budget(
+    tmp_path: Path,
+) -> None:
+    # Every summary outlived compaction: a shipped run that updates its
+    # summary each step filled its byte budget with them, and from then on
+    # every record it logged was dropped, however fast it shipped.
+    with Journal.create(tmp_path, local_id="run", max_bytes=2 << 20) as j:
+        j.set_sinks(["traces"])
+        j.append(EntryKind.RUN_OPEN, [b"{}"])
+        dropped = 0
+        for step in range(3_000):  # ~4.5 MB of summaries, twice the budget
+            dropped += j.append(EntryKind.SUMMARY, [_noise(step, 1_500)]).dropped
+            dropped += j.append(EntryKind.METRICS, [b'{"step": %d}' % step]).dropped
+            j.ack("traces", j.last_seq())
+        assert dropped == 0
+        last = j.read(j.last_seq() - 2, kinds={EntryKind.SUMMARY}).entries
+        assert [json.loads(e.payload)["i"] for e in last] == [2_999]
+        # Every entry logged is counted once: present, or compacted away.
+        assert j.tally()[0][int(EntryKind.SUMMARY)] == 3_000
+        assert j.damage() == []
