@@ -63,8 +63,10 @@ from typing import Any
 
 from ..exceptions import JournalError
 from ..journal import CursorState, Damage, Entry, EntryKind, Journal, ReadResult
+from ..journal.capacity import K_COMPACTED_KINDS
 from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
+from ..journal.tail import K_FLOOR, as_floor
 from ..journal.trust import UntrustedPathError, check_dir
 from ..sinks.kinds import SINK_KINDS, sink_names
 from ..spec import SPEC_KEY, RunSpec, SpecError
@@ -215,7 +217,10 @@ def _hand_over_shipping(source: Journal, dest: Journal) -> None:
     )
     if need == 0:
         return
-    done = import_new(source, dest, after=_compacted_through(source, cursors))
+    through = _compacted_through(source, cursors)
+    if through:
+        _carry_kept(source, dest, through)
+    done = import_new(source, dest, after=through)
     if done.upto < need:
         raise JournalError(
             f"the copy at {source.path} holds entries only up to {done.upto} "
@@ -234,11 +239,51 @@ def _compacted_through(source: Journal, cursors: dict[str, CursorState]) -> int:
     compacted away (its byte budget) once every sink acknowledged them, or
     0: nothing to import there. Entries missing that a sink did not
     acknowledge were not compacted: the copy lacks them."""
-    first = source.read(0, max_entries=1).entries
-    if not first or not cursors:
+    if not cursors:
         return 0
-    through = first[0].seq - 1
+    first = source.read(0, max_entries=1).entries
+    through = first[0].seq - 1 if first else 0
+    # Compaction keeps the run's spec, finish and last summary: the first
+    # entry of a compacted copy is its spec, and the floor says how far the
+    # entries after it were compacted.
+    with contextlib.suppress(JournalError):
+        through = max(through, as_floor(source.get_meta(K_FLOOR)))
     return through if through <= min(c.acked for c in cursors.values()) else 0
+
+
+def _carry_kept(source: Journal, dest: Journal, through: int) -> None:
+    """Import the entries compaction kept up to ``through`` (the run's spec,
+    finish and last summary; a crash is closed out with that summary) under
+    their own seqs, and take ``through`` as ``dest``'s compaction floor, with
+    the copy's compacted counts, so the entries between them are compacted
+    ones there too, not missing. Of the summaries a journal compacted before
+    superseded ones were removed, the last alone is imported."""
+    kept: list[Entry] = []
+    summary: Entry | None = None
+    summaries = 0
+    after = 0
+    while after < through:
+        result = source.read(after, max_entries=_READ_ENTRIES, max_bytes=_READ_BYTES)
+        for entry in result.entries:
+            if entry.seq > through:
+                break
+            if entry.kind == EntryKind.SUMMARY:
+                summary, summaries = entry, summaries + 1
+            else:
+                kept.append(entry)
+        if result.next_after <= after:
+            break
+        after = result.next_after
+    if summary is not None:
+        kept = sorted([*kept, summary], key=lambda e: e.seq)
+    for entry in kept:
+        dest.appends_follow(entry.seq - 1)
+        _append_in_order(dest, [entry])
+    counts = source.compacted()
+    counts[int(EntryKind.SUMMARY)] += max(0, summaries - 1)
+    compacted = {str(kind): n for kind, n in (+counts).items()}
+    dest.compact(())  # compacts nothing: moves what was appended into LMDB, under the floor
+    dest.update_meta({K_FLOOR: through, K_COMPACTED_KINDS: compacted})
 
 
 def import_new(source: Journal, dest: Journal, *, final: bool = False, after: int = 0) -> Imported:

@@ -31,6 +31,7 @@ from primeruns.journal import EntryKind, Journal
 from primeruns.journal.frames import HEADER_SIZE
 from primeruns.journal.origin import K_ORIGIN, Origin
 from primeruns.journal.spool import APPEND
+from primeruns.models import CRASH_ERROR
 from primeruns.ship import mirror
 from primeruns.ship.mirror import K_SOURCE_ORIGIN, fingerprint, import_new, open_sync_journal
 from primeruns.spec import SPEC_KEY
@@ -773,3 +774,31 @@ def test_a_sync_root_whose_folders_take_no_lock_is_synced_into_sweeping_nothing(
             with Journal.open(first, owner=False) as copy:
                 assert copy.last_seq() == 5
     assert [p for p in root.iterdir() if p.name.startswith(".snapshot-")] == []
+
+
+def test_a_copy_compacted_past_its_summaries_closes_out_with_the_newest(tmp_path: Path) -> None:
+    # Compaction keeps the run's spec (its first entry) and its last
+    # summary: a copy of an online run whose uplink compacted was refused
+    # ("holds entries only up to 1"), even once its job had ended, and its
+    # sync journal would have lost the summary a crash is closed out with.
+    from primeruns.ship.uplink import terminal_state
+
+    for back in (2, 0):  # the last summary past what was compacted, or within it
+        producer = Journal.create(tmp_path / f"node{back}", meta={"platform": {"run_id": "r1"}})
+        producer.append(EntryKind.RUN_OPEN, [b"{}"])
+        for step in range(10):
+            _log(producer, step * 3, 3)
+            producer.append(EntryKind.SUMMARY, [json.dumps({"step": step}).encode()])
+        producer.sync()
+        producer.ack("traces", producer.last_seq() - back)
+        assert producer.compact(["traces"]) > 0
+        producer.sync()
+        assert terminal_state(producer)[2] == {"step": 9}
+        copy = _copy(producer.path, tmp_path / f"login{back}" / producer.local_id)
+        for _ in range(2):  # a copy synced again imports nothing more
+            with _synced(copy, tmp_path / f"synced{back}") as (_source, sync, _):
+                assert terminal_state(sync) == ("crashed", CRASH_ERROR, {"step": 9})
+                assert sync.cursor("traces").acked == sync.last_seq() - back
+                assert sync.damage() == []
+                assert +sync.tally()[0] == {1: 1, 2: 20, 4: 10, 5: 10}
+        producer.close()
