@@ -32,6 +32,7 @@ import request_ceiling
 import request_latency
 import short_run
 import show_cost
+import summary_updates
 import sync_scaling
 import uplink_loop
 from benchlib import Table
@@ -54,6 +55,7 @@ BENCHMARKS = (
     request_ceiling,
     history_cost,
     show_cost,
+    summary_updates,
     dashboard_analysis,
 )
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
