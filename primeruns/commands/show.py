@@ -35,7 +35,7 @@ from rich.text import Text
 
 from .. import jsonbound
 from ..journal import Damage, EntryKind, Journal, journal_info
-from ..journal.by_kind import seqs_of
+from ..journal.by_kind import seqs_by_kind, seqs_of
 from ..journal.listing import MAX_FINISH_BYTES
 from ..reports import (
     UNIT_LABELS,
@@ -187,6 +187,8 @@ def _ending(
     400 MB. One past that bound, or not a JSON object, is named in
     ``damage`` and not shown."""
     named = len(damage)
+    if seqs is None:  # one pass over the headers for both (a crash reads the summary too)
+        seqs = seqs_by_kind(journal, (EntryKind.FINISH, EntryKind.SUMMARY))
     finish = _last_record(journal, EntryKind.FINISH, seqs, damage)
     if finish is None and len(damage) > named:
         # The run finished, with a record not shown: not a crash (as ``ls`` says).

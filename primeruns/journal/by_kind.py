@@ -16,7 +16,7 @@ from primeruns.exceptions import JournalCorruptError
 from primeruns.journal.frames import EntryKind
 from primeruns.journal.journal import Journal
 
-__all__ = ["last_payload", "seqs_of"]
+__all__ = ["last_payload", "seqs_by_kind", "seqs_of"]
 
 # Headers one read examines; a read stops at its own scan limit before this.
 _BATCH = 1_000_000
@@ -26,13 +26,19 @@ def seqs_of(journal: Journal, kind: EntryKind) -> array[int]:
     """The seqs of the journal's entries of ``kind`` whose header reads, ascending.
 
     Eight bytes a seq: a million-row run costs 8 MB here."""
-    seqs: array[int] = array("q")
+    return seqs_by_kind(journal, (kind,))[int(kind)]
+
+
+def seqs_by_kind(journal: Journal, kinds: Sequence[EntryKind]) -> dict[int, array[int]]:
+    """``seqs_of`` for each of ``kinds``, in one pass over the headers."""
+    seqs: dict[int, array[int]] = {int(kind): array("q") for kind in kinds}
     after = 0
     while True:
         found = journal.read(
-            after, kinds={kind}, max_entries=_BATCH, max_bytes=1 << 62, max_entry_bytes=0
+            after, kinds=set(kinds), max_entries=_BATCH, max_bytes=1 << 62, max_entry_bytes=0
         )
-        seqs.extend(seq for seq, _, _ in found.oversized)
+        for seq, kind, _ in found.oversized:
+            seqs[int(kind)].append(seq)
         if found.next_after <= after:
             return seqs
         after = found.next_after

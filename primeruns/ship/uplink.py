@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from .. import ranks, run_index
 from ..exceptions import JournalError, PrimeRunsError
 from ..journal import EntryKind, Journal
-from ..journal.by_kind import last_payload
+from ..journal.by_kind import last_payload, seqs_by_kind
 from ..loopback_owner import served_by_another_user, taken_by_another_user
 from ..models import CRASH_ERROR
 from ..platform import PlatformClient, Settings, resolve_settings
@@ -127,11 +127,12 @@ def terminal_state(
     """``(status, error, summary)`` from the journal's finish entry, or a
     crash (with the last summary update) when the producer never finished.
     ``seqs``: the entries' seqs per kind, when a scan found them already."""
-    known = (lambda kind: seqs.get(kind, ())) if seqs is not None else (lambda kind: None)
-    finishes = last_payload(journal, EntryKind.FINISH, known(EntryKind.FINISH))
+    if seqs is None:  # one pass over the headers for both (a crash reads the summary too)
+        seqs = seqs_by_kind(journal, (EntryKind.FINISH, EntryKind.SUMMARY))
+    finishes = last_payload(journal, EntryKind.FINISH, seqs.get(EntryKind.FINISH, ()))
     if finishes is not None:
         return ending_of(json_object(finishes))
-    summary = last_payload(journal, EntryKind.SUMMARY, known(EntryKind.SUMMARY))
+    summary = last_payload(journal, EntryKind.SUMMARY, seqs.get(EntryKind.SUMMARY, ()))
     return "crashed", CRASH_ERROR, (json_object(summary) if summary is not None else None) or {}
 
 
