@@ -40,7 +40,7 @@ from .ship import ledger
 from .ship.factory import sink_kinds
 from .ship.family import ParentNotRegistered
 from .ship.lifecycle import Lifecycle
-from .ship.link import UplinkHandle, UplinkThreads, kill_uplink, start_uplink
+from .ship.link import UplinkHandle, UplinkThreads, job_stopped, kill_uplink, start_uplink
 from .ship.policy import RetryPolicy
 from .ship.uplink import find_run_journals
 
@@ -52,6 +52,14 @@ _AUTH_ERRORS = (UnauthorizedError, ForbiddenError, PaymentRequiredError)
 # finish() waits this much past its timeout for the uplink's last steps
 # (stopping its shippers, the close-out call) before it returns anyway.
 _CLOSE_GRACE = 10.0
+# While finish() waits, it looks this often whether the uplink process is
+# stopped (SIGSTOP), and kills one seen stopped this long in a row: a process
+# that cannot move would spend the whole wait, then close the run out without
+# what it had left once resumed (its budget spent). Long enough that a job
+# suspended whole and resumed (SIGCONT to each of its processes, one by one)
+# is not taken for one.
+_STOPPED_LOOK_S = 1.0
+_STOPPED_FOR_S = 3.0
 
 
 def go_online(
@@ -287,8 +295,10 @@ class Supervisor:
         uplink = self.uplink
         uplink.closing()
         done_by = time.monotonic() + waiting + (_CLOSE_GRACE if grace else 0.0)
+        stopped_since: float | None = None
         while True:
-            if uplink.wait_exit(max(0.0, done_by - time.monotonic())):
+            look_by = min(done_by, time.monotonic() + _STOPPED_LOOK_S)
+            if uplink.wait_exit(max(0.0, look_by - time.monotonic())):
                 self.replace_if_dead()  # it died before closing the run out
                 if self.uplink is uplink:
                     break
@@ -296,7 +306,29 @@ class Supervisor:
                 uplink.closing()
             elif time.monotonic() >= done_by:
                 break
+            else:
+                stopped_since = self._kill_if_stopped(uplink, stopped_since)
         return ledger.read_closeout(self._journal)
+
+    def _kill_if_stopped(self, uplink: UplinkHandle, since: float | None) -> float | None:
+        """Kill the uplink process if it has been stopped (SIGSTOP) since
+        ``since`` for ``_STOPPED_FOR_S``: then it exits, and the finish's wait
+        ships from threads here (``replace_if_dead``) from the offsets it left,
+        as after any kill. When it was first seen stopped (None: it is not)."""
+        pid = getattr(uplink, "pid", None)
+        if not isinstance(pid, int) or self._replaced or not job_stopped(pid):
+            return None
+        now = time.monotonic()
+        if since is None or now - since < _STOPPED_FOR_S:
+            return now if since is None else since
+        log.warning(
+            "prime-runs: the uplink process of run %s (pid %d) is stopped (SIGSTOP) while "
+            "the run finishes; killing it and shipping from threads in this process",
+            (self.binding() or Binding(self._journal.local_id, self._kind)).run_id,
+            pid,
+        )
+        kill_uplink(pid)
+        return None
 
     def abandon(self) -> None:
         """``init()`` failed after ``go_online``: its handle is never

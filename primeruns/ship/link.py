@@ -817,6 +817,20 @@ def kill_uplink(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
 
 
+def job_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (SIGSTOP, SIGTSTP): the
+    state ``T`` of ``/proc/<pid>/stat``. Not a tracer's stop (``t``: someone
+    is debugging it), and False where there is no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    # The command name (field 2) may hold spaces and parentheses: split after the last ")".
+    fields = stat.rsplit(b")", 1)[-1].split()
+    return bool(fields) and fields[0] == b"T"
+
+
 def await_go(wake_fd: int, progress_fd: int, producer: int) -> bool:
     """In an uplink process started with ``--await-go``: report that it is
     ready, then wait until its producer says go, closes its end, or dies

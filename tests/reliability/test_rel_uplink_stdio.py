@@ -19,10 +19,13 @@ from primeruns.local import LocalPlatform
 
 # Logs, freezes its own uplink once it has begun shipping (so the uplink
 # lingers for as long as the test wants, not for a timed while), finishes
-# with a short timeout and exits.
+# with a short timeout and exits. (finish() kills an uplink it sees stopped:
+# not here, where the stop stands for an uplink still at work.)
 _SCRIPT = """
 import os, signal, sys, time
 import primeruns as pr
+import primeruns.supervisor
+primeruns.supervisor._STOPPED_FOR_S = float("inf")
 run = pr.init(environments=["gsm8k"], model="m", runs_dir=sys.argv[1])
 run.log_episodes([{"id": "e1", "traces": []}])
 uplink = run._supervisor.uplink
