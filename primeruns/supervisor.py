@@ -60,6 +60,11 @@ _CLOSE_GRACE = 10.0
 # is not taken for one.
 _STOPPED_LOOK_S = 1.0
 _STOPPED_FOR_S = 3.0
+# init()'s own registration (two tries) is there for run.url at once, and
+# holds the user's job while it lasts: a platform asking for a longer wait
+# between them (a 429's Retry-After, honoured up to 60 s) is left to the
+# uplink's registration in the background, which waits it out there.
+_INIT_LONGEST_WAIT_S = 2.0
 
 
 def go_online(
@@ -85,7 +90,7 @@ def go_online(
     client = PlatformClient(settings)
     lifecycle = Lifecycle(journal, client, policy=policy, on_failure=on_failure)
     try:
-        lifecycle.register(attempts=2)
+        lifecycle.register(attempts=2, longest_wait=_INIT_LONGEST_WAIT_S)
     except ParentNotRegistered:
         pass  # a forked child: its uplink binds it once the parent's run is registered
     except APIError as exc:

@@ -277,6 +277,52 @@ def test_a_platform_unreachable_from_init_on_ends_finish_within_the_stall_and_re
     assert stored["samples"]["rows"] == stored["samples"]["distinct"] == len(episodes)
 
 
+class _MainThreadSleeps:
+    """The lifecycle's ``time`` for one test: the waits asked for on this
+    thread (``init()``'s) are kept and cut short; other threads wait as asked."""
+
+    def __init__(self) -> None:
+        import time
+
+        self._time = time
+        self._thread = threading.get_ident()
+        self.asked: list[float] = []
+        self.monotonic, self.time = time.monotonic, time.time
+
+    def sleep(self, seconds: float) -> None:
+        if threading.get_ident() == self._thread:
+            self.asked.append(seconds)
+            seconds = min(seconds, 0.01)
+        self._time.sleep(seconds)
+
+
+def test_a_long_retry_after_at_init_is_left_to_the_uplink_not_waited_out_in_the_loop(
+    make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A platform rate-limiting the registration with a long Retry-After
+    (honoured up to 60 s). Before, init() slept it out
+    between its two quick tries, then gave up anyway: the user's job waited
+    up to a minute for a run.url of None. Now init() waits no longer than a
+    short retry would, and the uplink registers the run when the platform
+    lets it: the run is still closed with every episode."""
+    lp = make_local_platform()
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    sleeps = _MainThreadSleeps()
+    monkeypatch.setattr("primeruns.ship.lifecycle.time", sleeps)
+    lp.set_faults(retryable_rate=1.0, statuses=[429], retry_after=30.0)
+    run = pr.init(
+        environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+    )
+    assert run.url is None
+    assert all(asked <= 2.0 for asked in sleeps.asked), sleeps.asked
+    lp.set_faults(retryable_rate=0.0)
+    episodes = workloads.gsm8k(5)
+    run.log_episodes(episodes)
+    run.finish(timeout=60)
+    assert lp.run(run.id)["status"] == "COMPLETED", run.errors
+    assert Counter(platform_episode_ids(lp.data_dir, run.id)) == {e["id"]: 1 for e in episodes}
+
+
 def test_lost_registration_responses_leave_exactly_one_run_per_init(
     make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -103,6 +103,9 @@ class Lifecycle:
         self._rng = random.Random()
         self._lock = threading.RLock()
         self._deadline: float | None = None  # of the close-out under way
+        # The longest wait between two tries of a registration under way
+        # (``register(longest_wait=...)``): one asked for beyond it fails the call.
+        self._longest_wait: float | None = None
         # The request a registration round is trying (``_call``, under the
         # lock): where a failed round ended, for the retry schedule.
         self._trying: str | None = None
@@ -159,14 +162,25 @@ class Lifecycle:
                     out_of_time = attempt >= tries
                 else:
                     out_of_time = time.monotonic() + wait >= deadline
+                if self._longest_wait is not None and wait > self._longest_wait:
+                    out_of_time = True  # (a Retry-After longer than the caller waits)
                 if not is_transient(exc) or out_of_time or (not replayable and is_ambiguous(exc)):
                     raise
                 time.sleep(wait)
 
-    def register(self, *, attempts: int | None = None) -> Binding:
-        """Create the run on the platform (or bind an attached id) and record it."""
+    def register(
+        self, *, attempts: int | None = None, longest_wait: float | None = None
+    ) -> Binding:
+        """Create the run on the platform (or bind an attached id) and record it.
+        ``longest_wait``: a retry that would wait longer (a long Retry-After)
+        is not made, and the failure is raised (``init()``'s quick try: the
+        uplink's registration in the background waits it out instead)."""
         with self._lock:
-            return self._register(attempts)
+            self._longest_wait = longest_wait
+            try:
+                return self._register(attempts)
+            finally:
+                self._longest_wait = None
 
     def register_retrying(
         self, *, deadline: float | None = None, stop: threading.Event | None = None
