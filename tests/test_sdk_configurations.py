@@ -5,6 +5,7 @@ nothing duplicated, in the configurations users actually run")."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing
@@ -321,6 +322,92 @@ def test_a_long_retry_after_at_init_is_left_to_the_uplink_not_waited_out_in_the_
     run.finish(timeout=60)
     assert lp.run(run.id)["status"] == "COMPLETED", run.errors
     assert Counter(platform_episode_ids(lp.data_dir, run.id)) == {e["id"]: 1 for e in episodes}
+
+
+class _RefusingThenHolding:
+    """A platform that answers its first ``refused`` requests 503 at once,
+    then takes requests and holds them unanswered until ``let_go``, which
+    drops them (the client reads a connection closed with no answer)."""
+
+    def __init__(self, refused: int) -> None:
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        self._refused = refused
+        self._held: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self._server.accept()
+                threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while conn.recv(65536):  # a request's head (and body) arrived
+                with self._lock:
+                    refuse = self._refused > 0
+                    self._refused -= 1
+                    if not refuse:
+                        self._held.append(conn)
+                        return
+                conn.sendall(
+                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+                    b"Connection: close\r\n\r\n"
+                )
+                conn.close()
+                return
+
+    def holding(self) -> int:
+        with self._lock:
+            return len(self._held)
+
+    def let_go(self) -> None:
+        with self._lock:
+            held, self._held = self._held, []
+        for conn in held:
+            conn.close()
+        self._server.close()
+
+
+def test_a_request_still_waiting_when_finish_returns_ends_its_thread_quietly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The uplink in threads of a run whose platform refused init()'s
+    registration and then held the background registration's request past
+    finish(): finish() returns after its wait and closes the journal, and the
+    request, let go later, came back to a closed journal. Before, the
+    registration's thread died on that JournalError (an unhandled exception
+    in thread primeruns-register, printed to the user's stderr) and the
+    uplink's thread logged it as an unexpected error with its traceback."""
+    from sdk_helpers import wait_for
+
+    from primeruns.settings import UPLINK_ENV
+
+    platform = _RefusingThenHolding(refused=2)  # init()'s two tries
+    runs = point_at(monkeypatch, tmp_path, platform.url)
+    monkeypatch.setenv(UPLINK_ENV, "threads")
+    monkeypatch.setenv("PRIME_RUNS_STALL_S", "1")
+    died: list[threading.ExceptHookArgs] = []
+    monkeypatch.setattr(threading, "excepthook", died.append)
+    run = pr.init(
+        environments=["gsm8k"], model="m", api_key=API_KEY, base_url=platform.url, runs_dir=runs
+    )
+    assert run.url is None
+    wait_for(lambda: platform.holding() > 0, what="the background registration's request")
+    run.log_episodes(workloads.gsm8k(3))
+    with caplog.at_level("INFO", logger="primeruns"):
+        run.finish(timeout=1)
+        platform.let_go()
+        registering = [t for t in threading.enumerate() if t.name == "primeruns-register"]
+        for thread in registering:
+            thread.join(timeout=60)
+    assert not any(t.is_alive() for t in registering)
+    assert not died, [(d.thread, d.exc_value) for d in died]
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
+    assert run.journal_path is not None
+    assert len(_journaled(run.journal_path)) == 3  # all kept for a replay
 
 
 def test_lost_registration_responses_leave_exactly_one_run_per_init(

@@ -585,6 +585,12 @@ class Journal:
         if self._appender is not None:
             self._appender.after = seq
 
+    @property
+    def closed(self) -> bool:
+        """Whether ``close`` was called: every use of it raises ``JournalError``
+        from then on (threads still at work then end on it, quietly)."""
+        return self._closed
+
     def last_seq(self) -> int:
         """The highest sequence number written (compaction does not lower it)."""
         self._check()

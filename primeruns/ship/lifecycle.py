@@ -230,6 +230,8 @@ class Lifecycle:
             # A spec that cannot be registered (lost to damage), or a journal's
             # loopback platform whose port another user took (loopback_owner).
             except Exception as damaged:
+                if self.journal.closed:  # (not damage: see Uplink._register_until_closing)
+                    return None
                 self._on_failure("register", damaged)
                 return None
             if bound is not None:

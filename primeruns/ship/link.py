@@ -547,7 +547,12 @@ class UplinkThreads:
         try:
             self.uplink.serve(self._link, predecessors)
         except Exception:
-            log.exception("prime-runs: the uplink stopped by an unexpected error")
+            if self.uplink.journal.closed:
+                # finish() returned while a request here still waited on the
+                # platform, and closed the journal: what is left is in it.
+                log.info("prime-runs: the uplink's threads ended with the run's journal")
+            else:
+                log.exception("prime-runs: the uplink stopped by an unexpected error")
             # No shipper outlives serve: whatever ships next (threads that
             # replace these, a process told to go) ships from the journal's
             # offsets, and two shippers of one sink must never run at once.

@@ -363,7 +363,17 @@ class Uplink:
         start_daemon(self._register_until_closing, "primeruns-register")
 
     def _register_until_closing(self) -> None:
-        if self.lifecycle.register_retrying(stop=self._closing) is not None:
+        try:
+            bound = self.lifecycle.register_retrying(stop=self._closing)
+        except JournalError:
+            if not self.journal.closed:
+                raise
+            # In threads of the producer, whose finish() returned while a
+            # request here still waited on the platform, and closed the
+            # journal: the run registers when the journal is replayed.
+            log.info("prime-runs: the background registration ended with the run's journal")
+            return
+        if bound is not None:
             log.info("prime-runs: run registered: %s", self.lifecycle.binding())
             self._registered()
 
