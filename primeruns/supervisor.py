@@ -63,8 +63,12 @@ _STOPPED_FOR_S = 3.0
 # init()'s own registration (two tries) is there for run.url at once, and
 # holds the user's job while it lasts: a platform asking for a longer wait
 # between them (a 429's Retry-After, honoured up to 60 s) is left to the
-# uplink's registration in the background, which waits it out there.
+# uplink's registration in the background, which waits it out there; and so
+# is one that takes longer all told (a gateway holding each request until
+# the 60 s timeout held init() for two minutes). A create whose answer was
+# cut off is looked up by its token then, never made twice.
 _INIT_LONGEST_WAIT_S = 2.0
+_INIT_WITHIN_S = 30.0
 
 
 def go_online(
@@ -90,7 +94,7 @@ def go_online(
     client = PlatformClient(settings)
     lifecycle = Lifecycle(journal, client, policy=policy, on_failure=on_failure)
     try:
-        lifecycle.register(attempts=2, longest_wait=_INIT_LONGEST_WAIT_S)
+        lifecycle.register(attempts=2, longest_wait=_INIT_LONGEST_WAIT_S, within=_INIT_WITHIN_S)
     except ParentNotRegistered:
         pass  # a forked child: its uplink binds it once the parent's run is registered
     except APIError as exc:

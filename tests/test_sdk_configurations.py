@@ -410,6 +410,29 @@ def test_a_request_still_waiting_when_finish_returns_ends_its_thread_quietly(
     assert len(_journaled(run.journal_path)) == 3  # all kept for a replay
 
 
+def test_a_platform_holding_every_request_holds_init_half_a_minute_not_two(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway that takes requests and never answers (its backend gone).
+    Before, init()'s two tries each waited out the 60 s read timeout: the
+    user's job stood still for two minutes, for a run.url of None. Now its
+    registration is bounded all told (30 s), and the uplink goes on trying."""
+    import time
+
+    platform = _RefusingThenHolding(refused=0)
+    runs = point_at(monkeypatch, tmp_path, platform.url)
+    monkeypatch.setenv("PRIME_RUNS_STALL_S", "1")
+    started = time.monotonic()
+    run = pr.init(
+        environments=["gsm8k"], model="m", api_key=API_KEY, base_url=platform.url, runs_dir=runs
+    )
+    took = time.monotonic() - started
+    run.finish(timeout=1)
+    platform.let_go()
+    assert run.url is None
+    assert took < 60, took  # 30 s and its last request's start; two minutes before
+
+
 def test_lost_registration_responses_leave_exactly_one_run_per_init(
     make_local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

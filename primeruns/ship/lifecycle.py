@@ -104,8 +104,10 @@ class Lifecycle:
         self._lock = threading.RLock()
         self._deadline: float | None = None  # of the close-out under way
         # The longest wait between two tries of a registration under way
-        # (``register(longest_wait=...)``): one asked for beyond it fails the call.
+        # (``register(longest_wait=...)``): one asked for beyond it fails the
+        # call; and when (monotonic) it must be over (``register(within=...)``).
         self._longest_wait: float | None = None
+        self._over_by: float | None = None
         # The request a registration round is trying (``_call``, under the
         # lock): where a failed round ended, for the retry schedule.
         self._trying: str | None = None
@@ -149,6 +151,10 @@ class Lifecycle:
             within = None
             if deadline is not None:
                 within = max(deadline - time.monotonic(), _MIN_ATTEMPT_S)
+            over_by = self._over_by
+            if over_by is not None:
+                left = max(over_by - time.monotonic(), _MIN_ATTEMPT_S)
+                within = left if within is None else min(within, left)
             try:
                 answer = self.client.api(method, path, body, within=within)
                 if check is not None:
@@ -164,23 +170,32 @@ class Lifecycle:
                     out_of_time = time.monotonic() + wait >= deadline
                 if self._longest_wait is not None and wait > self._longest_wait:
                     out_of_time = True  # (a Retry-After longer than the caller waits)
+                if over_by is not None and time.monotonic() + wait >= over_by:
+                    out_of_time = True
                 if not is_transient(exc) or out_of_time or (not replayable and is_ambiguous(exc)):
                     raise
                 time.sleep(wait)
 
     def register(
-        self, *, attempts: int | None = None, longest_wait: float | None = None
+        self,
+        *,
+        attempts: int | None = None,
+        longest_wait: float | None = None,
+        within: float | None = None,
     ) -> Binding:
         """Create the run on the platform (or bind an attached id) and record it.
-        ``longest_wait``: a retry that would wait longer (a long Retry-After)
-        is not made, and the failure is raised (``init()``'s quick try: the
-        uplink's registration in the background waits it out instead)."""
+        ``init()``'s quick try bounds it (the uplink's registration in the
+        background goes on from where it failed): ``longest_wait``, a retry
+        that would wait longer (a long Retry-After) is not made and the
+        failure is raised; ``within``, the seconds its requests and waits
+        may take all told (each request's timeout is cut to what is left)."""
         with self._lock:
             self._longest_wait = longest_wait
+            self._over_by = None if within is None else time.monotonic() + within
             try:
                 return self._register(attempts)
             finally:
-                self._longest_wait = None
+                self._longest_wait = self._over_by = None
 
     def register_retrying(
         self, *, deadline: float | None = None, stop: threading.Event | None = None
