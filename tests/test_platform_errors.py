@@ -72,6 +72,18 @@ def test_retry_after_parsing() -> None:
     assert isinstance(err, ex.RetryableAPIError) and err.retry_after == 2.0
 
 
+@pytest.mark.parametrize(
+    "value", ["01 Jan 99999999999 00:00:00 GMT", "Mon, 01 Jan 2020 00:00:00 +99999999999999999999"]
+)
+def test_a_retry_after_date_beyond_any_calendar_is_no_retry_after(value: str) -> None:
+    """A date whose year or offset overflows a datetime (a broken or hostile
+    gateway): before, its OverflowError escaped the error mapping, so init()
+    raised it into the user's code and a shipper retired its sink on it."""
+    assert parse_retry_after(value) is None
+    err = error_from_response(_response(503, b"", {"Retry-After": value}))
+    assert isinstance(err, ex.RetryableAPIError) and err.retry_after is None
+
+
 def test_gateway_errors_are_ambiguous_but_429_is_not() -> None:
     assert is_ambiguous(error_from_response(_response(503)))
     assert not is_ambiguous(error_from_response(_response(429)))

@@ -325,11 +325,17 @@ def test_a_long_retry_after_at_init_is_left_to_the_uplink_not_waited_out_in_the_
 
 
 class _RefusingThenHolding:
-    """A platform that answers its first ``refused`` requests 503 at once,
-    then takes requests and holds them unanswered until ``let_go``, which
-    drops them (the client reads a connection closed with no answer)."""
+    """A platform that answers its first ``refused`` requests 503 at once
+    (with ``retry_after`` as its Retry-After), then takes requests and holds
+    them unanswered until ``let_go``, which drops them (the client reads a
+    connection closed with no answer)."""
 
-    def __init__(self, refused: int) -> None:
+    def __init__(self, refused: int, retry_after: bytes = b"") -> None:
+        self._answer = (
+            b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
+            + (b"Retry-After: " + retry_after + b"\r\n" if retry_after else b"")
+            + b"Connection: close\r\n\r\n"
+        )
         self._server = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
         self._refused = refused
@@ -352,10 +358,7 @@ class _RefusingThenHolding:
                     if not refuse:
                         self._held.append(conn)
                         return
-                conn.sendall(
-                    b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n"
-                    b"Connection: close\r\n\r\n"
-                )
+                conn.sendall(self._answer)
                 conn.close()
                 return
 
@@ -408,6 +411,24 @@ def test_a_request_still_waiting_when_finish_returns_ends_its_thread_quietly(
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], caplog.text
     assert run.journal_path is not None
     assert len(_journaled(run.journal_path)) == 3  # all kept for a replay
+
+
+def test_a_retry_after_no_calendar_holds_is_a_refusal_init_warns_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gateway's 503 whose Retry-After is a date past any calendar: before,
+    init() raised the OverflowError of its parse into the user's code."""
+    platform = _RefusingThenHolding(refused=2, retry_after=b"01 Jan 99999999999 00:00:00 GMT")
+    runs = point_at(monkeypatch, tmp_path, platform.url)
+    monkeypatch.setenv("PRIME_RUNS_STALL_S", "1")
+    try:
+        run = pr.init(
+            environments=["gsm8k"], model="m", api_key=API_KEY, base_url=platform.url, runs_dir=runs
+        )
+        run.finish(timeout=1)
+    finally:
+        platform.let_go()
+    assert run.url is None
 
 
 def test_a_platform_holding_every_request_holds_init_half_a_minute_not_two(

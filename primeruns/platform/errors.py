@@ -97,7 +97,9 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
     except ValueError:
         try:
             when = email.utils.parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
+        except (TypeError, ValueError, IndexError, OverflowError):
+            # OverflowError: a year or an offset past what a datetime holds (a
+            # broken gateway's header must not escape the error's mapping).
             return None
         seconds = when.timestamp() - (time.time() if now is None else now)
     if math.isnan(seconds):
