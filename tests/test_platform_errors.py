@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from primeruns import exceptions as ex
+from primeruns.platform import PlatformClient, resolve_settings
 from primeruns.platform.errors import error_from_response, is_ambiguous, parse_retry_after
 
 
@@ -82,6 +83,34 @@ def test_a_retry_after_date_beyond_any_calendar_is_no_retry_after(value: str) ->
     assert parse_retry_after(value) is None
     err = error_from_response(_response(503, b"", {"Retry-After": value}))
     assert isinstance(err, ex.RetryableAPIError) and err.retry_after is None
+
+
+_TOO_DEEP = b"[" * 100_000  # JSON nested past the interpreter's recursion limit
+
+
+def _client_answering(status: int, body: bytes) -> PlatformClient:
+    settings = resolve_settings(api_key="k-test", base_url="http://platform.test", config={})
+    answer = httpx.Response(status, content=body, headers={"Content-Type": "application/json"})
+    return PlatformClient(settings, transport=httpx.MockTransport(lambda _request: answer))
+
+
+@pytest.mark.parametrize(
+    ("status", "cls"), [(200, ex.UnprovenAnswerError), (503, ex.RetryableAPIError)]
+)
+def test_an_answer_nested_past_the_recursion_limit_is_an_api_error(
+    status: int, cls: type[ex.APIError]
+) -> None:
+    """A broken or hostile gateway's body of 100,000 ``[``: before, the
+    RecursionError of its parse escaped the client, so init() raised it into
+    the user's code and a shipper took it for a fatal failure and retired
+    its sink. Now it is the answer's usual error: a 2xx that proves nothing,
+    or the status's own."""
+    client = _client_answering(status, _TOO_DEEP)
+    try:
+        with pytest.raises(cls):
+            client.api("POST", "/evaluations/", {"name": "x"})
+    finally:
+        client.close()
 
 
 def test_gateway_errors_are_ambiguous_but_429_is_not() -> None:

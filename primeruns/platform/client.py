@@ -143,7 +143,7 @@ def _decoded(content: bytes, status: int, method: str, path: str) -> dict[str, A
     what = "not JSON"
     try:
         data = json.loads(content)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past the recursion limit: no answer either)
         pass
     else:
         if isinstance(data, list):

@@ -110,7 +110,7 @@ def parse_retry_after(value: str | None, *, now: float | None = None) -> float |
 def _code_and_message(response: httpx.Response, secrets: list[str]) -> tuple[str | None, str]:
     try:
         body: Any = json.loads(response.content)
-    except ValueError:
+    except (ValueError, RecursionError):  # (nested past the recursion limit: a body like any)
         body = None
     if isinstance(body, dict):
         error = body.get("error")
