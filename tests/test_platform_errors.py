@@ -113,6 +113,21 @@ def test_an_answer_nested_past_the_recursion_limit_is_an_api_error(
         client.close()
 
 
+@pytest.mark.parametrize("charset", ["utf-16", "utf-32", "idna", "rot13", "hex", "undefined"])
+def test_an_error_page_in_a_charset_no_decoder_takes_is_still_its_status_error(
+    charset: str,
+) -> None:
+    """A gateway's error page declaring a charset its bytes cannot be read in
+    (UTF-16 without its byte-order mark) or one that is no text encoding:
+    before, the error of reading its text escaped the error mapping
+    (UnicodeError, TypeError, AssertionError), so init() raised it into the
+    user's code and a shipper took it for a fatal failure and retired its
+    sink. Now it is the status's error, its text read as UTF-8."""
+    headers = {"Content-Type": f"text/html; charset={charset}"}
+    err = error_from_response(_response(503, b"<html>Bad gateway</html>", headers))
+    assert isinstance(err, ex.RetryableAPIError) and "Bad gateway" in str(err)
+
+
 def test_gateway_errors_are_ambiguous_but_429_is_not() -> None:
     assert is_ambiguous(error_from_response(_response(503)))
     assert not is_ambiguous(error_from_response(_response(429)))

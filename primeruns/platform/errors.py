@@ -121,8 +121,20 @@ def _code_and_message(response: httpx.Response, secrets: list[str]) -> tuple[str
             return None, str(body["detail"])
     # Scrubbed whole, then cut: a key echoed across the cut would no longer
     # be there whole to be masked, and its first characters would be shown.
-    text = scrub(response.text.strip(), *secrets)[:500]
+    text = scrub(_text_of(response).strip(), *secrets)[:500]
     return None, text or f"HTTP {response.status_code}"
+
+
+def _text_of(response: httpx.Response) -> str:
+    """The body as text, in its declared charset where that reads it, else as
+    UTF-8: a gateway's page may declare one its bytes are not in (UTF-16
+    without its byte-order mark) or one that is no text encoding at all
+    (``hex``, ``rot13``), and reading it then raises whatever that codec
+    raises, which must not escape the mapping of the answer's status."""
+    try:
+        return response.text
+    except Exception:
+        return response.content.decode("utf-8", "replace")
 
 
 def _credentials(request: httpx.Request) -> list[str]:
