@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import email.utils
+import socket
+import threading
 
 import httpx
 import pytest
@@ -126,6 +129,62 @@ def test_an_error_page_in_a_charset_no_decoder_takes_is_still_its_status_error(
     headers = {"Content-Type": f"text/html; charset={charset}"}
     err = error_from_response(_response(503, b"<html>Bad gateway</html>", headers))
     assert isinstance(err, ex.RetryableAPIError) and "Bad gateway" in str(err)
+
+
+def _serving_once_per_connection(answer: bytes) -> tuple[str, socket.socket]:
+    """A loopback server sending ``answer`` to every request (no httpx in the
+    way: a client without a testing transport takes its plain path)."""
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = server.accept()
+                with conn:
+                    conn.recv(65536)
+                    conn.sendall(answer)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return f"http://127.0.0.1:{server.getsockname()[1]}", server
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+@pytest.mark.parametrize("path", ["plain", "httpx"])
+def test_a_body_its_content_encoding_does_not_decode_is_an_ambiguous_transport_error(
+    encoding: str, path: str
+) -> None:
+    """A 200 whose body is not in the Content-Encoding it declares (a proxy
+    that mangled it): httpx raises DecodingError, which is not one of its
+    TransportErrors. Before, it escaped the client, so init() raised it into
+    the user's code and a shipper took it for a fatal failure and retired its
+    sink. Now it is what the module meant it to be: a transport error on the
+    response's path (the request may have been acted on), retried."""
+    body = b'{"id": "not compressed"}'
+    if path == "httpx":
+
+        def answer(_request: httpx.Request) -> httpx.Response:
+            headers = {"Content-Encoding": encoding}
+            return httpx.Response(200, stream=httpx.ByteStream(body), headers=headers)
+
+        settings = resolve_settings(api_key="k-test", base_url="http://platform.test", config={})
+        client = PlatformClient(settings, transport=httpx.MockTransport(answer))
+        server = None
+    else:
+        url, server = _serving_once_per_connection(
+            b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Encoding: "
+            + encoding.encode()
+            + b"\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body)
+            + body
+        )
+        client = PlatformClient(resolve_settings(api_key="k-test", base_url=url, config={}))
+    try:
+        with pytest.raises(ex.TransportError) as raised:
+            client.api("POST", "/evaluations/", {"name": "x"})
+        assert is_ambiguous(raised.value) and ex.is_transient(raised.value)
+    finally:
+        client.close()
+        if server is not None:
+            server.close()
 
 
 def test_gateway_errors_are_ambiguous_but_429_is_not() -> None:

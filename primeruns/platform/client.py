@@ -447,7 +447,9 @@ class PlatformClient:
         )
         try:
             response = self._bounded(client, request, timeout.read)
-        except httpx.TransportError as exc:
+        # DecodingError (a body not in its Content-Encoding) is no TransportError
+        # to httpx, but it is a failure on the response's path all the same.
+        except (httpx.TransportError, httpx.DecodingError) as exc:
             # The origin too: a sink pointed at the wrong host (PRIME_TRACES_URL
             # left at production beside a local platform) is then named. Worked
             # out only on failure: a backlog is thousands of requests.
@@ -585,7 +587,7 @@ class PlatformClient:
         except Exception as exc:
             httpx = load_httpx()  # (not loaded yet if this is not a failure of the exchange)
 
-            if not isinstance(exc, httpx.TransportError):
+            if not isinstance(exc, httpx.TransportError | httpx.DecodingError):
                 raise
             where = f"{method} {target.scheme}://{target.netloc}{path}"
             raise error_from_transport(exc, where) from None
@@ -599,14 +601,16 @@ class PlatformClient:
         clients = self._clients()
         http = clients[1] if storage else clients[0]
         httpx = load_httpx()
-        response = httpx.Response(
-            answer.status,
-            headers=answer.headers,
-            content=answer.body,
-            request=httpx.Request(
-                method, f"{target.scheme}://{target.netloc}{full_path}", headers=headers
-            ),
+        request = httpx.Request(
+            method, f"{target.scheme}://{target.netloc}{full_path}", headers=headers
         )
+        try:  # (a Content-Encoding is decoded here)
+            response = httpx.Response(
+                answer.status, headers=answer.headers, content=answer.body, request=request
+            )
+        except httpx.DecodingError as exc:
+            where = f"{method} {target.scheme}://{target.netloc}{path}"
+            raise error_from_transport(exc, where) from None
         http.cookies.extract_cookies(response)
         if response.status_code >= 300:
             raise error_from_response(response)

@@ -194,7 +194,9 @@ def error_from_response(response: httpx.Response) -> APIError:
     return _BY_STATUS.get(status, APIError)(text, status_code=status, code=code)
 
 
-def error_from_transport(exc: httpx.TransportError, where: str) -> TransportError:
+def error_from_transport(
+    exc: httpx.TransportError | httpx.DecodingError, where: str
+) -> TransportError:
     """The exception for a request that got no HTTP answer."""
     import httpx
 
