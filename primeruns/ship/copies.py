@@ -146,7 +146,7 @@ def read_record(root: Path, *under: str, limit: int) -> dict[str, Any] | None:
             if not stat.S_ISREG(os.fstat(handle.fileno()).st_mode):
                 return None
             value = json.loads(handle.read(limit))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):  # RecursionError: nested past json's reach
             return None
     return value if isinstance(value, dict) else None
 

@@ -123,6 +123,21 @@ def test_a_record_that_is_a_link_is_not_followed(
         sync_records.recorded(root, "run1")
 
 
+def test_a_record_nested_past_what_json_reads_is_read_as_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by an adversarial review: a record beside the sync journals
+    nested 100,000 levels deep raised RecursionError out of every sync and
+    every requeued job's finish() that read it, where an unreadable record
+    is read as none."""
+    point_at(monkeypatch, tmp_path, None)
+    root = default_sync_root()
+    sync_records.remember(root, "run1", run_id="mine")
+    sync_records.record_path(root, "run1").write_text("[" * 100_000)
+    assert sync_records.recorded(root, "run1") is None
+    assert not sync_records.nothing_new(root, "run1", 1)
+
+
 def test_the_sync_root_sync_makes_is_private_whatever_the_umask(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
