@@ -213,12 +213,23 @@ def _report(
             " Ship each with: primeruns replay <its journal>" if replay else "",
         )
     if outcome is None:
+        pid = getattr(supervisor.uplink, "pid", None)
+        if pid is None:  # an uplink in threads: it ends with this process
+            log.warning(
+                "prime-runs: run %s is still being shipped by threads of this process, "
+                "which close it out if it lives long enough; everything is in the journal "
+                "at %s (once the process has exited, ship the rest with: primeruns replay %s)",
+                run_id,
+                path,
+                path,
+            )
+            return
         log.warning(
             "prime-runs: run %s is still being shipped by its uplink (pid %s), which "
             "closes it out when done; everything is in the journal at %s (if the uplink "
             "is stopped, ship it with: primeruns replay %s)",
             run_id,
-            getattr(supervisor.uplink, "pid", None),
+            pid,
             path,
             path,
         )
