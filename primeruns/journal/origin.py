@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,16 +90,25 @@ class Origin:
 
     @classmethod
     def read_beside(cls, directory: Path) -> Origin | None:
-        """The origin a journal's folder names in ``origin.json`` (None: none, or not one)."""
+        """The origin a journal's folder names in ``origin.json`` (None: none, or not one).
+
+        The file is untrusted input, read wherever journals are listed (a
+        ``sync --watch`` for days): one that is no regular file (a folder,
+        or a FIFO, opened without waiting for a writer), or nested past
+        what ``json`` reads, is no origin, not an error out of the listing."""
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         try:
-            fd = os.open(Path(directory) / ORIGIN_FILE, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(Path(directory) / ORIGIN_FILE, flags)
         except OSError:
             return None
-        with os.fdopen(fd, "rb") as handle:
-            try:
-                return cls.from_json(json.loads(handle.read(1 << 16)))
-            except ValueError:
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
                 return None
+            return cls.from_json(json.loads(os.read(fd, 1 << 16)))
+        except (OSError, ValueError, RecursionError):
+            return None
+        finally:
+            os.close(fd)
 
     def to_json(self) -> dict[str, Any]:
         return {
