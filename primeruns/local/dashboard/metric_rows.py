@@ -76,19 +76,31 @@ class MetricRows:
         """``name`` as charted, for a name not yet in :attr:`names`: None past
         :data:`MAX_METRIC_NAMES`. A lone surrogate in it is replaced with
         U+FFFD, as the SDK repairs what it records: the page is UTF-8, and
-        such a name made it a 500 (UnicodeEncodeError)."""
-        if name in self.repaired:
-            return self.repaired[name]
+        such a name made it a 500 (UnicodeEncodeError). Repairs are
+        remembered up to the bound on names: countless names repair to one
+        (``"x\\ud800"``, ``"x\\ud801"``, ...), each a value a row, so
+        remembering each held memory in proportion to the bodies read."""
+        charted = self.repaired.get(name)
+        if charted is None:
+            charted = _repaired(name)
+            if charted is not name and len(self.repaired) < MAX_METRIC_NAMES:
+                self.repaired[name] = charted
+        if charted in self.names:
+            return charted
         if len(self.names) >= MAX_METRIC_NAMES:
             return None
-        if not name.isascii():
-            try:
-                name.encode("utf-8")
-            except UnicodeEncodeError:
-                # A UTF-16 round trip joins split pairs; lone ones become U+FFFD.
-                as_charted = name.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
-                self.repaired[name] = as_charted
-                self.names.add(as_charted)
-                return as_charted
-        self.names.add(name)
+        self.names.add(charted)
+        return charted
+
+
+def _repaired(name: str) -> str:
+    """``name`` itself if it is valid Unicode, else with each lone surrogate
+    replaced with U+FFFD."""
+    if name.isascii():
         return name
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        # A UTF-16 round trip joins split pairs; lone ones become U+FFFD.
+        return name.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return name
