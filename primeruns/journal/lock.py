@@ -162,17 +162,30 @@ def read_owner(directory: Path) -> OwnerInfo | None:
         if not isinstance(data, dict):
             return None
         return OwnerInfo(
-            int(data["pid"]),
+            _pid_of(data["pid"]),
             str(data["host"]),
             float(data["started"]),
             None if data.get("proc_start") is None else int(data["proc_start"]),
-            None if data.get("helper_pid") is None else int(data["helper_pid"]),
+            None if data.get("helper_pid") is None else _pid_of(data["helper_pid"]),
             None if data.get("helper_start") is None else int(data["helper_start"]),
             data.get("producer_done") is True,
             _command_of(data.get("command")),
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    # The file is anyone's to write, and read where a run is closed (who
+    # ships a predecessor's sync journal): an infinity (OverflowError) or
+    # nesting past what json reads is no owner, not an error out of it.
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
         return None
+
+
+def _pid_of(value: Any) -> int:
+    """A pid as a lock file gives it; ValueError for none a process could
+    have (``os.kill`` raised OverflowError for one past a C int, and a
+    pid of 0 or below names a process group)."""
+    pid = int(value)
+    if not 0 < pid < 2**31:
+        raise ValueError(f"not a pid: {pid}")
+    return pid
 
 
 def owner_alive(info: OwnerInfo | None) -> bool:

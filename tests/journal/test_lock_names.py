@@ -41,3 +41,30 @@ def test_a_lock_file_naming_anything_but_a_command_names_none(
     owner = read_owner(tmp_path)
     assert owner is not None and owner.command is None
     assert owner.describe() == "pid 1 on h"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        '{"pid": Infinity, "host": "h", "started": 0}',
+        '{"pid": 1e400, "host": "h", "started": 0}',
+        '{"pid": 1, "host": "h", "started": 0, "proc_start": NaN}',
+        '{"pid": 1, "host": "h", "started": 0, "helper_pid": -Infinity}',
+        '{"pid": 99999999999999999999999, "host": "h", "started": 0, "helper_pid": 5}',
+        '{"pid": 1, "host": "h", "started": 0, "helper_pid": 99999999999999999999999}',
+        '{"pid": -1, "host": "h", "started": 0}',
+        "[" * 70_000,
+    ],
+    ids=["inf", "1e400", "nan-start", "inf-helper", "huge", "huge-helper", "negative", "deep"],
+)
+def test_a_lock_file_no_process_could_have_written_names_no_owner(
+    tmp_path: Path, body: str
+) -> None:
+    """Found by an adversarial review: a lock file naming a pid json reads
+    as an infinity, nested past what json reads, or a pid past what the
+    kernel takes raised OverflowError or RecursionError out of its read or
+    its description; a requeued job's close-out reads the lock file of its
+    predecessor's sync journal (who ships it), and the run was never closed."""
+    (tmp_path / LOCK_NAME).write_text(body)
+    owner = read_owner(tmp_path)
+    assert owner is None or owner.describe().startswith("pid ")
