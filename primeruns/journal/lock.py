@@ -68,6 +68,11 @@ LOCK_NAME = "owner.lock"
 # file is anyone's to write, so nothing else of it is shown.
 _COMMAND_NAME = re.compile(r"[a-z][a-z-]{0,23}")
 _acting_as: str | None = None
+# What a terminal may act on rather than show (C0, DEL, C1): the host a lock
+# file gives is described with these escaped, as the CLI's ``inert`` does;
+# the SDK's own warnings (who ships a predecessor's copy) reach a terminal
+# through no CLI.
+_CONTROLS = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 @dataclass(frozen=True)
@@ -163,7 +168,7 @@ def read_owner(directory: Path) -> OwnerInfo | None:
             return None
         return OwnerInfo(
             _pid_of(data["pid"]),
-            str(data["host"]),
+            _CONTROLS.sub(_escaped, str(data["host"])),
             float(data["started"]),
             None if data.get("proc_start") is None else int(data["proc_start"]),
             None if data.get("helper_pid") is None else _pid_of(data["helper_pid"]),
@@ -176,6 +181,10 @@ def read_owner(directory: Path) -> OwnerInfo | None:
     # nesting past what json reads is no owner, not an error out of it.
     except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
         return None
+
+
+def _escaped(control: re.Match[str]) -> str:
+    return f"\\x{ord(control.group()):02x}"
 
 
 def _pid_of(value: Any) -> int:

@@ -68,3 +68,16 @@ def test_a_lock_file_no_process_could_have_written_names_no_owner(
     (tmp_path / LOCK_NAME).write_text(body)
     owner = read_owner(tmp_path)
     assert owner is None or owner.describe().startswith("pid ")
+
+
+def test_a_lock_files_host_is_described_without_its_control_characters(tmp_path: Path) -> None:
+    """Found by an adversarial review: a requeued job's finish() names who
+    ships its predecessor's copy from the sync journal's lock file, in a
+    warning the SDK logs to the user's terminal (no CLI makes it inert):
+    the host the file gave reached it raw, escapes and all."""
+    (tmp_path / LOCK_NAME).write_text(
+        json.dumps({"pid": 1, "host": "node\x1b]0;owned\x07\x9b2J", "started": 0.0})
+    )
+    owner = read_owner(tmp_path)
+    assert owner is not None
+    assert owner.describe() == "pid 1 on node\\x1b]0;owned\\x07\\x9b2J"
