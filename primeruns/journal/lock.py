@@ -67,7 +67,17 @@ LOCK_NAME = "owner.lock"
 # A command's name as a lock file may give it: printed in refusals, and the
 # file is anyone's to write, so nothing else of it is shown.
 _COMMAND_NAME = re.compile(r"[a-z][a-z-]{0,23}")
-_acting_as: str | None = None
+
+
+class _ActingAs(threading.local):
+    """The command this thread runs (``acting_as``): per thread, as a
+    command may be run by ``cli.main`` in one thread of a user's process
+    while another logs a run, whose locks are no command's."""
+
+    command: str | None = None
+
+
+_acting_as = _ActingAs()
 # What a terminal may act on rather than show (C0, DEL, C1): the host a lock
 # file gives is described with these escaped, as the CLI's ``inert`` does;
 # the SDK's own warnings (who ships a predecessor's copy) reach a terminal
@@ -135,19 +145,20 @@ def _zombie(pid: int) -> bool:
 
 def current_owner() -> OwnerInfo:
     pid = os.getpid()
-    return OwnerInfo(pid, socket.gethostname(), time.time(), _proc_start(pid), command=_acting_as)
+    return OwnerInfo(
+        pid, socket.gethostname(), time.time(), _proc_start(pid), command=_acting_as.command
+    )
 
 
 @contextlib.contextmanager
 def acting_as(command: str) -> Iterator[None]:
-    """Locks taken meanwhile name this process as ``primeruns COMMAND``
-    (the command line's dispatch, around a command's work)."""
-    global _acting_as
-    before, _acting_as = _acting_as, command
+    """Locks this thread takes meanwhile name this process as ``primeruns
+    COMMAND`` (the command line's dispatch, around a command's work)."""
+    before, _acting_as.command = _acting_as.command, command
     try:
         yield
     finally:
-        _acting_as = before
+        _acting_as.command = before
 
 
 def _command_of(value: Any) -> str | None:

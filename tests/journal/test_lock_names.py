@@ -5,6 +5,7 @@ shown only when it is a command's name."""
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -81,3 +82,32 @@ def test_a_lock_files_host_is_described_without_its_control_characters(tmp_path:
     owner = read_owner(tmp_path)
     assert owner is not None
     assert owner.describe() == "pid 1 on node\\x1b]0;owned\\x07\\x9b2J"
+
+
+def test_a_command_run_in_one_thread_names_no_lock_another_thread_takes(
+    tmp_path: Path,
+) -> None:
+    """Found by an adversarial review: ``cli.main`` called in a thread of a
+    user's process (a notebook running ``sync`` beside its training) named
+    every lock the process took meanwhile, its run's own among them, as
+    that command's: a refused ``replay`` was told the run was a sync."""
+    inside, done = threading.Event(), threading.Event()
+
+    def command() -> None:
+        with acting_as("sync"):
+            inside.set()
+            done.wait()
+
+    thread = threading.Thread(target=command)
+    thread.start()
+    try:
+        assert inside.wait(60)
+        held = OwnerLock(tmp_path)
+    finally:
+        done.set()
+        thread.join()
+    try:
+        owner = read_owner(tmp_path)
+        assert owner is not None and owner.command is None, owner
+    finally:
+        held.release()
