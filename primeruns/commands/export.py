@@ -43,20 +43,29 @@ def _open_private(path: str) -> BinaryIO:
     off). A link is followed only if nobody else could have put it there
     (ours, or in a folder only its owner writes: ``/dev/stdout``), as Linux's
     ``protected_symlinks`` does, and a file written only if it is ours and
-    has no other name (made 0600 if it was not).
+    has no other name (made 0600 if it was not). Nor is another user's named
+    pipe written into (its owner reads the records off it: where
+    ``protected_fifos`` is off, or in a folder that is not sticky): what is
+    not a regular file must be ours or root's (``/dev/null``, a terminal, a
+    pipe to ``gzip``). It is opened without blocking, so that another's pipe
+    nobody reads is a refusal, not a wait for ever; one of the user's own is
+    then waited on, as they asked.
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC
     if not _trusted_link(path):
         # Not a link to follow: none is, should one appear meanwhile.
         flags |= os.O_NOFOLLOW
     try:
-        fd = os.open(path, flags, 0o600)
+        fd = _open_for_writing(path, flags)
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
         raise CommandError(f"{path} is another user's symbolic link; not written through") from None
     try:
         found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) and found.st_uid not in (os.geteuid(), 0):
+            raise CommandError(_not_ours(path, found))
+        os.set_blocking(fd, True)
         if stat.S_ISREG(found.st_mode):
             if found.st_uid != os.geteuid():
                 owner = found.st_uid
@@ -69,6 +78,25 @@ def _open_private(path: str) -> BinaryIO:
         os.close(fd)
         raise
     return os.fdopen(fd, "wb")
+
+
+def _open_for_writing(path: str, flags: int) -> int:
+    """``os.open`` of ``path`` without waiting on a named pipe nobody reads,
+    unless the pipe is the user's own (CommandError for another's)."""
+    try:
+        return os.open(path, flags | os.O_NONBLOCK, 0o600)
+    except OSError as exc:
+        if exc.errno != errno.ENXIO:  # (a named pipe with no reader)
+            raise
+    found = os.stat(path, follow_symlinks=not flags & os.O_NOFOLLOW)
+    if found.st_uid != os.geteuid():
+        raise CommandError(_not_ours(path, found))
+    return os.open(path, flags, 0o600)
+
+
+def _not_ours(path: str, found: os.stat_result) -> str:
+    kind = "named pipe" if stat.S_ISFIFO(found.st_mode) else "special file"
+    return f"{path} is another user's {kind} (uid {found.st_uid}); not written"
 
 
 def _trusted_link(path: str) -> bool:

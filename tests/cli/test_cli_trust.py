@@ -309,6 +309,45 @@ def test_export_never_writes_through_what_another_user_planted_at_its_output(
         assert target.read_bytes() == b""
 
 
+def test_export_never_writes_into_another_users_named_pipe(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``export -o /tmp/NAME`` where another user made NAME a named pipe
+    (open to all) and holds it open for reading: the open succeeded, the
+    file was not a regular one so no owner was checked, and the run's
+    records went down the pipe to its owner. Export refuses it, naming it,
+    and writes nothing into it."""
+    second_uid.require()  # another user's pipe needs another uid
+    journal = _exported_run(tmp_path)
+    shared = tmp_path / "scratch"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    target = shared / "episodes.jsonl"
+    os.mkfifo(target, 0o666)
+    _as_attacker(target)
+    reader = os.open(target, os.O_RDONLY | os.O_NONBLOCK)  # the neighbour, listening
+    keeper = os.open(target, os.O_WRONLY)  # a writer: the reader sees no end of file yet
+    os.set_blocking(reader, True)
+    leaked: list[bytes] = []
+    listening = threading.Thread(target=_drain, args=(reader, leaked), daemon=True)
+    listening.start()
+    try:
+        code, _, err = cli(capsys, "export", str(journal), "-o", str(target))
+    finally:
+        os.close(keeper)
+        listening.join()
+        os.close(reader)
+    assert code != 0
+    assert str(target) in err and "Traceback" not in err
+    assert b"".join(leaked) == b""
+
+
+def _drain(fd: int, into: list[bytes]) -> None:
+    """Read ``fd`` to its end into ``into``: what the pipe's owner would get."""
+    while chunk := os.read(fd, 1 << 16):
+        into.append(chunk)
+
+
 def test_export_writes_a_private_file_even_over_an_open_one_of_its_users(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
