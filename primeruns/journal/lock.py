@@ -143,6 +143,13 @@ def _zombie(pid: int) -> bool:
     return bool(fields) and fields[0] in ("Z", "X")
 
 
+#: How a lock file is opened to be read or tested: never through a link, and
+#: without waiting, since a journal folder is untrusted input and its lock
+#: file may be a named pipe nobody writes (which a plain open waits on for
+#: ever: ``ls``, ``show``, ``gc`` and ``sync`` of its runs directory hung).
+_READING = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+
+
 def current_owner() -> OwnerInfo:
     pid = os.getpid()
     return OwnerInfo(
@@ -169,7 +176,7 @@ def read_owner(directory: Path) -> OwnerInfo | None:
     """The owner named in the lock file (informative; None if absent or unreadable)."""
     try:
         # os calls on a plain path: listings read the lock file of every journal.
-        fd = os.open(os.path.join(directory, LOCK_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(os.path.join(directory, LOCK_NAME), _READING)
         try:
             raw = os.read(fd, 1 << 16)
         finally:
@@ -224,7 +231,7 @@ def lock_held(directory: Path) -> bool:
     (its producer or uplink): true across PID namespaces, where a pid is not."""
     with _REGISTRY:  # a child forked meanwhile would keep our shared lock
         try:
-            fd = os.open(directory / LOCK_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(directory / LOCK_NAME, _READING)
         except OSError:
             return False
         try:
@@ -243,7 +250,7 @@ def remove_unheld(path: Path, *companions: Path, dry_run: bool = False) -> bool:
     and is held while it is deleted; a file that lost its name meanwhile (a
     process made it anew) is left."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, _READING)
     except FileNotFoundError:
         return True
     except OSError as exc:

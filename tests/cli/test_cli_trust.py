@@ -88,6 +88,41 @@ def test_a_planted_journal_is_listed_with_the_reason_and_never_written_through(
         assert victim.read_bytes() == VICTIM_BYTES, argv
 
 
+@pytest.mark.parametrize("command", ["ls", "show", "gc", "sync"])
+def test_a_named_pipe_planted_as_a_journals_lock_file_does_not_hang_a_command(
+    tmp_path: Path, command: str
+) -> None:
+    """A journal folder whose ``owner.lock`` is a named pipe nobody writes:
+    reading who owns the journal opened it and waited for a writer for
+    ever, so ``ls``, ``show``, ``gc`` and ``sync`` of a runs directory
+    holding it never returned. (In a child with a deadline: a command that
+    waits for ever is the failure.)"""
+    runs = tmp_path / "runs"
+    victim = tmp_path / "victim.txt"
+    victim.write_bytes(VICTIM_BYTES)
+    planted = _plant(runs, victim, "data.mdb")
+    os.unlink(planted / "owner.lock")
+    os.mkfifo(planted / "owner.lock", 0o666)
+    _as_attacker(planted / "owner.lock")
+    argv = {
+        "ls": ["ls", "--runs-dir", str(runs)],
+        "show": ["show", str(planted)],
+        "gc": ["gc", "--runs-dir", str(runs), "--older-than", "0", "--force"],
+        "sync": ["sync", str(planted)],
+    }[command]
+    env = {**os.environ, "PRIME_API_KEY": API_KEY, "PRIME_API_BASE_URL": "http://127.0.0.1:9"}
+    done = subprocess.run(
+        [sys.executable, "-m", "primeruns", *argv],
+        capture_output=True,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
+    assert "Traceback" not in done.stderr, done.stderr
+    assert victim.read_bytes() == VICTIM_BYTES
+
+
 @pytest.mark.parametrize("linked", ["lock.mdb", "data.mdb"])
 def test_the_offline_dashboard_shows_a_planted_journal_without_writing_through_it(
     tmp_path: Path, linked: str
