@@ -39,6 +39,7 @@ from ..exceptions import (
 from ..journal import Journal, in_memory
 from ..platform import PlatformClient, is_ambiguous, never_reached
 from ..platform.binding import Binding
+from ..platform.paths import segment
 from ..ranks import is_primary
 from ..spec import RunSpec, SpecEnvironment, journal_spec
 from . import run_keys
@@ -468,9 +469,8 @@ class Lifecycle:
                     env_id = ref.id
                 elif ref.slug:
                     owner, _, name = ref.slug.partition("/")
-                    data = self._call(
-                        "GET", f"/environmentshub/{owner}/{name}/@latest", attempts=attempts
-                    )
+                    latest = f"/environmentshub/{segment(owner)}/{segment(name)}/@latest"
+                    data = self._call("GET", latest, attempts=attempts)
                     inner = _as_dict(data.get("data")) or data
                     env_id = inner.get("id")
                 else:
@@ -678,7 +678,7 @@ class Lifecycle:
         spec: RunSpec,
         attached: bool,
     ) -> bool:
-        path = f"/evaluations/{run_id}"
+        path = f"/evaluations/{segment(run_id)}"
         update: dict[str, Any] = {}
         if spec.config and not attached:
             # The whole metadata, not a patch: the token stays beside the config.
@@ -723,8 +723,8 @@ class Lifecycle:
             )
 
     def _finalize_train(self, run_id: str, status: str, error: str | None, attached: bool) -> bool:
-        status_path = f"/rft/external-runs/{run_id}/status"
-        read_path = f"/rft/runs/{run_id}"
+        status_path = f"/rft/external-runs/{segment(run_id)}/status"
+        read_path = f"/rft/runs/{segment(run_id)}"
         if status == "completed":
             try:
                 body = {"run_id": run_id, "exit_code": 0}

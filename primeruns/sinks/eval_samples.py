@@ -32,6 +32,7 @@ from typing import Any
 from ..exceptions import APIError, is_transient
 from ..journal import Entry
 from ..platform import PlatformClient
+from ..platform.paths import segment
 from ..projection import SampleRows
 from . import receipts
 from .base import Binding, Prepared, SendContext, parse_entry
@@ -177,7 +178,7 @@ class EvalSamplesSink:
             )
 
     def send(self, body: bytes, ctx: SendContext[EvalSamplesProgress]) -> None:
-        path = f"/evaluations/{ctx.binding.run_id}/samples"
+        path = f"/evaluations/{segment(ctx.binding.run_id)}/samples"
         if ctx.progress.attempted and self._already_stored(path, ctx):
             return
         progress = ctx.progress

@@ -34,6 +34,7 @@ from ..exceptions import (
 )
 from ..journal import Entry
 from ..platform import PlatformClient
+from ..platform.paths import segment
 from ..records import FIRST_STEP, LAST_STEP, step_out_of_range
 from . import receipts
 from .base import Binding, Prepared, SendContext
@@ -265,7 +266,7 @@ class TrainMetricsSink:
         try:
             page = self._client.api(
                 "GET",
-                f"/rft/runs/{run_id}/metrics",
+                f"/rft/runs/{segment(run_id)}/metrics",
                 params={"min_step": step, "max_step": step, "limit": 10},
             )
         except NotFoundError:
@@ -334,7 +335,7 @@ def _landed_items(client: PlatformClient, run_id: str, lowest: int | None) -> li
     it (raised: transient)."""
     params = {"limit": _LANDED_PAGE, **({} if lowest is None else {"min_step": lowest})}
     try:
-        page = client.api("GET", f"/rft/runs/{run_id}/metrics", params=params)
+        page = client.api("GET", f"/rft/runs/{segment(run_id)}/metrics", params=params)
         return receipts.page_items(page, "metrics")
     except APIError as exc:
         if is_transient(exc) and not isinstance(exc, UnprovenAnswerError):

@@ -9,6 +9,7 @@ checks refuse as well (a link where a journal's file should be).
 from __future__ import annotations
 
 import contextlib
+import http.server
 import json
 import os
 import re
@@ -787,3 +788,55 @@ def test_init_checks_the_prime_runs_folder_of_a_default_runs_directory_under_a_r
         pr.init(environments=["gsm8k"], model="m", mode="offline")
     assert str(folder) in str(raised.value) and "writable by other users" in str(raised.value)
     assert not (folder / "runs").exists()
+
+
+class _Recorder(http.server.BaseHTTPRequestHandler):
+    """A platform that answers every request ``{}`` and notes its target."""
+
+    targets: list[str] = []
+
+    def _answer(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.targets.append(self.path)
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    do_GET = do_POST = do_PUT = do_PATCH = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_run_id_a_journal_names_is_one_segment_of_the_path_it_is_sent_to(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A journal handed over by someone else names its platform run; sync
+    put that id into each request's path as it was, so ``../../teams/T/x?a=``
+    sent the user's key to a path of the journal's choosing (a server or a
+    proxy resolves the dots), with a query of its choosing. The id is one
+    path segment, escaped."""
+    point_at(monkeypatch, tmp_path, None)
+    _Recorder.targets = []
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        api = f"http://127.0.0.1:{server.server_address[1]}/api/v1"
+        monkeypatch.setenv("PRIME_API_KEY", API_KEY)
+        monkeypatch.setenv("PRIME_API_BASE_URL", api)
+        monkeypatch.setenv("PRIME_TRACES_OPT_OUT", "1")
+        journal_path = _exported_run(tmp_path)
+        with Journal.open(journal_path) as journal:
+            bound = {"run_id": "../../teams/T/x?a=", "kind": "eval", "url": None, "base_url": api}
+            journal.set_meta("platform", bound)
+        cli(capsys, "sync", str(journal_path))
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert _Recorder.targets
+    for target in _Recorder.targets:
+        path, _, query = target.partition("?")
+        assert path.startswith("/api/v1/evaluations/..%2F..%2Fteams%2FT%2Fx%3Fa%3D"), target
+        assert "a=" not in query.split("&"), target
