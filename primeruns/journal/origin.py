@@ -41,6 +41,10 @@ __all__ = ["K_ORIGIN", "ORIGIN_FILE", "Origin", "ProducerState", "boot_id"]
 
 K_ORIGIN = "journal.origin"
 ORIGIN_FILE = "origin.json"
+#: How ``origin.json`` is read: never through a link, and without waiting, since
+#: a journal folder is untrusted input and the file may be a named pipe nobody
+#: writes (which a plain open waits on for ever: ``sync`` and ``replay`` hung).
+_READING = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 ProducerState = Literal["alive", "dead", "unknown"]
 
@@ -96,9 +100,8 @@ class Origin:
         ``sync --watch`` for days): one that is no regular file (a folder,
         or a FIFO, opened without waiting for a writer), or nested past
         what ``json`` reads, is no origin, not an error out of the listing."""
-        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
         try:
-            fd = os.open(Path(directory) / ORIGIN_FILE, flags)
+            fd = os.open(Path(directory) / ORIGIN_FILE, _READING)
         except OSError:
             return None
         try:

@@ -124,6 +124,31 @@ def test_a_named_pipe_planted_as_a_journals_lock_file_does_not_hang_a_command(
     assert victim.read_bytes() == VICTIM_BYTES
 
 
+def test_a_named_pipe_planted_as_a_journals_origin_file_is_read_without_waiting(
+    tmp_path: Path,
+) -> None:
+    """A journal folder whose ``origin.json`` is a named pipe nobody writes:
+    ``sync`` and ``replay`` read it first, to tell a copy from its original,
+    and waited for a writer for ever. It reads as no origin. (In a child
+    with a deadline: a read that waits for ever is the failure.)"""
+    folder = tmp_path / "20260101-000000-planted0"
+    folder.mkdir()
+    os.mkfifo(folder / "origin.json", 0o666)
+    _as_attacker(folder / "origin.json")
+    script = (
+        "import sys; from pathlib import Path; from primeruns.journal.origin import Origin; "
+        "print(Origin.read_beside(Path(sys.argv[1])))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(folder)],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "None"), done.stderr
+
+
 @pytest.mark.parametrize("linked", ["lock.mdb", "data.mdb"])
 def test_the_offline_dashboard_shows_a_planted_journal_without_writing_through_it(
     tmp_path: Path, linked: str
