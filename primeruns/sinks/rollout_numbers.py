@@ -19,9 +19,11 @@ the evaluation's size (an example's rollouts run close together; rollouts
 of past examples in random order touch a chunk each, at most a batch's
 worth of chunks).
 
-An earlier version's whole numbering (``rollouts``: example as a JSON key,
-to count) is read as the base under the chunks: an example numbered since
-is in a chunk, which wins. The saved carry is untrusted input: what of it
+An earlier version's whole numbering (``rollouts``: ``str(example)`` as a
+JSON key, to count) is read as the base under the chunks, looked up by the
+key it wrote for the example (``"None"``, ``"1.5"``, ``"True"``: read as
+anything else, those examples were numbered from 1 again); an example
+numbered since is in a chunk, past its base. The saved carry is untrusted input: what of it
 cannot be read is left out (those examples number on from what is left),
 never raised, so one damaged part costs the numbering of its examples only.
 """
@@ -44,7 +46,8 @@ class RolloutNumbers:
     """The rollouts numbered per example, as the last recorded batch left them."""
 
     def __init__(self) -> None:
-        self._base: dict[Any, int] = {}  # an earlier version's carry, under the chunks
+        # An earlier version's carry, under the chunks, by the key it wrote.
+        self._base: dict[str, int] = {}
         self._chunks: dict[int, dict[Any, int]] = {}
         self._where: dict[Any, int] = {}  # each example's chunk
         self._open = 0  # the chunk new examples go to (while it has room)
@@ -76,14 +79,17 @@ class RolloutNumbers:
         return len(self._where)
 
     def _set_base(self, value: Any) -> int:
-        base: dict[Any, int] = {}
+        base: dict[str, int] = {}
         bad = 0 if isinstance(value, dict) else 1
         for key, count in value.items() if isinstance(value, dict) else ():
             number = _count(count)
             if number is None:
                 bad += 1
             else:
-                base[_key(key)] = number
+                # Its keys are all ``str(example)``; the max where two are
+                # one (a digit string as its own JSON key and an int).
+                written = str(key)
+                base[written] = max(number, base.get(written, 0))
         self._base = base
         return bad
 
@@ -130,11 +136,14 @@ class RolloutBatch:
         index = self._where.get(key)
         if index is None:
             index = self._numbers._where.get(key)
-        if index is not None:
-            number = self._chunk(index).get(key)
-            if number is not None:
-                return number + 1
-        return self._numbers._base.get(key, 0) + 1
+        number = None if index is None else self._chunk(index).get(key)
+        base = self._numbers._base
+        if base:
+            # Past the earlier version's count too: an example numbered
+            # since is past it already, unless it is one in a dict only
+            # (True and 1), which the earlier version wrote apart.
+            number = max(number or 0, base.get(str(key), 0))
+        return (number or 0) + 1
 
     def take(self, key: Any, number: int) -> None:
         """``key``'s rollout ``number`` is in the batch."""
@@ -202,11 +211,3 @@ def _count(value: Any) -> int | None:
     if isinstance(value, str) and value.isdigit():
         return int(value)
     return value if isinstance(value, int) and value >= 0 else None
-
-
-def _key(value: Any) -> Any:
-    """Task indexes are ints in records; an earlier version's JSON object
-    keys come back as strings."""
-    if isinstance(value, str) and value.lstrip("-").isdigit():
-        return int(value)
-    return value

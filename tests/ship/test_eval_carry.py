@@ -156,6 +156,25 @@ def test_a_journal_of_the_previous_version_numbers_on(evaluation: Evaluation) ->
     assert evaluation.ship([0, 1, 2, 9]) == [4, 3, 6, 2]
 
 
+@pytest.mark.parametrize(
+    ("example", "written"),
+    [(None, "None"), (True, "True"), (1.5, "1.5"), (-3, "-3"), ("7", "7"), (7, "7")],
+    ids=["none", "bool", "float", "negative", "digit-string", "int"],
+)
+def test_the_previous_versions_numbering_is_read_under_the_key_it_wrote(
+    evaluation: Evaluation, example: Any, written: str
+) -> None:
+    """The previous version wrote each example as ``str(example)``: its
+    rollouts 1..4 of a task without an index are under ``"None"``, of task
+    1.5 under ``"1.5"``. Those numbers are stored already: the next rollout
+    is 5, whatever the example's JSON type (it was numbered 1 again)."""
+    evaluation.journal.set_meta(f"carry.{_NAME}", {"rollouts": {written: 4, "other": 9}})
+    evaluation.restart()
+    assert evaluation.ship([example, example]) == [5, 6]
+    evaluation.restart()
+    assert evaluation.ship([example]) == [7]
+
+
 def test_a_batch_refused_whole_gives_its_numbers_back(evaluation: Evaluation) -> None:
     """A batch refused whole (a 413) is made again smaller: its records take
     the numbers they had, here and after a restart (the parts it changed are
