@@ -30,6 +30,7 @@ never raised, so one damaged part costs the numbering of its examples only.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -133,6 +134,7 @@ class RolloutBatch:
 
     def next_for(self, key: Any) -> int:
         """The number ``key``'s next rollout takes."""
+        key = _example(key)
         index = self._where.get(key)
         if index is None:
             index = self._numbers._where.get(key)
@@ -147,6 +149,7 @@ class RolloutBatch:
 
     def take(self, key: Any, number: int) -> None:
         """``key``'s rollout ``number`` is in the batch."""
+        key = _example(key)
         index = self._where.get(key)
         if index is None:
             index = self._numbers._where.get(key)
@@ -162,7 +165,7 @@ class RolloutBatch:
     def carry(self) -> dict[str, Any]:
         """The parts the batch changed, as they are after it."""
         carry = _Carry(
-            (f"{_PART}{index}", [[key, number] for key, number in chunk.items()])
+            (f"{_PART}{index}", [[_value(key), number] for key, number in chunk.items()])
             for index, chunk in self._changed.items()
         )
         carry.batch = self
@@ -197,10 +200,49 @@ def _pair(pair: Any) -> tuple[Any, int] | None:
     if not isinstance(pair, list) or len(pair) != 2:
         return None
     key, count = pair
-    if key is not None and not isinstance(key, str | int | float):
+    if key is not None and not isinstance(key, str | int | float | list | dict):
         return None
     number = _count(count)
-    return None if number is None else (key, number)
+    return None if number is None else (_example(key), number)
+
+
+class _Nested:
+    """An example indexed by a JSON array or object (the row's
+    ``example_id`` is whatever the task's ``idx`` is), which a dict cannot
+    key: numbered under its canonical JSON text, carried as the value."""
+
+    __slots__ = ("text", "value")
+
+    def __init__(self, value: Any, text: str) -> None:
+        self.value = value
+        self.text = text
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Nested) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _example(key: Any) -> Any:
+    """``key`` as the numbering keys it: an array or object by its JSON text."""
+    if not isinstance(key, list | dict):
+        return key
+    try:
+        text = json.dumps(key, sort_keys=True, separators=(",", ":"))
+    except (TypeError, ValueError, RecursionError):
+        # Not JSON as it is (nested past what json writes): all such share
+        # one numbering, which leaves gaps in each, never a number twice.
+        text = "\x00unwritable"
+    return _Nested(key, text)
+
+
+def _value(key: Any) -> Any:
+    """What a part holds for an example: its index as the record has it."""
+    return key.value if isinstance(key, _Nested) else key
 
 
 def _count(value: Any) -> int | None:

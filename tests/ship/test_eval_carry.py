@@ -156,6 +156,17 @@ def test_a_journal_of_the_previous_version_numbers_on(evaluation: Evaluation) ->
     assert evaluation.ship([0, 1, 2, 9]) == [4, 3, 6, 2]
 
 
+def test_an_example_indexed_by_an_array_or_object_is_numbered(evaluation: Evaluation) -> None:
+    """A task's index is any JSON value (the row's ``example_id``): one that
+    is an array or an object made the batch's prepare raise, and the shipper
+    then failed the batch's first episode, a good one, and the next, up to
+    it. Such an example is numbered like any other, across a restart."""
+    nested, other = [1, {"a": 2}], {"b": [3], "a": None}
+    assert evaluation.ship([0, nested, 1, other, [1, {"a": 2}], 2]) == [1, 1, 1, 1, 2, 1]
+    evaluation.restart()
+    assert evaluation.ship([{"a": None, "b": [3]}, nested, [1, {"a": 3}]]) == [2, 3, 1]
+
+
 @pytest.mark.parametrize(
     ("example", "written"),
     [(None, "None"), (True, "True"), (1.5, "1.5"), (-3, "-3"), ("7", "7"), (7, "7")],
