@@ -196,10 +196,14 @@ class Capacity:
                     seq = seq_of(cur.key())
                     if len(cur.key()) == KEY.size and kept_kind(cur.value()):
                         kept = seq
-                        if _is_summary(cur.value()):
+                        if _is_summary(cur.value()) and self._reader.reads_in(
+                            txn, seq, cur.value()
+                        ):
                             # A later summary: the one kept before it is
                             # superseded (no sink ships a summary; the
-                            # close-out reads the last one alone).
+                            # close-out reads the last one alone). Only by
+                            # one that reads: the close-out passes over a
+                            # damaged one to the summary before it.
                             if 0 < summary < seq and (gone := _delete_entry(txn, db, summary)):
                                 n += 1
                                 keys += gone

@@ -53,13 +53,21 @@ class Dictionaries:
         dict_id = self.active.get(kind, 0)
         return dict_id, (self.get(dict_id) if dict_id else None)
 
-    def get(self, dict_id: int) -> zstandard.ZstdCompressionDict | None:
-        """A stored dictionary by id (loaded once; None if absent or damaged)."""
+    def get(
+        self, dict_id: int, txn: lmdb.Transaction | None = None
+    ) -> zstandard.ZstdCompressionDict | None:
+        """A stored dictionary by id (loaded once; None if absent or damaged).
+        ``txn``: read in it (a check made inside a write transaction, which
+        a read transaction of its own would wait on), else in a read one."""
         found = self._loaded.get(dict_id)
         if found is None:
+            name = f"{K_DICT_PREFIX}{dict_id}".encode()
             try:
-                with self._tx.read() as txn:
-                    raw = txn.get(f"{K_DICT_PREFIX}{dict_id}".encode(), db=self._tx.dbs["meta"])
+                if txn is None:
+                    with self._tx.read() as own:
+                        raw = own.get(name, db=self._tx.dbs["meta"])
+                else:
+                    raw = txn.get(name, db=self._tx.dbs["meta"])
                 if raw is None:
                     return None
                 found = zstandard.ZstdCompressionDict(

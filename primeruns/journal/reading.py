@@ -405,6 +405,16 @@ class Reader:
                 touched[0], seen[0] = nbytes, top
         return None
 
+    def reads_in(self, txn: lmdb.Transaction, seq: int, value: bytes | memoryview) -> bool:
+        """Whether entry ``seq``, whose first stored value ``value`` is (at
+        ``txn``'s cursor on the entries), reads whole: its chunks in order,
+        its checksum, its dictionary."""
+        cur = txn.cursor(db=self._tx.dbs["entries"])
+        if not cur.set_key(key(seq)):
+            return False
+        whole, ordered = gather(cur, seq, value)
+        return ordered and check_entry(seq, whole, lambda i: self._dicts.get(i, txn))[1] is None
+
     def get(self, seq: int) -> Entry | None:
         """The entry ``seq``, or None if absent; JournalCorruptError if damaged."""
         for _ in range(_LOOKS):
