@@ -271,3 +271,75 @@ def test_a_part_whose_frame_is_damaged_costs_only_its_own_examples(
 def _damage_part(journal: Journal, part: str) -> None:
     with journal._tx.lock, journal._tx.store.begin(write=True) as txn:
         txn.put(f"carry.{_NAME}.{part}".encode(), b"\x00garbage", db=journal._tx.dbs["meta"])
+
+
+_EXAMPLES = [0, 1, 2, 3, None, "7", 7, 1.5, [1], {"a": 1}]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_no_rollout_number_is_stored_twice_whatever_befalls_the_shipper(
+    evaluation: Evaluation, tmp_path: Path, seed: int
+) -> None:
+    """An oracle over batches shipped, recorded then cut off by a SIGKILL
+    (resent as recorded by the next process), saved but never recorded,
+    refused whole and made again, restarts and copies of the journal, from
+    a journal the previous version numbered: the rows stored hold, per
+    example, no rollout number twice (gaps are allowed)."""
+    import random
+
+    rng = random.Random(seed)
+    stored: dict[str, list[int]] = {}
+    whole = {"rollouts": {"0": 2, "None": 1, "1.5": 3}}  # stored by the previous version
+    for example, count in ((0, 2), (None, 1), (1.5, 3)):
+        stored[orjson.dumps(example).decode()] = list(range(1, count + 1))
+    evaluation.journal.set_meta(f"carry.{_NAME}", whole)
+    evaluation.restart()
+
+    def land(body: bytes, keys: Sequence[Any]) -> None:
+        for example, number in zip(keys, numbers(body), strict=True):
+            stored.setdefault(orjson.dumps(example).decode(), []).append(number)
+
+    for step in range(20):
+        keys = [rng.choice(_EXAMPLES) for _ in range(rng.randint(1, 4))]
+        what = rng.choice(["ship", "ship", "killed", "unrecorded", "refused", "copy"])
+        if what == "ship":
+            inflight, _ = evaluation.record(keys)
+            land(inflight.body, keys)
+            evaluation.journal.ack(_NAME, inflight.last_seq)
+        elif what == "killed":  # recorded, then SIGKILL: the next process resends it
+            evaluation.record(keys)
+            evaluation.restart()
+            resent = evaluation.journal.cursor(_NAME).inflight
+            assert resent is not None
+            land(resent.body, keys)
+            evaluation.journal.ack(_NAME, resent.last_seq)
+        elif what == "unrecorded":  # its parts saved, then SIGKILL before recording it
+            entries = evaluation.log(keys)
+            prepared = evaluation.shipper.sink.prepare(entries, _BOUND)
+            assert prepared is not None and prepared.carry is not None
+            evaluation.shipper._save_carry(prepared.carry)
+            evaluation.restart()
+            evaluation.journal.ack(_NAME, entries[-1].seq)  # (left out of this oracle)
+        elif what == "refused":  # refused whole, made again (the records' numbers back)
+            refused, _ = evaluation.record(keys)
+            evaluation.shipper._send_anew(refused)
+            entries = [
+                Entry(seq, EntryKind.EPISODE, b"{}")
+                for seq in range(refused.first_seq, refused.last_seq + 1)
+            ]
+            prepared = evaluation.shipper.sink.prepare(entries, _BOUND)
+            assert prepared is not None
+            again = evaluation.shipper._record(
+                prepared, entries[0].seq, entries[-1].seq, entries[-1].seq
+            )
+            land(again.body, keys)
+            evaluation.journal.ack(_NAME, again.last_seq)
+        else:  # rsync'd elsewhere, shipped on from the copy
+            evaluation.journal.close()
+            copy = tmp_path / f"copy{step}" / evaluation.path.name
+            shutil.copytree(evaluation.path, copy)
+            evaluation.path = copy
+            evaluation.journal = Journal.open(copy, owner=True)
+            evaluation.shipper = evaluation._shipper()
+    for example, taken in stored.items():
+        assert len(taken) == len(set(taken)), (example, taken)
