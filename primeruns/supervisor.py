@@ -60,6 +60,10 @@ _CLOSE_GRACE = 10.0
 # is not taken for one.
 _STOPPED_LOOK_S = 1.0
 _STOPPED_FOR_S = 3.0
+# Looks further apart than this (in this process's time) were not one
+# stretch: this process was held between them (stopped with its job, or
+# starved), and the uplink's stop is counted anew from the later one.
+_STOPPED_GAP_S = 2 * _STOPPED_LOOK_S
 # init()'s own registration (two tries) is there for run.url at once, and
 # holds the user's job while it lasts: a platform asking for a longer wait
 # between them (a 429's Retry-After, honoured up to 60 s) is left to the
@@ -304,7 +308,7 @@ class Supervisor:
         uplink = self.uplink
         uplink.closing()
         done_by = time.monotonic() + waiting + (_CLOSE_GRACE if grace else 0.0)
-        stopped_since: float | None = None
+        stopped: tuple[float, float] | None = None
         while True:
             look_by = min(done_by, time.monotonic() + _STOPPED_LOOK_S)
             if uplink.wait_exit(max(0.0, look_by - time.monotonic())):
@@ -316,20 +320,28 @@ class Supervisor:
             elif time.monotonic() >= done_by:
                 break
             else:
-                stopped_since = self._kill_if_stopped(uplink, stopped_since)
+                stopped = self._kill_if_stopped(uplink, stopped)
         return ledger.read_closeout(self._journal)
 
-    def _kill_if_stopped(self, uplink: UplinkHandle, since: float | None) -> float | None:
-        """Kill the uplink process if it has been stopped (SIGSTOP) since
-        ``since`` for ``_STOPPED_FOR_S``: then it exits, and the finish's wait
+    def _kill_if_stopped(
+        self, uplink: UplinkHandle, seen: tuple[float, float] | None
+    ) -> tuple[float, float] | None:
+        """Kill the uplink process if it was seen stopped (SIGSTOP) at every
+        look for ``_STOPPED_FOR_S``: then it exits, and the finish's wait
         ships from threads here (``replace_if_dead``) from the offsets it left,
-        as after any kill. When it was first seen stopped (None: it is not)."""
+        as after any kill. ``seen``: when it was first seen stopped and the
+        last look (None: it is not stopped)."""
         pid = getattr(uplink, "pid", None)
         if not isinstance(pid, int) or self._replaced or not job_stopped(pid):
             return None
         now = time.monotonic()
-        if since is None or now - since < _STOPPED_FOR_S:
-            return now if since is None else since
+        if seen is None or now - seen[1] > _STOPPED_GAP_S:
+            # Its first look, or the first since this process was held: a job
+            # suspended whole (the producer too) and resumed one process at a
+            # time, the producer first, is not an uplink stopped that long.
+            return now, now
+        if now - seen[0] < _STOPPED_FOR_S:
+            return seen[0], now
         log.warning(
             "prime-runs: the uplink process of run %s (pid %d) is stopped (SIGSTOP) while "
             "the run finishes; killing it and shipping from threads in this process",
