@@ -327,7 +327,8 @@ class Lifecycle:
         # A keyed run (several journals in turn): the first to register creates
         # it, the others ship into it; the key's lock makes two at once one.
         api_root = self._api_root
-        with run_keys.held(spec.run_key, api_root):
+        # Within init()'s bound (``register(within=...)``), if it has one.
+        with run_keys.held(spec.run_key, api_root, until=self._over_by):
             found = run_keys.lookup(spec.run_key, api_root)
             if found is not None and found.get("kind") == spec.kind:
                 log.info("prime-runs: run key %r names run %s", spec.run_key, found["run_id"])

@@ -29,10 +29,12 @@ import fcntl
 import hashlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from ..exceptions import RetryableAPIError
 from ..settings import default_sync_root as sync_root
 from .copies import make_sync_root, read_record
 
@@ -49,19 +51,44 @@ def _path(key: str, api_root: str, root: Path | None) -> tuple[Path, Path]:
     return root, root / _FOLDER / f"{digest}.json"
 
 
+# How often a bounded wait for a key's lock tries it again.
+_LOCK_LOOK_S = 0.05
+
+
 @contextlib.contextmanager
-def held(key: str, api_root: str, root: Path | None = None) -> Iterator[None]:
-    """Hold the key's lock (blocking) while a run is looked up and created."""
+def held(
+    key: str, api_root: str, root: Path | None = None, *, until: float | None = None
+) -> Iterator[None]:
+    """Hold the key's lock (blocking) while a run is looked up and created.
+    ``until`` (monotonic): give up then, with a transient failure (another
+    process is registering the key's run, which may take minutes against a
+    platform that does not answer: ``init()``'s registration is bounded)."""
     root, path = _path(key, api_root, root)
     make_sync_root(root, _FOLDER)
     fd = os.open(
         path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600
     )
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        _lock(fd, key, until)
         yield
     finally:
         os.close(fd)
+
+
+def _lock(fd: int, key: str, until: float | None) -> None:
+    if until is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= until:
+                raise RetryableAPIError(
+                    f"another process is registering the run of run key {key!r}"
+                ) from None
+            time.sleep(_LOCK_LOOK_S)
 
 
 def lookup(key: str, api_root: str, root: Path | None = None) -> dict[str, Any] | None:

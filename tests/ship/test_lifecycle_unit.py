@@ -634,3 +634,49 @@ def test_a_live_registration_failing_at_two_requests_in_turn_still_backs_off(
     world.platform.fail("create", *[_500] * 6)
     assert lifecycle.register_retrying(stop=waits) is not None  # a live run: no deadline
     _assert_backed_off(waits, 12)
+
+
+def test_init_s_registration_does_not_wait_past_its_bound_for_a_run_key_held_elsewhere(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run key's lock is held by another process while it registers (its
+    uplink retrying a platform that does not answer: minutes). ``init()``'s
+    registration, bounded all told, waited on that lock without a bound: a
+    job array's ranks of one key stood in init() one after another. It
+    gives up at its bound, as for a platform that does not answer (run.url
+    None; the uplink registers in the background)."""
+    from primeruns.exceptions import is_transient
+    from primeruns.ship import run_keys
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    lifecycle = world.start(_spec(run_key="job-7"))
+    release = threading.Event()
+    holding = threading.Event()
+
+    def other_process() -> None:
+        with run_keys.held("job-7", lifecycle._api_root):
+            holding.set()
+            release.wait()
+
+    holder = threading.Thread(target=other_process, daemon=True)
+    holder.start()
+    holding.wait()
+    outcome: list[BaseException | None] = []
+
+    def init_s_registration() -> None:
+        try:
+            lifecycle.register(attempts=2, within=0.2)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=init_s_registration, daemon=True)
+    caller.start()
+    caller.join(timeout=30)  # a hang, not a duration: it waits until released
+    still_waiting = caller.is_alive()
+    release.set()
+    holder.join()
+    caller.join()
+    assert not still_waiting
+    assert outcome and outcome[0] is not None and is_transient(outcome[0]), outcome
+    assert world.platform.calls == []  # nothing created while another may be creating it
