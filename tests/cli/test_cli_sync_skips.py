@@ -1,7 +1,10 @@
 """What ``sync --all`` and ``sync --watch`` pass over, they name with the
 true reason: a journal whose data file cannot be read is not "an online
 run", and a link planted among the runs is not one either. A watch pass,
-every few seconds for days, names each once."""
+every few seconds for days, names each once, and goes on past a journal
+folder whose files are not what they should be (an ``origin.json`` that is
+a folder, left by a copy gone wrong, is no origin: never an OSError that
+ends the watch)."""
 
 from __future__ import annotations
 
@@ -15,12 +18,12 @@ from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
 from primeruns.commands import replay
+from primeruns.journal.origin import ORIGIN_FILE, Origin
 
 
-def _runs_with_a_damaged_journal_and_a_link(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
-) -> tuple[Path, Path, Path]:
-    """(runs dir, an offline run whose data.mdb is noise, a link to a good one beside it)."""
+def _two_offline_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str) -> list[Path]:
+    """The journals of two offline training runs of one metrics row each,
+    with the environment then set for ``sync`` (a key, the mode unset)."""
     runs = point_at(monkeypatch, tmp_path, url)
     monkeypatch.setenv("PRIME_RUNS_MODE", "offline")
     made = []
@@ -38,13 +41,37 @@ def _runs_with_a_damaged_journal_and_a_link(
         run.finish()
         assert run.journal_path is not None
         made.append(run.journal_path)
-    good, damaged = made
-    (damaged / "data.mdb").write_bytes(os.urandom(8192))
-    link = runs / "29990101-000000-0123abcd"
-    link.symlink_to(good)
     monkeypatch.setenv("PRIME_API_KEY", API_KEY)
     monkeypatch.delenv("PRIME_RUNS_MODE")
-    return runs, damaged, link
+    return made
+
+
+def _a_damaged_journal_and_a_link(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str
+) -> tuple[Path, Path, Path]:
+    """(runs dir, an offline run whose data.mdb is noise, a link to a good one beside it)."""
+    good, damaged = _two_offline_runs(tmp_path, monkeypatch, url)
+    (damaged / "data.mdb").write_bytes(os.urandom(8192))
+    link = good.parent / "29990101-000000-0123abcd"
+    link.symlink_to(good)
+    return good.parent, damaged, link
+
+
+def _watched(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, runs: Path, passes: int
+) -> tuple[int, str, str]:
+    """``sync --watch`` over ``runs``, interrupted (Ctrl-C) after ``passes`` passes."""
+    done = []
+    one_pass = replay._pass
+
+    def counted(*args: Any, **kwargs: Any) -> int:
+        done.append(one_pass(*args, **kwargs))
+        if len(done) == passes:
+            raise KeyboardInterrupt
+        return done[-1]
+
+    monkeypatch.setattr(replay, "_pass", counted)
+    return cli(capsys, "sync", "--watch", "--interval", "0", "--runs-dir", str(runs))
 
 
 def test_sync_all_names_the_true_reason_it_passes_a_journal_over(
@@ -53,9 +80,7 @@ def test_sync_all_names_the_true_reason_it_passes_a_journal_over(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    runs, damaged, link = _runs_with_a_damaged_journal_and_a_link(
-        tmp_path, monkeypatch, local_platform.url
-    )
+    runs, damaged, link = _a_damaged_journal_and_a_link(tmp_path, monkeypatch, local_platform.url)
     code, out, err = cli(capsys, "sync", "--all", "--runs-dir", str(runs))
     assert "an online run" not in err, err
     assert f"{damaged.name}: skipped: cannot be read (data.mdb" in err, err
@@ -72,22 +97,34 @@ def test_a_watch_names_each_journal_it_passes_over_once(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    runs, damaged, link = _runs_with_a_damaged_journal_and_a_link(
-        tmp_path, monkeypatch, local_platform.url
-    )
-    passes = []
-    one_pass = replay._pass
-
-    def counted(*args: Any, **kwargs: Any) -> int:
-        passes.append(one_pass(*args, **kwargs))
-        if len(passes) == 3:
-            raise KeyboardInterrupt  # Ctrl-C after the third pass
-        return passes[-1]
-
-    monkeypatch.setattr(replay, "_pass", counted)
-    code, out, err = cli(capsys, "sync", "--watch", "--interval", "0", "--runs-dir", str(runs))
+    runs, damaged, link = _a_damaged_journal_and_a_link(tmp_path, monkeypatch, local_platform.url)
+    code, out, err = _watched(capsys, monkeypatch, runs, passes=3)
     assert code == 130, out + err
     assert err.count(f"{damaged.name}: skipped: cannot be read (data.mdb") == 1, err
     assert err.count(f"{link.name}: skipped: not opened: ") == 1, err
     [listed] = local_platform.runs()
     assert local_platform.run(listed["id"])["train_metrics"] == {"rows": 1, "steps": 1}
+
+
+def test_an_origin_file_that_is_a_folder_is_no_origin(tmp_path: Path) -> None:
+    (tmp_path / ORIGIN_FILE).mkdir()
+    assert Origin.read_beside(tmp_path) is None
+
+
+def test_an_origin_file_nested_past_what_json_reads_is_no_origin(tmp_path: Path) -> None:
+    (tmp_path / ORIGIN_FILE).write_text("[" * 60_000)
+    assert Origin.read_beside(tmp_path) is None
+
+
+def test_a_watch_goes_on_past_an_origin_file_that_is_a_folder(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, odd = _two_offline_runs(tmp_path, monkeypatch, local_platform.url)
+    (odd / ORIGIN_FILE).unlink(missing_ok=True)
+    (odd / ORIGIN_FILE).mkdir()
+    code, out, err = _watched(capsys, monkeypatch, odd.parent, passes=2)
+    assert code == 130, out + err
+    assert len(local_platform.runs()) == 2, out + err
