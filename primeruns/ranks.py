@@ -100,6 +100,8 @@ _POLL_S = 0.1
 # How ``wait_for_others`` begins the reason of a journal another process
 # ships on (nothing for the user to do, unless that process stops).
 BEING_SHIPPED = "being shipped by "
+# The commands that ship a journal through its sync journal.
+_SHIPPING_COMMANDS = frozenset({"sync", "replay"})
 
 # Locks this process holds as the first attacher of a run, or as a launcher's
 # rank: kept open for the process's life (its exit releases them; a forked
@@ -419,7 +421,7 @@ def _left_in(path: Path) -> str | None:
             return None
         if _shipped_through_sync_journal(path, info.meta, info.last_seq, root):
             return None
-        shipper = _shipping_it(path, info.meta, root)
+        shipper = _shipping_it(path, info.meta, info.last_seq, root)
     except JournalError as exc:  # an untrusted sync root: its records are not read
         return f"not shipped: its processes are gone ({exc})"
     if shipper is not None:
@@ -427,17 +429,27 @@ def _left_in(path: Path) -> str | None:
     return "not shipped: its processes are gone"
 
 
-def _shipping_it(path: Path, meta: Mapping[str, Any], root: Path) -> str | None:
-    """Who ships the journal at ``path`` through its sync journal now (a
-    ``primeruns sync`` of a copy on the login node, the owner lock held),
-    or None."""
-    from .ship.copies import sync_path
+def _shipping_it(path: Path, meta: Mapping[str, Any], last_seq: int, root: Path) -> str | None:
+    """Who ships the journal at ``path`` (ending at ``last_seq``) through
+    its sync journal now, or None: a ``primeruns sync`` or ``replay`` of a
+    copy on the login node holds the sync journal, which imported all of it
+    (a sync of a copy taken earlier ships none of what came after)."""
+    from .ship.copies import K_SOURCE_PATH, sync_path
 
     mine = sync_path(path, meta, root)
     if mine is None or mine.absolute() == path.absolute() or not lock_held(mine):
         return None
     owner = read_owner(mine)
-    return owner.describe() if owner is not None else "another process"
+    if owner is None or owner.command not in _SHIPPING_COMMANDS:
+        return None  # (``gc`` deleting it, or a process that does not say)
+    try:
+        source = journal_info(mine).meta.get(K_SOURCE_PATH)
+    except (JournalError, OSError):
+        return None
+    upto = source.get("imported_upto") if isinstance(source, dict) else None
+    if not isinstance(upto, int) or isinstance(upto, bool) or upto < last_seq:
+        return None
+    return owner.describe()
 
 
 def _shipped_through_sync_journal(

@@ -28,6 +28,7 @@ from sdk_helpers import API_KEY, point_at
 from test_cli_cluster import KINDS, Producer, _copy, _landed, _status, login
 
 import primeruns as pr
+from primeruns import ranks
 from primeruns.journal import EntryKind, Journal
 from primeruns.settings import default_sync_root
 from primeruns.ship.workfolders import PREFIXES
@@ -581,3 +582,24 @@ def test_a_requeued_job_names_the_sync_shipping_its_predecessors_copy(
     stored = lp.run(run_id)
     assert stored["traces"]["episodes"] == stored["traces"]["distinct_episodes"] == 240
     assert sorted(o["step"] for o in stored["parquet_objects"]) == [0, 10, 20]
+
+
+def test_a_copy_a_sync_ships_is_not_called_shipped_for_what_it_never_imported(
+    local_platform: Any, tmp_path: Path, login: Path
+) -> None:
+    """Found by an adversarial review: a journal whose sync journal a live
+    ``sync`` held was called "being shipped" by that sync (and the replay
+    advice dropped) even where the sync ships an older copy of it, which
+    holds none of the records logged after that copy was taken."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "node-7")
+    half = _copy(producer.journal, login)  # taken mid-run
+    producer.log_the_rest()
+    producer.finish()
+    with _sync_held(half):
+        assert ranks._left_in(producer.journal) == "not shipped: its processes are gone"
+    with _sync_held(_copy(producer.journal, login)) as whole:
+        why = ranks._left_in(producer.journal)
+        assert why is not None and why.startswith(
+            f"being shipped by `primeruns sync` (pid {whole.pid}"
+        )
