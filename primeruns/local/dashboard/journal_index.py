@@ -111,8 +111,8 @@ class JournalIndex:
                 if step is not None:
                     self.steps.setdefault(step, []).append(seq)
         for _, _, record in _scan(journal, start, EntryKind.METRICS, MAX_SMALL_BYTES, self):
-            if isinstance(record, dict) and (note := self.charted.add(record)):
-                self.note(note)
+            if isinstance(record, dict):
+                self.charted.add(record)
         last = None
         for seq, size, _ in _scan(journal, start, EntryKind.SUMMARY, 0, self):
             last = (seq, size)

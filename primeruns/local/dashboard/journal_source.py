@@ -273,6 +273,7 @@ class JournalSource:
             config,
             max_steps=max_steps if isinstance(max_steps, int) and max_steps > 0 else None,
             metrics=sorted(index.metrics, key=_step_of),
+            thinned=index.charted.cut,
             step_tables=tables if row.kind == "train" else [],
             tables_every=TABLE_INTERVAL if row.kind == "train" else None,
         )

@@ -12,7 +12,6 @@ import json
 import sqlite3
 import threading
 from collections import OrderedDict
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -280,8 +279,6 @@ class PlatformSource:
         request = _json(tr["request"])
         config = as_object(request.get("run_config"))
         charted = self._charted(conn, run_id)
-        if charted.cut:
-            row = replace(row, damage=[*row.damage, charted.cut])
         tables = [
             StepTable(step=r["step"], rows=r["rows"] or 0, key=r["key"])
             for r in conn.execute(
@@ -298,6 +295,7 @@ class PlatformSource:
             config,
             max_steps=max_steps if isinstance(max_steps, int) else None,
             metrics=charted.rows,
+            thinned=charted.cut,
             step_tables=tables,
         )
 
@@ -305,7 +303,7 @@ class PlatformSource:
         """The run's metric rows as the charts read them: kept between pages
         while the run's rows stay as they were (a new or replaced step moves
         their count or latest arrival), else read again, row by row, each
-        reduced as it is read, up to the bound. A live page polls every 2 s:
+        reduced as it is read, and thinned within the bound. A live page polls every 2 s:
         a 100,000-step run's rows read each time took 1.8 s a poll, with the
         database held from the API's writes."""
         known = tuple(
@@ -326,8 +324,7 @@ class PlatformSource:
             for (body,) in cursor.execute(
                 "SELECT body FROM train_metrics WHERE run_id = ? ORDER BY step, row", (run_id,)
             ):
-                if charted.add(_metric_body(body)):
-                    break  # the bound: the rest are not read
+                charted.add(_metric_body(body))
             cursor.close()
         with self._charted_lock:
             self._charted_rows[run_id] = (known, charted)

@@ -78,6 +78,8 @@ class RunDetail:
     max_steps: int | None = None
     #: The training metric rows, each with its ``step``, in step order.
     metrics: list[dict[str, Any]] = field(default_factory=list)
+    #: Said by the curves when the rows were thinned to the bound (``MetricRows.cut``).
+    thinned: str | None = None
     step_tables: list[StepTable] = field(default_factory=list)
     #: Read from a journal: only every this-many-th step's table is shipped, so
     #: only those are shown (the platform stores no other).
