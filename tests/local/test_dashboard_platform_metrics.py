@@ -71,7 +71,9 @@ def test_a_training_runs_rows_are_read_again_only_once_they_change(
     """A live page polls every 2 s: each poll read every metric row again
     (1.8 s a poll for 100,000 steps, the database held from the API's
     writes). They are kept while the run's rows stay as they were; a new
-    step, or a step sent again with other values, is read on the next page."""
+    step is read on the next page, alone (all of them were read again: a
+    live run of 100,000 steps is thinned, not cut, so each poll read every
+    row), and a step sent again with other values has them all read again."""
     parsed: list[str] = []
     real_body = platform_source._metric_body
 
@@ -103,6 +105,9 @@ def test_a_training_runs_rows_are_read_again_only_once_they_change(
         db.write_sync(new_step)
         grown = source.run("rft_live")
         assert grown is not None and grown.metrics[-1] == {"step": 50, "loss": 0.5}
+        assert grown.metrics[:-1] == first.metrics
+        assert parsed == ['{"step": 50, "loss": 0.5}']  # the new row alone
+        parsed.clear()
 
         def replaced(conn: sqlite3.Connection) -> None:
             conn.execute(
@@ -114,6 +119,7 @@ def test_a_training_runs_rows_are_read_again_only_once_they_change(
         db.write_sync(replaced)
         fixed = source.run("rft_live")
         assert fixed is not None and fixed.metrics[0] == {"step": 0, "loss": 9.0}
+        assert len(parsed) == 51  # read again whole
     finally:
         db.close()
 

@@ -112,6 +112,43 @@ def test_the_platforms_training_page_charts_the_whole_run(tmp_path: Path) -> Non
     assert not any("not charted" in what for what in detail.row.damage)
 
 
+def test_a_live_thinned_runs_new_steps_are_added_to_what_is_held(tmp_path: Path) -> None:
+    db = Database(tmp_path / "data")
+
+    def steps(run_id: str, first: int, stop: int):  # type: ignore[no-untyped-def]
+        def insert(conn) -> None:  # type: ignore[no-untyped-def]
+            now = time.time() + first  # each batch arrives later
+            if first == 0:
+                conn.execute(
+                    "INSERT INTO train_runs (id, name, team_id, status, request, created_at,"
+                    " updated_at) VALUES (?, 'live', 't', 'RUNNING', '{}', ?, ?)",
+                    (run_id, now, now),
+                )
+            conn.executemany(
+                "INSERT INTO train_metrics (run_id, step, body, received_at) VALUES (?, ?, ?, ?)",
+                [
+                    (run_id, s, json.dumps({"step": s, "loss": _loss(s)}), now)
+                    for s in range(first, stop)
+                ],
+            )
+
+        return insert
+
+    try:
+        db.write_sync(steps("rft_live", 0, 2_000))
+        source = PlatformSource(db, tmp_path / "objects")
+        before = source.run("rft_live")
+        db.write_sync(steps("rft_live", 2_000, 3_000))
+        after = source.run("rft_live")
+    finally:
+        db.close()
+    assert before is not None and after is not None
+    assert metric_points(before.metrics)["loss"][-1][0] == 1_999
+    points = metric_points(after.metrics)["loss"]
+    assert points[0][:2] == (0, 1.0) and points[-1][:2] == (2_999, _loss(2_999))
+    assert sum(len(r) for r in after.metrics) <= BOUND
+
+
 def test_the_offline_training_page_charts_the_whole_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

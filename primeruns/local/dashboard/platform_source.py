@@ -47,6 +47,25 @@ def _json(text: str | None) -> dict[str, Any]:
         return {}
 
 
+def _appended(
+    conn: sqlite3.Connection, run_id: str, held: tuple[Any, ...], known: tuple[Any, ...]
+) -> bool:
+    """Whether the run's metric rows changed from ``held`` to ``known`` (each
+    their count, latest arrival and last ``row``) by rows appended alone:
+    as many more, each after the last held, and none held since sent again
+    (a repeated step replaces its row's body and arrival in place)."""
+    count, at, last = held
+    if last is None or at is None or known[0] <= count:
+        return False
+    appended, replaced = conn.execute(
+        "SELECT count(*) FILTER (WHERE row > ?),"
+        " count(*) FILTER (WHERE row <= ? AND received_at > ?)"
+        " FROM train_metrics WHERE run_id = ?",
+        (last, last, at, run_id),
+    ).fetchone()
+    return bool(appended == known[0] - count and not replaced)
+
+
 def _metric_body(text: str | None) -> dict[str, Any]:
     """A training metric row's body as :func:`_json` reads it, parsed by
     orjson: a fifth of the time, and the compare page reads ten runs'
@@ -294,21 +313,25 @@ class PlatformSource:
             config_text(config),
             config,
             max_steps=max_steps if isinstance(max_steps, int) else None,
-            metrics=charted.rows,
+            # A copy: the rows kept go on growing (a live run's new steps).
+            metrics=list(charted.rows),
             thinned=charted.cut,
             step_tables=tables,
         )
 
     def _charted(self, conn: sqlite3.Connection, run_id: str) -> MetricRows:
         """The run's metric rows as the charts read them: kept between pages
-        while the run's rows stay as they were (a new or replaced step moves
-        their count or latest arrival), else read again, row by row, each
-        reduced as it is read, and thinned within the bound. A live page polls every 2 s:
-        a 100,000-step run's rows read each time took 1.8 s a poll, with the
-        database held from the API's writes."""
+        while the run's rows stay as they were; rows appended since (a new
+        step) are read alone and added; else (a step sent again with other
+        values) all are read again, row by row, each reduced as it is read,
+        and thinned within the bound. A live page polls every 2 s: a
+        100,000-step run's rows read each time took 1.8 s a poll, with the
+        database held from the API's writes (and, once a long run was
+        thinned rather than cut, 5 s)."""
         known = tuple(
             conn.execute(
-                "SELECT count(*), max(received_at) FROM train_metrics WHERE run_id = ?", (run_id,)
+                "SELECT count(*), max(received_at), max(row) FROM train_metrics WHERE run_id = ?",
+                (run_id,),
             ).fetchone()
         )
         with self._charted_lock:
@@ -316,14 +339,21 @@ class PlatformSource:
         if held is not None and held[0] == known:
             charted = held[1]
         else:
-            charted = MetricRows()
+            since = (
+                held[0] if held is not None and _appended(conn, run_id, held[0], known) else None
+            )
+            charted = held[1] if since is not None and held is not None else MetricRows()
             # Plain tuples, not the connection's named rows: one column, and
             # hundreds of thousands of rows on the compare page.
             cursor = conn.cursor()
             cursor.row_factory = None
-            for (body,) in cursor.execute(
-                "SELECT body FROM train_metrics WHERE run_id = ? ORDER BY step, row", (run_id,)
-            ):
+            if since is None:
+                query = "SELECT body FROM train_metrics WHERE run_id = ? ORDER BY step, row"
+                bodies = cursor.execute(query, (run_id,))
+            else:
+                query = "SELECT body FROM train_metrics WHERE run_id = ? AND row > ? ORDER BY row"
+                bodies = cursor.execute(query, (run_id, since[2]))
+            for (body,) in bodies:
                 charted.add(_metric_body(body))
             cursor.close()
         with self._charted_lock:
