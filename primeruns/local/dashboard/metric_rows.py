@@ -17,7 +17,11 @@ page for 100,000 steps of 20 metrics).
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections import Counter
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from ..traces_extract import number
@@ -167,8 +171,8 @@ def _extremes(rows: list[dict[str, Any]], width: int, names: set[str]) -> list[d
     dense: list[tuple[int, int]] = []
     # Per row (its place in ``order``): the names whose values it keeps.
     keep: dict[int, list[str]] = {}
-    for name in names:
-        values: list[Any] = [row.get(name) for row in ordered]
+    for name, column in _columns(ordered, names):
+        values: Sequence[Any] = column
         at: list[int] | None = None  # where ``values`` are in ``ordered`` (None: each row)
         if None in values:
             at = [k for k, value in enumerate(values) if value is not None]
@@ -211,6 +215,24 @@ def _extremes(rows: list[dict[str, Any]], width: int, names: set[str]) -> list[d
             }
         thinned.append(row)
     return thinned
+
+
+def _columns(rows: list[dict[str, Any]], names: set[str]) -> Iterator[tuple[str, Sequence[Any]]]:
+    """Each of ``names`` with its value in each of ``rows`` (None where a row
+    has none). The names every row holds are taken together, a tuple a row
+    transposed by ``zip``: a third of the time of a ``get`` per value."""
+    if not rows:
+        return
+    held = Counter(chain.from_iterable(rows))
+    everywhere = [name for name in names if held[name] == len(rows)]
+    if len(everywhere) > 1:
+        columns = zip(*map(itemgetter(*everywhere), rows), strict=True)
+        yield from zip(everywhere, columns, strict=True)
+    elif everywhere:
+        yield everywhere[0], [row[everywhere[0]] for row in rows]
+    for name in names:
+        if held[name] != len(rows):
+            yield name, [row.get(name) for row in rows]
 
 
 def _bounds(buckets: list[int]) -> list[tuple[int, int]]:
