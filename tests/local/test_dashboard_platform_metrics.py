@@ -65,6 +65,37 @@ def test_a_training_runs_metric_rows_are_read_within_bounds(tmp_path: Path) -> N
     assert len(curves(named.metrics)) == MAX_NAMES
 
 
+def test_the_rows_one_page_charts_are_not_changed_by_the_next_pages_read(
+    tmp_path: Path,
+) -> None:
+    """Pages are served from several threads at once, and a live run's new
+    steps are added to the rows kept: added in place, two pages reading the
+    same new step at once each added it (its point charted twice), and a
+    page was drawn from rows another thinned under it. Each read adds to
+    its own copy of what is kept."""
+    db = Database(tmp_path / "data")
+    try:
+        _training_run(db, "rft_live", [{"step": s, "loss": 1.0 / (s + 1)} for s in range(50)])
+        source = PlatformSource(db, tmp_path / "objects")
+        assert source.run("rft_live") is not None
+        held = source._charted_rows["rft_live"][1]
+        rows, values = list(held.rows), held.values
+
+        def new_step(conn: sqlite3.Connection) -> None:
+            conn.execute(
+                "INSERT INTO train_metrics (run_id, step, body, received_at)"
+                " VALUES ('rft_live', 50, '{\"step\": 50, \"loss\": 0.5}', ?)",
+                (time.time() + 1,),
+            )
+
+        db.write_sync(new_step)
+        grown = source.run("rft_live")
+        assert grown is not None and grown.metrics[-1] == {"step": 50, "loss": 0.5}
+        assert held.rows == rows and held.values == values  # the first page's, untouched
+    finally:
+        db.close()
+
+
 def test_a_training_runs_rows_are_read_again_only_once_they_change(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

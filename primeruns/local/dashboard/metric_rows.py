@@ -19,7 +19,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -65,6 +65,14 @@ class MetricRows:
     def cost(self) -> int:
         """Roughly what the rows hold, in bytes (a cache of them is bounded by it)."""
         return 100 * (self.values + len(self.rows) + 1)
+
+    def copy(self) -> MetricRows:
+        """Another holder of the same rows, to add to without changing this
+        one (a page may be drawing from it: pages are served from several
+        threads). The rows themselves are shared: thinning makes new ones."""
+        return replace(
+            self, rows=list(self.rows), names=set(self.names), repaired=dict(self.repaired)
+        )
 
     def add(self, record: dict[str, Any]) -> None:
         """Keep ``record``'s numbers, and thin what is held once it reaches the bound."""

@@ -342,7 +342,8 @@ class PlatformSource:
             since = (
                 held[0] if held is not None and _appended(conn, run_id, held[0], known) else None
             )
-            charted = held[1] if since is not None and held is not None else MetricRows()
+            # Added to a copy: a page being drawn from the rows held keeps them.
+            charted = held[1].copy() if since is not None and held is not None else MetricRows()
             # Plain tuples, not the connection's named rows: one column, and
             # hundreds of thousands of rows on the compare page.
             cursor = conn.cursor()
