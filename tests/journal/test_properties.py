@@ -64,14 +64,24 @@ class JournalModel(RuleBasedStateMachine):
         # Only sinks that have a cursor hold entries back.
         upto = min((self.acked[s] for s in self.has_cursor), default=0)
         removed = self.j.compact()
-        # The entries that decide how a run is closed are never compacted.
+        # The entries that decide how a run is closed are kept: the spec, the
+        # finish, and the newest summary up to there. An older summary goes
+        # once a pass meets a later one (one a handle passed over before a
+        # reopen may stay: the journal says which went).
         kept = (EntryKind.RUN_OPEN, EntryKind.SUMMARY, EntryKind.FINISH)
 
         def stays(seq: int, kind: EntryKind) -> bool:
             return seq > upto or kind in kept
 
-        assert removed == sum(1 for s, (k, _) in self.entries.items() if not stays(s, k))
-        self.entries = {s: v for s, v in self.entries.items() if stays(s, v[0])}
+        summaries = [
+            s for s, (k, _) in sorted(self.entries.items()) if k == EntryKind.SUMMARY and s <= upto
+        ]
+        held = {e.seq for e in self.j.read(0, kinds={EntryKind.SUMMARY}, max_entries=10**6).entries}
+        gone = {s for s in summaries if s not in held}
+        assert not summaries or summaries[-1] not in gone, "the newest summary was compacted"
+        expected = sum(1 for s, (k, _) in self.entries.items() if not stays(s, k))
+        assert removed == expected + len(gone)
+        self.entries = {s: v for s, v in self.entries.items() if stays(s, v[0]) and s not in gone}
         self.floor = max(self.floor, upto)
 
     @rule()
