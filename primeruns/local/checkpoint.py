@@ -98,9 +98,10 @@ class Checkpointer:
             return self._rounds
 
     def stop(self) -> None:
-        """End the thread once its checkpoint in progress is done."""
+        """End the thread once its checkpoint in progress is done (at once
+        when called from the thread itself: a finalizer may run there)."""
         self.stop_soon()
-        if self._thread is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join()
 
     def stop_soon(self) -> None:

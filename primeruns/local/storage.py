@@ -279,7 +279,10 @@ class Database:
         # A Database dropped unclosed (a test's, say) ends the thread with it,
         # as its connection closes: the thread's connection would otherwise
         # keep the WAL there, and the thread waiting, for the process's life.
-        weakref.finalize(self, self._checkpointer.stop_soon).atexit = False
+        # The thread is waited for (the finalizer runs before the writer's
+        # connection goes): closed while the thread's round held the WAL, the
+        # writer's could not remove it, and the thread's, closing last, left it.
+        weakref.finalize(self, self._checkpointer.stop).atexit = False
         self.write_sync(_keep_sample_count)
         self.write_sync(_keep_step_count)
 
