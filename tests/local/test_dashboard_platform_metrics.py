@@ -46,6 +46,19 @@ def _training_run(db: Database, run_id: str, rows: list[dict[str, object]]) -> N
     db.write_sync(insert)
 
 
+def _a_new_step(db: Database) -> None:
+    """Step 50 of run ``rft_live`` arrives, after every row before it."""
+
+    def new_step(conn: sqlite3.Connection) -> None:
+        conn.execute(
+            "INSERT INTO train_metrics (run_id, step, body, received_at)"
+            " VALUES ('rft_live', 50, '{\"step\": 50, \"loss\": 0.5}', ?)",
+            (time.time() + 1,),
+        )
+
+    db.write_sync(new_step)
+
+
 def test_a_training_runs_metric_rows_are_read_within_bounds(tmp_path: Path) -> None:
     db = Database(tmp_path / "data")
     try:
@@ -81,14 +94,7 @@ def test_the_rows_one_page_charts_are_not_changed_by_the_next_pages_read(
         held = source._charted_rows["rft_live"][1]
         rows, values = list(held.rows), held.values
 
-        def new_step(conn: sqlite3.Connection) -> None:
-            conn.execute(
-                "INSERT INTO train_metrics (run_id, step, body, received_at)"
-                " VALUES ('rft_live', 50, '{\"step\": 50, \"loss\": 0.5}', ?)",
-                (time.time() + 1,),
-            )
-
-        db.write_sync(new_step)
+        _a_new_step(db)
         grown = source.run("rft_live")
         assert grown is not None and grown.metrics[-1] == {"step": 50, "loss": 0.5}
         assert held.rows == rows and held.values == values  # the first page's, untouched
@@ -125,15 +131,7 @@ def test_a_training_runs_rows_are_read_again_only_once_they_change(
         assert again is not None and again.metrics == first.metrics
         assert parsed == []  # nothing changed: nothing read
 
-        def new_step(conn: sqlite3.Connection) -> None:
-            later = time.time() + 1
-            conn.execute(
-                "INSERT INTO train_metrics (run_id, step, body, received_at)"
-                " VALUES ('rft_live', 50, '{\"step\": 50, \"loss\": 0.5}', ?)",
-                (later,),
-            )
-
-        db.write_sync(new_step)
+        _a_new_step(db)
         grown = source.run("rft_live")
         assert grown is not None and grown.metrics[-1] == {"step": 50, "loss": 0.5}
         assert grown.metrics[:-1] == first.metrics

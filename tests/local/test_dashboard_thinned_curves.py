@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from sdk_helpers import point_at
+from test_dashboard_platform_metrics import _training_run
 
 import primeruns as pr
 from primeruns.local.dashboard import metric_rows
@@ -84,22 +85,11 @@ def test_the_platforms_training_page_charts_the_whole_run(tmp_path: Path) -> Non
     try:
         run_id = "rft_long"
 
-        def insert(conn) -> None:  # type: ignore[no-untyped-def]
-            now = time.time()
-            conn.execute(
-                "INSERT INTO train_runs (id, name, team_id, status, request, created_at,"
-                " updated_at) VALUES (?, 'long', 't', 'RUNNING', '{}', ?, ?)",
-                (run_id, now, now),
-            )
-            conn.executemany(
-                "INSERT INTO train_metrics (run_id, step, body, received_at) VALUES (?, ?, ?, ?)",
-                [
-                    (run_id, s, json.dumps({"step": s, "loss": _loss(s), "kl": s * 0.5}), now)
-                    for s in range(3_000)
-                ],
-            )
-
-        db.write_sync(insert)
+        _training_run(
+            db,
+            run_id,
+            [{"step": s, "loss": _loss(s), "kl": s * 0.5} for s in range(3_000)],
+        )
         detail = PlatformSource(db, tmp_path / "objects").run(run_id)
     finally:
         db.close()
