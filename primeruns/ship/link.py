@@ -52,6 +52,7 @@ import logging
 import os
 import select
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -850,15 +851,28 @@ def open_uplink_log(journal_path: Path) -> int:
     """A descriptor appending to the uplink's log beside the journal (0600);
     ``subprocess.DEVNULL`` where it cannot be opened (no inodes, a directory
     deleted): the uplink then logs nowhere rather than into the producer's
-    pipes."""
+    pipes.
+
+    Only a regular file of our own is written: a link planted in its place
+    is not followed (it could point the log at any file of the user's), and
+    a named pipe is neither waited on (no reader: the open fails at once)
+    nor written into."""
     try:
-        return os.open(
+        fd = os.open(
             journal_path / UPLINK_LOG_NAME,
-            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC,
+            os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK,
             0o600,
         )
     except OSError:
         return subprocess.DEVNULL
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            os.set_blocking(fd, True)
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return subprocess.DEVNULL
 
 
 def settings_from_handover(data: dict[str, Any]) -> Settings:

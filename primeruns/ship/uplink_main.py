@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
@@ -44,27 +45,28 @@ from ..journal import Journal
 from ..settings import SdkSettings, adopt_settings
 from . import resident
 from .link import (
-    UPLINK_LOG_NAME,
     PipeProducerLink,
     await_go,
+    open_uplink_log,
     settings_from_handover,
     take_claim,
 )
 from .policy import RetryPolicy
 from .uplink import Uplink
 
-LOG_NAME = UPLINK_LOG_NAME
 
-
-def _log_to_file(path: Path) -> None:
-    """Point this process's standard error at ``path`` (0600), letting go of
-    the producer's."""
+def _log_to_file(journal_path: Path) -> None:
+    """Point this process's standard error at the uplink's log beside the
+    journal, letting go of the producer's (to nowhere where that log cannot
+    be opened as a file of our own)."""
+    fd = open_uplink_log(journal_path)
+    if fd == subprocess.DEVNULL:
+        fd = os.open(os.devnull, os.O_WRONLY | os.O_CLOEXEC)
     with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        with contextlib.suppress(OSError):
-            sys.stderr.flush()
+        sys.stderr.flush()
+    with contextlib.suppress(OSError):
         os.dup2(fd, 2)
-        os.close(fd)
+    os.close(fd)
 
 
 def _collect_less() -> None:
@@ -125,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             args.wake_fd,
             args.progress_fd,
             args.producer,
-            on_gone=lambda: _log_to_file(args.journal / LOG_NAME),
+            on_gone=lambda: _log_to_file(args.journal),
         )
         uplink = Uplink(
             journal, settings, policy=RetryPolicy.from_settings(tuning), notify=link.notify

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -163,3 +164,38 @@ def test_the_producers_end_of_the_wake_pipe_after_a_burst_ends_the_uplinks_wait(
     while not link.producer_gone:
         link.wait(None)  # each wake-up, then the end of file: never a hang
     _end(journal, link, None, progress_w)
+
+
+def test_the_uplink_log_is_written_only_into_a_regular_file_of_its_own(tmp_path: Path) -> None:
+    """A link planted at ``uplink.log`` would point the uplink's log lines at
+    any file of the user's, and a named pipe would hold its open (or take its
+    lines): either is refused, and the uplink logs nowhere instead."""
+    victim = tmp_path / "victim"
+    victim.write_text("kept\n")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / link_mod.UPLINK_LOG_NAME).symlink_to(victim)
+    assert link_mod.open_uplink_log(run_dir) == subprocess.DEVNULL
+    assert victim.read_text() == "kept\n"
+
+    piped = tmp_path / "piped"
+    piped.mkdir()
+    os.mkfifo(piped / link_mod.UPLINK_LOG_NAME)
+    assert link_mod.open_uplink_log(piped) == subprocess.DEVNULL  # no reader: no wait
+
+    reader = os.open(piped / link_mod.UPLINK_LOG_NAME, os.O_RDONLY | os.O_NONBLOCK)
+    try:  # with a reader the open succeeds, and is still refused: not a file
+        assert link_mod.open_uplink_log(piped) == subprocess.DEVNULL
+    finally:
+        os.close(reader)
+
+    own = tmp_path / "own"
+    own.mkdir()
+    fd = link_mod.open_uplink_log(own)
+    try:
+        os.write(fd, b"a line\n")
+        assert os.get_blocking(fd)
+    finally:
+        os.close(fd)
+    assert (own / link_mod.UPLINK_LOG_NAME).read_bytes() == b"a line\n"
+    assert (own / link_mod.UPLINK_LOG_NAME).stat().st_mode & 0o777 == 0o600
