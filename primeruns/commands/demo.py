@@ -42,6 +42,7 @@ import primeruns as pr
 
 from ..journal import EntryKind, Journal
 from ..journal.lock import owner_alive, read_owner
+from ..journal.trust import make_private_folder
 from ..metrics import from_episodes
 from ..reports import load_rows
 from ..settings import (
@@ -428,7 +429,11 @@ def run_demo(args: argparse.Namespace) -> int:
     terminated = False
     try:
         with _terminable():
-            workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_private_folder(
+                workdir,
+                "demo directory",
+                advice="pass --dir a directory of your own that only you can write into",
+            )
             if args.base_url:
                 url = args.base_url.rstrip("/")
                 key = resolve_settings().api_key

@@ -865,3 +865,24 @@ def test_a_run_id_a_journal_names_is_one_segment_of_the_path_it_is_sent_to(
         path, _, query = target.partition("?")
         assert path.startswith("/api/v1/evaluations/..%2F..%2Fteams%2FT%2Fx%3Fa%3D"), target
         assert "a=" not in query.split("&"), target
+
+
+def test_demo_keeps_nothing_in_a_directory_another_user_could_write_into(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``demo --dir DIR`` keeps the local platform's database and the demo's
+    journals in DIR: a link there, or a folder others can write into, would
+    hand them to whoever controls it. Refused before anything is started,
+    the setting named."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    linked = tmp_path / "linked"
+    linked.symlink_to(elsewhere)
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    for given in (linked, shared):
+        code, _out, err = cli(capsys, "demo", "--dir", str(given))
+        assert code != 0
+        assert f"the demo directory {given}" in err and "--dir" in err
+    assert list(elsewhere.iterdir()) == [] and list(shared.iterdir()) == []
