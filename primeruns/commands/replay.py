@@ -654,15 +654,15 @@ def _pass(
     *,
     offline: bool,
     seen: dict[Path, Fingerprint] | None = None,
-    told: set[tuple[Path, str]] | None = None,
+    told: dict[Path, str] | None = None,
 ) -> int:
     """One pass over the targets. ``seen`` (watching): a copy unchanged
     since the last pass is not shipped again (nothing new: no request);
-    ``told``: the journals passed over that the watch named already."""
+    ``told``: the journals passed over that the watch named already, with why."""
     if seen is None:
         targets = _targets(args, offline=offline)
     else:
-        targets = _changed(args, seen, set() if told is None else told)
+        targets = _changed(args, seen, {} if told is None else told)
     results: list[dict[str, Any]] | None = [] if args.json else None
     what = "offline runs or copies to sync" if offline else "runs to replay"
     if not targets:
@@ -746,36 +746,47 @@ def _held_by(step: _Step, unshipped: dict[str, list[str]]) -> str | None:
 
 
 def _changed(
-    args: argparse.Namespace, seen: dict[Path, Fingerprint], told: set[tuple[Path, str]]
+    args: argparse.Namespace, seen: dict[Path, Fingerprint], told: dict[Path, str]
 ) -> list[_Step]:
     """Watching: the journals whose files changed since they last synced
     cleanly, judged by their files alone (a copy is not opened to list it:
     one refreshed in place could be truncated under the reader); of the
     originals here, only offline runs that need it (``replay`` ships the others).
-    Each journal passed over is named with why, once a watch (``told``)."""
+    Each journal passed over is named with why, once a watch (``told``):
+    again if it is passed over for another reason, or after it synced or
+    went away. What the watch remembers is pruned to the journals there, so
+    a watch of days over a directory whose runs come and go holds no more
+    than the directory does."""
     if args.runs:
         return [s for s in _targets(args, offline=True) if seen.get(s.path) != fingerprint(s.path)]
     runs_dir = runs_dir_of(args)
     root = sync_root()
     found = _Sorting()
     journals, untrusted = journal_dirs(runs_dir)  # another user's are never synced
+    present = set(journals)
+    for gone in [path for path in seen if path not in present]:
+        del seen[gone]
+    for gone in [path for path in told if path not in present]:
+        del told[gone]
     for path in journals:
         why: str | None = None
         if path in untrusted:
             why = f"not opened: {untrusted[path]}"
         elif seen.get(path) == fingerprint(path):
-            continue
+            continue  # synced, and unchanged since
         else:
             origin = Origin.read_beside(path)
-            if origin is not None and not origin.is_original(path.absolute()):
-                found.add_copy(path)
-                continue
             try:
-                why = found.add(_status_of(path), root, offline=True)
+                if origin is not None and not origin.is_original(path.absolute()):
+                    found.add_copy(path)
+                else:
+                    why = found.add(_status_of(path), root, offline=True)
             except (OSError, JournalError) as exc:  # gone or changed since listed
                 why = f"cannot be read ({exc}): looked at again next pass"
-        if why and (path, why) not in told:
-            told.add((path, why))
+        if why is None:
+            told.pop(path, None)
+        elif told.get(path) != why:
+            told[path] = why
             print(inert(f"{path.name}: skipped: {why}"), file=sys.stderr)
     # Ordered as --all: a forked child before its run's close-out.
     return found.steps()
@@ -785,7 +796,7 @@ def _watch(args: argparse.Namespace, options: ShipOptions) -> int:
     """Sync again every ``--interval`` seconds until interrupted: each pass
     ships what the copies brought since the last one (see ``_pass``)."""
     seen: dict[Path, Fingerprint] = {}
-    told: set[tuple[Path, str]] = set()
+    told: dict[Path, str] = {}
     print(
         f"watching {inert(runs_dir_of(args))}: syncing every {args.interval:g} s (Ctrl-C to stop)",
         file=sys.stderr,

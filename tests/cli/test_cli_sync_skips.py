@@ -128,3 +128,37 @@ def test_a_watch_goes_on_past_an_origin_file_that_is_a_folder(
     code, out, err = _watched(capsys, monkeypatch, odd.parent, passes=2)
     assert code == 130, out + err
     assert len(local_platform.runs()) == 2, out + err
+
+
+def test_a_watch_names_a_journal_again_once_it_came_back_and_forgets_those_gone(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A watch runs for days over a directory whose runs come and go: a
+    journal passed over, taken away and copied back just as damaged is named
+    again (it is news to whoever copied it), and what the watch remembers of
+    journals no longer there is let go."""
+    runs, damaged, link = _a_damaged_journal_and_a_link(tmp_path, monkeypatch, local_platform.url)
+    good, aside = link.resolve(), tmp_path / "aside"
+    remembered: list[tuple[set[Path], set[Path]]] = []
+    real_changed = replay._changed
+
+    def changed(args: Any, seen: dict[Path, Any], told: dict[Path, str]) -> Any:
+        steps = real_changed(args, seen, told)
+        remembered.append((set(seen), set(told)))
+        if len(remembered) == 1:
+            damaged.rename(aside)  # taken away before the second pass
+            link.unlink()
+        elif len(remembered) == 2:
+            aside.rename(damaged)  # and back before the third
+        return steps
+
+    monkeypatch.setattr(replay, "_changed", changed)
+    code, out, err = _watched(capsys, monkeypatch, runs, passes=3)
+    assert code == 130, out + err
+    assert err.count(f"{damaged.name}: skipped: cannot be read (data.mdb") == 2, err
+    assert err.count(f"{link.name}: skipped: not opened: ") == 1, err
+    seen_then, told_then = remembered[1]
+    assert told_then == set() and seen_then <= {good}, remembered
