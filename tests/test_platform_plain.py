@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import socket
 import ssl
 import sys
@@ -17,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 
 from primeruns.exceptions import (
@@ -945,6 +947,29 @@ def test_a_refused_presigned_upload_is_named_without_its_signature(
     assert sent[0][0] == f"/bucket/k.parquet?{_SIGNED}" and sent[0][1].startswith("prime-runs/")
     assert sent[1][0] == f"/bucket/k.parquet?{_SIGNED}&odd=a%zz"  # httpx sends it as it is
     assert sent[1][1].startswith("python-httpx/")
+
+
+def test_a_presigned_upload_is_logged_without_its_signature(
+    serve: Callable[..., _Server], caplog: pytest.LogCaptureFixture
+) -> None:
+    """httpx logs each request's URL at INFO, and training scripts often turn
+    INFO on (``logging.basicConfig(level=logging.INFO)``): a presigned URL's
+    query, a credential for the object until it expires, went into the
+    user's logs. The line keeps the store and the object's path; the
+    user's own httpx requests are logged as they were."""
+    server = serve(lambda handler, body: _reply(handler, b"", 200))
+    port = server.server_address[1]
+    client = _client(server)
+    with caplog.at_level(logging.INFO, logger="httpx"):
+        client.put_object(  # a query the plain path leaves to httpx
+            f"http://127.0.0.1:{port}/bucket/k.parquet?{_SIGNED}&odd=a%zz", b"PAR1", "x"
+        )
+        httpx.get(f"http://127.0.0.1:{port}/own?mine=0123abcdef")
+    client.close()
+    assert server.requests[0][1].endswith(f"?{_SIGNED}&odd=a%zz")  # sent as it is
+    [upload, own] = [r.getMessage() for r in caplog.records if r.name == "httpx"]
+    assert "/bucket/k.parquet" in upload and "0123abcdef" not in upload, upload
+    assert "?mine=0123abcdef" in own, own
 
 
 def test_a_call_in_flight_when_its_client_closes_lets_go_of_its_connection(

@@ -51,6 +51,7 @@ from ..loopback_owner import (
 )
 from .errors import error_from_response, error_from_transport
 from .plain import Deadlines, PlainConnections, Target, httpx_as_shipped, importing, load_httpx
+from .presigned_log import uploading_presigned
 from .settings import Settings
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -649,15 +650,16 @@ class PlatformClient:
             )
             return
         _, storage = self._clients()
-        self._send(
-            storage,
-            "PUT",
-            url,
-            content=body,
-            headers={"Content-Type": content_type},
-            params=None,
-            timeout=_UPLOAD_TIMEOUT,
-        )
+        with uploading_presigned():  # httpx logs the URL: its query is a credential
+            self._send(
+                storage,
+                "PUT",
+                url,
+                content=body,
+                headers={"Content-Type": content_type},
+                params=None,
+                timeout=_UPLOAD_TIMEOUT,
+            )
 
     def close(self) -> None:
         with self._lock:
