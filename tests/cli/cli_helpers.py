@@ -14,10 +14,12 @@ from typing import Any
 
 import lmdb
 import pytest
+import zstandard
 from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
 from primeruns.cli import main
+from primeruns.journal.frames import FLAG_ZSTD, HEADER_SIZE, _assemble, peek_header
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -75,6 +77,29 @@ def break_entry_header(journal: Path, seq: int) -> None:
 def flip_entry_bytes(journal: Path, seq: int) -> None:
     """Corrupt entry ``seq`` in place: flip bytes inside its stored value."""
     _corrupt_entry(journal, seq, lambda size: range(size // 2, size // 2 + 4))
+
+
+def write_entry_corrupt(journal: Path, seq: int) -> None:
+    """Make entry ``seq`` a frame written corrupt: its zstd stream cannot be
+    decompressed (a reserved block type after the zstd frame's header) but
+    its checksum, computed over what is stored, holds. Only decompressing
+    finds it (``frames.check_frame``)."""
+    env = lmdb.open(str(journal), max_dbs=8, subdir=True)
+    try:
+        entries = env.open_db(b"entries", create=False)
+        key = struct.pack(">Q", seq)
+        with env.begin(db=entries, write=True) as txn:
+            value = txn.get(key)
+            assert value is not None, f"no entry {seq}"
+            head = peek_header(value)
+            assert head.flags & FLAG_ZSTD, "entry not compressed: nothing to write corrupt"
+            stored = bytearray(value[HEADER_SIZE:])
+            at = zstandard.frame_header_size(bytes(stored))
+            stored[at : at + 3] = b"\xff\xff\xff"
+            frame = _assemble(head.kind, head.flags, head.dict_id, head.raw_len, bytes(stored), seq)
+            txn.put(key, frame)
+    finally:
+        env.close()
 
 
 def landed_once(stored: dict[str, Any], n: int) -> bool:
