@@ -344,6 +344,9 @@ class PlatformSource:
             )
             # Added to a copy: a page being drawn from the rows held keeps them.
             charted = held[1].copy() if since is not None and held is not None else MetricRows()
+            # The run's rows counted: a long run is thinned at the width it
+            # needs whole from its first thinning (``MetricRows.expected_rows``).
+            charted.expected_rows = known[0]
             # Plain tuples, not the connection's named rows: one column, and
             # hundreds of thousands of rows on the compare page.
             cursor = conn.cursor()
@@ -354,8 +357,7 @@ class PlatformSource:
             else:
                 query = "SELECT body FROM train_metrics WHERE run_id = ? AND row > ? ORDER BY row"
                 bodies = cursor.execute(query, (run_id, since[2]))
-            for (body,) in bodies:
-                charted.add(_metric_body(body))
+            charted.extend(_metric_body(body) for (body,) in bodies)
             cursor.close()
         with self._charted_lock:
             self._charted_rows[run_id] = (known, charted)
