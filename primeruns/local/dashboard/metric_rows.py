@@ -10,8 +10,10 @@ in half the bound, so the charts span the whole run, first step to last
 (rows past the bound were left out: a 3-day run of 20 metrics charted its
 first 15,000 steps and never its latest). The offline index
 (``journal_index``) keeps one between pages; the platform's source reads
-one per page, row by row (it read and kept every row: 450 MB and 11 s a
-page for 100,000 steps of 20 metrics).
+one per page (it read and kept every row: 450 MB and 11 s a page for
+100,000 steps of 20 metrics), knowing the run's rows before: its first
+thinning is at the width the whole run needs, and the rows past it are
+taken as columns (:meth:`MetricRows.extend`).
 """
 
 from __future__ import annotations
@@ -147,6 +149,7 @@ class MetricRows:
             self._thin()  # the rows added one at a time since, so all held are thinned
         names = self.names
         columns: dict[str, Sequence[Any]] = {}
+        offered = len(records)  # a step each
         # A tuple a record, transposed: each key's column (every record has every key).
         transposed = zip(*map(itemgetter(*keys), records), strict=True)
         for key, column in zip(keys, transposed, strict=True):
@@ -160,8 +163,11 @@ class MetricRows:
                 continue  # past the names charted, as ``add`` leaves it
             if charted in columns:
                 return False  # two names charted as one
-            if not kinds <= {int, float}:  # a bool, a string: not a number
+            if kinds <= {int, float}:
+                offered += len(column)
+            else:  # a bool, a string: not a number
                 column = tuple(v if type(v) is float or type(v) is int else None for v in column)
+                offered += len(column) - column.count(None)
             columns[charted] = column
         width = self.width
         buckets = [step // width for step in steps]
@@ -184,9 +190,7 @@ class MetricRows:
                     row[name] = value
             self.rows.append(row)
             self.values += len(row)
-        self.offered += len(records) + sum(
-            len(numbers) - numbers.count(None) for numbers in columns.values()
-        )
+        self.offered += offered
         self.offered_rows += len(records)
         self.thinned = len(self.rows)
         if self.values >= MAX_METRIC_VALUES:
