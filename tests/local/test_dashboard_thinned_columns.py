@@ -44,10 +44,13 @@ def _value(rnd: random.Random) -> Any:
     return rnd.choice([rnd.randint(-5, 5), True, "text", None, math.nan, math.inf, 1e6, -1e6])
 
 
-def _rows(rnd: random.Random, count: int, names: int, odd: bool) -> list[dict[str, Any]]:
+def _rows(
+    rnd: random.Random, count: int, names: int, odd: bool, mixed: bool = False
+) -> list[dict[str, Any]]:
     """``count`` rows of ``names`` metrics in random step order; with ``odd``,
     rows without a step, names missing from some rows and values of every
-    kind, else floats alone under the same names (a long run as it nearly
+    kind; with ``mixed``, values of every kind under the same names in each
+    row; else floats alone under the same names (a long run as it nearly
     always is)."""
     steps = rnd.sample(range(3 * count), count)
     rows = []
@@ -56,7 +59,7 @@ def _rows(rnd: random.Random, count: int, names: int, odd: bool) -> list[dict[st
         for j in range(names):
             if odd and rnd.random() < 0.2:
                 continue
-            row[f"m{j}"] = _value(rnd) if odd else rnd.gauss(0.0, 1.0)
+            row[f"m{j}"] = _value(rnd) if odd or mixed else rnd.gauss(0.0, 1.0)
         if odd and rnd.random() < 0.05:
             del row["step"]
         rows.append(row)
@@ -143,13 +146,13 @@ def _assert_kept(offered: list[dict[str, Any]], held: MetricRows) -> None:
             )
 
 
-@pytest.mark.parametrize("odd", [False, True])
+@pytest.mark.parametrize(("odd", "mixed"), [(False, False), (False, True), (True, False)])
 @pytest.mark.parametrize("seed", range(3))
 def test_past_the_bound_the_columns_keep_every_promise(
-    tmp_path: Path, seed: int, odd: bool
+    tmp_path: Path, seed: int, odd: bool, mixed: bool
 ) -> None:
     rnd = random.Random(seed)
-    rows = _rows(rnd, 3_000, 6, odd=odd)
+    rows = _rows(rnd, 3_000, 6, odd=odd, mixed=mixed)
     spike = rnd.randrange(len(rows))
     rows[spike]["m0"] = 1e9  # a spike and a dip, wherever they fall
     rows[(spike + 1_000) % len(rows)]["m1"] = -1e9

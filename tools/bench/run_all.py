@@ -34,6 +34,7 @@ import short_run
 import show_cost
 import summary_updates
 import sync_scaling
+import training_page
 import uplink_loop
 from benchlib import Table
 
@@ -57,6 +58,7 @@ BENCHMARKS = (
     show_cost,
     summary_updates,
     dashboard_analysis,
+    training_page,
 )
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
