@@ -146,7 +146,10 @@ class MetricRows:
         if self.rows and steps[0] < self.rows[-1]["step"]:
             return False  # the rows held stay in step order (``_thin_tail``)
         if self.thinned < len(self.rows):
-            self._thin()  # the rows added one at a time since, so all held are thinned
+            # The rows added one at a time since, so all held are thinned; at
+            # the width so far (``_thin`` doubles it unless half the bound is
+            # held, and fewer than the bound may be more than half).
+            self._thin_tail()
         names = self.names
         columns: dict[str, Sequence[Any]] = {}
         offered = len(records)  # a step each
