@@ -40,6 +40,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from . import jsonlimits
+from .answers import JSONAnswer
 from .context import (
     check_platform_auth,
     context_of,
@@ -229,7 +230,7 @@ async def metrics(request: Request) -> JSONResponse:
         )
 
     await context_of(request).db.write_small(upsert)
-    return JSONResponse({"run_id": run_id, "step": step, "status": "ok"})
+    return JSONAnswer({"run_id": run_id, "step": step, "status": "ok"})
 
 
 async def presign(request: Request) -> JSONResponse:
@@ -253,7 +254,7 @@ async def presign(request: Request) -> JSONResponse:
     await context_of(request).db.write_small(insert)
     origin = str(request.base_url).rstrip("/")
     url = f"{origin}/storage/{key}?token={token}"
-    return JSONResponse({"data": {"presignedUrl": url, "s3Key": key, "expiresIn": int(ttl)}})
+    return JSONAnswer({"data": {"presignedUrl": url, "s3Key": key, "expiresIn": int(ttl)}})
 
 
 async def confirm(request: Request) -> JSONResponse:
@@ -305,7 +306,7 @@ async def confirm(request: Request) -> JSONResponse:
             )
 
         await ctx.db.write_small(mark)
-    return JSONResponse(
+    return JSONAnswer(
         {"run_id": run_id, "step": row["step"], "s3_key": key, "rows": rows, "status": "confirmed"}
     )
 
