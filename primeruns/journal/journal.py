@@ -824,10 +824,13 @@ class Journal:
         """Damage found while opening (file, meta), without scanning entries."""
         return list(self._tx.problems)
 
-    def damage(self) -> list[Damage]:
-        """Structural damage plus every damaged or missing entry (a full scan)."""
+    def damage(self, *, decode: bool = True) -> list[Damage]:
+        """Structural damage plus every damaged or missing entry (a full scan).
+        ``decode=False``: found from each entry's checksum, nothing
+        decompressed (a frame written corrupt is not found), as ``checksums``
+        finds it, without keeping the intact entries' seqs."""
         self._check()
-        return scan_damage(self._tx, self._reader)
+        return scan_damage(self._tx, self._reader, decode=decode)
 
     def checksums(self) -> Scan:
         """``damage()`` from each entry's checksum, nothing decompressed, with

@@ -96,8 +96,11 @@ class Background:
 
 
 def scan_damage(tx: Transactions, reader: Reader, *, decode: bool = True) -> list[Damage]:
-    """Structural damage plus every damaged or missing entry (a full scan)."""
-    return scan(tx, reader, decode=decode).damage
+    """Structural damage plus every damaged or missing entry (a full scan).
+    The intact entries' seqs are not kept: eight bytes an entry, held to
+    the scan's end, that only a reader of them needs (a final copy's damage
+    looked for before its import held a megabyte per 120,000 entries)."""
+    return scan(tx, reader, decode=decode, seqs=False).damage
 
 
 @dataclass
@@ -109,20 +112,20 @@ class Scan:
     seqs: dict[int, array[int]] = field(default_factory=dict)
 
 
-def scan(tx: Transactions, reader: Reader, *, decode: bool = True) -> Scan:
+def scan(tx: Transactions, reader: Reader, *, decode: bool = True, seqs: bool = True) -> Scan:
     """Structural damage plus every damaged or missing entry, reading each entry once.
 
     ``decode=False`` checks each entry's checksum without decompressing it
     (``check_entry``): the same damage unless a frame was written corrupt (no
     checksum sees that), at a fraction of the cost, with nothing decoded
     held; the intact entries' seqs per kind come with it (eight bytes each),
-    for a reader that then decodes the few it shows."""
+    for a reader that then decodes the few it shows (``seqs=False``: not kept)."""
     found = Scan(list(tx.problems))
     after = reader.floor_now()
     reader.spool.refresh()
     found.damage.extend(reader.spool.damage())
     found.damage.extend(torn_damage(tx, reader.spool))
-    while (went_to := _scan_some(reader, after, decode, found)) > after:
+    while (went_to := _scan_some(reader, after, decode, found, seqs)) > after:
         after = went_to
     for name in ("cursors", "meta"):
         found.damage.extend(_scan_table(tx, name))
@@ -132,13 +135,15 @@ def scan(tx: Transactions, reader: Reader, *, decode: bool = True) -> Scan:
     return found
 
 
-def _scan_some(reader: Reader, after: int, decode: bool, found: Scan) -> int:
+def _scan_some(reader: Reader, after: int, decode: bool, found: Scan, seqs: bool) -> int:
     """One read of ``scan`` after ``after``: its damage and checked entries
     into ``found``; where it got to. What it decoded (up to ``SCAN_BYTES``,
     or one entry of any size) is let go before the next read: held through
     it, a scan of large entries held two of them at once."""
     result = reader.read(after, max_entries=SCAN_ENTRIES, max_bytes=SCAN_BYTES, decode=decode)
     found.damage.extend(result.damaged)
+    if not seqs:
+        return result.next_after
     for seq, kind in result.checked:
         found.seqs.setdefault(kind, array("q")).append(seq)
     return result.next_after

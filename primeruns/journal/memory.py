@@ -409,7 +409,7 @@ class MemoryJournal:
     def structural_damage(self) -> list[Damage]:
         return []
 
-    def damage(self) -> list[Damage]:
+    def damage(self, *, decode: bool = True) -> list[Damage]:
         return []
 
     def sync(self) -> None:

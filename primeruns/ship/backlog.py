@@ -353,7 +353,7 @@ def _damaged_and_final(
     not, whether its job ended or not: a ``cp`` cut short leaves one so (the
     original may hold the finish).
 
-    Found from each entry's checksum, nothing decompressed (``checksums``):
+    Found from each entry's checksum, nothing decompressed (``damage(decode=False)``):
     decompressing every entry here, and again in the import right after,
     was a tenth of a replay's own CPU. A frame written corrupt, which only
     decompressing finds, is met by the import, which passes over it as
@@ -363,7 +363,7 @@ def _damaged_and_final(
     dead = origin.producer_state() == "dead"
     if not (dead or job_ended) or (dead and _stale(origin, source.damaged_end())):
         return []
-    return source.checksums().damage
+    return source.damage(decode=False)  # the intact entries' seqs not kept: unread here
 
 
 def _import_copy(

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from primeruns.journal import EntryKind, Journal
 from primeruns.journal.maintenance import SCAN_BYTES
+from primeruns.ship.backlog import _damaged_and_final
 
 
 def _peak_of_a_scan(path: Path) -> int:
@@ -51,3 +52,33 @@ def test_a_scan_of_large_entries_holds_one_of_them_at_a_time(tmp_path: Path) -> 
     peak = _peak_of_a_scan(tmp_path / "run")
     # One entry decoded and its stored form (hex: zstd halves it): ~1.5x.
     assert peak < 1.75 * entry_bytes, f"the scan held {peak / 2**20:.0f} MB at once"
+
+
+class _GoneProducer:
+    """A copy's origin whose producer cannot be asked about (another host)."""
+
+    def producer_state(self) -> str:
+        return "unknown"
+
+
+def test_a_final_copys_look_for_damage_keeps_nothing_per_entry(tmp_path: Path) -> None:
+    """Before a final copy is imported, its damage is looked for from every
+    entry's checksum (``backlog._damaged_and_final``). That look kept the
+    intact entries' seqs too (``Journal.checksums``: eight bytes an entry,
+    unread there), so its memory grew with the copy: a megabyte per
+    120,000 entries, held to the end of the scan."""
+    entries = 150_000  # their seqs: 1.2 MB
+    with Journal.create(tmp_path, local_id="run") as j:
+        for start in range(0, entries, 10_000):
+            j.append(EntryKind.METRICS, [b'{"step": %d}' % i for i in range(start, start + 10_000)])
+    with Journal.open(tmp_path / "run", owner=False) as copy:
+        tracemalloc.start()
+        try:
+            damage = _damaged_and_final(
+                copy, tmp_path / "run", _GoneProducer(), tmp_path / "root", job_ended=True
+            )
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert damage == []
+    assert peak < 600_000, f"the look for damage held {peak / 2**20:.1f} MB at once"
