@@ -174,15 +174,7 @@ class MetricRows:
             columns[charted] = column
         width = self.width
         buckets = [step // width for step in steps]
-        dense: list[list[tuple[int, int]]] = []
-        keep: dict[int, list[str]] = {}
-        for name, numbers in columns.items():
-            for place in _extreme_places(numbers, buckets, dense):
-                holders = keep.get(place)
-                if holders is None:
-                    keep[place] = [name]
-                else:
-                    holders.append(name)
+        keep = _kept_places(columns.items(), buckets)
         # ``_``-named values (a row's time) stay with the values kept in their row.
         timed = [name for name in columns if name[:1] == "_"]
         for place in sorted(keep):
@@ -298,16 +290,8 @@ def _extremes(rows: list[dict[str, Any]], width: int, names: set[str]) -> list[d
     order = sorted(range(len(rows)), key=steps.__getitem__)  # stable: ties by arrival
     ordered = [rows[i] for i in order]
     buckets = [steps[i] // width for i in order]  # non-decreasing
-    dense: list[list[tuple[int, int]]] = []
     # Per row (its place in ``order``): the names whose values it keeps.
-    keep: dict[int, list[str]] = {}
-    for name, column in _columns(ordered, names):
-        for place in _extreme_places(column, buckets, dense):
-            holders = keep.get(place)
-            if holders is None:
-                keep[place] = [name]
-            else:
-                holders.append(name)
+    keep = _kept_places(_columns(ordered, names), buckets)
     thinned: list[dict[str, Any]] = []
     for place in sorted(keep):
         row, kept_names = ordered[place], keep[place]
@@ -319,6 +303,23 @@ def _extremes(rows: list[dict[str, Any]], width: int, names: set[str]) -> list[d
             }
         thinned.append(row)
     return thinned
+
+
+def _kept_places(
+    columns: Iterable[tuple[str, Sequence[Any]]], buckets: list[int]
+) -> dict[int, list[str]]:
+    """Per row (its place in the columns, in step order): the names whose
+    values it keeps (``_extreme_places`` of each column)."""
+    dense: list[list[tuple[int, int]]] = []
+    keep: dict[int, list[str]] = {}
+    for name, column in columns:
+        for place in _extreme_places(column, buckets, dense):
+            holders = keep.get(place)
+            if holders is None:
+                keep[place] = [name]
+            else:
+                holders.append(name)
+    return keep
 
 
 def _extreme_places(
