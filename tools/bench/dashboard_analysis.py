@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -35,6 +33,7 @@ from typing import Any
 import benchlib
 import httpx
 from benchlib import ROOT, Table
+from childrun import child_json
 from dashboard_memory import write_run
 
 HERE = Path(__file__).resolve().parent
@@ -123,19 +122,8 @@ def child(where: str, path: Path, run_id: str, before_way: bool) -> dict[str, An
 
 
 def measure(tree: Path, where: str, path: Path, run_id: str, before_way: bool) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{HERE}"}
-    args = [sys.executable, str(Path(__file__).resolve()), "--child", where, str(path), run_id]
-    done = subprocess.run(
-        [*args, *(["--before-way"] if before_way else [])],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode:
-        raise RuntimeError(f"{where} analysis failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    args = ["--child", where, str(path), run_id, *(["--before-way"] if before_way else [])]
+    return child_json(__file__, tree, args, f"{where} analysis")
 
 
 def run(quick: bool, episodes: int | None = None, before: Path | None = None) -> list[Table]:

@@ -24,16 +24,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from childrun import child_json
 
 if TYPE_CHECKING:
     from benchlib import Table
@@ -142,20 +141,8 @@ def child(data: Path, steps: int, before_way: bool) -> dict[str, Any]:
 
 
 def measure(tree: Path, data: Path, steps: int, before_way: bool) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": f"{tree}{os.pathsep}{HERE}"}
-    args = [sys.executable, str(Path(__file__).resolve()), "--child", str(data), str(steps)]
-    done = subprocess.run(
-        [*args, *(["--before-way"] if before_way else [])],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-        cwd=tree,  # the tree's own package first (a child puts its directory first)
-    )
-    if done.returncode:
-        raise RuntimeError(f"training page failed:\n{done.stderr[-3000:]}")
-    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
-    return result
+    args = ["--child", str(data), str(steps), *(["--before-way"] if before_way else [])]
+    return child_json(__file__, tree, args, "training page")
 
 
 def run(
