@@ -232,3 +232,23 @@ def test_the_offline_index_of_a_long_run_looks_at_each_row_about_once(
         index.update(journal)
     _assert_kept(rows, index.charted)
     assert sum(work) <= 1.25 * len(rows), sum(work)
+
+
+@pytest.mark.parametrize("expected_rows", [0, 20_000])
+def test_a_step_past_the_floats_is_thinned_without_an_overflow(
+    monkeypatch: pytest.MonkeyPatch, expected_rows: int
+) -> None:
+    """A journal is untrusted, and ``json`` reads a 400-digit step as an
+    int: the widths were compared with the span of steps times a float
+    (OverflowError, the offline page a 500), where they were compared as
+    ints before the whole run's width was projected."""
+    monkeypatch.setattr(metric_rows, "MAX_METRIC_VALUES", 50)
+    rnd = random.Random(31)
+    held = MetricRows(expected_rows=expected_rows)
+    for step in range(2_123):
+        row: dict[str, Any] = {"step": 10**400 if step == 460 else step}
+        row.update({f"m{j}": rnd.gauss(0.0, 1.0) for j in range(4) if rnd.random() < 0.8})
+        held.add(row)
+    assert held.width and held.values <= 50
+    charted = metric_points(held.rows).values()
+    assert max(step for points in charted for step, _, _ in points) == 2_122

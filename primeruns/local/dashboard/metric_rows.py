@@ -202,37 +202,47 @@ class MetricRows:
         steps = [row["step"] for row in self.rows]
         span = max(steps) - min(steps)
         # What the rows held will be once the whole run is read: as many
-        # times what they are as the run has rows for each read so far (1
-        # where the reader does not know: the rows read are the run).
-        scale = max(1.0, self.expected_rows / max(self.offered_rows, 1))
+        # times what they are as the run has rows for each read so far (the
+        # same where the reader does not know: the rows read are the run).
+        # Kept as two ints, ``whole`` rows for each ``read``: a step may be
+        # an int past the floats (a journal is untrusted, ``json`` reads 400
+        # digits), and the span times a float was an OverflowError.
+        read = max(self.offered_rows, 1)
+        whole = max(self.expected_rows, read)
         # Twice the width so far (thinning at it was not enough), else one
         # that would leave about eight rows a bucket; doubled until they fit
         # (the whole run's, projected). Buckets nest as the width doubles, so
         # each thinning may start from the rows the last one kept.
         width = 2 * self.width or max(2, 8 * span // max(len(steps), 1))
-        if not self.width and scale > 1:
+        if not self.width and whole > read:
             # At least the width leaving each metric's lowest and highest of
             # the whole run's buckets in half the bound: the first thinnings
             # at narrower ones, of every row held, were most of the cost.
-            width = max(width, int(span * scale * 2 * len(self.names) / (MAX_METRIC_VALUES // 2)))
+            needed = span * whole * 2 * len(self.names) // (read * (MAX_METRIC_VALUES // 2))
+            width = max(width, needed)
         while True:
             self.rows = _extremes(self.rows, width, self.names)
             self.values = sum(map(len, self.rows))
             self.width, self.thinned = width, len(self.rows)
-            if self._projected(width, span, scale) <= MAX_METRIC_VALUES // 2:
+            if self._fits(width, span, whole, read):
                 break
-            if width > span * scale:
+            if width * read > span * whole:
                 break
             width *= 2
 
-    def _projected(self, width: int, span: int, scale: float) -> float:
-        """The values held once the whole run is read at ``width``: as many
-        per bucket as the rows held keep, in as many buckets as the whole
-        run's steps (``scale`` times the ``span`` of the rows held) reach."""
-        if scale <= 1:
-            return self.values
-        buckets = len({row["step"] // width for row in self.rows})
-        return self.values / max(buckets, 1) * max(buckets, span * scale / width)
+    def _fits(self, width: int, span: int, whole: int, read: int) -> bool:
+        """Whether the values held once the whole run is read at ``width``
+        fit in half the bound: as many per bucket as the rows held keep, in
+        as many buckets as the whole run's steps (``whole / read`` times the
+        ``span`` of the rows held) reach. In ints: a step may be past the floats."""
+        half = MAX_METRIC_VALUES // 2
+        if whole <= read:
+            return self.values <= half
+        buckets = max(len({row["step"] // width for row in self.rows}), 1)
+        # values / buckets * max(buckets, span * whole / (read * width)) <= half
+        if span * whole <= buckets * read * width:
+            return self.values <= half
+        return self.values * span * whole <= half * buckets * read * width
 
     def _thin_tail(self) -> bool:
         """Thin at the width so far only the rows read since the last
