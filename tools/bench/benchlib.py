@@ -27,8 +27,13 @@ from typing import Any
 import zstandard
 
 ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+# The checkout whose package this process measures: this one, or the tree a
+# measuring child was given (``childrun.child_json``). Its package comes
+# first, or a child of a ``--before`` tree that imports this module would
+# import this checkout's package and measure it twice.
+PACKAGE_TREE = Path(os.environ.get("PRIMERUNS_BENCH_TREE") or ROOT)
+if sys.path[:1] != [str(PACKAGE_TREE)]:
+    sys.path.insert(0, str(PACKAGE_TREE))
 
 
 def as_installed(tree: Path) -> Path:
@@ -45,7 +50,7 @@ def as_installed(tree: Path) -> Path:
     return tree
 
 
-as_installed(ROOT)
+as_installed(PACKAGE_TREE)
 
 from primeruns.local import LocalPlatform  # noqa: E402
 

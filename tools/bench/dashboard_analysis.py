@@ -118,7 +118,14 @@ def child(where: str, path: Path, run_id: str, before_way: bool) -> dict[str, An
         return seconds
 
     first, second = asyncio.run(visits())
-    return {"first": first, "second": second, "maxrss_mb": peak_rss_mb()}
+    import primeruns
+
+    return {
+        "first": first,
+        "second": second,
+        "maxrss_mb": peak_rss_mb(),
+        "package": primeruns.__file__,
+    }
 
 
 def measure(tree: Path, where: str, path: Path, run_id: str, before_way: bool) -> dict[str, Any]:

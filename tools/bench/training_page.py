@@ -137,7 +137,9 @@ def child(data: Path, steps: int, before_way: bool) -> dict[str, Any]:
         cpu = asyncio.run(visits())
     finally:
         db.close()
-    return {**cpu, "maxrss_mb": peak_rss_mb()}
+    import primeruns
+
+    return {**cpu, "maxrss_mb": peak_rss_mb(), "package": primeruns.__file__}
 
 
 def measure(tree: Path, data: Path, steps: int, before_way: bool) -> dict[str, Any]:
