@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import sys
 import time
 from collections.abc import Iterable, Mapping
@@ -756,13 +757,23 @@ def _changed(
     again if it is passed over for another reason, or after it synced or
     went away. What the watch remembers is pruned to the journals there, so
     a watch of days over a directory whose runs come and go holds no more
-    than the directory does."""
+    than the directory does; a directory that cannot be listed is named
+    once, and nothing is forgotten for it."""
     if args.runs:
         return [s for s in _targets(args, offline=True) if seen.get(s.path) != fingerprint(s.path)]
     runs_dir = runs_dir_of(args)
     root = sync_root()
     found = _Sorting()
     journals, untrusted = journal_dirs(runs_dir)  # another user's are never synced
+    unlisted = None if journals else _unlisted(runs_dir)
+    if unlisted is not None:
+        # A listing that failed for a moment (a network filesystem's hiccup)
+        # is no journal gone: forgetting them all would sync every one of
+        # them again next pass. Said once, until the folder lists again.
+        if told.get(runs_dir) != unlisted:
+            told[runs_dir] = unlisted
+            print(inert(f"{runs_dir}: {unlisted}"), file=sys.stderr)
+        return []
     present = set(journals)
     for gone in [path for path in seen if path not in present]:
         del seen[gone]
@@ -790,6 +801,15 @@ def _changed(
             print(inert(f"{path.name}: skipped: {why}"), file=sys.stderr)
     # Ordered as --all: a forked child before its run's close-out.
     return found.steps()
+
+
+def _unlisted(runs_dir: Path) -> str | None:
+    """Why the runs directory cannot be listed now, or None (it can: it holds no journal)."""
+    try:
+        with os.scandir(runs_dir):
+            return None
+    except OSError as exc:
+        return f"cannot be listed ({exc.strerror or exc}): looked at again next pass"
 
 
 def _watch(args: argparse.Namespace, options: ShipOptions) -> int:

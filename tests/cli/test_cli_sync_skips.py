@@ -162,3 +162,50 @@ def test_a_watch_names_a_journal_again_once_it_came_back_and_forgets_those_gone(
     assert err.count(f"{link.name}: skipped: not opened: ") == 1, err
     seen_then, told_then = remembered[1]
     assert told_then == set() and seen_then <= {good}, remembered
+
+
+def test_a_watch_keeps_what_it_knows_when_its_folder_cannot_be_listed_for_a_pass(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A runs directory on a network filesystem fails to list for a moment:
+    the watch says so once, and the journals it synced are not synced again
+    once the folder lists again (forgetting them, it asked the platform
+    about each of thousands of runs again)."""
+    runs = _two_offline_runs(tmp_path, monkeypatch, local_platform.url)[0].parent
+    synced: list[tuple[int, str]] = []  # (pass, journal) of each look at a journal's state
+    real_status = replay._status_of
+    real_scandir = os.scandir
+    real_listdir = os.listdir
+    passes = 0
+
+    def status_of(path: Path) -> Any:
+        synced.append((passes, path.name))
+        return real_status(path)
+
+    def failing(name: str) -> Any:
+        def call(path: Any = ".") -> Any:
+            if passes == 2 and Path(path) == runs:
+                raise OSError(5, "Input/output error", str(path))
+            return {"scandir": real_scandir, "listdir": real_listdir}[name](path)
+
+        return call
+
+    real_changed = replay._changed
+
+    def changed(args: Any, seen: dict[Path, Any], told: dict[Path, str]) -> Any:
+        nonlocal passes
+        passes += 1
+        return real_changed(args, seen, told)
+
+    monkeypatch.setattr(replay, "_status_of", status_of)
+    monkeypatch.setattr(replay, "_changed", changed)
+    monkeypatch.setattr(os, "scandir", failing("scandir"))
+    monkeypatch.setattr(os, "listdir", failing("listdir"))
+    code, out, err = _watched(capsys, monkeypatch, runs, passes=4)
+    assert code == 130, out + err
+    assert {n for n, _ in synced} == {1}, synced  # synced in the first pass, never again
+    assert err.count("cannot be listed (Input/output error)") == 1, err
+    assert len(local_platform.runs()) == 2, out + err
