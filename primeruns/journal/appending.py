@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import lmdb
 
@@ -28,6 +28,7 @@ from primeruns.exceptions import (
 )
 from primeruns.journal.capacity import Capacity
 from primeruns.journal.frames import HEADER_SIZE, EntryKind, encode_frame
+from primeruns.journal.layout import put_entry
 from primeruns.journal.spool import SpoolWriter
 from primeruns.journal.tail import OwnTail, read_end, stored_end
 from primeruns.journal.txn import Transactions, release_reserve
@@ -140,6 +141,51 @@ class Appender:
                     raise
                 self._tail.last = end
         raise AssertionError("unreachable")
+
+    def put_frames(self, frames: Sequence[tuple[int, bytes]], absorb: Callable[[], None]) -> bool:
+        """Store ``frames`` (``(seq, frame)``, consecutive seqs from the log's
+        next) in LMDB as they are, in one transaction: a sync journal's
+        import of its copy's entries, verified and decoded there, whose
+        frames (compressed by the copy's mover) would otherwise be
+        decompressed and compressed again here. ``absorb`` moves what is
+        spooled into LMDB first (the frames go past it). False, nothing
+        stored, where they do not follow the log's end or do not fit
+        (the caller appends their payloads instead, which says why)."""
+        if not frames:
+            return True
+        first = frames[0][0]
+        entries = self._tx.dbs["entries"]
+        with self.lock:
+            if self._unsettled:
+                self._settle()
+            if self.moved or self._finished:
+                return False
+            end = self._tail.last
+            if first != max(end, self.after) + 1:
+                return False
+            if any(seq != first + i for i, (seq, _) in enumerate(frames)):
+                return False
+            absorb()
+
+            def put(txn: lmdb.Transaction) -> bool:
+                if stored_end(self._tx, txn) != end:
+                    return False  # something spooled is not in LMDB yet
+                for seq, frame in frames:
+                    put_entry(txn, seq, frame, entries)
+                return True
+
+            try:
+                with self._tx.lock:
+                    if not self._tx.write(put, control=False):
+                        return False
+            except JournalFullError:
+                return False
+            # The open segment's seqs end before the frames': the next
+            # append opens a segment of its own.
+            self._spool.start_segment()
+            self._tail.last = frames[-1][0]
+        self._tail.notify()
+        return True
 
     def _settle(self) -> None:
         """The append before was cut between its write and setting ``last``:

@@ -78,6 +78,33 @@ class Dictionaries:
             self._loaded[dict_id] = found
         return found
 
+    def adopt(self, dict_id: int, data: bytes) -> bool:
+        """Hold ``data`` (another journal's dictionary ``dict_id``) under
+        that id, stored unless it is there already, not used for new
+        entries: a sync journal's import stores its copy's frames as they
+        are, and a frame names its dictionary by id. False when this
+        journal holds another dictionary under that id (its own, trained
+        here): such frames are then not stored as they are."""
+        if not 0 < dict_id < 256:
+            return False
+        name = f"{K_DICT_PREFIX}{dict_id}"
+
+        def put(txn: lmdb.Transaction) -> bool:
+            raw = txn.get(name.encode(), db=self._tx.dbs["meta"])
+            if raw is None:
+                self._tx.put_meta_bytes(txn, name, data)
+                return True
+            try:
+                return decode_frame(raw, max_bytes=MAX_DICT_BYTES)[1] == data
+            except FrameError:
+                return False
+
+        with self._tx.lock:
+            if not self._tx.write(put):
+                return False
+            self._loaded.setdefault(dict_id, zstandard.ZstdCompressionDict(data))
+        return True
+
     def cached(self, dict_id: int) -> zstandard.ZstdCompressionDict | None:
         """A dictionary ``get`` loaded already, else None (reads nothing: for a
         check made inside another read transaction)."""

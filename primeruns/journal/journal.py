@@ -635,6 +635,7 @@ class Journal:
         max_entries: int = 1000,
         max_bytes: int = 8 << 20,
         max_entry_bytes: int | None = None,
+        frames: bool = False,
     ) -> ReadResult:
         """Entries after ``after_seq`` of the given kinds, copied out, ascending.
 
@@ -647,7 +648,8 @@ class Journal:
         over; nothing raises for damage. An entry declaring more than
         ``max_entry_bytes`` is not decompressed either: it is listed in
         ``oversized`` (a reader that shows records bounds what one record
-        may cost it; ``0`` reads headers only).
+        may cost it; ``0`` reads headers only). ``frames``: each entry's
+        stored frame too, in ``ReadResult.frames`` (for ``put_frames``).
         """
         self._check()
         return self._reader.read(
@@ -656,7 +658,31 @@ class Journal:
             max_entries=max_entries,
             max_bytes=max_bytes,
             max_entry_bytes=max_entry_bytes,
+            frames=frames,
         )
+
+    def dictionary(self, dict_id: int) -> bytes | None:
+        """The zstd dictionary stored under ``dict_id`` (None: absent or damaged)."""
+        self._check()
+        found = self._dicts.get(dict_id)
+        return None if found is None else bytes(found.as_bytes())
+
+    def adopt_dictionary(self, dict_id: int, data: bytes) -> bool:
+        """Hold another journal's dictionary under its id, for its frames
+        (``Dictionaries.adopt``); False when another is stored under it."""
+        self._check_writable()
+        return self._dicts.adopt(dict_id, data)
+
+    def put_frames(self, frames: Sequence[tuple[int, bytes]]) -> bool:
+        """Store another copy of this log's entries as their frames are, each
+        under its own seq (a sync journal's import: ``Appender.put_frames``):
+        each frame read from a copy with ``read(frames=True)``, and the
+        dictionary it names adopted (``adopt_dictionary``). False where they
+        were not stored (append their payloads then)."""
+        self._check_writable()
+        if self._appender is None:
+            return False
+        return self._appender.put_frames(frames, self._absorb)
 
     def get(self, seq: int) -> Entry | None:
         """The entry ``seq``, or None if absent (never written or compacted).

@@ -84,6 +84,7 @@ class Reader:
         max_bytes: int = 8 << 20,
         max_entry_bytes: int | None = None,
         decode: bool = True,
+        frames: bool = False,
     ) -> ReadResult:
         """Entries after ``after_seq`` of the given kinds, copied out, ascending.
 
@@ -97,18 +98,26 @@ class Reader:
         decompressed: ``0`` reads headers only.
         ``decode=False`` checks each entry (``check_entry``: its checksum, no
         decompression) and lists those that pass in ``checked``, not in
-        ``entries``: a damage scan's cheap form.
+        ``entries``: a damage scan's cheap form. ``frames``: each entry's
+        stored frame too (``ReadResult.frames``).
         """
         for _ in range(_LOOKS - 1):
             result = self._read_once(
-                after_seq, kinds, max_entries, max_bytes, max_entry_bytes, decode
+                after_seq, kinds, max_entries, max_bytes, max_entry_bytes, decode, frames
             )
             if result is not None:
                 return result
         # The mover closed a segment under every look: what LMDB held (the
         # spool's part comes at the next read).
         short = self._read_once(
-            after_seq, kinds, max_entries, max_bytes, max_entry_bytes, decode, trust_short=True
+            after_seq,
+            kinds,
+            max_entries,
+            max_bytes,
+            max_entry_bytes,
+            decode,
+            frames,
+            trust_short=True,
         )
         assert short is not None
         return short
@@ -121,6 +130,7 @@ class Reader:
         max_bytes: int,
         max_entry_bytes: int | None,
         decode: bool,
+        keep_frames: bool = False,
         *,
         trust_short: bool = False,
     ) -> ReadResult | None:
@@ -285,6 +295,7 @@ class Reader:
                     if lost is not None and expected > floor:
                         damaged.append(lost)
         entries: list[Entry] = []
+        stored: dict[int, bytes] = {}
         for seq, value in raw:
             if not decode:
                 kind, damage = check_entry(seq, value, self._dicts.get)
@@ -296,10 +307,12 @@ class Reader:
             entry, damage = decode_entry(seq, value, self._dicts.get)
             if entry is not None:
                 entries.append(entry)
+                if keep_frames:
+                    stored[seq] = value
             if damage is not None:
                 damaged.append(damage)
         checked.sort()  # those checked whole come after those checked in place
-        return ReadResult(entries, next_after, damaged, oversized, checked)
+        return ReadResult(entries, next_after, damaged, oversized, checked, stored)
 
     def tally(
         self, cuts: Sequence[int] = (), *, past: int = 0, upto: int | None = None

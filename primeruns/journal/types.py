@@ -68,6 +68,9 @@ class ReadResult:
     #: With ``decode=False``: the entries that passed their check (not
     #: decoded, not returned), as ``(seq, kind)``.
     checked: list[tuple[int, int]] = field(default_factory=list)
+    #: With ``frames=True``: each returned entry's stored frame, by seq, as
+    #: verified and decoded (a sync journal's import stores it as it is).
+    frames: dict[int, bytes] = field(default_factory=dict)
 
 
 @dataclass(slots=True)

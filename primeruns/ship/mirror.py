@@ -64,6 +64,7 @@ from typing import Any
 from ..exceptions import JournalError
 from ..journal import CursorState, Damage, Entry, EntryKind, Journal, ReadResult
 from ..journal.capacity import K_COMPACTED_KINDS
+from ..journal.frames import FLAG_ZSTD, peek_header
 from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
 from ..journal.tail import K_FLOOR, as_floor
@@ -308,15 +309,16 @@ def import_new(source: Journal, dest: Journal, *, final: bool = False, after: in
     count = 0
     stopped: str | None = None
     passed: list[Damage] = []
+    dictionaries = _Dictionaries(source, dest)
     while upto < end:
-        result = source.read(upto, max_entries=_READ_ENTRIES, max_bytes=_READ_BYTES)
+        result = source.read(upto, max_entries=_READ_ENTRIES, max_bytes=_READ_BYTES, frames=True)
         run: list[Entry] = []
         for entry in result.entries:
             if entry.seq != upto + len(run) + 1:
                 break
             run.append(entry)
         if run:
-            _append_in_order(dest, run)
+            _import_run(dest, run, result.frames, dictionaries)
             upto += len(run)
             count += len(run)
             continue  # the next read starts right after, and meets any gap first
@@ -417,6 +419,56 @@ def _carry_spec(source: Journal, dest: Journal) -> None:
     except SpecError:
         return
     dest.set_meta(SPEC_KEY, spec)
+
+
+class _Dictionaries:
+    """Which of the copy's zstd dictionaries the sync journal holds under
+    the same id (adopted on first use): the frames that name one are
+    stored as they are."""
+
+    def __init__(self, source: Journal, dest: Journal) -> None:
+        self._source = source
+        self._dest = dest
+        self._held: dict[int, bool] = {0: True}
+
+    def held(self, dict_id: int) -> bool:
+        found = self._held.get(dict_id)
+        if found is None:
+            data = self._source.dictionary(dict_id)
+            found = data is not None and self._dest.adopt_dictionary(dict_id, data)
+            self._held[dict_id] = found
+        return found
+
+
+def _import_run(
+    dest: Journal, run: list[Entry], frames: dict[int, bytes], dictionaries: _Dictionaries
+) -> None:
+    """Append ``run`` (consecutive seqs, dest's next), each entry's
+    compressed frame stored as it is where it can be: decoded (so verified)
+    by the read, it need not be compressed again (a replay of 20,000 gsm8k
+    episodes: 12.8-13.7 s of its own CPU, 10.9-11.4 s so; the mover's
+    compression of them was most of the difference). The others (raw
+    in the copy: its spool's; naming a dictionary the sync journal holds
+    another of under its id) are appended as payloads, compressed here."""
+    start = 0
+    while start < len(run):
+        whole = _stored_as_is(frames.get(run[start].seq), dictionaries)
+        stop = start + 1
+        while stop < len(run) and (_stored_as_is(frames.get(run[stop].seq), dictionaries) == whole):
+            stop += 1
+        part = run[start:stop]
+        if not (whole and dest.put_frames([(e.seq, frames[e.seq]) for e in part])):
+            _append_in_order(dest, part)
+        start = stop
+
+
+def _stored_as_is(frame: bytes | None, dictionaries: _Dictionaries) -> bool:
+    """Whether ``frame`` (verified) goes into the sync journal as it is: a
+    compressed one whose dictionary, if any, the sync journal holds."""
+    if frame is None:
+        return False
+    head = peek_header(frame)
+    return bool(head.flags & FLAG_ZSTD) and dictionaries.held(head.dict_id)
 
 
 def _append_in_order(dest: Journal, entries: list[Entry]) -> None:
