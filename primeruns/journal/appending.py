@@ -149,8 +149,9 @@ class Appender:
         frames (compressed by the copy's mover) would otherwise be
         decompressed and compressed again here. ``absorb`` moves what is
         spooled into LMDB first (the frames go past it). False, nothing
-        stored, where they do not follow the log's end or do not fit
-        (the caller appends their payloads instead, which says why)."""
+        stored, where they do not follow the log's end or do not fit the
+        journal's budget or its map (the caller appends their payloads
+        instead, which says why)."""
         if not frames:
             return True
         first = frames[0][0]
@@ -164,6 +165,11 @@ class Appender:
             if first != max(end, self.after) + 1:
                 return False
             if any(seq != first + i for i, (seq, _) in enumerate(frames)):
+                return False
+            if not self._capacity.room_for(sum(len(frame) for _, frame in frames)):
+                # The append of their payloads meets the budget as every
+                # append does: the reserve for the run's spec and finish
+                # (essential) kept, the others dropped and counted.
                 return False
             absorb()
 
