@@ -15,7 +15,10 @@ HTML. A sink that counted those as stored lost every record of the batch
   the documented fields (what ``primeruns serve`` sends) is proof when they
   match the request and refused when they do not. A silent one is checked by
   reading the rows back where the platform offers a read (the sinks do
-  that); where it offers none, it is taken as the contract allows.
+  that); where it offers none (a confirm), by asking again, which is
+  idempotent: a silent answer from a platform seen naming its keys is a
+  gateway's, and two in a row from one never seen to are taken as the
+  contract allows.
 - **Presign** (§3.6): the URL and the key must be there. Without them nothing
   can be uploaded, and minting again is harmless.
 - **A read-back** must have the documented shape (a list under its key):

@@ -137,6 +137,9 @@ class TrainSamplesSink:
         self._range_base = range_base
         self._ranges = StepRanges(range_base)
         self._objects = SampleObjects(self._presign, self._put, self._confirm_key)
+        # Whether this platform was seen naming the key in a confirm's answer:
+        # from then on a silent answer is a gateway's, not the platform's.
+        self._confirms_proven = False
 
     def restore(self, carry: Mapping[str, Any]) -> None:
         # None or {}: ranges from the start (a batch refused whole was the first).
@@ -315,11 +318,33 @@ class TrainSamplesSink:
         self._objects.close()
 
     def _confirm(self, body: dict[str, Any]) -> None:
-        # A silent answer is taken as the contract allows (the platform offers
-        # no read of the table to look in); one naming another key is not.
-        receipts.confirm_proves(
-            self._client.api("POST", "/rft/samples/confirm", body), body["s3_key"]
+        """Confirm an object; raise unless its answer may be taken.
+
+        The contract lets the platform answer a confirm with nothing, and it
+        offers no read of the table to look in, so a silent answer cannot be
+        refused outright. But a gateway's empty 200 to a confirm it never
+        forwarded is silent too, and taking it lost the step's samples
+        without a count. Confirm is idempotent, so a silent answer is
+        checked by confirming again: once this platform named the key in an
+        answer, a silent one is a gateway's and proves nothing (resent);
+        before that, one more confirm is sent, and a second silent answer
+        is taken as the contract allows. One naming another key never is.
+        """
+        key = body["s3_key"]
+        if self._confirmed(body, key):
+            return
+        if self._confirms_proven:
+            raise receipts.unproven(f"the confirm of {key} was answered with nothing")
+        self._confirmed(body, key)
+
+    def _confirmed(self, body: dict[str, Any], key: str) -> bool:
+        """One confirm: whether its answer named the key (else it was silent)."""
+        proven = receipts.confirm_proves(
+            self._client.api("POST", "/rft/samples/confirm", body), key
         )
+        if proven:
+            self._confirms_proven = True
+        return proven
 
     def _too_large(self, confirm: dict[str, Any], exc: APIError) -> None:
         """A URL minted on an earlier try refused as too large (413): a

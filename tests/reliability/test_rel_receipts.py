@@ -172,6 +172,42 @@ def test_a_training_run_behind_a_gateway_answering_200_with_nothing_lands_every_
     assert run.failed_records == {} and run.dropped_records == 0
 
 
+def test_a_gateway_answering_confirms_empty_without_forwarding_them_loses_no_sample_object(
+    lp: LocalPlatform, settings: Path
+) -> None:
+    # The contract lets the platform answer a confirm with nothing, and a
+    # silent confirm was taken: a gateway's empty 200 to a confirm it never
+    # passed on left that step's object unconfirmed, its samples lost with
+    # nothing counted. Each step is flushed, so the confirms go one at a
+    # time and the seeded draws fall on the same requests every run.
+    lp.set_faults(
+        bogus_rate=0.6, seed=8, routes=["/api/v1/rft/samples/confirm"], bogus_bodies=["empty", "{}"]
+    )
+    try:
+        steps = workloads.agentic_by_step(3)
+        run = pr.init(
+            kind="train",
+            model="Qwen/Qwen3-8B",
+            team_id=_TEAM,
+            training=pr.TrainingSpec(max_steps=len(steps), batch_size=3),
+            api_key=_KEY,
+            base_url=lp.url,
+            runs_dir=settings,
+        )
+        for step in sorted(steps):
+            run.log_episodes(steps[step])
+            run.flush(timeout=60)
+        run.finish(timeout=180)
+    finally:
+        injected = lp.set_faults(bogus_rate=0.0, bogus_bodies=["empty", "{}", "html", "truncated"])
+    assert injected["injected"] >= 2
+    assert run.id is not None
+    stored = lp.run(run.id)
+    objects = sorted((o["step"], o["rows"]) for o in stored["parquet_objects"])
+    assert objects == [(0, 3), (10, 3), (20, 3)]
+    assert run.failed_records == {} and run.dropped_records == 0
+
+
 def test_a_413_halves_the_batch_in_every_sink_and_the_one_too_large_is_counted(
     lp: LocalPlatform, settings: Path
 ) -> None:

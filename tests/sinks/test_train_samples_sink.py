@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from scripted_platform import Batch
 
 from primeruns import projection
-from primeruns.exceptions import APIError, RetryableAPIError, TransportError
+from primeruns.exceptions import APIError, RetryableAPIError, TransportError, UnprovenAnswerError
 from primeruns.journal import Entry, EntryKind, InFlight, Journal
 from primeruns.platform import PlatformClient, resolve_settings
 from primeruns.ship.policy import RetryPolicy
@@ -384,6 +384,53 @@ def test_a_lost_confirm_is_confirmed_again_without_a_second_upload(store: Store)
     assert len(store.put) == 1
     assert store.confirmed == [next(iter(store.put))] * 2
     assert batch.state["done"] == 1
+
+
+def _not_forwarded() -> httpx.Response:
+    """A gateway's empty 200 to a request it never passed on to the platform."""
+    return httpx.Response(200, content=b"")
+
+
+def test_a_confirm_a_gateway_answered_empty_without_forwarding_is_confirmed_again(
+    store: Store,
+) -> None:
+    # Taken as the platform's silent answer, the object was never confirmed
+    # and the step's samples were lost without a count.
+    sink = _sink(store)
+    batch = _batch(sink, _entries({0: 3}))
+    store.faults["confirm"] = [_not_forwarded]
+    batch.send(sink)
+    assert store.confirmed == [next(iter(store.put))]
+    assert batch.state["done"] == 1
+
+
+def test_a_silent_confirm_after_the_platform_named_its_keys_is_resent_until_proven(
+    store: Store,
+) -> None:
+    sink = _sink(store)
+    _batch(sink, _entries({0: 3})).send(sink)  # answered with proof
+    batch = _batch(sink, _entries({0: 3, 10: 3})[3:])
+    store.faults["confirm"] = [_not_forwarded]
+    with pytest.raises(UnprovenAnswerError):
+        batch.send(sink)
+    batch.send(sink)  # the shipper's resend: the same key, confirmed
+    assert store.calls[3:] == ["presign", "put", "confirm", "confirm"]
+    assert len(store.confirmed) == 2 == len(set(store.confirmed))
+    assert batch.state["done"] == 1
+
+
+def test_a_platform_that_answers_every_confirm_with_nothing_is_taken_at_its_word(
+    store: Store,
+) -> None:
+    # The contract allows a silent confirm: it costs one more confirm (it
+    # is idempotent) and the object is done, never resent forever.
+    store.faults["confirm"] = [SILENT] * 4
+    sink = _sink(store)
+    for entries in (_entries({0: 3}), _entries({0: 3, 10: 3})[3:]):
+        batch = _batch(sink, entries)
+        batch.send(sink)
+        assert batch.state["done"] == 1
+    assert store.calls.count("confirm") == 4 and store.faults["confirm"] == []
 
 
 def test_a_presigned_url_that_expired_during_a_pause_is_minted_anew(store: Store) -> None:
