@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import APIError, RetryableAPIError, is_record_rejection
+from ..exceptions import APIError, RetryableAPIError, is_record_rejection, is_transient
 from .fanout import Fanout, NotSent
 
 if TYPE_CHECKING:
@@ -156,9 +156,12 @@ class SampleObjects:
             return self._expired(run_id, steps[index], key, url)
 
         def confirm(index: int) -> tuple[int, str | None, str | None, BaseException | None]:
-            key = str(progress.keys[index])
-            self._confirm(run_id, steps[index], key)
-            return DONE, key, progress.urls[index], None
+            key, url = str(progress.keys[index]), str(progress.urls[index])
+            confirm_put_object(
+                lambda: self._confirm(run_id, steps[index], key),
+                lambda: self._put(url, units[index][1]),
+            )
+            return DONE, key, url, None
 
         failure: BaseException | None = None
         for stage, step_once in ((NEW, mint), (MINTED, upload), (EXPIRED, landed), (PUT, confirm)):
@@ -256,6 +259,32 @@ class SampleObjects:
 
     def close(self) -> None:
         self._fanout.close()
+
+
+def confirm_put_object(confirm: Callable[[], None], put: Callable[[], None]) -> None:
+    """Confirm an object whose PUT the store answered with a 2xx.
+
+    A 2xx to a PUT proves less than it seems: a gateway in front of the
+    store may answer one it never passed on. The confirm then finds no
+    bytes (400, 404: not uploaded), and taking that as a refusal of the
+    object's content counted the step's samples as failed though nothing
+    was wrong with them. So a refused confirm puts the same bytes to the
+    same URL once more (a PUT overwrites) and confirms again: refused
+    again, the refusal is the object's. A transient failure of that PUT is
+    raised (the batch is tried again); any other leaves the first refusal.
+    """
+    try:
+        confirm()
+    except APIError as refused:
+        if refused.status_code not in (400, 404):
+            raise
+        try:
+            put()
+        except APIError as failed:
+            if is_transient(failed):
+                raise
+            raise refused from None
+        confirm()
 
 
 def expired_url_landed(confirm: Callable[[], None], exc: APIError) -> RetryableAPIError | None:

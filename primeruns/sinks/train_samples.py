@@ -25,6 +25,7 @@ import struct
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import orjson
@@ -298,7 +299,9 @@ class TrainSamplesSink:
                     ctx.save_progress(done)
                     continue
                 ctx.save_progress(replace(ctx.progress, put=True))
-            self._confirm(confirm)
+            sample_objects.confirm_put_object(
+                partial(self._confirm, confirm), partial(self._put, str(url), blob)
+            )
             ctx.save_progress(done)
 
     def _presign(self, run_id: str, step: int) -> tuple[str, str]:

@@ -433,6 +433,49 @@ def test_a_platform_that_answers_every_confirm_with_nothing_is_taken_at_its_word
     assert store.calls.count("confirm") == 4 and store.faults["confirm"] == []
 
 
+def test_an_object_whose_put_a_gateway_answered_without_forwarding_is_put_again(
+    store: Store,
+) -> None:
+    # The store's 200 never came from the store: the confirm finds no bytes
+    # (400). Taken as a refusal of the object, the step's samples were
+    # counted as failed though nothing was wrong with them.
+    sink = _sink(store)
+    batch = _batch(sink, _entries({0: 3}))
+    store.faults["put"] = [_not_forwarded]
+    batch.send(sink)
+    assert store.calls == ["presign", "put", "confirm", "put", "confirm"]
+    assert store.confirmed == [next(iter(store.put))]
+    assert batch.state["done"] == 1 and batch.failed_at_ack == {}
+
+
+def test_a_backlog_object_whose_put_a_gateway_answered_without_forwarding_lands(
+    store: Store,
+) -> None:
+    sink = _sink(store)
+    batch = _batch(sink, _three_whole_steps())
+    store.faults["put"] = [_not_forwarded]
+    batch.send(sink)
+    assert batch.failed_at_ack == {} and batch.state["done"] == 3
+    assert sorted(store.confirmed) == sorted(batch.state["keys"]) == sorted(store.put)
+    assert store.calls.count("put") == 4
+
+
+def test_an_object_refused_again_after_its_second_put_is_counted_as_refused(
+    store: Store,
+) -> None:
+    # A refusal that is the object's own survives the second PUT: the
+    # records are counted, not retried forever.
+    sink = _sink(store)
+    batch = _batch(sink, _entries({0: 3}))
+    refused = lambda: httpx.Response(400, json={"detail": "not a Parquet file"})  # noqa: E731
+    store.faults["confirm"] = [refused, refused]
+    with pytest.raises(APIError) as caught:
+        batch.send(sink)
+    assert caught.value.status_code == 400
+    assert store.calls == ["presign", "put", "confirm", "put", "confirm"]
+    assert store.confirmed == []
+
+
 def test_a_presigned_url_that_expired_during_a_pause_is_minted_anew(store: Store) -> None:
     sink = _sink(store)
     batch = _batch(sink, _entries({10: 3}))
