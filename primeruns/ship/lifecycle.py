@@ -465,6 +465,7 @@ class Lifecycle:
         team = spec.team_id
         for ref in spec.environments:
             env_id: Any = None  # the hub's answer: checked below
+            data: Mapping[str, Any] = {}
             try:
                 if ref.id:
                     env_id = ref.id
@@ -486,6 +487,14 @@ class Lifecycle:
                 raise EnvironmentResolutionError(
                     f"environments: could not resolve {_ref_text(ref)}: {exc}"
                 ) from exc
+            if not env_id and "data" not in data and "id" not in data:
+                # An answer that says nothing (empty, ``{}``: a gateway's 200)
+                # is not the hub's word that the environment does not resolve:
+                # the resolve is a read or a get-or-create, safe to ask again.
+                raise UnprovenAnswerError(
+                    f"environments: the hub answered without an id for {_ref_text(ref)}; "
+                    "asking again"
+                )
             if not env_id:
                 raise EnvironmentResolutionError(
                     f"environments: the hub returned no id for {_ref_text(ref)}"

@@ -208,6 +208,26 @@ def test_a_gateway_answering_confirms_empty_without_forwarding_them_loses_no_sam
     assert run.failed_records == {} and run.dropped_records == 0
 
 
+@pytest.mark.parametrize("body", ["{}", "empty"])
+def test_an_environment_resolve_a_gateway_answered_with_nothing_does_not_end_the_run(
+    lp: LocalPlatform, settings: Path, body: str
+) -> None:
+    # The hub's resolve is get-or-create, safe to ask again; its answer
+    # without an id was taken as the hub's word that the environment does
+    # not resolve: init() raised and deleted the run's journal.
+    name = f"receipts-hub-{body}"
+    lp.set_faults(bogus_rate=1.0, routes=["/api/v1/environmentshub"], bogus_bodies=[body])
+    try:
+        run = _eval_run(settings, lp, name)  # registered later, by the uplink
+    finally:
+        lp.set_faults(bogus_rate=0.0, bogus_bodies=["empty", "{}", "html", "truncated"])
+    episodes = workloads.gsm8k(10)
+    run.log_episodes(episodes)
+    run.finish(timeout=120)
+    _assert_eval_landed(lp, run, [str(e["id"]) for e in episodes], name)
+    assert run.failed_records == {} and run.dropped_records == 0
+
+
 def test_a_413_halves_the_batch_in_every_sink_and_the_one_too_large_is_counted(
     lp: LocalPlatform, settings: Path
 ) -> None:
