@@ -13,6 +13,7 @@ sink for the rest of the run, and a 413 failed a whole sample batch.
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from collections import Counter
@@ -226,6 +227,41 @@ def test_an_environment_resolve_a_gateway_answered_with_nothing_does_not_end_the
     run.finish(timeout=120)
     _assert_eval_landed(lp, run, [str(e["id"]) for e in episodes], name)
     assert run.failed_records == {} and run.dropped_records == 0
+
+
+@pytest.mark.xfail(strict=True, reason="a stepless metrics row's silent answer is taken")
+def test_metrics_rows_without_a_step_behind_a_gateway_answering_200_with_nothing_land_once(
+    lp: LocalPlatform, settings: Path
+) -> None:
+    # A row without a step cannot be read back by its step, and the
+    # platform appends every such row (a resend is no replay), so a silent
+    # answer is taken: the gateway's empty 200 to a row it never passed on
+    # loses that row with nothing counted. Each row is lost with odds 1/4
+    # here, so all 40 landing by chance is ~1e-5.
+    lp.set_faults(
+        bogus_rate=0.5, seed=1, routes=["/api/v1/rft/metrics"], bogus_bodies=["empty", "{}"]
+    )
+    try:
+        run = pr.init(
+            kind="train",
+            model="Qwen/Qwen3-8B",
+            team_id=_TEAM,
+            training=pr.TrainingSpec(max_steps=10, batch_size=3),
+            api_key=_KEY,
+            base_url=lp.url,
+            runs_dir=settings,
+        )
+        for index in range(40):
+            run.log_metrics({"note": float(index)})
+        run.finish(timeout=120)
+    finally:
+        lp.set_faults(bogus_rate=0.0, bogus_bodies=["empty", "{}", "html", "truncated"])
+    assert run.id is not None
+    bodies = _query(lp, "SELECT body FROM train_metrics WHERE run_id = ?", run.id)
+    notes = Counter(json.loads(body).get("note") for body in bodies)
+    assert all(count == 1 for count in notes.values())
+    missing = 40 - len(notes)
+    assert run.failed_records.get("train_metrics", 0) == missing
 
 
 def test_a_413_halves_the_batch_in_every_sink_and_the_one_too_large_is_counted(
