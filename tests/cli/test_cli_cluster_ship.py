@@ -499,17 +499,13 @@ def test_a_final_copy_damaged_at_its_last_record_counts_it_lost(
 CONFIRM, SEED = "/api/v1/rft/samples/confirm", 4
 
 
-_SILENT_CONFIRM = (
-    "found by an adversarial review, not fixed: a silent 2xx to a sample object's "
-    "confirm is taken as stored (the contract allows it and no read tells), so an object "
-    "a gateway answered for is neither stored nor counted lost"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=_SILENT_CONFIRM)
 def test_a_sample_objects_confirm_answered_silently_by_a_gateway_is_not_taken_as_stored(
     local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A silent confirm is asked again (confirm is idempotent), so a gateway
+    that swallowed the first lets the second through here. (Two swallowed in
+    a row, before the platform was ever seen naming a key, are still taken,
+    as the contract allows a silent answer.)"""
     lp = local_platform
     producer = Producer(tmp_path / "node", "train", lp.url, "node-7")
     copy = _copy(producer.journal, login)  # its first half: one sample object, step 0
