@@ -313,7 +313,13 @@ class Journal:
                 cause = f" ({why})"
             raise JournalError(f"cannot create a journal under {runs_dir}: {exc}{cause}") from exc
         warn_if_network_fs(path)
-        lock = OwnerLock(path)
+        try:
+            lock = OwnerLock(path)
+        except OSError as exc:
+            # A full disk refuses the owner's record in the lock file: a
+            # JournalError, so that an online run's journal goes elsewhere
+            # (refuge.py) rather than init() raising ENOSPC at its caller.
+            raise JournalError(f"cannot create the journal at {path}: {exc}") from exc
         try:
             store = acquire_store(
                 path, readonly=False, create=True, sync=durability == "fsync", max_bytes=max_bytes

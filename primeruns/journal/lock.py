@@ -377,9 +377,14 @@ class OwnerLock:
         self.owner = current_owner()
         if record:
             data = json.dumps(self.owner.to_json()).encode()
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, data, 0)
-            os.fchmod(fd, 0o600)
+            try:
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, data, 0)
+                os.fchmod(fd, 0o600)
+            except OSError:
+                # A full disk: the caller gives the directory up, so must we.
+                self.release()
+                raise
 
     @classmethod
     def inherit(cls, directory: Path, fd: int) -> OwnerLock:

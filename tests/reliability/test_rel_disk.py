@@ -332,3 +332,39 @@ def test_a_disk_full_mid_run_keeps_what_the_vendor_keeps(
     stored = rh.platform_episode_ids(lp.data_dir, run.id)
     assert run.dropped_records == 0
     assert set(stored) == {e["id"] for e in episodes}
+
+
+def _fill_disk(disk: Path, leave: int) -> None:
+    """Write a file on ``disk`` until it is full, then give back ``leave`` bytes."""
+    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    if leave:
+        size = (disk / "filler").stat().st_size
+        os.truncate(disk / "filler", max(0, size - leave))
+
+
+def test_an_online_run_on_a_full_disk_ships_from_elsewhere_and_init_never_raises(
+    small_disk: Path, make_local_platform: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The vendor's SDK keeps nothing on disk, so a full disk changes nothing
+    for it; verifiers turns an exception from init() into a disabled run.
+    Before, init() raised OSError (ENOSPC, writing the journal's owner lock),
+    not the JournalError that sends the journal to a fallback folder."""
+    (small_disk / "runs").mkdir(mode=0o700)
+    _fill_disk(small_disk, leave=0)
+    lp: LocalPlatform = make_local_platform()
+    episodes = workloads.gsm8k(50)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = rt.eval_run(lp.url, small_disk / "runs")
+        _fill(run, episodes)
+        run.finish(timeout=60)
+    assert run.status is pr.RunStatus.COMPLETED and run.dropped_records == 0
+    assert set(rh.platform_episode_ids(lp.data_dir, run.id)) == {e["id"] for e in episodes}
+    said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert sum("cannot take this run's journal" in m for m in said) == 1, said
