@@ -24,6 +24,7 @@ Three things here are easy to get wrong with LMDB, and each is handled once:
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import struct
@@ -216,6 +217,36 @@ class AlreadyOpenError(ValueError):
 
 
 _REGISTRY: dict[str, tuple[Store, int]] = {}
+# The size LMDB gives its lock file (lock.mdb) for its default 126 readers.
+_LOCK_FILE_BYTES = 8192
+
+
+def _back_lock_file(where: Path) -> None:
+    """Give LMDB's lock file real blocks before LMDB maps it.
+
+    LMDB sizes lock.mdb with ftruncate (a sparse file) and writes to it
+    through a shared map: on a disk with a few KiB free the first write to a
+    page the disk cannot back is a SIGBUS, which killed the producer inside
+    ``init()``. Allocated here first, a full disk is an error instead
+    (lmdb.DiskError, which ``Journal.create`` turns into a JournalError and
+    an online run into a fallback folder). A file system that cannot
+    allocate, or a directory we may not write, is left to LMDB as before.
+    """
+    path = where / "lock.mdb"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        return
+    try:
+        size = os.fstat(fd).st_size
+        os.posix_fallocate(fd, 0, max(size, _LOCK_FILE_BYTES))
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise lmdb.DiskError(f"no room for {path}: {exc.strerror}") from exc
+    finally:
+        os.close(fd)
+
+
 _REGISTRY_LOCK = threading.Lock()
 _DETACHED: dict[int, tuple[Store, int]] = {}  # detach_store: by id, with its references
 
@@ -408,6 +439,8 @@ class Store:
         self._size_seen = size
 
     def _open(self, where: Path, map_size: int, readonly: bool, create: bool, sync: bool) -> None:
+        if self._tempdir is None:
+            _back_lock_file(where)
         self.env = lmdb.open(
             str(where),
             map_size=map_size,

@@ -368,3 +368,40 @@ def test_an_online_run_on_a_full_disk_ships_from_elsewhere_and_init_never_raises
     assert set(rh.platform_episode_ids(lp.data_dir, run.id)) == {e["id"] for e in episodes}
     said = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert sum("cannot take this run's journal" in m for m in said) == 1, said
+
+
+_NEARLY_FULL_PRODUCER = """
+import sys
+from pathlib import Path
+import prime_runs as pr
+run = pr.init(environments=["gsm8k"], model="m", api_key=sys.argv[1], base_url=sys.argv[2],
+              runs_dir=Path(sys.argv[3]))
+run.log_episodes([{"id": f"e{i}", "traces": []} for i in range(5)])
+run.finish(timeout=60)
+print(run.id, run.dropped_records)
+"""
+
+
+@pytest.mark.parametrize("leave", [8192])
+def test_an_online_run_on_a_nearly_full_disk_neither_kills_its_process_nor_raises(
+    small_disk: Path, make_local_platform: Any, tmp_path: Path, leave: int
+) -> None:
+    """A few KiB free: LMDB's lock file is sized sparse and mapped, and a
+    write to a page the disk cannot back is a SIGBUS, which killed the
+    producer inside init(). The vendor's SDK keeps nothing on disk, so its
+    run goes on and ships."""
+    (small_disk / "runs").mkdir(mode=0o700)
+    _fill_disk(small_disk, leave=leave)
+    lp: LocalPlatform = make_local_platform()
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        proc = subprocess.run(
+            [sys.executable, "-c", _NEARLY_FULL_PRODUCER, rt.KEY, lp.url, str(small_disk / "runs")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_id, dropped = proc.stdout.split()
+    assert dropped == "0"
+    assert set(rh.platform_episode_ids(lp.data_dir, run_id)) == {f"e{i}" for i in range(5)}
