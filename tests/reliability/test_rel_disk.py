@@ -1,5 +1,5 @@
 """Disk faults (issue #8 §3): the journal's byte budget reached, the disk full
-(a 2 MiB tmpfs the test mounts; skipped where mounting is not allowed), the
+(a 2 MiB tmpfs the test mounts; skipped where mounting is not allowed, failed so under CI), the
 runs directory read-only or deleted mid-run. The loop never sees an
 exception, drops are counted, and the run still finishes.
 
@@ -29,20 +29,28 @@ from primeruns.journal import EntryKind, Journal
 from primeruns.local import LocalPlatform
 
 
+def _cannot(why: str) -> None:
+    """Skip a test that needs a mount where none can be made; fail it under
+    CI, which runs as root and must run these tests."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{why}: CI runs as root and must run this test")
+    pytest.skip(why)
+
+
 def _mount(target: Path, *options: str) -> None:
+    if os.geteuid() != 0:
+        _cannot("mounting needs root")
     target.mkdir(parents=True, exist_ok=True)
     result = subprocess.run(
         ["mount", *options, str(target)], capture_output=True, text=True, check=False
     )
     if result.returncode != 0:
-        pytest.skip(f"cannot mount here: {result.stderr.strip()[:200]}")
+        _cannot(f"cannot mount here: {result.stderr.strip()[:200]}")
 
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 2 MiB tmpfs (root only; skipped elsewhere)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
+    """A 2 MiB tmpfs (root only; skipped elsewhere, failed under CI)."""
     target = tmp_path / "small"
     _mount(target, "-t", "tmpfs", "-o", "size=2m,mode=0700", "tmpfs")
     try:
@@ -195,8 +203,6 @@ def test_runs_dir_deleted_mid_run_never_reaches_the_loop(
 
 
 def test_read_only_runs_dir_is_an_init_error_naming_the_directory(tmp_path: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("a read-only bind mount needs root")
     ro = tmp_path / "ro"
     ro.mkdir()
     _mount(ro, "--bind", str(ro))
