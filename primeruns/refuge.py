@@ -48,6 +48,34 @@ _OWN_FOLDER = (
 )
 
 
+#: An online run's journal is not made on a disk with less free than this:
+#: its reserve (256 KiB), its first LMDB pages and spool segment would
+#: leave nothing for records, and every append was dropped (128 KiB free:
+#: 0 of 100 gsm8k episodes kept) where the vendor's SDK, keeping nothing on
+#: disk, ships them all. A fallback folder on another disk ships them.
+LEAST_FREE_BYTES = 1 << 20
+
+
+def short_of_room(where: Path) -> str | None:
+    """Why the disk under ``where`` (or its nearest existing folder above)
+    cannot take a new journal, or None (enough room, or not known)."""
+    for folder in (where, *where.parents):
+        try:
+            found = os.statvfs(folder)
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
+        free = found.f_bavail * found.f_frsize
+        if free >= LEAST_FREE_BYTES:
+            return None
+        return (
+            f"the disk under {folder} has {free // 1024} KiB free, less than the "
+            f"{LEAST_FREE_BYTES >> 20} MiB a journal needs to start"
+        )
+    return None
+
+
 def prime_runs_folder_of(runs_dir: Path) -> Path | None:
     """The folder this package made above ``runs_dir`` where that is the
     default runs directory (None: named elsewhere). It is held to the runs
@@ -89,7 +117,10 @@ def create_journal(
     refuses, ``create`` in the first refuge that takes it, with one warning;
     when none does, ``in_memory()``, with one warning. Raises JournalError
     naming every folder tried when no refuge takes it and there is no
-    ``in_memory``."""
+    ``in_memory``. An online run's journal is made only where the disk has
+    room for it to start (``short_of_room``)."""
+    if online:
+        create = _with_room(create)
     try:
         folder = prime_runs_folder_of(runs_dir)
         if folder is not None:
@@ -140,3 +171,15 @@ def create_journal(
         f"({', '.join(map(str, tried))}): point PRIME_RUNS_DIR (or runs_dir=) at a directory "
         "of your own you can write to, on a node-local disk"
     ) from first
+
+
+def _with_room(create: Callable[[Path], Journal]) -> Callable[[Path], Journal]:
+    """``create``, refusing (JournalError) a folder on a disk short of room."""
+
+    def made(where: Path) -> Journal:
+        short = short_of_room(where)
+        if short is not None:
+            raise JournalError(short)
+        return create(where)
+
+    return made
