@@ -165,24 +165,19 @@ def init(
     _check_type("runs_dir", runs_dir, (str, os.PathLike), "a path")
     if kind not in ("eval", "train"):
         raise ConfigurationError(f"init: kind must be 'eval' or 'train', got {kind!r}")
+    # on_error, finish_timeout and tags are taken as the vendor's SDK takes
+    # them, with a warning naming the fix: code written for it that passes
+    # on_error="ignore" or finish_timeout="30" ran there, and an error here
+    # would leave the caller (verifiers) a disabled run that keeps nothing.
     if on_error not in ("warn", "raise"):
-        raise ValueError(f"init: on_error must be 'warn' or 'raise', got {on_error!r}")
+        _taken_as("on_error", on_error, "warn", "pass 'warn' or 'raise'")
+        on_error = "warn"
     if durability not in ("process", "fsync"):
         raise ValueError(f"init: durability must be 'process' or 'fsync', got {durability!r}")
-    if finish_timeout is None:
-        finish_timeout = _DEFAULT_FINISH_TIMEOUT
-    if (
-        isinstance(finish_timeout, bool)
-        or not isinstance(finish_timeout, int | float)
-        or finish_timeout < 0
-    ):
-        raise ValueError(
-            f"init: finish_timeout must be a non-negative number of seconds, got {finish_timeout!r}"
-        )
+    finish_timeout = _finish_timeout(finish_timeout)
     if training is not None and kind != "train":
         raise ConfigurationError("init: training= is only for kind='train'")
-    if isinstance(tags, str) or (tags is not None and not all(isinstance(t, str) for t in tags)):
-        raise TypeError("init: tags must be a list of strings")
+    tags = _tags(tags)
     if isinstance(environments, str | Mapping):
         environments = [environments]
     # What a disabled run would refuse is raised below unless the run is
@@ -425,3 +420,52 @@ def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
             ", ".join(crashed[:5]) + (", ..." if len(crashed) > 5 else ""),
             runs_dir,
         )
+
+
+def _taken_as(field: str, given: Any, taken: Any, fix: str) -> None:
+    log.warning("prime-runs: init: %s=%.80r is taken as %r: %s", field, given, taken, fix)
+
+
+def _finish_timeout(given: Any) -> float:
+    """``finish_timeout`` in seconds: a number, or what the vendor's SDK
+    reads as one (``max(0, float(x))``: "30", -1); anything else the
+    default, with a warning."""
+    if given is None:
+        return _DEFAULT_FINISH_TIMEOUT
+    if isinstance(given, int | float) and not isinstance(given, bool) and given >= 0:
+        return float(given)
+    fix = "pass a non-negative number of seconds"
+    try:
+        seconds = max(0.0, float(given))
+    except (TypeError, ValueError, OverflowError):
+        seconds = _DEFAULT_FINISH_TIMEOUT
+    _taken_as("finish_timeout", given, seconds, fix)
+    return seconds
+
+
+def _tags(given: Any) -> list[str] | None:
+    """``tags`` as a list of strings: one string is one tag (the vendor's SDK
+    made a tag of each of its characters), other items their text."""
+    if given is None:
+        return None
+    fix = "pass a list of strings"
+    if isinstance(given, str):
+        _taken_as("tags", given, [given], fix)
+        return [given]
+    try:
+        items = list(given)
+    except TypeError:
+        _taken_as("tags", given, [], fix)
+        return []
+    if all(isinstance(t, str) for t in items):
+        return items
+    texts = [t if isinstance(t, str) else _text(t) for t in items]
+    _taken_as("tags", given, texts, fix)
+    return texts
+
+
+def _text(item: Any) -> str:
+    try:
+        return str(item)
+    except Exception:  # a __str__ that raises: the item's type names it
+        return type(item).__name__

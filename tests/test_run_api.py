@@ -87,11 +87,8 @@ def test_online_without_a_key_is_a_configuration_error(
     [
         ({"name": 3}, "name"),
         ({"model": ["m"]}, "model"),
-        ({"tags": "a,b"}, "tags"),
         ({"kind": "pretrain"}, "kind"),
-        ({"on_error": "ignore"}, "on_error"),
         ({"durability": "maybe"}, "durability"),
-        ({"finish_timeout": -1}, "finish_timeout"),
         ({"training": {"max_steps": 3}, "kind": "train"}, "training"),
         ({"training": pr.TrainingSpec()}, "training"),
         ({"environments": [3]}, "environments"),
@@ -109,6 +106,38 @@ def test_wrong_argument_types_name_the_argument(
     runs = point_at(monkeypatch, tmp_path, None)
     with pytest.raises((TypeError, ValueError, pr.ConfigurationError), match=field):
         pr.init(**{"environments": ["gsm8k"], "mode": "offline", "runs_dir": runs, **kwargs})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "said"),
+    [
+        ({"tags": "a,b"}, "tags='a,b' is taken as ['a,b']: pass a list of strings"),
+        ({"tags": ["a", 3]}, "tags=['a', 3] is taken as ['a', '3']: pass a list of strings"),
+        ({"on_error": "ignore"}, "on_error='ignore' is taken as 'warn': pass 'warn' or 'raise'"),
+        ({"finish_timeout": -1}, "finish_timeout=-1 is taken as 0.0: pass a non-negative number"),
+        ({"finish_timeout": "30"}, "finish_timeout='30' is taken as 30.0: pass a non-negative"),
+    ],
+)
+def test_what_the_vendors_sdk_takes_opens_the_run_with_a_warning_naming_the_fix(
+    kwargs: dict[str, Any],
+    said: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Code written for the vendor's SDK ran with these (it reads any
+    on_error but "raise" as "warn", max(0, float(finish_timeout)), and a
+    string of tags as its characters); raised here, its caller (verifiers)
+    would open a disabled run that keeps nothing."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        run = pr.init(environments=["gsm8k"], mode="offline", runs_dir=runs, **kwargs)
+    run.log_episodes([{"id": "e0", "traces": []}])
+    run.finish()
+    assert run.status is pr.RunStatus.COMPLETED
+    assert run.journal_path is not None
+    assert [r["id"] for r in _journal_records(run.journal_path, EntryKind.EPISODE)] == ["e0"]
+    assert any(said in r.getMessage() for r in caplog.records), caplog.text
 
 
 def test_config_file_is_stored_byte_for_byte_and_bad_ones_fail_clearly(
