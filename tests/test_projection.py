@@ -23,6 +23,7 @@ import orjson
 import pytest
 import zstandard
 from hypothesis import given, settings
+from hypothesis import strategies as st
 from strategies import episode_records
 
 from primeruns import projection
@@ -301,6 +302,56 @@ def test_parquet_bytes_are_identical_for_identical_input() -> None:
     assert first is not None and first == again
     later = episodes_to_parquet_bytes(case["inputs"], "r", 10, sample_id_offset=2**32)
     assert later != first  # created_at defaults to now
+
+
+def _reference_parquet(episodes: list[Any], step: int, offset: int) -> bytes | None:
+    """The object as ``Table.from_pylist`` of the rows made it: the bytes
+    every version before the rows went to Arrow as one struct array sent."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = episodes_to_parquet_rows(
+        episodes, "r", step, sample_id_offset=offset, created_at=CREATED_AT
+    )
+    if not rows:
+        return None
+    sink = pa.BufferOutputStream()
+    pq.write_table(
+        pa.Table.from_pylist(rows, schema=train_sample_schema()),
+        sink,
+        compression="snappy",
+        use_dictionary=True,
+        write_statistics=True,
+    )
+    reference: bytes = sink.getvalue().to_pybytes()
+    return reference
+
+
+@needs_pyarrow
+def test_parquet_bytes_are_those_of_a_table_made_column_by_column() -> None:
+    # The object's bytes are the wire's: the one-pass conversion of its rows
+    # must make the table from_pylist made, nulls and non-ASCII text included.
+    inputs = copy.deepcopy(golden("train")["inputs"])
+    odd = inputs[1]
+    odd["env"] = {"id": "envé😀"}
+    for trace in odd["traces"]:
+        trace["info"] = {"advantage": None, "note": "ü\u0000"}
+    inputs[2]["traces"][0]["task"]["data"]["idx"] = None
+    for step, offset in ((0, 0), (10, 2**32 + 5)):
+        made = episodes_to_parquet_bytes(
+            inputs, "r", step, sample_id_offset=offset, created_at=CREATED_AT
+        )
+        assert made is not None and made == _reference_parquet(inputs, step, offset)
+
+
+@needs_pyarrow
+@settings(max_examples=40, deadline=None)
+@given(st.lists(episode_records(), min_size=1, max_size=3))
+def test_any_episodes_make_the_bytes_of_a_table_made_column_by_column(
+    records: list[dict[str, Any]],
+) -> None:
+    made = episodes_to_parquet_bytes(records, "r", 3, sample_id_offset=9, created_at=CREATED_AT)
+    assert made == _reference_parquet(records, 3, 9)
 
 
 @needs_pyarrow
