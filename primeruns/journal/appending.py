@@ -65,6 +65,9 @@ class Appender:
         # Set from an append's write until ``last`` says what it wrote: still
         # set at the next append, the one before was cut in between (``_settle``).
         self._unsettled = False
+        # Set by ``put_frames`` until LMDB, which holds its frames, is synced:
+        # before then no spool segment may be opened past them (``_write``).
+        self._frames_unsynced = False
 
     def append(
         self,
@@ -117,6 +120,8 @@ class Appender:
                 encode_frame(kind, p, compress=False, seq=seq)
                 for seq, p in enumerate(payloads, first)
             ]
+            if self._frames_unsynced and self._spool.opens_next():
+                self._sync_frames()
             try:
                 if self._spool.opens_next() and first <= self._stored_end():
                     raise JournalError(
@@ -190,8 +195,24 @@ class Appender:
             # append opens a segment of its own.
             self._spool.start_segment()
             self._tail.last = frames[-1][0]
+            self._frames_unsynced = True
         self._tail.notify()
         return True
+
+    def _sync_frames(self) -> None:
+        """Sync LMDB, which holds frames ``put_frames`` stored past the
+        spool, before a spool segment is opened past them. A segment's name
+        is on the disk once made, and its appends within a second (the
+        background syncs the spool before LMDB): a power cut before LMDB's
+        sync then kept the segment and lost the frames, a hole readers report
+        as missing entries, which no later import brings (it goes on after
+        the log's end, past them)."""
+        try:
+            with self._tx.lock:
+                self._tx.store.sync()
+        except lmdb.Error as exc:
+            raise JournalError(f"journal {self._tx.path}: sync failed ({exc})") from None
+        self._frames_unsynced = False
 
     def _settle(self) -> None:
         """The append before was cut between its write and setting ``last``:

@@ -238,3 +238,60 @@ def test_power_cut_as_a_spool_segment_is_deleted(tmp_path: Path) -> None:
         steps = _steps(fs.on_disk(journal))
     assert steps, "nothing was kept"
     assert steps == list(range(len(steps)))
+
+
+def _copy_with_a_raw_tail(path: Path) -> int:
+    """A copy of a journal at ``path``: 300 episodes its mover compressed
+    (with the dictionary it trained), then 5 its producer spooled and was
+    killed before they moved. Returns its last seq."""
+    from spooled import killed_segment
+
+    with Journal.create(path.parent, local_id=path.name) as journal:
+        for i in range(300):
+            journal.append(EntryKind.EPISODE, [_episode(i)])
+    journal = Journal.open(path, owner=True)
+    journal._mover.stop()
+    for i in range(300, 305):
+        journal.append(EntryKind.EPISODE, [_episode(i)])
+    killed_segment(journal)
+    return 305
+
+
+def _episode(i: int) -> bytes:
+    turns = [{"role": "user", "content": f"Question {i}: what is {i} plus {i * 7}?"}] * 8
+    return json.dumps({"id": f"ep-{i:06d}", "turns": turns}).encode()
+
+
+def test_power_cut_after_a_sync_journal_stored_a_copys_frames_as_they_are(
+    tmp_path: Path,
+) -> None:
+    """The import stores the copy's compressed frames in the sync journal's
+    LMDB, past its spool, then appends the copy's raw tail to a new spool
+    segment. A cut before LMDB was synced must leave a prefix: a segment
+    named past the frames, on the disk while they are not, made them a
+    hole, and the next sync, importing after its end, never brought them."""
+    copy = tmp_path / "copies" / "run"
+    last = _copy_with_a_raw_tail(copy)
+    with Journal.open(copy, owner=False) as source:
+        want = {e.seq: e.payload for e in source.read(0, max_entries=10_000).entries}
+    assert len(want) == last
+    with powercut(tmp_path, "drop", 0) as fs:
+        proc = fs.start([str(HERE / "powercut_import.py"), str(copy), str(fs.mount / "synced")])
+        assert proc.stdout is not None
+        said = proc.stdout.readline().split()
+        assert said[:2] == ["imported", str(last)], said
+        synced = fs.on_disk(Path(said[2]))
+        fs.cut()
+        proc.wait(timeout=60)
+    with Journal.open(synced, owner=False) as j:
+        kept = j.read(0, max_entries=10_000)
+        assert kept.damaged == [], kept.damaged  # a prefix: no hole
+        assert [e.seq for e in kept.entries] == list(range(1, len(kept.entries) + 1))
+    # Synced again from the copy: every entry, once.
+    with Journal.open(copy, owner=False) as source, Journal.open(synced, owner=True) as sync:
+        from primeruns.ship.mirror import import_new
+
+        done = import_new(source, sync, final=True)
+        assert done.stopped is None and done.upto == last
+        got = {e.seq: e.payload for e in sync.read(0, max_entries=10_000).entries}
+    assert got == want
