@@ -20,7 +20,7 @@ from typing import Any
 import lmdb
 import zstandard
 
-from primeruns.exceptions import JournalError
+from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal import dictionary
 from primeruns.journal.frames import EntryKind, FrameError, decode_frame
 from primeruns.journal.txn import Transactions
@@ -84,7 +84,9 @@ class Dictionaries:
         entries: a sync journal's import stores its copy's frames as they
         are, and a frame names its dictionary by id. False when this
         journal holds another dictionary under that id (its own, trained
-        here): such frames are then not stored as they are."""
+        here), or where it does not fit (the byte budget, a full disk): such
+        frames are then not stored as they are, but appended, as an import's
+        entries always were (spooled, the budget's reserve theirs)."""
         if not 0 < dict_id < 256:
             return False
         name = f"{K_DICT_PREFIX}{dict_id}"
@@ -100,7 +102,11 @@ class Dictionaries:
                 return False
 
         with self._tx.lock:
-            if not self._tx.write(put):
+            try:
+                # Not a control write: the reserve is kept for the entries.
+                if not self._tx.write(put, control=False):
+                    return False
+            except JournalFullError:
                 return False
             self._loaded.setdefault(dict_id, zstandard.ZstdCompressionDict(data))
         return True

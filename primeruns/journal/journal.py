@@ -675,7 +675,8 @@ class Journal:
 
     def adopt_dictionary(self, dict_id: int, data: bytes) -> bool:
         """Hold another journal's dictionary under its id, for its frames
-        (``Dictionaries.adopt``); False when another is stored under it."""
+        (``Dictionaries.adopt``); False when another is stored under it, or
+        it does not fit (its frames are appended then)."""
         self._check_writable()
         return self._dicts.adopt(dict_id, data)
 

@@ -10,12 +10,15 @@ again there.
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 
+from primeruns.exceptions import JournalFullError
 from primeruns.journal import EntryKind, Journal
 from primeruns.journal import mover as mover_module
 from primeruns.journal.frames import FLAG_ZSTD, peek_header
@@ -127,3 +130,38 @@ def test_a_sync_journal_holding_another_dictionary_under_that_id_compresses_them
             sync.close()
     assert payloads == want
     assert all(stored[s] != frames[s] for s in want if peek_header(frames[s]).dict_id in ids)
+
+
+def _fill(journal: Journal) -> None:
+    """Fill ``journal``'s LMDB to its byte budget (incompressible meta
+    values, ever smaller, until even a 1 KiB one no longer fits)."""
+    n = 0
+    for size in (256 << 10, 64 << 10, 16 << 10, 4 << 10, 1 << 10):
+        while True:
+            try:
+                journal.set_meta(f"filler.{n}", base64.b64encode(os.urandom(size)).decode())
+            except JournalFullError:
+                break
+            n += 1
+
+
+def test_a_sync_journal_at_its_byte_budget_still_takes_the_copys_entries(
+    tmp_path: Path,
+) -> None:
+    """A dictionary that no longer fits the sync journal's LMDB (at its
+    byte budget) is not adopted: the frames naming it are appended as
+    payloads, spooled as every import's entries were, and the import goes
+    on. Its write raised JournalFullError out of the import: the sync
+    failed where it had imported every entry before."""
+    node = _producer(tmp_path / "node", 0, 300)
+    with Journal.open(node, owner=False) as source:
+        want, _ = _stored(source)
+        dest = Journal.create(tmp_path / "synced", local_id=source.local_id, max_bytes=1 << 20)
+        try:
+            _fill(dest)
+            done = import_new(source, dest, final=True)
+            assert done.stopped is None and done.upto == source.last_seq()
+            payloads, _ = _stored(dest)
+        finally:
+            dest.close()
+    assert payloads == want
