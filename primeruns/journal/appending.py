@@ -191,6 +191,7 @@ class Appender:
                         return False
             except JournalFullError:
                 return False
+            self._spool.stored_past()
             # The open segment's seqs end before the frames': the next
             # append opens a segment of its own.
             self._spool.start_segment()

@@ -412,6 +412,11 @@ class SpoolWriter:
         self._sync_full_segment()
         self.close()
 
+    def stored_past(self) -> None:
+        """Entries were committed to LMDB past the spool (``Appender.put_frames``):
+        see ``SpoolView.stored_past``."""
+        self._view.stored_past()
+
     def close(self) -> None:
         fd, self._fd = self._fd, None
         if fd is not None:
@@ -1062,6 +1067,15 @@ class SpoolView:
             seq = seg.end + 1
             seg.broken = Damage(seq, f"spool segment {seg.name} at entry {seq}: {exc}")
             seg.broken_at = seg.parsed
+
+    def stored_past(self) -> None:
+        """Entries were committed to LMDB past the spool, not through it
+        (``Appender.put_frames``): a reader of this process that looked at
+        LMDB before does not trust its look at the spool, as after a segment
+        closed (``forgotten``). It found the segment opened after them,
+        named past them, and reported them missing: a shipper passed them."""
+        with self.lock:
+            self.forgotten += 1
 
     def _forget(self, first: int, *, close: bool = True) -> int:
         """Let go of segment ``first``; its descriptor, closed unless not ``close``."""

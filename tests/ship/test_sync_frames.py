@@ -165,3 +165,37 @@ def test_a_sync_journal_at_its_byte_budget_still_takes_the_copys_entries(
         finally:
             dest.close()
     assert payloads == want
+
+
+def test_a_read_in_the_process_as_frames_are_stored_reports_no_entry_missing(
+    tmp_path: Path,
+) -> None:
+    """Frames stored as they are go into LMDB past the spool, and the next
+    append opens a spool segment named past them. A read of the same
+    process that looked at LMDB before they were stored, and at the spool
+    after that segment was opened, found the segment and reported the
+    frames' entries missing (and read past them, as a shipper then does):
+    it reads again instead, as after a segment the mover closed."""
+    node = _producer(tmp_path / "node", 0, 20)
+    with Journal.open(node, owner=False) as source:
+        want, frames = _stored(source)
+    dest = Journal.create(tmp_path / "synced", local_id="run")
+    try:
+        assert dest.put_frames([(seq, frames[seq]) for seq in range(1, 6)])
+        looked = dest._tx.count_read  # called between a read's look at LMDB and at the spool
+        stored: list[int] = []
+
+        def store_between(nbytes: int) -> None:
+            looked(nbytes)
+            if not stored:
+                stored.append(1)
+                assert dest.put_frames([(seq, frames[seq]) for seq in range(6, 11)])
+                dest.append(EntryKind.EPISODE, [want[11]])
+
+        dest._tx.count_read = store_between  # type: ignore[method-assign]
+        result = dest.read(0, max_entries=100)
+        assert result.damaged == []
+        assert [e.seq for e in result.entries] == list(range(1, len(result.entries) + 1))
+        assert result.next_after == len(result.entries)
+    finally:
+        dest.close()
