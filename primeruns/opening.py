@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import secrets
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -426,18 +427,24 @@ def _taken_as(field: str, given: Any, taken: Any, fix: str) -> None:
     log.warning("prime-runs: init: %s=%.80r is taken as %r: %s", field, given, taken, fix)
 
 
+# The largest int float() takes (past it, OverflowError).
+_FLOAT_MAX = int(sys.float_info.max)
+
+
 def _finish_timeout(given: Any) -> float:
     """``finish_timeout`` in seconds: a number, or what the vendor's SDK
     reads as one (``max(0, float(x))``: "30", -1); anything else the
     default, with a warning."""
     if given is None:
         return _DEFAULT_FINISH_TIMEOUT
-    if isinstance(given, int | float) and not isinstance(given, bool) and given >= 0:
+    if isinstance(given, float) and given >= 0:
+        return given
+    if isinstance(given, int) and not isinstance(given, bool) and 0 <= given <= _FLOAT_MAX:
         return float(given)
     fix = "pass a non-negative number of seconds"
     try:
         seconds = max(0.0, float(given))
-    except (TypeError, ValueError, OverflowError):
+    except Exception:  # not a number (a __float__ of its own may raise anything): the default
         seconds = _DEFAULT_FINISH_TIMEOUT
     _taken_as("finish_timeout", given, seconds, fix)
     return seconds

@@ -108,6 +108,16 @@ def test_wrong_argument_types_name_the_argument(
         pr.init(**{"environments": ["gsm8k"], "mode": "offline", "runs_dir": runs, **kwargs})
 
 
+class _FloatRaises:
+    """A value whose ``__float__`` raises something other than TypeError."""
+
+    def __float__(self) -> float:
+        raise RuntimeError("no float")
+
+    def __repr__(self) -> str:
+        return "_FloatRaises()"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "said"),
     [
@@ -116,6 +126,9 @@ def test_wrong_argument_types_name_the_argument(
         ({"on_error": "ignore"}, "on_error='ignore' is taken as 'warn': pass 'warn' or 'raise'"),
         ({"finish_timeout": -1}, "finish_timeout=-1 is taken as 0.0: pass a non-negative number"),
         ({"finish_timeout": "30"}, "finish_timeout='30' is taken as 30.0: pass a non-negative"),
+        # Past a float, or a __float__ that raises: the default, as "x" is.
+        ({"finish_timeout": 10**400}, "is taken as 300.0: pass a non-negative number"),
+        ({"finish_timeout": _FloatRaises()}, "=_FloatRaises() is taken as 300.0: pass a"),
     ],
 )
 def test_what_the_vendors_sdk_takes_opens_the_run_with_a_warning_naming_the_fix(
