@@ -461,7 +461,7 @@ def _tags(given: Any) -> list[str] | None:
         return [given]
     try:
         items = list(given)
-    except TypeError:
+    except Exception:  # not iterable, or an iteration of its own that raises: no tags
         _taken_as("tags", given, [], fix)
         return []
     if all(isinstance(t, str) for t in items):

@@ -118,6 +118,16 @@ class _FloatRaises:
         return "_FloatRaises()"
 
 
+class _IterRaises:
+    """Tags whose iteration raises something other than TypeError."""
+
+    def __iter__(self) -> Any:
+        raise RuntimeError("no iteration")
+
+    def __repr__(self) -> str:
+        return "_IterRaises()"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "said"),
     [
@@ -129,6 +139,7 @@ class _FloatRaises:
         # Past a float, or a __float__ that raises: the default, as "x" is.
         ({"finish_timeout": 10**400}, "is taken as 300.0: pass a non-negative number"),
         ({"finish_timeout": _FloatRaises()}, "=_FloatRaises() is taken as 300.0: pass a"),
+        ({"tags": _IterRaises()}, "tags=_IterRaises() is taken as []: pass a list of strings"),
     ],
 )
 def test_what_the_vendors_sdk_takes_opens_the_run_with_a_warning_naming_the_fix(
