@@ -170,7 +170,8 @@ def init(
     # them, with a warning naming the fix: code written for it that passes
     # on_error="ignore" or finish_timeout="30" ran there, and an error here
     # would leave the caller (verifiers) a disabled run that keeps nothing.
-    if on_error not in ("warn", "raise"):
+    # Text first: a value's own == may raise (a numpy array's is ambiguous).
+    if not isinstance(on_error, str) or on_error not in ("warn", "raise"):
         _taken_as("on_error", on_error, "warn", "pass 'warn' or 'raise'")
         on_error = "warn"
     if durability not in ("process", "fsync"):

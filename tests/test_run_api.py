@@ -128,6 +128,18 @@ class _IterRaises:
         return "_IterRaises()"
 
 
+class _EqRaises:
+    """An on_error whose comparison raises (a numpy array's does)."""
+
+    def __eq__(self, other: object) -> bool:
+        raise ValueError("ambiguous")
+
+    __hash__ = object.__hash__
+
+    def __repr__(self) -> str:
+        return "_EqRaises()"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "said"),
     [
@@ -140,6 +152,7 @@ class _IterRaises:
         ({"finish_timeout": 10**400}, "is taken as 300.0: pass a non-negative number"),
         ({"finish_timeout": _FloatRaises()}, "=_FloatRaises() is taken as 300.0: pass a"),
         ({"tags": _IterRaises()}, "tags=_IterRaises() is taken as []: pass a list of strings"),
+        ({"on_error": _EqRaises()}, "on_error=_EqRaises() is taken as 'warn': pass 'warn'"),
     ],
 )
 def test_what_the_vendors_sdk_takes_opens_the_run_with_a_warning_naming_the_fix(
