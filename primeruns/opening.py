@@ -425,7 +425,17 @@ def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
 
 
 def _taken_as(field: str, given: Any, taken: Any, fix: str) -> None:
-    log.warning("prime-runs: init: %s=%.80r is taken as %r: %s", field, given, taken, fix)
+    log.warning("prime-runs: init: %s=%s is taken as %r: %s", field, _shown(given), taken, fix)
+
+
+def _shown(value: Any) -> str:
+    """``value``'s repr, cut at 80 characters; its type's name where it has
+    none (a repr that raises, an int past 4,300 digits): formatted in the
+    log call, that error lost the warning to a logging traceback."""
+    try:
+        return repr(value)[:80]
+    except Exception:
+        return f"<{type(value).__name__}>"
 
 
 # The largest int float() takes (past it, OverflowError).

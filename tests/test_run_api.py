@@ -140,6 +140,13 @@ class _EqRaises:
         return "_EqRaises()"
 
 
+class _ReprRaises:
+    """A value whose ``repr`` raises (an int of 5,000 digits' does)."""
+
+    def __repr__(self) -> str:
+        raise ValueError("no repr")
+
+
 @pytest.mark.parametrize(
     ("kwargs", "said"),
     [
@@ -153,6 +160,9 @@ class _EqRaises:
         ({"finish_timeout": _FloatRaises()}, "=_FloatRaises() is taken as 300.0: pass a"),
         ({"tags": _IterRaises()}, "tags=_IterRaises() is taken as []: pass a list of strings"),
         ({"on_error": _EqRaises()}, "on_error=_EqRaises() is taken as 'warn': pass 'warn'"),
+        # The warning is said even where the value cannot be shown.
+        ({"tags": _ReprRaises()}, "tags=<_ReprRaises> is taken as []: pass a list of strings"),
+        ({"finish_timeout": -(10**5000)}, "finish_timeout=<int> is taken as 300.0: pass a"),
     ],
 )
 def test_what_the_vendors_sdk_takes_opens_the_run_with_a_warning_naming_the_fix(
