@@ -230,18 +230,22 @@ def _back_lock_file(where: Path) -> None:
     ``init()``. Allocated here first, a full disk is an error instead
     (lmdb.DiskError, which ``Journal.create`` turns into a JournalError and
     an online run into a fallback folder). A file system that cannot
-    allocate, or a directory we may not write, is left to LMDB as before.
+    allocate, or a directory we may not write, is left to LMDB as before;
+    so is a lock file LMDB already sized (a journal made before this, or
+    copied): LMDB wrote the page it sets up then, and on a full disk
+    allocating its holes refused every reader of it.
     """
     path = where / "lock.mdb"
     try:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError:
         return
+    size = 0
     try:
         size = os.fstat(fd).st_size
         os.posix_fallocate(fd, 0, max(size, _LOCK_FILE_BYTES))
     except OSError as exc:
-        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT) and size < _LOCK_FILE_BYTES:
             raise lmdb.DiskError(f"no room for {path}: {exc.strerror}") from exc
     finally:
         os.close(fd)

@@ -432,3 +432,31 @@ def test_an_online_run_opened_on_a_nearly_full_disk_ships_what_the_vendor_ships(
         run.finish(timeout=60)
     assert run.dropped_records == 0
     assert set(rh.platform_episode_ids(lp.data_dir, run.id)) == {e["id"] for e in episodes}
+
+
+def test_a_journal_whose_lock_file_lmdb_left_sparse_is_read_on_a_full_disk(
+    small_disk: Path,
+) -> None:
+    """LMDB (and this package before its lock files were allocated) leaves
+    lock.mdb sparse past the page it set up. On a full disk, allocating the
+    rest refused such a journal to every reader (``primeruns show``, ``sync``)
+    as damaged, where LMDB, writing only that page, read it as before."""
+    journal = Journal.create(small_disk / "runs", local_id="r")
+    journal.append(EntryKind.EPISODE, [b'{"id": "e0"}'])
+    journal.close()
+    lock_file = small_disk / "runs" / "r" / "lock.mdb"
+    first_page = lock_file.read_bytes()[:4096]
+    lock_file.unlink()
+    fd = os.open(lock_file, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        os.pwrite(fd, first_page, 0)
+        os.ftruncate(fd, 8192)  # as LMDB sizes it: the second page a hole
+    finally:
+        os.close(fd)
+    assert lock_file.stat().st_blocks * 512 < 8192
+    _fill_disk(small_disk, leave=0)
+    reader = Journal.open(small_disk / "runs" / "r", owner=False)
+    try:
+        assert len(reader.read(0, kinds={EntryKind.EPISODE}, max_entries=10).entries) == 1
+    finally:
+        reader.close()
