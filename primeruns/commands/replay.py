@@ -764,16 +764,21 @@ def _changed(
     runs_dir = runs_dir_of(args)
     root = sync_root()
     found = _Sorting()
-    journals, untrusted = journal_dirs(runs_dir)  # another user's are never synced
-    unlisted = None if journals else _unlisted(runs_dir)
-    if unlisted is not None:
+    try:
+        # Listed once, here: a second listing to learn why the first found
+        # nothing could succeed where it failed, and judge an empty folder.
+        names = os.listdir(runs_dir)
+    except OSError as exc:
         # A listing that failed for a moment (a network filesystem's hiccup)
         # is no journal gone: forgetting them all would sync every one of
         # them again next pass. Said once, until the folder lists again.
+        unlisted = f"cannot be listed ({exc.strerror or exc}): looked at again next pass"
         if told.get(runs_dir) != unlisted:
             told[runs_dir] = unlisted
             print(inert(f"{runs_dir}: {unlisted}"), file=sys.stderr)
         return []
+    # Another user's are never synced.
+    journals, untrusted = journal_dirs(runs_dir, names=names)
     present = set(journals)
     for gone in [path for path in seen if path not in present]:
         del seen[gone]
@@ -801,15 +806,6 @@ def _changed(
             print(inert(f"{path.name}: skipped: {why}"), file=sys.stderr)
     # Ordered as --all: a forked child before its run's close-out.
     return found.steps()
-
-
-def _unlisted(runs_dir: Path) -> str | None:
-    """Why the runs directory cannot be listed now, or None (it can: it holds no journal)."""
-    try:
-        with os.scandir(runs_dir):
-            return None
-    except OSError as exc:
-        return f"cannot be listed ({exc.strerror or exc}): looked at again next pass"
 
 
 def _watch(args: argparse.Namespace, options: ShipOptions) -> int:

@@ -209,3 +209,44 @@ def test_a_watch_keeps_what_it_knows_when_its_folder_cannot_be_listed_for_a_pass
     assert {n for n, _ in synced} == {1}, synced  # synced in the first pass, never again
     assert err.count("cannot be listed (Input/output error)") == 1, err
     assert len(local_platform.runs()) == 2, out + err
+
+
+def test_a_watch_keeps_what_it_knows_when_its_folder_lists_again_within_the_pass(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A hiccup that ends within a pass: the listing of the journals failed
+    and the look at why then listed the folder. The pass must be judged by
+    its own listing: judged by the second, it found the folder empty, forgot
+    every journal and synced them all again the next pass."""
+    runs = _two_offline_runs(tmp_path, monkeypatch, local_platform.url)[0].parent
+    synced: list[tuple[int, str]] = []  # (pass, journal) of each look at a journal's state
+    real_status = replay._status_of
+    real_listdir = os.listdir
+    passes = 0
+
+    def status_of(path: Path) -> Any:
+        synced.append((passes, path.name))
+        return real_status(path)
+
+    def listdir(path: Any = ".") -> Any:
+        if passes == 2 and Path(path) == runs:
+            raise OSError(5, "Input/output error", str(path))
+        return real_listdir(path)
+
+    real_changed = replay._changed
+
+    def changed(args: Any, seen: dict[Path, Any], told: dict[Path, str]) -> Any:
+        nonlocal passes
+        passes += 1
+        return real_changed(args, seen, told)
+
+    monkeypatch.setattr(replay, "_status_of", status_of)
+    monkeypatch.setattr(replay, "_changed", changed)
+    monkeypatch.setattr(os, "listdir", listdir)  # os.scandir lists it all along
+    code, out, err = _watched(capsys, monkeypatch, runs, passes=4)
+    assert code == 130, out + err
+    assert {n for n, _ in synced} == {1}, synced  # synced in the first pass, never again
+    assert err.count("cannot be listed (Input/output error)") == 1, err
