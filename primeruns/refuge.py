@@ -66,6 +66,10 @@ def short_of_room(where: Path) -> str | None:
             continue
         except OSError:
             return None
+        if found.f_blocks == 0:
+            # No size at all (a FUSE file system without a statfs of its
+            # own answers zeros): its room is not known, not nil.
+            return None
         free = found.f_bavail * found.f_frsize
         if free >= LEAST_FREE_BYTES:
             return None

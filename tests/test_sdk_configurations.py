@@ -897,3 +897,19 @@ def test_a_read_only_home_as_a_real_user_falls_back_and_ships(
     assert len(warned) == 1 and str(home) in warned[0] and "Permission denied" in warned[0]
     stored = lp.run(report["id"])
     assert stored["status"] == "COMPLETED" and stored["traces"]["episodes"] == 10
+
+
+def test_a_file_system_that_reports_no_size_takes_an_online_runs_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A FUSE file system without a statfs of its own answers zeros for every
+    count (libfuse's default): its free space is not known, not nil, so the
+    journal is made where it was asked for, not in a fallback folder."""
+    zeros = os.statvfs_result((512, 512, 0, 0, 0, 0, 0, 0, 0, 255))
+    monkeypatch.setattr(refuge.os, "statvfs", lambda path: zeros)
+    assert refuge.short_of_room(tmp_path) is None
+    journal = refuge.create_journal(tmp_path / "runs", Journal.create, online=True)
+    try:
+        assert journal.path.parent == tmp_path / "runs"
+    finally:
+        journal.close()
