@@ -331,25 +331,36 @@ class Journal:
             with contextlib.suppress(OSError):
                 os.chmod(path / name, 0o600)
         journal = cls(path, store, lock, durability)
-        origin = origin or Origin.here(path)
-        origin.write_beside(path)
-        values: dict[str, Any] = dict(meta or {})
-        values.update(
-            {
-                K_FORMAT: FORMAT_VERSION,
-                K_LOCAL_ID: path.name,
-                K_OWNER: lock.owner.to_json(),
-                K_ORIGIN: origin.to_json(),
-                K_CREATED: time.time(),
-                K_BUDGET: max_bytes,
-            }
-        )
-        journal.update_meta(values)
-        if durability == "process":
-            # Once, whatever the durability: LMDB's file is not a journal until
-            # its first commit is on disk, and a power cut in a run's first
-            # second would otherwise leave one nothing can open.
-            journal.sync()
+        try:
+            origin = origin or Origin.here(path)
+            origin.write_beside(path)
+            values: dict[str, Any] = dict(meta or {})
+            values.update(
+                {
+                    K_FORMAT: FORMAT_VERSION,
+                    K_LOCAL_ID: path.name,
+                    K_OWNER: lock.owner.to_json(),
+                    K_ORIGIN: origin.to_json(),
+                    K_CREATED: time.time(),
+                    K_BUDGET: max_bytes,
+                }
+            )
+            journal.update_meta(values)
+            if durability == "process":
+                # Once, whatever the durability: LMDB's file is not a journal until
+                # its first commit is on disk, and a power cut in a run's first
+                # second would otherwise leave one nothing can open.
+                journal.sync()
+        except (OSError, lmdb.Error, JournalError) as exc:
+            # A disk that filled meanwhile: the journal is given up, so its
+            # lock and environment are let go (held, the directory read as a
+            # live run's for as long as this process lived), and an OSError is
+            # a JournalError, so an online run's journal goes elsewhere.
+            with contextlib.suppress(Exception):
+                journal.close()
+            if isinstance(exc, JournalError):
+                raise
+            raise JournalError(f"cannot create the journal at {path}: {exc}") from exc
         journal.local_id = path.name
         return journal
 

@@ -24,8 +24,9 @@ import rel_torture as rt
 import workloads
 
 import primeruns as pr
-from primeruns.exceptions import JournalError
+from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal import EntryKind, Journal
+from primeruns.journal.lock import OwnerLock
 from primeruns.local import LocalPlatform
 
 
@@ -460,3 +461,32 @@ def test_a_journal_whose_lock_file_lmdb_left_sparse_is_read_on_a_full_disk(
         assert len(reader.read(0, kinds={EntryKind.EPISODE}, max_entries=10).entries) == 1
     finally:
         reader.close()
+
+
+def _refuse_origin(*args: Any, **kwargs: Any) -> None:
+    raise OSError(28, "No space left on device")
+
+
+def _refuse_meta(*args: Any, **kwargs: Any) -> None:
+    raise JournalFullError("the disk is full (mdb_txn_commit: No space left on device)")
+
+
+@pytest.mark.parametrize(
+    ("where", "refusal"),
+    [
+        ("primeruns.journal.origin.Origin.write_beside", _refuse_origin),
+        ("primeruns.journal.journal.Journal.update_meta", _refuse_meta),
+    ],
+)
+def test_a_disk_that_fills_while_a_journal_is_made_refuses_it_and_lets_it_go(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, refusal: Any
+) -> None:
+    """A disk filling meanwhile (a checkpoint written beside) can refuse the
+    journal's first files after its owner lock and LMDB took theirs (45 KiB
+    free on a tmpfs). It raised the OSError (an online run's init() raised it
+    at its caller, as no fallback folder was tried), or kept the directory
+    locked, its environment open, for as long as the process lived."""
+    monkeypatch.setattr(where, refusal)
+    with pytest.raises(JournalError):
+        Journal.create(tmp_path / "runs", local_id="r")
+    OwnerLock(tmp_path / "runs" / "r", record=False).release()  # not held any more
