@@ -414,7 +414,12 @@ class Journal:
         if lock_fd is not None:
             lock: OwnerLock | None = OwnerLock.inherit(path, lock_fd)
         else:
-            lock = OwnerLock(path) if owner else None
+            try:
+                lock = OwnerLock(path) if owner else None
+            except OSError as exc:
+                # A full disk refuses the owner's record (as at create): the
+                # callers (sync, replay, the mirror) handle a JournalError.
+                raise JournalError(f"cannot take the journal at {path}: {exc}") from exc
         owner = owner or shared
         try:
             try:

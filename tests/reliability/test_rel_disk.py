@@ -490,3 +490,20 @@ def test_a_disk_that_fills_while_a_journal_is_made_refuses_it_and_lets_it_go(
     with pytest.raises(JournalError):
         Journal.create(tmp_path / "runs", local_id="r")
     OwnerLock(tmp_path / "runs" / "r", record=False).release()  # not held any more
+
+
+def test_a_journal_opened_as_its_owner_on_a_full_disk_is_a_journal_error(
+    small_disk: Path,
+) -> None:
+    """``sync``, ``replay`` and the mirror open a journal as its owner, which
+    writes the owner's record into its lock file: on a full disk that raised
+    a plain OSError (ENOSPC) past the handlers of a JournalError, a traceback
+    where a journal that cannot be taken now is said so."""
+    journal = Journal.create(small_disk / "runs", local_id="r")
+    journal.append(EntryKind.METRICS, [b'{"step": 0}'])
+    journal.close()
+    (small_disk / "runs" / "r" / "owner.lock").unlink()  # its record is written anew
+    _fill_disk(small_disk, leave=0)
+    with pytest.raises(JournalError, match="cannot take the journal"):
+        Journal.open(small_disk / "runs" / "r", owner=True)
+    Journal.open(small_disk / "runs" / "r", owner=False).close()  # readers still read it
