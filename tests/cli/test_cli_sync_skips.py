@@ -164,6 +164,45 @@ def test_a_watch_names_a_journal_again_once_it_came_back_and_forgets_those_gone(
     assert told_then == set() and seen_then <= {good}, remembered
 
 
+def _watched_with_a_failing_listing(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    runs: Path,
+    failing: tuple[str, ...],
+) -> tuple[int, str, str, list[tuple[int, str]]]:
+    """``sync --watch`` over ``runs`` for four passes, the functions of ``os``
+    named in ``failing`` refusing to list ``runs`` in the second: (code, out,
+    err, and the (pass, journal) of each look at a journal's state)."""
+    synced: list[tuple[int, str]] = []
+    real_status = replay._status_of
+    real_changed = replay._changed
+    passes = 0
+
+    def status_of(path: Path) -> Any:
+        synced.append((passes, path.name))
+        return real_status(path)
+
+    def changed(args: Any, seen: dict[Path, Any], told: dict[Path, str]) -> Any:
+        nonlocal passes
+        passes += 1
+        return real_changed(args, seen, told)
+
+    def refusing(real: Any) -> Any:
+        def call(path: Any = ".") -> Any:
+            if passes == 2 and Path(path) == runs:
+                raise OSError(5, "Input/output error", str(path))
+            return real(path)
+
+        return call
+
+    monkeypatch.setattr(replay, "_status_of", status_of)
+    monkeypatch.setattr(replay, "_changed", changed)
+    for name in failing:
+        monkeypatch.setattr(os, name, refusing(getattr(os, name)))
+    code, out, err = _watched(capsys, monkeypatch, runs, passes=4)
+    return code, out, err, synced
+
+
 def test_a_watch_keeps_what_it_knows_when_its_folder_cannot_be_listed_for_a_pass(
     local_platform: Any,
     tmp_path: Path,
@@ -175,36 +214,9 @@ def test_a_watch_keeps_what_it_knows_when_its_folder_cannot_be_listed_for_a_pass
     once the folder lists again (forgetting them, it asked the platform
     about each of thousands of runs again)."""
     runs = _two_offline_runs(tmp_path, monkeypatch, local_platform.url)[0].parent
-    synced: list[tuple[int, str]] = []  # (pass, journal) of each look at a journal's state
-    real_status = replay._status_of
-    real_scandir = os.scandir
-    real_listdir = os.listdir
-    passes = 0
-
-    def status_of(path: Path) -> Any:
-        synced.append((passes, path.name))
-        return real_status(path)
-
-    def failing(name: str) -> Any:
-        def call(path: Any = ".") -> Any:
-            if passes == 2 and Path(path) == runs:
-                raise OSError(5, "Input/output error", str(path))
-            return {"scandir": real_scandir, "listdir": real_listdir}[name](path)
-
-        return call
-
-    real_changed = replay._changed
-
-    def changed(args: Any, seen: dict[Path, Any], told: dict[Path, str]) -> Any:
-        nonlocal passes
-        passes += 1
-        return real_changed(args, seen, told)
-
-    monkeypatch.setattr(replay, "_status_of", status_of)
-    monkeypatch.setattr(replay, "_changed", changed)
-    monkeypatch.setattr(os, "scandir", failing("scandir"))
-    monkeypatch.setattr(os, "listdir", failing("listdir"))
-    code, out, err = _watched(capsys, monkeypatch, runs, passes=4)
+    code, out, err, synced = _watched_with_a_failing_listing(
+        capsys, monkeypatch, runs, ("scandir", "listdir")
+    )
     assert code == 130, out + err
     assert {n for n, _ in synced} == {1}, synced  # synced in the first pass, never again
     assert err.count("cannot be listed (Input/output error)") == 1, err
@@ -222,31 +234,10 @@ def test_a_watch_keeps_what_it_knows_when_its_folder_lists_again_within_the_pass
     its own listing: judged by the second, it found the folder empty, forgot
     every journal and synced them all again the next pass."""
     runs = _two_offline_runs(tmp_path, monkeypatch, local_platform.url)[0].parent
-    synced: list[tuple[int, str]] = []  # (pass, journal) of each look at a journal's state
-    real_status = replay._status_of
-    real_listdir = os.listdir
-    passes = 0
-
-    def status_of(path: Path) -> Any:
-        synced.append((passes, path.name))
-        return real_status(path)
-
-    def listdir(path: Any = ".") -> Any:
-        if passes == 2 and Path(path) == runs:
-            raise OSError(5, "Input/output error", str(path))
-        return real_listdir(path)
-
-    real_changed = replay._changed
-
-    def changed(args: Any, seen: dict[Path, Any], told: dict[Path, str]) -> Any:
-        nonlocal passes
-        passes += 1
-        return real_changed(args, seen, told)
-
-    monkeypatch.setattr(replay, "_status_of", status_of)
-    monkeypatch.setattr(replay, "_changed", changed)
-    monkeypatch.setattr(os, "listdir", listdir)  # os.scandir lists it all along
-    code, out, err = _watched(capsys, monkeypatch, runs, passes=4)
+    # os.scandir lists it all along
+    code, out, err, synced = _watched_with_a_failing_listing(
+        capsys, monkeypatch, runs, ("listdir",)
+    )
     assert code == 130, out + err
     assert {n for n, _ in synced} == {1}, synced  # synced in the first pass, never again
     assert err.count("cannot be listed (Input/output error)") == 1, err
