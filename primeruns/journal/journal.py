@@ -43,6 +43,7 @@ import errno
 import logging
 import os
 import secrets
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -314,6 +315,30 @@ class Journal:
             raise JournalError(f"cannot create a journal under {runs_dir}: {exc}{cause}") from exc
         warn_if_network_fs(path)
         try:
+            journal = cls._made_in(path, durability, max_bytes, meta, origin)
+        except JournalError:
+            # Refused (a full disk, most often) after its folder was made: the
+            # run goes elsewhere, and the folder, which no listing shows and
+            # no gc takes, would stay in the runs directory for good. It was
+            # made by this call under a name no one else takes, and holds no
+            # record yet.
+            shutil.rmtree(path, ignore_errors=True)
+            raise
+        journal.local_id = path.name
+        return journal
+
+    @classmethod
+    def _made_in(
+        cls,
+        path: Path,
+        durability: Durability,
+        max_bytes: int,
+        meta: Mapping[str, Any] | None,
+        origin: Origin | None,
+    ) -> Journal:
+        """The new journal in ``path``, a folder just made for it, owned by
+        this process; a JournalError if it cannot be made there."""
+        try:
             lock = OwnerLock(path)
         except OSError as exc:
             # A full disk refuses the owner's record in the lock file: a
@@ -361,7 +386,6 @@ class Journal:
             if isinstance(exc, JournalError):
                 raise
             raise JournalError(f"cannot create the journal at {path}: {exc}") from exc
-        journal.local_id = path.name
         return journal
 
     @classmethod

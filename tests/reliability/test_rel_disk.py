@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import lmdb
 import pytest
 import rel_helpers as rh
 import rel_torture as rt
@@ -26,7 +27,6 @@ import workloads
 import primeruns as pr
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal import EntryKind, Journal
-from primeruns.journal.lock import OwnerLock
 from primeruns.local import LocalPlatform
 
 
@@ -463,8 +463,12 @@ def test_a_journal_whose_lock_file_lmdb_left_sparse_is_read_on_a_full_disk(
         reader.close()
 
 
-def _refuse_origin(*args: Any, **kwargs: Any) -> None:
+def _refuse_with_enospc(*args: Any, **kwargs: Any) -> None:
     raise OSError(28, "No space left on device")
+
+
+def _refuse_store(*args: Any, **kwargs: Any) -> None:
+    raise lmdb.DiskError("No space left on device")
 
 
 def _refuse_meta(*args: Any, **kwargs: Any) -> None:
@@ -474,7 +478,9 @@ def _refuse_meta(*args: Any, **kwargs: Any) -> None:
 @pytest.mark.parametrize(
     ("where", "refusal"),
     [
-        ("primeruns.journal.origin.Origin.write_beside", _refuse_origin),
+        ("primeruns.journal.journal.OwnerLock", _refuse_with_enospc),
+        ("primeruns.journal.journal.acquire_store", _refuse_store),
+        ("primeruns.journal.origin.Origin.write_beside", _refuse_with_enospc),
         ("primeruns.journal.journal.Journal.update_meta", _refuse_meta),
     ],
 )
@@ -482,14 +488,19 @@ def test_a_disk_that_fills_while_a_journal_is_made_refuses_it_and_lets_it_go(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, where: str, refusal: Any
 ) -> None:
     """A disk filling meanwhile (a checkpoint written beside) can refuse the
-    journal's first files after its owner lock and LMDB took theirs (45 KiB
-    free on a tmpfs). It raised the OSError (an online run's init() raised it
-    at its caller, as no fallback folder was tried), or kept the directory
-    locked, its environment open, for as long as the process lived."""
+    journal's first files after its folder, its owner lock and LMDB took
+    theirs (45 KiB free on a tmpfs). It raised the OSError (an online run's
+    init() raised it at its caller, as no fallback folder was tried), or kept
+    the directory locked, its environment open, for as long as the process
+    lived; and the half-made folder stayed in the runs directory for good
+    (no listing showed it, no gc took it) while the run went elsewhere."""
     monkeypatch.setattr(where, refusal)
+    runs = tmp_path / "runs"
     with pytest.raises(JournalError):
-        Journal.create(tmp_path / "runs", local_id="r")
-    OwnerLock(tmp_path / "runs" / "r", record=False).release()  # not held any more
+        Journal.create(runs, local_id="r")
+    assert list(runs.iterdir()) == []
+    held = [os.readlink(fd) for fd in Path("/proc/self/fd").iterdir() if fd.is_symlink()]
+    assert not [name for name in held if name.startswith(str(runs))]  # lock and map let go
 
 
 def test_a_journal_opened_as_its_owner_on_a_full_disk_is_a_journal_error(
