@@ -100,6 +100,18 @@ def _eval_run(runs: Path, lp: LocalPlatform, name: str) -> pr.Run:
     )
 
 
+def _train_run(runs: Path, lp: LocalPlatform, max_steps: int, batch_size: int) -> pr.Run:
+    return pr.init(
+        kind="train",
+        model="Qwen/Qwen3-8B",
+        team_id=_TEAM,
+        training=pr.TrainingSpec(max_steps=max_steps, batch_size=batch_size),
+        api_key=_KEY,
+        base_url=lp.url,
+        runs_dir=runs,
+    )
+
+
 def _assert_eval_landed(lp: LocalPlatform, run: pr.Run, logged: list[str], name: str) -> None:
     assert run.id is not None
     losses = _losses(run)
@@ -145,15 +157,7 @@ def test_a_training_run_behind_a_gateway_answering_200_with_nothing_lands_every_
     ]
     lp.set_faults(bogus_rate=0.3, seed=seed, routes=routes)
     steps = workloads.agentic_by_step(3)
-    run = pr.init(
-        kind="train",
-        model="Qwen/Qwen3-8B",
-        team_id=_TEAM,
-        training=pr.TrainingSpec(max_steps=len(steps), batch_size=3),
-        api_key=_KEY,
-        base_url=lp.url,
-        runs_dir=settings,
-    )
+    run = _train_run(settings, lp, len(steps), 3)
     for step in sorted(steps):
         run.log_episodes(steps[step])
         run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
@@ -186,15 +190,7 @@ def test_a_gateway_answering_confirms_empty_without_forwarding_them_loses_no_sam
     )
     try:
         steps = workloads.agentic_by_step(3)
-        run = pr.init(
-            kind="train",
-            model="Qwen/Qwen3-8B",
-            team_id=_TEAM,
-            training=pr.TrainingSpec(max_steps=len(steps), batch_size=3),
-            api_key=_KEY,
-            base_url=lp.url,
-            runs_dir=settings,
-        )
+        run = _train_run(settings, lp, len(steps), 3)
         for step in sorted(steps):
             run.log_episodes(steps[step])
             run.flush(timeout=60)
@@ -242,15 +238,7 @@ def test_metrics_rows_without_a_step_behind_a_gateway_answering_200_with_nothing
         bogus_rate=0.5, seed=1, routes=["/api/v1/rft/metrics"], bogus_bodies=["empty", "{}"]
     )
     try:
-        run = pr.init(
-            kind="train",
-            model="Qwen/Qwen3-8B",
-            team_id=_TEAM,
-            training=pr.TrainingSpec(max_steps=10, batch_size=3),
-            api_key=_KEY,
-            base_url=lp.url,
-            runs_dir=settings,
-        )
+        run = _train_run(settings, lp, 10, 3)
         for index in range(40):
             run.log_metrics({"note": float(index)})
         run.finish(timeout=120)
@@ -295,15 +283,7 @@ def test_a_413_from_the_object_store_halves_a_step_object_and_every_sample_lands
     # sample once, in sample id ranges of their own.
     lp.set_faults(max_body_bytes=150_000, routes=["/storage/"])
     steps = workloads.agentic_by_step(10)
-    run = pr.init(
-        kind="train",
-        model="Qwen/Qwen3-8B",
-        team_id=_TEAM,
-        training=pr.TrainingSpec(max_steps=len(steps), batch_size=10),
-        api_key=_KEY,
-        base_url=lp.url,
-        runs_dir=settings,
-    )
+    run = _train_run(settings, lp, len(steps), 10)
     for step in sorted(steps):
         run.log_episodes(steps[step])
     run.finish(timeout=180)
