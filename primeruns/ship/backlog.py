@@ -363,7 +363,11 @@ def _damaged_and_final(
     dead = origin.producer_state() == "dead"
     if not (dead or job_ended) or (dead and _stale(origin, source.damaged_end())):
         return []
-    return source.damage(decode=False)  # the intact entries' seqs not kept: unread here
+    damage = source.damage(decode=False)  # the intact entries' seqs not kept: unread here
+    lacking = [d.seq for d in damage if d.seq is not None and _lacks(source, d.seq)]
+    if dead and _original_holds(origin, lacking):
+        return []  # behind its original: imported up to the gap (``_import_copy``)
+    return damage
 
 
 def _import_copy(
@@ -385,11 +389,25 @@ def _import_copy(
     # Behind its original here, a copy is not final even once its job ended.
     stale = _stale(origin, source.damaged_end()) if producer == "dead" else None
     final = (producer == "dead" or job_ended) and stale is None
+    behind: list[int] = []
+
+    def held_by_original(seq: int) -> bool:
+        if producer == "dead" and _lacks(source, seq) and _original_holds(origin, [seq]):
+            behind.append(seq)
+            return True
+        return False
+
     try:
-        imported = import_new(source, journal, final=final)
+        imported = import_new(source, journal, final=final, held_elsewhere=held_by_original)
     except BaseException:
         journal.close()
         raise
+    if behind and origin is not None:
+        final = False
+        stale = (
+            f"the copy lacks entry {behind[0]}, which its original at {origin.path} "
+            "holds: sync the original, or copy it again"
+        )
     if created:
         log.info("prime-runs: %s is a copy; syncing it through %s", path, journal.path)
     report = ShipReport(path=path, local_id=source.local_id, via=journal.path, imported=imported)
@@ -398,6 +416,36 @@ def _import_copy(
         report.damaged.append(Damage(imported.upto + 1, imported.stopped))
     may_crash = final and imported.stopped is None
     return journal, report, may_crash, stale or _why_left_open(origin, producer, imported)
+
+
+def _lacks(source: Journal, seq: int) -> bool:
+    """Whether the copy ``source`` lacks entry ``seq`` (one it holds damaged
+    is not lacking: its damage is the copy's own, counted as such)."""
+    try:
+        return source.get(seq) is None
+    except JournalError:
+        return False
+
+
+def _original_holds(origin: Origin | None, seqs: list[int]) -> bool:
+    """Whether the original of a copy (here: ``producer_state``) holds one of
+    ``seqs`` intact, entries the copy lacks. Its files
+    copied at different moments while its producer wrote (``data.mdb``
+    before the mover moved a spool segment into it and deleted it, the
+    segment after), a copy misses entries in its middle and ends where its
+    original does: taken for a final copy, they were passed over and counted
+    lost, and no later copy brought them (the sync journal had gone past)."""
+    if origin is None or not seqs:
+        return False
+    try:
+        with Journal.open(Path(origin.path), owner=False) as original:
+            for seq in seqs:
+                with contextlib.suppress(JournalError):  # damaged there too
+                    if original.get(seq) is not None:
+                        return True
+    except JournalError:
+        return False  # the original cannot be read: the copy is all there is
+    return False
 
 
 def _stale(origin: Origin | None, source_end: int) -> str | None:

@@ -56,7 +56,7 @@ import logging
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -287,7 +287,14 @@ def _carry_kept(source: Journal, dest: Journal, through: int) -> None:
     dest.update_meta({K_FLOOR: through, K_COMPACTED_KINDS: compacted})
 
 
-def import_new(source: Journal, dest: Journal, *, final: bool = False, after: int = 0) -> Imported:
+def import_new(
+    source: Journal,
+    dest: Journal,
+    *,
+    final: bool = False,
+    after: int = 0,
+    held_elsewhere: Callable[[int], bool] | None = None,
+) -> Imported:
     """Append to ``dest`` the entries ``source`` holds beyond ``dest``'s end,
     under the same sequence numbers, stopping at the first one missing or
     damaged in ``source``; carry over the losses ``source`` counted since.
@@ -297,7 +304,10 @@ def import_new(source: Journal, dest: Journal, *, final: bool = False, after: in
     damaged copy made the sync journal (``adopt_repaired``); one at the
     copy's end is passed over too, nothing after it imported. ``after``: the
     seq the copy's entries begin past, none before it to import
-    (``_compacted_through``)."""
+    (``_compacted_through``). ``held_elsewhere(seq)``: whether the copy's
+    original still holds an entry the copy does not; a final import stops
+    there too, as a copy that is not final does (the copy is
+    behind its original, which a later copy brings whole)."""
     upto = max(dest.last_seq(), after)
     dest.appends_follow(upto)  # the copy's entries, under their own seqs
     # Past the copy's last entry, those damage cost its newest spool segment
@@ -331,7 +341,7 @@ def import_new(source: Journal, dest: Journal, *, final: bool = False, after: in
         # The entry after ``upto`` is missing or damaged in this copy (torn
         # mid-write, or damaged on disk): a later copy brings it, if any will.
         gap = _gap_after(upto, end, result)
-        if not final or gap.seq is None:
+        if not final or gap.seq is None or (held_elsewhere is not None and held_elsewhere(gap.seq)):
             stopped = gap.what
             break
         passed.append(gap)

@@ -614,3 +614,67 @@ def test_a_copy_a_sync_ships_is_not_called_shipped_for_what_it_never_imported(
     with _sync_held(half):
         assert ranks._left_in(producer.journal) == "not shipped: its processes are gone"
     # (A sync of a whole copy is "being shipped by" it: the requeue test above.)
+
+
+@pytest.mark.parametrize("mid_run_sync", [False, True], ids=["first", "after_a_mid_run_sync"])
+def test_a_copy_missing_entries_its_original_here_holds_is_not_final(
+    local_platform: Any,
+    tmp_path: Path,
+    login: Path,
+    capsys: pytest.CaptureFixture[str],
+    mid_run_sync: bool,
+) -> None:
+    """Found by an adversarial review: a journal copied file by file while
+    its producer wrote (``data.mdb`` first; a spool segment moved into the
+    original's and deleted meanwhile; the segments left copied after the
+    producer was killed) misses entries in its middle and ends where its
+    original does. Its producer gone from this machine, it was taken for a
+    final copy: the entries it lacks were counted lost, the run closed as
+    crashed, and a whole copy synced after brought none of them (the sync
+    journal had gone past them), though the original held every one. It is
+    left open as behind its original, and the whole copy ships them."""
+    lp = local_platform
+    producer = procs.start(
+        [
+            sys.executable,
+            str(Path(__file__).parents[1] / "moved_producer.py"),
+            str(tmp_path / "node"),
+            lp.url,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ),
+        cwd=Path(__file__).parents[1],
+    )
+    assert producer.stdin is not None and producer.stdout is not None
+    original = Path(producer.stdout.readline().split(" ", 1)[1].strip())
+    assert producer.stdout.readline().strip() == "moved"
+    if mid_run_sync:
+        code, out, err = cli(capsys, "sync", str(_copy(original, login)))
+        assert code == 0 and _held(lp) == {"episodes": 100, "samples": 100}, out + err
+    torn = login / original.name
+    shutil.rmtree(torn, ignore_errors=True)
+    torn.mkdir(mode=0o700, parents=True)
+    shutil.copy2(original / "data.mdb", torn / "data.mdb")  # rsync's order: data.mdb first
+    producer.stdin.write("go\n")
+    producer.stdin.flush()
+    assert producer.stdout.readline().strip() == "spooled"
+    producer.stdin.write("die\n")
+    producer.stdin.flush()
+    assert producer.wait(timeout=60) == -signal.SIGKILL
+    producer.stdin.close()
+    producer.stdout.close()
+    for name in sorted(p.name for p in original.iterdir() if p.is_file()):
+        if not (torn / name).exists():
+            shutil.copy2(original / name, torn / name)  # the spool segments left, and the rest
+    with Journal.open(torn, owner=False) as read:
+        assert read.read(101, max_entries=1).entries[0].seq > 102, "no entries missing"
+    code, out, err = cli(capsys, "sync", "--json", str(torn))
+    [report] = json.loads(out)
+    assert not report["losses"], out + err
+    assert _status(lp) == "RUNNING", out + err
+    code, out, err = cli(capsys, "sync", str(_copy(original, login)))
+    assert code == 0, out + err
+    assert _held(lp) == {"episodes": 700, "samples": 700}
+    assert _status(lp) == "FAILED"  # killed: closed as crashed

@@ -1,0 +1,50 @@
+"""A producer on this machine whose journal is copied file by file while it
+writes, for the cluster workflow's torn copies: an offline evaluation that
+logs 100 episodes and moves them into its data file, says ``moved`` and
+waits on stdin (the parent copies ``data.mdb`` then); logs 550 more (past a
+spool segment's size, so that one is filled, moved and deleted) and moves
+them, logs 50 more left spooled, says ``spooled``, waits on stdin, and kills
+itself (the parent copies the spool segments left, as rsync copies
+``spool-*`` after ``data.mdb``).
+
+Usage: python moved_producer.py RUNS_DIR BASE_URL
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+import workloads
+
+import primeruns as pr
+
+EPISODES = 700
+
+
+def main() -> None:
+    runs_dir, base_url = sys.argv[1:3]
+    run = pr.init(
+        environments=["gsm8k"], model="m", mode="offline", runs_dir=runs_dir, base_url=base_url
+    )
+    journal = run._recorder.journal  # moved by hand: the background's moves are timed
+    episodes = workloads.gsm8k(EPISODES)
+    print(f"journal {run.journal_path}", flush=True)
+    for episode in episodes[:100]:
+        run.log_episodes([episode])
+    journal.compact(())  # compacts nothing: moves what is spooled into LMDB
+    print("moved", flush=True)
+    sys.stdin.readline()
+    for episode in episodes[100:650]:
+        run.log_episodes([episode])
+    journal.compact(())
+    for episode in episodes[650:]:
+        run.log_episodes([episode])
+    print("spooled", flush=True)
+    sys.stdin.readline()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main()
