@@ -28,6 +28,7 @@ from .journal.by_kind import seqs_of
 from .journal.types import K_SKIPPED, skipped_within
 from .models import CRASH_ERROR, RUN_KIND, RunKind
 from .ship.copies import (
+    K_SOURCE_LOSSES,
     K_SOURCE_PATH,
     check_sync_root,
     is_copy,
@@ -166,8 +167,33 @@ class RunStatus:
         return {name: logged[int(kind)] for name, kind in RECORD_KINDS.items()}
 
     @property
+    def losses(self) -> dict[str, dict[str, Any]]:
+        """Per sink, the records counted lost (``count``) and why
+        (``reasons``). For a copy, its sync journal's, which ships it: what
+        the copy's producer counted, carried over as it is imported
+        (``mirror._carry_losses``), and what the sync counted (damage it
+        passed over, records the platform rejected); and what the copy
+        counted since its last import. The copy's own alone left out every
+        record its sync counted lost, beside a sync journal's ``shipped``."""
+        own = {sink: _loss(value) for sink, value in self.info.losses.items()}
+        if self.synced is None:
+            return own
+        merged = {sink: _loss(value) for sink, value in self.synced.info.losses.items()}
+        carried = self.synced.info.meta.get(K_SOURCE_LOSSES)
+        if not isinstance(carried, dict):
+            carried = {}
+        for sink, loss in own.items():
+            before = carried.get(sink)
+            more = loss["count"] - (before if _is_count(before) else 0)
+            if more > 0:
+                into = merged.setdefault(sink, {"count": 0, "reasons": []})
+                into["count"] += more
+                into["reasons"] += [r for r in loss["reasons"] if r not in into["reasons"]]
+        return merged
+
+    @property
     def losses_total(self) -> int:
-        return sum(int(loss.get("count", 0)) for loss in self.info.losses.values())
+        return sum(loss["count"] for loss in self.losses.values())
 
     @property
     def outcome(self) -> str:
@@ -203,6 +229,21 @@ class RunStatus:
     @property
     def age_s(self) -> float:
         return max(0.0, time.time() - self.info.modified) if self.info.modified else 0.0
+
+
+def _is_count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _loss(value: object) -> dict[str, Any]:
+    """One sink's loss as a journal's meta holds it (untrusted: a copy is
+    another machine's file), as ``{"count": int, "reasons": [str]}``."""
+    count = value.get("count") if isinstance(value, dict) else None
+    reasons = value.get("reasons") if isinstance(value, dict) else None
+    return {
+        "count": count if _is_count(count) else 0,
+        "reasons": [str(r) for r in reasons] if isinstance(reasons, list) else [],
+    }
 
 
 def describe(

@@ -61,10 +61,7 @@ def as_json(status: RunStatus) -> dict[str, Any]:
         "entries": info.entries,
         "missing_entries": info.missing_entries,
         "pending": status.pending,
-        "losses": {
-            sink: {"count": int(loss.get("count", 0)), "reasons": list(loss.get("reasons") or [])}
-            for sink, loss in info.losses.items()
-        },
+        "losses": status.losses,
         "size_bytes": info.size_bytes,
         "modified": info.modified,
         "age_s": round(status.age_s, 1),

@@ -328,9 +328,9 @@ def _render(
                 text += f", {sink['pending']} pending"
             line = Text(text, style="yellow" if sink["pending"] else "green")
         _field(console, sink["sink"], line)
-    for sink, loss in info.losses.items():
-        console.print(inert_text(f"  lost {int(loss.get('count', 0))} for {sink}", style="red"))
-        for reason in loss.get("reasons") or []:
+    for sink, loss in status.losses.items():
+        console.print(inert_text(f"  lost {loss['count']} for {sink}", style="red"))
+        for reason in loss["reasons"]:
             console.print(inert_text(f"      - {reason}"))
 
     _render_run(console, status, doc["run"])

@@ -26,6 +26,7 @@ from ..journal.trust import UntrustedPathError, check_dir, check_file, make_priv
 from ..settings import default_sync_root
 
 __all__ = [
+    "K_SOURCE_LOSSES",
     "K_SOURCE_PATH",
     "check_sync_folder",
     "check_sync_root",
@@ -41,6 +42,9 @@ __all__ = [
 ]
 
 K_SOURCE_PATH = "sync.source"  # a sync journal's meta: the copy last imported from
+# A sync journal's meta, per sink: the copy's loss count already carried over
+# (``mirror._carry_losses``); a listing adds what the copy counted since.
+K_SOURCE_LOSSES = "sync.source_losses"
 
 
 def sync_root(environ: Mapping[str, str] | None = None) -> Path:

@@ -72,7 +72,14 @@ from ..journal.trust import UntrustedPathError, check_dir
 from ..sinks.kinds import SINK_KINDS, sink_names
 from ..spec import SPEC_KEY, RunSpec, SpecError
 from . import sync_records
-from .copies import K_SOURCE_PATH, check_sync_root, make_sync_root, sync_root, valid_local_id
+from .copies import (
+    K_SOURCE_LOSSES,
+    K_SOURCE_PATH,
+    check_sync_root,
+    make_sync_root,
+    sync_root,
+    valid_local_id,
+)
 from .workfolders import working_folder
 
 __all__ = [
@@ -89,7 +96,6 @@ __all__ = [
 log = logging.getLogger("primeruns.ship")
 
 K_SOURCE_ORIGIN = "sync.origin"  # the copied journal's origin (who may still write it)
-K_SOURCE_LOSSES = "sync.source_losses"  # per sink: the copy's loss count already carried over
 # The last entry of the damage ending a final copy that was counted lost.
 K_SOURCE_DAMAGE = "sync.source_damage_at_end"
 

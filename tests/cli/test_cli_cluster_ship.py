@@ -678,3 +678,35 @@ def test_a_copy_missing_entries_its_original_here_holds_is_not_final(
     assert code == 0, out + err
     assert _held(lp) == {"episodes": 700, "samples": 700}
     assert _status(lp) == "FAILED"  # killed: closed as crashed
+
+
+def test_ls_and_show_of_a_copy_count_what_its_sync_journal_counted_lost(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an adversarial review: ``ls`` and ``show`` of a copy said
+    how its sync journal shipped it (its platform run, what is pending, that
+    it is shipped and closed) but only the losses the copy's producer
+    counted: a record its sync counted lost (here its damaged last episode;
+    as well one the platform rejected) was in no count, and ``show`` said
+    every episode acknowledged. They count the sync journal's losses too."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "-")
+    producer.log_the_rest()
+    producer.kill()
+    copy = _copy(producer.journal, login)
+    last = _flip_last_entry(copy)
+    code, out, err = cli(capsys, "sync", "--json", str(copy))
+    [report] = json.loads(out)
+    lost = {sink: loss["count"] for sink, loss in report["losses"].items()}
+    assert lost == {"traces": 1, "eval_samples": 1}, out + err
+    code, out, err = cli(capsys, "ls", "--runs-dir", str(login), "--json")
+    assert code == 0, out + err
+    [row] = json.loads(out)
+    assert {sink: loss["count"] for sink, loss in row["losses"].items()} == lost, out
+    assert all(f"entry {last}" in str(loss["reasons"]) for loss in row["losses"].values())
+    code, out, err = cli(capsys, "show", "--json", str(copy))
+    assert code == 4, out + err  # the copy is damaged
+    shown = json.loads(out)
+    assert {sink: loss["count"] for sink, loss in shown["losses"].items()} == lost, out
+    code, out, err = cli(capsys, "show", str(copy))
+    assert "lost 1 for traces" in out and "lost 1 for eval_samples" in out, out

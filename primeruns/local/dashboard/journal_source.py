@@ -91,7 +91,7 @@ def _row(status: RunStatus) -> RunRow:
         created_at=float(created) if isinstance(created, int | float) else None,
         updated_at=info.modified or None,
         counts={name: n for name, n in status.counts.items() if n},
-        losses={k: int(v.get("count", 0)) for k, v in info.losses.items()},
+        losses={k: v["count"] for k, v in status.losses.items()},
         damage=[d.what for d in info.damage] + left_out,
         journal=status.shipping,
         environments=tuple(
