@@ -15,13 +15,13 @@ from collections.abc import Sequence
 
 import zstandard
 
-__all__ = ["MAX_SAMPLES", "MIN_SAMPLES", "MIN_SAMPLE_BYTES", "train"]
+__all__ = ["MAX_SAMPLES", "MAX_TRAINED_DICT_BYTES", "MIN_SAMPLES", "MIN_SAMPLE_BYTES", "train"]
 
 MIN_SAMPLES = 64
 MAX_SAMPLES = 256
 MIN_SAMPLE_BYTES = 16 << 10
 MAX_SAMPLE_BYTES = 4 << 20
-_MAX_DICT = 112 << 10  # zstd's own guidance: ~100 KB
+MAX_TRAINED_DICT_BYTES = 112 << 10  # zstd's own guidance: ~100 KB
 _PAYS = 0.9  # keep only when it saves at least 10%
 # The segment and d-mer sizes of zstd's fast cover trainer, given rather than
 # searched for: left to search, training took 0.11-0.15 s of CPU (in the
@@ -37,7 +37,7 @@ def train(samples: Sequence[bytes]) -> bytes | None:
     total = sum(len(s) for s in samples)
     if len(samples) < MIN_SAMPLES or total < MIN_SAMPLE_BYTES:
         return None
-    size = min(_MAX_DICT, max(4 << 10, total // 8))
+    size = min(MAX_TRAINED_DICT_BYTES, max(4 << 10, total // 8))
     try:
         zdict = zstandard.train_dictionary(size, list(samples), k=_SEGMENT, d=_DMER)
     except zstandard.ZstdError:

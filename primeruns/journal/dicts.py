@@ -22,6 +22,7 @@ import zstandard
 
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal import dictionary
+from primeruns.journal.dictionary import MAX_TRAINED_DICT_BYTES
 from primeruns.journal.frames import EntryKind, FrameError, decode_frame
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import ReadResult
@@ -86,8 +87,11 @@ class Dictionaries:
         journal holds another dictionary under that id (its own, trained
         here), or where it does not fit (the byte budget, a full disk): such
         frames are then not stored as they are, but appended, as an import's
-        entries always were (spooled, the budget's reserve theirs)."""
-        if not 0 < dict_id < 256:
+        entries always were (spooled, the budget's reserve theirs). Nor one
+        larger than training makes (``MAX_TRAINED_DICT_BYTES``): a copy is
+        untrusted input, and its 255 dictionaries of up to 1 MiB each,
+        adopted, were ~255 MB held in the sync's memory."""
+        if not 0 < dict_id < 256 or len(data) > MAX_TRAINED_DICT_BYTES:
             return False
         name = f"{K_DICT_PREFIX}{dict_id}"
 

@@ -20,7 +20,9 @@ import pytest
 
 from primeruns.exceptions import JournalFullError
 from primeruns.journal import EntryKind, Journal
+from primeruns.journal import dicts as dicts_module
 from primeruns.journal import mover as mover_module
+from primeruns.journal.dictionary import MAX_TRAINED_DICT_BYTES
 from primeruns.journal.frames import FLAG_ZSTD, peek_header
 from primeruns.ship.mirror import import_new, open_sync_journal
 
@@ -126,6 +128,32 @@ def test_a_sync_journal_holding_another_dictionary_under_that_id_compresses_them
             done = import_new(source, sync, final=True)
             assert done.stopped is None
             payloads, stored = _stored(sync)
+        finally:
+            sync.close()
+    assert payloads == want
+    assert all(stored[s] != frames[s] for s in want if peek_header(frames[s]).dict_id in ids)
+
+
+def test_a_copys_dictionary_larger_than_any_trained_here_is_not_adopted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A journal is untrusted input: a copy may name up to 255 dictionaries of
+    # up to 1 MiB each, all adopted into the sync journal and held in memory
+    # (~255 MB). One larger than training ever makes is not adopted; the
+    # frames naming it are compressed again, their payloads the same.
+    node = _producer(tmp_path / "node", 0, 300)
+    with Journal.open(node, owner=False) as source:
+        want, frames = _stored(source)
+        ids = {peek_header(f).dict_id for f in frames.values()} - {0}
+        sizes = {len(source.dictionary(i) or b"") for i in ids}
+        sync, _ = open_sync_journal(source, tmp_path / "synced")
+        try:
+            assert not sync.adopt_dictionary(1, os.urandom(MAX_TRAINED_DICT_BYTES + 1))
+            monkeypatch.setattr(dicts_module, "MAX_TRAINED_DICT_BYTES", min(sizes) - 1)
+            done = import_new(source, sync, final=True)
+            assert done.stopped is None
+            payloads, stored = _stored(sync)
+            assert all(sync.dictionary(i) != source.dictionary(i) for i in ids)
         finally:
             sync.close()
     assert payloads == want
