@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 import pytest
 import zstandard
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from strategies import episode_records
 
@@ -430,6 +430,25 @@ def test_rows_made_before_numbering_are_the_rows_numbered(record: dict[str, Any]
         assert list(made.sample_ids) == [
             str(row["sample_id"]) for row in record_to_samples(record, {}) or []
         ]
+
+
+@settings(max_examples=60, deadline=None)
+@given(episode_records())
+def test_rows_made_with_the_records_json_are_the_rows_made_without(record: dict[str, Any]) -> None:
+    # The sinks hand over the record's JSON made for its Prime Traces line
+    # (``sinks.forms``): written into the row as it is, not encoded again.
+    try:
+        parsed = json.loads(json.dumps(record, allow_nan=False))  # as the journal holds it
+    except ValueError:
+        assume(False)  # a non-finite number: JSON has none
+    alone = sample_rows(parsed, finite=True)
+    assert sample_rows(parsed, finite=True, encoded=orjson.dumps(parsed)) == alone
+    assert alone is not None
+    if len(alone.rows) == 1 and alone.sample_ids[0] == parsed.get("id"):
+        # The bytes handed over are the ones written (told apart by their indent).
+        indented = orjson.dumps(parsed, option=orjson.OPT_INDENT_2)
+        made = sample_rows(parsed, finite=True, encoded=indented)
+        assert made is not None and b'"native_wrapper":' + indented in made.rows[0]
 
 
 def test_a_row_the_numbers_digits_push_over_the_ceiling_goes_one_row_per_trace(

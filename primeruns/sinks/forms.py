@@ -71,8 +71,12 @@ def make_forms(record: Any, binding: Binding, *, line: bool, rows: bool) -> Form
     made_rows: SampleRows | BaseException | None = None
     if rows:
         try:
+            subject = _for_rows(record, stamped, stamp_error)
+            # The stamped episode's JSON, made for its line, is the row's
+            # copy of the record as it is: not encoded again.
+            encoded = made_line.line if isinstance(made_line, Line) and subject is stamped else None
             # Parsed from JSON, so every number is finite: no null-ing copy.
-            made_rows = sample_rows(_for_rows(record, stamped, stamp_error), finite=True)
+            made_rows = sample_rows(subject, finite=True, encoded=encoded)
         except Exception as exc:
             made_rows = exc
     return Forms(made_line, made_rows)
