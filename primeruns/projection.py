@@ -130,9 +130,6 @@ def _nullify_non_finite(value: Any) -> Any:
 # entry per container): a record that holds itself still fails, as
 # RecursionError, which the null-ing copy's retry raised for it anyway.
 _VIEWER_JSON = json.JSONEncoder(allow_nan=False, check_circular=False)
-# Already-encoded JSON orjson writes in as it is (orjson 3.9.4 on; None
-# before: the record is encoded again).
-_Fragment: Any = getattr(orjson, "Fragment", None)
 
 
 def _json_column(value: Any) -> str:
@@ -380,11 +377,11 @@ def _episode_rows(
     wrapper: Any = record
     if not finite:
         wrapper = _nullify_non_finite(record)  # the trace's info is nullified already
-    elif encoded_record is not None and _Fragment is not None:
+    elif encoded_record is not None:
         # The record's JSON as made already: orjson writes it in as it is,
         # the very bytes it would write of the record (half the row's bytes,
         # encoded once for both the Prime Traces line and this row).
-        wrapper = _Fragment(encoded_record)
+        wrapper = orjson.Fragment(encoded_record)  # orjson 3.9.4 on; the floor is later
     sample["info"] = {
         **(sample["info"] or {}),
         "native_wrapper": wrapper,
