@@ -179,9 +179,11 @@ class Journal:
         )
         self._meta = Meta(tx)
         self._appender: Appender | None = None
+        start_syncing: Callable[[], None] | None = None
         if appends:
             record_writer(self._meta, path, durability)
             writer = SpoolWriter(path, self._spool, fsync=durability == "fsync", written=tx.written)
+            start_syncing = writer.start_syncing
             self._capacity.spooled = writer.pending_bytes
             self._appender = Appender(tx, self._tail, self._capacity, writer)
             self._appender.after = self._appends_after(last)
@@ -195,6 +197,7 @@ class Journal:
                 durability=durability,
                 sync_spool=None if self._appender is None else self._appender.sync,
                 tick=self._tick_mover,
+                first_written=start_syncing,
             )
             if appends:
                 self._mover.start()

@@ -55,8 +55,12 @@ class Background:
         durability: str,
         sync_spool: Callable[[], None] | None = None,
         tick: Callable[[], None] | None = None,
+        first_written: Callable[[], None] | None = None,
     ) -> None:
         self._tx = tx
+        # Called here once, at the first write: what a log call would
+        # otherwise start itself later (the spool's syncer thread).
+        self._first_written = first_written
         self._reader = reader
         self._durability = durability
         self._sync_spool = sync_spool
@@ -67,8 +71,12 @@ class Background:
 
     def _loop(self) -> None:
         tx = self._tx
+        first_written = self._first_written
         while not self._stop.is_set():
             tx.written.wait()
+            if first_written is not None and not self._stop.is_set():
+                first_written()
+                first_written = None
             # A second's writes share one sync; close syncs what is left.
             if self._stop.wait(SYNC_INTERVAL):
                 break

@@ -423,6 +423,10 @@ class SpoolWriter:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
+    def start_syncing(self) -> None:
+        """Start the syncer's thread now, off the log calls (``spoolsync``)."""
+        self._syncer.start()
+
     def stop(self) -> None:
         """The journal closes: the syncer's thread ends (not under the append
         lock: it may be in the middle of a sync)."""

@@ -12,7 +12,12 @@ Once a thread was started for each sync ahead (every 512 KiB of appends),
 and that start cost the call that made it ~1.5 ms on a loaded machine: a new
 thread must be scheduled and take the GIL before ``start()`` returns (~300
 starts in the backlog benchmark's 20,000 episodes). A request here is a
-``notify`` under a lock.
+``notify`` under a lock. The one start left is not a log call's either: the
+journal's background sync makes it at the journal's first write (``start``).
+Made by the first sync ahead, a third of a second into an evaluation, it was
+the slowest log call of its first seconds (3 ms, where the rest took 0.5):
+its threads shipping then, the new thread and the call each waited for the
+GIL behind them.
 
 The sync at a segment's switch is what the guarantee needs; this thread
 makes it cheap. The write that fills a segment asks for a sync of all of
@@ -40,7 +45,7 @@ class SegmentSyncer:
     """Syncs ahead and closes let-go descriptors for one spool writer.
 
     ``sync`` and ``close_later`` never wait for the disk. Thread-safe. The
-    thread starts on first use and ends at ``stop``; in a forked child (which
+    thread starts at ``start`` or on first use, and ends at ``stop``; in a forked child (which
     never appends to its parent's journal) it would start again.
     """
 
@@ -65,6 +70,16 @@ class SegmentSyncer:
         """Bytes of ``segment`` (the writer's number for it) known on disk."""
         done_segment, size = self._synced
         return size if done_segment == segment else 0
+
+    def start(self) -> None:
+        """Start the thread now if it is not running (and not stopped): the
+        journal's background sync calls this at the first write, so that the
+        first sync ahead finds it started and no log call waits for a start."""
+        if self._pid != os.getpid():  # a forked child: the parent's thread is not here
+            self._fresh()
+        with self._cond:
+            if not self._stopped:
+                self._running()
 
     def sync(self, fd: int, segment: int, size: int) -> None:
         """Sync ``fd`` (segment ``segment``, ``size`` bytes written) soon.

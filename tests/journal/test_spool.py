@@ -33,7 +33,7 @@ from sdk_helpers import wait_for
 from spooled import acked_then_cut, killed_segment
 
 from primeruns.exceptions import JournalError
-from primeruns.journal import EntryKind, InFlight, Journal, spool
+from primeruns.journal import EntryKind, InFlight, Journal, spool, spoolsync
 from primeruns.journal.appending import Appender
 from primeruns.journal.frames import HEADER_SIZE, encode_frame, encode_frames_off_gil
 from primeruns.journal.listing import journal_info
@@ -862,6 +862,37 @@ def test_a_segment_is_synced_ahead_in_a_thread_of_its_own(
             assert [e.seq for e in j.read(0, max_entries=100).entries] == list(range(1, 21))
         finally:
             gate.set()
+    assert not _spool_sync_threads()  # it ends with the journal
+
+
+def test_no_log_call_starts_the_thread_that_syncs_ahead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The spool's syncer thread is started by the journal's background sync
+    at its first write, not by the log call whose append first asks for a
+    sync ahead. A thread's start waits for the new thread to take the GIL:
+    in an evaluation's first seconds, with its uplink's threads shipping
+    beside the loop, that call took 3 ms where the others took 0.5, the
+    slowest log call of those seconds (``tools/bench/eval_loop.py``)."""
+    real = spoolsync.start_daemon
+    started_by: list[str] = []
+    started = threading.Event()
+
+    def start_daemon(*args: Any, **kwargs: Any) -> threading.Thread:
+        started_by.append(threading.current_thread().name)
+        started.set()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(spoolsync, "start_daemon", start_daemon)
+    monkeypatch.setattr(spool, "_AHEAD_STEP", 2_000)
+    with Journal.create(tmp_path, local_id="run") as j:
+        j.hand_over_moving()  # nothing absorbs or deletes segments here
+        j.append(EntryKind.EPISODE, [_episode(0)])
+        assert started.wait(15), "the syncer's thread was not started at the first write"
+        for n in range(1, 6):  # ~5 KB: past two steps, each asking for a sync ahead
+            j.append(EntryKind.EPISODE, [_episode(n)])
+        assert len(started_by) == 1
+        assert started_by[0].startswith("primeruns-journal-")  # the background sync
     assert not _spool_sync_threads()  # it ends with the journal
 
 
