@@ -168,6 +168,8 @@ class Journal:
         shares = lock is not None and not appends
         self._reader = Reader(tx, self._dicts, floor, self._spool, sole_compactor=shares)
         self._mover = Mover(tx, self._dicts, path, self._spool, self._reader)
+        # While set, the background's tick leaves the mover be (``defer_moving``).
+        self._moving_deferred = False
         self._capacity = Capacity(tx, self._reader, self._mover)
         self._cursors = Cursors(tx, self._tail, self._capacity)
         # Entries a sink acknowledged while they were still spooled could not
@@ -664,8 +666,18 @@ class Journal:
         self._check()
         return self._tail.wait(after_seq, timeout, until)
 
+    def defer_moving(self, deferred: bool) -> None:
+        """While ``deferred``, the background sync's tick does not wake this
+        process's mover: an evaluation whose uplink's threads ship beside its
+        loop for its first seconds, until its uplink process takes the moving
+        over (``ship.startup``), has spooled entries moved by that process,
+        not by a third thread holding the GIL beside the loop. Near the byte
+        budget the room count still wakes it (``capacity``); the journal's
+        close moves what is left either way."""
+        self._moving_deferred = deferred
+
     def _tick_mover(self) -> None:
-        if self._mover.here:
+        if self._mover.here and not self._moving_deferred:
             self._mover.wake()
 
     def wake_all(self) -> None:

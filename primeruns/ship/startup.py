@@ -24,6 +24,13 @@ One ships at a time: the process looks at the claim only after *go*, after
 its producer closed its end of the pipe (only once the process was stopped
 or told to go), or once its producer is dead, threads and all.
 
+Nothing is moved in the producer meanwhile (``Journal.defer_moving``): its
+mover's steps held the GIL for tens of ms (200 on a loaded machine) beside
+the loop and the threads (a dictionary's training a second in, then the
+batch the handover waited for), the log calls waiting behind them; the
+process moves what was spooled once it takes over, and where the threads
+ship for good the producer's ticks move again.
+
 A run that finishes before the handover (``finish()``: its loop is over)
 keeps its threads and stops the process (``claim_back``), as a short run
 did before; an exit that waits less (``closing`` without ``claim_back``)
@@ -100,17 +107,28 @@ class ThreadsFirst:
         # beside it (``ship.switch_interval``); as it was once they stop.
         self._switch = ShortSwitch()
         self._switch.lower()
+        # Nor does a mover compress beside the loop and the threads meanwhile:
+        # the process moves what was spooled once it takes over.
+        journal.defer_moving(True)
         try:
             self._threads = UplinkThreads(journal, settings, [], tuning)
         except BaseException:
-            self._switch.restore()
+            self._threads_phase_over()
             self._drop_process()
             raise
         try:
             start_daemon(self._watch, "primeruns-uplink-start")
         except BaseException:  # (no new thread at the interpreter's shutdown; an interrupt)
-            self._switch.restore()  # (no uplink was made: nothing else would give it back)
+            self._threads_phase_over()  # (no uplink was made: nothing else would give it back)
             raise
+
+    def _threads_phase_over(self) -> None:
+        """The threads no longer ship beside the loop (the process took
+        over, or they ship on for good, or the run is over): the switch
+        interval as it was, and the background's ticks move here again
+        (where the moving is still this process's)."""
+        self._switch.restore()
+        self._journal.defer_moving(False)
 
     # -- the handover ----------------------------------------------------------------
     def _watch(self) -> None:
@@ -137,7 +155,7 @@ class ThreadsFirst:
             if self._state == _THREADS:
                 self._drop_process()
                 self._state = _THREADS_ONLY
-                self._switch.restore()
+                self._threads_phase_over()
 
     def _when_caught_up(self) -> None:
         """Wait until the threads have shipped all there is but a few
@@ -206,12 +224,12 @@ class ThreadsFirst:
                 # the go's own write, read with it (``ship.standby``).
                 self._process.go(hurry=time.monotonic() - self._hurried_at < _HURRY_S)
                 self._state = _PROCESS
-                self._switch.restore()
+                self._threads_phase_over()
                 self.pid = self._process.pid
             else:  # the threads began closing the run out: they finish it
                 self._drop_process()
                 self._state = _THREADS_ONLY
-                self._switch.restore()
+                self._threads_phase_over()
             self._epoch += 1
             current = self._current()
             closing, releasing = self._closing, self._releasing
@@ -337,7 +355,7 @@ class ThreadsFirst:
             if self._state == _THREADS:
                 self._drop_process()
                 self._state = _THREADS_ONLY
-                self._switch.restore()
+                self._threads_phase_over()
                 self._epoch += 1
                 self._cond.notify_all()
             if self._state in (_THREADS_ONLY, _HANDING):
@@ -351,7 +369,7 @@ class ThreadsFirst:
             if self._state == _THREADS:
                 self._drop_process()  # on standby: killed, having loaded nothing
                 self._state = _THREADS_ONLY
-                self._switch.restore()
+                self._threads_phase_over()
                 self._epoch += 1
                 self._cond.notify_all()
             # A handover under way ends first: then one end ships, and is stopped.

@@ -57,7 +57,8 @@ def test_given_back_when_the_threads_first_uplink_fails_to_start_its_watcher(
 ) -> None:
     """An uplink that lowered the interval and then failed to start (no
     thread to be had: the interpreter's shutdown, or an interrupt there)
-    never gave it back: nothing would, the run's uplink was never made."""
+    never gave it back: nothing would, the run's uplink was never made.
+    Nor the journal's moving, deferred while the threads ship."""
     from primeruns.ship import startup
 
     class _Standby:
@@ -67,14 +68,22 @@ def test_given_back_when_the_threads_first_uplink_fails_to_start_its_watcher(
     def no_thread(*args: object, **kwargs: object) -> None:
         raise RuntimeError("can't start new thread")
 
+    class _Journal:
+        deferred = False
+
+        def defer_moving(self, deferred: bool) -> None:
+            self.deferred = deferred
+
     monkeypatch.setattr(startup, "UplinkProcess", _Standby)
     monkeypatch.setattr(startup, "UplinkThreads", _Standby)
     monkeypatch.setattr(startup, "start_daemon", no_thread)
     sys.setswitchinterval(0.005)
     before = sys.getswitchinterval()
+    journal = _Journal()
     with pytest.raises(RuntimeError):
-        startup.ThreadsFirst(object(), object())  # type: ignore[arg-type]
+        startup.ThreadsFirst(journal, object())  # type: ignore[arg-type]
     assert sys.getswitchinterval() == before
+    assert not journal.deferred  # the background's ticks move again
 
 
 def test_several_runs_at_once_share_it_until_the_last_gives_it_back() -> None:

@@ -205,6 +205,78 @@ def test_an_uplink_process_dead_in_its_start_up_leaves_the_threads_shipping(
     assert stored_once(local_platform.run(run.id), 40, "COMPLETED")
 
 
+def test_the_producer_moves_nothing_while_its_threads_ship_and_again_once_they_ship_for_good(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While an evaluation's threads ship beside its loop, the background
+    sync's ticks leave the producer's mover be: its uplink process moves
+    what was spooled once it takes over. A mover step there held the GIL
+    20-200 ms beside the loop and the threads in the run's first seconds
+    (its dictionary training, then the batch the handover waited for),
+    and the log calls then waited for it. Once the threads ship for good
+    (the process died starting), the producer moves again."""
+    from primeruns.journal import maintenance
+    from primeruns.journal.mover import Mover
+
+    real_step = Mover.step
+    moved = 0
+
+    def step(self: Mover) -> bool:
+        nonlocal moved
+        result = real_step(self)
+        moved += result
+        return result
+
+    real_tick = Journal._tick_mover
+    ticks = 0
+
+    def tick(self: Journal) -> None:
+        nonlocal ticks
+        ticks += 1
+        real_tick(self)
+
+    monkeypatch.setattr(Mover, "step", step)
+    monkeypatch.setattr(Journal, "_tick_mover", tick)
+    gate = held_uplink_starts(monkeypatch, tmp_path)  # the threads' phase lasts
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    episodes = workloads.gsm8k(200)
+    try:
+        run = _eval_run(local_platform.url, runs)
+        # Ticks come sooner from here on (the first, a second after init()'s
+        # first write, comes after the threads started, as in a real run).
+        monkeypatch.setattr(maintenance, "SYNC_INTERVAL", 0.02)
+        uplink = run._supervisor.uplink  # type: ignore[union-attr]
+        logged = 0
+
+        def logged_through_ticks() -> bool:
+            nonlocal logged
+            run.log_episodes(episodes[logged : logged + 2])  # each tick follows writes
+            logged += 2
+            return ticks >= 5 or logged >= 160
+
+        wait_for(logged_through_ticks, timeout=60, what="the background's ticks")
+        assert ticks >= 5
+        assert moved == 0
+        process = uplink._process  # type: ignore[attr-defined]
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait_exit(30)
+
+        def moved_here() -> bool:
+            nonlocal logged
+            if logged < len(episodes):
+                run.log_episodes(episodes[logged : logged + 2])
+                logged += 2
+            return moved > 0
+
+        wait_for(moved_here, timeout=60, what="the producer to move again")
+        run.log_episodes(episodes[logged:])
+        run.finish(timeout=60)
+        assert not uplink.begun()  # type: ignore[attr-defined]
+    finally:
+        gate.touch()
+    assert stored_once(local_platform.run(run.id), 200, "COMPLETED")
+
+
 _PRODUCER = """
 import sys
 from pathlib import Path
