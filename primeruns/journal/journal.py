@@ -667,13 +667,16 @@ class Journal:
         return self._tail.wait(after_seq, timeout, until)
 
     def defer_moving(self, deferred: bool) -> None:
-        """While ``deferred``, the background sync's tick does not wake this
+        """While ``deferred``, neither the background sync's tick nor
+        ``wake_all`` (a shipper's poke, as its threads stand down) wakes this
         process's mover: an evaluation whose uplink's threads ship beside its
         loop for its first seconds, until its uplink process takes the moving
         over (``ship.startup``), has spooled entries moved by that process,
-        not by a third thread holding the GIL beside the loop. Near the byte
-        budget the room count still wakes it (``capacity``); the journal's
-        close moves what is left either way."""
+        not by a third thread holding the GIL beside the loop (woken by the
+        standing down, it moved the whole first second's spool while the
+        handover waited for it). Near the byte budget the room count still
+        wakes it (``capacity``); the journal's close moves what is left
+        either way."""
         self._moving_deferred = deferred
 
     def _tick_mover(self) -> None:
@@ -683,7 +686,7 @@ class Journal:
     def wake_all(self) -> None:
         """Wake every thread in wait_for_append (they return False unless data arrived)."""
         self._tail.wake_all()
-        if self._mover.here:
+        if self._mover.here and not self._moving_deferred:
             self._mover.wake()  # the producer appended: there may be spooled entries
 
     # -- reading ----------------------------------------------------------------------------

@@ -252,8 +252,14 @@ def test_the_producer_moves_nothing_while_its_threads_ship_and_again_once_they_s
             nonlocal logged
             run.log_episodes(episodes[logged : logged + 2])  # each tick follows writes
             logged += 2
-            return ticks >= 5 or logged >= 160
+            return ticks >= 5 or logged >= 180
 
+        wait_for(logged_through_ticks, timeout=60, what="the background's ticks")
+        assert ticks >= 5
+        journal = run._recorder.journal
+        assert journal is not None
+        journal.wake_all()  # as its shippers' pokes do when they stand down
+        ticks = 0
         wait_for(logged_through_ticks, timeout=60, what="the background's ticks")
         assert ticks >= 5
         assert moved == 0
