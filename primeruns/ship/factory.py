@@ -22,6 +22,7 @@ from .sharedreads import KEEP_BYTES, TRAINING_KEEP_BYTES, SharedReads
 from .shipper import Shipper
 
 if TYPE_CHECKING:  # pragma: no cover
+    from ..sinks.step_ranges import Block
     from ..sinks.step_rows import StepRows
 
 __all__ = ["make_shippers", "sink_kinds", "sink_names"]
@@ -36,7 +37,7 @@ def make_shippers(
     policy: RetryPolicy,
     on_failure: Callable[[str, BaseException], None],
     on_loss: Callable[[str, BaseException], None] | None = None,
-    range_base: int = 0,
+    ranges: Block | None = None,
     on_progress: Callable[[], None] | None = None,
 ) -> list[Shipper]:
     spec = lifecycle.spec
@@ -76,7 +77,7 @@ def make_shippers(
         with importing():
             from ..sinks.train_metrics import TrainMetricsSink
             from ..sinks.train_samples import TrainSamplesSink
-        sinks.append(TrainSamplesSink(client, range_base=range_base))
+        sinks.append(TrainSamplesSink(client, ranges=ranges))
         sinks.append(TrainMetricsSink(client, _step_rows(journal, lifecycle, client)))
     else:
         sinks.append(EvalSamplesSink(client, rows=None if shared is None else shared.rows))

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from .. import ranks, run_index
@@ -34,6 +34,7 @@ from ..journal.by_kind import last_payload, seqs_by_kind
 from ..loopback_owner import served_by_another_user, taken_by_another_user
 from ..models import CRASH_ERROR
 from ..platform import PlatformClient, Settings, resolve_settings
+from ..platform.plain import importing
 from ..platform.settings import split_api_root
 from ..settings import is_loopback
 from ..spec import RunSpec, spec_or_default
@@ -46,6 +47,9 @@ from .lifecycle import K_FORK_PARENT, Lifecycle
 from .mirror import sync_root
 from .policy import UNREACHED_S, RetryPolicy
 from .shipper import Shipper, drain_all
+
+if TYPE_CHECKING:
+    from ..sinks.step_ranges import Block
 
 __all__ = [
     "CRASH_ERROR",
@@ -310,7 +314,8 @@ class Uplink:
             policy=self.policy,
             on_failure=self._on_failure,
             on_loss=self._on_loss,
-            range_base=_range_base(self.journal, far),
+            # (A training run's only: an evaluation never loads its sinks.)
+            ranges=_ranges_of(self.journal, far) if self.lifecycle.spec.kind == "train" else None,
             on_progress=self._notify,
         )
         for shipper in self.shippers:
@@ -613,22 +618,33 @@ class Uplink:
         return out
 
 
-def _range_base(journal: Journal, far: bool) -> int:
+def _ranges_of(journal: Journal, far: bool) -> Block:
     """Where this journal's training sample ids start, in range indexes
     (``sinks.step_ranges``). A requeued job (by id, or one attempt of a run
     key) may log a step its predecessor logged too, and a forked child the
     steps its parent logs: ``far`` draws ranges far from the ones they use.
     Ranks of one run log the same steps at once: rank N takes its own block
-    of ``_RANK_BLOCK`` ranges per step, and a process that is not the
-    primary and has no rank draws at random."""
+    of ``_RANK_BLOCK`` ranges per step, past which it goes on far at random
+    (never into rank N+1's), and a process that is not the primary and has
+    no rank draws at random."""
+    with importing():  # lazily, as the sinks are (``factory.make_shippers``)
+        from ..sinks.step_ranges import Block
+
     if far:
-        return random.randrange(1 << 20, 1 << 21)
+        return Block(_far())
     role = ranks.Role.of(journal)
     if role is None:
-        return 0
+        return Block()
     if role.rank is not None and role.rank < (1 << 20) // _RANK_BLOCK:
-        return role.rank * _RANK_BLOCK
-    return 0 if role.primary else random.randrange(1 << 20, 1 << 21)
+        start = role.rank * _RANK_BLOCK
+        return Block(start, start + _RANK_BLOCK, _far())
+    # A primary without a rank numbers from 0, where rank 0's block is.
+    return Block(0, _RANK_BLOCK, _far()) if role.primary else Block(_far())
+
+
+def _far() -> int:
+    """A range index far from every rank's block, at random."""
+    return random.randrange(1 << 20, 1 << 21)
 
 
 def _drain_while_moving(

@@ -19,24 +19,45 @@ The stored form keeps the key earlier versions wrote (``ranges``, step to
 next index, now only the recent steps) and adds ``ranges_folded`` (``[the
 highest folded step, the bound]``): a journal of an earlier version restores
 here, its long ``ranges`` folded at once.
+
+A process draws a step's ranges from a ``Block``: ranks of one run log the
+same steps at once, each from its own block of indexes, the next rank's
+right after it. Past the end of its block a rank goes on far from every
+rank's block (``Block.then``), never into the next rank's: a rank making
+more objects of one step than its block holds (an asynchronous trainer
+shipping each rollout as it comes, rollouts of two steps interleaved) gave
+its objects the sample ids of the next rank's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["WINDOW", "StepRanges"]
+__all__ = ["WINDOW", "Block", "StepRanges"]
 
 WINDOW = 64  # steps kept exactly: an asynchronous trainer's stragglers are this recent
+
+
+@dataclass(frozen=True)
+class Block:
+    """The range indexes a process numbers a step's objects from: from
+    ``start``; where another process's block follows (``end``, not None), on
+    from ``then`` past it."""
+
+    start: int = 0
+    end: int | None = None
+    then: int = 0
 
 
 class StepRanges:
     """The next range index per step: exact for recent steps, bounded for older ones."""
 
-    def __init__(self, base: int = 0) -> None:
+    def __init__(self, block: Block | None = None) -> None:
+        self._block = block or Block()
         # A forked child's base is far from its parent's, so it never reuses them.
-        self._base = base
+        self._base = self._block.start
         self._recent: dict[int, int] = {}
         self._folded_step = -1  # every step at or below it not in _recent is folded
         self._folded_next = 0  # a folded step's next index is at least this
@@ -53,8 +74,11 @@ class StepRanges:
     def used(self, step: int, index: int) -> StepRanges:
         """A copy in which ``step`` used range ``index`` (this one unchanged: the
         sink goes on from it only once the batch is recorded)."""
-        out = StepRanges(self._base)
-        out._recent = {**self._recent, step: index + 1}
+        after = index + 1
+        if after == self._block.end:  # the next process's block: on far from it
+            after = self._block.then
+        out = StepRanges(self._block)
+        out._recent = {**self._recent, step: after}
         out._folded_step, out._folded_next = self._folded_step, self._folded_next
         out._fold()
         return out
@@ -74,10 +98,10 @@ class StepRanges:
         return carry
 
     @classmethod
-    def from_carry(cls, carry: Mapping[str, Any], base: int = 0) -> StepRanges:
+    def from_carry(cls, carry: Mapping[str, Any], block: Block | None = None) -> StepRanges:
         """The numbering a batch carried (this version's form or an earlier
         one's); ValueError or TypeError when it is damaged."""
-        out = cls(base)
+        out = cls(block)
         ranges = carry.get("ranges")
         if isinstance(ranges, dict):
             out._recent = {int(k): int(v) for k, v in ranges.items()}

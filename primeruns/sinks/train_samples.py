@@ -39,7 +39,7 @@ from . import receipts, sample_objects
 from .base import Binding, Prepared, SendContext, SinkOff
 from .kinds import SINK_KINDS
 from .sample_objects import NEW, SampleObjects
-from .step_ranges import StepRanges
+from .step_ranges import Block, StepRanges
 
 __all__ = [
     "DEFAULT_INTERVAL",
@@ -129,14 +129,18 @@ class TrainSamplesSink:
     progress_type = TrainSamplesProgress
 
     def __init__(
-        self, client: PlatformClient, *, interval: int = DEFAULT_INTERVAL, range_base: int = 0
+        self,
+        client: PlatformClient,
+        *,
+        interval: int = DEFAULT_INTERVAL,
+        ranges: Block | None = None,
     ) -> None:
         self._client = client
         self._interval = interval
-        # Next range index per step. A forked child starts at a random base so
-        # it never reuses its parent's ranges.
-        self._range_base = range_base
-        self._ranges = StepRanges(range_base)
+        # Next range index per step, in this process's block: a rank's own, a
+        # forked child's far at random (never its parent's ranges).
+        self._block = ranges
+        self._ranges = StepRanges(ranges)
         self._objects = SampleObjects(self._presign, self._put, self._confirm_key)
         # Whether this platform was seen naming the key in a confirm's answer:
         # from then on a silent answer is a gateway's, not the platform's.
@@ -144,7 +148,7 @@ class TrainSamplesSink:
 
     def restore(self, carry: Mapping[str, Any]) -> None:
         # None or {}: ranges from the start (a batch refused whole was the first).
-        self._ranges = StepRanges.from_carry(carry, self._range_base)
+        self._ranges = StepRanges.from_carry(carry, self._block)
 
     def prepare(
         self, entries: Sequence[Entry], binding: Binding
