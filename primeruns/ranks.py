@@ -15,7 +15,9 @@ Which process is the primary (``resolve_role``), the first rule that applies:
 2. ``PRIME_RUNS_PRIMARY=1`` or ``0`` in the environment;
 3. a run ``init()`` creates (no ``id=``): its creator;
 4. the launcher's rank: ``RANK`` (torchrun, accelerate, DeepSpeed), else
-   ``SLURM_PROCID`` (srun): rank 0 is the primary. A rank held by another
+   ``SLURM_PROCID`` (srun): rank 0 is the primary, unless the run's creator
+   lives on this host (it holds the run's lock, rule 5: the creator is the
+   primary; rank 0 keeps its rank). A rank held by another
    living process of this host that attached the run is inherited, not
    given (processes spawned by one srun task share its ``SLURM_PROCID``):
    such a process has no rank and is not the primary;
@@ -190,7 +192,15 @@ def resolve_role(
         if attach_id is None:
             primary = True
         elif rank is not None:
-            primary = rank == 0 and not inherited
+            # Not while the run's creator (or its primary of rule 5) lives on
+            # this host: it holds the run's lock (``claim_created``), and a
+            # second primary's finish() closed the run while it still logged.
+            # A later handle of this process keeps what its first had.
+            primary = (
+                rank == 0
+                and not inherited
+                and (attach_id in _held or _first_to_attach(Path(runs_dir), attach_id, local_id))
+            )
         else:
             primary = _first_to_attach(Path(runs_dir), attach_id, local_id)
     return Role(primary=primary, label=label, rank=None if inherited else rank)

@@ -319,3 +319,41 @@ def test_rows_merged_in_one_transaction_are_merged_as_one_at_a_time(tmp_path: Pa
         3,
     )
     assert results[0][1] == {1: 3, 2: 1, 3: 1, 4: 0}
+
+
+_CREATOR = """
+import sys
+from pathlib import Path
+from primeruns import ranks
+
+ranks.claim_created(Path(sys.argv[1]), sys.argv[2], "creator")  # as init() does
+print("claimed", flush=True)
+sys.stdin.readline()  # alive until the test lets it go
+"""
+
+
+def test_rank_0_of_a_run_its_creator_still_runs_on_this_host_is_not_a_second_primary(
+    tmp_path: Path,
+) -> None:
+    """A launcher script creates the run (``init()`` without ``id=``: its
+    primary) and starts torchrun with the run's id. Rank 0 attaching by id
+    was a primary too: its ``finish()`` closed the run while the creator
+    still logged into it (and first waited for the creator's journal, which
+    waited for torchrun, until the stall rule gave up). It keeps its rank
+    (its label, its sample id ranges); the creator closes the run."""
+    run = f"run-{os.getpid()}-created"
+    creator = subprocess.Popen(
+        [sys.executable, "-c", _CREATOR, str(tmp_path), run],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert creator.stdout is not None and creator.stdout.readline() == "claimed\n"
+        rank0 = _role({"RANK": "0"}, tmp_path, attach=run, local_id="r0")
+    finally:
+        creator.communicate("\n", timeout=60)
+    assert rank0 == ranks.Role(primary=False, label="rank0", rank=0)
+    # With the creator gone (a requeued job's ranks), rank 0 is the primary.
+    again = _role({"RANK": "0"}, tmp_path, attach=run, local_id="r0b")
+    assert again == ranks.Role(primary=True, label="rank0", rank=0)
