@@ -81,6 +81,12 @@ _LOOK_S = 0.1
 # paying their CPU (a loop slowed +25% where the vendor's was +18%, its log
 # call's p99 10-20 ms). A backlog of a run logged flat out is thousands.
 _CAUGHT_UP_ENTRIES = 256
+# The producer moves nothing while the threads ship for at most this long
+# (``Journal.defer_moving``): a process not ready by then (held, stopped,
+# starved) may never be, and the threads then ship for good in all but name.
+_DEFER_MOVING_S = 10.0
+# How long one look for the process's report waits.
+_READY_LOOK_S = 60.0
 
 
 class ThreadsFirst:
@@ -142,11 +148,19 @@ class ThreadsFirst:
                 return
         process.warm()
         ready = False
+        deferred_until = time.monotonic() + _DEFER_MOVING_S
         while not ready and process.alive():
             with self._cond:
                 if self._state != _THREADS:
                     return
-            ready = process.wait_ready(60.0)
+                if time.monotonic() >= deferred_until:
+                    # Not ready yet: the producer's ticks move again, else a
+                    # process that is never ready left the whole run's
+                    # spool unmoved (a quarter of the room left, raw, before
+                    # the room count woke the mover).
+                    self._journal.defer_moving(False)
+            left = deferred_until - time.monotonic()
+            ready = process.wait_ready(left if left > 0 else _READY_LOOK_S)
         if ready:
             self._when_caught_up()
             self._hand_over()

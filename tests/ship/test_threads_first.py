@@ -283,6 +283,55 @@ def test_the_producer_moves_nothing_while_its_threads_ship_and_again_once_they_s
     assert stored_once(local_platform.run(run.id), 200, "COMPLETED")
 
 
+def test_the_producer_moves_again_once_its_uplink_process_is_long_in_coming(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The producer's mover waits for the handover only so long: an uplink
+    process that is never ready (held in its start-up here; stopped or
+    starved in a run) kept the threads shipping, and nothing but the room
+    count (a quarter of the room left, raw) ever woke the mover, so the
+    whole run's spool stayed unmoved."""
+    from primeruns.journal import maintenance
+    from primeruns.journal.mover import Mover
+    from primeruns.ship import startup
+
+    real_step = Mover.step
+    moved = 0
+
+    def step(self: Mover) -> bool:
+        nonlocal moved
+        result = real_step(self)
+        moved += result
+        return result
+
+    monkeypatch.setattr(Mover, "step", step)
+    monkeypatch.setattr(startup, "_DEFER_MOVING_S", 0.0, raising=False)
+    gate = held_uplink_starts(monkeypatch, tmp_path)  # never ready while the test runs
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    episodes = workloads.gsm8k(200)
+    try:
+        run = _eval_run(local_platform.url, runs)
+        monkeypatch.setattr(maintenance, "SYNC_INTERVAL", 0.02)
+        uplink = run._supervisor.uplink  # type: ignore[union-attr]
+        logged = 0
+
+        def moved_here() -> bool:
+            nonlocal logged
+            if logged < len(episodes):
+                run.log_episodes(episodes[logged : logged + 2])
+                logged += 2
+            return moved > 0
+
+        wait_for(moved_here, timeout=30, what="the producer to move while its process is held")
+        assert uplink._state == "threads"  # type: ignore[attr-defined]
+        run.log_episodes(episodes[logged:])
+        run.finish(timeout=60)
+        assert not uplink.begun()  # type: ignore[attr-defined]
+    finally:
+        gate.touch()
+    assert stored_once(local_platform.run(run.id), 200, "COMPLETED")
+
+
 _PRODUCER = """
 import sys
 from pathlib import Path
