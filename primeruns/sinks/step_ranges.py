@@ -38,6 +38,8 @@ from typing import Any
 __all__ = ["WINDOW", "Block", "StepRanges"]
 
 WINDOW = 64  # steps kept exactly: an asynchronous trainer's stragglers are this recent
+# Where the indexes drawn far from every rank's block begin (``ship.uplink``).
+FAR = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -109,8 +111,17 @@ class StepRanges:
         if folded is not None:
             step, bound = folded  # a damaged value raises: the shipper renumbers
             out._folded_step, out._folded_next = int(step), int(bound)
+        # An earlier version went on from a block's end into the next one's:
+        # a carry of its numbering there goes on far instead.
+        out._recent = {k: out._off_others(v) for k, v in out._recent.items()}
+        out._folded_next = out._off_others(out._folded_next)
         out._fold()
         return out
+
+    def _off_others(self, index: int) -> int:
+        """``index``, or this block's far place if it lies in a later block."""
+        end = self._block.end
+        return self._block.then if end is not None and end <= index < FAR else index
 
     def __len__(self) -> int:
         """How many steps are kept exactly (at most ``WINDOW``)."""
