@@ -223,6 +223,9 @@ class ThreadsFirst:
             log.warning("prime-runs: the uplink's threads could not stand down: %s", exc)
             with self._cond:
                 self._state = _THREADS
+                # No watcher tries again: the threads may ship to the run's
+                # end, and the producer's ticks move again meanwhile.
+                self._journal.defer_moving(False)
                 self._epoch += 1
                 closing = self._closing
                 self._cond.notify_all()

@@ -283,6 +283,60 @@ def test_the_producer_moves_nothing_while_its_threads_ship_and_again_once_they_s
     assert stored_once(local_platform.run(run.id), 200, "COMPLETED")
 
 
+def test_the_producer_moves_again_once_its_threads_could_not_stand_down(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A handover whose threads could not stand down leaves them shipping,
+    with no watcher to try again: the producer's mover, left be for the
+    handover, stayed so to the run's end."""
+    from primeruns.journal import maintenance
+    from primeruns.journal.mover import Mover
+    from primeruns.ship import startup
+    from primeruns.ship.link import UplinkThreads
+
+    real_step = Mover.step
+    moved = 0
+    tried = 0
+
+    def step(self: Mover) -> bool:
+        nonlocal moved
+        result = real_step(self)
+        moved += result
+        return result
+
+    def stand_down(self: UplinkThreads) -> bool:
+        nonlocal tried
+        tried += 1
+        raise RuntimeError("refused")
+
+    monkeypatch.setattr(Mover, "step", step)
+    monkeypatch.setattr(UplinkThreads, "stand_down", stand_down)
+    monkeypatch.setattr(startup, "_CATCH_UP_S", 0.0)
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    episodes = workloads.gsm8k(200)
+    run = _eval_run(local_platform.url, runs)
+    monkeypatch.setattr(maintenance, "SYNC_INTERVAL", 0.02)
+    uplink = run._supervisor.uplink  # type: ignore[union-attr]
+    run.log_episodes(episodes[:2])
+    wait_for(lambda: tried, timeout=60, what="the handover")
+    moved = 0
+    logged = 2
+
+    def moved_here() -> bool:
+        nonlocal logged
+        if logged < len(episodes):
+            run.log_episodes(episodes[logged : logged + 2])
+            logged += 2
+        return moved > 0
+
+    wait_for(moved_here, timeout=30, what="the producer to move once the handover failed")
+    assert uplink._state == "threads"  # type: ignore[attr-defined]
+    run.log_episodes(episodes[logged:])
+    run.finish(timeout=60)
+    assert not uplink.begun()  # type: ignore[attr-defined]
+    assert stored_once(local_platform.run(run.id), 200, "COMPLETED")
+
+
 def test_the_producer_moves_again_once_its_uplink_process_is_long_in_coming(
     local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
