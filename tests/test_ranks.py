@@ -357,3 +357,26 @@ def test_rank_0_of_a_run_its_creator_still_runs_on_this_host_is_not_a_second_pri
     # With the creator gone (a requeued job's ranks), rank 0 is the primary.
     again = _role({"RANK": "0"}, tmp_path, attach=run, local_id="r0b")
     assert again == ranks.Role(primary=True, label="rank0", rank=0)
+
+
+class _Meta:
+    """A journal as ``ship.uplink._ranges_of`` reads it: its recorded role."""
+
+    def __init__(self, role: Any) -> None:
+        self._role = role
+
+    def get_meta(self, key: str) -> Any:
+        return self._role.to_json() if key == ranks.K_ROLE else None
+
+
+def test_rank_0_beside_its_runs_creator_numbers_samples_apart_from_it() -> None:
+    # The creator (the primary, no rank of its own) numbers from 0, where
+    # rank 0's block is; rank 0, not the primary while the creator lives,
+    # took the same block, and the two logging the same step shared their
+    # sample ids.
+    from primeruns.ship.uplink import _ranges_of
+
+    creator = _ranges_of(_Meta(ranks.Role(primary=True, label="creator")), far=False)
+    rank0 = _ranges_of(_Meta(ranks.Role(primary=False, label="rank 0", rank=0)), far=False)
+    assert creator.end is not None
+    assert rank0.start >= creator.end or (rank0.end is not None and rank0.end <= creator.start)

@@ -626,7 +626,9 @@ def _ranges_of(journal: Journal, far: bool) -> Block:
     Ranks of one run log the same steps at once: rank N takes its own block
     of ``_RANK_BLOCK`` ranges per step, past which it goes on far at random
     (never into rank N+1's), and a process that is not the primary and has
-    no rank draws at random."""
+    no rank draws at random; so does rank 0 where it is not the primary (its
+    run's creator is, on its host: ``ranks.resolve_role``), whose numbering
+    from 0 is in rank 0's block."""
     with importing():  # lazily, as the sinks are (``factory.make_shippers``)
         from ..sinks.step_ranges import Block
 
@@ -635,6 +637,8 @@ def _ranges_of(journal: Journal, far: bool) -> Block:
     role = ranks.Role.of(journal)
     if role is None:
         return Block()
+    if role.rank == 0 and not role.primary:
+        return Block(_far())  # the primary numbers in rank 0's block (below)
     if role.rank is not None and role.rank < (1 << 20) // _RANK_BLOCK:
         start = role.rank * _RANK_BLOCK
         return Block(start, start + _RANK_BLOCK, _far())
