@@ -216,17 +216,8 @@ def test_the_producer_moves_nothing_while_its_threads_ship_and_again_once_they_s
     and the log calls then waited for it. Once the threads ship for good
     (the process died starting), the producer moves again."""
     from primeruns.journal import maintenance
-    from primeruns.journal.mover import Mover
 
-    real_step = Mover.step
-    moved = 0
-
-    def step(self: Mover) -> bool:
-        nonlocal moved
-        result = real_step(self)
-        moved += result
-        return result
-
+    moved = _count_moves(monkeypatch)
     real_tick = Journal._tick_mover
     ticks = 0
 
@@ -235,7 +226,6 @@ def test_the_producer_moves_nothing_while_its_threads_ship_and_again_once_they_s
         ticks += 1
         real_tick(self)
 
-    monkeypatch.setattr(Mover, "step", step)
     monkeypatch.setattr(Journal, "_tick_mover", tick)
     gate = held_uplink_starts(monkeypatch, tmp_path)  # the threads' phase lasts
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
@@ -262,19 +252,11 @@ def test_the_producer_moves_nothing_while_its_threads_ship_and_again_once_they_s
         ticks = 0
         wait_for(logged_through_ticks, timeout=60, what="the background's ticks")
         assert ticks >= 5
-        assert moved == 0
+        assert moved[0] == 0
         process = uplink._process  # type: ignore[attr-defined]
         os.kill(process.pid, signal.SIGKILL)
         process.wait_exit(30)
-
-        def moved_here() -> bool:
-            nonlocal logged
-            if logged < len(episodes):
-                run.log_episodes(episodes[logged : logged + 2])
-                logged += 2
-            return moved > 0
-
-        wait_for(moved_here, timeout=60, what="the producer to move again")
+        logged = _log_until_moved(run, episodes, logged, moved, 60, "the producer to move again")
         run.log_episodes(episodes[logged:])
         run.finish(timeout=60)
         assert not uplink.begun()  # type: ignore[attr-defined]
@@ -290,26 +272,17 @@ def test_the_producer_moves_again_once_its_threads_could_not_stand_down(
     with no watcher to try again: the producer's mover, left be for the
     handover, stayed so to the run's end."""
     from primeruns.journal import maintenance
-    from primeruns.journal.mover import Mover
     from primeruns.ship import startup
     from primeruns.ship.link import UplinkThreads
 
-    real_step = Mover.step
-    moved = 0
+    moved = _count_moves(monkeypatch)
     tried = 0
-
-    def step(self: Mover) -> bool:
-        nonlocal moved
-        result = real_step(self)
-        moved += result
-        return result
 
     def stand_down(self: UplinkThreads) -> bool:
         nonlocal tried
         tried += 1
         raise RuntimeError("refused")
 
-    monkeypatch.setattr(Mover, "step", step)
     monkeypatch.setattr(UplinkThreads, "stand_down", stand_down)
     monkeypatch.setattr(startup, "_CATCH_UP_S", 0.0)
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
@@ -319,17 +292,10 @@ def test_the_producer_moves_again_once_its_threads_could_not_stand_down(
     uplink = run._supervisor.uplink  # type: ignore[union-attr]
     run.log_episodes(episodes[:2])
     wait_for(lambda: tried, timeout=60, what="the handover")
-    moved = 0
-    logged = 2
-
-    def moved_here() -> bool:
-        nonlocal logged
-        if logged < len(episodes):
-            run.log_episodes(episodes[logged : logged + 2])
-            logged += 2
-        return moved > 0
-
-    wait_for(moved_here, timeout=30, what="the producer to move once the handover failed")
+    moved[0] = 0
+    logged = _log_until_moved(
+        run, episodes, 2, moved, 30, "the producer to move once the handover failed"
+    )
     assert uplink._state == "threads"  # type: ignore[attr-defined]
     run.log_episodes(episodes[logged:])
     run.finish(timeout=60)
@@ -346,19 +312,9 @@ def test_the_producer_moves_again_once_its_uplink_process_is_long_in_coming(
     count (a quarter of the room left, raw) ever woke the mover, so the
     whole run's spool stayed unmoved."""
     from primeruns.journal import maintenance
-    from primeruns.journal.mover import Mover
     from primeruns.ship import startup
 
-    real_step = Mover.step
-    moved = 0
-
-    def step(self: Mover) -> bool:
-        nonlocal moved
-        result = real_step(self)
-        moved += result
-        return result
-
-    monkeypatch.setattr(Mover, "step", step)
+    moved = _count_moves(monkeypatch)
     monkeypatch.setattr(startup, "_DEFER_MOVING_S", 0.0, raising=False)
     gate = held_uplink_starts(monkeypatch, tmp_path)  # never ready while the test runs
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
@@ -367,16 +323,9 @@ def test_the_producer_moves_again_once_its_uplink_process_is_long_in_coming(
         run = _eval_run(local_platform.url, runs)
         monkeypatch.setattr(maintenance, "SYNC_INTERVAL", 0.02)
         uplink = run._supervisor.uplink  # type: ignore[union-attr]
-        logged = 0
-
-        def moved_here() -> bool:
-            nonlocal logged
-            if logged < len(episodes):
-                run.log_episodes(episodes[logged : logged + 2])
-                logged += 2
-            return moved > 0
-
-        wait_for(moved_here, timeout=30, what="the producer to move while its process is held")
+        logged = _log_until_moved(
+            run, episodes, 0, moved, 30, "the producer to move while its process is held"
+        )
         assert uplink._state == "threads"  # type: ignore[attr-defined]
         run.log_episodes(episodes[logged:])
         run.finish(timeout=60)
@@ -384,6 +333,40 @@ def test_the_producer_moves_again_once_its_uplink_process_is_long_in_coming(
     finally:
         gate.touch()
     assert stored_once(local_platform.run(run.id), 200, "COMPLETED")
+
+
+def _count_moves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The entries the producer's mover moves from now on, counted in ``[0]``."""
+    from primeruns.journal.mover import Mover
+
+    real_step = Mover.step
+    moved = [0]
+
+    def step(self: Mover) -> bool:
+        result = real_step(self)
+        moved[0] += result
+        return result
+
+    monkeypatch.setattr(Mover, "step", step)
+    return moved
+
+
+def _log_until_moved(
+    run: Any, episodes: list[Any], logged: int, moved: list[int], timeout: float, what: str
+) -> int:
+    """Log the episodes past ``logged``, two at a time, until the mover moved
+    some (a tick follows writes); how many are logged then."""
+    done = logged
+
+    def moved_here() -> bool:
+        nonlocal done
+        if done < len(episodes):
+            run.log_episodes(episodes[done : done + 2])
+            done += 2
+        return moved[0] > 0
+
+    wait_for(moved_here, timeout=timeout, what=what)
+    return done
 
 
 _PRODUCER = """
