@@ -215,7 +215,6 @@ def test_the_producer_moves_nothing_while_its_threads_ship_and_again_once_they_s
     (its dictionary training, then the batch the handover waited for),
     and the log calls then waited for it. Once the threads ship for good
     (the process died starting), the producer moves again."""
-    from primeruns.journal import maintenance
 
     moved = _count_moves(monkeypatch)
     real_tick = Journal._tick_mover
@@ -228,13 +227,9 @@ def test_the_producer_moves_nothing_while_its_threads_ship_and_again_once_they_s
 
     monkeypatch.setattr(Journal, "_tick_mover", tick)
     gate = held_uplink_starts(monkeypatch, tmp_path)  # the threads' phase lasts
-    runs = point_at(monkeypatch, tmp_path, local_platform.url)
     episodes = workloads.gsm8k(200)
     try:
-        run = _eval_run(local_platform.url, runs)
-        # Ticks come sooner from here on (the first, a second after init()'s
-        # first write, comes after the threads started, as in a real run).
-        monkeypatch.setattr(maintenance, "SYNC_INTERVAL", 0.02)
+        run = _ticking_eval_run(monkeypatch, tmp_path, local_platform.url)
         uplink = run._supervisor.uplink  # type: ignore[union-attr]
         logged = 0
 
@@ -271,7 +266,6 @@ def test_the_producer_moves_again_once_its_threads_could_not_stand_down(
     """A handover whose threads could not stand down leaves them shipping,
     with no watcher to try again: the producer's mover, left be for the
     handover, stayed so to the run's end."""
-    from primeruns.journal import maintenance
     from primeruns.ship import startup
     from primeruns.ship.link import UplinkThreads
 
@@ -285,10 +279,8 @@ def test_the_producer_moves_again_once_its_threads_could_not_stand_down(
 
     monkeypatch.setattr(UplinkThreads, "stand_down", stand_down)
     monkeypatch.setattr(startup, "_CATCH_UP_S", 0.0)
-    runs = point_at(monkeypatch, tmp_path, local_platform.url)
     episodes = workloads.gsm8k(200)
-    run = _eval_run(local_platform.url, runs)
-    monkeypatch.setattr(maintenance, "SYNC_INTERVAL", 0.02)
+    run = _ticking_eval_run(monkeypatch, tmp_path, local_platform.url)
     uplink = run._supervisor.uplink  # type: ignore[union-attr]
     run.log_episodes(episodes[:2])
     wait_for(lambda: tried, timeout=60, what="the handover")
@@ -311,17 +303,14 @@ def test_the_producer_moves_again_once_its_uplink_process_is_long_in_coming(
     starved in a run) kept the threads shipping, and nothing but the room
     count (a quarter of the room left, raw) ever woke the mover, so the
     whole run's spool stayed unmoved."""
-    from primeruns.journal import maintenance
     from primeruns.ship import startup
 
     moved = _count_moves(monkeypatch)
-    monkeypatch.setattr(startup, "_DEFER_MOVING_S", 0.0, raising=False)
+    monkeypatch.setattr(startup, "_DEFER_MOVING_S", 0.0)
     gate = held_uplink_starts(monkeypatch, tmp_path)  # never ready while the test runs
-    runs = point_at(monkeypatch, tmp_path, local_platform.url)
     episodes = workloads.gsm8k(200)
     try:
-        run = _eval_run(local_platform.url, runs)
-        monkeypatch.setattr(maintenance, "SYNC_INTERVAL", 0.02)
+        run = _ticking_eval_run(monkeypatch, tmp_path, local_platform.url)
         uplink = run._supervisor.uplink  # type: ignore[union-attr]
         logged = _log_until_moved(
             run, episodes, 0, moved, 30, "the producer to move while its process is held"
@@ -333,6 +322,17 @@ def test_the_producer_moves_again_once_its_uplink_process_is_long_in_coming(
     finally:
         gate.touch()
     assert stored_once(local_platform.run(run.id), 200, "COMPLETED")
+
+
+def _ticking_eval_run(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, url: str) -> Any:
+    """An evaluation against ``url`` whose journal's background ticks come
+    every 0.02 s once it is made (the first, a second after ``init()``'s first
+    write, comes after the threads started, as in a real run)."""
+    from primeruns.journal import maintenance
+
+    run = _eval_run(url, point_at(monkeypatch, tmp_path, url))
+    monkeypatch.setattr(maintenance, "SYNC_INTERVAL", 0.02)
+    return run
 
 
 def _count_moves(monkeypatch: pytest.MonkeyPatch) -> list[int]:
