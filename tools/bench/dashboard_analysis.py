@@ -45,7 +45,12 @@ def post_eval(data: Path, episodes: int) -> str:
     """An online evaluation of ``episodes`` samples on a local platform in ``data``; its id."""
     from primeruns.projection import record_to_samples
 
-    rows = [record_to_samples(e, {})[0] for e in benchlib.records("gsm8k-eval")]
+    rows = []
+    for episode in benchlib.records("gsm8k-eval"):
+        samples = record_to_samples(episode, {})
+        if not samples:
+            raise SystemExit(f"episode {episode.get('id')!r} makes no sample row")
+        rows.append(samples[0])
     with benchlib.local_platform(data) as server, httpx.Client(base_url=server.url) as http:
         headers = {"Authorization": "Bearer bench"}
         made = http.post(
@@ -91,7 +96,7 @@ def child(where: str, path: Path, run_id: str, before_way: bool) -> dict[str, An
             from primeruns.local.dashboard import stored_rows
 
             read = stored_rows.read
-            stored_rows.read = lambda *a: [(row, None) for row, _ in read(*a)]  # type: ignore[assignment]
+            stored_rows.read = lambda *a: [(row, None) for row, _ in read(*a)]
         app = Starlette(routes=routes.dashboard_routes())
         app.state.dashboard_source = PlatformSource(Database(path), path / "objects")
     else:

@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from benchlib import ROOT
 
@@ -53,7 +54,7 @@ print(run.journal_path.name)
     return done.stdout.strip().splitlines()[-1]
 
 
-def render(tree: Path, runs: Path, paths: list[str]) -> dict[str, object]:
+def render(tree: Path, runs: Path, paths: list[str]) -> dict[str, Any]:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     done = subprocess.run(
         [sys.executable, str(PAGES_RSS), str(runs), *paths],
@@ -82,14 +83,14 @@ def main() -> int:
         print("|---|---|---|---|---|")
         for name, tree in trees:
             result = render(tree, runs, paths)
-            seconds = [p["seconds"] for p in result["pages"]]  # type: ignore[attr-defined]
-            status = {p["status"] for p in result["pages"]}  # type: ignore[attr-defined]
+            seconds = [p["seconds"] for p in result["pages"]]
+            status = {p["status"] for p in result["pages"]}
             assert status == {200}, result
             print(f"| {name} | {result['maxrss_mb']} | " + " | ".join(map(str, seconds)) + " |")
         # The analysis (every episode's row) is a route of its own, loaded
         # after the first page: its cost, in this tree, after that page's.
         analysed = render(ROOT, runs, [*paths[1:2], f"/dashboard/evaluations/{run_id}/analysis"])
-        pages = analysed["pages"]  # type: ignore[index]
+        pages = analysed["pages"]
         print(
             f"this tree's analysis, after its first page: {pages[1]['seconds']} s"
             f" (status {pages[1]['status']}), peak RSS {analysed['maxrss_mb']} MB"

@@ -303,7 +303,7 @@ def _before_notes(results: dict[str, list[Result]]) -> list[str]:
     rounds = list(zip(results["ours"], results[BEFORE], results["vendor"], strict=True))
 
     def median(of: Any) -> float:
-        return statistics.median(of(ours, before, vendor) for ours, before, vendor in rounds)
+        return float(statistics.median(of(ours, before, vendor) for ours, before, vendor in rounds))
 
     def both(r: Result) -> float:
         return r.cpu_s + r.child_cpu_s
@@ -326,7 +326,7 @@ def _journal_notes(timed: list[Result]) -> list[str]:
     reports = [(r, r.journal) for r in timed if r.journal is not None]
 
     def median(of: Any) -> float:
-        return statistics.median(of(r, j) for r, j in reports)
+        return float(statistics.median(of(r, j) for r, j in reports))
 
     cost = median(lambda r, j: r.journal_cost)
     groups = sorted({g for _, j in reports for g in j["journal_cpu_by"]})

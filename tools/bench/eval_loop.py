@@ -77,7 +77,7 @@ def _split(out: dict[str, Any]) -> tuple[list[float], list[float]]:
 
 def _table(results: dict[str, list[dict[str, Any]]], steps: int, repeats: int) -> Table:
     def med(sdk: str, of: Any) -> float:
-        return statistics.median(of(r) for r in results[sdk])
+        return float(statistics.median(of(r) for r in results[sdk]))
 
     def pct(samples: list[float], which: int) -> float:
         return benchlib.pcts(samples)[which] * 1000 if samples else float("nan")

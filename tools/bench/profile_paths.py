@@ -122,12 +122,12 @@ def profile_shipping(quick: bool) -> str:
                     if not got.entries:
                         break
                     prepared = sink.prepare(got.entries, binding)
-                    last = (
-                        int(prepared.state.get("last_seq", got.next_after))
-                        if prepared
-                        else got.next_after
-                    )
-                    after = last
+                    restore = getattr(sink, "restore", None)
+                    if prepared is not None and prepared.carry is not None and restore:
+                        restore(prepared.carry)  # as the shipper does once it is recorded
+                    # A sink that used only a prefix names the last entry it took.
+                    last = prepared.last_seq if prepared is not None else None
+                    after = got.next_after if last is None else last
             profiler.stop()
         finally:
             journal.close()

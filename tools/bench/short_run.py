@@ -73,7 +73,7 @@ def run(quick: bool, repeat: int | None = None) -> list[Table]:
 
 def _table(results: dict[str, list[dict[str, Any]]], repeats: int) -> Table:
     def median(sdk: str, of: Any) -> float:
-        return statistics.median(of(out) for out in results[sdk])
+        return float(statistics.median(of(out) for out in results[sdk]))
 
     vendor = median("vendor", lambda o: o["wall_s"])
     vendor_cold = median("vendor", _cold)

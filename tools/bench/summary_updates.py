@@ -155,7 +155,7 @@ def measure(tree: Path, journal: Path, updates: int) -> dict[str, float]:
         text=True,
         check=True,
     )
-    out = json.loads(done.stdout.strip().splitlines()[-1])
+    out: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
     if out["step"] != updates - 1 or out["index_step"] != updates - 1:
         raise SystemExit(f"the last summary was not read: {out}")
     t0 = time.perf_counter()
@@ -221,13 +221,13 @@ def run(
     )
     for name, tree in cases:
         for count in counts:
-            got = shipped(tree, count)
+            kept = shipped(tree, count)
             ship.add(
                 name,
                 f"{count:,}",
-                f"{got['disk_dropped']:,}",
-                f"{got['disk_bytes'] / 1e3:.0f}",
-                f"{got['memory_bytes'] / 1e3:.1f}",
+                f"{kept['disk_dropped']:,}",
+                f"{kept['disk_bytes'] / 1e3:.0f}",
+                f"{kept['memory_bytes'] / 1e3:.1f}",
             )
     return [table, ship]
 

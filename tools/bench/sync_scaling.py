@@ -62,6 +62,7 @@ import benchlib
 from benchlib import API_KEY, TEAM, Table
 
 import primeruns as pr
+from primeruns.local import LocalPlatform
 
 SIZES = (2_000, 5_000, 20_000, 100_000)
 QUICK_SIZES = (1_000, 4_000, 16_000)
@@ -289,8 +290,8 @@ def measure(sizes: tuple[int, ...], trees: list[tuple[str, Path]]) -> list[Table
         "the platform are two busy processes of one interpreter each, so their CPU per row "
         "on those cores bounds the rate, whatever the requests in flight"
     )
-    produced = [r[3] for name, _ in trees for r in rows[name]]
-    t.notes.append(f"the producer logged {min(produced):,.0f}-{max(produced):,.0f} steps/s")
+    rates = [r[3] for name, _ in trees for r in rows[name]]
+    t.notes.append(f"the producer logged {min(rates):,.0f}-{max(rates):,.0f} steps/s")
     return [t, measure_alone(sizes[1] if len(sizes) > 1 else sizes[0], trees)]
 
 
@@ -320,7 +321,7 @@ def measure_alone(steps: int, trees: list[tuple[str, Path]]) -> Table:
     return t
 
 
-def check_landed(server: benchlib.LocalPlatform, journal: Path, steps: int) -> None:
+def check_landed(server: LocalPlatform, journal: Path, steps: int) -> None:
     """Every metrics row and training sample object is on the platform, once."""
     del journal
     import sqlite3

@@ -95,7 +95,7 @@ def run(quick: bool, repeat: int | None = None) -> list[Table]:
 
 def _table(results: dict[str, list[dict[str, Any]]], steps: int, repeats: int) -> Table:
     def med(sdk: str, key: str) -> float:
-        return statistics.median(r[key] for r in results[sdk])
+        return float(statistics.median(r[key] for r in results[sdk]))
 
     def log_pct(sdk: str) -> tuple[float, float]:
         p50s, p99s = [], []
