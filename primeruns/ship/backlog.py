@@ -64,6 +64,7 @@ from .mirror import (
     open_sync_journal,
     snapshot,
 )
+from .original_here import OriginalHere
 from .policy import RetryPolicy
 from .uplink import Progress, Uplink, journal_settings, terminal_state
 
@@ -351,22 +352,27 @@ def _damaged_and_final(
     is gone (a scan of every entry: only for such a copy); else none. A
     copy that holds less than its original here is not final, damaged or
     not, whether its job ended or not: a ``cp`` cut short leaves one so (the
-    original may hold the finish).
+    original may hold the finish). Nor is one whose damaged or missing
+    entry its original here holds intact (a bit flipped in transfer): the
+    original, or a copy taken again, brings it.
 
     Found from each entry's checksum, nothing decompressed (``damage(decode=False)``):
     decompressing every entry here, and again in the import right after,
     was a tenth of a replay's own CPU. A frame written corrupt, which only
-    decompressing finds, is met by the import, which passes over it as
-    over any damage of a final copy (``import_new``), counted lost alike."""
+    decompressing finds, is met by the import, which treats it as any
+    damage of a final copy (``import_new``): counted lost, or stopped at
+    where the original holds it intact."""
     if (root / source.local_id / DATA_NAME).exists():
         return []
     dead = origin.producer_state() == "dead"
     if not (dead or job_ended) or (dead and _stale(origin, source.damaged_end())):
         return []
     damage = source.damage(decode=False)  # the intact entries' seqs not kept: unread here
-    lacking = [d.seq for d in damage if d.seq is not None and _lacks(source, d.seq)]
-    if dead and _original_holds(origin, lacking):
-        return []  # behind its original: imported up to the gap (``_import_copy``)
+    seqs = [d.seq for d in damage if d.seq is not None]
+    if dead and seqs:
+        with contextlib.closing(OriginalHere(origin)) as original:
+            if original.holds(seqs):
+                return []  # behind its original: imported up to the gap (``_import_copy``)
     return damage
 
 
@@ -390,9 +396,12 @@ def _import_copy(
     stale = _stale(origin, source.damaged_end()) if producer == "dead" else None
     final = (producer == "dead" or job_ended) and stale is None
     behind: list[int] = []
+    original = OriginalHere(origin if producer == "dead" else None)
 
     def held_by_original(seq: int) -> bool:
-        if producer == "dead" and _lacks(source, seq) and _original_holds(origin, [seq]):
+        # Missing or damaged in the copy alike: either is the copy's alone
+        # when the original holds the entry intact, and no loss.
+        if original.holds([seq]):
             behind.append(seq)
             return True
         return False
@@ -402,11 +411,15 @@ def _import_copy(
     except BaseException:
         journal.close()
         raise
+    finally:
+        original.close()
     if behind and origin is not None:
         final = False
+        seq = behind[0]
+        has = f"lacks entry {seq}" if _lacks(source, seq) else f"holds entry {seq} damaged"
         stale = (
-            f"the copy lacks entry {behind[0]}, which its original at {origin.path} "
-            "holds: sync the original, or copy it again"
+            f"the copy {has}, which its original at {origin.path} holds intact: "
+            "sync the original, or copy it again"
         )
     if created:
         log.info("prime-runs: %s is a copy; syncing it through %s", path, journal.path)
@@ -419,33 +432,12 @@ def _import_copy(
 
 
 def _lacks(source: Journal, seq: int) -> bool:
-    """Whether the copy ``source`` lacks entry ``seq`` (one it holds damaged
-    is not lacking: its damage is the copy's own, counted as such)."""
+    """Whether the copy ``source`` lacks entry ``seq``, rather than holding
+    it damaged (what the report says of it)."""
     try:
         return source.get(seq) is None
     except JournalError:
         return False
-
-
-def _original_holds(origin: Origin | None, seqs: list[int]) -> bool:
-    """Whether the original of a copy (here: ``producer_state``) holds one of
-    ``seqs`` intact, entries the copy lacks. Its files
-    copied at different moments while its producer wrote (``data.mdb``
-    before the mover moved a spool segment into it and deleted it, the
-    segment after), a copy misses entries in its middle and ends where its
-    original does: taken for a final copy, they were passed over and counted
-    lost, and no later copy brought them (the sync journal had gone past)."""
-    if origin is None or not seqs:
-        return False
-    try:
-        with Journal.open(Path(origin.path), owner=False) as original:
-            for seq in seqs:
-                with contextlib.suppress(JournalError):  # damaged there too
-                    if original.get(seq) is not None:
-                        return True
-    except JournalError:
-        return False  # the original cannot be read: the copy is all there is
-    return False
 
 
 def _stale(origin: Origin | None, source_end: int) -> str | None:

@@ -311,9 +311,9 @@ def import_new(
     copy's end is passed over too, nothing after it imported. ``after``: the
     seq the copy's entries begin past, none before it to import
     (``_compacted_through``). ``held_elsewhere(seq)``: whether the copy's
-    original still holds an entry the copy does not; a final import stops
-    there too, as a copy that is not final does (the copy is
-    behind its original, which a later copy brings whole)."""
+    original still holds intact an entry the copy lacks or holds damaged; a
+    final import stops there too, as a copy that is not final does (the
+    copy is behind its original, which a later copy brings whole)."""
     upto = max(dest.last_seq(), after)
     dest.appends_follow(upto)  # the copy's entries, under their own seqs
     # Past the copy's last entry, those damage cost its newest spool segment
