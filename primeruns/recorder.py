@@ -34,6 +34,7 @@ from .exceptions import (
 from .journal import EntryKind, Journal
 from .journal.frames import MAX_ENTRY_BYTES
 from .journal.fullness import full_cause
+from .journal.types import loss_counts
 from .models import OnError, RunKind
 from .ship import ledger
 
@@ -131,9 +132,9 @@ class Recorder:
         out: dict[str, int] = {}
         if self._encode_failed:
             out["encode"] = self._encode_failed
-        for sink, loss in self.losses().items():
-            if sink != "journal" and loss.get("count"):
-                out[sink] = out.get(sink, 0) + int(loss["count"])
+        for sink, count in loss_counts(self.losses()).items():
+            if sink != "journal" and count:
+                out[sink] = out.get(sink, 0) + count
         return out
 
     def owner_process(self) -> bool:

@@ -25,7 +25,7 @@ from typing import Any, Literal
 from .exceptions import JournalCorruptError, JournalError
 from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, journal_info, list_journals
 from .journal.by_kind import seqs_of
-from .journal.types import K_SKIPPED, skipped_within
+from .journal.types import K_SKIPPED, as_count, skipped_within
 from .models import CRASH_ERROR, RUN_KIND, RunKind
 from .ship.copies import (
     K_SOURCE_LOSSES,
@@ -36,6 +36,7 @@ from .ship.copies import (
     sync_names,
     sync_path,
     sync_root,
+    uncarried,
 )
 from .sinks.kinds import records_left, sink_kinds
 from .spec import RunSpec, listed_spec
@@ -179,16 +180,13 @@ class RunStatus:
         if self.synced is None:
             return own
         merged = {sink: _loss(value) for sink, value in self.synced.info.losses.items()}
+        counted = {sink: loss["count"] for sink, loss in own.items()}
         carried = self.synced.info.meta.get(K_SOURCE_LOSSES)
-        if not isinstance(carried, dict):
-            carried = {}
-        for sink, loss in own.items():
-            before = carried.get(sink)
-            more = loss["count"] - (before if _is_count(before) else 0)
-            if more > 0:
-                into = merged.setdefault(sink, {"count": 0, "reasons": []})
-                into["count"] += more
-                into["reasons"] += [r for r in loss["reasons"] if r not in into["reasons"]]
+        for sink, more in uncarried(counted, carried).items():
+            loss = own[sink]
+            into = merged.setdefault(sink, {"count": 0, "reasons": []})
+            into["count"] += more
+            into["reasons"] += [r for r in loss["reasons"] if r not in into["reasons"]]
         return merged
 
     @property
@@ -231,17 +229,15 @@ class RunStatus:
         return max(0.0, time.time() - self.info.modified) if self.info.modified else 0.0
 
 
-def _is_count(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _loss(value: object) -> dict[str, Any]:
     """One sink's loss as a journal's meta holds it (untrusted: a copy is
-    another machine's file), as ``{"count": int, "reasons": [str]}``."""
+    another machine's file), as ``{"count": int, "reasons": [str]}``: a count
+    that is none (``as_count``) is 0, named as damage by its reader
+    (``losses_in``)."""
     count = value.get("count") if isinstance(value, dict) else None
     reasons = value.get("reasons") if isinstance(value, dict) else None
     return {
-        "count": count if _is_count(count) else 0,
+        "count": as_count(count) or 0,
         "reasons": [str(r) for r in reasons] if isinstance(reasons, list) else [],
     }
 

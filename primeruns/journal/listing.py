@@ -247,6 +247,9 @@ def _info(
     try:
         with Journal.open(path, owner=False, written_here=written_here) as journal:
             meta, as_read = _read_meta(journal, meta_bounds)
+            # Read before the damage is: a loss record that is not one is
+            # named among it (``losses_in``).
+            losses = journal.losses()
             structural = journal.structural_damage()
             verified = journal.damage() if verify else None
             damage = list(verified if verified is not None else structural)
@@ -259,7 +262,7 @@ def _info(
             fields: dict[str, Any] = {
                 "last_seq": last_seq,
                 "cursors": cursors,
-                "losses": journal.losses(),
+                "losses": losses,
                 "finish": _finish_record(journal, last_seq),
             }
     except Exception as exc:  # a listing never raises for one bad run

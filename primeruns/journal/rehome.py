@@ -28,6 +28,7 @@ from primeruns.journal.journal import Durability, Journal
 from primeruns.journal.meta import K_BUDGET
 from primeruns.journal.origin import K_ORIGIN, Origin
 from primeruns.journal.store import detach_store
+from primeruns.journal.types import loss_counts
 
 __all__ = ["gone", "leave_if_cut_short", "rehome"]
 
@@ -122,10 +123,10 @@ def _copy(old: Journal) -> Journal:
                 new.ack(sink, cursor.acked)
             if cursor.inflight is not None:
                 new.set_inflight(sink, cursor.inflight)
-        for sink, loss in old.losses().items():
-            count = loss.get("count", 0) if isinstance(loss, dict) else 0
-            reasons = (loss.get("reasons") or ["counted before the move"]) if count else []
-            if isinstance(count, int) and count > 0:
+        losses = old.losses()
+        for sink, count in loss_counts(losses).items():
+            if count:
+                reasons = losses[sink].get("reasons") or ["counted before the move"]
                 new.record_loss(sink, count, str(reasons[-1]))
     except BaseException:
         new.close()

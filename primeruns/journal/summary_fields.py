@@ -27,7 +27,7 @@ from typing import Any
 from primeruns.journal.layout import dumps
 from primeruns.journal.meta import K_LOCAL_ID, K_OVERSIZED
 from primeruns.journal.origin import boot_id
-from primeruns.journal.types import Damage, JournalInfo, is_loss_record
+from primeruns.journal.types import Damage, JournalInfo, as_count, is_loss_record
 
 __all__ = ["MetaBounds", "fields_of", "info_from", "local_id_of", "verified_in"]
 
@@ -93,9 +93,9 @@ def info_from(
         if not (
             isinstance(meta, dict)
             and isinstance(sizes, dict)
-            and _is_int(last_seq)
+            and as_count(last_seq) is not None
             and isinstance(cursors, dict)
-            and all(_is_int(v) for v in cursors.values())
+            and all(as_count(v) is not None for v in cursors.values())
             and isinstance(losses, dict)
             and all(is_loss_record(v) for v in losses.values())
             and (finish is None or isinstance(finish, dict))
@@ -103,7 +103,7 @@ def info_from(
         ):
             return None
         damage = [Damage(seq, str(what), int(n)) for seq, what, n in found]
-        if not all(d.seq is None or _is_int(d.seq) for d in damage):
+        if not all(d.seq is None or as_count(d.seq) is not None for d in damage):
             return None
         after = {
             int(at): Counter({int(kind): int(n) for kind, n in counts.items()})
@@ -144,7 +144,3 @@ def _size(key: str, value: Any, sizes: dict[str, Any], most: int) -> int:
     if isinstance(size, int):
         return size
     return len(dumps(value)) if most < _SMALL_META else 0
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)

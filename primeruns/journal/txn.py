@@ -203,11 +203,24 @@ class Transactions:
     def losses_in(self, txn: lmdb.Transaction) -> dict[str, dict[str, Any]]:
         value = self.meta_or(txn, K_LOSSES, {})
         if not isinstance(value, dict):
+            self._damaged(f"meta {K_LOSSES!r} is not a record per sink: left out")
             return {}
-        # A sink's record of another shape (a hostile or foreign journal) is
-        # left out: ``ls`` and ``show`` read its count as a number and failed
-        # with a traceback, and a loss counted for that sink starts it afresh.
-        return {sink: rec for sink, rec in value.items() if is_loss_record(rec)}
+        # A sink's record of another shape (a hostile or foreign journal: a
+        # count that is not one, ``as_count``) is left out and named as
+        # damage: ``ls`` and ``show`` read its count as a number and failed
+        # with a traceback, or summed a negative one into the run's total.
+        # A loss counted for that sink starts it afresh.
+        kept = {sink: rec for sink, rec in value.items() if is_loss_record(rec)}
+        for sink in value.keys() - kept.keys():
+            shown = repr(value[sink])[:80]
+            self._damaged(f"meta {K_LOSSES!r}: sink {sink!r} holds no loss count ({shown})")
+        return kept
+
+    def _damaged(self, what: str) -> None:
+        """Name meta found damaged (once, however often it is read)."""
+        found = Damage(None, what)
+        if found not in self.problems:
+            self.problems.append(found)
 
     def add_loss(self, txn: lmdb.Transaction, sink: str, count: int, reason: str | None) -> None:
         """Count ``count`` records lost for ``sink`` (the last few reasons are kept).

@@ -7,6 +7,7 @@ read transaction (or its memory map) alive after the call that made it.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,9 @@ __all__ = [
     "InFlight",
     "JournalInfo",
     "ReadResult",
+    "as_count",
     "is_loss_record",
+    "loss_counts",
     "skipped_ranges",
     "skipped_within",
 ]
@@ -107,20 +110,38 @@ class CursorState:
     inflight: InFlight | None
 
 
+def as_count(value: Any) -> int | None:
+    """``value`` if it is a count as this package writes one (an int, not a
+    bool, not negative), else None: damage. A journal, or a summary of one,
+    is untrusted input, and a negative count taken into a total made
+    ``ls`` and ``show`` report fewer records lost than were, or a negative
+    number of them: every reader of a count takes it through here."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
 def is_loss_record(value: Any) -> bool:
     """Whether ``value`` is one sink's record of ``journal.losses`` as this
-    package writes it: ``{"count": int, "reasons": [str, ...]}`` (reasons
-    optional). Every reader of the counts relies on that shape, and a journal
-    (or a summary of one) is untrusted input."""
+    package writes it: ``{"count": count, "reasons": [str, ...]}`` (reasons
+    optional; the count by :func:`as_count`). Every reader of the counts
+    relies on that shape, and a journal (or a summary of one) is untrusted
+    input."""
     if not isinstance(value, dict):
         return False
     count, reasons = value.get("count", 0), value.get("reasons", [])
     return (
-        isinstance(count, int)
-        and not isinstance(count, bool)
+        as_count(count) is not None
         and isinstance(reasons, list)
         and all(isinstance(reason, str) for reason in reasons)
     )
+
+
+def loss_counts(losses: Mapping[str, Any]) -> dict[str, int]:
+    """Per sink, the count of each record of ``losses`` (``Journal.losses``,
+    or a listing's ``JournalInfo.losses``) that is one (``is_loss_record``);
+    the others are left out, as their reader reports them (``losses_in``)."""
+    return {sink: int(rec.get("count", 0)) for sink, rec in losses.items() if is_loss_record(rec)}
 
 
 def skipped_ranges(value: Any) -> list[tuple[int, int]]:

@@ -23,6 +23,7 @@ from ..journal.meta import K_LOCAL_ID
 from ..journal.origin import K_ORIGIN, Origin
 from ..journal.store import DATA_NAME
 from ..journal.trust import UntrustedPathError, check_dir, check_file, make_private_dirs
+from ..journal.types import as_count
 from ..settings import default_sync_root
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "sync_names",
     "sync_path",
     "sync_root",
+    "uncarried",
     "valid_local_id",
 ]
 
@@ -45,6 +47,22 @@ K_SOURCE_PATH = "sync.source"  # a sync journal's meta: the copy last imported f
 # A sync journal's meta, per sink: the copy's loss count already carried over
 # (``mirror._carry_losses``); a listing adds what the copy counted since.
 K_SOURCE_LOSSES = "sync.source_losses"
+
+
+def uncarried(counts: Mapping[str, int], carried: Any) -> dict[str, int]:
+    """Per sink, what a copy counted lost (``counts``: ``loss_counts``) beyond
+    what its sync journal carried over already (``carried``: its
+    ``K_SOURCE_LOSSES``, read back as untrusted: a value that is not a count
+    carried nothing), for the sinks with more. What the import carries
+    (``mirror._carry_losses``) and what a listing of the copy adds to its
+    sync journal's losses (``RunStatus.losses``) are this one difference."""
+    before = carried if isinstance(carried, dict) else {}
+    out: dict[str, int] = {}
+    for sink, count in counts.items():
+        more = count - (as_count(before.get(sink)) or 0)
+        if more > 0:
+            out[sink] = more
+    return out
 
 
 def sync_root(environ: Mapping[str, str] | None = None) -> Path:

@@ -69,6 +69,7 @@ from ..journal.origin import K_ORIGIN, ORIGIN_FILE, Origin
 from ..journal.store import DATA_NAME
 from ..journal.tail import K_FLOOR, as_floor
 from ..journal.trust import UntrustedPathError, check_dir
+from ..journal.types import as_count, loss_counts
 from ..sinks.kinds import SINK_KINDS, sink_names
 from ..spec import SPEC_KEY, RunSpec, SpecError
 from . import sync_records
@@ -78,6 +79,7 @@ from .copies import (
     check_sync_root,
     make_sync_root,
     sync_root,
+    uncarried,
     valid_local_id,
 )
 from .workfolders import working_folder
@@ -172,7 +174,7 @@ def adopt_repaired(
         journal.set_meta(K_SOURCE_PATH, {"path": str(copy), "imported_upto": end})
         # The losses it holds are the copy's own: a later copy of the same
         # journal counts them again unless they are marked carried over.
-        journal.set_meta(K_SOURCE_LOSSES, _loss_counts(journal))
+        journal.set_meta(K_SOURCE_LOSSES, loss_counts(journal.losses()))
     with contextlib.suppress(FileNotFoundError):
         os.unlink(taken / ORIGIN_FILE)  # it is no one's original now
     try:
@@ -377,10 +379,7 @@ def _count_lost_at_end(source: Journal, dest: Journal, upto: int, gap: Damage) -
     counts nothing again (``K_SOURCE_DAMAGE``: the last entry counted)."""
     assert gap.seq is not None
     last = gap.seq + gap.entries - 1
-    counted = dest.get_meta(K_SOURCE_DAMAGE)
-    through = upto
-    if isinstance(counted, int) and not isinstance(counted, bool):
-        through = max(through, counted)
+    through = max(upto, as_count(dest.get_meta(K_SOURCE_DAMAGE)) or 0)
     if through >= last:
         return
     for sink in _run_sinks(dest):
@@ -507,32 +506,21 @@ def _append_in_order(dest: Journal, entries: list[Entry]) -> None:
         start = stop
 
 
-def _loss_counts(journal: Journal) -> dict[str, int]:
-    """The records ``journal`` counts lost, per sink."""
-    counts: dict[str, int] = {}
-    for sink, loss in journal.losses().items():
-        count = loss.get("count", 0) if isinstance(loss, dict) else 0
-        if isinstance(count, int) and not isinstance(count, bool):
-            counts[sink] = count
-    return counts
-
-
 def _carry_losses(source: Journal, dest: Journal) -> None:
-    seen = dest.get_meta(K_SOURCE_LOSSES) or {}
-    if not isinstance(seen, dict):
-        seen = {}
-    changed = False
-    reasons = source.losses()
-    for sink, count in _loss_counts(source).items():
-        before = seen.get(sink, 0) if isinstance(seen.get(sink), int) else 0
-        if count > before:
-            said = reasons[sink].get("reasons") or []
-            reason = str(said[-1]) if said else "counted by the producer"
-            dest.record_loss(sink, count - before, reason)
-            seen[sink] = count
-            changed = True
-    if changed:
-        dest.set_meta(K_SOURCE_LOSSES, seen)
+    """Count in ``dest`` what ``source`` counted lost beyond what earlier
+    imports carried over (``uncarried``), and remember how far that is."""
+    losses = source.losses()
+    counts = loss_counts(losses)
+    seen = dest.get_meta(K_SOURCE_LOSSES)
+    more = uncarried(counts, seen)
+    if not more:
+        return
+    for sink, count in more.items():
+        said = losses[sink].get("reasons") or []
+        reason = str(said[-1]) if said else "counted by the producer"
+        dest.record_loss(sink, count, reason)
+    kept = seen if isinstance(seen, dict) else {}
+    dest.set_meta(K_SOURCE_LOSSES, {**kept, **{sink: counts[sink] for sink in more}})
 
 
 def _files(directory: Path | int) -> dict[str, tuple[int, int]]:

@@ -22,8 +22,8 @@ from sdk_helpers import API_KEY, kill_producer, point_at
 from spooled import acked_then_cut
 
 import primeruns as pr
-from primeruns.journal import EntryKind, Journal, JournalInfo
-from primeruns.reports import pending_per_sink
+from primeruns.journal import EntryKind, Journal, JournalInfo, journal_info
+from primeruns.reports import describe, pending_per_sink
 
 
 def _offline_eval(runs: Path, episodes: int, **finish: Any) -> Path:
@@ -344,15 +344,48 @@ def test_a_run_whose_loss_counts_are_of_the_wrong_shape_is_listed_and_shown(
     rows = _ls(runs)
     assert rows["hostile"]["losses"] == {"metrics": {"count": 3, "reasons": ["rejected: bad row"]}}
     assert rows[good.name]["losses"] == {}
-    for argv in (["ls", "--runs-dir", str(runs)], ["show", str(runs / "hostile")]):
-        done = cli_subprocess(*argv)
-        assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    listed = cli_subprocess("ls", "--runs-dir", str(runs))
+    assert listed.returncode == 0 and "Traceback" not in listed.stderr, listed.stderr
+    shown = cli_subprocess("show", str(runs / "hostile"))
+    assert shown.returncode == 4 and "Traceback" not in shown.stderr, shown.stderr  # damage
     with Journal.open(runs / "hostile") as journal:
         journal.record_loss("traces", 1, "damaged: entry 1 missing")
         assert journal.losses()["traces"] == {
             "count": 1,
             "reasons": ["damaged: entry 1 missing"],
         }
+
+
+def test_a_loss_count_that_is_no_count_is_named_as_damage_and_never_summed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A journal is untrusted input: a negative count in its
+    ``journal.losses`` was summed into the run's total, and ``ls`` and
+    ``show`` said -998 records lost where 2 were. A count that is not one
+    (negative, a bool, a float) is left out of every total and named as the
+    journal's damage, as any damaged meta is (``show`` exits 4)."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    hostile = {
+        "traces": {"count": -1000, "reasons": ["rejected"]},
+        "metrics": {"count": True, "reasons": []},
+        "train_samples": {"count": 2.5, "reasons": []},
+        "eval_samples": {"count": 2, "reasons": ["rejected: bad row"]},
+    }
+    with Journal.create(runs, local_id="hostile") as journal:
+        journal._tx.write(lambda txn: journal._tx.put_meta(txn, "journal.losses", hostile))
+    path = runs / "hostile"
+    kept = {"eval_samples": {"count": 2, "reasons": ["rejected: bad row"]}}
+    row = _ls(runs)["hostile"]
+    assert row["losses"] == kept, row
+    named = [d for d in row["damage"] if "journal.losses" in d]
+    assert len(named) == 3 and any("'traces'" in d and "-1000" in d for d in named), row
+    status = describe(journal_info(path))
+    assert status.losses == kept and status.losses_total == 2
+    shown = cli_subprocess("show", str(path), "--json")
+    assert shown.returncode == 4, shown.stderr
+    doc = json.loads(shown.stdout)
+    assert doc["losses"] == kept, doc
+    assert any("-1000" in d for d in doc["damage"]), doc["damage"]
 
 
 @pytest.mark.parametrize(

@@ -141,6 +141,11 @@ def test_a_summary_that_is_missing_or_mangled_is_read_again_from_the_journal(
         json.dumps(
             {**good, "fields": {**good["fields"], "losses": {"traces": {"count": "many"}}}}
         ).encode(),
+        # Counts that are none: a negative loss count was summed into ls's total.
+        json.dumps(
+            {**good, "fields": {**good["fields"], "losses": {"traces": {"count": -5}}}}
+        ).encode(),
+        json.dumps({**good, "fields": {**good["fields"], "last_seq": -1}}).encode(),
         json.dumps({**good, "fields": []}).encode(),
     ]
     for raw in mangled:

@@ -33,6 +33,7 @@ from primeruns.journal.origin import K_ORIGIN, Origin
 from primeruns.journal.spool import APPEND
 from primeruns.models import CRASH_ERROR
 from primeruns.ship import mirror
+from primeruns.ship.copies import K_SOURCE_LOSSES
 from primeruns.ship.mirror import K_SOURCE_ORIGIN, fingerprint, import_new, open_sync_journal
 from primeruns.spec import SPEC_KEY
 
@@ -266,6 +267,22 @@ def test_the_producer_counted_losses_are_carried_over_as_they_grow(tmp_path: Pat
             import_new(source, sync)
             assert sync.losses()["journal"]["count"] == 3 + extra
     producer.close()
+
+
+def test_a_carried_loss_count_that_is_no_count_carried_nothing(tmp_path: Path) -> None:
+    """A journal is untrusted input, and its meta is handed to the sync
+    journal made from it: a negative count of what was carried over
+    (``sync.source_losses``) made the import count more records lost than
+    the copy's producer had (3 - -5: 8). It carried nothing: 3 are lost."""
+    producer = Journal.create(tmp_path / "node", meta={K_SOURCE_LOSSES: {"journal": -5}})
+    _log(producer, 0, 5)
+    producer.record_loss("journal", 3, "the journal was full")
+    producer.close()
+    copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
+    with _synced(copy, tmp_path / "synced") as (source, sync, _):
+        import_new(source, sync)
+        assert sync.losses()["journal"]["count"] == 3
+        assert sync.get_meta(K_SOURCE_LOSSES) == {"journal": 3}
 
 
 def test_losses_a_repaired_copy_brought_are_not_counted_again_by_a_later_copy(
