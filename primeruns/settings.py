@@ -644,8 +644,18 @@ class SdkSettings:
         )
 
 
-def _default_runs_dir(read: _Reader, sources: dict[str, str]) -> Path:
-    explicit = read.value(RUNS_DIR_ENV, _parse_runs_dir)
+def _runs_dir_as_given(name: str, raw: str) -> Path:
+    """``PRIME_RUNS_DIR`` for an online run: what is there is not judged here.
+    A file at that path is a runs directory that cannot take the journal,
+    as a read-only or full one: the run journals in a fallback folder with
+    one warning (``refuge``), as it does for the ``runs_dir`` argument.
+    Refused, verifiers turned the error into a disabled run that kept
+    nothing, where the vendor's SDK, which reads no such variable, ships."""
+    return Path(raw.strip()).expanduser()
+
+
+def _default_runs_dir(read: _Reader, sources: dict[str, str], *, online: bool = False) -> Path:
+    explicit = read.value(RUNS_DIR_ENV, _runs_dir_as_given if online else _parse_runs_dir)
     if explicit is not None:
         sources["runs_dir"] = RUNS_DIR_ENV
         return explicit
@@ -668,12 +678,13 @@ def _resolve_sdk(
     mode_source: str,
     runs_dir: str | os.PathLike[str] | None,
     max_journal_bytes: int | None,
+    online_run: bool = False,
 ) -> SdkSettings:
     sources: dict[str, str] = {"mode": mode_source}
     if runs_dir is not None:
         directory, sources["runs_dir"] = Path(runs_dir), "argument"
     else:
-        directory = _default_runs_dir(read, sources)
+        directory = _default_runs_dir(read, sources, online=online_run)
     # A relative folder names one of the directory the run began in: a process
     # that changes directory later has not moved its journal. (Not resolved:
     # links are checked where the journal is opened, not followed here.)
@@ -785,7 +796,9 @@ def resolve_run_settings(
     argument made the run disabled. Then everything else: strictly for an
     online or offline run (ConfigurationError naming the variable; ValueError
     for a ``max_journal_bytes`` below 1 MiB); a disabled run uses none of it
-    and only warns. ``mode='online'`` without a key raises.
+    and only warns. ``mode='online'`` without a key raises. An online run's
+    ``PRIME_RUNS_DIR`` naming a file is no error here: the journal goes to
+    a fallback folder, as for any runs directory that cannot take it.
     """
     env: Mapping[str, str] = os.environ if environ is None else environ
     cfg = load_config_file() if config is None else config
@@ -816,6 +829,7 @@ def resolve_run_settings(
         mode_source=mode_source,
         runs_dir=runs_dir,
         max_journal_bytes=max_journal_bytes,
+        online_run=run_mode == "online",
     )
     if mode_source == "no API key":
         log.warning(

@@ -546,7 +546,7 @@ def _under_a_file(tmp_path: Path, *parts: str) -> Path:
     return blocker.joinpath(*parts)
 
 
-@pytest.mark.parametrize("what", ["runs_dir", "home"])
+@pytest.mark.parametrize("what", ["runs_dir", "home", "PRIME_RUNS_DIR at a file"])
 def test_an_unwritable_runs_dir_or_home_falls_back_to_a_private_journal_and_ships(
     what: str,
     local_platform: Any,
@@ -555,16 +555,21 @@ def test_an_unwritable_runs_dir_or_home_falls_back_to_a_private_journal_and_ship
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Before the fix init() raised JournalError (the vendor's SDK ships the
-    run; verifiers turned the error into a silently disabled run)."""
+    run; verifiers turned the error into a silently disabled run). And
+    ``PRIME_RUNS_DIR`` naming a file raised ConfigurationError from init(),
+    where the ``runs_dir`` argument naming one went to the fallback folder."""
     lp = local_platform
     runs = point_at(monkeypatch, tmp_path, lp.url)
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     refused = _under_a_file(tmp_path, "runs")
+    runs_dir: Path | None = None
     if what == "home":
         monkeypatch.setenv("HOME", str(refused))
-        runs_dir: Path | None = None
+    elif what == "PRIME_RUNS_DIR at a file":
+        refused = refused.parent  # the file itself
+        monkeypatch.setenv("PRIME_RUNS_DIR", str(refused))
     else:
         runs_dir = refused
     episodes = workloads.gsm8k(40)
