@@ -661,11 +661,18 @@ class Lifecycle:
             log.info("prime-runs: run key %r: how its run was closed is not recorded: %s", key, exc)
 
     def _send(
-        self, method: str, path: str, body: Mapping[str, Any], *, closes: str | None = None
+        self,
+        method: str,
+        path: str,
+        body: Mapping[str, Any],
+        *,
+        closes: str | None = None,
+        check: Callable[[dict[str, Any]], None] | None = None,
     ) -> dict[str, Any]:
         """A close-out call; ``closes``: the path to read the run back from
-        when the answer does not say the run is closed (``_closed``)."""
-        check = None if closes is None else (lambda answer: self._closed(answer, closes))
+        when the answer does not say the run is closed (``_closed``);
+        ``check``: judges the answer otherwise."""
+        check = check if closes is None else (lambda answer: self._closed(answer, closes))
         return self._call(method, path, body, deadline=self._deadline, check=check)
 
     def _step(self, what: str, call: Callable[[], Any]) -> bool:
@@ -697,9 +704,20 @@ class Lifecycle:
             update["metrics"] = dict(summary)
         # The summary update is sent first and on its own, so it lands even
         # if the status is refused (409); its failure alone does not hold the
-        # close-out back.
+        # close-out back: its retries (an answer that proves nothing) take
+        # half of the time left at most, the status the rest.
         if update:
-            self._step("update", lambda: self._send("PUT", path, update))
+
+            def landed(answer: dict[str, Any]) -> None:
+                self._updated(answer, run_id, path, update)
+
+            deadline = self._deadline
+            if deadline is not None:
+                self._deadline = time.monotonic() + max(0.0, deadline - time.monotonic()) / 2
+            try:
+                self._step("update", lambda: self._send("PUT", path, update, check=landed))
+            finally:
+                self._deadline = deadline
         if status == "completed":
             metrics = {"metrics": dict(summary)}
             return self._step(
@@ -713,6 +731,33 @@ class Lifecycle:
         if message:
             body["error_message"] = message[:_ERROR_MESSAGE_CAP]
         return self._step("finalize", lambda: self._send("PUT", path, body, closes=path))
+
+    def _updated(
+        self, answer: Mapping[str, Any], run_id: str, read_path: str, sent: Mapping[str, Any]
+    ) -> None:
+        """Raise unless an evaluation's update (its summary, its metadata) is
+        known to have landed: the platform answers with the evaluation; a
+        silent answer (a gateway's empty 200 or ``{}``, which may never have
+        forwarded it) is checked by reading the evaluation back. Taken
+        unproven, a failed run's summary was lost: its close-out, unlike a
+        completed run's finalize, does not carry it. Where the platform
+        offers no read (404), or its read shows no such field, the answer is
+        taken."""
+        if str(answer.get("evaluation_id") or answer.get("id") or "") == run_id:
+            return
+        try:
+            found = self._send("GET", read_path, {})
+        except NotFoundError:
+            return
+        for field_name, value in sent.items():
+            stored = found.get(field_name)
+            if not isinstance(stored, dict) or not isinstance(value, Mapping):
+                continue
+            if any(stored.get(k) != v for k, v in value.items()):
+                raise UnprovenAnswerError(
+                    f"the update of the evaluation's {field_name} was answered without the "
+                    "evaluation and is not on the platform; sending it again"
+                )
 
     def _closed(self, answer: Mapping[str, Any], read_path: str) -> None:
         """Raise unless the run is closed on the platform: an answer naming a

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
 import workloads
@@ -30,6 +31,8 @@ import primeruns as pr
 from primeruns.journal import Journal
 from primeruns.local import LocalPlatform
 from primeruns.local.objects import object_path
+from primeruns.platform import PlatformClient
+from primeruns.ship import uplink
 
 _TEAM = "team-receipts"
 _KEY = "receipts-key-0123456789"
@@ -343,3 +346,44 @@ def test_a_413_from_the_object_store_halves_a_synced_backlog_and_every_sample_la
     assert all(len(set(found)) == len(found) == 10 for found in ids.values())
     with Journal.open(run.journal_path, owner=False) as journal:
         assert journal.losses() == {}
+
+
+class _UpdateLostAtTheGateway(httpx.BaseTransport):
+    """The platform behind a gateway that answers the first update of an
+    evaluation's summary with an empty 200 and never passes it on."""
+
+    def __init__(self) -> None:
+        self._real = httpx.HTTPTransport()
+        self.swallowed = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "PUT" and b'"metrics"' in request.content and not self.swallowed:
+            self.swallowed += 1
+            return httpx.Response(200)
+        return self._real.handle_request(request)
+
+    def close(self) -> None:
+        self._real.close()
+
+
+def test_a_failed_evaluations_summary_a_gateway_answered_with_nothing_still_lands(
+    lp: LocalPlatform, settings: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A failed evaluation's close-out sends its summary in an update of its
+    # own (the status, sent next, carries none); the update's empty 200 was
+    # taken as stored, and the run was closed without its summary.
+    monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")  # the gateway is in this process
+    gateway = _UpdateLostAtTheGateway()
+    monkeypatch.setattr(
+        uplink, "PlatformClient", lambda settings: PlatformClient(settings, transport=gateway)
+    )
+    try:
+        run = _eval_run(settings, lp, "receipts-failed-summary")
+        run.log_episodes(workloads.gsm8k(5))
+        run.finish({"avg_reward": 0.25}, status="failed", error="the eval broke", timeout=60)
+    finally:
+        gateway.close()
+    assert gateway.swallowed == 1
+    stored = lp.run(run.id)
+    assert stored["status"] == "FAILED" and stored["error_message"] == "the eval broke"
+    assert stored["summary"]["avg_reward"] == 0.25
