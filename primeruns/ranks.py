@@ -106,8 +106,10 @@ BEING_SHIPPED = "being shipped by "
 _SHIPPING_COMMANDS = frozenset({"sync", "replay"})
 
 # Locks this process holds as the first attacher of a run, or as a launcher's
-# rank: kept open for the process's life (its exit releases them; a forked
-# child closes its copies, ``_after_fork_in_child``).
+# rank: kept open while the journal of the handle they made primary is in
+# use, and let go at a later attach once nobody uses it (``_let_go_of_done``;
+# the process's exit releases the rest; a forked child closes its copies,
+# ``_after_fork_in_child``).
 # Per run id: the lock's descriptor, and the journal of the handle it made primary.
 _held: dict[str, tuple[int, Path]] = {}
 
@@ -250,14 +252,17 @@ def _first_to_attach(runs_dir: Path, run_id: str, local_id: str) -> bool:
     """Take the run's lock in the runs directory if no living process holds
     it: True for the first process to attach the run, and again for one that
     attaches after that process ended (a requeued job)."""
-    if run_id in _held:
-        # This process attached the run before: that handle stays the primary
-        # while its journal is in use (its producer's or its uplink's).
-        fd, earlier = _held[run_id]
-        if lock_held(earlier):
-            return False
-        _held[run_id] = (fd, runs_dir / local_id)
-        return True
+    with forks_wait():  # (init() in several threads: one look at _held at a time)
+        _let_go_of_done(keep=run_id)
+        held = _held.get(run_id)
+        if held is not None:
+            # This process attached the run before: that handle stays the
+            # primary while its journal is in use (its producer's or uplink's).
+            fd, earlier = held
+            if lock_held(earlier):
+                return False
+            _held[run_id] = (fd, runs_dir / local_id)
+            return True
     digest = hashlib.sha256(run_id.encode()).hexdigest()[:32]
     folder = Path(runs_dir) / _LOCKS_DIR
     path = folder / f"{digest}{_LOCK_SUFFIX}"
@@ -282,6 +287,23 @@ def _first_to_attach(runs_dir: Path, run_id: str, local_id: str) -> bool:
         log.info("prime-runs: could not take the run's primary lock: %s", exc)
         return True
     return taken is not None
+
+
+def _let_go_of_done(keep: str) -> None:
+    """Close the locks held for journals nobody uses any longer (their runs
+    finished and shipped: no producer or uplink holds them), but ``keep``'s,
+    which the caller looks at itself. Kept for the process's life, a process
+    opening run after run (an evaluation per epoch of a training) held one
+    descriptor per run it had made, until its opens failed (EMFILE). A run
+    attached again after its lock was let go takes it again if no other
+    process did meanwhile: the first to attach, as after a requeue."""
+    with forks_wait():  # no fork copies a descriptor as it is closed
+        for key, (fd, journal) in list(_held.items()):
+            if key == keep or lock_held(journal):
+                continue
+            del _held[key]
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
 
 def _take(path: Path) -> int | None:

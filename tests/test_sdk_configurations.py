@@ -614,6 +614,39 @@ def test_an_online_run_whose_prime_runs_folder_others_can_write_goes_to_a_refuge
     assert not (folder / "runs").exists()
 
 
+def test_a_process_opening_evaluation_after_evaluation_keeps_no_descriptor_per_run(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """prime-rl's eval monitor opens an evaluation per epoch and environment,
+    for a whole training, in one process. Before, each run it made kept its
+    primary lock (``<runs dir>/.primary/``) open for the process's life: one
+    descriptor per run, until opens failed with EMFILE (init() raised
+    OSError, an uplink could not start)."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")  # shipped and let go by finish()
+    episodes = workloads.gsm8k(24)
+
+    def primary_locks_open() -> int:
+        found = 0
+        for fd in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):  # (listdir's own descriptor, closed since)
+                found += os.readlink(f"/proc/self/fd/{fd}").startswith(str(runs / ".primary"))
+        return found
+
+    ids = []
+    for epoch in range(12):
+        run = pr.init(
+            environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs
+        )
+        run.log_episodes(episodes[2 * epoch : 2 * epoch + 2])
+        run.finish(timeout=60)
+        assert run.status is pr.RunStatus.COMPLETED
+        ids.append(run.id)
+    assert primary_locks_open() <= 1  # the last run's, let go at the next init()
+    assert [lp.run(i)["samples"]["distinct"] for i in ids] == [2] * 12
+
+
 def test_a_forked_child_of_a_run_kept_in_a_fallback_folder_keeps_its_records(
     local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
