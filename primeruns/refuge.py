@@ -86,7 +86,10 @@ def prime_runs_folder_of(runs_dir: Path) -> Path | None:
     directory's rule (as the sync root's is, ``ship.copies``): whoever can
     write it can rename "runs" away and plant their own. (Both sides
     absolute: settings make a relative XDG_STATE_HOME's so.)"""
-    default = prime_runs_folder() / "runs"
+    try:
+        default = prime_runs_folder() / "runs"
+    except RuntimeError:  # no home directory: there is no default runs directory
+        return None
     return runs_dir.parent if runs_dir.absolute() == default.absolute() else None
 
 

@@ -330,6 +330,10 @@ class _Reader:
 # -- the platform settings -------------------------------------------------------------
 
 
+#: Why ``Path.home()`` raises RuntimeError: said with it.
+_NO_HOME = "HOME is not set and this user id has no entry in the password database"
+
+
 def config_file_path() -> Path:
     return Path.home() / ".prime" / "config.json"
 
@@ -339,6 +343,8 @@ def load_config_file(path: Path | None = None) -> dict[str, Any]:
     try:
         data = json.loads((path or config_file_path()).read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    except RuntimeError:  # no home directory (``_NO_HOME``): no config file either
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -660,7 +666,16 @@ def _default_runs_dir(read: _Reader, sources: dict[str, str], *, online: bool = 
         sources["runs_dir"] = RUNS_DIR_ENV
         return explicit
     sources["runs_dir"] = "default"
-    return prime_runs_folder(read.environ) / "runs"
+    try:
+        return prime_runs_folder(read.environ) / "runs"
+    except RuntimeError as exc:
+        read.problem(
+            ConfigurationError(
+                f"there is no default runs directory: {exc} ({_NO_HOME}); set {RUNS_DIR_ENV} "
+                "(or runs_dir=, XDG_STATE_HOME or HOME) to a directory of your own"
+            )
+        )
+        return Path(os.devnull)  # (a disabled run's, which writes nothing)
 
 
 def _seconds(

@@ -235,6 +235,33 @@ def test_the_disabled_fallback_takes_an_environment_the_online_run_refused(
     _fallback_after_refusal(identity, ValueError, "owner/name")
 
 
+def _no_entry(uid: int) -> Any:
+    raise KeyError(f"getpwuid(): uid not found: {uid}")
+
+
+def test_the_disabled_fallback_opens_where_no_home_directory_can_be_found(
+    runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job under a user id the password database does not know, with no
+    HOME (a container's arbitrary uid, ``env -i``): ``Path.home()`` raises
+    RuntimeError. Before, init() raised it, and so did the disabled run
+    verifiers opens instead, unguarded: the eval died (the vendor's SDK dies
+    so too). Now the online run names the fix, the disabled one opens, and
+    with a runs directory set no home is needed at all."""
+    import pwd
+
+    monkeypatch.delenv("HOME")
+    monkeypatch.delenv("PRIME_RUNS_DIR")
+    monkeypatch.setattr(pwd, "getpwuid", _no_entry)
+    identity: dict[str, Any] = {"name": "x", "environments": ["gsm8k"], "model": "m"}
+    _fallback_after_refusal(identity, ConfigurationError, "PRIME_RUNS_DIR")
+    monkeypatch.setenv("PRIME_RUNS_DIR", str(runs))
+    run = pr.init(mode="online", api_key=API_KEY, **identity)
+    run.log_episodes(_episodes(2))
+    run.finish(timeout=60)
+    assert run.status is pr.RunStatus.COMPLETED and run.url is not None
+
+
 def test_online_without_a_key_is_a_configuration_error(
     runs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
