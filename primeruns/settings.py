@@ -669,12 +669,19 @@ def _default_runs_dir(read: _Reader, sources: dict[str, str], *, online: bool = 
     try:
         return prime_runs_folder(read.environ) / "runs"
     except RuntimeError as exc:
-        read.problem(
-            ConfigurationError(
-                f"there is no default runs directory: {exc} ({_NO_HOME}); set {RUNS_DIR_ENV} "
-                "(or runs_dir=, XDG_STATE_HOME or HOME) to a directory of your own"
-            )
+        why = (
+            f"there is no default runs directory: {exc} ({_NO_HOME}); set {RUNS_DIR_ENV} "
+            "(or runs_dir=, XDG_STATE_HOME or HOME) to a directory of your own"
         )
+        if online:
+            # As for a runs directory that cannot take the journal: it goes
+            # to a fallback folder (``refuge``: TMPDIR, /dev/shm, none under
+            # a home) and the run ships. Refused, verifiers ran the eval
+            # keeping nothing (the vendor's SDK dies here).
+            log.warning("prime-runs: %s; this run's journal goes to a fallback folder", why)
+            sources["runs_dir"] = "no home directory"
+            return Path(os.devnull) / "runs"  # no folder can be made there
+        read.problem(ConfigurationError(why))
         return Path(os.devnull)  # (a disabled run's, which writes nothing)
 
 

@@ -32,6 +32,7 @@ import signal
 import stat
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 from pathlib import Path
@@ -240,21 +241,38 @@ def _no_entry(uid: int) -> Any:
 
 
 def test_the_disabled_fallback_opens_where_no_home_directory_can_be_found(
-    runs: Path, monkeypatch: pytest.MonkeyPatch
+    runs: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A job under a user id the password database does not know, with no
     HOME (a container's arbitrary uid, ``env -i``): ``Path.home()`` raises
     RuntimeError. Before, init() raised it, and so did the disabled run
     verifiers opens instead, unguarded: the eval died (the vendor's SDK dies
-    so too). Now the online run names the fix, the disabled one opens, and
-    with a runs directory set no home is needed at all."""
+    so too). Now an online run journals in a fallback folder and ships,
+    saying why and the fix; an offline run (kept for a later sync, where a
+    fallback folder may not last) names the fix; the disabled one opens;
+    and with a runs directory set no home is needed at all."""
     import pwd
 
     monkeypatch.delenv("HOME")
     monkeypatch.delenv("PRIME_RUNS_DIR")
     monkeypatch.setattr(pwd, "getpwuid", _no_entry)
+    monkeypatch.setattr(tempfile, "tempdir", str(runs.parent / "scratch"))
+    (runs.parent / "scratch").mkdir(mode=0o700)
     identity: dict[str, Any] = {"name": "x", "environments": ["gsm8k"], "model": "m"}
-    _fallback_after_refusal(identity, ConfigurationError, "PRIME_RUNS_DIR")
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        run = pr.init(mode="online", api_key=API_KEY, **identity)
+    run.log_episodes(_episodes(2))
+    run.finish(timeout=60)
+    assert run.status is pr.RunStatus.COMPLETED and run.url is not None
+    assert run.journal_path is not None and (runs.parent / "scratch") in run.journal_path.parents
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "no default runs directory" in said and "PRIME_RUNS_DIR" in said
+    with pytest.raises(ConfigurationError, match="PRIME_RUNS_DIR"):
+        pr.init(mode="offline", **identity)
+    run = pr.init(mode="disabled", **identity)
+    run.log_episodes(_episodes(1))
+    run.finish()
+    assert run.mode == "disabled" and run.status is pr.RunStatus.COMPLETED
     monkeypatch.setenv("PRIME_RUNS_DIR", str(runs))
     run = pr.init(mode="online", api_key=API_KEY, **identity)
     run.log_episodes(_episodes(2))

@@ -322,6 +322,8 @@ class Uplink:
             shipper.start()
             if self._hurry_on_start:
                 shipper.hurry()
+        if not predecessors:
+            return  # (and no sync root is looked up: a job without a home has none)
         for old in take_over(predecessors, sync_root(), self.journal.local_id):
             self._adopt(old)
 
