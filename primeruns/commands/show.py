@@ -34,8 +34,7 @@ from rich.console import Console
 from rich.text import Text
 
 from .. import jsonbound
-from ..journal import Damage, EntryKind, Journal, journal_info
-from ..journal.by_kind import seqs_by_kind, seqs_of
+from ..journal import Damage, Entry, EntryKind, Journal, journal_info
 from ..journal.listing import MAX_FINISH_BYTES
 from ..reports import (
     UNIT_LABELS,
@@ -154,10 +153,9 @@ def _document(
     metrics: list[dict[str, Any]],
     total: int,
     damage: list[Damage],
-    seqs: dict[int, array[int]] | None,
     group: RunGroup,
 ) -> dict[str, Any]:
-    final_status, error, summary = _ending(journal, seqs, damage)
+    final_status, error, summary = _ending(journal, damage)
     document = as_json(status)
     document.update(
         {
@@ -177,39 +175,19 @@ def _document(
     return document
 
 
-def _ending(
-    journal: Journal, seqs: dict[int, array[int]] | None, damage: list[Damage]
-) -> tuple[str, str | None, dict[str, Any]]:
+def _ending(journal: Journal, damage: list[Damage]) -> tuple[str, str | None, dict[str, Any]]:
     """``(status, error, summary)`` as ``terminal_state`` has them for the
-    close-out, from the finish entry, else the last summary entry (a crash),
-    each decoded within ``MAX_FINISH_BYTES``: a journal is untrusted input,
-    and a 128 MiB summary packed by zstd into a few KB took ``show`` to
-    400 MB. One past that bound, or not a JSON object, is named in
-    ``damage`` and not shown."""
-    named = len(damage)
-    if seqs is None:  # one pass over the headers for both (a crash reads the summary too)
-        seqs = seqs_by_kind(journal, (EntryKind.FINISH, EntryKind.SUMMARY))
-    finish = _last_record(journal, EntryKind.FINISH, seqs, damage)
-    if finish is None and len(damage) > named:
-        # The run finished, with a record not shown: not a crash (as ``ls`` says).
-        return "finished", "its finish record is not read", {}
-    if finish is not None:
-        return ending_of(finish)
-    summary = _last_record(journal, EntryKind.SUMMARY, seqs, damage)
-    return "crashed", CRASH_ERROR, summary or {}
-
-
-def _last_record(
-    journal: Journal, kind: EntryKind, seqs: dict[int, array[int]] | None, damage: list[Damage]
-) -> dict[str, Any] | None:
-    """The journal's last intact entry of ``kind`` as a JSON object, read
-    within ``MAX_FINISH_BYTES``; None (the damage named) when it is larger or
-    not an object, or when there is none. A damaged entry is passed over, as
-    ``last_payload`` does (the scan names it)."""
-    found = seqs_of(journal, kind) if seqs is None else seqs.get(kind, array("q"))
-    name = kind.name.lower()
-    for seq in reversed(found):
+    close-out, from the newest intact finish or summary entry (a summary: a
+    crash), found from the log's end, each decoded within
+    ``MAX_FINISH_BYTES``: a journal is untrusted input, and a 128 MiB summary
+    packed by zstd into a few KB took ``show`` to 400 MB. One past that bound,
+    or not a JSON object, is named in ``damage`` and not shown; a damaged one
+    is passed over (the scan names it), as ``terminal_state`` passes it."""
+    for seq, number, _ in journal.newest((EntryKind.FINISH, EntryKind.SUMMARY)):
+        kind = EntryKind(number)
+        name = kind.name.lower()
         read = journal.read(seq - 1, kinds={kind}, max_entries=1, max_entry_bytes=MAX_FINISH_BYTES)
+        record: dict[str, Any] | None = None
         if read.oversized and read.oversized[0][0] == seq:
             size = read.oversized[0][2]
             damage.append(
@@ -219,20 +197,37 @@ def _last_record(
                     f"{MAX_FINISH_BYTES} bytes shown of it: not read",
                 )
             )
-            return None
-        entry = next((e for e in read.entries if e.seq == seq), None)
-        if entry is None:
-            continue
-        try:
-            record = jsonbound.loads(entry.payload, MAX_FINISH_BYTES)
-        except ValueError as exc:
-            damage.append(Damage(seq, f"{journal.path}: entry {seq} ({name}) unreadable: {exc}"))
-            return None
-        if not isinstance(record, dict):
-            damage.append(Damage(seq, f"{journal.path}: entry {seq} ({name}) is not an object"))
-            return None
-        return record
-    return None
+        else:
+            entry = next((e for e in read.entries if e.seq == seq), None)
+            if entry is None:
+                continue  # damaged: the one before it stands
+            record = _record(journal, entry, name, damage)
+        if kind == EntryKind.FINISH:
+            if record is None:  # not shown, yet the run finished (as ``ls`` says)
+                return "finished", "its finish record is not read", {}
+            return ending_of(record)
+        return "crashed", CRASH_ERROR, record or {}
+    return "crashed", CRASH_ERROR, {}
+
+
+def _record(
+    journal: Journal, entry: Entry, name: str, damage: list[Damage]
+) -> dict[str, Any] | None:
+    """``entry`` as a JSON object read within ``MAX_FINISH_BYTES``; None (the
+    damage named) when it is not one."""
+    try:
+        record = jsonbound.loads(entry.payload, MAX_FINISH_BYTES)
+    except ValueError as exc:
+        damage.append(
+            Damage(entry.seq, f"{journal.path}: entry {entry.seq} ({name}) unreadable: {exc}")
+        )
+        return None
+    if not isinstance(record, dict):
+        damage.append(
+            Damage(entry.seq, f"{journal.path}: entry {entry.seq} ({name}) is not an object")
+        )
+        return None
+    return record
 
 
 def _field(console: Console, label: str, value: Any) -> None:
@@ -405,7 +400,6 @@ def run_show(args: argparse.Namespace) -> int:
     damage: list[Damage] = list(status.info.damage)
     with Journal.open(path, owner=False) as journal:
         met: list[Damage] = []
-        seqs: dict[int, array[int]] | None = None
         bounds: dict[str, Any] = {"max_entry_bytes": MAX_ROW_BYTES, "keep": CurveFields()}
         if args.full:
             rows = load_rows(journal, {EntryKind.METRICS}, met, **bounds)
@@ -413,12 +407,11 @@ def run_show(args: argparse.Namespace) -> int:
         else:
             scan = journal.checksums()
             met.extend(scan.damage)
-            seqs = scan.seqs
-            found = seqs.get(EntryKind.METRICS, array("q"))
+            found = scan.seqs.get(EntryKind.METRICS, array("q"))
             rows, total = sample_rows(journal, EntryKind.METRICS, CURVE_ROWS, met, found, **bounds)
         # Damage found twice (a scan, then a read) is named once.
         _merge(damage, met)
-        doc = _document(status, journal, rows, total, damage, seqs, group_of(status))
+        doc = _document(status, journal, rows, total, damage, group_of(status))
     if args.json:
         emit_json(doc)
     else:

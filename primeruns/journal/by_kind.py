@@ -4,19 +4,22 @@ A reader that wants the last summary of a run, or a few hundred of its metric
 rows, used to read (decompress, copy, parse) every entry of that kind: on a
 20,000-step run that logs a summary each step, 20,000 decodes for one value.
 Here the kind's seqs come from entry headers (12 bytes each, nothing
-decompressed) and only the entries wanted are decoded.
+decompressed) and only the entries wanted are decoded. A reader of the last
+entry of a kind reads headers from the log's end (``Journal.newest``), not
+the whole log: what it costs is the entries past the one it finds.
 """
 
 from __future__ import annotations
 
 from array import array
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from primeruns.exceptions import JournalCorruptError
 from primeruns.journal.frames import EntryKind
 from primeruns.journal.journal import Journal
+from primeruns.journal.types import Entry
 
-__all__ = ["last_payload", "seqs_by_kind", "seqs_of"]
+__all__ = ["last_entry", "last_payload", "seqs_by_kind", "seqs_of"]
 
 # Headers one read examines; a read stops at its own scan limit before this.
 _BATCH = 1_000_000
@@ -44,17 +47,23 @@ def seqs_by_kind(journal: Journal, kinds: Sequence[EntryKind]) -> dict[int, arra
         after = found.next_after
 
 
-def last_payload(
-    journal: Journal, kind: EntryKind, seqs: Sequence[int] | None = None
-) -> bytes | None:
-    """The payload of the journal's last intact entry of ``kind``, or None;
-    one decoded unless the last ones are damaged (each passed over).
-    ``seqs``: the kind's seqs when a scan found them already."""
-    for seq in reversed(seqs_of(journal, kind) if seqs is None else seqs):
+def last_entry(journal: Journal, kinds: Collection[EntryKind], after: int = 0) -> Entry | None:
+    """The journal's last intact entry of any of ``kinds`` after ``after``,
+    or None; found from the log's end, one decoded unless the last ones are
+    damaged (each passed over: a damage scan reports it, the one before it
+    stands)."""
+    for seq, _, _ in journal.newest(kinds, after=after):
         try:
             entry = journal.get(seq)
         except JournalCorruptError:
-            continue  # reported by a damage scan; the one before it stands
-        if entry is not None:
-            return entry.payload
+            continue
+        if entry is not None:  # (None: compacted away since its header was read)
+            return entry
     return None
+
+
+def last_payload(journal: Journal, kind: EntryKind) -> bytes | None:
+    """The payload of the journal's last intact entry of ``kind``, or None
+    (``last_entry``)."""
+    entry = last_entry(journal, (kind,))
+    return None if entry is None else entry.payload

@@ -46,7 +46,7 @@ import secrets
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -72,6 +72,7 @@ from primeruns.journal.meta import (
     Meta,
 )
 from primeruns.journal.mover import Mover
+from primeruns.journal.newest import Found, newest
 from primeruns.journal.origin import K_ORIGIN, Origin
 from primeruns.journal.reading import Reader
 from primeruns.journal.spool import SpoolView, SpoolWriter, spool_bytes
@@ -756,6 +757,16 @@ class Journal:
         """
         self._check()
         return self._reader.get(seq)
+
+    def newest(self, kinds: Collection[EntryKind], *, after: int = 0) -> Iterator[Found]:
+        """``(seq, kind, declared bytes)`` of each entry of ``kinds`` after
+        ``after`` whose header reads, newest first (``journal.newest``): the
+        entries ``read`` finds by their headers, in reverse, each read as it
+        is asked for, so a reader of the last one costs the entries past it,
+        not the log. Nothing is decompressed or checked: ``get`` or ``read``
+        an entry to learn whether its body reads."""
+        self._check()
+        return newest(self._tx, self._spool, kinds, after)
 
     def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
         """Entries per kind in each interval the ascending offsets ``cuts`` make:

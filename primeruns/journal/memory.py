@@ -26,7 +26,7 @@ import os
 import threading
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -237,6 +237,22 @@ class MemoryJournal:
         self._check()
         with self._cond:
             return self._entries.get(seq)
+
+    def newest(
+        self, kinds: Collection[EntryKind], *, after: int = 0
+    ) -> Iterator[tuple[int, int, int]]:
+        """``(seq, kind, bytes)`` of the entries of ``kinds`` after ``after``,
+        newest first (``Journal.newest``): those held, a backlog's."""
+        self._check()
+        wanted = {int(k) for k in kinds}
+        with self._cond:
+            held = self._seqs[bisect_right(self._seqs, after) :]
+            found = [
+                (seq, int(entry.kind), len(entry.payload))
+                for seq in reversed(held)
+                if int((entry := self._entries[seq]).kind) in wanted
+            ]
+        return iter(found)
 
     def tally(self, cuts: Sequence[int] = ()) -> list[Counter[int]]:
         self._check()

@@ -21,7 +21,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 from .. import ranks, run_index
 from ..exceptions import JournalError, PrimeRunsError
 from ..journal import EntryKind, Journal
-from ..journal.by_kind import last_payload, seqs_by_kind
+from ..journal.by_kind import last_entry
 from ..loopback_owner import served_by_another_user, taken_by_another_user
 from ..models import CRASH_ERROR
 from ..platform import PlatformClient, Settings, resolve_settings
@@ -125,19 +125,20 @@ def ending_of(record: dict[str, Any] | None) -> tuple[str, str | None, dict[str,
     )
 
 
-def terminal_state(
-    journal: Journal, seqs: Mapping[int, Sequence[int]] | None = None
-) -> tuple[str, str | None, dict[str, Any]]:
+def terminal_state(journal: Journal) -> tuple[str, str | None, dict[str, Any]]:
     """``(status, error, summary)`` from the journal's finish entry, or a
     crash (with the last summary update) when the producer never finished.
-    ``seqs``: the entries' seqs per kind, when a scan found them already."""
-    if seqs is None:  # one pass over the headers for both (a crash reads the summary too)
-        seqs = seqs_by_kind(journal, (EntryKind.FINISH, EntryKind.SUMMARY))
-    finishes = last_payload(journal, EntryKind.FINISH, seqs.get(EntryKind.FINISH, ()))
-    if finishes is not None:
-        return ending_of(json_object(finishes))
-    summary = last_payload(journal, EntryKind.SUMMARY, seqs.get(EntryKind.SUMMARY, ()))
-    return "crashed", CRASH_ERROR, (json_object(summary) if summary is not None else None) or {}
+
+    The newest intact entry of the two kinds decides, found from the log's
+    end (``by_kind.last_entry``): a finish entry is the last a run appends
+    (its journal refuses any after it), so a crash costs the entries past
+    its last summary, not a pass over the whole log. A summary after a
+    finish, which no run writes, is read as a crash closed out with it."""
+    entry = last_entry(journal, (EntryKind.FINISH, EntryKind.SUMMARY))
+    if entry is not None and entry.kind == EntryKind.FINISH:
+        return ending_of(json_object(entry.payload))
+    summary = None if entry is None else json_object(entry.payload)
+    return "crashed", CRASH_ERROR, summary or {}
 
 
 def journal_settings(

@@ -9,20 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from damaging import flip_stored
 
 from primeruns.journal import EntryKind, Journal, capacity
 from primeruns.journal.by_kind import last_payload
-from primeruns.journal.layout import key
-
-
-def _damage_body(journal: Journal, seq: int) -> None:
-    """Flip the last stored byte of entry ``seq`` (its header stays whole)."""
-    tx = journal._tx
-    with tx.lock, tx.store.begin(write=True) as txn:
-        db = tx.dbs["entries"]
-        value = bytearray(txn.get(key(seq), db=db))
-        value[-1] ^= 0xFF
-        txn.put(key(seq), bytes(value), db=db)
 
 
 @pytest.mark.parametrize("pass_keys", [1, 1000])
@@ -37,7 +27,7 @@ def test_a_damaged_summary_does_not_supersede_the_one_before_it(
     assert damaged is not None
     journal.close()
     journal = Journal.open(tmp_path / "run")  # every entry in LMDB
-    _damage_body(journal, damaged)
+    flip_stored(journal, damaged)
     journal.ack("traces", journal.last_seq())
     journal.compact(["traces"])
     assert last_payload(journal, EntryKind.SUMMARY) == b'{"step": 1}'

@@ -14,11 +14,14 @@ from pathlib import Path
 
 import httpx
 import pytest
+from damaging import flip_stored
 from dashboard_helpers import fresh, serve_runs_dir
 from sdk_helpers import point_at
 
 import primeruns as pr
 from primeruns.commands.demo_data import eval_episodes, train_episodes
+from primeruns.journal import EntryKind, Journal
+from primeruns.local.dashboard.journal_index import JournalIndex
 from primeruns.local.dashboard.journal_source import JournalSource
 from primeruns.local.dashboard.routes import PAGE_SIZE
 
@@ -98,3 +101,27 @@ def test_a_runs_pages_read_that_run_alone(tmp_path: Path, monkeypatch: pytest.Mo
     rows, total = source.samples(ids[1], 0, PAGE_SIZE)
     assert detail is not None and detail.row.name == "two" and total == 3 and len(rows) == 3
     assert {p.name for p in opened} == {ids[1]}
+
+
+def test_a_damaged_last_summary_shows_the_one_before_it(tmp_path: Path) -> None:
+    # The index took the last summary by its header and showed a marker
+    # where its body was damaged; a crash is closed out with the one before
+    # it, and the page shows that one, the damage noted.
+    journal = Journal.create(tmp_path, local_id="run")
+    journal.append(EntryKind.SUMMARY, [b'{"step": 1}'])
+    index = JournalIndex(True)
+    index.update(journal)
+    assert index.summary == {"step": 1}
+    journal.append(EntryKind.METRICS, [b'{"step": 2, "loss": 0.5}'])
+    damaged = journal.append(EntryKind.SUMMARY, [b'{"step": 2}']).first_seq
+    assert damaged is not None
+    journal.close()
+    journal = Journal.open(tmp_path / "run")  # every entry in LMDB
+    flip_stored(journal, damaged)
+    index.update(journal)
+    assert index.summary == {"step": 1}
+    assert any(f"entry {damaged}" in note for note in index.notes)
+    fresh_index = JournalIndex(True)
+    fresh_index.update(journal)
+    assert (fresh_index.summary, fresh_index.summary_seq) == ({"step": 1}, 1)
+    journal.close()

@@ -132,21 +132,45 @@ class JournalIndex:
             for _, _, record in _scan(journal, start, EntryKind.METRICS, MAX_SMALL_BYTES, self)
             if isinstance(record, dict)
         )
-        last = None
-        for seq, size, _ in _scan(journal, start, EntryKind.SUMMARY, 0, self):
-            last = (seq, size)
-        if last is not None:
-            self.summary_seq = last[0]
-            self.summary = _summary(journal, *last)
+        # Of the summaries the last one alone is shown: read from the log's
+        # end (a run that updated it each step wrote one per step).
+        found = _last_summary(journal, start, self)
+        if found is not None:
+            self.summary_seq, self.summary = found
         self.upto = end
 
 
-def _summary(journal: Journal, seq: int, size: int) -> dict[str, Any]:
-    for _, record, why in read_records(journal, [(seq, size)], EntryKind.SUMMARY, MAX_SMALL_BYTES):
+def _last_summary(
+    journal: Journal, after: int, index: JournalIndex
+) -> tuple[int, dict[str, Any]] | None:
+    """(seq, what a page shows) of the last intact summary entry after
+    ``after``, None where there is none: a damaged one is noted and passed
+    over, the one before it stands (as the close-out of a crash takes it)."""
+    for seq, _, size in journal.newest((EntryKind.SUMMARY,), after=after):
+        if size > MAX_SMALL_BYTES:
+            return seq, {jsonbound.MARK: f"{too_large(seq, size)}]"}
+        # Decoded within the bound; damage is found here, not by the header.
+        read = journal.read(
+            seq - 1,
+            kinds={EntryKind.SUMMARY},
+            max_entries=1,
+            max_bytes=MAX_SMALL_BYTES,
+            max_entry_bytes=MAX_SMALL_BYTES,
+        )
+        for damage in read.damaged:
+            index.note(damage.what)
+        entry = next((e for e in read.entries if e.seq == seq), None)
+        if entry is None:
+            continue
+        why = ""
+        try:
+            record = jsonbound.loads(entry.payload, MAX_SMALL_BYTES)
+        except ValueError as exc:
+            record, why = None, jsonbound.marker(f"entry {seq} is not shown: {exc}")
         if isinstance(record, dict):
-            return dict(jsonbound.clip(record))
-        return {jsonbound.MARK: f"{why}]"}
-    return {}
+            return seq, dict(jsonbound.clip(record))
+        return seq, {jsonbound.MARK: f"{why}]"}
+    return None
 
 
 def _scan(
