@@ -10,10 +10,11 @@ and such a read costs the entries between the one it finds and the end.
 
 The log read backwards is the log ``reading.Reader.read`` reads forwards, in
 reverse: the same entries, by the same headers. The spool's entries come
-after LMDB's, so they are looked at first, in one look made as the forward
-read makes it (the spool opened, then LMDB's end read, then the spool taken
-past it unless a segment closed in between: see ``spool``); LMDB's are then
-walked down from that end, in bounded transactions. An entry whose header
+after LMDB's, so they are looked at first, newest first, each look made as
+the forward read makes it (the spool opened, then LMDB's end read, then the
+spool taken past it unless a segment closed in between: see ``spool``);
+LMDB's are then walked down from the last look's end, in bounded
+transactions. An entry whose header
 does not read is passed over (a damage scan reports it), as are chunk keys;
 what an entry's body holds is for the caller's read of it to find.
 """
@@ -60,20 +61,26 @@ def newest(
     first, then LMDB's down from where it ends. No lock is held between two
     yields. A damaged tree ends the walk (a damage scan reports it)."""
     wanted = frozenset(int(k) for k in kinds)
-    spooled, in_lmdb = _spooled(tx, spool, wanted, after)
-    yield from spooled
-    bound = in_lmdb + 1
-    while bound > after + 1:
-        batch, bound = _walk_down(tx, wanted, after, bound)
+    bound: int | None = None  # the seqs yielded so far are at or past it
+    while True:
+        batch, in_lmdb, full = _spooled(tx, spool, wanted, after, bound)
         yield from batch
+        if not full:
+            break
+        bound = batch[-1][0]
+    # What the spool's last look did not hold is in LMDB, up to its end then.
+    bound = in_lmdb + 1 if bound is None else min(bound, in_lmdb + 1)
+    while bound > after + 1:
+        found, bound = _walk_down(tx, wanted, after, bound)
+        yield from found
 
 
 def _spooled(
-    tx: Transactions, spool: SpoolView, wanted: frozenset[int], after: int
-) -> tuple[list[Found], int]:
-    """(the spool's entries of ``wanted`` past LMDB's end and ``after``,
-    newest first; LMDB's end as the look saw it). The spool is a few segments
-    of bounded size that the mover keeps moving into LMDB: read forward."""
+    tx: Transactions, spool: SpoolView, wanted: frozenset[int], after: int, below: int | None
+) -> tuple[list[Found], int, bool]:
+    """(the spool's entries of ``wanted`` past LMDB's end and ``after`` and
+    below seq ``below``, newest first, at most ``_BATCH``; LMDB's end as the
+    look saw it; whether it stopped at ``_BATCH``, short of LMDB's end)."""
     for look in range(_LOOKS):
         spool.refresh()  # before LMDB's read: see spool
         forgotten = spool.forgotten
@@ -81,19 +88,19 @@ def _spooled(
             with tx.read() as txn:
                 in_lmdb = stored_end(tx, txn)
         except JournalCorruptError:
-            return [], 0  # a damaged tree: nothing past it is known to follow it
+            return [], 0, False  # a damaged tree: nothing past it is known to follow it
+        found: list[Found] = []
         with spool.lock:
             if spool.forgotten != forgotten:
                 if look + 1 < _LOOKS:
                     continue  # a segment closed meanwhile: moved into LMDB, look again
-                return [], in_lmdb  # what LMDB held (``Reader.read`` does the same)
-            found = [
-                (seq, kind, size - HEADER_SIZE)
-                for seq, kind, size, _, _ in spool.frames(max(in_lmdb, after))
-                if kind in wanted
-            ]
-        found.reverse()
-        return found, in_lmdb
+                return [], in_lmdb, False  # what LMDB held (``Reader.read`` does the same)
+            for seq, kind, size, _, _ in spool.frames_newest_first(max(in_lmdb, after), below):
+                if kind in wanted:
+                    found.append((seq, kind, size - HEADER_SIZE))
+                    if len(found) >= _BATCH:
+                        return found, in_lmdb, True
+        return found, in_lmdb, False
     raise AssertionError("unreachable")  # the last look returns
 
 

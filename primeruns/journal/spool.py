@@ -1111,6 +1111,30 @@ class SpoolView:
             if stop is not None and _unread_before(seg, stop) and after < stop - 1:
                 return
 
+    def frames_newest_first(
+        self, after: int, below: int | None = None
+    ) -> Iterator[tuple[int, int, int, _Segment, int]]:
+        """``frames(after)`` newest first, those below seq ``below`` only
+        (None: all): a reader of the last entries looks at the newest
+        segment's last frames, not at every frame spooled. Iterate it, and
+        read what it yields, under ``lock``."""
+        segments = self._ordered()
+        last = len(segments)  # where ``frames`` stops: past an unread tail
+        for i, seg in enumerate(segments[:-1]):
+            stop = segments[i + 1].first
+            if _unread_before(seg, stop) and after < stop - 1:
+                last = i + 1
+                break
+        for i in range(last - 1, -1, -1):
+            seg = segments[i]
+            end = len(seg.offsets)
+            if i + 1 < len(segments):
+                end = min(end, segments[i + 1].first - seg.first)
+            if below is not None:
+                end = min(end, below - seg.first)
+            for index in range(end - 1, max(0, after + 1 - seg.first) - 1, -1):
+                yield seg.first + index, seg.kinds[index], seg.lengths[index], seg, index
+
     def end(self) -> int:
         """The highest seq spooled (0 when none). A segment named past the
         last seq a key may hold (a crafted name) holds none of the log's: its

@@ -145,6 +145,28 @@ def test_a_journal_without_a_summary_has_none(tmp_path: Path) -> None:
         assert terminal_state(j) == ("crashed", CRASH_ERROR, {})
 
 
+def test_spooled_frames_newest_first_are_the_forward_frames_reversed(tmp_path: Path) -> None:
+    # A segment's seqs at or past its successor's first are not its own (a
+    # failed write moved on to a new segment): read from the end, they are
+    # passed over as a forward read passes them.
+    j = Journal.create(tmp_path, local_id="run")
+    j._mover.stop()
+    for n in range(6):
+        j.append(EntryKind.EPISODE, [b'{"n": %d}' % n])
+    path = _left_as_killed(j)
+    [(_, name)] = spool.list_segments(path)
+    shutil.copy(path / name, path / spool.segment_name(4))
+    view = spool.SpoolView(path)
+    view.refresh()
+    with view.lock:
+        for after in range(12):
+            for below in (None, 1, 3, 5, 8, 20):
+                forward = [f[:3] for f in view.frames(after) if below is None or f[0] < below]
+                backward = [f[:3] for f in view.frames_newest_first(after, below)]
+                assert backward == forward[::-1], (after, below)
+    view.close()
+
+
 # -- against the forward pass over the headers, as the oracle ---------------------------
 
 _KINDS = [EntryKind.RUN_OPEN, EntryKind.EPISODE, EntryKind.METRICS, EntryKind.SUMMARY]
