@@ -15,6 +15,7 @@ import shutil
 import tempfile
 from collections.abc import Collection
 from pathlib import Path
+from typing import cast
 
 import pytest
 from damaging import flip_stored
@@ -24,6 +25,7 @@ from hypothesis import strategies as st
 from primeruns.exceptions import JournalCorruptError
 from primeruns.journal import EntryKind, Journal, newest, reading, spool, txn
 from primeruns.journal.by_kind import last_entry, last_payload, seqs_by_kind
+from primeruns.journal.memory import MemoryJournal
 from primeruns.journal.tail import stored_end
 from primeruns.models import CRASH_ERROR
 from primeruns.ship.uplink import terminal_state
@@ -165,6 +167,19 @@ def test_spooled_frames_newest_first_are_the_forward_frames_reversed(tmp_path: P
                 backward = [f[:3] for f in view.frames_newest_first(after, below)]
                 assert backward == forward[::-1], (after, below)
     view.close()
+
+
+def test_a_journal_in_memory_gives_its_last_summary_and_finish_the_same_way() -> None:
+    j = MemoryJournal(max_bytes=1 << 20, meta={})
+    j.append(EntryKind.SUMMARY, [_summary(1)])
+    j.append(EntryKind.EPISODE, [b"{}"])
+    j.append(EntryKind.SUMMARY, [_summary(2)])
+    assert [seq for seq, _, _ in j.newest([EntryKind.SUMMARY])] == [3, 1]
+    assert [seq for seq, _, _ in j.newest([EntryKind.SUMMARY], after=1)] == [3]
+    assert terminal_state(cast(Journal, j)) == ("crashed", CRASH_ERROR, {"step": 2})
+    j.append(EntryKind.FINISH, [b'{"status": "completed"}'])
+    assert terminal_state(cast(Journal, j))[0] == "completed"
+    j.close()
 
 
 # -- against the forward pass over the headers, as the oracle ---------------------------
