@@ -12,7 +12,8 @@ only ever carry wake-ups, never data:
   episodes, then its metrics row) once the producer has been quiet for
   ``QUIET_S``: woken in the middle of one, it would take a core from the
   producer's next call (a 2-core machine's p99 per-step log time went from
-  ~4 ms to ~2 ms with this);
+  ~4 ms to ~2 ms with this); and bursts closer together than the run's
+  linger are passed on as one (``_until_due``);
 - *progress* (uplink → producer): one byte whenever a sink acknowledged,
   failed or changed standing, so ``flush()`` and ``finish()`` wait without
   polling. Its end of file says the uplink is gone.
@@ -630,10 +631,17 @@ class PipeProducerLink:
         progress_fd: int,
         producer: int,
         on_gone: Callable[[], None] | None = None,
+        *,
+        every_s: float = 0.0,
     ) -> None:
         """``on_gone`` runs once, in the watching thread, when the producer is
-        gone; ``on_hurry`` (settable later) when it asks for haste."""
+        gone; ``on_hurry`` (settable later) when it asks for haste.
+        ``every_s``: the shippers are woken at most this often by appends
+        (the run's linger: a small batch waits that long for more anyway);
+        a hurry or the producer's death wakes them at once."""
         self._journal = journal
+        self._every_s = max(0.0, every_s)
+        self._woken_at = float("-inf")  # monotonic time of the last wake-up passed on
         self._on_gone = on_gone
         self._on_hurry: Callable[[], None] | None = None
         # A hurry read before ``on_hurry`` is set (the link starts first; the
@@ -721,11 +729,14 @@ class PipeProducerLink:
                     continue  # read by nobody else; a spurious readiness
                 if data and HURRY not in data:
                     data = self._until_quiet(data)
+                if data and HURRY not in data:
+                    data = self._until_due(data)
                 if not data:
                     self._mark_gone()
                     return
                 if HURRY in data:
                     self._hurried()
+                self._woken_at = time.monotonic()
                 self._event.set()
                 with contextlib.suppress(Exception):
                     self._journal.wake_all()
@@ -765,6 +776,39 @@ class PipeProducerLink:
             if not more:
                 return b""
             data += more
+        return data
+
+    def _until_due(self, data: bytes) -> bytes:
+        """Wait, past a burst, until ``every_s`` has passed since the last
+        wake-up passed on (or it hurries); the wake-ups read, b"" once the
+        producer is gone.
+
+        Each wake-up costs every shipper a look at the journal (a read
+        transaction, the spool's segments listed), the mover a step and
+        ``Uplink.serve`` a read for the finish: a training loop logging a
+        step every 20 ms woke them 50 times a second, though a small batch
+        waits out the linger anyway. So bursts closer together than that
+        are passed on as one; a flush or finish (``HURRY``) is not held."""
+        due = self._woken_at + self._every_s
+        poller = select.poll()
+        for fd in (self._wake_fd, self._pidfd):
+            if fd is not None:
+                poller.register(fd, select.POLLIN)
+        while HURRY not in data:
+            left = due - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                ready = {fd for fd, _ in poller.poll(bounded(left) * 1000.0)}
+            except (OSError, ValueError):
+                return b""
+            if self._pidfd is not None and self._pidfd in ready:
+                return b""  # the producer is gone
+            if self._wake_fd in ready:
+                more = self._read_wake()
+                if more is not None and not more:
+                    return b""  # the wake pipe's end of file: gone
+                data += more or b""
         return data
 
     def wait(self, timeout: float | None) -> None:

@@ -128,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
             args.progress_fd,
             args.producer,
             on_gone=lambda: _log_to_file(args.journal),
+            every_s=tuning.linger_s,
         )
         uplink = Uplink(
             journal, settings, policy=RetryPolicy.from_settings(tuning), notify=link.notify

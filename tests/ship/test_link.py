@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -92,11 +93,14 @@ def test_closing_while_a_thread_waits_does_not_block(pipe: tuple[int, int]) -> N
     os.close(w)
 
 
-def _link(tmp_path: Path, wake_r: int) -> tuple[Journal, PipeProducerLink, int]:
-    journal = Journal.create(tmp_path / "runs")
+def _link(
+    tmp_path: Path, wake_r: int, *, every_s: float = 0.0, journal: Journal | None = None
+) -> tuple[Journal, PipeProducerLink, int]:
+    journal = journal or Journal.create(tmp_path / "runs")
     progress_r, progress_w = os.pipe()
     # The uplink's parent is its producer: here, this process's parent.
-    link = PipeProducerLink(journal, wake_r, progress_w, producer=os.getppid())
+    held = {"every_s": every_s} if every_s else {}
+    link = PipeProducerLink(journal, wake_r, progress_w, producer=os.getppid(), **held)
     os.close(progress_r)
     return journal, link, progress_w
 
@@ -152,6 +156,62 @@ def test_a_hurry_is_acted_on_without_waiting_for_quiet(
     assert hurried.is_set()
     monkeypatch.setattr(link_mod, "QUIET_S", 0.001)
     _end(journal, link, wake_w, progress_w)
+
+
+class _CountedWakes(Journal):
+    """A journal counting the wake-ups its uplink's link passes on."""
+
+    woken = 0
+    changed = threading.Condition()
+
+    def wake_all(self) -> None:
+        with self.changed:
+            self.woken += 1
+            self.changed.notify_all()
+        super().wake_all()
+
+    def until_woken(self, times: int) -> None:
+        with self.changed:
+            assert self.changed.wait_for(lambda: self.woken >= times, timeout=60)
+
+
+def _drained(fd: int) -> None:
+    """Until the link's thread has read everything written to the wake pipe."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    while poller.poll(0):
+        threading.Event().wait(0.001)
+
+
+def test_bursts_closer_together_than_the_linger_wake_the_shippers_once(
+    tmp_path: Path, pipe: tuple[int, int]
+) -> None:
+    # A training loop logging a step every 20 ms woke every shipper, the
+    # mover and the finish's look 50 times a second, though a small batch
+    # waits out the linger anyway: the uplink's CPU per step was mostly
+    # those looks. Bursts within ``every_s`` of the last wake-up are passed
+    # on as one, at its end; a hurry (flush, finish) is not held back.
+    wake_r, wake_w = pipe
+    journal = _CountedWakes.create(tmp_path / "runs")
+    assert isinstance(journal, _CountedWakes)
+    _, link, progress_w = _link(tmp_path, wake_r, every_s=3600.0, journal=journal)
+    hurried = threading.Event()
+    link.on_hurry = hurried.set
+    os.write(wake_w, WAKE)  # the first burst since the start: passed on at once
+    journal.until_woken(1)
+    for _ in range(3):  # three more steps' bursts, each read by the link's thread
+        os.write(wake_w, WAKE)
+        _drained(wake_r)
+    os.write(wake_w, HURRY)  # a flush: at once, and the bursts held go with it
+    journal.until_woken(2)
+    assert hurried.is_set()
+    assert journal.woken == 2
+    os.write(wake_w, WAKE)  # held again; the producer's end comes meanwhile
+    _drained(wake_r)
+    os.close(wake_w)
+    while not link.producer_gone:
+        link.wait(None)  # not held for every_s: the end of file ends the wait
+    _end(journal, link, None, progress_w)
 
 
 def test_the_producers_end_of_the_wake_pipe_after_a_burst_ends_the_uplinks_wait(
