@@ -7,8 +7,9 @@ timestamp. The platform keeps one row per step, which makes a replay after an
 ambiguous failure harmless; rows of a batch already stored are still skipped
 on resend, because the batch records how far it got.
 
-A backlog (a sync of a long offline run, an uplink catching up) is hundreds
-of rows, one request each: they go several at a time (``sinks.fanout``), and
+A batch (a live run's few steps, the hundreds of a sync of a long offline
+run or of an uplink catching up) is a request per row: a backlog's go
+several at a time (``sinks.fanout``), and
 are settled in the order logged, so what the batch records as done is the
 rows before the first failure. Rows after it that landed are sent again on
 the resend and collapse, which is why only rows with a step go together (a
@@ -49,9 +50,13 @@ log = logging.getLogger("primeruns.uplink")
 # A step other processes keep changing is sent again at most this often per
 # row (each round is one request): they send it themselves anyway.
 _MAX_ROUNDS = 20
-# A backlog's rows go this many requests at a time (``sinks.fanout``), in
-# windows of at most ``_WINDOW`` rows merged and settled together; a batch
-# of fewer than ``_PIPELINE_FROM`` rows (a live run's) goes one by one.
+# A batch's rows go in windows of at most ``_WINDOW`` rows merged and
+# settled together; a backlog's (``_PIPELINE_FROM`` rows or more) this many
+# requests at a time (``sinks.fanout``), a live run's few in order, one
+# request at a time. A live training run's batch is what was logged during
+# the last one (a few steps' rows): row by row, each cost a step-table
+# transaction, a version read and a progress write of its own, a third of
+# the sink's CPU (a window: one each).
 _IN_FLIGHT = 4
 _WINDOW = 64
 _PIPELINE_FROM = 16
@@ -88,6 +93,7 @@ class TrainMetricsSink:
         self._client = client
         self._steps = steps
         self._fanout = Fanout(in_flight, "primeruns-metrics")
+        self._in_order = Fanout(1, "primeruns-metrics")  # (no thread: the caller's)
 
     def prepare(
         self, entries: Sequence[Entry], binding: Binding
@@ -136,15 +142,17 @@ class TrainMetricsSink:
             if len(window) < 2:
                 self._settle(ctx, index, [self._attempt(ctx.binding.run_id, rows[index])])
             else:
-                self._settle(ctx, index, self._send_window(ctx.binding.run_id, window))
+                backlog = len(rows) >= _PIPELINE_FROM
+                outcomes = self._send_window(ctx.binding.run_id, window, at_once=backlog)
+                self._settle(ctx, index, outcomes)
             index = ctx.progress.done
 
     def _window(self, rows: list[dict[str, Any]], index: int) -> list[dict[str, Any]]:
-        """The rows from ``index`` that go out together: a backlog's, up to
-        ``_WINDOW``, each of its own step (two rows of one step in flight at
-        once could land in either order, the earlier last). A row without a
-        step, or a short batch (a live run's few rows), goes one at a time."""
-        if len(rows) < _PIPELINE_FROM or self._fanout.width < 2:
+        """The rows from ``index`` that go out together: up to ``_WINDOW``,
+        each of its own step (two rows of one step in flight at once could
+        land in either order, the earlier last). A row without a step, or a
+        batch of one row, goes alone."""
+        if len(rows) < 2:
             return rows[index : index + 1]
         window: list[dict[str, Any]] = []
         steps: set[int] = set()
@@ -187,8 +195,11 @@ class TrainMetricsSink:
             return exc
         return None
 
-    def _send_window(self, run_id: str, window: list[dict[str, Any]]) -> list[BaseException | None]:
-        """The window's rows, ``_IN_FLIGHT`` requests at a time: merged in one
+    def _send_window(
+        self, run_id: str, window: list[dict[str, Any]], *, at_once: bool
+    ) -> list[BaseException | None]:
+        """The window's rows, ``_IN_FLIGHT`` requests at a time (``at_once``: a
+        backlog's; else one at a time, in order): merged in one
         transaction, posted, and the steps looked at again in one read (a
         step another process changed meanwhile goes again, as ``_send_row``
         sends it). What each row's sending raised, None for a stored row."""
@@ -200,7 +211,8 @@ class TrainMetricsSink:
         sent: Sequence[tuple[dict[str, Any], int | None]] = (
             merged if merged is not None else [(row, None) for row in window]
         )
-        outcomes = self._fanout.run(
+        fanout = self._fanout if at_once else self._in_order
+        outcomes = fanout.run(
             lambda item: self._post({"run_id": run_id, "metrics": item[0]}),
             sent,
             give_up=lambda exc: not is_record_rejection(exc),  # the batch stops there
