@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 from .exceptions import JournalError
 from .journal import Journal
 from .journal.trust import check_dir, make_private_folder
-from .settings import prime_runs_folder
+from .settings import homeless_folder, prime_runs_folder
 
 __all__ = ["check_prime_runs_folder", "create_journal", "prime_runs_folder_of", "refuges"]
 
@@ -104,13 +103,9 @@ def refuges() -> list[Path]:
     folder of this uid in the temporary directory (TMPDIR, else the first
     writable of /tmp, /var/tmp, the working directory: ``tempfile``'s
     choice), then in /dev/shm."""
-    folder = f"prime-runs-{os.geteuid()}"
-    try:
-        temporary = [Path(tempfile.gettempdir())]
-    except OSError:  # FileNotFoundError: not one of tempfile's candidates is writable
-        temporary = []
-    bases = dict.fromkeys([*temporary, _SHM])  # TMPDIR may be /dev/shm
-    return [base / folder / "runs" for base in bases]
+    first = homeless_folder()
+    folders = dict.fromkeys([first, _SHM / first.name])  # TMPDIR may be /dev/shm
+    return [folder / "runs" for folder in folders]
 
 
 def create_journal(

@@ -51,6 +51,7 @@ import logging
 import math
 import os
 import re
+import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -919,8 +920,29 @@ def prime_runs_folder(environ: Mapping[str, str] | None = None) -> Path:
 def default_sync_root(environ: Mapping[str, str] | None = None) -> Path:
     """``$XDG_STATE_HOME/prime-runs/synced`` (``~/.local/state``): where the
     sync journals of copied runs live, beside the default runs directory and
-    never inside a directory copies land in (``rsync --delete`` would remove it)."""
-    return prime_runs_folder(environ) / "synced"
+    never inside a directory copies land in (``rsync --delete`` would remove it).
+    With no home directory (``_NO_HOME``), this user's folder in the
+    temporary directory, where such a job's online runs journal
+    (``refuge``): raised, a requeued job's uplink died taking its first
+    attempt's journal over, whose records then never shipped, and every
+    other reader of the root (a forked child's, the primary's wait, a
+    run key's) failed alike."""
+    try:
+        return prime_runs_folder(environ) / "synced"
+    except RuntimeError:
+        return homeless_folder() / "synced"
+
+
+def homeless_folder() -> Path:
+    """This user's folder in the temporary directory (TMPDIR, else
+    ``tempfile``'s choice; /dev/shm where none is writable): the first
+    fallback folder of a run whose runs directory refused its journal
+    (``refuge``), and the sync root's parent where there is no home."""
+    try:
+        base = Path(tempfile.gettempdir())
+    except OSError:  # FileNotFoundError: not one of tempfile's candidates is writable
+        base = Path("/dev/shm")
+    return base / f"prime-runs-{os.geteuid()}"
 
 
 def default_runs_dir(environ: Mapping[str, str] | None = None) -> Path:

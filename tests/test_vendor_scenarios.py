@@ -280,6 +280,49 @@ def test_the_disabled_fallback_opens_where_no_home_directory_can_be_found(
     assert run.status is pr.RunStatus.COMPLETED and run.url is not None
 
 
+def test_a_requeued_job_with_no_home_directory_ships_what_its_first_attempt_left(
+    runs: Path, local_platform: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job attached to a launcher's evaluation, in a container with no
+    home directory, is requeued after its first attempt left episodes
+    unshipped (the platform refused them). Both attempts journal in the
+    fallback folder, so the second takes the first's journal over
+    (``find_run_journals``). Before, the take-over looked up the sync root
+    under the missing home, and its uplink died at start: shipping went on
+    from threads without the first attempt's journal, whose episodes never
+    reached the platform, with nothing in ``run.errors``. The sync root is
+    now this user's folder in the temporary directory, beside those runs."""
+    import pwd
+
+    lp = local_platform
+    run_id = _launcher_evaluation(lp)
+    monkeypatch.delenv("HOME")
+    monkeypatch.delenv("PRIME_RUNS_DIR")
+    monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")  # (the patched password database)
+    monkeypatch.setattr(pwd, "getpwuid", _no_entry)
+    monkeypatch.setattr(tempfile, "tempdir", str(runs.parent / "scratch"))
+    (runs.parent / "scratch").mkdir(mode=0o700)
+    episodes = _episodes(4)
+    lp.set_faults(retryable_rate=1.0, routes=["/api/v1/traces", f"/api/v1/evaluations/{run_id}/"])
+    first = _eval(id=run_id)
+    first.log_episodes(episodes[:2])
+    first.finish(status="failed", timeout=3)  # (an attached run that failed stays open)
+    lp.set_faults(retryable_rate=0.0, routes=[])
+    assert _sample_ids(lp, run_id) == []
+    second = _eval(id=run_id)
+    second.log_episodes(episodes[2:])
+    second.finish(timeout=60)
+    assert second.status is pr.RunStatus.COMPLETED and not second.errors, second.errors
+    assert sorted(_sample_ids(lp, run_id)) == sorted(e["id"] for e in episodes)
+    # A job's run named by a run key (its attempts share one run) keeps its
+    # record in the same folder: init() raised RuntimeError for it.
+    keyed = _eval(run_key="job-7")
+    keyed.log_episodes(episodes[:1])
+    keyed.finish(timeout=60)
+    assert keyed.status is pr.RunStatus.COMPLETED and not keyed.errors, keyed.errors
+    assert _sample_ids(lp, keyed.id) == [episodes[0]["id"]]
+
+
 def test_online_without_a_key_is_a_configuration_error(
     runs: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
