@@ -258,7 +258,7 @@ def parse_byte_count(name: str, raw: str, *, minimum: int) -> int:
 
 
 def _parse_runs_dir(name: str, raw: str) -> Path:
-    path = Path(raw.strip()).expanduser()
+    path = _expanded(name, raw)
     if path.exists() and not path.is_dir():
         raise ConfigurationError(
             f"{name}={raw!r} is not a directory; use a directory (created if missing) "
@@ -657,8 +657,27 @@ def _runs_dir_as_given(name: str, raw: str) -> Path:
     as a read-only or full one: the run journals in a fallback folder with
     one warning (``refuge``), as it does for the ``runs_dir`` argument.
     Refused, verifiers turned the error into a disabled run that kept
-    nothing, where the vendor's SDK, which reads no such variable, ships."""
-    return Path(raw.strip()).expanduser()
+    nothing, where the vendor's SDK, which reads no such variable, ships.
+    So is a ``~`` path with no home to expand it to."""
+    try:
+        return _expanded(name, raw)
+    except ConfigurationError as exc:
+        log.warning("prime-runs: %s; this run's journal goes to a fallback folder", exc)
+        return Path(os.devnull) / "runs"  # no folder can be made there
+
+
+def _expanded(name: str, raw: str) -> Path:
+    """``raw`` as a path, a leading ``~`` expanded; ConfigurationError where
+    there is no home directory to expand it to (``_NO_HOME``): the
+    RuntimeError of ``expanduser`` escaped every init(), the disabled one
+    verifiers opens when an online one fails included."""
+    try:
+        return Path(raw.strip()).expanduser()
+    except RuntimeError:
+        raise ConfigurationError(
+            f"{name}={raw!r} names a folder under the home directory, and there is none "
+            f"({_NO_HOME}); use an absolute path"
+        ) from None
 
 
 def _default_runs_dir(read: _Reader, sources: dict[str, str], *, online: bool = False) -> Path:

@@ -240,6 +240,32 @@ def _no_entry(uid: int) -> Any:
     raise KeyError(f"getpwuid(): uid not found: {uid}")
 
 
+def _without_a_home(monkeypatch: pytest.MonkeyPatch, runs: Path) -> Path:
+    """A job under a user id the password database does not know, with no
+    HOME (a container's arbitrary uid, ``env -i``): ``Path.home()`` raises
+    RuntimeError. Returns its temporary directory (a private folder)."""
+    import pwd
+
+    monkeypatch.delenv("HOME")
+    monkeypatch.setattr(pwd, "getpwuid", _no_entry)
+    scratch = runs.parent / "scratch"
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    scratch.mkdir(mode=0o700)
+    return scratch
+
+
+def _ships_from(scratch: Path, caplog: pytest.LogCaptureFixture, **identity: Any) -> str:
+    """An online run opened, logged, finished and shipped from a folder in
+    ``scratch``; what it warned."""
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        run = pr.init(mode="online", api_key=API_KEY, **identity)
+    run.log_episodes(_episodes(2))
+    run.finish(timeout=60)
+    assert run.status is pr.RunStatus.COMPLETED and run.url is not None
+    assert run.journal_path is not None and scratch in run.journal_path.parents
+    return " ".join(r.getMessage() for r in caplog.records)
+
+
 def test_the_disabled_fallback_opens_where_no_home_directory_can_be_found(
     runs: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -251,21 +277,10 @@ def test_the_disabled_fallback_opens_where_no_home_directory_can_be_found(
     saying why and the fix; an offline run (kept for a later sync, where a
     fallback folder may not last) names the fix; the disabled one opens;
     and with a runs directory set no home is needed at all."""
-    import pwd
-
-    monkeypatch.delenv("HOME")
     monkeypatch.delenv("PRIME_RUNS_DIR")
-    monkeypatch.setattr(pwd, "getpwuid", _no_entry)
-    monkeypatch.setattr(tempfile, "tempdir", str(runs.parent / "scratch"))
-    (runs.parent / "scratch").mkdir(mode=0o700)
+    scratch = _without_a_home(monkeypatch, runs)
     identity: dict[str, Any] = {"name": "x", "environments": ["gsm8k"], "model": "m"}
-    with caplog.at_level(logging.WARNING, logger="primeruns"):
-        run = pr.init(mode="online", api_key=API_KEY, **identity)
-    run.log_episodes(_episodes(2))
-    run.finish(timeout=60)
-    assert run.status is pr.RunStatus.COMPLETED and run.url is not None
-    assert run.journal_path is not None and (runs.parent / "scratch") in run.journal_path.parents
-    said = " ".join(r.getMessage() for r in caplog.records)
+    said = _ships_from(scratch, caplog, **identity)
     assert "no default runs directory" in said and "PRIME_RUNS_DIR" in said
     with pytest.raises(ConfigurationError, match="PRIME_RUNS_DIR"):
         pr.init(mode="offline", **identity)
@@ -280,6 +295,26 @@ def test_the_disabled_fallback_opens_where_no_home_directory_can_be_found(
     assert run.status is pr.RunStatus.COMPLETED and run.url is not None
 
 
+def test_a_runs_dir_under_a_home_that_cannot_be_found_is_a_configuration_problem(
+    runs: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``PRIME_RUNS_DIR="~/runs"`` (quoted in a job script: the shell left
+    the ``~``) in a job with no home directory. Before, expanding it raised
+    RuntimeError from every init(): the online one, and the disabled one
+    verifiers opens instead, unguarded, so the eval died. Now the disabled
+    run opens, the online one journals in a fallback folder and ships, and
+    the offline one names the variable."""
+    monkeypatch.setenv("PRIME_RUNS_DIR", "~/runs")
+    scratch = _without_a_home(monkeypatch, runs)
+    identity: dict[str, Any] = {"name": "x", "environments": ["gsm8k"], "model": "m"}
+    run = pr.init(mode="disabled", **identity)
+    run.finish()
+    assert run.mode == "disabled" and run.status is pr.RunStatus.COMPLETED
+    assert "PRIME_RUNS_DIR='~/runs'" in _ships_from(scratch, caplog, **identity)
+    with pytest.raises(ConfigurationError, match="PRIME_RUNS_DIR"):
+        pr.init(mode="offline", **identity)
+
+
 def test_a_requeued_job_with_no_home_directory_ships_what_its_first_attempt_left(
     runs: Path, local_platform: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -292,16 +327,11 @@ def test_a_requeued_job_with_no_home_directory_ships_what_its_first_attempt_left
     from threads without the first attempt's journal, whose episodes never
     reached the platform, with nothing in ``run.errors``. The sync root is
     now this user's folder in the temporary directory, beside those runs."""
-    import pwd
-
     lp = local_platform
     run_id = _launcher_evaluation(lp)
-    monkeypatch.delenv("HOME")
     monkeypatch.delenv("PRIME_RUNS_DIR")
     monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")  # (the patched password database)
-    monkeypatch.setattr(pwd, "getpwuid", _no_entry)
-    monkeypatch.setattr(tempfile, "tempdir", str(runs.parent / "scratch"))
-    (runs.parent / "scratch").mkdir(mode=0o700)
+    _without_a_home(monkeypatch, runs)
     episodes = _episodes(4)
     lp.set_faults(retryable_rate=1.0, routes=["/api/v1/traces", f"/api/v1/evaluations/{run_id}/"])
     first = _eval(id=run_id)
