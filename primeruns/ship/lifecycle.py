@@ -742,13 +742,24 @@ class Lifecycle:
         unproven, a failed run's summary was lost: its close-out, unlike a
         completed run's finalize, does not carry it. Where the platform
         offers no read (404), or its read shows no such field, the answer is
-        taken."""
-        if str(answer.get("evaluation_id") or answer.get("id") or "") == run_id:
+        taken; a read that does not name the evaluation either (the
+        gateway's empty 200 again) proves nothing, and the update is sent
+        again."""
+
+        def names_it(answer: Mapping[str, Any]) -> bool:
+            return str(answer.get("evaluation_id") or answer.get("id") or "") == run_id
+
+        if names_it(answer):
             return
         try:
             found = self._send("GET", read_path, {})
         except NotFoundError:
             return
+        if not names_it(found):
+            raise UnprovenAnswerError(
+                "the update of the evaluation was answered without the evaluation, and so "
+                "was the read of it; sending it again"
+            )
         for field_name, value in sent.items():
             stored = found.get(field_name)
             if not isinstance(stored, dict) or not isinstance(value, Mapping):

@@ -350,14 +350,19 @@ def test_a_413_from_the_object_store_halves_a_synced_backlog_and_every_sample_la
 
 class _UpdateLostAtTheGateway(httpx.BaseTransport):
     """The platform behind a gateway that answers the first update of an
-    evaluation's summary with an empty 200 and never passes it on."""
+    evaluation's summary with an empty 200 and never passes it on; with
+    ``read_too``, the read of the evaluation after it as well."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, read_too: bool = False) -> None:
         self._real = httpx.HTTPTransport()
         self.swallowed = 0
+        self._read_too = read_too
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         if request.method == "PUT" and b'"metrics"' in request.content and not self.swallowed:
+            self.swallowed += 1
+            return httpx.Response(200)
+        if request.method == "GET" and self._read_too and self.swallowed == 1:
             self.swallowed += 1
             return httpx.Response(200)
         return self._real.handle_request(request)
@@ -366,24 +371,49 @@ class _UpdateLostAtTheGateway(httpx.BaseTransport):
         self._real.close()
 
 
+def _failed_behind(
+    gateway: _UpdateLostAtTheGateway,
+    lp: LocalPlatform,
+    settings: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    name: str,
+) -> dict[str, Any]:
+    """An evaluation shipped through ``gateway`` that failed with a summary
+    (``avg_reward`` 0.25), as the local platform stored it."""
+    monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")  # the gateway is in this process
+    monkeypatch.setattr(
+        uplink, "PlatformClient", lambda settings: PlatformClient(settings, transport=gateway)
+    )
+    try:
+        run = _eval_run(settings, lp, name)
+        run.log_episodes(workloads.gsm8k(5))
+        run.finish({"avg_reward": 0.25}, status="failed", error="the eval broke", timeout=60)
+    finally:
+        gateway.close()
+    return dict(lp.run(run.id))
+
+
 def test_a_failed_evaluations_summary_a_gateway_answered_with_nothing_still_lands(
     lp: LocalPlatform, settings: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A failed evaluation's close-out sends its summary in an update of its
     # own (the status, sent next, carries none); the update's empty 200 was
     # taken as stored, and the run was closed without its summary.
-    monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")  # the gateway is in this process
     gateway = _UpdateLostAtTheGateway()
-    monkeypatch.setattr(
-        uplink, "PlatformClient", lambda settings: PlatformClient(settings, transport=gateway)
-    )
-    try:
-        run = _eval_run(settings, lp, "receipts-failed-summary")
-        run.log_episodes(workloads.gsm8k(5))
-        run.finish({"avg_reward": 0.25}, status="failed", error="the eval broke", timeout=60)
-    finally:
-        gateway.close()
+    stored = _failed_behind(gateway, lp, settings, monkeypatch, "receipts-failed-summary")
     assert gateway.swallowed == 1
-    stored = lp.run(run.id)
     assert stored["status"] == "FAILED" and stored["error_message"] == "the eval broke"
     assert stored["summary"]["avg_reward"] == 0.25
+
+
+def test_a_summary_update_whose_read_back_a_gateway_answered_with_nothing_still_lands(
+    lp: LocalPlatform, settings: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The read-back that checks an update answered with nothing was answered
+    # with nothing too: an empty read names no evaluation, so it proves no
+    # more than the update's answer did. It was taken as showing the update
+    # (no field there to compare), and the run was closed without its summary.
+    gateway = _UpdateLostAtTheGateway(read_too=True)
+    stored = _failed_behind(gateway, lp, settings, monkeypatch, "receipts-failed-summary-read")
+    assert gateway.swallowed == 2
+    assert stored["status"] == "FAILED" and stored["summary"]["avg_reward"] == 0.25
