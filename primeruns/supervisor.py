@@ -4,8 +4,9 @@
 the uplink (:mod:`primeruns.ship.link`: a process, or threads where one cannot
 start). The :class:`Supervisor` it returns is all the run handle knows of
 shipping: it passes the recorder's wake-ups on, waits for the sinks to catch
-up (``flush``), replaces an uplink process that died before the run was
-closed out with threads in this process, stops the uplink of an ``init()``
+up (``flush``), starts again an uplink process that died mid-run (looked at
+from the log calls once a second, and by ``flush``; in the finish's wait it
+ships from threads in this process instead), stops the uplink of an ``init()``
 that failed after it started (``abandon``), and waits for the close-out
 (shipping from threads itself when the run ends before its uplink process
 began: a short run does not wait for that process's start-up). Every
@@ -64,6 +65,15 @@ _STOPPED_FOR_S = 3.0
 # stretch: this process was held between them (stopped with its job, or
 # starved), and the uplink's stop is counted anew from the later one.
 _STOPPED_GAP_S = 2 * _STOPPED_LOOK_S
+# A log call looks this often whether the uplink process is still there
+# (``Supervisor.wake``). One that died mid-run (killed alone: an out-of-memory
+# kill, a cleanup of stray processes) shipped nothing more until a flush() or
+# the finish, days later in a long training run, and a producer killed after
+# it left every record since to a command; the vendor's thread ships on.
+_LOOK_S = 1.0
+# An uplink process started again that died again this many times is not
+# started once more: threads of this process ship on, as where none can start.
+_RESTARTS = 3
 # init()'s own registration (two tries) is there for run.url at once, and
 # holds the user's job while it lasts: a platform asking for a longer wait
 # between them (a 429's Retry-After, honoured up to 60 s) is left to the
@@ -156,6 +166,9 @@ class Supervisor:
         self._replaced = False
         self._replacing = threading.Lock()  # flush() and finish() on two threads
         self._bound: Binding | None = None
+        self._next_look = time.monotonic() + _LOOK_S  # (read unlocked: a stale read costs a look)
+        self._restarts = 0
+        self._moving = False  # stopped for a move of the journal (rehoming), not dead
 
     def binding(self) -> Binding | None:
         """The platform's run, once registered (cached: it never changes)."""
@@ -168,6 +181,8 @@ class Supervisor:
 
     def wake(self) -> None:
         self.uplink.wake()
+        if time.monotonic() >= self._next_look:
+            self._look_at_uplink()
 
     # -- flush ---------------------------------------------------------------------
     def drain(self, targets: Mapping[int, int], timeout: float | None) -> bool:
@@ -186,7 +201,10 @@ class Supervisor:
             if not hurried:
                 self.uplink.hurry()  # small batches go now: someone waits for them
                 hurried = True
-            self.replace_if_dead()
+            uplink = self.uplink
+            self.replace_if_dead(restart=True)  # mid-run: a process outlives this one
+            if self.uplink is not uplink:
+                self.uplink.hurry()  # the new one: this flush still waits
             left = deadline - time.monotonic()
             if left <= 0 or not self.uplink.alive():
                 return False  # out of time, or nothing left to ship it
@@ -218,17 +236,62 @@ class Supervisor:
             return {}
 
     # -- the uplink's life ---------------------------------------------------------
-    def replace_if_dead(self) -> None:
+    def replace_if_dead(self, *, restart: bool = False) -> None:
         """If the uplink process died before closing the run out (killed, out
-        of memory), ship from threads in this process from now on."""
+        of memory), ship on without it: with ``restart`` (mid-run), from a new
+        uplink process, which outlives this one again; else, or once it died
+        ``_RESTARTS`` times, from threads in this process from now on."""
         with self._replacing:
-            uplink, journal = self.uplink, self._journal
-            if self._replaced or uplink.alive():
-                return
-            if ledger.read_closeout(journal) is not None:
-                return  # it finished its work
+            self._replace_if_dead(restart=restart)
+
+    def _look_at_uplink(self) -> None:
+        """From a log call, once a second: start the uplink process again if it
+        died mid-run. Never waits: a flush, a finish or a move already at it
+        looks for itself. Never raises into the loop."""
+        if not self._replacing.acquire(blocking=False):
+            return
+        try:
+            self._next_look = time.monotonic() + _LOOK_S
+            self._replace_if_dead(restart=True)
+        except Exception as exc:  # the next look, flush or finish tries again
+            log.warning("prime-runs: could not look after the run's uplink: %s", exc)
+        finally:
+            self._replacing.release()
+
+    def _replace_if_dead(self, *, restart: bool) -> None:
+        """``replace_if_dead`` with ``_replacing`` held."""
+        uplink, journal = self.uplink, self._journal
+        # Stopped for a move, it is followed by another (``follow``): started
+        # again here, on the journal being left, it would ship beside that one.
+        if self._replaced or self._moving or uplink.alive():
+            return
+        if ledger.read_closeout(journal) is not None:
+            return  # it finished its work
+        if restart and self._restarts < _RESTARTS and isinstance(getattr(uplink, "pid", None), int):
+            self._restarts += 1
+            self._restart(uplink, journal)
+            return
+        self._replaced = True
+        self._replace(uplink, journal)
+
+    def _restart(self, uplink: UplinkHandle, journal: Journal) -> None:
+        """Ship on from a new uplink process, from the journal's offsets and
+        recorded batches, as after any kill of one; from threads here where
+        none can start."""
+        log.warning(
+            "prime-runs: the uplink process of run %s exited before the run was finished; "
+            "starting it again (nothing is lost: it ships from the journal)",
+            (self.binding() or Binding(journal.local_id, self._kind)).run_id,
+        )
+        predecessors = list(getattr(uplink, "predecessors", []))
+        uplink.release()
+        journal.unshare_lock()
+        # The new process takes the moving over from the dead one; only
+        # threads (no process could start) need this process's mover back.
+        self.uplink = start_uplink(journal, self._settings, predecessors, self._tuning)
+        if isinstance(self.uplink, UplinkThreads):
             self._replaced = True
-            self._replace(uplink, journal)
+            journal.take_back_moving()
 
     def _replace(self, uplink: UplinkHandle, journal: Journal) -> None:
         log.warning(
@@ -257,6 +320,7 @@ class Supervisor:
             pid = getattr(uplink, "pid", None)
             if not isinstance(pid, int) or self._replaced:
                 return False
+            self._moving = True  # (see _replace_if_dead) until follow()
             kill_uplink(pid)  # (its group: under an interpreter's stand-in, its child too)
             uplink.wait_exit(30.0)
             uplink.release()
@@ -270,6 +334,7 @@ class Supervisor:
             old = self._journal
             self._journal = journal
             self._lifecycle.journal = journal  # where the registration is read
+            self._moving = False
             if moved:
                 self.uplink = start_uplink(journal, self._settings, [], self._tuning)
                 return

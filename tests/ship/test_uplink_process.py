@@ -25,6 +25,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ from sdk_helpers import (
     held_uplink_starts,
     kill_producer,
     platform_episode_ids,
+    platform_metric_steps,
     point_at,
     wait_for,
 )
@@ -189,7 +191,7 @@ def test_where_no_process_can_start_the_run_ships_from_threads_with_one_warning(
     assert landed_once(stored, 30)
 
 
-def test_an_uplink_killed_mid_run_is_replaced_by_threads_and_nothing_is_lost(
+def test_an_uplink_killed_mid_run_is_started_again_and_nothing_is_lost(
     local_platform: Any,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -208,9 +210,93 @@ def test_an_uplink_killed_mid_run_is_replaced_by_threads_and_nothing_is_lost(
     run.log_episodes(episodes[30:])
     with caplog.at_level(logging.WARNING, logger="primeruns"):
         assert run.flush(timeout=60)
-    assert "shipping from threads" in caplog.text
+    assert "starting it again" in caplog.text
     run.finish(timeout=60)
     assert _completed_once(local_platform.run(run.id), 60)
+
+
+# A training job whose uplink process is killed alone mid-run (an
+# out-of-memory kill, a cleanup of stray processes), then goes on logging one
+# step per line the test writes on its standard input, never calling flush().
+_LOGS_ON_AFTER_ITS_UPLINK = """
+import sys
+import workloads
+import primeruns as pr
+
+run = pr.init(
+    kind="train", model="m", team_id="team", api_key=sys.argv[3], base_url=sys.argv[2],
+    runs_dir=sys.argv[1],
+)
+print(f"journal {run.journal_path}", flush=True)
+print(f"uplink {run._supervisor.uplink.pid}", flush=True)
+records = workloads.agentic(2_000)
+for step, _ in enumerate(sys.stdin):
+    run.log_episodes([records[step]])
+    run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+    print(f"logged {step} {records[step]['id']}", flush=True)
+"""
+
+
+def test_an_uplink_killed_alone_mid_run_is_started_again_and_outlives_its_producer(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    script = tmp_path / "producer.py"
+    script.write_text(_LOGS_ON_AFTER_ITS_UPLINK)
+    tests = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
+    }
+    proc = procs.start(
+        [sys.executable, str(script), str(runs), lp.url, API_KEY],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    path = Path(proc.stdout.readline().split(" ", 1)[1].strip())
+    uplink = int(proc.stdout.readline().split(" ", 1)[1])
+    logged: list[str] = []
+
+    def step() -> int:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        _, number, episode = proc.stdout.readline().split()
+        logged.append(episode)
+        return int(number)
+
+    for _ in range(5):
+        step()
+    run_id = _run_id(path)
+    wait_for(lambda: platform_metric_steps(lp.data_dir, run_id), what="the first rows to land")
+    os.kill(uplink, signal.SIGKILL)
+    after = step()
+
+    def landed_while_logging() -> bool:
+        step()  # the loop goes on, a step each poll, as a training loop logs
+        return after in platform_metric_steps(lp.data_dir, run_id)
+
+    # What it logged after the kill reaches the platform, no flush() called.
+    wait_for(landed_while_logging, timeout=60, what="a row logged after the kill to land")
+    for _ in range(5):
+        step()
+    os.kill(proc.pid, signal.SIGKILL)  # the producer alone: its new uplink closes the run
+    proc.stdin.close()
+    proc.stdout.close()
+    proc.wait(timeout=30)
+    stored = wait_for(
+        lambda: (s := lp.run(run_id))["status"] != "RUNNING" and s,
+        timeout=60,
+        what="the uplink to close the run",
+    )
+    assert stored["status"] == "FAILED" and "crash" in (stored["error_message"] or "")
+    assert platform_episode_ids(lp.data_dir, run_id) == Counter(logged)
+    assert platform_metric_steps(lp.data_dir, run_id) == Counter(range(len(logged)))
 
 
 def test_the_uplink_runs_this_package_even_from_a_directory_holding_another(
