@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 import rel_helpers as rh
+import rel_machines as rm
 import rel_torture as rt
 import workloads
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 import primeruns as pr
 from primeruns.local import LocalPlatform
@@ -41,9 +41,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform
         lp.stop()
 
 
-class LiveRun(RuleBasedStateMachine):
-    lp: LocalPlatform  # set by the test below, before hypothesis runs the machine
-
+class LiveRun(rm.Outages):
     def __init__(self) -> None:
         super().__init__()
         self.work = Path(tempfile.mkdtemp(prefix="primeruns-stateful-"))
@@ -51,7 +49,6 @@ class LiveRun(RuleBasedStateMachine):
         self.env.__enter__()
         self.logged: list[str] = []
         self.next = 0
-        self.down = False
         self.run: pr.Run | None = None
 
     @initialize(kind=st.sampled_from(["eval", "train"]))
@@ -111,18 +108,6 @@ class LiveRun(RuleBasedStateMachine):
             statuses = [500] if what == "500" else [429, 503, 502]
             self.lp.set_faults(retryable_rate=rate, ambiguous_rate=0.0, statuses=statuses)
 
-    @precondition(lambda self: not self.down)
-    @rule()
-    def platform_down(self) -> None:
-        self.lp.stop()
-        self.down = True
-
-    @precondition(lambda self: self.down)
-    @rule()
-    def platform_up(self) -> None:
-        self.lp.start()
-        self.down = False
-
     @rule(timeout=st.sampled_from([0.0, 0.2, 2.0]))
     def flush(self, timeout: float) -> None:
         assert self.run is not None
@@ -153,17 +138,8 @@ class LiveRun(RuleBasedStateMachine):
             assert rh.platform_metric_steps(self.lp.data_dir, run.id) == Counter(self.steps)
 
 
-def _explore(platform: LocalPlatform, **budget: Any) -> None:
-    LiveRun.lp = platform
-    machine = LiveRun.TestCase
-    machine.settings = settings(
-        deadline=None, suppress_health_check=[HealthCheck.too_slow], **budget
-    )
-    machine().runTest()
-
-
 def test_a_live_run_survives_any_interleaving(platform: LocalPlatform) -> None:
-    _explore(platform, max_examples=8, stateful_step_count=10, derandomize=True)
+    rm.explore(LiveRun, platform, max_examples=8, stateful_step_count=10, derandomize=True)
 
 
 @pytest.mark.slow
@@ -171,4 +147,4 @@ def test_a_live_run_survives_any_interleaving(platform: LocalPlatform) -> None:
 # on a busy 2-core machine, so a guard of its own.
 @pytest.mark.timeout(1800)
 def test_a_live_run_survives_any_interleaving_long(platform: LocalPlatform) -> None:
-    _explore(platform, max_examples=80, stateful_step_count=25)
+    rm.explore(LiveRun, platform, max_examples=80, stateful_step_count=25)
