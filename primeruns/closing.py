@@ -41,6 +41,10 @@ __all__ = [
 
 log = logging.getLogger("primeruns")
 
+# The most of the finish's time spent waiting for records held for a full
+# disk to be journaled (``finish_journal``); the rest is the close-out's.
+_HELD_SHARE = 0.5
+
 
 def terminal(status: RunStatus | str) -> RunStatus:
     """``finish(status=...)`` checked: a terminal status, or ValueError naming the choices."""
@@ -135,6 +139,17 @@ def finish_journal(
     """
     journal = recorder.journal
     assert journal is not None
+    # Records held in memory for a full disk (``journal.overflow``) come
+    # before the finish entry; they are waited for at most half the time
+    # this call has, so the close-out keeps its share to ship them: waited
+    # for the whole budget, they left it none (the uplink closed the run out
+    # at once, hundreds of records unshipped). The entry is made once they
+    # are in, its deadline counted from then, with what is left of the budget.
+    started = time.monotonic()
+    recorder.settle_held((budget if wait is None else min(wait, budget)) * _HELD_SHARE)
+    spent = time.monotonic() - started
+    budget = max(0.0, budget - spent)
+    wait = None if wait is None else max(0.0, wait - spent)
     record = {
         "status": status.value,
         "error": message,
@@ -150,6 +165,7 @@ def finish_journal(
         recorder.note("summary", exc)
         payload = records.encode_record({**record, "summary": {}}, what="finish")
     recorder.append(EntryKind.FINISH, [payload], essential=True, final=True)
+    recorder.count_held_lost()  # (one held meanwhile, by another thread, is lost with the finish)
     if supervisor is None:
         _close(recorder)
         return

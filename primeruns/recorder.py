@@ -15,6 +15,7 @@ dropped and counted where the child has none.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import operator
 import os
@@ -79,6 +80,8 @@ class Recorder:
         self._dropped = 0
         self._encode_failed = 0
         self._forked_dropped = 0
+        # Records held for a full disk and let go (the journal's count, read at the finish).
+        self._held_lost = 0
         # The newest seq appended of each entry kind: what flush() waits for.
         self._last_by_kind: dict[int, int] = {}
         self._warned: set[str] = set()
@@ -90,7 +93,7 @@ class Recorder:
     # -- what the user reads back ------------------------------------------------
     @property
     def dropped(self) -> int:
-        return self._dropped + self._forked_dropped
+        return self._dropped + self._forked_dropped + self._held_lost
 
     @property
     def encode_failed(self) -> int:
@@ -382,6 +385,14 @@ class Recorder:
                     self._last_by_kind[int(kind)] = last
             if self.wake is not None:
                 self.wake()
+        if result.held:
+            self.warn_once(
+                "held",
+                f"the journal at {journal.path} is full: {full_cause(journal.path)}; records "
+                "are held in memory until it has room again, as the uplink ships and frees "
+                "it (past 64 MiB held, or at the run's finish, they are dropped and counted in "
+                "run.dropped_records). Free inodes or disk space.",
+            )
         if result.dropped:
             with self.lock:
                 self._dropped += result.dropped
@@ -391,6 +402,41 @@ class Recorder:
                 "are being dropped and counted in run.dropped_records. Free inodes or disk "
                 "space, or raise the budget (PRIME_RUNS_MAX_JOURNAL_BYTES).",
             )
+
+    def held_stored(self, kind: int, last: int) -> None:
+        """Records held for a full disk were journaled, up to seq ``last``
+        (from the journal's thread): ``flush()`` waits for them, and the
+        uplink is woken for them, as after an append."""
+        with self.lock:
+            if last > self._last_by_kind.get(int(kind), 0):
+                self._last_by_kind[int(kind)] = last
+        if self.wake is not None:
+            self.wake()
+
+    def settle_held(self, within: float) -> None:
+        """At the finish: wait up to ``within`` for what is held for a full
+        disk to be journaled; what is not is dropped, counted, and said."""
+        journal = self.journal
+        if journal is None:
+            return
+        with contextlib.suppress(JournalError):
+            lost = journal.settle_held(within)
+            if lost:
+                log.warning(
+                    "prime-runs: %d record(s) held in memory for the full disk at %s could not "
+                    "be journaled before the run finished; they are dropped and counted in "
+                    "run.dropped_records",
+                    lost,
+                    journal.path,
+                )
+        self.count_held_lost()
+
+    def count_held_lost(self) -> None:
+        """Take the journal's count of held records it let go (``dropped``)."""
+        journal = self.journal
+        if journal is not None:
+            with contextlib.suppress(JournalError):
+                self._held_lost = journal.held_lost()
 
     # -- reporting ---------------------------------------------------------------
     def refuse(self, exc: BaseException, *, defer: bool = False) -> None:
@@ -488,6 +534,7 @@ class Recorder:
         journal = self.journal
         if journal is None:
             return
+        self.settle_held(0.0)  # what is still held is lost with the journal's close: counted
         self._final_losses = self.losses()
         self._final_errors = self.uplink_errors()
         journal.close()

@@ -77,6 +77,11 @@ class Run:
         self._finished = False
         if supervisor is not None:
             recorder.wake = supervisor.wake
+            if recorder.journal is not None and not in_memory(recorder.journal):
+                # Its uplink ships and compacts the journal: room a full disk
+                # refused comes back, so what it refused waits in memory.
+                recorder.journal.when_held_stored(recorder.held_stored)
+                recorder.journal.hold_when_full()
         if recorder.journal is not None and not in_memory(recorder.journal):
             recorder.rehomer = Rehomer(recorder.journal, supervisor)
         if fork is not None:

@@ -7,12 +7,15 @@ process's death, and every reader sees them. Compressing them and moving them
 into LMDB is the mover's work, off this thread (``mover``): the background
 sync's tick wakes it a second after writes, while they come, and near the
 byte budget the room count wakes it too (``capacity``). At the byte budget or
-on a full disk the records are dropped and counted, never raised.
+on a full disk the records are dropped and counted, never raised; where the
+journal holds what a full disk refuses (an online run's: ``hold_when_full``),
+they wait in memory, in order, until it has room again (``overflow``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import threading
 from collections.abc import Callable, Sequence
@@ -27,12 +30,17 @@ from primeruns.exceptions import (
     RunFinishedError,
 )
 from primeruns.journal.capacity import Capacity
-from primeruns.journal.frames import HEADER_SIZE, EntryKind, encode_frame
+from primeruns.journal.frames import HEADER_SIZE, EntryKind, encode_frame, encode_frames_off_gil
 from primeruns.journal.layout import put_entry
+from primeruns.journal.overflow import DISK_FULL, Held, Overflow
 from primeruns.journal.spool import SpoolWriter
 from primeruns.journal.tail import OwnTail, read_end, stored_end
 from primeruns.journal.txn import Transactions, release_reserve
 from primeruns.journal.types import AppendResult
+
+# The most payload bytes of held appends stored in one LMDB transaction
+# (``_put_held``): compressed under the append lock, a few milliseconds.
+_PUT_HELD_BYTES = 1 << 20
 
 
 class Appender:
@@ -68,6 +76,22 @@ class Appender:
         # Set by ``put_frames`` until LMDB, which holds its frames, is synced:
         # before then no spool segment may be opened past them (``_write``).
         self._frames_unsynced = False
+        # Appends a full disk refused, held until it has room (None: dropped,
+        # as at the budget; ``hold_when_full``). ``_holding`` says whether any
+        # is held: the one test an append pays for it.
+        self._overflow: Overflow | None = None
+        self._holding = False
+        self.held_lost = 0  # records held, then let go (counted lost: ``DISK_FULL``)
+        # Told (outside the lock) of each held append stored: (kind, last seq).
+        self.on_stored: Callable[[int, int], None] | None = None
+
+    def hold_when_full(self, limit: int) -> None:
+        """Hold what a full disk refuses, up to ``limit`` payload bytes (``overflow``)."""
+        with self.lock:
+            if self._overflow is None:
+                self._overflow = Overflow(
+                    self.lock, self.store_held, self._told, self._tx.path.name, limit=limit
+                )
 
     def append(
         self,
@@ -89,14 +113,34 @@ class Appender:
                     raise JournalMovedError(f"journal {self._tx.path} was re-created")
                 if self._finished:
                     raise RunFinishedError(FINISHED_WHILE_LOGGING)
-                if not essential and not self._capacity.room_for(size):
-                    self._tx.tight = True
-                    raise JournalFullError("journal byte budget reached")
-                self._unsettled = True
-                first, frames = self._write(k, payloads, essential)
+                if self._holding:
+                    if not final:  # after those held, never before them
+                        return self._hold(k, payloads, essential, size)
+                    # The run's finish, which nothing may follow: what its
+                    # wait for room did not store is lost (``let_go_held``).
+                    self._let_go_held()
+                counted = False  # refused by the room count, not by the disk's write
+                try:
+                    if not essential and not self._capacity.room_for(size):
+                        self._tx.tight = counted = True
+                        raise JournalFullError("journal byte budget reached")
+                    self._unsettled = True
+                    first, count = self._write(k, payloads, essential)[0], len(payloads)
+                except JournalFullError:
+                    # Held where the disk refused: the room count near a full
+                    # disk, or the spool's write (ENOSPC, EDQUOT); the budget's
+                    # refusals are dropped.
+                    if self._overflow is None:
+                        raise
+                    if counted and not self._capacity.disk_short():
+                        raise
+                    self._unsettled = False  # nothing written (``_write`` undoes its part)
+                    if not essential:
+                        return self._hold(k, payloads, essential, size)
+                    first, count = self._put_essential(k, payloads)
                 # Under the lock that chose ``first``: the next append's seq
                 # follows this one's, whichever thread it comes from.
-                last = self._tail.last = first + len(frames) - 1
+                last = self._tail.last = first + count - 1
                 self._finished = final
                 self._unsettled = False
         except JournalFullError:
@@ -106,6 +150,169 @@ class Appender:
         # ``maintenance``), or by the room count near the budget (``capacity``).
         self._tail.notify()
         return AppendResult(first, last - first + 1, 0)
+
+    # -- appends held for a full disk (``overflow``) ------------------------------------
+
+    def _hold(
+        self, kind: int, payloads: Sequence[bytes], essential: bool, size: int
+    ) -> AppendResult:
+        """Hold a refused append (under the lock); JournalFullError past the bound."""
+        overflow = self._overflow
+        assert overflow is not None
+        if not overflow.hold(Held(kind, tuple(payloads), essential, size)):
+            raise JournalFullError("the records held for a full disk reached their bound")
+        if not self._holding:
+            # The segment written so far gets a successor (``_open_successor``).
+            self._spool.start_segment()
+        self._holding = True
+        return AppendResult(None, 0, 0, len(payloads))
+
+    def _put_essential(self, kind: int, payloads: Sequence[bytes]) -> tuple[int, int]:
+        """A run's spec or finish the spool cannot take on a full disk (the
+        reserve file spent too), put straight into LMDB's free pages: records
+        held meanwhile (``store_held``) take the disk's blocks into the data
+        file, where compaction frees pages but no spool segment finds room.
+        (first seq, count); JournalFullError where LMDB cannot take it either."""
+        first = max(self._tail.last, self.after) + 1
+        seqs = list(range(first, first + len(payloads)))
+        frames = list(zip(seqs, encode_frames_off_gil(kind, list(payloads), seqs), strict=True))
+        try:
+            stored = self._put_locked(frames, lambda: None, essential=True)
+        except (JournalError, lmdb.Error):
+            stored = False
+        if not stored:
+            raise JournalFullError(f"journal {self._tx.path}: no room for an essential entry")
+        return first, len(payloads)
+
+    def store_held(self) -> list[tuple[int, int]]:
+        """Store held appends, oldest first, as far as room allows (under the
+        lock, from the overflow's thread): straight into LMDB, compressed
+        (``_put_held``), never through the spool, which the disk refused.
+        (kind, last seq) of each stored."""
+        overflow = self._overflow
+        stored: list[tuple[int, int]] = []
+        while overflow is not None and overflow.items and not (self.moved or self._finished):
+            if self._unsettled:
+                self._settle()
+            put = self._put_held(overflow)
+            if not put:
+                break
+            stored.extend(put)
+        self._holding = overflow is not None and bool(overflow.items)
+        if not (self.moved or self._finished):
+            self._open_successor()
+        return stored
+
+    def _put_held(self, overflow: Overflow) -> list[tuple[int, int]]:
+        """Store the oldest held appends (up to ``_PUT_HELD_BYTES``, else the
+        oldest alone) in LMDB in one transaction, compressed here with the
+        GIL released: on a disk the journal's data file filled, compaction
+        frees pages inside that file, which no spool segment can use, and
+        raw in the spool they took several times the room. Only once LMDB
+        holds every spooled entry (the uplink's mover absorbs them): they go
+        after them (``put_frames``'s path)."""
+        first = max(self._tail.last, self.after) + 1
+        take = total = 0
+        for held in overflow.items:
+            if take and total + held.nbytes > _PUT_HELD_BYTES:
+                break
+            take, total = take + 1, total + held.nbytes
+        for count in dict.fromkeys((take, 1)):
+            batch = list(itertools.islice(overflow.items, count))
+            try:
+                frames = _framed(batch, first)
+                if not self._put_locked(frames, lambda: None, held=True):
+                    continue
+            except (JournalError, lmdb.Error, ValueError):
+                return []
+            for _ in range(count):
+                overflow.popleft()
+            ends = itertools.accumulate(len(held.payloads) for held in batch)
+            return [(held.kind, first + n - 1) for held, n in zip(batch, ends, strict=True)]
+        return []
+
+    def _open_successor(self) -> None:
+        """While appends are held, keep a segment open past the log's end
+        (empty): the one written before the disk filled then has a
+        successor, so the mover deletes it once LMDB holds it, and its
+        blocks come back. As the newest it was kept, its blocks taken for
+        good (most of a small disk's). A put closes it (``put_frames``), and
+        the next round opens one after the put's entries."""
+        if not self._spool.opens_next():
+            return
+        first = max(self._tail.last, self.after) + 1
+        with contextlib.suppress(JournalError):
+            if self._frames_unsynced:
+                self._sync_frames()  # as before any segment opened past put frames
+            if first > self._stored_end():
+                self._spool.open_next(first)
+
+    def _told(self, stored: list[tuple[int, int]]) -> None:
+        """Held appends were stored (outside the lock): wake readers, tell the run."""
+        self._tail.notify()
+        tell = self.on_stored
+        if tell is not None:
+            for kind, last in stored:
+                with contextlib.suppress(Exception):  # the run's bookkeeping, never the journal's
+                    tell(kind, last)
+
+    def _let_go_held(self) -> int:
+        """Forget what is held (under the lock), counted as lost: ``DISK_FULL``."""
+        overflow = self._overflow
+        if overflow is None:
+            return 0
+        count = overflow.let_go()
+        self._holding = False
+        if count:
+            self.held_lost += count
+            tx = self._tx
+            with tx.lock:
+                try:
+                    tx.write(lambda txn: tx.add_loss(txn, "journal", count, DISK_FULL))
+                except JournalError:
+                    tx.pending_drops += count  # folded by the next write, without its reason
+        return count
+
+    def settle_held(self, within: float) -> int:
+        """Wait up to ``within`` for the held appends to be stored, then let
+        the rest go (counted lost); how many records were let go."""
+        overflow = self._overflow
+        if overflow is None or not self._holding:
+            return 0
+        overflow.wait_empty(within)
+        with self.lock:
+            return self._let_go_held()
+
+    def hand_over_held(self, other: Appender) -> None:
+        """The journal was re-created (``rehome``): what this one held is held
+        by ``other``, in order, before anything appended there after."""
+        overflow = self._overflow
+        if overflow is None:
+            return
+        other.hold_when_full(overflow.limit)
+        other.on_stored = self.on_stored
+        other.held_lost += self.held_lost  # the run's count, wherever it goes on
+        with self.lock:
+            items = list(overflow.items)
+            overflow.let_go()
+            self._holding = False
+        overflow.stop()
+        if not items:
+            return
+        with other.lock:
+            assert other._overflow is not None
+            for held in items:
+                other._overflow.hold(held)
+            other._holding = bool(other._overflow.items)
+
+    def stop_holding(self) -> None:
+        """The journal closes: the overflow's thread ends, and what it held is lost."""
+        overflow = self._overflow
+        if overflow is None:
+            return
+        overflow.stop()
+        with self.lock:
+            self._let_go_held()
 
     def _write(
         self, kind: int, payloads: Sequence[bytes], essential: bool
@@ -159,45 +366,62 @@ class Appender:
         instead, which says why)."""
         if not frames:
             return True
-        first = frames[0][0]
-        entries = self._tx.dbs["entries"]
         with self.lock:
             if self._unsettled:
                 self._settle()
-            if self.moved or self._finished:
+            # Held appends (a full disk's) come first: these are appended after them.
+            if self._holding or not self._put_locked(frames, absorb):
                 return False
-            end = self._tail.last
-            if first != max(end, self.after) + 1:
-                return False
-            if any(seq != first + i for i, (seq, _) in enumerate(frames)):
-                return False
-            if not self._capacity.room_for(sum(len(frame) for _, frame in frames)):
-                # The append of their payloads meets the budget as every
-                # append does: the reserve for the run's spec and finish
-                # (essential) kept, the others dropped and counted.
-                return False
-            absorb()
-
-            def put(txn: lmdb.Transaction) -> bool:
-                if stored_end(self._tx, txn) != end:
-                    return False  # something spooled is not in LMDB yet
-                for seq, frame in frames:
-                    put_entry(txn, seq, frame, entries)
-                return True
-
-            try:
-                with self._tx.lock:
-                    if not self._tx.write(put, control=False):
-                        return False
-            except JournalFullError:
-                return False
-            self._spool.stored_past()
-            # The open segment's seqs end before the frames': the next
-            # append opens a segment of its own.
-            self._spool.start_segment()
-            self._tail.last = frames[-1][0]
-            self._frames_unsynced = True
         self._tail.notify()
+        return True
+
+    def _put_locked(
+        self,
+        frames: Sequence[tuple[int, bytes]],
+        absorb: Callable[[], None],
+        *,
+        held: bool = False,
+        essential: bool = False,
+    ) -> bool:
+        """``put_frames`` under the append lock (``_put_held`` too: ``held``;
+        ``_put_essential``: ``essential``, without the room count)."""
+        first = frames[0][0]
+        entries = self._tx.dbs["entries"]
+        if self.moved or self._finished:
+            return False
+        end = self._tail.last
+        if first != max(end, self.after) + 1:
+            return False
+        if any(seq != first + i for i, (seq, _) in enumerate(frames)):
+            return False
+        if not essential and not self._capacity.room_for(
+            sum(len(frame) for _, frame in frames), held=held
+        ):
+            # The append of their payloads meets the budget as every
+            # append does: the reserve for the run's spec and finish
+            # (essential) kept, the others dropped and counted.
+            return False
+        absorb()
+
+        def put(txn: lmdb.Transaction) -> bool:
+            if stored_end(self._tx, txn) != end:
+                return False  # something spooled is not in LMDB yet
+            for seq, frame in frames:
+                put_entry(txn, seq, frame, entries)
+            return True
+
+        try:
+            with self._tx.lock:
+                if not self._tx.write(put, control=essential):
+                    return False
+        except JournalFullError:
+            return False
+        self._spool.stored_past()
+        # The open segment's seqs end before the frames': the next
+        # append opens a segment of its own.
+        self._spool.start_segment()
+        self._tail.last = frames[-1][0]
+        self._frames_unsynced = True
         return True
 
     def _sync_frames(self) -> None:
@@ -285,3 +509,17 @@ class Appender:
         with self.lock:
             self._spool.close()
         self._spool.stop()
+
+
+def _framed(batch: Sequence[Held], first: int) -> list[tuple[int, bytes]]:
+    """``(seq, frame)`` of the held appends' entries from seq ``first``,
+    compressed (no dictionary: the mover's may be another process's), a run
+    of one kind at a time with the GIL released (``encode_frames_off_gil``)."""
+    frames: list[tuple[int, bytes]] = []
+    seq = first
+    for kind, group in itertools.groupby(batch, key=lambda held: held.kind):
+        payloads = [payload for held in group for payload in held.payloads]
+        seqs = list(range(seq, seq + len(payloads)))
+        frames.extend(zip(seqs, encode_frames_off_gil(kind, payloads, seqs), strict=True))
+        seq += len(payloads)
+    return frames

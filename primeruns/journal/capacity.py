@@ -59,14 +59,18 @@ class Capacity:
         # end (the appender's; 0 elsewhere): they take room once absorbed.
         self.spooled: Callable[[int], int] = lambda end: 0
 
-    def room_for(self, nbytes: int) -> bool:
+    def room_for(self, nbytes: int, *, held: bool = False) -> bool:
         """Whether ``nbytes`` of new entries fit the budget minus the control reserve.
 
         Called under the appender's lock. The exact count is costly (~3 µs),
         so it is only taken once the room known from the last count is used up.
+        ``held``: for appends held for a full disk (``overflow``), whose
+        reserve for in-flight bodies is at most half the room (counted each
+        time, nothing cached): at eight of the largest body, a small disk's
+        whole room, none was ever stored once a large batch had shipped.
         """
         need = nbytes + nbytes // 8 + 4 * self._psize  # page and branch overhead
-        if need <= self._headroom:
+        if need <= self._headroom and not held:
             self._headroom -= need
             return True
         env = self._tx.store.env
@@ -81,7 +85,8 @@ class Capacity:
                 spooled = self.spooled(stored_end(self._tx, txn))
                 peak = int(self._tx.meta_or(txn, K_INFLIGHT_PEAK, 0) or 0)
             self.inflight_peak = max(self.inflight_peak, peak)
-        reserve = max(reserve, 8 * self.inflight_peak)
+        inflight = 8 * self.inflight_peak
+        reserve = max(reserve, min(inflight, budget // 2) if held else inflight)
         with self._tx.lock:  # see __init__
             used = (int(env.info()["last_pgno"]) + 1) * self._psize  # the file's high-water mark
         if spooled and 4 * spooled > budget - reserve - used and self._mover.here:
@@ -105,8 +110,9 @@ class Capacity:
             self._tx.tight = True  # compact at the next acknowledgement, before drops begin
         if need > room:
             return False
-        # Count again after a quarter of the room is used (or 4 MiB at most).
-        self._headroom = min((room - need) // 4, 4 << 20)
+        if not held:
+            # Count again after a quarter of the room is used (or 4 MiB at most).
+            self._headroom = min((room - need) // 4, 4 << 20)
         return True
 
     def _disk_budget(self) -> int:
@@ -124,6 +130,12 @@ class Capacity:
             return store.max_bytes
         free = int(stat.f_bavail) * int(stat.f_frsize)
         return min(store.max_bytes, store.file_size() + free)
+
+    def disk_short(self) -> bool:
+        """Whether the disk, not the byte budget, is what refused an append:
+        it holds less than the budget allows (``overflow`` holds such
+        records; the budget's are dropped). One ``statvfs``, after a refusal."""
+        return self._disk_budget() < self._tx.store.max_bytes
 
     def record_batch(self, nbytes: int) -> bool:
         """An in-flight body of ``nbytes`` is being recorded: whether it is

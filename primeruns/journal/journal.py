@@ -74,6 +74,7 @@ from primeruns.journal.meta import (
 from primeruns.journal.mover import Mover
 from primeruns.journal.newest import Found, newest
 from primeruns.journal.origin import K_ORIGIN, Origin
+from primeruns.journal.overflow import HELD_MAX_BYTES
 from primeruns.journal.reading import Reader
 from primeruns.journal.spool import SpoolView, SpoolWriter, spool_bytes
 from primeruns.journal.stamps import STAMP_LEN, STAMPED, no_earlier_than_made
@@ -612,7 +613,10 @@ class Journal:
 
         At the byte budget or on a full disk nothing is written and
         ``dropped=len(payloads)`` is returned (counted under sink ``"journal"``);
-        that never raises. ``essential`` entries (a run's spec, its finish: a
+        that never raises. After ``hold_when_full``, what the disk refuses is
+        held in memory instead (``held=len(payloads)``, no seq yet), and so
+        is every append after it, until they are stored in order.
+        ``essential`` entries (a run's spec, its finish: a
         few hundred bytes that decide how the run is closed) may use the room
         kept for bookkeeping, the reserve file included. Raises JournalError on
         a read-only, shared (the uplink's) or forked journal and ValueError for
@@ -625,6 +629,36 @@ class Journal:
             self._check_writable()
             raise JournalError(f"journal {self.path} is shared with the process that appends to it")
         return appender.append(kind, payloads, essential=essential, final=final)
+
+    def hold_when_full(self, limit: int = HELD_MAX_BYTES) -> None:
+        """From now on, hold what a full disk refuses in memory, in order, up
+        to ``limit`` payload bytes, and store it as room comes back
+        (``overflow``): for a run whose uplink ships and compacts the journal,
+        which frees that room. Past the bound, and at the byte budget, records
+        are dropped and counted as before."""
+        self._check_writable()
+        if self._appender is not None:
+            self._appender.hold_when_full(limit)
+
+    def when_held_stored(self, tell: Callable[[int, int], None] | None) -> None:
+        """Call ``tell(kind, last seq)`` (from the overflow's thread) for each
+        held append once it is stored: the run's flush targets, its uplink's wake-up."""
+        if self._appender is not None:
+            self._appender.on_stored = tell
+
+    def settle_held(self, within: float) -> int:
+        """Wait up to ``within`` seconds for what is held for a full disk to
+        be stored, then let the rest go, counted lost (``"disk full"``); how
+        many records were let go (0 at once when nothing is held)."""
+        self._check()
+        if self._appender is None:
+            return 0
+        return self._appender.settle_held(within)
+
+    def held_lost(self) -> int:
+        """Records held for a full disk and let go in all (``settle_held``,
+        a finish appended while some were held, ``close``)."""
+        return 0 if self._appender is None else self._appender.held_lost
 
     def appends_follow(self, seq: int) -> None:
         """The next append takes ``seq + 1``, or the seq after the log's end
@@ -980,6 +1014,7 @@ class Journal:
         if self._background is not None:
             self._background.stop()
         if self._appender is not None:
+            self._appender.stop_holding()
             self._appender.sync()
             self._appender.close()
         if self._appender is not None or moves_here:

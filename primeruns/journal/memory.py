@@ -170,6 +170,13 @@ class MemoryJournal:
             self._cond.notify_all()
         return AppendResult(first, len(payloads), 0)
 
+    def settle_held(self, within: float) -> int:
+        """Nothing is held for a full disk here (``Journal.settle_held``): 0."""
+        return 0
+
+    def held_lost(self) -> int:
+        return 0
+
     def last_seq(self) -> int:
         self._check()
         return self._last

@@ -84,10 +84,14 @@ def rehome(old: Journal) -> Journal:
     with appender.lock:  # no append to the old handle from here on
         appender.moved = True
         try:
-            return _copy(old)
+            new = _copy(old)
         except BaseException:
             appender.moved = False
             raise
+    if new._appender is not None:
+        # What a full disk refused goes on waiting, now for the new journal.
+        appender.hand_over_held(new._appender)
+    return new
 
 
 def _copy(old: Journal) -> Journal:

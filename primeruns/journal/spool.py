@@ -404,6 +404,13 @@ class SpoolWriter:
         if not self._written_event.is_set():  # (no lock taken on the hot path)
             self._written_event.set()
 
+    def open_next(self, first_seq: int) -> None:
+        """Open the next segment, named ``first_seq``, before anything is
+        written to it (``Appender._open_successor``); JournalError if it
+        cannot be made."""
+        if self._fd is None:
+            self._open(first_seq)
+
     def start_segment(self) -> None:
         """The next write opens a segment of its own, named by its first
         seq: a segment holds dense seqs, and the next does not follow this

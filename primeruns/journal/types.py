@@ -78,14 +78,17 @@ class ReadResult:
 
 @dataclass(slots=True)
 class AppendResult:
-    """What an append did: entries written from ``first_seq``, and entries
-    dropped. (Not frozen: it is made on every log call, and a frozen
-    dataclass, which sets each field through ``object.__setattr__``, cost
-    2.5 times as much to make.)"""
+    """What an append did: entries written from ``first_seq``, entries
+    dropped, and entries held in memory for a full disk (``overflow``: no
+    seq yet, stored in order once it has room, or counted lost). (Not
+    frozen: it is made on every log call, and a frozen dataclass, which
+    sets each field through ``object.__setattr__``, cost 2.5 times as much
+    to make.)"""
 
     first_seq: int | None
     count: int
     dropped: int
+    held: int = 0
 
 
 @dataclass(frozen=True)

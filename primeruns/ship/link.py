@@ -504,6 +504,8 @@ class UplinkProcess:
             if self._closed:
                 return
             self._closed = True
+            if self._proc.poll() is None:
+                _reap_when_done(self._proc)
             self._progress.close()
             pidfd, self._pidfd = self._pidfd, None
             claim, self._claim = self._claim, -1
@@ -511,6 +513,26 @@ class UplinkProcess:
                 if fd is not None and fd >= 0:
                     with contextlib.suppress(OSError):
                         os.close(fd)
+
+
+# Uplink processes let go of while they still ship (``_reap_when_done``).
+_OUTLIVING: set[subprocess.Popen[bytes]] = set()
+
+
+def _reap_when_done(proc: subprocess.Popen[bytes]) -> None:
+    """An uplink still at work when its producer lets go of it (a close-out
+    that outlives finish()'s wait, an exit that waits less): waited for by a
+    thread of its own, so it is reaped once done, and its ``Popen``, left to
+    the garbage collector with the run, is never that of a process still
+    running (a ResourceWarning then, raised in whatever ran next)."""
+    _OUTLIVING.add(proc)
+
+    def reap() -> None:
+        with contextlib.suppress(Exception):
+            proc.wait()
+        _OUTLIVING.discard(proc)
+
+    start_daemon(reap, f"primeruns-uplink-reaper-{proc.pid}")
 
 
 class _ThreadLink:

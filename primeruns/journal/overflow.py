@@ -1,0 +1,130 @@
+"""Appends a full disk refused, held in memory until the journal takes them.
+
+A disk that fills mid-run (a checkpoint written beside the runs directory, a
+small scratch disk) refused every record from then on: dropped and counted,
+920 of an evaluation's 1,000 episodes on a 2 MiB disk, where the vendor's
+SDK, which keeps nothing on disk, holds 256 batches in memory and ships them
+all. For an online run room comes back: the uplink ships what the journal
+holds, and compaction frees the pages of what every sink acknowledged. So an
+append the disk refuses, and every append after it (no record may take a seq
+before an earlier one), waits here in order, and a thread of its own stores
+them as room comes back (``Appender.store_held``): through the spool, or,
+once the disk has no block left for it, straight into LMDB's freed pages.
+
+Not at the byte budget: a budget is the user's bound on the journal, and its
+drops are counted as before. Bounded: past ``HELD_MAX_BYTES`` of payload a
+refused append is dropped and counted as before. What is still held when the
+run finishes (``finish()`` waits for it at most a share of its timeout) or
+when the journal closes is dropped, counted with the reason ``DISK_FULL``.
+The thread is started by the first append held, so a run whose disk never
+fills pays one flag test per append.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from primeruns.threads import start_daemon
+
+__all__ = ["DISK_FULL", "HELD_MAX_BYTES", "RETRY_S", "Held", "Overflow"]
+
+#: The most payload bytes held (as a run's backlog on disk is bounded by its
+#: budget): the vendor's queue of 256 batches of ten 9 KB episodes is ~23 MB.
+HELD_MAX_BYTES = 64 << 20
+#: How often the held appends are offered to the journal again: room comes
+#: back with each acknowledgement the uplink compacts after, which nothing
+#: announces in this process.
+RETRY_S = 0.2
+#: The loss reason of a held record the journal never took.
+DISK_FULL = "disk full"
+
+
+class Held(NamedTuple):
+    """One refused append: its entries, as the call gave them."""
+
+    kind: int
+    payloads: Sequence[bytes]
+    essential: bool
+    nbytes: int
+
+
+class Overflow:
+    """The held appends of one journal, oldest first, and the thread that
+    stores them. Every method is called under the appender's lock (``lock``),
+    which the thread takes for each try: no append overtakes a held one."""
+
+    def __init__(
+        self,
+        lock: threading.Lock,
+        store: Callable[[], list[tuple[int, int]]],
+        after: Callable[[list[tuple[int, int]]], None],
+        name: str,
+        *,
+        limit: int = HELD_MAX_BYTES,
+    ) -> None:
+        self.items: deque[Held] = deque()
+        self.nbytes = 0
+        self.limit = limit
+        self._lock = lock
+        # The appender's try, made under ``lock``: (kind, last seq) of each
+        # append it stored; ``after`` is told of them outside the lock.
+        self._store = store
+        self._after = after
+        self._name = name
+        # Notified (under ``lock``) whenever the held appends went or were let go.
+        self.changed = threading.Condition(lock)
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+
+    def hold(self, held: Held) -> bool:
+        """Hold ``held`` after the others; False past the bound (drop it then)."""
+        if self.nbytes + held.nbytes > self.limit:
+            return False
+        self.items.append(held)
+        self.nbytes += held.nbytes
+        if self._thread is None and not self._stop.is_set():
+            self._thread = start_daemon(self._loop, f"primeruns-journal-held-{self._name}")
+        return True
+
+    def popleft(self) -> Held:
+        held = self.items.popleft()
+        self.nbytes -= held.nbytes
+        return held
+
+    def let_go(self) -> int:
+        """Forget every held append; how many records they held."""
+        count = sum(len(held.payloads) for held in self.items)
+        self.items.clear()
+        self.nbytes = 0
+        self.changed.notify_all()
+        return count
+
+    def wait_empty(self, timeout: float) -> bool:
+        """Wait (up to ``timeout``) until nothing is held; whether so. Not under the lock."""
+        with self.changed:
+            return self.changed.wait_for(lambda: not self.items, max(0.0, timeout))
+
+    def _loop(self) -> None:
+        while not self._stop.wait(RETRY_S):
+            with self._lock:
+                stored = self._store() if self.items else []
+                self.changed.notify_all()
+                done = not self.items
+                if done:
+                    # Under the lock an append holds with: the next one held
+                    # starts a thread of its own.
+                    self._thread = None
+            if stored:
+                self._after(stored)
+            if done:
+                return
+
+    def stop(self) -> None:
+        """The journal closes: the thread ends (not under the lock: it may wait for it)."""
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
