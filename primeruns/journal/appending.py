@@ -191,45 +191,50 @@ class Appender:
         (kind, last seq) of each stored."""
         overflow = self._overflow
         stored: list[tuple[int, int]] = []
+        most = _PUT_HELD_BYTES
         while overflow is not None and overflow.items and not (self.moved or self._finished):
             if self._unsettled:
                 self._settle()
-            put = self._put_held(overflow)
-            if not put:
+            if self._stored_end() != self._tail.last:
+                break  # what was spooled is not all in LMDB yet: they go after it
+            put = self._put_held(overflow, most)
+            if put:
+                stored.extend(put)
+            elif most:
+                # A smaller batch may fit (each try is compressed first): at
+                # last the oldest alone.
+                most = most // 4 if most > _PUT_HELD_BYTES // 16 else 0
+            else:
                 break
-            stored.extend(put)
         self._holding = overflow is not None and bool(overflow.items)
         if not (self.moved or self._finished):
             self._open_successor()
         return stored
 
-    def _put_held(self, overflow: Overflow) -> list[tuple[int, int]]:
-        """Store the oldest held appends (up to ``_PUT_HELD_BYTES``, else the
-        oldest alone) in LMDB in one transaction, compressed here with the
-        GIL released: on a disk the journal's data file filled, compaction
-        frees pages inside that file, which no spool segment can use, and
-        raw in the spool they took several times the room. Only once LMDB
-        holds every spooled entry (the uplink's mover absorbs them): they go
-        after them (``put_frames``'s path)."""
+    def _put_held(self, overflow: Overflow, most: int) -> list[tuple[int, int]]:
+        """Store the oldest held appends (up to ``most`` payload bytes, at
+        least the oldest) in LMDB in one transaction, compressed here with
+        the GIL released: on a disk the journal's data file filled,
+        compaction frees pages inside that file, which no spool segment can
+        use, and raw in the spool they took several times the room. After
+        every spooled entry (``put_frames``'s path). What it stored (none:
+        it did not fit)."""
         first = max(self._tail.last, self.after) + 1
-        take = total = 0
+        count = total = 0
         for held in overflow.items:
-            if take and total + held.nbytes > _PUT_HELD_BYTES:
+            if count and total + held.nbytes > most:
                 break
-            take, total = take + 1, total + held.nbytes
-        for count in dict.fromkeys((take, 1)):
-            batch = list(itertools.islice(overflow.items, count))
-            try:
-                frames = _framed(batch, first)
-                if not self._put_locked(frames, lambda: None, held=True):
-                    continue
-            except (JournalError, lmdb.Error, ValueError):
+            count, total = count + 1, total + held.nbytes
+        batch = list(itertools.islice(overflow.items, count))
+        try:
+            if not self._put_locked(_framed(batch, first), lambda: None, held=True):
                 return []
-            for _ in range(count):
-                overflow.popleft()
-            ends = itertools.accumulate(len(held.payloads) for held in batch)
-            return [(held.kind, first + n - 1) for held, n in zip(batch, ends, strict=True)]
-        return []
+        except (JournalError, lmdb.Error, ValueError):
+            return []
+        for _ in range(count):
+            overflow.popleft()
+        ends = itertools.accumulate(len(held.payloads) for held in batch)
+        return [(held.kind, first + n - 1) for held, n in zip(batch, ends, strict=True)]
 
     def _open_successor(self) -> None:
         """While appends are held, keep a segment open past the log's end
