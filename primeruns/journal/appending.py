@@ -105,6 +105,9 @@ class Appender:
             return AppendResult(None, 0, 0)
         size = sum(map(len, payloads)) + HEADER_SIZE * len(payloads)
         k = int(kind)
+        counted = False  # refused by the room count, not by the disk's write
+        # No ``try`` inside the lock's block: a KeyboardInterrupt raised at
+        # such a line (a signal's handler) left the lock held for good.
         try:
             with self.lock:
                 if self._unsettled:
@@ -119,37 +122,59 @@ class Appender:
                     # The run's finish, which nothing may follow: what its
                     # wait for room did not store is lost (``let_go_held``).
                     self._let_go_held()
-                counted = False  # refused by the room count, not by the disk's write
-                try:
-                    if not essential and not self._capacity.room_for(size):
-                        self._tx.tight = counted = True
-                        raise JournalFullError("journal byte budget reached")
-                    self._unsettled = True
-                    first, count = self._write(k, payloads, essential)[0], len(payloads)
-                except JournalFullError:
-                    # Held where the disk refused: the room count near a full
-                    # disk, or the spool's write (ENOSPC, EDQUOT); the budget's
-                    # refusals are dropped.
-                    if self._overflow is None:
-                        raise
-                    if counted and not self._capacity.disk_short():
-                        raise
-                    self._unsettled = False  # nothing written (``_write`` undoes its part)
-                    if not essential:
-                        return self._hold(k, payloads, essential, size)
-                    first, count = self._put_essential(k, payloads)
+                if not essential and not self._capacity.room_for(size):
+                    self._tx.tight = counted = True
+                    raise JournalFullError("journal byte budget reached")
+                self._unsettled = True
+                first, frames = self._write(k, payloads, essential)
                 # Under the lock that chose ``first``: the next append's seq
                 # follows this one's, whichever thread it comes from.
-                last = self._tail.last = first + count - 1
+                last = self._tail.last = first + len(frames) - 1
                 self._finished = final
                 self._unsettled = False
         except JournalFullError:
+            kept = self._refused(k, payloads, essential, final, size, counted)
+            if kept is not None:
+                return kept
             self._count_drops(len(payloads))
             return AppendResult(None, 0, len(payloads))
         # The mover is not woken here but by the background sync's tick (see
         # ``maintenance``), or by the room count near the budget (``capacity``).
         self._tail.notify()
         return AppendResult(first, last - first + 1, 0)
+
+    def _refused(
+        self,
+        kind: int,
+        payloads: Sequence[bytes],
+        essential: bool,
+        final: bool,
+        size: int,
+        counted: bool,
+    ) -> AppendResult | None:
+        """An append refused for room: held where the disk refused it (the
+        room count near a full disk, or the spool's write: ENOSPC, EDQUOT),
+        a run's spec or finish put into LMDB; None where it is dropped (the
+        byte budget's refusals, a journal that holds nothing)."""
+        if self._overflow is None or (counted and not self._capacity.disk_short()):
+            return None
+        try:
+            with self.lock:
+                if self._unsettled:
+                    self._settle()  # (``_write`` wrote nothing of it)
+                if self.moved:
+                    raise JournalMovedError(f"journal {self._tx.path} was re-created")
+                if self._finished:
+                    raise RunFinishedError(FINISHED_WHILE_LOGGING)
+                if not essential:
+                    return self._hold(kind, payloads, essential, size)
+                first, count = self._put_essential(kind, payloads)
+                self._tail.last = first + count - 1
+                self._finished = final
+        except JournalFullError:
+            return None
+        self._tail.notify()
+        return AppendResult(first, count, 0)
 
     # -- appends held for a full disk (``overflow``) ------------------------------------
 
