@@ -8,8 +8,8 @@ all. For an online run room comes back: the uplink ships what the journal
 holds, and compaction frees the pages of what every sink acknowledged. So an
 append the disk refuses, and every append after it (no record may take a seq
 before an earlier one), waits here in order, and a thread of its own stores
-them as room comes back (``Appender.store_held``): through the spool, or,
-once the disk has no block left for it, straight into LMDB's freed pages.
+them as room comes back (``Appender.store_held``): straight into LMDB's
+freed pages, never through the spool the disk refused.
 
 Not at the byte budget: a budget is the user's bound on the journal, and its
 drops are counted as before. Bounded: past ``HELD_MAX_BYTES`` of payload a
