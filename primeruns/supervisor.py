@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from . import ranks
+from . import hooks, ranks
 from .exceptions import (
     APIError,
     ForbiddenError,
@@ -240,8 +240,11 @@ class Supervisor:
         """If the uplink process died before closing the run out (killed, out
         of memory), ship on without it: with ``restart`` (mid-run), from a new
         uplink process, which outlives this one again; else, or once it died
-        ``_RESTARTS`` times, from threads in this process from now on."""
-        with self._replacing:
+        ``_RESTARTS`` times, from threads in this process from now on.
+
+        A SIGTERM meanwhile (a flush() of the main thread starting a process
+        again) is handled once ``_replacing`` is let go: its finish takes it."""
+        with hooks.sigterm_deferred, self._replacing:
             self._replace_if_dead(restart=restart)
 
     def _look_at_uplink(self) -> None:
@@ -433,3 +436,9 @@ class Supervisor:
         """The run's journal is closing: let go of the uplink's ends here."""
         self.binding()
         self.uplink.release()
+
+
+# A SIGTERM's finish looks after the uplink too (``wait_closeout``): handled
+# inside this call, which holds ``_replacing``, it waited for that lock for
+# ever in the thread holding it, and a preempted job hung instead of ending.
+hooks.sigterm_deferred.defers(Supervisor.replace_if_dead)

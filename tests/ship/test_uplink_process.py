@@ -215,6 +215,28 @@ def test_an_uplink_killed_mid_run_is_started_again_and_nothing_is_lost(
     assert _completed_once(local_platform.run(run.id), 60)
 
 
+def _producer(
+    source: str, tmp_path: Path, runs: Path, url: str, **popen: Any
+) -> subprocess.Popen[str]:
+    """Run ``source`` as a producer script (the tests' helpers on its path),
+    its standard output a pipe of text lines."""
+    script = tmp_path / "producer.py"
+    script.write_text(source)
+    tests = Path(__file__).resolve().parents[1]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
+    }
+    return procs.start(
+        [sys.executable, str(script), str(runs), url, API_KEY],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        **popen,
+    )
+
+
 # A training job whose uplink process is killed alone mid-run (an
 # out-of-memory kill, a cleanup of stray processes), then goes on logging one
 # step per line the test writes on its standard input, never calling flush().
@@ -242,21 +264,7 @@ def test_an_uplink_killed_alone_mid_run_is_started_again_and_outlives_its_produc
 ) -> None:
     lp = local_platform
     runs = point_at(monkeypatch, tmp_path, lp.url)
-    script = tmp_path / "producer.py"
-    script.write_text(_LOGS_ON_AFTER_ITS_UPLINK)
-    tests = Path(__file__).resolve().parents[1]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]),
-    }
-    proc = procs.start(
-        [sys.executable, str(script), str(runs), lp.url, API_KEY],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-    )
+    proc = _producer(_LOGS_ON_AFTER_ITS_UPLINK, tmp_path, runs, lp.url, stdin=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
     path = Path(proc.stdout.readline().split(" ", 1)[1].strip())
     uplink = int(proc.stdout.readline().split(" ", 1)[1])
@@ -297,6 +305,53 @@ def test_an_uplink_killed_alone_mid_run_is_started_again_and_outlives_its_produc
     assert stored["status"] == "FAILED" and "crash" in (stored["error_message"] or "")
     assert platform_episode_ids(lp.data_dir, run_id) == Counter(logged)
     assert platform_metric_steps(lp.data_dir, run_id) == Counter(range(len(logged)))
+
+
+# A training job preempted (SIGTERM, a scheduler's) just as its flush() finds
+# the uplink process dead and starts it again: the signal lands in the main
+# thread while the flush looks after the uplink.
+_TERMINATED_AS_ITS_FLUSH_RESTARTS_THE_UPLINK = """
+import os, signal, sys
+import primeruns as pr
+import primeruns.supervisor as supervisor
+
+run = pr.init(
+    kind="train", model="m", team_id="team", api_key=sys.argv[3], base_url=sys.argv[2],
+    runs_dir=sys.argv[1],
+)
+print(f"journal {run.journal_path}", flush=True)
+run.log_metrics({"loss": 1.0}, step=0)
+assert run.flush(timeout=60)
+uplink = run._supervisor.uplink
+os.kill(uplink.pid, signal.SIGKILL)
+uplink.wait_exit(30)
+run._supervisor._next_look = float("inf")  # the flush, not a log call, finds it dead
+run.log_metrics({"loss": 0.5}, step=1)
+start = supervisor.start_uplink
+
+def start_as_terminated(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return start(*args, **kwargs)
+
+supervisor.start_uplink = start_as_terminated
+run.flush(timeout=60)
+"""
+
+
+def test_a_sigterm_as_a_flush_starts_the_uplink_again_closes_the_run(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    proc = _producer(_TERMINATED_AS_ITS_FLUSH_RESTARTS_THE_UPLINK, tmp_path, runs, lp.url)
+    assert proc.stdout is not None
+    path = Path(proc.stdout.readline().split(" ", 1)[1].strip())
+    # The job ends of its SIGTERM (not hung on a lock the flush held).
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    stored = lp.run(_run_id(path))
+    # (A training run's cancellation is FAILED on the platform, with its reason.)
+    assert stored["status"] == "FAILED" and "SIGTERM" in (stored["error_message"] or "")
+    assert platform_metric_steps(lp.data_dir, _run_id(path)) == Counter([0, 1])
 
 
 def test_the_uplink_runs_this_package_even_from_a_directory_holding_another(
