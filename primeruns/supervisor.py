@@ -6,7 +6,8 @@ start). The :class:`Supervisor` it returns is all the run handle knows of
 shipping: it passes the recorder's wake-ups on, waits for the sinks to catch
 up (``flush``), starts again an uplink process that died mid-run (looked at
 from the log calls once a second, and by ``flush``; in the finish's wait it
-ships from threads in this process instead), stops the uplink of an ``init()``
+ships from threads in this process instead, but at an exit, which waits
+less, it starts one again too), stops the uplink of an ``init()``
 that failed after it started (``abandon``), and waits for the close-out
 (shipping from threads itself when the run ends before its uplink process
 began: a short run does not wait for that process's start-up). Every
@@ -366,8 +367,14 @@ class Supervisor:
     def wait_closeout(self, waiting: float, *, grace: bool) -> ledger.Closeout | None:
         """After the finish entry: tell the uplink, and wait up to ``waiting``
         (plus a grace for its last steps) for it to close the run out; how it
-        went, or None if it is still at it."""
-        self.replace_if_dead()
+        went, or None if it is still at it.
+
+        An uplink process that died is started again where this call waits
+        less than the uplink may ship (no ``grace``: an exit), for a process
+        goes on after the interpreter where threads here would stop with it,
+        the rest unshipped and the run left open; else threads ship here."""
+        restart = not grace
+        self.replace_if_dead(restart=restart)
         if grace:
             # This call waits out the uplink's whole budget, so threads
             # here ship as long as the process would have. Not at an exit
@@ -380,7 +387,7 @@ class Supervisor:
         while True:
             look_by = min(done_by, time.monotonic() + _STOPPED_LOOK_S)
             if uplink.wait_exit(max(0.0, look_by - time.monotonic())):
-                self.replace_if_dead()  # it died before closing the run out
+                self.replace_if_dead(restart=restart)  # it died before closing the run out
                 if self.uplink is uplink:
                     break
                 uplink = self.uplink
@@ -396,7 +403,7 @@ class Supervisor:
     ) -> tuple[float, float] | None:
         """Kill the uplink process if it was seen stopped (SIGSTOP) at every
         look for ``_STOPPED_FOR_S``: then it exits, and the finish's wait
-        ships from threads here (``replace_if_dead``) from the offsets it left,
+        ships on without it (``replace_if_dead``) from the offsets it left,
         as after any kill. ``seen``: when it was first seen stopped and the
         last look (None: it is not stopped)."""
         pid = getattr(uplink, "pid", None)
@@ -412,7 +419,7 @@ class Supervisor:
             return seen[0], now
         log.warning(
             "prime-runs: the uplink process of run %s (pid %d) is stopped (SIGSTOP) while "
-            "the run finishes; killing it and shipping from threads in this process",
+            "the run finishes; killing it and shipping on without it",
             (self.binding() or Binding(self._journal.local_id, self._kind)).run_id,
             pid,
         )

@@ -354,6 +354,49 @@ def test_a_sigterm_as_a_flush_starts_the_uplink_again_closes_the_run(
     assert platform_metric_steps(lp.data_dir, _run_id(path)) == Counter([0, 1])
 
 
+# A training job that ends without finish() (the interpreter's exit closes
+# its run as crashed, waiting a short while) after its uplink process was
+# killed alone since its last log call's look at it.
+_EXITS_AFTER_ITS_UPLINK_DIED = """
+import os, signal, sys
+import primeruns as pr
+import primeruns.hooks
+
+run = pr.init(
+    kind="train", model="m", team_id="team", api_key=sys.argv[3], base_url=sys.argv[2],
+    runs_dir=sys.argv[1],
+)
+print(f"journal {run.journal_path}", flush=True)
+run._supervisor._next_look = float("inf")  # no log call looks at it
+for step in range(30):
+    run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+uplink = run._supervisor.uplink
+os.kill(uplink.pid, signal.SIGKILL)
+uplink.wait_exit(30)
+primeruns.hooks._EXIT_GRACE = 1.0  # the exit waits less than shipping the rest takes
+"""
+
+
+def test_an_exit_after_the_uplink_died_leaves_a_process_that_ships_the_rest_and_closes_the_run(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    lp = local_platform
+    lp.set_faults(latency_ms=200)  # shipping the rest takes longer than the exit waits
+    proc = _producer(_EXITS_AFTER_ITS_UPLINK_DIED, tmp_path, runs, lp.url)
+    assert proc.stdout is not None
+    path = Path(proc.stdout.readline().split(" ", 1)[1].strip())
+    assert proc.wait(timeout=60) == 0
+    run_id = _run_id(path)
+    stored = wait_for(
+        lambda: (s := lp.run(run_id))["status"] != "RUNNING" and s,
+        timeout=60,
+        what="the run to be closed after its producer exited",
+    )
+    assert stored["status"] == "FAILED" and "crash" in (stored["error_message"] or "")
+    assert platform_metric_steps(lp.data_dir, run_id) == Counter(range(30))
+
+
 def test_the_uplink_runs_this_package_even_from_a_directory_holding_another(
     local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
