@@ -45,6 +45,7 @@ from sdk_helpers import (
 )
 
 import primeruns as pr
+from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "cli"))
@@ -191,6 +192,16 @@ def test_where_no_process_can_start_the_run_ships_from_threads_with_one_warning(
     assert landed_once(stored, 30)
 
 
+def _kill_the_uplink(run: pr.Run) -> None:
+    """SIGKILL the run's uplink process alone, once it has begun, and wait for its exit."""
+    assert run._supervisor is not None
+    uplink = run._supervisor.uplink
+    wait_for(uplink.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
+    assert uplink.pid is not None
+    os.kill(uplink.pid, signal.SIGKILL)
+    uplink.wait_exit(30)
+
+
 def test_an_uplink_killed_mid_run_is_started_again_and_nothing_is_lost(
     local_platform: Any,
     tmp_path: Path,
@@ -201,18 +212,41 @@ def test_an_uplink_killed_mid_run_is_started_again_and_nothing_is_lost(
     run = _eval_run(local_platform.url, runs)
     episodes = workloads.gsm8k(60)
     run.log_episodes(episodes[:30])
-    assert run._supervisor is not None
-    uplink = run._supervisor.uplink
-    wait_for(uplink.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
-    assert uplink.pid is not None
-    os.kill(uplink.pid, signal.SIGKILL)
-    uplink.wait_exit(30)
+    _kill_the_uplink(run)
     run.log_episodes(episodes[30:])
     with caplog.at_level(logging.WARNING, logger="primeruns"):
         assert run.flush(timeout=60)
     assert "starting it again" in caplog.text
     run.finish(timeout=60)
     assert _completed_once(local_platform.run(run.id), 60)
+
+
+def test_a_journal_that_refuses_a_restarted_uplink_leaves_threads_shipping_and_flush_returns(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The journal refuses the hand-over to a new uplink process (its lock
+    not shared, the moving not handed over: a JournalError). Before, that
+    error came out of flush() into the user's loop under the default
+    on_error="warn"; now threads of this process ship on."""
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = _eval_run(local_platform.url, runs)
+    episodes = workloads.gsm8k(40)
+    run.log_episodes(episodes[:20])
+    _kill_the_uplink(run)
+
+    def refused(journal: Journal, *args: Any, **kwargs: Any) -> Any:
+        raise JournalError(f"journal {journal.path}: its lock cannot be shared")
+
+    monkeypatch.setattr("primeruns.supervisor.start_uplink", refused)
+    run.log_episodes(episodes[20:])
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        assert run.flush(timeout=60)
+    assert "could not start the uplink process again" in caplog.text
+    run.finish(timeout=60)
+    assert _completed_once(local_platform.run(run.id), 40)
 
 
 def _producer(
