@@ -17,7 +17,6 @@ answer it gives is read from the journal, where the uplink writes it
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -293,21 +292,7 @@ class Supervisor:
         journal.unshare_lock()
         # The new process takes the moving over from the dead one; only
         # threads (no process could start) need this process's mover back.
-        try:
-            self.uplink = start_uplink(journal, self._settings, predecessors, self._tuning)
-        except JournalError as exc:
-            # The journal refused the hand-over (its lock shared, the
-            # uplink named, the moving handed over: the process, if it
-            # started, is stopped again). Raised from a flush(), it reached
-            # the user's loop under on_error="warn".
-            log.warning(
-                "prime-runs: could not start the uplink process again (%s); shipping from "
-                "threads in this process instead",
-                exc,
-            )
-            with contextlib.suppress(JournalError):
-                journal.unshare_lock()
-            self.uplink = UplinkThreads(journal, self._settings, predecessors, self._tuning)
+        self.uplink = start_uplink(journal, self._settings, predecessors, self._tuning)
         if isinstance(self.uplink, UplinkThreads):
             self._replaced = True
             journal.take_back_moving()

@@ -64,6 +64,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..exceptions import JournalError
 from ..journal import Journal
 from ..platform import Settings
 from ..settings import SdkSettings, process_sdk_settings, without_settings
@@ -154,7 +155,12 @@ def start_uplink(
 
                 return ThreadsFirst(journal, settings, tuning)
             return UplinkProcess(journal, settings, predecessors, tuning)
-        except (OSError, subprocess.SubprocessError, ValueError) as exc:
+        # A JournalError too: the journal refused the hand-over (its lock
+        # shared, the uplink named, the moving handed over; the process, if
+        # it started, is stopped again). Threads here ship from it all the
+        # same; raised, it reached the user's loop from a flush() that
+        # started a dead uplink again, under on_error="warn".
+        except (OSError, subprocess.SubprocessError, ValueError, JournalError) as exc:
             log.warning(
                 "prime-runs: could not start the uplink process (%s); shipping from threads "
                 "in this process instead",

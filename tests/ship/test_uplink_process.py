@@ -240,11 +240,12 @@ def test_a_journal_that_refuses_a_restarted_uplink_leaves_threads_shipping_and_f
     def refused(journal: Journal, *args: Any, **kwargs: Any) -> Any:
         raise JournalError(f"journal {journal.path}: its lock cannot be shared")
 
-    monkeypatch.setattr("primeruns.supervisor.start_uplink", refused)
+    monkeypatch.setattr("primeruns.ship.link.UplinkProcess", refused)
     run.log_episodes(episodes[20:])
     with caplog.at_level(logging.WARNING, logger="primeruns"):
         assert run.flush(timeout=60)
-    assert "could not start the uplink process again" in caplog.text
+    assert "could not start the uplink process" in caplog.text
+    assert "shipping from threads in this process instead" in caplog.text
     run.finish(timeout=60)
     assert _completed_once(local_platform.run(run.id), 40)
 
