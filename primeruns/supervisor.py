@@ -75,6 +75,12 @@ _LOOK_S = 1.0
 # An uplink process started again that died again this many times is not
 # started once more: threads of this process ship on, as where none can start.
 _RESTARTS = 3
+# ... this many times in a row, that is: one that lived this long before it
+# died was no crash loop, and the count starts again. A three-day training run
+# whose uplink an out-of-memory killer takes now and then would otherwise
+# ship from threads after the third, whatever the days between, and a
+# producer killed after that would leave the rest to a command.
+_RESTARTS_FORGIVEN_S = 600.0
 # init()'s own registration (two tries) is there for run.url at once, and
 # holds the user's job while it lasts: a platform asking for a longer wait
 # between them (a 429's Retry-After, honoured up to 60 s) is left to the
@@ -169,6 +175,7 @@ class Supervisor:
         self._bound: Binding | None = None
         self._next_look = time.monotonic() + _LOOK_S  # (read unlocked: a stale read costs a look)
         self._restarts = 0
+        self._up_since = time.monotonic()  # when the uplink process now running was started
         self._moving = False  # stopped for a move of the journal (rehoming), not dead
 
     def binding(self) -> Binding | None:
@@ -271,8 +278,11 @@ class Supervisor:
             return
         if ledger.read_closeout(journal) is not None:
             return  # it finished its work
+        if time.monotonic() - self._up_since >= _RESTARTS_FORGIVEN_S:
+            self._restarts = 0
         if restart and self._restarts < _RESTARTS and isinstance(getattr(uplink, "pid", None), int):
             self._restarts += 1
+            self._up_since = time.monotonic()
             self._restart(uplink, journal)
             return
         self._replaced = True

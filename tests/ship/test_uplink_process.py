@@ -6,7 +6,8 @@ command run); while the uplink ships, ``replay`` is refused, naming it; the
 API key never appears on the uplink's command line or in its environment; a
 terminal's Ctrl-C cannot reach it (its own session); where no process can be
 started, or the uplink dies, shipping goes on from threads in the producer
-and every record still lands exactly once; a run that finishes before its
+and every record still lands exactly once (an uplink killed now and then is
+started again each time, one dying in a burst let go after three); a run that finishes before its
 uplink process began ships from threads without waiting for it (the
 threads let go of the run's step table as they end), and one whose process
 began is shipped by that process alone; a producer SIGKILLed while its
@@ -219,6 +220,34 @@ def test_an_uplink_killed_mid_run_is_started_again_and_nothing_is_lost(
     assert "starting it again" in caplog.text
     run.finish(timeout=60)
     assert _completed_once(local_platform.run(run.id), 60)
+
+
+@pytest.mark.parametrize("lived_s", [0.0, 601.0], ids=["in a burst", "minutes apart"])
+def test_an_uplink_killed_again_and_again_is_started_again_unless_it_dies_in_a_burst(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    lived_s: float,
+) -> None:
+    """A long run's uplink killed now and then (an out-of-memory killer, a
+    cleanup of stray processes) is started again each time; one that dies
+    again and again at once is let go after three, for threads here."""
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = _eval_run(local_platform.url, runs)
+    assert run._supervisor is not None
+    episodes = workloads.gsm8k(50)
+    for kill in range(4):
+        run.log_episodes(episodes[kill * 10 : (kill + 1) * 10])
+        _kill_the_uplink(run)
+        run._supervisor._up_since -= lived_s  # how long it had lived before this kill
+        run._supervisor.replace_if_dead(restart=True)
+    shipped_by = run._supervisor.uplink
+    run.log_episodes(episodes[40:])
+    assert run.flush(timeout=60)
+    run.finish(timeout=60)
+    assert _completed_once(local_platform.run(run.id), 50)
+    # The fourth death: a process again after minutes of life, threads after a burst.
+    assert isinstance(getattr(shipped_by, "pid", None), int) == (lived_s > 0)
 
 
 def test_a_journal_that_refuses_a_restarted_uplink_leaves_threads_shipping_and_flush_returns(
