@@ -27,7 +27,6 @@ import math
 import threading
 import time
 
-from .exceptions import JournalError
 from .journal import Journal
 from .journal.rehome import directory_id, gone, leave_if_cut_short, rehome
 from .supervisor import Supervisor
@@ -116,7 +115,17 @@ class Rehomer:
                 old.path,
                 why,
             )
-        stopped = supervisor.stop_for_move(wait=wait) if supervisor is not None else True
+        try:
+            stopped = supervisor.stop_for_move(wait=wait) if supervisor is not None else True
+        except Exception as exc:  # never into the loop: the uplink is looked after as ever
+            log.warning(
+                "prime-runs: could not stop the uplink of run %s for the move (%s: %s); "
+                "trying again at a later append",
+                old.local_id,
+                type(exc).__name__,
+                exc,
+            )
+            return
         if stopped is None:
             return  # its threads hand over to its process first: the next look moves it
         if not stopped:  # an uplink in threads reads through this process's handles
@@ -129,7 +138,10 @@ class Rehomer:
             return
         try:
             new = rehome(old)
-        except JournalError as exc:
+        # Not a JournalError alone: a read-only or full disk's OSError, an
+        # lmdb error or a bug left the uplink stopped for good (the
+        # supervisor waits for ``follow``) and reached the log call.
+        except Exception as exc:
             self._give_up()
             log.warning(
                 "prime-runs: could not re-create the journal of run %s (%s); shipping from "

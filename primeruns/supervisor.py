@@ -335,9 +335,14 @@ class Supervisor:
             if not isinstance(pid, int) or self._replaced:
                 return False
             self._moving = True  # (see _replace_if_dead) until follow()
-            kill_uplink(pid)  # (its group: under an interpreter's stand-in, its child too)
-            uplink.wait_exit(30.0)
-            uplink.release()
+            try:
+                kill_uplink(pid)  # (its group: under an interpreter's stand-in, its child too)
+                uplink.wait_exit(30.0)
+                uplink.release()
+            except BaseException:
+                # No move follows: a dead uplink is started again as ever.
+                self._moving = False
+                raise
             return True
 
     def follow(self, journal: Journal, *, moved: bool) -> None:

@@ -153,6 +153,52 @@ def test_spool_files_deleted_under_the_run_lose_nothing(
     assert "was deleted" in caplog.text
 
 
+@pytest.mark.parametrize(
+    "refusal",
+    [PermissionError(13, "Read-only file system (injected)"), ValueError("a bug (injected)")],
+    ids=["read-only disk", "unexpected error"],
+)
+def test_a_move_that_fails_other_than_a_journal_error_ships_on_from_threads(
+    shared_platform: LocalPlatform,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    refusal: Exception,
+) -> None:
+    """The uplink process is stopped for the move; a re-creation that fails
+    with anything but a JournalError (a read-only or full disk's OSError, a
+    bug) left the supervisor's ``_moving`` set, so the dead uplink was never
+    started again or replaced: the error reached the log call (a ValueError
+    was counted as a bad record instead), nothing shipped, and flush() gave
+    up. Now the run ships on from threads over this process's handles."""
+    from primeruns import rehoming
+
+    def refused(old: object) -> object:
+        raise refusal
+
+    monkeypatch.setattr(rehoming, "rehome", refused)
+    lp = shared_platform
+    episodes = workloads.gsm8k(150)
+    runs = tmp_path / "runs"
+    with rt.sdk_env(lp.url, tmp_path / "home"), caplog.at_level(logging.WARNING, "primeruns"):
+        run = rt.eval_run(lp.url, runs)
+        acked = _log(run, episodes[:30])
+        assert run.flush(timeout=60)
+        shutil.rmtree(runs)
+        acked += _log_until_said(run, episodes[90:], caplog, "could not re-create")
+        acked += _log(run, episodes[30:60])
+        supervisor = run._supervisor
+        assert supervisor is not None
+        moving, alive = supervisor._moving, supervisor.uplink.alive()
+        flushed = run.flush(timeout=60)
+        run.finish(timeout=60)
+    assert not moving and alive, (moving, alive)
+    assert flushed
+    assert run.status is pr.RunStatus.COMPLETED and not run.failed_records, run.failed_records
+    stored = rh.platform_episode_ids(lp.data_dir, run.id)
+    assert set(stored) == set(acked) and max(stored.values()) == 1
+
+
 def test_an_offline_runs_dir_deleted_mid_run_is_re_created_for_replay(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
