@@ -747,7 +747,8 @@ class Journal:
         over; nothing raises for damage. An entry declaring more than
         ``max_entry_bytes`` is not decompressed either: it is listed in
         ``oversized`` (a reader that shows records bounds what one record
-        may cost it; ``0`` reads headers only). ``frames``: each entry's
+        may cost it; ``0`` reads headers only: every entry is listed there,
+        one of no bytes too). ``frames``: each entry's
         stored frame too, in ``ReadResult.frames`` (for ``put_frames``).
         """
         self._check()

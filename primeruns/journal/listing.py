@@ -121,9 +121,7 @@ def _finishes(journal: Journal, last_seq: int) -> Iterator[int]:
     ``_FINISH_LOOKS_BACK``, last first, by their headers, one read each."""
     for seq in range(last_seq, max(0, last_seq - _FINISH_LOOKS_BACK), -1):
         head = journal.read(seq - 1, max_entries=1, max_entry_bytes=0)
-        # (An entry of no bytes is read whole, not listed by its size.)
         kinds = [kind for at, kind, _ in head.oversized if at == seq]
-        kinds += [int(entry.kind) for entry in head.entries if entry.seq == seq]
         if EntryKind.FINISH in kinds:
             yield seq
 

@@ -226,7 +226,10 @@ class MemoryJournal:
             for seq in self._seqs[bisect_right(self._seqs, after_seq) :]:
                 entry = self._entries[seq]
                 if wanted is None or int(entry.kind) in wanted:
-                    if max_entry_bytes is not None and len(entry.payload) > max_entry_bytes:
+                    # 0 lists every entry, one of no bytes too (``Reader.read``).
+                    if max_entry_bytes is not None and (
+                        max_entry_bytes == 0 or len(entry.payload) > max_entry_bytes
+                    ):
                         oversized.append((seq, int(entry.kind), len(entry.payload)))
                     else:
                         if entries and (

@@ -95,7 +95,8 @@ class Reader:
         Damaged entries are reported in ``damaged`` and passed over. An
         entry declaring more than ``max_entry_bytes`` is listed in
         ``oversized`` (it counts towards ``max_entries``), never copied or
-        decompressed: ``0`` reads headers only.
+        decompressed: ``0`` reads headers only, and lists every entry there,
+        one of no bytes too.
         ``decode=False`` checks each entry (``check_entry``: its checksum, no
         decompression) and lists those that pass in ``checked``, not in
         ``entries``: a damage scan's cheap form. ``frames``: each entry's
@@ -146,6 +147,10 @@ class Reader:
         oversized: list[tuple[int, int, int]] = []
         checked: list[tuple[int, int]] = []
         cap = max_entry_bytes
+        # 0 reads headers only: an entry of no bytes (a header alone) is not
+        # over a limit of none, and was read whole instead, listed nowhere by
+        # a reader of headers (``by_kind.seqs_by_kind``).
+        headers_only = cap == 0
         next_after = after_seq
         total = 0
         floor = self.floor_now()
@@ -196,7 +201,8 @@ class Reader:
                         more = cur.next()
                         continue
                     if wanted is None or head.kind in wanted:
-                        over = cap is not None and head.raw_len > cap  # not copied: no bytes
+                        # Not copied: no bytes.
+                        over = headers_only or (cap is not None and head.raw_len > cap)
                         # Those checked in place count as those copied out:
                         # every page gone over stays resident until the
                         # transaction ends (a scan of a few large entries
@@ -258,7 +264,7 @@ class Reader:
                     examined += 1
                     if wanted is None or kind in wanted:
                         raw_len = size - HEADER_SIZE
-                        over = cap is not None and raw_len > cap
+                        over = headers_only or (cap is not None and raw_len > cap)
                         taken = len(raw) + len(checked)
                         if taken + len(oversized) >= max_entries or (
                             taken and not over and total + raw_len > max_bytes

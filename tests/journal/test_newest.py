@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from primeruns.exceptions import JournalCorruptError
-from primeruns.journal import EntryKind, Journal, newest, reading, spool, txn
+from primeruns.journal import EntryKind, Journal, by_kind, newest, reading, spool, txn
 from primeruns.journal.by_kind import last_entry, last_payload, seqs_by_kind
 from primeruns.journal.memory import MemoryJournal
 from primeruns.journal.tail import stored_end
@@ -267,5 +267,72 @@ def test_entries_read_from_the_end_are_those_the_forward_pass_finds(
                     assert all(kind in wanted for _, kind, _ in got)
                 found = last_entry(reader, wanted)
                 assert (None if found is None else found.payload) == _forward_last(reader, wanted)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+# -- the seqs of a kind against the forward read of whole entries, as the oracle ---------
+
+
+def _read_forward(journal: Journal | MemoryJournal, kinds: Collection[EntryKind]) -> list[int]:
+    """The seqs of ``kinds`` a forward read of whole entries returns, ascending."""
+    seqs: list[int] = []
+    after = 0
+    while True:
+        found = journal.read(after, kinds=set(kinds), max_entries=3)
+        seqs += [entry.seq for entry in found.entries]
+        if found.next_after <= after:
+            return seqs
+        after = found.next_after
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    appends=st.lists(
+        st.tuples(
+            st.sampled_from(_KINDS),
+            st.lists(st.sampled_from([0, *_SIZES]), min_size=1, max_size=3),  # 0: a header alone
+            st.booleans(),  # moved into LMDB after it
+        ),
+        max_size=25,
+    ),
+    seed=st.integers(0, 1 << 30),
+    wanted=st.lists(st.sampled_from(_KINDS), min_size=1, unique=True),
+    in_memory=st.booleans(),
+)
+def test_the_seqs_of_a_kind_are_those_the_forward_read_returns_entries_of_no_bytes_too(
+    appends: list[tuple[EntryKind, list[int], bool]],
+    seed: int,
+    wanted: list[EntryKind],
+    in_memory: bool,
+) -> None:
+    """``seqs_by_kind`` reads headers only (``max_entry_bytes=0``), and lists
+    what that read leaves out for its size. An entry of no bytes is not over
+    a limit of none: it was read whole instead, and listed nowhere, so
+    ``show`` counted and sampled a kind's rows without it while the forward
+    read, ``newest`` and the uplink all have it."""
+    rnd = random.Random(seed)
+    folder = Path(tempfile.mkdtemp(prefix="by-kind-"))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spool, "SEGMENT_MAX", 300)  # several segments
+        mp.setattr(reading, "_MAX_SCAN", 4)  # several reads of the pass
+        mp.setattr(by_kind, "_BATCH", 2)
+        try:
+            j: Journal | MemoryJournal
+            if in_memory:
+                j = MemoryJournal(max_bytes=1 << 20, meta={})
+            else:
+                j = Journal.create(folder, local_id="run")
+                j._mover.stop()
+            for kind, sizes, move in appends:
+                j.append(kind, [rnd.randbytes(n) for n in sizes])
+                if move and isinstance(j, Journal):
+                    _move_all(j)
+            found = seqs_by_kind(cast(Journal, j), wanted)
+            listed = sorted(seq for seqs in found.values() for seq in seqs)
+            assert listed == _read_forward(j, wanted)
+            for kind, seqs in found.items():
+                assert list(seqs) == _read_forward(j, [EntryKind(kind)])
+            j.close()
         finally:
             shutil.rmtree(folder, ignore_errors=True)
