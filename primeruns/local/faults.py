@@ -15,8 +15,9 @@ test can be rerun with the same sequence:
 - *bogus*: a 200 that proves nothing, as a gateway or a maintenance page
   answers: an empty body, ``{}``, an HTML page, or JSON cut short (one of
   ``bogus_bodies``). Whether the request reached the platform first is drawn
-  too (evenly): a client must neither count it as stored nor resend it
-  blindly.
+  too (``bogus_processed`` of them, half by default): a client must neither
+  count it as stored nor resend it blindly. At 0, none is: an object store's
+  gateway that answers 200 to a PUT it never stored.
 
 ``max_body_bytes`` (0: none) refuses every faultable request whose body is
 larger with a proxy's plain-text 413, before it is processed: the request
@@ -26,6 +27,10 @@ size limit of a gateway in front of the platform.
 default 429, 503 and 502) and ``routes`` limits every fault to requests whose
 path starts with one of its prefixes (only registration, only metrics, only
 Prime Traces; default: every faultable route).
+
+``max_faults`` (0: none) injects at most that many faults from when it is
+set, then lets every request through: "the first two PUTs are swallowed",
+whatever else the test's run sends meanwhile.
 
 ``latency_ms`` delays every faultable request. Faults never apply to
 ``/_local/*``, ``/healthz`` or ``/`` (the control and inspection surface must
@@ -71,7 +76,9 @@ class FaultSettings:
     routes: tuple[str, ...] = ()
     bogus_rate: float = 0.0
     bogus_bodies: tuple[str, ...] = BOGUS_BODIES
+    bogus_processed: float = 0.5
     max_body_bytes: int = 0
+    max_faults: int = 0
 
 
 class FaultInjector:
@@ -83,6 +90,7 @@ class FaultInjector:
         self._settings = settings
         self._rng = random.Random(settings.seed)
         self._injected = 0  # faults drawn so far, for a campaign's "faults injected" figure
+        self._left = settings.max_faults  # faults still allowed under ``max_faults``
         self._delayed = 0  # requests inside an injected latency now (a test waits for one)
         #: Set when the server starts shutting down: an injected latency (up to
         #: an hour) or slow-loris answer ends at once, or SIGTERM would wait on it.
@@ -122,12 +130,16 @@ class FaultInjector:
                 routes=_routes(merged["routes"]),
                 bogus_rate=_number(merged["bogus_rate"], "bogus_rate"),
                 bogus_bodies=_routes(merged["bogus_bodies"], "bogus_bodies"),
+                bogus_processed=_number(merged["bogus_processed"], "bogus_processed"),
                 max_body_bytes=int(_number(merged["max_body_bytes"], "max_body_bytes")),
+                max_faults=int(_number(merged["max_faults"], "max_faults")),
             )
             _validate(new)
             self._settings = new
             if changes.get("seed") is not None:
                 self._rng = random.Random(new.seed)
+            if changes.get("max_faults") is not None:
+                self._left = new.max_faults  # counted from now
             return {**asdict(new), "injected": self._injected, "delayed": self._delayed}
 
     def draw(self, path: str = "") -> tuple[Outcome, int, FaultSettings]:
@@ -136,25 +148,28 @@ class FaultInjector:
             s = self._settings
             if s.routes and not path.startswith(s.routes):
                 return "pass", 0, s
+            if s.max_faults and self._left <= 0:
+                return "pass", 0, s
             roll = self._rng.random()
+            outcome: Outcome = "pass"
+            status = 0
             if roll < s.retryable_rate:
-                self._injected += 1
-                return "retryable", self._rng.choice(s.statuses), s
-            if roll < s.retryable_rate + s.ambiguous_rate:
-                self._injected += 1
-                return "ambiguous", 0, s
-            if roll < s.retryable_rate + s.ambiguous_rate + s.slowloris_rate:
-                self._injected += 1
-                return "slowloris", 0, s
-            if roll < s.retryable_rate + s.ambiguous_rate + s.slowloris_rate + s.bogus_rate:
-                self._injected += 1
-                return "bogus", 0, s
-            return "pass", 0, s
+                outcome, status = "retryable", self._rng.choice(s.statuses)
+            elif roll < s.retryable_rate + s.ambiguous_rate:
+                outcome = "ambiguous"
+            elif roll < s.retryable_rate + s.ambiguous_rate + s.slowloris_rate:
+                outcome = "slowloris"
+            elif roll < s.retryable_rate + s.ambiguous_rate + s.slowloris_rate + s.bogus_rate:
+                outcome = "bogus"
+            if outcome != "pass":
+                self._count()
+            return outcome, status, s
 
     def draw_bogus(self, settings: FaultSettings) -> tuple[str, bool]:
         """A bogus answer's body, and whether the request is processed first."""
         with self._lock:
-            return self._rng.choice(settings.bogus_bodies), self._rng.random() < 0.5
+            body = self._rng.choice(settings.bogus_bodies)
+            return body, self._rng.random() < settings.bogus_processed
 
     def too_large(self, path: str, size: int | None) -> bool:
         """Whether a request of ``size`` body bytes is over ``max_body_bytes``
@@ -165,8 +180,15 @@ class FaultInjector:
                 return False
             if s.routes and not path.startswith(s.routes):
                 return False
-            self._injected += 1
+            if s.max_faults and self._left <= 0:
+                return False
+            self._count()
             return True
+
+    def _count(self) -> None:
+        """One fault injected (with ``_lock`` held)."""
+        self._injected += 1
+        self._left -= 1
 
 
 def _number(value: Any, name: str) -> float:
@@ -196,8 +218,10 @@ def _validate(s: FaultSettings) -> None:
         raise ValueError(f"{' + '.join(rates)} must not exceed 1")
     if not s.bogus_bodies or not set(s.bogus_bodies) <= set(BOGUS_BODIES):
         raise ValueError(f"bogus_bodies must be a non-empty list of {list(BOGUS_BODIES)}")
-    if s.max_body_bytes < 0:
-        raise ValueError("max_body_bytes must not be negative")
+    if not 0.0 <= s.bogus_processed <= 1.0:
+        raise ValueError("bogus_processed must be within [0, 1]")
+    if s.max_body_bytes < 0 or s.max_faults < 0:
+        raise ValueError("max_body_bytes and max_faults must not be negative")
     if not s.statuses or not all(v == 429 or 500 <= v <= 599 for v in s.statuses):
         raise ValueError("statuses must be a non-empty list of 429 and 5xx statuses")
     if s.latency_ms < 0 or s.retry_after < 0 or s.slowloris_interval_s < 0:

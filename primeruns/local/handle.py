@@ -232,7 +232,9 @@ class LocalPlatform:
         routes: Sequence[str] | None = None,
         bogus_rate: float | None = None,
         bogus_bodies: Sequence[str] | None = None,
+        bogus_processed: float | None = None,
         max_body_bytes: int | None = None,
+        max_faults: int | None = None,
     ) -> dict[str, Any]:
         """Change fault injection at runtime; returns the settings now in force
         (plus ``injected``: how many faults were drawn so far)."""
@@ -241,7 +243,9 @@ class LocalPlatform:
             "routes": None if routes is None else list(routes),
             "bogus_bodies": None if bogus_bodies is None else list(bogus_bodies),
             "bogus_rate": bogus_rate,
+            "bogus_processed": bogus_processed,
             "max_body_bytes": max_body_bytes,
+            "max_faults": max_faults,
             "retryable_rate": retryable_rate,
             "ambiguous_rate": ambiguous_rate,
             "latency_ms": latency_ms,

@@ -41,6 +41,14 @@ about an expired URL's object at once, nothing recorded first, so a batch it
 left may hold an object recorded ``MINTED`` that is stored: such an object
 is PUT (its URL alive: never asked) or found expired and asked about before
 a 413 refuses the batch whole (``_not_asked``).
+
+An object whose confirm finds nothing under its key after both PUTs of its
+bytes were answered 2xx (``NothingLanded``: a gateway that never passed them
+on) goes back to ``NEW``, to be minted under a new key on the next try; the
+keys it went through are counted in the batch's progress (``unlanded``), and
+after ``MINTS_UNLANDED`` of them it is refused, its records counted failed
+with why (``not_landed``). Nothing is stored under a key its confirm found
+empty, so no object is made twice.
 """
 
 from __future__ import annotations
@@ -49,7 +57,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ..exceptions import APIError, RetryableAPIError, is_record_rejection, is_transient
+from ..exceptions import (
+    APIError,
+    RetryableAPIError,
+    ValidationRejectedError,
+    is_record_rejection,
+    is_transient,
+)
 from .fanout import Fanout, NotSent
 
 if TYPE_CHECKING:
@@ -62,11 +76,17 @@ __all__ = [
     "MAX_BATCH_BYTES",
     "MAX_OBJECTS",
     "MINTED",
+    "MINTS_UNLANDED",
     "NEW",
     "PUT",
     "REFUSED",
+    "NothingLanded",
     "SampleObjects",
+    "confirm_put_object",
     "expired_url_landed",
+    "not_landed",
+    "unlanded_of",
+    "with_unlanded",
 ]
 
 # An object's stage, as recorded (a number each, in the batch's order):
@@ -83,6 +103,12 @@ MAX_OBJECTS = 8  # a backlog's steps in one batch
 # is megabytes of Parquet, and the batch is held whole (memory, the journal).
 MAX_BATCH_BYTES = 16 << 20
 IN_FLIGHT = 4  # requests at once within a stage
+# An object whose PUT and re-PUT the store answered 2xx while its confirm
+# finds nothing under the key (a gateway that never passed them on) is sent
+# again under a new key, up to this many keys in all; then its records are
+# counted failed, with that reason. Counted in the batch's progress
+# (``unlanded``), so a restart does not start the count again.
+MINTS_UNLANDED = 3
 
 
 class SampleObjects:
@@ -133,6 +159,7 @@ class SampleObjects:
                     (counts[index], APIError("an object of the batch was refused for its content")),
                 )
         minted_now: set[int] = set()
+        swallowed: dict[int, int] = {}  # keys found empty so far, by object (``unlanded``)
 
         def mint(index: int) -> tuple[int, str | None, str | None, BaseException | None]:
             url, key = self._presign(run_id, steps[index])
@@ -157,10 +184,17 @@ class SampleObjects:
 
         def confirm(index: int) -> tuple[int, str | None, str | None, BaseException | None]:
             key, url = str(progress.keys[index]), str(progress.urls[index])
-            confirm_put_object(
-                lambda: self._confirm(run_id, steps[index], key),
-                lambda: self._put(url, units[index][1]),
-            )
+            try:
+                confirm_put_object(
+                    lambda: self._confirm(run_id, steps[index], key),
+                    lambda: self._put(url, units[index][1]),
+                )
+            except NothingLanded as nothing:
+                swallowed[index] = unlanded_of(progress.unlanded, index) + 1
+                error = not_landed(nothing.refused, steps[index], swallowed[index])
+                if is_record_rejection(error):
+                    raise error from None  # refused: counted failed with its reason
+                return NEW, None, None, error  # minted anew on the next try
             return DONE, key, url, None
 
         failure: BaseException | None = None
@@ -173,7 +207,7 @@ class SampleObjects:
                 break
             if todo:
                 # An object that failed a stage stays at it; the others go on.
-                failure = self._stage(ctx, todo, counts, step_once) or failure
+                failure = self._stage(ctx, todo, counts, step_once, swallowed) or failure
                 progress = ctx.progress
                 if failure is not None and _too_large(failure):
                     break  # refused whole: nothing more of it is sent (or stored)
@@ -192,10 +226,12 @@ class SampleObjects:
         todo: Sequence[int],
         counts: Sequence[int],
         step_once: Callable[[int], tuple[int, str | None, str | None, BaseException | None]],
+        swallowed: dict[int, int],
     ) -> BaseException | None:
         """``step_once`` on each object of ``todo`` (several at once); what
-        they achieved recorded in one write. An object refused for its
-        content is settled: its records (``counts``) counted as failed in
+        they achieved recorded in one write, with the keys found empty of
+        each object that ``step_once`` counted (``swallowed``). An object
+        refused for its content is settled: its records (``counts``) counted as failed in
         the write that acknowledges the batch (``SendContext.failed_at_ack``),
         so once, whatever dies before it. Returns the first other failure."""
         # A refusal is one object's: the others not started yet still go.
@@ -240,9 +276,17 @@ class SampleObjects:
         done = 0
         while done < len(stages) and stages[done] in _SETTLED:
             done += 1
+        unlanded = ctx.progress.unlanded
+        for index, count in swallowed.items():
+            unlanded = with_unlanded(unlanded, index, count)
         ctx.save_progress(
             replace(
-                ctx.progress, done=done, stages=tuple(stages), keys=tuple(keys), urls=tuple(urls)
+                ctx.progress,
+                done=done,
+                stages=tuple(stages),
+                keys=tuple(keys),
+                urls=tuple(urls),
+                unlanded=unlanded,
             )
         )
         return failure
@@ -261,6 +305,15 @@ class SampleObjects:
         self._fanout.close()
 
 
+class NothingLanded(Exception):
+    """The confirm of a key found nothing (400, 404) after both PUTs of its
+    bytes were answered 2xx (``confirm_put_object``): ``refused`` is its answer."""
+
+    def __init__(self, refused: APIError) -> None:
+        super().__init__(str(refused))
+        self.refused = refused
+
+
 def confirm_put_object(confirm: Callable[[], None], put: Callable[[], None]) -> None:
     """Confirm an object whose PUT the store answered with a 2xx.
 
@@ -269,9 +322,10 @@ def confirm_put_object(confirm: Callable[[], None], put: Callable[[], None]) -> 
     bytes (400, 404: not uploaded), and taking that as a refusal of the
     object's content counted the step's samples as failed though nothing
     was wrong with them. So a refused confirm puts the same bytes to the
-    same URL once more (a PUT overwrites) and confirms again: refused
-    again, the refusal is the object's. A transient failure of that PUT is
-    raised (the batch is tried again); any other leaves the first refusal.
+    same URL once more (a PUT overwrites) and confirms again. Refused again,
+    raises :class:`NothingLanded`: the caller mints a new key
+    (``not_landed``). A transient failure of that PUT is raised (the batch
+    is tried again); any other leaves the first refusal.
     """
     try:
         confirm()
@@ -284,7 +338,43 @@ def confirm_put_object(confirm: Callable[[], None], put: Callable[[], None]) -> 
             if is_transient(failed):
                 raise
             raise refused from None
-        confirm()
+        try:
+            confirm()
+        except APIError as again:
+            if again.status_code not in (400, 404):
+                raise
+            raise NothingLanded(again) from None
+
+
+def not_landed(refused: APIError, step: int, keys: int) -> APIError:
+    """What an object raises whose bytes ``keys`` keys in a row found missing
+    (``NothingLanded``; ``refused``: the last confirm's answer): a transient
+    failure, the object to be minted anew under a new key, while fewer than
+    ``MINTS_UNLANDED``; then a refusal, its records counted failed with why.
+    A refusal of the content the platform answers with a 400 comes here
+    too: it is sent the same bounded number of times before it counts."""
+    if keys < MINTS_UNLANDED:
+        return RetryableAPIError(
+            f"the object store answered 200 to both PUTs of step {step}'s object, but its "
+            f"confirm found nothing under the key ({refused}); sending it again under a new key"
+        )
+    return ValidationRejectedError(
+        f"the object store answered 200 to {2 * keys} PUTs of step {step}'s object under "
+        f"{keys} keys but never stored it (the last confirm: {refused})",
+        status_code=refused.status_code,
+    )
+
+
+def unlanded_of(unlanded: Sequence[int], index: int) -> int:
+    """How many keys of the batch's object ``index`` were found empty so far."""
+    return unlanded[index] if index < len(unlanded) else 0
+
+
+def with_unlanded(unlanded: Sequence[int], index: int, count: int) -> tuple[int, ...]:
+    """``unlanded`` with object ``index``'s count set to ``count``."""
+    out = list(unlanded) + [0] * max(0, index + 1 - len(unlanded))
+    out[index] = count
+    return tuple(out)
 
 
 def expired_url_landed(confirm: Callable[[], None], exc: APIError) -> RetryableAPIError | None:

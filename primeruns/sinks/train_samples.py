@@ -17,6 +17,10 @@ expired while the sink was paused) is minted anew before anything landed
 under it. Asking whether it landed sends a confirm of its key, so a 413 to a
 URL minted on an earlier try asks again first: refused whole, the batch's
 records would be made again in smaller objects, the one that is stored too.
+An object whose confirm finds nothing under its key though the store
+answered 2xx to its PUT and to a re-PUT (a gateway that never passed them
+on) is minted anew under a new key, a bounded number of times
+(``sample_objects.MINTS_UNLANDED``), before its records count as failed.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from typing import Any
 
 import orjson
 
-from ..exceptions import APIError
+from ..exceptions import APIError, is_record_rejection
 from ..journal import Entry
 from ..platform import PlatformClient
 from ..projection import episodes_to_parquet_bytes, parquet_available
@@ -113,6 +117,9 @@ class TrainSamplesProgress:
     stages: tuple[int, ...] = ()
     keys: tuple[str | None, ...] = ()
     urls: tuple[str | None, ...] = ()
+    #: By object: how many keys were found empty after both PUTs of its bytes
+    #: were answered 2xx (``sample_objects.not_landed``); recorded once set.
+    unlanded: tuple[int, ...] = ()
 
 
 class TrainSamplesSink:
@@ -303,9 +310,18 @@ class TrainSamplesSink:
                     ctx.save_progress(done)
                     continue
                 ctx.save_progress(replace(ctx.progress, put=True))
-            sample_objects.confirm_put_object(
-                partial(self._confirm, confirm), partial(self._put, str(url), blob)
-            )
+            try:
+                sample_objects.confirm_put_object(
+                    partial(self._confirm, confirm), partial(self._put, str(url), blob)
+                )
+            except sample_objects.NothingLanded as nothing:
+                keys = sample_objects.unlanded_of(ctx.progress.unlanded, index) + 1
+                error = sample_objects.not_landed(nothing.refused, step, keys)
+                if not is_record_rejection(error):  # minted anew on the next try
+                    unlanded = sample_objects.with_unlanded(ctx.progress.unlanded, index, keys)
+                    fresh = replace(ctx.progress, key=None, url=None, put=False, unlanded=unlanded)
+                    ctx.save_progress(fresh)
+                raise error from None
             ctx.save_progress(done)
 
     def _presign(self, run_id: str, step: int) -> tuple[str, str]:

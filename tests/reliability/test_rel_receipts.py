@@ -13,6 +13,7 @@ sink for the rest of the run, and a 413 failed a whole sample batch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -115,6 +116,25 @@ def _train_run(runs: Path, lp: LocalPlatform, max_steps: int, batch_size: int) -
     )
 
 
+def _offline_training(runs: Path, per_step: int) -> Path:
+    """The journal of a finished offline training run of three steps of
+    ``per_step`` agentic episodes each, for ``primeruns sync``."""
+    steps = workloads.agentic_by_step(per_step)
+    run = pr.init(
+        kind="train",
+        model="Qwen/Qwen3-8B",
+        team_id=_TEAM,
+        training=pr.TrainingSpec(max_steps=len(steps), batch_size=per_step),
+        mode="offline",
+        runs_dir=runs,
+    )
+    for step in sorted(steps):
+        run.log_episodes(steps[step])
+    run.finish(timeout=60)
+    assert run.journal_path is not None
+    return run.journal_path
+
+
 def _assert_eval_landed(lp: LocalPlatform, run: pr.Run, logged: list[str], name: str) -> None:
     assert run.id is not None
     losses = _losses(run)
@@ -180,6 +200,28 @@ def test_a_training_run_behind_a_gateway_answering_200_with_nothing_lands_every_
     assert run.failed_records == {} and run.dropped_records == 0
 
 
+def _trained(runs: Path, lp: LocalPlatform, per_step: int = 3, *, flush: bool = True) -> pr.Run:
+    """A training run of three steps of ``per_step`` agentic episodes, finished;
+    with ``flush``, each step flushed (its object's requests go one at a time)."""
+    steps = workloads.agentic_by_step(per_step)
+    run = _train_run(runs, lp, len(steps), per_step)
+    for step in sorted(steps):
+        run.log_episodes(steps[step])
+        if flush:
+            run.flush(timeout=60)
+    run.finish(timeout=180)
+    return run
+
+
+def _assert_three_objects(lp: LocalPlatform, run: pr.Run) -> None:
+    """Each step's object of ``_trained`` stored, nothing lost."""
+    assert run.id is not None
+    stored = lp.run(run.id)
+    objects = sorted((o["step"], o["rows"]) for o in stored["parquet_objects"])
+    assert objects == [(0, 3), (10, 3), (20, 3)]
+    assert run.failed_records == {} and run.dropped_records == 0
+
+
 def test_a_gateway_answering_confirms_empty_without_forwarding_them_loses_no_sample_object(
     lp: LocalPlatform, settings: Path
 ) -> None:
@@ -192,20 +234,90 @@ def test_a_gateway_answering_confirms_empty_without_forwarding_them_loses_no_sam
         bogus_rate=0.6, seed=8, routes=["/api/v1/rft/samples/confirm"], bogus_bodies=["empty", "{}"]
     )
     try:
-        steps = workloads.agentic_by_step(3)
-        run = _train_run(settings, lp, len(steps), 3)
-        for step in sorted(steps):
-            run.log_episodes(steps[step])
-            run.flush(timeout=60)
-        run.finish(timeout=180)
+        run = _trained(settings, lp)
     finally:
         injected = lp.set_faults(bogus_rate=0.0, bogus_bodies=["empty", "{}", "html", "truncated"])
     assert injected["injected"] >= 2
-    assert run.id is not None
-    stored = lp.run(run.id)
-    objects = sorted((o["step"], o["rows"]) for o in stored["parquet_objects"])
+    _assert_three_objects(lp, run)
+
+
+@contextlib.contextmanager
+def _puts_swallowed(lp: LocalPlatform, times: int) -> Iterator[list[int]]:
+    """The object store's gateway answers ``times`` PUTs (0: every one) with an
+    empty 200 and never stores their bytes; once the block ends, the list
+    holds how many it swallowed."""
+    off = {"bogus_rate": 0.0, "routes": [], "max_faults": 0, "bogus_processed": 0.5}
+    before = lp.set_faults(**off)["injected"]
+    lp.set_faults(
+        bogus_rate=1.0,
+        bogus_processed=0.0,
+        bogus_bodies=["empty"],
+        routes=["/storage/"],
+        max_faults=times,
+    )
+    swallowed: list[int] = []
+    try:
+        yield swallowed
+    finally:
+        after = lp.set_faults(**off, bogus_bodies=["empty", "{}", "html", "truncated"])
+        swallowed.append(after["injected"] - before)
+
+
+def test_a_sample_object_whose_two_puts_were_swallowed_is_sent_again_and_lands(
+    lp: LocalPlatform, settings: Path
+) -> None:
+    # The confirm of an object whose PUT and re-PUT the gateway answered 200
+    # without storing found nothing (400): the step's samples were counted
+    # failed though nothing was wrong with them. A fresh presign, PUT and
+    # confirm now lands them.
+    with _puts_swallowed(lp, 2) as swallowed:
+        run = _trained(settings, lp)
+    assert swallowed == [2]
+    _assert_three_objects(lp, run)
+
+
+def test_a_synced_backlogs_object_whose_puts_were_swallowed_is_sent_again_and_lands(
+    lp: LocalPlatform, settings: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The same for a backlog's batch of several objects (``primeruns sync``):
+    # all their PUTs go first, then each confirm and its re-PUT, so the six
+    # swallowed are both PUTs of each of the three objects.
+    from rel_helpers import bound_run_id
+
+    from primeruns.cli import main
+
+    journal_path = _offline_training(settings, 3)
+    monkeypatch.setenv("PRIME_API_KEY", _KEY)
+    with _puts_swallowed(lp, 6) as swallowed:
+        assert main(["sync", "--base-url", lp.url, str(journal_path)]) == 0
+    assert swallowed == [6]
+    run_id = bound_run_id(journal_path)
+    assert run_id is not None
+    objects = sorted((o["step"], o["rows"]) for o in lp.run(run_id)["parquet_objects"])
     assert objects == [(0, 3), (10, 3), (20, 3)]
-    assert run.failed_records == {} and run.dropped_records == 0
+    with Journal.open(journal_path, owner=False) as journal:
+        assert journal.losses() == {}
+
+
+def test_a_sample_object_the_store_never_keeps_is_counted_failed_after_bounded_tries(
+    lp: LocalPlatform, settings: Path
+) -> None:
+    # Every PUT swallowed: the object is sent again a bounded number of
+    # times (each a fresh presign, a PUT and a re-PUT), then its samples
+    # are counted failed with a reason saying so; the run still closes.
+    from primeruns.sinks.sample_objects import MINTS_UNLANDED
+
+    with _puts_swallowed(lp, 0) as swallowed:
+        steps = workloads.agentic_by_step(1)  # one episode a step: one object
+        run = _train_run(settings, lp, len(steps), 1)
+        run.log_episodes(steps[0])
+        run.finish(timeout=180)
+    assert swallowed == [2 * MINTS_UNLANDED]  # a PUT and a re-PUT for each key minted
+    assert run.id is not None
+    assert lp.run(run.id)["status"] == "COMPLETED"
+    assert run.failed_records == {"train_samples": 1}, run.failed_records
+    reasons = _losses(run)["train_samples"]["reasons"]
+    assert any("never stored" in str(reason) for reason in reasons), reasons
 
 
 @pytest.mark.parametrize("body", ["{}", "empty"])
@@ -285,11 +397,7 @@ def test_a_413_from_the_object_store_halves_a_step_object_and_every_sample_lands
     # 150 kB: the step goes up as several objects (additive per step), each
     # sample once, in sample id ranges of their own.
     lp.set_faults(max_body_bytes=150_000, routes=["/storage/"])
-    steps = workloads.agentic_by_step(10)
-    run = _train_run(settings, lp, len(steps), 10)
-    for step in sorted(steps):
-        run.log_episodes(steps[step])
-    run.finish(timeout=180)
+    run = _trained(settings, lp, 10, flush=False)
     lp.set_faults(max_body_bytes=0)
     assert run.id is not None
     stored = lp.run(run.id)
@@ -317,24 +425,12 @@ def test_a_413_from_the_object_store_halves_a_synced_backlog_and_every_sample_la
 
     from primeruns.cli import main
 
-    steps = workloads.agentic_by_step(10)
-    run = pr.init(
-        kind="train",
-        model="Qwen/Qwen3-8B",
-        team_id=_TEAM,
-        training=pr.TrainingSpec(max_steps=len(steps), batch_size=10),
-        mode="offline",
-        runs_dir=settings,
-    )
-    for step in sorted(steps):
-        run.log_episodes(steps[step])
-    run.finish(timeout=60)
-    assert run.journal_path is not None
+    journal_path = _offline_training(settings, 10)
     lp.set_faults(max_body_bytes=150_000, routes=["/storage/"])
     monkeypatch.setenv("PRIME_API_KEY", _KEY)
-    assert main(["sync", "--base-url", lp.url, str(run.journal_path)]) == 0
+    assert main(["sync", "--base-url", lp.url, str(journal_path)]) == 0
     lp.set_faults(max_body_bytes=0)
-    run_id = bound_run_id(run.journal_path)
+    run_id = bound_run_id(journal_path)
     assert run_id is not None
     rows: Counter[int] = Counter()
     ids: dict[int, list[int]] = {}
@@ -344,7 +440,7 @@ def test_a_413_from_the_object_store_halves_a_synced_backlog_and_every_sample_la
         ids.setdefault(obj["step"], []).extend(table.column("sample_id").to_pylist())
     assert rows == Counter({0: 10, 10: 10, 20: 10})
     assert all(len(set(found)) == len(found) == 10 for found in ids.values())
-    with Journal.open(run.journal_path, owner=False) as journal:
+    with Journal.open(journal_path, owner=False) as journal:
         assert journal.losses() == {}
 
 

@@ -32,7 +32,7 @@ from primeruns.ship.policy import RetryPolicy
 from primeruns.ship.shipper import Shipper
 from primeruns.sinks import sample_objects, train_samples
 from primeruns.sinks.base import Binding
-from primeruns.sinks.sample_objects import MAX_OBJECTS
+from primeruns.sinks.sample_objects import MAX_OBJECTS, MINTS_UNLANDED, NEW, REFUSED
 from primeruns.sinks.train_samples import TrainSamplesSink, unpack_units
 
 _BOUND = Binding(run_id="rft-1", kind="train")
@@ -460,20 +460,76 @@ def test_a_backlog_object_whose_put_a_gateway_answered_without_forwarding_lands(
     assert store.calls.count("put") == 4
 
 
-def test_an_object_refused_again_after_its_second_put_is_counted_as_refused(
+def test_an_object_refused_after_both_its_puts_is_minted_anew_then_counted_as_refused(
     store: Store,
 ) -> None:
-    # A refusal that is the object's own survives the second PUT: the
-    # records are counted, not retried forever.
+    # A 400 to the confirm after both PUTs: nothing landed under that key (a
+    # gateway that never passed them on), or a refusal of the object's own.
+    # It is minted anew under a new key, the keys counted in the batch's
+    # state (read back at each attempt, as after a restart), and after a
+    # bounded number of keys its records are counted, not retried forever.
     sink = _sink(store)
     batch = _batch(sink, _entries({0: 3}))
     refused = lambda: httpx.Response(400, json={"detail": "not a Parquet file"})  # noqa: E731
-    store.faults["confirm"] = [refused, refused]
+    store.faults["confirm"] = [refused] * (2 * MINTS_UNLANDED)
+    for keys in range(1, MINTS_UNLANDED):
+        with pytest.raises(RetryableAPIError, match="under a new key"):
+            batch.send(sink)
+        assert batch.state["unlanded"] == [keys] and batch.state["key"] is None
     with pytest.raises(APIError) as caught:
         batch.send(sink)
-    assert caught.value.status_code == 400
-    assert store.calls == ["presign", "put", "confirm", "put", "confirm"]
+    assert not isinstance(caught.value, RetryableAPIError)
+    assert caught.value.status_code == 400 and "never stored" in str(caught.value)
+    assert store.calls == ["presign", "put", "confirm", "put", "confirm"] * MINTS_UNLANDED
     assert store.confirmed == []
+
+
+def test_an_object_whose_two_puts_a_gateway_swallowed_is_minted_anew_and_lands(
+    store: Store,
+) -> None:
+    sink = _sink(store)
+    batch = _batch(sink, _entries({0: 3}))
+    store.faults["put"] = [_not_forwarded, _not_forwarded]
+    with pytest.raises(RetryableAPIError, match="under a new key"):
+        batch.send(sink)
+    batch.send(sink)
+    once = ["presign", "put", "confirm", "put", "confirm"]
+    assert store.calls == [*once, "presign", "put", "confirm"]  # a new key, which lands
+    assert store.confirmed == ["rft/rft-1/obj-2.parquet"]
+    assert batch.state["done"] == 1 and batch.failed_at_ack == {}
+
+
+def test_backlog_objects_whose_two_puts_a_gateway_swallowed_are_minted_anew_and_land(
+    store: Store,
+) -> None:
+    sink = _sink(store)
+    batch = _batch(sink, _three_whole_steps())
+    store.faults["put"] = [_not_forwarded] * 6  # the PUT and the re-PUT of each
+    with pytest.raises(RetryableAPIError, match="under a new key"):
+        batch.send(sink)
+    assert batch.state["stages"] == [NEW] * 3 and batch.state["unlanded"] == [1, 1, 1]
+    batch.send(sink)
+    assert batch.failed_at_ack == {} and batch.state["done"] == 3
+    assert store.calls.count("presign") == 6 and len(store.confirmed) == 3
+    assert sorted(store.confirmed) == sorted(batch.state["keys"])
+
+
+def test_a_backlog_object_the_store_never_keeps_is_refused_alone_after_bounded_keys(
+    store: Store,
+) -> None:
+    sink = _sink(store)
+    batch = _batch(sink, _three_whole_steps())
+    # Every PUT of every object is swallowed: each object goes through its
+    # keys, then is refused, its records counted with the acknowledgement.
+    store.faults["put"] = [_not_forwarded] * (6 * MINTS_UNLANDED)
+    for _ in range(1, MINTS_UNLANDED):
+        with pytest.raises(RetryableAPIError, match="under a new key"):
+            batch.send(sink)
+    batch.send(sink)  # every object settled: refused
+    assert batch.state["stages"] == [REFUSED] * 3
+    assert sorted(count for count, _ in batch.failed_at_ack.values()) == [2, 3, 4]
+    assert all("never stored" in str(why) for _, why in batch.failed_at_ack.values())
+    assert store.calls.count("presign") == 3 * MINTS_UNLANDED and store.confirmed == []
 
 
 def test_a_presigned_url_that_expired_during_a_pause_is_minted_anew(store: Store) -> None:
