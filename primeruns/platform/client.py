@@ -39,7 +39,7 @@ import ssl
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -49,8 +49,17 @@ from ..loopback_owner import (
     connected_to_another_user,
     taken_by_another_user,
 )
-from .errors import error_from_response, error_from_transport
-from .plain import Deadlines, PlainConnections, Target, httpx_as_shipped, importing, load_httpx
+from . import plain as plain_module
+from .errors import error_from_response, error_from_transport, oversize_answer
+from .plain import (
+    AnswerTooLarge,
+    Deadlines,
+    PlainConnections,
+    Target,
+    httpx_as_shipped,
+    importing,
+    load_httpx,
+)
 from .presigned_log import uploading_presigned
 from .settings import Settings
 
@@ -156,6 +165,86 @@ def _decoded(content: bytes, status: int, method: str, path: str) -> dict[str, A
         f"HTTP {status} from {method} {path}: the body is {what} (a gateway's or "
         "maintenance page?); the request may or may not have been acted on",
         status_code=status,
+    )
+
+
+# Raw bytes of a compressed answer decoded at a time. A decoder decodes all it
+# is given in one call, and a few bytes of zstd decode to 128 KiB: one 64 KiB
+# chunk of a compression bomb was 2 GiB before a byte of it was counted.
+# 512 of them decode to 16 MiB at most.
+_DECODE_SLICE = 512
+
+
+def _decoded_pieces(response: httpx.Response) -> Iterator[bytes]:
+    """A streamed response's body, decoded a slice of raw bytes at a time
+    (``_DECODE_SLICE``), with httpx's decoder for its Content-Encoding. An
+    answer in several encodings at once (``gzip, gzip``: each multiplies
+    what the one before it decoded to) raises DecodingError: no peer of
+    the SDK sends one."""
+    import httpx
+
+    codings = [
+        value.strip().lower()
+        for value in response.headers.get_list("content-encoding", split_commas=True)
+        if value.strip().lower() not in ("", "identity")
+    ]
+    make = getattr(response, "_get_content_decoder", None)  # (httpx's own, since 0.18)
+    if not codings or make is None:
+        yield from response.iter_raw() if not codings else response.iter_bytes()
+        return
+    if len(codings) > 1:
+        raise httpx.DecodingError(
+            f"an answer in several encodings at once ({', '.join(codings)}) is not taken",
+            request=response.request,
+        )
+    decoder = make()
+    for raw in response.iter_raw():
+        for at in range(0, len(raw), _DECODE_SLICE):
+            if piece := decoder.decode(raw[at : at + _DECODE_SLICE]):
+                yield piece
+    if tail := decoder.flush():
+        yield tail
+
+
+def _read_within(
+    response: httpx.Response, deadline: float | None = None, budget: float = 0.0
+) -> httpx.Response:
+    """``response`` (streamed) read out, its body decoded, within
+    ``plain.MAX_ANSWER_BYTES`` (raw bytes count, and decoded ones: a small
+    compressed body can decode to gigabytes) and by ``deadline`` (a
+    ``time.monotonic()``, ``budget`` seconds after the request went; None:
+    none). Rebuilt without its Content-Encoding, so that the body is not
+    decoded again. Raises AnswerTooLarge past the limit, httpx's ReadTimeout
+    past the deadline, DecodingError for a body not in its encoding
+    (``_decoded_pieces``)."""
+    import httpx
+
+    limit = plain_module.MAX_ANSWER_BYTES
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise AnswerTooLarge(limit)  # said so: nothing of it is read
+    chunks: list[bytes] = []
+    size = 0
+    for chunk in _decoded_pieces(response):
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > limit:
+            raise AnswerTooLarge(limit)
+        if deadline is not None and time.monotonic() > deadline:
+            raise httpx.ReadTimeout(
+                f"the response did not arrive within {budget:g} s", request=response.request
+            )
+    headers = [  # as sent (a Latin-1 value is no ASCII string)
+        (name, value)
+        for name, value in response.headers.raw
+        if name.lower() not in (b"content-encoding", b"content-length")
+    ]
+    return httpx.Response(
+        response.status_code,
+        headers=headers,
+        content=b"".join(chunks),
+        request=response.request,
+        extensions=response.extensions,
     )
 
 
@@ -450,12 +539,14 @@ class PlatformClient:
             response = self._bounded(client, request, timeout.read)
         # DecodingError (a body not in its Content-Encoding) is no TransportError
         # to httpx, but it is a failure on the response's path all the same.
-        except (httpx.TransportError, httpx.DecodingError) as exc:
+        except (httpx.TransportError, httpx.DecodingError, AnswerTooLarge) as exc:
             # The origin too: a sink pointed at the wrong host (PRIME_TRACES_URL
             # left at production beside a local platform) is then named. Worked
             # out only on failure: a backlog is thousands of requests.
             target = request.url
             where = f"{method} {target.scheme}://{target.netloc.decode('ascii')}{target.path}"
+            if isinstance(exc, AnswerTooLarge):
+                raise oversize_answer(where, exc.limit) from None
             raise error_from_transport(exc, where) from None
         if response.status_code >= 300:
             raise error_from_response(response)
@@ -467,22 +558,21 @@ class PlatformClient:
 
         httpx's read timeout is per read: a server trickling one byte just
         inside it (a slow-loris) would hold a shipper thread, or finish(),
-        for hours. The whole response must arrive within the read timeout.
+        for hours. The whole response must arrive within the read timeout,
+        and be no larger than ``plain.MAX_ANSWER_BYTES`` (``_read_within``):
+        a 2 GB body or an endless stream was read into memory whole.
         """
         import httpx
 
         deadline = time.monotonic() + budget
         response = client.send(request, stream=True)
         if response.is_stream_consumed:
-            return response  # answered with its body in hand (an httpx.MockTransport)
+            # Answered with its body in hand (an httpx.MockTransport).
+            if len(response.content) > plain_module.MAX_ANSWER_BYTES:
+                raise AnswerTooLarge(plain_module.MAX_ANSWER_BYTES)
+            return response
         try:
-            chunks: list[bytes] = []
-            for chunk in response.iter_raw():
-                chunks.append(chunk)
-                if time.monotonic() > deadline:
-                    raise httpx.ReadTimeout(
-                        f"the response did not arrive within {budget:g} s", request=request
-                    )
+            return _read_within(response, deadline, budget)
         finally:
             response.close()
             # The streamed response and its stream refer to each other: left
@@ -490,15 +580,6 @@ class PlatformClient:
             # full collection, which the uplink seldom runs (a backlog kept
             # ~1,000 of them, 10-20 MB). Cut, reference counting frees them.
             response.stream = httpx.ByteStream(b"")
-        # Rebuilt from the raw bytes with the original headers, so that any
-        # Content-Encoding is decoded exactly once.
-        return httpx.Response(
-            response.status_code,
-            headers=response.headers,
-            content=b"".join(chunks),
-            request=request,
-            extensions=response.extensions,
-        )
 
     def _exchange(
         self,
@@ -585,6 +666,9 @@ class PlatformClient:
             answer = self._connections().request(
                 target, method, full_path, headers, content, timeout
             )
+        except AnswerTooLarge as exc:
+            where = f"{method} {target.scheme}://{target.netloc}{path}"
+            raise oversize_answer(where, exc.limit) from None
         except Exception as exc:
             httpx = load_httpx()  # (not loaded yet if this is not a failure of the exchange)
 
@@ -605,12 +689,19 @@ class PlatformClient:
         request = httpx.Request(
             method, f"{target.scheme}://{target.netloc}{full_path}", headers=headers
         )
-        try:  # (a Content-Encoding is decoded here)
-            response = httpx.Response(
-                answer.status, headers=answer.headers, content=answer.body, request=request
+        try:  # (a Content-Encoding is decoded here, within the answer's limit)
+            response = _read_within(
+                httpx.Response(
+                    answer.status,
+                    headers=answer.headers,
+                    stream=httpx.ByteStream(answer.body),
+                    request=request,
+                )
             )
-        except httpx.DecodingError as exc:
+        except (httpx.DecodingError, AnswerTooLarge) as exc:
             where = f"{method} {target.scheme}://{target.netloc}{path}"
+            if isinstance(exc, AnswerTooLarge):
+                raise oversize_answer(where, exc.limit) from None
             raise error_from_transport(exc, where) from None
         http.cookies.extract_cookies(response)
         if response.status_code >= 300:

@@ -40,11 +40,13 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "RETRY_AFTER_CAP",
+    "OversizeAnswerError",
     "UnprovenAnswerError",
     "error_from_response",
     "error_from_transport",
     "is_ambiguous",
     "never_reached",
+    "oversize_answer",
     "parse_retry_after",
 ]
 
@@ -55,6 +57,23 @@ class UnprovenAnswerError(RetryableAPIError):
     gateway or a maintenance page answers). The request may or may not have
     been acted on, so it is ambiguous: retried as a transient failure, never
     counted as stored, and resent only where a resend is safe."""
+
+
+class OversizeAnswerError(UnprovenAnswerError):
+    """An answer whose body was over the SDK's limit (``plain.MAX_ANSWER_BYTES``),
+    as sent or once decoded: a broken or hostile server's 2 GB body, an
+    endless stream, a compression bomb. It was not read further. The
+    request may or may not have been acted on: a transient failure, as any
+    answer that proves nothing, never a receipt."""
+
+
+def oversize_answer(where: str, limit: int) -> OversizeAnswerError:
+    """The error for an answer to ``where`` (method and URL, without a query
+    or credentials) cut off past ``limit`` bytes."""
+    return OversizeAnswerError(
+        f"{where}: the answer was over {limit} bytes and was not read further (a broken or "
+        "hostile server?); the request may or may not have been acted on"
+    )
 
 
 #: A server's Retry-After is honoured up to this many seconds.

@@ -50,8 +50,10 @@ from types import ModuleType
 from typing import IO, Any
 
 __all__ = [
+    "MAX_ANSWER_BYTES",
     "WRITE_CHUNK",
     "Answer",
+    "AnswerTooLarge",
     "Deadlines",
     "PlainConnections",
     "Target",
@@ -65,6 +67,20 @@ WRITE_CHUNK = 64 * 1024
 _IDLE_KEPT = 16  # connections kept idle per origin (a shipper's fan-out is 4)
 _LINES_KEPT = 64  # header lines kept encoded per client (``_OneWrite.putheader``)
 _CHUNK = 65536
+#: The most bytes of an answer's body read, and once decoded (``client``): the
+#: SDK's answers are receipts and pages of a few MB at most. A broken or
+#: hostile server's 2 GB body, or an endless stream, is cut off here instead
+#: of read into the uplink's memory (all of it, within the call's deadline).
+MAX_ANSWER_BYTES = 16 << 20
+
+
+class AnswerTooLarge(Exception):
+    """An answer's body went past ``limit`` bytes (``MAX_ANSWER_BYTES``): not
+    read further, its connection closed. The caller names the request."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the answer's body was over {limit} bytes")
+        self.limit = limit
 
 
 @dataclass(frozen=True)
@@ -650,14 +666,22 @@ def _usable(conn: http.client.HTTPConnection) -> bool:
 def _receive(conn: http.client.HTTPConnection, budget: float) -> tuple[Answer, bool]:
     """The answer, read whole within ``budget`` seconds (a server trickling
     its body one byte a second is cut off, as ``PlatformClient._bounded``
-    does for httpx), and whether the connection may be used again."""
+    does for httpx) and ``MAX_ANSWER_BYTES`` (``AnswerTooLarge``), and
+    whether the connection may be used again."""
     deadline = time.monotonic() + budget
+    limit = MAX_ANSWER_BYTES
     response: http.client.HTTPResponse | None = None
     try:
         response = conn.getresponse()
+        if response.length is not None and response.length > limit:
+            raise AnswerTooLarge(limit)  # said so: nothing of it is read
         chunks: list[bytes] = []
+        size = 0
         while chunk := response.read1(_CHUNK):
             chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:  # (chunked, or a length that lied)
+                raise AnswerTooLarge(limit)
             if time.monotonic() > deadline:
                 raise _httpx_error(
                     "ReadTimeout", f"the response did not arrive within {budget:g} s"
