@@ -168,7 +168,7 @@ class Dictionaries:
                 trained.append(kind)
         return trained
 
-    def train_on(self, batch: Mapping[int, Sequence[bytes]]) -> None:
+    def train_on(self, batch: Mapping[int, Sequence[bytes | memoryview]]) -> None:
         """Train for each kind of ``batch`` (a batch about to be compressed:
         its records by kind) with none yet, on the batch's own records, when
         they alone make enough: a kind that reaches enough in a few records
@@ -225,15 +225,16 @@ class Dictionaries:
         return True
 
 
-def _samples(records: Sequence[bytes]) -> list[bytes]:
+def _samples(records: Sequence[bytes | memoryview]) -> list[bytes]:
     """The first of ``records`` within what ``train`` reads of a journal
-    (``MAX_SAMPLES`` records, ``MAX_SAMPLE_BYTES``; at least one)."""
+    (``MAX_SAMPLES`` records, ``MAX_SAMPLE_BYTES``; at least one), as bytes
+    (zstd's trainer takes nothing else)."""
     samples: list[bytes] = []
     total = 0
     for record in records[: dictionary.MAX_SAMPLES]:
         if samples and total + len(record) > dictionary.MAX_SAMPLE_BYTES:
             break
-        samples.append(record)
+        samples.append(bytes(record))
         total += len(record)
     return samples
 

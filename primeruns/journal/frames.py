@@ -34,7 +34,7 @@ import enum
 import struct
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import zstandard
@@ -52,6 +52,7 @@ __all__ = [
     "encode_frame",
     "encode_frames_off_gil",
     "peek_header",
+    "spooled_payload",
     "verify_frame",
 ]
 
@@ -167,7 +168,12 @@ def worth_compressing(raw_len: int, with_dictionary: bool) -> bool:
 
 
 def _assemble(
-    kind: int, flags: int, dict_id: int, raw_len: int, stored: bytes, seq: int | None
+    kind: int,
+    flags: int,
+    dict_id: int,
+    raw_len: int,
+    stored: bytes | memoryview,
+    seq: int | None,
 ) -> bytes:
     version = 1 if seq is None else 2
     head = struct.pack("<BBBBI", version, kind, flags, dict_id, raw_len)
@@ -179,7 +185,7 @@ def _assemble(
 
 def encode_frames_off_gil(
     kind: int,
-    payloads: list[bytes],
+    payloads: Sequence[bytes | memoryview],
     seqs: list[int],
     dict_id: int = 0,
     zdict: zstandard.ZstdCompressionDict | None = None,
@@ -196,12 +202,27 @@ def encode_frames_off_gil(
     packed = _compressor(zdict if dict_id else None).multi_compress_to_buffer(batch, threads=1)
     frames = []
     for index, payload in enumerate(payloads):
-        segment = packed[index].tobytes()
-        stored, flags, used_dict = payload, 0, 0
+        # Framed from the compressor's buffer as it is: one copy, not two.
+        segment = memoryview(packed[index])  # type: ignore[arg-type]  # (a buffer, unstubbed)
         if len(segment) < len(payload):
-            stored, flags, used_dict = segment, FLAG_ZSTD, (dict_id if zdict else 0)
-        frames.append(_assemble(kind, flags, used_dict, len(payload), stored, seqs[index]))
+            frame = _assemble(
+                kind, FLAG_ZSTD, dict_id if zdict else 0, len(payload), segment, seqs[index]
+            )
+        else:
+            frame = _assemble(kind, 0, 0, len(payload), payload, seqs[index])
+        frames.append(frame)
     return frames
+
+
+def spooled_payload(value: bytes | memoryview, seq: int) -> bytes | memoryview:
+    """The payload of entry ``seq``'s frame as the spool holds it (raw), for
+    the mover to compress: checked as ``decode_frame`` checks it, and a view
+    into ``value``, not a copy (a frame stored compressed is decoded).
+    Raises FrameError."""
+    head = _checked(value, None, seq, MAX_ENTRY_BYTES)[0]
+    if head.flags & FLAG_ZSTD:
+        return decode_frame(value, seq=seq)[1]
+    return memoryview(value)[HEADER_SIZE:]
 
 
 def peek_header(value: bytes | memoryview) -> FrameHeader:

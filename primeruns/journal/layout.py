@@ -56,14 +56,16 @@ def key(seq: int) -> bytes:
     return KEY.pack(seq)
 
 
-def split(frame: bytes) -> list[bytes]:
-    """A stored frame as the values to put (one, or equal in-page chunks)."""
+def split(frame: bytes | memoryview) -> list[bytes | memoryview]:
+    """A stored frame as the values to put (one, or equal in-page chunks,
+    views into ``frame``: LMDB copies them in)."""
     size = len(frame)
     if size <= INPAGE_MAX or size > CHUNK_UPTO:
         return [frame]
     count = -(-size // CHUNK)
     step = -(-size // count)
-    return [frame[i : i + step] for i in range(0, size, step)]
+    view = memoryview(frame)
+    return [view[i : i + step] for i in range(0, size, step)]
 
 
 def seq_of(raw_key: bytes | memoryview) -> int:
@@ -75,7 +77,7 @@ def is_chunk_key(raw_key: bytes | memoryview) -> bool:
     return len(raw_key) == CHUNK_KEY.size
 
 
-def put_entry(txn: lmdb.Transaction, seq: int, frame: bytes, db: Any) -> None:
+def put_entry(txn: lmdb.Transaction, seq: int, frame: bytes | memoryview, db: Any) -> None:
     """Put an entry (chunked where that packs pages better) after every key in ``db``."""
     head, *rest = split(frame)
     put_new(txn, key(seq), head, db)
@@ -83,7 +85,7 @@ def put_entry(txn: lmdb.Transaction, seq: int, frame: bytes, db: Any) -> None:
         put_new(txn, CHUNK_KEY.pack(seq, index), chunk, db)
 
 
-def put_new(txn: lmdb.Transaction, raw_key: bytes, value: bytes, db: Any) -> None:
+def put_new(txn: lmdb.Transaction, raw_key: bytes, value: bytes | memoryview, db: Any) -> None:
     """Put a key that must not exist yet, after every key in ``db``.
 
     py-lmdb's ``put(append=True)`` returns False (it does not raise) for a key

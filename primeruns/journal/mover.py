@@ -29,13 +29,13 @@ from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal.dicts import Dictionaries
 from primeruns.journal.frames import (
     FrameError,
-    decode_frame,
     encode_frames_off_gil,
+    spooled_payload,
     worth_compressing,
 )
 from primeruns.journal.layout import put_entry
 from primeruns.journal.reading import Reader
-from primeruns.journal.spool import SpoolView, list_segments
+from primeruns.journal.spool import SpoolView, _Segment, list_segments
 from primeruns.journal.tail import stored_end
 from primeruns.journal.txn import Transactions
 from primeruns.threads import start_daemon
@@ -167,6 +167,44 @@ class Mover:
         with contextlib.suppress(JournalError, lmdb.Error):
             self._dicts.train(self._reader.read, self._reader.floor)
 
+    def _read_batch(self, end: int) -> list[tuple[int, int, bytes | memoryview]]:
+        """(seq, kind, frame) of the oldest spooled entries past ``end``, up to
+        a batch: each segment's run of them read at once (``read_run``), or a
+        frame at a time where that fails, so the unreadable one is named."""
+        spool = self._spool
+        picked: list[tuple[int, int, _Segment, int]] = []
+        total = 0
+        batch: list[tuple[int, int, bytes | memoryview]] = []
+        with spool.lock:
+            for seq, kind, size, seg, index in spool.frames(end):
+                if picked and (len(picked) >= _ABSORB_BATCH or total + size > _ABSORB_BYTES):
+                    break
+                picked.append((seq, kind, seg, index))
+                total += size
+            start = 0
+            while start < len(picked):
+                seg, first = picked[start][2], picked[start][3]
+                stop = start + 1
+                while (
+                    stop < len(picked)
+                    and picked[stop][2] is seg
+                    and picked[stop][3] == first + stop - start
+                ):
+                    stop += 1
+                run = spool.read_run(seg, first, first + stop - start)
+                for i in range(start, stop):
+                    seq, kind, _, index = picked[i]
+                    if run is not None:
+                        batch.append((seq, kind, run[i - start]))
+                        continue
+                    try:
+                        batch.append((seq, kind, spool.read(seg, index)))
+                    except JournalError as exc:
+                        # Left out: readers report the gap it leaves as missing.
+                        log.warning("journal %s: entry %d: %s", self._path, seq, exc)
+                start = stop
+        return batch
+
     def step(self) -> bool:
         """Compress the oldest spooled entries past LMDB's end and commit them
         to "entries" in one transaction; False when there were none."""
@@ -174,29 +212,18 @@ class Mover:
         spool.refresh()  # before LMDB's read (see spool)
         with tx.read() as txn:
             end = stored_end(tx, txn)
-        batch: list[tuple[int, int, bytes]] = []
-        total = 0
-        with spool.lock:
-            for seq, kind, size, seg, index in spool.frames(end):
-                if batch and (len(batch) >= _ABSORB_BATCH or total + size > _ABSORB_BYTES):
-                    break
-                try:
-                    batch.append((seq, kind, spool.read(seg, index)))
-                except JournalError as exc:
-                    # Left out: readers report the gap it leaves as missing.
-                    log.warning("journal %s: entry %d: %s", self._path, seq, exc)
-                total += size
+        batch = self._read_batch(end)
         if not batch:
             spool.absorbed(end, newest_too=False, sync=self._sync_store)
             return False
         self._dicts.refresh()  # another mover may have trained one (a hand-over)
-        final = [frame for _, _, frame in batch]
+        final: list[bytes | memoryview] = [frame for _, _, frame in batch]
         todo: dict[int, list[int]] = {}
-        payloads: dict[int, bytes] = {}
-        by_kind: dict[int, list[bytes]] = {}
+        payloads: dict[int, bytes | memoryview] = {}
+        by_kind: dict[int, list[bytes | memoryview]] = {}
         for index, (seq, kind, frame) in enumerate(batch):
             try:
-                payloads[index] = decode_frame(frame, seq=seq)[1]
+                payloads[index] = spooled_payload(frame, seq)
             except FrameError:
                 continue  # moved as it is: the damage is reported where it is read
             by_kind.setdefault(kind, []).append(payloads[index])

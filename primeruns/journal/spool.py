@@ -1227,6 +1227,26 @@ class SpoolView:
                 if seg.tail and seg.broken is None
             ]
 
+    def read_run(self, seg: _Segment, start: int, stop: int) -> list[memoryview] | None:
+        """The stored frames ``start``..``stop - 1`` of ``seg``, read in one
+        ``pread`` (views into one buffer): the mover's batch of 512 frames,
+        read a frame at a time, was a system call and a copy of each. None
+        where the span cannot be read whole: ``read`` of each frame then
+        says which is unreadable, and why."""
+        begin = seg.offsets[start]
+        size = seg.offsets[stop - 1] + seg.lengths[stop - 1] - begin
+        try:
+            data = os.pread(seg.fd, size, begin)
+        except OSError:
+            return None
+        if len(data) != size:
+            return None
+        view = memoryview(data)
+        return [
+            view[off - begin : off - begin + length]
+            for off, length in zip(seg.offsets[start:stop], seg.lengths[start:stop], strict=True)
+        ]
+
     def read(self, seg: _Segment, index: int) -> bytes:
         """The stored frame ``index`` of ``seg``; JournalError if unreadable."""
         try:
