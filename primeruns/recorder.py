@@ -225,15 +225,16 @@ class Recorder:
             )
             return
         if step is not None:
-            try:
-                if isinstance(step, bool):
-                    raise TypeError
-                step = operator.index(step)  # numpy and torch integers too
-            except Exception:
-                self.refuse(
-                    TypeError(f"log_metrics: step must be an int, got {type(step).__name__}")
-                )
-                return
+            if type(step) is not int:  # (a plain int, the common step, needs no look)
+                try:
+                    if isinstance(step, bool):
+                        raise TypeError
+                    step = operator.index(step)  # numpy and torch integers too
+                except Exception:
+                    self.refuse(
+                        TypeError(f"log_metrics: step must be an int, got {type(step).__name__}")
+                    )
+                    return
             if not records.FIRST_STEP <= step <= records.LAST_STEP:
                 self.refuse(ValueError(records.step_out_of_range("log_metrics: step", step)))
                 return
@@ -338,7 +339,7 @@ class Recorder:
         journal = self.journal
         if journal is None:
             return
-        if not self.owner_process():
+        if self._pid != os.getpid():  # (``owner_process``, inline: every log call)
             target = self.forked_target() if self.forked_target is not None else None
             if target is not None:
                 target.append(kind, payloads, essential=essential, final=final)

@@ -30,7 +30,7 @@ from primeruns.exceptions import (
     RunFinishedError,
 )
 from primeruns.journal.capacity import Capacity
-from primeruns.journal.frames import HEADER_SIZE, EntryKind, encode_frame, encode_frames_off_gil
+from primeruns.journal.frames import HEADER_SIZE, EntryKind, encode_frames_off_gil, spool_frame
 from primeruns.journal.layout import put_entry
 from primeruns.journal.overflow import DISK_FULL, Held, Overflow
 from primeruns.journal.spool import SpoolWriter
@@ -353,10 +353,7 @@ class Appender:
             first = max(self._tail.last, self.after) + 1
             if first > self._tail.last + 1:
                 self._spool.start_segment()
-            frames = [
-                encode_frame(kind, p, compress=False, seq=seq)
-                for seq, p in enumerate(payloads, first)
-            ]
+            frames = [spool_frame(kind, p, seq) for seq, p in enumerate(payloads, first)]
             if self._frames_unsynced and self._spool.opens_next():
                 self._sync_frames()
             try:

@@ -52,6 +52,7 @@ __all__ = [
     "encode_frame",
     "encode_frames_off_gil",
     "peek_header",
+    "spool_frame",
     "spooled_payload",
     "verify_frame",
 ]
@@ -160,6 +161,23 @@ def encode_frame(
         if len(packed) < raw_len:
             stored, flags, used_dict = packed, FLAG_ZSTD, (dict_id if zdict else 0)
     return _assemble(kind, flags, used_dict, raw_len, stored, seq)
+
+
+_HEAD8 = struct.Struct("<BBBBI")
+_CRC = struct.Struct("<I")
+
+
+def spool_frame(kind: int, payload: bytes, seq: int) -> bytes:
+    """``encode_frame(kind, payload, compress=False, seq=seq)``, as an append
+    frames each record for the spool: the same bytes, made on every ``log_*``
+    call with none of ``encode_frame``'s choices (0.4-1 µs of a metrics
+    row's ~14). Raises ValueError over MAX_ENTRY_BYTES."""
+    raw_len = len(payload)
+    if raw_len > MAX_ENTRY_BYTES:
+        raise ValueError(f"payload of {raw_len} bytes is over the {MAX_ENTRY_BYTES}-byte limit")
+    head = _HEAD8.pack(FRAME_VERSION, kind, 0, 0, raw_len)
+    crc = zlib.crc32(_SEQ.pack(seq), zlib.crc32(payload, zlib.crc32(head)))
+    return head + _CRC.pack(crc) + payload
 
 
 def worth_compressing(raw_len: int, with_dictionary: bool) -> bool:

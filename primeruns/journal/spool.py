@@ -95,6 +95,9 @@ PREFIX = "spool-"
 # only once all of it is there, so a call is in the log whole or not at all,
 # as it was when each append was one LMDB transaction.
 APPEND = struct.Struct("<2sHIQ")
+# The most buffers one ``writev`` takes (POSIX's IOV_MAX on Linux): an
+# append of more frames is joined and written with ``write``.
+_IOV_MAX = 1024
 # A frame's header up to its raw length (``frames``): version, kind, flags,
 # dictionary id, raw length.
 _FRAME_START = struct.Struct("<BBBBI")
@@ -212,12 +215,14 @@ class SpoolWriter:
         return self._fd is None or self._size >= SEGMENT_MAX
 
     def write(self, first_seq: int, frames: list[bytes]) -> None:
-        """Write the frames of seqs ``first_seq``... in one ``write()``.
+        """Write the frames of seqs ``first_seq``... in one ``writev()``.
 
         Raises JournalFullError on a full disk, JournalError on another
         failure; either way nothing of them is left in the spool.
         """
-        data = b"".join([APPEND.pack(_MAGIC, 1, len(frames), sum(map(len, frames))), *frames])
+        length = sum(map(len, frames))
+        parts = [APPEND.pack(_MAGIC, 1, len(frames), length), *frames]
+        nbytes = APPEND.size + length
         if self._fd is None:
             self._open(first_seq)
         elif self._size >= SEGMENT_MAX:
@@ -236,12 +241,17 @@ class SpoolWriter:
         fd = self._fd
         assert fd is not None
         last = first_seq + len(frames) - 1
-        self._pending = (fd, self._size, len(data), last, self._written)
+        self._pending = (fd, self._size, nbytes, last, self._written)
         done = 0
         try:
-            done = os.write(fd, data)
-            while done < len(data):  # a short write: a signal, or the disk filling
-                done += os.write(fd, data[done:])
+            # The header and the frames as they are, in one system call:
+            # joined first, each byte of an episode was copied once more.
+            if len(parts) <= _IOV_MAX:
+                done = os.writev(fd, parts)
+            if done < nbytes:  # a short write (a signal, the disk filling), or many frames
+                data = b"".join(parts)
+                while done < nbytes:
+                    done += os.write(fd, data[done:])
         except OSError as exc:
             self._undo(done)
             self._pending = None
