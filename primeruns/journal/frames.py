@@ -106,22 +106,26 @@ class FrameHeader(NamedTuple):
 _local = threading.local()
 
 
-def _compressor(zdict: zstandard.ZstdCompressionDict | None) -> zstandard.ZstdCompressor:
+def _compressor(
+    zdict: zstandard.ZstdCompressionDict | None, level: int | None = None
+) -> zstandard.ZstdCompressor:
     # A ZstdCompressor is not thread-safe but is costly to build per call: one per
-    # thread and dictionary. The cache keys by the dictionary object's id and keeps
-    # the object itself, so an id is never reused while cached.
-    cache: dict[int, tuple[Any, zstandard.ZstdCompressor]] | None = getattr(_local, "cctx", None)
+    # thread, dictionary and level. The cache keys by the dictionary object's id
+    # and keeps the object itself, so an id is never reused while cached.
+    cache: dict[tuple[int, int | None], tuple[Any, zstandard.ZstdCompressor]] | None = getattr(
+        _local, "cctx", None
+    )
     if cache is None:
         cache = _local.cctx = {}
-    found = cache.get(id(zdict))
+    found = cache.get((id(zdict), level))
     if found is None:
         cctx = zstandard.ZstdCompressor(
-            level=_LEVEL if zdict is None else _DICT_LEVEL,
+            level=level if level is not None else _LEVEL if zdict is None else _DICT_LEVEL,
             dict_data=zdict,
             write_checksum=False,
             write_content_size=True,
         )
-        found = cache[id(zdict)] = (zdict, cctx)
+        found = cache[(id(zdict), level)] = (zdict, cctx)
     return found[1]
 
 
@@ -143,12 +147,15 @@ def encode_frame(
     *,
     compress: bool = True,
     seq: int | None = None,
+    level: int | None = None,
 ) -> bytes:
     """Frame ``payload`` (compressed when that helps and ``compress``) under
     ``kind``; an entry passes its ``seq`` (version 2), other values none.
 
     With ``zdict`` (stored in the journal under ``dict_id``) small records
     compress several times better: they share most of their text.
+    ``level``: zstd's level, in place of the journal's (a frame decodes the
+    same at any level).
     """
     raw_len = len(payload)
     if raw_len > MAX_ENTRY_BYTES:
@@ -157,7 +164,7 @@ def encode_frame(
     stored = payload
     used_dict = 0
     if compress and worth_compressing(raw_len, zdict is not None):
-        packed = _compressor(zdict if dict_id else None).compress(payload)
+        packed = _compressor(zdict if dict_id else None, level).compress(payload)
         if len(packed) < raw_len:
             stored, flags, used_dict = packed, FLAG_ZSTD, (dict_id if zdict else 0)
     return _assemble(kind, flags, used_dict, raw_len, stored, seq)
