@@ -381,9 +381,10 @@ class Recorder:
             return
         if result.first_seq is not None and result.count:
             last = result.first_seq + result.count - 1
+            k = int(kind)
             with self.lock:
-                if last > self._last_by_kind.get(int(kind), 0):
-                    self._last_by_kind[int(kind)] = last
+                if last > self._last_by_kind.get(k, 0):
+                    self._last_by_kind[k] = last
             if self.wake is not None:
                 self.wake()
         if result.held:

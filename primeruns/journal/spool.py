@@ -269,7 +269,9 @@ class SpoolWriter:
         written = self._written = self._written + done
         self._mark_seqs.append(last)
         self._mark_bytes.append(written)
-        self.mark_dirty()
+        self.dirty = True  # (``mark_dirty``, inline: every log call)
+        if not self._written_event.is_set():
+            self._written_event.set()
         self._pending = None
         if self._fsync:
             try:
