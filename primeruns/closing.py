@@ -146,6 +146,11 @@ def finish_journal(
     # at once, hundreds of records unshipped). The entry is made once they
     # are in, its deadline counted from then, with what is left of the budget.
     started = time.monotonic()
+    if supervisor is not None:
+        # Only a shipping uplink frees the room they wait for: one that died
+        # (killed alone) is replaced first, as the close-out's wait does,
+        # else every held record waited out its share and was dropped.
+        supervisor.replace_if_dead(restart=wait is not None)
     recorder.settle_held((budget if wait is None else min(wait, budget)) * _HELD_SHARE)
     spent = time.monotonic() - started
     budget = max(0.0, budget - spent)

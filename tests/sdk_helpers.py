@@ -102,6 +102,17 @@ def held_uplink_starts(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
     return gate
 
 
+def kill_the_uplink(run: Any) -> None:
+    """SIGKILL a live run's uplink process alone (an out-of-memory kill, a
+    cleanup of stray processes), once it has begun, and wait for its exit."""
+    assert run._supervisor is not None
+    uplink = run._supervisor.uplink
+    wait_for(uplink.begun, timeout=60, what="the uplink process to begin")
+    assert uplink.pid is not None
+    os.kill(uplink.pid, signal.SIGKILL)
+    uplink.wait_exit(30)
+
+
 TESTS = Path(__file__).resolve().parent
 
 

@@ -38,6 +38,9 @@ class _Uplink:
     def pending(self) -> dict[str, int]:
         return {}
 
+    def replace_if_dead(self, *, restart: bool = False) -> None:
+        pass  # it lives
+
     def wait_closeout(self, waiting: float, *, grace: bool) -> Closeout:
         self.waiting.append(waiting)
         return Closeout(True, None, {}, True, True)

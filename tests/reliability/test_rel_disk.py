@@ -23,6 +23,7 @@ import pytest
 import rel_helpers as rh
 import rel_torture as rt
 import workloads
+from sdk_helpers import kill_the_uplink, wait_for
 
 import primeruns as pr
 from primeruns.exceptions import JournalError, JournalFullError
@@ -350,6 +351,41 @@ def test_a_disk_full_mid_run_keeps_what_the_vendor_keeps(
     stored = rh.platform_episode_ids(lp.data_dir, run.id)
     assert run.dropped_records == 0
     assert set(stored) == {e["id"] for e in episodes}
+
+
+def _held_as_the_uplink_dies(
+    lp: LocalPlatform, run: pr.Run, episodes: list[dict[str, Any]]
+) -> None:
+    """Fill the small disk with the run's own journal while the platform is
+    down (nothing acknowledged, so nothing compacted: what the disk refuses
+    is held in memory), then SIGKILL the run's uplink process alone (an
+    out-of-memory kill) and bring the platform back. Only an uplink frees
+    room now: no held record is journaled until one ships again."""
+    assert run._supervisor is not None
+    uplink = run._supervisor.uplink  # (the process, once it took over from threads)
+    wait_for(uplink.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
+    lp.stop()
+    _fill(run, episodes)
+    kill_the_uplink(run)
+    lp.start()
+
+
+def test_a_finish_after_the_uplink_died_while_a_full_disk_held_records_ships_them(
+    small_disk: Path, make_local_platform: Any, tmp_path: Path
+) -> None:
+    """The uplink process killed while records wait in memory for a full
+    disk, then finish(): before, its wait for the held records (half its
+    timeout) came before any look at the dead uplink, so nothing freed room
+    and every held record was dropped as "disk full" (1,000 of 1,000 here)."""
+    lp: LocalPlatform = make_local_platform()
+    episodes = workloads.gsm8k(1000)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = rt.eval_run(lp.url, small_disk / "runs")
+        _held_as_the_uplink_dies(lp, run, episodes)
+        run.finish(timeout=60)
+    stored = rh.platform_episode_ids(lp.data_dir, run.id)
+    assert run.dropped_records == 0
+    assert set(stored) == {e["id"] for e in episodes} and max(stored.values()) == 1
 
 
 def _fill_disk(disk: Path, leave: int) -> None:

@@ -39,6 +39,7 @@ from sdk_helpers import (
     gated_interpreter,
     held_uplink_starts,
     kill_producer,
+    kill_the_uplink,
     platform_episode_ids,
     platform_metric_steps,
     point_at,
@@ -193,16 +194,6 @@ def test_where_no_process_can_start_the_run_ships_from_threads_with_one_warning(
     assert landed_once(stored, 30)
 
 
-def _kill_the_uplink(run: pr.Run) -> None:
-    """SIGKILL the run's uplink process alone, once it has begun, and wait for its exit."""
-    assert run._supervisor is not None
-    uplink = run._supervisor.uplink
-    wait_for(uplink.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
-    assert uplink.pid is not None
-    os.kill(uplink.pid, signal.SIGKILL)
-    uplink.wait_exit(30)
-
-
 def test_an_uplink_killed_mid_run_is_started_again_and_nothing_is_lost(
     local_platform: Any,
     tmp_path: Path,
@@ -213,7 +204,7 @@ def test_an_uplink_killed_mid_run_is_started_again_and_nothing_is_lost(
     run = _eval_run(local_platform.url, runs)
     episodes = workloads.gsm8k(60)
     run.log_episodes(episodes[:30])
-    _kill_the_uplink(run)
+    kill_the_uplink(run)
     run.log_episodes(episodes[30:])
     with caplog.at_level(logging.WARNING, logger="primeruns"):
         assert run.flush(timeout=60)
@@ -264,7 +255,7 @@ def test_a_journal_that_refuses_a_restarted_uplink_leaves_threads_shipping_and_f
     run = _eval_run(local_platform.url, runs)
     episodes = workloads.gsm8k(40)
     run.log_episodes(episodes[:20])
-    _kill_the_uplink(run)
+    kill_the_uplink(run)
 
     def refused(journal: Journal, *args: Any, **kwargs: Any) -> Any:
         raise JournalError(f"journal {journal.path}: its lock cannot be shared")
