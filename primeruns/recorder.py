@@ -388,6 +388,11 @@ class Recorder:
             if self.wake is not None:
                 self.wake()
         if result.held:
+            # The supervisor looks at its uplink on a wake-up (``Supervisor.wake``):
+            # one that died while the disk holds records is all that frees room
+            # for them, so a held append looks too, else nothing shipped again.
+            if self.wake is not None:
+                self.wake()
             self.warn_once(
                 "held",
                 f"the journal at {journal.path} is full: {full_cause(journal.path)}; records "

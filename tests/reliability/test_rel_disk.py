@@ -10,6 +10,7 @@ read-only-at-init case is tested (``test_read_only_runs_dir_is_an_init_error``).
 
 from __future__ import annotations
 
+import itertools
 import os
 import shutil
 import subprocess
@@ -386,6 +387,37 @@ def test_a_finish_after_the_uplink_died_while_a_full_disk_held_records_ships_the
     stored = rh.platform_episode_ids(lp.data_dir, run.id)
     assert run.dropped_records == 0
     assert set(stored) == {e["id"] for e in episodes} and max(stored.values()) == 1
+
+
+def test_an_uplink_killed_while_a_full_disk_holds_records_is_started_again_by_the_log_calls(
+    small_disk: Path, make_local_platform: Any, tmp_path: Path
+) -> None:
+    """The uplink process killed while records wait in memory for a full
+    disk, the loop logging on with no flush(): the log calls' look at the
+    uplink starts it again, it frees room, and the held records ship. Before,
+    an append held for the disk did not look (only a journaled one woke the
+    supervisor), so nothing shipped or freed room for the rest of the run,
+    and every record logged since was held until the finish dropped it."""
+    lp: LocalPlatform = make_local_platform()
+    episodes = workloads.gsm8k(1200)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = rt.eval_run(lp.url, small_disk / "runs")
+        _held_as_the_uplink_dies(lp, run, episodes[:1000])
+        more = iter(episodes[1000:])
+        logged = {e["id"] for e in episodes[:1000]}
+
+        def shipped_while_logging() -> bool:
+            held = set(logged)
+            for episode in itertools.islice(more, 1):  # the loop goes on
+                run.log_episodes([episode])
+                logged.add(episode["id"])
+            return held <= set(rh.platform_episode_ids(lp.data_dir, run.id))
+
+        wait_for(shipped_while_logging, timeout=60, what="the held episodes to land")
+        run.finish(timeout=60)
+    stored = rh.platform_episode_ids(lp.data_dir, run.id)
+    assert run.dropped_records == 0
+    assert set(stored) == logged and max(stored.values()) == 1
 
 
 def _fill_disk(disk: Path, leave: int) -> None:
