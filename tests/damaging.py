@@ -17,3 +17,11 @@ def flip_stored(journal: Journal, seq: int, at: int = -1) -> None:
         value = bytearray(txn.get(key(seq), db=db))
         value[at] ^= 0xFF
         txn.put(key(seq), bytes(value), db=db)
+
+
+def put_stray(journal: Journal, raw_key: bytes, value: bytes) -> None:
+    """Put ``value`` under ``raw_key`` in LMDB's entries, a key no entry has
+    (a hand-made journal, a damaged tree)."""
+    tx = journal._tx
+    with tx.lock, tx.store.begin(write=True) as txn:
+        txn.put(raw_key, value, db=tx.dbs["entries"])

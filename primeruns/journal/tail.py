@@ -18,7 +18,7 @@ from typing import Any
 import lmdb
 
 from primeruns.exceptions import JournalCorruptError
-from primeruns.journal.layout import seq_of
+from primeruns.journal.layout import KEY, seq_of
 from primeruns.journal.spool import SpoolView
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import Damage
@@ -44,7 +44,14 @@ def stored_end(tx: Transactions, txn: lmdb.Transaction) -> int:
     entries follow it)."""
     last = 0
     cur = txn.cursor(db=tx.dbs["entries"])
-    if cur.last() and len(cur.key()) >= 8:
+    more = cur.last()
+    # A key shorter than an entry's is none of the log's (a hand-made
+    # journal, a damaged tree), and sorts after every entry's when its first
+    # byte is not 0: taken for the end, it said LMDB held nothing, and a read
+    # from the end (``newest``: the close-out's finish) found nothing.
+    while more and len(cur.key()) < KEY.size:
+        more = cur.prev()
+    if more:
         last = seq_of(cur.key())
     try:
         floor = as_floor(tx.meta_or(txn, K_FLOOR, 0))

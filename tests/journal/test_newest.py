@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from damaging import flip_stored
+from damaging import flip_stored, put_stray
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -132,6 +132,28 @@ def test_a_damaged_finish_leaves_a_crash_closed_out_with_the_last_summary(tmp_pa
     flip_stored(j, finish, -1)
     assert terminal_state(j) == ("crashed", CRASH_ERROR, {"step": 1})
     j.close()
+
+
+@pytest.mark.parametrize("stray", [b"\xff", b"\x01\x02\x03"])
+def test_a_key_shorter_than_an_entrys_after_the_log_leaves_its_end_found(
+    tmp_path: Path, stray: bytes
+) -> None:
+    """A key no entry has, shorter than a seq's (a hand-made journal, a
+    damaged tree), sorts after every entry when its first byte is not 0.
+    Taken for the log's end, it said LMDB held nothing: the last summary and
+    the finish that the forward pass finds were not found, and the close-out
+    of a completed run closed it as crashed, with no summary."""
+    j = Journal.create(tmp_path, local_id="run")
+    j.append(EntryKind.SUMMARY, [_summary(1)])
+    finish = j.append(EntryKind.FINISH, [b'{"status": "completed"}']).first_seq
+    assert finish is not None
+    j.close()
+    with Journal.open(j.path) as owner:  # (its close leaves every entry in LMDB, none spooled)
+        put_stray(owner, stray, b"not an entry")
+    with Journal.open(j.path, owner=False) as reader:
+        assert _seqs(reader, [EntryKind.SUMMARY, EntryKind.FINISH]) == [finish, finish - 1]
+        assert last_payload(reader, EntryKind.SUMMARY) == _summary(1)
+        assert terminal_state(reader)[0] == "completed"
 
 
 def test_a_journal_without_a_summary_has_none(tmp_path: Path) -> None:
