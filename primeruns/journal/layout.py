@@ -37,6 +37,9 @@ from primeruns.journal.frames import (
 from primeruns.journal.types import Damage, Entry
 
 KEY = struct.Struct(">Q")
+# The highest seq a journal holds: a read looks for the key one past it, and
+# scans keep seqs in signed 64-bit arrays.
+MAX_SEQ = (1 << 63) - 1
 CHUNK_KEY = struct.Struct(">QH")
 INPAGE_MAX = 1_300
 CHUNK = 1_000
@@ -75,6 +78,13 @@ def seq_of(raw_key: bytes | memoryview) -> int:
 
 def is_chunk_key(raw_key: bytes | memoryview) -> bool:
     return len(raw_key) == CHUNK_KEY.size
+
+
+def is_entry_key(raw_key: bytes | memoryview) -> bool:
+    """Whether ``raw_key`` is an entry's own key: not a chunk's, nor one no
+    entry has (a hand-made journal, a damaged tree: shorter, or past
+    ``MAX_SEQ``, whose seq a read's next key, a scan's array, cannot hold)."""
+    return len(raw_key) == KEY.size and raw_key[0] < 0x80
 
 
 def put_entry(txn: lmdb.Transaction, seq: int, frame: bytes | memoryview, db: Any) -> None:

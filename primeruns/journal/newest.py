@@ -28,7 +28,7 @@ import lmdb
 from primeruns.exceptions import JournalCorruptError
 from primeruns.journal import txn as txn_module
 from primeruns.journal.frames import HEADER_SIZE, EntryKind, FrameError, peek_header
-from primeruns.journal.layout import KEY, key
+from primeruns.journal.layout import KEY, is_entry_key, key
 from primeruns.journal.spool import SpoolView
 from primeruns.journal.tail import stored_end
 from primeruns.journal.txn import Transactions
@@ -122,7 +122,7 @@ def _walk_down(
             examined = 0
             while more:
                 raw_key, value = cur.item()
-                if len(raw_key) == KEY.size:  # an entry's first value (not a chunk's)
+                if is_entry_key(raw_key):  # an entry's first value (not a chunk's)
                     seq = KEY.unpack(raw_key)[0]
                     if seq <= after:
                         break

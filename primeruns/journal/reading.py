@@ -24,6 +24,7 @@ from primeruns.journal.layout import (
     decode_entry,
     gather,
     is_chunk_key,
+    is_entry_key,
     key,
     missing,
     seq_of,
@@ -184,7 +185,7 @@ class Reader:
                     if is_chunk_key(raw_key) and seq_of(raw_key) < expected:
                         more = cur.next()  # a chunk of an entry passed over
                         continue
-                    if len(raw_key) != KEY.size:
+                    if not is_entry_key(raw_key):
                         damaged.append(Damage(None, f"malformed entry key {bytes(raw_key).hex()}"))
                         more = cur.next()
                         continue

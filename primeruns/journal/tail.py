@@ -18,23 +18,20 @@ from typing import Any
 import lmdb
 
 from primeruns.exceptions import JournalCorruptError
-from primeruns.journal.layout import KEY, seq_of
+from primeruns.journal.layout import KEY, MAX_SEQ, seq_of
 from primeruns.journal.spool import SpoolView
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import Damage
 from primeruns.threads import bounded
 
 K_FLOOR = "journal.compacted_upto"
-# The highest seq a journal holds: its LMDB key is a u64, and a read looks
-# for the key one past it.
-_MAX_SEQ = (1 << 63) - 1
 
 
 def as_floor(value: Any) -> int:
     """A compaction floor (or any seq: a cursor's) as read back (0 for a
     value that is no seq): a journal is untrusted input, and a negative or float floor had every
     read's key fail to pack (``show`` and ``export`` ended in a traceback)."""
-    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_SEQ:
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SEQ:
         return value
     return 0
 
@@ -48,8 +45,9 @@ def stored_end(tx: Transactions, txn: lmdb.Transaction) -> int:
     # A key shorter than an entry's is none of the log's (a hand-made
     # journal, a damaged tree), and sorts after every entry's when its first
     # byte is not 0: taken for the end, it said LMDB held nothing, and a read
-    # from the end (``newest``: the close-out's finish) found nothing.
-    while more and len(cur.key()) < KEY.size:
+    # from the end (``newest``: the close-out's finish) found nothing. One
+    # past ``MAX_SEQ`` is none either: an end there had every read fail.
+    while more and (len(cur.key()) < KEY.size or seq_of(cur.key()) > MAX_SEQ):
         more = cur.prev()
     if more:
         last = seq_of(cur.key())

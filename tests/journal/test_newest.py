@@ -134,15 +134,19 @@ def test_a_damaged_finish_leaves_a_crash_closed_out_with_the_last_summary(tmp_pa
     j.close()
 
 
-@pytest.mark.parametrize("stray", [b"\xff", b"\x01\x02\x03"])
-def test_a_key_shorter_than_an_entrys_after_the_log_leaves_its_end_found(
+@pytest.mark.parametrize(
+    "stray", [b"\xff", b"\x01\x02\x03", b"\xff" * 8, (1 << 63).to_bytes(8, "big")]
+)
+def test_a_key_no_entry_has_after_the_log_leaves_its_end_found(
     tmp_path: Path, stray: bytes
 ) -> None:
-    """A key no entry has, shorter than a seq's (a hand-made journal, a
-    damaged tree), sorts after every entry when its first byte is not 0.
-    Taken for the log's end, it said LMDB held nothing: the last summary and
-    the finish that the forward pass finds were not found, and the close-out
-    of a completed run closed it as crashed, with no summary."""
+    """A key no entry has (a hand-made journal, a damaged tree) sorting after
+    every entry's: one shorter than a seq's whose first byte is not 0, or one
+    past the highest seq a journal holds. Taken for the log's end, the first
+    said LMDB held nothing: the last summary and the finish that the forward
+    pass finds were not found, and the close-out of a completed run closed it
+    as crashed, with no summary. The second had the forward pass itself fail
+    on the key past it (``show`` and ``export`` ended in a traceback)."""
     j = Journal.create(tmp_path, local_id="run")
     j.append(EntryKind.SUMMARY, [_summary(1)])
     finish = j.append(EntryKind.FINISH, [b'{"status": "completed"}']).first_seq
@@ -151,9 +155,11 @@ def test_a_key_shorter_than_an_entrys_after_the_log_leaves_its_end_found(
     with Journal.open(j.path) as owner:  # (its close leaves every entry in LMDB, none spooled)
         put_stray(owner, stray, b"not an entry")
     with Journal.open(j.path, owner=False) as reader:
-        assert _seqs(reader, [EntryKind.SUMMARY, EntryKind.FINISH]) == [finish, finish - 1]
+        kinds = [EntryKind.SUMMARY, EntryKind.FINISH]
+        assert _seqs(reader, kinds) == _forward(reader, kinds, 0) == [finish, finish - 1]
         assert last_payload(reader, EntryKind.SUMMARY) == _summary(1)
         assert terminal_state(reader)[0] == "completed"
+        assert reader.read(0, max_entries=10).damaged  # (named as the damage it is)
 
 
 def test_a_journal_without_a_summary_has_none(tmp_path: Path) -> None:
