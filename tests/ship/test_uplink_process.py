@@ -229,7 +229,7 @@ def test_an_uplink_killed_again_and_again_is_started_again_unless_it_dies_in_a_b
     episodes = workloads.gsm8k(50)
     for kill in range(4):
         run.log_episodes(episodes[kill * 10 : (kill + 1) * 10])
-        _kill_the_uplink(run)
+        kill_the_uplink(run)
         run._supervisor._up_since -= lived_s  # how long it had lived before this kill
         run._supervisor.replace_if_dead(restart=True)
     shipped_by = run._supervisor.uplink
