@@ -362,7 +362,7 @@ async def get_metrics(request: Request) -> JSONResponse:
 def _rft_routes(prefix: str, *, public: bool) -> list[Route]:
     routes = [
         Route(f"{prefix}/finalize", finalize, methods=["POST"]),
-        Route(f"{prefix}/metrics", metrics, methods=["POST"]),
+        *([] if public else [Route(f"{prefix}/metrics", metrics, methods=["POST"])]),
         Route(f"{prefix}/samples/presign", presign, methods=["POST"]),
         Route(f"{prefix}/samples/confirm", confirm, methods=["POST"]),
     ]
@@ -378,3 +378,6 @@ def _rft_routes(prefix: str, *, public: bool) -> list[Route]:
 
 
 routes = _rft_routes("/api/v1/rft", public=True) + _rft_routes("/api/internal/rft", public=False)
+#: The public root's metrics route, tried before any other (``app.build_app``):
+#: a sync is one request a row, and each route tried before its own is a regex.
+metrics_routes = [Route("/api/v1/rft/metrics", metrics, methods=["POST"])]
