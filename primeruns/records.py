@@ -414,7 +414,23 @@ def json_native(value: Any, *, what: str, depth: int = 0) -> Any:
 _PLAIN_SCALARS = (str, int, bool, type(None))
 
 
-def _plain_and_finite(value: Any, path: str, depth: int = 0) -> bool:
+#: Where a value sits, for the message naming it: the top's name, or (where
+#: its container sits, its key or index). Built as the walk goes (a tuple a
+#: level), rendered only for a message (``_named``): a field name formatted
+#: for every key was most of a metrics row's encoding.
+_Where = str | tuple[Any, str | int]
+
+
+def _named(where: _Where) -> str:
+    """``where`` as a field name in messages (``body.metrics["a b"][2]``)."""
+    if isinstance(where, str):
+        return where
+    parent, key = where
+    base = _named(parent)
+    return field_path(base, key) if isinstance(key, str) else f"{base}[{key}]"
+
+
+def _plain_and_finite(value: Any, where: _Where, depth: int = 0) -> bool:
     """Whether ``value`` is made of builtin JSON types only (dict with str
     keys, list, str, int, float, bool, None), which orjson encodes exactly.
 
@@ -425,7 +441,7 @@ def _plain_and_finite(value: Any, path: str, depth: int = 0) -> bool:
     kind = type(value)
     if kind is float:
         if not math.isfinite(value):
-            raise ValueError(f"{path} is {value!r}: NaN and infinity are not valid JSON")
+            raise ValueError(f"{_named(where)} is {value!r}: NaN and infinity are not valid JSON")
         return True
     if kind in _PLAIN_SCALARS:
         return True
@@ -435,12 +451,12 @@ def _plain_and_finite(value: Any, path: str, depth: int = 0) -> bool:
         for key, item in value.items():
             if type(key) is not str:
                 return False
-            if not _plain_and_finite(item, field_path(path, key), depth + 1):
+            if not _plain_and_finite(item, (where, key), depth + 1):
                 return False
         return True
     if kind is list:
         for index, item in enumerate(value):
-            if not _plain_and_finite(item, f"{path}[{index}]", depth + 1):
+            if not _plain_and_finite(item, (where, index), depth + 1):
                 return False
         return True
     return False

@@ -76,6 +76,7 @@ from typing import Any, TypeVar
 from ..exceptions import JournalError
 from ..journal.lock import plain_files, remove_unheld
 from ..journal.trust import check_dir, make_private_dirs
+from ..records import encode_json
 
 __all__ = [
     "Landed",
@@ -527,7 +528,12 @@ def _put(
     conn: sqlite3.Connection, step: int, parts: Mapping[str, Any], version: int
 ) -> tuple[str, int]:
     """Store a step's parts and version; what a read of the step now gives."""
-    text = _COMPACT.encode(parts)
+    try:
+        # orjson where it writes what reads back the same (a fifth of
+        # ``json``'s CPU, once for every row a sync ships)
+        text = encode_json(parts).decode()
+    except ValueError:  # NaN or an infinity (a landed row's): written as json writes it
+        text = _COMPACT.encode(parts)
     conn.execute(
         "INSERT INTO steps (step, parts, version) VALUES (?, ?, ?)"
         " ON CONFLICT (step) DO UPDATE SET parts = excluded.parts,"
