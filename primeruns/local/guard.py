@@ -157,7 +157,8 @@ class Guard:
                 message = {**message, "headers": [*message.get("headers", []), *_SECURITY_HEADERS]}
             await send(message)
 
-        query = parse_qsl(scope.get("query_string", b"").decode("latin-1"))
+        raw_query: bytes = scope.get("query_string", b"")
+        query = parse_qsl(raw_query.decode("latin-1")) if raw_query else []
         token = dict(query).get("token")
         key = self.settings.api_key
         if key is not None and token is not None and method == "GET" and _is_page(path):

@@ -14,7 +14,10 @@ when the answer is complete, or when the connection is closed, or at the
 event loop's next turn, whichever comes first. The last one keeps an answer
 sent in parts over time (a slow-loris fault's trickle, a streamed page) going
 out as it is sent, one turn later; an answer whose head alone is sent (a
-fault's dropped connection) still gets its head out before the close.
+fault's dropped connection) still gets its head out before the close. What
+is held never passes :data:`HELD_BYTES`: past it, it goes out at once, so a
+large answer meets the transport's flow control (uvicorn pauses an app whose
+writes the socket does not take) as it did.
 """
 
 from __future__ import annotations
@@ -24,7 +27,11 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-__all__ = ["HeldWrites", "OneWriteH11Protocol"]
+__all__ = ["HELD_BYTES", "HeldWrites", "OneWriteH11Protocol"]
+
+#: Bytes held at most before they go out (an API answer's head and body are
+#: well under it; a page or a file's chunks go out as they come past it).
+HELD_BYTES = 64 * 1024
 
 
 class HeldWrites:
@@ -36,13 +43,17 @@ class HeldWrites:
         self._transport = transport
         self._loop = loop
         self._held: list[bytes] = []
+        self._size = 0
         self._turn: asyncio.Handle | None = None
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return  # (h11's end of a body with a length is b"": nothing to hold)
         self._held.append(bytes(data))
-        if self._turn is None:
+        self._size += len(data)
+        if self._size >= HELD_BYTES:
+            self.flush()
+        elif self._turn is None:
             self._turn = self._loop.call_soon(self.flush)
 
     def flush(self) -> None:
@@ -53,6 +64,7 @@ class HeldWrites:
         if self._held:
             data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
             self._held.clear()
+            self._size = 0
             self._transport.write(data)
 
     def close(self) -> None:
@@ -61,6 +73,7 @@ class HeldWrites:
 
     def abort(self) -> None:
         self._held.clear()
+        self._size = 0
         self._transport.abort()
 
     def __getattr__(self, name: str) -> Any:

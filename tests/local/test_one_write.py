@@ -14,7 +14,7 @@ import uvicorn
 from starlette.types import Receive, Scope, Send
 from uvicorn.server import ServerState
 
-from primeruns.local.one_write import OneWriteH11Protocol
+from primeruns.local.one_write import HELD_BYTES, OneWriteH11Protocol
 
 REQUEST = b"POST /api/v1/rft/metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{}"
 HEAD = {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
@@ -111,3 +111,21 @@ def test_a_head_whose_body_never_comes_goes_out_before_the_close() -> None:
     sock = asyncio.run(_serve_one(app))
     assert sock.closed
     assert len(sock.writes) == 1 and sock.writes[0].startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_large_answer_goes_out_as_it_is_sent() -> None:
+    """Past ``HELD_BYTES`` nothing waits: the transport's flow control sees
+    a large answer's chunks as uvicorn's own protocol gave them."""
+    chunk = b"x" * HELD_BYTES
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        length = str(3 * len(chunk)).encode()
+        await send({**HEAD, "headers": [(b"content-length", length)]})
+        for _ in range(3):
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    sock = asyncio.run(_serve_one(app))
+    assert [len(w) for w in sock.writes[1:]] == [len(chunk)] * 2
+    assert sock.writes[0].startswith(b"HTTP/1.1 200 ") and sock.writes[0].endswith(chunk)
