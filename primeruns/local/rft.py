@@ -219,18 +219,22 @@ async def metrics(request: Request) -> JSONResponse:
     # Written back as parsed (orjson's, when it parsed it): a fifth of json.dumps's CPU.
     text = jsonlimits.compact(values, by_orjson=by_orjson).decode()
 
-    def upsert(conn: sqlite3.Connection) -> None:
-        _known(conn, str(run_id))
-        # One row per (run, step): a replayed or repeated step replaces the row.
-        conn.execute(
-            "INSERT INTO train_metrics (run_id, step, body, received_at) VALUES (?, ?, ?, ?)"
-            " ON CONFLICT (run_id, step) DO UPDATE SET body = excluded.body,"
-            " received_at = excluded.received_at",
-            (run_id, step, text, now()),
-        )
-
-    await context_of(request).db.write_small(upsert)
+    stored = await context_of(request).db.write_statement(
+        _UPSERT_OF_A_KNOWN_RUN, (run_id, step, text, now(), run_id)
+    )
+    if not stored:  # no such run: nothing was written
+        raise PlatformError(404, f"Run {run_id} not found")
     return JSONAnswer({"run_id": run_id, "step": step, "status": "ok"})
+
+
+#: A metrics row stored if its run exists, in one statement (``metrics``):
+#: one row per (run, step), a replayed or repeated step replacing the row.
+_UPSERT_OF_A_KNOWN_RUN = (
+    "INSERT INTO train_metrics (run_id, step, body, received_at)"
+    " SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM train_runs WHERE id = ?)"
+    " ON CONFLICT (run_id, step) DO UPDATE SET body = excluded.body,"
+    " received_at = excluded.received_at"
+)
 
 
 async def presign(request: Request) -> JSONResponse:
