@@ -420,6 +420,18 @@ class Recorder:
         if self.wake is not None:
             self.wake()
 
+    def wait_held(self, within: float) -> bool:
+        """Wait up to ``within`` for what is held for a full disk to be
+        journaled (``flush()``: its targets name them once they are); whether
+        nothing is held now. Never lets any go."""
+        journal = self.journal
+        if journal is None:
+            return True
+        try:
+            return journal.wait_held(within)
+        except JournalError:
+            return False
+
     def settle_held(self, within: float) -> None:
         """At the finish: wait up to ``within`` for what is held for a full
         disk to be journaled; what is not is dropped, counted, and said."""

@@ -202,7 +202,9 @@ class Run:
 
     # -- waiting and closing -----------------------------------------------------------
     def flush(self, timeout: float | None = 30.0) -> bool:
-        """Wait until every live sink shipped what was journaled before this call.
+        """Wait until every live sink shipped what was logged before this call
+        (records a full disk holds in memory included: they are journaled
+        first, as the shipping frees room).
 
         Returns False if the timeout passed first, or once a sink is retired
         or paused. Under ``on_error="raise"`` the first failure recorded so
@@ -213,7 +215,17 @@ class Run:
         if child is not None:  # in a forked child: its own journal's records
             done = child.flush(timeout)
         elif self._supervisor is not None and self._recorder.owner_process():
+            deadline = None if timeout is None else time.monotonic() + timeout
             done = self._supervisor.drain(self._recorder.targets(), timeout)
+            # Records a full disk refused wait in memory for room the shipping
+            # frees; they were logged before this call too. Once journaled they
+            # are in the targets; True before that said they were shipped.
+            if done and not self._recorder.wait_held(0.0):
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                done = self._recorder.wait_held(1e9 if left is None else left)
+                if done:
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    done = self._supervisor.drain(self._recorder.targets(), left)
         self._recorder.raise_deferred()
         return done
 

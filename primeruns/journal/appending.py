@@ -303,6 +303,14 @@ class Appender:
                     tx.pending_drops += count  # folded by the next write, without its reason
         return count
 
+    def wait_held(self, within: float) -> bool:
+        """Wait up to ``within`` for the held appends to be stored (and told:
+        ``on_stored``), letting none go; whether none is held."""
+        overflow = self._overflow
+        if overflow is None or not self._holding:
+            return True
+        return overflow.wait_empty(within)
+
     def settle_held(self, within: float) -> int:
         """Wait up to ``within`` for the held appends to be stored, then let
         the rest go (counted lost); how many records were let go."""

@@ -646,6 +646,14 @@ class Journal:
         if self._appender is not None:
             self._appender.on_stored = tell
 
+    def wait_held(self, within: float) -> bool:
+        """Wait up to ``within`` seconds for what is held for a full disk to
+        be stored, letting none go (``flush()``); whether nothing is held."""
+        self._check()
+        if self._appender is None:
+            return True
+        return self._appender.wait_held(within)
+
     def settle_held(self, within: float) -> int:
         """Wait up to ``within`` seconds for what is held for a full disk to
         be stored, then let the rest go, counted lost (``"disk full"``); how

@@ -170,6 +170,10 @@ class MemoryJournal:
             self._cond.notify_all()
         return AppendResult(first, len(payloads), 0)
 
+    def wait_held(self, within: float) -> bool:
+        """Nothing is held for a full disk here (``Journal.wait_held``): True."""
+        return True
+
     def settle_held(self, within: float) -> int:
         """Nothing is held for a full disk here (``Journal.settle_held``): 0."""
         return 0

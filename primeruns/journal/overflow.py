@@ -76,6 +76,9 @@ class Overflow:
         self._name = name
         # Notified (under ``lock``) whenever the held appends went or were let go.
         self.changed = threading.Condition(lock)
+        # Stored appends whose ``after`` has not returned yet: until it has,
+        # the run's flush targets do not name them (``wait_empty``).
+        self._telling = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
 
@@ -103,14 +106,18 @@ class Overflow:
         return count
 
     def wait_empty(self, timeout: float) -> bool:
-        """Wait (up to ``timeout``) until nothing is held; whether so. Not under the lock."""
+        """Wait (up to ``timeout``) until nothing is held and every append
+        stored was told (``after``); whether so. Not under the lock."""
         with self.changed:
-            return self.changed.wait_for(lambda: not self.items, max(0.0, timeout))
+            return self.changed.wait_for(
+                lambda: not self.items and not self._telling, max(0.0, timeout)
+            )
 
     def _loop(self) -> None:
         while not self._stop.wait(RETRY_S):
             with self._lock:
                 stored = self._store() if self.items else []
+                self._telling += bool(stored)
                 self.changed.notify_all()
                 done = not self.items
                 if done:
@@ -118,7 +125,12 @@ class Overflow:
                     # starts a thread of its own.
                     self._thread = None
             if stored:
-                self._after(stored)
+                try:
+                    self._after(stored)
+                finally:
+                    with self._lock:
+                        self._telling -= 1
+                        self.changed.notify_all()
             if done:
                 return
 

@@ -354,6 +354,30 @@ def test_a_disk_full_mid_run_keeps_what_the_vendor_keeps(
     assert set(stored) == {e["id"] for e in episodes}
 
 
+def test_a_flush_while_a_full_disk_holds_records_returns_once_they_landed(
+    small_disk: Path, make_local_platform: Any, tmp_path: Path
+) -> None:
+    """flush() on a full disk, records held in memory: it returns True once
+    they too are on the platform (the user reads True as "shipped"). Before,
+    its targets named only what was journaled, and it said True with
+    hundreds of the episodes logged before it still held."""
+    lp: LocalPlatform = make_local_platform()
+    episodes = workloads.gsm8k(1000)
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = rt.eval_run(lp.url, small_disk / "runs")
+        assert run._supervisor is not None
+        uplink = run._supervisor.uplink
+        wait_for(uplink.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
+        lp.stop()  # nothing acknowledged, nothing compacted: the disk fills and holds
+        _fill(run, episodes)
+        lp.start()
+        assert run.flush(timeout=120)
+        stored = rh.platform_episode_ids(lp.data_dir, run.id)
+        assert set(stored) == {e["id"] for e in episodes}
+        run.finish(timeout=60)
+    assert run.dropped_records == 0
+
+
 def _held_as_the_uplink_dies(
     lp: LocalPlatform, run: pr.Run, episodes: list[dict[str, Any]]
 ) -> None:
