@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,15 +43,68 @@ def _trims(libc: FakeLibc) -> int:
     return sum(1 for call in libc.calls if call[0] == "trim")
 
 
-def test_a_sink_that_runs_out_of_work_gives_back_what_its_batches_left(libc: FakeLibc) -> None:
+class Clock:
+    """``resident``'s clock and its timer, moved by hand."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.now = 1000.0
+        self.due: list[tuple[float, Callable[[], None]]] = []
+        monkeypatch.setattr(resident, "_clock", lambda: self.now, raising=False)
+        monkeypatch.setattr(resident, "_start_timer", self._start, raising=False)
+        monkeypatch.setattr(resident, "_pending", False, raising=False)
+
+    def _start(self, delay: float, then: Callable[[], None]) -> None:
+        self.due.append((self.now + delay, then))
+
+    def advance(self, seconds: float) -> None:
+        self.now = round(self.now + seconds, 6)
+        for at, then in [d for d in self.due if d[0] <= self.now]:
+            self.due.remove((at, then))
+            then()
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    return Clock(monkeypatch)
+
+
+def test_a_sink_that_runs_out_of_work_gives_back_what_its_batches_left(
+    libc: FakeLibc, clock: Clock
+) -> None:
     resident.idle()
     assert _trims(libc) == 0  # nothing freed since: nothing to ask
     resident.after_batch()  # the first batch in a while: given back at once
     resident.after_batch()  # within the second: left for later
     assert _trims(libc) == 1
-    resident.idle()  # caught up: the second batch's memory goes back too
+    resident.idle()  # caught up: the second batch's memory goes back once the second is over
     resident.idle()
+    clock.advance(1.0)
     assert _trims(libc) == 2
+    clock.advance(5.0)
+    resident.idle()  # nothing freed since
+    assert _trims(libc) == 2
+    resident.after_batch()
+    resident.idle()  # a second after the last release: at once
+    assert _trims(libc) == 3
+
+
+def test_sinks_catching_up_after_every_batch_give_back_once_a_second(
+    libc: FakeLibc, clock: Clock
+) -> None:
+    # A live training loop: each sink sends a small batch and catches up,
+    # several times a second. Each release made the next batch fault its heap
+    # and the journal's pages in again, so they come once a second, and what
+    # the last batch left still goes back when its second is over.
+    for _ in range(30):  # three seconds of it
+        for _sink in range(3):
+            resident.after_batch()
+            resident.idle()
+        clock.advance(0.1)
+    # At 0 s, by the first batch; at 1 s and 2 s, each by the timer the
+    # first catch-up after a release set; at 3 s, the last batches' by the
+    # timer, with the loop over.
+    assert _trims(libc) == 4
+    assert clock.due == []
 
 
 def test_a_process_that_did_not_enable_it_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
