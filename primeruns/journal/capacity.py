@@ -49,6 +49,10 @@ class Capacity:
         self._headroom = 0  # bytes known to fit without counting again (room_for)
         self.inflight_peak = 0  # largest in-flight body recorded (room_for's reserve)
         self.sinks: frozenset[str] = frozenset()  # whose acks compaction needs
+        # Whether the last exact count left half the budget or more: the
+        # mover holds a producer's nudges only then (``mover``), since what
+        # it leaves spooled meanwhile counts against the producer's room.
+        self.ample = False
         # Every entry up to it was compacted away but the lifecycle's (a
         # compaction's next pass starts past it).
         self._swept = 0
@@ -106,6 +110,7 @@ class Capacity:
                     pages += int(st["branch_pages"] + st["leaf_pages"] + st["overflow_pages"])
             used = pages * self._psize + spooled
         room = budget - reserve - used
+        self.ample = room >= budget // 2
         if room < budget // 4:
             self._tx.tight = True  # compact at the next acknowledgement, before drops begin
         if need > room:

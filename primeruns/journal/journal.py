@@ -178,6 +178,8 @@ class Journal:
         # be compacted then (compaction stops at LMDB's end); once moved they
         # are, here, not at the next acknowledgement: at the budget none may
         # come (every append refused), and the run would drop for good.
+        # Nudges wait only while the room is ample (``Capacity.ample``).
+        self._mover.holds_nudges = lambda: self._capacity.ample
         self._mover.after_moving = lambda: self._capacity.acknowledged(
             self._cursors.offsets, self._tail.last
         )
@@ -726,11 +728,19 @@ class Journal:
         if self._mover.here and not self._moving_deferred:
             self._mover.wake()
 
-    def wake_all(self) -> None:
-        """Wake every thread in wait_for_append (they return False unless data arrived)."""
+    def wake_all(self, *, hurry: bool = False) -> None:
+        """Wake every thread in wait_for_append (they return False unless
+        data arrived), and nudge the mover, or wake it at once for a
+        ``hurry`` (a flush or finish waits: what it ships is compacted
+        away only once LMDB holds it, and under a small budget the
+        producer counts what stays spooled)."""
         self._tail.wake_all()
         if self._mover.here and not self._moving_deferred:
-            self._mover.wake()  # the producer appended: there may be spooled entries
+            # The producer appended: there may be spooled entries.
+            if hurry:
+                self._mover.wake()
+            else:
+                self._mover.nudge()
 
     # -- reading ----------------------------------------------------------------------------
 

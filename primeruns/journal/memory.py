@@ -205,7 +205,7 @@ class MemoryJournal:
             )
             return self._last > after_seq
 
-    def wake_all(self) -> None:
+    def wake_all(self, *, hurry: bool = False) -> None:
         with self._cond:
             self._woken += 1
             self._cond.notify_all()

@@ -10,6 +10,22 @@ One process moves them: the appender, until it hands that to its uplink
 (``Journal.hand_over_moving``), so that the producer spends none of its time on them.
 Absorbing is idempotent (a transaction writes only past LMDB's end as it
 finds it), so two movers for a moment (a hand-over) cost nothing.
+
+In the uplink a producer's wake-ups only *nudge* it: a move starts at most
+once every ``NUDGE_EVERY_S``, taking every nudge of that second at once.
+Shipping does not wait for it (readers see the spool and LMDB as one log),
+and each move has a cost of its own whatever it moves (the spool listed and
+read, a write transaction, LMDB synced before a segment goes, the room
+counted again): nudged at each wake-up of a training loop (ten a second),
+the mover was a sixth of its uplink's CPU. What must not wait still wakes
+it at once (``wake``): the background sync's tick, the room count near the
+byte budget, the first look at a spool an earlier process left, and a
+producer's flush or finish (``Journal.wake_all(hurry=True)``). Nor are
+nudges held unless the journal's last room count left half its budget
+(``Capacity.ample``): the entries the mover leaves spooled count against
+the producer's room, and only entries LMDB holds are compacted away, so a
+run under a small budget paced by flushes dropped records while its
+shipped entries waited in the spool.
 """
 
 from __future__ import annotations
@@ -47,6 +63,8 @@ _ABSORB_BYTES = 8 << 20
 # A full journal is tried again after this: room comes back through
 # compaction or a disk the user cleared, and nothing announces the latter.
 _FULL_RETRY_S = 1.0
+#: A move starts at most this often when only nudged (see the module doc).
+NUDGE_EVERY_S = 1.0
 
 
 class Mover:
@@ -67,6 +85,13 @@ class Mover:
         self.after_moving: Callable[[], None] = lambda: None
         self._closed = False
         self._wake = threading.Event()
+        # Whether the last wake-up was a ``wake`` (else nudges only), and
+        # when the last move began (``_hold_nudges``).
+        self._urgent = False
+        self._moved_at = float("-inf")
+        self._clock = time.monotonic
+        # Whether nudges may wait now (the journal's: while its room is ample).
+        self.holds_nudges: Callable[[], bool] = lambda: True
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -95,7 +120,26 @@ class Mover:
             thread.join()
 
     def wake(self) -> None:
+        """Move now."""
+        self._urgent = True
         self._wake.set()
+
+    def nudge(self) -> None:
+        """Entries may have been spooled: move them, now if the last move
+        began ``NUDGE_EVERY_S`` ago, else once it has (module doc)."""
+        self._wake.set()
+
+    def _hold_nudges(self) -> None:
+        """Woken by nudges alone: wait until the last move is
+        ``NUDGE_EVERY_S`` old, unless a ``wake`` or the stop comes first."""
+        while True:
+            self._wake.clear()  # before the look: a wake from now on ends the wait
+            if self._urgent or self._stop.is_set() or not self.holds_nudges():
+                return
+            left = self._moved_at + NUDGE_EVERY_S - self._clock()
+            if left <= 0:
+                return
+            self._wake.wait(left)
 
     def drain(self, within: float, *, retire: bool) -> None:
         """Move what is left (at close: a journal at rest has nothing
@@ -127,13 +171,16 @@ class Mover:
         # background sync's tick, a second after writes, while they come
         # (never by an append's own call: see ``maintenance``); near the byte
         # budget by the room count (``capacity``), so a burst is not refused
-        # for its raw size; by the producer's wake-ups in its uplink; and by
-        # stop. Cleared before it looks, so a wake-up during a batch is not
-        # lost.
+        # for its raw size; nudged by the producer's wake-ups in its uplink
+        # (at most one move a ``NUDGE_EVERY_S``); and by stop. Cleared
+        # before it looks, so a wake-up during a batch is not lost.
         retry: float | None = None
         while not self._stop.is_set():
             self._wake.wait(retry)
+            self._hold_nudges()
+            self._urgent = False
             self._wake.clear()
+            self._moved_at = self._clock()
             retry = None
             moved = False
             try:

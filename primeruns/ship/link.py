@@ -767,7 +767,7 @@ class PipeProducerLink:
                 self._woken_at = time.monotonic()
                 self._event.set()
                 with contextlib.suppress(Exception):
-                    self._journal.wake_all()
+                    self._journal.wake_all(hurry=HURRY in data)
             if tick is not None and os.getppid() != self._producer:
                 self._mark_gone()
                 return

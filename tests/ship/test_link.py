@@ -164,11 +164,11 @@ class _CountedWakes(Journal):
     woken = 0
     changed = threading.Condition()
 
-    def wake_all(self) -> None:
+    def wake_all(self, *, hurry: bool = False) -> None:
         with self.changed:
             self.woken += 1
             self.changed.notify_all()
-        super().wake_all()
+        super().wake_all(hurry=hurry)
 
     def until_woken(self, times: int) -> None:
         with self.changed:
