@@ -7,7 +7,9 @@ alone), ``before`` (this SDK online, imported from BEFORE_CHECKOUT, e.g. a
 ``git worktree add ../before <commit>``) and ``after`` (the installed
 ``primeruns``: an editable install of this checkout), in rotating order,
 and prints the medians over the rounds: loop slowdown vs ``none``,
-per-step log p50 and p99, init→finish, and the uplink's CPU.
+per-step log p50 and p99, init→finish, the uplink's CPU and the local
+platform's CPU over the worker's run (Linux: ``/proc``; both CPU figures
+hold on a loaded host, where the wall-clock ones are noise).
 
 Every worker runs with the repository's parent as its working directory, so
 neither checkout's uplink can import the other's package from it.
@@ -26,6 +28,17 @@ from uplink_loop import check_landed, run_worker
 
 HERE = Path(__file__).resolve().parent
 STEPS = 250
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) process ``pid`` has used; NaN where
+    ``/proc`` cannot tell."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return float("nan")
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -55,7 +68,9 @@ def main(argv: list[str] | None = None) -> None:
                     if config == "before":
                         env["PYTHONPATH"] = str(before)
                     runs = scratch / f"{config}-{round_}"
+                    served = cpu_s(server.pid)
                     out = run_worker(sdk, episodes, server.url, runs, STEPS, env)
+                    out["server_cpu_s"] = cpu_s(server.pid) - served
                     check_landed(server, sdk, out, STEPS)
                     outs[config] = out
                 for config, out in outs.items():
@@ -67,16 +82,20 @@ def main(argv: list[str] | None = None) -> None:
                             "p99": p99 * 1000,
                             "finish": out["init_to_finish_s"],
                             "uplink": out["child_cpu_s"],
+                            "server": out["server_cpu_s"],
                         }
                     )
     print(f"machine: {benchlib.machine()}; medians of {args.rounds} rounds")
-    print("config  slowdown  log p50 ms  log p99 ms  init→finish s  uplink CPU s  p99 per round")
+    print(
+        "config  slowdown  log p50 ms  log p99 ms  init→finish s  uplink CPU s  server CPU s"
+        "  p99 per round"
+    )
     for config in configs:
         med = {k: statistics.median(r[k] for r in rows[config]) for k in rows[config][0]}
         p99s = ", ".join(f"{r['p99']:.2f}" for r in rows[config])
         print(
             f"{config:7s} {med['slowdown'] * 100:+7.0f}%  {med['p50']:10.2f}  {med['p99']:10.2f}"
-            f"  {med['finish']:13.2f}  {med['uplink']:12.2f}  {p99s}"
+            f"  {med['finish']:13.2f}  {med['uplink']:12.2f}  {med['server']:12.2f}  {p99s}"
         )
 
 
