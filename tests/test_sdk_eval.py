@@ -405,3 +405,26 @@ def test_records_logged_after_the_open_spool_segment_was_truncated_all_land(
     assert set(stored) == {e["id"] for e in episodes}, run.failed_records
     assert max(stored.values()) == 1
     assert lp.run(run.id)["status"] == "COMPLETED"
+
+
+def test_an_evaluation_whose_first_row_is_over_an_answers_bound_lands_every_row(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An episode whose sample row is ~19 MB (within a push's 25 MiB, over the
+    client's 16 MiB bound for an answer) is the table's first row: the length
+    read before each later batch (a page of that row) was cut off at the
+    bound, and no later row ever landed."""
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    episodes = workloads.gsm8k(21)
+    node = episodes[0]["traces"][0]["nodes"][2]["message"]
+    node["reasoning_content"] = "r" * (9 << 20)  # projected twice into its row
+    run = pr.init(
+        environments=["gsm8k"], api_key=API_KEY, base_url=local_platform.url, runs_dir=runs
+    )
+    run.log_episodes(episodes[:1])
+    assert run.flush(timeout=120)
+    run.log_episodes(episodes[1:])
+    run.finish(timeout=120)
+    stored = local_platform.run(run.id)
+    assert run.errors == [] and run.failed_records == {}
+    _assert_landed_once(stored, 21)

@@ -29,6 +29,7 @@ is the same seam for the clients a run builds itself (set by
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -207,19 +208,21 @@ def _decoded_pieces(response: httpx.Response) -> Iterator[bytes]:
 
 
 def _read_within(
-    response: httpx.Response, deadline: float | None = None, budget: float = 0.0
+    response: httpx.Response,
+    deadline: float | None = None,
+    budget: float = 0.0,
+    limit: int = plain_module.MAX_ANSWER_BYTES,
 ) -> httpx.Response:
-    """``response`` (streamed) read out, its body decoded, within
-    ``plain.MAX_ANSWER_BYTES`` (raw bytes count, and decoded ones: a small
-    compressed body can decode to gigabytes) and by ``deadline`` (a
-    ``time.monotonic()``, ``budget`` seconds after the request went; None:
-    none). Rebuilt without its Content-Encoding, so that the body is not
+    """``response`` (streamed) read out, its body decoded, within ``limit``
+    bytes (``plain.MAX_ANSWER_BYTES`` unless the call says; raw bytes count,
+    and decoded ones: a small compressed body can decode to gigabytes) and
+    by ``deadline`` (a ``time.monotonic()``, ``budget`` seconds after the
+    request went; None: none). Rebuilt without its Content-Encoding, so that the body is not
     decoded again. Raises AnswerTooLarge past the limit, httpx's ReadTimeout
     past the deadline, DecodingError for a body not in its encoding
     (``_decoded_pieces``)."""
     import httpx
 
-    limit = plain_module.MAX_ANSWER_BYTES
     declared = response.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise AnswerTooLarge(limit)  # said so: nothing of it is read
@@ -536,7 +539,7 @@ class PlatformClient:
             extensions=self._tracing(url),
         )
         try:
-            response = self._bounded(client, request, timeout.read)
+            response = self._bounded(client, request, timeout.read, timeout.answer_bytes)
         # DecodingError (a body not in its Content-Encoding) is no TransportError
         # to httpx, but it is a failure on the response's path all the same.
         except (httpx.TransportError, httpx.DecodingError, AnswerTooLarge) as exc:
@@ -553,13 +556,18 @@ class PlatformClient:
         return response
 
     @staticmethod
-    def _bounded(client: httpx.Client, request: httpx.Request, budget: float) -> httpx.Response:
+    def _bounded(
+        client: httpx.Client,
+        request: httpx.Request,
+        budget: float,
+        limit: int = plain_module.MAX_ANSWER_BYTES,
+    ) -> httpx.Response:
         """Send ``request`` and read its response within one overall deadline.
 
         httpx's read timeout is per read: a server trickling one byte just
         inside it (a slow-loris) would hold a shipper thread, or finish(),
         for hours. The whole response must arrive within the read timeout,
-        and be no larger than ``plain.MAX_ANSWER_BYTES`` (``_read_within``):
+        and be no larger than ``limit`` bytes (``_read_within``):
         a 2 GB body or an endless stream was read into memory whole.
         """
         import httpx
@@ -568,11 +576,11 @@ class PlatformClient:
         response = client.send(request, stream=True)
         if response.is_stream_consumed:
             # Answered with its body in hand (an httpx.MockTransport).
-            if len(response.content) > plain_module.MAX_ANSWER_BYTES:
-                raise AnswerTooLarge(plain_module.MAX_ANSWER_BYTES)
+            if len(response.content) > limit:
+                raise AnswerTooLarge(limit)
             return response
         try:
-            return _read_within(response, deadline, budget)
+            return _read_within(response, deadline, budget, limit)
         finally:
             response.close()
             # The streamed response and its stream refer to each other: left
@@ -621,12 +629,17 @@ class PlatformClient:
         *,
         params: Mapping[str, Any] | None = None,
         within: float | None = None,
+        answer_bytes: int | None = None,
     ) -> dict[str, Any]:
         """A platform API call; ``path`` is relative to the API prefix.
-        ``within``: seconds the whole call may take (default: 60, 10 to connect)."""
+        ``within``: seconds the whole call may take (default: 60, 10 to connect).
+        ``answer_bytes``: the most of its answer read (default
+        ``plain.MAX_ANSWER_BYTES``), for a read whose page may be larger."""
         timeout = _PLATFORM_TIMEOUT
         if within is not None:
             timeout = Deadlines(connect=min(10.0, within), read=min(60.0, within))
+        if answer_bytes is not None:
+            timeout = dataclasses.replace(timeout, answer_bytes=answer_bytes)
         headers = self._auth_headers(traces=False)
         content: bytes | None = None
         if isinstance(body, bytes):
@@ -696,7 +709,8 @@ class PlatformClient:
                     headers=answer.headers,
                     stream=httpx.ByteStream(answer.body),
                     request=request,
-                )
+                ),
+                limit=timeout.answer_bytes,
             )
         except (httpx.DecodingError, AnswerTooLarge) as exc:
             where = f"{method} {target.scheme}://{target.netloc}{path}"

@@ -85,11 +85,15 @@ class AnswerTooLarge(Exception):
 
 @dataclass(frozen=True)
 class Deadlines:
-    """A call's timeouts: to connect, and for each write, each read and the
-    whole answer (as ``httpx.Timeout(read, connect=connect)`` has them)."""
+    """A call's bounds: its timeouts, to connect, and for each write, each
+    read and the whole answer (as ``httpx.Timeout(read, connect=connect)``
+    has them), and the most bytes of its answer read (``answer_bytes``)."""
 
     connect: float
     read: float
+    #: A call whose answer may legitimately be larger says so (a page of the
+    #: sample table: each row may be as large as a push).
+    answer_bytes: int = MAX_ANSWER_BYTES
 
 
 # The SDK's lazy imports (httpx, httpcore, certifi) happen in a shipper's
@@ -280,7 +284,7 @@ class PlainConnections:
                 if not isinstance(exc, OSError):
                     raise failed from None
                 try:
-                    answer, _ = _receive(conn, budget)
+                    answer, _ = _receive(conn, budget, timeout.answer_bytes)
                 except Exception:
                     raise failed from None
                 return answer  # (the connection is not used again)
@@ -298,7 +302,7 @@ class PlainConnections:
                     value.encode("ascii")
                 part = exc.part if isinstance(exc, _IllegalHeader) else "value"
                 raise _httpx_error("LocalProtocolError", f"illegal header {part}") from None
-            answer, kept = _receive(conn, budget)
+            answer, kept = _receive(conn, budget, timeout.answer_bytes)
             return answer
         finally:
             if kept:
@@ -663,13 +667,14 @@ def _usable(conn: http.client.HTTPConnection) -> bool:
     return not poll.poll(0)
 
 
-def _receive(conn: http.client.HTTPConnection, budget: float) -> tuple[Answer, bool]:
+def _receive(
+    conn: http.client.HTTPConnection, budget: float, limit: int = MAX_ANSWER_BYTES
+) -> tuple[Answer, bool]:
     """The answer, read whole within ``budget`` seconds (a server trickling
     its body one byte a second is cut off, as ``PlatformClient._bounded``
-    does for httpx) and ``MAX_ANSWER_BYTES`` (``AnswerTooLarge``), and
+    does for httpx) and ``limit`` bytes (``AnswerTooLarge``), and
     whether the connection may be used again."""
     deadline = time.monotonic() + budget
-    limit = MAX_ANSWER_BYTES
     response: http.client.HTTPResponse | None = None
     try:
         response = conn.getresponse()

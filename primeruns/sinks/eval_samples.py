@@ -32,6 +32,7 @@ from typing import Any
 from ..exceptions import APIError, is_transient
 from ..journal import Entry
 from ..platform import PlatformClient
+from ..platform.errors import OversizeAnswerError
 from ..platform.paths import segment
 from ..projection import SampleRows
 from . import receipts
@@ -47,6 +48,13 @@ MAX_REQUEST_BYTES = 25 * 1024 * 1024
 _ENVELOPE = len(b'{"samples":[]}')
 _PAGE = 100
 _COUNT = {"page": 1, "limit": 1}  # a read for the table's ``total`` alone
+# The most bytes read of a page of one row. A row may be as large as a push
+# (MAX_REQUEST_BYTES), over the client's bound for an answer
+# (plain.MAX_ANSWER_BYTES), and so may a page of 100 smaller ones: the table's
+# length (a page of its first row) is read within this, and a page of rows
+# past the client's bound is read again a row at a time. Twice a push, for
+# the page's envelope and a platform that escapes more than the SDK did.
+_ROW_BYTES = 2 * MAX_REQUEST_BYTES
 
 log = logging.getLogger("primeruns.ship")
 
@@ -206,7 +214,7 @@ class EvalSamplesSink:
         batch is looked for from the table's start, if ever. A transient
         failure raises: nothing was sent, the batch is tried again later."""
         try:
-            return _total(self._client.api("GET", path, params=_COUNT))
+            return _total(self._client.api("GET", path, params=_COUNT, answer_bytes=_ROW_BYTES))
         except APIError as exc:
             if is_transient(exc):
                 raise
@@ -225,9 +233,9 @@ class EvalSamplesSink:
         left = len(ctx.progress.sample_ids)
         if not left:
             return False
-        page = (ctx.progress.base or 0) // _PAGE + 1
+        at = (ctx.progress.base or 0) // _PAGE * _PAGE  # the first row of the next read
         while True:
-            data = self._client.api("GET", path, params={"page": page, "limit": _PAGE})
+            data, limit = self._rows_from(path, at)
             items = receipts.page_items(data, "samples")  # a page, not a gateway's {}
             for row in items:
                 found = str(row.get("sample_id")) if isinstance(row, dict) else None
@@ -236,13 +244,27 @@ class EvalSamplesSink:
                     left -= 1
             if not left:
                 return True
-            past = (page - 1) * _PAGE + len(items)  # the rows read so far end here
+            past = at + len(items)  # the rows read so far end here
             if left == len(ctx.progress.sample_ids) and past > (ctx.progress.base or 0):
                 ctx.save_progress(replace(ctx.progress, base=past))
             # ``total`` comes with every page (others may still be appending).
-            if page * _PAGE >= _total(data):
+            if at + limit >= _total(data):
                 return False
-            page += 1
+            at += limit
+
+    def _rows_from(self, path: str, at: int) -> tuple[Mapping[str, Any], int]:
+        """The page of rows from row ``at`` (0 the first) and its length: of
+        ``_PAGE`` rows where ``at`` starts one and it is within the client's
+        bound for an answer, else of the one row (within ``_ROW_BYTES``), so
+        that rows too large for a page of them are read all the same."""
+        if not at % _PAGE:
+            try:
+                params = {"page": at // _PAGE + 1, "limit": _PAGE}
+                return self._client.api("GET", path, params=params), _PAGE
+            except OversizeAnswerError:
+                pass  # read a row at a time, up to the next page
+        params = {"page": at + 1, "limit": 1}
+        return self._client.api("GET", path, params=params, answer_bytes=_ROW_BYTES), 1
 
 
 def _total(page: Mapping[str, Any]) -> int:

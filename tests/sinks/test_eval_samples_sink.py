@@ -33,6 +33,7 @@ from scripted_platform import (
 import primeruns.sinks.eval_samples as eval_samples_module
 from primeruns.exceptions import RetryableAPIError, TransportError
 from primeruns.journal import EntryKind
+from primeruns.platform import plain
 from primeruns.projection import record_to_samples
 from primeruns.records import stamp_run
 from primeruns.sinks.base import Binding
@@ -231,6 +232,44 @@ def test_a_look_cut_short_by_a_failure_goes_on_where_it_stopped(
     assert batch.state["base"] == 520
     assert table.ids()[-20:] == [e["id"] for e in episodes]
     assert len(table.rows) == 540 == len(set(table.ids()))
+
+
+def _large_rows(table: SampleTable, count: int, size: int, name: str) -> None:
+    """Rows another process pushed, each about ``size`` bytes (a long agentic
+    episode's row: a push takes up to MAX_REQUEST_BYTES of them)."""
+    table.rows.extend({"sample_id": f"{name}-{i}", "completion": "c" * size} for i in range(count))
+
+
+def test_a_table_whose_first_row_is_over_an_answers_bound_still_takes_every_batch(
+    platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    """The table's length is read as a page of its first row, which may be as
+    large as a push (MAX_REQUEST_BYTES): over the client's bound for an
+    answer (plain.MAX_ANSWER_BYTES), every later batch failed at that read
+    and none was ever sent."""
+    _large_rows(table, 1, plain.MAX_ANSWER_BYTES + (2 << 20), "first")
+    episodes = workloads.gsm8k(5)
+    _ship(EvalSamplesSink(platform.client()), episodes)
+    assert table.ids()[1:] == [e["id"] for e in episodes]
+
+
+def test_a_lost_answer_is_found_among_rows_whose_page_is_over_an_answers_bound(
+    platform: ScriptedPlatform, table: SampleTable
+) -> None:
+    """A page of 100 large rows (250 KB each: 25 MB) is over the client's
+    bound for an answer: the look for a batch whose answer was lost failed
+    at it on every try, and the batch, which is in the table, was never
+    settled. Such rows are read in smaller pages; found, it is not pushed again."""
+    _large_rows(table, 90, 250_000, "before")
+    episodes = workloads.gsm8k(5)
+    sink, batch = _prepared(platform, episodes)
+    lost = failed_attempt(platform, "push", LOST, partial(batch.send, sink))
+    assert isinstance(lost, TransportError)
+    _large_rows(table, 30, 250_000, "after")
+    batch.send(sink)
+    mine = [e["id"] for e in episodes]
+    assert [i for i in table.ids() if i in set(mine)] == mine  # once each
+    assert platform.calls[-1] == "read"  # found, not pushed again
 
 
 def test_a_batch_an_earlier_version_attempted_is_looked_for_from_the_start(
