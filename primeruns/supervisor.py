@@ -176,6 +176,10 @@ class Supervisor:
         self._next_look = time.monotonic() + _LOOK_S  # (read unlocked: a stale read costs a look)
         self._restarts = 0
         self._up_since = time.monotonic()  # when the uplink process now running was started
+        # When a look last found it alive: how long it lived is known up to
+        # there, not up to the look that finds it dead (a loop logging every
+        # 15 minutes looks that late at an uplink that died at its start).
+        self._alive_at = self._up_since
         self._moving = False  # stopped for a move of the journal (rehoming), not dead
 
     def binding(self) -> Binding | None:
@@ -274,15 +278,18 @@ class Supervisor:
         uplink, journal = self.uplink, self._journal
         # Stopped for a move, it is followed by another (``follow``): started
         # again here, on the journal being left, it would ship beside that one.
-        if self._replaced or self._moving or uplink.alive():
+        if self._replaced or self._moving:
+            return
+        if uplink.alive():
+            self._alive_at = time.monotonic()
             return
         if ledger.read_closeout(journal) is not None:
             return  # it finished its work
-        if time.monotonic() - self._up_since >= _RESTARTS_FORGIVEN_S:
-            self._restarts = 0
+        if self._alive_at - self._up_since >= _RESTARTS_FORGIVEN_S:
+            self._restarts = 0  # seen alive that long: no crash loop
         if restart and self._restarts < _RESTARTS and isinstance(getattr(uplink, "pid", None), int):
             self._restarts += 1
-            self._up_since = time.monotonic()
+            self._up_since = self._alive_at = time.monotonic()
             self._restart(uplink, journal)
             return
         self._replaced = True

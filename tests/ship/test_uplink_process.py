@@ -26,6 +26,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -213,32 +214,63 @@ def test_an_uplink_killed_mid_run_is_started_again_and_nothing_is_lost(
     assert _completed_once(local_platform.run(run.id), 60)
 
 
-@pytest.mark.parametrize("lived_s", [0.0, 601.0], ids=["in a burst", "minutes apart"])
+class _LaterClock:
+    """The supervisor's clock, ``ahead`` seconds ahead of the real one (the
+    rest of ``time`` as it is): minutes pass between two of its looks."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.ahead
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
+
+
+@pytest.mark.parametrize(
+    ("alive_s", "found_dead_s", "a_process_again"),
+    [(0.0, 0.0, False), (601.0, 0.0, True), (0.0, 601.0, False)],
+    ids=["in a burst", "minutes apart", "dead at once, found minutes later"],
+)
 def test_an_uplink_killed_again_and_again_is_started_again_unless_it_dies_in_a_burst(
     local_platform: Any,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
-    lived_s: float,
+    alive_s: float,
+    found_dead_s: float,
+    a_process_again: bool,
 ) -> None:
     """A long run's uplink killed now and then (an out-of-memory killer, a
     cleanup of stray processes) is started again each time; one that dies
-    again and again at once is let go after three, for threads here."""
+    again and again at once is let go after three, for threads here. Its
+    life is what looks found alive: in a loop logging every 10 minutes or
+    more (a large model's training step), an uplink that died at its start
+    is found dead 601 s after it was started; taken for 601 s of life, a
+    doomed process was started again at every step and threads never took
+    over (the third case fails so on main)."""
+    import primeruns.supervisor as supervisor
+
+    clock = _LaterClock()
+    monkeypatch.setattr(supervisor, "time", clock)
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
     run = _eval_run(local_platform.url, runs)
     assert run._supervisor is not None
     episodes = workloads.gsm8k(50)
     for kill in range(4):
         run.log_episodes(episodes[kill * 10 : (kill + 1) * 10])
+        clock.ahead += alive_s
+        run._supervisor.replace_if_dead(restart=True)  # a look that finds it alive
         kill_the_uplink(run)
-        run._supervisor._up_since -= lived_s  # how long it had lived before this kill
-        run._supervisor.replace_if_dead(restart=True)
+        clock.ahead += found_dead_s
+        run._supervisor.replace_if_dead(restart=True)  # the look that finds it dead
     shipped_by = run._supervisor.uplink
     run.log_episodes(episodes[40:])
     assert run.flush(timeout=60)
     run.finish(timeout=60)
     assert _completed_once(local_platform.run(run.id), 50)
-    # The fourth death: a process again after minutes of life, threads after a burst.
-    assert isinstance(getattr(shipped_by, "pid", None), int) == (lived_s > 0)
+    # The fourth death: a process again after minutes of life, else threads.
+    assert isinstance(getattr(shipped_by, "pid", None), int) == a_process_again
 
 
 def test_a_journal_that_refuses_a_restarted_uplink_leaves_threads_shipping_and_flush_returns(
