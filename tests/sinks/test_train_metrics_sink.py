@@ -444,6 +444,23 @@ def test_the_runs_rows_a_new_table_starts_from_are_read_to_the_end_or_not_at_all
         assert rows is not None and [r["step"] for r in rows] == list(range(2500))
 
 
+def test_the_landed_rows_of_many_metrics_each_are_read_past_an_answers_bound(
+    platform: ScriptedPlatform, table: MetricsTable
+) -> None:
+    """1,200 rows of 700 metrics (~20 KB each): a page of 1,000 of them is
+    past the client's bound for an answer (plain.MAX_ANSWER_BYTES), and the
+    read gave nothing to start from, as for a platform without it (the
+    table that merges a host's processes then lacked every landed row).
+    They are read in smaller pages, every row once."""
+    metrics = {f"env/reward/bucket_{i:04d}": 0.5 for i in range(700)}
+    for step in range(1200):
+        table.by_step[("rft-1", step)] = {"step": step, **metrics}
+    table.serve_reads(platform)
+    pages = landed_rows(platform.client(), "http://platform.test/api/v1 rft-1")
+    assert pages is not None
+    assert [row["step"] for page in pages for row in page] == list(range(1200))
+
+
 def test_a_step_table_deleted_in_the_middle_of_a_merge_is_not_given_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
