@@ -42,6 +42,8 @@ import zstandard
 __all__ = [
     "FLAG_ZSTD",
     "FRAME_VERSION",
+    "FRAME_VERSIONS",
+    "HEADER",
     "HEADER_SIZE",
     "MAX_ENTRY_BYTES",
     "EntryKind",
@@ -49,6 +51,7 @@ __all__ = [
     "FrameHeader",
     "check_frame",
     "decode_frame",
+    "decompressor",
     "encode_frame",
     "encode_frames_off_gil",
     "peek_header",
@@ -58,7 +61,8 @@ __all__ = [
 ]
 
 FRAME_VERSION = 2  # for entries (with their seq); other values are version 1
-_VERSIONS = (1, 2)
+# Every frame version a reader takes.
+FRAME_VERSIONS = (1, 2)
 _SEQ = struct.Struct(">Q")
 FLAG_ZSTD = 0x01
 _KNOWN_FLAGS = FLAG_ZSTD
@@ -76,7 +80,8 @@ _COMPRESS_MIN = 512
 _LEVEL = 1
 _DICT_LEVEL = 3
 
-_HEADER = struct.Struct("<BBBBII")
+# The whole header, checksum last.
+HEADER = struct.Struct("<BBBBII")
 
 
 class EntryKind(enum.IntEnum):
@@ -129,7 +134,9 @@ def _compressor(
     return found[1]
 
 
-def _decompressor(zdict: zstandard.ZstdCompressionDict | None) -> zstandard.ZstdDecompressor:
+def decompressor(zdict: zstandard.ZstdCompressionDict | None) -> zstandard.ZstdDecompressor:
+    """This thread's decompressor for ``zdict`` (None: none), made once:
+    building one per frame costs more than decoding a small entry."""
     cache: dict[int, tuple[Any, zstandard.ZstdDecompressor]] | None = getattr(_local, "dctx", None)
     if cache is None:
         cache = _local.dctx = {}
@@ -254,8 +261,8 @@ def peek_header(value: bytes | memoryview) -> FrameHeader:
     """Parse the header only (no checksum, no decompression); raises FrameError."""
     if len(value) < HEADER_SIZE:
         raise FrameError(f"value of {len(value)} bytes is shorter than the frame header")
-    version, kind, flags, dict_id, raw_len, crc = _HEADER.unpack_from(value, 0)
-    if version not in _VERSIONS:
+    version, kind, flags, dict_id, raw_len, crc = HEADER.unpack_from(value, 0)
+    if version not in FRAME_VERSIONS:
         raise FrameError(f"unknown frame version {version}")
     return FrameHeader(version, kind, flags, dict_id, raw_len, crc)
 
@@ -263,7 +270,7 @@ def peek_header(value: bytes | memoryview) -> FrameHeader:
 def peek_kind(value: bytes | memoryview) -> int | None:
     """The entry kind a frame's header names, or None if it has no valid
     header: ``peek_header`` at a fraction of its cost, for counting."""
-    if len(value) < HEADER_SIZE or value[0] not in _VERSIONS:
+    if len(value) < HEADER_SIZE or value[0] not in FRAME_VERSIONS:
         return None
     return int(value[1])
 
@@ -308,7 +315,7 @@ def decode_frame(
     if not head.flags & FLAG_ZSTD:
         return head.kind, bytes(stored)
     try:
-        out = _decompressor(zdict).decompress(stored, max_output_size=head.raw_len)
+        out = decompressor(zdict).decompress(stored, max_output_size=head.raw_len)
     except zstandard.ZstdError as exc:
         raise FrameError(f"zstd decode failed ({exc})") from None
     if len(out) != head.raw_len:

@@ -8,6 +8,7 @@ reported and passed over, so one bad page never stops a run's shipping.
 from __future__ import annotations
 
 import contextlib
+import struct
 from bisect import bisect_left
 from collections import Counter
 from collections.abc import Collection, Sequence
@@ -16,18 +17,26 @@ import lmdb
 
 from primeruns.exceptions import JournalCorruptError, JournalError
 from primeruns.journal import txn as txn_module
+from primeruns.journal.decoding import decode_entries
 from primeruns.journal.dicts import Dictionaries
-from primeruns.journal.frames import HEADER_SIZE, EntryKind, FrameError, peek_header, peek_kind
+from primeruns.journal.frames import (
+    FRAME_VERSIONS,
+    HEADER_SIZE,
+    EntryKind,
+    FrameError,
+    peek_header,
+    peek_kind,
+)
 from primeruns.journal.layout import (
+    CHUNK_KEY,
     KEY,
     check_entry,
     decode_entry,
     gather,
-    is_chunk_key,
-    is_entry_key,
     key,
     missing,
     seq_of,
+    take,
 )
 from primeruns.journal.spool import SpoolView
 from primeruns.journal.tail import K_FLOOR, as_floor, stored_end
@@ -50,6 +59,8 @@ _LOOKS = 100
 _LOOK_PAGES_BYTES = 64 << 10
 # ``tally``'s range end when it has none: past every seq a key can hold.
 _NO_END = 1 << 64
+# A frame header's raw length (its bytes 4..7).
+_RAW_LEN = struct.Struct("<I")
 
 
 class Reader:
@@ -170,6 +181,10 @@ class Reader:
                 in_lmdb = stored_end(self._tx, txn)
                 cur = txn.cursor(db=self._tx.dbs["entries"])
                 more = cur.set_range(key(expected))
+                # The loop runs once per entry of a read: what it calls is
+                # bound to locals.
+                key_8, chunk_key_size, unpack_key = KEY.size, CHUNK_KEY.size, KEY.unpack
+                unpack_len, versions = _RAW_LEN.unpack_from, FRAME_VERSIONS
                 while more:
                     # A scan's limits: the entries looked at, and the bytes
                     # of those passed over. A value handed out is paged in
@@ -182,35 +197,42 @@ class Reader:
                         break
                     raw_key, value = cur.item()
                     touched += len(value)
-                    if is_chunk_key(raw_key) and seq_of(raw_key) < expected:
+                    key_size = len(raw_key)
+                    if key_size == chunk_key_size and seq_of(raw_key) < expected:
                         more = cur.next()  # a chunk of an entry passed over
                         continue
-                    if not is_entry_key(raw_key):
+                    # Not an entry's own key (``layout.is_entry_key``, inline: every entry).
+                    if key_size != key_8 or raw_key[0] >= 0x80:
                         damaged.append(Damage(None, f"malformed entry key {bytes(raw_key).hex()}"))
                         more = cur.next()
                         continue
-                    seq = KEY.unpack(raw_key)[0]
+                    seq = unpack_key(raw_key)[0]
                     if seq > expected and expected > floor:
                         damaged.append(missing(expected, seq - 1))
                     expected = seq + 1
                     examined += 1
-                    try:
-                        head = peek_header(value)
-                    except FrameError as exc:
-                        damaged.append(Damage(seq, f"entry {seq}: {exc}"))
+                    # The header's kind and length, read in place (what
+                    # ``peek_header`` checks, without its named tuple);
+                    # ``peek_header`` words the damage of one that fails.
+                    if len(value) < HEADER_SIZE or value[0] not in versions:
+                        try:
+                            peek_header(value)
+                        except FrameError as exc:
+                            damaged.append(Damage(seq, f"entry {seq}: {exc}"))
                         next_after = seq
                         more = cur.next()
                         continue
-                    if wanted is None or head.kind in wanted:
+                    kind, raw_len = value[1], unpack_len(value, 4)[0]
+                    if wanted is None or kind in wanted:
                         # Not copied: no bytes.
-                        over = headers_only or (cap is not None and head.raw_len > cap)
+                        over = headers_only or (cap is not None and raw_len > cap)
                         # Those checked in place count as those copied out:
                         # every page gone over stays resident until the
                         # transaction ends (a scan of a few large entries
                         # held the whole journal).
                         taken = len(raw) + len(checked)
                         if taken + len(oversized) >= max_entries or (
-                            taken and not over and total + head.raw_len > max_bytes
+                            taken and not over and total + raw_len > max_bytes
                         ):
                             # Every seq before this one was looked at: a gap
                             # just before it is reported, so the read is past
@@ -219,11 +241,11 @@ class Reader:
                             full = True
                             break
                         if over:
-                            oversized.append((seq, head.kind, head.raw_len))
+                            oversized.append((seq, kind, raw_len))
                             next_after = seq
                             more = cur.next()
                             continue
-                        total += head.raw_len
+                        total += raw_len
                         if not decode:
                             # Checked in place, uncopied: most entries are one
                             # value. A chunked one (or one needing a dictionary
@@ -236,9 +258,13 @@ class Reader:
                                 next_after = seq
                                 more = cur.next()
                                 continue
-                        whole, _ = gather(cur, seq, value)
-                        raw.append((seq, whole))
                         kept += len(value)
+                        # Copied out with its chunks; the cursor ends on the
+                        # key the loop looks at next.
+                        whole, more = take(cur, seq, value)
+                        raw.append((seq, whole))
+                        next_after = seq
+                        continue
                     next_after = seq
                     more = cur.next()
         except (lmdb.Error, JournalCorruptError) as exc:
@@ -303,21 +329,14 @@ class Reader:
                         damaged.append(lost)
         entries: list[Entry] = []
         stored: dict[int, bytes] = {}
-        for seq, value in raw:
-            if not decode:
-                kind, damage = check_entry(seq, value, self._dicts.get)
-                if damage is not None:
-                    damaged.append(damage)
-                else:
-                    checked.append((seq, kind))
-                continue
-            entry, damage = decode_entry(seq, value, self._dicts.get)
-            if entry is not None:
-                entries.append(entry)
-                if keep_frames:
-                    stored[seq] = value
+        if decode:
+            decode_entries(raw, self._dicts.get, entries, damaged, stored if keep_frames else None)
+        for seq, value in () if decode else raw:
+            kind, damage = check_entry(seq, value, self._dicts.get)
             if damage is not None:
                 damaged.append(damage)
+            else:
+                checked.append((seq, kind))
         checked.sort()  # those checked whole come after those checked in place
         return ReadResult(entries, next_after, damaged, oversized, checked, stored)
 
