@@ -131,20 +131,20 @@ def take(cur: lmdb.Cursor, seq: int, first: bytes | memoryview) -> tuple[bytes, 
     unchunked, where ``gather`` makes three). Chunk order is not checked: a
     gap makes the value fail its checksum, reported as damage."""
     whole = bytes(first)
-    more = cur.next()
-    if not more:
+    if not cur.next():
         return whole, False
-    raw_key = cur.key()
-    if len(raw_key) != CHUNK_KEY.size or seq_of(raw_key) != seq:
+    chunk_size, seq_in = CHUNK_KEY.size, KEY.unpack_from
+    raw_key, value = cur.item()
+    if len(raw_key) != chunk_size or seq_in(raw_key)[0] != seq:
         return whole, True
     parts = [whole]
-    while more:
-        raw_key = cur.key()
-        if len(raw_key) != CHUNK_KEY.size or seq_of(raw_key) != seq:
-            break
-        parts.append(bytes(cur.value()))
-        more = cur.next()
-    return b"".join(parts), more
+    while True:
+        parts.append(bytes(value))
+        if not cur.next():
+            return b"".join(parts), False
+        raw_key, value = cur.item()
+        if len(raw_key) != chunk_size or seq_in(raw_key)[0] != seq:
+            return b"".join(parts), True
 
 
 def kept_kind(value: bytes | memoryview) -> bool:
