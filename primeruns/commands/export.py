@@ -152,11 +152,21 @@ def _write_parquet(journal: Journal, target: str, damage: list[Damage]) -> int:
         # Each batch's columns are every one of its rows' (``pa.array`` of
         # the dicts; ``Table.from_pylist`` would take the first row's).
         parts = [pa.Table.from_struct_array(pa.array(b)) for b in _row_batches(journal, damage)]
-        schema = (
-            pa.unify_schemas([p.schema for p in parts], promote_options="permissive")
-            if parts
-            else pa.schema([])
-        )
+        try:
+            schema = (
+                pa.unify_schemas([p.schema for p in parts], promote_options="permissive")
+                if parts
+                else pa.schema([])
+            )
+        except pa.ArrowTypeError:
+            # Batches whose types disagree where one conversion of every row
+            # does not (Arrow takes a bool among floats as a float, but a
+            # batch of bools alone as bools): converted again, all at once,
+            # so the batches never decide what is written. Rare (a metric
+            # that changed type mid-run); it then holds every row at once.
+            whole = pa.array([row for part in parts for row in part.to_pylist()])
+            parts = [pa.Table.from_struct_array(whole)]
+            schema = parts[0].schema
         # A batch missing a column, or holding an int column another holds
         # as floats, is converted again under the run's schema (casting a
         # group that lacks a field needs a newer pyarrow than the floor).
