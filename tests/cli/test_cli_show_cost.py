@@ -15,7 +15,7 @@ from sdk_helpers import point_at
 
 import primeruns as pr
 from primeruns.commands import show
-from primeruns.journal import layout
+from primeruns.journal import layout, reading
 
 STEPS = 300
 CURVE_ROWS = 40  # what show reads of the metric rows here (2,000 by default)
@@ -50,7 +50,17 @@ def decodes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             seen.append(seq)
         return real(value, dicts, seq, **kw)
 
+    # A range read decodes its batch in one pass (``decoding.decode_entries``),
+    # and only the entries it cannot take one at a time through decode_frame.
+    batch = reading.decode_entries
+
+    def counting_batch(raw: Any, *args: Any, **kw: Any) -> Any:
+        values = list(raw)
+        seen.extend(seq for seq, _ in values)
+        return batch(values, *args, **kw)
+
     monkeypatch.setattr(layout, "decode_frame", counting)
+    monkeypatch.setattr(reading, "decode_entries", counting_batch)
     monkeypatch.setattr(show, "CURVE_ROWS", CURVE_ROWS)
     return seen
 
