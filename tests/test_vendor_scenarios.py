@@ -955,21 +955,26 @@ def _interrupt_the_next_spool_write(monkeypatch: pytest.MonkeyPatch) -> list[boo
     thread, as the next write() of the run's spool returns (a signal's
     handler runs once the call is back), so the records are on disk and the
     append has not noted them yet. Fires once; the list says it did."""
-    real_write = os.write
     fired: list[bool] = []
 
-    def write(fd: int, data: Any) -> int:
-        done = real_write(fd, data)
-        if (
-            not fired
-            and threading.current_thread() is threading.main_thread()
-            and stat.S_ISREG(os.fstat(fd).st_mode)
-        ):
-            fired.append(True)
-            raise KeyboardInterrupt
-        return done
+    def interrupting(real: Any) -> Any:
+        def call(fd: int, data: Any) -> int:
+            done: int = real(fd, data)
+            if (
+                not fired
+                and threading.current_thread() is threading.main_thread()
+                and stat.S_ISREG(os.fstat(fd).st_mode)
+            ):
+                fired.append(True)
+                raise KeyboardInterrupt
+            return done
 
-    monkeypatch.setattr(os, "write", write)
+        return call
+
+    # (An append goes to the spool in one writev(); a long one, or the rest
+    # of a short one, in write().)
+    monkeypatch.setattr(os, "write", interrupting(os.write))
+    monkeypatch.setattr(os, "writev", interrupting(os.writev))
     return fired
 
 
