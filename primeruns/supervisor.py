@@ -181,6 +181,7 @@ class Supervisor:
         # 15 minutes looks that late at an uplink that died at its start).
         self._alive_at = self._up_since
         self._moving = False  # stopped for a move of the journal (rehoming), not dead
+        self._look_failed: str | None = None  # the last look's failure, said once
 
     def binding(self) -> Binding | None:
         """The platform's run, once registered (cached: it never changes)."""
@@ -268,8 +269,14 @@ class Supervisor:
         try:
             self._next_look = time.monotonic() + _LOOK_S
             self._replace_if_dead(restart=True)
+            self._look_failed = None
         except Exception as exc:  # the next look, flush or finish tries again
-            log.warning("prime-runs: could not look after the run's uplink: %s", exc)
+            # Said once per failure, not once a second for as long as it lasts
+            # (a journal that keeps failing to read filled the job's log).
+            said = f"{type(exc).__name__}: {exc}"
+            level = logging.DEBUG if said == self._look_failed else logging.WARNING
+            self._look_failed = said
+            log.log(level, "prime-runs: could not look after the run's uplink: %s", exc)
         finally:
             self._replacing.release()
 

@@ -273,6 +273,37 @@ def test_an_uplink_killed_again_and_again_is_started_again_unless_it_dies_in_a_b
     assert isinstance(getattr(shipped_by, "pid", None), int) == a_process_again
 
 
+def test_a_look_at_the_uplink_that_keeps_failing_is_said_once(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The log calls' once-a-second look at the uplink, failing at every
+    look (a journal that keeps failing to read): one warning, not one a
+    second for the rest of the run; a new failure is said again."""
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = _eval_run(local_platform.url, runs)
+    supervisor = run._supervisor
+    assert supervisor is not None
+    failure = [OSError(5, "Input/output error")]
+
+    def failing(*, restart: bool) -> None:
+        raise failure[0]
+
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        setattr(supervisor, "_replace_if_dead", failing)  # noqa: B010 (a method, shadowed)
+        for _ in range(5):
+            supervisor._look_at_uplink()
+        failure[0] = PermissionError(13, "Permission denied")
+        supervisor._look_at_uplink()
+        delattr(supervisor, "_replace_if_dead")
+    said = [r.getMessage() for r in caplog.records if "could not look after" in r.getMessage()]
+    assert len(said) == 2 and "Input/output" in said[0] and "Permission" in said[1]
+    run.finish(timeout=60)
+    assert local_platform.run(run.id)["status"] == "COMPLETED"
+
+
 def test_a_journal_that_refuses_a_restarted_uplink_leaves_threads_shipping_and_flush_returns(
     local_platform: Any,
     tmp_path: Path,
