@@ -18,8 +18,6 @@ from typing import Any, TextIO
 
 from rich.console import Console
 from rich.filesize import decimal
-from rich.segment import Segment
-from rich.style import Style
 from rich.text import Text
 
 __all__ = [
@@ -28,9 +26,10 @@ __all__ = [
     "human_bytes",
     "inert",
     "inert_text",
-    "joined",
     "make_console",
+    "outcome_style",
     "outcome_text",
+    "shipping_style",
     "shipping_text",
 ]
 
@@ -90,38 +89,25 @@ def make_console(stream: TextIO | None = None) -> Console:
     )
 
 
-def joined(segments: list[Segment]) -> list[Segment]:
-    """``segments`` with each run of neighbours in one style as one segment:
-    rich renders each segment it is given in turn (three a cell in a table)."""
-    out: list[Segment] = []
-    texts: list[str] = []
-    style: Style | None = None
-    for segment in segments:
-        if segment.style is not style or segment.control:
-            if texts:
-                out.append(Segment("".join(texts), style))
-                texts = []
-            if segment.control:
-                out.append(segment)
-                continue
-            style = segment.style
-        texts.append(segment.text)
-    if texts:
-        out.append(Segment("".join(texts), style))
-    return out
+def outcome_style(outcome: str) -> str:
+    return _OUTCOME_STYLES.get(outcome, "")
 
 
 def outcome_text(outcome: str) -> Text:
-    return Text(outcome, style=_OUTCOME_STYLES.get(outcome, ""))
+    return Text(outcome, style=outcome_style(outcome))
+
+
+def shipping_style(shipping: str) -> str:
+    """Green once nothing is left to do, red for damage, yellow while work waits."""
+    if shipping == "shipped":
+        return "green"
+    if shipping == "damaged":
+        return "red"
+    return "cyan" if shipping == "live" else "yellow"
 
 
 def shipping_text(shipping: str) -> Text:
-    """Green once nothing is left to do, red for damage, yellow while work waits."""
-    if shipping == "shipped":
-        return Text(shipping, style="green")
-    if shipping == "damaged":
-        return Text(shipping, style="red")
-    return Text(shipping, style="cyan" if shipping == "live" else "yellow")
+    return Text(shipping, style=shipping_style(shipping))
 
 
 def human_bytes(n: int) -> str:

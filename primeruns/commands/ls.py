@@ -33,10 +33,9 @@ from .console import (
     human_bytes,
     inert,
     inert_text,
-    joined,
     make_console,
-    outcome_text,
-    shipping_text,
+    outcome_style,
+    shipping_style,
 )
 from .run_groups import RunGroup, group_runs, role_of
 
@@ -120,13 +119,11 @@ def _inert(value: object, style: str = "") -> _Cell:
 
 
 def _outcome(outcome: str) -> _Cell:
-    text = outcome_text(outcome)
-    return text.plain, str(text.style)
+    return strip_control_codes(outcome), outcome_style(outcome)
 
 
 def _shipping(shipping: str) -> _Cell:
-    text = shipping_text(shipping)
-    return text.plain, str(text.style)
+    return strip_control_codes(shipping), shipping_style(shipping)
 
 
 # Each column: its header, how to fill a cell, and its options; listed in the
@@ -183,7 +180,6 @@ def _table(found: list[RunStatus], columns: list[_Column], nested: set[int]) -> 
 
 
 _GAP = "  "  # between two columns: rich's padding of one on each side, none at the edges
-_GAP_SEGMENT, _LINE = Segment(_GAP), Segment.line()
 
 
 def _fast_table(found: list[RunStatus], console: Console, nested: set[int]) -> Segments | None:
@@ -212,7 +208,21 @@ def _fast_table(found: list[RunStatus], console: Console, nested: set[int]) -> S
     shown = sorted(columns, key=lambda c: order[c[0]])
     last = len(shown) - 1
     styles: dict[str, Style | None] = {}
+    # Each run of neighbours in one style as one segment (rich renders each
+    # segment it is given in turn), gathered as text: three segments a cell,
+    # made and then joined, were a third of a listing of thousands of runs.
     out: list[Segment] = []
+    texts: list[str] = []
+    current: Style | None = None
+
+    def put(text: str, style: Style | None) -> None:
+        nonlocal texts, current
+        if style is not current:
+            if texts:
+                out.append(Segment("".join(texts), current))
+            texts, current = [], style
+        texts.append(text)
+
     for row in range(-1, len(found)):  # the header first
         for i, (name, _, options) in enumerate(shown):
             if row < 0:
@@ -226,18 +236,20 @@ def _fast_table(found: list[RunStatus], console: Console, nested: set[int]) -> S
                 text, length = cut.plain, cut.cell_len
             if style not in styles:
                 styles[style] = console.get_style(style) if style else None
-            pad = Segment(" " * (room - length))
+            pad = " " * (room - length)
             if options.get("justify") == "right":
-                out.append(pad)
-                out.append(Segment(text, styles[style]))
+                put(pad, None)
+                put(text, styles[style])
             else:
-                out.append(Segment(text, styles[style]))
+                put(text, styles[style])
                 if i != last:
-                    out.append(pad)
+                    put(pad, None)
             if i != last:
-                out.append(_GAP_SEGMENT)
-        out.append(_LINE)
-    return Segments(joined(out))
+                put(_GAP, None)
+        put("\n", None)
+    if texts:
+        out.append(Segment("".join(texts), current))
+    return Segments(out)
 
 
 def _fitting_table(
