@@ -414,7 +414,13 @@ def _gap_after(upto: int, end: int, result: ReadResult) -> Damage:
     ``upto`` is not, read in ``result``: its damage, or the entries missing
     up to the next one it holds (seq None: damage of its structure, which
     tells no entry)."""
-    damaged = next((d for d in result.damaged if d.seq in (None, upto + 1)), None)
+    # Its own damage first: a read lists the damage of the structure (a key
+    # no entry has) as its walk meets it, before what decoding finds, so
+    # such a key anywhere past the entry came first, and a final copy
+    # stopped at an entry it passes over, taken for structure.
+    damaged = next((d for d in result.damaged if d.seq == upto + 1), None)
+    if damaged is None:
+        damaged = next((d for d in result.damaged if d.seq is None), None)
     if damaged is not None:
         return replace(damaged, entries=min(max(damaged.entries, 1), end - upto))
     following = result.entries[0].seq if result.entries else end + 1

@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from damaging import put_stray
 from spooled import power_cut_from
 
 from primeruns.exceptions import JournalError
@@ -147,13 +148,19 @@ def test_the_spec_a_newer_copy_holds_is_kept_and_an_older_copys_is_not(tmp_path:
     producer.close()
 
 
+def _marked_at_eleven(tmp_path: Path, marker: bytes) -> Journal:
+    """A journal of 30 entries whose 11th holds ``marker`` uncompressed (for ``_flip``)."""
+    producer = Journal.create(tmp_path / "node")
+    _log(producer, 0, 10)
+    producer.append(EntryKind.EPISODE, [b'{"marker": "' + marker + b'"}'])
+    _log(producer, 11, 19)
+    return producer
+
+
 def test_a_copy_damaged_at_an_entry_stops_there_and_a_later_copy_fills_it_in(
     tmp_path: Path,
 ) -> None:
-    producer = Journal.create(tmp_path / "node")
-    _log(producer, 0, 10)
-    producer.append(EntryKind.EPISODE, [b'{"marker": "torn-entry-eleven"}'])
-    _log(producer, 11, 19)
+    producer = _marked_at_eleven(tmp_path, b"torn-entry-eleven")
     producer.sync()
     torn = _copy(producer.path, tmp_path / "torn" / producer.local_id)
     _flip(torn, b"torn-entry-eleven")  # as a copy taken mid-write may read
@@ -167,6 +174,35 @@ def test_a_copy_damaged_at_an_entry_stops_there_and_a_later_copy_fills_it_in(
         assert import_new(source, sync).entries == 20
         assert _rows(sync) == _rows(producer)
     producer.close()
+
+
+@pytest.mark.parametrize("final", [False, True])
+def test_an_entry_damaged_before_a_stray_key_is_where_the_import_stops_or_passes(
+    tmp_path: Path, final: bool
+) -> None:
+    """Found by an adversarial review: a range read lists damage found
+    decoding after the damage of the structure its walk met anywhere in the
+    read (a key no entry has), and the import took such a key past the
+    damaged entry for what stood there. A copy stopped "at entry 11
+    (malformed entry key ...)", and a final copy (its producer gone) stopped
+    there for good, where it passes over the damaged entry, counted lost,
+    and imports the rest."""
+    producer = _marked_at_eleven(tmp_path, b"damaged-entry-eleven")
+    producer.close()
+    copy = _copy(producer.path, tmp_path / "login" / producer.local_id)
+    with Journal.open(copy) as moved:
+        moved.compact(())  # every entry in LMDB, where the stray key goes
+    _flip(copy, b"damaged-entry-eleven")
+    with Journal.open(copy) as damaged:
+        put_stray(damaged, b"\xff" * 9, b"stray")  # after every entry's key
+    with _synced(copy, tmp_path / "synced") as (source, sync, _):
+        done = import_new(source, sync, final=final)
+    if final:
+        assert [d.seq for d in done.passed] == [11] and "entry 11:" in done.passed[0].what
+        assert (done.entries, done.upto, done.stopped) == (29, 30, None)
+    else:
+        assert done.upto == 10 and done.stopped is not None
+        assert done.stopped.startswith("entry 11:"), done.stopped
 
 
 def test_a_copy_whose_newest_spool_segment_is_damaged_stops_there_not_at_its_end(
