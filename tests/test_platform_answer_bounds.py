@@ -22,7 +22,13 @@ import httpx
 import pytest
 import zstandard
 
-from primeruns.exceptions import UnprovenAnswerError, is_transient
+from primeruns.exceptions import (
+    APIError,
+    UnauthorizedError,
+    UnprovenAnswerError,
+    ValidationRejectedError,
+    is_transient,
+)
 from primeruns.platform import PlatformClient, plain, resolve_settings
 from primeruns.platform.errors import is_ambiguous
 
@@ -49,9 +55,9 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def _chunked(handler: BaseHTTPRequestHandler) -> None:
+def _chunked(handler: BaseHTTPRequestHandler, status: int = 200) -> None:
     """An answer of no stated length, in chunks: ``_PAD``."""
-    handler.send_response(200)
+    handler.send_response(status)
     handler.send_header("Content-Type", "application/json")
     handler.send_header("Transfer-Encoding", "chunked")
     handler.end_headers()
@@ -62,11 +68,13 @@ def _chunked(handler: BaseHTTPRequestHandler) -> None:
     handler.close_connection = True
 
 
-def _answering(body: bytes, coding: str | None = None) -> Callable[[BaseHTTPRequestHandler], None]:
+def _answering(
+    body: bytes, coding: str | None = None, status: int = 200
+) -> Callable[[BaseHTTPRequestHandler], None]:
     """An answer of ``body``, its length stated (in ``coding``, if any)."""
 
     def answer(handler: BaseHTTPRequestHandler) -> None:
-        handler.send_response(200)
+        handler.send_response(status)
         handler.send_header("Content-Type", "application/json")
         if coding is not None:
             handler.send_header("Content-Encoding", coding)
@@ -133,6 +141,43 @@ def test_an_answer_over_the_limit_is_a_failed_request_naming_its_url(
         with pytest.raises(UnprovenAnswerError) as failed:
             client.traces("GET", "/runs", params={"limit": 1})
         _assert_cut_off(failed, f"GET {root}/api/v1/runs")
+    finally:
+        client.close()
+
+
+_ERRORS = {
+    "chunked": lambda status: lambda handler: _chunked(handler, status),
+    "said length": lambda status: _answering(_PAD, status=status),
+    "gzip bomb": lambda status: _answering(gzip.compress(_PAD, 9), "gzip", status),
+}
+
+
+@pytest.mark.parametrize("answer", sorted(_ERRORS))
+@pytest.mark.parametrize("path", ["plain", "httpx"])
+@pytest.mark.parametrize(
+    ("status", "error"), [(401, UnauthorizedError), (400, ValidationRejectedError)]
+)
+def test_an_error_whose_body_is_over_the_limit_is_that_error(
+    serve: Callable[[Callable[[BaseHTTPRequestHandler], None]], str],
+    answer: str,
+    path: str,
+    status: int,
+    error: type[APIError],
+) -> None:
+    """Found by an adversarial review: an error's status says what happened,
+    its body only names it. Cut off past the limit, a 401 (which init()
+    raises) was a transient unproven answer, retried as long as the run
+    lived, and a 400 refusing a push's content (a validation error quoting
+    the 20 MB push it refused) three transient strikes that retired the
+    evaluation's sink, where the batch is counted failed and the rest ship."""
+    root = serve(_ERRORS[answer](status))
+    client = _client(root, httpx.HTTPTransport() if path == "httpx" else None)
+    try:
+        for _ in range(2):  # and the connection after it is a sound one
+            with pytest.raises(APIError) as failed:
+                client.api("POST", "/rft/metrics", {"run_id": "r"})
+            assert type(failed.value) is error and failed.value.status_code == status
+            assert not is_transient(failed.value) and KEY not in str(failed.value)
     finally:
         client.close()
 

@@ -218,13 +218,20 @@ def _read_within(
     and decoded ones: a small compressed body can decode to gigabytes) and
     by ``deadline`` (a ``time.monotonic()``, ``budget`` seconds after the
     request went; None: none). Rebuilt without its Content-Encoding, so that the body is not
-    decoded again. Raises AnswerTooLarge past the limit, httpx's ReadTimeout
+    decoded again. Raises AnswerTooLarge past the limit (an error's body,
+    of a status of 300 or more, is cut at ``plain.ERROR_BODY_BYTES``
+    instead), httpx's ReadTimeout
     past the deadline, DecodingError for a body not in its encoding
     (``_decoded_pieces``)."""
     import httpx
 
+    # An error's status says what happened; its body, cut past
+    # ``plain.ERROR_BODY_BYTES``, only names it (a 401 is no unproven answer).
+    error = response.status_code >= 300
     declared = response.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
+    if error:
+        limit = min(limit, plain_module.ERROR_BODY_BYTES)
+    elif declared.isdigit() and int(declared) > limit:
         raise AnswerTooLarge(limit)  # said so: nothing of it is read
     chunks: list[bytes] = []
     size = 0
@@ -232,7 +239,10 @@ def _read_within(
         chunks.append(chunk)
         size += len(chunk)
         if size > limit:
-            raise AnswerTooLarge(limit)
+            if not error:
+                raise AnswerTooLarge(limit)
+            chunks[-1] = chunk[: len(chunk) - (size - limit)]
+            break
         if deadline is not None and time.monotonic() > deadline:
             raise httpx.ReadTimeout(
                 f"the response did not arrive within {budget:g} s", request=response.request
@@ -576,7 +586,7 @@ class PlatformClient:
         response = client.send(request, stream=True)
         if response.is_stream_consumed:
             # Answered with its body in hand (an httpx.MockTransport).
-            if len(response.content) > limit:
+            if len(response.content) > limit and response.status_code < 300:
                 raise AnswerTooLarge(limit)
             return response
         try:

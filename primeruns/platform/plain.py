@@ -50,6 +50,7 @@ from types import ModuleType
 from typing import IO, Any
 
 __all__ = [
+    "ERROR_BODY_BYTES",
     "MAX_ANSWER_BYTES",
     "WRITE_CHUNK",
     "Answer",
@@ -72,6 +73,14 @@ _CHUNK = 65536
 #: hostile server's 2 GB body, or an endless stream, is cut off here instead
 #: of read into the uplink's memory (all of it, within the call's deadline).
 MAX_ANSWER_BYTES = 16 << 20
+
+
+#: The most of an error's body read (a status of 300 or more): its status says
+#: what happened, and its body only names it. Past this, the body is cut
+#: there, not refused: a platform's 401 or 422 whose page is large (a
+#: validation error quoting a 20 MB push) is still that 401 or 422, never an
+#: answer that may have been acted on.
+ERROR_BODY_BYTES = 64 << 10
 
 
 class AnswerTooLarge(Exception):
@@ -672,13 +681,18 @@ def _receive(
 ) -> tuple[Answer, bool]:
     """The answer, read whole within ``budget`` seconds (a server trickling
     its body one byte a second is cut off, as ``PlatformClient._bounded``
-    does for httpx) and ``limit`` bytes (``AnswerTooLarge``), and
-    whether the connection may be used again."""
+    does for httpx) and ``limit`` bytes (``AnswerTooLarge``; an error's
+    body is cut at ``ERROR_BODY_BYTES`` instead), and whether the
+    connection may be used again."""
     deadline = time.monotonic() + budget
     response: http.client.HTTPResponse | None = None
+    cut = False  # an error's body cut at ERROR_BODY_BYTES: the connection is not reused
     try:
         response = conn.getresponse()
-        if response.length is not None and response.length > limit:
+        error = response.status >= 300
+        if error:
+            limit = min(limit, ERROR_BODY_BYTES)
+        elif response.length is not None and response.length > limit:
             raise AnswerTooLarge(limit)  # said so: nothing of it is read
         chunks: list[bytes] = []
         size = 0
@@ -686,12 +700,16 @@ def _receive(
             chunks.append(chunk)
             size += len(chunk)
             if size > limit:  # (chunked, or a length that lied)
-                raise AnswerTooLarge(limit)
+                if not error:
+                    raise AnswerTooLarge(limit)
+                chunks[-1] = chunk[: len(chunk) - (size - limit)]
+                cut = True
+                break
             if time.monotonic() > deadline:
                 raise _httpx_error(
                     "ReadTimeout", f"the response did not arrive within {budget:g} s"
                 )
-        if response.length:  # read1 ends quietly at an early end of the stream
+        if response.length and not cut:  # read1 ends quietly at an early end of the stream
             raise http.client.IncompleteRead(b"".join(chunks), response.length)
         # Read out, but only read() marks it so: the connection then takes
         # its next request.
@@ -710,4 +728,4 @@ def _receive(
             # through its back-off.
             response.close()
     answer = Answer(response.status, response.getheaders(), b"".join(chunks))
-    return answer, not response.will_close
+    return answer, not (response.will_close or cut)
