@@ -48,7 +48,10 @@ on) goes back to ``NEW``, to be minted under a new key on the next try; the
 keys it went through are counted in the batch's progress (``unlanded``), and
 after ``MINTS_UNLANDED`` of them it is refused, its records counted failed
 with why (``not_landed``). Nothing is stored under a key its confirm found
-empty, so no object is made twice.
+empty, so no object is made twice. A confirm that refuses the object's
+content (a 400 naming what is wrong: not Parquet, past the table's bounds;
+``nothing_under_key`` tells the two apart) is no such case: the same bytes
+would be refused under any key, so it is counted at once, with its reason.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ __all__ = [
     "confirm_put_object",
     "expired_url_landed",
     "not_landed",
+    "nothing_under_key",
     "unlanded_of",
     "with_unlanded",
 ]
@@ -330,8 +334,8 @@ def confirm_put_object(confirm: Callable[[], None], put: Callable[[], None]) -> 
     try:
         confirm()
     except APIError as refused:
-        if refused.status_code not in (400, 404):
-            raise
+        if not nothing_under_key(refused):
+            raise  # a refusal of the content: counted at once, with its reason
         try:
             put()
         except APIError as failed:
@@ -341,9 +345,49 @@ def confirm_put_object(confirm: Callable[[], None], put: Callable[[], None]) -> 
         try:
             confirm()
         except APIError as again:
-            if again.status_code not in (400, 404):
+            if not nothing_under_key(again):
                 raise
             raise NothingLanded(again) from None
+
+
+# Words of a confirm's 400 that say nothing is stored under the key (the
+# local platform's "has not been uploaded"; S3's NoSuchKey; a gateway's "not
+# found"), rather than what is wrong with the object stored there.
+_NOTHING_THERE = (
+    "not been uploaded",
+    "not uploaded",
+    "not found",
+    "no such",
+    "nosuchkey",
+    "does not exist",
+    "doesn't exist",
+    "no object",
+)
+
+
+def nothing_under_key(exc: APIError) -> bool:
+    """Whether a confirm's refusal ``exc`` says that nothing is stored under
+    the key (a PUT a gateway swallowed, worth a PUT again and then a new key)
+    rather than refusing the content stored there.
+
+    A 404 is nothing there; so is a 400 saying so (``_NOTHING_THERE``) or
+    saying nothing at all (no reason given: which one cannot be told, and
+    the bounded keys of ``not_landed`` are the cheaper mistake than samples
+    counted failed though they were never looked at). A 400 that names
+    something else (not Parquet, past the sample table's bounds) is a verdict
+    on the bytes, which any key would get again: refused at once. The
+    contract leaves the confirm's wording open (§8.7), so this reads the
+    code the answer carries as well as its message."""
+    if exc.status_code == 404:
+        return True
+    if exc.status_code != 400:
+        return False
+    # "HTTP 400 from POST /...: <the platform's reason>" (platform.errors).
+    said = str(exc).partition(": ")[2].strip().lower()
+    if not said or said == "http 400":
+        return True
+    said = f"{exc.code or ''} {said}".replace("_", " ")
+    return any(words in said for words in _NOTHING_THERE)
 
 
 def not_landed(refused: APIError, step: int, keys: int) -> APIError:
@@ -351,8 +395,7 @@ def not_landed(refused: APIError, step: int, keys: int) -> APIError:
     (``NothingLanded``; ``refused``: the last confirm's answer): a transient
     failure, the object to be minted anew under a new key, while fewer than
     ``MINTS_UNLANDED``; then a refusal, its records counted failed with why.
-    A refusal of the content the platform answers with a 400 comes here
-    too: it is sent the same bounded number of times before it counts."""
+    A refusal of the content never comes here (``nothing_under_key``)."""
     if keys < MINTS_UNLANDED:
         return RetryableAPIError(
             f"the object store answered 200 to both PUTs of step {step}'s object, but its "
@@ -381,14 +424,14 @@ def expired_url_landed(confirm: Callable[[], None], exc: APIError) -> RetryableA
     """The store refused (``exc``, a 403) a URL minted on an earlier try: it
     expired while the sink was paused. Its PUT may still have landed (an
     answer lost, or a batch recorded before PUTs were noted): ``confirm`` of
-    its key tells. None: confirmed, the object is done. Refused (400, 404:
-    not uploaded), nothing is there: the error to raise once the object is
+    its key tells. None: confirmed, the object is done. Refused as nothing
+    there (``nothing_under_key``): the error to raise once the object is
     recorded as not minted, so that a new URL is minted on the next try.
     Any other failure of the confirm is raised."""
     try:
         confirm()
     except APIError as refused:
-        if refused.status_code not in (400, 404):
+        if not nothing_under_key(refused):
             raise
         return RetryableAPIError(
             f"the object store refused the presigned URL ({exc}) and nothing landed "

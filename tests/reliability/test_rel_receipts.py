@@ -320,6 +320,42 @@ def test_a_sample_object_the_store_never_keeps_is_counted_failed_after_bounded_t
     assert any("never stored" in str(reason) for reason in reasons), reasons
 
 
+def test_a_sample_object_whose_content_the_platform_refuses_is_counted_at_once(
+    lp: LocalPlatform,
+    settings: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The confirm refusing the bytes stored under the key (here: not
+    # Parquet) was taken for a PUT a gateway swallowed: the object was PUT
+    # again and sent under two more keys, then counted with a reason saying
+    # the store never kept it. The same bytes are refused under any key: it
+    # is counted at once now, with the platform's reason, the others land.
+    from rel_helpers import bound_run_id
+
+    from primeruns.cli import main
+    from primeruns.sinks import train_samples
+
+    journal_path = _offline_training(settings, 3)
+    encode = train_samples.episodes_to_parquet_bytes
+
+    def step_10_is_not_parquet(episodes: Any, run_id: str, step: int, **kw: Any) -> bytes:
+        blob = encode(episodes, run_id, step, **kw)
+        return blob + b" not parquet" if step == 10 else blob
+
+    monkeypatch.setattr(train_samples, "episodes_to_parquet_bytes", step_10_is_not_parquet)
+    monkeypatch.setenv("PRIME_API_KEY", _KEY)
+    assert main(["sync", "--base-url", lp.url, str(journal_path)]) == 0
+    run_id = bound_run_id(journal_path)
+    assert run_id is not None
+    minted = _query(lp, "SELECT step FROM objects WHERE run_id = ? ORDER BY step", run_id)
+    assert minted == [0, 10, 20]  # one key each: step 10's is not minted anew
+    objects = sorted((o["step"], o["rows"]) for o in lp.run(run_id)["parquet_objects"])
+    assert objects == [(0, 3), (20, 3)]
+    said = capsys.readouterr().out  # the sync's report: the loss and its reason
+    assert "lost 3 for train_samples" in said and "not a readable Parquet file" in said, said
+
+
 @pytest.mark.parametrize("body", ["{}", "empty"])
 def test_an_environment_resolve_a_gateway_answered_with_nothing_does_not_end_the_run(
     lp: LocalPlatform, settings: Path, body: str

@@ -25,7 +25,13 @@ from hypothesis import strategies as st
 from scripted_platform import Batch
 
 from primeruns import projection
-from primeruns.exceptions import APIError, RetryableAPIError, TransportError, UnprovenAnswerError
+from primeruns.exceptions import (
+    APIError,
+    RetryableAPIError,
+    TransportError,
+    UnprovenAnswerError,
+    ValidationRejectedError,
+)
 from primeruns.journal import Entry, EntryKind, InFlight, Journal
 from primeruns.platform import PlatformClient, resolve_settings
 from primeruns.ship.policy import RetryPolicy
@@ -460,17 +466,17 @@ def test_a_backlog_object_whose_put_a_gateway_answered_without_forwarding_lands(
     assert store.calls.count("put") == 4
 
 
-def test_an_object_refused_after_both_its_puts_is_minted_anew_then_counted_as_refused(
+def test_an_object_found_missing_after_both_its_puts_is_minted_anew_then_counted_as_failed(
     store: Store,
 ) -> None:
-    # A 400 to the confirm after both PUTs: nothing landed under that key (a
-    # gateway that never passed them on), or a refusal of the object's own.
-    # It is minted anew under a new key, the keys counted in the batch's
-    # state (read back at each attempt, as after a restart), and after a
-    # bounded number of keys its records are counted, not retried forever.
+    # A 400 to the confirm after both PUTs saying nothing is there: nothing
+    # landed under that key (a gateway that never passed them on). It is
+    # minted anew under a new key, the keys counted in the batch's state
+    # (read back at each attempt, as after a restart), and after a bounded
+    # number of keys its records are counted, not retried forever.
     sink = _sink(store)
     batch = _batch(sink, _entries({0: 3}))
-    refused = lambda: httpx.Response(400, json={"detail": "not a Parquet file"})  # noqa: E731
+    refused = lambda: httpx.Response(400, json={"detail": "object not uploaded"})  # noqa: E731
     store.faults["confirm"] = [refused] * (2 * MINTS_UNLANDED)
     for keys in range(1, MINTS_UNLANDED):
         with pytest.raises(RetryableAPIError, match="under a new key"):
@@ -482,6 +488,50 @@ def test_an_object_refused_after_both_its_puts_is_minted_anew_then_counted_as_re
     assert caught.value.status_code == 400 and "never stored" in str(caught.value)
     assert store.calls == ["presign", "put", "confirm", "put", "confirm"] * MINTS_UNLANDED
     assert store.confirmed == []
+
+
+def _content_refused() -> httpx.Response:
+    """The platform's verdict on the bytes stored under the key (as the
+    local platform words it), not a word on whether they are there."""
+    return httpx.Response(400, json={"detail": "Object k is not a readable Parquet file"})
+
+
+def test_an_object_whose_content_the_confirm_refuses_is_counted_at_once_with_its_reason(
+    store: Store,
+) -> None:
+    # The same bytes are refused under any key: a PUT again and new keys
+    # (six PUTs under three keys before) only delayed the count, and its
+    # reason said the store never kept the object, not what was wrong.
+    sink = _sink(store)
+    batch = _batch(sink, _entries({0: 3}))
+    store.faults["confirm"] = [_content_refused] * (2 * MINTS_UNLANDED)
+    with pytest.raises(ValidationRejectedError, match="not a readable Parquet file"):
+        batch.send(sink)
+    assert store.calls == ["presign", "put", "confirm"]
+
+
+def test_a_backlog_object_whose_content_the_confirm_refuses_is_counted_at_once(
+    store: Store,
+) -> None:
+    handler = store.handler
+
+    def refusing(request: httpx.Request) -> httpx.Response:
+        # The platform refuses step 20's object whenever it is confirmed.
+        confirm = request.url.path.endswith("/confirm")
+        if confirm and store.steps[json.loads(request.content)["s3_key"]] == 20:
+            store.calls.append("confirm")
+            return _content_refused()
+        return handler(request)
+
+    store.handler = refusing  # type: ignore[method-assign]
+    sink = _sink(store)
+    batch = _batch(sink, _three_whole_steps())
+    batch.send(sink)  # every object settled at once: two confirmed, one refused
+    assert batch.state["stages"].count(REFUSED) == 1 and len(store.confirmed) == 2
+    assert [str(why) for _, why in batch.failed_at_ack.values()] == [
+        "HTTP 400 from POST /api/v1/rft/samples/confirm: Object k is not a readable Parquet file"
+    ]
+    assert store.calls.count("presign") == 3 and store.calls.count("put") == 3
 
 
 def test_an_object_whose_two_puts_a_gateway_swallowed_is_minted_anew_and_lands(
