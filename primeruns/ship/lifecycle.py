@@ -39,10 +39,12 @@ from ..exceptions import (
 from ..journal import Journal, in_memory
 from ..platform import PlatformClient, is_ambiguous, never_reached
 from ..platform.binding import Binding
+from ..platform.client import json_body
+from ..platform.errors import OversizeAnswerError
 from ..platform.paths import segment
 from ..ranks import is_primary
 from ..spec import RunSpec, SpecEnvironment, journal_spec
-from . import run_keys
+from . import eval_lookup, run_keys
 from .family import K_FORK_PARENT, K_FORK_PARENT_PATH, parent_binding
 from .policy import RetryPolicy
 
@@ -57,16 +59,12 @@ _MIN_ATTEMPT_S = 1.0
 _EVAL_STATUS = {"failed": "FAILED", "cancelled": "CANCELLED", "crashed": "FAILED"}
 _ERROR_MESSAGE_CAP = 4096
 # The SDK's own namespace in an evaluation's metadata.
-_NAMESPACE = "prime_runs"
+_NAMESPACE = eval_lookup.NAMESPACE
 # A closing run stops retrying a create that has no lookup after this many lost
 # answers: a flaky link (10% of answers lost) loses three in a row once in ~300.
 _MAX_LOST_CREATES = 3
 # Journal meta: when a create request was first sent (its answer may be lost).
 K_CREATE_SENT = "create_sent"
-# How far back the lookup of a lost create goes: the newest evaluations of the
-# run's team and dataset, which is where a create made moments ago is.
-_LOOKUP_PAGE = 50
-_LOOKUP_PAGES = 4
 
 
 def crash_reason(error: str | None) -> str:
@@ -140,11 +138,14 @@ class Lifecycle:
         attempts: int | None = None,
         deadline: float | None = None,
         check: Callable[[dict[str, Any]], None] | None = None,
+        not_retried: type[APIError] | None = None,
     ) -> dict[str, Any]:
         """One platform call with retries on transient failures: ``attempts``
         of them, or with a ``deadline`` (monotonic) as many as fit before it
         (at least one), each attempt's time also capped by it. ``check``
-        judges each answer: what it raises is that attempt's failure."""
+        judges each answer: what it raises is that attempt's failure. A
+        failure of type ``not_retried`` is raised at once (the caller's
+        remedy is another request, not the same again)."""
         tries = attempts or self._policy.attempts_per_strike
         attempt = 0
         self._trying = f"{method} {path.partition('?')[0]}"
@@ -174,6 +175,8 @@ class Lifecycle:
                 if over_by is not None and time.monotonic() + wait >= over_by:
                     out_of_time = True
                 if not is_transient(exc) or out_of_time or (not replayable and is_ambiguous(exc)):
+                    raise
+                if not_retried is not None and isinstance(exc, not_retried):
                     raise
                 time.sleep(wait)
 
@@ -431,34 +434,14 @@ class Lifecycle:
 
     def _find_created(self, body: Mapping[str, Any], attempts: int | None) -> dict[str, Any] | None:
         """The evaluation an earlier create of this run made, looked up by its
-        client token among the newest evaluations of its team and dataset."""
-        token = self._client_token()
-        query = {"limit": str(_LOOKUP_PAGE)}
-        if body.get("team_id"):
-            query["team_id"] = str(body["team_id"])
-        if body.get("dataset"):
-            query["environment_name"] = str(body["dataset"])
-        for page in range(_LOOKUP_PAGES):
-            query["skip"] = str(page * _LOOKUP_PAGE)
-            path = "/evaluations/?" + urllib.parse.urlencode(query)
-            listing = self._call("GET", path, attempts=attempts)
-            items = listing.get("evaluations")
-            if not isinstance(items, list):
-                # {} is not "no such evaluation": creating now could make a second.
-                raise UnprovenAnswerError(
-                    "the lookup of an earlier create was answered without its "
-                    "'evaluations' list; cannot tell whether the run exists"
-                )
-            for item in items:
-                meta = _as_dict(_as_dict(item).get("metadata")).get(_NAMESPACE)
-                if _as_dict(meta).get("client_token") == token:
-                    found = dict(item)
-                    found.setdefault("evaluation_id", found.get("id"))
-                    log.info("prime-runs: adopted the run an earlier create made: %s", found)
-                    return found
-            if len(items) < _LOOKUP_PAGE:
-                break
-        return None
+        client token among the newest evaluations of its team and dataset
+        (``eval_lookup``: in smaller pages where a page's answer is too large)."""
+
+        def get(path: str) -> dict[str, Any]:
+            return self._call("GET", path, attempts=attempts, not_retried=OversizeAnswerError)
+
+        size = len(json_body(body))
+        return eval_lookup.find_created(get, body, self._client_token(), size)
 
     def _resolve_environments(self, spec: RunSpec, attempts: int | None) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

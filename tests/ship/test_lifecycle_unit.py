@@ -680,3 +680,28 @@ def test_init_s_registration_does_not_wait_past_its_bound_for_a_run_key_held_els
     assert not still_waiting
     assert outcome and outcome[0] is not None and is_transient(outcome[0]), outcome
     assert world.platform.calls == []  # nothing created while another may be creating it
+
+
+def test_the_lookup_reads_smaller_pages_where_a_page_is_past_the_answer_bound(
+    world: World,
+) -> None:
+    # Evaluations of large configs: a page of them is past the 16 MiB an
+    # answer is read to, and every retry of it was. The page is halved until
+    # it fits, the look goes on with it, and an evaluation past the bound by
+    # itself is passed over rather than end the look.
+    lifecycle, _ = world.register_failing(_spec(), "create", LOST)
+    [made] = world.registry.evaluations
+    for i in range(7):
+        size = (17 << 20) if i == 3 else (3 << 20)  # the fourth newest alone is too large
+        config = {"blob": "x" * size, "prime_runs": {"client_token": f"other-{i}"}}
+        world.registry.add_evaluation({"team_id": "team-a", "dataset": "gsm8k", "metadata": config})
+
+    assert lifecycle.register().run_id == made["id"]
+    assert world.platform.calls.count("create") == 1
+    pages = [(p["skip"], p["limit"]) for p in (r.url.params for r in world.platform.sent("list"))]
+    assert pages == [
+        *[("0", size) for size in ("50", "25", "12", "6", "3")],  # 8 of 38 MB, ..., 3 of 9 MB
+        ("3", "3"),  # the one of 17 MB among them
+        ("3", "1"),  # alone: passed over
+        *[(at, "1") for at in ("4", "5", "6", "7")],  # made is the oldest
+    ]
