@@ -44,7 +44,7 @@ from ..platform.errors import OversizeAnswerError
 from ..platform.paths import segment
 from ..ranks import is_primary
 from ..spec import RunSpec, SpecEnvironment, journal_spec
-from . import eval_lookup, run_keys
+from . import eval_lookup, readback, run_keys
 from .family import K_FORK_PARENT, K_FORK_PARENT_PATH, parent_binding
 from .policy import RetryPolicy
 
@@ -747,7 +747,9 @@ class Lifecycle:
             stored = found.get(field_name)
             if not isinstance(stored, dict) or not isinstance(value, Mapping):
                 continue
-            if any(stored.get(k) != v for k, v in value.items()):
+            # As a JSON store may keep it (1.0 for 1, a null dropped): compared
+            # with ==, a landed summary was sent again until time ran out.
+            if not readback.shows(stored, value):
                 raise UnprovenAnswerError(
                     f"the update of the evaluation's {field_name} was answered without the "
                     "evaluation and is not on the platform; sending it again"

@@ -525,6 +525,70 @@ def _failed_behind(
     return dict(lp.run(run.id))
 
 
+class _NormalisingGateway(httpx.BaseTransport):
+    """The platform behind a gateway that passes an evaluation's updates on
+    but answers them with an empty 200, and a store that normalises what
+    it keeps, as a JSON store may: reads come back with every integer a
+    float, keys sorted, nulls dropped."""
+
+    def __init__(self) -> None:
+        self._real = httpx.HTTPTransport()
+        self.updates = 0
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        answer = self._real.handle_request(request)
+        if request.method == "PUT" and b'"metrics"' in request.content:
+            answer.read()
+            self.updates += 1
+            return httpx.Response(200) if answer.is_success else answer
+        evaluation = request.url.path.rstrip("/").split("/")[-2:-1] == ["evaluations"]
+        if request.method == "GET" and evaluation:  # the evaluation itself, not its samples
+            answer.read()
+            if answer.is_success:
+                stored = _normalised(json.loads(answer.content))
+                return httpx.Response(200, content=json.dumps(stored, sort_keys=True).encode())
+        return answer
+
+    def close(self) -> None:
+        self._real.close()
+
+
+def _normalised(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _normalised(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_normalised(v) for v in value if v is not None]
+    if isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+def test_a_summary_read_back_as_a_json_store_normalised_it_is_taken_as_landed(
+    lp: LocalPlatform, settings: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An update answered with nothing is read back to prove it landed. The
+    # read was compared with ==: a null the store dropped, or a large
+    # integer it keeps as a double, read as "not landed", and the summary
+    # was sent again and again until the close-out's time ran out, then
+    # reported as failed although it had landed the first time.
+    gateway = _NormalisingGateway()
+    monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")  # the gateway is in this process
+    monkeypatch.setattr(
+        uplink, "PlatformClient", lambda settings: PlatformClient(settings, transport=gateway)
+    )
+    summary = {"avg_reward": 0.25, "n": 5, "big": 2**62 + 1, "by_env": {"gsm8k": 1, "x": None}}
+    try:
+        run = _eval_run(settings, lp, "receipts-normalised-summary")
+        run.log_episodes(workloads.gsm8k(5))
+        run.finish(summary, status="failed", error="the eval broke", timeout=20)
+    finally:
+        gateway.close()
+    assert gateway.updates == 1  # read back as landed: not sent again
+    assert run.errors == [], run.errors
+    stored = dict(lp.run(run.id))
+    assert stored["status"] == "FAILED" and stored["summary"]["big"] == 2**62 + 1
+
+
 def test_a_failed_evaluations_summary_a_gateway_answered_with_nothing_still_lands(
     lp: LocalPlatform, settings: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
