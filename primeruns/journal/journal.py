@@ -88,7 +88,7 @@ from primeruns.journal.store import (
 )
 from primeruns.journal.tail import OwnTail, SharedTail, read_end
 from primeruns.journal.torn import record_writer
-from primeruns.journal.trust import check_dir, check_file, make_private_dirs
+from primeruns.journal.trust import check_dir, check_file, make_private_dirs, warn_if_swappable
 from primeruns.journal.txn import Transactions
 from primeruns.journal.types import (
     K_SKIPPED,
@@ -323,6 +323,7 @@ class Journal:
                 cause = f" ({why})"
             raise JournalError(f"cannot create a journal under {runs_dir}: {exc}{cause}") from exc
         warn_if_network_fs(path)
+        warn_if_swappable(runs_dir)
         try:
             journal = cls._made_in(path, durability, max_bytes, meta, origin)
         except JournalError:

@@ -16,22 +16,36 @@ taken). So before anything is opened:
 
 Directories this package creates are 0700, intermediate ones included
 (``Path.mkdir(parents=True)`` gives those the umask's mode instead).
+
+The checks hold for what is in the runs directory, not for the runs
+directory's own name: a folder above it that other users may write into
+without the sticky bit (a shared scratch folder made group-writable for a
+team) lets any of them rename the runs directory away and put their own,
+or a symlink, in its place, between a check and the next open. Refusing
+would stop runs on many a cluster disk that work; so a new journal warns
+once per runs directory, naming the folder and the fix
+(``warn_if_swappable``).
 """
 
 from __future__ import annotations
 
 import os
 import stat
+import threading
+import warnings
 from pathlib import Path
 
 from primeruns.exceptions import JournalError
 
 __all__ = [
+    "SwappableRunsDirWarning",
     "UntrustedPathError",
     "check_dir",
     "check_file",
     "make_private_dirs",
     "make_private_folder",
+    "swappable_by",
+    "warn_if_swappable",
     "why_unreadable",
 ]
 
@@ -129,3 +143,53 @@ def why_unreadable(folder: Path, exc: OSError) -> str:
     except JournalError as untrusted:
         return f"{untrusted}; cannot look into it ({exc.strerror})"
     return f"cannot look into {folder} ({exc.strerror})"
+
+
+class SwappableRunsDirWarning(UserWarning):
+    """A folder above the runs directory lets other users rename what it holds:
+    one of them could put their own runs directory in its place."""
+
+
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+def swappable_by(runs_dir: Path) -> tuple[Path, int] | None:
+    """The first folder above ``runs_dir`` (its real path) that users other
+    than its owner may write into without the sticky bit, with its mode; None
+    if there is none. Such a folder's writers may rename any entry of it: the
+    runs directory itself, or a folder on the way to it. With the sticky bit
+    (``/tmp``) only an entry's owner may. A folder that cannot be looked at
+    is passed over (whoever made it so is not the neighbour this is about)."""
+    real = Path(os.path.realpath(runs_dir))
+    for folder in real.parents:
+        try:
+            st = os.stat(folder)
+        except OSError:
+            continue
+        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+            return folder, stat.S_IMODE(st.st_mode)
+    return None
+
+
+def warn_if_swappable(runs_dir: Path) -> None:
+    """Warn once per runs directory when a folder above it lets other users
+    swap it (``swappable_by``), naming the folder and the fix."""
+    found = swappable_by(runs_dir)
+    if found is None:
+        return
+    key = str(runs_dir)
+    with _warned_lock:
+        if key in _warned:
+            return
+        _warned.add(key)
+    folder, mode = found
+    warnings.warn(
+        f"the runs directory {runs_dir} is under {folder}, which other users can write "
+        f"into (mode {mode:o}, no sticky bit): any of them could rename the runs directory "
+        f"away and put their own in its place. Set the sticky bit (chmod +t {folder}) or "
+        "remove their write access (chmod go-w), or put runs in a private folder "
+        "(runs_dir= or PRIME_RUNS_DIR, e.g. ~/.local/state/prime-runs)",
+        SwappableRunsDirWarning,
+        stacklevel=3,
+    )

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import httpx
@@ -35,7 +36,7 @@ from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal
 from primeruns.journal.frames import FLAG_ZSTD, MAX_ENTRY_BYTES, _assemble
 from primeruns.journal.layout import META_KIND, put_entry
-from primeruns.journal.trust import UntrustedPathError
+from primeruns.journal.trust import SwappableRunsDirWarning, UntrustedPathError
 from primeruns.ship.uplink import journal_settings
 
 NOBODY = 65534
@@ -422,16 +423,53 @@ def test_export_writes_a_private_file_even_over_an_open_one_of_its_users(
     assert os.stat(target).st_mode & 0o777 == 0o600
 
 
+def _folder(path: Path, mode: int) -> Path:
+    """``path`` made with ``mode`` whatever the umask."""
+    path.mkdir()
+    os.chmod(path, mode)
+    return path
+
+
 def test_init_refuses_a_runs_directory_others_can_write_and_names_the_fix(
     tmp_path: Path,
 ) -> None:
-    shared = tmp_path / "scratch"
-    shared.mkdir()
-    os.chmod(shared, 0o777)
+    shared = _folder(tmp_path / "scratch", 0o777)
     _as_attacker(shared)
     with pytest.raises(UntrustedPathError) as raised:
         pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=shared)
     assert str(shared) in str(raised.value) and "PRIME_RUNS_DIR" in str(raised.value)
+
+
+def test_init_warns_of_a_runs_directory_whose_folder_others_can_write_and_names_the_fix(
+    tmp_path: Path,
+) -> None:
+    # The runs directory is private, but the scratch folder holding it lets
+    # every user rename what it holds (no sticky bit): a neighbour could
+    # move the runs directory away and put their own in its place between a
+    # check and an open. Nothing said so; now the first run there warns,
+    # naming the folder and the fix, and the runs still go on.
+    shared = _folder(tmp_path / "scratch", 0o777)
+    runs = shared / "team" / "runs"
+    with pytest.warns(SwappableRunsDirWarning) as warned:
+        pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs).finish()
+    [said] = [str(w.message) for w in warned if w.category is SwappableRunsDirWarning]
+    assert str(runs) in said and f"under {shared}," in said and "mode 777" in said
+    assert f"chmod +t {shared}" in said and "PRIME_RUNS_DIR" in said
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per runs directory
+        again = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+        again.finish()
+    assert again.journal_path is not None and again.journal_path.parent == runs
+
+
+def test_a_runs_directory_in_a_sticky_shared_folder_is_not_warned_of(tmp_path: Path) -> None:
+    # /tmp's way: others may write into it, but only an entry's owner may
+    # rename it away.
+    shared = _folder(tmp_path / "sticky", 0o1777)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=shared / "r")
+        run.finish()
 
 
 def _prime_runs_folder_others_can_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
