@@ -72,7 +72,7 @@ from ..journal.trust import UntrustedPathError, check_dir
 from ..journal.types import as_count, loss_counts
 from ..sinks.kinds import SINK_KINDS, sink_names
 from ..spec import SPEC_KEY, RunSpec, SpecError
-from . import sync_records
+from . import lineage, sync_records
 from .copies import (
     K_SOURCE_LOSSES,
     K_SOURCE_PATH,
@@ -155,6 +155,17 @@ def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:
             f"{source.path} is not the journal {path} syncs (both say local id "
             f"{local_id!r}, written by {mine.describe()} and {claimed.describe()}): not syncing it"
         )
+    if (claimed is None or mine is None) and not made:
+        # No origin to compare on one side: the records both hold tell.
+        differs = lineage.differs_at(source, journal)
+        if differs is not None:
+            journal.close()
+            raise JournalError(
+                f"{source.path} is not the journal {path} syncs (both say local id "
+                f"{local_id!r}, but entry {differs} is another record in each, and "
+                f"{'the copy' if mine is None else 'the sync journal'} names no origin): "
+                "not syncing it"
+            )
     return journal, made
 
 
