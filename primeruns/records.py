@@ -59,6 +59,7 @@ __all__ = [
     "RecordRepairWarning",
     "clean_metrics",
     "encode_json",
+    "encode_parsed",
     "encode_record",
     "field_path",
     "is_episode",
@@ -474,6 +475,29 @@ def encode_json(value: Any) -> bytes:
             pass  # a big int or invalid Unicode: the walk below handles both
     walker = _Walker(finite=True)
     return walker.dumps(walker.value(value, "body", 0))
+
+
+def encode_parsed(value: Any) -> bytes:
+    """``encode_json`` of a value a JSON parser made (dicts, lists, str,
+    int, float, bool, None: orjson's or json's ``loads``), the same bytes,
+    without its walk in the common case. A sync encodes each metrics row it
+    ships twice (its request body, its step table entry), and the walk that
+    proves a value plain and finite was most of each encoding, for values
+    that are plain by where they came from. Finite is what is left to know:
+    orjson writes NaN and the infinities (json's ``loads`` reads them) as
+    ``null``, so an answer holding ``null`` that does not read back as the
+    value is encoded by ``encode_json``, which names the field; so is what
+    orjson refuses (an integer past 64 bits, a lone surrogate)."""
+    try:
+        written = orjson.dumps(value)
+    except TypeError:
+        return encode_json(value)
+    # A ``null`` read back as what was written is a None (a rank not given,
+    # a metric logged as None): a NaN reads back None, unequal, as does an
+    # infinity. Comparing is C's work, where the walk is Python's.
+    if b"null" in written and orjson.loads(written) != value:
+        return encode_json(value)
+    return written
 
 
 # --------------------------------------------------------------------------- metrics

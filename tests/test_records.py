@@ -29,6 +29,7 @@ from primeruns.records import (
     RecordRepairWarning,
     clean_metrics,
     encode_json,
+    encode_parsed,
     encode_record,
     is_episode,
     stamp_run,
@@ -309,6 +310,53 @@ def test_encode_json_encodes_like_encode_record() -> None:
         "t": ["a"],
     }
     assert encode_json([1, "x"]) == b'[1,"x"]'
+
+
+# What json.loads can give back beyond orjson's: NaN, the infinities, an
+# integer past 64 bits, a lone surrogate; and text that spells null.
+_parsed_scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats()
+    | st.text(max_size=8)
+    | st.sampled_from(["null", "nullity", "\ud800"])
+)
+_parsed_values = st.recursive(
+    _parsed_scalars,
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=6), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_parsed_values)
+def test_encode_parsed_writes_or_refuses_a_parsed_value_as_encode_json_does(value: Any) -> None:
+    """A sync's metrics rows are encoded without encode_json's walk
+    (``encode_parsed``): the same bytes for every value a JSON parser gives,
+    and the same refusal, naming the same field, of a NaN or an infinity."""
+
+    def outcome(encode: Any) -> tuple[bytes | str, list[str]]:
+        # A lone surrogate is repaired with a warning: the same one, too.
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            try:
+                written: bytes | str = encode(value)
+            except ValueError as exc:
+                written = str(exc)
+        return written, [str(w.message) for w in said]
+
+    assert outcome(encode_parsed) == outcome(encode_json)
+
+
+def test_encode_parsed_refuses_a_nan_beside_a_none_naming_it() -> None:
+    with pytest.raises(ValueError, match=r"body\.metrics\.loss is nan"):
+        encode_parsed({"metrics": {"rank": None, "loss": math.nan}})
+    assert encode_parsed({"metrics": {"rank": None, "s": "null"}}) == (
+        b'{"metrics":{"rank":null,"s":"null"}}'
+    )
 
 
 # --------------------------------------------------------------------------- clean_metrics

@@ -76,7 +76,7 @@ from typing import Any, TypeVar
 from ..exceptions import JournalError
 from ..journal.lock import plain_files, remove_unheld
 from ..journal.trust import check_dir, make_private_dirs
-from ..records import encode_json
+from ..records import encode_parsed
 
 __all__ = [
     "Landed",
@@ -530,8 +530,9 @@ def _put(
     """Store a step's parts and version; what a read of the step now gives."""
     try:
         # orjson where it writes what reads back the same (a fifth of
-        # ``json``'s CPU, once for every row a sync ships)
-        text = encode_json(parts).decode()
+        # ``json``'s CPU, once for every row a sync ships); the parts are
+        # parsed rows (``encode_parsed``)
+        text = encode_parsed(parts).decode()
     except ValueError:  # NaN or an infinity (a landed row's): written as json writes it
         text = _COMPACT.encode(parts)
     conn.execute(

@@ -37,7 +37,7 @@ from ..journal import Entry
 from ..platform import PlatformClient
 from ..platform.errors import OversizeAnswerError
 from ..platform.paths import segment
-from ..records import FIRST_STEP, LAST_STEP, encode_json, step_out_of_range
+from ..records import FIRST_STEP, LAST_STEP, encode_parsed, step_out_of_range
 from . import receipts
 from .base import Binding, Prepared, SendContext
 from .fanout import Fanout
@@ -261,10 +261,11 @@ class TrainMetricsSink:
     def _post(self, payload: dict[str, Any]) -> None:
         """One row, proven stored: by its answer, else by reading it back."""
         run_id, step = payload["run_id"], payload["metrics"].get("step")
-        # Encoded here by orjson (``records.encode_json``: the row is orjson's
-        # parse of the batch), not by the client's ``json`` encoder: a fifth
-        # of the CPU, the same number in every field.
-        answer = self._client.api("POST", "/rft/metrics", encode_json(payload))
+        # Encoded here by orjson (``records.encode_parsed``: the row is
+        # orjson's parse of the batch, or the step table's merge of parsed
+        # rows), not by the client's ``json`` encoder: a fifth of the CPU,
+        # the same number in every field.
+        answer = self._client.api("POST", "/rft/metrics", encode_parsed(payload))
         if receipts.metrics_proves(answer, run_id, step) or self._stored(run_id, step):
             return
         raise receipts.unproven(
