@@ -951,3 +951,72 @@ def test_a_file_system_that_reports_no_size_takes_an_online_runs_journal(
         assert journal.path.parent == tmp_path / "runs"
     finally:
         journal.close()
+
+
+class _ShipperClock:
+    """The shippers' clock (``time.monotonic`` as ``primeruns.ship.shipper``
+    sees it), standing still but for the test's moves."""
+
+    def __init__(self) -> None:
+        import time
+
+        self.now = time.monotonic()
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_steady_loop_shipping_from_threads_sends_its_metrics_rows_once_a_second(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Shipping from threads, every batch's work takes the loop's GIL, and most
+    of it is paid per batch: rows logged within a second of their sink's last
+    request wait for it and go out together (the first at once, the rest at
+    the flush), not each in a request of its own as the uplink process's
+    tenth of a second has them go. Each row is logged 0.2 s (on the shippers'
+    clock) after the one before, once the metrics shipper has looked at it."""
+    from sdk_helpers import wait_for
+
+    from primeruns.settings import UPLINK_ENV
+    from primeruns.ship import shipper as shipper_mod
+    from primeruns.sinks.train_metrics import TrainMetricsSink
+
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.setenv(UPLINK_ENV, "threads")
+    clock = _ShipperClock()
+    monkeypatch.setattr(shipper_mod, "time", clock)
+    looked: set[int] = set()  # the metrics entries its shipper saw
+    looked_at = shipper_mod.Shipper._linger_left
+
+    def linger_left(self: Any, entries: Any) -> float:
+        if self.name == "train_metrics":
+            looked.update(e.seq for e in entries)
+        return looked_at(self, entries)
+
+    monkeypatch.setattr(shipper_mod.Shipper, "_linger_left", linger_left)
+    sends: list[int] = []
+    send = TrainMetricsSink.send
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sends.append(1)
+        return send(self, *args, **kwargs)
+
+    monkeypatch.setattr(TrainMetricsSink, "send", counted)
+    run = pr.init(
+        kind="train",
+        model="m",
+        team_id="team-a",
+        api_key=API_KEY,
+        base_url=local_platform.url,
+        runs_dir=runs,
+    )
+    for step in range(5):
+        clock.now += 0.2
+        run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+        wait_for(lambda s=step: len(looked) > s, what=f"the metrics shipper's look at step {step}")
+    wait_for(lambda: sends, what="the first row's request")
+    assert len(sends) == 1  # the rest wait for the sink's second
+    assert run.flush(timeout=60)
+    assert len(sends) == 2
+    run.finish(timeout=60)
+    assert local_platform.run(run.id)["train_metrics"] == {"rows": 5, "steps": 5}

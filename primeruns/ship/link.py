@@ -554,6 +554,18 @@ class _ThreadLink:
         self.event.clear()
 
 
+# Shipping from threads, a batch waits at least this long after its sink's
+# last request for more to queue up (the run's linger_s, if longer). There
+# every batch's work (reading, decoding, stamping, encoding, its journal
+# writes, its request) holds the loop's GIL, and what it costs is mostly per
+# batch, not per record: at the process's tenth of a second, a training loop
+# logging a step every 20 ms had three sinks each make a batch every two or
+# three steps, and each of them took the GIL from the loop several times.
+# A sink of a steady loop now makes one batch a second; flush() and finish()
+# still send at once, and a full batch goes without waiting.
+THREADS_LINGER_S = 1.0
+
+
 class UplinkThreads:
     """The fallback: the same uplink, as threads in the producer."""
 
@@ -565,11 +577,19 @@ class UplinkThreads:
         settings: Settings,
         predecessors: Sequence[Path],
         tuning: SdkSettings | None = None,
+        *,
+        beside_the_loop: bool = True,
     ) -> None:
+        """``beside_the_loop``: batches wait ``THREADS_LINGER_S`` for more
+        (the fallback, for the rest of the run); False for threads that ship
+        only until a process takes over (``ship.startup``), which are to
+        catch up, at the run's linger."""
         self._progress = threading.Condition()
         self._gen = 0
         self._link = _ThreadLink()
         policy = RetryPolicy.from_settings(tuning or process_sdk_settings())
+        if beside_the_loop and policy.linger_s < THREADS_LINGER_S:
+            policy = dataclasses.replace(policy, linger_s=THREADS_LINGER_S)
         self.uplink = Uplink(journal, settings, policy=policy, notify=self._notify)
         self._thread = start_daemon(self._serve, "primeruns-uplink", (list(predecessors),))
 

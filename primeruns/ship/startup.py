@@ -117,7 +117,7 @@ class ThreadsFirst:
         # the process moves what was spooled once it takes over.
         journal.defer_moving(True)
         try:
-            self._threads = UplinkThreads(journal, settings, [], tuning)
+            self._threads = UplinkThreads(journal, settings, [], tuning, beside_the_loop=False)
         except BaseException:
             self._threads_phase_over()
             self._drop_process()
