@@ -34,6 +34,7 @@ from .recorder import Recorder
 from .refuge import create_journal
 from .run import Run
 from .settings import resolve_run_settings
+from .ship.link import UplinkThreads
 from .spec import SPEC_KEY, RunSpec, SpecEnvironment, listed_spec
 from .supervisor import Supervisor, go_online
 from .threads import start_daemon
@@ -306,6 +307,12 @@ def init(
     try:
         if run_mode == "online":
             supervisor, taken_over = go_online(journal, settings, kind, recorder.note, tuning)
+            if kind == "train" and isinstance(supervisor.uplink, UplinkThreads):
+                # Shipping from threads, the sample table's first object would
+                # import pyarrow (~0.2 s of CPU holding the GIL) beside the
+                # loop's first steps: here instead, where the vendor's init
+                # imports it. (The uplink process imports it in its own.)
+                _parquet_available()
             if not memory:  # with no folder to write (memory) there are no other runs
                 others = (journal.path.parent, {journal.path, *taken_over})
                 start_daemon(_mention_crashed_runs, "primeruns-scan", others)

@@ -1020,3 +1020,30 @@ def test_a_steady_loop_shipping_from_threads_sends_its_metrics_rows_once_a_secon
     assert len(sends) == 2
     run.finish(timeout=60)
     assert local_platform.run(run.id)["train_metrics"] == {"rows": 5, "steps": 5}
+
+
+def test_a_training_run_shipping_from_threads_imports_its_parquet_writer_in_init(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The sample table's first object imported pyarrow (~0.2 s of CPU, the
+    GIL held) in a shipping thread during the loop's first steps, one of them
+    waiting for it; the vendor's init imports it, and now so does this one
+    when the run ships from threads. In a process of its own: this one has
+    imported pyarrow already."""
+    import subprocess
+
+    from primeruns.settings import UPLINK_ENV
+
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    monkeypatch.setenv(UPLINK_ENV, "threads")
+    script = (
+        "import sys, primeruns as pr\n"
+        f"run = pr.init(kind='train', model='m', team_id='team-a', api_key={API_KEY!r}, "
+        f"base_url={local_platform.url!r}, runs_dir={str(runs)!r})\n"
+        "print('pyarrow' in sys.modules)\n"
+        "run.finish(timeout=60)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stdout.split() == ["True"], done.stderr
