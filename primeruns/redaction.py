@@ -25,6 +25,7 @@ __all__ = [
     "MASK",
     "remember_secret",
     "scrub",
+    "scrub_cut",
     "url_for_display",
     "without_secrets",
 ]
@@ -87,6 +88,26 @@ def scrub(text: str, *secrets: str | None) -> str:
                 text = text.replace(form, MASK)
     text = _ECHO.sub(lambda m: f"{m[1]}{m[2]}{m[3] or ''}{MASK}", text)
     return _BEARER.sub(lambda m: f"{m[1]}{MASK}", text)
+
+
+def scrub_cut(text: str, *secrets: str | None) -> str:
+    """``text``, the start of a longer text cut off there (an error's body
+    read up to its bound), scrubbed as by :func:`scrub`, and a tail of it
+    that begins a secret masked too: a key echoed across the cut is no
+    longer there whole to be masked, and its first characters would be
+    shown."""
+    text = scrub(text, *secrets)
+    with _lock:
+        known = set(_secrets)
+    known.update(s for s in secrets if s and len(s) >= _MIN_SECRET)
+    longest = 0  # the longest tail of the text that begins a secret
+    for secret in known:
+        for form in _shown(secret.strip()) + _shown(secret):
+            for size in range(min(len(form) - 1, len(text)), longest, -1):
+                if text.endswith(form[:size]):
+                    longest = size
+                    break
+    return text[: len(text) - longest] + MASK if longest else text
 
 
 def _shown(secret: str) -> tuple[str, ...]:

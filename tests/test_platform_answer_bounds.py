@@ -182,6 +182,28 @@ def test_an_error_whose_body_is_over_the_limit_is_that_error(
         client.close()
 
 
+@pytest.mark.parametrize("path", ["plain", "httpx"])
+def test_a_key_echoed_across_the_cut_of_an_error_body_is_not_shown_in_part(
+    serve: Callable[[Callable[[BaseHTTPRequestHandler], None]], str], path: str
+) -> None:
+    """Found by an adversarial review: a server echoing the key where an
+    error's body is cut (``plain.ERROR_BODY_BYTES``) left its first
+    characters in the error, no longer whole to be masked (a page padded
+    with blanks is read as text, and blanks are stripped): 20 of its 25
+    characters were shown, where the body read whole had it masked."""
+    shown = 20  # of the key, before the cut
+    body = b" " * (plain.ERROR_BODY_BYTES - shown) + KEY.encode() + b" is not a valid key"
+    root = serve(_answering(body, status=401))
+    client = _client(root, httpx.HTTPTransport() if path == "httpx" else None)
+    try:
+        with pytest.raises(UnauthorizedError) as failed:
+            client.api("POST", "/rft/metrics", {"run_id": "r"})
+    finally:
+        client.close()
+    assert KEY[:shown] not in str(failed.value) and KEY[:8] not in repr(failed.value)
+    assert str(failed.value).endswith("***")  # what was there is still said
+
+
 def _zstd_bomb() -> bytes:
     """A JSON answer of 256 MiB in zstd: some 8 KB, a few bytes a 128 KiB block."""
     packer = zstandard.ZstdCompressor(level=3).compressobj()

@@ -33,7 +33,8 @@ from ..exceptions import (
     UnauthorizedError,
     ValidationRejectedError,
 )
-from ..redaction import scrub, url_for_display
+from ..redaction import scrub, scrub_cut, url_for_display
+from .plain import ERROR_BODY_BYTES
 
 if TYPE_CHECKING:  # pragma: no cover
     import httpx
@@ -140,7 +141,10 @@ def _code_and_message(response: httpx.Response, secrets: list[str]) -> tuple[str
             return None, str(body["detail"])
     # Scrubbed whole, then cut: a key echoed across the cut would no longer
     # be there whole to be masked, and its first characters would be shown.
-    text = scrub(_text_of(response).strip(), *secrets)[:500]
+    # A body cut at its bound (``plain.ERROR_BODY_BYTES``) may end in the
+    # first characters of a key echoed across the cut: masked as well.
+    cut = len(response.content) >= ERROR_BODY_BYTES
+    text = (scrub_cut if cut else scrub)(_text_of(response).strip(), *secrets)[:500]
     return None, text or f"HTTP {response.status_code}"
 
 
