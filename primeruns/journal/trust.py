@@ -29,7 +29,9 @@ once per runs directory, naming the folder and the fix
 
 from __future__ import annotations
 
+import grp
 import os
+import pwd
 import stat
 import threading
 import warnings
@@ -159,17 +161,39 @@ def swappable_by(runs_dir: Path) -> tuple[Path, int] | None:
     than its owner may write into without the sticky bit, with its mode; None
     if there is none. Such a folder's writers may rename any entry of it: the
     runs directory itself, or a folder on the way to it. With the sticky bit
-    (``/tmp``) only an entry's owner may. A folder that cannot be looked at
-    is passed over (whoever made it so is not the neighbour this is about)."""
+    (``/tmp``) only an entry's owner may; a group-writable folder whose group
+    is its owner's private group (``_owners_own_group``) has no other
+    writer. A folder that cannot be looked at is passed over (whoever made
+    it so is not the neighbour this is about)."""
     real = Path(os.path.realpath(runs_dir))
     for folder in real.parents:
         try:
             st = os.stat(folder)
         except OSError:
             continue
-        if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not st.st_mode & stat.S_ISVTX:
+        if st.st_mode & stat.S_ISVTX:
+            continue
+        if st.st_mode & stat.S_IWOTH or (
+            st.st_mode & stat.S_IWGRP and not _owners_own_group(st.st_uid, st.st_gid)
+        ):
             return folder, stat.S_IMODE(st.st_mode)
     return None
+
+
+def _owners_own_group(uid: int, gid: int) -> bool:
+    """Whether ``gid`` is the user private group of ``uid``: a group of the
+    user's own name, their primary one, naming no other member. Red Hat and
+    Debian make one for each user, with a umask of 002 that leaves every
+    folder the user makes group-writable (``~/.local`` holding the default
+    runs directory among them): writable by the user alone, no neighbour.
+    Looked up only for such a folder, once per new journal."""
+    try:
+        user, group = pwd.getpwuid(uid), grp.getgrgid(gid)
+    except (KeyError, OSError):
+        return False
+    return (
+        group.gr_name == user.pw_name and user.pw_gid == gid and set(group.gr_mem) <= {user.pw_name}
+    )
 
 
 def warn_if_swappable(runs_dir: Path) -> None:

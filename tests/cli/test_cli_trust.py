@@ -9,9 +9,11 @@ checks refuse as well (a link where a journal's file should be).
 from __future__ import annotations
 
 import contextlib
+import grp
 import http.server
 import json
 import os
+import pwd
 import re
 import socket
 import subprocess
@@ -470,6 +472,31 @@ def test_a_runs_directory_in_a_sticky_shared_folder_is_not_warned_of(tmp_path: P
         warnings.simplefilter("error")
         run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=shared / "r")
         run.finish()
+
+
+@pytest.mark.parametrize("others", [[], ["bob"]])
+def test_a_folder_writable_by_its_owners_private_group_alone_is_not_warned_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, others: list[str]
+) -> None:
+    # Found by an adversarial review: Red Hat and Debian give each user a
+    # group of their own with a umask of 002, so every folder they make
+    # (~/.local holding the default runs directory, ~/experiments) is
+    # group-writable, by that user alone. Every process's first run there
+    # warned of other users who do not exist. A group with another member
+    # is still warned of.
+    folder = _folder(tmp_path / "experiments", 0o775)
+    st = os.stat(folder)
+    real = pwd.getpwuid(st.st_uid)
+    user = pwd.struct_passwd((real.pw_name, "x", st.st_uid, st.st_gid, "", "/", "/bin/sh"))
+    monkeypatch.setattr(pwd, "getpwuid", lambda uid: user)
+    own = grp.struct_group((user.pw_name, "x", st.st_gid, [user.pw_name, *others]))
+    monkeypatch.setattr(grp, "getgrgid", lambda gid: own)
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=folder / "runs")
+        run.finish()
+    said = [w for w in warned if w.category is SwappableRunsDirWarning]
+    assert len(said) == (1 if others else 0), [str(w.message) for w in said]
 
 
 def _prime_runs_folder_others_can_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
