@@ -724,10 +724,10 @@ class Lifecycle:
         forwarded it) is checked by reading the evaluation back. Taken
         unproven, a failed run's summary was lost: its close-out, unlike a
         completed run's finalize, does not carry it. Where the platform
-        offers no read (404), or its read shows no such field, the answer is
-        taken; a read that does not name the evaluation either (the
-        gateway's empty 200 again) proves nothing, and the update is sent
-        again."""
+        offers no read (404), or its read shows no such field (one shown as
+        null is there, empty), the answer is taken; a read that does not
+        name the evaluation either (the gateway's empty 200 again) proves
+        nothing, and the update is sent again."""
 
         def names_it(answer: Mapping[str, Any]) -> bool:
             return str(answer.get("evaluation_id") or answer.get("id") or "") == run_id
@@ -745,6 +745,10 @@ class Lifecycle:
             )
         for field_name, value in sent.items():
             stored = found.get(field_name)
+            if stored is None and field_name in found:
+                # Shown as null: a store that keeps it null until it is set
+                # (read as "no such field", a swallowed summary was taken).
+                stored = {}
             if not isinstance(stored, dict) or not isinstance(value, Mapping):
                 continue
             # As a JSON store may keep it (1.0 for 1, a null dropped): compared

@@ -525,6 +525,21 @@ def _failed_behind(
     return dict(lp.run(run.id))
 
 
+class _UpdateLostBeforeANullSummary(_UpdateLostAtTheGateway):
+    """As ``_UpdateLostAtTheGateway``, in front of a store that keeps an
+    evaluation's metrics null until they are set."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        response = super().handle_request(request)
+        if request.method != "GET" or "/evaluations/" not in request.url.path:
+            return response
+        response.read()
+        found = json.loads(response.content)
+        if isinstance(found, dict) and found.get("metrics") == {}:
+            found["metrics"] = None
+        return httpx.Response(response.status_code, json=found)
+
+
 class _NormalisingGateway(httpx.BaseTransport):
     """The platform behind a gateway that passes an evaluation's updates on
     but answers them with an empty 200, and a store that normalises what
@@ -589,17 +604,27 @@ def test_a_summary_read_back_as_a_json_store_normalised_it_is_taken_as_landed(
     assert stored["status"] == "FAILED" and stored["summary"]["big"] == 2**62 + 1
 
 
+@pytest.mark.parametrize(
+    "gateway_kind", [_UpdateLostAtTheGateway, _UpdateLostBeforeANullSummary], ids=["", "null"]
+)
 def test_a_failed_evaluations_summary_a_gateway_answered_with_nothing_still_lands(
-    lp: LocalPlatform, settings: Path, monkeypatch: pytest.MonkeyPatch
+    lp: LocalPlatform,
+    settings: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    gateway_kind: type[_UpdateLostAtTheGateway],
 ) -> None:
     # A failed evaluation's close-out sends its summary in an update of its
     # own (the status, sent next, carries none); the update's empty 200 was
     # taken as stored, and the run was closed without its summary.
-    gateway = _UpdateLostAtTheGateway()
+    # "null", found by an adversarial review: the update is read back, and a
+    # field read back as anything but an object was taken as one the
+    # platform does not show: a store whose evaluation shows "metrics": null
+    # until a summary lands made the swallowed update look landed.
+    gateway = gateway_kind()
     stored = _failed_behind(gateway, lp, settings, monkeypatch, "receipts-failed-summary")
     assert gateway.swallowed == 1
     assert stored["status"] == "FAILED" and stored["error_message"] == "the eval broke"
-    assert stored["summary"]["avg_reward"] == 0.25
+    assert stored["summary"].get("avg_reward") == 0.25
 
 
 def test_a_summary_update_whose_read_back_a_gateway_answered_with_nothing_still_lands(
