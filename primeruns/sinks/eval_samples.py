@@ -270,8 +270,8 @@ class EvalSamplesSink:
 def _total(page: Mapping[str, Any]) -> int:
     """The table's length a read-back page states; raises when it does not."""
     receipts.page_items(page, "samples")  # a page, not a gateway's {}
-    total = page.get("total")
-    if not isinstance(total, int) or isinstance(total, bool):
+    total = receipts.count(page.get("total"))
+    if total is None:
         raise receipts.unproven("the sample table was read back without its 'total'")
     return total
 

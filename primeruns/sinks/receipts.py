@@ -41,6 +41,7 @@ from ..redaction import scrub
 __all__ = [
     "check_traces",
     "confirm_proves",
+    "count",
     "metrics_proves",
     "page_items",
     "presigned",
@@ -129,6 +130,20 @@ def presigned(answer: Mapping[str, Any]) -> tuple[str, str]:
     if not url or not key:
         raise unproven("presign answered without an upload URL and key")
     return str(url), str(key)
+
+
+def count(value: Any) -> int | None:
+    """``value`` as a count of rows, or None where it is none. A JSON store
+    may keep every number as a double (``5.0`` for ``5``, as
+    ``ship/readback.py`` allows for a summary): a float of integral value is
+    that count. A boolean (``True == 1`` in Python) or a fraction is not."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return None
 
 
 def page_items(answer: Mapping[str, Any], name: str) -> list[Any]:

@@ -31,7 +31,7 @@ from scripted_platform import (
 )
 
 import primeruns.sinks.eval_samples as eval_samples_module
-from primeruns.exceptions import RetryableAPIError, TransportError
+from primeruns.exceptions import RetryableAPIError, TransportError, UnprovenAnswerError
 from primeruns.journal import EntryKind
 from primeruns.platform import plain
 from primeruns.projection import record_to_samples
@@ -431,3 +431,36 @@ def test_each_row_is_encoded_once_and_sent_as_projected(
     batch = Batch.prepare(EvalSamplesSink(platform.client()), _episodes(episodes), _BOUND)
     assert rows_encoded == [row["sample_id"] for row in expected]
     assert json.loads(batch.body)["samples"] == expected
+
+
+class NormalisingTable(SampleTable):
+    """A table behind a JSON store that keeps every number as a double: its
+    read-back pages state ``total`` as ``5.0``, not ``5``."""
+
+    def read(self, request: httpx.Request, match: dict[str, str]) -> httpx.Response:
+        page = json.loads(super().read(request, match).content)
+        page["total"] = float(page["total"])
+        return httpx.Response(200, json=page)
+
+
+def test_a_tables_total_read_back_as_a_float_is_that_count(platform: ScriptedPlatform) -> None:
+    """A store normalising numbers answers ``total: 5.0``: that is the count.
+    Taken as no ``total``, no batch was ever sent (its length is read before
+    the push) and a lost answer's rows were never counted as stored."""
+    table = NormalisingTable(platform)
+    table.others(130, "before")
+    episodes = workloads.gsm8k(12)
+    sink, batch = _prepared(platform, episodes)
+    failed_attempt(platform, "push", LOST, partial(batch.send, sink))
+    table.others(70, "after")
+    batch.send(sink)  # found where the table ended at the first send
+    assert platform.calls[-1] == "read"
+    assert table.ids().count(episodes[0]["id"]) == 1
+    assert len(table.rows) == 212 == len(set(table.ids()))
+
+
+@pytest.mark.parametrize("total", [5.5, True, "5", None, float("inf")])
+def test_a_tables_total_that_is_no_count_is_no_proof(total: Any) -> None:
+    page = {"samples": [], "total": total}
+    with pytest.raises(UnprovenAnswerError):
+        eval_samples_module._total(page)
