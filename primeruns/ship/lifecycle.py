@@ -60,11 +60,17 @@ _EVAL_STATUS = {"failed": "FAILED", "cancelled": "CANCELLED", "crashed": "FAILED
 _ERROR_MESSAGE_CAP = 4096
 # The SDK's own namespace in an evaluation's metadata.
 _NAMESPACE = eval_lookup.NAMESPACE
-# A closing run stops retrying a create that has no lookup after this many lost
-# answers: a flaky link (10% of answers lost) loses three in a row once in ~300.
+# A process stops retrying a create that has no lookup (a training run's)
+# after this many lost answers, live or closing: each may have left an empty
+# run on the platform. A flaky link (10% of answers lost) loses three in a
+# row once in ~300; a gateway answering every create with nothing, always.
 _MAX_LOST_CREATES = 3
 # Journal meta: when a create request was first sent (its answer may be lost).
 K_CREATE_SENT = "create_sent"
+# Journal meta: how many training creates, by every process that shipped the
+# journal, went unanswered or were answered without the run's id: each may
+# have made an empty RUNNING run on the platform (the warnings count them).
+K_CREATES_LOST = "creates_lost"
 
 
 def crash_reason(error: str | None) -> str:
@@ -110,6 +116,10 @@ class Lifecycle:
         # The request a registration round is trying (``_call``, under the
         # lock): where a failed round ended, for the retry schedule.
         self._trying: str | None = None
+        # Training creates this process sent whose answers were lost (no
+        # lookup can tell whether they landed): bounded by _MAX_LOST_CREATES.
+        self._lost_creates = 0
+        self._gave_up_creating = False
 
     # -- state in the journal ----------------------------------------------
     @property
@@ -213,12 +223,14 @@ class Lifecycle:
         reported through ``on_failure``; returns the binding, or None.
 
         A training run's create cannot be looked up after its answer was
-        lost, so each retry of it may leave an empty run on the platform: a
-        closing run (replay, sync, a close-out) gives up after
-        ``_MAX_LOST_CREATES`` lost answers (the warning names the risk). A
-        live run keeps trying: its records ship only once it is registered."""
+        lost (the contract reads a training run by its id only), so each
+        retry of it may leave an empty run on the platform: a process gives
+        up after ``_MAX_LOST_CREATES`` lost answers, live or closing (the
+        live run's uplink and its close-out share them), and the failure
+        counts the runs that may remain. The records stay in the journal
+        for ``primeruns replay``, which has the same allowance."""
         started = time.monotonic()
-        failed = lost = 0
+        failed = 0
         reached = False  # whether any try connected to the platform
         # The backoff counts the rounds in a row that failed at the same
         # request, not every failed round. A round (below) starts over at any
@@ -236,6 +248,8 @@ class Lifecycle:
         failed_at: str | None = None
         stopping = stop if stop is not None else threading.Event()  # never set: a plain delay
         while True:
+            if self._gave_up_creating:
+                return None  # said once already (``_creates_lost``)
             # One try of each request per round; the rounds follow the
             # policy's schedule (closing: at most its share of the stall
             # allowance) and can be stopped between tries. A request's own
@@ -244,6 +258,7 @@ class Lifecycle:
             # round's whole backoff (finish() took 16 s at a 5 s allowance).
             # A round that fails on any request starts over from the first,
             # which the lookup by client token makes safe.
+            lost_before = self._lost_creates
             try:
                 bound, exc, at = self._round()
             # A spec that cannot be registered (lost to damage), or a journal's
@@ -263,17 +278,10 @@ class Lifecycle:
             again = again + 1 if at == failed_at else 1
             failed_at = at
             reached = reached or not never_reached(exc)
-            # An answer lost on the way back (not a 5xx, which the platform
-            # sends when it refused the request as a whole). A 2xx without
-            # the created run's id is no better than none.
-            answer_lost = isinstance(exc, TransportError | UnprovenAnswerError) and is_ambiguous(
-                exc
-            )
-            if answer_lost and not self._create_can_be_looked_up():
-                lost += 1
-                if deadline is not None and lost >= _MAX_LOST_CREATES:
-                    self._on_failure("register", exc)
-                    return None
+            if self._lost_creates > lost_before and self._lost_creates >= _MAX_LOST_CREATES:
+                self._gave_up_creating = True
+                self._on_failure("register", self._creates_lost(exc))
+                return None
             now = time.monotonic()
             if deadline is not None and (
                 now >= deadline
@@ -306,11 +314,19 @@ class Lifecycle:
             except APIError as exc:
                 return None, exc, self._trying
 
-    def _create_can_be_looked_up(self) -> bool:
-        """An evaluation's lost create is found again by its client token; an
-        attached run is not created at all. An external training run has no lookup."""
-        spec = self.spec
-        return bool(spec.attach_id) or spec.kind != "train"
+    def _creates_lost(self, last: APIError) -> UnprovenAnswerError:
+        """The failure a registration gives up with once its training creates
+        lost ``_MAX_LOST_CREATES`` answers: how many runs may remain."""
+        lost = _count(self.journal.get_meta(K_CREATES_LOST))
+        name = self.spec.name
+        failure = UnprovenAnswerError(
+            f"{self._lost_creates} creates of training run {name!r} here went unanswered "
+            f"or were answered without the run's id (last: {last}); the platform offers "
+            f"no lookup of training runs, so up to {lost} empty RUNNING runs named "
+            f"{name!r} may remain; not creating another"
+        )
+        failure.__cause__ = last
+        return failure
 
     def _register(self, attempts: int | None) -> Binding:
         bound = self.binding()
@@ -349,25 +365,38 @@ class Lifecycle:
             run_id, name, url = attach, spec.name, None
         elif kind == "train":
             body = self._train_body(spec)
-            if self.journal.get_meta(K_CREATE_SENT):
+            lost = _count(self.journal.get_meta(K_CREATES_LOST))
+            if lost:
                 # External runs cannot be looked up: say what may remain.
                 log.warning(
-                    "prime-runs: an earlier request to create training run %r may have "
-                    "landed with its answer lost; the platform offers no lookup, so an "
-                    "empty RUNNING run of that name may remain beside this one",
+                    "prime-runs: %d earlier request(s) to create training run %r may have "
+                    "landed with their answers lost; the platform offers no lookup, so up "
+                    "to %d empty RUNNING runs named %r may remain beside this one",
+                    lost,
+                    spec.name,
+                    lost,
                     spec.name,
                 )
             self.journal.set_meta(K_CREATE_SENT, time.time())  # before the request
-            created = self._call(
-                "POST", "/rft/external-runs", body, replayable=False, attempts=attempts
-            )
-            run = _as_dict(created.get("run"))
-            if not run.get("id"):
-                # A gateway's {} or empty 200: the run may or may not exist.
-                raise UnprovenAnswerError(
-                    "the create of the training run was answered without its id; "
-                    "it may or may not have been created"
+            try:
+                created = self._call(
+                    "POST", "/rft/external-runs", body, replayable=False, attempts=attempts
                 )
+                run = _as_dict(created.get("run"))
+                if not run.get("id"):
+                    # A gateway's {} or empty 200: the run may or may not exist.
+                    raise UnprovenAnswerError(
+                        "the create of the training run was answered without its id; "
+                        "it may or may not have been created"
+                    )
+            except APIError as exc:
+                # An answer lost on the way back (not a 5xx, which the platform
+                # sends when it refused the request as a whole). A 2xx without
+                # the created run's id is no better than none.
+                if isinstance(exc, TransportError | UnprovenAnswerError) and is_ambiguous(exc):
+                    self._lost_creates += 1
+                    self.journal.set_meta(K_CREATES_LOST, lost + 1)
+                raise
             run_id, name, url = str(run["id"]), run.get("name") or spec.name, None
         else:
             body = self._eval_body(spec, attempts)
@@ -821,3 +850,8 @@ def _ref_text(ref: SpecEnvironment) -> str:
         if value:
             return f"{key}={value!r}"
     return repr(ref.to_json())
+
+
+def _count(value: Any) -> int:
+    """A counter kept in journal meta (0 when absent or damaged)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import sqlite3
 from collections import Counter
@@ -26,14 +27,17 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 import workloads
-from rel_helpers import platform_episode_ids, platform_metric_steps
+from rel_helpers import journal_records, platform_episode_ids, platform_metric_steps
+from sdk_helpers import wait_for
 
 import primeruns as pr
-from primeruns.journal import Journal
+from primeruns.journal import EntryKind, Journal
 from primeruns.local import LocalPlatform
+from primeruns.local.faults import BOGUS_BODIES as BOGUS
 from primeruns.local.objects import object_path
 from primeruns.platform import PlatformClient
 from primeruns.ship import uplink
+from primeruns.ship.lifecycle import _MAX_LOST_CREATES
 
 _TEAM = "team-receipts"
 _KEY = "receipts-key-0123456789"
@@ -638,3 +642,54 @@ def test_a_summary_update_whose_read_back_a_gateway_answered_with_nothing_still_
     stored = _failed_behind(gateway, lp, settings, monkeypatch, "receipts-failed-summary-read")
     assert gateway.swallowed == 2
     assert stored["status"] == "FAILED" and stored["summary"]["avg_reward"] == 0.25
+
+
+def test_a_live_training_run_whose_creates_are_answered_with_nothing_leaves_a_bounded_count(
+    lp: LocalPlatform, settings: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway answers every create of a training run with an empty 200,
+    though the platform created the run. The platform offers no lookup of a
+    training run (contract §3.8 reads one by its id), so each create whose
+    answer proves nothing may leave an empty RUNNING run. The live run's
+    registration retried without bound while the run lived (a 20 s run left
+    14 of them) and the warning spoke of one; now it gives up after a bounded
+    number of lost answers, says how many runs may remain, and keeps the
+    run's records in its journal for ``primeruns replay``."""
+    name = "rl-creates-lost"
+    lp.set_faults(
+        bogus_rate=1.0,
+        bogus_processed=1.0,
+        bogus_bodies=["empty"],
+        routes=["/api/v1/rft/external-runs"],
+    )
+    try:
+        with caplog.at_level(logging.WARNING, logger="primeruns"):
+            run = pr.init(
+                kind="train",
+                name=name,
+                model="Qwen/Qwen3-8B",
+                team_id=_TEAM,
+                training=pr.TrainingSpec(max_steps=3, batch_size=1),
+                api_key=_KEY,
+                base_url=lp.url,
+                runs_dir=settings,
+            )
+            run.log_metrics({"loss": 1.0}, step=0)
+            # The live registration gives up (the run lives on); on main it
+            # never did, and this wait ran out while runs piled up.
+            wait_for(
+                lambda: any(e.startswith("register") for e in run.errors),
+                timeout=30,
+                what="the live registration to give up",
+            )
+            run.finish(timeout=30)
+    finally:
+        lp.set_faults(bogus_rate=0.0, bogus_processed=0.5, bogus_bodies=list(BOGUS), routes=[])
+    created = [r for r in lp.runs() if r.get("name") == name]
+    # init()'s one try in the producer, then the uplink's bounded retries.
+    assert 1 < len(created) <= 1 + _MAX_LOST_CREATES
+    said = f"up to {len(created)} empty RUNNING runs named {name!r} may remain"
+    assert said in caplog.text or said in "\n".join(run.errors), (caplog.text, run.errors)
+    assert run.url is None  # never bound: its records stay in the journal
+    assert run.journal_path is not None
+    assert len(journal_records(run.journal_path, EntryKind.METRICS)) == 1
