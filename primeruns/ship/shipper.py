@@ -44,6 +44,9 @@ __all__ = ["Shipper", "ShipperState", "drain_all"]
 
 log = logging.getLogger("primeruns.ship")
 
+# The kinds of damage to a journal's structure a shipper says (``_say_structure``).
+_STRUCTURE_SAID = 4
+
 
 @dataclass
 class ShipperState:
@@ -161,6 +164,9 @@ class Shipper:
         # passes it, so a drain waits for this (``settled``) or a process
         # whose sink had shipped everything else ended without counting it.
         self._damage_owed = damaged_end if damaged_end > journal.last_seq() else -1
+        # Damage to the structure already said (``_count_damage``): a stray
+        # key is met again by every read that walks past it.
+        self._structure_said: set[str] = set()
         self._moved_at = time.monotonic()  # the last request that moved a batch on
         # The last try that connected (or moved): what the short allowance of
         # a platform refusing every connection counts from (``stuck_for``).
@@ -510,14 +516,20 @@ class Shipper:
         each once. Reads go forward, but the same entries are read again: a
         read for the next batch made early and dropped (``_prepare_early``),
         a batch refused whole and made smaller, entries kept ahead let go
-        (``ReadAhead``). Past ``_damage_through``, every report is new."""
+        (``ReadAhead``). Past ``_damage_through``, every report is new.
+
+        Damage to the structure (``seq`` None: a key no entry has, a read
+        that failed) is no record: every entry around it is read and
+        counted on its own, so it is said once and counted nowhere, as sync
+        and replay (which read a rebuilt journal) never counted it. Counted,
+        a stray key past the log's end was one more lost record at every
+        read that walked past it: a run's losses grew with every batch."""
         lost = 0
         reasons = []
         through = self._damage_through
         for damage in sorted(damaged, key=lambda d: -1 if d.seq is None else d.seq):
-            if damage.seq is None:  # the structure, not entries: one each time
-                lost += 1
-                reasons.append(damage.what)
+            if damage.seq is None:
+                self._say_structure(damage.what)
                 continue
             last = damage.seq + damage.entries - 1
             new = last - max(damage.seq - 1, through)
@@ -534,6 +546,20 @@ class Shipper:
         self._damage_through = through
         if lost and self._damage_owed >= 0:
             self._notify()  # a drain may wait for it (``settled``)
+
+    def _say_structure(self, what: str) -> None:
+        """Say damage to the journal's structure once per shipper (a few
+        kinds of it at most: a failing read names its place each time)."""
+        if what in self._structure_said or len(self._structure_said) >= _STRUCTURE_SAID:
+            return
+        self._structure_said.add(what)
+        log.warning(
+            "prime-runs: %s: the journal %s is damaged (%s); no record is lost to it, "
+            "the entries around it ship",
+            self.name,
+            self.journal.path,
+            what,
+        )
 
     def _record(
         self,

@@ -10,6 +10,7 @@ batch, prepared while the one before is in flight, changes none of that.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -21,6 +22,7 @@ import httpx
 import orjson
 import pytest
 import workloads
+from damaging import put_stray
 from scripted_platform import LOST, PASS, REFUSED, ScriptedPlatform, error
 from spooled import killed_segment
 
@@ -1459,4 +1461,32 @@ def test_a_recorded_pause_ends_on_time_after_a_wall_clock_step_back(
     real = time.clock_gettime
     monkeypatch.setattr(time, "clock_gettime", lambda clock: real(clock) + 301.0)
     assert not ledger.read_standing(journal, "fake").settled
+    journal.close()
+
+
+def test_a_stray_key_in_the_journal_is_not_counted_as_a_lost_record(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A key no entry has (a hand-made journal, a damaged tree) is damage to
+    # the structure, not a record: every record still ships. The live
+    # uplink counted it as one lost record at every read that walked past
+    # it, so a run's losses grew with each batch read after it; sync and
+    # replay, which read a rebuilt journal, counted none. Said, not counted.
+    journal = _journal(tmp_path, 6)
+    journal._mover.step()  # into LMDB, where the stray key goes
+    put_stray(journal, b"\xff" * 9, b"stray")  # after every entry's key
+    sink = FakeSink()
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        shipper = _ship(journal, sink, [])
+        assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+        # Each read walks LMDB's keys to their end, past the stray key, then
+        # the spool (where appends stay: none can go into LMDB past it).
+        for more in range(6, 12, 2):
+            journal.append(EntryKind.EPISODE, [json.dumps({"id": f"e{more}"}).encode()])
+            journal.append(EntryKind.EPISODE, [json.dumps({"id": f"e{more + 1}"}).encode()])
+            assert shipper.drain(journal.last_seq(), deadline=_soon(10))
+        shipper.stop(timeout=5)
+    assert sink.stored == [f"e{i}" for i in range(12)]
+    assert "fake" not in journal.losses()
+    assert caplog.text.count("malformed entry key") == 1  # said once
     journal.close()
