@@ -304,69 +304,79 @@ def landed_rows(client: PlatformClient, table: str) -> Iterator[list[dict[str, A
     refuses or cannot answer the first page; a later page refused ends the
     pages there, said: a read that only helps never holds the rows back, nor
     refuses one. A transient failure is raised (the batch is tried again)."""
-    run_id = table.rsplit(" ", 1)[-1]
-    items = _landed_items(client, run_id, None)
+    reader = _LandedReader(client, table.rsplit(" ", 1)[-1])
+    items = reader.items(None)
     if items is None:
         return None
     first = _rows_from(items, None)
     if items and not first:
         # A page of rows without a step (the local platform lists them
         # first): those with one, from the lowest step there is.
-        first = _landed_page(client, run_id, FIRST_STEP) or []
-    return _landed_pages(client, run_id, first)
+        first = reader.page(FIRST_STEP) or []
+    return reader.pages(first)
 
 
-def _landed_pages(
-    client: PlatformClient, run_id: str, rows: list[dict[str, Any]]
-) -> Iterator[list[dict[str, Any]]]:
-    while rows:
-        yield rows
-        last = max(r["step"] for r in rows)
-        # No step comes after the last (``records.LAST_STEP``): asking for
-        # those that do is an error (a 500 from the local platform, each time).
-        if last >= LAST_STEP:
-            return
-        page = _landed_page(client, run_id, last + 1)
-        if page is None:
-            log.warning(
-                "prime-runs: the platform refused the read of run %s's metrics rows from step "
-                "%d on: the table that merges this host's processes' rows lacks them, and a "
-                "step among them logged again by one process loses the keys the others "
-                "logged for it before",
-                run_id,
-                last + 1,
-            )
-        rows = page or []
+class _LandedReader:
+    """The pages of one run's landed rows (``landed_rows``), in pages of the
+    size that last fit the client's bound for an answer: rows of many
+    metrics are read in smaller pages, and every page after the first that
+    fit keeps its size (started again at ``_LANDED_PAGE``, each page of
+    such rows cost an answer past the bound, up to 16 MiB read, first)."""
 
+    def __init__(self, client: PlatformClient, run_id: str) -> None:
+        self._client = client
+        self._run_id = run_id
+        self._limit = _LANDED_PAGE
 
-def _landed_page(client: PlatformClient, run_id: str, lowest: int) -> list[dict[str, Any]] | None:
-    """The rows of one page of the run's rows from step ``lowest`` on; None
-    where the platform refused or could not answer it (raised: transient)."""
-    items = _landed_items(client, run_id, lowest)
-    return None if items is None else _rows_from(items, lowest)
+    def pages(self, rows: list[dict[str, Any]]) -> Iterator[list[dict[str, Any]]]:
+        while rows:
+            yield rows
+            last = max(r["step"] for r in rows)
+            # No step comes after the last (``records.LAST_STEP``): asking for
+            # those that do is an error (a 500 from the local platform, each time).
+            if last >= LAST_STEP:
+                return
+            page = self.page(last + 1)
+            if page is None:
+                log.warning(
+                    "prime-runs: the platform refused the read of run %s's metrics rows from "
+                    "step %d on: the table that merges this host's processes' rows lacks "
+                    "them, and a step among them logged again by one process loses the keys "
+                    "the others logged for it before",
+                    self._run_id,
+                    last + 1,
+                )
+            rows = page or []
 
+    def page(self, lowest: int) -> list[dict[str, Any]] | None:
+        """The rows of one page of the run's rows from step ``lowest`` on;
+        None where the platform refused or could not answer it (raised:
+        transient)."""
+        items = self.items(lowest)
+        return None if items is None else _rows_from(items, lowest)
 
-def _landed_items(client: PlatformClient, run_id: str, lowest: int | None) -> list[Any] | None:
-    """What one page of the run's rows from step ``lowest`` on lists (None:
-    from the first); None where the platform refused or could not answer
-    it (raised: transient)."""
-    limit = _LANDED_PAGE
-    while True:
-        params = {"limit": limit, **({} if lowest is None else {"min_step": lowest})}
-        try:
-            page = client.api("GET", f"/rft/runs/{segment(run_id)}/metrics", params=params)
-            return receipts.page_items(page, "metrics")
-        except OversizeAnswerError:
-            # Rows of many metrics (1,000 rows of 17 KB are past the client's
-            # bound for an answer): fewer of them a page. Given up, the
-            # table lacked every landed row, as for a platform without the read.
-            if limit == 1:
+    def items(self, lowest: int | None) -> list[Any] | None:
+        """What one page of the run's rows from step ``lowest`` on lists
+        (None: from the first); None where the platform refused or could
+        not answer it (raised: transient)."""
+        path = f"/rft/runs/{segment(self._run_id)}/metrics"
+        while True:
+            params = {"limit": self._limit, **({} if lowest is None else {"min_step": lowest})}
+            try:
+                page = self._client.api("GET", path, params=params)
+                return receipts.page_items(page, "metrics")
+            except OversizeAnswerError:
+                # Rows of many metrics (1,000 rows of 17 KB are past the
+                # client's bound for an answer): fewer of them a page. Given
+                # up, the table lacked every landed row, as for a platform
+                # without the read.
+                if self._limit == 1:
+                    return None
+                self._limit = max(1, self._limit // 10)
+            except APIError as exc:
+                if is_transient(exc) and not isinstance(exc, UnprovenAnswerError):
+                    raise
                 return None
-            limit = max(1, limit // 10)
-        except APIError as exc:
-            if is_transient(exc) and not isinstance(exc, UnprovenAnswerError):
-                raise
-            return None
 
 
 def _rows_from(items: list[Any], lowest: int | None) -> list[dict[str, Any]]:

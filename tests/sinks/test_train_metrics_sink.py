@@ -461,6 +461,30 @@ def test_the_landed_rows_of_many_metrics_each_are_read_past_an_answers_bound(
     assert [row["step"] for page in pages for row in page] == list(range(1200))
 
 
+def test_the_landed_rows_of_many_metrics_keep_the_page_size_that_fit(
+    platform: ScriptedPlatform, table: MetricsTable
+) -> None:
+    """Each page of those wide rows started again at 1,000 rows: an answer
+    past the bound (up to 16 MiB read, then refused) for every page of 100
+    rows read. The size that fit is kept for the pages after it."""
+    metrics = {f"env/reward/bucket_{i:04d}": 0.5 for i in range(700)}
+    for step in range(1200):
+        table.by_step[("rft-1", step)] = {"step": step, **metrics}
+    limits: list[int] = []
+    serve = table.get
+
+    def get(request: httpx.Request, params: dict[str, str]) -> httpx.Response:
+        limits.append(int(request.url.params["limit"]))
+        return serve(request, params)
+
+    platform.route("metrics_read", "GET", "/api/v1/rft/runs/(?P<run_id>[^/]+)/metrics", get)
+    pages = landed_rows(platform.client(), "http://platform.test/api/v1 rft-1")
+    assert pages is not None
+    assert [row["step"] for page in pages for row in page] == list(range(1200))
+    # One answer too large, then 12 pages of 100 and the empty one past them.
+    assert limits == [1000] + [100] * 13
+
+
 def test_a_step_table_deleted_in_the_middle_of_a_merge_is_not_given_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
