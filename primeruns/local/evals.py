@@ -45,6 +45,7 @@ from .context import (
 )
 from .dashboard import stored_rows
 from .errors import PlatformError
+from .queries import query_int, row_offset
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
 MAX_ERROR_MESSAGE = 4096
@@ -142,11 +143,9 @@ async def create_evaluation(request: Request) -> JSONResponse:
 
 async def list_evaluations(request: Request) -> JSONResponse:
     check_platform_auth(request)
-    try:
-        skip = int(request.query_params.get("skip", "0"))
-        limit = int(request.query_params.get("limit", "50"))
-    except ValueError:
-        raise PlatformError(422, "skip and limit must be integers") from None
+    skip = query_int(request, "skip", 0)
+    limit = query_int(request, "limit", 50)
+    assert skip is not None and limit is not None
     if skip < 0 or not 1 <= limit <= 1000:
         raise PlatformError(422, "skip must be >= 0 and limit within [1, 1000]")
     team = request.query_params.get("team_id")
@@ -285,19 +284,18 @@ async def push_samples(request: Request) -> JSONResponse:
 async def read_samples(request: Request) -> JSONResponse:
     check_platform_auth(request)
     eval_id = request.path_params["eval_id"]
-    try:
-        page = int(request.query_params.get("page", "1"))
-        limit = int(request.query_params.get("limit", "100"))
-    except ValueError:
-        raise PlatformError(422, "page and limit must be integers") from None
+    page = query_int(request, "page", 1)
+    limit = query_int(request, "limit", 100)
+    assert page is not None and limit is not None
     if page < 1 or not 1 <= limit <= 1000:
         raise PlatformError(422, "page must be >= 1 and limit within [1, 1000]")
+    offset = row_offset(page, limit)
 
     def read(conn: sqlite3.Connection) -> tuple[list[Any], int]:
         total: int = _get_row(conn, eval_id)["sample_count"]
         rows = conn.execute(
             "SELECT body FROM eval_samples WHERE eval_id = ? ORDER BY row LIMIT ? OFFSET ?",
-            (eval_id, limit, (page - 1) * limit),
+            (eval_id, limit, offset),
         ).fetchall()
         return [json.loads(r["body"]) for r in rows], total
 

@@ -55,6 +55,7 @@ from .context import (
 from .errors import PlatformError
 from .objects import object_path
 from .parquet_bounds import checked_rows, footer_bytes
+from .queries import query_int
 from .rft_reads import LOCAL_USER_ID, read_routes
 from .rft_reads import existing_run as _run
 
@@ -87,16 +88,6 @@ def _int(body: dict[str, Any], key: str, *, optional: bool = False) -> int | Non
     if isinstance(value, bool) or not isinstance(value, int):
         raise PlatformError(422, f"Field {key!r} must be an integer")
     return value
-
-
-def _query_int(request: Request, name: str) -> int | None:
-    value = request.query_params.get(name)
-    if value is None:
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        raise PlatformError(422, f"{name} must be an integer") from None
 
 
 def run_view(row: sqlite3.Row) -> dict[str, Any]:
@@ -341,7 +332,7 @@ async def get_metrics(request: Request) -> JSONResponse:
     run_id = request.path_params["run_id"]
 
     # The CLI's filters (contract §3.8): a client looking one step up reads that step.
-    bounds = {name: _query_int(request, name) for name in ("min_step", "max_step", "limit")}
+    bounds = {name: query_int(request, name) for name in ("min_step", "max_step", "limit")}
 
     def read(conn: sqlite3.Connection) -> list[Any]:
         _run(conn, run_id)

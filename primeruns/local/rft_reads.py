@@ -43,6 +43,7 @@ from .context import check_platform_auth, context_of
 from .errors import PlatformError
 from .objects import object_path
 from .parquet_bounds import column_histogram, read_rows
+from .queries import query_int, row_offset
 
 #: The one user of the local platform (the real one returns the caller's id).
 LOCAL_USER_ID = "local-user"
@@ -51,19 +52,9 @@ _COLUMNS = {"rewards": "reward", "reward": "reward", "advantages": "advantage",
             "advantage": "advantage"}  # fmt: skip
 
 
-def _int_param(request: Request, name: str, default: int | None) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise PlatformError(422, f"{name} must be an integer") from None
-
-
 def _page(request: Request, *, limit: int) -> tuple[int, int]:
-    page = _int_param(request, "page", 1)
-    size = _int_param(request, "limit", limit)
+    page = query_int(request, "page", 1)
+    size = query_int(request, "limit", limit)
     assert page is not None and size is not None
     if page < 1 or not 1 <= size <= 1000:
         raise PlatformError(422, "page must be >= 1 and limit within [1, 1000]")
@@ -96,7 +87,7 @@ async def list_runs(request: Request) -> JSONResponse:
         total = conn.execute(f"SELECT count(*) FROM train_runs {where}", args).fetchone()[0]
         rows = conn.execute(
             f"SELECT * FROM train_runs {where} ORDER BY created_at DESC, id LIMIT ? OFFSET ?",
-            (*args, limit, (page - 1) * limit),
+            (*args, limit, row_offset(page, limit)),
         ).fetchall()
         return [run_view(r) for r in rows], int(total)
 
@@ -163,7 +154,7 @@ def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
 async def samples(request: Request) -> JSONResponse:
     check_platform_auth(request)
     run_id = request.path_params["run_id"]
-    step = _int_param(request, "step", None)
+    step = query_int(request, "step", None)
     if step is None:
         raise PlatformError(422, "step is required")
     page, limit = _page(request, limit=100)
@@ -171,7 +162,8 @@ async def samples(request: Request) -> JSONResponse:
     _, keys = await ctx.db.read(lambda conn: _step_objects(conn, run_id, step))
     objects = [(object_path(ctx.objects_dir, key), rows) for key, rows in keys]
     # Only the page's rows are decoded (parquet_bounds.read_rows), not the step's.
-    shown, total = await anyio.to_thread.run_sync(read_rows, objects, (page - 1) * limit, limit)
+    offset = row_offset(page, limit)
+    shown, total = await anyio.to_thread.run_sync(read_rows, objects, offset, limit)
     return JSONResponse(
         {
             "run_id": run_id,
@@ -210,7 +202,7 @@ async def distributions(request: Request) -> JSONResponse:
     if column is None:
         raise PlatformError(422, f"type must be one of: {', '.join(sorted(_COLUMNS))}")
     ctx = context_of(request)
-    wanted = _int_param(request, "step", None)
+    wanted = query_int(request, "step", None)
     step, keys = await ctx.db.read(lambda conn: _step_objects(conn, run_id, wanted))
     paths = [object_path(ctx.objects_dir, key) for key, _ in keys]
     # The one column, a batch at a time: the same bins as histogram() of its values.

@@ -254,6 +254,31 @@ def test_training_run_metrics_samples_and_finalize(
     assert [m["loss"] for m in metrics] == [1.0, 0.4]
 
 
+@pytest.mark.parametrize("name", ["min_step", "max_step", "limit"])
+@pytest.mark.parametrize("value", [2**63, -(2**63) - 1, 10**30])
+def test_a_metrics_read_bound_beyond_64_bits_is_refused_naming_it_not_a_500(
+    api: httpx.Client, name: str, value: int
+) -> None:
+    # SQLite holds 64-bit integers: one past them failed binding the query,
+    # a 500 (the SDK never sends one, but a platform must not 500 on input).
+    run_id = _train(api).json()["run"]["id"]
+    r = api.get(f"/rft/runs/{run_id}/metrics", params={name: value})
+    assert r.status_code == 422 and name in r.json()["detail"]
+    edge = 2**63 - 1 if value > 0 else -(2**63)
+    assert api.get(f"/rft/runs/{run_id}/metrics", params={name: edge}).status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("path", "name"),
+    [("/evaluations/{eval_id}/samples", "page"), ("/evaluations/", "skip")],
+)
+def test_an_evaluation_read_position_beyond_64_bits_is_refused_not_a_500(
+    api: httpx.Client, path: str, name: str
+) -> None:
+    r = api.get(path.format(eval_id=_eval(api)), params={name: 10**30})
+    assert r.status_code == 422 and name in r.json()["detail"]
+
+
 def test_failed_training_run_refuses_finalize(api: httpx.Client) -> None:
     run_id = _train(api).json()["run"]["id"]
     r = api.put(
