@@ -378,6 +378,9 @@ class Lifecycle:
                     spec.name,
                 )
             self.journal.set_meta(K_CREATE_SENT, time.time())  # before the request
+            # Counted before the request, as lost until its answer says
+            # otherwise: a process that dies waiting for it leaves it counted.
+            self.journal.set_meta(K_CREATES_LOST, lost + 1)
             try:
                 created = self._call(
                     "POST", "/rft/external-runs", body, replayable=False, attempts=attempts
@@ -395,8 +398,10 @@ class Lifecycle:
                 # the created run's id is no better than none.
                 if isinstance(exc, TransportError | UnprovenAnswerError) and is_ambiguous(exc):
                     self._lost_creates += 1
-                    self.journal.set_meta(K_CREATES_LOST, lost + 1)
+                else:  # refused as a whole, or never sent: it made no run
+                    self.journal.set_meta(K_CREATES_LOST, lost)
                 raise
+            self.journal.set_meta(K_CREATES_LOST, lost)  # this one is the run
             run_id, name, url = str(run["id"]), run.get("name") or spec.name, None
         else:
             body = self._eval_body(spec, attempts)

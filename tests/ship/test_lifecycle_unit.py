@@ -38,7 +38,7 @@ from primeruns.exceptions import (
     UnauthorizedError,
 )
 from primeruns.journal import Journal
-from primeruns.ship.lifecycle import Lifecycle
+from primeruns.ship.lifecycle import K_CREATES_LOST, Lifecycle
 from primeruns.ship.policy import UNREACHED_S, RetryPolicy
 from primeruns.spec import SpecError
 
@@ -705,3 +705,33 @@ def test_the_lookup_reads_smaller_pages_where_a_page_is_past_the_answer_bound(
         ("3", "1"),  # alone: passed over
         *[(at, "1") for at in ("4", "5", "6", "7")],  # made is the oldest
     ]
+
+
+def test_a_training_create_whose_process_died_waiting_is_counted_by_the_next_one(
+    world: World, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The process that sent the create died before its answer came (no
+    # failure was ever seen): the run it may have made is counted all the
+    # same. A create refused as a whole made none and is not counted.
+    lifecycle = world.start(_spec("train"))
+    world.platform.fail("create_run", error(503, "refused"))
+    with pytest.raises(RetryableAPIError):
+        lifecycle.register(attempts=1)
+    assert not lifecycle.journal.get_meta(K_CREATES_LOST)
+    real = lifecycle.client.api
+
+    def dies(method: str, path: str, *args: Any, **kwargs: Any) -> Any:
+        if path.startswith("/rft/external-runs"):
+            real(method, path, *args, **kwargs)  # it lands; the process dies waiting
+            raise SystemExit("killed")
+        return real(method, path, *args, **kwargs)
+
+    monkeypatch.setattr(lifecycle.client, "api", dies)
+    with pytest.raises(SystemExit):
+        lifecycle.register(attempts=1)
+    monkeypatch.setattr(lifecycle.client, "api", real)
+    with caplog.at_level(logging.WARNING, logger="primeruns.lifecycle"):
+        lifecycle.register()
+    assert "up to 1 empty RUNNING runs named 'rl-test' may remain" in caplog.text
+    assert len(world.registry.runs) == 2
+    assert lifecycle.journal.get_meta(K_CREATES_LOST) == 1  # the earlier one, not this
