@@ -86,7 +86,7 @@ def samples_prove(answer: Mapping[str, Any], rows: int, eval_id: str) -> bool:
         return False
     if named is not None and str(named) != eval_id:
         raise unproven(f"the samples push was answered for evaluation {_shown(named)}")
-    if inserted != rows:
+    if count(inserted) != rows:  # (``inserted: true`` is no count of one row)
         raise unproven(
             f"the samples push of {rows} rows was answered 'inserted: {_shown(inserted)}'"
         )

@@ -177,6 +177,21 @@ def test_eval_samples_a_bogus_200_for_a_stored_push_is_never_sent_twice(kind: st
     assert platform.calls.count("push") == 1
 
 
+def test_eval_samples_an_answer_whose_count_is_a_boolean_is_no_proof() -> None:
+    # ``inserted: true`` for a push of one row: Python's True == 1 made it
+    # the count, so a push the platform never stored was taken as stored.
+    platform = ScriptedPlatform()
+    table = SampleTable(platform)
+    sink, batch = _eval_batch(platform, 1)
+    said = httpx.Response(200, json={"evaluation_id": "eval-1", "inserted": True})
+    table.answers.append((said, False))
+    with pytest.raises(Exception) as raised:
+        batch.send(sink)
+    _unproven(raised.value)
+    batch.send(sink)
+    assert list(table.ids().values()) == [1]
+
+
 def test_eval_samples_a_platform_that_answers_with_an_empty_body_succeeds() -> None:
     # The contract lets the platform answer a push with any JSON object or
     # nothing: that platform's successes must not be retried forever.
