@@ -5,15 +5,20 @@ loop never pays for decompressing, encoding and sending. Between the two
 there is the journal (the only queue and the only state) and two pipes that
 only ever carry wake-ups, never data:
 
-- *wake* (producer → uplink): one byte after each append, written without
-  blocking (a full pipe already means a wake-up is pending); ``HURRY`` when
-  ``flush()`` or ``finish()`` waits, so small batches go out without
-  lingering. The uplink acts on a burst of appends (a training step's
-  episodes, then its metrics row) once the producer has been quiet for
-  ``QUIET_S``: woken in the middle of one, it would take a core from the
-  producer's next call (a 2-core machine's p99 per-step log time went from
-  ~4 ms to ~2 ms with this); and bursts closer together than the run's
-  linger are passed on as one (``_until_due``);
+- *wake* (producer → uplink): one byte after an append, written without
+  blocking (a full pipe already means a wake-up is pending), at most one
+  each ``WAKE_GAP_S``; ``HURRY`` when ``flush()`` or ``finish()`` waits, so
+  small batches go out without lingering. The uplink acts on a burst of
+  appends (a training step's episodes, then its metrics row) once the
+  producer has been quiet for ``QUIET_S``: woken in the middle of one, it
+  would take a core from the producer's next call (a 2-core machine's p99
+  per-step log time went from ~4 ms to ~2 ms with this); and bursts closer
+  together than the run's linger are passed on as one (``_until_due``).
+  A wake-up is passed on to the shippers no sooner than ``SETTLE_S`` after
+  the uplink read it (``_settle``), so an append within ``WAKE_GAP_S`` of
+  the producer's last byte needs none of its own: that byte, read after it
+  was written, is passed on later than the append (the write was a system
+  call per ``log_*`` call, and woke the uplink's thread as often);
 - *progress* (uplink → producer): one byte whenever a sink acknowledged,
   failed or changed standing, so ``flush()`` and ``finish()`` wait without
   polling. Its end of file says the uplink is gone.
@@ -70,7 +75,7 @@ from ..platform import Settings
 from ..settings import SdkSettings, process_sdk_settings, without_settings
 from ..threads import bounded, start_daemon
 from .policy import RetryPolicy
-from .standby import GO, HURRY, WARM, wait_for_word
+from .standby import GO, HURRY, SETTLE_S, WARM, wait_for_word
 from .uplink import Uplink
 
 __all__ = [
@@ -89,6 +94,12 @@ log = logging.getLogger("primeruns")
 WAKE = b"\0"
 _MAIN = "primeruns.ship.uplink_main"
 QUIET_S = 0.005  # the producer's appends are one burst until it is quiet this long
+# The producer writes at most one wake-up this often, and the uplink passes
+# one on SETTLE_S after it read it at the earliest: an append within the
+# gap is covered by the byte before (see the module doc), if the gap is
+# the shorter of the two.
+WAKE_GAP_S = 0.001
+assert WAKE_GAP_S < SETTLE_S
 LATE_S = 0.05  # and a burst is acted on this long after it began, at the latest
 UPLINK_LOG_NAME = "uplink.log"  # the uplink's standard error, in the run's directory
 
@@ -388,9 +399,21 @@ class UplinkProcess:
         self._progress = ProgressReader(self._progress_r)
         self._lock = threading.Lock()
         self._closed = False
+        self._woke_at = float("-inf")  # when the last wake-up was about to be written
 
     def wake(self) -> None:
+        # Within WAKE_GAP_S of the last byte's time, this append is passed
+        # on with that byte: the uplink read it after it was written, so
+        # after that time, and passes it on SETTLE_S after the read at the
+        # earliest (``PipeProducerLink._settle``), after now. The time is
+        # taken before the write and kept after it: a byte cut off between
+        # the two (Ctrl-C) leaves none that covers later appends, and a
+        # thread that reads an older time only writes one more.
+        now = time.monotonic()
+        if now - self._woke_at < WAKE_GAP_S:
+            return
         self._send(WAKE)
+        self._woke_at = now
 
     def hurry(self) -> None:
         self._send(HURRY)
@@ -690,6 +713,7 @@ class PipeProducerLink:
         self._journal = journal
         self._every_s = max(0.0, every_s)
         self._woken_at = float("-inf")  # monotonic time of the last wake-up passed on
+        self._wake_read_at = float("-inf")  # ... and of the last read of one (``_settle``)
         self._on_gone = on_gone
         self._on_hurry: Callable[[], None] | None = None
         # A hurry read before ``on_hurry`` is set (the link starts first; the
@@ -782,25 +806,57 @@ class PipeProducerLink:
                 if not data:
                     self._mark_gone()
                     return
-                if HURRY in data:
+                hurry = HURRY in data
+                if hurry:  # at once: someone waits
                     self._hurried()
-                self._woken_at = time.monotonic()
-                self._event.set()
-                with contextlib.suppress(Exception):
-                    self._journal.wake_all(hurry=HURRY in data)
+                    self._pass_on(hurry=True)
+                settled = self._settle()
+                if settled is None:
+                    self._mark_gone()
+                    return
+                if settled or not hurry:
+                    self._pass_on(hurry=False)
             if tick is not None and os.getppid() != self._producer:
                 self._mark_gone()
                 return
+
+    def _pass_on(self, *, hurry: bool) -> None:
+        """Wake the shippers, the mover and the finish's look."""
+        self._woken_at = time.monotonic()
+        self._event.set()
+        with contextlib.suppress(Exception):
+            self._journal.wake_all(hurry=hurry)
 
     def _read_wake(self) -> bytes | None:
         """What the wake pipe holds: b"" at its end of file (the producer is
         gone), None when it is empty."""
         try:
-            return os.read(self._wake_fd, 65536)
+            data = os.read(self._wake_fd, 65536)
         except BlockingIOError:
             return None
         except OSError:
             return b""
+        if WAKE in data:
+            self._wake_read_at = time.monotonic()
+        return data
+
+    def _settle(self) -> bool | None:
+        """Wait until ``SETTLE_S`` has passed since a wake-up was last read,
+        reading nothing meanwhile (the pidfd alone is watched): the
+        producer wrote none for its appends within ``WAKE_GAP_S`` of that
+        one (``UplinkProcess.wake``), and they are passed on with it, so no
+        sooner than this. Whether it waited; None once the producer is gone.
+        A burst that ended quiet waited that out already (``QUIET_S``); one
+        cut at ``LATE_S`` or by the linger's end (or a hurry) waits up to
+        that. A hurry that comes meanwhile is read after it."""
+        left = self._wake_read_at + SETTLE_S - time.monotonic()
+        if left <= 0:
+            return False
+        if self._pidfd is None:
+            time.sleep(left)  # (its death shows as the pipe's end of file, read next)
+        elif wait_readable(self._pidfd, left):
+            return None
+        return True
 
     def _until_quiet(self, data: bytes) -> bytes:
         """Wait out the producer's burst of appends: until no wake-up came for

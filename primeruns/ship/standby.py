@@ -26,12 +26,16 @@ from __future__ import annotations
 import os
 import select
 import sys
+import time
 
 # Bytes on the wake pipe besides ``ship.link``'s wake-up (b"\0"): HURRY
 # (someone waits: send small batches now), GO (ship now: to an uplink
 # started with --await-go, ``ship.startup``), WARM (do the imports: to one
 # on standby). Defined here, where nothing of the package may be imported.
 HURRY, GO, WARM = b"\1", b"\2", b"\3"
+# A wake-up is passed on to the shippers no sooner than this after it was
+# read: it covers the producer's appends made shortly after it (``ship.link``).
+SETTLE_S = 0.005
 
 
 def wait_for_word(wake: int, producer: int, words: tuple[bytes, ...]) -> tuple[bytes | None, bool]:
@@ -80,6 +84,9 @@ def wait_for_word(wake: int, producer: int, words: tuple[bytes, ...]) -> tuple[b
                 break
             for word in words:
                 if word in data:
+                    # Wake-ups read with it are passed on by the shippers'
+                    # first read: no sooner than SETTLE_S after this read.
+                    time.sleep(SETTLE_S)
                     return word, HURRY in data[data.index(word) :]
         return None, False
     finally:

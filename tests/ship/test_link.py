@@ -9,10 +9,13 @@ once on a hurry (``flush()``, ``finish()``); the producer's death ends its wait.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import fcntl
 import os
 import select
 import subprocess
+import termios
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -184,13 +187,16 @@ def _drained(fd: int) -> None:
 
 
 def test_bursts_closer_together_than_the_linger_wake_the_shippers_once(
-    tmp_path: Path, pipe: tuple[int, int]
+    tmp_path: Path, pipe: tuple[int, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A training loop logging a step every 20 ms woke every shipper, the
     # mover and the finish's look 50 times a second, though a small batch
     # waits out the linger anyway: the uplink's CPU per step was mostly
     # those looks. Bursts within ``every_s`` of the last wake-up are passed
     # on as one, at its end; a hurry (flush, finish) is not held back.
+    # (The wake-up owed SETTLE_S after the last one read, past a hurry, is
+    # the next test's.)
+    monkeypatch.setattr(link_mod, "SETTLE_S", 0.0)
     wake_r, wake_w = pipe
     journal = _CountedWakes.create(tmp_path / "runs")
     assert isinstance(journal, _CountedWakes)
@@ -259,3 +265,92 @@ def test_the_uplink_log_is_written_only_into_a_regular_file_of_its_own(tmp_path:
         os.close(fd)
     assert (own / link_mod.UPLINK_LOG_NAME).read_bytes() == b"a line\n"
     assert (own / link_mod.UPLINK_LOG_NAME).stat().st_mode & 0o777 == 0o600
+
+
+class _Clock:
+    """``time`` for ``ship.link`` on a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_producer_that_logs_without_pause_writes_one_wake_up_a_gap_at_most(
+    pipe: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each log call wrote a byte: a system call on every log_metrics (~1 us
+    # of its ~17) that woke the uplink's thread as often. Appends within
+    # WAKE_GAP_S of a byte are passed on with it (the next test).
+    clock = _Clock()
+    monkeypatch.setattr(link_mod, "time", clock)
+    wake_r, wake_w = pipe
+    uplink = object.__new__(link_mod.UplinkProcess)  # its producer's end alone
+    uplink._wake_w, uplink._closed, uplink._woke_at = wake_w, False, float("-inf")
+    for _ in range(100):
+        uplink.wake()
+    assert os.read(wake_r, 4096) == WAKE
+    clock.now += 1.5 * link_mod.WAKE_GAP_S
+    for _ in range(100):
+        uplink.wake()
+    assert os.read(wake_r, 4096) == WAKE
+    os.close(wake_w)
+
+
+_WITHIN_GAP_S = 0.0009  # an append this long after its wake-up writes none (WAKE_GAP_S: 1 ms)
+
+
+def test_an_append_covered_by_the_wake_up_before_it_is_passed_on_after_it_was_made(
+    tmp_path: Path, pipe: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A producer that never goes quiet writes a wake-up while the link
+    # waits out its burst, then appends within WAKE_GAP_S of it, with no
+    # byte of its own. Passed on as LATE_S cut the burst, at its last read,
+    # the shippers looked before that append, and nothing woke them for it.
+    clock = _Clock()
+    monkeypatch.setattr(link_mod, "time", clock)
+    wake_r, wake_w = pipe
+    written: list[float] = []  # when each byte was written
+    producing = threading.Lock()  # held while the producer may write
+    stopped = False
+
+    def waits(fd: int, timeout: float) -> bool:  # the link's waits on the pidfd
+        clock.now += timeout
+        with producing:
+            if not stopped:
+                os.write(wake_w, WAKE)
+                written.append(clock.now)
+        return False
+
+    monkeypatch.setattr(link_mod, "wait_readable", waits)
+    passed: list[tuple[float, float]] = []  # (when, the append its last byte read covers)
+
+    class _Watched(Journal):
+        def wake_all(self, *, hurry: bool = False) -> None:
+            with producing:  # the last byte the link read, and its append
+                last_read = written[len(written) - _unread(wake_r) - 1]
+            passed.append((clock.now, last_read + _WITHIN_GAP_S))
+            super().wake_all(hurry=hurry)
+
+    journal = _Watched.create(tmp_path / "runs")
+    _, link, progress_w = _link(tmp_path, wake_r, journal=journal)
+    written.append(clock.now)
+    os.write(wake_w, WAKE)
+    while not passed:  # (the link sets its event first, then wakes the journal)
+        link.wait(0.01)
+    with producing:
+        stopped = True
+    when, covered = passed[0]
+    assert when >= covered
+    _end(journal, link, wake_w, progress_w)
+
+
+def _unread(fd: int) -> int:
+    """How many bytes a pipe holds."""
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    return count[0]
