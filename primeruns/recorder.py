@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from . import records, screening
+from . import hooks, records, screening
 from .exceptions import (
     FINISHED_WHILE_LOGGING,
     JournalError,
@@ -339,7 +339,7 @@ class Recorder:
         journal = self.journal
         if journal is None:
             return
-        if self._pid != os.getpid():  # (``owner_process``, inline: every log call)
+        if self._pid != hooks.PID:  # (``owner_process``, inline: every log call)
             target = self.forked_target() if self.forked_target is not None else None
             if target is not None:
                 target.append(kind, payloads, essential=essential, final=final)
