@@ -397,7 +397,10 @@ class UplinkProcess:
             if log_fd != subprocess.DEVNULL:
                 os.close(log_fd)
         self._progress = ProgressReader(self._progress_r)
-        self._lock = threading.Lock()
+        # Held by each write to the wake pipe and by release(): reentrant, for
+        # a SIGTERM's finish may release in the thread it interrupted mid-write.
+        self._lock = threading.RLock()
+        self._writing = False  # a write to the wake pipe is under way (in this thread)
         self._closed = False
         self._woke_at = float("-inf")  # when the last wake-up was about to be written
 
@@ -419,14 +422,31 @@ class UplinkProcess:
         self._send(HURRY)
 
     def _send(self, byte: bytes) -> None:
-        if self._closed:
-            return
-        try:
-            os.write(self._wake_w, byte)
-        except BlockingIOError:
-            pass  # the pipe is full: the uplink has wake-ups waiting already
-        except OSError:
-            pass  # the uplink is gone; alive() says so
+        # Never beside release(): a descriptor it closed under a write may be
+        # given to another open at once (a journal file, a socket), and the
+        # byte written there. Under the lock, then, and a release by a signal
+        # handler of this very thread (a SIGTERM's finish, which the reentrant
+        # lock lets in) leaves the pipe to be closed here, once written.
+        with self._lock:
+            if self._closed:
+                return
+            self._writing = True  # (before the descriptor is read)
+            try:
+                os.write(self._wake_w, byte)
+            except BlockingIOError:
+                pass  # the pipe is full: the uplink has wake-ups waiting already
+            except OSError:
+                pass  # the uplink is gone; alive() says so
+            finally:
+                self._writing = False
+                if self._closed:
+                    self._close_wake()
+
+    def _close_wake(self) -> None:
+        fd, self._wake_w = self._wake_w, -1
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def closing(self) -> None:
         self.hurry()
@@ -434,13 +454,11 @@ class UplinkProcess:
     def go(self, *, hurry: bool = False) -> None:
         """Let an uplink started with ``await_go`` go on to the claim
         (``hurry``: in the same write, so that it is read with the go)."""
-        with self._lock:  # not once release() closed the pipe: its number may be reused
-            self._send(GO + HURRY if hurry else GO)
+        self._send(GO + HURRY if hurry else GO)
 
     def warm(self) -> None:
         """Let an uplink started with ``await_go`` do its imports, then report ready."""
-        with self._lock:  # (from the watcher thread, maybe as finish() releases)
-            self._send(WARM)
+        self._send(WARM)
 
     def wait_ready(self, timeout: float) -> bool:
         """Whether an uplink started with ``await_go`` reported that it waits
@@ -538,7 +556,9 @@ class UplinkProcess:
             self._progress.close()
             pidfd, self._pidfd = self._pidfd, None
             claim, self._claim = self._claim, -1
-            for fd in (self._wake_w, pidfd, claim):
+            if not self._writing:  # else the write under way closes it (``_send``)
+                self._close_wake()
+            for fd in (pidfd, claim):
                 if fd is not None and fd >= 0:
                     with contextlib.suppress(OSError):
                         os.close(fd)

@@ -19,10 +19,13 @@ import termios
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from primeruns.journal import Journal
+from primeruns.settings import resolve_settings
 from primeruns.ship import link as link_mod
 from primeruns.ship.link import HURRY, WAKE, PipeProducerLink, ProgressReader
 
@@ -354,3 +357,85 @@ def _unread(fd: int) -> int:
     count = array.array("i", [0])
     fcntl.ioctl(fd, termios.FIONREAD, count, True)
     return count[0]
+
+
+class _WatchedLock:
+    """A lock that says when a thread has to wait for it (``waiting``)."""
+
+    def __init__(self, inner: Any, waiting: threading.Event) -> None:
+        self._inner = inner
+        self._waiting = waiting
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        if self._inner.acquire(blocking=False):
+            return True
+        self._waiting.set()
+        return bool(self._inner.acquire(blocking, timeout))
+
+    def release(self) -> None:
+        self._inner.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def test_a_wake_up_racing_a_release_never_writes_into_a_descriptor_opened_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``wake()`` (every log call) and ``hurry()`` wrote to the wake pipe
+    without the lock ``release()`` takes: a release on another thread (a
+    restart of the uplink, the finish) between a write's look and the write
+    closed the pipe, the next open took its number, and the byte went into
+    that file or socket. Here the write is held at the pipe's door until the
+    release either returned or waits for it; the files opened then stay
+    empty."""
+    journal = Journal.create(tmp_path / "runs")
+    settings = resolve_settings(
+        api_key="a-key-of-the-test", base_url="http://127.0.0.1:9", environ={}, config={}
+    )
+    process = link_mod.UplinkProcess(journal, settings, [], await_go=True)
+    opened: list[int] = []
+    try:
+        assert process.claim_back()  # stopped on standby: it never ships; the pipe stays open
+        wake_fd = process._wake_w
+        at_door, let_write, decided = threading.Event(), threading.Event(), threading.Event()
+        real_write = os.write
+
+        def write(fd: int, data: bytes) -> int:
+            if fd == wake_fd and not at_door.is_set():
+                at_door.set()
+                let_write.wait(60)
+            return real_write(fd, data)
+
+        monkeypatch.setattr(link_mod, "os", SimpleNamespace(**{**vars(os), "write": write}))
+        process._lock = _WatchedLock(process._lock, decided)  # type: ignore[assignment]
+
+        def release() -> None:
+            process.release()
+            decided.set()
+
+        waker = threading.Thread(target=process.wake)
+        waker.start()
+        assert at_door.wait(60)
+        releaser = threading.Thread(target=release)
+        releaser.start()
+        assert decided.wait(60)  # released, or waiting for the write
+        # Whatever opens next takes the lowest free number: the pipe's, if it was closed.
+        while not opened or opened[-1] < wake_fd:
+            opened.append(os.open(tmp_path / f"victim-{len(opened)}", os.O_CREAT | os.O_RDWR))
+        let_write.set()
+        waker.join(60)
+        releaser.join(60)
+        assert not waker.is_alive() and not releaser.is_alive()
+        written = {fd: os.fstat(fd).st_size for fd in opened}
+        assert not any(written.values()), written
+        assert process._closed
+    finally:
+        for fd in opened:
+            os.close(fd)
+        process.release()
+        journal.unshare_lock()
+        journal.close()
