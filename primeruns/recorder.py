@@ -34,7 +34,7 @@ from .exceptions import (
 )
 from .journal import EntryKind, Journal
 from .journal.frames import MAX_ENTRY_BYTES
-from .journal.fullness import full_cause
+from .journal.fullness import full_cause, full_remedy
 from .journal.types import loss_counts
 from .models import OnError, RunKind
 from .ship import ledger
@@ -398,7 +398,7 @@ class Recorder:
                 f"the journal at {journal.path} is full: {full_cause(journal.path)}; records "
                 "are held in memory until it has room again, as the uplink ships and frees "
                 "it (past 64 MiB held, or at the run's finish, they are dropped and counted in "
-                "run.dropped_records). Free inodes or disk space.",
+                "run.dropped_records). " + full_remedy(journal.path, "Free inodes or disk space."),
             )
         if result.dropped:
             with self.lock:
@@ -406,8 +406,12 @@ class Recorder:
             self.warn_once(
                 "budget",
                 f"the journal at {journal.path} is full: {full_cause(journal.path)}; records "
-                "are being dropped and counted in run.dropped_records. Free inodes or disk "
-                "space, or raise the budget (PRIME_RUNS_MAX_JOURNAL_BYTES).",
+                "are being dropped and counted in run.dropped_records. "
+                + full_remedy(
+                    journal.path,
+                    "Free inodes or disk space, or raise the budget "
+                    "(PRIME_RUNS_MAX_JOURNAL_BYTES).",
+                ),
             )
 
     def held_stored(self, kind: int, last: int) -> None:

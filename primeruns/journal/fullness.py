@@ -6,22 +6,64 @@ of room in the second case, so a message saying "the disk is full" sends the
 user looking in the wrong place. ``statvfs`` tells the two apart; the budget
 (``PRIME_RUNS_MAX_JOURNAL_BYTES``) is the third cause, when the filesystem has
 room of both kinds.
+
+EFBIG is a fourth: a file of the journal reached the process's file size
+limit (``ulimit -f``, RLIMIT_FSIZE, set by a job's shell or scheduler), with
+disk and budget to spare. Only the failed write knows it (``note_too_large``),
+and then no free space nor a larger budget helps: the limit is named, with
+its fix.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 from pathlib import Path
 
-__all__ = ["disk_cause", "full_cause"]
+__all__ = ["disk_cause", "full_cause", "full_remedy", "note_too_large"]
 
 # Below this many free bytes the disk, not the journal's budget, is what stopped it.
 _LOW_BYTES = 1 << 20
+# The journals (their paths) a write of which was refused with EFBIG.
+_TOO_LARGE: set[str] = set()
+_LIMIT_REMEDY = (
+    "Raise the file size limit of the job (`ulimit -f unlimited` in the script that starts "
+    "it, or the scheduler's setting) or start it where none is set."
+)
+
+
+def note_too_large(path: Path | str, exc: OSError) -> None:
+    """A write into the journal at ``path`` failed with ``exc``: if that was
+    EFBIG, its file size limit is what stops it from here on."""
+    if exc.errno == errno.EFBIG:
+        _TOO_LARGE.add(str(path))
+
+
+def _too_large(path: Path | str) -> str | None:
+    """The file size limit that stopped the journal at ``path``, in words; None
+    if no write of it met one."""
+    if str(path) not in _TOO_LARGE:
+        return None
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (OSError, ValueError):
+        soft = resource.RLIM_INFINITY
+    if soft == resource.RLIM_INFINITY:
+        return "a file of it reached the largest file its filesystem takes"
+    return (
+        f"a file of it reached this process's file size limit (ulimit -f: "
+        f"{soft >> 20} MiB), not its disk space nor its byte budget"
+    )
 
 
 def full_cause(path: Path | str) -> str:
     """A phrase naming what is exhausted where ``path`` lives: its inodes, its
-    disk space, or (when statvfs shows room of both) the journal's byte budget."""
+    disk space, the file size limit a write of it met (EFBIG), or (when
+    statvfs shows room of both) the journal's byte budget."""
+    too_large = _too_large(path)
+    if too_large is not None:
+        return too_large
     try:
         st = os.statvfs(path)
     except OSError:
@@ -36,5 +78,15 @@ def full_cause(path: Path | str) -> str:
 
 
 def disk_cause(path: Path | str) -> str:
-    """After ENOSPC (the budget is not the cause): "no free inodes" or "the disk is full"."""
-    return "no free inodes" if "inodes" in full_cause(path) else "the disk is full"
+    """After ENOSPC or EFBIG (the budget is not the cause): "no free inodes",
+    the file size limit, or "the disk is full"."""
+    cause = full_cause(path)
+    if _too_large(path) is not None:
+        return cause
+    return "no free inodes" if "inodes" in cause else "the disk is full"
+
+
+def full_remedy(path: Path | str, otherwise: str) -> str:
+    """What the user can do about the journal at ``path`` being full: raise
+    the file size limit a write of it met, else ``otherwise``."""
+    return _LIMIT_REMEDY if _too_large(path) is not None else otherwise

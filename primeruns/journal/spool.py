@@ -83,7 +83,7 @@ from primeruns.journal.frames import (
     FrameError,
     peek_header,
 )
-from primeruns.journal.fullness import disk_cause
+from primeruns.journal.fullness import disk_cause, note_too_large
 from primeruns.journal.spoolsync import SegmentSyncer
 from primeruns.journal.types import Damage
 
@@ -122,6 +122,7 @@ _MAX_NAMED = (1 << 63) - 1
 
 
 def _full(path: Path, exc: OSError) -> str:
+    note_too_large(path, exc)
     return f"journal {path}: {disk_cause(path)} ({exc})"
 
 

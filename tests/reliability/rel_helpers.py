@@ -140,3 +140,18 @@ def isolated_env(tmp: Path, extra: dict[str, str] | None = None) -> dict[str, st
     env["PYTHONPATH"] = os.pathsep.join([str(HERE.parent), env.get("PYTHONPATH", "")])
     env.update(extra or {})
     return env
+
+
+def run_script(script: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``script`` run by a fresh interpreter, its runs directory under
+    ``tmp_path`` (then ``args``); it must exit with 0."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "runs"), *args],
+        capture_output=True,
+        text=True,
+        env=isolated_env(tmp_path),
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done

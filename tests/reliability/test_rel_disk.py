@@ -197,6 +197,36 @@ def test_a_disk_filled_while_the_platform_is_down_still_ships_everything_journal
     assert set(stored) == accepted and max(stored.values()) == 1
 
 
+_UNDER_A_FILE_SIZE_LIMIT = """
+import logging, resource, sys
+resource.setrlimit(resource.RLIMIT_FSIZE, (3 << 20, resource.RLIM_INFINITY))
+import primeruns as pr, workloads
+run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=sys.argv[1])
+episodes = workloads.gsm8k(1000)
+for i in range(0, len(episodes), 20):
+    run.log_episodes(episodes[i : i + 20])
+run.finish()
+print(run.dropped_records)
+"""
+
+
+def test_a_journal_stopped_by_the_file_size_limit_names_the_limit_and_its_fix(
+    tmp_path: Path,
+) -> None:
+    """A job started under ``ulimit -f`` (RLIMIT_FSIZE: a write past it fails
+    with EFBIG, Python ignoring SIGXFSZ) drops records with disk and budget
+    to spare. The warning blamed the byte budget and told the user to raise
+    PRIME_RUNS_MAX_JOURNAL_BYTES, which changes nothing; it names the limit
+    and how to lift it now."""
+    result = rh.run_script(_UNDER_A_FILE_SIZE_LIMIT, tmp_path)
+    assert int(result.stdout.split()[-1]) > 0  # the limit was met: drops, counted
+    said = [line for line in result.stderr.splitlines() if "is full" in line]
+    assert said, result.stderr[-2000:]
+    assert "file size limit (ulimit -f: 3 MiB)" in said[0], said[0]
+    assert "ulimit -f unlimited" in said[0]
+    assert "PRIME_RUNS_MAX_JOURNAL_BYTES" not in said[0]
+
+
 def test_runs_dir_deleted_mid_run_never_reaches_the_loop(
     shared_platform: LocalPlatform, tmp_path: Path
 ) -> None:

@@ -546,21 +546,6 @@ def test_the_parents_finish_looks_only_at_journals_made_since_its_own(tmp_path: 
     ]
 
 
-def _run_script(script: str, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``script`` run by a fresh interpreter, its runs directory under
-    ``tmp_path`` (then ``args``); it must exit with 0."""
-    done = subprocess.run(
-        [sys.executable, "-c", script, str(tmp_path / "runs"), *args],
-        capture_output=True,
-        text=True,
-        env=rh.isolated_env(tmp_path),
-        timeout=180,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done
-
-
 _FORKED_FROM_A_THREAD = """
 import os, signal, sys, threading
 import primeruns as pr
@@ -607,7 +592,7 @@ def test_a_child_forked_by_a_thread_while_the_main_thread_logs_ends_on_sigterm(
     call. The new worker must not inherit that call's hold on SIGTERM (the
     signal kept until a call returns that, in the child, never will):
     ``Pool.terminate()`` SIGTERMs it and waits for it to end."""
-    done = _run_script(_FORKED_FROM_A_THREAD, tmp_path)
+    done = rh.run_script(_FORKED_FROM_A_THREAD, tmp_path)
     assert done.stdout.split() == ["child", str(-signal.SIGTERM)], done.stdout + done.stderr[-2000:]
 
 
@@ -699,7 +684,7 @@ def test_a_child_forked_while_a_thread_holds_a_lock_logs_its_first_record(
     forks), or joining the run (``pr.join``, which the child's task calls
     too). The lock was copied held into the child, and its first record
     waited for it for good."""
-    done = _run_script(_FORKED_WHILE_A_THREAD_HOLDS_A_LOCK, tmp_path, other)
+    done = rh.run_script(_FORKED_WHILE_A_THREAD_HOLDS_A_LOCK, tmp_path, other)
     assert done.stdout.split() == ["logged"], done.stdout + done.stderr[-2000:]
 
 
@@ -744,5 +729,5 @@ def test_a_forked_child_waiting_in_a_semaphore_ends_on_sigterm(tmp_path: Path) -
     worker waiting for a task (a semaphore its pool's terminate() holds for
     good) whose SIGTERM landed out of that wait never ended, and
     ``Pool.terminate()`` waited for it for ever."""
-    done = _run_script(_CHILD_WAITS_ON_A_SEMAPHORE, tmp_path)
+    done = rh.run_script(_CHILD_WAITS_ON_A_SEMAPHORE, tmp_path)
     assert done.stdout.split() == ["child", str(-signal.SIGTERM)], done.stdout + done.stderr[-2000:]
