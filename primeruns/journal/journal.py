@@ -196,17 +196,22 @@ class Journal:
         local_id = tx.safe_meta(K_LOCAL_ID)
         self.local_id = local_id if isinstance(local_id, str) else path.name
         self._background: Background | None = None
+        self._start_syncing = start_syncing
+        self._quiesced: bool | None = None  # (``quiesce``) whether it moved when quiesced
         if lock is not None:
-            self._background = Background(
-                tx,
-                self._reader,
-                durability=durability,
-                sync_spool=None if self._appender is None else self._appender.sync,
-                tick=self._tick_mover,
-                first_written=start_syncing,
-            )
+            self._start_background()
             if appends:
                 self._mover.start()
+
+    def _start_background(self) -> None:
+        self._background = Background(
+            self._tx,
+            self._reader,
+            durability=self.durability,
+            sync_spool=None if self._appender is None else self._appender.sync,
+            tick=self._tick_mover,
+            first_written=self._start_syncing,
+        )
 
     def _appends_after(self, last: int) -> int:
         """The seq this owner's appends follow: the log's end ``last``, or
@@ -1055,10 +1060,26 @@ class Journal:
     def quiesce(self) -> None:
         """Stop this handle's mover and background sync (``journal.rehome``:
         they act on files by name, and another journal may soon live there)."""
+        if self._quiesced is None:
+            self._quiesced = self._mover.here
         self._mover.stop(final=True)
         if self._background is not None:
             self._background.stop()
             self._background = None
+
+    def resume(self) -> None:
+        """Undo ``quiesce``: no other journal came to live at the path (its
+        re-creation failed, ``journal.rehome``) and this handle goes on, its
+        spool moved into LMDB (else nothing is compacted, and the spool,
+        counted against the budget, fills it) and synced as before."""
+        moving, self._quiesced = self._quiesced, None
+        if moving is None or self._closed:
+            return
+        self._mover.reopen()
+        if moving:
+            self._mover.start()
+        if self._background is None and self._owner_lock is not None:
+            self._start_background()
 
     def abandon(self) -> None:
         """Let go of a journal re-created elsewhere at its path (``journal.rehome``):

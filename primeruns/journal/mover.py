@@ -119,6 +119,11 @@ class Mover:
         if thread is not None:
             thread.join()
 
+    def reopen(self) -> None:
+        """After a final ``stop`` that did not close the journal after all
+        (``Journal.resume``): ``start`` starts it again."""
+        self._closed = False
+
     def wake(self) -> None:
         """Move now."""
         self._urgent = True

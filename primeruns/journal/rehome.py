@@ -19,6 +19,7 @@ new one. Starting the uplink on the new journal is the run's business
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 from primeruns.exceptions import JournalError
@@ -87,6 +88,11 @@ def rehome(old: Journal) -> Journal:
             new = _copy(old)
         except BaseException:
             appender.moved = False
+            # The run goes on in this handle (``rehoming``): its mover and
+            # background sync back (quiesced, its spool was never moved into
+            # LMDB again, nothing compacted, and a budget it counts against
+            # filled up with records the uplink had shipped).
+            old.resume()
             raise
     if new._appender is not None:
         # What a full disk refused goes on waiting, now for the new journal.
@@ -134,6 +140,11 @@ def _copy(old: Journal) -> Journal:
                 new.record_loss(sink, count, str(reasons[-1]))
     except BaseException:
         new.close()
+        # Made by this call a moment ago and of no use now (the run ships
+        # from the old handle): left, it held the run's registration without
+        # its offsets, for a replay to send again what was shipped, and the
+        # old handle's mover, resumed, would act on its files by name.
+        shutil.rmtree(new.path, ignore_errors=True)
         raise
     return new
 

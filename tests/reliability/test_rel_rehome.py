@@ -18,6 +18,7 @@ import os
 import shutil
 import sqlite3
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -369,3 +370,58 @@ def test_the_runs_rows_a_table_made_anew_reads_are_read_whatever_steps_they_have
     assert second.status is pr.RunStatus.COMPLETED and not second.errors, second.errors
     row = _platform_rows(shared_platform.data_dir, first.id)[0]
     assert {"loss_r0", "loss_r1"} <= set(row), row
+
+
+def _refused_after_the_new_journal_was_made(*args: Any, **kwargs: Any) -> None:
+    raise OSError(28, "No space left on device (injected)")
+
+
+@pytest.mark.parametrize("where", ["creating it", "carrying entries over"])
+def test_a_move_that_fails_after_the_old_journal_was_quiesced_keeps_every_record(
+    shared_platform: LocalPlatform,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    """The re-creation stops the old handle's mover and background sync
+    first (they act by name at the path); one that failed after that (a full
+    disk's ENOSPC as the new journal is made or filled) left them stopped
+    while threads shipped on over that handle: nothing moved its spool into
+    LMDB, so nothing shipped was compacted, and under an 8 MiB budget most
+    of 2,900 records logged after it were dropped. And a journal that failed
+    while its entries were carried over stayed at the path, the run's
+    registration without its offsets, for a replay to send it all again.
+    Now the old handle goes on as before the move, and the half-made journal
+    is gone."""
+    from primeruns.journal import rehome as rehome_mod
+
+    lp = shared_platform
+    episodes = workloads.gsm8k(3000)
+    runs = tmp_path / "runs"
+    with rt.sdk_env(lp.url, tmp_path / "home"), caplog.at_level(logging.WARNING, "primeruns"):
+        os.environ["PRIME_RUNS_MAX_JOURNAL_BYTES"] = str(8 << 20)  # (sdk_env restores it)
+        run = rt.eval_run(lp.url, runs)
+        acked = _log(run, episodes[:30])
+        if where == "creating it":
+            monkeypatch.setattr(
+                rehome_mod.Journal, "create", _refused_after_the_new_journal_was_made
+            )
+        else:
+            monkeypatch.setattr(
+                rehome_mod, "_copy_entries", _refused_after_the_new_journal_was_made
+            )
+        assert run.flush(timeout=60)
+        shutil.rmtree(runs)
+        acked += _log_until_said(run, episodes[2900:], caplog, "could not re-create")
+        for i in range(30, 2900, 100):
+            acked += _log(run, episodes[i : i + 100])
+            run.flush(timeout=60)  # shipped, and so compactable
+        flushed = run.flush(timeout=60)
+        run.finish(timeout=60)
+    stored = rh.platform_episode_ids(lp.data_dir, run.id)
+    assert flushed
+    assert run.dropped_records == 0
+    assert run.status is pr.RunStatus.COMPLETED and not run.failed_records, run.failed_records
+    assert stored == Counter(acked)  # (the workload's ids repeat past its problems)
+    assert run.journal_path is not None and not run.journal_path.exists()
