@@ -484,16 +484,40 @@ class UplinkProcess:
             self.wait_exit(deadline - time.monotonic())
 
     def alive(self) -> bool:
-        return self._proc.poll() is None
+        return not self._exited()
 
     def exit_code(self) -> int | None:
-        return self._proc.poll()
+        self._exited()
+        return self._proc.returncode
+
+    def _exited(self) -> bool:
+        """Whether the process started has exited; if so, what is left of its
+        process group is killed before it is reaped. An interpreter's
+        stand-in that runs the interpreter as its child (not exec'd) is that
+        process: killed alone, its child, the uplink, shipped on unseen, and
+        the producer took the uplink for dead and started another (two
+        shippers of one journal; the first, its wake pipe closed, then closed
+        the run out as crashed). Killed while the exited process is not yet
+        reaped, its pid, the group's id, cannot have been taken by another."""
+        if self._proc.returncode is not None:
+            return True
+        try:
+            exited = os.waitid(os.P_PID, self._proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            exited = None  # reaped already (``_reap_when_done``)
+        except OSError:
+            return self._proc.poll() is not None
+        if exited is not None:
+            with contextlib.suppress(OSError):
+                os.killpg(self._proc.pid, signal.SIGKILL)
+        return self._proc.poll() is not None
 
     def wait_exit(self, timeout: float) -> bool:
         pidfd = self._pidfd
         if pidfd is not None and not self._closed:
             if not wait_readable(pidfd, timeout):
                 return False
+            self._exited()  # (its group killed before it is reaped)
             timeout = 1.0  # it has exited: reaping it is immediate
         try:
             self._proc.wait(bounded(timeout))

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -37,6 +38,7 @@ import pytest
 import workloads
 from sdk_helpers import (
     API_KEY,
+    GatedSys,
     gated_interpreter,
     held_uplink_starts,
     kill_producer,
@@ -77,6 +79,12 @@ def _journaled_ids(path: Path) -> list[str]:
 
 def _eval_run(url: str, runs: Path) -> pr.Run:
     return pr.init(environments=["gsm8k"], model="m", api_key=API_KEY, base_url=url, runs_dir=runs)
+
+
+def _train_run(url: str, runs: Path) -> pr.Run:
+    return pr.init(
+        kind="train", model="m", team_id="team", api_key=API_KEY, base_url=url, runs_dir=runs
+    )
 
 
 def _finished(path: Path) -> bool:
@@ -680,14 +688,7 @@ def test_a_short_training_run_shipped_from_threads_lets_go_of_its_step_table(
     gate = held_uplink_starts(monkeypatch, tmp_path)
     runs = point_at(monkeypatch, tmp_path, local_platform.url)
     try:
-        run = pr.init(
-            kind="train",
-            model="m",
-            team_id="team",
-            api_key=API_KEY,
-            base_url=local_platform.url,
-            runs_dir=runs,
-        )
+        run = _train_run(local_platform.url, runs)
         for step in range(3):
             run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
         run.finish(timeout=30)
@@ -787,3 +788,53 @@ def test_the_uplink_process_does_not_load_what_it_never_runs(
         env={**os.environ, "PYTHONPATH": str(Path(pr.__file__).resolve().parents[1])},
     )
     assert json.loads(out.stdout.strip().splitlines()[-1]) == absent
+
+
+def _gone(pid: int) -> bool:
+    """Whether process ``pid`` is gone or dead (a zombie no one reaped yet)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    return stat.rsplit(b")", 1)[-1].split()[:1] == [b"Z"]
+
+
+def test_an_interpreter_stand_in_killed_alone_leaves_one_uplink_shipping(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``sys.executable`` may be a stand-in that runs the interpreter as its
+    child (a module system's wrapper, a launcher). Killed alone (a cleanup
+    of stray processes by pid), it is the process the producer started, and
+    the producer took the uplink for dead and started a second one while
+    its child, the first uplink, shipped on over the same journal: two
+    shippers of one journal, and exactly once relies on one. Now the dead
+    one's process group (the child with it) is killed before another starts."""
+    import primeruns.ship.link as link
+
+    stand_in = tmp_path / "python-wrapper"
+    stand_in.write_text(f'#!/bin/sh\n{shlex.quote(sys.executable)} "$@"\n')  # no exec
+    stand_in.chmod(0o700)
+    monkeypatch.setattr(link, "sys", GatedSys(stand_in))
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    run = _train_run(local_platform.url, runs)
+    assert run._supervisor is not None
+    first = run._supervisor.uplink
+    wait_for(first.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
+    shipping = procs.children(first.pid)  # type: ignore[attr-defined]
+    assert shipping, "the stand-in runs no uplink"
+    for step in range(10):
+        run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+    os.kill(first.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+    wait_for(lambda: not first.alive(), timeout=30, what="the stand-in's end")
+    step = 10
+    while run._supervisor.uplink is first and step < 400:  # a log call looks once a second
+        run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+        step += 1
+        time.sleep(0.01)  # polls a condition, bounded by the steps: not a timed assertion
+    assert run._supervisor.uplink is not first  # the stand-in found dead: another uplink started
+    # The first uplink (the stand-in's child) does not ship beside it.
+    wait_for(lambda: all(_gone(pid) for pid in shipping), timeout=30, what="the first uplink's end")
+    assert run.flush(timeout=60)
+    run.finish(timeout=60)
+    assert local_platform.run(run.id)["status"] == "COMPLETED"
+    assert platform_metric_steps(local_platform.data_dir, run.id) == Counter(range(step))
