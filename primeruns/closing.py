@@ -151,7 +151,13 @@ def finish_journal(
         # (killed alone) is replaced first, as the close-out's wait does,
         # else every held record waited out its share and was dropped.
         supervisor.replace_if_dead(restart=wait is not None)
-    recorder.settle_held((budget if wait is None else min(wait, budget)) * _HELD_SHARE)
+    recorder.settle_held(
+        (budget if wait is None else min(wait, budget)) * _HELD_SHARE,
+        # Room comes only from the uplink's shipping (compaction follows its
+        # acknowledgements): with every sink retired or paused none comes,
+        # and the wait only took the close-out's time.
+        None if supervisor is None else supervisor.may_free_room,
+    )
     spent = time.monotonic() - started
     budget = max(0.0, budget - spent)
     wait = None if wait is None else max(0.0, wait - spent)

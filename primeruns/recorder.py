@@ -436,14 +436,15 @@ class Recorder:
         except JournalError:
             return False
 
-    def settle_held(self, within: float) -> None:
+    def settle_held(self, within: float, room_may_come: Callable[[], bool] | None = None) -> None:
         """At the finish: wait up to ``within`` for what is held for a full
-        disk to be journaled; what is not is dropped, counted, and said."""
+        disk to be journaled (not once ``room_may_come`` says nothing may
+        free room); what is not is dropped, counted, and said."""
         journal = self.journal
         if journal is None:
             return
         with contextlib.suppress(JournalError):
-            lost = journal.settle_held(within)
+            lost = journal.settle_held(within, room_may_come)
             if lost:
                 log.warning(
                     "prime-runs: %d record(s) held in memory for the full disk at %s could not "

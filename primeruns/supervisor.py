@@ -241,6 +241,21 @@ class Supervisor:
             return False, True
         return done, settled and not done
 
+    def may_free_room(self) -> bool:
+        """Whether the uplink may still free room in the journal: a sink still
+        ships (is not off, retired or paused; compaction follows the
+        acknowledgements). Not whether one has records left: room freed by
+        the last acknowledgements comes later than they do (LMDB reuses a
+        page once no reader holds it), and held records the disk then takes
+        are shipped in turn. True where the journal cannot tell."""
+        journal = self._journal
+        try:
+            return not all(
+                ledger.read_standing(journal, name).settled for name in sink_kinds(self._kind)
+            )
+        except JournalError:
+            return True
+
     def pending(self) -> dict[str, int]:
         """Per sink still on, how many records it has not shipped (reads the journal)."""
         try:

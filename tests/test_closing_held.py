@@ -25,6 +25,7 @@ from primeruns.ship.deadline import K_AT_BOOT, boot_clock
 from primeruns.ship.ledger import Closeout
 
 _BUDGET = 4.0
+_LONG_BUDGET = 60.0  # a finish that waited half of it for nothing would show
 
 
 class _Uplink:
@@ -32,11 +33,15 @@ class _Uplink:
 
     pid = None
 
-    def __init__(self) -> None:
+    def __init__(self, *, ships: bool = True) -> None:
         self.waiting: list[float] = []
+        self.ships = ships  # whether a sink still ships (room may come)
 
     def pending(self) -> dict[str, int]:
         return {}
+
+    def may_free_room(self) -> bool:
+        return self.ships
 
     def replace_if_dead(self, *, restart: bool = False) -> None:
         pass  # it lives
@@ -53,9 +58,9 @@ class _Uplink:
         return self
 
 
-def test_finish_waits_for_held_records_half_its_time_and_the_close_out_keeps_the_rest(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _holding_two(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Recorder:
+    """A run whose journal holds two records for a disk that never has room
+    for them (and has room for the finish entry)."""
     monkeypatch.setattr(Appender, "store_held", lambda self: [])  # the disk never has room
     journal = Journal.create(tmp_path, local_id="run")
     journal.hold_when_full()
@@ -69,18 +74,29 @@ def test_finish_waits_for_held_records_half_its_time_and_the_close_out_keeps_the
     recorder.append(EntryKind.METRICS, [b'{"step": 1}', b'{"step": 2}'])
     assert recorder.dropped == 0  # held, not dropped
     monkeypatch.setattr(SpoolWriter, "write", real_write)  # room for the finish entry only
+    return recorder
 
-    uplink = _Uplink()
-    before = boot_clock()
+
+def _finish(recorder: Recorder, uplink: _Uplink, budget: float) -> None:
     closing.finish_journal(
         recorder,
         uplink,  # type: ignore[arg-type]
         status=RunStatus.COMPLETED,
         message=None,
-        budget=_BUDGET,
+        budget=budget,
         wait=None,
         run_id="run",
     )
+
+
+def test_finish_waits_for_held_records_half_its_time_and_the_close_out_keeps_the_rest(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recorder = _holding_two(tmp_path, monkeypatch)
+
+    uplink = _Uplink()
+    before = boot_clock()
+    _finish(recorder, uplink, _BUDGET)
 
     # The held records are let go once half the time is spent, counted with their reason.
     assert recorder.dropped == 2
@@ -94,3 +110,25 @@ def test_finish_waits_for_held_records_half_its_time_and_the_close_out_keeps_the
     assert finish[K_AT_BOOT] >= before + _BUDGET / 2 - 1e-3
     assert 0 < finish["timeout"] <= _BUDGET / 2
     assert uplink.waiting == [finish["timeout"]]
+
+
+def test_finish_does_not_wait_for_held_records_once_nothing_can_free_room(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Room for held records comes only from the uplink's shipping, which
+    compaction follows. With nothing shipping (every sink retired or paused:
+    the platform refused it, or was down three times in a row) and a disk
+    that stays full, finish() still waited half its timeout before it let
+    them go, for nothing: a stuck finish, and the close-out's time halved.
+    Now it lets them go after one more try, and the close-out keeps (nearly)
+    the whole budget."""
+    recorder = _holding_two(tmp_path, monkeypatch)
+
+    uplink = _Uplink(ships=False)
+    _finish(recorder, uplink, _LONG_BUDGET)
+    assert recorder.dropped == 2  # let go, counted with their reason
+    assert recorder.losses()["journal"] == {"count": 2, "reasons": ["disk full"]}
+    with Journal.open(tmp_path / "run", owner=False) as reader:
+        finish = json.loads(reader.read(0, kinds={EntryKind.FINISH}).entries[0].payload)
+    # Not half of it spent waiting: the close-out's deadline is most of the budget.
+    assert finish["timeout"] > _LONG_BUDGET / 2

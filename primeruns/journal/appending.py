@@ -18,6 +18,7 @@ import contextlib
 import itertools
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 import lmdb
@@ -32,11 +33,15 @@ from primeruns.exceptions import (
 from primeruns.journal.capacity import Capacity
 from primeruns.journal.frames import HEADER_SIZE, EntryKind, encode_frames_off_gil, spool_frame
 from primeruns.journal.layout import put_entry
-from primeruns.journal.overflow import DISK_FULL, Held, Overflow
+from primeruns.journal.overflow import DISK_FULL, RETRY_S, Held, Overflow
 from primeruns.journal.spool import SpoolWriter
 from primeruns.journal.tail import OwnTail, read_end, stored_end
 from primeruns.journal.txn import Transactions, release_reserve
 from primeruns.journal.types import AppendResult
+
+# At the finish, how often a wait for records held for a full disk looks
+# whether anything may still free room for them (``settle_held``).
+_ROOM_LOOK_S = 0.5
 
 # The most payload bytes of held appends stored in one LMDB transaction
 # (``_put_held``): compressed under the append lock, a few milliseconds.
@@ -311,13 +316,25 @@ class Appender:
             return True
         return overflow.wait_empty(within)
 
-    def settle_held(self, within: float) -> int:
+    def settle_held(self, within: float, room_may_come: Callable[[], bool] | None = None) -> int:
         """Wait up to ``within`` for the held appends to be stored, then let
-        the rest go (counted lost); how many records were let go."""
+        the rest go (counted lost); how many records were let go.
+        ``room_may_come``: whether anything may still free room (the uplink
+        shipping, whose acknowledgements compaction follows); once it says
+        no, the wait ends after one more try of the held appends."""
         overflow = self._overflow
         if overflow is None or not self._holding:
             return 0
-        overflow.wait_empty(within)
+        deadline = time.monotonic() + within
+        while not overflow.wait_empty(min(_ROOM_LOOK_S, deadline - time.monotonic())):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            if room_may_come is not None and not room_may_come():
+                # The last acknowledgement's compaction may have freed room
+                # just now: the held appends' thread tries again within this.
+                overflow.wait_empty(min(left, 2 * RETRY_S))
+                break
         with self.lock:
             return self._let_go_held()
 

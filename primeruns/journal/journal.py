@@ -662,14 +662,15 @@ class Journal:
             return True
         return self._appender.wait_held(within)
 
-    def settle_held(self, within: float) -> int:
+    def settle_held(self, within: float, room_may_come: Callable[[], bool] | None = None) -> int:
         """Wait up to ``within`` seconds for what is held for a full disk to
         be stored, then let the rest go, counted lost (``"disk full"``); how
-        many records were let go (0 at once when nothing is held)."""
+        many records were let go (0 at once when nothing is held). Not past
+        a ``room_may_come`` that says nothing may free room any more."""
         self._check()
         if self._appender is None:
             return 0
-        return self._appender.settle_held(within)
+        return self._appender.settle_held(within, room_may_come)
 
     def held_lost(self) -> int:
         """Records held for a full disk and let go in all (``settle_held``,

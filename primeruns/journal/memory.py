@@ -174,7 +174,7 @@ class MemoryJournal:
         """Nothing is held for a full disk here (``Journal.wait_held``): True."""
         return True
 
-    def settle_held(self, within: float) -> int:
+    def settle_held(self, within: float, room_may_come: Callable[[], bool] | None = None) -> int:
         """Nothing is held for a full disk here (``Journal.settle_held``): 0."""
         return 0
 
