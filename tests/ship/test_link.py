@@ -294,6 +294,7 @@ def test_a_producer_that_logs_without_pause_writes_one_wake_up_a_gap_at_most(
     wake_r, wake_w = pipe
     uplink = object.__new__(link_mod.UplinkProcess)  # its producer's end alone
     uplink._wake_w, uplink._closed, uplink._woke_at = wake_w, False, float("-inf")
+    uplink._lock, uplink._writing = threading.RLock(), False
     for _ in range(100):
         uplink.wake()
     assert os.read(wake_r, 4096) == WAKE
