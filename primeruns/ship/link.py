@@ -75,7 +75,7 @@ from ..platform import Settings
 from ..settings import SdkSettings, process_sdk_settings, without_settings
 from ..threads import bounded, start_daemon
 from .policy import RetryPolicy
-from .standby import GO, HURRY, SETTLE_S, WARM, wait_for_word
+from .standby import GO, HURRY, SETTLE_S, WARM, pause, wait_for_word
 from .uplink import Uplink
 
 __all__ = [
@@ -897,7 +897,7 @@ class PipeProducerLink:
         if left <= 0:
             return False
         if self._pidfd is None:
-            time.sleep(left)  # (its death shows as the pipe's end of file, read next)
+            pause(left)  # (its death shows as the pipe's end of file, read next)
         elif wait_readable(self._pidfd, left):
             return None
         return True
@@ -915,7 +915,7 @@ class PipeProducerLink:
             if self._pidfd is None:
                 # The quiet period itself (no pidfd to watch meanwhile: its
                 # death shows as the wake pipe's end of file, read just below).
-                time.sleep(min(QUIET_S, left))
+                pause(min(QUIET_S, left))
             elif wait_readable(self._pidfd, min(QUIET_S, left)):
                 return b""  # the pidfd: the producer is gone
             more = self._read_wake()

@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import select
 import sys
-import time
 
 # Bytes on the wake pipe besides ``ship.link``'s wake-up (b"\0"): HURRY
 # (someone waits: send small batches now), GO (ship now: to an uplink
@@ -36,6 +35,16 @@ HURRY, GO, WARM = b"\1", b"\2", b"\3"
 # A wake-up is passed on to the shippers no sooner than this after it was
 # read: it covers the producer's appends made shortly after it (``ship.link``).
 SETTLE_S = 0.005
+
+
+def pause(seconds: float) -> None:
+    """Sleep ``seconds``, by a poll of no descriptor rather than
+    ``time.sleep``: Python's sleep waits for an absolute deadline of the
+    monotonic clock (``clock_nanosleep``), which fails with EINVAL in a
+    process run under a wall-clock shifter such as libfaketime (how a
+    clock step is tested), and the uplink died of it; poll's timeout is
+    relative."""
+    select.poll().poll(max(0.0, seconds) * 1000.0)
 
 
 def wait_for_word(wake: int, producer: int, words: tuple[bytes, ...]) -> tuple[bytes | None, bool]:
@@ -86,7 +95,7 @@ def wait_for_word(wake: int, producer: int, words: tuple[bytes, ...]) -> tuple[b
                 if word in data:
                     # Wake-ups read with it are passed on by the shippers'
                     # first read: no sooner than SETTLE_S after this read.
-                    time.sleep(SETTLE_S)
+                    pause(SETTLE_S)
                     return word, HURRY in data[data.index(word) :]
         return None, False
     finally:
