@@ -303,7 +303,10 @@ def test_uplink_threads_take_the_policy_of_the_settings_handed(
     tuning = st.SdkSettings(runs_dir=tmp_path, stall_s=4.0, retry_base_s=0.3)
     threads = UplinkThreads(None, None, [], tuning)  # type: ignore[arg-type]
     assert threads.wait_exit(5)
-    assert made["policy"] == RetryPolicy(stall_s=4.0, base_delay_s=0.3)
+    # (beside the loop, its batches wait at least THREADS_LINGER_S: the fallback's own)
+    assert made["policy"] == RetryPolicy(
+        stall_s=4.0, base_delay_s=0.3, linger_s=link_module.THREADS_LINGER_S
+    )
 
 
 _READS = re.compile(r"os\.environ|getenv\(")
