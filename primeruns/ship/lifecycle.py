@@ -73,6 +73,15 @@ K_CREATE_SENT = "create_sent"
 K_CREATES_LOST = "creates_lost"
 
 
+def _answer_lost(exc: APIError) -> bool:
+    """Whether a failed training create may have made the run (its answer
+    lost): a transport failure after it was sent, a 2xx without the run's
+    id, or a gateway's timeout (504: forwarded, then not waited for)."""
+    if isinstance(exc, TransportError | UnprovenAnswerError):
+        return is_ambiguous(exc)
+    return isinstance(exc, RetryableAPIError) and exc.status_code == 504
+
+
 def crash_reason(error: str | None) -> str:
     return f"crashed: {error or 'crashed'}"
 
@@ -395,8 +404,12 @@ class Lifecycle:
             except APIError as exc:
                 # An answer lost on the way back (not a 5xx, which the platform
                 # sends when it refused the request as a whole). A 2xx without
-                # the created run's id is no better than none.
-                if isinstance(exc, TransportError | UnprovenAnswerError) and is_ambiguous(exc):
+                # the created run's id is no better than none, and a gateway's
+                # timeout (504) no better than the client's own: the create
+                # was forwarded, and a slow platform makes the run after the
+                # gateway gave up (taken for a refusal, a live run behind one
+                # retried for as long as it lived: 15 s left 11 empty runs).
+                if _answer_lost(exc):
                     self._lost_creates += 1
                 else:  # refused as a whole, or never sent: it made no run
                     self.journal.set_meta(K_CREATES_LOST, lost)

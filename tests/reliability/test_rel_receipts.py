@@ -31,6 +31,7 @@ from rel_helpers import journal_records, platform_episode_ids, platform_metric_s
 from sdk_helpers import wait_for
 
 import primeruns as pr
+from primeruns import supervisor
 from primeruns.journal import EntryKind, Journal
 from primeruns.local import LocalPlatform
 from primeruns.local.faults import BOGUS_BODIES as BOGUS
@@ -664,32 +665,85 @@ def test_a_live_training_run_whose_creates_are_answered_with_nothing_leaves_a_bo
     )
     try:
         with caplog.at_level(logging.WARNING, logger="primeruns"):
-            run = pr.init(
-                kind="train",
-                name=name,
-                model="Qwen/Qwen3-8B",
-                team_id=_TEAM,
-                training=pr.TrainingSpec(max_steps=3, batch_size=1),
-                api_key=_KEY,
-                base_url=lp.url,
-                runs_dir=settings,
-            )
-            run.log_metrics({"loss": 1.0}, step=0)
-            # The live registration gives up (the run lives on); on main it
-            # never did, and this wait ran out while runs piled up.
-            wait_for(
-                lambda: any(e.startswith("register") for e in run.errors),
-                timeout=30,
-                what="the live registration to give up",
-            )
-            run.finish(timeout=30)
+            run = _registration_given_up(settings, lp, name)
     finally:
         lp.set_faults(bogus_rate=0.0, bogus_processed=0.5, bogus_bodies=list(BOGUS), routes=[])
+    _assert_bounded_creates(lp, run, name, caplog.text)
+
+
+def _registration_given_up(runs: Path, lp: LocalPlatform, name: str) -> pr.Run:
+    """A live training run named ``name`` that logged one metrics row and
+    finished once its registration gave up (the run lives on meanwhile);
+    without a bound on lost creates, this wait ran out while runs piled up."""
+    run = pr.init(
+        kind="train",
+        name=name,
+        model="Qwen/Qwen3-8B",
+        team_id=_TEAM,
+        training=pr.TrainingSpec(max_steps=3, batch_size=1),
+        api_key=_KEY,
+        base_url=lp.url,
+        runs_dir=runs,
+    )
+    run.log_metrics({"loss": 1.0}, step=0)
+    wait_for(
+        lambda: any(e.startswith("register") for e in run.errors),
+        timeout=30,
+        what="the live registration to give up",
+    )
+    run.finish(timeout=30)
+    return run
+
+
+def _assert_bounded_creates(lp: LocalPlatform, run: pr.Run, name: str, logged: str) -> None:
+    """init()'s one try in the producer, then the uplink's bounded retries,
+    each counted in the warning; the records stay in the journal."""
     created = [r for r in lp.runs() if r.get("name") == name]
-    # init()'s one try in the producer, then the uplink's bounded retries.
     assert 1 < len(created) <= 1 + _MAX_LOST_CREATES
     said = f"up to {len(created)} empty RUNNING runs named {name!r} may remain"
-    assert said in caplog.text or said in "\n".join(run.errors), (caplog.text, run.errors)
+    assert said in logged or said in "\n".join(run.errors), (logged, run.errors)
     assert run.url is None  # never bound: its records stay in the journal
     assert run.journal_path is not None
     assert len(journal_records(run.journal_path, EntryKind.METRICS)) == 1
+
+
+class _CreateTimedOutAtTheGateway(httpx.BaseTransport):
+    """The platform behind a gateway that forwards every create of a
+    training run and answers it 504 (Gateway Timeout): the platform made
+    the run, too slowly for the gateway's wait."""
+
+    def __init__(self) -> None:
+        self._real = httpx.HTTPTransport()
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        answer = self._real.handle_request(request)
+        if request.method == "POST" and request.url.path.rstrip("/").endswith("/external-runs"):
+            answer.read()
+            return httpx.Response(504, text="Gateway Time-out")
+        return answer
+
+    def close(self) -> None:
+        self._real.close()
+
+
+def test_a_live_training_run_whose_creates_time_out_at_a_gateway_leaves_a_bounded_count(
+    lp: LocalPlatform, settings: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 504 is a gateway's timeout: the create was forwarded and the
+    platform may make the run after the gateway gave up on it, as after a
+    timeout of the client's own, which is counted among the lost answers.
+    The 504 was taken for a create refused as a whole: a live run retried
+    it for as long as it lived (15 s left 11 empty RUNNING runs, its finish
+    10 more) and no warning spoke of them."""
+    name = "rl-creates-timed-out"
+    gateway = _CreateTimedOutAtTheGateway()
+    monkeypatch.setenv("PRIME_RUNS_UPLINK", "threads")  # the gateway is in this process
+    for module in (supervisor, uplink):  # init()'s registration, then the uplink's
+        monkeypatch.setattr(
+            module, "PlatformClient", lambda settings: PlatformClient(settings, transport=gateway)
+        )
+    try:
+        run = _registration_given_up(settings, lp, name)
+    finally:
+        gateway.close()
+    _assert_bounded_creates(lp, run, name, "")
