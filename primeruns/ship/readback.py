@@ -12,11 +12,13 @@ was sent again and again until the close-out's time ran out, and then
 reported as failed although it had landed.
 
 So :func:`shows` compares as JSON values, not Python objects: numbers by
-value (within a relative ``1e-6``, what a store keeping single precision or
-printing fewer digits loses; a summary that did not land differs by far
-more), a null or empty value sent matching one absent, nulls dropped from a
-list, and keys the store added ignored. A string, a boolean or a value
-of another type read back must still be what was sent.
+value (a fraction within a relative ``1e-6``, what a store keeping single
+precision or printing fewer digits loses; an integer, a count, exactly or
+as the double nearest it: within ``1e-6``, an earlier summary's counter
+one apart from the one sent showed it), a null or empty value sent
+matching one absent, nulls dropped from a list, and keys the store added
+ignored. A string, a boolean or a value of another type read back must
+still be what was sent.
 """
 
 from __future__ import annotations
@@ -64,6 +66,12 @@ def _same_number(stored: float, sent: float) -> bool:
     if stored == sent:
         return True
     try:
+        if isinstance(sent, int):
+            # An integer is a count: one apart is another value, though
+            # within the tolerance past a million (an earlier summary's
+            # counter read back as the one sent, a swallowed update taken as
+            # landed). A store keeping doubles rounds it to the nearest.
+            return float(stored) == float(sent)
         return math.isclose(float(stored), float(sent), rel_tol=_REL_TOL)
     except OverflowError:  # an integer past a double's range: exact only
         return False

@@ -44,3 +44,18 @@ def test_a_value_a_json_store_normalised_shows_what_was_sent(stored: Any) -> Non
 )
 def test_a_value_that_is_not_what_was_sent_does_not_show_it(stored: Any) -> None:
     assert not shows(stored, _SENT)
+
+
+@pytest.mark.parametrize(
+    ("stored", "sent"),
+    [
+        (1_000_000, 1_000_001),  # a counter one apart: an earlier summary's
+        (1_000_000.0, 1_000_001),  # ... kept as a double
+        (16_777_216, 16_777_217),
+    ],
+)
+def test_an_integer_read_back_as_another_does_not_show_it(stored: Any, sent: Any) -> None:
+    # Within 1e-6 relative, a counter of a million and one read back as the
+    # million of an earlier summary was taken as landed, and the swallowed
+    # update never sent again. A double holds every such integer exactly.
+    assert not shows({"episodes": stored}, {"episodes": sent})
