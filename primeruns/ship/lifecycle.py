@@ -791,13 +791,17 @@ class Lifecycle:
                 "was the read of it; sending it again"
             )
         for field_name, value in sent.items():
-            stored = found.get(field_name)
-            if stored is None and field_name in found:
+            if field_name not in found:
+                continue  # a read that shows no such field: nothing to compare
+            stored = found[field_name]
+            if stored is None:
                 # Shown as null: a store that keeps it null until it is set
                 # (read as "no such field", a swallowed summary was taken).
                 stored = {}
-            if not isinstance(stored, dict) or not isinstance(value, Mapping):
-                continue
+            # Anything else is compared too: a field read back as a list, a
+            # number or text that is not the object sent was skipped, and a
+            # swallowed update taken as landed (readback.shows reads an
+            # object kept as JSON text).
             # As a JSON store may keep it (1.0 for 1, a null dropped): compared
             # with ==, a landed summary was sent again until time ran out.
             if not readback.shows(stored, value):

@@ -17,12 +17,14 @@ precision or printing fewer digits loses; an integer, a count, exactly or
 as the double nearest it: within ``1e-6``, an earlier summary's counter
 one apart from the one sent showed it), a null or empty value sent
 matching one absent, nulls dropped from a list, and keys the store added
-ignored. A string, a boolean or a value of another type read back must
-still be what was sent.
+ignored, and an object kept as JSON text decoded. A string, a boolean or
+a value of another type read back must still be what was sent; one of
+another shape than the object sent (a list, a number) does not show it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -37,6 +39,7 @@ def shows(stored: Any, sent: Any) -> bool:
     """Whether ``stored`` (a JSON value read back) is ``sent`` as a JSON
     store may have kept it (see the module's docstring)."""
     if isinstance(sent, Mapping):
+        stored = _decoded(stored)
         if not isinstance(stored, Mapping):
             return False
         return all(
@@ -54,6 +57,17 @@ def shows(stored: Any, sent: Any) -> bool:
     if isinstance(sent, int | float):
         return isinstance(stored, int | float) and _same_number(stored, sent)
     return bool(stored == sent)
+
+
+def _decoded(stored: Any) -> Any:
+    """An object a store keeps as JSON text, decoded; anything else as it is
+    (text that is not JSON then shows no object)."""
+    if not isinstance(stored, str):
+        return stored
+    try:
+        return json.loads(stored)
+    except ValueError:  # not JSON (json.JSONDecodeError, a ValueError)
+        return stored
 
 
 def _dropped(value: Any) -> bool:

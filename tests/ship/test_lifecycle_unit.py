@@ -735,3 +735,47 @@ def test_a_training_create_whose_process_died_waiting_is_counted_by_the_next_one
     assert "up to 1 empty RUNNING runs named 'rl-test' may remain" in caplog.text
     assert len(world.registry.runs) == 2
     assert lifecycle.journal.get_meta(K_CREATES_LOST) == 1  # the earlier one, not this
+
+
+def _read_back_as(world: World, metrics: Any) -> None:
+    """The evaluation read back (``GET``) with its ``metrics`` as ``metrics``."""
+
+    def read(_: httpx.Request, params: dict[str, str]) -> httpx.Response:
+        evaluation = world.registry.evaluation(params["id"])
+        return httpx.Response(200, json={**evaluation, "metrics": metrics})
+
+    world.platform.route("read", "GET", _EVAL, read)
+
+
+@pytest.mark.parametrize(
+    "metrics",
+    [
+        json.dumps({"avg_reward": 0.25}),  # an earlier summary, kept as JSON text
+        "not json",
+        [{"avg_reward": 0.5}],
+        0.5,
+    ],
+    ids=["earlier-text", "text", "list", "number"],
+)
+def test_a_swallowed_summary_read_back_as_no_object_is_not_taken_as_landed(
+    metrics: Any, world: World
+) -> None:
+    # Found by an adversarial review: a field read back as anything but an
+    # object was skipped, so an update a gateway answered with an empty 200
+    # (never forwarded) was taken as landed and the summary silently lost.
+    lifecycle = world.start(_spec())
+    lifecycle.register()
+    _read_back_as(world, metrics)
+    world.platform.fail("update", *[httpx.Response(200)] * 3)  # swallowed
+    assert lifecycle.finalize("failed", "boom", {"avg_reward": 0.5})
+    assert [what for what, _ in world.failures] == ["update"]
+
+
+def test_a_summary_read_back_as_json_text_of_it_is_taken_as_landed(world: World) -> None:
+    # A store keeping the object as JSON text still shows it: taken, not sent again.
+    lifecycle = world.start(_spec())
+    lifecycle.register()
+    _read_back_as(world, json.dumps({"avg_reward": 0.5}))
+    world.platform.fail("update", httpx.Response(200))
+    assert lifecycle.finalize("failed", "boom", {"avg_reward": 0.5})
+    assert world.failures == [] and world.platform.calls.count("update") == 2
