@@ -400,7 +400,11 @@ class UplinkProcess:
         # Held by each write to the wake pipe and by release(): reentrant, for
         # a SIGTERM's finish may release in the thread it interrupted mid-write.
         self._lock = threading.RLock()
-        self._writing = False  # a write to the wake pipe is under way (in this thread)
+        # How many writes to the wake pipe are under way in this thread: a
+        # count, for a signal handler's write (a SIGTERM's finish hurries)
+        # nests in the one it interrupted, and a flag the inner one cleared
+        # let release() close the pipe under the outer one.
+        self._writing = 0
         self._closed = False
         self._woke_at = float("-inf")  # when the last wake-up was about to be written
 
@@ -430,7 +434,7 @@ class UplinkProcess:
         with self._lock:
             if self._closed:
                 return
-            self._writing = True  # (before the descriptor is read)
+            self._writing += 1  # (before the descriptor is read)
             try:
                 os.write(self._wake_w, byte)
             except BlockingIOError:
@@ -438,8 +442,8 @@ class UplinkProcess:
             except OSError:
                 pass  # the uplink is gone; alive() says so
             finally:
-                self._writing = False
-                if self._closed:
+                self._writing -= 1
+                if self._closed and not self._writing:  # the outermost write closes it
                     self._close_wake()
 
     def _close_wake(self) -> None:

@@ -294,7 +294,7 @@ def test_a_producer_that_logs_without_pause_writes_one_wake_up_a_gap_at_most(
     wake_r, wake_w = pipe
     uplink = object.__new__(link_mod.UplinkProcess)  # its producer's end alone
     uplink._wake_w, uplink._closed, uplink._woke_at = wake_w, False, float("-inf")
-    uplink._lock, uplink._writing = threading.RLock(), False
+    uplink._lock, uplink._writing = threading.RLock(), 0
     for _ in range(100):
         uplink.wake()
     assert os.read(wake_r, 4096) == WAKE
@@ -440,3 +440,43 @@ def test_a_wake_up_racing_a_release_never_writes_into_a_descriptor_opened_meanwh
         process.release()
         journal.unshare_lock()
         journal.close()
+
+
+def test_a_finish_nested_in_a_wake_up_leaves_the_pipe_open_for_the_write_it_interrupted(
+    tmp_path: Path, pipe: tuple[int, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM landing in ``wake()`` after it read the pipe's descriptor
+    runs the finish in the same thread: its ``hurry()`` writes (a nested
+    ``_send``, let in by the reentrant lock) and its ``release()`` follows.
+    The nested write set the flag of a write under way back to False, so the
+    release closed the pipe under the interrupted write, and the next open
+    took its number: the wake-up's byte went into that file. Nested by hand
+    here, as the signal handler would."""
+    wake_r, wake_w = pipe
+    uplink = object.__new__(link_mod.UplinkProcess)  # its producer's end alone
+    uplink._wake_w, uplink._closed, uplink._woke_at = wake_w, False, float("-inf")
+    uplink._lock, uplink._writing = threading.RLock(), 0
+    uplink._proc = SimpleNamespace(poll=lambda: 0)  # exited: nothing to reap
+    uplink._progress = SimpleNamespace(close=lambda: None)
+    uplink._pidfd, uplink._claim = None, -1
+    real_write = os.write
+    opened: list[int] = []
+
+    def write(fd: int, data: bytes) -> int:
+        if data == WAKE and not opened:  # the wake-up, its descriptor read: the signal
+            uplink.hurry()
+            uplink.release()
+            opened.append(os.open(tmp_path / "victim", os.O_CREAT | os.O_RDWR))
+        return real_write(fd, data)
+
+    monkeypatch.setattr(link_mod, "os", SimpleNamespace(**{**vars(os), "write": write}))
+    try:
+        uplink.wake()
+        assert os.fstat(opened[0]).st_size == 0  # nothing written into the file opened
+        assert os.read(wake_r, 16) == HURRY + WAKE
+        assert uplink._wake_w == -1  # closed once the interrupted write was done
+    finally:
+        for fd in opened:
+            os.close(fd)
+        if uplink._wake_w >= 0:
+            os.close(uplink._wake_w)
