@@ -133,9 +133,17 @@ def go_online(
         client.close()  # from here on only the uplink talks to the platform
     attach = lifecycle.spec.attach_id
     predecessors: list[Path] = []
-    if attach and siblings and not in_memory(journal):  # (one in memory has no folder)
-        predecessors, alive = find_run_journals(journal.path.parent, attach, exclude=journal.path)
-        if alive:
+    # The run's earlier processes whose journals are left: an ``id=``
+    # attach's, and a run key's once it named its run (registered here).
+    # The uplink process of one SIGKILLed outlives it and ships them; in
+    # threads (the fallback), they died with it, and were left to a
+    # ``primeruns replay`` nobody ran while this process closed the run.
+    binding = lifecycle.binding()
+    keyed = lifecycle.spec.run_key and binding is not None
+    of_run = attach or (binding.run_id if keyed and binding is not None else None)
+    if of_run and siblings and not in_memory(journal):  # (one in memory has no folder)
+        predecessors, alive = find_run_journals(journal.path.parent, of_run, exclude=journal.path)
+        if alive and attach:
             # Ranks of one run (primeruns.ranks): expected, and said once.
             log.info(
                 "prime-runs: other processes (%s) log to run %s as well; this one %s",

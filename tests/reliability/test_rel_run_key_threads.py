@@ -1,0 +1,113 @@
+"""A run key's next process ships what a SIGKILLed process in threads mode left.
+
+``PRIME_RUNS_UPLINK=threads`` is the fallback where no uplink process can
+start: the uplink runs as threads of the producer, and a SIGKILL ends them
+with it, its records still in its journal. With the uplink process, that
+process outlives the kill and ships them; in threads mode the next process
+of the run (the same ``run_key``) must, as it does for an ``id=`` attach:
+the SDK is never worse in threads mode than with the process.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import procs
+from rel_helpers import bound_run_id, isolated_env, platform_episode_ids
+
+from primeruns.local import LocalPlatform
+
+_KEY = "test-key-0123456789"
+_RUN_KEY = "requeued-job-7"
+
+# argv: runs dir, base url, first episode, count, "hang" (the first process:
+# waits for a line on stdin before logging, then for its SIGKILL) or "finish"
+# (the next one), then the API key and the run key.
+_PRODUCER = """
+import sys, time
+import workloads
+import primeruns as pr
+runs, url, first, n, ending, key, run_key = sys.argv[1:8]
+run = pr.init(environments=["gsm8k"], model="m", api_key=key, base_url=url, runs_dir=runs,
+              run_key=run_key)
+print("journal", run.journal_path, flush=True)
+if ending == "hang":
+    sys.stdin.readline()
+episodes = workloads.gsm8k(int(first) + int(n))[int(first):]
+for i in range(0, len(episodes), 10):
+    run.log_episodes(episodes[i : i + 10])
+print("logged", " ".join(e["id"] for e in episodes), flush=True)
+if ending == "hang":
+    while True:
+        time.sleep(60)
+run.finish(timeout=60)
+print("finished", flush=True)
+"""
+
+
+def _args(runs: Path, lp: LocalPlatform, first: int, n: int, ending: str) -> list[str]:
+    return [
+        sys.executable,
+        "-c",
+        _PRODUCER,
+        str(runs),
+        lp.url,
+        str(first),
+        str(n),
+        ending,
+        _KEY,
+        _RUN_KEY,
+    ]
+
+
+def test_a_run_keys_next_process_ships_what_a_killed_threads_mode_process_left(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    lp = own_platform
+    runs = tmp_path / "runs"
+    env = isolated_env(tmp_path, {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url})
+    first = procs.start(
+        _args(runs, lp, 0, 300, "hang"),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    assert first.stdin is not None and first.stdout is not None
+    journal = Path(first.stdout.readline().split(" ", 1)[1].strip())
+    # Registered; nothing of its records ships before its SIGKILL: a
+    # deterministic stand-in for threads that lingered (299 of 310 left).
+    lp.set_faults(
+        retryable_rate=1.0, statuses=[503], routes=["/api/v1/evaluations/", "/api/v1/traces"]
+    )
+    try:
+        first.stdin.write("go\n")
+        first.stdin.flush()
+        logged = first.stdout.readline().split()[1:]
+        assert len(logged) == 300
+        procs.kill_job(first)
+        first.wait(timeout=60)
+    finally:
+        lp.set_faults(retryable_rate=0.0, statuses=[503, 502, 429], routes=[])
+    run_id = bound_run_id(journal)
+    assert run_id is not None
+    assert not platform_episode_ids(lp.data_dir, run_id)  # all left in the dead journal
+
+    nxt = subprocess.run(
+        _args(runs, lp, 300, 10, "finish"),
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        check=False,
+    )
+    assert nxt.returncode == 0, nxt.stderr[-2000:]
+    logged += nxt.stdout.split("logged ", 1)[1].split("\n", 1)[0].split()
+    stored = platform_episode_ids(lp.data_dir, run_id)
+    assert len(logged) == 310
+    assert stored == dict.fromkeys(logged, 1), (
+        f"{len(set(logged) - set(stored))} not shipped; {nxt.stderr[-1500:]}"
+    )
