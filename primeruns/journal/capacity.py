@@ -21,6 +21,7 @@ import lmdb
 
 from primeruns.exceptions import JournalError
 from primeruns.journal.frames import EntryKind, FrameError, peek_header
+from primeruns.journal.fullness import file_size_limit, note_limit
 from primeruns.journal.layout import CHUNK_KEY, KEY, kept_kind, key, seq_of
 from primeruns.journal.mover import Mover
 from primeruns.journal.reading import Reader
@@ -126,15 +127,25 @@ class Capacity:
         Without this, entries fill a small disk to the last byte and then the
         cursor, ack and in-flight writes that shipping needs fail with ENOSPC
         or EIO. Counting the disk's free space keeps the control reserve
-        available on a full disk too.
+        available on a full disk too. So does the process's file size limit
+        (``ulimit -f``), which LMDB's data file cannot pass whatever the disk
+        holds: filled to it, no cursor or acknowledgement could be written,
+        nothing was compacted, and what a full disk holds was held until the
+        finish dropped it.
         """
         store = self._tx.store
+        budget = store.max_bytes
         try:
             stat = os.statvfs(self._tx.path)
         except OSError:
-            return store.max_bytes
-        free = int(stat.f_bavail) * int(stat.f_frsize)
-        return min(store.max_bytes, store.file_size() + free)
+            pass
+        else:
+            budget = min(budget, store.file_size() + int(stat.f_bavail) * int(stat.f_frsize))
+        limit = file_size_limit()
+        if limit is not None and limit < budget:
+            note_limit(self._tx.path)  # what the warnings name as the cause
+            budget = limit
+        return budget
 
     def disk_short(self) -> bool:
         """Whether the disk, not the byte budget, is what refused an append:

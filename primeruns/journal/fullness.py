@@ -9,9 +9,12 @@ room of both kinds.
 
 EFBIG is a fourth: a file of the journal reached the process's file size
 limit (``ulimit -f``, RLIMIT_FSIZE, set by a job's shell or scheduler), with
-disk and budget to spare. Only the failed write knows it (``note_too_large``),
-and then no free space nor a larger budget helps: the limit is named, with
-its fix.
+disk and budget to spare. The failed write knows it (``note_too_large``), and
+so does the room count, which keeps LMDB's data file short of the limit
+(``file_size_limit``, ``note_limit``): filled to it, LMDB could no longer
+write the cursors and acknowledgements that free its pages, and every sink
+stalled. No free space nor a larger budget helps then: the limit is named,
+with its fix.
 """
 
 from __future__ import annotations
@@ -21,7 +24,14 @@ import os
 import resource
 from pathlib import Path
 
-__all__ = ["disk_cause", "full_cause", "full_remedy", "note_too_large"]
+__all__ = [
+    "disk_cause",
+    "file_size_limit",
+    "full_cause",
+    "full_remedy",
+    "note_limit",
+    "note_too_large",
+]
 
 # Below this many free bytes the disk, not the journal's budget, is what stopped it.
 _LOW_BYTES = 1 << 20
@@ -37,7 +47,33 @@ def note_too_large(path: Path | str, exc: OSError) -> None:
     """A write into the journal at ``path`` failed with ``exc``: if that was
     EFBIG, its file size limit is what stops it from here on."""
     if exc.errno == errno.EFBIG:
-        _TOO_LARGE.add(str(path))
+        note_limit(path)
+
+
+def note_limit(path: Path | str) -> None:
+    """The journal at ``path`` is stopped by the file size limit from here on
+    (a write met it, or the room count kept its data file short of it)."""
+    _TOO_LARGE.add(str(path))
+
+
+def file_size_limit() -> int | None:
+    """This process's file size limit in bytes (``ulimit -f``: RLIMIT_FSIZE's
+    soft limit); None where there is none."""
+    try:
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (OSError, ValueError):
+        return None
+    return None if soft == resource.RLIM_INFINITY else int(soft)
+
+
+def _amount(nbytes: int) -> str:
+    """``nbytes`` as a user set it: ``ulimit -f 1000`` is 1000 KiB, which
+    "0 MiB" hid."""
+    if nbytes >= 1 << 20 and not nbytes % (1 << 20):
+        return f"{nbytes >> 20} MiB"
+    if nbytes >= 1 << 10 and not nbytes % (1 << 10):
+        return f"{nbytes >> 10} KiB"
+    return f"{nbytes} bytes"
 
 
 def _too_large(path: Path | str) -> str | None:
@@ -45,15 +81,12 @@ def _too_large(path: Path | str) -> str | None:
     if no write of it met one."""
     if str(path) not in _TOO_LARGE:
         return None
-    try:
-        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-    except (OSError, ValueError):
-        soft = resource.RLIM_INFINITY
-    if soft == resource.RLIM_INFINITY:
+    soft = file_size_limit()
+    if soft is None:
         return "a file of it reached the largest file its filesystem takes"
     return (
         f"a file of it reached this process's file size limit (ulimit -f: "
-        f"{soft >> 20} MiB), not its disk space nor its byte budget"
+        f"{_amount(soft)}), not its disk space nor its byte budget"
     )
 
 

@@ -256,6 +256,15 @@ class SpoolWriter:
         except OSError as exc:
             self._undo(done)
             self._pending = None
+            if exc.errno == errno.EFBIG and self._size and self._fd == fd:
+                # The segment met the file size limit (``ulimit -f`` below
+                # ``SEGMENT_MAX``), which binds each file alone: the append
+                # goes to a segment of its own. Left here, every later
+                # append met the same limit and was dropped.
+                note_too_large(self._path, exc)
+                self.start_segment()
+                self.write(first_seq, frames)
+                return
             if exc.errno in _FULL:
                 raise JournalFullError(_full(self._path, exc)) from None
             raise JournalError(f"write to journal {self._path} failed: {exc}") from None

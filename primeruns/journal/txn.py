@@ -3,8 +3,9 @@
 LMDB allows one write transaction at a time per environment, and growing the
 map needs every transaction of this process closed (see ``store``), so all of
 them run under one in-process lock. Writes grow the map on MapFullError, turn
-a full disk into JournalFullError (after releasing the reserve file for the
-bookkeeping that frees room), and carry the drops that could not be counted
+a full disk, or a data file at the process's file size limit, into
+JournalFullError (after releasing the reserve file for the bookkeeping that
+frees room), and carry the drops that could not be counted
 in their own failed transaction. Reads turn LMDB's errors into
 JournalCorruptError: callers see one exception family.
 
@@ -28,7 +29,7 @@ import lmdb
 from primeruns import jsonbound
 from primeruns.exceptions import JournalCorruptError, JournalError, JournalFullError
 from primeruns.journal.frames import decode_frame, encode_frame
-from primeruns.journal.fullness import disk_cause
+from primeruns.journal.fullness import disk_cause, file_size_limit, note_limit
 from primeruns.journal.layout import META_KIND, dumps
 from primeruns.journal.store import Store, is_disk_full
 from primeruns.journal.types import Damage, is_loss_record
@@ -105,7 +106,11 @@ class Transactions:
                             f"journal {self.path} is at its byte budget"
                         ) from None
                 except lmdb.Error as exc:
-                    if is_disk_full(exc) or self._short_write_on_full_disk(exc):
+                    if (
+                        is_disk_full(exc)
+                        or self._short_write_on_full_disk(exc)
+                        or self._at_file_size_limit(exc)
+                    ):
                         self.tight = True
                         # Records are dropped on a full disk; the bookkeeping
                         # that ships them (and frees their room) must go on.
@@ -155,6 +160,23 @@ class Transactions:
         except OSError:
             return False
         return int(stat.f_bavail) * int(stat.f_frsize) < RESERVE_BYTES
+
+    def _at_file_size_limit(self, exc: lmdb.Error) -> bool:
+        """LMDB met the file size limit (``ulimit -f``): a write past it fails
+        with EFBIG, one across it comes back short, which LMDB reports as
+        EIO; its data file then reaches the limit. Full, not a failing device:
+        the shippers' writes waited on it as on a broken disk, and nothing
+        freed room for what was held. Noted for the warning (``fullness``)."""
+        text = str(exc)
+        if "File too large" not in text and "Input/output error" not in text:
+            return False
+        limit = file_size_limit()
+        if limit is None:
+            return False
+        if "File too large" not in text and self.store.file_size() + (64 << 10) < limit:
+            return False
+        note_limit(self.path)
+        return True
 
     # -- meta values, inside a transaction ----------------------------------------------
 

@@ -227,6 +227,93 @@ def test_a_journal_stopped_by_the_file_size_limit_names_the_limit_and_its_fix(
     assert "PRIME_RUNS_MAX_JOURNAL_BYTES" not in said[0]
 
 
+_ONLINE_UNDER_ULIMIT_F_1000 = """
+import resource, sys
+from pathlib import Path
+import primeruns as pr, workloads
+from sdk_helpers import platform_episode_ids
+resource.setrlimit(resource.RLIMIT_FSIZE, (1000 << 10, resource.RLIM_INFINITY))  # ulimit -f 1000
+run = pr.init(environments=["gsm8k"], model="m", runs_dir=sys.argv[1])
+episodes = workloads.gsm8k(600)
+for i in range(0, len(episodes), 20):
+    run.log_episodes(episodes[i : i + 20])
+run.finish(timeout=40)
+stored = platform_episode_ids(Path(sys.argv[2]), run.id)
+print(run.status.value, run.dropped_records, len(stored), max(stored.values()))
+"""
+
+
+def test_an_evaluation_under_ulimit_f_1000_ships_every_record_it_logged(
+    shared_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A job started under ``ulimit -f 1000`` (1000 KiB, a quarter of a spool
+    segment): LMDB's data file met the limit as well, its short write read as
+    an I/O error, not as full, so the uplink could write no cursor nor
+    acknowledgement, nothing was compacted, and the records held for it
+    waited until the finish dropped them (on main: 320 of 600 dropped, the
+    warning saying "held in memory for the full disk"). The room count keeps
+    the data file short of the limit now, as it does a full disk's: every
+    record lands once, none dropped, and the warning names ``ulimit -f``."""
+    lp = shared_platform
+    env = rh.isolated_env(
+        tmp_path,
+        {
+            "PRIME_API_KEY": rt.KEY,
+            "PRIME_API_BASE_URL": lp.url,
+            "PRIME_TRACES_URL": lp.url,
+        },
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _ONLINE_UNDER_ULIMIT_F_1000,
+            str(tmp_path / "runs"),
+            str(lp.data_dir),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    status, dropped, stored, most = done.stdout.split()[-4:]
+    assert (status, int(dropped), int(stored), int(most)) == ("completed", 0, 600, 1), done.stderr
+    said = [line for line in done.stderr.splitlines() if "is full" in line]
+    assert said and "(ulimit -f: 1000 KiB)" in said[0], done.stderr[-2000:]
+
+
+_SPOOL_UNDER_A_SMALL_FILE_SIZE_LIMIT = """
+import json, resource, sys
+import workloads
+from primeruns.journal import EntryKind, Journal
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, resource.RLIM_INFINITY))
+journal = Journal.create(sys.argv[1], local_id="r")
+journal._mover.stop()  # moved here, after each append: a journal that keeps up
+kept = dropped = 0
+for episode in workloads.gsm8k(160):
+    result = journal.append(EntryKind.EPISODE, [json.dumps(episode).encode()])
+    kept, dropped = kept + result.count, dropped + result.dropped
+    while journal._mover.step():
+        pass
+read = len(journal.read(0, kinds={EntryKind.EPISODE}, max_entries=10**6).entries)
+print(kept, dropped, read)
+"""
+
+
+def test_a_spool_segment_at_the_file_size_limit_gives_way_to_the_next(tmp_path: Path) -> None:
+    """Under a file size limit below a spool segment's 4 MiB (1 MiB here),
+    the segment being written met it and every later append was refused
+    with EFBIG, although LMDB had moved its entries and held them in a
+    fraction of the limit: 110 of 160 episodes kept on main, the rest
+    dropped. The next append starts a segment of its own now (the limit
+    binds each file alone), and the old one goes once LMDB holds it."""
+    result = rh.run_script(_SPOOL_UNDER_A_SMALL_FILE_SIZE_LIMIT, tmp_path)
+    kept, dropped, read = map(int, result.stdout.split()[-3:])
+    assert (kept, dropped, read) == (160, 0, 160), result.stderr[-2000:]
+
+
 def test_runs_dir_deleted_mid_run_never_reaches_the_loop(
     shared_platform: LocalPlatform, tmp_path: Path
 ) -> None:
