@@ -66,6 +66,7 @@ from .ship import ledger
 from .ship.factory import sink_kinds
 from .ship.family import K_FORK_PARENT, K_FORK_PARENT_PATH
 from .ship.family import made_since as _made_since
+from .ship.standby import pause
 from .spec import SPEC_KEY, RunSpec
 from .supervisor import go_online
 
@@ -316,7 +317,7 @@ def wait_children(
             now = time.monotonic()
             if all(child.settled(now, stall_s) for child in children) or now >= deadline:
                 break
-            time.sleep(_POLL_S)
+            pause(_POLL_S)
         return [line for child in children if (line := child.left()) is not None]
     finally:
         for child in children:

@@ -67,6 +67,7 @@ from .journal.origin import Origin
 from .journal.store import DATA_NAME
 from .journal.trust import check_dir, make_private_dirs
 from .settings import parse_bool_setting
+from .ship.standby import pause
 from .spec import SPEC_KEY, listed_spec
 
 __all__ = [
@@ -528,7 +529,7 @@ def wait_for_others(others: list[Path], *, deadline: float, stall_s: float) -> d
                 seen[path], moved_at = signature, now
         if now >= deadline or now - moved_at >= stall_s:
             break
-        time.sleep(_POLL_S)
+        pause(_POLL_S)
     left: dict[str, str] = {}
     for path in others:
         if path in waiting:

@@ -16,7 +16,6 @@ import argparse
 import contextlib
 import os
 import sys
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -40,6 +39,7 @@ from ..ship.factory import sink_kinds
 from ..ship.family import K_FORK_PARENT, children_of, finds_its_run
 from ..ship.mirror import fingerprint, snapshot, sync_root
 from ..ship.policy import RetryPolicy
+from ..ship.standby import pause
 from ..ship.uplink import journal_settings
 from ..spec import RunSpec, SpecError
 from . import close_order
@@ -819,7 +819,7 @@ def _watch(args: argparse.Namespace, options: ShipOptions) -> int:
     )
     while True:
         _pass(args, options, offline=True, seen=seen, told=told)
-        time.sleep(args.interval)
+        pause(args.interval)
 
 
 def run_replay(args: argparse.Namespace) -> int:

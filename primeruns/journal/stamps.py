@@ -42,6 +42,8 @@ import stat
 import time
 from pathlib import Path
 
+from primeruns.ship.standby import pause
+
 __all__ = ["MARK_NAME", "STAMPED", "STAMP_LEN", "no_earlier_than_made"]
 
 #: A local id's creation stamp, ``yyyymmdd-HHMMSS``: its first characters.
@@ -98,7 +100,7 @@ def _locked(fd: int) -> bool:
             # A lock's wait has no timeout of its own (an alarm's signal is
             # the main thread's only, and init() runs in any thread): tried
             # again shortly. A holder keeps it for a read and a write.
-            time.sleep(_LOCK_RETRY_S)
+            pause(_LOCK_RETRY_S)
         except OSError:
             return True
 

@@ -47,6 +47,7 @@ from ..spec import RunSpec, SpecEnvironment, journal_spec
 from . import eval_lookup, readback, run_keys
 from .family import K_FORK_PARENT, K_FORK_PARENT_PATH, parent_binding
 from .policy import RetryPolicy
+from .standby import pause
 
 __all__ = ["K_FORK_PARENT", "Lifecycle", "crash_reason", "status_message"]
 
@@ -197,7 +198,7 @@ class Lifecycle:
                     raise
                 if not_retried is not None and isinstance(exc, not_retried):
                     raise
-                time.sleep(wait)
+                pause(wait)
 
     def register(
         self,

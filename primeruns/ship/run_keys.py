@@ -37,6 +37,7 @@ from typing import Any
 from ..exceptions import RetryableAPIError
 from ..settings import default_sync_root as sync_root
 from .copies import make_sync_root, read_record
+from .standby import pause
 
 __all__ = ["closed_as", "held", "lookup", "note_closed", "remember"]
 
@@ -88,7 +89,7 @@ def _lock(fd: int, key: str, until: float | None) -> None:
                 raise RetryableAPIError(
                     f"another process is registering the run of run key {key!r}"
                 ) from None
-            time.sleep(_LOCK_LOOK_S)
+            pause(_LOCK_LOOK_S)
 
 
 def lookup(key: str, api_root: str, root: Path | None = None) -> dict[str, Any] | None:

@@ -43,7 +43,9 @@ def pause(seconds: float) -> None:
     monotonic clock (``clock_nanosleep``), which fails with EINVAL in a
     process run under a wall-clock shifter such as libfaketime (how a
     clock step is tested), and the uplink died of it; poll's timeout is
-    relative."""
+    relative. Every wait of the SDK's own that is not on an event or a
+    descriptor takes it (a lifecycle call's retry: a run under such a
+    shifter was left open after one 503 from its finalize)."""
     select.poll().poll(max(0.0, seconds) * 1000.0)
 
 

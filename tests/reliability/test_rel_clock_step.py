@@ -105,6 +105,67 @@ def test_a_wall_clock_step_before_the_uplink_reads_the_finish_ships_everything(
     assert max(stored.values()) == 1
 
 
+# The run's process under a shifted wall clock, its uplink in threads: its
+# finalize is answered 503 once (the platform's fault injection, set here for
+# that one request), so the close-out waits before it tries again.
+_A_RETRY_UNDER_A_SHIFTED_CLOCK = """
+import sys
+import httpx
+import workloads
+import primeruns as pr
+
+runs, url, key = sys.argv[1:4]
+run = pr.init(environments=["gsm8k"], model="m", api_key=key, base_url=url, runs_dir=runs)
+run.log_episodes(workloads.gsm8k(10))
+assert run.flush(timeout=60)
+finalize = f"/api/v1/evaluations/{run.id}/finalize"
+faults = {"retryable_rate": 1.0, "statuses": [503], "routes": [finalize], "max_faults": 1}
+httpx.post(url + "/_local/faults", json=faults).raise_for_status()
+run.finish(timeout=60)
+print(run.id, run.errors)
+"""
+
+
+def test_a_lifecycle_retry_under_a_shifted_wall_clock_closes_the_run(
+    shared_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A lifecycle call's retry waited with ``time.sleep``, which fails with
+    EINVAL under libfaketime (Python's sleep waits for an absolute monotonic
+    deadline, f5a157a): one 503 from the finalize and the close-out gave up
+    with 'finalize failed: OSError: [Errno 22] Invalid argument', the run
+    left RUNNING on the platform. Its waits poll now (``standby.pause``)."""
+    lp = shared_platform
+    env = rh.isolated_env(
+        tmp_path,
+        {
+            "PRIME_TRACES_URL": lp.url,
+            "PRIME_RUNS_UPLINK": "threads",
+            "LD_PRELOAD": str(LIBFAKETIME),
+            "FAKETIME": "+2h",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        },
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _A_RETRY_UNDER_A_SHIFTED_CLOCK,
+            str(tmp_path / "runs"),
+            lp.url,
+            rt.KEY,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    run_id, errors = done.stdout.split(maxsplit=1)
+    assert errors.strip() == "[]", done.stderr[-2000:]
+    assert lp.run(run_id)["status"] == "COMPLETED"
+    assert len(rh.platform_episode_ids(lp.data_dir, run_id)) == 10
+
+
 # The run's process: its wall clock is read from the file FAKETIME_TIMESTAMP_FILE
 # names, an hour ahead at init(), stepped back before it forks. Uplink in
 # threads: nothing ships a child that ends with os._exit (forkchild), so the
