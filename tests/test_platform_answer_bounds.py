@@ -151,10 +151,28 @@ def test_an_answer_over_the_limit_is_a_failed_request_naming_its_url(
         client.close()
 
 
+def _cut_short(status: int, sent: int) -> Callable[[BaseHTTPRequestHandler], None]:
+    """An error saying it is longer than ``ERROR_BODY_BYTES`` (``_PAD``'s
+    length), whose connection closes after ``sent`` bytes of it."""
+
+    def answer(handler: BaseHTTPRequestHandler) -> None:
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(_PAD)))
+        handler.end_headers()
+        handler.wfile.write(_PAD[:sent])
+        handler.wfile.flush()
+        handler.close_connection = True
+
+    return answer
+
+
 _ERRORS = {
     "chunked": lambda status: lambda handler: _chunked(handler, status),
     "said length": lambda status: _answering(_PAD, status=status),
     "gzip bomb": lambda status: _answering(gzip.compress(_PAD, 9), "gzip", status),
+    "said length, cut short": lambda status: _cut_short(status, 1000),
+    "said length, none sent": lambda status: _cut_short(status, 0),
 }
 
 
@@ -175,7 +193,10 @@ def test_an_error_whose_body_is_over_the_limit_is_that_error(
     raises) was a transient unproven answer, retried as long as the run
     lived, and a 400 refusing a push's content (a validation error quoting
     the 20 MB push it refused) three transient strikes that retired the
-    evaluation's sink, where the batch is counted failed and the rest ship."""
+    evaluation's sink, where the batch is counted failed and the rest ship.
+    So is one that says it is longer and closes its connection before the
+    limit (a gateway giving up on a large error page): it was an
+    IncompleteRead, transient and ambiguous, the 401 retried likewise."""
     root = serve(_ERRORS[answer](status))
     client = _client(root, httpx.HTTPTransport() if path == "httpx" else None)
     try:

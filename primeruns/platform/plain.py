@@ -696,7 +696,17 @@ def _receive(
             raise AnswerTooLarge(limit)  # said so: nothing of it is read
         chunks: list[bytes] = []
         size = 0
-        while chunk := response.read1(_CHUNK):
+        short = False  # an error's chunked body cut short (a stated length: ``length`` left)
+        while True:
+            try:
+                chunk = response.read1(_CHUNK)
+            except http.client.IncompleteRead:
+                if not error:
+                    raise
+                short = True
+                break
+            if not chunk:
+                break
             chunks.append(chunk)
             size += len(chunk)
             if size > limit:  # (chunked, or a length that lied)
@@ -709,8 +719,15 @@ def _receive(
                 raise _httpx_error(
                     "ReadTimeout", f"the response did not arrive within {budget:g} s"
                 )
-        if response.length and not cut:  # read1 ends quietly at an early end of the stream
-            raise http.client.IncompleteRead(b"".join(chunks), response.length)
+        # read1 ends quietly at an early end of a stated length
+        if (short or response.length) and not cut:
+            if not error:
+                raise http.client.IncompleteRead(b"".join(chunks), response.length)
+            # An error's status came whole and says what happened; its body
+            # only names it. Cut short (a gateway giving up on a large error
+            # page) it was an IncompleteRead: transient and ambiguous, a 401
+            # retried as long as the run lived. Its connection is not reused.
+            cut = True
         # Read out, but only read() marks it so: the connection then takes
         # its next request.
         response.close()
