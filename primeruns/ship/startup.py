@@ -138,8 +138,8 @@ class ThreadsFirst:
 
     # -- the handover ----------------------------------------------------------------
     def _watch(self) -> None:
-        """Hand over once the process reports it is ready; keep the threads
-        if it exits first."""
+        """Hand over once the process reports it is ready; if it exits
+        first, threads ship for the rest of the run (the fallback's)."""
         process = self._process
         with self._cond:
             # A run over by then never loads the process (``ship.standby``).
@@ -163,13 +163,12 @@ class ThreadsFirst:
             ready = process.wait_ready(left if left > 0 else _READY_LOOK_S)
         if ready:
             self._when_caught_up()
-            self._hand_over()
-            return
-        with self._cond:
-            if self._state == _THREADS:
-                self._drop_process()
-                self._state = _THREADS_ONLY
-                self._threads_phase_over()
+        # Ready, the process takes over. Dead in its start-up, threads ship
+        # for the rest of the run, beside the loop: the fallback's, at its
+        # linger (``_ship_on_from_threads``), not these, which catch up at
+        # the run's (0.1 s: a batch every few steps of a steady loop, each
+        # taking the loop's GIL). These stand down first, as at a handover.
+        self._hand_over()
 
     def _when_caught_up(self) -> None:
         """Wait until the threads have shipped all there is but a few
@@ -266,9 +265,10 @@ class ThreadsFirst:
                 self._complete_handover()
 
     def _ship_on_from_threads(self) -> bool:
-        """The process died after it reported ready, while the threads stood
-        down: threads ship on (new ones), as if it had died starting. (A
-        death after this look is the supervisor's to notice: replace_if_dead.)"""
+        """The process died (starting, or after it reported ready, while the
+        threads stood down): threads ship on, new ones with the fallback's
+        linger (``link.THREADS_LINGER_S``). (A death after this look is the
+        supervisor's to notice: replace_if_dead.)"""
         try:
             threads = UplinkThreads(self._journal, self._settings, [], self._tuning)
         except Exception:

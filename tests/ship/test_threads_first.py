@@ -25,7 +25,7 @@ from sdk_helpers import API_KEY, gated_interpreter, held_uplink_starts, point_at
 
 # The runs of these tests are told apart by id: one server serves them all.
 from threads_first_helpers import eval_run as _eval_run
-from threads_first_helpers import stored_once
+from threads_first_helpers import stored_once, threads_first
 
 from primeruns.journal import EntryKind, Journal
 
@@ -200,6 +200,39 @@ def test_an_uplink_process_dead_in_its_start_up_leaves_the_threads_shipping(
             run.finish(timeout=60)
         assert not uplink.begun()  # type: ignore[attr-defined]
         assert "exited before the run was finished" not in caplog.text  # nothing to replace
+    finally:
+        gate.touch()
+    assert stored_once(local_platform.run(run.id), 40, "COMPLETED")
+
+
+def test_threads_that_ship_for_good_after_the_process_died_starting_linger_as_the_fallback(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The threads that bridge the process's start catch up at the run's
+    linger (0.1 s); once they ship for the rest of the run, beside the
+    loop, they linger as the threads fallback does (``THREADS_LINGER_S``:
+    a batch a second per sink, not one every two or three steps of a
+    steady loop, each taking its GIL). A process that died starting left
+    them at 0.1 s for the rest of the run; one that died after it was
+    ready had its threads replaced by the fallback's. Both do now."""
+    from primeruns.ship import startup
+    from primeruns.ship.link import THREADS_LINGER_S
+
+    gate = held_uplink_starts(monkeypatch, tmp_path)
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    try:
+        run = _eval_run(local_platform.url, runs)
+        uplink = threads_first(run)
+        episodes = workloads.gsm8k(40)
+        run.log_episodes(episodes[:20])
+        os.kill(uplink._process.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        wait_for(lambda: uplink._state == startup._THREADS_ONLY, timeout=60, what="threads only")
+        shipping = uplink._threads.uplink
+        assert shipping.policy.linger_s >= THREADS_LINGER_S
+        run.log_episodes(episodes[20:])
+        assert run.flush(timeout=60)
+        assert all(s._policy.linger_s >= THREADS_LINGER_S for s in shipping.shippers)
+        run.finish(timeout=60)
     finally:
         gate.touch()
     assert stored_once(local_platform.run(run.id), 40, "COMPLETED")
