@@ -20,8 +20,9 @@ Directories this package creates are 0700, intermediate ones included
 The checks hold for what is in the runs directory, not for the runs
 directory's own name: a folder above it that other users may write into
 without the sticky bit (a shared scratch folder made group-writable for a
-team) lets any of them rename the runs directory away and put their own,
-or a symlink, in its place, between a check and the next open. Refusing
+team), or that another user owns, lets them rename the runs directory (or a
+folder or link on the way to it) away and put their own, or a symlink, in
+its place, between a check and the next open. Refusing
 would stop runs on many a cluster disk that work; so a new journal warns
 once per runs directory, naming the folder and the fix
 (``warn_if_swappable``).
@@ -156,27 +157,40 @@ _warned: set[str] = set()
 _warned_lock = threading.Lock()
 
 
-def swappable_by(runs_dir: Path) -> tuple[Path, int] | None:
-    """The first folder above ``runs_dir`` (its real path) that users other
-    than its owner may write into without the sticky bit, with its mode; None
-    if there is none. Such a folder's writers may rename any entry of it: the
-    runs directory itself, or a folder on the way to it. With the sticky bit
-    (``/tmp``) only an entry's owner may; a group-writable folder whose group
-    is its owner's private group (``_owners_own_group``) has no other
-    writer. A folder that cannot be looked at is passed over (whoever made
-    it so is not the neighbour this is about)."""
+def swappable_by(runs_dir: Path) -> tuple[Path, str] | None:
+    """The first folder above ``runs_dir`` whose writers other than us may
+    rename an entry of it (the runs directory, or a folder or link on the
+    way to it), with why, in words; None if there is none.
+
+    Such a folder is one that users other than its owner may write into
+    without the sticky bit (with it, ``/tmp``'s way, only an entry's owner
+    may; a group-writable folder whose group is its owner's private group,
+    ``_owners_own_group``, has no other writer), or one that belongs to
+    another user than us and root, who may rename what it holds whatever
+    its mode. The folders are those of the path as given, looked at without
+    following a link (a link's folder is what may swap it), then those of
+    the real path the links lead to. A folder that cannot be looked at is
+    passed over (whoever made it so is not the neighbour this is about)."""
+    given = Path(os.path.abspath(runs_dir))
     real = Path(os.path.realpath(runs_dir))
-    for folder in real.parents:
+    folders = [*given.parents, *(f for f in real.parents if f not in given.parents)]
+    me = os.geteuid()
+    for folder in folders:
         try:
-            st = os.stat(folder)
+            st = os.lstat(folder)
         except OSError:
             continue
+        if not stat.S_ISDIR(st.st_mode):
+            continue  # a link on the given path: its folder, next, is what may swap it
+        mode = stat.S_IMODE(st.st_mode)
+        if st.st_uid not in (me, 0):
+            return folder, f"which belongs to another user (uid {st.st_uid}, mode {mode:o})"
         if st.st_mode & stat.S_ISVTX:
             continue
         if st.st_mode & stat.S_IWOTH or (
             st.st_mode & stat.S_IWGRP and not _owners_own_group(st.st_uid, st.st_gid)
         ):
-            return folder, stat.S_IMODE(st.st_mode)
+            return folder, f"which other users can write into (mode {mode:o}, no sticky bit)"
     return None
 
 
@@ -207,13 +221,18 @@ def warn_if_swappable(runs_dir: Path) -> None:
         if key in _warned:
             return
         _warned.add(key)
-    folder, mode = found
+    folder, why = found
+    if why.startswith("which belongs"):
+        fix = "Put runs in a folder of your own"
+    else:
+        fix = (
+            f"Set the sticky bit (chmod +t {folder}) or remove their write access "
+            "(chmod go-w), or put runs in a private folder"
+        )
     warnings.warn(
-        f"the runs directory {runs_dir} is under {folder}, which other users can write "
-        f"into (mode {mode:o}, no sticky bit): any of them could rename the runs directory "
-        f"away and put their own in its place. Set the sticky bit (chmod +t {folder}) or "
-        "remove their write access (chmod go-w), or put runs in a private folder "
-        "(runs_dir= or PRIME_RUNS_DIR, e.g. ~/.local/state/prime-runs)",
+        f"the runs directory {runs_dir} is under {folder}, {why}: they could rename the "
+        "runs directory, or a folder or link on the way to it, away and put their own in "
+        f"its place. {fix} (runs_dir= or PRIME_RUNS_DIR, e.g. ~/.local/state/prime-runs)",
         SwappableRunsDirWarning,
         stacklevel=3,
     )

@@ -474,6 +474,39 @@ def test_a_runs_directory_in_a_sticky_shared_folder_is_not_warned_of(tmp_path: P
         run.finish()
 
 
+def _said_swappable(runs: Path) -> str:
+    """What the first run in ``runs`` warned of its folders (one warning)."""
+    with pytest.warns(SwappableRunsDirWarning) as warned:
+        pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs).finish()
+    [said] = [str(w.message) for w in warned if w.category is SwappableRunsDirWarning]
+    return said
+
+
+def test_a_runs_directory_reached_through_a_link_in_a_folder_others_can_write_is_warned_of(
+    tmp_path: Path,
+) -> None:
+    # The path goes through a link that sits in a folder every user may
+    # write into: any of them could put a link of their own in its place.
+    # The check looked only at the folders of the real path (the link
+    # followed), all private, and said nothing.
+    shared = _folder(tmp_path / "scratch", 0o777)
+    private = _folder(tmp_path / "mine", 0o700)
+    (shared / "link").symlink_to(private)
+    runs = shared / "link" / "runs"
+    said = _said_swappable(runs)
+    assert f"under {shared}," in said and "mode 777" in said and f"chmod +t {shared}" in said
+
+
+def test_a_runs_directory_under_another_users_folder_is_warned_of(tmp_path: Path) -> None:
+    # A folder on the way that belongs to another user (not root): its owner
+    # may rename what it holds whatever its mode, sticky bit or not.
+    theirs = _folder(tmp_path / "theirs", 0o1755)
+    os.chown(theirs, 65534, 65534)
+    said = _said_swappable(theirs / "runs")
+    assert f"under {theirs}, which belongs to another user (uid 65534" in said
+    assert "folder of your own" in said and "PRIME_RUNS_DIR" in said
+
+
 @pytest.mark.parametrize("others", [[], ["bob"]])
 def test_a_folder_writable_by_its_owners_private_group_alone_is_not_warned_of(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, others: list[str]
