@@ -35,6 +35,7 @@ from .exceptions import (
 from .journal import EntryKind, Journal
 from .journal.frames import MAX_ENTRY_BYTES
 from .journal.fullness import full_cause, full_remedy
+from .journal.overflow import Watch
 from .journal.types import loss_counts
 from .models import OnError, RunKind
 from .ship import ledger
@@ -424,17 +425,28 @@ class Recorder:
         if self.wake is not None:
             self.wake()
 
-    def wait_held(self, within: float) -> bool:
-        """Wait up to ``within`` for what is held for a full disk to be
-        journaled (``flush()``: its targets name them once they are); whether
-        nothing is held now. Never lets any go."""
+    def watch_held(self) -> tuple[Journal, Watch] | None:
+        """What is held for a full disk now (``flush()`` waits for it), with
+        its journal; None where nothing is."""
         journal = self.journal
         if journal is None:
-            return True
+            return None
         try:
-            return journal.wait_held(within)
+            watch = journal.watch_held()
         except JournalError:
-            return False
+            return None
+        return None if watch is None else (journal, watch)
+
+    def wait_watched(self, watched: tuple[Journal, Watch], within: float) -> dict[int, int] | None:
+        """Wait up to ``within`` for the held records ``watched`` names to be
+        journaled, never letting any go: the last seq of each kind they took
+        (the flush's targets for them), or None if they are not all in."""
+        journal, watch = watched
+        try:
+            done = journal.wait_watched(watch, within)
+        except JournalError:
+            return None
+        return dict(watch.lasts) if done else None
 
     def settle_held(self, within: float, room_may_come: Callable[[], bool] | None = None) -> None:
         """At the finish: wait up to ``within`` for what is held for a full

@@ -204,7 +204,8 @@ class Run:
     def flush(self, timeout: float | None = 30.0) -> bool:
         """Wait until every live sink shipped what was logged before this call
         (records a full disk holds in memory included: they are journaled
-        first, as the shipping frees room).
+        first, as the shipping frees room), by any thread; never for what
+        other threads log while it waits, held or not.
 
         Returns False if the timeout passed first, or once a sink is retired
         or paused. Under ``on_error="raise"`` the first failure recorded so
@@ -216,16 +217,24 @@ class Run:
             done = child.flush(timeout)
         elif self._supervisor is not None and self._recorder.owner_process():
             deadline = None if timeout is None else time.monotonic() + timeout
-            done = self._supervisor.drain(self._recorder.targets(), timeout)
+            targets = self._recorder.targets()
             # Records a full disk refused wait in memory for room the shipping
-            # frees; they were logged before this call too. Once journaled they
-            # are in the targets; True before that said they were shipped.
-            if done and not self._recorder.wait_held(0.0):
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                done = self._recorder.wait_held(1e9 if left is None else left)
-                if done:
-                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                    done = self._supervisor.drain(self._recorder.targets(), left)
+            # frees; they were logged before this call too: once journaled,
+            # they are shipped as well. Not those held after it (another
+            # thread logging on): waited for, they kept a flush going as long
+            # as that thread logged (``Overflow.watch``).
+            held = self._recorder.watch_held()
+            done = self._supervisor.drain(targets, timeout)
+            if held is not None:
+                # (Waited for at no length once the drain failed: the wait ends the watch.)
+                left = 1e9 if deadline is None else max(0.0, deadline - time.monotonic())
+                lasts = self._recorder.wait_watched(held, left if done else 0.0)
+                done = done and lasts is not None
+                if done and lasts:
+                    left = 1e9 if deadline is None else max(0.0, deadline - time.monotonic())
+                    kinds = {*targets, *lasts}
+                    targets = {k: max(targets.get(k, 0), lasts.get(k, 0)) for k in kinds}
+                    done = self._supervisor.drain(targets, left)
         self._recorder.raise_deferred()
         return done
 

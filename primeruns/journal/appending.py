@@ -33,7 +33,7 @@ from primeruns.exceptions import (
 from primeruns.journal.capacity import Capacity
 from primeruns.journal.frames import HEADER_SIZE, EntryKind, encode_frames_off_gil, spool_frame
 from primeruns.journal.layout import put_entry
-from primeruns.journal.overflow import DISK_FULL, RETRY_S, Held, Overflow
+from primeruns.journal.overflow import DISK_FULL, RETRY_S, Held, Overflow, Watch
 from primeruns.journal.spool import SpoolWriter
 from primeruns.journal.tail import OwnTail, read_end, stored_end
 from primeruns.journal.txn import Transactions, release_reserve
@@ -308,13 +308,21 @@ class Appender:
                     tx.pending_drops += count  # folded by the next write, without its reason
         return count
 
-    def wait_held(self, within: float) -> bool:
-        """Wait up to ``within`` for the held appends to be stored (and told:
-        ``on_stored``), letting none go; whether none is held."""
+    def watch_held(self) -> Watch | None:
+        """The appends held now, for a flush to wait for (``Overflow.watch``);
+        None where none is."""
+        with self.lock:
+            overflow = self._overflow
+            if overflow is None or not self._holding:
+                return None
+            return overflow.watch()
+
+    def wait_watched(self, watch: Watch, within: float) -> bool:
+        """Wait up to ``within`` for the appends ``watch`` names to be stored
+        (and told: ``on_stored``), letting none go; whether they are. Ends it."""
         overflow = self._overflow
-        if overflow is None or not self._holding:
-            return True
-        return overflow.wait_empty(within)
+        assert overflow is not None  # (a watch comes from it; never unset)
+        return overflow.wait_watched(watch, within)
 
     def settle_held(self, within: float, room_may_come: Callable[[], bool] | None = None) -> int:
         """Wait up to ``within`` for the held appends to be stored, then let

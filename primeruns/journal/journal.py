@@ -74,7 +74,7 @@ from primeruns.journal.meta import (
 from primeruns.journal.mover import Mover
 from primeruns.journal.newest import Found, newest
 from primeruns.journal.origin import K_ORIGIN, Origin
-from primeruns.journal.overflow import HELD_MAX_BYTES
+from primeruns.journal.overflow import HELD_MAX_BYTES, Watch
 from primeruns.journal.reading import Reader
 from primeruns.journal.spool import SpoolView, SpoolWriter, spool_bytes
 from primeruns.journal.stamps import STAMP_LEN, STAMPED, no_earlier_than_made
@@ -654,13 +654,18 @@ class Journal:
         if self._appender is not None:
             self._appender.on_stored = tell
 
-    def wait_held(self, within: float) -> bool:
-        """Wait up to ``within`` seconds for what is held for a full disk to
-        be stored, letting none go (``flush()``); whether nothing is held."""
+    def watch_held(self) -> Watch | None:
+        """What is held for a full disk now, for a ``flush()`` to wait for
+        (``wait_watched``); None where nothing is."""
         self._check()
-        if self._appender is None:
-            return True
-        return self._appender.wait_held(within)
+        return None if self._appender is None else self._appender.watch_held()
+
+    def wait_watched(self, watch: Watch, within: float) -> bool:
+        """Wait up to ``within`` seconds for the held appends ``watch`` names
+        to be stored, letting none go, not for those held since; whether
+        they are (``watch.lasts``: the last seq of each kind they took)."""
+        assert self._appender is not None  # (a watch comes from it)
+        return self._appender.wait_watched(watch, within)
 
     def settle_held(self, within: float, room_may_come: Callable[[], bool] | None = None) -> int:
         """Wait up to ``within`` seconds for what is held for a full disk to

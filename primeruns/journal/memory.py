@@ -170,9 +170,9 @@ class MemoryJournal:
             self._cond.notify_all()
         return AppendResult(first, len(payloads), 0)
 
-    def wait_held(self, within: float) -> bool:
-        """Nothing is held for a full disk here (``Journal.wait_held``): True."""
-        return True
+    def watch_held(self) -> None:
+        """Nothing is held for a full disk here (``Journal.watch_held``): None."""
+        return None
 
     def settle_held(self, within: float, room_may_come: Callable[[], bool] | None = None) -> int:
         """Nothing is held for a full disk here (``Journal.settle_held``): 0."""

@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from primeruns.threads import start_daemon
 
-__all__ = ["DISK_FULL", "HELD_MAX_BYTES", "RETRY_S", "Held", "Overflow"]
+__all__ = ["DISK_FULL", "HELD_MAX_BYTES", "RETRY_S", "Held", "Overflow", "Watch"]
 
 #: The most payload bytes held (as a run's backlog on disk is bounded by its
 #: budget): the vendor's queue of 256 batches of ten 9 KB episodes is ~23 MB.
@@ -49,6 +49,16 @@ class Held(NamedTuple):
     payloads: Sequence[bytes]
     essential: bool
     nbytes: int
+
+
+class Watch:
+    """The appends held when a ``flush()`` was called (``Overflow.watch``):
+    up to ``mark`` (their ordinal), and the last seq of each kind those
+    stored so far took (``lasts``: its targets once all are stored)."""
+
+    def __init__(self, mark: int) -> None:
+        self.mark = mark
+        self.lasts: dict[int, int] = {}
 
 
 class Overflow:
@@ -81,6 +91,13 @@ class Overflow:
         self._telling = 0
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        # Appends held in all (the ordinals 1, 2, ...), and how many of them,
+        # oldest first, were stored or let go: a flush waits for those held
+        # when it was called (``watch``), not for every one held after it,
+        # which another thread's logging on a full disk never ended.
+        self.queued = 0
+        self.finished = 0
+        self._watches: list[Watch] = []
 
     def hold(self, held: Held) -> bool:
         """Hold ``held`` after the others; False past the bound (drop it then)."""
@@ -88,6 +105,7 @@ class Overflow:
             return False
         self.items.append(held)
         self.nbytes += held.nbytes
+        self.queued += 1
         if self._thread is None and not self._stop.is_set():
             self._thread = start_daemon(self._loop, f"primeruns-journal-held-{self._name}")
         return True
@@ -95,11 +113,13 @@ class Overflow:
     def popleft(self) -> Held:
         held = self.items.popleft()
         self.nbytes -= held.nbytes
+        self.finished += 1
         return held
 
     def let_go(self) -> int:
         """Forget every held append; how many records they held."""
         count = sum(len(held.payloads) for held in self.items)
+        self.finished += len(self.items)
         self.items.clear()
         self.nbytes = 0
         self.changed.notify_all()
@@ -113,10 +133,41 @@ class Overflow:
                 lambda: not self.items and not self._telling, max(0.0, timeout)
             )
 
+    def watch(self) -> Watch | None:
+        """Watch the appends held now (None: none is); under the lock. Each
+        watch ends with one ``wait_watched``."""
+        if not self.items:
+            return None
+        watch = Watch(self.queued)
+        self._watches.append(watch)
+        return watch
+
+    def wait_watched(self, watch: Watch, timeout: float) -> bool:
+        """Wait (up to ``timeout``) until the appends ``watch`` names are
+        stored and told (``after``), or let go; whether so. Ends the watch.
+        Not under the lock."""
+        with self.changed:
+            try:
+                return self.changed.wait_for(
+                    lambda: self.finished >= watch.mark and not self._telling, max(0.0, timeout)
+                )
+            finally:
+                self._watches.remove(watch)
+
+    def _note_stored(self, before: int, stored: list[tuple[int, int]]) -> None:
+        """The appends from ordinal ``before + 1`` on were stored as
+        ``stored`` (kind, last seq): what each watch of them targets."""
+        for watch in self._watches:
+            for ordinal, (kind, last) in enumerate(stored, before + 1):
+                if ordinal <= watch.mark:
+                    watch.lasts[kind] = max(watch.lasts.get(kind, 0), last)
+
     def _loop(self) -> None:
         while not self._stop.wait(RETRY_S):
             with self._lock:
+                before = self.finished
                 stored = self._store() if self.items else []
+                self._note_stored(before, stored)
                 self._telling += bool(stored)
                 self.changed.notify_all()
                 done = not self.items

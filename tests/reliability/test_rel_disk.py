@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -481,22 +482,68 @@ def test_a_flush_while_a_full_disk_holds_records_returns_once_they_landed(
     lp: LocalPlatform = make_local_platform()
     episodes = workloads.gsm8k(1000)
     with rt.sdk_env(lp.url, tmp_path / "home"):
-        # Retries far enough apart that the outage, however long a loaded
-        # host takes to fill the disk, retires no sink: flush() says False
-        # once one is (as documented), which is not what this is about.
-        os.environ["PRIME_RUNS_RETRY_BASE_S"] = "1"
-        run = rt.eval_run(lp.url, small_disk / "runs")
-        assert run._supervisor is not None
-        uplink = run._supervisor.uplink
-        wait_for(uplink.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
-        lp.stop()  # nothing acknowledged, nothing compacted: the disk fills and holds
-        _fill(run, episodes)
+        run = _held_in_an_outage(lp, small_disk, episodes)
         lp.start()
         assert run.flush(timeout=120)
         stored = rh.platform_episode_ids(lp.data_dir, run.id)
         assert set(stored) == {e["id"] for e in episodes}
         run.finish(timeout=60)
     assert run.dropped_records == 0
+
+
+def _held_in_an_outage(lp: LocalPlatform, disk: Path, episodes: list[dict[str, Any]]) -> pr.Run:
+    """An evaluation on ``disk`` whose journal filled it with ``episodes``
+    while the platform was down (stopped here, and left so): nothing
+    acknowledged, nothing compacted, what the disk refused held in memory."""
+    # Retries far enough apart that the outage, however long a loaded
+    # host takes to fill the disk, retires no sink: flush() says False
+    # once one is (as documented), which is not what these are about.
+    os.environ["PRIME_RUNS_RETRY_BASE_S"] = "1"
+    run = rt.eval_run(lp.url, disk / "runs")
+    assert run._supervisor is not None
+    uplink = run._supervisor.uplink
+    wait_for(uplink.begun, timeout=60, what="the uplink process to begin")  # type: ignore[attr-defined]
+    lp.stop()
+    _fill(run, episodes)
+    return run
+
+
+def test_a_flush_on_a_full_disk_waits_for_what_was_held_before_it_not_after(
+    small_disk: Path, make_local_platform: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """flush() waits for what was logged before it, records a full disk
+    holds in memory included. It waited until nothing at all was held: with
+    another thread logging on (its records held behind those, faster than a
+    full disk frees room), that was never, and the flush ran out its
+    timeout, False, though what was logged before it had shipped; with no
+    timeout it never returned. It waits for the appends held when it was
+    called now, then for their shipping."""
+    lp: LocalPlatform = make_local_platform()
+    episodes = workloads.gsm8k(400)
+    stop = threading.Event()
+
+    def keep_logging(run: pr.Run) -> None:
+        for n in itertools.count():
+            if stop.wait(0.02):  # a loop's pace: 200 episodes a second
+                return
+            run.log_episodes([dict(e, id=f"later-{n}-{e['id']}") for e in episodes[:4]])
+
+    with rt.sdk_env(lp.url, tmp_path / "home"):
+        run = _held_in_an_outage(lp, small_disk, episodes)
+        assert _said_full(caplog)  # the disk filled: records are held
+        lp.start()
+        other = threading.Thread(target=keep_logging, args=(run,))
+        other.start()
+        try:
+            flushed = run.flush(timeout=180)
+        finally:
+            stop.set()
+            other.join()
+        assert run.id is not None
+        stored = rh.platform_episode_ids(lp.data_dir, run.id)
+        run.finish(timeout=10)  # (what the other thread logged is not at stake)
+    assert flushed
+    assert {e["id"] for e in episodes} <= set(stored)
 
 
 def _held_as_the_uplink_dies(
