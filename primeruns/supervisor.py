@@ -201,8 +201,11 @@ class Supervisor:
         return self._bound
 
     def wake(self) -> None:
-        self.uplink.wake()
-        if time.monotonic() >= self._next_look:
+        # One clock read, after the append, for both gates: the uplink's
+        # (a wake-up at most each WAKE_GAP_S) and this look's.
+        now = time.monotonic()
+        self.uplink.wake(now)
+        if now >= self._next_look:
             self._look_at_uplink()
 
     # -- flush ---------------------------------------------------------------------

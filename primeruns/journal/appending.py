@@ -386,7 +386,10 @@ class Appender:
             first = max(self._tail.last, self.after) + 1
             if first > self._tail.last + 1:
                 self._spool.start_segment()
-            frames = [spool_frame(kind, p, seq) for seq, p in enumerate(payloads, first)]
+            if len(payloads) == 1:  # a log_metrics row, an episode: no comprehension's frame
+                frames = [spool_frame(kind, payloads[0], first)]
+            else:
+                frames = [spool_frame(kind, p, seq) for seq, p in enumerate(payloads, first)]
             if self._frames_unsynced and self._spool.opens_next():
                 self._sync_frames()
             try:

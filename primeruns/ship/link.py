@@ -109,8 +109,9 @@ class UplinkHandle(Protocol):
 
     pid: int | None
 
-    def wake(self) -> None:
-        """Tell the uplink something was appended; never blocks."""
+    def wake(self, now: float | None = None) -> None:
+        """Tell the uplink something was appended; never blocks. ``now``: the
+        monotonic time, read after the append (None: read here)."""
 
     def closing(self) -> None:
         """Tell the uplink the finish entry is journaled."""
@@ -408,15 +409,18 @@ class UplinkProcess:
         self._closed = False
         self._woke_at = float("-inf")  # when the last wake-up was about to be written
 
-    def wake(self) -> None:
+    def wake(self, now: float | None = None) -> None:
         # Within WAKE_GAP_S of the last byte's time, this append is passed
         # on with that byte: the uplink read it after it was written, so
         # after that time, and passes it on SETTLE_S after the read at the
         # earliest (``PipeProducerLink._settle``), after now. The time is
         # taken before the write and kept after it: a byte cut off between
         # the two (Ctrl-C) leaves none that covers later appends, and a
-        # thread that reads an older time only writes one more.
-        now = time.monotonic()
+        # thread that reads an older time only writes one more. (A time
+        # read after the append, handed by the caller, is as good: the
+        # supervisor reads one clock for this gate and its own.)
+        if now is None:
+            now = time.monotonic()
         if now - self._woke_at < WAKE_GAP_S:
             return
         self._send(WAKE)
@@ -689,7 +693,7 @@ class UplinkThreads:
             self._gen += 1
             self._progress.notify_all()
 
-    def wake(self) -> None:
+    def wake(self, now: float | None = None) -> None:
         pass  # the journal's own condition wakes the shippers in this process
 
     def closing(self) -> None:

@@ -300,9 +300,9 @@ class ThreadsFirst:
         return self._process if self._state == _PROCESS else self._threads
 
     # -- UplinkHandle ------------------------------------------------------------------
-    def wake(self) -> None:
+    def wake(self, now: float | None = None) -> None:
         if self._state == _PROCESS:
-            self._process.wake()
+            self._process.wake(now)
         # (threads are woken by the journal itself; the process reads from
         # the offsets when it starts)
 
