@@ -109,7 +109,6 @@ class Appender:
         if not payloads:
             return AppendResult(None, 0, 0)
         size = sum(map(len, payloads)) + HEADER_SIZE * len(payloads)
-        k = int(kind)
         counted = False  # refused by the room count, not by the disk's write
         # No ``try`` inside the lock's block: a KeyboardInterrupt raised at
         # such a line (a signal's handler) left the lock held for good.
@@ -123,7 +122,7 @@ class Appender:
                     raise RunFinishedError(FINISHED_WHILE_LOGGING)
                 if self._holding:
                     if not final:  # after those held, never before them
-                        return self._hold(k, payloads, essential, size)
+                        return self._hold(int(kind), payloads, essential, size)
                     # The run's finish, which nothing may follow: what its
                     # wait for room did not store is lost (``let_go_held``).
                     self._let_go_held()
@@ -131,14 +130,16 @@ class Appender:
                     self._tx.tight = counted = True
                     raise JournalFullError("journal byte budget reached")
                 self._unsettled = True
-                first, frames = self._write(k, payloads, essential)
+                # The kind as given: its frame packs it alike, and int() of
+                # an IntEnum member cost ~0.15 us of every call (Python 3.11).
+                first, frames = self._write(kind, payloads, essential)
                 # Under the lock that chose ``first``: the next append's seq
                 # follows this one's, whichever thread it comes from.
                 last = self._tail.last = first + len(frames) - 1
                 self._finished = final
                 self._unsettled = False
         except JournalFullError:
-            kept = self._refused(k, payloads, essential, final, size, counted)
+            kept = self._refused(int(kind), payloads, essential, final, size, counted)
             if kept is not None:
                 return kept
             self._count_drops(len(payloads))
