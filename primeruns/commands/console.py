@@ -89,6 +89,12 @@ def make_console(stream: TextIO | None = None) -> Console:
     )
 
 
+def fits_a_terminal(console: Console) -> bool:
+    """Whether ``console`` lays lines out to a terminal's width (``make_console``):
+    off one, a table's cells are never cut nor folded."""
+    return console.width < _UNBOUNDED
+
+
 def outcome_style(outcome: str) -> str:
     return _OUTCOME_STYLES.get(outcome, "")
 

@@ -29,6 +29,7 @@ from ..reports import RECORD_KINDS, UNIT_LABELS, RunStatus, statuses
 from .common import EXIT_OK, CommandError, add_json, add_runs_dir, inert_errors, runs_dir_of
 from .console import (
     emit_json,
+    fits_a_terminal,
     human_age,
     human_bytes,
     inert,
@@ -133,7 +134,9 @@ _COLUMNS: list[_Column] = [
     ("LOCAL ID", lambda s: _inert(s.info.local_id), {"no_wrap": True}),
     ("OUTCOME", lambda s: _outcome(s.outcome), {"no_wrap": True}),
     ("SHIPPING", lambda s: _shipping(s.shipping), {"no_wrap": True}),
-    ("NAME", lambda s: _inert((s.spec.name if s.spec else None) or "-"), {"max_width": 32}),
+    # Cut, not folded, past 32 cells on a terminal: a journal a line (``_fast_table``).
+    ("NAME", lambda s: _inert((s.spec.name if s.spec else None) or "-"),
+     {"max_width": 32, "no_wrap": True}),
     ("LOGGED", lambda s: _plain(_logged(s)), {}),
     ("LOST", lambda s: _plain(str(s.losses_total), "red") if s.losses_total else ("-", ""),
      {"justify": "right"}),
@@ -187,14 +190,19 @@ def _fast_table(found: list[RunStatus], console: Console, nested: set[int]) -> S
     measures and renders every cell of a Table several times, ~1 ms a run,
     and wraps a Text of its lines again when printing it (seconds for a runs
     directory of thousands). None when even the first three columns do not
-    fit at their natural width: rich then folds them (``_fitting_table``)."""
+    fit at their natural width: rich then folds them (``_fitting_table``).
+    On a terminal a cell past its column's ``max_width`` is cut with an
+    ellipsis, as rich's table cuts it (``no_wrap``): a journal a line."""
     width = console.width
     cells = {name: _cells(found, cell, name, nested) for name, cell, _ in _COLUMNS}
     lengths = {name: [cell_len(text) for text, _ in texts] for name, texts in cells.items()}
+    # A column's cap is for a terminal's width: off one, nothing is cut, so
+    # that ``ls | grep`` finds a run by its whole name.
+    capped = fits_a_terminal(console)
     widths: dict[str, int] = {}
     for name, _, options in _COLUMNS:
         natural = max([len(name), *lengths[name]])
-        widths[name] = min(natural, int(options.get("max_width", natural)))
+        widths[name] = min(natural, int(options.get("max_width", natural))) if capped else natural
     columns = list(_COLUMNS)
 
     def total() -> int:
