@@ -57,11 +57,11 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import run_index
 from .exceptions import JournalError
-from .journal import Journal, journal_info, list_journals
+from .journal import journal_info, list_journals
 from .journal.lock import forks_wait, lock_held, plain_files, read_owner, remove_unheld
 from .journal.origin import Origin
 from .journal.store import DATA_NAME
@@ -69,6 +69,9 @@ from .journal.trust import check_dir, make_private_dirs
 from .settings import parse_bool_setting
 from .ship.standby import pause
 from .spec import SPEC_KEY, listed_spec
+
+if TYPE_CHECKING:
+    from .journal.journal import Journal
 
 __all__ = [
     "BEING_SHIPPED",

@@ -20,11 +20,12 @@ from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from .exceptions import JournalCorruptError, JournalError
-from .journal import Damage, Entry, EntryKind, Journal, JournalInfo, journal_info, list_journals
+from .journal import Damage, Entry, EntryKind, JournalInfo, journal_info, list_journals
 from .journal.by_kind import seqs_of
+from .journal.origin import Origin
 from .journal.types import K_SKIPPED, as_count, skipped_within
 from .models import CRASH_ERROR, RUN_KIND, RunKind
 from .ship.copies import (
@@ -40,6 +41,9 @@ from .ship.copies import (
 )
 from .sinks.kinds import records_left, sink_kinds
 from .spec import RunSpec, listed_spec
+
+if TYPE_CHECKING:
+    from .journal.journal import Journal
 
 __all__ = [
     "CRASH_ERROR",
@@ -257,7 +261,8 @@ def describe(
     remote = origin.host if origin is not None and not origin.on_this_host else None
     live = info.owner_alive and remote is None
     finish = None if live else info.finish
-    synced, unimported = _sync_journal_status(info, sync_root() if root is None else root, in_root)
+    root = sync_root() if root is None else root
+    synced, unimported = _sync_journal_status(info, root, in_root, origin)
     spec = listed_spec(info.meta)  # once: a listing of thousands of runs reads each
     pending = synced.pending if synced is not None else pending_per_sink(info, spec)
     total = sum(v for v in pending.values() if isinstance(v, int))
@@ -288,11 +293,12 @@ def describe(
 
 
 def _sync_journal_status(
-    info: JournalInfo, root: Path, in_root: Collection[str] | None
+    info: JournalInfo, root: Path, in_root: Collection[str] | None, origin: Origin | None
 ) -> tuple[RunStatus | None, int]:
     """A copy's sync journal, described, and how many of the copy's entries
-    it has yet to import; (None, 0) for a journal shipped where it is."""
-    if not info.meta or not is_copy(info.path, info.meta, root, in_root=in_root):
+    it has yet to import; (None, 0) for a journal shipped where it is.
+    ``origin``: the journal's (``origin_of``)."""
+    if not info.meta or not is_copy(info.path, info.meta, root, in_root=in_root, origin=origin):
         return None, 0
     path = sync_path(info.path, info.meta, root)  # (None: its local id names no folder)
     if path is None:

@@ -140,7 +140,10 @@ class RunSpec:
         doc = _object(value, "spec")
 
         def text(key: str) -> str | None:
-            found: str | None = _optional(doc, key, str, "a string", "spec")
+            value = doc.get(key)
+            if value is None or isinstance(value, str):  # as stored: a listing reads thousands
+                return value
+            found: str | None = _optional(doc, key, str, "a string", "spec")  # raises
             return found
 
         def choice(key: str, choices: Mapping[str, Any]) -> Any:

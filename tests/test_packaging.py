@@ -203,8 +203,33 @@ _COMMAND_IMPORTS = """
 import json, sys
 from primeruns.cli import main
 code = main(sys.argv[2:] + ["--runs-dir", sys.argv[1]])
-print(json.dumps([code, sorted(m.split(".")[0] for m in sys.modules)]))
+print(json.dumps([code, sorted(sys.modules)]))
 """
+
+
+def _one_finished_journal(runs: Path) -> None:
+    from primeruns.journal import EntryKind, Journal
+
+    with Journal.create(runs, local_id="a", meta={"spec": {"kind": "eval", "mode": "online"}}) as j:
+        j.append(EntryKind.FINISH, [b'{"status": "completed"}'])
+
+
+def _modules_loaded_by(runs: Path, command: list[str]) -> set[str]:
+    """The modules ``primeruns COMMAND --runs-dir RUNS`` loaded, in a fresh process."""
+    import json
+    import subprocess
+    import sys
+
+    child = subprocess.run(
+        [sys.executable, "-c", _COMMAND_IMPORTS, str(runs), *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    code, loaded = json.loads(child.stdout.strip().splitlines()[-1])
+    assert code == 0, child.stderr[-2000:]
+    return set(loaded)
 
 
 @pytest.mark.parametrize("command", [["ls"], ["ls", "--json"], ["gc", "--dry-run"]])
@@ -215,25 +240,25 @@ def test_a_command_that_reads_journals_loads_no_http_client(
     client, prime_traces and httpx: ~0.5 s of every listing) to list
     journals. ``import primeruns`` loads its public names on first use, and
     a command only its own module; the listing reads no platform class."""
-    import json
-    import subprocess
-    import sys
-
-    from primeruns.journal import EntryKind, Journal
-
     runs = tmp_path / "runs"
-    with Journal.create(runs, local_id="a", meta={"spec": {"kind": "eval", "mode": "online"}}) as j:
-        j.append(EntryKind.FINISH, [b'{"status": "completed"}'])
-    child = subprocess.run(
-        [sys.executable, "-c", _COMMAND_IMPORTS, str(runs), *command],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    code, loaded = json.loads(child.stdout.strip().splitlines()[-1])
-    assert code == 0, child.stderr[-2000:]
-    assert not {"httpx", "prime_traces", "pyarrow"} & set(loaded)
+    _one_finished_journal(runs)
+    loaded = {name.split(".")[0] for name in _modules_loaded_by(runs, command)}
+    assert not {"httpx", "prime_traces", "pyarrow"} & loaded
+
+
+@pytest.mark.parametrize("command", [["ls"], ["ls", "--json"]])
+def test_ls_of_journals_listed_before_loads_no_journal_writing_code(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """``primeruns ls`` loaded the journal's writing side (``journal.journal``
+    and its appends, capacity and mover: half of its start-up) and rich's
+    table, where journals whose summaries are current are never opened and
+    the lines are laid out without a ``Table``: both load only when needed."""
+    runs = tmp_path / "runs"
+    _one_finished_journal(runs)
+    _modules_loaded_by(runs, command)  # reads the journal and keeps its summary
+    loaded = _modules_loaded_by(runs, command)
+    assert not {"primeruns.journal.journal", "primeruns.journal.appending", "rich.table"} & loaded
 
 
 def test_the_package_loads_its_public_names_on_first_use() -> None:

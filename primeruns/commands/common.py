@@ -9,8 +9,10 @@ derived in :mod:`primeruns.reports`, which the dashboard reads too.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
-from collections.abc import Callable
+import gc
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from ..exceptions import PrimeRunsError
@@ -29,6 +31,7 @@ __all__ = [
     "add_json",
     "add_runs_dir",
     "inert_errors",
+    "no_cyclic_gc",
     "resolve_run",
     "runs_dir_of",
 ]
@@ -69,6 +72,23 @@ def inert_errors(handler: Handler) -> Handler:
             raise
 
     return run
+
+
+@contextlib.contextmanager
+def no_cyclic_gc() -> Iterator[None]:
+    """Within: Python's cycle collector does not run. A listing of thousands
+    of journals makes hundreds of thousands of small dicts and lists that
+    live until it ends and hold no cycles; the collector walked them all again
+    and again (~15% of ``ls``'s CPU with 3,000 past runs). What little
+    cyclic garbage a command makes is freed when it ends, or at the next
+    collection after this."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def add_runs_dir(parser: argparse.ArgumentParser) -> None:

@@ -15,18 +15,25 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.cells import cell_len
 from rich.console import Console
 from rich.control import strip_control_codes
 from rich.segment import Segment, Segments
 from rich.style import Style
-from rich.table import Table
 from rich.text import Text
 
 from ..reports import RECORD_KINDS, UNIT_LABELS, RunStatus, statuses
-from .common import EXIT_OK, CommandError, add_json, add_runs_dir, inert_errors, runs_dir_of
+from .common import (
+    EXIT_OK,
+    CommandError,
+    add_json,
+    add_runs_dir,
+    inert_errors,
+    no_cyclic_gc,
+    runs_dir_of,
+)
 from .console import (
     emit_json,
     fits_a_terminal,
@@ -39,6 +46,9 @@ from .console import (
     shipping_style,
 )
 from .run_groups import RunGroup, group_runs, role_of
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 __all__ = ["add_parser", "as_json", "grouped_json"]
 
@@ -171,6 +181,8 @@ def _cells(
 
 
 def _table(found: list[RunStatus], columns: list[_Column], nested: set[int]) -> Table:
+    from rich.table import Table  # the fallback's alone (``_fast_table``)
+
     order = {name: i for i, name in enumerate([*_SHOWN_ORDER, "SIZE", "AGE"])}
     shown = sorted(columns, key=lambda c: order[c[0]])
     table = Table(box=None, pad_edge=False, header_style="bold")
@@ -277,6 +289,11 @@ def run_ls(args: argparse.Namespace) -> int:
     """List every run journal: ids, kind, name, outcome (running, completed,
     failed, crashed), shipping (shipped, N pending, offline, not closed out),
     what it logged, losses, size and age. Safe while runs are live."""
+    with no_cyclic_gc():
+        return _ls(args)
+
+
+def _ls(args: argparse.Namespace) -> int:
     runs_dir = runs_dir_of(args)
     if args.runs_dir is not None and not runs_dir.is_dir():
         # A typo is a usage error, not "no runs" (the default runs dir is

@@ -7,9 +7,9 @@ capacity) and ``store`` for how LMDB is opened with care.
 """
 
 import sys
+from typing import TYPE_CHECKING, Any
 
 from primeruns.journal.frames import EntryKind
-from primeruns.journal.journal import DEFAULT_MAX_JOURNAL_BYTES, FORMAT_VERSION, Journal
 from primeruns.journal.listing import (
     JournalInfo,
     default_runs_dir,
@@ -25,6 +25,23 @@ from primeruns.journal.types import (
     InFlight,
     ReadResult,
 )
+
+if TYPE_CHECKING:
+    from primeruns.journal.journal import DEFAULT_MAX_JOURNAL_BYTES, FORMAT_VERSION, Journal
+
+# What ``journal.journal`` defines loads on first use (PEP 562): the writing
+# side (appends, capacity, the mover) is half of ``primeruns ls``'s start-up,
+# and a listing opens no journal whose summary is current.
+_FROM_JOURNAL = frozenset({"DEFAULT_MAX_JOURNAL_BYTES", "FORMAT_VERSION", "Journal"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_JOURNAL:
+        from primeruns.journal import journal
+
+        return getattr(journal, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "DEFAULT_MAX_JOURNAL_BYTES",

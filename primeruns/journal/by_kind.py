@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
 from primeruns.exceptions import JournalCorruptError
 from primeruns.journal.frames import EntryKind
-from primeruns.journal.journal import Journal
 from primeruns.journal.types import Entry
+
+if TYPE_CHECKING:
+    from primeruns.journal.journal import Journal
 
 __all__ = ["last_entry", "last_payload", "seqs_by_kind", "seqs_of"]
 

@@ -21,13 +21,12 @@ from collections import Counter
 from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from primeruns import jsonbound
 from primeruns.exceptions import JournalError
 from primeruns.journal import summary
 from primeruns.journal.frames import EntryKind
-from primeruns.journal.journal import Journal
 from primeruns.journal.layout import dumps
 from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
 from primeruns.journal.memo import Memo
@@ -47,6 +46,9 @@ from primeruns.journal.summary_index import Index
 from primeruns.journal.trust import check_dir, why_unreadable
 from primeruns.journal.types import Damage, JournalInfo
 from primeruns.settings import default_runs_dir  # PRIME_RUNS_DIR, read there
+
+if TYPE_CHECKING:
+    from primeruns.journal.journal import Journal
 
 log = logging.getLogger("primeruns")
 
@@ -242,6 +244,10 @@ def _info(
         kept = info_from(look.kept, base, verify=verify, meta_bounds=meta_bounds)
         if kept is not None:
             return kept
+    # Imported here: a listing whose summaries are all current opens no
+    # journal, and the writing side is half of ``primeruns ls``'s start-up.
+    from primeruns.journal.journal import Journal
+
     try:
         with Journal.open(path, owner=False, written_here=written_here) as journal:
             meta, as_read = _read_meta(journal, meta_bounds)

@@ -181,7 +181,9 @@ def read_owner(directory: Path) -> OwnerInfo | None:
             raw = os.read(fd, 1 << 16)
         finally:
             os.close(fd)
-        data = json.loads(raw or b"null")
+        if not raw:  # no owner named (a past run's, mostly): no JSON to parse
+            return None
+        data = json.loads(raw)
         if not isinstance(data, dict):
             return None
         return OwnerInfo(

@@ -152,9 +152,12 @@ class Origin:
         """Whether ``path`` is where this journal was written (not a copy)."""
         if not self.on_this_host:
             return False
-        here = Path(path).absolute()
         # The same text is the same path (what almost every listed journal
-        # finds: parsing the origin's path is a listing's cost per journal).
+        # finds: parsing a path, even a Path again, is a listing's cost per journal).
+        text = os.fspath(path)
+        if text == self.path and os.path.isabs(text):
+            return True
+        here = (path if isinstance(path, Path) else Path(path)).absolute()
         return os.fspath(here) == self.path or here == Path(self.path)
 
     def producer_state(self) -> ProducerState:

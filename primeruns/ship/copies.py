@@ -15,7 +15,7 @@ import os
 import stat
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ..exceptions import JournalError
 from ..journal.lock import read_owner
@@ -234,12 +234,15 @@ def is_copy(
     root: Path | None = None,
     *,
     in_root: Collection[str] | None = None,
+    origin: Origin | Literal[False] | None = False,
 ) -> bool:
     """Whether the journal at ``path`` (its ``meta``) ships through its sync
     journal: a copy, or one whose run a sync journal ships already (so that
     the two never both ship it). ``in_root``: the names in ``root``, listed
     once by a caller asking of many journals (``sync_names``), so that a
-    journal with no sync journal costs no ``stat``."""
+    journal with no sync journal costs no ``stat``. ``origin``: its
+    ``origin_of``, when the caller read it already (a listing describes
+    thousands); False: read here."""
     name = sync_name(path, meta)
     # A name not in the root has no sync journal, nor has one that is no
     # folder's name (a path a copy's meta holds: it would name another's).
@@ -251,8 +254,9 @@ def is_copy(
             return True
     # A journal that does not say where it was written (damaged beyond its
     # meta) is shipped where it is, repaired, as before origins existed.
-    origin = origin_of(path, meta)
-    return origin is not None and not origin.is_original(path)
+    if origin is False:
+        origin = origin_of(path, meta)
+    return isinstance(origin, Origin) and not origin.is_original(path)
 
 
 def sync_names(root: Path) -> frozenset[str]:

@@ -44,5 +44,6 @@ def records_left(counts: Mapping[int, int], kinds: Collection[EntryKind]) -> int
     entry that cannot be read or is of a kind this version does not know. Such
     an entry may be anything, so it is pending for every sink until a shipper
     passes over it (and counts what it lost)."""
-    wanted = {int(k) for k in kinds}
-    return sum(n for k, n in counts.items() if k in wanted or k not in _KNOWN_KINDS)
+    # An IntEnum hashes and compares as its int: a count's kind is found among
+    # ``kinds`` as they are (a set made per sink was a listing's cost per journal).
+    return sum(n for k, n in counts.items() if k in kinds or k not in _KNOWN_KINDS)
