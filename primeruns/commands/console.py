@@ -57,7 +57,10 @@ def inert(text: object) -> str:
     For the names, paths and messages a journal or a server supplied, in
     human output only: ``--json`` has the JSON encoder's own escaping.
     """
-    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+    shown = str(text)
+    if shown.isprintable():  # no control character in it (nearly every cell of a listing)
+        return shown
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", shown)
 
 
 def inert_text(text: object, style: str = "") -> Text:
