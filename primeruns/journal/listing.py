@@ -34,7 +34,7 @@ from primeruns.journal.meta import K_OVERSIZED, MAX_META_BYTES, MAX_META_VALUES
 from primeruns.journal.probe import probe_many
 from primeruns.journal.stamps import STAMP_LEN, STAMPED
 from primeruns.journal.store import DATA_NAME
-from primeruns.journal.summary import Shelf
+from primeruns.journal.summary import Seen, Shelf
 from primeruns.journal.summary_fields import (
     MetaBounds,
     fields_of,
@@ -43,7 +43,7 @@ from primeruns.journal.summary_fields import (
     verified_in,
 )
 from primeruns.journal.summary_index import Index
-from primeruns.journal.trust import check_dir, why_unreadable
+from primeruns.journal.trust import check_dir, check_dir_as, why_unreadable
 from primeruns.journal.types import Damage, JournalInfo
 from primeruns.settings import default_runs_dir  # PRIME_RUNS_DIR, read there
 
@@ -176,13 +176,14 @@ def _look(
     *,
     verify: bool = False,
     tally: bool = False,
+    seen: Seen | None = None,
 ) -> _Look:
     hit = memo.get(path) if memo is not None else None
     if hit is None and index is not None:  # the stamp as the index has it
         known = index.files(path.name)
     else:
         known = hit[0] if hit is not None else None
-    found = summary.files(path, known)
+    found = summary.files(path, known, seen)
     if hit is not None and found.stamp is not None and hit[0].stamp == found.stamp:
         return _Look(found, owner, None, hit[1])
     kept = None
@@ -451,7 +452,8 @@ def list_journals(
     ``memo``: kept by a caller that lists again and again (``Memo``).
     """
     left_out = {Path(p) for p in skip}
-    found, untrusted = journal_dirs(runs_dir, newest=newest, since=since, names=names)
+    seen: dict[Path, Seen] = {}
+    found, untrusted = journal_dirs(runs_dir, newest=newest, since=since, names=names, seen=seen)
     whole = newest is None and since is None and names is None  # a listing of them all
     shelf = Shelf(runs_dir, texts=whole)
     # The summaries of them all in one file (summary_index), for a listing of them all.
@@ -464,7 +466,7 @@ def list_journals(
         if skip_live and owner_alive(owner):
             left_out.add(p)
             continue
-        looks[p] = _look(p, shelf, owner, memo, index, verify=verify, tally=tally)
+        looks[p] = _look(p, shelf, owner, memo, index, verify=verify, tally=tally, seen=seen.get(p))
     unread = [p for p, look in looks.items() if not look.covers(verify=verify, tally=tally)]
     if unread_most is not None and len(unread) > unread_most:
         left_out.update(unread[: len(unread) - unread_most])  # names sort by creation time
@@ -531,6 +533,7 @@ def journal_dirs(
     newest: int | None = None,
     since: str | None = None,
     names: Collection[str] | None = None,
+    seen: dict[Path, Seen] | None = None,
 ) -> tuple[list[Path], dict[Path, str]]:
     """The journals under ``runs_dir`` (sorted, never opened), and of those,
     each one not to open with why: a journal another user could have
@@ -539,6 +542,8 @@ def journal_dirs(
     ``since``: only those made no earlier than the journal of that name
     (``made_before``), whatever else the runs directory holds. ``names``:
     only those of these names (the runs directory is not listed).
+    ``seen``: filled with what was seen of each journal not untrusted, its
+    stamp's start (``summary.files``): a listing does not ``stat`` it again.
 
     A shared runs directory may hold another user's private (0700) folder:
     looking for ``data.mdb`` in it fails with EACCES, which must not hide
@@ -557,8 +562,20 @@ def journal_dirs(
             break
         if since is not None and made_before(name, since):
             continue
-        try:  # plain strings and os calls: a runs directory may hold thousands
-            data = os.stat(os.path.join(folder, name, DATA_NAME))
+        # Plain strings and os calls: a runs directory may hold thousands. The
+        # folder's and data.mdb's lstat are the journal's stamp's too
+        # (``summary.files``), so taken in the order and way it takes them.
+        inside = os.path.join(folder, name)
+        taken = summary.taken_now()
+        here: os.stat_result | None = None
+        with contextlib.suppress(OSError):
+            here = os.lstat(inside)
+        try:
+            data_path = os.path.join(inside, DATA_NAME)
+            data = os.lstat(data_path)
+            # A link is followed only to tell whether a journal is there, as
+            # ever: it is listed, and never opened through the link (damage).
+            found_as = os.stat(data_path) if stat.S_ISLNK(data.st_mode) else data
         except OSError as exc:
             if exc.errno in _NOT_THERE:
                 continue
@@ -573,14 +590,20 @@ def journal_dirs(
             untrusted[child] = why_unreadable(child, exc)
             found.append(child)
             continue
-        if not stat.S_ISREG(data.st_mode):
+        if not stat.S_ISREG(found_as.st_mode):
             continue
         child = runs_dir / name
         found.append(child)
         try:
-            check_dir(child, "journal directory")
+            if here is None:
+                check_dir(child, "journal directory")  # it says why it cannot look
+            else:
+                check_dir_as(child, here, "journal directory")
         except JournalError as exc:
             untrusted[child] = str(exc)
+            continue
+        if seen is not None:
+            seen[child] = (taken, here, data)
     if newest is not None:
         found.reverse()
     return found, untrusted

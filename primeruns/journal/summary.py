@@ -54,7 +54,17 @@ from primeruns.journal.spool import list_segments
 from primeruns.journal.store import DATA_NAME, last_txnid
 from primeruns.journal.trust import check_dir
 
-__all__ = ["FOLDER", "MAX_BYTES", "RACY_NS", "Files", "Shelf", "files"]
+__all__ = [
+    "FOLDER",
+    "MAX_BYTES",
+    "RACY_NS",
+    "Files",
+    "Seen",
+    "Shelf",
+    "files",
+    "seen_now",
+    "taken_now",
+]
 
 #: The folder, beside the journals, that holds their summaries.
 FOLDER = ".summaries"
@@ -116,7 +126,29 @@ def _fields_in(raw: bytes | str, stamp: Stamp) -> dict[str, Any] | None:
     return fields if isinstance(fields, dict) else None
 
 
-def files(path: Path, known: Files | None = None) -> Files:
+#: What a stamp is taken from: ``time.time_ns()``, then the ``lstat`` of the
+#: journal's folder and of its ``data.mdb`` (None where it failed).
+Seen = tuple[int, os.stat_result | None, os.stat_result | None]
+
+
+def taken_now() -> int:
+    """The time a stamp is taken at (``Files.taken``): before its ``lstat`` calls."""
+    return time.time_ns()
+
+
+def seen_now(folder: str) -> Seen:
+    """The ``Seen`` of the journal folder ``folder``, taken now."""
+    taken = taken_now()
+    here: os.stat_result | None = None
+    data: os.stat_result | None = None
+    with contextlib.suppress(OSError):
+        here = os.lstat(folder)
+    with contextlib.suppress(OSError):
+        data = os.lstat(os.path.join(folder, DATA_NAME))
+    return taken, here, data
+
+
+def files(path: Path, known: Files | None = None, seen: Seen | None = None) -> Files:
     """The stamp, total bytes and newest write time of the journal at ``path``
     (its ``data.mdb`` and spool segments, where the newest entries may be).
 
@@ -129,19 +161,17 @@ def files(path: Path, known: Files | None = None) -> Files:
     (``Files.settled``: a commit since would have moved its change time); and
     the folder's listing for spool segments, where it had none then and its
     times, settled then, are as they were (a segment made or removed moves
-    them)."""
+    them).
+
+    ``seen``: the ``lstat`` calls the stamp starts from, taken by the caller
+    (``listing.journal_dirs`` made them to find the journal: not made twice)."""
     # Plain strings and os calls: a listing stamps thousands of journals.
-    taken = time.time_ns()
     folder = os.fspath(path)
+    taken, here, data = seen if seen is not None else seen_now(folder)
     stamp: Stamp | None
-    times: tuple[int, int] | None = None
-    with contextlib.suppress(OSError):
-        here = os.lstat(folder)
-        times = (here.st_mtime_ns, here.st_ctime_ns)
+    times = None if here is None else (here.st_mtime_ns, here.st_ctime_ns)
     reused = False
-    try:
-        data = os.lstat(os.path.join(folder, DATA_NAME))
-    except OSError:
+    if data is None:
         stamp, size, modified = None, 0, 0.0
     else:
         size, modified = data.st_size, data.st_mtime

@@ -99,6 +99,11 @@ def check_dir(path: Path, what: str, *, advice: str | None = None) -> None:
         return  # nothing there yet: whoever creates it creates it private
     except OSError as exc:
         raise JournalError(f"cannot inspect the {what} {path}: {exc}") from None
+    check_dir_as(path, st, what, advice=advice)
+
+
+def check_dir_as(path: Path, st: os.stat_result, what: str, *, advice: str | None = None) -> None:
+    """``check_dir`` of ``path`` as ``st`` (its ``lstat``, taken by the caller) found it."""
     if stat.S_ISLNK(st.st_mode):
         raise UntrustedPathError(
             f"the {what} {path} is a symbolic link; prime-runs follows none there: "
