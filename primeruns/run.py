@@ -217,13 +217,14 @@ class Run:
             done = child.flush(timeout)
         elif self._supervisor is not None and self._recorder.owner_process():
             deadline = None if timeout is None else time.monotonic() + timeout
-            targets = self._recorder.targets()
             # Records a full disk refused wait in memory for room the shipping
             # frees; they were logged before this call too: once journaled,
             # they are shipped as well. Not those held after it (another
             # thread logging on): waited for, they kept a flush going as long
-            # as that thread logged (``Overflow.watch``).
+            # as that thread logged (``Overflow.watch``). Watched before the
+            # targets are read: one stored in between is in the targets then.
             held = self._recorder.watch_held()
+            targets = self._recorder.targets()
             done = self._supervisor.drain(targets, timeout)
             if held is not None:
                 # (Waited for at no length once the drain failed: the wait ends the watch.)

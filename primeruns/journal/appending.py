@@ -310,13 +310,13 @@ class Appender:
         return count
 
     def watch_held(self) -> Watch | None:
-        """The appends held now, for a flush to wait for (``Overflow.watch``);
-        None where none is."""
+        """The appends held now, and those stored but not told yet, for a
+        flush to wait for (``Overflow.watch``); None where none is. (Not
+        ``_holding`` alone: it is cleared once the last held append is
+        stored, before the run is told its seq.)"""
         with self.lock:
             overflow = self._overflow
-            if overflow is None or not self._holding:
-                return None
-            return overflow.watch()
+            return None if overflow is None else overflow.watch()
 
     def wait_watched(self, watch: Watch, within: float) -> bool:
         """Wait up to ``within`` for the appends ``watch`` names to be stored

@@ -98,6 +98,10 @@ class Overflow:
         self.queued = 0
         self.finished = 0
         self._watches: list[Watch] = []
+        # What the last store took (kind, last seq) while it is told
+        # (``_telling``): stored, so no longer held, but not in the run's
+        # targets yet. A flush called meanwhile waits for it too.
+        self._untold: list[tuple[int, int]] = []
 
     def hold(self, held: Held) -> bool:
         """Hold ``held`` after the others; False past the bound (drop it then)."""
@@ -134,11 +138,14 @@ class Overflow:
             )
 
     def watch(self) -> Watch | None:
-        """Watch the appends held now (None: none is); under the lock. Each
-        watch ends with one ``wait_watched``."""
-        if not self.items:
+        """Watch the appends held now, and those stored but not told yet
+        (None: none is); under the lock. Each watch ends with one
+        ``wait_watched``."""
+        if not self.items and not self._telling:
             return None
         watch = Watch(self.queued)
+        for kind, last in self._untold:
+            watch.lasts[kind] = max(watch.lasts.get(kind, 0), last)
         self._watches.append(watch)
         return watch
 
@@ -169,6 +176,8 @@ class Overflow:
                 stored = self._store() if self.items else []
                 self._note_stored(before, stored)
                 self._telling += bool(stored)
+                if stored:
+                    self._untold = stored
                 self.changed.notify_all()
                 done = not self.items
                 if done:
@@ -181,6 +190,8 @@ class Overflow:
                 finally:
                     with self._lock:
                         self._telling -= 1
+                        if not self._telling:
+                            self._untold = []
                         self.changed.notify_all()
             if done:
                 return
