@@ -30,6 +30,7 @@ import primeruns as pr
 from primeruns import refuge
 from primeruns.exceptions import ConfigurationError, EnvironmentResolutionError, JournalError
 from primeruns.journal import EntryKind, Journal
+from primeruns.ship.standby import pause
 
 # One server for the tests that check their own runs by id; a test that counts
 # the platform's runs or faults, or needs other settings, starts its own.
@@ -279,22 +280,18 @@ def test_a_platform_unreachable_from_init_on_ends_finish_within_the_stall_and_re
 
 
 class _MainThreadSleeps:
-    """The lifecycle's ``time`` for one test: the waits asked for on this
+    """The lifecycle's ``pause`` for one test: the waits asked for on this
     thread (``init()``'s) are kept and cut short; other threads wait as asked."""
 
     def __init__(self) -> None:
-        import time
-
-        self._time = time
         self._thread = threading.get_ident()
         self.asked: list[float] = []
-        self.monotonic, self.time = time.monotonic, time.time
 
-    def sleep(self, seconds: float) -> None:
+    def __call__(self, seconds: float) -> None:
         if threading.get_ident() == self._thread:
             self.asked.append(seconds)
             seconds = min(seconds, 0.01)
-        self._time.sleep(seconds)
+        pause(seconds)
 
 
 def test_a_long_retry_after_at_init_is_left_to_the_uplink_not_waited_out_in_the_loop(
@@ -309,7 +306,7 @@ def test_a_long_retry_after_at_init_is_left_to_the_uplink_not_waited_out_in_the_
     lp = make_local_platform()
     runs = point_at(monkeypatch, tmp_path, lp.url)
     sleeps = _MainThreadSleeps()
-    monkeypatch.setattr("primeruns.ship.lifecycle.time", sleeps)
+    monkeypatch.setattr("primeruns.ship.lifecycle.pause", sleeps)
     lp.set_faults(retryable_rate=1.0, statuses=[429], retry_after=30.0)
     run = pr.init(
         environments=["gsm8k"], model="m", api_key=API_KEY, base_url=lp.url, runs_dir=runs

@@ -16,7 +16,6 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import fork_oracle as fo
@@ -457,7 +456,7 @@ def test_primeruns_sync_watch_holds_a_runs_close_while_its_forked_child_is_being
                     raise Stop
                 holder.release()  # the child's process ends
 
-            monkeypatch.setattr(replay_command, "time", SimpleNamespace(sleep=between_passes))
+            monkeypatch.setattr(replay_command, "pause", between_passes)
             runs = ["--runs-dir", str(tmp_path / "runs")]
             with pytest.raises(Stop):
                 main(["sync", "--watch", "--interval", "0", "--base-url", lp.url, *runs])
