@@ -26,7 +26,7 @@ _RUN_KEY = "requeued-job-7"
 # waits for a line on stdin before logging, then for its SIGKILL) or "finish"
 # (the next one), then the API key and the run key.
 _PRODUCER = """
-import sys, time
+import signal, sys
 import workloads
 import primeruns as pr
 runs, url, first, n, ending, key, run_key = sys.argv[1:8]
@@ -41,7 +41,7 @@ for i in range(0, len(episodes), 10):
 print("logged", " ".join(e["id"] for e in episodes), flush=True)
 if ending == "hang":
     while True:
-        time.sleep(60)
+        signal.pause()  # until the test's SIGKILL
 run.finish(timeout=60)
 print("finished", flush=True)
 """
