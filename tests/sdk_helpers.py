@@ -191,6 +191,11 @@ def platform_episode_ids(data_dir: Path, run_id: str) -> Counter[str]:
     return Counter(str(v) for v in _stored(data_dir, "episode_id", "episodes", run_id))
 
 
+def platform_trace_ids(data_dir: Path, run_id: str) -> Counter[str]:
+    """Every trace id the local platform stored for ``run_id``, with multiplicity."""
+    return Counter(str(v) for v in _stored(data_dir, "trace_id", "traces", run_id))
+
+
 def platform_metric_steps(data_dir: Path, run_id: str) -> Counter[int]:
     """Every training metrics step stored for ``run_id``, with multiplicity."""
     return Counter(int(v) for v in _stored(data_dir, "step", "train_metrics", run_id))

@@ -183,7 +183,9 @@ def test_one_bad_episode_fails_alone_and_its_batch_mates_reach_prime_traces(
 ) -> None:
     """Before the fix all 100 of the batch were counted failed and none of the
     99 good ones reached Prime Traces. The service names the refused line for
-    the first two; a repeated id within one upload is found by halving."""
+    the first two, and the id for a repeated one: the later record carrying
+    it is set apart (before, halving sent the two in uploads of their own,
+    the second replacing the first in the service's reads)."""
     lp = local_platform
     runs = point_at(monkeypatch, tmp_path, lp.url)
     episodes = workloads.gsm8k(100)
@@ -200,13 +202,8 @@ def test_one_bad_episode_fails_alone_and_its_batch_mates_reach_prime_traces(
     run.finish(timeout=60)
     assert run.id is not None
     stored = platform_episode_ids(lp.data_dir, run.id)
-    if bad == "id_repeated":
-        # Two records that share an id, each in its own upload: both stored.
-        assert stored == Counter(e["id"] for e in episodes)
-        assert run.failed_records == {}
-    else:
-        assert stored == Counter(e["id"] for i, e in enumerate(episodes) if i != 37)
-        assert run.failed_records == {"traces": 1}
+    assert stored == Counter(e["id"] for i, e in enumerate(episodes) if i != 37)
+    assert run.failed_records == {"traces": 1}
 
 
 def test_finish_with_the_platform_down_gives_up_when_nothing_moves_and_says_how_to_ship(

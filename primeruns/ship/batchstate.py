@@ -3,7 +3,7 @@ that knows the stored form.
 
 The journal is a generic log: it keeps a batch's state as one JSON object
 (``InFlight.state``), merged key by key as the batch moves on. The shipper's
-keys (``last_seq``, ``records``, ``carry``, ``counters``) and the sink's
+keys (``last_seq``, ``records``, ``carry``, ``counters``, ``set_apart``) and the sink's
 progress fields (one key each, by field name) share that object, as they
 always have, so journals written by earlier versions resume here and the
 ones written here resume there.
@@ -31,9 +31,13 @@ from typing import Any, TypeVar
 
 from ..journal import InFlight
 from ..sinks.base import Prepared
+from . import ledger
 
 __all__ = [
     "BadState",
+    "apart_of",
+    "apart_to_journal",
+    "bounded_why",
     "carry_before",
     "carry_of",
     "changes",
@@ -45,7 +49,7 @@ __all__ = [
 P = TypeVar("P")
 
 # The shipper's own keys; a sink's progress field may not take one of them.
-_SHIPPER_KEYS = frozenset({"last_seq", "records", "carry", "carry_before", "counters"})
+_SHIPPER_KEYS = frozenset({"last_seq", "records", "carry", "carry_before", "counters", "set_apart"})
 
 
 class BadState(ValueError):
@@ -110,6 +114,50 @@ def from_journal(inflight: InFlight, progress_type: type[P]) -> Prepared[P]:
         carry=carry_of(state),
         counters={str(k): _value(v, int, "counters") for k, v in counters.items()},
     )
+
+
+def apart_to_journal(records: int, why: BaseException) -> dict[str, Any]:
+    """The state that says a batch passes over ``records`` records set apart
+    for ``why`` (the service's refusal of the batch they were in): counted
+    as failed with the batch's acknowledgement, whichever process makes it."""
+    return {"set_apart": {"records": records, **_said(why)}}
+
+
+def bounded_why(why: BaseException) -> BaseException:
+    """``why`` as a batch's state keeps it (``apart_to_journal``): its class,
+    status and code, its message cut at ``_WHY_CHARS``; so the records set
+    apart are counted with the same reason whichever process counts them."""
+    return ledger.error_from_record(_said(why))
+
+
+# A refusal's message is the server's text, as long as it made it: what of it
+# is kept with a batch, and said with the records it cost.
+_WHY_CHARS = 4096
+
+
+def _said(why: BaseException) -> dict[str, Any]:
+    said: dict[str, Any] = {"type": type(why).__name__, "message": str(why)[:_WHY_CHARS]}
+    for name in ("status_code", "code"):
+        value = getattr(why, name, None)
+        if isinstance(value, int | str) and not isinstance(value, bool):
+            said[name] = value[:_WHY_CHARS] if isinstance(value, str) else value
+    return said
+
+
+def apart_of(state: Mapping[str, Any], records: int) -> tuple[int, BaseException] | None:
+    """How many of a recorded batch's ``records`` were set apart, and why
+    (``apart_to_journal``); None if none. :class:`BadState` if that part of
+    the state is damaged: never more than the batch, never fewer than one."""
+    said = state.get("set_apart")
+    if said is None:
+        return None
+    if not isinstance(said, dict):
+        raise BadState(f"'set_apart' cannot be {reprlib.repr(said)}")
+    count = _value(said.get("records"), int, "set_apart")
+    if not 1 <= count <= records:
+        raise BadState(f"'set_apart' cannot be {count} of {records} records")
+    # An unknown class (or none) comes back as an APIError naming it.
+    return count, ledger.error_from_record(said)
 
 
 def records_of(state: Mapping[str, Any]) -> int | None:

@@ -18,6 +18,7 @@ so the producer reads it from there.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import random
 import re
@@ -152,6 +153,12 @@ class Shipper:
         self._hurry_until = 0.0  # no lingering until then (a flush waits)
         self._shrink = 1  # batch size divisor after journal write failures
         self._isolate: int | None = None  # entry cap while a rejected record is isolated
+        # Records of a refused batch set apart (``_set_apart``): the lines the
+        # sink named, until the batch is made again and they are known by
+        # seq; then each seq and why, until a batch that covers it is
+        # acknowledged, counting it as failed (or it comes first in one).
+        self._apart_lines: _ApartLines | None = None
+        self._apart: dict[int, BaseException] = {}
         # Entry cap learned from a 413 (the platform's or a proxy's size
         # limit): halved at each, doubled back at each success.
         self._fit: int | None = None
@@ -420,7 +427,7 @@ class Shipper:
         sink = self.sink
         limits = self._limits()
         early, self._early = self._early, None
-        if early is not None and early.fits(after, limits, binding):
+        if early is not None and not self._apart and early.fits(after, limits, binding):
             return self._record(
                 early.prepared, early.first_seq, early.last_read, early.next_after, early.frame
             )
@@ -450,14 +457,17 @@ class Shipper:
             self._ahead.consumed(after)  # what is kept is bounded while it waits
             self._sleep(linger)  # more may queue up meanwhile; read on after
             return None
+        entries = self._without_apart(result.entries)
+        if entries is None:
+            return None
         try:
-            prepared: Prepared[Any] | None = sink.prepare(result.entries, binding)
+            prepared: Prepared[Any] | None = sink.prepare(entries, binding)
         except Exception as exc:
             if classify(exc) is Failure.OFF:
                 self._turn_off(exc)
                 return None
-            first = result.entries[0].seq
-            if self._needs_no_request(result.entries, binding):
+            first = entries[0].seq
+            if self._needs_no_request(entries, binding):
                 # The bad record is further on, after entries that make no
                 # request (episodes without traces, for the sample table): a
                 # sink ends its batch before a bad record only after one it
@@ -486,12 +496,22 @@ class Shipper:
             return None
         if prepared is None:
             last = result.next_after
+            apart = self._apart_through(last)
+            if apart:  # (a sink that sends nothing of them made no request either)
+                self._fail_records(last, len(apart), self._apart[apart[0]])
+                return None
             self.journal.ack(self.name, last)
             self._scanned = max(self._scanned, last)
             self._notify()
             return None
         inflight = self._record(
-            prepared, result.entries[0].seq, result.entries[-1].seq, result.next_after
+            prepared,
+            result.entries[0].seq,
+            result.entries[-1].seq,
+            result.next_after,
+            apart=self._apart_through(
+                result.next_after if prepared.last_seq is None else prepared.last_seq
+            ),
         )
         if self._left_behind and self._reads_ahead:
             used = sum(1 for e in result.entries if e.seq <= inflight.last_seq)
@@ -499,6 +519,36 @@ class Shipper:
         else:
             self._want = None
         return inflight
+
+    def _without_apart(self, entries: Sequence[Entry]) -> Sequence[Entry] | None:
+        """``entries`` (read for the next batch) without the records set apart
+        (``_set_apart``); None when the first of them are set apart: counted
+        as failed now, alone, and the batch is made after them."""
+        found, self._apart_lines = self._apart_lines, None
+        if found is not None:
+            if entries[0].seq != found.first_seq:
+                # Not the batch the lines are of (nothing else moves this
+                # sink's offset, so never seen): one record at a time, which
+                # ends, rather than a guess at which records they are.
+                self._isolate = 1
+                return None
+            kept = [e for e in entries if e.seq not in self._apart]
+            for line in found.lines:
+                if line <= len(kept):
+                    self._apart[kept[line - 1].seq] = found.why
+        if not self._apart:
+            return entries
+        lead = 0
+        while lead < len(entries) and entries[lead].seq in self._apart:
+            lead += 1
+        if lead:
+            self._fail_records(entries[lead - 1].seq, lead, self._apart[entries[0].seq])
+            return None
+        return [e for e in entries if e.seq not in self._apart]
+
+    def _apart_through(self, last_seq: int) -> list[int]:
+        """The seqs set apart that a batch ending at ``last_seq`` passes over."""
+        return sorted(seq for seq in self._apart if seq <= last_seq)
 
     def _needs_no_request(self, entries: Sequence[Entry], binding: Binding) -> bool:
         """Whether the first of ``entries``, whose batch the sink could not
@@ -568,24 +618,27 @@ class Shipper:
         last_read: int,
         next_after: int,
         frame: bytes | None = None,
+        *,
+        apart: Sequence[int] = (),
     ) -> InFlight:
         """Record a prepared batch as the sink's in flight, before its first
         attempt: made of entries ``first_seq`` to ``last_read`` of a read
         that scanned to ``next_after`` (``frame``: its body as the journal
-        stores it, if made already)."""
+        stores it, if made already), passing over the records set apart at
+        ``apart``: counted as failed in the write that acknowledges it."""
         sink = self.sink
         last_seq = next_after if prepared.last_seq is None else prepared.last_seq
         self._left_behind = last_seq < last_read
         self._ahead.consumed(last_seq)  # the batch's entries are in its body now
         before = self._carry_before(prepared.carry)
-        inflight = InFlight(
-            first_seq=first_seq,
-            last_seq=last_seq,
-            body=prepared.body,
-            state=batchstate.to_journal(
-                prepared, last_seq, carry_before=before if isinstance(before, dict) else {}
-            ),
+        if apart:
+            prepared = dataclasses.replace(prepared, records=prepared.records + len(apart))
+        state = batchstate.to_journal(
+            prepared, last_seq, carry_before=before if isinstance(before, dict) else {}
         )
+        if apart:
+            state.update(batchstate.apart_to_journal(len(apart), self._apart[apart[0]]))
+        inflight = InFlight(first_seq=first_seq, last_seq=last_seq, body=prepared.body, state=state)
         if prepared.carry is not None:
             # Saved before the batch: a failure between the two leaves a gap
             # in the sink's numbering after a restart, never a reuse of it.
@@ -700,7 +753,7 @@ class Shipper:
     def _attempt(self, inflight: InFlight, ctx: SendContext[Any], binding: Binding) -> None:
         """One attempt at the batch in flight; the first, for a sink that
         allows it, with the next batch prepared meanwhile."""
-        if self._overlap is None or self._early is not None:
+        if self._overlap is None or self._early is not None or self._apart:
             self.sink.send(inflight.body, ctx)
             return
         error, self._early = self._overlap.send(
@@ -715,6 +768,7 @@ class Shipper:
             if inflight.damage is not None:
                 raise batchstate.BadState(inflight.damage)
             batch = batchstate.from_journal(inflight, self.sink.progress_type)
+            apart = batchstate.apart_of(inflight.state, batch.records)
         except batchstate.BadState as exc:
             # Not guessed at: sent with made-up progress (nothing attempted,
             # no object done), a batch could be stored twice. Its records
@@ -738,6 +792,9 @@ class Shipper:
                 self._moved()
 
         ctx = SendContext(binding=binding, progress=batch.progress, record=record)
+        if apart is not None:
+            # The shipper's own entry (a sink's are its parts' numbers, from 0).
+            ctx.failed_at_ack[-1] = apart
         last_error: BaseException | None = None
         attempt = 0
         while attempt < self._policy.attempts_per_strike:
@@ -773,7 +830,7 @@ class Shipper:
                 if kind is Failure.OFF:
                     self._turn_off(exc)
                 elif kind is Failure.REJECTED:
-                    self._rejected(inflight, batch.records, exc)
+                    self._rejected(inflight, batch, exc)
                 else:
                     self._on_failure(self.name, exc)
                     self._retire(_describe(exc))
@@ -812,6 +869,7 @@ class Shipper:
             failed=failed,
             reason=None if why is None else _describe(why),
         )
+        self._forget_apart(inflight.last_seq)
         if why is not None:
             self._on_loss(self.name, why)
         self._moved()
@@ -835,11 +893,13 @@ class Shipper:
             self._changed()
         resident.after_batch()
 
-    def _rejected(self, inflight: InFlight, records: int, exc: BaseException) -> None:
+    def _rejected(self, inflight: InFlight, batch: Prepared[Any], exc: BaseException) -> None:
         """A batch refused for its content. Where the sink allows it, only the
-        bad record fails: the batch is cut before the line the server names
-        (or halved when it names none) and sent anew; the one record left
-        that is still refused fails alone. Its batch mates are not lost."""
+        bad records fail: those the sink sets apart (records repeating an
+        id: ``_set_apart``), else the batch is cut before the line the server
+        names (or halved when it names none) and sent anew; the one record
+        left that is still refused fails alone. Its batch mates are not lost."""
+        records = batch.records
         if _too_large(exc) and records > 1:
             # Over the platform's (or a proxy's) size limit, whatever the sink:
             # half as many records go next, down to one.
@@ -851,6 +911,8 @@ class Shipper:
             self._fail_records(inflight.last_seq, records, exc)
             self._isolate = None
             return
+        if self._set_apart(inflight, batch, exc):
+            return
         line = _rejected_line(exc, records)
         if line == 1:  # the first record is the bad one: it fails alone
             self._fail_records(inflight.first_seq, 1, exc)
@@ -861,6 +923,50 @@ class Shipper:
         log.info(
             "%s: a batch of %d was refused (%s); isolating the bad record", self.name, records, exc
         )
+
+    def _set_apart(self, inflight: InFlight, batch: Prepared[Any], exc: BaseException) -> bool:
+        """Set apart the records the sink names of a refused batch (a sink's
+        ``set_apart(body, progress, exc)``: the 1-based lines, each one
+        entry, to send no more), and send the rest anew, in one batch: the
+        lines are known by seq once it is made (``_without_apart``), and
+        counted as failed, with ``exc``, as it is acknowledged. Whether it
+        named any: none found, the batch is cut or halved instead."""
+        find = getattr(self.sink, "set_apart", None)
+        if find is None:
+            return False
+        recorded = batchstate.apart_of(inflight.state, batch.records)
+        if len(self._apart_through(inflight.last_seq)) != (0 if recorded is None else recorded[0]):
+            # A batch an earlier process recorded without records it set
+            # apart, which this one does not know: its lines are not the
+            # entries' in order. Halved (made again, with them: found again).
+            return False
+        try:
+            named = find(inflight.body, batch.progress, exc)
+        except Exception:  # a bug there must not stop the shipping: halved instead
+            log.exception("%s: the refused records could not be found", self.name)
+            return False
+        # Each line once, of the body: whatever the sink says, never more.
+        lines = sorted({n for n in named if isinstance(n, int) and 1 <= n <= batch.records})
+        if not lines:
+            return False
+        self._send_anew(inflight)
+        self._isolate = None
+        why = batchstate.bounded_why(exc)
+        self._apart_lines = _ApartLines(inflight.first_seq, tuple(lines), why)
+        log.info(
+            "%s: a batch of %d was refused (%s); sending it without the %d records it names",
+            self.name,
+            batch.records,
+            why,
+            len(lines),
+        )
+        return True
+
+    def _forget_apart(self, last_seq: int) -> None:
+        """The records set apart up to ``last_seq`` are counted (or the
+        batch's range was counted whole): nothing to keep of them."""
+        for seq in self._apart_through(last_seq):
+            del self._apart[seq]
 
     def _send_anew(self, inflight: InFlight) -> None:
         """Drop a batch refused whole: nothing of it was stored, so a smaller
@@ -894,6 +1000,7 @@ class Shipper:
     def _fail_records(self, last_seq: int, records: int, exc: BaseException) -> None:
         reason = _describe(exc)
         self.journal.ack(self.name, last_seq, failed=records, reason=reason)
+        self._forget_apart(last_seq)
         self._on_loss(self.name, exc)
         with self._progress:
             self._scanned = max(self._scanned, last_seq)
@@ -954,6 +1061,17 @@ class Shipper:
             self.state.off_reason = reason
         self._record_standing()
         self._notify()
+
+
+@dataclass(frozen=True)
+class _ApartLines:
+    """The records a sink set apart of a refused batch, by line (1-based, of
+    its body), until the batch is made again: ``first_seq`` is its first
+    entry's, ``why`` the refusal."""
+
+    first_seq: int
+    lines: tuple[int, ...]
+    why: BaseException
 
 
 # The service's message starts with the line it refused ("line 7: ..."); a

@@ -19,6 +19,7 @@ quietly: the other sinks still carry every episode, so it is not a loss.
 from __future__ import annotations
 
 import hashlib
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,10 +35,10 @@ try:
 except ImportError:  # a platform isal has no wheel for (the dependency's marker)
     from zlib import compress as _deflate
 
-from ..exceptions import ForbiddenError, TraceTooLargeError
+from ..exceptions import ForbiddenError, TraceTooLargeError, ValidationRejectedError
 from ..journal import Entry, EntryKind
 from ..platform import PlatformClient
-from . import receipts
+from . import receipts, repeated_ids
 from .base import Binding, Prepared, SendContext, SinkOff, parse_entry
 from .forms import Line, line_of
 from .kinds import SINK_KINDS
@@ -69,6 +70,8 @@ _MAX_LINES = 10_000
 _GZIP_LEVEL = 1
 # A gzip stream (header, deflate, CRC-32 and size trailer), its mtime 0.
 _GZIP_WBITS = 31
+# The service's limit on one upload's uncompressed bytes.
+_MAX_UPLOAD_BYTES = 256 * 1024 * 1024
 
 
 def multipart_body(jsonl: bytes, metadata: Mapping[str, Any]) -> tuple[bytes, str, str]:
@@ -117,7 +120,8 @@ class TracesSink:
     max_entries = _MAX_LINES
     max_bytes = BACKLOG_BATCH_BYTES
     # The service validates an upload whole before it commits any of it, and
-    # names the first line it refused.
+    # names the first line it refused (or, for a repeated id, the id:
+    # ``set_apart`` finds its lines).
     isolates_rejections = True
     progress_type = TracesUpload
     # prepare reads nothing send changes (``ship.early``): the next batch is
@@ -209,6 +213,42 @@ class TracesSink:
         # is safe (the service answers a replay with the receipt it committed).
         receipts.check_traces(receipt, upload.key)
         self.committed += 1
+
+    def set_apart(self, body: bytes, progress: TracesUpload, exc: BaseException) -> list[int]:
+        """The 1-based lines of a recorded upload the service refused for a
+        repeated id (``repeated_ids``) to set apart, so the rest goes in one
+        request; empty for any other refusal, or a body that is not this
+        sink's upload (the shipper then halves the batch)."""
+        code = getattr(exc, "code", None)
+        if not isinstance(exc, ValidationRejectedError) or code not in repeated_ids.DUPLICATE_CODES:
+            return []
+        jsonl = _jsonl_of(body, progress)
+        if jsonl is None:
+            return []
+        named = repeated_ids.named_ids(str(exc))
+        return repeated_ids.lines_to_set_apart(jsonl, episode=progress.episode, named=named)
+
+
+def _jsonl_of(body: bytes, progress: TracesUpload) -> bytes | None:
+    """The JSONL an upload made by ``multipart_body`` carries, checked against
+    its Idempotency-Key; None if the body is not such an upload (a journal
+    is untrusted input)."""
+    boundary = progress.content_type.partition("boundary=")[2].encode()
+    head = b'filename="traces.jsonl"\r\nContent-Type: application/x-ndjson\r\n'
+    head += b"Content-Encoding: gzip\r\n\r\n"
+    start = body.find(head)
+    tail = b"\r\n--" + boundary + b"--\r\n"
+    if not boundary or start < 0 or not body.endswith(tail):
+        return None
+    inflate = zlib.decompressobj(_GZIP_WBITS)
+    try:
+        # Never more than the service takes in one upload, whatever the gzip says.
+        jsonl = inflate.decompress(body[start + len(head) : -len(tail)], _MAX_UPLOAD_BYTES)
+    except zlib.error:
+        return None
+    if inflate.unconsumed_tail or f"sha256:{hashlib.sha256(jsonl).hexdigest()}" != progress.key:
+        return None
+    return jsonl
 
 
 def _line_here(entry: Entry, binding: Binding) -> Line:

@@ -23,6 +23,7 @@ import orjson
 import pytest
 import workloads
 from scripted_platform import LOST, Batch, ScriptedPlatform, entries_of, error
+from traces_service import TracesService
 
 import primeruns.sinks.traces as traces_module
 from primeruns.exceptions import (
@@ -33,9 +34,7 @@ from primeruns.exceptions import (
     ValidationRejectedError,
 )
 from primeruns.journal import EntryKind, Journal
-from primeruns.local.errors import TracesError
 from primeruns.local.multipart import boundary_of, parse_parts
-from primeruns.local.traces_ingest import stage_rows, verify_request
 from primeruns.records import stamp_run
 from primeruns.ship.policy import Failure, RetryPolicy, classify
 from primeruns.ship.shipper import Shipper
@@ -43,37 +42,6 @@ from primeruns.sinks.base import Binding, SinkOff
 from primeruns.sinks.traces import TracesSink
 
 _BOUND = Binding(run_id="eval-1", kind="eval")
-
-
-class TracesService:
-    """``POST /api/v1/traces``: validated whole, committed once per key."""
-
-    def __init__(self, platform: ScriptedPlatform) -> None:
-        self.receipts: dict[str, bytes] = {}
-        self.episodes: list[dict[str, Any]] = []
-        self.traces: list[dict[str, Any]] = []
-        self.replays = 0
-        platform.route("upload", "POST", "/api/v1/traces", self.upload)
-
-    def upload(self, request: httpx.Request, _: dict[str, str]) -> httpx.Response:
-        try:
-            upload = verify_request(
-                content_type=request.headers.get("content-type", ""),
-                body=request.content,
-                key_header=request.headers.get("idempotency-key"),
-                format_header=request.headers.get("x-prime-line-format"),
-            )
-            if upload.upload_id in self.receipts:
-                self.replays += 1
-                return httpx.Response(200, content=self.receipts[upload.upload_id])
-            stage_rows(upload, time.time())
-        except TracesError as exc:
-            return error(exc.status, exc.message, code=exc.code)
-        receipt = {"upload_id": upload.upload_id, "status": "committed", "lines": upload.lines}
-        self.receipts[upload.upload_id] = json.dumps(receipt).encode()
-        self.episodes.extend(upload.episodes)
-        self.traces.extend(upload.traces)
-        return httpx.Response(201, content=self.receipts[upload.upload_id])
 
 
 @pytest.fixture
