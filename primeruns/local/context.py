@@ -11,7 +11,7 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +56,10 @@ def new_id(prefix: str) -> str:
 
 
 def _bearer(request: Request) -> str | None:
-    value = request.headers.get("authorization", "")
+    return _bearer_of(request.headers.get("authorization", ""))
+
+
+def _bearer_of(value: str) -> str | None:
     scheme, _, token = value.partition(" ")
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
@@ -72,11 +75,20 @@ def check_platform_auth(request: Request, *, internal: bool = False) -> None:
     send the same token as a bearer too, either is enough).
     """
     key = context_of(request).settings.api_key
+    if key is not None:
+        headers = request.headers
+        check_key(key, headers.get("authorization"), headers.get("x-api-key") if internal else None)
+
+
+def check_key(key: str | None, authorization: str | None, x_api_key: str | None) -> None:
+    """:func:`check_platform_auth` on the headers' values (``x_api_key``
+    None where that header does not count): for a route that reads its
+    headers itself (``metrics_row``)."""
     if key is None:
         return
-    if _matches(key, _bearer(request)):
+    if _matches(key, _bearer_of(authorization or "")):
         return
-    if internal and _matches(key, request.headers.get("x-api-key")):
+    if _matches(key, x_api_key):
         return
     raise PlatformError(401, "Invalid or missing API key")
 
@@ -94,17 +106,24 @@ def check_traces_auth(request: Request) -> None:
 
 async def read_capped(request: Request, limit: int) -> bytes | None:
     """The whole request body, or None when it is over ``limit`` bytes."""
-    declared = request.headers.get("content-length")
+    return await read_capped_from(request.stream(), request.headers.get("content-length"), limit)
+
+
+async def read_capped_from(
+    chunks: AsyncIterator[bytes], declared: str | None, limit: int
+) -> bytes | None:
+    """:func:`read_capped` of a body read as ``chunks`` and said to be
+    ``declared`` bytes long (its Content-Length, if any)."""
     if declared is not None and declared.isdigit() and int(declared) > limit:
         return None
-    chunks: list[bytes] = []
+    parts: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
+    async for chunk in chunks:
         size += len(chunk)
         if size > limit:
             return None
-        chunks.append(chunk)
-    return b"".join(chunks)
+        parts.append(chunk)
+    return b"".join(parts)
 
 
 async def json_body(request: Request, *, limit: int = MAX_JSON_BODY) -> dict[str, Any]:
@@ -121,7 +140,11 @@ async def parsed_json_body(
 ) -> tuple[dict[str, Any], bool]:
     """:func:`json_body`, and whether orjson parsed it: what a route stores of
     it is then written back with orjson (``jsonlimits.compact``)."""
-    raw = await _json_bytes(request, limit)
+    return parsed_object(await _json_bytes(request, limit))
+
+
+def parsed_object(raw: bytes | None) -> tuple[dict[str, Any], bool]:
+    """:func:`parsed_json_body` of the body :func:`json_bytes` gave."""
     if raw is None:
         return {}, True
     with _refused_as_422():
@@ -144,14 +167,20 @@ async def listed_json_body(
 
 
 async def _json_bytes(request: Request, limit: int) -> bytes | None:
-    """The request's body, None when it is blank; 413 over ``limit``, 415
-    unless it is said to be JSON."""
     body = await read_capped(request, limit)
+    return json_bytes(body, request.headers.get("content-type"), limit)
+
+
+def json_bytes(body: bytes | None, content_type: str | None, limit: int) -> bytes | None:
+    """A request's ``body`` (None: it was over ``limit``) as JSON to parse,
+    None when it is blank; 413 over ``limit``, 415 unless ``content_type``
+    says JSON (none is taken for JSON)."""
     if body is None:
         raise PlatformError(413, f"Request body is over the {limit}-byte limit")
     if not body.strip():
         return None
-    content_type = request.headers.get("content-type", "application/json")
+    if content_type is None:
+        content_type = "application/json"
     if "json" not in content_type.split(";")[0].lower():
         raise PlatformError(415, f"Expected application/json, got {content_type!r}")
     return body

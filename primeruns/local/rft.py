@@ -39,7 +39,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from . import jsonlimits
 from .answers import JSONAnswer
 from .context import (
     check_platform_auth,
@@ -49,10 +48,10 @@ from .context import (
     new_id,
     now,
     optional_object,
-    parsed_json_body,
     require_str,
 )
 from .errors import PlatformError
+from .metrics_row import MetricsRow
 from .objects import object_path
 from .parquet_bounds import checked_rows, footer_bytes
 from .queries import query_int
@@ -196,38 +195,6 @@ async def finalize(request: Request) -> JSONResponse:
     return JSONResponse(await context_of(request).db.write(cas))
 
 
-async def metrics(request: Request) -> JSONResponse:
-    _auth(request)
-    body, by_orjson = await parsed_json_body(request)
-    run_id = require_str(body, "run_id")
-    values = optional_object(body, "metrics")
-    if values is None:
-        raise PlatformError(422, "Field 'metrics' must be an object")
-    step = values.get("step")
-    if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
-        raise PlatformError(422, "metrics.step must be an integer")
-
-    # Written back as parsed (orjson's, when it parsed it): a fifth of json.dumps's CPU.
-    text = jsonlimits.compact(values, by_orjson=by_orjson).decode()
-
-    stored = await context_of(request).db.write_statement(
-        _UPSERT_OF_A_KNOWN_RUN, (run_id, step, text, now(), run_id)
-    )
-    if not stored:  # no such run: nothing was written
-        raise PlatformError(404, f"Run {run_id} not found")
-    return JSONAnswer({"run_id": run_id, "step": step, "status": "ok"})
-
-
-#: A metrics row stored if its run exists, in one statement (``metrics``):
-#: one row per (run, step), a replayed or repeated step replacing the row.
-_UPSERT_OF_A_KNOWN_RUN = (
-    "INSERT INTO train_metrics (run_id, step, body, received_at)"
-    " SELECT ?, ?, ?, ? WHERE EXISTS (SELECT 1 FROM train_runs WHERE id = ?)"
-    " ON CONFLICT (run_id, step) DO UPDATE SET body = excluded.body,"
-    " received_at = excluded.received_at"
-)
-
-
 async def presign(request: Request) -> JSONResponse:
     _auth(request)
     body = await json_body(request)
@@ -354,10 +321,14 @@ async def get_metrics(request: Request) -> JSONResponse:
     return JSONResponse({"metrics": await context_of(request).db.read(read)})
 
 
+def _metrics_route(prefix: str, *, internal: bool) -> Route:
+    return Route(f"{prefix}/metrics", MetricsRow(internal=internal), methods=["POST"])
+
+
 def _rft_routes(prefix: str, *, public: bool) -> list[Route]:
     routes = [
         Route(f"{prefix}/finalize", finalize, methods=["POST"]),
-        *([] if public else [Route(f"{prefix}/metrics", metrics, methods=["POST"])]),
+        *([] if public else [_metrics_route(prefix, internal=True)]),
         Route(f"{prefix}/samples/presign", presign, methods=["POST"]),
         Route(f"{prefix}/samples/confirm", confirm, methods=["POST"]),
     ]
@@ -375,4 +346,4 @@ def _rft_routes(prefix: str, *, public: bool) -> list[Route]:
 routes = _rft_routes("/api/v1/rft", public=True) + _rft_routes("/api/internal/rft", public=False)
 #: The public root's metrics route, tried before any other (``app.build_app``):
 #: a sync is one request a row, and each route tried before its own is a regex.
-metrics_routes = [Route("/api/v1/rft/metrics", metrics, methods=["POST"])]
+metrics_routes = [_metrics_route("/api/v1/rft", internal=False)]
