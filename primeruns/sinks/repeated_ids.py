@@ -27,14 +27,18 @@ lines do not; the shipper then halves as before (``Shipper._rejected``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from types import MappingProxyType
 
 import orjson
 
 __all__ = ["DUPLICATE_CODES", "lines_to_set_apart", "named_ids"]
 
-#: The service's codes for an upload that repeats an id.
-DUPLICATE_CODES = frozenset({"duplicate_trace_id", "duplicate_episode_id"})
+#: The service's codes for an upload that repeats an id, and the role of the
+#: id each names.
+DUPLICATE_CODES: Mapping[str, str] = MappingProxyType(
+    {"duplicate_trace_id": "trace", "duplicate_episode_id": "episode"}
+)
 
 # What of an answer's message is read, and how many quoted names of it count:
 # an id the service names comes first, and a message past these is no answer
@@ -61,11 +65,14 @@ def named_ids(message: str) -> set[str]:
     return found
 
 
-def lines_to_set_apart(jsonl: bytes, *, episode: bool, named: Iterable[str] = ()) -> list[int]:
+def lines_to_set_apart(
+    jsonl: bytes, *, episode: bool, named: Iterable[str] = (), role: str | None = None
+) -> list[int]:
     """The 1-based lines of ``jsonl`` (an upload's lines, each ending in LF;
     ``episode``: episode envelopes, else bare traces) to set apart, in order:
-    see the module's docstring. Empty when nothing of the batch explains a
-    refusal for a repeated id."""
+    see the module's docstring. ``role``: what the ``named`` ids are
+    (``"trace"``, ``"episode"``; None: either). Empty when nothing of the
+    batch explains a refusal for a repeated id."""
     keys = [_keys(line, episode=episode) for line in jsonl.split(b"\n")[:-1]]
     apart: list[int] = []
     seen: set[_Key] = set()
@@ -83,7 +90,7 @@ def lines_to_set_apart(jsonl: bytes, *, episode: bool, named: Iterable[str] = ()
     # Nothing repeats within the batch (each id is on one line): the service
     # holds a named id already.
     for number, line_keys in enumerate(keys, 1):
-        if any(k[1] in wanted for k in line_keys):
+        if any(k[1] in wanted and role in (None, k[0]) for k in line_keys):
             return [number]
     return []
 

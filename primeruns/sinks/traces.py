@@ -220,13 +220,16 @@ class TracesSink:
         request; empty for any other refusal, or a body that is not this
         sink's upload (the shipper then halves the batch)."""
         code = getattr(exc, "code", None)
-        if not isinstance(exc, ValidationRejectedError) or code not in repeated_ids.DUPLICATE_CODES:
+        role = repeated_ids.DUPLICATE_CODES.get(code) if isinstance(code, str) else None
+        if not isinstance(exc, ValidationRejectedError) or role is None:
             return []
         jsonl = _jsonl_of(body, progress)
         if jsonl is None:
             return []
         named = repeated_ids.named_ids(str(exc))
-        return repeated_ids.lines_to_set_apart(jsonl, episode=progress.episode, named=named)
+        return repeated_ids.lines_to_set_apart(
+            jsonl, episode=progress.episode, named=named, role=role
+        )
 
 
 def _jsonl_of(body: bytes, progress: TracesUpload) -> bytes | None:

@@ -100,13 +100,21 @@ def test_every_record_repeating_an_id_is_set_apart_at_once_and_the_rest_ships_on
     journal.close()
 
 
+@pytest.mark.parametrize("also_an_episode_id", [False, True])
 def test_an_id_the_service_holds_already_fails_its_one_record(
-    platform: ScriptedPlatform, tmp_path: Path
+    also_an_episode_id: bool, platform: ScriptedPlatform, tmp_path: Path
 ) -> None:
     """Nothing repeats within the batch: the id the answer names is on one
     line, which any upload would have refused (a service scoping repeats
-    beyond one request)."""
+    beyond one request). Named as a trace id (``duplicate_trace_id``), it is
+    the line holding it as one: an earlier episode whose own id is the same
+    string repeats nothing. Before, the first line holding the name in any
+    role was set apart: that innocent episode counted as failed, and the
+    rest, refused again, lost the episode holding the trace too (two
+    records counted for one repeat, in three requests)."""
     episodes = workloads.gsm8k(30)
+    if also_an_episode_id:
+        episodes[3]["id"] = episodes[17]["traces"][0]["id"]
     service = TracesService(platform, held=frozenset({episodes[17]["traces"][0]["id"]}))
     journal = _journal(tmp_path, episodes)
     _drain(journal, platform)
