@@ -2,7 +2,7 @@
 
 A run's primary looks for the run's other processes at its close-out
 (``ranks.others_of``) and a process attaching to a run by id for the
-journals of its earlier processes (``ship.uplink.find_run_journals``). Read
+journals of its earlier processes (``ship.uplink.earlier_journals``). Read
 from every journal's meta, that look cost what the runs directory's history
 holds (a second per thousand past runs, on every torchrun job's start and
 finish): DESIGN invariant 12. So the runs directory keeps, under

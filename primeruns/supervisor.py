@@ -44,7 +44,7 @@ from .ship.family import ParentNotRegistered
 from .ship.lifecycle import Lifecycle
 from .ship.link import UplinkHandle, UplinkThreads, job_stopped, kill_uplink, start_uplink
 from .ship.policy import RetryPolicy
-from .ship.uplink import find_run_journals
+from .ship.uplink import K_FOLLOWS, earlier_journals
 
 __all__ = ["Supervisor", "go_online"]
 
@@ -142,7 +142,13 @@ def go_online(
     keyed = lifecycle.spec.run_key and binding is not None
     of_run = attach or (binding.run_id if keyed and binding is not None else None)
     if of_run and siblings and not in_memory(journal):  # (one in memory has no folder)
-        predecessors, alive = find_run_journals(journal.path.parent, of_run, exclude=journal.path)
+        found = earlier_journals(journal.path.parent, of_run, exclude=journal.path)
+        predecessors, alive = found.left, found.live
+        if found.finished:  # passed over: said before its uplink starts, which reads it
+            try:
+                journal.set_meta(K_FOLLOWS, [p.name for p in found.finished])
+            except JournalError:  # (a full disk) taken over then, as before
+                predecessors = [*predecessors, *found.finished]
         if alive and attach:
             # Ranks of one run (primeruns.ranks): expected, and said once.
             log.info(

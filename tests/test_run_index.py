@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from primeruns import ranks, run_index
-from primeruns.journal import Journal
+from primeruns.journal import EntryKind, Journal
 from primeruns.journal.lock import LOCK_NAME
-from primeruns.ship.uplink import find_run_journals
+from primeruns.ship.uplink import earlier_journals
 from primeruns.spec import SPEC_KEY, RunSpec
 
 
@@ -62,7 +62,7 @@ def test_an_attached_primarys_close_out_reads_no_past_run(tmp_path: Path, reads:
     assert others == [rank.path]
     assert sorted(set(reads)) == [rank.path.name]
     reads.clear()  # a requeued job's attach looks for the run's earlier journals
-    assert find_run_journals(runs, "run-2", exclude=mine) == ([rank.path], [])
+    assert earlier_journals(runs, "run-2", exclude=mine) == ([rank.path], [], [])
     assert sorted(set(reads)) == [rank.path.name]
 
 
@@ -184,8 +184,7 @@ def test_a_copy_brought_again_after_its_journal_bound_is_found_under_its_run(
         journal.set_meta("platform", {"run_id": "run-1", "kind": "eval"})
     shutil.rmtree(copy)
     shutil.copytree(rank.path, copy)  # the next rsync brings it again
-    gone, _ = find_run_journals(runs, "run-1")
-    assert gone == [copy]
+    assert earlier_journals(runs, "run-1").left == [copy]
     assert _close_out(runs, 3, "run-1")[0] == [copy]
     reads.clear()  # entered under its run now, for good: another run's look reads it no more
     _close_out(runs, 4, "run-9")
@@ -286,4 +285,45 @@ def test_a_journal_whose_platform_meta_is_no_mapping_is_passed_over(
     rank.close()
     others, mine = _close_out(runs, 3, "run-3")
     assert others == [rank.path]
-    assert find_run_journals(runs, "run-3", exclude=mine) == ([rank.path], [])
+    assert earlier_journals(runs, "run-3", exclude=mine) == ([rank.path], [], [])
+
+
+def _ended(
+    runs: Path, stamp: int, *, meta: dict[str, Any], acked: dict[str, int] | None = None
+) -> Path:
+    """A journal of run ``run-1`` whose process logged two episodes and a
+    finish and is gone, ``meta`` added, each sink acknowledged as ``acked``
+    says (to its end by default)."""
+    journal = _journal(runs, stamp, attach=None, bound="run-1")
+    with journal:
+        journal.append(EntryKind.EPISODE, [b'{"id": "a"}', b'{"id": "b"}'])
+        journal.append(EntryKind.FINISH, [b'{"status": "completed"}'])
+        end = journal.last_seq()
+        for sink, upto in (acked or {"eval_samples": end, "traces": end}).items():
+            journal.ack(sink, upto)
+        journal.update_meta(meta)
+    return journal.path
+
+
+def test_a_requeued_jobs_look_passes_over_an_earlier_journal_that_left_nothing_to_ship(
+    tmp_path: Path,
+) -> None:
+    """A run key's (or an attach's) next process takes over the journals its
+    run's earlier processes left; one that finished, every sink acknowledged
+    to its end and its run closed out (as its meta says), has nothing left,
+    and taking it over only copied it into a sync journal again on each
+    requeue. One that says less, or says it in another shape (a journal is
+    untrusted), is taken over as before."""
+    runs = tmp_path / "runs"
+    closed = {"state": "shipped", "finalized": {"status": "completed", "at": 1.0}}
+    done = _ended(runs, 1, meta=closed)
+    close_out_failed = _ended(runs, 2, meta={})
+    behind = _ended(runs, 3, meta=closed, acked={"eval_samples": 3, "traces": 1})
+    one_sink = _ended(runs, 4, meta=closed, acked={"eval_samples": 3})
+    odd_finalized = _ended(runs, 5, meta={"state": "shipped", "finalized": "yes"})
+    no_spec = _ended(runs, 6, meta={**closed, SPEC_KEY: 5})
+    assert earlier_journals(runs, "run-1") == (
+        [close_out_failed, behind, one_sink, odd_finalized, no_spec],
+        [done],
+        [],
+    )

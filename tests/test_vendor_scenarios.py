@@ -322,7 +322,7 @@ def test_a_requeued_job_with_no_home_directory_ships_what_its_first_attempt_left
     home directory, is requeued after its first attempt left episodes
     unshipped (the platform refused them). Both attempts journal in the
     fallback folder, so the second takes the first's journal over
-    (``find_run_journals``). Before, the take-over looked up the sync root
+    (``earlier_journals``). Before, the take-over looked up the sync root
     under the missing home, and its uplink died at start: shipping went on
     from threads without the first attempt's journal, whose episodes never
     reached the platform, with nothing in ``run.errors``. The sync root is

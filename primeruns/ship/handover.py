@@ -2,7 +2,7 @@
 
 A training job requeued with the same run id (``init(kind="train", id=...)``)
 ships the journals an earlier process of the run left in its runs directory
-(``find_run_journals``). On a cluster those are often copies: the
+(``earlier_journals``). On a cluster those are often copies: the
 predecessor's journal copied from its node, perhaps twice (two rsyncs into
 two names), perhaps synced from the login node already. Shipped where each
 is, every copy would ship the same records again, and a later ``primeruns
@@ -14,6 +14,11 @@ private snapshot, never written, imported into its sync journal
 one per journal however many copies of it there are. The original of a
 predecessor, when it is one, is marked ``continued_by`` (so listings and
 init's note on crashed runs know it was taken over).
+
+A predecessor that finished and shipped everything (``left_nothing``: its
+journal says so) is not taken over: a run key's clean requeues would each
+copy and import every earlier attempt of the job again, each requeue
+costing more than the last (DESIGN invariant 12).
 """
 
 from __future__ import annotations
@@ -23,15 +28,42 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..exceptions import JournalError
-from ..journal import Journal
+from ..journal import Journal, JournalInfo
 from ..journal.origin import Origin
+from ..sinks.kinds import sink_kinds
+from ..spec import listed_spec
 from . import sync_records
 from .copies import K_SOURCE_PATH, check_sync_root
 from .mirror import import_new, open_sync_journal, snapshot
 
-__all__ = ["remember", "take_over"]
+__all__ = ["left_nothing", "remember", "take_over"]
 
 log = logging.getLogger("primeruns.uplink")
+
+
+def left_nothing(info: JournalInfo) -> bool:
+    """Whether the listed journal ``info`` has nothing left to ship, as it
+    records itself: its uplink closed it out with nothing pending (``state``
+    shipped, ``finalized``; ``Uplink.close_out``) and every sink of its run
+    acknowledged its last entry. Read as untrusted: a journal with damage,
+    without a readable spec, or whose meta is of another shape is not one
+    (it is taken over as before, and its import says what is wrong). One
+    whose close-out failed (the platform down at its finish) is not either:
+    a take-over closes its run."""
+    meta = info.meta
+    if info.damage or meta.get("state") != "shipped":
+        return False
+    if not isinstance(meta.get("finalized"), dict):
+        return False
+    spec = listed_spec(meta)
+    if spec is None:
+        return False
+    last = info.last_seq
+    for sink in sink_kinds(spec.kind):
+        acked = info.cursors.get(sink)
+        if not isinstance(acked, int) or isinstance(acked, bool) or acked < last:
+            return False
+    return True
 
 
 def take_over(paths: Sequence[Path], root: Path, by: str) -> list[Journal]:

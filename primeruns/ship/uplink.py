@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
 from .. import ranks, run_index
@@ -53,11 +53,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CRASH_ERROR",
+    "K_FOLLOWS",
     "UNREADABLE_FINISH",
+    "Earlier",
     "Progress",
     "Uplink",
+    "earlier_journals",
     "ending_of",
-    "find_run_journals",
     "journal_settings",
     "json_object",
     "terminal_state",
@@ -220,21 +222,40 @@ def _site(url: str) -> tuple[str, str]:
     return parts.scheme.lower(), parts.netloc.lower()
 
 
-def find_run_journals(
-    runs_dir: Path, run_id: str, *, exclude: Path | None = None
-) -> tuple[list[Path], list[str]]:
-    """Journals under ``runs_dir`` of platform run ``run_id``: those whose owner
-    is gone (a requeued job ships them), and the owners still logging to it
-    (found by the index by run, ``run_index``: not by reading every past run)."""
-    gone: list[Path] = []
-    live: list[str] = []
+# Meta: the names of the run's earlier journals a requeued process passed
+# over, nothing left in them to ship (``earlier_journals``). It follows them
+# all the same: a step it logs again draws its sample id ranges far from
+# theirs (``_ranges_of``), as it does beside those it takes over.
+K_FOLLOWS = "follows"
+
+
+class Earlier(NamedTuple):
+    """The journals of a runs directory that log to one platform run, besides
+    the caller's (``earlier_journals``)."""
+
+    left: list[Path]
+    """Their processes gone, records or the run's close-out left: taken over."""
+    finished: list[Path]
+    """Their processes gone, nothing left (``handover.left_nothing``)."""
+    live: list[str]
+    """The owners still logging to the run."""
+
+
+def earlier_journals(runs_dir: Path, run_id: str, *, exclude: Path | None = None) -> Earlier:
+    """Journals under ``runs_dir`` of platform run ``run_id``, found by the
+    index by run (``run_index``: not by reading every past run). One that
+    finished and shipped everything is not taken over: a run key's clean
+    requeues each took over every earlier one again, each costing more."""
+    found = Earlier([], [], [])
     for info in run_index.journals_of(runs_dir, run_id, skip=[exclude] if exclude else []):
         if run_id in run_index.runs_of(info):
             if info.owner_alive:
-                live.append(str(info.owner or info.path))
+                found.live.append(str(info.owner or info.path))
+            elif handover.left_nothing(info):
+                found.finished.append(info.path)
             else:
-                gone.append(info.path)
-    return gone, live
+                found.left.append(info.path)
+    return found
 
 
 class Uplink:
@@ -304,6 +325,7 @@ class Uplink:
         # logged a step it logs again (resumed from a checkpoint).
         far = (
             bool(predecessors)
+            or bool(self.journal.get_meta(K_FOLLOWS))
             or bool(self.journal.get_meta(K_FORK_PARENT))
             or self.lifecycle.spec.run_key is not None
         )

@@ -11,55 +11,13 @@ the SDK is never worse in threads mode than with the process.
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
 
 import procs
 from rel_helpers import bound_run_id, isolated_env, platform_episode_ids
+from rel_run_key import producer, start
 
 from primeruns.local import LocalPlatform
-
-_KEY = "test-key-0123456789"
-_RUN_KEY = "requeued-job-7"
-
-# argv: runs dir, base url, first episode, count, "hang" (the first process:
-# waits for a line on stdin before logging, then for its SIGKILL) or "finish"
-# (the next one), then the API key and the run key.
-_PRODUCER = """
-import signal, sys
-import workloads
-import primeruns as pr
-runs, url, first, n, ending, key, run_key = sys.argv[1:8]
-run = pr.init(environments=["gsm8k"], model="m", api_key=key, base_url=url, runs_dir=runs,
-              run_key=run_key)
-print("journal", run.journal_path, flush=True)
-if ending == "hang":
-    sys.stdin.readline()
-episodes = workloads.gsm8k(int(first) + int(n))[int(first):]
-for i in range(0, len(episodes), 10):
-    run.log_episodes(episodes[i : i + 10])
-print("logged", " ".join(e["id"] for e in episodes), flush=True)
-if ending == "hang":
-    while True:
-        signal.pause()  # until the test's SIGKILL
-run.finish(timeout=60)
-print("finished", flush=True)
-"""
-
-
-def _args(runs: Path, lp: LocalPlatform, first: int, n: int, ending: str) -> list[str]:
-    return [
-        sys.executable,
-        "-c",
-        _PRODUCER,
-        str(runs),
-        lp.url,
-        str(first),
-        str(n),
-        ending,
-        _KEY,
-        _RUN_KEY,
-    ]
 
 
 def test_a_run_keys_next_process_ships_what_a_killed_threads_mode_process_left(
@@ -68,16 +26,8 @@ def test_a_run_keys_next_process_ships_what_a_killed_threads_mode_process_left(
     lp = own_platform
     runs = tmp_path / "runs"
     env = isolated_env(tmp_path, {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url})
-    first = procs.start(
-        _args(runs, lp, 0, 300, "hang"),
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        env=env,
-    )
+    first, journal = start(runs, lp, 0, 300, "hang", env)
     assert first.stdin is not None and first.stdout is not None
-    journal = Path(first.stdout.readline().split(" ", 1)[1].strip())
     # Registered; nothing of its records ships before its SIGKILL: a
     # deterministic stand-in for threads that lingered (299 of 310 left).
     lp.set_faults(
@@ -97,7 +47,7 @@ def test_a_run_keys_next_process_ships_what_a_killed_threads_mode_process_left(
     assert not platform_episode_ids(lp.data_dir, run_id)  # all left in the dead journal
 
     nxt = subprocess.run(
-        _args(runs, lp, 300, 10, "finish"),
+        producer(runs, lp, 300, 10, "finish"),
         capture_output=True,
         text=True,
         env=env,

@@ -1,0 +1,81 @@
+"""A process of a run key, as the reliability tests of run keys run it
+(``test_rel_run_key_*``): an evaluation of gsm8k episodes under one
+``run_key``, each process a fresh interpreter, ended as the test says."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import procs
+
+from primeruns.local import LocalPlatform
+
+KEY = "test-key-0123456789"
+RUN_KEY = "requeued-job-7"
+
+# argv: runs dir, base url, first episode, count, ending, then the API key
+# and the run key. ending "finish": log and finish. "hang" (a process to
+# SIGKILL): wait for a line on stdin before logging, then for the kill.
+# "closeout-fails": log, wait until every record shipped, say so and wait
+# for a line on stdin (the test fails the platform's close-out calls
+# meanwhile), then finish within 3 s.
+PRODUCER = """
+import signal, sys
+import workloads
+import primeruns as pr
+runs, url, first, n, ending, key, run_key = sys.argv[1:8]
+run = pr.init(environments=["gsm8k"], model="m", api_key=key, base_url=url, runs_dir=runs,
+              run_key=run_key)
+print("journal", run.journal_path, flush=True)
+if ending == "hang":
+    sys.stdin.readline()
+episodes = workloads.gsm8k(int(first) + int(n))[int(first):]
+for i in range(0, len(episodes), 10):
+    run.log_episodes(episodes[i : i + 10])
+print("logged", " ".join(e["id"] for e in episodes), flush=True)
+if ending == "hang":
+    while True:
+        signal.pause()  # until the test's SIGKILL
+if ending == "closeout-fails":
+    assert run.flush(timeout=60)
+    print("flushed", flush=True)
+    sys.stdin.readline()
+run.finish(timeout=3 if ending == "closeout-fails" else 60)
+print("finished", flush=True)
+"""
+
+
+def producer(runs: Path, lp: LocalPlatform, first: int, n: int, ending: str) -> list[str]:
+    """The command line of one process of the run key, logging episodes
+    ``first`` to ``first + n`` to ``lp``, ended by ``ending``."""
+    return [
+        sys.executable,
+        "-c",
+        PRODUCER,
+        str(runs),
+        lp.url,
+        str(first),
+        str(n),
+        ending,
+        KEY,
+        RUN_KEY,
+    ]
+
+
+def start(
+    runs: Path, lp: LocalPlatform, first: int, n: int, ending: str, env: dict[str, str]
+) -> tuple[subprocess.Popen[str], Path]:
+    """Start a process of the run key (``producer``), its stdin and stdout
+    piped: it and its journal, once it said which."""
+    proc = procs.start(
+        producer(runs, lp, first, n, ending),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    return proc, Path(proc.stdout.readline().split(" ", 1)[1].strip())

@@ -1,0 +1,166 @@
+"""A run's clean requeues do not take over the processes before them.
+
+A job requeued with the same ``run_key`` logs into one run, one process
+after another; each looks for the journals of the earlier ones and takes
+over those whose processes are gone, to ship what they left (a SIGKILLed
+process in threads mode: ``test_rel_run_key_threads.py``). A process that
+finished and shipped everything left nothing: taking it over anyway copied
+and imported its whole journal into a sync journal on every later requeue,
+so each requeue cost more than the one before. One whose close-out did not
+reach the platform still has its run to close, and is taken over. A job
+requeued by the run's id does the same, and still numbers the training
+samples of a step it logs again apart from its predecessor's.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from rel_helpers import bound_run_id, isolated_env, platform_episode_ids
+from rel_run_key import KEY, producer, start
+
+from primeruns.journal import Journal
+from primeruns.local import LocalPlatform
+
+
+def _ran(argv: list[str], env: dict[str, str]) -> dict[str, str]:
+    """Run a process to its end (it must exit with 0): the first word of
+    each line it printed, and the rest of the line."""
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=180, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+
+
+def _requeue(
+    runs: Path, lp: LocalPlatform, first: int, env: dict[str, str]
+) -> tuple[Path, list[str]]:
+    """One process of the run key, 10 episodes of its own, finished: its
+    journal and the episode ids it logged."""
+    said = _ran(producer(runs, lp, first, 10, "finish"), env)
+    return Path(said["journal"]), said["logged"].split()
+
+
+def _synced(home: Path) -> set[str]:
+    """The local ids of the journals taken over into a sync journal."""
+    root = home / ".local" / "state" / "prime-runs" / "synced"
+    return (
+        {p.name for p in root.iterdir() if (p / "data.mdb").is_file()} if root.is_dir() else set()
+    )
+
+
+def _continued_by(journal: Path) -> object:
+    with Journal.open(journal, owner=False) as opened:
+        return opened.get_meta("continued_by")
+
+
+def test_a_run_keys_clean_requeues_do_not_take_over_the_finished_processes_before_them(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """Three clean processes of one run key in a row: the later ones take
+    over none of the earlier ones' journals (no sync journal made of them,
+    none marked continued), and every record is stored once."""
+    lp = own_platform
+    runs = tmp_path / "runs"
+    env = isolated_env(tmp_path, {"PRIME_TRACES_URL": lp.url})
+    journals: list[Path] = []
+    logged: list[str] = []
+    for attempt in range(3):
+        journal, ids = _requeue(runs, lp, attempt * 10, env)
+        journals.append(journal)
+        logged += ids
+    run_id = bound_run_id(journals[0], tmp_path / "home")
+    assert run_id is not None
+    assert {bound_run_id(j, tmp_path / "home") for j in journals} == {run_id}
+    assert _synced(tmp_path / "home") == set()
+    assert [_continued_by(j) for j in journals] == [None, None, None]
+    assert len(logged) == 30
+    assert platform_episode_ids(lp.data_dir, run_id) == dict.fromkeys(logged, 1)
+    assert lp.run(run_id)["status"] == "COMPLETED"
+
+
+def test_a_run_keys_process_whose_close_out_failed_is_taken_over_by_the_next(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """Its records shipped, but the platform refused its close-out calls: it
+    has its run left to close, and the next process of the key takes it
+    over (its sync journal made) and closes the run, every record once."""
+    lp = own_platform
+    runs = tmp_path / "runs"
+    home = tmp_path / "home"
+    # Threads: the first process's shipping ends with it, none outlives it.
+    env = isolated_env(tmp_path, {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url})
+    first, journal = start(runs, lp, 0, 10, "closeout-fails", env)
+    assert first.stdin is not None and first.stdout is not None
+    logged = first.stdout.readline().split()[1:]
+    assert first.stdout.readline().strip() == "flushed"
+    lp.set_faults(retryable_rate=1.0, statuses=[503], routes=["/api/v1/evaluations/"])
+    try:
+        first.stdin.write("go\n")
+        first.stdin.flush()
+        assert first.wait(timeout=120) == 0
+    finally:
+        lp.set_faults(retryable_rate=0.0, statuses=[503, 502, 429], routes=[])
+    run_id = bound_run_id(journal, home)
+    assert run_id is not None
+    assert lp.run(run_id)["status"] != "COMPLETED"  # its close-out did not land
+
+    nxt, more = _requeue(runs, lp, 10, env)
+    logged += more
+    with Journal.open(journal, owner=False) as opened:
+        local_id = opened.local_id
+    assert local_id in _synced(home)
+    assert _continued_by(journal) == nxt.name
+    assert len(logged) == 20
+    assert platform_episode_ids(lp.data_dir, run_id) == dict.fromkeys(logged, 1)
+    assert lp.run(run_id)["status"] == "COMPLETED"
+
+
+# argv: runs dir, base url, the API key, the run's id ("-": create it). One
+# process of a training job: it logs step 10 (one the platform keeps samples
+# of) and finishes.
+_TRAINING = """
+import sys
+import workloads
+import primeruns as pr
+runs, url, key, run_id = sys.argv[1:5]
+common = dict(kind="train", model="m", team_id="team", api_key=key, base_url=url, runs_dir=runs)
+run = pr.init(name="requeued", **common) if run_id == "-" else pr.init(id=run_id, **common)
+run.log_episodes(workloads.agentic_by_step(4)[10])
+run.log_metrics({"loss": 1.0}, step=10)
+run.finish(timeout=60)
+print("run", run.id, flush=True)
+print("journal", run.journal_path, flush=True)
+"""
+
+
+def test_a_job_requeued_by_id_after_a_clean_finish_keeps_a_steps_sample_ids_apart(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The requeued process resumes from a checkpoint and logs step 10 again.
+    Its predecessor finished and shipped everything, so it is not taken
+    over; its step 10 samples are on the platform all the same, and the new
+    ones must not take their sample ids."""
+    lp = own_platform
+    runs = tmp_path / "runs"
+    env = isolated_env(tmp_path, {"PRIME_TRACES_URL": lp.url})
+    run_id = "-"
+    journals = []
+    for _ in range(2):
+        said = _ran([sys.executable, "-c", _TRAINING, str(runs), lp.url, KEY, run_id], env)
+        run_id = said["run"]
+        journals.append(Path(said["journal"]))
+    assert _synced(tmp_path / "home") == set()  # the first was not taken over
+    assert [_continued_by(j) for j in journals] == [None, None]
+    stored = lp.run(run_id)
+    assert stored["status"] == "COMPLETED"
+    assert sorted(o["step"] for o in stored["parquet_objects"]) == [10, 10]
+    read = httpx.get(
+        f"{lp.url}/api/v1/rft/runs/{run_id}/samples",
+        params={"step": 10, "limit": 100},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    ids = [sample["sample_id"] for sample in read.json()["samples"]]
+    assert len(ids) == 8 and len(set(ids)) == 8, ids
