@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from . import run_index
 from .exceptions import JournalError
-from .journal import journal_info, list_journals
+from .journal import JournalInfo, journal_info, list_journals
 from .journal.lock import forks_wait, lock_held, plain_files, read_owner, remove_unheld
 from .journal.origin import Origin
 from .journal.store import DATA_NAME
@@ -84,6 +84,7 @@ __all__ = [
     "others_of",
     "primary_from_env",
     "resolve_role",
+    "shipped_through_sync",
     "wait_for_others",
 ]
 
@@ -443,7 +444,6 @@ def _left_in(path: Path) -> str | None:
     written, so its own state never says shipped), or by one that was
     pruned (its record says so)."""
     from .ship.mirror import sync_root
-    from .ship.sync_records import nothing_new
 
     try:
         info = journal_info(path)
@@ -453,9 +453,7 @@ def _left_in(path: Path) -> str | None:
         return None
     try:
         root = sync_root()
-        if nothing_new(root, info.local_id, info.last_seq):
-            return None
-        if _shipped_through_sync_journal(path, info.meta, info.last_seq, root):
+        if shipped_through_sync(info, root):
             return None
         shipper = _shipping_it(path, info.meta, info.last_seq, root)
     except JournalError as exc:  # an untrusted sync root: its records are not read
@@ -463,6 +461,18 @@ def _left_in(path: Path) -> str | None:
     if shipper is not None:
         return f"{BEING_SHIPPED}{shipper}, which ships the rest"
     return "not shipped: its processes are gone"
+
+
+def shipped_through_sync(info: JournalInfo, root: Path) -> bool:
+    """Whether the listed journal ``info`` shipped all it holds through its
+    sync journal under ``root`` (``replay``, ``sync``, or a requeued job's
+    uplink that took it over), or through one since pruned (its record says
+    so). Raises JournalError for an untrusted sync root."""
+    from .ship.sync_records import nothing_new
+
+    if nothing_new(root, info.local_id, info.last_seq):
+        return True
+    return _shipped_through_sync_journal(info.path, info.meta, info.last_seq, root)
 
 
 def _shipping_it(path: Path, meta: Mapping[str, Any], last_seq: int, root: Path) -> str | None:

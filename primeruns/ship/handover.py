@@ -16,9 +16,10 @@ predecessor, when it is one, is marked ``continued_by`` (so listings and
 init's note on crashed runs know it was taken over).
 
 A predecessor that finished and shipped everything (``left_nothing``: its
-journal says so) is not taken over: a run key's clean requeues would each
-copy and import every earlier attempt of the job again, each requeue
-costing more than the last (DESIGN invariant 12).
+journal says so), or whose sync journal shipped all of it (taken over by an
+earlier requeue: ``shipped_through_sync``), is not taken over: a run key's
+requeues would each copy and import every earlier attempt of the job
+again, each requeue costing more than the last (DESIGN invariant 12).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import logging
 from collections.abc import Sequence
 from pathlib import Path
 
+from .. import ranks
 from ..exceptions import JournalError
 from ..journal import Journal, JournalInfo
 from ..journal.origin import Origin
@@ -34,9 +36,9 @@ from ..sinks.kinds import sink_kinds
 from ..spec import listed_spec
 from . import sync_records
 from .copies import K_SOURCE_PATH, check_sync_root
-from .mirror import import_new, open_sync_journal, snapshot
+from .mirror import import_new, open_sync_journal, snapshot, sync_root
 
-__all__ = ["left_nothing", "remember", "take_over"]
+__all__ = ["left_nothing", "remember", "shipped_through_sync", "take_over"]
 
 log = logging.getLogger("primeruns.uplink")
 
@@ -64,6 +66,20 @@ def left_nothing(info: JournalInfo) -> bool:
         if not isinstance(acked, int) or isinstance(acked, bool) or acked < last:
             return False
     return True
+
+
+def shipped_through_sync(info: JournalInfo) -> bool:
+    """Whether the listed journal ``info``, one whose process is gone, had
+    all it holds shipped through its sync journal (taken over by an earlier
+    requeue, or synced): a take-over would import nothing and ship nothing.
+    A journal with damage, or a sync root that cannot be read or trusted,
+    says no (taken over as before, which says why)."""
+    if info.damage:
+        return False
+    try:
+        return ranks.shipped_through_sync(info, sync_root())
+    except (JournalError, OSError):
+        return False
 
 
 def take_over(paths: Sequence[Path], root: Path, by: str) -> list[Journal]:

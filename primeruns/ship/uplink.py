@@ -236,7 +236,8 @@ class Earlier(NamedTuple):
     left: list[Path]
     """Their processes gone, records or the run's close-out left: taken over."""
     finished: list[Path]
-    """Their processes gone, nothing left (``handover.left_nothing``)."""
+    """Their processes gone, nothing left (``handover.left_nothing``), or all
+    of it shipped through their sync journals (``handover.shipped_through_sync``)."""
     live: list[str]
     """The owners still logging to the run."""
 
@@ -244,14 +245,15 @@ class Earlier(NamedTuple):
 def earlier_journals(runs_dir: Path, run_id: str, *, exclude: Path | None = None) -> Earlier:
     """Journals under ``runs_dir`` of platform run ``run_id``, found by the
     index by run (``run_index``: not by reading every past run). One that
-    finished and shipped everything is not taken over: a run key's clean
-    requeues each took over every earlier one again, each costing more."""
+    finished and shipped everything, or that an earlier requeue took over
+    and shipped, is not taken over: a run key's requeues each took over
+    every earlier one again, each costing more."""
     found = Earlier([], [], [])
     for info in run_index.journals_of(runs_dir, run_id, skip=[exclude] if exclude else []):
         if run_id in run_index.runs_of(info):
             if info.owner_alive:
                 found.live.append(str(info.owner or info.path))
-            elif handover.left_nothing(info):
+            elif handover.left_nothing(info) or handover.shipped_through_sync(info):
                 found.finished.append(info.path)
             else:
                 found.left.append(info.path)

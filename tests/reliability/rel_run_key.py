@@ -79,3 +79,27 @@ def start(
     )
     assert proc.stdin is not None and proc.stdout is not None
     return proc, Path(proc.stdout.readline().split(" ", 1)[1].strip())
+
+
+def killed_leaving_all(
+    runs: Path, lp: LocalPlatform, n: int, env: dict[str, str]
+) -> tuple[Path, list[str]]:
+    """A process of the run key, in threads mode (``env``), that registered
+    and logged ``n`` episodes, none of which shipped before its SIGKILL (the
+    platform answers their uploads 503 meanwhile: a deterministic stand-in
+    for threads that lingered): its journal and the episode ids it logged."""
+    proc, journal = start(runs, lp, 0, n, "hang", env)
+    assert proc.stdin is not None and proc.stdout is not None
+    lp.set_faults(
+        retryable_rate=1.0, statuses=[503], routes=["/api/v1/evaluations/", "/api/v1/traces"]
+    )
+    try:
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        logged = proc.stdout.readline().split()[1:]
+        assert len(logged) == n
+        procs.kill_job(proc)
+        proc.wait(timeout=60)
+    finally:
+        lp.set_faults(retryable_rate=0.0, statuses=[503, 502, 429], routes=[])
+    return journal, logged

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 from rel_helpers import bound_run_id, isolated_env, platform_episode_ids
-from rel_run_key import KEY, producer, start
+from rel_run_key import KEY, killed_leaving_all, producer, start
 
 from primeruns.journal import Journal
 from primeruns.local import LocalPlatform
@@ -114,6 +114,31 @@ def test_a_run_keys_process_whose_close_out_failed_is_taken_over_by_the_next(
     assert local_id in _synced(home)
     assert _continued_by(journal) == nxt.name
     assert len(logged) == 20
+    assert platform_episode_ids(lp.data_dir, run_id) == dict.fromkeys(logged, 1)
+    assert lp.run(run_id)["status"] == "COMPLETED"
+
+
+def test_a_killed_process_an_earlier_requeue_took_over_is_not_taken_over_again(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A threads-mode process of the key is SIGKILLed with its records left;
+    the next one takes it over and ships them through its sync journal; the
+    one after that finds all of it shipped there and does not take it over
+    again (it stays continued by the one that did), every record once."""
+    lp = own_platform
+    runs = tmp_path / "runs"
+    env = isolated_env(tmp_path, {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url})
+    killed, logged = killed_leaving_all(runs, lp, 30, env)
+    second, more = _requeue(runs, lp, 30, env)
+    logged += more
+    assert _continued_by(killed) == second.name
+    third, more = _requeue(runs, lp, 40, env)
+    logged += more
+    assert _continued_by(killed) == second.name
+    assert [_continued_by(j) for j in (second, third)] == [None, None]
+    run_id = bound_run_id(killed, tmp_path / "home")
+    assert run_id is not None
+    assert len(logged) == 50
     assert platform_episode_ids(lp.data_dir, run_id) == dict.fromkeys(logged, 1)
     assert lp.run(run_id)["status"] == "COMPLETED"
 

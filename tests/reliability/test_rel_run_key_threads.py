@@ -13,9 +13,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-import procs
 from rel_helpers import bound_run_id, isolated_env, platform_episode_ids
-from rel_run_key import producer, start
+from rel_run_key import killed_leaving_all, producer
 
 from primeruns.local import LocalPlatform
 
@@ -26,22 +25,8 @@ def test_a_run_keys_next_process_ships_what_a_killed_threads_mode_process_left(
     lp = own_platform
     runs = tmp_path / "runs"
     env = isolated_env(tmp_path, {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url})
-    first, journal = start(runs, lp, 0, 300, "hang", env)
-    assert first.stdin is not None and first.stdout is not None
-    # Registered; nothing of its records ships before its SIGKILL: a
-    # deterministic stand-in for threads that lingered (299 of 310 left).
-    lp.set_faults(
-        retryable_rate=1.0, statuses=[503], routes=["/api/v1/evaluations/", "/api/v1/traces"]
-    )
-    try:
-        first.stdin.write("go\n")
-        first.stdin.flush()
-        logged = first.stdout.readline().split()[1:]
-        assert len(logged) == 300
-        procs.kill_job(first)
-        first.wait(timeout=60)
-    finally:
-        lp.set_faults(retryable_rate=0.0, statuses=[503, 502, 429], routes=[])
+    # Registered; nothing of its records ships before its SIGKILL (299 of 310 left).
+    journal, logged = killed_leaving_all(runs, lp, 300, env)
     run_id = bound_run_id(journal)
     assert run_id is not None
     assert not platform_episode_ids(lp.data_dir, run_id)  # all left in the dead journal
