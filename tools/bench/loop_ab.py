@@ -9,7 +9,10 @@ alone), ``before`` (this SDK online, imported from BEFORE_CHECKOUT, e.g. a
 and prints the medians over the rounds: loop slowdown vs ``none``,
 per-step log p50 and p99, init→finish, the producer's and the uplink's CPU
 and the local platform's CPU over the worker's run (Linux: ``/proc``; the
-CPU figures hold on a loaded host, where the wall-clock ones are noise).
+CPU figures hold on a loaded host, where the wall-clock ones are noise),
+and the p99 of the log times less the time each spent waiting for a CPU
+(``loop_worker``'s ``waits_s``: on a loaded host the slowest calls were
+nearly all that wait, the same in both checkouts).
 ``--sdk threads`` measures the fallback that ships from threads in the
 producer (``PRIME_RUNS_UPLINK=threads``: its shipping CPU is the
 producer's) instead of the uplink process; ``--vendor`` adds ``prime-runs``
@@ -84,11 +87,14 @@ def main(argv: list[str] | None = None) -> None:
                     outs[config] = out
                 for config, out in outs.items():
                     p50, p99 = benchlib.pcts(out["logs_s"])
+                    waits = out.get("waits_s") or [0.0] * len(out["logs_s"])
+                    own = [max(0.0, s - w) for s, w in zip(out["logs_s"], waits, strict=True)]
                     rows[config].append(
                         {
                             "slowdown": out["loop_s"] / outs["none"]["loop_s"] - 1.0,
                             "p50": p50 * 1000,
                             "p99": p99 * 1000,
+                            "p99_own": benchlib.pcts(own)[1] * 1000,
                             "finish": out["init_to_finish_s"],
                             "producer": out["cpu_s"],
                             "uplink": out["child_cpu_s"],
@@ -97,16 +103,16 @@ def main(argv: list[str] | None = None) -> None:
                     )
     print(f"machine: {benchlib.machine()}; medians of {args.rounds} rounds")
     print(
-        "config  slowdown  log p50 ms  log p99 ms  init→finish s  producer CPU s  uplink CPU s"
-        "  server CPU s  p99 per round"
+        "config  slowdown  log p50 ms  log p99 ms  p99 less CPU wait ms  init→finish s"
+        "  producer CPU s  uplink CPU s  server CPU s  p99 per round"
     )
     for config in configs:
         med = {k: statistics.median(r[k] for r in rows[config]) for k in rows[config][0]}
         p99s = ", ".join(f"{r['p99']:.2f}" for r in rows[config])
         print(
             f"{config:7s} {med['slowdown'] * 100:+7.0f}%  {med['p50']:10.2f}  {med['p99']:10.2f}"
-            f"  {med['finish']:13.2f}  {med['producer']:14.2f}  {med['uplink']:12.2f}"
-            f"  {med['server']:12.2f}  {p99s}"
+            f"  {med['p99_own']:20.2f}  {med['finish']:13.2f}  {med['producer']:14.2f}"
+            f"  {med['uplink']:12.2f}  {med['server']:12.2f}  {p99s}"
         )
 
 
