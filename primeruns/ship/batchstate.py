@@ -6,7 +6,11 @@ The journal is a generic log: it keeps a batch's state as one JSON object
 keys (``last_seq``, ``records``, ``carry``, ``counters``, ``set_apart``) and the sink's
 progress fields (one key each, by field name) share that object, as they
 always have, so journals written by earlier versions resume here and the
-ones written here resume there.
+ones written here resume there, but for one case: a batch made again
+without records that repeat an id (``set_apart``) is resumed by a version
+older than that key as if it had never held them, so those records are
+neither sent nor counted there. Counting them at the refusal instead
+would count them twice when the batch is resumed here.
 
 A progress field with a default is left out of a new batch's record while it
 is at its default (a presigned ``key`` not minted yet, an evaluation batch
