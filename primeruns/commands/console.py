@@ -16,6 +16,7 @@ import re
 import sys
 from typing import Any, TextIO
 
+import orjson
 from rich.console import Console
 from rich.filesize import decimal
 from rich.text import Text
@@ -133,7 +134,30 @@ def human_age(seconds: float) -> str:
     return f"{seconds / 86400:.1f}d"
 
 
+# What orjson leaves to ``default`` so it comes out as the standard
+# library's ``default=str`` writes it: a dataclass, a date or a time as its
+# ``str``, not as an object or an ISO text.
+_AS_STR = orjson.OPT_PASSTHROUGH_DATACLASS | orjson.OPT_PASSTHROUGH_DATETIME
+
+
 def emit_json(document: Any) -> None:
-    """The one JSON document a ``--json`` command prints on stdout."""
-    json.dump(document, sys.stdout, indent=2, sort_keys=False, default=str)
+    """The one JSON document a ``--json`` command prints on stdout.
+
+    orjson writes it: the standard library's encoder runs in Python once it
+    indents, a second of ``ls --json``'s 1.5 with 3,000 journals. Where the
+    two would differ the standard library writes it, as it always did: a
+    character past ASCII, which it escapes, so a run name's bidirectional
+    controls or look-alike letters reach a terminal as escapes; and what
+    orjson refuses (an integer past 64 bits, a key that is not text). A float
+    that is not a number is written ``null``, where the standard library
+    wrote ``NaN``, which no JSON reader takes.
+    """
+    try:
+        text = orjson.dumps(document, default=str, option=orjson.OPT_INDENT_2 | _AS_STR)
+    except (TypeError, orjson.JSONEncodeError):
+        text = b""
+    if text and text.isascii():
+        sys.stdout.write(text.decode("ascii"))
+    else:
+        json.dump(document, sys.stdout, indent=2, sort_keys=False, default=str)
     sys.stdout.write("\n")

@@ -143,6 +143,26 @@ def test_json_output_keeps_the_encoders_escaping(
     assert json.loads(shown.stdout)["spec"]["model"] == HOSTILE
 
 
+@pytest.mark.parametrize("command", ["ls", "show"])
+def test_json_output_escapes_every_character_past_ascii(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    # A right-to-left override makes "evil\u202egnp.sh" read "evilhs.png" on a
+    # terminal; a Cyrillic "а" passes for a Latin one. Escaped, both show.
+    name = "evil\u202egnp.sh-\u0430-ü"
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(name=name, environments=["gsm8k"], mode="offline", runs_dir=runs)
+    run.finish()
+    assert run.journal_path is not None
+    argv = [command, "--runs-dir", str(runs), "--json"]
+    done = cli_subprocess(*argv, *([run.journal_path.name] if command == "show" else []))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.isascii(), done.stdout
+    assert "\\u202e" in done.stdout
+    document = json.loads(done.stdout)
+    assert (document[0] if command == "ls" else document)["name"] == name
+
+
 def test_a_journal_folder_named_with_escapes_is_listed_inert(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
