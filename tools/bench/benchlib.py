@@ -164,6 +164,15 @@ def pcts(samples: Sequence[float]) -> tuple[float, float]:
     return statistics.median(ordered), p99
 
 
+def own_times(out: dict[str, Any]) -> list[float]:
+    """A loop worker's log times less the part of each its thread spent
+    runnable and waiting for a CPU (``loop_worker``'s ``waits_s``; zeros
+    where the platform does not say): on a loaded host the slowest calls
+    are nearly all that wait, whichever SDK made them."""
+    waits = out.get("waits_s") or [0.0] * len(out["logs_s"])
+    return [max(0.0, s - w) for s, w in zip(out["logs_s"], waits, strict=True)]
+
+
 def spread(values: Sequence[float]) -> str:
     """How noisy repeated measurements were: ``min–max`` relative to the median."""
     if len(values) < 2:

@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> None:
                     outs[config] = out
                 for config, out in outs.items():
                     p50, p99 = benchlib.pcts(out["logs_s"])
-                    waits = out.get("waits_s") or [0.0] * len(out["logs_s"])
-                    own = [max(0.0, s - w) for s, w in zip(out["logs_s"], waits, strict=True)]
+                    own = benchlib.own_times(out)
                     rows[config].append(
                         {
                             "slowdown": out["loop_s"] / outs["none"]["loop_s"] - 1.0,
