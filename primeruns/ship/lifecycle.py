@@ -83,6 +83,13 @@ def _answer_lost(exc: APIError) -> bool:
     return isinstance(exc, RetryableAPIError) and exc.status_code == 504
 
 
+class KeyCreatesSpent(UnprovenAnswerError):
+    """A training run's create not sent: other processes of its run key
+    lost the key's allowance of answers (``run_keys.lost_creates``), and
+    one more may leave one more empty run. Transient: ``init()`` goes on
+    journaling; a registration that meets it gives up at once."""
+
+
 def crash_reason(error: str | None) -> str:
     return f"crashed: {error or 'crashed'}"
 
@@ -238,7 +245,8 @@ class Lifecycle:
         up after ``_MAX_LOST_CREATES`` lost answers, live or closing (the
         live run's uplink and its close-out share them), and the failure
         counts the runs that may remain. The records stay in the journal
-        for ``primeruns replay``, which has the same allowance."""
+        for ``primeruns replay``, which has the same allowance. The
+        processes of a run key share one allowance (``_spend_key_create``)."""
         started = time.monotonic()
         failed = 0
         reached = False  # whether any try connected to the platform
@@ -281,6 +289,10 @@ class Lifecycle:
             if bound is not None:
                 return bound
             assert exc is not None
+            if isinstance(exc, KeyCreatesSpent):
+                self._gave_up_creating = True
+                self._on_failure("register", exc)
+                return None
             if not is_transient(exc):
                 self._on_failure("register", exc)
                 return None
@@ -327,7 +339,7 @@ class Lifecycle:
     def _creates_lost(self, last: APIError) -> UnprovenAnswerError:
         """The failure a registration gives up with once its training creates
         lost ``_MAX_LOST_CREATES`` answers: how many runs may remain."""
-        lost = _count(self.journal.get_meta(K_CREATES_LOST))
+        lost = max(_count(self.journal.get_meta(K_CREATES_LOST)), self._key_lost())
         name = self.spec.name
         failure = UnprovenAnswerError(
             f"{self._lost_creates} creates of training run {name!r} here went unanswered "
@@ -337,6 +349,33 @@ class Lifecycle:
         )
         failure.__cause__ = last
         return failure
+
+    def _key_lost(self) -> int:
+        """The lost creates of this run's key, by every process (0 unkeyed)."""
+        key = self._run_key
+        return 0 if key is None else run_keys.lost_creates(key, self._api_root)
+
+    def _spend_key_create(self, spec: RunSpec) -> int:
+        """Count a training create of a keyed run against the key before it
+        is sent (under the key's lock), or refuse it once the key's processes
+        lost ``_MAX_LOST_CREATES`` answers: each process's own bound let N
+        ranks of one key leave up to 4N empty runs behind a gateway losing
+        every answer. Returns the key's lost creates before this one."""
+        key = spec.run_key
+        if key is None:
+            return 0
+        spent = run_keys.lost_creates(key, self._api_root)
+        if spent >= _MAX_LOST_CREATES:
+            raise KeyCreatesSpent(
+                f"{spent} creates of training run {spec.name!r} (run key {key!r}) by "
+                "this job's processes went unanswered or were answered without the "
+                "run's id; the platform offers no lookup of training runs, so up to "
+                f"{spent} empty RUNNING runs named {spec.name!r} may remain; not creating "
+                f"another for {run_keys.LOST_WINDOW_S:.0f} s after the last (the records "
+                "stay in the journal for primeruns replay)"
+            )
+        run_keys.count_lost_create(key, self._api_root, 1)
+        return spent
 
     def _register(self, attempts: int | None) -> Binding:
         bound = self.binding()
@@ -376,15 +415,17 @@ class Lifecycle:
         elif kind == "train":
             body = self._train_body(spec)
             lost = _count(self.journal.get_meta(K_CREATES_LOST))
-            if lost:
+            # This journal's lost creates, or its run key's, by every process.
+            may_remain = max(lost, self._spend_key_create(spec))
+            if may_remain:
                 # External runs cannot be looked up: say what may remain.
                 log.warning(
                     "prime-runs: %d earlier request(s) to create training run %r may have "
                     "landed with their answers lost; the platform offers no lookup, so up "
                     "to %d empty RUNNING runs named %r may remain beside this one",
-                    lost,
+                    may_remain,
                     spec.name,
-                    lost,
+                    may_remain,
                     spec.name,
                 )
             self.journal.set_meta(K_CREATE_SENT, time.time())  # before the request
@@ -414,6 +455,8 @@ class Lifecycle:
                     self._lost_creates += 1
                 else:  # refused as a whole, or never sent: it made no run
                     self.journal.set_meta(K_CREATES_LOST, lost)
+                    if spec.run_key is not None:
+                        run_keys.count_lost_create(spec.run_key, self._api_root, -1)
                 raise
             self.journal.set_meta(K_CREATES_LOST, lost)  # this one is the run
             run_id, name, url = str(run["id"]), run.get("name") or spec.name, None

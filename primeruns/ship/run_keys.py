@@ -20,6 +20,15 @@ never through a link.
 A key is recorded per platform (API root): the same key on a local platform
 and on the real one names two runs. Registration holds the key's lock, so
 two syncs of one key at once never create it twice.
+
+Until a create succeeds, the record counts the key's training creates whose
+answers were lost (``creates_lost``, ``lost_creates``): each may have made
+an empty run no lookup finds. A process bounds its own lost creates, but N
+ranks of one key behind a gateway losing every answer each took the lock in
+turn, found no run named and created again: up to 4N empty runs for the one
+run asked for. Counted per key, the bound holds whatever N is; a count whose
+last lost create is older than ``LOST_WINDOW_S`` is spent no more (a job
+requeued later, or a replay once the gateway is fixed, may create again).
 """
 
 from __future__ import annotations
@@ -39,7 +48,16 @@ from ..settings import default_sync_root as sync_root
 from .copies import make_sync_root, read_record
 from .standby import pause
 
-__all__ = ["closed_as", "held", "lookup", "note_closed", "remember"]
+__all__ = [
+    "LOST_WINDOW_S",
+    "closed_as",
+    "count_lost_create",
+    "held",
+    "lookup",
+    "lost_creates",
+    "note_closed",
+    "remember",
+]
 
 
 _FOLDER = "run-keys"
@@ -92,13 +110,49 @@ def _lock(fd: int, key: str, until: float | None) -> None:
             pause(_LOCK_LOOK_S)
 
 
-def lookup(key: str, api_root: str, root: Path | None = None) -> dict[str, Any] | None:
-    """The run recorded for ``key`` (``run_id``, ``kind``, ``url``, ``name``), or None."""
+def _record(key: str, api_root: str, root: Path | None) -> dict[str, Any] | None:
     root, path = _path(key, api_root, root)
     found = read_record(root, _FOLDER, path.name, limit=1 << 16)
-    if not isinstance(found, dict) or not isinstance(found.get("run_id"), str):
+    return found if isinstance(found, dict) else None
+
+
+def lookup(key: str, api_root: str, root: Path | None = None) -> dict[str, Any] | None:
+    """The run recorded for ``key`` (``run_id``, ``kind``, ``url``, ``name``), or None."""
+    found = _record(key, api_root, root)
+    if found is None or not isinstance(found.get("run_id"), str):
         return None
     return found
+
+
+# How long the key's lost creates count against a create of its run: the
+# ranks of one job start within it, a requeue or a replay after it may try anew.
+LOST_WINDOW_S = 600.0
+_LOST = "creates_lost"
+_LOST_AT = "lost_at"
+
+
+def lost_creates(key: str, api_root: str, root: Path | None = None) -> int:
+    """How many creates of ``key``'s run, by any process, may have made a run
+    with their answers lost, the last within ``LOST_WINDOW_S``; 0 once a run
+    is recorded. Read under the key's lock (``held``)."""
+    found = _record(key, api_root, root)
+    if found is None or isinstance(found.get("run_id"), str):
+        return 0
+    count, at = found.get(_LOST), found.get(_LOST_AT)
+    if type(count) is not int or not isinstance(at, int | float) or count < 0:
+        return 0
+    return count if time.time() - at < LOST_WINDOW_S else 0
+
+
+def count_lost_create(key: str, api_root: str, delta: int, root: Path | None = None) -> None:
+    """Count a create of ``key``'s run as lost (``delta`` 1: before its request,
+    so a process killed waiting for the answer leaves it counted), or take
+    that back (-1: it was refused as a whole, or never sent). Under the key's
+    lock (``held``); a recorded run is left alone."""
+    if lookup(key, api_root, root) is not None:
+        return
+    count = max(0, lost_creates(key, api_root, root) + delta)
+    remember(key, api_root, {_LOST: count, _LOST_AT: time.time()}, root)
 
 
 def remember(key: str, api_root: str, binding: dict[str, Any], root: Path | None = None) -> None:

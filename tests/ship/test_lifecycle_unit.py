@@ -331,6 +331,39 @@ def test_retrying_a_training_create_stops_after_its_third_lost_answer(world: Wor
     assert [what for what, _ in world.failures] == ["register"]
 
 
+def test_the_processes_of_a_run_key_share_its_allowance_of_lost_training_creates(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each process of a run key (a job's ranks) bounded only its own lost
+    creates, and the key named a run only once one was answered: behind a
+    gateway losing every answer, each next rank created again (4 ranks, 16
+    empty runs). The key counts them: the next rank sends none and says how
+    many may remain; once the count is old (a requeue, a replay after the
+    gateway is fixed) a create is tried again, and every later rank ships
+    into the run it made."""
+    from primeruns.ship import run_keys
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    spec = _spec("train", run_key="job-7")
+    first = world.start(spec)
+    world.platform.fail("create_run", LOST, LOST, LOST)
+    assert first.register_retrying(deadline=_soon(30)) is None
+    second = world.start(spec)  # the next rank: a journal of its own
+    assert second.register_retrying(deadline=_soon(30)) is None
+    assert len(world.platform.sent("create_run")) == 3
+    said = [str(exc) for _, exc in world.failures]
+    assert len(said) == 2 and "up to 3 empty RUNNING runs named 'rl-test'" in said[1], said
+
+    monkeypatch.setattr(run_keys, "LOST_WINDOW_S", 0.0)
+    third = world.start(spec)
+    bound = third.register_retrying(deadline=_soon(30))
+    assert bound is not None and len(world.platform.sent("create_run")) == 4
+    assert world.start(spec).register_retrying(deadline=_soon(30)) == bound
+    assert len(world.platform.sent("create_run")) == 4
+    for lifecycle in (first, second, third):
+        lifecycle.journal.close()
+
+
 def test_retrying_an_evaluation_create_after_lost_answers_makes_one_run(world: World) -> None:
     # Its create is found again by its client token: retrying is safe.
     lifecycle = world.start(_spec("eval"))

@@ -1,0 +1,142 @@
+"""Ranks of one training run key behind a gateway that loses the creates' answers.
+
+A training run cannot be looked up on the wire (contract §3.8 reads one by
+its id), so a create whose answer was lost may have left an empty RUNNING
+run. A process bounds its own lost creates; a run key's processes (ranks of
+one job) register one after another under the key's lock, and the key named
+a run only once a create succeeded. Behind a gateway losing every answer,
+each of N ranks found nothing named and created again: 4N empty runs (its
+``init()``'s try, then its uplink's three) where the user asked for one.
+The key now counts its lost creates too, so the runs made stay bounded
+whatever N is; once a create is answered, every rank ships into that run.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from fork_oracle import TEAM
+from rel_helpers import bound_run_id, isolated_env, journal_records
+from sdk_helpers import platform_metric_steps
+
+from primeruns.journal import EntryKind
+from primeruns.local import LocalPlatform
+from primeruns.ship.lifecycle import _MAX_LOST_CREATES
+
+_KEY = "test-key-0123456789"
+_RANKS = 4
+_STEPS = 3
+_CREATE = "/api/v1/rft/external-runs"
+
+# argv: runs dir, base url, API key, run name (also the run key), rank,
+# "flush" or not, the team, and how many steps. Logs that many metrics rows
+# at steps of its own, flushes if told (a run whose creates all go
+# unanswered never ships), then finishes; prints its journal and the
+# failures its run recorded. (Each rank's finish waits for the others'
+# journals, all alive: a short bound once all shipped.)
+_RANK = """
+import sys
+import primeruns as pr
+runs, url, key, name, rank, flush, team, steps = sys.argv[1:9]
+run = pr.init(kind="train", name=name, model="m", team_id=team, run_key=name,
+              training=pr.TrainingSpec(max_steps=3, batch_size=1),
+              api_key=key, base_url=url, runs_dir=runs)
+for step in range(int(steps)):
+    run.log_metrics({"loss": 1.0, "rank": int(rank)}, step=100 * int(rank) + step)
+if flush == "flush":
+    assert run.flush(timeout=60)
+run.finish(timeout=5)
+print("journal", run.journal_path, flush=True)
+print("errors", " | ".join(run.errors), flush=True)
+"""
+
+
+def _ranks(
+    lp: LocalPlatform, tmp: Path, name: str, mode: str, flush: str = "no"
+) -> list[tuple[Path, str]]:
+    """Run ``_RANKS`` processes of run key ``name`` at once, each with its
+    uplink as ``mode`` says; each one's journal and recorded failures."""
+    extra = {"PRIME_TRACES_URL": lp.url}
+    if mode == "threads":
+        extra["PRIME_RUNS_UPLINK"] = "threads"
+    env = isolated_env(tmp, extra)
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                _RANK,
+                *(str(tmp / "runs"), lp.url, _KEY, name, str(rank), flush, TEAM, str(_STEPS)),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for rank in range(_RANKS)
+    ]
+    out: list[tuple[Path, str]] = []
+    for proc in procs:
+        stdout, stderr = proc.communicate(timeout=240)
+        assert proc.returncode == 0, stderr[-2000:]
+        said = dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line)
+        out.append((Path(said["journal"]), said.get("errors", "")))
+    return out
+
+
+def _made(lp: LocalPlatform, name: str) -> list[dict[str, object]]:
+    return [r for r in lp.runs() if r.get("name") == name]
+
+
+@pytest.mark.parametrize("mode", ["threads", "process"])
+@pytest.mark.parametrize("answer", ["lost", "empty"])
+def test_ranks_of_a_key_whose_creates_go_unanswered_leave_a_bounded_count_of_runs(
+    train_platform: LocalPlatform, tmp_path: Path, mode: str, answer: str
+) -> None:
+    """Every create's answer is lost (the platform commits, the connection
+    drops) or is an empty 200 without the run's id. On main the four ranks
+    made 16 runs; now at most the key's allowance, whatever the ranks, and
+    each rank keeps its records in its journal and says how many may remain."""
+    lp = train_platform
+    name = f"key-creates-{mode}-{answer}"
+    if answer == "lost":
+        lp.set_faults(ambiguous_rate=1.0, routes=[_CREATE])
+    else:
+        lp.set_faults(bogus_rate=1.0, bogus_processed=1.0, bogus_bodies=["empty"], routes=[_CREATE])
+    try:
+        ranks = _ranks(lp, tmp_path, name, mode)
+    finally:
+        lp.set_faults(ambiguous_rate=0.0, bogus_rate=0.0, routes=[])
+    made = _made(lp, name)
+    assert 1 <= len(made) <= _MAX_LOST_CREATES, f"{len(made)} runs made for one run key"
+    for journal, errors in ranks:
+        assert bound_run_id(journal) is None  # no answer named a run
+        assert len(journal_records(journal, EntryKind.METRICS)) == _STEPS  # kept for replay
+        assert f"up to {len(made)} empty RUNNING runs named {name!r} may remain" in errors
+
+
+def test_ranks_of_a_key_ship_into_the_run_whose_create_was_answered(
+    train_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The first two creates' answers are lost, the third is answered: the
+    ranks that lost them, and those after, ship every row once into that
+    run, and no more runs are made than creates were lost plus the one."""
+    lp = train_platform
+    name = "key-creates-answered"
+    lp.set_faults(ambiguous_rate=1.0, routes=[_CREATE], max_faults=2)
+    try:
+        ranks = _ranks(lp, tmp_path, name, "threads", "flush")
+    finally:
+        lp.set_faults(ambiguous_rate=0.0, routes=[], max_faults=0)
+    made = _made(lp, name)
+    assert len(made) == 3
+    run_ids = {bound_run_id(journal) for journal, _ in ranks}
+    assert len(run_ids) == 1 and None not in run_ids
+    (run_id,) = run_ids
+    assert run_id is not None
+    expected = Counter(100 * rank + step for rank in range(_RANKS) for step in range(_STEPS))
+    assert platform_metric_steps(lp.data_dir, run_id) == expected
