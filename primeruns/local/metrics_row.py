@@ -38,6 +38,7 @@ from .context import (
     require_str,
 )
 from .errors import PlatformError
+from .queries import is_64_bit
 
 __all__ = ["UPSERT_OF_A_KNOWN_RUN", "MetricsRow"]
 
@@ -81,6 +82,9 @@ class MetricsRow:
         step = values.get("step")
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
             raise PlatformError(422, "metrics.step must be an integer")
+        if step is not None and not is_64_bit(step):
+            # SQLite cannot bind it: a 500 each time, which a client retries.
+            raise PlatformError(422, "metrics.step must be a 64-bit integer")
 
         # Written back as parsed (orjson's, when it parsed it): a fifth of json.dumps's CPU.
         text = jsonlimits.compact(values, by_orjson=by_orjson).decode()

@@ -15,9 +15,14 @@ from starlette.requests import Request
 
 from .errors import PlatformError
 
-__all__ = ["query_int", "row_offset"]
+__all__ = ["is_64_bit", "query_int", "row_offset"]
 
 _LOWEST, _HIGHEST = -(2**63), 2**63 - 1
+
+
+def is_64_bit(value: int) -> bool:
+    """Whether SQLite binds ``value`` (a signed 64-bit integer)."""
+    return _LOWEST <= value <= _HIGHEST
 
 
 def query_int(request: Request, name: str, default: int | None = None) -> int | None:
@@ -30,7 +35,7 @@ def query_int(request: Request, name: str, default: int | None = None) -> int | 
         value = int(raw)
     except ValueError:
         raise PlatformError(422, f"{name} must be an integer") from None
-    if not _LOWEST <= value <= _HIGHEST:
+    if not is_64_bit(value):
         raise PlatformError(422, f"{name} must be a 64-bit integer")
     return value
 

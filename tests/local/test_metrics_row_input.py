@@ -1,0 +1,56 @@
+"""A metrics row the platform cannot store is the client's error, over loopback.
+
+``POST /rft/metrics`` is one request a row, and a client retries a 5xx: a row
+answered 500 for what it holds is sent again and again (the platform's own
+rule, ``queries.py``: it must not 500 on input). Each row here is answered
+422 with nothing stored, and the run's rows read back whole after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from primeruns.local import LocalPlatform
+
+KEY = "metrics-row-key"
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
+    with (
+        LocalPlatform(tmp_path_factory.mktemp("rows"), api_key=KEY) as platform,
+        httpx.Client(
+            base_url=f"{platform.url}/api/v1/rft",
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=10,
+        ) as client,
+    ):
+        yield client
+
+
+def _run(api: httpx.Client) -> str:
+    body = {"base_model": "m", "team_id": "t", "max_steps": 1, "environments": []}
+    run_id: str = api.post("/external-runs", json=body).json()["run"]["id"]
+    return run_id
+
+
+def _post(api: httpx.Client, body: bytes) -> httpx.Response:
+    return api.post("/metrics", content=body, headers={"Content-Type": "application/json"})
+
+
+def test_a_step_past_64_bits_is_refused_and_the_steps_at_the_bounds_stored(
+    api: httpx.Client,
+) -> None:
+    run_id = _run(api)
+    for step in (2**63, 2**64 - 1, 2**70, -(2**63) - 1):
+        r = _post(api, b'{"run_id":"%s","metrics":{"step":%d}}' % (run_id.encode(), step))
+        assert r.status_code == 422, (step, r.status_code, r.text)
+        assert r.json() == {"detail": "metrics.step must be a 64-bit integer"}
+    for step in (-(2**63), 2**63 - 1):
+        r = _post(api, b'{"run_id":"%s","metrics":{"step":%d}}' % (run_id.encode(), step))
+        assert r.status_code == 200, (step, r.text)
+    rows = api.get(f"/runs/{run_id}/metrics").json()["metrics"]
+    assert [row["step"] for row in rows] == [-(2**63), 2**63 - 1]
