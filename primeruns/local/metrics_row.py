@@ -14,12 +14,15 @@ same words. Everything outside the route is as for any other: the guard
 injection, the router's method check.
 
 What it stores and answers is :func:`rft.metrics`'s, which it replaced:
-the row is committed before the answer is sent (a 2xx is a receipt).
+the row is committed before the answer is sent (a 2xx is a receipt). A row
+it cannot store (a step past 64 bits, a lone surrogate) is the client's
+422, not a 500 a client would send again.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
@@ -87,7 +90,9 @@ class MetricsRow:
             raise PlatformError(422, "metrics.step must be a 64-bit integer")
 
         # Written back as parsed (orjson's, when it parsed it): a fifth of json.dumps's CPU.
-        text = jsonlimits.compact(values, by_orjson=by_orjson).decode()
+        text = _stored_text(values, by_orjson=by_orjson)
+        if not by_orjson and not _is_text(run_id or ""):
+            raise PlatformError(422, _NOT_TEXT)
 
         stored = await ctx.db.write_statement(
             UPSERT_OF_A_KNOWN_RUN, (run_id, step, text, now(), run_id)
@@ -96,6 +101,31 @@ class MetricsRow:
             raise PlatformError(404, f"Run {run_id} not found")
         answer = JSONAnswer({"run_id": run_id, "step": step, "status": "ok"})
         await answer(scope, receive, send)
+
+
+#: A lone surrogate is read by ``json.loads`` (orjson refuses it) but is no
+#: character: SQLite cannot store it (UnicodeEncodeError, a 500 each time a
+#: client sends the row again). Not quoted: the answer could not hold it either.
+_NOT_TEXT = "Body is not valid JSON: a string holds a lone surrogate (\\ud800-\\udfff)"
+
+
+def _stored_text(values: dict[str, Any], *, by_orjson: bool) -> str:
+    """The row's text as stored (``jsonlimits.compact``'s); 422 where it is
+    not text. Only ``json.loads`` reads a lone surrogate: orjson's parse
+    holds none, and is not looked at again."""
+    try:
+        return jsonlimits.compact(values, by_orjson=by_orjson).decode()
+    except UnicodeEncodeError:
+        raise PlatformError(422, _NOT_TEXT) from None
+
+
+def _is_text(value: str) -> bool:
+    """Whether ``value`` is text UTF-8 can hold (no lone surrogate)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _headers(scope: Scope) -> dict[bytes, str]:

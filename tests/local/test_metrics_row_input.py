@@ -54,3 +54,22 @@ def test_a_step_past_64_bits_is_refused_and_the_steps_at_the_bounds_stored(
         assert r.status_code == 200, (step, r.text)
     rows = api.get(f"/runs/{run_id}/metrics").json()["metrics"]
     assert [row["step"] for row in rows] == [-(2**63), 2**63 - 1]
+
+
+@pytest.mark.parametrize(
+    "row",
+    [
+        b'{"run_id":"%s","metrics":{"step":1,"\\ud800":0.5}}',
+        b'{"run_id":"%s","metrics":{"step":1,"loss":"\\udfff"}}',
+        b'{"run_id":"%s\\ud800","metrics":{"step":1}}',
+    ],
+    ids=["in-a-name", "in-a-value", "in-the-run-id"],
+)
+def test_a_lone_surrogate_is_refused_and_the_run_reads_back(api: httpx.Client, row: bytes) -> None:
+    run_id = _run(api)
+    r = _post(api, row % run_id.encode())
+    assert r.status_code == 422, r.text
+    assert "lone surrogate" in r.json()["detail"]
+    assert _post(api, b'{"run_id":"%s","metrics":{"step":2}}' % run_id.encode()).is_success
+    rows = api.get(f"/runs/{run_id}/metrics").json()["metrics"]
+    assert rows == [{"step": 2}]
