@@ -359,12 +359,13 @@ def _written_apart(
 _COPIED_BELOW = 4096
 
 
-def compact(value: Any, *, by_orjson: bool) -> bytes:
+def compact(value: Any, *, by_orjson: bool, allow_nan: bool = True) -> bytes:
     """``value`` as compact UTF-8 JSON, as ``json.dumps(value, separators=(",",
     ":"), ensure_ascii=False)`` writes it, or as text that reads back as the
     same value (orjson writes ``1e-07`` as ``1e-7``). ``by_orjson``: the value
     came from :func:`parse` saying so; else NaN would be written as ``null``
-    by orjson, and json.dumps writes it."""
+    by orjson, and json.dumps writes it (``allow_nan`` False: ValueError, as
+    ``json.dumps`` raises it, where a float is NaN or infinite)."""
     if by_orjson:
         try:
             written = orjson.dumps(value)
@@ -376,7 +377,9 @@ def compact(value: Any, *, by_orjson: bool) -> bytes:
             # small samples holds their bytes, not a page or two each (and
             # the copy is cheaper than the fresh pages: less CPU, not more).
             return bytes(memoryview(written)) if len(written) < _COPIED_BELOW else written
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps(
+        value, separators=(",", ":"), ensure_ascii=False, allow_nan=allow_nan
+    ).encode()
 
 
 def _deeper_than(value: Any) -> bool:

@@ -15,8 +15,8 @@ injection, the router's method check.
 
 What it stores and answers is :func:`rft.metrics`'s, which it replaced:
 the row is committed before the answer is sent (a 2xx is a receipt). A row
-it cannot store (a step past 64 bits, a lone surrogate) is the client's
-422, not a 500 a client would send again.
+it cannot store (a step past 64 bits, a lone surrogate) or read back (NaN)
+is the client's 422, not a 500 now or at every read of the run's rows.
 """
 
 from __future__ import annotations
@@ -109,14 +109,24 @@ class MetricsRow:
 _NOT_TEXT = "Body is not valid JSON: a string holds a lone surrogate (\\ud800-\\udfff)"
 
 
+#: NaN, Infinity and a number past a double (1e400) are read by ``json.loads``
+#: as floats JSON has no words for: stored, every read of the run's rows
+#: failed (``GET /rft/runs/{id}/metrics`` answers JSON: a 500 for good). Both
+#: SDKs send such a value as null; a row holding one is refused, as the
+#: traces service refuses a line holding one.
+_NOT_A_NUMBER = "Body is not valid JSON: a number is NaN or infinite (send null)"
+
+
 def _stored_text(values: dict[str, Any], *, by_orjson: bool) -> str:
     """The row's text as stored (``jsonlimits.compact``'s); 422 where it is
-    not text. Only ``json.loads`` reads a lone surrogate: orjson's parse
-    holds none, and is not looked at again."""
+    not text or holds a number JSON cannot. Only ``json.loads`` reads either:
+    orjson's parse holds neither, and is not looked at again."""
     try:
-        return jsonlimits.compact(values, by_orjson=by_orjson).decode()
+        return jsonlimits.compact(values, by_orjson=by_orjson, allow_nan=False).decode()
     except UnicodeEncodeError:
         raise PlatformError(422, _NOT_TEXT) from None
+    except ValueError:  # json.dumps's "Out of range float values are not JSON compliant"
+        raise PlatformError(422, _NOT_A_NUMBER) from None
 
 
 def _is_text(value: str) -> bool:

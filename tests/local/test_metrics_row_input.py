@@ -73,3 +73,20 @@ def test_a_lone_surrogate_is_refused_and_the_run_reads_back(api: httpx.Client, r
     assert _post(api, b'{"run_id":"%s","metrics":{"step":2}}' % run_id.encode()).is_success
     rows = api.get(f"/runs/{run_id}/metrics").json()["metrics"]
     assert rows == [{"step": 2}]
+
+
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-Infinity", b"1e400"])
+def test_a_number_json_cannot_hold_is_refused_and_the_run_reads_back(
+    api: httpx.Client, number: bytes
+) -> None:
+    """Stored, the row failed every read of its run's rows after it (500)."""
+    run_id = _run(api)
+    r = _post(api, b'{"run_id":"%s","metrics":{"step":1,"loss":%s}}' % (run_id.encode(), number))
+    assert r.status_code == 422, r.text
+    assert "NaN or infinite" in r.json()["detail"]
+    assert _post(
+        api, b'{"run_id":"%s","metrics":{"step":2,"loss":null}}' % run_id.encode()
+    ).is_success
+    read = api.get(f"/runs/{run_id}/metrics")
+    assert read.status_code == 200, read.text
+    assert read.json()["metrics"] == [{"step": 2, "loss": None}]
