@@ -316,9 +316,18 @@ async def get_metrics(request: Request) -> JSONResponse:
                 -1 if bounds["limit"] is None else bounds["limit"],
             ),
         ).fetchall()
-        return [json.loads(r["body"]) for r in rows]
+        return [json.loads(r["body"], parse_constant=_null) for r in rows]
 
     return JSONResponse({"metrics": await context_of(request).db.read(read)})
+
+
+def _null(constant: str) -> None:
+    """NaN, Infinity or -Infinity in a stored row, read as null. The route
+    refuses them now (``metrics_row``), but a data folder an earlier version
+    wrote may hold them, and JSON has no words for them: answered as they
+    read, every read of the run's rows failed (a 500, which the SDK's step
+    table retries as transient). Null is what both SDKs send for them."""
+    return None
 
 
 def _metrics_route(prefix: str, *, internal: bool) -> Route:

@@ -3,17 +3,21 @@
 ``POST /rft/metrics`` is one request a row, and a client retries a 5xx: a row
 answered 500 for what it holds is sent again and again (the platform's own
 rule, ``queries.py``: it must not 500 on input). Each row here is answered
-422 with nothing stored, and the run's rows read back whole after it.
+422 with nothing stored, and the run's rows read back whole after it; rows
+an earlier version stored that JSON cannot answer read back too.
 """
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
 from primeruns.local import LocalPlatform
+from primeruns.local.storage import Database
 
 KEY = "metrics-row-key"
 
@@ -90,3 +94,42 @@ def test_a_number_json_cannot_hold_is_refused_and_the_run_reads_back(
     read = api.get(f"/runs/{run_id}/metrics")
     assert read.status_code == 200, read.text
     assert read.json()["metrics"] == [{"step": 2, "loss": None}]
+
+
+def test_rows_an_earlier_version_stored_with_nan_read_back_as_null(tmp_path: Path) -> None:
+    """A data folder written before the route refused NaN may hold such rows:
+    every read of their run's rows was a 500, for good."""
+    data = tmp_path / "data"
+    db = Database(data)
+
+    def insert(conn: sqlite3.Connection) -> None:
+        conn.execute(
+            "INSERT INTO train_runs (id, name, team_id, status, request, created_at, updated_at)"
+            " VALUES ('rft_old', 'old', 't', 'RUNNING', '{}', 0, 0)"
+        )
+        conn.executemany(
+            "INSERT INTO train_metrics (run_id, step, body, received_at)"
+            " VALUES ('rft_old', ?, ?, 0)",
+            [
+                (0, '{"step":0,"loss":NaN,"acc":0.5}'),
+                (1, '{"step":1,"loss":Infinity,"kl":-Infinity}'),
+                (2, '{"step":2,"loss":0.25}'),
+            ],
+        )
+
+    try:
+        db.write_sync(insert)
+    finally:
+        db.close()
+    with LocalPlatform(data, api_key=KEY) as platform:
+        read = httpx.get(
+            f"{platform.url}/api/v1/rft/runs/rft_old/metrics",
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=10,
+        )
+    assert read.status_code == 200, read.text
+    assert read.json()["metrics"] == [
+        {"step": 0, "loss": None, "acc": 0.5},
+        {"step": 1, "loss": None, "kl": None},
+        {"step": 2, "loss": 0.25},
+    ]
