@@ -377,6 +377,11 @@ class Uplink:
                 policy=self.policy,
                 on_failure=lambda what, exc: self._record_failure(self.journal, what, exc),
                 on_loss=self._on_loss,
+                # Far, as a requeued process's own: the earlier process may have
+                # logged a step another process of the run logged too (both
+                # resumed from one checkpoint), and numbered from a block's start
+                # its samples would take the ids of the first process's.
+                ranges=_ranges_of(old, True) if lifecycle.spec.kind == "train" else None,
             )
         except JournalError as exc:
             log.info("prime-runs: not taking over %s: %s", old.path, exc)

@@ -69,8 +69,14 @@ def start(
 ) -> tuple[subprocess.Popen[str], Path]:
     """Start a process of the run key (``producer``), its stdin and stdout
     piped: it and its journal, once it said which."""
+    return started(producer(runs, lp, first, n, ending), env)
+
+
+def started(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], Path]:
+    """Start the process ``argv`` that prints ``journal <path>`` first, its
+    stdin and stdout piped: it and its journal, once it said which."""
     proc = procs.start(
-        producer(runs, lp, first, n, ending),
+        argv,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 import httpx
+import procs
 from rel_helpers import bound_run_id, isolated_env, platform_episode_ids
-from rel_run_key import KEY, killed_leaving_all, producer, start
+from rel_run_key import KEY, killed_leaving_all, producer, start, started
 
 from primeruns.journal import Journal
 from primeruns.local import LocalPlatform
@@ -161,6 +162,16 @@ print("journal", run.journal_path, flush=True)
 """
 
 
+def _sample_ids(lp: LocalPlatform, run_id: str, step: int) -> list[int]:
+    """The ids of the training samples the platform holds of ``step``."""
+    read = httpx.get(
+        f"{lp.url}/api/v1/rft/runs/{run_id}/samples",
+        params={"step": step, "limit": 100},
+        headers={"Authorization": f"Bearer {KEY}"},
+    )
+    return [sample["sample_id"] for sample in read.json()["samples"]]
+
+
 def test_a_job_requeued_by_id_after_a_clean_finish_keeps_a_steps_sample_ids_apart(
     own_platform: LocalPlatform, tmp_path: Path
 ) -> None:
@@ -182,10 +193,53 @@ def test_a_job_requeued_by_id_after_a_clean_finish_keeps_a_steps_sample_ids_apar
     stored = lp.run(run_id)
     assert stored["status"] == "COMPLETED"
     assert sorted(o["step"] for o in stored["parquet_objects"]) == [10, 10]
-    read = httpx.get(
-        f"{lp.url}/api/v1/rft/runs/{run_id}/samples",
-        params={"step": 10, "limit": 100},
-        headers={"Authorization": f"Bearer {KEY}"},
-    )
-    ids = [sample["sample_id"] for sample in read.json()["samples"]]
+    ids = _sample_ids(lp, run_id, 10)
     assert len(ids) == 8 and len(set(ids)) == 8, ids
+
+
+# argv: as _TRAINING. A training process requeued by id that logs step 10
+# once told (a line on stdin), says so, and waits for the test's SIGKILL.
+_TRAINING_KILLED = """
+import signal, sys
+import workloads
+import primeruns as pr
+runs, url, key, run_id = sys.argv[1:5]
+run = pr.init(id=run_id, kind="train", model="m", team_id="team", api_key=key, base_url=url,
+              runs_dir=runs)
+print("journal", run.journal_path, flush=True)
+sys.stdin.readline()
+run.log_episodes(workloads.agentic_by_step(4)[10])
+print("logged", flush=True)
+while True:
+    signal.pause()
+"""
+
+
+def test_a_killed_requeue_by_id_after_a_clean_one_keeps_a_steps_sample_ids_apart(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A training job by id: the first process logs step 10 and finishes;
+    the second resumes from the same checkpoint, logs step 10 again and is
+    SIGKILLed before any of it shipped; the third takes it over and ships
+    its step 10. All 12 samples of step 10 keep distinct ids."""
+    lp = own_platform
+    runs = tmp_path / "runs"
+    env = isolated_env(tmp_path, {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url})
+    said = _ran([sys.executable, "-c", _TRAINING, str(runs), lp.url, KEY, "-"], env)
+    run_id = said["run"]
+    killed, _ = started(
+        [sys.executable, "-c", _TRAINING_KILLED, str(runs), lp.url, KEY, run_id], env
+    )
+    assert killed.stdin is not None and killed.stdout is not None
+    lp.set_faults(retryable_rate=1.0, statuses=[503], routes=["/api/v1/rft/", "/api/v1/traces"])
+    try:
+        killed.stdin.write("go\n")
+        killed.stdin.flush()
+        assert killed.stdout.readline().strip() == "logged"
+        procs.kill_job(killed)
+        killed.wait(timeout=60)
+    finally:
+        lp.set_faults(retryable_rate=0.0, statuses=[503, 502, 429], routes=[])
+    _ran([sys.executable, "-c", _TRAINING, str(runs), lp.url, KEY, run_id], env)
+    ids = _sample_ids(lp, run_id, 10)
+    assert len(ids) == 12 and len(set(ids)) == 12, ids
