@@ -340,7 +340,9 @@ class Uplink:
             on_failure=self._on_failure,
             on_loss=self._on_loss,
             # (A training run's only: an evaluation never loads its sinks.)
-            ranges=_ranges_of(self.journal, far) if self.lifecycle.spec.kind == "train" else None,
+            ranges=_ranges_of(self.journal, far, attached=self.lifecycle.spec.attach_id is not None)
+            if self.lifecycle.spec.kind == "train"
+            else None,
             on_progress=self._notify,
         )
         for shipper in self.shippers:
@@ -650,7 +652,7 @@ class Uplink:
         return out
 
 
-def _ranges_of(journal: Journal, far: bool) -> Block:
+def _ranges_of(journal: Journal, far: bool, *, attached: bool = False) -> Block:
     """Where this journal's training sample ids start, in range indexes
     (``sinks.step_ranges``). A requeued job (by id, or one attempt of a run
     key) may log a step its predecessor logged too, and a forked child the
@@ -660,7 +662,10 @@ def _ranges_of(journal: Journal, far: bool) -> Block:
     (never into rank N+1's), and a process that is not the primary and has
     no rank draws at random; so does rank 0 where it is not the primary (its
     run's creator is, on its host: ``ranks.resolve_role``), whose numbering
-    from 0 is in rank 0's block."""
+    from 0 is in rank 0's block. A primary without a rank that ``attached``
+    to a run by id is not its creator, which numbered from 0: it draws far
+    too, its predecessors' journals found or not (another node's runs
+    directory, or deleted by ``gc``)."""
     with importing():  # lazily, as the sinks are (``factory.make_shippers``)
         from ..sinks.step_ranges import Block
 
@@ -668,14 +673,14 @@ def _ranges_of(journal: Journal, far: bool) -> Block:
         return Block(_far())
     role = ranks.Role.of(journal)
     if role is None:
-        return Block()
+        return Block(_far()) if attached else Block()
     if role.rank == 0 and not role.primary:
         return Block(_far())  # the primary numbers in rank 0's block (below)
     if role.rank is not None and role.rank < (1 << 20) // _RANK_BLOCK:
         start = role.rank * _RANK_BLOCK
         return Block(start, start + _RANK_BLOCK, _far())
     # A primary without a rank numbers from 0, where rank 0's block is.
-    return Block(0, _RANK_BLOCK, _far()) if role.primary else Block(_far())
+    return Block(0, _RANK_BLOCK, _far()) if role.primary and not attached else Block(_far())
 
 
 def _far() -> int:

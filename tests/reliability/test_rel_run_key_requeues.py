@@ -243,3 +243,23 @@ def test_a_killed_requeue_by_id_after_a_clean_one_keeps_a_steps_sample_ids_apart
     _ran([sys.executable, "-c", _TRAINING, str(runs), lp.url, KEY, run_id], env)
     ids = _sample_ids(lp, run_id, 10)
     assert len(ids) == 12 and len(set(ids)) == 12, ids
+
+
+def test_a_job_requeued_by_id_where_its_predecessors_journal_is_not_keeps_sample_ids_apart(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The requeued process runs on another node (its runs directory another
+    one), or after ``primeruns gc`` deleted the first process's journal:
+    nothing tells it of its predecessor but the run it attaches to. It logs
+    step 10 again all the same, and the first process's step 10 samples are
+    on the platform: the new ones must not take their ids."""
+    lp = own_platform
+    env = isolated_env(tmp_path, {"PRIME_TRACES_URL": lp.url})
+    run_id = "-"
+    for node in ("node-a", "node-b"):
+        runs = tmp_path / node
+        said = _ran([sys.executable, "-c", _TRAINING, str(runs), lp.url, KEY, run_id], env)
+        run_id = said["run"]
+    assert lp.run(run_id)["status"] == "COMPLETED"
+    ids = _sample_ids(lp, run_id, 10)
+    assert len(ids) == 8 and len(set(ids)) == 8, sorted(ids)
