@@ -65,5 +65,6 @@ def test_the_floors_the_repository_declares_include_every_runtime_dependency() -
         "youplot",
         "anyio",
         "markupsafe",
+        "msgspec",
     ):
         assert name in floors, name

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # The tests that import each dependency the floors pin: the journal (lmdb,
 # zstandard, orjson, cattrs), every sink (httpx, pyarrow, prime-traces, isal), the
 # local platform and its dashboard pages (uvicorn, starlette, python-multipart,
-# jinja2, youplot, anyio, markupsafe), the CLI (rich), and hypothesis's
+# jinja2, youplot, anyio, markupsafe, msgspec), the CLI (rich), and hypothesis's
 # property tests. The browser tests are left out: they test Chromium, not a floor.
 FLOOR_TESTS = (
     "tests/journal/test_api.py",
@@ -45,6 +45,7 @@ FLOOR_TESTS = (
     "tests/local/test_platform_api.py",
     "tests/local/test_dashboard_pages.py",
     "tests/local/test_dashboard_charts.py",
+    "tests/local/test_dashboard_narrow_rows.py",
     "tests/local/test_security_bounds.py",
     # serve pins uvicorn's h11 protocol and its head limit.
     "tests/local/test_security_head.py",

@@ -230,14 +230,14 @@ def read_records(
             yield seq, None, jsonbound.marker(f"entry {seq} is not shown: {exc}")
 
 
-def read_in_order(
+def payloads_in_order(
     journal: Journal, wanted: Sequence[tuple[int, int]], kind: EntryKind, max_bytes: int
-) -> Iterator[tuple[int, Any, str]]:
-    """As :func:`read_records`, for ``wanted`` in journal order (a run's
-    episodes, to read them all): up to ``BATCH_BYTES`` of payload a read rather
-    than one entry, each entry decoded as it is yielded. A 20,000-episode
-    run's entries read one a read spent half the time of its analysis in
-    the reads."""
+) -> Iterator[tuple[int, bytes | None, str]]:
+    """Each wanted (seq, declared size) entry of ``kind``'s payload, in journal
+    order (a run's episodes, to read them all): (seq, payload or None, why it
+    is None). Up to ``BATCH_BYTES`` of payload a read rather than one entry: a
+    20,000-episode run's entries read one a read spent half the time of its
+    analysis in the reads."""
     i = 0
     while i < len(wanted):
         seq, size = wanted[i]
@@ -263,7 +263,14 @@ def read_in_order(
             elif entry is None:
                 yield seq, None, jsonbound.marker(f"entry {seq} is no longer in the journal")
             else:
-                try:
-                    yield seq, jsonbound.loads(entry.payload, max_bytes), ""
-                except ValueError as exc:
-                    yield seq, None, jsonbound.marker(f"entry {seq} is not shown: {exc}")
+                yield seq, entry.payload, ""
+
+
+def decoded(seq: int, payload: bytes | None, why: str, max_bytes: int) -> tuple[Any, str]:
+    """The value of a payload ``payloads_in_order`` read, or None and why."""
+    if payload is None:
+        return None, why
+    try:
+        return jsonbound.loads(payload, max_bytes), ""
+    except ValueError as exc:
+        return None, jsonbound.marker(f"entry {seq} is not shown: {exc}")

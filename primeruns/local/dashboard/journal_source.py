@@ -39,7 +39,14 @@ from ...reports import CRASH_ERROR, RunStatus, describe
 from ...ship.copies import sync_names, sync_root
 from ...sinks.train_samples import DEFAULT_INTERVAL as TABLE_INTERVAL
 from ..traces_extract import as_object
-from .journal_index import MAX_ENTRY_BYTES, JournalIndex, read_in_order, read_records
+from .journal_index import (
+    MAX_ENTRY_BYTES,
+    JournalIndex,
+    decoded,
+    payloads_in_order,
+    read_records,
+)
+from .narrow_rows import narrow_row
 from .rows import record_row, sample_row
 from .run_rows import RowCache
 from .views import RunDetail, RunRow, SampleRow, StepTable, compact, config_text
@@ -145,6 +152,22 @@ def _fact_of(position: int, record: Any, why: str, size: int) -> SampleRow:
         projected, why = None, jsonbound.marker(f"not projected: {exc}")
     body = projected[0] if projected else _unshown(why or "no trace to show")
     return compact(sample_row(position, body))
+
+
+def _fact_of_payload(
+    position: int, seq: int, payload: bytes | None, why: str, size: int
+) -> SampleRow:
+    """``_fact_of`` the entry's record, decoding only the fields its row reads
+    where that gives the same row (``narrow_rows``), else the whole record."""
+    if (
+        payload is not None
+        and size <= DIRECT_ROW_BYTES
+        and len(payload) <= min(MAX_ENTRY_BYTES, jsonbound.MAX_VALUES)  # loads' bounds hold
+    ):
+        row = narrow_row(position, payload)
+        if row is not None:
+            return compact(row)
+    return _fact_of(position, *decoded(seq, payload, why, MAX_ENTRY_BYTES), size)
 
 
 def _sample_of(record: Any, why: str) -> dict[str, Any]:
@@ -302,11 +325,11 @@ class JournalSource:
         new: list[SampleRow] = []
         if wanted:  # read outside the lock: other pages go on meanwhile
             with Journal.open(status.info.path, owner=False) as journal:
-                found = read_in_order(journal, wanted, EntryKind.EPISODE, MAX_ENTRY_BYTES)
-                for position, ((_, size), (_, record, why)) in enumerate(
+                found = payloads_in_order(journal, wanted, EntryKind.EPISODE, MAX_ENTRY_BYTES)
+                for position, ((_, size), (seq, payload, why)) in enumerate(
                     zip(wanted, found, strict=True), start
                 ):
-                    new.append(_fact_of(position, record, why, size))
+                    new.append(_fact_of_payload(position, seq, payload, why, size))
         with self._lock:
             if len(index.facts) == start:  # else another page brought them first
                 index.facts.extend(new)
