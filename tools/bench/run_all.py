@@ -30,6 +30,7 @@ import long_run_memory
 import replay
 import request_ceiling
 import request_latency
+import requeue_cost
 import short_run
 import show_cost
 import summary_updates
@@ -55,6 +56,7 @@ BENCHMARKS = (
     sync_scaling,
     request_ceiling,
     history_cost,
+    requeue_cost,
     show_cost,
     summary_updates,
     dashboard_analysis,
