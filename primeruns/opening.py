@@ -298,6 +298,8 @@ def init(
         attach_id=id,
         runs_dir=tuning.runs_dir if memory else journal.path.parent,
         local_id=journal.local_id,
+        run_key=run_key or None,
+        api_root=settings.api_root,
     )
     journal.set_meta(K_ROLE, role.to_json())
     journal.append(EntryKind.RUN_OPEN, [records.encode_record(stored, what="spec")], essential=True)

@@ -13,7 +13,7 @@ Which process is the primary (``resolve_role``), the first rule that applies:
 
 1. ``init(primary=True)`` or ``init(primary=False)``;
 2. ``PRIME_RUNS_PRIMARY=1`` or ``0`` in the environment;
-3. a run ``init()`` creates (no ``id=``): its creator;
+3. a run ``init()`` creates (no ``id=``, no ``run_key=``): its creator;
 4. the launcher's rank: ``RANK`` (torchrun, accelerate, DeepSpeed), else
    ``SLURM_PROCID`` (srun): rank 0 is the primary, unless the run's creator
    lives on this host (it holds the run's lock, rule 5: the creator is the
@@ -22,7 +22,9 @@ Which process is the primary (``resolve_role``), the first rule that applies:
    given (processes spawned by one srun task share its ``SLURM_PROCID``):
    such a process has no rank and is not the primary;
 5. otherwise the first process on this host to attach the run: it holds a
-   lock named for the run in the runs directory for as long as it lives
+   lock named for the run (for a run key, for the key on its platform,
+   ``_key_of``: each of its processes registers the key's run as a creator
+   would) in the runs directory for as long as it lives
    (the run's creator takes that lock too once the run is registered,
    ``claim_created``: a process attaching to it later is not a primary).
 
@@ -183,12 +185,17 @@ def resolve_role(
     attach_id: str | None,
     runs_dir: Path,
     local_id: str,
+    run_key: str | None = None,
+    api_root: str = "",
     environ: Mapping[str, str] | None = None,
 ) -> Role:
     """This process's role (module doc: the rules in order). Raises
     ``ConfigurationError`` for a ``PRIME_RUNS_PRIMARY`` that is not a boolean."""
     env = os.environ if environ is None else environ
     rank = launcher_rank(env)
+    # The run is attached by id, or named by a run key on ``api_root``: its
+    # processes on this host meet at a lock named for it (rules 4 and 5).
+    attach_id = attach_id if attach_id is not None or not run_key else _key_of(run_key, api_root)
     inherited = False
     if rank is not None and attach_id is not None:
         inherited = _held_by_another(Path(runs_dir), _rank_key(attach_id, rank), local_id)
@@ -211,6 +218,18 @@ def resolve_role(
         else:
             primary = _first_to_attach(Path(runs_dir), attach_id, local_id)
     return Role(primary=primary, label=label, rank=None if inherited else rank)
+
+
+def _key_of(run_key: str, api_root: str) -> str:
+    """The name a run key's processes take the run's lock under (rule 5),
+    one per platform as the key's run is (``ship.run_keys``), apart from
+    any run id's. Each process of a key registers the key's run as if it
+    created it, yet only the first of those on this host is its creator
+    here: as creators all, N processes of one key started at once were N
+    primaries, each one's close-out waiting for the others' journals (held
+    while they waited too) until the stall rule or its deadline, and the
+    first to give up closed the run while the others still shipped."""
+    return f"run_key\0{api_root}\0{run_key}"
 
 
 def _held_by_another(runs_dir: Path, key: str, local_id: str) -> bool:

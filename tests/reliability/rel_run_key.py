@@ -109,3 +109,18 @@ def killed_leaving_all(
     finally:
         lp.set_faults(retryable_rate=0.0, statuses=[503, 502, 429], routes=[])
     return journal, logged
+
+
+def at_once(argvs: list[list[str]], env: dict[str, str], timeout: float) -> list[dict[str, str]]:
+    """Start the processes ``argvs`` at once and wait for each to exit 0:
+    what each printed, its lines ``<word> <rest>`` as a mapping."""
+    started = [
+        subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+        for argv in argvs
+    ]
+    said: list[dict[str, str]] = []
+    for proc in started:
+        stdout, stderr = proc.communicate(timeout=timeout)
+        assert proc.returncode == 0, stderr[-2000:]
+        said.append(dict(line.split(" ", 1) for line in stdout.splitlines() if " " in line))
+    return said
