@@ -19,7 +19,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from . import jsonlimits
+from . import jsonlimits, storable
 from .errors import PlatformError, TracesError
 from .faults import FaultInjector
 from .object_turns import ObjectTurns
@@ -144,11 +144,15 @@ async def parsed_json_body(
 
 
 def parsed_object(raw: bytes | None) -> tuple[dict[str, Any], bool]:
-    """:func:`parsed_json_body` of the body :func:`json_bytes` gave."""
+    """:func:`parsed_json_body` of the body :func:`json_bytes` gave; 422
+    where it holds what cannot be stored or answered (:mod:`.storable`: a
+    lone surrogate, NaN or Infinity), looked for only where orjson did not
+    parse it, whatever field of it a route stores."""
     if raw is None:
         return {}, True
     with _refused_as_422():
         value, by_orjson = jsonlimits.parse(raw)
+        storable.check(value, by_orjson=by_orjson)
     return _object(value), by_orjson
 
 
@@ -157,7 +161,8 @@ async def listed_json_body(
 ) -> tuple[dict[str, Any], bool, list[bytes] | None]:
     """:func:`parsed_json_body`, and the compact text of each object listed
     under ``key``, made by the body's nesting check (``jsonlimits.parse_listed``:
-    None when ``compact`` is to write them)."""
+    None when ``storable.text`` is to write them, and refuse what it cannot:
+    the body is not looked at twice)."""
     raw = await _json_bytes(request, MAX_JSON_BODY)
     if raw is None:
         return {}, True, None

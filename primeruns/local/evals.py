@@ -23,7 +23,6 @@ Decisions where the platform's behaviour is not known from its clients:
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from typing import Any
 
@@ -31,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from . import jsonlimits
+from . import storable
 from .context import (
     check_platform_auth,
     context_of,
@@ -57,7 +56,8 @@ MAX_SAMPLES_PER_PUSH = 100_000
 
 
 def evaluation_view(row: sqlite3.Row) -> dict[str, Any]:
-    request = json.loads(row["request"])
+    # storable.loads: NaN an earlier version stored reads as null, not a 500.
+    request = storable.loads(row["request"])
     envs = request.get("environments") or []
     return {
         "evaluation_id": row["id"],
@@ -65,8 +65,8 @@ def evaluation_view(row: sqlite3.Row) -> dict[str, Any]:
         "name": row["name"],
         "status": row["status"],
         "error_message": row["error_message"],
-        "metadata": json.loads(row["metadata"]),
-        "metrics": json.loads(row["metrics"]),
+        "metadata": storable.loads(row["metadata"]),
+        "metrics": storable.loads(row["metrics"]),
         "model_name": request.get("model_name"),
         "dataset": request.get("dataset"),
         "framework": request.get("framework"),
@@ -103,6 +103,10 @@ async def create_evaluation(request: Request) -> JSONResponse:
         raise PlatformError(422, "environments must be a list of {id, version_id?} objects")
     if not envs and not body.get("run_id"):
         raise PlatformError(422, "Either environments or run_id must be given")
+    team = body.get("team_id")
+    if team is not None and not isinstance(team, str):
+        # Bound as it is: SQLite takes no list or object, nor an integer past 64 bits.
+        raise PlatformError(422, "Field 'team_id' must be a string")
     tags = body.get("tags", [])
     if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
         raise PlatformError(422, "tags must be a list of strings")
@@ -122,7 +126,7 @@ async def create_evaluation(request: Request) -> JSONResponse:
                 dumps(body),
                 dumps(metadata),
                 dumps(metrics),
-                body.get("team_id"),
+                team,
                 stamp,
                 stamp,
             ),
@@ -223,7 +227,7 @@ async def finalize_evaluation(request: Request) -> JSONResponse:
             return {"evaluation_id": eval_id, "status": "COMPLETED"}
         if row["status"] in TERMINAL:
             raise PlatformError(409, f"Evaluation {eval_id} is already {row['status']}")
-        merged = {**json.loads(row["metrics"]), **metrics}
+        merged = {**storable.loads(row["metrics"]), **metrics}
         stamp = now()
         conn.execute(
             "UPDATE evaluations SET status = 'COMPLETED', metrics = ?, finalized_at = ?,"
@@ -250,7 +254,10 @@ async def push_samples(request: Request) -> JSONResponse:
             413, f"A push holds at most {MAX_SAMPLES_PER_PUSH} samples, not {len(samples)}"
         )
     if texts is None:  # json.loads read the body: json.dumps writes what orjson cannot
-        texts = [jsonlimits.compact(s, by_orjson=by_orjson) for s in samples]
+        try:
+            texts = [storable.text(s, by_orjson=by_orjson) for s in samples]
+        except storable.Unstorable as exc:  # before any row is stored
+            raise PlatformError(422, f"Body is not valid JSON: {exc}") from None
     rows = [
         (eval_id, None if s.get("sample_id") is None else str(s["sample_id"]), text)
         for s, text in zip(samples, texts, strict=True)
@@ -297,7 +304,7 @@ async def read_samples(request: Request) -> JSONResponse:
             "SELECT body FROM eval_samples WHERE eval_id = ? ORDER BY row LIMIT ? OFFSET ?",
             (eval_id, limit, offset),
         ).fetchall()
-        return [json.loads(r["body"]) for r in rows], total
+        return [storable.loads(r["body"]) for r in rows], total
 
     samples, total = await context_of(request).db.read(read)
     return JSONResponse(

@@ -41,6 +41,7 @@ view it is part of the API, and its retry path deserves the same exercise.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import threading
 from dataclasses import asdict, dataclass
@@ -194,7 +195,14 @@ class FaultInjector:
 def _number(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{name} must be a number")
-    return float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past the floats
+        number = math.inf
+    if not math.isfinite(number):
+        # Infinity or 1e400 (json reads both): int() of it was an OverflowError, a 500.
+        raise ValueError(f"{name} must be a finite number")
+    return number
 
 
 def _statuses(value: Any) -> tuple[int, ...]:

@@ -10,7 +10,6 @@ None of these routes is subject to fault injection.
 
 from __future__ import annotations
 
-import json
 import sqlite3
 from typing import Any
 
@@ -18,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from . import storable
 from .context import context_of, json_body
 from .errors import PlatformError
 
@@ -42,11 +42,11 @@ def run_report(conn: sqlite3.Connection, run_id: str) -> dict[str, Any] | None:
             "name": ev["name"],
             "status": ev["status"],
             "error_message": ev["error_message"],
-            "summary": json.loads(ev["metrics"]),
-            "config": json.loads(ev["metadata"]),
+            "summary": storable.loads(ev["metrics"]),
+            "config": storable.loads(ev["metadata"]),
         }
     elif tr is not None:
-        request = json.loads(tr["request"])
+        request = storable.loads(tr["request"])
         report = {
             "id": run_id,
             "kind": "train",

@@ -16,13 +16,13 @@ injection, the router's method check.
 What it stores and answers is :func:`rft.metrics`'s, which it replaced:
 the row is committed before the answer is sent (a 2xx is a receipt). A row
 it cannot store (a step past 64 bits, a lone surrogate) or read back (NaN)
-is the client's 422, not a 500 now or at every read of the run's rows.
+is the client's 422, not a 500 now or at every read of the run's rows (the
+last two refused by ``context.parsed_object``, as on every route).
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.requests import ClientDisconnect
 from starlette.types import Receive, Scope, Send
@@ -89,10 +89,9 @@ class MetricsRow:
             # SQLite cannot bind it: a 500 each time, which a client retries.
             raise PlatformError(422, "metrics.step must be a 64-bit integer")
 
-        # Written back as parsed (orjson's, when it parsed it): a fifth of json.dumps's CPU.
-        text = _stored_text(values, by_orjson=by_orjson)
-        if not by_orjson and not _is_text(run_id or ""):
-            raise PlatformError(422, _NOT_TEXT)
+        # Written back as parsed (orjson's, when it parsed it): a fifth of
+        # json.dumps's CPU. What cannot be stored was refused by parsed_object.
+        text = jsonlimits.compact(values, by_orjson=by_orjson).decode()
 
         stored = await ctx.db.write_statement(
             UPSERT_OF_A_KNOWN_RUN, (run_id, step, text, now(), run_id)
@@ -101,41 +100,6 @@ class MetricsRow:
             raise PlatformError(404, f"Run {run_id} not found")
         answer = JSONAnswer({"run_id": run_id, "step": step, "status": "ok"})
         await answer(scope, receive, send)
-
-
-#: A lone surrogate is read by ``json.loads`` (orjson refuses it) but is no
-#: character: SQLite cannot store it (UnicodeEncodeError, a 500 each time a
-#: client sends the row again). Not quoted: the answer could not hold it either.
-_NOT_TEXT = "Body is not valid JSON: a string holds a lone surrogate (\\ud800-\\udfff)"
-
-
-#: NaN, Infinity and a number past a double (1e400) are read by ``json.loads``
-#: as floats JSON has no words for: stored, every read of the run's rows
-#: failed (``GET /rft/runs/{id}/metrics`` answers JSON: a 500 for good). Both
-#: SDKs send such a value as null; a row holding one is refused, as the
-#: traces service refuses a line holding one.
-_NOT_A_NUMBER = "Body is not valid JSON: a number is NaN or infinite (send null)"
-
-
-def _stored_text(values: dict[str, Any], *, by_orjson: bool) -> str:
-    """The row's text as stored (``jsonlimits.compact``'s); 422 where it is
-    not text or holds a number JSON cannot. Only ``json.loads`` reads either:
-    orjson's parse holds neither, and is not looked at again."""
-    try:
-        return jsonlimits.compact(values, by_orjson=by_orjson, allow_nan=False).decode()
-    except UnicodeEncodeError:
-        raise PlatformError(422, _NOT_TEXT) from None
-    except ValueError:  # json.dumps's "Out of range float values are not JSON compliant"
-        raise PlatformError(422, _NOT_A_NUMBER) from None
-
-
-def _is_text(value: str) -> bool:
-    """Whether ``value`` is text UTF-8 can hold (no lone surrogate)."""
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _headers(scope: Scope) -> dict[bytes, str]:

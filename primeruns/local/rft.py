@@ -27,7 +27,6 @@ Decisions where the platform's behaviour is not known from its clients:
 
 from __future__ import annotations
 
-import json
 import secrets
 import sqlite3
 import uuid
@@ -39,6 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from . import storable
 from .answers import JSONAnswer
 from .context import (
     check_platform_auth,
@@ -54,7 +54,7 @@ from .errors import PlatformError
 from .metrics_row import MetricsRow
 from .objects import object_path
 from .parquet_bounds import checked_rows, footer_bytes
-from .queries import query_int
+from .queries import is_64_bit, query_int
 from .rft_reads import LOCAL_USER_ID, read_routes
 from .rft_reads import existing_run as _run
 
@@ -86,11 +86,14 @@ def _int(body: dict[str, Any], key: str, *, optional: bool = False) -> int | Non
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise PlatformError(422, f"Field {key!r} must be an integer")
+    if not is_64_bit(value):
+        # SQLite cannot bind it (a presign's step): a 500 each time, which a client retries.
+        raise PlatformError(422, f"Field {key!r} must be a 64-bit integer")
     return value
 
 
 def run_view(row: sqlite3.Row) -> dict[str, Any]:
-    req = json.loads(row["request"])
+    req = storable.loads(row["request"])
     return {
         "id": row["id"],
         "name": row["name"],
@@ -316,18 +319,10 @@ async def get_metrics(request: Request) -> JSONResponse:
                 -1 if bounds["limit"] is None else bounds["limit"],
             ),
         ).fetchall()
-        return [json.loads(r["body"], parse_constant=_null) for r in rows]
+        # NaN in a row an earlier version stored is read as null (storable.loads).
+        return [storable.loads(r["body"]) for r in rows]
 
     return JSONResponse({"metrics": await context_of(request).db.read(read)})
-
-
-def _null(constant: str) -> None:
-    """NaN, Infinity or -Infinity in a stored row, read as null. The route
-    refuses them now (``metrics_row``), but a data folder an earlier version
-    wrote may hold them, and JSON has no words for them: answered as they
-    read, every read of the run's rows failed (a 500, which the SDK's step
-    table retries as transient). Null is what both SDKs send for them."""
-    return None
 
 
 def _metrics_route(prefix: str, *, internal: bool) -> Route:

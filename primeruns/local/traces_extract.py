@@ -24,6 +24,8 @@ import math
 from typing import Any
 from urllib.parse import urlparse
 
+from .queries import is_64_bit
+
 
 def as_object(value: Any) -> dict[str, Any]:
     """``value`` if it is a JSON object, else an empty one (documents are untrusted)."""
@@ -77,7 +79,11 @@ def duration_ms(timing: dict[str, Any]) -> int:
     ]
     if start is None or not ends:
         return 0
-    return max(0, round((max(ends) - start) * 1000))
+    # Its column is a 64-bit integer: an end past that (1e308, 2**64) was an
+    # OverflowError in round() or the insert, a 500 for every upload holding
+    # the trace; such a duration is none, as a trace without an end has.
+    duration = (max(ends) - start) * 1000
+    return max(0, round(duration)) if is_64_bit_float(duration) else 0
 
 
 def has_error(doc: dict[str, Any]) -> bool:
@@ -92,6 +98,16 @@ def first_error(doc: dict[str, Any]) -> tuple[str | None, str | None]:
     return None, None
 
 
+def is_64_bit_float(value: float) -> bool:
+    """Whether ``value`` rounds to an integer SQLite holds (64 bits, signed)."""
+    return -(2.0**63) <= value < 2.0**63
+
+
+def is_64_bit_int(value: Any) -> bool:
+    """Whether ``value`` is a JSON integer (not a bool) SQLite holds."""
+    return isinstance(value, int) and not isinstance(value, bool) and is_64_bit(value)
+
+
 def step_of(run: dict[str, Any]) -> int | None:
     """The trace's step for its indexed column: an int SQLite holds (64
     bits, signed), else None. A step past that range was an OverflowError
@@ -99,9 +115,7 @@ def step_of(run: dict[str, Any]) -> int | None:
     older SDK's journal holding one stalled its traces for good; the trace
     is stored whole, its step in its document."""
     step = as_object(run.get("work")).get("step")
-    if isinstance(step, int) and not isinstance(step, bool) and -(2**63) <= step < 2**63:
-        return step
-    return None
+    return step if is_64_bit_int(step) else None
 
 
 def trace_columns(doc: dict[str, Any], environment_id: str | None) -> dict[str, Any]:
@@ -139,6 +153,7 @@ def trace_columns(doc: dict[str, Any], environment_id: str | None) -> dict[str, 
         "has_error": has_error(doc),
         "is_truncated": truncated,
         "duration_ms": duration_ms(timing),
-        "total_tokens": tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else 0,
+        # Past 64 bits, as not an integer: 0 (the insert's OverflowError was a 500).
+        "total_tokens": tokens if is_64_bit_int(tokens) else 0,
         "created_at": float(timing["start"]),
     }

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from . import jsonlimits
+from . import jsonlimits, storable
 from .errors import TracesError, rejected
 from .multipart import MultipartError, Part, boundary_of, parse_parts
 from .traces_extract import first_error, has_error, trace_columns
@@ -97,7 +97,8 @@ def _metadata(part: Part) -> tuple[int, dict[str, str]]:
     if len(part.data) > MAX_METADATA_BYTES:
         raise rejected("invalid_metadata", f"metadata part is over {MAX_METADATA_BYTES} bytes")
     try:
-        meta = jsonlimits.loads(bytes(part.data))
+        meta, by_orjson = jsonlimits.parse(bytes(part.data))
+        storable.check(meta, by_orjson=by_orjson)  # its context is stored
     except (ValueError, UnicodeDecodeError):
         raise rejected("invalid_metadata", "metadata part is not JSON") from None
     if not isinstance(meta, dict):
@@ -189,6 +190,9 @@ def _decode_line(line: bytes, number: int, *, as_written: bool) -> tuple[dict[st
         doc, by_orjson = jsonlimits.parse(
             line, parse_constant=_reject_constant, utf8=True, as_written=as_written
         )
+        # A lone surrogate (its id, a column, cannot be stored: a 500) or a
+        # number past a double (1e400) is refused as NaN is.
+        storable.check(doc, by_orjson=by_orjson)
     except UnicodeDecodeError:
         raise rejected("malformed_encoding", f"line {number} is not UTF-8") from None
     except ValueError as exc:

@@ -1,0 +1,64 @@
+"""JSON a client sent, as the platform can store it and answer it again.
+
+``json.loads`` reads what orjson refuses, and two of those cannot be kept:
+a lone surrogate (``\\ud800`` to ``\\udfff`` escaped) is no character, so
+SQLite cannot store a string holding one (UnicodeEncodeError: a 500, which a
+client takes for the platform's fault and sends again, for ever); NaN,
+Infinity and a number past a double (``1e400``) are floats JSON has no words
+for, so a row holding one was stored and every answer reading it back failed
+(a 500 for good, a list of runs or evaluations included). Both are the
+client's error (the platform's 422, the traces service's 400).
+
+Only a value orjson did not parse can hold either (orjson refuses both), so
+only such a value is looked at: a request orjson parsed costs what it did.
+Rows an earlier version stored with such floats are read with null there
+(:func:`loads`), as both SDKs send such a value.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from . import jsonlimits
+
+__all__ = ["NOT_A_NUMBER", "NOT_TEXT", "Unstorable", "check", "loads", "text"]
+
+#: Not quoted: the answer could not hold the string either.
+NOT_TEXT = "a string holds a lone surrogate (\\ud800-\\udfff)"
+NOT_A_NUMBER = "a number is NaN or infinite (send null)"
+
+
+class Unstorable(ValueError):
+    """A value holding a lone surrogate or a float JSON cannot write; its
+    message is :data:`NOT_TEXT` or :data:`NOT_A_NUMBER`."""
+
+
+def text(value: Any, *, by_orjson: bool) -> bytes:
+    """``jsonlimits.compact(value)``, the text stored of it; Unstorable
+    where it holds what cannot be stored or answered."""
+    try:
+        return jsonlimits.compact(value, by_orjson=by_orjson, allow_nan=False)
+    except UnicodeEncodeError:
+        raise Unstorable(NOT_TEXT) from None
+    except ValueError:  # json.dumps's "Out of range float values are not JSON compliant"
+        raise Unstorable(NOT_A_NUMBER) from None
+
+
+def check(value: Any, *, by_orjson: bool) -> None:
+    """Unstorable where ``value`` (``jsonlimits.parse``'s) holds what cannot
+    be stored or answered; a value orjson parsed is not looked at."""
+    if not by_orjson:
+        text(value, by_orjson=False)
+
+
+def loads(stored: str | bytes) -> Any:
+    """A JSON text the platform stored, NaN, Infinity and -Infinity read as
+    null: a data folder an earlier version wrote may hold them, and answered
+    as they read, every read of the row failed (a 500, which the SDKs retry
+    as transient)."""
+    return json.loads(stored, parse_constant=_null)
+
+
+def _null(constant: str) -> None:
+    return None
