@@ -67,7 +67,10 @@ def reward_of(doc: dict[str, Any]) -> float | None:
             continue
         weight = number(entry.get("weight", 1.0))
         total = (total or 0.0) + score * (1.0 if weight is None else weight)
-    return total
+    # Finite scores may sum past the floats (1e308 * 10): an infinite reward,
+    # stored, made every read of the traces' rows a 500, the runs' list
+    # included. Such a sum is no reward, as none scored is.
+    return total if total is None or math.isfinite(total) else None
 
 
 def duration_ms(timing: dict[str, Any]) -> int:

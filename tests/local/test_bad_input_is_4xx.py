@@ -252,14 +252,16 @@ def test_a_traces_context_holding_a_lone_surrogate_is_invalid_metadata(
     [
         {"num_total_tokens": 2**64},
         {"timing": {"start": time.time() - 60, "scoring": {"end": 1e308}}},
+        {"rewards": {"a": {"score": 1e308, "weight": 10.0}}},
     ],
-    ids=["tokens-past-64-bits", "an-end-past-64-bits"],
+    ids=["tokens-past-64-bits", "an-end-past-64-bits", "a-reward-past-the-floats"],
 )
 def test_a_trace_whose_indexed_number_is_past_64_bits_is_stored_whole(
     platform: LocalPlatform, fields: dict[str, object]
 ) -> None:
-    """Its column cannot hold it (a 500 for every upload holding it): none is
-    indexed, and the trace is stored as sent."""
+    """Its column cannot hold it (a 500 for every upload holding it, or for
+    every read of the run's traces after it, the runs' list included): none
+    is indexed, and the trace is stored as sent."""
     doc = _trace(**fields)
     r = _upload(platform.url, json.dumps(doc).encode() + b"\n")
     assert r.status_code == 201, r.text
@@ -273,6 +275,8 @@ def test_a_trace_whose_indexed_number_is_past_64_bits_is_stored_whole(
         headers={"Authorization": f"Bearer {KEY}"},
     )
     assert json.loads(raw.content) == doc
+    runs = httpx.get(f"{platform.url}/api/v1/runs", headers={"Authorization": f"Bearer {KEY}"})
+    assert runs.status_code == 200, runs.text
 
 
 def test_rows_an_earlier_version_stored_with_nan_read_back_as_null(tmp_path: Path) -> None:
