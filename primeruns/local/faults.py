@@ -234,6 +234,12 @@ def _validate(s: FaultSettings) -> None:
         raise ValueError("statuses must be a non-empty list of 429 and 5xx statuses")
     if s.latency_ms < 0 or s.retry_after < 0 or s.slowloris_interval_s < 0:
         raise ValueError("latency_ms, retry_after and slowloris_interval_s must not be negative")
+    # An injected wait holds its request (and, past its end, nothing bounds
+    # it but shutdown): at most an hour, as a test or a campaign needs.
+    if s.latency_ms > 3_600_000 or s.slowloris_interval_s > 3600:
+        raise ValueError(
+            "latency_ms must be at most 3600000 and slowloris_interval_s at most 3600 (an hour)"
+        )
 
 
 def is_exempt(path: str) -> bool:

@@ -99,7 +99,14 @@ def test_bad_fault_settings_are_rejected(local_platform: LocalPlatform) -> None:
     assert r.status_code == 422
     r = httpx.post(f"{local_platform.url}/_local/faults", json={"bogus": 1})
     assert r.status_code == 422
-    assert httpx.get(f"{local_platform.url}/_local/faults").json()["retryable_rate"] == 0.0
+    # Past an hour, a wait would hold every faulted request for good (2**64 ms).
+    for name, value in (("latency_ms", 2**64), ("slowloris_interval_s", 3601)):
+        r = httpx.post(f"{local_platform.url}/_local/faults", json={name: value})
+        assert r.status_code == 422, (name, r.text)
+        assert name in r.json()["detail"]
+    settings = httpx.get(f"{local_platform.url}/_local/faults").json()
+    assert settings["retryable_rate"] == 0.0
+    assert settings["latency_ms"] == 0
 
 
 def test_bogus_faults_answer_200_with_nothing_and_a_body_limit_answers_413(
