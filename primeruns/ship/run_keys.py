@@ -141,7 +141,10 @@ def lost_creates(key: str, api_root: str, root: Path | None = None) -> int:
     count, at = found.get(_LOST), found.get(_LOST_AT)
     if type(count) is not int or not isinstance(at, int | float) or count < 0:
         return 0
-    return count if time.time() - at < LOST_WINDOW_S else 0
+    # Within the window either way on the wall clock: one dated further
+    # ahead (the clock stepped back since, a damaged or planted record,
+    # Infinity) would lock the key out until the clock caught up, or for good.
+    return count if abs(time.time() - at) < LOST_WINDOW_S else 0
 
 
 def count_lost_create(key: str, api_root: str, delta: int, root: Path | None = None) -> None:

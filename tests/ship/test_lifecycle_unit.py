@@ -364,6 +364,31 @@ def test_the_processes_of_a_run_key_share_its_allowance_of_lost_training_creates
         lifecycle.journal.close()
 
 
+@pytest.mark.parametrize(
+    "lost_at",
+    [3600.0, 1e12, float("inf")],
+    ids=["a clock stepped back an hour", "far in the future", "Infinity"],
+)
+def test_a_run_key_whose_lost_creates_are_dated_ahead_of_the_clock_is_not_locked_out(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lost_at: float
+) -> None:
+    """A key's lost creates count for ``LOST_WINDOW_S`` after the last, on the
+    wall clock: one dated ahead of it (the clock stepped back since, or a
+    damaged or planted record: the sync root is untrusted input) counted
+    until the clock caught up, an Infinity for good, and every process of
+    the key gave up without a create. Dated past the window ahead, no clock
+    can have lost it within the window: the key's run is created."""
+    from primeruns.ship import run_keys
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    lifecycle = world.start(_spec("train", run_key="job-8"))
+    record = {"creates_lost": 3, "lost_at": time.time() + lost_at}
+    run_keys.remember("job-8", lifecycle._api_root, record)
+    bound = lifecycle.register_retrying(deadline=_soon(30))
+    assert bound is not None and len(world.platform.sent("create_run")) == 1
+    assert world.failures == []
+
+
 def test_retrying_an_evaluation_create_after_lost_answers_makes_one_run(world: World) -> None:
     # Its create is found again by its client token: retrying is safe.
     lifecycle = world.start(_spec("eval"))
