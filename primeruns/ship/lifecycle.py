@@ -364,15 +364,20 @@ class Lifecycle:
         key = spec.run_key
         if key is None:
             return 0
-        spent = run_keys.lost_creates(key, self._api_root)
-        if spent >= _MAX_LOST_CREATES:
+        spent, until = run_keys.lost_creates_until(key, self._api_root)
+        if spent >= _MAX_LOST_CREATES and until is not None:
+            # When, in both words: a user reading the warning later (a log,
+            # run.errors) needs the clock time, one reading it live the wait.
+            left = max(0.0, until - time.time())
+            when = time.strftime("%H:%M:%S UTC", time.gmtime(until))
             raise KeyCreatesSpent(
                 f"{spent} creates of training run {spec.name!r} (run key {key!r}) by "
                 "this job's processes went unanswered or were answered without the "
                 "run's id; the platform offers no lookup of training runs, so up to "
                 f"{spent} empty RUNNING runs named {spec.name!r} may remain; not creating "
-                f"another for {run_keys.LOST_WINDOW_S:.0f} s after the last (the records "
-                "stay in the journal for primeruns replay)"
+                f"another until {when} (in {left:.0f} s, {run_keys.LOST_WINDOW_S:.0f} s "
+                "after the last): the records stay in the journal, and primeruns "
+                "replay from then creates the run and ships them"
             )
         run_keys.count_lost_create(key, self._api_root, 1)
         return spent

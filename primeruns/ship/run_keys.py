@@ -55,6 +55,7 @@ __all__ = [
     "held",
     "lookup",
     "lost_creates",
+    "lost_creates_until",
     "note_closed",
     "remember",
 ]
@@ -133,18 +134,29 @@ _LOST_AT = "lost_at"
 
 def lost_creates(key: str, api_root: str, root: Path | None = None) -> int:
     """How many creates of ``key``'s run, by any process, may have made a run
-    with their answers lost, the last within ``LOST_WINDOW_S``; 0 once a run
-    is recorded. Read under the key's lock (``held``)."""
+    with their answers lost, the last within ``LOST_WINDOW_S`` (of now, before
+    or after: wall clocks step); 0 once a run is recorded. Read under the
+    key's lock (``held``)."""
+    return lost_creates_until(key, api_root, root)[0]
+
+
+def lost_creates_until(
+    key: str, api_root: str, root: Path | None = None
+) -> tuple[int, float | None]:
+    """``lost_creates`` and the wall time they stop counting (None at 0): a
+    process refused a create says when one may be tried again."""
     found = _record(key, api_root, root)
     if found is None or isinstance(found.get("run_id"), str):
-        return 0
+        return 0, None
     count, at = found.get(_LOST), found.get(_LOST_AT)
-    if type(count) is not int or not isinstance(at, int | float) or count < 0:
-        return 0
+    if type(count) is not int or not isinstance(at, int | float) or count <= 0:
+        return 0, None
     # Within the window either way on the wall clock: one dated further
     # ahead (the clock stepped back since, a damaged or planted record,
     # Infinity) would lock the key out until the clock caught up, or for good.
-    return count if abs(time.time() - at) < LOST_WINDOW_S else 0
+    if abs(time.time() - at) < LOST_WINDOW_S:
+        return count, at + LOST_WINDOW_S
+    return 0, None
 
 
 def count_lost_create(key: str, api_root: str, delta: int, root: Path | None = None) -> None:

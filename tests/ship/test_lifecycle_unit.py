@@ -364,6 +364,38 @@ def test_the_processes_of_a_run_key_share_its_allowance_of_lost_training_creates
         lifecycle.journal.close()
 
 
+def test_a_rank_refused_a_create_by_its_keys_lost_creates_says_when_one_may_be_tried(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process finding its key's three lost creates sends none and gives up;
+    its records wait in its journal until the window after the last lost one
+    has passed, and a replay before then is refused the same way. It said
+    "for 600 s after the last", never when the last was: the user could not
+    tell when a replay would ship. It names the clock time and the wait."""
+    import re
+
+    from primeruns.ship import run_keys
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    spec = _spec("train", run_key="job-9")
+    first = world.start(spec)
+    world.platform.fail("create_run", LOST, LOST, LOST)
+    assert first.register_retrying(deadline=_soon(30)) is None
+    second = world.start(spec)
+    assert second.register_retrying(deadline=_soon(30)) is None
+    said = str(world.failures[-1][1])
+    record = run_keys._record("job-9", second._api_root, None)
+    assert record is not None
+    until = record["lost_at"] + run_keys.LOST_WINDOW_S
+    when = time.strftime("%H:%M:%S UTC", time.gmtime(until))
+    found = re.search(r"not creating another until (\S+ UTC) \(in (\d+) s", said)
+    assert found is not None, said
+    assert found[1] == when and 0 <= int(found[2]) <= run_keys.LOST_WINDOW_S
+    assert "primeruns replay from then" in said
+    for lifecycle in (first, second):
+        lifecycle.journal.close()
+
+
 @pytest.mark.parametrize(
     "lost_at",
     [3600.0, 1e12, float("inf")],
