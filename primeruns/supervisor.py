@@ -41,7 +41,7 @@ from .settings import SdkSettings, process_sdk_settings
 from .ship import ledger
 from .ship.factory import sink_kinds
 from .ship.family import ParentNotRegistered
-from .ship.lifecycle import Lifecycle
+from .ship.lifecycle import KeyCreatesSpent, Lifecycle
 from .ship.link import UplinkHandle, UplinkThreads, job_stopped, kill_uplink, start_uplink
 from .ship.policy import RetryPolicy
 from .ship.uplink import K_FOLLOWS, earlier_journals
@@ -118,6 +118,10 @@ def go_online(
         lifecycle.register(attempts=2, longest_wait=_INIT_LONGEST_WAIT_S, within=_INIT_WITHIN_S)
     except ParentNotRegistered:
         pass  # a forked child: its uplink binds it once the parent's run is registered
+    except KeyCreatesSpent:
+        # Not "registers when it can": the uplink gives up on it at once and
+        # reports why and when a replay may create the run (run.errors).
+        pass
     except APIError as exc:
         if not is_transient(exc) or isinstance(exc, _AUTH_ERRORS):
             raise

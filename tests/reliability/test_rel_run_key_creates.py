@@ -128,3 +128,42 @@ def test_ranks_of_a_key_ship_into_the_run_whose_create_was_answered(
     assert run_id is not None
     expected = Counter(100 * rank + step for rank in range(_RANKS) for step in range(_STEPS))
     assert platform_metric_steps(lp.data_dir, run_id) == expected
+
+
+@pytest.mark.parametrize("mode", ["threads", "process"])
+def test_a_requeue_after_a_blip_spent_its_keys_creates_says_it_gave_up_not_that_it_registers(
+    train_platform: LocalPlatform, tmp_path: Path, mode: str
+) -> None:
+    """A gateway blip loses three creates' answers of a key's first process;
+    the platform is healthy again when the job is requeued, within the
+    window. The requeue sends no create (up to three empty runs may remain)
+    and keeps its rows for a replay; its init() warned that the run "goes on
+    journaling and registers when it can", then its uplink gave up at once:
+    the user was told it would register, and it never did. Now it is told
+    only that it gave up, and when a replay may create the run."""
+    lp = train_platform
+    name = f"key-creates-blip-{mode}"
+    extra = {"PRIME_TRACES_URL": lp.url}
+    if mode == "threads":
+        extra["PRIME_RUNS_UPLINK"] = "threads"
+    env = isolated_env(tmp_path, extra)
+    argv = [sys.executable, "-c", _RANK, str(tmp_path / "runs"), lp.url, _KEY, name]
+    lp.set_faults(ambiguous_rate=1.0, routes=[_CREATE], max_faults=_MAX_LOST_CREATES)
+    try:
+        first = subprocess.run([*argv, "0", "no", TEAM, str(_STEPS)], **_CAPTURE, env=env)
+    finally:
+        lp.set_faults(ambiguous_rate=0.0, routes=[], max_faults=0)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert len(_made(lp, name)) == _MAX_LOST_CREATES
+    requeue = subprocess.run([*argv, "1", "no", TEAM, str(_STEPS)], **_CAPTURE, env=env)
+    assert requeue.returncode == 0, requeue.stderr[-2000:]
+    assert len(_made(lp, name)) == _MAX_LOST_CREATES  # no create sent
+    said = dict(line.split(" ", 1) for line in requeue.stdout.splitlines() if " " in line)
+    journal = Path(said["journal"])
+    assert bound_run_id(journal) is None
+    assert len(journal_records(journal, EntryKind.METRICS)) == _STEPS  # kept for replay
+    assert "registers when it can" not in requeue.stderr, requeue.stderr
+    assert "KeyCreatesSpent" in said["errors"] and "not creating another until" in said["errors"]
+
+
+_CAPTURE: dict[str, object] = {"capture_output": True, "text": True, "timeout": 240}
