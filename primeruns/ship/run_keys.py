@@ -167,11 +167,23 @@ def count_lost_create(key: str, api_root: str, delta: int, root: Path | None = N
     if lookup(key, api_root, root) is not None:
         return
     count = max(0, lost_creates(key, api_root, root) + delta)
-    remember(key, api_root, {_LOST: count, _LOST_AT: time.time()}, root)
+    # Not synced: a killed process's write survives it in the page cache,
+    # and a host crash that loses it (or leaves the record empty, which
+    # reads as no count) costs at most one more create; a synced count cost
+    # every keyed training create a second fsync on init()'s path.
+    remember(key, api_root, {_LOST: count, _LOST_AT: time.time()}, root, durable=False)
 
 
-def remember(key: str, api_root: str, binding: dict[str, Any], root: Path | None = None) -> None:
-    """Record the run ``key`` names (atomically: a reader sees all or nothing)."""
+def remember(
+    key: str,
+    api_root: str,
+    binding: dict[str, Any],
+    root: Path | None = None,
+    *,
+    durable: bool = True,
+) -> None:
+    """Record the run ``key`` names (atomically: a reader sees all or nothing;
+    ``durable``: synced before it replaces the last, to outlive a host crash)."""
     root, path = _path(key, api_root, root)
     make_sync_root(root, _FOLDER)
     temp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -179,7 +191,8 @@ def remember(key: str, api_root: str, binding: dict[str, Any], root: Path | None
     with os.fdopen(fd, "w") as handle:
         json.dump({"key": key, **binding}, handle)
         handle.flush()
-        os.fsync(handle.fileno())
+        if durable:
+            os.fsync(handle.fileno())
     os.replace(temp, path)
 
 
