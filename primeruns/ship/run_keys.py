@@ -130,6 +130,7 @@ def lookup(key: str, api_root: str, root: Path | None = None) -> dict[str, Any] 
 LOST_WINDOW_S = 600.0
 _LOST = "creates_lost"
 _LOST_AT = "lost_at"
+_EARLIER_AT = "earlier_lost_at"  # lost_at before the create in flight
 
 
 def lost_creates(key: str, api_root: str, root: Path | None = None) -> int:
@@ -166,12 +167,22 @@ def count_lost_create(key: str, api_root: str, delta: int, root: Path | None = N
     lock (``held``); a recorded run is left alone."""
     if lookup(key, api_root, root) is not None:
         return
-    count = max(0, lost_creates(key, api_root, root) + delta)
+    count, until = lost_creates_until(key, api_root, root)
+    if delta > 0:
+        # The date of the earlier ones, for a take-back to restore: a create
+        # that made no run must not carry their window on from its own time.
+        earlier = None if until is None else until - LOST_WINDOW_S
+        record = {_LOST: count + delta, _LOST_AT: time.time(), _EARLIER_AT: earlier}
+    else:
+        found = _record(key, api_root, root) or {}
+        earlier = found.get(_EARLIER_AT)
+        at = earlier if isinstance(earlier, int | float) else time.time()
+        record = {_LOST: max(0, count + delta), _LOST_AT: at}
     # Not synced: a killed process's write survives it in the page cache,
     # and a host crash that loses it (or leaves the record empty, which
     # reads as no count) costs at most one more create; a synced count cost
     # every keyed training create a second fsync on init()'s path.
-    remember(key, api_root, {_LOST: count, _LOST_AT: time.time()}, root, durable=False)
+    remember(key, api_root, record, root, durable=False)
 
 
 def remember(

@@ -389,6 +389,26 @@ def test_a_run_keys_training_create_that_succeeds_syncs_its_keys_record_once(
     assert len([path for path in synced if "run-keys" in path]) == 1, synced
 
 
+def test_a_keyed_create_taken_back_leaves_the_keys_earlier_lost_creates_dated_as_they_were(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A create counted against its key and then taken back (it never reached
+    the platform) wrote the key's count back with the time of the take-back,
+    so two creates lost 500 s before counted for 600 s more: the window of
+    lost creates ran on from a create that made no run. Taken back, the
+    record is as it was before that create."""
+    from primeruns.ship import run_keys
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    lifecycle = world.start(_spec("train", run_key="job-11"))
+    api_root = lifecycle._api_root
+    lost_at = time.time() - 500
+    run_keys.remember("job-11", api_root, {"creates_lost": 2, "lost_at": lost_at})
+    world.platform.fail("create_run", REFUSED)
+    assert lifecycle.register_retrying(deadline=_soon(0)) is None
+    assert run_keys.lost_creates_until("job-11", api_root) == (2, lost_at + run_keys.LOST_WINDOW_S)
+
+
 def test_a_rank_refused_a_create_by_its_keys_lost_creates_says_when_one_may_be_tried(
     world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
