@@ -137,7 +137,9 @@ def lost_creates(key: str, api_root: str, root: Path | None = None) -> int:
     """How many creates of ``key``'s run, by any process, may have made a run
     with their answers lost, the last within ``LOST_WINDOW_S`` (of now, before
     or after: wall clocks step); 0 once a run is recorded. Read under the
-    key's lock (``held``)."""
+    key's lock (``held``) to spend one; read outside it only to say how many
+    runs may remain (``remember`` writes the record whole, so such a read
+    sees one count or the other)."""
     return lost_creates_until(key, api_root, root)[0]
 
 
