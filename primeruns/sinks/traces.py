@@ -74,6 +74,16 @@ _GZIP_WBITS = 31
 _MAX_UPLOAD_BYTES = 256 * 1024 * 1024
 
 
+# The head of an upload's traces part: written by ``multipart_body``, found
+# again by ``_jsonl_of`` (the metadata part before it is JSON, which holds no
+# CR or LF, so the first match is this part's).
+_TRACES_PART_HEAD = (
+    b'Content-Disposition: form-data; name="traces"; filename="traces.jsonl"\r\n'
+    b"Content-Type: application/x-ndjson\r\n"
+    b"Content-Encoding: gzip\r\n\r\n"
+)
+
+
 def multipart_body(jsonl: bytes, metadata: Mapping[str, Any]) -> tuple[bytes, str, str]:
     """``(body, content_type, idempotency_key)`` for one upload, deterministic
     in its inputs (gzip with mtime 0, boundary derived from the digest)."""
@@ -91,9 +101,7 @@ def multipart_body(jsonl: bytes, metadata: Mapping[str, Any]) -> tuple[bytes, st
             b"Content-Type: application/json\r\n\r\n",
             meta,
             b"\r\n--" + b + b"\r\n",
-            b'Content-Disposition: form-data; name="traces"; filename="traces.jsonl"\r\n',
-            b"Content-Type: application/x-ndjson\r\n",
-            b"Content-Encoding: gzip\r\n\r\n",
+            _TRACES_PART_HEAD,
             gz,
             b"\r\n--" + b + b"--\r\n",
         ]
@@ -237,8 +245,7 @@ def _jsonl_of(body: bytes, progress: TracesUpload) -> bytes | None:
     its Idempotency-Key; None if the body is not such an upload (a journal
     is untrusted input)."""
     boundary = progress.content_type.partition("boundary=")[2].encode()
-    head = b'filename="traces.jsonl"\r\nContent-Type: application/x-ndjson\r\n'
-    head += b"Content-Encoding: gzip\r\n\r\n"
+    head = _TRACES_PART_HEAD
     start = body.find(head)
     tail = b"\r\n--" + boundary + b"--\r\n"
     if not boundary or start < 0 or not body.endswith(tail):
