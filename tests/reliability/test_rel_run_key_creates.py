@@ -13,6 +13,7 @@ whatever N is; once a create is answered, every rank ships into that run.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -39,6 +40,7 @@ _CREATE = "/api/v1/rft/external-runs"
 # failures its run recorded. (A run whose creates go unanswered never
 # ships: a short bound on its finish.)
 _RANK = """
+import subprocess
 import sys
 import primeruns as pr
 runs, url, key, name, rank, flush, team, steps = sys.argv[1:9]
