@@ -11,13 +11,14 @@ import hmac
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
+from starlette.types import Scope
 
 from . import jsonlimits, storable
 from .errors import PlatformError, TracesError
@@ -53,6 +54,21 @@ def now() -> float:
 
 def new_id(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:20]}"
+
+
+def wanted_headers(scope: Scope, wanted: Mapping[bytes, str]) -> dict[str, str]:
+    """The request's headers named in ``wanted`` (lower-case name as bytes:
+    name as str), the first of a repeated one (as Starlette's ``Headers.get``
+    gives it), in one pass; the others' names and values are not decoded.
+    For the layers that read a few headers of every request (the guard, the
+    metrics route), where a ``Headers`` look-up was a pass of its own each
+    and decoding the headers never read was a third of the guard's CPU."""
+    found: dict[str, str] = {}
+    for raw_name, value in scope["headers"]:
+        name = wanted.get(raw_name.lower())
+        if name is not None and name not in found:
+            found[name] = value.decode("latin-1")
+    return found
 
 
 def _bearer(request: Request) -> str | None:

@@ -37,6 +37,8 @@ from urllib.parse import parse_qsl, urlencode
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from .context import wanted_headers
+
 #: Names a loopback-bound server answers to (compared lower-case, port dropped).
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 COOKIE = "primeruns_session"
@@ -148,7 +150,7 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = _headers(scope)
+        headers = wanted_headers(scope, _READ)
         path: str = scope["path"]
         method: str = scope["method"]
 
@@ -259,7 +261,7 @@ class Guard:
         await send({"type": "http.response.body", "body": b""})
 
 
-#: The headers the guard reads, by their names as bytes (``_headers``).
+#: The headers the guard reads, by their names as bytes (``wanted_headers``).
 _READ = {
     name.encode(): name
     for name in (
@@ -274,20 +276,6 @@ _READ = {
         "transfer-encoding",
     )
 }
-
-
-def _headers(scope: Scope) -> dict[str, str]:
-    """The request's headers the guard reads, by lower-case name, the first
-    of a repeated one (as Starlette's ``Headers.get`` gives it): one pass,
-    where each look-up in ``Headers`` was a pass of its own, six a request;
-    the others' names and values are not decoded (a third of the guard's
-    CPU a request went to decoding headers it never reads)."""
-    found: dict[str, str] = {}
-    for raw_name, value in scope["headers"]:
-        name = _READ.get(raw_name.lower())
-        if name is not None and name not in found:
-            found[name] = value.decode("latin-1")
-    return found
 
 
 def _cookie(headers: Mapping[str, str], name: str) -> str | None:

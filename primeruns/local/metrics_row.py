@@ -13,7 +13,7 @@ same words. Everything outside the route is as for any other: the guard
 (its Host, key and cross-site checks and security headers), fault
 injection, the router's method check.
 
-What it stores and answers is :func:`rft.metrics`'s, which it replaced:
+What it stores and answers is what the route function it replaced did:
 the row is committed before the answer is sent (a 2xx is a receipt). A row
 it cannot store (a step past 64 bits, a lone surrogate) or read back (NaN)
 is the client's 422, not a 500 now or at every read of the run's rows (the
@@ -39,6 +39,7 @@ from .context import (
     parsed_object,
     read_capped_from,
     require_str,
+    wanted_headers,
 )
 from .errors import PlatformError
 from .queries import is_64_bit
@@ -54,7 +55,7 @@ UPSERT_OF_A_KNOWN_RUN = (
     " received_at = excluded.received_at"
 )
 
-_WANTED = frozenset({b"authorization", b"x-api-key", b"content-type", b"content-length"})
+_WANTED = {n.encode(): n for n in ("authorization", "x-api-key", "content-type", "content-length")}
 
 
 class MetricsRow:
@@ -66,17 +67,17 @@ class MetricsRow:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         ctx: ServerContext = scope["app"].state.ctx
-        headers = _headers(scope)
+        headers = wanted_headers(scope, _WANTED)
         check_key(
             ctx.settings.api_key,
-            headers.get(b"authorization"),
-            headers.get(b"x-api-key") if self.internal else None,
+            headers.get("authorization"),
+            headers.get("x-api-key") if self.internal else None,
         )
         body = await read_capped_from(
-            _chunks(receive), headers.get(b"content-length"), MAX_JSON_BODY
+            _chunks(receive), headers.get("content-length"), MAX_JSON_BODY
         )
         values_of, by_orjson = parsed_object(
-            json_bytes(body, headers.get(b"content-type"), MAX_JSON_BODY)
+            json_bytes(body, headers.get("content-type"), MAX_JSON_BODY)
         )
         run_id = require_str(values_of, "run_id")
         values = optional_object(values_of, "metrics")
@@ -100,16 +101,6 @@ class MetricsRow:
             raise PlatformError(404, f"Run {run_id} not found")
         answer = JSONAnswer({"run_id": run_id, "step": step, "status": "ok"})
         await answer(scope, receive, send)
-
-
-def _headers(scope: Scope) -> dict[bytes, str]:
-    """The wanted headers, the first of a repeated one (as ``Headers.get``
-    gives it); names as the server gives them, lower-case (ASGI's)."""
-    found: dict[bytes, str] = {}
-    for name, value in scope["headers"]:
-        if name in _WANTED and name not in found:
-            found[name] = value.decode("latin-1")
-    return found
 
 
 async def _chunks(receive: Receive) -> AsyncIterator[bytes]:
