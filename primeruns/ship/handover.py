@@ -17,7 +17,7 @@ init's note on crashed runs know it was taken over).
 
 A predecessor that finished and shipped everything (``left_nothing``: its
 journal says so), or whose sync journal shipped all of it (taken over by an
-earlier requeue: ``shipped_through_sync``), is not taken over: a run key's
+earlier requeue: ``shipped_by_its_sync_journal``), is not taken over: a run key's
 requeues would each copy and import every earlier attempt of the job
 again, each requeue costing more than the last (DESIGN invariant 12).
 """
@@ -38,7 +38,7 @@ from . import sync_records
 from .copies import K_SOURCE_PATH, check_sync_root
 from .mirror import import_new, open_sync_journal, snapshot, sync_root
 
-__all__ = ["left_nothing", "remember", "shipped_through_sync", "take_over"]
+__all__ = ["left_nothing", "remember", "shipped_by_its_sync_journal", "take_over"]
 
 log = logging.getLogger("primeruns.uplink")
 
@@ -68,7 +68,7 @@ def left_nothing(info: JournalInfo) -> bool:
     return True
 
 
-def shipped_through_sync(info: JournalInfo) -> bool:
+def shipped_by_its_sync_journal(info: JournalInfo) -> bool:
     """Whether the listed journal ``info``, one whose process is gone, had
     all it holds shipped through its sync journal (taken over by an earlier
     requeue, or synced): a take-over would import nothing and ship nothing.

@@ -237,7 +237,7 @@ class Earlier(NamedTuple):
     """Their processes gone, records or the run's close-out left: taken over."""
     finished: list[Path]
     """Their processes gone, nothing left (``handover.left_nothing``), or all
-    of it shipped through their sync journals (``handover.shipped_through_sync``)."""
+    of it shipped through their sync journals (``handover.shipped_by_its_sync_journal``)."""
     live: list[str]
     """The owners still logging to the run."""
 
@@ -253,7 +253,7 @@ def earlier_journals(runs_dir: Path, run_id: str, *, exclude: Path | None = None
         if run_id in run_index.runs_of(info):
             if info.owner_alive:
                 found.live.append(str(info.owner or info.path))
-            elif handover.left_nothing(info) or handover.shipped_through_sync(info):
+            elif handover.left_nothing(info) or handover.shipped_by_its_sync_journal(info):
                 found.finished.append(info.path)
             else:
                 found.left.append(info.path)
