@@ -57,6 +57,14 @@ def _continued_by(journal: Path) -> object:
         return opened.get_meta("continued_by")
 
 
+def _landed_once(lp: LocalPlatform, run_id: str, logged: list[str], count: int) -> None:
+    """The oracle: the ``count`` episodes the processes logged are each
+    stored once in the key's run, and the run was closed COMPLETED."""
+    assert len(logged) == count
+    assert platform_episode_ids(lp.data_dir, run_id) == dict.fromkeys(logged, 1)
+    assert lp.run(run_id)["status"] == "COMPLETED"
+
+
 def test_a_run_keys_clean_requeues_do_not_take_over_the_finished_processes_before_them(
     own_platform: LocalPlatform, tmp_path: Path
 ) -> None:
@@ -77,9 +85,7 @@ def test_a_run_keys_clean_requeues_do_not_take_over_the_finished_processes_befor
     assert {bound_run_id(j, tmp_path / "home") for j in journals} == {run_id}
     assert _synced(tmp_path / "home") == set()
     assert [_continued_by(j) for j in journals] == [None, None, None]
-    assert len(logged) == 30
-    assert platform_episode_ids(lp.data_dir, run_id) == dict.fromkeys(logged, 1)
-    assert lp.run(run_id)["status"] == "COMPLETED"
+    _landed_once(lp, run_id, logged, 30)
 
 
 def test_a_run_keys_process_whose_close_out_failed_is_taken_over_by_the_next(
@@ -114,9 +120,7 @@ def test_a_run_keys_process_whose_close_out_failed_is_taken_over_by_the_next(
         local_id = opened.local_id
     assert local_id in _synced(home)
     assert _continued_by(journal) == nxt.name
-    assert len(logged) == 20
-    assert platform_episode_ids(lp.data_dir, run_id) == dict.fromkeys(logged, 1)
-    assert lp.run(run_id)["status"] == "COMPLETED"
+    _landed_once(lp, run_id, logged, 20)
 
 
 def test_a_killed_process_an_earlier_requeue_took_over_is_not_taken_over_again(
@@ -139,9 +143,7 @@ def test_a_killed_process_an_earlier_requeue_took_over_is_not_taken_over_again(
     assert [_continued_by(j) for j in (second, third)] == [None, None]
     run_id = bound_run_id(killed, tmp_path / "home")
     assert run_id is not None
-    assert len(logged) == 50
-    assert platform_episode_ids(lp.data_dir, run_id) == dict.fromkeys(logged, 1)
-    assert lp.run(run_id)["status"] == "COMPLETED"
+    _landed_once(lp, run_id, logged, 50)
 
 
 # argv: runs dir, base url, the API key, the run's id ("-": create it). One
