@@ -283,6 +283,22 @@ def _parse_api_key(name: str, raw: str) -> str:
     return _parse_token(name, raw, what="an API key", secret=True)
 
 
+def _parse_header_value(name: str, raw: str) -> str:
+    """A key given as an argument or in the config file: anything a header can
+    carry (blanks around it too: they are dropped on the way, as servers
+    read it). httpx refuses a non-ASCII header (a UnicodeEncodeError out of
+    ``init``, naming nothing) and h11 a control character (which read as an
+    unreachable platform): refused here, naming the setting, never the key."""
+    at = next((i for i, c in enumerate(raw) if not (" " <= c <= "~" or c == "\t")), None)
+    if at is None:
+        return raw
+    raise ConfigurationError(
+        f"{name} is not an API key: character {at + 1} of {len(raw)} is not printable "
+        f"ASCII (a non-ASCII letter or a line break); use the key alone, as the "
+        "platform gave it"
+    )
+
+
 def _parse_team_id(name: str, raw: str) -> str:
     return _parse_token(name, raw, what="a team id")
 
@@ -531,6 +547,13 @@ def resolve_settings(
         sources["api_key"] = "unset"
     if not isinstance(key, str):
         raise ConfigurationError("api_key must be a string")
+    if key and sources["api_key"] != API_KEY_ENV:
+        named = "api_key" if sources["api_key"] == "argument" else _in_config("api_key")
+        try:
+            _parse_header_value(named, key)
+        except ConfigurationError as exc:
+            read.problem(exc)
+            key, sources["api_key"] = "", "unset"
 
     env_urls = [(var, read.value(var, _parse_base_url)) for var in (API_BASE_URL_ENV, BASE_URL_ENV)]
     url, url_name = DEFAULT_BASE_URL, "base_url"

@@ -175,6 +175,8 @@ def run_serve(args: argparse.Namespace) -> int:
         )
         return 2
     key = os.environ.get(API_KEY_ENV) or None
+    if key is not None and not _key_usable(key):
+        return 2
     if not _bind_allowed(args.host, key, args.allow_remote_without_key):
         return 2
     if args.runs_dir is not None:
@@ -192,6 +194,20 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.data is None:
         where += " (the default; --data DIR stores it elsewhere)"
     return _serve(app, args.host, args.port, key, notes=[where])
+
+
+def _key_usable(key: str) -> bool:
+    """Whether clients can send ``key``; if not, says why (not the key) on stderr.
+
+    Refused at start rather than served: a key no client can send locks
+    everyone out, and every 401 would look like a wrong key.
+    """
+    from .guard import key_refusal
+
+    refusal = key_refusal(key, API_KEY_ENV)
+    if refusal is not None:
+        print(f"primeruns serve: {refusal}", file=sys.stderr)
+    return refusal is None
 
 
 def _bind_allowed(host: str, key: str | None, waived: bool) -> bool:

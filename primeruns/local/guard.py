@@ -94,6 +94,35 @@ def _host_name(value: str) -> str:
     return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
 
 
+def key_refusal(key: str, setting: str) -> str | None:
+    """Why ``key`` cannot be this server's key, naming ``setting`` (never the
+    key), or None if it can.
+
+    A key must be sendable in a header and compared as sent: HTTP clients
+    refuse non-ASCII and control characters (httpx does) or send them in an
+    encoding the server cannot guess (a UTF-8 client's ``é`` arrives as two
+    latin-1 characters), and blanks around a header's value are dropped on
+    the way; such a key would never authenticate anyone.
+    """
+    fix = (
+        "use printable ASCII only (e.g. python3 -c "
+        "'import secrets; print(secrets.token_urlsafe(32))')"
+    )
+    at = next((i for i, c in enumerate(key) if not " " <= c <= "~"), None)
+    if at is not None:
+        return (
+            f"${setting} is not usable as a key: character {at + 1} of {len(key)} is not "
+            f"printable ASCII (a non-ASCII letter or a control character such as a line "
+            f"break), which clients cannot send in a header; {fix}"
+        )
+    if key != key.strip():
+        return (
+            f"${setting} is not usable as a key: it begins or ends with a blank, which "
+            f"never arrives in a header; remove it"
+        )
+    return None
+
+
 def _same(expected: str, given: str | None) -> bool:
     return given is not None and hmac.compare_digest(expected.encode(), given.encode())
 

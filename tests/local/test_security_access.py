@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import procs
+import pytest
 from hostile import cross_site_form_post
 
 from primeruns.local import LocalPlatform
@@ -87,8 +88,10 @@ def test_the_host_header_must_name_loopback(local_platform: LocalPlatform) -> No
         assert httpx.get(f"{url}/healthz", headers={"Host": host}, timeout=10).status_code == 200
 
 
-def _serve(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _serve(tmp_path: Path, *args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
+    if key is not None:
+        env["PRIMERUNS_LOCAL_API_KEY"] = key
     command = [sys.executable, "-m", "primeruns.local", "--port", "0", "--data", str(tmp_path)]
     return subprocess.run(
         [*command, *args], capture_output=True, text=True, env=env, timeout=30, check=False
@@ -117,6 +120,64 @@ def test_a_key_on_the_command_line_is_refused_without_echoing_it(tmp_path: Path)
         assert key not in result.stdout + result.stderr
         assert "listening" not in result.stdout
     assert not (tmp_path / "d").exists()
+
+
+#: Keys no HTTP client can send as they are: httpx refuses a non-ASCII
+#: header (and a UTF-8 client's bytes never matched the server's latin-1
+#: reading), h11 a line break; blanks around a header's value never arrive.
+UNSENDABLE = ["clé-locale-0123456789", "pk-0123456789\n"]
+
+
+@pytest.mark.parametrize(
+    "key", [*UNSENDABLE, " pk-0123456789"], ids=["non-ascii", "line-break", "leading-blank"]
+)
+def test_a_key_no_client_can_send_is_refused_at_serve_start_without_echoing_it(
+    tmp_path: Path, key: str
+) -> None:
+    """Served, such a key locked every client out with 401s that read as a
+    wrong key: refused before anything listens, naming the variable and the
+    fix, never the key."""
+    result = _serve(tmp_path / "d", key=key)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "PRIMERUNS_LOCAL_API_KEY" in result.stderr and "usable as a key" in result.stderr
+    assert key.strip() not in result.stdout + result.stderr
+    assert "listening" not in result.stdout
+    assert not (tmp_path / "d").exists()
+
+
+@pytest.mark.parametrize("key", UNSENDABLE, ids=["non-ascii", "line-break"])
+def test_an_sdk_key_no_client_can_send_is_named_at_init_not_a_unicode_error(
+    local_platform: LocalPlatform, tmp_path: Path, key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``init(api_key=...)`` and the config file's key are read as
+    ``PRIME_API_KEY`` is: a key httpx cannot put in a header raised a bare
+    UnicodeEncodeError (or sent a broken header) from init; now a
+    ConfigurationError names the setting, never the key."""
+    import json
+
+    import primeruns
+    from primeruns.exceptions import ConfigurationError
+
+    monkeypatch.delenv("PRIME_API_KEY", raising=False)
+    monkeypatch.setenv("PRIME_TRACES_URL", local_platform.url)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for given, named in ((key, "api_key"), (None, "api_key in ~/.prime/config.json")):
+        config = tmp_path / ".prime" / "config.json"
+        config.parent.mkdir(exist_ok=True)
+        config.write_text(json.dumps({"api_key": key}))
+        with pytest.raises(ConfigurationError) as raised:
+            primeruns.init(
+                "n",
+                environments=["gsm8k"],
+                model="m",
+                api_key=given,
+                base_url=local_platform.url,
+                runs_dir=tmp_path / "runs",
+            )
+        said = str(raised.value)
+        assert said.startswith(named) and "ASCII" in said, said
+        assert key.strip() not in said
+    assert local_platform.runs() == []
 
 
 def _listening(*args: str) -> tuple[subprocess.Popen[str], str]:
