@@ -286,8 +286,8 @@ def _serve(app: Starlette, host: str, port: int, key: str | None, notes: Sequenc
     parents read the port from it)."""
     import uvicorn
 
+    from .bare_answers import ServeH11Protocol
     from .guard import Guard, GuardSettings, allowed_hosts, is_wildcard
-    from .one_write import OneWriteH11Protocol
 
     guard = Guard(app, GuardSettings(api_key=key, hosts=allowed_hosts(host)))
     ctx = getattr(app.state, "ctx", None)  # the platform's; the offline dashboard has none
@@ -328,8 +328,9 @@ def _serve(app: Starlette, host: str, port: int, key: str | None, notes: Sequenc
         # before any is answered (+650 MB in 5 s from one connection, before
         # any key is checked); h11 bounds both. Measured: httptools would
         # cost a third less CPU per small request; not worth those holes.
-        # uvicorn's h11 protocol, each answer written once (``one_write``).
-        http=OneWriteH11Protocol,
+        # uvicorn's h11 protocol, each answer written once (``one_write``),
+        # its own 400s with the guard's headers (``bare_answers``).
+        http=ServeH11Protocol,
         h11_max_incomplete_event_size=HEAD_LIMIT,
         ws="none",  # no route is a websocket: an upgrade is an ordinary request
         log_level="warning",

@@ -48,7 +48,9 @@ CSP = (
     "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
     "object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
 )
-_SECURITY_HEADERS = [
+#: On every answer the server sends: the app's through the guard, the
+#: protocol's own refusals of what never became a request (``bare_answers``).
+SECURITY_HEADERS = [
     (b"content-security-policy", CSP.encode()),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
@@ -185,7 +187,7 @@ class Guard:
 
         async def send_guarded(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), *_SECURITY_HEADERS]}
+                message = {**message, "headers": [*message.get("headers", []), *SECURITY_HEADERS]}
             await send(message)
 
         raw_query: bytes = scope.get("query_string", b"")

@@ -279,3 +279,56 @@ def test_a_head_of_many_short_headers_is_held_no_larger_than_its_bytes(
     conn.request("GET", "/healthz", headers=browser)
     assert conn.getresponse().status == 200, parser
     conn.close()
+
+
+def _refusal(url: str, request: bytes) -> bytes:
+    """What the platform answers ``request`` (sent raw), until it closes."""
+    split = urlsplit(url)
+    got = bytearray()
+    with socket.create_connection((split.hostname, split.port), timeout=30) as sock:
+        try:
+            sock.sendall(request % split.netloc.encode())
+            while data := sock.recv(1 << 16):
+                got += data
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # (a reset after the answer: what came is what was said)
+    return bytes(got)
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        pytest.param(b"GARBAGE\r\nHost: %s\r\n\r\n", id="request-line"),
+        pytest.param(b"GET /healthz HTTP/1.1\r\nHost: %s\r\nno colon here\r\n\r\n", id="header"),
+        pytest.param(
+            b"GET /healthz HTTP/1.1\r\nHost: %s\r\nContent-Length: x\r\n\r\n", id="length"
+        ),
+        pytest.param(
+            # Unfinished past the limit: refused before its end comes.
+            b"GET /healthz HTTP/1.1\r\nHost: %s\r\nX-Grow: " + b"a" * (HEAD_LIMIT + 1024),
+            id="head-too-large",
+        ),
+    ],
+)
+def test_the_servers_own_refusals_carry_the_security_headers_and_name_no_server(
+    local_platform: LocalPlatform, request_bytes: bytes
+) -> None:
+    """A head h11 cannot parse never reaches the app or its guard: uvicorn
+    answered it 400 itself, without the CSP, frame and nosniff headers every
+    other answer carries, as text/plain. Now that 400 carries them too, in
+    the platform's JSON, and names no server or version."""
+    answer = _refusal(local_platform.url, request_bytes)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400 "), answer[:200]
+    headers = {}
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip()
+    assert b"default-src 'self'" in headers.get(b"content-security-policy", b""), head
+    assert b"frame-ancestors 'none'" in headers[b"content-security-policy"]
+    assert headers.get(b"x-frame-options") == b"DENY", head
+    assert headers.get(b"x-content-type-options") == b"nosniff", head
+    assert headers.get(b"content-type") == b"application/json", head
+    assert b"server" not in headers, head
+    assert b"uvicorn" not in answer.lower() and b"h11" not in answer.lower(), answer
+    assert body == b'{"detail": "invalid HTTP request"}', body
