@@ -21,7 +21,9 @@ test can be rerun with the same sequence:
 
 ``max_body_bytes`` (0: none) refuses every faultable request whose body is
 larger with a proxy's plain-text 413, before it is processed: the request
-size limit of a gateway in front of the platform.
+size limit of a gateway in front of the platform. A body sent chunked (no
+Content-Length) is measured as it comes, as such a proxy does: held up to
+the limit, refused past it, else handed to the platform whole.
 
 ``statuses`` chooses the retryable answers (any of 429 and 5xx, 500 included;
 default 429, 503 and 502) and ``routes`` limits every fault to requests whose
@@ -172,6 +174,15 @@ class FaultInjector:
             body = self._rng.choice(settings.bogus_bodies)
             return body, self._rng.random() < settings.bogus_processed
 
+    def body_limit(self, path: str) -> int:
+        """The ``max_body_bytes`` that applies to ``path`` (0: none), for a
+        body whose size is known only once read (chunked)."""
+        with self._lock:
+            s = self._settings
+            if s.routes and not path.startswith(s.routes):
+                return 0
+            return s.max_body_bytes
+
     def too_large(self, path: str, size: int | None) -> bool:
         """Whether a request of ``size`` body bytes is over ``max_body_bytes``
         (counted as an injected fault)."""
@@ -257,7 +268,11 @@ class FaultMiddleware:
         if scope["type"] != "http" or is_exempt(scope["path"]):
             await self.app(scope, receive, send)
             return
-        if self.injector.too_large(scope["path"], _content_length(scope)):
+        size = _content_length(scope)
+        limit = self.injector.body_limit(scope["path"]) if size is None else 0
+        if limit and _chunked(scope):
+            size, receive = await _measured(receive, limit)
+        if self.injector.too_large(scope["path"], size):
             await _drain(receive)
             await _answer(send, 413, _TOO_LARGE_PAGE, b"text/html")
             return
@@ -369,6 +384,42 @@ def _content_length(scope: Scope) -> int | None:
             except ValueError:
                 return None
     return None
+
+
+def _chunked(scope: Scope) -> bool:
+    return any(name.lower() == b"transfer-encoding" for name, _ in scope.get("headers", []))
+
+
+async def _measured(receive: Receive, limit: int) -> tuple[int, Receive]:
+    """Read a body of unknown length until it ends or passes ``limit`` bytes
+    (held: at most ``limit`` and one read); its size so far, and a receive
+    that hands the app what was read, in one message, and then the rest."""
+    held: list[bytes] = []
+    size = 0
+    more = True
+    gone: Message | None = None
+    while more and size <= limit:
+        message = await receive()
+        if message["type"] != "http.request":
+            gone = message  # the client left: said to the app after what came
+            break
+        held.append(message.get("body", b""))
+        size += len(held[-1])
+        more = message.get("more_body", False)
+    first: Message | None = (
+        {"type": "http.request", "body": b"".join(held), "more_body": more}
+        if held or gone is None
+        else gone
+    )
+
+    async def replay() -> Message:
+        nonlocal first
+        if first is None:
+            return await receive()
+        message, first = first, None
+        return message
+
+    return size, replay
 
 
 async def _answer(send: Send, status: int, body: bytes, content_type: bytes) -> None:

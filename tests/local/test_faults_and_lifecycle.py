@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,37 @@ def test_bogus_faults_answer_200_with_nothing_and_a_body_limit_answers_413(
     small = {"environments": [{"id": "e"}]}
     assert httpx.post(f"{p.url}/api/v1/evaluations/", json=small).status_code == 201
     assert p.set_faults(max_body_bytes=0)["injected"] == 41
+
+
+def test_the_body_limit_answers_413_to_a_chunked_body_over_it_as_a_proxy_does(
+    local_platform: LocalPlatform,
+) -> None:
+    """A body sent chunked (no Content-Length: httpx streams an iterator so)
+    is measured as it comes, as a proxy's limit does: over the limit it is a
+    413 and never reaches the platform; under it, it reaches it whole. Before,
+    only a Content-Length was looked at, so every chunked body went through."""
+    p = local_platform
+    url = f"{p.url}/api/v1/evaluations/"
+    p.set_faults(max_body_bytes=1000, routes=["/api/v1/evaluations"])
+    before = len(p.runs())
+    big = json.dumps({"environments": [{"id": "e"}], "description": "x" * 2000}).encode()
+    small = json.dumps({"environments": [{"id": "e"}], "name": "y" * 900}).encode()
+    headers = {"Content-Type": "application/json"}
+
+    def chunked(body: bytes) -> Iterator[bytes]:
+        yield from (body[i : i + 300] for i in range(0, len(body), 300))
+
+    r = httpx.post(url, content=chunked(big), headers=headers, timeout=30)
+    assert r.request.headers.get("transfer-encoding") == "chunked"
+    assert r.status_code == 413, r.text
+    assert len(p.runs()) == before, "a refused body reached the platform"
+    r = httpx.post(url, content=chunked(small), headers=headers, timeout=30)
+    assert r.status_code == 201, r.text
+    assert p.run(r.json()["evaluation_id"])["name"] == "y" * 900, "not whole"
+    # A route outside ``routes`` is not limited, chunked or not.
+    r = httpx.post(f"{p.url}/api/v1/rft/models", content=chunked(big), headers=headers)
+    assert r.status_code != 413
+    assert p.set_faults(max_body_bytes=0)["injected"] == 1
 
 
 def test_restart_keeps_everything_and_sigterm_exits_zero(
