@@ -87,7 +87,11 @@ class KeyCreatesSpent(UnprovenAnswerError):
     """A training run's create not sent: other processes of its run key
     lost the key's allowance of answers (``run_keys.lost_creates``), and
     one more may leave one more empty run. Transient: ``init()`` goes on
-    journaling; a registration that meets it gives up at once."""
+    journaling; the live run's uplink waits for ``until`` (wall time: the
+    key's window ends) once, then tries again; a closing registration (a
+    close-out, replay, sync) gives up at once."""
+
+    until: float | None = None
 
 
 def crash_reason(error: str | None) -> str:
@@ -137,6 +141,10 @@ class Lifecycle:
         # lookup can tell whether they landed): bounded by _MAX_LOST_CREATES.
         self._lost_creates = 0
         self._gave_up_creating = False
+        # ``_lost_creates`` when the live uplink, refused by its run key's
+        # lost creates, waited for the key's window to end (None: it has
+        # not): once per process, and one lost create after it ends its tries.
+        self._lost_before_wait: int | None = None
 
     # -- state in the journal ----------------------------------------------
     @property
@@ -246,7 +254,9 @@ class Lifecycle:
         live run's uplink and its close-out share them), and the failure
         counts the runs that may remain. The records stay in the journal
         for ``primeruns replay``, which has the same allowance. The
-        processes of a run key share one allowance (``_spend_key_create``)."""
+        processes of a run key share one allowance (``_spend_key_create``);
+        a live registration refused by it waits for the key's window to end,
+        once, and tries again (``_lost_before_wait``)."""
         started = time.monotonic()
         failed = 0
         reached = False  # whether any try connected to the platform
@@ -290,6 +300,17 @@ class Lifecycle:
                 return bound
             assert exc is not None
             if isinstance(exc, KeyCreatesSpent):
+                if deadline is None and self._lost_before_wait is None and exc.until is not None:
+                    # Live: a requeue after a gateway's blip would ship nothing
+                    # until a user ran replay. Wait for the key's window here
+                    # (the uplink's thread: the producer's calls and finish()'s
+                    # budget stay as they were), then try once more; a finish()
+                    # before then ends the wait, and its close-out gives up.
+                    self._lost_before_wait = self._lost_creates
+                    self._say_waiting(exc.until)
+                    if stopping.wait(max(0.0, exc.until - time.time())):
+                        return None
+                    continue
                 self._gave_up_creating = True
                 self._on_failure("register", exc)
                 return None
@@ -300,7 +321,13 @@ class Lifecycle:
             again = again + 1 if at == failed_at else 1
             failed_at = at
             reached = reached or not never_reached(exc)
-            if self._lost_creates > lost_before and self._lost_creates >= _MAX_LOST_CREATES:
+            # Past the key's window, one lost create ends this process's tries:
+            # N processes refused at once each add at most one to the key's.
+            waited = self._lost_before_wait
+            lost_after_wait = waited is not None and self._lost_creates > waited
+            if self._lost_creates > lost_before and (
+                self._lost_creates >= _MAX_LOST_CREATES or lost_after_wait
+            ):
                 self._gave_up_creating = True
                 self._on_failure("register", self._creates_lost(exc))
                 return None
@@ -350,6 +377,18 @@ class Lifecycle:
         failure.__cause__ = last
         return failure
 
+    def _say_waiting(self, until: float) -> None:
+        when = time.strftime("%H:%M:%S UTC", time.gmtime(until))
+        log.warning(
+            "prime-runs: training run %r is not registered: its run key's processes lost "
+            "the answers of the creates it allows for now; this process tries one more "
+            "create at %s (in %.0f s) if the run is still going. A finish() before then "
+            "keeps the records in the journal for primeruns replay.",
+            self.spec.name,
+            when,
+            max(0.0, until - time.time()),
+        )
+
     def _key_lost(self) -> int:
         """The lost creates of this run's key, by every process (0 unkeyed)."""
         key = self._run_key
@@ -370,7 +409,7 @@ class Lifecycle:
             # run.errors) needs the clock time, one reading it live the wait.
             left = max(0.0, until - time.time())
             when = time.strftime("%H:%M:%S UTC", time.gmtime(until))
-            raise KeyCreatesSpent(
+            refused = KeyCreatesSpent(
                 f"{spent} creates of training run {spec.name!r} (run key {key!r}) by "
                 "this job's processes went unanswered or were answered without the "
                 "run's id; the platform offers no lookup of training runs, so up to "
@@ -379,6 +418,8 @@ class Lifecycle:
                 "after the last): the records stay in the journal, and primeruns "
                 "replay from then creates the run and ships them"
             )
+            refused.until = until
+            raise refused
         run_keys.count_lost_create(key, self._api_root, 1)
         return spent
 

@@ -34,16 +34,21 @@ _STEPS = 3
 _CREATE = "/api/v1/rft/external-runs"
 
 # argv: runs dir, base url, API key, run name (also the run key), rank,
-# "flush" or not, the team, and how many steps. Logs that many metrics rows
+# "flush", "train-on" or neither, the team, how many steps, and optionally
+# the key's window of lost creates in seconds. Logs that many metrics rows
 # at steps of its own, flushes if told (a run whose creates all go
-# unanswered never ships), then finishes; prints its journal and the
+# unanswered never ships), or goes on until shipped or its uplink gave up
+# ("train-on"), then finishes; prints its journal and the
 # failures its run recorded. (A run whose creates go unanswered never
 # ships: a short bound on its finish.)
 _RANK = """
 import subprocess
 import sys
 import primeruns as pr
+from primeruns.ship import run_keys
 runs, url, key, name, rank, flush, team, steps = sys.argv[1:9]
+if len(sys.argv) > 9:  # the key's window of lost creates, shortened for the test
+    run_keys.LOST_WINDOW_S = float(sys.argv[9])
 run = pr.init(kind="train", name=name, model="m", team_id=team, run_key=name,
               training=pr.TrainingSpec(max_steps=3, batch_size=1),
               api_key=key, base_url=url, runs_dir=runs)
@@ -51,6 +56,11 @@ for step in range(int(steps)):
     run.log_metrics({"loss": 1.0, "rank": int(rank)}, step=100 * int(rank) + step)
 if flush == "flush":
     assert run.flush(timeout=60)
+if flush == "train-on":
+    # A training loop that goes on past the key's window: until everything
+    # shipped, or the uplink gave up registering the run.
+    while not run.flush(timeout=1) and not any("register" in e for e in run.errors):
+        pass
 run.finish(timeout=5)
 print("journal", run.journal_path, flush=True)
 print("errors", " | ".join(run.errors), flush=True)
@@ -166,6 +176,76 @@ def test_a_requeue_after_a_blip_spent_its_keys_creates_says_it_gave_up_not_that_
     assert len(journal_records(journal, EntryKind.METRICS)) == _STEPS  # kept for replay
     assert "registers when it can" not in requeue.stderr, requeue.stderr
     assert "KeyCreatesSpent" in said["errors"] and "not creating another until" in said["errors"]
+
+
+# The key's window of lost creates in these tests: long enough for a process
+# started at once (or right after the blip) to start within it.
+_WINDOW_S = 10.0
+
+
+def test_a_live_requeue_after_a_blip_creates_the_run_once_the_keys_window_ends(
+    train_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A gateway blip loses three creates' answers of a key's first process;
+    the platform is healthy again when the job is requeued, within the key's
+    window. The requeue still trains when the window ends: its uplink waited
+    for it, created the run once and shipped every row into it, with no
+    replay. On main it sent no create and shipped nothing until a user ran
+    ``primeruns replay`` after the window."""
+    lp = train_platform
+    name = "key-creates-blip-wait"
+    env = isolated_env(tmp_path, {"PRIME_TRACES_URL": lp.url, "PRIME_RUNS_UPLINK": "threads"})
+    argv = [sys.executable, "-c", _RANK, str(tmp_path / "runs"), lp.url, _KEY, name]
+    lp.set_faults(ambiguous_rate=1.0, routes=[_CREATE], max_faults=_MAX_LOST_CREATES)
+    try:
+        first = subprocess.run(
+            [*argv, "0", "no", TEAM, str(_STEPS), str(_WINDOW_S)], **_CAPTURE, env=env
+        )
+    finally:
+        lp.set_faults(ambiguous_rate=0.0, routes=[], max_faults=0)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert len(_made(lp, name)) == _MAX_LOST_CREATES
+    requeue = subprocess.run(
+        [*argv, "1", "train-on", TEAM, str(_STEPS), str(_WINDOW_S)], **_CAPTURE, env=env
+    )
+    assert requeue.returncode == 0, requeue.stderr[-2000:]
+    assert "tries one more create at" in requeue.stderr  # refused within the window
+    made = _made(lp, name)
+    assert len(made) == _MAX_LOST_CREATES + 1  # the one create after the window
+    said = dict(line.split(" ", 1) for line in requeue.stdout.splitlines() if " " in line)
+    run_id = bound_run_id(Path(said["journal"]))
+    assert run_id is not None and run_id in {str(r["id"]) for r in made}
+    assert platform_metric_steps(lp.data_dir, run_id) == Counter(100 + s for s in range(_STEPS))
+    assert said.get("errors", "") == ""
+
+
+def test_ranks_of_a_key_behind_a_gateway_broken_throughout_make_at_most_twice_its_allowance(
+    train_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """Every create's answer is lost, and the four ranks train on past the
+    key's window: each refused one waits for the window's end and tries one
+    create, still counted against the key. At most the key's allowance in
+    the window and the same after it: 2 x 3 runs whatever the ranks, each
+    keeping its rows and saying how many runs may remain."""
+    lp = train_platform
+    name = "key-creates-broken-wait"
+    env = isolated_env(tmp_path, {"PRIME_TRACES_URL": lp.url, "PRIME_RUNS_UPLINK": "threads"})
+    argv = [sys.executable, "-c", _RANK, str(tmp_path / "runs"), lp.url, _KEY, name]
+    argvs = [
+        [*argv, str(rank), "train-on", TEAM, str(_STEPS), str(_WINDOW_S)] for rank in range(_RANKS)
+    ]
+    lp.set_faults(ambiguous_rate=1.0, routes=[_CREATE])
+    try:
+        ranks = at_once(argvs, env, 240)
+    finally:
+        lp.set_faults(ambiguous_rate=0.0, routes=[])
+    made = _made(lp, name)
+    assert _MAX_LOST_CREATES < len(made) <= 2 * _MAX_LOST_CREATES, f"{len(made)} runs made"
+    for said in ranks:
+        journal = Path(said["journal"])
+        assert bound_run_id(journal) is None
+        assert len(journal_records(journal, EntryKind.METRICS)) == _STEPS  # kept for replay
+        assert "empty RUNNING runs named" in said["errors"]
 
 
 _CAPTURE: dict[str, object] = {"capture_output": True, "text": True, "timeout": 240}
