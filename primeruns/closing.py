@@ -198,7 +198,7 @@ def finish_journal(
     if in_memory(journal):
         _lose_unshipped(journal, outcome, run_id)
     else:
-        _report(outcome, supervisor, run_id, str(journal.path), _causes(recorder))
+        _report(outcome, supervisor, run_id, str(journal.path), recorder)
     supervisor.release()
     _close(recorder)
 
@@ -225,20 +225,23 @@ def _report(
     supervisor: Supervisor,
     run_id: str,
     path: str,
-    causes: Mapping[str, str],
+    recorder: Recorder,
 ) -> None:
+    causes = _causes(recorder)
     if outcome is not None and outcome.others_left:
         left = outcome.others_left
         # A journal another process ships on (a sync of its copy) is not the user's to replay.
         replay = any(not why.startswith(ranks.BEING_SHIPPED) for why in left.values())
-        log.warning(
-            "prime-runs: run %s was closed while %d other process(es) of it had not "
-            "shipped everything (%s); what they journaled is kept.%s",
-            run_id,
-            len(left),
-            "; ".join(f"{where}: {why}" for where, why in left.items()),
-            " Ship each with: primeruns replay <its journal>" if replay else "",
+        named = "; ".join(f"{where}: {why}" for where, why in left.items())
+        ship = " Ship each with: primeruns replay <its journal>" if replay else ""
+        said = (
+            f"run {run_id} was closed while {len(left)} other process(es) of it had not "
+            f"shipped everything ({named}); what they journaled is kept.{ship}"
         )
+        # In run.errors too: a caller checking them after finish() (a
+        # launcher, a notebook with logging off) read a run closed whole.
+        recorder.note_text(f"finish: {said}")
+        log.warning("prime-runs: %s", said)
     if outcome is None:
         pid = getattr(supervisor.uplink, "pid", None)
         if pid is None:  # an uplink in threads: it ends with this process

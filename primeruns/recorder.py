@@ -547,6 +547,13 @@ class Recorder:
         if warn:
             log.warning("prime-runs: %s", text)
 
+    def note_text(self, text: str) -> None:
+        """Add ``text`` to ``run.errors``: something the caller must know that
+        is no failure of this process's calls (never raised, not logged here)."""
+        with self.lock:
+            if len(self.errors) < _MAX_ERRORS:
+                self.errors.append(text)
+
     def raise_deferred(self) -> None:
         """Under ``on_error="raise"``: raise the first failure not raised yet,
         noted here or recorded by the uplink."""

@@ -15,7 +15,8 @@ from primeruns import closing
 def _said(caplog: pytest.LogCaptureFixture, uplink: Any) -> str:
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="primeruns"):
-        closing._report(None, SimpleNamespace(uplink=uplink), "run-1", "/runs/j", {})  # type: ignore[arg-type]
+        recorder = SimpleNamespace(uplink_errors=list)
+        closing._report(None, SimpleNamespace(uplink=uplink), "run-1", "/runs/j", recorder)  # type: ignore[arg-type]
     return caplog.text
 
 
