@@ -65,7 +65,7 @@ _NAMESPACE = eval_lookup.NAMESPACE
 # after this many lost answers, live or closing: each may have left an empty
 # run on the platform. A flaky link (10% of answers lost) loses three in a
 # row once in ~300; a gateway answering every create with nothing, always.
-_MAX_LOST_CREATES = 3
+_MAX_LOST_CREATES = run_keys.CREATES_ALLOWED  # (a run key's processes share as many)
 # Journal meta: when a create request was first sent (its answer may be lost).
 K_CREATE_SENT = "create_sent"
 # Journal meta: how many training creates, by every process that shipped the

@@ -49,6 +49,7 @@ from .copies import make_sync_root, read_record
 from .standby import pause
 
 __all__ = [
+    "CREATES_ALLOWED",
     "LOST_WINDOW_S",
     "closed_as",
     "count_lost_create",
@@ -125,6 +126,9 @@ def lookup(key: str, api_root: str, root: Path | None = None) -> dict[str, Any] 
     return found
 
 
+# A run key's lost creates within the window before a process sends no
+# more: a key's record never counts more (none is sent once it holds these).
+CREATES_ALLOWED = 3
 # How long the key's lost creates count against a create of its run: the
 # ranks of one job start within it, a requeue or a replay after it may try anew.
 LOST_WINDOW_S = 600.0
@@ -158,7 +162,9 @@ def lost_creates_until(
     # ahead (the clock stepped back since, a damaged or planted record,
     # Infinity) would lock the key out until the clock caught up, or for good.
     if abs(time.time() - at) < LOST_WINDOW_S:
-        return count, at + LOST_WINDOW_S
+        # More than a key can count is damage (or planted): still spent, but
+        # quoted as "up to 10**50 empty runs may remain" it was no count at all.
+        return min(count, CREATES_ALLOWED), at + LOST_WINDOW_S
     return 0, None
 
 

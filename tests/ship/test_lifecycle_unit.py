@@ -38,7 +38,7 @@ from primeruns.exceptions import (
     UnauthorizedError,
 )
 from primeruns.journal import Journal
-from primeruns.ship.lifecycle import K_CREATES_LOST, Lifecycle
+from primeruns.ship.lifecycle import _MAX_LOST_CREATES, K_CREATES_LOST, Lifecycle
 from primeruns.ship.policy import UNREACHED_S, RetryPolicy
 from primeruns.spec import SpecError
 
@@ -439,6 +439,28 @@ def test_a_rank_refused_a_create_by_its_keys_lost_creates_says_when_one_may_be_t
     assert "primeruns replay from then" in said
     for lifecycle in (first, second):
         lifecycle.journal.close()
+
+
+def test_a_run_keys_implausible_count_of_lost_creates_is_quoted_as_its_allowance(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key's record counts at most its allowance of lost creates (a process
+    finding them spent sends none). A damaged or planted count (the sync
+    root is untrusted input) of 10**50 was quoted as is: "up to 10000...
+    empty RUNNING runs may remain". It is taken as damaged: the key is still
+    refused within the window, and the warning quotes the allowance."""
+    from primeruns.ship import run_keys
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    lifecycle = world.start(_spec("train", run_key="job-6"))
+    record = {"creates_lost": 10**50, "lost_at": time.time()}
+    run_keys.remember("job-6", lifecycle._api_root, record)
+    assert lifecycle.register_retrying(deadline=_soon(30)) is None
+    assert world.platform.sent("create_run") == []
+    said = str(world.failures[-1][1])
+    assert str(10**50) not in said, said
+    assert f"up to {_MAX_LOST_CREATES} empty RUNNING runs" in said, said
+    lifecycle.journal.close()
 
 
 @pytest.mark.parametrize(
