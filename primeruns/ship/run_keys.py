@@ -28,15 +28,20 @@ ranks of one key behind a gateway losing every answer each took the lock in
 turn, found no run named and created again: up to 4N empty runs for the one
 run asked for. Counted per key, the bound holds whatever N is; a count whose
 last lost create is older than ``LOST_WINDOW_S`` is spent no more (a job
-requeued later, or a replay once the gateway is fixed, may create again).
+requeued later, or a replay once the gateway is fixed, may create again):
+older on the host's boot clock when the record was written on this boot (a
+wall clock stepped forward freed the key's creates at once), else on the
+wall clock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -46,6 +51,7 @@ from typing import Any
 from ..exceptions import RetryableAPIError
 from ..settings import default_sync_root as sync_root
 from .copies import make_sync_root, read_record
+from .deadline import boot_clock
 from .standby import pause
 
 __all__ = [
@@ -135,12 +141,43 @@ LOST_WINDOW_S = 600.0
 _LOST = "creates_lost"
 _LOST_AT = "lost_at"
 _EARLIER_AT = "earlier_lost_at"  # lost_at before the create in flight
+# The same instants on the host's boot clock, and that boot's id: the wall
+# clock steps (NTP, a VM resumed), and one stepped forward past the window
+# freed the key's creates at once. The boot clock never steps, and processes
+# of one boot share it; a record of another boot (a reboot, another host
+# sharing the sync root) is read on the wall clock, as one without them.
+_AT_BOOT = "lost_at_boot"
+_EARLIER_AT_BOOT = "earlier_lost_at_boot"
+_BOOT_ID = "boot_id"
+_BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+
+
+@functools.cache
+def _boot_id() -> str | None:
+    """This host's boot (Linux), or None where none can be read."""
+    try:
+        return _BOOT_ID_FILE.read_text(encoding="ascii").strip() or None
+    except (OSError, ValueError):
+        return None
+
+
+def _since_on_boot(found: dict[str, Any], field: str) -> float | None:
+    """Seconds since the record's boot-clock stamp ``field``, if it was
+    written on this boot and is one the clock has passed, else None."""
+    stamp, boot = found.get(field), found.get(_BOOT_ID)
+    if boot is None or boot != _boot_id():
+        return None
+    if not isinstance(stamp, int | float) or isinstance(stamp, bool) or not math.isfinite(stamp):
+        return None
+    since = boot_clock() - stamp
+    return since if since >= 0 else None  # ahead of the clock: damage, read on the wall
 
 
 def lost_creates(key: str, api_root: str, root: Path | None = None) -> int:
     """How many creates of ``key``'s run, by any process, may have made a run
     with their answers lost, the last within ``LOST_WINDOW_S`` (of now, before
-    or after: wall clocks step); 0 once a run is recorded. Read under the
+    or after on the wall clock, which steps; on the boot clock for a record
+    of this boot); 0 once a run is recorded. Read under the
     key's lock (``held``) to spend one; read outside it only to say how many
     runs may remain (``remember`` writes the record whole, so such a read
     sees one count or the other)."""
@@ -158,14 +195,24 @@ def lost_creates_until(
     count, at = found.get(_LOST), found.get(_LOST_AT)
     if type(count) is not int or not isinstance(at, int | float) or count <= 0:
         return 0, None
+    now = time.time()
+    until = at + LOST_WINDOW_S
+    since = _since_on_boot(found, _AT_BOOT)
+    if since is not None:  # this boot's: the window is counted on its clock
+        if since >= LOST_WINDOW_S:
+            return 0, None
+        # The wall time it ends, as stamped; as the boot clock counts when
+        # the wall clock stepped since (more than a read's slack apart).
+        ends = now + LOST_WINDOW_S - since
+        until = until if abs(until - ends) < 1.0 else ends
     # Within the window either way on the wall clock: one dated further
     # ahead (the clock stepped back since, a damaged or planted record,
     # Infinity) would lock the key out until the clock caught up, or for good.
-    if abs(time.time() - at) < LOST_WINDOW_S:
-        # More than a key can count is damage (or planted): still spent, but
-        # quoted as "up to 10**50 empty runs may remain" it was no count at all.
-        return min(count, CREATES_ALLOWED), at + LOST_WINDOW_S
-    return 0, None
+    elif abs(now - at) >= LOST_WINDOW_S:
+        return 0, None
+    # More than a key can count is damage (or planted): still spent, but
+    # quoted as "up to 10**50 empty runs may remain" it was no count at all.
+    return min(count, CREATES_ALLOWED), until
 
 
 def count_lost_create(key: str, api_root: str, delta: int, root: Path | None = None) -> None:
@@ -176,16 +223,22 @@ def count_lost_create(key: str, api_root: str, delta: int, root: Path | None = N
     if lookup(key, api_root, root) is not None:
         return
     count, until = lost_creates_until(key, api_root, root)
+    found = _record(key, api_root, root) or {}
+    record: dict[str, Any]
     if delta > 0:
         # The date of the earlier ones, for a take-back to restore: a create
         # that made no run must not carry their window on from its own time.
         earlier = None if until is None else until - LOST_WINDOW_S
+        on_boot = until is not None and _since_on_boot(found, _AT_BOOT) is not None
+        earlier_boot = found.get(_AT_BOOT) if on_boot else None  # (this boot's only)
         record = {_LOST: count + delta, _LOST_AT: time.time(), _EARLIER_AT: earlier}
+        record |= {_AT_BOOT: boot_clock(), _EARLIER_AT_BOOT: earlier_boot, _BOOT_ID: _boot_id()}
     else:
-        found = _record(key, api_root, root) or {}
         earlier = found.get(_EARLIER_AT)
         at = earlier if isinstance(earlier, int | float) else time.time()
         record = {_LOST: max(0, count + delta), _LOST_AT: at}
+        if found.get(_EARLIER_AT_BOOT) is not None:  # of the boot it names, as written
+            record |= {_AT_BOOT: found[_EARLIER_AT_BOOT], _BOOT_ID: found.get(_BOOT_ID)}
     # Not synced: a killed process's write survives it in the page cache,
     # and a host crash that loses it (or leaves the record empty, which
     # reads as no count) costs at most one more create; a synced count cost

@@ -441,6 +441,32 @@ def test_a_rank_refused_a_create_by_its_keys_lost_creates_says_when_one_may_be_t
         lifecycle.journal.close()
 
 
+def test_a_wall_clock_stepped_forward_past_the_window_frees_no_creates_of_a_run_key(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key's three creates lost, then the wall clock steps forward 700 s
+    (NTP, a VM resumed) on the same boot: the window counted on the wall
+    clock had passed, and the next rank sent three more creates into the
+    gateway that lost the first three. Counted on the host's boot clock
+    (the same boot: its id), the window has not passed: no create is sent."""
+    from primeruns.ship import run_keys
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    spec = _spec("train", run_key="job-5")
+    first = world.start(spec)
+    world.platform.fail("create_run", LOST, LOST, LOST)
+    assert first.register_retrying(deadline=_soon(30)) is None
+    assert len(world.platform.sent("create_run")) == _MAX_LOST_CREATES
+    wall = time.time
+    monkeypatch.setattr(time, "time", lambda: wall() + run_keys.LOST_WINDOW_S + 100)
+    second = world.start(spec)
+    assert second.register_retrying(deadline=_soon(30)) is None
+    assert len(world.platform.sent("create_run")) == _MAX_LOST_CREATES  # none more
+    assert "KeyCreatesSpent" in type(world.failures[-1][1]).__name__
+    for lifecycle in (first, second):
+        lifecycle.journal.close()
+
+
 def test_a_run_keys_implausible_count_of_lost_creates_is_quoted_as_its_allowance(
     world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
