@@ -380,11 +380,13 @@ class Lifecycle:
     def _say_waiting(self, until: float) -> None:
         when = time.strftime("%H:%M:%S UTC", time.gmtime(until))
         log.warning(
-            "prime-runs: training run %r is not registered: its run key's processes lost "
-            "the answers of the creates it allows for now; this process tries one more "
+            "prime-runs: training run %r is not registered yet: the %d creates its run "
+            "key allows within %.0f s went unanswered; this process tries one more "
             "create at %s (in %.0f s) if the run is still going. A finish() before then "
             "keeps the records in the journal for primeruns replay.",
             self.spec.name,
+            _MAX_LOST_CREATES,
+            run_keys.LOST_WINDOW_S,
             when,
             max(0.0, until - time.time()),
         )
