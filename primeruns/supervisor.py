@@ -119,8 +119,9 @@ def go_online(
     except ParentNotRegistered:
         pass  # a forked child: its uplink binds it once the parent's run is registered
     except KeyCreatesSpent:
-        # Not "registers when it can": the uplink gives up on it at once and
-        # reports why and when a replay may create the run (run.errors).
+        # Not "registers when it can": the uplink says when it tries one more
+        # create (the key's window ended, the run still going); a finish()
+        # before then gives up, saying when a replay may create the run.
         pass
     except APIError as exc:
         if not is_transient(exc) or isinstance(exc, _AUTH_ERRORS):
