@@ -99,7 +99,7 @@ def json_bytes(value: Any) -> int:
 _LEAVES = frozenset({str, int, bool, type(None)})
 
 
-def _nullify_non_finite(value: Any) -> Any:
+def nullify_non_finite(value: Any) -> Any:
     """A copy with NaN and infinity as ``None``: the tables show them as null
     rather than losing the row they sit in.
 
@@ -109,17 +109,17 @@ def _nullify_non_finite(value: Any) -> Any:
     kind = type(value)
     if kind is dict:
         return {
-            key: item if type(item) in _LEAVES else _nullify_non_finite(item)
+            key: item if type(item) in _LEAVES else nullify_non_finite(item)
             for key, item in value.items()
         }
     if kind is list:
-        return [item if type(item) in _LEAVES else _nullify_non_finite(item) for item in value]
+        return [item if type(item) in _LEAVES else nullify_non_finite(item) for item in value]
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, Mapping):
-        return {key: _nullify_non_finite(item) for key, item in value.items()}
+        return {key: nullify_non_finite(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [_nullify_non_finite(item) for item in value]
+        return [nullify_non_finite(item) for item in value]
     return value
 
 
@@ -140,7 +140,7 @@ def _json_column(value: Any) -> str:
     try:
         return _VIEWER_JSON.encode(value)
     except (ValueError, TypeError):
-        return _VIEWER_JSON.encode(_nullify_non_finite(value))
+        return _VIEWER_JSON.encode(nullify_non_finite(value))
 
 
 def _is_mapping(value: Any) -> TypeGuard[Mapping[str, Any]]:
@@ -340,7 +340,7 @@ def trace_to_sample(
             sample.setdefault(name, reward["score"])
     if finite:
         return sample
-    result: dict[str, Any] = _nullify_non_finite(sample)
+    result: dict[str, Any] = nullify_non_finite(sample)
     return result
 
 
@@ -376,7 +376,7 @@ def _episode_rows(
     sample["sample_id"] = episode_id
     wrapper: Any = record
     if not finite:
-        wrapper = _nullify_non_finite(record)  # the trace's info is nullified already
+        wrapper = nullify_non_finite(record)  # the trace's info is nullified already
     elif encoded_record is not None:
         # The record's JSON as made already: orjson writes it in as it is,
         # the very bytes it would write of the record (half the row's bytes,

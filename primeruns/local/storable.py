@@ -12,7 +12,9 @@ client's error (the platform's 422, the traces service's 400).
 Only a value orjson did not parse can hold either (orjson refuses both), so
 only such a value is looked at: a request orjson parsed costs what it did.
 Rows an earlier version stored with such floats are read with null there
-(:func:`loads`), as both SDKs send such a value.
+(:func:`loads`), as both SDKs send such a value; an answer built of what an
+earlier version indexed, or of a document it stored as written (a trace
+holding ``1e400``), writes null there too (:class:`FiniteJSONResponse`).
 """
 
 from __future__ import annotations
@@ -20,9 +22,20 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from starlette.responses import JSONResponse
+
+from ..projection import nullify_non_finite
 from . import jsonlimits
 
-__all__ = ["NOT_A_NUMBER", "NOT_TEXT", "Unstorable", "check", "loads", "text"]
+__all__ = [
+    "NOT_A_NUMBER",
+    "NOT_TEXT",
+    "FiniteJSONResponse",
+    "Unstorable",
+    "check",
+    "loads",
+    "text",
+]
 
 #: Not quoted: the answer could not hold the string either.
 NOT_TEXT = "a string holds a lone surrogate (\\ud800-\\udfff)"
@@ -62,3 +75,16 @@ def loads(stored: str | bytes) -> Any:
 
 def _null(constant: str) -> None:
     return None
+
+
+class FiniteJSONResponse(JSONResponse):
+    """``JSONResponse``, a float JSON has no word for (NaN, Infinity) written
+    as null: an answer holding one was a 500 (``json.dumps`` refuses it),
+    for good, as what held it stays stored. An answer holding none is
+    rendered once, as by ``JSONResponse``: only a refused one is walked."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except ValueError:  # "Out of range float values are not JSON compliant"
+            return super().render(nullify_non_finite(content))

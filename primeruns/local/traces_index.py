@@ -33,13 +33,14 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from .context import check_traces_auth, context_of
 from .errors import TracesError, rejected
+from .storable import FiniteJSONResponse as JSONResponse
 from .traces_extract import as_list, as_object, number
-from .traces_reads import LATEST_TRACES, Query, newest_trace
+from .traces_reads import FINITE_REWARD, LATEST_TRACES, Query, newest_trace
 
 _SEARCH_FIELDS = ("content", "reasoning_content", "tool_calls")
 _EXCERPT = 40
@@ -277,8 +278,8 @@ async def search_run(request: Request) -> Response:
     q = Query(request)
     q.add("run_id = ?", run_id)
     q.number("run_step", "step = ?", int)
-    q.number("reward_min", "reward >= ?")
-    q.number("reward_max", "reward <= ?")
+    q.number("reward_min", f"reward >= ? AND {FINITE_REWARD}")
+    q.number("reward_max", f"reward <= ? AND {FINITE_REWARD}")
     q.boolean("has_error", "has_error")
     offset, limit = q.page()
     at = q.resume_at()

@@ -27,16 +27,22 @@ from datetime import UTC, datetime
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 
 from . import jsonlimits
 from .context import check_traces_auth, context_of
 from .errors import TracesError, rejected
+from .storable import FiniteJSONResponse as JSONResponse
+from .traces_extract import number
 
 MAX_LIMIT = 100
 DEFAULT_LIMIT = 50
 LATEST_TRACES = "row IN (SELECT max(row) FROM traces GROUP BY trace_id)"
+#: A reward an earlier version indexed as infinite (finite scores summed past
+#: the doubles) is read as none (:func:`trace_summary`), so no filter on the
+#: reward keeps it either (1e999 is SQLite's infinity).
+FINITE_REWARD = "abs(reward) < 1e999"
 _LATEST_EPISODES = "row IN (SELECT max(row) FROM episodes GROUP BY episode_id)"
 _TRACE_FIELDS = (
     "row, trace_id, upload_id, episode_id, run_id, step, environment_id, model_id,"
@@ -61,7 +67,7 @@ def trace_summary(row: sqlite3.Row) -> dict[str, Any]:
         "model": {"provider": row["model_provider"], "id": row["model_id"]},
         "task_id": row["task_id"],
         "agent_name": row["agent_name"],
-        "score": {"reward": row["reward"], "outcome": row["outcome"]},
+        "score": {"reward": number(row["reward"]), "outcome": row["outcome"]},
         "execution": {
             "has_error": bool(row["has_error"]),
             "is_truncated": bool(row["is_truncated"]),
@@ -215,8 +221,8 @@ def _trace_filters(q: Query) -> None:
     q.text("model_provider", "model_provider")
     q.text("task_id", "task_id")
     q.text("outcome", "outcome")
-    q.number("reward_min", "reward >= ?")
-    q.number("reward_max", "reward <= ?")
+    q.number("reward_min", f"reward >= ? AND {FINITE_REWARD}")
+    q.number("reward_max", f"reward <= ? AND {FINITE_REWARD}")
     q.boolean("has_error", "has_error")
     q.boolean("is_truncated", "is_truncated")
     q.time("created_after", "created_at >= ?")
@@ -369,7 +375,6 @@ def _run_summaries(rows: list[sqlite3.Row]) -> dict[str, dict[str, Any]]:
     for run_id, run in runs.items():
         rs: list[sqlite3.Row] = run["rows"]
         newest = rs[-1]
-        rewards = [r["reward"] for r in rs if r["reward"] is not None]
         steps: set[int] = run["steps"]
         context = json.loads(newest["context"])
         out[run_id] = {
@@ -380,7 +385,7 @@ def _run_summaries(rows: list[sqlite3.Row]) -> dict[str, dict[str, Any]]:
             "last_trace_ingested_at": iso(newest["ingested_at"]),
             "trace_count": len(rs),
             "episode_count": len(run["episodes"]),
-            "avg_reward": sum(rewards) / len(rewards) if rewards else None,
+            "avg_reward": mean_reward(rs),
             "step_min": min(steps) if steps else None,
             "step_max": max(steps) if steps else None,
             "step_count": len(steps),
@@ -391,6 +396,20 @@ def _run_summaries(rows: list[sqlite3.Row]) -> dict[str, dict[str, Any]]:
             "context": context,
         }
     return out
+
+
+def mean_reward(rows: list[sqlite3.Row]) -> float | None:
+    """The mean of the rows' rewards (None when none has one): an infinite
+    one an earlier version indexed counts as none, and finite ones that sum
+    past the doubles (two of 1.5e308) have their finite mean, not infinity
+    (either was a 500 for every read of the run, the list of runs included)."""
+    rewards = [reward for r in rows if (reward := number(r["reward"])) is not None]
+    if not rewards:
+        return None
+    total = sum(rewards)
+    if math.isfinite(total):
+        return total / len(rewards)
+    return sum(reward / len(rewards) for reward in rewards)
 
 
 def _run_type(record: str | None, context: object) -> str:
@@ -454,13 +473,12 @@ async def run_steps(request: Request) -> Response:
     items = []
     for step in sorted(by_step):
         rs = by_step[step]
-        rewards = [r["reward"] for r in rs if r["reward"] is not None]
         items.append(
             {
                 "step": step,
                 "trace_count": len(rs),
                 "episode_count": len({r["episode_id"] for r in rs if r["episode_id"]}),
-                "avg_reward": sum(rewards) / len(rewards) if rewards else None,
+                "avg_reward": mean_reward(rs),
             }
         )
     steps = sorted(by_step)

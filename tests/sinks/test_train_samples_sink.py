@@ -1324,14 +1324,14 @@ def test_an_object_of_episodes_read_from_the_journal_copies_none_to_null_numbers
     monkeypatch.setattr(train_samples, "datetime", _Frozen(now))
     expected = unpack_units(_batch(_sink(store), entries).body)
     copies = 0
-    nullify = projection._nullify_non_finite
+    nullify = projection.nullify_non_finite
 
     def counted(value: Any) -> Any:
         nonlocal copies
         copies += 1
         return nullify(value)
 
-    monkeypatch.setattr(projection, "_nullify_non_finite", counted)
+    monkeypatch.setattr(projection, "nullify_non_finite", counted)
     made = unpack_units(_batch(_sink(store), entries).body)
     assert copies == 0
     # The same objects, byte for byte, as the copy made (what a resend
