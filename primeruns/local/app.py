@@ -2,8 +2,8 @@
 
 Error rendering lives here so that every failure takes one of the two wire
 dialects (``{"detail"}`` for the platform API, the ``{"error"}`` envelope for
-Prime Traces) and an unexpected exception is still a JSON 500, never a
-dropped connection.
+Prime Traces) and an unexpected exception is still a JSON 500 in its
+route's dialect, never a dropped connection.
 """
 
 from __future__ import annotations
@@ -76,6 +76,10 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
 
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
+    if _is_traces(request):
+        # The service's envelope, its code null (the contract gives a 500 no
+        # code): a client of the service reads no other body.
+        return TracesError(500, None, "internal error").response()
     return JSONResponse({"detail": "internal error"}, status_code=500)
 
 
