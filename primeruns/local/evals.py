@@ -30,7 +30,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from . import storable
+from . import storable, typed_fields
 from .context import (
     check_platform_auth,
     context_of,
@@ -45,6 +45,29 @@ from .context import (
 from .dashboard import stored_rows
 from .errors import PlatformError
 from .queries import query_int, row_offset
+from .typed_fields import BOOL, STR, shown
+
+#: A create's fields the contract types (§2.2; prime-evals' extra ones),
+#: besides those checked apart (name, environments, team_id, tags, the two objects).
+_CREATE_TYPES = {
+    "model_name": STR,
+    "dataset": STR,
+    "framework": STR,
+    "description": STR,
+    "task_type": STR,
+    "run_id": STR,
+    "suite_id": STR,
+    "is_public": BOOL,
+}
+#: An update's, as prime-evals sends them (§2.3), besides its checked ones.
+_UPDATE_TYPES = {
+    "name": STR,
+    "model_name": STR,
+    "dataset": STR,
+    "framework": STR,
+    "task_type": STR,
+    "description": STR,
+}
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
 MAX_ERROR_MESSAGE = 4096
@@ -56,9 +79,12 @@ MAX_SAMPLES_PER_PUSH = 100_000
 
 
 def evaluation_view(row: sqlite3.Row) -> dict[str, Any]:
-    # storable.loads: NaN an earlier version stored reads as null, not a 500.
+    # storable.loads: NaN an earlier version stored reads as null, not a 500;
+    # shown: a field it stored with another type than the contract's, as null.
     request = storable.loads(row["request"])
     envs = request.get("environments") or []
+    dataset = shown(request.get("dataset"), STR)
+    tags = request.get("tags")
     return {
         "evaluation_id": row["id"],
         "id": row["id"],
@@ -67,14 +93,14 @@ def evaluation_view(row: sqlite3.Row) -> dict[str, Any]:
         "error_message": row["error_message"],
         "metadata": storable.loads(row["metadata"]),
         "metrics": storable.loads(row["metrics"]),
-        "model_name": request.get("model_name"),
-        "dataset": request.get("dataset"),
-        "framework": request.get("framework"),
-        "description": request.get("description"),
-        "tags": request.get("tags") or [],
+        "model_name": shown(request.get("model_name"), STR),
+        "dataset": dataset,
+        "framework": shown(request.get("framework"), STR),
+        "description": shown(request.get("description"), STR),
+        "tags": [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else [],
         "team_id": row["team_id"],
         "environment_ids": [e.get("id") for e in envs if isinstance(e, dict)],
-        "environment_names": [request["dataset"]] if request.get("dataset") else [],
+        "environment_names": [dataset] if dataset else [],
         "is_hosted": False,
         "total_samples": row["sample_count"],
         "created_at": row["created_at"],
@@ -96,11 +122,8 @@ async def create_evaluation(request: Request) -> JSONResponse:
     check_platform_auth(request)
     body = await json_body(request)
     name = require_str(body, "name", optional=True)
-    envs = body.get("environments")
-    if envs is not None and not (
-        isinstance(envs, list) and all(isinstance(e, dict) and e.get("id") for e in envs)
-    ):
-        raise PlatformError(422, "environments must be a list of {id, version_id?} objects")
+    envs = typed_fields.check_environments(body)
+    typed_fields.check(body, _CREATE_TYPES)
     if not envs and not body.get("run_id"):
         raise PlatformError(422, "Either environments or run_id must be given")
     team = body.get("team_id")
@@ -192,6 +215,12 @@ async def update_evaluation(request: Request) -> JSONResponse:
         raise PlatformError(422, f"error_message must be a string of <= {MAX_ERROR_MESSAGE} chars")
     metadata = optional_object(body, "metadata")
     metrics = optional_object(body, "metrics")
+    # The platform's model refuses a field of another type; what this one
+    # does not store (all but the name) is refused alike, not taken silently.
+    typed_fields.check(body, _UPDATE_TYPES)
+    tags = body.get("tags")
+    if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) for t in tags)):
+        raise PlatformError(422, "Field 'tags' must be a list of strings")
     simple = {k: body[k] for k in ("name",) if isinstance(body.get(k), str)}
 
     def update(conn: sqlite3.Connection) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from . import storable
+from . import storable, typed_fields
 from .answers import JSONAnswer
 from .context import (
     check_platform_auth,
@@ -57,8 +57,18 @@ from .parquet_bounds import checked_rows, footer_bytes
 from .queries import is_64_bit, query_int
 from .rft_reads import LOCAL_USER_ID, read_routes
 from .rft_reads import existing_run as _run
+from .typed_fields import INT, STR, shown
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "STOPPED"})
+#: A create's optional fields the contract types (§3.2), besides those checked apart.
+_CREATE_TYPES = {
+    "batch_size": INT,
+    "rollouts_per_example": INT,
+    "seq_len": INT,
+    "wandb_project": STR,
+    "wandb_entity": STR,
+    "wandb_run_name": STR,
+}
 
 
 def _known(conn: sqlite3.Connection, run_id: str) -> None:
@@ -93,6 +103,8 @@ def _int(body: dict[str, Any], key: str, *, optional: bool = False) -> int | Non
 
 
 def run_view(row: sqlite3.Row) -> dict[str, Any]:
+    # A field an earlier version stored with another type than the
+    # contract's reads as null (typed_fields.shown).
     req = storable.loads(row["request"])
     return {
         "id": row["id"],
@@ -101,16 +113,16 @@ def run_view(row: sqlite3.Row) -> dict[str, Any]:
         "userId": LOCAL_USER_ID,
         "status": row["status"],
         "kind": "EXTERNAL",
-        "baseModel": req.get("base_model"),
-        "maxSteps": req.get("max_steps"),
-        "batchSize": req.get("batch_size"),
-        "rolloutsPerExample": req.get("rollouts_per_example"),
-        "seqLen": req.get("seq_len"),
+        "baseModel": shown(req.get("base_model"), STR),
+        "maxSteps": shown(req.get("max_steps"), INT),
+        "batchSize": shown(req.get("batch_size"), INT),
+        "rolloutsPerExample": shown(req.get("rollouts_per_example"), INT),
+        "seqLen": shown(req.get("seq_len"), INT),
         "environments": req.get("environments") or [],
         "runConfig": req.get("run_config"),
-        "wandbProject": req.get("wandb_project"),
-        "wandbEntity": req.get("wandb_entity"),
-        "wandbRunName": req.get("wandb_run_name"),
+        "wandbProject": shown(req.get("wandb_project"), STR),
+        "wandbEntity": shown(req.get("wandb_entity"), STR),
+        "wandbRunName": shown(req.get("wandb_run_name"), STR),
         "errorMessage": row["error_message"],
         "createdAt": row["created_at"],
         "updatedAt": row["updated_at"],
@@ -125,9 +137,8 @@ async def create_run(request: Request) -> JSONResponse:
     team = require_str(body, "team_id")
     _int(body, "max_steps")
     name = require_str(body, "name", optional=True)
-    envs = body.get("environments", [])
-    if not isinstance(envs, list) or not all(isinstance(e, dict) and e.get("id") for e in envs):
-        raise PlatformError(422, "environments must be a list of {id, version_id?} objects")
+    typed_fields.check_environments(body, default=[])
+    typed_fields.check(body, _CREATE_TYPES)
     optional_object(body, "run_config")
     allowed = context_of(request).settings.train_teams
     if allowed is not None and team not in allowed:

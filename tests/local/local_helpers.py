@@ -5,11 +5,18 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import sqlite3
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
+
+from primeruns.local import LocalPlatform
+from primeruns.local.storage import Database
 
 
 def trace(
@@ -110,3 +117,35 @@ def upload_parts(
 def error_code(response: httpx.Response) -> str | None:
     code: str | None = response.json()["error"]["code"]
     return code
+
+
+def plant(data: Path, insert: Callable[[sqlite3.Connection], None]) -> Path:
+    """A data folder (made at ``data``) holding the rows ``insert`` writes:
+    what an earlier version stored, planted as it stored it."""
+    db = Database(data)
+    try:
+        db.write_sync(insert)
+    finally:
+        db.close()
+    return data
+
+
+@contextmanager
+def served(data: Path, key: str) -> Iterator[httpx.Client]:
+    """A client of the platform serving ``data`` with ``key``, while it runs."""
+    headers = {"Authorization": f"Bearer {key}"}
+    with (
+        LocalPlatform(data, api_key=key) as platform,
+        httpx.Client(base_url=platform.url, headers=headers, timeout=30) as api,
+    ):
+        yield api
+
+
+def stored_totals(api: httpx.Client) -> tuple[int, int]:
+    """How many training runs and evaluations the platform's lists hold;
+    each list answers 200."""
+    runs = api.get("/api/v1/rft/runs", params={"limit": 1000})
+    evaluations = api.get("/api/v1/evaluations/", params={"limit": 1000})
+    assert runs.status_code == 200, runs.text
+    assert evaluations.status_code == 200, evaluations.text
+    return runs.json()["total"], evaluations.json()["total"]

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from local_helpers import plant, served, stored_totals
 
 from primeruns.local import LocalPlatform
-from primeruns.local.storage import Database
 
 KEY = "bad-input-key"
 SURROGATE = '"\\ud800"'
@@ -126,27 +126,17 @@ def _ids(api: httpx.Client) -> dict[str, str]:
     return {"run": run, "eval": evaluation}
 
 
-def _stored(api: httpx.Client) -> tuple[int, int]:
-    """How many training runs and evaluations the lists hold; each list answers 200."""
-    runs = api.get(f"{RFT}/runs", params={"limit": 100})
-    evaluations = api.get(f"{EVALS}/", params={"limit": 1000})
-    assert runs.status_code == 200, runs.text
-    assert evaluations.status_code == 200, evaluations.text
-    total: int = evaluations.json()["total"]
-    return len(runs.json()["runs"]), total
-
-
 @pytest.mark.parametrize("case", list(REFUSED_422))
 def test_a_body_the_platform_cannot_store_or_answer_is_a_422(api: httpx.Client, case: str) -> None:
     method, path, body = REFUSED_422[case]
     ids = _ids(api)
-    before = _stored(api)
+    before = stored_totals(api)
     samples = api.get(f"{EVALS}/{ids['eval']}/samples").json()["total"]
     r = api.request(method, path.format(**ids), content=body.replace("{run}", ids["run"]))
     assert r.status_code == 422, (case, r.status_code, r.text)
     assert isinstance(r.json()["detail"], str)
     # Nothing stored, and what is stored reads back.
-    assert _stored(api) == before
+    assert stored_totals(api) == before
     evaluation = api.get(f"{EVALS}/{ids['eval']}")
     assert evaluation.status_code == 200, evaluation.text
     assert evaluation.json()["status"] == "RUNNING" and evaluation.json()["metrics"] == {}
@@ -283,8 +273,6 @@ def test_rows_an_earlier_version_stored_with_nan_read_back_as_null(tmp_path: Pat
     """A data folder written before these routes refused NaN may hold it in
     a run's request, an evaluation's config, summary or samples: every read
     of them was a 500, the lists of all runs and evaluations included."""
-    data = tmp_path / "data"
-    db = Database(data)
 
     def insert(conn: sqlite3.Connection) -> None:
         conn.execute(
@@ -302,15 +290,7 @@ def test_rows_an_earlier_version_stored_with_nan_read_back_as_null(tmp_path: Pat
             ('{"sample_id":"s","reward":NaN}',),
         )
 
-    try:
-        db.write_sync(insert)
-    finally:
-        db.close()
-    headers = {"Authorization": f"Bearer {KEY}"}
-    with (
-        LocalPlatform(data, api_key=KEY) as platform,
-        httpx.Client(base_url=platform.url, headers=headers, timeout=10) as api,
-    ):
+    with served(plant(tmp_path / "data", insert), KEY) as api:
         answers = {
             path: api.get(path)
             for path in (

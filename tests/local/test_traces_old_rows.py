@@ -17,14 +17,12 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
-from local_helpers import post_upload
+from local_helpers import plant, post_upload
 
 from primeruns.local import LocalPlatform
-from primeruns.local.storage import Database
 
 KEY = "old-rows-key"
 RUN = "old-run"
@@ -58,12 +56,7 @@ def _plant(conn: sqlite3.Connection) -> None:
 
 @pytest.fixture(scope="module")
 def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalPlatform]:
-    data: Path = tmp_path_factory.mktemp("old-rows") / "data"
-    db = Database(data)
-    try:
-        db.write_sync(_plant)
-    finally:
-        db.close()
+    data = plant(tmp_path_factory.mktemp("old-rows") / "data", _plant)
     with LocalPlatform(data, api_key=KEY) as p:
         yield p
 

@@ -22,6 +22,7 @@ from ..objects import object_path
 from ..parquet_bounds import read_rows
 from ..storage import Database
 from ..traces_extract import as_list, as_object
+from ..typed_fields import STR, shown
 from . import stored_rows
 from .metric_rows import MetricRows
 from .rows import sample_row
@@ -197,7 +198,9 @@ def _stored_row(
         id=r["id"],
         kind=kind,
         name=r["name"],
-        model=request.get(model_key),
+        # Text only: the page sorts the models it lists, and an earlier
+        # version stored a list or a number as it came (a 500 for the page).
+        model=shown(request.get(model_key), STR),
         status=r["status"],
         error=r["error_message"],
         created_at=r["created_at"],
