@@ -37,7 +37,7 @@ REFUSED_422: dict[str, tuple[str, str, dict[str, Any], str]] = {
     "eval-task-type-a-list": ("POST", f"{EVALS}/", {**EVAL, "task_type": ["t"]}, "task_type"),
     "eval-run-id-an-object": ("POST", f"{EVALS}/", {"run_id": {"r": 1}}, "run_id"),
     "eval-suite-id-a-number": ("POST", f"{EVALS}/", {**EVAL, "suite_id": 7}, "suite_id"),
-    "eval-is-public-text": ("POST", f"{EVALS}/", {**EVAL, "is_public": "no"}, "is_public"),
+    "eval-is-public-a-list": ("POST", f"{EVALS}/", {**EVAL, "is_public": [False]}, "is_public"),
     "eval-environment-id-a-list": (
         "POST",
         f"{EVALS}/",
@@ -59,10 +59,10 @@ REFUSED_422: dict[str, tuple[str, str, dict[str, Any], str]] = {
         {**RUN, "batch_size": [8]},
         "batch_size",
     ),
-    "run-rollouts-text": (
+    "run-rollouts-a-fraction": (
         "POST",
         f"{RFT}/external-runs",
-        {**RUN, "rollouts_per_example": "8"},
+        {**RUN, "rollouts_per_example": 8.5},
         "rollouts_per_example",
     ),
     "run-seq-len-an-object": ("POST", f"{RFT}/external-runs", {**RUN, "seq_len": {}}, "seq_len"),
