@@ -2,13 +2,17 @@
 
 A journal is eligible when it is older than ``--older-than`` (by its last
 write), its owner is gone, and it is fully shipped and closed out on the
-platform. ``--force`` also deletes journals with pending records (their data
-is then gone for good). A live run is never deleted: deletion takes the owner
+platform, and, shipped through a sync journal, holds no entry it has not
+imported. ``--force`` also deletes journals with pending records (their data
+is then gone for good: each deletion says how many records nothing
+received). A live run is never deleted: deletion takes the owner
 lock first, so even a run that started after the listing is safe.
 
 The sync journals that ``replay`` and ``sync`` ship through are pruned by the
-same rule, but only once fully shipped and closed out (``--force`` never
-deletes one that is not: its copies would have nothing to continue). Each
+same rule, but only once fully shipped and closed out, and while no journal
+here holds entries it has not imported (``--force`` never deletes one that
+is not: its copies would have nothing to continue; the record it leaves
+would refuse the rest of them). Each
 leaves its record (``ship.sync_records``), so a copy synced later ships
 nothing twice: one that holds nothing new is nothing to sync, and one that
 does is refused, naming the fix.
@@ -26,7 +30,7 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +68,39 @@ def _verdict(status: RunStatus, older_than: float, force: bool) -> str | None:
         return f"younger than the threshold ({human_age(status.age_s)})"
     if force:
         return None
+    if status.unimported:
+        # Its sync journal may be shipped and closed, but these entries are
+        # in no sync journal: deleted, they could be shipped from nowhere.
+        return (
+            f"{status.unimported} entries its sync journal has not imported "
+            "(sync or replay it, or --force)"
+        )
     if status.pending_total:
         most = max(v for v in status.pending.values() if isinstance(v, int))
         return f"{most} records still to ship (replay or sync it, or --force)"
     if not status.finalized:
         return "not closed out on the platform (replay or sync it, or --force)"
     return None
+
+
+def _unshipped(status: RunStatus) -> int:
+    """How many of the records in the journal of ``status`` no sink has
+    received and no sync journal holds: lost when --force deletes it (the
+    most any sink has left, as sinks ship the same episodes). A sync
+    journal's own are not: gc keeps it until it shipped them."""
+    if status.synced is not None:
+        return status.unimported
+    return max((v for v in status.pending.values() if isinstance(v, int)), default=0)
+
+
+def _behind(sources: Iterable[RunStatus]) -> dict[str, str]:
+    """Why the sync journal of each local id that ``sources`` (journals
+    listed in the runs directory) hold entries of beyond it is kept."""
+    return {
+        s.info.local_id: f"{s.unimported} entries of {s.info.path} not imported yet (sync it)"
+        for s in sources
+        if s.synced is not None and s.unimported
+    }
 
 
 def _leave_record(status: RunStatus, root: Path) -> None:
@@ -113,6 +144,16 @@ def run_gc(args: argparse.Namespace) -> int:
     synced = statuses(root) if apart else []
     listed = [(s, False) for s in statuses(runs_dir)] + [(s, True) for s in synced]
     verdicts = [_verdict(s, args.older_than, args.force and not pruning) for s, pruning in listed]
+    # A sync journal is pruned only once no journal here holds entries it has
+    # not imported: its record would then say the run shipped, and a sync of
+    # that journal, or a requeue's take-over of it, would be refused.
+    behind = _behind(s for s, pruning in listed if not pruning)
+    verdicts = [
+        why
+        if why is not None or not pruning or s.info.local_id not in behind
+        else behind[s.info.local_id]
+        for (s, pruning), why in zip(listed, verdicts, strict=True)
+    ]
     # Deleting is final: a full scan first, for entries a listing does not
     # read (a damaged one is data nobody has received). All in one go: one
     # probe child for them all, and none for a journal whose summary holds
@@ -155,11 +196,15 @@ def run_gc(args: argparse.Namespace) -> int:
             if args.verbose or raced:
                 say(f"keep    {info.local_id}: {reason}")
             continue
+        lost = 0 if pruning else _unshipped(status)
+        if lost:
+            entry["lost_records"] = lost
         report["deleted"].append(entry)
         gone[-1] = True
         verb = "would delete" if args.dry_run else "deleted"
         what = "sync journal " if pruning else ""
-        say(f"{verb} {what}{info.local_id} ({status.state}, {human_bytes(info.size_bytes)})")
+        said = f"{verb} {what}{info.local_id} ({status.state}, {human_bytes(info.size_bytes)})"
+        say(said + (f": {lost} records never shipped, lost" if lost else ""))
     # The sync journals merge theirs beside them (ranks.written_in): those too.
     folders = [runs_dir, *([root] if apart else [])]
     steps = collect_tables(

@@ -761,3 +761,30 @@ def test_ls_and_show_of_a_copy_count_what_its_sync_journal_counted_lost(
     assert {sink: loss["count"] for sink, loss in shown["losses"].items()} == lost, out
     code, out, err = cli(capsys, "show", str(copy))
     assert "lost 1 for traces" in out and "lost 1 for eval_samples" in out, out
+
+
+def test_gc_keeps_a_copy_holding_entries_its_closed_sync_journal_never_imported(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy taken halfway was synced with ``--job-ended`` (the job had
+    ended, but the copy was taken before it did), which closed the run; the
+    copy taken again holds the rest. gc deleted that copy and pruned its sync
+    journal, recorded as shipped: the rest could then be synced from nowhere,
+    and nothing counted it. Kept, its next sync ships the rest, every record
+    once."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "node-a")
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", str(copy), "--job-ended")
+    assert code == 0, out + err
+    assert _landed(lp, "eval", "half")() is not None
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "gc", "--runs-dir", str(login), "--older-than", "0", "-v")
+    assert code == 0, out + err
+    assert copy.exists() and (default_sync_root() / copy.name / "data.mdb").exists(), out
+    assert "not imported" in out, out
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    assert _landed(lp, "eval", "all")() is not None, out + err

@@ -92,6 +92,8 @@ def test_gc_deletes_shipped_journals_and_never_pending_ones_without_force(
 
     code, out, _ = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "--force")
     assert code == 0 and not pending.exists()
+    # The loss is said and counted, not only the journal's size.
+    assert f"{pending.name} (offline, " in out and "3 records never shipped, lost" in out, out
 
 
 def test_gc_rejects_a_bad_duration(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
