@@ -563,7 +563,6 @@ class Uplink:
             with contextlib.suppress(JournalError):
                 if not any(shipper.pending_records() for shipper in adopted):
                     old.set_meta("state", "shipped")
-            old.close()
         pending = self.pending()
         summary = dict(summary)
         if self.lifecycle.spec.kind == "eval":
@@ -593,6 +592,7 @@ class Uplink:
             except Exception as exc:
                 self._on_failure("finalize", exc)
             finalized = self.lifecycle.finalized
+        self._close_adopted()
         if finalized and not pending:
             journal.set_meta("state", "shipped")
         outcome = ledger.Closeout(
@@ -608,6 +608,18 @@ class Uplink:
         self.client.close()
         self._notify()
         return outcome
+
+    def _close_adopted(self) -> None:
+        """Close the sync journals taken over, each marked closed out once
+        this process closed the run: theirs is this run, closed once. Left
+        unmarked, a later ``replay --all`` took each for a crashed run still
+        to close, said it closed it as crashed, and ``ls`` said so too."""
+        closed = self.journal.get_meta("finalized") if self.lifecycle.finalized else None
+        for old, _ in self.adopted:
+            if isinstance(closed, dict) and not old.get_meta("finalized"):
+                with contextlib.suppress(JournalError):
+                    old.set_meta("finalized", {**closed, "by": self.journal.local_id})
+            old.close()
 
     def _wait_for_others(self, run_id: str, deadline: float, *, crashed: bool) -> dict[str, str]:
         """Before the primary closes the run: wait for the run's other

@@ -14,9 +14,11 @@ samples of a step it logs again apart from its predecessor's.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import procs
@@ -144,6 +146,44 @@ def test_a_killed_process_an_earlier_requeue_took_over_is_not_taken_over_again(
     run_id = bound_run_id(killed, tmp_path / "home")
     assert run_id is not None
     _landed_once(lp, run_id, logged, 50)
+
+
+def _cli_json(env: dict[str, str], *argv: str) -> Any:
+    """``primeruns ARGV --json`` run to its end (exit 0): what it printed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "primeruns", *argv, "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout)
+
+
+def test_replay_all_after_a_requeue_closed_the_run_does_not_close_the_taken_over_one_again(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A threads-mode process of the key is SIGKILLed; the next one takes
+    it over and closes the run COMPLETED. ``ls`` then called the killed one
+    a crashed run not closed out, and every ``replay --all`` said it closed
+    the run out as crashed. Its run was closed once, by the process that
+    took it over: listed as shipped, the replay passes it over."""
+    lp = own_platform
+    runs = tmp_path / "runs"
+    env = isolated_env(tmp_path, {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url})
+    killed, logged = killed_leaving_all(runs, lp, 30, env)
+    second, more = _requeue(runs, lp, 30, env)
+    assert _continued_by(killed) == second.name
+    commands = {**env, "PRIME_API_KEY": KEY, "PRIME_API_BASE_URL": lp.url}
+    listed = {row["local_id"]: row for row in _cli_json(commands, "ls", "--runs-dir", str(runs))}
+    assert listed[killed.name]["state"] == "shipped", listed[killed.name]
+    replayed = _cli_json(commands, "replay", "--all", "--runs-dir", str(runs))
+    assert [r for r in replayed if r.get("status") == "crashed"] == [], replayed
+    run_id = bound_run_id(killed, tmp_path / "home")
+    assert run_id is not None
+    _landed_once(lp, run_id, logged + more, 40)
 
 
 # argv: runs dir, base url, the API key, the run's id ("-": create it). One
