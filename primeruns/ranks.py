@@ -486,12 +486,22 @@ def shipped_through_sync(info: JournalInfo, root: Path) -> bool:
     """Whether the listed journal ``info`` shipped all it holds through its
     sync journal under ``root`` (``replay``, ``sync``, or a requeued job's
     uplink that took it over), or through one since pruned (its record says
-    so). Raises JournalError for an untrusted sync root."""
+    so). Raises JournalError for an untrusted sync root.
+
+    A record speaks only for a sync journal that is gone (``gc`` prunes one
+    only once it shipped everything): while it is there, it answers itself.
+    The record says whether the run is closed, and a ``replay`` that closed
+    it (or found it closed) with records left to ship says so too; taken at
+    its word, a requeue passed over a journal whose sync journal still held
+    them, and nothing else shipped them."""
+    from .ship.copies import check_sync_root, sync_path
     from .ship.sync_records import nothing_new
 
-    if nothing_new(root, info.local_id, info.last_seq):
-        return True
-    return _shipped_through_sync_journal(info.path, info.meta, info.last_seq, root)
+    check_sync_root(root)
+    mine = sync_path(info.path, info.meta, root)
+    if mine is not None and (mine / DATA_NAME).exists():
+        return _shipped_through_sync_journal(info.path, info.meta, info.last_seq, root)
+    return nothing_new(root, info.local_id, info.last_seq)
 
 
 def _shipping_it(path: Path, meta: Mapping[str, Any], last_seq: int, root: Path) -> str | None:

@@ -186,6 +186,39 @@ def test_replay_all_after_a_requeue_closed_the_run_does_not_close_the_taken_over
     _landed_once(lp, run_id, logged + more, 40)
 
 
+def test_a_requeue_ships_the_traces_a_replay_left_in_an_earlier_processs_sync_journal(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """Prime Traces is down: the first process of the key finishes with its
+    traces left (the run closed), the second takes it over and still cannot
+    ship them, and a ``replay`` of the first leaves them too, recording its
+    sync journal's run as closed. Traces back, the third process took that
+    record for all of the first shipped and passed it over: its 10 traces
+    were shipped by nothing (and ``gc --force`` then deleted the one journal
+    that listed them). Now it takes it over: every episode lands once in
+    Prime Traces and in the evaluation, the run COMPLETED."""
+    lp = own_platform
+    runs = tmp_path / "runs"
+    # A sink failing at the close-out gives up after 2 s without progress.
+    env = isolated_env(tmp_path, {"PRIME_TRACES_URL": lp.url, "PRIME_RUNS_STALL_S": "2"})
+    commands = {**env, "PRIME_API_KEY": KEY, "PRIME_API_BASE_URL": lp.url}
+    lp.set_faults(retryable_rate=1.0, statuses=[503], routes=["/api/v1/traces"])
+    try:
+        first, logged = _requeue(runs, lp, 0, env)
+        _, more = _requeue(runs, lp, 10, env)
+        replay = [sys.executable, "-m", "primeruns", "replay", str(first), "--timeout", "5"]
+        done = subprocess.run(replay, capture_output=True, text=True, env=commands, timeout=180)
+        assert done.returncode != 0 and "still pending traces 10" in done.stdout, done.stdout
+    finally:
+        lp.set_faults(retryable_rate=0.0, statuses=[503, 502, 429], routes=[])
+    _, last = _requeue(runs, lp, 20, env)
+    run_id = bound_run_id(first, tmp_path / "home")
+    assert run_id is not None
+    traces = lp.run(run_id)["traces"]
+    assert traces["episodes"] == traces["distinct_episodes"] == 30, traces
+    _landed_once(lp, run_id, logged + more + last, 30)
+
+
 # argv: runs dir, base url, the API key, the run's id ("-": create it). One
 # process of a training job: it logs step 10 (one the platform keeps samples
 # of) and finishes.
