@@ -327,3 +327,17 @@ def test_a_requeued_jobs_look_passes_over_an_earlier_journal_that_left_nothing_t
         [done],
         [],
     )
+
+
+def test_a_requeued_jobs_look_takes_over_an_earlier_journal_whose_close_out_or_spec_reads_empty(
+    tmp_path: Path,
+) -> None:
+    """A journal is untrusted: one whose close-out says nothing
+    (``finalized: {}``), or whose spec is damaged to ``{}`` (which reads as
+    an evaluation's, so that the sinks checked were perhaps not the run's),
+    was passed over as having left nothing. Each is taken over instead."""
+    runs = tmp_path / "runs"
+    closed = {"state": "shipped", "finalized": {"status": "completed", "at": 1.0}}
+    empty_close_out = _ended(runs, 1, meta={"state": "shipped", "finalized": {}})
+    empty_spec = _ended(runs, 2, meta={**closed, SPEC_KEY: {}})
+    assert earlier_journals(runs, "run-1") == ([empty_close_out, empty_spec], [], [])

@@ -33,7 +33,7 @@ from ..exceptions import JournalError
 from ..journal import Journal, JournalInfo
 from ..journal.origin import Origin
 from ..sinks.kinds import sink_kinds
-from ..spec import listed_spec
+from ..spec import SPEC_KEY, listed_spec
 from . import sync_records
 from .copies import K_SOURCE_PATH, check_sync_root
 from .mirror import import_new, open_sync_journal, snapshot, sync_root
@@ -55,10 +55,14 @@ def left_nothing(info: JournalInfo) -> bool:
     meta = info.meta
     if info.damage or meta.get("state") != "shipped":
         return False
-    if not isinstance(meta.get("finalized"), dict):
-        return False
+    closed = meta.get("finalized")
+    if not isinstance(closed, dict) or not isinstance(closed.get("status"), str):
+        return False  # ({}: a close-out that says nothing is none)
     spec = listed_spec(meta)
-    if spec is None:
+    stored = meta.get(SPEC_KEY)
+    if spec is None or not isinstance(stored, dict) or stored.get("kind") != spec.kind:
+        # A spec that does not name its kind reads as an evaluation's: the
+        # sinks checked below would not be the run's.
         return False
     last = info.last_seq
     for sink in sink_kinds(spec.kind):
