@@ -397,11 +397,13 @@ _HINT_UNREAD_MOST = 8
 
 
 def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
-    """Log one line naming earlier runs that crashed before they were shipped
-    and closed out (off the init path), among the latest ``_HINT_NEWEST``:
-    an older one was named by every run since it crashed."""
+    """Log one line naming earlier runs that were not shipped and closed out
+    (off the init path), among the latest ``_HINT_NEWEST``: an older one was
+    named by every run since it crashed. One that finished (its finish
+    entry: its close-out did not reach the platform) is not called crashed."""
     try:
-        crashed = []
+        crashed: list[str] = []
+        finished: list[str] = []
         listed = list_journals(
             runs_dir,
             skip_live=True,
@@ -418,19 +420,28 @@ def _mention_crashed_runs(runs_dir: Path, skip: set[Path]) -> None:
             spec = listed_spec(meta)
             if spec is None or spec.mode != "online":
                 continue
-            crashed.append(info.path.name)
+            (crashed if info.finish is None else finished).append(info.path.name)
     except Exception:  # a convenience: never let it disturb the run
         return
-    if crashed:
+    said = [
+        f"{len(names)} earlier run(s) in {runs_dir} {how} ({_some(names)})"
+        for names, how in (
+            (crashed, "crashed before they were shipped and closed out"),
+            (finished, "finished but were not shipped and closed out"),
+        )
+        if names
+    ]
+    if said:
         log.warning(
-            "prime-runs: %d earlier run(s) in %s crashed before they were shipped and closed "
-            "out (%s); "
-            "ship them with: primeruns replay --all --runs-dir %s",
-            len(crashed),
-            runs_dir,
-            ", ".join(crashed[:5]) + (", ..." if len(crashed) > 5 else ""),
+            "prime-runs: %s; ship them with: primeruns replay --all --runs-dir %s",
+            "; ".join(said),
             runs_dir,
         )
+
+
+def _some(names: list[str]) -> str:
+    """The first five of ``names``, and "..." for more."""
+    return ", ".join(names[:5]) + (", ..." if len(names) > 5 else "")
 
 
 def _taken_as(field: str, given: Any, taken: Any, fix: str) -> None:

@@ -591,6 +591,27 @@ def test_the_start_up_scan_names_crashed_runs_and_leaves_a_journal_taken_over_un
     assert "crashed" in caplog.text and "taken" not in caplog.text
 
 
+def test_the_start_up_scan_does_not_call_a_run_that_finished_crashed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An earlier run that finished, but whose close-out did not reach the
+    platform, was named among runs that "crashed before they were shipped"."""
+    import logging
+
+    from primeruns import opening
+
+    runs = tmp_path / "runs"
+    online = {"spec": {"kind": "eval", "mode": "online"}}
+    with Journal.create(runs, local_id="finished", meta=online) as finished:
+        finished.append(EntryKind.FINISH, [b'{"status": "completed"}'])
+    Journal.create(runs, local_id="killed", meta=online).close()
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        opening._mention_crashed_runs(runs, set())
+    assert "1 earlier run(s) in" in caplog.text, caplog.text
+    assert "crashed before they were shipped and closed out (killed)" in caplog.text
+    assert "finished but were not shipped and closed out (finished)" in caplog.text
+
+
 def test_the_probe_works_in_a_plain_virtual_environment(tmp_path: Path, monkeypatch) -> None:
     """Found by installing the declared floors (tools/floors.py) in a fresh venv:
     the probe's child ran with primeruns/journal/ first on sys.path, whose
