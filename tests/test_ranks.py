@@ -380,3 +380,30 @@ def test_rank_0_beside_its_runs_creator_numbers_samples_apart_from_it() -> None:
     rank0 = _ranges_of(_Meta(ranks.Role(primary=False, label="rank 0", rank=0)), far=False)
     assert creator.end is not None
     assert rank0.start >= creator.end or (rank0.end is not None and rank0.end <= creator.start)
+
+
+def test_a_journal_that_says_it_shipped_is_not_shipped_through_a_sync_journal_that_shipped_none(
+    tmp_path: Path,
+) -> None:
+    """A journal's meta says it shipped (``state``), but its sinks
+    acknowledged nothing. Its sync journal, made and fed with all of it,
+    took that ``state`` over as its own, and a requeue's take-over then
+    passed the journal over as shipped through it: its records were
+    shipped by nothing. The sync journal says it shipped only once it did."""
+    from primeruns.journal import EntryKind, Journal, journal_info
+    from primeruns.ship.copies import make_sync_root
+    from primeruns.ship.mirror import import_new, open_sync_journal
+    from primeruns.spec import SPEC_KEY, RunSpec
+
+    root = tmp_path / "synced"
+    make_sync_root(root)
+    meta = {SPEC_KEY: RunSpec(kind="eval").to_json(), "state": "shipped"}
+    with Journal.create(tmp_path / "runs", local_id="20261207-000001-aaaaaaaa", meta=meta) as j:
+        j.append(EntryKind.EPISODE, [b'{"id": "a"}', b'{"id": "b"}'])
+        path = j.path
+    with Journal.open(path, owner=False) as source:
+        sync, _ = open_sync_journal(source, root)
+        with sync:
+            import_new(source, sync)
+            assert sync.get_meta("state") is None
+    assert not ranks.shipped_through_sync(journal_info(path), root)

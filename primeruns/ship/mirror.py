@@ -122,6 +122,12 @@ class Imported:
 # Meta that is the journal's own (format, ids, owner, budget, dictionaries,
 # compaction): never handed from a copy to the sync journal.
 _OWN_META = ("journal.",)
+# Nor how far its own shipping went (``state``: shipped): the sync journal
+# says so of itself once it shipped, and a take-over or a sync that finds it
+# so passes the journal over (``ranks.shipped_through_sync``). Whether the
+# run was closed (``finalized``) is the run's, and is handed over: it is not
+# closed again.
+_OWN_KEYS = frozenset({"state"})
 
 
 def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:
@@ -200,7 +206,11 @@ def adopt_repaired(
 def _create(source: Journal, root: Path, local_id: str) -> bool:
     """Make the sync journal; whether this process's is the one in place
     (False: another sync's was renamed there first)."""
-    meta = {key: value for key, value in source.all_meta().items() if not key.startswith(_OWN_META)}
+    meta = {
+        key: value
+        for key, value in source.all_meta().items()
+        if not key.startswith(_OWN_META) and key not in _OWN_KEYS
+    }
     meta[K_SOURCE_ORIGIN] = source.get_meta(K_ORIGIN)
     budget = source.get_meta("journal.max_bytes")
     kwargs: dict[str, Any] = {}
