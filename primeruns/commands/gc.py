@@ -5,8 +5,11 @@ write), its owner is gone, and it is fully shipped and closed out on the
 platform, and, shipped through a sync journal, holds no entry it has not
 imported. ``--force`` also deletes journals with pending records (their data
 is then gone for good: each deletion says how many records nothing
-received). A live run is never deleted: deletion takes the owner
-lock first, so even a run that started after the listing is safe.
+received, and, for one whose sync journal keeps records it has still to
+ship, that sync journal and the command that ships them: no listing of the
+runs directory names it once the journal is gone). A live run is never
+deleted: deletion takes the owner lock first, so even a run that started
+after the listing is safe.
 
 The sync journals that ``replay`` and ``sync`` ship through are pruned by the
 same rule, but only once fully shipped and closed out, and while no journal
@@ -91,6 +94,16 @@ def _unshipped(status: RunStatus) -> int:
     if status.synced is not None:
         return status.unimported
     return max((v for v in status.pending.values() if isinstance(v, int)), default=0)
+
+
+def _left_in_sync_journal(status: RunStatus) -> dict[str, Any] | None:
+    """Where the records of the journal of ``status`` that its sync journal
+    has still to ship are, and how many (the most any sink has left)."""
+    synced = status.synced
+    if synced is None or not synced.pending_total:
+        return None
+    most = max(v for v in synced.pending.values() if isinstance(v, int))
+    return {"path": str(synced.info.path), "records": most}
 
 
 def _behind(sources: Iterable[RunStatus]) -> dict[str, str]:
@@ -204,7 +217,18 @@ def run_gc(args: argparse.Namespace) -> int:
         verb = "would delete" if args.dry_run else "deleted"
         what = "sync journal " if pruning else ""
         said = f"{verb} {what}{info.local_id} ({status.state}, {human_bytes(info.size_bytes)})"
-        say(said + (f": {lost} records never shipped, lost" if lost else ""))
+        if lost:
+            said += f": {lost} records never shipped, lost"
+        behind_it = None if pruning else _left_in_sync_journal(status)
+        if behind_it is not None:
+            # No listing of the runs directory names it once this journal
+            # is gone: said here, with the command that ships the rest.
+            entry["left_in_sync_journal"] = behind_it
+            said += (
+                f"; its sync journal keeps {behind_it['records']} records to ship: "
+                f"primeruns replay {behind_it['path']}"
+            )
+        say(said)
     # The sync journals merge theirs beside them (ranks.written_in): those too.
     folders = [runs_dir, *([root] if apart else [])]
     steps = collect_tables(

@@ -219,6 +219,43 @@ def test_a_requeue_ships_the_traces_a_replay_left_in_an_earlier_processs_sync_jo
     _landed_once(lp, run_id, logged + more + last, 30)
 
 
+def test_gc_force_of_a_journal_taken_over_with_records_left_says_where_they_are(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A killed process of the key is taken over while Prime Traces is down:
+    its sync journal keeps its 30 traces to ship. ``gc --force`` deleted the
+    killed journal saying only its size, and no listing of the runs
+    directory named the sync journal again: the records were reachable by
+    nothing the user was told. gc names it and the command that ships them;
+    run, the 30 land once in Prime Traces (the next process's own 10, in its
+    journal alone, are counted lost by gc)."""
+    lp = own_platform
+    runs = tmp_path / "runs"
+    env = isolated_env(
+        tmp_path,
+        {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url, "PRIME_RUNS_STALL_S": "2"},
+    )
+    commands = {**env, "PRIME_API_KEY": KEY, "PRIME_API_BASE_URL": lp.url}
+    killed, logged = killed_leaving_all(runs, lp, 30, env)
+    lp.set_faults(retryable_rate=1.0, statuses=[503], routes=["/api/v1/traces"])
+    try:
+        _, more = _requeue(runs, lp, 30, env)
+    finally:
+        lp.set_faults(retryable_rate=0.0, statuses=[503, 502, 429], routes=[])
+    run_id = bound_run_id(killed, tmp_path / "home")
+    assert run_id is not None
+    gc = _cli_json(commands, "gc", "--runs-dir", str(runs), "--older-than", "0", "--force")
+    by_id = {d["local_id"]: d for d in gc["deleted"]}
+    left = by_id.pop(killed.name)["left_in_sync_journal"]
+    assert left["records"] == 30, gc
+    # The second process's own traces were in its journal alone: counted lost.
+    [second] = by_id.values()
+    assert second["lost_records"] == 10 and "left_in_sync_journal" not in second, gc
+    _cli_json(commands, "replay", left["path"])
+    assert len(more) == 10
+    _landed_once(lp, run_id, logged, 30)
+
+
 # argv: runs dir, base url, the API key, the run's id ("-": create it). One
 # process of a training job: it logs step 10 (one the platform keeps samples
 # of) and finishes.
