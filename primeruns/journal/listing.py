@@ -31,7 +31,7 @@ from primeruns.journal.layout import dumps
 from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
 from primeruns.journal.memo import Memo
 from primeruns.journal.meta import K_OVERSIZED, MAX_META_BYTES, MAX_META_VALUES
-from primeruns.journal.probe import probe_many
+from primeruns.journal.probe import probe_many, vouch
 from primeruns.journal.stamps import STAMP_LEN, STAMPED
 from primeruns.journal.store import DATA_NAME
 from primeruns.journal.summary import Seen, Shelf
@@ -407,7 +407,13 @@ def journal_infos(
     looks = []
     for path in map(Path, paths):
         shelf = shelves.setdefault(path.parent, Shelf(path.parent))
-        looks.append((path, shelf, _look(path, shelf, read_owner(path))))
+        look = _look(path, shelf, read_owner(path))
+        if look.kept is not None and look.files.stamp is not None:
+            # A current summary: its file was walked clean, so the journal
+            # these callers open next (the dashboard's run page) is not
+            # walked again in a child (~0.3 s for 20,000 episodes).
+            vouch(path, look.files.stamp)
+        looks.append((path, shelf, look))
     probe_many([p for p, _, look in looks if not look.covers(verify=verify, tally=tally)])
     return [
         _info(p, verify=verify, tally=tally, meta_bounds=meta_bounds, look=look, shelf=shelf)

@@ -15,7 +15,10 @@ journal that kills it is reported as damaged and the child is started again
 for the rest. Results are kept for the process's life, keyed by the file's
 inode, size and times, so reopening an unchanged journal costs nothing;
 across processes, listings keep what they read in summaries (``summary``),
-and probe only a journal whose summary is missing or stale.
+and probe only a journal whose summary is missing or stale. A summary is
+kept only of a file walked clean (or written by the process keeping it), at
+its stamp: a file its current summary names is vouched for (``vouch``), and
+a reader of one journal (the dashboard's run page) maps it with no child.
 """
 
 from __future__ import annotations
@@ -86,6 +89,24 @@ def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:
                     _known[key] = verdict
         todo = todo[len(found) :] if rest else []
     return result
+
+
+def vouch(directory: Path, head: list[int]) -> None:
+    """Take the tree of the journal at ``directory`` as walked clean while its
+    data file is, by ``stat``, the one ``head`` names (device, inode, size,
+    modification and change times: a current summary's stamp). A summary is
+    kept only of a file walked clean or written by the keeping process, and a
+    change since moves the change time, which cannot be set back: the next
+    open of another file is probed as ever."""
+    try:
+        st = os.stat(os.path.join(directory, _DATA))
+    except OSError:
+        return
+    if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] != head[:5]:
+        return
+    key = (os.path.realpath(directory), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+    with _lock:
+        _known.setdefault(key, None)  # (a walk's verdict, had one been made, stands)
 
 
 def _trusted(directory: Path) -> bool:
