@@ -261,6 +261,17 @@ def test_ls_of_journals_listed_before_loads_no_journal_writing_code(
     assert not {"primeruns.journal.journal", "primeruns.journal.appending", "rich.table"} & loaded
 
 
+def test_ls_json_loads_no_terminal_renderer(tmp_path: Path) -> None:
+    """``primeruns ls --json`` loaded rich's console, text and styles (~30 ms
+    of a listing's start-up, which issue #32 holds under 1 s with 3,000
+    past runs) to print a JSON document: only a table drawn loads them."""
+    runs = tmp_path / "runs"
+    _one_finished_journal(runs)
+    loaded = _modules_loaded_by(runs, ["ls", "--json"])
+    assert not {"rich.console", "rich.text", "rich.segment", "rich.style"} & loaded
+    assert "rich.console" in _modules_loaded_by(runs, ["ls"])  # a table is drawn with it
+
+
 def test_the_package_loads_its_public_names_on_first_use() -> None:
     """``import primeruns`` is cheap; ``pr.init`` and the rest are the same
     objects whichever way they are reached."""

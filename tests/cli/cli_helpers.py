@@ -14,6 +14,7 @@ from typing import Any
 
 import lmdb
 import pytest
+import workloads
 import zstandard
 from sdk_helpers import API_KEY, point_at
 
@@ -22,6 +23,15 @@ from primeruns.cli import main
 from primeruns.journal.frames import FLAG_ZSTD, HEADER_SIZE, _assemble, peek_header
 
 TESTS = Path(__file__).resolve().parents[1]
+
+
+def named_offline_eval(runs: Path, name: str, episodes: int = 1) -> Path:
+    """The journal of a finished offline evaluation ``name`` of ``episodes`` gsm8k episodes."""
+    run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs, name=name)
+    run.log_episodes(list(workloads.gsm8k(episodes)))
+    run.finish()
+    assert run.journal_path is not None
+    return run.journal_path
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

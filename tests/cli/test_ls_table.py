@@ -9,26 +9,16 @@ import io
 from pathlib import Path
 
 import pytest
-import workloads
-from cli_helpers import cli
+from cli_helpers import cli, named_offline_eval
 from rich.console import Console
 from sdk_helpers import point_at
 
-import primeruns as pr
-from primeruns.commands import ls
+from primeruns.commands import ls_table
 from primeruns.journal import journal_info
 from primeruns.reports import RunStatus, describe
 
 # A run name as sweeps make them: words, longer than the NAME column's 32 cells.
 LONG_NAME = "gsm8k sweep lr 3e-4 warmup 200 seed 7 with the long context"
-
-
-def _offline_eval(runs: Path, name: str) -> Path:
-    run = pr.init(environments=["gsm8k"], model="m", mode="offline", runs_dir=runs, name=name)
-    run.log_episodes(list(workloads.gsm8k(1)))
-    run.finish()
-    assert run.journal_path is not None
-    return run.journal_path
 
 
 def _status(path: Path) -> RunStatus:
@@ -55,12 +45,12 @@ def test_both_renderers_of_the_ls_table_cut_a_long_name_on_its_one_line(
     table (the one it stands in for) folded it onto more lines: a journal a
     line (the listing's promise) in both, the name cut with an ellipsis."""
     runs = point_at(monkeypatch, tmp_path, None)
-    found = [_status(_offline_eval(runs, LONG_NAME))]
+    found = [_status(named_offline_eval(runs, LONG_NAME))]
     fast, rich_ = _terminal(200), _terminal(200)
-    lines = ls._fast_table(found, fast, set())
+    lines = ls_table._fast_table(found, fast, set())
     assert lines is not None  # every column fits 200 cells
     fast.print(lines, crop=False)
-    rich_.print(ls._table(found, list(ls._COLUMNS), set()))
+    rich_.print(ls_table._table(found, list(ls_table._COLUMNS), set()))
     assert [line for line in _lines(fast) if line] == _lines(rich_)
     (row,) = _lines(rich_)[1:]
     assert found[0].info.local_id in row and LONG_NAME[:31] + "…" in row
@@ -72,7 +62,7 @@ def test_ls_off_a_terminal_prints_a_long_run_name_whole_on_its_journals_line(
     """Piped, ``ls`` cut every name past 32 cells (``... | grep`` did not find
     the run by its name); off a terminal nothing is cut or folded."""
     runs = point_at(monkeypatch, tmp_path, None)
-    path = _offline_eval(runs, LONG_NAME)
+    path = named_offline_eval(runs, LONG_NAME)
     code, out, _ = cli(capsys, "ls", "--runs-dir", str(runs))
     assert code == 0
     assert any(path.name in line and LONG_NAME in line for line in out.splitlines()), out

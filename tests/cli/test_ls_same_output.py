@@ -1,0 +1,85 @@
+"""``primeruns ls`` says the same whether it reads its journals or what it kept of them.
+
+A listing keeps what it read of each journal (``journal/summary.py``) and
+the summaries of a whole runs directory in one index
+(``journal/summary_index.py``), and reads the journals again only where
+their files changed: that is what holds ``ls`` of 3,000 past runs under a
+second. None of it may change a line a user reads. Here one runs directory
+holds each kind of entry a listing meets (a finished run with its summary
+current, one changed since its summary, a live run being written, a
+damaged journal, a link to a journal elsewhere, never followed, copies
+brought from elsewhere), and both
+forms of ``ls`` print the same with no summary kept, with every summary
+kept, and with the index written.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+from cli_helpers import cli, named_offline_eval
+from sdk_helpers import point_at
+
+from primeruns.journal import EntryKind, Journal
+from primeruns.journal.summary import FOLDER
+from primeruns.journal.summary_index import INDEX_NAME, stale_most
+
+
+def _diff(first: list[str], again: list[str]) -> str:
+    """What differs, line by line (the outputs are long)."""
+    lines = [out.splitlines() for out in (*first, *again)]
+    return "\n".join(difflib.unified_diff(lines[0] + lines[1], lines[2] + lines[3], lineterm=""))
+
+
+def test_ls_prints_the_same_from_its_journals_and_from_what_it_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs = point_at(monkeypatch, tmp_path, None)
+    fresh = named_offline_eval(runs, "fresh")
+    for i in range(stale_most(0) + 1):  # copies brought from elsewhere: enough for an index
+        shutil.copytree(fresh, runs / f"copy-{i:02d}", symlinks=True)
+    stale = named_offline_eval(runs, "stale")
+    elsewhere = named_offline_eval(tmp_path / "elsewhere", "linked")
+    os.symlink(elsewhere, runs / "linked")  # never followed: listed as not opened
+    damaged = runs / "damaged"
+    damaged.mkdir(mode=0o700)
+    (damaged / "data.mdb").write_bytes(os.urandom(3 * 4096))
+    # Held by its writer (this process) throughout; its mover and background
+    # sync stopped, so that its files do not change between two listings.
+    live = Journal.create(
+        runs, local_id="live", meta={"spec": {"kind": "eval", "mode": "offline", "name": "live"}}
+    )
+    live.append(EntryKind.EPISODE, [b'{"id": "e1"}', b'{"id": "e2"}'])
+    live.quiesce()
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now)  # ages alike in every listing
+
+    def listed() -> list[str]:
+        outs = []
+        for argv in (["ls", "--json"], ["ls"]):
+            code, out, _ = cli(capsys, *argv, "--runs-dir", str(runs))
+            assert code == 0
+            outs.append(out)
+        return outs
+
+    shutil.rmtree(runs / FOLDER)
+    first = listed()  # every journal read
+    data = stale / "data.mdb"
+    st = data.stat()
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))  # its change time moved: stale
+    again = listed()  # summaries kept, the stale journal read again
+    assert again == first, _diff(first, again)
+    shutil.rmtree(runs / FOLDER)
+    for _ in range(3):
+        again = listed()
+        assert again == first, _diff(first, again)
+    assert (runs / FOLDER / INDEX_NAME).is_file()
+    for name in ("fresh", "stale", "live", "damaged", "linked"):
+        assert name in first[0] or any(name in line for line in first[1].splitlines())
+    assert "not opened" in first[0] and '"outcome": "running"' in first[0]
+    live.close()
