@@ -52,7 +52,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import logging
 import os
 import time
@@ -287,6 +286,8 @@ def _first_to_attach(runs_dir: Path, run_id: str, local_id: str) -> bool:
                 return False
             _held[run_id] = (fd, runs_dir / local_id)
             return True
+    import hashlib  # here: OpenSSL's start-up (~10 ms) is no listing's, which imports this module
+
     digest = hashlib.sha256(run_id.encode()).hexdigest()[:32]
     folder = Path(runs_dir) / _LOCKS_DIR
     path = folder / f"{digest}{_LOCK_SUFFIX}"

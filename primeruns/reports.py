@@ -165,9 +165,10 @@ class RunStatus:
         """What replay/sync would do something for: not closed out or not all shipped."""
         return self.state not in ("running", "shipped")
 
-    @property
+    @cached_property
     def counts(self) -> dict[str, int]:
-        """What the run logged, in the user's units (episodes, traces, metric rows)."""
+        """What the run logged, in the user's units (episodes, traces, metric
+        rows). Kept: a listing reads it for the line and for its run's totals."""
         logged = self.info.after.get(0, Counter())
         return {name: logged[int(kind)] for name, kind in RECORD_KINDS.items()}
 
@@ -301,7 +302,10 @@ def _sync_journal_status(
     if not info.meta or not is_copy(info.path, info.meta, root, in_root=in_root, origin=origin):
         return None, 0
     path = sync_path(info.path, info.meta, root)  # (None: its local id names no folder)
-    if path is None:
+    if path is None or (in_root is not None and path.name not in in_root):
+        # No sync journal (the root's names were listed once): nothing to
+        # check or ``stat`` (a listing of thousands of copies checked the
+        # root's folders again for each, a fifth of its time).
         return None, 0
     try:
         check_sync_root(root)  # (a root another user could write into holds none of ours)

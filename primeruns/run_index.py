@@ -36,7 +36,6 @@ folder another user planted) falls back to reading every journal.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import logging
 import os
 from collections.abc import Collection
@@ -64,6 +63,8 @@ _TRIES = 5
 def _digest(run_id: str) -> str:
     """The run's folder: any id, even one with lone surrogates (an id from
     the environment), names one folder and no path."""
+    import hashlib  # here: OpenSSL's start-up (~10 ms) is no listing's (``ranks`` imports this)
+
     return hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 

@@ -334,7 +334,7 @@ def test_the_probe_child_does_not_inherit_keys(
         envs.append(kwargs.get("env"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(probe.subprocess, "run", spy)
+    monkeypatch.setattr(subprocess, "run", spy)  # (the probe imports it to start a child)
     monkeypatch.setattr(probe, "_known", {})
     assert probe.probe(journal.path) is None  # it still reads the journal
     assert envs and envs[0] is not None, "the child inherits the whole environment"

@@ -272,6 +272,21 @@ def test_ls_json_loads_no_terminal_renderer(tmp_path: Path) -> None:
     assert "rich.console" in _modules_loaded_by(runs, ["ls"])  # a table is drawn with it
 
 
+@pytest.mark.parametrize("command", [["ls"], ["ls", "--json"]])
+def test_ls_of_journals_listed_before_starts_no_openssl_nor_subprocess(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """``primeruns ls`` loaded OpenSSL's hashes (for a run's lock name and
+    its index folder, neither of which a listing makes) and subprocess (for
+    the probe child, which a journal whose summary is current never needs):
+    ~15 ms of every listing's start-up."""
+    runs = tmp_path / "runs"
+    _one_finished_journal(runs)
+    _modules_loaded_by(runs, command)  # reads the journal and keeps its summary
+    loaded = _modules_loaded_by(runs, command)
+    assert not {"_hashlib", "subprocess"} & loaded
+
+
 def test_the_package_loads_its_public_names_on_first_use() -> None:
     """``import primeruns`` is cheap; ``pr.init`` and the rest are the same
     objects whichever way they are reached."""

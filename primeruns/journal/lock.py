@@ -40,6 +40,7 @@ import json
 import os
 import re
 import socket
+import stat
 import threading
 import time
 import weakref
@@ -176,7 +177,11 @@ def read_owner(directory: Path) -> OwnerInfo | None:
     """The owner named in the lock file (informative; None if absent or unreadable)."""
     try:
         # os calls on a plain path: listings read the lock file of every journal.
-        fd = os.open(os.path.join(directory, LOCK_NAME), _READING)
+        path = os.path.join(directory, LOCK_NAME)
+        found = os.lstat(path)
+        if stat.S_ISREG(found.st_mode) and found.st_size == 0:
+            return None  # no owner named (a past run's, mostly): one call, not three
+        fd = os.open(path, _READING)
         try:
             raw = os.read(fd, 1 << 16)
         finally:

@@ -481,20 +481,21 @@ def test_a_journal_opened_unwalked_for_want_of_a_child_is_walked_once_one_starts
     the process's life: every later open of the same file, with children to
     spare again, mapped it unwalked, and a damaged page aborted the process."""
     import errno
+    import subprocess
 
     from primeruns.journal import probe
 
     garbage = tmp_path / "garbage"
     garbage.mkdir(mode=0o700)
     (garbage / "data.mdb").write_bytes(b"\x00" * 16384)
-    real_run = probe.subprocess.run
+    real_run = subprocess.run  # (the probe imports it when it starts a child)
 
     def no_child(*args: Any, **kwargs: Any) -> Any:
         raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
 
-    monkeypatch.setattr(probe.subprocess, "run", no_child)
+    monkeypatch.setattr(subprocess, "run", no_child)
     assert probe.probe(garbage) is None  # opened unchecked, as before
-    monkeypatch.setattr(probe.subprocess, "run", real_run)
+    monkeypatch.setattr(subprocess, "run", real_run)
     assert probe.probe(garbage) is not None
 
 
