@@ -17,8 +17,9 @@ inode, size and times, so reopening an unchanged journal costs nothing;
 across processes, listings keep what they read in summaries (``summary``),
 and probe only a journal whose summary is missing or stale. A summary is
 kept only of a file walked clean (or written by the process keeping it), at
-its stamp: a file its current summary names is vouched for (``vouch``), and
-a reader of one journal (the dashboard's run page) maps it with no child.
+its stamp: a file its current summary names, changed in this boot, is
+vouched for (``vouch``), and a reader of one journal (the dashboard's run
+page) maps it with no child.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import contextlib
 import os
 import sys
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -103,9 +105,25 @@ def vouch(directory: Path, head: list[int]) -> None:
         return
     if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] != head[:5]:
         return
+    if st.st_ctime_ns < _boot_started_ns() + _BOOT_MARGIN_NS:
+        # Last changed before this boot: a crash since may have kept the
+        # file's times and meta page but not every data page it had written
+        # (the journal is not fsynced at each commit), so the walk of that
+        # boot vouches for nothing now. Walked as ever.
+        return
     key = (os.path.realpath(directory), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     with _lock:
         _known.setdefault(key, None)  # (a walk's verdict, had one been made, stands)
+
+
+#: How long after this boot's start a file must have changed to count as
+#: changed in this boot (a clock set back a little since boot).
+_BOOT_MARGIN_NS = 60 * 10**9
+
+
+def _boot_started_ns() -> int:
+    """When this boot started, by the wall clock (as files' times are)."""
+    return time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
 
 def _trusted(directory: Path) -> bool:

@@ -9,7 +9,9 @@ pages of ``PAGE_SIZE`` rows, not decoded whole.
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from pathlib import Path
 
 import httpx
@@ -134,9 +136,7 @@ def test_a_runs_first_page_maps_a_journal_its_summary_vouches_for_without_a_walk
     process before mapping it (~0.3 s for 20,000 episodes), though its
     current summary (kept only of a file walked clean, or written by the
     process keeping it) already vouched for that very file. A file changed
-    since its summary is walked as ever."""
-    import os
-
+    since its summary, or before this boot, is walked as ever."""
     from primeruns.journal import probe
 
     runs = point_at(monkeypatch, tmp_path, None)
@@ -154,6 +154,15 @@ def test_a_runs_first_page_maps_a_journal_its_summary_vouches_for_without_a_walk
     assert detail is not None and detail.row.name == "done" and walked == []
     rows, total = JournalSource(runs).samples(run.journal_path.name, 0, PAGE_SIZE)
     assert total == 3 and len(rows) == 3 and walked == []
+    # Changed before this boot: a crash since may have torn what its times
+    # and summary still vouch for.
+    this_boot = probe._boot_started_ns
+    monkeypatch.setattr(probe, "_boot_started_ns", time.time_ns)
+    monkeypatch.setattr(probe, "_known", {})
+    assert JournalSource(runs).run(run.journal_path.name) is not None
+    assert walked == [[run.journal_path.name]]
+    monkeypatch.setattr(probe, "_boot_started_ns", this_boot)
+    walked.clear()
     # Its times set back after a change (``touch -r``): its change time moved.
     data = run.journal_path / "data.mdb"
     st = data.stat()
