@@ -140,6 +140,18 @@ def test_ranks_of_a_key_ship_into_the_run_whose_create_was_answered(
     assert platform_metric_steps(lp.data_dir, run_id) == expected
 
 
+def _blip(lp: LocalPlatform, argv: list[str], env: dict[str, str], name: str) -> None:
+    """The key's first process, run to its end while a gateway loses the
+    answers of the creates the key allows: as many runs made as lost."""
+    lp.set_faults(ambiguous_rate=1.0, routes=[_CREATE], max_faults=_MAX_LOST_CREATES)
+    try:
+        first = subprocess.run([*argv, "0", "no", TEAM, str(_STEPS)], **_CAPTURE, env=env)
+    finally:
+        lp.set_faults(ambiguous_rate=0.0, routes=[], max_faults=0)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert len(_made(lp, name)) == _MAX_LOST_CREATES
+
+
 @pytest.mark.parametrize("mode", ["threads", "process"])
 def test_a_requeue_after_a_blip_spent_its_keys_creates_says_it_gave_up_not_that_it_registers(
     train_platform: LocalPlatform, tmp_path: Path, mode: str
@@ -158,13 +170,7 @@ def test_a_requeue_after_a_blip_spent_its_keys_creates_says_it_gave_up_not_that_
         extra["PRIME_RUNS_UPLINK"] = "threads"
     env = isolated_env(tmp_path, extra)
     argv = [sys.executable, "-c", _RANK, str(tmp_path / "runs"), lp.url, _KEY, name]
-    lp.set_faults(ambiguous_rate=1.0, routes=[_CREATE], max_faults=_MAX_LOST_CREATES)
-    try:
-        first = subprocess.run([*argv, "0", "no", TEAM, str(_STEPS)], **_CAPTURE, env=env)
-    finally:
-        lp.set_faults(ambiguous_rate=0.0, routes=[], max_faults=0)
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert len(_made(lp, name)) == _MAX_LOST_CREATES
+    _blip(lp, argv, env, name)
     requeue = subprocess.run([*argv, "1", "no", TEAM, str(_STEPS)], **_CAPTURE, env=env)
     assert requeue.returncode == 0, requeue.stderr[-2000:]
     assert len(_made(lp, name)) == _MAX_LOST_CREATES  # no create sent
@@ -214,13 +220,7 @@ def test_a_live_requeue_after_a_blip_creates_the_run_once_the_keys_window_ends(
     name = f"key-creates-blip-wait-{mode}"
     env = _short_window_env(tmp_path, mode, {"PRIME_TRACES_URL": lp.url})
     argv = [sys.executable, "-c", _RANK, str(tmp_path / "runs"), lp.url, _KEY, name]
-    lp.set_faults(ambiguous_rate=1.0, routes=[_CREATE], max_faults=_MAX_LOST_CREATES)
-    try:
-        first = subprocess.run([*argv, "0", "no", TEAM, str(_STEPS)], **_CAPTURE, env=env)
-    finally:
-        lp.set_faults(ambiguous_rate=0.0, routes=[], max_faults=0)
-    assert first.returncode == 0, first.stderr[-2000:]
-    assert len(_made(lp, name)) == _MAX_LOST_CREATES
+    _blip(lp, argv, env, name)
     requeue = subprocess.run([*argv, "1", "train-on", TEAM, str(_STEPS)], **_CAPTURE, env=env)
     assert requeue.returncode == 0, requeue.stderr[-2000:]
     said = dict(line.split(" ", 1) for line in requeue.stdout.splitlines() if " " in line)
