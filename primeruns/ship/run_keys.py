@@ -161,13 +161,24 @@ def _boot_id() -> str | None:
         return None
 
 
+def _stamp(value: object) -> float | None:
+    """A record's date as a float, or None for one no clock can have stamped
+    (not a number, NaN or infinite, an int past a float: the sync root is
+    untrusted input, and NaN compares false, so it never left the window)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        stamp = float(value)
+    except OverflowError:
+        return None
+    return stamp if math.isfinite(stamp) else None
+
+
 def _since_on_boot(found: dict[str, Any], field: str) -> float | None:
     """Seconds since the record's boot-clock stamp ``field``, if it was
     written on this boot and is one the clock has passed, else None."""
-    stamp, boot = found.get(field), found.get(_BOOT_ID)
-    if boot is None or boot != _boot_id():
-        return None
-    if not isinstance(stamp, int | float) or isinstance(stamp, bool) or not math.isfinite(stamp):
+    stamp, boot = _stamp(found.get(field)), found.get(_BOOT_ID)
+    if boot is None or boot != _boot_id() or stamp is None:
         return None
     since = boot_clock() - stamp
     return since if since >= 0 else None  # ahead of the clock: damage, read on the wall
@@ -192,8 +203,8 @@ def lost_creates_until(
     found = _record(key, api_root, root)
     if found is None or isinstance(found.get("run_id"), str):
         return 0, None
-    count, at = found.get(_LOST), found.get(_LOST_AT)
-    if type(count) is not int or not isinstance(at, int | float) or count <= 0:
+    count, at = found.get(_LOST), _stamp(found.get(_LOST_AT))
+    if type(count) is not int or at is None or count <= 0:
         return 0, None
     now = time.time()
     until = at + LOST_WINDOW_S
@@ -234,8 +245,8 @@ def count_lost_create(key: str, api_root: str, delta: int, root: Path | None = N
         record = {_LOST: count + delta, _LOST_AT: time.time(), _EARLIER_AT: earlier}
         record |= {_AT_BOOT: boot_clock(), _EARLIER_AT_BOOT: earlier_boot, _BOOT_ID: _boot_id()}
     else:
-        earlier = found.get(_EARLIER_AT)
-        at = earlier if isinstance(earlier, int | float) else time.time()
+        earlier = _stamp(found.get(_EARLIER_AT))
+        at = earlier if earlier is not None else time.time()
         record = {_LOST: max(0, count + delta), _LOST_AT: at}
         if found.get(_EARLIER_AT_BOOT) is not None:  # of the boot it names, as written
             record |= {_AT_BOOT: found[_EARLIER_AT_BOOT], _BOOT_ID: found.get(_BOOT_ID)}

@@ -514,6 +514,32 @@ def test_a_run_key_whose_lost_creates_are_dated_ahead_of_the_clock_is_not_locked
     assert world.failures == []
 
 
+@pytest.mark.parametrize("boot", [False, True], ids=["no boot stamp", "this boot's stamp"])
+@pytest.mark.parametrize("date", [float("nan"), 10**400], ids=["NaN", "an int past a float"])
+def test_a_run_key_whose_lost_creates_are_dated_nan_is_not_locked_out(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, boot: bool, date: float
+) -> None:
+    """A key's record dated NaN (JSON reads ``NaN``: a damaged or planted
+    record, the sync root is untrusted input) was within the window on every
+    reading (NaN compares false), and its refusal's clock time failed to
+    format; one dated by an int too large for a float failed to compare.
+    Every process of the key failed to register, and none rewrote the
+    record: the key was locked out for good. A date no clock can have
+    stamped counts no creates: the key's run is created."""
+    from primeruns.ship import run_keys
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    lifecycle = world.start(_spec("train", run_key="job-9"))
+    record: dict[str, object] = {"creates_lost": 3, "lost_at": date}
+    if boot:
+        record |= {"lost_at_boot": date, "boot_id": run_keys._boot_id()}
+    run_keys.remember("job-9", lifecycle._api_root, record)
+    bound = lifecycle.register_retrying(deadline=_soon(30))
+    assert world.failures == []
+    assert bound is not None and len(world.platform.sent("create_run")) == 1
+    lifecycle.journal.close()
+
+
 def test_retrying_an_evaluation_create_after_lost_answers_makes_one_run(world: World) -> None:
     # Its create is found again by its client token: retrying is safe.
     lifecycle = world.start(_spec("eval"))
