@@ -92,6 +92,9 @@ class KeyCreatesSpent(UnprovenAnswerError):
     close-out, replay, sync) gives up at once."""
 
     until: float | None = None
+    # Seconds from the refusal until the window ends on the clock that
+    # counts it (the boot clock for a record of this boot): what is waited.
+    left: float = 0.0
 
 
 def crash_reason(error: str | None) -> str:
@@ -307,8 +310,12 @@ class Lifecycle:
                     # budget stay as they were), then try once more; a finish()
                     # before then ends the wait, and its close-out gives up.
                     self._lost_before_wait = self._lost_creates
-                    self._say_waiting(exc.until)
-                    if stopping.wait(max(0.0, exc.until - time.time())):
+                    self._say_waiting(exc.until, exc.left)
+                    # Not until the wall time named: it may be the stamped end,
+                    # up to a second before the boot clock's (the wall clock
+                    # stepped forward a little), and a wait woken before the
+                    # window ends is refused again and gives up for good.
+                    if stopping.wait(max(0.0, exc.left)):
                         return None
                     continue
                 self._gave_up_creating = True
@@ -377,7 +384,7 @@ class Lifecycle:
         failure.__cause__ = last
         return failure
 
-    def _say_waiting(self, until: float) -> None:
+    def _say_waiting(self, until: float, left: float) -> None:
         when = time.strftime("%H:%M:%S UTC", time.gmtime(until))
         log.warning(
             "prime-runs: training run %r is not registered yet: the %d creates its run "
@@ -388,7 +395,7 @@ class Lifecycle:
             _MAX_LOST_CREATES,
             run_keys.LOST_WINDOW_S,
             when,
-            max(0.0, until - time.time()),
+            left,
         )
 
     def _key_lost(self) -> int:
@@ -405,11 +412,11 @@ class Lifecycle:
         key = spec.run_key
         if key is None:
             return 0
-        spent, until = run_keys.lost_creates_until(key, self._api_root)
+        spent, until, left = run_keys.lost_creates_window(key, self._api_root)
         if spent >= _MAX_LOST_CREATES and until is not None:
             # When, in both words: a user reading the warning later (a log,
             # run.errors) needs the clock time, one reading it live the wait.
-            left = max(0.0, until - time.time())
+            left = max(0.0, left)
             when = time.strftime("%H:%M:%S UTC", time.gmtime(until))
             refused = KeyCreatesSpent(
                 f"{spent} creates of training run {spec.name!r} (run key {key!r}) by "
@@ -420,7 +427,7 @@ class Lifecycle:
                 "after the last): the records stay in the journal, and primeruns "
                 "replay from then creates the run and ships them"
             )
-            refused.until = until
+            refused.until, refused.left = until, left
             raise refused
         run_keys.count_lost_create(key, self._api_root, 1)
         return spent

@@ -63,6 +63,7 @@ __all__ = [
     "lookup",
     "lost_creates",
     "lost_creates_until",
+    "lost_creates_window",
     "note_closed",
     "remember",
 ]
@@ -200,30 +201,44 @@ def lost_creates_until(
 ) -> tuple[int, float | None]:
     """``lost_creates`` and the wall time they stop counting (None at 0): a
     process refused a create says when one may be tried again."""
+    count, until, _ = lost_creates_window(key, api_root, root)
+    return count, until
+
+
+def lost_creates_window(
+    key: str, api_root: str, root: Path | None = None
+) -> tuple[int, float | None, float]:
+    """``lost_creates_until`` and the seconds left until they stop counting,
+    on the clock that counts them (0.0 at 0). A process waiting for the
+    window waits that long: the wall time named may be the stamped one, up
+    to a second off the boot clock's end, and one woken before it ends is
+    refused again."""
     found = _record(key, api_root, root)
     if found is None or isinstance(found.get("run_id"), str):
-        return 0, None
+        return 0, None, 0.0
     count, at = found.get(_LOST), _stamp(found.get(_LOST_AT))
     if type(count) is not int or at is None or count <= 0:
-        return 0, None
+        return 0, None, 0.0
     now = time.time()
     until = at + LOST_WINDOW_S
+    left = until - now
     since = _since_on_boot(found, _AT_BOOT)
     if since is not None:  # this boot's: the window is counted on its clock
         if since >= LOST_WINDOW_S:
-            return 0, None
+            return 0, None, 0.0
         # The wall time it ends, as stamped; as the boot clock counts when
         # the wall clock stepped since (more than a read's slack apart).
-        ends = now + LOST_WINDOW_S - since
+        left = LOST_WINDOW_S - since
+        ends = now + left
         until = until if abs(until - ends) < 1.0 else ends
     # Within the window either way on the wall clock: one dated further
     # ahead (the clock stepped back since, a damaged or planted record,
     # Infinity) would lock the key out until the clock caught up, or for good.
     elif abs(now - at) >= LOST_WINDOW_S:
-        return 0, None
+        return 0, None, 0.0
     # More than a key can count is damage (or planted): still spent, but
     # quoted as "up to 10**50 empty runs may remain" it was no count at all.
-    return min(count, CREATES_ALLOWED), until
+    return min(count, CREATES_ALLOWED), until, left
 
 
 def count_lost_create(key: str, api_root: str, delta: int, root: Path | None = None) -> None:

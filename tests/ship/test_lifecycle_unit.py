@@ -540,6 +540,37 @@ def test_a_run_key_whose_lost_creates_are_dated_nan_is_not_locked_out(
     lifecycle.journal.close()
 
 
+def test_a_live_run_waiting_for_its_keys_window_creates_after_a_small_wall_clock_step(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key's three creates lost on this boot, then the wall clock steps
+    forward half a second (NTP's step threshold is an eighth of one): the
+    refusal names the stamped end of the window (the clocks disagree by less
+    than a second), and the live uplink waited for it on the wall clock, so
+    it woke before the window ended on the boot clock, which counts it, was
+    refused again and gave up for good: the run was never created, though
+    the platform was healthy. It waits on the clock that counts the window."""
+    import threading
+
+    from primeruns.ship import run_keys
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(run_keys, "LOST_WINDOW_S", 2.0)  # a short window, waited whole
+    spec = _spec("train", run_key="job-10")
+    first = world.start(spec)
+    world.platform.fail("create_run", LOST, LOST, LOST)
+    assert first.register_retrying(deadline=_soon(30)) is None
+    wall = time.time
+    monkeypatch.setattr(time, "time", lambda: wall() + 0.5)
+    second = world.start(spec)
+    failed_before = len(world.failures)
+    bound = second.register_retrying(stop=threading.Event())  # live: no deadline
+    assert world.failures[failed_before:] == []
+    assert bound is not None and len(world.platform.sent("create_run")) == _MAX_LOST_CREATES + 1
+    for lifecycle in (first, second):
+        lifecycle.journal.close()
+
+
 def test_retrying_an_evaluation_create_after_lost_answers_makes_one_run(world: World) -> None:
     # Its create is found again by its client token: retrying is safe.
     lifecycle = world.start(_spec("eval"))
