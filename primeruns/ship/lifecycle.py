@@ -146,8 +146,10 @@ class Lifecycle:
         self._gave_up_creating = False
         # ``_lost_creates`` when the live uplink, refused by its run key's
         # lost creates, waited for the key's window to end (None: it has
-        # not): once per process, and one lost create after it ends its tries.
+        # not): once per process (again only for that window, woken before
+        # it ended), and one lost create after it ends its tries.
         self._lost_before_wait: int | None = None
+        self._waited_until: float | None = None  # the end of the window it waited for
 
     # -- state in the journal ----------------------------------------------
     @property
@@ -303,14 +305,16 @@ class Lifecycle:
                 return bound
             assert exc is not None
             if isinstance(exc, KeyCreatesSpent):
-                if deadline is None and self._lost_before_wait is None and exc.until is not None:
+                if deadline is None and exc.until is not None and self._waits_for(exc.until):
                     # Live: a requeue after a gateway's blip would ship nothing
                     # until a user ran replay. Wait for the key's window here
                     # (the uplink's thread: the producer's calls and finish()'s
                     # budget stay as they were), then try once more; a finish()
                     # before then ends the wait, and its close-out gives up.
-                    self._lost_before_wait = self._lost_creates
-                    self._say_waiting(exc.until, exc.left)
+                    if self._lost_before_wait is None:
+                        self._lost_before_wait = self._lost_creates
+                        self._say_waiting(exc.until, exc.left)
+                    self._waited_until = exc.until
                     # Not until the wall time named: it may be the stamped end,
                     # up to a second before the boot clock's (the wall clock
                     # stepped forward a little), and a wait woken before the
@@ -383,6 +387,16 @@ class Lifecycle:
         )
         failure.__cause__ = last
         return failure
+
+    def _waits_for(self, until: float) -> bool:
+        """Whether a live registration refused by its key's window ending at
+        ``until`` (wall time) waits for it: the first time, or again for the
+        window it waited for. That one refusing again counted no create since
+        (one counted after it ends a window later): the wait woke before it
+        ended (a wall clock stepped back, for a record read on it), and a
+        refusal taken as a new window gave up for good with nothing sent."""
+        waited = self._waited_until
+        return waited is None or until < waited + run_keys.LOST_WINDOW_S / 2
 
     def _say_waiting(self, until: float, left: float) -> None:
         when = time.strftime("%H:%M:%S UTC", time.gmtime(until))

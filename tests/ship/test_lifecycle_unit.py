@@ -571,6 +571,37 @@ def test_a_live_run_waiting_for_its_keys_window_creates_after_a_small_wall_clock
         lifecycle.journal.close()
 
 
+def test_a_live_run_waiting_for_its_keys_window_creates_after_a_wall_clock_stepped_back(
+    world: World, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key's three creates lost on another host (a sync root shared by a
+    job's nodes: the window is read on the wall clock), and this host's wall
+    clock steps back half a second while its live uplink waits for the
+    window: it woke before the window ended on the wall clock, was refused
+    again by the same three creates, and gave up for good, though no create
+    was sent since. Refused again by the window it waited for, it waits on."""
+    import threading
+
+    from primeruns.ship import run_keys
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    monkeypatch.setattr(run_keys, "LOST_WINDOW_S", 2.0)  # a short window, waited whole
+    lifecycle = world.start(_spec("train", run_key="job-11"))
+    record = {"creates_lost": 3, "lost_at": time.time(), "boot_id": "another host's boot"}
+    run_keys.remember("job-11", lifecycle._api_root, record)
+    wall = time.time
+
+    class SteppedBack(threading.Event):
+        def wait(self, timeout: float | None = None) -> bool:
+            monkeypatch.setattr(time, "time", lambda: wall() - 0.5)
+            return super().wait(timeout)
+
+    bound = lifecycle.register_retrying(stop=SteppedBack())  # live: no deadline
+    assert world.failures == []
+    assert bound is not None and len(world.platform.sent("create_run")) == 1
+    lifecycle.journal.close()
+
+
 def test_retrying_an_evaluation_create_after_lost_answers_makes_one_run(world: World) -> None:
     # Its create is found again by its client token: retrying is safe.
     lifecycle = world.start(_spec("eval"))
