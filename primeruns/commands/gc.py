@@ -13,7 +13,9 @@ after the listing is safe.
 
 The sync journals that ``replay`` and ``sync`` ship through are pruned by the
 same rule, but only once fully shipped and closed out, and while no journal
-here holds entries it has not imported (``--force`` never deletes one that
+here, nor any it imported from elsewhere (``copies.copied_from``: the sync
+root is one for every runs directory), holds entries it has not imported
+(``--force`` never deletes one that
 is not: its copies would have nothing to continue; the record it leaves
 would refuse the rest of them). Each
 leaves its record (``ship.sync_records``), so a copy synced later ships
@@ -33,18 +35,19 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
 from typing import Any
 
 from .. import run_index
 from ..exceptions import JournalError, JournalLockedError
 from ..journal import delete_journal
-from ..journal.listing import journal_infos
+from ..journal.listing import journal_info, journal_infos
+from ..journal.trust import check_dir
 from ..ranks import collect_locks
 from ..reports import RunStatus, statuses
 from ..ship import sync_records
-from ..ship.copies import K_SOURCE_PATH, check_sync_root, sync_root
+from ..ship.copies import K_SOURCE_PATH, check_sync_root, copied_from, sync_root
 from ..ship.workfolders import sweep
 from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, inert_errors, runs_dir_of
 from .console import emit_json, human_age, human_bytes, inert
@@ -116,6 +119,29 @@ def _behind(sources: Iterable[RunStatus]) -> dict[str, str]:
     }
 
 
+def _held_elsewhere(synced: RunStatus, here: Collection[Path]) -> str | None:
+    """Why the sync journal ``synced`` is kept for a journal it imported
+    from outside the runs directory cleaned (``here``: the journals listed
+    in it, judged by ``_behind``), one that holds entries it has not
+    imported; None when none does. The sync root is one for every runs
+    directory: pruned by a gc of another, its record would refuse them."""
+    source = synced.info.meta.get(K_SOURCE_PATH)
+    upto = source.get("imported_upto") if isinstance(source, dict) else None
+    if not isinstance(upto, int):
+        return None  # (one it cannot tell is judged as before)
+    for path in copied_from(synced.info.meta):
+        if path in here:
+            continue
+        try:
+            check_dir(path, "journal directory")  # (a link is never followed)
+            info = journal_info(path)
+        except (JournalError, OSError):
+            continue  # gone, or not ours: nothing to sync from there
+        if info.local_id == synced.info.local_id and info.last_seq > upto:
+            return f"{info.last_seq - upto} entries of {path} not imported yet (sync it)"
+    return None
+
+
 def _leave_record(status: RunStatus, root: Path) -> None:
     """Before a sync journal is deleted: what it shipped, for the copies that
     come after it (``ship.sync_records``)."""
@@ -165,6 +191,11 @@ def run_gc(args: argparse.Namespace) -> int:
         why
         if why is not None or not pruning or s.info.local_id not in behind
         else behind[s.info.local_id]
+        for (s, pruning), why in zip(listed, verdicts, strict=True)
+    ]
+    here = {s.info.path.absolute() for s, pruning in listed if not pruning}
+    verdicts = [
+        _held_elsewhere(s, here) if why is None and pruning else why
         for (s, pruning), why in zip(listed, verdicts, strict=True)
     ]
     # Deleting is final: a full scan first, for entries a listing does not

@@ -51,6 +51,7 @@ from .copies import (
     K_SOURCE_PATH,
     check_sync_root,
     is_copy,
+    note_copy,
     origin_of,
     sync_names,
     sync_path,
@@ -408,6 +409,7 @@ def _import_copy(
 
     try:
         imported = import_new(source, journal, final=final, held_elsewhere=held_by_original)
+        note_copy(journal, path)
     except BaseException:
         journal.close()
         raise

@@ -15,7 +15,7 @@ import os
 import stat
 from collections.abc import Collection, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from ..exceptions import JournalError
 from ..journal.lock import read_owner
@@ -26,13 +26,19 @@ from ..journal.trust import UntrustedPathError, check_dir, check_file, make_priv
 from ..journal.types import as_count
 from ..settings import default_sync_root
 
+if TYPE_CHECKING:
+    from ..journal import Journal
+
 __all__ = [
+    "K_COPIED_FROM",
     "K_SOURCE_LOSSES",
     "K_SOURCE_PATH",
     "check_sync_folder",
     "check_sync_root",
+    "copied_from",
     "is_copy",
     "make_sync_root",
+    "note_copy",
     "origin_of",
     "read_record",
     "sync_name",
@@ -47,6 +53,31 @@ K_SOURCE_PATH = "sync.source"  # a sync journal's meta: the copy last imported f
 # A sync journal's meta, per sink: the copy's loss count already carried over
 # (``mirror._carry_losses``); a listing adds what the copy counted since.
 K_SOURCE_LOSSES = "sync.source_losses"
+# A sync journal's meta: where the journals it imported from were (its
+# ``K_SOURCE_PATH`` names the private snapshot read, gone since). The sync
+# root is one for every runs directory: ``gc`` of one of them prunes no sync
+# journal that a journal in another still holds entries beyond.
+K_COPIED_FROM = "sync.copied_from"
+_COPIES_KEPT = 16  # the latest: a copy is mostly refreshed under one name
+
+
+def note_copy(journal: Journal, path: Path) -> None:
+    """Add ``path``, a journal just imported into the sync journal
+    ``journal``, to those it names (``K_COPIED_FROM``)."""
+    known = journal.get_meta(K_COPIED_FROM)
+    where = str(path.absolute())
+    if isinstance(known, list) and known and known[-1] == where:
+        return  # (a copy synced again and again, by ``sync --watch``: no write)
+    paths = (
+        [p for p in known if isinstance(p, str) and p != where] if isinstance(known, list) else []
+    )
+    journal.set_meta(K_COPIED_FROM, [*paths, where][-_COPIES_KEPT:])
+
+
+def copied_from(meta: Mapping[str, Any]) -> list[Path]:
+    """The journals a sync journal's ``meta`` names as imported from."""
+    known = meta.get(K_COPIED_FROM)
+    return [Path(p) for p in known if isinstance(p, str)] if isinstance(known, list) else []
 
 
 def uncarried(counts: Mapping[str, int], carried: Any) -> dict[str, int]:

@@ -35,7 +35,7 @@ from ..journal.origin import Origin
 from ..sinks.kinds import sink_kinds
 from ..spec import SPEC_KEY, listed_spec
 from . import sync_records
-from .copies import K_SOURCE_PATH, check_sync_root
+from .copies import K_SOURCE_PATH, check_sync_root, note_copy
 from .mirror import import_new, open_sync_journal, snapshot, sync_root
 
 __all__ = ["left_nothing", "remember", "shipped_by_its_sync_journal", "take_over"]
@@ -113,6 +113,7 @@ def take_over(paths: Sequence[Path], root: Path, by: str) -> list[Journal]:
                     journal, _ = open_sync_journal(source, root)
                     taken[source.local_id] = journal
                 import_new(source, journal)
+            note_copy(journal, path)
             if origin is not None and origin.is_original(path.absolute()):
                 with Journal.open(path, owner=True) as original:
                     original.set_meta("continued_by", by)

@@ -763,6 +763,21 @@ def test_ls_and_show_of_a_copy_count_what_its_sync_journal_counted_lost(
     assert "lost 1 for traces" in out and "lost 1 for eval_samples" in out, out
 
 
+def _synced_halfway_then_copied_whole(
+    lp: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> Path:
+    """A copy taken halfway synced with ``--job-ended`` (which closed the
+    run), then the journal copied again whole over it: that copy."""
+    producer = Producer(tmp_path / "node", "eval", lp.url, "node-a")
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", str(copy), "--job-ended")
+    assert code == 0, out + err
+    assert _landed(lp, "eval", "half")() is not None
+    producer.log_the_rest()
+    producer.finish()
+    return _copy(producer.journal, login)
+
+
 def test_gc_keeps_a_copy_holding_entries_its_closed_sync_journal_never_imported(
     local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -773,18 +788,33 @@ def test_gc_keeps_a_copy_holding_entries_its_closed_sync_journal_never_imported(
     and nothing counted it. Kept, its next sync ships the rest, every record
     once."""
     lp = local_platform
-    producer = Producer(tmp_path / "node", "eval", lp.url, "node-a")
-    copy = _copy(producer.journal, login)
-    code, out, err = cli(capsys, "sync", str(copy), "--job-ended")
-    assert code == 0, out + err
-    assert _landed(lp, "eval", "half")() is not None
-    producer.log_the_rest()
-    producer.finish()
-    copy = _copy(producer.journal, login)
+    copy = _synced_halfway_then_copied_whole(lp, tmp_path, login, capsys)
     code, out, err = cli(capsys, "gc", "--runs-dir", str(login), "--older-than", "0", "-v")
     assert code == 0, out + err
     assert copy.exists() and (default_sync_root() / copy.name / "data.mdb").exists(), out
     assert "not imported" in out, out
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    assert _landed(lp, "eval", "all")() is not None, out + err
+
+
+def test_gc_of_another_runs_directory_keeps_a_sync_journal_a_copy_holds_entries_beyond(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The sync root is one for every runs directory. A copy taken halfway
+    was synced with ``--job-ended`` and copied again whole; gc of another
+    runs directory pruned its sync journal, which it judged by the journals
+    of that directory alone, leaving a record that the run shipped: the
+    rest was refused by the next sync (it would ship the first half twice)
+    and counted nowhere. Kept, the next sync ships the rest, every record once."""
+    lp = local_platform
+    copy = _synced_halfway_then_copied_whole(lp, tmp_path, login, capsys)
+    other = tmp_path / "other-project"
+    other.mkdir()
+    code, out, err = cli(capsys, "gc", "--runs-dir", str(other), "--older-than", "0", "-v")
+    assert code == 0, out + err
+    assert (default_sync_root() / copy.name / "data.mdb").exists(), out
+    assert f"of {copy} not imported yet" in out, out
     code, out, err = cli(capsys, "sync", str(copy))
     assert code == 0, out + err
     assert _landed(lp, "eval", "all")() is not None, out + err
