@@ -105,11 +105,13 @@ def vouch(directory: Path, head: list[int]) -> None:
         return
     if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] != head[:5]:
         return
-    if st.st_ctime_ns < _boot_started_ns() + _BOOT_MARGIN_NS:
-        # Last changed before this boot: a crash since may have kept the
-        # file's times and meta page but not every data page it had written
-        # (the journal is not fsynced at each commit), so the walk of that
-        # boot vouches for nothing now. Walked as ever.
+    boot = _boot_started_ns()
+    if boot is None or st.st_ctime_ns < boot + _BOOT_MARGIN_NS:
+        # Last changed before this boot (or when this boot began is not
+        # known): a crash since may have kept the file's times and meta page
+        # but not every data page it had written (the journal is not fsynced
+        # at each commit), so the walk of that boot vouches for nothing now.
+        # Walked as ever.
         return
     key = (os.path.realpath(directory), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     with _lock:
@@ -121,9 +123,17 @@ def vouch(directory: Path, head: list[int]) -> None:
 _BOOT_MARGIN_NS = 60 * 10**9
 
 
-def _boot_started_ns() -> int:
-    """When this boot started, by the wall clock (as files' times are)."""
-    return time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+def _boot_started_ns() -> int | None:
+    """When this boot started, by the wall clock (as files' times are); None
+    where the system has no boot clock (macOS: ``time`` has no
+    ``CLOCK_BOOTTIME``), or refuses it."""
+    clock = getattr(time, "CLOCK_BOOTTIME", None)
+    if clock is None:
+        return None
+    try:
+        return time.time_ns() - time.clock_gettime_ns(clock)
+    except OSError:
+        return None
 
 
 def _trusted(directory: Path) -> bool:

@@ -170,3 +170,32 @@ def test_a_runs_first_page_maps_a_journal_its_summary_vouches_for_without_a_walk
     monkeypatch.setattr(probe, "_known", {})
     detail = JournalSource(runs).run(run.journal_path.name)
     assert detail is not None and walked == [[run.journal_path.name]]
+
+
+def test_a_runs_page_opens_where_the_system_keeps_no_boot_clock(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where time has no CLOCK_BOOTTIME (macOS), a finished run's page, and
+    ``journal_info`` of it (``show``, ``replay``), raised AttributeError from
+    the boot check of ``probe.vouch``. Nothing tells when this boot began
+    there: the journal is walked in a child, as before the vouch."""
+    from primeruns.journal import probe
+    from primeruns.journal.listing import journal_info
+
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(name="done", environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    assert run.journal_path is not None
+    run.log_episodes([fresh(eval_episodes()[0]) for _ in range(3)])
+    run.finish()
+    monkeypatch.delattr(time, "CLOCK_BOOTTIME")
+    walked: list[list[str]] = []
+    real_child = probe._run_child
+    monkeypatch.setattr(probe, "_known", {})  # a fresh process: no walk of it kept
+    monkeypatch.setattr(
+        probe, "_run_child", lambda dirs: walked.append([d.name for d in dirs]) or real_child(dirs)
+    )
+    assert journal_info(run.journal_path).last_seq > 0
+    detail = JournalSource(runs).run(run.journal_path.name)
+    assert detail is not None and detail.row.name == "done"
+    rows, total = JournalSource(runs).samples(run.journal_path.name, 0, PAGE_SIZE)
+    assert total == len(rows) == 3 and walked == [[run.journal_path.name]]
