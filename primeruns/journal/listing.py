@@ -31,7 +31,7 @@ from primeruns.journal.layout import dumps
 from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
 from primeruns.journal.memo import Memo
 from primeruns.journal.meta import K_OVERSIZED, MAX_META_BYTES, MAX_META_VALUES
-from primeruns.journal.probe import probe_many, vouch
+from primeruns.journal.probe import probe_many, unwalked, vouch
 from primeruns.journal.stamps import STAMP_LEN, STAMPED
 from primeruns.journal.store import DATA_NAME
 from primeruns.journal.summary import Seen, Shelf
@@ -78,6 +78,10 @@ MAX_FINISH_BYTES = 4 << 20
 
 #: The entries a listing looks back through for the run's finish.
 _FINISH_LOOKS_BACK = 16
+
+#: A summary's field saying its journal was read unwalked (``probe.unwalked``):
+#: such a summary vouches for nothing (``probe.vouch``).
+_UNWALKED = "unwalked"
 
 
 def _finish_record(journal: Journal, last_seq: int) -> dict[str, Any] | None:
@@ -276,7 +280,12 @@ def _info(
         # Only a journal read whole and without trouble is kept: damage met
         # while opening may be this moment's (a probe out of time), and is
         # looked for again.
-        _keep(shelf, path, look, {**fields, "meta": as_read}, after if tally else None, verified)
+        read = {**fields, "meta": as_read}
+        if not written_here and unwalked(path):
+            # Opened with no walk (no child could start): its summary serves
+            # listings, but vouches for nothing (``journal_infos``).
+            read[_UNWALKED] = True
+        _keep(shelf, path, look, read, after if tally else None, verified)
     return JournalInfo(
         **{
             **base,
@@ -408,7 +417,7 @@ def journal_infos(
     for path in map(Path, paths):
         shelf = shelves.setdefault(path.parent, Shelf(path.parent))
         look = _look(path, shelf, read_owner(path))
-        if look.kept is not None and look.files.stamp is not None:
+        if look.kept is not None and not look.kept.get(_UNWALKED) and look.files.stamp is not None:
             # A current summary: its file was walked clean, so the journal
             # these callers open next (the dashboard's run page) is not
             # walked again in a child (~0.3 s for 20,000 episodes).

@@ -45,6 +45,9 @@ _NO_CHILD = "no child could be started to walk it"
 # A journal's file as ``stat`` sees it (see ``_key``).
 FileKey = tuple[str, int, int, int, int]
 _known: dict[FileKey, str | None] = {}
+# The journals (their real paths) opened unwalked for want of a child, until
+# a walk of them: what was read of one vouches for nothing (``unwalked``).
+_unwalked: set[str] = set()
 
 
 def _key(directory: Path) -> FileKey | None:
@@ -85,11 +88,25 @@ def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:
         with _lock:
             for (directory, key), verdict in zip(todo, found, strict=False):
                 result[directory] = None if verdict is _NO_CHILD else verdict
-                if verdict is not _NO_CHILD:
+                if verdict is _NO_CHILD:
+                    _unwalked.add(key[0])
+                else:
                     # Not one unwalked for want of a child: walked next time.
                     _known[key] = verdict
+                    _unwalked.discard(key[0])
         todo = todo[len(found) :] if rest else []
     return result
+
+
+def unwalked(directory: Path) -> bool:
+    """Whether this process opened the journal at ``directory`` without a
+    walk, no child having started, and has not walked it since: what was read
+    of it vouches for nothing (``vouch``): a tree damaged where that read did
+    not go would be mapped unwalked by the next reader (the dashboard's
+    process aborted)."""
+    real = os.path.realpath(directory)
+    with _lock:
+        return real in _unwalked
 
 
 def vouch(directory: Path, head: list[int]) -> None:

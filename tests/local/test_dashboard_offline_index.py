@@ -23,6 +23,7 @@ from sdk_helpers import point_at
 import primeruns as pr
 from primeruns.commands.demo_data import eval_episodes, train_episodes
 from primeruns.journal import EntryKind, Journal
+from primeruns.journal.summary import FOLDER
 from primeruns.local.dashboard.journal_index import JournalIndex
 from primeruns.local.dashboard.journal_source import JournalSource
 from primeruns.local.dashboard.routes import PAGE_SIZE
@@ -199,3 +200,47 @@ def test_a_runs_page_opens_where_the_system_keeps_no_boot_clock(
     assert detail is not None and detail.row.name == "done"
     rows, total = JournalSource(runs).samples(run.journal_path.name, 0, PAGE_SIZE)
     assert total == len(rows) == 3 and walked == [[run.journal_path.name]]
+
+
+def test_a_summary_read_while_no_child_could_walk_the_journal_vouches_for_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing that could start no child (a process limit reached, no
+    memory to fork) opens each journal unwalked, as before, and kept its
+    summary; that summary then vouched for the file (``probe.vouch``), and
+    the run's page mapped it with no walk: a journal damaged inside its tree
+    (never walked by anyone) could abort the dashboard's process in LMDB.
+    Now such a summary still serves listings but vouches for nothing: the
+    page walks the journal."""
+    import subprocess
+
+    from primeruns.journal import probe
+    from primeruns.journal.listing import list_journals
+
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(name="done", environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    assert run.journal_path is not None
+    run.log_episodes([fresh(eval_episodes()[0]) for _ in range(3)])
+    run.finish()
+    data = run.journal_path / "data.mdb"
+    st = data.stat()
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))  # changed since its summary
+    monkeypatch.setattr(probe, "_known", {})
+
+    def no_child(*args: object, **kwargs: object) -> None:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    with monkeypatch.context() as no_fork:
+        no_fork.setattr(subprocess, "run", no_child)
+        (listed,) = list_journals(runs, tally=True)
+    assert listed.last_seq > 0 and not listed.damage  # listed as ever
+    assert (runs / FOLDER / f"{run.journal_path.name}.json").is_file()  # kept: ls stays fast
+    walked: list[list[str]] = []
+    real_child = probe._run_child
+    monkeypatch.setattr(probe, "_known", {})  # the dashboard: another process
+    monkeypatch.setattr(
+        probe, "_run_child", lambda dirs: walked.append([d.name for d in dirs]) or real_child(dirs)
+    )
+    detail = JournalSource(runs).run(run.journal_path.name)
+    assert detail is not None and detail.row.name == "done"
+    assert walked == [[run.journal_path.name]]
