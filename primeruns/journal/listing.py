@@ -31,6 +31,7 @@ from primeruns.journal.layout import dumps
 from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
 from primeruns.journal.memo import Memo
 from primeruns.journal.meta import K_OVERSIZED, MAX_META_BYTES, MAX_META_VALUES
+from primeruns.journal.origin import boot_id
 from primeruns.journal.probe import probe_many, unwalked, vouch
 from primeruns.journal.stamps import STAMP_LEN, STAMPED
 from primeruns.journal.store import DATA_NAME
@@ -79,9 +80,13 @@ MAX_FINISH_BYTES = 4 << 20
 #: The entries a listing looks back through for the run's finish.
 _FINISH_LOOKS_BACK = 16
 
-#: A summary's field saying its journal was read unwalked (``probe.unwalked``):
-#: such a summary vouches for nothing (``probe.vouch``).
-_UNWALKED = "unwalked"
+#: A summary's field naming the boot (``origin.boot_id``) in which its file
+#: was walked clean or written by the process keeping it; None (or absent)
+#: when it was read unwalked (``probe.unwalked``). Only a summary walked in
+#: this boot vouches for its file (``probe.vouch``): a crash since, here or
+#: on the machine a disk came from, may have kept the file's times and meta
+#: page but not every data page the walk read.
+_WALKED_IN = "walked_in_boot"
 
 
 def _finish_record(journal: Journal, last_seq: int) -> dict[str, Any] | None:
@@ -281,10 +286,10 @@ def _info(
         # while opening may be this moment's (a probe out of time), and is
         # looked for again.
         read = {**fields, "meta": as_read}
-        if not written_here and unwalked(path):
-            # Opened with no walk (no child could start): its summary serves
-            # listings, but vouches for nothing (``journal_infos``).
-            read[_UNWALKED] = True
+        if written_here or not unwalked(path):
+            # Opened unwalked (no child could start), it serves listings but
+            # vouches for nothing (``journal_infos``).
+            read[_WALKED_IN] = boot_id()
         _keep(shelf, path, look, read, after if tally else None, verified)
     return JournalInfo(
         **{
@@ -417,10 +422,11 @@ def journal_infos(
     for path in map(Path, paths):
         shelf = shelves.setdefault(path.parent, Shelf(path.parent))
         look = _look(path, shelf, read_owner(path))
-        if look.kept is not None and not look.kept.get(_UNWALKED) and look.files.stamp is not None:
-            # A current summary: its file was walked clean, so the journal
-            # these callers open next (the dashboard's run page) is not
-            # walked again in a child (~0.3 s for 20,000 episodes).
+        walked_in = None if look.kept is None else look.kept.get(_WALKED_IN)
+        if walked_in is not None and walked_in == boot_id() and look.files.stamp is not None:
+            # A current summary of a file walked clean in this boot, so the
+            # journal these callers open next (the dashboard's run page) is
+            # not walked again in a child (~0.3 s for 20,000 episodes).
             vouch(path, look.files.stamp)
         looks.append((path, shelf, look))
     probe_many([p for p, _, look in looks if not look.covers(verify=verify, tally=tally)])

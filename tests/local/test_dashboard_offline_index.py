@@ -130,6 +130,20 @@ def test_a_damaged_last_summary_shows_the_one_before_it(tmp_path: Path) -> None:
     journal.close()
 
 
+def _walks(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The journals each probe child walks from now on (their names), this
+    process's walks forgotten, as in a new process."""
+    from primeruns.journal import probe
+
+    walked: list[list[str]] = []
+    real_child = probe._run_child
+    monkeypatch.setattr(probe, "_known", {})
+    monkeypatch.setattr(
+        probe, "_run_child", lambda dirs: walked.append([d.name for d in dirs]) or real_child(dirs)
+    )
+    return walked
+
+
 def test_a_runs_first_page_maps_a_journal_its_summary_vouches_for_without_a_walk(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -145,12 +159,7 @@ def test_a_runs_first_page_maps_a_journal_its_summary_vouches_for_without_a_walk
     assert run.journal_path is not None
     run.log_episodes([fresh(eval_episodes()[0]) for _ in range(3)])
     run.finish()
-    walked: list[list[str]] = []
-    real_child = probe._run_child
-    monkeypatch.setattr(probe, "_known", {})  # a fresh process: no walk of it kept
-    monkeypatch.setattr(
-        probe, "_run_child", lambda dirs: walked.append([d.name for d in dirs]) or real_child(dirs)
-    )
+    walked = _walks(monkeypatch)  # a fresh process: no walk of it kept
     detail = JournalSource(runs).run(run.journal_path.name)
     assert detail is not None and detail.row.name == "done" and walked == []
     rows, total = JournalSource(runs).samples(run.journal_path.name, 0, PAGE_SIZE)
@@ -180,7 +189,6 @@ def test_a_runs_page_opens_where_the_system_keeps_no_boot_clock(
     ``journal_info`` of it (``show``, ``replay``), raised AttributeError from
     the boot check of ``probe.vouch``. Nothing tells when this boot began
     there: the journal is walked in a child, as before the vouch."""
-    from primeruns.journal import probe
     from primeruns.journal.listing import journal_info
 
     runs = point_at(monkeypatch, tmp_path, None)
@@ -189,12 +197,7 @@ def test_a_runs_page_opens_where_the_system_keeps_no_boot_clock(
     run.log_episodes([fresh(eval_episodes()[0]) for _ in range(3)])
     run.finish()
     monkeypatch.delattr(time, "CLOCK_BOOTTIME")
-    walked: list[list[str]] = []
-    real_child = probe._run_child
-    monkeypatch.setattr(probe, "_known", {})  # a fresh process: no walk of it kept
-    monkeypatch.setattr(
-        probe, "_run_child", lambda dirs: walked.append([d.name for d in dirs]) or real_child(dirs)
-    )
+    walked = _walks(monkeypatch)  # a fresh process: no walk of it kept
     assert journal_info(run.journal_path).last_seq > 0
     detail = JournalSource(runs).run(run.journal_path.name)
     assert detail is not None and detail.row.name == "done"
@@ -235,12 +238,44 @@ def test_a_summary_read_while_no_child_could_walk_the_journal_vouches_for_nothin
         (listed,) = list_journals(runs, tally=True)
     assert listed.last_seq > 0 and not listed.damage  # listed as ever
     assert (runs / FOLDER / f"{run.journal_path.name}.json").is_file()  # kept: ls stays fast
-    walked: list[list[str]] = []
-    real_child = probe._run_child
-    monkeypatch.setattr(probe, "_known", {})  # the dashboard: another process
-    monkeypatch.setattr(
-        probe, "_run_child", lambda dirs: walked.append([d.name for d in dirs]) or real_child(dirs)
-    )
+    walked = _walks(monkeypatch)  # the dashboard: another process
     detail = JournalSource(runs).run(run.journal_path.name)
     assert detail is not None and detail.row.name == "done"
     assert walked == [[run.journal_path.name]]
+
+
+def test_a_summary_kept_in_another_boot_vouches_for_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A summary kept in another boot (a disk written by a machine that then
+    crashed, moved here, where its device number may well be the same) of a
+    file whose change time falls in this boot vouched for it: the run's page
+    mapped it unwalked, though the crash may have kept the file's times and
+    meta page but not every data page the walk read then. Now only a summary
+    made in this boot vouches; the page walks the journal."""
+    from primeruns.journal import origin, probe
+    from primeruns.journal.listing import list_journals
+
+    runs = point_at(monkeypatch, tmp_path, None)
+    other_boot = tmp_path / "boot_id"
+    other_boot.write_text("0b5e55ed-0000-4000-8000-000000000000\n")
+    with monkeypatch.context() as elsewhere:
+        elsewhere.setattr(origin, "_BOOT_ID", other_boot)
+        run = pr.init(name="done", environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+        assert run.journal_path is not None
+        run.log_episodes([fresh(eval_episodes()[0]) for _ in range(3)])
+        run.finish()
+        (listed,) = list_journals(runs, tally=True)
+    assert listed.last_seq > 0 and (runs / FOLDER / f"{run.journal_path.name}.json").is_file()
+    walked = _walks(monkeypatch)  # the dashboard: another process
+    detail = JournalSource(runs).run(run.journal_path.name)
+    assert detail is not None and detail.row.name == "done"
+    assert walked == [[run.journal_path.name]]
+    # Kept again in this boot (the journal changed since): vouched, no walk.
+    data = run.journal_path / "data.mdb"
+    st = data.stat()
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
+    list_journals(runs, tally=True)
+    monkeypatch.setattr(probe, "_known", {})
+    walked.clear()
+    assert JournalSource(runs).run(run.journal_path.name) is not None and walked == []
