@@ -5,6 +5,7 @@ environment, an answer cut short or trickled past its deadline."""
 
 from __future__ import annotations
 
+import dataclasses
 import http.client
 import json
 import logging
@@ -24,6 +25,7 @@ import pytest
 from primeruns.exceptions import (
     APIError,
     APITimeoutError,
+    ConfigurationError,
     NotFoundError,
     RetryableAPIError,
     TransportError,
@@ -32,6 +34,7 @@ from primeruns.exceptions import (
 from primeruns.platform import PlatformClient, plain, resolve_settings
 from primeruns.platform import client as client_module
 from primeruns.platform.errors import is_ambiguous, never_reached
+from primeruns.settings import Settings
 
 #: Calls go straight to the test's servers, whatever proxy this machine sets.
 pytestmark = pytest.mark.usefixtures("no_proxy")
@@ -516,6 +519,21 @@ def test_a_switch_of_protocols_not_asked_for_is_no_answer(serve: Callable[..., _
     client.close()
 
 
+def _settings_with_key(base_url: str, key: str) -> Settings:
+    """Settings carrying ``key`` as they are, for the client's own defence.
+
+    ``resolve_settings`` refuses a key no header can carry (a control
+    character, text beyond ASCII), naming the setting and never the key; a
+    key that still reaches a client (settings built another way) must fail
+    there too, on both paths alike, the key never shown."""
+    good = resolve_settings(api_key=KEY, base_url=base_url, environ={}, config={})
+    if any(not (" " <= c <= "~" or c == "\t") for c in key):
+        with pytest.raises(ConfigurationError) as refused:
+            resolve_settings(api_key=key, base_url=base_url, environ={}, config={})
+        assert "api_key" in str(refused.value) and KEY[4:] not in str(refused.value)
+    return dataclasses.replace(good, api_key=key)
+
+
 def test_a_key_with_a_line_break_fails_as_through_httpx_without_showing_it(
     serve: Callable[..., _Server],
 ) -> None:
@@ -525,9 +543,7 @@ def test_a_key_with_a_line_break_fails_as_through_httpx_without_showing_it(
     retires). httpx fails it as a transport error, scrubbed."""
     server = serve()
     port = server.server_address[1]
-    settings = resolve_settings(
-        api_key=KEY + "\n", base_url=f"http://127.0.0.1:{port}", environ={}, config={}
-    )
+    settings = _settings_with_key(f"http://127.0.0.1:{port}", KEY + "\n")
     client = PlatformClient(settings)
     with pytest.raises(TransportError) as failed:
         client.api("POST", "/rft/metrics", {"run_id": "r"})
@@ -548,9 +564,7 @@ def test_a_key_with_a_folded_line_or_a_nul_is_refused_as_httpx_refuses_it(
     plain path, on the first request (a line then written again was checked)."""
     server = serve()
     port = server.server_address[1]
-    settings = resolve_settings(
-        api_key=KEY + tail, base_url=f"http://127.0.0.1:{port}", environ={}, config={}
-    )
+    settings = _settings_with_key(f"http://127.0.0.1:{port}", KEY + tail)
     client = PlatformClient(settings)
     for _ in range(2):
         with pytest.raises(TransportError) as failed:
@@ -1134,9 +1148,7 @@ def test_a_key_httpx_refuses_is_refused_on_the_plain_path_too_without_showing_it
     import httpx
 
     server = serve()
-    settings = resolve_settings(
-        api_key=key, base_url=_client(server).settings.api_root, environ={}, config={}
-    )
+    settings = _settings_with_key(_client(server).settings.api_root, key)
     outcomes = []
     for transport in (None, httpx.HTTPTransport()):
         client = PlatformClient(settings, transport=transport)
