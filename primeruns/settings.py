@@ -285,13 +285,15 @@ def _parse_api_key(name: str, raw: str) -> str:
 
 def _parse_header_value(name: str, raw: str) -> str:
     """A key given as an argument or in the config file: anything a header can
-    carry (blanks around it too: they are dropped on the way, as servers
-    read it). httpx refuses a non-ASCII header (a UnicodeEncodeError out of
-    ``init``, naming nothing) and h11 a control character (which read as an
-    unreachable platform): refused here, naming the setting, never the key."""
+    carry, without the blanks around it (a server drops them from a header,
+    and h11 refuses to send a header ending in one: the run read as a
+    platform never reached). httpx refuses a non-ASCII header (a
+    UnicodeEncodeError out of ``init``, naming nothing) and h11 a control
+    character (which read as an unreachable platform): refused here, naming
+    the setting, never the key."""
     at = next((i for i, c in enumerate(raw) if not (" " <= c <= "~" or c == "\t")), None)
     if at is None:
-        return raw
+        return raw.strip(" \t")
     raise ConfigurationError(
         f"{name} is not an API key: character {at + 1} of {len(raw)} is not printable "
         f"ASCII (a non-ASCII letter or a line break); use the key alone, as the "
@@ -550,7 +552,7 @@ def resolve_settings(
     if key and sources["api_key"] != API_KEY_ENV:
         named = "api_key" if sources["api_key"] == "argument" else _in_config("api_key")
         try:
-            _parse_header_value(named, key)
+            key = _parse_header_value(named, key)
         except ConfigurationError as exc:
             read.problem(exc)
             key, sources["api_key"] = "", "unset"

@@ -16,6 +16,7 @@ import pytest
 from hostile import cross_site_form_post
 
 from primeruns.local import LocalPlatform
+from primeruns.run import Run
 
 KEY = "the-local-key-123"
 BEARER = {"Authorization": f"Bearer {KEY}"}
@@ -145,6 +146,27 @@ def test_a_key_no_client_can_send_is_refused_at_serve_start_without_echoing_it(
     assert not (tmp_path / "d").exists()
 
 
+def _online_env(monkeypatch: pytest.MonkeyPatch, platform: LocalPlatform, home: Path) -> None:
+    """No key in the environment, Prime Traces on ``platform``, ``home`` for the config file."""
+    monkeypatch.delenv("PRIME_API_KEY", raising=False)
+    monkeypatch.setenv("PRIME_TRACES_URL", platform.url)
+    monkeypatch.setenv("HOME", str(home))
+
+
+def _init(platform: LocalPlatform, tmp_path: Path, key: str | None) -> Run:
+    """An evaluation's ``init`` against ``platform`` with ``api_key=key``."""
+    import primeruns
+
+    return primeruns.init(
+        "n",
+        environments=["gsm8k"],
+        model="m",
+        api_key=key,
+        base_url=platform.url,
+        runs_dir=tmp_path / "runs",
+    )
+
+
 @pytest.mark.parametrize("key", UNSENDABLE, ids=["non-ascii", "line-break"])
 def test_an_sdk_key_no_client_can_send_is_named_at_init_not_a_unicode_error(
     local_platform: LocalPlatform, tmp_path: Path, key: str, monkeypatch: pytest.MonkeyPatch
@@ -155,29 +177,39 @@ def test_an_sdk_key_no_client_can_send_is_named_at_init_not_a_unicode_error(
     ConfigurationError names the setting, never the key."""
     import json
 
-    import primeruns
     from primeruns.exceptions import ConfigurationError
 
-    monkeypatch.delenv("PRIME_API_KEY", raising=False)
-    monkeypatch.setenv("PRIME_TRACES_URL", local_platform.url)
-    monkeypatch.setenv("HOME", str(tmp_path))
+    _online_env(monkeypatch, local_platform, tmp_path)
     for given, named in ((key, "api_key"), (None, "api_key in ~/.prime/config.json")):
         config = tmp_path / ".prime" / "config.json"
         config.parent.mkdir(exist_ok=True)
         config.write_text(json.dumps({"api_key": key}))
         with pytest.raises(ConfigurationError) as raised:
-            primeruns.init(
-                "n",
-                environments=["gsm8k"],
-                model="m",
-                api_key=given,
-                base_url=local_platform.url,
-                runs_dir=tmp_path / "runs",
-            )
+            _init(local_platform, tmp_path, given)
         said = str(raised.value)
         assert said.startswith(named) and "ASCII" in said, said
         assert key.strip() not in said
     assert local_platform.runs() == []
+
+
+@pytest.mark.parametrize("key", ["pk-0123456789 ", "pk-0123456789\t"], ids=["blank", "tab"])
+def test_an_sdk_key_with_a_blank_around_it_ships_the_run(
+    make_local_platform: Callable[..., LocalPlatform],
+    tmp_path: Path,
+    key: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A key pasted with a blank around it (``api_key=`` or the config file)
+    is taken as the key without it, as a server reads a header: sent as
+    given, h11 refused the header (a blank after it) and the run read as a
+    platform never reached, its records kept for a replay that failed the
+    same way."""
+    local_platform = make_local_platform(api_key=key.strip())
+    _online_env(monkeypatch, local_platform, tmp_path)
+    run = _init(local_platform, tmp_path, key)
+    run.finish()
+    assert run.errors == []
+    assert len(local_platform.runs()) == 1
 
 
 def _listening(*args: str) -> tuple[subprocess.Popen[str], str]:
