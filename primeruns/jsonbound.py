@@ -11,7 +11,9 @@ never needs all of it, so readers that show records go through here:
   ``RecursionError``) into ``ValueError``;
 - :func:`clip` returns a copy bounded in depth, items, string length and
   total size, with a visible marker (``[clipped: ...]``) wherever something
-  was left out, so a page says what it does not show rather than hiding it.
+  was left out, so a page says what it does not show rather than hiding it;
+- :func:`finite_number` takes a number read from such JSON as a float only
+  where one can be: ``json`` reads NaN, Infinity and integers of any length.
 
 Shipping never goes through here: it sends records byte for byte.
 """
@@ -19,12 +21,13 @@ Shipping never goes through here: it sends records byte for byte.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-__all__ = ["MARK", "MAX_VALUES", "Bounds", "clip", "loads", "marker"]
+__all__ = ["MARK", "MAX_VALUES", "Bounds", "clip", "finite_number", "loads", "marker"]
 
 #: The word every marker starts with (pages and tests look for it).
 MARK = "[clipped:"
@@ -45,6 +48,19 @@ class Bounds:
 
 
 DEFAULT = Bounds()
+
+
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite float, or None if it is not a (non-bool) finite
+    number: NaN (which compares false to everything), an infinity, or an
+    integer past the floats (an OverflowError, not a value)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        as_float = float(value)
+    except OverflowError:
+        return None
+    return as_float if math.isfinite(as_float) else None
 
 
 def marker(what: str) -> str:

@@ -24,6 +24,7 @@ import math
 from typing import Any
 from urllib.parse import urlparse
 
+from ..jsonbound import finite_number
 from .queries import is_64_bit
 
 
@@ -41,21 +42,14 @@ def _str(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
+#: A document's number as a finite float, or None: an integer past the
+#: floats (JSON bounds no number's digits, and ``json`` reads what orjson
+#: cannot) is none, not an OverflowError (a 500).
+number = finite_number
+
+
 def is_number(value: Any) -> bool:
     return number(value) is not None
-
-
-def number(value: Any) -> float | None:
-    """``value`` as a finite float, or None if it is not a (non-bool) finite
-    number: an integer past the floats (JSON bounds no number's digits, and
-    ``json`` reads what orjson cannot) is none, not an OverflowError (a 500)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        as_float = float(value)
-    except OverflowError:
-        return None
-    return as_float if math.isfinite(as_float) else None
 
 
 def reward_of(doc: dict[str, Any]) -> float | None:

@@ -41,7 +41,6 @@ import fcntl
 import functools
 import hashlib
 import json
-import math
 import os
 import time
 from collections.abc import Iterator
@@ -49,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from ..exceptions import RetryableAPIError
+from ..jsonbound import finite_number
 from ..settings import default_sync_root as sync_root
 from .copies import make_sync_root, read_record
 from .deadline import boot_clock
@@ -166,13 +166,7 @@ def _stamp(value: object) -> float | None:
     """A record's date as a float, or None for one no clock can have stamped
     (not a number, NaN or infinite, an int past a float: the sync root is
     untrusted input, and NaN compares false, so it never left the window)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return None
-    try:
-        stamp = float(value)
-    except OverflowError:
-        return None
-    return stamp if math.isfinite(stamp) else None
+    return finite_number(value)
 
 
 def _since_on_boot(found: dict[str, Any], field: str) -> float | None:
