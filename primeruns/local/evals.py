@@ -45,7 +45,7 @@ from .context import (
 from .dashboard import stored_rows
 from .errors import PlatformError
 from .queries import query_int, row_offset
-from .typed_fields import BOOL, STR, shown
+from .typed_fields import BOOL, STR, shown, shown_environments
 
 #: A create's fields the contract types (§2.2; prime-evals' extra ones),
 #: besides those checked apart (name, environments, team_id, tags, the two objects).
@@ -82,7 +82,7 @@ def evaluation_view(row: sqlite3.Row) -> dict[str, Any]:
     # storable.loads: NaN an earlier version stored reads as null, not a 500;
     # shown: a field it stored with another type than the contract's, as null.
     request = storable.loads(row["request"])
-    envs = request.get("environments") or []
+    envs = shown_environments(request.get("environments"))
     dataset = shown(request.get("dataset"), STR)
     tags = request.get("tags")
     return {
@@ -99,7 +99,7 @@ def evaluation_view(row: sqlite3.Row) -> dict[str, Any]:
         "description": shown(request.get("description"), STR),
         "tags": [t for t in tags if isinstance(t, str)] if isinstance(tags, list) else [],
         "team_id": row["team_id"],
-        "environment_ids": [e.get("id") for e in envs if isinstance(e, dict)],
+        "environment_ids": [e["id"] for e in envs],
         "environment_names": [dataset] if dataset else [],
         "is_hosted": False,
         "total_samples": row["sample_count"],

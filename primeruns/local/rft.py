@@ -57,7 +57,7 @@ from .parquet_bounds import checked_rows, footer_bytes
 from .queries import is_64_bit, query_int
 from .rft_reads import LOCAL_USER_ID, read_routes
 from .rft_reads import existing_run as _run
-from .typed_fields import INT, STR, shown
+from .typed_fields import INT, STR, shown, shown_environments
 
 TERMINAL = frozenset({"COMPLETED", "FAILED", "STOPPED"})
 #: A create's optional fields the contract types (§3.2), besides those checked apart.
@@ -118,7 +118,7 @@ def run_view(row: sqlite3.Row) -> dict[str, Any]:
         "batchSize": shown(req.get("batch_size"), INT),
         "rolloutsPerExample": shown(req.get("rollouts_per_example"), INT),
         "seqLen": shown(req.get("seq_len"), INT),
-        "environments": req.get("environments") or [],
+        "environments": shown_environments(req.get("environments")),
         "runConfig": req.get("run_config"),
         "wandbProject": shown(req.get("wandb_project"), STR),
         "wandbEntity": shown(req.get("wandb_entity"), STR),

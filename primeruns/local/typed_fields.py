@@ -21,7 +21,7 @@ from typing import Any
 from .errors import PlatformError
 from .queries import is_64_bit
 
-__all__ = ["BOOL", "INT", "STR", "check", "check_environments", "shown"]
+__all__ = ["BOOL", "INT", "STR", "check", "check_environments", "shown", "shown_environments"]
 
 #: The types, as the refusal names them.
 STR, INT, BOOL = "a string", "an integer", "a boolean"
@@ -66,3 +66,20 @@ def shown(value: Any, kind: str) -> Any:
     """``value`` where it is of type ``kind``, else None: a row an earlier
     version stored is read as the contract types it."""
     return value if _is(value, kind) else None
+
+
+def shown_environments(value: Any) -> list[dict[str, Any]]:
+    """The environment refs of a stored request, as ``check_environments``
+    takes them: an earlier version stored any id (a list, a number) and, for
+    a training run, environments of any shape (a number made the
+    evaluation's reads and the runs page 500s). A ref without a text id is
+    left out; a version of another type reads as null."""
+    if not isinstance(value, list):
+        return []
+    return [
+        ref
+        if ref.get("version_id") is None or isinstance(ref["version_id"], str)
+        else {**ref, "version_id": None}
+        for ref in value
+        if isinstance(ref, dict) and isinstance(ref.get("id"), str) and ref["id"]
+    ]

@@ -183,3 +183,42 @@ def test_rows_an_earlier_version_stored_with_wrong_types_read_back(tmp_path: Pat
     assert evaluation["tags"] == [] and evaluation["environment_names"] == []
     run = answers[f"{RFT}/runs/rft_old"].json()["run"]
     assert [run[k] for k in ("baseModel", "maxSteps", "batchSize", "wandbProject")] == [None] * 4
+
+
+def test_environments_an_earlier_version_stored_with_wrong_types_read_back(
+    tmp_path: Path,
+) -> None:
+    """An earlier version took an environment ref whose id was any value (a
+    list, a number) and a run's environments of any shape: an evaluation's
+    environments stored as a number made its reads and the runs page 500s,
+    and refs of other types were handed on to clients modelling
+    ``{id: str, version_id?: str}``. Now only such refs are shown."""
+    refs = '[{"id":["e"]},{"id":"ok","version_id":7},"x",{"id":"v","version_id":"1"}]'
+
+    def insert(conn: sqlite3.Connection) -> None:
+        for name, envs in (("eval_num", "5"), ("eval_refs", refs)):
+            conn.execute(
+                "INSERT INTO evaluations (id, name, status, request, team_id, created_at,"
+                " updated_at) VALUES (?, ?, 'RUNNING', ?, NULL, 0, 0)",
+                (name, name, f'{{"run_id":"r","environments":{envs}}}'),
+            )
+        for name, envs in (("rft_num", "5"), ("rft_refs", refs)):
+            conn.execute(
+                "INSERT INTO train_runs (id, name, team_id, status, request, created_at,"
+                " updated_at) VALUES (?, ?, 't', 'RUNNING', ?, 0, 0)",
+                (name, name, f'{{"base_model":"m","environments":{envs}}}'),
+            )
+
+    reads = ("/", f"{EVALS}/", f"{RFT}/runs")
+    reads += tuple(f"{EVALS}/{e}" for e in ("eval_num", "eval_refs"))
+    reads += tuple(f"{RFT}/runs/{r}" for r in ("rft_num", "rft_refs"))
+    reads += ("/dashboard/evaluations/eval_refs", "/dashboard/training/rft_refs")
+    with served(plant(tmp_path / "data", insert), KEY) as api:
+        answers = {path: api.get(path) for path in reads}
+    for path, answer in answers.items():
+        assert answer.status_code == 200, (path, answer.text[:500])
+    assert answers[f"{EVALS}/eval_num"].json()["environment_ids"] == []
+    assert answers[f"{EVALS}/eval_refs"].json()["environment_ids"] == ["ok", "v"]
+    assert answers[f"{RFT}/runs/rft_num"].json()["run"]["environments"] == []
+    shown = answers[f"{RFT}/runs/rft_refs"].json()["run"]["environments"]
+    assert shown == [{"id": "ok", "version_id": None}, {"id": "v", "version_id": "1"}]
