@@ -160,7 +160,10 @@ def _leave_record(status: RunStatus, root: Path) -> None:
 
 def run_gc(args: argparse.Namespace) -> int:
     """Delete journals older than --older-than that are fully shipped and closed
-    out. Never one with pending records (unless --force), never a live one."""
+    out. Never one with pending records or entries its sync journal has not
+    imported (unless --force, which says how many records each deleted held
+    that nothing received, and which sync journal keeps the rest of one,
+    with the replay that ships them), never a live one."""
     runs_dir = runs_dir_of(args)
     report: dict[str, list[dict[str, Any]]] = {"deleted": [], "kept": [], "failed": []}
     gone: list[bool] = []  # per journal listed: deleted (or would be, in a dry run)
