@@ -837,10 +837,12 @@ class RunSettings:
 
 
 def _has_key(api_key: str | None, env: Mapping[str, str], cfg: Mapping[str, Any]) -> bool:
-    """Whether a key is given, by the precedence ``resolve_settings`` applies."""
+    """Whether a key is given, by the precedence ``resolve_settings`` applies:
+    blanks alone are none (``resolve_settings`` drops the blanks around one)."""
     if api_key is not None:
-        return bool(api_key)
-    return bool((env.get(API_KEY_ENV) or "").strip()) or _config_str(cfg, "api_key") is not None
+        return not isinstance(api_key, str) or bool(api_key.strip(" \t"))
+    configured = _config_str(cfg, "api_key")
+    return bool((env.get(API_KEY_ENV) or "").strip()) or bool((configured or "").strip(" \t"))
 
 
 def resolve_run_settings(

@@ -359,3 +359,17 @@ def test_the_vendor_callers_disabled_fallback_never_raises_for_any_setting(
     assert run.mode == "disabled"
     named = {var for var in st.VARIABLES if var in caplog.text}
     assert named == set(st.VARIABLES)
+
+
+@pytest.mark.parametrize("where", ["argument", "config file"])
+def test_a_key_of_blanks_alone_is_no_key(tmp_path: Path, where: str) -> None:
+    """A key given as blanks alone (an empty paste) is no key, as a blank
+    ``PRIME_API_KEY`` is: the run is disabled with the "no API key" warning.
+    Taken as a key, the run was online and either raised "needs an API key"
+    (its blanks dropped, nothing left) or sent a header h11 refuses."""
+    given: dict[str, Any] = {"api_key": " \t "} if where == "argument" else {}
+    config = {} if where == "argument" else {"api_key": " \t "}
+    settings = st.resolve_run_settings(
+        environ={}, config=config, runs_dir=tmp_path / "runs", **given
+    )
+    assert settings.mode == "disabled"
