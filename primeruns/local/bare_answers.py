@@ -8,6 +8,13 @@ no ``nosniff``, text a browser could sniff). :class:`ServeH11Protocol` sends
 that 400 with the guard's headers, in the platform's ``{"detail"}`` dialect,
 naming no server and no version; everything else is
 :class:`~.one_write.OneWriteH11Protocol`'s.
+
+A head that parses, followed in the same read by a body that does not (a bad
+chunk size), is both: a request the app has started on and a 400 sent at
+once. The app's answer then meets a connection that has answered; uvicorn
+logged each such request, from anyone who can connect, as an exception with
+a traceback. The 400 is the answer: the app is told the client left, as it
+is once the close is seen, and what it sends is dropped.
 """
 
 from __future__ import annotations
@@ -44,3 +51,8 @@ class ServeH11Protocol(OneWriteH11Protocol):
         if data:
             self.transport.write(data)
         self.transport.close()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # What connection_lost will say, said before the app's next turn.
+            cycle.disconnected = True
+            cycle.message_event.set()

@@ -55,6 +55,15 @@ def _peak_rss(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
+def _goes_on(url: str) -> None:
+    """The platform answers a new connection."""
+    split = urlsplit(url)
+    conn = http.client.HTTPConnection(split.hostname or "", split.port, timeout=30)
+    conn.request("GET", "/healthz")
+    assert conn.getresponse().status == 200, "the platform goes on"
+    conn.close()
+
+
 def _grow(url: str, opening: bytes) -> tuple[int, bytes]:
     """Send ``opening`` and then ``GROWN`` bytes of one head that never ends;
     returns how much was sent before the platform shut the connection, and
@@ -103,11 +112,7 @@ def test_a_head_that_grows_without_end_is_refused_before_it_is_held(
     assert grown < 4 * MIB, f"{parser}: peak RSS grew by {grown / MIB:.1f} MiB"
     if answer:  # a reset may overtake the answer; when it does not, it says why
         assert answer.startswith(b"HTTP/1.1 400 "), answer[:80]
-    split = urlsplit(platform.url)
-    conn = http.client.HTTPConnection(split.hostname or "", split.port, timeout=30)
-    conn.request("GET", "/healthz")
-    assert conn.getresponse().status == 200, "the platform goes on"
-    conn.close()
+    _goes_on(platform.url)
 
 
 def test_a_head_near_the_limit_and_large_bodies_go_on_on_one_connection(
@@ -332,3 +337,34 @@ def test_the_servers_own_refusals_carry_the_security_headers_and_name_no_server(
     assert b"server" not in headers, head
     assert b"uvicorn" not in answer.lower() and b"h11" not in answer.lower(), answer
     assert body == b'{"detail": "invalid HTTP request"}', body
+
+
+@pytest.mark.parametrize("key", [None, "the-key"], ids=["no-key", "key"])
+@pytest.mark.parametrize(
+    "request_line",
+    [
+        pytest.param(b"POST /healthz HTTP/1.1", id="answered-at-once"),
+        pytest.param(b"POST /api/v1/evaluations/ HTTP/1.1", id="key-checked-first"),
+    ],
+)
+def test_a_request_refused_for_its_bad_body_logs_no_traceback(
+    make_local_platform: Callable[..., LocalPlatform], key: str | None, request_line: bytes
+) -> None:
+    """A head that parses followed in the same read by a chunked body that
+    does not (a bad chunk size) is a request the app starts on and a 400 the
+    protocol sends at once. The app's own answer (a 401 without the key, a
+    405), written after, met a connection that had already answered: every
+    such request, from anyone who can connect, logged "Exception in ASGI
+    application" and a traceback of some 50 lines. The 400 is the answer;
+    the app's is dropped, as for a client gone."""
+    platform = make_local_platform(api_key=key)
+    answer = _refusal(
+        platform.url,
+        request_line + b"\r\nHost: %s\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\nzz\r\n",
+    )
+    assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+    # The app's turn came before this connection was accepted (one loop).
+    _goes_on(platform.url)
+    log = platform.log_path.read_text()
+    assert "Traceback" not in log and "Exception in ASGI" not in log, log[-3000:]
