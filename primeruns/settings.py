@@ -273,10 +273,21 @@ def _parse_token(name: str, raw: str, *, what: str, secret: bool = False) -> str
     if _TOKEN.fullmatch(raw):
         return raw
     at = next(i for i, c in enumerate(raw) if not _TOKEN.fullmatch(c))
+    # A secret's character is described, not quoted: a non-ASCII letter of a
+    # key is a letter of the key.
+    bad = _kind_of_character(raw[at]) if secret else repr(raw[at])
     raise ConfigurationError(
         f"{name if secret else f'{name}={raw!r}'} is not {what}: character {at + 1} of "
-        f"{len(raw)} is {raw[at]!r}; use it alone (printable ASCII, no spaces or line breaks)"
+        f"{len(raw)} is {bad}; use it alone (printable ASCII, no spaces or line breaks)"
     )
+
+
+def _kind_of_character(c: str) -> str:
+    if c == " ":
+        return "a space"
+    if c < " " or c == "\x7f":
+        return "a control character (a line break, a tab)"
+    return "not ASCII"
 
 
 def _parse_api_key(name: str, raw: str) -> str:

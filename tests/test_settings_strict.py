@@ -27,7 +27,7 @@ from primeruns.ship.policy import RetryPolicy
 PACKAGE = Path(pr.__file__).resolve().parent
 # Bad values of every variable the SDK reads.
 BAD: dict[str, list[str]] = {
-    st.API_KEY_ENV: ["sk-abc def", "sk-abc\n", "sk-\x00abc", "sk-é"],
+    st.API_KEY_ENV: ["sk-abc def", "sk-abc\n", "sk-\x00abc", "sk-é", "sk-clé-secrète"],
     st.API_BASE_URL_ENV: ["localhost:8000", "ftp://h", "http://[::1", "http://h:port"],
     st.BASE_URL_ENV: ["api.example.com", "http://u:p@h"],
     st.TEAM_ID_ENV: ["my team", "team\n"],
@@ -108,7 +108,9 @@ def test_a_bad_value_is_an_error_naming_the_variable_the_value_and_the_fix(
             _resolve(tmp_path, {var: raw}, runs_dir=None)
         text = str(caught.value)
         if var == st.API_KEY_ENV:
-            assert raw.strip() not in text and "sk-" not in text  # the key never shows
+            # The key never shows, nor any character of it.
+            assert raw.strip() not in text and "sk-" not in text
+            assert not any(repr(c) in text for c in raw), text
         elif "@" not in raw:
             assert repr(raw) in text, text
         assert re.search(r"\buse\b|\bpass\b|credentials", text), text
