@@ -17,9 +17,9 @@ inode, size and times, so reopening an unchanged journal costs nothing;
 across processes, listings keep what they read in summaries (``summary``),
 and probe only a journal whose summary is missing or stale. A summary is
 kept only of a file walked clean (or written by the process keeping it), at
-its stamp: a file its current summary names, changed in this boot, is
-vouched for (``vouch``), and a reader of one journal (the dashboard's run
-page) maps it with no child.
+its stamp: a file a current summary made in this boot names is vouched for
+(``vouch``), and a reader of one journal (the dashboard's run page) maps it
+with no child.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ import contextlib
 import os
 import sys
 import threading
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -112,45 +111,21 @@ def unwalked(directory: Path) -> bool:
 def vouch(directory: Path, head: list[int]) -> None:
     """Take the tree of the journal at ``directory`` as walked clean while its
     data file is, by ``stat``, the one ``head`` names (device, inode, size,
-    modification and change times: a current summary's stamp). A summary is
-    kept only of a file walked clean or written by the keeping process, and a
-    change since moves the change time, which cannot be set back: the next
-    open of another file is probed as ever."""
+    modification and change times: a current summary's stamp). The caller
+    passes only a summary walked in this boot (``listing.journal_infos``): it
+    is kept only of a file walked clean or written by the keeping process, a
+    change since moves the change time, which cannot be set back, and a crash
+    since (which may keep a file's times but not every data page) is another
+    boot: the next open of another file is probed as ever."""
     try:
         st = os.stat(os.path.join(directory, _DATA))
     except OSError:
         return
     if [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns] != head[:5]:
         return
-    boot = _boot_started_ns()
-    if boot is None or st.st_ctime_ns < boot + _BOOT_MARGIN_NS:
-        # Last changed before this boot (or when this boot began is not
-        # known): a crash since may have kept the file's times and meta page
-        # but not every data page it had written (the journal is not fsynced
-        # at each commit), so the walk of that boot vouches for nothing now.
-        # Walked as ever.
-        return
     key = (os.path.realpath(directory), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     with _lock:
         _known.setdefault(key, None)  # (a walk's verdict, had one been made, stands)
-
-
-#: How long after this boot's start a file must have changed to count as
-#: changed in this boot (a clock set back a little since boot).
-_BOOT_MARGIN_NS = 60 * 10**9
-
-
-def _boot_started_ns() -> int | None:
-    """When this boot started, by the wall clock (as files' times are); None
-    where the system has no boot clock (macOS: ``time`` has no
-    ``CLOCK_BOOTTIME``), or refuses it."""
-    clock = getattr(time, "CLOCK_BOOTTIME", None)
-    if clock is None:
-        return None
-    try:
-        return time.time_ns() - time.clock_gettime_ns(clock)
-    except OSError:
-        return None
 
 
 def _trusted(directory: Path) -> bool:

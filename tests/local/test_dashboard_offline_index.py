@@ -151,7 +151,8 @@ def test_a_runs_first_page_maps_a_journal_its_summary_vouches_for_without_a_walk
     process before mapping it (~0.3 s for 20,000 episodes), though its
     current summary (kept only of a file walked clean, or written by the
     process keeping it) already vouched for that very file. A file changed
-    since its summary, or before this boot, is walked as ever."""
+    since its summary is walked as ever (one kept in another boot:
+    ``test_a_summary_kept_in_another_boot_vouches_for_nothing``)."""
     from primeruns.journal import probe
 
     runs = point_at(monkeypatch, tmp_path, None)
@@ -164,15 +165,6 @@ def test_a_runs_first_page_maps_a_journal_its_summary_vouches_for_without_a_walk
     assert detail is not None and detail.row.name == "done" and walked == []
     rows, total = JournalSource(runs).samples(run.journal_path.name, 0, PAGE_SIZE)
     assert total == 3 and len(rows) == 3 and walked == []
-    # Changed before this boot: a crash since may have torn what its times
-    # and summary still vouch for.
-    this_boot = probe._boot_started_ns
-    monkeypatch.setattr(probe, "_boot_started_ns", time.time_ns)
-    monkeypatch.setattr(probe, "_known", {})
-    assert JournalSource(runs).run(run.journal_path.name) is not None
-    assert walked == [[run.journal_path.name]]
-    monkeypatch.setattr(probe, "_boot_started_ns", this_boot)
-    walked.clear()
     # Its times set back after a change (``touch -r``): its change time moved.
     data = run.journal_path / "data.mdb"
     st = data.stat()
@@ -185,11 +177,15 @@ def test_a_runs_first_page_maps_a_journal_its_summary_vouches_for_without_a_walk
 def test_a_runs_page_opens_where_the_system_keeps_no_boot_clock(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Where time has no CLOCK_BOOTTIME (macOS), a finished run's page, and
-    ``journal_info`` of it (``show``, ``replay``), raised AttributeError from
-    the boot check of ``probe.vouch``. Nothing tells when this boot began
-    there: the journal is walked in a child, as before the vouch."""
+    """Where time has no CLOCK_BOOTTIME and the kernel no boot id (macOS), a
+    finished run's page, and ``journal_info`` of it (``show``, ``replay``),
+    raised AttributeError from a boot check of ``probe.vouch``. Nothing tells
+    which boot a summary was walked in there: the journal is walked in a
+    child, as before the vouch."""
+    from primeruns.journal import origin
     from primeruns.journal.listing import journal_info
+
+    monkeypatch.setattr(origin, "_BOOT_ID", tmp_path / "no-boot-id")
 
     runs = point_at(monkeypatch, tmp_path, None)
     run = pr.init(name="done", environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
