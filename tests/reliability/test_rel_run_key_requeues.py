@@ -337,9 +337,21 @@ def test_a_killed_requeue_by_id_after_a_clean_one_keeps_a_steps_sample_ids_apart
     lp = own_platform
     runs = tmp_path / "runs"
     env = isolated_env(tmp_path, {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url})
+    run_id, _ = _killed_after_a_clean_one(lp, runs, env)
+    _ran([sys.executable, "-c", _TRAINING, str(runs), lp.url, KEY, run_id], env)
+    ids = _sample_ids(lp, run_id, 10)
+    assert len(ids) == 12 and len(set(ids)) == 12, ids
+
+
+def _killed_after_a_clean_one(
+    lp: LocalPlatform, runs: Path, env: dict[str, str]
+) -> tuple[str, Path]:
+    """A training job by id: a first process logs step 10 and finishes, a
+    second logs step 10 again and is SIGKILLed before any of it shipped.
+    The run's id and the killed process's journal."""
     said = _ran([sys.executable, "-c", _TRAINING, str(runs), lp.url, KEY, "-"], env)
     run_id = said["run"]
-    killed, _ = started(
+    killed, journal = started(
         [sys.executable, "-c", _TRAINING_KILLED, str(runs), lp.url, KEY, run_id], env
     )
     assert killed.stdin is not None and killed.stdout is not None
@@ -352,7 +364,26 @@ def test_a_killed_requeue_by_id_after_a_clean_one_keeps_a_steps_sample_ids_apart
         killed.wait(timeout=60)
     finally:
         lp.set_faults(retryable_rate=0.0, statuses=[503, 502, 429], routes=[])
+    return run_id, journal
+
+
+def test_a_killed_training_process_whose_spec_is_damaged_is_taken_over_as_training(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """As above, but the killed process's journal lost its spec to damage
+    (stored as ``{}``, which names no kind). The requeue taking it over is
+    bound to the same run: the journal ships as the taker's, a training
+    run's, and its step 10 samples reach the platform (before, it was read
+    as an evaluation's and they never did)."""
+    lp = own_platform
+    runs = tmp_path / "runs"
+    env = isolated_env(tmp_path, {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url})
+    run_id, journal = _killed_after_a_clean_one(lp, runs, env)
+    with Journal.open(journal, owner=True) as damaged:
+        damaged.set_meta("spec", {})
     _ran([sys.executable, "-c", _TRAINING, str(runs), lp.url, KEY, run_id], env)
+    assert lp.run(run_id)["status"] == "COMPLETED"
+    assert sorted(o["step"] for o in lp.run(run_id)["parquet_objects"]) == [10, 10, 10]
     ids = _sample_ids(lp, run_id, 10)
     assert len(ids) == 12 and len(set(ids)) == 12, ids
 
