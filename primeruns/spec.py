@@ -35,6 +35,8 @@ __all__ = [
     "journal_spec",
     "listed_spec",
     "spec_or_default",
+    "stored_spec",
+    "supply_spec",
 ]
 
 #: The journal meta key the spec is stored under.
@@ -193,7 +195,19 @@ def journal_spec(journal: Journal) -> RunSpec:
     rebuilt after damage may not). Raises :class:`SpecError` for one of the
     wrong shape and ``JournalCorruptError`` for one that cannot be read."""
     stored = journal.get_meta(SPEC_KEY)
-    return RunSpec() if stored is None else RunSpec.from_json(stored)
+    return RunSpec() if stored is None else stored_spec(stored)
+
+
+def stored_spec(value: Any) -> RunSpec:
+    """The spec a journal stores: ``RunSpec.from_json``, and a
+    :class:`SpecError` for an object that names no kind. ``init()`` has
+    always stored the kind, so one without it is damage (``{}``), and read
+    with the default kind a training run's records would ship to an
+    evaluation's sinks."""
+    spec = RunSpec.from_json(value)
+    if value.get("kind") is None:  # (an object: from_json checked)
+        raise SpecError("spec.kind is missing: the spec is damaged")
+    return spec
 
 
 def spec_or_default(journal: Journal, fallback: RunSpec | None = None) -> RunSpec:
@@ -209,6 +223,23 @@ def spec_or_default(journal: Journal, fallback: RunSpec | None = None) -> RunSpe
         return fallback or RunSpec()
 
 
+def supply_spec(journal: Journal, spec: RunSpec | None) -> bool:
+    """Store ``spec`` as the spec of ``journal`` when its own cannot be read
+    (lost, damaged, or naming no kind): the user's ``--spec``, or the spec of
+    the process taking the journal over, bound to the same run. Whether it did."""
+    if spec is None:
+        return False
+    try:
+        stored = journal.get_meta(SPEC_KEY)
+        if stored is not None:
+            stored_spec(stored)
+            return False
+    except (SpecError, JournalError):
+        pass
+    journal.set_meta(SPEC_KEY, spec.to_json())
+    return True
+
+
 def listed_spec(meta: Mapping[str, Any]) -> RunSpec | None:
     """The spec in a listed journal's meta values; None when there is none or
     it is damaged (a report shows what else the journal holds all the same)."""
@@ -216,7 +247,7 @@ def listed_spec(meta: Mapping[str, Any]) -> RunSpec | None:
     if stored is None:
         return None
     try:
-        return RunSpec.from_json(stored)
+        return stored_spec(stored)
     except SpecError:
         return None
 

@@ -213,6 +213,9 @@ def test_a_journal_without_a_spec_reads_as_the_defaults_and_a_damaged_one_raises
         with pytest.raises(SpecError, match=r"spec\.tags"):
             journal_spec(journal)
         assert spec_or_default(journal) == RunSpec()
+        journal.set_meta("spec", {})
+        with pytest.raises(SpecError, match=r"spec\.kind"):
+            journal_spec(journal)
         journal.set_meta("spec", STORED_TRAIN)
         assert journal_spec(journal) == RunSpec.from_json(STORED_TRAIN)
 
@@ -222,4 +225,8 @@ def test_a_listing_reads_a_missing_or_damaged_spec_as_none() -> None:
     assert listed_spec({"spec": None}) is None
     assert listed_spec({"spec": ["not", "a", "spec"]}) is None
     assert listed_spec({"spec": {**STORED_EVAL, "environments": "gsm8k"}}) is None
+    # init() has always stored the kind: a spec naming none is damage, not an
+    # evaluation's (a training run's records would ship to its sinks).
+    assert listed_spec({"spec": {}}) is None
+    assert listed_spec({"spec": {**STORED_TRAIN, "kind": None}}) is None
     assert listed_spec({"spec": STORED_EVAL}) == RunSpec.from_json(STORED_EVAL)

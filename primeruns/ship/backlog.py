@@ -45,7 +45,7 @@ from ..journal.lock import owner_alive, read_owner
 from ..journal.origin import Origin
 from ..journal.store import DATA_NAME
 from ..platform import Settings
-from ..spec import SPEC_KEY, RunSpec, SpecError, spec_or_default
+from ..spec import RunSpec, SpecError, spec_or_default, supply_spec
 from . import ledger, run_keys, sync_records
 from .copies import (
     K_SOURCE_PATH,
@@ -250,7 +250,7 @@ def _ship_journal(
         journal = Journal.open(path, owner=True, repair=bool(damaged))
         report = ShipReport(path=journal.path, local_id=journal.local_id, damaged=damaged)
     try:
-        _supply_spec(journal, spec)
+        supply_spec(journal, spec)
         if settings is None:
             settings = journal_settings(journal, base_url=base_url, spec=spec)
         with contextlib.suppress(SpecError):
@@ -632,20 +632,6 @@ def _why_left_open(origin: Origin | None, producer: str, imported: Imported) -> 
         f"it has no finish entry and its producer ran on {host}, which cannot be checked "
         "from here; sync a newer copy later, or pass --job-ended to close it as crashed"
     )
-
-
-def _supply_spec(journal: Journal, spec: RunSpec | None) -> None:
-    """Use the spec the user supplied when the journal's own cannot be read."""
-    if spec is None:
-        return
-    try:
-        stored = journal.get_meta(SPEC_KEY)
-        if stored is not None:
-            RunSpec.from_json(stored)
-            return
-    except (SpecError, JournalError):
-        pass
-    journal.set_meta(SPEC_KEY, spec.to_json())
 
 
 def spec_from_file(path: Path) -> RunSpec:

@@ -71,7 +71,7 @@ from ..journal.tail import K_FLOOR, as_floor
 from ..journal.trust import UntrustedPathError, check_dir
 from ..journal.types import as_count, loss_counts
 from ..sinks.kinds import SINK_KINDS, sink_names
-from ..spec import SPEC_KEY, RunSpec, SpecError
+from ..spec import SPEC_KEY, SpecError, stored_spec
 from . import lineage, sync_records
 from .copies import (
     K_SOURCE_LOSSES,
@@ -425,7 +425,7 @@ def _run_sinks(journal: Journal) -> list[str]:
     """The sinks the run of ``journal`` ships to (by its spec's kind; those
     that shipped from it already where the spec cannot be read)."""
     try:
-        return sink_names(RunSpec.from_json(journal.get_meta(SPEC_KEY)).kind)
+        return sink_names(stored_spec(journal.get_meta(SPEC_KEY)).kind)
     except SpecError:
         return sorted(journal.cursors())
 
@@ -457,7 +457,7 @@ def _carry_spec(source: Journal, dest: Journal) -> None:
     if spec is None or spec == dest.get_meta(SPEC_KEY):
         return
     try:
-        RunSpec.from_json(spec)
+        stored_spec(spec)
     except SpecError:
         return
     dest.set_meta(SPEC_KEY, spec)

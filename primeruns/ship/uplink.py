@@ -37,7 +37,7 @@ from ..platform import PlatformClient, Settings, resolve_settings
 from ..platform.plain import importing
 from ..platform.settings import split_api_root
 from ..settings import is_loopback
-from ..spec import RunSpec, spec_or_default
+from ..spec import RunSpec, spec_or_default, supply_spec
 from ..threads import start_daemon
 from . import handover, ledger
 from .deadline import budget_left
@@ -358,6 +358,14 @@ class Uplink:
         """Ship ``old``, the sync journal of an earlier process's journal (``handover``)."""
         try:
             old.set_meta("continued_by", self.journal.local_id)
+            if supply_spec(old, self.lifecycle.spec):
+                # Its own spec lost or damaged (``{}`` names no kind): it is
+                # this run's, its run key or id found it, and read with the
+                # default kind a training run's records would go to an
+                # evaluation's sinks.
+                log.warning(
+                    "prime-runs: the spec of %s is damaged: shipping it as this run's", old.path
+                )
             lifecycle = Lifecycle(
                 old,
                 self.client,
