@@ -523,7 +523,11 @@ def test_a_watching_sync_closes_a_run_after_its_forked_childs_copied_records(
     assert latest <= closed, "the forked child's records landed after the run was closed"
 
 
+# What damage leaves: not a spec, or an object naming no kind (which read
+# with the default kind would ship a training run as an evaluation).
+@pytest.mark.parametrize("damaged", [{"kind": 7}, {}], ids=["not-a-spec", "no-kind"])
 def test_a_journal_whose_spec_was_lost_syncs_with_the_spec_the_user_supplies(
+    damaged: dict[str, Any],
     local_platform: Any,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -538,7 +542,7 @@ def test_a_journal_whose_spec_was_lost_syncs_with_the_spec_the_user_supplies(
     assert run.journal_path is not None
     with Journal.open(run.journal_path) as journal:
         spec = journal.get_meta(SPEC_KEY)
-        journal.set_meta(SPEC_KEY, {"kind": 7})  # what damage leaves: not a spec
+        journal.set_meta(SPEC_KEY, damaged)
     monkeypatch.setenv("PRIME_API_KEY", API_KEY)
     code, out, err = cli(capsys, "sync", str(run.journal_path))
     assert code == 1 and "--spec FILE" in out + err
