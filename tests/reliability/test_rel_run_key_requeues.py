@@ -367,6 +367,19 @@ def _killed_after_a_clean_one(
     return run_id, journal
 
 
+def _killed_with_its_spec_damaged(
+    lp: LocalPlatform, tmp_path: Path
+) -> tuple[str, Path, dict[str, str]]:
+    """``_killed_after_a_clean_one`` (in threads mode), the killed process's
+    journal then damaged to a spec of ``{}``, which names no kind: the run's
+    id, that journal, and the environment."""
+    env = isolated_env(tmp_path, {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url})
+    run_id, journal = _killed_after_a_clean_one(lp, tmp_path / "runs", env)
+    with Journal.open(journal, owner=True) as damaged:
+        damaged.set_meta("spec", {})
+    return run_id, journal, env
+
+
 def test_a_killed_training_process_whose_spec_is_damaged_is_taken_over_as_training(
     own_platform: LocalPlatform, tmp_path: Path
 ) -> None:
@@ -376,12 +389,8 @@ def test_a_killed_training_process_whose_spec_is_damaged_is_taken_over_as_traini
     run's, and its step 10 samples reach the platform (before, it was read
     as an evaluation's and they never did)."""
     lp = own_platform
-    runs = tmp_path / "runs"
-    env = isolated_env(tmp_path, {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url})
-    run_id, journal = _killed_after_a_clean_one(lp, runs, env)
-    with Journal.open(journal, owner=True) as damaged:
-        damaged.set_meta("spec", {})
-    _ran([sys.executable, "-c", _TRAINING, str(runs), lp.url, KEY, run_id], env)
+    run_id, _, env = _killed_with_its_spec_damaged(lp, tmp_path)
+    _ran([sys.executable, "-c", _TRAINING, str(tmp_path / "runs"), lp.url, KEY, run_id], env)
     assert lp.run(run_id)["status"] == "COMPLETED"
     assert sorted(o["step"] for o in lp.run(run_id)["parquet_objects"]) == [10, 10, 10]
     ids = _sample_ids(lp, run_id, 10)
@@ -406,3 +415,27 @@ def test_a_job_requeued_by_id_where_its_predecessors_journal_is_not_keeps_sample
     assert lp.run(run_id)["status"] == "COMPLETED"
     ids = _sample_ids(lp, run_id, 10)
     assert len(ids) == 8 and len(set(ids)) == 8, sorted(ids)
+
+
+def test_a_replay_of_a_bound_journal_whose_spec_is_damaged_ships_nothing_and_says_how(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """The killed process's journal of the test above, its spec damaged to
+    ``{}``, replayed alone (no requeue to take it over): it ships nothing,
+    its training samples to no evaluation's sinks, and the replay says the
+    spec is damaged and how to ship it."""
+    lp = own_platform
+    run_id, journal, env = _killed_with_its_spec_damaged(lp, tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "primeruns", "replay", str(journal)],
+        capture_output=True,
+        text=True,
+        env={**env, "PRIME_API_KEY": KEY},
+        timeout=180,
+        check=False,
+    )
+    said = done.stdout + done.stderr
+    assert done.returncode != 0, said
+    assert "spec.kind is missing" in said and "--spec FILE" in said, said
+    assert len(_sample_ids(lp, run_id, 10)) == 4
+    assert lp.run(run_id)["traces"]["episodes"] == 4  # the first process's
