@@ -295,6 +295,8 @@ def _ship(
         raise _NotShipped(f"refused: {exc}", EXIT_LOCKED) from None
     except JournalCorruptError as exc:
         raise _NotShipped(f"damaged journal: {exc}", EXIT_DAMAGED) from None
+    except SpecError as exc:  # (a bound run's: its registration did not read it)
+        raise _NotShipped(f"{exc}: pass the run's spec with --spec FILE", EXIT_USAGE) from None
     except JournalError as exc:
         raise _NotShipped(str(exc), EXIT_USAGE) from None
     return report, plan
