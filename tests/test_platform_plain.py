@@ -1222,3 +1222,56 @@ def test_the_plain_paths_header_rules_are_h11s() -> None:
         assert bool(plain._FIELD_VALUE.fullmatch(sample)) == bool(
             _headers._field_value_re.fullmatch(sample)
         ), sample
+
+
+def test_a_backlogs_requests_are_written_with_the_head_http_client_wrote_once(
+    serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sync is one request a metrics row, alike but for the body, and
+    ``http.client`` built each head anew (its request line, each header line
+    and their checks: a fifth of the client's CPU a row). A head is built
+    once for a method, path and headers, and written again with each body's
+    length: every request's bytes are what ``http.client`` writes for it,
+    on a kept-alive connection, and each is answered."""
+    server = serve(_echo)
+    client = _client(server)
+    sent: list[bytes] = []
+    asked: list[tuple[str, str, dict[str, str]]] = []
+    built: list[str] = []
+    send, request = plain._OneWrite.send, plain._OneWrite.request
+    putrequest = http.client.HTTPConnection.putrequest
+
+    def spy_send(self: http.client.HTTPConnection, data: bytes) -> None:
+        sent.append(bytes(data))
+        send(self, data)
+
+    def spy_request(
+        self: http.client.HTTPConnection,
+        method: str,
+        url: str,
+        body: object,
+        headers: dict[str, str],
+        **kw: object,
+    ) -> None:
+        asked.append((method, url, dict(headers)))
+        request(self, method, url, body, headers, **kw)  # type: ignore[arg-type]
+
+    def spy_putrequest(self: http.client.HTTPConnection, method: str, url: str, **kw: bool) -> None:
+        built.append(url)
+        putrequest(self, method, url, **kw)
+
+    monkeypatch.setattr(plain._OneWrite, "send", spy_send)
+    monkeypatch.setattr(plain._OneWrite, "request", spy_request)
+    monkeypatch.setattr(http.client.HTTPConnection, "putrequest", spy_putrequest)
+    bodies = [b'{"run_id":"r","metrics":{"step":%d%s}}' % (i, b',"x":1' * i * 7) for i in range(4)]
+    for body in bodies:
+        assert client.api("POST", "/rft/metrics", body) == {"got": json.loads(body)}
+    client.close()
+    assert server.connections == 1
+    assert [body for _, _, _, body in server.requests] == bodies
+    for (method, url, headers), body, wrote in zip(asked, bodies, sent, strict=True):
+        theirs = http.client.HTTPConnection("127.0.0.1", 1)
+        sock = theirs.sock = _Writes()  # type: ignore[assignment]
+        http.client.HTTPConnection.request(theirs, method, url, body=body, headers=headers)
+        assert wrote == b"".join(sock.writes)
+    assert len(built) - len(bodies) == 1  # (each stock rendering above built one)

@@ -67,6 +67,7 @@ __all__ = [
 WRITE_CHUNK = 64 * 1024
 _IDLE_KEPT = 16  # connections kept idle per origin (a shipper's fan-out is 4)
 _LINES_KEPT = 64  # header lines kept encoded per client (``_OneWrite.putheader``)
+_HEADS_KEPT = 64  # request heads kept per client (``_OneWrite.request``)
 _CHUNK = 65536
 #: The most bytes of an answer's body read, and once decoded (``client``): the
 #: SDK's answers are receipts and pages of a few MB at most. A broken or
@@ -254,6 +255,7 @@ class PlainConnections:
         self._idle: dict[Target, list[http.client.HTTPConnection]] = {}
         self._closed = False  # a call in flight at close() closes its connection after
         self._lines: dict[tuple[str, str], bytes] = {}  # (_OneWrite.putheader)
+        self._heads: dict[HeadKey, tuple[bytes, bytes]] = {}  # (_OneWrite.request)
 
     def request(
         self,
@@ -364,6 +366,7 @@ class PlainConnections:
             raise _httpx_error("ConnectError", str(exc) or type(exc).__name__) from None
         conn.response_class = _Response
         conn.lines = self._lines
+        conn.heads = self._heads
         assert conn.sock is not None
         if self._vet is not None:
             try:
@@ -375,10 +378,14 @@ class PlainConnections:
         return conn
 
 
-# ``http.client``'s state of a connection whose request line is written: a
-# private name, so read once and defensively (another Python without it:
-# every header takes ``http.client``'s way).
+# ``http.client``'s states of a connection (idle; its request line written;
+# its request sent): private names, so read once and defensively (another
+# Python without them: every request takes ``http.client``'s way).
+_IDLE = getattr(http.client, "_CS_IDLE", object())
 _REQ_STARTED = getattr(http.client, "_CS_REQ_STARTED", object())
+_REQ_SENT = getattr(http.client, "_CS_REQ_SENT", object())
+#: A request's method, path and headers, as ``_OneWrite.request`` keys its heads.
+HeadKey = tuple[str, str, tuple[tuple[str, str], ...]]
 
 
 class _OneWrite(http.client.HTTPConnection):
@@ -389,6 +396,65 @@ class _OneWrite(http.client.HTTPConnection):
     metrics row of a backlog. The bytes sent are the same, and a write still
     carries at most one piece's worth of body within the call's timeout."""
 
+    #: The heads ``request`` wrote, by method, path and headers, cut around
+    #: the Content-Length's value: the ``PlainConnections``' own (set at
+    #: connect), shared by its connections.
+    heads: dict[HeadKey, tuple[bytes, bytes]] | None = None
+    _learning: HeadKey | None = None
+
+    def request(  # type: ignore[override]
+        self,
+        method: str,
+        url: str,
+        body: object = None,
+        headers: Mapping[str, str] = {},  # (http.client's signature; not mutated)
+        *,
+        encode_chunked: bool = False,
+    ) -> None:
+        # A backlog's requests differ in their body alone (a metrics row's
+        # method, path and headers are the same for every row), and
+        # ``http.client`` builds each head anew: the request line, seven
+        # header lines and their checks. A head it once wrote for a body in
+        # one write (``_send_output``) is written again as it wrote it, only
+        # the body's length in it changed: the same bytes, its checks passed
+        # by the same method, path and headers. (With the answer's head read
+        # in one piece, ``_whole_head``: a fifth fewer instructions a call.)
+        heads = self.heads
+        if (
+            heads is None
+            or type(body) is not bytes
+            or not body
+            or len(body) > WRITE_CHUNK
+            or encode_chunked
+            or any(type(k) is not str or type(v) is not str for k, v in headers.items())
+        ):
+            super().request(method, url, body, headers, encode_chunked=encode_chunked)  # type: ignore[arg-type]
+            return
+        key = (method, url, tuple(headers.items()))
+        head = heads.get(key)
+        response = getattr(self, "_HTTPConnection__response", None)
+        if (
+            head is None
+            or getattr(self, "_HTTPConnection__state", None) is not _IDLE
+            or (response is not None and not response.isclosed())
+        ):
+            learn = head is None and not _framed_by_caller(headers)
+            if learn and len(heads) >= _HEADS_KEPT:
+                # Full of heads used once (a presigned URL's, an upload's
+                # own key): begun again, those used again are kept again.
+                heads.clear()
+            self._learning = key if learn else None
+            try:
+                super().request(method, url, body, headers, encode_chunked=encode_chunked)
+            finally:
+                self._learning = None
+            return
+        # What ``putrequest`` and ``endheaders`` leave behind them, as they do.
+        self._HTTPConnection__response = None
+        self._HTTPConnection__state = _REQ_SENT
+        self._method = method
+        self.send(b"%s%d%s%s" % (head[0], len(body), head[1], body))
+
     def _send_output(self, message_body: object = None, encode_chunked: bool = False) -> None:
         if type(message_body) is not bytes or encode_chunked or not message_body:
             super()._send_output(message_body, encode_chunked)  # type: ignore[misc]
@@ -396,8 +462,27 @@ class _OneWrite(http.client.HTTPConnection):
         buffer: list[bytes] = self._buffer  # type: ignore[attr-defined]
         buffer.extend((b"", message_body))  # the head, its blank line, the body
         msg = b"\r\n".join(buffer)
+        learning, heads = self._learning, self.heads
+        if learning is not None and heads is not None:
+            self._keep_head(learning, heads, buffer, len(message_body))
         del buffer[:]
         self.send(msg)
+
+    @staticmethod
+    def _keep_head(
+        key: HeadKey, heads: dict[HeadKey, tuple[bytes, bytes]], lines: list[bytes], size: int
+    ) -> None:
+        """Keep the head of ``lines`` (``_send_output``'s buffer: the head's
+        lines, a blank one, the body) cut around its one Content-Length's
+        value, which is ``size``: ``request`` writes it again with another."""
+        length = b"Content-Length: %d" % size
+        head = lines[:-2]  # (not the blank line, nor the body)
+        if head.count(length) != 1:
+            return  # (none: not kept)
+        at = head.index(length)
+        before = b"\r\n".join(lines[:at]) + b"\r\nContent-Length: "
+        after = b"\r\n" + b"\r\n".join(lines[at + 1 : -1]) + b"\r\n"
+        heads[key] = (before, after)
 
     #: The header lines ``putheader`` wrote, by name and value: the
     #: ``PlainConnections``' own (set at connect), shared by its connections.
@@ -436,6 +521,12 @@ class _OneWrite(http.client.HTTPConnection):
                 lines[key] = self._buffer[-1]  # type: ignore[attr-defined]
             return
         self._buffer.append(line)  # type: ignore[attr-defined]
+
+
+def _framed_by_caller(headers: Mapping[str, str]) -> bool:
+    """Whether ``headers`` frame the body themselves (``http.client`` then
+    writes no Content-Length of its own: there is none to write anew)."""
+    return any(name.lower() in ("content-length", "transfer-encoding") for name in headers)
 
 
 # A header's name and value as h11 (httpx) takes them (``h11._abnf``, its
@@ -492,6 +583,9 @@ class _Head(http.client.HTTPMessage):
     has no surrogate, and ``compat32``'s ``header_fetch_parse`` gives it back
     as stored. Its ``get``, ``get_all`` and ``items`` (a few calls each per
     answer, ~10 µs of a backlog's every request) give what ``Message``'s give."""
+
+    #: The body's length its headers give (``_content_length``), or None.
+    length: int | None = None
 
     # (A name is ASCII, whose small letters are as many: a name of another
     # length is not the one asked for, and is passed over without ``lower``.)
@@ -566,7 +660,7 @@ class _Response(http.client.HTTPResponse):
             self.chunked = True
             self.length = None
         else:
-            self.length = _content_length(self.headers)
+            self.length = self.headers.length  # (checked by _parsed_head)
         if not self.will_close and not self.chunked and self.length is None:
             self.will_close = True  # its end is where the server closes
 
@@ -591,6 +685,9 @@ def _head_lines(fp: IO[bytes]) -> list[bytes]:
     head is read: a head over 100 KiB or cut short, then a first line that is
     a continuation (one loop, not a pass over the lines for each: a
     backlog's every answer has eight header lines)."""
+    whole = _whole_head(fp)
+    if whole is not None:
+        return whole
     joined: list[bytes] = []
     continuation_first = False
     left = _MAX_HEAD
@@ -616,7 +713,34 @@ def _head_lines(fp: IO[bytes]) -> list[bytes]:
     return joined
 
 
-def _parsed_head(fp: IO[bytes]) -> http.client.HTTPMessage:
+def _whole_head(fp: IO[bytes]) -> list[bytes] | None:
+    """:func:`_head_lines` of a head already read whole into ``fp``'s
+    buffer (an answer comes in one segment) and plain: every line ended by
+    CRLF, none folded. Taken in one read, not a ``readline`` a line; None
+    (nothing taken) for any other, which ``_head_lines`` reads line by line."""
+    peek = getattr(fp, "peek", None)
+    if peek is None:
+        return None
+    buffered: bytes = peek(0)[:_MAX_HEAD]
+    if buffered.startswith(b"\r\n"):
+        fp.read(2)
+        return []
+    end = buffered.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = buffered[:end]
+    if (
+        head.count(b"\n") != head.count(b"\r\n")
+        or b"\r\n " in head
+        or b"\r\n\t" in head
+        or head[:1] in (b" ", b"\t")
+    ):
+        return None
+    fp.read(end + 4)
+    return head.split(b"\r\n")
+
+
+def _parsed_head(fp: IO[bytes]) -> _Head:
     """The headers of an answer, names and values as h11 reads them: a value's
     surrounding blanks cut, a folded line joined to its header by a space.
     What h11 refuses in any head is refused: a Content-Length that is not
@@ -634,7 +758,7 @@ def _parsed_head(fp: IO[bytes]) -> http.client.HTTPMessage:
     codings = message.get_all("transfer-encoding") or ()
     if len(codings) > 1 or any(coding.lower() != "chunked" for coding in codings):
         raise http.client.HTTPException("the answer's Transfer-Encoding is not chunked alone")
-    _content_length(message)
+    message.length = _content_length(message)
     return message
 
 
