@@ -11,7 +11,6 @@ import json
 import logging
 import os
 import secrets
-import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -38,6 +37,7 @@ from .ship.link import UplinkThreads
 from .spec import SPEC_KEY, RunSpec, SpecEnvironment, listed_spec
 from .supervisor import Supervisor, go_online
 from .threads import start_daemon
+from .timeouts import given_seconds, shown
 
 __all__ = ["init"]
 
@@ -445,40 +445,14 @@ def _some(names: list[str]) -> str:
 
 
 def _taken_as(field: str, given: Any, taken: Any, fix: str) -> None:
-    log.warning("prime-runs: init: %s=%s is taken as %r: %s", field, _shown(given), taken, fix)
-
-
-def _shown(value: Any) -> str:
-    """``value``'s repr, cut at 80 characters; its type's name where it has
-    none (a repr that raises, an int past 4,300 digits): formatted in the
-    log call, that error lost the warning to a logging traceback."""
-    try:
-        return repr(value)[:80]
-    except Exception:
-        return f"<{type(value).__name__}>"
-
-
-# The largest int float() takes (past it, OverflowError).
-_FLOAT_MAX = int(sys.float_info.max)
+    log.warning("prime-runs: init: %s=%s is taken as %r: %s", field, shown(given), taken, fix)
 
 
 def _finish_timeout(given: Any) -> float:
     """``finish_timeout`` in seconds: a number, or what the vendor's SDK
-    reads as one (``max(0, float(x))``: "30", -1); anything else the
-    default, with a warning."""
-    if given is None:
-        return _DEFAULT_FINISH_TIMEOUT
-    if isinstance(given, float) and given >= 0:
-        return given
-    if isinstance(given, int) and not isinstance(given, bool) and 0 <= given <= _FLOAT_MAX:
-        return float(given)
-    fix = "pass a non-negative number of seconds"
-    try:
-        seconds = max(0.0, float(given))
-    except Exception:  # not a number (a __float__ of its own may raise anything): the default
-        seconds = _DEFAULT_FINISH_TIMEOUT
-    _taken_as("finish_timeout", given, seconds, fix)
-    return seconds
+    reads as one (``max(0, float(x))``: "30", -1); anything else (NaN, an
+    infinity included) the default, with a warning."""
+    return given_seconds("init", "finish_timeout", given, _DEFAULT_FINISH_TIMEOUT)
 
 
 def _tags(given: Any) -> list[str] | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from . import closing, hooks
+from . import closing, hooks, timeouts
 from .exceptions import ConfigurationError
 from .journal import EntryKind, in_memory
 from .models import CONFIG_SOURCE_KEY, ConfigSource, Mode, RunKind, RunStatus
@@ -37,6 +37,7 @@ __all__ = ["Run"]
 log = logging.getLogger("primeruns")
 
 _SIGTERM_GRACE = 20.0
+_FLUSH_TIMEOUT = 30.0  # flush()'s default wait, as the vendor's
 _CRASHED = "process exited without finishing the run"
 
 
@@ -201,7 +202,7 @@ class Run:
             self._recorder.update_summary(values)
 
     # -- waiting and closing -----------------------------------------------------------
-    def flush(self, timeout: float | None = 30.0) -> bool:
+    def flush(self, timeout: float | None = _FLUSH_TIMEOUT) -> bool:
         """Wait until every live sink shipped what was logged before this call
         (records a full disk holds in memory included: they are journaled
         first, as the shipping frees room), by any thread; never for what
@@ -209,8 +210,11 @@ class Run:
 
         Returns False if the timeout passed first, or once a sink is retired
         or paused. Under ``on_error="raise"`` the first failure recorded so
-        far is raised here.
+        far is raised here. ``timeout``: seconds; None or an infinity wait
+        without a limit, a negative one not at all, and NaN or what is not a
+        number waits the default 30 s, with a warning.
         """
+        timeout = timeouts.flush_timeout(timeout, _FLUSH_TIMEOUT)
         done = True
         child = self._fork.opened() if self._fork is not None else None
         if child is not None:  # in a forked child: its own journal's records
@@ -255,8 +259,12 @@ class Run:
         names the command that ships it. Of several processes attached to one
         run (ranks), only the primary's finish closes it, once the others on
         its host are done; the others' ship their records and leave it open
-        (:mod:`primeruns.ranks`).
+        (:mod:`primeruns.ranks`). A ``timeout`` the vendor's SDK reads
+        (text, a negative number as 0) is taken so, with a warning; NaN, an
+        infinity or what is not a number is ``finish_timeout``, with a warning.
         """
+        if timeout is not None:
+            timeout = timeouts.given_seconds("finish", "timeout", timeout, self._finish_timeout)
         self._finish_once(summary, closing.terminal(status), error, timeout, wait=None)
         self._recorder.raise_deferred()
 

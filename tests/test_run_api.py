@@ -6,6 +6,7 @@ import dataclasses
 import enum
 import json
 import logging
+import math
 import select
 import signal
 import socket
@@ -163,6 +164,11 @@ class _ReprRaises:
         # The warning is said even where the value cannot be shown.
         ({"tags": _ReprRaises()}, "tags=<_ReprRaises> is taken as []: pass a list of strings"),
         ({"finish_timeout": -(10**5000)}, "finish_timeout=<int> is taken as 300.0: pass a"),
+        # NaN was taken as 0 (max(0, nan)): the run closed out shipping nothing;
+        # an infinity waited on the producer's side for ever.
+        ({"finish_timeout": math.nan}, "finish_timeout=nan is taken as 300.0: pass a non-neg"),
+        ({"finish_timeout": math.inf}, "finish_timeout=inf is taken as 300.0: pass a non-neg"),
+        ({"finish_timeout": "-inf"}, "finish_timeout='-inf' is taken as 300.0: pass a non-"),
     ],
 )
 def test_what_the_vendors_sdk_takes_opens_the_run_with_a_warning_naming_the_fix(

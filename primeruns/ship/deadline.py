@@ -14,6 +14,7 @@ counts from the moment the uplink reads the entry, never from wall time.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -32,14 +33,28 @@ def boot_clock() -> float:
 def budget_left(finish: Mapping[str, Any], default: float) -> float:
     """Seconds the uplink has left to ship, from the finish entry: its
     ``timeout`` less what passed since ``at_boot`` on the boot clock
-    (``default`` without a timeout)."""
-    budget = finish.get("timeout")
-    if not isinstance(budget, int | float) or isinstance(budget, bool):
+    (``default`` without a timeout, or with one that is not a finite number:
+    the entry is untrusted input, and NaN compared false with every bound,
+    so it read as 0 and the run closed out with its records unshipped)."""
+    budget = _finite(finish.get("timeout"))
+    if budget is None:
         return default
-    at = finish.get(K_AT_BOOT)
-    if not isinstance(at, int | float) or isinstance(at, bool):
-        return max(0.0, float(budget))
-    passed = boot_clock() - float(at)
+    budget = max(0.0, budget)
+    at = _finite(finish.get(K_AT_BOOT))
+    if at is None:
+        return budget
+    passed = boot_clock() - at
     if passed < 0:  # another boot wrote it (a journal moved between hosts): no shared clock
-        return max(0.0, float(budget))
-    return max(0.0, float(budget) - passed)
+        return budget
+    return max(0.0, budget - passed)
+
+
+def _finite(value: Any) -> float | None:
+    """``value`` as a float if it is a finite number (not a bool), else None."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int past a float's range
+        return None
+    return number if math.isfinite(number) else None

@@ -1,0 +1,76 @@
+"""Timeouts a caller passes (``init(finish_timeout=)``, ``finish(timeout=)``,
+``flush(timeout=)``), read as the vendor's SDK reads them, minus its traps.
+
+The vendor reads a timeout as ``max(0, float(x))``, so code written for it
+passes "30" or -1, and those keep working here (with a warning naming the
+fix). Not a NaN or an infinity: NaN compares false with everything, so
+``max(0.0, nan)`` is 0 and ``finish(timeout=nan)`` closed the run out at once,
+its records unshipped; ``flush(timeout=nan)`` spun on a wait that returned at
+once; and an infinite wait overflows a lock's timeout (OverflowError, into
+the user's loop). Those are the default, with a warning: a timeout is no
+place to raise from (``on_error="warn"`` promises the loop none).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import sys
+from typing import Any
+
+__all__ = ["flush_timeout", "given_seconds", "shown"]
+
+log = logging.getLogger("primeruns")
+
+# The largest int float() takes (past it, OverflowError).
+_FLOAT_MAX = int(sys.float_info.max)
+_FIX = "pass a non-negative number of seconds (not NaN nor an infinity)"
+
+
+def given_seconds(call: str, field: str, given: Any, default: float) -> float:
+    """``given`` in seconds: a finite number of at least 0, a negative one
+    as 0 and text as its number (the vendor's reading), anything else (NaN,
+    an infinity, not a number) ``default``; each but the first with a
+    warning naming ``call``'s ``field`` and the fix. ``None``: ``default``."""
+    if given is None:
+        return default
+    if isinstance(given, float) and 0 <= given < math.inf:
+        return given
+    if isinstance(given, int) and not isinstance(given, bool) and 0 <= given <= _FLOAT_MAX:
+        return float(given)
+    try:
+        seconds = float(given)
+    except Exception:  # not a number (a __float__ of its own may raise anything): the default
+        seconds = default
+    if not math.isfinite(seconds):
+        seconds = default
+    seconds = max(0.0, seconds)
+    log.warning(
+        "prime-runs: %s: %s=%s is taken as %r: %s", call, field, shown(given), seconds, _FIX
+    )
+    return seconds
+
+
+def flush_timeout(given: Any, default: float) -> float | None:
+    """``flush(timeout=)``: None or an infinity wait without a limit; a
+    negative number is a deadline already passed (0, as the vendor's: code
+    passing what is left of its own deadline says nothing wrong); the rest
+    as ``given_seconds``."""
+    if given is None:
+        return None
+    if isinstance(given, float | int) and not isinstance(given, bool):
+        if given == math.inf:
+            return None
+        if given < 0:  # (-inf included; NaN is not below 0)
+            return 0.0
+    return given_seconds("flush", "timeout", given, default)
+
+
+def shown(value: Any) -> str:
+    """``value``'s repr, cut at 80 characters; its type's name where it has
+    none (a repr that raises, an int past 4,300 digits): formatted in the
+    log call, that error lost the warning to a logging traceback."""
+    try:
+        return repr(value)[:80]
+    except Exception:
+        return f"<{type(value).__name__}>"
