@@ -12,8 +12,9 @@ page scan instead (pure Python, never LMDB's cursor), and the parent lives.
 The child is this file run as a script: it imports only ``lmdb`` (~40 ms to
 start), and walks many journals in one go (``probe_many``, for listings); a
 journal that kills it is reported as damaged and the child is started again
-for the rest. Results are kept for the process's life, keyed by the file's
-inode, size and times, so reopening an unchanged journal costs nothing;
+for the rest. Results are kept for the process's life, one per journal (its
+latest state: inode, size and times; at most ``KNOWN_MAX`` journals, the
+least recently read dropped), so reopening an unchanged journal costs nothing;
 across processes, listings keep what they read in summaries (``summary``),
 and probe only a journal whose summary is missing or stale. A summary is
 kept only of a file walked clean (or written by the process keeping it), at
@@ -28,6 +29,7 @@ import contextlib
 import os
 import sys
 import threading
+from collections import OrderedDict
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -43,7 +45,12 @@ _lock = threading.Lock()
 _NO_CHILD = "no child could be started to walk it"
 # A journal's file as ``stat`` sees it (see ``_key``).
 FileKey = tuple[str, int, int, int, int]
-_known: dict[FileKey, str | None] = {}
+# The verdicts, by real path: each journal's latest state only (a state the
+# file has left never comes back: its change time cannot be set back), the
+# least recently used dropped past ``KNOWN_MAX`` journals. Keyed by state,
+# a dashboard watching a live journal kept one more per change for its life.
+_known: OrderedDict[str, tuple[FileKey, str | None]] = OrderedDict()
+KNOWN_MAX = 4096  # ~1 MB: a listing of more journals walks the rest again
 # The journals (their real paths) opened unwalked for want of a child, until
 # a walk of them: what was read of one vouches for nothing (``unwalked``).
 _unwalked: set[str] = set()
@@ -78,8 +85,8 @@ def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:
                 result[directory] = None  # never opened: Journal.open says why
             elif key is None:
                 result[directory] = None  # nothing to map: the open reports it
-            elif key in _known:
-                result[directory] = _known[key]
+            elif (known := _recall(key)) is not None:
+                result[directory] = known[0]
             else:
                 todo.append((directory, key))
     while todo:
@@ -91,7 +98,7 @@ def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:
                     _unwalked.add(key[0])
                 else:
                     # Not one unwalked for want of a child: walked next time.
-                    _known[key] = verdict
+                    _remember(key, verdict)
                     _unwalked.discard(key[0])
         todo = todo[len(found) :] if rest else []
     return result
@@ -125,7 +132,27 @@ def vouch(directory: Path, head: list[int]) -> None:
         return
     key = (os.path.realpath(directory), st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
     with _lock:
-        _known.setdefault(key, None)  # (a walk's verdict, had one been made, stands)
+        if _recall(key) is None:  # (a walk's verdict, had one been made, stands)
+            _remember(key, None)
+
+
+def _recall(key: FileKey) -> tuple[str | None] | None:
+    """The verdict kept for the file in state ``key`` (in a tuple: a clean
+    walk's is None), or None if there is none; under ``_lock``."""
+    kept = _known.get(key[0])
+    if kept is None or kept[0] != key:
+        return None
+    _known.move_to_end(key[0])
+    return (kept[1],)
+
+
+def _remember(key: FileKey, verdict: str | None) -> None:
+    """Keep ``verdict`` for the file in state ``key``, in place of its
+    earlier state's; under ``_lock``."""
+    _known[key[0]] = (key, verdict)
+    _known.move_to_end(key[0])
+    while len(_known) > KNOWN_MAX:
+        _known.popitem(last=False)
 
 
 def _trusted(directory: Path) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections import OrderedDict
 from pathlib import Path
 
 import httpx
@@ -137,7 +138,7 @@ def _walks(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
 
     walked: list[list[str]] = []
     real_child = probe._run_child
-    monkeypatch.setattr(probe, "_known", {})
+    monkeypatch.setattr(probe, "_known", OrderedDict())
     monkeypatch.setattr(
         probe, "_run_child", lambda dirs: walked.append([d.name for d in dirs]) or real_child(dirs)
     )
@@ -169,7 +170,7 @@ def test_a_runs_first_page_maps_a_journal_its_summary_vouches_for_without_a_walk
     data = run.journal_path / "data.mdb"
     st = data.stat()
     os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
-    monkeypatch.setattr(probe, "_known", {})
+    monkeypatch.setattr(probe, "_known", OrderedDict())
     detail = JournalSource(runs).run(run.journal_path.name)
     assert detail is not None and walked == [[run.journal_path.name]]
 
@@ -224,7 +225,7 @@ def test_a_summary_read_while_no_child_could_walk_the_journal_vouches_for_nothin
     data = run.journal_path / "data.mdb"
     st = data.stat()
     os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))  # changed since its summary
-    monkeypatch.setattr(probe, "_known", {})
+    monkeypatch.setattr(probe, "_known", OrderedDict())
 
     def no_child(*args: object, **kwargs: object) -> None:
         raise BlockingIOError(11, "Resource temporarily unavailable")
@@ -272,6 +273,6 @@ def test_a_summary_kept_in_another_boot_vouches_for_nothing(
     st = data.stat()
     os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))
     list_journals(runs, tally=True)
-    monkeypatch.setattr(probe, "_known", {})
+    monkeypatch.setattr(probe, "_known", OrderedDict())
     walked.clear()
     assert JournalSource(runs).run(run.journal_path.name) is not None and walked == []
