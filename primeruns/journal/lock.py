@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any
 
 from primeruns.exceptions import JournalLockedError
+from primeruns.journal.fsinfo import network_fs_type
 from primeruns.journal.trust import UntrustedPathError
 
 __all__ = [
@@ -222,12 +223,27 @@ def _pid_of(value: Any) -> int:
     return pid
 
 
-def owner_alive(info: OwnerInfo | None) -> bool:
-    """Whether the named owner still runs (without touching the lock; for listings)."""
+def owner_alive(info: OwnerInfo | None, directory: Path) -> bool:
+    """Whether the owner named in the lock file of the journal at
+    ``directory`` still runs (for listings, gc, a takeover's wait).
+
+    The flock decides, not the file: a live writer holds it, and the kernel
+    drops it when the writer dies. A pid is no proof: on a shared disk the
+    file is anyone's to write, and one naming a live process that is not the
+    writer (pid 1, another user's, another boot's same pid and start ticks,
+    a host the journal was copied from) read "running" for ever, so gc kept
+    the journal and a requeue waited for it. Unheld, it is dead, except when
+    it names another host and lives on a network filesystem, whose writer
+    there may hold a lock this host does not see: that cannot be told from
+    here, and alive is the safe answer for deletion. Held, the pids and their
+    start times tell the producer from its uplink (``forkchild``)."""
     if info is None:
         return False
-    if info.host != socket.gethostname():
-        return True  # cannot tell from here: assume alive, the safe answer for deletion
+    here = info.host == socket.gethostname()
+    if not lock_held(directory):
+        return not here and network_fs_type(directory) is not None
+    if not here:
+        return True  # held, by a process of a host whose pids mean nothing here
     if not info.producer_done and _pid_alive(info.pid, info.proc_start):
         return True
     return info.helper_pid is not None and _pid_alive(info.helper_pid, info.helper_start)
