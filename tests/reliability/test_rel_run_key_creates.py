@@ -182,22 +182,52 @@ def test_a_requeue_after_a_blip_spent_its_keys_creates_says_it_gave_up_not_that_
     assert "KeyCreatesSpent" in said["errors"] and "not creating another until" in said["errors"]
 
 
-# The key's window of lost creates in these tests: long enough for a process
-# started at once (or right after the blip) to start within it on a loaded
-# host (the requeue started 9 s after the blip's last create on one of 2 cores).
+# The key's window of lost creates in these tests, short enough to wait out.
 _WINDOW_S = 25.0
 # Sets it in every interpreter of the test's environment, an uplink
 # process's too (a monkeypatch in the producer would not reach that one).
+# With ``_WINDOW_FROM`` set (a file's path), the first look at a key's window
+# by any of them stamps the window's start: as if the blip's last lost
+# create were then. Stamped by the blip itself, the window ran while its
+# process ended and the requeue's started (9 s on one of 2 cores): a host
+# slower still started the requeue past the window, which then created the
+# run at once, never refused, and the test failed.
+_WINDOW_FROM = "PRIMERUNS_TEST_WINDOW_FROM"
 _SITECUSTOMIZE = f"""
-from primeruns.ship import run_keys
+import os
+import time
+
+from primeruns.ship import deadline, run_keys
+
 run_keys.LOST_WINDOW_S = {_WINDOW_S!r}
+_marker = os.environ.get({_WINDOW_FROM!r})
+if _marker:
+    _window = run_keys.lost_creates_window
+
+    def _window_from_now(key, api_root, root=None):
+        try:  # the first look of all the test's interpreters, once
+            os.close(os.open(_marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            pass
+        else:
+            found = run_keys._record(key, api_root, root)
+            assert found is not None and found[run_keys._LOST] == run_keys.CREATES_ALLOWED
+            found |= {{
+                run_keys._LOST_AT: time.time(),
+                run_keys._AT_BOOT: deadline.boot_clock(),
+                run_keys._BOOT_ID: run_keys._boot_id(),
+            }}
+            run_keys.remember(key, api_root, found, root, durable=False)
+        return _window(key, api_root, root)
+
+    run_keys.lost_creates_window = _window_from_now
 """
 
 
 def _short_window_env(tmp: Path, mode: str, extra: dict[str, str]) -> dict[str, str]:
     """``isolated_env`` whose interpreters count the key's window as ``_WINDOW_S``."""
     hooks = tmp / "short-window"
-    hooks.mkdir()
+    hooks.mkdir(exist_ok=True)
     (hooks / "sitecustomize.py").write_text(_SITECUSTOMIZE)
     if mode == "threads":
         extra = {**extra, "PRIME_RUNS_UPLINK": "threads"}
@@ -221,8 +251,12 @@ def test_a_live_requeue_after_a_blip_creates_the_run_once_the_keys_window_ends(
     env = _short_window_env(tmp_path, mode, {"PRIME_TRACES_URL": lp.url})
     argv = [sys.executable, "-c", _RANK, str(tmp_path / "runs"), lp.url, _KEY, name]
     _blip(lp, argv, env, name)
+    # The window starts at the requeue's first look at it, however long its
+    # start took: refused then, it waits the window out.
+    env[_WINDOW_FROM] = str(tmp_path / "window-started")
     requeue = subprocess.run([*argv, "1", "train-on", TEAM, str(_STEPS)], **_CAPTURE, env=env)
     assert requeue.returncode == 0, requeue.stderr[-2000:]
+    assert (tmp_path / "window-started").exists()
     said = dict(line.split(" ", 1) for line in requeue.stdout.splitlines() if " " in line)
     journal = Path(said["journal"])
     # Refused within the window (an uplink process logs beside the journal).
