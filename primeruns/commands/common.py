@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import functools
 import gc
+import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -34,6 +35,7 @@ __all__ = [
     "no_cyclic_gc",
     "resolve_run",
     "runs_dir_of",
+    "seconds_arg",
 ]
 
 EXIT_OK = 0
@@ -100,6 +102,22 @@ def add_runs_dir(parser: argparse.ArgumentParser) -> None:
         help=f"where run journals live (default: ${RUNS_DIR_ENV}, else "
         "~/.local/state/prime-runs/runs)",
     )
+
+
+def seconds_arg(text: str) -> float:
+    """An argparse type: a finite number of seconds of at least 0. ``float``
+    alone took "nan" and "inf": ``sync --watch --interval nan`` synced in a
+    loop that never slept (a wait of NaN is none), an infinite one raised
+    OverflowError out of the wait."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a number of seconds; use a finite number of at least 0"
+        )
+    return value
 
 
 def add_json(parser: argparse.ArgumentParser, what: str) -> None:

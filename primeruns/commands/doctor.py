@@ -41,7 +41,7 @@ from ..settings import (
     resolve_sdk_settings,
     resolve_settings,
 )
-from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, runs_dir_of
+from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, runs_dir_of, seconds_arg
 from .console import emit_json, human_bytes, inert, make_console
 
 __all__ = ["add_parser"]
@@ -292,7 +292,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     add_runs_dir(parser)
     parser.add_argument("--base-url", help="check this platform instead of the configured one")
     parser.add_argument(
-        "--timeout", type=float, default=3.0, metavar="S", help="HTTP timeout (default 3 s)"
+        "--timeout",
+        type=seconds_arg,
+        default=3.0,
+        metavar="S",
+        help="HTTP timeout (default 3 s)",
     )
     add_json(parser, "the checks and settings")
     parser.set_defaults(handler=run_doctor)

@@ -56,6 +56,7 @@ from .common import (
     inert_errors,
     resolve_run,
     runs_dir_of,
+    seconds_arg,
 )
 from .console import emit_json, human_bytes, inert, inert_text, make_console
 from .progress import ShipProgress
@@ -853,7 +854,7 @@ def _common_args(parser: argparse.ArgumentParser) -> None:
     add_json(parser, "a JSON array of what was done to each run")
     parser.add_argument(
         "--timeout",
-        type=float,
+        type=seconds_arg,
         default=3600.0,
         metavar="S",
         help="give up shipping a run after S seconds (default 3600)",
@@ -893,7 +894,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     sync.add_argument(
         "--interval",
-        type=float,
+        type=seconds_arg,
         default=30.0,
         metavar="S",
         help="seconds between passes of --watch (default 30)",
