@@ -227,26 +227,27 @@ def owner_alive(info: OwnerInfo | None, directory: Path) -> bool:
     """Whether the owner named in the lock file of the journal at
     ``directory`` still runs (for listings, gc, a takeover's wait).
 
-    The flock decides, not the file: a live writer holds it, and the kernel
-    drops it when the writer dies. A pid is no proof: on a shared disk the
-    file is anyone's to write, and one naming a live process that is not the
-    writer (pid 1, another user's, another boot's same pid and start ticks,
-    a host the journal was copied from) read "running" for ever, so gc kept
-    the journal and a requeue waited for it. Unheld, it is dead, except when
-    it names another host and lives on a network filesystem, whose writer
-    there may hold a lock this host does not see: that cannot be told from
-    here, and alive is the safe answer for deletion. Held, the pids and their
-    start times tell the producer from its uplink (``forkchild``)."""
+    A pid is no proof: on a shared disk the file is anyone's to write, and
+    one naming a live process that is not the writer (pid 1, another user's,
+    another boot's same pid and start ticks, a host the journal was copied
+    from) read "running" for ever, so gc kept the journal and a requeue
+    waited for it. The flock is: a live writer holds it, and the kernel drops
+    it when the writer dies. Named on this host, a process that is gone
+    (by pid and start time) is dead without a look at the lock, so a listing
+    takes its shared look (``lock_held``) only where a live process is named,
+    not at every crashed journal a requeue may be taking over; one that runs
+    is the owner only while the lock is held, and its pids then tell the
+    producer from its uplink (``forkchild``). Named on another host, the
+    lock decides, except on a network filesystem, whose remote holder may
+    not show here: alive, the safe answer for deletion."""
     if info is None:
         return False
-    here = info.host == socket.gethostname()
-    if not lock_held(directory):
-        return not here and network_fs_type(directory) is not None
-    if not here:
-        return True  # held, by a process of a host whose pids mean nothing here
-    if not info.producer_done and _pid_alive(info.pid, info.proc_start):
-        return True
-    return info.helper_pid is not None and _pid_alive(info.helper_pid, info.helper_start)
+    if info.host == socket.gethostname():
+        named = (not info.producer_done and _pid_alive(info.pid, info.proc_start)) or (
+            info.helper_pid is not None and _pid_alive(info.helper_pid, info.helper_start)
+        )
+        return named and lock_held(directory)
+    return lock_held(directory) or network_fs_type(directory) is not None
 
 
 def lock_held(directory: Path) -> bool:
