@@ -331,18 +331,25 @@ def _refuse_a_live_original(path: Path, origin: Origin) -> None:
         )
 
 
-def _remember(journal: Journal, report: ShipReport, root: Path) -> None:
-    """Record what a sync journal shipped, beside it (``sync_records``)."""
+def _remember(
+    journal: Journal, report: ShipReport, root: Path, *, shipped: bool | None = None
+) -> None:
+    """Record what a sync journal shipped, beside it (``sync_records``).
+    ``shipped``: False before it ships (what it leaves is not known yet),
+    True once it did (what is left: the report's pending records); None
+    says nothing of it."""
     if journal.path.parent.absolute() != root.absolute() or report.run_id is None:
         return
     source = journal.get_meta(K_SOURCE_PATH)
     upto = source.get("imported_upto") if isinstance(source, dict) else None
+    left = {} if shipped is None else {"left": dict(report.pending) if shipped else None}
     sync_records.remember(
         root,
         journal.local_id,
         run_id=report.run_id,
         imported_upto=upto if isinstance(upto, int) else journal.last_seq(),
         closed=report.finalized or bool(journal.get_meta("finalized")),
+        **left,
     )
 
 
@@ -518,7 +525,7 @@ def _ship(
         uplink.client.close()
         return
     report.run_id, report.url = binding.run_id, binding.url
-    _remember(journal, report, root)  # before anything ships: see sync_records
+    _remember(journal, report, root, shipped=False)  # before anything ships: see sync_records
     uplink.start()
     status, error, summary = terminal_state(journal)
     close = (status != "crashed" or may_crash) and hold_close is None
@@ -551,7 +558,7 @@ def _ship(
             uplink.errors.append(f"{shipper.name} stopped: {shipper.state.retired_reason}")
     report.errors.extend(uplink.errors)
     report.losses = journal.losses()
-    _remember(journal, report, root)
+    _remember(journal, report, root, shipped=True)
 
 
 def _closed_as(journal: Journal) -> str | None:

@@ -117,6 +117,10 @@ def take_over(paths: Sequence[Path], root: Path, by: str) -> list[Journal]:
             if origin is not None and origin.is_original(path.absolute()):
                 with Journal.open(path, owner=True) as original:
                     original.set_meta("continued_by", by)
+        except sync_records.LeftUnshipped as exc:
+            # Nothing else will say it: the run closes without them.
+            log.warning("prime-runs: not taking over %s: %s", path, exc)
+            continue
         except JournalError as exc:  # its owner came back, or it is damaged: left for sync
             log.info("prime-runs: not taking over %s: %s", path, exc)
             continue

@@ -9,11 +9,16 @@ record a second time.
 
 So each sync journal leaves a small record beside the sync journals
 (``<sync root>/.shipped/<local id>.json``): the platform run it ships to,
-how far into its journal it imported, and whether the run is closed. A
-sync journal is made only where no record is (:func:`refuse_if_shipped`);
-a copy that holds nothing beyond what a pruned sync journal shipped is
-nothing to sync (:func:`nothing_new`). The folder's name starts with a dot,
-which no local id does, so it is never taken for a sync journal.
+how far into its journal it imported, whether the run is closed, and what
+it had left to ship when a ``sync`` or ``replay`` of it ended (``left``:
+records by sink; null while one ships it). A sync journal is made only
+where no record is (:func:`refuse_if_shipped`); a copy that holds nothing
+beyond what a pruned sync journal shipped is nothing to sync
+(:func:`nothing_new`). A run closed with records left (a sink down at the
+close-out) is not all shipped: its sync journal deleted by hand, those
+records are named (:class:`LeftUnshipped`), never passed over as shipped.
+The folder's name starts with a dot, which no local id does, so it is
+never taken for a sync journal.
 
 A record decides where a run's records go and which are skipped: it is read
 only from a sync root of the user's own (``copies.check_sync_root``), never
@@ -33,9 +38,22 @@ from typing import Any
 from ..exceptions import JournalError
 from .copies import make_sync_root, read_record
 
-__all__ = ["nothing_new", "record_path", "recorded", "refuse_if_shipped", "remember"]
+__all__ = [
+    "LeftUnshipped",
+    "nothing_new",
+    "record_path",
+    "recorded",
+    "refuse_if_shipped",
+    "remember",
+]
 
 _FOLDER = ".shipped"
+
+
+class LeftUnshipped(JournalError):
+    """A sync journal is gone (deleted by hand) whose record says it had
+    records left to ship, or was shipping when it was last recorded: which
+    of them the platform holds went with it."""
 
 
 def record_path(root: Path, local_id: str) -> Path:
@@ -74,6 +92,16 @@ def refuse_if_shipped(root: Path, local_id: str) -> None:
     record = recorded(root, local_id)
     if record is None or not record.get("run_id"):
         return
+    left = _left(record)
+    if left is not None:
+        sync = root / local_id
+        raise LeftUnshipped(
+            f"the sync journal of {local_id} ({sync}) is gone, and it {left}: which of "
+            f"the records platform run {record['run_id']} holds went with it, so nothing "
+            f"ships them now. Restore {sync} (from a backup) and run `primeruns sync` of "
+            "this journal again to ship them; a new sync journal would ship the records "
+            "already shipped a second time"
+        )
     pruned = " (primeruns gc pruned it once the run was closed)" if record.get("pruned") else ""
     raise JournalError(
         f"the sync journal of {local_id} is gone{pruned}, and platform run "
@@ -87,7 +115,25 @@ def nothing_new(root: Path, local_id: str, last_seq: int) -> bool:
     """Whether a journal of ``local_id`` ending at ``last_seq`` holds nothing
     its pruned sync journal had not shipped into a run it closed."""
     record = recorded(root, local_id)
-    if record is None or not record.get("closed"):
+    if record is None or not record.get("closed") or _left(record) is not None:
         return False
     upto = record.get("imported_upto")
     return isinstance(upto, int) and last_seq <= upto
+
+
+def _left(record: dict[str, Any]) -> str | None:
+    """What ``record`` says its sync journal had left to ship, or None: it
+    shipped all it imported (``gc`` prunes only such a one), or an earlier
+    version wrote the record, which does not say. A run closed out is not
+    all shipped: ``replay`` closes it with a sink down."""
+    if record.get("pruned") or "left" not in record:
+        return None
+    left = record["left"]
+    if not isinstance(left, dict):
+        return "was shipping when it was last recorded (a sync cut short)"
+    counts = {k: v for k, v in left.items() if isinstance(v, int) and v > 0}
+    damaged = any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in left.values())
+    if not counts and not damaged:
+        return None
+    shown = ", ".join(f"{sink}: {n}" for sink, n in sorted(counts.items())) or "unknown"
+    return f"had {sum(counts.values())} records left to ship ({shown})"

@@ -15,6 +15,7 @@ samples of a step it logs again apart from its predecessor's.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -186,18 +187,12 @@ def test_replay_all_after_a_requeue_closed_the_run_does_not_close_the_taken_over
     _landed_once(lp, run_id, logged + more, 40)
 
 
-def test_a_requeue_ships_the_traces_a_replay_left_in_an_earlier_processs_sync_journal(
-    own_platform: LocalPlatform, tmp_path: Path
-) -> None:
-    """Prime Traces is down: the first process of the key finishes with its
-    traces left (the run closed), the second takes it over and still cannot
-    ship them, and a ``replay`` of the first leaves them too, recording its
-    sync journal's run as closed. Traces back, the third process took that
-    record for all of the first shipped and passed it over: its 10 traces
-    were shipped by nothing (and ``gc --force`` then deleted the one journal
-    that listed them). Now it takes it over: every episode lands once in
-    Prime Traces and in the evaluation, the run COMPLETED."""
-    lp = own_platform
+def _traces_left_by_a_replay(
+    lp: LocalPlatform, tmp_path: Path
+) -> tuple[dict[str, str], Path, list[str], list[str]]:
+    """Prime Traces down, two processes of the key finish with their traces
+    left, and a ``replay`` of the first leaves its 10 too (the run closed):
+    the processes' environment, the first's journal, the ids each logged."""
     runs = tmp_path / "runs"
     # A sink failing at the close-out gives up after 2 s without progress.
     env = isolated_env(tmp_path, {"PRIME_TRACES_URL": lp.url, "PRIME_RUNS_STALL_S": "2"})
@@ -211,12 +206,66 @@ def test_a_requeue_ships_the_traces_a_replay_left_in_an_earlier_processs_sync_jo
         assert done.returncode != 0 and "still pending traces 10" in done.stdout, done.stdout
     finally:
         lp.set_faults(retryable_rate=0.0, statuses=[503, 502, 429], routes=[])
+    return env, first, logged, more
+
+
+def test_a_requeue_ships_the_traces_a_replay_left_in_an_earlier_processs_sync_journal(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """Prime Traces is down: the first process of the key finishes with its
+    traces left (the run closed), the second takes it over and still cannot
+    ship them, and a ``replay`` of the first leaves them too, recording its
+    sync journal's run as closed. Traces back, the third process took that
+    record for all of the first shipped and passed it over: its 10 traces
+    were shipped by nothing (and ``gc --force`` then deleted the one journal
+    that listed them). Now it takes it over: every episode lands once in
+    Prime Traces and in the evaluation, the run COMPLETED."""
+    lp = own_platform
+    runs = tmp_path / "runs"
+    env, first, logged, more = _traces_left_by_a_replay(lp, tmp_path)
     _, last = _requeue(runs, lp, 20, env)
     run_id = bound_run_id(first, tmp_path / "home")
     assert run_id is not None
     traces = lp.run(run_id)["traces"]
     assert traces["episodes"] == traces["distinct_episodes"] == 30, traces
     _landed_once(lp, run_id, logged + more + last, 30)
+
+
+def test_a_requeue_names_the_traces_a_replay_left_in_a_sync_journal_deleted_by_hand(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """As above, but the user deletes the first process's sync journal by
+    hand after the replay left its 10 traces there. Its record said the run
+    was closed, which was taken for all of it shipped: a ``sync`` of the
+    journal said "done: 10 episodes to traces" though it sent none, and the
+    third process passed it over in silence, the 10 traces shipped by
+    nothing. Which records the platform holds went with the sync journal,
+    so neither may ship them again: the sync is refused and the requeue
+    warns, each naming the 10 traces left and how to ship them."""
+    lp = own_platform
+    runs = tmp_path / "runs"
+    home = tmp_path / "home"
+    env, first, logged, more = _traces_left_by_a_replay(lp, tmp_path)
+    commands = {**env, "PRIME_API_KEY": KEY, "PRIME_API_BASE_URL": lp.url}
+    shutil.rmtree(home / ".local" / "state" / "prime-runs" / "synced" / first.name)
+    sync = [sys.executable, "-m", "primeruns", "sync", str(first)]
+    done = subprocess.run(sync, capture_output=True, text=True, env=commands, timeout=180)
+    said = done.stdout + done.stderr
+    assert done.returncode != 0 and "10 records left to ship (traces: 10)" in said, said
+    third = subprocess.run(
+        producer(runs, lp, 20, 10, "finish"), capture_output=True, text=True, env=env, timeout=180
+    )
+    assert third.returncode == 0, third.stderr[-2000:]
+    warned = [line for line in third.stderr.splitlines() if str(first) in line]
+    assert any("10 records left to ship (traces: 10)" in w for w in warned), third.stderr
+    assert any("primeruns sync" in w for w in warned), third.stderr
+    run_id = bound_run_id(first, home)
+    assert run_id is not None
+    # Prime Traces holds the others' once; the first's 10 are named, not guessed at.
+    [last] = [line.split()[1:] for line in third.stdout.splitlines() if line.startswith("logged")]
+    assert platform_episode_ids(lp.data_dir, run_id) == dict.fromkeys(more + last, 1)
+    assert lp.run(run_id)["status"] == "COMPLETED"
+    assert len(logged) == 10
 
 
 def test_gc_force_of_a_journal_taken_over_with_records_left_says_where_they_are(
