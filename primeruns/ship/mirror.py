@@ -124,10 +124,13 @@ class Imported:
 _OWN_META = ("journal.",)
 # Nor how far its own shipping went (``state``: shipped): the sync journal
 # says so of itself once it shipped, and a take-over or a sync that finds it
-# so passes the journal over (``ranks.shipped_through_sync``). Whether the
-# run was closed (``finalized``) is the run's, and is handed over: it is not
-# closed again.
-_OWN_KEYS = frozenset({"state"})
+# so passes the journal over (``ranks.shipped_through_sync``). Nor whether
+# the run was closed (``finalized``): a copy's meta is untrusted input, and
+# one edited or damaged to say so (nothing here can check it) left the run
+# open for good, no close-out ever sent. The sync journal closes the run
+# itself; closed already, the platform keeps its first close (a repeat is a
+# 409 or a no-op, ``Lifecycle._step``).
+_OWN_KEYS = frozenset({"state", "finalized"})
 
 
 def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:

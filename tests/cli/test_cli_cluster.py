@@ -534,25 +534,61 @@ def test_a_journal_whose_spec_was_lost_syncs_with_the_spec_the_user_supplies(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     lp = local_platform
-    runs = point_at(monkeypatch, tmp_path, lp.url)
-    run = pr.init(environments=["gsm8k"], model="m", mode="offline", base_url=lp.url, runs_dir=runs)
-    for episode in workloads.gsm8k(EVAL_EPISODES):
-        run.log_episodes([episode])
-    run.finish()
-    assert run.journal_path is not None
-    with Journal.open(run.journal_path) as journal:
+    journal_path = _offline_evaluation(lp.url, point_at(monkeypatch, tmp_path, lp.url))
+    with Journal.open(journal_path) as journal:
         spec = journal.get_meta(SPEC_KEY)
         journal.set_meta(SPEC_KEY, damaged)
     monkeypatch.setenv("PRIME_API_KEY", API_KEY)
-    code, out, err = cli(capsys, "sync", str(run.journal_path))
+    code, out, err = cli(capsys, "sync", str(journal_path))
     assert code == 1 and "--spec FILE" in out + err
     assert lp.runs() == []
     supplied = tmp_path / "spec.json"
     supplied.write_text(json.dumps(spec))
-    code, out, err = cli(capsys, "sync", "--spec", str(supplied), str(run.journal_path))
+    code, out, err = cli(capsys, "sync", "--spec", str(supplied), str(journal_path))
     assert code == 0, out + err
     assert _landed(lp, "eval", "all")() is not None
     assert _status(lp) == "COMPLETED"
+
+
+def _offline_evaluation(url: str, runs: Path) -> Path:
+    """An offline evaluation of ``EVAL_EPISODES`` episodes for the platform
+    at ``url``, finished under ``runs``: its journal."""
+    run = pr.init(environments=["gsm8k"], model="m", mode="offline", base_url=url, runs_dir=runs)
+    for episode in workloads.gsm8k(EVAL_EPISODES):
+        run.log_episodes([episode])
+    run.finish()
+    assert run.journal_path is not None
+    return run.journal_path
+
+
+# What a journal's meta may say of a close-out that never reached the
+# platform: edited by hand, or a previous tool's.
+@pytest.mark.parametrize(
+    "planted",
+    [{"status": "completed", "at": 1.0}, {"status": "failed"}, {}],
+    ids=["completed", "failed", "empty"],
+)
+def test_a_copy_whose_meta_says_its_run_was_closed_closes_it_on_the_platform(
+    planted: dict[str, Any], local_platform: Any, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An offline run finished; its journal's meta says the run was closed
+    (``finalized``), though nothing ever reached the platform. A journal is
+    untrusted input: its sync journal took that over, so the sync shipped
+    every record but sent no close-out, said it was done, and the run stayed
+    RUNNING for good. Now it closes the run as the journal's finish entry
+    says, and a second sync sends nothing again."""
+    lp = local_platform
+    journal_path = _offline_evaluation(lp.url, login.parent / "runs")  # (``point_at``'s)
+    with Journal.open(journal_path) as journal:
+        journal.set_meta("finalized", planted)
+    copy = _copy(journal_path, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    assert _landed(lp, "eval", "all")() is not None
+    assert _status(lp) == "COMPLETED"
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    assert _landed(lp, "eval", "all")() is not None
 
 
 def test_a_config_edited_before_finish_lands_from_a_copy_synced_mid_run_before(
