@@ -40,7 +40,7 @@ from .ship.copies import (
     uncarried,
 )
 from .sinks.kinds import records_left, sink_kinds
-from .spec import RunSpec, listed_spec
+from .spec import SPEC_KEY, RunSpec, listed_spec
 
 if TYPE_CHECKING:
     from .journal.journal import Journal
@@ -50,6 +50,7 @@ __all__ = [
     "KIND_NAMES",
     "RECORD_KINDS",
     "UNIT_LABELS",
+    "UNKNOWN_SINKS",
     "CurveFields",
     "RunStatus",
     "describe",
@@ -59,6 +60,7 @@ __all__ = [
     "metric_curves",
     "pending_per_sink",
     "sample_rows",
+    "spec_damaged",
     "statuses",
     "unit_of",
 ]
@@ -70,6 +72,7 @@ RECORD_KINDS = {
     "traces": EntryKind.TRACE,
     "metrics": EntryKind.METRICS,
 }
+_LOGGED = frozenset(RECORD_KINDS.values())
 UNIT_LABELS = {
     EntryKind.EPISODE: "episodes",
     EntryKind.TRACE: "traces",
@@ -93,6 +96,15 @@ def pending_per_sink(
     out: dict[str, int | str] = {}
     if spec is False:
         spec = listed_spec(info.meta)
+    if spec is None and spec_damaged(info.meta):
+        # Which sinks the run has is the spec's to say: read with the
+        # defaults, a training run's records were counted against an
+        # evaluation's. What no sink of it acknowledged is still to ship.
+        acked = min((as_count(v) or 0 for v in info.cursors.values()), default=0)
+        if acked in info.after:  # the records a user logs, whatever their sinks
+            return {UNKNOWN_SINKS: records_left(info.after[acked], _LOGGED)}
+        skipped = skipped_within(info.meta.get(K_SKIPPED), acked, info.last_seq)
+        return {UNKNOWN_SINKS: max(0, info.last_seq - acked - skipped)}
     for sink, kinds in sink_kinds(_sink_kind(spec)).items():
         if info.meta.get(f"sink_off.{sink}"):
             out[sink] = "off"
@@ -108,6 +120,19 @@ def pending_per_sink(
 
 def _sink_kind(spec: RunSpec | None) -> RunKind:
     return spec.kind if spec is not None else RUN_KIND
+
+
+# ``pending``'s key for a journal whose spec is damaged: its run's sinks are
+# not known, nor so what each has left.
+UNKNOWN_SINKS = "sinks unknown (spec damaged)"
+
+
+def spec_damaged(meta: Mapping[str, Any]) -> bool:
+    """Whether the journal whose meta values are ``meta`` holds a spec that
+    cannot be read (damaged, or ``{}`` naming no kind): ``sync`` and
+    ``replay`` ship it only given the run's spec (``--spec FILE``). A
+    journal with no spec at all (one rebuilt after damage) is not one."""
+    return meta.get(SPEC_KEY) is not None and listed_spec(meta) is None
 
 
 @dataclass(frozen=True)
@@ -130,6 +155,12 @@ class RunStatus:
     def spec(self) -> RunSpec | None:
         """The run's spec; None when the journal has none or it is damaged."""
         return listed_spec(self.info.meta)
+
+    @property
+    def spec_damaged(self) -> bool:
+        """Its spec cannot be read (``spec_damaged``): shipped only with
+        ``--spec FILE``. A copy's sync journal holds its own spec."""
+        return self.synced is None and spec_damaged(self.info.meta)
 
     @property
     def kind(self) -> RunKind:
@@ -224,6 +255,8 @@ class RunStatus:
             return "offline"
         if self.info.owner_alive and self.elsewhere is None:
             return "live"
+        if self.spec_damaged and (self.pending_total or not self.finalized):
+            return "spec damaged"
         if self.pending_total:
             # Sinks ship the same episodes: the most any sink has left, not the sum.
             return f"{max(v for v in self.pending.values() if isinstance(v, int))} pending"

@@ -53,6 +53,9 @@ def as_json(status: RunStatus) -> dict[str, Any]:
         "entries": info.entries,
         "missing_entries": info.missing_entries,
         "pending": status.pending,
+        # Its spec cannot be read: its sinks are unknown (``pending`` counts
+        # under reports.UNKNOWN_SINKS), and sync/replay need --spec FILE.
+        "spec_damaged": status.spec_damaged,
         "losses": status.losses,
         "size_bytes": info.size_bytes,
         "modified": info.modified,
@@ -126,12 +129,27 @@ def _ls(args: argparse.Namespace) -> int:
     damaged = [status.info.local_id for status in found if status.info.damage]
     if damaged:
         # The table has no room for what each lost; a line says which to look at.
-        named = ", ".join(damaged[:_DAMAGED_NAMED]) + (
-            ", ..." if len(damaged) > _DAMAGED_NAMED else ""
+        said = (
+            f"{len(damaged)} journal(s) with damage: {_named(damaged)} "
+            "(primeruns show ID says what)"
         )
-        said = f"{len(damaged)} journal(s) with damage: {named} (primeruns show ID says what)"
+        console.print(inert_text(said, style="yellow"))
+    lost_spec = [status.info.local_id for status in found if status.spec_damaged]
+    if lost_spec:
+        # Read with the defaults, its records were counted against an
+        # evaluation's sinks; what ships it is the run's spec, from the user.
+        said = (
+            f"{len(lost_spec)} journal(s) whose spec is damaged: {_named(lost_spec)} "
+            "(primeruns sync --spec FILE ID, or replay --spec FILE ID, ships it with the "
+            "run's spec: a JSON object of kind, name, model, environments, ...)"
+        )
         console.print(inert_text(said, style="yellow"))
     return EXIT_OK
+
+
+def _named(ids: list[str]) -> str:
+    """The first few of ``ids``, for a line under the table."""
+    return ", ".join(ids[:_DAMAGED_NAMED]) + (", ..." if len(ids) > _DAMAGED_NAMED else "")
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
