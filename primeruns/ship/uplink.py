@@ -623,10 +623,15 @@ class Uplink:
         unmarked, a later ``replay --all`` took each for a crashed run still
         to close, said it closed it as crashed, and ``ls`` said so too."""
         closed = self.journal.get_meta("finalized") if self.lifecycle.finalized else None
-        for old, _ in self.adopted:
+        for old, shippers in self.adopted:
             if isinstance(closed, dict) and not old.get_meta("finalized"):
                 with contextlib.suppress(JournalError):
                     old.set_meta("finalized", {**closed, "by": self.journal.local_id})
+            # What it leaves now, for its record (one a replay left records
+            # in named them): deleted by hand later, it is not said to have
+            # left records this take-over shipped.
+            with contextlib.suppress(JournalError, OSError):
+                handover.left(old, {s.name: s.pending_records() for s in shippers})
             old.close()
 
     def _wait_for_others(self, run_id: str, deadline: float, *, crashed: bool) -> dict[str, str]:

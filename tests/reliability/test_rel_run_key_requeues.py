@@ -229,6 +229,13 @@ def test_a_requeue_ships_the_traces_a_replay_left_in_an_earlier_processs_sync_jo
     traces = lp.run(run_id)["traces"]
     assert traces["episodes"] == traces["distinct_episodes"] == 30, traces
     _landed_once(lp, run_id, logged + more + last, 30)
+    # Shipped by the take-over, its sync journal deleted by hand is not said
+    # to have left the 10 traces the replay left: a sync finds all shipped.
+    shutil.rmtree(tmp_path / "home" / ".local" / "state" / "prime-runs" / "synced" / first.name)
+    commands = {**env, "PRIME_API_KEY": KEY, "PRIME_API_BASE_URL": lp.url}
+    done = _cli_json(commands, "sync", str(first))
+    assert [r["records"] for r in done] == [0], done
+    _landed_once(lp, run_id, logged + more + last, 30)
 
 
 def test_a_requeue_names_the_traces_a_replay_left_in_a_sync_journal_deleted_by_hand(
