@@ -160,7 +160,9 @@ class RunStatus:
     def spec_damaged(self) -> bool:
         """Its spec cannot be read (``spec_damaged``): shipped only with
         ``--spec FILE``. A copy's sync journal holds its own spec."""
-        return self.synced is None and spec_damaged(self.info.meta)
+        # (Its spec as read once, cached: a listing of thousands reads each.)
+        stored = self.info.meta.get(SPEC_KEY)
+        return self.synced is None and self.spec is None and stored is not None
 
     @property
     def kind(self) -> RunKind:
