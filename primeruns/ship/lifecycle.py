@@ -439,7 +439,8 @@ class Lifecycle:
                 f"{spent} empty RUNNING runs named {spec.name!r} may remain; not creating "
                 f"another until {when} (in {left:.0f} s, {run_keys.LOST_WINDOW_S:.0f} s "
                 "after the last): the records stay in the journal, and primeruns "
-                "replay from then creates the run and ships them"
+                "replay from then ships them, into the run a later process of the key "
+                "created if one did (a requeue ships its own records, not these)"
             )
             refused.until, refused.left = until, left
             raise refused

@@ -140,9 +140,10 @@ def test_ranks_of_a_key_ship_into_the_run_whose_create_was_answered(
     assert platform_metric_steps(lp.data_dir, run_id) == expected
 
 
-def _blip(lp: LocalPlatform, argv: list[str], env: dict[str, str], name: str) -> None:
+def _blip(lp: LocalPlatform, argv: list[str], env: dict[str, str], name: str) -> dict[str, str]:
     """The key's first process, run to its end while a gateway loses the
-    answers of the creates the key allows: as many runs made as lost."""
+    answers of the creates the key allows: as many runs made as lost. What
+    it printed (its journal, its errors)."""
     lp.set_faults(ambiguous_rate=1.0, routes=[_CREATE], max_faults=_MAX_LOST_CREATES)
     try:
         first = subprocess.run([*argv, "0", "no", TEAM, str(_STEPS)], **_CAPTURE, env=env)
@@ -150,6 +151,7 @@ def _blip(lp: LocalPlatform, argv: list[str], env: dict[str, str], name: str) ->
         lp.set_faults(ambiguous_rate=0.0, routes=[], max_faults=0)
     assert first.returncode == 0, first.stderr[-2000:]
     assert len(_made(lp, name)) == _MAX_LOST_CREATES
+    return dict(line.split(" ", 1) for line in first.stdout.splitlines() if " " in line)
 
 
 @pytest.mark.parametrize("mode", ["threads", "process"])
@@ -268,6 +270,41 @@ def test_a_live_requeue_after_a_blip_creates_the_run_once_the_keys_window_ends(
     assert run_id is not None and run_id in {str(r["id"]) for r in made}
     assert platform_metric_steps(lp.data_dir, run_id) == Counter(100 + s for s in range(_STEPS))
     assert said.get("errors", "") == ""
+
+
+def test_the_process_a_blip_refused_is_told_a_requeue_does_not_ship_it_and_a_replay_does(
+    train_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """After the blip, the requeue creates the run once the key's window
+    ends and ships its own rows; the first process, refused and finished
+    with its rows kept, is not taken over (no run named it when the requeue
+    looked). It was told "primeruns replay from then creates the run and
+    ships them", and the README that a requeue after a blip ships without a
+    replay: a user trusting either waited for the requeue. Now it is told
+    that a requeue ships its own records, not these, and its replay ships
+    them into the requeue's run (no other create), every step once; the
+    requeue's init() names its journal and the replay."""
+    lp = train_platform
+    name = "key-creates-blip-first"
+    env = _short_window_env(tmp_path, "threads", {"PRIME_TRACES_URL": lp.url})
+    argv = [sys.executable, "-c", _RANK, str(tmp_path / "runs"), lp.url, _KEY, name]
+    first = _blip(lp, argv, env, name)
+    assert "a requeue ships its own records, not these" in first["errors"], first["errors"]
+    requeue = subprocess.run([*argv, "1", "train-on", TEAM, str(_STEPS)], **_CAPTURE, env=env)
+    assert requeue.returncode == 0, requeue.stderr[-2000:]
+    journal = Path(first["journal"])
+    assert journal.name in requeue.stderr and "primeruns replay" in requeue.stderr
+    said = dict(line.split(" ", 1) for line in requeue.stdout.splitlines() if " " in line)
+    run_id = bound_run_id(Path(said["journal"]))
+    assert run_id is not None
+    assert bound_run_id(journal) is None  # not taken over: its rows wait for the replay
+    replay = [sys.executable, "-m", "primeruns", "replay", str(journal)]
+    commands = {**env, "PRIME_API_KEY": _KEY, "PRIME_API_BASE_URL": lp.url}
+    done = subprocess.run(replay, **_CAPTURE, env=commands)
+    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
+    assert len(_made(lp, name)) == _MAX_LOST_CREATES + 1  # the requeue's create alone
+    steps = [*range(_STEPS), *(100 + s for s in range(_STEPS))]
+    assert platform_metric_steps(lp.data_dir, run_id) == Counter(steps)
 
 
 @pytest.mark.parametrize("mode", ["threads", "process"])
