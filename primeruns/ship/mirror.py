@@ -124,13 +124,15 @@ class Imported:
 _OWN_META = ("journal.",)
 # Nor how far its own shipping went (``state``: shipped): the sync journal
 # says so of itself once it shipped, and a take-over or a sync that finds it
-# so passes the journal over (``ranks.shipped_through_sync``). Nor whether
-# the run was closed (``finalized``): a copy's meta is untrusted input, and
-# one edited or damaged to say so (nothing here can check it) left the run
-# open for good, no close-out ever sent. The sync journal closes the run
-# itself; closed already, the platform keeps its first close (a repeat is a
-# 409 or a no-op, ``Lifecycle._step``).
-_OWN_KEYS = frozenset({"state", "finalized"})
+# so passes the journal over (``ranks.shipped_through_sync``). Whether the
+# run was closed (``finalized``) is the run's, and is handed over: it is not
+# closed again. A claim planted in a copy cannot be told from a real one
+# without asking the platform, and closing again is not harmless: an
+# evaluation's finalize is not idempotent (it enqueues the platform's
+# statistics task; a repeat's answer is unspecified), and the SDK never
+# sends it twice. A claim that is not a close-out's (``{}``, damage) closes
+# nothing (``Lifecycle.finalized``).
+_OWN_KEYS = frozenset({"state"})
 
 
 def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:

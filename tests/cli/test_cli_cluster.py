@@ -566,26 +566,17 @@ def _offline_evaluation(url: str, runs: Path) -> Path:
     return run.journal_path
 
 
-# What a journal's meta may say of a close-out that never reached the
-# platform: edited by hand, or a previous tool's.
-@pytest.mark.parametrize(
-    "planted",
-    [{"status": "completed", "at": 1.0}, {"status": "failed"}, {}],
-    ids=["completed", "failed", "empty"],
-)
-def test_a_copy_whose_meta_says_its_run_was_closed_closes_it_on_the_platform(
-    planted: dict[str, Any], local_platform: Any, login: Path, capsys: pytest.CaptureFixture[str]
+def test_a_copy_whose_meta_names_a_close_out_it_never_made_still_closes_its_run(
+    local_platform: Any, login: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """An offline run finished; its journal's meta says the run was closed
-    (``finalized``), though nothing ever reached the platform. A journal is
-    untrusted input: its sync journal took that over, so the sync shipped
-    every record but sent no close-out, said it was done, and the run stayed
-    RUNNING for good. Now it closes the run as the journal's finish entry
-    says, and a second sync sends nothing again."""
+    """An offline run finished; its journal's meta names a ``finalized``
+    that is no close-out's (``{}``: damage, or a tool's). Its sync ships
+    every record and closes the run as the journal's finish entry says; a
+    second sync sends nothing again."""
     lp = local_platform
     journal_path = _offline_evaluation(lp.url, login.parent / "runs")  # (``point_at``'s)
     with Journal.open(journal_path) as journal:
-        journal.set_meta("finalized", planted)
+        journal.set_meta("finalized", {})
     copy = _copy(journal_path, login)
     code, out, err = cli(capsys, "sync", str(copy))
     assert code == 0, out + err
@@ -596,41 +587,43 @@ def test_a_copy_whose_meta_says_its_run_was_closed_closes_it_on_the_platform(
     assert _landed(lp, "eval", "all")() is not None
 
 
-@_DAMAGED_SPECS
-def test_ls_of_a_journal_whose_spec_was_lost_names_no_sinks_and_says_how_to_ship_it(
-    damaged: dict[str, Any],
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    local_platform: Any,
+def _closed_at(lp: Any, run_id: str) -> tuple[Any, Any]:
+    """An evaluation's (finalized_at, updated_at), as the platform stored them."""
+    conn = sqlite3.connect(f"file:{lp.data_dir / 'platform.sqlite3'}?mode=ro", uri=True)
+    try:
+        row = conn.execute(
+            "SELECT finalized_at, updated_at FROM evaluations WHERE id = ?", (run_id,)
+        ).fetchone()
+    finally:
+        conn.close()
+    assert row is not None
+    return row[0], row[1]
+
+
+def test_a_copy_of_a_run_closed_online_is_synced_without_closing_the_run_again(
+    local_platform: Any, login: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """An offline training run whose journal's spec is damaged: ``ls`` read
-    it with the defaults, an evaluation's, and listed its records as pending
-    to the evaluation sample table (``eval_samples``), a sink the run never
-    had, saying nothing of the spec, while ``sync`` and ``replay`` refuse it
-    asking for ``--spec FILE``. Now it lists them pending to sinks unknown,
-    the spec damaged, and says under the table what ships it; gc keeps it."""
+    """An online evaluation shipped and closed itself; its journal is copied
+    to the login node and synced there (``sync --all`` over every copy). The
+    run is not closed again: an evaluation's finalize is not idempotent on
+    the platform's side (it enqueues the statistics task; a repeat's answer
+    is unspecified), and the SDK sends it once. Neither the metadata PUT
+    nor the finalize of a close-out reaches the platform a second time."""
     lp = local_platform
-    runs = point_at(monkeypatch, tmp_path, lp.url)
-    run = pr.init(kind="train", model="m", team_id="team", mode="offline", runs_dir=runs)
-    run.log_episodes(workloads.agentic_by_step(2)[0])
-    run.log_metrics({"loss": 1.0}, step=0)
+    run = pr.init(
+        environments=["gsm8k"], model="m", base_url=lp.url, runs_dir=login.parent / "runs"
+    )
+    for episode in workloads.gsm8k(EVAL_EPISODES):
+        run.log_episodes([episode])
     run.finish()
-    assert run.journal_path is not None
-    with Journal.open(run.journal_path) as journal:
-        journal.set_meta(SPEC_KEY, damaged)
-    row = _listed(capsys, runs)[run.journal_path.name]
-    assert "eval_samples" not in row["pending"] and "traces" not in row["pending"], row
-    # Its 2 episodes and 1 metrics row, to whichever sinks the run has.
-    assert row["pending"] == {"sinks unknown (spec damaged)": 3}, row
-    assert (row["spec_damaged"], row["shipping"]) == (True, "spec damaged"), row
-    code, out, err = cli(capsys, "ls", "--runs-dir", str(runs))
-    assert code == 0, err
-    said = " ".join(out.split())
-    assert "whose spec is damaged" in said and "--spec FILE" in said, out
-    code, out, err = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "--json")
-    assert code == 0, err
-    assert [k["local_id"] for k in json.loads(out)["kept"]] == [run.journal_path.name], out
+    assert run.journal_path is not None and run.id is not None
+    assert _status(lp) == "COMPLETED"
+    before = _closed_at(lp, run.id)
+    copy = _copy(run.journal_path, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    assert _closed_at(lp, run.id) == before
+    assert _landed(lp, "eval", "all")() is not None
 
 
 def test_a_config_edited_before_finish_lands_from_a_copy_synced_mid_run_before(
