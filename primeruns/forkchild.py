@@ -394,7 +394,7 @@ class _Child:
         who = f"pid {owner.pid}" if owner is not None else self.path.name
         counts = ", ".join(f"{k}: {v}" for k, v in self.pending.items())
         why = self.why or "the finish timeout passed first"
-        if owner is not None and _child_alive(owner, self.path):
+        if owner is not None and _child_alive(owner):
             then = "it is still running, and ships them into the run as it goes on"
         elif _helper_state(self.path) == "alive":
             then = "its uplink goes on shipping them into the run"
@@ -413,10 +413,10 @@ def _helper_state(path: Path) -> str:
     owner = read_owner(path)
     if owner is None:
         return "gone"
-    if owner.helper_pid is not None and owner_alive(replace(owner, producer_done=True), path):
+    if owner.helper_pid is not None and owner_alive(replace(owner, producer_done=True)):
         return "alive"
-    return "child" if _child_alive(owner, path) else "gone"
+    return "child" if _child_alive(owner) else "gone"
 
 
-def _child_alive(owner: OwnerInfo, path: Path) -> bool:
-    return owner_alive(replace(owner, helper_pid=None, helper_start=None), path)
+def _child_alive(owner: OwnerInfo) -> bool:
+    return owner_alive(replace(owner, helper_pid=None, helper_start=None))

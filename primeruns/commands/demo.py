@@ -313,7 +313,7 @@ def _wait_owner_gone(journal: Path, timeout: float) -> bool:
     from ..journal.lock import owner_alive, read_owner
 
     owner = read_owner(journal)
-    if owner is not None and owner.helper_pid is not None and owner_alive(owner, journal):
+    if owner is not None and owner.helper_pid is not None and owner_alive(owner):
         try:
             pidfd = os.pidfd_open(owner.helper_pid)
         except OSError:
@@ -323,7 +323,7 @@ def _wait_owner_gone(journal: Path, timeout: float) -> bool:
                 select.select([pidfd], [], [], timeout)
             finally:
                 os.close(pidfd)
-    return not owner_alive(read_owner(journal), journal)
+    return not owner_alive(read_owner(journal))
 
 
 @contextlib.contextmanager
@@ -385,7 +385,7 @@ def _stop_uplink(journal: Path) -> None:
     session of its own, so nothing else reaches it): nothing it would ship
     outlives the demo's platform and directory."""
     info = read_owner(journal)
-    if info is not None and info.helper_pid is not None and owner_alive(info, journal):
+    if info is not None and info.helper_pid is not None and owner_alive(info):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(info.helper_pid, signal.SIGTERM)
 

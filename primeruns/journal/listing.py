@@ -221,7 +221,7 @@ def _info(
     ``written_here``: as ``Journal.open``'s."""
     look = look if look is not None else _look(path, shelf, read_owner(path))
     owner = look.owner.describe() if look.owner else None
-    alive = owner_alive(look.owner, path)
+    alive = owner_alive(look.owner)
     remembered = look.remembered
     if remembered is not None:
         if (
@@ -484,7 +484,7 @@ def list_journals(
         if p in left_out or p in untrusted:
             continue
         owner = read_owner(p)
-        if skip_live and owner_alive(owner, p):
+        if skip_live and owner_alive(owner):
             left_out.add(p)
             continue
         looks[p] = _look(p, shelf, owner, memo, index, verify=verify, tally=tally, seen=seen.get(p))

@@ -50,7 +50,6 @@ from pathlib import Path
 from typing import Any
 
 from primeruns.exceptions import JournalLockedError
-from primeruns.journal.fsinfo import network_fs_type
 from primeruns.journal.trust import UntrustedPathError
 
 __all__ = [
@@ -223,31 +222,15 @@ def _pid_of(value: Any) -> int:
     return pid
 
 
-def owner_alive(info: OwnerInfo | None, directory: Path) -> bool:
-    """Whether the owner named in the lock file of the journal at
-    ``directory`` still runs (for listings, gc, a takeover's wait).
-
-    A pid is no proof: on a shared disk the file is anyone's to write, and
-    one naming a live process that is not the writer (pid 1, another user's,
-    another boot's same pid and start ticks, a host the journal was copied
-    from) read "running" for ever, so gc kept the journal and a requeue
-    waited for it. The flock is: a live writer holds it, and the kernel drops
-    it when the writer dies. Named on this host, a process that is gone
-    (by pid and start time) is dead without a look at the lock, so a listing
-    takes its shared look (``lock_held``) only where a live process is named,
-    not at every crashed journal a requeue may be taking over; one that runs
-    is the owner only while the lock is held, and its pids then tell the
-    producer from its uplink (``forkchild``). Named on another host, the
-    lock decides, except on a network filesystem, whose remote holder may
-    not show here: alive, the safe answer for deletion."""
+def owner_alive(info: OwnerInfo | None) -> bool:
+    """Whether the named owner still runs (without touching the lock; for listings)."""
     if info is None:
         return False
-    if info.host == socket.gethostname():
-        named = (not info.producer_done and _pid_alive(info.pid, info.proc_start)) or (
-            info.helper_pid is not None and _pid_alive(info.helper_pid, info.helper_start)
-        )
-        return named and lock_held(directory)
-    return lock_held(directory) or network_fs_type(directory) is not None
+    if info.host != socket.gethostname():
+        return True  # cannot tell from here: assume alive, the safe answer for deletion
+    if not info.producer_done and _pid_alive(info.pid, info.proc_start):
+        return True
+    return info.helper_pid is not None and _pid_alive(info.helper_pid, info.helper_start)
 
 
 def lock_held(directory: Path) -> bool:

@@ -616,7 +616,7 @@ def _refuse_a_live_uplink(
             owner=origin.describe() if origin else None,
         )
     owner = read_owner(copy.path)  # names the uplink that shares the producer's lock
-    if producer == "alive" or (owner is not None and owner_alive(owner, copy.path)):
+    if producer == "alive" or (owner is not None and owner_alive(owner)):
         raise JournalLockedError(
             f"{shown} is a copy of an online run still shipped by its own uplink "
             f"({owner.describe() if owner else 'another process'}); sync it once that "
