@@ -35,7 +35,7 @@ from primeruns.journal.origin import boot_id
 from primeruns.journal.probe import probe_many, unwalked, vouch
 from primeruns.journal.stamps import STAMP_LEN, STAMPED
 from primeruns.journal.store import DATA_NAME
-from primeruns.journal.summary import Seen, Shelf
+from primeruns.journal.summary import WALKED_IN, Seen, Shelf
 from primeruns.journal.summary_fields import (
     MetaBounds,
     fields_of,
@@ -79,14 +79,6 @@ MAX_FINISH_BYTES = 4 << 20
 
 #: The entries a listing looks back through for the run's finish.
 _FINISH_LOOKS_BACK = 16
-
-#: A summary's field naming the boot (``origin.boot_id``) in which its file
-#: was walked clean or written by the process keeping it; None (or absent)
-#: when it was read unwalked (``probe.unwalked``). Only a summary walked in
-#: this boot vouches for its file (``probe.vouch``): a crash since, here or
-#: on the machine a disk came from, may have kept the file's times and meta
-#: page but not every data page the walk read.
-_WALKED_IN = "walked_in_boot"
 
 
 def _finish_record(journal: Journal, last_seq: int) -> dict[str, Any] | None:
@@ -289,7 +281,7 @@ def _info(
         if written_here or not unwalked(path):
             # Opened unwalked (no child could start), it serves listings but
             # vouches for nothing (``journal_infos``).
-            read[_WALKED_IN] = boot_id()
+            read[WALKED_IN] = boot_id()
         _keep(shelf, path, look, read, after if tally else None, verified)
     return JournalInfo(
         **{
@@ -422,7 +414,7 @@ def journal_infos(
     for path in map(Path, paths):
         shelf = shelves.setdefault(path.parent, Shelf(path.parent))
         look = _look(path, shelf, read_owner(path))
-        walked_in = None if look.kept is None else look.kept.get(_WALKED_IN)
+        walked_in = None if look.kept is None else look.kept.get(WALKED_IN)
         if walked_in is not None and walked_in == boot_id() and look.files.stamp is not None:
             # A current summary of a file walked clean in this boot, so the
             # journal these callers open next (the dashboard's run page) is

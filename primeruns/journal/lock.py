@@ -62,6 +62,7 @@ __all__ = [
     "plain_files",
     "read_owner",
     "remove_unheld",
+    "this_host",
 ]
 
 LOCK_NAME = "owner.lock"
@@ -222,11 +223,26 @@ def _pid_of(value: Any) -> int:
     return pid
 
 
+#: ``this_host``'s answer, with the function that gave it (tests replace it).
+_named: tuple[Any, str] | None = None
+
+
+def this_host() -> str:
+    """This machine's name (``socket.gethostname``), asked once per process:
+    a listing compares it with every journal's owner and origin (a ``uname``
+    call each, twice per journal)."""
+    global _named
+    ask = socket.gethostname
+    if _named is None or _named[0] is not ask:
+        _named = (ask, ask())
+    return _named[1]
+
+
 def owner_alive(info: OwnerInfo | None) -> bool:
     """Whether the named owner still runs (without touching the lock; for listings)."""
     if info is None:
         return False
-    if info.host != socket.gethostname():
+    if info.host != this_host():
         return True  # cannot tell from here: assume alive, the safe answer for deletion
     if not info.producer_done and _pid_alive(info.pid, info.proc_start):
         return True

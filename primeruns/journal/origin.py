@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from primeruns.journal.lock import LOCK_NAME, _proc_start, lock_held
+from primeruns.journal.lock import LOCK_NAME, _proc_start, lock_held, this_host
 
 __all__ = ["K_ORIGIN", "ORIGIN_FILE", "Origin", "ProducerState", "boot_id"]
 
@@ -51,12 +51,24 @@ ProducerState = Literal["alive", "dead", "unknown"]
 _BOOT_ID = Path("/proc/sys/kernel/random/boot_id")
 
 
+#: ``boot_id``'s answer, with the file it was read from: a boot does not
+#: change under a running process, and a listing asked once per journal
+#: (3,000 reads of /proc for ``ls``). Keyed by the file, which tests replace.
+_read_boot: tuple[Path, str | None] | None = None
+
+
 def boot_id() -> str | None:
     """This boot of this machine (Linux); None where the kernel does not say."""
+    global _read_boot
+    source = _BOOT_ID
+    if _read_boot is not None and _read_boot[0] is source:
+        return _read_boot[1]
     try:
-        return _BOOT_ID.read_text().strip() or None
+        found = source.read_text().strip() or None
     except OSError:
-        return None
+        found = None
+    _read_boot = (source, found)
+    return found
 
 
 @dataclass(frozen=True)
@@ -146,7 +158,7 @@ class Origin:
 
     @property
     def on_this_host(self) -> bool:
-        return self.host == socket.gethostname()
+        return self.host == this_host()
 
     def is_original(self, path: Path) -> bool:
         """Whether ``path`` is where this journal was written (not a copy)."""

@@ -69,8 +69,33 @@ def _key(directory: Path) -> FileKey | None:
 
 
 def probe(directory: Path) -> str | None:
-    """None when the journal's tree reads cleanly; else what went wrong."""
-    return probe_many([directory]).get(Path(directory))
+    """None when the journal's tree reads cleanly; else what went wrong.
+
+    A walk made now that finds the tree clean is named in the journal's
+    current summary (``summary.mark_walked``), so the next process to open it
+    in this boot is spared the walk (``vouch``)."""
+    directory = Path(directory)
+    key = _key(directory)
+    try:
+        st = os.stat(directory / _DATA)
+    except OSError:
+        st = None
+    with _lock:
+        known = key is None or _recall(key) is not None
+    verdict = probe_many([directory]).get(directory)
+    if verdict is None and not known and st is not None and _walked(directory, key):
+        # Imported here: this file is also the child's script (lmdb alone).
+        from primeruns.journal.summary import mark_walked
+
+        mark_walked(directory, [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns])
+    return verdict
+
+
+def _walked(directory: Path, key: FileKey | None) -> bool:
+    """Whether ``directory``'s file was walked clean at ``key`` (not opened
+    unwalked for want of a child, nor left unwalked as untrusted)."""
+    with _lock:
+        return key is not None and _recall(key) == (None,)
 
 
 def probe_many(directories: Iterable[Path]) -> dict[Path, str | None]:

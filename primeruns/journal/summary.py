@@ -50,6 +50,7 @@ from typing import Any
 import orjson
 
 from primeruns.exceptions import JournalError
+from primeruns.journal.origin import boot_id
 from primeruns.journal.spool import list_segments
 from primeruns.journal.store import DATA_NAME, last_txnid
 from primeruns.journal.trust import check_dir
@@ -58,10 +59,12 @@ __all__ = [
     "FOLDER",
     "MAX_BYTES",
     "RACY_NS",
+    "WALKED_IN",
     "Files",
     "Seen",
     "Shelf",
     "files",
+    "mark_walked",
     "seen_now",
     "taken_now",
 ]
@@ -76,6 +79,15 @@ _TEMP_PREFIX = ".tmp-"
 _STALE_TEMP_S = 3600.0  # a writer that died between writing and renaming
 
 Stamp = list[Any]
+
+#: A summary's field naming the boot (``origin.boot_id``) in which its file
+#: was walked clean or written by the process keeping it; None (or absent)
+#: when it was read unwalked (``probe.unwalked``), or kept by a version that
+#: did not write it until a walk of it since (``mark_walked``). Only a summary
+#: walked in this boot vouches for its file (``probe.vouch``): a crash since,
+#: here or on the machine a disk came from, may have kept the file's times
+#: and meta page but not every data page the walk read.
+WALKED_IN = "walked_in_boot"
 
 
 #: How long before a stamp was taken a file must have last changed for its
@@ -331,3 +343,30 @@ class Shelf:
                 elif entry.name.endswith(".json") and entry.name[:-5] not in journals:
                     with contextlib.suppress(OSError):
                         os.unlink(entry.path)
+
+
+def mark_walked(path: Path, head: list[int]) -> None:
+    """Name this boot in the summary of the journal at ``path``, which a
+    child has just walked clean while its ``data.mdb`` was, by ``stat``,
+    ``head`` (device, inode, size, modification and change times), if that
+    summary is current and names no walk in this boot.
+
+    A summary kept without the field (by an earlier version, or read
+    unwalked) vouched for nothing, so every process that opened the journal
+    walked it again, though nothing changed: now the first walk of a boot
+    vouches for the next processes. Only a summary of the file as walked
+    (its stamp's ``stat``, and change time, as then) is marked. Never raises."""
+    try:
+        boot = boot_id()
+        shelf = Shelf(path.parent)
+        if boot is None or not shelf.usable():
+            return
+        found = files(path)
+        if found.stamp is None or found.stamp[:5] != head:
+            return
+        kept = shelf.load(path.name, found.stamp)
+        if kept is None or kept.get(WALKED_IN) == boot:
+            return
+        shelf.save(path.name, found.stamp, {**kept, WALKED_IN: boot})
+    except Exception:  # a summary is an optimisation, never a failure
+        return

@@ -276,3 +276,36 @@ def test_a_summary_kept_in_another_boot_vouches_for_nothing(
     monkeypatch.setattr(probe, "_known", OrderedDict())
     walked.clear()
     assert JournalSource(runs).run(run.journal_path.name) is not None and walked == []
+
+
+def test_a_summary_kept_without_its_walk_vouches_once_one_walk_found_the_file_clean(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A summary kept by an earlier version names no walk (``walked_in_boot``),
+    so it vouched for nothing: every process that opened the unchanged
+    journal (the dashboard's run page, ``show``) walked its whole tree in a
+    child again, for as long as the journal did not change. Now the first
+    walk of a boot that finds the file clean names this boot in the summary,
+    and the next process maps it with no walk."""
+    import json
+
+    from primeruns.journal.summary import WALKED_IN
+
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(name="done", environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    assert run.journal_path is not None
+    run.log_episodes([fresh(eval_episodes()[0]) for _ in range(3)])
+    run.finish()
+    kept = runs / FOLDER / f"{run.journal_path.name}.json"
+    doc = json.loads(kept.read_text())
+    assert doc["fields"].pop(WALKED_IN, None) is not None
+    kept.write_text(json.dumps(doc))  # as an earlier version kept it
+    walked = _walks(monkeypatch)  # a fresh process
+    detail = JournalSource(runs).run(run.journal_path.name)
+    assert detail is not None and detail.row.name == "done"
+    assert walked == [[run.journal_path.name]]  # vouched for by nothing: walked
+    walked = _walks(monkeypatch)  # the next process
+    detail = JournalSource(runs).run(run.journal_path.name)
+    assert detail is not None and detail.row.name == "done" and walked == []
+    rows, total = JournalSource(runs).samples(run.journal_path.name, 0, PAGE_SIZE)
+    assert total == 3 and len(rows) == 3 and walked == []
