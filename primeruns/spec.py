@@ -253,7 +253,9 @@ def listed_spec(meta: Mapping[str, Any]) -> RunSpec | None:
 
 
 def _object(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
+    # A dict is checked first: an ABC's isinstance costs ~10 µs, and a
+    # listing reads the spec of every journal.
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise SpecError(f"{where} must be an object, got {_shown(value)}")
     return value
 
@@ -261,7 +263,9 @@ def _object(value: Any, where: str) -> Mapping[str, Any]:
 def _optional(doc: Mapping[str, Any], key: str, kind: type, what: str, where: str) -> Any:
     """``doc[key]`` if it is a ``kind``; None when it is missing or null."""
     value = doc.get(key)
-    if value is None or isinstance(value, kind):
+    if value is None or type(value) is kind or (kind is Mapping and type(value) is dict):
+        return value  # (as stored: the plain types first, as ``_object``)
+    if isinstance(value, kind):
         return value
     raise SpecError(f"{where}.{key} must be {what}, got {_shown(value)}")
 

@@ -169,6 +169,8 @@ def skipped_ranges(value: Any) -> list[tuple[int, int]]:
 def skipped_within(value: Any, after: int, upto: int) -> int:
     """How many seqs past ``after`` and up to ``upto`` the ranges of a
     ``K_SKIPPED`` value hold, each once (ranges a journal names may overlap)."""
+    if value is None:
+        return 0  # (almost every journal: a listing asks thrice for each)
     count, counted_to = 0, after
     for first, last in sorted(skipped_ranges(value)):
         first, last = max(first, counted_to + 1), min(last, upto)
