@@ -355,9 +355,12 @@ def _sync_journal_status(
     return synced, max(0, info.last_seq - imported)
 
 
-def statuses(runs_dir: Path) -> list[RunStatus]:
+def statuses(runs_dir: Path, *, rows: bool = False) -> list[RunStatus]:
+    """``describe`` of every journal under ``runs_dir``. ``rows``: the
+    caller reads no meta value of a status's journal but those ``describe``
+    reads (``list_journals``' ``rows``: ``primeruns ls``)."""
     root = sync_root()
-    listed = list_journals(runs_dir, tally=True)
+    listed = list_journals(runs_dir, tally=True, rows=rows)
     in_root = sync_names(root)  # after the listing: a sync journal made meanwhile is seen
     return [describe(info, root, in_root) for info in listed]
 

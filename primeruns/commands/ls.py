@@ -104,7 +104,8 @@ def _ls(args: argparse.Namespace) -> int:
         # A typo is a usage error, not "no runs" (the default runs dir is
         # absent until a first run, and listing it then is not an error).
         raise CommandError(f"--runs-dir {runs_dir}: no such folder")
-    groups = group_runs(statuses(runs_dir))
+    # Each journal's meta as its listing row keeps it: ls reads no other value.
+    groups = group_runs(statuses(runs_dir, rows=True))
     if args.json:
         emit_json(grouped_json(groups))
         return EXIT_OK

@@ -178,6 +178,7 @@ def _look(
     verify: bool = False,
     tally: bool = False,
     seen: Seen | None = None,
+    rows: bool = False,
 ) -> _Look:
     hit = memo.get(path) if memo is not None else None
     if hit is None and index is not None:  # the stamp as the index has it
@@ -189,7 +190,11 @@ def _look(
         return _Look(found, owner, None, hit[1])
     kept = None
     if shelf is not None:
-        if hit is None and index is not None:
+        if rows and hit is None and index is not None:
+            kept = index.row(path.name, found.stamp)  # (its meta: ``ROW_META``)
+            if not _Look(found, owner, kept).covers(verify=verify, tally=tally):
+                kept = None
+        if kept is None and hit is None and index is not None:
             kept = shelf.load_text(path.name, found.stamp, index.summary_text(path.name))
             if not _Look(found, owner, kept).covers(verify=verify, tally=tally):
                 kept = None  # its summary file may hold more (a scan gc made since)
@@ -441,6 +446,7 @@ def list_journals(
     since: str | None = None,
     names: Collection[str] | None = None,
     memo: Memo | None = None,
+    rows: bool = False,
 ) -> list[JournalInfo]:
     """Every journal under ``runs_dir``, oldest first (ids sort by creation time).
 
@@ -463,6 +469,10 @@ def list_journals(
     ``since``: only those made no earlier than the journal of that name.
     ``names``: only the journals of those names (``run_index``).
     ``memo``: kept by a caller that lists again and again (``Memo``).
+    ``rows``: the caller reads no meta value but ``summary_index.ROW_META``
+    (``primeruns ls``), so a journal's meta may be only those, as its
+    listing row keeps them: read so wherever the row is current (a listing
+    of the whole directory, with no ``meta_bounds``, ``verify`` or ``memo``).
     """
     left_out = {Path(p) for p in skip}
     seen: dict[Path, Seen] = {}
@@ -471,6 +481,7 @@ def list_journals(
     shelf = Shelf(runs_dir, texts=whole)
     # The summaries of them all in one file (summary_index), for a listing of them all.
     index = Index(shelf.folder) if whole and shelf.usable() else None
+    rows = rows and not verify and meta_bounds is None and memo is None
     looks: dict[Path, _Look] = {}
     for p in found:
         if p in left_out or p in untrusted:
@@ -479,7 +490,9 @@ def list_journals(
         if skip_live and owner_alive(owner):
             left_out.add(p)
             continue
-        looks[p] = _look(p, shelf, owner, memo, index, verify=verify, tally=tally, seen=seen.get(p))
+        looks[p] = _look(
+            p, shelf, owner, memo, index, verify=verify, tally=tally, seen=seen.get(p), rows=rows
+        )
     unread = [p for p, look in looks.items() if not look.covers(verify=verify, tally=tally)]
     if unread_most is not None and len(unread) > unread_most:
         left_out.update(unread[: len(unread) - unread_most])  # names sort by creation time
@@ -498,9 +511,9 @@ def list_journals(
     ]
     if whole:  # which summaries have no journal
         shelf.prune({p.name for p in found})
-    if index is not None and index.read and shelf.texts is not None:
+    if index is not None and index.read and shelf.texts is not None and shelf.read is not None:
         stamped = {p.name: look.files for p, look in looks.items() if look.files.stamp is not None}
-        index.refresh(stamped, shelf.texts)
+        index.refresh(stamped, shelf.texts, shelf.read)
     if memo is not None:
         memo.refill(
             (info.path, looks[info.path].files, info)

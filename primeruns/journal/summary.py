@@ -232,6 +232,9 @@ class Shelf:
         """The summaries loaded or saved, by journal name, when asked for
         (``texts=True``): what a listing of the whole directory writes its
         index from (``summary_index``)."""
+        self.read: dict[str, tuple[Stamp, dict[str, Any]]] | None = {} if texts else None
+        """The same summaries' stamps and fields, as a listing reads them
+        back (``texts=True``): what the index's listing rows are made from."""
 
     def usable(self, *, create: bool = False) -> bool:
         """Whether the folder is this user's and private (made so if ``create``
@@ -277,7 +280,15 @@ class Shelf:
         fields = _fields_in(raw, stamp)
         if fields is not None and self.texts is not None:
             self.texts[name] = raw.decode()
+            self._note(name, stamp, fields)
         return fields
+
+    def _note(self, name: str, stamp: Stamp, fields: dict[str, Any] | None) -> None:
+        if self.read is not None:
+            if fields is None:
+                self.read.pop(name, None)
+            else:
+                self.read[name] = (stamp, fields)
 
     def load_text(self, name: str, stamp: Stamp | None, text: str | None) -> dict[str, Any] | None:
         """As ``load``, from the text of journal ``name``'s summary as an index
@@ -287,6 +298,7 @@ class Shelf:
         fields = _fields_in(text, stamp)
         if fields is not None and self.texts is not None:
             self.texts[name] = text
+            self._note(name, stamp, fields)
         return fields
 
     def save(self, name: str, stamp: Stamp | None, fields: dict[str, Any]) -> None:
@@ -307,6 +319,9 @@ class Shelf:
             return
         if self.texts is not None:
             self.texts[name] = encoded.decode()
+            # As the next listing reads it back (orjson: a NaN, which it
+            # refuses, leaves the summary, and its row, missing).
+            self._note(name, stamp, _fields_in(encoded, stamp))
         with contextlib.suppress(OSError):
             # Written whole under a temporary name, then renamed: a reader sees
             # the old summary or the new one, never a part.

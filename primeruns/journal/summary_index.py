@@ -18,6 +18,16 @@ spares the stamp's reads where ``stat`` proves them unchanged
 process). An entry that does not parse or check is missing, and the journal
 is read from its own summary, or itself, as before.
 
+Beside each entry the index keeps a *listing row*: the summary's fields with
+only the meta values ``primeruns ls`` reads (``ROW_META``; the spec, the
+platform binding, the origin and a few more: about half of a summary, which
+carries the journal's whole meta), at the same stamp. ``ls`` of 3,000 past
+runs parsed 8.4 MB of summaries to show about twenty values of each; it
+parses their rows, and a summary's text only where its row is missing or
+stale. A row is what its summary says, cut down: it is made from the
+summary as a listing reads it back, checked as a summary is, and used only
+at its own stamp; one that is not as written is missing.
+
 It is rewritten whole (a temporary file renamed over the old) by a listing
 of the whole directory once more than a few of its entries are stale
 (``stale_most``), not at every listing that found one journal changed: a
@@ -37,8 +47,9 @@ from typing import Any
 import orjson
 
 from primeruns.journal.summary import Files, Stamp
+from primeruns.spec import SPEC_KEY, listed_spec
 
-__all__ = ["INDEX_NAME", "MAX_INDEX_BYTES", "Index", "stale_most"]
+__all__ = ["INDEX_NAME", "MAX_INDEX_BYTES", "ROW_META", "Index", "row_of", "stale_most"]
 
 #: The index's name in the summaries folder (not ``*.json``: no journal's summary).
 INDEX_NAME = ".index"
@@ -46,6 +57,67 @@ INDEX_NAME = ".index"
 MAX_INDEX_BYTES = 64 << 20
 _VERSION = 1
 _TEMP_PREFIX = ".tmp-"  # the summaries' own: pruned with theirs when a writer died
+
+
+#: The meta values a listing row keeps: those ``primeruns ls`` reads of a
+#: journal (``reports.describe``, ``commands.ls``, ``run_groups``,
+#: ``ship.copies``), named here because those modules import this package.
+#: A listing that reads another lists without rows (``list_journals``).
+ROW_META = frozenset(
+    {
+        SPEC_KEY,
+        "platform",
+        "finalized",
+        "journal.local_id",
+        "journal.origin",
+        "journal.skipped",
+        "fork_parent",
+        "role",
+        "sync.source",
+        "sync.source_losses",
+        "sync.copied_from",
+        "sink_off.traces",
+        "sink_off.eval_samples",
+        "sink_off.train_samples",
+        "sink_off.train_metrics",
+    }
+)
+#: What a summary's fields become in a row, besides its meta.
+_ROW_FIELDS = ("last_seq", "cursors", "losses", "finish", "after")
+
+
+def row_of(fields: dict[str, Any]) -> dict[str, Any] | None:
+    """The listing row of a summary's ``fields``: its meta cut to
+    ``ROW_META``, and what else a listing reads; None when its meta holds
+    none of them (an empty meta reads as a damaged journal's) or the fields
+    are not a summary's."""
+    meta = fields.get("meta")
+    if not isinstance(meta, dict) or any(name not in fields for name in _ROW_FIELDS):
+        return None
+    kept = {key: value for key, value in meta.items() if key in ROW_META}
+    if meta and not kept:
+        return None
+    if SPEC_KEY in kept:
+        kept[SPEC_KEY] = _listed_spec(kept[SPEC_KEY])
+    row = {name: fields[name] for name in _ROW_FIELDS}
+    # As ``summary_fields.info_from`` reads a summary: no large value sized
+    # (a row serves no bounded reader), no full scan.
+    row.update(meta=kept, meta_bytes={}, verified=None)
+    return row
+
+
+#: The fields of a journal's spec that ``primeruns ls`` reads (``RunStatus.spec``).
+_SPEC_SHOWN = ("kind", "name", "mode", "attach_id", "base_url", "run_key")
+
+
+def _listed_spec(spec: Any) -> Any:
+    """A journal's stored spec as a row keeps it: a spec a listing reads
+    (``spec.listed_spec``) cut to ``_SPEC_SHOWN`` (a fifth of it: its
+    environments, config and URLs are not shown), else as it is, to be
+    found damaged again."""
+    if listed_spec({SPEC_KEY: spec}) is None:
+        return spec
+    return {key: spec[key] for key in _SPEC_SHOWN if key in spec}
 
 
 def stale_most(journals: int) -> int:
@@ -65,6 +137,7 @@ class Index:
         self.path = os.path.join(folder, INDEX_NAME)
         self._folder = folder
         self._entries: dict[str, list[Any]] | None = None
+        self._rows: dict[str, Any] = {}
 
     @property
     def read(self) -> bool:
@@ -75,8 +148,18 @@ class Index:
     def entries(self) -> dict[str, list[Any]]:
         """Per journal name: ``[files, summary text]`` as written (unchecked)."""
         if self._entries is None:
-            self._entries = _read(self.path)
+            self._entries, self._rows = _read(self.path)
         return self._entries
+
+    def row(self, name: str, stamp: Stamp | None) -> dict[str, Any] | None:
+        """Journal ``name``'s listing row, if it was made at ``stamp`` (its
+        entry's: a row is written only with an entry of the stamp it was
+        made at)."""
+        entry = self.entries.get(name)
+        if entry is None or stamp is None or _stamp_of(entry[0]) != stamp:
+            return None
+        row = self._rows.get(name)
+        return row if type(row) is dict else None
 
     def files(self, name: str) -> Files | None:
         """The ``Files`` journal ``name``'s entry was stamped as, if it is well formed."""
@@ -88,15 +171,31 @@ class Index:
         entry = self.entries.get(name)
         return entry[1] if entry is not None else None
 
-    def refresh(self, listed: dict[str, Files], texts: dict[str, str]) -> None:
+    def refresh(
+        self,
+        listed: dict[str, Files],
+        texts: dict[str, str],
+        read: dict[str, tuple[Stamp, dict[str, Any]]],
+    ) -> None:
         """After a listing of the whole directory: ``listed``, each journal
         that can be stamped and the ``Files`` it was found as; ``texts``, the
-        summaries this listing read from files or wrote, by name. Written
-        anew when more than ``stale_most`` entries are stale or missing."""
+        summaries this listing read from files or wrote, by name, and
+        ``read``, their stamps and fields (``Shelf.read``). Written anew when
+        more than ``stale_most`` entries or rows are stale or missing."""
         entries = self.entries
         fresh: dict[str, list[Any]] = {}
+        rows: dict[str, dict[str, Any]] = {}
         stale = sum(1 for name in entries if name not in listed)
         for name, found in listed.items():
+            kept = self.row(name, found.stamp)
+            seen = read.get(name)  # its summary, read or written now (so an entry too)
+            made = row_of(seen[1]) if seen is not None and seen[0] == found.stamp else None
+            if made is not None and made != kept:
+                # Missing, or it did not serve (no counts; not as written).
+                rows[name] = made
+                stale += 1
+            elif kept is not None:
+                rows[name] = kept
             entry = entries.get(name)
             text = texts.get(name)  # read or written now: as current, or more
             if entry is not None and _stamp_of(entry[0]) == found.stamp:
@@ -107,11 +206,12 @@ class Index:
                 fresh[name] = [_files_json(found), text]
         if stale <= stale_most(len(listed)):
             return
-        self._write(fresh)
+        self._write(fresh, rows)
 
-    def _write(self, entries: dict[str, list[Any]]) -> None:
+    def _write(self, entries: dict[str, list[Any]], rows: dict[str, dict[str, Any]]) -> None:
+        doc = {"v": _VERSION, "entries": entries, "row_meta": _ROW_NAMES, "rows": rows}
         try:
-            encoded = orjson.dumps({"v": _VERSION, "entries": entries})
+            encoded = orjson.dumps(doc)
         except (TypeError, ValueError):
             return
         if len(encoded) > MAX_INDEX_BYTES:
@@ -126,15 +226,20 @@ class Index:
                 with contextlib.suppress(OSError):
                     os.unlink(temp)
                 raise
-        self._entries = entries
+        self._entries, self._rows = entries, rows
 
 
-def _read(path: str) -> dict[str, list[Any]]:
-    """The index's entries, each ``[files, text]``; empty when anything is odd."""
+_ROW_NAMES = sorted(ROW_META)
+
+
+def _read(path: str) -> tuple[dict[str, list[Any]], dict[str, Any]]:
+    """The index's entries, each ``[files, text]``, and its rows (unchecked:
+    ``Index.row``); empty when anything is odd, and no rows when they keep
+    other meta than ``ROW_META``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return {}
+        return {}, {}
     try:
         st = os.fstat(fd)
         if (
@@ -142,22 +247,25 @@ def _read(path: str) -> dict[str, list[Any]]:
             or st.st_uid != os.geteuid()
             or st.st_size > MAX_INDEX_BYTES
         ):
-            return {}
+            return {}, {}
         doc = orjson.loads(os.pread(fd, st.st_size, 0))
     except (OSError, orjson.JSONDecodeError):
-        return {}
+        return {}, {}
     finally:
         os.close(fd)
     if not isinstance(doc, dict) or doc.get("v") != _VERSION:
-        return {}
+        return {}, {}
     entries = doc.get("entries")
     if not isinstance(entries, dict):
-        return {}
+        return {}, {}
+    rows = doc.get("rows")
+    if not isinstance(rows, dict) or doc.get("row_meta") != _ROW_NAMES:
+        rows = {}  # (an earlier version's index has none)
     return {
         name: entry
         for name, entry in entries.items()
         if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str)
-    }
+    }, rows
 
 
 def _files_json(found: Files) -> list[Any]:

@@ -83,3 +83,56 @@ def test_ls_prints_the_same_from_its_journals_and_from_what_it_kept(
         assert name in first[0] or any(name in line for line in first[1].splitlines())
     assert "not opened" in first[0] and '"outcome": "running"' in first[0]
     live.close()
+
+
+def test_ls_reads_listing_rows_and_prints_the_same_beside_a_stale_or_damaged_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``ls`` of 3,000 past runs parsed every journal's whole summary (8.4 MB:
+    each carries the journal's meta) to show about twenty values of each. Now
+    the index keeps a listing row per journal (its summary's fields with the
+    meta values ``ls`` reads), and ``ls`` reads those: the same lines, from
+    rows; from the journal's summary where its row is stale (the journal
+    changed); from the journal where a row is damaged."""
+    import orjson
+
+    from primeruns.journal.summary_index import ROW_META
+    from primeruns.sinks.kinds import SINK_KINDS
+
+    # Every meta value the listing's readers name is one a row keeps.
+    assert {f"sink_off.{sink}" for sink in SINK_KINDS} <= ROW_META
+    runs = point_at(monkeypatch, tmp_path, None)
+    first_run = named_offline_eval(runs, "first")
+    for i in range(stale_most(0) + 1):  # copies brought from elsewhere: enough for an index
+        shutil.copytree(first_run, runs / f"copy-{i:02d}", symlinks=True)
+    changed = named_offline_eval(runs, "changed")
+    damaged = named_offline_eval(runs, "damaged-row")
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now)
+
+    def listed() -> list[str]:
+        outs = []
+        for argv in (["ls", "--json"], ["ls"]):
+            code, out, _ = cli(capsys, *argv, "--runs-dir", str(runs))
+            assert code == 0
+            outs.append(out)
+        return outs
+
+    shutil.rmtree(runs / FOLDER)
+    first = listed()  # every journal read, its summary kept
+    assert listed() == first  # the index written, with a row per journal
+    index = runs / FOLDER / INDEX_NAME
+    doc = orjson.loads(index.read_bytes())
+    rows = doc["rows"]
+    assert set(rows) == {p.name for p in runs.iterdir() if not p.name.startswith(".")}
+    assert set(rows[first_run.name]["meta"]) <= ROW_META
+    assert rows[first_run.name]["meta"]["spec"]["name"] == "first"
+    # One row damaged (counts that are none), another's journal changed since.
+    rows[damaged.name]["cursors"] = {"traces": -1}
+    rows[damaged.name]["last_seq"] = "many"
+    index.write_bytes(orjson.dumps(doc))
+    data = changed / "data.mdb"
+    st = data.stat()
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))  # its change time moved: stale
+    again = listed()
+    assert again == first, _diff(first, again)
