@@ -20,7 +20,7 @@ is read from its own summary, or itself, as before.
 
 Beside each entry the index keeps a *listing row*: the summary's fields with
 only the meta values ``primeruns ls`` reads (``ROW_META``; the spec, the
-platform binding, the origin and a few more: about half of a summary, which
+platform binding, the origin and a few more: about a third of a summary, which
 carries the journal's whole meta), at the same stamp. ``ls`` of 3,000 past
 runs parsed 8.4 MB of summaries to show about twenty values of each; it
 parses their rows, and a summary's text only where its row is missing or
