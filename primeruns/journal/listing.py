@@ -155,6 +155,7 @@ class _Look:
     owner: OwnerInfo | None
     kept: dict[str, Any] | None
     remembered: JournalInfo | None = None  # from the caller's memo
+    row: bool = False  # ``kept`` is the index's listing row (``summary_index``)
 
     def covers(self, *, verify: bool, tally: bool) -> bool:
         """Whether the kept summary holds all a listing asks for."""
@@ -192,8 +193,9 @@ def _look(
     if shelf is not None:
         if rows and hit is None and index is not None:
             kept = index.row(path.name, found.stamp)  # (its meta: ``ROW_META``)
-            if not _Look(found, owner, kept).covers(verify=verify, tally=tally):
-                kept = None
+            if _Look(found, owner, kept).covers(verify=verify, tally=tally):
+                return _Look(found, owner, kept, row=True)
+            kept = None
         if kept is None and hit is None and index is not None:
             kept = shelf.load_text(path.name, found.stamp, index.summary_text(path.name))
             if not _Look(found, owner, kept).covers(verify=verify, tally=tally):
@@ -251,6 +253,13 @@ def _info(
         kept = info_from(look.kept, base, verify=verify, meta_bounds=meta_bounds)
         if kept is not None:
             return kept
+        if look.row and shelf is not None:
+            # A row not as written: the journal's summary, else the journal.
+            whole = replace(look, kept=shelf.load(path.name, look.files.stamp), row=False)
+            if whole.kept is not None and whole.covers(verify=verify, tally=tally):
+                kept = info_from(whole.kept, base, verify=verify, meta_bounds=meta_bounds)
+                if kept is not None:
+                    return kept
     # Imported here: a listing whose summaries are all current opens no
     # journal, and the writing side is half of ``primeruns ls``'s start-up.
     from primeruns.journal.journal import Journal

@@ -138,6 +138,7 @@ class Index:
         self._folder = folder
         self._entries: dict[str, list[Any]] | None = None
         self._rows: dict[str, Any] = {}
+        self._given: set[str] = set()  # the rows ``row`` gave this listing
 
     @property
     def read(self) -> bool:
@@ -155,6 +156,12 @@ class Index:
         """Journal ``name``'s listing row, if it was made at ``stamp`` (its
         entry's: a row is written only with an entry of the stamp it was
         made at)."""
+        found = self._row_at(name, stamp)
+        if found is not None:
+            self._given.add(name)
+        return found
+
+    def _row_at(self, name: str, stamp: Stamp | None) -> dict[str, Any] | None:
         entry = self.entries.get(name)
         if entry is None or stamp is None or _stamp_of(entry[0]) != stamp:
             return None
@@ -187,14 +194,18 @@ class Index:
         rows: dict[str, dict[str, Any]] = {}
         stale = sum(1 for name in entries if name not in listed)
         for name, found in listed.items():
-            kept = self.row(name, found.stamp)
+            kept = self._row_at(name, found.stamp)
             seen = read.get(name)  # its summary, read or written now (so an entry too)
-            made = row_of(seen[1]) if seen is not None and seen[0] == found.stamp else None
-            if made is not None and made != kept:
-                # Missing, or it did not serve (no counts; not as written).
-                rows[name] = made
-                stale += 1
-            elif kept is not None:
+            # A row given and its summary read all the same did not serve (no
+            # counts; not as written): made anew, as a missing one. (A listing
+            # that reads no rows reads every summary: the rows stay.)
+            if (kept is None or name in self._given) and seen is not None:
+                made = row_of(seen[1]) if seen[0] == found.stamp else None
+                if made is not None:
+                    rows[name] = made
+                    stale += 1
+                    kept = None
+            if kept is not None:
                 rows[name] = kept
             entry = entries.get(name)
             text = texts.get(name)  # read or written now: as current, or more

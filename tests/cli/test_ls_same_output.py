@@ -134,5 +134,15 @@ def test_ls_reads_listing_rows_and_prints_the_same_beside_a_stale_or_damaged_one
     data = changed / "data.mdb"
     st = data.stat()
     os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns))  # its change time moved: stale
+    opened: list[str] = []
+    real_open = Journal.open.__func__  # type: ignore[attr-defined]
+
+    def recorded(cls: type[Journal], path: Path, *args: object, **kwargs: object) -> Journal:
+        opened.append(Path(path).name)
+        return real_open(cls, path, *args, **kwargs)  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(Journal, "open", classmethod(recorded))
     again = listed()
     assert again == first, _diff(first, again)
+    # The damaged row's journal is read from its summary, not opened.
+    assert changed.name in opened and damaged.name not in opened
