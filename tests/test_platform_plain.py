@@ -1239,7 +1239,9 @@ def test_a_backlogs_requests_are_written_with_the_head_http_client_wrote_once(
     asked: list[tuple[str, str, dict[str, str]]] = []
     built: list[str] = []
     send, request = plain._OneWrite.send, plain._OneWrite.request
-    putrequest = http.client.HTTPConnection.putrequest
+    # (Spied below ``putrequest``: a replaced ``putrequest`` is a tracer's,
+    # which sees every request built.)
+    encode_request = http.client.HTTPConnection._encode_request  # type: ignore[attr-defined]
 
     def spy_send(self: http.client.HTTPConnection, data: bytes) -> None:
         sent.append(bytes(data))
@@ -1256,13 +1258,13 @@ def test_a_backlogs_requests_are_written_with_the_head_http_client_wrote_once(
         asked.append((method, url, dict(headers)))
         request(self, method, url, body, headers, **kw)  # type: ignore[arg-type]
 
-    def spy_putrequest(self: http.client.HTTPConnection, method: str, url: str, **kw: bool) -> None:
-        built.append(url)
-        putrequest(self, method, url, **kw)
+    def spy_encode_request(self: http.client.HTTPConnection, line: str) -> bytes:
+        built.append(line)
+        return encode_request(self, line)  # type: ignore[no-any-return]
 
     monkeypatch.setattr(plain._OneWrite, "send", spy_send)
     monkeypatch.setattr(plain._OneWrite, "request", spy_request)
-    monkeypatch.setattr(http.client.HTTPConnection, "putrequest", spy_putrequest)
+    monkeypatch.setattr(http.client.HTTPConnection, "_encode_request", spy_encode_request)
     bodies = [b'{"run_id":"r","metrics":{"step":%d%s}}' % (i, b',"x":1' * i * 7) for i in range(4)]
     for body in bodies:
         assert client.api("POST", "/rft/metrics", body) == {"got": json.loads(body)}
@@ -1275,3 +1277,42 @@ def test_a_backlogs_requests_are_written_with_the_head_http_client_wrote_once(
         http.client.HTTPConnection.request(theirs, method, url, body=body, headers=headers)
         assert wrote == b"".join(sock.writes)
     assert len(built) - len(bodies) == 1  # (each stock rendering above built one)
+
+
+def test_a_tracer_wrapping_http_clients_putrequest_tags_every_request_with_its_own_header(
+    serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sentry's stdlib integration (on by default in ``sentry_sdk.init``) and
+    ddtrace wrap ``HTTPConnection.putrequest``: each request starts a span
+    and gets that span's ``sentry-trace`` header. A head kept for the
+    backlog's rows must not stand in for that step: each row carries its
+    own span's header, while the tracer is on; none, once it is off (a head
+    kept while it was on carries a finished span's); and each row is
+    answered, whichever way it was written."""
+    server = serve(_echo)
+    client = _client(server)
+    stock = http.client.HTTPConnection.putrequest
+    spans = iter(range(100))
+
+    def traced(self: http.client.HTTPConnection, method: str, url: str, **kw: bool) -> None:
+        stock(self, method, url, **kw)
+        self.putheader("sentry-trace", f"{'a' * 32}-{next(spans):016x}")
+
+    for phase, tracing in enumerate((True, False, True)):
+        if tracing:
+            monkeypatch.setattr(http.client.HTTPConnection, "putrequest", traced)
+        else:
+            monkeypatch.undo()
+        for row in range(3):
+            body = {"run_id": "r", "metrics": {"step": phase * 3 + row}}
+            assert client.api("POST", "/rft/metrics", body) == {"got": body}
+    client.close()
+    assert server.connections == 1
+    span = [f"{'a' * 32}-{n:016x}" for n in range(6)]
+    assert [headers.get("sentry-trace") for _, _, headers, _ in server.requests] == [
+        *span[:3],
+        None,
+        None,
+        None,
+        *span[3:],
+    ]

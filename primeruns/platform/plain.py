@@ -46,7 +46,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from types import ModuleType
+from types import FunctionType, ModuleType
 from typing import IO, Any
 
 __all__ = [
@@ -386,6 +386,47 @@ _REQ_STARTED = getattr(http.client, "_CS_REQ_STARTED", object())
 _REQ_SENT = getattr(http.client, "_CS_REQ_SENT", object())
 #: A request's method, path and headers, as ``_OneWrite.request`` keys its heads.
 HeadKey = tuple[str, str, tuple[tuple[str, str], ...]]
+#: The steps of ``http.client``'s way that a kept head stands in for.
+_STEPS = ("request", "_send_request", "putrequest", "putheader", "endheaders")
+# (Looked up on the TLS class: a step replaced on either class is seen there.)
+_STEPS_OF: Any = getattr(http.client, "HTTPSConnection", http.client.HTTPConnection)
+_shipped_steps: tuple[object, ...] = ()  # the steps last found to be the library's own
+
+
+def _steps_as_shipped() -> bool:
+    """Whether the steps a kept head stands in for are ``http.client``'s own.
+    A tracer wraps one to see and tag each request (Sentry's stdlib
+    integration, on by default, wraps ``putrequest`` to start a span and add
+    its ``sentry-trace`` and ``baggage`` headers; ddtrace wraps ``request``
+    and ``putrequest``): a head kept then would carry one request's span to
+    every later one, and one kept before would carry none. While any is
+    replaced, no head is kept or written again. A step is the library's own
+    when it is a plain function of ``http.client``'s, of its name: a wrapper
+    made with ``functools.wraps`` copies the name but not the code, and
+    wrapt's proxy is no plain function."""
+    global _shipped_steps
+    # (Each the one found before, by identity: wrapt's proxy compares
+    # equal to what it wraps. Spelled out: a backlog's every row asks.)
+    of, seen = _STEPS_OF, _shipped_steps
+    if (
+        seen
+        and of.request is seen[0]
+        and of._send_request is seen[1]
+        and of.putrequest is seen[2]
+        and of.putheader is seen[3]
+        and of.endheaders is seen[4]
+    ):
+        return True
+    steps = tuple(getattr(of, name, None) for name in _STEPS)
+    for name, step in zip(_STEPS, steps, strict=True):
+        if (
+            type(step) is not FunctionType
+            or step.__globals__ is not vars(http.client)
+            or step.__code__.co_qualname != f"HTTPConnection.{name}"
+        ):
+            return False
+    _shipped_steps = steps
+    return True
 
 
 class _OneWrite(http.client.HTTPConnection):
@@ -427,6 +468,7 @@ class _OneWrite(http.client.HTTPConnection):
             or len(body) > WRITE_CHUNK
             or encode_chunked
             or any(type(k) is not str or type(v) is not str for k, v in headers.items())
+            or not _steps_as_shipped()  # (a tracer's wrapper: it sees each request)
         ):
             super().request(method, url, body, headers, encode_chunked=encode_chunked)  # type: ignore[arg-type]
             return
