@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import http.client
+import importlib.util
 import json
 import logging
 import socket
@@ -1316,3 +1317,35 @@ def test_a_tracer_wrapping_http_clients_putrequest_tags_every_request_with_its_o
         None,
         *span[3:],
     ]
+
+
+@pytest.mark.parametrize("state", ["_CS_IDLE", "_CS_REQ_STARTED", "_CS_REQ_SENT"])
+def test_an_http_client_without_one_of_its_state_names_takes_its_own_way(
+    serve: Callable[..., _Server], monkeypatch: pytest.MonkeyPatch, state: str
+) -> None:
+    """A kept head sets ``http.client``'s private state of a connection
+    itself, its values read by name when the module is loaded. Another
+    Python's ``http.client`` without one of those names (this one's, hidden
+    while a copy of the module loads) must have every request take
+    ``http.client``'s own way, never leave the connection in a state it
+    does not know: each of a backlog's rows is answered on one connection."""
+    spec = importlib.util.spec_from_file_location("plain_elsewhere", plain.__file__)
+    assert spec is not None and spec.loader is not None
+    elsewhere = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, elsewhere)  # (its dataclasses look it up)
+    with monkeypatch.context() as hidden:
+        hidden.delattr(http.client, state)
+        spec.loader.exec_module(elsewhere)
+    server = serve(_echo)
+    port = server.server_address[1]
+    target = elsewhere.Target("http", "127.0.0.1", port, f"127.0.0.1:{port}")
+    connections = elsewhere.PlainConnections(ssl.create_default_context)
+    for step in range(3):
+        body = b'{"step": %d}' % step
+        headers = {"Content-Type": "application/json"}
+        answer = connections.request(
+            target, "POST", "/rft/metrics", headers, body, elsewhere.Deadlines(5, 5)
+        )
+        assert (answer.status, json.loads(answer.body)) == (200, {"got": {"step": step}})
+    connections.close()
+    assert server.connections == 1

@@ -384,6 +384,12 @@ class PlainConnections:
 _IDLE = getattr(http.client, "_CS_IDLE", object())
 _REQ_STARTED = getattr(http.client, "_CS_REQ_STARTED", object())
 _REQ_SENT = getattr(http.client, "_CS_REQ_SENT", object())
+# A kept head sets the state to "sent" itself: without each of the three
+# names, none is written again (a state ``http.client`` does not know would
+# have its ``getresponse`` refuse every answer).
+_STATES_KNOWN = all(
+    hasattr(http.client, name) for name in ("_CS_IDLE", "_CS_REQ_STARTED", "_CS_REQ_SENT")
+)
 #: A request's method, path and headers, as ``_OneWrite.request`` keys its heads.
 HeadKey = tuple[str, str, tuple[tuple[str, str], ...]]
 #: The steps of ``http.client``'s way that a kept head stands in for.
@@ -403,7 +409,7 @@ def _steps_as_shipped() -> bool:
     replaced, no head is kept or written again. A step is the library's own
     when it is a plain function of ``http.client``'s, of its name: a wrapper
     made with ``functools.wraps`` copies the name but not the code, and
-    wrapt's proxy is no plain function."""
+    wrapt's proxy is no plain function. (Never, without the states' names.)"""
     global _shipped_steps
     # (Each the one found before, by identity: wrapt's proxy compares
     # equal to what it wraps. Spelled out: a backlog's every row asks.)
@@ -417,6 +423,8 @@ def _steps_as_shipped() -> bool:
         and of.endheaders is seen[4]
     ):
         return True
+    if not _STATES_KNOWN:
+        return False
     steps = tuple(getattr(of, name, None) for name in _STEPS)
     for name, step in zip(_STEPS, steps, strict=True):
         if (
