@@ -74,13 +74,21 @@ async def _client_gone(request: Request, exc: Exception) -> Response:
     return Response(status_code=400)  # (nobody reads it)
 
 
+#: On a 500 the server ends the connection (uvicorn closes it once the
+#: exception reaches it; its state is unknown: a body half read, a pipelined
+#: request behind it): the answer says so, or a client reuses the kept-alive
+#: connection and its next request meets a closed socket, a failure it cannot
+#: tell from a request lost after it was processed.
+_ENDS = {"Connection": "close"}
+
+
 async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unexpected error on %s %s", request.method, request.url.path)
     if _is_traces(request):
         # The service's envelope, its code null (the contract gives a 500 no
         # code): a client of the service reads no other body.
-        return TracesError(500, None, "internal error").response()
-    return JSONResponse({"detail": "internal error"}, status_code=500)
+        return TracesError(500, None, "internal error", _ENDS).response()
+    return JSONResponse({"detail": "internal error"}, status_code=500, headers=_ENDS)
 
 
 def _lifespan(db: Database) -> Callable[[Starlette], AbstractAsyncContextManager[None]]:
