@@ -7,7 +7,8 @@ every answer of the app, never saw it, and that 400 went out bare (no CSP,
 no ``nosniff``, text a browser could sniff). :class:`ServeH11Protocol` sends
 that 400 with the guard's headers, in the platform's ``{"detail"}`` dialect,
 naming no server and no version; everything else is
-:class:`~.one_write.OneWriteH11Protocol`'s.
+:class:`~.slow_clients.BoundedH11Protocol`'s (deadlines for a client slow
+to send, a bound on connections, each answer written once).
 
 A head that parses, followed in the same read by a body that does not (a bad
 chunk size), is both: a request the app has started on and a 400 sent at
@@ -19,40 +20,16 @@ is once the close is seen, and what it sends is dropped.
 
 from __future__ import annotations
 
-import h11
-
-from .guard import SECURITY_HEADERS
-from .one_write import OneWriteH11Protocol
+from .slow_clients import BoundedH11Protocol
 
 __all__ = ["BAD_REQUEST_BODY", "ServeH11Protocol"]
 
 BAD_REQUEST_BODY = b'{"detail": "invalid HTTP request"}'
 
 
-class ServeH11Protocol(OneWriteH11Protocol):
+class ServeH11Protocol(BoundedH11Protocol):
     """The protocol ``serve`` runs: its own 400s carry the security headers."""
 
     def send_400_response(self, msg: str) -> None:
-        headers = [
-            (b"content-type", b"application/json"),
-            (b"content-length", str(len(BAD_REQUEST_BODY)).encode()),
-            (b"connection", b"close"),
-            *SECURITY_HEADERS,
-        ]
-        try:
-            data = self.conn.send(h11.Response(status_code=400, headers=headers))
-            data = (data or b"") + (self.conn.send(h11.Data(data=BAD_REQUEST_BODY)) or b"")
-            data += self.conn.send(h11.EndOfMessage()) or b""
-        except h11.LocalProtocolError:
-            # An answer of ours was already under way on this connection (the
-            # bad bytes were pipelined behind a request): nothing more can
-            # be said on it, only closed, as uvicorn's own 400 would fail to.
-            data = b""
-        if data:
-            self.transport.write(data)
-        self.transport.close()
-        cycle = self.cycle
-        if cycle is not None and not cycle.response_complete:
-            # What connection_lost will say, said before the app's next turn.
-            cycle.disconnected = True
-            cycle.message_event.set()
+        # ``msg`` is uvicorn's, and may quote what was sent: not echoed.
+        self.answer_and_close(400, BAD_REQUEST_BODY)

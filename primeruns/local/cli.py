@@ -22,6 +22,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from .settings import ConnectionLimits
+
 if TYPE_CHECKING:
     from starlette.applications import Starlette
 
@@ -132,6 +134,31 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="Retry-After seconds on injected 429/503 (default 0.1)",
     )
+    parser.add_argument(
+        "--head-timeout",
+        type=float,
+        default=ConnectionLimits.head_timeout,
+        metavar="S",
+        help="seconds a connection has to send a request's whole head, from when it is "
+        "accepted or answered: past it, closed (408 if part of one came) "
+        f"(default {ConnectionLimits.head_timeout:g})",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=ConnectionLimits.body_timeout,
+        metavar="S",
+        help="longest silence, in seconds, while a request's body is read: past it, 408 "
+        f"(default {ConnectionLimits.body_timeout:g}; an upload that keeps moving is never cut)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=ConnectionLimits.max_connections,
+        metavar="N",
+        help="connections open at once past which a new one is answered 503 "
+        f"(default {ConnectionLimits.max_connections})",
+    )
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -179,13 +206,18 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     if not _bind_allowed(args.host, key, args.allow_remote_without_key):
         return 2
+    try:
+        limits = ConnectionLimits(args.head_timeout, args.body_timeout, args.max_connections)
+    except ValueError as exc:
+        print(f"primeruns serve: {exc}", file=sys.stderr)
+        return 2
     if args.runs_dir is not None:
         from .dashboard import offline_app
 
         if not Path(args.runs_dir).is_dir():
             print(f"primeruns serve: no directory {args.runs_dir} (--runs-dir)", file=sys.stderr)
             return 2
-        return _serve(offline_app(Path(args.runs_dir)), args.host, args.port, key)
+        return _serve(offline_app(Path(args.runs_dir)), args.host, args.port, key, limits)
     data = Path(args.data) if args.data is not None else Path(DEFAULT_DATA)
     app = _platform_app(args, data, key)
     if app is None:
@@ -193,7 +225,7 @@ def run_serve(args: argparse.Namespace) -> int:
     where = f"primeruns serve: storing what it is sent in {data.absolute()}"
     if args.data is None:
         where += " (the default; --data DIR stores it elsewhere)"
-    return _serve(app, args.host, args.port, key, notes=[where])
+    return _serve(app, args.host, args.port, key, limits, notes=[where])
 
 
 def _key_usable(key: str) -> bool:
@@ -280,10 +312,17 @@ def _platform_app(args: argparse.Namespace, data: Path, key: str | None) -> Star
 HEAD_LIMIT = 64 * 1024
 
 
-def _serve(app: Starlette, host: str, port: int, key: str | None, notes: Sequence[str] = ()) -> int:
+def _serve(
+    app: Starlette,
+    host: str,
+    port: int,
+    key: str | None,
+    limits: ConnectionLimits,
+    notes: Sequence[str] = (),
+) -> int:
     """Run ``app`` under uvicorn on ``host:port`` until SIGTERM/SIGINT, behind
-    the guard; ``notes`` are said after the listening line (which stays first:
-    parents read the port from it)."""
+    the guard, each connection held to ``limits``; ``notes`` are said after
+    the listening line (which stays first: parents read the port from it)."""
     import uvicorn
 
     from .bare_answers import ServeH11Protocol
@@ -329,8 +368,11 @@ def _serve(app: Starlette, host: str, port: int, key: str | None, notes: Sequenc
         # any key is checked); h11 bounds both. Measured: httptools would
         # cost a third less CPU per small request; not worth those holes.
         # uvicorn's h11 protocol, each answer written once (``one_write``),
-        # its own 400s with the guard's headers (``bare_answers``).
-        http=ServeH11Protocol,
+        # its own 400s with the guard's headers (``bare_answers``), deadlines
+        # for a client slow to send its head or body and a bound on
+        # connections (``slow_clients``; uvicorn's ``limit_concurrency``
+        # answers a bare 503 and bounds no slow client).
+        http=ServeH11Protocol.with_limits(limits),
         h11_max_incomplete_event_size=HEAD_LIMIT,
         ws="none",  # no route is a websocket: an upgrade is an ordinary request
         log_level="warning",

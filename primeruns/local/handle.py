@@ -52,6 +52,9 @@ class LocalPlatform:
         ambiguous_rate: float = 0.0,
         latency_ms: int = 0,
         fault_seed: int = 0,
+        head_timeout: float | None = None,
+        body_timeout: float | None = None,
+        max_connections: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self._api_key = api_key
@@ -71,6 +74,15 @@ class LocalPlatform:
             "--fault-seed",
             str(fault_seed),
         ]
+        # Connection limits (``serve``'s defaults unless given: short ones let
+        # a test meet them).
+        for flag, value in (
+            ("--head-timeout", head_timeout),
+            ("--body-timeout", body_timeout),
+            ("--max-connections", max_connections),
+        ):
+            if value is not None:
+                self._flags += [flag, str(value)]
         self._proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         #: With a key: the one-time dashboard login link the server printed.

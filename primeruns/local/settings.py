@@ -28,3 +28,24 @@ class ServerSettings:
     retry_after: float = 0.1
     #: How long a presigned object-store URL stays valid.
     presign_ttl_seconds: float = 3600.0
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What ``serve`` bounds per connection (``--head-timeout``,
+    ``--body-timeout``, ``--max-connections``; ``slow_clients`` says why)."""
+
+    #: Seconds from waiting for a request to its whole head.
+    head_timeout: float = 30.0
+    #: Seconds of silence while a request's body is being read.
+    body_timeout: float = 60.0
+    #: Connections open at once past which a new one is answered 503; under
+    #: the 1,024 descriptors a process is commonly allowed, with room for the
+    #: database's and the object store's.
+    max_connections: int = 512
+
+    def __post_init__(self) -> None:
+        if not (self.head_timeout > 0 and self.body_timeout > 0 and self.max_connections > 0):
+            raise ValueError(
+                "--head-timeout, --body-timeout and --max-connections must be positive"
+            )

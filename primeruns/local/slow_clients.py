@@ -1,0 +1,190 @@
+"""Deadlines for a client slow to send, and a bound on connections open at once.
+
+uvicorn's h11 protocol closes a connection idle after an answer
+(``timeout_keep_alive``, 5 s) and nothing else: a connection that never sent
+a byte, a head sent a byte every few seconds, or a body announced by its
+``Content-Length`` and never sent was held for ever (its socket, the body
+read so far: up to 64 KiB before reading pauses), and any local user can
+open thousands (measured: 3,000 silent ones held, +15 MiB; 500 holding 60 KB
+of a body each, +30 MiB) until the process runs out of descriptors and
+nobody is served. :class:`BoundedH11Protocol` gives each connection:
+
+- a head deadline (:attr:`ConnectionLimits.head_timeout`), from the moment
+  it waits for a request (accepted, or its last answer sent) to the whole
+  head of one. A client writes a head at once, so only the hostile meet it;
+  a byte now and then does not move it. Past it a connection that sent
+  nothing is closed, as after keep-alive; one part-way through a head is
+  answered 408.
+- a body deadline (:attr:`ConnectionLimits.body_timeout`): the longest
+  silence while a request's body is incomplete, measured between reads, so
+  an upload that keeps moving is never cut however long it takes (a large
+  Parquet object, a slow loop). Silence is not counted while the server is
+  not reading (uvicorn pauses a body its app has not taken past 64 KiB) or
+  while the client waits for a ``100 Continue`` it was not sent yet. Past it:
+  408 if no answer has started, and the app is told the client left.
+- a bound (:attr:`ConnectionLimits.max_connections`): a connection accepted
+  while that many are open is answered 503 with ``Retry-After`` (the SDK
+  retries) to its request, its body read and dropped, and closed.
+
+One timer a connection, moved only when it fires early: a read records its
+time and nothing more, so an upload's many reads arm no timer each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http
+from typing import ClassVar
+
+import h11
+from starlette.types import Receive, Scope, Send
+
+from .guard import SECURITY_HEADERS
+from .one_write import OneWriteH11Protocol
+from .settings import ConnectionLimits
+
+__all__ = ["BUSY_BODY", "LATE_BODY", "BoundedH11Protocol", "answer_head"]
+
+LATE_BODY = b'{"detail": "request not received in time"}'
+BUSY_BODY = b'{"detail": "too many connections: retry"}'
+#: Body bytes a connection past the bound may send before its 503 (a request
+#: of the SDK's, read whole, is answered cleanly; a larger one meets a reset).
+BUSY_READ = 1024 * 1024
+
+
+def answer_head(status: int, body: bytes, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+    """The headers of an answer of the server's own: JSON, closing, the guard's."""
+    return [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+        *extra,
+        *SECURITY_HEADERS,
+    ]
+
+
+async def _busy(scope: Scope, receive: Receive, send: Send) -> None:
+    """The app of a connection past the bound: 503, once its body is read.
+
+    Read (and dropped) first, up to :data:`BUSY_READ`: closed with a body
+    unread, the socket resets and a client still sending reads a reset
+    rather than the 503.
+    """
+    message = await receive()
+    read = len(message.get("body", b""))
+    while message["type"] == "http.request" and message.get("more_body") and read < BUSY_READ:
+        message = await receive()
+        read += len(message.get("body", b""))
+    headers = answer_head(503, BUSY_BODY, (b"retry-after", b"1"))
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": BUSY_BODY})
+
+
+class BoundedH11Protocol(OneWriteH11Protocol):
+    """uvicorn's h11 protocol (one write an answer) with the deadlines and the
+    bound in the module docstring; ``limits`` is set by ``with_limits``."""
+
+    limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+
+    @classmethod
+    def with_limits(cls, limits: ConnectionLimits) -> type[BoundedH11Protocol]:
+        """This protocol with ``limits`` (uvicorn makes it from the class)."""
+        return type(cls.__name__, (cls,), {"limits": limits})
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        self._head_by: float | None = None
+        self._last_read = self.loop.time()
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self.app = _busy
+        self._watch()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        self._last_read = self.loop.time()
+        super().data_received(data)
+
+    def handle_events(self) -> None:
+        super().handle_events()
+        self._watch()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._watch()
+
+    def answer_and_close(self, status: int, body: bytes) -> None:
+        """Answer ``status`` with ``body`` and close, whatever the request
+        (none yet, a head h11 refused, a body cut short)."""
+        try:
+            reason = http.HTTPStatus(status).phrase.encode()
+            headers = answer_head(status, body)
+            event = h11.Response(status_code=status, headers=headers, reason=reason)
+            data = (self.conn.send(event) or b"") + (self.conn.send(h11.Data(data=body)) or b"")
+            data += self.conn.send(h11.EndOfMessage()) or b""
+        except h11.LocalProtocolError:
+            # An answer was already under way on this connection: nothing
+            # more can be said on it, only closed.
+            data = b""
+        if data:
+            self.transport.write(data)
+        self.transport.close()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_complete:
+            # What connection_lost will say, said before the app's next turn.
+            cycle.disconnected = True
+            cycle.message_event.set()
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _due(self) -> float | None:
+        """When the client's time is up for what the connection waits on now
+        (None: it waits on nobody's bytes, the app has the request)."""
+        state = self.conn.their_state
+        if state is h11.IDLE:
+            if self._head_by is None:
+                self._head_by = self.loop.time() + self.limits.head_timeout
+            return self._head_by
+        self._head_by = None  # (a head arrived: the next one's time starts after its answer)
+        if state is h11.SEND_BODY:
+            cycle = self.cycle
+            if self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue):
+                # Not the client's silence: the server is not reading.
+                self._last_read = self.loop.time()
+            return self._last_read + self.limits.body_timeout
+        return None
+
+    def _watch(self) -> None:
+        """Arm the timer for :meth:`_due`, earlier if it was set later."""
+        if self.transport.is_closing():
+            self._disarm()
+            return
+        due = self._due()
+        if due is None:
+            self._disarm()
+        elif self._timer is None or due < self._timer_at:
+            self._disarm()
+            self._timer_at = due
+            self._timer = self.loop.call_at(due, self._expired)
+
+    def _expired(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        due = self._due()
+        if due is None:
+            return
+        if self.loop.time() < due:  # bytes came since it was armed
+            self._watch()
+            return
+        if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:
+            self.transport.close()  # nothing of a request: an idle connection
+        else:
+            self.answer_and_close(408, LATE_BODY)

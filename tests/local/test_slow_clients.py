@@ -1,0 +1,159 @@
+"""A client slow to send, or one of too many, is answered and let go, over loopback.
+
+Any local user can connect to ``primeruns serve``. A connection that sent
+nothing, a head sent a byte at a time, or a body announced and never sent
+was held for ever (a socket, the body read so far), and thousands of them
+held the process's descriptors until nobody was served. Each test sets short
+limits through the server's settings and waits on its socket, with a
+deadline, for the answer and the close; none waits for the limits to pass
+on the honest client's side.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+
+import httpx
+
+from primeruns.local import LocalPlatform
+from primeruns.local.guard import SECURITY_HEADERS
+
+#: How long a test waits on its socket for what a short limit brings: a
+#: bound on a hang, far past the limits set below.
+WAIT_S = 30.0
+
+
+def _port(platform: LocalPlatform) -> int:
+    return int(platform.url.rsplit(":", 1)[1])
+
+
+def _until_closed(sock: socket.socket, *, trickle: bytes = b"") -> bytes:
+    """What the server sends until it closes ``sock``, sending ``trickle`` a
+    byte at a time meanwhile (a client that never ends its request)."""
+    sock.settimeout(0.2 if trickle else WAIT_S)
+    deadline = time.monotonic() + WAIT_S
+    received = b""
+    sent = 0
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            if sent < len(trickle):
+                sock.sendall(trickle[sent : sent + 1])
+                sent += 1
+            continue
+        except ConnectionResetError:
+            break
+        if not chunk:
+            return received
+        received += chunk
+    raise AssertionError(f"still open after {WAIT_S} s; received {received[:200]!r}")
+
+
+def _own_answer(received: bytes, status: int) -> dict[str, object]:
+    """The server's own JSON answer ``status``, closing, with the guard's headers."""
+    head, _, body = received.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    assert lines[0].startswith(b"HTTP/1.1 %d " % status), lines[0]
+    headers = [tuple(line.split(b": ", 1)) for line in lines[1:]]
+    assert (b"connection", b"close") in headers, headers
+    assert (b"content-type", b"application/json") in headers, headers
+    for header in SECURITY_HEADERS:
+        assert header in headers, header
+    answer: dict[str, object] = json.loads(body)
+    return answer
+
+
+def _connect(platform: LocalPlatform) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", _port(platform)), timeout=WAIT_S)
+
+
+def test_a_connection_that_never_sends_is_closed(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    platform = make_local_platform(head_timeout=1)
+    with _connect(platform) as sock:
+        assert _until_closed(sock) == b""
+
+
+def test_a_head_sent_a_byte_at_a_time_is_answered_408(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """Bytes that keep coming do not move the head's deadline (a slowloris)."""
+    platform = make_local_platform(head_timeout=1)
+    head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Pad: " + b"a" * 4096
+    with _connect(platform) as sock:
+        sock.sendall(head[:10])
+        answer = _own_answer(_until_closed(sock, trickle=head[10:]), 408)
+    assert answer == {"detail": "request not received in time"}
+    assert httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code == 200
+
+
+def test_a_body_that_stops_is_answered_408(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    platform = make_local_platform(body_timeout=1)
+    with _connect(platform) as sock:
+        sock.sendall(
+            b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+            b'{"name": "'
+        )
+        answer = _own_answer(_until_closed(sock), 408)
+    assert answer == {"detail": "request not received in time"}
+    assert "Traceback" not in platform.log_path.read_text()
+
+
+def test_a_slow_body_that_keeps_moving_is_not_cut(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """The body's deadline is a silence, not a duration: a body sent in
+    pieces over longer than it is taken whole, as an upload on a slow link."""
+    platform = make_local_platform(body_timeout=1, head_timeout=1)
+    body = json.dumps({"name": "slow", "environments": [{"id": "env"}], "tags": []}).encode()
+    pieces = [body[i : i + 8] for i in range(0, len(body), 8)]
+    with _connect(platform) as sock:
+        sock.sendall(
+            b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+        )
+        started = time.monotonic()
+        for piece in pieces:
+            sock.sendall(piece)
+            time.sleep(0.25)  # the client's pace: each piece well within the silence allowed
+        assert time.monotonic() - started > 1, "the body took longer than the deadline"
+        received = _until_closed(sock)
+    assert received.startswith(b"HTTP/1.1 20"), received[:200]
+
+
+def _open(platform: LocalPlatform, stack: ExitStack, count: int) -> Iterator[socket.socket]:
+    for _ in range(count):
+        yield stack.enter_context(_connect(platform))
+
+
+def test_a_connection_past_the_bound_is_answered_503_and_the_server_goes_on(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    platform = make_local_platform(max_connections=3)
+    with ExitStack() as stack:
+        held = list(_open(platform, stack, 3))
+        with _connect(platform) as sock:
+            sock.sendall(
+                b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+            )
+            received = _until_closed(sock)
+        answer = _own_answer(received, 503)
+        assert answer == {"detail": "too many connections: retry"}
+        assert b"\r\nretry-after: 1\r\n" in received
+        # A connection within the bound is served as ever.
+        held[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert _until_closed(held[0]).startswith(b"HTTP/1.1 200 ")
+    # Once they are closed, new connections are served again.
+    deadline = time.monotonic() + WAIT_S
+    while httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code != 200:
+        assert time.monotonic() < deadline, "still refused once the connections closed"
