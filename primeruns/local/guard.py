@@ -214,7 +214,10 @@ class Guard:
         hosts = self.settings.hosts
         host = headers.get("host")
         if hosts is not None and host is not None and _host_name(host) not in hosts:
-            return 400, f"Host {host!r} is not a name of this server", None
+            # Its own names, not the client's: a header value echoed is a
+            # reflection anyone who can connect chooses (up to a 64 KiB head).
+            names = ", ".join(sorted(hosts))
+            return 400, f"the request's Host is not a name of this server ({names})", None
         return None
 
     def _refusal(self, headers: Mapping[str, str], path: str, method: str) -> Refusal | None:

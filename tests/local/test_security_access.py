@@ -89,6 +89,16 @@ def test_the_host_header_must_name_loopback(local_platform: LocalPlatform) -> No
         assert httpx.get(f"{url}/healthz", headers={"Host": host}, timeout=10).status_code == 200
 
 
+def test_a_host_refused_is_not_echoed(local_platform: LocalPlatform) -> None:
+    """The refusal names the server's own names, not what the client sent: a
+    header value echoed is a reflection anyone who can connect chooses."""
+    host = "reflected-" + "x" * 2000 + ".example"
+    r = httpx.get(f"{local_platform.url}/healthz", headers={"Host": host}, timeout=10)
+    assert r.status_code == 400
+    assert "reflected" not in r.text
+    assert "127.0.0.1" in r.json()["detail"]
+
+
 def _serve(tmp_path: Path, *args: str, key: str | None = None) -> subprocess.CompletedProcess[str]:
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}
     if key is not None:
