@@ -162,14 +162,17 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         return None
 
     def _watch(self) -> None:
-        """Arm the timer for :meth:`_due`, earlier if it was set later."""
+        """Arm the timer for :meth:`_due` if none is set by then. One set
+        later is moved earlier; one set earlier is left to fire and look
+        again, as one is while the app has the request: a kept-alive
+        connection's requests then arm a timer a deadline, not one each."""
         if self.transport.is_closing():
             self._disarm()
             return
         due = self._due()
         if due is None:
-            self._disarm()
-        elif self._timer is None or due < self._timer_at:
+            return
+        if self._timer is None or due < self._timer_at:
             self._disarm()
             self._timer_at = due
             self._timer = self.loop.call_at(due, self._expired)

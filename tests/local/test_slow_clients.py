@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 
 import httpx
+import pytest
 
 from primeruns.local import LocalPlatform
 from primeruns.local.guard import SECURITY_HEADERS
@@ -80,13 +81,21 @@ def test_a_connection_that_never_sends_is_closed(
         assert _until_closed(sock) == b""
 
 
+@pytest.mark.parametrize("answered_before", [0, 3])
 def test_a_head_sent_a_byte_at_a_time_is_answered_408(
-    make_local_platform: Callable[..., LocalPlatform],
+    make_local_platform: Callable[..., LocalPlatform], answered_before: int
 ) -> None:
-    """Bytes that keep coming do not move the head's deadline (a slowloris)."""
+    """Bytes that keep coming do not move the head's deadline (a slowloris),
+    on a new connection or on one kept alive after answers."""
     platform = make_local_platform(head_timeout=1)
     head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + b"X-Pad: " + b"a" * 4096
     with _connect(platform) as sock:
+        for _ in range(answered_before):
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            received = b""
+            while not received.endswith(b"}"):
+                received += sock.recv(65536)
+            assert received.startswith(b"HTTP/1.1 200 "), received
         sock.sendall(head[:10])
         answer = _own_answer(_until_closed(sock, trickle=head[10:]), 408)
     assert answer == {"detail": "request not received in time"}
