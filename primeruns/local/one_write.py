@@ -71,6 +71,11 @@ class HeldWrites:
         self.flush()
         self._transport.close()
 
+    def is_closing(self) -> bool:
+        # Asked several times a request (uvicorn's and ``slow_clients``'s
+        # checks): direct, not through ``__getattr__``'s failed lookup first.
+        return self._transport.is_closing()
+
     def abort(self) -> None:
         self._held.clear()
         self._size = 0
