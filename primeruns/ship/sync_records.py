@@ -125,15 +125,31 @@ def _left(record: dict[str, Any]) -> str | None:
     """What ``record`` says its sync journal had left to ship, or None: it
     shipped all it imported (``gc`` prunes only such a one), or an earlier
     version wrote the record, which does not say. A run closed out is not
-    all shipped: ``replay`` closes it with a sink down."""
+    all shipped: ``replay`` closes it with a sink down. A count that is not
+    one (of another type, negative, or past any journal's) is damage: read
+    as records left, never as none, and never printed (an integer of
+    thousands of digits raised ValueError out of sync and a requeue's init())."""
     if record.get("pruned") or "left" not in record:
         return None
     left = record["left"]
     if not isinstance(left, dict):
         return "was shipping when it was last recorded (a sync cut short)"
-    counts = {k: v for k, v in left.items() if isinstance(v, int) and v > 0}
-    damaged = any(not isinstance(v, int) or isinstance(v, bool) or v < 0 for v in left.values())
+    counts = {k: v for k, v in left.items() if _count(v) and v > 0}
+    damaged = any(not _count(v) for v in left.values())
     if not counts and not damaged:
         return None
-    shown = ", ".join(f"{sink}: {n}" for sink, n in sorted(counts.items())) or "unknown"
+    shown = ", ".join(f"{sink}: {n}" for sink, n in sorted(counts.items()))
+    if damaged:
+        shown = f"{shown}, and counts damaged" if shown else "its counts damaged"
+        return f"had records left to ship ({shown})"
     return f"had {sum(counts.values())} records left to ship ({shown})"
+
+
+# More records than any journal holds (its entries are numbered in 64 bits):
+# a count past it is damage.
+_MOST = 1 << 64
+
+
+def _count(value: Any) -> bool:
+    """Whether ``value`` is a count of records a record may hold."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < _MOST

@@ -138,6 +138,44 @@ def test_a_record_nested_past_what_json_reads_is_read_as_none(
     assert not sync_records.nothing_new(root, "run1", 1)
 
 
+# What a damaged record's ``left`` may say: each a count that is none.
+_DAMAGED_LEFT = {
+    "too long to print": "{" + ", ".join(f'"s{i}": {"9" * 4299}' for i in range(20)) + "}",
+    "negative": '{"traces": -1}',
+    "a boolean": '{"traces": true}',
+    "NaN": '{"traces": NaN}',
+}
+
+
+@pytest.mark.parametrize("left", list(_DAMAGED_LEFT.values()), ids=list(_DAMAGED_LEFT))
+def test_a_record_whose_left_is_damaged_refuses_the_sync_naming_it(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    left: str,
+) -> None:
+    """Found by an adversarial review: a record beside the sync journals
+    whose ``left`` (what a sync or replay left to ship) held counts summing
+    to more digits than Python prints raised ValueError out of ``sync`` and
+    ``sync --all`` (a traceback, the other journals not synced), as out of a
+    requeued job's ``init()``, which reads it too. A count that is none is
+    damage: the sync journal is gone with records left, and the sync is
+    refused naming the sync journal to restore."""
+    copy = offline_copy(tmp_path, monkeypatch)
+    root = default_sync_root()
+    sync_records.remember(root, copy.name, run_id="r1", imported_upto=1, closed=True)
+    sync_records.record_path(root, copy.name).write_text(
+        '{"run_id": "r1", "imported_upto": 1, "closed": true, "left": ' + left + "}"
+    )
+    assert not sync_records.nothing_new(root, copy.name, 1)
+    with pytest.raises(sync_records.LeftUnshipped, match="records left to ship"):
+        sync_records.refuse_if_shipped(root, copy.name)
+    code, _, err = cli(capsys, "sync", str(copy))
+    assert code != 0 and "records left to ship" in err and f"Restore {root}" in err, err
+    code, _, err = cli(capsys, "sync", "--all", "--runs-dir", str(copy.parent))
+    assert code != 0 and "records left to ship" in err and f"Restore {root}" in err, err
+
+
 def test_the_sync_root_sync_makes_is_private_whatever_the_umask(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
