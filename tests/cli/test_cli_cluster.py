@@ -626,6 +626,43 @@ def test_a_copy_of_a_run_closed_online_is_synced_without_closing_the_run_again(
     assert _landed(lp, "eval", "all")() is not None
 
 
+@_DAMAGED_SPECS
+def test_ls_of_a_journal_whose_spec_was_lost_names_no_sinks_and_says_how_to_ship_it(
+    damaged: dict[str, Any],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    local_platform: Any,
+) -> None:
+    """An offline training run whose journal's spec is damaged: ``ls`` read
+    it with the defaults, an evaluation's, and listed its records as pending
+    to the evaluation sample table (``eval_samples``), a sink the run never
+    had, saying nothing of the spec, while ``sync`` and ``replay`` refuse it
+    asking for ``--spec FILE``. Now it lists them pending to sinks unknown,
+    the spec damaged, and says under the table what ships it; gc keeps it."""
+    lp = local_platform
+    runs = point_at(monkeypatch, tmp_path, lp.url)
+    run = pr.init(kind="train", model="m", team_id="team", mode="offline", runs_dir=runs)
+    run.log_episodes(workloads.agentic_by_step(2)[0])
+    run.log_metrics({"loss": 1.0}, step=0)
+    run.finish()
+    assert run.journal_path is not None
+    with Journal.open(run.journal_path) as journal:
+        journal.set_meta(SPEC_KEY, damaged)
+    row = _listed(capsys, runs)[run.journal_path.name]
+    assert "eval_samples" not in row["pending"] and "traces" not in row["pending"], row
+    # Its 2 episodes and 1 metrics row, to whichever sinks the run has.
+    assert row["pending"] == {"sinks unknown (spec damaged)": 3}, row
+    assert (row["spec_damaged"], row["shipping"]) == (True, "spec damaged"), row
+    code, out, err = cli(capsys, "ls", "--runs-dir", str(runs))
+    assert code == 0, err
+    said = " ".join(out.split())
+    assert "whose spec is damaged" in said and "--spec FILE" in said, out
+    code, out, err = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "--json")
+    assert code == 0, err
+    assert [k["local_id"] for k in json.loads(out)["kept"]] == [run.journal_path.name], out
+
+
 def test_a_config_edited_before_finish_lands_from_a_copy_synced_mid_run_before(
     local_platform: Any,
     tmp_path: Path,
