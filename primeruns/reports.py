@@ -100,7 +100,15 @@ def pending_per_sink(
         # Which sinks the run has is the spec's to say: read with the
         # defaults, a training run's records were counted against an
         # evaluation's. What no sink of it acknowledged is still to ship.
-        acked = min((as_count(v) or 0 for v in info.cursors.values()), default=0)
+        # Its sinks are those it holds an offset of, and those whose standing
+        # their shippers recorded: one whose offset cannot be read (left out
+        # of ``cursors``) acknowledged nothing, as with a readable spec, and
+        # one turned off for good is owed nothing.
+        named = set(info.cursors) | {
+            key[len(_STANDING) :] for key in info.meta if key.startswith(_STANDING)
+        }
+        owed = (s for s in named if not info.meta.get(f"sink_off.{s}"))
+        acked = min((as_count(info.cursors.get(s)) or 0 for s in owed), default=0)
         if acked in info.after:  # the records a user logs, whatever their sinks
             return {UNKNOWN_SINKS: records_left(info.after[acked], _LOGGED)}
         skipped = skipped_within(info.meta.get(K_SKIPPED), acked, info.last_seq)
@@ -121,6 +129,11 @@ def pending_per_sink(
 def _sink_kind(spec: RunSpec | None) -> RunKind:
     return spec.kind if spec is not None else RUN_KIND
 
+
+# Meta: a sink's standing, recorded by its shipper (``ship.ledger``'s
+# prefix, not imported: that module loads the HTTP client, which a listing
+# never does).
+_STANDING = "sink_state."
 
 # ``pending``'s key for a journal whose spec is damaged: its run's sinks are
 # not known, nor so what each has left.

@@ -148,6 +148,40 @@ def test_gc_keeps_a_closed_out_run_whose_unshipped_entry_is_damaged(
     assert "2 records still to ship" in out
 
 
+def test_gc_keeps_a_closed_out_run_whose_spec_and_one_sinks_offset_are_damaged(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an adversarial review: an evaluation closed out with records
+    left (its sample table down at the finish: a close-out finalizes all
+    the same), then damaged on disk, its spec and its ``eval_samples``
+    offset unreadable. With the spec damaged, ``ls`` counted what is left
+    past the lowest offset among the readable ones only (traces', all
+    acknowledged) and listed the run as shipped, nothing pending, though
+    its sample table never received 8 of its episodes (so ``replay --all``
+    passed it over as shipped; ``gc`` kept it only for the damage its own
+    walk finds). A sink the journal names (the standing its shipper
+    recorded) whose offset cannot be read acknowledged nothing, as with a
+    readable spec."""
+    runs = tmp_path / "runs"
+    episodes = [json.dumps({"id": f"e{i}", "prompt": os.urandom(64).hex()}) for i in range(12)]
+    with Journal.create(runs, local_id="victim", meta={"spec": {"kind": "eval"}}) as journal:
+        journal.append(EntryKind.EPISODE, [e.encode() for e in episodes])
+        journal.ack("traces", 12)
+        journal.ack("eval_samples", 4)
+        for sink in ("traces", "eval_samples"):
+            journal.set_meta(f"sink_state.{sink}", {"off": None, "retired": None})
+        journal.set_meta("finalized", {"status": "completed", "at": 0})
+        journal.set_meta("spec", {"kind": 7})
+        cursors = journal._tx.dbs["cursors"]
+        journal._tx.write(lambda txn: txn.put(b"eval_samples", b"damaged", db=cursors))
+    _, out, _ = cli(capsys, "ls", "--runs-dir", str(runs), "--json")
+    [row] = json.loads(out)
+    assert row["pending"] == {"sinks unknown (spec damaged)": 12}, row
+    assert row["shipping"] == "spec damaged" and row["state"] != "shipped", row
+    code, out, _ = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "-v")
+    assert code == 0 and (runs / "victim").exists(), out
+
+
 @pytest.mark.parametrize(
     "record",
     [
