@@ -220,7 +220,7 @@ def _info(
     ``written_here``: as ``Journal.open``'s."""
     look = look if look is not None else _look(path, shelf, read_owner(path))
     owner = look.owner.describe() if look.owner else None
-    alive = owner_alive(look.owner)
+    alive = owner_alive(look.owner, path)
     remembered = look.remembered
     if remembered is not None:
         if (
@@ -496,7 +496,7 @@ def list_journals(
         if p in left_out or p in untrusted:
             continue
         owner = read_owner(p)
-        if skip_live and owner_alive(owner):
+        if skip_live and owner_alive(owner, p):
             left_out.add(p)
             continue
         looks[p] = _look(

@@ -97,6 +97,7 @@ class OwnerInfo:
     helper_start: int | None = None
     producer_done: bool = False  # the producer let go: only the uplink may hold it
     command: str | None = None  # the ``primeruns`` command holding it, if one does
+    pid_ns: int | None = None  # its PID namespace (``_pid_ns``): where its pids mean anything
 
     def describe(self) -> str:
         if self.helper_pid is not None and (
@@ -121,6 +122,8 @@ class OwnerInfo:
             out["producer_done"] = True
         if self.command is not None:
             out["command"] = self.command
+        if self.pid_ns is not None:
+            out["pid_ns"] = self.pid_ns
         return out
 
 
@@ -155,8 +158,31 @@ _READING = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 def current_owner() -> OwnerInfo:
     pid = os.getpid()
     return OwnerInfo(
-        pid, socket.gethostname(), time.time(), _proc_start(pid), command=_acting_as.command
+        pid,
+        socket.gethostname(),
+        time.time(),
+        _proc_start(pid),
+        command=_acting_as.command,
+        pid_ns=_pid_ns(),
     )
+
+
+def _pid_ns() -> int | None:
+    """This process's PID namespace (the inode of ``/proc/self/ns/pid``), or
+    None where there is none to read (no ``/proc``: macOS). Two containers
+    of one pod share a host name and a disk but not their pids: a pid one
+    names in a lock file means nothing in the other. Read anew each time: a
+    child forked after ``unshare(CLONE_NEWPID)`` lives in another."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def _ns_of(value: Any) -> int | None:
+    """A namespace's inode as a lock file gives it; None for anything else
+    (a file an older version wrote names none: its pids are judged as ever)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 @contextlib.contextmanager
@@ -201,6 +227,7 @@ def read_owner(directory: Path) -> OwnerInfo | None:
             None if data.get("helper_start") is None else int(data["helper_start"]),
             data.get("producer_done") is True,
             _command_of(data.get("command")),
+            _ns_of(data.get("pid_ns")),
         )
     # The file is anyone's to write, and read where a run is closed (who
     # ships a predecessor's sync journal): an infinity (OverflowError) or
@@ -238,12 +265,22 @@ def this_host() -> str:
     return _named[1]
 
 
-def owner_alive(info: OwnerInfo | None) -> bool:
-    """Whether the named owner still runs (without touching the lock; for listings)."""
+def owner_alive(info: OwnerInfo | None, directory: Path | None = None) -> bool:
+    """Whether the named owner still runs (for listings).
+
+    Told by its pid and start time, without touching the lock, except for an
+    owner in another PID namespace of this host (another container of a pod:
+    one host name, one disk, pids that mean nothing here, so a live writer
+    read "crashed"): the flock of the journal at ``directory``, held, says
+    it lives; unheld (a crashed container's journal, or a copy, whose flock
+    tells nothing), it does not. Without ``directory`` such an owner is
+    alive, as another host's: the safe answer for deletion."""
     if info is None:
         return False
     if info.host != this_host():
         return True  # cannot tell from here: assume alive, the safe answer for deletion
+    if info.pid_ns is not None and info.pid_ns != _pid_ns():
+        return directory is None or lock_held(directory)  # one kernel: its flock shows
     if not info.producer_done and _pid_alive(info.pid, info.proc_start):
         return True
     return info.helper_pid is not None and _pid_alive(info.helper_pid, info.helper_start)

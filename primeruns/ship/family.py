@@ -84,7 +84,7 @@ def parent_binding(parent: object, parent_path: object) -> dict[str, Any]:
     record = sync_records.recorded(root, parent_id) or {}
     if record.get("run_id"):
         return {"run_id": str(record["run_id"])}
-    if original is not None and owner_alive(read_owner(original)):
+    if original is not None and owner_alive(read_owner(original), original):
         raise ParentNotRegistered(
             f"the run of this forked child's parent ({parent_id}) is not registered yet"
         )
