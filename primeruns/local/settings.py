@@ -7,6 +7,7 @@ never logged (its ``repr`` hides it).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,7 +46,15 @@ class ConnectionLimits:
     max_connections: int = 512
 
     def __post_init__(self) -> None:
-        if not (self.head_timeout > 0 and self.body_timeout > 0 and self.max_connections > 0):
-            raise ValueError(
-                "--head-timeout, --body-timeout and --max-connections must be positive"
-            )
+        # Each refused by its flag, with what was given and the default: one
+        # refusal naming all three left the user to find which. NaN or an
+        # infinity is no limit (a timer that never fires holds a connection).
+        for name in ("head_timeout", "body_timeout", "max_connections"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                flag = "--" + name.replace("_", "-")
+                unit = "connections" if name == "max_connections" else "seconds"
+                raise ValueError(
+                    f"{flag} {value:g} is refused: give a finite number of {unit} "
+                    f"above 0 (default {getattr(ConnectionLimits, name):g})"
+                )

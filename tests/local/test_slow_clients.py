@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
+from pathlib import Path
 
 import httpx
 import pytest
@@ -166,3 +169,32 @@ def test_a_connection_past_the_bound_is_answered_503_and_the_server_goes_on(
     deadline = time.monotonic() + WAIT_S
     while httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code != 200:
         assert time.monotonic() < deadline, "still refused once the connections closed"
+
+
+@pytest.mark.parametrize(
+    ("flag", "given"),
+    [
+        ("--head-timeout", "0"),
+        ("--body-timeout", "nan"),
+        ("--head-timeout", "inf"),
+        ("--max-connections", "-3"),
+    ],
+)
+def test_a_limit_that_bounds_nothing_is_refused_naming_its_flag_and_default(
+    tmp_path: Path, flag: str, given: str
+) -> None:
+    """A limit of 0, NaN or an infinity is refused at start (exit 2), the
+    message naming that flag alone, what was given, and its default: an
+    infinite deadline would hold a silent connection for ever."""
+    command = [sys.executable, "-m", "primeruns", "serve", "--port", "0"]
+    command += ["--data", str(tmp_path / "data"), flag, given]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"serve {flag} {given} was taken: the server ran")
+    assert done.returncode == 2, done.stderr
+    said = done.stderr.strip().splitlines()[-1]
+    assert f"{flag} {given} is refused" in said, said
+    assert "above 0 (default " in said, said
+    others = {"--head-timeout", "--body-timeout", "--max-connections"} - {flag}
+    assert not any(other in said for other in others), said
