@@ -52,8 +52,9 @@ BUSY_BODY = b'{"detail": "too many connections: retry"}'
 BUSY_READ = 1024 * 1024
 
 
-def answer_head(status: int, body: bytes, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
-    """The headers of an answer of the server's own: JSON, closing, the guard's."""
+def answer_head(body: bytes, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+    """The headers of an answer of the server's own carrying ``body``: JSON,
+    its length, closing, ``extra``, the guard's (the status line is the caller's)."""
     return [
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
@@ -75,7 +76,7 @@ async def _busy(scope: Scope, receive: Receive, send: Send) -> None:
     while message["type"] == "http.request" and message.get("more_body") and read < BUSY_READ:
         message = await receive()
         read += len(message.get("body", b""))
-    headers = answer_head(503, BUSY_BODY, (b"retry-after", b"1"))
+    headers = answer_head(BUSY_BODY, (b"retry-after", b"1"))
     await send({"type": "http.response.start", "status": 503, "headers": headers})
     await send({"type": "http.response.body", "body": BUSY_BODY})
 
@@ -122,7 +123,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         (none yet, a head h11 refused, a body cut short)."""
         try:
             reason = http.HTTPStatus(status).phrase.encode()
-            headers = answer_head(status, body)
+            headers = answer_head(body)
             event = h11.Response(status_code=status, headers=headers, reason=reason)
             data = (self.conn.send(event) or b"") + (self.conn.send(h11.Data(data=body)) or b"")
             data += self.conn.send(h11.EndOfMessage()) or b""
