@@ -520,9 +520,14 @@ def list_journals(
     ]
     if whole:  # which summaries have no journal
         shelf.prune({p.name for p in found})
-    if index is not None and index.read and shelf.texts is not None and shelf.read is not None:
+    if (
+        index is not None
+        and index.read
+        and shelf.texts is not None
+        and shelf.fields_read is not None
+    ):
         stamped = {p.name: look.files for p, look in looks.items() if look.files.stamp is not None}
-        index.refresh(stamped, shelf.texts, shelf.read)
+        index.refresh(stamped, shelf.texts, shelf.fields_read)
     if memo is not None:
         memo.refill(
             (info.path, looks[info.path].files, info)

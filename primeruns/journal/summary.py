@@ -232,7 +232,7 @@ class Shelf:
         """The summaries loaded or saved, by journal name, when asked for
         (``texts=True``): what a listing of the whole directory writes its
         index from (``summary_index``)."""
-        self.read: dict[str, tuple[Stamp, dict[str, Any]]] | None = {} if texts else None
+        self.fields_read: dict[str, tuple[Stamp, dict[str, Any]]] | None = {} if texts else None
         """The same summaries' stamps and fields, as a listing reads them
         back (``texts=True``): what the index's listing rows are made from."""
 
@@ -284,11 +284,11 @@ class Shelf:
         return fields
 
     def _note(self, name: str, stamp: Stamp, fields: dict[str, Any] | None) -> None:
-        if self.read is not None:
+        if self.fields_read is not None:
             if fields is None:
-                self.read.pop(name, None)
+                self.fields_read.pop(name, None)
             else:
-                self.read[name] = (stamp, fields)
+                self.fields_read[name] = (stamp, fields)
 
     def load_text(self, name: str, stamp: Stamp | None, text: str | None) -> dict[str, Any] | None:
         """As ``load``, from the text of journal ``name``'s summary as an index

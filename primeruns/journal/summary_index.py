@@ -182,20 +182,20 @@ class Index:
         self,
         listed: dict[str, Files],
         texts: dict[str, str],
-        read: dict[str, tuple[Stamp, dict[str, Any]]],
+        fields_read: dict[str, tuple[Stamp, dict[str, Any]]],
     ) -> None:
         """After a listing of the whole directory: ``listed``, each journal
         that can be stamped and the ``Files`` it was found as; ``texts``, the
         summaries this listing read from files or wrote, by name, and
-        ``read``, their stamps and fields (``Shelf.read``). Written anew when
-        more than ``stale_most`` entries or rows are stale or missing."""
+        ``fields_read``, their stamps and fields (``Shelf.fields_read``). Written anew
+        when more than ``stale_most`` entries or rows are stale or missing."""
         entries = self.entries
         fresh: dict[str, list[Any]] = {}
         rows: dict[str, dict[str, Any]] = {}
         stale = sum(1 for name in entries if name not in listed)
         for name, found in listed.items():
             kept = self._row_at(name, found.stamp)
-            seen = read.get(name)  # its summary, read or written now (so an entry too)
+            seen = fields_read.get(name)  # its summary, read or written now (so an entry too)
             # A row given and its summary read all the same did not serve (no
             # counts; not as written): made anew, as a missing one. (A listing
             # that reads no rows reads every summary: the rows stay.)

@@ -38,7 +38,13 @@ from . import sync_records
 from .copies import K_SOURCE_PATH, check_sync_root, note_copy
 from .mirror import import_new, open_sync_journal, snapshot, sync_root
 
-__all__ = ["left", "left_nothing", "remember", "shipped_by_its_sync_journal", "take_over"]
+__all__ = [
+    "left_nothing",
+    "remember",
+    "remember_left",
+    "shipped_by_its_sync_journal",
+    "take_over",
+]
 
 log = logging.getLogger("primeruns.uplink")
 
@@ -143,7 +149,7 @@ def remember(journal: Journal, run_id: str) -> None:
     )
 
 
-def left(journal: Journal, pending: dict[str, int]) -> None:
+def remember_left(journal: Journal, pending: dict[str, int]) -> None:
     """Record beside the sync journals what ``journal``, one taken over and
     shipped, leaves to ship (``pending``, per sink), where it has a record
     (it bound a run): a ``replay`` that left records there said so in it."""

@@ -631,7 +631,7 @@ class Uplink:
             # in named them): deleted by hand later, it is not said to have
             # left records this take-over shipped.
             with contextlib.suppress(JournalError, OSError):
-                handover.left(old, {s.name: s.pending_records() for s in shippers})
+                handover.remember_left(old, {s.name: s.pending_records() for s in shippers})
             old.close()
 
     def _wait_for_others(self, run_id: str, deadline: float, *, crashed: bool) -> dict[str, str]:
