@@ -124,10 +124,14 @@ def test_a_slow_body_that_keeps_moving_is_not_cut(
     make_local_platform: Callable[..., LocalPlatform],
 ) -> None:
     """The body's deadline is a silence, not a duration: a body sent in
-    pieces over longer than it is taken whole, as an upload on a slow link."""
-    platform = make_local_platform(body_timeout=1, head_timeout=1)
+    pieces over longer than it is taken whole, as an upload on a slow link.
+    The silence allowed is a dozen times the client's pace: on a loaded host
+    a pause of a second between two of its sends is no rare thing, and the
+    test is about reads spread over longer than the deadline, not about how
+    fast the host schedules it."""
+    platform = make_local_platform(body_timeout=3, head_timeout=1)
     body = json.dumps({"name": "slow", "environments": [{"id": "env"}], "tags": []}).encode()
-    pieces = [body[i : i + 8] for i in range(0, len(body), 8)]
+    pieces = [body[i : i + 4] for i in range(0, len(body), 4)]
     with _connect(platform) as sock:
         sock.sendall(
             b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
@@ -137,7 +141,7 @@ def test_a_slow_body_that_keeps_moving_is_not_cut(
         for piece in pieces:
             sock.sendall(piece)
             time.sleep(0.25)  # the client's pace: each piece well within the silence allowed
-        assert time.monotonic() - started > 1, "the body took longer than the deadline"
+        assert time.monotonic() - started > 3, "the body took longer than the deadline"
         received = _until_closed(sock)
     assert received.startswith(b"HTTP/1.1 20"), received[:200]
 
