@@ -251,18 +251,18 @@ def _pid_of(value: Any) -> int:
 
 
 #: ``this_host``'s answer, with the function that gave it (tests replace it).
-_named: tuple[Any, str] | None = None
+_host_name_asked: tuple[Any, str] | None = None
 
 
 def this_host() -> str:
     """This machine's name (``socket.gethostname``), asked once per process:
     a listing compares it with every journal's owner and origin (a ``uname``
     call each, twice per journal)."""
-    global _named
+    global _host_name_asked
     ask = socket.gethostname
-    if _named is None or _named[0] is not ask:
-        _named = (ask, ask())
-    return _named[1]
+    if _host_name_asked is None or _host_name_asked[0] is not ask:
+        _host_name_asked = (ask, ask())
+    return _host_name_asked[1]
 
 
 def owner_alive(info: OwnerInfo | None, directory: Path | None = None) -> bool:
