@@ -8,7 +8,10 @@ fix). Not a NaN or an infinity: NaN compares false with everything, so
 its records unshipped; ``flush(timeout=nan)`` spun on a wait that returned at
 once; and an infinite wait overflows a lock's timeout (OverflowError, into
 the user's loop). Those are the default, with a warning: a timeout is no
-place to raise from (``on_error="warn"`` promises the loop none).
+place to raise from (``on_error="warn"`` promises the loop none). Except
+in ``flush``: an infinity waits without a limit, as None does, and a
+negative timeout, a deadline already passed, is 0 with no warning
+(``flush_timeout``).
 """
 
 from __future__ import annotations
