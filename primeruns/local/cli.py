@@ -149,7 +149,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=ConnectionLimits.body_timeout,
         metavar="S",
         help="longest silence, in seconds, while a request's body is read: past it, 408 "
-        f"(default {ConnectionLimits.body_timeout:g}; an upload that keeps moving is never cut)",
+        f"(default {ConnectionLimits.body_timeout:g}; an upload that keeps moving is never cut); "
+        "also the longest an answer waits on a client that reads none of it: then closed",
     )
     parser.add_argument(
         "--max-connections",

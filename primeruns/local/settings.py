@@ -38,7 +38,8 @@ class ConnectionLimits:
 
     #: Seconds from waiting for a request to its whole head.
     head_timeout: float = 30.0
-    #: Seconds of silence while a request's body is being read.
+    #: Seconds of silence while a request's body is being read, or while an
+    #: answer waits on a client that reads none of it.
     body_timeout: float = 60.0
     #: Connections open at once past which a new one is answered 503; under
     #: the 1,024 descriptors a process is commonly allowed, with room for the

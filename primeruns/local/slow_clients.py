@@ -22,6 +22,13 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   not reading (uvicorn pauses a body its app has not taken past 64 KiB) or
   while the client waits for a ``100 Continue`` it was not sent yet. Past it:
   408 if no answer has started, and the app is told the client left.
+- the same silence while the client reads none of an answer: once the
+  socket takes no more and the transport holds past its high-water mark
+  (asyncio pauses the protocol's writes), the next answer waits for room
+  that a client which never reads never makes, and a pipelined one after
+  it. Measured from the pause; past it the connection is aborted (nothing
+  can be said to a client that reads nothing; a close would wait for the
+  held bytes to go out for ever), and the app told its client left.
 - a bound (:attr:`ConnectionLimits.max_connections`): a connection accepted
   while that many are open is answered 503 with ``Retry-After`` (the SDK
   retries) to its request, its body read and dropped, and closed.
@@ -96,6 +103,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._head_by: float | None = None
+        self._stalled_at = 0.0
         self._last_read = self.loop.time()
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
@@ -109,6 +117,11 @@ class BoundedH11Protocol(OneWriteH11Protocol):
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
         super().data_received(data)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._stalled_at = self.loop.time()
+        self._watch()
 
     def handle_events(self) -> None:
         super().handle_events()
@@ -148,6 +161,8 @@ class BoundedH11Protocol(OneWriteH11Protocol):
     def _due(self) -> float | None:
         """When the client's time is up for what the connection waits on now
         (None: it waits on nobody's bytes, the app has the request)."""
+        if self.flow.write_paused:  # on the client to read what was written
+            return self._stalled_at + self.limits.body_timeout
         state = self.conn.their_state
         if state is h11.IDLE:
             if self._head_by is None:
@@ -166,8 +181,10 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         """Arm the timer for :meth:`_due` if none is set by then. One set
         later is moved earlier; one set earlier is left to fire and look
         again, as one is while the app has the request: a kept-alive
-        connection's requests then arm a timer a deadline, not one each."""
-        if self.transport.is_closing():
+        connection's requests then arm a timer a deadline, not one each.
+        A closing connection is let be, unless what it holds does not go
+        out (a close waits for it)."""
+        if self.transport.is_closing() and not self.flow.write_paused:
             self._disarm()
             return
         due = self._due()
@@ -180,15 +197,19 @@ class BoundedH11Protocol(OneWriteH11Protocol):
 
     def _expired(self) -> None:
         self._timer = None
-        if self.transport.is_closing():
+        if self.transport.is_closing() and not self.flow.write_paused:
             return
         due = self._due()
         if due is None:
             return
-        if self.loop.time() < due:  # bytes came since it was armed
+        if self.loop.time() < due:  # bytes came (or writes paused anew) since it was armed
             self._watch()
+            return
+        if self.flow.write_paused:
+            self.transport.abort()  # (connection_lost tells the app)
             return
         if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:
             self.transport.close()  # nothing of a request: an idle connection
         else:
             self.answer_and_close(408, LATE_BODY)
+        self._watch()  # (a close waits for what the client does not read)

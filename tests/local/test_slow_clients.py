@@ -202,3 +202,36 @@ def test_a_limit_that_bounds_nothing_is_refused_naming_its_flag_and_default(
     assert "above 0 (default " in said, said
     others = {"--head-timeout", "--body-timeout", "--max-connections"} - {flag}
     assert not any(other in said for other in others), said
+
+
+@pytest.mark.parametrize("pipelined", [2, 8])
+def test_a_client_that_never_reads_its_answers_does_not_hold_its_connection(
+    make_local_platform: Callable[..., LocalPlatform], pipelined: int
+) -> None:
+    """Large answers to requests pipelined by a client that reads none of
+    them fill its socket, and what is left of one waits for room that never
+    comes: after the last answer (2: its close waits for it) or before the
+    next (8). That wait is the client's silence too, bounded like a body's,
+    so the connection is let go and the one slot it held serves another."""
+    platform = make_local_platform(head_timeout=1, body_timeout=1, max_connections=1)
+    key = {"Authorization": "Bearer pk-test"}
+    created = httpx.post(
+        f"{platform.url}/api/v1/evaluations/",
+        json={"name": "big", "environments": [{"id": "env"}], "metadata": {"pad": "x" * 2**21}},
+        headers=key,
+        timeout=WAIT_S,
+    )
+    assert created.status_code < 300, created.text[:200]
+    eval_id = created.json()["evaluation_id"]
+    # Answers of 2 MiB each: two are past what loopback's buffers take (4 MiB).
+    request = (
+        b"GET /api/v1/evaluations/%s HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Authorization: Bearer pk-test\r\n\r\n" % eval_id.encode()
+    ) * pipelined
+    with _connect(platform) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.sendall(request)
+        deadline = time.monotonic() + WAIT_S
+        while httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code != 200:
+            assert time.monotonic() < deadline, "the client that never reads still holds its slot"
+    assert "Traceback" not in platform.log_path.read_text()
