@@ -13,6 +13,7 @@ import pytest
 from primeruns import exceptions as ex
 from primeruns.platform import PlatformClient, resolve_settings
 from primeruns.platform.errors import error_from_response, is_ambiguous, parse_retry_after
+from primeruns.ship.policy import Failure, classify
 
 
 def _response(
@@ -192,3 +193,14 @@ def test_gateway_errors_are_ambiguous_but_429_is_not() -> None:
     assert not is_ambiguous(error_from_response(_response(429)))
     assert ex.is_transient(error_from_response(_response(429)))
     assert ex.is_record_rejection(error_from_response(_response(422)))
+
+
+def test_a_request_the_server_timed_out_receiving_is_retried_as_sent_never() -> None:
+    """408: the server gave up reading the request (primeruns serve's
+    --body-timeout answers it to a body silent too long), so nothing was
+    acted on and the batch is resent, not the sink stopped for the run."""
+    body = b'{"detail": "request not received in time"}'
+    err = error_from_response(_response(408, body, {"Retry-After": "1"}))
+    assert classify(err) is Failure.TRANSIENT
+    assert not is_ambiguous(err)
+    assert isinstance(err, ex.RetryableAPIError) and err.retry_after == 1.0

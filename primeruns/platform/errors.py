@@ -90,7 +90,10 @@ _BY_STATUS: dict[int, type[APIError]] = {
 # 429 and every 5xx but "not implemented" and "version not supported": a 500
 # is a server's bad moment (a restart, a proxy in front of it), not a verdict on
 # the request; treating it as fatal retired sinks for good on a multi-day run.
-_RETRYABLE = frozenset({429} | set(range(500, 600)) - {501, 505})
+# 408 too: the server gave up receiving the request (primeruns serve's
+# --body-timeout, a proxy's), so it never acted on it, and a request that
+# stalled once (a suspended process, a loaded host) goes whole the next time.
+_RETRYABLE = frozenset({408, 429} | set(range(500, 600)) - {501, 505})
 
 # Failures after the request may have reached the server: it may have acted.
 # (httpx's names: httpx is loaded only once a call went through it or failed.)

@@ -2,7 +2,7 @@
 
 Failures fall in four classes (docs/ARCHITECTURE.md, "Error handling"):
 
-- *transient* (no answer, 429, 5xx, a 2xx that proves nothing): keep the
+- *transient* (no answer, 408, 429, 5xx, a 2xx that proves nothing): keep the
   batch, wait (honouring Retry-After, else exponential backoff with jitter)
   and resend it as is;
 - *record rejection* (400, 409, 413, 422, an unencodable batch): the content
