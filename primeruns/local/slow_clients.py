@@ -26,7 +26,9 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   socket takes no more and the transport holds past its high-water mark
   (asyncio pauses the protocol's writes), the next answer waits for room
   that a client which never reads never makes, and a pipelined one after
-  it. Measured from the pause; past it the connection is aborted (nothing
+  it. Measured from the pause, and again from any time the timer finds
+  that the client took some (a slow reader of a large answer is not cut);
+  past it the connection is aborted (nothing
   can be said to a client that reads nothing; a close would wait for the
   held bytes to go out for ever), and the app told its client left.
 - a bound (:attr:`ConnectionLimits.max_connections`): a connection accepted
@@ -40,7 +42,11 @@ time and nothing more, so an upload's many reads arm no timer each.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import http
+import struct
+import sys
+import termios
 from typing import ClassVar
 
 import h11
@@ -104,6 +110,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._timer_at = 0.0
         self._head_by: float | None = None
         self._stalled_at = 0.0
+        self._unsent = 0
         self._last_read = self.loop.time()
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
@@ -121,6 +128,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         self._stalled_at = self.loop.time()
+        self._unsent = self._unsent_bytes()
         self._watch()
 
     def handle_events(self) -> None:
@@ -157,6 +165,20 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+    def _unsent_bytes(self) -> int:
+        """Bytes of answers the client has not taken: the transport's and,
+        on Linux, the socket's send queue (a reader of a large answer drains
+        that first, the transport's only once it has room)."""
+        unsent = self.transport.get_write_buffer_size()
+        sock = self.transport.get_extra_info("socket")
+        if sys.platform == "linux" and sock is not None:
+            try:
+                queued = fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0\0\0\0")
+                unsent += struct.unpack("i", queued)[0]
+            except OSError:
+                pass
+        return unsent
 
     def _due(self) -> float | None:
         """When the client's time is up for what the connection waits on now
@@ -199,10 +221,15 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._timer = None
         if self.transport.is_closing() and not self.flow.write_paused:
             return
+        if self.flow.write_paused:
+            unsent = self._unsent_bytes()
+            if unsent < self._unsent:  # the client took some: its silence starts again
+                self._unsent = unsent
+                self._stalled_at = self.loop.time()
         due = self._due()
         if due is None:
             return
-        if self.loop.time() < due:  # bytes came (or writes paused anew) since it was armed
+        if self.loop.time() < due:  # bytes came or went since it was armed
             self._watch()
             return
         if self.flow.write_paused:
