@@ -36,6 +36,16 @@ def _diff(first: list[str], again: list[str]) -> str:
     return "\n".join(difflib.unified_diff(lines[0] + lines[1], lines[2] + lines[3], lineterm=""))
 
 
+def _listed(capsys: pytest.CaptureFixture[str], runs: Path) -> list[str]:
+    """What ``ls --json`` and ``ls`` print of ``runs``, in that order."""
+    outs = []
+    for argv in (["ls", "--json"], ["ls"]):
+        code, out, _ = cli(capsys, *argv, "--runs-dir", str(runs))
+        assert code == 0
+        outs.append(out)
+    return outs
+
+
 def test_ls_prints_the_same_from_its_journals_and_from_what_it_kept(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -60,12 +70,7 @@ def test_ls_prints_the_same_from_its_journals_and_from_what_it_kept(
     monkeypatch.setattr(time, "time", lambda: now)  # ages alike in every listing
 
     def listed() -> list[str]:
-        outs = []
-        for argv in (["ls", "--json"], ["ls"]):
-            code, out, _ = cli(capsys, *argv, "--runs-dir", str(runs))
-            assert code == 0
-            outs.append(out)
-        return outs
+        return _listed(capsys, runs)
 
     shutil.rmtree(runs / FOLDER)
     first = listed()  # every journal read
@@ -111,12 +116,7 @@ def test_ls_reads_listing_rows_and_prints_the_same_beside_a_stale_or_damaged_one
     monkeypatch.setattr(time, "time", lambda: now)
 
     def listed() -> list[str]:
-        outs = []
-        for argv in (["ls", "--json"], ["ls"]):
-            code, out, _ = cli(capsys, *argv, "--runs-dir", str(runs))
-            assert code == 0
-            outs.append(out)
-        return outs
+        return _listed(capsys, runs)
 
     shutil.rmtree(runs / FOLDER)
     first = listed()  # every journal read, its summary kept
