@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
@@ -335,7 +336,7 @@ def test_the_probe_child_does_not_inherit_keys(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(subprocess, "run", spy)  # (the probe imports it to start a child)
-    monkeypatch.setattr(probe, "_known", {})
+    monkeypatch.setattr(probe, "_known", OrderedDict())  # (no verdict kept: it walks)
     assert probe.probe(journal.path) is None  # it still reads the journal
     assert envs and envs[0] is not None, "the child inherits the whole environment"
     assert KEY not in envs[0].values()
