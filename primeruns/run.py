@@ -210,9 +210,10 @@ class Run:
 
         Returns False if the timeout passed first, or once a sink is retired
         or paused. Under ``on_error="raise"`` the first failure recorded so
-        far is raised here. ``timeout``: seconds; None or an infinity wait
-        without a limit, a negative one not at all, and NaN or what is not a
-        number waits the default 30 s, with a warning.
+        far is raised here. ``timeout``: seconds, of any number type; None
+        or an infinity (an int past a float's range too) wait without a
+        limit, a negative one not at all, and NaN or what is not a number
+        waits the default 30 s, with a warning.
         """
         timeout = timeouts.flush_timeout(timeout, _FLUSH_TIMEOUT)
         done = True

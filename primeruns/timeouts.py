@@ -12,21 +12,24 @@ place to raise from (``on_error="warn"`` promises the loop none). Except
 in ``flush``: an infinity waits without a limit, as None does, and a
 negative timeout, a deadline already passed, is 0 with no warning
 (``flush_timeout``).
+
+A number is any type ``float()`` reads (numpy's scalars, a Fraction, a
+Decimal), not text or a bool; an int past a float's range is an infinity of
+its sign. Read by type (``int``, ``float``), ``flush(timeout=10**400)`` and
+numpy's ``float32("inf")`` were not the infinity they are: each waited the
+default 30 s, with a warning, where ``flush(math.inf)`` waits without a limit.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import sys
 from typing import Any
 
 __all__ = ["flush_timeout", "given_seconds", "shown"]
 
 log = logging.getLogger("primeruns")
 
-# The largest int float() takes (past it, OverflowError).
-_FLOAT_MAX = int(sys.float_info.max)
 _FIX = "pass a non-negative number of seconds (not NaN nor an infinity)"
 
 
@@ -37,14 +40,9 @@ def given_seconds(call: str, field: str, given: Any, default: float) -> float:
     warning naming ``call``'s ``field`` and the fix. ``None``: ``default``."""
     if given is None:
         return default
-    if isinstance(given, float) and 0 <= given < math.inf:
-        return given
-    if isinstance(given, int) and not isinstance(given, bool) and 0 <= given <= _FLOAT_MAX:
-        return float(given)
-    try:
-        seconds = float(given)
-    except Exception:  # not a number (a __float__ of its own may raise anything): the default
-        seconds = default
+    seconds = _seconds(given)
+    if 0 <= seconds < math.inf and _is_number(given):  # (NaN is neither)
+        return seconds
     if not math.isfinite(seconds):
         seconds = default
     seconds = max(0.0, seconds)
@@ -61,12 +59,34 @@ def flush_timeout(given: Any, default: float) -> float | None:
     as ``given_seconds``."""
     if given is None:
         return None
-    if isinstance(given, float | int) and not isinstance(given, bool):
-        if given == math.inf:
+    if _is_number(given):
+        seconds = _seconds(given)
+        if seconds == math.inf:
             return None
-        if given < 0:  # (-inf included; NaN is not below 0)
+        if seconds < 0:  # (-inf included; NaN is not below 0)
             return 0.0
     return given_seconds("flush", "timeout", given, default)
+
+
+def _is_number(given: Any) -> bool:
+    """Whether ``given`` is read as a number, silently: not text (the vendor's
+    reading, said) nor a bool (``timeout=True`` is a slip, said)."""
+    return not isinstance(given, str | bytes | bytearray | bool)
+
+
+def _seconds(given: Any) -> float:
+    """``float(given)``: an int (or a Fraction) past a float's range as an
+    infinity of its sign, where ``float()`` raises OverflowError; NaN where
+    it is not a number (a ``__float__`` of its own may raise anything)."""
+    try:
+        return float(given)
+    except OverflowError:
+        try:
+            return math.inf if given > 0 else -math.inf
+        except Exception:
+            return math.nan
+    except Exception:
+        return math.nan
 
 
 def shown(value: Any) -> str:
