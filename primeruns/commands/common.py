@@ -36,6 +36,7 @@ __all__ = [
     "resolve_run",
     "runs_dir_of",
     "seconds_arg",
+    "timeout_arg",
 ]
 
 EXIT_OK = 0
@@ -109,15 +110,34 @@ def seconds_arg(text: str) -> float:
     alone took "nan" and "inf": ``sync --watch --interval nan`` synced in a
     loop that never slept (a wait of NaN is none), an infinite one raised
     OverflowError out of the wait."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
+    value = _float(text)
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a number of seconds; use a finite number of at least 0"
         )
     return value
+
+
+def timeout_arg(text: str) -> float:
+    """An argparse type: a timeout, a finite number of seconds above 0. A
+    timeout of 0 was taken, and could do nothing: ``sync`` or ``replay
+    --timeout 0`` registered a run and shipped none of it (exit 1), ``doctor
+    --timeout 0`` found a platform that answers unreachable (its connect
+    given no time)."""
+    value = _float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a timeout; use a finite number of seconds above 0"
+        )
+    return value
+
+
+def _float(text: str) -> float:
+    """``text``'s number, NaN where it is none."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
 
 
 def add_json(parser: argparse.ArgumentParser, what: str) -> None:

@@ -41,7 +41,7 @@ from ..settings import (
     resolve_sdk_settings,
     resolve_settings,
 )
-from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, runs_dir_of, seconds_arg
+from .common import EXIT_FAILED, EXIT_OK, add_json, add_runs_dir, runs_dir_of, timeout_arg
 from .console import emit_json, human_bytes, inert, make_console
 
 __all__ = ["add_parser"]
@@ -293,7 +293,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     parser.add_argument("--base-url", help="check this platform instead of the configured one")
     parser.add_argument(
         "--timeout",
-        type=seconds_arg,
+        type=timeout_arg,
         default=3.0,
         metavar="S",
         help="HTTP timeout (default 3 s)",

@@ -57,6 +57,7 @@ from .common import (
     resolve_run,
     runs_dir_of,
     seconds_arg,
+    timeout_arg,
 )
 from .console import emit_json, human_bytes, inert, inert_text, make_console
 from .progress import ShipProgress
@@ -854,7 +855,7 @@ def _common_args(parser: argparse.ArgumentParser) -> None:
     add_json(parser, "a JSON array of what was done to each run")
     parser.add_argument(
         "--timeout",
-        type=seconds_arg,
+        type=timeout_arg,
         default=3600.0,
         metavar="S",
         help="give up shipping a run after S seconds (default 3600)",
