@@ -161,6 +161,34 @@ def test_a_summary_that_is_missing_or_mangled_is_read_again_from_the_journal(
     assert _shown(runs) == truth
 
 
+def test_a_summary_holding_an_integer_past_64_bits_is_read_again_from_the_journal(
+    tmp_path: Path, kept_as: str
+) -> None:
+    """orjson reads an integer past 64 bits as a float, and ``int()`` took it
+    back as another number: a summary's tally planted as 2**64 + 1 was
+    listed as 2**64 episodes. Such a summary is damaged, wherever it is
+    kept (its file, the index's copy of it, the index's listing row): the
+    journal is read instead, and nothing raises into the listing."""
+    runs = tmp_path / "runs"
+    _journal(runs, "run", 3)
+    truth = _shown(runs)
+    rows_truth = _shown(runs, rows=True)
+    episodes = str(int(EntryKind.EPISODE))
+    kept, index = runs / FOLDER / "run.json", runs / FOLDER / INDEX_NAME
+    for past in [2**64, 2**64 + 1, -(2**63) - 1, 10**400]:
+        good = json.loads(kept.read_bytes())
+        good["fields"]["after"]["0"][episodes] = past
+        kept.write_bytes(json.dumps(good).encode())
+        if index.exists():
+            held = json.loads(index.read_bytes())
+            held["entries"]["run"][1] = json.dumps(good)
+            held["rows"]["run"]["after"]["0"][episodes] = past
+            index.write_bytes(json.dumps(held).encode())
+        assert _shown(runs) == truth, past
+        assert _shown(runs, rows=True) == rows_truth, past
+    assert kept_as != "one index of them all" or index.exists()
+
+
 _LISTING = """
 import json, sys
 from pathlib import Path
