@@ -290,8 +290,13 @@ def test_the_process_a_blip_refused_is_told_a_requeue_does_not_ship_it_and_a_rep
     argv = [sys.executable, "-c", _RANK, str(tmp_path / "runs"), lp.url, _KEY, name]
     first = _blip(lp, argv, env, name)
     assert "a requeue ships its own records, not these" in first["errors"], first["errors"]
+    # The window starts at the requeue's first look at it, however long its
+    # start took: refused then, it waits the window out (as in the test above).
+    env[_WINDOW_FROM] = str(tmp_path / "window-started")
     requeue = subprocess.run([*argv, "1", "train-on", TEAM, str(_STEPS)], **_CAPTURE, env=env)
     assert requeue.returncode == 0, requeue.stderr[-2000:]
+    assert (tmp_path / "window-started").exists()
+    assert "tries one more create at" in requeue.stderr, requeue.stderr[-2000:]  # refused
     journal = Path(first["journal"])
     assert journal.name in requeue.stderr and "primeruns replay" in requeue.stderr
     said = dict(line.split(" ", 1) for line in requeue.stdout.splitlines() if " " in line)
