@@ -118,6 +118,47 @@ def at_once(argvs: list[list[str]], env: dict[str, str], timeout: float) -> list
         subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         for argv in argvs
     ]
+    return _said(started, timeout)
+
+
+#: Set in the environment of processes started by ``together``.
+TOGETHER = "PRIMERUNS_TEST_TOGETHER"
+
+
+def together(argvs: list[list[str]], env: dict[str, str], timeout: float) -> list[dict[str, str]]:
+    """As ``at_once``, for processes that, with ``TOGETHER`` set, print
+    ``ready`` once started (the interpreter up, what they import imported)
+    and then wait for a line on stdin: all are told to go once all are
+    ready, so their work begins at one moment however long each took to
+    start (several seconds each, one after another, on a loaded host)."""
+    started = [
+        subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**env, TOGETHER: "1"},
+        )
+        for argv in argvs
+    ]
+    for proc in started:
+        assert proc.stdout is not None
+        if proc.stdout.readline() != "ready\n":  # it ended (or said something else) first
+            for each in started:
+                each.kill()
+            errors = [each.communicate(timeout=timeout)[1] for each in started]
+            raise AssertionError(f"not ready: {errors[started.index(proc)][-2000:]}")
+    for proc in started:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    return _said(started, timeout)
+
+
+def _said(started: list[subprocess.Popen[str]], timeout: float) -> list[dict[str, str]]:
+    """Wait for each of ``started`` to exit 0: what each printed, its lines
+    ``<word> <rest>`` as a mapping."""
     said: list[dict[str, str]] = []
     for proc in started:
         stdout, stderr = proc.communicate(timeout=timeout)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from fork_oracle import TEAM
 from rel_helpers import bound_run_id, isolated_env, journal_records
-from rel_run_key import at_once
+from rel_run_key import TOGETHER, at_once, together
 from sdk_helpers import platform_metric_steps
 
 from primeruns.journal import EntryKind
@@ -41,17 +41,23 @@ _CREATE = "/api/v1/rft/external-runs"
 # unanswered never ships), or goes on until shipped or its uplink gave up
 # ("train-on"), then finishes; prints its journal and the
 # failures its run recorded. (A run whose creates go unanswered never
-# ships: a short bound on its finish.)
-_RANK = """
+# ships: a short bound on its finish.) Started by ``together``, it says it
+# is ready once the SDK is loaded, and opens its run when told to go.
+_RANK = f"""
+import os
 import subprocess
 import sys
 import primeruns as pr
 runs, url, key, name, rank, flush, team, steps = sys.argv[1:9]
-run = pr.init(kind="train", name=name, model="m", team_id=team, run_key=name,
-              training=pr.TrainingSpec(max_steps=3, batch_size=1),
-              api_key=key, base_url=url, runs_dir=runs)
+init, training = pr.init, pr.TrainingSpec  # (loaded on first use)
+if os.environ.get({TOGETHER!r}):
+    print("ready", flush=True)
+    sys.stdin.readline()
+run = init(kind="train", name=name, model="m", team_id=team, run_key=name,
+           training=training(max_steps=3, batch_size=1),
+           api_key=key, base_url=url, runs_dir=runs)
 for step in range(int(steps)):
-    run.log_metrics({"loss": 1.0, "rank": int(rank)}, step=100 * int(rank) + step)
+    run.log_metrics({{"loss": 1.0, "rank": int(rank)}}, step=100 * int(rank) + step)
 if flush == "flush":
     assert run.flush(timeout=60)
 if flush == "train-on":
@@ -328,7 +334,9 @@ def test_ranks_of_a_key_behind_a_gateway_broken_throughout_make_at_most_twice_it
     argvs = [[*argv, str(rank), "train-on", TEAM, str(_STEPS)] for rank in range(_RANKS)]
     lp.set_faults(ambiguous_rate=1.0, routes=[_CREATE])
     try:
-        ranks = at_once(argvs, env, 240)
+        # Their runs opened at one moment, however long each interpreter
+        # took to start: the ranks of one job, all within the key's window.
+        ranks = together(argvs, env, 240)
     finally:
         lp.set_faults(ambiguous_rate=0.0, routes=[])
     made = _made(lp, name)
