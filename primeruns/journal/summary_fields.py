@@ -130,13 +130,22 @@ def info_from(
 
 
 def _counter(counts: dict[str, Any]) -> Counter[int]:
-    """A summary's counts of one cursor (``{"kind": n}``) as a Counter;
-    TypeError or ValueError for anything else. Filled as a dict: a listing
-    makes thousands, and ``Counter(mapping)`` goes through ``update``'s
-    checks in Python (a tenth of a listing's reading of its summaries)."""
+    """A summary's counts of one cursor (``{"kind": n}``, each ``n`` a
+    count: ``as_count``) as a Counter; TypeError or ValueError for anything
+    else (``int(n)`` took 2.5 as 2, "7" as 7 and -5 as it is, each listed
+    as a tally). Filled as a dict: a listing makes thousands, and
+    ``Counter(mapping)`` goes through ``update``'s checks in Python (a tenth
+    of a listing's reading of its summaries)."""
     made: Counter[int] = Counter()
-    dict.update(made, {int(kind): int(n) for kind, n in counts.items()})
+    dict.update(made, {int(kind): _count(n) for kind, n in counts.items()})
     return made
+
+
+def _count(value: Any) -> int:
+    """``value`` if it is a count (``as_count``); ValueError otherwise."""
+    if type(value) is not int or value < 0:
+        raise ValueError(f"not a count: {value!r}")
+    return value
 
 
 #: Meta values up to this size (encoded) are not sized in a summary: a

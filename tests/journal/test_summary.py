@@ -138,6 +138,11 @@ def test_a_summary_that_is_missing_or_mangled_is_read_again_from_the_journal(
         json.dumps({**good, "v": 999}).encode(),
         json.dumps({**good, "fields": {**good["fields"], "last_seq": "many"}}).encode(),
         json.dumps({**good, "fields": {**good["fields"], "after": {"0": {"x": 1}}}}).encode(),
+        # Tallies that are no count: int() took 2.5 as 2, "7" as 7, -5 as it is.
+        *(
+            json.dumps({**good, "fields": {**good["fields"], "after": {"0": {"2": n}}}}).encode()
+            for n in (2.5, "7", -5)
+        ),
         json.dumps(
             {**good, "fields": {**good["fields"], "losses": {"traces": {"count": "many"}}}}
         ).encode(),
