@@ -29,8 +29,8 @@ place has new inodes, so nothing kept of another journal is ever taken for
 it; summaries live outside the journals' folders, so a copy brings none and
 copies are never written (``ship.mirror``). The folder is this user's and
 private (``trust``); a summary is read without following links, bounded in
-size, and anything unexpected in it (not JSON, an integer past 64 bits,
-another version, another stamp) makes it missing: the journal is then probed and read as before, and
+size, and anything unexpected in it (not JSON, another version, another
+stamp) makes it missing: the journal is then probed and read as before, and
 its summary written anew. Nothing in a summary says whether the owner lives:
 that is read from the lock file each time.
 """
@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import stat
 import tempfile
 import time
@@ -66,7 +65,6 @@ __all__ = [
     "Shelf",
     "files",
     "mark_walked",
-    "parse_json",
     "seen_now",
     "taken_now",
 ]
@@ -128,55 +126,11 @@ class Files:
         return txnid
 
 
-def parse_json(raw: bytes | str) -> Any:
-    """A summary's or the index's text (``summary_index``) as orjson reads
-    it; ValueError where it is not JSON, or holds an integer orjson cannot
-    (past 64 bits: below -2**63 or above 2**64 - 1).
-
-    orjson reads such an integer as a float (``2**64 + 1`` as
-    ``1.8446744073709552e+19``), which the checks for a count (an int)
-    do not all see: ``int()`` takes it back as another number (a planted
-    tally of ``2**64 + 1`` episodes was listed as ``2**64``). Such a text
-    is damaged or planted (a journal's counts and offsets are 64-bit, and
-    its meta is read as orjson reads it, ``jsonbound.loads``, so a summary
-    of it holds none): missing, the journal is read instead, as for a
-    NaN. Looked for without a second parse: a run of 20 digits, or of 19
-    after a minus sign (each of the stamps' nanosecond times is 19), is
-    rare; where one is found, the standard library's parser tells a
-    number from digits in a string."""
-    doc = orjson.loads(raw)
-    encoded = raw.encode() if isinstance(raw, str) else raw
-    digits = encoded.translate(_DIGITS)
-    if b"0" * 20 in digits or b"-" + b"0" * 19 in digits:
-        for found in _LONG_NUMBER.finditer(encoded):
-            number = found[0]
-            if len(number) > 21 or not -(1 << 63) <= int(number) < 1 << 64:
-                try:
-                    json.loads(encoded, parse_int=_int_within_64_bits)
-                except RecursionError:
-                    raise ValueError("nested too deep") from None
-                break
-    return doc
-
-
-#: Every byte to a space, but digits to "0" and a minus sign as it is: what
-#: ``parse_json`` looks for long runs of digits in.
-_DIGITS = bytes(48 if 48 <= b <= 57 else 45 if b == 45 else 32 for b in range(256))
-_LONG_NUMBER = re.compile(rb"-?[0-9]{19,}")
-
-
-def _int_within_64_bits(text: str) -> int:
-    """An integer of a JSON text, as orjson reads one; ValueError past that."""
-    if len(text) > 21 or not -(1 << 63) <= (number := int(text)) < 1 << 64:
-        raise ValueError(f"an integer past 64 bits: {text[:30]}")
-    return number
-
-
 def _fields_in(raw: bytes | str, stamp: Stamp) -> dict[str, Any] | None:
     """The fields of a summary's text, if it is a summary taken at ``stamp``."""
     try:
-        doc = parse_json(raw)
-    except ValueError:
+        doc = orjson.loads(raw)
+    except orjson.JSONDecodeError:
         return None
     if not isinstance(doc, dict) or doc.get("v") != _VERSION or doc.get("stamp") != stamp:
         return None
@@ -364,17 +318,10 @@ class Shelf:
         if len(encoded) > MAX_BYTES:
             return
         if self.texts is not None:
+            self.texts[name] = encoded.decode()
             # As the next listing reads it back (orjson: a NaN, which it
-            # refuses, leaves the summary, and its row, missing; its text is
-            # not kept in the index either, where an integer past 64 bits,
-            # from a damaged journal, had every listing parse the whole
-            # index twice: ``parse_json``).
-            fields_back = _fields_in(encoded, stamp)
-            if fields_back is None:
-                self.texts.pop(name, None)
-            else:
-                self.texts[name] = encoded.decode()
-            self._note(name, stamp, fields_back)
+            # refuses, leaves the summary, and its row, missing).
+            self._note(name, stamp, _fields_in(encoded, stamp))
         with contextlib.suppress(OSError):
             # Written whole under a temporary name, then renamed: a reader sees
             # the old summary or the new one, never a part.

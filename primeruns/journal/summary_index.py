@@ -46,7 +46,7 @@ from typing import Any
 
 import orjson
 
-from primeruns.journal.summary import Files, Stamp, parse_json
+from primeruns.journal.summary import Files, Stamp
 from primeruns.spec import SPEC_KEY, listed_spec
 
 __all__ = ["INDEX_NAME", "MAX_INDEX_BYTES", "ROW_META", "Index", "row_of", "stale_most"]
@@ -259,8 +259,8 @@ def _read(path: str) -> tuple[dict[str, list[Any]], dict[str, Any]]:
             or st.st_size > MAX_INDEX_BYTES
         ):
             return {}, {}
-        doc = parse_json(os.pread(fd, st.st_size, 0))
-    except (OSError, ValueError):  # (an integer past 64 bits included: ``parse_json``)
+        doc = orjson.loads(os.pread(fd, st.st_size, 0))
+    except (OSError, orjson.JSONDecodeError):
         return {}, {}
     finally:
         os.close(fd)
