@@ -28,7 +28,14 @@ from primeruns.exceptions import JournalError
 from primeruns.journal import summary
 from primeruns.journal.frames import EntryKind
 from primeruns.journal.layout import dumps
-from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
+from primeruns.journal.lock import (
+    LOCK_NAME,
+    OwnerInfo,
+    OwnerLock,
+    dead_for_good,
+    owner_alive,
+    read_owner,
+)
 from primeruns.journal.memo import Memo
 from primeruns.journal.meta import K_OVERSIZED, MAX_META_BYTES, MAX_META_VALUES
 from primeruns.journal.origin import boot_id
@@ -43,7 +50,7 @@ from primeruns.journal.summary_fields import (
     local_id_of,
     verified_in,
 )
-from primeruns.journal.summary_index import Index
+from primeruns.journal.summary_index import DeadOwner, Index, dead_owner_of
 from primeruns.journal.trust import check_dir, check_dir_as, why_unreadable
 from primeruns.journal.types import Damage, JournalInfo
 from primeruns.settings import default_runs_dir  # PRIME_RUNS_DIR, read there
@@ -146,13 +153,19 @@ def _tallies(
     return after
 
 
+#: A journal's owner as a listing found it: the one its lock file names, or
+#: that one's description when the runs directory's index vouches that it is
+#: dead for good (``summary_index.Index.dead_owner``), or None.
+_Owner = OwnerInfo | str | None
+
+
 @dataclass(frozen=True)
 class _Look:
     """A journal as seen before it is opened: its files, its owner, and the
     summary kept of it when that is of its files as they are (``summary``)."""
 
     files: summary.Files
-    owner: OwnerInfo | None
+    owner: _Owner
     kept: dict[str, Any] | None
     remembered: JournalInfo | None = None  # from the caller's memo
     row: bool = False  # ``kept`` is the index's listing row (``summary_index``)
@@ -172,7 +185,7 @@ class _Look:
 def _look(
     path: Path,
     shelf: Shelf | None,
-    owner: OwnerInfo | None,
+    owner: _Owner,
     memo: Memo | None = None,
     index: Index | None = None,
     *,
@@ -219,8 +232,12 @@ def _info(
     what is asked, else read from the journal (and kept in ``shelf``).
     ``written_here``: as ``Journal.open``'s."""
     look = look if look is not None else _look(path, shelf, read_owner(path))
-    owner = look.owner.describe() if look.owner else None
-    alive = owner_alive(look.owner, path)
+    owner: str | None
+    if isinstance(look.owner, str):  # dead for good, its lock file unchanged
+        owner, alive = look.owner, False
+    else:
+        owner = look.owner.describe() if look.owner else None
+        alive = owner_alive(look.owner, path)
     remembered = look.remembered
     if remembered is not None:
         if (
@@ -492,11 +509,12 @@ def list_journals(
     index = Index(shelf.folder) if whole and shelf.usable() else None
     rows = rows and not verify and meta_bounds is None and memo is None
     looks: dict[Path, _Look] = {}
+    dead: dict[str, DeadOwner] = {}  # the owners dead for good, for the index
     for p in found:
         if p in left_out or p in untrusted:
             continue
-        owner = read_owner(p)
-        if skip_live and owner_alive(owner, p):
+        owner = read_owner(p) if index is None else _owner(p, index, dead)
+        if skip_live and not isinstance(owner, str) and owner_alive(owner, p):
             left_out.add(p)
             continue
         looks[p] = _look(
@@ -527,7 +545,7 @@ def list_journals(
         and shelf.fields_read is not None
     ):
         stamped = {p.name: look.files for p, look in looks.items() if look.files.stamp is not None}
-        index.refresh(stamped, shelf.texts, shelf.fields_read)
+        index.refresh(stamped, shelf.texts, shelf.fields_read, dead)
     if memo is not None:
         memo.refill(
             (info.path, looks[info.path].files, info)
@@ -535,6 +553,29 @@ def list_journals(
             if info.path in looks and looks[info.path].files.stamp is not None and not info.damage
         )
     return listed
+
+
+def _owner(path: Path, index: Index, dead: dict[str, DeadOwner]) -> _Owner:
+    """The owner of the journal at ``path``: described, where ``index``
+    vouches that its lock file is as it was when a listing found that owner
+    dead for good; else read from the file (and put in ``dead`` if it is
+    dead for good, for the index: ``summary_index.dead_owner_of``)."""
+    taken = summary.taken_now()
+    try:
+        found = os.lstat(os.path.join(path, LOCK_NAME))
+    except OSError:
+        return None  # (as ``read_owner``)
+    kept = index.dead_owner(path.name, found)
+    if kept is not None:
+        dead[path.name] = kept
+        described: str = kept[-1]
+        return described
+    owner = read_owner(path, found)
+    if owner is not None and dead_for_good(owner):
+        entry = dead_owner_of(found, taken, owner.describe())
+        if entry is not None:
+            dead[path.name] = entry
+    return owner
 
 
 def made_before(name: str, since: str) -> bool:

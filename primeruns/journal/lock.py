@@ -58,6 +58,7 @@ __all__ = [
     "LOCK_NAME",
     "OwnerInfo",
     "OwnerLock",
+    "dead_for_good",
     "forks_wait",
     "lock_held",
     "owner_alive",
@@ -214,12 +215,14 @@ def _command_of(value: Any) -> str | None:
     return value if isinstance(value, str) and _COMMAND_NAME.fullmatch(value) else None
 
 
-def read_owner(directory: Path) -> OwnerInfo | None:
-    """The owner named in the lock file (informative; None if absent or unreadable)."""
+def read_owner(directory: Path, found: os.stat_result | None = None) -> OwnerInfo | None:
+    """The owner named in the lock file (informative; None if absent or
+    unreadable). ``found``: the file's ``lstat``, taken by the caller."""
     try:
         # os calls on a plain path: listings read the lock file of every journal.
         path = os.path.join(directory, LOCK_NAME)
-        found = os.lstat(path)
+        if found is None:
+            found = os.lstat(path)
         if stat.S_ISREG(found.st_mode) and found.st_size == 0:
             return None  # no owner named (a past run's, mostly): one call, not three
         fd = os.open(path, _READING)
@@ -301,6 +304,21 @@ def owner_alive(info: OwnerInfo | None, directory: Path | None = None) -> bool:
     if not info.producer_done and _pid_alive(info.pid, info.proc_start):
         return True
     return info.helper_pid is not None and _pid_alive(info.helper_pid, info.helper_start)
+
+
+def dead_for_good(info: OwnerInfo) -> bool:
+    """Whether ``info``'s owner is dead, judged by its pids with their start
+    times on this host and in this PID namespace: no later look finds it alive
+    while its lock file is as it was (within one boot, a pid and its start
+    time never name another process). Not one judged otherwise: another
+    host's (never judged), another namespace's (by its flock, which a process
+    may take without writing the file), or a pid named without its start
+    time (any process that takes that pid later is taken for it)."""
+    if info.host != this_host() or info.pid_ns not in (None, _pid_ns()):
+        return False
+    if info.proc_start is None or (info.helper_pid is not None and info.helper_start is None):
+        return False
+    return not owner_alive(info)
 
 
 def lock_held(directory: Path) -> bool:

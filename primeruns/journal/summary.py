@@ -32,7 +32,9 @@ private (``trust``); a summary is read without following links, bounded in
 size, and anything unexpected in it (not JSON, another version, another
 stamp) makes it missing: the journal is then probed and read as before, and
 its summary written anew. Nothing in a summary says whether the owner lives:
-that is read from the lock file each time.
+that is read from the lock file, or, for an owner found dead for good, from
+the runs directory's index while the lock file is unchanged
+(``summary_index``).
 """
 
 from __future__ import annotations

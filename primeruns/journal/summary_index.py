@@ -28,6 +28,14 @@ stale. A row is what its summary says, cut down: it is made from the
 summary as a listing reads it back, checked as a summary is, and used only
 at its own stamp; one that is not as written is missing.
 
+Beside them it keeps the owner each past journal's lock file names, where a
+listing found it dead by its pids (``lock.dead_for_good``), with the file's
+``lstat`` then and the boot: the uplink of an online run leaves its name in
+the file, and reading and judging 3,000 of them was a fifth of ``ls``. Such
+an owner is not read nor judged again while the file's ``lstat`` is as then
+(a write moves its change time; one settled then: ``summary.RACY_NS``) in
+the same boot; a live owner is never kept, so a running one is always read.
+
 It is rewritten whole (a temporary file renamed over the old) by a listing
 of the whole directory once more than a few of its entries are stale
 (``stale_most``), not at every listing that found one journal changed: a
@@ -46,10 +54,20 @@ from typing import Any
 
 import orjson
 
-from primeruns.journal.summary import Files, Stamp
+from primeruns.journal.origin import boot_id
+from primeruns.journal.summary import RACY_NS, Files, Stamp
 from primeruns.spec import SPEC_KEY, listed_spec
 
-__all__ = ["INDEX_NAME", "MAX_INDEX_BYTES", "ROW_META", "Index", "row_of", "stale_most"]
+__all__ = [
+    "INDEX_NAME",
+    "MAX_INDEX_BYTES",
+    "ROW_META",
+    "DeadOwner",
+    "Index",
+    "dead_owner_of",
+    "row_of",
+    "stale_most",
+]
 
 #: The index's name in the summaries folder (not ``*.json``: no journal's summary).
 INDEX_NAME = ".index"
@@ -120,6 +138,26 @@ def _listed_spec(spec: Any) -> Any:
     return {key: spec[key] for key in _SPEC_SHOWN if key in spec}
 
 
+#: A dead owner as the index keeps it: its lock file's device, inode, size,
+#: modification and change times (ns), the boot, and the owner described.
+DeadOwner = list[Any]
+
+
+def _lock_head(found: os.stat_result) -> list[int]:
+    return [found.st_dev, found.st_ino, found.st_size, found.st_mtime_ns, found.st_ctime_ns]
+
+
+def dead_owner_of(found: os.stat_result, taken: int, described: str) -> DeadOwner | None:
+    """The entry of an owner found dead for good (``lock.dead_for_good``),
+    described so, in a lock file whose ``lstat`` was ``found`` at ``taken``
+    (``time.time_ns()`` before it); None when the file changed too lately for
+    its ``lstat`` to show a write since, or there is no boot to name."""
+    boot = boot_id()
+    if boot is None or found.st_ctime_ns >= taken - RACY_NS:
+        return None
+    return [*_lock_head(found), boot, described]
+
+
 def stale_most(journals: int) -> int:
     """How many stale entries a listing of ``journals`` leaves in the index
     before writing it anew: each costs a summary file's read a listing, a
@@ -138,6 +176,7 @@ class Index:
         self._folder = folder
         self._entries: dict[str, list[Any]] | None = None
         self._rows: dict[str, Any] = {}
+        self._dead: dict[str, Any] = {}
         self._given: set[str] = set()  # the rows ``row`` gave this listing
 
     @property
@@ -149,8 +188,24 @@ class Index:
     def entries(self) -> dict[str, list[Any]]:
         """Per journal name: ``[files, summary text]`` as written (unchecked)."""
         if self._entries is None:
-            self._entries, self._rows = _read(self.path)
+            self._entries, self._rows, self._dead = _read(self.path)
         return self._entries
+
+    def dead_owner(self, name: str, found: os.stat_result) -> DeadOwner | None:
+        """The entry of the owner journal ``name``'s lock file named when a
+        listing found it dead for good, if the file's ``lstat`` is ``found``
+        as then, in this boot (then it names that owner, still dead)."""
+        self.entries  # noqa: B018 (read on first use)
+        kept = self._dead.get(name)
+        if (
+            type(kept) is not list
+            or len(kept) != 7
+            or type(kept[6]) is not str
+            or kept[:5] != _lock_head(found)
+            or kept[5] != boot_id()
+        ):
+            return None
+        return kept
 
     def row(self, name: str, stamp: Stamp | None) -> dict[str, Any] | None:
         """Journal ``name``'s listing row, if it was made at ``stamp`` (its
@@ -183,16 +238,20 @@ class Index:
         listed: dict[str, Files],
         texts: dict[str, str],
         fields_read: dict[str, tuple[Stamp, dict[str, Any]]],
+        dead: dict[str, DeadOwner],
     ) -> None:
         """After a listing of the whole directory: ``listed``, each journal
         that can be stamped and the ``Files`` it was found as; ``texts``, the
         summaries this listing read from files or wrote, by name, and
-        ``fields_read``, their stamps and fields (``Shelf.fields_read``). Written anew
-        when more than ``stale_most`` entries or rows are stale or missing."""
+        ``fields_read``, their stamps and fields (``Shelf.fields_read``);
+        ``dead``, the owners found dead for good (``dead_owner_of``) or so
+        kept still. Written anew when more than ``stale_most`` entries, rows
+        or dead owners are stale or missing."""
         entries = self.entries
         fresh: dict[str, list[Any]] = {}
         rows: dict[str, dict[str, Any]] = {}
         stale = sum(1 for name in entries if name not in listed)
+        stale += sum(1 for name, owner in dead.items() if self._dead.get(name) != owner)
         for name, found in listed.items():
             kept = self._row_at(name, found.stamp)
             seen = fields_read.get(name)  # its summary, read or written now (so an entry too)
@@ -217,10 +276,21 @@ class Index:
                 fresh[name] = [_files_json(found), text]
         if stale <= stale_most(len(listed)):
             return
-        self._write(fresh, rows)
+        self._write(fresh, rows, dead)
 
-    def _write(self, entries: dict[str, list[Any]], rows: dict[str, dict[str, Any]]) -> None:
-        doc = {"v": _VERSION, "entries": entries, "row_meta": _ROW_NAMES, "rows": rows}
+    def _write(
+        self,
+        entries: dict[str, list[Any]],
+        rows: dict[str, dict[str, Any]],
+        dead: dict[str, DeadOwner],
+    ) -> None:
+        doc = {
+            "v": _VERSION,
+            "entries": entries,
+            "row_meta": _ROW_NAMES,
+            "rows": rows,
+            "dead_owners": dead,
+        }
         try:
             encoded = orjson.dumps(doc)
         except (TypeError, ValueError):
@@ -237,20 +307,20 @@ class Index:
                 with contextlib.suppress(OSError):
                     os.unlink(temp)
                 raise
-        self._entries, self._rows = entries, rows
+        self._entries, self._rows, self._dead = entries, rows, dict(dead)
 
 
 _ROW_NAMES = sorted(ROW_META)
 
 
-def _read(path: str) -> tuple[dict[str, list[Any]], dict[str, Any]]:
-    """The index's entries, each ``[files, text]``, and its rows (unchecked:
-    ``Index.row``); empty when anything is odd, and no rows when they keep
-    other meta than ``ROW_META``."""
+def _read(path: str) -> tuple[dict[str, list[Any]], dict[str, Any], dict[str, Any]]:
+    """The index's entries, each ``[files, text]``, its rows and its dead
+    owners (unchecked: ``Index.row``, ``Index.dead_owner``); empty when
+    anything is odd, and no rows when they keep other meta than ``ROW_META``."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return {}, {}
+        return {}, {}, {}
     try:
         st = os.fstat(fd)
         if (
@@ -258,25 +328,32 @@ def _read(path: str) -> tuple[dict[str, list[Any]], dict[str, Any]]:
             or st.st_uid != os.geteuid()
             or st.st_size > MAX_INDEX_BYTES
         ):
-            return {}, {}
+            return {}, {}, {}
         doc = orjson.loads(os.pread(fd, st.st_size, 0))
     except (OSError, orjson.JSONDecodeError):
-        return {}, {}
+        return {}, {}, {}
     finally:
         os.close(fd)
     if not isinstance(doc, dict) or doc.get("v") != _VERSION:
-        return {}, {}
+        return {}, {}, {}
     entries = doc.get("entries")
     if not isinstance(entries, dict):
-        return {}, {}
+        return {}, {}, {}
     rows = doc.get("rows")
     if not isinstance(rows, dict) or doc.get("row_meta") != _ROW_NAMES:
         rows = {}  # (an earlier version's index has none)
-    return {
-        name: entry
-        for name, entry in entries.items()
-        if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str)
-    }, rows
+    dead = doc.get("dead_owners")
+    if not isinstance(dead, dict):
+        dead = {}  # (nor dead owners)
+    return (
+        {
+            name: entry
+            for name, entry in entries.items()
+            if isinstance(entry, list) and len(entry) == 2 and isinstance(entry[1], str)
+        },
+        rows,
+        dead,
+    )
 
 
 def _files_json(found: Files) -> list[Any]:

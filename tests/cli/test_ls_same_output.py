@@ -146,3 +146,68 @@ def test_ls_reads_listing_rows_and_prints_the_same_beside_a_stale_or_damaged_one
     assert again == first, _diff(first, again)
     # The damaged row's journal is read from its summary, not opened.
     assert changed.name in opened and damaged.name not in opened
+
+
+def test_ls_reads_no_lock_file_of_a_dead_owner_again_yet_sees_a_new_owner_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An online run's uplink leaves its name in the lock file, so ``ls`` of
+    3,000 past runs read and judged 3,000 dead owners (a fifth of it). The
+    index keeps each owner found dead by its pids, with its lock file's
+    ``lstat``: ``ls`` reads none of those files again, and lists the same;
+    a process that takes a journal over writes the file, and ``ls`` sees it
+    running at once."""
+    import json
+    import subprocess
+    import sys
+
+    import orjson
+
+    from primeruns.journal import lock, summary_index
+
+    # Lock files written an instant before count as settled (their change
+    # time cannot be set back two seconds).
+    monkeypatch.setattr(summary_index, "RACY_NS", 0, raising=False)
+    runs = point_at(monkeypatch, tmp_path, None)
+    first_run = named_offline_eval(runs, "first")
+    for i in range(stale_most(0) + 1):  # copies brought from elsewhere: enough for an index
+        shutil.copytree(first_run, runs / f"copy-{i:02d}", symlinks=True)
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], check=True,
+                           capture_output=True, text=True)  # fmt: skip
+    dead = {
+        "pid": int(ended.stdout),
+        "host": lock.this_host(),
+        "started": time.time(),
+        "proc_start": 1,
+        "pid_ns": lock._pid_ns(),
+    }
+    journals = sorted(p for p in runs.iterdir() if not p.name.startswith("."))
+    for path in journals:
+        (path / lock.LOCK_NAME).write_text(json.dumps(dead))
+    now = time.time()
+    monkeypatch.setattr(time, "time", lambda: now)
+    first = _listed(capsys, runs)  # every lock file read, the index written
+    read: list[str] = []
+    real_open = os.open
+
+    def recorded(path: object, *args: object, **kwargs: object) -> int:
+        read.append(os.fspath(path))  # type: ignore[call-overload]
+        return real_open(path, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "open", recorded)
+    again = _listed(capsys, runs)
+    assert again == first, _diff(first, again)
+    assert not [p for p in read if p.endswith(lock.LOCK_NAME)]
+    doc = orjson.loads((runs / FOLDER / INDEX_NAME).read_bytes())
+    assert set(doc["dead_owners"]) == {p.name for p in journals}
+    monkeypatch.setattr(os, "open", real_open)
+    # A takeover names its (live) process in the file.
+    taken = journals[-1]
+    me = os.getpid()
+    live = {**dead, "pid": me, "proc_start": lock._proc_start(me), "command": "replay"}
+    (taken / lock.LOCK_NAME).write_text(json.dumps(live))
+    code, out, _ = cli(capsys, "ls", "--json", "--runs-dir", str(runs))
+    assert code == 0
+    (row,) = [r for r in json.loads(out) if r["path"] == str(taken)]
+    assert row["outcome"] == "running", row
+    assert sum(r["outcome"] == "running" for r in json.loads(out)) == 1
