@@ -5,8 +5,10 @@ A test declares the routes it needs, each a handler that commits the request
 and answers as the platform would (``primeruns/local`` is the reference), and
 queues failures per route: the next answers of that route become an error
 response, ``LOST`` (the platform commits, then the connection drops before the
-answer: an ambiguous failure) or ``REFUSED`` (the request never reached it);
-``PASS`` lets one request through, so a fault can be aimed at a later one.
+answer: an ambiguous failure), ``REFUSED`` (the request never reached it) or
+``forwarded(answer)`` (the platform commits, and a proxy in front of it
+answers ``answer`` instead of the platform's); ``PASS`` lets one request
+through, so a fault can be aimed at a later one.
 No socket, no thread, no sleep: a test takes milliseconds.
 """
 
@@ -36,6 +38,7 @@ __all__ = [
     "entries_of",
     "error",
     "failed_attempt",
+    "forwarded",
 ]
 
 Handler = Callable[[httpx.Request, dict[str, str]], httpx.Response]
@@ -50,7 +53,20 @@ class _Drop(enum.Enum):
 LOST = _Drop.LOST
 REFUSED = _Drop.REFUSED
 PASS = _Drop.PASS
-Fault = httpx.Response | _Drop
+
+
+@dataclass(frozen=True)
+class _Forwarded:
+    answer: httpx.Response
+
+
+def forwarded(answer: httpx.Response) -> _Forwarded:
+    """A fault: the platform commits the request, and the client gets
+    ``answer`` (a proxy's, which had passed the request on)."""
+    return _Forwarded(answer)
+
+
+Fault = httpx.Response | _Drop | _Forwarded
 
 
 def error(status: int, message: str, *, code: str | None = None) -> httpx.Response:
@@ -106,6 +122,9 @@ class ScriptedPlatform:
         if fault is LOST:
             handler(request, params)
             raise httpx.RemoteProtocolError("peer closed the connection", request=request)
+        if isinstance(fault, _Forwarded):
+            handler(request, params)
+            return fault.answer
         assert isinstance(fault, httpx.Response)
         return fault
 

@@ -90,9 +90,10 @@ _BY_STATUS: dict[int, type[APIError]] = {
 # 429 and every 5xx but "not implemented" and "version not supported": a 500
 # is a server's bad moment (a restart, a proxy in front of it), not a verdict on
 # the request; treating it as fatal retired sinks for good on a multi-day run.
-# 408 too: the server gave up receiving the request (primeruns serve's
-# --body-timeout, a proxy's), so it never acted on it, and a request that
-# stalled once (a suspended process, a loaded host) goes whole the next time.
+# 408 too: whoever answered gave up receiving the request (primeruns serve's
+# --body-timeout, a proxy's), and a request that stalled once (a suspended
+# process, a loaded host) goes whole the next time. Resent as it is where a
+# resend is safe; a create treats it as ambiguous (``is_ambiguous``).
 _RETRYABLE = frozenset({408, 429} | set(range(500, 600)) - {501, 505})
 
 # Failures after the request may have reached the server: it may have acted.
@@ -246,13 +247,20 @@ def never_reached(exc: BaseException) -> bool:
 
 def is_ambiguous(exc: BaseException) -> bool:
     """True when the server may have acted on the request although it failed:
-    a 5xx (a server error can come after its commit), a 2xx that proves
-    nothing (``UnprovenAnswerError``), or a transport failure after the
-    request was sent."""
+    a 5xx (a server error can come after its commit), a 408, a 2xx that
+    proves nothing (``UnprovenAnswerError``), or a transport failure after
+    the request was sent.
+
+    A 408 says whoever answered did not receive the request whole, but the
+    SDK cannot tell who that was: a proxy in front of the platform may have
+    passed on what it had read (the contract counts a 503 ambiguous for the
+    same reason: an intermediary's, after forwarding), so the one request
+    a resend could double, a run's create, is not resent blindly after it.
+    """
     if isinstance(exc, UnprovenAnswerError):
         return True
     if isinstance(exc, RetryableAPIError):
-        return exc.status_code is not None and exc.status_code >= 500
+        return exc.status_code is not None and (exc.status_code >= 500 or exc.status_code == 408)
     if isinstance(exc, TransportError):
         # Set on the errors this SDK raises; one from elsewhere may have gone out.
         return bool(getattr(exc, "ambiguous", True))

@@ -77,10 +77,11 @@ K_CREATES_LOST = "creates_lost"
 def _answer_lost(exc: APIError) -> bool:
     """Whether a failed training create may have made the run (its answer
     lost): a transport failure after it was sent, a 2xx without the run's
-    id, or a gateway's timeout (504: forwarded, then not waited for)."""
+    id, a gateway's timeout (504: forwarded, then not waited for) or a 408
+    (a proxy's may come after it passed the request on)."""
     if isinstance(exc, TransportError | UnprovenAnswerError):
         return is_ambiguous(exc)
-    return isinstance(exc, RetryableAPIError) and exc.status_code == 504
+    return isinstance(exc, RetryableAPIError) and exc.status_code in (408, 504)
 
 
 class KeyCreatesSpent(UnprovenAnswerError):

@@ -28,6 +28,7 @@ from scripted_platform import (
     ScriptedPlatform,
     error,
     failed_attempt,
+    forwarded,
 )
 
 from primeruns.exceptions import (
@@ -281,6 +282,30 @@ def test_a_create_refused_with_a_5xx_is_looked_up_first_then_made_once(world: Wo
     bound = lifecycle.register()
     assert world.platform.calls == ["resolve", "create", "resolve", "list", "create"]
     assert [e["id"] for e in world.registry.evaluations] == [bound.run_id]
+
+
+#: A proxy's 408 to a create it had passed on to the platform, which made the run.
+_PROXY_408 = forwarded(error(408, "request not received in time"))
+
+
+def test_a_create_a_proxy_answered_408_is_looked_up_not_made_again(world: World) -> None:
+    lifecycle, raised = world.register_failing(_spec(), "create", _PROXY_408)
+    assert isinstance(raised, RetryableAPIError)  # not resent at once: it may have landed
+    [made] = world.registry.evaluations
+    bound = lifecycle.register()
+    assert world.platform.calls == ["resolve", "create", "resolve", "list"]
+    assert bound.run_id == made["id"] and len(world.registry.evaluations) == 1
+
+
+def test_a_training_create_a_proxy_answered_408_counts_as_a_lost_answer(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    lifecycle, raised = world.register_failing(_spec("train"), "create_run", _PROXY_408)
+    assert isinstance(raised, RetryableAPIError)  # not resent at once: it may have landed
+    assert len(world.registry.runs) == 1
+    with caplog.at_level(logging.WARNING, logger="primeruns.lifecycle"):
+        lifecycle.register()
+    assert "may remain" in caplog.text and "'rl-test'" in caplog.text
 
 
 def test_a_create_that_never_reached_the_platform_is_retried_at_once(world: World) -> None:
