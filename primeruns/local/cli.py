@@ -141,7 +141,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="seconds a connection has to send a request's whole head, from when it is "
         "accepted or answered: past it, closed (408 if part of one came) "
-        f"(default {ConnectionLimits.head_timeout:g})",
+        f"(at least 1; default {ConnectionLimits.head_timeout:g})",
     )
     parser.add_argument(
         "--body-timeout",
@@ -149,7 +149,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=ConnectionLimits.body_timeout,
         metavar="S",
         help="longest silence, in seconds, while a request's body is read: past it, 408 "
-        f"(default {ConnectionLimits.body_timeout:g}; an upload that keeps moving is never cut); "
+        f"(at least 1; default {ConnectionLimits.body_timeout:g}; an upload that keeps moving "
+        "is never cut); "
         "also the longest an answer waits on a client that reads none of it: then closed",
     )
     parser.add_argument(

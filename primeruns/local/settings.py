@@ -47,15 +47,22 @@ class ConnectionLimits:
     max_connections: int = 512
 
     def __post_init__(self) -> None:
-        # Each refused by its flag, with what was given and the default: one
-        # refusal naming all three left the user to find which. NaN or an
-        # infinity is no limit (a timer that never fires holds a connection).
-        for name in ("head_timeout", "body_timeout", "max_connections"):
+        # Each refused by its flag, with what was given, the floor and the
+        # default: one refusal naming all three left the user to find which.
+        # NaN or an infinity is no limit (a timer that never fires holds a
+        # connection), and a deadline under a second answers every client
+        # 408 (--head-timeout 1e-9 was taken).
+        for name, floor in _FLOORS.items():
             value = getattr(self, name)
-            if not (math.isfinite(value) and value > 0):
+            if not (math.isfinite(value) and value >= floor):
                 flag = "--" + name.replace("_", "-")
                 unit = "connections" if name == "max_connections" else "seconds"
                 raise ValueError(
-                    f"{flag} {value:g} is refused: give a finite number of {unit} "
-                    f"above 0 (default {getattr(ConnectionLimits, name):g})"
+                    f"{flag} {value:g} is refused: give a finite number of {unit}, "
+                    f"at least {floor:g} (default {getattr(ConnectionLimits, name):g})"
                 )
+
+
+#: The least each of ``ConnectionLimits`` may be: a second for a deadline (a
+#: client on a loaded host can take that to send a head), one connection.
+_FLOORS = {"head_timeout": 1.0, "body_timeout": 1.0, "max_connections": 1}

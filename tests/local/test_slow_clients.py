@@ -182,14 +182,17 @@ def test_a_connection_past_the_bound_is_answered_503_and_the_server_goes_on(
         ("--body-timeout", "nan"),
         ("--head-timeout", "inf"),
         ("--max-connections", "-3"),
+        ("--head-timeout", "0.001"),
+        ("--body-timeout", "0.5"),
     ],
 )
 def test_a_limit_that_bounds_nothing_is_refused_naming_its_flag_and_default(
     tmp_path: Path, flag: str, given: str
 ) -> None:
-    """A limit of 0, NaN or an infinity is refused at start (exit 2), the
-    message naming that flag alone, what was given, and its default: an
-    infinite deadline would hold a silent connection for ever."""
+    """A limit of 0, NaN, an infinity or a deadline under a second is refused
+    at start (exit 2), the message naming that flag alone, what was given, its
+    floor and its default: an infinite deadline would hold a silent connection
+    for ever, and a tiny one answers every client 408."""
     command = [sys.executable, "-m", "primeruns", "serve", "--port", "0"]
     command += ["--data", str(tmp_path / "data"), flag, given]
     try:
@@ -199,7 +202,7 @@ def test_a_limit_that_bounds_nothing_is_refused_naming_its_flag_and_default(
     assert done.returncode == 2, done.stderr
     said = done.stderr.strip().splitlines()[-1]
     assert f"{flag} {given} is refused" in said, said
-    assert "above 0 (default " in said, said
+    assert "at least 1 (default " in said, said
     others = {"--head-timeout", "--body-timeout", "--max-connections"} - {flag}
     assert not any(other in said for other in others), said
 
