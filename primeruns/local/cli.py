@@ -22,6 +22,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
+from . import descriptors
 from .settings import ConnectionLimits
 
 if TYPE_CHECKING:
@@ -158,8 +159,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=ConnectionLimits.max_connections,
         metavar="N",
-        help="connections open at once past which a new one is answered 503 "
-        f"(default {ConnectionLimits.max_connections})",
+        help="connections open at once past which a new one is answered 503 and closed "
+        f"(default {ConnectionLimits.max_connections}; lowered, and said at start, where "
+        "the limit on open files, ulimit -Hn, holds fewer)",
     )
 
 
@@ -210,24 +212,28 @@ def run_serve(args: argparse.Namespace) -> int:
         return 2
     try:
         limits = ConnectionLimits(args.head_timeout, args.body_timeout, args.max_connections)
+        # The soft limit on descriptors raised for the cap, or the cap lowered.
+        limits, lowered = descriptors.fit(limits)
     except ValueError as exc:
         print(f"primeruns serve: {exc}", file=sys.stderr)
         return 2
+    notes = [] if lowered is None else [lowered]
     if args.runs_dir is not None:
         from .dashboard import offline_app
 
         if not Path(args.runs_dir).is_dir():
             print(f"primeruns serve: no directory {args.runs_dir} (--runs-dir)", file=sys.stderr)
             return 2
-        return _serve(offline_app(Path(args.runs_dir)), args.host, args.port, key, limits)
+        app = offline_app(Path(args.runs_dir))
+        return _serve(app, args.host, args.port, key, limits, notes=notes)
     data = Path(args.data) if args.data is not None else Path(DEFAULT_DATA)
-    app = _platform_app(args, data, key)
-    if app is None:
+    platform_app = _platform_app(args, data, key)
+    if platform_app is None:
         return 2
     where = f"primeruns serve: storing what it is sent in {data.absolute()}"
     if args.data is None:
         where += " (the default; --data DIR stores it elsewhere)"
-    return _serve(app, args.host, args.port, key, limits, notes=[where])
+    return _serve(platform_app, args.host, args.port, key, limits, notes=[where, *notes])
 
 
 def _key_usable(key: str) -> bool:
@@ -325,6 +331,8 @@ def _serve(
     """Run ``app`` under uvicorn on ``host:port`` until SIGTERM/SIGINT, behind
     the guard, each connection held to ``limits``; ``notes`` are said after
     the listening line (which stays first: parents read the port from it)."""
+    import asyncio
+
     import uvicorn
 
     from .bare_answers import ServeH11Protocol
@@ -344,6 +352,7 @@ def _serve(
 
     class _Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            asyncio.get_running_loop().set_exception_handler(descriptors.AcceptErrors())
             await super().startup(sockets)
             print(f"primeruns serve: listening on http://{shown}:{port}", flush=True)
             for note in notes:
@@ -376,6 +385,7 @@ def _serve(
         # answers a bare 503 and bounds no slow client).
         http=ServeH11Protocol.with_limits(limits),
         h11_max_incomplete_event_size=HEAD_LIMIT,
+        backlog=descriptors.BACKLOG,  # (what is accepted at once: counted in its descriptors)
         ws="none",  # no route is a websocket: an upgrade is an ordinary request
         log_level="warning",
         access_log=False,

@@ -41,9 +41,9 @@ class ConnectionLimits:
     #: Seconds of silence while a request's body is being read, or while an
     #: answer waits on a client that reads none of it.
     body_timeout: float = 60.0
-    #: Connections open at once past which a new one is answered 503; under
-    #: the 1,024 descriptors a process is commonly allowed, with room for the
-    #: database's and the object store's.
+    #: Connections open at once past which a new one is answered 503; serve
+    #: raises its limit on open files for them and its own, or lowers this
+    #: where the hard limit holds fewer (``descriptors.fit``).
     max_connections: int = 512
 
     def __post_init__(self) -> None:

@@ -33,7 +33,11 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   held bytes to go out for ever), and the app told its client left.
 - a bound (:attr:`ConnectionLimits.max_connections`): a connection accepted
   while that many are open is answered 503 with ``Retry-After`` (the SDK
-  retries) to its request, its body read and dropped, and closed.
+  retries) and closed at once, before any of its request: waiting for its
+  head held its descriptor up to the head's deadline, and a thousand silent
+  ones within it used all the process had (``descriptors``). A client
+  whose request is still going out reads the 503 (httpx reads the answer
+  when its write is refused).
 
 One timer a connection, moved only when it fires early: a read records its
 time and nothing more, so an upload's many reads arm no timer each.
@@ -50,19 +54,15 @@ import termios
 from typing import ClassVar
 
 import h11
-from starlette.types import Receive, Scope, Send
 
 from .guard import SECURITY_HEADERS
 from .one_write import OneWriteH11Protocol
 from .settings import ConnectionLimits
 
-__all__ = ["BUSY_BODY", "LATE_BODY", "BoundedH11Protocol", "answer_head"]
+__all__ = ["BUSY_ANSWER", "BUSY_BODY", "LATE_BODY", "BoundedH11Protocol", "answer_head"]
 
 LATE_BODY = b'{"detail": "request not received in time"}'
 BUSY_BODY = b'{"detail": "too many connections: retry"}'
-#: Body bytes a connection past the bound may send before its 503 (a request
-#: of the SDK's, read whole, is answered cleanly; a larger one meets a reset).
-BUSY_READ = 1024 * 1024
 
 
 def answer_head(body: bytes, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
@@ -77,21 +77,13 @@ def answer_head(body: bytes, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, b
     ]
 
 
-async def _busy(scope: Scope, receive: Receive, send: Send) -> None:
-    """The app of a connection past the bound: 503, once its body is read.
+def _busy_answer() -> bytes:
+    """The 503 a connection past the bound is sent, whole, as it is accepted."""
+    head = b"".join(b"%s: %s\r\n" % pair for pair in answer_head(BUSY_BODY, (b"retry-after", b"1")))
+    return b"HTTP/1.1 503 Service Unavailable\r\n%s\r\n%s" % (head, BUSY_BODY)
 
-    Read (and dropped) first, up to :data:`BUSY_READ`: closed with a body
-    unread, the socket resets and a client still sending reads a reset
-    rather than the 503.
-    """
-    message = await receive()
-    read = len(message.get("body", b""))
-    while message["type"] == "http.request" and message.get("more_body") and read < BUSY_READ:
-        message = await receive()
-        read += len(message.get("body", b""))
-    headers = answer_head(BUSY_BODY, (b"retry-after", b"1"))
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": BUSY_BODY})
+
+BUSY_ANSWER = _busy_answer()
 
 
 class BoundedH11Protocol(OneWriteH11Protocol):
@@ -114,7 +106,9 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._last_read = self.loop.time()
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
-            self.app = _busy
+            self.transport.write(BUSY_ANSWER)
+            self.transport.close()  # (connection_lost, a turn later, uncounts it)
+            return
         self._watch()
 
     def connection_lost(self, exc: Exception | None) -> None:

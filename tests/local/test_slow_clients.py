@@ -12,6 +12,7 @@ on the honest client's side.
 from __future__ import annotations
 
 import json
+import selectors
 import socket
 import subprocess
 import sys
@@ -37,7 +38,9 @@ def _port(platform: LocalPlatform) -> int:
 
 def _until_closed(sock: socket.socket, *, trickle: bytes = b"") -> bytes:
     """What the server sends until it closes ``sock``, sending ``trickle`` a
-    byte at a time meanwhile (a client that never ends its request)."""
+    byte at a time meanwhile (a client that never ends its request). A reset
+    after its answer is a close too: the server closed with some of the
+    request unread (a connection past the bound is closed as it is accepted)."""
     sock.settimeout(0.2 if trickle else WAIT_S)
     deadline = time.monotonic() + WAIT_S
     received = b""
@@ -51,7 +54,7 @@ def _until_closed(sock: socket.socket, *, trickle: bytes = b"") -> bytes:
                 sent += 1
             continue
         except ConnectionResetError:
-            break
+            return received
         if not chunk:
             return received
         received += chunk
@@ -173,6 +176,107 @@ def test_a_connection_past_the_bound_is_answered_503_and_the_server_goes_on(
     deadline = time.monotonic() + WAIT_S
     while httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code != 200:
         assert time.monotonic() < deadline, "still refused once the connections closed"
+
+
+def test_a_connection_past_the_bound_is_answered_503_before_it_sends_anything(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """Answered and closed as it is accepted: one that sends nothing does not
+    hold a descriptor until the head's deadline (60 s here)."""
+    platform = make_local_platform(max_connections=1, head_timeout=60)
+    with _connect(platform), _connect(platform) as sock:
+        answer = _own_answer(_until_closed(sock), 503)
+    assert answer == {"detail": "too many connections: retry"}
+
+
+#: Run ``python -m primeruns.local ARGS`` with the limit on open files (soft
+#: and hard) given first.
+_WITH_FILES = (
+    "import resource, runpy, sys; files = int(sys.argv.pop(1)); "
+    "resource.setrlimit(resource.RLIMIT_NOFILE, (files, files)); "
+    "runpy.run_module('primeruns.local', run_name='__main__', alter_sys=True)"
+)
+
+
+def _serve_with_files(files: int, data: Path, *flags: str) -> tuple[subprocess.Popen[bytes], Path]:
+    """``serve`` allowed ``files`` descriptors, its output in a log beside ``data``."""
+    log = data.parent / "server.log"
+    with log.open("wb") as out:
+        command = [sys.executable, "-c", _WITH_FILES, str(files), "--port", "0"]
+        command += ["--data", str(data), *flags]
+        server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+    return server, log
+
+
+def _until_listening(server: subprocess.Popen[bytes], log: Path) -> int:
+    deadline = time.monotonic() + WAIT_S * 2
+    while time.monotonic() < deadline and server.poll() is None:
+        for line in log.read_text().splitlines():
+            if "listening on http://" in line:
+                return int(line.rsplit(":", 1)[1])
+        time.sleep(0.05)
+    raise AssertionError(f"serve did not start: {log.read_text()[-2000:]}")
+
+
+def _closed_after_503(socks: list[socket.socket], count: int) -> int:
+    """How many of ``socks`` the server answered 503 and closed, waiting for
+    ``count`` of them at most ``WAIT_S``."""
+    received = {sock: b"" for sock in socks}
+    closed = 0
+    with selectors.DefaultSelector() as selector:
+        for sock in socks:
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ)
+        deadline = time.monotonic() + WAIT_S
+        while closed < count and time.monotonic() < deadline:
+            for key, _ in selector.select(timeout=0.5):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                try:
+                    chunk = sock.recv(65536)
+                except ConnectionResetError:
+                    chunk = b""
+                if chunk:
+                    received[sock] += chunk
+                    continue
+                selector.unregister(sock)
+                _own_answer(received[sock], 503)
+                closed += 1
+    return closed
+
+
+def test_with_few_descriptors_the_bound_is_lowered_and_a_flood_is_let_go(
+    tmp_path: Path,
+) -> None:
+    """Allowed 700 descriptors, fewer than 512 connections and the server's
+    own need, serve lowers its bound to what fits and says so once; 1,000
+    connections opened at once, sending nothing, are all answered 503 and
+    closed but those within the bound, nothing is logged for them (asyncio
+    logged a traceback each time an accept ran out of descriptors), and a
+    connection within the bound is served."""
+    server, log = _serve_with_files(700, tmp_path / "data", "--head-timeout", "60")
+    try:
+        port = _until_listening(server, log)
+        with ExitStack() as stack:
+            socks = [
+                stack.enter_context(socket.create_connection(("127.0.0.1", port), timeout=WAIT_S))
+                for _ in range(1000)
+            ]
+            said = log.read_text()
+            assert said.count("--max-connections lowered from 512 to ") == 1, said
+            bound = int(said.split("--max-connections lowered from 512 to ")[1].split(":")[0])
+            assert 0 < bound < 512
+            assert _closed_after_503(socks[bound:], 1000 - bound) == 1000 - bound
+            socks[0].setblocking(True)
+            socks[0].sendall(
+                b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+            )
+            assert _until_closed(socks[0]).startswith(b"HTTP/1.1 200 ")
+        said = log.read_text()
+        assert "Traceback" not in said and "cannot accept" not in said, said[-2000:]
+    finally:
+        server.terminate()
+        server.wait(WAIT_S)
 
 
 @pytest.mark.parametrize(
