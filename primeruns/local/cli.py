@@ -150,8 +150,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=ConnectionLimits.body_timeout,
         metavar="S",
         help="longest silence, in seconds, while a request's body is read: past it, 408 "
-        f"(at least 1; default {ConnectionLimits.body_timeout:g}; an upload that keeps moving "
-        "is never cut); "
+        f"(at least 1; default {ConnectionLimits.body_timeout:g}); a body read for longer "
+        "must also average at least 1 KiB/s since its head; "
         "also the longest an answer waits on a client that reads none of it: then closed",
     )
     parser.add_argument(

@@ -22,6 +22,13 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   not reading (uvicorn pauses a body its app has not taken past 64 KiB) or
   while the client waits for a ``100 Continue`` it was not sent yet. Past it:
   408 if no answer has started, and the app is told the client left.
+- a body's least rate (:data:`MIN_BODY_RATE`, 1 KiB/s): once a body has been
+  read for longer than the body deadline, what came of it must average that
+  since its head (counted again from any time the server was not reading it),
+  or 408 as above. A body trickled a byte just within each silence held its
+  connection for hours; a client of this machine or a slow link sends
+  thousands of times faster, and one stopped a while (suspended, its host
+  loaded) catches up once it goes on.
 - the same silence while the client reads none of an answer: once the
   socket takes no more and the transport holds past its high-water mark
   (asyncio pauses the protocol's writes), the next answer waits for room
@@ -62,6 +69,9 @@ from .settings import ConnectionLimits
 __all__ = ["BUSY_ANSWER", "BUSY_BODY", "LATE_BODY", "BoundedH11Protocol", "answer_head"]
 
 LATE_BODY = b'{"detail": "request not received in time"}'
+#: Bytes a second a body must average once read for longer than the body
+#: deadline (a Parquet object of 5 MB within 85 minutes).
+MIN_BODY_RATE = 1024
 BUSY_BODY = b'{"detail": "too many connections: retry"}'
 
 
@@ -104,6 +114,9 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._stalled_at = 0.0
         self._unsent = 0
         self._last_read = self.loop.time()
+        self._received = 0  # (bytes, all told)
+        self._body_from: float | None = None  # when the body's rate is counted from
+        self._body_base = 0  # (what was received then)
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             self.transport.write(BUSY_ANSWER)
@@ -117,6 +130,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
+        self._received += len(data)
         super().data_received(data)
 
     def pause_writing(self) -> None:
@@ -180,6 +194,8 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         if self.flow.write_paused:  # on the client to read what was written
             return self._stalled_at + self.limits.body_timeout
         state = self.conn.their_state
+        if state is not h11.SEND_BODY:
+            self._body_from = None  # (the next body's rate is counted from its head)
         if state is h11.IDLE:
             if self._head_by is None:
                 self._head_by = self.loop.time() + self.limits.head_timeout
@@ -187,10 +203,19 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._head_by = None  # (a head arrived: the next one's time starts after its answer)
         if state is h11.SEND_BODY:
             cycle = self.cycle
-            if self.flow.read_paused or (cycle is not None and cycle.waiting_for_100_continue):
-                # Not the client's silence: the server is not reading.
-                self._last_read = self.loop.time()
-            return self._last_read + self.limits.body_timeout
+            now = self.loop.time()
+            if (
+                self._body_from is None
+                or self.flow.read_paused
+                or (cycle is not None and cycle.waiting_for_100_continue)
+            ):
+                # The body starts, or the server is not reading it: neither
+                # a silence of the client's nor time its rate is counted on.
+                self._last_read = now
+                self._body_from, self._body_base = now, self._received
+            body = self._received - self._body_base
+            at_rate = self._body_from + max(self.limits.body_timeout, body / MIN_BODY_RATE)
+            return min(self._last_read + self.limits.body_timeout, at_rate)
         return None
 
     def _watch(self) -> None:

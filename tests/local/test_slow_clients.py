@@ -133,8 +133,13 @@ def test_a_slow_body_that_keeps_moving_is_not_cut(
     test is about reads spread over longer than the deadline, not about how
     fast the host schedules it."""
     platform = make_local_platform(body_timeout=3, head_timeout=1)
-    body = json.dumps({"name": "slow", "environments": [{"id": "env"}], "tags": []}).encode()
-    pieces = [body[i : i + 4] for i in range(0, len(body), 4)]
+    # 4 KiB/s, four times the least rate a body must keep past the deadline.
+    pad = "x" * 16 * 1024
+    body = json.dumps(
+        {"name": "slow", "environments": [{"id": "env"}], "tags": [], "metadata": {"pad": pad}}
+    ).encode()
+    size = -(-len(body) // 16)
+    pieces = [body[i : i + size] for i in range(0, len(body), size)]
     with _connect(platform) as sock:
         sock.sendall(
             b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
@@ -147,6 +152,23 @@ def test_a_slow_body_that_keeps_moving_is_not_cut(
         assert time.monotonic() - started > 3, "the body took longer than the deadline"
         received = _until_closed(sock)
     assert received.startswith(b"HTTP/1.1 20"), received[:200]
+
+
+def test_a_body_trickled_within_each_silence_is_answered_408(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """A byte every fraction of the silence allowed never meets the silence;
+    past the body deadline, a body must average a least rate (1 KiB/s), and
+    a trickle is let go rather than holding its connection for hours."""
+    platform = make_local_platform(body_timeout=2)
+    with _connect(platform) as sock:
+        sock.sendall(
+            b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+        )
+        answer = _own_answer(_until_closed(sock, trickle=b'{"name": "' + b"x" * 1000), 408)
+    assert answer == {"detail": "request not received in time"}
+    assert "Traceback" not in platform.log_path.read_text()
 
 
 def _open(platform: LocalPlatform, stack: ExitStack, count: int) -> Iterator[socket.socket]:
