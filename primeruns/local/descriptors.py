@@ -3,12 +3,12 @@
 Each connection holds a descriptor, and a process's soft ``RLIMIT_NOFILE`` is
 often 1,024: about a thousand connections anyone on the machine opens used
 them all, then every accept failed (EMFILE, which asyncio logged with a
-traceback each time it tried again) and the server could no longer open its
-own files (SQLite's, the object store's). :func:`fit` raises the soft limit
-as far as ``--max-connections`` needs and the hard limit allows, and where
-the hard limit is too low lowers the cap to what fits, saying so once at
-start; :class:`AcceptErrors` says an accept that still runs out in one line,
-at most once a minute.
+traceback each time, up to a listen backlog's worth a second) and the
+server could no longer open its own files (SQLite's, the object store's).
+:func:`fit` raises the soft limit as far as ``--max-connections`` needs and
+the hard limit allows, and where the hard limit is too low lowers the cap
+to what fits, saying so once at start; :class:`AcceptErrors` says an accept
+that still runs out in one line, at most once a minute.
 """
 
 from __future__ import annotations
@@ -77,8 +77,10 @@ class AcceptErrors:
     descriptors (or memory) is said in one line, at most once a minute, and
     anything else goes to the loop's default handler as before.
 
-    asyncio stops accepting for a second and tries again; each try logged
-    ``socket.accept() out of system resource`` with a traceback.
+    asyncio logs ``socket.accept() out of system resource`` with a traceback
+    for each failed accept, and its accept loop goes on trying, up to the
+    listen backlog's count, before it stops accepting for a second and starts
+    again: 1,603 tracebacks, 3.2 MB of log, from 1,000 connections in a test.
     """
 
     #: Seconds between two lines saying accepts run out.
