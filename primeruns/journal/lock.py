@@ -427,6 +427,21 @@ def _after_fork_in_child() -> None:
     _HELD.clear()
 
 
+def _write_record(fd: int, record: dict[str, Any]) -> None:
+    """Write ``record`` as the lock file's content, so that a listing
+    reading the file meanwhile finds the record before or the one after,
+    never none (cut to nothing first, a live run's file read "no owner")
+    nor a cut one (a shorter record over a longer one, the end of the
+    longer after it: not JSON). It goes over the one before padded with
+    spaces to its length (JSON past its end may be blank), then the file
+    is cut to its own length."""
+    encoded = json.dumps(record).encode()
+    before = os.fstat(fd).st_size
+    os.pwrite(fd, encoded.ljust(before), 0)
+    if before > len(encoded):
+        os.ftruncate(fd, len(encoded))
+
+
 def _locked_descriptor(path: Path) -> int | None:
     """``path`` opened and flocked, exclusively; None: another process holds it."""
     # Never through a link: one planted here would be truncated (trust).
@@ -472,10 +487,8 @@ class OwnerLock:
         self.inherited = False  # the uplink's copy, from its producer
         self.owner = current_owner()
         if record:
-            data = json.dumps(self.owner.to_json()).encode()
             try:
-                os.ftruncate(fd, 0)
-                os.pwrite(fd, data, 0)
+                _write_record(fd, self.owner.to_json())
                 os.fchmod(fd, 0o600)
             except OSError:
                 # A full disk: the caller gives the directory up, so must we.
@@ -512,21 +525,16 @@ class OwnerLock:
         """Name process ``pid`` in the lock file as the uplink sharing the lock."""
         if self._fd is None:
             return
-        info = self.owner
-        data = {**info.to_json(), "helper_pid": pid, "helper_start": _proc_start(pid)}
-        encoded = json.dumps(data).encode()
+        data = {**self.owner.to_json(), "helper_pid": pid, "helper_start": _proc_start(pid)}
         with contextlib.suppress(OSError):
-            os.pwrite(self._fd, encoded, 0)
-            os.ftruncate(self._fd, len(encoded))
+            _write_record(self._fd, data)
 
     def _mark_producer_done(self, fd: int) -> None:
         info = read_owner(self.path.parent)
         if info is None or info.pid != self._pid:
             return
-        encoded = json.dumps({**info.to_json(), "producer_done": True}).encode()
         with contextlib.suppress(OSError):
-            os.pwrite(fd, encoded, 0)
-            os.ftruncate(fd, len(encoded))
+            _write_record(fd, {**info.to_json(), "producer_done": True})
 
     def forget_in_child(self) -> None:
         """In a forked child: close this process's copy of the descriptor,
