@@ -103,6 +103,8 @@ class OwnerInfo:
     pid_ns: int | None = None  # its PID namespace (``_pid_ns``): where its pids mean anything
 
     def describe(self) -> str:
+        if self.host == this_host() and _elsewhere(self):
+            return self._described_elsewhere()
         if self.helper_pid is not None and (
             self.producer_done or not _pid_alive(self.pid, self.proc_start)
         ):
@@ -110,6 +112,18 @@ class OwnerInfo:
         if self.command is not None:
             return f"`primeruns {self.command}` (pid {self.pid} on {self.host})"
         return f"pid {self.pid} on {self.host}"
+
+    def _described_elsewhere(self) -> str:
+        """An owner in another PID namespace of this host (a container's):
+        its pids are that namespace's, and here name another process or none,
+        which a user told "pid 1 on this host" would kill. Whether its
+        producer still runs cannot be asked here, so only a producer that
+        said it let go is told apart from its uplink."""
+        where = f"another PID namespace (a container) on {self.host}"
+        if self.helper_pid is not None and self.producer_done:
+            return f"an uplink in {where} (its pid there: {self.helper_pid}; not a pid here)"
+        who = f"`primeruns {self.command}`" if self.command is not None else "a process"
+        return f"{who} in {where} (its pid there: {self.pid}; not a pid here)"
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -192,6 +206,12 @@ def _pid_ns() -> int | None:
         except OSError:
             _own_pid_ns.append(None)
     return _own_pid_ns[0]
+
+
+def _elsewhere(info: OwnerInfo) -> bool:
+    """Whether the lock file names its owner in another PID namespace than
+    this process's (a file naming none, an older version's, is judged here)."""
+    return info.pid_ns is not None and info.pid_ns != _pid_ns()
 
 
 def _ns_of(value: Any) -> int | None:
@@ -299,7 +319,7 @@ def owner_alive(info: OwnerInfo | None, directory: Path | None = None) -> bool:
         return False
     if info.host != this_host():
         return True  # cannot tell from here: assume alive, the safe answer for deletion
-    if info.pid_ns is not None and info.pid_ns != _pid_ns():
+    if _elsewhere(info):
         return directory is None or lock_held(directory)  # one kernel: its flock shows
     if not info.producer_done and _pid_alive(info.pid, info.proc_start):
         return True

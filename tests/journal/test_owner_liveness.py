@@ -1,23 +1,38 @@
-"""What a listing reads of a journal's lock file while its owner writes it."""
+"""What a listing reads of a journal's lock file while its owner writes it,
+and how it names an owner in another PID namespace."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from primeruns.exceptions import JournalLockedError
 from primeruns.journal import EntryKind, Journal
 from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, read_owner
+
+_NS = os.stat("/proc/self/ns/pid").st_ino
 
 
 def _journal(runs: Path) -> Path:
     with Journal.create(runs) as journal:
         journal.append(EntryKind.METRICS, [b'{"step": 1}'])
         return journal.path
+
+
+def _start_ticks(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+
+
+def _naming(pid: int, **more: Any) -> dict[str, Any]:
+    """A lock file's record naming process ``pid`` of this host as it runs."""
+    record = {"pid": pid, "host": socket.gethostname(), "started": 0.0}
+    return {**record, "proc_start": _start_ticks(pid), "pid_ns": _NS, **more}
 
 
 def _every_state_read(
@@ -82,3 +97,31 @@ def test_an_uplink_named_again_with_a_shorter_record_is_never_read_cut(
         assert written == json.dumps(json.loads(written)).encode()  # no tail, no padding
     finally:
         lock.release()
+
+
+def test_an_owner_in_another_pid_namespace_is_never_described_by_a_pid_of_this_one(
+    tmp_path: Path,
+) -> None:
+    """Its pid (1, mostly) names another process here, or none: told "pid 1
+    on <this host>", a user killed the wrong process."""
+    host = socket.gethostname()
+    there = OwnerInfo(1, host, 0.0, 1, pid_ns=_NS + 1)
+    assert "another PID namespace" in there.describe()
+    assert f"pid 1 on {host}" not in there.describe()
+    uplink = OwnerInfo(1, host, 0.0, 1, helper_pid=7, producer_done=True, pid_ns=_NS + 1)
+    assert "another PID namespace" in uplink.describe()
+    assert "pid 7 on" not in uplink.describe() and "pid 1 on" not in uplink.describe()
+    # One of this namespace, or of a file naming none, is described by its pid as ever.
+    assert OwnerInfo(1, host, 0.0, 1, pid_ns=_NS).describe() == f"pid 1 on {host}"
+    assert OwnerInfo(1, host, 0.0, 1).describe() == f"pid 1 on {host}"
+
+    path = _journal(tmp_path / "runs")
+    held = OwnerLock(path)
+    try:
+        (path / LOCK_NAME).write_text(json.dumps({**_naming(1), "pid_ns": _NS + 1}))
+        with pytest.raises(JournalLockedError) as refused:
+            OwnerLock(path)
+        assert "another PID namespace" in str(refused.value)
+        assert f"pid 1 on {host}" not in str(refused.value)
+    finally:
+        held.release()
