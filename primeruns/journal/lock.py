@@ -306,21 +306,52 @@ def this_host() -> str:
 
 
 def owner_alive(info: OwnerInfo | None, directory: Path | None = None) -> bool:
-    """Whether the named owner still runs (for listings).
+    """Whether the named owner still writes the journal (for listings: ``ls``,
+    ``show``, ``gc``'s keep-or-delete, the dashboard, the crashed-run hint).
 
-    Told by its pid and start time, without touching the lock, except for an
-    owner in another PID namespace of this host (another container of a pod:
-    one host name, one disk, pids that mean nothing here, so a live writer
-    read "crashed"): the flock of the journal at ``directory``, held, says
-    it lives; unheld (a crashed container's journal, or a copy, whose flock
-    tells nothing), it does not. Without ``directory`` such an owner is
-    alive, as another host's: the safe answer for deletion."""
+    Another host's is alive: nothing here can tell, and it is the safe
+    answer for deletion. On this host, a process the file names in this PID
+    namespace that is gone (by pid and start time) is dead, and the lock is
+    not touched: a look at it, shared, makes a replay's or requeue's take
+    of a crashed journal, which never waits, fail for that instant. One
+    that runs may not be the writer (the file is anyone's to write: one
+    naming the user's shell read "running" for ever, and ``gc`` never
+    deleted the journal), and a pid of another namespace (another container
+    of a pod: one host name and disk) means nothing here; so where
+    ``directory`` is the journal's original (its ``origin.json``: this host,
+    this path), its flock decides (the kernel drops it with its last
+    holder, producer or uplink). A copy (rsynced to a login node, ``cp -a``)
+    holds no flock while its producer writes the original: its owner is
+    judged by pid and start time, or, named in another namespace, by the
+    original's flock where that is here (``Origin.producer_state``). Where
+    nothing can tell (no ``directory``, a flock that cannot be asked), the
+    answer is alive."""
     if info is None:
         return False
     if info.host != this_host():
         return True  # cannot tell from here: assume alive, the safe answer for deletion
-    if _elsewhere(info):
-        return directory is None or lock_held(directory)  # one kernel: its flock shows
+    elsewhere = _elsewhere(info)
+    if not elsewhere and not _named_alive(info):
+        return False
+    if directory is None:
+        return True
+    # Imported here: ``origin`` reads the lock, and is asked only of a
+    # journal whose named owner runs (a listing's few live ones).
+    from primeruns.journal.origin import Origin
+
+    origin = Origin.read_beside(directory)
+    if origin is not None and origin.is_original(directory):
+        return _held(directory) is not False
+    if not elsewhere:
+        return True  # a copy: its producer, by pid and start time, runs
+    if origin is None:  # an older version's journal: its own flock, as ever
+        return _held(directory) is not False
+    return origin.producer_state() != "dead"
+
+
+def _named_alive(info: OwnerInfo) -> bool:
+    """Whether a process the lock file names, producer or uplink, runs here
+    with the start time it gives."""
     if not info.producer_done and _pid_alive(info.pid, info.proc_start):
         return True
     return info.helper_pid is not None and _pid_alive(info.helper_pid, info.helper_start)
@@ -344,15 +375,23 @@ def dead_for_good(info: OwnerInfo) -> bool:
 def lock_held(directory: Path) -> bool:
     """Whether some process holds the owner lock of the journal at ``directory``
     (its producer or uplink): true across PID namespaces, where a pid is not."""
+    return _held(directory) is True
+
+
+def _held(directory: Path) -> bool | None:
+    """``lock_held``, or None where the flock cannot be asked (a lock file
+    this user may not open, a filesystem without locks): not a free lock."""
     with _REGISTRY:  # a child forked meanwhile would keep our shared lock
         try:
-            fd = os.open(directory / LOCK_NAME, _READING)
+            fd = os.open(os.path.join(directory, LOCK_NAME), _READING)
+        except FileNotFoundError:
+            return False  # no lock file: nobody's lock
         except OSError:
-            return False
+            return None
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError as exc:
-            return exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+            return True if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES) else None
         finally:
             os.close(fd)  # our own shared lock, if taken, ends with its descriptor
         return False

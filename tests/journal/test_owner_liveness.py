@@ -1,10 +1,14 @@
-"""What a listing reads of a journal's lock file while its owner writes it,
-and how it names an owner in another PID namespace."""
+"""Whether a journal's owner still writes it, as listings tell (``ls``,
+``show``, ``gc``, the dashboard): the lock file names the owner, but is
+anyone's to write, and a copy of a journal holds no flock; what a listing
+reads of that file while its owner writes it; and how it names an owner in
+another PID namespace."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 from collections.abc import Callable
 from pathlib import Path
@@ -13,8 +17,8 @@ from typing import Any
 import pytest
 
 from primeruns.exceptions import JournalLockedError
-from primeruns.journal import EntryKind, Journal
-from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, read_owner
+from primeruns.journal import EntryKind, Journal, list_journals
+from primeruns.journal.lock import LOCK_NAME, OwnerInfo, OwnerLock, owner_alive, read_owner
 
 _NS = os.stat("/proc/self/ns/pid").st_ino
 
@@ -33,6 +37,68 @@ def _naming(pid: int, **more: Any) -> dict[str, Any]:
     """A lock file's record naming process ``pid`` of this host as it runs."""
     record = {"pid": pid, "host": socket.gethostname(), "started": 0.0}
     return {**record, "proc_start": _start_ticks(pid), "pid_ns": _NS, **more}
+
+
+def test_a_lock_file_naming_a_live_process_that_is_not_the_writer_reads_dead(
+    tmp_path: Path,
+) -> None:
+    """A lock file planted (or left) naming a live process of this host
+    with its start time, the user's shell say, on a journal nobody holds:
+    before, ls and the dashboard said "running" for as long as that process
+    lived, gc kept the journal for good, and the crashed-run hint left it
+    out. Where the journal is its original, its flock says."""
+    runs = tmp_path / "runs"
+    path = _journal(runs)
+    (path / LOCK_NAME).write_text(json.dumps(_naming(os.getppid())))
+    assert owner_alive(read_owner(path), path) is False
+    (row,) = list_journals(runs)
+    assert row.owner_alive is False
+    assert [info.path for info in list_journals(runs, skip_live=True)] == [path]
+    # Its writer, holding the lock, is alive (the file names it).
+    with Journal.open(path, owner=True):
+        assert owner_alive(read_owner(path), path) is True
+        (row,) = list_journals(runs)
+        assert row.owner_alive is True
+
+
+def test_a_copy_of_a_live_journal_on_this_host_reads_alive_though_it_holds_no_flock(
+    tmp_path: Path,
+) -> None:
+    """A runs directory copied mid-run (rsync, ``cp -a``) to another path of
+    the same machine: the copy's flock is nobody's, yet its producer writes
+    the original on; read "crashed", a sync or a requeue closed it out."""
+    runs = tmp_path / "runs"
+    path = _journal(runs)
+    with Journal.open(path, owner=True):  # its producer, writing on
+        copy = tmp_path / "login" / path.name
+        shutil.copytree(path, copy)
+        assert owner_alive(read_owner(copy), copy) is True
+        (row,) = list_journals(copy.parent)
+        assert row.owner_alive is True
+
+
+def test_a_copy_of_a_journal_written_in_another_pid_namespace_reads_its_originals_flock(
+    tmp_path: Path,
+) -> None:
+    """A journal written in another container of this host (its lock file
+    names pid 1 of its PID namespace) copied to another path of the host:
+    the copy's own flock told "crashed" while the writer logged on; the
+    original's flock tells."""
+    runs = tmp_path / "runs"
+    path = _journal(runs)
+    container = json.dumps({**_naming(1), "pid_ns": _NS + 1})
+    copy = tmp_path / "login" / path.name
+    held = OwnerLock(path)  # that writer: one kernel, so one flock
+    try:
+        (path / LOCK_NAME).write_text(container)
+        shutil.copytree(path, copy)
+        assert owner_alive(read_owner(copy), copy) is True
+        (row,) = list_journals(copy.parent)
+        assert row.owner_alive is True
+    finally:
+        held.release()
+    assert read_owner(copy) is not None  # the copy's file names it still
+    assert owner_alive(read_owner(copy), copy) is False  # its writer gone
 
 
 def _every_state_read(
