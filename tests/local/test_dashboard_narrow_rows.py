@@ -235,3 +235,32 @@ def test_the_analysis_decodes_no_whole_record_of_a_verifiers_run(
     assert total == 12 and [r.reward for r in rows] == [float(i % 2) for i in range(12)]
     assert [r.task for r in rows] == [str(i) for i in range(12)]
     assert len(wholes) == 0  # jsonbound.loads read no episode whole
+
+
+def test_a_usual_verifiers_record_is_rowed_off_its_structs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # No error, plain numbers and texts: the row is read off msgspec's structs,
+    # neither made plain nor walked by record_row (a quarter of a row's cost).
+    record = {
+        "id": "e1",
+        "num_input_tokens": 120,
+        "num_output_tokens": 1362,
+        "errors": [],
+        "traces": [
+            {
+                "agent": {"name": "a", "trainable": True},
+                "rewards": {"correct": {"score": 1.0, "weight": 0.5}, "fmt": {"score": 2}},
+                "task": {"data": {"id": "gsm8k-0", "idx": 0, "prompt": "p"}},
+                "nodes": [{"message": {"role": "user", "content": "q…"}}],
+                "errors": [],
+            }
+        ],
+    }
+    payload = json.dumps(record, ensure_ascii=False).encode()
+    walked: list[int] = []
+    monkeypatch.setattr(
+        narrow_rows, "record_row", lambda i, r: walked.append(i) or record_row(i, r)
+    )
+    row = narrow_rows.narrow_row(3, payload)
+    assert row == record_row(3, json.loads(payload))
+    assert row is not None and (row.reward, row.task, row.sample_id) == (2.5, "gsm8k-0", "e1")
+    assert walked == []

@@ -32,7 +32,7 @@ from typing import Any
 
 from ...projection import trace_reward
 from ..traces_extract import as_list, as_object, number
-from .views import SampleRow
+from .views import SampleRow, sample_row_of
 
 #: The longest category kept (an error's first line can be anything).
 MAX_CATEGORY_CHARS = 80
@@ -155,13 +155,13 @@ def record_row(index: int, record: dict[str, Any]) -> SampleRow | None:
         last = {k: v for k, v in last.items() if v is not None}
     error = error_text(last) or error_text(_last(record.get("errors")))
     episode_id = record.get("id")
-    return SampleRow(
-        index=index,
-        sample_id=None if episode_id is None else str(episode_id),
-        reward=reward,
-        error=error,
-        task=None if label is None else str(label),
-        input_tokens=read,
-        output_tokens=written,
-        category=error_category(error),
+    return sample_row_of(
+        index,
+        None if episode_id is None else str(episode_id),
+        reward,
+        error,
+        None if label is None else str(label),
+        read,
+        written,
+        error_category(error),
     )
