@@ -116,10 +116,6 @@ class Analysis:
     categories: list[Category] = field(default_factory=list)
 
 
-def _finite(value: float | None) -> bool:
-    return value is not None and math.isfinite(value)
-
-
 def histogram(rewards: Sequence[float], bins: int = BINS) -> list[Bin]:
     """``bins`` equal bins from the lowest reward to the highest (one when all are equal)."""
     if not rewards:
@@ -158,34 +154,43 @@ def analyse(rows: Iterable[SampleRow]) -> Analysis:
     untasked = 0
     counted = read = written = most_written = 0
     categories: dict[str, list[Any]] = {}  # samples, the first's error
+    isfinite = math.isfinite
+    # Once per sample of the run (20,000 on a first visit): each row's fields
+    # read once, finiteness and ``SampleRow.tokens`` inline.
     for row in rows:
         samples += 1
-        scored = _finite(row.reward)
+        reward, error, task = row.reward, row.error, row.task
+        scored = reward is not None and isfinite(reward)
         if scored:
-            assert row.reward is not None
-            rewards.append(row.reward)
-        errors += row.error is not None
+            assert reward is not None
+            rewards.append(reward)
+        errors += error is not None
         if row.category is not None:
-            category = categories.setdefault(row.category, [0, row.error])
+            category = categories.setdefault(row.category, [0, error])
             category[0] += 1
-        tokens = row.tokens
-        if tokens is not None:
+        input_tokens, output_tokens = row.input_tokens, row.output_tokens
+        counts = input_tokens is not None or output_tokens is not None
+        tokens = (input_tokens or 0) + (output_tokens or 0)
+        if counts:
             counted += 1
-            read += row.input_tokens or 0
-            written += row.output_tokens or 0
-            most_written = max(most_written, row.output_tokens or 0)
-        if row.task is None:
+            read += input_tokens or 0
+            written += output_tokens or 0
+            if (output_tokens or 0) > most_written:
+                most_written = output_tokens or 0
+        if task is None:
             untasked += 1
             continue
-        tally = by_task.setdefault(row.task, [0, 0, 0, 0, 0])
+        tally = by_task.get(task)
+        if tally is None:
+            tally = by_task[task] = [0, 0, 0, 0, 0]
         tally[0] += 1
-        tally[3] += row.error is not None
-        tally[4] += tokens or 0
+        tally[3] += error is not None
+        tally[4] += tokens
         if scored:
-            assert row.reward is not None
+            assert reward is not None
             tally[1] += 1
-            tally[2] += row.reward > 0
-            sums[row.task] = sums.get(row.task, 0.0) + row.reward
+            tally[2] += reward > 0
+            sums[task] = sums.get(task, 0.0) + reward
     tasks = [
         TaskRow(task, n, scored, correct, sums[task] / scored if scored else None, errs, tokens)
         for task, (n, scored, correct, errs, tokens) in sorted(by_task.items())
