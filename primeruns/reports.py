@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from .exceptions import JournalCorruptError, JournalError
 from .journal import Damage, Entry, EntryKind, JournalInfo, journal_info, list_journals
 from .journal.by_kind import seqs_of
+from .journal.meta import unreadable
 from .journal.origin import Origin
 from .journal.types import K_SKIPPED, as_count, skipped_within
 from .models import CRASH_ERROR, RUN_KIND, RunKind
@@ -142,10 +143,17 @@ UNKNOWN_SINKS = "sinks unknown (spec damaged)"
 
 def spec_damaged(meta: Mapping[str, Any]) -> bool:
     """Whether the journal whose meta values are ``meta`` holds a spec that
-    cannot be read (damaged, or ``{}`` naming no kind): ``sync`` and
-    ``replay`` ship it only given the run's spec (``--spec FILE``). A
-    journal with no spec at all (one rebuilt after damage) is not one."""
-    return meta.get(SPEC_KEY) is not None and listed_spec(meta) is None
+    cannot be read (not JSON, of another shape, or ``{}`` naming no kind):
+    ``sync`` and ``replay`` ship it only given the run's spec (``--spec
+    FILE``). A journal with no spec at all (one rebuilt after damage) is not one."""
+    return _holds_spec(meta) and listed_spec(meta) is None
+
+
+def _holds_spec(meta: Mapping[str, Any]) -> bool:
+    """Whether the journal holds a spec, readable or not: one that is not
+    JSON is left out of a listing's meta and named unreadable there (read as
+    none, it was counted against an evaluation's sinks and said nothing)."""
+    return meta.get(SPEC_KEY) is not None or unreadable(meta, SPEC_KEY)
 
 
 @dataclass(frozen=True)
@@ -174,8 +182,7 @@ class RunStatus:
         """Its spec cannot be read (``spec_damaged``): shipped only with
         ``--spec FILE``. A copy's sync journal holds its own spec."""
         # (Its spec as read once, cached: a listing of thousands reads each.)
-        stored = self.info.meta.get(SPEC_KEY)
-        return self.synced is None and self.spec is None and stored is not None
+        return self.synced is None and self.spec is None and _holds_spec(self.info.meta)
 
     @property
     def kind(self) -> RunKind:

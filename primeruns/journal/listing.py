@@ -37,7 +37,7 @@ from primeruns.journal.lock import (
     read_owner,
 )
 from primeruns.journal.memo import Memo
-from primeruns.journal.meta import K_OVERSIZED, MAX_META_BYTES, MAX_META_VALUES
+from primeruns.journal.meta import K_OVERSIZED, K_UNREADABLE, MAX_META_BYTES, MAX_META_VALUES
 from primeruns.journal.origin import boot_id
 from primeruns.journal.probe import probe_many, unwalked, vouch
 from primeruns.journal.stamps import STAMP_LEN, STAMPED
@@ -366,8 +366,8 @@ def _read_meta(
     most, shape = meta_bounds
     raw = _AsRead(shape)
     shown = journal.all_meta(most, raw)
-    if raw.values is None or K_OVERSIZED in shown:
-        return shown, None
+    if raw.values is None or K_OVERSIZED in shown or K_UNREADABLE in shown:
+        return shown, None  # (the names ``all`` adds went through no ``shape``)
     return shown, dict(zip(shown, raw.values, strict=True))
 
 

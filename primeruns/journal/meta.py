@@ -35,6 +35,11 @@ K_OWNER = "journal.owner"
 K_CREATED = "journal.created_at"
 # Not stored: where ``all`` lists the values it left out for their size.
 K_OVERSIZED = "journal.oversized"
+# Not stored: where ``all`` lists the keys whose values it could not read (a
+# frame or JSON damaged): a spec so is a damaged spec, not none (``unreadable``).
+K_UNREADABLE = "journal.unreadable"
+# Keys only ``all`` makes: one a journal stores under them is passed over.
+_READERS_KEYS = frozenset({K_OVERSIZED, K_UNREADABLE})
 # A forked child's journal: its parent's local id, and path (``ship.family``).
 K_FORK_PARENT = "fork_parent"
 K_FORK_PARENT_PATH = "fork_parent_path"
@@ -53,6 +58,14 @@ UNLISTED_PREFIXES = ("carry.",)
 #: KB (the platform keeps at most 256 KiB of config text).
 MAX_META_BYTES = MAX_VALUE_BYTES
 MAX_META_VALUES = MAX_VALUES
+
+
+def unreadable(meta: Mapping[str, Any], key: str) -> bool:
+    """Whether ``key``'s value could not be read by the bounded ``Meta.all``
+    that read ``meta`` (a listing's): it is left out of ``meta``, as none is,
+    yet the journal holds one."""
+    names = meta.get(K_UNREADABLE)
+    return isinstance(names, list) and key in names
 
 
 class Meta:
@@ -74,7 +87,8 @@ class Meta:
         """Every readable meta value by key. Given ``max_value_bytes`` (a
         listing's read), those past it, or past what is left of the whole
         meta's bound, by declared size under ``K_OVERSIZED`` (neither
-        decompressed nor parsed), and the keys of ``UNLISTED_PREFIXES`` not
+        decompressed nor parsed), those that cannot be read by name under
+        ``K_UNREADABLE``, and the keys of ``UNLISTED_PREFIXES`` not
         at all. Without it, every value whole: the SDK
         reads back what it wrote (a copy's or a re-homed journal's spec and
         its config, which may be of any size)."""
@@ -82,12 +96,13 @@ class Meta:
             return self._all_whole(shape)
         out: dict[str, Any] = {}
         oversized: dict[str, int] = {}
+        unreadable: list[str] = []
         most = max_value_bytes
         bytes_left, values_left = MAX_META_BYTES, MAX_META_VALUES
         with self._tx.read() as txn:
             for key, value in txn.cursor(db=self._tx.dbs["meta"]):
                 name = bytes(key).decode(errors="replace")
-                if name.startswith(UNLISTED_PREFIXES):
+                if name.startswith(UNLISTED_PREFIXES) or name in _READERS_KEYS:
                     continue
                 try:
                     declared = peek_header(value).raw_len
@@ -102,13 +117,16 @@ class Meta:
                         oversized[name] = declared
                         continue
                     decoded = jsonbound.loads(text, declared, values_left)
-                except ValueError:  # a bad frame, which the full scan names; or bad JSON
+                except ValueError:  # a bad frame (the full scan names it too), or not JSON
+                    unreadable.append(name)
                     continue
                 bytes_left -= declared
                 values_left -= values
                 out[name] = decoded if shape is None else shape(decoded)
         if oversized:
             out[K_OVERSIZED] = oversized
+        if unreadable:
+            out[K_UNREADABLE] = unreadable
         return out
 
     def _all_whole(self, shape: Callable[[Any], Any] | None) -> dict[str, Any]:

@@ -54,6 +54,7 @@ from typing import Any
 
 import orjson
 
+from primeruns.journal.meta import K_UNREADABLE
 from primeruns.journal.origin import boot_id
 from primeruns.journal.summary import RACY_NS, Files, Stamp
 from primeruns.spec import SPEC_KEY, listed_spec
@@ -89,6 +90,7 @@ ROW_META = frozenset(
         "journal.local_id",
         "journal.origin",
         "journal.skipped",
+        K_UNREADABLE,
         "fork_parent",
         "role",
         "sync.source",

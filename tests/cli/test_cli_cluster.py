@@ -626,9 +626,13 @@ def test_a_copy_of_a_run_closed_online_is_synced_without_closing_the_run_again(
     assert _landed(lp, "eval", "all")() is not None
 
 
-@_DAMAGED_SPECS
+@pytest.mark.parametrize(
+    "damaged",
+    [b'{"kind": 7}', b"{}", b'{"kind": "train", "mo'],
+    ids=["not-a-spec", "no-kind", "not-json"],
+)
 def test_ls_of_a_journal_whose_spec_was_lost_names_no_sinks_and_says_how_to_ship_it(
-    damaged: dict[str, Any],
+    damaged: bytes,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -639,7 +643,10 @@ def test_ls_of_a_journal_whose_spec_was_lost_names_no_sinks_and_says_how_to_ship
     to the evaluation sample table (``eval_samples``), a sink the run never
     had, saying nothing of the spec, while ``sync`` and ``replay`` refuse it
     asking for ``--spec FILE``. Now it lists them pending to sinks unknown,
-    the spec damaged, and says under the table what ships it; gc keeps it."""
+    the spec damaged, and says under the table what ships it; gc keeps it.
+    A spec that is not JSON was left out of the listing's meta, as none is:
+    ``ls`` counted the records against an evaluation's sinks, saying nothing
+    of the spec."""
     lp = local_platform
     runs = point_at(monkeypatch, tmp_path, lp.url)
     run = pr.init(kind="train", model="m", team_id="team", mode="offline", runs_dir=runs)
@@ -648,7 +655,8 @@ def test_ls_of_a_journal_whose_spec_was_lost_names_no_sinks_and_says_how_to_ship
     run.finish()
     assert run.journal_path is not None
     with Journal.open(run.journal_path) as journal:
-        journal.set_meta(SPEC_KEY, damaged)
+        tx = journal._tx
+        tx.write(lambda txn: tx.put_meta_bytes(txn, SPEC_KEY, damaged))
     row = _listed(capsys, runs)[run.journal_path.name]
     assert "eval_samples" not in row["pending"] and "traces" not in row["pending"], row
     # Its 2 episodes and 1 metrics row, to whichever sinks the run has.
