@@ -38,6 +38,7 @@ from ..journal import Damage, Entry, EntryKind, Journal, journal_info
 from ..journal.listing import MAX_FINISH_BYTES
 from ..reports import (
     UNIT_LABELS,
+    UNKNOWN_SINKS,
     CurveFields,
     RunStatus,
     describe,
@@ -85,7 +86,13 @@ MAX_ROW_BYTES = 1 << 20
 
 
 def _sinks(status: RunStatus) -> list[dict[str, Any]]:
-    """Per sink: what it ships, how much of it is acknowledged, or why it is off."""
+    """Per sink: what it ships, how much of it is acknowledged, or why it is
+    off. None for a journal whose spec is damaged: which sinks the run has
+    is the spec's to say (read with the defaults, an evaluation's were
+    listed as the run's, each with its records pending); its ``pending``
+    says what is left, under ``reports.UNKNOWN_SINKS``, as ``ls`` does."""
+    if status.spec_damaged:
+        return []
     info = status.info
     logged = info.after.get(0)
     out = []
@@ -291,6 +298,8 @@ def _render(
         _field(console, "tags", ", ".join(spec.tags))
         _field(console, "config", dict(spec.config))
         _field(console, "platform", spec.base_url)
+    elif status.spec_damaged:
+        console.print(Text("  damaged: it cannot be read", style="yellow"))
 
     _section(console, "lifecycle")
     _field(console, "run id", status.platform.get("run_id") or "(not registered)")
@@ -313,6 +322,18 @@ def _render(
         if count:
             _field(console, name, str(count))
     _section(console, "sinks")
+    if status.spec_damaged:
+        left = status.pending.get(UNKNOWN_SINKS, 0)
+        line = Text(f"{left} records pending", style="yellow" if left else "green")
+        _field(console, UNKNOWN_SINKS, line)
+        if left or not status.finalized:  # (``ls`` says "spec damaged" alike)
+            console.print(
+                inert_text(
+                    f"  primeruns sync --spec FILE {info.local_id}, or replay --spec FILE "
+                    f"{info.local_id}, ships it with the run's spec: a JSON object of kind, "
+                    "name, model, environments, ..."
+                )
+            )
     for sink in doc["sinks"]:
         units = " and ".join(sink["ships"]) or "records"
         if sink["off"]:

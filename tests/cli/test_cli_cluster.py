@@ -631,7 +631,7 @@ def test_a_copy_of_a_run_closed_online_is_synced_without_closing_the_run_again(
     [b'{"kind": 7}', b"{}", b'{"kind": "train", "mo'],
     ids=["not-a-spec", "no-kind", "not-json"],
 )
-def test_ls_of_a_journal_whose_spec_was_lost_names_no_sinks_and_says_how_to_ship_it(
+def test_ls_and_show_of_a_journal_whose_spec_was_lost_name_no_sinks_and_say_how_to_ship_it(
     damaged: bytes,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
@@ -646,7 +646,8 @@ def test_ls_of_a_journal_whose_spec_was_lost_names_no_sinks_and_says_how_to_ship
     the spec damaged, and says under the table what ships it; gc keeps it.
     A spec that is not JSON was left out of the listing's meta, as none is:
     ``ls`` counted the records against an evaluation's sinks, saying nothing
-    of the spec."""
+    of the spec. ``show`` listed an evaluation's sinks, each with records
+    pending, for any damaged spec; it says the sinks are unknown, as ``ls``."""
     lp = local_platform
     runs = point_at(monkeypatch, tmp_path, lp.url)
     run = pr.init(kind="train", model="m", team_id="team", mode="offline", runs_dir=runs)
@@ -666,6 +667,15 @@ def test_ls_of_a_journal_whose_spec_was_lost_names_no_sinks_and_says_how_to_ship
     assert code == 0, err
     said = " ".join(out.split())
     assert "whose spec is damaged" in said and "--spec FILE" in said, out
+    code, out, err = cli(capsys, "show", str(run.journal_path), "--json")
+    shown = json.loads(out)
+    assert shown["sinks"] == [] and shown["spec_damaged"], shown
+    assert shown["pending"] == {"sinks unknown (spec damaged)": 3}, shown
+    code, out, err = cli(capsys, "show", str(run.journal_path))
+    said = " ".join(out.split())
+    assert "eval_samples" not in said, out
+    assert "sinks unknown (spec damaged) 3 records pending" in said, out
+    assert "--spec FILE" in said, out
     code, out, err = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "--json")
     assert code == 0, err
     assert [k["local_id"] for k in json.loads(out)["kept"]] == [run.journal_path.name], out
