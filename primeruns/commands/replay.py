@@ -125,6 +125,7 @@ def report_json(report: ShipReport, code: int) -> dict[str, Any]:
         "pending": report.pending,
         "closed_out": report.finalized,
         "left_open": report.left_open,
+        "shipped_before": report.shipped_before,
         "synced_through": str(report.via) if report.via else None,
         "losses": report.losses,
         "damage": [d.what for d in report.damaged],
@@ -166,6 +167,11 @@ def _report(
     if report.ok and registered_only:
         console.print(Text(f"  registered: {where}", style="green"))
         console.print(inert_text(f"  left open: {report.left_open}"))
+        return
+    if report.ok and report.shipped_before is not None:
+        line = Text("  done", style="green")
+        line.append(f": nothing sent: {inert(report.shipped_before)}: {where}")
+        console.print(line)
         return
     if report.ok:
         line = Text("  done", style="green")

@@ -103,6 +103,9 @@ class ShipReport:
     imported: Imported | None = None
     left_open: str | None = None
     """Why the run was shipped but not closed out (its producer may still write)."""
+    shipped_before: str | None = None
+    """Why nothing was sent: its sync journal, gone, shipped all it holds
+    into a run it closed, as its record says (``sync_records``)."""
 
     @property
     def ok(self) -> bool:
@@ -111,12 +114,21 @@ class ShipReport:
 
 
 class _Shipped(Exception):
-    """A journal whose pruned sync journal shipped everything it holds and
-    closed its run (``sync_records``): nothing to do."""
+    """A journal whose sync journal, gone (pruned by ``gc``, or deleted),
+    shipped everything it holds and closed its run, as its record says
+    (``sync_records``): nothing to do."""
 
-    def __init__(self, report: ShipReport) -> None:
+    def __init__(self, report: ShipReport, record: dict[str, Any], root: Path) -> None:
         super().__init__(report.local_id)
-        report.finalized, report.status = True, "already closed (its sync journal was pruned)"
+        if record.get("pruned"):
+            gone = "was pruned by primeruns gc once the run was closed"
+        else:
+            gone = f"({root / report.local_id}) is gone"
+        report.finalized = True
+        report.shipped_before = (
+            f"its sync journal {gone}, and its record says it shipped all this journal "
+            "holds and closed the run: nothing is sent again"
+        )
         self.report = report
 
 
@@ -396,7 +408,8 @@ def _import_copy(
         root, local_id, source.last_seq()
     ):
         record = sync_records.recorded(root, local_id) or {}
-        raise _Shipped(ShipReport(path=path, local_id=local_id, run_id=record.get("run_id")))
+        report = ShipReport(path=path, local_id=local_id, run_id=record.get("run_id"))
+        raise _Shipped(report, record, root)
     producer = origin.producer_state() if origin is not None else "unknown"
     _refuse_a_live_uplink(source, path, origin, producer, job_ended)
     journal, created = open_sync_journal(source, root)

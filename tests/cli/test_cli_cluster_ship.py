@@ -144,6 +144,33 @@ def test_gc_prunes_sync_journals_of_closed_runs_and_their_copies_never_ship_twic
     assert _landed(lp, kind, "all")() is not None and _status(lp) == "COMPLETED"
 
 
+def test_a_copy_synced_again_once_its_sync_journal_was_deleted_says_why_nothing_is_sent(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy synced to its end, its run closed; the user deletes its sync
+    journal by hand and syncs the copy again. Its record says the run was
+    closed with all of it shipped, so nothing is sent, but the sync said
+    "done: nothing was left to ship (0 bytes); run closed out as already
+    closed (its sync journal was pruned)": nothing pruned it, and nothing
+    was closed out. It says the sync journal is gone and nothing is sent."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "node-7")
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0 and _status(lp) == "COMPLETED", out + err
+    sync = default_sync_root() / copy.name
+    shutil.rmtree(sync)  # the user cleans up
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    said = " ".join(out.split())
+    assert f"nothing sent: its sync journal ({sync}) is gone" in said, out
+    assert "nothing is sent again" in said, out
+    assert "pruned" not in said and "0 bytes" not in said, out
+    assert _landed(lp, "eval", "all")() is not None
+
+
 def _held(lp: Any) -> dict[str, int]:
     """What the platform's one run holds, per sink, each record once."""
     [run] = lp.runs()
