@@ -352,17 +352,8 @@ def _remember(
     says nothing of it."""
     if journal.path.parent.absolute() != root.absolute() or report.run_id is None:
         return
-    source = journal.get_meta(K_SOURCE_PATH)
-    upto = source.get("imported_upto") if isinstance(source, dict) else None
     left = {} if shipped is None else {"left": dict(report.pending) if shipped else None}
-    sync_records.remember(
-        root,
-        journal.local_id,
-        run_id=report.run_id,
-        imported_upto=upto if isinstance(upto, int) else journal.last_seq(),
-        closed=report.finalized or bool(journal.get_meta("finalized")),
-        **left,
-    )
+    sync_records.remember_shipping(journal, report.run_id, **left)
 
 
 def _damaged_and_final(

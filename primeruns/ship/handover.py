@@ -35,7 +35,7 @@ from ..journal.origin import Origin
 from ..sinks.kinds import sink_kinds
 from ..spec import SPEC_KEY, listed_spec
 from . import sync_records
-from .copies import K_SOURCE_PATH, check_sync_root, note_copy
+from .copies import check_sync_root, note_copy
 from .mirror import import_new, open_sync_journal, snapshot, sync_root
 
 __all__ = [
@@ -138,21 +138,25 @@ def remember(journal: Journal, run_id: str) -> None:
     """Record beside the sync journals that ``journal``, one taken over,
     ships to platform run ``run_id``, before it ships anything
     (``sync_records``): deleted later, it is then never made again by a
-    ``sync`` of a copy, which would ship its records a second time."""
-    source = journal.get_meta(K_SOURCE_PATH)
-    upto = source.get("imported_upto") if isinstance(source, dict) else None
-    sync_records.remember(
-        journal.path.parent,
-        journal.local_id,
-        run_id=run_id,
-        imported_upto=upto if isinstance(upto, int) else journal.last_seq(),
-    )
+    ``sync`` of a copy, which would ship its records a second time. Until
+    ``remember_left`` says what it left, it is shipping (``left`` null): a
+    take-over cut short is never taken for all shipped."""
+    sync_records.remember_shipping(journal, run_id, left=None)
 
 
 def remember_left(journal: Journal, pending: dict[str, int]) -> None:
     """Record beside the sync journals what ``journal``, one taken over and
-    shipped, leaves to ship (``pending``, per sink), where it has a record
-    (it bound a run): a ``replay`` that left records there said so in it."""
+    shipped, leaves to ship (``pending``, per sink), and whether its run is
+    closed (``Uplink._close_adopted`` marks it so), where it has a record
+    (it bound a run): a ``replay`` that left records there said so in it.
+    Without ``closed``, one deleted by hand once it shipped everything was
+    not taken for shipped: a ``sync`` of its journal was refused, saying it
+    would ship the records twice."""
     root = journal.path.parent
     if sync_records.recorded(root, journal.local_id) is not None:
-        sync_records.remember(root, journal.local_id, left={k: v for k, v in pending.items() if v})
+        sync_records.remember(
+            root,
+            journal.local_id,
+            left={k: v for k, v in pending.items() if v},
+            closed=bool(journal.get_meta("finalized")),
+        )

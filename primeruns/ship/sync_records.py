@@ -10,8 +10,8 @@ record a second time.
 So each sync journal leaves a small record beside the sync journals
 (``<sync root>/.shipped/<local id>.json``): the platform run it ships to,
 how far into its journal it imported, whether the run is closed, and what
-it had left to ship when a ``sync`` or ``replay`` of it ended (``left``:
-records by sink; null while one ships it). A sync journal is made only
+it had left to ship when a ``sync``, ``replay`` or requeue's take-over of it
+ended (``left``: records by sink; null while one ships it). A sync journal is made only
 where no record is (:func:`refuse_if_shipped`); a copy that holds nothing
 beyond what a pruned sync journal shipped is nothing to sync
 (:func:`nothing_new`). A run closed with records left (a sink down at the
@@ -33,10 +33,13 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import JournalError
-from .copies import make_sync_root, read_record
+from .copies import K_SOURCE_PATH, make_sync_root, read_record
+
+if TYPE_CHECKING:
+    from ..journal import Journal
 
 __all__ = [
     "LeftUnshipped",
@@ -45,6 +48,7 @@ __all__ = [
     "recorded",
     "refuse_if_shipped",
     "remember",
+    "remember_shipping",
 ]
 
 _FOLDER = ".shipped"
@@ -84,6 +88,25 @@ def remember(root: Path, local_id: str, **fields: Any) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def remember_shipping(journal: Journal, run_id: str, **left: dict[str, int] | None) -> None:
+    """Record what the sync journal ``journal`` ships to platform run
+    ``run_id``: how far into its journal it imported, whether the run is
+    closed (its ``finalized``: a close-out's, not ``{}``), and, given
+    ``left``, what it leaves to ship (None: it ships now, and a cut short
+    leaves that unknown). ``sync``, ``replay`` and a take-over alike: a
+    record without ``closed`` is never taken for a run shipped and closed."""
+    source = journal.get_meta(K_SOURCE_PATH)
+    upto = source.get("imported_upto") if isinstance(source, dict) else None
+    remember(
+        journal.path.parent,
+        journal.local_id,
+        run_id=run_id,
+        imported_upto=upto if isinstance(upto, int) else journal.last_seq(),
+        closed=bool(journal.get_meta("finalized")),
+        **left,
+    )
 
 
 def refuse_if_shipped(root: Path, local_id: str) -> None:

@@ -381,18 +381,20 @@ def test_a_requeued_job_does_not_call_the_predecessor_it_shipped_unshipped(
     assert "had not shipped everything" not in stderr, stderr[-2000:]
 
 
-def test_a_deleted_sync_journal_a_requeued_job_shipped_through_is_refused_not_shipped_twice(
+def test_a_deleted_sync_journal_a_requeued_job_shipped_through_is_not_shipped_twice(
     local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The requeued job shipped its predecessor through a sync journal; the
-    user deletes that sync journal, then syncs a copy of the predecessor: it
-    is refused, as for a sync journal ``sync`` made, not shipped twice."""
+    """The requeued job shipped its predecessor through a sync journal and
+    closed the run; the user deletes that sync journal, then syncs a copy of
+    the predecessor: its record says all of it was shipped into the run it
+    closed, so nothing is sent again (the sync was refused while the
+    record did not say the run was closed), never shipped twice."""
     lp = local_platform
     run_id, journal = _requeued_by_run_id(lp, tmp_path, login)
     stored = lp.run(run_id)
     shutil.rmtree(default_sync_root() / journal.name)  # the user cleans up too much
     code, out, err = cli(capsys, "sync", "--job-ended", str(login / journal.name))
-    assert code != 0 and "would ship them twice" in out + err, out + err
+    assert code == 0 and "nothing is sent again" in out, out + err
     again = lp.run(run_id)
     assert again["traces"] == stored["traces"]
     assert sorted(o["step"] for o in again["parquet_objects"]) == [0, 10, 20], "shipped twice"

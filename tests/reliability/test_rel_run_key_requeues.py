@@ -187,6 +187,31 @@ def test_replay_all_after_a_requeue_closed_the_run_does_not_close_the_taken_over
     _landed_once(lp, run_id, logged + more, 40)
 
 
+def test_a_process_a_requeue_shipped_whole_syncs_as_shipped_once_its_sync_journal_is_gone(
+    own_platform: LocalPlatform, tmp_path: Path
+) -> None:
+    """A threads-mode process of the key is SIGKILLed with its records left;
+    the next takes it over, ships them and closes the run. The record its
+    take-over left never said the run was closed (``handover.remember``):
+    its sync journal deleted by hand, a ``sync`` of the killed journal was
+    refused, saying it would ship its records twice. The record says so
+    now: the sync sends nothing, and says why."""
+    lp = own_platform
+    runs = tmp_path / "runs"
+    home = tmp_path / "home"
+    env = isolated_env(tmp_path, {"PRIME_RUNS_UPLINK": "threads", "PRIME_TRACES_URL": lp.url})
+    killed, logged = killed_leaving_all(runs, lp, 30, env)
+    second, more = _requeue(runs, lp, 30, env)
+    assert _continued_by(killed) == second.name
+    run_id = bound_run_id(killed, home)
+    assert run_id is not None
+    shutil.rmtree(home / ".local" / "state" / "prime-runs" / "synced" / killed.name)
+    commands = {**env, "PRIME_API_KEY": KEY, "PRIME_API_BASE_URL": lp.url}
+    [done] = _cli_json(commands, "sync", str(killed))
+    assert done["records"] == 0 and "is gone" in done["shipped_before"], done
+    _landed_once(lp, run_id, logged + more, 40)
+
+
 def _traces_left_by_a_replay(
     lp: LocalPlatform, tmp_path: Path
 ) -> tuple[dict[str, str], Path, list[str], list[str]]:
