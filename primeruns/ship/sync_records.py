@@ -57,7 +57,8 @@ _FOLDER = ".shipped"
 class LeftUnshipped(JournalError):
     """A sync journal is gone (deleted by hand) whose record says it had
     records left to ship, or was shipping when it was last recorded: which
-    of them the platform holds went with it."""
+    of them the platform holds went with it. Its message says to restore
+    it, or, the journal still here, to delete the record and sync it anew."""
 
 
 def record_path(root: Path, local_id: str) -> Path:
@@ -117,13 +118,17 @@ def refuse_if_shipped(root: Path, local_id: str) -> None:
         return
     left = _left(record)
     if left is not None:
-        sync = root / local_id
+        sync, run = root / local_id, record["run_id"]
         raise LeftUnshipped(
             f"the sync journal of {local_id} ({sync}) is gone, and it {left}: which of "
-            f"the records platform run {record['run_id']} holds went with it, so nothing "
-            f"ships them now. Restore {sync} (from a backup) and run `primeruns sync` of "
-            "this journal again to ship them; a new sync journal would ship the records "
-            "already shipped a second time"
+            f"the records platform run {run} holds went with it, so nothing ships them "
+            f"now. Restore {sync} (from a backup) and run `primeruns sync` of this "
+            "journal again to ship them. Or, with this journal or a copy of it that "
+            f"holds all it logged, sync it anew: delete {record_path(root, local_id)} and "
+            "run `primeruns sync` of it. Its new sync journal ships every record again: "
+            "into a new platform run if the journal is bound to none (an offline run "
+            f"without a run key; delete run {run} on the platform then), else into run "
+            f"{run}, which may then hold some twice: {_RESENT}"
         )
     pruned = " (primeruns gc pruned it once the run was closed)" if record.get("pruned") else ""
     raise JournalError(
@@ -132,6 +137,16 @@ def refuse_if_shipped(root: Path, local_id: str) -> None:
         "again would ship them twice. If the run was deleted on the platform and should "
         f"be shipped again as a new run, delete {record_path(root, local_id)} and sync again"
     )
+
+
+# What the platform does with a record it holds sent again into the same
+# run, by kind (the platform contract's idempotency).
+_RESENT = (
+    "an evaluation's sample rows are appended, and a training step's samples "
+    "uploaded as one more file; a training step's metrics row is kept once (one "
+    "row per step); Prime Traces takes a batch it holds byte for byte as done "
+    "(its Idempotency-Key), and may store again what is batched otherwise"
+)
 
 
 def nothing_new(root: Path, local_id: str, last_seq: int) -> bool:

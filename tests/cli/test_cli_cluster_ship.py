@@ -25,7 +25,7 @@ import pytest
 import workloads
 from cli_helpers import cli, flip_entry_bytes, offline_copy, write_entry_corrupt
 from sdk_helpers import API_KEY, point_at
-from test_cli_cluster import KINDS, Producer, _copy, _landed, _status, login
+from test_cli_cluster import EVAL_EPISODES, KINDS, Producer, _copy, _landed, _status, login
 
 import primeruns as pr
 from primeruns import ranks
@@ -169,6 +169,49 @@ def test_a_copy_synced_again_once_its_sync_journal_was_deleted_says_why_nothing_
     assert "nothing is sent again" in said, out
     assert "pruned" not in said and "0 bytes" not in said, out
     assert _landed(lp, "eval", "all")() is not None
+
+
+def test_a_sync_journal_deleted_with_records_left_says_how_to_sync_the_copy_anew(
+    local_platform: Any,
+    tmp_path: Path,
+    login: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Prime Traces is down: a copy's sync closes its run with the traces
+    left; the user deletes the sync journal by hand. A sync of the copy is
+    refused (which records the platform holds went with it), and offered
+    only a restore from a backup. It also names the way on with the copy
+    still here, which loses nothing: its record deleted, the copy, an
+    offline run's bound to no run, ships into a new run, every record once."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "node-7")
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    monkeypatch.setenv("PRIME_RUNS_STALL_S", "2")  # a sink down gives up in 2 s
+    lp.set_faults(retryable_rate=1.0, statuses=[503], routes=["/api/v1/traces"])
+    try:
+        code, out, err = cli(capsys, "sync", "--timeout", "5", str(copy))
+    finally:
+        lp.set_faults(retryable_rate=0.0, statuses=[503, 502, 429], routes=[])
+    assert code != 0 and "still pending traces" in out, out + err
+    [first] = lp.runs()
+    shutil.rmtree(default_sync_root() / copy.name)
+    code, out, err = cli(capsys, "sync", str(copy))
+    said = " ".join((out + err).split())
+    record = default_sync_root() / ".shipped" / f"{copy.name}.json"
+    assert code != 0 and "records left to ship (traces:" in said, said
+    assert f"delete {record} and run `primeruns sync` of it" in said, said
+    assert "into a new platform run if the journal is bound to none" in said, said
+    record.unlink()
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    [again] = [run for run in lp.runs() if run["id"] != first["id"]]
+    stored = lp.run(again["id"])
+    traces, samples = stored["traces"], stored["samples"]
+    assert traces["episodes"] == traces["distinct_episodes"] == EVAL_EPISODES, stored
+    assert samples["rows"] == samples["distinct"] == EVAL_EPISODES, stored
 
 
 def _held(lp: Any) -> dict[str, int]:
