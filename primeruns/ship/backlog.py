@@ -347,12 +347,22 @@ def _remember(
     journal: Journal, report: ShipReport, root: Path, *, shipped: bool | None = None
 ) -> None:
     """Record what a sync journal shipped, beside it (``sync_records``).
-    ``shipped``: False before it ships (what it leaves is not known yet),
-    True once it did (what is left: the report's pending records); None
-    says nothing of it."""
+    ``shipped``: False before it ships (what it leaves is not known yet,
+    when it has records to ship), True once it did (what is left: the
+    report's pending records); None says nothing of it.
+
+    A record as it was is not written again (``sync_records.remember``), so
+    a pass that has nothing to ship writes none: each pass wrote it twice,
+    "shipping" then "nothing left", though nothing was shipped (``sync
+    --watch`` over thousands of copies rewrote thousands of files a pass)."""
     if journal.path.parent.absolute() != root.absolute() or report.run_id is None:
         return
-    left = {} if shipped is None else {"left": dict(report.pending) if shipped else None}
+    left: dict[str, dict[str, int] | None] = {}
+    if shipped:
+        left["left"] = dict(report.pending)
+    elif shipped is not None:
+        kinds = sink_kinds(spec_or_default(journal).kind)
+        left["left"] = None if ledger.pending_by_sink(journal, kinds) else {}
     sync_records.remember_shipping(journal, report.run_id, **left)
 
 

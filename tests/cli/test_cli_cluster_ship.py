@@ -144,6 +144,17 @@ def test_gc_prunes_sync_journals_of_closed_runs_and_their_copies_never_ship_twic
     assert _landed(lp, kind, "all")() is not None and _status(lp) == "COMPLETED"
 
 
+def _synced_whole(lp: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    """An evaluation's copy, synced to its end and its run closed: the copy."""
+    producer = Producer(tmp_path / "node", "eval", lp.url, "node-7")
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0 and _status(lp) == "COMPLETED", out + err
+    return copy
+
+
 def test_a_copy_synced_again_once_its_sync_journal_was_deleted_says_why_nothing_is_sent(
     local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -154,12 +165,7 @@ def test_a_copy_synced_again_once_its_sync_journal_was_deleted_says_why_nothing_
     closed (its sync journal was pruned)": nothing pruned it, and nothing
     was closed out. It says the sync journal is gone and nothing is sent."""
     lp = local_platform
-    producer = Producer(tmp_path / "node", "eval", lp.url, "node-7")
-    producer.log_the_rest()
-    producer.finish()
-    copy = _copy(producer.journal, login)
-    code, out, err = cli(capsys, "sync", str(copy))
-    assert code == 0 and _status(lp) == "COMPLETED", out + err
+    copy = _synced_whole(lp, tmp_path, login, capsys)
     sync = default_sync_root() / copy.name
     shutil.rmtree(sync)  # the user cleans up
     code, out, err = cli(capsys, "sync", str(copy))
@@ -212,6 +218,25 @@ def test_a_sync_journal_deleted_with_records_left_says_how_to_sync_the_copy_anew
     traces, samples = stored["traces"], stored["samples"]
     assert traces["episodes"] == traces["distinct_episodes"] == EVAL_EPISODES, stored
     assert samples["rows"] == samples["distinct"] == EVAL_EPISODES, stored
+
+
+def test_a_sync_pass_over_a_copy_that_brought_nothing_leaves_its_record_as_it_is(
+    local_platform: Any, tmp_path: Path, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each sync pass wrote the record of a copy's sync journal twice (it
+    ships, then what it left) though the copy brought nothing and the run
+    was closed: a ``sync --watch`` over thousands of copies rewrote
+    thousands of files every pass. A pass with nothing to ship writes none."""
+    lp = local_platform
+    copy = _synced_whole(lp, tmp_path, login, capsys)
+    record = default_sync_root() / ".shipped" / f"{copy.name}.json"
+    written = os.stat(record)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    again = os.stat(record)
+    assert (again.st_ino, again.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
+    said = json.loads(record.read_text())
+    assert (said["closed"], said["left"]) == (True, {}), said
 
 
 def _held(lp: Any) -> dict[str, int]:
