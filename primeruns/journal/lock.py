@@ -363,9 +363,12 @@ def dead_for_good(info: OwnerInfo) -> bool:
     while its lock file is as it was (within one boot, a pid and its start
     time never name another process). Not one judged otherwise: another
     host's (never judged), another namespace's (by its flock, which a process
-    may take without writing the file), or a pid named without its start
-    time (any process that takes that pid later is taken for it)."""
-    if info.host != this_host() or info.pid_ns not in (None, _pid_ns()):
+    may take without writing the file), one naming no namespace (an older
+    version's: judged by its pid in each listing's own namespace, where
+    another container of this host may find it alive), or a pid named
+    without its start time (any process that takes that pid later is taken
+    for it)."""
+    if info.host != this_host() or info.pid_ns is None or info.pid_ns != _pid_ns():
         return False
     if info.proc_start is None or (info.helper_pid is not None and info.helper_start is None):
         return False
