@@ -105,15 +105,24 @@ def add_runs_dir(parser: argparse.ArgumentParser) -> None:
     )
 
 
+#: The most seconds a number of them on the command line may be (11.6
+#: days): a wait past what the system's waits take raised OverflowError with
+#: a traceback (``standby.pause``'s poll takes 2**31 - 1 ms, 24.8 days, a
+#: socket's timeout about 292 years), after a first pass or at the connect.
+_MOST_SECONDS = 1_000_000
+
+
 def seconds_arg(text: str) -> float:
-    """An argparse type: a finite number of seconds of at least 0. ``float``
-    alone took "nan" and "inf": ``sync --watch --interval nan`` synced in a
-    loop that never slept (a wait of NaN is none), an infinite one raised
-    OverflowError out of the wait."""
+    """An argparse type: a finite number of seconds of at least 0 and at most
+    ``_MOST_SECONDS``. ``float`` alone took "nan" and "inf": ``sync --watch
+    --interval nan`` synced in a loop that never slept (a wait of NaN is
+    none), an infinite one raised OverflowError out of the wait, as one past
+    24.8 days still did (``--interval 1e300``)."""
     value = _float(text)
-    if not math.isfinite(value) or value < 0:
+    if not math.isfinite(value) or not 0 <= value <= _MOST_SECONDS:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a number of seconds; use a finite number of at least 0"
+            f" and at most {_MOST_SECONDS}"
         )
     return value
 
@@ -123,11 +132,13 @@ def timeout_arg(text: str) -> float:
     timeout of 0 was taken, and could do nothing: ``sync`` or ``replay
     --timeout 0`` registered a run and shipped none of it (exit 1), ``doctor
     --timeout 0`` found a platform that answers unreachable (its connect
-    given no time)."""
+    given no time). At most ``_MOST_SECONDS``: ``doctor --timeout 1e10``
+    raised OverflowError, a traceback, out of its connect's socket."""
     value = _float(text)
-    if not math.isfinite(value) or value <= 0:
+    if not math.isfinite(value) or not 0 < value <= _MOST_SECONDS:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a timeout; use a finite number of seconds above 0"
+            f" and at most {_MOST_SECONDS}"
         )
     return value
 

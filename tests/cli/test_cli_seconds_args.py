@@ -25,6 +25,12 @@ _TIMEOUT = "is not a timeout; use a finite number of seconds above 0"
         (["sync", "--all", "--timeout", "0"], _TIMEOUT),
         (["doctor", "--timeout", "0"], _TIMEOUT),
         (["doctor", "--timeout", "-0.0"], _TIMEOUT),
+        # Past what a wait takes: OverflowError, a traceback, after a first
+        # pass (poll's 2**31 - 1 ms) or out of the connect's socket timeout.
+        (["sync", "--watch", "--interval", "1e300"], _SECONDS),
+        (["sync", "--watch", "--interval", "3000000"], _SECONDS),
+        (["doctor", "--timeout", "1e10"], _TIMEOUT),
+        (["replay", "--all", "--timeout", "1e300"], _TIMEOUT),
     ],
 )
 def test_a_number_of_seconds_that_is_not_finite_or_is_negative_is_refused_naming_the_flag(
@@ -42,3 +48,5 @@ def test_a_finite_number_of_seconds_is_taken() -> None:
     assert args.interval == 0.0  # passes back to back
     assert build_parser().parse_args(["replay", "--all", "--timeout", "0.5"]).timeout == 0.5
     assert build_parser().parse_args(["doctor", "--timeout", "1e-3"]).timeout == 0.001
+    assert build_parser().parse_args(["sync", "--all", "--timeout", "1e6"]).timeout == 1e6
+    assert build_parser().parse_args(["sync", "--watch", "--interval", "604800"]).interval == 604800
