@@ -163,6 +163,15 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         f"(default {ConnectionLimits.max_connections}; lowered, and said at start, where "
         "the limit on open files, ulimit -Hn, holds fewer)",
     )
+    parser.add_argument(
+        "--body-memory",
+        type=int,
+        default=ConnectionLimits.body_memory,
+        metavar="MIB",
+        help="MiB of unfinished request bodies held by all connections at once past which "
+        "the one whose bytes pass it is answered 503 and closed "
+        f"(default {ConnectionLimits.body_memory})",
+    )
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -211,7 +220,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if not _bind_allowed(args.host, key, args.allow_remote_without_key):
         return 2
     try:
-        limits = ConnectionLimits(args.head_timeout, args.body_timeout, args.max_connections)
+        limits = ConnectionLimits(
+            args.head_timeout, args.body_timeout, args.max_connections, args.body_memory
+        )
         # The soft limit on descriptors raised for the cap, or the cap lowered.
         limits, lowered = descriptors.fit(limits)
     except ValueError as exc:

@@ -55,6 +55,7 @@ class LocalPlatform:
         head_timeout: float | None = None,
         body_timeout: float | None = None,
         max_connections: int | None = None,
+        body_memory: int | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self._api_key = api_key
@@ -80,6 +81,7 @@ class LocalPlatform:
             ("--head-timeout", head_timeout),
             ("--body-timeout", body_timeout),
             ("--max-connections", max_connections),
+            ("--body-memory", body_memory),
         ):
             if value is not None:
                 self._flags += [flag, str(value)]

@@ -46,6 +46,11 @@ class ConnectionLimits:
     #: raises its limit on open files for them and its own, or lowers this
     #: where the hard limit holds fewer (``descriptors.fit``).
     max_connections: int = 512
+    #: MiB of unfinished request bodies the connections may hold at once, all
+    #: told, past which the one whose bytes pass it is answered 503: each of
+    #: the bound's connections may otherwise hold a body up to its route's
+    #: cap (26 MiB, an object's 512 MiB) for as long as it keeps sending.
+    body_memory: int = 1024
 
     def __post_init__(self) -> None:
         # Each refused by its flag, with what was given, the floor and the
@@ -57,7 +62,7 @@ class ConnectionLimits:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= floor):
                 flag = "--" + name.replace("_", "-")
-                unit = "connections" if name == "max_connections" else "seconds"
+                unit = _UNITS.get(name, "seconds")
                 raise ValueError(
                     f"{flag} {value:g} is refused: give a finite number of {unit}, "
                     f"at least {floor:g} (default {getattr(ConnectionLimits, name):g})"
@@ -65,5 +70,6 @@ class ConnectionLimits:
 
 
 #: The least each of ``ConnectionLimits`` may be: a second for a deadline (a
-#: client on a loaded host can take that to send a head), one connection.
-_FLOORS = {"head_timeout": 1.0, "body_timeout": 1.0, "max_connections": 1}
+#: client on a loaded host can take that to send a head), one connection, a MiB.
+_FLOORS = {"head_timeout": 1.0, "body_timeout": 1.0, "max_connections": 1, "body_memory": 1}
+_UNITS = {"max_connections": "connections", "body_memory": "MiB"}

@@ -45,6 +45,15 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   ones within it used all the process had (``descriptors``). A client
   whose request is still going out reads the 503 (httpx reads the answer
   when its write is refused).
+- a bound on the bytes of unfinished bodies held by all connections at
+  once (:attr:`ConnectionLimits.body_memory`, 1 GiB): a route reads its
+  body whole before it acts on it, so each of the bound's connections could
+  hold one up to its route's cap (26 MiB; an object's 512 MiB) for as long
+  as it kept sending (its rate is averaged since its head: 26 MiB sent at
+  once, then a byte a minute, is within it for seven hours), 13 GiB from
+  512 connections. The connection whose bytes pass the bound is answered
+  503 with ``Retry-After`` (the SDK retries) and closed, the app told its
+  client left; the others go on.
 
 One timer a connection, moved only when it fires early: a read records its
 time and nothing more, so an upload's many reads arm no timer each.
@@ -66,13 +75,24 @@ from .guard import SECURITY_HEADERS
 from .one_write import OneWriteH11Protocol
 from .settings import ConnectionLimits
 
-__all__ = ["BUSY_ANSWER", "BUSY_BODY", "LATE_BODY", "BoundedH11Protocol", "answer_head"]
+__all__ = [
+    "BUSY_ANSWER",
+    "BUSY_BODY",
+    "FULL_BODY",
+    "LATE_BODY",
+    "BoundedH11Protocol",
+    "HeldBodies",
+    "answer_head",
+]
 
 LATE_BODY = b'{"detail": "request not received in time"}'
 #: Bytes a second a body must average once read for longer than the body
 #: deadline (a Parquet object of 5 MB within 85 minutes).
 MIN_BODY_RATE = 1024
 BUSY_BODY = b'{"detail": "too many connections: retry"}'
+FULL_BODY = b'{"detail": "too many request bodies held at once: retry"}'
+#: A 503's own header: the SDK waits a second and tries again.
+RETRY_AFTER = (b"retry-after", b"1")
 
 
 def answer_head(body: bytes, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
@@ -89,11 +109,19 @@ def answer_head(body: bytes, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, b
 
 def _busy_answer() -> bytes:
     """The 503 a connection past the bound is sent, whole, as it is accepted."""
-    head = b"".join(b"%s: %s\r\n" % pair for pair in answer_head(BUSY_BODY, (b"retry-after", b"1")))
+    head = b"".join(b"%s: %s\r\n" % pair for pair in answer_head(BUSY_BODY, RETRY_AFTER))
     return b"HTTP/1.1 503 Service Unavailable\r\n%s\r\n%s" % (head, BUSY_BODY)
 
 
 BUSY_ANSWER = _busy_answer()
+
+
+class HeldBodies:
+    """Bytes of unfinished request bodies all of one server's connections
+    hold (``BoundedH11Protocol.body_memory``'s count)."""
+
+    def __init__(self) -> None:
+        self.held = 0
 
 
 class BoundedH11Protocol(OneWriteH11Protocol):
@@ -101,11 +129,13 @@ class BoundedH11Protocol(OneWriteH11Protocol):
     bound in the module docstring; ``limits`` is set by ``with_limits``."""
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
+    bodies: ClassVar[HeldBodies] = HeldBodies()
 
     @classmethod
     def with_limits(cls, limits: ConnectionLimits) -> type[BoundedH11Protocol]:
-        """This protocol with ``limits`` (uvicorn makes it from the class)."""
-        return type(cls.__name__, (cls,), {"limits": limits})
+        """This protocol with ``limits`` and a count of bodies held of its own
+        (uvicorn makes it from the class)."""
+        return type(cls.__name__, (cls,), {"limits": limits, "bodies": HeldBodies()})
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._timer: asyncio.TimerHandle | None = None
@@ -117,6 +147,8 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._received = 0  # (bytes, all told)
         self._body_from: float | None = None  # when the body's rate is counted from
         self._body_base = 0  # (what was received then)
+        self._held = 0  # (bytes of an unfinished body counted in ``bodies``)
+        self._held_from: int | None = None  # (what was received when it started)
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             self.transport.write(BUSY_ANSWER)
@@ -126,12 +158,14 @@ class BoundedH11Protocol(OneWriteH11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._hold(0)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
         self._received += len(data)
         super().data_received(data)
+        self._count_body()
 
     def pause_writing(self) -> None:
         super().pause_writing()
@@ -145,14 +179,15 @@ class BoundedH11Protocol(OneWriteH11Protocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
+        self._count_body()
         self._watch()
 
-    def answer_and_close(self, status: int, body: bytes) -> None:
-        """Answer ``status`` with ``body`` and close, whatever the request
-        (none yet, a head h11 refused, a body cut short)."""
+    def answer_and_close(self, status: int, body: bytes, *extra: tuple[bytes, bytes]) -> None:
+        """Answer ``status`` with ``body`` (and ``extra`` headers) and close,
+        whatever the request (none yet, a head h11 refused, a body cut short)."""
         try:
             reason = http.HTTPStatus(status).phrase.encode()
-            headers = answer_head(body)
+            headers = answer_head(body, *extra)
             event = h11.Response(status_code=status, headers=headers, reason=reason)
             data = (self.conn.send(event) or b"") + (self.conn.send(h11.Data(data=body)) or b"")
             data += self.conn.send(h11.EndOfMessage()) or b""
@@ -168,6 +203,31 @@ class BoundedH11Protocol(OneWriteH11Protocol):
             # What connection_lost will say, said before the app's next turn.
             cycle.disconnected = True
             cycle.message_event.set()
+
+    def _count_body(self) -> None:
+        """Count what this connection's unfinished body holds (from the read
+        after its head) among the server's; past ``body_memory``, 503 it."""
+        conn = self.conn
+        held = 0
+        if (
+            conn.their_state is h11.SEND_BODY
+            and conn.our_state in (h11.SEND_RESPONSE, h11.SEND_BODY)  # (answered: dropped)
+            and not self.transport.is_closing()
+        ):
+            if self._held_from is None:
+                self._held_from = self._received
+            held = self._received - self._held_from
+        else:
+            self._held_from = None
+        self._hold(held)
+        if held and self.bodies.held > self.limits.body_memory * 2**20:
+            self._hold(0)
+            self.answer_and_close(503, FULL_BODY, RETRY_AFTER)
+
+    def _hold(self, held: int) -> None:
+        """This connection's unfinished body counted as ``held`` bytes."""
+        self.bodies.held += held - self._held
+        self._held = held
 
     def _disarm(self) -> None:
         if self._timer is not None:

@@ -211,6 +211,61 @@ def test_a_connection_past_the_bound_is_answered_503_before_it_sends_anything(
     assert answer == {"detail": "too many connections: retry"}
 
 
+def _rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_bodies_held_past_the_memory_bound_are_answered_503(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """Each connection may hold a body up to its route's cap for as long as
+    it keeps sending (26 MiB sent at once is within the least rate for seven
+    hours): 512 of them held 13 GiB. With 8 MiB allowed all told, clients
+    sending 3 MiB of 4 MiB bodies and then waiting are held while they fit,
+    the one that passes the bound is answered 503 with Retry-After and
+    closed, the server holds no more than the bound, and an honest request
+    is served."""
+    platform = make_local_platform(body_memory=8, body_timeout=60)
+    piece = b"x" * 2**20
+    with ExitStack() as stack:
+        before = _rss_kib(platform.pid)
+        socks = list(_open(platform, stack, 6))
+        for sock in socks:
+            sock.sendall(
+                b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (4 * 2**20)
+            )
+            for _ in range(3):
+                try:
+                    sock.sendall(piece)
+                except OSError:  # (answered 503 and closed while sending)
+                    break
+        refused = 0
+        for sock in socks:
+            sock.settimeout(0.5)
+            try:
+                received = sock.recv(65536)
+            except TimeoutError:
+                continue  # held: its body fits
+            except ConnectionResetError:
+                received = b""
+            assert received, "closed without an answer"
+            received += _until_closed(sock)
+            assert _own_answer(received, 503) == {
+                "detail": "too many request bodies held at once: retry"
+            }
+            assert b"\r\nretry-after: 1\r\n" in received
+            refused += 1
+        assert refused >= 3, f"{refused} of 6 bodies of 3 MiB refused under a bound of 8 MiB"
+        grown = _rss_kib(platform.pid) - before
+        assert grown < 24 * 1024, f"the server grew by {grown} KiB holding bodies"
+        assert httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code == 200
+    assert "Traceback" not in platform.log_path.read_text()
+
+
 #: Run ``python -m primeruns.local ARGS`` with the limit on open files (soft
 #: and hard) given first.
 _WITH_FILES = (
