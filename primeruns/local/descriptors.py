@@ -52,11 +52,7 @@ def fit(limits: ConnectionLimits) -> tuple[ConnectionLimits, str | None]:
     wanted = limits.max_connections + RESERVED
     if soft != resource.RLIM_INFINITY and soft < wanted:
         raised = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
-            soft = raised
-        except (ValueError, OSError):
-            pass  # (a hard limit past the kernel's own: kept as it was)
+        soft = _raised_soft(soft, raised, hard)
     if soft == resource.RLIM_INFINITY or soft >= wanted:
         return limits, None
     fits = soft - RESERVED
@@ -67,9 +63,37 @@ def fit(limits: ConnectionLimits) -> tuple[ConnectionLimits, str | None]:
         )
     said = (
         f"primeruns serve: --max-connections lowered from {limits.max_connections} to {fits}: "
-        f"the process may open only {soft} files (ulimit -Hn), {RESERVED} kept for its own"
+        f"the process may open only {soft} files (ulimit -Hn, or the system's own limit), "
+        f"{RESERVED} kept for its own"
     )
     return dataclasses.replace(limits, max_connections=fits), said
+
+
+def _raised_soft(soft: int, wanted: int, hard: int) -> int:
+    """The soft limit on open files raised from ``soft`` toward ``wanted`` as
+    far as the system takes it: ``wanted`` itself, else the most it takes
+    (macOS's hard limit is unlimited, but no soft limit past its own per
+    process, ``kern.maxfilesperproc``, is taken: refused there, the soft
+    limit was left at its 256 and serve refused to start)."""
+    import resource
+
+    def taken(value: int) -> bool:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (value, hard))
+        except (ValueError, OSError, OverflowError):
+            return False
+        return True  # (each one taken is above the last: the limit ends at the most)
+
+    if taken(wanted):
+        return wanted
+    low, high = soft, wanted - 1  # (low is taken: the limit as it is)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if taken(middle):
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 class AcceptErrors:
