@@ -153,7 +153,7 @@ def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:
     if made:
         # One that shipped and is gone (deleted, or pruned by gc): a new one
         # would ship everything again.
-        sync_records.refuse_if_shipped(root, local_id)
+        sync_records.refuse_if_shipped(root, local_id, bound=_bound(source))
         written_here = _create(source, root, local_id)
     # One this process just made is not walked in a child first (``probe``:
     # ~80 ms, a third of a sync's start), one another sync made meanwhile is.
@@ -178,6 +178,21 @@ def open_sync_journal(source: Journal, root: Path) -> tuple[Journal, bool]:
                 "not syncing it"
             )
     return journal, made
+
+
+def _bound(source: Journal) -> bool | None:
+    """Whether ``source`` ships into a platform run its sync journal does not
+    choose (online, attached by id, or keyed): a new sync journal of it
+    ships, and closes, that run again. None where its meta cannot tell."""
+    try:
+        if isinstance(source.get_meta("platform"), dict):
+            return True
+        spec = source.get_meta(SPEC_KEY)
+    except JournalError:
+        return None
+    if not isinstance(spec, dict):
+        return None
+    return bool(spec.get("attach_id") or spec.get("run_key"))
 
 
 def adopt_repaired(

@@ -110,26 +110,56 @@ def remember_shipping(journal: Journal, run_id: str, **left: dict[str, int] | No
     )
 
 
-def refuse_if_shipped(root: Path, local_id: str) -> None:
+def refuse_if_shipped(root: Path, local_id: str, *, bound: bool | None = None) -> None:
     """JournalError naming the fix when a sync journal of ``local_id`` shipped
-    records to the platform and is gone: a new one would ship them twice."""
+    records to the platform and is gone: a new one would ship them twice.
+    ``bound``: whether the journal syncing it is bound to a platform run
+    (online, attached by id, or keyed), where a new sync journal ships into
+    that run again; None where it is not known."""
     record = recorded(root, local_id)
     if record is None or not record.get("run_id"):
         return
     left = _left(record)
     if left is not None:
         sync, run = root / local_id, record["run_id"]
-        raise LeftUnshipped(
+        said = (
             f"the sync journal of {local_id} ({sync}) is gone, and it {left}: which of "
             f"the records platform run {run} holds went with it, so nothing ships them "
             f"now. Restore {sync} (from a backup) and run `primeruns sync` of this "
-            "journal again to ship them. Or, with this journal or a copy of it that "
-            f"holds all it logged, sync it anew: delete {record_path(root, local_id)} and "
-            "run `primeruns sync` of it. Its new sync journal ships every record again: "
-            "into a new platform run if the journal is bound to none (an offline run "
-            f"without a run key; delete run {run} on the platform then), else into run "
-            f"{run}, which may then hold some twice: {_RESENT}"
+            "journal again to ship them."
         )
+        closed = _closed_by_it(record)
+        if closed is None:
+            raise LeftUnshipped(
+                f"{said} Or, with this journal or a copy of it that holds all it logged, "
+                f"sync it anew: delete {record_path(root, local_id)} and run `primeruns "
+                "sync` of it. Its new sync journal ships every record again: into a new "
+                "platform run if the journal is bound to none (an offline run without a "
+                f"run key; delete run {run} on the platform then), else into run {run}, "
+                f"which may then hold some twice: {_RESENT}"
+            )
+        again = (
+            f"a new sync journal would ship into run {run} again and close it a second "
+            "time, which is never done (an evaluation's close-out is not idempotent)"
+        )
+        if bound:
+            raise LeftUnshipped(
+                f"{said} It {closed}, and this journal is bound to that run: {again}, "
+                "so syncing it anew is not offered"
+            )
+        anew = (
+            "Or, this journal bound to no platform run (an offline run without a run "
+            "key), with it or a copy of it that holds all it logged, sync it anew: "
+            f"delete {record_path(root, local_id)} and run `primeruns sync` of it: its "
+            f"new sync journal ships every record into a new platform run (delete run "
+            f"{run} on the platform then)."
+        )
+        if bound is None:
+            anew += (
+                f" Not for a journal bound to run {run} (online, attached or keyed): "
+                f"it {closed}, and {again}"
+            )
+        raise LeftUnshipped(f"{said} {anew}")
     pruned = " (primeruns gc pruned it once the run was closed)" if record.get("pruned") else ""
     raise JournalError(
         f"the sync journal of {local_id} is gone{pruned}, and platform run "
@@ -157,6 +187,18 @@ def nothing_new(root: Path, local_id: str, last_seq: int) -> bool:
         return False
     upto = record.get("imported_upto")
     return isinstance(upto, int) and last_seq <= upto
+
+
+def _closed_by_it(record: dict[str, Any]) -> str | None:
+    """How the run of a sync journal gone with records left was closed by
+    it, or may have been (None: it was not): closed, or cut short while it
+    shipped, its close-out perhaps sent (a record says shipping until the
+    pass after its close-out is over)."""
+    if record.get("closed"):
+        return "closed the run"
+    if not isinstance(record.get("left"), dict):
+        return "may have closed the run before it was cut short"
+    return None
 
 
 def _left(record: dict[str, Any]) -> str | None:

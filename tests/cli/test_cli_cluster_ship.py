@@ -31,6 +31,7 @@ import primeruns as pr
 from primeruns import ranks
 from primeruns.journal import EntryKind, Journal
 from primeruns.settings import default_sync_root
+from primeruns.ship import backlog, lifecycle
 from primeruns.ship.workfolders import PREFIXES
 
 __all__ = ["login"]  # the fixture, shared with test_cli_cluster
@@ -237,6 +238,84 @@ def test_a_sync_pass_over_a_copy_that_brought_nothing_leaves_its_record_as_it_is
     assert (again.st_ino, again.st_mtime_ns) == (written.st_ino, written.st_mtime_ns)
     said = json.loads(record.read_text())
     assert (said["closed"], said["left"]) == (True, {}), said
+
+
+# argv: runs dir, base url, the evaluation's id. An offline evaluation
+# attached to a run its launcher registered: it logs 12 episodes and finishes.
+_ATTACHED_EVAL = """
+import sys
+import workloads
+import primeruns as pr
+runs, url, run_id = sys.argv[1:4]
+run = pr.init(id=run_id, model="m", api_key="test-key-0123456789", base_url=url,
+              runs_dir=runs, mode="offline")
+run.log_episodes(workloads.gsm8k(12))
+run.finish(timeout=30)
+print(run.journal_path, flush=True)
+"""
+
+
+def test_a_sync_journal_gone_after_it_closed_an_attached_run_is_not_synced_anew_into_it(
+    local_platform: Any,
+    tmp_path: Path,
+    login: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An offline evaluation attached by id to a run its launcher made: a
+    sync of its copy ships every record and closes the run, and is cut short
+    before it records so (its record says it was shipping). The sync journal
+    deleted by hand, a sync is refused. What the refusal offers must not close
+    the run a second time (an evaluation's finalize is sent once): it offered
+    to delete the record and sync the copy anew, into the same run, whose new
+    sync journal finalized it again."""
+    lp = local_platform
+    created = httpx.post(  # the launcher registers the run
+        f"{lp.url}/api/v1/evaluations/",
+        json={"name": "attached", "environments": [{"id": "gsm8k"}]},
+        headers={"Authorization": f"Bearer {API_KEY}"},
+    )
+    run_id = created.json()["evaluation_id"]
+    made = subprocess.run(
+        [sys.executable, "-c", _ATTACHED_EVAL, str(tmp_path / "node"), lp.url, run_id],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ),
+        cwd=Path(__file__).resolve().parents[1],
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+    copy = _copy(Path(made.stdout.strip()), login)
+    finalizes: list[str] = []
+    send = lifecycle.Lifecycle._send
+
+    def counted(self: Any, method: str, path: str, body: Any, **kwargs: Any) -> Any:
+        if path.endswith("/finalize"):
+            finalizes.append(path)
+        return send(self, method, path, body, **kwargs)
+
+    monkeypatch.setattr(lifecycle.Lifecycle, "_send", counted)
+    remember = backlog._remember
+
+    def cut_short(journal: Any, report: Any, root: Any, *, shipped: Any = None) -> None:
+        if shipped:  # the pass is over, its run closed: the sync is killed here
+            raise KeyboardInterrupt
+        remember(journal, report, root, shipped=shipped)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(backlog, "_remember", cut_short)
+        code, out, err = cli(capsys, "sync", str(copy))
+    assert code != 0 and finalizes == [f"/evaluations/{run_id}/finalize"], out + err
+    assert _status(lp) == "COMPLETED"
+    shutil.rmtree(default_sync_root() / copy.name)  # deleted by hand
+    code, out, err = cli(capsys, "sync", str(copy))
+    said = " ".join((out + err).split())
+    record = default_sync_root() / ".shipped" / f"{copy.name}.json"
+    assert code != 0 and f"Restore {default_sync_root() / copy.name}" in said, said
+    if f"delete {record} and run `primeruns sync` of it" in said:
+        record.unlink()  # followed as offered
+        code, out, err = cli(capsys, "sync", str(copy))
+    assert finalizes == [f"/evaluations/{run_id}/finalize"], out + err
 
 
 def _held(lp: Any) -> dict[str, int]:
