@@ -44,6 +44,8 @@ def find_created(
     body: Mapping[str, Any],
     token: str,
     body_bytes: int,
+    *,
+    open_only: bool = False,
 ) -> dict[str, Any] | None:
     """The evaluation whose metadata carries ``token``, among the newest
     ``DEPTH`` of the team and dataset of the create ``body`` (``body_bytes``
@@ -51,7 +53,12 @@ def find_created(
     raises ``OversizeAnswerError`` at once (no retry: a smaller page is the
     remedy) and retries other transient failures as the caller does. Raises
     ``UnprovenAnswerError`` for an answer without its list (``{}`` is not
-    "no such evaluation": creating now could make a second)."""
+    "no such evaluation": creating now could make a second).
+
+    ``open_only``: one whose status says it is closed is passed over (a
+    create this run sent made one still open; one closed is an earlier sync
+    journal's of the same journal, synced anew once that one was gone:
+    adopted, it was shipped every record again and finalized a second time)."""
     query = {}
     if body.get("team_id"):
         query["team_id"] = str(body["team_id"])
@@ -82,6 +89,12 @@ def find_created(
         for item in items:
             meta = _as_dict(_as_dict(item).get("metadata")).get(NAMESPACE)
             if _as_dict(meta).get("client_token") == token:
+                if open_only and _closed(item):
+                    log.info(
+                        "prime-runs: not adopting evaluation %s, closed, of this run's token",
+                        _as_dict(item).get("id"),
+                    )
+                    continue
                 found = dict(item)
                 found.setdefault("evaluation_id", found.get("id"))
                 # (Its id, not the item: that holds the run's whole config.)
@@ -94,6 +107,15 @@ def find_created(
             break
         at += size
     return None
+
+
+# The statuses of a closed evaluation (contract §2.3).
+_CLOSED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "STOPPED"})
+
+
+def _closed(item: Any) -> bool:
+    status = _as_dict(item).get("status")
+    return isinstance(status, str) and status.upper() in _CLOSED
 
 
 def _as_dict(value: Any) -> dict[str, Any]:

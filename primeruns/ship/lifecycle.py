@@ -597,13 +597,17 @@ class Lifecycle:
     def _find_created(self, body: Mapping[str, Any], attempts: int | None) -> dict[str, Any] | None:
         """The evaluation an earlier create of this run made, looked up by its
         client token among the newest evaluations of its team and dataset
-        (``eval_lookup``: in smaller pages where a page's answer is too large)."""
+        (``eval_lookup``: in smaller pages where a page's answer is too large).
+        Without a run key, the token is the journal's local id, which an
+        earlier sync journal of it (gone, and synced anew) gave the run it
+        made and closed: a closed one is not adopted (``open_only``)."""
 
         def get(path: str) -> dict[str, Any]:
             return self._call("GET", path, attempts=attempts, not_retried=OversizeAnswerError)
 
         size = len(json_body(body))
-        return eval_lookup.find_created(get, body, self._client_token(), size)
+        token, keyed = self._client_token(), self.spec.run_key is not None
+        return eval_lookup.find_created(get, body, token, size, open_only=not keyed)
 
     def _resolve_environments(self, spec: RunSpec, attempts: int | None) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []

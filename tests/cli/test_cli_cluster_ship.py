@@ -240,6 +240,76 @@ def test_a_sync_pass_over_a_copy_that_brought_nothing_leaves_its_record_as_it_is
     assert (said["closed"], said["left"]) == (True, {}), said
 
 
+def _closed_then_cut_short(
+    copy: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[list[str], tuple[int, str, str]]:
+    """A sync of ``copy`` that ships every record and closes the run, then is
+    interrupted before it records so (its record says it was shipping): the
+    path of every finalize sent from now on (the list grows), and what the
+    sync said."""
+    finalizes: list[str] = []
+    send = lifecycle.Lifecycle._send
+
+    def counted(self: Any, method: str, path: str, body: Any, **kwargs: Any) -> Any:
+        if path.endswith("/finalize"):
+            finalizes.append(path)
+        return send(self, method, path, body, **kwargs)
+
+    monkeypatch.setattr(lifecycle.Lifecycle, "_send", counted)
+    remember = backlog._remember
+
+    def cut_short(journal: Any, report: Any, root: Any, *, shipped: Any = None) -> None:
+        if shipped:  # the pass is over, its run closed: the sync is killed here
+            raise KeyboardInterrupt
+        remember(journal, report, root, shipped=shipped)
+
+    with monkeypatch.context() as patched:
+        patched.setattr(backlog, "_remember", cut_short)
+        said = cli(capsys, "sync", str(copy))
+    return finalizes, said
+
+
+def test_a_copy_synced_anew_into_a_new_run_never_adopts_the_run_its_gone_sync_journal_closed(
+    local_platform: Any,
+    tmp_path: Path,
+    login: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An offline evaluation's copy, synced whole and its run closed, the sync
+    cut short before it recorded so; its sync journal deleted by hand. The
+    refusal offers to delete the record and sync it anew into a new run, and
+    the user does; that sync's create is answered 504 (never passed on). Its
+    lookup by the run's token (the journal's local id) found the first run,
+    closed, and adopted it: every record shipped into it a second time and it
+    was finalized twice. It now makes the new run it said, each record once."""
+    lp = local_platform
+    producer = Producer(tmp_path / "node", "eval", lp.url, "node-7")
+    producer.log_the_rest()
+    producer.finish()
+    copy = _copy(producer.journal, login)
+    finalizes, (code, out, err) = _closed_then_cut_short(copy, monkeypatch, capsys)
+    [first] = lp.runs()
+    assert code != 0 and finalizes == [f"/evaluations/{first['id']}/finalize"], out + err
+    shutil.rmtree(default_sync_root() / copy.name)  # deleted by hand
+    code, out, err = cli(capsys, "sync", str(copy))
+    said = " ".join((out + err).split())
+    record = default_sync_root() / ".shipped" / f"{copy.name}.json"
+    assert code != 0 and f"delete {record} and run `primeruns sync` of it" in said, said
+    record.unlink()  # followed as offered
+    lp.set_faults(retryable_rate=1.0, max_faults=1, statuses=[504], routes=["/api/v1/evaluations/"])
+    try:
+        code, out, err = cli(capsys, "sync", str(copy))
+    finally:
+        lp.set_faults(retryable_rate=0.0, statuses=[503, 502, 429], routes=[])
+    assert code == 0, out + err
+    assert lp.run(first["id"])["samples"]["rows"] == EVAL_EPISODES, lp.run(first["id"])
+    [again] = [run for run in lp.runs() if run["id"] != first["id"]]
+    samples = lp.run(again["id"])["samples"]
+    assert samples["rows"] == samples["distinct"] == EVAL_EPISODES, samples
+    assert finalizes == [f"/evaluations/{r}/finalize" for r in (first["id"], again["id"])]
+
+
 # argv: runs dir, base url, the evaluation's id. An offline evaluation
 # attached to a run its launcher registered: it logs 12 episodes and finishes.
 _ATTACHED_EVAL = """
@@ -286,25 +356,7 @@ def test_a_sync_journal_gone_after_it_closed_an_attached_run_is_not_synced_anew_
     )
     assert made.returncode == 0, made.stderr[-2000:]
     copy = _copy(Path(made.stdout.strip()), login)
-    finalizes: list[str] = []
-    send = lifecycle.Lifecycle._send
-
-    def counted(self: Any, method: str, path: str, body: Any, **kwargs: Any) -> Any:
-        if path.endswith("/finalize"):
-            finalizes.append(path)
-        return send(self, method, path, body, **kwargs)
-
-    monkeypatch.setattr(lifecycle.Lifecycle, "_send", counted)
-    remember = backlog._remember
-
-    def cut_short(journal: Any, report: Any, root: Any, *, shipped: Any = None) -> None:
-        if shipped:  # the pass is over, its run closed: the sync is killed here
-            raise KeyboardInterrupt
-        remember(journal, report, root, shipped=shipped)
-
-    with monkeypatch.context() as patched:
-        patched.setattr(backlog, "_remember", cut_short)
-        code, out, err = cli(capsys, "sync", str(copy))
+    finalizes, (code, out, err) = _closed_then_cut_short(copy, monkeypatch, capsys)
     assert code != 0 and finalizes == [f"/evaluations/{run_id}/finalize"], out + err
     assert _status(lp) == "COMPLETED"
     shutil.rmtree(default_sync_root() / copy.name)  # deleted by hand
