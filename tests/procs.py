@@ -14,6 +14,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,38 @@ def reap_all() -> None:
             if pipe is not None:
                 with contextlib.suppress(OSError):
                     pipe.close()
+
+
+def _main_thread_state(pid: int) -> tuple[str, int]:
+    """The state letter of ``pid``'s main thread and its context switches so far."""
+    fields = dict(
+        line.split(":", 1)
+        for line in Path(f"/proc/{pid}/task/{pid}/status").read_text().splitlines()
+        if ":" in line
+    )
+    switches = int(fields["voluntary_ctxt_switches"]) + int(fields["nonvoluntary_ctxt_switches"])
+    return fields["State"].split()[0], switches
+
+
+def wait_until_asleep(pid: int, timeout: float = 60.0) -> None:
+    """Return once ``pid``'s main thread slept through a whole look (0.1 s)
+    without waking: it is inside its long wait, not on its way in.
+
+    CPython only flags a signal for the main thread; a blocking wait (a lock's
+    acquire, a sleep, ``pause()``) is cut short by one that lands inside it,
+    but one that lands between the interpreter's last check and the wait's
+    system call is handled when the wait ends (a trial hung 120 s so, about 1
+    in 40 on a loaded host). A test of a handler that must run at once while
+    the main thread waits signals it once it is in there."""
+    deadline = time.monotonic() + timeout
+    before = _main_thread_state(pid)
+    while time.monotonic() < deadline:
+        time.sleep(0.1)  # the look itself: a wait ending in it shows as a switch
+        now = _main_thread_state(pid)
+        if now[0] == "S" and now == before:
+            return
+        before = now
+    raise AssertionError(f"process {pid}'s main thread never settled in a wait in {timeout} s")
 
 
 def uplink_journal(pid: int) -> bytes | None:

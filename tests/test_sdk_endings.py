@@ -97,7 +97,9 @@ def test_sigterm_journals_a_cancelled_finish_and_drains(
     # The script waits in Event.wait(120) in its main thread. The signal must
     # reach that thread (not one of the SDK's), or it is handled only when the
     # wait ends, long after a scheduler's grace: 60 s is far beyond the
-    # drain's 20 s and far below the wait.
+    # drain's 20 s and far below the wait. It is sent once the thread is in
+    # the wait: one landing on its way in waits it out, whoever took it.
+    procs.wait_until_asleep(proc.pid)
     os.kill(proc.pid, signal.SIGTERM)
     proc.wait(timeout=60)
     _, err = _finish(proc)
