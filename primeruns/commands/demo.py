@@ -320,7 +320,12 @@ def _wait_owner_gone(journal: Path, timeout: float) -> bool:
             pass  # gone already
         else:
             try:
-                select.select([pidfd], [], [], timeout)
+                # In slices of a second: a SIGTERM or Ctrl-C landing on a
+                # wait's way in is handled when that wait ends (CPython).
+                deadline = time.monotonic() + timeout
+                while (left := deadline - time.monotonic()) > 0:
+                    if select.select([pidfd], [], [], min(left, 1.0))[0]:
+                        break
             finally:
                 os.close(pidfd)
     return not owner_alive(read_owner(journal))

@@ -30,6 +30,9 @@ _LOGIN = re.compile(rb"primeruns serve: dashboard login \(once\): (http://\S+)")
 # 2-core machine under load its imports alone have taken over 20 s.
 START_TIMEOUT = 60.0
 STOP_TIMEOUT = 10.0
+# The longest single wait of ``wait()``: a signal flagged on its way into a
+# wait is handled at the end of that slice.
+_WAIT_SLICE_S = 1.0
 
 
 class LocalPlatform:
@@ -184,8 +187,20 @@ class LocalPlatform:
         raise RuntimeError(f"local platform {what}; log tail:\n{tail}")
 
     def wait(self) -> int | None:
-        """Until the server exits (a signal handler's exception interrupts it)."""
-        return None if self._proc is None else self._proc.wait()
+        """Until the server exits (a signal handler's exception interrupts it).
+
+        Waited in slices of a second: CPython runs a signal's handler at the
+        main thread's next check, and a signal landing on a wait's way in
+        (after that check, before the system call) is handled when the wait
+        ends. Waited whole, a Ctrl-C or SIGTERM landing so was never handled.
+        """
+        if self._proc is None:
+            return None
+        while True:
+            try:
+                return self._proc.wait(timeout=_WAIT_SLICE_S)
+            except subprocess.TimeoutExpired:
+                continue
 
     def stop(self) -> None:
         """SIGTERM the server and wait for it (SIGKILL after 10 s)."""
