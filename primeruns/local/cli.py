@@ -150,9 +150,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=ConnectionLimits.body_timeout,
         metavar="S",
         help="longest silence, in seconds, while a request's body is read: past it, 408 "
-        f"(at least 1; default {ConnectionLimits.body_timeout:g}); a body read for longer "
-        "must also average at least 1 KiB/s since its head; "
-        "also the longest an answer waits on a client that reads none of it: then closed",
+        f"(at least 1; default {ConnectionLimits.body_timeout:g}); each such span of a "
+        "body must also carry at least 1 KiB/s, and a client must take an answer waiting "
+        "on it at that rate over each span: else closed",
     )
     parser.add_argument(
         "--max-connections",

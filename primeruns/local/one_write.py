@@ -45,6 +45,9 @@ class HeldWrites:
         self._held: list[bytes] = []
         self._size = 0
         self._turn: asyncio.Handle | None = None
+        #: Bytes handed to the transport, all told (``slow_clients`` tells by
+        #: them what a client took of answers).
+        self.written = 0
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
@@ -65,6 +68,7 @@ class HeldWrites:
             data = self._held[0] if len(self._held) == 1 else b"".join(self._held)
             self._held.clear()
             self._size = 0
+            self.written += len(data)
             self._transport.write(data)
 
     def close(self) -> None:

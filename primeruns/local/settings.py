@@ -38,9 +38,9 @@ class ConnectionLimits:
 
     #: Seconds from waiting for a request to its whole head.
     head_timeout: float = 30.0
-    #: Seconds of silence while a request's body is being read, or while an
-    #: answer waits on a client that reads none of it; also how long a body
-    #: is read before its least rate is asked (``slow_clients.MIN_BODY_RATE``).
+    #: Seconds of silence while a request's body is being read; also the
+    #: windows over which a body, and an answer waiting on its client, are
+    #: held to a least rate (``slow_clients.MIN_RATE``).
     body_timeout: float = 60.0
     #: Connections open at once past which a new one is answered 503; serve
     #: raises its limit on open files for them and its own, or lowers this

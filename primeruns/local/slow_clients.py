@@ -22,22 +22,26 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   not reading (uvicorn pauses a body its app has not taken past 64 KiB) or
   while the client waits for a ``100 Continue`` it was not sent yet. Past it:
   408 if no answer has started, and the app is told the client left.
-- a body's least rate (:data:`MIN_BODY_RATE`, 1 KiB/s): once a body has been
-  read for longer than the body deadline, what came of it must average that
-  since its head (counted again from any time the server was not reading it),
-  or 408 as above. A body trickled a byte just within each silence held its
-  connection for hours; a client of this machine or a slow link sends
-  thousands of times faster, and one stopped a while (suspended, its host
-  loaded) catches up once it goes on.
-- the same silence while the client reads none of an answer: once the
-  socket takes no more and the transport holds past its high-water mark
-  (asyncio pauses the protocol's writes), the next answer waits for room
-  that a client which never reads never makes, and a pipelined one after
-  it. Measured from the pause, and again from any time the timer finds
-  that the client took some (a slow reader of a large answer is not cut);
-  past it the connection is aborted (nothing
-  can be said to a client that reads nothing; a close would wait for the
-  held bytes to go out for ever), and the app told its client left.
+- a body's least rate (:data:`MIN_RATE`, 1 KiB/s), judged over windows of
+  the body deadline: from its head (and again from any time the server was
+  not reading it), each window must carry that rate's worth of the body, or
+  408 as above; one that does starts the next. A body trickled a byte just
+  within each silence held its connection for hours; averaged since the
+  head, bytes sent fast early bought as long (300 KB at once, then a byte
+  now and then, five minutes; 25 MiB, seven hours). A client of this
+  machine or a slow link sends thousands of times faster, in every window.
+- the same least rate, over the same windows, while an answer waits on its
+  client: once the socket takes no more and the transport holds past its
+  high-water mark (asyncio pauses the protocol's writes), or a close waits
+  for what the transport holds to go out, the next answer waits for room
+  only the client makes, and a pipelined one after it. What the client
+  took is told by the bytes it has not (the transport's and the socket's
+  send queue, :meth:`BoundedH11Protocol._unsent_bytes`), so a reader of a
+  large answer at a useful rate is never cut; one that reads nothing, or
+  a few hundred bytes a second (never silent for long, it held its
+  connection for the hours a large answer took), has its connection
+  aborted (nothing can be said to it; a close would wait for the held
+  bytes to go out), and the app told its client left.
 - a bound (:attr:`ConnectionLimits.max_connections`): a connection accepted
   while that many are open is answered 503 with ``Retry-After`` (the SDK
   retries) and closed at once, before any of its request: waiting for its
@@ -49,9 +53,9 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   once (:attr:`ConnectionLimits.body_memory`, 1 GiB): a route reads its
   body whole before it acts on it, so each of the bound's connections could
   hold one up to its route's cap (26 MiB; an object's 512 MiB) for as long
-  as it kept sending (its rate is averaged since its head: 26 MiB sent at
-  once, then a byte a minute, is within it for seven hours), 13 GiB from
-  512 connections. The connection whose bytes pass the bound is answered
+  as it kept sending (a window at the least rate is 60 KiB, a body's cap
+  26 MiB: sent that slowly, a body holds its cap for seven hours), 13 GiB
+  from 512 connections. The connection whose bytes pass the bound is answered
   503 with ``Retry-After`` (the SDK retries) and closed, the app told its
   client left; the others go on.
 
@@ -86,9 +90,10 @@ __all__ = [
 ]
 
 LATE_BODY = b'{"detail": "request not received in time"}'
-#: Bytes a second a body must average once read for longer than the body
-#: deadline (a Parquet object of 5 MB within 85 minutes).
-MIN_BODY_RATE = 1024
+#: Bytes a second a body must carry, and a client take of an answer waiting
+#: on it, over each window of the body deadline (a Parquet object of 5 MB
+#: within 85 minutes).
+MIN_RATE = 1024
 BUSY_BODY = b'{"detail": "too many connections: retry"}'
 FULL_BODY = b'{"detail": "too many request bodies held at once: retry"}'
 #: A 503's own header: the SDK waits a second and tries again.
@@ -141,11 +146,11 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
         self._head_by: float | None = None
-        self._stalled_at = 0.0
-        self._unsent = 0
+        self._sent_from: float | None = None  # (an answer's window: None, none waits)
+        self._sent_base = 0  # (what the client had taken of answers then)
         self._last_read = self.loop.time()
         self._received = 0  # (bytes, all told)
-        self._body_from: float | None = None  # when the body's rate is counted from
+        self._body_from: float | None = None  # when the body's window started
         self._body_base = 0  # (what was received then)
         self._held = 0  # (bytes of an unfinished body counted in ``bodies``)
         self._held_from: int | None = None  # (what was received when it started)
@@ -169,8 +174,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
 
     def pause_writing(self) -> None:
         super().pause_writing()
-        self._stalled_at = self.loop.time()
-        self._unsent = self._unsent_bytes()
+        self._answer_waits()
         self._watch()
 
     def handle_events(self) -> None:
@@ -248,14 +252,34 @@ class BoundedH11Protocol(OneWriteH11Protocol):
                 pass
         return unsent
 
+    def _taken(self) -> int:
+        """Bytes of answers the client has taken, all told."""
+        written: int = self.transport.written  # type: ignore[attr-defined]  # (HeldWrites)
+        return written - self._unsent_bytes()
+
+    def _answer_waits(self) -> None:
+        """Start an answer's window, if none runs: the server holds bytes
+        that wait on the client to take some (its writes paused, or a close
+        that waits for them to go out)."""
+        if self._sent_from is None:
+            self._sent_from, self._sent_base = self.loop.time(), self._taken()
+
     def _due(self) -> float | None:
         """When the client's time is up for what the connection waits on now
         (None: it waits on nobody's bytes, the app has the request)."""
-        if self.flow.write_paused:  # on the client to read what was written
-            return self._stalled_at + self.limits.body_timeout
+        answer = None if self._sent_from is None else self._sent_from + self.limits.body_timeout
+        if self.flow.write_paused or self.transport.is_closing():
+            return answer  # (on the client to read what was written, or nothing)
+        request = self._request_due()
+        if answer is None or request is None:
+            return request if answer is None else answer
+        return min(answer, request)
+
+    def _request_due(self) -> float | None:
+        """:meth:`_due` for what the client sends: a head, or a body."""
         state = self.conn.their_state
         if state is not h11.SEND_BODY:
-            self._body_from = None  # (the next body's rate is counted from its head)
+            self._body_from = None  # (the next body's window starts at its head)
         if state is h11.IDLE:
             if self._head_by is None:
                 self._head_by = self.loop.time() + self.limits.head_timeout
@@ -273,9 +297,8 @@ class BoundedH11Protocol(OneWriteH11Protocol):
                 # a silence of the client's nor time its rate is counted on.
                 self._last_read = now
                 self._body_from, self._body_base = now, self._received
-            body = self._received - self._body_base
-            at_rate = self._body_from + max(self.limits.body_timeout, body / MIN_BODY_RATE)
-            return min(self._last_read + self.limits.body_timeout, at_rate)
+            window_end = self._body_from + self.limits.body_timeout
+            return min(self._last_read + self.limits.body_timeout, window_end)
         return None
 
     def _watch(self) -> None:
@@ -286,8 +309,10 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         A closing connection is let be, unless what it holds does not go
         out (a close waits for it)."""
         if self.transport.is_closing() and not self.flow.write_paused:
-            self._disarm()
-            return
+            if self.transport.get_write_buffer_size() == 0:
+                self._disarm()
+                return
+            self._answer_waits()
         due = self._due()
         if due is None:
             return
@@ -296,23 +321,40 @@ class BoundedH11Protocol(OneWriteH11Protocol):
             self._timer_at = due
             self._timer = self.loop.call_at(due, self._expired)
 
+    def _slid(self, now: float) -> None:
+        """Windows that ended at the rate start again from ``now``: an
+        answer's (or none, once nothing held waits on the client) and a
+        body's. One that ended short of it is left ended (:meth:`_due`)."""
+        window = self.limits.body_timeout
+        if self._sent_from is not None:
+            if not self.flow.write_paused and self.transport.get_write_buffer_size() == 0:
+                self._sent_from = None  # (nothing the server holds waits on the client)
+            elif now >= self._sent_from + window:
+                taken = self._taken()
+                if taken - self._sent_base >= MIN_RATE * (now - self._sent_from):
+                    self._sent_from, self._sent_base = now, taken
+        if (
+            self._body_from is not None
+            and self.conn.their_state is h11.SEND_BODY
+            and now >= self._body_from + window
+            and self._received - self._body_base >= MIN_RATE * (now - self._body_from)
+        ):
+            self._body_from, self._body_base = now, self._received
+
     def _expired(self) -> None:
         self._timer = None
-        if self.transport.is_closing() and not self.flow.write_paused:
+        now = self.loop.time()
+        self._slid(now)
+        if self._sent_from is not None and now >= self._sent_from + self.limits.body_timeout:
+            self.transport.abort()  # (connection_lost tells the app)
             return
-        if self.flow.write_paused:
-            unsent = self._unsent_bytes()
-            if unsent < self._unsent:  # the client took some: its silence starts again
-                self._unsent = unsent
-                self._stalled_at = self.loop.time()
+        if self.transport.is_closing() and self._sent_from is None:
+            return
         due = self._due()
         if due is None:
             return
-        if self.loop.time() < due:  # bytes came or went since it was armed
+        if now < due:  # bytes came or went since it was armed
             self._watch()
-            return
-        if self.flow.write_paused:
-            self.transport.abort()  # (connection_lost tells the app)
             return
         if self.conn.their_state is h11.IDLE and not self.conn.trailing_data[0]:
             self.transport.close()  # nothing of a request: an idle connection

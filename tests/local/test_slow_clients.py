@@ -109,16 +109,20 @@ def test_a_head_sent_a_byte_at_a_time_is_answered_408(
     assert httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code == 200
 
 
+#: A request whose body of 1 MB is sent no further than its start.
+_BODY_STARTED = (
+    b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    b"Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
+    b'{"name": "'
+)
+
+
 def test_a_body_that_stops_is_answered_408(
     make_local_platform: Callable[..., LocalPlatform],
 ) -> None:
     platform = make_local_platform(body_timeout=1)
     with _connect(platform) as sock:
-        sock.sendall(
-            b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-            b"Content-Type: application/json\r\nContent-Length: 1000000\r\n\r\n"
-            b'{"name": "'
-        )
+        sock.sendall(_BODY_STARTED)
         answer = _own_answer(_until_closed(sock), 408)
     assert answer == {"detail": "request not received in time"}
     assert "Traceback" not in platform.log_path.read_text()
@@ -159,7 +163,7 @@ def test_a_body_trickled_within_each_silence_is_answered_408(
     make_local_platform: Callable[..., LocalPlatform],
 ) -> None:
     """A byte every fraction of the silence allowed never meets the silence;
-    past the body deadline, a body must average a least rate (1 KiB/s), and
+    each window of the body deadline must carry a least rate (1 KiB/s), and
     a trickle is let go rather than holding its connection for hours."""
     platform = make_local_platform(body_timeout=2)
     with _connect(platform) as sock:
@@ -223,8 +227,8 @@ def test_bodies_held_past_the_memory_bound_are_answered_503(
     make_local_platform: Callable[..., LocalPlatform],
 ) -> None:
     """Each connection may hold a body up to its route's cap for as long as
-    it keeps sending (26 MiB sent at once is within the least rate for seven
-    hours): 512 of them held 13 GiB. With 8 MiB allowed all told, clients
+    it keeps sending (26 MiB sent at the least rate takes seven hours): 512
+    of them held 13 GiB. With 8 MiB allowed all told, clients
     sending 3 MiB of 4 MiB bodies and then waiting are held while they fit,
     those whose bytes pass the bound are answered 503 with Retry-After and
     closed, the server holds no more than the bound, and an honest request
@@ -407,3 +411,119 @@ def test_a_client_that_never_reads_its_answers_does_not_hold_its_connection(
         while httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code != 200:
             assert time.monotonic() < deadline, "the client that never reads still holds its slot"
     assert "Traceback" not in platform.log_path.read_text()
+
+
+def test_a_body_sent_fast_then_trickled_is_answered_408(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """A body's rate is judged over its last window, not averaged since its
+    head: 300 KB in half a second bought five minutes of a byte now and then (hours
+    with 25 MiB), its connection held all along. Now the window after the
+    fast one carries a few bytes, short of 1 KiB/s, and the body is let go."""
+    platform = make_local_platform(body_timeout=2)
+    with _connect(platform) as sock:
+        sock.sendall(_BODY_STARTED)
+        for _ in range(10):
+            # Pieces the app takes as they come: reading never pauses (a
+            # pause started the count again, and the fast bytes went uncounted).
+            sock.sendall(b"x" * 30_000)
+            time.sleep(0.05)
+        answer = _own_answer(_until_closed(sock, trickle=b"x" * 1000), 408)
+    assert answer == {"detail": "request not received in time"}
+    assert "Traceback" not in platform.log_path.read_text()
+
+
+def _big_evaluation(platform: LocalPlatform) -> bytes:
+    """A request for an answer of 6 MiB (an evaluation with that much
+    metadata): past what loopback's socket buffers take (4 MiB), so the
+    server holds some of it until the client reads."""
+    created = httpx.post(
+        f"{platform.url}/api/v1/evaluations/",
+        json={"name": "big", "environments": [{"id": "env"}], "metadata": {"pad": "x" * 6 * 2**20}},
+        headers={"Authorization": "Bearer pk-test"},
+        timeout=WAIT_S,
+    )
+    assert created.status_code < 300, created.text[:200]
+    return (
+        b"GET /api/v1/evaluations/%s HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        b"Authorization: Bearer pk-test\r\n\r\n" % created.json()["evaluation_id"].encode()
+    )
+
+
+def _small_window(platform: LocalPlatform) -> socket.socket:
+    """A connection whose receive buffer is the least the system gives,
+    set before it connects (the window it offers is then a few hundred
+    bytes, not the 64 KiB it offered first): the server's send queue falls
+    as the client reads, a few hundred bytes at a time."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1)
+    sock.settimeout(WAIT_S)
+    sock.connect(("127.0.0.1", _port(platform)))
+    return sock
+
+
+def _read_at(sock: socket.socket, rate: int, until: Callable[[int], bool]) -> int:
+    """Read ``sock`` at ``rate`` bytes a second, a tenth of a second's worth
+    at a time, until ``until`` holds of what was read or the server closes
+    (or resets) it; what was read."""
+    sock.settimeout(WAIT_S)
+    deadline = time.monotonic() + WAIT_S
+    read = 0
+    while not until(read):
+        assert time.monotonic() < deadline, f"{until.__name__} not met after {WAIT_S} s"
+        try:
+            chunk = sock.recv(max(1, rate // 10))
+        except ConnectionResetError:
+            return read
+        if not chunk:
+            return read
+        read += len(chunk)
+        time.sleep(0.1)
+    return read
+
+
+def test_a_reader_slower_than_the_least_rate_does_not_hold_its_connection(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """A client reading a large answer a little at a time, never silent for
+    the deadline but far under 1 KiB/s, held its connection for as long as
+    the answer lasted (6 MiB at 400 B/s: four hours), and with one connection
+    allowed, every other client was answered 503. Now an answer's rate is
+    judged over each window as a body's is: the reader is let go, and the
+    slot serves another client."""
+    platform = make_local_platform(head_timeout=1, body_timeout=4, max_connections=1)
+    request = _big_evaluation(platform)
+    reads = iter(range(10**9))
+
+    def another_served(read: int) -> bool:
+        # Asked once every ten reads (a second's): another client served.
+        if next(reads) % 10:
+            return False
+        return httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code == 200
+
+    with _small_window(platform) as sock:
+        sock.sendall(request)
+        read = _read_at(sock, 400, another_served)
+        assert read < 2**20, "the slow reader was sent its whole answer"
+    deadline = time.monotonic() + WAIT_S
+    while not another_served(0):
+        assert time.monotonic() < deadline, "the slow reader still holds its slot"
+    assert "Traceback" not in platform.log_path.read_text()
+
+
+def test_a_reader_at_a_useful_rate_is_not_cut(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """A client reading a large answer at a few KiB/s (a slow link's) goes
+    on being sent it over several windows of the deadline."""
+    platform = make_local_platform(body_timeout=2)
+    request = _big_evaluation(platform)
+    with _small_window(platform) as sock:
+        sock.sendall(request)
+        # At 8 KiB/s at most: eight seconds, four windows, and thirty-two
+        # times what the least rate asks of them.
+        wanted = 64 * 1024
+        started = time.monotonic()
+        read = _read_at(sock, 8 * 1024, lambda read: read >= wanted)
+        assert time.monotonic() - started > 6, "the reader took less than three windows"
+    assert read >= wanted, f"cut after {read} bytes"
