@@ -11,11 +11,14 @@ on the honest client's side.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import selectors
 import socket
+import struct
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -433,13 +436,13 @@ def test_a_body_sent_fast_then_trickled_is_answered_408(
     assert "Traceback" not in platform.log_path.read_text()
 
 
-def _big_evaluation(platform: LocalPlatform) -> bytes:
-    """A request for an answer of 6 MiB (an evaluation with that much
-    metadata): past what loopback's socket buffers take (4 MiB), so the
-    server holds some of it until the client reads."""
+def _big_evaluation(platform: LocalPlatform, pad: int = 6 * 2**20) -> bytes:
+    """A request for an answer of ``pad`` bytes and some (an evaluation with
+    that much metadata): 6 MiB is past what loopback's socket buffers take
+    (4 MiB), so the server holds some of it until the client reads."""
     created = httpx.post(
         f"{platform.url}/api/v1/evaluations/",
-        json={"name": "big", "environments": [{"id": "env"}], "metadata": {"pad": "x" * 6 * 2**20}},
+        json={"name": "big", "environments": [{"id": "env"}], "metadata": {"pad": "x" * pad}},
         headers={"Authorization": "Bearer pk-test"},
         timeout=WAIT_S,
     )
@@ -527,3 +530,56 @@ def test_a_reader_at_a_useful_rate_is_not_cut(
         read = _read_at(sock, 8 * 1024, lambda read: read >= wanted)
         assert time.monotonic() - started > 6, "the reader took less than three windows"
     assert read >= wanted, f"cut after {read} bytes"
+
+
+def _kernel_holds(platform: LocalPlatform, sock: socket.socket) -> int:
+    """Bytes sent to ``sock`` that the kernel holds: what it may read (its
+    receive queue) and the server's socket has not had taken (its send
+    queue, ``tx_queue`` in Linux's /proc/net/tcp)."""
+    readable = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0" * 4))[0]
+    ends = (f":{_port(platform):04X}", f":{sock.getsockname()[1]:04X}")
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1].endswith(ends[0]) and fields[2].endswith(ends[1]):
+            return readable + int(fields[4].split(":")[0], 16)
+    raise AssertionError("the server's end of the connection is not in /proc/net/tcp")
+
+
+def _whole_answer(platform: LocalPlatform, request: bytes) -> int:
+    """The bytes of the answer to ``request`` (one closing its connection)."""
+    with _connect(platform) as sock:
+        sock.sendall(request)
+        return len(_until_closed(sock))
+
+
+def test_a_close_waiting_on_a_client_that_reads_nothing_does_not_hold_its_connection(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """An answer a few KiB past what the kernel takes for a client that
+    reads nothing leaves the rest in the server's transport, under the
+    mark past which asyncio pauses its writes; the answer is complete and
+    the connection closing, and a close waits for the rest to go out. No
+    deadline ran there: the connection was held for ever. Now the rest
+    waits on the client's least rate, and the slot serves another."""
+    platform = make_local_platform(head_timeout=1, body_timeout=4, max_connections=1)
+    pad = 6 * 2**20
+    request = _big_evaluation(platform, pad)
+    around = _whole_answer(platform, request) - pad  # (the answer's head and JSON)
+    deadline = time.monotonic() + WAIT_S
+    with _small_window(platform) as sock:
+        sock.sendall(request)
+        held, last = _kernel_holds(platform, sock), -1
+        while held != last:  # (until the kernel's queues are full)
+            assert time.monotonic() < deadline, "the kernel's queues never settled"
+            time.sleep(0.2)
+            held, last = _kernel_holds(platform, sock), held
+    while httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code != 200:
+        assert time.monotonic() < deadline, "the client that left still holds its slot"
+    # 32 KiB past what the kernel held: half the transport's mark.
+    request = _big_evaluation(platform, held + 2**15 - around)
+    with _small_window(platform) as sock:
+        sock.sendall(request)
+        deadline = time.monotonic() + WAIT_S
+        while httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code != 200:
+            assert time.monotonic() < deadline, "the client that reads nothing holds its slot"
+    assert "Traceback" not in platform.log_path.read_text()
