@@ -519,16 +519,17 @@ def test_a_reader_at_a_useful_rate_is_not_cut(
 ) -> None:
     """A client reading a large answer at a few KiB/s (a slow link's) goes
     on being sent it over several windows of the deadline."""
-    platform = make_local_platform(body_timeout=2)
+    # Windows of 5 s: a reader of this test stalled a few seconds by a
+    # loaded host still takes eight times what the least rate asks.
+    platform = make_local_platform(body_timeout=5)
     request = _big_evaluation(platform)
     with _small_window(platform) as sock:
         sock.sendall(request)
-        # At 8 KiB/s at most: eight seconds, four windows, and thirty-two
-        # times what the least rate asks of them.
-        wanted = 64 * 1024
+        # At 8 KiB/s at most: twelve seconds, over two windows.
+        wanted = 96 * 1024
         started = time.monotonic()
         read = _read_at(sock, 8 * 1024, lambda read: read >= wanted)
-        assert time.monotonic() - started > 6, "the reader took less than three windows"
+        assert time.monotonic() - started > 10, "the reader took less than two windows"
     assert read >= wanted, f"cut after {read} bytes"
 
 
