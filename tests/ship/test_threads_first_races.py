@@ -266,6 +266,11 @@ def test_a_producer_killed_during_the_stand_down_is_shipped_once_and_closed_as_c
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "handing"
+        if signum == "SIGTERM":
+            # Its handler runs in the main thread, which goes on from that
+            # line into a read of stdin: a signal landing on the way in is
+            # handled when the read ends, i.e. never. Sent once it is in there.
+            procs.wait_until_asleep(proc.pid)
         os.kill(proc.pid, getattr(signal, signum))  # the producer alone
         proc.wait(timeout=120)
     finally:
