@@ -61,6 +61,9 @@ _CLOSE_GRACE = 10.0
 # suspended whole and resumed (SIGCONT to each of its processes, one by one)
 # is not taken for one.
 _STOPPED_LOOK_S = 1.0
+# The longest single wait of a flush's drain in the caller's thread: a signal
+# flagged on its way into one is handled at its end.
+_SIGNAL_LOOK_S = 1.0
 _STOPPED_FOR_S = 3.0
 # Looks further apart than this (in this process's time) were not one
 # stretch: this process was held between them (stopped with its job, or
@@ -243,7 +246,11 @@ class Supervisor:
             left = deadline - time.monotonic()
             if left <= 0 or not self.uplink.alive():
                 return False  # out of time, or nothing left to ship it
-            self.uplink.wait_progress(mark, left)  # woken by the uplink's progress
+            # Woken by the uplink's progress, or after a slice: CPython runs a
+            # signal's handler at the main thread's next check, and a SIGTERM
+            # landing on this wait's way in was handled only when a flush with
+            # a stalled platform timed out (never, without a timeout).
+            self.uplink.wait_progress(mark, min(left, _SIGNAL_LOOK_S))
 
     def _caught_up(self, targets: Mapping[int, int]) -> tuple[bool, bool]:
         """(every sink has what it owes up to ``targets``, the rest are retired or paused)."""

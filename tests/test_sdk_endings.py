@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import pytest
 from sdk_helpers import point_at
 
 import primeruns as pr
+from primeruns.journal import EntryKind, Journal
 
 SCRIPT = Path(__file__).resolve().parent / "endings_script.py"
 
@@ -158,3 +160,37 @@ def test_after_a_drain_stalled_by_a_platform_gone_mid_run_the_close_out_gets_the
     run.finish(timeout=120)
     assert len(budgets) == 1 and budgets[0] <= 0.3, budgets
     assert run.status is pr.RunStatus.COMPLETED  # journaled: replay closes it on the platform
+
+
+def test_a_sigterm_flagged_while_the_main_thread_flushes_against_a_stalled_platform_ends_the_run(
+    local_platform: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SIGTERM that CPython only flagged for the main thread (one landing on
+    a wait's way in leaves that state; here a thread of the producer takes it)
+    was handled when the flush's wait ended: with the platform stalled, when
+    flush() timed out (never, without a timeout), long after a scheduler's
+    grace. The drain waits in slices of a second, and the run is cancelled."""
+    runs = point_at(monkeypatch, tmp_path, local_platform.url)
+    proc = _start(runs, local_platform.url, "flush_stalled")
+    _run_id(proc)
+    assert proc.stdout is not None
+    journal_path = Path(proc.stdout.readline().split(maxsplit=1)[1].strip())
+    assert proc.stdout.readline().strip() == "ready"
+    local_platform.set_faults(latency_ms=90_000)  # nothing answers for the rest of the test
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
+    # A bound on a hang: the flush waits 110 s; the close-out 2 s and a grace.
+    proc.wait(timeout=60)
+    out, err = _finish(proc)
+    assert proc.returncode == -signal.SIGTERM, err[-2000:]
+    assert "flush returned" not in out
+    local_platform.set_faults(latency_ms=0)
+    procs.kill_uplinks_under(runs)
+    journal = Journal.open(journal_path, owner=False)
+    try:
+        (finish,) = journal.read(0, kinds=[EntryKind.FINISH]).entries
+    finally:
+        journal.close()
+    ended = json.loads(finish.payload)
+    assert (ended["status"], ended["error"]) == ("cancelled", "terminated by SIGTERM")
