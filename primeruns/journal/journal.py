@@ -372,7 +372,9 @@ class Journal:
                 os.chmod(path / name, 0o600)
         journal = cls(path, store, lock, durability)
         try:
-            origin = origin or Origin.here(path)
+            # Its place is this folder, also for a journal re-made with the
+            # origin it had (``rehome``): that one's folder is gone.
+            origin = (origin or Origin.here(path)).placed_at(path)
             origin.write_beside(path)
             values: dict[str, Any] = dict(meta or {})
             values.update(

@@ -34,6 +34,7 @@ not only a pid a user cannot tell from a producer's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import json
@@ -61,6 +62,7 @@ __all__ = [
     "dead_for_good",
     "forks_wait",
     "lock_held",
+    "names_this_file",
     "owner_alive",
     "plain_files",
     "read_owner",
@@ -101,8 +103,20 @@ class OwnerInfo:
     producer_done: bool = False  # the producer let go: only the uplink may hold it
     command: str | None = None  # the ``primeruns`` command holding it, if one does
     pid_ns: int | None = None  # its PID namespace (``_pid_ns``): where its pids mean anything
+    # The boot of the kernel it ran on (``origin.boot_id``): a pid, a start
+    # time and a flock mean something only in that boot of that machine, and
+    # two machines (two containers) may share a host name.
+    boot: str | None = None
+    # The lock file it locked, (st_dev, st_ino): a copy of the journal (rsync,
+    # ``cp -a``) carries this record but is another file, whose flock nobody
+    # holds (``names_this_file``).
+    file: tuple[int, int] | None = None
 
     def describe(self) -> str:
+        if self.host == this_host() and _another_boot(self):
+            # Its pid is another kernel's: here it names another process or none.
+            where = "another boot of it, or another machine of that name"
+            return f"pid {self.pid} on {self.host} ({where}: not a pid here)"
         if self.host == this_host() and _elsewhere(self):
             return self._described_elsewhere()
         if self.helper_pid is not None and (
@@ -141,6 +155,10 @@ class OwnerInfo:
             out["command"] = self.command
         if self.pid_ns is not None:
             out["pid_ns"] = self.pid_ns
+        if self.boot is not None:
+            out["boot"] = self.boot
+        if self.file is not None:
+            out["file"] = list(self.file)
         return out
 
 
@@ -173,6 +191,9 @@ _READING = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 def current_owner() -> OwnerInfo:
+    # Imported here: ``origin`` imports this module.
+    from primeruns.journal.origin import boot_id
+
     pid = os.getpid()
     return OwnerInfo(
         pid,
@@ -181,6 +202,7 @@ def current_owner() -> OwnerInfo:
         _proc_start(pid),
         command=_acting_as.command,
         pid_ns=_pid_ns(),
+        boot=boot_id(),
     )
 
 
@@ -210,8 +232,55 @@ def _pid_ns() -> int | None:
 
 def _elsewhere(info: OwnerInfo) -> bool:
     """Whether the lock file names its owner in another PID namespace than
-    this process's (a file naming none, an older version's, is judged here)."""
-    return info.pid_ns is not None and info.pid_ns != _pid_ns()
+    this process's, or in another boot (of this machine before it restarted,
+    or of another machine of the same host name, whose namespaces' inodes
+    may well equal ours): its pids mean nothing here. A file naming neither,
+    an older version's, is judged here."""
+    return (info.pid_ns is not None and info.pid_ns != _pid_ns()) or _another_boot(info)
+
+
+def _another_boot(info: OwnerInfo) -> bool:
+    """Whether the lock file names a boot and it is not this one."""
+    if info.boot is None:
+        return False
+    from primeruns.journal.origin import boot_id
+
+    current = boot_id()
+    return current is not None and info.boot != current
+
+
+def names_this_file(info: OwnerInfo | None, found: os.stat_result | None) -> bool | None:
+    """Whether the lock file ``found`` (its ``lstat``) is the very file
+    ``info``'s owner locked, so that its flock speaks for that owner; False
+    for a copy of the journal (its record names the original's file); None
+    where the record cannot tell (none, an older version's naming no file,
+    or no boot known here).
+
+    A host name and a path cannot tell: two containers (a reused pod name,
+    "localhost") may both keep runs at /scratch/runs, and a copy of a live
+    run from one to the other, taken for the original, read "crashed" by a
+    flock nobody holds. Within one boot a file is its (st_dev, st_ino).
+    Across boots (this machine restarted, or another machine of the same
+    name) device numbers are not kept, so the inode alone tells: the same
+    file here is the original of a writer gone with its boot (its flock,
+    free, says so), another is a copy."""
+    if info is None or info.file is None or info.boot is None or found is None:
+        return None
+    from primeruns.journal.origin import boot_id
+
+    current = boot_id()
+    if current is None:
+        return None
+    if info.boot == current:
+        return (found.st_dev, found.st_ino) == info.file
+    return found.st_ino == info.file[1]
+
+
+def _lock_stat(directory: Path) -> os.stat_result | None:
+    try:
+        return os.lstat(os.path.join(directory, LOCK_NAME))
+    except OSError:
+        return None
 
 
 def _ns_of(value: Any) -> int | None:
@@ -233,6 +302,23 @@ def acting_as(command: str) -> Iterator[None]:
 
 def _command_of(value: Any) -> str | None:
     return value if isinstance(value, str) and _COMMAND_NAME.fullmatch(value) else None
+
+
+def _boot_of(value: Any) -> str | None:
+    """A boot id as a lock file gives it (a UUID's text); None for anything else."""
+    return value if isinstance(value, str) and 0 < len(value) <= 64 else None
+
+
+def _file_of(value: Any) -> tuple[int, int] | None:
+    """A file's (st_dev, st_ino) as a lock file (or an origin) gives it; None
+    for anything else."""
+    # Exact types, no generator: a listing reads every journal's origin.
+    if type(value) is not list or len(value) != 2:
+        return None
+    dev, ino = value
+    if type(dev) is not int or type(ino) is not int or dev < 0 or ino < 0:
+        return None
+    return dev, ino
 
 
 def read_owner(directory: Path, found: os.stat_result | None = None) -> OwnerInfo | None:
@@ -268,6 +354,8 @@ def read_owner(directory: Path, found: os.stat_result | None = None) -> OwnerInf
             data.get("producer_done") is True,
             _command_of(data.get("command")),
             _ns_of(data.get("pid_ns")),
+            _boot_of(data.get("boot")),
+            _file_of(data.get("file")),
         )
     # The file is anyone's to write, and read where a run is closed (who
     # ships a predecessor's sync journal): an infinity (OverflowError) or
@@ -340,12 +428,18 @@ def owner_alive(info: OwnerInfo | None, directory: Path | None = None) -> bool:
     from primeruns.journal.origin import Origin
 
     origin = Origin.read_beside(directory)
-    if origin is not None and origin.is_original(directory):
+    # Whether this is the file its owner locked: by the record where it
+    # names that file (``names_this_file``), else by where the journal was
+    # written (an older version's record).
+    said = names_this_file(info, _lock_stat(directory))
+    if said or (said is None and origin is not None and origin.is_original(directory)):
         return _held(directory) is not False
     if not elsewhere:
         return True  # a copy: its producer, by pid and start time, runs
-    if origin is None:  # an older version's journal: its own flock, as ever
-        return _held(directory) is not False
+    if origin is None:
+        # An older version's journal: its own flock, as ever; but a copy
+        # (its record says so) cannot be asked here: alive, the safe answer.
+        return said is not None or _held(directory) is not False
     return origin.producer_state() != "dead"
 
 
@@ -369,6 +463,8 @@ def dead_for_good(info: OwnerInfo) -> bool:
     without its start time (any process that takes that pid later is taken
     for it)."""
     if info.host != this_host() or info.pid_ns is None or info.pid_ns != _pid_ns():
+        return False
+    if _another_boot(info):
         return False
     if info.proc_start is None or (info.helper_pid is not None and info.helper_start is None):
         return False
@@ -547,7 +643,8 @@ class OwnerLock:
             )
         self._shared = False
         self.inherited = False  # the uplink's copy, from its producer
-        self.owner = current_owner()
+        found = os.fstat(fd)
+        self.owner = dataclasses.replace(current_owner(), file=(found.st_dev, found.st_ino))
         if record:
             try:
                 _write_record(fd, self.owner.to_json())

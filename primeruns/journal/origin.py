@@ -31,11 +31,11 @@ import os
 import socket
 import stat
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from primeruns.journal.lock import LOCK_NAME, _proc_start, lock_held, this_host
+from primeruns.journal.lock import LOCK_NAME, _file_of, _proc_start, lock_held, this_host
 
 __all__ = ["K_ORIGIN", "ORIGIN_FILE", "Origin", "ProducerState", "boot_id"]
 
@@ -81,6 +81,12 @@ class Origin:
     boot: str | None
     path: str
     created: float
+    # The journal's folder, (st_dev, st_ino), as it was made: a copy at the
+    # very path (another container's disk) is another folder. Not part of
+    # what the origin is (``==``: a sync journal compares the origins its
+    # copies name): a journal re-made at its path (``rehome``) is the same
+    # journal in a new folder, and names that one.
+    place: tuple[int, int] | None = field(default=None, compare=False)
 
     @classmethod
     def here(cls, path: Path) -> Origin:
@@ -94,6 +100,14 @@ class Origin:
             path=str(Path(path).absolute()),
             created=time.time(),
         )
+
+    def placed_at(self, directory: Path) -> Origin:
+        """This origin, naming ``directory`` (the journal's new folder) as its place."""
+        try:
+            found = os.stat(directory)
+        except OSError:
+            return replace(self, place=None)
+        return replace(self, place=(found.st_dev, found.st_ino))
 
     def write_beside(self, directory: Path) -> None:
         """Write ``origin.json`` into a journal's new folder (never through a link)."""
@@ -126,7 +140,7 @@ class Origin:
             os.close(fd)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "host": self.host,
             "pid": self.pid,
             "proc_start": self.proc_start,
@@ -134,6 +148,9 @@ class Origin:
             "path": self.path,
             "created": self.created,
         }
+        if self.place is not None:
+            out["place"] = list(self.place)
+        return out
 
     @classmethod
     def from_json(cls, value: Any) -> Origin | None:
@@ -154,6 +171,7 @@ class Origin:
             boot=boot if isinstance(boot, str) else None,
             path=path,
             created=float(created) if isinstance(created, int | float) else 0.0,
+            place=_file_of(value.get("place")),
         )
 
     @property
@@ -161,16 +179,38 @@ class Origin:
         return self.host == this_host()
 
     def is_original(self, path: Path) -> bool:
-        """Whether ``path`` is where this journal was written (not a copy)."""
+        """Whether ``path`` is where this journal was written (not a copy).
+
+        The host name and the path must be this one's, and the folder there
+        the one it was made in (``place``): two containers may share both a
+        host name ("localhost", a requeued job's reused pod name) and a runs
+        path (/scratch/runs), and a copy taken from one to the other, read as
+        the original, was judged by its own flock, which nobody holds: a live
+        run read "crashed". Within the boot it was made in, a folder is its
+        (st_dev, st_ino); in another (this machine restarted, or another
+        machine of that name) device numbers are not kept, so the inode
+        tells: the same folder is the original of a writer gone with its
+        boot. An origin naming no place (an older version's) leaves the host
+        name and path to tell, as before."""
         if not self.on_this_host:
             return False
         # The same text is the same path (what almost every listed journal
         # finds: parsing a path, even a Path again, is a listing's cost per journal).
         text = os.fspath(path)
-        if text == self.path and os.path.isabs(text):
+        if not (text == self.path and os.path.isabs(text)):
+            here = (path if isinstance(path, Path) else Path(path)).absolute()
+            if not (os.fspath(here) == self.path or here == Path(self.path)):
+                return False
+        if self.place is None:
             return True
-        here = (path if isinstance(path, Path) else Path(path)).absolute()
-        return os.fspath(here) == self.path or here == Path(self.path)
+        try:
+            found = os.stat(path)
+        except OSError:
+            return True  # nothing here to tell by: as before places were named
+        current = boot_id()
+        if self.boot is not None and current is not None and self.boot == current:
+            return (found.st_dev, found.st_ino) == self.place
+        return found.st_ino == self.place[1]
 
     def producer_state(self) -> ProducerState:
         """Whether the producer may still write the original (see module doc).
@@ -187,6 +227,10 @@ class Origin:
             return "unknown"
         original = Path(self.path)
         if not (original / LOCK_NAME).exists():
+            return "unknown"
+        if not self.is_original(original):
+            # A copy lies at the original's path (another container's
+            # filesystem): its flock is nobody's, whatever its writer does.
             return "unknown"
         return "alive" if lock_held(original) else "dead"
 
