@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import JournalError
+from .exceptions import JournalCorruptError, JournalError
 from .models import RUN_KIND, EnvironmentRef, Mode, RunKind
 
 if TYPE_CHECKING:
@@ -214,13 +214,20 @@ def spec_or_default(journal: Journal, fallback: RunSpec | None = None) -> RunSpe
     """``journal_spec``, with ``fallback`` (the user's, for a spec lost to
     damage) or the defaults for a spec of the wrong shape or none: for what
     only tunes how a journal is shipped (its registration, which needs the
-    spec, fails and says why)."""
+    spec, fails and says why). A spec that cannot be read at all (not
+    JSON) is the user's too where they gave one: ``sync --spec FILE`` is
+    what ``ls``, ``show`` and ``sync --all`` tell them to run for it, and it
+    stopped on "damaged journal" before storing theirs (``supply_spec``)."""
     try:
         if fallback is not None and journal.get_meta(SPEC_KEY) is None:
             return fallback
         return journal_spec(journal)
     except SpecError:
         return fallback or RunSpec()
+    except JournalCorruptError:
+        if fallback is None:
+            raise
+        return fallback
 
 
 def supply_spec(journal: Journal, spec: RunSpec | None) -> bool:

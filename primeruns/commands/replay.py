@@ -610,9 +610,24 @@ def _skipped(status: RunStatus, root: Path, *, offline: bool) -> str | None:
         if offline:
             if status.spec is None and info.damage:
                 return _unreadable(info.path, info.damage[0].what)
+            if status.spec_damaged:
+                # Whether it ran offline is its spec's to say: not "an
+                # online run", whose replay cannot ship it without one either.
+                return _spec_unreadable(info.path)
             return "an online run: ship what its uplink left with primeruns replay"
         return "an offline run: ship it with primeruns sync"
     return None
+
+
+def _spec_unreadable(path: Path) -> str:
+    """Why a journal whose spec is damaged (``reports.spec_damaged``) is
+    passed over, and what ships it: its records are whole, its spec is not."""
+    return (
+        f"its spec cannot be read (damaged in the journal {path}), so neither can "
+        f"whether it ran offline; primeruns show {path} says what is left of it; "
+        f"with the run's spec in a file, primeruns sync --spec FILE {path} ships it "
+        "(a JSON object: kind, name, model, environments, ...)"
+    )
 
 
 def _unreadable(path: Path, what: str) -> str:

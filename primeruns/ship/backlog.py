@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..exceptions import JournalError, JournalLockedError
+from ..exceptions import JournalCorruptError, JournalError, JournalLockedError
 from ..journal import Damage, Journal, journal_info
 from ..journal.lock import owner_alive, read_owner
 from ..journal.origin import Origin
@@ -618,6 +618,11 @@ def _refuse_a_live_uplink(
         online = spec_or_default(copy).mode == "online"
     except SpecError:
         online = False
+    except JournalCorruptError:
+        # Its spec is not JSON: whether it ran online cannot be read, so
+        # it may have: refused while its uplink may live, the safe answer
+        # (two shippers send records twice); before, a "damaged journal".
+        online = True
     if not online or job_ended:
         return
     if copy.get_meta(ledger.K_CLOSEOUT) is not None:

@@ -61,7 +61,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from ..exceptions import JournalError
+from ..exceptions import JournalCorruptError, JournalError
 from ..journal import CursorState, Damage, Entry, EntryKind, Journal, ReadResult
 from ..journal.capacity import K_COMPACTED_KINDS
 from ..journal.frames import FLAG_ZSTD, peek_header
@@ -446,7 +446,7 @@ def _run_sinks(journal: Journal) -> list[str]:
     that shipped from it already where the spec cannot be read)."""
     try:
         return sink_names(stored_spec(journal.get_meta(SPEC_KEY)).kind)
-    except SpecError:
+    except (SpecError, JournalCorruptError):  # of another shape, or not JSON
         return sorted(journal.cursors())
 
 
@@ -472,8 +472,13 @@ def _carry_spec(source: Journal, dest: Journal) -> None:
     """The run's spec as the copy's producer last stored it: an evaluation's
     config edited before ``finish()`` is stored then, in a journal whose
     sync journal was made from a copy taken earlier, and the close-out
-    sends it. One that cannot be read (damage) is not carried."""
-    spec = source.get_meta(SPEC_KEY)
+    sends it. One that cannot be read (damage: not JSON, or of another
+    shape) is not carried: the sync journal keeps what it holds (the
+    user's ``--spec``)."""
+    try:
+        spec = source.get_meta(SPEC_KEY)
+    except JournalCorruptError:
+        return
     if spec is None or spec == dest.get_meta(SPEC_KEY):
         return
     try:

@@ -8,6 +8,7 @@ ends the watch)."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,9 @@ from sdk_helpers import API_KEY, point_at
 
 import primeruns as pr
 from primeruns.commands import replay
+from primeruns.journal import Journal
 from primeruns.journal.origin import ORIGIN_FILE, Origin
+from primeruns.spec import SPEC_KEY
 
 
 def _two_offline_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, url: str) -> list[Path]:
@@ -241,3 +244,48 @@ def test_a_watch_keeps_what_it_knows_when_its_folder_lists_again_within_the_pass
     assert code == 130, out + err
     assert {n for n, _ in synced} == {1}, synced  # synced in the first pass, never again
     assert err.count("cannot be listed (Input/output error)") == 1, err
+
+
+def _spec_damaged(path: Path) -> None:
+    """The journal's spec replaced by bytes that are not JSON (a bit flip on disk)."""
+    with Journal.open(path, owner=True) as journal:
+        journal._tx.write(lambda txn: journal._tx.put_meta_bytes(txn, SPEC_KEY, b"not json"))
+
+
+def test_sync_all_names_an_offline_journal_whose_spec_is_damaged_for_what_it_is(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Its spec unreadable, whether it was opened offline cannot be read
+    either. Before, ``sync --all`` called it "an online run" and sent its
+    user to ``replay``, which cannot ship it without its spec either."""
+    good, damaged = _two_offline_runs(tmp_path, monkeypatch, local_platform.url)
+    _spec_damaged(damaged)
+    code, out, err = cli(capsys, "sync", "--all", "--runs-dir", str(good.parent))
+    assert "an online run" not in err, err
+    assert f"{damaged.name}: skipped: its spec cannot be read" in err, err
+    assert f"primeruns sync --spec FILE {damaged}" in err, err
+    assert code == 0, out + err  # the good one shipped
+    assert len(local_platform.runs()) == 1
+
+
+def test_sync_with_the_runs_spec_ships_a_journal_whose_spec_is_not_json(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """What ``ls``, ``show`` and ``sync --all`` say ships it: before, the
+    user's ``--spec FILE`` was never used, ``sync`` stopped on "damaged
+    journal" reading the spec it replaces (exit 4), and nothing shipped."""
+    _, damaged = _two_offline_runs(tmp_path, monkeypatch, local_platform.url)
+    _spec_damaged(damaged)
+    spec = tmp_path / "spec.json"
+    said = {"kind": "train", "name": "t1", "model": "m", "mode": "offline", "team_id": "team"}
+    spec.write_text(json.dumps({**said, "base_url": local_platform.url}))
+    code, out, err = cli(capsys, "sync", "--spec", str(spec), str(damaged))
+    assert code == 0, out + err
+    [shipped] = [r for r in local_platform.runs() if r["name"] == "t1"]
+    assert local_platform.run(shipped["id"])["train_metrics"] == {"rows": 1, "steps": 1}
