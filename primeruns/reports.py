@@ -180,9 +180,12 @@ class RunStatus:
     @property
     def spec_damaged(self) -> bool:
         """Its spec cannot be read (``spec_damaged``): shipped only with
-        ``--spec FILE``. A copy's sync journal holds its own spec."""
+        ``--spec FILE``. A copy's is its sync journal's, which ships it (and
+        whose spec it reads where its own is damaged: ``describe``)."""
         # (Its spec as read once, cached: a listing of thousands reads each.)
-        return self.synced is None and self.spec is None and _holds_spec(self.info.meta)
+        if self.synced is not None:
+            return self.spec is None and self.synced.spec_damaged
+        return self.spec is None and _holds_spec(self.info.meta)
 
     @property
     def kind(self) -> RunKind:
@@ -320,6 +323,11 @@ def describe(
     root = sync_root() if root is None else root
     synced, unimported = _sync_journal_status(info, root, in_root, origin)
     spec = listed_spec(info.meta)  # once: a listing of thousands of runs reads each
+    if spec is None and synced is not None:
+        # A copy's own spec damaged (a bad disk, a copy gone wrong) while its
+        # sync journal's, which ships it, reads: that one says its sinks
+        # (read as none, ``show`` listed an evaluation's for any run).
+        spec = synced.spec
     pending = synced.pending if synced is not None else pending_per_sink(info, spec)
     total = sum(v for v in pending.values() if isinstance(v, int))
     meta = synced.info.meta if synced is not None else info.meta

@@ -846,3 +846,37 @@ def test_a_watching_sync_closes_a_run_keys_run_after_the_attempt_that_did_not_fi
     assert closed_after_every_record(lp.data_dir, run["id"]), (
         "closed before the killed attempt's records"
     )
+
+
+def test_show_of_a_copy_whose_spec_is_damaged_names_its_sync_journals_sinks(
+    local_platform: Any, login: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy synced whole, then copied again over a bad disk: its own spec
+    no longer reads, its sync journal's (which ships it) does. Before,
+    ``show`` read the copy's alone: an evaluation's sinks for a training
+    run, its sample table among them, and no kind."""
+    lp = local_platform
+    runs = login.parent / "node"
+    run = pr.init(
+        kind="train", model="m", team_id="team", mode="offline", base_url=lp.url, runs_dir=runs
+    )
+    run.log_episodes(workloads.agentic_by_step(2)[0])
+    run.log_metrics({"loss": 1.0}, step=0)
+    run.finish()
+    assert run.journal_path is not None
+    copy = _copy(run.journal_path, login)
+    code, out, err = cli(capsys, "sync", str(copy))
+    assert code == 0, out + err
+    code, out, err = cli(capsys, "show", str(copy), "--json")
+    sound = json.loads(out)
+    with Journal.open(copy) as journal:
+        tx = journal._tx
+        tx.write(lambda txn: tx.put_meta_bytes(txn, SPEC_KEY, b"not json"))
+    code, out, err = cli(capsys, "show", str(copy), "--json")
+    assert code == 0, out + err
+    shown = json.loads(out)
+    assert [s["sink"] for s in shown["sinks"]] == [s["sink"] for s in sound["sinks"]], shown
+    assert "eval_samples" not in [s["sink"] for s in shown["sinks"]], shown
+    assert shown["spec"]["kind"] == "train", shown
+    assert not shown["spec_damaged"], shown
+    assert lp.runs() and shown["shipping"] == sound["shipping"], shown
