@@ -168,8 +168,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=ConnectionLimits.body_memory,
         metavar="MIB",
-        help="MiB of unfinished request bodies held by all connections at once past which "
-        "the one whose bytes pass it is answered 503 and closed "
+        help="MiB of unfinished request bodies (and answers waiting on their clients) held by "
+        "all connections at once past which the one whose bytes pass it is answered 503 and "
+        "closed (or, its answer under way, aborted) "
         f"(default {ConnectionLimits.body_memory})",
     )
 

@@ -46,7 +46,8 @@ class ConnectionLimits:
     #: raises its limit on open files for them and its own, or lowers this
     #: where the hard limit holds fewer (``descriptors.fit``).
     max_connections: int = 512
-    #: MiB of unfinished request bodies the connections may hold at once, all
+    #: MiB of unfinished request bodies (and of answers waiting on clients
+    #: that do not read them) the connections may hold at once, all
     #: told, past which the one whose bytes pass it is answered 503: each of
     #: the bound's connections may otherwise hold a body up to its route's
     #: cap (26 MiB, an object's 512 MiB) for as long as it keeps sending.

@@ -57,7 +57,14 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   26 MiB: sent that slowly, a body holds its cap for seven hours), 13 GiB
   from 512 connections. The connection whose bytes pass the bound is answered
   503 with ``Retry-After`` (the SDK retries) and closed, the app told its
-  client left; the others go on.
+  client left; the others go on. What a transport holds of answers waiting
+  on their clients (writes paused) counts against the same bound: a client
+  that asked for a large answer and read none held it for a window, one
+  reading at the least rate for hours, and twelve holding answers of 8 MiB
+  grew the server by 470 MiB (an answer's copies on its way out, the app's
+  among them, live while its writes wait). The connection whose answer
+  passes the bound is aborted (its answer is under way), the app told its
+  client left; what its socket had taken is the kernel's to send or drop.
 
 One timer a connection, moved only when it fires early: a read records its
 time and nothing more, so an upload's many reads arm no timer each.
@@ -154,6 +161,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._body_base = 0  # (what was received then)
         self._held = 0  # (bytes of an unfinished body counted in ``bodies``)
         self._held_from: int | None = None  # (what was received when it started)
+        self._held_answer = 0  # (bytes of answers waiting on the client, counted too)
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             self.transport.write(BUSY_ANSWER)
@@ -164,6 +172,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         self._hold(0)
+        self._hold_answer(0)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -175,7 +184,12 @@ class BoundedH11Protocol(OneWriteH11Protocol):
     def pause_writing(self) -> None:
         super().pause_writing()
         self._answer_waits()
-        self._watch()
+        if self._count_answer():
+            self._watch()
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._count_answer()
 
     def handle_events(self) -> None:
         super().handle_events()
@@ -227,6 +241,29 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         if held and self.bodies.held > self.limits.body_memory * 2**20:
             self._hold(0)
             self.answer_and_close(503, FULL_BODY, RETRY_AFTER)
+
+    def _count_answer(self) -> bool:
+        """Count what the transport holds of answers for this client among
+        the server's held bytes (:attr:`ConnectionLimits.body_memory`); past
+        the bound, abort it (an answer is under way: nothing more can be said
+        on it), which lets the app's copies of it go too. False if aborted.
+
+        Counted as writes pause and resume and as its timer fires: the
+        transport's bytes only fall in between, so the count is never short."""
+        if self.transport.is_closing() and not self.flow.write_paused:
+            self._hold_answer(0)  # (a close's rest: under asyncio's 64 KiB mark)
+            return True
+        self._hold_answer(self.transport.get_write_buffer_size())
+        if self._held_answer and self.bodies.held > self.limits.body_memory * 2**20:
+            self._hold_answer(0)
+            self.transport.abort()  # (connection_lost tells the app)
+            return False
+        return True
+
+    def _hold_answer(self, held: int) -> None:
+        """This connection's answer waiting on its client counted as ``held`` bytes."""
+        self.bodies.held += held - self._held_answer
+        self._held_answer = held
 
     def _hold(self, held: int) -> None:
         """This connection's unfinished body counted as ``held`` bytes."""
@@ -344,6 +381,8 @@ class BoundedH11Protocol(OneWriteH11Protocol):
     def _expired(self) -> None:
         self._timer = None
         now = self.loop.time()
+        if self._held_answer:
+            self._count_answer()  # (what the client took since is no longer held)
         self._slid(now)
         if self._sent_from is not None and now >= self._sent_from + self.limits.body_timeout:
             self.transport.abort()  # (connection_lost tells the app)

@@ -584,3 +584,36 @@ def test_a_close_waiting_on_a_client_that_reads_nothing_does_not_hold_its_connec
         while httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code != 200:
             assert time.monotonic() < deadline, "the client that reads nothing holds its slot"
     assert "Traceback" not in platform.log_path.read_text()
+
+
+def _open_from(platform: LocalPlatform) -> int:
+    """Connections the server's end holds open (ESTABLISHED in Linux's
+    /proc/net/tcp): one it let go with bytes unsent is the kernel's alone."""
+    port = f":{_port(platform):04X}"
+    lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    return sum(1 for line in lines if line.split()[1].endswith(port) and line.split()[3] == "01")
+
+
+def test_answers_held_for_clients_that_do_not_read_are_bounded(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """A client that asks for a large answer and reads nothing held it in
+    the server for a window (60 s by default), one reading 1 KiB/s for as
+    long as the answer lasts (26 MiB: seven hours), and no bound counted it:
+    twelve clients holding answers of 8 MiB grew the server by 470 MiB (each
+    answer's copies on the way out), 512 of them by tens of GiB. Now what
+    the transports hold of answers counts against ``body_memory`` with the
+    bodies: with 8 MiB allowed, those past it are let go at once (the
+    kernel, not the server, holds what their sockets had taken)."""
+    platform = make_local_platform(body_memory=8, body_timeout=60)
+    request = _big_evaluation(platform, 8 * 2**20)
+    with ExitStack() as stack:
+        for _ in range(12):
+            stack.enter_context(_small_window(platform)).sendall(request)
+        deadline = time.monotonic() + WAIT_S
+        # Each holds some 4 MiB past its socket's queue: two fit, ten do not.
+        while (held := _open_from(platform)) > 2:
+            assert time.monotonic() < deadline, f"{held} connections hold their answers"
+            time.sleep(0.2)
+        assert httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code == 200
+    assert "Traceback" not in platform.log_path.read_text()
