@@ -381,8 +381,8 @@ class BoundedH11Protocol(OneWriteH11Protocol):
     def _expired(self) -> None:
         self._timer = None
         now = self.loop.time()
-        if self._held_answer:
-            self._count_answer()  # (what the client took since is no longer held)
+        if self._held_answer and not self._count_answer():
+            return  # (aborted: past the bound; what it took since is no longer counted)
         self._slid(now)
         if self._sent_from is not None and now >= self._sent_from + self.limits.body_timeout:
             self.transport.abort()  # (connection_lost tells the app)
