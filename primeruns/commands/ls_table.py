@@ -122,6 +122,13 @@ def _table(found: list[RunStatus], columns: list[_Column], nested: set[int]) -> 
     return table
 
 
+def _cell_len(text: str) -> int:
+    """The cells ``text`` takes on a terminal (rich's ``cell_len``): one a
+    character for printable ASCII, nearly every cell of a listing, which
+    rich's measure took a tenth of drawing thousands of runs to say."""
+    return len(text) if text.isascii() and text.isprintable() else cell_len(text)
+
+
 _GAP = "  "  # between two columns: rich's padding of one on each side, none at the edges
 
 
@@ -135,7 +142,7 @@ def _fast_table(found: list[RunStatus], console: Console, nested: set[int]) -> S
     ellipsis, as rich's table cuts it (``no_wrap``): a journal a line."""
     width = console.width
     cells = {name: _cells(found, cell, name, nested) for name, cell, _ in _COLUMNS}
-    lengths = {name: [cell_len(text) for text, _ in texts] for name, texts in cells.items()}
+    lengths = {name: [_cell_len(text) for text, _ in texts] for name, texts in cells.items()}
     # A column's cap is for a terminal's width: off one, nothing is cut, so
     # that ``ls | grep`` finds a run by its whole name.
     capped = fits_a_terminal(console)
@@ -154,47 +161,73 @@ def _fast_table(found: list[RunStatus], console: Console, nested: set[int]) -> S
         return None
     order = {name: i for i, name in enumerate([*_SHOWN_ORDER, "SIZE", "AGE"])}
     shown = sorted(columns, key=lambda c: order[c[0]])
-    last = len(shown) - 1
-    styles: dict[str, Style | None] = {}
-    # Each run of neighbours in one style as one segment (rich renders each
-    # segment it is given in turn), gathered as text: three segments a cell,
-    # made and then joined, were a third of a listing of thousands of runs.
+    laid = [
+        _laid_out(name, cells[name], lengths[name], widths[name], options, i == len(shown) - 1)
+        for i, (name, _, options) in enumerate(shown)
+    ]
+    if console.color_system is None:
+        # Off a terminal (or without colour) a style renders as nothing
+        # (``Style.render``): the lines are the table, in one segment.
+        # Segments of a style each, gathered cell by cell, were a sixth of
+        # ``ls | ...`` of thousands of runs.
+        rows = zip(*([f"{b}{t}{a}" for b, (t, _), a in column] for column in laid), strict=True)
+        return Segments([Segment("".join(["".join(row) + "\n" for row in rows]))])
+    return _styled(laid, console)
+
+
+# A laid out cell: what comes before its text (a right-justified column's
+# padding), its text and style, and what follows (a left-justified column's
+# padding and the gap to the next column).
+_LaidCell = tuple[str, _Cell, str]
+
+
+def _laid_out(
+    name: str,
+    texts: list[_Cell],
+    lengths: list[int],
+    room: int,
+    options: dict[str, Any],
+    last: bool,
+) -> list[_LaidCell]:
+    """One shown column's header and cells, each cut to ``room`` cells (with an
+    ellipsis, as rich cuts it) and padded to it; the ``last`` one unpadded on
+    the right and without the gap."""
+    right = options.get("justify") == "right"
+    out: list[_LaidCell] = []
+    for (text, style), length in zip([(name, "bold"), *texts], [len(name), *lengths], strict=True):
+        if length > room:
+            cut = Text(text)
+            cut.truncate(room, overflow="ellipsis")
+            text, length = cut.plain, cut.cell_len
+        pad = " " * (room - length)
+        if right:
+            out.append((pad, (text, style), "" if last else _GAP))
+        else:
+            out.append(("", (text, style), "" if last else pad + _GAP))
+    return out
+
+
+def _styled(laid: list[list[_LaidCell]], console: Console) -> Segments:
+    """The lines of ``laid`` columns as segments, each run of neighbours in one
+    style as one segment (rich renders each segment it is given in turn, a
+    style's codes around each)."""
+    styles: dict[str, Style | None] = {"": None}
     out: list[Segment] = []
     texts: list[str] = []
     current: Style | None = None
-
-    def put(text: str, style: Style | None) -> None:
-        nonlocal texts, current
-        if style is not current:
-            if texts:
-                out.append(Segment("".join(texts), current))
-            texts, current = [], style
-        texts.append(text)
-
-    for row in range(-1, len(found)):  # the header first
-        for i, (name, _, options) in enumerate(shown):
-            if row < 0:
-                (text, style), length = (name, "bold"), len(name)
-            else:
-                (text, style), length = cells[name][row], lengths[name][row]
-            room = widths[name]
-            if length > room:
-                cut = Text(text)
-                cut.truncate(room, overflow="ellipsis")
-                text, length = cut.plain, cut.cell_len
-            if style not in styles:
-                styles[style] = console.get_style(style) if style else None
-            pad = " " * (room - length)
-            if options.get("justify") == "right":
-                put(pad, None)
-                put(text, styles[style])
-            else:
-                put(text, styles[style])
-                if i != last:
-                    put(pad, None)
-            if i != last:
-                put(_GAP, None)
-        put("\n", None)
+    for row in zip(*laid, strict=True):
+        pieces: list[tuple[str, Style | None]] = []
+        for before, (text, name), after in row:
+            if name not in styles:
+                styles[name] = console.get_style(name)
+            pieces += ((before, None), (text, styles[name]), (after, None))
+        pieces.append(("\n", None))
+        for piece, style in pieces:
+            if style is not current:
+                if texts:
+                    out.append(Segment("".join(texts), current))
+                texts, current = [], style
+            texts.append(piece)
     if texts:
         out.append(Segment("".join(texts), current))
     return Segments(out)
