@@ -230,3 +230,36 @@ def test_a_listing_reads_a_missing_or_damaged_spec_as_none() -> None:
     assert listed_spec({"spec": {}}) is None
     assert listed_spec({"spec": {**STORED_TRAIN, "kind": None}}) is None
     assert listed_spec({"spec": STORED_EVAL}) == RunSpec.from_json(STORED_EVAL)
+
+
+# The text keys a listing row keeps of a spec (summary_index), and the others.
+TEXT_KEYS = ["kind", "name", "mode", "attach_id", "base_url", "run_key", "frontend_url", "model"]
+
+
+def _read(value: Any) -> RunSpec | str:
+    """The spec ``value`` reads as, or the error it raises, said."""
+    try:
+        return RunSpec.from_json(value)
+    except SpecError as exc:
+        return f"SpecError: {exc}"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.dictionaries(
+        st.sampled_from(TEXT_KEYS),
+        st.one_of(
+            st.none(),
+            st.sampled_from(["eval", "train", "online", "offline", "disabled", "", "x"]),
+            json_values(4),
+        ),
+        max_size=6,
+    )
+)
+def test_a_spec_of_text_keys_alone_reads_as_the_same_spec_with_any_other_key(
+    value: dict[str, Any],
+) -> None:
+    """A spec of text keys alone (as a listing's row keeps it: ``ls`` reads one
+    a journal) reads as it reads beside an empty list of tags, which no
+    shortcut takes: the same spec, or the same error naming its field."""
+    assert _read(value) == _read({**value, "tags": []})
