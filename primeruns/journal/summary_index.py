@@ -250,35 +250,47 @@ class Index:
         kept still. Written anew when more than ``stale_most`` entries, rows
         or dead owners are stale or missing."""
         entries = self.entries
-        fresh: dict[str, list[Any]] = {}
-        rows: dict[str, dict[str, Any]] = {}
         stale = sum(1 for name in entries if name not in listed)
         stale += sum(1 for name, owner in dead.items() if self._dead.get(name) != owner)
+        made: dict[str, dict[str, Any]] = {}  # rows made anew from summaries read now
+        # Counted first, built only to be written: a listing that writes
+        # nothing (nearly every one) copies no entry nor row.
         for name, found in listed.items():
-            kept = self._row_at(name, found.stamp)
+            entry = entries.get(name)
+            current = entry is not None and _stamp_of(entry[0]) == found.stamp
             seen = fields_read.get(name)  # its summary, read or written now (so an entry too)
             # A row given and its summary read all the same did not serve (no
             # counts; not as written): made anew, as a missing one. (A listing
             # that reads no rows reads every summary: the rows stay.)
-            if (kept is None or name in self._given) and seen is not None:
-                made = row_of(seen[1]) if seen[0] == found.stamp else None
-                if made is not None:
-                    rows[name] = made
+            if seen is not None and (name in self._given or not self._has_row(name, current)):
+                row = row_of(seen[1]) if seen[0] == found.stamp else None
+                if row is not None:
+                    made[name] = row
                     stale += 1
-                    kept = None
-            if kept is not None:
-                rows[name] = kept
-            entry = entries.get(name)
-            text = texts.get(name)  # read or written now: as current, or more
-            if entry is not None and _stamp_of(entry[0]) == found.stamp:
-                fresh[name] = [_files_json(found), entry[1] if text is None else text]
-                continue
-            stale += 1
-            if text is not None:
-                fresh[name] = [_files_json(found), text]
+            if not current:
+                stale += 1
         if stale <= stale_most(len(listed)):
             return
+        fresh: dict[str, list[Any]] = {}
+        rows: dict[str, dict[str, Any]] = {}
+        for name, found in listed.items():
+            entry = entries.get(name)
+            current = entry is not None and _stamp_of(entry[0]) == found.stamp
+            if name in made:
+                rows[name] = made[name]
+            elif self._has_row(name, current):
+                rows[name] = self._rows[name]
+            text = texts.get(name)  # read or written now: as current, or more
+            if entry is not None and current:
+                fresh[name] = [_files_json(found), entry[1] if text is None else text]
+            elif text is not None:
+                fresh[name] = [_files_json(found), text]
         self._write(fresh, rows, dead)
+
+    def _has_row(self, name: str, current: bool) -> bool:
+        """Whether journal ``name`` has a row, given whether its entry is
+        ``current`` (a row is written only with the entry of its stamp)."""
+        return current and type(self._rows.get(name)) is dict
 
     def _write(
         self,
