@@ -50,9 +50,16 @@ def _logged(status: RunStatus) -> str:
 _Cell = tuple[str, str]
 
 
+def _stripped(text: str) -> str:
+    """``text`` as ``Text`` keeps it (rich's ``strip_control_codes``): as it
+    is where it holds no control character at all, nearly every cell, which
+    is told without a translation table a cell."""
+    return text if text.isprintable() else strip_control_codes(text)
+
+
 def _plain(text: str, style: str = "") -> _Cell:
     """A cell of text this command made (numbers, sizes, states), as ``Text`` keeps it."""
-    return strip_control_codes(text), style
+    return _stripped(text), style
 
 
 def _inert(value: object, style: str = "") -> _Cell:
@@ -61,11 +68,11 @@ def _inert(value: object, style: str = "") -> _Cell:
 
 
 def _outcome(outcome: str) -> _Cell:
-    return strip_control_codes(outcome), outcome_style(outcome)
+    return _stripped(outcome), outcome_style(outcome)
 
 
 def _shipping(shipping: str) -> _Cell:
-    return strip_control_codes(shipping), shipping_style(shipping)
+    return _stripped(shipping), shipping_style(shipping)
 
 
 # Each column: its header, how to fill a cell, and its options; listed in the

@@ -195,8 +195,9 @@ def _look(
     rows: bool = False,
 ) -> _Look:
     hit = memo.get(path) if memo is not None else None
+    name = path.name  # (a property of Path made anew each time: a listing looks at thousands)
     if hit is None and index is not None:  # the stamp as the index has it
-        known = index.files(path.name)
+        known = index.files(name)
     else:
         known = hit[0] if hit is not None else None
     found = summary.files(path, known, seen)
@@ -205,16 +206,16 @@ def _look(
     kept = None
     if shelf is not None:
         if rows and hit is None and index is not None:
-            kept = index.row(path.name, found.stamp)  # (its meta: ``ROW_META``)
+            kept = index.row(name, found.stamp)  # (its meta: ``ROW_META``)
             if _Look(found, owner, kept).covers(verify=verify, tally=tally):
                 return _Look(found, owner, kept, row=True)
             kept = None
         if kept is None and hit is None and index is not None:
-            kept = shelf.load_text(path.name, found.stamp, index.summary_text(path.name))
+            kept = shelf.load_text(name, found.stamp, index.summary_text(name))
             if not _Look(found, owner, kept).covers(verify=verify, tally=tally):
                 kept = None  # its summary file may hold more (a scan gc made since)
         if kept is None:
-            kept = shelf.load(path.name, found.stamp)
+            kept = shelf.load(name, found.stamp)
     return _Look(found, owner, kept)
 
 
@@ -511,7 +512,8 @@ def list_journals(
     looks: dict[Path, _Look] = {}
     dead: dict[str, DeadOwner] = {}  # the owners dead for good, for the index
     for p in found:
-        if p in left_out or p in untrusted:
+        # (Empty, nearly always: a Path's hash is a call, a listing looks at thousands.)
+        if (left_out and p in left_out) or (untrusted and p in untrusted):
             continue
         owner = read_owner(p) if index is None else _owner(p, index, dead)
         if skip_live and not isinstance(owner, str) and owner_alive(owner, p):
@@ -528,13 +530,13 @@ def list_journals(
     listed = [
         (
             _untrusted(p, untrusted[p])
-            if p in untrusted
+            if untrusted and p in untrusted
             else _info(
                 p, verify=verify, tally=tally, meta_bounds=meta_bounds, look=looks[p], shelf=shelf
             )
         )
         for p in found
-        if p not in left_out
+        if not left_out or p not in left_out
     ]
     if whole:  # which summaries have no journal
         shelf.prune({p.name for p in found})
@@ -565,16 +567,17 @@ def _owner(path: Path, index: Index, dead: dict[str, DeadOwner]) -> _Owner:
         found = os.lstat(os.path.join(path, LOCK_NAME))
     except OSError:
         return None  # (as ``read_owner``)
-    kept = index.dead_owner(path.name, found)
+    name = path.name
+    kept = index.dead_owner(name, found)
     if kept is not None:
-        dead[path.name] = kept
+        dead[name] = kept
         described: str = kept[-1]
         return described
     owner = read_owner(path, found)
     if owner is not None and dead_for_good(owner):
         entry = dead_owner_of(found, taken, owner.describe())
         if entry is not None:
-            dead[path.name] = entry
+            dead[name] = entry
     return owner
 
 
