@@ -99,6 +99,7 @@ _SHOWN_ORDER = ["LOCAL ID", "RUN ID", "KIND", "NAME", "OUTCOME", "SHIPPING", "LO
 
 # Marks a journal listed under its run's head (run_groups).
 _NESTED = "└ "
+_NESTED_CELLS = cell_len(_NESTED)
 
 
 def _cells(
@@ -133,7 +134,14 @@ def _cell_len(text: str) -> int:
     """The cells ``text`` takes on a terminal (rich's ``cell_len``): one a
     character for printable ASCII, nearly every cell of a listing, which
     rich's measure took a tenth of drawing thousands of runs to say."""
-    return len(text) if text.isascii() and text.isprintable() else cell_len(text)
+    if text.isascii() and text.isprintable():
+        return len(text)
+    rest = text[len(_NESTED) :] if text.startswith(_NESTED) else None
+    if rest is not None and rest.isascii() and rest.isprintable():
+        # A nested journal's id behind its mark: each id is another string,
+        # which rich measures character by character (its cache misses).
+        return _NESTED_CELLS + len(rest)
+    return cell_len(text)
 
 
 _GAP = "  "  # between two columns: rich's padding of one on each side, none at the edges
