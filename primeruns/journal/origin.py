@@ -228,11 +228,24 @@ class Origin:
         original = Path(self.path)
         if not (original / LOCK_NAME).exists():
             return "unknown"
-        if not self.is_original(original):
+        if not self._original_lies_at(original):
             # A copy lies at the original's path (another container's
             # filesystem): its flock is nobody's, whatever its writer does.
             return "unknown"
         return "alive" if lock_held(original) else "dead"
+
+    def _original_lies_at(self, original: Path) -> bool:
+        """Whether the folder at ``original`` (this origin's path) is this
+        journal's original, as the origin it holds says: a journal re-made
+        there (``rehome``) names its new folder, which an origin read from a
+        copy taken before does not; that copy's writer is judged by the
+        re-made journal's flock (before, "unknown": it read alive for good).
+        Where that folder names no origin, by this one's place."""
+        there = Origin.read_beside(original)
+        if there is None:
+            return self.is_original(original)
+        # Another journal's (equality leaves the place out): not this one's original.
+        return there == self and there.is_original(original)
 
     def describe(self) -> str:
         return f"pid {self.pid} on {self.host}"
