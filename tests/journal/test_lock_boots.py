@@ -12,8 +12,6 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from primeruns.journal import EntryKind, Journal, list_journals
 from primeruns.journal.lock import LOCK_NAME, OwnerLock, owner_alive, read_owner
 from primeruns.journal.origin import ORIGIN_FILE, Origin, boot_id
@@ -104,99 +102,6 @@ def test_a_copy_from_another_machine_of_this_host_name_is_not_judged_by_a_pid_of
     (row,) = list_journals(copy.parent)
     assert row.owner_alive is True
     assert "another machine of that name" in read_owner(copy).describe()  # type: ignore[union-attr]
-
-
-def _record_of_a_writer(path: Path) -> dict[str, Any]:
-    """The record a writer leaves in ``path``'s lock file (taken, then kept
-    as a killed writer's is)."""
-    held = OwnerLock(path)
-    record: dict[str, Any] = json.loads((path / LOCK_NAME).read_text())
-    held.release()
-    return record
-
-
-def _origin(path: Path) -> dict[str, Any]:
-    origin = Origin.read_beside(path)
-    assert origin is not None
-    return origin.to_json()
-
-
-def _listed_alive(path: Path) -> bool:
-    """Whether the journal at ``path`` reads alive, as ``owner_alive`` and
-    the listing (``ls``, ``gc``, the dashboard) agree."""
-    alive = owner_alive(read_owner(path), path)
-    (row,) = list_journals(path.parent)
-    assert row.owner_alive is alive
-    return alive
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="in another boot the inode alone tells the original: a copy whose "
-    "folder and lock file got the inode numbers the writer's had reads crashed",
-)
-def test_a_live_copy_from_another_machine_whose_inodes_coincide_reads_alive(
-    tmp_path: Path,
-) -> None:
-    """Two nodes of one host name (a requeued job's reused pod name) keep
-    runs on a fresh job-local scratch filesystem, which hands out inode
-    numbers in order (tmpfs: one counter per mount): the run's folder made
-    first on one, ``rsync -a`` of /scratch/runs made first on the other, get
-    the same number, and so may their lock files. The writer lives on the
-    first node; its copy on the second is another folder, whose flock nobody
-    holds: it must not read crashed."""
-    path = _journal(tmp_path / "runs")
-    record = _record_of_a_writer(path)
-    copy = tmp_path / "scratch" / "runs" / path.name
-    shutil.copytree(path, copy)
-    here_dir, here_lock = os.stat(copy), os.lstat(copy / LOCK_NAME)
-    other_boot = "the other node's boot"
-    # On the writer's node: another device number (another machine's
-    # mount), the inode numbers the copy happens to have here.
-    written = {
-        **record,
-        "pid_ns": _NS + 1,
-        "boot": other_boot,
-        "file": [here_lock.st_dev + 1, here_lock.st_ino],
-    }
-    (copy / LOCK_NAME).write_text(json.dumps(written))
-    origin = {
-        **_origin(copy),
-        "boot": other_boot,
-        "path": str(copy.absolute()),
-        "place": [here_dir.st_dev + 1, here_dir.st_ino],
-    }
-    (copy / ORIGIN_FILE).write_text(json.dumps(origin))
-    assert _listed_alive(copy) is True
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="within one boot (st_dev, st_ino) must match: the original on a "
-    "filesystem mounted again (another device number) reads as a copy, and "
-    "its dead writer's run reads alive for good",
-)
-def test_the_original_of_a_dead_writer_mounted_again_reads_dead(tmp_path: Path) -> None:
-    """The runs folder is on NFS, mounted by each container of a pod on its
-    own (or by autofs, which unmounts it when idle and mounts it again): the
-    same folder, the same inodes, another device number than its writer's
-    mount had. The writer, in another container, was killed; its flock is
-    free. Before the change the host name and path made it the original, and
-    its flock said dead (ls: crashed; gc, replay and the hint act on it)."""
-    path = _journal(tmp_path / "runs")
-    record = _record_of_a_writer(path)
-    here_dir, here_lock = os.stat(path), os.lstat(path / LOCK_NAME)
-    # As its writer's mount numbered them: the same inodes, another device.
-    killed = {
-        **record,
-        "pid": 1,
-        "pid_ns": _NS + 1,
-        "file": [here_lock.st_dev + 1, here_lock.st_ino],
-    }
-    (path / LOCK_NAME).write_text(json.dumps(killed))
-    origin = {**_origin(path), "place": [here_dir.st_dev + 1, here_dir.st_ino]}
-    (path / ORIGIN_FILE).write_text(json.dumps(origin))
-    assert _listed_alive(path) is False
 
 
 def test_a_copy_taken_before_its_journal_was_re_made_reads_dead_once_its_writer_is(
