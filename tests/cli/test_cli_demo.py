@@ -58,10 +58,9 @@ def test_demo_passes_every_check_says_where_to_look_and_cleans_up_on_sigterm(
     assert sorted(r["outcome"] for r in rows) == ["completed", "completed", "crashed"]
     origin = urlsplit(serving.split()[1])
 
-    # The demo's handler runs in its main thread, which goes on from that
-    # line into a wait for its platform (for good): a SIGTERM landing on the
-    # way in would be handled when that wait ends, never. Sent once it waits.
-    procs.wait_until_asleep(proc.pid)
+    # The demo goes on from that line into its wait for the platform, in
+    # slices of a second (``LocalPlatform.wait``): a SIGTERM landing on a
+    # slice's way in is handled at its end.
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 0  # the checks passed; SIGTERM only ends the serving
     proc.stdout.close()
@@ -118,10 +117,8 @@ def test_sigterm_mid_demo_stops_everything_it_started(tmp_path: Path) -> None:
         raise AssertionError("the demo never reached its crash step: " + proc.stderr.read())
     started = _processes_mentioning(str(tmp_path / "tmp"))
     assert started  # at least the platform, serving from the demo's directory
-    # From that line the main thread goes into a wait for the uplink (up to
-    # 90 s): a SIGTERM landing on the way in is handled when the wait ends,
-    # not at once. Sent once it waits.
-    procs.wait_until_asleep(proc.pid)
+    # From that line the main thread waits for the uplink in slices of a
+    # second: a SIGTERM landing on a slice's way in is handled at its end.
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=60) == 143
     err = proc.stderr.read()
