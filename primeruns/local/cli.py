@@ -159,7 +159,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=ConnectionLimits.max_connections,
         metavar="N",
-        help="connections open at once past which a new one is answered 503 and closed "
+        help="connections open at once; past it, the one waiting longest for a request's "
+        "head, or else the new one, is answered 503 and closed "
         f"(default {ConnectionLimits.max_connections}; lowered, and said at start, where "
         "the limit on open files, ulimit -Hn, holds fewer)",
     )

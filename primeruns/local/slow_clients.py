@@ -43,12 +43,17 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   aborted (nothing can be said to it; a close would wait for the held
   bytes to go out), and the app told its client left.
 - a bound (:attr:`ConnectionLimits.max_connections`): a connection accepted
-  while that many are open is answered 503 with ``Retry-After`` (the SDK
-  retries) and closed at once, before any of its request: waiting for its
-  head held its descriptor up to the head's deadline, and a thousand silent
-  ones within it used all the process had (``descriptors``). A client
-  whose request is still going out reads the 503 (httpx reads the answer
-  when its write is refused).
+  while that many are open takes the place of the one that has waited
+  longest for a request's head (kept alive between requests, silent, or
+  trickling a head), which is answered 503 with ``Retry-After`` and closed:
+  connections kept alive with a request every few seconds held every
+  place, and each new client was turned away for as long as they liked.
+  Where every connection has a request under way or an answer going out,
+  the new one is answered so and closed at once, before any of its
+  request: waiting for its head held its descriptor up to the head's
+  deadline, and a thousand silent ones within it used all the process had
+  (``descriptors``). A client whose request is still going out reads the
+  503 (httpx reads the answer when its write is refused); the SDK retries.
 - a bound on the bytes of unfinished bodies held by all connections at
   once (:attr:`ConnectionLimits.body_memory`, 1 GiB): a route reads its
   body whole before it acts on it, so each of the bound's connections could
@@ -164,9 +169,47 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._held_answer = 0  # (bytes of answers waiting on the client, counted too)
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
-            self.transport.write(BUSY_ANSWER)
-            self.transport.close()  # (connection_lost, a turn later, uncounts it)
-            return
+            waiting = self._longest_waiting()
+            if waiting is None:
+                self.transport.write(BUSY_ANSWER)
+                self.transport.close()  # (connection_lost, a turn later, uncounts it)
+                return
+            waiting._give_way()
+        self._watch()
+
+    def _longest_waiting(self) -> BoundedH11Protocol | None:
+        """The connection, of those open, that has waited longest for a
+        request's head with nothing of its own left to send; None if none
+        does (each has a request under way, or an answer going out).
+
+        A client sends its head at once: a connection that waits on one is
+        kept alive between requests, or silent, or trickling a head. Holding
+        the bound with such connections, a request every few seconds each,
+        kept every new client out (answered 503) for as long as one liked."""
+        found: BoundedH11Protocol | None = None
+        found_by = 0.0
+        for other in self.connections:
+            if (
+                other is self
+                or not isinstance(other, BoundedH11Protocol)
+                or other._head_by is None
+                or (found is not None and other._head_by >= found_by)
+                or other.conn.their_state is not h11.IDLE
+                or other.conn.our_state is not h11.IDLE
+                or other.transport.is_closing()
+                or other.flow.write_paused
+                or other.transport.get_write_buffer_size()
+            ):
+                continue
+            found, found_by = other, other._head_by
+        return found
+
+    def _give_way(self) -> None:
+        """Close this connection, which waits on a head, for a new one past
+        the bound, with a 503 (``Retry-After``): a client whose request was
+        on its way reads it and retries; an idle kept-alive one is dropped
+        by its client's pool, which finds it answered before it asked."""
+        self.answer_and_close(503, BUSY_BODY, RETRY_AFTER)
         self._watch()
 
     def connection_lost(self, exc: Exception | None) -> None:

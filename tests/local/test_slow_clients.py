@@ -184,12 +184,32 @@ def _open(platform: LocalPlatform, stack: ExitStack, count: int) -> Iterator[soc
         yield stack.enter_context(_connect(platform))
 
 
+def _body_under_way(sock: socket.socket) -> None:
+    """Start a request on ``sock`` whose body is under way: its head read by
+    the server (its ``100 Continue`` is the proof) and a byte of its body sent."""
+    sock.sendall(
+        b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\nExpect: 100-continue\r\n"
+        b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n"
+    )
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed before its 100 Continue: {received!r}"
+        received += chunk
+    assert received.startswith(b"HTTP/1.1 100 "), received
+    sock.sendall(b"{")
+
+
 def test_a_connection_past_the_bound_is_answered_503_and_the_server_goes_on(
     make_local_platform: Callable[..., LocalPlatform],
 ) -> None:
+    """Every connection within the bound has a request under way: a new
+    one is answered 503, and those go on."""
     platform = make_local_platform(max_connections=3)
     with ExitStack() as stack:
         held = list(_open(platform, stack, 3))
+        for sock in held:
+            _body_under_way(sock)
         with _connect(platform) as sock:
             sock.sendall(
                 b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
@@ -199,9 +219,10 @@ def test_a_connection_past_the_bound_is_answered_503_and_the_server_goes_on(
         answer = _own_answer(received, 503)
         assert answer == {"detail": "too many connections: retry"}
         assert b"\r\nretry-after: 1\r\n" in received
-        # A connection within the bound is served as ever.
-        held[0].sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        assert _until_closed(held[0]).startswith(b"HTTP/1.1 200 ")
+        # A request within the bound is answered as ever (its body, ``{}``,
+        # is no evaluation: the route's own 4xx).
+        held[0].sendall(b"}")
+        assert _until_closed(held[0]).startswith(b"HTTP/1.1 4")
     # Once they are closed, new connections are served again.
     deadline = time.monotonic() + WAIT_S
     while httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code != 200:
@@ -214,9 +235,57 @@ def test_a_connection_past_the_bound_is_answered_503_before_it_sends_anything(
     """Answered and closed as it is accepted: one that sends nothing does not
     hold a descriptor until the head's deadline (60 s here)."""
     platform = make_local_platform(max_connections=1, head_timeout=60)
-    with _connect(platform), _connect(platform) as sock:
-        answer = _own_answer(_until_closed(sock), 503)
+    with _connect(platform) as busy:
+        _body_under_way(busy)
+        with _connect(platform) as sock:
+            answer = _own_answer(_until_closed(sock), 503)
     assert answer == {"detail": "too many connections: retry"}
+
+
+def _answered(sock: socket.socket, request: bytes) -> bytes:
+    """The head of the server's answer to ``request`` on a kept-alive ``sock``,
+    its body read (by its ``Content-Length``), the connection left open."""
+    sock.sendall(request)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        chunk = sock.recv(65536)
+        assert chunk, f"closed without an answer: {received!r}"
+        received += chunk
+    head, _, body = received.partition(b"\r\n\r\n")
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    while len(body) < length:
+        chunk = sock.recv(65536)
+        assert chunk, "closed within an answer"
+        body += chunk
+    return head
+
+
+def test_connections_waiting_for_a_head_give_way_to_a_new_one_longest_first(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """Connections kept alive between requests, or trickling a head, held
+    every place within the bound, and each new client was answered 503 for
+    as long as they liked (a request every few seconds each). Now a new
+    connection takes the place of the one that waited longest for a head,
+    which is answered 503 (``Retry-After``: the SDK retries) and closed; the
+    others are served."""
+    platform = make_local_platform(max_connections=3, head_timeout=60)
+    healthz = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with ExitStack() as stack:
+        kept_alive = stack.enter_context(_connect(platform))
+        assert _answered(kept_alive, healthz).startswith(b"HTTP/1.1 200 ")
+        kept_alive.sendall(healthz[:9])  # (its next head, begun: no keep-alive close)
+        trickling = list(_open(platform, stack, 2))
+        for sock in trickling:
+            sock.sendall(healthz[:9])
+        served = httpx.get(f"{platform.url}/healthz", timeout=WAIT_S)
+        assert served.status_code == 200, served.text
+        received = _until_closed(kept_alive)
+        assert _own_answer(received, 503) == {"detail": "too many connections: retry"}
+        assert b"\r\nretry-after: 1\r\n" in received
+        for sock in trickling:
+            assert _answered(sock, healthz[9:]).startswith(b"HTTP/1.1 200 ")
+    assert "Traceback" not in platform.log_path.read_text()
 
 
 def _rss_kib(pid: int) -> int:
@@ -323,9 +392,10 @@ def test_with_few_descriptors_the_bound_is_lowered_and_a_flood_is_let_go(
     """Allowed 700 descriptors, fewer than 512 connections and the server's
     own need, serve lowers its bound to what fits and says so once; 1,000
     connections opened at once, sending nothing, are all answered 503 and
-    closed but those within the bound, nothing is logged for them (asyncio
-    logged a traceback each time an accept ran out of descriptors), and a
-    connection within the bound is served."""
+    closed but the bound's worth of the last (each new one takes the place
+    of the one that waited longest for a head), nothing is logged for them
+    (asyncio logged a traceback each time an accept ran out of descriptors),
+    and a connection within the bound is served."""
     server, log = _serve_with_files(700, tmp_path / "data", "--head-timeout", "60")
     try:
         port = _until_listening(server, log)
@@ -338,12 +408,12 @@ def test_with_few_descriptors_the_bound_is_lowered_and_a_flood_is_let_go(
             assert said.count("--max-connections lowered from 512 to ") == 1, said
             bound = int(said.split("--max-connections lowered from 512 to ")[1].split(":")[0])
             assert 0 < bound < 512
-            assert len(_closed_after_503(socks[bound:], 1000 - bound)) == 1000 - bound
-            socks[0].setblocking(True)
-            socks[0].sendall(
+            assert len(_closed_after_503(socks, 1000 - bound)) == 1000 - bound
+            socks[-1].setblocking(True)
+            socks[-1].sendall(
                 b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
             )
-            assert _until_closed(socks[0]).startswith(b"HTTP/1.1 200 ")
+            assert _until_closed(socks[-1]).startswith(b"HTTP/1.1 200 ")
         said = log.read_text()
         assert "Traceback" not in said and "cannot accept" not in said, said[-2000:]
     finally:
