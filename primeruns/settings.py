@@ -51,7 +51,6 @@ import logging
 import math
 import os
 import re
-import tempfile
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -995,6 +994,8 @@ def homeless_folder() -> Path:
     ``tempfile``'s choice; /dev/shm where none is writable): the first
     fallback folder of a run whose runs directory refused its journal
     (``refuge``), and the sync root's parent where there is no home."""
+    import tempfile  # here: a fallback's alone, and ``import`` of settings is every command's
+
     try:
         base = Path(tempfile.gettempdir())
     except OSError:  # FileNotFoundError: not one of tempfile's candidates is writable

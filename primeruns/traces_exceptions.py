@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import importlib.abc
 import importlib.machinery
 import importlib.util
 import sys
@@ -31,6 +30,19 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import importlib.abc
+
+    _Finder = importlib.abc.MetaPathFinder
+    _Loader = importlib.abc.Loader
+else:
+    # Plain classes at run time: importing ``importlib.abc`` loads
+    # ``importlib.resources`` and tempfile (~20 ms where no ``.pth`` file of
+    # site-packages loaded them), and the import system calls only the
+    # methods each class has.
+    _Finder = _Loader = object
 
 PACKAGE = "prime_traces"
 NAME = PACKAGE + ".exceptions"
@@ -100,7 +112,7 @@ def _load_alone() -> ModuleType | None:
     return module
 
 
-class _BindOnPackageLoad(importlib.abc.MetaPathFinder):
+class _BindOnPackageLoad(_Finder):
     """Binds ``prime_traces.exceptions`` on the package once the package is
     run, then leaves ``sys.meta_path``. A spec asked for and not run (a
     library checking that prime_traces is installed) leaves it in place."""
@@ -130,7 +142,7 @@ class _BindOnPackageLoad(importlib.abc.MetaPathFinder):
             sys.meta_path.remove(self)
 
 
-class _BindingLoader(importlib.abc.Loader):
+class _BindingLoader(_Loader):
     """The package's own loader, binding the module once the package is run."""
 
     def __init__(self, inner: importlib.abc.Loader, finder: _BindOnPackageLoad) -> None:

@@ -287,6 +287,59 @@ def test_ls_of_journals_listed_before_starts_no_openssl_nor_subprocess(
     assert not {"_hashlib", "subprocess"} & loaded
 
 
+# Without site's start-up (``-S``): an editable install's ``.pth`` finder
+# loads importlib.abc, tempfile and more before any import of ours, where an
+# installed wheel loads none of them. Paths of the package and its
+# dependencies are given instead, in the order the test's own process has.
+_LEAN_CHILD = """
+import os, sys
+sys.path[:0] = sys.argv[1].split(os.pathsep)
+import primeruns
+import primeruns._compat  # the package ``import prime_runs`` runs
+from primeruns.cli import main
+code = main(sys.argv[3:] + ["--runs-dir", sys.argv[2]])
+print(code, *sorted(sys.modules))
+"""
+
+
+def _modules_loaded_without_site(runs: Path, command: list[str]) -> set[str]:
+    """The modules that ``import primeruns``, ``import prime_runs`` and then
+    ``primeruns COMMAND --runs-dir RUNS`` loaded, in a fresh process whose
+    start-up loaded only what the interpreter needs."""
+    import os
+    import subprocess
+    import sys
+
+    paths = [str(ROOT), *(p for p in sys.path if p.endswith("-packages"))]
+    child = subprocess.run(
+        [sys.executable, "-S", "-c", _LEAN_CHILD, os.pathsep.join(paths), str(runs), *command],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    code, *loaded = child.stdout.strip().splitlines()[-1].split()
+    assert code == "0", child.stderr[-2000:]
+    return set(loaded)
+
+
+@pytest.mark.parametrize("command", [["ls"], ["ls", "--json"]])
+def test_the_import_and_ls_of_journals_listed_before_load_no_unused_module(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """``import primeruns`` (or ``prime_runs``) and ``primeruns ls`` loaded
+    ``importlib.abc`` for two import-hook base classes (and with it
+    ``importlib.resources`` and tempfile: ~20 ms), and tempfile for the
+    summaries a listing whose summaries are current never writes: none of
+    them a listing of past runs uses."""
+    runs = tmp_path / "runs"
+    _one_finished_journal(runs)
+    _modules_loaded_without_site(runs, command)  # reads the journal and keeps its summary
+    loaded = _modules_loaded_without_site(runs, command)
+    assert "primeruns.journal.listing" in loaded  # the listing ran in this child
+    assert not {"importlib.abc", "importlib.resources", "tempfile"} & loaded
+
+
 def test_the_package_loads_its_public_names_on_first_use() -> None:
     """``import primeruns`` is cheap; ``pr.init`` and the rest are the same
     objects whichever way they are reached."""

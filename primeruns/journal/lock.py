@@ -40,7 +40,6 @@ import fcntl
 import json
 import os
 import re
-import socket
 import stat
 import threading
 import time
@@ -191,6 +190,8 @@ _READING = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
 def current_owner() -> OwnerInfo:
+    import socket  # here, as in this_host: a listing never calls this
+
     # Imported here: ``origin`` imports this module.
     from primeruns.journal.origin import boot_id
 
@@ -387,6 +388,8 @@ def this_host() -> str:
     a listing compares it with every journal's owner and origin (a ``uname``
     call each, twice per journal)."""
     global _host_name_asked
+    import socket  # (here: ``import prime_runs`` alone needs none of it)
+
     ask = socket.gethostname
     if _host_name_asked is None or _host_name_asked[0] is not ask:
         _host_name_asked = (ask, ask())

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import stat
 import time
 from dataclasses import dataclass, field, replace
@@ -91,6 +90,8 @@ class Origin:
     @classmethod
     def here(cls, path: Path) -> Origin:
         """The calling process, creating a journal at ``path``."""
+        import socket  # here, where a journal is made: a listing never needs it
+
         pid = os.getpid()
         return cls(
             host=socket.gethostname(),

@@ -28,7 +28,6 @@ import errno
 import os
 import shutil
 import struct
-import tempfile
 import threading
 import time
 import weakref
@@ -485,6 +484,8 @@ class Store:
             f"recovered {len(found.entries)} entries, {len(found.cursors)} cursors and "
             f"{len(found.meta)} meta values by scanning {found.pages} pages"
         )
+        import tempfile  # here: salvage is rare, and a listing never needs it
+
         target = Path(
             tempfile.mkdtemp(prefix="primeruns-salvage-", dir=None if readonly else self.directory)
         )

@@ -43,7 +43,6 @@ import contextlib
 import json
 import os
 import stat
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,7 +325,10 @@ class Shelf:
             self._note(name, stamp, _fields_in(encoded, stamp))
         with contextlib.suppress(OSError):
             # Written whole under a temporary name, then renamed: a reader sees
-            # the old summary or the new one, never a part.
+            # the old summary or the new one, never a part. tempfile (shutil and
+            # random with it) is loaded here: a listing of summaries writes none.
+            import tempfile
+
             fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=self.folder)
             try:
                 with os.fdopen(fd, "wb") as handle:

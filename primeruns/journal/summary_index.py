@@ -48,7 +48,6 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -312,6 +311,8 @@ class Index:
         if len(encoded) > MAX_INDEX_BYTES:
             return
         with contextlib.suppress(OSError):
+            import tempfile  # here: a listing that changed nothing writes no index
+
             fd, temp = tempfile.mkstemp(prefix=_TEMP_PREFIX, dir=self._folder)
             try:
                 with os.fdopen(fd, "wb") as handle:
