@@ -14,11 +14,10 @@ HOW: exit (returns without finish: atexit closes the run as crashed),
 from __future__ import annotations
 
 import os
-import signal
 import sys
 import threading
-import time
 
+import procs
 import workloads
 
 import primeruns as pr
@@ -56,7 +55,10 @@ def main() -> None:
         print("ready", flush=True)
         sys.stdin.readline()
         run.log_episodes(episodes[3:])
-        threading.Thread(target=_signal_in_drain, daemon=True).start()
+        from primeruns.supervisor import Supervisor
+
+        # Once the main thread waits in the flush's drain, a SIGTERM only flagged.
+        procs.signal_once_waiting_in(Supervisor.drain.__code__)
         run.flush(timeout=110)
         print("flush returned", flush=True)
         return
@@ -70,29 +72,6 @@ def main() -> None:
         os.waitpid(pid, 0)
         run.finish(timeout=60)
         print(f"parent {run.status.value}", flush=True)
-
-
-def _signal_in_drain() -> None:
-    """Once the main thread waits in the flush's drain (and a moment more, so
-    that a wait taken whole is inside its system call), take a SIGTERM in
-    this thread, which does not block it: its handler is only flagged."""
-    from primeruns.supervisor import Supervisor
-
-    main = threading.main_thread().ident
-    assert main is not None
-
-    def in_drain() -> bool:
-        frame = sys._current_frames().get(main)
-        while frame is not None:
-            if frame.f_code is Supervisor.drain.__code__:
-                return True
-            frame = frame.f_back
-        return False
-
-    while not in_drain():
-        time.sleep(0.01)
-    time.sleep(0.5)
-    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
 
 
 if __name__ == "__main__":

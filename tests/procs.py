@@ -14,8 +14,11 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
+from types import CodeType
 from typing import Any
 
 _started: list[subprocess.Popen[Any]] = []
@@ -72,6 +75,39 @@ def wait_until_asleep(pid: int, timeout: float = 60.0) -> None:
             return
         before = now
     raise AssertionError(f"process {pid}'s main thread never settled in a wait in {timeout} s")
+
+
+def signal_once_waiting_in(code: CodeType, settle: float = 0.5) -> threading.Thread:
+    """Start a daemon thread of this process that, once the main thread's
+    stack holds a frame of ``code`` (and ``settle`` seconds more, so that a
+    wait taken whole is well inside its system call), takes a SIGTERM itself.
+
+    The thread does not block SIGTERM, so CPython's C handler only flags it:
+    the Python handler waits for the main thread's next check, and nothing
+    but a signal of its own cuts the main thread's wait. That is the state a
+    signal landing on a wait's way in (or one the kernel hands to another
+    thread) leaves, made every time; a wait that ends on it must be one in
+    slices that checks for handlers between them."""
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def waiting() -> bool:
+        frame = sys._current_frames().get(main)
+        while frame is not None:
+            if frame.f_code is code:
+                return True
+            frame = frame.f_back
+        return False
+
+    def take_the_signal() -> None:
+        while not waiting():
+            time.sleep(0.01)
+        time.sleep(settle)
+        signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
+
+    thread = threading.Thread(target=take_the_signal, daemon=True)
+    thread.start()
+    return thread
 
 
 def uplink_journal(pid: int) -> bytes | None:

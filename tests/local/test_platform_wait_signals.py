@@ -6,7 +6,8 @@ signal landing as the main thread goes into a wait (after that check, before
 the system call), or one the kernel handed to another thread, leaves the
 handler flagged and the wait uncut: waited whole, the serving demo never
 ended on that Ctrl-C or SIGTERM. Here a thread of the script takes the
-SIGTERM itself (``pthread_kill``), which leaves exactly that state.
+SIGTERM itself (``procs.signal_once_waiting_in``), which leaves exactly that
+state.
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ from pathlib import Path
 
 import procs
 
+_TESTS = Path(procs.__file__).resolve().parent
 _SCRIPT = r"""
-import signal, sys, threading, time
+import signal, sys
 from pathlib import Path
+sys.path.insert(0, sys.argv[2])  # the tests' folder, for procs
+import procs
 from primeruns.local.handle import LocalPlatform
 
 class Stopped(Exception):
@@ -32,28 +36,10 @@ signal.signal(signal.SIGTERM, stop)
 platform = LocalPlatform(Path(sys.argv[1]))
 platform.start()
 
-main = threading.main_thread().ident
-
-def take_the_signal():
-    # Once the main thread is in the platform's wait (and a moment more, so
-    # that a wait taken whole is well inside its system call, where nothing
-    # but a signal of its own cuts it): the state a signal landing on the
-    # wait's way in leaves. Whenever it lands, a wait in slices ends.
-    while not any(
-        f.f_code is LocalPlatform.wait.__code__
-        for f in iter_frames(sys._current_frames()[main])
-    ):
-        time.sleep(0.01)
-    time.sleep(0.5)
-    # This thread does not block SIGTERM: its C handler only flags it.
-    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)
-
-def iter_frames(frame):
-    while frame is not None:
-        yield frame
-        frame = frame.f_back
-
-threading.Thread(target=take_the_signal, daemon=True).start()
+# Once the main thread is in the platform's wait, a SIGTERM only flagged:
+# the state a signal landing on the wait's way in leaves. Whenever it lands,
+# a wait in slices ends.
+procs.signal_once_waiting_in(LocalPlatform.wait.__code__)
 print("waiting", flush=True)
 try:
     platform.wait()
@@ -68,7 +54,7 @@ def test_a_signal_flagged_while_the_main_thread_waits_for_the_platform_ends_the_
     tmp_path: Path,
 ) -> None:
     proc = procs.start(
-        [sys.executable, "-c", _SCRIPT, str(tmp_path / "platform")],
+        [sys.executable, "-c", _SCRIPT, str(tmp_path / "platform"), str(_TESTS)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
