@@ -103,9 +103,15 @@ class Origin:
         )
 
     def placed_at(self, directory: Path) -> Origin:
-        """This origin, naming ``directory`` (the journal's new folder) as its place."""
+        """This origin, naming ``directory`` (the journal's new folder) as its place.
+
+        ``lstat``: nothing in a runs directory is followed. The folder was
+        made by ``mkdir`` an instant before (a link there fails it, and a
+        runs directory that is a link is refused), so this is the folder's
+        own (st_dev, st_ino) as ``stat`` would say; were a link put there
+        meanwhile, its place is the link's, which no folder matches."""
         try:
-            found = os.stat(directory)
+            found = os.lstat(directory)
         except OSError:
             return replace(self, place=None)
         return replace(self, place=(found.st_dev, found.st_ino))
