@@ -211,6 +211,7 @@ class Journal:
             sync_spool=None if self._appender is None else self._appender.sync,
             tick=self._tick_mover,
             first_written=self._start_syncing,
+            keep_lock=None if self._owner_lock is None else self._owner_lock.restore,
         )
 
     def _appends_after(self, last: int) -> int:

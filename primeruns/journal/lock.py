@@ -646,6 +646,7 @@ class OwnerLock:
             )
         self._shared = False
         self.inherited = False  # the uplink's copy, from its producer
+        self._helper: tuple[int, int | None] | None = None  # the uplink named (``add_helper``)
         found = os.fstat(fd)
         self.owner = dataclasses.replace(current_owner(), file=(found.st_dev, found.st_ino))
         if record:
@@ -667,6 +668,7 @@ class OwnerLock:
         _HELD.add(self)
         self._shared = True
         self.inherited = True
+        self._helper = None
         os.set_inheritable(fd, False)
         info = read_owner(directory)
         self.owner = info or current_owner()
@@ -685,11 +687,60 @@ class OwnerLock:
 
     def add_helper(self, pid: int) -> None:
         """Name process ``pid`` in the lock file as the uplink sharing the lock."""
-        if self._fd is None:
-            return
-        data = {**self.owner.to_json(), "helper_pid": pid, "helper_start": _proc_start(pid)}
-        with contextlib.suppress(OSError):
-            _write_record(self._fd, data)
+        self._helper = (pid, _proc_start(pid))
+        # Not a descriptor ``restore`` closed meanwhile (nor its number
+        # reused), nor the record of the file it replaced.
+        with _REGISTRY:
+            data = {**self.owner.to_json(), "helper_pid": pid, "helper_start": self._helper[1]}
+            if self._fd is not None:
+                with contextlib.suppress(OSError):
+                    _write_record(self._fd, data)
+
+    def restore(self) -> bool:
+        """Give the lock file its name back if it lost it (a tmp cleaner, a
+        ``find -delete`` of old files, took ``owner.lock`` alone): whether
+        this process now holds a new one at the path.
+
+        The flock lives on with the unnamed file, but nobody else can ask it:
+        a live run read "crashed" (``ls``, ``show``, the crashed-run hint),
+        ``gc --force`` offered to delete it, and ``replay`` or a requeued job
+        took over a journal still written. So the holder makes the file
+        again and locks it, with its record naming the new file (a record
+        naming another file reads as a copy's). One fstat while the name is
+        there. A file made at the path meanwhile is taken only if free: its
+        flock held is our partner's (the producer's or its uplink's, which
+        share the unnamed one) or a taker's, which this does not undo."""
+        with _REGISTRY:  # swapped as a fork would see it whole (module doc)
+            fd = self._fd
+            if fd is None or os.getpid() != self._pid:
+                return False
+            try:
+                if os.fstat(fd).st_nlink > 0:
+                    return False
+                new = _locked_descriptor(self.path)
+            except OSError:
+                return False  # a full or read-only disk, a link planted: looked at again later
+            if new is None:
+                return False
+            found = os.fstat(new)
+            self.owner = dataclasses.replace(self.owner, file=(found.st_dev, found.st_ino))
+            record = self.owner.to_json()
+            if self.inherited:
+                # The uplink, after its producer let go of the file it made
+                # again: its record (``producer_done``), naming this uplink.
+                there = read_owner(self.path.parent)
+                if there is not None and there.pid == self.owner.pid:
+                    record = {**there.to_json(), "file": record["file"]}
+                record.update(helper_pid=self._pid, helper_start=_proc_start(self._pid))
+            elif self._helper is not None:
+                record.update(helper_pid=self._helper[0], helper_start=self._helper[1])
+            with contextlib.suppress(OSError):  # its flock speaks all the same
+                _write_record(new, record)
+            # The unnamed file's flock is let go with this descriptor only
+            # (a partner keeps its own): closed, never unlocked (``release``).
+            os.close(fd)
+            self._fd = new
+            return True
 
     def _mark_producer_done(self, fd: int) -> None:
         info = read_owner(self.path.parent)

@@ -5,6 +5,13 @@ Durability for "process" mode: a sync at most a second after anything was
 written (``env.sync`` is safe alongside transactions), and no wake-up at all
 while nothing is: the thread waits for the journal's ``written`` event.
 
+The owner lock's file is looked at in each such second too (one ``fstat``):
+a tmp cleaner that deleted ``owner.lock`` alone left a live run reading
+"crashed", and open to a take-over, for good; now until its holder's next
+write (the producer's append, the uplink's acknowledgement), when it makes
+the file again (``OwnerLock.restore``). Not on a timer while nothing is
+written: an idle run wakes nothing (``tools/bench/idle_wakeups.py``).
+
 Each such second also wakes the mover, where it runs in this process (offline,
 or shipping from threads). An append does not wake it (only near the byte
 budget does the room count, see ``capacity``): a thread woken in the middle
@@ -56,8 +63,10 @@ class Background:
         sync_spool: Callable[[], None] | None = None,
         tick: Callable[[], None] | None = None,
         first_written: Callable[[], None] | None = None,
+        keep_lock: Callable[[], object] | None = None,
     ) -> None:
         self._tx = tx
+        self._keep_lock = keep_lock
         # Called here once, at the first write: what a log call would
         # otherwise start itself later (the spool's syncer thread).
         self._first_written = first_written
@@ -96,6 +105,8 @@ class Background:
                     tx.dirty = True  # try again next tick (e.g. transient EIO)
                     tx.written.set()
             ensure_reserve(tx.path)  # back in place once the disk has room again
+            if self._keep_lock is not None:
+                self._keep_lock()  # and the owner lock's file (module doc)
 
     def stop(self) -> None:
         self._stop.set()
