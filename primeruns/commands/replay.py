@@ -255,6 +255,15 @@ def _ship(
             with Journal.open(path, owner=False) as journal:
                 settings = journal_settings(journal, base_url=options.base_url, spec=options.spec)
         except JournalCorruptError as exc:
+            if options.spec is None and _status_of(path).spec_damaged:
+                # Named alone (sync or replay of it), it said "damaged
+                # journal: meta key 'spec' ... unreadable", and not what ships it.
+                raise _NotShipped(
+                    f"its spec cannot be read (damaged in the journal {path}); primeruns show "
+                    f"{path} says what is left of it; with the run's spec in a file, --spec "
+                    "FILE ships it (a JSON object: kind, name, model, environments, ...)",
+                    EXIT_DAMAGED,
+                ) from None
             raise _NotShipped(f"damaged journal: {exc}", EXIT_DAMAGED) from None
         except JournalError as exc:
             raise _NotShipped(str(exc), EXIT_USAGE) from None
@@ -606,6 +615,11 @@ def _skipped(status: RunStatus, root: Path, *, offline: bool) -> str | None:
         if status.state == "running":
             return f"still being written ({info.owner}): ship it once that process has ended"
         return ""
+    if status.spec_damaged and not offline:
+        # Not opened offline as far as can be read, but nothing ships it
+        # without its spec: replay tried, and stopped on "damaged journal"
+        # naming a meta key, not what ships it.
+        return _spec_unreadable(info.path, "replay")
     if status.opened_offline != offline:
         if offline:
             if status.spec is None and info.damage:
@@ -613,19 +627,20 @@ def _skipped(status: RunStatus, root: Path, *, offline: bool) -> str | None:
             if status.spec_damaged:
                 # Whether it ran offline is its spec's to say: not "an
                 # online run", whose replay cannot ship it without one either.
-                return _spec_unreadable(info.path)
+                return _spec_unreadable(info.path, "sync")
             return "an online run: ship what its uplink left with primeruns replay"
         return "an offline run: ship it with primeruns sync"
     return None
 
 
-def _spec_unreadable(path: Path) -> str:
+def _spec_unreadable(path: Path, command: str) -> str:
     """Why a journal whose spec is damaged (``reports.spec_damaged``) is
-    passed over, and what ships it: its records are whole, its spec is not."""
+    passed over, and what ships it (``primeruns COMMAND``): its records are
+    whole, its spec is not."""
     return (
         f"its spec cannot be read (damaged in the journal {path}), so neither can "
         f"whether it ran offline; primeruns show {path} says what is left of it; "
-        f"with the run's spec in a file, primeruns sync --spec FILE {path} ships it "
+        f"with the run's spec in a file, primeruns {command} --spec FILE {path} ships it "
         "(a JSON object: kind, name, model, environments, ...)"
     )
 

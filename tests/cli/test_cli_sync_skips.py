@@ -289,3 +289,31 @@ def test_sync_with_the_runs_spec_ships_a_journal_whose_spec_is_not_json(
     assert code == 0, out + err
     [shipped] = [r for r in local_platform.runs() if r["name"] == "t1"]
     assert local_platform.run(shipped["id"])["train_metrics"] == {"rows": 1, "steps": 1}
+
+
+def test_replay_names_a_journal_whose_spec_is_damaged_and_what_ships_it(
+    local_platform: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Before, ``replay --all`` and ``replay PATH`` stopped on "damaged
+    journal: meta key 'spec' ... unreadable" (exit 4), which says neither
+    that its records are whole nor that ``--spec FILE`` ships it."""
+    good, damaged = _two_offline_runs(tmp_path, monkeypatch, local_platform.url)
+    _spec_damaged(damaged)
+    code, out, err = cli(capsys, "replay", "--all", "--runs-dir", str(good.parent))
+    assert "damaged journal" not in err, err
+    assert f"{damaged.name}: skipped: its spec cannot be read" in err, err
+    assert f"primeruns replay --spec FILE {damaged}" in err, err
+    assert code == 0, out + err
+    code, out, err = cli(capsys, "replay", str(damaged))
+    assert code == 4, out + err
+    assert "meta key" not in err and "its spec cannot be read" in err, err
+    assert "--spec FILE ships it" in err, err
+    spec = tmp_path / "spec.json"
+    said = {"kind": "train", "name": "t1", "model": "m", "mode": "offline", "team_id": "team"}
+    spec.write_text(json.dumps({**said, "base_url": local_platform.url}))
+    code, out, err = cli(capsys, "replay", "--spec", str(spec), str(damaged))
+    assert code == 0, out + err  # what it said ships it
+    assert [r["name"] for r in local_platform.runs()] == ["t1"]
