@@ -185,7 +185,11 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         A client sends its head at once: a connection that waits on one is
         kept alive between requests, or silent, or trickling a head. Holding
         the bound with such connections, a request every few seconds each,
-        kept every new client out (answered 503) for as long as one liked."""
+        kept every new client out (answered 503) for as long as one liked.
+        An answer the socket's send queue still holds is one going out (a
+        client reading a large answer slowly, its next request begun): its
+        503 would wait behind it, the connection open past the bound until
+        the client read it all or its window ran out."""
         found: BoundedH11Protocol | None = None
         found_by = 0.0
         for other in self.connections:
@@ -198,7 +202,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
                 or other.conn.our_state is not h11.IDLE
                 or other.transport.is_closing()
                 or other.flow.write_paused
-                or other.transport.get_write_buffer_size()
+                or other._unsent_bytes()  # (last: a system call, for the oldest so far)
             ):
                 continue
             found, found_by = other, other._head_by

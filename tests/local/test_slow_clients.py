@@ -687,3 +687,60 @@ def test_answers_held_for_clients_that_do_not_read_are_bounded(
             time.sleep(0.2)
         assert httpx.get(f"{platform.url}/healthz", timeout=WAIT_S).status_code == 200
     assert "Traceback" not in platform.log_path.read_text()
+
+
+def _answer_left_to_the_kernel(
+    platform: LocalPlatform, sock: socket.socket, request: bytes
+) -> bytes:
+    """Send ``request`` (for an answer past what the kernel's queues take)
+    on ``sock`` and read its answer until the server's transport holds none
+    of it, the rest in the kernel's queues: what was read."""
+    sock.sendall(request)
+    received = b""
+    while b"\r\n\r\n" not in received:
+        received += sock.recv(65536)
+    head = received.partition(b"\r\n\r\n")[0]
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    whole = len(head) + 4 + length
+    deadline = time.monotonic() + WAIT_S
+    reads = 0  # (the kernel's count looked at every 64 reads: /proc is slow to read)
+    while reads % 64 or len(received) + _kernel_holds(platform, sock) < whole:
+        assert time.monotonic() < deadline, "the server's transport still holds some"
+        received += sock.recv(65536)
+        reads += 1
+    return received
+
+
+def test_a_connection_whose_answer_the_kernel_holds_keeps_its_place(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """A client reading a large answer slowly, its next request begun, was
+    taken for one waiting on a head once the server's transport had handed
+    the answer's end to the kernel, and gave way to a new connection: its
+    next request was answered 503, and where the socket's send queue had no
+    room for that 503, the connection stayed open past the bound until the
+    client read it all or its window ran out (120 s here). Now an answer the
+    socket still holds is an answer going out: the connection keeps its
+    place and is served, and the new one is answered 503."""
+    platform = make_local_platform(max_connections=1, head_timeout=120, body_timeout=120)
+    # 2 MiB: past what the kernel's queues take (1.6 MB, the client's
+    # window the least), not by much, so the transport drains soon.
+    request = _big_evaluation(platform, 2 * 2**20).replace(b"Connection: close\r\n", b"")
+    healthz = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    with _small_window(platform) as reader:
+        received = _answer_left_to_the_kernel(platform, reader, request)
+        reader.sendall(healthz[:1])  # (its next request, begun)
+        with _connect(platform) as sock:
+            answer = _own_answer(_until_closed(sock), 503)
+        assert answer == {"detail": "too many connections: retry"}
+        assert _open_from(platform) == 1
+        reader.sendall(healthz[1:])
+        reader.settimeout(WAIT_S)
+        while received.count(b"HTTP/1.1 ") < 2 or not received.endswith(b"}"):
+            chunk = reader.recv(65536)
+            assert chunk, f"closed: {received[-300:]!r}"
+            received += chunk
+        first, second = received.split(b"\r\n\r\n", 1)[0], received.rsplit(b"HTTP/1.1 ", 1)[1]
+        assert first.startswith(b"HTTP/1.1 200 "), first[:100]
+        assert second.startswith(b"200 "), second[:300]
+    assert "Traceback" not in platform.log_path.read_text()
