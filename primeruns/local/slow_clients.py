@@ -147,12 +147,18 @@ class BoundedH11Protocol(OneWriteH11Protocol):
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
     bodies: ClassVar[HeldBodies] = HeldBodies()
+    #: Connections waiting for a head (``_head_by`` set), longest first: the
+    #: bound's choice is the first that fits, not a scan of every connection
+    #: (at 512, a flood's accept cost the server 0.8 ms of CPU with the scan,
+    #: four times one refused at once, 0.3 ms without).
+    waiting: ClassVar[dict[BoundedH11Protocol, None]] = {}
 
     @classmethod
     def with_limits(cls, limits: ConnectionLimits) -> type[BoundedH11Protocol]:
         """This protocol with ``limits`` and a count of bodies held of its own
         (uvicorn makes it from the class)."""
-        return type(cls.__name__, (cls,), {"limits": limits, "bodies": HeldBodies()})
+        own = {"limits": limits, "bodies": HeldBodies(), "waiting": {}}
+        return type(cls.__name__, (cls,), own)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self._timer: asyncio.TimerHandle | None = None
@@ -190,34 +196,39 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         client reading a large answer slowly, its next request begun): its
         503 would wait behind it, the connection open past the bound until
         the client read it all or its window ran out."""
-        found: BoundedH11Protocol | None = None
-        found_by = 0.0
-        for other in self.connections:
-            if (
-                other is self
-                or not isinstance(other, BoundedH11Protocol)
-                or other._head_by is None
-                or (found is not None and other._head_by >= found_by)
-                or other.conn.their_state is not h11.IDLE
-                or other.conn.our_state is not h11.IDLE
-                or other.transport.is_closing()
-                or other.flow.write_paused
-                or other._unsent_bytes()  # (last: a system call, for the oldest so far)
+        closing = []
+        found = None
+        for other in self.waiting:
+            if other.transport.is_closing():
+                closing.append(other)  # (for good: not looked at again)
+            elif (
+                other is not self
+                and other.conn.their_state is h11.IDLE
+                and other.conn.our_state is h11.IDLE
+                and not other.flow.write_paused
+                and not other._unsent_bytes()
             ):
-                continue
-            found, found_by = other, other._head_by
+                found = other
+                break
+        for other in closing:
+            del self.waiting[other]
         return found
 
     def _give_way(self) -> None:
         """Close this connection, which waits on a head, for a new one past
         the bound, with a 503 (``Retry-After``): a client whose request was
         on its way reads it and retries; an idle kept-alive one is dropped
-        by its client's pool, which finds it answered before it asked."""
-        self.answer_and_close(503, BUSY_BODY, RETRY_AFTER)
+        by its client's pool, which finds it answered before it asked. Its
+        state, nothing sent or asked, is the new one's: it is sent the same
+        bytes, not an answer h11 builds (a flood's accept at the bound paid
+        that every time)."""
+        self.transport.write(BUSY_ANSWER)
+        self.transport.close()
         self._watch()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self.waiting.pop(self, None)
         self._hold(0)
         self._hold_answer(0)
         super().connection_lost(exc)
@@ -367,8 +378,11 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         if state is h11.IDLE:
             if self._head_by is None:
                 self._head_by = self.loop.time() + self.limits.head_timeout
+                self.waiting[self] = None  # (the last to start waiting)
             return self._head_by
-        self._head_by = None  # (a head arrived: the next one's time starts after its answer)
+        if self._head_by is not None:
+            self._head_by = None  # (a head arrived: the next one's time starts after its answer)
+            self.waiting.pop(self, None)
         if state is h11.SEND_BODY:
             cycle = self.cycle
             now = self.loop.time()
