@@ -25,6 +25,7 @@ from typing import Any
 import lmdb
 
 from primeruns import jsonbound
+from primeruns.journal.dicts import K_DICT_PREFIX
 from primeruns.journal.frames import decode_frame, peek_header
 from primeruns.journal.layout import dumps
 from primeruns.journal.txn import MAX_VALUE_BYTES, MAX_VALUES, Transactions
@@ -50,8 +51,11 @@ K_BUDGET = "journal.max_bytes"  # the producer's byte budget, which its uplink k
 #: (``carry.<sink>``, ``carry.<sink>.<part>``: an evaluation's rollout
 #: numbering, a few values per example), which no listing shows, and which
 #: took a large evaluation's whole listing budget (its other values named
-#: oversized, its journal listed as damaged).
-UNLISTED_PREFIXES = ("carry.",)
+#: oversized, its journal listed as damaged); and the journal's zstd
+#: dictionaries (``dicts``: bytes, not JSON, read by the frames that need
+#: them), which a listing named unreadable, so that no summary of a journal
+#: with one was kept and every page of it counted its entries again.
+UNLISTED_PREFIXES = ("carry.", K_DICT_PREFIX)
 
 #: The most JSON ``all`` reads of a journal's meta, and values it decodes, in
 #: all: what one value may hold (``txn``); a spec with its config is a few

@@ -13,10 +13,11 @@ import pytest
 from sdk_helpers import wait_for
 
 from primeruns.exceptions import JournalFullError
-from primeruns.journal import EntryKind, Journal, list_journals, spool
+from primeruns.journal import EntryKind, Journal, journal_info, list_journals, spool
 from primeruns.journal.dicts import K_DICT_PREFIX, Dictionaries
 from primeruns.journal.frames import peek_header
 from primeruns.journal.layout import is_chunk_key, seq_of
+from primeruns.journal.meta import K_UNREADABLE
 from primeruns.journal.mover import _ABSORB_BATCH, Mover
 from primeruns.journal.txn import Transactions
 
@@ -49,6 +50,30 @@ def test_dictionary_trained_stored_and_used(tmp_path: Path) -> None:
         got = ro.read(0, max_entries=1000)
         assert [e.payload for e in got.entries[:400]] == [_episode(i) for i in range(400)]
         assert got.damaged == [] and ro.damage() == []
+
+
+def test_a_listing_keeps_the_summary_of_a_journal_with_a_dictionary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The dictionary is stored among the meta values as bytes, not JSON: a
+    # bounded listing (the dashboard's) named it unreadable and so kept no
+    # summary, and every page of the run counted its entries again.
+    with Journal.create(tmp_path, local_id="run") as j:
+        j._mover.stop()
+        j.append(EntryKind.EPISODE, [_episode(i) for i in range(100)])
+        assert j.train_dictionaries() == [EntryKind.EPISODE]
+        j._absorb()
+    bounds = (1 << 20, lambda value: value)
+    first = journal_info(tmp_path / "run", tally=True, meta_bounds=bounds)
+    assert K_UNREADABLE not in first.meta and first.damage == []
+    assert first.after[0][EntryKind.EPISODE] == 100
+
+    def unopened(*args: Any, **kwargs: Any) -> Journal:
+        raise AssertionError("the journal was read again, not its summary")
+
+    monkeypatch.setattr(Journal, "open", unopened)
+    again = journal_info(tmp_path / "run", tally=True, meta_bounds=bounds)
+    assert again.after == first.after and again.meta == first.meta
 
 
 def test_dictionary_trained_by_the_mover_not_the_producer_that_handed_it_over(
