@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -39,6 +40,9 @@ from dashboard_memory import write_run
 HERE = Path(__file__).resolve().parent
 #: Samples posted per request (the SDK packs up to 25 MiB).
 BATCH = 400
+#: Where a runs directory keeps its journals' summaries (``journal.summary.FOLDER``;
+#: not imported: a child measures the tree it was given, whatever this one is).
+SUMMARIES = ".summaries"
 
 
 def post_eval(data: Path, episodes: int) -> str:
@@ -138,6 +142,11 @@ def child(where: str, path: Path, run_id: str, before_way: bool) -> dict[str, An
 
 
 def measure(tree: Path, where: str, path: Path, run_id: str, before_way: bool) -> dict[str, Any]:
+    if where == "offline":
+        # Each child opens the runs as a server started on them first does:
+        # the journal's summary an earlier child kept (its counts) would
+        # spare the next one its reads, whichever tree it measures.
+        shutil.rmtree(path / SUMMARIES, ignore_errors=True)
     args = ["--child", where, str(path), run_id, *(["--before-way"] if before_way else [])]
     return child_json(__file__, tree, args, f"{where} analysis")
 
