@@ -159,3 +159,22 @@ def kill_job(proc: subprocess.Popen[Any]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
         os.kill(proc.pid, signal.SIGKILL)
+
+
+def held_in_forked_child(fd: int, lock_file: Path) -> bool:
+    """Fork here; whether the child holds descriptor ``fd`` of ``lock_file``."""
+    ours, theirs = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: says whether it has a copy, and ends at once
+        try:
+            held = os.fstat(fd).st_ino == os.stat(lock_file).st_ino
+        except OSError:
+            held = False
+        os.write(theirs, b"1" if held else b"0")
+        os._exit(0)
+    os.close(theirs)
+    try:
+        return os.read(ours, 1) == b"1"
+    finally:
+        os.close(ours)
+        os.waitpid(pid, 0)

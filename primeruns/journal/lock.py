@@ -18,7 +18,9 @@ for a process still logging; ``replay`` and a requeued job's takeover of
 it were refused. A descriptor of a lock file is opened, and closed, only
 under ``_REGISTRY``, which a fork waits for (``hooks``' before-fork handler,
 ``hold_for_fork``): a child forked by another thread meanwhile would have
-kept a copy of one not yet (or no longer) among those it closes.
+kept a copy of one not yet (or no longer) among those it closes. So does a
+descriptor a thread holds while it waits for the flock of a lock file its
+partner made again (``restore``): the child closes its copy (``_WAITING``).
 
 The uplink: a live run's producer hands its lock descriptor to the uplink
 process it starts (``share``), so the two hold one flock together: ``replay``
@@ -586,6 +588,10 @@ def _after_fork_in_child() -> None:
     for lock in list(_HELD):
         lock.forget_in_child()
     _HELD.clear()
+    for fd in _WAITING:  # no thread waits here: a flock the parent's took would live on
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _WAITING.clear()
 
 
 def _write_record(fd: int, record: dict[str, Any]) -> None:
@@ -647,6 +653,7 @@ class OwnerLock:
         self._shared = False
         self.inherited = False  # the uplink's copy, from its producer
         self._helper: tuple[int, int | None] | None = None  # the uplink named (``add_helper``)
+        self._waiting: int | None = None  # the partner's file, flock awaited (``restore``)
         found = os.fstat(fd)
         self.owner = dataclasses.replace(current_owner(), file=(found.st_dev, found.st_ino))
         if record:
@@ -669,6 +676,7 @@ class OwnerLock:
         self._shared = True
         self.inherited = True
         self._helper = None
+        self._waiting = None
         os.set_inheritable(fd, False)
         info = read_owner(directory)
         self.owner = info or current_owner()
@@ -709,7 +717,9 @@ class OwnerLock:
         naming another file reads as a copy's). One fstat while the name is
         there. A file made at the path meanwhile is taken only if free: its
         flock held is our partner's (the producer's or its uplink's, which
-        share the unnamed one) or a taker's, which this does not undo."""
+        share the unnamed one) or a taker's, which this does not undo. The
+        partner's is waited for (``_wait_for_partner``): the two no longer
+        share a flock at the path, and the one that made it may go first."""
         with _REGISTRY:  # swapped as a fork would see it whole (module doc)
             fd = self._fd
             if fd is None or os.getpid() != self._pid:
@@ -718,29 +728,107 @@ class OwnerLock:
                 if os.fstat(fd).st_nlink > 0:
                     return False
                 new = _locked_descriptor(self.path)
-            except OSError:
-                return False  # a full or read-only disk, a link planted: looked at again later
-            if new is None:
+            except (OSError, UntrustedPathError):
+                # A full or read-only disk, a link planted (never followed,
+                # and no error out of the background sync, whose thread it
+                # ended): looked at again at the next write.
                 return False
-            found = os.fstat(new)
-            self.owner = dataclasses.replace(self.owner, file=(found.st_dev, found.st_ino))
-            record = self.owner.to_json()
-            if self.inherited:
-                # The uplink, after its producer let go of the file it made
-                # again: its record (``producer_done``), naming this uplink.
-                there = read_owner(self.path.parent)
-                if there is not None and there.pid == self.owner.pid:
-                    record = {**there.to_json(), "file": record["file"]}
-                record.update(helper_pid=self._pid, helper_start=_proc_start(self._pid))
-            elif self._helper is not None:
-                record.update(helper_pid=self._helper[0], helper_start=self._helper[1])
-            with contextlib.suppress(OSError):  # its flock speaks all the same
-                _write_record(new, record)
-            # The unnamed file's flock is let go with this descriptor only
-            # (a partner keeps its own): closed, never unlocked (``release``).
-            os.close(fd)
-            self._fd = new
+            if new is None:
+                self._wait_for_partner()
+                return False
+            if not stat.S_ISREG(os.fstat(new).st_mode):
+                os.close(new)  # a named pipe planted there: no file of ours
+                return False
+            self._take(new)
             return True
+
+    def _take(self, new: int) -> None:
+        """Hold ``new``, a locked file at the path, in place of the unnamed
+        one (under ``_REGISTRY``), its record naming it."""
+        fd = self._fd
+        assert fd is not None
+        found = os.fstat(new)
+        self.owner = dataclasses.replace(self.owner, file=(found.st_dev, found.st_ino))
+        record = self.owner.to_json()
+        if self.inherited:
+            # The uplink, after its producer let go of the file it made
+            # again: its record (``producer_done``), naming this uplink.
+            there = read_owner(self.path.parent)
+            if there is not None and there.pid == self.owner.pid:
+                record = {**there.to_json(), "file": record["file"]}
+            record.update(helper_pid=self._pid, helper_start=_proc_start(self._pid))
+        elif self._helper is not None:
+            record.update(helper_pid=self._helper[0], helper_start=self._helper[1])
+        with contextlib.suppress(OSError):  # its flock speaks all the same
+            _write_record(new, record)
+        # The unnamed file's flock is let go with this descriptor only
+        # (a partner keeps its own): closed, never unlocked (``release``).
+        os.close(fd)
+        self._fd = new
+
+    def _wait_for_partner(self) -> None:
+        """The file at the path is held, and its record names this run's
+        owner (the producer, as each of the two writes it): our partner made
+        it again and holds it alone, while this process holds the unnamed
+        one. Wait for its flock in a thread (under ``_REGISTRY``), so this
+        process takes it the instant the partner lets go: the producer's
+        exit (or SIGKILL) while its uplink still ships, or the uplink's
+        death while its producer writes on. Looked at only at this
+        process's next write, the file was free meanwhile (for as long as
+        the uplink waited on a platform down): the run read "crashed", ``gc
+        --force`` deleted it and a requeued job took it over under its
+        shipping uplink. One thread, blocked in the kernel: no wake-up."""
+        if self._waiting is not None:
+            return
+        there = read_owner(self.path.parent)
+        mine = self.owner
+        if there is None or (there.pid, there.proc_start, there.started) != (
+            mine.pid,
+            mine.proc_start,
+            mine.started,
+        ):
+            return  # a taker's, or not yet written: the next write looks again
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return
+        found = os.fstat(fd)
+        if not stat.S_ISREG(found.st_mode) or (found.st_dev, found.st_ino) != there.file:
+            os.close(fd)  # replaced meanwhile: the next write looks again
+            return
+        waiter = threading.Thread(
+            target=self._await_partner, args=(fd,), name="primeruns-lock-wait", daemon=True
+        )
+        self._waiting = fd
+        _WAITING.add(fd)
+        try:
+            waiter.start()
+        except RuntimeError:  # at interpreter shutdown, or out of threads
+            self._waiting = None
+            _WAITING.discard(fd)
+            os.close(fd)
+
+    def _await_partner(self, fd: int) -> None:
+        """The waiting thread: flock ``fd``'s file once the partner lets go,
+        and hold it if this process still holds the run's unnamed lock file
+        and the file still has its name; else close it (only here: its
+        number is never closed under a flock waiting on it)."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            got = True
+        except OSError:
+            got = False
+        with _REGISTRY:
+            held, wanted = self._fd, got and self._waiting == fd
+            if self._waiting == fd:
+                self._waiting = None
+            _WAITING.discard(fd)
+            if wanted and held is not None and os.getpid() == self._pid:
+                with contextlib.suppress(OSError):
+                    if os.fstat(fd).st_nlink > 0 and os.fstat(held).st_nlink == 0:
+                        self._take(fd)
+                        return
+            os.close(fd)
 
     def _mark_producer_done(self, fd: int) -> None:
         info = read_owner(self.path.parent)
@@ -766,6 +854,7 @@ class OwnerLock:
 
     def _let_go(self) -> None:
         fd, self._fd = self._fd, None
+        self._waiting = None  # its thread closes its descriptor (``_await_partner``)
         _HELD.discard(self)
         if fd is None or os.getpid() != self._pid:
             return
@@ -790,3 +879,6 @@ class OwnerLock:
 _HELD: weakref.WeakSet[OwnerLock] = weakref.WeakSet()
 # Held while a lock's descriptor is opened or closed, and by a fork (module doc).
 _REGISTRY = threading.RLock()
+# The descriptors a thread of this process waits to flock (``_wait_for_partner``),
+# held or not by a lock any more: a forked child closes its copies.
+_WAITING: set[int] = set()

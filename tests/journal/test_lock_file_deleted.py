@@ -144,3 +144,160 @@ def test_a_lock_file_another_process_made_and_holds_is_left_to_it(tmp_path: Path
     finally:
         held.release()
     assert not lock_held(tmp_path)
+
+
+# The uplink's side of a shared lock (``OwnerLock.inherit``), in a process of
+# its own: each line on its stdin makes it look at the lock file once.
+_PARTNER = r"""
+import os, sys
+from pathlib import Path
+from primeruns.journal.lock import OwnerLock
+
+lock = OwnerLock.inherit(Path(sys.argv[1]), int(sys.argv[2]))
+print("ready", flush=True)
+for _ in sys.stdin:
+    print(lock.restore(), flush=True)
+"""
+
+
+def _partner(held: OwnerLock) -> subprocess.Popen[str]:
+    """A process sharing ``held`` as an uplink does, once it says it is ready."""
+    fd = held.share()
+    partner = procs.start(
+        [sys.executable, "-c", _PARTNER, str(held.path.parent), str(fd)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        pass_fds=(fd,),
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert partner.stdout is not None and partner.stdout.readline().strip() == "ready"
+    held.add_helper(partner.pid)  # named as its producer names its uplink
+    return partner
+
+
+def _ask(partner: subprocess.Popen[str]) -> str:
+    """What ``partner``'s ``restore`` answers now."""
+    assert partner.stdin is not None and partner.stdout is not None
+    partner.stdin.write("\n")
+    partner.stdin.flush()
+    return str(partner.stdout.readline().strip())
+
+
+def _let_go(partner: subprocess.Popen[str]) -> None:
+    """``partner`` closes its lock with its process, as an uplink done."""
+    assert partner.stdin is not None
+    partner.stdin.close()
+    partner.wait(timeout=60)
+
+
+def _made_again_by(partner: subprocess.Popen[str], directory: Path) -> None:
+    """Delete the lock file; ``partner`` makes it again, and holds it alone."""
+    (directory / LOCK_NAME).unlink()
+    assert _ask(partner) == "True"
+
+
+def _held_within(directory: Path, timeout: float = 60.0) -> bool:
+    """Whether the lock file at ``directory`` is held at some look until ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while not lock_held(directory):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize("ending", ["killed", "let go"])
+def test_the_partner_that_outlives_the_one_that_made_the_file_again_holds_it(
+    tmp_path: Path, ending: str
+) -> None:
+    # The producer and its uplink share the unnamed file; the uplink makes it
+    # again first. The producer, still writing, holds only the unnamed one:
+    # once the uplink is gone (SIGKILLed, or done), the file at the path is
+    # its own, not free for a requeued job, a replay or gc while it writes.
+    held = OwnerLock(tmp_path)
+    try:
+        partner = _partner(held)
+        _made_again_by(partner, tmp_path)  # the uplink holds the new file
+        assert held.restore() is False  # held by its partner: left to it meanwhile
+        with pytest.raises(JournalLockedError):
+            OwnerLock(tmp_path)
+        if ending == "killed":
+            procs.kill_job(partner)
+            partner.wait(timeout=60)
+        else:
+            _let_go(partner)
+        assert _held_within(tmp_path), "the file at the path was left free under a live holder"
+        with pytest.raises(JournalLockedError):  # no take-over of a run still written
+            OwnerLock(tmp_path)
+        owner = read_owner(tmp_path)
+        assert owner is not None and owner.pid == os.getpid()
+        assert owner.file == held.owner.file
+    finally:
+        held.release()
+    assert not lock_held(tmp_path)
+    OwnerLock(tmp_path).release()  # let go as ever
+
+
+def test_a_link_or_pipe_planted_where_the_lock_file_was_is_left(tmp_path: Path) -> None:
+    # The background sync asks at each write: an error out of it ended its
+    # thread (no more syncs, moves or reserve); a link is never followed.
+    held = OwnerLock(tmp_path)
+    try:
+        path = tmp_path / LOCK_NAME
+        path.unlink()
+        path.symlink_to(tmp_path / "elsewhere")
+        assert held.restore() is False
+        assert path.is_symlink() and not (tmp_path / "elsewhere").exists()
+        path.unlink()
+        os.mkfifo(path)
+        assert held.restore() is False
+        assert not lock_held(tmp_path)  # a pipe is nobody's lock file, ours neither
+        path.unlink()
+        assert held.restore() is True  # a plain file again, at the next look
+        assert lock_held(tmp_path)
+    finally:
+        held.release()
+
+
+def test_an_uplink_shipping_on_after_its_producer_holds_the_file_it_made_again(
+    tmp_path: Path,
+) -> None:
+    # The producer makes the file again first, then finishes (or is killed)
+    # while its uplink still ships: the uplink holds the file from then on,
+    # and the run reads as shipping, not as a crashed run free to take over.
+    held = OwnerLock(tmp_path)
+    partner = _partner(held)
+    try:
+        (tmp_path / LOCK_NAME).unlink()
+        assert held.restore() is True
+        assert _ask(partner) == "False"  # its producer's, left to it
+    finally:
+        held.release()  # the producer is done: the file is its uplink's
+    assert _held_within(tmp_path), "the file at the path was left free under its uplink"
+    with pytest.raises(JournalLockedError):
+        OwnerLock(tmp_path)
+    owner = read_owner(tmp_path)
+    assert owner is not None and owner.producer_done and owner.helper_pid == partner.pid
+    _let_go(partner)
+    assert not lock_held(tmp_path)
+    OwnerLock(tmp_path).release()
+
+
+def test_a_child_forked_while_its_parent_waits_for_the_file_keeps_no_copy(
+    tmp_path: Path,
+) -> None:
+    # A training loop's fork (a data loader's worker) while this process waits
+    # for its partner's file: a copy in the child would hold the flock the
+    # parent's thread takes, past the parent's death (a dead run read alive).
+    held = OwnerLock(tmp_path)
+    partner = _partner(held)
+    try:
+        _made_again_by(partner, tmp_path)
+        assert held.restore() is False
+        waiting = held._waiting
+        assert waiting is not None  # its thread waits for the partner's flock
+        assert not procs.held_in_forked_child(waiting, tmp_path / LOCK_NAME)
+    finally:
+        _let_go(partner)
+        held.release()

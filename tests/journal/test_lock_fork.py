@@ -5,12 +5,12 @@ or closes it was doing at the fork."""
 from __future__ import annotations
 
 import fcntl
-import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import procs
 import pytest
 
 from primeruns.journal import lock as lock_module
@@ -39,25 +39,6 @@ class _Registry:
         self.release()
 
 
-def _held_in_child(fd: int, lock_file: Path) -> bool:
-    """Fork here; whether the child holds descriptor ``fd`` of ``lock_file``."""
-    ours, theirs = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: says whether it has a copy, and ends at once
-        try:
-            held = os.fstat(fd).st_ino == os.stat(lock_file).st_ino
-        except OSError:
-            held = False
-        os.write(theirs, b"1" if held else b"0")
-        os._exit(0)
-    os.close(theirs)
-    try:
-        return os.read(ours, 1) == b"1"
-    finally:
-        os.close(ours)
-        os.waitpid(pid, 0)
-
-
 def _held_by_a_child_forked_while_taking(
     monkeypatch: pytest.MonkeyPatch, take: Callable[[], Any], lock_file: Callable[[], Path]
 ) -> tuple[bool, list[Any]]:
@@ -83,7 +64,7 @@ def _held_by_a_child_forked_while_taking(
     taker.start()
     try:
         assert inside.wait(timeout=60)
-        held = _held_in_child(paused[0], lock_file())
+        held = procs.held_in_forked_child(paused[0], lock_file())
     finally:
         resume.set()
         taker.join()
