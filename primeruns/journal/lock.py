@@ -696,8 +696,7 @@ class OwnerLock:
     def add_helper(self, pid: int) -> None:
         """Name process ``pid`` in the lock file as the uplink sharing the lock."""
         self._helper = (pid, _proc_start(pid))
-        # Not a descriptor ``restore`` closed meanwhile (nor its number
-        # reused), nor the record of the file it replaced.
+        # Not the record of the file ``restore`` replaced meanwhile.
         with _REGISTRY:
             data = {**self.owner.to_json(), "helper_pid": pid, "helper_start": self._helper[1]}
             if self._fd is not None:
@@ -761,10 +760,14 @@ class OwnerLock:
             record.update(helper_pid=self._helper[0], helper_start=self._helper[1])
         with contextlib.suppress(OSError):  # its flock speaks all the same
             _write_record(new, record)
-        # The unnamed file's flock is let go with this descriptor only
-        # (a partner keeps its own): closed, never unlocked (``release``).
-        os.close(fd)
-        self._fd = new
+        # The unnamed file's flock is let go with this descriptor only (a
+        # partner keeps its own): replaced, never unlocked (``release``).
+        # Put in its place, under its number: ``share`` handed that number
+        # to an uplink's spawn, which passes it a moment later (closed
+        # meanwhile, the uplink was given no lock, or the file opened next
+        # under that number: its log).
+        os.dup2(new, fd, inheritable=False)
+        os.close(new)
 
     def _wait_for_partner(self) -> None:
         """The file at the path is held, and its record names this run's

@@ -301,3 +301,25 @@ def test_a_child_forked_while_its_parent_waits_for_the_file_keeps_no_copy(
     finally:
         _let_go(partner)
         held.release()
+
+
+def test_a_descriptor_shared_before_the_file_is_made_again_holds_the_new_one(
+    tmp_path: Path,
+) -> None:
+    # ``share`` gives the producer's descriptor to the uplink's spawn, which
+    # passes it a moment later: a restore in between closed it, and the
+    # uplink got no lock (or the file opened next under that number).
+    held = OwnerLock(tmp_path)
+    try:
+        fd = held.share()
+        (tmp_path / LOCK_NAME).unlink()
+        assert held.restore() is True
+        found = os.fstat(fd)
+        owner = read_owner(tmp_path)
+        assert owner is not None and owner.file == (found.st_dev, found.st_ino)
+        partner = _partner(held)  # spawned with that number, as the uplink is
+    finally:
+        held.release()
+    assert lock_held(tmp_path)  # its uplink holds the very file
+    _let_go(partner)
+    assert not lock_held(tmp_path)
