@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import hashlib
 import json
@@ -14,8 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from starlette.applications import Starlette
 
 from primeruns.local import LocalPlatform
+from primeruns.local.app import build_app
+from primeruns.local.settings import ServerSettings
 from primeruns.local.storage import Database
 
 
@@ -149,3 +153,29 @@ def stored_totals(api: httpx.Client) -> tuple[int, int]:
     assert runs.status_code == 200, runs.text
     assert evaluations.status_code == 200, evaluations.text
     return runs.json()["total"], evaluations.json()["total"]
+
+
+class Api:
+    """The platform's app in this process (its connection is reachable), called
+    one request at a time."""
+
+    def __init__(self, data: Path) -> None:
+        self.app: Starlette = build_app(ServerSettings(data_dir=data))
+        self.db: Database = self.app.state.ctx.db
+
+    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        async def call() -> httpx.Response:
+            transport = httpx.ASGITransport(app=self.app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://local") as c:
+                return await c.request(method, path, **kwargs)
+
+        return asyncio.run(call())
+
+    def get(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("GET", path, **kwargs)
+
+    def post(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("POST", path, **kwargs)
+
+    def put(self, path: str, **kwargs: Any) -> httpx.Response:
+        return self.request("PUT", path, **kwargs)

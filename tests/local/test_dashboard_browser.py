@@ -326,7 +326,9 @@ def test_a_live_training_page_moves_on_without_a_reload(demo: DemoRuns, page: Pa
 
 def test_a_live_evaluations_analysis_moves_on_without_a_reload(demo: DemoRuns, page: Page) -> None:
     """The analysis is loaded after the page (fragments.js, under the page's CSP
-    and login) and again whenever a live page swaps in news."""
+    and login) and again whenever a live page swaps in news: asked with the
+    version it shows, it comes back as a 204 while no sample was added (the
+    run finished), and the part shown stays."""
     episodes = [fresh(e) for e in eval_episodes()]
     run = demo.new_run(name="live-eval", environments=["gsm8k"], model="m")
     run.log_episodes(episodes[:2])
@@ -339,9 +341,12 @@ def test_a_live_evaluations_analysis_moves_on_without_a_reload(demo: DemoRuns, p
     run.log_episodes(episodes[2:5])
     expect(page.locator("table.samples tr.sample")).to_have_count(5)
     expect(analysed).to_contain_text("5 samples")
-    run.finish(timeout=60)
-    expect(page.locator(".live")).to_have_count(0)
+    with page.expect_response(lambda r: r.url.endswith("/analysis")) as asked:
+        run.finish(timeout=60)
+        expect(page.locator(".live")).to_have_count(0)
+    assert asked.value.status == 204  # nothing rendered: its samples are the same
     expect(analysed).to_contain_text("5 samples")
+    expect(page.locator("section.analysis-slot")).to_have_count(0)
     assert page.evaluate("window.__same_document") is True
 
 

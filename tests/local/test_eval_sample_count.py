@@ -5,47 +5,16 @@ kept gets it, counted once, when the platform opens it."""
 
 from __future__ import annotations
 
-import asyncio
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
-from starlette.applications import Starlette
+from local_helpers import Api
 
-from primeruns.local.app import build_app
-from primeruns.local.settings import ServerSettings
-from primeruns.local.storage import SCHEMA, Database
+from primeruns.local.storage import SCHEMA
 
 _SAMPLE = {"sample_id": "s", "reward": 1.0, "task": "gsm8k"}
-
-
-class Api:
-    """The platform's app in this process (its connection is reachable), called
-    one request at a time."""
-
-    def __init__(self, data: Path) -> None:
-        self.app: Starlette = build_app(ServerSettings(data_dir=data))
-        self.db: Database = self.app.state.ctx.db
-
-    def request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        async def call() -> httpx.Response:
-            transport = httpx.ASGITransport(app=self.app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://local") as c:
-                return await c.request(method, path, **kwargs)
-
-        return asyncio.run(call())
-
-    def get(self, path: str, **kwargs: Any) -> httpx.Response:
-        return self.request("GET", path, **kwargs)
-
-    def post(self, path: str, **kwargs: Any) -> httpx.Response:
-        return self.request("POST", path, **kwargs)
-
-    def put(self, path: str, **kwargs: Any) -> httpx.Response:
-        return self.request("PUT", path, **kwargs)
 
 
 @pytest.fixture

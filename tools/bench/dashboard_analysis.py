@@ -9,8 +9,11 @@ local platform's evaluation (online) and journaled by an offline run
 (``serve --runs-dir``). In a fresh process (``--child``), the evaluation's
 page is asked (as a browser does before its analysis: the templates load,
 a journal's index is read), then ``/analysis`` twice: the first visit
-(no sample's row held yet) and the second (rows held, a live page's poll),
-with the process's peak RSS.
+(no sample's row held yet) and the second (rows held), with the process's
+peak RSS; then the analysis as ``fragments.js`` asks for it, and again with
+the version that answer gave (``poll``: a live page swapped in for news
+other than a sample, say its status; a tree that gives no version renders
+it again).
 
 Each side is measured two ways in one run: as this tree reads it (online:
 the rows stored with the samples, ``eval_sample_rows``; offline: each row read
@@ -111,7 +114,7 @@ def child(where: str, path: Path, run_id: str, before_way: bool) -> dict[str, An
         app = routes.offline_app(path)
     asked = f"/dashboard/evaluations/{run_id}/analysis"
 
-    cpu: list[float] = []  # the process's CPU seconds of the first visit (every thread's)
+    cpu: list[float] = []  # the process's CPU seconds of each visit (every thread's)
 
     async def visits() -> list[float]:
         seconds = []
@@ -127,6 +130,15 @@ def child(where: str, path: Path, run_id: str, before_way: bool) -> dict[str, An
                 seconds.append(time.perf_counter() - started)
                 cpu.append(time.process_time() - used)
                 assert answer.status_code == 200, answer.status_code
+            fragment = {routes.FRAGMENT_HEADER: "1"}
+            shown = await c.get(asked, headers=fragment, timeout=600)
+            assert shown.status_code == 200, shown.status_code
+            # What the tree gave to ask with ("" from one that gives none: rendered).
+            version = shown.headers.get(routes.VERSION_HEADER, "")
+            used = time.process_time()
+            polled = await c.get(asked, headers={**fragment, routes.VERSION_HEADER: version})
+            cpu.append(time.process_time() - used)
+            assert polled.status_code in (200, 204), polled.status_code
         return seconds
 
     first, second = asyncio.run(visits())
@@ -136,6 +148,7 @@ def child(where: str, path: Path, run_id: str, before_way: bool) -> dict[str, An
         "first": first,
         "first_cpu": cpu[0],
         "second": second,
+        "poll_cpu": cpu[2],
         "maxrss_mb": peak_rss_mb(),
         "package": primeruns.__file__,
     }
@@ -162,6 +175,7 @@ def run(quick: bool, episodes: int | None = None, before: Path | None = None) ->
             "ratio",
             "its CPU (s)",
             "second visit (s)",
+            "poll (CPU s)",
             "peak RSS (MB)",
         ],
     )
@@ -188,11 +202,13 @@ def run(quick: bool, episodes: int | None = None, before: Path | None = None) ->
                     f"{m['first'] / base:.2f}",
                     f"{m['first_cpu']:.3f}" if "first_cpu" in m else "-",
                     f"{m['second']:.3f}",
+                    f"{m['poll_cpu']:.3f}" if "poll_cpu" in m else "-",
                     f"{m['maxrss_mb']:.0f}",
                 )
     table.notes.append(
-        "first visit: nothing held yet (a fresh process); second: the rows held"
-        " (a live page's poll); ratio: first visit ÷ the way it was read before"
+        "first visit: nothing held yet (a fresh process); second: the rows held;"
+        " poll: the analysis asked with the version it was answered with, nothing new;"
+        " ratio: first visit ÷ the way it was read before"
     )
     return [table]
 

@@ -12,7 +12,9 @@ page with the version it has, and gets a 204 (nothing rendered, no chart
 drawn) until the version moves, then the new page to swap in. What costs
 more than a page shows (an evaluation's analysis reads every sample) has a
 route of its own, which ``fragments.js`` loads into the page after first
-paint (``data-fragment``), so a first visit costs what it shows.
+paint (``data-fragment``), so a first visit costs what it shows; loaded
+again after a swap, it is asked with the version it shows, and is a 204
+too while what it reads is the same.
 """
 
 from __future__ import annotations
@@ -277,9 +279,13 @@ async def analysis_page(request: Request) -> Response:
     if detail is None or detail.row.kind not in (None, SECTIONS["evaluations"]):
         return _not_found(request, f"nothing is stored for run {run_id!r}")
     facts, total = await _read(request, lambda s: s.sample_facts(run_id, MAX_FACTS))
-    analysis = analyse(facts)
     fragment = request.headers.get(FRAGMENT_HEADER) is not None
-    return _page(
+    query = SampleQuery.from_params(request.query_params)
+    version = _analysis_version(detail, fragment, facts, total, query)
+    if unchanged := _unchanged(request, version):
+        return unchanged
+    analysis = analyse(facts)
+    answer = _page(
         request,
         "analysis_section.html" if fragment else "analysis.html",
         run=detail,
@@ -287,10 +293,28 @@ async def analysis_page(request: Request) -> Response:
         analysis=analysis,
         task_rows=analysis.tasks[:MAX_TASK_ROWS],
         category_rows=analysis.categories[:MAX_CATEGORY_ROWS],
-        query=SampleQuery.from_params(request.query_params),
+        query=query,
         total_samples=total,
         analysed=len(facts),
     )
+    answer.headers[VERSION_HEADER] = version  # for fragments.js to ask with
+    return answer
+
+
+def _analysis_version(
+    detail: RunDetail, fragment: bool, facts: list[SampleRow], total: int, query: SampleQuery
+) -> str:
+    """The version of what :func:`analysis_page` answers, made without the
+    analysis: the samples' rows only ever grow at their end (a journal and
+    the platform's samples are appended to, and both sources read on from
+    where they were), so their count, the last of them and the run's sample
+    count say which rows they are; a digest of every row would cost a good
+    part of what it spares. The section alone shows nothing else of the run
+    but its id, so a live page swapped in for a new status or summary gets
+    its analysis back as a 204; the page of its own shows the run's header
+    too (``detail``)."""
+    shown = detail if not fragment else detail.row.id
+    return _version(shown, fragment, total, len(facts), facts[-1:], query)
 
 
 def _labels(details: list[RunDetail]) -> list[str]:
