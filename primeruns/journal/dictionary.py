@@ -38,6 +38,14 @@ _PAYS = 0.9  # keep only when it saves at least 10%
 # episodes, agentic episodes and metrics rows (measured: 0.025-0.035 s).
 _SEGMENT = 1024
 _DMER = 8
+# The log2 of the trainer's d-mer frequency table (zstd's default: 20, a
+# 4 MiB table cleared and walked for every dictionary). 16 trains in about
+# two thirds of the time for dictionaries as good (measured on the first
+# records the journal trains on, the later ones compressed at level 3:
+# gsm8k episodes 34 -> 20 ms, 0.184 -> 0.182 of the raw bytes; agentic
+# episodes 140 -> 100 ms, 0.139 both; metrics rows 25 -> 17 ms, 0.353 ->
+# 0.348).
+_FREQ_LOG = 16
 
 
 def train(samples: Sequence[bytes]) -> bytes | None:
@@ -48,7 +56,7 @@ def train(samples: Sequence[bytes]) -> bytes | None:
         return None
     size = min(MAX_TRAINED_DICT_BYTES, max(4 << 10, total // 8))
     try:
-        zdict = zstandard.train_dictionary(size, list(samples), k=_SEGMENT, d=_DMER)
+        zdict = zstandard.train_dictionary(size, list(samples), k=_SEGMENT, d=_DMER, f=_FREQ_LOG)
     except zstandard.ZstdError:
         return None  # too few distinct samples: zstd refuses, and plain frames serve
     plain = zstandard.ZstdCompressor(level=1)
