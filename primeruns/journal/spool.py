@@ -109,10 +109,6 @@ _MAGIC = b"PS"
 # none but these can start an append.
 _START = APPEND.pack(_MAGIC, 1, 0, 0)[:4]
 SEGMENT_MAX = 4 << 20
-# How far past ``SEGMENT_MAX`` a segment goes on while its sync ahead runs
-# (an eighth of it: 512 KiB), so a call does not wait for that sync (see
-# ``SpoolWriter._goes_on``).
-_GO_ON_SHARE = 8
 # The bytes of a segment between two syncs ahead (see ``spoolsync``).
 _AHEAD_STEP = 512 << 10
 _READ_CHUNK = 1 << 20
@@ -187,10 +183,6 @@ class SpoolWriter:
         self._syncer = SegmentSyncer(path)
         self._segment = 0  # the open segment's number, for ``SegmentSyncer.synced``
         self._ahead_at = _next_sync_ahead(0)  # the segment's size at which a sync ahead is asked
-        # ((segment, size), whether the next write goes on in it), as the last
-        # ``opens_next`` decided: the ``write`` after it keeps to that while
-        # the syncer's thread moves on between them.
-        self._go_on: tuple[tuple[int, int], bool] | None = None
         # The last seq of the appends written whole; and, from the ``write()``
         # of one until it is noted, that append (see ``settle``).
         self.last_seq = 0
@@ -220,37 +212,8 @@ class SpoolWriter:
             return False
 
     def opens_next(self) -> bool:
-        """Whether the next write starts a segment (decided afresh: the
-        appender asks once per append, and that write keeps to it)."""
-        if self._fd is None:
-            return True
-        if self._size < SEGMENT_MAX:
-            return False
-        self._go_on = None
-        return not self._goes_on()
-
-    def _goes_on(self) -> bool:
-        """Whether the next write goes on in the full segment, not in a
-        successor: while the sync of the full segment runs (in the syncer's
-        thread), up to an eighth past ``SEGMENT_MAX``.
-
-        The successor may be written only once all of this segment is on
-        disk (``_sync_full_segment``). Made by the call that fills it, that
-        sync is seldom done by the next call: a training step logs its
-        episodes and then a metrics row, a moment later, and that row's call
-        made the whole sync itself (1-8 ms on a loaded host) in every switch
-        of ``tools/bench/uplink_loop.py``'s loop. Written here instead, it
-        asks for a sync of all of it again, which the loop's next pause
-        sees done; only a burst longer than the eighth waits, as before."""
-        key = (self._segment, self._size)
-        if self._go_on is None or self._go_on[0] != key:
-            goes_on = (
-                not self._fsync
-                and self._size < SEGMENT_MAX + SEGMENT_MAX // _GO_ON_SHARE
-                and self._syncer.synced(self._segment) < self._size
-            )
-            self._go_on = (key, goes_on)
-        return self._go_on[1]
+        """Whether the next write starts a segment."""
+        return self._fd is None or self._size >= SEGMENT_MAX
 
     def write(self, first_seq: int, frames: list[bytes]) -> None:
         """Write the frames of seqs ``first_seq``... in one ``writev()``.
@@ -263,7 +226,7 @@ class SpoolWriter:
         nbytes = APPEND.size + length
         if self._fd is None:
             self._open(first_seq)
-        elif self._size >= SEGMENT_MAX and not self._goes_on():
+        elif self._size >= SEGMENT_MAX:
             self._sync_full_segment()
             try:
                 self._open(first_seq)
@@ -309,9 +272,8 @@ class SpoolWriter:
         self.last_seq = last
         size = self._size = self._size + done
         if size >= self._ahead_at and not self._fsync:
-            # Every ``_AHEAD_STEP``, and all of it at each write once full: a
-            # switch that finds that sync done (after a pause of the loop) has
-            # none to wait for.
+            # Every ``_AHEAD_STEP``, and all of it once full: a switch that
+            # finds that sync done (after a pause of the loop) has none to wait for.
             self._ahead_at = _next_sync_ahead(size)
             self._syncer.sync(fd, self._segment, size)
         written = self._written = self._written + done
@@ -502,10 +464,9 @@ class SpoolWriter:
 
 def _next_sync_ahead(size: int) -> int:
     """The size of the segment at which the next sync ahead is asked for:
-    ``_AHEAD_STEP`` further on, or where it is full if that comes first;
-    once full, at the next write (which goes on in it while the last sync
-    runs: ``SpoolWriter._goes_on``)."""
-    return size if size >= SEGMENT_MAX else min(size + _AHEAD_STEP, SEGMENT_MAX)
+    ``_AHEAD_STEP`` further on, or where it is full if that comes first."""
+    step = size + _AHEAD_STEP
+    return step if size >= SEGMENT_MAX else min(step, SEGMENT_MAX)
 
 
 def _sync_directory(path: Path) -> None:

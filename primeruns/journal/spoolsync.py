@@ -23,9 +23,7 @@ The sync at a segment's switch is what the guarantee needs; this thread
 makes it cheap. The write that fills a segment asks for a sync of all of
 it, and where that sync returned before the next write (a loop that does
 some work between its log calls), the switch has nothing left to sync
-(``synced``). A write that finds it still running goes on in the full
-segment and asks again (``SpoolWriter._goes_on``); only a burst longer than
-that, an eighth of a segment, syncs what is left itself at the switch.
+(``synced``). In a burst the switch syncs what is left itself.
 """
 
 from __future__ import annotations

@@ -860,15 +860,12 @@ def test_a_segment_is_synced_ahead_in_a_thread_of_its_own(
             # Appends went on while the sync ahead was held up by the disk.
             assert len(ahead) == 1
             gate.set()
-            n = 6
-            # The switches to successors, and their own syncs ahead (where a
-            # switch comes depends on how far its sync ahead got: ``_goes_on``).
-            while len(list_segments(j.path)) < 3:
+            for n in range(6, 20):  # the switch to a successor, and its own syncs ahead
                 j.append(EntryKind.EPISODE, [_episode(n)])
-                n += 1
             wait_for(lambda: len(ahead) >= 2, timeout=15, what="the syncs ahead")
+            assert len(list_segments(j.path)) == 3
             assert len(set(ahead)) == 1  # one thread made them all
-            assert [e.seq for e in j.read(0, max_entries=100).entries] == list(range(1, n + 1))
+            assert [e.seq for e in j.read(0, max_entries=100).entries] == list(range(1, 21))
         finally:
             gate.set()
     assert not _spool_sync_threads()  # it ends with the journal
@@ -932,10 +929,12 @@ def test_a_switch_after_a_pause_of_the_loop_waits_for_no_sync(
         assert [e.seq for e in j.read(0, max_entries=100).entries] == list(range(1, n + 1))
 
 
-def _held_syncs_ahead(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], threading.Event]:
-    """Each ``fdatasync`` from now on, by the name of the thread that made
-    it; the spool's syncer thread's are held up (a slow disk) until the
-    event is set."""
+def test_a_switch_in_a_burst_syncs_what_is_left_before_the_successor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a burst the sync ahead of a full segment may not be done when the
+    next call starts its successor: that call syncs what is left itself, so
+    no byte of the successor can reach the disk before the full segment's."""
     real = os.fdatasync
     gate = threading.Event()
     syncs: list[str] = []
@@ -943,61 +942,10 @@ def _held_syncs_ahead(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], threa
     def fdatasync(fd: int) -> None:
         syncs.append(threading.current_thread().name)
         if threading.current_thread().name.startswith("primeruns-spool-sync-"):
-            assert gate.wait(30)  # a slow disk: the sync ahead is not done yet
+            assert gate.wait(30)  # a slow disk: the sync ahead is not done
         real(fd)
 
     monkeypatch.setattr(os, "fdatasync", fdatasync)
-    return syncs, gate
-
-
-def test_a_call_right_after_the_one_that_filled_a_segment_waits_for_no_sync(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A training step logs its episodes, then a metrics row a moment later:
-    when the episodes filled a segment, the row's call found the sync ahead
-    of it still running, and made the whole sync itself (1-8 ms on a loaded
-    host, at every switch of ``tools/bench/uplink_loop.py``'s loop). It goes
-    on in the full segment instead, and the switch comes at a later call,
-    once all of the segment is on disk: never before, or a power cut could
-    leave a hole."""
-    syncs, gate = _held_syncs_ahead(monkeypatch)
-    monkeypatch.setattr(spool, "SEGMENT_MAX", 8_000)
-    with Journal.create(tmp_path, local_id="run") as j:
-        try:
-            j.hand_over_moving()  # nothing absorbs or deletes segments here
-            assert j._appender is not None
-            writer = j._appender._spool
-            n = 0
-            while writer._size < 8_000:  # the step's episodes fill the segment
-                n += 1
-                j.append(EntryKind.EPISODE, [_episode(n)])
-            n += 1
-            j.append(EntryKind.METRICS, [b'{"step": 1, "loss": 0.5}'])  # the row, at once
-            assert "MainThread" not in syncs
-            assert len(list_segments(j.path)) == 1  # no successor before the sync
-            gate.set()  # the loop's next work: the syncs ahead end
-            wait_for(
-                lambda: writer._syncer.synced(writer._segment) >= writer._size,
-                timeout=15,
-                what="the sync of all of the full segment",
-            )
-            n += 1
-            j.append(EntryKind.EPISODE, [_episode(n)])  # the next step's: the successor
-            assert len(list_segments(j.path)) == 2
-            assert "MainThread" not in syncs
-            assert [e.seq for e in j.read(0, max_entries=100).entries] == list(range(1, n + 1))
-        finally:
-            gate.set()
-
-
-def test_a_switch_in_a_burst_syncs_what_is_left_before_the_successor(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """In a burst the sync ahead of a full segment may not be done when a
-    call starts its successor (once the segment went on an eighth past
-    full): that call syncs what is left itself, so no byte of the successor
-    can reach the disk before the full segment's."""
-    syncs, gate = _held_syncs_ahead(monkeypatch)
     monkeypatch.setattr(spool, "SEGMENT_MAX", 8_000)
     monkeypatch.setattr(spool, "_AHEAD_STEP", 1 << 30)
     with Journal.create(tmp_path, local_id="run") as j:
