@@ -1,0 +1,327 @@
+"""Segment switches under races: several threads logging, the spool's sync
+thread held up at random, the mover absorbing and deleting segments.
+
+What a user depends on: every record whose call returned is read exactly
+once, in order, whole; and no byte of a segment's successor is written
+before every byte of that segment is on disk (a power cut leaves a lost
+tail, never a hole).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from primeruns.journal import EntryKind, Journal, spool
+from primeruns.journal.spool import list_segments
+
+
+class _DiskOrder:
+    """Wraps ``fdatasync`` and the spool's writes: what of each segment file
+    is known on disk (its size as a sync began, once that sync returned), and
+    at each write to a segment, whether every segment before it is on disk
+    whole. ``delay`` holds up the spool's sync thread (a slow disk)."""
+
+    def __init__(self, path: Path, rng: random.Random) -> None:
+        self.path = path
+        self.rng = rng
+        self.lock = threading.Lock()
+        self.synced: dict[int, int] = {}  # inode -> bytes on disk
+        self.holes: list[str] = []
+        self.writes = 0
+        self._fdatasync = os.fdatasync
+        self._writev = os.writev
+        self._write = os.write
+
+    def fdatasync(self, fd: int) -> None:
+        st = os.fstat(fd)
+        if threading.current_thread().name.startswith("primeruns-spool-sync-"):
+            with self.lock:
+                pause = self.rng.choice([0.0, 0.0, 0.0001, 0.001, 0.003])
+            time.sleep(pause)  # a slow disk: how long varies the interleavings
+        self._fdatasync(fd)
+        with self.lock:
+            self.synced[st.st_ino] = max(self.synced.get(st.st_ino, 0), st.st_size)
+
+    def _check(self, fd: int) -> None:
+        try:
+            ino = os.fstat(fd).st_ino
+        except OSError:
+            return
+        segments = []
+        for first, name in list_segments(self.path):
+            try:
+                st = os.stat(self.path / name)
+            except FileNotFoundError:
+                continue  # deleted by the mover meanwhile (LMDB synced first)
+            segments.append((first, name, st.st_ino, st.st_size))
+        mine = [s for s in segments if s[2] == ino]
+        if not mine:
+            return  # not a segment
+        with self.lock:
+            self.writes += 1
+            for first, name, other, size in segments:
+                if first < mine[0][0] and self.synced.get(other, 0) < size:
+                    self.holes.append(
+                        f"{mine[0][1]} written while {name} had "
+                        f"{size - self.synced.get(other, 0)} bytes not on disk"
+                    )
+
+    def writev(self, fd: int, buffers: list[bytes]) -> int:
+        self._check(fd)
+        return self._writev(fd, buffers)
+
+    def write(self, fd: int, data: bytes) -> int:
+        self._check(fd)
+        return self._write(fd, data)
+
+
+def _payload(rng: random.Random, thread: int, n: int) -> bytes:
+    # Mostly rows and episodes; now and then one past a whole segment.
+    size = rng.choice([40, 200, 900, 900, 2_500, 2_500, 1_500, 12_000])
+    return json.dumps({"t": thread, "n": n, "pad": "x" * size}).encode()
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_threads_logging_across_switches_lose_reorder_and_repeat_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, seed: int
+) -> None:
+    monkeypatch.setattr(spool, "SEGMENT_MAX", 8_000)
+    monkeypatch.setattr(spool, "_AHEAD_STEP", 2_000)
+    with Journal.create(tmp_path, local_id="run") as j:
+        disk = _DiskOrder(j.path, random.Random(seed + 1000))
+        monkeypatch.setattr(os, "fdatasync", disk.fdatasync)
+        monkeypatch.setattr(os, "writev", disk.writev)
+        monkeypatch.setattr(os, "write", disk.write)
+        returned: list[tuple[int, list[bytes]]] = []
+        lock = threading.Lock()
+        stop_moving = threading.Event()
+        moved = [0]
+
+        def producer(thread: int) -> None:
+            r = random.Random(seed * 100 + thread)
+            for n in range(120):
+                payloads = [_payload(r, thread, n * 10 + k) for k in range(r.choice([1, 1, 1, 3]))]
+                kind = EntryKind.METRICS if r.random() < 0.3 else EntryKind.EPISODE
+                got = j.append(kind, payloads)
+                assert got.first_seq is not None and got.count == len(payloads)
+                with lock:
+                    returned.append((got.first_seq, payloads))
+                if r.random() < 0.2:
+                    time.sleep(r.choice([0.0005, 0.002]))  # a step's work between calls
+
+        def mover() -> None:
+            while not stop_moving.is_set():
+                if j._mover.step():
+                    moved[0] += 1
+                else:
+                    time.sleep(0.001)
+
+        j.hand_over_moving()  # the mover below moves, concurrently with the appends
+        threads = [threading.Thread(target=producer, args=(t,)) for t in range(4)]
+        mover_thread = threading.Thread(target=mover)
+        mover_thread.start()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stop_moving.set()
+        mover_thread.join()
+        monkeypatch.undo()
+        assert disk.holes == []
+        expected: dict[int, bytes] = {}
+        for first, payloads in returned:
+            for k, p in enumerate(payloads):
+                assert first + k not in expected, "a seq given twice"
+                expected[first + k] = p
+        got = j.read(0, max_entries=10**6, max_bytes=1 << 40)
+        assert got.damaged == []
+        seqs = [e.seq for e in got.entries]
+        assert seqs == sorted(expected), "lost, repeated or out of order"
+        assert [e.payload for e in got.entries] == [expected[s] for s in seqs]
+        assert moved[0] > 0 and len(list_segments(j.path)) >= 1
+
+
+_KILLED_PRODUCER = textwrap.dedent(
+    """
+    import json, os, random, sys, threading
+    from pathlib import Path
+    from primeruns.journal import EntryKind, Journal, spool
+    spool.SEGMENT_MAX = 8_000
+    spool._AHEAD_STEP = 2_000
+    seed = int(sys.argv[2])
+    real = os.fdatasync
+    def fdatasync(fd):
+        if threading.current_thread().name.startswith("primeruns-spool-sync-"):
+            import time
+            time.sleep(random.random() * 0.003)  # a slow disk
+        real(fd)
+    os.fdatasync = fdatasync
+    j = Journal.create(Path(sys.argv[1]), local_id="run")
+    out = threading.Lock()
+    os.write(1, b"%s\\n" % str(j.path).encode())
+    def producer(t):
+        r = random.Random(seed * 10 + t)
+        n = 0
+        while True:
+            pad = "x" * r.choice([40, 900, 2500, 12000])
+            payloads = [json.dumps({"t": t, "n": n + k, "pad": pad}).encode()
+                        for k in range(r.choice([1, 1, 3]))]
+            got = j.append(EntryKind.EPISODE, payloads)
+            with out:
+                os.write(1, b"%d %d %d\\n" % (t, n, got.first_seq))
+            n += len(payloads)
+    for t in range(3):
+        threading.Thread(target=producer, args=(t,), daemon=True).start()
+    threading.Event().wait()
+    """
+)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_producer_killed_across_switches_keeps_every_call_that_returned(
+    tmp_path: Path, seed: int
+) -> None:
+    """SIGKILL at a random point of threads logging across switches: the
+    journal reopened holds every record whose call returned, once, in order."""
+    rng = random.Random(seed)
+    path = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_PRODUCER, str(path), str(seed)],
+        stdout=subprocess.PIPE,
+        env={**os.environ},
+    )
+    assert proc.stdout is not None
+    journal = Path(proc.stdout.readline().decode().strip())
+    lines: list[bytes] = []
+    want = rng.randint(50, 600)
+    while len(lines) < want:
+        line = proc.stdout.readline()
+        assert line, "the producer ended"
+        lines.append(line)
+    os.kill(proc.pid, signal.SIGKILL)
+    lines.extend(proc.stdout.read().splitlines(keepends=True))
+    proc.stdout.close()
+    proc.wait()
+    returned = [tuple(map(int, ln.split())) for ln in lines if ln.endswith(b"\n")]
+    with Journal.open(journal) as j:
+        got = j.read(0, max_entries=10**6, max_bytes=1 << 40)
+        assert got.damaged == []
+        seqs = [e.seq for e in got.entries]
+        assert seqs == list(range(1, len(seqs) + 1))
+        by_seq = {e.seq: json.loads(e.payload) for e in got.entries}
+    for t, n, first in returned:
+        assert by_seq[first]["t"] == t and by_seq[first]["n"] == n
+
+
+class _FillingDisk(_DiskOrder):
+    """``_DiskOrder`` whose disk fills: armed with n, at the first spool write
+    to a segment at or past ``SEGMENT_MAX`` (a full one going on, or its
+    switch), it and the n writes after it are cut short (part of their bytes
+    written, then ENOSPC: the writer takes the part back)."""
+
+    def __init__(self, path: Path, rng: random.Random) -> None:
+        super().__init__(path, rng)
+        self.armed: int | None = None
+        self.refusing = 0
+        self._cut = False
+        # The sync thread's syncs end only while set (the loop's pauses), so
+        # calls between two pauses meet a full segment's sync still running.
+        self.gate = threading.Event()
+
+    def fdatasync(self, fd: int) -> None:
+        if threading.current_thread().name.startswith("primeruns-spool-sync-"):
+            assert self.gate.wait(30)
+        super().fdatasync(fd)
+
+    def writev(self, fd: int, buffers: list[bytes]) -> int:
+        self._check(fd)
+        if self.armed is not None and os.fstat(fd).st_size >= spool.SEGMENT_MAX:
+            self.refusing, self.armed = self.armed + 1, None
+        if self.refusing:
+            self.refusing -= 1
+            data = b"".join(buffers)
+            self._cut = True
+            return self._write(fd, data[: self.rng.randrange(len(data))])
+        return self._writev(fd, buffers)
+
+    def write(self, fd: int, data: bytes) -> int:
+        self._check(fd)
+        if self._cut:
+            self._cut = False
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return self._write(fd, data)
+
+
+_STEPS = st.lists(
+    st.one_of(
+        *[
+            st.tuples(
+                st.just("log"), st.sampled_from([30, 300, 900, 2_500, 9_000]), st.integers(1, 3)
+            )
+        ]
+        * 10,
+        st.tuples(st.just("full"), st.integers(0, 3), st.just(0)),
+        *[st.tuples(st.just("pause"), st.just(0), st.just(0))] * 2,
+    ),
+    min_size=30,
+    max_size=150,
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+@given(steps=_STEPS, seed=st.integers(0, 1000))
+def test_a_full_disk_anywhere_across_a_switch_loses_reorders_or_repeats_nothing(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, int, int]], seed: int
+) -> None:
+    """The disk fills (a write cut short, then ENOSPC) at any point of a
+    segment or its switch: what a call gave is journaled once the
+    disk has room, after what came before it and before what came after."""
+    tmp_path = tmp_path_factory.mktemp("full")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(spool, "SEGMENT_MAX", 8_000)
+        mp.setattr(spool, "_AHEAD_STEP", 2_000)
+        with Journal.create(tmp_path, local_id="run") as j:
+            j.hold_when_full()
+            disk = _FillingDisk(j.path, random.Random(seed))
+            mp.setattr(os, "fdatasync", disk.fdatasync)
+            mp.setattr(os, "writev", disk.writev)
+            mp.setattr(os, "write", disk.write)
+            given_ids: list[str] = []
+            for op, size, count in steps:
+                if op == "full":
+                    disk.armed = size
+                elif op == "pause":
+                    disk.gate.set()  # the loop's work: the syncs ahead may end
+                    time.sleep(0.003)
+                    disk.gate.clear()
+                else:
+                    ids = [f"{len(given_ids) + k}" for k in range(count)]
+                    got = j.append(
+                        EntryKind.EPISODE,
+                        [json.dumps({"id": i, "pad": "x" * size}).encode() for i in ids],
+                    )
+                    if got.dropped:
+                        continue  # refused and counted: never in the log
+                    given_ids.extend(ids)
+            disk.armed, disk.refusing = None, 0
+            disk.gate.set()
+            assert j.settle_held(60.0) == 0
+            assert disk.holes == []
+            read = j.read(0, max_entries=10**6, max_bytes=1 << 40)
+            assert read.damaged == []
+            assert [e.seq for e in read.entries] == list(range(1, len(read.entries) + 1))
+            assert [json.loads(e.payload)["id"] for e in read.entries] == given_ids
