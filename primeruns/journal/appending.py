@@ -391,10 +391,13 @@ class Appender:
                 frames = [spool_frame(kind, payloads[0], first)]
             else:
                 frames = [spool_frame(kind, p, seq) for seq, p in enumerate(payloads, first)]
-            if self._frames_unsynced and self._spool.opens_next():
+            # Asked once: whether a full segment goes on depends on its sync
+            # ahead, which may end between two looks (``SpoolWriter._goes_on``).
+            opens = self._spool.opens_next()
+            if self._frames_unsynced and opens:
                 self._sync_frames()
             try:
-                if self._spool.opens_next() and first <= self._stored_end():
+                if opens and first <= self._stored_end():
                     raise JournalError(
                         f"journal {self._tx.path}: entries past {first - 1} exist already "
                         "(the log's end was misread); this append is refused"

@@ -109,6 +109,9 @@ _MAGIC = b"PS"
 # none but these can start an append.
 _START = APPEND.pack(_MAGIC, 1, 0, 0)[:4]
 SEGMENT_MAX = 4 << 20
+# How far past ``SEGMENT_MAX`` a segment may go on while the sync of it
+# asked for when it filled runs (an eighth: 512 KiB; ``SpoolWriter._goes_on``).
+_GO_ON_SHARE = 8
 # The bytes of a segment between two syncs ahead (see ``spoolsync``).
 _AHEAD_STEP = 512 << 10
 _READ_CHUNK = 1 << 20
@@ -183,6 +186,12 @@ class SpoolWriter:
         self._syncer = SegmentSyncer(path)
         self._segment = 0  # the open segment's number, for ``SegmentSyncer.synced``
         self._ahead_at = _next_sync_ahead(0)  # the segment's size at which a sync ahead is asked
+        # The segment's size when it filled (0: not full yet), and whether
+        # the next write goes on in it, as ``opens_next`` last decided for
+        # (segment, size): the ``write`` after it keeps to that while the
+        # syncer's thread moves on between them.
+        self._filled = 0
+        self._go_on: tuple[tuple[int, int], bool] | None = None
         # The last seq of the appends written whole; and, from the ``write()``
         # of one until it is noted, that append (see ``settle``).
         self.last_seq = 0
@@ -212,8 +221,39 @@ class SpoolWriter:
             return False
 
     def opens_next(self) -> bool:
-        """Whether the next write starts a segment."""
-        return self._fd is None or self._size >= SEGMENT_MAX
+        """Whether the next write starts a segment (decided afresh: the
+        appender asks before each append, and that write keeps to it)."""
+        if self._fd is None:
+            return True
+        if self._size < SEGMENT_MAX:
+            return False
+        self._go_on = None
+        return not self._goes_on()
+
+    def _goes_on(self) -> bool:
+        """Whether the next write goes on in the full segment, not in a
+        successor: while the sync asked for when it filled has not ended,
+        up to an eighth past ``SEGMENT_MAX``.
+
+        A training step logs its episodes and then a metrics row a moment
+        later: where the episodes filled the segment, the row's call found
+        the sync of it running and made one itself at the switch (1-13 ms,
+        the loop's slowest calls). Written here, the row asks for a sync of
+        all of it, which the loop's work between steps sees done. Only that
+        first sync is waited for so: once it has ended, the next write
+        switches and waits for the one asked since (``_sync_full_segment``),
+        so a burst makes two syncs a segment, as when the switch made its
+        own; going on after each sync kept the thread syncing back to back."""
+        key = (self._segment, self._size)
+        if self._go_on is None or self._go_on[0] != key:
+            goes_on = (
+                not self._fsync
+                and self._filled > 0
+                and self._size < SEGMENT_MAX + SEGMENT_MAX // _GO_ON_SHARE
+                and self._syncer.tried(self._segment) < self._filled
+            )
+            self._go_on = (key, goes_on)
+        return self._go_on[1]
 
     def write(self, first_seq: int, frames: list[bytes]) -> None:
         """Write the frames of seqs ``first_seq``... in one ``writev()``.
@@ -226,7 +266,7 @@ class SpoolWriter:
         nbytes = APPEND.size + length
         if self._fd is None:
             self._open(first_seq)
-        elif self._size >= SEGMENT_MAX:
+        elif self._size >= SEGMENT_MAX and not self._goes_on():
             self._sync_full_segment()
             try:
                 self._open(first_seq)
@@ -272,8 +312,11 @@ class SpoolWriter:
         self.last_seq = last
         size = self._size = self._size + done
         if size >= self._ahead_at and not self._fsync:
-            # Every ``_AHEAD_STEP``, and all of it once full: a switch that
-            # finds that sync done (after a pause of the loop) has none to wait for.
+            # Every ``_AHEAD_STEP``, and all of it at each write once full: a
+            # switch that finds that sync done (after a pause of the loop)
+            # has none to wait for.
+            if size >= SEGMENT_MAX and not self._filled:
+                self._filled = size
             self._ahead_at = _next_sync_ahead(size)
             self._syncer.sync(fd, self._segment, size)
         written = self._written = self._written + done
@@ -336,6 +379,13 @@ class SpoolWriter:
             return
         if self._syncer.synced(self._segment) >= self._size:
             return  # synced ahead, all of it
+        if self._syncer.tried(self._segment) >= self._filled and self._syncer.await_sync(
+            self._segment, self._size
+        ):
+            return  # the sync asked for by the last write, ended (``_goes_on``)
+        # Made here: none asked covers all of it, or the first is still
+        # running (past the eighth); one still waiting would sync it again.
+        self._syncer.drop(self._segment)
         try:
             os.fdatasync(self._fd)
         except OSError as exc:
@@ -382,6 +432,7 @@ class SpoolWriter:
                 self._size = 0
         self._fd = fd
         self._segment += 1
+        self._filled = 0
         self._ahead_at = _next_sync_ahead(self._size)
         # This process's readers read it through its own descriptor, so they
         # see it even if the directory is deleted under the run.
@@ -464,9 +515,10 @@ class SpoolWriter:
 
 def _next_sync_ahead(size: int) -> int:
     """The size of the segment at which the next sync ahead is asked for:
-    ``_AHEAD_STEP`` further on, or where it is full if that comes first."""
-    step = size + _AHEAD_STEP
-    return step if size >= SEGMENT_MAX else min(step, SEGMENT_MAX)
+    ``_AHEAD_STEP`` further on, or where it is full if that comes first;
+    once full, at the next write (which goes on in it while the first sync
+    of it runs: ``SpoolWriter._goes_on``)."""
+    return size if size >= SEGMENT_MAX else min(size + _AHEAD_STEP, SEGMENT_MAX)
 
 
 def _sync_directory(path: Path) -> None:

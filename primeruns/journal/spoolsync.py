@@ -23,7 +23,11 @@ The sync at a segment's switch is what the guarantee needs; this thread
 makes it cheap. The write that fills a segment asks for a sync of all of
 it, and where that sync returned before the next write (a loop that does
 some work between its log calls), the switch has nothing left to sync
-(``synced``). In a burst the switch syncs what is left itself.
+(``synced``). While that sync runs, writes go on in the full segment, each
+asking for a sync of all of it (one sync, the one after it, covers them
+all: ``SpoolWriter._goes_on``); the switch then waits for that one if it is
+not done (``await_sync``) instead of making one of its own, so a burst
+still costs two syncs a segment.
 """
 
 from __future__ import annotations
@@ -60,16 +64,57 @@ class SegmentSyncer:
         """No thread yet (and, in a forked child, none of the parent's state:
         its lock may have been held at the fork)."""
         self._pid = os.getpid()
-        self._cond = threading.Condition(threading.Lock())
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)
         self._thread: threading.Thread | None = None
         # The newest sync asked for and not begun: (descriptor, segment, size).
         self._wanted: tuple[int, int, int] | None = None
+        # The sync being made: (segment, size).
+        self._busy: tuple[int, int] | None = None
+        # (segment, size) of the last sync that ended, whether or not it
+        # succeeded: what writes past a full segment wait on (``tried``).
+        self._tried: tuple[int, int] = (0, 0)
+        # Notified at the end of each sync (``await_sync``).
+        self._done = threading.Condition(lock)
         self._closes: list[int] = []
 
     def synced(self, segment: int) -> int:
         """Bytes of ``segment`` (the writer's number for it) known on disk."""
         done_segment, size = self._synced
         return size if done_segment == segment else 0
+
+    def tried(self, segment: int) -> int:
+        """Bytes of ``segment`` the last sync that ended covered, whether or
+        not it succeeded (a failed one was warned of: not asked again)."""
+        done_segment, size = self._tried
+        return size if done_segment == segment else 0
+
+    def await_sync(self, segment: int, size: int) -> bool:
+        """Wait for a sync asked for that covers ``size`` bytes of
+        ``segment`` (begun or not) to end; whether one covering them has
+        ended (False: none was asked for, the caller syncs itself)."""
+        with self._cond:
+            while not self._stopped and self._pid == os.getpid():
+                busy, wanted = self._busy, self._wanted
+                if not (
+                    (busy is not None and busy[0] == segment and busy[1] >= size)
+                    or (wanted is not None and wanted[1] == segment and wanted[2] >= size)
+                ):
+                    break
+                self._done.wait()
+            return self.tried(segment) >= size
+
+    def drop(self, segment: int) -> None:
+        """Forget a sync of ``segment`` asked for and not begun: the caller
+        syncs all of it itself."""
+        fd: int | None = None
+        with self._cond:
+            wanted = self._wanted
+            if wanted is not None and wanted[1] == segment and self._pid == os.getpid():
+                fd, self._wanted = wanted[0], None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def start(self) -> None:
         """Start the thread now if it is not running (and not stopped): the
@@ -137,6 +182,8 @@ class SegmentSyncer:
                 wanted, self._wanted = self._wanted, None
                 closes, self._closes = self._closes, []
                 stopped = self._stopped
+                if wanted is not None:
+                    self._busy = wanted[1:]
             for fd in closes:
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -151,6 +198,10 @@ class SegmentSyncer:
                 finally:
                     with contextlib.suppress(OSError):
                         os.close(fd)
+                    with self._cond:
+                        self._busy = None
+                        self._tried = (segment, size)
+                        self._done.notify_all()
             if stopped:
                 return
 
@@ -161,5 +212,6 @@ class SegmentSyncer:
             self._stopped = True
             thread = self._thread if self._pid == os.getpid() else None
             self._cond.notify()
+            self._done.notify_all()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
