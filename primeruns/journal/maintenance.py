@@ -4,6 +4,8 @@ full scan for damage.
 Durability for "process" mode: a sync at most a second after anything was
 written (``env.sync`` is safe alongside transactions), and no wake-up at all
 while nothing is: the thread waits for the journal's ``written`` event.
+With "fsync" each append syncs itself, and this syncs again within a second
+one whose sync failed (an idle run's last record was synced only at close).
 
 The owner lock's file is looked at in each such second too (one ``fstat``):
 a tmp cleaner that deleted ``owner.lock`` alone left a live run reading
@@ -92,9 +94,10 @@ class Background:
             tx.written.clear()  # before syncing: a write during it is synced next time
             if self._tick is not None:
                 self._tick()  # before the syncs: a slow disk does not hold the mover back
-            if self._sync_spool is not None and self._durability == "process":
-                self._sync_spool()
             if self._sync_spool is not None:
+                # With "fsync" too: an append whose own sync failed is synced
+                # again here (nothing else is due: each append clears it).
+                self._sync_spool()
                 # Lets go of this appender's segments a mover elsewhere deleted.
                 self._reader.spool.let_go()
             if tx.dirty and self._durability == "process":

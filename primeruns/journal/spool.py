@@ -174,6 +174,9 @@ class SpoolWriter:
         self._fsync = fsync
         self._fd: int | None = None
         self._size = 0  # bytes in the current segment
+        # Bytes of it this writer's own syncs found on disk (``durability="fsync"``:
+        # each append's), so a switch syncs only what one of them failed to.
+        self._on_disk = 0
         self.dirty = False  # written since the last sync
         self._written_event = written  # wakes the background sync
         # The last seq of each append and the bytes this process had written
@@ -330,10 +333,12 @@ class SpoolWriter:
             try:
                 os.fdatasync(fd)
                 self.dirty = False
+                self._on_disk = size
             except OSError as exc:
                 # In the page cache, so it survives the process; the background
-                # sync tries again. Raising would have the call count records
-                # as dropped that every reader sees.
+                # sync tries again, and the switch to a successor syncs it
+                # first (``_sync_full_segment``). Raising would have the call
+                # count records as dropped that every reader sees.
                 log.warning(
                     "journal %s: sync failed (%s); retrying in the background", self._path, exc
                 )
@@ -374,11 +379,12 @@ class SpoolWriter:
         (once per ``SEGMENT_MAX``): the kernel writes pages back in any order,
         and a power cut after the successor's reached the disk and before
         this one's would leave a hole in the log, not a lost tail. (With
-        "fsync" each append was synced already.)"""
-        if self._fsync or self._fd is None:
+        "fsync" each append was synced already, unless its sync failed: then
+        the successor's first append, synced, reached the disk before it.)"""
+        if self._fd is None:
             return
-        if self._syncer.synced(self._segment) >= self._size:
-            return  # synced ahead, all of it
+        if max(self._on_disk, self._syncer.synced(self._segment)) >= self._size:
+            return  # synced ahead, or append by append, all of it
         if self._syncer.tried(self._segment) >= self._filled and self._syncer.await_sync(
             self._segment, self._size
         ):
@@ -388,6 +394,7 @@ class SpoolWriter:
         self._syncer.drop(self._segment)
         try:
             os.fdatasync(self._fd)
+            self._on_disk = self._size
         except OSError as exc:
             log.warning("journal %s: sync failed (%s)", self._path, exc)
 
@@ -431,6 +438,7 @@ class SpoolWriter:
                 os.ftruncate(fd, 0)
                 self._size = 0
         self._fd = fd
+        self._on_disk = 0
         self._segment += 1
         self._filled = 0
         self._ahead_at = _next_sync_ahead(self._size)

@@ -550,6 +550,33 @@ def test_a_failed_sync_keeps_the_append_it_followed_in_the_log(
         assert _payloads(j) == [b'{"a":0}', b'{"synced":false}', *later]
 
 
+def test_an_fsync_append_whose_sync_failed_is_synced_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``durability="fsync"``: the sync of a run's last append fails (EIO)
+    and nothing is logged after it. The warning says the background tries
+    again, and it does, within a second: before, nothing synced it until the
+    journal closed, and a power cut meanwhile lost a call that returned."""
+    real = os.fdatasync
+    failed: list[int] = []
+    synced: list[int] = []
+
+    def fdatasync(fd: int) -> None:
+        if not failed:
+            failed.append(os.fstat(fd).st_ino)
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+        synced.append(os.fstat(fd).st_ino)
+
+    with Journal.create(tmp_path, local_id="run", durability="fsync") as j:
+        j.append(EntryKind.EPISODE, [b'{"a":0}'])
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        assert j.append(EntryKind.EPISODE, [b'{"synced":false}']).count == 1
+        wait_for(lambda: failed[0] in synced, timeout=20, what="the failed sync made again")
+        monkeypatch.undo()
+        assert _payloads(j) == [b'{"a":0}', b'{"synced":false}']
+
+
 def test_a_fifo_named_like_a_segment_never_blocks_a_reader(tmp_path: Path) -> None:
     """A foreign file in a journal directory is damage, not a hang."""
     with Journal.create(tmp_path, local_id="run") as j:

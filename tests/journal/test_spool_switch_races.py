@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import random
 import signal
@@ -325,3 +326,52 @@ def test_a_full_disk_anywhere_across_a_switch_loses_reorders_or_repeats_nothing(
             assert read.damaged == []
             assert [e.seq for e in read.entries] == list(range(1, len(read.entries) + 1))
             assert [json.loads(e.payload)["id"] for e in read.entries] == given_ids
+
+
+class _FailingSyncs(_DiskOrder):
+    """``_DiskOrder`` whose disk fails the appender's sync (EIO) of an
+    append that leaves its segment full, once per segment: the append the
+    successor follows, with ``durability="fsync"``."""
+
+    def __init__(self, path: Path, rng: random.Random) -> None:
+        super().__init__(path, rng)
+        self.failed: set[int] = set()
+
+    def fdatasync(self, fd: int) -> None:
+        st = os.fstat(fd)
+        if (
+            threading.current_thread().name == "MainThread"
+            and st.st_size >= spool.SEGMENT_MAX
+            and st.st_ino not in self.failed
+        ):
+            self.failed.add(st.st_ino)
+            raise OSError(errno.EIO, "Input/output error")
+        super().fdatasync(fd)
+
+
+def test_an_fsync_append_whose_sync_failed_is_synced_before_its_successor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``durability="fsync"``: the sync of the append that fills a segment
+    fails (EIO, or ENOSPC on a network file system). The call returns its
+    records, with a warning; the switch to a successor syncs the full
+    segment again before writing there. It took the segment as synced
+    append by append, and the successor's synced appends reached the disk
+    before the failed one's: a power cut left a hole, not a lost tail."""
+    monkeypatch.setattr(spool, "SEGMENT_MAX", 8_000)
+    with Journal.create(tmp_path, local_id="run", durability="fsync") as j:
+        j.hand_over_moving()  # nothing absorbs or deletes segments here
+        disk = _FailingSyncs(j.path, random.Random(0))
+        monkeypatch.setattr(os, "fdatasync", disk.fdatasync)
+        monkeypatch.setattr(os, "writev", disk.writev)
+        monkeypatch.setattr(os, "write", disk.write)
+        payloads = [json.dumps({"n": n, "pad": "x" * 900}).encode() for n in range(40)]
+        with caplog.at_level(logging.WARNING, logger="primeruns.journal"):
+            for payload in payloads:
+                assert j.append(EntryKind.EPISODE, [payload]).count == 1
+        monkeypatch.undo()
+        assert len(disk.failed) >= 3 and len(list_segments(j.path)) > len(disk.failed)
+        assert disk.holes == []
+        assert sum("sync failed" in r.getMessage() for r in caplog.records) == len(disk.failed)
+        got = j.read(0, max_entries=100)
+        assert [e.payload for e in got.entries] == payloads
