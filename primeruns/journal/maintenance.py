@@ -29,8 +29,10 @@ uplink moves.
 
 from __future__ import annotations
 
+import logging
 import threading
 from array import array
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -43,6 +45,8 @@ from primeruns.journal.torn import torn_damage
 from primeruns.journal.txn import MAX_VALUE_BYTES, Transactions, ensure_reserve
 from primeruns.journal.types import Damage
 from primeruns.threads import start_daemon
+
+log = logging.getLogger("primeruns.journal")
 
 SYNC_INTERVAL = 1.0
 # A full scan reads the journal this much at a time: ``primeruns sync`` of a
@@ -77,6 +81,8 @@ class Background:
         self._sync_spool = sync_spool
         self._tick = tick
         self._stop = threading.Event()
+        # Exceptions a pass did not expect, per step (``_guarded``).
+        self.failures: Counter[str] = Counter()
         ensure_reserve(tx.path)
         self._thread = start_daemon(self._loop, f"primeruns-journal-{tx.path.name}")
 
@@ -86,30 +92,57 @@ class Background:
         while not self._stop.is_set():
             tx.written.wait()
             if first_written is not None and not self._stop.is_set():
-                first_written()
+                self._guarded("start the spool's sync thread", first_written)
                 first_written = None
             # A second's writes share one sync; close syncs what is left.
             if self._stop.wait(SYNC_INTERVAL):
                 break
             tx.written.clear()  # before syncing: a write during it is synced next time
-            if self._tick is not None:
-                self._tick()  # before the syncs: a slow disk does not hold the mover back
+            # The mover's wake first: a slow disk does not hold it back.
+            self._guarded("wake the mover", self._tick)
             if self._sync_spool is not None:
                 # With "fsync" too: an append whose own sync failed is synced
                 # again here (nothing else is due: each append clears it).
-                self._sync_spool()
+                self._guarded("sync the spool", self._sync_spool)
                 # Lets go of this appender's segments a mover elsewhere deleted.
-                self._reader.spool.let_go()
-            if tx.dirty and self._durability == "process":
-                tx.dirty = False
-                try:
-                    tx.store.sync()
-                except lmdb.Error:
-                    tx.dirty = True  # try again next tick (e.g. transient EIO)
-                    tx.written.set()
-            ensure_reserve(tx.path)  # back in place once the disk has room again
-            if self._keep_lock is not None:
-                self._keep_lock()  # and the owner lock's file (module doc)
+                self._guarded("let go of deleted segments", self._reader.spool.let_go)
+            if self._durability == "process":
+                self._guarded("sync the journal", self._sync_store)
+            # The reserve back in place once the disk has room again.
+            self._guarded("restore the reserve file", lambda: ensure_reserve(tx.path))
+            self._guarded("restore owner.lock", self._keep_lock)  # (module doc)
+
+    def _guarded(self, what: str, step: Callable[[], object] | None) -> None:
+        """Run one step of a pass; an exception it did not expect (a bug, or
+        an error no one foresaw) is logged, the first of each step's, and
+        counted, and the thread goes on. Let out, it ended the thread: no
+        sync, no reserve, no ``owner.lock`` made again for the rest of the
+        run. Each step is tried again at the next pass (after the next write)."""
+        if step is None:
+            return
+        try:
+            step()
+        except Exception as exc:
+            self.failures[what] += 1
+            if self.failures[what] == 1:
+                log.warning(
+                    "journal %s: the background sync could not %s (%s: %s); going on",
+                    self._tx.path,
+                    what,
+                    type(exc).__name__,
+                    exc,
+                    exc_info=True,
+                )
+
+    def _sync_store(self) -> None:
+        tx = self._tx
+        if tx.dirty:
+            tx.dirty = False
+            try:
+                tx.store.sync()
+            except lmdb.Error:
+                tx.dirty = True  # try again next tick (e.g. transient EIO)
+                tx.written.set()
 
     def stop(self) -> None:
         self._stop.set()

@@ -12,19 +12,22 @@ until then, as before).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import procs
 import pytest
+from sdk_helpers import wait_for
 
 from primeruns.cli import main
 from primeruns.exceptions import JournalLockedError
-from primeruns.journal import Journal
+from primeruns.journal import EntryKind, Journal
 from primeruns.journal.lock import LOCK_NAME, OwnerLock, lock_held, read_owner
 
 _TESTS = Path(procs.__file__).resolve().parent
@@ -122,6 +125,50 @@ def test_an_owner_makes_its_lock_file_again_at_its_next_write(tmp_path: Path) ->
         journal.close()
     assert not lock_held(journal.path)
     Journal.open(journal.path).close()  # let go as ever
+
+
+def test_an_unexpected_error_making_it_again_ends_no_later_sync_or_restore(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The background sync looks at the lock file after each second of
+    writes (``OwnerLock.restore``). An exception no one foresaw there (a bug)
+    ended its thread: the spool and LMDB went unsynced, and a lock file
+    deleted later was never made again, for the rest of the run. It is
+    logged once, and the next writes are synced and the file made again."""
+    real = OwnerLock.restore
+    raised: list[int] = []
+
+    def restore(self: OwnerLock) -> bool:
+        if len(raised) < 2:
+            raised.append(1)
+            raise RuntimeError("a bug in restore")
+        return real(self)
+
+    synced_by: list[str] = []
+    real_sync = os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        real_sync(fd)
+        synced_by.append(threading.current_thread().name)
+
+    monkeypatch.setattr(OwnerLock, "restore", restore)
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    journal = Journal.create(tmp_path, local_id="run")
+    try:
+        with caplog.at_level(logging.WARNING, logger="primeruns.journal"):
+            for n in range(2):
+                journal.append(EntryKind.EPISODE, [b'{"n":%d}' % n])
+                wait_for(lambda n=n: len(raised) > n, timeout=20, what="a pass's restore")
+            (journal.path / LOCK_NAME).unlink()
+            synced_by.clear()
+            journal.append(EntryKind.EPISODE, [b'{"n":2}'])
+            _named_again(journal.path, timeout=20)
+            assert "primeruns-journal-run" in synced_by  # the spool, synced after the write
+        warned = [r for r in caplog.records if "could not restore owner.lock" in r.getMessage()]
+        assert len(warned) == 1 and "a bug in restore" in warned[0].getMessage()
+        assert lock_held(journal.path)
+    finally:
+        journal.close()
 
 
 def test_a_lock_file_another_process_made_and_holds_is_left_to_it(tmp_path: Path) -> None:
