@@ -49,6 +49,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CRASH_ERROR",
     "KIND_NAMES",
+    "NOT_OPENED",
     "RECORD_KINDS",
     "UNIT_LABELS",
     "UNKNOWN_SINKS",
@@ -136,6 +137,11 @@ def _sink_kind(spec: RunSpec | None) -> RunKind:
 # never does).
 _STANDING = "sink_state."
 
+# The state, outcome and shipping of a journal that was not opened
+# (``JournalInfo.not_opened``): a link in the runs directory, another user's
+# folder. Not damage: nothing of it was read, and no command goes into it.
+NOT_OPENED = "not opened"
+
 # ``pending``'s key for a journal whose spec is damaged: its run's sinks are
 # not known, nor so what each has left.
 UNKNOWN_SINKS = "sinks unknown (spec damaged)"
@@ -161,7 +167,7 @@ class RunStatus:
     """One journal as the commands see it."""
 
     info: JournalInfo
-    state: str  # running | shipped | offline | finished | crashed | unknown
+    state: str  # running | shipped | offline | finished | crashed | unknown | not opened
     finish: dict[str, Any] | None
     pending: dict[str, int | str]
     elsewhere: str | None = None
@@ -257,7 +263,10 @@ class RunStatus:
     @property
     def outcome(self) -> str:
         """How the run ended: running, completed, failed, or crashed (no finish
-        entry), whatever became of its shipping."""
+        entry), whatever became of its shipping; or not opened (a link, another
+        user's folder: ``JournalInfo.not_opened``), which no damage of its is."""
+        if self.info.not_opened is not None:
+            return NOT_OPENED
         if self.info.owner_alive and self.elsewhere is None:
             return "running"
         if self.finish is None:
@@ -269,7 +278,9 @@ class RunStatus:
     @property
     def shipping(self) -> str:
         """Where its shipping stands: shipped, N pending, offline (never synced),
-        not closed out, live (its uplink ships now), or damaged."""
+        not closed out, live (its uplink ships now), damaged, or not opened."""
+        if self.info.not_opened is not None:
+            return NOT_OPENED
         if self.info.damage and not self.info.meta:
             return "damaged"
         if self.synced is not None:
@@ -315,7 +326,11 @@ def describe(
     (a journal away from where it was written) is shipped through its sync
     journal, whose state it reports. ``root``: where sync journals are
     (``sync_root()``, looked up once by a caller describing many), and
-    ``in_root`` the names in it (``sync_names``, listed once so)."""
+    ``in_root`` the names in it (``sync_names``, listed once so). One not
+    opened (``JournalInfo.not_opened``) is that alone: nothing in its folder
+    is read (its lock file, through a link, named a "crashed" run)."""
+    if info.not_opened is not None:
+        return RunStatus(info=info, state=NOT_OPENED, finish=None, pending={})
     origin = origin_of(info.path, info.meta)
     remote = origin.host if origin is not None and not origin.on_this_host else None
     live = info.owner_alive and remote is None

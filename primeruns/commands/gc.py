@@ -68,6 +68,11 @@ def parse_duration(text: str) -> float:
 
 def _verdict(status: RunStatus, older_than: float, force: bool) -> str | None:
     """Why ``status`` is kept, or None if it may be deleted."""
+    if status.info.not_opened is not None:
+        # A link (deleted through, or for a user's own link, ``latest``, not
+        # ours to remove), another user's folder: never offered, ``--force``
+        # or not (its delete refused it, after a dry run offered it).
+        return f"not opened: {status.info.not_opened}"
     if status.info.owner_alive:
         return f"owner alive ({status.info.owner})"
     if status.age_s < older_than:

@@ -127,12 +127,24 @@ def _ls(args: argparse.Namespace) -> int:
     else:
         said = f"{len(groups)} run(s), {len(found)} journals, under {runs_dir}"
         console.print(inert_text(said, style="dim"))
-    damaged = [status.info.local_id for status in found if status.info.damage]
+    damaged = [
+        status.info.local_id
+        for status in found
+        if status.info.damage and status.info.not_opened is None
+    ]
     if damaged:
         # The table has no room for what each lost; a line says which to look at.
         said = (
             f"{len(damaged)} journal(s) with damage: {_named(damaged)} "
             "(primeruns show ID says what)"
+        )
+        console.print(inert_text(said, style="yellow"))
+    not_opened = [status.info.local_id for status in found if status.info.not_opened]
+    if not_opened:
+        # Not damage: a link (never followed), another user's folder.
+        said = (
+            f"{len(not_opened)} not opened, left alone: {_named(not_opened)} "
+            "(a link, or not yours: primeruns ls --json says why)"
         )
         console.print(inert_text(said, style="yellow"))
     lost_spec = [status.info.local_id for status in found if status.spec_damaged]

@@ -75,6 +75,10 @@ def _shipping(shipping: str) -> _Cell:
     return _stripped(shipping), shipping_style(shipping)
 
 
+def _unless_not_opened(status: RunStatus, text: str) -> _Cell:
+    return ("-", "") if status.info.not_opened is not None else _plain(text)
+
+
 # Each column: its header, how to fill a cell, and its options; listed in the
 # order they are dropped last to first when the terminal is too narrow.
 _Column = tuple[str, Callable[[RunStatus], _Cell], dict[str, Any]]
@@ -89,8 +93,10 @@ _COLUMNS: list[_Column] = [
     ("LOST", lambda s: _plain(str(s.losses_total), "red") if s.losses_total else ("-", ""),
      {"justify": "right"}),
     ("KIND", lambda s: _inert(s.spec.kind if s.spec else "?"), {}),
-    ("AGE", lambda s: _plain(human_age(s.age_s)), {"justify": "right", "no_wrap": True}),
-    ("SIZE", lambda s: _plain(human_bytes(s.info.size_bytes)),
+    # Unknown for a journal not opened (a link is never followed): "-".
+    ("AGE", lambda s: _unless_not_opened(s, human_age(s.age_s)),
+     {"justify": "right", "no_wrap": True}),
+    ("SIZE", lambda s: _unless_not_opened(s, human_bytes(s.info.size_bytes)),
      {"justify": "right", "no_wrap": True}),
     ("RUN ID", lambda s: _inert(s.platform.get("run_id") or "-"), {"no_wrap": True}),
 ]  # fmt: skip

@@ -682,7 +682,11 @@ def journal_dirs(
             if here is None:
                 check_dir(child, "journal directory")  # it says why it cannot look
             else:
-                check_dir_as(child, here, "journal directory")
+                # A link here (a run's folder moved and linked back, a
+                # ``latest``) is listed, as not opened, and left alone.
+                linked = stat.S_ISLNK(here.st_mode)
+                advice = _LINK_ADVICE if linked else None
+                check_dir_as(child, here, "journal directory", advice=advice)
         except JournalError as exc:
             untrusted[child] = str(exc)
             continue
@@ -691,6 +695,14 @@ def journal_dirs(
     if newest is not None:
         found.reverse()
     return found, untrusted
+
+
+# What ``ls`` says of a link in a runs directory (``check_dir_as``'s advice,
+# which says it is one): pointing PRIME_RUNS_DIR at a run's folder is no fix.
+_LINK_ADVICE = (
+    "it is left alone, never read through, shipped or deleted; to have prime-runs "
+    "list, ship or collect the run, move its folder here in the link's place"
+)
 
 
 def _plain(name: str) -> bool:
@@ -711,6 +723,7 @@ def _untrusted(path: Path, reason: str) -> JournalInfo:
         owner=None,
         owner_alive=False,
         damage=[Damage(None, f"not opened: {reason}")],
+        not_opened=reason,
     )
 
 

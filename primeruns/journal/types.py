@@ -199,6 +199,10 @@ class JournalInfo:
     """With ``tally=True``: for offset 0 and each sink's acknowledged offset,
     the entries after it per kind (at 0, everything the run logged, compacted
     entries included; unreadable ones under ``UNREADABLE``)."""
+    not_opened: str | None = None
+    """Why it was not opened (a link in the runs directory, another user's
+    folder: ``listing.journal_dirs``), None where it was: nothing of it was
+    read, and nothing the commands do goes into it."""
     finish: dict[str, Any] | None = None
     """The run's finish record (its last ``FINISH`` entry), if it has one; one
     declaring more than ``listing.MAX_FINISH_BYTES`` reads as finished, unread."""

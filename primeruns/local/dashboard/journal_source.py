@@ -35,7 +35,7 @@ from ...journal.meta import K_OVERSIZED
 from ...journal.store import DATA_NAME
 from ...journal.trust import check_dir
 from ...projection import MAX_SAMPLES_PAYLOAD_BYTES, episodes_to_parquet_rows, record_to_samples
-from ...reports import CRASH_ERROR, RunStatus, describe
+from ...reports import CRASH_ERROR, NOT_OPENED, RunStatus, describe
 from ...ship.copies import sync_names, sync_root
 from ...sinks.train_samples import DEFAULT_INTERVAL as TABLE_INTERVAL
 from ..traces_extract import as_object
@@ -70,7 +70,7 @@ def _ending(status: RunStatus) -> tuple[str, str | None]:
     record's, running while its owner lives, else crashed; damaged when the
     journal cannot be read."""
     outcome = status.outcome
-    if outcome == "damaged":
+    if outcome in ("damaged", NOT_OPENED):  # (not opened: a link, another user's; says why)
         return "DAMAGED", "; ".join(d.what for d in status.info.damage)
     if outcome == "crashed":
         return "CRASHED", CRASH_ERROR

@@ -1,0 +1,92 @@
+"""A run's folder in the runs directory replaced by a symbolic link (the run
+moved to a bigger disk and linked back, a link a user made by hand).
+
+prime-runs follows no link in a runs directory. ``ls`` listed such a link
+as a damaged journal of 0 bytes that crashed (reading its lock file through
+the link to say so), and ``gc --force --dry-run`` offered to delete it,
+which ``gc --force`` then failed to do (exit 1). Now it is listed as not
+opened, left alone, with why and what to do; ``gc`` keeps it, ``--force``
+or not, with that reason: neither the link nor what it points to is
+removed (a link is the user's, and what it points to may be anything).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from cli_helpers import cli, named_offline_eval
+from sdk_helpers import point_at
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _linked_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, Path, Path]:
+    """(runs dir, a finished run's folder there, a link there to another
+    finished run moved out of it)."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    kept = named_offline_eval(runs, "kept")
+    moved = named_offline_eval(runs, "moved")
+    elsewhere = tmp_path / "bigger-disk" / moved.name
+    elsewhere.parent.mkdir()
+    shutil.move(moved, elsewhere)
+    os.symlink(elsewhere, moved)
+    return runs, kept, moved
+
+
+def test_ls_lists_a_linked_run_folder_as_not_opened_never_as_damage(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    runs, kept, link = _linked_run(tmp_path, monkeypatch)
+    code, out, _ = cli(capsys, "ls", "--runs-dir", str(runs), "--json")
+    assert code == 0
+    rows = {row["local_id"]: row for row in json.loads(out)}
+    row = rows[link.name]
+    assert (row["outcome"], row["shipping"], row["state"]) == ("not opened",) * 3
+    [why] = row["damage"]
+    assert why.startswith("not opened: ") and "symbolic link" in why and "left alone" in why
+    assert "move its folder here" in why
+    assert rows[kept.name]["outcome"] == "completed"
+
+    code, out, _ = cli(capsys, "ls", "--runs-dir", str(runs))
+    assert code == 0
+    [line] = [ln for ln in out.splitlines() if ln.startswith(link.name)]
+    assert line.split()[-2:] == ["-", "-"]  # size and age: unknown, not "0 bytes", "0s"
+    assert "not opened" in line and "damaged" not in line and "crashed" not in line
+    assert f"1 not opened, left alone: {link.name}" in out
+    assert "with damage" not in out
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_gc_keeps_a_linked_run_folder_and_what_it_points_to(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    dry_run: bool,
+) -> None:
+    runs, kept, link = _linked_run(tmp_path, monkeypatch)
+    target = Path(os.readlink(link))
+    before = _files(target)
+    argv = ["gc", "--runs-dir", str(runs), "--older-than", "0", "--force", "--json"]
+    code, out, err = cli(capsys, *argv, *(["--dry-run"] if dry_run else []))
+    assert code == 0, err
+    done = json.loads(out)
+    assert [row["local_id"] for row in done["deleted"]] == [kept.name]
+    assert done["failed"] == []
+    [left] = [row for row in done["kept"] if row["local_id"] == link.name]
+    assert left["state"] == "not opened" and left["reason"].startswith("not opened: ")
+    assert "symbolic link" in left["reason"]
+    assert kept.exists() is dry_run
+    # The link stays (it is the user's), and so does every file it points to.
+    assert link.is_symlink() and Path(os.readlink(link)) == target
+    assert _files(target) == before
+
+    code, out, _ = cli(capsys, "gc", "--runs-dir", str(runs), "--older-than", "0", "--force", "-v")
+    assert code == 0
+    assert f"keep    {link.name}: not opened: " in out
+    assert link.is_symlink() and _files(target) == before
