@@ -18,11 +18,11 @@ on arbitrary and damaged frames).
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Callable, Iterable
 
 import zstandard
 
+from primeruns.journal import checksum
 from primeruns.journal.frames import (
     FLAG_ZSTD,
     FRAME_VERSION,
@@ -60,7 +60,7 @@ def decode_entries(
     appended to ``entries`` (its frame to ``stored`` too, when given), a
     damaged one's report to ``damaged``, in the order of ``raw``."""
     # (An entry's checksum covers its seq packed as its key is.)
-    unpack, pack_seq, crc32 = HEADER.unpack_from, KEY.pack, zlib.crc32
+    unpack, pack_seq, crc32 = HEADER.unpack_from, KEY.pack, checksum.crc32
     content_size, zstd_error = zstandard.frame_content_size, zstandard.ZstdError
     kind_of = _KIND_OF.get
     # Per dictionary id: the decompressor (None: take the reference's path).

@@ -33,11 +33,12 @@ from __future__ import annotations
 import enum
 import struct
 import threading
-import zlib
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import zstandard
+
+from primeruns.journal import checksum
 
 __all__ = [
     "FLAG_ZSTD",
@@ -204,7 +205,7 @@ def spool_frame(kind: int, payload: bytes, seq: int) -> bytes:
     if raw_len > MAX_ENTRY_BYTES:
         raise ValueError(f"payload of {raw_len} bytes is over the {MAX_ENTRY_BYTES}-byte limit")
     head = _HEAD8.pack(FRAME_VERSION, kind, 0, 0, raw_len)
-    crc = zlib.crc32(_SEQ.pack(seq), zlib.crc32(payload, zlib.crc32(head)))
+    crc = checksum.crc32(_SEQ.pack(seq), checksum.crc32(payload, checksum.crc32(head)))
     return head + _CRC.pack(crc) + payload
 
 
@@ -223,9 +224,9 @@ def _assemble(
 ) -> bytes:
     version = 1 if seq is None else 2
     head = struct.pack("<BBBBI", version, kind, flags, dict_id, raw_len)
-    crc = zlib.crc32(stored, zlib.crc32(head))
+    crc = checksum.crc32(stored, checksum.crc32(head))
     if seq is not None:
-        crc = zlib.crc32(_SEQ.pack(seq), crc)
+        crc = checksum.crc32(_SEQ.pack(seq), crc)
     return head + struct.pack("<I", crc) + stored
 
 
@@ -297,13 +298,13 @@ def verify_frame(value: bytes | memoryview, seq: int | None = None) -> FrameHead
     """
     head = peek_header(value)
     view = memoryview(value)
-    computed = zlib.crc32(view[HEADER_SIZE:], zlib.crc32(view[:8]))
+    computed = checksum.crc32(view[HEADER_SIZE:], checksum.crc32(view[:8]))
     if head.version == 2:
         if seq is None:
             raise FrameError("an entry's frame can only be checked with its seq")
         if not 0 <= seq < 1 << 64:  # (a crafted segment's name: none is written for it)
             raise FrameError(f"seq {seq} is past any an entry is written for")
-        computed = zlib.crc32(_SEQ.pack(seq), computed)
+        computed = checksum.crc32(_SEQ.pack(seq), computed)
     if computed != head.crc:
         raise FrameError(f"checksum mismatch (stored {head.crc:08x}, computed {computed:08x})")
     return head

@@ -68,7 +68,6 @@ import os
 import stat
 import struct
 import threading
-import zlib
 from bisect import bisect_right
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -76,6 +75,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from primeruns.exceptions import JournalError, JournalFullError
+from primeruns.journal import checksum
 from primeruns.journal.frames import (
     FRAME_VERSION,
     HEADER_SIZE,
@@ -831,10 +831,10 @@ def _seq_by_checksum(fd: int | _Window, offset: int, nbytes: int, lo: int, hi: i
         head = peek_header(frame)
     except (OSError, FrameError, _NotReadableYet):
         return None
-    crc = zlib.crc32(frame[HEADER_SIZE:], zlib.crc32(frame[:8]))
+    crc = checksum.crc32(frame[HEADER_SIZE:], checksum.crc32(frame[:8]))
     for top in range(lo >> 32, (hi >> 32) + 1):  # (one, but where lo..hi crosses 2**32)
         high = top.to_bytes(4, "big")
-        seq = top << 32 | int.from_bytes(_forced(zlib.crc32(high, crc), head.crc), "big")
+        seq = top << 32 | int.from_bytes(_forced(checksum.crc32(high, crc), head.crc), "big")
         if lo <= seq <= hi:
             return seq
     return None

@@ -1195,7 +1195,7 @@ def test_a_crafted_segment_past_damage_costs_work_linear_in_its_size(
     segment.write_bytes(bytes(data) + crafted)
     size = segment.stat().st_size
     work = {"read": 0, "reads": 0, "headers": 0, "checksums": 0}
-    real_pread, real_peek, real_crc = os.pread, spool.peek_header, zlib.crc32
+    real_pread, real_peek, real_crc = os.pread, spool.peek_header, spool.checksum.crc32
 
     def pread(fd: int, length: int, offset: int) -> bytes:
         out = real_pread(fd, length, offset)
@@ -1213,7 +1213,7 @@ def test_a_crafted_segment_past_damage_costs_work_linear_in_its_size(
 
     monkeypatch.setattr(spool.os, "pread", pread)
     monkeypatch.setattr(spool, "peek_header", peek_header)
-    monkeypatch.setattr(spool, "zlib", types.SimpleNamespace(crc32=crc32))
+    monkeypatch.setattr(spool, "checksum", types.SimpleNamespace(crc32=crc32))
     with Journal.open(segment.parent, owner=False) as reader:
         got = reader.read(0, max_entries=100)
     assert [(d.seq, d.entries) for d in got.damaged] == [(10, lost)]
