@@ -46,7 +46,7 @@ import secrets
 import shutil
 import time
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -581,6 +581,13 @@ class Journal:
         """
         self._check()
         return self._meta.get(key, default)
+
+    def get_metas(self, keys: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+        """The JSON values stored under ``keys``, read in one transaction
+        (absent keys left out), and the keys whose stored values are damaged
+        (left out too): a caller reading many small values pays one read."""
+        self._check()
+        return self._meta.get_many(keys)
 
     def all_meta(
         self, max_value_bytes: int | None = None, shape: Callable[[Any], Any] | None = None

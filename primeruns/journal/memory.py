@@ -26,7 +26,7 @@ import os
 import threading
 from bisect import bisect_left, bisect_right
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -100,6 +100,12 @@ class MemoryJournal:
         with self._cond:
             raw = self._meta.get(key)
         return default if raw is None else json.loads(raw)
+
+    def get_metas(self, keys: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+        self._check()
+        with self._cond:
+            found = {key: raw for key in keys if (raw := self._meta.get(key)) is not None}
+        return {key: json.loads(raw) for key, raw in found.items()}, []
 
     def all_meta(
         self, max_value_bytes: int | None = None, shape: Callable[[Any], Any] | None = None

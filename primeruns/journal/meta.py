@@ -19,12 +19,13 @@ damage. Honest meta is a few KB: the bound costs it nothing but the
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import lmdb
 
 from primeruns import jsonbound
+from primeruns.exceptions import JournalCorruptError
 from primeruns.journal.dicts import K_DICT_PREFIX
 from primeruns.journal.frames import decode_frame, peek_header
 from primeruns.journal.layout import dumps
@@ -82,6 +83,21 @@ class Meta:
                 return self._tx.meta(txn, key)
         except KeyError:
             return default
+
+    def get_many(self, keys: Iterable[str]) -> tuple[dict[str, Any], list[str]]:
+        """The values stored under ``keys``, in one read (absent keys left
+        out), and the keys whose values are damaged (left out too)."""
+        found: dict[str, Any] = {}
+        damaged: list[str] = []
+        with self._tx.read() as txn:
+            for key in keys:
+                try:
+                    found[key] = self._tx.meta(txn, key)
+                except KeyError:
+                    continue
+                except JournalCorruptError:
+                    damaged.append(key)
+        return found, damaged
 
     def all(
         self,

@@ -9,15 +9,23 @@ carried whole, one key per example ever shipped: every batch of a
 (the journal's meta, the batch's ``carry`` and ``carry_before``), ~127 ms a
 batch where 1,000 examples cost ~6 ms.
 
-So the numbering is kept in chunks of at most ``CHUNK`` examples, an
-example in the chunk that was open when it was first numbered, and a batch
-carries only the chunks it changed (part ``rollouts.<index>``: a list of
-``[example, count]`` pairs, which keeps each example's JSON type). The
-shipper saves each part under its own meta key (``Sink.carries_parts``),
-so recording a batch costs the few chunks its examples are in, whatever
-the evaluation's size (an example's rollouts run close together; rollouts
-of past examples in random order touch a chunk each, at most a batch's
-worth of chunks).
+So the numbering is kept in chunks of at most ``CHUNK`` examples (part
+``rollouts.<index>``: a list of ``[example, count]`` pairs, which keeps each
+example's JSON type), and a batch carries only the chunks it changed: the
+shipper saves each part under its own meta key (``Sink.carries_parts``).
+Only the open chunk, the last, is ever changed: an example a batch numbers
+goes into it, unless it is there already; one of an earlier chunk moves to
+it, its count with it, and the count the earlier chunk keeps is lower, so
+the next number is the highest count of any part plus one (what reading an
+example found in two parts always took). Recording a batch so costs the
+chunks its examples fill, a sixteenth of them, whatever the evaluation's
+size and order: rollouts of past examples in random order changed a chunk
+each, 256 chunks a batch of a large evaluation (4,096 pairs copied, encoded
+and saved three times), where a thousand examples have 63 chunks: 3.4 times
+the cost at 50,000 examples (``tools/bench/eval_carry.py``). Moved
+examples leave stale counts in the parts they left, so what is read at
+start-up (once per process) grows with the rollouts moved, a pair each, not
+only with the examples.
 
 An earlier version's whole numbering (``rollouts``: ``str(example)`` as a
 JSON key, to count) is read as the base under the chunks, looked up by the
@@ -36,8 +44,8 @@ from typing import Any
 
 __all__ = ["CHUNK", "RolloutBatch", "RolloutNumbers"]
 
-# Examples a part holds: a batch of 256 new examples changes 16 parts, one of
-# rollouts of past examples in random order at most 256 of 16 examples each.
+# Examples a part holds: a batch of 256 episodes changes at most 17 parts,
+# whatever its examples (new, or moved from earlier parts).
 CHUNK = 16
 _WHOLE = "rollouts"  # an earlier version's whole numbering
 _PART = "rollouts."  # a chunk's part: "rollouts.<index>"
@@ -67,11 +75,19 @@ class RolloutNumbers:
         if isinstance(carry, _Carry) and carry.batch.adopt_into(self, self._version - 1):
             return 0
         bad = 0
+        chunks: dict[int, Any] = {}
         for name, value in carry.items():
             if name == _WHOLE:
                 bad += self._set_base(value)
             elif name.startswith(_PART) and name[len(_PART) :].isdigit():
-                bad += self._set_chunk(int(name[len(_PART) :]), value)
+                chunks[int(name[len(_PART) :])] = value
+        # Every part named is dropped before any is read: an example moved
+        # out of one of them is then found in whichever holds it the highest
+        # (given every part saved: numbered from them alone, as at start-up).
+        for index in chunks:
+            self._drop_chunk(index)
+        for index, value in chunks.items():
+            bad += self._set_chunk(index, value)
         self._open = max(self._chunks, default=0)
         return bad
 
@@ -94,12 +110,14 @@ class RolloutNumbers:
         self._base = base
         return bad
 
-    def _set_chunk(self, index: int, value: Any) -> int:
-        """Make chunk ``index`` hold what ``value`` says (None: nothing, as
-        before its first batch)."""
+    def _drop_chunk(self, index: int) -> None:
         for key in self._chunks.pop(index, {}):
             if self._where.get(key) == index:
                 del self._where[key]
+
+    def _set_chunk(self, index: int, value: Any) -> int:
+        """Make chunk ``index`` hold what ``value`` says (None: nothing, as
+        before its first batch), dropped already."""
         chunk: dict[Any, int] = {}
         bad = 0 if value is None or isinstance(value, list) else 1
         for pair in value if isinstance(value, list) else ():
@@ -110,8 +128,8 @@ class RolloutNumbers:
             key, number = found
             other = self._where.get(key)
             if other is not None and other != index:
-                # In two chunks (a damaged journal): the higher count stays,
-                # so no number is given twice.
+                # In two chunks (moved on since, or a damaged journal): the
+                # higher count stays, so no number is given twice.
                 if self._chunks[other][key] >= number:
                     continue
                 del self._chunks[other][key]
@@ -129,7 +147,7 @@ class RolloutBatch:
         self._numbers = numbers
         self._version = numbers._version
         self._changed: dict[int, dict[Any, int]] = {}
-        self._where: dict[Any, int] = {}  # examples this batch numbered first
+        self._where: dict[Any, int] = {}  # examples this batch put in a chunk (new or moved)
         self._open = numbers._open
 
     def next_for(self, key: Any) -> int:
@@ -153,7 +171,9 @@ class RolloutBatch:
         index = self._where.get(key)
         if index is None:
             index = self._numbers._where.get(key)
-        if index is None:
+        if index is None or (index != self._open and index not in self._changed):
+            # New, or in a chunk no longer open: into the open chunk (the
+            # one it leaves keeps its lower count, never changed again).
             while len(self._chunk(self._open)) >= CHUNK:
                 self._open += 1
             index = self._where[key] = self._open
@@ -178,6 +198,15 @@ class RolloutBatch:
         of the parts it changed, each read and checked). False: it was not."""
         if numbers is not self._numbers or version != self._version:
             return False
+        for key, index in self._where.items():
+            left = numbers._where.get(key)
+            if left is not None and left != index:
+                # Moved on: its count in the chunk it left is the lower one
+                # (still saved there), not kept in memory twice.
+                chunk = numbers._chunks.get(left, {})
+                chunk.pop(key, None)
+                if not chunk:
+                    numbers._chunks.pop(left, None)
         numbers._chunks.update(self._changed)
         numbers._where.update(self._where)
         numbers._open = max(numbers._open, self._open)

@@ -164,6 +164,19 @@ def test_meta_roundtrip(tmp_path: Path) -> None:
         assert j.get_meta("missing", 7) == 7
 
 
+def test_several_meta_values_are_read_at_once_and_a_damaged_one_is_named(
+    tmp_path: Path,
+) -> None:
+    """``get_metas`` (the shipper reads the parts a batch changes with it):
+    absent keys are left out, and a value whose frame is damaged is named
+    rather than raised, the others read."""
+    with Journal.create(tmp_path, local_id="run-a") as j:
+        j.update_meta({"a": [1, 2], "b": None, "c": {"x": 1}})
+        with j._tx.lock, j._tx.store.begin(write=True) as txn:
+            txn.put(b"c", b"\x00garbage", db=j._tx.dbs["meta"])
+        assert j.get_metas(["a", "b", "c", "missing"]) == ({"a": [1, 2], "b": None}, ["c"])
+
+
 def test_compact_keeps_last_seq_and_density(tmp_path: Path) -> None:
     with Journal.create(tmp_path) as j:
         j.append(EntryKind.METRICS, [_rec(i) for i in range(10)])

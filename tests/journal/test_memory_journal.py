@@ -138,3 +138,9 @@ def test_an_append_interrupted_anywhere_leaves_every_later_record_read_once(line
     payloads = [e.payload for e in found.entries]
     assert payloads[-1] == b"b1" and payloads.count(b"b1") == 1
     assert payloads[:-1] in ([], [b"a1", b"a2"])  # the interrupted call: all or nothing
+
+
+def test_several_meta_values_are_read_at_once() -> None:
+    journal = _journal()
+    journal.update_meta({"a": [1, 2], "b": None})
+    assert journal.get_metas(["a", "b", "missing"]) == ({"a": [1, 2], "b": None}, [])
