@@ -160,7 +160,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         default=ConnectionLimits.max_connections,
         metavar="N",
         help="connections open at once; past it, the one waiting longest for a request's "
-        "head, or else the new one, is answered 503 and closed "
+        "head, or else the one sending a body or reading an answer slowest under 64 KiB/s, "
+        "or else the new one, is answered 503 and closed "
         f"(default {ConnectionLimits.max_connections}; lowered, and said at start, where "
         "the limit on open files, ulimit -Hn, holds fewer)",
     )

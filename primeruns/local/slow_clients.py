@@ -49,11 +49,24 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   connections kept alive with a request every few seconds held every
   place, and each new client was turned away for as long as they liked.
   Where every connection has a request under way or an answer going out,
-  the new one is answered so and closed at once, before any of its
-  request: waiting for its head held its descriptor up to the head's
-  deadline, and a thousand silent ones within it used all the process had
-  (``descriptors``). A client whose request is still going out reads the
-  503 (httpx reads the answer when its write is refused); the SDK retries.
+  the new one takes the place of the one making the least progress with a
+  body, or with taking an answer waiting on it, if that is under
+  :data:`FAIR_RATE` (64 KiB/s) since it started and has run a second
+  (``_slowest``): each window at the least rate kept a place for hours, and
+  a local user held every place so at 60 KiB/s all told. Else the new one is
+  answered so and closed at once, before any of its request: waiting for
+  its head held its descriptor up to the head's deadline, and a thousand
+  silent ones within it used all the process had (``descriptors``). A
+  client whose request is still going out reads the 503 (httpx reads the
+  answer when its write is refused); the SDK retries.
+- a connection answered before its request's body was read (the guard's
+  401 to a key refused at the head, a route's refusal of a body past its
+  cap) gives way to a new one as one waiting on a head does: uvicorn reads
+  the rest to drop it and keep the connection alive, and a client without
+  the key held a place so, at the least rate, for as long as its
+  ``Content-Length`` lasted, while every key holder was answered 503.
+  Closed at once, a client still sending met a reset that lost it the
+  answer, so only a new connection's need closes it.
 - a bound on the bytes of unfinished bodies held by all connections at
   once (:attr:`ConnectionLimits.body_memory`, 1 GiB): a route reads its
   body whole before it acts on it, so each of the bound's connections could
@@ -98,6 +111,7 @@ __all__ = [
     "LATE_BODY",
     "BoundedH11Protocol",
     "HeldBodies",
+    "Places",
     "answer_head",
 ]
 
@@ -107,6 +121,17 @@ LATE_BODY = b'{"detail": "request not received in time"}'
 #: within 85 minutes).
 MIN_RATE = 1024
 BUSY_BODY = b'{"detail": "too many connections: retry"}'
+#: Bytes a second under which a body (or an answer's reader) gives its
+#: place to a new connection past the bound (``_slowest``): 512 places held
+#: so cost 32 MiB/s all told; a client of this machine, or of a link, sends
+#: many times that.
+FAIR_RATE = 64 * 1024
+#: Seconds of a body, or an answer waiting on its client, before its
+#: progress is judged against :data:`FAIR_RATE`.
+JUDGED_AFTER = 1.0
+#: Seconds a scan that found no connection under :data:`FAIR_RATE` holds
+#: for those past the bound after it (each refused 503: retried in a second).
+RESCAN_AFTER = 0.1
 FULL_BODY = b'{"detail": "too many request bodies held at once: retry"}'
 #: A 503's own header: the SDK waits a second and tries again.
 RETRY_AFTER = (b"retry-after", b"1")
@@ -141,12 +166,23 @@ class HeldBodies:
         self.held = 0
 
 
+class Places:
+    """What one server's bound knows of its places beyond their count."""
+
+    def __init__(self) -> None:
+        #: Until when a connection past the bound is refused without a scan
+        #: for one under :data:`FAIR_RATE` (``BoundedH11Protocol._slowest``):
+        #: one found none that soon before.
+        self.none_slow_until = 0.0
+
+
 class BoundedH11Protocol(OneWriteH11Protocol):
     """uvicorn's h11 protocol (one write an answer) with the deadlines and the
     bound in the module docstring; ``limits`` is set by ``with_limits``."""
 
     limits: ClassVar[ConnectionLimits] = ConnectionLimits()
     bodies: ClassVar[HeldBodies] = HeldBodies()
+    places: ClassVar[Places] = Places()
     #: Connections waiting for a head (``_head_by`` set), longest first: the
     #: bound's choice is the first that fits, not a scan of every connection
     #: (at 512, a flood's accept cost the server 0.8 ms of CPU with the scan,
@@ -157,7 +193,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
     def with_limits(cls, limits: ConnectionLimits) -> type[BoundedH11Protocol]:
         """This protocol with ``limits`` and a count of bodies held of its own
         (uvicorn makes it from the class)."""
-        own = {"limits": limits, "bodies": HeldBodies(), "waiting": {}}
+        own = {"limits": limits, "bodies": HeldBodies(), "places": Places(), "waiting": {}}
         return type(cls.__name__, (cls,), own)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -170,17 +206,27 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._received = 0  # (bytes, all told)
         self._body_from: float | None = None  # when the body's window started
         self._body_base = 0  # (what was received then)
+        # Where the body's, and the answer's, progress is counted from (the
+        # bound's choice, ``_slowest``): as their windows, but not moved on
+        # as each ends at the rate.
+        self._body_start, self._body_start_base = 0.0, 0
+        self._sent_start, self._sent_start_base = 0.0, 0
+        self._held_up = False  # (the server not reading the body at the last look)
         self._held = 0  # (bytes of an unfinished body counted in ``bodies``)
         self._held_from: int | None = None  # (what was received when it started)
         self._held_answer = 0  # (bytes of answers waiting on the client, counted too)
         super().connection_made(transport)
         if len(self.connections) > self.limits.max_connections:
             waiting = self._longest_waiting()
-            if waiting is None:
-                self.transport.write(BUSY_ANSWER)
-                self.transport.close()  # (connection_lost, a turn later, uncounts it)
-                return
-            waiting._give_way()
+            if waiting is not None:
+                waiting._give_way()
+            else:
+                slowest = self._slowest()
+                if slowest is None:
+                    self.transport.write(BUSY_ANSWER)
+                    self.transport.close()  # (connection_lost, a turn later, uncounts it)
+                    return
+                slowest._evicted()
         self._watch()
 
     def _longest_waiting(self) -> BoundedH11Protocol | None:
@@ -195,18 +241,22 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         An answer the socket's send queue still holds is one going out (a
         client reading a large answer slowly, its next request begun): its
         503 would wait behind it, the connection open past the bound until
-        the client read it all or its window ran out."""
+        the client read it all or its window ran out. One answered before
+        its body ended (a key refused at the head) is read on only to drop
+        the rest, and gives way as readily."""
         closing = []
         found = None
         for other in self.waiting:
             if other.transport.is_closing():
                 closing.append(other)  # (for good: not looked at again)
-            elif (
-                other is not self
-                and other.conn.their_state is h11.IDLE
-                and other.conn.our_state is h11.IDLE
-                and not other.flow.write_paused
-                and not other._unsent_bytes()
+            elif other is not self and (
+                (
+                    other.conn.their_state is h11.IDLE
+                    and other.conn.our_state is h11.IDLE
+                    and not other.flow.write_paused
+                    and not other._unsent_bytes()
+                )
+                or (other.conn.our_state is h11.DONE and other.conn.their_state is h11.SEND_BODY)
             ):
                 found = other
                 break
@@ -221,10 +271,72 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         by its client's pool, which finds it answered before it asked. Its
         state, nothing sent or asked, is the new one's: it is sent the same
         bytes, not an answer h11 builds (a flood's accept at the bound paid
-        that every time)."""
-        self.transport.write(BUSY_ANSWER)
+        that every time). One answered before its body ended is closed (it
+        has its answer)."""
+        if self.conn.our_state is not h11.DONE:
+            self.transport.write(BUSY_ANSWER)
         self.transport.close()
         self._watch()
+
+    def _slowest(self) -> BoundedH11Protocol | None:
+        """The connection, of those open, making the least progress with what
+        it is waited on for (a body, or an answer it takes) under
+        :data:`FAIR_RATE`; None if none is that slow (each is fast enough, or
+        the server's to move on).
+
+        Each window at :data:`MIN_RATE` kept a body (or an answer's reader)
+        its place for hours: 512 such held every place for 60 KiB/s all
+        told, and each new client was answered 503. A scan of every
+        connection, paid only when none waits on a head (0.5 ms at 512), and
+        once in :data:`RESCAN_AFTER` when it finds none: a flood of
+        connections while every place is busy paid it for each."""
+        now = self.loop.time()
+        if now < self.places.none_slow_until:
+            return None
+        found: BoundedH11Protocol | None = None
+        least = float(FAIR_RATE)
+        for other in self.connections:
+            if isinstance(other, BoundedH11Protocol):
+                rate = other._progress(now)
+                if rate is not None and rate < least:
+                    found, least = other, rate
+        if found is None:
+            self.places.none_slow_until = now + RESCAN_AFTER
+        return found
+
+    def _progress(self, now: float) -> float | None:
+        """Bytes a second this connection's client has sent of its body, or
+        taken of an answer waiting on it, since it started (or since the
+        server last paused reading it); None where it is not judged: it waits
+        on nobody's bytes, or on the server's, or started under
+        :data:`JUDGED_AFTER` ago (a client's first bytes come in bursts)."""
+        if self.flow.write_paused or (
+            self._sent_from is not None and self.transport.get_write_buffer_size()
+        ):
+            started, base = self._sent_start, self._sent_start_base
+            if self._sent_from is None or now - started < JUDGED_AFTER:
+                return None
+            return (self._taken() - base) / (now - started)
+        cycle = self.cycle
+        if (
+            self.transport.is_closing()
+            or self._body_from is None
+            or self.conn.their_state is not h11.SEND_BODY
+            or self.flow.read_paused
+            or (cycle is not None and cycle.waiting_for_100_continue)
+            or now - self._body_start < JUDGED_AFTER
+        ):
+            return None
+        return (self._received - self._body_start_base) / (now - self._body_start)
+
+    def _evicted(self) -> None:
+        """Let this connection go for a new one past the bound: a body is
+        answered 503 (``Retry-After``: the SDK retries), an answer under way
+        cut (nothing more can be said on it); the app is told its client left."""
+        if self.conn.our_state is h11.SEND_RESPONSE and not self.transport.is_closing():
+            self.answer_and_close(503, BUSY_BODY, RETRY_AFTER)
+        else:
+            self.transport.abort()  # (connection_lost tells the app)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -254,6 +366,16 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._watch()
 
     def on_response_complete(self) -> None:
+        if self.conn.their_state is h11.SEND_BODY:
+            # Answered before its body was read (a key refused at the head,
+            # a body past its cap): the rest, read only to be dropped, holds
+            # its place no longer than a new connection's coming. uvicorn
+            # reads it to keep the connection alive, at the least rate for as
+            # long as its Content-Length lasted, and a client without the key
+            # held a place so while every key holder was answered 503. (Not
+            # closed at once: a client still sending met a reset that lost
+            # it the answer.)
+            self.waiting[self] = None
         super().on_response_complete()
         self._count_body()
         self._watch()
@@ -358,6 +480,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         that waits for them to go out)."""
         if self._sent_from is None:
             self._sent_from, self._sent_base = self.loop.time(), self._taken()
+            self._sent_start, self._sent_start_base = self._sent_from, self._sent_base
 
     def _due(self) -> float | None:
         """When the client's time is up for what the connection waits on now
@@ -386,15 +509,18 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         if state is h11.SEND_BODY:
             cycle = self.cycle
             now = self.loop.time()
-            if (
-                self._body_from is None
-                or self.flow.read_paused
-                or (cycle is not None and cycle.waiting_for_100_continue)
-            ):
+            held_up = self.flow.read_paused or (
+                cycle is not None and cycle.waiting_for_100_continue
+            )
+            if self._body_from is None or held_up:
                 # The body starts, or the server is not reading it: neither
                 # a silence of the client's nor time its rate is counted on.
                 self._last_read = now
                 self._body_from, self._body_base = now, self._received
+            if self._body_from == now or self._held_up:
+                # (and its progress counted from the first read after it)
+                self._body_start, self._body_start_base = now, self._received
+            self._held_up = held_up
             window_end = self._body_from + self.limits.body_timeout
             return min(self._last_read + self.limits.body_timeout, window_end)
         return None
