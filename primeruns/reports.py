@@ -35,8 +35,8 @@ from .ship.copies import (
     check_sync_root,
     is_copy,
     origin_of,
+    sync_name,
     sync_names,
-    sync_path,
     sync_root,
     uncarried,
 )
@@ -379,12 +379,14 @@ def _sync_journal_status(
     ``origin``: the journal's (``origin_of``)."""
     if not info.meta or not is_copy(info.path, info.meta, root, in_root=in_root, origin=origin):
         return None, 0
-    path = sync_path(info.path, info.meta, root)  # (None: its local id names no folder)
-    if path is None or (in_root is not None and path.name not in in_root):
+    name = sync_name(info.path, info.meta)  # (None: its local id names no folder)
+    if name is None or (in_root is not None and name not in in_root):
         # No sync journal (the root's names were listed once): nothing to
         # check or ``stat`` (a listing of thousands of copies checked the
-        # root's folders again for each, a fifth of its time).
+        # root's folders again for each, a fifth of its time), nor a path
+        # to make (``sync_path``'s join, a listing's cost per copy).
         return None, 0
+    path = root / name
     try:
         check_sync_root(root)  # (a root another user could write into holds none of ours)
     except JournalError:
