@@ -388,9 +388,11 @@ class SpoolWriter:
         if self._syncer.tried(self._segment) >= self._filled and self._syncer.await_sync(
             self._segment, self._size
         ):
-            return  # the sync asked for by the last write, ended (``_goes_on``)
-        # Made here: none asked covers all of it, or the first is still
-        # running (past the eighth); one still waiting would sync it again.
+            return  # the sync asked for by the last write, done (``_goes_on``)
+        # Made here: none asked covers all of it, the first is still running
+        # (past the eighth), or the one that covered it failed (tried again
+        # here, as before segments went on; a transient error would leave
+        # a hole); one still waiting would sync it again.
         self._syncer.drop(self._segment)
         try:
             os.fdatasync(self._fd)

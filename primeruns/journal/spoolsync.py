@@ -91,8 +91,9 @@ class SegmentSyncer:
 
     def await_sync(self, segment: int, size: int) -> bool:
         """Wait for a sync asked for that covers ``size`` bytes of
-        ``segment`` (begun or not) to end; whether one covering them has
-        ended (False: none was asked for, the caller syncs itself)."""
+        ``segment`` (begun or not) to end; whether they are on disk (False:
+        none was asked for, or it failed: the caller syncs itself, as the
+        switch before a successor must, whatever the syncs ahead tried)."""
         with self._cond:
             while not self._stopped and self._pid == os.getpid():
                 busy, wanted = self._busy, self._wanted
@@ -102,7 +103,7 @@ class SegmentSyncer:
                 ):
                     break
                 self._done.wait()
-            return self.tried(segment) >= size
+            return self.synced(segment) >= size
 
     def drop(self, segment: int) -> None:
         """Forget a sync of ``segment`` asked for and not begun: the caller

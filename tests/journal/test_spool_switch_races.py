@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from sdk_helpers import wait_for
 
 from primeruns.journal import EntryKind, Journal, spool
 from primeruns.journal.spool import list_segments
@@ -375,3 +376,90 @@ def test_an_fsync_append_whose_sync_failed_is_synced_before_its_successor(
         assert sum("sync failed" in r.getMessage() for r in caplog.records) == len(disk.failed)
         got = j.read(0, max_entries=100)
         assert [e.payload for e in got.entries] == payloads
+
+
+class _FailingSyncAhead(_DiskOrder):
+    """``_DiskOrder`` whose spool thread's first sync of each segment at or
+    past ``SEGMENT_MAX`` (``past``: its second, the one the writes going on
+    past full asked for) fails once (EIO: a transient error, or ENOSPC on a
+    network file system); ``gate`` holds those syncs up until set (a slow
+    disk, the loop's calls meanwhile)."""
+
+    def __init__(self, path: Path, rng: random.Random, *, past: bool) -> None:
+        super().__init__(path, rng)
+        self.past = past
+        self.full_syncs: dict[int, int] = {}  # inode -> its syncs at or past full
+        self.failed: set[int] = set()
+        self.gate = threading.Event()
+
+    def fdatasync(self, fd: int) -> None:
+        st = os.fstat(fd)
+        if (
+            threading.current_thread().name.startswith("primeruns-spool-sync-")
+            and st.st_size >= spool.SEGMENT_MAX
+        ):
+            # What it puts on disk is what was written as it began: the
+            # writes going on meanwhile are the next sync's.
+            assert self.gate.wait(30)
+            count = self.full_syncs[st.st_ino] = self.full_syncs.get(st.st_ino, 0) + 1
+            if count == (2 if self.past else 1):
+                self.failed.add(st.st_ino)
+                raise OSError(errno.EIO, "Input/output error")
+            self._fdatasync(fd)
+            with self.lock:
+                self.synced[st.st_ino] = max(self.synced.get(st.st_ino, 0), st.st_size)
+            return
+        super().fdatasync(fd)
+
+
+@pytest.mark.parametrize("past", [False, True], ids=["at-full", "past-full"])
+def test_a_sync_ahead_that_failed_is_not_taken_for_one_that_synced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, past: bool
+) -> None:
+    """The spool thread's sync of a full segment fails once (a transient EIO;
+    a failing one was warned of). The switch to its successor syncs the
+    segment itself before writing there, as it did before full segments
+    went on: a failed sync is not one that put the bytes on disk, and a power
+    cut after the successor's bytes reached the disk and before its
+    predecessor's left a hole in the log, not a lost tail. ``past``: the
+    sync that failed is the one the writes going on past full asked for,
+    the switch waiting for it (``SegmentSyncer.await_sync``)."""
+    monkeypatch.setattr(spool, "SEGMENT_MAX", 8_000)
+    monkeypatch.setattr(spool, "_AHEAD_STEP", 1 << 30)  # no syncs ahead but at full
+    with Journal.create(tmp_path, local_id="run") as j:
+        j.hand_over_moving()  # nothing absorbs or deletes segments here
+        assert j._appender is not None
+        writer = j._appender._spool
+        syncer = writer._syncer
+        disk = _FailingSyncAhead(j.path, random.Random(0), past=past)
+        monkeypatch.setattr(os, "fdatasync", disk.fdatasync)
+        monkeypatch.setattr(os, "writev", disk.writev)
+        monkeypatch.setattr(os, "write", disk.write)
+
+        def idle() -> bool:
+            with syncer._cond:
+                return getattr(syncer, "_busy", None) is None and syncer._wanted is None
+
+        given: list[bytes] = []
+        try:
+            with caplog.at_level(logging.WARNING, logger="primeruns.journal"):
+                for n in range(60):
+                    segment, was_full = writer._segment, writer._size >= 8_000
+                    payload = json.dumps({"n": n, "pad": "x" * 900}).encode()
+                    assert j.append(EntryKind.EPISODE, [payload]).count == 1
+                    given.append(payload)
+                    full = writer._size >= 8_000 and writer._segment == segment
+                    if full and (was_full or not past):
+                        # The loop's work: the syncs asked for end (``past``:
+                        # once a call went on past full) before the next call.
+                        disk.gate.set()
+                        wait_for(idle, timeout=15, what="the spool thread idle")
+                        disk.gate.clear()
+        finally:
+            disk.gate.set()
+        monkeypatch.undo()
+        assert len(disk.failed) >= 2 and len(list_segments(j.path)) > len(disk.failed)
+        assert disk.holes == []
+        assert sum("sync failed" in r.getMessage() for r in caplog.records) >= len(disk.failed)
+        got = j.read(0, max_entries=100)
+        assert [e.payload for e in got.entries] == given
