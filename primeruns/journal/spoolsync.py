@@ -76,6 +76,10 @@ class SegmentSyncer:
         self._tried: tuple[int, int] = (0, 0)
         # Notified at the end of each sync (``await_sync``).
         self._done = threading.Condition(lock)
+        # This thread warns of a failed sync: a request not begun waits
+        # (``await_sync``), as the warning runs the program's logging
+        # handlers, which may log to the run and wait for its append lock.
+        self._warning = False
         self._closes: list[int] = []
 
     def synced(self, segment: int) -> int:
@@ -99,7 +103,12 @@ class SegmentSyncer:
                 busy, wanted = self._busy, self._wanted
                 if not (
                     (busy is not None and busy[0] == segment and busy[1] >= size)
-                    or (wanted is not None and wanted[1] == segment and wanted[2] >= size)
+                    or (
+                        wanted is not None
+                        and wanted[1] == segment
+                        and wanted[2] >= size
+                        and not self._warning
+                    )
                 ):
                     break
                 self._done.wait()
@@ -190,19 +199,30 @@ class SegmentSyncer:
                     os.close(fd)
             if wanted is not None:
                 fd, segment, size = wanted
+                failed: OSError | None = None
                 try:
                     if not stopped:
                         os.fdatasync(fd)
                         self._synced = (segment, size)
                 except OSError as exc:
-                    log.warning("journal %s: sync failed (%s)", self._path, exc)
+                    failed = exc
                 finally:
                     with contextlib.suppress(OSError):
                         os.close(fd)
                     with self._cond:
                         self._busy = None
                         self._tried = (segment, size)
+                        self._warning = failed is not None
                         self._done.notify_all()
+                if failed is not None:
+                    # Warned of once a switch waiting for this sync has gone
+                    # on: a handler that logs to the run waits for the append
+                    # lock that switch holds (it hung there for good).
+                    try:
+                        log.warning("journal %s: sync failed (%s)", self._path, failed)
+                    finally:
+                        with self._cond:
+                            self._warning = False
             if stopped:
                 return
 

@@ -1102,6 +1102,101 @@ def test_a_burst_through_a_switch_syncs_the_full_segment_twice_in_all(
             first.set()
 
 
+_LOGGING_TO_THE_RUN = textwrap.dedent(
+    """
+    import errno, json, logging, os, sys, threading, time
+    from pathlib import Path
+    from primeruns.journal import EntryKind, Journal, spool
+    spool.SEGMENT_MAX = 8_000
+    spool._AHEAD_STEP = 1 << 30  # no syncs ahead but at full
+    failing = int(sys.argv[2])  # which sync of the full segment fails
+    real = os.fdatasync
+    gates = [threading.Event(), threading.Event()]
+    if failing == 1:
+        gates[1].set()
+    count = [0]
+    def fdatasync(fd):
+        if threading.current_thread().name.startswith("primeruns-spool-sync-"):
+            count[0] += 1
+            n = count[0]
+            if n <= 2:
+                assert gates[n - 1].wait(60)  # a slow disk
+            if n == failing:
+                raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+    j = Journal.create(Path(sys.argv[1]), local_id="run")
+    j.hand_over_moving()
+    class ToRun(logging.Handler):  # the program's: its warnings logged to the run
+        def emit(self, record):
+            j.append(EntryKind.METRICS, [json.dumps({"log": record.getMessage()}).encode()])
+    logging.getLogger("primeruns.journal").addHandler(ToRun())
+    w = j._appender._spool
+    n = 0
+    while w._size < 8_000:
+        n += 1
+        j.append(EntryKind.EPISODE, [json.dumps({"n": n, "pad": "x" * 900}).encode()])
+    os.fdatasync = fdatasync
+    j.append(EntryKind.METRICS, [b'{"row": 1}'])  # asks the sync of the full segment
+    filled = w._filled
+    while w._syncer._busy is None:  # that sync begun, held by the disk
+        time.sleep(0.001)
+    j.append(EntryKind.METRICS, [b'{"row": 2}'])  # goes on, asking for a sync of all
+    assert w._segment == 1 and w._size > filled
+    gates[0].set()
+    while w._syncer.tried(1) < filled:
+        time.sleep(0.001)
+    main = threading.main_thread().ident
+    def waiting():
+        frame = sys._current_frames().get(main)
+        while frame is not None:
+            if frame.f_code.co_name == "await_sync":
+                return True
+            frame = frame.f_back
+        return False
+    def release():  # the second sync fails once the switch waits for it
+        while not waiting():
+            time.sleep(0.001)
+        gates[1].set()
+    threading.Thread(target=release, daemon=True).start()
+    j.append(EntryKind.EPISODE, [b'{"next": 1}'])  # the switch
+    assert w._segment == 2
+    def warned():
+        got = j.read(0, max_entries=1000).entries
+        return [e for e in got if b"sync failed" in e.payload]
+    while not warned():
+        time.sleep(0.001)
+    os.fdatasync = real
+    j.append(EntryKind.EPISODE, [b'{"last": 1}'])
+    print(len(j.read(0, max_entries=1000).entries))
+    j.close()
+    """
+)
+
+
+@pytest.mark.parametrize("failing", [1, 2], ids=["at-full", "past-full"])
+def test_a_failed_sync_warned_to_a_handler_that_logs_to_the_run_hangs_no_call(
+    tmp_path: Path, failing: int
+) -> None:
+    """The program logs warnings to the run (a logging handler whose ``emit``
+    logs a record). The spool thread's sync of a full segment fails while
+    a call starts the successor, waiting for that sync under the append
+    lock (``SegmentSyncer.await_sync``): the thread's warning, logged before
+    it told that call the sync had ended, waited for the lock in the
+    handler, and the call for the thread, for good. And a request not yet
+    begun is not waited for while the thread warns (the handler's own
+    record may start the successor, from that thread: at-full)."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _LOGGING_TO_THE_RUN, str(tmp_path / "run"), str(failing)],
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-3000:]
+    # The episodes that filled the segment, the two rows, the switch's, the
+    # warning, the last one.
+    assert int(proc.stdout) >= 14
+
+
 def test_segments_the_mover_deleted_are_closed_off_the_log_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
