@@ -217,12 +217,13 @@ class SegmentSyncer:
                 if failed is not None:
                     # Warned of once a switch waiting for this sync has gone
                     # on: a handler that logs to the run waits for the append
-                    # lock that switch holds (it hung there for good).
-                    try:
+                    # lock that switch holds (it hung there for good). A
+                    # handler's own exception does not end this thread: a
+                    # switch would wait for good for a sync asked of it.
+                    with contextlib.suppress(Exception):  # (the program's handler's)
                         log.warning("journal %s: sync failed (%s)", self._path, failed)
-                    finally:
-                        with self._cond:
-                            self._warning = False
+                    with self._cond:
+                        self._warning = False
             if stopped:
                 return
 

@@ -1110,6 +1110,7 @@ _LOGGING_TO_THE_RUN = textwrap.dedent(
     spool.SEGMENT_MAX = 8_000
     spool._AHEAD_STEP = 1 << 30  # no syncs ahead but at full
     failing = int(sys.argv[2])  # which sync of the full segment fails
+    raising = sys.argv[3] == "raising"  # the handler raises (a bug of its own)
     real = os.fdatasync
     gates = [threading.Event(), threading.Event()]
     if failing == 1:
@@ -1128,6 +1129,8 @@ _LOGGING_TO_THE_RUN = textwrap.dedent(
     j.hand_over_moving()
     class ToRun(logging.Handler):  # the program's: its warnings logged to the run
         def emit(self, record):
+            if raising:
+                raise RuntimeError("a handler's own bug")
             j.append(EntryKind.METRICS, [json.dumps({"log": record.getMessage()}).encode()])
     logging.getLogger("primeruns.journal").addHandler(ToRun())
     w = j._appender._spool
@@ -1163,19 +1166,24 @@ _LOGGING_TO_THE_RUN = textwrap.dedent(
     def warned():
         got = j.read(0, max_entries=1000).entries
         return [e for e in got if b"sync failed" in e.payload]
-    while not warned():
+    while not (raising or warned()):
         time.sleep(0.001)
     os.fdatasync = real
     j.append(EntryKind.EPISODE, [b'{"last": 1}'])
+    assert w._syncer._thread.is_alive()  # it syncs on
     print(len(j.read(0, max_entries=1000).entries))
     j.close()
     """
 )
 
 
-@pytest.mark.parametrize("failing", [1, 2], ids=["at-full", "past-full"])
+@pytest.mark.parametrize(
+    ("failing", "handler"),
+    [(1, "logging"), (2, "logging"), (1, "raising")],
+    ids=["at-full", "past-full", "at-full-raising"],
+)
 def test_a_failed_sync_warned_to_a_handler_that_logs_to_the_run_hangs_no_call(
-    tmp_path: Path, failing: int
+    tmp_path: Path, failing: int, handler: str
 ) -> None:
     """The program logs warnings to the run (a logging handler whose ``emit``
     logs a record). The spool thread's sync of a full segment fails while
@@ -1184,17 +1192,19 @@ def test_a_failed_sync_warned_to_a_handler_that_logs_to_the_run_hangs_no_call(
     it told that call the sync had ended, waited for the lock in the
     handler, and the call for the thread, for good. And a request not yet
     begun is not waited for while the thread warns (the handler's own
-    record may start the successor, from that thread: at-full)."""
+    record may start the successor, from that thread: at-full). A handler
+    that raises (a bug of its own) ended the thread, and the switch waited
+    for good for the sync asked for past full, which no thread would make."""
     proc = subprocess.run(
-        [sys.executable, "-c", _LOGGING_TO_THE_RUN, str(tmp_path / "run"), str(failing)],
+        [sys.executable, "-c", _LOGGING_TO_THE_RUN, str(tmp_path / "run"), str(failing), handler],
         capture_output=True,
         timeout=120,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr.decode()[-3000:]
     # The episodes that filled the segment, the two rows, the switch's, the
-    # warning, the last one.
-    assert int(proc.stdout) >= 14
+    # warning (logged to the run), the last one.
+    assert int(proc.stdout) >= (14 if handler == "logging" else 13)
 
 
 def test_segments_the_mover_deleted_are_closed_off_the_log_call(
