@@ -126,6 +126,8 @@ class RolloutNumbers:
                 bad += 1
                 continue
             key, number = found
+            if chunk.get(key, -1) >= number:
+                continue  # named twice in the part (damaged): the higher count stays
             other = self._where.get(key)
             if other is not None and other != index:
                 # In two chunks (moved on since, or a damaged journal): the

@@ -528,3 +528,13 @@ def _numbered_as_counted(
             run.journal.ack(_NAME, again.last_seq)
         else:  # rsync'd to another host, shipped on from the copy
             run.move_to_copy(tmp / f"copy{step}")
+
+
+def test_a_part_naming_an_example_twice_takes_the_higher_count(evaluation: Evaluation) -> None:
+    """One part naming an example twice (a damaged or hostile journal): the
+    next number is past both counts, whichever comes last, never one the
+    table holds already."""
+    evaluation.ship([0, 1, 2, 3])
+    evaluation.journal.set_meta(f"carry.{_NAME}.rollouts.0", [[0, 5], [1, 1], [0, 2]])
+    evaluation.restart()
+    assert evaluation.ship([0, 1]) == [6, 2]
