@@ -79,8 +79,8 @@ class RolloutNumbers:
         for name, value in carry.items():
             if name == _WHOLE:
                 bad += self._set_base(value)
-            elif name.startswith(_PART) and name[len(_PART) :].isdigit():
-                chunks[int(name[len(_PART) :])] = value
+            elif name.startswith(_PART) and (index := _digits(name[len(_PART) :])) is not None:
+                chunks[index] = value
         # Every part named is dropped before any is read: an example moved
         # out of one of them is then found in whichever holds it the highest
         # (given every part saved: numbered from them alone, as at start-up).
@@ -281,6 +281,18 @@ def _count(value: Any) -> int | None:
     ``int(v)`` of what it read: a digit string too), else None."""
     if isinstance(value, bool):
         return None
-    if isinstance(value, str) and value.isdigit():
-        return int(value)
+    if isinstance(value, str):
+        return _digits(value)
     return value if isinstance(value, int) and value >= 0 else None
+
+
+def _digits(text: str) -> int | None:
+    """``text`` as an int when it is one written in ASCII digits, else None:
+    ``str.isdigit`` also passes what ``int`` raises on (a superscript two,
+    more digits than it reads), and one raise lost the whole numbering."""
+    if not (text.isascii() and text.isdigit()):
+        return None
+    try:
+        return int(text)
+    except ValueError:  # past int's limit on digits
+        return None

@@ -538,3 +538,18 @@ def test_a_part_naming_an_example_twice_takes_the_higher_count(evaluation: Evalu
     evaluation.journal.set_meta(f"carry.{_NAME}.rollouts.0", [[0, 5], [1, 1], [0, 2]])
     evaluation.restart()
     assert evaluation.ship([0, 1]) == [6, 2]
+
+
+def test_a_digit_that_is_not_a_number_costs_only_its_item(evaluation: Evaluation) -> None:
+    """Strings that ``str.isdigit`` calls digits but ``int`` does not read
+    (a superscript two; past int's 4,300 digits) as a count, a part's name or
+    a count of the previous version's numbering (a hostile journal): each
+    is left out alone. Before, one made the whole restore raise, and the
+    shipper numbered every example afresh from 1, rows the table holds."""
+    evaluation.ship([0, 1, 2, 3, 0])  # parts 0: [0, 1], 1: [2, 3]
+    prefix = f"carry.{_NAME}"
+    evaluation.journal.set_meta(f"{prefix}.rollouts.1", [[2, 1], [3, "\u00b2"]])
+    evaluation.journal.set_meta(f"{prefix}.rollouts.\u00b2", [[1, 7]])
+    evaluation.journal.set_meta(prefix, {"rollouts": {"4": "\u00b2", "5": "9" * 5000, "6": 2}})
+    evaluation.restart()
+    assert evaluation.ship([0, 1, 2, 3, 4, 5, 6]) == [3, 2, 2, 1, 1, 1, 3]
