@@ -166,7 +166,7 @@ def launcher_rank(environ: Mapping[str, str] | None = None) -> int | None:
     env = os.environ if environ is None else environ
     for name in _RANK_ENVS:
         raw = env.get(name, "").strip()
-        if raw.isdigit():
+        if raw.isascii() and raw.isdigit() and len(raw) <= 9:
             return int(raw)
     return None
 

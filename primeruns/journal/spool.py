@@ -142,7 +142,7 @@ def list_segments(path: Path) -> list[tuple[int, str]]:
     out = []
     for name in names:
         digits = name[len(PREFIX) :]
-        if name.startswith(PREFIX) and digits.isdigit() and len(digits) == 20:
+        if name.startswith(PREFIX) and digits.isascii() and digits.isdigit() and len(digits) == 20:
             out.append((int(digits), name))
     out.sort()
     return out

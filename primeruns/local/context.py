@@ -130,8 +130,13 @@ async def read_capped_from(
 ) -> bytes | None:
     """:func:`read_capped` of a body read as ``chunks`` and said to be
     ``declared`` bytes long (its Content-Length, if any)."""
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
+    # ASCII digits alone (``int`` refuses a superscript two that ``isdigit``
+    # passes), and past 18 of them more than any limit (``int`` refuses
+    # thousands).
+    if declared is not None and declared.isascii() and declared.isdigit():
+        digits = declared.lstrip("0")
+        if len(digits) > 18 or int(digits or "0") > limit:
+            return None
     parts: list[bytes] = []
     size = 0
     async for chunk in chunks:

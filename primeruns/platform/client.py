@@ -207,6 +207,13 @@ def _decoded_pieces(response: httpx.Response) -> Iterator[bytes]:
         yield tail
 
 
+def _over(digits: str, limit: int) -> bool:
+    """Whether a Content-Length of ASCII ``digits`` says more than ``limit``
+    (``int`` refuses thousands of digits: past 18 it says more than any)."""
+    digits = digits.lstrip("0")
+    return len(digits) > 18 or int(digits or "0") > limit
+
+
 def _read_within(
     response: httpx.Response,
     deadline: float | None = None,
@@ -231,7 +238,7 @@ def _read_within(
     declared = response.headers.get("content-length", "")
     if error:
         limit = min(limit, plain_module.ERROR_BODY_BYTES)
-    elif declared.isdigit() and int(declared) > limit:
+    elif declared.isascii() and declared.isdigit() and _over(declared, limit):
         raise AnswerTooLarge(limit)  # said so: nothing of it is read
     chunks: list[bytes] = []
     size = 0

@@ -1,0 +1,65 @@
+"""Numbers read from outside (a launcher's environment, a copied journal's
+file names, a Content-Length) are read as ASCII digits alone: ``str.isdigit``
+passes a superscript two, and Arabic-Indic digits, that ``int`` refuses or
+reads as a number nobody wrote, and ``int`` refuses thousands of digits."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from primeruns.journal import spool
+from primeruns.local.context import read_capped_from
+from primeruns.platform import client
+from primeruns.ranks import launcher_rank
+
+ODD_DIGITS = ["²", "٣", "1²", "9" * 5000]
+
+
+def _name(value: object) -> str:
+    text = str(value)
+    return text if len(text) < 40 else f"{len(text)} digits"
+
+
+@pytest.mark.parametrize("raw", ODD_DIGITS, ids=_name)
+def test_a_rank_that_is_no_ascii_number_is_no_rank(raw: str) -> None:
+    assert launcher_rank({"RANK": raw}) is None
+    assert launcher_rank({"RANK": " 3 "}) == 3
+
+
+def test_a_segment_named_with_other_digits_is_not_a_segment(tmp_path: Path) -> None:
+    real = spool.segment_name(1)
+    (tmp_path / real).write_bytes(b"")
+    for odd in ("²" * 20, "٣" * 20):
+        (tmp_path / f"{spool.PREFIX}{odd}").write_bytes(b"")
+    assert spool.list_segments(tmp_path) == [(1, real)]
+
+
+async def _chunks(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+@pytest.mark.parametrize("declared", [*ODD_DIGITS, "0" * 30 + "2"], ids=_name)
+def test_a_body_whose_length_is_no_ascii_number_is_read_by_its_bytes(declared: str) -> None:
+    body = asyncio.run(read_capped_from(_chunks(b"{}"), declared, 10))
+    assert body == (None if declared == "9" * 5000 else b"{}")
+
+
+@pytest.mark.parametrize("declared", ["0" * 30 + "2", "9" * 5000], ids=_name)
+def test_an_answer_whose_length_is_odd_is_read_by_its_bytes(declared: str) -> None:
+    # (httpx itself refuses a header value that is not ASCII.)
+    response = httpx.Response(
+        200,
+        headers={"content-length": declared},
+        stream=httpx.ByteStream(b"{}"),
+        request=httpx.Request("GET", "http://127.0.0.1/"),
+    )
+    if declared == "9" * 5000:
+        with pytest.raises(client.AnswerTooLarge):
+            client._read_within(response)
+    else:
+        assert client._read_within(response).content == b"{}"
