@@ -53,7 +53,10 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   body, or with taking an answer waiting on it, if that is under
   :data:`FAIR_RATE` (64 KiB/s) since it started and has run a second
   (``_slowest``): each window at the least rate kept a place for hours, and
-  a local user held every place so at 60 KiB/s all told. Else the new one is
+  a local user held every place so at 60 KiB/s all told. A body's rate is
+  over the time the server waited on all the connection's bodies: each
+  body's own clock let requests pipelined a byte at a time, each under a
+  second, hold a place at a few hundred bytes a second. Else the new one is
   answered so and closed at once, before any of its request: waiting for
   its head held its descriptor up to the head's deadline, and a thousand
   silent ones within it used all the process had (``descriptors``). A
@@ -211,6 +214,12 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         # as each ends at the rate.
         self._body_start, self._body_start_base = 0.0, 0
         self._sent_start, self._sent_start_base = 0.0, 0
+        # Seconds the server waited on this connection's earlier bodies (and
+        # of this one's before the server held it up), and the bytes they
+        # brought: a body's clock alone restarted at each head, and requests
+        # pipelined a byte at a time, each under JUDGED_AFTER, held a place
+        # at a few hundred bytes a second.
+        self._judged_time, self._judged_bytes = 0.0, 0
         self._held_up = False  # (the server not reading the body at the last look)
         self._held = 0  # (bytes of an unfinished body counted in ``bodies``)
         self._held_from: int | None = None  # (what was received when it started)
@@ -318,16 +327,18 @@ class BoundedH11Protocol(OneWriteH11Protocol):
                 return None
             return (self._taken() - base) / (now - started)
         cycle = self.cycle
+        spent = self._judged_time + now - self._body_start
         if (
             self.transport.is_closing()
             or self._body_from is None
             or self.conn.their_state is not h11.SEND_BODY
             or self.flow.read_paused
             or (cycle is not None and cycle.waiting_for_100_continue)
-            or now - self._body_start < JUDGED_AFTER
+            or self._held_up  # (resumed, no read since: its clock restarts at the next)
+            or spent < JUDGED_AFTER
         ):
             return None
-        return (self._received - self._body_start_base) / (now - self._body_start)
+        return (self._judged_bytes + self._received - self._body_start_base) / spent
 
     def _evicted(self) -> None:
         """Let this connection go for a new one past the bound: a body is
@@ -497,6 +508,8 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         """:meth:`_due` for what the client sends: a head, or a body."""
         state = self.conn.their_state
         if state is not h11.SEND_BODY:
+            if self._body_from is not None and not self._held_up:
+                self._judge_until(self.loop.time())  # (the body ended)
             self._body_from = None  # (the next body's window starts at its head)
         if state is h11.IDLE:
             if self._head_by is None:
@@ -512,6 +525,8 @@ class BoundedH11Protocol(OneWriteH11Protocol):
             held_up = self.flow.read_paused or (
                 cycle is not None and cycle.waiting_for_100_continue
             )
+            if held_up and not self._held_up and self._body_from is not None:
+                self._judge_until(now)  # (the server's pause is not the client's time)
             if self._body_from is None or held_up:
                 # The body starts, or the server is not reading it: neither
                 # a silence of the client's nor time its rate is counted on.
@@ -524,6 +539,12 @@ class BoundedH11Protocol(OneWriteH11Protocol):
             window_end = self._body_from + self.limits.body_timeout
             return min(self._last_read + self.limits.body_timeout, window_end)
         return None
+
+    def _judge_until(self, now: float) -> None:
+        """Count the body's time the server waited on its client, up to
+        ``now``, and what it brought, among the connection's (``_progress``)."""
+        self._judged_time += now - self._body_start
+        self._judged_bytes += self._received - self._body_start_base
 
     def _watch(self) -> None:
         """Arm the timer for :meth:`_due` if none is set by then. One set

@@ -186,3 +186,27 @@ def test_a_reader_at_a_normal_rate_keeps_its_place(
                     assert _own_answer(_until_closed(other), 503) == _BUSY
         assert time.monotonic() - started > 2, "the answer took less than two seconds"
     assert "Traceback" not in platform.log_path.read_text()
+
+
+def test_bodies_each_under_a_second_pipelined_give_their_place_to_a_new_client(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """A connection sending request after request, each body a byte at a
+    time for under the second progress is judged after, the next head sent
+    with the last byte of each (pipelined), held its place for as long as it
+    liked at a few hundred bytes a second: each body's clock started at its
+    head. Now a new client takes its place."""
+    platform = make_local_platform(max_connections=1, body_timeout=60, head_timeout=60)
+    head = _BODY_STARTED.replace(b"Content-Length: 1000000", b"Content-Length: 2")[:-10]
+    with _connect(platform) as sock:
+        sock.sendall(head + b"{")
+        started = time.monotonic()
+        served = []
+        while 200 not in served and time.monotonic() - started < 4:
+            time.sleep(0.5)
+            sock.sendall(b"}" + head + b"{")
+            if time.monotonic() - started > 2:
+                served.append(_healthz(platform))
+        assert 200 in served, served
+        assert _until_closed(sock).count(b"HTTP/1.1 503 ") == 1  # (the one it was let go with)
+    assert "Traceback" not in platform.log_path.read_text()
