@@ -54,7 +54,8 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   :data:`FAIR_RATE` (64 KiB/s) since it started and has run a second
   (``_slowest``): each window at the least rate kept a place for hours, and
   a local user held every place so at 60 KiB/s all told. A body's rate is
-  over the time the server waited on all the connection's bodies: each
+  over the time the server waited on the connection's bodies since it
+  last waited a second for a head (takeable as idle meanwhile): each
   body's own clock let requests pipelined a byte at a time, each under a
   second, hold a place at a few hundred bytes a second. Else the new one is
   answered so and closed at once, before any of its request: waiting for
@@ -517,6 +518,10 @@ class BoundedH11Protocol(OneWriteH11Protocol):
                 self.waiting[self] = None  # (the last to start waiting)
             return self._head_by
         if self._head_by is not None:
+            if self.loop.time() - self._head_by + self.limits.head_timeout >= JUDGED_AFTER:
+                # It waited a second for this head, any new connection's to
+                # take as idle: its earlier bodies weigh on it no more.
+                self._judged_time, self._judged_bytes = 0.0, 0
             self._head_by = None  # (a head arrived: the next one's time starts after its answer)
             self.waiting.pop(self, None)
         if state is h11.SEND_BODY:

@@ -210,3 +210,39 @@ def test_bodies_each_under_a_second_pipelined_give_their_place_to_a_new_client(
         assert 200 in served, served
         assert _until_closed(sock).count(b"HTTP/1.1 503 ") == 1  # (the one it was let go with)
     assert "Traceback" not in platform.log_path.read_text()
+
+
+def test_a_body_slow_once_then_a_wait_leaves_the_next_body_unjudged_at_its_start(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """A kept-alive client whose one body was slow (a second and a half for
+    2 KB), then waited over a second (any new client could take its place
+    as idle meanwhile), is not judged on that body when its next one is
+    under way: a new client is answered 503 and the body is served."""
+    platform = make_local_platform(max_connections=1, body_timeout=60, head_timeout=60)
+    body = b'{"name": "' + b"x" * 2000 + b'", "environments": [{"id": "env"}]}'
+    head = _BODY_STARTED.replace(b"Content-Length: 1000000", b"Content-Length: %d" % len(body))
+    head = head[: -len(b'{"name": "')]
+    with _connect(platform) as sock:
+        sock.sendall(head)
+        for at in range(0, len(body), len(body) // 15 + 1):
+            sock.sendall(body[at : at + len(body) // 15 + 1])
+            time.sleep(0.1)
+        received = b""
+        while b"}" not in received.partition(b"\r\n\r\n")[2]:
+            received += sock.recv(65536)
+        assert received.startswith(b"HTTP/1.1 20"), received[:200]
+        time.sleep(1.5)
+        big = b'{"name": "' + b"x" * 2**20 + b'", "environments": [{"id": "env"}]}'
+        sock.sendall(
+            head.replace(b"Content-Length: %d" % len(body), b"Content-Length: %d" % len(big))
+            + big[: 2**16]
+        )
+        time.sleep(0.2)
+        with _connect(platform) as other:
+            assert _own_answer(_until_closed(other), 503) == _BUSY
+        sock.sendall(
+            big[2**16 :] + b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        assert _until_closed(sock).startswith(b"HTTP/1.1 20")
+    assert "Traceback" not in platform.log_path.read_text()
