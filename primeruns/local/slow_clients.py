@@ -558,6 +558,17 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         connection's requests then arm a timer a deadline, not one each.
         A closing connection is let be, unless what it holds does not go
         out (a close waits for it)."""
+        if (
+            self._sent_from is not None
+            and not self.flow.write_paused
+            and self.transport.get_write_buffer_size() == 0
+        ):
+            # Every answer taken: the next one's window and progress start
+            # afresh. Left to the timer (up to a head's deadline later), a
+            # kept-alive client's next large answer was judged over the wait
+            # between them and the app's work on it, and one reading it at
+            # once could fall under FAIR_RATE and be aborted.
+            self._sent_from = None
         if self.transport.is_closing() and not self.flow.write_paused:
             if self.transport.get_write_buffer_size() == 0:
                 self._disarm()
