@@ -443,7 +443,9 @@ def test_a_sync_ahead_that_failed_is_not_taken_for_one_that_synced(
         given: list[bytes] = []
         try:
             with caplog.at_level(logging.WARNING, logger="primeruns.journal"):
-                for n in range(60):
+                for n in range(400):
+                    if len(disk.failed) >= 2 and len(list_segments(j.path)) > len(disk.failed):
+                        break  # (``past``: whether a call goes on past full is the host's timing)
                     segment, was_full = writer._segment, writer._size >= 8_000
                     payload = json.dumps({"n": n, "pad": "x" * 900}).encode()
                     assert j.append(EntryKind.EPISODE, [payload]).count == 1
@@ -461,5 +463,5 @@ def test_a_sync_ahead_that_failed_is_not_taken_for_one_that_synced(
         assert len(disk.failed) >= 2 and len(list_segments(j.path)) > len(disk.failed)
         assert disk.holes == []
         assert sum("sync failed" in r.getMessage() for r in caplog.records) >= len(disk.failed)
-        got = j.read(0, max_entries=100)
+        got = j.read(0, max_entries=1000)
         assert [e.payload for e in got.entries] == given
