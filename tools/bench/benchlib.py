@@ -128,6 +128,23 @@ def isolated_env(url: str | None) -> Iterator[Path]:
                     os.environ[k] = v
 
 
+#: The end of a server script run by ``python -c`` that made a
+#: ``uvicorn.Config`` named ``config``: it serves, and prints its origin
+#: ("listening on http://...") once it listens on its port.
+SERVING = """
+server = uvicorn.Server(config)
+_startup = server.startup
+
+async def startup(sockets=None):
+    await _startup(sockets)
+    port = server.servers[0].sockets[0].getsockname()[1]
+    print(f"listening on http://127.0.0.1:{port}", flush=True)
+
+server.startup = startup
+server.run()
+"""
+
+
 @contextlib.contextmanager
 def local_platform(data_dir: Path, tree: Path | None = None) -> Iterator[LocalPlatform]:
     """A started local platform (any key, every team) on loopback; the code of

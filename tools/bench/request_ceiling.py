@@ -34,7 +34,7 @@ from typing import Any
 
 import benchlib
 import httpx
-from benchlib import API_KEY, TEAM, Table, cpu_s, local_platform, parse_args, print_tables
+from benchlib import API_KEY, SERVING, TEAM, Table, cpu_s, local_platform, parse_args, print_tables
 
 from primeruns.platform import PlatformClient, Settings
 
@@ -43,7 +43,8 @@ _FLOOR = 2_000.0  # metric rows/s, issue #32
 _PATH = "/api/v1/rft/metrics"
 
 # The ceiling: the route (``_PATH``) decodes the body and answers as the platform does.
-_ECHO = """
+_ECHO = (
+    """
 import json, sys
 from starlette.applications import Starlette
 from starlette.responses import JSONResponse
@@ -59,17 +60,9 @@ app = Starlette(routes=[Route("/api/v1/rft/metrics", metrics, methods=["POST"])]
 # h11, as serve runs (primeruns/local/cli.py), even where httptools is installed.
 config = uvicorn.Config(app, host="127.0.0.1", port=0, http="h11", log_level="warning",
                         access_log=False)
-server = uvicorn.Server(config)
-_startup = server.startup
-
-async def startup(sockets=None):
-    await _startup(sockets)
-    port = server.servers[0].sockets[0].getsockname()[1]
-    print(f"listening on http://127.0.0.1:{port}", flush=True)
-
-server.startup = startup
-server.run()
 """
+    + SERVING
+)
 
 
 @contextmanager

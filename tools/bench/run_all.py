@@ -31,6 +31,7 @@ import replay
 import request_ceiling
 import request_latency
 import requeue_cost
+import server_instructions
 import short_run
 import show_cost
 import summary_updates
@@ -55,6 +56,7 @@ BENCHMARKS = (
     long_run_memory,
     sync_scaling,
     request_ceiling,
+    server_instructions,
     history_cost,
     requeue_cost,
     show_cost,
