@@ -19,17 +19,29 @@ fresh episode ids, one ``log_episodes([episode])`` call each. Reported:
   that call's own CPU time (a call that neither waited for a CPU nor ran
   waited on something else: a lock, the disk, or a virtual machine's CPU
   taken by its host, steal time, which neither figure sees).
+- the calls over 5 ms, each put down to what took most of it: its wait
+  for a CPU, an ``fdatasync`` on the loop's own thread, a garbage
+  collection, the spool switch's wait for the sync of the full segment
+  (``SegmentSyncer.await_sync``), or none of these (a lock, the disk under
+  a write, steal time); with the count of ``fdatasync`` calls the loop's
+  thread made inside ``log_episodes`` calls.
 
 ``replay.py`` reuses :func:`make_backlog` and then ships the journal.
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
+import threading
 import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import benchlib
 import orjson
@@ -37,9 +49,11 @@ from benchlib import API_KEY, Table
 
 import primeruns as pr
 from primeruns.journal.lock import lock_held
+from primeruns.journal.spoolsync import SegmentSyncer
 
 _RSS_BUDGET_MB = 64.0
 _DISK_BUDGET = 0.25
+_SLOW_NS = 5_000_000  # a call over this is put down to a cause
 
 
 @dataclass(frozen=True)
@@ -58,6 +72,10 @@ class Backlog:
     worst_unwaited_ms: float
     worst_unwaited_cpu_ms: float
     log_s: float
+    #: the calls over 5 ms by cause (``_Causes``), and the loop's own syncs
+    slow: dict[str, int]
+    worst_cause: str
+    inline_syncs: int
 
 
 class _CpuWait:
@@ -79,6 +97,72 @@ class _CpuWait:
     def close(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
+
+
+class _Causes:
+    """Nanoseconds the loop's thread spent, inside the ``log_episodes`` call
+    being timed, in ``fdatasync``, in garbage collections, and in the spool
+    switch's wait for a sync; each read by wrapping what makes it, which
+    costs a call that makes none nothing."""
+
+    def __init__(self) -> None:
+        self.loop = threading.get_ident()
+        self.timing = False
+        self.sync_ns = self.gc_ns = self.switch_ns = 0
+        self.syncs = 0
+        self._gc_start = 0
+
+    def start(self) -> None:
+        self.sync_ns = self.gc_ns = self.switch_ns = 0
+        self.timing = True
+
+    def stop(self) -> None:
+        self.timing = False
+
+    def cause(self, took: int, waited: int) -> str:
+        """What took most of a call: the largest share, if it is one."""
+        shares = {
+            "waiting for a CPU": waited,
+            "an fdatasync on the loop's thread": self.sync_ns,
+            "a garbage collection": self.gc_ns,
+            "the switch's wait for the spool's sync": self.switch_ns,
+        }
+        name, ns = max(shares.items(), key=lambda item: item[1])
+        return name if ns * 2 >= took else "none of these (a lock, the disk, steal)"
+
+    def _timed(self, real: Callable[..., Any], field: str) -> Callable[..., Any]:
+        def timed(*args: Any) -> Any:
+            if not self.timing or threading.get_ident() != self.loop:
+                return real(*args)
+            t0 = time.perf_counter_ns()
+            try:
+                return real(*args)
+            finally:
+                setattr(self, field, getattr(self, field) + time.perf_counter_ns() - t0)
+                if field == "sync_ns":
+                    self.syncs += 1
+
+        return timed
+
+    def _collected(self, phase: str, info: dict[str, int]) -> None:
+        if not self.timing or threading.get_ident() != self.loop:
+            return
+        if phase == "start":
+            self._gc_start = time.perf_counter_ns()
+        else:
+            self.gc_ns += time.perf_counter_ns() - self._gc_start
+
+    @contextmanager
+    def watching(self) -> Iterator[_Causes]:
+        fdatasync, await_sync = os.fdatasync, SegmentSyncer.await_sync
+        os.fdatasync = self._timed(fdatasync, "sync_ns")
+        SegmentSyncer.await_sync = self._timed(await_sync, "switch_ns")  # type: ignore[method-assign]
+        gc.callbacks.append(self._collected)
+        try:
+            yield self
+        finally:
+            os.fdatasync, SegmentSyncer.await_sync = fdatasync, await_sync  # type: ignore[method-assign]
+            gc.callbacks.remove(self._collected)
 
 
 def free_port() -> int:
@@ -108,21 +192,30 @@ def make_backlog(scratch: Path, n: int) -> Backlog:
     took_ns: list[int] = []
     worst_unwaited, worst_unwaited_cpu = 0, 0
     waits = _CpuWait()
+    slow: Counter[str] = Counter()
+    worst, worst_cause = 0, "none over 5 ms"
     rss0, _ = benchlib.rss_kb()
     benchlib.reset_peak_rss()
     t0 = time.perf_counter()
-    for i in range(n):
-        # A fresh episode each time (new episode and trace ids), same content.
-        episode = benchlib.renew_ids(base[i % len(base)], f"bench-{i:08d}")
-        w0, u0 = waits.ns(), time.thread_time_ns()
-        c0 = time.perf_counter_ns()
-        run.log_episodes([episode])
-        took = time.perf_counter_ns() - c0
-        own, waited = time.thread_time_ns() - u0, waits.ns() - w0
-        took_ns.append(took)
-        if took - waited > worst_unwaited:
-            worst_unwaited, worst_unwaited_cpu = took - waited, own
-        raw += len(orjson.dumps(episode))
+    with _Causes().watching() as causes:
+        for i in range(n):
+            # A fresh episode each time (new episode and trace ids), same content.
+            episode = benchlib.renew_ids(base[i % len(base)], f"bench-{i:08d}")
+            w0, u0 = waits.ns(), time.thread_time_ns()
+            causes.start()
+            c0 = time.perf_counter_ns()
+            run.log_episodes([episode])
+            took = time.perf_counter_ns() - c0
+            causes.stop()
+            own, waited = time.thread_time_ns() - u0, waits.ns() - w0
+            took_ns.append(took)
+            if took - waited > worst_unwaited:
+                worst_unwaited, worst_unwaited_cpu = took - waited, own
+            if took > _SLOW_NS:
+                slow[causes.cause(took, waited)] += 1
+                if took > worst:
+                    worst, worst_cause = took, causes.cause(took, waited)
+            raw += len(orjson.dumps(episode))
     log_s = time.perf_counter() - t0
     took_ns.sort()
     waits.close()
@@ -153,6 +246,9 @@ def make_backlog(scratch: Path, n: int) -> Backlog:
         worst_unwaited / 1e6,
         worst_unwaited_cpu / 1e6,
         log_s,
+        dict(slow),
+        worst_cause,
+        causes.syncs,
     )
 
 
@@ -186,7 +282,7 @@ def table(b: Backlog) -> Table:
         "worst log_episodes call",
         f"{b.worst_call_ms:.1f} ms",
         benchlib.verdict(b.worst_call_ms, 10.0),
-        f"{b.episodes / b.log_s:.0f} episodes/s logged",
+        f"{b.episodes / b.log_s:.0f} episodes/s logged; most of it: {b.worst_cause}",
     )
     t.add(
         "log_episodes call p99 / p99.9",
@@ -199,6 +295,18 @@ def table(b: Backlog) -> Table:
         f"{b.worst_unwaited_ms:.1f} ms",
         benchlib.verdict(b.worst_unwaited_ms, 10.0),
         f"its own CPU {b.worst_unwaited_cpu_ms:.1f} ms",
+    )
+    t.add(
+        "log_episodes calls over 5 ms, by cause",
+        str(sum(b.slow.values())),
+        "-",
+        "; ".join(f"{cause}: {k}" for cause, k in sorted(b.slow.items())) or "none",
+    )
+    t.add(
+        "fdatasync calls on the loop's thread",
+        str(b.inline_syncs),
+        "-",
+        "inside log_episodes calls",
     )
     t.notes.append("RSS: VmHWM after the loop minus VmRSS before it (records preloaded); one run")
     return t
