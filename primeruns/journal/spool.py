@@ -110,8 +110,8 @@ _MAGIC = b"PS"
 _START = APPEND.pack(_MAGIC, 1, 0, 0)[:4]
 SEGMENT_MAX = 4 << 20
 # How far past ``SEGMENT_MAX`` a segment may go on while the sync of it
-# asked for when it filled runs (an eighth: 512 KiB; ``SpoolWriter._goes_on``).
-_GO_ON_SHARE = 8
+# asked for when it filled runs (all of it again: 4 MiB; ``SpoolWriter._goes_on``).
+_GO_ON_SHARE = 1
 # The bytes of a segment between two syncs ahead (see ``spoolsync``).
 _AHEAD_STEP = 512 << 10
 _READ_CHUNK = 1 << 20
@@ -236,7 +236,7 @@ class SpoolWriter:
     def _goes_on(self) -> bool:
         """Whether the next write goes on in the full segment, not in a
         successor: while the sync asked for when it filled has not ended,
-        up to an eighth past ``SEGMENT_MAX``.
+        up to twice ``SEGMENT_MAX``.
 
         A training step logs its episodes and then a metrics row a moment
         later: where the episodes filled the segment, the row's call found
@@ -246,7 +246,17 @@ class SpoolWriter:
         first sync is waited for so: once it has ended, the next write
         switches and waits for the one asked since (``_sync_full_segment``),
         so a burst makes two syncs a segment, as when the switch made its
-        own; going on after each sync kept the thread syncing back to back."""
+        own; going on after each sync kept the thread syncing back to back.
+
+        Capped at an eighth past full (512 KiB), a burst whose first sync
+        outlasted the eighth's writes (~70 ms of the backlog benchmark's
+        loop, on a disk other work kept busy) made an inline ``fdatasync``
+        at the switch, which ended after the first sync (2 of ~40 switches
+        in four of its 20,000-episode runs: 11 and 71 ms). Going on, that
+        switch waits for one sync, of what was written while the first ran;
+        only a first sync that outlasts 4 MiB of writes meets the cap. A
+        cap still: a disk whose sync hangs holds up the loop at 8 MiB
+        rather than growing one file for good."""
         key = (self._segment, self._size)
         if self._go_on is None or self._go_on[0] != key:
             goes_on = (
@@ -390,7 +400,7 @@ class SpoolWriter:
         ):
             return  # the sync asked for by the last write, done (``_goes_on``)
         # Made here: none asked covers all of it, the first is still running
-        # (past the eighth), or the one that covered it failed (tried again
+        # (past the cap), or the one that covered it failed (tried again
         # here, as before segments went on; a transient error would leave
         # a hole); one still waiting would sync it again.
         self._syncer.drop(self._segment)
