@@ -604,10 +604,11 @@ class Journal:
         """Store one JSON value; committed when it returns."""
         self.update_meta({key: value})
 
-    def update_meta(self, values: Mapping[str, Any]) -> None:
-        """Store several JSON values in one transaction."""
+    def update_meta(self, values: Mapping[str, Any], drop: Iterable[str] = ()) -> None:
+        """Store several JSON values in one transaction, and remove the keys
+        ``drop`` names (absent ones are no error)."""
         self._check_writable()
-        self._meta.update(values)
+        self._meta.update(values, drop)
 
     def push_meta(self, key: str, item: Any, *, cap: int) -> None:
         """Append ``item`` to the JSON list under ``key`` in one transaction,

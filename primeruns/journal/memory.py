@@ -126,10 +126,12 @@ class MemoryJournal:
     def set_meta(self, key: str, value: Any) -> None:
         self.update_meta({key: value})
 
-    def update_meta(self, values: Mapping[str, Any]) -> None:
+    def update_meta(self, values: Mapping[str, Any], drop: Iterable[str] = ()) -> None:
         encoded = {k: dumps(v) for k, v in values.items()}  # fail on bad JSON first
         with self._cond:
             self._meta.update(encoded)
+            for key in drop:
+                self._meta.pop(key, None)
 
     def push_meta(self, key: str, item: Any, *, cap: int) -> None:
         encoded = json.loads(dumps(item))

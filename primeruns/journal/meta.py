@@ -162,12 +162,14 @@ class Meta:
                 )
         return out
 
-    def update(self, values: Mapping[str, Any]) -> None:
+    def update(self, values: Mapping[str, Any], drop: Iterable[str] = ()) -> None:
         encoded = {k: dumps(v) for k, v in values.items()}  # fail on bad JSON before writing
 
         def put(txn: lmdb.Transaction) -> None:
             for k, v in encoded.items():
                 self._tx.put_meta_bytes(txn, k, v)
+            for k in drop:
+                txn.delete(k.encode(), db=self._tx.dbs["meta"])
 
         self._tx.write(put)
 

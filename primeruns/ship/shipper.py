@@ -712,7 +712,13 @@ class Shipper:
 
     def _save_carry(self, carry: Mapping[str, Any]) -> None:
         if self._carry_parts:
-            self.journal.update_meta({f"carry.{self.name}.{p}": v for p, v in carry.items()})
+            # A part of None holds nothing (emptied, or none yet): removed,
+            # so start-up does not read a key per part a run ever had.
+            prefix = f"carry.{self.name}."
+            self.journal.update_meta(
+                {f"{prefix}{p}": v for p, v in carry.items() if v is not None},
+                drop=[f"{prefix}{p}" for p, v in carry.items() if v is None],
+            )
         else:
             self.journal.set_meta(f"carry.{self.name}", dict(carry))
 
@@ -998,7 +1004,9 @@ class Shipper:
                 # parts a batch changed need not hold all it numbered before
                 # (an example the rollout numbering moved out of a chunk the
                 # batch left as it was). Rare: a batch refused whole.
-                restore(self._saved_parts(None) if self._carry_parts else before)
+                # The parts it gives back as None (none before it) are named
+                # too: removed from the journal, they must be from the sink.
+                restore({**self._saved_parts(None), **before} if self._carry_parts else before)
         self.journal.ack(self.name, self.journal.acked(self.name))
 
     def _lost_with(self, inflight: InFlight) -> int:

@@ -23,9 +23,11 @@ size and order: rollouts of past examples in random order changed a chunk
 each, 256 chunks a batch of a large evaluation (4,096 pairs copied, encoded
 and saved three times), where a thousand examples have 63 chunks: 3.4 times
 the cost at 50,000 examples (``tools/bench/eval_carry.py``). Moved
-examples leave stale counts in the parts they left, so what is read at
-start-up (once per process) grows with the rollouts moved, a pair each, not
-only with the examples.
+examples leave stale counts in the parts they left; the batch after the one
+that moved them saves each part holding more stale pairs than live ones
+again without them (``RolloutBatch.carry``), so what start-up reads (every
+part saved) stays within twice the examples, not a pair per rollout moved:
+a dataset repeated once per rollout moves every example each pass.
 
 An earlier version's whole numbering (``rollouts``: ``str(example)`` as a
 JSON key, to count) is read as the base under the chunks, looked up by the
@@ -61,6 +63,11 @@ class RolloutNumbers:
         self._where: dict[Any, int] = {}  # each example's chunk
         self._open = 0  # the chunk new examples go to (while it has room)
         self._version = 0  # changed by every restore
+        # Pairs each part holds as saved, its stale ones too (examples moved
+        # on since), and the parts holding more stale pairs than live ones:
+        # the next batch saves those again without them (``RolloutBatch.carry``).
+        self._sizes: dict[int, int] = {}
+        self._untidy: dict[int, None] = {}  # a dict: tidied in a fixed order
 
     def batch(self) -> RolloutBatch:
         """A batch's numbering, on top of this one (which it leaves unchanged:
@@ -88,12 +95,34 @@ class RolloutNumbers:
             self._drop_chunk(index)
         for index, value in chunks.items():
             bad += self._set_chunk(index, value)
+            size = len(value) if isinstance(value, list) else int(value is not None)
+            if size:
+                self._sizes[index] = size
+            else:
+                self._sizes.pop(index, None)
         self._open = max(self._chunks, default=0)
+        # An example read again may have left any part (the higher count
+        # stays), so every part is looked at: this restore reads them all
+        # (start-up, a batch refused whole) or an earlier batch's carry.
+        self._untidy = {}
+        for index in self._sizes:
+            self._mark(index)
         return bad
 
     def __len__(self) -> int:
         """How many examples are in chunks (the base left out)."""
         return len(self._where)
+
+    def _mark(self, index: int) -> None:
+        """Note part ``index`` for tidying if it holds more stale pairs than
+        live ones (saved as more than twice its live examples)."""
+        if self._sizes.get(index, 0) > 2 * len(self._chunks.get(index, ())):
+            self._untidy[index] = None
+
+    def saved_pairs(self) -> int:
+        """How many pairs the saved parts hold, stale ones included: what
+        start-up reads (the earlier version's whole numbering left out)."""
+        return sum(self._sizes.values())
 
     def _set_base(self, value: Any) -> int:
         base: dict[str, int] = {}
@@ -151,6 +180,7 @@ class RolloutBatch:
         self._changed: dict[int, dict[Any, int]] = {}
         self._where: dict[Any, int] = {}  # examples this batch put in a chunk (new or moved)
         self._open = numbers._open
+        self._tidied: dict[int, int] = {}  # parts saved again without stale pairs: their pairs
 
     def next_for(self, key: Any) -> int:
         """The number ``key``'s next rollout takes."""
@@ -185,11 +215,28 @@ class RolloutBatch:
         chunk[key] = number
 
     def carry(self) -> dict[str, Any]:
-        """The parts the batch changed, as they are after it."""
+        """The parts the batch changed, as they are after it, and the untidy
+        parts as they were before it without their stale pairs (None: no
+        pair left).
+
+        Stale pairs are dropped a batch after the one that moved their
+        examples on, never by it: the part an example moved to must be
+        saved and recorded first, or a process killed between a batch's
+        save and its record could go on from parts that lost the count. So
+        the numbering saved stays within twice the examples it numbers, and
+        the pairs the last batch moved; start-up reads no more."""
         carry = _Carry(
             (f"{_PART}{index}", [[_value(key), number] for key, number in chunk.items()])
             for index, chunk in self._changed.items()
         )
+        self._tidied = {}
+        numbers = self._numbers
+        for index in numbers._untidy:
+            if index not in self._changed:
+                live = numbers._chunks.get(index, {})
+                pairs = [[_value(key), number] for key, number in live.items()]
+                carry[f"{_PART}{index}"] = pairs or None
+                self._tidied[index] = len(pairs)
         carry.batch = self
         return carry
 
@@ -200,6 +247,12 @@ class RolloutBatch:
         of the parts it changed, each read and checked). False: it was not."""
         if numbers is not self._numbers or version != self._version:
             return False
+        for index, pairs in self._tidied.items():
+            numbers._untidy.pop(index, None)
+            if pairs:
+                numbers._sizes[index] = pairs
+            else:
+                numbers._sizes.pop(index, None)
         for key, index in self._where.items():
             left = numbers._where.get(key)
             if left is not None and left != index:
@@ -209,7 +262,11 @@ class RolloutBatch:
                 chunk.pop(key, None)
                 if not chunk:
                     numbers._chunks.pop(left, None)
+                numbers._mark(left)
         numbers._chunks.update(self._changed)
+        for index, chunk in self._changed.items():
+            numbers._sizes[index] = len(chunk)
+            numbers._untidy.pop(index, None)
         numbers._where.update(self._where)
         numbers._open = max(numbers._open, self._open)
         return True

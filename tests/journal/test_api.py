@@ -177,6 +177,16 @@ def test_several_meta_values_are_read_at_once_and_a_damaged_one_is_named(
         assert j.get_metas(["a", "b", "c", "missing"]) == ({"a": [1, 2], "b": None}, ["c"])
 
 
+def test_meta_values_are_removed_with_others_stored(tmp_path: Path) -> None:
+    """``update_meta``'s ``drop`` (the rollout numbering's emptied parts):
+    the keys named are gone, absent ones no error, the values stored."""
+    with Journal.create(tmp_path, local_id="run-a") as j:
+        j.update_meta({"a": 1, "b": 2})
+        j.update_meta({"c": 3}, drop=["a", "missing"])
+        assert j.get_metas(["a", "b", "c"]) == ({"b": 2, "c": 3}, [])
+        assert "a" not in j.all_meta()
+
+
 def test_compact_keeps_last_seq_and_density(tmp_path: Path) -> None:
     with Journal.create(tmp_path) as j:
         j.append(EntryKind.METRICS, [_rec(i) for i in range(10)])

@@ -140,6 +140,13 @@ def test_an_append_interrupted_anywhere_leaves_every_later_record_read_once(line
     assert payloads[:-1] in ([], [b"a1", b"a2"])  # the interrupted call: all or nothing
 
 
+def test_meta_values_are_removed_with_others_stored() -> None:
+    journal = _journal()
+    journal.update_meta({"a": 1, "b": 2})
+    journal.update_meta({"c": 3}, drop=["a", "missing"])
+    assert journal.get_metas(["a", "b", "c"]) == ({"b": 2, "c": 3}, [])
+
+
 def test_several_meta_values_are_read_at_once() -> None:
     journal = _journal()
     journal.update_meta({"a": [1, 2], "b": None})

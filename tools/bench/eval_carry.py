@@ -17,6 +17,11 @@ examples in random order (the worst case for a numbering kept in chunks).
 Figures: CPU ms per batch (this process's: a shared machine's other load
 is not counted), the median over the last batches, when the numbering is
 largest; the ratio is the largest size's to the smallest's (flat: <= ~1.2).
+
+``--startup``: what the next process's shipper pays to read the numbering
+back (CPU ms of making it: every part saved, read and restored), after an
+evaluation whose dataset was repeated once per rollout (round-robin: each
+pass moves every example on), by rollouts per example; and the pairs saved.
 """
 
 from __future__ import annotations
@@ -119,6 +124,50 @@ def measure(examples: int, order: str, template: SampleRows) -> float:
     return statistics.median(times[-_TIMED:]) * 1000
 
 
+def startup(examples: int, rollouts: int, template: SampleRows) -> tuple[float, int]:
+    """CPU ms of a new process's shipper reading the numbering of
+    ``examples`` examples shipped round-robin ``rollouts`` times (the median
+    of 5 openings), and the pairs its parts hold."""
+    with tempfile.TemporaryDirectory() as tmp:
+        journal = Journal.create(Path(tmp) / "runs")
+        path = journal.path
+        rows: dict[int, SampleRows] = {}
+        try:
+            keys = [i for _ in range(rollouts) for i in range(examples)]
+            _ship(_shipper(journal, rows), rows, keys, 1, template)
+        finally:
+            journal.close()
+        times = []
+        for _ in range(5):
+            journal = Journal.open(path, owner=True)
+            try:
+                t0 = time.process_time()
+                shipper = _shipper(journal, rows)
+                times.append(time.process_time() - t0)
+                prefix = f"carry.{shipper.name}.rollouts."
+                pairs = sum(
+                    len(v)
+                    for k, v in journal.all_meta().items()
+                    if k.startswith(prefix) and isinstance(v, list)
+                )
+            finally:
+                journal.close()
+    return statistics.median(times) * 1000, pairs
+
+
+def run_startup(examples: int) -> list[Table]:
+    template = _template()
+    table = Table(
+        f"Eval samples: a new shipper reading the numbering of {examples:,} examples, round-robin",
+        ["rollouts per example", "start-up (CPU ms)", "pairs saved"],
+    )
+    for rollouts in (1, 4):
+        ms, pairs = startup(examples, rollouts, template)
+        table.add(str(rollouts), f"{ms:.0f}", f"{pairs:,}")
+    table.notes = ["median of 5 openings of the journal; batches of 256 entries"]
+    return [table]
+
+
 def run(quick: bool, sizes: Sequence[int] | None = None) -> list[Table]:
     if not sizes:
         sizes = (1_000, 5_000) if quick else (1_000, 10_000, 50_000)
@@ -144,9 +193,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--sizes", default="", help="comma-separated distinct examples (default 1000,10000,50000)"
     )
+    parser.add_argument(
+        "--startup",
+        action="store_true",
+        help="a new shipper's reading of the numbering (the largest size; 50,000 by default)",
+    )
     args = parser.parse_args(argv)
     sizes = [int(n) for n in args.sizes.split(",") if n.strip()]
-    benchlib.print_tables(run(args.quick, sizes))
+    if args.startup:
+        benchlib.print_tables(run_startup(sizes[-1] if sizes else 50_000))
+    else:
+        benchlib.print_tables(run(args.quick, sizes))
 
 
 if __name__ == "__main__":
