@@ -228,10 +228,13 @@ def _info(
     look: _Look | None = None,
     shelf: Shelf | None = None,
     written_here: bool = False,
+    tally_most: int | None = None,
 ) -> JournalInfo:
     """The journal's state: from its summary when that is current and holds
     what is asked, else read from the journal (and kept in ``shelf``).
-    ``written_here``: as ``Journal.open``'s."""
+    ``written_here``: as ``Journal.open``'s. ``tally_most``: when the journal
+    is read, ``tally`` holds only if it shows no damage and at most that many
+    entries (``keep_summary``: one open decides and counts)."""
     look = look if look is not None else _look(path, shelf, read_owner(path))
     owner: str | None
     if isinstance(look.owner, str):  # dead for good, its lock file unchanged
@@ -296,6 +299,8 @@ def _info(
             cursors = journal.cursors()
             last_seq = journal.last_seq()
             counted = len(damage)
+            if tally_most is not None:
+                tally = not damage and last_seq <= tally_most
             after = _tallies(journal, cursors, damage) if tally else {}
             fields: dict[str, Any] = {
                 "last_seq": last_seq,
@@ -346,12 +351,20 @@ def keep_summary(path: Path) -> None:
     process's own, written and closed by it, so it is read here without a
     probe, with its counts (what ``ls`` shows) up to ``TALLY_AT_FINISH_MOST``
     entries. Never raises: a listing reads it anyway.
+
+    One open reads it and, where it is short enough, counts it: a second
+    open to count cost ~3 ms of a 2,000-episode run's close-out.
     """
     try:
         shelf = Shelf(path.parent)
-        info = _info(path, verify=False, tally=False, shelf=shelf, written_here=True)
-        if not info.damage and info.last_seq <= TALLY_AT_FINISH_MOST:
-            _info(path, verify=False, tally=True, shelf=shelf, written_here=True)
+        _info(
+            path,
+            verify=False,
+            tally=True,
+            shelf=shelf,
+            written_here=True,
+            tally_most=TALLY_AT_FINISH_MOST,
+        )
     except Exception as exc:  # a summary is an optimisation, never a failure
         log.debug("prime-runs: no summary kept of %s: %s", path, exc)
 
