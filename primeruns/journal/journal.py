@@ -860,8 +860,25 @@ class Journal:
         ``tally([after])[-1]`` at the cost of the entries past it (what a
         sink has left to ship, at every close-out, where nearly all of a
         long run's log is behind its offset)."""
+        return self.tallies_past([after])[0]
+
+    def tallies_past(self, afters: Sequence[int]) -> list[Counter[int]]:
+        """``tally_past`` of each offset of ``afters``, in one scan of the
+        entries past the lowest: a finish asks it of every sink, and counting
+        each sink's rest anew read the log's tail once per sink."""
         self._check()
-        return self._reader.tally([after], past=after)[-1]
+        if not afters:
+            return []
+        cuts = sorted(set(afters))
+        intervals = self._reader.tally(cuts, past=cuts[0])
+        past: dict[int, Counter[int]] = {}
+        running: Counter[int] = Counter()
+        # ``intervals[i + 1]`` is ``(cuts[i], cuts[i + 1]]``: what is past a
+        # cut is its interval and every one after it.
+        for cut, counts in zip(reversed(cuts), reversed(intervals[1:]), strict=True):
+            running = running + counts
+            past[cut] = running
+        return [Counter(past[after]) for after in afters]
 
     def tally_range(self, after: int, upto: int) -> Counter[int]:
         """Entries per kind in ``(after, upto]``, read from headers alone:

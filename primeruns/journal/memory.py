@@ -293,6 +293,10 @@ class MemoryJournal:
             seqs = self._seqs[bisect_right(self._seqs, after) :]
             return Counter(int(self._entries[seq].kind) for seq in seqs)
 
+    def tallies_past(self, afters: Sequence[int]) -> list[Counter[int]]:
+        """``tally_past`` of each offset of ``afters`` (``Journal.tallies_past``)."""
+        return [self.tally_past(after) for after in afters]
+
     def tally_range(self, after: int, upto: int) -> Counter[int]:
         """Entries per kind in ``(after, upto]`` (``Journal.tally_range``)."""
         self._check()

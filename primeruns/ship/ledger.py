@@ -244,11 +244,15 @@ def unshipped(
 
 def pending_by_sink(journal: Journal, sinks: Mapping[str, Collection[EntryKind]]) -> dict[str, int]:
     """Per sink of ``sinks`` (name: the kinds it ships) not turned off, the
-    records it has not shipped, where any are left (reads the journal)."""
+    records it has not shipped, where any are left (reads the journal: the
+    entries past the lowest offset, once for all of them)."""
+    live = {
+        name: kinds for name, kinds in sinks.items() if read_standing(journal, name).off is None
+    }
+    afters = [journal.acked(name) for name in live]
     out: dict[str, int] = {}
-    for name, kinds in sinks.items():
-        if read_standing(journal, name).off is None:
-            left = unshipped(journal, name, kinds)
-            if left:
-                out[name] = left
+    for (name, kinds), past in zip(live.items(), journal.tallies_past(afters), strict=True):
+        left = records_left(past, kinds)
+        if left:
+            out[name] = left
     return out

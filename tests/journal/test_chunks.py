@@ -217,6 +217,26 @@ def test_tally_past_an_offset_is_the_tally_after_it_and_reads_only_what_follows(
         assert len(looked) >= n - 12  # every entry LMDB holds
 
 
+def test_tallies_past_several_offsets_are_each_ones_tally_past_in_one_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A finish counts what every sink has left: each offset's counts are
+    ``tally_past``'s (repeated and unordered offsets, chunked entries, the
+    spool's included), read in one scan of the entries past the lowest."""
+    n = len(_write(tmp_path))
+    with _with_three_spooled(tmp_path) as j:
+        total = n + 3
+        afters = [n - 1, 5, total, n - 1, 0, total + 5]
+        assert j.tallies_past(afters) == [j.tally_past(after) for after in afters]
+        assert j.tallies_past([]) == []
+        looked: list[int] = []
+        monkeypatch.setattr(
+            reading, "peek_kind", lambda value: looked.append(1) or frames.peek_kind(value)
+        )
+        j.tallies_past([n - 1, 5, 7])
+        assert len(looked) <= total - 5
+
+
 def test_tally_of_a_range_is_the_tally_between_two_cuts_and_reads_only_the_range(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -51,6 +51,7 @@ def test_what_every_sink_acknowledged_leaves_memory_but_the_runs_lifecycle() -> 
     j.ack("traces", 5)
     assert [e.seq for e in j.read(0).entries] == [1]  # the spec is kept
     assert j.tally([3])[0][EntryKind.EPISODE] + j.tally([3])[1][EntryKind.EPISODE] == 4
+    assert j.tallies_past([6, 0, 3]) == [j.tally_past(a) for a in (6, 0, 3)]
     for after in range(7):
         assert j.tally_past(after) == j.tally([after])[-1], after
         for upto in range(after + 1, 8):
