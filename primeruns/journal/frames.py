@@ -223,11 +223,12 @@ def _assemble(
     seq: int | None,
 ) -> bytes:
     version = 1 if seq is None else 2
-    head = struct.pack("<BBBBI", version, kind, flags, dict_id, raw_len)
-    crc = checksum.crc32(stored, checksum.crc32(head))
+    head = _HEAD8.pack(version, kind, flags, dict_id, raw_len)
+    crc32 = checksum.crc32
+    crc = crc32(stored, crc32(head))
     if seq is not None:
-        crc = checksum.crc32(_SEQ.pack(seq), crc)
-    return head + struct.pack("<I", crc) + stored
+        crc = crc32(_SEQ.pack(seq), crc)
+    return head + _CRC.pack(crc) + stored
 
 
 def encode_frames_off_gil(
@@ -266,6 +267,27 @@ def spooled_payload(value: bytes | memoryview, seq: int) -> bytes | memoryview:
     the mover to compress: checked as ``decode_frame`` checks it, and a view
     into ``value``, not a copy (a frame stored compressed is decoded).
     Raises FrameError."""
+    view = memoryview(value)
+    if len(view) >= HEADER_SIZE and 0 <= seq < 1 << 64:
+        # A frame as an append spools it (version 2, stored raw, no
+        # dictionary, its length its payload's), checked as ``_checked``
+        # checks one in a single look: its chain of calls, each taking the
+        # header apart again, cost ~6 us of a 9 KB episode's ~8 (the
+        # checksum ~1.3), once per entry the mover moves.
+        version, _, flags, dict_id, raw_len, crc = HEADER.unpack_from(view)
+        payload = view[HEADER_SIZE:]
+        if (
+            version == 2
+            and not flags
+            and not dict_id
+            and raw_len == len(payload)
+            and raw_len <= MAX_ENTRY_BYTES
+        ):
+            crc32 = checksum.crc32
+            if crc32(_SEQ.pack(seq), crc32(payload, crc32(view[:8]))) == crc:
+                return payload
+    # Anything else (a compressed frame, a damaged one) the whole way, which
+    # words the damage.
     head = _checked(value, None, seq, MAX_ENTRY_BYTES)[0]
     if head.flags & FLAG_ZSTD:
         return decode_frame(value, seq=seq)[1]

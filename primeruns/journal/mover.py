@@ -280,10 +280,10 @@ class Mover:
                 continue  # moved as it is: the damage is reported where it is read
             by_kind.setdefault(kind, []).append(payloads[index])
         self._dicts.train_on(by_kind)
+        # Whether each kind has a dictionary, looked up once a batch, not per entry.
+        with_dict = {kind: self._dicts.for_kind(kind)[1] is not None for kind in by_kind}
         for index, (_, kind, _) in enumerate(batch):
-            if index in payloads and worth_compressing(
-                len(payloads[index]), self._dicts.for_kind(kind)[1] is not None
-            ):
+            if index in payloads and worth_compressing(len(payloads[index]), with_dict[kind]):
                 todo.setdefault(kind, []).append(index)
         for kind, indexes in todo.items():
             dict_id, zdict = self._dicts.for_kind(kind)
