@@ -668,7 +668,7 @@ def test_a_producer_lets_go_of_the_segments_its_uplink_absorbed(tmp_path: Path) 
 
 
 def test_two_movers_at_once_never_let_go_of_a_segment_lmdb_does_not_hold(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Two movers for a moment (a hand-over; a close's drain beside the
     # uplink's; compaction's absorb beside the mover thread). The one whose
@@ -681,6 +681,7 @@ def test_two_movers_at_once_never_let_go_of_a_segment_lmdb_does_not_hold(
     def rec(i: int) -> bytes:
         return b"%06d" % i + os.urandom(10_000)  # ~10 KB: the first segment ends near 420
 
+    monkeypatch.setattr(spool, "_GO_ON_SHARE", 8)  # an eighth past full, as the appends assume
     with Journal.create(tmp_path, local_id="run") as j:
         j._mover.stop()  # both movers driven here
         for i in range(1, 301):
