@@ -558,17 +558,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         connection's requests then arm a timer a deadline, not one each.
         A closing connection is let be, unless what it holds does not go
         out (a close waits for it)."""
-        if (
-            self._sent_from is not None
-            and not self.flow.write_paused
-            and self.transport.get_write_buffer_size() == 0
-        ):
-            # Every answer taken: the next one's window and progress start
-            # afresh. Left to the timer (up to a head's deadline later), a
-            # kept-alive client's next large answer was judged over the wait
-            # between them and the app's work on it, and one reading it at
-            # once could fall under FAIR_RATE and be aborted.
-            self._sent_from = None
+        self._answers_taken()
         if self.transport.is_closing() and not self.flow.write_paused:
             if self.transport.get_write_buffer_size() == 0:
                 self._disarm()
@@ -582,18 +572,30 @@ class BoundedH11Protocol(OneWriteH11Protocol):
             self._timer_at = due
             self._timer = self.loop.call_at(due, self._expired)
 
+    def _answers_taken(self) -> None:
+        """End the answer's window once nothing the server holds waits on the
+        client (writes not paused, nothing buffered): the next answer's window
+        and progress start afresh. Left to the timer (up to a head's deadline
+        later), a kept-alive client's next large answer was judged over the
+        wait between them and the app's work on it, and one reading it at
+        once could fall under FAIR_RATE and be aborted."""
+        if (
+            self._sent_from is not None
+            and not self.flow.write_paused
+            and self.transport.get_write_buffer_size() == 0
+        ):
+            self._sent_from = None
+
     def _slid(self, now: float) -> None:
         """Windows that ended at the rate start again from ``now``: an
         answer's (or none, once nothing held waits on the client) and a
         body's. One that ended short of it is left ended (:meth:`_due`)."""
         window = self.limits.body_timeout
-        if self._sent_from is not None:
-            if not self.flow.write_paused and self.transport.get_write_buffer_size() == 0:
-                self._sent_from = None  # (nothing the server holds waits on the client)
-            elif now >= self._sent_from + window:
-                taken = self._taken()
-                if taken - self._sent_base >= MIN_RATE * (now - self._sent_from):
-                    self._sent_from, self._sent_base = now, taken
+        self._answers_taken()
+        if self._sent_from is not None and now >= self._sent_from + window:
+            taken = self._taken()
+            if taken - self._sent_base >= MIN_RATE * (now - self._sent_from):
+                self._sent_from, self._sent_base = now, taken
         if (
             self._body_from is not None
             and self.conn.their_state is h11.SEND_BODY
