@@ -616,6 +616,28 @@ def _kernel_holds(platform: LocalPlatform, sock: socket.socket) -> int:
     raise AssertionError("the server's end of the connection is not in /proc/net/tcp")
 
 
+def _until_read(platform: LocalPlatform, sock: socket.socket) -> None:
+    """Wait until the server has read every byte sent on ``sock``: none is
+    in ``sock``'s send queue, nor in the receive queue of the server's end
+    (``rx_queue`` in Linux's /proc/net/tcp). The server reads and handles a
+    read in one turn of its loop, and accepts a new connection in another:
+    one made after this returns finds what was sent handled."""
+    ends = (f":{_port(platform):04X}", f":{sock.getsockname()[1]:04X}")
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        unsent = struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.TIOCOUTQ, b"\0" * 4))[0]
+        unread = None
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[1].endswith(ends[0]) and fields[2].endswith(ends[1]):
+                unread = int(fields[4].split(":")[1], 16)
+        assert unread is not None, "the server's end of the connection is not in /proc/net/tcp"
+        if not unsent and not unread:
+            return
+        assert time.monotonic() < deadline, f"the server left {unsent + unread} bytes unread"
+        time.sleep(0.001)  # (polled: what ends the wait is the queues, not the time)
+
+
 def _whole_answer(platform: LocalPlatform, request: bytes) -> int:
     """The bytes of the answer to ``request`` (one closing its connection)."""
     with _connect(platform) as sock:

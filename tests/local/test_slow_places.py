@@ -25,6 +25,7 @@ from test_slow_clients import (
     _read_at,
     _small_window,
     _until_closed,
+    _until_read,
 )
 
 from primeruns.local import LocalPlatform
@@ -241,7 +242,7 @@ def test_a_body_slow_once_then_a_wait_leaves_the_next_body_unjudged_at_its_start
             head.replace(b"Content-Length: %d" % len(body), b"Content-Length: %d" % len(big))
             + big[: 2**16]
         )
-        time.sleep(0.2)
+        _until_read(platform, sock)  # (its head handled: it waits on no head now)
         with _connect(platform) as other:
             assert _own_answer(_until_closed(other), 503) == _BUSY
         sock.sendall(
