@@ -57,7 +57,10 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   over the time the server waited on the connection's bodies since it
   last waited a second for a head (takeable as idle meanwhile): each
   body's own clock let requests pipelined a byte at a time, each under a
-  second, hold a place at a few hundred bytes a second. Else the new one is
+  second, hold a place at a few hundred bytes a second. A body's bytes are
+  counted from the read that brought its head: its first piece, sent with
+  the head, left out, small bodies sent in pieces were judged on two thirds
+  of each and let go. Else the new one is
   answered so and closed at once, before any of its request: waiting for
   its head held its descriptor up to the head's deadline, and a thousand
   silent ones within it used all the process had (``descriptors``). A
@@ -208,6 +211,8 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._sent_base = 0  # (what the client had taken of answers then)
         self._last_read = self.loop.time()
         self._received = 0  # (bytes, all told)
+        self._read_from = 0  # (what was received before the last read)
+        self._counted = 0  # (what was received when the last body's count ended)
         self._body_from: float | None = None  # when the body's window started
         self._body_base = 0  # (what was received then)
         # Where the body's, and the answer's, progress is counted from (the
@@ -359,6 +364,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
 
     def data_received(self, data: bytes) -> None:
         self._last_read = self.loop.time()
+        self._read_from = self._received
         self._received += len(data)
         super().data_received(data)
         self._count_body()
@@ -532,14 +538,24 @@ class BoundedH11Protocol(OneWriteH11Protocol):
             )
             if held_up and not self._held_up and self._body_from is not None:
                 self._judge_until(now)  # (the server's pause is not the client's time)
+            starts = self._body_from is None
             if self._body_from is None or held_up:
                 # The body starts, or the server is not reading it: neither
                 # a silence of the client's nor time its rate is counted on.
                 self._last_read = now
                 self._body_from, self._body_base = now, self._received
-            if self._body_from == now or self._held_up:
-                # (and its progress counted from the first read after it)
-                self._body_start, self._body_start_base = now, self._received
+            if starts or held_up or self._held_up:
+                # Its progress is counted from now: after a pause, from the
+                # first read after it; at its start, with the read that
+                # brought its head (bytes the client sent by now, not counted
+                # with a body before). Left out, a small body's first piece
+                # was: a client sending 2 KiB bodies in three pieces 12 ms
+                # apart, its head with the first, was judged on two thirds
+                # of each, under FAIR_RATE, and let go for a new connection.
+                base = self._received
+                if starts and not held_up:
+                    base = max(self._read_from, self._counted)
+                self._body_start, self._body_start_base = now, base
             self._held_up = held_up
             window_end = self._body_from + self.limits.body_timeout
             return min(self._last_read + self.limits.body_timeout, window_end)
@@ -550,6 +566,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         ``now``, and what it brought, among the connection's (``_progress``)."""
         self._judged_time += now - self._body_start
         self._judged_bytes += self._received - self._body_start_base
+        self._counted = self._received
 
     def _watch(self) -> None:
         """Arm the timer for :meth:`_due` if none is set by then. One set

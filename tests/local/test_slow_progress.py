@@ -1,14 +1,20 @@
 """How the bound judges a connection's progress, on one protocol in process.
 
-A moment a loopback test cannot pick: the server resumed reading a body it
-held up, and the client's next bytes have not come in yet.
+Moments a loopback test cannot pick: the server resumed reading a body it
+held up, and the client's next bytes have not come in yet; the moment before
+each piece of a body comes in, on a clock that moves only when told.
 """
 
 from __future__ import annotations
 
+import asyncio
 from types import SimpleNamespace
 
 import h11
+import uvicorn
+from starlette.types import Receive, Scope, Send
+from test_one_write import Socket
+from uvicorn.server import ServerState
 
 from primeruns.local.slow_clients import FAIR_RATE, JUDGED_AFTER, BoundedH11Protocol
 
@@ -73,3 +79,77 @@ def test_a_second_answer_on_a_kept_alive_connection_is_judged_from_its_own_start
     written(2**20 + 8 * 2**20, 4 * 2**20)  # 4 MiB of it taken since, at 2 MiB/s
     rate = protocol._progress(clock[0])
     assert rate is not None and rate > FAIR_RATE
+
+
+class _Clock(asyncio.SelectorEventLoop):
+    """A loop whose time moves only when a test moves it."""
+
+    now = 100.0
+
+    def time(self) -> float:
+        return self.now
+
+
+class _Socket(Socket):
+    """:mod:`test_one_write`'s transport, which takes every write at once."""
+
+    def abort(self) -> None:
+        self.close()
+
+    def get_write_buffer_size(self) -> int:
+        return 0
+
+
+async def _answer(scope: Scope, receive: Receive, send: Send) -> None:
+    while (await receive()).get("more_body"):
+        pass
+    await send(
+        {"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"2")]}
+    )
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+def test_small_bodies_sent_in_pieces_are_not_judged_slow() -> None:
+    """A kept-alive client sends request after request, each a 2 KiB body in
+    three pieces 12 ms apart as the server reads them (a client's 10 ms
+    timer, a loaded host), its head with the first: 2.2 KB in 24 ms, over
+    FAIR_RATE. The piece that came with the head was left out of the count,
+    and the client, judged at 57 KB/s, gave its place to a new connection.
+    Judged at every moment before a piece comes in, it is over FAIR_RATE."""
+    loop = _Clock()
+    body = b'{"name": "' + b"x" * 2000 + b'", "environments": [{"id": "env"}]}'
+    head = (
+        b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body)
+    )
+    third = len(body) // 3 + 1
+    pieces = [head + body[:third], body[third : 2 * third], body[2 * third :]]
+    rates: list[float | None] = []
+
+    async def requests() -> None:
+        config = uvicorn.Config(_answer, http=BoundedH11Protocol, lifespan="off", access_log=False)
+        config.load()
+        protocol = BoundedH11Protocol(
+            config=config, server_state=ServerState(), app_state={}, _loop=loop
+        )
+        sock = _Socket()
+        protocol.connection_made(sock)  # type: ignore[arg-type]
+        for _ in range(80):  # (two seconds of bodies: judged from the first)
+            for at, piece in enumerate(pieces):
+                if at:
+                    loop.now += 0.012
+                    rates.append(protocol._progress(loop.now))  # (the moment before it)
+                protocol.data_received(piece)
+            for _ in range(20):  # (the app's turns: it answers)
+                await asyncio.sleep(0)
+            assert b"".join(sock.writes).count(b"HTTP/1.1 200 ") == len(rates) // 2
+            loop.now += 0.001  # (the client reads the answer, sends the next)
+        protocol.connection_lost(None)
+
+    try:
+        loop.run_until_complete(requests())
+    finally:
+        loop.close()
+    judged = [rate for rate in rates if rate is not None]
+    assert len(judged) > 60, "the bodies were not judged"  # (from the second's worth on)
+    assert min(judged) >= FAIR_RATE, min(judged)
