@@ -575,7 +575,8 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         connection's requests then arm a timer a deadline, not one each.
         A closing connection is let be, unless what it holds does not go
         out (a close waits for it)."""
-        self._answers_taken()
+        if self._sent_from is not None:  # (a call less for each request that waits on none)
+            self._answers_taken()
         if self.transport.is_closing() and not self.flow.write_paused:
             if self.transport.get_write_buffer_size() == 0:
                 self._disarm()
