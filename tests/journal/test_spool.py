@@ -1129,13 +1129,8 @@ def test_a_burst_through_a_switch_syncs_the_full_segment_twice_in_all(
         real(fd)
 
     monkeypatch.setattr(os, "fdatasync", fdatasync)
-    monkeypatch.setattr(spool, "SEGMENT_MAX", 8_000)
-    monkeypatch.setattr(spool, "_AHEAD_STEP", 1 << 30)  # no syncs ahead but at full
-    with Journal.create(tmp_path, local_id="run") as j:
+    with _syncing_at_full_only(tmp_path, monkeypatch) as (j, writer):
         try:
-            j.hand_over_moving()  # nothing absorbs or deletes segments here
-            assert j._appender is not None
-            writer = j._appender._spool
             n = 0
             while writer._size < 8_000:
                 n += 1
