@@ -601,6 +601,10 @@ def _skipped(status: RunStatus, root: Path, *, offline: bool) -> str | None:
     """Why ``--all`` passes over this journal: None, it ships it; "", there
     is nothing to ship; else the reason, with the command that ships it."""
     info = status.info
+    if info.not_opened is not None:
+        # A link, another user's folder: nothing of it was read, so nothing
+        # says it needs shipping (replay took it for a crashed run and failed).
+        return f"not opened: {info.not_opened}"
     original = not is_copy(info.path, info.meta, root)
     origin = Origin.read_beside(info.path)
     here = origin is None or origin.is_original(info.path.absolute())

@@ -90,3 +90,22 @@ def test_gc_keeps_a_linked_run_folder_and_what_it_points_to(
     assert code == 0
     assert f"keep    {link.name}: not opened: " in out
     assert link.is_symlink() and _files(target) == before
+
+
+def test_replay_all_passes_over_a_linked_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # replay --all took the link for a crashed online run: its dry run said
+    # it would register it and close it out as crashed, and the replay
+    # itself failed on it (exit 2) for every run beside it. Nothing in the
+    # runs directory is shipped through a link: it is passed over, with why.
+    runs, _, link = _linked_run(tmp_path, monkeypatch)
+    target = Path(os.readlink(link))
+    before = _files(target)
+    argv = ["replay", "--all", "--runs-dir", str(runs), "--base-url", "http://127.0.0.1:9"]
+    for extra in (["--dry-run"], []):
+        code, out, err = cli(capsys, *argv, *extra)
+        assert code == 0, err
+        assert link.name not in out
+        assert f"{link.name}: skipped: not opened: " in err
+        assert link.is_symlink() and _files(target) == before
