@@ -468,7 +468,10 @@ class SpoolWriter:
         try:
             os.ftruncate(self._fd, self._size)
         except OSError:
-            self.close()  # the next write opens a segment named by its own seq
+            # The next write opens a segment named by its own seq: this one
+            # synced first, as at any switch (an append whose own sync
+            # failed would be behind the successor's on disk: a hole).
+            self.start_segment()
 
     def pending_bytes(self, absorbed_upto: int) -> int:
         """Bytes this process wrote for seqs past ``absorbed_upto``."""

@@ -9,6 +9,7 @@ tail, never a hole).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -27,6 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sdk_helpers import wait_for
 
+from primeruns.exceptions import JournalError
 from primeruns.journal import EntryKind, Journal, spool
 from primeruns.journal.spool import list_segments
 
@@ -82,6 +84,12 @@ class _DiskOrder:
                         f"{size - self.synced.get(other, 0)} bytes not on disk"
                     )
 
+    def install(self, mp: pytest.MonkeyPatch) -> None:
+        """Stand in for the disk: ``os``'s sync and writes, undone with ``mp``."""
+        mp.setattr(os, "fdatasync", self.fdatasync)
+        mp.setattr(os, "writev", self.writev)
+        mp.setattr(os, "write", self.write)
+
     def writev(self, fd: int, buffers: list[bytes]) -> int:
         self._check(fd)
         return self._writev(fd, buffers)
@@ -105,9 +113,7 @@ def test_threads_logging_across_switches_lose_reorder_and_repeat_nothing(
     monkeypatch.setattr(spool, "_AHEAD_STEP", 2_000)
     with Journal.create(tmp_path, local_id="run") as j:
         disk = _DiskOrder(j.path, random.Random(seed + 1000))
-        monkeypatch.setattr(os, "fdatasync", disk.fdatasync)
-        monkeypatch.setattr(os, "writev", disk.writev)
-        monkeypatch.setattr(os, "write", disk.write)
+        disk.install(monkeypatch)
         returned: list[tuple[int, list[bytes]]] = []
         lock = threading.Lock()
         stop_moving = threading.Event()
@@ -299,9 +305,7 @@ def test_a_full_disk_anywhere_across_a_switch_loses_reorders_or_repeats_nothing(
         with Journal.create(tmp_path, local_id="run") as j:
             j.hold_when_full()
             disk = _FillingDisk(j.path, random.Random(seed))
-            mp.setattr(os, "fdatasync", disk.fdatasync)
-            mp.setattr(os, "writev", disk.writev)
-            mp.setattr(os, "write", disk.write)
+            disk.install(mp)
             given_ids: list[str] = []
             for op, size, count in steps:
                 if op == "full":
@@ -363,9 +367,7 @@ def test_an_fsync_append_whose_sync_failed_is_synced_before_its_successor(
     with Journal.create(tmp_path, local_id="run", durability="fsync") as j:
         j.hand_over_moving()  # nothing absorbs or deletes segments here
         disk = _FailingSyncs(j.path, random.Random(0))
-        monkeypatch.setattr(os, "fdatasync", disk.fdatasync)
-        monkeypatch.setattr(os, "writev", disk.writev)
-        monkeypatch.setattr(os, "write", disk.write)
+        disk.install(monkeypatch)
         payloads = [json.dumps({"n": n, "pad": "x" * 900}).encode() for n in range(40)]
         with caplog.at_level(logging.WARNING, logger="primeruns.journal"):
             for payload in payloads:
@@ -432,9 +434,7 @@ def test_a_sync_ahead_that_failed_is_not_taken_for_one_that_synced(
         writer = j._appender._spool
         syncer = writer._syncer
         disk = _FailingSyncAhead(j.path, random.Random(0), past=past)
-        monkeypatch.setattr(os, "fdatasync", disk.fdatasync)
-        monkeypatch.setattr(os, "writev", disk.writev)
-        monkeypatch.setattr(os, "write", disk.write)
+        disk.install(monkeypatch)
 
         def idle() -> bool:
             with syncer._cond:
@@ -465,3 +465,62 @@ def test_a_sync_ahead_that_failed_is_not_taken_for_one_that_synced(
         assert sum("sync failed" in r.getMessage() for r in caplog.records) >= len(disk.failed)
         got = j.read(0, max_entries=1000)
         assert [e.payload for e in got.entries] == given
+
+
+class _TornAfterFailedSync(_DiskOrder):
+    """``_DiskOrder`` whose disk fails the appender's sync of one append
+    (EIO), then fills during the next: half of it written, the rest refused
+    (ENOSPC), and the truncate that takes the half back fails too (EIO)."""
+
+    def __init__(self, path: Path, rng: random.Random) -> None:
+        super().__init__(path, rng)
+        self.step = ""  # "" | "sync" | "torn": what the next append meets
+
+    def fdatasync(self, fd: int) -> None:
+        if self.step == "sync" and threading.current_thread().name == "MainThread":
+            self.step = ""
+            raise OSError(errno.EIO, "Input/output error")
+        super().fdatasync(fd)
+
+    def writev(self, fd: int, buffers: list[bytes]) -> int:
+        if self.step != "torn":
+            return super().writev(fd, buffers)
+        data = b"".join(buffers)
+        return self._write(fd, data[: len(data) // 2])
+
+    def write(self, fd: int, data: bytes) -> int:
+        if self.step == "torn":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return super().write(fd, data)
+
+    def ftruncate(self, fd: int, length: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+
+def test_an_append_torn_where_its_undo_fails_syncs_its_segment_before_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An append torn by a full disk is taken back by a truncate; where
+    that fails, the next append goes to a segment of its own. The segment
+    left was not synced first, as every other switch syncs it: under
+    ``durability="fsync"`` an earlier append whose own sync had failed was
+    still in the page cache alone while the next segment's appends, each
+    synced, reached the disk (a power cut: a hole, not a lost tail)."""
+    with Journal.create(tmp_path, local_id="run", durability="fsync") as j:
+        j.hand_over_moving()  # nothing absorbs or deletes segments here
+        disk = _TornAfterFailedSync(j.path, random.Random(0))
+        disk.install(monkeypatch)
+        payloads = [json.dumps({"n": n, "pad": "x" * 900}).encode() for n in range(4)]
+        j.append(EntryKind.EPISODE, [payloads[0]])
+        disk.step = "sync"
+        j.append(EntryKind.EPISODE, [payloads[1]])
+        disk.step = "torn"
+        with monkeypatch.context() as torn:
+            torn.setattr(os, "ftruncate", disk.ftruncate)
+            with contextlib.suppress(JournalError):
+                j.append(EntryKind.EPISODE, [payloads[2]])
+        disk.step = ""
+        j.append(EntryKind.EPISODE, [payloads[3]])
+        monkeypatch.undo()
+        assert len(list_segments(j.path)) == 2  # the torn append's segment left
+        assert disk.holes == []
