@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from primeruns.journal import spool
+from primeruns.journal import EntryKind, Journal, spool
+from primeruns.journal.dicts import K_DICTS
 from primeruns.local.context import read_capped_from
 from primeruns.platform import client
 from primeruns.ranks import launcher_rank
@@ -63,3 +64,15 @@ def test_an_answer_whose_length_is_odd_is_read_by_its_bytes(declared: str) -> No
             client._read_within(response)
     else:
         assert client._read_within(response).content == b"{}"
+
+
+@pytest.mark.parametrize("odd", ODD_DIGITS, ids=_name)
+def test_a_journal_naming_a_kind_in_other_digits_opens_and_reads(tmp_path: Path, odd: str) -> None:
+    # journal.dicts names each kind's dictionary by the kind's number: one of
+    # thousands of digits failed every open of the journal (show, export,
+    # sync) with int's ValueError.
+    with Journal.create(tmp_path, local_id="run") as j:
+        j.append(EntryKind.EPISODE, [b"{}"])
+        j.set_meta(K_DICTS, {odd: 1})
+    with Journal.open(tmp_path / "run", owner=False) as j:
+        assert [e.payload for e in j.read(0, max_entries=5).entries] == [b"{}"]

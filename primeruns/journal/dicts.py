@@ -243,9 +243,15 @@ def _in_use(stored: dict[Any, Any]) -> dict[int, int]:
     """``journal.dicts`` as read back: untrusted (a hostile journal), so a
     pair that is not a kind's number and a dictionary id is left out, rather
     than failing every open of the journal with a ValueError (``show``,
-    ``export``)."""
+    ``export``): a kind's number is a few ASCII digits (``int`` reads
+    Arabic-Indic ones as a number nobody wrote, and refuses thousands)."""
     return {
         int(k): v
         for k, v in stored.items()
-        if isinstance(k, str) and k.isdecimal() and isinstance(v, int) and not isinstance(v, bool)
+        if isinstance(k, str)
+        and k.isascii()
+        and k.isdigit()
+        and len(k) <= 9
+        and isinstance(v, int)
+        and not isinstance(v, bool)
     }
