@@ -177,6 +177,9 @@ class SpoolWriter:
         # Bytes of it this writer's own syncs found on disk (``durability="fsync"``:
         # each append's), so a switch syncs only what one of them failed to.
         self._on_disk = 0
+        # An append's own sync failed and none has succeeded since: warned
+        # once (a disk failing every sync warned at every log call).
+        self._sync_failing = False
         self.dirty = False  # written since the last sync
         self._written_event = written  # wakes the background sync
         # The last seq of each append and the bytes this process had written
@@ -344,14 +347,17 @@ class SpoolWriter:
                 os.fdatasync(fd)
                 self.dirty = False
                 self._on_disk = size
+                self._sync_failing = False
             except OSError as exc:
                 # In the page cache, so it survives the process; the background
                 # sync tries again, and the switch to a successor syncs it
                 # first (``_sync_full_segment``). Raising would have the call
                 # count records as dropped that every reader sees.
-                log.warning(
-                    "journal %s: sync failed (%s); retrying in the background", self._path, exc
-                )
+                if not self._sync_failing:
+                    log.warning(
+                        "journal %s: sync failed (%s); retrying in the background", self._path, exc
+                    )
+                self._sync_failing = True
 
     def settle(self) -> int:
         """The last seq written whole, once an append cut between its

@@ -1671,3 +1671,30 @@ def test_an_append_interrupted_at_any_line_costs_no_later_entry(
         payloads = [e.payload for e in j.read(0, kinds={EntryKind.EPISODE}).entries]
         assert payloads[-1] == b"b1" and payloads.count(b"b1") == 1
         assert payloads[:-1] in ([], [b"a1", b"a2"])  # the interrupted call: all or nothing
+
+
+def test_a_disk_failing_every_fsync_append_sync_is_warned_of_once_a_spell(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``durability="fsync"`` on a disk that fails every sync (EIO: a
+    network file system gone bad): each log call warned, a line per record
+    (1,000 lines for 1,000 calls). Now once, until a sync succeeds again;
+    a later failure is warned of again."""
+    real = os.fdatasync
+    failing = [True]
+
+    def fdatasync(fd: int) -> None:
+        if failing[0]:
+            raise OSError(errno.EIO, "Input/output error")
+        real(fd)
+
+    with Journal.create(tmp_path, local_id="run", durability="fsync") as j:
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+        with caplog.at_level(logging.WARNING, logger="primeruns.journal"):
+            for spell in (True, False, True):
+                failing[0] = spell
+                for n in range(50):
+                    assert j.append(EntryKind.EPISODE, [b'{"n":%d}' % n]).count == 1
+        monkeypatch.undo()
+    said = [r for r in caplog.records if "sync failed" in r.getMessage()]
+    assert len(said) == 2
