@@ -749,44 +749,66 @@ def delete_journal(path: Path) -> None:
     if not (path / DATA_NAME).is_file() or not (path / LOCK_NAME).exists():
         raise JournalError(f"{path} is not a prime-runs journal; not deleting it")
     check_dir(path, "journal directory")
-    files, salvage_dirs = _journal_files(path)  # before anything is removed: all or nothing
-    lock = OwnerLock(path, record=False)  # raises JournalLockedError naming the owner
+    # Everything is removed within the folder just checked, held open: by
+    # its path, a link put in its place meanwhile had what it named removed.
+    folder = _open_folder(path)
     try:
-        for directory, inside in salvage_dirs:
-            for name in inside:
+        files, salvage_dirs = _journal_files(path, folder)  # all or nothing: first
+        lock = OwnerLock(path, record=False)  # raises JournalLockedError naming the owner
+        try:
+            for name, inside in salvage_dirs:
+                salvage = _open_folder(name, folder)
+                try:
+                    for item in inside:
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(item, dir_fd=salvage)
+                finally:
+                    os.close(salvage)
+                os.rmdir(name, dir_fd=folder)
+            for name in sorted(files, key=lambda n: n == LOCK_NAME):  # the lock file last
                 with contextlib.suppress(FileNotFoundError):
-                    os.unlink(directory / name)
-            os.rmdir(directory)
-        for name in sorted(files, key=lambda n: n == LOCK_NAME):  # the lock file last
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(path / name)
-        os.rmdir(path)
+                    os.unlink(name, dir_fd=folder)
+            os.rmdir(path)  # (a link there now is no folder: ENOTDIR)
+        finally:
+            lock.release()
     finally:
-        lock.release()
+        os.close(folder)
     Shelf(path.parent).forget(path.name)
 
 
-def _journal_files(path: Path) -> tuple[list[str], list[tuple[Path, list[str]]]]:
-    """What deleting the journal at ``path`` removes: its files (a link is
-    removed, never followed), and the folders an interrupted salvage left,
-    with their files. JournalError for anything else (a folder a journal
-    never has, nested folders): nothing is deleted then, and nothing recurses."""
+def _open_folder(path: Path | str, within: int | None = None) -> int:
+    """A descriptor of the folder at ``path`` (in the folder ``within``),
+    never through a link (OSError for one, or anything else)."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    return os.open(path, flags, dir_fd=within)
+
+
+def _journal_files(path: Path, folder: int) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """What deleting the journal at ``path`` (open as ``folder``) removes:
+    its files (a link is removed, never followed), and the folders an
+    interrupted salvage left, by name, with their files. JournalError for
+    anything else (a folder a journal never has, nested folders): nothing
+    is deleted then, and nothing recurses."""
     files: list[str] = []
-    salvage: list[tuple[Path, list[str]]] = []
-    with os.scandir(path) as entries:
+    salvage: list[tuple[str, list[str]]] = []
+    with os.scandir(folder) as entries:
         for entry in entries:
             if entry.is_symlink() or entry.is_file(follow_symlinks=False):
                 files.append(entry.name)
             elif entry.is_dir(follow_symlinks=False) and entry.name.startswith(_SALVAGE_PREFIX):
-                with os.scandir(entry.path) as inner:
-                    names = []
-                    for item in inner:
-                        if not (item.is_symlink() or item.is_file(follow_symlinks=False)):
-                            raise JournalError(
-                                f"{entry.path} holds {item.name!r}: not deleting {path}"
-                            )
-                        names.append(item.name)
-                salvage.append((Path(entry.path), names))
+                inside = _open_folder(entry.name, folder)
+                try:
+                    with os.scandir(inside) as inner:
+                        names = []
+                        for item in inner:
+                            if not (item.is_symlink() or item.is_file(follow_symlinks=False)):
+                                raise JournalError(
+                                    f"{path / entry.name} holds {item.name!r}: not deleting {path}"
+                                )
+                            names.append(item.name)
+                finally:
+                    os.close(inside)
+                salvage.append((entry.name, names))
             else:
                 raise JournalError(
                     f"{path} holds {entry.name!r}, which is no part of a journal: not deleting it"

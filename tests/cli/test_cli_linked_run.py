@@ -21,6 +21,9 @@ import pytest
 from cli_helpers import cli, named_offline_eval
 from sdk_helpers import point_at
 
+from primeruns.exceptions import JournalError
+from primeruns.journal import listing
+
 
 def _files(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
@@ -109,3 +112,27 @@ def test_replay_all_passes_over_a_linked_run_folder(
         assert link.name not in out
         assert f"{link.name}: skipped: not opened: " in err
         assert link.is_symlink() and _files(target) == before
+
+
+def test_gc_never_deletes_through_a_link_put_in_place_of_a_run_it_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # gc's delete checked the run's folder was no link, then removed its
+    # files by name through the runs directory: a folder replaced by a link
+    # in between (a sync tool, a user's move) had the files of whatever the
+    # link named removed in its place. It works in the folder it checked.
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = named_offline_eval(runs, "run")
+    other = named_offline_eval(tmp_path / "elsewhere", "other")
+    before = _files(other)
+    checked = listing.check_dir
+
+    def then_swapped(path: Path, what: str) -> None:
+        checked(path, what)
+        shutil.move(path, tmp_path / "moved-aside")
+        os.symlink(other, path)
+
+    monkeypatch.setattr(listing, "check_dir", then_swapped)
+    with pytest.raises((JournalError, OSError)):
+        listing.delete_journal(run)
+    assert _files(other) == before
