@@ -136,3 +136,36 @@ def test_gc_never_deletes_through_a_link_put_in_place_of_a_run_it_checked(
     with pytest.raises((JournalError, OSError)):
         listing.delete_journal(run)
     assert _files(other) == before
+
+
+def test_the_offline_dashboard_opens_nothing_through_a_linked_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The dashboard of the runs directory (``serve --runs-dir``) lists the
+    # link as not opened, as ``ls`` does; its pages said so too, but each
+    # request tried to open the journal through the link first and logged
+    # the refusal with a traceback.
+    import asyncio
+
+    import httpx
+
+    from primeruns.local.dashboard import offline_app
+
+    runs, kept, link = _linked_run(tmp_path, monkeypatch)
+    app = offline_app(runs)
+
+    async def fetch(path: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            return await c.get(path, timeout=60)
+
+    with caplog.at_level("DEBUG"):
+        index = asyncio.run(fetch("/"))
+        page = asyncio.run(fetch(f"/dashboard/evaluations/{link.name}"))
+        samples = asyncio.run(fetch(f"/dashboard/evaluations/{link.name}/samples/0"))
+        kept_page = asyncio.run(fetch(f"/dashboard/evaluations/{kept.name}"))
+    assert index.status_code == 200 and link.name in index.text
+    assert page.status_code == 200 and "not opened" in page.text, page.status_code
+    assert samples.status_code == 404, samples.status_code
+    assert kept_page.status_code == 200
+    assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]

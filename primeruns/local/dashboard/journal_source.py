@@ -247,6 +247,8 @@ class JournalSource:
 
     def _index(self, status: RunStatus) -> JournalIndex | None:
         """The journal's index, brought up to date (cached; the cache is bounded)."""
+        if status.outcome == NOT_OPENED:  # a link, another user's: its row says why
+            return None
         info = status.info
         key = str(info.path)
         training = status.spec is not None and status.spec.kind == "train"
