@@ -51,6 +51,10 @@ __all__ = ["CHUNK", "RolloutBatch", "RolloutNumbers"]
 CHUNK = 16
 _WHOLE = "rollouts"  # an earlier version's whole numbering
 _PART = "rollouts."  # a chunk's part: "rollouts.<index>"
+# Past any index a run makes (a part per 16 examples): a damaged or hostile
+# part named further on is left out, or the chunks opened after it would be
+# named past the journal's longest key and no batch could be saved again.
+_MAX_INDEX = 10**15
 
 
 class RolloutNumbers:
@@ -87,7 +91,10 @@ class RolloutNumbers:
             if name == _WHOLE:
                 bad += self._set_base(value)
             elif name.startswith(_PART) and (index := _digits(name[len(_PART) :])) is not None:
-                chunks[index] = value
+                if index < _MAX_INDEX:
+                    chunks[index] = value
+                else:
+                    bad += 1
         # Every part named is dropped before any is read: an example moved
         # out of one of them is then found in whichever holds it the highest
         # (given every part saved: numbered from them alone, as at start-up).

@@ -596,3 +596,18 @@ def test_a_digit_that_is_not_a_number_costs_only_its_item(evaluation: Evaluation
     evaluation.journal.set_meta(prefix, {"rollouts": {"4": "\u00b2", "5": "9" * 5000, "6": 2}})
     evaluation.restart()
     assert evaluation.ship([0, 1, 2, 3, 4, 5, 6]) == [3, 2, 2, 1, 1, 1, 3]
+
+
+def test_a_part_named_past_any_index_a_run_makes_costs_only_its_examples(
+    evaluation: Evaluation,
+) -> None:
+    """A damaged part's name with as many digits as a journal key holds:
+    the chunk opened after it was named past the journal's longest key, so
+    every batch's save raised and the sample table shipped nothing again.
+    Left out, it costs only its own examples' numbering."""
+    prefix = f"carry.{_NAME}.rollouts."
+    hostile = {f"{prefix}{'9' * (511 - len(prefix))}": [["a", 3], ["b", 3]]}
+    evaluation.journal.update_meta(hostile)
+    evaluation.restart()
+    assert evaluation.ship(["c", "c"]) == [1, 2]
+    assert evaluation.ship(["c"]) == [3]
