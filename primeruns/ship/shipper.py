@@ -120,7 +120,14 @@ class Shipper:
         self._carry_parts = carries_parts(sink)
         carry = None if cursor.inflight is None else batchstate.carry_of(cursor.inflight.state)
         if self._carry_parts:
-            carry = self._saved_parts(carry)
+            recorded, carry = carry, self._saved_parts()
+            if recorded is not None:
+                # Over them the parts the batch in flight recorded (the same,
+                # or older: a batch saved but never recorded stored no row,
+                # so going back on its numbers reuses none), saved again
+                # where they are not what is saved (``_keep_recorded``).
+                self._keep_recorded({p: v for p, v in recorded.items() if carry.get(p) != v})
+                carry.update(recorded)
         elif carry is None:
             carry = journal.get_meta(f"carry.{self.name}")
         restore = getattr(sink, "restore", None)
@@ -658,12 +665,9 @@ class Shipper:
     # chunks) gives only the parts a batch changed, each saved under
     # ``carry.<sink>.<part>``, so recording a batch costs what the batch
     # changed, not what the run numbered so far.
-    def _saved_parts(self, recorded: Mapping[str, Any] | None) -> dict[str, Any]:
-        """A part-carrying sink's carry at start-up: the whole carry an
-        earlier version saved (if any), every part saved since, and over
-        them the parts the batch in flight recorded (the same or older: a
-        batch saved but never recorded stored no row, so going back on its
-        numbers reuses none)."""
+    def _saved_parts(self) -> dict[str, Any]:
+        """A part-carrying sink's saved carry: the whole carry an earlier
+        version saved (if any) and every part saved since."""
         carry: dict[str, Any] = {}
         whole = self._saved_carry(f"carry.{self.name}")
         if isinstance(whole, dict):
@@ -672,9 +676,22 @@ class Shipper:
         for key, value in self.journal.all_meta().items():
             if key.startswith(prefix):
                 carry[key[len(prefix) :]] = value
-        if recorded is not None:
-            carry.update(recorded)
         return carry
+
+    def _keep_recorded(self, recorded: Mapping[str, Any]) -> None:
+        """Save again the parts the batch in flight recorded, which this
+        process goes on from. They are saved already, unless the process
+        before was killed giving the batch back (refused whole: its parts
+        saved as before it, the batch not yet dropped); the batch is then
+        sent again, and if it is stored, a part it changed and no later
+        batch does would keep its lower counts for the next process, which
+        would number those rollouts again."""
+        if not recorded:
+            return
+        try:
+            self._save_carry(recorded)
+        except JournalError as exc:  # a full disk: as before, the memory alone has them
+            log.warning("%s: the carried numbering was not saved again (%s)", self.name, exc)
 
     def _carry_before(self, carry: Mapping[str, Any] | None) -> Any:
         """What the sink carried before a batch carrying ``carry``: for a
@@ -1006,7 +1023,7 @@ class Shipper:
                 # batch left as it was). Rare: a batch refused whole.
                 # The parts it gives back as None (none before it) are named
                 # too: removed from the journal, they must be from the sink.
-                restore({**self._saved_parts(None), **before} if self._carry_parts else before)
+                restore({**self._saved_parts(), **before} if self._carry_parts else before)
         self.journal.ack(self.name, self.journal.acked(self.name))
 
     def _lost_with(self, inflight: InFlight) -> int:

@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 import primeruns.sinks.rollout_numbers as rollout_numbers
 from primeruns.journal import Entry, EntryKind, InFlight, Journal
 from primeruns.projection import SampleRows, sample_rows
+from primeruns.ship import batchstate
 from primeruns.ship.policy import RetryPolicy
 from primeruns.ship.shipper import Shipper
 from primeruns.sinks.base import Binding
@@ -611,3 +612,25 @@ def test_a_part_named_past_any_index_a_run_makes_costs_only_its_examples(
     evaluation.restart()
     assert evaluation.ship(["c", "c"]) == [1, 2]
     assert evaluation.ship(["c"]) == [3]
+
+
+def test_a_batch_killed_while_its_numbers_were_given_back_and_then_stored_numbers_on(
+    evaluation: Evaluation,
+) -> None:
+    """A batch refused whole gives its parts back (saved as before it), and
+    the process is killed before it drops the batch: the next process goes
+    on from the batch, still recorded, and a resend the platform takes
+    stores its numbers. The parts saved must hold them too, not only the
+    process's memory: a later process numbered from the given-back parts,
+    and gave an example's rollout a number stored already."""
+    assert evaluation.ship(["a", "b"]) == [1, 1]  # part 0: a, b
+    sent, found = evaluation.record(["a", "c"])  # changes part 0 (a) and opens part 1 (c)
+    assert found == [2, 1]
+    evaluation.shipper._save_carry(batchstate.carry_before(sent.state))  # given back, then killed
+    evaluation.restart()
+    resent = evaluation.journal.cursor(_NAME).inflight
+    assert resent is not None and resent.body == sent.body
+    evaluation.journal.ack(_NAME, resent.last_seq)  # stored this time
+    assert evaluation.ship(["c"]) == [2]  # changes part 1 alone
+    evaluation.restart()
+    assert evaluation.ship(["a", "b", "c"]) == [3, 2, 3]
