@@ -8,7 +8,9 @@ each piece of a body comes in, on a clock that moves only when told.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from types import SimpleNamespace
+from typing import Any
 
 import h11
 import uvicorn
@@ -109,6 +111,29 @@ async def _answer(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": b"{}"})
 
 
+def _connected(loop: _Clock) -> tuple[BoundedH11Protocol, _Socket]:
+    """A connection made to the bound's protocol, its app :func:`_answer`."""
+    config = uvicorn.Config(_answer, http=BoundedH11Protocol, lifespan="off", access_log=False)
+    config.load()
+    protocol = BoundedH11Protocol(
+        config=config, server_state=ServerState(), app_state={}, _loop=loop
+    )
+    sock = _Socket()
+    protocol.connection_made(sock)  # type: ignore[arg-type]
+    return protocol, sock
+
+
+def _judged(
+    loop: _Clock, requests: Coroutine[Any, Any, None], rates: list[float | None]
+) -> list[float]:
+    """The rates of ``rates`` the bound judged, once ``requests`` ran on ``loop``."""
+    try:
+        loop.run_until_complete(requests)
+    finally:
+        loop.close()
+    return [rate for rate in rates if rate is not None]
+
+
 def test_small_bodies_sent_in_pieces_are_not_judged_slow() -> None:
     """A kept-alive client sends request after request, each a 2 KiB body in
     three pieces 12 ms apart as the server reads them (a client's 10 ms
@@ -127,13 +152,7 @@ def test_small_bodies_sent_in_pieces_are_not_judged_slow() -> None:
     rates: list[float | None] = []
 
     async def requests() -> None:
-        config = uvicorn.Config(_answer, http=BoundedH11Protocol, lifespan="off", access_log=False)
-        config.load()
-        protocol = BoundedH11Protocol(
-            config=config, server_state=ServerState(), app_state={}, _loop=loop
-        )
-        sock = _Socket()
-        protocol.connection_made(sock)  # type: ignore[arg-type]
+        protocol, sock = _connected(loop)
         for _ in range(80):  # (two seconds of bodies: judged from the first)
             for at, piece in enumerate(pieces):
                 if at:
@@ -146,10 +165,39 @@ def test_small_bodies_sent_in_pieces_are_not_judged_slow() -> None:
             loop.now += 0.001  # (the client reads the answer, sends the next)
         protocol.connection_lost(None)
 
-    try:
-        loop.run_until_complete(requests())
-    finally:
-        loop.close()
-    judged = [rate for rate in rates if rate is not None]
+    judged = _judged(loop, requests(), rates)
     assert len(judged) > 60, "the bodies were not judged"  # (from the second's worth on)
     assert min(judged) >= FAIR_RATE, min(judged)
+
+
+def test_a_large_head_is_not_counted_as_its_body() -> None:
+    """A kept-alive client sends request after request, each head 40 KB of
+    headers with its body's first byte, the body's last byte half a second
+    later: two bytes of body in each half second. Counted from the read that
+    brought the head, head and all, each body was judged at 80 KB/s, over
+    FAIR_RATE, and the client kept its place past --max-connections while
+    its bodies came at 4 bytes a second. Only a body's own bytes count."""
+    loop = _Clock()
+    head = (
+        b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: "
+        + b"p" * 40_000
+        + b"\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n"
+    )
+    rates: list[float | None] = []
+
+    async def requests() -> None:
+        protocol, sock = _connected(loop)
+        for _ in range(6):  # (three seconds of bodies: judged from the second on)
+            protocol.data_received(head + b"{")
+            loop.now += 0.5
+            rates.append(protocol._progress(loop.now))  # (the moment before its last byte)
+            protocol.data_received(b"}")
+            for _ in range(20):  # (the app's turns: it answers)
+                await asyncio.sleep(0)
+            assert b"".join(sock.writes).count(b"HTTP/1.1 200 ") == len(rates)
+            loop.now += 0.001  # (the client reads the answer, sends the next)
+        protocol.connection_lost(None)
+
+    judged = _judged(loop, requests(), rates)
+    assert len(judged) >= 4, "the bodies were not judged"
+    assert max(judged) < FAIR_RATE, max(judged)
