@@ -60,8 +60,9 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   second, hold a place at a few hundred bytes a second. A body's bytes are
   counted from the read that brought its head: its first piece, sent with
   the head, left out, small bodies sent in pieces were judged on two thirds
-  of each and let go. Its head's are not: 40 KB heads, each with two bytes
-  of body over half a second, held a place. Else the new one is
+  of each and let go. Its head's are not, nor a head sent with the last
+  byte of the body before: 40 KB heads, each with two bytes of body over
+  half a second, held a place. Else the new one is
   answered so and closed at once, before any of its request: waiting for
   its head held its descriptor up to the head's deadline, and a thousand
   silent ones within it used all the process had (``descriptors``). A
@@ -566,9 +567,13 @@ class BoundedH11Protocol(OneWriteH11Protocol):
     def _judge_until(self, now: float) -> None:
         """Count the body's time the server waited on its client, up to
         ``now``, and what it brought, among the connection's (``_progress``)."""
+        # Up to the body's end: what h11 holds past it is the next request's
+        # (pipelined, sent with the body's last byte), and a 40 KB head sent
+        # so with each body of two bytes held a place at 80 KB/s.
+        received = self._received - len(self.conn.trailing_data[0])
         self._judged_time += now - self._body_start
-        self._judged_bytes += self._received - self._body_start_base
-        self._counted = self._received
+        self._judged_bytes += received - self._body_start_base
+        self._counted = received
 
     def _watch(self) -> None:
         """Arm the timer for :meth:`_due` if none is set by then. One set

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import h11
+import pytest
 import uvicorn
 from starlette.types import Receive, Scope, Send
 from test_one_write import Socket
@@ -170,13 +171,16 @@ def test_small_bodies_sent_in_pieces_are_not_judged_slow() -> None:
     assert min(judged) >= FAIR_RATE, min(judged)
 
 
-def test_a_large_head_is_not_counted_as_its_body() -> None:
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_large_head_is_not_counted_as_its_body(pipelined: bool) -> None:
     """A kept-alive client sends request after request, each head 40 KB of
     headers with its body's first byte, the body's last byte half a second
     later: two bytes of body in each half second. Counted from the read that
     brought the head, head and all, each body was judged at 80 KB/s, over
     FAIR_RATE, and the client kept its place past --max-connections while
-    its bodies came at 4 bytes a second. Only a body's own bytes count."""
+    its bodies came at 4 bytes a second. Only a body's own bytes count: nor
+    was a head sent with the last byte of the body before (pipelined), which
+    that body's count took up to the end of the read."""
     loop = _Clock()
     head = (
         b"POST /api/v1/evaluations/ HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: "
@@ -187,11 +191,12 @@ def test_a_large_head_is_not_counted_as_its_body() -> None:
 
     async def requests() -> None:
         protocol, sock = _connected(loop)
-        for _ in range(6):  # (three seconds of bodies: judged from the second on)
-            protocol.data_received(head + b"{")
+        for at in range(6):  # (three seconds of bodies: judged from the second on)
+            if not pipelined or not at:
+                protocol.data_received(head + b"{")
             loop.now += 0.5
             rates.append(protocol._progress(loop.now))  # (the moment before its last byte)
-            protocol.data_received(b"}")
+            protocol.data_received(b"}" + (head + b"{" if pipelined and at < 5 else b""))
             for _ in range(20):  # (the app's turns: it answers)
                 await asyncio.sleep(0)
             assert b"".join(sock.writes).count(b"HTTP/1.1 200 ") == len(rates)
