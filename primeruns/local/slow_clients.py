@@ -57,7 +57,10 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   over the time the server waited on the connection's bodies since it
   last waited a second for a head (takeable as idle meanwhile): each
   body's own clock let requests pipelined a byte at a time, each under a
-  second, hold a place at a few hundred bytes a second. A body's bytes are
+  second, hold a place at a few hundred bytes a second. A body's count
+  ends as the body does, the server's writes paused or not: looked at only
+  with writes going, a body that ended while they were paused was counted
+  on into the next, pauses and all. A body's bytes are
   counted from the read that brought its head: its first piece, sent with
   the head, left out, small bodies sent in pieces were judged on two thirds
   of each and let go. Its head's are not, nor a head sent with the last
@@ -505,6 +508,11 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         (None: it waits on nobody's bytes, the app has the request)."""
         answer = None if self._sent_from is None else self._sent_from + self.limits.body_timeout
         if self.flow.write_paused or self.transport.is_closing():
+            if self._body_from is not None and self.conn.their_state is not h11.SEND_BODY:
+                # A body that ended while writes wait ends its count here, not
+                # at the next look with writes going: the next body was counted
+                # as going on from its start, pauses and waits in its time.
+                self._body_ended()
             return answer  # (on the client to read what was written, or nothing)
         request = self._request_due()
         if answer is None or request is None:
@@ -514,10 +522,8 @@ class BoundedH11Protocol(OneWriteH11Protocol):
     def _request_due(self) -> float | None:
         """:meth:`_due` for what the client sends: a head, or a body."""
         state = self.conn.their_state
-        if state is not h11.SEND_BODY:
-            if self._body_from is not None and not self._held_up:
-                self._judge_until(self.loop.time())  # (the body ended)
-            self._body_from = None  # (the next body's window starts at its head)
+        if state is not h11.SEND_BODY and self._body_from is not None:
+            self._body_ended()
         if state is h11.IDLE:
             if self._head_by is None:
                 self._head_by = self.loop.time() + self.limits.head_timeout
@@ -563,6 +569,13 @@ class BoundedH11Protocol(OneWriteH11Protocol):
             window_end = self._body_from + self.limits.body_timeout
             return min(self._last_read + self.limits.body_timeout, window_end)
         return None
+
+    def _body_ended(self) -> None:
+        """Count the body that ended (unless the server held it up last) and
+        let the next body's window start at its head."""
+        if not self._held_up:
+            self._judge_until(self.loop.time())
+        self._body_from = None
 
     def _judge_until(self, now: float) -> None:
         """Count the body's time the server waited on its client, up to

@@ -206,3 +206,125 @@ def test_a_large_head_is_not_counted_as_its_body(pipelined: bool) -> None:
     judged = _judged(loop, requests(), rates)
     assert len(judged) >= 4, "the bodies were not judged"
     assert max(judged) < FAIR_RATE, max(judged)
+
+
+class _Unread(_Socket):
+    """A transport whose client reads nothing until told (:meth:`take`):
+    past asyncio's high-water mark a write pauses the protocol's writes, as
+    a client slow to read an answer does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.protocol: BoundedH11Protocol | None = None
+        self.unread = 0
+        self.written = 0  # (what HeldWrites counts, for what the client took)
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self.unread += len(data)
+        if self.unread > 64 * 1024 and self.protocol is not None:
+            self.protocol.pause_writing()
+
+    def get_write_buffer_size(self) -> int:
+        return self.unread
+
+    def take(self) -> None:
+        """The client reads all it was sent: writes resume."""
+        self.unread = 0
+        if self.protocol is not None and self.protocol.flow.write_paused:
+            self.protocol.resume_writing()
+
+
+async def _large_answer(scope: Scope, receive: Receive, send: Send) -> None:
+    while (await receive()).get("more_body"):
+        pass
+    answer = b"a" * 100_000  # (past the high-water mark: the writes pause)
+    headers = [(b"content-length", str(len(answer)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})
+
+
+def _post(size: int) -> bytes:
+    return b"POST /api/v1/objects/ HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: %d\r\n\r\n" % size
+
+
+async def _turns() -> None:
+    for _ in range(20):  # (the app's turns)
+        await asyncio.sleep(0)
+
+
+async def _body_ending_while_writes_wait(
+    loop: _Clock, size: int, pieces: int, paused_for: float
+) -> tuple[BoundedH11Protocol, _Unread]:
+    """A body of ``size`` bytes sent at 300 KB/s in ``pieces`` whose last
+    comes in while the server's writes are paused (paused here by hand, as
+    asyncio does when a write during a body, an early answer or a 100
+    Continue, passes its high-water mark on a client not reading what it
+    was sent), then a 100 KB answer the client reads
+    ``paused_for`` seconds on, its writes paused again as they go out."""
+    config = uvicorn.Config(_large_answer, http=BoundedH11Protocol, lifespan="off")
+    config.load()
+    protocol = BoundedH11Protocol(
+        config=config, server_state=ServerState(), app_state={}, _loop=loop
+    )
+    sock = _Unread()
+    sock.protocol = protocol
+    protocol.connection_made(sock)  # type: ignore[arg-type]
+    body = b"b" * size
+    step = size // pieces
+    protocol.data_received(_post(size) + body[:step])
+    for at in range(1, pieces):
+        await _turns()
+        loop.now += step / 300_000
+        if at == pieces - 1:
+            sock.unread = 70_000  # (what the client has not read passes the mark)
+            protocol.pause_writing()
+        protocol.data_received(body[at * step : (at + 1) * step if at < pieces - 1 else size])
+    await _turns()
+    loop.now += paused_for
+    sock.take()  # the app's answer goes out, and its writes pause again
+    await _turns()
+    assert sock.unread and protocol.flow.write_paused and protocol.conn.their_state is h11.IDLE
+    loop.now += 0.01
+    sock.take()
+    return protocol, sock
+
+
+async def _next_body(
+    loop: _Clock, protocol: BoundedH11Protocol, rate: int, rates: list[float | None]
+) -> None:
+    """A next body, 2 s at ``rate`` bytes a second in pieces of 0.1 s,
+    judged the moment before each piece comes in."""
+    piece = b"c" * (rate // 10)
+    protocol.data_received(_post(20 * len(piece)) + piece)
+    for _ in range(19):
+        await _turns()
+        loop.now += 0.1
+        rates.append(protocol._progress(loop.now))
+        protocol.data_received(piece)
+    await _turns()
+
+
+@pytest.mark.parametrize("wait", [0.5, 90.0])
+def test_a_body_ending_while_writes_are_paused_ends_its_count(wait: float) -> None:
+    """A kept-alive client's 60 KB body came at 300 KB/s, its end while the
+    server's writes were paused (an answer not yet read), then a large answer
+    it read 5 s on. The body's count, looked at only while writes were not
+    paused, did not end: the next body, sent half a second later at 300 KB/s,
+    was counted as going on from the first's start, the pauses and the wait
+    in its time (judged at 15,638 B/s, under FAIR_RATE: a new connection past
+    the bound took its place), and a minute and a half later was answered
+    408 as it came, its window the first body's, long run out."""
+    loop = _Clock()
+    rates: list[float | None] = []
+
+    async def requests() -> None:
+        protocol, sock = await _body_ending_while_writes_wait(loop, 60_000, 4, 5.0)
+        loop.now += wait
+        await _next_body(loop, protocol, 300_000, rates)
+        assert b"".join(sock.writes).count(b"HTTP/1.1 200 ") == 2  # (not 408)
+        protocol.connection_lost(None)
+
+    judged = _judged(loop, requests(), rates)
+    assert len(judged) > 5, "the body was not judged"
+    assert min(judged) >= FAIR_RATE, min(judged)
