@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import run_index
+from .ascii_digits import decimal_or_none
 from .exceptions import JournalError
 from .journal import JournalInfo, journal_info, list_journals
 from .journal.lock import forks_wait, lock_held, plain_files, read_owner, remove_unheld
@@ -165,9 +166,9 @@ def launcher_rank(environ: Mapping[str, str] | None = None) -> int | None:
     non-negative integer is no rank)."""
     env = os.environ if environ is None else environ
     for name in _RANK_ENVS:
-        raw = env.get(name, "").strip()
-        if raw.isascii() and raw.isdigit() and len(raw) <= 9:
-            return int(raw)
+        rank = decimal_or_none(env.get(name, "").strip(), 9)
+        if rank is not None:
+            return rank
     return None
 
 

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
 
+from primeruns.ascii_digits import decimal_or_none
 from primeruns.journal import EntryKind, Journal, spool
 from primeruns.journal.dicts import K_DICTS
 from primeruns.local.context import read_capped_from
@@ -24,6 +27,27 @@ ODD_DIGITS = ["²", "٣", "1²", "9" * 5000]
 def _name(value: object) -> str:
     text = str(value)
     return text if len(text) < 40 else f"{len(text)} digits"
+
+
+@given(text=st.text() | st.text("0123456789"), most=st.integers(0, 25))
+@example(text="", most=5)
+@example(text="+1", most=5)
+@example(text="-1", most=5)
+@example(text=" 1", most=5)
+@example(text="1 ", most=5)
+@example(text="\u0661", most=5)
+@example(text="1_0", most=5)
+@example(text="\u00b2", most=5)
+@example(text="123456", most=5)
+@example(text="012345", most=6)
+@example(text="9" * 5000, most=10_000)
+def test_a_number_from_outside_is_ascii_digits_within_its_bound(text: str, most: int) -> None:
+    """What every reader of a number from untrusted text takes: what ``int``
+    reads of ASCII digits alone, at most ``most`` of them, and nothing else
+    (``int`` takes a sign, spaces, underscores and other scripts' digits)."""
+    plain = text != "" and all("0" <= c <= "9" for c in text)
+    expected = int(text) if plain and len(text) <= min(most, 4300) else None
+    assert decimal_or_none(text, most) == expected
 
 
 @pytest.mark.parametrize("raw", ODD_DIGITS, ids=_name)

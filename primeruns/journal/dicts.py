@@ -20,6 +20,7 @@ from typing import Any
 import lmdb
 import zstandard
 
+from primeruns.ascii_digits import decimal_or_none
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal import dictionary
 from primeruns.journal.dictionary import MAX_TRAINED_DICT_BYTES
@@ -246,12 +247,10 @@ def _in_use(stored: dict[Any, Any]) -> dict[int, int]:
     ``export``): a kind's number is a few ASCII digits (``int`` reads
     Arabic-Indic ones as a number nobody wrote, and refuses thousands)."""
     return {
-        int(k): v
+        kind: v
         for k, v in stored.items()
         if isinstance(k, str)
-        and k.isascii()
-        and k.isdigit()
-        and len(k) <= 9
+        and (kind := decimal_or_none(k, 9)) is not None
         and isinstance(v, int)
         and not isinstance(v, bool)
     }

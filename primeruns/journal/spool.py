@@ -74,6 +74,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple
 
+from primeruns.ascii_digits import decimal_or_none
 from primeruns.exceptions import JournalError, JournalFullError
 from primeruns.journal import checksum
 from primeruns.journal.frames import (
@@ -142,8 +143,10 @@ def list_segments(path: Path) -> list[tuple[int, str]]:
     out = []
     for name in names:
         digits = name[len(PREFIX) :]
-        if name.startswith(PREFIX) and digits.isascii() and digits.isdigit() and len(digits) == 20:
-            out.append((int(digits), name))
+        if name.startswith(PREFIX) and len(digits) == 20:
+            first = decimal_or_none(digits, 20)
+            if first is not None:
+                out.append((first, name))
     out.sort()
     return out
 

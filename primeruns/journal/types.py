@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primeruns.ascii_digits import decimal_or_none
 from primeruns.journal.frames import EntryKind
 
 __all__ = [
@@ -154,15 +155,13 @@ def skipped_ranges(value: Any) -> list[tuple[int, int]]:
     or a last that is no seq at or past its first, names none."""
     ranges = value.items() if isinstance(value, dict) else ()
     return [
-        (int(first), last)
+        (seq, last)
         for first, last in ranges
         if isinstance(first, str)
-        and first.isascii()
-        and first.isdigit()
-        and len(first) <= 19
+        and (seq := decimal_or_none(first, 19)) is not None
         and isinstance(last, int)
         and not isinstance(last, bool)
-        and 0 < int(first) <= last <= _MAX_SEQ
+        and 0 < seq <= last <= _MAX_SEQ
     ]
 
 

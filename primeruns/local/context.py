@@ -20,6 +20,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.types import Scope
 
+from ..ascii_digits import declared_over
 from . import jsonlimits, storable
 from .errors import PlatformError, TracesError
 from .faults import FaultInjector
@@ -130,13 +131,8 @@ async def read_capped_from(
 ) -> bytes | None:
     """:func:`read_capped` of a body read as ``chunks`` and said to be
     ``declared`` bytes long (its Content-Length, if any)."""
-    # ASCII digits alone (``int`` refuses a superscript two that ``isdigit``
-    # passes), and past 18 of them more than any limit (``int`` refuses
-    # thousands).
-    if declared is not None and declared.isascii() and declared.isdigit():
-        digits = declared.lstrip("0")
-        if len(digits) > 18 or int(digits or "0") > limit:
-            return None
+    if declared is not None and declared_over(declared, limit):
+        return None
     parts: list[bytes] = []
     size = 0
     async for chunk in chunks:

@@ -44,6 +44,7 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
+from ..ascii_digits import declared_over
 from ..exceptions import UnprovenAnswerError
 from ..loopback_owner import (
     ServedByAnotherUserError,
@@ -207,13 +208,6 @@ def _decoded_pieces(response: httpx.Response) -> Iterator[bytes]:
         yield tail
 
 
-def _over(digits: str, limit: int) -> bool:
-    """Whether a Content-Length of ASCII ``digits`` says more than ``limit``
-    (``int`` refuses thousands of digits: past 18 it says more than any)."""
-    digits = digits.lstrip("0")
-    return len(digits) > 18 or int(digits or "0") > limit
-
-
 def _read_within(
     response: httpx.Response,
     deadline: float | None = None,
@@ -238,7 +232,7 @@ def _read_within(
     declared = response.headers.get("content-length", "")
     if error:
         limit = min(limit, plain_module.ERROR_BODY_BYTES)
-    elif declared.isascii() and declared.isdigit() and _over(declared, limit):
+    elif declared_over(declared, limit):
         raise AnswerTooLarge(limit)  # said so: nothing of it is read
     chunks: list[bytes] = []
     size = 0

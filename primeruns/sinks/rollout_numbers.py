@@ -44,6 +44,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from ..ascii_digits import decimal_or_none
+
 __all__ = ["CHUNK", "RolloutBatch", "RolloutNumbers"]
 
 # Examples a part holds: a batch of 256 episodes changes at most 17 parts,
@@ -55,6 +57,10 @@ _PART = "rollouts."  # a chunk's part: "rollouts.<index>"
 # part named further on is left out, or the chunks opened after it would be
 # named past the journal's longest key and no batch could be saved again.
 _MAX_INDEX = 10**15
+# A part's index or a count written as a digit string: ``str.isdigit`` also
+# passes what ``int`` raises on (a superscript two, more digits than it
+# reads: its default limit), and one raise lost the whole numbering.
+_MOST_DIGITS = 4_300
 
 
 class RolloutNumbers:
@@ -90,7 +96,10 @@ class RolloutNumbers:
         for name, value in carry.items():
             if name == _WHOLE:
                 bad += self._set_base(value)
-            elif name.startswith(_PART) and (index := _digits(name[len(_PART) :])) is not None:
+            elif (
+                name.startswith(_PART)
+                and (index := decimal_or_none(name[len(_PART) :], _MOST_DIGITS)) is not None
+            ):
                 if index < _MAX_INDEX:
                     chunks[index] = value
                 else:
@@ -346,17 +355,5 @@ def _count(value: Any) -> int | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, str):
-        return _digits(value)
+        return decimal_or_none(value, _MOST_DIGITS)
     return value if isinstance(value, int) and value >= 0 else None
-
-
-def _digits(text: str) -> int | None:
-    """``text`` as an int when it is one written in ASCII digits, else None:
-    ``str.isdigit`` also passes what ``int`` raises on (a superscript two,
-    more digits than it reads), and one raise lost the whole numbering."""
-    if not (text.isascii() and text.isdigit()):
-        return None
-    try:
-        return int(text)
-    except ValueError:  # past int's limit on digits
-        return None
