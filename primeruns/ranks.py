@@ -20,7 +20,10 @@ Which process is the primary (``resolve_role``), the first rule that applies:
    primary; rank 0 keeps its rank). A rank held by another
    living process of this host that attached the run is inherited, not
    given (processes spawned by one srun task share its ``SLURM_PROCID``):
-   such a process has no rank and is not the primary;
+   such a process has no rank and is not the primary. A variable's value
+   that is no rank (not ASCII digits, or more than 9) is read as none, the
+   next variable read, and said once with its fix: in silence, a launcher's
+   rank process took the part of one without a rank;
 5. otherwise the first process on this host to attach the run: it holds a
    lock named for the run (for a run key, for the key on its platform,
    ``_key_of``: each of its processes registers the key's run as a creator
@@ -71,6 +74,7 @@ from .journal.trust import check_dir, make_private_dirs
 from .settings import parse_bool_setting
 from .ship.standby import pause
 from .spec import SPEC_KEY, listed_spec
+from .timeouts import shown
 
 if TYPE_CHECKING:
     from .journal.journal import Journal
@@ -99,6 +103,10 @@ PRIMARY_ENV = "PRIME_RUNS_PRIMARY"
 # The launchers' rank variables, most specific first: torchrun's global rank
 # wins over SLURM's task id (srun starting one torchrun per node sets both).
 _RANK_ENVS = ("RANK", "SLURM_PROCID")
+# Past any rank a launcher gives (a billion processes).
+_RANK_DIGITS = 9
+# The rank variables' values warned of (``_say_unreadable``): once per process.
+_warned_ranks: set[tuple[str, str]] = set()
 _LOCKS_DIR = ".primary"
 _LOCK_SUFFIX = ".lock"
 # A lock file gc deletes as it is taken is taken again at most this often.
@@ -162,14 +170,50 @@ def is_primary(journal: Journal) -> bool:
 
 
 def launcher_rank(environ: Mapping[str, str] | None = None) -> int | None:
-    """The rank the launcher gave this process, if any (a value that is not a
-    non-negative integer is no rank)."""
+    """The rank the launcher gave this process, if any. A value that is not
+    a non-negative integer of at most ``_RANK_DIGITS`` digits is no rank:
+    the next variable is read, and a warning (once per value) names it."""
     env = os.environ if environ is None else environ
+    unreadable: list[tuple[str, str]] = []
     for name in _RANK_ENVS:
-        rank = decimal_or_none(env.get(name, "").strip(), 9)
+        raw = env.get(name, "").strip()
+        rank = decimal_or_none(raw, _RANK_DIGITS)
         if rank is not None:
+            _say_unreadable(unreadable, f"{name}={rank} is taken instead")
             return rank
+        if raw:
+            unreadable.append((name, raw))
+    _say_unreadable(
+        unreadable,
+        "this process has no rank (not the primary, unless it is the first on this host "
+        "to attach the run)",
+    )
     return None
+
+
+def _say_unreadable(unreadable: list[tuple[str, str]], taken: str) -> None:
+    """Warn once per process of each rank variable's value in ``unreadable``:
+    read as no rank in silence, a rank process took a part not its own
+    (without a rank, the first process on this host to attach the run is its
+    primary, whatever the launcher meant) and nobody said why."""
+    for name, raw in unreadable:
+        if (name, raw) in _warned_ranks:
+            continue
+        _warned_ranks.add((name, raw))
+        problem = (
+            f"has {len(raw)} digits, more than any rank (at most {_RANK_DIGITS})"
+            if raw.isascii() and raw.isdigit()
+            else "is not a rank (a non-negative integer in ASCII digits)"
+        )
+        log.warning(
+            "prime-runs: %s=%s %s: %s. Set %s to this process's rank (0 for the run's "
+            "primary), or unset it.",
+            name,
+            shown(raw),
+            problem,
+            taken,
+            name,
+        )
 
 
 def primary_from_env(environ: Mapping[str, str] | None = None) -> bool | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -49,6 +50,40 @@ def test_the_launcher_names_the_primary_by_its_rank_or_the_variable(
 ) -> None:
     role = _role(env, tmp_path)
     assert (role.primary, role.label) == (primary, label)
+
+
+@pytest.mark.parametrize(
+    ("env", "rank", "said"),
+    [
+        ({"RANK": "1234567890"}, None, "has 10 digits, more than any rank (at most 9)"),
+        ({"RANK": "1234567890", "SLURM_PROCID": "2"}, 2, "SLURM_PROCID=2 is taken instead"),
+        ({"RANK": "-1"}, None, "is not a rank"),
+        ({"RANK": "rank3"}, None, "is not a rank"),
+    ],
+    ids=["ten-digits", "ten-digits-under-srun", "negative", "words"],
+)
+def test_a_rank_variable_that_is_no_rank_is_said_once_with_its_fix(
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    env: dict[str, str],
+    rank: int | None,
+    said: str,
+) -> None:
+    """A launcher's rank of ten digits was read as no rank in silence, as any
+    other value that is none: the process took the part of a process without
+    a rank (the run's primary if the first on this host to attach) and nobody
+    said why. It is still no rank (the next variable read), and said once,
+    naming the variable, what is wrong with its value and the fix."""
+    monkeypatch.setattr(ranks, "_warned_ranks", set(), raising=False)  # (said once a process)
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        roles = [_role(env, tmp_path, local_id=f"20261203-090000-aaa{i}") for i in range(2)]
+    assert [role.rank for role in roles] == [rank, rank]
+    warnings = [r.getMessage() for r in caplog.records if "RANK=" in r.getMessage()]
+    assert len(warnings) == 1, warnings
+    assert f"RANK={env['RANK']!r}" in warnings[0]
+    assert said in warnings[0]
+    assert "Set RANK to this process's rank" in warnings[0]
 
 
 def test_an_explicit_argument_wins_and_a_created_run_is_its_creators(tmp_path: Path) -> None:
