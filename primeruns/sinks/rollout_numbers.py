@@ -57,6 +57,11 @@ _PART = "rollouts."  # a chunk's part: "rollouts.<index>"
 # part named further on is left out, or the chunks opened after it would be
 # named past the journal's longest key and no batch could be saved again.
 _MAX_INDEX = 10**15
+# Past any count of one example's rollouts a run makes: a damaged or hostile
+# count further on is left out, or the next number (one past it) was sent as
+# a rollout number no reader of JSON keeps (past 2**64 orjson reads a float,
+# past 2**63 it is no 64-bit integer, past 2**53 a double rounds it).
+_MAX_COUNT = 10**15
 # A part's index or a count written as a digit string: ``str.isdigit`` also
 # passes what ``int`` raises on (a superscript two, more digits than it
 # reads: its default limit), and one raise lost the whole numbering.
@@ -350,10 +355,11 @@ def _value(key: Any) -> Any:
 
 
 def _count(value: Any) -> int | None:
-    """A saved count: an int of at least 0 (an earlier version wrote
-    ``int(v)`` of what it read: a digit string too), else None."""
+    """A saved count: an int of at least 0 and below ``_MAX_COUNT`` (an
+    earlier version wrote ``int(v)`` of what it read: a digit string too),
+    else None."""
     if isinstance(value, bool):
         return None
     if isinstance(value, str):
-        return decimal_or_none(value, _MOST_DIGITS)
-    return value if isinstance(value, int) and value >= 0 else None
+        value = decimal_or_none(value, _MOST_DIGITS)
+    return value if isinstance(value, int) and 0 <= value < _MAX_COUNT else None

@@ -599,6 +599,23 @@ def test_a_digit_that_is_not_a_number_costs_only_its_item(evaluation: Evaluation
     assert evaluation.ship([0, 1, 2, 3, 4, 5, 6]) == [3, 2, 2, 1, 1, 1, 3]
 
 
+def test_a_count_past_any_a_run_makes_costs_only_its_example(evaluation: Evaluation) -> None:
+    """A count of 2**64 in a part (a hostile or damaged journal): the next
+    rollout number, one past it, was sent as an integer that orjson reads as
+    a float (2**63 and on: no 64-bit signed integer). Past any count a run
+    makes, it is unreadable, as a part named past any index is: its example
+    numbers from 1, the others on, in the previous version's numbering too."""
+    evaluation.ship([0, 1, 2, 3])  # parts 0: [0, 1], 1: [2, 3]
+    prefix = f"carry.{_NAME}"
+    evaluation.journal.set_meta(f"{prefix}.rollouts.0", [[0, 2**64], [1, 3]])
+    evaluation.journal.set_meta(f"{prefix}.rollouts.1", [[2, 10**15 - 1], [3, 2**63]])
+    evaluation.journal.set_meta(prefix, {"rollouts": {"4": str(2**64), "5": 2**64, "6": 2}})
+    evaluation.restart()
+    found = evaluation.ship([0, 1, 2, 3, 4, 5, 6])
+    assert found == [1, 4, 10**15, 1, 1, 1, 3]
+    assert all(type(number) is int for number in found)
+
+
 def test_a_part_named_past_any_index_a_run_makes_costs_only_its_examples(
     evaluation: Evaluation,
 ) -> None:
