@@ -60,7 +60,10 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   second, hold a place at a few hundred bytes a second. A body's count
   ends as the body does, the server's writes paused or not: looked at only
   with writes going, a body that ended while they were paused was counted
-  on into the next, pauses and all. A body's bytes are
+  on into the next, pauses and all. One begun while they were paused (its
+  connection judged meanwhile on what it reads) is counted from when they
+  resume: first looked at at its next read, a client silent once it had
+  read its answer was judged on nothing till then. A body's bytes are
   counted from the read that brought its head: its first piece, sent with
   the head, left out, small bodies sent in pieces were judged on two thirds
   of each and let go. Its head's are not, nor a head sent with the last
@@ -380,7 +383,15 @@ class BoundedH11Protocol(OneWriteH11Protocol):
 
     def resume_writing(self) -> None:
         super().resume_writing()
-        self._count_answer()
+        if self._count_answer() and self.conn.their_state is h11.SEND_BODY:
+            # A body begun while writes waited, looked at only as the reader
+            # of an answer till now, is counted from here, not from its next
+            # read: a client silent once it had read its answer was judged
+            # by nothing until then (up to a body's deadline), and no new
+            # connection past the bound could take its place. Only a body:
+            # an idle connection looked at now joins those waiting on a head
+            # while its client may not yet have read the answer it holds.
+            self._watch()
 
     def handle_events(self) -> None:
         super().handle_events()

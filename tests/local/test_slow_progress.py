@@ -15,7 +15,7 @@ from typing import Any
 import h11
 import pytest
 import uvicorn
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 from test_one_write import Socket
 from uvicorn.server import ServerState
 
@@ -112,14 +112,19 @@ async def _answer(scope: Scope, receive: Receive, send: Send) -> None:
     await send({"type": "http.response.body", "body": b"{}"})
 
 
-def _connected(loop: _Clock) -> tuple[BoundedH11Protocol, _Socket]:
-    """A connection made to the bound's protocol, its app :func:`_answer`."""
-    config = uvicorn.Config(_answer, http=BoundedH11Protocol, lifespan="off", access_log=False)
+def _connected(
+    loop: _Clock, app: ASGIApp | None = None, sock: _Socket | None = None
+) -> tuple[BoundedH11Protocol, _Socket]:
+    """A connection made to the bound's protocol over ``sock``, its app
+    ``app`` (:func:`_answer` unless told)."""
+    config = uvicorn.Config(
+        app or _answer, http=BoundedH11Protocol, lifespan="off", access_log=False
+    )
     config.load()
     protocol = BoundedH11Protocol(
         config=config, server_state=ServerState(), app_state={}, _loop=loop
     )
-    sock = _Socket()
+    sock = sock or _Socket()
     protocol.connection_made(sock)  # type: ignore[arg-type]
     return protocol, sock
 
@@ -253,6 +258,15 @@ async def _turns() -> None:
         await asyncio.sleep(0)
 
 
+def _unread_connection(loop: _Clock) -> tuple[BoundedH11Protocol, _Unread]:
+    """A connection whose app answers :func:`_large_answer`, its client
+    reading nothing until told (:class:`_Unread`)."""
+    sock = _Unread()
+    protocol, _ = _connected(loop, _large_answer, sock)
+    sock.protocol = protocol
+    return protocol, sock
+
+
 async def _body_ending_while_writes_wait(
     loop: _Clock, size: int, pieces: int, paused_for: float
 ) -> tuple[BoundedH11Protocol, _Unread]:
@@ -262,14 +276,7 @@ async def _body_ending_while_writes_wait(
     Continue, passes its high-water mark on a client not reading what it
     was sent), then a 100 KB answer the client reads
     ``paused_for`` seconds on, its writes paused again as they go out."""
-    config = uvicorn.Config(_large_answer, http=BoundedH11Protocol, lifespan="off")
-    config.load()
-    protocol = BoundedH11Protocol(
-        config=config, server_state=ServerState(), app_state={}, _loop=loop
-    )
-    sock = _Unread()
-    sock.protocol = protocol
-    protocol.connection_made(sock)  # type: ignore[arg-type]
+    protocol, sock = _unread_connection(loop)
     body = b"b" * size
     step = size // pieces
     protocol.data_received(_post(size) + body[:step])
@@ -328,3 +335,44 @@ def test_a_body_ending_while_writes_are_paused_ends_its_count(wait: float) -> No
     judged = _judged(loop, requests(), rates)
     assert len(judged) > 5, "the body was not judged"
     assert min(judged) >= FAIR_RATE, min(judged)
+
+
+@pytest.mark.parametrize("after", [0, 300_000])
+def test_a_body_begun_while_writes_are_paused_is_judged_once_they_resume(after: int) -> None:
+    """A kept-alive client sent its next request, the head and 1 KB of a
+    1 MB body, while the server's writes were paused on the answer before
+    it (100 KB it had not read), read that answer 2 s on, then sent its
+    body at ``after`` bytes a second. Looked at only as the reader of an
+    answer while writes were paused, the body was first looked at at its
+    next read: a client silent after reading its answer was never judged
+    meanwhile (up to a body's deadline), a new connection past the bound
+    unable to take its place. Judged from the resume, it is let go when
+    silent and kept at 300 KB/s."""
+    loop = _Clock()
+    rates: list[float | None] = []
+
+    async def requests() -> None:
+        protocol, sock = _unread_connection(loop)
+        protocol.data_received(_post(10) + b"b" * 10)
+        await _turns()
+        assert protocol.flow.write_paused  # (its answer unread)
+        loop.now += 0.1
+        protocol.data_received(_post(10**6) + b"c" * 1000)
+        await _turns()
+        loop.now += 2.0
+        sock.take()  # the answer read: writes resume
+        await _turns()
+        for _ in range(30):  # (three seconds after the resume)
+            loop.now += 0.1
+            rates.append(protocol._progress(loop.now))  # (the moment before a piece)
+            if after:
+                protocol.data_received(b"c" * (after // 10))
+            await _turns()
+        protocol.connection_lost(None)
+
+    judged = _judged(loop, requests(), rates)
+    assert len(judged) >= 19, "the body was not judged"  # (from a second after the resume)
+    if after:
+        assert min(judged) >= FAIR_RATE, min(judged)
+    else:
+        assert max(judged) < FAIR_RATE, max(judged)
