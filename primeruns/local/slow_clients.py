@@ -81,7 +81,12 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   the key held a place so, at the least rate, for as long as its
   ``Content-Length`` lasted, while every key holder was answered 503.
   Closed at once, a client still sending met a reset that lost it the
-  answer, so only a new connection's need closes it.
+  answer, so only a new connection's need closes it. Its body's count ends
+  at the answer, and only the rest's silence is timed (the body deadline,
+  not the least rate: nobody waits on it, its place any new one's): its
+  end and the next head come in one read, with no look between, and the
+  next body went on with the refused one's count and window, judged from
+  its start 30 s before at 70 B/s.
 - a bound on the bytes of unfinished bodies held by all connections at
   once (:attr:`ConnectionLimits.body_memory`, 1 GiB): a route reads its
   body whole before it acts on it, so each of the bound's connections could
@@ -549,6 +554,16 @@ class BoundedH11Protocol(OneWriteH11Protocol):
             self.waiting.pop(self, None)
         if state is h11.SEND_BODY:
             cycle = self.cycle
+            if cycle is not None and cycle.response_complete:
+                # Answered before it ended (a key refused at its head): the
+                # rest is read only to be dropped, its connection any new
+                # one's to take meanwhile. Its count ends at the answer, and
+                # only its silence is timed: counted on, the next request's
+                # body, its head come with the rest's end (one read, no look
+                # between), went on with this one's count and window.
+                if self._body_from is not None:
+                    self._body_ended()
+                return self._last_read + self.limits.body_timeout
             now = self.loop.time()
             held_up = self.flow.read_paused or (
                 cycle is not None and cycle.waiting_for_100_continue

@@ -376,3 +376,47 @@ def test_a_body_begun_while_writes_are_paused_is_judged_once_they_resume(after: 
         assert min(judged) >= FAIR_RATE, min(judged)
     else:
         assert max(judged) < FAIR_RATE, max(judged)
+
+
+async def _keyed(scope: Scope, receive: Receive, send: Send) -> None:
+    """:func:`_answer`, but 401 at the head to a request without the key,
+    none of its body read (the guard's way)."""
+    if (b"authorization", b"Bearer the-key") not in scope["headers"]:
+        headers = [(b"content-length", b"2")]
+        await send({"type": "http.response.start", "status": 401, "headers": headers})
+        await send({"type": "http.response.body", "body": b"{}"})
+        return
+    await _answer(scope, receive, send)
+
+
+def test_a_body_after_one_answered_at_its_head_is_judged_from_its_own() -> None:
+    """A kept-alive client sent a 1,000-byte body without the key, answered
+    401 at its head; 30 s later the rest of it, with its next request (with
+    the key) and 1 KB of that one's 1 MB body, which then came at 300 KB/s.
+    The body's end and the next head came in one read, between two looks:
+    the next body went on with the refused one's count and window, judged
+    from its start (10 KB/s, under FAIR_RATE: a new connection past the
+    bound took its place). Judged from its own head, it is over."""
+    loop = _Clock()
+    rates: list[float | None] = []
+
+    def post(size: int, key: bytes) -> bytes:
+        return _post(size).replace(b"\r\n\r\n", b"\r\nAuthorization: Bearer %s\r\n\r\n" % key)
+
+    async def requests() -> None:
+        protocol, sock = _connected(loop, _keyed)
+        protocol.data_received(post(1000, b"not-the-key") + b"a" * 10)
+        await _turns()
+        assert b"".join(sock.writes).count(b"HTTP/1.1 401 ") == 1
+        loop.now += 30.0
+        protocol.data_received(b"a" * 990 + post(10**6, b"the-key") + b"b" * 1000)
+        for _ in range(20):  # (two seconds of it)
+            await _turns()
+            loop.now += 0.1
+            rates.append(protocol._progress(loop.now))  # (the moment before a piece)
+            protocol.data_received(b"b" * 30_000)
+        protocol.connection_lost(None)
+
+    judged = _judged(loop, requests(), rates)
+    assert len(judged) >= 10, "the body was not judged"
+    assert min(judged) >= FAIR_RATE, min(judged)
