@@ -68,7 +68,14 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   the head, left out, small bodies sent in pieces were judged on two thirds
   of each and let go. Its head's are not, nor a head sent with the last
   byte of the body before: 40 KB heads, each with two bytes of body over
-  half a second, held a place. Else the new one is
+  half a second, held a place. Each body's first tenth of a second
+  (:data:`BODY_GRACE`) is not counted against it, only past it: a rate
+  over a small body's few pieces is the wait between them, not the
+  client's speed, and 2 KiB bodies in three pieces 25 ms apart were judged
+  at 40 KB/s and let go. A rule by the body's own second, or by its bytes,
+  would leave unjudged the requests pipelined a byte each half a second
+  that the count over all bodies was made for; past the grace they are
+  judged at under 5 B/s. Else the new one is
   answered so and closed at once, before any of its request: waiting for
   its head held its descriptor up to the head's deadline, and a thousand
   silent ones within it used all the process had (``descriptors``). A
@@ -149,6 +156,15 @@ FAIR_RATE = 64 * 1024
 #: Seconds of a body, or an answer waiting on its client, before its
 #: progress is judged against :data:`FAIR_RATE`.
 JUDGED_AFTER = 1.0
+#: Seconds of each body the bound does not count against it: a small body's
+#: pieces come a client's timer tick or a loaded host's turn apart (10 to 50
+#: ms), and a rate over a few of them is that wait, not the client's speed
+#: (2 KiB bodies in three pieces 25 ms apart were judged at 40 KB/s and let
+#: go). A body that ends within it adds its bytes and none of its time, so
+#: is never judged slow; one meant to hold a place so must end a request
+#: every tenth of a second, a load and not a slow client, while requests
+#: pipelined a byte each half a second are judged at under 5 B/s.
+BODY_GRACE = 0.1
 #: Seconds a scan that found no connection under :data:`FAIR_RATE` holds
 #: for those past the bound after it (each refused 503: retried in a second).
 RESCAN_AFTER = 0.1
@@ -345,7 +361,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
                 return None
             return (self._taken() - base) / (now - started)
         cycle = self.cycle
-        spent = self._judged_time + now - self._body_start
+        spent = self._judged_time + max(0.0, now - self._body_start - BODY_GRACE)
         if (
             self.transport.is_closing()
             or self._body_from is None
@@ -610,7 +626,9 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         # (pipelined, sent with the body's last byte), and a 40 KB head sent
         # so with each body of two bytes held a place at 80 KB/s.
         received = self._received - len(self.conn.trailing_data[0])
-        self._judged_time += now - self._body_start
+        spent = now - self._body_start - BODY_GRACE  # (:data:`BODY_GRACE`)
+        if spent > 0:
+            self._judged_time += spent
         self._judged_bytes += received - self._body_start_base
         self._counted = received
 

@@ -140,13 +140,16 @@ def _judged(
     return [rate for rate in rates if rate is not None]
 
 
-def test_small_bodies_sent_in_pieces_are_not_judged_slow() -> None:
+@pytest.mark.parametrize("gap", [0.012, 0.025])
+def test_small_bodies_sent_in_pieces_are_not_judged_slow(gap: float) -> None:
     """A kept-alive client sends request after request, each a 2 KiB body in
-    three pieces 12 ms apart as the server reads them (a client's 10 ms
-    timer, a loaded host), its head with the first: 2.2 KB in 24 ms, over
-    FAIR_RATE. The piece that came with the head was left out of the count,
-    and the client, judged at 57 KB/s, gave its place to a new connection.
-    Judged at every moment before a piece comes in, it is over FAIR_RATE."""
+    three pieces ``gap`` apart as the server reads them (a client's 10 ms
+    timer, a loaded host), its head with the first. The piece that came with
+    the head was left out of the count, and the client, 12 ms apart judged
+    at 57 KB/s, gave its place to a new connection; counted, 25 ms apart it
+    was still judged, over the pieces' latency, at 40 KB/s. Judged at every
+    moment before a piece comes in, it is never under FAIR_RATE (each body
+    ends within BODY_GRACE: none is judged)."""
     loop = _Clock()
     body = b'{"name": "' + b"x" * 2000 + b'", "environments": [{"id": "env"}]}'
     head = (
@@ -159,10 +162,10 @@ def test_small_bodies_sent_in_pieces_are_not_judged_slow() -> None:
 
     async def requests() -> None:
         protocol, sock = _connected(loop)
-        for _ in range(80):  # (two seconds of bodies: judged from the first)
+        for _ in range(80):  # (two seconds of bodies and more)
             for at, piece in enumerate(pieces):
                 if at:
-                    loop.now += 0.012
+                    loop.now += gap
                     rates.append(protocol._progress(loop.now))  # (the moment before it)
                 protocol.data_received(piece)
             for _ in range(20):  # (the app's turns: it answers)
@@ -172,8 +175,7 @@ def test_small_bodies_sent_in_pieces_are_not_judged_slow() -> None:
         protocol.connection_lost(None)
 
     judged = _judged(loop, requests(), rates)
-    assert len(judged) > 60, "the bodies were not judged"  # (from the second's worth on)
-    assert min(judged) >= FAIR_RATE, min(judged)
+    assert all(rate >= FAIR_RATE for rate in judged), min(judged)
 
 
 @pytest.mark.parametrize("pipelined", [False, True])
@@ -418,5 +420,5 @@ def test_a_body_after_one_answered_at_its_head_is_judged_from_its_own() -> None:
         protocol.connection_lost(None)
 
     judged = _judged(loop, requests(), rates)
-    assert len(judged) >= 10, "the body was not judged"
+    assert len(judged) >= 5, "the body was not judged"
     assert min(judged) >= FAIR_RATE, min(judged)
