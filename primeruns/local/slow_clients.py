@@ -240,7 +240,6 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         self._sent_base = 0  # (what the client had taken of answers then)
         self._last_read = self.loop.time()
         self._received = 0  # (bytes, all told)
-        self._counted = 0  # (what was received when the last body's count ended)
         self._body_from: float | None = None  # when the body's window started
         self._body_base = 0  # (what was received then)
         # Where the body's, and the answer's, progress is counted from (the
@@ -596,8 +595,8 @@ class BoundedH11Protocol(OneWriteH11Protocol):
                 # Its progress is counted from now: after a pause, from the
                 # first read after it; at its start, with the body's bytes
                 # the read that brought its head brought (h11 has given them
-                # all to the cycle, which the app has not yet run to take;
-                # not those a body before counted). Left out, a small body's
+                # all to the cycle, which the app has not yet run to take,
+                # and they follow the head). Left out, a small body's
                 # first piece was: a client sending 2 KiB bodies in three
                 # pieces 12 ms apart, its head with the first, was judged on
                 # two thirds of each, under FAIR_RATE, and let go for a new
@@ -605,7 +604,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
                 # bytes of body over half a second, held a place at 80 KB/s.
                 base = self._received
                 if starts and not held_up and cycle is not None:
-                    base = max(self._received - len(cycle.body), self._counted)
+                    base = self._received - len(cycle.body)
                 self._body_start, self._body_start_base = now, base
             self._held_up = held_up
             window_end = self._body_from + self.limits.body_timeout
@@ -630,7 +629,6 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         if spent > 0:
             self._judged_time += spent
         self._judged_bytes += received - self._body_start_base
-        self._counted = received
 
     def _watch(self) -> None:
         """Arm the timer for :meth:`_due` if none is set by then. One set
