@@ -153,8 +153,9 @@ BUSY_BODY = b'{"detail": "too many connections: retry"}'
 #: so cost 32 MiB/s all told; a client of this machine, or of a link, sends
 #: many times that.
 FAIR_RATE = 64 * 1024
-#: Seconds of a body, or an answer waiting on its client, before its
-#: progress is judged against :data:`FAIR_RATE`.
+#: Seconds of a connection's bodies (past each one's :data:`BODY_GRACE`),
+#: or of an answer waiting on its client, before its progress is judged
+#: against :data:`FAIR_RATE`.
 JUDGED_AFTER = 1.0
 #: Seconds of each body the bound does not count against it: a small body's
 #: pieces come a client's timer tick or a loaded host's turn apart (10 to 50
@@ -347,11 +348,13 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         return found
 
     def _progress(self, now: float) -> float | None:
-        """Bytes a second this connection's client has sent of its body, or
-        taken of an answer waiting on it, since it started (or since the
-        server last paused reading it); None where it is not judged: it waits
-        on nobody's bytes, or on the server's, or started under
-        :data:`JUDGED_AFTER` ago (a client's first bytes come in bursts)."""
+        """Bytes a second this connection's client has sent of its bodies
+        (over the time the server waited on them, each one's
+        :data:`BODY_GRACE` left out: the module docstring says which), or
+        taken of an answer waiting on it since it started; None where it is
+        not judged: it waits on nobody's bytes, or on the server's, or has
+        had under :data:`JUDGED_AFTER` counted (a client's first bytes come
+        in bursts)."""
         if self.flow.write_paused or (
             self._sent_from is not None and self.transport.get_write_buffer_size()
         ):
