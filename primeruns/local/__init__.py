@@ -4,10 +4,27 @@ A faithful stand-in of the platform's HTTP API (evaluations, environments hub,
 external training runs and their object store, Prime Traces) on SQLite, with
 fault injection, so that pipelines and this SDK can be tested over real HTTP
 without credentials. :class:`LocalPlatform` runs it as a child process.
+
+:class:`LocalPlatform` is imported when first asked for, not with the
+package: it is a client of the platform (httpx, which brings its command
+line's rich, pygments and click), and ``serve`` and the dashboard, which
+import this package, are the server. ``serve --runs-dir`` spent half its
+imports on it.
 """
 
 from __future__ import annotations
 
-from .handle import LocalPlatform
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .handle import LocalPlatform
 
 __all__ = ["LocalPlatform"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "LocalPlatform":
+        from .handle import LocalPlatform
+
+        return LocalPlatform
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
