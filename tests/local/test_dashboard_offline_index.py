@@ -131,6 +131,41 @@ def test_a_damaged_last_summary_shows_the_one_before_it(tmp_path: Path) -> None:
     journal.close()
 
 
+@pytest.mark.parametrize("kind", ["eval", "train"])
+def test_a_damaged_entry_is_noted_once_on_its_runs_page(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """A run's page lists a damaged entry among its damage once. The index
+    goes over the headers once for the episodes and once for metric rows,
+    and each pass noted a header that did not read: twice. An evaluation's
+    index now makes no pass for what its journal does not hold (metric
+    rows, summary entries), and a note met again is not added."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    if kind == "eval":
+        run = pr.init(name="e", environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+        episodes = [fresh(eval_episodes()[0]) for _ in range(4)]
+    else:
+        run = pr.init(
+            name="t", kind="train", model="m", team_id="team-a", mode="offline", runs_dir=runs
+        )
+        episodes = [fresh(train_episodes()[0][0]) for _ in range(4)]
+    assert run.journal_path is not None
+    run.log_episodes(episodes)
+    if kind == "train":
+        run.log_metrics({"loss": 0.5}, step=1)
+    run.finish()
+    with Journal.open(run.journal_path) as journal:
+        first = journal.read(0, kinds={EntryKind.EPISODE}, max_entries=4)
+        damaged = first.entries[2].seq
+        flip_stored(journal, damaged, 0)  # its header's version: the header does not read
+    detail = JournalSource(runs).run(run.journal_path.name)
+    assert detail is not None
+    noted = [what for what in detail.row.damage if f"entry {damaged}:" in what]
+    assert noted == [f"entry {damaged}: unknown frame version {0x02 ^ 0xFF}"]
+    if kind == "train":
+        assert detail.metrics and detail.metrics[0]["loss"] == 0.5  # its metric rows were read
+
+
 def _walks(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     """The journals each probe child walks from now on (their names), this
     process's walks forgotten, as in a new process."""

@@ -91,6 +91,11 @@ class JournalIndex:
         )
 
     def note(self, what: str) -> None:
+        if what in self.notes:
+            # Met again: the passes for episodes and metric rows go over the
+            # same headers, and each reports what it cannot read (a run's
+            # page listed that damage twice). A note names its entries.
+            return
         if len(self.notes) < MAX_NOTES:
             self.notes.append(what)
         else:
@@ -117,26 +122,34 @@ class JournalIndex:
                 step = training_step(record) if isinstance(record, dict) else None
                 if step is not None:
                     self.steps.setdefault(step, []).append(seq)
+        # The range's entries by kind, from their headers (~3 µs an entry):
+        # a pass that can find nothing is not made. An evaluation has no
+        # metric rows and often no summary entry, and those two passes over
+        # every header were a third of its first page (each damaged header
+        # was noted twice: the passes meet the same ones).
+        held = None  # uncounted: every pass is made
+        with contextlib.suppress(JournalError):
+            held = journal.tally_range(start, end)
         charted = self.charted
-        if not charted.width and end - start > _COUNTED_FROM:
-            # The rows to come counted from their headers (~2.5 µs an entry),
-            # as the platform counts them: the first thinning then picks the
-            # width they all need, and the rows after it go as columns
-            # (``MetricRows.extend``). Thinned again at each doubling of the
-            # width, a 100,000-step run of 20 metrics took 10-13 s to index.
-            with contextlib.suppress(JournalError):  # uncounted: thinned as the rows come
-                coming = journal.tally_range(start, end)[EntryKind.METRICS]
-                charted.expected_rows = charted.offered_rows + coming
-        charted.extend(
-            record
-            for _, _, record in _scan(journal, start, EntryKind.METRICS, MAX_SMALL_BYTES, self)
-            if isinstance(record, dict)
-        )
+        if held is not None and not charted.width and end - start > _COUNTED_FROM:
+            # The rows to come counted, as the platform counts them: the
+            # first thinning then picks the width they all need, and the
+            # rows after it go as columns (``MetricRows.extend``). Thinned
+            # again at each doubling of the width, a 100,000-step run of 20
+            # metrics took 10-13 s to index.
+            charted.expected_rows = charted.offered_rows + held[EntryKind.METRICS]
+        if held is None or held[EntryKind.METRICS]:
+            charted.extend(
+                record
+                for _, _, record in _scan(journal, start, EntryKind.METRICS, MAX_SMALL_BYTES, self)
+                if isinstance(record, dict)
+            )
         # Of the summaries the last one alone is shown: read from the log's
         # end (a run that updated it each step wrote one per step).
-        found = _last_summary(journal, start, self)
-        if found is not None:
-            self.summary_seq, self.summary = found
+        if held is None or held[EntryKind.SUMMARY]:
+            found = _last_summary(journal, start, self)
+            if found is not None:
+                self.summary_seq, self.summary = found
         self.upto = end
 
 
