@@ -12,11 +12,12 @@ sync`` registers and ships it later.
 from __future__ import annotations
 
 import contextlib
-import logging
 import time
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
+
+from primeruns.logs import get_logger
 
 from . import ranks, records
 from .exceptions import JournalError
@@ -39,7 +40,7 @@ __all__ = [
     "warn_unfinished",
 ]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 # The most of the finish's time spent waiting for records held for a full
 # disk to be journaled (``finish_journal``); the rest is the close-out's.

@@ -40,7 +40,6 @@ by ``os._exit`` is shipped only by ``primeruns replay`` of its journal.
 from __future__ import annotations
 
 import contextlib
-import logging
 
 # Imported with the parent's run, not on a child's first record: a thread of
 # the parent importing it at the fork leaves its import lock held in the
@@ -52,6 +51,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
+
+from primeruns.logs import get_logger
 
 from . import hooks, records, run_index
 from .exceptions import JournalError
@@ -72,7 +73,7 @@ from .supervisor import go_online
 
 __all__ = ["K_FORK_PARENT", "ForkOrigin", "open_child", "wait_children"]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 # The parent's finish() looks at its exited children this often while their
 # uplinks ship (a wait on other processes' files: there is nothing to wake it).

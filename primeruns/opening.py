@@ -8,13 +8,14 @@ itself (:class:`primeruns.run.Run`) never sees an unchecked value.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal, cast
+
+from primeruns.logs import get_logger
 
 from . import hooks, records, run_index
 from .exceptions import ConfigurationError
@@ -41,7 +42,7 @@ from .timeouts import given_seconds, shown
 
 __all__ = ["init"]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 _DEFAULT_FINISH_TIMEOUT = 300.0
 

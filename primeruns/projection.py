@@ -30,13 +30,14 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import math
 from collections.abc import Mapping, MutableMapping, Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeGuard
 
 import orjson
+
+from primeruns.logs import get_logger
 
 from .records import encode_json, to_mapping
 
@@ -61,7 +62,7 @@ __all__ = [
     "train_sample_schema",
 ]
 
-logger = logging.getLogger(__name__)
+logger = get_logger(__name__)
 
 #: The platform's per-request ceiling on ``POST /evaluations/{id}/samples``.
 MAX_SAMPLES_PAYLOAD_BYTES = 25 * 1024 * 1024

@@ -55,13 +55,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from primeruns.logs import get_logger
 
 from . import run_index
 from .ascii_digits import decimal_or_none
@@ -94,7 +95,7 @@ __all__ = [
     "wait_for_others",
 ]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 # Journal meta: {"primary": bool, "label": str} (absent: a primary, as every
 # journal before ranks were known).

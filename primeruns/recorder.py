@@ -16,7 +16,6 @@ dropped and counted where the child has none.
 from __future__ import annotations
 
 import contextlib
-import logging
 import operator
 import os
 import re
@@ -24,6 +23,8 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
+
+from primeruns.logs import get_logger
 
 from . import hooks, records, screening
 from .exceptions import (
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Recorder"]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 _MAX_ERRORS = 1000
 # The kind log_metrics journals, read off its class once: on Python 3.11 an

@@ -22,10 +22,11 @@ naming the fix, rather than kept where a reboot may clear it.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Callable
 from pathlib import Path
+
+from primeruns.logs import get_logger
 
 from .exceptions import JournalError
 from .journal import Journal
@@ -34,7 +35,7 @@ from .settings import homeless_folder, prime_runs_folder
 
 __all__ = ["check_prime_runs_folder", "create_journal", "prime_runs_folder_of", "refuges"]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 # /dev/shm outlives the process (a crash loses nothing) but not a reboot;
 # TMPDIR comes first: it is where a site puts scratch space it wants used.

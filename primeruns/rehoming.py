@@ -22,10 +22,11 @@ returned is lost either.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import threading
 import time
+
+from primeruns.logs import get_logger
 
 from .journal import Journal
 from .journal.rehome import directory_id, gone, leave_if_cut_short, rehome
@@ -33,7 +34,7 @@ from .supervisor import Supervisor
 
 __all__ = ["Rehomer"]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 _LOOK_EVERY_S = 1.0  # how often the directory's inode is compared (a move)
 # How often the open segment's link count is (a deletion): not on every

@@ -12,13 +12,14 @@ shipped). Modes: ``online`` (journal + upload), ``offline`` (journal only, for
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
+
+from primeruns.logs import get_logger
 
 from . import closing, hooks, timeouts
 from .exceptions import ConfigurationError
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Run"]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 _SIGTERM_GRACE = 20.0
 _FLUSH_TIMEOUT = 30.0  # flush()'s default wait, as the vendor's

@@ -36,10 +36,11 @@ folder another user planted) falls back to reading every journal.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 from collections.abc import Collection
 from pathlib import Path
+
+from primeruns.logs import get_logger
 
 from .exceptions import JournalError
 from .journal import JournalInfo, list_journals
@@ -50,7 +51,7 @@ from .spec import listed_spec
 
 __all__ = ["enter", "journals_of", "note", "prune", "runs_of"]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 FOLDER = ".runs"
 _KNOWN = ".known"  # (run folders are hex digests: no clash)

@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import logging
 import math
 import os
 import re
@@ -57,6 +56,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import SplitResult, urlsplit, urlunsplit
+
+from primeruns.logs import get_logger
 
 from .exceptions import ConfigurationError
 from .models import Mode
@@ -118,7 +119,7 @@ __all__ = [
     "without_settings",
 ]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 # -- the variables ---------------------------------------------------------------------
 

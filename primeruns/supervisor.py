@@ -23,6 +23,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from primeruns.logs import get_logger
+
 from . import hooks, ranks
 from .exceptions import (
     APIError,
@@ -48,7 +50,7 @@ from .ship.uplink import K_FOLLOWS, earlier_journals
 
 __all__ = ["Supervisor", "go_online"]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 _AUTH_ERRORS = (UnauthorizedError, ForbiddenError, PaymentRequiredError)
 # finish() waits this much past its timeout for the uplink's last steps

@@ -22,13 +22,14 @@ default 30 s, with a warning, where ``flush(math.inf)`` waits without a limit.
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
+from primeruns.logs import get_logger
+
 __all__ = ["flush_timeout", "given_seconds", "shown"]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 _FIX = "pass a non-negative number of seconds (not NaN nor an infinity)"
 

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import secrets
 import shutil
@@ -100,10 +99,11 @@ from primeruns.journal.types import (
     ReadResult,
     skipped_ranges,
 )
+from primeruns.logs import get_logger
 
 __all__ = ["DEFAULT_MAX_JOURNAL_BYTES", "FORMAT_VERSION", "Durability", "Journal"]
 
-log = logging.getLogger("primeruns.journal")
+log = get_logger("primeruns.journal")
 
 Durability = Literal["process", "fsync"]
 DEFAULT_MAX_JOURNAL_BYTES = 64 << 30

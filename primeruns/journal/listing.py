@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import stat
 from collections import Counter
@@ -53,12 +52,13 @@ from primeruns.journal.summary_fields import (
 from primeruns.journal.summary_index import DeadOwner, Index, dead_owner_of
 from primeruns.journal.trust import check_dir, check_dir_as, why_unreadable
 from primeruns.journal.types import Damage, JournalInfo
+from primeruns.logs import get_logger
 from primeruns.settings import default_runs_dir  # PRIME_RUNS_DIR, read there
 
 if TYPE_CHECKING:
     from primeruns.journal.journal import Journal
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 _SALVAGE_PREFIX = "primeruns-salvage-"  # store._salvage's folder, left by an interrupted salvage
 

@@ -29,7 +29,6 @@ uplink moves.
 
 from __future__ import annotations
 
-import logging
 import threading
 from array import array
 from collections import Counter
@@ -44,9 +43,10 @@ from primeruns.journal.reading import Reader
 from primeruns.journal.torn import torn_damage
 from primeruns.journal.txn import MAX_VALUE_BYTES, Transactions, ensure_reserve
 from primeruns.journal.types import Damage
+from primeruns.logs import get_logger
 from primeruns.threads import start_daemon
 
-log = logging.getLogger("primeruns.journal")
+log = get_logger("primeruns.journal")
 
 SYNC_INTERVAL = 1.0
 # A full scan reads the journal this much at a time: ``primeruns sync`` of a

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import logging
 import threading
 import time
 from collections.abc import Callable
@@ -54,9 +53,10 @@ from primeruns.journal.reading import Reader
 from primeruns.journal.spool import SpoolView, _Segment, list_segments
 from primeruns.journal.tail import stored_end
 from primeruns.journal.txn import Transactions
+from primeruns.logs import get_logger
 from primeruns.threads import start_daemon
 
-log = logging.getLogger("primeruns.journal")
+log = get_logger("primeruns.journal")
 
 _ABSORB_BATCH = 512
 _ABSORB_BYTES = 8 << 20

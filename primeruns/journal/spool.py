@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import logging
 import os
 import stat
 import struct
@@ -87,8 +86,9 @@ from primeruns.journal.frames import (
 from primeruns.journal.fullness import disk_cause, note_too_large
 from primeruns.journal.spoolsync import SegmentSyncer
 from primeruns.journal.types import Damage
+from primeruns.logs import get_logger
 
-log = logging.getLogger("primeruns.journal")
+log = get_logger("primeruns.journal")
 
 PREFIX = "spool-"
 # Each append is written as this header and its frames: its magic, format

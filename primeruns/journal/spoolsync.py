@@ -33,16 +33,16 @@ still costs two syncs a segment.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import threading
 from pathlib import Path
 
+from primeruns.logs import get_logger
 from primeruns.threads import start_daemon
 
 __all__ = ["SegmentSyncer"]
 
-log = logging.getLogger("primeruns.journal")
+log = get_logger("primeruns.journal")
 
 
 class SegmentSyncer:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
@@ -33,8 +32,9 @@ from primeruns.journal.fullness import disk_cause, file_size_limit, note_limit
 from primeruns.journal.layout import META_KIND, dumps
 from primeruns.journal.store import Store, is_disk_full
 from primeruns.journal.types import Damage, is_loss_record
+from primeruns.logs import get_logger
 
-log = logging.getLogger("primeruns.journal")
+log = get_logger("primeruns.journal")
 
 _T = TypeVar("_T")
 

@@ -8,7 +8,6 @@ route's dialect, never a dropped connection.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
@@ -17,6 +16,8 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
+
+from primeruns.logs import get_logger
 
 from . import (
     evals,
@@ -36,7 +37,7 @@ from .faults import FaultInjector, FaultMiddleware, FaultSettings
 from .settings import ServerSettings
 from .storage import Database
 
-log = logging.getLogger("primeruns.local")
+log = get_logger("primeruns.local")
 
 _TRACES_PREFIXES = ("/api/v1/traces", "/api/v1/episodes", "/api/v1/runs")
 

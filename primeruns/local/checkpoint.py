@@ -33,16 +33,17 @@ whoever copies it later.
 
 from __future__ import annotations
 
-import logging
 import sqlite3
 import threading
 from pathlib import Path
+
+from primeruns.logs import get_logger
 
 from ..threads import start_daemon
 
 __all__ = ["BACKSTOP_PAGES", "MIN_INTERVAL", "RESTART_PAGES", "Checkpointer"]
 
-log = logging.getLogger("primeruns.local")
+log = get_logger("primeruns.local")
 
 #: Seconds between two checkpoints at least: a busy server commits every few
 #: milliseconds, and each checkpoint ends with an ``fdatasync``.

@@ -39,6 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from primeruns.logs import get_logger
+
 from ..exceptions import JournalCorruptError, JournalError, JournalLockedError
 from ..journal import Damage, Journal, journal_info
 from ..journal.lock import owner_alive, read_owner
@@ -79,7 +81,7 @@ __all__ = [
     "sync_names",
 ]
 
-log = logging.getLogger("primeruns.uplink")
+log = get_logger("primeruns.uplink")
 
 
 @dataclass

@@ -17,10 +17,11 @@ body is well under it (its metadata is in that body): it is passed over.
 
 from __future__ import annotations
 
-import logging
 import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from primeruns.logs import get_logger
 
 from ..exceptions import UnprovenAnswerError
 from ..platform import plain
@@ -28,7 +29,7 @@ from ..platform.errors import OversizeAnswerError
 
 __all__ = ["DEPTH", "PAGE", "find_created"]
 
-log = logging.getLogger("primeruns.lifecycle")
+log = get_logger("primeruns.lifecycle")
 
 # How far back the look goes: the newest evaluations of the run's team and
 # dataset, which is where a create made moments ago is; in pages of this

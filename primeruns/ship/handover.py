@@ -24,9 +24,10 @@ again, each requeue costing more than the last (DESIGN invariant 12).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from pathlib import Path
+
+from primeruns.logs import get_logger
 
 from .. import ranks
 from ..exceptions import JournalError
@@ -46,7 +47,7 @@ __all__ = [
     "take_over",
 ]
 
-log = logging.getLogger("primeruns.uplink")
+log = get_logger("primeruns.uplink")
 
 
 def left_nothing(info: JournalInfo) -> bool:

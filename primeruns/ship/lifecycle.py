@@ -12,13 +12,14 @@ only failures that surely did not reach the server are retried at once.
 
 from __future__ import annotations
 
-import logging
 import random
 import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from primeruns.logs import get_logger
 
 from .. import run_index
 from ..exceptions import (
@@ -51,7 +52,7 @@ from .standby import pause
 
 __all__ = ["K_FORK_PARENT", "Lifecycle", "crash_reason", "status_message"]
 
-log = logging.getLogger("primeruns.lifecycle")
+log = get_logger("primeruns.lifecycle")
 
 # Authorization failures are about the key, not the environment: they surface as such.
 _AUTH_ERRORS = (UnauthorizedError, ForbiddenError, PaymentRequiredError)

@@ -54,7 +54,6 @@ import contextlib
 import dataclasses
 import fcntl
 import json
-import logging
 import os
 import select
 import signal
@@ -68,6 +67,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+from primeruns.logs import get_logger
 
 from ..exceptions import JournalError
 from ..journal import Journal
@@ -89,7 +90,7 @@ __all__ = [
     "start_uplink",
 ]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 WAKE = b"\0"
 _MAIN = "primeruns.ship.uplink_main"

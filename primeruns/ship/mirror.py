@@ -52,7 +52,6 @@ are the same numbers; that is what makes a later copy's entries line up.
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import shutil
 import stat
@@ -60,6 +59,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from primeruns.logs import get_logger
 
 from ..exceptions import JournalCorruptError, JournalError
 from ..journal import CursorState, Damage, Entry, EntryKind, Journal, ReadResult
@@ -95,7 +96,7 @@ __all__ = [
     "sync_root",
 ]
 
-log = logging.getLogger("primeruns.ship")
+log = get_logger("primeruns.ship")
 
 K_SOURCE_ORIGIN = "sync.origin"  # the copied journal's origin (who may still write it)
 # The last entry of the damage ending a final copy that was counted lost.

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 import random
 import re
 import threading
@@ -27,6 +26,8 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from primeruns.logs import get_logger
 
 from ..exceptions import APIError, JournalCorruptError, JournalError, RetryableAPIError
 from ..journal import Damage, Entry, InFlight, Journal
@@ -43,7 +44,7 @@ from .sharedreads import SharedReads
 
 __all__ = ["Shipper", "ShipperState", "drain_all"]
 
-log = logging.getLogger("primeruns.ship")
+log = get_logger("primeruns.ship")
 
 # The kinds of damage to a journal's structure a shipper says (``_say_structure``).
 _STRUCTURE_SAID = 4

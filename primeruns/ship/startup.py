@@ -42,11 +42,12 @@ training run's first steps leave nothing to catch up anyway.
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from primeruns.logs import get_logger
 
 from ..exceptions import JournalError
 from ..journal import Journal
@@ -58,7 +59,7 @@ from .switch_interval import ShortSwitch
 
 __all__ = ["ThreadsFirst"]
 
-log = logging.getLogger("primeruns")
+log = get_logger("primeruns")
 
 # Which end ships: threads (the process waits), the handover under way, the
 # process, or threads for good (the process was stopped or died starting).

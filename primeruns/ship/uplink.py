@@ -27,6 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from urllib.parse import urlsplit
 
+from primeruns.logs import get_logger
+
 from .. import ranks, run_index
 from ..exceptions import JournalError, PrimeRunsError
 from ..journal import EntryKind, Journal
@@ -65,7 +67,7 @@ __all__ = [
     "terminal_state",
 ]
 
-log = logging.getLogger("primeruns.uplink")
+log = get_logger("primeruns.uplink")
 
 # After the producer died without finishing, the uplink ships what is left
 # for at most this long (it stops sooner once a sink is stuck: RetryPolicy.stuck).

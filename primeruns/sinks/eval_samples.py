@@ -23,11 +23,12 @@ unique across the run's processes.
 
 from __future__ import annotations
 
-import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+
+from primeruns.logs import get_logger
 
 from ..exceptions import APIError, is_transient
 from ..journal import Entry
@@ -56,7 +57,7 @@ _COUNT = {"page": 1, "limit": 1}  # a read for the table's ``total`` alone
 # the page's envelope and a platform that escapes more than the SDK did.
 _ROW_BYTES = 2 * MAX_REQUEST_BYTES
 
-log = logging.getLogger("primeruns.ship")
+log = get_logger("primeruns.ship")
 
 
 @dataclass(frozen=True)

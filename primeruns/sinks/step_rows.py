@@ -64,7 +64,6 @@ import contextlib
 import fcntl
 import hashlib
 import json
-import logging
 import os
 import secrets
 import sqlite3
@@ -72,6 +71,8 @@ import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
+
+from primeruns.logs import get_logger
 
 from ..exceptions import JournalError
 from ..journal.lock import plain_files, remove_unheld
@@ -90,7 +91,7 @@ __all__ = [
     "tables",
 ]
 
-log = logging.getLogger("primeruns.uplink")
+log = get_logger("primeruns.uplink")
 
 _FOLDER = ".steps"
 _SCHEMA = (

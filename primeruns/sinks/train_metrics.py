@@ -19,12 +19,13 @@ never two of one step (they could land in either order, the earlier last).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, TypeGuard
 
 import orjson
+
+from primeruns.logs import get_logger
 
 from ..exceptions import (
     APIError,
@@ -46,7 +47,7 @@ from .step_rows import StepRows
 
 __all__ = ["MetricsProgress", "TrainMetricsSink", "landed_rows"]
 
-log = logging.getLogger("primeruns.uplink")
+log = get_logger("primeruns.uplink")
 
 # A step other processes keep changing is sent again at most this often per
 # row (each round is one request): they send it themselves anyway.

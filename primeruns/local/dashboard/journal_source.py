@@ -20,12 +20,13 @@ and finish records are read within bounds too. The indexes are cached up to
 from __future__ import annotations
 
 import contextlib
-import logging
 import threading
 from collections import OrderedDict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from primeruns.logs import get_logger
 
 from ... import jsonbound
 from ...exceptions import JournalError
@@ -51,7 +52,7 @@ from .rows import record_row, sample_row
 from .run_rows import RowCache
 from .views import RunDetail, RunRow, SampleRow, StepTable, compact, config_text
 
-log = logging.getLogger("primeruns.local.dashboard")
+log = get_logger("primeruns.local.dashboard")
 
 #: What the cached indexes may hold in all (the one in use is always kept).
 CACHE_BYTES = 32 << 20
