@@ -754,7 +754,8 @@ def delete_journal(path: Path) -> None:
     folder = _open_folder(path)
     try:
         files, salvage_dirs = _journal_files(path, folder)  # all or nothing: first
-        lock = OwnerLock(path, record=False)  # raises JournalLockedError naming the owner
+        # The lock in that folder too, never by path (JournalLockedError naming the owner).
+        lock = OwnerLock(path, record=False, within=folder)
         try:
             for name, inside in salvage_dirs:
                 salvage = _open_folder(name, folder)

@@ -324,17 +324,20 @@ def _file_of(value: Any) -> tuple[int, int] | None:
     return dev, ino
 
 
-def read_owner(directory: Path, found: os.stat_result | None = None) -> OwnerInfo | None:
+def read_owner(
+    directory: Path, found: os.stat_result | None = None, *, within: int | None = None
+) -> OwnerInfo | None:
     """The owner named in the lock file (informative; None if absent or
-    unreadable). ``found``: the file's ``lstat``, taken by the caller."""
+    unreadable). ``found``: the file's ``lstat``, taken by the caller;
+    ``within``: the directory's descriptor, the file read in it by name."""
     try:
         # os calls on a plain path: listings read the lock file of every journal.
-        path = os.path.join(directory, LOCK_NAME)
+        path = os.path.join(directory, LOCK_NAME) if within is None else LOCK_NAME
         if found is None:
-            found = os.lstat(path)
+            found = os.lstat(path, dir_fd=within)
         if stat.S_ISREG(found.st_mode) and found.st_size == 0:
             return None  # no owner named (a past run's, mostly): one call, not three
-        fd = os.open(path, _READING)
+        fd = os.open(path, _READING, dir_fd=within)
         try:
             raw = os.read(fd, 1 << 16)
         finally:
@@ -609,11 +612,17 @@ def _write_record(fd: int, record: dict[str, Any]) -> None:
         os.ftruncate(fd, len(encoded))
 
 
-def _locked_descriptor(path: Path) -> int | None:
-    """``path`` opened and flocked, exclusively; None: another process holds it."""
+def _locked_descriptor(path: Path, within: int | None = None) -> int | None:
+    """``path`` opened and flocked, exclusively; None: another process holds
+    it. ``within``: the folder's descriptor, the file opened in it by name."""
     # Never through a link: one planted here would be truncated (trust).
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        fd = os.open(
+            path if within is None else path.name,
+            os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+            0o600,
+            dir_fd=within,
+        )
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise UntrustedPathError(f"{path} is a symbolic link: not opened") from None
@@ -631,20 +640,24 @@ def _locked_descriptor(path: Path) -> int | None:
 class OwnerLock:
     """An exclusive, non-blocking flock on ``<directory>/owner.lock``."""
 
-    def __init__(self, directory: Path, *, record: bool = True) -> None:
+    def __init__(self, directory: Path, *, record: bool = True, within: int | None = None) -> None:
         """Take the lock or raise JournalLockedError naming the live owner.
 
         ``record`` writes this process as the owner into the lock file.
+        ``within``: a descriptor of ``directory`` the caller opened (and
+        checked): the lock is the one in that folder, whatever the path
+        names by now (``delete_journal``: a folder moved aside and a link
+        put in its place had the linked run's lock taken instead).
         """
         self.path = directory / LOCK_NAME
         self._pid = os.getpid()
         with _REGISTRY:  # opened and known as held at once (module doc)
-            fd = _locked_descriptor(self.path)
+            fd = _locked_descriptor(self.path, within)
             if fd is not None:
                 self._fd: int | None = fd
                 _HELD.add(self)
         if fd is None:
-            info = read_owner(directory)
+            info = read_owner(directory, within=within)
             who = info.describe() if info else "another process"
             raise JournalLockedError(
                 f"journal {directory} is owned by {who}, which is still running",

@@ -12,6 +12,7 @@ removed (a link is the user's, and what it points to may be anything).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -21,8 +22,8 @@ import pytest
 from cli_helpers import cli, named_offline_eval
 from sdk_helpers import point_at
 
-from primeruns.exceptions import JournalError
-from primeruns.journal import listing
+from primeruns.exceptions import JournalError, JournalLockedError
+from primeruns.journal import EntryKind, Journal, listing
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -169,3 +170,34 @@ def test_the_offline_dashboard_opens_nothing_through_a_linked_run_folder(
     assert samples.status_code == 404, samples.status_code
     assert kept_page.status_code == 200
     assert not [r for r in caplog.records if r.exc_info], [r.getMessage() for r in caplog.records]
+
+
+def test_gc_locks_the_run_folder_it_checked_not_one_put_in_its_place(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # gc's delete took the run's owner lock by path after opening the folder
+    # it checked: the folder of a live run moved aside and a link to a
+    # finished run put in its place in between, it locked the finished run's
+    # lock file and deleted the live run's journal through the folder held.
+    runs = point_at(monkeypatch, tmp_path, None)
+    other = named_offline_eval(tmp_path / "elsewhere", "other")
+    live = Journal.create(runs, local_id="live")  # its owner lock held, as a running run's
+    path, aside = live.path, runs / "moved-aside"
+    try:
+        live.append(EntryKind.METRICS, [b'{"step":0}'])
+        before = sorted(os.listdir(path))
+        listed = listing._journal_files
+
+        def then_swapped(at: Path, folder: int) -> tuple[list[str], list[tuple[str, list[str]]]]:
+            found = listed(at, folder)
+            os.rename(path, aside)
+            os.symlink(other, path)
+            return found
+
+        monkeypatch.setattr(listing, "_journal_files", then_swapped)
+        with pytest.raises(JournalLockedError):
+            listing.delete_journal(path)
+        assert sorted(os.listdir(aside)) == before
+    finally:
+        with contextlib.suppress(JournalError, OSError):
+            live.close()
