@@ -19,11 +19,17 @@ import sys
 import workloads
 
 import primeruns as pr
+from primeruns.journal import spool
 
 EPISODES = 700
 
 
 def main() -> None:
+    # The 550 episodes fill a segment and go past it: a full segment goes on
+    # while its first sync runs (up to twice SEGMENT_MAX), so on a loaded host
+    # they could all stay in one segment, none moved and deleted. An eighth
+    # past full, as the spool's own tests set it, makes the switch certain.
+    spool._GO_ON_SHARE = 8
     runs_dir, base_url = sys.argv[1:3]
     run = pr.init(
         environments=["gsm8k"], model="m", mode="offline", runs_dir=runs_dir, base_url=base_url
