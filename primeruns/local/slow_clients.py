@@ -48,6 +48,10 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   trickling a head), which is answered 503 with ``Retry-After`` and closed:
   connections kept alive with a request every few seconds held every
   place, and each new client was turned away for as long as they liked.
+  One whose last answer the socket's send queue still holds is judged as
+  that answer's reader from then on: writes going, no answer's window ran,
+  and a client that read none of answers the kernel took whole held its
+  place, judged on nothing, up to the head's deadline.
   Where every connection has a request under way or an answer going out,
   the new one takes the place of the one making the least progress with a
   body, or with taking an answer waiting on it, if that is under
@@ -292,15 +296,23 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         for other in self.waiting:
             if other.transport.is_closing():
                 closing.append(other)  # (for good: not looked at again)
-            elif other is not self and (
-                (
-                    other.conn.their_state is h11.IDLE
-                    and other.conn.our_state is h11.IDLE
-                    and not other.flow.write_paused
-                    and not other._unsent_bytes()
-                )
-                or (other.conn.our_state is h11.DONE and other.conn.their_state is h11.SEND_BODY)
+            elif other is self:
+                continue
+            elif (
+                other.conn.their_state is h11.IDLE
+                and other.conn.our_state is h11.IDLE
+                and not other.flow.write_paused
             ):
+                if not other._unsent_bytes():
+                    found = other
+                    break
+                # Its answer still in the socket's queue: judged as its reader
+                # from now (``_slowest``). Writes going, no answer's window ran,
+                # and a client that left a queue's worth unread held its place
+                # judged on nothing, a byte of a head now and then, for as long
+                # as the head's deadline.
+                other._answer_waits()
+            elif other.conn.our_state is h11.DONE and other.conn.their_state is h11.SEND_BODY:
                 found = other
                 break
         for other in closing:
@@ -355,9 +367,7 @@ class BoundedH11Protocol(OneWriteH11Protocol):
         not judged: it waits on nobody's bytes, or on the server's, or has
         had under :data:`JUDGED_AFTER` counted (a client's first bytes come
         in bursts)."""
-        if self.flow.write_paused or (
-            self._sent_from is not None and self.transport.get_write_buffer_size()
-        ):
+        if self.flow.write_paused or (self._sent_from is not None and self._unsent_bytes()):
             started, base = self._sent_start, self._sent_start_base
             if self._sent_from is None or now - started < JUDGED_AFTER:
                 return None
@@ -657,16 +667,13 @@ class BoundedH11Protocol(OneWriteH11Protocol):
 
     def _answers_taken(self) -> None:
         """End the answer's window once nothing the server holds waits on the
-        client (writes not paused, nothing buffered): the next answer's window
+        client (writes not paused, nothing buffered nor in the socket's send
+        queue, where a client's unread answers wait too): the next answer's window
         and progress start afresh. Left to the timer (up to a head's deadline
         later), a kept-alive client's next large answer was judged over the
         wait between them and the app's work on it, and one reading it at
         once could fall under FAIR_RATE and be aborted."""
-        if (
-            self._sent_from is not None
-            and not self.flow.write_paused
-            and self.transport.get_write_buffer_size() == 0
-        ):
+        if self._sent_from is not None and not self.flow.write_paused and not self._unsent_bytes():
             self._sent_from = None
 
     def _slid(self, now: float) -> None:

@@ -250,3 +250,27 @@ def test_a_body_slow_once_then_a_wait_leaves_the_next_body_unjudged_at_its_start
         )
         assert _until_closed(sock).startswith(b"HTTP/1.1 20")
     assert "Traceback" not in platform.log_path.read_text()
+
+
+def test_answers_left_unread_in_the_send_queue_hold_no_place(
+    make_local_platform: Callable[..., LocalPlatform],
+) -> None:
+    """A client with the least receive window pipelines requests and reads
+    none of their answers, which the socket's send queue takes whole (the
+    server's writes never pause), then sends a byte of a next head now and
+    then. Waiting on a head, it was not given up (its answer still going
+    out), and judged on nothing (no answer waited on it, writes going): a
+    new client was answered 503 up to the head's deadline. Now it is judged
+    as the reader it is, and a new client takes its place."""
+    platform = make_local_platform(max_connections=1, body_timeout=60, head_timeout=60)
+    with _small_window(platform) as sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 40)
+        _until_read(platform, sock)  # (its requests handled: it waits on a head)
+        started = time.monotonic()
+        served = []
+        while 200 not in served and time.monotonic() - started < 4:
+            time.sleep(0.5)
+            sock.sendall(b"G")  # (a next head begun: no idle keep-alive to end)
+            served.append(_healthz(platform))
+        assert 200 in served, served
+    assert "Traceback" not in platform.log_path.read_text()
