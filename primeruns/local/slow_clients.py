@@ -61,7 +61,11 @@ nobody is served. :class:`BoundedH11Protocol` gives each connection:
   over the time the server waited on the connection's bodies since it
   last waited a second for a head (takeable as idle meanwhile): each
   body's own clock let requests pipelined a byte at a time, each under a
-  second, hold a place at a few hundred bytes a second. A body's count
+  second, hold a place at a few hundred bytes a second. The server's own
+  pauses in reading a body are left out, its count going on from the first
+  look after one, a read or a new connection's: left to the read, a client
+  that sent 70 KB at once (reading paused) and then nothing was judged on
+  nothing up to the body deadline. A body's count
   ends as the body does, the server's writes paused or not: looked at only
   with writes going, a body that ended while they were paused was counted
   on into the next, pauses and all. One begun while they were paused (its
@@ -373,16 +377,22 @@ class BoundedH11Protocol(OneWriteH11Protocol):
                 return None
             return (self._taken() - base) / (now - started)
         cycle = self.cycle
-        spent = self._judged_time + max(0.0, now - self._body_start - BODY_GRACE)
         if (
             self.transport.is_closing()
             or self._body_from is None
             or self.conn.their_state is not h11.SEND_BODY
             or self.flow.read_paused
             or (cycle is not None and cycle.waiting_for_100_continue)
-            or self._held_up  # (resumed, no read since: its clock restarts at the next)
-            or spent < JUDGED_AFTER
         ):
+            return None
+        if self._held_up:
+            # Reading resumed since the last look (the app took what was read
+            # ahead), no read since: its clock restarts now, as at that read
+            # (:meth:`_request_due`). Left to the read, a client silent once
+            # reading resumed was judged on nothing up to the body deadline.
+            self._body_start, self._body_start_base, self._held_up = now, self._received, False
+        spent = self._judged_time + max(0.0, now - self._body_start - BODY_GRACE)
+        if spent < JUDGED_AFTER:
             return None
         return (self._judged_bytes + self._received - self._body_start_base) / spent
 

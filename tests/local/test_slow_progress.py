@@ -422,3 +422,31 @@ def test_a_body_after_one_answered_at_its_head_is_judged_from_its_own() -> None:
     judged = _judged(loop, requests(), rates)
     assert len(judged) >= 5, "the body was not judged"
     assert min(judged) >= FAIR_RATE, min(judged)
+
+
+def test_a_body_silent_once_its_reading_resumed_is_judged() -> None:
+    """A client sent 70 KB of a 1 MB body at once, past what the server reads
+    ahead of its app (64 KiB: reading paused), and nothing more once the app
+    had taken it and reading resumed. Counted again only from its next read,
+    it was judged on nothing for as long as its silence was let last (the
+    body deadline, 60 s): a place held for 70 KB a minute, while a new
+    connection past the bound was answered 503. Judged from the resume, its
+    silence is under FAIR_RATE a second on."""
+    loop = _Clock()
+    rates: list[float | None] = []
+
+    async def requests() -> None:
+        protocol, _ = _connected(loop)
+        protocol.data_received(_post(10**6) + b"b" * 70_000)
+        assert protocol.flow.read_paused  # (past 64 KiB the app has not taken)
+        await _turns()
+        assert not protocol.flow.read_paused  # (the app took it: reading resumed)
+        for _ in range(30):  # (three seconds of silence)
+            loop.now += 0.1
+            rates.append(protocol._progress(loop.now))
+            await _turns()
+        protocol.connection_lost(None)
+
+    judged = _judged(loop, requests(), rates)
+    assert len(judged) >= 15, "the body was not judged"
+    assert max(judged) < FAIR_RATE, max(judged)
