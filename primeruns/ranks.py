@@ -72,10 +72,10 @@ from .journal.lock import forks_wait, lock_held, plain_files, read_owner, remove
 from .journal.origin import Origin
 from .journal.store import DATA_NAME
 from .journal.trust import check_dir, make_private_dirs
+from .redaction import scrub
 from .settings import parse_bool_setting
 from .ship.standby import pause
 from .spec import SPEC_KEY, listed_spec
-from .timeouts import shown
 
 if TYPE_CHECKING:
     from .journal.journal import Journal
@@ -210,7 +210,9 @@ def _say_unreadable(unreadable: list[tuple[str, str]], taken: str) -> None:
             "prime-runs: %s=%s %s: %s. Set %s to this process's rank (0 for the run's "
             "primary), or unset it.",
             name,
-            shown(raw),
+            # Scrubbed whole, then cut: a key pasted into the variable
+            # (``RANK=$PRIME_API_KEY``) was logged as it was.
+            scrub(repr(raw))[:80],
             problem,
             taken,
             name,

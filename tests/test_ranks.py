@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from primeruns import ranks
+from primeruns import ranks, redaction
 from primeruns.exceptions import ConfigurationError
 from primeruns.journal.lock import LOCK_NAME
 
@@ -84,6 +84,26 @@ def test_a_rank_variable_that_is_no_rank_is_said_once_with_its_fix(
     assert f"RANK={env['RANK']!r}" in warnings[0]
     assert said in warnings[0]
     assert "Set RANK to this process's rank" in warnings[0]
+
+
+def test_a_rank_variable_holding_the_api_key_is_said_without_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key pasted into a rank variable (``RANK=$PRIME_API_KEY`` for
+    ``$RANK``) is no rank, and the warning that says so names the variable,
+    not the key: a log is no place for it."""
+    key = "pk-rank-0123456789abcdef"
+    monkeypatch.setattr(redaction, "_secrets", set())  # (this test's key only)
+    redaction.remember_secret(key)  # (as the run's settings do once they resolve it)
+    monkeypatch.setattr(ranks, "_warned_ranks", set(), raising=False)
+    with caplog.at_level(logging.WARNING, logger="primeruns"):
+        assert _role({"RANK": key}, tmp_path).rank is None
+        assert _role({"RANK": f"Bearer {key[:-1]}", "SLURM_PROCID": "1"}, tmp_path).rank == 1
+    warnings = [r.getMessage() for r in caplog.records if "RANK=" in r.getMessage()]
+    assert len(warnings) == 2, warnings
+    for warning in warnings:
+        assert "pk-rank-" not in warning, warning
+        assert "Set RANK to this process's rank" in warning
 
 
 def test_an_explicit_argument_wins_and_a_created_run_is_its_creators(tmp_path: Path) -> None:
@@ -163,7 +183,7 @@ def test_a_child_that_inherited_its_parents_rank_is_neither_that_rank_nor_the_pr
 _RANK_0_THAT_DIES_LEAVING_A_CHILD = """
 import os, sys
 from pathlib import Path
-from primeruns import ranks
+from primeruns import ranks, redaction
 
 runs, run, held = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 role = ranks.resolve_role(None, attach_id=run, runs_dir=runs, local_id="old", environ={"RANK": "0"})
@@ -359,7 +379,7 @@ def test_rows_merged_in_one_transaction_are_merged_as_one_at_a_time(tmp_path: Pa
 _CREATOR = """
 import sys
 from pathlib import Path
-from primeruns import ranks
+from primeruns import ranks, redaction
 
 ranks.claim_created(Path(sys.argv[1]), sys.argv[2], "creator")  # as init() does
 print("claimed", flush=True)
