@@ -59,6 +59,7 @@ from urllib.parse import SplitResult, urlsplit, urlunsplit
 
 from primeruns.logs import get_logger
 
+from .ascii_digits import decimal_or_none
 from .exceptions import ConfigurationError
 from .models import Mode
 from .redaction import remember_secret
@@ -181,7 +182,6 @@ MIN_STALL_S = 0.1  # a close-out needs time for its stuck_attempts tries
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 _TOKEN = re.compile(r"[\x21-\x7e]*")  # printable ASCII, no spaces: an HTTP header's token
-_DIGITS = re.compile(r"[0-9]+")
 
 # Longest suffix first: "/api/internal/rft" must win over "/api/internal".
 _API_ROOTS = (
@@ -250,11 +250,14 @@ def parse_byte_count(name: str, raw: str, *, minimum: int) -> int:
         f"use a whole number of bytes of at least {minimum} ({minimum >> 20} MiB); "
         f"the default is {DEFAULT_MAX_JOURNAL_BYTES} ({DEFAULT_MAX_JOURNAL_BYTES >> 30} GiB)"
     )
-    if not _DIGITS.fullmatch(text):
+    # ASCII digits, up to the 4,300 ``int`` reads: past them it raised a
+    # ValueError, not this error, out of a disabled run's settings too.
+    count = decimal_or_none(text, 4_300)
+    if count is None:
         raise ConfigurationError(f"{name}={raw!r} is not a whole number of bytes; {accepted}")
-    if int(text) < minimum:
+    if count < minimum:
         raise ConfigurationError(f"{name}={raw!r} is below the minimum; {accepted}")
-    return int(text)
+    return count
 
 
 def _parse_runs_dir(name: str, raw: str) -> Path:

@@ -36,7 +36,7 @@ BAD: dict[str, list[str]] = {
     st.TRACES_OPT_OUT_ENV: ["maybe", "2", "y"],
     st.MODE_ENV: ["onlin", "enabled"],
     st.RUNS_DIR_ENV: [],  # a file: made per test (see _bad_values)
-    st.MAX_JOURNAL_BYTES_ENV: ["lots", "8GiB", "1000", "-5", "1e9", "2.5"],
+    st.MAX_JOURNAL_BYTES_ENV: ["lots", "8GiB", "1000", "-5", "1e9", "2.5", "9" * 4301, "١٢٣٤٥٦٧٨"],
     st.UPLINK_ENV: ["thread", "proc", "1"],
     st.RETRY_BASE_ENV: ["fast", "0", "-1", "nan"],
     st.PAUSE_ENV: ["5m", "-1", "inf"],
