@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -30,15 +33,23 @@ from primeruns.local.dashboard.journal_source import JournalSource
 from primeruns.local.dashboard.routes import PAGE_SIZE
 
 
+def _live_evaluation(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logged: int
+) -> tuple[pr.Run, JournalSource, list[dict[str, Any]]]:
+    """An evaluation still running, ``logged`` episodes in, its journals'
+    source, and the demo episodes it logs copies of."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(name="live", environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    demo = eval_episodes()
+    run.log_episodes([fresh(demo[0]) for _ in range(logged)])
+    return run, JournalSource(runs), demo
+
+
 def test_a_live_runs_new_episodes_appear_on_the_next_page(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runs = point_at(monkeypatch, tmp_path, None)
-    run = pr.init(name="live", environments=["gsm8k"], model="m", mode="offline", runs_dir=runs)
+    run, source, demo = _live_evaluation(tmp_path, monkeypatch, 3)
     assert run.journal_path is not None
-    demo = eval_episodes()
-    run.log_episodes([fresh(demo[0]) for _ in range(3)])
-    source = JournalSource(runs)
     rows, total = source.samples(run.journal_path.name, 0, PAGE_SIZE)
     assert total == 3 and len(rows) == 3
     later = [fresh(demo[1]) for _ in range(2)]
@@ -344,3 +355,64 @@ def test_a_summary_kept_without_its_walk_vouches_once_one_walk_found_the_file_cl
     assert detail is not None and detail.row.name == "done" and walked == []
     rows, total = JournalSource(runs).samples(run.journal_path.name, 0, PAGE_SIZE)
     assert total == 3 and len(rows) == 3 and walked == []
+
+
+def _appends_while_indexed(monkeypatch: pytest.MonkeyPatch, append: Callable[[], None]) -> None:
+    """Once, ``append`` runs just after an index's update looked for the
+    journal's end: a live run's entries written while a page reads."""
+    looked = Journal.last_seq
+    pending = [append]
+
+    def last_seq(journal: Journal) -> int:
+        end = looked(journal)
+        if pending and sys._getframe(1).f_code is JournalIndex.update.__code__:
+            pending.pop()()
+        return end
+
+    monkeypatch.setattr(Journal, "last_seq", last_seq)
+
+
+def test_a_live_runs_rows_appended_while_a_page_reads_are_charted_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An update read metric rows and episodes to the journal's end as it
+    read them but recorded having read only to the end it looked up first:
+    rows a training run appended meanwhile were read again by the next
+    page's update, each of those steps charted twice (and its episodes
+    counted twice)."""
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = pr.init(
+        name="t", kind="train", model="m", team_id="team-a", mode="offline", runs_dir=runs
+    )
+    assert run.journal_path is not None
+    demo = train_episodes()[0][0]
+
+    def log_step(step: int) -> None:
+        episode = fresh(demo)
+        episode["run"]["work"]["step"] = step
+        run.log_episodes([episode])
+        run.log_metrics({"loss": 1.0 / (step + 1)}, step=step)
+
+    log_step(0)
+    source = JournalSource(runs)
+    _appends_while_indexed(monkeypatch, lambda: log_step(1))
+    first = source.run(run.journal_path.name)
+    log_step(2)
+    second = source.run(run.journal_path.name)
+    run.finish()
+    assert first is not None and second is not None
+    assert [row["step"] for row in second.metrics] == [0, 1, 2]
+    index = source._indexes[str(run.journal_path)]
+    assert {step: len(seqs) for step, seqs in index.steps.items()} == {0: 1, 1: 1, 2: 1}
+
+
+def test_a_live_evaluations_episodes_appended_while_a_page_reads_are_listed_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run, source, demo = _live_evaluation(tmp_path, monkeypatch, 2)
+    assert run.journal_path is not None
+    _appends_while_indexed(monkeypatch, lambda: run.log_episodes([fresh(demo[1])]))
+    source.samples(run.journal_path.name, 0, PAGE_SIZE)
+    rows, total = source.samples(run.journal_path.name, 0, PAGE_SIZE)
+    run.finish()
+    assert total == 3 and len({row.sample_id for row in rows}) == 3

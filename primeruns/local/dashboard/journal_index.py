@@ -113,7 +113,7 @@ class JournalIndex:
             return
         # Evaluations: episodes by header alone; training: each read once for its step.
         for seq, size, record in _scan(
-            journal, start, EntryKind.EPISODE, MAX_ENTRY_BYTES if self.training else 0, self
+            journal, start, end, EntryKind.EPISODE, MAX_ENTRY_BYTES if self.training else 0, self
         ):
             self.episodes.append((seq, size))
             if self.training:
@@ -141,7 +141,9 @@ class JournalIndex:
         if held is None or held[EntryKind.METRICS]:
             charted.extend(
                 record
-                for _, _, record in _scan(journal, start, EntryKind.METRICS, MAX_SMALL_BYTES, self)
+                for _, _, record in _scan(
+                    journal, start, end, EntryKind.METRICS, MAX_SMALL_BYTES, self
+                )
                 if isinstance(record, dict)
             )
         # Of the summaries the last one alone is shown: read from the log's
@@ -187,11 +189,19 @@ def _last_summary(
 
 
 def _scan(
-    journal: Journal, after: int, kind: EntryKind, max_entry_bytes: int, index: JournalIndex
+    journal: Journal,
+    after: int,
+    upto: int,
+    kind: EntryKind,
+    max_entry_bytes: int,
+    index: JournalIndex,
 ) -> Iterator[tuple[int, int, Any]]:
-    """(seq, declared bytes, decoded value or None) of every ``kind`` entry after
-    ``after``; entries over ``max_entry_bytes`` (every one, with 0) are not decoded."""
-    while True:
+    """(seq, declared bytes, decoded value or None) of every ``kind`` entry in
+    ``(after, upto]``; entries over ``max_entry_bytes`` (every one, with 0) are
+    not decoded. Those a live run appended past ``upto`` are left to the next
+    update, which starts there: read now as well, each was read twice (a
+    step's metric rows charted twice, its episodes listed twice)."""
+    while after < upto:
         result = journal.read(
             after,
             kinds={kind},
@@ -207,6 +217,8 @@ def _scan(
             + [(seq, size) for seq, _, size in result.oversized]
         )
         for seq, size in found:
+            if seq > upto:
+                return
             entry = decoded.pop(seq, None)
             value = None
             if entry is not None:
