@@ -62,6 +62,17 @@ def test_all_is_exactly_the_public_names() -> None:
     assert len(primeruns.__all__) == len(set(primeruns.__all__))
 
 
+def test_the_local_platforms_name_is_listed_before_it_is_imported() -> None:
+    """``primeruns.local`` imports ``LocalPlatform`` when first asked for (the
+    dashboard and ``serve`` never use it); ``dir`` lists it all the same, as
+    it did when it was imported with the package, and as the package's own
+    names are (a REPL completes from ``dir``)."""
+    import primeruns.local
+
+    assert "LocalPlatform" in dir(primeruns.local)
+    assert set(dir(primeruns.local)) >= set(primeruns.local.__all__)
+
+
 def test_platform_errors_are_prime_traces_own_classes() -> None:
     """``except`` clauses written for the vendor's SDK and for prime-traces
     catch the platform's errors here; the journal's stay this SDK's own."""

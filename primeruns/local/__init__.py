@@ -26,5 +26,12 @@ def __getattr__(name: str) -> Any:
     if name == "LocalPlatform":
         from .handle import LocalPlatform
 
+        globals()[name] = LocalPlatform  # asked for once
         return LocalPlatform
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    # The name is there before it is imported, as the package's own are
+    # (``primeruns.__dir__``): a REPL's completion and ``help`` list it.
+    return sorted({*globals(), *__all__})
