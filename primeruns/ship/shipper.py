@@ -650,7 +650,9 @@ class Shipper:
         if prepared.carry is not None:
             # Saved before the batch: a failure between the two leaves a gap
             # in the sink's numbering after a restart, never a reuse of it.
-            self._save_carry(prepared.carry)
+            # The parts the sink tidied go in the same write, not in the
+            # batch's state: its carry and carry_before hold what it changed.
+            self._save_carry(prepared.carry, prepared.tidied)
         self.journal.set_inflight(self.name, inflight, frame=frame)
         if prepared.carry is not None:
             # Recorded: only now does the sink go on from this batch's carry
@@ -728,14 +730,19 @@ class Shipper:
             log.warning("%s: the carried numbering is unreadable (%s)", self.name, exc)
             return None
 
-    def _save_carry(self, carry: Mapping[str, Any]) -> None:
+    def _save_carry(
+        self, carry: Mapping[str, Any], tidied: Mapping[str, Any] | None = None
+    ) -> None:
+        """Save ``carry`` (and, of a part-carrying sink, the parts it
+        ``tidied``: ``Prepared.tidied``) in one transaction."""
         if self._carry_parts:
             # A part of None holds nothing (emptied, or none yet): removed,
             # so start-up does not read a key per part a run ever had.
+            parts = {**tidied, **carry} if tidied else carry
             prefix = f"carry.{self.name}."
             self.journal.update_meta(
-                {f"{prefix}{p}": v for p, v in carry.items() if v is not None},
-                drop=[f"{prefix}{p}" for p, v in carry.items() if v is None],
+                {f"{prefix}{p}": v for p, v in parts.items() if v is not None},
+                drop=[f"{prefix}{p}" for p, v in parts.items() if v is None],
             )
         else:
             self.journal.set_meta(f"carry.{self.name}", dict(carry))

@@ -56,8 +56,12 @@ class Prepared(Generic[P]):
     ``carry`` is what the sink carries from batch to batch (rollout numbers,
     sample id ranges), JSON-able and read only by its ``restore``: kept once
     the batch is recorded (of a sink that ``carries_parts``: the parts the
-    batch changed). ``counters`` are added to the journal's meta
-    values of those names once the batch is acknowledged.
+    batch changed). ``tidied`` (of a sink that ``carries_parts``): parts it
+    saves again as they were before the batch, without what no longer
+    counts (the rollout numbering's stale counts), in the write that saves
+    ``carry``: the same whichever way the batch goes, so neither recorded
+    with it nor given back if it is refused. ``counters`` are added to the
+    journal's meta values of those names once the batch is acknowledged.
     """
 
     body: bytes
@@ -65,6 +69,7 @@ class Prepared(Generic[P]):
     progress: P
     last_seq: int | None = None
     carry: Mapping[str, Any] | None = None
+    tidied: Mapping[str, Any] | None = None
     counters: Mapping[str, int] = field(default_factory=dict)
 
 

@@ -172,6 +172,7 @@ class EvalSamplesSink:
             # Only the parts of the numbering this batch changed
             # (``rollout_numbers``): the shipper saves them one by one.
             carry=rollouts.carry(),
+            tidied=rollouts.tidied(),
         )
 
     def restore(self, carry: Mapping[str, Any]) -> None:

@@ -25,9 +25,11 @@ and saved three times), where a thousand examples have 63 chunks: 3.4 times
 the cost at 50,000 examples (``tools/bench/eval_carry.py``). Moved
 examples leave stale counts in the parts they left; the batch after the one
 that moved them saves each part holding more stale pairs than live ones
-again without them (``RolloutBatch.carry``), so what start-up reads (every
+again without them (``RolloutBatch.tidied``), so what start-up reads (every
 part saved) stays within twice the examples, not a pair per rollout moved:
-a dataset repeated once per rollout moves every example each pass.
+a dataset repeated once per rollout moves every example each pass. Those
+parts are saved with the batch's carry but are not in it: the batch
+records (and gives back if refused) only the parts it changed.
 
 An earlier version's whole numbering (``rollouts``: ``str(example)`` as a
 JSON key, to count) is read as the base under the chunks, looked up by the
@@ -236,30 +238,42 @@ class RolloutBatch:
         chunk[key] = number
 
     def carry(self) -> dict[str, Any]:
-        """The parts the batch changed, as they are after it, and the untidy
-        parts as they were before it without their stale pairs (None: no
-        pair left).
-
-        Stale pairs are dropped a batch after the one that moved their
-        examples on, never by it: the part an example moved to must be
-        saved and recorded first, or a process killed between a batch's
-        save and its record could go on from parts that lost the count. So
-        the numbering saved stays within twice the examples it numbers, and
-        the pairs the last batch moved; start-up reads no more."""
+        """The parts the batch changed, as they are after it."""
         carry = _Carry(
             (f"{_PART}{index}", [[_value(key), number] for key, number in chunk.items()])
             for index, chunk in self._changed.items()
         )
+        carry.batch = self
+        return carry
+
+    def tidied(self) -> dict[str, Any]:
+        """Parts holding more stale pairs than live ones, as they were before
+        the batch without their stale pairs (None: no pair left): saved with
+        the batch's carry, but not in it.
+
+        Stale pairs are dropped a batch after the one that moved their
+        examples on, never by it: the part an example moved to must be
+        saved and recorded first, or a process killed between a batch's
+        save and its record could go on from parts that lost the count.
+        That batch is acknowledged before this one is recorded (the shipper
+        records a batch once the one before is), and nothing goes back
+        past an acknowledged batch, so these parts are right whichever way
+        this one goes (recorded, killed before its record, refused whole
+        and given back, resent after a restart): neither recorded with it
+        nor given back, they cost one write, not three (its carry, and
+        what it would give back, read first). So the numbering saved stays
+        within twice the examples it numbers, and the pairs the last batch
+        moved; start-up reads no more."""
+        tidied: dict[str, Any] = {}
         self._tidied = {}
         numbers = self._numbers
         for index in numbers._untidy:
             if index not in self._changed:
                 live = numbers._chunks.get(index, {})
                 pairs = [[_value(key), number] for key, number in live.items()]
-                carry[f"{_PART}{index}"] = pairs or None
+                tidied[f"{_PART}{index}"] = pairs or None
                 self._tidied[index] = len(pairs)
-        carry.batch = self
-        return carry
+        return tidied
 
     def adopt_into(self, numbers: RolloutNumbers, version: int) -> bool:
         """Make ``numbers`` go on from this batch, which it was made on, as
