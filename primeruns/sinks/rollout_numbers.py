@@ -29,7 +29,9 @@ again without them (``RolloutBatch.tidied``), so what start-up reads (every
 part saved) stays within twice the examples, not a pair per rollout moved:
 a dataset repeated once per rollout moves every example each pass. Those
 parts are saved with the batch's carry but are not in it: the batch
-records (and gives back if refused) only the parts it changed.
+records (and gives back if refused) only the parts it changed. A batch
+tidies ``TIDIED`` parts at most: an earlier version's journal may hold
+thousands, which the next batches tidy in turn, not the first alone.
 
 An earlier version's whole numbering (``rollouts``: ``str(example)`` as a
 JSON key, to count) is read as the base under the chunks, looked up by the
@@ -48,11 +50,17 @@ from typing import Any
 
 from ..ascii_digits import decimal_or_none
 
-__all__ = ["CHUNK", "RolloutBatch", "RolloutNumbers"]
+__all__ = ["CHUNK", "TIDIED", "RolloutBatch", "RolloutNumbers"]
 
 # Examples a part holds: a batch of 256 episodes changes at most 17 parts,
 # whatever its examples (new, or moved from earlier parts).
 CHUNK = 16
+# Parts a batch saves again without their stale pairs, at most: as many as
+# a batch of 256 can leave holding more stale pairs than live ones (one per
+# example it moves on), so tidying keeps up with the batches; a journal an
+# earlier version left with thousands (every part of a round-robin pass
+# but the last) is tidied over the next batches, not all by the first.
+TIDIED = 256
 _WHOLE = "rollouts"  # an earlier version's whole numbering
 _PART = "rollouts."  # a chunk's part: "rollouts.<index>"
 # Past any index a run makes (a part per 16 examples): a damaged or hostile
@@ -248,8 +256,8 @@ class RolloutBatch:
 
     def tidied(self) -> dict[str, Any]:
         """Parts holding more stale pairs than live ones, as they were before
-        the batch without their stale pairs (None: no pair left): saved with
-        the batch's carry, but not in it.
+        the batch without their stale pairs (None: no pair left), at most
+        ``TIDIED`` of them: saved with the batch's carry, but not in it.
 
         Stale pairs are dropped a batch after the one that moved their
         examples on, never by it: the part an example moved to must be
@@ -268,6 +276,8 @@ class RolloutBatch:
         self._tidied = {}
         numbers = self._numbers
         for index in numbers._untidy:
+            if len(self._tidied) >= TIDIED:
+                break  # the rest by the batches after it
             if index not in self._changed:
                 live = numbers._chunks.get(index, {})
                 pairs = [[_value(key), number] for key, number in live.items()]

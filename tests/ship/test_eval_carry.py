@@ -418,6 +418,7 @@ def test_a_batch_killed_after_its_send_is_resent_with_its_numbers(evaluation: Ev
 _POOL = [0, 1, 2, 3, 4, 5, "a", "0", None, 1.5, [1], {"a": 1}]
 _WHOLE_POOL = [0, 1, 2, 3, None, 1.5, "a"]
 _EVENTS = ["ship", "ship", "ship", "restart", "killed", "unrecorded", "refused", "copy"]
+_MOST_KEYS = 12  # examples of a batch of the oracle's
 
 
 def _name(example: Any) -> str:
@@ -441,18 +442,24 @@ def _previous_parts(earlier: Sequence[Any]) -> dict[str, Any]:
 @settings(max_examples=40, deadline=None)
 @given(
     chunk=st.sampled_from([1, 2, 3, 16]),
+    tidied=st.sampled_from([1, rollout_numbers.TIDIED]),
     layout=st.sampled_from(["none", "whole", "parts"]),
     earlier=st.lists(st.sampled_from(_WHOLE_POOL), max_size=24),
     steps=st.lists(
         st.tuples(
-            st.sampled_from(_EVENTS), st.lists(st.sampled_from(_POOL), min_size=1, max_size=12)
+            st.sampled_from(_EVENTS),
+            st.lists(st.sampled_from(_POOL), min_size=1, max_size=_MOST_KEYS),
         ),
         min_size=1,
         max_size=10,
     ),
 )
 def test_each_row_is_numbered_its_examples_count_of_rollouts_whatever_befalls(
-    chunk: int, layout: str, earlier: list[Any], steps: list[tuple[str, list[Any]]]
+    chunk: int,
+    tidied: int,
+    layout: str,
+    earlier: list[Any],
+    steps: list[tuple[str, list[Any]]],
 ) -> None:
     """An oracle: every row stored is numbered one past the rollouts of its
     example numbered before it, counted over batches in any order, from a
@@ -461,13 +468,17 @@ def test_each_row_is_numbered_its_examples_count_of_rollouts_whatever_befalls(
     restarts, copies of the journal, a batch killed after its send (resent
     as recorded), one refused whole and made again (the same numbers), and
     one whose parts were saved but that was never recorded (its numbers
-    skipped, never given again). The numbering is what the previous version
-    gave (a count per example); only how it is kept changed."""
+    skipped, never given again), and with parts left to tidy from batch to
+    batch (a part a batch at most: the bound on what is saved then waits).
+    The numbering is what the previous version gave (a count per example);
+    only how it is kept changed."""
     with tempfile.TemporaryDirectory() as tmp, pytest.MonkeyPatch.context() as patch:
         patch.setattr(rollout_numbers, "CHUNK", chunk)
+        patch.setattr(rollout_numbers, "TIDIED", tidied)
         run = Evaluation(Path(tmp) / "runs")
         try:
-            _numbered_as_counted(run, Path(tmp), layout, earlier, steps)
+            bounded = tidied >= _MOST_KEYS  # a part per example moved: tidying keeps up
+            _numbered_as_counted(run, Path(tmp), layout, earlier, steps, bounded)
         finally:
             run.close()
 
@@ -478,6 +489,7 @@ def _numbered_as_counted(
     layout: str,
     earlier: list[Any],
     steps: list[tuple[str, list[Any]]],
+    bounded: bool,
 ) -> None:
     counts: dict[str, int] = {}
     # The whole numbering's counts, by the key it wrote (``str(example)``):
@@ -545,7 +557,8 @@ def _numbered_as_counted(
             run.journal.ack(_NAME, again.last_seq)
         else:  # rsync'd to another host, shipped on from the copy
             run.move_to_copy(tmp / f"copy{step}")
-        _within_bounds(run.journal, moved)
+        if bounded:
+            _within_bounds(run.journal, moved)
 
 
 def _within_bounds(journal: Journal, moved: int) -> None:
@@ -579,6 +592,52 @@ def test_a_numbering_saved_stays_within_twice_its_examples_whatever_the_rollouts
     assert len(evaluation.shipper.sink._rollouts) == 60
     assert evaluation.shipper.sink._rollouts.saved_pairs() <= 2 * 60 + 2 * 20
     assert evaluation.ship([0, 59, 7]) == [9, 9, 9]
+
+
+def test_the_stale_parts_an_earlier_version_left_are_tidied_over_the_next_batches(
+    evaluation: Evaluation,
+) -> None:
+    """A journal of the version before the tidying, its dataset repeated
+    once per rollout (round-robin): every part of the passes before the
+    last holds only stale pairs (50,000 examples of 4 rollouts: 9,375
+    parts). The first batch of the next process removed them all in its one
+    save (0.9 s of CPU); each batch now tidies ``TIDIED`` parts at most, the
+    batches after it the rest (across a restart too), and every example
+    numbers on."""
+    examples, passes = 600, 3
+    size = rollout_numbers.CHUNK
+    per_pass = examples // size
+    prefix = f"carry.{_NAME}."
+    evaluation.journal.update_meta(
+        {
+            f"{prefix}rollouts.{rollout * per_pass + first // size}": [
+                [key, rollout + 1] for key in range(first, first + size)
+            ]
+            for rollout in range(passes)
+            for first in range(0, examples, size)
+        }
+    )
+    evaluation.restart()
+
+    def saved() -> int:
+        return sum(1 for k in evaluation.journal.all_meta() if k.startswith(prefix))
+
+    stale = (passes - 1) * per_pass  # the parts of every pass but the last
+    tidied = rollout_numbers.TIDIED
+    assert stale > 2 * tidied
+    assert evaluation.ship([0]) == [passes + 1]  # into a part of its own (the last is full)
+    assert saved() == per_pass + 1 + stale - tidied
+    evaluation.restart()
+    assert evaluation.ship([1]) == [passes + 1]  # into the same
+    assert saved() == per_pass + 1 + stale - 2 * tidied
+    assert evaluation.ship([2, 0]) == [passes + 1, passes + 2]
+    # The rest, and the last pass's part that 0 and 1 left, removed; the
+    # two that 2 and 0 filled since.
+    assert saved() == per_pass - 1 + 2
+    _within_bounds(evaluation.journal, 2)
+    evaluation.restart()
+    found = evaluation.ship(list(range(examples)))
+    assert found == [passes + 3, passes + 2, passes + 2] + [passes + 1] * (examples - 3)
 
 
 def test_a_part_naming_an_example_twice_takes_the_higher_count(evaluation: Evaluation) -> None:
