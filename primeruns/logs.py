@@ -21,6 +21,10 @@ from typing import Any
 
 class _NeverRaises(logging.LoggerAdapter):  # type: ignore[type-arg]
     def log(self, level: int, msg: object, *args: Any, **kwargs: Any) -> None:
+        # First, as a logger does: a call below the level (a debug line in a
+        # loop) costs no guard, no copy of its arguments, only this test.
+        if not self.logger.isEnabledFor(level):
+            return
         # One frame more than the caller's: the record names the SDK's call, not this.
         kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1
         # The program's filter failed, not the SDK: there is nothing to tell it by.
