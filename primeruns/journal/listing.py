@@ -753,6 +753,10 @@ def delete_journal(path: Path) -> None:
     # its path, a link put in its place meanwhile had what it named removed.
     folder = _open_folder(path)
     try:
+        # What was opened is checked, not only what the path named a moment
+        # before: a folder put in its place meanwhile (another user's, one
+        # others can write into) had its files removed.
+        check_dir_as(path, os.fstat(folder), "journal directory")
         files, salvage_dirs = _journal_files(path, folder)  # all or nothing: first
         # The lock in that folder too, never by path (JournalLockedError naming the owner).
         lock = OwnerLock(path, record=False, within=folder)

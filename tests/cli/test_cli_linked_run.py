@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -115,6 +116,21 @@ def test_replay_all_passes_over_a_linked_run_folder(
         assert link.is_symlink() and _files(target) == before
 
 
+def _swapped_once_checked(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, put: Callable[[Path], None]
+) -> None:
+    """The run's folder moved aside right after gc's delete checked it, and
+    ``put`` in its place."""
+    checked = listing.check_dir
+
+    def then_swapped(path: Path, what: str) -> None:
+        checked(path, what)
+        shutil.move(path, tmp_path / "moved-aside")
+        put(path)
+
+    monkeypatch.setattr(listing, "check_dir", then_swapped)
+
+
 def test_gc_never_deletes_through_a_link_put_in_place_of_a_run_it_checked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -126,14 +142,7 @@ def test_gc_never_deletes_through_a_link_put_in_place_of_a_run_it_checked(
     run = named_offline_eval(runs, "run")
     other = named_offline_eval(tmp_path / "elsewhere", "other")
     before = _files(other)
-    checked = listing.check_dir
-
-    def then_swapped(path: Path, what: str) -> None:
-        checked(path, what)
-        shutil.move(path, tmp_path / "moved-aside")
-        os.symlink(other, path)
-
-    monkeypatch.setattr(listing, "check_dir", then_swapped)
+    _swapped_once_checked(monkeypatch, tmp_path, lambda path: os.symlink(other, path))
     with pytest.raises((JournalError, OSError)):
         listing.delete_journal(run)
     assert _files(other) == before
@@ -201,3 +210,23 @@ def test_gc_locks_the_run_folder_it_checked_not_one_put_in_its_place(
     finally:
         with contextlib.suppress(JournalError, OSError):
             live.close()
+
+
+@pytest.mark.parametrize("mode", [0o770, 0o707])
+def test_gc_deletes_nothing_in_a_folder_others_can_write_put_in_place_of_a_run_it_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: int
+) -> None:
+    # gc's delete checked the run's folder (ours, nobody else can write into
+    # it) by path, then opened it: a folder put in its place in between (a
+    # sync tool's, a user's move) was never checked, and a run in a folder
+    # other users can write into (theirs to plant files in, or to keep) had
+    # its files removed. The folder opened is the one checked.
+    runs = point_at(monkeypatch, tmp_path, None)
+    run = named_offline_eval(runs, "run")
+    other = named_offline_eval(tmp_path / "elsewhere", "other")
+    other.chmod(mode)
+    before = _files(other)
+    _swapped_once_checked(monkeypatch, tmp_path, lambda path: os.rename(other, path))
+    with pytest.raises(JournalError, match="writable by other users"):
+        listing.delete_journal(run)
+    assert _files(run) == before
