@@ -627,6 +627,11 @@ def _locked_descriptor(path: Path, within: int | None = None) -> int | None:
         if exc.errno == errno.ELOOP:
             raise UntrustedPathError(f"{path} is a symbolic link: not opened") from None
         raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        # A named pipe flocks as a file does, but no owner ever locked one:
+        # taken, it spoke for nobody (gc deleted the live run it replaced).
+        os.close(fd)
+        raise UntrustedPathError(f"{path} is not a regular file: not locked")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
@@ -741,15 +746,13 @@ class OwnerLock:
                     return False
                 new = _locked_descriptor(self.path)
             except (OSError, UntrustedPathError):
-                # A full or read-only disk, a link planted (never followed,
-                # and no error out of the background sync, whose thread it
-                # ended): looked at again at the next write.
+                # A full or read-only disk, a link or a named pipe planted
+                # (never followed nor taken, and no error out of the
+                # background sync, whose thread it ended): looked at again
+                # at the next write.
                 return False
             if new is None:
                 self._wait_for_partner()
-                return False
-            if not stat.S_ISREG(os.fstat(new).st_mode):
-                os.close(new)  # a named pipe planted there: no file of ours
                 return False
             self._take(new)
             return True

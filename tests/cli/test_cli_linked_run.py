@@ -25,6 +25,8 @@ from sdk_helpers import point_at
 
 from primeruns.exceptions import JournalError, JournalLockedError
 from primeruns.journal import EntryKind, Journal, listing
+from primeruns.journal.lock import LOCK_NAME
+from primeruns.journal.trust import UntrustedPathError
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -230,3 +232,32 @@ def test_gc_deletes_nothing_in_a_folder_others_can_write_put_in_place_of_a_run_i
     with pytest.raises(JournalError, match="writable by other users"):
         listing.delete_journal(run)
     assert _files(run) == before
+
+
+def test_gc_takes_no_named_pipe_in_a_live_runs_folder_for_its_lock_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A live run's owner.lock replaced by a named pipe once gc's delete had
+    # listed the folder: flock takes a pipe as it takes a file, so gc
+    # locked the pipe, nobody's, and deleted the live run's journal. A lock
+    # file that is no regular file is refused, as a link is.
+    runs = point_at(monkeypatch, tmp_path, None)
+    live = Journal.create(runs, local_id="live")  # its owner lock held, as a running run's
+    try:
+        live.append(EntryKind.METRICS, [b'{"step":0}'])
+        before = sorted(os.listdir(live.path))
+        listed = listing._journal_files
+
+        def then_piped(at: Path, folder: int) -> tuple[list[str], list[tuple[str, list[str]]]]:
+            found = listed(at, folder)
+            os.unlink(at / LOCK_NAME)
+            os.mkfifo(at / LOCK_NAME)
+            return found
+
+        monkeypatch.setattr(listing, "_journal_files", then_piped)
+        with pytest.raises(UntrustedPathError, match="not a regular file"):
+            listing.delete_journal(live.path)
+        assert sorted(os.listdir(live.path)) == before
+    finally:
+        with contextlib.suppress(JournalError, OSError):
+            live.close()
