@@ -614,12 +614,14 @@ def _write_record(fd: int, record: dict[str, Any]) -> None:
 
 def _locked_descriptor(path: Path, within: int | None = None) -> int | None:
     """``path`` opened and flocked, exclusively; None: another process holds
-    it. ``within``: the folder's descriptor, the file opened in it by name."""
+    it. ``within``: the folder's descriptor, the file opened in it by name,
+    never made (FileNotFoundError: see ``OwnerLock``)."""
     # Never through a link: one planted here would be truncated (trust).
+    made = os.O_CREAT if within is None else 0
     try:
         fd = os.open(
             path if within is None else path.name,
-            os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+            os.O_RDWR | made | os.O_CLOEXEC | os.O_NOFOLLOW,
             0o600,
             dir_fd=within,
         )
@@ -652,7 +654,10 @@ class OwnerLock:
         ``within``: a descriptor of ``directory`` the caller opened (and
         checked): the lock is the one in that folder, whatever the path
         names by now (``delete_journal``: a folder moved aside and a link
-        put in its place had the linked run's lock taken instead).
+        put in its place had the linked run's lock taken instead), and
+        never made there: one gone since the caller looked (a tmp
+        cleaner's) may be a live owner's, held unnamed until it makes the
+        file again (``restore``), and a new one taken spoke for nobody.
         """
         self.path = directory / LOCK_NAME
         self._pid = os.getpid()

@@ -234,13 +234,16 @@ def test_gc_deletes_nothing_in_a_folder_others_can_write_put_in_place_of_a_run_i
     assert _files(run) == before
 
 
-def test_gc_takes_no_named_pipe_in_a_live_runs_folder_for_its_lock_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("put", ["pipe", "nothing"])
+def test_gc_takes_no_lock_file_put_in_place_of_a_live_runs_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, put: str
 ) -> None:
     # A live run's owner.lock replaced by a named pipe once gc's delete had
     # listed the folder: flock takes a pipe as it takes a file, so gc
     # locked the pipe, nobody's, and deleted the live run's journal. A lock
-    # file that is no regular file is refused, as a link is.
+    # file that is no regular file is refused, as a link is. So with the
+    # file removed (a tmp cleaner's): gc made a new one, took it, and
+    # deleted the run whose producer held the removed one; it makes none.
     runs = point_at(monkeypatch, tmp_path, None)
     live = Journal.create(runs, local_id="live")  # its owner lock held, as a running run's
     try:
@@ -251,13 +254,17 @@ def test_gc_takes_no_named_pipe_in_a_live_runs_folder_for_its_lock_file(
         def then_piped(at: Path, folder: int) -> tuple[list[str], list[tuple[str, list[str]]]]:
             found = listed(at, folder)
             os.unlink(at / LOCK_NAME)
-            os.mkfifo(at / LOCK_NAME)
+            if put == "pipe":
+                os.mkfifo(at / LOCK_NAME)
             return found
 
         monkeypatch.setattr(listing, "_journal_files", then_piped)
-        with pytest.raises(UntrustedPathError, match="not a regular file"):
+        refusal = UntrustedPathError if put == "pipe" else FileNotFoundError
+        with pytest.raises(refusal):
             listing.delete_journal(live.path)
-        assert sorted(os.listdir(live.path)) == before
+        assert sorted(os.listdir(live.path)) == [
+            name for name in before if name != LOCK_NAME or put == "pipe"
+        ]
     finally:
         with contextlib.suppress(JournalError, OSError):
             live.close()
